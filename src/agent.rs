@@ -1,0 +1,266 @@
+//! The agent (`netgap serve`): accepts control sessions from coordinators and
+//! runs the server role of each point they open. One session at a time runs
+//! tests; another coordinator gets an explicit "busy". A client that vanishes
+//! or sends garbage ends only its own session; the agent serves the next one.
+
+use crate::bench;
+use crate::control::{ControlConn, ControlError};
+use crate::cpu::CpuMeter;
+use crate::host::HostFacts;
+use crate::proto::codec::decode_request;
+use crate::proto::message::{Reply, Request};
+use crate::proto::session::{AgentAction, AgentSession};
+use crate::spec::PointSpec;
+use crate::transport::{self, FlowConfig};
+use std::io;
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How long a new connection may take to say hello.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long an established session may stay silent between requests.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long the agent waits for the coordinator's data connection.
+const ACCEPT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Why the agent could not start.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot listen on {addr}: {source}")]
+pub struct BindError {
+    /// The address asked for.
+    pub addr: SocketAddr,
+    /// Underlying error (address in use, no permission, ...).
+    pub source: io::Error,
+}
+
+/// A bound agent, ready to serve.
+pub struct Agent {
+    listener: TcpListener,
+    busy: Arc<AtomicBool>,
+    quiet: bool,
+}
+
+impl Agent {
+    /// Binds the control listener at `addr`.
+    pub fn bind(addr: SocketAddr) -> Result<Agent, BindError> {
+        let listener = TcpListener::bind(addr).map_err(|source| BindError { addr, source })?;
+        Ok(Agent {
+            listener,
+            busy: Arc::new(AtomicBool::new(false)),
+            quiet: false,
+        })
+    }
+
+    /// Stops session log lines on stderr (used by the in-process agent).
+    pub fn quiet(mut self) -> Agent {
+        self.quiet = true;
+        self
+    }
+
+    /// The address the agent listens on.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// Serves sessions until the process ends, each on its own thread.
+    pub fn serve(self) -> io::Result<()> {
+        loop {
+            let (stream, peer) = match self.listener.accept() {
+                Ok(c) => c,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if is_transient_accept_error(&e) => {
+                    eprintln!("netgap agent: accept failed: {e}; continuing");
+                    std::thread::sleep(Duration::from_millis(100));
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            let busy = Arc::clone(&self.busy);
+            let quiet = self.quiet;
+            let spawned = std::thread::Builder::new()
+                .name(format!("session {peer}"))
+                .spawn(move || {
+                    if let Err(e) = run_session(stream, &busy) {
+                        if !quiet {
+                            eprintln!("netgap agent: session with {peer} ended: {e}");
+                        }
+                    }
+                });
+            if let Err(e) = spawned {
+                eprintln!("netgap agent: cannot start a session thread: {e}");
+            }
+        }
+    }
+
+    /// Serves on a background thread; for the coordinator's in-process agent.
+    pub fn spawn(self) -> io::Result<std::thread::JoinHandle<()>> {
+        std::thread::Builder::new()
+            .name("agent".into())
+            .spawn(move || {
+                if let Err(e) = self.serve() {
+                    eprintln!("netgap agent: stopped: {e}");
+                }
+            })
+    }
+}
+
+fn is_transient_accept_error(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM | libc::ECONNABORTED)
+    )
+}
+
+/// Why a session ended early.
+#[derive(Debug, thiserror::Error)]
+enum SessionEnd {
+    #[error("{0}")]
+    Control(#[from] ControlError),
+    #[error("{0}")]
+    Refused(String),
+}
+
+/// Releases the busy flag when the session that claimed it ends.
+struct BusyClaim<'a>(&'a AtomicBool);
+
+impl Drop for BusyClaim<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
+
+/// The point a session has open: its server role, which owns the flow.
+struct OpenPoint {
+    role: Box<dyn bench::ServerRole>,
+}
+
+fn run_session(stream: TcpStream, busy: &AtomicBool) -> Result<(), SessionEnd> {
+    let local_ip = stream.local_addr().map_err(ControlError::Io)?.ip();
+    let mut conn = ControlConn::new(stream).map_err(ControlError::Io)?;
+
+    let first = conn.recv_payload(HELLO_TIMEOUT)?;
+    let hello = match decode_request(&first) {
+        Ok(r) => r,
+        Err(e) => return Err(refuse(&mut conn, format!("bad first message: {e}"))),
+    };
+    let claimed = matches!(hello, Request::Hello { .. })
+        && busy
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok();
+    let _claim = claimed.then(|| BusyClaim(busy));
+    let mut session = AgentSession::new(HostFacts::collect(Some(local_ip)), !claimed);
+    let mut point: Option<OpenPoint> = None;
+    let mut request = hello;
+    loop {
+        let action = match session.on_request(&request) {
+            Ok(a) => a,
+            Err(e) => return Err(refuse(&mut conn, e.to_string())),
+        };
+        match action {
+            AgentAction::Reply(r) => conn.send(&r)?,
+            AgentAction::ReplyAndClose(r) => {
+                conn.send(&r)?;
+                return Ok(());
+            }
+            AgentAction::OpenPoint(spec) => {
+                let opened = open_point(&mut conn, &mut session, &spec, local_ip);
+                match opened {
+                    Ok(p) => point = Some(p),
+                    Err(msg) => return Err(refuse(&mut conn, msg)),
+                }
+            }
+            AgentAction::RunRole { iterations, .. } => {
+                let Some(p) = point.as_mut() else {
+                    return Err(refuse(&mut conn, "no point is open".into()));
+                };
+                let meter = CpuMeter::start();
+                match p.role.run(iterations) {
+                    Ok(out) => {
+                        let cpu = meter.stop(out.helper_cpu_ns);
+                        let reply = session
+                            .role_done(out.bytes_rx, out.bytes_tx, cpu)
+                            .map_err(|e| SessionEnd::Refused(e.to_string()))?;
+                        conn.send(&reply)?;
+                    }
+                    Err(e) => {
+                        return Err(refuse(&mut conn, format!("server role failed: {e}")));
+                    }
+                }
+            }
+            AgentAction::ClosePoint => {
+                point = None;
+                let reply = session
+                    .closed()
+                    .map_err(|e| SessionEnd::Refused(e.to_string()))?;
+                conn.send(&reply)?;
+            }
+        }
+        let payload = conn.recv_payload(IDLE_TIMEOUT)?;
+        request = match decode_request(&payload) {
+            Ok(r) => r,
+            Err(e) => return Err(refuse(&mut conn, format!("bad message: {e}"))),
+        };
+    }
+}
+
+/// Sends a last error reply (best effort) and ends the session.
+fn refuse(conn: &mut ControlConn, message: String) -> SessionEnd {
+    let _ = conn.send(&Reply::Error {
+        message: message.clone(),
+    });
+    SessionEnd::Refused(message)
+}
+
+/// Opens the data listener for `spec`, tells the coordinator where it is,
+/// accepts the flow and runs the server role's setup. Errors are one line
+/// for the coordinator.
+fn open_point(
+    conn: &mut ControlConn,
+    session: &mut AgentSession,
+    spec: &PointSpec,
+    local_ip: IpAddr,
+) -> Result<OpenPoint, String> {
+    let test = bench::find(&spec.test).ok_or_else(|| {
+        format!(
+            "unknown test {:?} (this agent has: {})",
+            spec.test,
+            bench::names()
+        )
+    })?;
+    let transport = transport::find(&spec.transport).ok_or_else(|| {
+        format!(
+            "unknown transport {:?} (this agent has: {})",
+            spec.transport,
+            transport::names()
+        )
+    })?;
+    transport.availability().map_err(|why| {
+        format!(
+            "transport {} is not available on the agent: {why}",
+            spec.transport
+        )
+    })?;
+    if let Some(cpu) = spec.server_cpu {
+        crate::affinity::pin_current_thread(cpu).map_err(|e| e.to_string())?;
+    }
+    let size =
+        usize::try_from(spec.size_bytes).map_err(|_| "size does not fit in memory".to_string())?;
+    let config = FlowConfig::from_spec(spec);
+    let mut listener = transport
+        .listen(&config, local_ip)
+        .map_err(|e| e.to_string())?;
+    let reply = session
+        .listening(listener.addr())
+        .map_err(|e| e.to_string())?;
+    conn.send(&reply).map_err(|e| e.to_string())?;
+    let flow = listener.accept(ACCEPT_TIMEOUT).map_err(|e| e.to_string())?;
+    drop(listener);
+    let reply = session.accepted().map_err(|e| e.to_string())?;
+    conn.send(&reply).map_err(|e| e.to_string())?;
+    let role = test
+        .server(size, flow)
+        .map_err(|e| format!("{} setup failed: {e}", spec.test))?;
+    Ok(OpenPoint { role })
+}

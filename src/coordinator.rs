@@ -1,0 +1,364 @@
+//! The coordinator: the process the user runs. It connects to an agent (or
+//! starts one in-process on loopback), opens each point of a [`Plan`], drives
+//! the runner, turns each measurement into a [`ResultRecord`] and hands it to
+//! the sinks the moment it is measured.
+
+use crate::agent::Agent;
+use crate::bench::{self, Metric};
+use crate::control::{ControlConn, ControlError};
+use crate::cpu::CpuUsage;
+use crate::host::HostFacts;
+use crate::plan::{Peer, Plan};
+use crate::proto::codec::decode_reply;
+use crate::proto::message::{Phase, Reply};
+use crate::proto::session::CoordinatorSession;
+use crate::record::{ByteCounts, CpuPair, RecordSink, RecordStats, ResultRecord, ServiceDemand};
+use crate::runner::{self, PeerControl, PointMeasurement, RunError, ServerRep};
+use crate::spec::PointSpec;
+use crate::stats::{noise_warning, Summary, NOISY_CV};
+use crate::transport::{self, FlowConfig};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream};
+use std::time::{Duration, SystemTime};
+
+/// How long connecting to an agent may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long the agent may take to answer a request that does no data work.
+const REPLY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Why a run failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CoordError {
+    /// No agent could be reached.
+    #[error("cannot connect to agent at {addr}: {source} (is `netgap serve` running there?)")]
+    Connect {
+        /// The agent's address.
+        addr: SocketAddr,
+        /// Underlying error.
+        source: std::io::Error,
+    },
+    /// The handshake failed.
+    #[error("agent at {addr}: {detail}")]
+    Handshake {
+        /// The agent's address.
+        addr: SocketAddr,
+        /// What went wrong.
+        detail: String,
+    },
+    /// A point failed.
+    #[error("{test} over {transport} ({mode}), {size} bytes: {detail}")]
+    Point {
+        /// Test name.
+        test: String,
+        /// Transport name.
+        transport: String,
+        /// Mode.
+        mode: String,
+        /// Message size in bytes.
+        size: u64,
+        /// What went wrong.
+        detail: String,
+    },
+    /// A results file could not be written.
+    #[error("writing {path}: {source}")]
+    Sink {
+        /// The file.
+        path: String,
+        /// Underlying error.
+        source: std::io::Error,
+    },
+    /// The in-process agent could not start.
+    #[error("cannot start the in-process agent: {0}")]
+    Embedded(String),
+}
+
+/// Follows a run as it goes: the table, the progress bar.
+pub trait Observer {
+    /// A point is about to be measured; `index` counts from 0 of `total`.
+    fn point_started(&mut self, _spec: &PointSpec, _index: usize, _total: usize) {}
+    /// A measured repetition of the current point finished.
+    fn rep_done(&mut self, _rep: u32) {}
+    /// A point was measured and written.
+    fn point_done(&mut self, _record: &ResultRecord) {}
+}
+
+/// A control session with one agent.
+pub struct Coordinator {
+    conn: ControlConn,
+    session: CoordinatorSession,
+    addr: SocketAddr,
+    local_host: HostFacts,
+    peer_host: HostFacts,
+}
+
+fn control_detail(e: ControlError) -> String {
+    match e {
+        ControlError::Closed => "the agent closed the control connection (did it die?)".into(),
+        other => other.to_string(),
+    }
+}
+
+impl Coordinator {
+    /// Connects to the agent at `addr` and shakes hands.
+    pub fn connect(addr: SocketAddr) -> Result<Coordinator, CoordError> {
+        let stream = TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT)
+            .map_err(|source| CoordError::Connect { addr, source })?;
+        let hs = |detail: String| CoordError::Handshake { addr, detail };
+        let local_ip = stream.local_addr().map_err(|e| hs(e.to_string()))?.ip();
+        let mut conn = ControlConn::new(stream).map_err(|e| hs(e.to_string()))?;
+        let mut session = CoordinatorSession::new();
+        conn.send(&session.hello())
+            .map_err(|e| hs(control_detail(e)))?;
+        let reply = recv_reply(&mut conn, REPLY_TIMEOUT).map_err(hs)?;
+        let peer_host = session.on_welcome(reply).map_err(|e| hs(e.to_string()))?;
+        Ok(Coordinator {
+            conn,
+            session,
+            addr,
+            local_host: HostFacts::collect(Some(local_ip)),
+            peer_host,
+        })
+    }
+
+    /// Facts of the agent's host, from the handshake.
+    pub fn peer_host(&self) -> &HostFacts {
+        &self.peer_host
+    }
+
+    /// Facts of this host.
+    pub fn local_host(&self) -> &HostFacts {
+        &self.local_host
+    }
+
+    /// Measures one point; `on_rep` is called after each measured repetition.
+    pub fn measure(
+        &mut self,
+        spec: &PointSpec,
+        method: &runner::Method,
+        on_rep: &mut dyn FnMut(u32),
+    ) -> Result<PointMeasurement, String> {
+        let test = bench::find(&spec.test).ok_or("unknown test")?;
+        let transport = transport::find(&spec.transport).ok_or("unknown transport")?;
+        let size = usize::try_from(spec.size_bytes).map_err(|_| "size does not fit in memory")?;
+        let open = self.session.open(spec.clone());
+        self.conn.send(&open).map_err(control_detail)?;
+        let reply = recv_reply(&mut self.conn, REPLY_TIMEOUT)?;
+        let data_addr = self
+            .session
+            .on_listening(reply)
+            .map_err(|e| e.to_string())?;
+        let data_addr = fix_unspecified(&data_addr, self.addr.ip());
+        let config = FlowConfig::from_spec(spec);
+        let flow = transport
+            .connect(&config, &data_addr)
+            .map_err(|e| e.to_string())?;
+        let reply = recv_reply(&mut self.conn, REPLY_TIMEOUT)?;
+        self.session.on_accepted(reply).map_err(|e| e.to_string())?;
+        let mut role = test.client(size, flow).map_err(|e| format!("setup: {e}"))?;
+        let done_timeout = config.io_timeout + Duration::from_secs(1);
+        let mut peer = AgentControl {
+            conn: &mut self.conn,
+            session: &mut self.session,
+            done_timeout,
+        };
+        let m = runner::measure_point(role.as_mut(), &mut peer, method, on_rep)
+            .map_err(|e| e.to_string())?;
+        drop(role);
+        let close = self.session.close();
+        self.conn.send(&close).map_err(control_detail)?;
+        let reply = recv_reply(&mut self.conn, REPLY_TIMEOUT)?;
+        self.session.on_closed(reply).map_err(|e| e.to_string())?;
+        Ok(m)
+    }
+
+    /// Ends the session politely.
+    pub fn bye(mut self) {
+        let bye = self.session.bye();
+        let _ = self.conn.send(&bye);
+        let _ = recv_reply(&mut self.conn, Duration::from_millis(500));
+    }
+}
+
+/// An agent bound to 0.0.0.0 or :: reports that address; connect to the
+/// address the control connection used instead.
+fn fix_unspecified(addr: &str, agent_ip: IpAddr) -> String {
+    match addr.parse::<SocketAddr>() {
+        Ok(sa) if sa.ip().is_unspecified() => SocketAddr::new(agent_ip, sa.port()).to_string(),
+        _ => addr.to_string(),
+    }
+}
+
+fn recv_reply(conn: &mut ControlConn, timeout: Duration) -> Result<Reply, String> {
+    let payload = conn.recv_payload(timeout).map_err(control_detail)?;
+    decode_reply(&payload).map_err(|e| format!("bad reply from agent: {e}"))
+}
+
+struct AgentControl<'a> {
+    conn: &'a mut ControlConn,
+    session: &'a mut CoordinatorSession,
+    done_timeout: Duration,
+}
+
+impl PeerControl for AgentControl<'_> {
+    fn start(&mut self, iterations: u64, phase: Phase) -> Result<(), RunError> {
+        let req = self.session.run(iterations, phase);
+        self.conn
+            .send(&req)
+            .map_err(|e| RunError::Peer(control_detail(e)))
+    }
+
+    fn finish(&mut self) -> Result<ServerRep, RunError> {
+        let reply = recv_reply(self.conn, self.done_timeout).map_err(RunError::Peer)?;
+        let (bytes_rx, bytes_tx, cpu) = self
+            .session
+            .on_done(reply)
+            .map_err(|e| RunError::Peer(e.to_string()))?;
+        Ok(ServerRep {
+            bytes_rx,
+            bytes_tx,
+            cpu,
+        })
+    }
+}
+
+/// Turns a measurement into the point's result record.
+pub fn build_record(
+    spec: &PointSpec,
+    m: &PointMeasurement,
+    plan: &Plan,
+    host: &HostFacts,
+    peer_host: &HostFacts,
+    started: SystemTime,
+) -> Result<ResultRecord, String> {
+    let test = bench::find(&spec.test).ok_or("unknown test")?;
+    let values: Vec<f64> = m.reps.iter().map(|r| r.client.value).collect();
+    let summary = Summary::from_reps(&values).map_err(|e| e.to_string())?;
+    let local = CpuUsage::mean(&m.reps.iter().map(|r| r.client_cpu).collect::<Vec<_>>());
+    let remote = CpuUsage::mean(&m.reps.iter().map(|r| r.server.cpu).collect::<Vec<_>>());
+    let bytes = ByteCounts {
+        client_tx: m.reps.iter().map(|r| r.client.bytes_tx).sum(),
+        client_rx: m.reps.iter().map(|r| r.client.bytes_rx).sum(),
+        server_tx: m.reps.iter().map(|r| r.server.bytes_tx).sum(),
+        server_rx: m.reps.iter().map(|r| r.server.bytes_rx).sum(),
+    };
+    // All payload moved in either direction; stream's 1-byte acks included.
+    let moved = bytes.client_tx + bytes.server_tx;
+    let service_demand_us_per_kib = match test.metric() {
+        Metric::BandwidthGbps => {
+            match (
+                local.service_demand_us_per_kib(moved),
+                remote.service_demand_us_per_kib(moved),
+            ) {
+                (Some(l), Some(r)) => Some(ServiceDemand {
+                    local: l,
+                    remote: r,
+                }),
+                _ => None,
+            }
+        }
+        Metric::LatencyUs => None,
+    };
+    let percentiles = if test.has_percentiles() {
+        m.rtt_hist.percentiles_us(0.5)
+    } else {
+        None
+    };
+    let warnings = noise_warning(&summary, NOISY_CV).into_iter().collect();
+    Ok(ResultRecord {
+        test: spec.test.clone(),
+        transport: spec.transport.clone(),
+        mode: spec.mode,
+        size_bytes: spec.size_bytes,
+        metric: test.metric().key().into(),
+        value: summary.value,
+        stats: RecordStats::from(&summary),
+        percentiles,
+        cpu: CpuPair { local, remote },
+        service_demand_us_per_kib,
+        iterations_per_rep: m.iterations_per_rep,
+        warmup_iterations: m.warmup_iterations,
+        bytes,
+        warnings,
+        host: host.clone(),
+        peer_host: peer_host.clone(),
+        options: plan.record_options(spec),
+        version: crate::VERSION.into(),
+        time: humantime::format_rfc3339_seconds(started).to_string(),
+    })
+}
+
+/// What a run did.
+#[derive(Debug, Clone, Default)]
+pub struct RunSummary {
+    /// Points measured and written.
+    pub points: usize,
+}
+
+/// Runs a whole plan against its agent, writing each record to every sink as
+/// soon as it is measured. On failure, every point measured before is
+/// already in the sinks.
+pub fn run_plan(
+    plan: &Plan,
+    sinks: &mut [Box<dyn RecordSink>],
+    observer: &mut dyn Observer,
+) -> Result<RunSummary, CoordError> {
+    let addr = match &plan.peer {
+        Peer::Remote { addr, .. } => *addr,
+        Peer::Embedded { ipv6 } => {
+            let ip: IpAddr = if *ipv6 {
+                Ipv6Addr::LOCALHOST.into()
+            } else {
+                Ipv4Addr::LOCALHOST.into()
+            };
+            let agent = Agent::bind(SocketAddr::new(ip, 0))
+                .map_err(|e| CoordError::Embedded(e.to_string()))?
+                .quiet();
+            let addr = agent
+                .local_addr()
+                .map_err(|e| CoordError::Embedded(e.to_string()))?;
+            agent
+                .spawn()
+                .map_err(|e| CoordError::Embedded(e.to_string()))?;
+            addr
+        }
+    };
+    if let Some(cpu) = plan.client_cpu {
+        crate::affinity::pin_current_thread(cpu)
+            .map_err(|e| CoordError::Embedded(format!("client placement: {e}")))?;
+    }
+    let mut coord = Coordinator::connect(addr)?;
+    let total = plan.points.len();
+    let mut summary = RunSummary::default();
+    for (i, spec) in plan.points.iter().enumerate() {
+        observer.point_started(spec, i, total);
+        let point_err = |detail: String| CoordError::Point {
+            test: spec.test.clone(),
+            transport: spec.transport.clone(),
+            mode: spec.mode.to_string(),
+            size: spec.size_bytes,
+            detail,
+        };
+        let started = SystemTime::now();
+        let m = coord
+            .measure(spec, &plan.method, &mut |rep| observer.rep_done(rep))
+            .map_err(point_err)?;
+        let record = build_record(
+            spec,
+            &m,
+            plan,
+            coord.local_host(),
+            coord.peer_host(),
+            started,
+        )
+        .map_err(point_err)?;
+        for sink in sinks.iter_mut() {
+            sink.append(&record).map_err(|source| CoordError::Sink {
+                path: sink.path().display().to_string(),
+                source,
+            })?;
+        }
+        summary.points += 1;
+        observer.point_done(&record);
+    }
+    coord.bye();
+    Ok(summary)
+}

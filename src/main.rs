@@ -1,0 +1,186 @@
+//! The `netgap` binary: parse the command line, call the library, print one
+//! line on error. The work lives in the `netgap` library crate.
+
+mod cli;
+
+use anyhow::{anyhow, Context, Result};
+use clap::Parser;
+use cli::{Cli, Command, ServeArgs};
+use netgap::agent::Agent;
+use netgap::coordinator::{run_plan, CoordError};
+use netgap::output::TableObserver;
+use netgap::plan::{Plan, RunArgs};
+use netgap::record::{CsvSink, JsonlSink, RecordSink};
+use netgap::{bench, transport};
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+                let _ = e.print();
+                return ExitCode::SUCCESS;
+            }
+            if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+                let _ = e.print();
+                return ExitCode::from(2);
+            }
+            let text = e.to_string();
+            let first = text.lines().next().unwrap_or("bad arguments");
+            eprintln!(
+                "netgap: {} (see netgap --help)",
+                first.trim_start_matches("error: ")
+            );
+            return ExitCode::from(2);
+        }
+    };
+    let outcome = match cli.command {
+        None => battery(cli.json, cli.csv),
+        Some(Command::Run(args)) => run(&args),
+        Some(Command::Serve(args)) => serve(&args),
+        Some(Command::List) => {
+            list();
+            Ok(())
+        }
+    };
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("netgap: error: {}", one_line(&e));
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// The error and its causes on one line, leaving out a cause whose text the
+/// line already holds (typed errors often quote their source).
+fn one_line(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if line.contains(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line.replace('\n', " ")
+}
+
+fn battery(json: Option<PathBuf>, csv: Option<PathBuf>) -> Result<()> {
+    let json = json.unwrap_or_else(|| {
+        let stamp = humantime::format_rfc3339_seconds(std::time::SystemTime::now())
+            .to_string()
+            .replace([':', '-'], "");
+        PathBuf::from(format!("netgap-results-{stamp}.jsonl"))
+    });
+    let mut plan = Plan::battery(json.clone());
+    plan.csv = csv;
+    eprintln!(
+        "netgap: default battery: {} points (pingpong, stream, bibw-pingpong, bibw over tcp and unix, 1 B to 4 MiB) on loopback",
+        plan.points.len()
+    );
+    execute(&plan)?;
+    println!("results: {}", json.display());
+    Ok(())
+}
+
+fn run(args: &RunArgs) -> Result<()> {
+    let plan = Plan::from_args(args)?;
+    execute(&plan)
+}
+
+fn execute(plan: &Plan) -> Result<()> {
+    let mut sinks: Vec<Box<dyn RecordSink>> = Vec::new();
+    if let Some(p) = &plan.json {
+        sinks.push(Box::new(JsonlSink::open(p)?));
+    }
+    if let Some(p) = &plan.csv {
+        sinks.push(Box::new(CsvSink::open(p)?));
+    }
+    let mut table = TableObserver::new(plan.method.reps);
+    let outcome = run_plan(plan, &mut sinks, &mut table);
+    table.finish();
+    for w in table.warnings() {
+        eprintln!("netgap: warning: {w}");
+    }
+    match outcome {
+        Ok(_) => Ok(()),
+        Err(e @ CoordError::Point { .. }) => {
+            let kept = match sinks.first() {
+                Some(s) => format!("; points measured before are in {}", s.path().display()),
+                None => String::new(),
+            };
+            Err(anyhow!("{e}{kept}"))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn serve(args: &ServeArgs) -> Result<()> {
+    let ip: IpAddr = args
+        .bind
+        .trim_matches(|c| c == '[' || c == ']')
+        .parse()
+        .with_context(|| format!("--bind {:?} is not an IP address", args.bind))?;
+    let agent = Agent::bind(SocketAddr::new(ip, args.port))?;
+    let addr = agent
+        .local_addr()
+        .context("reading the listening address")?;
+    if !ip.is_loopback() {
+        eprintln!(
+            "netgap: warning: the agent listens on {addr}, reachable from other hosts, and serves anyone who connects"
+        );
+    }
+    println!("netgap agent {} listening on {addr}", netgap::VERSION);
+    agent.serve().context("serving")?;
+    Ok(())
+}
+
+fn list() {
+    println!("tests:");
+    for t in bench::registry() {
+        println!(
+            "  {:<14} {:<15} {}",
+            t.name(),
+            t.metric().key(),
+            t.summary()
+        );
+    }
+    println!();
+    println!("transports:");
+    println!(
+        "  {:<8} {:<10} {:<9} {:<10} {:<11} {:<10} summary",
+        "name", "available", "reliable", "msg-bound", "cross-host", "modes"
+    );
+    for t in transport::registry() {
+        let c = t.capabilities();
+        let yes = |b: bool| if b { "yes" } else { "no" };
+        let avail = match t.availability() {
+            Ok(()) => "yes".to_string(),
+            Err(why) => format!("no: {why}"),
+        };
+        let modes = c
+            .modes
+            .iter()
+            .map(|m| m.as_str())
+            .collect::<Vec<_>>()
+            .join(",");
+        println!(
+            "  {:<8} {:<10} {:<9} {:<10} {:<11} {:<10} {}",
+            t.name(),
+            avail,
+            yes(c.reliable),
+            yes(c.message_boundaries),
+            yes(c.cross_host),
+            modes,
+            t.summary()
+        );
+    }
+}

@@ -1,0 +1,192 @@
+//! What the user sees while a run goes: an aligned table on stdout, one row
+//! per point as soon as it is measured, with units in the headers; and a
+//! progress bar on stderr once a run has lasted a couple of seconds, never
+//! when stderr is not a terminal.
+
+use crate::coordinator::Observer;
+use crate::record::ResultRecord;
+use crate::spec::PointSpec;
+use crate::units::format_size;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use std::io::{IsTerminal, Write};
+use std::time::{Duration, Instant};
+
+/// Runs shorter than this show no progress bar.
+const PROGRESS_AFTER: Duration = Duration::from_secs(2);
+
+/// The table's columns: header and width.
+const COLUMNS: [(&str, usize); 11] = [
+    ("test", 13),
+    ("transport", 9),
+    ("mode", 5),
+    ("size", 6),
+    ("latency_us", 11),
+    ("p99_us", 10),
+    ("bw_gbps", 9),
+    ("ci95_%", 7),
+    ("cpu_loc_%", 9),
+    ("cpu_rem_%", 9),
+    ("note", 0),
+];
+
+/// The header line of the table.
+pub fn table_header() -> String {
+    row(COLUMNS.iter().map(|(h, _)| h.to_string()).collect())
+}
+
+fn row(cells: Vec<String>) -> String {
+    let mut line = String::new();
+    for (i, (cell, (_, width))) in cells.iter().zip(COLUMNS.iter()).enumerate() {
+        if i > 0 {
+            line.push_str("  ");
+        }
+        if i < 4 || i == COLUMNS.len() - 1 {
+            line.push_str(&format!("{cell:<width$}"));
+        } else {
+            line.push_str(&format!("{cell:>width$}"));
+        }
+    }
+    line.trim_end().to_string()
+}
+
+/// A number with about four significant digits.
+pub fn fmt_num(v: f64) -> String {
+    let a = v.abs();
+    if a >= 1000.0 {
+        format!("{v:.0}")
+    } else if a >= 100.0 {
+        format!("{v:.1}")
+    } else if a >= 10.0 {
+        format!("{v:.2}")
+    } else {
+        format!("{v:.3}")
+    }
+}
+
+/// The table row of a record.
+pub fn table_row(r: &ResultRecord) -> String {
+    let (lat, bw) = if r.metric == "latency_us" {
+        (fmt_num(r.value), String::new())
+    } else {
+        (String::new(), fmt_num(r.value))
+    };
+    let p99 = r
+        .percentiles
+        .as_ref()
+        .filter(|_| r.metric == "latency_us")
+        .map(|p| fmt_num(p.p99))
+        .unwrap_or_default();
+    let mean = r.stats.reps.iter().sum::<f64>() / r.stats.reps.len().max(1) as f64;
+    let ci = if mean != 0.0 {
+        format!(
+            "±{:.1}",
+            100.0 * (r.stats.ci95_high - r.stats.ci95_low) / 2.0 / mean
+        )
+    } else {
+        String::new()
+    };
+    let note = if r.warnings.is_empty() { "" } else { "noisy" };
+    row(vec![
+        r.test.clone(),
+        r.transport.clone(),
+        r.mode.to_string(),
+        format_size(r.size_bytes),
+        lat,
+        p99,
+        bw,
+        ci,
+        format!("{:.0}", r.cpu.local.process_percent),
+        format!("{:.0}", r.cpu.remote.process_percent),
+        note.to_string(),
+    ])
+}
+
+/// Prints the table and drives the progress bar.
+pub struct TableObserver {
+    bar: ProgressBar,
+    started: Instant,
+    bar_shown: bool,
+    stderr_is_terminal: bool,
+    reps_per_point: u32,
+    header_printed: bool,
+    warnings: Vec<String>,
+}
+
+impl TableObserver {
+    /// A table for points of `reps_per_point` repetitions each.
+    pub fn new(reps_per_point: u32) -> TableObserver {
+        TableObserver {
+            bar: ProgressBar::with_draw_target(None, ProgressDrawTarget::hidden()),
+            started: Instant::now(),
+            bar_shown: false,
+            stderr_is_terminal: std::io::stderr().is_terminal(),
+            reps_per_point,
+            header_printed: false,
+            warnings: Vec::new(),
+        }
+    }
+
+    /// Full-sentence warnings collected from the records, for the end of the run.
+    pub fn warnings(&self) -> &[String] {
+        &self.warnings
+    }
+
+    /// Removes the progress bar.
+    pub fn finish(&self) {
+        self.bar.finish_and_clear();
+    }
+
+    fn maybe_show_bar(&mut self) {
+        if !self.bar_shown && self.stderr_is_terminal && self.started.elapsed() >= PROGRESS_AFTER {
+            self.bar.set_draw_target(ProgressDrawTarget::stderr());
+            self.bar_shown = true;
+        }
+    }
+}
+
+impl Observer for TableObserver {
+    fn point_started(&mut self, spec: &PointSpec, index: usize, total: usize) {
+        if !self.header_printed {
+            println!("{}", table_header());
+            self.header_printed = true;
+            let reps = u64::from(self.reps_per_point);
+            self.bar.set_length(total as u64 * reps);
+            self.bar.set_style(
+                ProgressStyle::with_template("{bar:30} {pos}/{len} reps  {msg}  eta {eta}")
+                    .unwrap_or_else(|_| ProgressStyle::default_bar()),
+            );
+        }
+        self.bar
+            .set_position(index as u64 * u64::from(self.reps_per_point));
+        self.bar.set_message(format!(
+            "{} {} {} {}",
+            spec.test,
+            spec.transport,
+            spec.mode,
+            format_size(spec.size_bytes)
+        ));
+        self.maybe_show_bar();
+    }
+
+    fn rep_done(&mut self, _rep: u32) {
+        self.bar.inc(1);
+        self.maybe_show_bar();
+    }
+
+    fn point_done(&mut self, record: &ResultRecord) {
+        let line = table_row(record);
+        self.bar.suspend(|| {
+            println!("{line}");
+            let _ = std::io::stdout().flush();
+        });
+        for w in &record.warnings {
+            self.warnings.push(format!(
+                "{} {} {} {}: {w}",
+                record.test,
+                record.transport,
+                record.mode,
+                format_size(record.size_bytes)
+            ));
+        }
+    }
+}

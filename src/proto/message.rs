@@ -1,0 +1,153 @@
+//! Control messages between a coordinator and an agent. Plain data: the codec
+//! turns them into frames, the session machines decide which may come when.
+
+use crate::cpu::CpuUsage;
+use crate::host::HostFacts;
+use crate::spec::{PointSpec, RangeError, MAX_ITERATIONS};
+use serde::{Deserialize, Serialize};
+
+/// Version of the control protocol; both ends must speak the same one.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// Which part of a point a repetition belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Phase {
+    /// Warm-up and calibration: timed by nobody.
+    Warmup,
+    /// A counted repetition.
+    Measure,
+}
+
+/// Messages the coordinator sends to an agent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "snake_case")]
+pub enum Request {
+    /// First message of every session.
+    Hello {
+        /// [`PROTOCOL_VERSION`] of the coordinator.
+        protocol: u32,
+        /// netgap version of the coordinator, for the log.
+        version: String,
+    },
+    /// Prepare a point: the agent opens a data listener and answers
+    /// [`Reply::Listening`], then accepts one flow and answers [`Reply::Accepted`].
+    Open {
+        /// The point.
+        spec: PointSpec,
+    },
+    /// Run the server role for `iterations` iterations, then answer [`Reply::Done`].
+    Run {
+        /// Iterations in this repetition, 1..=[`MAX_ITERATIONS`].
+        iterations: u64,
+        /// Warm-up or measured.
+        phase: Phase,
+    },
+    /// Close the point's flow; the agent answers [`Reply::Closed`].
+    Close,
+    /// End of session.
+    Bye,
+}
+
+/// Messages an agent sends to the coordinator.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "snake_case")]
+pub enum Reply {
+    /// Handshake accepted.
+    Welcome {
+        /// [`PROTOCOL_VERSION`] of the agent.
+        protocol: u32,
+        /// netgap version of the agent.
+        version: String,
+        /// Facts of the agent's host.
+        host: HostFacts,
+    },
+    /// The agent speaks another protocol version.
+    VersionMismatch {
+        /// The version the agent speaks.
+        supported: u32,
+    },
+    /// The agent is already serving another session.
+    Busy,
+    /// The data listener for the opened point is at `addr`.
+    Listening {
+        /// Transport-specific address (`IP:PORT`, a socket path, ...).
+        addr: String,
+    },
+    /// The data flow is connected.
+    Accepted,
+    /// The server role finished a repetition.
+    Done {
+        /// Payload bytes the server received.
+        bytes_rx: u64,
+        /// Payload bytes the server sent.
+        bytes_tx: u64,
+        /// CPU usage of the server side over the repetition.
+        cpu: CpuUsage,
+    },
+    /// The point's flow is closed.
+    Closed,
+    /// The request could not be carried out; the session stays usable only
+    /// if the error came before any flow was opened.
+    Error {
+        /// One line for the user.
+        message: String,
+    },
+}
+
+/// Longest free-text field accepted in a message, in bytes.
+pub const MAX_TEXT_BYTES: usize = 1024;
+
+fn text(field: &'static str, s: &str) -> Result<(), RangeError> {
+    if s.len() > MAX_TEXT_BYTES {
+        return Err(RangeError {
+            field,
+            detail: format!("{} bytes > {MAX_TEXT_BYTES}", s.len()),
+        });
+    }
+    Ok(())
+}
+
+impl Request {
+    /// Range-checks every parameter; never panics.
+    pub fn validate(&self) -> Result<(), RangeError> {
+        match self {
+            Request::Hello { version, .. } => text("version", version),
+            Request::Open { spec } => spec.validate(),
+            Request::Run { iterations, .. } => {
+                if *iterations == 0 || *iterations > MAX_ITERATIONS {
+                    return Err(RangeError {
+                        field: "iterations",
+                        detail: format!("{iterations} not in 1..={MAX_ITERATIONS}"),
+                    });
+                }
+                Ok(())
+            }
+            Request::Close | Request::Bye => Ok(()),
+        }
+    }
+}
+
+impl Reply {
+    /// Range-checks every field; never panics.
+    pub fn validate(&self) -> Result<(), RangeError> {
+        match self {
+            Reply::Welcome { version, host, .. } => {
+                text("version", version)?;
+                host.validate()
+            }
+            Reply::Listening { addr } => text("addr", addr),
+            Reply::Error { message } => text("message", message),
+            Reply::Done { cpu, .. } => {
+                if !(cpu.system_busy_percent.is_finite() && cpu.process_percent.is_finite()) {
+                    return Err(RangeError {
+                        field: "cpu",
+                        detail: "not a finite number".into(),
+                    });
+                }
+                Ok(())
+            }
+            Reply::VersionMismatch { .. } | Reply::Busy | Reply::Accepted | Reply::Closed => Ok(()),
+        }
+    }
+}

@@ -1,0 +1,337 @@
+//! The result document: one [`ResultRecord`] per measured point, appended as
+//! a JSON line (and optionally a CSV row) the moment the point is measured,
+//! so an interrupted run keeps everything it did. Reports and comparisons
+//! read these files only.
+
+use crate::cpu::CpuUsage;
+use crate::host::HostFacts;
+use crate::spec::Mode;
+use crate::stats::{Percentiles, Summary};
+use serde::{Deserialize, Serialize};
+use std::fs::{File, OpenOptions};
+use std::io::{self, BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+/// Spread of the repetitions of a point.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RecordStats {
+    /// Smallest repetition value.
+    pub min: f64,
+    /// Median repetition value.
+    pub median: f64,
+    /// Largest repetition value.
+    pub max: f64,
+    /// Sample standard deviation.
+    pub stdev: f64,
+    /// Lower end of the 95% confidence interval of the mean.
+    pub ci95_low: f64,
+    /// Upper end of the 95% confidence interval of the mean.
+    pub ci95_high: f64,
+    /// Coefficient of variation (stdev / mean).
+    pub cv: f64,
+    /// Each repetition's value, in measurement order.
+    pub reps: Vec<f64>,
+}
+
+impl From<&Summary> for RecordStats {
+    fn from(s: &Summary) -> Self {
+        RecordStats {
+            min: s.min,
+            median: s.median,
+            max: s.max,
+            stdev: s.stdev,
+            ci95_low: s.ci95_low,
+            ci95_high: s.ci95_high,
+            cv: s.cv,
+            reps: s.reps.clone(),
+        }
+    }
+}
+
+/// CPU usage of both ends, averaged over the measured repetitions.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct CpuPair {
+    /// The coordinator's end (the client role).
+    pub local: CpuUsage,
+    /// The agent's end (the server role).
+    pub remote: CpuUsage,
+}
+
+/// Service demand of both ends: CPU microseconds per KiB of payload moved.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct ServiceDemand {
+    /// The coordinator's end.
+    pub local: f64,
+    /// The agent's end.
+    pub remote: f64,
+}
+
+/// Payload bytes moved over all measured repetitions, as each end counted them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ByteCounts {
+    /// Sent by the client.
+    pub client_tx: u64,
+    /// Received by the client.
+    pub client_rx: u64,
+    /// Sent by the server.
+    pub server_tx: u64,
+    /// Received by the server.
+    pub server_rx: u64,
+}
+
+/// Where the roles ran.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Placement {
+    /// CPU the client role was pinned to, or `null` when unpinned.
+    pub client_cpu: Option<u32>,
+    /// CPU the server role was pinned to, or `null` when unpinned.
+    pub server_cpu: Option<u32>,
+}
+
+/// The resolved options of a point: enough to reproduce it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RecordOptions {
+    /// The agent's control address, or `embedded` for the in-process agent.
+    pub peer: String,
+    /// TCP_NODELAY on the data flow.
+    pub nodelay: bool,
+    /// SO_SNDBUF asked for, in bytes.
+    pub sndbuf_bytes: Option<u32>,
+    /// SO_RCVBUF asked for, in bytes.
+    pub rcvbuf_bytes: Option<u32>,
+    /// CPU placement of the roles.
+    pub placement: Placement,
+    /// Measured repetitions.
+    pub reps: u32,
+    /// Fixed iterations per repetition, when asked for.
+    pub iterations: Option<u64>,
+    /// Time budget per repetition in milliseconds, when asked for.
+    pub rep_time_ms: Option<u64>,
+    /// Warm-up iterations asked for.
+    pub warmup: Option<u64>,
+    /// Data-path inactivity timeout in milliseconds.
+    pub io_timeout_ms: u32,
+}
+
+/// One measured point.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ResultRecord {
+    /// Test name.
+    pub test: String,
+    /// Transport name.
+    pub transport: String,
+    /// Completion mode.
+    pub mode: Mode,
+    /// Message size in bytes.
+    pub size_bytes: u64,
+    /// Headline metric with its unit (`latency_us`, `bandwidth_gbps`).
+    pub metric: String,
+    /// Headline: mean of the repetitions without the highest and lowest.
+    pub value: f64,
+    /// Spread of the repetitions.
+    pub stats: RecordStats,
+    /// Latency percentiles in microseconds (one-way), for latency tests.
+    pub percentiles: Option<Percentiles>,
+    /// CPU usage of both ends.
+    pub cpu: CpuPair,
+    /// CPU microseconds per KiB moved, for bandwidth tests.
+    pub service_demand_us_per_kib: Option<ServiceDemand>,
+    /// Iterations in each measured repetition.
+    pub iterations_per_rep: u64,
+    /// Uncounted iterations before the measured ones.
+    pub warmup_iterations: u64,
+    /// Payload bytes moved in the measured repetitions.
+    pub bytes: ByteCounts,
+    /// Full-sentence warnings (noisy repetitions, ...).
+    pub warnings: Vec<String>,
+    /// Facts of the coordinator's host.
+    pub host: HostFacts,
+    /// Facts of the agent's host.
+    pub peer_host: HostFacts,
+    /// Resolved options.
+    pub options: RecordOptions,
+    /// netgap version.
+    pub version: String,
+    /// Start time of the point, RFC 3339 (UTC).
+    pub time: String,
+}
+
+/// Something that keeps records as they are measured.
+pub trait RecordSink {
+    /// Appends one record and flushes it to the file.
+    fn append(&mut self, record: &ResultRecord) -> io::Result<()>;
+    /// The file written to.
+    fn path(&self) -> &Path;
+}
+
+/// Why a results file could not be opened.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot open results file {path}: {source}")]
+pub struct OpenError {
+    /// The file.
+    pub path: PathBuf,
+    /// Underlying error.
+    pub source: io::Error,
+}
+
+fn open_append(path: &Path) -> Result<File, OpenError> {
+    OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(|source| OpenError {
+            path: path.to_path_buf(),
+            source,
+        })
+}
+
+/// JSON Lines: one record per line, appended.
+pub struct JsonlSink {
+    file: BufWriter<File>,
+    path: PathBuf,
+}
+
+impl JsonlSink {
+    /// Opens (creating or appending to) `path`.
+    pub fn open(path: &Path) -> Result<JsonlSink, OpenError> {
+        Ok(JsonlSink {
+            file: BufWriter::new(open_append(path)?),
+            path: path.to_path_buf(),
+        })
+    }
+}
+
+impl RecordSink for JsonlSink {
+    fn append(&mut self, record: &ResultRecord) -> io::Result<()> {
+        serde_json::to_writer(&mut self.file, record)?;
+        self.file.write_all(b"\n")?;
+        self.file.flush()
+    }
+
+    fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+/// The CSV columns, in order.
+pub const CSV_HEADER: [&str; 27] = [
+    "time",
+    "test",
+    "transport",
+    "mode",
+    "size_bytes",
+    "metric",
+    "value",
+    "min",
+    "median",
+    "max",
+    "stdev",
+    "ci95_low",
+    "ci95_high",
+    "p50_us",
+    "p90_us",
+    "p99_us",
+    "p999_us",
+    "max_us",
+    "cpu_local_system_pct",
+    "cpu_local_process_pct",
+    "cpu_remote_system_pct",
+    "cpu_remote_process_pct",
+    "iterations_per_rep",
+    "reps",
+    "host",
+    "peer_host",
+    "version",
+];
+
+/// CSV: a header, then one flat row per record.
+pub struct CsvSink {
+    writer: csv::Writer<File>,
+    path: PathBuf,
+}
+
+impl CsvSink {
+    /// Opens `path`, writing the header when the file is new or empty.
+    pub fn open(path: &Path) -> Result<CsvSink, OpenError> {
+        let file = open_append(path)?;
+        let empty = file.metadata().map(|m| m.len() == 0).unwrap_or(true);
+        let mut writer = csv::Writer::from_writer(file);
+        if empty {
+            writer
+                .write_record(CSV_HEADER)
+                .and_then(|()| writer.flush().map_err(csv::Error::from))
+                .map_err(|e| OpenError {
+                    path: path.to_path_buf(),
+                    source: io::Error::other(e),
+                })?;
+        }
+        Ok(CsvSink {
+            writer,
+            path: path.to_path_buf(),
+        })
+    }
+}
+
+fn opt(v: Option<f64>) -> String {
+    v.map(|v| v.to_string()).unwrap_or_default()
+}
+
+/// The CSV row of a record, in [`CSV_HEADER`] order.
+pub fn csv_row(r: &ResultRecord) -> Vec<String> {
+    let p = r.percentiles.as_ref();
+    vec![
+        r.time.clone(),
+        r.test.clone(),
+        r.transport.clone(),
+        r.mode.to_string(),
+        r.size_bytes.to_string(),
+        r.metric.clone(),
+        r.value.to_string(),
+        r.stats.min.to_string(),
+        r.stats.median.to_string(),
+        r.stats.max.to_string(),
+        r.stats.stdev.to_string(),
+        r.stats.ci95_low.to_string(),
+        r.stats.ci95_high.to_string(),
+        opt(p.map(|p| p.p50)),
+        opt(p.map(|p| p.p90)),
+        opt(p.map(|p| p.p99)),
+        opt(p.map(|p| p.p999)),
+        opt(p.map(|p| p.max)),
+        r.cpu.local.system_busy_percent.to_string(),
+        r.cpu.local.process_percent.to_string(),
+        r.cpu.remote.system_busy_percent.to_string(),
+        r.cpu.remote.process_percent.to_string(),
+        r.iterations_per_rep.to_string(),
+        r.stats.reps.len().to_string(),
+        r.host.hostname.clone(),
+        r.peer_host.hostname.clone(),
+        r.version.clone(),
+    ]
+}
+
+impl RecordSink for CsvSink {
+    fn append(&mut self, record: &ResultRecord) -> io::Result<()> {
+        self.writer
+            .write_record(csv_row(record))
+            .map_err(io::Error::other)?;
+        self.writer.flush()
+    }
+
+    fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+/// Reads every record of a JSON Lines results file; a bad line is an error
+/// naming its line number.
+pub fn read_jsonl(path: &Path) -> Result<Vec<ResultRecord>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(i, l)| {
+            serde_json::from_str(l).map_err(|e| format!("{}:{}: {e}", path.display(), i + 1))
+        })
+        .collect()
+}

@@ -1,0 +1,201 @@
+//! The runner owns timing and repetitions: warm-up, calibration of the
+//! iteration count from a time budget, the measured repetitions, CPU meters
+//! around each, and the check that every byte sent was received. Tests only
+//! move bytes; the peer's server role is driven through [`PeerControl`].
+
+use crate::bench::{ClientRole, RepOutcome};
+use crate::cpu::{CpuMeter, CpuUsage};
+use crate::proto::message::Phase;
+use crate::spec::MAX_ITERATIONS;
+use crate::stats::LatencyHistogram;
+use crate::transport::FlowError;
+use std::time::Duration;
+
+/// How many iterations one repetition runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IterationPolicy {
+    /// Exactly this many (the seeds used 100,000).
+    Fixed(u64),
+    /// As many as fill this much time, calibrated during warm-up.
+    Budget(Duration),
+}
+
+/// The measurement method of a point.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Method {
+    /// Measured repetitions, at least 1.
+    pub reps: u32,
+    /// Iterations per repetition.
+    pub iterations: IterationPolicy,
+    /// Uncounted warm-up iterations before calibration; `None` picks 10% of
+    /// a fixed count (at most 10,000), or none beyond calibration for a budget.
+    pub warmup: Option<u64>,
+}
+
+/// The server role's report of one repetition, received over the control
+/// channel.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct ServerRep {
+    /// Payload bytes the server received.
+    pub bytes_rx: u64,
+    /// Payload bytes the server sent.
+    pub bytes_tx: u64,
+    /// The server's CPU usage over the repetition.
+    pub cpu: CpuUsage,
+}
+
+/// Drives the peer's server role, one repetition at a time.
+pub trait PeerControl {
+    /// Asks the peer to run its role for `iterations`; returns once asked.
+    fn start(&mut self, iterations: u64, phase: Phase) -> Result<(), RunError>;
+    /// Waits for the peer's report of the repetition just run.
+    fn finish(&mut self) -> Result<ServerRep, RunError>;
+}
+
+/// Why a point could not be measured.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The data flow failed.
+    #[error("data flow: {0}")]
+    Flow(#[from] FlowError),
+    /// The control channel or the peer failed.
+    #[error("{0}")]
+    Peer(String),
+    /// Bytes were lost or invented: a transport bug.
+    #[error("{direction}: {sent} bytes sent but {received} received")]
+    ByteMismatch {
+        /// `client to server` or `server to client`.
+        direction: &'static str,
+        /// Bytes the sender reported.
+        sent: u64,
+        /// Bytes the receiver reported.
+        received: u64,
+    },
+}
+
+/// One measured repetition.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RepMeasurement {
+    /// What the client role measured.
+    pub client: RepOutcome,
+    /// The client's CPU usage.
+    pub client_cpu: CpuUsage,
+    /// What the server role reported.
+    pub server: ServerRep,
+}
+
+/// Everything measured for one point.
+pub struct PointMeasurement {
+    /// Measured repetitions, in order.
+    pub reps: Vec<RepMeasurement>,
+    /// Iterations in each measured repetition.
+    pub iterations_per_rep: u64,
+    /// Uncounted iterations run before them (warm-up and calibration).
+    pub warmup_iterations: u64,
+    /// Round trips of all measured repetitions, in nanoseconds.
+    pub rtt_hist: LatencyHistogram,
+}
+
+/// Calibration stops once a trial fills this fraction of the budget.
+const CALIBRATION_FRACTION: u32 = 10;
+/// Growth of the trial iteration count between calibration steps.
+const CALIBRATION_GROWTH: u64 = 4;
+/// Warm-up cap for fixed iteration counts.
+const MAX_DEFAULT_WARMUP: u64 = 10_000;
+
+struct Driver<'a> {
+    role: &'a mut dyn ClientRole,
+    peer: &'a mut dyn PeerControl,
+}
+
+impl Driver<'_> {
+    fn rep(
+        &mut self,
+        iterations: u64,
+        phase: Phase,
+        hist: &mut LatencyHistogram,
+    ) -> Result<RepMeasurement, RunError> {
+        self.peer.start(iterations, phase)?;
+        let meter = CpuMeter::start();
+        let client = self.role.run(iterations, hist)?;
+        let client_cpu = meter.stop(client.helper_cpu_ns);
+        let server = self.peer.finish()?;
+        check_bytes("client to server", client.bytes_tx, server.bytes_rx)?;
+        check_bytes("server to client", server.bytes_tx, client.bytes_rx)?;
+        Ok(RepMeasurement {
+            client,
+            client_cpu,
+            server,
+        })
+    }
+}
+
+fn check_bytes(direction: &'static str, sent: u64, received: u64) -> Result<(), RunError> {
+    if sent != received {
+        return Err(RunError::ByteMismatch {
+            direction,
+            sent,
+            received,
+        });
+    }
+    Ok(())
+}
+
+/// Measures one point: warm-up, calibration, then `method.reps` repetitions.
+/// `on_rep` is called after each measured repetition with its index.
+pub fn measure_point(
+    role: &mut dyn ClientRole,
+    peer: &mut dyn PeerControl,
+    method: &Method,
+    on_rep: &mut dyn FnMut(u32),
+) -> Result<PointMeasurement, RunError> {
+    let mut d = Driver { role, peer };
+    let mut scratch = LatencyHistogram::new();
+    let mut warmup_iterations = 0u64;
+
+    let explicit_warmup = match (method.warmup, method.iterations) {
+        (Some(n), _) => n,
+        (None, IterationPolicy::Fixed(n)) => (n / 10).clamp(1, MAX_DEFAULT_WARMUP),
+        (None, IterationPolicy::Budget(_)) => 0,
+    };
+    if explicit_warmup > 0 {
+        d.rep(
+            explicit_warmup.min(MAX_ITERATIONS),
+            Phase::Warmup,
+            &mut scratch,
+        )?;
+        warmup_iterations += explicit_warmup;
+    }
+
+    let iterations_per_rep = match method.iterations {
+        IterationPolicy::Fixed(n) => n,
+        IterationPolicy::Budget(budget) => {
+            let budget_ns = u64::try_from(budget.as_nanos()).unwrap_or(u64::MAX).max(1);
+            let target_ns = budget_ns / u64::from(CALIBRATION_FRACTION);
+            let mut trial = 1u64;
+            loop {
+                let m = d.rep(trial, Phase::Warmup, &mut scratch)?;
+                warmup_iterations += trial;
+                let elapsed_ns = m.client.elapsed_ns.max(1);
+                if elapsed_ns >= target_ns || trial >= MAX_ITERATIONS / CALIBRATION_GROWTH {
+                    let per_iteration_ns = (elapsed_ns as f64 / trial as f64).max(1e-3);
+                    break ((budget_ns as f64 / per_iteration_ns) as u64).clamp(1, MAX_ITERATIONS);
+                }
+                trial *= CALIBRATION_GROWTH;
+            }
+        }
+    };
+
+    let mut rtt_hist = LatencyHistogram::new();
+    let mut reps = Vec::with_capacity(method.reps as usize);
+    for i in 0..method.reps {
+        reps.push(d.rep(iterations_per_rep, Phase::Measure, &mut rtt_hist)?);
+        on_rep(i);
+    }
+    Ok(PointMeasurement {
+        reps,
+        iterations_per_rep,
+        warmup_iterations,
+        rtt_hist,
+    })
+}

@@ -1,0 +1,217 @@
+//! What one measured point is: the test, the transport and its options, the
+//! message size and where each role runs. A [`PointSpec`] travels from the
+//! coordinator to the agent inside the control protocol, so it is plain data
+//! with a [`PointSpec::validate`] that range-checks every field a peer sends.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// Largest message size any test accepts, in bytes (256 MiB).
+pub const MAX_SIZE_BYTES: u64 = 256 * 1024 * 1024;
+/// Largest iteration count one repetition may ask for.
+pub const MAX_ITERATIONS: u64 = 100_000_000;
+/// Longest data-path inactivity timeout a peer may ask for, in milliseconds.
+pub const MAX_IO_TIMEOUT_MS: u32 = 600_000;
+/// Largest socket buffer a peer may ask for, in bytes (1 GiB).
+pub const MAX_SOCKET_BUFFER_BYTES: u32 = 1 << 30;
+/// Longest name (test, transport) accepted on the wire, in bytes.
+pub const MAX_NAME_BYTES: usize = 32;
+/// Highest CPU index a peer may ask to be pinned to.
+pub const MAX_CPU_INDEX: u32 = 4095;
+
+/// How a transport waits for completion (seed 000's polling- vs event-based
+/// comparison).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Block in the kernel until the operation can complete.
+    #[default]
+    Event,
+    /// Non-blocking calls in a busy loop: lowest latency, one core burnt.
+    Poll,
+}
+
+impl Mode {
+    /// Every mode, in the order they are shown.
+    pub const ALL: [Mode; 2] = [Mode::Event, Mode::Poll];
+
+    /// The mode's name as used on the command line and in results.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Event => "event",
+            Mode::Poll => "poll",
+        }
+    }
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Options every transport reads; a transport ignores the ones that do not
+/// apply to it; results record the ones in force.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TransportOptions {
+    /// TCP_NODELAY on the data connection (tcp only). On by default.
+    pub nodelay: bool,
+    /// SO_SNDBUF in bytes, or the system default.
+    pub sndbuf_bytes: Option<u32>,
+    /// SO_RCVBUF in bytes, or the system default.
+    pub rcvbuf_bytes: Option<u32>,
+}
+
+impl Default for TransportOptions {
+    fn default() -> Self {
+        TransportOptions {
+            nodelay: true,
+            sndbuf_bytes: None,
+            rcvbuf_bytes: None,
+        }
+    }
+}
+
+/// One measured point as the agent needs to know it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PointSpec {
+    /// Registered test name (`pingpong`, `stream`, ...).
+    pub test: String,
+    /// Registered transport name (`tcp`, `unix`, ...).
+    pub transport: String,
+    /// Completion mode on both ends.
+    pub mode: Mode,
+    /// Message size in bytes, 1..=[`MAX_SIZE_BYTES`].
+    pub size_bytes: u64,
+    /// Transport options, applied on both ends.
+    pub options: TransportOptions,
+    /// CPU the agent pins its role to, if any.
+    pub server_cpu: Option<u32>,
+    /// Data-path inactivity timeout in milliseconds, 1..=[`MAX_IO_TIMEOUT_MS`].
+    pub io_timeout_ms: u32,
+}
+
+/// A field of a [`PointSpec`] or a message that is out of range.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field} out of range: {detail}")]
+pub struct RangeError {
+    /// The offending field.
+    pub field: &'static str,
+    /// What was wrong with it.
+    pub detail: String,
+}
+
+fn range(field: &'static str, detail: impl Into<String>) -> RangeError {
+    RangeError {
+        field,
+        detail: detail.into(),
+    }
+}
+
+/// Checks a name sent by a peer: short, lowercase ASCII letters, digits, `-`.
+pub fn check_name(field: &'static str, name: &str) -> Result<(), RangeError> {
+    if name.is_empty() || name.len() > MAX_NAME_BYTES {
+        return Err(range(
+            field,
+            format!("length {} not in 1..={MAX_NAME_BYTES}", name.len()),
+        ));
+    }
+    if !name
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+    {
+        return Err(range(field, "only a-z, 0-9, '-' and '_' are allowed"));
+    }
+    Ok(())
+}
+
+/// Checks a message size in bytes against 1..=[`MAX_SIZE_BYTES`].
+pub fn check_size(size_bytes: u64) -> Result<(), RangeError> {
+    if size_bytes == 0 || size_bytes > MAX_SIZE_BYTES {
+        return Err(range(
+            "size_bytes",
+            format!("{size_bytes} not in 1..={MAX_SIZE_BYTES}"),
+        ));
+    }
+    Ok(())
+}
+
+impl PointSpec {
+    /// Range-checks every field; never panics on peer input.
+    pub fn validate(&self) -> Result<(), RangeError> {
+        check_name("test", &self.test)?;
+        check_name("transport", &self.transport)?;
+        check_size(self.size_bytes)?;
+        for (field, v) in [
+            ("sndbuf_bytes", self.options.sndbuf_bytes),
+            ("rcvbuf_bytes", self.options.rcvbuf_bytes),
+        ] {
+            if let Some(v) = v {
+                if v == 0 || v > MAX_SOCKET_BUFFER_BYTES {
+                    return Err(range(
+                        field,
+                        format!("{v} not in 1..={MAX_SOCKET_BUFFER_BYTES}"),
+                    ));
+                }
+            }
+        }
+        if let Some(cpu) = self.server_cpu {
+            if cpu > MAX_CPU_INDEX {
+                return Err(range("server_cpu", format!("{cpu} > {MAX_CPU_INDEX}")));
+            }
+        }
+        if self.io_timeout_ms == 0 || self.io_timeout_ms > MAX_IO_TIMEOUT_MS {
+            return Err(range(
+                "io_timeout_ms",
+                format!("{} not in 1..={MAX_IO_TIMEOUT_MS}", self.io_timeout_ms),
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> PointSpec {
+        PointSpec {
+            test: "pingpong".into(),
+            transport: "tcp".into(),
+            mode: Mode::Event,
+            size_bytes: 1,
+            options: TransportOptions::default(),
+            server_cpu: None,
+            io_timeout_ms: 5000,
+        }
+    }
+
+    #[test]
+    fn valid_spec_passes() {
+        assert_eq!(spec().validate(), Ok(()));
+    }
+
+    #[test]
+    fn out_of_range_fields_are_named() {
+        let mut s = spec();
+        s.size_bytes = 0;
+        assert_eq!(s.validate().unwrap_err().field, "size_bytes");
+        let mut s = spec();
+        s.size_bytes = MAX_SIZE_BYTES + 1;
+        assert_eq!(s.validate().unwrap_err().field, "size_bytes");
+        let mut s = spec();
+        s.test = "Ping Pong".into();
+        assert_eq!(s.validate().unwrap_err().field, "test");
+        let mut s = spec();
+        s.options.sndbuf_bytes = Some(0);
+        assert_eq!(s.validate().unwrap_err().field, "sndbuf_bytes");
+        let mut s = spec();
+        s.io_timeout_ms = 0;
+        assert_eq!(s.validate().unwrap_err().field, "io_timeout_ms");
+        let mut s = spec();
+        s.server_cpu = Some(1 << 20);
+        assert_eq!(s.validate().unwrap_err().field, "server_cpu");
+    }
+}

@@ -1,0 +1,159 @@
+//! A flow over a connected stream socket (TCP or Unix), shared by the
+//! transports that have one. Event mode blocks with SO_RCVTIMEO/SO_SNDTIMEO as
+//! the inactivity timeout; poll mode makes the socket non-blocking and spins,
+//! checking the deadline only while no progress is made.
+
+use super::{Flow, FlowError, Receiver, Sender};
+use crate::spec::Mode;
+use std::io::{self, Read, Write};
+use std::time::{Duration, Instant};
+
+/// Spins between deadline checks in poll mode; a clock read costs about as
+/// much as a failed non-blocking call, so checking every spin would halve the
+/// polling rate for nothing.
+const SPINS_PER_CLOCK_READ: u32 = 64;
+
+/// One half of a stream-socket flow: a handle on the socket plus its mode.
+pub struct Half<S> {
+    socket: S,
+    mode: Mode,
+    timeout: Duration,
+}
+
+/// A stream-socket flow: two handles on one socket, one per direction.
+pub struct StreamFlow<S> {
+    tx: Half<S>,
+    rx: Half<S>,
+}
+
+/// The socket calls a [`StreamFlow`] needs.
+pub trait StreamSocket: Read + Write + Send + Sized {
+    /// Another handle on the same socket.
+    fn duplicate(&self) -> io::Result<Self>;
+    /// O_NONBLOCK on or off.
+    fn set_nonblocking(&self, on: bool) -> io::Result<()>;
+    /// SO_RCVTIMEO.
+    fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()>;
+    /// SO_SNDTIMEO.
+    fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()>;
+}
+
+macro_rules! stream_socket {
+    ($t:ty) => {
+        impl StreamSocket for $t {
+            fn duplicate(&self) -> io::Result<Self> {
+                self.try_clone()
+            }
+            fn set_nonblocking(&self, on: bool) -> io::Result<()> {
+                <$t>::set_nonblocking(self, on)
+            }
+            fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+                <$t>::set_read_timeout(self, t)
+            }
+            fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+                <$t>::set_write_timeout(self, t)
+            }
+        }
+    };
+}
+stream_socket!(std::net::TcpStream);
+stream_socket!(std::os::unix::net::UnixStream);
+
+impl<S: StreamSocket> StreamFlow<S> {
+    /// Wraps a connected socket, applying the mode and the timeout.
+    pub fn new(socket: S, mode: Mode, timeout: Duration) -> io::Result<StreamFlow<S>> {
+        match mode {
+            Mode::Event => {
+                socket.set_nonblocking(false)?;
+                socket.set_read_timeout(Some(timeout))?;
+                socket.set_write_timeout(Some(timeout))?;
+            }
+            Mode::Poll => socket.set_nonblocking(true)?,
+        }
+        let rx = socket.duplicate()?;
+        Ok(StreamFlow {
+            tx: Half {
+                socket,
+                mode,
+                timeout,
+            },
+            rx: Half {
+                socket: rx,
+                mode,
+                timeout,
+            },
+        })
+    }
+}
+
+impl<S: StreamSocket> Half<S> {
+    /// Runs `op` until it moves at least one byte, per the mode.
+    #[inline]
+    fn progress(
+        &mut self,
+        mut op: impl FnMut(&mut S) -> io::Result<usize>,
+    ) -> Result<usize, FlowError> {
+        match self.mode {
+            Mode::Event => loop {
+                match op(&mut self.socket) {
+                    Ok(0) => return Err(FlowError::Closed),
+                    Ok(n) => return Ok(n),
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => return Err(FlowError::from_io(e, self.timeout)),
+                }
+            },
+            Mode::Poll => {
+                let mut deadline: Option<Instant> = None;
+                let mut spins = 0u32;
+                loop {
+                    match op(&mut self.socket) {
+                        Ok(0) => return Err(FlowError::Closed),
+                        Ok(n) => return Ok(n),
+                        Err(e)
+                            if e.kind() == io::ErrorKind::WouldBlock
+                                || e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(e) => return Err(FlowError::from_io(e, self.timeout)),
+                    }
+                    spins += 1;
+                    if spins.is_multiple_of(SPINS_PER_CLOCK_READ) {
+                        let now = Instant::now();
+                        match deadline {
+                            None => deadline = Some(now + self.timeout),
+                            Some(d) if now >= d => {
+                                return Err(FlowError::TimedOut {
+                                    timeout_ms: self.timeout.as_millis(),
+                                })
+                            }
+                            Some(_) => {}
+                        }
+                    }
+                    std::hint::spin_loop();
+                }
+            }
+        }
+    }
+}
+
+impl<S: StreamSocket> Sender for Half<S> {
+    #[inline]
+    fn send_some(&mut self, buf: &[u8]) -> Result<usize, FlowError> {
+        self.progress(|s| s.write(buf))
+    }
+}
+
+impl<S: StreamSocket> Receiver for Half<S> {
+    #[inline]
+    fn recv_some(&mut self, buf: &mut [u8]) -> Result<usize, FlowError> {
+        self.progress(|s| s.read(buf))
+    }
+}
+
+impl<S: StreamSocket + 'static> Flow for StreamFlow<S> {
+    fn split(&mut self) -> (&mut dyn Sender, &mut dyn Receiver) {
+        (&mut self.tx, &mut self.rx)
+    }
+
+    fn into_halves(self: Box<Self>) -> (Box<dyn Sender>, Box<dyn Receiver>) {
+        (Box::new(self.tx), Box::new(self.rx))
+    }
+}

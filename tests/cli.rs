@@ -1,0 +1,393 @@
+//! The real binary against real agents on loopback: every test × transport ×
+//! mode end to end, the results files, and the error cases a user meets.
+
+use assert_cmd::cargo::CommandCargoExt;
+use serde_json::Value;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn netgap() -> Command {
+    Command::cargo_bin("netgap").expect("binary built")
+}
+
+/// A `netgap serve` on an ephemeral loopback port, killed on drop.
+struct AgentProc {
+    child: Child,
+    addr: String,
+}
+
+impl AgentProc {
+    fn start(bind: &str) -> AgentProc {
+        let mut child = netgap()
+            .args(["serve", "--bind", bind, "--port", "0"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("agent starts");
+        let stdout = child.stdout.take().expect("stdout piped");
+        let mut line = String::new();
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("agent prints its address");
+        let addr = line
+            .trim()
+            .rsplit(' ')
+            .next()
+            .expect("address at the end")
+            .to_string();
+        AgentProc { child, addr }
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for AgentProc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn read_records(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("every line is JSON"))
+        .collect()
+}
+
+const DOCUMENTED_FIELDS: [&str; 14] = [
+    "test",
+    "transport",
+    "mode",
+    "size_bytes",
+    "metric",
+    "value",
+    "stats",
+    "percentiles",
+    "cpu",
+    "host",
+    "peer_host",
+    "options",
+    "version",
+    "time",
+];
+
+fn check_record(r: &Value) {
+    for f in DOCUMENTED_FIELDS {
+        assert!(r.get(f).is_some(), "field {f} missing in {r}");
+    }
+    for f in [
+        "min",
+        "median",
+        "max",
+        "stdev",
+        "ci95_low",
+        "ci95_high",
+        "reps",
+    ] {
+        assert!(r["stats"].get(f).is_some(), "stats.{f} missing");
+    }
+    for side in ["local", "remote"] {
+        for f in ["system_busy_percent", "process_percent"] {
+            assert!(r["cpu"][side][f].is_number(), "cpu.{side}.{f} missing");
+        }
+    }
+    let b = &r["bytes"];
+    assert_eq!(
+        b["client_tx"], b["server_rx"],
+        "client to server bytes in {r}"
+    );
+    assert_eq!(
+        b["server_tx"], b["client_rx"],
+        "server to client bytes in {r}"
+    );
+    assert!(b["client_tx"].as_u64().unwrap_or(0) > 0);
+    let value = r["value"].as_f64().expect("value is a number");
+    assert!(value > 0.0 && value.is_finite());
+    let s = &r["stats"];
+    let (min, med, max) = (
+        s["min"].as_f64().unwrap_or(f64::NAN),
+        s["median"].as_f64().unwrap_or(f64::NAN),
+        s["max"].as_f64().unwrap_or(f64::NAN),
+    );
+    assert!(
+        min <= med && med <= max && min <= value && value <= max,
+        "{s}"
+    );
+    if r["metric"] == "latency_us" {
+        let p = &r["percentiles"];
+        let ps: Vec<f64> = ["p50", "p90", "p99", "p999", "max"]
+            .iter()
+            .map(|k| p[*k].as_f64().expect("percentile"))
+            .collect();
+        assert!(
+            ps.windows(2).all(|w| w[0] <= w[1]),
+            "percentiles ordered: {p}"
+        );
+    }
+    assert!(r["host"]["hostname"].is_string());
+    assert!(r["peer_host"]["kernel"].is_string());
+    assert!(r["options"]["placement"].is_object());
+}
+
+#[test]
+fn every_test_transport_and_mode_moves_every_byte() {
+    let agent = AgentProc::start("127.0.0.1");
+    let dir = tempfile::tempdir().expect("tempdir");
+    for transport in ["tcp", "unix"] {
+        for mode in ["event", "poll"] {
+            let json = dir.path().join(format!("{transport}-{mode}.jsonl"));
+            let out = netgap()
+                .args(["run", "pingpong,stream,bibw-pingpong,bibw", "--peer"])
+                .arg(&agent.addr)
+                .args(["--transport", transport, "--mode", mode])
+                .args(["--sizes", "1,4K,1M", "--reps", "3", "--rep-time", "5ms"])
+                .arg("--json")
+                .arg(&json)
+                .output()
+                .expect("runs");
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(out.status.success(), "{transport} {mode}: {stderr}");
+            let records = read_records(&json);
+            assert_eq!(records.len(), 4 * 3, "{transport} {mode}");
+            for r in &records {
+                check_record(r);
+                assert_eq!(r["transport"], transport);
+                assert_eq!(r["mode"], mode);
+                assert_eq!(r["stats"]["reps"].as_array().map(Vec::len), Some(3));
+            }
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            assert!(stdout.starts_with("test"), "table header first: {stdout}");
+            assert!(stdout.contains("latency_us") && stdout.contains("bw_gbps"));
+            assert_eq!(stdout.lines().count(), 1 + 12, "{stdout}");
+        }
+    }
+}
+
+#[test]
+fn embedded_agent_over_ipv6_and_csv() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json = dir.path().join("r.jsonl");
+    let csv = dir.path().join("r.csv");
+    let out = netgap()
+        .args(["run", "pingpong", "-6", "--sizes", "1,64", "--reps", "3"])
+        .args(["--iterations", "200", "--pin", "0,0"])
+        .arg("--json")
+        .arg(&json)
+        .arg("--csv")
+        .arg(&csv)
+        .output()
+        .expect("runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let records = read_records(&json);
+    assert_eq!(records.len(), 2);
+    for r in &records {
+        check_record(r);
+        assert_eq!(r["iterations_per_rep"], 200);
+        assert_eq!(r["options"]["peer"], "embedded");
+        assert_eq!(r["options"]["placement"]["client_cpu"], 0);
+        assert_eq!(r["options"]["placement"]["server_cpu"], 0);
+        assert_eq!(
+            r["bytes"]["client_tx"].as_u64(),
+            Some(3 * 200 * r["size_bytes"].as_u64().unwrap_or(0))
+        );
+    }
+    let csv_text = std::fs::read_to_string(&csv).expect("csv written");
+    let lines: Vec<&str> = csv_text.lines().collect();
+    assert_eq!(lines.len(), 3, "{csv_text}");
+    assert!(lines[0].starts_with("time,test,transport,mode,size_bytes,metric,value"));
+    // No progress bar when stderr is not a terminal.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !stderr.contains('\r') && !stderr.contains("reps"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn list_shows_tests_and_transports() {
+    let out = netgap().arg("list").output().expect("runs");
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    for name in ["pingpong", "stream", "bibw-pingpong", "bibw", "tcp", "unix"] {
+        assert!(text.contains(name), "{name} missing from {text}");
+    }
+}
+
+/// Runs netgap with `args`, expecting failure with exactly one line on stderr
+/// containing `needle`.
+fn fails_with_one_line(args: &[&str], needle: &str) {
+    let out = netgap().args(args).output().expect("runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{args:?} should fail");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{args:?}: {stderr}");
+    assert!(
+        stderr.contains(needle),
+        "{args:?}: {stderr:?} lacks {needle:?}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+#[test]
+fn bad_input_gets_one_clear_line() {
+    fails_with_one_line(&["run", "pingpnog"], "unknown test \"pingpnog\"");
+    fails_with_one_line(
+        &["run", "pingpong", "-t", "carrier-pigeon"],
+        "unknown transport",
+    );
+    fails_with_one_line(&["run", "pingpong", "--sizes", "0"], "out of range");
+    fails_with_one_line(&["run", "pingpong", "--sizes", "1G"], "out of range");
+    fails_with_one_line(&["run", "pingpong", "--sizes", "12Q"], "12Q");
+    fails_with_one_line(&["run", "pingpong", "--mode", "psychic"], "unknown mode");
+    fails_with_one_line(
+        &["run", "pingpong", "--peer", "no-such-host.invalid"],
+        "bad peer",
+    );
+    fails_with_one_line(&["run", "pingpong", "--reps", "0"], "--reps");
+    fails_with_one_line(&["frobnicate"], "frobnicate");
+    fails_with_one_line(&["serve", "--bind", "not-an-ip"], "not-an-ip");
+}
+
+#[test]
+fn unreachable_peer_is_one_line() {
+    // A port nobody listens on: bind one, note it, close it.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("port")
+        .port();
+    let peer = format!("127.0.0.1:{port}");
+    fails_with_one_line(
+        &["run", "pingpong", "--peer", &peer],
+        "cannot connect to agent",
+    );
+}
+
+#[test]
+fn port_in_use_is_one_line() {
+    let holder = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = holder.local_addr().expect("addr").port().to_string();
+    fails_with_one_line(&["serve", "--port", &port], "already in use");
+}
+
+#[test]
+fn killing_the_agent_mid_run_fails_fast_and_keeps_points() {
+    let mut agent = AgentProc::start("127.0.0.1");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json = dir.path().join("r.jsonl");
+    let mut run = netgap()
+        .args(["run", "pingpong", "--peer", &agent.addr])
+        .args(["--sizes", "1..64K", "--reps", "5", "--rep-time", "40ms"])
+        .arg("--json")
+        .arg(&json)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("runs");
+    // Wait for two measured points, then kill the agent.
+    let t0 = Instant::now();
+    while read_records(&json).len() < 2 {
+        assert!(t0.elapsed() < Duration::from_secs(60), "no points measured");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    agent.kill();
+    let killed_at = Instant::now();
+    let status = loop {
+        if let Some(s) = run.try_wait().expect("wait") {
+            break s;
+        }
+        assert!(
+            killed_at.elapsed() < Duration::from_secs(5),
+            "run still going 5 s after the agent died"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(!status.success());
+    let mut stderr = String::new();
+    run.stderr
+        .take()
+        .expect("piped")
+        .read_to_string(&mut stderr)
+        .expect("read");
+    assert!(
+        stderr.contains("pingpong over tcp"),
+        "names the test: {stderr}"
+    );
+    assert!(stderr.contains("bytes:"), "names the size: {stderr}");
+    let records = read_records(&json);
+    assert!(records.len() >= 2);
+    records.iter().for_each(check_record);
+}
+
+#[test]
+fn agent_survives_garbage_and_vanishing_clients() {
+    let agent = AgentProc::start("127.0.0.1");
+    // Garbage: a huge length prefix, then random bytes.
+    let mut s = TcpStream::connect(&agent.addr).expect("connect");
+    let _ = s.write_all(&[0xff, 0xff, 0xff, 0xff, 1, 2, 3]);
+    drop(s);
+    // A well-formed frame that is not JSON.
+    let mut s = TcpStream::connect(&agent.addr).expect("connect");
+    let _ = s.write_all(&[0, 0, 0, 3, b'a', b'b', b'c']);
+    drop(s);
+    // A client that says nothing and leaves.
+    drop(TcpStream::connect(&agent.addr).expect("connect"));
+    let out = netgap()
+        .args(["run", "pingpong", "--peer", &agent.addr, "--sizes", "1"])
+        .args(["--reps", "3", "--iterations", "100"])
+        .output()
+        .expect("runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn a_busy_agent_says_so() {
+    use netgap::proto::codec::encode;
+    use netgap::proto::message::{Request, PROTOCOL_VERSION};
+    let agent = AgentProc::start("127.0.0.1");
+    let mut holder = TcpStream::connect(&agent.addr).expect("connect");
+    let hello = encode(&Request::Hello {
+        protocol: PROTOCOL_VERSION,
+        version: "test".into(),
+    })
+    .expect("encode");
+    holder.write_all(&hello).expect("hello");
+    let mut len = [0u8; 4];
+    holder.read_exact(&mut len).expect("welcome arrives");
+    fails_with_one_line(
+        &["run", "pingpong", "--peer", &agent.addr, "--sizes", "1"],
+        "busy",
+    );
+}
+
+#[test]
+fn plain_netgap_runs_the_battery_and_writes_results() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = netgap().current_dir(dir.path()).output().expect("runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let results = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("results: "))
+        .expect("prints the results path");
+    let records = read_records(&dir.path().join(results));
+    assert_eq!(records.len(), 4 * 2 * 12);
+    records.iter().for_each(check_record);
+}
