@@ -76,6 +76,27 @@ pub struct RunArgs {
     /// Pin the client and server roles: CLIENT_CPU,SERVER_CPU (e.g. 0,1).
     #[arg(long, value_name = "C,S")]
     pub pin: Option<String>,
+    /// MSG_ZEROCOPY sends with their completions reaped (tcp).
+    #[arg(long)]
+    pub zerocopy: bool,
+    /// SO_BUSY_POLL: busy-wait this many microseconds in the kernel on receive (tcp).
+    #[arg(long, value_name = "USECS")]
+    pub busy_poll: Option<u32>,
+    /// TCP_QUICKACK: acknowledge at once instead of delaying ACKs (tcp).
+    #[arg(long)]
+    pub quickack: bool,
+    /// TCP_CORK around each message: send full segments only (tcp).
+    #[arg(long)]
+    pub cork: bool,
+    /// TCP congestion control algorithm, e.g. cubic or bbr (tcp).
+    #[arg(long, value_name = "NAME")]
+    pub congestion: Option<String>,
+    /// io_uring kernel-side submission polling (uring).
+    #[arg(long)]
+    pub sqpoll: bool,
+    /// Check every payload byte received against the pattern sent.
+    #[arg(long)]
+    pub verify: bool,
     /// Data-path inactivity timeout: a peer silent this long is gone.
     #[arg(long, default_value = DEFAULT_TIMEOUT, value_name = "DUR")]
     pub timeout: String,
@@ -287,6 +308,12 @@ impl Plan {
             nodelay: !a.no_nodelay,
             sndbuf_bytes: parse_buffer("--sndbuf", &a.sndbuf)?,
             rcvbuf_bytes: parse_buffer("--rcvbuf", &a.rcvbuf)?,
+            zerocopy: a.zerocopy,
+            busy_poll_us: a.busy_poll,
+            quickack: a.quickack,
+            cork: a.cork,
+            congestion: a.congestion.clone(),
+            sqpoll: a.sqpoll,
         };
         let (client_cpu, server_cpu) = parse_pin(&a.pin)?;
 
@@ -319,7 +346,7 @@ impl Plan {
                         return Err(bad(format!("transport {} has no {mode} mode", tr.name())));
                     }
                     for &size in &sizes {
-                        points.push(PointSpec {
+                        let point = PointSpec {
                             test: t.name().to_string(),
                             transport: tr.name().to_string(),
                             mode,
@@ -327,7 +354,12 @@ impl Plan {
                             options: options.clone(),
                             server_cpu,
                             io_timeout_ms: timeout.as_millis() as u32,
-                        });
+                            verify: a.verify,
+                        };
+                        point
+                            .validate()
+                            .map_err(|e| bad(format!("invalid option: {e}")))?;
+                        points.push(point);
                     }
                 }
             }
@@ -370,6 +402,13 @@ impl Plan {
             sndbuf: None,
             rcvbuf: None,
             pin: None,
+            zerocopy: false,
+            busy_poll: None,
+            quickack: false,
+            cork: false,
+            congestion: None,
+            sqpoll: false,
+            verify: false,
             timeout: DEFAULT_TIMEOUT.into(),
             json: Some(json),
             csv: None,
@@ -391,9 +430,8 @@ impl Plan {
                 Peer::Embedded { .. } => "embedded".into(),
                 Peer::Remote { addr, .. } => addr.to_string(),
             },
-            nodelay: spec.options.nodelay,
-            sndbuf_bytes: spec.options.sndbuf_bytes,
-            rcvbuf_bytes: spec.options.rcvbuf_bytes,
+            transport: spec.options.clone(),
+            verify: spec.verify,
             placement: crate::record::Placement {
                 client_cpu: self.client_cpu,
                 server_cpu: spec.server_cpu,
@@ -428,6 +466,13 @@ mod tests {
             sndbuf: None,
             rcvbuf: None,
             pin: None,
+            zerocopy: false,
+            busy_poll: None,
+            quickack: false,
+            cork: false,
+            congestion: None,
+            sqpoll: false,
+            verify: false,
             timeout: "3s".into(),
             json: None,
             csv: None,

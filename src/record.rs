@@ -93,12 +93,10 @@ pub struct Placement {
 pub struct RecordOptions {
     /// The agent's control address, or `embedded` for the in-process agent.
     pub peer: String,
-    /// TCP_NODELAY on the data flow.
-    pub nodelay: bool,
-    /// SO_SNDBUF asked for, in bytes.
-    pub sndbuf_bytes: Option<u32>,
-    /// SO_RCVBUF asked for, in bytes.
-    pub rcvbuf_bytes: Option<u32>,
+    /// Transport options in force on both ends.
+    pub transport: crate::spec::TransportOptions,
+    /// Every payload byte was checked against the sent pattern.
+    pub verify: bool,
     /// CPU placement of the roles.
     pub placement: Placement,
     /// Measured repetitions.

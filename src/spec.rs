@@ -61,6 +61,18 @@ pub struct TransportOptions {
     pub sndbuf_bytes: Option<u32>,
     /// SO_RCVBUF in bytes, or the system default.
     pub rcvbuf_bytes: Option<u32>,
+    /// MSG_ZEROCOPY sends, their completions reaped (tcp only).
+    pub zerocopy: bool,
+    /// SO_BUSY_POLL in microseconds (tcp only).
+    pub busy_poll_us: Option<u32>,
+    /// TCP_QUICKACK re-armed after every receive (tcp only).
+    pub quickack: bool,
+    /// TCP_CORK around each message (tcp only).
+    pub cork: bool,
+    /// TCP congestion control algorithm, e.g. `cubic` (tcp only).
+    pub congestion: Option<String>,
+    /// Kernel-side submission polling (IORING_SETUP_SQPOLL; uring only).
+    pub sqpoll: bool,
 }
 
 impl Default for TransportOptions {
@@ -69,9 +81,20 @@ impl Default for TransportOptions {
             nodelay: true,
             sndbuf_bytes: None,
             rcvbuf_bytes: None,
+            zerocopy: false,
+            busy_poll_us: None,
+            quickack: false,
+            cork: false,
+            congestion: None,
+            sqpoll: false,
         }
     }
 }
+
+/// Longest busy-poll time a peer may ask for, in microseconds (1 s).
+pub const MAX_BUSY_POLL_US: u32 = 1_000_000;
+/// Longest congestion control name, in bytes (the kernel's TCP_CA_NAME_MAX).
+pub const MAX_CONGESTION_NAME_BYTES: usize = 16;
 
 /// One measured point as the agent needs to know it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -91,6 +114,8 @@ pub struct PointSpec {
     pub server_cpu: Option<u32>,
     /// Data-path inactivity timeout in milliseconds, 1..=[`MAX_IO_TIMEOUT_MS`].
     pub io_timeout_ms: u32,
+    /// Check every payload byte received against the sent pattern.
+    pub verify: bool,
 }
 
 /// A field of a [`PointSpec`] or a message that is out of range.
@@ -157,6 +182,20 @@ impl PointSpec {
                 }
             }
         }
+        if let Some(us) = self.options.busy_poll_us {
+            if us > MAX_BUSY_POLL_US {
+                return Err(range("busy_poll_us", format!("{us} > {MAX_BUSY_POLL_US}")));
+            }
+        }
+        if let Some(name) = &self.options.congestion {
+            check_name("congestion", name)?;
+            if name.len() > MAX_CONGESTION_NAME_BYTES {
+                return Err(range(
+                    "congestion",
+                    format!("longer than {MAX_CONGESTION_NAME_BYTES} bytes"),
+                ));
+            }
+        }
         if let Some(cpu) = self.server_cpu {
             if cpu > MAX_CPU_INDEX {
                 return Err(range("server_cpu", format!("{cpu} > {MAX_CPU_INDEX}")));
@@ -185,6 +224,7 @@ mod tests {
             options: TransportOptions::default(),
             server_cpu: None,
             io_timeout_ms: 5000,
+            verify: false,
         }
     }
 
@@ -210,6 +250,12 @@ mod tests {
         let mut s = spec();
         s.io_timeout_ms = 0;
         assert_eq!(s.validate().unwrap_err().field, "io_timeout_ms");
+        let mut s = spec();
+        s.options.busy_poll_us = Some(MAX_BUSY_POLL_US + 1);
+        assert_eq!(s.validate().unwrap_err().field, "busy_poll_us");
+        let mut s = spec();
+        s.options.congestion = Some("x".repeat(17));
+        assert_eq!(s.validate().unwrap_err().field, "congestion");
         let mut s = spec();
         s.server_cpu = Some(1 << 20);
         assert_eq!(s.validate().unwrap_err().field, "server_cpu");

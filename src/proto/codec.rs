@@ -283,9 +283,12 @@ mod tests {
                 nodelay: false,
                 sndbuf_bytes: Some(1 << 20),
                 rcvbuf_bytes: None,
+                congestion: Some("cubic".into()),
+                ..TransportOptions::default()
             },
             server_cpu: Some(3),
             io_timeout_ms: 5000,
+            verify: false,
         }
     }
 

@@ -679,6 +679,7 @@ mod tests {
             options: TransportOptions::default(),
             server_cpu: None,
             io_timeout_ms: 1000,
+            verify: false,
         }
     }
 

@@ -9,6 +9,7 @@
 mod stream_socket;
 pub mod tcp;
 pub mod unix;
+mod zerocopy;
 
 use crate::spec::{Mode, PointSpec, TransportOptions};
 use std::io;

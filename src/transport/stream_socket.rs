@@ -60,6 +60,11 @@ stream_socket!(std::net::TcpStream);
 stream_socket!(std::os::unix::net::UnixStream);
 
 impl<S: StreamSocket> StreamFlow<S> {
+    /// The two halves, for wrappers that add per-message work.
+    pub fn into_parts(self) -> (Half<S>, Half<S>) {
+        (self.tx, self.rx)
+    }
+
     /// Wraps a connected socket, applying the mode and the timeout.
     pub fn new(socket: S, mode: Mode, timeout: Duration) -> io::Result<StreamFlow<S>> {
         match mode {
@@ -87,6 +92,11 @@ impl<S: StreamSocket> StreamFlow<S> {
 }
 
 impl<S: StreamSocket> Half<S> {
+    /// The socket under this half.
+    pub fn socket(&self) -> &S {
+        &self.socket
+    }
+
     /// Runs `op` until it moves at least one byte, per the mode.
     #[inline]
     fn progress(
@@ -149,6 +159,85 @@ impl<S: StreamSocket> Receiver for Half<S> {
 }
 
 impl<S: StreamSocket + 'static> Flow for StreamFlow<S> {
+    fn split(&mut self) -> (&mut dyn Sender, &mut dyn Receiver) {
+        (&mut self.tx, &mut self.rx)
+    }
+
+    fn into_halves(self: Box<Self>) -> (Box<dyn Sender>, Box<dyn Receiver>) {
+        (Box::new(self.tx), Box::new(self.rx))
+    }
+}
+
+/// A TCP flow that corks each message (TCP_CORK set before its bytes,
+/// cleared after them) and/or re-arms TCP_QUICKACK after every receive.
+pub struct TcpHookFlow {
+    tx: CorkSender,
+    rx: QuickAckReceiver,
+}
+
+/// Sending half of a [`TcpHookFlow`].
+pub struct CorkSender {
+    inner: Half<std::net::TcpStream>,
+    cork: bool,
+}
+
+/// Receiving half of a [`TcpHookFlow`].
+pub struct QuickAckReceiver {
+    inner: Half<std::net::TcpStream>,
+    quickack: bool,
+}
+
+fn option_failed(e: io::Error) -> FlowError {
+    FlowError::Io(e)
+}
+
+impl Sender for CorkSender {
+    fn send_some(&mut self, buf: &[u8]) -> Result<usize, FlowError> {
+        self.inner.send_some(buf)
+    }
+
+    fn send_all(&mut self, mut buf: &[u8]) -> Result<(), FlowError> {
+        if self.cork {
+            super::tcp::set_cork(self.inner.socket(), true).map_err(option_failed)?;
+        }
+        while !buf.is_empty() {
+            let n = self.inner.send_some(buf)?;
+            buf = &buf[n..];
+        }
+        if self.cork {
+            super::tcp::set_cork(self.inner.socket(), false).map_err(option_failed)?;
+        }
+        Ok(())
+    }
+}
+
+impl Receiver for QuickAckReceiver {
+    fn recv_some(&mut self, buf: &mut [u8]) -> Result<usize, FlowError> {
+        let n = self.inner.recv_some(buf)?;
+        if self.quickack {
+            super::tcp::set_quickack(self.inner.socket()).map_err(option_failed)?;
+        }
+        Ok(n)
+    }
+}
+
+impl StreamFlow<std::net::TcpStream> {
+    /// Wraps the flow to cork each message and/or re-arm quick ACKs.
+    pub fn with_tcp_hooks(self, quickack: bool, cork: bool) -> TcpHookFlow {
+        TcpHookFlow {
+            tx: CorkSender {
+                inner: self.tx,
+                cork,
+            },
+            rx: QuickAckReceiver {
+                inner: self.rx,
+                quickack,
+            },
+        }
+    }
+}
+
+impl Flow for TcpHookFlow {
     fn split(&mut self) -> (&mut dyn Sender, &mut dyn Receiver) {
         (&mut self.tx, &mut self.rx)
     }
