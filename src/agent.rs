@@ -260,7 +260,13 @@ fn open_point(
     let reply = session.accepted().map_err(|e| e.to_string())?;
     conn.send(&reply).map_err(|e| e.to_string())?;
     let role = test
-        .server(size, flow)
+        .server(
+            bench::RoleParams {
+                size_bytes: size,
+                verify: spec.verify,
+            },
+            flow,
+        )
         .map_err(|e| format!("{} setup failed: {e}", spec.test))?;
     Ok(OpenPoint { role })
 }

@@ -4,7 +4,7 @@
 //! the sinks the moment it is measured.
 
 use crate::agent::Agent;
-use crate::bench::{self, Metric};
+use crate::bench::{self, Metric, RoleParams};
 use crate::control::{ControlConn, ControlError};
 use crate::cpu::CpuUsage;
 use crate::host::HostFacts;
@@ -153,7 +153,15 @@ impl Coordinator {
             .map_err(|e| e.to_string())?;
         let reply = recv_reply(&mut self.conn, REPLY_TIMEOUT)?;
         self.session.on_accepted(reply).map_err(|e| e.to_string())?;
-        let mut role = test.client(size, flow).map_err(|e| format!("setup: {e}"))?;
+        let mut role = test
+            .client(
+                RoleParams {
+                    size_bytes: size,
+                    verify: spec.verify,
+                },
+                flow,
+            )
+            .map_err(|e| format!("setup: {e}"))?;
         let done_timeout = config.io_timeout + Duration::from_secs(1);
         let mut peer = AgentControl {
             conn: &mut self.conn,

@@ -5,7 +5,8 @@
 //! repetition costs hundreds of microseconds on a small virtual machine,
 //! which would land inside the measured time.
 
-use super::{gbps, ClientRole, Metric, RepOutcome, ServerOutcome, ServerRole, Test};
+use super::payload::{recv_checked, PatternCursor};
+use super::{gbps, ClientRole, Metric, RepOutcome, RoleParams, ServerOutcome, ServerRole, Test};
 use crate::cpu::thread_cpu_ns;
 use crate::stats::LatencyHistogram;
 use crate::transport::{Flow, FlowError, Receiver, Sender};
@@ -24,6 +25,7 @@ struct Side {
     rx: Box<dyn Receiver>,
     recv_buf: Vec<u8>,
     size_bytes: u64,
+    rx_pattern: PatternCursor,
     /// Iteration counts for the sender thread; dropping it ends the thread.
     to_sender: Option<mpsc::Sender<u64>>,
     /// Per repetition: the sender's CPU time in nanoseconds, or its error.
@@ -33,7 +35,8 @@ struct Side {
 
 fn sender_loop(
     mut tx: Box<dyn Sender>,
-    buf: Vec<u8>,
+    mut buf: Vec<u8>,
+    mut pattern: PatternCursor,
     work: mpsc::Receiver<u64>,
     done: mpsc::Sender<Result<u64, FlowError>>,
 ) {
@@ -41,6 +44,7 @@ fn sender_loop(
         let cpu0 = thread_cpu_ns();
         let mut result = Ok(());
         for _ in 0..iterations {
+            pattern.fill(&mut buf);
             result = tx.send_all(&buf);
             if result.is_err() {
                 break;
@@ -55,19 +59,21 @@ fn sender_loop(
 }
 
 impl Side {
-    fn new(size_bytes: usize, flow: Box<dyn Flow>) -> Result<Side, FlowError> {
+    fn new(params: RoleParams, flow: Box<dyn Flow>) -> Result<Side, FlowError> {
+        let size_bytes = params.size_bytes;
         let (tx, rx) = flow.into_halves();
         let (to_sender, work) = mpsc::channel();
         let (done, from_sender) = mpsc::channel();
         let buf = super::message_buffer(size_bytes);
         let sender = std::thread::Builder::new()
             .name("bibw sender".into())
-            .spawn(move || sender_loop(tx, buf, work, done))
+            .spawn(move || sender_loop(tx, buf, PatternCursor::new(params.verify), work, done))
             .map_err(FlowError::Io)?;
         Ok(Side {
             rx,
             recv_buf: vec![0u8; size_bytes.max(MIN_RECV_BUFFER_BYTES)],
             size_bytes: size_bytes as u64,
+            rx_pattern: PatternCursor::new(params.verify),
             to_sender: Some(to_sender),
             from_sender,
             sender: Some(sender),
@@ -83,9 +89,12 @@ impl Side {
             .ok_or_else(gone)?
             .send(iterations)
             .map_err(|_| gone())?;
-        let received = self
-            .rx
-            .recv_discard(self.size_bytes * iterations, &mut self.recv_buf);
+        let received = recv_checked(
+            self.rx.as_mut(),
+            self.size_bytes * iterations,
+            &mut self.recv_buf,
+            &mut self.rx_pattern,
+        );
         let sent = self.from_sender.recv().map_err(|_| gone())?;
         received?;
         sent
@@ -148,16 +157,16 @@ impl Test for Bibw {
     }
     fn client(
         &self,
-        size_bytes: usize,
+        params: RoleParams,
         flow: Box<dyn Flow>,
     ) -> Result<Box<dyn ClientRole>, FlowError> {
-        Ok(Box::new(Client(Side::new(size_bytes, flow)?)))
+        Ok(Box::new(Client(Side::new(params, flow)?)))
     }
     fn server(
         &self,
-        size_bytes: usize,
+        params: RoleParams,
         flow: Box<dyn Flow>,
     ) -> Result<Box<dyn ServerRole>, FlowError> {
-        Ok(Box::new(Server(Side::new(size_bytes, flow)?)))
+        Ok(Box::new(Server(Side::new(params, flow)?)))
     }
 }

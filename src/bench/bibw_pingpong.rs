@@ -3,7 +3,7 @@
 //! ping-pong bandwidth).
 
 use super::pingpong::{PingPongClient, PingPongServer};
-use super::{gbps, ClientRole, Metric, RepOutcome, ServerRole, Test};
+use super::{gbps, ClientRole, Metric, RepOutcome, RoleParams, ServerRole, Test};
 use crate::stats::LatencyHistogram;
 use crate::transport::{Flow, FlowError};
 
@@ -45,16 +45,16 @@ impl Test for BibwPingPong {
     }
     fn client(
         &self,
-        size_bytes: usize,
+        params: RoleParams,
         flow: Box<dyn Flow>,
     ) -> Result<Box<dyn ClientRole>, FlowError> {
-        Ok(Box::new(Client(PingPongClient::new(size_bytes, flow))))
+        Ok(Box::new(Client(PingPongClient::new(params, flow))))
     }
     fn server(
         &self,
-        size_bytes: usize,
+        params: RoleParams,
         flow: Box<dyn Flow>,
     ) -> Result<Box<dyn ServerRole>, FlowError> {
-        Ok(Box::new(PingPongServer::new(size_bytes, flow)))
+        Ok(Box::new(PingPongServer::new(params, flow)))
     }
 }

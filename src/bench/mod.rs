@@ -6,6 +6,7 @@
 
 pub mod bibw;
 pub mod bibw_pingpong;
+pub mod payload;
 pub mod pingpong;
 pub mod stream;
 
@@ -57,6 +58,15 @@ pub struct ServerOutcome {
     pub helper_cpu_ns: u64,
 }
 
+/// What a role needs to know about its point.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RoleParams {
+    /// Message size in bytes, at least 1.
+    pub size_bytes: usize,
+    /// Fill and check every payload byte (`--verify`).
+    pub verify: bool,
+}
+
 /// The client side of a test for one point (one message size). It owns the
 /// point's flow, so a role may keep helper threads for the whole point.
 pub trait ClientRole: Send {
@@ -87,19 +97,18 @@ pub trait Test: Sync {
     fn has_percentiles(&self) -> bool {
         false
     }
-    /// The client role for messages of `size_bytes` (at least 1) over a
-    /// connected flow. Any per-point setup runs here, while the server's
-    /// [`Test::server`] runs on the other end (stream measures its ack
-    /// latency, for example).
+    /// The client role of a point over a connected flow. Any per-point
+    /// setup runs here, while the server's [`Test::server`] runs on the
+    /// other end (stream measures its ack latency, for example).
     fn client(
         &self,
-        size_bytes: usize,
+        params: RoleParams,
         flow: Box<dyn Flow>,
     ) -> Result<Box<dyn ClientRole>, FlowError>;
-    /// The server role for messages of `size_bytes` (at least 1).
+    /// The server role of a point over a connected flow.
     fn server(
         &self,
-        size_bytes: usize,
+        params: RoleParams,
         flow: Box<dyn Flow>,
     ) -> Result<Box<dyn ServerRole>, FlowError>;
 }

@@ -1,7 +1,8 @@
 //! `pingpong`: the client sends X bytes, the server returns X bytes; one-way
 //! latency is half the mean round trip over N iterations (seeds 000, 001, 004).
 
-use super::{ClientRole, Metric, RepOutcome, ServerOutcome, ServerRole, Test};
+use super::payload::PatternCursor;
+use super::{ClientRole, Metric, RepOutcome, RoleParams, ServerOutcome, ServerRole, Test};
 use crate::stats::LatencyHistogram;
 use crate::transport::{Flow, FlowError};
 use std::time::Instant;
@@ -13,20 +14,25 @@ pub struct PingPong;
 pub struct PingPongClient {
     flow: Box<dyn Flow>,
     buf: Vec<u8>,
+    tx: PatternCursor,
+    rx: PatternCursor,
 }
 
 /// Server side of a ping-pong: echoes every message.
 pub struct PingPongServer {
     flow: Box<dyn Flow>,
     buf: Vec<u8>,
+    rx: PatternCursor,
 }
 
 impl PingPongClient {
-    /// A client for messages of `size_bytes` over `flow`.
-    pub fn new(size_bytes: usize, flow: Box<dyn Flow>) -> Self {
+    /// A client for `params` over `flow`.
+    pub fn new(params: RoleParams, flow: Box<dyn Flow>) -> Self {
         PingPongClient {
             flow,
-            buf: super::message_buffer(size_bytes),
+            buf: super::message_buffer(params.size_bytes),
+            tx: PatternCursor::new(params.verify),
+            rx: PatternCursor::new(params.verify),
         }
     }
 
@@ -41,8 +47,10 @@ impl PingPongClient {
         let t0 = Instant::now();
         let mut prev = t0;
         for _ in 0..iterations {
+            self.tx.fill(&mut self.buf);
             tx.send_all(&self.buf)?;
             rx.recv_exact(&mut self.buf)?;
+            self.rx.check(&self.buf)?;
             let now = Instant::now();
             rtt_hist.record_ns(u64::try_from((now - prev).as_nanos()).unwrap_or(u64::MAX));
             prev = now;
@@ -57,11 +65,12 @@ impl PingPongClient {
 }
 
 impl PingPongServer {
-    /// A server for messages of `size_bytes` over `flow`.
-    pub fn new(size_bytes: usize, flow: Box<dyn Flow>) -> Self {
+    /// A server for `params` over `flow`.
+    pub fn new(params: RoleParams, flow: Box<dyn Flow>) -> Self {
         PingPongServer {
             flow,
-            buf: super::message_buffer(size_bytes),
+            buf: super::message_buffer(params.size_bytes),
+            rx: PatternCursor::new(params.verify),
         }
     }
 }
@@ -89,6 +98,7 @@ impl ServerRole for PingPongServer {
         let (tx, rx) = self.flow.split();
         for _ in 0..iterations {
             rx.recv_exact(&mut self.buf)?;
+            self.rx.check(&self.buf)?;
             tx.send_all(&self.buf)?;
         }
         let bytes = self.buf.len() as u64 * iterations;
@@ -115,16 +125,16 @@ impl Test for PingPong {
     }
     fn client(
         &self,
-        size_bytes: usize,
+        params: RoleParams,
         flow: Box<dyn Flow>,
     ) -> Result<Box<dyn ClientRole>, FlowError> {
-        Ok(Box::new(PingPongClient::new(size_bytes, flow)))
+        Ok(Box::new(PingPongClient::new(params, flow)))
     }
     fn server(
         &self,
-        size_bytes: usize,
+        params: RoleParams,
         flow: Box<dyn Flow>,
     ) -> Result<Box<dyn ServerRole>, FlowError> {
-        Ok(Box::new(PingPongServer::new(size_bytes, flow)))
+        Ok(Box::new(PingPongServer::new(params, flow)))
     }
 }

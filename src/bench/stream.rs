@@ -4,7 +4,10 @@
 //! latency of the ack (seed 000). The ack latency is measured once per point,
 //! in `setup`, by 1-byte round trips on the same flow.
 
-use super::{gbps, ns_since, ClientRole, Metric, RepOutcome, ServerOutcome, ServerRole, Test};
+use super::payload::{recv_checked, PatternCursor};
+use super::{
+    gbps, ns_since, ClientRole, Metric, RepOutcome, RoleParams, ServerOutcome, ServerRole, Test,
+};
 use crate::stats::{self, LatencyHistogram};
 use crate::transport::{Flow, FlowError};
 use std::time::Instant;
@@ -24,12 +27,14 @@ struct Client {
     flow: Box<dyn Flow>,
     buf: Vec<u8>,
     ack_one_way_ns: u64,
+    tx: PatternCursor,
 }
 
 struct Server {
     flow: Box<dyn Flow>,
     buf: Vec<u8>,
     size_bytes: u64,
+    rx: PatternCursor,
 }
 
 /// Median one-way latency of a 1-byte message, in nanoseconds.
@@ -56,6 +61,7 @@ impl ClientRole for Client {
         let (tx, rx) = self.flow.split();
         let t0 = Instant::now();
         for _ in 0..iterations {
+            self.tx.fill(&mut self.buf);
             tx.send_all(&self.buf)?;
         }
         let mut ack = [0u8; 1];
@@ -89,7 +95,7 @@ impl ServerRole for Server {
     fn run(&mut self, iterations: u64) -> Result<ServerOutcome, FlowError> {
         let (tx, rx) = self.flow.split();
         let total = self.size_bytes * iterations;
-        rx.recv_discard(total, &mut self.buf)?;
+        recv_checked(rx, total, &mut self.buf, &mut self.rx)?;
         tx.send_all(&[1u8])?;
         Ok(ServerOutcome {
             bytes_rx: total,
@@ -111,26 +117,28 @@ impl Test for Stream {
     }
     fn client(
         &self,
-        size_bytes: usize,
+        params: RoleParams,
         mut flow: Box<dyn Flow>,
     ) -> Result<Box<dyn ClientRole>, FlowError> {
         let ack_one_way_ns = probe_ack_latency(flow.as_mut())?;
         Ok(Box::new(Client {
             flow,
-            buf: super::message_buffer(size_bytes),
+            buf: super::message_buffer(params.size_bytes),
             ack_one_way_ns,
+            tx: PatternCursor::new(params.verify),
         }))
     }
     fn server(
         &self,
-        size_bytes: usize,
+        params: RoleParams,
         mut flow: Box<dyn Flow>,
     ) -> Result<Box<dyn ServerRole>, FlowError> {
         echo_ack_probe(flow.as_mut())?;
         Ok(Box::new(Server {
             flow,
-            buf: super::message_buffer(size_bytes.max(MIN_RECV_BUFFER_BYTES)),
-            size_bytes: size_bytes as u64,
+            buf: super::message_buffer(params.size_bytes.max(MIN_RECV_BUFFER_BYTES)),
+            size_bytes: params.size_bytes as u64,
+            rx: PatternCursor::new(params.verify),
         }))
     }
 }

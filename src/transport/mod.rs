@@ -27,6 +27,16 @@ pub enum FlowError {
         /// The inactivity timeout that expired, in milliseconds.
         timeout_ms: u128,
     },
+    /// A byte arrived that is not the one sent (`--verify`).
+    #[error("payload corrupted at stream offset {offset_bytes}: expected {expected:#04x}, got {got:#04x}")]
+    Corrupt {
+        /// Offset of the bad byte in the flow's byte stream.
+        offset_bytes: u64,
+        /// The byte that was sent.
+        expected: u8,
+        /// The byte that arrived.
+        got: u8,
+    },
     /// Any other I/O error.
     #[error("{0}")]
     Io(io::Error),
