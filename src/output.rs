@@ -110,6 +110,7 @@ pub struct TableObserver {
     reps_per_point: u32,
     header_printed: bool,
     warnings: Vec<String>,
+    points: usize,
 }
 
 impl TableObserver {
@@ -123,12 +124,23 @@ impl TableObserver {
             reps_per_point,
             header_printed: false,
             warnings: Vec::new(),
+            points: 0,
         }
     }
 
-    /// Full-sentence warnings collected from the records, for the end of the run.
-    pub fn warnings(&self) -> &[String] {
-        &self.warnings
+    /// Full-sentence warnings collected from the records, for the end of the
+    /// run: each one when there are few, else one line that counts them.
+    pub fn warnings(&self) -> Vec<String> {
+        const SHOWN_ONE_BY_ONE: usize = 3;
+        if self.warnings.len() <= SHOWN_ONE_BY_ONE {
+            return self.warnings.clone();
+        }
+        vec![format!(
+            "{} of {} points are noisy (their repetitions vary by more than {:.0}%; each is marked in the table and its results record); pin the client and server with --pin, close other work on the machine, or raise --reps",
+            self.warnings.len(),
+            self.points,
+            crate::stats::NOISY_CV * 100.0
+        )]
     }
 
     /// Removes the progress bar.
@@ -174,6 +186,7 @@ impl Observer for TableObserver {
     }
 
     fn point_done(&mut self, record: &ResultRecord) {
+        self.points += 1;
         let line = table_row(record);
         self.bar.suspend(|| {
             println!("{line}");
