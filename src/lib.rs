@@ -2,7 +2,7 @@
 //!
 //! Data flows one way: a validated [`plan`] becomes points, the
 //! [`coordinator`] drives an [`agent`] through the control [`proto`]col,
-//! the [`runner`] times repetitions of a [`bench`] test over a
+//! the [`runner`] times repetitions of a [`bench`](mod@bench) test over a
 //! [`transport`], and each measured point becomes a [`record`] appended to
 //! the results file the moment it is measured.
 

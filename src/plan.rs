@@ -31,7 +31,7 @@ pub struct RunArgs {
     /// Tests to run, comma separated (see `netgap list`).
     #[arg(value_name = "TEST[,TEST...]")]
     pub test: String,
-    /// Agent to drive, HOST[:PORT] (default port 7100); without it an agent
+    /// Agent to drive, `HOST[:PORT]` (default port 7100); without it an agent
     /// runs in-process on loopback.
     #[arg(long, value_name = "HOST[:PORT]")]
     pub peer: Option<String>,

@@ -4,7 +4,7 @@
 //! algorithm. The data listener binds the address the control connection
 //! arrived on, on an ephemeral port.
 //!
-//! [`listen_socket`], [`accept_stream`] and [`connect_stream`] set a TCP
+//! `listen_socket`, `accept_stream` and `connect_stream` set a TCP
 //! socket up with every option; other transports that carry TCP (uring) use
 //! them and drive the socket their own way.
 
