@@ -11,12 +11,13 @@ use crate::proto::codec::decode_request;
 use crate::proto::message::{Reply, Request};
 use crate::proto::session::{AgentAction, AgentSession};
 use crate::spec::PointSpec;
-use crate::transport::{self, FlowConfig};
+use crate::transport::{self, DatagramStats, FlowConfig, FlowMonitor};
 use std::io;
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How long a new connection may take to say hello.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
@@ -131,9 +132,45 @@ impl Drop for BusyClaim<'_> {
     }
 }
 
-/// The point a session has open: its server role, which owns the flow.
+/// The point a session has open: its server role, which owns the flow, and
+/// for an unreliable flow its monitor with the counters last reported.
 struct OpenPoint {
     role: Box<dyn bench::ServerRole>,
+    monitor: Option<Arc<dyn FlowMonitor>>,
+    reported: DatagramStats,
+}
+
+impl OpenPoint {
+    /// The flow's datagram counters since the last report, for an
+    /// unreliable flow.
+    fn datagrams_since_report(&mut self) -> Option<DatagramStats> {
+        let now = self.monitor.as_ref()?.datagram_stats();
+        let since = now.since(&self.reported);
+        self.reported = now;
+        Some(since)
+    }
+}
+
+/// Waits for the next request. While a point over an unreliable flow is
+/// open, the peer's retries are answered meanwhile: the server role is idle,
+/// but the client may still wait for the last datagram of a repetition.
+fn next_request(
+    conn: &mut ControlConn,
+    point: Option<&OpenPoint>,
+) -> Result<Vec<u8>, ControlError> {
+    let Some(monitor) = point.and_then(|p| p.monitor.as_ref()) else {
+        return conn.recv_payload(IDLE_TIMEOUT);
+    };
+    let t0 = Instant::now();
+    // A broken flow shows in the next repetition; the wait goes on.
+    let _ = monitor.serve_idle(conn.stream().as_fd(), IDLE_TIMEOUT);
+    let left = IDLE_TIMEOUT
+        .saturating_sub(t0.elapsed())
+        .max(Duration::from_millis(1));
+    conn.recv_payload(left).map_err(|e| match e {
+        ControlError::TimedOut(_) => ControlError::TimedOut(IDLE_TIMEOUT),
+        other => other,
+    })
 }
 
 fn run_session(stream: TcpStream, busy: &AtomicBool) -> Result<(), SessionEnd> {
@@ -179,8 +216,9 @@ fn run_session(stream: TcpStream, busy: &AtomicBool) -> Result<(), SessionEnd> {
                 match p.role.run(iterations) {
                     Ok(out) => {
                         let cpu = meter.stop(out.helper_cpu_ns);
+                        let datagrams = p.datagrams_since_report();
                         let reply = session
-                            .role_done(out.bytes_rx, out.bytes_tx, cpu)
+                            .role_done(out.bytes_rx, out.bytes_tx, cpu, datagrams)
                             .map_err(|e| SessionEnd::Refused(e.to_string()))?;
                         conn.send(&reply)?;
                     }
@@ -197,7 +235,7 @@ fn run_session(stream: TcpStream, busy: &AtomicBool) -> Result<(), SessionEnd> {
                 conn.send(&reply)?;
             }
         }
-        let payload = conn.recv_payload(IDLE_TIMEOUT)?;
+        let payload = next_request(&mut conn, point.as_ref())?;
         request = match decode_request(&payload) {
             Ok(r) => r,
             Err(e) => return Err(refuse(&mut conn, format!("bad message: {e}"))),
@@ -247,6 +285,15 @@ fn open_point(
     }
     let size =
         usize::try_from(spec.size_bytes).map_err(|_| "size does not fit in memory".to_string())?;
+    if let Some(max) = transport
+        .max_message_bytes()
+        .filter(|&m| spec.size_bytes > m)
+    {
+        return Err(format!(
+            "{} bytes is larger than the largest {} message, {max} bytes",
+            spec.size_bytes, spec.transport
+        ));
+    }
     let config = FlowConfig::from_spec(spec);
     let mut listener = transport
         .listen(&config, local_ip)
@@ -259,6 +306,7 @@ fn open_point(
     drop(listener);
     let reply = session.accepted().map_err(|e| e.to_string())?;
     conn.send(&reply).map_err(|e| e.to_string())?;
+    let monitor = flow.monitor();
     let role = test
         .server(
             bench::RoleParams {
@@ -268,5 +316,13 @@ fn open_point(
             flow,
         )
         .map_err(|e| format!("{} setup failed: {e}", spec.test))?;
-    Ok(OpenPoint { role })
+    let reported = monitor
+        .as_ref()
+        .map(|m| m.datagram_stats())
+        .unwrap_or_default();
+    Ok(OpenPoint {
+        role,
+        monitor,
+        reported,
+    })
 }

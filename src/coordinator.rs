@@ -4,7 +4,7 @@
 //! the sinks the moment it is measured.
 
 use crate::agent::Agent;
-use crate::bench::{self, Metric, RoleParams};
+use crate::bench::{self, ClientRole, Metric, RepOutcome, RoleParams};
 use crate::control::{ControlConn, ControlError};
 use crate::cpu::CpuUsage;
 use crate::host::HostFacts;
@@ -12,13 +12,17 @@ use crate::plan::{Peer, Plan};
 use crate::proto::codec::decode_reply;
 use crate::proto::message::{Phase, Reply};
 use crate::proto::session::CoordinatorSession;
-use crate::record::{ByteCounts, CpuPair, RecordSink, RecordStats, ResultRecord, ServiceDemand};
+use crate::record::{
+    ByteCounts, CpuPair, DatagramCounts, RecordSink, RecordStats, ResultRecord, ServiceDemand,
+};
 use crate::runner::{self, PeerControl, PointMeasurement, RunError, ServerRep};
 use crate::spec::PointSpec;
-use crate::stats::{noise_warning, Summary, NOISY_CV};
-use crate::transport::{self, FlowConfig};
+use crate::stats::{noise_warning, LatencyHistogram, Summary, NOISY_CV};
+use crate::transport::{self, DatagramStats, FlowConfig, FlowError, FlowMonitor};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream};
-use std::time::{Duration, SystemTime};
+use std::os::fd::AsFd;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
 
 /// How long connecting to an agent may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
@@ -153,7 +157,8 @@ impl Coordinator {
             .map_err(|e| e.to_string())?;
         let reply = recv_reply(&mut self.conn, REPLY_TIMEOUT)?;
         self.session.on_accepted(reply).map_err(|e| e.to_string())?;
-        let mut role = test
+        let monitor = flow.monitor();
+        let role = test
             .client(
                 RoleParams {
                     size_bytes: size,
@@ -162,11 +167,19 @@ impl Coordinator {
                 flow,
             )
             .map_err(|e| format!("setup: {e}"))?;
+        let mut role: Box<dyn ClientRole> = match &monitor {
+            Some(m) => Box::new(MonitoredRole {
+                role,
+                monitor: Arc::clone(m),
+            }),
+            None => role,
+        };
         let done_timeout = config.io_timeout + Duration::from_secs(1);
         let mut peer = AgentControl {
             conn: &mut self.conn,
             session: &mut self.session,
             done_timeout,
+            monitor,
         };
         let m = runner::measure_point(role.as_mut(), &mut peer, method, on_rep)
             .map_err(|e| e.to_string())?;
@@ -200,10 +213,33 @@ fn recv_reply(conn: &mut ControlConn, timeout: Duration) -> Result<Reply, String
     decode_reply(&payload).map_err(|e| format!("bad reply from agent: {e}"))
 }
 
+/// A client role over an unreliable flow, with the flow's counters.
+struct MonitoredRole {
+    role: Box<dyn ClientRole>,
+    monitor: Arc<dyn FlowMonitor>,
+}
+
+impl ClientRole for MonitoredRole {
+    fn run(
+        &mut self,
+        iterations: u64,
+        rtt_hist: &mut LatencyHistogram,
+    ) -> Result<RepOutcome, FlowError> {
+        self.role.run(iterations, rtt_hist)
+    }
+
+    fn datagram_stats(&self) -> Option<DatagramStats> {
+        Some(self.monitor.datagram_stats())
+    }
+}
+
 struct AgentControl<'a> {
     conn: &'a mut ControlConn,
     session: &'a mut CoordinatorSession,
     done_timeout: Duration,
+    /// The client end of an unreliable flow, served while waiting for the
+    /// agent: it may still wait for this end's last datagram.
+    monitor: Option<Arc<dyn FlowMonitor>>,
 }
 
 impl PeerControl for AgentControl<'_> {
@@ -215,8 +251,17 @@ impl PeerControl for AgentControl<'_> {
     }
 
     fn finish(&mut self) -> Result<ServerRep, RunError> {
-        let reply = recv_reply(self.conn, self.done_timeout).map_err(RunError::Peer)?;
-        let (bytes_rx, bytes_tx, cpu) = self
+        let mut timeout = self.done_timeout;
+        if let Some(m) = &self.monitor {
+            let t0 = Instant::now();
+            // A broken flow shows in the next repetition; the wait goes on.
+            let _ = m.serve_idle(self.conn.stream().as_fd(), timeout);
+            timeout = timeout
+                .saturating_sub(t0.elapsed())
+                .max(Duration::from_millis(1));
+        }
+        let reply = recv_reply(self.conn, timeout).map_err(RunError::Peer)?;
+        let (bytes_rx, bytes_tx, cpu, datagrams) = self
             .session
             .on_done(reply)
             .map_err(|e| RunError::Peer(e.to_string()))?;
@@ -224,8 +269,19 @@ impl PeerControl for AgentControl<'_> {
             bytes_rx,
             bytes_tx,
             cpu,
+            datagrams,
         })
     }
+}
+
+/// Share of the payload sent in a repetition that arrived, 0..=1.
+fn delivered_fraction(r: &runner::RepMeasurement) -> f64 {
+    let sent = r.client.bytes_tx + r.server.bytes_tx;
+    let received = r.server.bytes_rx + r.client.bytes_rx;
+    if sent == 0 {
+        return 1.0;
+    }
+    (received as f64 / sent as f64).min(1.0)
 }
 
 /// Turns a measurement into the point's result record.
@@ -238,7 +294,16 @@ pub fn build_record(
     started: SystemTime,
 ) -> Result<ResultRecord, String> {
     let test = bench::find(&spec.test).ok_or("unknown test")?;
-    let values: Vec<f64> = m.reps.iter().map(|r| r.client.value).collect();
+    // Bandwidth is of payload delivered: over a lossy transport the bytes
+    // lost on the way do not count (as iperf3 reports the receiver's rate).
+    let values: Vec<f64> = m
+        .reps
+        .iter()
+        .map(|r| match test.metric() {
+            Metric::BandwidthGbps => r.client.value * delivered_fraction(r),
+            Metric::LatencyUs => r.client.value,
+        })
+        .collect();
     let summary = Summary::from_reps(&values).map_err(|e| e.to_string())?;
     let local = CpuUsage::mean(&m.reps.iter().map(|r| r.client_cpu).collect::<Vec<_>>());
     let remote = CpuUsage::mean(&m.reps.iter().map(|r| r.server.cpu).collect::<Vec<_>>());
@@ -248,6 +313,20 @@ pub fn build_record(
         server_tx: m.reps.iter().map(|r| r.server.bytes_tx).sum(),
         server_rx: m.reps.iter().map(|r| r.server.bytes_rx).sum(),
     };
+    let sum = |side: &dyn Fn(&runner::RepMeasurement) -> Option<DatagramStats>| {
+        m.reps
+            .iter()
+            .filter_map(side)
+            .fold(DatagramStats::default(), |a, d| a.plus(&d))
+    };
+    let datagrams = m
+        .reps
+        .iter()
+        .any(|r| r.client_datagrams.is_some() || r.server.datagrams.is_some())
+        .then(|| DatagramCounts {
+            client: sum(&|r| r.client_datagrams),
+            server: sum(&|r| r.server.datagrams),
+        });
     // All payload moved in either direction; stream's 1-byte acks included.
     let moved = bytes.client_tx + bytes.server_tx;
     let service_demand_us_per_kib = match test.metric() {
@@ -285,6 +364,7 @@ pub fn build_record(
         iterations_per_rep: m.iterations_per_rep,
         warmup_iterations: m.warmup_iterations,
         bytes,
+        datagrams,
         warnings,
         host: host.clone(),
         peer_host: peer_host.clone(),

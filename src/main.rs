@@ -146,25 +146,21 @@ fn serve(args: &ServeArgs) -> Result<()> {
 fn list() {
     println!("tests:");
     for t in bench::registry() {
-        println!(
-            "  {:<14} {:<15} {}",
-            t.name(),
-            t.metric().key(),
-            t.summary()
-        );
+        println!("  {:<14} {:<15} {}", t.name(), t.metric().key(), t.summary());
     }
     println!();
     println!("transports:");
-    println!(
-        "  {:<8} {:<10} {:<9} {:<10} {:<11} {:<10} summary",
-        "name", "available", "reliable", "msg-bound", "cross-host", "modes"
-    );
+    println!("  name     available  reliable  msg-bound  cross-host  modes       max-msg");
+    let yes = |b: bool| if b { "yes" } else { "no" };
+    let mut unavailable = Vec::new();
     for t in transport::registry() {
         let c = t.capabilities();
-        let yes = |b: bool| if b { "yes" } else { "no" };
         let avail = match t.availability() {
-            Ok(()) => "yes".to_string(),
-            Err(why) => format!("no: {why}"),
+            Ok(()) => "yes",
+            Err(why) => {
+                unavailable.push(format!("{}: {why}", t.name()));
+                "no"
+            }
         };
         let modes = c
             .modes
@@ -172,15 +168,26 @@ fn list() {
             .map(|m| m.as_str())
             .collect::<Vec<_>>()
             .join(",");
-        println!(
-            "  {:<8} {:<10} {:<9} {:<10} {:<11} {:<10} {}",
+        let max_msg = t
+            .max_message_bytes()
+            .map_or_else(|| "-".to_string(), |b| b.to_string());
+        let row = format!(
+            "  {:<8} {:<10} {:<9} {:<10} {:<11} {:<11} {}",
             t.name(),
             avail,
             yes(c.reliable),
             yes(c.message_boundaries),
             yes(c.cross_host),
             modes,
-            t.summary()
+            max_msg,
         );
+        println!("{}", row.trim_end());
+    }
+    println!();
+    for t in transport::registry() {
+        println!("  {:<8} {}", t.name(), t.summary());
+    }
+    for line in unavailable {
+        println!("  not available here: {line}");
     }
 }

@@ -85,7 +85,14 @@ pub fn table_row(r: &ResultRecord) -> String {
     } else {
         String::new()
     };
-    let note = if r.warnings.is_empty() { "" } else { "noisy" };
+    let mut notes: Vec<String> = Vec::new();
+    if !r.warnings.is_empty() {
+        notes.push("noisy".into());
+    }
+    if let Some(d) = r.datagrams.as_ref().and_then(|d| d.note()) {
+        notes.push(d);
+    }
+    let note = notes.join("; ");
     row(vec![
         r.test.clone(),
         r.transport.clone(),
@@ -97,7 +104,7 @@ pub fn table_row(r: &ResultRecord) -> String {
         ci,
         format!("{:.0}", r.cpu.local.process_percent),
         format!("{:.0}", r.cpu.remote.process_percent),
-        note.to_string(),
+        note,
     ])
 }
 

@@ -108,6 +108,29 @@ pub struct RunArgs {
     pub csv: Option<PathBuf>,
 }
 
+/// Parses `RunArgs` alone, so defaults come from one place: the flags.
+#[derive(clap::Parser)]
+struct RunArgsOnly {
+    #[command(flatten)]
+    args: RunArgs,
+}
+
+impl RunArgs {
+    /// The flags of `netgap run TESTS` with every other flag at its default.
+    pub fn with_defaults(tests: &str) -> RunArgs {
+        use clap::Parser;
+        match RunArgsOnly::try_parse_from(["netgap", tests]) {
+            Ok(p) => p.args,
+            // Only a test list starting with '-' fails to parse; keep it as
+            // the test name so validation reports it as unknown.
+            Err(_) => RunArgs {
+                test: tests.to_string(),
+                ..RunArgsOnly::parse_from(["netgap", "x"]).args
+            },
+        }
+    }
+}
+
 /// Where the agent is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Peer {
@@ -259,6 +282,16 @@ impl Plan {
                 ))
             })?;
         }
+        for t in &transports {
+            let max = t.max_message_bytes().unwrap_or(u64::MAX);
+            if let Some(&s) = sizes.iter().find(|&&s| s > max) {
+                return Err(bad(format!(
+                    "--sizes: size {} is larger than the largest message transport {} carries, {max} bytes",
+                    crate::units::format_size(s),
+                    t.name()
+                )));
+            }
+        }
 
         let (reps, iterations) = if a.paper {
             (DEFAULT_REPS, IterationPolicy::Fixed(PAPER_ITERATIONS))
@@ -382,37 +415,16 @@ impl Plan {
     /// tcp and unix on loopback, sizes 1 B to 4 MiB in steps of 4, with a
     /// short time budget so the whole battery runs in well under a minute.
     pub fn battery(json: PathBuf) -> Plan {
-        let args = RunArgs {
-            test: bench::registry()
-                .iter()
-                .map(|t| t.name())
-                .collect::<Vec<_>>()
-                .join(","),
-            peer: None,
-            transport: "tcp,unix".into(),
-            mode: "event".into(),
-            sizes: "1..4M:x4".into(),
-            reps: DEFAULT_REPS,
-            iterations: None,
-            rep_time: Some("15ms".into()),
-            warmup: None,
-            paper: false,
-            ipv6: false,
-            no_nodelay: false,
-            sndbuf: None,
-            rcvbuf: None,
-            pin: None,
-            zerocopy: false,
-            busy_poll: None,
-            quickack: false,
-            cork: false,
-            congestion: None,
-            sqpoll: false,
-            verify: false,
-            timeout: DEFAULT_TIMEOUT.into(),
-            json: Some(json),
-            csv: None,
-        };
+        let tests = bench::registry()
+            .iter()
+            .map(|t| t.name())
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut args = RunArgs::with_defaults(&tests);
+        args.transport = "tcp,unix".into();
+        args.sizes = "1..4M:x4".into();
+        args.rep_time = Some("15ms".into());
+        args.json = Some(json);
         // The battery's flags are fixed and valid; a failure here is a bug in
         // this function, caught by its unit test.
         #[allow(clippy::expect_used, reason = "constant, unit-tested input")]
@@ -450,33 +462,9 @@ mod tests {
     use super::*;
 
     fn args(test: &str) -> RunArgs {
-        RunArgs {
-            test: test.into(),
-            peer: None,
-            transport: "tcp".into(),
-            mode: "event".into(),
-            sizes: "1".into(),
-            reps: 10,
-            iterations: None,
-            rep_time: None,
-            warmup: None,
-            paper: false,
-            ipv6: false,
-            no_nodelay: false,
-            sndbuf: None,
-            rcvbuf: None,
-            pin: None,
-            zerocopy: false,
-            busy_poll: None,
-            quickack: false,
-            cork: false,
-            congestion: None,
-            sqpoll: false,
-            verify: false,
-            timeout: "3s".into(),
-            json: None,
-            csv: None,
-        }
+        let mut a = RunArgs::with_defaults(test);
+        a.sizes = "1".into();
+        a
     }
 
     #[test]
@@ -536,6 +524,20 @@ mod tests {
         assert_eq!(resolve_peer("::1").map(|a| a.is_ipv6()).ok(), Some(true));
         assert_eq!(resolve_peer("[::1]:9").map(|a| a.port()).ok(), Some(9));
         assert!(resolve_peer("no such host.invalid").is_err());
+    }
+
+    #[test]
+    fn sizes_above_a_transports_largest_message_are_refused() {
+        let mut a = args("pingpong");
+        a.transport = "tcp,udp".into();
+        a.sizes = "1,60K".into();
+        assert!(Plan::from_args(&a).is_ok());
+        a.sizes = "1,100K".into();
+        let e = Plan::from_args(&a).unwrap_err().0;
+        assert!(
+            e.contains("100K") && e.contains("udp") && e.contains("65483 bytes"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -7,6 +7,7 @@ use crate::cpu::CpuUsage;
 use crate::host::HostFacts;
 use crate::spec::Mode;
 use crate::stats::{Percentiles, Summary};
+use crate::transport::DatagramStats;
 use serde::{Deserialize, Serialize};
 use std::fs::{File, OpenOptions};
 use std::io::{self, BufWriter, Write};
@@ -79,6 +80,47 @@ pub struct ByteCounts {
     pub server_rx: u64,
 }
 
+/// Datagram counters of both ends of an unreliable flow, summed over the
+/// measured repetitions (see [`DatagramStats`] for what each count means).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DatagramCounts {
+    /// The coordinator's end (the client role).
+    pub client: DatagramStats,
+    /// The agent's end (the server role).
+    pub server: DatagramStats,
+}
+
+impl DatagramCounts {
+    /// A short note for a table when anything went wrong on the wire, such as
+    /// `lost 1.25% (40 dgrams), reordered 2, retries 3`; `None` when
+    /// nothing was lost, reordered, duplicated or re-sent. The loss rate is
+    /// of the datagrams due for delivery at both ends.
+    pub fn note(&self) -> Option<String> {
+        let (c, s) = (&self.client, &self.server);
+        let lost = c.lost + s.lost;
+        let reordered = c.reordered + s.reordered;
+        let duplicates = c.duplicates + s.duplicates;
+        let retries = c.retries + s.retries;
+        let mut parts = Vec::new();
+        if lost > 0 {
+            let delivered = (c.datagrams_received + s.datagrams_received)
+                .saturating_sub(reordered + duplicates);
+            let pct = 100.0 * lost as f64 / (delivered + lost) as f64;
+            parts.push(format!("lost {pct:.2}% ({lost} dgrams)"));
+        }
+        for (n, what) in [
+            (reordered, "reordered"),
+            (duplicates, "duplicates"),
+            (retries, "retries"),
+        ] {
+            if n > 0 {
+                parts.push(format!("{what} {n}"));
+            }
+        }
+        (!parts.is_empty()).then(|| parts.join(", "))
+    }
+}
+
 /// Where the roles ran.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Placement {
@@ -140,6 +182,8 @@ pub struct ResultRecord {
     pub warmup_iterations: u64,
     /// Payload bytes moved in the measured repetitions.
     pub bytes: ByteCounts,
+    /// Datagram counters of an unreliable transport; `null` for a reliable one.
+    pub datagrams: Option<DatagramCounts>,
     /// Full-sentence warnings (noisy repetitions, ...).
     pub warnings: Vec<String>,
     /// Facts of the coordinator's host.
@@ -332,4 +376,40 @@ pub fn read_jsonl(path: &Path) -> Result<Vec<ResultRecord>, String> {
             serde_json::from_str(l).map_err(|e| format!("{}:{}: {e}", path.display(), i + 1))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_clean_flow_has_no_note_and_a_lossy_one_says_how_lossy() {
+        let clean = DatagramStats {
+            datagrams_sent: 100,
+            datagrams_received: 100,
+            ..DatagramStats::default()
+        };
+        let pair = DatagramCounts {
+            client: clean,
+            server: clean,
+        };
+        assert_eq!(pair.note(), None);
+        let lossy = DatagramCounts {
+            client: DatagramStats {
+                retries: 2,
+                ..clean
+            },
+            server: DatagramStats {
+                datagrams_received: 96,
+                lost: 5,
+                lost_bytes: 5 * 1024,
+                reordered: 1,
+                ..clean
+            },
+        };
+        assert_eq!(
+            lossy.note().as_deref(),
+            Some("lost 2.50% (5 dgrams), reordered 1, retries 2")
+        );
+    }
 }

@@ -1,14 +1,15 @@
 //! The runner owns timing and repetitions: warm-up, calibration of the
 //! iteration count from a time budget, the measured repetitions, CPU meters
-//! around each, and the check that every byte sent was received. Tests only
-//! move bytes; the peer's server role is driven through [`PeerControl`].
+//! around each, and the check that every byte sent was received (or, over an
+//! unreliable flow, received or counted lost). Tests only move bytes; the
+//! peer's server role is driven through [`PeerControl`].
 
 use crate::bench::{ClientRole, RepOutcome};
 use crate::cpu::{CpuMeter, CpuUsage};
 use crate::proto::message::Phase;
 use crate::spec::MAX_ITERATIONS;
 use crate::stats::LatencyHistogram;
-use crate::transport::FlowError;
+use crate::transport::{DatagramStats, FlowError};
 use std::time::Duration;
 
 /// How many iterations one repetition runs.
@@ -42,6 +43,9 @@ pub struct ServerRep {
     pub bytes_tx: u64,
     /// The server's CPU usage over the repetition.
     pub cpu: CpuUsage,
+    /// The server end's datagram counters over the repetition, for an
+    /// unreliable flow.
+    pub datagrams: Option<DatagramStats>,
 }
 
 /// Drives the peer's server role, one repetition at a time.
@@ -71,6 +75,19 @@ pub enum RunError {
         /// Bytes the receiver reported.
         received: u64,
     },
+    /// Over an unreliable flow, bytes received plus bytes counted lost are
+    /// not the bytes sent: a transport bug.
+    #[error("{direction}: {sent} bytes sent but {received} received and {lost} counted lost")]
+    LossMismatch {
+        /// `client to server` or `server to client`.
+        direction: &'static str,
+        /// Bytes the sender reported.
+        sent: u64,
+        /// Bytes the receiver reported.
+        received: u64,
+        /// Bytes the receiver's flow counted lost.
+        lost: u64,
+    },
 }
 
 /// One measured repetition.
@@ -80,6 +97,9 @@ pub struct RepMeasurement {
     pub client: RepOutcome,
     /// The client's CPU usage.
     pub client_cpu: CpuUsage,
+    /// The client end's datagram counters over the repetition, for an
+    /// unreliable flow.
+    pub client_datagrams: Option<DatagramStats>,
     /// What the server role reported.
     pub server: ServerRep,
 }
@@ -106,6 +126,8 @@ const MAX_DEFAULT_WARMUP: u64 = 10_000;
 struct Driver<'a> {
     role: &'a mut dyn ClientRole,
     peer: &'a mut dyn PeerControl,
+    /// The role's datagram counters at the end of the last repetition.
+    datagrams: Option<DatagramStats>,
 }
 
 impl Driver<'_> {
@@ -120,25 +142,53 @@ impl Driver<'_> {
         let client = self.role.run(iterations, hist)?;
         let client_cpu = meter.stop(client.helper_cpu_ns);
         let server = self.peer.finish()?;
-        check_bytes("client to server", client.bytes_tx, server.bytes_rx)?;
-        check_bytes("server to client", server.bytes_tx, client.bytes_rx)?;
+        let now = self.role.datagram_stats();
+        let client_datagrams = now.map(|n| n.since(&self.datagrams.unwrap_or_default()));
+        self.datagrams = now;
+        let lost = |d: Option<DatagramStats>| d.map(|d| d.lost_bytes);
+        check_bytes(
+            "client to server",
+            client.bytes_tx,
+            server.bytes_rx,
+            lost(server.datagrams),
+        )?;
+        check_bytes(
+            "server to client",
+            server.bytes_tx,
+            client.bytes_rx,
+            lost(client_datagrams),
+        )?;
         Ok(RepMeasurement {
             client,
             client_cpu,
+            client_datagrams,
             server,
         })
     }
 }
 
-fn check_bytes(direction: &'static str, sent: u64, received: u64) -> Result<(), RunError> {
-    if sent != received {
-        return Err(RunError::ByteMismatch {
+/// Bytes sent must all be received; over an unreliable flow (`lost` known)
+/// received plus lost must be exactly the bytes sent.
+fn check_bytes(
+    direction: &'static str,
+    sent: u64,
+    received: u64,
+    lost: Option<u64>,
+) -> Result<(), RunError> {
+    match lost {
+        None if sent != received => Err(RunError::ByteMismatch {
             direction,
             sent,
             received,
-        });
+        }),
+        Some(lost) if received.checked_add(lost) != Some(sent) => Err(RunError::LossMismatch {
+            direction,
+            sent,
+            received,
+            lost,
+        }),
+        _ => Ok(()),
     }
-    Ok(())
 }
 
 /// Measures one point: warm-up, calibration, then `method.reps` repetitions.
@@ -149,7 +199,12 @@ pub fn measure_point(
     method: &Method,
     on_rep: &mut dyn FnMut(u32),
 ) -> Result<PointMeasurement, RunError> {
-    let mut d = Driver { role, peer };
+    let datagrams = role.datagram_stats();
+    let mut d = Driver {
+        role,
+        peer,
+        datagrams,
+    };
     let mut scratch = LatencyHistogram::new();
     let mut warmup_iterations = 0u64;
 
@@ -198,4 +253,42 @@ pub fn measure_point(
         warmup_iterations,
         rtt_hist,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reliable_flow_must_deliver_every_byte() {
+        assert!(check_bytes("client to server", 10, 10, None).is_ok());
+        assert!(matches!(
+            check_bytes("client to server", 10, 9, None),
+            Err(RunError::ByteMismatch {
+                sent: 10,
+                received: 9,
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn an_unreliable_flow_must_account_for_every_byte() {
+        assert!(check_bytes("server to client", 10, 7, Some(3)).is_ok());
+        assert!(check_bytes("server to client", 10, 10, Some(0)).is_ok());
+        let e = check_bytes("server to client", 10, 7, Some(2)).err();
+        assert!(
+            matches!(
+                e,
+                Some(RunError::LossMismatch {
+                    sent: 10,
+                    received: 7,
+                    lost: 2,
+                    ..
+                })
+            ),
+            "{e:?}"
+        );
+        assert!(check_bytes("server to client", 10, u64::MAX, Some(1)).is_err());
+    }
 }

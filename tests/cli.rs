@@ -209,7 +209,7 @@ fn embedded_agent_over_ipv6_and_csv() {
     // No progress bar when stderr is not a terminal.
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        !stderr.contains('\r') && !stderr.contains("reps"),
+        !stderr.contains('\r') && !stderr.contains("eta "),
         "{stderr}"
     );
 }

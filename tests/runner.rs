@@ -72,6 +72,7 @@ impl PeerControl for FakePeer {
             bytes_rx: bytes,
             bytes_tx: self.size_bytes * iterations,
             cpu: Default::default(),
+            datagrams: None,
         })
     }
 }

@@ -50,6 +50,9 @@ fn sender_loop(
                 break;
             }
         }
+        if result.is_ok() {
+            result = tx.end_burst();
+        }
         let report = result.map(|()| thread_cpu_ns().saturating_sub(cpu0));
         let failed = report.is_err();
         if done.send(report).is_err() || failed {
@@ -81,8 +84,9 @@ impl Side {
     }
 
     /// Sends and receives `iterations` messages each way at once; returns the
-    /// sending thread's CPU time in nanoseconds.
-    fn exchange(&mut self, iterations: u64) -> Result<u64, FlowError> {
+    /// sending thread's CPU time in nanoseconds and the bytes an unreliable
+    /// flow counted lost on the way in.
+    fn exchange(&mut self, iterations: u64) -> Result<(u64, u64), FlowError> {
         let gone = || FlowError::Io(std::io::Error::other("bibw sender thread ended"));
         self.to_sender
             .as_ref()
@@ -96,8 +100,8 @@ impl Side {
             &mut self.rx_pattern,
         );
         let sent = self.from_sender.recv().map_err(|_| gone())?;
-        received?;
-        sent
+        let lost = received?;
+        Ok((sent?, lost))
     }
 }
 
@@ -120,14 +124,14 @@ impl ClientRole for Client {
         _rtt_hist: &mut LatencyHistogram,
     ) -> Result<RepOutcome, FlowError> {
         let t0 = Instant::now();
-        let helper_cpu_ns = self.0.exchange(iterations)?;
+        let (helper_cpu_ns, lost) = self.0.exchange(iterations)?;
         let elapsed_ns = super::ns_since(t0);
         let bytes = self.0.size_bytes * iterations;
         Ok(RepOutcome {
             elapsed_ns,
             value: gbps(2 * bytes, elapsed_ns),
             bytes_tx: bytes,
-            bytes_rx: bytes,
+            bytes_rx: bytes.saturating_sub(lost),
             helper_cpu_ns,
         })
     }
@@ -135,10 +139,10 @@ impl ClientRole for Client {
 
 impl ServerRole for Server {
     fn run(&mut self, iterations: u64) -> Result<ServerOutcome, FlowError> {
-        let helper_cpu_ns = self.0.exchange(iterations)?;
+        let (helper_cpu_ns, lost) = self.0.exchange(iterations)?;
         let bytes = self.0.size_bytes * iterations;
         Ok(ServerOutcome {
-            bytes_rx: bytes,
+            bytes_rx: bytes.saturating_sub(lost),
             bytes_tx: bytes,
             helper_cpu_ns,
         })

@@ -11,7 +11,7 @@ pub mod pingpong;
 pub mod stream;
 
 use crate::stats::LatencyHistogram;
-use crate::transport::{Flow, FlowError};
+use crate::transport::{DatagramStats, Flow, FlowError};
 
 /// The headline metric of a test, with its unit in the name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,6 +77,13 @@ pub trait ClientRole: Send {
         iterations: u64,
         rtt_hist: &mut LatencyHistogram,
     ) -> Result<RepOutcome, FlowError>;
+
+    /// The datagram counters of the role's flow since it connected, for an
+    /// unreliable flow (see [`crate::transport::FlowMonitor`]); `None` for a
+    /// reliable one. The runner reads them around each repetition.
+    fn datagram_stats(&self) -> Option<DatagramStats> {
+        None
+    }
 }
 
 /// The server side of a test for one point; owns the point's flow.

@@ -68,28 +68,44 @@ impl PatternCursor {
         self.offset_bytes += data.len() as u64;
         Ok(())
     }
+
+    /// Moves past `bytes` that will never arrive (lost datagrams), so the
+    /// bytes after them are checked against their own offsets.
+    #[inline]
+    pub fn skip(&mut self, bytes: u64) {
+        if self.verify {
+            self.offset_bytes += bytes;
+        }
+    }
 }
 
 /// Receives exactly `total_bytes` into `scratch` (non-empty) chunk by chunk,
-/// checking each chunk against `cursor`.
+/// checking each chunk against `cursor`. Bytes an unreliable flow counts
+/// lost count toward `total_bytes` and are skipped in the pattern; returns
+/// how many there were (0 on a reliable flow).
 pub fn recv_checked(
     rx: &mut dyn crate::transport::Receiver,
     mut total_bytes: u64,
     scratch: &mut [u8],
     cursor: &mut PatternCursor,
-) -> Result<(), FlowError> {
+) -> Result<u64, FlowError> {
+    let lost_at_start = rx.lost_bytes();
     if !cursor.verify {
-        return rx.recv_discard(total_bytes, scratch);
+        rx.recv_discard(total_bytes, scratch)?;
+        return Ok(rx.lost_bytes().saturating_sub(lost_at_start));
     }
     while total_bytes > 0 {
         let want = scratch
             .len()
             .min(usize::try_from(total_bytes).unwrap_or(usize::MAX));
+        let lost0 = rx.lost_bytes();
         let n = rx.recv_some(&mut scratch[..want])?;
+        let lost = rx.lost_bytes().saturating_sub(lost0);
+        cursor.skip(lost);
         cursor.check(&scratch[..n])?;
-        total_bytes -= n as u64;
+        total_bytes = total_bytes.saturating_sub(n as u64 + lost);
     }
-    Ok(())
+    Ok(rx.lost_bytes().saturating_sub(lost_at_start))
 }
 
 #[cfg(test)]

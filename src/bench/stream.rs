@@ -1,5 +1,6 @@
 //! `stream`: the client sends N messages of X bytes back to back; the server,
-//! on receipt of all N×X bytes, sends a 1-byte acknowledgment. Bandwidth is
+//! on receipt of all N×X bytes (over an unreliable flow: received or counted
+//! lost), sends a 1-byte acknowledgment. Bandwidth is
 //! N×X over the time from the first send to the ack, minus the one-way
 //! latency of the ack (seed 000). The ack latency is measured once per point,
 //! in `setup`, by 1-byte round trips on the same flow.
@@ -64,6 +65,7 @@ impl ClientRole for Client {
             self.tx.fill(&mut self.buf);
             tx.send_all(&self.buf)?;
         }
+        tx.end_burst()?;
         let mut ack = [0u8; 1];
         rx.recv_exact(&mut ack)?;
         let total_ns = ns_since(t0);
@@ -95,10 +97,10 @@ impl ServerRole for Server {
     fn run(&mut self, iterations: u64) -> Result<ServerOutcome, FlowError> {
         let (tx, rx) = self.flow.split();
         let total = self.size_bytes * iterations;
-        recv_checked(rx, total, &mut self.buf, &mut self.rx)?;
+        let lost = recv_checked(rx, total, &mut self.buf, &mut self.rx)?;
         tx.send_all(&[1u8])?;
         Ok(ServerOutcome {
-            bytes_rx: total,
+            bytes_rx: total.saturating_sub(lost),
             bytes_tx: 1,
             helper_cpu_ns: 0,
         })

@@ -271,6 +271,7 @@ mod tests {
     use crate::host::HostFacts;
     use crate::proto::message::{Phase, PROTOCOL_VERSION};
     use crate::spec::{Mode, PointSpec, TransportOptions};
+    use crate::transport::DatagramStats;
     use proptest::prelude::*;
 
     fn spec() -> PointSpec {
@@ -349,6 +350,21 @@ mod tests {
                     cpu_ns: 123_456_789,
                     wall_ns: 1_000_000_000,
                 },
+                datagrams: None,
+            },
+            Reply::Done {
+                bytes_rx: 0,
+                bytes_tx: 1,
+                cpu: CpuUsage::default(),
+                datagrams: Some(DatagramStats {
+                    datagrams_sent: 10,
+                    datagrams_received: 8,
+                    lost: 2,
+                    lost_bytes: 2048,
+                    reordered: 1,
+                    duplicates: 0,
+                    retries: 1,
+                }),
             },
             Reply::Closed,
             Reply::Error {
@@ -564,8 +580,24 @@ mod tests {
                 system_busy_percent: f64::NAN,
                 ..CpuUsage::default()
             },
+            datagrams: None,
         };
         assert!(decode_reply(&one_frame(&encode(&nan).unwrap())).is_err());
+        // Counters that cannot all be true are refused by name.
+        let impossible = Reply::Done {
+            bytes_rx: 0,
+            bytes_tx: 0,
+            cpu: CpuUsage::default(),
+            datagrams: Some(DatagramStats {
+                retries: 1,
+                ..DatagramStats::default()
+            }),
+        };
+        let err = decode_reply(&one_frame(&encode(&impossible).unwrap())).unwrap_err();
+        assert!(
+            matches!(&err, CodecError::OutOfRange(r) if r.field == "datagrams"),
+            "{err}"
+        );
     }
 
     #[test]

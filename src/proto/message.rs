@@ -4,6 +4,7 @@
 use crate::cpu::CpuUsage;
 use crate::host::HostFacts;
 use crate::spec::{PointSpec, RangeError, MAX_ITERATIONS};
+use crate::transport::DatagramStats;
 use serde::{Deserialize, Serialize};
 
 /// Version of the control protocol; both ends must speak the same one.
@@ -84,6 +85,10 @@ pub enum Reply {
         bytes_tx: u64,
         /// CPU usage of the server side over the repetition.
         cpu: CpuUsage,
+        /// The server end's datagram counters since its previous report,
+        /// for an unreliable flow; absent for a reliable one.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        datagrams: Option<DatagramStats>,
     },
     /// The point's flow is closed.
     Closed,
@@ -138,12 +143,18 @@ impl Reply {
             }
             Reply::Listening { addr } => text("addr", addr),
             Reply::Error { message } => text("message", message),
-            Reply::Done { cpu, .. } => {
+            Reply::Done { cpu, datagrams, .. } => {
                 if !(cpu.system_busy_percent.is_finite() && cpu.process_percent.is_finite()) {
                     return Err(RangeError {
                         field: "cpu",
                         detail: "not a finite number".into(),
                     });
+                }
+                if let Some(d) = datagrams {
+                    d.validate().map_err(|detail| RangeError {
+                        field: "datagrams",
+                        detail,
+                    })?;
                 }
                 Ok(())
             }

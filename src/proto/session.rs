@@ -20,6 +20,7 @@ use super::message::{Phase, Reply, Request, MAX_TEXT_BYTES, PROTOCOL_VERSION};
 use crate::cpu::CpuUsage;
 use crate::host::HostFacts;
 use crate::spec::PointSpec;
+use crate::transport::DatagramStats;
 use std::fmt;
 
 impl Request {
@@ -298,20 +299,23 @@ impl AgentSession {
 
     /// The caller finished a repetition of the server role: `bytes_rx` and
     /// `bytes_tx` are payload bytes received and sent, `cpu` its CPU usage
-    /// (finite numbers, or the coordinator refuses the reply). Returns
-    /// [`Reply::Done`]. Valid after [`AgentAction::RunRole`], else
+    /// (finite numbers, or the coordinator refuses the reply), `datagrams`
+    /// the counters of an unreliable flow since the previous report.
+    /// Returns [`Reply::Done`]. Valid after [`AgentAction::RunRole`], else
     /// [`SessionError::Misuse`].
     pub fn role_done(
         &mut self,
         bytes_rx: u64,
         bytes_tx: u64,
         cpu: CpuUsage,
+        datagrams: Option<DatagramStats>,
     ) -> Result<Reply, SessionError> {
         self.step(AgentState::Running, AgentState::Open, "role_done")?;
         Ok(Reply::Done {
             bytes_rx,
             bytes_tx,
             cpu,
+            datagrams,
         })
     }
 
@@ -586,19 +590,24 @@ impl CoordinatorSession {
         Request::Run { iterations, phase }
     }
 
-    /// Checks the answer to `run` and returns `(bytes_rx, bytes_tx, cpu)`:
-    /// payload bytes the agent received and sent, and its CPU usage over the
-    /// repetition. The point stays open.
-    pub fn on_done(&mut self, reply: Reply) -> Result<(u64, u64, CpuUsage), SessionError> {
+    /// Checks the answer to `run` and returns `(bytes_rx, bytes_tx, cpu,
+    /// datagrams)`: payload bytes the agent received and sent, its CPU usage
+    /// over the repetition and, for an unreliable flow, its datagram
+    /// counters. The point stays open.
+    pub fn on_done(
+        &mut self,
+        reply: Reply,
+    ) -> Result<(u64, u64, CpuUsage, Option<DatagramStats>), SessionError> {
         self.due(CoordinatorState::AwaitDone, "on_done")?;
         match reply {
             Reply::Done {
                 bytes_rx,
                 bytes_tx,
                 cpu,
+                datagrams,
             } => {
                 self.state = CoordinatorState::Open;
-                Ok((bytes_rx, bytes_tx, cpu))
+                Ok((bytes_rx, bytes_tx, cpu, datagrams))
             }
             other => Err(self.reject(&other)),
         }
@@ -904,7 +913,7 @@ mod tests {
             })
         );
         assert!(agent.listening("x".into()).is_err());
-        assert!(agent.role_done(0, 0, CpuUsage::default()).is_err());
+        assert!(agent.role_done(0, 0, CpuUsage::default(), None).is_err());
         assert!(agent.closed().is_err());
         assert_eq!(agent.state(), AgentState::AwaitHello);
     }
@@ -991,8 +1000,21 @@ mod tests {
                 wall_ns: 1000,
             };
             let bytes = iterations * 4096;
-            let reply = wire_reply(&agent.role_done(bytes, bytes, cpu).unwrap());
-            assert_eq!(coord.on_done(reply).unwrap(), (bytes, bytes, cpu));
+            // An unreliable flow's counters travel too; a reliable one has none.
+            let datagrams = (i == 1).then_some(DatagramStats {
+                datagrams_sent: 7,
+                datagrams_received: 9,
+                lost: 1,
+                lost_bytes: 4096,
+                reordered: 1,
+                duplicates: 2,
+                retries: 3,
+            });
+            let reply = wire_reply(&agent.role_done(bytes, bytes, cpu, datagrams).unwrap());
+            assert_eq!(
+                coord.on_done(reply).unwrap(),
+                (bytes, bytes, cpu, datagrams)
+            );
             assert_eq!(agent.state(), AgentState::Open);
             assert_eq!(coord.state(), CoordinatorState::Open);
         }
@@ -1078,6 +1100,7 @@ mod tests {
                 bytes_rx: 0,
                 bytes_tx: 0,
                 cpu: CpuUsage::default(),
+                datagrams: None,
             },
             Reply::Closed,
             Reply::Error {

@@ -7,12 +7,18 @@
 //! Adding a transport is one new module here plus one line in [`registry`].
 
 mod stream_socket;
+pub mod shm;
 pub mod tcp;
+pub mod udp;
 pub mod unix;
+pub mod uring;
 mod zerocopy;
 
 use crate::spec::{Mode, PointSpec, TransportOptions};
+use serde::{Deserialize, Serialize};
 use std::io;
+use std::os::fd::BorrowedFd;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Why a data-path operation failed. Never panics on peer behaviour.
@@ -36,6 +42,16 @@ pub enum FlowError {
         expected: u8,
         /// The byte that arrived.
         got: u8,
+    },
+    /// A message larger than the transport carries (one datagram).
+    #[error(
+        "a {size_bytes}-byte message is larger than the {max_bytes} bytes this transport carries"
+    )]
+    TooLarge {
+        /// Size of the refused message, in bytes.
+        size_bytes: u64,
+        /// Largest message the transport carries, in bytes.
+        max_bytes: u64,
     },
     /// Any other I/O error.
     #[error("{0}")]
@@ -124,6 +140,14 @@ pub trait Sender: Send {
         }
         Ok(())
     }
+
+    /// Marks the end of a burst: the caller sends nothing more until it has
+    /// heard from the peer or the repetition is over. An unreliable flow
+    /// tells the peer where the burst ended, so a lost tail is asked for at
+    /// once; a no-op for a reliable flow.
+    fn end_burst(&mut self) -> Result<(), FlowError> {
+        Ok(())
+    }
 }
 
 /// The receiving half of a flow.
@@ -142,16 +166,26 @@ pub trait Receiver: Send {
     }
 
     /// Receives and discards exactly `total_bytes`, using `scratch` (non-empty)
-    /// as the landing buffer.
+    /// as the landing buffer. On an unreliable flow, bytes counted lost
+    /// count toward `total_bytes` too.
     fn recv_discard(&mut self, mut total_bytes: u64, scratch: &mut [u8]) -> Result<(), FlowError> {
         while total_bytes > 0 {
             let want = scratch
                 .len()
                 .min(usize::try_from(total_bytes).unwrap_or(usize::MAX));
+            let lost0 = self.lost_bytes();
             let n = self.recv_some(&mut scratch[..want])?;
-            total_bytes -= n as u64;
+            let lost = self.lost_bytes().saturating_sub(lost0);
+            total_bytes = total_bytes.saturating_sub(n as u64 + lost);
         }
         Ok(())
+    }
+
+    /// Payload bytes this receiver skipped since the flow opened because
+    /// their datagrams were lost: always 0 on a reliable flow. It grows just
+    /// before a [`Receiver::recv_some`] returns the bytes after the gap.
+    fn lost_bytes(&self) -> u64 {
+        0
     }
 }
 
@@ -174,6 +208,109 @@ pub trait Flow: Send {
     fn recv_exact(&mut self, buf: &mut [u8]) -> Result<(), FlowError> {
         self.split().1.recv_exact(buf)
     }
+
+    /// A handle that outlives the test's ownership of the flow, for an
+    /// unreliable flow; `None` for a reliable one.
+    fn monitor(&self) -> Option<Arc<dyn FlowMonitor>> {
+        None
+    }
+}
+
+/// Counters of an unreliable flow as one end sees them: cumulative since the
+/// flow connected from a [`FlowMonitor`], per repetition in the runner,
+/// summed over a point's measured repetitions in results. Only data
+/// datagrams count, not the rendezvous.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct DatagramStats {
+    /// Data datagrams this end put on the wire, re-sends included.
+    pub datagrams_sent: u64,
+    /// Data datagrams that reached this end: new, late and duplicate alike.
+    pub datagrams_received: u64,
+    /// Datagrams from the peer this end never delivered because a later one
+    /// arrived first; a late arrival of one stays counted here.
+    pub lost: u64,
+    /// Payload bytes of the `lost` datagrams.
+    pub lost_bytes: u64,
+    /// Late arrivals of datagrams already counted lost; not delivered.
+    pub reordered: u64,
+    /// Further copies of datagrams already delivered; not delivered again.
+    pub duplicates: u64,
+    /// Re-sends this end made (after its retry timeout, or to answer a peer
+    /// that asked); included in `datagrams_sent`.
+    pub retries: u64,
+}
+
+impl DatagramStats {
+    /// The counts since `earlier`, a previous reading of the same counters.
+    pub fn since(&self, earlier: &DatagramStats) -> DatagramStats {
+        DatagramStats {
+            datagrams_sent: self.datagrams_sent.saturating_sub(earlier.datagrams_sent),
+            datagrams_received: self
+                .datagrams_received
+                .saturating_sub(earlier.datagrams_received),
+            lost: self.lost.saturating_sub(earlier.lost),
+            lost_bytes: self.lost_bytes.saturating_sub(earlier.lost_bytes),
+            reordered: self.reordered.saturating_sub(earlier.reordered),
+            duplicates: self.duplicates.saturating_sub(earlier.duplicates),
+            retries: self.retries.saturating_sub(earlier.retries),
+        }
+    }
+
+    /// The sum of two sets of counts, saturating.
+    pub fn plus(&self, other: &DatagramStats) -> DatagramStats {
+        DatagramStats {
+            datagrams_sent: self.datagrams_sent.saturating_add(other.datagrams_sent),
+            datagrams_received: self
+                .datagrams_received
+                .saturating_add(other.datagrams_received),
+            lost: self.lost.saturating_add(other.lost),
+            lost_bytes: self.lost_bytes.saturating_add(other.lost_bytes),
+            reordered: self.reordered.saturating_add(other.reordered),
+            duplicates: self.duplicates.saturating_add(other.duplicates),
+            retries: self.retries.saturating_add(other.retries),
+        }
+    }
+
+    /// Checks the invariants of counts taken over one interval: re-sends
+    /// are among the datagrams sent, late and duplicate arrivals among the
+    /// datagrams received, and no lost datagram held more than a datagram's
+    /// payload ([`udp::MAX_MESSAGE_BYTES`]).
+    pub fn validate(&self) -> Result<(), String> {
+        if self.retries > self.datagrams_sent {
+            return Err(format!(
+                "{} retries > {} datagrams sent",
+                self.retries, self.datagrams_sent
+            ));
+        }
+        if self.reordered.saturating_add(self.duplicates) > self.datagrams_received {
+            return Err(format!(
+                "{} reordered + {} duplicates > {} datagrams received",
+                self.reordered, self.duplicates, self.datagrams_received
+            ));
+        }
+        if self.lost_bytes > self.lost.saturating_mul(udp::MAX_MESSAGE_BYTES as u64) {
+            return Err(format!(
+                "{} lost bytes in {} lost datagrams",
+                self.lost_bytes, self.lost
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// What the runner (client end) and the agent (server end) keep of an
+/// unreliable flow while a test owns it: its counters, and the upkeep that
+/// lets a peer recover a repetition's lost last datagram.
+pub trait FlowMonitor: Send + Sync {
+    /// The flow's counters since it connected.
+    fn datagram_stats(&self) -> DatagramStats;
+
+    /// While the test is idle, answers the peer's retries (and keeps asking
+    /// whether the peer got this end's last burst) until `wake` is readable
+    /// (the control connection has a message) or `max_wait` passes. Never
+    /// delivers data: new data stays queued for the test. An error means the
+    /// flow broke; the next repetition reports it.
+    fn serve_idle(&self, wake: BorrowedFd<'_>, max_wait: Duration) -> Result<(), FlowError>;
 }
 
 /// Waits for the one flow of a point.
@@ -233,6 +370,11 @@ pub trait Transport: Sync {
     fn availability(&self) -> Result<(), String> {
         Ok(())
     }
+    /// Largest message the transport carries, in bytes, when it has a
+    /// limit (a datagram); the plan refuses larger sizes.
+    fn max_message_bytes(&self) -> Option<u64> {
+        None
+    }
     /// Opens the data listener for one point on the agent's side. `local_ip`
     /// is the address the control connection arrived on.
     fn listen(
@@ -246,7 +388,7 @@ pub trait Transport: Sync {
 
 /// Every transport netgap has, in the order `netgap list` shows them.
 pub fn registry() -> &'static [&'static dyn Transport] {
-    &[&tcp::Tcp, &unix::Unix]
+    &[&tcp::Tcp, &unix::Unix, &uring::Uring, &shm::Shm, &udp::Udp]
 }
 
 /// The transport called `name`, if there is one.
