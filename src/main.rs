@@ -146,7 +146,12 @@ fn serve(args: &ServeArgs) -> Result<()> {
 fn list() {
     println!("tests:");
     for t in bench::registry() {
-        println!("  {:<14} {:<15} {}", t.name(), t.metric().key(), t.summary());
+        println!(
+            "  {:<14} {:<15} {}",
+            t.name(),
+            t.metric().key(),
+            t.summary()
+        );
     }
     println!();
     println!("transports:");

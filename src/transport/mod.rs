@@ -6,8 +6,8 @@
 //!
 //! Adding a transport is one new module here plus one line in [`registry`].
 
-mod stream_socket;
 pub mod shm;
+mod stream_socket;
 pub mod tcp;
 pub mod udp;
 pub mod unix;

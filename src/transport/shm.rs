@@ -57,10 +57,18 @@ const NAME: &str = "shm";
 static TUNE_CHUNK: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
 #[inline]
 fn tune_chunk() -> usize {
-    *TUNE_CHUNK.get_or_init(|| std::env::var("SHM_CHUNK").ok().and_then(|v| v.parse().ok()).unwrap_or(MAX_COPY_BYTES))
+    *TUNE_CHUNK.get_or_init(|| {
+        std::env::var("SHM_CHUNK")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(MAX_COPY_BYTES)
+    })
 }
 fn tune_cap() -> usize {
-    std::env::var("SHM_CAP").ok().and_then(|v| v.parse().ok()).unwrap_or(RING_CAPACITY_BYTES)
+    std::env::var("SHM_CAP")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(RING_CAPACITY_BYTES)
 }
 
 /// Bytes of each ring's data region (one ring per direction; the memfd
@@ -451,12 +459,14 @@ impl Listener for ShmListener {
             .accept()
             .map_err(|e| listen_err(io::Error::new(e.kind(), format!("accept: {e}"))))?;
         let _ = std::fs::remove_file(&self.path);
-        let (region, memfd) = self.pending.take().ok_or_else(|| {
-            listen_err(io::Error::other("shm listener lost its region"))
-        })?;
+        let (region, memfd) = self
+            .pending
+            .take()
+            .ok_or_else(|| listen_err(io::Error::other("shm listener lost its region")))?;
         sys::send_fd(&stream, memfd.as_fd(), HELLO).map_err(listen_err)?;
         drop(memfd);
-        let flow = ShmFlow::new(region, stream, Role::Listener, &self.config).map_err(listen_err)?;
+        let flow =
+            ShmFlow::new(region, stream, Role::Listener, &self.config).map_err(listen_err)?;
         Ok(Box::new(flow))
     }
 }
@@ -483,9 +493,12 @@ impl Transport for Shm {
         if !cfg!(target_os = "linux") {
             return Err("shm needs Linux (memfd_create, futex)".into());
         }
-        nix::sys::memfd::memfd_create(c"netgap-shm-probe", nix::sys::memfd::MemFdCreateFlag::MFD_CLOEXEC)
-            .map(drop)
-            .map_err(|e| format!("memfd_create failed: {e}"))
+        nix::sys::memfd::memfd_create(
+            c"netgap-shm-probe",
+            nix::sys::memfd::MemFdCreateFlag::MFD_CLOEXEC,
+        )
+        .map(drop)
+        .map_err(|e| format!("memfd_create failed: {e}"))
     }
 
     fn listen(
@@ -495,7 +508,8 @@ impl Transport for Shm {
     ) -> Result<Box<dyn Listener>, TransportError> {
         let pending = Region::create(tune_cap(), config.mode).map_err(listen_err)?;
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-        let path = std::env::temp_dir().join(format!("netgap-shm-{}-{id}.sock", std::process::id()));
+        let path =
+            std::env::temp_dir().join(format!("netgap-shm-{}-{id}.sock", std::process::id()));
         let _ = std::fs::remove_file(&path);
         let listener = UnixListener::bind(&path).map_err(|e| {
             listen_err(io::Error::new(
@@ -540,8 +554,7 @@ impl Transport for Shm {
             })?;
         let fd = sys::recv_fd(&stream, HELLO).map_err(connect_err)?;
         let region = Region::open(fd, config.mode).map_err(connect_err)?;
-        let flow =
-            ShmFlow::new(region, stream, Role::Connector, config).map_err(connect_err)?;
+        let flow = ShmFlow::new(region, stream, Role::Connector, config).map_err(connect_err)?;
         Ok(Box::new(flow))
     }
 }

@@ -1,7 +1,7 @@
 //! Kernel TCP whose data path is driven through io_uring instead of
 //! `read`/`write` system calls. The connection itself is made by the tcp
-//! transport's helpers ([`listen_socket`], [`accept_stream`],
-//! [`connect_stream`]), so every socket option (TCP_NODELAY, buffer sizes,
+//! transport's helpers (`listen_socket`, `accept_stream`,
+//! `connect_stream`), so every socket option (TCP_NODELAY, buffer sizes,
 //! congestion control, SO_BUSY_POLL, ...) is applied exactly as for `tcp`;
 //! only the way bytes move differs, which is what the comparison measures.
 //! tcp's own data-path hooks (MSG_ZEROCOPY sends, TCP_CORK around each

@@ -3,7 +3,7 @@
 //!
 //! | offset | bytes | content |
 //! |---|---|---|
-//! | 0 | 4096 | [`Header`]: magic, version, mode, ring capacity, total size |
+//! | 0 | 4096 | `Header`: magic, version, mode, ring capacity, total size |
 //! | 4096 | 4096 | control block of ring 0 (listener → connector) |
 //! | 8192 | 4096 | control block of ring 1 (connector → listener) |
 //! | 12288 | `capacity` | data of ring 0 |
@@ -305,7 +305,12 @@ mod tests {
             .head
             .0
             .store(42, Ordering::Release);
-        let seen = peer.ring(RingId::ToListener).ctl().head.0.load(Ordering::Acquire);
+        let seen = peer
+            .ring(RingId::ToListener)
+            .ctl()
+            .head
+            .0
+            .load(Ordering::Acquire);
         assert_eq!(seen, 42);
         assert_eq!(MAGIC.to_le_bytes(), *b"NGAPSHM\0");
     }
@@ -329,7 +334,10 @@ mod tests {
         check(&|h| h.magic.store(7, Ordering::Relaxed), "magic");
         check(&|h| h.version.store(99, Ordering::Relaxed), "version");
         check(&|h| h.mode.store(2, Ordering::Relaxed), "mode");
-        check(&|h| h.capacity.store(5000, Ordering::Relaxed), "power of two");
+        check(
+            &|h| h.capacity.store(5000, Ordering::Relaxed),
+            "power of two",
+        );
         check(&|h| h.capacity.store(1 << 20, Ordering::Relaxed), "claims");
         check(&|h| h.total.store(1, Ordering::Relaxed), "claims");
     }

@@ -83,7 +83,10 @@ impl RingCtl {
 }
 
 fn low_half(word: &AtomicU64) -> *const u32 {
-    word.as_ptr().cast::<u8>().wrapping_add(LOW_HALF_OFFSET).cast()
+    word.as_ptr()
+        .cast::<u8>()
+        .wrapping_add(LOW_HALF_OFFSET)
+        .cast()
 }
 
 /// The peer broke the ring's invariants: the shared indices cannot be
@@ -596,7 +599,9 @@ mod tests {
                 let mut p = Producer::new(mem).unwrap();
                 let mut off = 0;
                 while off < total {
-                    off += p.try_write(&src[off..(off + 1000).min(total)], 777).unwrap();
+                    off += p
+                        .try_write(&src[off..(off + 1000).min(total)], 777)
+                        .unwrap();
                     std::hint::spin_loop();
                 }
             });

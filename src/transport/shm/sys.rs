@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 pub fn futex_wait(word: *const u32, expected: u32, timeout: Duration) -> io::Result<()> {
     let ts = libc::timespec {
         tv_sec: libc::time_t::try_from(timeout.as_secs()).unwrap_or(libc::time_t::MAX),
-        tv_nsec: libc::c_long::try_from(timeout.subsec_nanos()).unwrap_or(0),
+        tv_nsec: libc::c_long::from(timeout.subsec_nanos()),
     };
     // SAFETY: FUTEX_WAIT only reads the 4-byte word (the kernel checks the
     // address and fails with EFAULT if it is not mapped) and reads `ts`,
@@ -76,14 +76,14 @@ pub fn send_fd(sock: &UnixStream, fd: BorrowedFd<'_>, hello: &[u8]) -> io::Resul
     let fds = [fd.as_raw_fd()];
     let cmsg = [ControlMessage::ScmRights(&fds)];
     let iov = [IoSlice::new(hello)];
-    let n = sendmsg::<()>(
-        sock.as_raw_fd(),
-        &iov,
-        &cmsg,
-        MsgFlags::MSG_NOSIGNAL,
-        None,
-    )
-    .map_err(|e| io::Error::new(io::Error::from(e).kind(), format!("sendmsg(SCM_RIGHTS): {e}")))?;
+    let n = sendmsg::<()>(sock.as_raw_fd(), &iov, &cmsg, MsgFlags::MSG_NOSIGNAL, None).map_err(
+        |e| {
+            io::Error::new(
+                io::Error::from(e).kind(),
+                format!("sendmsg(SCM_RIGHTS): {e}"),
+            )
+        },
+    )?;
     if n != hello.len() {
         return Err(io::Error::new(
             io::ErrorKind::WriteZero,
@@ -135,7 +135,10 @@ pub fn recv_fd(sock: &UnixStream, hello: &[u8]) -> io::Result<OwnedFd> {
     }
     if n < hello.len() {
         (&*sock).read_exact(&mut got[n..]).map_err(|e| {
-            io::Error::new(e.kind(), format!("reading the rest of the shm greeting: {e}"))
+            io::Error::new(
+                e.kind(),
+                format!("reading the rest of the shm greeting: {e}"),
+            )
         })?;
     }
     if got != hello {
@@ -150,7 +153,11 @@ pub fn recv_fd(sock: &UnixStream, hello: &[u8]) -> io::Result<OwnedFd> {
             format!(
                 "expected exactly one memfd with the shm greeting, got {}{}",
                 fds.len(),
-                if truncated { " (control data truncated)" } else { "" }
+                if truncated {
+                    " (control data truncated)"
+                } else {
+                    ""
+                }
             ),
         ));
     }
@@ -160,7 +167,11 @@ pub fn recv_fd(sock: &UnixStream, hello: &[u8]) -> io::Result<OwnedFd> {
 
 /// `poll(2)` on one descriptor for `events`, waiting at most `timeout_ms`
 /// milliseconds (0: do not wait); returns the events that occurred.
-fn poll_one(fd: BorrowedFd<'_>, events: libc::c_short, timeout_ms: libc::c_int) -> io::Result<libc::c_short> {
+fn poll_one(
+    fd: BorrowedFd<'_>,
+    events: libc::c_short,
+    timeout_ms: libc::c_int,
+) -> io::Result<libc::c_short> {
     let mut pfd = libc::pollfd {
         fd: fd.as_raw_fd(),
         events,
@@ -187,7 +198,9 @@ pub fn peer_hung_up(sock: &UnixStream) -> io::Result<bool> {
     let ev = poll_one(sock.as_fd(), libc::POLLRDHUP, 0)
         .map_err(|e| io::Error::new(e.kind(), format!("poll on the shm liveness socket: {e}")))?;
     if ev & libc::POLLNVAL != 0 {
-        return Err(io::Error::other("the shm liveness socket is not open (POLLNVAL)"));
+        return Err(io::Error::other(
+            "the shm liveness socket is not open (POLLNVAL)",
+        ));
     }
     Ok(ev & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0)
 }

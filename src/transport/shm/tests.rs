@@ -47,7 +47,10 @@ fn echo_sizes(mode: Mode) {
         for (i, &n) in sizes.iter().enumerate() {
             let mut buf = vec![0u8; n];
             server.recv_exact(&mut buf).unwrap();
-            assert!(buf == pattern(n, i as u8), "server got wrong bytes for {n} B");
+            assert!(
+                buf == pattern(n, i as u8),
+                "server got wrong bytes for {n} B"
+            );
             server.send_all(&buf).unwrap();
         }
     });
@@ -153,8 +156,14 @@ fn timeout_is_honoured(mode: Mode) {
     let t0 = Instant::now();
     let r = server.recv_exact(&mut buf);
     let waited = t0.elapsed();
-    assert!(matches!(r, Err(FlowError::TimedOut { timeout_ms: 200 })), "{r:?}");
-    assert!(waited >= limit && waited < Duration::from_millis(1500), "{waited:?}");
+    assert!(
+        matches!(r, Err(FlowError::TimedOut { timeout_ms: 200 })),
+        "{r:?}"
+    );
+    assert!(
+        waited >= limit && waited < Duration::from_millis(1500),
+        "{waited:?}"
+    );
     // A full ring nobody reads times out as well.
     let big = vec![0u8; 2 * RING_CAPACITY_BYTES];
     let r = server.send_all(&big);
@@ -197,7 +206,9 @@ fn socket_file_is_removed_on_accept_and_on_drop() {
 #[test]
 fn accept_times_out() {
     let cfg = config(Mode::Poll, Duration::from_secs(5));
-    let mut l = Shm.listen(&cfg, std::net::IpAddr::from([127, 0, 0, 1])).unwrap();
+    let mut l = Shm
+        .listen(&cfg, std::net::IpAddr::from([127, 0, 0, 1]))
+        .unwrap();
     let r = l.accept(Duration::from_millis(50));
     assert!(matches!(r, Err(TransportError::AcceptTimeout { .. })));
 }
