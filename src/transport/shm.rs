@@ -53,24 +53,6 @@ use std::time::{Duration, Instant};
 
 const NAME: &str = "shm";
 
-// TEMP TUNING
-static TUNE_CHUNK: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-#[inline]
-fn tune_chunk() -> usize {
-    *TUNE_CHUNK.get_or_init(|| {
-        std::env::var("SHM_CHUNK")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(MAX_COPY_BYTES)
-    })
-}
-fn tune_cap() -> usize {
-    std::env::var("SHM_CAP")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(RING_CAPACITY_BYTES)
-}
-
 /// Bytes of each ring's data region (one ring per direction; the memfd
 /// holds both plus three 4 KiB pages).
 ///
@@ -332,7 +314,7 @@ impl ShmSender {
 
 #[inline]
 fn attempt_send(ring: &mut Producer, shared: &Shared, buf: &[u8]) -> Result<Attempt, FlowError> {
-    let n = ring.try_write(buf, tune_chunk()).map_err(corrupt)?;
+    let n = ring.try_write(buf, MAX_COPY_BYTES).map_err(corrupt)?;
     if n == 0 {
         return Ok(Attempt::Blocked {
             expected: ring.cached_tail() as u32,
@@ -356,7 +338,7 @@ fn attempt_recv(
     shared: &Shared,
     buf: &mut [u8],
 ) -> Result<Attempt, FlowError> {
-    let n = ring.try_read(buf, tune_chunk()).map_err(corrupt)?;
+    let n = ring.try_read(buf, MAX_COPY_BYTES).map_err(corrupt)?;
     if n == 0 {
         return Ok(Attempt::Blocked {
             expected: ring.cached_head() as u32,
@@ -506,7 +488,7 @@ impl Transport for Shm {
         config: &FlowConfig,
         _local_ip: std::net::IpAddr,
     ) -> Result<Box<dyn Listener>, TransportError> {
-        let pending = Region::create(tune_cap(), config.mode).map_err(listen_err)?;
+        let pending = Region::create(RING_CAPACITY_BYTES, config.mode).map_err(listen_err)?;
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
         let path =
             std::env::temp_dir().join(format!("netgap-shm-{}-{id}.sock", std::process::id()));
