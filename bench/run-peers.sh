@@ -244,7 +244,7 @@ NOTES = {"netgap": "mean: trimmed mean of its reps", "NPtcp": "mean: best of 3 t
 lines.append(f"LATENCY: one-way = half round trip, microseconds; median of {n} round(s); "
              "x floor = tool / floor of the same statistic in the same round (lower is better)")
 lines.append(f"{'size':>6}  {'tool':<9} {'median':>8} {'x floor':>8} {'mean':>8} {'x floor':>8} "
-             f"{'median range':>13}  note")
+             f"{'range':>13}  note")
 for size in LAT:
     for tool in ["floor", "netgap"] + PEERS_LAT:
         vm, va = vals("lat", size, tool, "median"), vals("lat", size, tool, "mean")
