@@ -76,14 +76,22 @@ pub fn table_row(r: &ResultRecord) -> String {
         .filter(|_| r.metric == "latency_us")
         .map(|p| fmt_num(p.p99))
         .unwrap_or_default();
-    let mean = r.stats.reps.iter().sum::<f64>() / r.stats.reps.len().max(1) as f64;
-    let ci = if mean != 0.0 {
-        format!(
-            "±{:.1}",
-            100.0 * (r.stats.ci95_high - r.stats.ci95_low) / 2.0 / mean
-        )
-    } else {
-        String::new()
+    let ci = match &r.stats {
+        Some(st) => {
+            let mean = st.reps.iter().sum::<f64>() / st.reps.len().max(1) as f64;
+            if mean != 0.0 {
+                format!("±{:.1}", 100.0 * (st.ci95_high - st.ci95_low) / 2.0 / mean)
+            } else {
+                String::new()
+            }
+        }
+        None => String::new(),
+    };
+    let cpu = |f: fn(&crate::record::CpuPair) -> f64| {
+        r.cpu
+            .as_ref()
+            .map(|c| format!("{:.0}", f(c)))
+            .unwrap_or_default()
     };
     let mut notes: Vec<String> = Vec::new();
     if !r.warnings.is_empty() {
@@ -102,8 +110,8 @@ pub fn table_row(r: &ResultRecord) -> String {
         p99,
         bw,
         ci,
-        format!("{:.0}", r.cpu.local.process_percent),
-        format!("{:.0}", r.cpu.remote.process_percent),
+        cpu(|c| c.local.process_percent),
+        cpu(|c| c.remote.process_percent),
         note,
     ])
 }

@@ -168,34 +168,47 @@ pub struct ResultRecord {
     pub metric: String,
     /// Headline: mean of the repetitions without the highest and lowest.
     pub value: f64,
-    /// Spread of the repetitions.
-    pub stats: RecordStats,
+    /// Spread of the repetitions; `null` when the tool that made the record
+    /// (an imported one) reported no repetitions.
+    #[serde(default)]
+    pub stats: Option<RecordStats>,
     /// Latency percentiles in microseconds (one-way), for latency tests.
     pub percentiles: Option<Percentiles>,
-    /// CPU usage of both ends.
-    pub cpu: CpuPair,
+    /// CPU usage of both ends; `null` when not measured (imported records).
+    #[serde(default)]
+    pub cpu: Option<CpuPair>,
     /// CPU microseconds per KiB moved, for bandwidth tests.
     pub service_demand_us_per_kib: Option<ServiceDemand>,
-    /// Iterations in each measured repetition.
-    pub iterations_per_rep: u64,
-    /// Uncounted iterations before the measured ones.
-    pub warmup_iterations: u64,
-    /// Payload bytes moved in the measured repetitions.
-    pub bytes: ByteCounts,
+    /// Iterations in each measured repetition; `null` when unknown.
+    #[serde(default)]
+    pub iterations_per_rep: Option<u64>,
+    /// Uncounted iterations before the measured ones; `null` when unknown.
+    #[serde(default)]
+    pub warmup_iterations: Option<u64>,
+    /// Payload bytes moved in the measured repetitions; `null` when unknown.
+    #[serde(default)]
+    pub bytes: Option<ByteCounts>,
     /// Datagram counters of an unreliable transport; `null` for a reliable one.
     pub datagrams: Option<DatagramCounts>,
     /// Full-sentence warnings (noisy repetitions, ...).
     pub warnings: Vec<String>,
-    /// Facts of the coordinator's host.
-    pub host: HostFacts,
-    /// Facts of the agent's host.
-    pub peer_host: HostFacts,
-    /// Resolved options.
-    pub options: RecordOptions,
+    /// Facts of the coordinator's host; `null` when unknown (imported records).
+    #[serde(default)]
+    pub host: Option<HostFacts>,
+    /// Facts of the agent's host; `null` when unknown.
+    #[serde(default)]
+    pub peer_host: Option<HostFacts>,
+    /// Resolved options; `null` for records another tool made.
+    #[serde(default)]
+    pub options: Option<RecordOptions>,
     /// netgap version.
     pub version: String,
     /// Start time of the point, RFC 3339 (UTC).
     pub time: String,
+    /// The peer tool that measured the point (`iperf3`, `NPtcp`, ...) when
+    /// the record was imported; absent for netgap's own measurements.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool: Option<String>,
 }
 
 /// Something that keeps records as they are measured.
@@ -321,6 +334,9 @@ fn opt(v: Option<f64>) -> String {
 /// The CSV row of a record, in [`CSV_HEADER`] order.
 pub fn csv_row(r: &ResultRecord) -> Vec<String> {
     let p = r.percentiles.as_ref();
+    let st = r.stats.as_ref();
+    let cpu = r.cpu.as_ref();
+    let host = |h: &Option<HostFacts>| h.as_ref().map(|h| h.hostname.clone()).unwrap_or_default();
     vec![
         r.time.clone(),
         r.test.clone(),
@@ -329,25 +345,27 @@ pub fn csv_row(r: &ResultRecord) -> Vec<String> {
         r.size_bytes.to_string(),
         r.metric.clone(),
         r.value.to_string(),
-        r.stats.min.to_string(),
-        r.stats.median.to_string(),
-        r.stats.max.to_string(),
-        r.stats.stdev.to_string(),
-        r.stats.ci95_low.to_string(),
-        r.stats.ci95_high.to_string(),
+        opt(st.map(|s| s.min)),
+        opt(st.map(|s| s.median)),
+        opt(st.map(|s| s.max)),
+        opt(st.map(|s| s.stdev)),
+        opt(st.map(|s| s.ci95_low)),
+        opt(st.map(|s| s.ci95_high)),
         opt(p.map(|p| p.p50)),
         opt(p.map(|p| p.p90)),
         opt(p.map(|p| p.p99)),
         opt(p.map(|p| p.p999)),
         opt(p.map(|p| p.max)),
-        r.cpu.local.system_busy_percent.to_string(),
-        r.cpu.local.process_percent.to_string(),
-        r.cpu.remote.system_busy_percent.to_string(),
-        r.cpu.remote.process_percent.to_string(),
-        r.iterations_per_rep.to_string(),
-        r.stats.reps.len().to_string(),
-        r.host.hostname.clone(),
-        r.peer_host.hostname.clone(),
+        opt(cpu.map(|c| c.local.system_busy_percent)),
+        opt(cpu.map(|c| c.local.process_percent)),
+        opt(cpu.map(|c| c.remote.system_busy_percent)),
+        opt(cpu.map(|c| c.remote.process_percent)),
+        r.iterations_per_rep
+            .map(|n| n.to_string())
+            .unwrap_or_default(),
+        st.map(|s| s.reps.len().to_string()).unwrap_or_default(),
+        host(&r.host),
+        host(&r.peer_host),
         r.version.clone(),
     ]
 }
