@@ -1,12 +1,146 @@
-//! The socket edge of the control protocol: frames in and out of a TCP
-//! stream, with a deadline on every read. Everything above it (messages,
-//! codec, session machines) is plain code in [`crate::proto`].
+//! The socket edge of the control protocol: frames in and out of a TCP or
+//! Unix-domain stream, with a deadline on every read. Everything above it
+//! (messages, codec, session machines) is plain code in [`crate::proto`].
+//!
+//! A control address is `HOST:PORT` for TCP or `unix:PATH` for a Unix-domain
+//! socket (the testbed's agents listen on those, so a coordinator outside the
+//! testbed's network namespaces reaches them through the file system).
 
 use crate::proto::codec::{encode, CodecError, FrameDecoder};
 use serde::Serialize;
+use std::fmt;
 use std::io::{self, Read, Write};
-use std::net::TcpStream;
+use std::net::{SocketAddr, TcpStream};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
+
+/// Where an agent's control listener is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ControlAddr {
+    /// A TCP address.
+    Tcp(SocketAddr),
+    /// A Unix-domain stream socket at this path.
+    Unix(PathBuf),
+}
+
+impl fmt::Display for ControlAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ControlAddr::Tcp(a) => write!(f, "{a}"),
+            ControlAddr::Unix(p) => write!(f, "unix:{}", p.display()),
+        }
+    }
+}
+
+impl ControlAddr {
+    /// Parses `unix:PATH` or a literal `IP:PORT` (names are resolved by the
+    /// caller, which knows the default port).
+    pub fn parse(s: &str) -> Option<ControlAddr> {
+        match s.strip_prefix("unix:") {
+            Some(path) if !path.is_empty() => Some(ControlAddr::Unix(PathBuf::from(path))),
+            Some(_) => None,
+            None => s.parse().ok().map(ControlAddr::Tcp),
+        }
+    }
+
+    /// Connects, waiting at most `timeout` for a TCP handshake.
+    pub fn connect(&self, timeout: Duration) -> io::Result<ControlStream> {
+        match self {
+            ControlAddr::Tcp(a) => {
+                let s = TcpStream::connect_timeout(a, timeout)?;
+                s.set_nodelay(true)?;
+                Ok(ControlStream::Tcp(s))
+            }
+            ControlAddr::Unix(p) => UnixStream::connect(p).map(ControlStream::Unix),
+        }
+    }
+}
+
+/// A connected control stream of either family.
+#[derive(Debug)]
+pub enum ControlStream {
+    /// Over TCP.
+    Tcp(TcpStream),
+    /// Over a Unix-domain socket.
+    Unix(UnixStream),
+}
+
+impl ControlStream {
+    fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        match self {
+            ControlStream::Tcp(s) => s.set_read_timeout(t),
+            ControlStream::Unix(s) => s.set_read_timeout(t),
+        }
+    }
+
+    fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        match self {
+            ControlStream::Tcp(s) => s.set_write_timeout(t),
+            ControlStream::Unix(s) => s.set_write_timeout(t),
+        }
+    }
+
+    /// The local IP address of a TCP stream; `None` over a Unix socket.
+    pub fn local_ip(&self) -> Option<std::net::IpAddr> {
+        match self {
+            ControlStream::Tcp(s) => s.local_addr().ok().map(|a| a.ip()),
+            ControlStream::Unix(_) => None,
+        }
+    }
+
+    /// The peer's IP address of a TCP stream; `None` over a Unix socket.
+    pub fn peer_ip(&self) -> Option<std::net::IpAddr> {
+        match self {
+            ControlStream::Tcp(s) => s.peer_addr().ok().map(|a| a.ip()),
+            ControlStream::Unix(_) => None,
+        }
+    }
+}
+
+impl AsFd for ControlStream {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        match self {
+            ControlStream::Tcp(s) => s.as_fd(),
+            ControlStream::Unix(s) => s.as_fd(),
+        }
+    }
+}
+
+impl Read for ControlStream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            ControlStream::Tcp(s) => s.read(buf),
+            ControlStream::Unix(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for ControlStream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            ControlStream::Tcp(s) => s.write(buf),
+            ControlStream::Unix(s) => s.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl From<TcpStream> for ControlStream {
+    fn from(s: TcpStream) -> Self {
+        ControlStream::Tcp(s)
+    }
+}
+
+impl From<UnixStream> for ControlStream {
+    fn from(s: UnixStream) -> Self {
+        ControlStream::Unix(s)
+    }
+}
 
 /// Why a control exchange failed.
 #[derive(Debug, thiserror::Error)]
@@ -27,7 +161,7 @@ pub enum ControlError {
 
 /// One control connection, either end.
 pub struct ControlConn {
-    stream: TcpStream,
+    stream: ControlStream,
     decoder: FrameDecoder,
 }
 
@@ -35,9 +169,12 @@ pub struct ControlConn {
 const READ_CHUNK_BYTES: usize = 4096;
 
 impl ControlConn {
-    /// Wraps a connected stream.
-    pub fn new(stream: TcpStream) -> io::Result<ControlConn> {
-        stream.set_nodelay(true)?;
+    /// Wraps a connected stream (TCP streams get `TCP_NODELAY`).
+    pub fn new(stream: impl Into<ControlStream>) -> io::Result<ControlConn> {
+        let stream = stream.into();
+        if let ControlStream::Tcp(s) = &stream {
+            s.set_nodelay(true)?;
+        }
         Ok(ControlConn {
             stream,
             decoder: FrameDecoder::new(),
@@ -45,7 +182,7 @@ impl ControlConn {
     }
 
     /// The underlying stream.
-    pub fn stream(&self) -> &TcpStream {
+    pub fn stream(&self) -> &ControlStream {
         &self.stream
     }
 
@@ -97,5 +234,42 @@ impl ControlConn {
                 Err(e) => return Err(e.into()),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn control_addresses_parse_and_print_back() {
+        for s in ["127.0.0.1:7100", "[::1]:7100", "unix:/run/netgap/h1.sock"] {
+            assert_eq!(
+                ControlAddr::parse(s).map(|a| a.to_string()).as_deref(),
+                Some(s)
+            );
+        }
+        assert_eq!(ControlAddr::parse("unix:"), None);
+        assert_eq!(ControlAddr::parse("localhost"), None);
+    }
+
+    #[test]
+    fn frames_cross_a_unix_socket() {
+        let (a, b) = UnixStream::pair().expect("pair");
+        let (mut a, mut b) = (
+            ControlConn::new(a).expect("a"),
+            ControlConn::new(b).expect("b"),
+        );
+        a.send(&"hello").expect("send");
+        let payload = b.recv_payload(Duration::from_secs(2)).expect("recv");
+        assert_eq!(
+            serde_json::from_slice::<String>(&payload).ok().as_deref(),
+            Some("hello")
+        );
+        drop(a);
+        assert!(matches!(
+            b.recv_payload(Duration::from_secs(2)),
+            Err(ControlError::Closed)
+        ));
     }
 }

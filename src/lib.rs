@@ -9,6 +9,7 @@
 pub mod affinity;
 pub mod agent;
 pub mod bench;
+pub mod cluster;
 pub mod control;
 pub mod coordinator;
 pub mod cpu;
