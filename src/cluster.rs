@@ -122,6 +122,8 @@ impl HostsFile {
             if self.hosts[..i].iter().any(|o| o.name == h.name) {
                 return Err(format!("host name {:?} appears twice", h.name));
             }
+        }
+        for h in &self.hosts {
             if ControlAddr::parse(&h.control).is_none() {
                 return Err(format!(
                     "host {}: bad control address {:?} (want IP:PORT or unix:PATH)",
