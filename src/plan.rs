@@ -349,6 +349,24 @@ impl Plan {
             sqpoll: a.sqpoll,
         };
         let (client_cpu, server_cpu) = parse_pin(&a.pin)?;
+        for tr in &transports {
+            let honoured = tr.capabilities().options;
+            if let Some(flag) = options
+                .flags_set()
+                .into_iter()
+                .find(|f| !honoured.contains(f))
+            {
+                let which = if honoured.is_empty() {
+                    "it takes no options".to_string()
+                } else {
+                    format!("it takes {}", honoured.join(", "))
+                };
+                return Err(bad(format!(
+                    "{flag} does not apply to transport {} ({which})",
+                    tr.name()
+                )));
+            }
+        }
 
         let peer = match &a.peer {
             None => Peer::Embedded { ipv6: a.ipv6 },
@@ -546,5 +564,21 @@ mod tests {
         a.transport = "unix".into();
         a.peer = Some("192.0.2.1".into());
         assert!(Plan::from_args(&a).unwrap_err().0.contains("one host"));
+    }
+
+    #[test]
+    fn an_option_a_transport_ignores_is_refused() {
+        let mut a = args("pingpong");
+        a.transport = "unix".into();
+        a.cork = true;
+        let e = Plan::from_args(&a).unwrap_err().0;
+        assert!(e.contains("--cork does not apply to transport unix"), "{e}");
+        a.transport = "tcp".into();
+        assert!(Plan::from_args(&a).is_ok());
+        a.cork = false;
+        a.transport = "shm".into();
+        a.sndbuf = Some("64K".into());
+        let e = Plan::from_args(&a).unwrap_err().0;
+        assert!(e.contains("takes no options"), "{e}");
     }
 }

@@ -356,6 +356,10 @@ pub struct Capabilities {
     pub cross_host: bool,
     /// Completion modes supported.
     pub modes: &'static [Mode],
+    /// The option flags the transport honours (as on the command line,
+    /// `--sndbuf`, ...); the plan refuses any other option set away from its
+    /// default, rather than record an option that had no effect.
+    pub options: &'static [&'static str],
 }
 
 /// A way to move bytes; one module per transport, one line in [`registry`].

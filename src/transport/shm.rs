@@ -468,6 +468,7 @@ impl Transport for Shm {
             message_boundaries: false,
             cross_host: false,
             modes: &Mode::ALL,
+            options: &[],
         }
     }
 

@@ -287,6 +287,16 @@ impl Transport for Tcp {
             message_boundaries: false,
             cross_host: true,
             modes: &Mode::ALL,
+            options: &[
+                "--no-nodelay",
+                "--sndbuf",
+                "--rcvbuf",
+                "--zerocopy",
+                "--busy-poll",
+                "--quickack",
+                "--cork",
+                "--congestion",
+            ],
         }
     }
 

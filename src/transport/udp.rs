@@ -1066,6 +1066,7 @@ impl Transport for Udp {
             message_boundaries: true,
             cross_host: true,
             modes: &Mode::ALL,
+            options: &["--sndbuf", "--rcvbuf"],
         }
     }
 

@@ -819,6 +819,14 @@ impl Transport for Uring {
             message_boundaries: false,
             cross_host: true,
             modes: &Mode::ALL,
+            options: &[
+                "--no-nodelay",
+                "--sndbuf",
+                "--rcvbuf",
+                "--busy-poll",
+                "--congestion",
+                "--sqpoll",
+            ],
         }
     }
 
