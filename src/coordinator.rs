@@ -372,6 +372,10 @@ pub fn build_record(
         version: crate::VERSION.into(),
         time: humantime::format_rfc3339_seconds(started).to_string(),
         tool: None,
+        sweep_kind: None,
+        block_time_us: None,
+        dropout: None,
+        ci_target: m.ci,
     })
 }
 
