@@ -32,6 +32,9 @@ pub enum Command {
     Serve(ServeArgs),
     /// Show the tests and transports, with what is available on this host.
     List,
+    /// NetPIPE-style sweep: throughput and block time over exponentially
+    /// growing block sizes with perturbations, flagging dropouts.
+    Sweep(Box<netgap::sweep::SweepArgs>),
 }
 
 #[derive(Debug, clap::Args)]

@@ -23,6 +23,7 @@ pub mod runner;
 pub mod sizing;
 pub mod spec;
 pub mod stats;
+pub mod sweep;
 pub mod transport;
 pub mod units;
 

@@ -124,9 +124,16 @@ pub struct RunArgs {
 pub fn parse_ci(ci: Option<&str>, ci_reps: &str) -> Result<Option<CiTarget>, PlanError> {
     let Some(ci) = ci else { return Ok(None) };
     let pair = |flag: &str, text: &str| -> Result<(String, String), PlanError> {
-        match text.split(',').map(str::trim).collect::<Vec<_>>().as_slice() {
+        match text
+            .split(',')
+            .map(str::trim)
+            .collect::<Vec<_>>()
+            .as_slice()
+        {
             [a, b] => Ok((a.to_string(), b.to_string())),
-            _ => Err(bad(format!("{flag} {text}: expected two numbers separated by a comma"))),
+            _ => Err(bad(format!(
+                "{flag} {text}: expected two numbers separated by a comma"
+            ))),
         }
     };
     let (level, width) = pair("--ci", ci)?;
@@ -140,7 +147,11 @@ pub fn parse_ci(ci: Option<&str>, ci_reps: &str) -> Result<Option<CiTarget>, Pla
         t.parse::<u32>()
             .ok()
             .filter(|&n| n <= MAX_REPS)
-            .ok_or_else(|| bad(format!("--ci-reps {ci_reps}: {t:?} is not a count up to {MAX_REPS}")))
+            .ok_or_else(|| {
+                bad(format!(
+                    "--ci-reps {ci_reps}: {t:?} is not a count up to {MAX_REPS}"
+                ))
+            })
     };
     CiTarget::new(num(&level)?, num(&width)?, count(&min)?, count(&max)?)
         .map(Some)
@@ -580,11 +591,19 @@ mod tests {
 
     #[test]
     fn ci_flags_parse_and_bad_ones_are_refused() {
-        let t = parse_ci(Some("99,2"), "3,30").expect("valid").expect("some");
+        let t = parse_ci(Some("99,2"), "3,30")
+            .expect("valid")
+            .expect("some");
         assert_eq!((t.confidence_pct, t.half_width_pct), (99.0, 2.0));
         assert_eq!((t.min_reps, t.max_reps), (3, 30));
         assert!(parse_ci(None, "3,30").expect("valid").is_none());
-        for (ci, reps) in [("99", "3,30"), ("x,2", "3,30"), ("99,2", "1,30"), ("100,2", "3,30"), ("99,2", "9,3")] {
+        for (ci, reps) in [
+            ("99", "3,30"),
+            ("x,2", "3,30"),
+            ("99,2", "1,30"),
+            ("100,2", "3,30"),
+            ("99,2", "9,3"),
+        ] {
             assert!(parse_ci(Some(ci), reps).is_err(), "{ci} {reps}");
         }
     }

@@ -76,8 +76,10 @@ impl CiTarget {
     /// Half-width of the interval of `values` at this confidence, in percent
     /// of their mean; infinite for fewer than 2 values or a zero mean.
     pub fn half_width_pct_of(&self, values: &[f64]) -> f64 {
-        let (Some(mean), Some(sd)) = (crate::stats::mean(values), crate::stats::sample_stdev(values))
-        else {
+        let (Some(mean), Some(sd)) = (
+            crate::stats::mean(values),
+            crate::stats::sample_stdev(values),
+        ) else {
             return f64::INFINITY;
         };
         if mean == 0.0 {
@@ -92,7 +94,8 @@ impl CiTarget {
     pub fn done(&self, values: &[f64]) -> bool {
         let n = values.len();
         n >= self.max_reps as usize
-            || (n >= self.min_reps as usize && self.half_width_pct_of(values) <= self.half_width_pct)
+            || (n >= self.min_reps as usize
+                && self.half_width_pct_of(values) <= self.half_width_pct)
     }
 
     /// The outcome to record for the final `values`.
@@ -381,11 +384,16 @@ mod tests {
     #[test]
     fn ci_gives_up_at_the_maximum_and_says_so() {
         let t = target();
-        let noisy: Vec<f64> = (0..30).map(|i| if i % 2 == 0 { 50.0 } else { 150.0 }).collect();
+        let noisy: Vec<f64> = (0..30)
+            .map(|i| if i % 2 == 0 { 50.0 } else { 150.0 })
+            .collect();
         assert!(!t.done(&noisy[..29]));
         assert!(t.done(&noisy));
         let outcome = t.outcome(&noisy);
-        assert!(!outcome.met && outcome.achieved_half_width_pct > 2.0, "{outcome:?}");
+        assert!(
+            !outcome.met && outcome.achieved_half_width_pct > 2.0,
+            "{outcome:?}"
+        );
     }
 
     #[test]
