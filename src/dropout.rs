@@ -54,12 +54,19 @@ impl DropoutDetector {
     /// Judges `point` against the smaller points seen so far, then keeps it
     /// as a neighbour for later points. Returns the dropout if it is one.
     pub fn judge(&mut self, point: PointThroughput) -> Option<Dropout> {
-        let verdict = self.verdict(&point);
-        self.history.push(point);
+        let verdict = self.assess(&point);
+        self.keep(point);
         verdict
     }
 
-    fn verdict(&self, point: &PointThroughput) -> Option<Dropout> {
+    /// Keeps `point` as a neighbour for later points without judging it.
+    pub fn keep(&mut self, point: PointThroughput) {
+        self.history.push(point);
+    }
+
+    /// Judges `point` against the smaller points seen so far without keeping
+    /// it, so a caller can re-measure a suspect point before deciding.
+    pub fn assess(&self, point: &PointThroughput) -> Option<Dropout> {
         if point.trials < 2 || !point.value.is_finite() {
             return None;
         }

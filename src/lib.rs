@@ -15,6 +15,7 @@ pub mod coordinator;
 pub mod cpu;
 pub mod dropout;
 pub mod host;
+pub mod logp;
 pub mod output;
 pub mod plan;
 pub mod proto;

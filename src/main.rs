@@ -43,6 +43,7 @@ fn main() -> ExitCode {
         Some(Command::Run(args)) => run(&args),
         Some(Command::Serve(args)) => serve(&args),
         Some(Command::Sweep(args)) => sweep(&args),
+        Some(Command::Logp(args)) => logp(&args),
         Some(Command::List) => {
             list();
             Ok(())
@@ -128,6 +129,13 @@ fn sweep(args: &netgap::sweep::SweepArgs) -> Result<()> {
     let plan = netgap::sweep::SweepPlan::from_args(args)?;
     let mut sinks = open_sinks(&plan.run)?;
     let outcome = netgap::sweep::run_sweep(&plan, &mut sinks, &mut std::io::stdout());
+    outcome.map(|_| ()).map_err(|e| kept_points(e, &sinks))
+}
+
+fn logp(args: &netgap::logp::LogpArgs) -> Result<()> {
+    let plan = netgap::logp::LogpPlan::from_args(args)?;
+    let mut sinks = open_sinks(&plan.run)?;
+    let outcome = netgap::logp::run_logp(&plan, &mut sinks, &mut std::io::stdout());
     outcome.map(|_| ()).map_err(|e| kept_points(e, &sinks))
 }
 
