@@ -38,7 +38,9 @@ of twice the round trip plus 200 us)
   L    latency: half the round trip minus o_s minus o_r, per repetition
 
 o_s and o_r are the median call of each repetition; the headline is the trimmed \
-mean of the repetitions.
+mean of the repetitions. Pin the client and server to different CPUs (--pin 0,1): \
+unpinned, the server woken by a send may run on the client's CPU before the send \
+call returns, and its work then lands in o_s.
 
 Limits: L is meaningful for small messages only. On loopback and shared memory \
 there is no wire: the send call itself carries the data to the receiver (and may \

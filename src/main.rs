@@ -134,6 +134,11 @@ fn sweep(args: &netgap::sweep::SweepArgs) -> Result<()> {
 
 fn logp(args: &netgap::logp::LogpArgs) -> Result<()> {
     let plan = netgap::logp::LogpPlan::from_args(args)?;
+    if args.stack.pin.is_none() {
+        eprintln!(
+            "netgap: note: without --pin the woken server may run on the client's CPU, and its work then lands in o_s; pin them apart, e.g. --pin 0,1"
+        );
+    }
     let mut sinks = open_sinks(&plan.run)?;
     let outcome = netgap::logp::run_logp(&plan, &mut sinks, &mut std::io::stdout());
     outcome.map(|_| ()).map_err(|e| kept_points(e, &sinks))
