@@ -32,6 +32,13 @@ pub enum Command {
     Serve(ServeArgs),
     /// Show the tests and transports, with what is available on this host.
     List,
+    /// NetPIPE-style sweep: throughput and block time over exponentially
+    /// growing block sizes with perturbations, flagging dropouts.
+    Sweep(Box<netgap::sweep::SweepArgs>),
+    /// LogP parameters per message size: send and receive overheads, gap
+    /// and latency, each with its spread.
+    #[command(after_long_help = netgap::logp::HELP)]
+    Logp(Box<netgap::logp::LogpArgs>),
 }
 
 #[derive(Debug, clap::Args)]

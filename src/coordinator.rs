@@ -372,24 +372,17 @@ pub fn build_record(
         version: crate::VERSION.into(),
         time: humantime::format_rfc3339_seconds(started).to_string(),
         tool: None,
+        sweep_kind: None,
+        block_time_us: None,
+        dropout: None,
+        ci_target: m.ci,
     })
 }
 
-/// What a run did.
-#[derive(Debug, Clone, Default)]
-pub struct RunSummary {
-    /// Points measured and written.
-    pub points: usize,
-}
-
-/// Runs a whole plan against its agent, writing each record to every sink as
-/// soon as it is measured. On failure, every point measured before is
-/// already in the sinks.
-pub fn run_plan(
-    plan: &Plan,
-    sinks: &mut [Box<dyn RecordSink>],
-    observer: &mut dyn Observer,
-) -> Result<RunSummary, CoordError> {
+/// Opens the control session of `plan`: starts the in-process agent on
+/// loopback when the plan has no remote peer, pins this thread when the
+/// plan places the client, and connects.
+pub fn open_session(plan: &Plan) -> Result<Coordinator, CoordError> {
     let addr = match &plan.peer {
         Peer::Remote { addr, .. } => *addr,
         Peer::Embedded { ipv6 } => {
@@ -414,7 +407,25 @@ pub fn run_plan(
         crate::affinity::pin_current_thread(cpu)
             .map_err(|e| CoordError::Embedded(format!("client placement: {e}")))?;
     }
-    let mut coord = Coordinator::connect(addr)?;
+    Coordinator::connect(addr)
+}
+
+/// What a run did.
+#[derive(Debug, Clone, Default)]
+pub struct RunSummary {
+    /// Points measured and written.
+    pub points: usize,
+}
+
+/// Runs a whole plan against its agent, writing each record to every sink as
+/// soon as it is measured. On failure, every point measured before is
+/// already in the sinks.
+pub fn run_plan(
+    plan: &Plan,
+    sinks: &mut [Box<dyn RecordSink>],
+    observer: &mut dyn Observer,
+) -> Result<RunSummary, CoordError> {
+    let mut coord = open_session(plan)?;
     let total = plan.points.len();
     let mut summary = RunSummary::default();
     for (i, spec) in plan.points.iter().enumerate() {

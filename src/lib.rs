@@ -13,14 +13,18 @@ pub mod cluster;
 pub mod control;
 pub mod coordinator;
 pub mod cpu;
+pub mod dropout;
 pub mod host;
+pub mod logp;
 pub mod output;
 pub mod plan;
 pub mod proto;
 pub mod record;
 pub mod runner;
+pub mod sizing;
 pub mod spec;
 pub mod stats;
+pub mod sweep;
 pub mod transport;
 pub mod units;
 

@@ -42,6 +42,8 @@ fn main() -> ExitCode {
         None => battery(cli.json, cli.csv),
         Some(Command::Run(args)) => run(&args),
         Some(Command::Serve(args)) => serve(&args),
+        Some(Command::Sweep(args)) => sweep(&args),
+        Some(Command::Logp(args)) => logp(&args),
         Some(Command::List) => {
             list();
             Ok(())
@@ -120,6 +122,46 @@ fn execute(plan: &Plan) -> Result<()> {
             Err(anyhow!("{e}{kept}"))
         }
         Err(e) => Err(e.into()),
+    }
+}
+
+fn sweep(args: &netgap::sweep::SweepArgs) -> Result<()> {
+    let plan = netgap::sweep::SweepPlan::from_args(args)?;
+    let mut sinks = open_sinks(&plan.run)?;
+    let outcome = netgap::sweep::run_sweep(&plan, &mut sinks, &mut std::io::stdout());
+    outcome.map(|_| ()).map_err(|e| kept_points(e, &sinks))
+}
+
+fn logp(args: &netgap::logp::LogpArgs) -> Result<()> {
+    let plan = netgap::logp::LogpPlan::from_args(args)?;
+    if args.stack.pin.is_none() {
+        eprintln!(
+            "netgap: note: without --pin the woken server may run on the client's CPU, and its work then lands in o_s; pin them apart, e.g. --pin 0,1"
+        );
+    }
+    let mut sinks = open_sinks(&plan.run)?;
+    let outcome = netgap::logp::run_logp(&plan, &mut sinks, &mut std::io::stdout());
+    outcome.map(|_| ()).map_err(|e| kept_points(e, &sinks))
+}
+
+fn open_sinks(plan: &Plan) -> Result<Vec<Box<dyn RecordSink>>> {
+    let mut sinks: Vec<Box<dyn RecordSink>> = Vec::new();
+    if let Some(p) = &plan.json {
+        sinks.push(Box::new(JsonlSink::open(p)?));
+    }
+    if let Some(p) = &plan.csv {
+        sinks.push(Box::new(CsvSink::open(p)?));
+    }
+    Ok(sinks)
+}
+
+/// A failed point's error, naming the file that keeps the points before it.
+fn kept_points(e: CoordError, sinks: &[Box<dyn RecordSink>]) -> anyhow::Error {
+    match (&e, sinks.first()) {
+        (CoordError::Point { .. }, Some(s)) => {
+            anyhow!("{e}; points measured before are in {}", s.path().display())
+        }
+        _ => e.into(),
     }
 }
 

@@ -100,6 +100,9 @@ pub fn table_row(r: &ResultRecord) -> String {
     if let Some(d) = r.datagrams.as_ref().and_then(|d| d.note()) {
         notes.push(d);
     }
+    if let Some(note) = ci_note(r) {
+        notes.push(note);
+    }
     let note = notes.join("; ");
     row(vec![
         r.test.clone(),
@@ -114,6 +117,21 @@ pub fn table_row(r: &ResultRecord) -> String {
         cpu(|c| c.remote.process_percent),
         note,
     ])
+}
+
+/// A note for a point measured with `--ci` that missed its target, such as
+/// `ci target missed: ±3.1% at 99%`; `None` otherwise.
+pub fn ci_note(r: &ResultRecord) -> Option<String> {
+    let ci = r.ci_target.as_ref().filter(|c| !c.met)?;
+    let achieved = if ci.achieved_half_width_pct >= 0.0 {
+        format!("±{:.1}%", ci.achieved_half_width_pct)
+    } else {
+        "no interval".to_string()
+    };
+    Some(format!(
+        "ci target missed: {achieved} at {}% (wanted ±{}%)",
+        ci.confidence_pct, ci.half_width_pct
+    ))
 }
 
 /// Prints the table and drives the progress bar.

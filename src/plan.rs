@@ -4,7 +4,7 @@
 //! offending input.
 
 use crate::bench;
-use crate::runner::{IterationPolicy, Method};
+use crate::runner::{CiTarget, IterationPolicy, Method};
 use crate::spec::{check_size, Mode, PointSpec, TransportOptions, MAX_ITERATIONS};
 use crate::transport;
 use crate::units::{parse_duration, parse_size_bytes, parse_size_list};
@@ -24,6 +24,9 @@ pub const DEFAULT_TIMEOUT: &str = "3s";
 pub const MAX_REPS: u32 = 10_000;
 /// Iterations per repetition of `--paper` (the seeds' setting).
 pub const PAPER_ITERATIONS: u64 = 100_000;
+
+/// The tests of the default battery, in order.
+pub const BATTERY_TESTS: &str = "pingpong,stream,bibw-pingpong,bibw";
 
 /// Raw flags of a run, as typed.
 #[derive(Debug, Clone, clap::Args)]
@@ -106,6 +109,53 @@ pub struct RunArgs {
     /// Append one CSV row per measured point to FILE.
     #[arg(long, value_name = "FILE")]
     pub csv: Option<PathBuf>,
+    /// Repeat each point until the LEVEL% confidence interval of the mean is
+    /// within ±WIDTH% of it (e.g. 99,2), between the --ci-reps bounds;
+    /// results record whether it was met. Without it, --reps repetitions.
+    #[arg(long, value_name = "LEVEL,WIDTH", conflicts_with = "paper")]
+    pub ci: Option<String>,
+    /// Fewest and most repetitions of a --ci point.
+    #[arg(long, value_name = "MIN,MAX", default_value = "3,30", requires = "ci")]
+    pub ci_reps: String,
+}
+
+/// Parses `--ci LEVEL,WIDTH` and `--ci-reps MIN,MAX` into a target; `None`
+/// without `--ci`.
+pub fn parse_ci(ci: Option<&str>, ci_reps: &str) -> Result<Option<CiTarget>, PlanError> {
+    let Some(ci) = ci else { return Ok(None) };
+    let pair = |flag: &str, text: &str| -> Result<(String, String), PlanError> {
+        match text
+            .split(',')
+            .map(str::trim)
+            .collect::<Vec<_>>()
+            .as_slice()
+        {
+            [a, b] => Ok((a.to_string(), b.to_string())),
+            _ => Err(bad(format!(
+                "{flag} {text}: expected two numbers separated by a comma"
+            ))),
+        }
+    };
+    let (level, width) = pair("--ci", ci)?;
+    let num = |t: &str| {
+        t.trim_end_matches('%')
+            .parse::<f64>()
+            .map_err(|_| bad(format!("--ci {ci}: {t:?} is not a number")))
+    };
+    let (min, max) = pair("--ci-reps", ci_reps)?;
+    let count = |t: &str| {
+        t.parse::<u32>()
+            .ok()
+            .filter(|&n| n <= MAX_REPS)
+            .ok_or_else(|| {
+                bad(format!(
+                    "--ci-reps {ci_reps}: {t:?} is not a count up to {MAX_REPS}"
+                ))
+            })
+    };
+    CiTarget::new(num(&level)?, num(&width)?, count(&min)?, count(&max)?)
+        .map(Some)
+        .map_err(|e| bad(format!("--ci {ci} --ci-reps {ci_reps}: {e}")))
 }
 
 /// Parses `RunArgs` alone, so defaults come from one place: the flags.
@@ -367,6 +417,7 @@ impl Plan {
                 )));
             }
         }
+        let ci = parse_ci(a.ci.as_deref(), &a.ci_reps)?;
 
         let peer = match &a.peer {
             None => Peer::Embedded { ipv6: a.ipv6 },
@@ -421,6 +472,7 @@ impl Plan {
                 reps,
                 iterations,
                 warmup: a.warmup,
+                ci,
             },
             peer,
             client_cpu,
@@ -433,12 +485,9 @@ impl Plan {
     /// tcp and unix on loopback, sizes 1 B to 4 MiB in steps of 4, with a
     /// short time budget so the whole battery runs in well under a minute.
     pub fn battery(json: PathBuf) -> Plan {
-        let tests = bench::registry()
-            .iter()
-            .map(|t| t.name())
-            .collect::<Vec<_>>()
-            .join(",");
-        let mut args = RunArgs::with_defaults(&tests);
+        // The point-to-point tests only: others in the registry (logp's
+        // overhead probes) belong to their own commands.
+        let mut args = RunArgs::with_defaults(BATTERY_TESTS);
         args.transport = "tcp,unix".into();
         args.sizes = "1..4M:x4".into();
         args.rep_time = Some("15ms".into());
@@ -556,6 +605,25 @@ mod tests {
             e.contains("100K") && e.contains("udp") && e.contains("65483 bytes"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn ci_flags_parse_and_bad_ones_are_refused() {
+        let t = parse_ci(Some("99,2"), "3,30")
+            .expect("valid")
+            .expect("some");
+        assert_eq!((t.confidence_pct, t.half_width_pct), (99.0, 2.0));
+        assert_eq!((t.min_reps, t.max_reps), (3, 30));
+        assert!(parse_ci(None, "3,30").expect("valid").is_none());
+        for (ci, reps) in [
+            ("99", "3,30"),
+            ("x,2", "3,30"),
+            ("99,2", "1,30"),
+            ("100,2", "3,30"),
+            ("99,2", "9,3"),
+        ] {
+            assert!(parse_ci(Some(ci), reps).is_err(), "{ci} {reps}");
+        }
     }
 
     #[test]

@@ -209,6 +209,50 @@ pub struct ResultRecord {
     /// the record was imported; absent for netgap's own measurements.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool: Option<String>,
+    /// What a `sweep` point moved: `pingpong`, `stream` or `bidir`; absent
+    /// for other tests.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sweep_kind: Option<String>,
+    /// Time of one block transfer of a `sweep` point, in microseconds (the
+    /// x axis of NetPIPE's signature graph); absent for other tests.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block_time_us: Option<f64>,
+    /// Set on a `sweep` point whose throughput fell below that of a smaller
+    /// size by more than the measurement noise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dropout: Option<Dropout>,
+    /// The confidence target of a point measured with `--ci`, and whether the
+    /// repetitions reached it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ci_target: Option<CiOutcome>,
+}
+
+/// A throughput dropout of a sweep point (NetPIPE's "problem points").
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Dropout {
+    /// How far the point's throughput lies below the reference, in percent
+    /// of the reference (positive; 25.0 = a quarter lower).
+    pub depth_pct: f64,
+    /// Size of the smaller point it is judged against, in bytes.
+    pub reference_size_bytes: u64,
+    /// That point's headline value, in the record's metric unit.
+    pub reference_value: f64,
+}
+
+/// What confidence-driven repetition (`--ci LEVEL,WIDTH`) achieved for a
+/// point.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct CiOutcome {
+    /// Confidence level asked for, in percent (99.0).
+    pub confidence_pct: f64,
+    /// Largest half-width asked for, in percent of the mean (2.0).
+    pub half_width_pct: f64,
+    /// Half-width reached at that confidence, in percent of the mean of the
+    /// repetitions.
+    pub achieved_half_width_pct: f64,
+    /// Whether the half-width reached the target before the repetition
+    /// limit.
+    pub met: bool,
 }
 
 /// Something that keeps records as they are measured.

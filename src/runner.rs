@@ -21,8 +21,97 @@ pub enum IterationPolicy {
     Budget(Duration),
 }
 
+/// Confidence-driven repetition (`--ci LEVEL,WIDTH` with `--ci-reps
+/// MIN,MAX`, netperf's `-I` and `-i`): repeat until the Student-t confidence
+/// interval of the mean is narrow enough, within a repetition range.
+///
+/// Invariants (checked by [`CiTarget::new`]): `0 < confidence_pct < 100`,
+/// `half_width_pct > 0`, `2 <= min_reps <= max_reps`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CiTarget {
+    /// Confidence level in percent (99.0).
+    pub confidence_pct: f64,
+    /// Largest half-width of the interval, in percent of the mean (2.0).
+    pub half_width_pct: f64,
+    /// Repetitions always measured.
+    pub min_reps: u32,
+    /// Repetitions never exceeded, target met or not.
+    pub max_reps: u32,
+}
+
+/// Default `--ci-reps`: at least 3 repetitions, at most 30.
+pub const DEFAULT_CI_REPS: (u32, u32) = (3, 30);
+
+impl CiTarget {
+    /// A checked target; the error names the bad value.
+    pub fn new(
+        confidence_pct: f64,
+        half_width_pct: f64,
+        min_reps: u32,
+        max_reps: u32,
+    ) -> Result<CiTarget, String> {
+        if !(confidence_pct > 0.0 && confidence_pct < 100.0) {
+            return Err(format!(
+                "confidence level {confidence_pct} must lie between 0 and 100 (percent)"
+            ));
+        }
+        if !(half_width_pct > 0.0 && half_width_pct.is_finite()) {
+            return Err(format!(
+                "interval width {half_width_pct} must be a positive percentage of the mean"
+            ));
+        }
+        if min_reps < 2 || max_reps < min_reps {
+            return Err(format!(
+                "repetitions {min_reps},{max_reps}: need 2 <= MIN <= MAX (an interval needs two repetitions)"
+            ));
+        }
+        Ok(CiTarget {
+            confidence_pct,
+            half_width_pct,
+            min_reps,
+            max_reps,
+        })
+    }
+
+    /// Half-width of the interval of `values` at this confidence, in percent
+    /// of their mean; infinite for fewer than 2 values or a zero mean.
+    pub fn half_width_pct_of(&self, values: &[f64]) -> f64 {
+        let (Some(mean), Some(sd)) = (
+            crate::stats::mean(values),
+            crate::stats::sample_stdev(values),
+        ) else {
+            return f64::INFINITY;
+        };
+        if mean == 0.0 {
+            return f64::INFINITY;
+        }
+        let t = crate::stats::t_quantile(self.confidence_pct / 100.0, values.len() as u64 - 1);
+        100.0 * t * sd / (values.len() as f64).sqrt() / mean.abs()
+    }
+
+    /// Whether `values` (the repetitions so far) call for no more: the target
+    /// is met after at least `min_reps`, or `max_reps` were measured.
+    pub fn done(&self, values: &[f64]) -> bool {
+        let n = values.len();
+        n >= self.max_reps as usize
+            || (n >= self.min_reps as usize
+                && self.half_width_pct_of(values) <= self.half_width_pct)
+    }
+
+    /// The outcome to record for the final `values`.
+    pub fn outcome(&self, values: &[f64]) -> crate::record::CiOutcome {
+        let achieved = self.half_width_pct_of(values);
+        crate::record::CiOutcome {
+            confidence_pct: self.confidence_pct,
+            half_width_pct: self.half_width_pct,
+            achieved_half_width_pct: if achieved.is_finite() { achieved } else { -1.0 },
+            met: achieved <= self.half_width_pct,
+        }
+    }
+}
+
 /// The measurement method of a point.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Method {
     /// Measured repetitions, at least 1.
     pub reps: u32,
@@ -31,6 +120,9 @@ pub struct Method {
     /// Uncounted warm-up iterations before calibration; `None` picks 10% of
     /// a fixed count (at most 10,000), or none beyond calibration for a budget.
     pub warmup: Option<u64>,
+    /// Repeat until this confidence target is met instead of exactly `reps`
+    /// times; `None` keeps the seeds' fixed count.
+    pub ci: Option<CiTarget>,
 }
 
 /// The server role's report of one repetition, received over the control
@@ -114,6 +206,8 @@ pub struct PointMeasurement {
     pub warmup_iterations: u64,
     /// Round trips of all measured repetitions, in nanoseconds.
     pub rtt_hist: LatencyHistogram,
+    /// What `--ci` achieved, when the method asked for a target.
+    pub ci: Option<crate::record::CiOutcome>,
 }
 
 /// Calibration stops once a trial fills this fraction of the budget.
@@ -191,8 +285,10 @@ fn check_bytes(
     }
 }
 
-/// Measures one point: warm-up, calibration, then `method.reps` repetitions.
-/// `on_rep` is called after each measured repetition with its index.
+/// Measures one point: warm-up, calibration, then `method.reps` repetitions,
+/// or with a [`CiTarget`] as many as it needs (judged on the client role's
+/// per-repetition value). `on_rep` is called after each measured repetition
+/// with its index.
 pub fn measure_point(
     role: &mut dyn ClientRole,
     peer: &mut dyn PeerControl,
@@ -243,21 +339,70 @@ pub fn measure_point(
 
     let mut rtt_hist = LatencyHistogram::new();
     let mut reps = Vec::with_capacity(method.reps as usize);
-    for i in 0..method.reps {
-        reps.push(d.rep(iterations_per_rep, Phase::Measure, &mut rtt_hist)?);
+    let mut values = Vec::new();
+    let mut i = 0u32;
+    loop {
+        let done = match &method.ci {
+            None => i >= method.reps,
+            Some(target) => target.done(&values),
+        };
+        if done {
+            break;
+        }
+        let m = d.rep(iterations_per_rep, Phase::Measure, &mut rtt_hist)?;
+        values.push(m.client.value);
+        reps.push(m);
         on_rep(i);
+        i += 1;
     }
     Ok(PointMeasurement {
         reps,
         iterations_per_rep,
         warmup_iterations,
         rtt_hist,
+        ci: method.ci.map(|t| t.outcome(&values)),
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn target() -> CiTarget {
+        CiTarget::new(99.0, 2.0, 3, 30).expect("valid target")
+    }
+
+    #[test]
+    fn ci_stops_once_the_interval_is_narrow_enough() {
+        let t = target();
+        assert!(!t.done(&[100.0, 100.1]), "fewer than the minimum");
+        assert!(t.done(&[100.0, 100.1, 99.9]));
+        let outcome = t.outcome(&[100.0, 100.1, 99.9]);
+        assert!(outcome.met && outcome.achieved_half_width_pct < 2.0);
+    }
+
+    #[test]
+    fn ci_gives_up_at_the_maximum_and_says_so() {
+        let t = target();
+        let noisy: Vec<f64> = (0..30)
+            .map(|i| if i % 2 == 0 { 50.0 } else { 150.0 })
+            .collect();
+        assert!(!t.done(&noisy[..29]));
+        assert!(t.done(&noisy));
+        let outcome = t.outcome(&noisy);
+        assert!(
+            !outcome.met && outcome.achieved_half_width_pct > 2.0,
+            "{outcome:?}"
+        );
+    }
+
+    #[test]
+    fn ci_targets_are_checked() {
+        assert!(CiTarget::new(100.0, 2.0, 3, 30).is_err());
+        assert!(CiTarget::new(99.0, 0.0, 3, 30).is_err());
+        assert!(CiTarget::new(99.0, 2.0, 1, 30).is_err());
+        assert!(CiTarget::new(99.0, 2.0, 5, 4).is_err());
+    }
 
     #[test]
     fn a_reliable_flow_must_deliver_every_byte() {

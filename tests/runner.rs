@@ -4,7 +4,9 @@
 
 use netgap::bench::{ClientRole, RepOutcome};
 use netgap::proto::message::Phase;
-use netgap::runner::{measure_point, IterationPolicy, Method, PeerControl, RunError, ServerRep};
+use netgap::runner::{
+    measure_point, CiTarget, IterationPolicy, Method, PeerControl, RunError, ServerRep,
+};
 use netgap::stats::LatencyHistogram;
 use netgap::transport::FlowError;
 use std::time::Duration;
@@ -100,6 +102,7 @@ fn fixed_iterations_warm_up_then_run_every_repetition() {
         reps: 5,
         iterations: IterationPolicy::Fixed(2000),
         warmup: None,
+        ci: None,
     };
     let mut seen = Vec::new();
     let m = measure_point(&mut role, &mut peer, &method, &mut |i| seen.push(i)).expect("measured");
@@ -125,6 +128,7 @@ fn a_time_budget_is_filled_by_calibration() {
         reps: 3,
         iterations: IterationPolicy::Budget(Duration::from_millis(100)),
         warmup: Some(7),
+        ci: None,
     };
     let m = measure_point(&mut role, &mut peer, &method, &mut |_| {}).expect("measured");
     assert_eq!(m.iterations_per_rep, 10_000);
@@ -142,6 +146,7 @@ fn a_lost_byte_is_a_byte_mismatch_naming_the_direction() {
         reps: 4,
         iterations: IterationPolicy::Fixed(10),
         warmup: Some(0),
+        ci: None,
     };
     let e = measure_point(&mut role, &mut peer, &method, &mut |_| {})
         .err()
@@ -157,4 +162,79 @@ fn a_lost_byte_is_a_byte_mismatch_naming_the_direction() {
         ),
         "{e}"
     );
+}
+
+/// A role whose repetitions report the values of `script` in turn.
+struct ScriptedRole {
+    script: Vec<f64>,
+    next: usize,
+}
+
+impl ClientRole for ScriptedRole {
+    fn run(
+        &mut self,
+        iterations: u64,
+        _rtt_hist: &mut LatencyHistogram,
+    ) -> Result<RepOutcome, FlowError> {
+        let value = self.script[self.next % self.script.len()];
+        self.next += 1;
+        Ok(RepOutcome {
+            elapsed_ns: 1000 * iterations,
+            value,
+            bytes_tx: 8 * iterations,
+            bytes_rx: 8 * iterations,
+            helper_cpu_ns: 0,
+        })
+    }
+}
+
+fn ci_method() -> Method {
+    Method {
+        reps: 10,
+        iterations: IterationPolicy::Fixed(10),
+        warmup: Some(0),
+        ci: Some(CiTarget::new(99.0, 2.0, 3, 12).expect("valid target")),
+    }
+}
+
+#[test]
+fn ci_stops_at_the_minimum_when_the_repetitions_agree() {
+    let (_, mut peer) = setup(1000, None);
+    let mut role = ScriptedRole {
+        script: vec![100.0, 100.2, 99.9, 100.1],
+        next: 0,
+    };
+    let m = measure_point(&mut role, &mut peer, &ci_method(), &mut |_| {}).expect("measured");
+    assert_eq!(m.reps.len(), 3);
+    let ci = m.ci.expect("a --ci point records its outcome");
+    assert!(ci.met, "{ci:?}");
+    assert!(ci.achieved_half_width_pct <= 2.0);
+    assert_eq!((ci.confidence_pct, ci.half_width_pct), (99.0, 2.0));
+}
+
+#[test]
+fn ci_repeats_up_to_the_maximum_and_reports_a_missed_target() {
+    let (_, mut peer) = setup(1000, None);
+    let mut role = ScriptedRole {
+        script: vec![60.0, 140.0],
+        next: 0,
+    };
+    let m = measure_point(&mut role, &mut peer, &ci_method(), &mut |_| {}).expect("measured");
+    assert_eq!(m.reps.len(), 12);
+    let ci = m.ci.expect("outcome recorded");
+    assert!(!ci.met && ci.achieved_half_width_pct > 2.0, "{ci:?}");
+}
+
+#[test]
+fn ci_keeps_going_until_a_noisy_start_settles() {
+    let (_, mut peer) = setup(1000, None);
+    let mut script = vec![80.0, 120.0];
+    script.extend(std::iter::repeat_n(100.0, 40));
+    let mut role = ScriptedRole { script, next: 0 };
+    let mut method = ci_method();
+    method.ci = Some(CiTarget::new(95.0, 5.0, 3, 40).expect("valid"));
+    let m = measure_point(&mut role, &mut peer, &method, &mut |_| {}).expect("measured");
+    let n = m.reps.len();
+    assert!(n > 3 && n < 40, "{n} repetitions");
+    assert!(m.ci.expect("outcome").met);
 }

@@ -6,6 +6,7 @@
 
 pub mod bibw;
 pub mod bibw_pingpong;
+pub mod logp;
 pub mod payload;
 pub mod pingpong;
 pub mod stream;
@@ -127,6 +128,9 @@ pub fn registry() -> &'static [&'static dyn Test] {
         &stream::Stream,
         &bibw_pingpong::BibwPingPong,
         &bibw::Bibw,
+        &logp::SEND,
+        &logp::RECV,
+        &logp::HALF_RTT,
     ]
 }
 

@@ -187,6 +187,13 @@ pub trait Receiver: Send {
     fn lost_bytes(&self) -> u64 {
         0
     }
+
+    /// Bytes that have arrived and wait to be received (FIONREAD on a
+    /// socket), so a caller can time a receive of data already there
+    /// (logp's receive overhead); `None` when the transport cannot tell.
+    fn ready_bytes(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// One data connection between two endpoints.

@@ -36,6 +36,8 @@ pub trait StreamSocket: Read + Write + Send + Sized {
     fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()>;
     /// SO_SNDTIMEO.
     fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()>;
+    /// Bytes queued for reading (FIONREAD).
+    fn queued_bytes(&self) -> io::Result<usize>;
 }
 
 macro_rules! stream_socket {
@@ -53,9 +55,24 @@ macro_rules! stream_socket {
             fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
                 <$t>::set_write_timeout(self, t)
             }
+            fn queued_bytes(&self) -> io::Result<usize> {
+                queued_bytes(std::os::fd::AsRawFd::as_raw_fd(self))
+            }
         }
     };
 }
+/// FIONREAD on a stream socket: bytes in its receive queue.
+fn queued_bytes(fd: std::os::fd::RawFd) -> io::Result<usize> {
+    let mut n: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one c_int through the pointer, which points to
+    // a live local; `fd` is open for as long as the socket that lent it.
+    let rc = unsafe { libc::ioctl(fd, libc::FIONREAD, &mut n as *mut libc::c_int) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(usize::try_from(n).unwrap_or(0))
+}
+
 stream_socket!(std::net::TcpStream);
 stream_socket!(std::os::unix::net::UnixStream);
 
@@ -156,6 +173,10 @@ impl<S: StreamSocket> Receiver for Half<S> {
     fn recv_some(&mut self, buf: &mut [u8]) -> Result<usize, FlowError> {
         self.progress(|s| s.read(buf))
     }
+
+    fn ready_bytes(&self) -> Option<u64> {
+        self.socket.queued_bytes().ok().map(|n| n as u64)
+    }
 }
 
 impl<S: StreamSocket + 'static> Flow for StreamFlow<S> {
@@ -218,6 +239,10 @@ impl Receiver for QuickAckReceiver {
             super::tcp::set_quickack(self.inner.socket()).map_err(option_failed)?;
         }
         Ok(n)
+    }
+
+    fn ready_bytes(&self) -> Option<u64> {
+        self.inner.ready_bytes()
     }
 }
 

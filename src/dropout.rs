@@ -1,0 +1,216 @@
+//! Dropout detection for a sweep (NetPIPE's "problem points"): sizes whose
+//! throughput falls below that of smaller sizes by more than the
+//! measurement noise. Plain arithmetic on summaries, no I/O.
+//!
+//! Each point is judged the moment it is measured, against the points
+//! already measured with sizes from half its size up to its own (the
+//! previous octave: its smaller neighbours, perturbations included). The
+//! reference is the neighbour with the highest throughput. The point is a
+//! dropout when the reference's value exceeds the point's by more than
+//! [`NOISE_SIGMAS`] times the combined standard deviation of both points'
+//! trials, `sqrt(sd_ref² + sd_point²)`. The threshold thus follows the
+//! spread each run actually had, not a fixed percentage: a quiet machine
+//! flags small, real dips; a noisy one flags only deep ones.
+//!
+//! A standard deviation from a handful of trials is itself uncertain: one
+//! point may happen to show almost no spread. So each point's deviation is
+//! taken as at least its value times the median coefficient of variation of
+//! the points compared (the window and the point), a spread pooled over
+//! neighbouring sizes. A point or reference with fewer than two trials has
+//! no spread and is not judged.
+
+use crate::record::Dropout;
+
+/// How many combined standard deviations a dip must exceed.
+/// Four, not three: the reference is the best of several neighbours, which
+/// favours a lucky high one.
+pub const NOISE_SIGMAS: f64 = 4.0;
+
+/// One measured point as the detector sees it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PointThroughput {
+    /// Block size in bytes.
+    pub size_bytes: u64,
+    /// Headline throughput (any unit, the same for all points).
+    pub value: f64,
+    /// Sample standard deviation of the point's trials, same unit.
+    pub stdev: f64,
+    /// Number of trials.
+    pub trials: usize,
+}
+
+/// Judges the points of one sweep in measurement order (sizes increasing).
+#[derive(Debug, Clone, Default)]
+pub struct DropoutDetector {
+    history: Vec<PointThroughput>,
+}
+
+impl DropoutDetector {
+    /// A detector with no points yet.
+    pub fn new() -> DropoutDetector {
+        DropoutDetector::default()
+    }
+
+    /// Judges `point` against the smaller points seen so far, then keeps it
+    /// as a neighbour for later points. Returns the dropout if it is one.
+    pub fn judge(&mut self, point: PointThroughput) -> Option<Dropout> {
+        let verdict = self.assess(&point);
+        self.keep(point);
+        verdict
+    }
+
+    /// Keeps `point` as a neighbour for later points without judging it.
+    pub fn keep(&mut self, point: PointThroughput) {
+        self.history.push(point);
+    }
+
+    /// Judges `point` against the smaller points seen so far without keeping
+    /// it, so a caller can re-measure a suspect point before deciding.
+    pub fn assess(&self, point: &PointThroughput) -> Option<Dropout> {
+        if point.trials < 2 || !point.value.is_finite() {
+            return None;
+        }
+        let lowest = point.size_bytes / 2;
+        let window: Vec<&PointThroughput> = self
+            .history
+            .iter()
+            .filter(|p| p.size_bytes >= lowest && p.size_bytes < point.size_bytes)
+            .filter(|p| p.trials >= 2 && p.value.is_finite() && p.value > 0.0)
+            .collect();
+        let reference = *window.iter().max_by(|a, b| a.value.total_cmp(&b.value))?;
+        let cvs: Vec<f64> = window
+            .iter()
+            .copied()
+            .chain(std::iter::once(point))
+            .filter(|p| p.value > 0.0)
+            .map(|p| p.stdev / p.value)
+            .collect();
+        let pooled_cv = crate::stats::median(&cvs).unwrap_or(0.0);
+        let spread = |p: &PointThroughput| p.stdev.max(p.value.abs() * pooled_cv);
+        let dip = reference.value - point.value;
+        let noise = (spread(reference).powi(2) + spread(point).powi(2)).sqrt();
+        if dip > NOISE_SIGMAS * noise && dip > 0.0 {
+            Some(Dropout {
+                depth_pct: 100.0 * dip / reference.value,
+                reference_size_bytes: reference.size_bytes,
+                reference_value: reference.value,
+            })
+        } else {
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sizing::{sweep_sizes, Growth};
+
+    /// A clean loopback-like curve: throughput rises with size and levels
+    /// off, with 2% trial spread.
+    fn clean(size: u64) -> f64 {
+        let s = size as f64;
+        40.0 * s / (s + 20_000.0)
+    }
+
+    fn point(size: u64, value: f64) -> PointThroughput {
+        PointThroughput {
+            size_bytes: size,
+            value,
+            stdev: 0.02 * value,
+            trials: 5,
+        }
+    }
+
+    fn run(curve: impl Fn(u64) -> f64) -> Vec<(u64, Dropout)> {
+        let mut d = DropoutDetector::new();
+        sweep_sizes(1, 8 << 20, Growth::NetPipe, 3)
+            .expect("valid")
+            .into_iter()
+            .filter_map(|s| d.judge(point(s, curve(s))).map(|x| (s, x)))
+            .collect()
+    }
+
+    #[test]
+    fn a_clean_curve_has_no_dropouts() {
+        assert_eq!(run(clean), []);
+    }
+
+    #[test]
+    fn small_wobbles_within_the_noise_are_not_dropouts() {
+        // ±3% alternation with 2% trial spread: within 3 combined sigmas.
+        let found = run(|s| clean(s) * if s % 2 == 0 { 1.03 } else { 0.97 });
+        assert_eq!(found, []);
+    }
+
+    #[test]
+    fn a_planted_dip_is_found_with_its_depth_and_reference() {
+        // Sizes 96K ± 3 lose 40%, as a delayed-ACK stall would cost.
+        let dip = |s: u64| {
+            if (98_301..=98_307).contains(&s) {
+                clean(s) * 0.6
+            } else {
+                clean(s)
+            }
+        };
+        let found = run(dip);
+        let sizes: Vec<u64> = found.iter().map(|(s, _)| *s).collect();
+        assert_eq!(sizes, [98_301, 98_304, 98_307]);
+        let (_, first) = found[0];
+        assert_eq!(first.reference_size_bytes, 65_539);
+        let expected = 100.0 * (1.0 - 0.6 * clean(98_301) / clean(65_539));
+        assert!((first.depth_pct - expected).abs() < 1e-9, "{first:?}");
+        assert!(first.depth_pct > 30.0);
+        assert!((first.reference_value - clean(65_539)).abs() < 1e-9);
+    }
+
+    #[test]
+    fn the_threshold_follows_the_spread() {
+        let mut quiet = DropoutDetector::new();
+        quiet.judge(point(1000, 10.0));
+        assert!(
+            quiet.judge(point(1500, 8.5)).is_some(),
+            "15% dip, 2% spread"
+        );
+        let mut noisy = DropoutDetector::new();
+        let wide = |size, value| PointThroughput {
+            stdev: 0.1 * value,
+            ..point(size, value)
+        };
+        noisy.judge(wide(1000, 10.0));
+        assert!(
+            noisy.judge(wide(1500, 8.5)).is_none(),
+            "15% dip, 10% spread"
+        );
+    }
+
+    #[test]
+    fn one_point_with_a_lucky_small_spread_does_not_lower_the_bar() {
+        let mut d = DropoutDetector::new();
+        let with_cv = |size, value, cv: f64| PointThroughput {
+            stdev: cv * value,
+            ..point(size, value)
+        };
+        d.judge(with_cv(1000, 10.0, 0.08));
+        d.judge(with_cv(1100, 10.2, 0.1));
+        d.judge(with_cv(1200, 10.1, 0.09));
+        // 20% below with a 1% spread of its own: within the pooled noise.
+        assert!(d.judge(with_cv(1300, 8.2, 0.01)).is_none());
+    }
+
+    #[test]
+    fn points_without_a_spread_or_neighbours_are_not_judged() {
+        let mut d = DropoutDetector::new();
+        assert!(d.judge(point(1000, 10.0)).is_none(), "no neighbour yet");
+        let single = PointThroughput {
+            trials: 1,
+            stdev: 0.0,
+            ..point(1500, 1.0)
+        };
+        assert!(d.judge(single).is_none());
+        assert!(
+            d.judge(point(5000, 1.0)).is_none(),
+            "1000 is over an octave away"
+        );
+    }
+}
