@@ -92,29 +92,34 @@ pub fn gap_table(records: &[Loaded]) -> Vec<GapEntry> {
     let hosts = several_hosts(records);
     // (test, metric, band) -> stack -> size -> (value, ci)
     type Points = BTreeMap<String, BTreeMap<u64, (f64, Ci)>>;
-    let mut groups: BTreeMap<(String, String, Band), Points> = BTreeMap::new();
+    let mut groups: BTreeMap<(String, Option<u32>, String, Band), Points> = BTreeMap::new();
     for l in records {
         let r = &l.record;
         if !r.value.is_finite() || r.value <= 0.0 {
             continue;
         }
-        let test = match l.extras.clients {
-            Some(c) => format!("{} x{c} clients", r.test),
-            None => r.test.clone(),
-        };
         let ci = r.stats.as_ref().map(|s| (s.ci95_low, s.ci95_high));
         groups
-            .entry((test, r.metric.clone(), Band::of(r.size_bytes)))
+            .entry((
+                r.test.clone(),
+                l.extras.clients,
+                r.metric.clone(),
+                Band::of(r.size_bytes),
+            ))
             .or_default()
             .entry(stack_label(l, hosts))
             .or_default()
             .insert(r.size_bytes, (r.value, ci));
     }
     let mut out = Vec::new();
-    for ((test, metric, band), stacks) in groups {
+    for ((test, clients, metric, band), stacks) in groups {
         if stacks.len() < 2 {
             continue;
         }
+        let test = match clients {
+            Some(c) => format!("{test} x{c} clients"),
+            None => test,
+        };
         let mut shared: Option<BTreeSet<u64>> = None;
         for pts in stacks.values() {
             let sizes: BTreeSet<u64> = pts.keys().copied().collect();

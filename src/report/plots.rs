@@ -93,7 +93,8 @@ fn no_marks(_: &Loaded, _: f64, _: f64) -> Option<Mark> {
 pub fn plots(records: &[Loaded]) -> Vec<Plot> {
     let hosts = several_hosts(records);
     let mut groups: BTreeMap<(String, String), Vec<&Loaded>> = BTreeMap::new();
-    for l in records {
+    let logp: Vec<&Loaded> = records.iter().filter(|l| l.record.test == "logp").collect();
+    for l in records.iter().filter(|l| l.record.test != "logp") {
         groups
             .entry((l.record.test.clone(), l.record.metric.clone()))
             .or_default()
@@ -205,6 +206,23 @@ pub fn plots(records: &[Loaded]) -> Vec<Plot> {
             }));
         }
     }
+    if !logp.is_empty() {
+        // LogP's parameters share a unit (µs), so they are read best together.
+        let series = series_of(
+            logp.iter().map(|l| {
+                let param = l.record.metric.trim_end_matches("_us").replace('_', " ");
+                let name = format!("{} {param}", stack_label(l, hosts));
+                (name, l.record.size_bytes as f64, l.record.value, *l)
+            }),
+            no_marks,
+        );
+        out.push(Plot::Line(LinePlot {
+            title: "logp: LogP parameters (o_s, o_r, g, L) against size".into(),
+            x: Axis::size(),
+            y: Axis::log("time (µs)"),
+            series,
+        }));
+    }
     if let Some(cpu) = cpu_bars(records, hosts) {
         out.push(Plot::Bars(cpu));
     }
@@ -224,7 +242,7 @@ fn cpu_bars(records: &[Loaded], hosts: bool) -> Option<BarChart> {
             e[1].push(c.remote.process_percent);
         }
         for h in &l.extras.hosts_cpu {
-            let e = rows.entry(format!("{base} {}", h.host)).or_default();
+            let e = rows.entry(format!("{base} on {}", h.host)).or_default();
             let i = usize::from(h.role == "server");
             e[i].push(h.cpu.process_percent);
         }
