@@ -40,7 +40,6 @@ pub fn render(r: &Report) -> String {
         let _ = writeln!(o, "<li>{}</li>", escape(c));
     }
     o.push_str("</ul>\n");
-    gap_table(&mut o, r);
     o.push_str("<h2 id=\"plots\">Plots</h2>\n");
     for (i, p) in r.plots.iter().enumerate() {
         let _ = writeln!(
@@ -52,6 +51,7 @@ pub fn render(r: &Report) -> String {
             escape(p.title())
         );
     }
+    gap_table(&mut o, r);
     environment(&mut o, r);
     o.push_str("<h2 id=\"warnings\">Warnings</h2>\n");
     if r.warnings.is_empty() {
