@@ -64,8 +64,20 @@ fn files(dir: &Path, plant: bool) -> (std::path::PathBuf, std::path::PathBuf) {
     let (mut base, mut new) = (Vec::new(), Vec::new());
     for (test, transport, size, metric, b, n) in POINTS {
         let n = if plant { n } else { b };
-        base.push(record(test, transport, size, metric, &noise.reps(b, 0.02, 10)));
-        new.push(record(test, transport, size, metric, &noise.reps(n, 0.02, 10)));
+        base.push(record(
+            test,
+            transport,
+            size,
+            metric,
+            &noise.reps(b, 0.02, 10),
+        ));
+        new.push(record(
+            test,
+            transport,
+            size,
+            metric,
+            &noise.reps(n, 0.02, 10),
+        ));
     }
     let (bp, np) = (dir.join("base.jsonl"), dir.join("new.jsonl"));
     write(&bp, &base);
@@ -82,7 +94,10 @@ fn compare(base: &Path, new: &Path, extra: &[&str]) -> (Option<i32>, String) {
         .args(extra)
         .output()
         .expect("runs");
-    (o.status.code(), String::from_utf8_lossy(&o.stdout).into_owned())
+    (
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+    )
 }
 
 fn line<'a>(out: &'a str, label: &str) -> &'a str {
@@ -100,7 +115,10 @@ fn finds_the_planted_regression_and_improvement_and_not_the_noise() {
     let reg = line(&out, "pingpong tcp/event 64 latency_us");
     assert!(reg.contains("worse") && reg.contains("REGRESSION"), "{reg}");
     let imp = line(&out, "stream tcp/event 1M bandwidth_gbps");
-    assert!(imp.contains("better") && !imp.contains("REGRESSION"), "{imp}");
+    assert!(
+        imp.contains("better") && !imp.contains("REGRESSION"),
+        "{imp}"
+    );
     for label in [
         "pingpong unix/event 64 ",
         "pingpong unix/event 1K ",
@@ -146,7 +164,10 @@ fn bad_threshold_and_disjoint_files_are_one_line_errors() {
     assert_ne!(o.status.code(), Some(0));
     assert_eq!(String::from_utf8_lossy(&o.stderr).lines().count(), 1);
     let other = dir.path().join("other.jsonl");
-    write(&other, &[record("bibw", "tcp", 1, "bandwidth_gbps", &[1.0, 1.1])]);
+    write(
+        &other,
+        &[record("bibw", "tcp", 1, "bandwidth_gbps", &[1.0, 1.1])],
+    );
     let o = Command::cargo_bin("netgap")
         .expect("binary built")
         .arg("compare")

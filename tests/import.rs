@@ -37,7 +37,14 @@ fn records(format: &str, name: &str, extra: &[&str]) -> Vec<Value> {
 
 /// Fields no peer tool measures here must be empty, not invented.
 fn assert_unmeasured_empty(r: &Value) {
-    for key in ["host", "peer_host", "options", "cpu", "bytes", "iterations_per_rep"] {
+    for key in [
+        "host",
+        "peer_host",
+        "options",
+        "cpu",
+        "bytes",
+        "iterations_per_rep",
+    ] {
         assert!(r[key].is_null(), "{key} should be empty in {r}");
     }
     // Every imported record parses as a netgap record.
@@ -62,7 +69,9 @@ fn iperf3_json_gives_receiver_throughput_with_intervals_as_repetitions() {
     assert_eq!(r["transport"], "tcp");
     assert_eq!(r["metric"], "bandwidth_gbps");
     assert_eq!(r["size_bytes"], raw["start"]["test_start"]["blksize"]);
-    let bps = raw["end"]["sum_received"]["bits_per_second"].as_f64().unwrap();
+    let bps = raw["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .unwrap();
     assert!(close(r["value"].as_f64().unwrap(), bps / 1e9));
     let intervals = raw["intervals"].as_array().unwrap().len();
     let reps = r["stats"]["reps"].as_array().unwrap();
@@ -88,7 +97,10 @@ fn netpipe_lines_give_one_way_latency_and_payload_bandwidth() {
         assert_eq!(pair[0]["metric"], "latency_us");
         assert!(close(pair[0]["value"].as_f64().unwrap(), seconds * 1e6));
         assert_eq!(pair[1]["metric"], "bandwidth_gbps");
-        assert!(close(pair[1]["value"].as_f64().unwrap(), size * 8.0 / seconds / 1e9));
+        assert!(close(
+            pair[1]["value"].as_f64().unwrap(),
+            size * 8.0 / seconds / 1e9
+        ));
         for r in pair {
             assert_eq!(r["tool"], "NPtcp");
             assert_eq!(r["size_bytes"].as_f64().unwrap(), size);
@@ -104,11 +116,21 @@ fn sockperf_ping_pong_needs_the_size_and_keeps_percentiles() {
     assert_eq!(o.status.code(), Some(1));
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(err.lines().count(), 1, "{err}");
-    assert!(err.contains("sockperf-pingpong.txt") && err.contains("--size"), "{err}");
+    assert!(
+        err.contains("sockperf-pingpong.txt") && err.contains("--size"),
+        "{err}"
+    );
 
-    let recs = records("sockperf", "import/sockperf-pingpong.txt", &["--size", "64"]);
+    let recs = records(
+        "sockperf",
+        "import/sockperf-pingpong.txt",
+        &["--size", "64"],
+    );
     let r = &recs[0];
-    assert_eq!((r["tool"].as_str(), r["test"].as_str()), (Some("sockperf"), Some("pingpong")));
+    assert_eq!(
+        (r["tool"].as_str(), r["test"].as_str()),
+        (Some("sockperf"), Some("pingpong"))
+    );
     assert_eq!(r["size_bytes"], 64);
     assert_eq!(r["transport"], "tcp");
     assert!(close(r["value"].as_f64().unwrap(), 8.295));
@@ -146,10 +168,17 @@ fn malformed_files_give_one_line_naming_file_and_line() {
     let full = std::fs::read_to_string(fixture("import/iperf3-tcp.json")).expect("fixture");
     std::fs::write(&truncated, &full[..full.len() / 2]).expect("write");
     let osu = dir.path().join("osu.txt");
-    std::fs::write(&osu, "# OSU MPI Latency Test v7.3\n# Size Latency (us)\n1 0.2\n2 fast\n")
-        .expect("write");
+    std::fs::write(
+        &osu,
+        "# OSU MPI Latency Test v7.3\n# Size Latency (us)\n1 0.2\n2 fast\n",
+    )
+    .expect("write");
     for (format, file, wanted) in [
-        ("netpipe", fixture("import-malformed/nptcp-bad.out"), "nptcp-bad.out:2:"),
+        (
+            "netpipe",
+            fixture("import-malformed/nptcp-bad.out"),
+            "nptcp-bad.out:2:",
+        ),
         ("iperf3", truncated.clone(), "cut.json:"),
         ("osu", osu.clone(), "osu.txt:4:"),
         ("sockperf", fixture("import/osu_bw.txt"), "osu_bw.txt:"),
@@ -168,7 +197,10 @@ fn malformed_files_give_one_line_naming_file_and_line() {
 fn imported_records_plot_beside_netgaps_own() {
     let dir = tempfile::tempdir().expect("tempdir");
     let out = dir.path().join("peers.jsonl");
-    for (format, name) in [("netpipe", "import/nptcp.out"), ("iperf3", "import/iperf3-tcp.json")] {
+    for (format, name) in [
+        ("netpipe", "import/nptcp.out"),
+        ("iperf3", "import/iperf3-tcp.json"),
+    ] {
         let o = Command::cargo_bin("netgap")
             .expect("binary built")
             .args(["import", format])

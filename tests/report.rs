@@ -46,8 +46,12 @@ fn snapshot(name: &str, actual: &str) {
         std::fs::write(&path, actual).expect("write snapshot");
         return;
     }
-    let expected = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("{}: {e} (run with NETGAP_UPDATE_SNAPSHOTS=1)", path.display()));
+    let expected = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e} (run with NETGAP_UPDATE_SNAPSHOTS=1)",
+            path.display()
+        )
+    });
     if expected != actual {
         let line = expected
             .lines()
@@ -71,7 +75,14 @@ fn gap_table_snapshot() {
         assert_eq!(e.rows[0].ratio, 1.0);
         let lower = load::lower_is_better(&e.metric);
         for r in &e.rows[1..] {
-            assert!(if lower { r.ratio >= 1.0 } else { r.ratio <= 1.0 }, "{e:?}");
+            assert!(
+                if lower {
+                    r.ratio >= 1.0
+                } else {
+                    r.ratio <= 1.0
+                },
+                "{e:?}"
+            );
         }
     }
 }
@@ -143,7 +154,10 @@ fn report_page_snapshot_and_structure() {
     // Self-contained: nothing is fetched.
     for external in ["<script src", "<link", "http://", "https://", "@import"] {
         let outside_svg_ns = html.replace("http://www.w3.org/2000/svg", "");
-        assert!(!outside_svg_ns.contains(external), "page refers to {external}");
+        assert!(
+            !outside_svg_ns.contains(external),
+            "page refers to {external}"
+        );
     }
     // The environment names both kernels of the multi-host fixture and warns.
     assert!(html.contains("6.8.0") && html.contains("6.1.0"));
@@ -151,7 +165,10 @@ fn report_page_snapshot_and_structure() {
         .warnings
         .iter()
         .any(|w| w.contains("different kernel/CPU combinations")));
-    assert!(report.warnings.iter().any(|w| w.contains("throughput drops 40%")));
+    assert!(report
+        .warnings
+        .iter()
+        .any(|w| w.contains("throughput drops 40%")));
     assert!(report
         .warnings
         .iter()
@@ -252,4 +269,43 @@ fn bad_results_files_give_one_line_naming_file_and_line() {
     assert_eq!(missing.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&missing.stderr).contains("none.jsonl"));
     assert!(!dir.path().join("r.html").exists());
+}
+
+#[test]
+fn a_peer_tool_with_other_sizes_is_compared_on_the_sizes_it_shares() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut recs: Vec<load::Loaded> = loaded()
+        .into_iter()
+        .filter(|l| l.record.test == "pingpong")
+        .collect();
+    let np = netgap::import::import_file(
+        "netpipe",
+        &root.join("tests/fixtures/import/nptcp.out"),
+        None,
+    )
+    .expect("NetPIPE fixture imports");
+    recs.extend(np.into_iter().map(|record| load::Loaded {
+        record,
+        extras: load::Extras::default(),
+        file: PathBuf::from("nptcp.out"),
+    }));
+    let table = gap::gap_table(&recs);
+    for band in [gap::Band::Small, gap::Band::Medium, gap::Band::Large] {
+        let e = table
+            .iter()
+            .find(|e| e.test == "pingpong" && e.metric == "latency_us" && e.band == band)
+            .unwrap_or_else(|| panic!("pingpong latency {band:?}"));
+        // NetPIPE measured many sizes netgap did not: it is the reference,
+        // and netgap's stacks still compare on the sizes they share with it.
+        assert_eq!(e.rows.len(), 3, "{e:?}");
+        let np = e
+            .rows
+            .iter()
+            .find(|r| r.stack == "tcp [NPtcp]")
+            .expect("NPtcp row");
+        assert!(np.ratio.is_finite() && np.ratio > 0.0);
+        if np.verdict != "best" {
+            assert_eq!(np.verdict, "no confidence interval");
+        }
+    }
 }

@@ -57,7 +57,10 @@ fn run_chromium(bin: &Path, url: &str, args: &[String]) -> Output {
         ])
         .args(args)
         .arg(url)
-        .arg(format!("--user-data-dir={}", profile.path().join("profile").display()))
+        .arg(format!(
+            "--user-data-dir={}",
+            profile.path().join("profile").display()
+        ))
         .stdout(file(&out_path))
         .stderr(file(&err_path))
         .spawn()
@@ -157,6 +160,10 @@ fn the_report_opens_in_headless_chromium_with_every_plot() {
     assert!(s.success, "chromium --screenshot failed: {}", s.stderr);
     let png = std::fs::read(&shot).expect("screenshot written");
     assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
-    assert!(png.len() > 10_000, "screenshot is blank-sized: {} bytes", png.len());
+    assert!(
+        png.len() > 10_000,
+        "screenshot is blank-sized: {} bytes",
+        png.len()
+    );
     eprintln!("screenshot: {}", shot.display());
 }

@@ -20,11 +20,12 @@ impl Importer for Iperf3 {
     }
 
     fn parse(&self, text: &str, ctx: &ImportContext) -> Result<Vec<ResultRecord>, ParseError> {
-        let doc: Value = serde_json::from_str(text).map_err(|e| {
-            ParseError::at(e.line().max(1), format!("not iperf3 JSON: {e}"))
-        })?;
+        let doc: Value = serde_json::from_str(text)
+            .map_err(|e| ParseError::at(e.line().max(1), format!("not iperf3 JSON: {e}")))?;
         if let Some(err) = doc.get("error").and_then(Value::as_str) {
-            return Err(ParseError::whole(format!("iperf3 reported an error: {err}")));
+            return Err(ParseError::whole(format!(
+                "iperf3 reported an error: {err}"
+            )));
         }
         let start = doc
             .get("start")

@@ -198,7 +198,10 @@ fn number(text: &str, what: &str, line: usize) -> Result<f64, ParseError> {
         Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
         _ => Err(ParseError::at(
             line,
-            format!("expected {what} as a non-negative number, found {:?}", text.trim()),
+            format!(
+                "expected {what} as a non-negative number, found {:?}",
+                text.trim()
+            ),
         )),
     }
 }

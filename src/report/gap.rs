@@ -3,19 +3,22 @@
 //! the repetitions deciding whether each gap is real or noise.
 //!
 //! Bands: *small* is under 1 KiB, *medium* under 64 KiB, *large* 64 KiB and
-//! up. Within a band a stack's value is the geometric mean of its headline
-//! values over the sizes every stack of the band measured (so no stack gains
-//! from sizes the others skipped); when they share no size, each stack's own
-//! sizes are used and the row says so. The best stack has the lowest value
-//! for latency-like metrics (`_us`, `_ns`) and the highest otherwise. A gap
-//! at one size is *real* when the two 95% confidence intervals are disjoint
-//! and *noise* when they overlap; the band's verdict is "real" or "within
-//! noise" when every shared size agrees, else it counts the real ones.
+//! up. Within a band the stack with the most sizes is the reference; each
+//! stack's standing is the geometric mean of its value over the reference's
+//! at the sizes both measured (so no stack gains from sizes another skipped,
+//! and a peer tool's different sizes still compare), and a stack sharing no
+//! size with the reference is left out. The best stack has the lowest
+//! standing for latency-like metrics (`_us`, `_ns`) and the highest
+//! otherwise; every ratio is to it. A gap at one size is *real* when the two
+//! stacks' 95% confidence intervals are disjoint and *noise* when they
+//! overlap; the row's verdict, over the sizes it shares with the best, is
+//! "real" or "within noise" when every size agrees, else it counts the real
+//! ones.
 //! Multi-client points are compared per number of clients.
 
 use super::load::{lower_is_better, Loaded};
 use super::plots::{several_hosts, stack_label};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 /// Upper bound (exclusive) of the small band, bytes.
@@ -61,12 +64,15 @@ impl Band {
 pub struct GapRow {
     /// The stack's label.
     pub stack: String,
-    /// Geometric mean of its values over the compared sizes, metric's unit.
+    /// Geometric mean of its values over the sizes it shares with the band's
+    /// reference stack, in the metric's unit.
     pub value: f64,
-    /// `value / best value`; 1 for the best.
+    /// Its standing over the best's (geometric mean of per-size ratios to
+    /// the reference, divided by the best's); 1 for the best.
     pub ratio: f64,
-    /// `best`, `real`, `within noise`, `real at k of n sizes`, or `no
-    /// confidence interval` when a side has no repetitions.
+    /// `best`, `real`, `within noise`, `real at k of n sizes`, `no
+    /// confidence interval` when a side has no repetitions, or `no size in
+    /// common with the best`.
     pub verdict: String,
 }
 
@@ -79,7 +85,7 @@ pub struct GapEntry {
     pub metric: String,
     /// The band.
     pub band: Band,
-    /// Sizes compared, bytes; empty when the stacks share none.
+    /// Sizes of the band's reference stack, bytes.
     pub sizes: Vec<u64>,
     /// The stacks, best first.
     pub rows: Vec<GapRow>,
@@ -120,66 +126,81 @@ pub fn gap_table(records: &[Loaded]) -> Vec<GapEntry> {
             Some(c) => format!("{test} x{c} clients"),
             None => test,
         };
-        let mut shared: Option<BTreeSet<u64>> = None;
-        for pts in stacks.values() {
-            let sizes: BTreeSet<u64> = pts.keys().copied().collect();
-            shared = Some(match shared {
-                None => sizes,
-                Some(s) => s.intersection(&sizes).copied().collect(),
-            });
-        }
-        let shared: Vec<u64> = shared.unwrap_or_default().into_iter().collect();
-        let geo = |pts: &BTreeMap<u64, (f64, Ci)>| -> f64 {
-            let vals: Vec<f64> = if shared.is_empty() {
-                pts.values().map(|v| v.0).collect()
-            } else {
-                shared.iter().filter_map(|s| pts.get(s).map(|v| v.0)).collect()
-            };
-            let n = vals.len().max(1) as f64;
-            (vals.iter().map(|v| v.ln()).sum::<f64>() / n).exp()
+        // The reference is the stack with the most sizes in the band; every
+        // stack is measured against it on the sizes both have, so a peer tool
+        // that measured other sizes still gets a fair ratio.
+        let Some((_, ref_pts)) = stacks
+            .iter()
+            .max_by(|a, b| a.1.len().cmp(&b.1.len()).then_with(|| b.0.cmp(a.0)))
+        else {
+            continue;
         };
-        let mut ranked: Vec<(&String, f64)> = stacks.iter().map(|(k, p)| (k, geo(p))).collect();
+        let mut ranked: Vec<(&String, f64, f64)> = Vec::new();
+        for (name, pts) in &stacks {
+            let both: Vec<u64> = pts
+                .keys()
+                .filter(|s| ref_pts.contains_key(s))
+                .copied()
+                .collect();
+            if both.is_empty() {
+                continue;
+            }
+            let n = both.len() as f64;
+            let ln_ratio = both
+                .iter()
+                .map(|s| (pts[s].0 / ref_pts[s].0).ln())
+                .sum::<f64>()
+                / n;
+            let ln_value = both.iter().map(|s| pts[s].0.ln()).sum::<f64>() / n;
+            ranked.push((name, ln_ratio.exp(), ln_value.exp()));
+        }
+        if ranked.len() < 2 {
+            continue;
+        }
         let lower = lower_is_better(&metric);
         ranked.sort_by(|a, b| {
             let o = a.1.total_cmp(&b.1);
             (if lower { o } else { o.reverse() }).then_with(|| a.0.cmp(b.0))
         });
-        let (best_name, best_value) = (ranked[0].0, ranked[0].1);
+        let (best_name, best_ratio) = (ranked[0].0, ranked[0].1);
         let best_pts = &stacks[best_name];
         let rows = ranked
             .iter()
-            .map(|(name, value)| {
+            .map(|(name, ratio, value)| {
+                let pts = &stacks[*name];
+                let with_best: Vec<u64> = pts
+                    .keys()
+                    .filter(|s| best_pts.contains_key(s))
+                    .copied()
+                    .collect();
                 let verdict = if *name == best_name {
                     "best".to_string()
-                } else if shared.is_empty() {
-                    "sizes differ: not tested".to_string()
+                } else if with_best.is_empty() {
+                    "no size in common with the best".to_string()
                 } else {
-                    verdict(&shared, &stacks[*name], best_pts)
+                    verdict(&with_best, pts, best_pts)
                 };
                 GapRow {
                     stack: (*name).clone(),
                     value: *value,
-                    ratio: value / best_value,
+                    ratio: ratio / best_ratio,
                     verdict,
                 }
             })
             .collect();
+        let sizes: Vec<u64> = ref_pts.keys().copied().collect();
         out.push(GapEntry {
             test,
             metric,
             band,
-            sizes: shared,
+            sizes,
             rows,
         });
     }
     out
 }
 
-fn verdict(
-    sizes: &[u64],
-    a: &BTreeMap<u64, (f64, Ci)>,
-    b: &BTreeMap<u64, (f64, Ci)>,
-) -> String {
+fn verdict(sizes: &[u64], a: &BTreeMap<u64, (f64, Ci)>, b: &BTreeMap<u64, (f64, Ci)>) -> String {
     let mut real = 0;
     for s in sizes {
         let (Some((_, Some(x))), Some((_, Some(y)))) = (a.get(s), b.get(s)) else {
@@ -204,7 +225,14 @@ pub fn conclusions(entries: &[GapEntry]) -> Vec<String> {
             let best = &e.rows[0];
             let others: Vec<String> = e.rows[1..]
                 .iter()
-                .map(|r| format!("{} {} ({})", r.stack, ratio_words(r.ratio, &e.metric), r.verdict))
+                .map(|r| {
+                    format!(
+                        "{} {} ({})",
+                        r.stack,
+                        ratio_words(r.ratio, &e.metric),
+                        r.verdict
+                    )
+                })
                 .collect();
             format!(
                 "{} {} {}: {} is best; {}.",
@@ -231,7 +259,11 @@ fn ratio_words(ratio: f64, metric: &str) -> String {
 pub fn render_text(entries: &[GapEntry]) -> String {
     let mut out = String::new();
     for e in entries {
-        let sizes: Vec<String> = e.sizes.iter().map(|s| crate::units::format_size(*s)).collect();
+        let sizes: Vec<String> = e
+            .sizes
+            .iter()
+            .map(|s| crate::units::format_size(*s))
+            .collect();
         let _ = writeln!(
             out,
             "{} {} {} sizes [{}]",

@@ -71,9 +71,10 @@ fn gap_table(o: &mut String, r: &Report) {
     o.push_str("<h2 id=\"gap\">Gap table</h2>\n");
     let _ = writeln!(
         o,
-        "<p>Per test and size band (small &lt;1 KiB, medium &lt;64 KiB, large above), the geometric mean over the sizes all stacks measured, \
-         each stack as a ratio to the best. A gap is <em>real</em> when the 95% confidence intervals of the repetitions are disjoint \
-         at every compared size, <em>within noise</em> when they overlap at every one.</p>"
+        "<p>Per test and size band (small &lt;1 KiB, medium &lt;64 KiB, large above), each stack as a ratio to the best: the geometric \
+         mean of per-size ratios on the sizes both measured. The value is the stack's geometric mean over those sizes. A gap is \
+         <em>real</em> when the 95% confidence intervals of the repetitions are disjoint at every size shared with the best, \
+         <em>within noise</em> when they overlap at every one.</p>"
     );
     if r.gap.is_empty() {
         o.push_str("<p>No test has two stacks to compare.</p>\n");
@@ -82,7 +83,11 @@ fn gap_table(o: &mut String, r: &Report) {
     o.push_str("<table>\n<tr><th>test</th><th>metric</th><th>band</th><th>stack</th><th>value</th><th>ratio to best</th><th>gap</th></tr>\n");
     for e in &r.gap {
         for row in &e.rows {
-            let class = if row.verdict == "best" { " class=\"best\"" } else { "" };
+            let class = if row.verdict == "best" {
+                " class=\"best\""
+            } else {
+                ""
+            };
             let _ = writeln!(
                 o,
                 "<tr{class}><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"num\">{:.4}</td><td class=\"num\">{:.3}</td><td>{}</td></tr>",

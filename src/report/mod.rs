@@ -90,7 +90,8 @@ impl Report {
                 ),
                 (
                     "mtu".to_string(),
-                    h.mtu_bytes.map_or_else(|| "-".into(), |m| format!("{m} bytes")),
+                    h.mtu_bytes
+                        .map_or_else(|| "-".into(), |m| format!("{m} bytes")),
                 ),
                 ("netgap".to_string(), h.netgap_version.clone()),
             ];

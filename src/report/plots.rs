@@ -132,7 +132,12 @@ pub fn plots(records: &[Loaded]) -> Vec<Plot> {
         }
         let series = series_of(
             recs.iter().map(|l| {
-                (stack_label(l, hosts), l.record.size_bytes as f64, l.record.value, *l)
+                (
+                    stack_label(l, hosts),
+                    l.record.size_bytes as f64,
+                    l.record.value,
+                    *l,
+                )
             }),
             |l, x, y| {
                 l.extras.dropout.as_ref().map(|d| Mark {
@@ -144,7 +149,10 @@ pub fn plots(records: &[Loaded]) -> Vec<Plot> {
         );
         let dropouts = series.iter().any(|s| !s.marks.is_empty());
         let title = if dropouts {
-            format!("{test}: {} against size, dropouts circled", metric_label(metric))
+            format!(
+                "{test}: {} against size, dropouts circled",
+                metric_label(metric)
+            )
         } else {
             format!("{test}: {} against size", metric_label(metric))
         };
@@ -163,7 +171,10 @@ pub fn plots(records: &[Loaded]) -> Vec<Plot> {
                 no_marks,
             );
             out.push(Plot::Line(LinePlot {
-                title: format!("{test}: signature graph ({} against block time)", metric_label(metric)),
+                title: format!(
+                    "{test}: signature graph ({} against block time)",
+                    metric_label(metric)
+                ),
                 x: Axis::log("time of one block transfer (µs)"),
                 y: Axis::linear(&metric_label(metric)),
                 series,
@@ -187,7 +198,10 @@ pub fn plots(records: &[Loaded]) -> Vec<Plot> {
                 series,
             }));
         }
-        if recs.iter().any(|l| l.record.service_demand_us_per_kib.is_some()) {
+        if recs
+            .iter()
+            .any(|l| l.record.service_demand_us_per_kib.is_some())
+        {
             let mut items = Vec::new();
             for l in recs {
                 if let Some(d) = &l.record.service_demand_us_per_kib {

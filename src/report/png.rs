@@ -61,6 +61,8 @@ impl Rasterizer {
             resvg::tiny_skia::Transform::from_scale(scale, scale),
             &mut pixmap.as_mut(),
         );
-        pixmap.encode_png().map_err(|e| PngError::Encode(e.to_string()))
+        pixmap
+            .encode_png()
+            .map_err(|e| PngError::Encode(e.to_string()))
     }
 }

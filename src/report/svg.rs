@@ -183,9 +183,18 @@ impl Scale {
 /// Range and tick positions of an axis over data `lo..=hi`.
 fn ticks(axis: &Axis, lo: f64, hi: f64) -> (f64, f64, Vec<(f64, String)>) {
     if axis.bytes {
-        let (a, b) = (lo.max(1.0).log2().floor(), hi.max(1.0).log2().ceil().max(1.0));
+        let (a, b) = (
+            lo.max(1.0).log2().floor(),
+            hi.max(1.0).log2().ceil().max(1.0),
+        );
         let span = b - a;
-        let step = if span <= 8.0 { 1.0 } else if span <= 16.0 { 2.0 } else { 4.0 };
+        let step = if span <= 8.0 {
+            1.0
+        } else if span <= 16.0 {
+            2.0
+        } else {
+            4.0
+        };
         let mut t = Vec::new();
         let mut e = a;
         while e <= b + 1e-9 {
@@ -196,7 +205,10 @@ fn ticks(axis: &Axis, lo: f64, hi: f64) -> (f64, f64, Vec<(f64, String)>) {
         return (2f64.powf(a), 2f64.powf(b), t);
     }
     if axis.log {
-        let (a, b) = (lo.log10().floor(), hi.log10().ceil().max(lo.log10().floor() + 1.0));
+        let (a, b) = (
+            lo.log10().floor(),
+            hi.log10().ceil().max(lo.log10().floor() + 1.0),
+        );
         let mut t = Vec::new();
         let mut e = a;
         while e <= b + 1e-9 {
@@ -316,14 +328,32 @@ fn line_svg(p: &LinePlot) -> String {
     let fold = |f: fn(f64, f64) -> f64, init: f64, sel: fn(&(f64, f64)) -> f64| {
         pts.iter().map(sel).fold(init, f)
     };
-    let (x_lo, x_hi) = (fold(f64::min, f64::MAX, |p| p.0), fold(f64::max, f64::MIN, |p| p.0));
-    let (y_lo, y_hi) = (fold(f64::min, f64::MAX, |p| p.1), fold(f64::max, f64::MIN, |p| p.1));
+    let (x_lo, x_hi) = (
+        fold(f64::min, f64::MAX, |p| p.0),
+        fold(f64::max, f64::MIN, |p| p.0),
+    );
+    let (y_lo, y_hi) = (
+        fold(f64::min, f64::MAX, |p| p.1),
+        fold(f64::max, f64::MIN, |p| p.1),
+    );
     let (xa, xb, xt) = ticks(&p.x, x_lo, x_hi);
     let (ya, yb, yt) = ticks(&p.y, y_lo, y_hi);
     let (px0, px1) = (LEFT, WIDTH - RIGHT);
     let (py0, py1) = (HEIGHT - BOTTOM, TOP);
-    let sx = Scale { lo: xa, hi: xb, log: p.x.log, p0: px0, p1: px1 };
-    let sy = Scale { lo: ya, hi: yb, log: p.y.log, p0: py0, p1: py1 };
+    let sx = Scale {
+        lo: xa,
+        hi: xb,
+        log: p.x.log,
+        p0: px0,
+        p1: px1,
+    };
+    let sy = Scale {
+        lo: ya,
+        hi: yb,
+        log: p.y.log,
+        p0: py0,
+        p1: py1,
+    };
     // Grid and ticks.
     for (v, label) in &xt {
         let x = sx.at(*v);
@@ -369,9 +399,16 @@ fn line_svg(p: &LinePlot) -> String {
             .filter(|(x, y)| usable(&p.x, *x) && usable(&p.y, *y))
             .map(|(x, y)| (sx.at(x), sy.at(y)))
             .collect();
-        let _ = writeln!(out, "<g class=\"series\" data-name=\"{}\">", escape(&s.name));
+        let _ = writeln!(
+            out,
+            "<g class=\"series\" data-name=\"{}\">",
+            escape(&s.name)
+        );
         if visible.len() > 1 {
-            let d: Vec<String> = visible.iter().map(|(x, y)| format!("{x:.1},{y:.1}")).collect();
+            let d: Vec<String> = visible
+                .iter()
+                .map(|(x, y)| format!("{x:.1},{y:.1}"))
+                .collect();
             let _ = writeln!(
                 out,
                 "<polyline points=\"{}\" fill=\"none\" stroke=\"{colour}\" stroke-width=\"1.6\" stroke-dasharray=\"{dash}\"/>",
@@ -381,7 +418,11 @@ fn line_svg(p: &LinePlot) -> String {
         for (x, y) in &visible {
             marker(&mut out, k, *x, *y, colour);
         }
-        for m in s.marks.iter().filter(|m| usable(&p.x, m.x) && usable(&p.y, m.y)) {
+        for m in s
+            .marks
+            .iter()
+            .filter(|m| usable(&p.x, m.x) && usable(&p.y, m.y))
+        {
             let (x, y) = (sx.at(m.x), sy.at(m.y));
             let _ = writeln!(
                 out,
@@ -424,7 +465,13 @@ fn bars_svg(b: &BarChart) -> String {
     let (lo, hi, ticks) = ticks(&Axis::linear(&b.value_label), 0.0, max);
     let (px0, px1) = (250.0, WIDTH - 110.0);
     let (py0, py1) = (TOP + 6.0, HEIGHT - BOTTOM);
-    let sx = Scale { lo, hi, log: false, p0: px0, p1: px1 };
+    let sx = Scale {
+        lo,
+        hi,
+        log: false,
+        p0: px0,
+        p1: px1,
+    };
     let rows = b.rows.len().max(1) as f64;
     let row_h = (py1 - py0) / rows;
     let groups = b.groups.len().max(1) as f64;
@@ -462,7 +509,11 @@ fn bars_svg(b: &BarChart) -> String {
                 Some(v) if v.is_finite() => {
                     let w = (sx.at(*v) - px0).max(0.5);
                     // Hatching on every other group keeps groups apart in grey print.
-                    let stroke = if g % 2 == 1 { " stroke=\"#000000\" stroke-width=\"0.8\"" } else { "" };
+                    let stroke = if g % 2 == 1 {
+                        " stroke=\"#000000\" stroke-width=\"0.8\""
+                    } else {
+                        ""
+                    };
                     let _ = writeln!(
                         out,
                         "<rect class=\"bar\" x=\"{px0:.1}\" y=\"{y:.1}\" width=\"{w:.1}\" height=\"{:.1}\" fill=\"{colour}\"{stroke}/>\
@@ -534,6 +585,10 @@ mod tests {
             }],
         });
         let svg = p.to_svg();
-        assert_eq!(svg.matches("<circle").count(), 2, "one point and its legend");
+        assert_eq!(
+            svg.matches("<circle").count(),
+            2,
+            "one point and its legend"
+        );
     }
 }
