@@ -3,13 +3,13 @@
 //! the repetitions deciding whether each gap is real or noise.
 //!
 //! Bands: *small* is under 1 KiB, *medium* under 64 KiB, *large* 64 KiB and
-//! up. Within a band the stack with the most sizes is the reference; each
-//! stack's standing is the geometric mean of its value over the reference's
-//! at the sizes both measured (so no stack gains from sizes another skipped,
-//! and a peer tool's different sizes still compare), and a stack sharing no
-//! size with the reference is left out. The best stack has the lowest
-//! standing for latency-like metrics (`_us`, `_ns`) and the highest
-//! otherwise; every ratio is to it. A gap at one size is *real* when the two
+//! up. Stacks are only ever compared directly, on the sizes both measured
+//! (so no stack gains from sizes another skipped, and a peer tool that
+//! measured other sizes still compares): the ratio of two stacks is the
+//! geometric mean of their per-size ratios. The best stack is the one that
+//! beats the most others in these pairwise comparisons (lower is better for
+//! latency-like metrics, `_us` and `_ns`, higher otherwise), and every row
+//! is its ratio to the best. A gap at one size is *real* when the two
 //! stacks' 95% confidence intervals are disjoint and *noise* when they
 //! overlap; the row's verdict, over the sizes it shares with the best, is
 //! "real" or "within noise" when every size agrees, else it counts the real
@@ -64,11 +64,11 @@ impl Band {
 pub struct GapRow {
     /// The stack's label.
     pub stack: String,
-    /// Geometric mean of its values over the sizes it shares with the band's
-    /// reference stack, in the metric's unit.
+    /// Geometric mean of its values over the sizes it shares with the best
+    /// (all its sizes for the best), in the metric's unit.
     pub value: f64,
-    /// Its standing over the best's (geometric mean of per-size ratios to
-    /// the reference, divided by the best's); 1 for the best.
+    /// Geometric mean of its per-size ratios to the best on the sizes both
+    /// measured; 1 for the best, NaN when they share no size.
     pub ratio: f64,
     /// `best`, `real`, `within noise`, `real at k of n sizes`, `no
     /// confidence interval` when a side has no repetitions, or `no size in
@@ -85,7 +85,7 @@ pub struct GapEntry {
     pub metric: String,
     /// The band.
     pub band: Band,
-    /// Sizes of the band's reference stack, bytes.
+    /// Sizes the best stack measured in the band, bytes.
     pub sizes: Vec<u64>,
     /// The stacks, best first.
     pub rows: Vec<GapRow>,
@@ -126,69 +126,85 @@ pub fn gap_table(records: &[Loaded]) -> Vec<GapEntry> {
             Some(c) => format!("{test} x{c} clients"),
             None => test,
         };
-        // The reference is the stack with the most sizes in the band; every
-        // stack is measured against it on the sizes both have, so a peer tool
-        // that measured other sizes still gets a fair ratio.
-        let Some((_, ref_pts)) = stacks
-            .iter()
-            .max_by(|a, b| a.1.len().cmp(&b.1.len()).then_with(|| b.0.cmp(a.0)))
-        else {
+        let lower = lower_is_better(&metric);
+        // The best is found by direct comparisons only: every pair of stacks
+        // is compared on the sizes both measured, and the stack that beats
+        // the most others (fewest losses on a tie, then name) is the best.
+        // Chaining ratios through a third stack would carry that stack's
+        // noise into every row.
+        let names: Vec<&String> = stacks.keys().collect();
+        let mut score: BTreeMap<&String, (i64, i64)> = BTreeMap::new();
+        for (i, a) in names.iter().enumerate() {
+            for b in &names[i + 1..] {
+                let Some(r) = ratio_on_shared(&stacks[*a], &stacks[*b]) else {
+                    continue;
+                };
+                let a_better = if lower { r < 1.0 } else { r > 1.0 };
+                if r == 1.0 {
+                    continue;
+                }
+                let (w, l) = if a_better { (*a, *b) } else { (*b, *a) };
+                score.entry(w).or_default().0 += 1;
+                score.entry(l).or_default().1 += 1;
+            }
+        }
+        let Some(best_name) = names.iter().copied().max_by(|a, b| {
+            let (sa, sb) = (
+                score.get(a).copied().unwrap_or_default(),
+                score.get(b).copied().unwrap_or_default(),
+            );
+            (sa.0 - sa.1).cmp(&(sb.0 - sb.1)).then_with(|| b.cmp(a))
+        }) else {
             continue;
         };
-        let mut ranked: Vec<(&String, f64, f64)> = Vec::new();
-        for (name, pts) in &stacks {
-            let both: Vec<u64> = pts
-                .keys()
-                .filter(|s| ref_pts.contains_key(s))
-                .copied()
-                .collect();
-            if both.is_empty() {
-                continue;
-            }
-            let n = both.len() as f64;
-            let ln_ratio = both
-                .iter()
-                .map(|s| (pts[s].0 / ref_pts[s].0).ln())
-                .sum::<f64>()
-                / n;
-            let ln_value = both.iter().map(|s| pts[s].0.ln()).sum::<f64>() / n;
-            ranked.push((name, ln_ratio.exp(), ln_value.exp()));
-        }
-        if ranked.len() < 2 {
-            continue;
-        }
-        let lower = lower_is_better(&metric);
-        ranked.sort_by(|a, b| {
-            let o = a.1.total_cmp(&b.1);
-            (if lower { o } else { o.reverse() }).then_with(|| a.0.cmp(b.0))
-        });
-        let (best_name, best_ratio) = (ranked[0].0, ranked[0].1);
         let best_pts = &stacks[best_name];
-        let rows = ranked
+        let mut rows: Vec<GapRow> = names
             .iter()
-            .map(|(name, ratio, value)| {
+            .map(|name| {
                 let pts = &stacks[*name];
                 let with_best: Vec<u64> = pts
                     .keys()
                     .filter(|s| best_pts.contains_key(s))
                     .copied()
                     .collect();
-                let verdict = if *name == best_name {
-                    "best".to_string()
+                let (value, ratio, verdict) = if *name == best_name {
+                    (geo_mean(pts.values().map(|v| v.0)), 1.0, "best".to_string())
                 } else if with_best.is_empty() {
-                    "no size in common with the best".to_string()
+                    (
+                        geo_mean(pts.values().map(|v| v.0)),
+                        f64::NAN,
+                        "no size in common with the best".to_string(),
+                    )
                 } else {
-                    verdict(&with_best, pts, best_pts)
+                    (
+                        geo_mean(with_best.iter().map(|s| pts[s].0)),
+                        ratio_on_shared(pts, best_pts).unwrap_or(f64::NAN),
+                        verdict(&with_best, pts, best_pts),
+                    )
                 };
                 GapRow {
                     stack: (*name).clone(),
-                    value: *value,
-                    ratio: ratio / best_ratio,
+                    value,
+                    ratio,
                     verdict,
                 }
             })
             .collect();
-        let sizes: Vec<u64> = ref_pts.keys().copied().collect();
+        // Best first, then by ratio (worst last), unknown ratios at the end.
+        rows.sort_by(|a, b| {
+            let key = |r: &GapRow| {
+                let k = if lower { r.ratio } else { 1.0 / r.ratio };
+                (
+                    r.verdict != "best",
+                    if k.is_nan() { f64::INFINITY } else { k },
+                )
+            };
+            let (ka, kb) = (key(a), key(b));
+            ka.0.cmp(&kb.0)
+                .then(ka.1.total_cmp(&kb.1))
+                .then_with(|| a.stack.cmp(&b.stack))
+        });
+        let sizes: Vec<u64> = best_pts.keys().copied().collect();
         out.push(GapEntry {
             test,
             metric,
@@ -198,6 +214,25 @@ pub fn gap_table(records: &[Loaded]) -> Vec<GapEntry> {
         });
     }
     out
+}
+
+/// Geometric mean of positive values; NaN for none.
+fn geo_mean(values: impl Iterator<Item = f64>) -> f64 {
+    let (sum, n) = values.fold((0.0, 0usize), |(s, n), v| (s + v.ln(), n + 1));
+    if n == 0 {
+        f64::NAN
+    } else {
+        (sum / n as f64).exp()
+    }
+}
+
+/// Geometric mean of `a / b` over the sizes both measured; `None` if none.
+fn ratio_on_shared(a: &BTreeMap<u64, (f64, Ci)>, b: &BTreeMap<u64, (f64, Ci)>) -> Option<f64> {
+    let ratios: Vec<f64> = a
+        .iter()
+        .filter_map(|(s, (v, _))| b.get(s).map(|(w, _)| v / w))
+        .collect();
+    (!ratios.is_empty()).then(|| geo_mean(ratios.into_iter()))
 }
 
 fn verdict(sizes: &[u64], a: &BTreeMap<u64, (f64, Ci)>, b: &BTreeMap<u64, (f64, Ci)>) -> String {
@@ -226,12 +261,16 @@ pub fn conclusions(entries: &[GapEntry]) -> Vec<String> {
             let others: Vec<String> = e.rows[1..]
                 .iter()
                 .map(|r| {
-                    format!(
-                        "{} {} ({})",
-                        r.stack,
-                        ratio_words(r.ratio, &e.metric),
-                        r.verdict
-                    )
+                    if r.ratio.is_finite() {
+                        format!(
+                            "{} {} ({})",
+                            r.stack,
+                            ratio_words(r.ratio, &e.metric),
+                            r.verdict
+                        )
+                    } else {
+                        format!("{} ({})", r.stack, r.verdict)
+                    }
                 })
                 .collect();
             format!(
@@ -273,10 +312,15 @@ pub fn render_text(entries: &[GapEntry]) -> String {
             sizes.join(" ")
         );
         for r in &e.rows {
+            let ratio = if r.ratio.is_finite() {
+                format!("{:.3}x", r.ratio)
+            } else {
+                "-".to_string()
+            };
             let _ = writeln!(
                 out,
-                "  {:<24} {:>12.4} {:>8.3}x  {}",
-                r.stack, r.value, r.ratio, r.verdict
+                "  {:<24} {:>12.4} {:>9}  {}",
+                r.stack, r.value, ratio, r.verdict
             );
         }
     }

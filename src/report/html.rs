@@ -72,7 +72,8 @@ fn gap_table(o: &mut String, r: &Report) {
     let _ = writeln!(
         o,
         "<p>Per test and size band (small &lt;1 KiB, medium &lt;64 KiB, large above), each stack as a ratio to the best: the geometric \
-         mean of per-size ratios on the sizes both measured. The value is the stack's geometric mean over those sizes. A gap is \
+         mean of per-size ratios on the sizes both measured. The best beats the most others in such direct comparisons; the \
+         value is the stack's geometric mean over the sizes it shares with the best. A gap is \
          <em>real</em> when the 95% confidence intervals of the repetitions are disjoint at every size shared with the best, \
          <em>within noise</em> when they overlap at every one.</p>"
     );
@@ -90,13 +91,17 @@ fn gap_table(o: &mut String, r: &Report) {
             };
             let _ = writeln!(
                 o,
-                "<tr{class}><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"num\">{:.4}</td><td class=\"num\">{:.3}</td><td>{}</td></tr>",
+                "<tr{class}><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"num\">{:.4}</td><td class=\"num\">{}</td><td>{}</td></tr>",
                 escape(&e.test),
                 escape(&e.metric),
                 e.band.as_str(),
                 escape(&row.stack),
                 row.value,
-                row.ratio,
+                if row.ratio.is_finite() {
+                    format!("{:.3}", row.ratio)
+                } else {
+                    "-".to_string()
+                },
                 escape(&row.verdict)
             );
         }
