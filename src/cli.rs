@@ -39,6 +39,53 @@ pub enum Command {
     /// and latency, each with its spread.
     #[command(after_long_help = netgap::logp::HELP)]
     Logp(Box<netgap::logp::LogpArgs>),
+    /// Write an HTML report (plots, gap table, environment) of results files.
+    Report(ReportArgs),
+    /// Compare two results files point by point; exit status 3 when a
+    /// significant regression passes the threshold.
+    Compare(CompareArgs),
+    /// Turn a peer tool's output into netgap result records (JSON Lines).
+    Import(ImportArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ReportArgs {
+    /// Results files (JSON Lines, netgap's own or imported).
+    #[arg(required = true, value_name = "RESULTS")]
+    pub results: Vec<PathBuf>,
+    /// The HTML file to write.
+    #[arg(short = 'o', long, default_value = "report.html", value_name = "FILE")]
+    pub output: PathBuf,
+    /// Also write every plot as SVG and PNG into this directory.
+    #[arg(long, value_name = "DIR")]
+    pub images: Option<PathBuf>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct CompareArgs {
+    /// The reference results file.
+    pub base: PathBuf,
+    /// The results file to judge against it.
+    pub new: PathBuf,
+    /// Smallest significant worsening, in percent, that fails the comparison.
+    #[arg(long, default_value_t = 5.0, value_name = "PCT")]
+    pub threshold: f64,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ImportArgs {
+    /// The format: iperf3 (-J JSON), netpipe (NPtcp -o file), sockperf
+    /// (client output), osu (osu_latency, osu_bw, osu_bibw output).
+    pub format: String,
+    /// The peer tool's output file.
+    pub file: PathBuf,
+    /// Where to append the records (JSON Lines); standard output if absent.
+    #[arg(short = 'o', long, value_name = "OUT")]
+    pub output: Option<PathBuf>,
+    /// Message size in bytes, for output that does not state it (sockperf
+    /// ping-pong); K, M, G suffixes allowed.
+    #[arg(long, value_name = "BYTES", value_parser = netgap::units::parse_size_bytes)]
+    pub size: Option<u64>,
 }
 
 #[derive(Debug, clap::Args)]

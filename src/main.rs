@@ -5,7 +5,7 @@ mod cli;
 
 use anyhow::{anyhow, Context, Result};
 use clap::Parser;
-use cli::{Cli, Command, ServeArgs};
+use cli::{Cli, Command, CompareArgs, ImportArgs, ReportArgs, ServeArgs};
 use netgap::agent::Agent;
 use netgap::coordinator::{run_plan, CoordError};
 use netgap::output::TableObserver;
@@ -48,6 +48,13 @@ fn main() -> ExitCode {
             list();
             Ok(())
         }
+        Some(Command::Report(args)) => report(&args),
+        Some(Command::Compare(args)) => match compare(&args) {
+            Ok(true) => return ExitCode::from(netgap::compare::REGRESSION_EXIT_CODE),
+            Ok(false) => Ok(()),
+            Err(e) => Err(e),
+        },
+        Some(Command::Import(args)) => import(&args),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
@@ -90,6 +97,74 @@ fn battery(json: Option<PathBuf>, csv: Option<PathBuf>) -> Result<()> {
     );
     execute(&plan)?;
     println!("results: {}", json.display());
+    let html = json.with_extension("html");
+    netgap::report::write_report(std::slice::from_ref(&json), &html, None)
+        .with_context(|| format!("writing the report of {}", json.display()))?;
+    println!("report: {}", html.display());
+    Ok(())
+}
+
+fn report(args: &ReportArgs) -> Result<()> {
+    let written =
+        netgap::report::write_report(&args.results, &args.output, args.images.as_deref())?;
+    println!("report: {}", written.html.display());
+    for p in &written.images {
+        println!("image: {}", p.display());
+    }
+    Ok(())
+}
+
+/// Prints the comparison; `Ok(true)` when a regression passes the threshold.
+fn compare(args: &CompareArgs) -> Result<bool> {
+    if !(args.threshold.is_finite() && args.threshold >= 0.0) {
+        return Err(anyhow!(
+            "--threshold {} is not a non-negative percentage",
+            args.threshold
+        ));
+    }
+    let base = netgap::report::load::load_file(&args.base)?;
+    let new = netgap::report::load::load_file(&args.new)?;
+    let c = netgap::compare::compare(&base, &new, args.threshold);
+    if c.changes.is_empty() {
+        return Err(anyhow!(
+            "{} and {} have no point in common",
+            args.base.display(),
+            args.new.display()
+        ));
+    }
+    print!("{}", netgap::compare::render(&c));
+    let regressed = c.regressions().next().is_some();
+    Ok(regressed)
+}
+
+fn import(args: &ImportArgs) -> Result<()> {
+    use std::io::Write;
+    let records = netgap::import::import_file(&args.format, &args.file, args.size)?;
+    let mut text = String::new();
+    for r in &records {
+        text.push_str(&serde_json::to_string(r).context("encoding a record")?);
+        text.push('\n');
+    }
+    match &args.output {
+        Some(out) => {
+            let mut f = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(out)
+                .with_context(|| format!("opening {}", out.display()))?;
+            f.write_all(text.as_bytes())
+                .with_context(|| format!("writing {}", out.display()))?;
+            eprintln!(
+                "netgap: imported {} records from {} into {}",
+                records.len(),
+                args.file.display(),
+                out.display()
+            );
+        }
+        None => std::io::stdout()
+            .write_all(text.as_bytes())
+            .context("writing to standard output")?,
+    }
     Ok(())
 }
 

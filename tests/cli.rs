@@ -390,4 +390,20 @@ fn plain_netgap_runs_the_battery_and_writes_results() {
     let records = read_records(&dir.path().join(results));
     assert_eq!(records.len(), 4 * 2 * 12);
     records.iter().for_each(check_record);
+    // The battery ends with the report of what it measured, beside the results.
+    let report = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("report: "))
+        .expect("prints the report path");
+    assert_eq!(
+        Path::new(report),
+        Path::new(results).with_extension("html").as_path()
+    );
+    let page = std::fs::read_to_string(dir.path().join(report)).expect("report written");
+    for test in ["pingpong", "stream", "bibw-pingpong", "bibw"] {
+        assert!(
+            page.contains(&format!("<title>{test}: ")),
+            "no {test} plot in the battery's report"
+        );
+    }
 }
