@@ -232,6 +232,20 @@ mod tests {
         assert_eq!(n.len(), registry().len());
     }
 
+    proptest::proptest! {
+        /// Whatever a file holds, every importer answers with records or an
+        /// error, never a panic.
+        #[test]
+        fn no_input_panics_an_importer(text in "(?s).{0,400}", lines in proptest::collection::vec("[ 0-9.#a-zA-Z=:>-]{0,40}", 0..12)) {
+            let ctx = ImportContext { size_bytes: Some(64), time: "2026-01-01T00:00:00Z".into() };
+            let joined = lines.join("\n");
+            for importer in registry() {
+                let _ = importer.parse(&text, &ctx);
+                let _ = importer.parse(&joined, &ctx);
+            }
+        }
+    }
+
     #[test]
     fn an_unknown_format_lists_the_known_ones() {
         let e = import_file("gnuplot", Path::new("x"), None).unwrap_err();

@@ -256,9 +256,9 @@ fn verdict(sizes: &[u64], a: &BTreeMap<u64, (f64, Ci)>, b: &BTreeMap<u64, (f64, 
 pub fn conclusions(entries: &[GapEntry]) -> Vec<String> {
     entries
         .iter()
-        .map(|e| {
-            let best = &e.rows[0];
-            let others: Vec<String> = e.rows[1..]
+        .filter_map(|e| {
+            let (best, rest) = e.rows.split_first()?;
+            let others: Vec<String> = rest
                 .iter()
                 .map(|r| {
                     if r.ratio.is_finite() {
@@ -273,14 +273,14 @@ pub fn conclusions(entries: &[GapEntry]) -> Vec<String> {
                     }
                 })
                 .collect();
-            format!(
+            Some(format!(
                 "{} {} {}: {} is best; {}.",
                 e.test,
                 e.metric,
                 e.band.as_str(),
                 best.stack,
                 others.join("; ")
-            )
+            ))
         })
         .collect()
 }

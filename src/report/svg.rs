@@ -8,8 +8,11 @@ use std::fmt::Write as _;
 
 /// Width of every plot in SVG user units (pixels at 100%).
 pub const WIDTH: f64 = 760.0;
-/// Height of every plot.
+/// Height of a line plot, and the least height of a bar chart (which grows
+/// by [`BAR_ROW_HEIGHT`] per row beyond what fits).
 pub const HEIGHT: f64 = 440.0;
+/// Height given to each row of a bar chart, in SVG user units.
+pub const BAR_ROW_HEIGHT: f64 = 30.0;
 
 const LEFT: f64 = 78.0;
 const RIGHT: f64 = 230.0;
@@ -244,12 +247,12 @@ fn ticks(axis: &Axis, lo: f64, hi: f64) -> (f64, f64, Vec<(f64, String)>) {
     (a, b, t)
 }
 
-fn header(out: &mut String, title: &str) {
+fn header(out: &mut String, title: &str, height: f64) {
     let _ = write!(
         out,
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" class=\"plot\" width=\"{WIDTH}\" height=\"{HEIGHT}\" \
-         viewBox=\"0 0 {WIDTH} {HEIGHT}\" font-family=\"DejaVu Sans, Liberation Sans, Arial, sans-serif\" font-size=\"12\">\n\
-         <title>{t}</title>\n<rect width=\"{WIDTH}\" height=\"{HEIGHT}\" fill=\"#ffffff\"/>\n\
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" class=\"plot\" width=\"{WIDTH}\" height=\"{height}\" \
+         viewBox=\"0 0 {WIDTH} {height}\" font-family=\"DejaVu Sans, Liberation Sans, Arial, sans-serif\" font-size=\"12\">\n\
+         <title>{t}</title>\n<rect width=\"{WIDTH}\" height=\"{height}\" fill=\"#ffffff\"/>\n\
          <text x=\"{cx:.1}\" y=\"22\" text-anchor=\"middle\" font-size=\"15\" font-weight=\"bold\">{t}</text>\n",
         t = escape(title),
         cx = WIDTH / 2.0,
@@ -315,7 +318,7 @@ fn line_svg(p: &LinePlot) -> String {
         .filter(|(x, y)| usable(&p.x, *x) && usable(&p.y, *y))
         .collect();
     let mut out = String::new();
-    header(&mut out, &p.title);
+    header(&mut out, &p.title, HEIGHT);
     if pts.is_empty() {
         let _ = writeln!(
             out,
@@ -455,7 +458,8 @@ fn line_svg(p: &LinePlot) -> String {
 
 fn bars_svg(b: &BarChart) -> String {
     let mut out = String::new();
-    header(&mut out, &b.title);
+    let height = HEIGHT.max(TOP + BOTTOM + 6.0 + BAR_ROW_HEIGHT * b.rows.len() as f64);
+    header(&mut out, &b.title, height);
     let max = b
         .rows
         .iter()
@@ -464,7 +468,7 @@ fn bars_svg(b: &BarChart) -> String {
         .fold(0.0, f64::max);
     let (lo, hi, ticks) = ticks(&Axis::linear(&b.value_label), 0.0, max);
     let (px0, px1) = (250.0, WIDTH - 110.0);
-    let (py0, py1) = (TOP + 6.0, HEIGHT - BOTTOM);
+    let (py0, py1) = (TOP + 6.0, height - BOTTOM);
     let sx = Scale {
         lo,
         hi,
@@ -490,7 +494,7 @@ fn bars_svg(b: &BarChart) -> String {
         out,
         "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text>",
         (px0 + px1) / 2.0,
-        HEIGHT - 14.0,
+        height - 14.0,
         escape(&b.value_label)
     );
     for (i, (label, values)) in b.rows.iter().enumerate() {
