@@ -29,11 +29,23 @@ fn main() -> ExitCode {
                 let _ = e.print();
                 return ExitCode::from(2);
             }
+            // clap's message may go on over lines ("required arguments were
+            // not provided:" then the arguments); keep it whole on one line.
             let text = e.to_string();
-            let first = text.lines().next().unwrap_or("bad arguments");
+            let message = text
+                .lines()
+                .map(str::trim)
+                .take_while(|l| !l.is_empty() && !l.starts_with("Usage:"))
+                .collect::<Vec<_>>()
+                .join(" ");
+            let message = if message.is_empty() {
+                "bad arguments".to_string()
+            } else {
+                message
+            };
             eprintln!(
                 "netgap: {} (see netgap --help)",
-                first.trim_start_matches("error: ")
+                message.trim_start_matches("error: ")
             );
             return ExitCode::from(2);
         }

@@ -20,6 +20,7 @@
 //! includes waiting for the receiver and o_r includes the rest of the
 //! transfer (the wait gives up once the buffer stops filling).
 
+use super::payload::PatternCursor;
 use super::pingpong::PingPongServer;
 use super::{ns_since, ClientRole, Metric, RepOutcome, RoleParams, ServerRole, Test};
 use crate::stats::{self, LatencyHistogram};
@@ -68,6 +69,8 @@ struct Client {
     flow: Box<dyn Flow>,
     buf: Vec<u8>,
     rtt: Duration,
+    tx: PatternCursor,
+    rx: PatternCursor,
 }
 
 /// Waits until `size` bytes are queued on `rx`, the queue stops growing, or
@@ -130,11 +133,13 @@ impl ClientRole for Client {
         let t_start = Instant::now();
         let mut calls = LatencyHistogram::new();
         for _ in 0..iterations {
+            self.tx.fill(&mut self.buf);
             if self.which == Overhead::HalfRoundTrip {
                 let t0 = Instant::now();
                 tx.send_all(&self.buf)?;
                 rx.recv_exact(&mut self.buf)?;
                 calls.record_ns(ns_since(t0) / 2);
+                self.rx.check(&self.buf)?;
                 continue;
             }
             spin_for(settle);
@@ -145,6 +150,7 @@ impl ClientRole for Client {
             let t1 = Instant::now();
             rx.recv_exact(&mut self.buf)?;
             let recv_ns = ns_since(t1);
+            self.rx.check(&self.buf)?;
             let ns = if self.which == Overhead::Send {
                 send_ns
             } else {
@@ -208,6 +214,8 @@ impl Test for LogpOverhead {
             flow,
             buf,
             rtt,
+            tx: PatternCursor::new(params.verify),
+            rx: PatternCursor::new(params.verify),
         }))
     }
     fn server(
@@ -220,15 +228,6 @@ impl Test for LogpOverhead {
             flow.recv_exact(&mut buf)?;
             flow.send_all(&buf)?;
         }
-        // Payload checking (--verify) is off for the overheads: the
-        // client's buffer is reused for the reply, so the pattern cursor of
-        // an echo server would not match; the bytes are still counted.
-        Ok(Box::new(PingPongServer::new(
-            RoleParams {
-                verify: false,
-                ..params
-            },
-            flow,
-        )))
+        Ok(Box::new(PingPongServer::new(params, flow)))
     }
 }

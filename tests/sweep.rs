@@ -1,0 +1,355 @@
+//! `netgap sweep`, `netgap logp` and `--ci` end to end: the real binary with
+//! its in-process agent on loopback, asserting on the JSON records.
+
+use assert_cmd::cargo::CommandCargoExt;
+use netgap::sizing::{sweep_sizes, Growth};
+use serde_json::Value;
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn netgap() -> Command {
+    Command::cargo_bin("netgap").expect("binary built")
+}
+
+fn read_records(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("every line is JSON"))
+        .collect()
+}
+
+fn run_ok(cmd: &mut Command) -> Output {
+    let out = cmd.output().expect("runs");
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn f(r: &Value, key: &str) -> f64 {
+    r[key].as_f64().unwrap_or_else(|| panic!("{key} in {r}"))
+}
+
+#[test]
+fn a_ping_pong_sweep_writes_the_documented_sizes_with_throughput_and_block_time() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for transport in ["tcp", "unix"] {
+        let json = dir.path().join(format!("{transport}.jsonl"));
+        let out = run_ok(
+            netgap()
+                .args(["sweep", "-t", transport, "--end", "4K"])
+                .args(["--trial-time", "2ms", "--trials", "3", "--json"])
+                .arg(&json),
+        );
+        let records = read_records(&json);
+        let sizes: Vec<u64> = records
+            .iter()
+            .map(|r| r["size_bytes"].as_u64().expect("size"))
+            .collect();
+        assert_eq!(
+            sizes,
+            sweep_sizes(1, 4096, Growth::NetPipe, 3).expect("sizes"),
+            "{transport}"
+        );
+        for r in &records {
+            assert_eq!(r["test"], "sweep");
+            assert_eq!(r["metric"], "bandwidth_gbps");
+            assert_eq!(r["sweep_kind"], "pingpong");
+            assert_eq!(r["transport"], transport);
+            let (gbps, block_us) = (f(r, "value"), f(r, "block_time_us"));
+            assert!(gbps > 0.0 && block_us > 0.0, "{r}");
+            // Throughput is the block over its time.
+            let size_bits = f(r, "size_bytes") * 8.0;
+            assert!(
+                (size_bits / (block_us * 1e3) - gbps).abs() <= 1e-6 * gbps,
+                "{r}"
+            );
+            let s = &r["stats"];
+            assert_eq!(s["reps"].as_array().map(Vec::len), Some(3));
+            assert!(f(s, "min") <= gbps && gbps <= f(s, "max"));
+            assert_eq!(r["bytes"]["client_tx"], r["bytes"]["server_rx"]);
+            if let Some(d) = r.get("dropout") {
+                assert!(f(d, "depth_pct") > 0.0, "{d}");
+                assert!(d["reference_size_bytes"].as_u64() < r["size_bytes"].as_u64());
+            }
+        }
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let lines: Vec<&str> = stdout.lines().collect();
+        assert!(lines[0].starts_with("transport"), "{stdout}");
+        assert_eq!(lines.len(), 1 + records.len() + 1, "{stdout}");
+        let last = lines.last().copied().unwrap_or_default();
+        assert!(
+            last.starts_with(&format!("sweep: {} points", records.len())),
+            "{last}"
+        );
+        assert!(last.contains("dropout"), "{last}");
+    }
+}
+
+#[test]
+fn stream_and_bidir_sweeps_run_over_every_available_transport() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let list = String::from_utf8(run_ok(netgap().arg("list")).stdout).expect("utf8");
+    let available: Vec<&str> = list
+        .lines()
+        .skip_while(|l| !l.starts_with("transports:"))
+        .skip(2)
+        .take_while(|l| !l.trim().is_empty())
+        .filter(|l| l.split_whitespace().nth(1) == Some("yes"))
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    assert!(available.contains(&"tcp"), "{list}");
+    for transport in available {
+        for (flag, kind) in [("--stream", "stream"), ("--bidir", "bidir")] {
+            let json = dir.path().join(format!("{transport}-{kind}.jsonl"));
+            run_ok(
+                netgap()
+                    .args(["sweep", flag, "-t", transport])
+                    .args(["--start", "1K", "--end", "8K", "--perturbation", "0"])
+                    .args(["--trial-time", "2ms", "--trials", "2", "--json"])
+                    .arg(&json),
+            );
+            let records = read_records(&json);
+            let sizes: Vec<u64> = records
+                .iter()
+                .map(|r| r["size_bytes"].as_u64().unwrap_or(0))
+                .collect();
+            assert_eq!(
+                sizes,
+                [1024, 1536, 2048, 3072, 4096, 6144, 8192],
+                "{transport} {kind}"
+            );
+            for r in &records {
+                assert_eq!(r["sweep_kind"], kind, "{r}");
+                assert!(f(r, "value") > 0.0 && f(r, "block_time_us") > 0.0, "{r}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_sweep_stops_after_a_block_longer_than_the_limit() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json = dir.path().join("s.jsonl");
+    let out = run_ok(
+        netgap()
+            .args(["sweep", "--end", "64K", "--max-block-time", "1ns"])
+            .args(["--trial-time", "2ms", "--trials", "2", "--json"])
+            .arg(&json),
+    );
+    assert_eq!(read_records(&json).len(), 1);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("stopped after 1 (block time limit)"),
+        "{stdout}"
+    );
+}
+
+/// Client and server on different CPUs when there are two; otherwise the
+/// overheads are still measured, unpinned.
+fn pin_args() -> Vec<&'static str> {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if cpus >= 2 {
+        vec!["--pin", "0,1"]
+    } else {
+        eprintln!("logp test: one CPU, running unpinned");
+        vec![]
+    }
+}
+
+#[test]
+fn logp_parameters_are_positive_and_below_the_round_trip_over_tcp_and_unix() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json = dir.path().join("logp.jsonl");
+    let out = run_ok(
+        netgap()
+            .args(["logp", "-t", "tcp,unix", "--sizes", "1,1K"])
+            .args(["--reps", "5", "--rep-time", "10ms"])
+            .args(pin_args())
+            .arg("--json")
+            .arg(&json),
+    );
+    let records = read_records(&json);
+    assert_eq!(records.len(), 2 * 2 * 4);
+    for chunk in records.chunks(4) {
+        let metrics: Vec<&str> = chunk
+            .iter()
+            .map(|r| r["metric"].as_str().unwrap_or(""))
+            .collect();
+        assert_eq!(
+            metrics,
+            [
+                "send_overhead_us",
+                "recv_overhead_us",
+                "gap_us",
+                "latency_us"
+            ]
+        );
+        for r in chunk {
+            assert_eq!(r["test"], "logp");
+            assert_eq!(r["transport"], chunk[0]["transport"]);
+            assert_eq!(r["size_bytes"], chunk[0]["size_bytes"]);
+            assert!(r["stats"]["stdev"].is_number(), "{r}");
+        }
+        let median = |r: &Value| f(&r["stats"], "median");
+        let (o_s, o_r, g) = (median(&chunk[0]), median(&chunk[1]), median(&chunk[2]));
+        assert!(o_s > 0.0 && o_r > 0.0 && g > 0.0, "{chunk:?}");
+        // The round trip of each repetition is 2 (L + o_s + o_r).
+        let reps = |r: &Value| -> Vec<f64> {
+            r["stats"]["reps"]
+                .as_array()
+                .expect("reps")
+                .iter()
+                .filter_map(Value::as_f64)
+                .collect()
+        };
+        let (s, rv, l) = (reps(&chunk[0]), reps(&chunk[1]), reps(&chunk[3]));
+        let mut rtts: Vec<f64> = (0..l.len()).map(|i| 2.0 * (l[i] + s[i] + rv[i])).collect();
+        rtts.sort_by(f64::total_cmp);
+        let rtt = rtts[rtts.len() / 2];
+        assert!(
+            o_s < rtt && o_r < rtt,
+            "o_s {o_s} o_r {o_r} rtt {rtt}: {chunk:?}"
+        );
+        assert!(median(&chunk[3]) < rtt / 2.0);
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.starts_with("transport") && stdout.contains("o_s_us"),
+        "{stdout}"
+    );
+    assert_eq!(stdout.lines().count(), 1 + 4, "{stdout}");
+}
+
+#[test]
+fn logp_help_documents_the_method_and_its_limits() {
+    let out = run_ok(netgap().args(["logp", "--help"]));
+    let help = String::from_utf8_lossy(&out.stdout);
+    for needle in [
+        "o_s",
+        "o_r",
+        "FIONREAD",
+        "gap",
+        "half the round trip",
+        "Limits",
+        "--pin",
+    ] {
+        assert!(help.contains(needle), "{needle} missing from:\n{help}");
+    }
+}
+
+#[test]
+fn ci_stops_at_the_target_or_says_it_was_missed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json = dir.path().join("ci.jsonl");
+    // A loose target: met within the repetition bounds.
+    run_ok(
+        netgap()
+            .args([
+                "run",
+                "pingpong,stream",
+                "--sizes",
+                "1K",
+                "--rep-time",
+                "2ms",
+            ])
+            .args(["--ci", "90,50", "--ci-reps", "3,20", "--json"])
+            .arg(&json),
+    );
+    // An impossible one: every point runs the maximum and misses.
+    let out = run_ok(
+        netgap()
+            .args(["run", "pingpong", "--sizes", "1K", "--rep-time", "2ms"])
+            .args(["--ci", "99.9,0.0001", "--ci-reps", "3,4", "--json"])
+            .arg(&json),
+    );
+    let records = read_records(&json);
+    assert_eq!(records.len(), 3);
+    for r in &records[..2] {
+        let ci = &r["ci_target"];
+        assert_eq!(ci["met"], true, "{r}");
+        assert_eq!(
+            (f(ci, "confidence_pct"), f(ci, "half_width_pct")),
+            (90.0, 50.0)
+        );
+        assert!(f(ci, "achieved_half_width_pct") <= 50.0);
+        let n = r["stats"]["reps"].as_array().map_or(0, Vec::len);
+        assert!((3..=20).contains(&n), "{n}");
+    }
+    let missed = &records[2];
+    assert_eq!(missed["ci_target"]["met"], false, "{missed}");
+    assert_eq!(missed["stats"]["reps"].as_array().map(Vec::len), Some(4));
+    assert!(f(&missed["ci_target"], "achieved_half_width_pct") > 0.0001);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("ci target missed"), "{stdout}");
+    // Without --ci, no ci_target field.
+    let plain = dir.path().join("plain.jsonl");
+    run_ok(
+        netgap()
+            .args([
+                "run",
+                "pingpong",
+                "--sizes",
+                "1",
+                "--reps",
+                "2",
+                "--rep-time",
+                "2ms",
+                "--json",
+            ])
+            .arg(&plain),
+    );
+    assert!(read_records(&plain)[0].get("ci_target").is_none());
+}
+
+#[test]
+fn a_sweep_with_ci_records_its_target() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json = dir.path().join("s.jsonl");
+    run_ok(
+        netgap()
+            .args(["sweep", "--end", "16", "--trial-time", "2ms"])
+            .args(["--ci", "95,80", "--ci-reps", "3,6", "--json"])
+            .arg(&json),
+    );
+    for r in read_records(&json) {
+        assert!(r["ci_target"]["met"].is_boolean(), "{r}");
+    }
+}
+
+/// Runs netgap with `args`, expecting failure with one line on stderr
+/// containing `needle`.
+fn fails_with_one_line(args: &[&str], needle: &str) {
+    let out = netgap().args(args).output().expect("runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{args:?} should fail");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{args:?}: {stderr}");
+    assert!(
+        stderr.contains(needle),
+        "{args:?}: {stderr:?} lacks {needle:?}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+#[test]
+fn bad_sweep_logp_and_ci_input_gets_one_clear_line() {
+    fails_with_one_line(&["sweep", "--start", "0"], "--start");
+    fails_with_one_line(&["sweep", "--start", "2M", "--end", "1M"], "--start");
+    fails_with_one_line(&["sweep", "--factor", "0.5"], "factor");
+    fails_with_one_line(&["sweep", "--trials", "0"], "--trials");
+    fails_with_one_line(&["sweep", "--trial-time", "soon"], "--trial-time");
+    fails_with_one_line(&["sweep", "--stream", "--bidir"], "--bidir");
+    fails_with_one_line(&["sweep", "-t", "udp"], "udp");
+    fails_with_one_line(&["sweep", "--max-block-time", "0s"], "--max-block-time");
+    fails_with_one_line(&["logp", "--sizes", "0"], "out of range");
+    fails_with_one_line(&["logp", "-t", "carrier-pigeon"], "unknown transport");
+    fails_with_one_line(&["run", "pingpong", "--ci", "99"], "--ci");
+    fails_with_one_line(
+        &["run", "pingpong", "--ci", "99,2", "--ci-reps", "1,5"],
+        "--ci",
+    );
+    fails_with_one_line(&["run", "pingpong", "--ci-reps", "3,5"], "--ci");
+}
