@@ -5,7 +5,8 @@
 
 use crate::agent::Agent;
 use crate::bench::{self, ClientRole, Metric, RepOutcome, RoleParams};
-use crate::control::{ControlConn, ControlError};
+use crate::control::{ControlAddr, ControlConn, ControlError};
+use crate::proto::auth::{is_auth_frame, Key};
 use crate::cpu::CpuUsage;
 use crate::host::HostFacts;
 use crate::plan::{Peer, Plan};
@@ -19,7 +20,7 @@ use crate::runner::{self, PeerControl, PointMeasurement, RunError, ServerRep};
 use crate::spec::PointSpec;
 use crate::stats::{noise_warning, LatencyHistogram, Summary, NOISY_CV};
 use crate::transport::{self, DatagramStats, FlowConfig, FlowError, FlowMonitor};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -36,7 +37,7 @@ pub enum CoordError {
     #[error("cannot connect to agent at {addr}: {source} (is `netgap serve` running there?)")]
     Connect {
         /// The agent's address.
-        addr: SocketAddr,
+        addr: ControlAddr,
         /// Underlying error.
         source: std::io::Error,
     },
@@ -44,7 +45,7 @@ pub enum CoordError {
     #[error("agent at {addr}: {detail}")]
     Handshake {
         /// The agent's address.
-        addr: SocketAddr,
+        addr: ControlAddr,
         /// What went wrong.
         detail: String,
     },
@@ -73,6 +74,9 @@ pub enum CoordError {
     /// The in-process agent could not start.
     #[error("cannot start the in-process agent: {0}")]
     Embedded(String),
+    /// The key file is unusable.
+    #[error("{0}")]
+    Key(#[from] crate::auth::KeyFileError),
 }
 
 /// Follows a run as it goes: the table, the progress bar.
@@ -89,7 +93,8 @@ pub trait Observer {
 pub struct Coordinator {
     conn: ControlConn,
     session: CoordinatorSession,
-    addr: SocketAddr,
+    /// The agent's IP address, for data addresses it reports unspecified.
+    agent_ip: IpAddr,
     local_host: HostFacts,
     peer_host: HostFacts,
 }
@@ -102,23 +107,43 @@ fn control_detail(e: ControlError) -> String {
 }
 
 impl Coordinator {
-    /// Connects to the agent at `addr` and shakes hands.
-    pub fn connect(addr: SocketAddr) -> Result<Coordinator, CoordError> {
-        let stream = TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT)
-            .map_err(|source| CoordError::Connect { addr, source })?;
-        let hs = |detail: String| CoordError::Handshake { addr, detail };
-        let local_ip = stream.local_addr().map_err(|e| hs(e.to_string()))?.ip();
+    /// Connects to the agent at `addr`, proves `key` if given (see
+    /// [`crate::auth::prove`]) and shakes hands.
+    pub fn connect(addr: &ControlAddr, key: Option<&Key>) -> Result<Coordinator, CoordError> {
+        let stream = addr
+            .connect(CONNECT_TIMEOUT)
+            .map_err(|source| CoordError::Connect {
+                addr: addr.clone(),
+                source,
+            })?;
+        let hs = |detail: String| CoordError::Handshake {
+            addr: addr.clone(),
+            detail,
+        };
+        let local_ip = stream.local_ip();
+        let agent_ip = stream
+            .peer_ip()
+            .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST));
         let mut conn = ControlConn::new(stream).map_err(|e| hs(e.to_string()))?;
+        if let Some(key) = key {
+            crate::auth::prove(&mut conn, key, REPLY_TIMEOUT).map_err(|e| hs(e.to_string()))?;
+        }
         let mut session = CoordinatorSession::new();
         conn.send(&session.hello())
             .map_err(|e| hs(control_detail(e)))?;
-        let reply = recv_reply(&mut conn, REPLY_TIMEOUT).map_err(hs)?;
+        let payload = conn
+            .recv_payload(REPLY_TIMEOUT)
+            .map_err(|e| hs(control_detail(e)))?;
+        if is_auth_frame(&payload) {
+            return Err(hs(crate::auth::KEY_REQUIRED.into()));
+        }
+        let reply = decode_reply(&payload).map_err(|e| hs(format!("bad reply from agent: {e}")))?;
         let peer_host = session.on_welcome(reply).map_err(|e| hs(e.to_string()))?;
         Ok(Coordinator {
             conn,
             session,
-            addr,
-            local_host: HostFacts::collect(Some(local_ip)),
+            agent_ip,
+            local_host: HostFacts::collect(local_ip),
             peer_host,
         })
     }
@@ -150,7 +175,7 @@ impl Coordinator {
             .session
             .on_listening(reply)
             .map_err(|e| e.to_string())?;
-        let data_addr = fix_unspecified(&data_addr, self.addr.ip());
+        let data_addr = fix_unspecified(&data_addr, self.agent_ip);
         let config = FlowConfig::from_spec(spec);
         let flow = transport
             .connect(&config, &data_addr)
@@ -391,7 +416,7 @@ pub fn run_plan(
     observer: &mut dyn Observer,
 ) -> Result<RunSummary, CoordError> {
     let addr = match &plan.peer {
-        Peer::Remote { addr, .. } => *addr,
+        Peer::Remote { addr, .. } => addr.clone(),
         Peer::Embedded { ipv6 } => {
             let ip: IpAddr = if *ipv6 {
                 Ipv6Addr::LOCALHOST.into()
@@ -404,6 +429,7 @@ pub fn run_plan(
             let addr = agent
                 .local_addr()
                 .map_err(|e| CoordError::Embedded(e.to_string()))?;
+            let addr = ControlAddr::Tcp(addr);
             agent
                 .spawn()
                 .map_err(|e| CoordError::Embedded(e.to_string()))?;
@@ -414,7 +440,12 @@ pub fn run_plan(
         crate::affinity::pin_current_thread(cpu)
             .map_err(|e| CoordError::Embedded(format!("client placement: {e}")))?;
     }
-    let mut coord = Coordinator::connect(addr)?;
+    let key = plan
+        .key_file
+        .as_deref()
+        .map(crate::auth::load_key)
+        .transpose()?;
+    let mut coord = Coordinator::connect(&addr, key.as_ref())?;
     let total = plan.points.len();
     let mut summary = RunSummary::default();
     for (i, spec) in plan.points.iter().enumerate() {

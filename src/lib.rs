@@ -8,12 +8,14 @@
 
 pub mod affinity;
 pub mod agent;
+pub mod auth;
 pub mod bench;
 pub mod cluster;
 pub mod control;
 pub mod coordinator;
 pub mod cpu;
 pub mod host;
+pub mod limits;
 pub mod output;
 pub mod plan;
 pub mod proto;
@@ -21,6 +23,7 @@ pub mod record;
 pub mod runner;
 pub mod spec;
 pub mod stats;
+pub mod testbed;
 pub mod transport;
 pub mod units;
 
