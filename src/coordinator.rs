@@ -27,6 +27,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 /// How long connecting to an agent may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long a failed point waits for the agent's reason.
+const AGENT_REASON_WAIT: Duration = Duration::from_millis(300);
 /// How long the agent may take to answer a request that does no data work.
 const REPLY_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -206,8 +208,21 @@ impl Coordinator {
             done_timeout,
             monitor,
         };
-        let m = runner::measure_point(role.as_mut(), &mut peer, method, on_rep)
-            .map_err(|e| e.to_string())?;
+        let measured = runner::measure_point(role.as_mut(), &mut peer, method, on_rep);
+        let m = match measured {
+            Ok(m) => m,
+            Err(e) => {
+                // When the agent refused a repetition (a limit, a failed
+                // role), the data flow breaks too; the agent's reason, sent
+                // just before, says more than the broken flow.
+                if let Ok(payload) = self.conn.recv_payload(AGENT_REASON_WAIT) {
+                    if let Ok(Reply::Error { message }) = decode_reply(&payload) {
+                        return Err(format!("agent error: {message}"));
+                    }
+                }
+                return Err(e.to_string());
+            }
+        };
         drop(role);
         let close = self.session.close();
         self.conn.send(&close).map_err(control_detail)?;
