@@ -106,7 +106,10 @@ impl Agent {
             addr: addr.to_string(),
             source,
         };
-        if path.exists() && std::os::unix::net::UnixStream::connect(path).is_err() {
+        let is_socket = std::fs::symlink_metadata(path)
+            .is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()));
+        // Only a socket is ever removed, never another kind of file.
+        if is_socket && std::os::unix::net::UnixStream::connect(path).is_err() {
             std::fs::remove_file(path).map_err(err)?;
         }
         let listener = UnixListener::bind(path).map_err(err)?;
