@@ -12,10 +12,10 @@
 
 use crate::bench;
 use crate::control::{ControlAddr, ControlConn, ControlError, ControlStream};
-use crate::limits::AgentLimits;
-use crate::proto::auth::{is_auth_frame, Key};
 use crate::cpu::CpuMeter;
 use crate::host::HostFacts;
+use crate::limits::AgentLimits;
+use crate::proto::auth::{is_auth_frame, Key};
 use crate::proto::codec::decode_request;
 use crate::proto::message::{Reply, Request};
 use crate::proto::session::{AgentAction, AgentSession};

@@ -7,8 +7,8 @@
 //! when it has a key, before decoding any request.
 
 use crate::control::{ControlConn, ControlError};
-use crate::proto::auth::{is_auth_frame, AgentHandshake, AuthError, CoordinatorHandshake, Key};
 use crate::proto::auth::NONCE_BYTES;
+use crate::proto::auth::{is_auth_frame, AgentHandshake, AuthError, CoordinatorHandshake, Key};
 use crate::proto::codec::decode_reply;
 use crate::proto::message::Reply;
 use std::fs::OpenOptions;
@@ -32,7 +32,9 @@ pub enum KeyFileError {
         source: io::Error,
     },
     /// Group or others may read the file.
-    #[error("key file {path} is readable by group or others (mode {mode:03o}); run chmod 600 {path}")]
+    #[error(
+        "key file {path} is readable by group or others (mode {mode:03o}); run chmod 600 {path}"
+    )]
     Permissions {
         /// The file.
         path: PathBuf,
@@ -186,7 +188,11 @@ pub const KEY_REQUIRED: &str =
 /// Agent side: challenges the coordinator on `conn` with `key`, waiting at
 /// most until `deadline`. Nothing the peer sends is decoded as a request.
 /// On failure, the coordinator gets one error reply (best effort).
-pub fn challenge(conn: &mut ControlConn, key: &Key, deadline: Instant) -> Result<(), HandshakeError> {
+pub fn challenge(
+    conn: &mut ControlConn,
+    key: &Key,
+    deadline: Instant,
+) -> Result<(), HandshakeError> {
     let mut hs = AgentHandshake::new(key.clone(), nonce().map_err(HandshakeError::Random)?);
     conn.send_payload(&hs.challenge())?;
     loop {

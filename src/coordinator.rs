@@ -6,10 +6,10 @@
 use crate::agent::Agent;
 use crate::bench::{self, ClientRole, Metric, RepOutcome, RoleParams};
 use crate::control::{ControlAddr, ControlConn, ControlError};
-use crate::proto::auth::{is_auth_frame, Key};
 use crate::cpu::CpuUsage;
 use crate::host::HostFacts;
 use crate::plan::{Peer, Plan};
+use crate::proto::auth::{is_auth_frame, Key};
 use crate::proto::codec::decode_reply;
 use crate::proto::message::{Phase, Reply};
 use crate::proto::session::CoordinatorSession;
@@ -123,9 +123,7 @@ impl Coordinator {
             detail,
         };
         let local_ip = stream.local_ip();
-        let agent_ip = stream
-            .peer_ip()
-            .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST));
+        let agent_ip = stream.peer_ip().unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST));
         let mut conn = ControlConn::new(stream).map_err(|e| hs(e.to_string()))?;
         if let Some(key) = key {
             crate::auth::prove(&mut conn, key, REPLY_TIMEOUT).map_err(|e| hs(e.to_string()))?;

@@ -135,7 +135,10 @@ fn serve(args: &ServeArgs) -> Result<()> {
                 .trim_matches(|c| c == '[' || c == ']')
                 .parse()
                 .with_context(|| {
-                    format!("--bind {:?} is neither an IP address nor unix:PATH", args.bind)
+                    format!(
+                        "--bind {:?} is neither an IP address nor unix:PATH",
+                        args.bind
+                    )
                 })?;
             ControlAddr::Tcp(SocketAddr::new(ip, args.port))
         }

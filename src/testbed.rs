@@ -528,10 +528,8 @@ fn build_network(name: &str, p: &Params, hosts: &HostsFile) -> Result<(), Testbe
 /// output to its log), and records its pid.
 fn start_agent(dir: &Path, p: &Params, h: &HostEntry) -> Result<u32, TestbedError> {
     let log_path = dir.join(format!("{}.log", h.name));
-    let log = std::fs::File::create(&log_path).map_err(io_err(format!(
-        "creating {}",
-        log_path.display()
-    )))?;
+    let log = std::fs::File::create(&log_path)
+        .map_err(io_err(format!("creating {}", log_path.display())))?;
     let log2 = log
         .try_clone()
         .map_err(io_err(format!("opening {}", log_path.display())))?;
@@ -764,7 +762,11 @@ pub fn status(args: &NameArgs) -> Result<(), TestbedError> {
         for l in &h.links {
             say!(
                 "       link {}#{} {} {} -> {}",
-                l.peer, l.index, l.ifname, l.local, l.remote
+                l.peer,
+                l.index,
+                l.ifname,
+                l.local,
+                l.remote
             );
         }
     }
@@ -824,7 +826,11 @@ fn teardown(name: &str, quiet: bool) -> Result<(), TestbedError> {
             "testbed {name} removed: {} namespaces, {} processes stopped{}",
             namespaces.len(),
             pids.len(),
-            if dir.exists() { "" } else { ", state directory gone" }
+            if dir.exists() {
+                ""
+            } else {
+                ", state directory gone"
+            }
         );
     }
     match errors.first() {
@@ -857,9 +863,7 @@ fn stop_processes(pids: &[i32]) {
     }
     let t0 = Instant::now();
     while t0.elapsed() < Duration::from_secs(2)
-        && pids
-            .iter()
-            .any(|&p| u32::try_from(p).is_ok_and(pid_alive))
+        && pids.iter().any(|&p| u32::try_from(p).is_ok_and(pid_alive))
     {
         std::thread::sleep(Duration::from_millis(20));
     }

@@ -108,7 +108,10 @@ fn the_right_key_runs_and_every_mismatch_is_one_clear_line() {
         &run_point(&agent, Some(&other), &json, "64"),
         "key does not match",
     );
-    one_error_line(&run_point(&agent, None, &json, "64"), "requires a shared key");
+    one_error_line(
+        &run_point(&agent, None, &json, "64"),
+        "requires a shared key",
+    );
 
     // The failed attempts took no capacity: the right key still runs.
     let out = run_point(&agent, Some(&key), &json, "64");
@@ -147,7 +150,11 @@ fn key_files_readable_by_others_or_too_short_are_refused() {
         .expect("serve");
     one_error_line(&out, "16 to 4096 bytes");
     // `key new` never overwrites.
-    let out = netgap().args(["key", "new"]).arg(&key).output().expect("key");
+    let out = netgap()
+        .args(["key", "new"])
+        .arg(&key)
+        .output()
+        .expect("key");
     assert!(!out.status.success());
 }
 
@@ -193,7 +200,8 @@ fn a_replayed_proof_is_refused() {
     // Replayed on a new connection, it answers a stale nonce.
     let (mut conn, challenge2) = raw_challenge(&agent);
     assert_ne!(challenge, challenge2, "every session gets a fresh nonce");
-    conn.send_payload(&AuthFrame::Begin.encode()).expect("begin");
+    conn.send_payload(&AuthFrame::Begin.encode())
+        .expect("begin");
     conn.send_payload(&recorded).expect("replay");
     let reply = conn.recv_payload(Duration::from_secs(2)).expect("reply");
     match decode_reply(&reply) {
@@ -289,4 +297,59 @@ fn requests_past_the_agent_limits_are_refused_before_any_data_socket() {
         .output()
         .expect("serve");
     one_error_line(&out, "--max-flows");
+}
+
+#[test]
+fn an_agent_serves_on_a_unix_socket_and_never_replaces_another_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sock = dir.path().join("agent.sock");
+    let mut child = netgap()
+        .args(["serve", "--bind"])
+        .arg(format!("unix:{}", sock.display()))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("agent");
+    let t0 = Instant::now();
+    while !sock.exists() && t0.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let json = dir.path().join("r.jsonl");
+    let out = netgap()
+        .args([
+            "run",
+            "pingpong,stream",
+            "-s",
+            "1K",
+            "--reps",
+            "2",
+            "-n",
+            "50",
+        ])
+        .arg("--peer")
+        .arg(format!("unix:{}", sock.display()))
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .expect("run");
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(out.status.success(), "{out:?}");
+    let text = std::fs::read_to_string(&json).expect("results");
+    assert_eq!(text.lines().count(), 2);
+    let mode = std::fs::metadata(&sock)
+        .expect("socket")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o077, 0, "the control socket is the owner's only");
+
+    let file = dir.path().join("precious");
+    std::fs::write(&file, b"keep me").expect("write");
+    let out = netgap()
+        .args(["serve", "--bind"])
+        .arg(format!("unix:{}", file.display()))
+        .output()
+        .expect("serve");
+    one_error_line(&out, "cannot listen");
+    assert_eq!(std::fs::read(&file).expect("still there"), b"keep me");
 }

@@ -212,18 +212,30 @@ fn a_four_host_switch_testbed_carries_traffic_and_goes_away() {
         assert_eq!(h.name, format!("h{}", i + 1));
         assert_eq!(h.address.to_string(), format!("10.77.0.{}", i + 1));
         assert_eq!(h.netns.as_deref(), Some(&*tb.ns(&h.name)));
-        assert_eq!(h.control, format!("unix:{}/h{}.sock", tb.dir().display(), i + 1));
+        assert_eq!(
+            h.control,
+            format!("unix:{}/h{}.sock", tb.dir().display(), i + 1)
+        );
     }
-    let key_mode = std::fs::metadata(tb.key()).expect("key").permissions().mode();
+    let key_mode = std::fs::metadata(tb.key())
+        .expect("key")
+        .permissions()
+        .mode();
     assert_eq!(key_mode & 0o777, 0o600);
     assert_eq!(hosts.key_file.as_deref(), Some(&*tb.key()));
 
     // MTU and TBF on both ends of each host's link.
     let link = sh("ip", &["-n", &tb.ns("h1"), "link", "show", "eth0"]);
     assert!(link.contains("mtu 9000"), "{link}");
-    for (ns, dev) in [(tb.ns("h3"), "eth0".to_string()), (tb.ns("sw"), "h3".into())] {
+    for (ns, dev) in [
+        (tb.ns("h3"), "eth0".to_string()),
+        (tb.ns("sw"), "h3".into()),
+    ] {
         let q = sh("tc", &["-n", &ns, "qdisc", "show", "dev", &dev]);
-        assert!(q.contains("tbf") && q.contains("rate 2Gbit"), "{ns} {dev}: {q}");
+        assert!(
+            q.contains("tbf") && q.contains("rate 2Gbit"),
+            "{ns} {dev}: {q}"
+        );
     }
 
     // Traffic from h2 to h1's agent crosses h2's link.
@@ -297,7 +309,14 @@ fn a_two_host_mesh_with_three_links_uses_each_link_and_down_cleans_a_crash() {
     let mut subnets: Vec<String> = h1
         .links
         .iter()
-        .map(|l| l.local.to_string().rsplit_once('.').expect("v4").0.to_string())
+        .map(|l| {
+            l.local
+                .to_string()
+                .rsplit_once('.')
+                .expect("v4")
+                .0
+                .to_string()
+        })
         .collect();
     subnets.dedup();
     assert_eq!(subnets.len(), 3, "each link its own subnet");
@@ -307,7 +326,10 @@ fn a_two_host_mesh_with_three_links_uses_each_link_and_down_cleans_a_crash() {
     for (k, l) in h1.links.iter().enumerate() {
         let back = h2.links_to("h1").find(|b| b.index == l.index).expect("end");
         assert_eq!((back.local, back.remote), (l.remote, l.local));
-        let q = sh("tc", &["-n", &tb.ns("h2"), "qdisc", "show", "dev", &back.ifname]);
+        let q = sh(
+            "tc",
+            &["-n", &tb.ns("h2"), "qdisc", "show", "dev", &back.ifname],
+        );
         assert!(q.contains("tbf") && q.contains("rate 1Gbit"), "{q}");
 
         // An agent in h1 on this link's address (TCP, keyed: it is not
@@ -366,7 +388,10 @@ fn a_two_host_mesh_with_three_links_uses_each_link_and_down_cleans_a_crash() {
             if e.index == back.index {
                 assert!(tx >= sent, "link {k}: {tx} bytes for {sent} of payload");
             } else {
-                assert!(tx < sent / 10, "link {j} carried {tx} bytes meant for link {k}");
+                assert!(
+                    tx < sent / 10,
+                    "link {j} carried {tx} bytes meant for link {k}"
+                );
             }
         }
     }
@@ -394,7 +419,10 @@ fn traffic_between_switch_hosts_runs_through_the_agents_sockets() {
     let dir = tempfile::tempdir().expect("tempdir");
     let recs = tb.run_from("h2", "h1", "pingpong", &dir.path().join("p.jsonl"));
     assert_eq!(recs[0]["test"], "pingpong");
-    assert_eq!(bytes_of(&recs[0], "client_tx"), bytes_of(&recs[0], "server_rx"));
+    assert_eq!(
+        bytes_of(&recs[0], "client_tx"),
+        bytes_of(&recs[0], "server_rx")
+    );
     // The agent reports the testbed address it served on.
     assert!(
         recs[0]["options"]["peer"]
@@ -408,7 +436,10 @@ fn traffic_between_switch_hosts_runs_through_the_agents_sockets() {
         .args(["testbed", "up", "--name", "tpp", "--hosts", "3"])
         .output()
         .expect("up"));
-    assert!(out.contains("rebuilding") && out.contains("differ"), "{out}");
+    assert!(
+        out.contains("rebuilding") && out.contains("differ"),
+        "{out}"
+    );
     assert_eq!(tb.hosts().hosts.len(), 3);
     tb.down();
     tb.assert_gone();
