@@ -2,25 +2,39 @@
 //! runs the server role of each point they open. One session at a time runs
 //! tests; another coordinator gets an explicit "busy". A client that vanishes
 //! or sends garbage ends only its own session; the agent serves the next one.
+//!
+//! With a key, every connection first proves it ([`crate::auth::challenge`])
+//! before any request is decoded. Connections still in that handshake (or
+//! before their `Hello`) are few ([`MAX_HANDSHAKES`]) and short
+//! ([`HANDSHAKE_TIMEOUT`]), and none of them holds the busy slot, so clients
+//! that cannot authenticate cannot keep the agent from serving. Requests are
+//! checked against the agent's [`AgentLimits`] before any data socket opens.
 
 use crate::bench;
-use crate::control::{ControlConn, ControlError};
+use crate::control::{ControlAddr, ControlConn, ControlError, ControlStream};
 use crate::cpu::CpuMeter;
 use crate::host::HostFacts;
+use crate::limits::AgentLimits;
+use crate::proto::auth::{is_auth_frame, Key};
 use crate::proto::codec::decode_request;
 use crate::proto::message::{Reply, Request};
 use crate::proto::session::{AgentAction, AgentSession};
 use crate::spec::PointSpec;
 use crate::transport::{self, DatagramStats, FlowConfig, FlowMonitor};
 use std::io;
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
 use std::os::fd::AsFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixListener;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// How long a new connection may take to say hello.
-const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a new connection may take to authenticate and say hello.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(3);
+/// Most connections at once that have not yet said hello; more are closed
+/// at once.
+pub const MAX_HANDSHAKES: usize = 16;
 /// How long an established session may stay silent between requests.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long the agent waits for the coordinator's data connection.
@@ -31,27 +45,109 @@ const ACCEPT_TIMEOUT: Duration = Duration::from_secs(5);
 #[error("cannot listen on {addr}: {source}")]
 pub struct BindError {
     /// The address asked for.
-    pub addr: SocketAddr,
+    pub addr: String,
     /// Underlying error (address in use, no permission, ...).
     pub source: io::Error,
 }
 
+enum Listener {
+    Tcp(TcpListener),
+    Unix(UnixListener),
+}
+
+impl Listener {
+    fn accept(&self) -> io::Result<(ControlStream, String)> {
+        match self {
+            Listener::Tcp(l) => l
+                .accept()
+                .map(|(s, peer)| (ControlStream::Tcp(s), peer.to_string())),
+            Listener::Unix(l) => l
+                .accept()
+                .map(|(s, _)| (ControlStream::Unix(s), "a local client".to_string())),
+        }
+    }
+}
+
+/// What every session of an agent shares.
+struct Shared {
+    busy: AtomicBool,
+    handshakes: AtomicUsize,
+    key: Option<Key>,
+    limits: AgentLimits,
+    data_ip: Option<IpAddr>,
+}
+
 /// A bound agent, ready to serve.
 pub struct Agent {
-    listener: TcpListener,
-    busy: Arc<AtomicBool>,
+    listener: Listener,
+    shared: Shared,
     quiet: bool,
 }
 
 impl Agent {
-    /// Binds the control listener at `addr`.
+    /// Binds the control listener at a TCP `addr`.
     pub fn bind(addr: SocketAddr) -> Result<Agent, BindError> {
-        let listener = TcpListener::bind(addr).map_err(|source| BindError { addr, source })?;
-        Ok(Agent {
+        let listener = TcpListener::bind(addr).map_err(|source| BindError {
+            addr: addr.to_string(),
+            source,
+        })?;
+        Ok(Agent::with_listener(Listener::Tcp(listener)))
+    }
+
+    /// Binds the control listener at `addr`, TCP or a Unix socket. A stale
+    /// socket file nobody listens on is replaced; a live one is an error.
+    /// The Unix socket is made accessible to its owner only.
+    pub fn bind_control(addr: &ControlAddr) -> Result<Agent, BindError> {
+        let path = match addr {
+            ControlAddr::Tcp(a) => return Agent::bind(*a),
+            ControlAddr::Unix(p) => p,
+        };
+        let err = |source| BindError {
+            addr: addr.to_string(),
+            source,
+        };
+        let is_socket = std::fs::symlink_metadata(path)
+            .is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()));
+        // Only a socket is ever removed, never another kind of file.
+        if is_socket && std::os::unix::net::UnixStream::connect(path).is_err() {
+            std::fs::remove_file(path).map_err(err)?;
+        }
+        let listener = UnixListener::bind(path).map_err(err)?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(err)?;
+        Ok(Agent::with_listener(Listener::Unix(listener)))
+    }
+
+    fn with_listener(listener: Listener) -> Agent {
+        Agent {
             listener,
-            busy: Arc::new(AtomicBool::new(false)),
+            shared: Shared {
+                busy: AtomicBool::new(false),
+                handshakes: AtomicUsize::new(0),
+                key: None,
+                limits: AgentLimits::default(),
+                data_ip: None,
+            },
             quiet: false,
-        })
+        }
+    }
+
+    /// Requires every coordinator to prove `key` before anything else.
+    pub fn with_key(mut self, key: Key) -> Agent {
+        self.shared.key = Some(key);
+        self
+    }
+
+    /// Refuses requests past `limits`.
+    pub fn with_limits(mut self, limits: AgentLimits) -> Agent {
+        self.shared.limits = limits;
+        self
+    }
+
+    /// Opens data listeners on `ip` (default: the address the control
+    /// connection came in on, or 127.0.0.1 over a Unix socket).
+    pub fn with_data_ip(mut self, ip: IpAddr) -> Agent {
+        self.shared.data_ip = Some(ip);
+        self
     }
 
     /// Stops session log lines on stderr (used by the in-process agent).
@@ -60,13 +156,20 @@ impl Agent {
         self
     }
 
-    /// The address the agent listens on.
+    /// The TCP address the agent listens on.
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
-        self.listener.local_addr()
+        match &self.listener {
+            Listener::Tcp(l) => l.local_addr(),
+            Listener::Unix(_) => Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "the agent listens on a Unix socket",
+            )),
+        }
     }
 
     /// Serves sessions until the process ends, each on its own thread.
     pub fn serve(self) -> io::Result<()> {
+        let shared = Arc::new(self.shared);
         loop {
             let (stream, peer) = match self.listener.accept() {
                 Ok(c) => c,
@@ -78,12 +181,18 @@ impl Agent {
                 }
                 Err(e) => return Err(e),
             };
-            let busy = Arc::clone(&self.busy);
+            let Some(slot) = HandshakeSlot::claim(&shared) else {
+                // Too many connections are still shaking hands: this one
+                // gets no thread and no buffer.
+                drop(stream);
+                continue;
+            };
+            let shared = Arc::clone(&shared);
             let quiet = self.quiet;
             let spawned = std::thread::Builder::new()
                 .name(format!("session {peer}"))
                 .spawn(move || {
-                    if let Err(e) = run_session(stream, &busy) {
+                    if let Err(e) = run_session(stream, &shared, slot) {
                         if !quiet {
                             eprintln!("netgap agent: session with {peer} ended: {e}");
                         }
@@ -121,6 +230,28 @@ enum SessionEnd {
     Control(#[from] ControlError),
     #[error("{0}")]
     Refused(String),
+}
+
+/// One of the [`MAX_HANDSHAKES`] places of connections that have not yet
+/// said hello; freed when dropped.
+struct HandshakeSlot(Arc<Shared>);
+
+impl HandshakeSlot {
+    fn claim(shared: &Arc<Shared>) -> Option<HandshakeSlot> {
+        shared
+            .handshakes
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < MAX_HANDSHAKES).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| HandshakeSlot(Arc::clone(shared)))
+    }
+}
+
+impl Drop for HandshakeSlot {
+    fn drop(&mut self) {
+        self.0.handshakes.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// Releases the busy flag when the session that claimed it ends.
@@ -173,15 +304,34 @@ fn next_request(
     })
 }
 
-fn run_session(stream: TcpStream, busy: &AtomicBool) -> Result<(), SessionEnd> {
-    let local_ip = stream.local_addr().map_err(ControlError::Io)?.ip();
+fn run_session(
+    stream: ControlStream,
+    shared: &Shared,
+    slot: HandshakeSlot,
+) -> Result<(), SessionEnd> {
+    let local_ip = shared
+        .data_ip
+        .or(stream.local_ip())
+        .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST));
     let mut conn = ControlConn::new(stream).map_err(ControlError::Io)?;
-
-    let first = conn.recv_payload(HELLO_TIMEOUT)?;
+    let deadline = Instant::now() + HANDSHAKE_TIMEOUT;
+    if let Some(key) = &shared.key {
+        crate::auth::challenge(&mut conn, key, deadline)
+            .map_err(|e| SessionEnd::Refused(e.to_string()))?;
+    }
+    let left = deadline
+        .saturating_duration_since(Instant::now())
+        .max(Duration::from_millis(1));
+    let first = conn.recv_payload(left)?;
+    if is_auth_frame(&first) {
+        return Err(refuse(&mut conn, crate::auth::no_key_message()));
+    }
     let hello = match decode_request(&first) {
         Ok(r) => r,
         Err(e) => return Err(refuse(&mut conn, format!("bad first message: {e}"))),
     };
+    drop(slot);
+    let busy = &shared.busy;
     let claimed = matches!(hello, Request::Hello { .. })
         && busy
             .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
@@ -189,8 +339,23 @@ fn run_session(stream: TcpStream, busy: &AtomicBool) -> Result<(), SessionEnd> {
     let _claim = claimed.then(|| BusyClaim(busy));
     let mut session = AgentSession::new(HostFacts::collect(Some(local_ip)), !claimed);
     let mut point: Option<OpenPoint> = None;
+    let mut open_size_bytes = 0u64;
     let mut request = hello;
     loop {
+        // Limits first: nothing past them reaches a data socket.
+        let within = match &request {
+            Request::Open { spec } => {
+                open_size_bytes = spec.size_bytes;
+                shared.limits.check_point(spec)
+            }
+            Request::Run { iterations, .. } => {
+                shared.limits.check_run(*iterations, open_size_bytes)
+            }
+            _ => Ok(()),
+        };
+        if let Err(e) = within {
+            return Err(refuse(&mut conn, e.to_string()));
+        }
         let action = match session.on_request(&request) {
             Ok(a) => a,
             Err(e) => return Err(refuse(&mut conn, e.to_string())),

@@ -46,6 +46,12 @@ pub enum Command {
     Compare(CompareArgs),
     /// Turn a peer tool's output into netgap result records (JSON Lines).
     Import(ImportArgs),
+    /// Build, show or remove a virtual cluster of network namespaces.
+    #[command(subcommand)]
+    Testbed(TestbedCommand),
+    /// Make shared keys for agents.
+    #[command(subcommand)]
+    Key(KeyCommand),
 }
 
 #[derive(Debug, clap::Args)]
@@ -88,12 +94,51 @@ pub struct ImportArgs {
     pub size: Option<u64>,
 }
 
+#[derive(Debug, Subcommand)]
+pub enum TestbedCommand {
+    /// Create the namespaces, links and agents, and write the hosts file.
+    Up(netgap::testbed::UpArgs),
+    /// Show the hosts, addresses, links and whether each agent is alive.
+    Status(netgap::testbed::NameArgs),
+    /// Remove everything the testbed made (also after a crash).
+    Down(netgap::testbed::NameArgs),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum KeyCommand {
+    /// Write a new random 32-byte key to FILE (mode 0600; never overwrites).
+    New {
+        /// The key file to create.
+        file: PathBuf,
+    },
+}
+
 #[derive(Debug, clap::Args)]
 pub struct ServeArgs {
-    /// Address to listen on (loopback unless told otherwise).
+    /// Address to listen on: an IP address (loopback unless told otherwise;
+    /// any other needs --key) or unix:PATH.
     #[arg(long, default_value = "127.0.0.1")]
     pub bind: String,
     /// Control port.
     #[arg(long, short = 'p', default_value_t = DEFAULT_PORT)]
     pub port: u16,
+    /// Address data listeners bind to (default: the address the control
+    /// connection came in on; 127.0.0.1 over a Unix socket).
+    #[arg(long, value_name = "IP")]
+    pub data_bind: Option<String>,
+    /// Shared key file every coordinator must prove (mode 0600).
+    #[arg(long, value_name = "FILE")]
+    pub key: Option<PathBuf>,
+    /// Most concurrent flows one session may open.
+    #[arg(long, default_value_t = netgap::limits::DEFAULT_MAX_FLOWS)]
+    pub max_flows: u32,
+    /// Longest one run may take.
+    #[arg(long, default_value = "10m", value_name = "DUR")]
+    pub max_duration: String,
+    /// Highest rate a session may ask for, in Gbit/s.
+    #[arg(long, default_value_t = netgap::limits::DEFAULT_MAX_RATE_GBPS, value_name = "GBPS")]
+    pub max_rate: f64,
+    /// Largest message a session may use (e.g. 64K, 4M).
+    #[arg(long, default_value = "256M", value_name = "SIZE")]
+    pub max_message: String,
 }

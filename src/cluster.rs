@@ -152,6 +152,38 @@ impl HostsFile {
     }
 }
 
+/// Reads the hosts file a `--hosts` argument names: `@testbed` is the hosts
+/// file of the default testbed (`netgap testbed up`, see
+/// [`crate::testbed::default_hosts_path`]); `@PATH` is the file at `PATH`.
+/// Anything else is not a file reference (a plain list of agents is parsed by
+/// the caller).
+pub fn resolve_hosts_arg(arg: &str) -> Result<HostsFile, HostsError> {
+    let path = match arg.strip_prefix('@') {
+        Some("testbed") => crate::testbed::default_hosts_path(),
+        Some(p) if !p.is_empty() => PathBuf::from(p),
+        _ => {
+            return Err(HostsError::Parse {
+                path: PathBuf::from(arg),
+                detail: "want @testbed or @FILE".into(),
+            })
+        }
+    };
+    match HostsFile::load(&path) {
+        Err(HostsError::Read { source, .. })
+            if arg == "@testbed" && source.kind() == std::io::ErrorKind::NotFound =>
+        {
+            Err(HostsError::Read {
+                path,
+                source: std::io::Error::new(
+                    source.kind(),
+                    "no testbed is up (start one with `netgap testbed up`)",
+                ),
+            })
+        }
+        other => other,
+    }
+}
+
 impl HostEntry {
     /// The parsed control address; [`HostsFile::check`] guarantees it parses.
     pub fn control_addr(&self) -> Option<ControlAddr> {
@@ -210,6 +242,19 @@ mod tests {
             Some(f.clone())
         );
         assert_eq!(f.hosts[0].links_to("h2").count(), 1);
+    }
+
+    #[test]
+    fn hosts_arguments_name_a_file_or_the_testbed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("hosts.json");
+        sample().save(&path).expect("save");
+        let arg = format!("@{}", path.display());
+        assert_eq!(resolve_hosts_arg(&arg).ok(), Some(sample()));
+        assert!(resolve_hosts_arg("10.0.0.1,10.0.0.2").is_err());
+        assert!(resolve_hosts_arg("@").is_err());
+        assert!(resolve_hosts_arg("@/nonexistent/hosts.json")
+            .is_err_and(|e| e.to_string().contains("/nonexistent/hosts.json")));
     }
 
     #[test]

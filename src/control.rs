@@ -198,6 +198,29 @@ impl ControlConn {
             })
     }
 
+    /// Sends one frame carrying `payload` as is (the authentication
+    /// handshake's fixed binary frames).
+    pub fn send_payload(&mut self, payload: &[u8]) -> Result<(), ControlError> {
+        let len = u32::try_from(payload.len())
+            .ok()
+            .filter(|&n| n > 0 && n as usize <= crate::proto::codec::MAX_FRAME_BYTES)
+            .ok_or_else(|| {
+                ControlError::Io(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "frame payload out of range",
+                ))
+            })?;
+        let mut frame = len.to_be_bytes().to_vec();
+        frame.extend_from_slice(payload);
+        self.stream
+            .set_write_timeout(Some(Duration::from_secs(5)))
+            .and_then(|()| self.stream.write_all(&frame))
+            .map_err(|e| match e.kind() {
+                io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset => ControlError::Closed,
+                _ => ControlError::Io(e),
+            })
+    }
+
     /// Receives one frame's payload, waiting at most `timeout`.
     pub fn recv_payload(&mut self, timeout: Duration) -> Result<Vec<u8>, ControlError> {
         let deadline = Instant::now() + timeout;

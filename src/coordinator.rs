@@ -5,10 +5,11 @@
 
 use crate::agent::Agent;
 use crate::bench::{self, ClientRole, Metric, RepOutcome, RoleParams};
-use crate::control::{ControlConn, ControlError};
+use crate::control::{ControlAddr, ControlConn, ControlError};
 use crate::cpu::CpuUsage;
 use crate::host::HostFacts;
 use crate::plan::{Peer, Plan};
+use crate::proto::auth::{is_auth_frame, Key};
 use crate::proto::codec::decode_reply;
 use crate::proto::message::{Phase, Reply};
 use crate::proto::session::CoordinatorSession;
@@ -19,13 +20,15 @@ use crate::runner::{self, PeerControl, PointMeasurement, RunError, ServerRep};
 use crate::spec::PointSpec;
 use crate::stats::{noise_warning, LatencyHistogram, Summary, NOISY_CV};
 use crate::transport::{self, DatagramStats, FlowConfig, FlowError, FlowMonitor};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 /// How long connecting to an agent may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long a failed point waits for the agent's reason.
+const AGENT_REASON_WAIT: Duration = Duration::from_millis(300);
 /// How long the agent may take to answer a request that does no data work.
 const REPLY_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -36,7 +39,7 @@ pub enum CoordError {
     #[error("cannot connect to agent at {addr}: {source} (is `netgap serve` running there?)")]
     Connect {
         /// The agent's address.
-        addr: SocketAddr,
+        addr: ControlAddr,
         /// Underlying error.
         source: std::io::Error,
     },
@@ -44,7 +47,7 @@ pub enum CoordError {
     #[error("agent at {addr}: {detail}")]
     Handshake {
         /// The agent's address.
-        addr: SocketAddr,
+        addr: ControlAddr,
         /// What went wrong.
         detail: String,
     },
@@ -73,6 +76,9 @@ pub enum CoordError {
     /// The in-process agent could not start.
     #[error("cannot start the in-process agent: {0}")]
     Embedded(String),
+    /// The key file is unusable.
+    #[error("{0}")]
+    Key(#[from] crate::auth::KeyFileError),
 }
 
 /// Follows a run as it goes: the table, the progress bar.
@@ -89,7 +95,8 @@ pub trait Observer {
 pub struct Coordinator {
     conn: ControlConn,
     session: CoordinatorSession,
-    addr: SocketAddr,
+    /// The agent's IP address, for data addresses it reports unspecified.
+    agent_ip: IpAddr,
     local_host: HostFacts,
     peer_host: HostFacts,
 }
@@ -102,23 +109,41 @@ fn control_detail(e: ControlError) -> String {
 }
 
 impl Coordinator {
-    /// Connects to the agent at `addr` and shakes hands.
-    pub fn connect(addr: SocketAddr) -> Result<Coordinator, CoordError> {
-        let stream = TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT)
-            .map_err(|source| CoordError::Connect { addr, source })?;
-        let hs = |detail: String| CoordError::Handshake { addr, detail };
-        let local_ip = stream.local_addr().map_err(|e| hs(e.to_string()))?.ip();
+    /// Connects to the agent at `addr`, proves `key` if given (see
+    /// [`crate::auth::prove`]) and shakes hands.
+    pub fn connect(addr: &ControlAddr, key: Option<&Key>) -> Result<Coordinator, CoordError> {
+        let stream = addr
+            .connect(CONNECT_TIMEOUT)
+            .map_err(|source| CoordError::Connect {
+                addr: addr.clone(),
+                source,
+            })?;
+        let hs = |detail: String| CoordError::Handshake {
+            addr: addr.clone(),
+            detail,
+        };
+        let local_ip = stream.local_ip();
+        let agent_ip = stream.peer_ip().unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST));
         let mut conn = ControlConn::new(stream).map_err(|e| hs(e.to_string()))?;
+        if let Some(key) = key {
+            crate::auth::prove(&mut conn, key, REPLY_TIMEOUT).map_err(|e| hs(e.to_string()))?;
+        }
         let mut session = CoordinatorSession::new();
         conn.send(&session.hello())
             .map_err(|e| hs(control_detail(e)))?;
-        let reply = recv_reply(&mut conn, REPLY_TIMEOUT).map_err(hs)?;
+        let payload = conn
+            .recv_payload(REPLY_TIMEOUT)
+            .map_err(|e| hs(control_detail(e)))?;
+        if is_auth_frame(&payload) {
+            return Err(hs(crate::auth::KEY_REQUIRED.into()));
+        }
+        let reply = decode_reply(&payload).map_err(|e| hs(format!("bad reply from agent: {e}")))?;
         let peer_host = session.on_welcome(reply).map_err(|e| hs(e.to_string()))?;
         Ok(Coordinator {
             conn,
             session,
-            addr,
-            local_host: HostFacts::collect(Some(local_ip)),
+            agent_ip,
+            local_host: HostFacts::collect(local_ip),
             peer_host,
         })
     }
@@ -150,7 +175,7 @@ impl Coordinator {
             .session
             .on_listening(reply)
             .map_err(|e| e.to_string())?;
-        let data_addr = fix_unspecified(&data_addr, self.addr.ip());
+        let data_addr = fix_unspecified(&data_addr, self.agent_ip);
         let config = FlowConfig::from_spec(spec);
         let flow = transport
             .connect(&config, &data_addr)
@@ -181,8 +206,21 @@ impl Coordinator {
             done_timeout,
             monitor,
         };
-        let m = runner::measure_point(role.as_mut(), &mut peer, method, on_rep)
-            .map_err(|e| e.to_string())?;
+        let measured = runner::measure_point(role.as_mut(), &mut peer, method, on_rep);
+        let m = match measured {
+            Ok(m) => m,
+            Err(e) => {
+                // When the agent refused a repetition (a limit, a failed
+                // role), the data flow breaks too; the agent's reason, sent
+                // just before, says more than the broken flow.
+                if let Ok(payload) = self.conn.recv_payload(AGENT_REASON_WAIT) {
+                    if let Ok(Reply::Error { message }) = decode_reply(&payload) {
+                        return Err(format!("agent error: {message}"));
+                    }
+                }
+                return Err(e.to_string());
+            }
+        };
         drop(role);
         let close = self.session.close();
         self.conn.send(&close).map_err(control_detail)?;
@@ -384,7 +422,7 @@ pub fn build_record(
 /// plan places the client, and connects.
 pub fn open_session(plan: &Plan) -> Result<Coordinator, CoordError> {
     let addr = match &plan.peer {
-        Peer::Remote { addr, .. } => *addr,
+        Peer::Remote { addr, .. } => addr.clone(),
         Peer::Embedded { ipv6 } => {
             let ip: IpAddr = if *ipv6 {
                 Ipv6Addr::LOCALHOST.into()
@@ -397,6 +435,7 @@ pub fn open_session(plan: &Plan) -> Result<Coordinator, CoordError> {
             let addr = agent
                 .local_addr()
                 .map_err(|e| CoordError::Embedded(e.to_string()))?;
+            let addr = ControlAddr::Tcp(addr);
             agent
                 .spawn()
                 .map_err(|e| CoordError::Embedded(e.to_string()))?;
@@ -407,7 +446,12 @@ pub fn open_session(plan: &Plan) -> Result<Coordinator, CoordError> {
         crate::affinity::pin_current_thread(cpu)
             .map_err(|e| CoordError::Embedded(format!("client placement: {e}")))?;
     }
-    Coordinator::connect(addr)
+    let key = plan
+        .key_file
+        .as_deref()
+        .map(crate::auth::load_key)
+        .transpose()?;
+    Coordinator::connect(&addr, key.as_ref())
 }
 
 /// What a run did.

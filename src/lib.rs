@@ -8,6 +8,7 @@
 
 pub mod affinity;
 pub mod agent;
+pub mod auth;
 pub mod bench;
 pub mod cluster;
 pub mod compare;
@@ -17,6 +18,7 @@ pub mod cpu;
 pub mod dropout;
 pub mod host;
 pub mod import;
+pub mod limits;
 pub mod logp;
 pub mod output;
 pub mod plan;
@@ -28,6 +30,7 @@ pub mod sizing;
 pub mod spec;
 pub mod stats;
 pub mod sweep;
+pub mod testbed;
 pub mod transport;
 pub mod units;
 

@@ -5,8 +5,11 @@ mod cli;
 
 use anyhow::{anyhow, Context, Result};
 use clap::Parser;
-use cli::{Cli, Command, CompareArgs, ImportArgs, ReportArgs, ServeArgs};
+use cli::{
+    Cli, Command, CompareArgs, ImportArgs, KeyCommand, ReportArgs, ServeArgs, TestbedCommand,
+};
 use netgap::agent::Agent;
+use netgap::control::ControlAddr;
 use netgap::coordinator::{run_plan, CoordError};
 use netgap::output::TableObserver;
 use netgap::plan::{Plan, RunArgs};
@@ -67,6 +70,8 @@ fn main() -> ExitCode {
             Err(e) => Err(e),
         },
         Some(Command::Import(args)) => import(&args),
+        Some(Command::Testbed(cmd)) => testbed(&cmd),
+        Some(Command::Key(KeyCommand::New { file })) => new_key(&file),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
@@ -253,22 +258,83 @@ fn kept_points(e: CoordError, sinks: &[Box<dyn RecordSink>]) -> anyhow::Error {
 }
 
 fn serve(args: &ServeArgs) -> Result<()> {
-    let ip: IpAddr = args
-        .bind
-        .trim_matches(|c| c == '[' || c == ']')
-        .parse()
-        .with_context(|| format!("--bind {:?} is not an IP address", args.bind))?;
-    let agent = Agent::bind(SocketAddr::new(ip, args.port))?;
-    let addr = agent
-        .local_addr()
-        .context("reading the listening address")?;
-    if !ip.is_loopback() {
-        eprintln!(
-            "netgap: warning: the agent listens on {addr}, reachable from other hosts, and serves anyone who connects"
-        );
+    let control = match ControlAddr::parse(&args.bind) {
+        Some(a @ ControlAddr::Unix(_)) => a,
+        _ => {
+            let ip: IpAddr = args
+                .bind
+                .trim_matches(|c| c == '[' || c == ']')
+                .parse()
+                .with_context(|| {
+                    format!(
+                        "--bind {:?} is neither an IP address nor unix:PATH",
+                        args.bind
+                    )
+                })?;
+            ControlAddr::Tcp(SocketAddr::new(ip, args.port))
+        }
+    };
+    if let ControlAddr::Tcp(a) = &control {
+        if !a.ip().is_loopback() && args.key.is_none() {
+            return Err(anyhow!(
+                "refusing to listen on {} without --key: other hosts could drive this agent; make a key with `netgap key new FILE` and pass --key FILE on both ends",
+                a.ip()
+            ));
+        }
     }
-    println!("netgap agent {} listening on {addr}", netgap::VERSION);
+    let limits = netgap::limits::AgentLimits {
+        max_flows: args.max_flows,
+        max_duration: netgap::units::parse_duration(&args.max_duration)
+            .map_err(|e| anyhow!("--max-duration: {e}"))?,
+        max_rate_gbps: args.max_rate,
+        max_message_bytes: netgap::units::parse_size_bytes(&args.max_message)
+            .map_err(|e| anyhow!("--max-message: {e}"))?,
+    };
+    limits.validate().map_err(|e| anyhow!(e))?;
+    let key = args
+        .key
+        .as_deref()
+        .map(netgap::auth::load_key)
+        .transpose()?;
+    let mut agent = Agent::bind_control(&control)?.with_limits(limits);
+    if let Some(ip) = &args.data_bind {
+        let ip: IpAddr = ip
+            .parse()
+            .with_context(|| format!("--data-bind {ip:?} is not an IP address"))?;
+        agent = agent.with_data_ip(ip);
+    }
+    let keyed = key.is_some();
+    if let Some(key) = key {
+        agent = agent.with_key(key);
+    }
+    let shown = match &control {
+        ControlAddr::Tcp(_) => agent
+            .local_addr()
+            .context("reading the listening address")?
+            .to_string(),
+        ControlAddr::Unix(_) => control.to_string(),
+    };
+    println!(
+        "netgap agent {} listening on {shown}{}",
+        netgap::VERSION,
+        if keyed { " (key required)" } else { "" }
+    );
     agent.serve().context("serving")?;
+    Ok(())
+}
+
+fn new_key(file: &std::path::Path) -> Result<()> {
+    netgap::auth::new_key_file(file)?;
+    println!("wrote a new key to {}", file.display());
+    Ok(())
+}
+
+fn testbed(cmd: &TestbedCommand) -> Result<()> {
+    match cmd {
+        TestbedCommand::Up(args) => netgap::testbed::up(args)?,
+        TestbedCommand::Status(args) => netgap::testbed::status(args)?,
+        TestbedCommand::Down(args) => netgap::testbed::down(args)?,
+    }
     Ok(())
 }
 

@@ -4,6 +4,7 @@
 //! offending input.
 
 use crate::bench;
+use crate::control::ControlAddr;
 use crate::runner::{CiTarget, IterationPolicy, Method};
 use crate::spec::{check_size, Mode, PointSpec, TransportOptions, MAX_ITERATIONS};
 use crate::transport;
@@ -34,10 +35,13 @@ pub struct RunArgs {
     /// Tests to run, comma separated (see `netgap list`).
     #[arg(value_name = "TEST[,TEST...]")]
     pub test: String,
-    /// Agent to drive, `HOST[:PORT]` (default port 7100); without it an agent
-    /// runs in-process on loopback.
+    /// Agent to drive, `HOST[:PORT]` (default port 7100) or `unix:PATH`;
+    /// without it an agent runs in-process on loopback.
     #[arg(long, value_name = "HOST[:PORT]")]
     pub peer: Option<String>,
+    /// Shared key file of the agent (see `netgap key new`).
+    #[arg(long, value_name = "FILE", requires = "peer")]
+    pub key: Option<PathBuf>,
     /// Transports, comma separated.
     #[arg(long, short = 't', default_value = "tcp", value_name = "T[,T...]")]
     pub transport: String,
@@ -194,7 +198,7 @@ pub enum Peer {
         /// As typed.
         label: String,
         /// Resolved control address.
-        addr: SocketAddr,
+        addr: ControlAddr,
     },
 }
 
@@ -213,6 +217,8 @@ pub struct Plan {
     pub json: Option<PathBuf>,
     /// CSV output.
     pub csv: Option<PathBuf>,
+    /// Shared key file the agent requires.
+    pub key_file: Option<PathBuf>,
 }
 
 /// Bad input: one line naming what was wrong.
@@ -422,14 +428,21 @@ impl Plan {
         let peer = match &a.peer {
             None => Peer::Embedded { ipv6: a.ipv6 },
             Some(p) => {
-                let addr = resolve_peer(p)?;
+                let addr = match ControlAddr::parse(p.trim()) {
+                    Some(a @ ControlAddr::Unix(_)) => a,
+                    _ => ControlAddr::Tcp(resolve_peer(p)?),
+                };
                 Peer::Remote {
                     label: p.clone(),
                     addr,
                 }
             }
         };
-        if let Peer::Remote { addr, label } = &peer {
+        if let Peer::Remote {
+            addr: ControlAddr::Tcp(addr),
+            label,
+        } = &peer
+        {
             if !addr.ip().is_loopback() {
                 if let Some(t) = transports.iter().find(|t| !t.capabilities().cross_host) {
                     return Err(bad(format!(
@@ -478,6 +491,7 @@ impl Plan {
             client_cpu,
             json: a.json.clone(),
             csv: a.csv.clone(),
+            key_file: a.key.clone(),
         })
     }
 

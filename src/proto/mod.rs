@@ -13,6 +13,7 @@
 //! malformed or out-of-order message is a typed [`CodecError`] or
 //! [`SessionError`] whose message says what failed.
 
+pub mod auth;
 pub mod codec;
 pub mod message;
 pub mod session;

@@ -1,0 +1,468 @@
+//! The namespace testbed, for real: `netgap testbed up` as root builds
+//! namespaces, links, shaping and agents; traffic crosses them; `down`
+//! leaves nothing behind. Each test uses its own `--name`, so tests run
+//! side by side, and a guard runs `testbed down` even when a test fails.
+//!
+//! Without root, `ip` or network namespaces these tests print why and pass,
+//! unless NETGAP_REQUIRE_SYSTEM_TESTS=1 (as in CI), where that is a failure.
+
+use assert_cmd::cargo::CommandCargoExt;
+use netgap::cluster::HostsFile;
+use serde_json::Value;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn netgap() -> Command {
+    Command::cargo_bin("netgap").expect("binary built")
+}
+
+fn netgap_path() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_netgap"))
+}
+
+/// Whether the system can run a testbed; if not, says why (and fails when
+/// system tests are required).
+fn system_ready(test: &str) -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let missing = if unsafe { libc::geteuid() } != 0 {
+        Some("not root")
+    } else if !Path::new("/proc/self/ns/net").exists() {
+        Some("no network namespaces")
+    } else if Command::new("ip").arg("-V").output().is_err() {
+        Some("iproute2 (ip) is not installed")
+    } else if Command::new("tc").arg("-V").output().is_err() {
+        Some("iproute2 (tc) is not installed")
+    } else {
+        None
+    };
+    match missing {
+        None => true,
+        Some(why) => {
+            if std::env::var("NETGAP_REQUIRE_SYSTEM_TESTS").as_deref() == Ok("1") {
+                panic!("{test}: {why}, but NETGAP_REQUIRE_SYSTEM_TESTS=1");
+            }
+            eprintln!("skipping {test}: {why}");
+            false
+        }
+    }
+}
+
+fn ok(out: Output) -> String {
+    assert!(
+        out.status.success(),
+        "failed: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn sh(program: &str, args: &[&str]) -> String {
+    ok(Command::new(program)
+        .args(args)
+        .output()
+        .expect("command runs"))
+}
+
+/// A testbed that is taken down when the guard goes, even on a panic.
+struct Testbed {
+    name: String,
+}
+
+impl Testbed {
+    fn up(name: &str, flags: &[&str]) -> (Testbed, String) {
+        let tb = Testbed { name: name.into() };
+        // Leftovers of an earlier, killed run of this test.
+        let _ = netgap().args(["testbed", "down", "--name", name]).output();
+        let out = netgap()
+            .args(["testbed", "up", "--name", name])
+            .args(flags)
+            .output()
+            .expect("testbed up");
+        (tb, ok(out))
+    }
+
+    fn dir(&self) -> PathBuf {
+        PathBuf::from("/run/netgap").join(&self.name)
+    }
+
+    fn ns(&self, host: &str) -> String {
+        format!("ngtb-{}-{host}", self.name)
+    }
+
+    fn hosts(&self) -> HostsFile {
+        HostsFile::load(&self.dir().join("hosts.json")).expect("hosts file")
+    }
+
+    fn key(&self) -> PathBuf {
+        self.dir().join("key")
+    }
+
+    /// Runs a coordinator inside host `from` against the agent of host `to`
+    /// over its Unix socket; the test traffic crosses the testbed.
+    fn run_from(&self, from: &str, to: &str, test: &str, json: &Path) -> Vec<Value> {
+        let sock = self.dir().join(format!("{to}.sock"));
+        let out = Command::new("ip")
+            .args(["netns", "exec", &self.ns(from)])
+            .arg(netgap_path())
+            .args(["run", test, "--peer"])
+            .arg(format!("unix:{}", sock.display()))
+            .arg("--key")
+            .arg(self.key())
+            .args(["-s", "16K", "--reps", "2", "-n", "200", "--json"])
+            .arg(json)
+            .output()
+            .expect("netgap run");
+        ok(out);
+        records(json)
+    }
+
+    fn down(&self) -> String {
+        ok(netgap()
+            .args(["testbed", "down", "--name", &self.name])
+            .output()
+            .expect("down"))
+    }
+
+    /// Nothing of the testbed is left: namespaces, processes, state.
+    fn assert_gone(&self) {
+        let prefix = format!("ngtb-{}-", self.name);
+        let list = sh("ip", &["netns", "list"]);
+        assert!(!list.contains(&prefix), "namespaces left: {list}");
+        let pgrep = Command::new("pgrep")
+            .args(["-f", &format!("/run/netgap/{}/", self.name)])
+            .output()
+            .expect("pgrep");
+        assert!(
+            pgrep.stdout.is_empty(),
+            "processes left: {}",
+            String::from_utf8_lossy(&pgrep.stdout)
+        );
+        assert!(!self.dir().exists(), "state directory left");
+    }
+}
+
+impl Drop for Testbed {
+    fn drop(&mut self) {
+        let _ = netgap()
+            .args(["testbed", "down", "--name", &self.name])
+            .output();
+    }
+}
+
+fn records(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("JSON line"))
+        .collect()
+}
+
+/// TX and RX byte counters of `dev` in namespace `ns`.
+fn counters(ns: &str, dev: &str) -> (u64, u64) {
+    let read = |what: &str| -> u64 {
+        sh(
+            "ip",
+            &[
+                "netns",
+                "exec",
+                ns,
+                "cat",
+                &format!("/sys/class/net/{dev}/statistics/{what}_bytes"),
+            ],
+        )
+        .trim()
+        .parse()
+        .expect("a counter")
+    };
+    (read("tx"), read("rx"))
+}
+
+fn bytes_of(r: &Value, side: &str) -> u64 {
+    r["bytes"][side].as_u64().expect("byte count")
+}
+
+#[test]
+fn a_four_host_switch_testbed_carries_traffic_and_goes_away() {
+    if !system_ready("a_four_host_switch_testbed_carries_traffic_and_goes_away") {
+        return;
+    }
+    let (tb, out) = Testbed::up(
+        "tsw",
+        &[
+            "--hosts",
+            "4",
+            "--topology",
+            "switch",
+            "--mtu",
+            "9000",
+            "--rate",
+            "2G",
+        ],
+    );
+    assert_eq!(out.matches("agent answers").count(), 4, "{out}");
+
+    // The hosts file: four hosts on one subnet, each with its socket.
+    let hosts = tb.hosts();
+    assert_eq!(hosts.topology, "switch");
+    assert_eq!(hosts.hosts.len(), 4);
+    for (i, h) in hosts.hosts.iter().enumerate() {
+        assert_eq!(h.name, format!("h{}", i + 1));
+        assert_eq!(h.address.to_string(), format!("10.77.0.{}", i + 1));
+        assert_eq!(h.netns.as_deref(), Some(&*tb.ns(&h.name)));
+        assert_eq!(
+            h.control,
+            format!("unix:{}/h{}.sock", tb.dir().display(), i + 1)
+        );
+    }
+    let key_mode = std::fs::metadata(tb.key())
+        .expect("key")
+        .permissions()
+        .mode();
+    assert_eq!(key_mode & 0o777, 0o600);
+    assert_eq!(hosts.key_file.as_deref(), Some(&*tb.key()));
+
+    // MTU and TBF on both ends of each host's link.
+    let link = sh("ip", &["-n", &tb.ns("h1"), "link", "show", "eth0"]);
+    assert!(link.contains("mtu 9000"), "{link}");
+    for (ns, dev) in [
+        (tb.ns("h3"), "eth0".to_string()),
+        (tb.ns("sw"), "h3".into()),
+    ] {
+        let q = sh("tc", &["-n", &ns, "qdisc", "show", "dev", &dev]);
+        assert!(
+            q.contains("tbf") && q.contains("rate 2Gbit"),
+            "{ns} {dev}: {q}"
+        );
+    }
+
+    // Traffic from h2 to h1's agent crosses h2's link.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let before = counters(&tb.ns("h2"), "eth0");
+    let recs = tb.run_from("h2", "h1", "stream", &dir.path().join("s.jsonl"));
+    let after = counters(&tb.ns("h2"), "eth0");
+    assert_eq!(recs.len(), 1);
+    let sent = bytes_of(&recs[0], "client_tx");
+    assert_eq!(sent, bytes_of(&recs[0], "server_rx"));
+    assert!(sent > 0);
+    assert!(
+        after.0 - before.0 >= sent,
+        "h2 eth0 sent {} bytes for {sent} bytes of payload",
+        after.0 - before.0
+    );
+    assert_eq!(
+        recs[0]["peer_host"]["hostname"], recs[0]["host"]["hostname"],
+        "one machine"
+    );
+
+    // `up` again with the same flags keeps it; the agents still answer.
+    let out = ok(netgap()
+        .args(["testbed", "up", "--name", "tsw", "--hosts", "4"])
+        .args(["--mtu", "9000", "--rate", "2G"])
+        .output()
+        .expect("up"));
+    assert!(out.contains("already up"), "{out}");
+    assert_eq!(out.matches("agent answers").count(), 4, "{out}");
+
+    let out = tb.down();
+    assert!(out.contains("5 namespaces"), "{out}");
+    tb.assert_gone();
+}
+
+/// A keyed agent started by hand inside `ns`, listening on `ip` over TCP.
+struct ExtraAgent(Child);
+
+impl Drop for ExtraAgent {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn a_two_host_mesh_with_three_links_uses_each_link_and_down_cleans_a_crash() {
+    if !system_ready("a_two_host_mesh_with_three_links_uses_each_link_and_down_cleans_a_crash") {
+        return;
+    }
+    let (tb, out) = Testbed::up(
+        "tmesh",
+        &[
+            "--hosts",
+            "2",
+            "--topology",
+            "mesh",
+            "--links",
+            "3",
+            "--rate",
+            "1G",
+        ],
+    );
+    assert_eq!(out.matches("agent answers").count(), 2, "{out}");
+    let hosts = tb.hosts();
+    assert_eq!(hosts.topology, "mesh");
+    let h1 = hosts.host("h1").expect("h1");
+    let h2 = hosts.host("h2").expect("h2");
+    assert_eq!(h1.links.len(), 3);
+    assert_eq!(h2.links.len(), 3);
+    let mut subnets: Vec<String> = h1
+        .links
+        .iter()
+        .map(|l| {
+            l.local
+                .to_string()
+                .rsplit_once('.')
+                .expect("v4")
+                .0
+                .to_string()
+        })
+        .collect();
+    subnets.dedup();
+    assert_eq!(subnets.len(), 3, "each link its own subnet");
+
+    // Each link: up, shaped, and carrying traffic between the two hosts.
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (k, l) in h1.links.iter().enumerate() {
+        let back = h2.links_to("h1").find(|b| b.index == l.index).expect("end");
+        assert_eq!((back.local, back.remote), (l.remote, l.local));
+        let q = sh(
+            "tc",
+            &["-n", &tb.ns("h2"), "qdisc", "show", "dev", &back.ifname],
+        );
+        assert!(q.contains("tbf") && q.contains("rate 1Gbit"), "{q}");
+
+        // An agent in h1 on this link's address (TCP, keyed: it is not
+        // loopback), driven from h2.
+        let port = 7300 + k as u16;
+        let agent = ExtraAgent(
+            Command::new("ip")
+                .args(["netns", "exec", &tb.ns("h1")])
+                .arg(netgap_path())
+                .args(["serve", "--bind", &l.local.to_string(), "--port"])
+                .arg(port.to_string())
+                .arg("--key")
+                .arg(tb.key())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("agent"),
+        );
+        let t0 = Instant::now();
+        let before: Vec<(u64, u64)> = h2
+            .links
+            .iter()
+            .map(|e| counters(&tb.ns("h2"), &e.ifname))
+            .collect();
+        let json = dir.path().join(format!("l{k}.jsonl"));
+        let run = || {
+            Command::new("ip")
+                .args(["netns", "exec", &tb.ns("h2")])
+                .arg(netgap_path())
+                .args(["run", "stream", "--peer"])
+                .arg(format!("{}:{port}", l.local))
+                .arg("--key")
+                .arg(tb.key())
+                .args(["-s", "16K", "--reps", "2", "-n", "200", "--json"])
+                .arg(&json)
+                .output()
+                .expect("run")
+        };
+        // The agent may still be starting.
+        let mut out = run();
+        while !out.status.success() && t0.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(100));
+            out = run();
+        }
+        ok(out);
+        drop(agent);
+        let recs = records(&json);
+        let sent = bytes_of(&recs[0], "client_tx");
+        let after: Vec<(u64, u64)> = h2
+            .links
+            .iter()
+            .map(|e| counters(&tb.ns("h2"), &e.ifname))
+            .collect();
+        for (j, e) in h2.links.iter().enumerate() {
+            let tx = after[j].0 - before[j].0;
+            if e.index == back.index {
+                assert!(tx >= sent, "link {k}: {tx} bytes for {sent} of payload");
+            } else {
+                assert!(
+                    tx < sent / 10,
+                    "link {j} carried {tx} bytes meant for link {k}"
+                );
+            }
+        }
+    }
+
+    // A crash: one agent killed, the hosts file gone. `down` still cleans up.
+    let pid = std::fs::read_to_string(tb.dir().join("h2.pid")).expect("pid");
+    sh("kill", &["-9", pid.trim()]);
+    std::fs::remove_file(tb.dir().join("hosts.json")).expect("rm");
+    let status = ok(netgap()
+        .args(["testbed", "status", "--name", "tmesh"])
+        .output()
+        .expect("status"));
+    assert!(status.contains("incomplete"), "{status}");
+    let out = tb.down();
+    assert!(out.contains("2 namespaces"), "{out}");
+    tb.assert_gone();
+}
+
+#[test]
+fn traffic_between_switch_hosts_runs_through_the_agents_sockets() {
+    if !system_ready("traffic_between_switch_hosts_runs_through_the_agents_sockets") {
+        return;
+    }
+    let (tb, _) = Testbed::up("tpp", &["--hosts", "2"]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let recs = tb.run_from("h2", "h1", "pingpong", &dir.path().join("p.jsonl"));
+    assert_eq!(recs[0]["test"], "pingpong");
+    assert_eq!(
+        bytes_of(&recs[0], "client_tx"),
+        bytes_of(&recs[0], "server_rx")
+    );
+    // The agent reports the testbed address it served on.
+    assert!(
+        recs[0]["options"]["peer"]
+            .as_str()
+            .is_some_and(|p| p.ends_with("h1.sock")),
+        "{}",
+        recs[0]["options"]
+    );
+    // Up with other parameters rebuilds.
+    let out = ok(netgap()
+        .args(["testbed", "up", "--name", "tpp", "--hosts", "3"])
+        .output()
+        .expect("up"));
+    assert!(
+        out.contains("rebuilding") && out.contains("differ"),
+        "{out}"
+    );
+    assert_eq!(tb.hosts().hosts.len(), 3);
+    tb.down();
+    tb.assert_gone();
+}
+
+#[test]
+fn without_root_the_testbed_says_so_in_one_line() {
+    if !system_ready("without_root_the_testbed_says_so_in_one_line") {
+        return;
+    }
+    if Command::new("setpriv").arg("--version").output().is_err() {
+        eprintln!("skipping without_root_the_testbed_says_so_in_one_line: no setpriv");
+        return;
+    }
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(netgap_path())
+        .args(["testbed", "up", "--name", "tnoroot"])
+        .output()
+        .expect("setpriv");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("needs root"), "{stderr}");
+    assert!(!Path::new("/run/netgap/tnoroot").exists());
+}
