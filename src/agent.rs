@@ -189,6 +189,7 @@ fn run_session(stream: TcpStream, busy: &AtomicBool) -> Result<(), SessionEnd> {
     let _claim = claimed.then(|| BusyClaim(busy));
     let mut session = AgentSession::new(HostFacts::collect(Some(local_ip)), !claimed);
     let mut point: Option<OpenPoint> = None;
+    let mut group: Option<crate::group::role::PreparedRole> = None;
     let mut request = hello;
     loop {
         let action = match session.on_request(&request) {
@@ -227,6 +228,24 @@ fn run_session(stream: TcpStream, busy: &AtomicBool) -> Result<(), SessionEnd> {
                     }
                 }
             }
+            AgentAction::PrepareGroup(spec) => {
+                group = prepare_group(&mut conn, &mut session, spec, local_ip)?;
+            }
+            AgentAction::RunGroup => {
+                let outcome = match group.take() {
+                    Some(g) => g.run(),
+                    None => Err("no group role is prepared".into()),
+                };
+                let replies = match outcome {
+                    Ok(r) => session
+                        .group_finished(r.flows, r.buckets, r.outcome)
+                        .map_err(|e| SessionEnd::Refused(e.to_string()))?,
+                    Err(msg) => vec![session.failed(&format!("group role failed: {msg}"))],
+                };
+                for r in &replies {
+                    conn.send(r)?;
+                }
+            }
             AgentAction::ClosePoint => {
                 point = None;
                 let reply = session
@@ -240,6 +259,46 @@ fn run_session(stream: TcpStream, busy: &AtomicBool) -> Result<(), SessionEnd> {
             Ok(r) => r,
             Err(e) => return Err(refuse(&mut conn, format!("bad message: {e}"))),
         };
+    }
+}
+
+/// Prepares a group role: a server listens, announces its addresses and
+/// accepts every flow; a client connects its flows. A failure is answered
+/// with an error reply and leaves the session usable; only a broken control
+/// connection ends it.
+fn prepare_group(
+    conn: &mut ControlConn,
+    session: &mut AgentSession,
+    spec: crate::proto::group::GroupSpec,
+    local_ip: IpAddr,
+) -> Result<Option<crate::group::role::PreparedRole>, SessionEnd> {
+    use crate::group::role;
+    use crate::proto::group::GroupRole;
+    let prepared = match spec.role {
+        GroupRole::Server => match role::listen(spec, local_ip) {
+            Ok((addrs, accepting)) => {
+                let reply = session
+                    .group_listening(addrs)
+                    .map_err(|e| SessionEnd::Refused(e.to_string()))?;
+                conn.send(&reply)?;
+                accepting.wait()
+            }
+            Err(e) => Err(e),
+        },
+        GroupRole::Client => role::connect(spec),
+    };
+    match prepared {
+        Ok(p) => {
+            let reply = session
+                .group_ready()
+                .map_err(|e| SessionEnd::Refused(e.to_string()))?;
+            conn.send(&reply)?;
+            Ok(Some(p))
+        }
+        Err(msg) => {
+            conn.send(&session.failed(&msg))?;
+            Ok(None)
+        }
     }
 }
 

@@ -372,6 +372,11 @@ pub fn build_record(
         version: crate::VERSION.into(),
         time: humantime::format_rfc3339_seconds(started).to_string(),
         tool: None,
+        clients: None,
+        client_hosts: None,
+        flows: Vec::new(),
+        hosts_cpu: Vec::new(),
+        links: Vec::new(),
     })
 }
 

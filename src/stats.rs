@@ -360,6 +360,26 @@ impl LatencyHistogram {
     pub fn clear(&mut self) {
         self.hist.reset();
     }
+
+    /// Every recorded value with its count, as `[value_ns, count]` pairs in
+    /// increasing value order: the histogram in a form a control message
+    /// carries (see [`LatencyHistogram::record_n_ns`]).
+    pub fn buckets(&self) -> Vec<[u64; 2]> {
+        self.hist
+            .iter_recorded()
+            .map(|b| [b.value_iterated_to(), b.count_at_value()])
+            .collect()
+    }
+
+    /// Records `count` latencies of `ns` nanoseconds, clamped like
+    /// [`LatencyHistogram::record_ns`]; rebuilds a histogram from
+    /// [`LatencyHistogram::buckets`] sent by a peer. Never panics.
+    pub fn record_n_ns(&mut self, ns: u64, count: u64) {
+        let ns = ns.clamp(1, MAX_TRACKED_NS);
+        if self.hist.record_n(ns, count).is_err() {
+            self.hist.saturating_record_n(ns, count);
+        }
+    }
 }
 
 impl Default for LatencyHistogram {

@@ -14,6 +14,7 @@
 //! [`SessionError`] whose message says what failed.
 
 pub mod codec;
+pub mod group;
 pub mod message;
 pub mod session;
 
@@ -23,5 +24,6 @@ pub use codec::{
 };
 pub use message::{Phase, Reply, Request, MAX_TEXT_BYTES, PROTOCOL_VERSION};
 pub use session::{
-    AgentAction, AgentSession, AgentState, CoordinatorSession, CoordinatorState, SessionError,
+    AgentAction, AgentSession, AgentState, CoordinatorSession, CoordinatorState, GroupProgress,
+    SessionError,
 };

@@ -1,0 +1,780 @@
+//! The group coordinator: connects to the agent of every host (or starts
+//! in-process agents on loopback), places the server role on the first host
+//! and the clients cyclically on the others, prepares every role, starts
+//! all of them with one `group_go` each (the barrier), and gathers the
+//! per-flow reports into one [`ResultRecord`] per point, handed to the
+//! sinks as soon as it is measured.
+//!
+//! Every session has a reader thread that forwards its replies to one
+//! channel, so the coordinator hears at once from a host whose agent dies
+//! (its control connection closes) or goes silent (a deadline passes) and
+//! names it, whichever host it was waiting on.
+
+use super::allot::allot;
+use super::plan::{GroupPlan, GroupPoint, HostsSource};
+use super::{GroupMetric, Kind, Shape};
+use crate::agent::Agent;
+use crate::control::{ControlAddr, ControlConn, ControlError, ControlStream};
+use crate::coordinator::Observer;
+use crate::cpu::CpuUsage;
+use crate::host::HostFacts;
+use crate::proto::codec::{decode_reply, encode};
+use crate::proto::group::{Direction, FlowReport, GroupOutcome, GroupRole, GroupSpec};
+use crate::proto::message::{Reply, Request};
+use crate::proto::session::{CoordinatorSession, GroupProgress};
+use crate::record::{ByteCounts, FlowResult, HostCpu, LinkResult, RecordSink, RecordStats, ResultRecord};
+use crate::stats::{noise_warning, LatencyHistogram, Summary, NOISY_CV};
+use std::collections::VecDeque;
+use std::io::Write;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::mpsc;
+use std::time::{Duration, Instant, SystemTime};
+
+/// How long connecting to an agent may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long an agent may take to answer a request that moves no data.
+const REPLY_TIMEOUT: Duration = Duration::from_secs(5);
+/// Extra time, past the warm-up, window and drain, for the results.
+const RESULT_SLACK: Duration = Duration::from_secs(4);
+/// After a first failure, how long to listen for a host whose connection
+/// dropped: a dead client host makes the server's flows fail too, and the
+/// dead host is the one to name.
+const FAILURE_GRACE: Duration = Duration::from_millis(300);
+
+/// Why a group run failed: one line naming the host when a host failed.
+#[derive(Debug, thiserror::Error)]
+pub enum GroupError {
+    /// A host's agent failed, died or went silent.
+    #[error("host {host} ({control}) failed: {detail}")]
+    Host {
+        /// Host name.
+        host: String,
+        /// Its control address.
+        control: String,
+        /// What happened.
+        detail: String,
+    },
+    /// A point could not be set up or summarized (not a host's fault).
+    #[error("{0}")]
+    Point(String),
+    /// In-process agents could not start.
+    #[error("cannot start the in-process agents: {0}")]
+    Embedded(String),
+    /// A results file could not be written.
+    #[error("writing {path}: {source}")]
+    Sink {
+        /// The file.
+        path: String,
+        /// Underlying error.
+        source: std::io::Error,
+    },
+}
+
+/// One host of the run, resolved.
+#[derive(Debug, Clone)]
+struct HostInfo {
+    name: String,
+    control: ControlAddr,
+    /// Data address, when known (hosts file, in-process agents).
+    address: Option<IpAddr>,
+    /// Link pairs (local, remote) to the server, for multirail.
+    rails: Vec<(IpAddr, IpAddr)>,
+}
+
+/// One agent session.
+struct Link {
+    host: HostInfo,
+    writer: ControlStream,
+    session: CoordinatorSession,
+    facts: HostFacts,
+    pending: VecDeque<Reply>,
+}
+
+type Event = (usize, Result<Reply, String>);
+
+/// Sessions with every host of a run.
+pub struct GroupCoordinator {
+    links: Vec<Link>,
+    events: mpsc::Receiver<Event>,
+    lost: Vec<Option<String>>,
+    local: HostFacts,
+}
+
+fn clone_stream(s: &ControlStream) -> std::io::Result<ControlStream> {
+    Ok(match s {
+        ControlStream::Tcp(t) => ControlStream::Tcp(t.try_clone()?),
+        ControlStream::Unix(u) => ControlStream::Unix(u.try_clone()?),
+    })
+}
+
+fn control_detail(e: ControlError) -> String {
+    match e {
+        ControlError::Closed => "the agent closed the control connection (did it die?)".into(),
+        other => other.to_string(),
+    }
+}
+
+fn resolve_hosts(source: &HostsSource) -> Result<Vec<HostInfo>, GroupError> {
+    match source {
+        HostsSource::File(f) => {
+            let server = &f.hosts[0];
+            f.hosts
+                .iter()
+                .map(|h| {
+                    let control = h.control_addr().ok_or_else(|| {
+                        GroupError::Point(format!("host {}: bad control address", h.name))
+                    })?;
+                    Ok(HostInfo {
+                        name: h.name.clone(),
+                        control,
+                        address: Some(h.address),
+                        rails: h.links_to(&server.name).map(|l| (l.local, l.remote)).collect(),
+                    })
+                })
+                .collect()
+        }
+        HostsSource::Addrs(addrs) => Ok(addrs
+            .iter()
+            .map(|a| HostInfo {
+                name: a.to_string(),
+                control: a.clone(),
+                address: match a {
+                    ControlAddr::Tcp(sa) => Some(sa.ip()),
+                    ControlAddr::Unix(_) => None,
+                },
+                rails: Vec::new(),
+            })
+            .collect()),
+        HostsSource::Embedded {
+            client_hosts,
+            links,
+        } => {
+            let mut hosts = Vec::new();
+            for h in 0..=*client_hosts {
+                let ip = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1 + h as u8));
+                let agent = Agent::bind(SocketAddr::new(ip, 0))
+                    .map_err(|e| GroupError::Embedded(e.to_string()))?
+                    .quiet();
+                let addr = agent
+                    .local_addr()
+                    .map_err(|e| GroupError::Embedded(e.to_string()))?;
+                agent
+                    .spawn()
+                    .map_err(|e| GroupError::Embedded(e.to_string()))?;
+                // Loopback links: distinct address pairs 127.0.1.k (client
+                // side) and 127.0.2.k (server side).
+                let rails = if h == 1 {
+                    (1..=*links as u8)
+                        .map(|k| {
+                            (
+                                IpAddr::V4(Ipv4Addr::new(127, 0, 1, k)),
+                                IpAddr::V4(Ipv4Addr::new(127, 0, 2, k)),
+                            )
+                        })
+                        .collect()
+                } else {
+                    Vec::new()
+                };
+                hosts.push(HostInfo {
+                    name: ip.to_string(),
+                    control: ControlAddr::Tcp(addr),
+                    address: Some(ip),
+                    rails,
+                });
+            }
+            Ok(hosts)
+        }
+    }
+}
+
+impl GroupCoordinator {
+    /// Connects to every host's agent and shakes hands.
+    fn connect(hosts: Vec<HostInfo>) -> Result<GroupCoordinator, GroupError> {
+        let (tx, rx) = mpsc::channel();
+        let mut links = Vec::new();
+        let mut local_ip = None;
+        for (i, host) in hosts.into_iter().enumerate() {
+            let fail = |detail: String| GroupError::Host {
+                host: host.name.clone(),
+                control: host.control.to_string(),
+                detail,
+            };
+            let stream = host.control.connect(CONNECT_TIMEOUT).map_err(|e| {
+                fail(format!(
+                    "cannot connect to its agent: {e} (is `netgap serve` running there?)"
+                ))
+            })?;
+            local_ip = local_ip.or(stream.local_ip());
+            let writer = clone_stream(&stream).map_err(|e| fail(e.to_string()))?;
+            let mut conn = ControlConn::new(stream).map_err(|e| fail(e.to_string()))?;
+            let mut session = CoordinatorSession::new();
+            conn.send(&session.hello())
+                .map_err(|e| fail(control_detail(e)))?;
+            let payload = conn
+                .recv_payload(REPLY_TIMEOUT)
+                .map_err(|e| fail(control_detail(e)))?;
+            let reply = decode_reply(&payload).map_err(|e| fail(format!("bad reply: {e}")))?;
+            let facts = session.on_welcome(reply).map_err(|e| fail(e.to_string()))?;
+            let tx = tx.clone();
+            std::thread::Builder::new()
+                .name(format!("control {}", host.name))
+                .spawn(move || read_replies(i, conn, tx))
+                .map_err(|e| fail(format!("cannot start a reader thread: {e}")))?;
+            links.push(Link {
+                host,
+                writer,
+                session,
+                facts,
+                pending: VecDeque::new(),
+            });
+        }
+        let lost = vec![None; links.len()];
+        Ok(GroupCoordinator {
+            links,
+            events: rx,
+            lost,
+            local: HostFacts::collect(local_ip),
+        })
+    }
+
+    fn host_error(&self, i: usize, detail: String) -> GroupError {
+        GroupError::Host {
+            host: self.links[i].host.name.clone(),
+            control: self.links[i].host.control.to_string(),
+            detail,
+        }
+    }
+
+    fn send(&mut self, i: usize, req: &Request) -> Result<(), GroupError> {
+        let frame = encode(req).map_err(|e| GroupError::Point(e.to_string()))?;
+        let w = &mut self.links[i].writer;
+        let r = match w {
+            ControlStream::Tcp(s) => s.set_write_timeout(Some(REPLY_TIMEOUT)),
+            ControlStream::Unix(s) => s.set_write_timeout(Some(REPLY_TIMEOUT)),
+        }
+        .and_then(|()| w.write_all(&frame));
+        r.map_err(|e| {
+            self.host_error(
+                i,
+                format!("sending {}: {e} (did its agent die?)", req_kind(req)),
+            )
+        })
+    }
+
+    /// The failure to report once host `i` failed with `detail`: after a
+    /// short grace, a host whose connection dropped is named first.
+    fn failure(&mut self, i: usize, detail: String) -> GroupError {
+        let until = Instant::now() + FAILURE_GRACE;
+        while let Ok((j, ev)) = self
+            .events
+            .recv_timeout(until.saturating_duration_since(Instant::now()))
+        {
+            if let Err(e) = ev {
+                self.lost[j] = Some(e);
+            }
+        }
+        if let Some(j) = self.lost.iter().position(Option::is_some) {
+            let d = self.lost[j].clone().unwrap_or_default();
+            return self.host_error(j, d);
+        }
+        self.host_error(i, detail)
+    }
+
+    /// The next reply of host `i`, within `timeout`. A failure of any
+    /// other host seen meanwhile fails at once, naming that host.
+    fn wait(&mut self, i: usize, timeout: Duration) -> Result<Reply, GroupError> {
+        if let Some(r) = self.links[i].pending.pop_front() {
+            return Ok(r);
+        }
+        if let Some(e) = self.lost[i].clone() {
+            return Err(self.failure(i, e));
+        }
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.events.recv_timeout(left) {
+                Ok((j, Ok(r))) if j == i => return Ok(r),
+                Ok((j, Ok(Reply::Error { message }))) => {
+                    return Err(self.failure(j, format!("agent error: {message}")))
+                }
+                Ok((j, Ok(r))) => self.links[j].pending.push_back(r),
+                Ok((j, Err(e))) => {
+                    self.lost[j] = Some(e.clone());
+                    return Err(self.failure(j, e));
+                }
+                Err(_) => {
+                    return Err(self.failure(
+                        i,
+                        format!("its agent went silent (no answer within {timeout:?})"),
+                    ))
+                }
+            }
+        }
+    }
+
+    /// Ends every session politely.
+    fn bye(mut self) {
+        for i in 0..self.links.len() {
+            let bye = self.links[i].session.bye();
+            let _ = self.send(i, &bye);
+        }
+    }
+}
+
+fn req_kind(req: &Request) -> &'static str {
+    req.kind()
+}
+
+/// Forwards every reply of one session to the coordinator until the
+/// connection ends.
+fn read_replies(i: usize, mut conn: ControlConn, tx: mpsc::Sender<Event>) {
+    loop {
+        match conn.recv_payload(Duration::from_secs(3600)) {
+            Ok(payload) => {
+                let ev = decode_reply(&payload).map_err(|e| format!("bad reply: {e}"));
+                let stop = ev.is_err();
+                if tx.send((i, ev)).is_err() || stop {
+                    return;
+                }
+            }
+            Err(ControlError::TimedOut(_)) => continue,
+            Err(e) => {
+                let _ = tx.send((i, Err(control_detail(e))));
+                return;
+            }
+        }
+    }
+}
+
+/// Where each flow of a point runs.
+struct Placement {
+    /// Client link index (into `links`) of each flow.
+    host_of: Vec<usize>,
+    /// (local, remote) link addresses of each flow, for multirail.
+    rails: Vec<(IpAddr, IpAddr)>,
+}
+
+fn place(point: &GroupPoint, links: &[Link]) -> Result<Placement, GroupError> {
+    let client_hosts = (links.len() - 1) as u32;
+    match point.test.shape {
+        Shape::Spread => Ok(Placement {
+            host_of: allot(point.clients, client_hosts)
+                .into_iter()
+                .map(|h| h as usize + 1)
+                .collect(),
+            rails: Vec::new(),
+        }),
+        Shape::Streams => Ok(Placement {
+            host_of: vec![1; point.clients as usize],
+            rails: Vec::new(),
+        }),
+        Shape::Rails => {
+            let rails = links[1].host.rails.clone();
+            if rails.is_empty() {
+                return Err(GroupError::Point(format!(
+                    "multirail: no links between {} and {}; give --hosts @FILE of a mesh testbed, or run without --hosts for loopback links",
+                    links[1].host.name, links[0].host.name
+                )));
+            }
+            Ok(Placement {
+                host_of: vec![1; rails.len()],
+                rails,
+            })
+        }
+    }
+}
+
+/// An IP:PORT an agent announced on an unspecified address, made
+/// reachable with the address its control connection used.
+fn fix_unspecified(addr: &str, host: &HostInfo) -> String {
+    match (addr.parse::<SocketAddr>(), host.address) {
+        (Ok(sa), Some(ip)) if sa.ip().is_unspecified() => SocketAddr::new(ip, sa.port()).to_string(),
+        _ => addr.to_string(),
+    }
+}
+
+/// What one repetition produced.
+struct RepResult {
+    /// Reports per participating link index.
+    reports: Vec<(usize, Vec<FlowReport>, GroupOutcome)>,
+    hist: LatencyHistogram,
+}
+
+impl GroupCoordinator {
+    fn session_hosts(&self) -> Vec<IpAddr> {
+        let mut ips = Vec::new();
+        for l in &self.links {
+            ips.extend(l.host.address);
+            if let ControlAddr::Tcp(sa) = &l.host.control {
+                ips.push(sa.ip());
+            }
+            for (a, b) in &l.host.rails {
+                ips.push(*a);
+                ips.push(*b);
+            }
+        }
+        ips.sort();
+        ips.dedup();
+        ips
+    }
+
+    fn rep(
+        &mut self,
+        point: &GroupPoint,
+        placement: &Placement,
+        plan: &GroupPlan,
+    ) -> Result<RepResult, GroupError> {
+        let flows = placement.host_of.len() as u32;
+        let engine = point.test.uses_engine();
+        let session_hosts = self.session_hosts();
+        let base = GroupSpec {
+            point: point.spec.clone(),
+            role: GroupRole::Server,
+            work: point.test.work(point.spec.size_bytes),
+            flows,
+            listen_ips: Vec::new(),
+            targets: Vec::new(),
+            bind_ips: Vec::new(),
+            session_hosts,
+            warmup_ms: plan.warmup.as_millis() as u32,
+            duration_ms: plan.duration.as_millis() as u32,
+        };
+        let mut server = base.clone();
+        server.listen_ips = if placement.rails.is_empty() {
+            self.links[0].host.address.into_iter().collect()
+        } else {
+            placement.rails.iter().map(|r| r.1).collect()
+        };
+        let req = self.links[0].session.group_prepare(server);
+        self.send(0, &req)?;
+        let reply = self.wait(0, REPLY_TIMEOUT)?;
+        let addrs = self.links[0]
+            .session
+            .on_group_listening(reply)
+            .map_err(|e| self.host_error(0, e.to_string()))?;
+        let want = if engine { 1 } else { flows as usize };
+        if addrs.len() != want {
+            return Err(self.host_error(
+                0,
+                format!("announced {} listeners for {want}", addrs.len()),
+            ));
+        }
+        let addrs: Vec<String> = addrs
+            .iter()
+            .map(|a| fix_unspecified(a, &self.links[0].host))
+            .collect();
+        let mut clients: Vec<(usize, Vec<usize>)> = Vec::new();
+        for (flow, &h) in placement.host_of.iter().enumerate() {
+            match clients.iter_mut().find(|(l, _)| *l == h) {
+                Some((_, f)) => f.push(flow),
+                None => clients.push((h, vec![flow])),
+            }
+        }
+        for (h, flow_ids) in &clients {
+            let mut spec = base.clone();
+            spec.role = GroupRole::Client;
+            spec.flows = flow_ids.len() as u32;
+            spec.targets = if engine {
+                vec![addrs[0].clone()]
+            } else {
+                flow_ids.iter().map(|&f| addrs[f].clone()).collect()
+            };
+            spec.bind_ips = if placement.rails.is_empty() {
+                self.links[*h].host.address.into_iter().collect()
+            } else {
+                flow_ids.iter().map(|&f| placement.rails[f].0).collect()
+            };
+            let req = self.links[*h].session.group_prepare(spec);
+            self.send(*h, &req)?;
+        }
+        let prepare_timeout = super::role::ACCEPT_TIMEOUT + REPLY_TIMEOUT;
+        for &(h, _) in &clients {
+            let reply = self.wait(h, prepare_timeout)?;
+            self.links[h]
+                .session
+                .on_group_ready(reply)
+                .map_err(|e| self.host_error(h, e.to_string()))?;
+        }
+        let reply = self.wait(0, prepare_timeout)?;
+        self.links[0]
+            .session
+            .on_group_ready(reply)
+            .map_err(|e| self.host_error(0, e.to_string()))?;
+        // The barrier: every role is prepared; start them all.
+        let mut order: Vec<usize> = vec![0];
+        order.extend(clients.iter().map(|(h, _)| *h));
+        for &h in &order {
+            let go = self.links[h].session.group_go();
+            self.send(h, &go)?;
+        }
+        let timeout = plan.warmup
+            + plan.duration
+            + Duration::from_millis(u64::from(point.spec.io_timeout_ms))
+            + RESULT_SLACK;
+        let deadline = Instant::now() + timeout;
+        let mut result = RepResult {
+            reports: Vec::new(),
+            hist: LatencyHistogram::new(),
+        };
+        for &h in &order {
+            let mut reports = Vec::new();
+            loop {
+                let left = deadline.saturating_duration_since(Instant::now());
+                let reply = self.wait(h, left.max(Duration::from_millis(1)))?;
+                let progress = self.links[h]
+                    .session
+                    .on_group_result(reply)
+                    .map_err(|e| self.host_error(h, e.to_string()))?;
+                match progress {
+                    GroupProgress::Flows(f) => reports.extend(f),
+                    GroupProgress::Buckets(b) => {
+                        // Only the clients time the exchanges.
+                        if h != 0 {
+                            for [v, n] in b {
+                                result.hist.record_n_ns(v, n);
+                            }
+                        }
+                    }
+                    GroupProgress::Finished(outcome) => {
+                        result.reports.push((h, reports, outcome));
+                        break;
+                    }
+                }
+            }
+        }
+        Ok(result)
+    }
+}
+
+/// Per-flow accumulation over repetitions.
+#[derive(Clone, Default)]
+struct FlowAcc {
+    values: Vec<f64>,
+    bytes_tx: u64,
+    bytes_rx: u64,
+    window_bytes: u64,
+    percentiles: Option<crate::stats::Percentiles>,
+}
+
+/// Runs a whole group plan, writing each record to every sink as soon as it
+/// is measured. On failure, every point measured before is already in the
+/// sinks.
+pub fn run_group_plan(
+    plan: &GroupPlan,
+    sinks: &mut [Box<dyn RecordSink>],
+    observer: &mut dyn Observer,
+) -> Result<usize, GroupError> {
+    let hosts = resolve_hosts(&plan.hosts)?;
+    let mut coord = GroupCoordinator::connect(hosts)?;
+    let total = plan.points.len();
+    let mut done = 0;
+    for (i, point) in plan.points.iter().enumerate() {
+        observer.point_started(&point.spec, i, total);
+        let started = SystemTime::now();
+        let record = measure_point(&mut coord, point, plan, started, observer)?;
+        for sink in sinks.iter_mut() {
+            sink.append(&record).map_err(|source| GroupError::Sink {
+                path: sink.path().display().to_string(),
+                source,
+            })?;
+        }
+        observer.point_done(&record);
+        done += 1;
+    }
+    coord.bye();
+    Ok(done)
+}
+
+fn measure_point(
+    coord: &mut GroupCoordinator,
+    point: &GroupPoint,
+    plan: &GroupPlan,
+    started: SystemTime,
+    observer: &mut dyn Observer,
+) -> Result<ResultRecord, GroupError> {
+    let placement = place(point, &coord.links)?;
+    let n = placement.host_of.len();
+    let mut flows = vec![FlowAcc::default(); n];
+    let mut rep_values = Vec::new();
+    let mut cpu: Vec<Vec<CpuUsage>> = vec![Vec::new(); coord.links.len()];
+    let mut rss: Vec<Option<u64>> = vec![None; coord.links.len()];
+    let mut hist = LatencyHistogram::new();
+    let mut bytes = ByteCounts {
+        client_tx: 0,
+        client_rx: 0,
+        server_tx: 0,
+        server_rx: 0,
+    };
+    let metric = point.test.metric;
+    let receiver_is_server = matches!(point.test.kind, Kind::Stream(Direction::ToServer));
+    for rep in 0..plan.reps {
+        let r = coord.rep(point, &placement, plan)?;
+        hist.merge(&r.hist);
+        // Global flow index of a link's local flow index.
+        let global = |h: usize, local: u32| -> Option<usize> {
+            if h == 0 {
+                Some(local as usize)
+            } else {
+                placement
+                    .host_of
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, &x)| x == h)
+                    .nth(local as usize)
+                    .map(|(i, _)| i)
+            }
+        };
+        let mut per_flow_value = vec![0.0; n];
+        for (h, reports, outcome) in &r.reports {
+            cpu[*h].push(outcome.cpu);
+            rss[*h] = rss[*h].max(outcome.peak_rss_kib);
+            for fr in reports {
+                let Some(g) = global(*h, fr.index).filter(|&g| g < n) else {
+                    return Err(coord.host_error(*h, format!("report of unknown flow {}", fr.index)));
+                };
+                if *h == 0 {
+                    bytes.server_tx += fr.bytes_tx;
+                    bytes.server_rx += fr.bytes_rx;
+                } else {
+                    bytes.client_tx += fr.bytes_tx;
+                    bytes.client_rx += fr.bytes_rx;
+                }
+                let acc = &mut flows[g];
+                let is_client = *h != 0;
+                match point.test.kind {
+                    Kind::Stream(_) => {
+                        if is_client != receiver_is_server {
+                            // The receiving end.
+                            acc.bytes_rx += fr.bytes_rx;
+                            acc.window_bytes += fr.window_bytes_rx;
+                            per_flow_value[g] =
+                                crate::bench::gbps(fr.window_bytes_rx, outcome.window_ns);
+                        } else {
+                            acc.bytes_tx += fr.bytes_tx;
+                        }
+                    }
+                    Kind::PingPong | Kind::Connect if is_client => {
+                        acc.bytes_tx += fr.bytes_tx;
+                        acc.bytes_rx += fr.bytes_rx;
+                        acc.percentiles = fr.percentiles.clone();
+                        let secs = outcome.window_ns as f64 / 1e9;
+                        per_flow_value[g] = match point.test.kind {
+                            Kind::PingPong if fr.round_trips > 0 => {
+                                outcome.window_ns as f64 / fr.round_trips as f64 / 2.0 / 1000.0
+                            }
+                            Kind::PingPong => f64::NAN,
+                            _ if secs > 0.0 => fr.round_trips as f64 / secs,
+                            _ => 0.0,
+                        };
+                    }
+                    _ => {}
+                }
+            }
+        }
+        for (acc, v) in flows.iter_mut().zip(&per_flow_value) {
+            acc.values.push(*v);
+        }
+        let value = match metric {
+            GroupMetric::BandwidthGbps | GroupMetric::ConnectionsPerS => {
+                per_flow_value.iter().sum::<f64>()
+            }
+            GroupMetric::LatencyUs => {
+                let ok: Vec<f64> = per_flow_value
+                    .iter()
+                    .copied()
+                    .filter(|v| v.is_finite())
+                    .collect();
+                if ok.len() != n {
+                    return Err(GroupError::Point(format!(
+                        "{}: {} of {n} clients completed no round trip in the window; lengthen --duration",
+                        point.test.name,
+                        n - ok.len()
+                    )));
+                }
+                ok.iter().sum::<f64>() / n.max(1) as f64
+            }
+        };
+        rep_values.push(value);
+        observer.rep_done(rep);
+    }
+    let summary = Summary::from_reps(&rep_values).map_err(|e| GroupError::Point(e.to_string()))?;
+    let flow_results: Vec<FlowResult> = flows
+        .iter()
+        .enumerate()
+        .map(|(i, a)| FlowResult {
+            host: coord.links[placement.host_of[i]].host.name.clone(),
+            index: i as u32,
+            value: crate::stats::mean(&a.values).unwrap_or(0.0),
+            bytes_tx: a.bytes_tx,
+            bytes_rx: a.bytes_rx,
+            percentiles: a.percentiles.clone(),
+        })
+        .collect();
+    let links = placement
+        .rails
+        .iter()
+        .zip(&flow_results)
+        .zip(&flows)
+        .map(|(((local, remote), f), a)| LinkResult {
+            local: local.to_string(),
+            remote: remote.to_string(),
+            bytes: a.window_bytes,
+            bandwidth_gbps: f.value,
+        })
+        .collect();
+    let hosts_cpu = cpu
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| !c.is_empty())
+        .map(|(h, c)| HostCpu {
+            host: coord.links[h].host.name.clone(),
+            role: if h == 0 { "server" } else { "client" }.into(),
+            cpu: CpuUsage::mean(c),
+            peak_rss_kib: rss[h],
+        })
+        .collect();
+    let percentiles = match point.test.kind {
+        Kind::PingPong => hist.percentiles_us(0.5),
+        Kind::Connect => hist.percentiles_us(1.0),
+        Kind::Stream(_) => None,
+    };
+    let mut options = plan.base.record_options(&point.spec);
+    options.peer = plan.hosts.label();
+    options.iterations = None;
+    options.rep_time_ms = Some(plan.duration.as_millis() as u64);
+    options.warmup = None;
+    let used_hosts: Vec<usize> = {
+        let mut h = placement.host_of.clone();
+        h.sort_unstable();
+        h.dedup();
+        h
+    };
+    Ok(ResultRecord {
+        test: point.test.name.into(),
+        transport: point.spec.transport.clone(),
+        mode: point.spec.mode,
+        size_bytes: point.spec.size_bytes,
+        metric: metric.key().into(),
+        value: summary.value,
+        stats: Some(RecordStats::from(&summary)),
+        percentiles,
+        cpu: None,
+        service_demand_us_per_kib: None,
+        iterations_per_rep: None,
+        warmup_iterations: None,
+        bytes: Some(bytes),
+        datagrams: None,
+        warnings: noise_warning(&summary, NOISY_CV).into_iter().collect(),
+        host: Some(coord.local.clone()),
+        peer_host: Some(coord.links[0].facts.clone()),
+        options: Some(options),
+        version: crate::VERSION.into(),
+        time: humantime::format_rfc3339_seconds(started).to_string(),
+        tool: None,
+        clients: Some(n as u32),
+        client_hosts: Some(used_hosts.len() as u32),
+        flows: flow_results,
+        hosts_cpu,
+        links,
+    })
+}
