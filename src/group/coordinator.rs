@@ -479,8 +479,14 @@ impl GroupCoordinator {
             } else {
                 flow_ids.iter().map(|&f| addrs[f].clone()).collect()
             };
+            // Flows leave from the client host's own address when it is
+            // known and the transport can bind one (tcp).
             spec.bind_ips = if placement.rails.is_empty() {
-                self.links[*h].host.address.into_iter().collect()
+                if point.spec.transport == "tcp" {
+                    self.links[*h].host.address.into_iter().collect()
+                } else {
+                    Vec::new()
+                }
             } else {
                 flow_ids.iter().map(|&f| placement.rails[f].0).collect()
             };

@@ -223,8 +223,15 @@ impl GroupPlan {
         }
         let warmup = (duration / 5).min(MAX_WARMUP);
         let sizes_changed = a.sizes.replace(' ', "") != P2P_DEFAULT_SIZES;
+        // Unchanged sizes are replaced per test below; validate a size
+        // every transport carries meanwhile.
         let base_args = RunArgs {
             test: "stream".into(),
+            sizes: if sizes_changed {
+                a.sizes.clone()
+            } else {
+                "1".into()
+            },
             ..a.clone()
         };
         let base = Plan::from_args(&base_args)?;
@@ -266,7 +273,8 @@ impl GroupPlan {
                 spec.test = test.name.to_string();
                 if !sizes_changed {
                     spec.size_bytes = match test.kind {
-                        Kind::Stream(_) => DEFAULT_STREAM_SIZE_BYTES,
+                        Kind::Stream(_) => DEFAULT_STREAM_SIZE_BYTES
+                            .min(t.max_message_bytes().unwrap_or(u64::MAX) / 1024 * 1024),
                         Kind::PingPong | Kind::Connect => DEFAULT_SMALL_SIZE_BYTES,
                     };
                 }
