@@ -273,13 +273,20 @@ impl GroupOutcome {
     }
 }
 
+/// A valid spec for tests of the protocol.
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // a failed unwrap is a failed test
+pub(crate) fn sample_spec(role: GroupRole) -> GroupSpec {
+    tests::spec(role)
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 mod tests {
     use super::*;
     use crate::spec::{Mode, TransportOptions};
 
-    pub(crate) fn spec(role: GroupRole) -> GroupSpec {
+    pub(super) fn spec(role: GroupRole) -> GroupSpec {
         GroupSpec {
             point: PointSpec {
                 test: "fanin".into(),

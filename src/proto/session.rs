@@ -1002,6 +1002,97 @@ mod tests {
     }
 
     #[test]
+    fn group_round_through_both_machines() {
+        use crate::proto::group::{sample_spec, FlowReport, GroupOutcome, GroupRole};
+        let mut agent = AgentSession::new(host(), false);
+        let mut coord = CoordinatorSession::new();
+        handshake(&mut agent, &mut coord);
+        // Server role: prepare, listening, ready.
+        let prep = wire_request(&coord.group_prepare(sample_spec(GroupRole::Server)));
+        let AgentAction::PrepareGroup(spec) = agent.on_request(&prep).unwrap() else {
+            panic!("expected PrepareGroup");
+        };
+        assert_eq!(spec.role, GroupRole::Server);
+        assert_eq!(agent.state(), AgentState::GroupPreparing);
+        let r = wire_reply(&agent.group_listening(vec!["127.0.0.1:9".into()]).unwrap());
+        assert_eq!(coord.on_group_listening(r).unwrap(), vec!["127.0.0.1:9"]);
+        // Go before ready is refused by the agent.
+        let early = agent.on_request(&Request::GroupGo);
+        assert!(early.is_err());
+        let mut agent = AgentSession::new(host(), false);
+        let mut coord = CoordinatorSession::new();
+        handshake(&mut agent, &mut coord);
+        let prep = wire_request(&coord.group_prepare(sample_spec(GroupRole::Client)));
+        agent.on_request(&prep).unwrap();
+        let r = wire_reply(&agent.group_ready().unwrap());
+        coord.on_group_ready(r).unwrap();
+        assert_eq!(coord.state(), CoordinatorState::GroupReady);
+        let go = wire_request(&coord.group_go());
+        assert_eq!(agent.on_request(&go).unwrap(), AgentAction::RunGroup);
+        let flows: Vec<FlowReport> = (0..300)
+            .map(|i| FlowReport {
+                index: i,
+                bytes_tx: 1,
+                bytes_rx: 2,
+                window_bytes_rx: 2,
+                round_trips: 0,
+                percentiles: None,
+                errors: 0,
+            })
+            .collect();
+        let outcome = GroupOutcome {
+            window_ns: 5,
+            cpu: CpuUsage::default(),
+            peak_rss_kib: None,
+        };
+        let replies = agent
+            .group_finished(flows, vec![[1, 1]; 1500], outcome.clone())
+            .unwrap();
+        // 300 flows in chunks of 128, 1500 buckets in chunks of 1024, end.
+        assert_eq!(replies.len(), 3 + 2 + 1);
+        assert_eq!(agent.state(), AgentState::Idle);
+        let mut seen = 0;
+        for r in replies {
+            match coord.on_group_result(wire_reply(&r)).unwrap() {
+                GroupProgress::Flows(f) => seen += f.len(),
+                GroupProgress::Buckets(_) => {}
+                GroupProgress::Finished(o) => assert_eq!(o, outcome),
+            }
+        }
+        assert_eq!(seen, 300);
+        assert_eq!(coord.state(), CoordinatorState::Idle);
+    }
+
+    #[test]
+    fn group_error_leaves_both_sessions_usable() {
+        use crate::proto::group::{sample_spec, GroupRole};
+        let mut agent = AgentSession::new(host(), false);
+        let mut coord = CoordinatorSession::new();
+        handshake(&mut agent, &mut coord);
+        let prep = wire_request(&coord.group_prepare(sample_spec(GroupRole::Client)));
+        agent.on_request(&prep).unwrap();
+        let err = wire_reply(&agent.failed("cannot connect flow 0"));
+        assert_eq!(agent.state(), AgentState::Idle);
+        assert!(matches!(
+            coord.on_group_ready(err),
+            Err(SessionError::Remote(m)) if m.contains("flow 0")
+        ));
+        assert_eq!(coord.state(), CoordinatorState::Idle);
+    }
+
+    #[test]
+    fn group_limits_are_refused_before_the_role_runs() {
+        use crate::proto::group::{sample_spec, GroupRole, MAX_GROUP_FLOWS};
+        let mut spec = sample_spec(GroupRole::Client);
+        spec.flows = MAX_GROUP_FLOWS + 1;
+        let bytes = encode(&Request::GroupPrepare { spec }).unwrap();
+        let mut d = FrameDecoder::new();
+        d.push(&bytes);
+        let err = decode_request(&d.next_frame().unwrap().unwrap()).unwrap_err();
+        assert!(err.to_string().contains("flows"), "{err}");
+    }
+
+    #[test]
     fn run_before_open_is_refused() {
         let mut agent = AgentSession::new(host(), false);
         let mut coord = CoordinatorSession::new();
