@@ -1,0 +1,291 @@
+//! Multi-host tests end to end: the real binary as coordinator against real
+//! agents on loopback addresses 127.0.0.2..5 (and the in-process default),
+//! asserting on the JSON records: per-flow bytes, the cyclic allotment,
+//! per-link bytes of multirail, the agents' refusals, and a client host
+//! dying mid-run.
+
+use assert_cmd::cargo::CommandCargoExt;
+use serde_json::Value;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn netgap() -> Command {
+    Command::cargo_bin("netgap").expect("binary built")
+}
+
+/// A `netgap serve` on an ephemeral port of a loopback address, killed on
+/// drop.
+struct AgentProc {
+    child: Child,
+    addr: String,
+}
+
+impl AgentProc {
+    fn start(bind: &str) -> AgentProc {
+        let mut child = netgap()
+            .args(["serve", "--bind", bind, "--port", "0"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("agent starts");
+        let stdout = child.stdout.take().expect("stdout piped");
+        let mut line = String::new();
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("agent prints its address");
+        let addr = line
+            .trim()
+            .rsplit(' ')
+            .next()
+            .expect("address at the end")
+            .to_string();
+        AgentProc { child, addr }
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for AgentProc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A server agent on 127.0.0.2 and `clients` client agents on 127.0.0.3...
+fn agents(clients: u8) -> Vec<AgentProc> {
+    (0..=clients)
+        .map(|i| AgentProc::start(&format!("127.0.0.{}", 2 + i)))
+        .collect()
+}
+
+fn hosts_arg(agents: &[AgentProc]) -> String {
+    agents
+        .iter()
+        .map(|a| a.addr.clone())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn read_records(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("every line is JSON"))
+        .collect()
+}
+
+fn run_ok(args: &[&str]) {
+    let out = netgap().args(args).output().expect("netgap runs");
+    assert!(
+        out.status.success(),
+        "netgap {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn u(v: &Value) -> u64 {
+    v.as_u64().expect("an unsigned number")
+}
+
+/// Every flow of a bandwidth record delivered what was sent (tcp), and
+/// moved something.
+fn check_stream_flows(r: &Value, clients: usize) {
+    let flows = r["flows"].as_array().expect("flows");
+    assert_eq!(flows.len(), clients, "{r}");
+    for (i, f) in flows.iter().enumerate() {
+        assert_eq!(u(&f["index"]), i as u64);
+        assert!(u(&f["bytes_tx"]) > 0, "flow {i} sent nothing: {f}");
+        assert_eq!(f["bytes_tx"], f["bytes_rx"], "flow {i}: {f}");
+        assert!(f["value"].as_f64().expect("value") > 0.0);
+    }
+    let sum: f64 = flows.iter().map(|f| f["value"].as_f64().unwrap_or(0.0)).sum();
+    let value = r["value"].as_f64().expect("value");
+    assert!(value > 0.0);
+    // One repetition: the aggregate is the sum of the flows.
+    assert!((sum - value).abs() <= 1e-6 * value.max(1.0), "{sum} vs {value}");
+}
+
+#[test]
+fn fanin_and_fanout_spread_clients_cyclically_over_real_agents() {
+    let agents = agents(3);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json = dir.path().join("r.jsonl");
+    let hosts = hosts_arg(&agents);
+    run_ok(&[
+        "run",
+        "fanin,fanout",
+        "--hosts",
+        &hosts,
+        "--clients",
+        "4",
+        "--reps",
+        "1",
+        "--duration",
+        "200ms",
+        "--json",
+        json.to_str().expect("utf-8 path"),
+    ]);
+    let records = read_records(&json);
+    assert_eq!(records.len(), 2);
+    for r in &records {
+        assert_eq!(r["metric"], "bandwidth_gbps");
+        assert_eq!(u(&r["clients"]), 4);
+        assert_eq!(u(&r["client_hosts"]), 3);
+        check_stream_flows(r, 4);
+        // Client i runs on client host i % 3.
+        for (i, f) in r["flows"].as_array().expect("flows").iter().enumerate() {
+            assert_eq!(f["host"], agents[1 + i % 3].addr.as_str(), "flow {i}");
+        }
+        let cpu = r["hosts_cpu"].as_array().expect("hosts_cpu");
+        assert_eq!(cpu.len(), 4);
+        assert_eq!(cpu[0]["role"], "server");
+        assert_eq!(cpu[0]["host"], agents[0].addr.as_str());
+        assert!(cpu[1..].iter().all(|h| h["role"] == "client"));
+        assert!(cpu.iter().all(|h| u(&h["peak_rss_kib"]) > 0));
+    }
+    assert_eq!(records[0]["test"], "fanin");
+    assert_eq!(records[1]["test"], "fanout");
+    // fan-in: clients send; fan-out: the server sends.
+    let b = |r: &Value, k: &str| u(&r["bytes"][k]);
+    assert!(b(&records[0], "client_tx") > 0 && b(&records[0], "server_tx") == 0);
+    assert!(b(&records[1], "server_tx") > 0 && b(&records[1], "client_tx") == 0);
+}
+
+#[test]
+fn multistream_runs_every_stream_from_the_first_client_host() {
+    let agents = agents(2);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json = dir.path().join("r.jsonl");
+    let hosts = hosts_arg(&agents);
+    run_ok(&[
+        "run",
+        "multistream",
+        "--hosts",
+        &hosts,
+        "-P",
+        "1,3",
+        "--reps",
+        "1",
+        "--duration",
+        "200ms",
+        "--json",
+        json.to_str().expect("utf-8 path"),
+    ]);
+    let records = read_records(&json);
+    assert_eq!(records.len(), 2);
+    for (r, p) in records.iter().zip([1, 3]) {
+        check_stream_flows(r, p);
+        assert_eq!(u(&r["client_hosts"]), 1);
+        assert!(r["flows"]
+            .as_array()
+            .expect("flows")
+            .iter()
+            .all(|f| f["host"] == agents[1].addr.as_str()));
+    }
+}
+
+#[test]
+fn multirail_uses_every_link_of_a_hosts_file() {
+    let agents = agents(1);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json = dir.path().join("r.jsonl");
+    let hosts_file = dir.path().join("hosts.json");
+    let links: Vec<Value> = (1..=3)
+        .map(|k| {
+            serde_json::json!({
+                "peer": "h1", "index": k - 1,
+                "local": format!("127.0.1.{k}"), "remote": format!("127.0.2.{k}"),
+                "ifname": "lo", "mtu_bytes": 65536
+            })
+        })
+        .collect();
+    let file = serde_json::json!({
+        "version": 1,
+        "topology": "list",
+        "hosts": [
+            {"name": "h1", "control": agents[0].addr, "address": "127.0.0.2"},
+            {"name": "h2", "control": agents[1].addr, "address": "127.0.0.3", "links": links},
+        ]
+    });
+    std::fs::write(&hosts_file, file.to_string()).expect("hosts file written");
+    let hosts = format!("@{}", hosts_file.display());
+    run_ok(&[
+        "run",
+        "multirail",
+        "--hosts",
+        &hosts,
+        "--reps",
+        "2",
+        "--duration",
+        "200ms",
+        "--json",
+        json.to_str().expect("utf-8 path"),
+    ]);
+    let records = read_records(&json);
+    assert_eq!(records.len(), 1);
+    let r = &records[0];
+    assert_eq!(u(&r["clients"]), 3);
+    let links = r["links"].as_array().expect("links");
+    assert_eq!(links.len(), 3);
+    for (k, l) in links.iter().enumerate() {
+        assert_eq!(l["local"], format!("127.0.1.{}", k + 1));
+        assert_eq!(l["remote"], format!("127.0.2.{}", k + 1));
+        assert!(u(&l["bytes"]) > 0, "link {k} carried nothing: {l}");
+        assert!(l["bandwidth_gbps"].as_f64().expect("bw") > 0.0);
+    }
+    for f in r["flows"].as_array().expect("flows") {
+        assert_eq!(f["host"], "h2");
+        assert_eq!(f["bytes_tx"], f["bytes_rx"]);
+    }
+}
+
+#[test]
+fn in_process_hosts_run_without_any_agent() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json = dir.path().join("r.jsonl");
+    run_ok(&[
+        "run",
+        "fanin,multirail",
+        "--client-hosts",
+        "2",
+        "--links",
+        "2",
+        "--reps",
+        "1",
+        "--duration",
+        "100ms",
+        "--json",
+        json.to_str().expect("utf-8 path"),
+    ]);
+    let records = read_records(&json);
+    assert_eq!(records.len(), 2);
+    check_stream_flows(&records[0], 2);
+    assert_eq!(records[0]["flows"][1]["host"], "127.0.0.3");
+    let links = records[1]["links"].as_array().expect("links");
+    assert_eq!(links.len(), 2);
+    assert_ne!(links[0]["local"], links[1]["local"]);
+    assert!(links.iter().all(|l| u(&l["bytes"]) > 0));
+}
+
+#[test]
+fn bad_group_flags_are_one_line_errors() {
+    for (args, want) in [
+        (vec!["run", "fanin", "--clients", "0"], "--clients"),
+        (vec!["run", "fanin", "--clients", "5000"], "--clients"),
+        (vec!["run", "fanin", "--duration", "3h"], "--duration"),
+        (vec!["run", "fanin,pingpong"], "cannot be mixed"),
+        (vec!["run", "hotspot", "-t", "udp"], "tcp only"),
+        (vec!["run", "fanin", "--hosts", "127.0.0.1"], "--hosts"),
+    ] {
+        let out = netgap().args(&args).output().expect("netgap runs");
+        assert!(!out.status.success(), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+}
