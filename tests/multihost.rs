@@ -289,3 +289,182 @@ fn bad_group_flags_are_one_line_errors() {
         assert!(err.contains(want), "{args:?}: {err}");
     }
 }
+
+/// Sends `spec` as a `group_prepare` to a fresh session of `agent` and
+/// returns the agent's answer.
+fn prepare_raw(agent: &AgentProc, spec: netgap::proto::group::GroupSpec) -> netgap::proto::Reply {
+    use netgap::control::ControlConn;
+    use netgap::proto::{decode_reply, CoordinatorSession};
+    // The previous session's end may still be releasing the agent.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let (mut conn, mut session) = loop {
+        let stream = std::net::TcpStream::connect(&agent.addr).expect("agent reachable");
+        let mut conn = ControlConn::new(stream).expect("control connection");
+        let mut session = CoordinatorSession::new();
+        conn.send(&session.hello()).expect("hello sent");
+        let welcome = decode_reply(&conn.recv_payload(Duration::from_secs(5)).expect("welcome"))
+            .expect("welcome decodes");
+        match session.on_welcome(welcome) {
+            Ok(_) => break (conn, session),
+            Err(e) if Instant::now() < deadline => {
+                let _ = e;
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => panic!("welcome: {e}"),
+        }
+    };
+    conn.send(&session.group_prepare(spec)).expect("prepare sent");
+    decode_reply(&conn.recv_payload(Duration::from_secs(5)).expect("an answer"))
+        .expect("answer decodes")
+}
+
+fn raw_spec(target: &str) -> netgap::proto::group::GroupSpec {
+    use netgap::proto::group::{Direction, GroupRole, GroupSpec, GroupWork};
+    use netgap::spec::{Mode, PointSpec, TransportOptions};
+    GroupSpec {
+        point: PointSpec {
+            test: "fanin".into(),
+            transport: "tcp".into(),
+            mode: Mode::Event,
+            size_bytes: 1024,
+            options: TransportOptions::default(),
+            server_cpu: None,
+            io_timeout_ms: 1000,
+            verify: false,
+        },
+        role: GroupRole::Client,
+        work: GroupWork::Stream {
+            size_bytes: 1024,
+            direction: Direction::ToServer,
+        },
+        flows: 1,
+        listen_ips: vec![],
+        targets: vec![target.into()],
+        bind_ips: vec![],
+        session_hosts: vec!["127.0.0.2".parse().expect("ip")],
+        warmup_ms: 0,
+        duration_ms: 100,
+    }
+}
+
+#[test]
+fn agent_refuses_parameters_past_its_limits_before_any_data_socket() {
+    use netgap::proto::Reply;
+    // A listener that must never see a connection.
+    let bait = std::net::TcpListener::bind("127.0.0.2:0").expect("bait listener");
+    bait.set_nonblocking(true).expect("nonblocking");
+    let target = bait.local_addr().expect("addr").to_string();
+    let agent = AgentProc::start("127.0.0.3");
+    let cases: Vec<(netgap::proto::group::GroupSpec, &str)> = vec![
+        (
+            {
+                let mut s = raw_spec(&target);
+                s.flows = netgap::proto::group::MAX_GROUP_FLOWS + 1;
+                s
+            },
+            "flows",
+        ),
+        (
+            {
+                let mut s = raw_spec(&target);
+                s.duration_ms = netgap::proto::group::MAX_GROUP_DURATION_MS + 1;
+                s
+            },
+            "duration_ms",
+        ),
+        (
+            {
+                // The target is not a host of the session.
+                let mut s = raw_spec(&target);
+                s.session_hosts = vec!["127.0.0.9".parse().expect("ip")];
+                s
+            },
+            "not a host of this session",
+        ),
+    ];
+    for (spec, want) in cases {
+        match prepare_raw(&agent, spec) {
+            Reply::Error { message } => assert!(message.contains(want), "{message}"),
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+    assert!(
+        bait.accept().is_err(),
+        "the agent opened a data connection for a refused request"
+    );
+    // Within limits and to a session host, the same agent connects.
+    match prepare_raw(&agent, raw_spec(&target)) {
+        Reply::GroupReady => {}
+        other => panic!("expected ready, got {other:?}"),
+    }
+}
+
+/// Kills one client host's agent once the first point is written and
+/// checks the coordinator names that host within 5 seconds and keeps every
+/// completed point.
+fn dead_client_host_is_named(test: &str) {
+    let mut agents = agents(3);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json = dir.path().join("r.jsonl");
+    let hosts = hosts_arg(&agents);
+    let mut coord = netgap()
+        .args([
+            "run",
+            test,
+            "--hosts",
+            &hosts,
+            "--clients",
+            "3,3,3,3,3,3,3,3,3,3,3,3",
+            "--reps",
+            "3",
+            "--duration",
+            "500ms",
+            "--json",
+            json.to_str().expect("utf-8 path"),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("coordinator starts");
+    let t0 = Instant::now();
+    while read_records(&json).is_empty() {
+        assert!(t0.elapsed() < Duration::from_secs(30), "no point completed");
+        assert!(coord.try_wait().expect("wait").is_none(), "run ended early");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Mid-point: the next point's repetitions are running.
+    std::thread::sleep(Duration::from_millis(300));
+    let victim = agents[2].addr.clone();
+    agents[2].kill();
+    let killed = Instant::now();
+    let status = loop {
+        if let Some(s) = coord.try_wait().expect("wait") {
+            break s;
+        }
+        if killed.elapsed() > Duration::from_secs(10) {
+            let _ = coord.kill();
+            panic!("the coordinator did not stop after a host died");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let elapsed = killed.elapsed();
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut coord.stderr.take().expect("stderr"), &mut err)
+        .expect("stderr read");
+    assert!(!status.success());
+    assert!(elapsed < Duration::from_secs(5), "took {elapsed:?}: {err}");
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("netgap: error:"))
+        .unwrap_or_else(|| panic!("no error line: {err}"));
+    assert!(line.contains(&victim), "{line} does not name {victim}");
+    assert!(line.contains("points measured before are in"), "{line}");
+    let kept = read_records(&json);
+    assert!(!kept.is_empty());
+    assert!(kept.iter().all(|r| r["test"] == test));
+}
+
+#[test]
+fn dead_client_host_mid_fanin_is_named_and_points_are_kept() {
+    dead_client_host_is_named("fanin");
+}
