@@ -13,6 +13,7 @@ pub mod cluster;
 pub mod control;
 pub mod coordinator;
 pub mod cpu;
+pub mod flows;
 pub mod group;
 pub mod host;
 pub mod output;
