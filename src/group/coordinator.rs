@@ -633,18 +633,18 @@ fn measure_point(
         let mut per_flow_value = vec![0.0; n];
         for (h, reports, outcome) in &r.reports {
             cpu[*h].push(outcome.cpu);
+            if *h == 0 {
+                bytes.server_tx += outcome.bytes_tx;
+                bytes.server_rx += outcome.bytes_rx;
+            } else {
+                bytes.client_tx += outcome.bytes_tx;
+                bytes.client_rx += outcome.bytes_rx;
+            }
             rss[*h] = rss[*h].max(outcome.peak_rss_kib);
             for fr in reports {
                 let Some(g) = global(*h, fr.index).filter(|&g| g < n) else {
                     return Err(coord.host_error(*h, format!("report of unknown flow {}", fr.index)));
                 };
-                if *h == 0 {
-                    bytes.server_tx += fr.bytes_tx;
-                    bytes.server_rx += fr.bytes_rx;
-                } else {
-                    bytes.client_tx += fr.bytes_tx;
-                    bytes.client_rx += fr.bytes_rx;
-                }
                 let acc = &mut flows[g];
                 let is_client = *h != 0;
                 match point.test.kind {

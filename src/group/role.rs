@@ -336,14 +336,16 @@ impl PreparedRole {
                     .map_err(|e| format!("cannot start the CPU meter: {e}"))?;
                 let run = engine::run(p, warmup, duration);
                 let (cpu, _) = meter.join().map_err(|_| "the CPU meter panicked")?;
-                let (flows, hist, window_ns) = run?;
+                let r = run?;
                 Ok(RoleResult {
-                    flows,
-                    buckets: hist.buckets(),
+                    flows: r.flows,
+                    buckets: r.hist.buckets(),
                     outcome: GroupOutcome {
-                        window_ns,
+                        window_ns: r.window_ns,
                         cpu,
                         peak_rss_kib: peak_rss_kib(),
+                        bytes_rx: r.bytes_rx,
+                        bytes_tx: r.bytes_tx,
                     },
                 })
             }
@@ -414,12 +416,14 @@ fn run_stream(
         return Err(e);
     }
     Ok(RoleResult {
-        flows: reports,
         buckets: Vec::new(),
         outcome: GroupOutcome {
             window_ns,
             cpu,
             peak_rss_kib: peak_rss_kib(),
+            bytes_rx: reports.iter().map(|r| r.bytes_rx).sum(),
+            bytes_tx: reports.iter().map(|r| r.bytes_tx).sum(),
         },
+        flows: reports,
     })
 }

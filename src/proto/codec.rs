@@ -397,6 +397,8 @@ mod tests {
                     window_ns: 1_000_000_000,
                     cpu: CpuUsage::default(),
                     peak_rss_kib: Some(12_000),
+                    bytes_rx: 7,
+                    bytes_tx: 8,
                 },
             },
         ]

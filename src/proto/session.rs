@@ -1044,6 +1044,8 @@ mod tests {
             window_ns: 5,
             cpu: CpuUsage::default(),
             peak_rss_kib: None,
+            bytes_rx: 0,
+            bytes_tx: 0,
         };
         let replies = agent
             .group_finished(flows, vec![[1, 1]; 1500], outcome.clone())
