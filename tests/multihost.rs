@@ -468,3 +468,65 @@ fn dead_client_host_is_named(test: &str) {
 fn dead_client_host_mid_fanin_is_named_and_points_are_kept() {
     dead_client_host_is_named("fanin");
 }
+
+#[test]
+fn dead_client_host_mid_hotspot_is_named_and_points_are_kept() {
+    dead_client_host_is_named("hotspot");
+}
+
+#[test]
+fn hotspot_and_connect_report_every_client_over_real_agents() {
+    let agents = agents(3);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json = dir.path().join("r.jsonl");
+    let hosts = hosts_arg(&agents);
+    run_ok(&[
+        "run",
+        "hotspot,connect",
+        "--hosts",
+        &hosts,
+        "--clients",
+        "3,6",
+        "--reps",
+        "2",
+        "--duration",
+        "200ms",
+        "--json",
+        json.to_str().expect("utf-8 path"),
+    ]);
+    let records = read_records(&json);
+    assert_eq!(records.len(), 4);
+    for r in &records {
+        let n = u(&r["clients"]) as usize;
+        let flows = r["flows"].as_array().expect("flows");
+        assert_eq!(flows.len(), n);
+        for (i, f) in flows.iter().enumerate() {
+            assert_eq!(f["host"], agents[1 + i % 3].addr.as_str(), "flow {i}");
+            assert!(u(&f["bytes_tx"]) > 0, "flow {i}: {f}");
+            assert!(f["value"].as_f64().expect("value") > 0.0);
+            let p = &f["percentiles"];
+            assert!(p["p50"].as_f64() <= p["p99"].as_f64(), "{p}");
+        }
+        // What every client sent, the server received, and back.
+        let b = |k: &str| u(&r["bytes"][k]);
+        assert_eq!(b("client_tx"), b("server_rx"), "{}", r["bytes"]);
+        let p = &r["percentiles"];
+        assert!(p["p50"].as_f64() <= p["p99"].as_f64() && p["p99"].as_f64() <= p["max"].as_f64());
+        assert_eq!(r["hosts_cpu"].as_array().expect("hosts_cpu").len(), 4);
+    }
+    let hotspot = &records[0];
+    assert_eq!(hotspot["metric"], "latency_us");
+    // The headline is the mean of the clients' latencies.
+    let flows = hotspot["flows"].as_array().expect("flows");
+    let mean: f64 = flows.iter().map(|f| f["value"].as_f64().unwrap_or(0.0)).sum::<f64>()
+        / flows.len() as f64;
+    let st = &hotspot["stats"];
+    assert!(mean >= st["min"].as_f64().expect("min") * 0.999);
+    assert!(mean <= st["max"].as_f64().expect("max") * 1.001);
+    for f in flows {
+        // Pingpong: a client receives exactly what it sends.
+        assert_eq!(f["bytes_tx"], f["bytes_rx"]);
+    }
+    assert_eq!(records[2]["metric"], "connections_per_s");
+    assert!(records[2]["value"].as_f64().expect("value") > 0.0);
+}

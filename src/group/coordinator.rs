@@ -36,6 +36,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 const REPLY_TIMEOUT: Duration = Duration::from_secs(5);
 /// Extra time, past the warm-up, window and drain, for the results.
 const RESULT_SLACK: Duration = Duration::from_secs(4);
+/// Extra time for the results per flow of the point.
+const PER_FLOW_REPORT_TIME: Duration = Duration::from_millis(1);
 /// After a first failure, how long to listen for a host whose connection
 /// dropped: a dead client host makes the server's flows fail too, and the
 /// dead host is the one to name.
@@ -513,10 +515,13 @@ impl GroupCoordinator {
             let go = self.links[h].session.group_go();
             self.send(h, &go)?;
         }
+        // In-flight exchanges may take an I/O timeout to finish after the
+        // window, and thousands of flows take a while to close and report.
         let timeout = plan.warmup
             + plan.duration
-            + Duration::from_millis(u64::from(point.spec.io_timeout_ms))
-            + RESULT_SLACK;
+            + 2 * Duration::from_millis(u64::from(point.spec.io_timeout_ms))
+            + RESULT_SLACK
+            + PER_FLOW_REPORT_TIME * flows;
         let deadline = Instant::now() + timeout;
         let mut result = RepResult {
             reports: Vec::new(),
