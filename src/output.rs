@@ -104,7 +104,11 @@ pub fn table_row(r: &ResultRecord) -> String {
     });
     let cpu = |f: fn(&crate::record::CpuPair) -> f64, side: usize| {
         if let Some((client, server)) = &group_cpu {
-            return if side == 0 { client.clone() } else { server.clone() };
+            return if side == 0 {
+                client.clone()
+            } else {
+                server.clone()
+            };
         }
         r.cpu
             .as_ref()

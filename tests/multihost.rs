@@ -103,11 +103,17 @@ fn check_stream_flows(r: &Value, clients: usize) {
         assert_eq!(f["bytes_tx"], f["bytes_rx"], "flow {i}: {f}");
         assert!(f["value"].as_f64().expect("value") > 0.0);
     }
-    let sum: f64 = flows.iter().map(|f| f["value"].as_f64().unwrap_or(0.0)).sum();
+    let sum: f64 = flows
+        .iter()
+        .map(|f| f["value"].as_f64().unwrap_or(0.0))
+        .sum();
     let value = r["value"].as_f64().expect("value");
     assert!(value > 0.0);
     // One repetition: the aggregate is the sum of the flows.
-    assert!((sum - value).abs() <= 1e-6 * value.max(1.0), "{sum} vs {value}");
+    assert!(
+        (sum - value).abs() <= 1e-6 * value.max(1.0),
+        "{sum} vs {value}"
+    );
 }
 
 #[test]
@@ -313,9 +319,14 @@ fn prepare_raw(agent: &AgentProc, spec: netgap::proto::group::GroupSpec) -> netg
             Err(e) => panic!("welcome: {e}"),
         }
     };
-    conn.send(&session.group_prepare(spec)).expect("prepare sent");
-    decode_reply(&conn.recv_payload(Duration::from_secs(5)).expect("an answer"))
-        .expect("answer decodes")
+    conn.send(&session.group_prepare(spec))
+        .expect("prepare sent");
+    decode_reply(
+        &conn
+            .recv_payload(Duration::from_secs(5))
+            .expect("an answer"),
+    )
+    .expect("answer decodes")
 }
 
 fn raw_spec(target: &str) -> netgap::proto::group::GroupSpec {
@@ -518,7 +529,10 @@ fn hotspot_and_connect_report_every_client_over_real_agents() {
     assert_eq!(hotspot["metric"], "latency_us");
     // The headline is the mean of the clients' latencies.
     let flows = hotspot["flows"].as_array().expect("flows");
-    let mean: f64 = flows.iter().map(|f| f["value"].as_f64().unwrap_or(0.0)).sum::<f64>()
+    let mean: f64 = flows
+        .iter()
+        .map(|f| f["value"].as_f64().unwrap_or(0.0))
+        .sum::<f64>()
         / flows.len() as f64;
     let st = &hotspot["stats"];
     assert!(mean >= st["min"].as_f64().expect("min") * 0.999);

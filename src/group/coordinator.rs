@@ -22,7 +22,9 @@ use crate::proto::codec::{decode_reply, encode};
 use crate::proto::group::{Direction, FlowReport, GroupOutcome, GroupRole, GroupSpec};
 use crate::proto::message::{Reply, Request};
 use crate::proto::session::{CoordinatorSession, GroupProgress};
-use crate::record::{ByteCounts, FlowResult, HostCpu, LinkResult, RecordSink, RecordStats, ResultRecord};
+use crate::record::{
+    ByteCounts, FlowResult, HostCpu, LinkResult, RecordSink, RecordStats, ResultRecord,
+};
 use crate::stats::{noise_warning, LatencyHistogram, Summary, NOISY_CV};
 use std::collections::VecDeque;
 use std::io::Write;
@@ -130,7 +132,10 @@ fn resolve_hosts(source: &HostsSource) -> Result<Vec<HostInfo>, GroupError> {
                         name: h.name.clone(),
                         control,
                         address: Some(h.address),
-                        rails: h.links_to(&server.name).map(|l| (l.local, l.remote)).collect(),
+                        rails: h
+                            .links_to(&server.name)
+                            .map(|l| (l.local, l.remote))
+                            .collect(),
                     })
                 })
                 .collect()
@@ -390,7 +395,9 @@ fn place(point: &GroupPoint, links: &[Link]) -> Result<Placement, GroupError> {
 /// reachable with the address its control connection used.
 fn fix_unspecified(addr: &str, host: &HostInfo) -> String {
     match (addr.parse::<SocketAddr>(), host.address) {
-        (Ok(sa), Some(ip)) if sa.ip().is_unspecified() => SocketAddr::new(ip, sa.port()).to_string(),
+        (Ok(sa), Some(ip)) if sa.ip().is_unspecified() => {
+            SocketAddr::new(ip, sa.port()).to_string()
+        }
         _ => addr.to_string(),
     }
 }
@@ -456,10 +463,9 @@ impl GroupCoordinator {
             .map_err(|e| self.host_error(0, e.to_string()))?;
         let want = if engine { 1 } else { flows as usize };
         if addrs.len() != want {
-            return Err(self.host_error(
-                0,
-                format!("announced {} listeners for {want}", addrs.len()),
-            ));
+            return Err(
+                self.host_error(0, format!("announced {} listeners for {want}", addrs.len()))
+            );
         }
         let addrs: Vec<String> = addrs
             .iter()
@@ -648,7 +654,9 @@ fn measure_point(
             rss[*h] = rss[*h].max(outcome.peak_rss_kib);
             for fr in reports {
                 let Some(g) = global(*h, fr.index).filter(|&g| g < n) else {
-                    return Err(coord.host_error(*h, format!("report of unknown flow {}", fr.index)));
+                    return Err(
+                        coord.host_error(*h, format!("report of unknown flow {}", fr.index))
+                    );
                 };
                 let acc = &mut flows[g];
                 let is_client = *h != 0;

@@ -218,9 +218,7 @@ fn send_until(
         match tx.send_all(&buf) {
             Ok(()) => count.bytes_tx += buf.len() as u64,
             // The receiver stopped reading at its own end of the window.
-            Err(FlowError::Closed | FlowError::TimedOut { .. }) if Instant::now() >= end => {
-                break
-            }
+            Err(FlowError::Closed | FlowError::TimedOut { .. }) if Instant::now() >= end => break,
             Err(e) => return Err(e),
         }
     }

@@ -247,7 +247,8 @@ pub struct GroupOutcome {
     pub cpu: CpuUsage,
     /// Peak resident set size of the agent process (VmHWM), in KiB, if known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub peak_rss_kib: Option<u64>,    /// Payload bytes this agent received, all flows, whole repetition.
+    pub peak_rss_kib: Option<u64>,
+    /// Payload bytes this agent received, all flows, whole repetition.
     #[serde(default)]
     pub bytes_rx: u64,
     /// Payload bytes this agent sent, all flows, whole repetition.

@@ -405,11 +405,7 @@ impl AgentSession {
         buckets: Vec<[u64; 2]>,
         outcome: GroupOutcome,
     ) -> Result<Vec<Reply>, SessionError> {
-        self.step(
-            AgentState::GroupRunning,
-            AgentState::Idle,
-            "group_finished",
-        )?;
+        self.step(AgentState::GroupRunning, AgentState::Idle, "group_finished")?;
         let mut replies: Vec<Reply> = flows
             .chunks(FLOWS_PER_CHUNK)
             .map(|c| Reply::GroupFlows { flows: c.to_vec() })
@@ -417,7 +413,9 @@ impl AgentSession {
         replies.extend(
             buckets
                 .chunks(BUCKETS_PER_CHUNK)
-                .map(|c| Reply::GroupBuckets { buckets: c.to_vec() }),
+                .map(|c| Reply::GroupBuckets {
+                    buckets: c.to_vec(),
+                }),
         );
         replies.push(Reply::GroupFinished { outcome });
         Ok(replies)
