@@ -233,7 +233,7 @@ fn run_session(stream: TcpStream, busy: &AtomicBool) -> Result<(), SessionEnd> {
             }
             AgentAction::RunGroup => {
                 let outcome = match group.take() {
-                    Some(g) => g.run(),
+                    Some(g) => run_group(&mut conn, &session, g)?,
                     None => Err("no group role is prepared".into()),
                 };
                 let replies = match outcome {
@@ -298,6 +298,40 @@ fn prepare_group(
         Err(msg) => {
             conn.send(&session.failed(&msg))?;
             Ok(None)
+        }
+    }
+}
+
+/// Runs a prepared group role on its own thread, telling the coordinator
+/// every [`GROUP_ALIVE_INTERVAL`] that this agent is still alive.
+fn run_group(
+    conn: &mut ControlConn,
+    session: &AgentSession,
+    role: crate::group::role::PreparedRole,
+) -> Result<Result<crate::group::role::RoleResult, String>, SessionEnd> {
+    use crate::proto::message::GROUP_ALIVE_INTERVAL;
+    use std::sync::mpsc;
+    let (tx, rx) = mpsc::channel();
+    let spawned = std::thread::Builder::new()
+        .name("group role".into())
+        .spawn(move || {
+            let _ = tx.send(role.run());
+        });
+    if let Err(e) = spawned {
+        return Ok(Err(format!("cannot start the group role: {e}")));
+    }
+    loop {
+        match rx.recv_timeout(GROUP_ALIVE_INTERVAL) {
+            Ok(result) => return Ok(result),
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                let alive = session
+                    .group_alive()
+                    .map_err(|e| SessionEnd::Refused(e.to_string()))?;
+                conn.send(&alive)?;
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                return Ok(Err("the group role panicked".into()))
+            }
         }
     }
 }

@@ -410,10 +410,23 @@ fn agent_refuses_parameters_past_its_limits_before_any_data_socket() {
     }
 }
 
-/// Kills one client host's agent once the first point is written and
+/// How a client host fails mid-run.
+#[derive(Clone, Copy)]
+enum Failure {
+    /// Its agent process is killed (its connections close).
+    Killed,
+    /// Its agent process is stopped (SIGSTOP): silent, connections open.
+    Stopped,
+}
+
+/// Makes one client host's agent fail once the first point is written and
 /// checks the coordinator names that host within 5 seconds and keeps every
 /// completed point.
 fn dead_client_host_is_named(test: &str) {
+    failed_client_host_is_named(test, Failure::Killed);
+}
+
+fn failed_client_host_is_named(test: &str, how: Failure) {
     let mut agents = agents(3);
     let dir = tempfile::tempdir().expect("tempdir");
     let json = dir.path().join("r.jsonl");
@@ -446,7 +459,17 @@ fn dead_client_host_is_named(test: &str) {
     // Mid-point: the next point's repetitions are running.
     std::thread::sleep(Duration::from_millis(300));
     let victim = agents[2].addr.clone();
-    agents[2].kill();
+    match how {
+        Failure::Killed => agents[2].kill(),
+        Failure::Stopped => {
+            let ok = Command::new("kill")
+                .args(["-STOP", &agents[2].child.id().to_string()])
+                .status()
+                .expect("kill runs")
+                .success();
+            assert!(ok, "SIGSTOP delivered");
+        }
+    }
     let killed = Instant::now();
     let status = loop {
         if let Some(s) = coord.try_wait().expect("wait") {
@@ -543,4 +566,9 @@ fn hotspot_and_connect_report_every_client_over_real_agents() {
     }
     assert_eq!(records[2]["metric"], "connections_per_s");
     assert!(records[2]["value"].as_f64().expect("value") > 0.0);
+}
+
+#[test]
+fn silent_client_host_mid_fanin_is_named_within_5_seconds() {
+    failed_client_host_is_named("fanin", Failure::Stopped);
 }

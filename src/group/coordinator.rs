@@ -32,6 +32,11 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime};
 
+/// A running agent that says nothing for this long (it says it is alive
+/// every second) has gone silent.
+const SILENCE_LIMIT: Duration = Duration::from_secs(3);
+/// How often waiting checks every running host for silence.
+const SILENCE_CHECK: Duration = Duration::from_millis(250);
 /// How long connecting to an agent may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// How long an agent may take to answer a request that moves no data.
@@ -101,6 +106,8 @@ pub struct GroupCoordinator {
     links: Vec<Link>,
     events: mpsc::Receiver<Event>,
     lost: Vec<Option<String>>,
+    /// Hosts running a group role, with when each was last heard from.
+    running: Vec<Option<Instant>>,
     local: HostFacts,
 }
 
@@ -237,6 +244,7 @@ impl GroupCoordinator {
         }
         let lost = vec![None; links.len()];
         Ok(GroupCoordinator {
+            running: vec![None; links.len()],
             links,
             events: rx,
             lost,
@@ -284,6 +292,21 @@ impl GroupCoordinator {
             let d = self.lost[j].clone().unwrap_or_default();
             return self.host_error(j, d);
         }
+        // A stopped host stalls its peers' flows, which then fail too:
+        // name the host that stopped answering, not the one that noticed.
+        let quiet = 2 * crate::proto::message::GROUP_ALIVE_INTERVAL;
+        if let Some(j) = self
+            .running
+            .iter()
+            .position(|t| t.is_some_and(|t| t.elapsed() > quiet))
+            .filter(|&j| j != i || !detail.starts_with("agent error"))
+        {
+            let since = self.running[j].map(|t| t.elapsed()).unwrap_or_default();
+            return self.host_error(
+                j,
+                format!("its agent went silent (nothing heard for {since:.1?} while running)"),
+            );
+        }
         self.host_error(i, detail)
     }
 
@@ -298,8 +321,35 @@ impl GroupCoordinator {
         }
         let deadline = Instant::now() + timeout;
         loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.events.recv_timeout(left) {
+            if let Some(j) = self.silent_host() {
+                return Err(self.failure(
+                    j,
+                    format!(
+                        "its agent went silent (nothing heard for {SILENCE_LIMIT:?} while running)"
+                    ),
+                ));
+            }
+            let left = deadline
+                .saturating_duration_since(Instant::now())
+                .min(SILENCE_CHECK);
+            if left.is_zero() {
+                return Err(self.failure(
+                    i,
+                    format!("its agent went silent (no answer within {timeout:?})"),
+                ));
+            }
+            let event = self.events.recv_timeout(left);
+            match &event {
+                // Done running: nothing more is due from it this repetition.
+                Ok((j, Ok(Reply::GroupFinished { .. }))) => self.running[*j] = None,
+                Ok((j, Ok(_))) => {
+                    if let Some(t) = self.running[*j].as_mut() {
+                        *t = Instant::now();
+                    }
+                }
+                _ => {}
+            }
+            match event {
                 Ok((j, Ok(r))) if j == i => return Ok(r),
                 Ok((j, Ok(Reply::Error { message }))) => {
                     return Err(self.failure(j, format!("agent error: {message}")))
@@ -309,14 +359,17 @@ impl GroupCoordinator {
                     self.lost[j] = Some(e.clone());
                     return Err(self.failure(j, e));
                 }
-                Err(_) => {
-                    return Err(self.failure(
-                        i,
-                        format!("its agent went silent (no answer within {timeout:?})"),
-                    ))
-                }
+                Err(_) => {}
             }
         }
+    }
+
+    /// A host running a group role that has said nothing for longer than
+    /// [`SILENCE_LIMIT`], if any.
+    fn silent_host(&self) -> Option<usize> {
+        self.running
+            .iter()
+            .position(|t| t.is_some_and(|t| t.elapsed() > SILENCE_LIMIT))
     }
 
     /// Ends every session politely.
@@ -520,6 +573,7 @@ impl GroupCoordinator {
         for &h in &order {
             let go = self.links[h].session.group_go();
             self.send(h, &go)?;
+            self.running[h] = Some(Instant::now());
         }
         // In-flight exchanges may take an I/O timeout to finish after the
         // window, and thousands of flows take a while to close and report.
@@ -543,6 +597,7 @@ impl GroupCoordinator {
                     .on_group_result(reply)
                     .map_err(|e| self.host_error(h, e.to_string()))?;
                 match progress {
+                    GroupProgress::Alive => {}
                     GroupProgress::Flows(f) => reports.extend(f),
                     GroupProgress::Buckets(b) => {
                         // Only the clients time the exchanges.
@@ -553,6 +608,7 @@ impl GroupCoordinator {
                         }
                     }
                     GroupProgress::Finished(outcome) => {
+                        self.running[h] = None;
                         result.reports.push((h, reports, outcome));
                         break;
                     }

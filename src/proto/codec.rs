@@ -378,6 +378,7 @@ mod tests {
                 addrs: vec!["10.0.0.2:40000".into(), "10.0.0.2:40001".into()],
             },
             Reply::GroupReady,
+            Reply::GroupAlive,
             Reply::GroupFlows {
                 flows: vec![crate::proto::group::FlowReport {
                     index: 3,

@@ -125,6 +125,10 @@ pub enum Reply {
         /// Histogram buckets.
         buckets: Vec<[u64; 2]>,
     },
+    /// The agent is still running its group role: sent every
+    /// [`GROUP_ALIVE_INTERVAL`] while it runs, so a silent agent is noticed
+    /// long before the repetition's results are due.
+    GroupAlive,
     /// The group repetition is over; the flows are closed.
     GroupFinished {
         /// Window, CPU and memory of the agent.
@@ -137,6 +141,9 @@ pub enum Reply {
         message: String,
     },
 }
+
+/// How often an agent running a group role says it is alive.
+pub const GROUP_ALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Longest free-text field accepted in a message, in bytes.
 pub const MAX_TEXT_BYTES: usize = 1024;
@@ -229,7 +236,8 @@ impl Reply {
             | Reply::Busy
             | Reply::Accepted
             | Reply::Closed
-            | Reply::GroupReady => Ok(()),
+            | Reply::GroupReady
+            | Reply::GroupAlive => Ok(()),
         }
     }
 }

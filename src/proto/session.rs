@@ -61,6 +61,7 @@ impl Reply {
             Reply::GroupFlows { .. } => "group_flows",
             Reply::GroupBuckets { .. } => "group_buckets",
             Reply::GroupFinished { .. } => "group_finished",
+            Reply::GroupAlive => "group_alive",
         }
     }
 }
@@ -395,6 +396,19 @@ impl AgentSession {
         Ok(Reply::GroupReady)
     }
 
+    /// The group role is still running; returns [`Reply::GroupAlive`] to
+    /// send. Valid after [`AgentAction::RunGroup`] until
+    /// [`AgentSession::group_finished`], else [`SessionError::Misuse`].
+    pub fn group_alive(&self) -> Result<Reply, SessionError> {
+        if self.state != AgentState::GroupRunning {
+            return Err(SessionError::Misuse {
+                state: self.state.as_str(),
+                call: "group_alive",
+            });
+        }
+        Ok(Reply::GroupAlive)
+    }
+
     /// The group repetition is over: returns the replies to send in order,
     /// the flow reports and histogram buckets in chunks that fit a frame,
     /// then [`Reply::GroupFinished`]; the session is idle again. Valid after
@@ -450,6 +464,8 @@ pub enum GroupProgress {
     Flows(Vec<FlowReport>),
     /// Some `[value_ns, count]` buckets of the agent's latency histogram.
     Buckets(Vec<[u64; 2]>),
+    /// The agent is still running.
+    Alive,
     /// The last reply: the repetition is over.
     Finished(GroupOutcome),
 }
@@ -819,6 +835,7 @@ impl CoordinatorSession {
         self.due(CoordinatorState::AwaitGroupFinished, "on_group_result")?;
         match reply {
             Reply::GroupFlows { flows } => Ok(GroupProgress::Flows(flows)),
+            Reply::GroupAlive => Ok(GroupProgress::Alive),
             Reply::GroupBuckets { buckets } => Ok(GroupProgress::Buckets(buckets)),
             Reply::GroupFinished { outcome } => {
                 self.state = CoordinatorState::Idle;
@@ -1045,6 +1062,11 @@ mod tests {
             bytes_rx: 0,
             bytes_tx: 0,
         };
+        assert_eq!(wire_reply(&agent.group_alive().unwrap()), Reply::GroupAlive);
+        assert_eq!(
+            coord.on_group_result(Reply::GroupAlive).unwrap(),
+            GroupProgress::Alive
+        );
         let replies = agent
             .group_finished(flows, vec![[1, 1]; 1500], outcome.clone())
             .unwrap();
