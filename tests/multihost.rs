@@ -462,12 +462,9 @@ fn failed_client_host_is_named(test: &str, how: Failure) {
     match how {
         Failure::Killed => agents[2].kill(),
         Failure::Stopped => {
-            let ok = Command::new("kill")
-                .args(["-STOP", &agents[2].child.id().to_string()])
-                .status()
-                .expect("kill runs")
-                .success();
-            assert!(ok, "SIGSTOP delivered");
+            let pid = nix::unistd::Pid::from_raw(agents[2].child.id() as i32);
+            nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP)
+                .expect("SIGSTOP delivered");
         }
     }
     let killed = Instant::now();
@@ -571,4 +568,75 @@ fn hotspot_and_connect_report_every_client_over_real_agents() {
 #[test]
 fn silent_client_host_mid_fanin_is_named_within_5_seconds() {
     failed_client_host_is_named("fanin", Failure::Stopped);
+}
+
+#[test]
+fn bandwidth_tests_run_over_every_transport_that_crosses_hosts() {
+    let list = netgap().arg("list").output().expect("netgap list");
+    let list = String::from_utf8_lossy(&list.stdout).to_string();
+    let mut transports = vec!["tcp", "udp"];
+    if list.contains("not available here: uring") {
+        println!("skipping uring: not available on this host");
+    } else {
+        transports.push("uring");
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json = dir.path().join("r.jsonl");
+    run_ok(&[
+        "run",
+        "fanin,fanout",
+        "-t",
+        &transports.join(","),
+        "--client-hosts",
+        "2",
+        "--clients",
+        "2",
+        "--reps",
+        "1",
+        "--duration",
+        "100ms",
+        "--timeout",
+        "500ms",
+        "--json",
+        json.to_str().expect("utf-8 path"),
+    ]);
+    let records = read_records(&json);
+    assert_eq!(records.len(), 2 * transports.len());
+    for r in &records {
+        let flows = r["flows"].as_array().expect("flows");
+        assert_eq!(flows.len(), 2, "{r}");
+        for f in flows {
+            assert!(u(&f["bytes_rx"]) > 0, "{f}");
+            if r["transport"] == "udp" {
+                // Datagrams lost on the way are sent but not received.
+                assert!(u(&f["bytes_rx"]) <= u(&f["bytes_tx"]), "{f}");
+            } else {
+                assert_eq!(f["bytes_tx"], f["bytes_rx"], "{f}");
+            }
+        }
+    }
+}
+
+#[test]
+fn in_process_engine_runs_refuse_more_flows_than_descriptors_allow() {
+    let (_, hard) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        .expect("getrlimit");
+    // Both ends of every flow plus 256 spare must fit under the hard limit.
+    let flows = (hard.saturating_sub(256) / 2 + 1).min(16_384);
+    if 2 * flows + 256 <= hard {
+        println!("skipping: the descriptor limit {hard} holds 16,384 in-process flows");
+        return;
+    }
+    let out = netgap()
+        .args(["run", "connect", "--client-hosts", "1", "--clients"])
+        .arg(flows.to_string())
+        .output()
+        .expect("netgap runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{flows} in-process flows ran: {err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("descriptors") && err.contains("--hosts"),
+        "{err}"
+    );
 }

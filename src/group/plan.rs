@@ -179,6 +179,37 @@ fn parse_hosts(text: &str) -> Result<HostsSource, PlanError> {
     Ok(HostsSource::Addrs(addrs))
 }
 
+/// Descriptors kept aside for everything but the flows.
+const SPARE_DESCRIPTORS: u64 = 256;
+
+/// In-process agents hold both ends of every engine flow in this one
+/// process: refuse counts its descriptor limit cannot hold, before any
+/// socket opens, saying what to change.
+fn check_embedded_descriptors(
+    tests: &[&'static GroupTest],
+    clients: Option<&str>,
+) -> Result<(), PlanError> {
+    let Some(text) = clients else { return Ok(()) };
+    if !tests.iter().any(|t| t.uses_engine()) {
+        return Ok(());
+    }
+    let most = parse_counts("--clients", text, MAX_GROUP_FLOWS)?
+        .into_iter()
+        .max()
+        .unwrap_or(0);
+    let needed = 2 * u64::from(most) + SPARE_DESCRIPTORS;
+    let Ok((_, hard)) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+    else {
+        return Ok(());
+    };
+    if needed > hard {
+        return Err(bad(format!(
+            "--clients {most}: in-process agents hold both ends of every flow in this process, {needed} descriptors, but the limit is {hard}; run `netgap serve` on each host and give --hosts, or raise the hard limit (ulimit -Hn, /etc/security/limits.conf)"
+        )));
+    }
+    Ok(())
+}
+
 impl GroupPlan {
     /// Validates the flags of a run of group tests.
     pub fn from_args(a: &RunArgs) -> Result<GroupPlan, PlanError> {
@@ -237,6 +268,9 @@ impl GroupPlan {
         let base = Plan::from_args(&base_args)?;
         let client_hosts = hosts.client_hosts();
         let default_clients = client_hosts.to_string();
+        if let HostsSource::Embedded { .. } = hosts {
+            check_embedded_descriptors(&tests, a.clients.as_deref())?;
+        }
         let mut points = Vec::new();
         for &test in &tests {
             let limit = if test.uses_engine() {
