@@ -271,7 +271,7 @@ impl GroupCoordinator {
         r.map_err(|e| {
             self.host_error(
                 i,
-                format!("sending {}: {e} (did its agent die?)", req_kind(req)),
+                format!("sending {}: {e} (did its agent die?)", req.kind()),
             )
         })
     }
@@ -379,10 +379,6 @@ impl GroupCoordinator {
             let _ = self.send(i, &bye);
         }
     }
-}
-
-fn req_kind(req: &Request) -> &'static str {
-    req.kind()
 }
 
 /// Forwards every reply of one session to the coordinator until the
