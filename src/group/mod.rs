@@ -17,6 +17,7 @@ pub mod coordinator;
 pub mod engine;
 pub mod plan;
 pub mod role;
+pub mod summary;
 
 use crate::proto::group::{Direction, GroupWork};
 
