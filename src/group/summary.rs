@@ -8,7 +8,7 @@ use super::plan::{GroupPlan, GroupPoint};
 use super::{GroupMetric, Kind};
 use crate::coordinator::Observer;
 use crate::cpu::CpuUsage;
-use crate::proto::group::Direction;
+use crate::proto::group::{Direction, FlowReport};
 use crate::record::{ByteCounts, FlowResult, HostCpu, LinkResult, RecordStats, ResultRecord};
 use crate::stats::{noise_warning, LatencyHistogram, Summary, NOISY_CV};
 use std::time::SystemTime;
@@ -21,6 +21,54 @@ struct FlowAcc {
     bytes_rx: u64,
     window_bytes: u64,
     percentiles: Option<crate::stats::Percentiles>,
+}
+
+/// The global index of flow `local` as numbered by link `h`: the server
+/// (link 0) numbers every flow of the point; client link `h` numbers its own
+/// flows in increasing global order. `None` for a flow the point does not
+/// have.
+fn global_index(host_of: &[usize], h: usize, local: u32) -> Option<usize> {
+    if h == 0 {
+        return Some(local as usize).filter(|&g| g < host_of.len());
+    }
+    host_of
+        .iter()
+        .enumerate()
+        .filter(|(_, &x)| x == h)
+        .nth(local as usize)
+        .map(|(i, _)| i)
+}
+
+/// A flow's value in its test's unit, from the report of the end that
+/// measures it over a window of `window_ns`: Gbit/s received in the window
+/// (bandwidth, receiving end), mean one-way latency in µs (hotspot; NaN
+/// without a round trip), connections per second (connect).
+fn flow_value(kind: Kind, fr: &FlowReport, window_ns: u64) -> f64 {
+    match kind {
+        Kind::Stream(_) => crate::bench::gbps(fr.window_bytes_rx, window_ns),
+        // Round trips run back to back, so each took window / count.
+        Kind::PingPong if fr.round_trips > 0 => {
+            window_ns as f64 / fr.round_trips as f64 / 2.0 / 1000.0
+        }
+        Kind::PingPong => f64::NAN,
+        Kind::Connect if window_ns > 0 => fr.round_trips as f64 / (window_ns as f64 / 1e9),
+        Kind::Connect => 0.0,
+    }
+}
+
+/// A repetition's headline from its per-flow values: the sum (aggregate
+/// bandwidth, connections per second) or the mean over clients (latency).
+/// `None` if a client has no latency (no round trip in the window).
+fn headline(metric: GroupMetric, values: &[f64]) -> Option<f64> {
+    match metric {
+        GroupMetric::BandwidthGbps | GroupMetric::ConnectionsPerS => Some(values.iter().sum()),
+        GroupMetric::LatencyUs => {
+            if values.is_empty() || values.iter().any(|v| !v.is_finite()) {
+                return None;
+            }
+            Some(values.iter().sum::<f64>() / values.len() as f64)
+        }
+    }
 }
 
 /// Measures every repetition of `point` and builds its record.
@@ -49,20 +97,6 @@ pub(super) fn measure_point(
     for rep in 0..plan.reps {
         let r = coord.rep(point, &placement, plan)?;
         hist.merge(&r.hist);
-        // Global flow index of a link's local flow index.
-        let global = |h: usize, local: u32| -> Option<usize> {
-            if h == 0 {
-                Some(local as usize)
-            } else {
-                placement
-                    .host_of
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, &x)| x == h)
-                    .nth(local as usize)
-                    .map(|(i, _)| i)
-            }
-        };
         let mut per_flow_value = vec![0.0; n];
         for (h, reports, outcome) in &r.reports {
             cpu[*h].push(outcome.cpu);
@@ -75,7 +109,7 @@ pub(super) fn measure_point(
             }
             rss[*h] = rss[*h].max(outcome.peak_rss_kib);
             for fr in reports {
-                let Some(g) = global(*h, fr.index).filter(|&g| g < n) else {
+                let Some(g) = global_index(&placement.host_of, *h, fr.index) else {
                     return Err(
                         coord.host_error(*h, format!("report of unknown flow {}", fr.index))
                     );
@@ -88,8 +122,7 @@ pub(super) fn measure_point(
                             // The receiving end.
                             acc.bytes_rx += fr.bytes_rx;
                             acc.window_bytes += fr.window_bytes_rx;
-                            per_flow_value[g] =
-                                crate::bench::gbps(fr.window_bytes_rx, outcome.window_ns);
+                            per_flow_value[g] = flow_value(point.test.kind, fr, outcome.window_ns);
                         } else {
                             acc.bytes_tx += fr.bytes_tx;
                         }
@@ -98,15 +131,7 @@ pub(super) fn measure_point(
                         acc.bytes_tx += fr.bytes_tx;
                         acc.bytes_rx += fr.bytes_rx;
                         acc.percentiles = fr.percentiles.clone();
-                        let secs = outcome.window_ns as f64 / 1e9;
-                        per_flow_value[g] = match point.test.kind {
-                            Kind::PingPong if fr.round_trips > 0 => {
-                                outcome.window_ns as f64 / fr.round_trips as f64 / 2.0 / 1000.0
-                            }
-                            Kind::PingPong => f64::NAN,
-                            _ if secs > 0.0 => fr.round_trips as f64 / secs,
-                            _ => 0.0,
-                        };
+                        per_flow_value[g] = flow_value(point.test.kind, fr, outcome.window_ns);
                     }
                     _ => {}
                 }
@@ -115,25 +140,12 @@ pub(super) fn measure_point(
         for (acc, v) in flows.iter_mut().zip(&per_flow_value) {
             acc.values.push(*v);
         }
-        let value = match metric {
-            GroupMetric::BandwidthGbps | GroupMetric::ConnectionsPerS => {
-                per_flow_value.iter().sum::<f64>()
-            }
-            GroupMetric::LatencyUs => {
-                let ok: Vec<f64> = per_flow_value
-                    .iter()
-                    .copied()
-                    .filter(|v| v.is_finite())
-                    .collect();
-                if ok.len() != n {
-                    return Err(GroupError::Point(format!(
-                        "{}: {} of {n} clients completed no round trip in the window; lengthen --duration",
-                        point.test.name,
-                        n - ok.len()
-                    )));
-                }
-                ok.iter().sum::<f64>() / n.max(1) as f64
-            }
+        let Some(value) = headline(metric, &per_flow_value) else {
+            let idle = per_flow_value.iter().filter(|v| !v.is_finite()).count();
+            return Err(GroupError::Point(format!(
+                "{}: {idle} of {n} clients completed no round trip in the window; lengthen --duration",
+                point.test.name
+            )));
         };
         rep_values.push(value);
         observer.rep_done(rep);
@@ -218,4 +230,66 @@ pub(super) fn measure_point(
         hosts_cpu,
         links,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(index: u32, window_bytes_rx: u64, round_trips: u64) -> FlowReport {
+        FlowReport {
+            index,
+            bytes_tx: 0,
+            bytes_rx: window_bytes_rx,
+            window_bytes_rx,
+            round_trips,
+            percentiles: None,
+            errors: 0,
+        }
+    }
+
+    #[test]
+    fn clients_number_their_flows_in_global_order() {
+        // 4 clients over 3 client hosts (links 1..=3): 1, 2, 3, 1.
+        let host_of = [1, 2, 3, 1];
+        assert_eq!(global_index(&host_of, 1, 0), Some(0));
+        assert_eq!(global_index(&host_of, 1, 1), Some(3));
+        assert_eq!(global_index(&host_of, 3, 0), Some(2));
+        assert_eq!(global_index(&host_of, 3, 1), None);
+        assert_eq!(global_index(&host_of, 0, 3), Some(3));
+        assert_eq!(global_index(&host_of, 0, 4), None);
+    }
+
+    #[test]
+    fn flow_values_in_their_units() {
+        let second = 1_000_000_000;
+        // 1.25e9 bytes in 1 s is 10 Gbit/s.
+        let bw = flow_value(
+            Kind::Stream(Direction::ToServer),
+            &report(0, 1_250_000_000, 0),
+            second,
+        );
+        assert!((bw - 10.0).abs() < 1e-9);
+        // 10,000 back-to-back round trips in 1 s: 100 us each, 50 us one way.
+        let lat = flow_value(Kind::PingPong, &report(0, 0, 10_000), second);
+        assert!((lat - 50.0).abs() < 1e-9);
+        assert!(flow_value(Kind::PingPong, &report(0, 0, 0), second).is_nan());
+        let cps = flow_value(Kind::Connect, &report(0, 0, 500), second / 2);
+        assert!((cps - 1000.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn headline_sums_bandwidth_and_averages_latency() {
+        assert_eq!(
+            headline(GroupMetric::BandwidthGbps, &[1.0, 2.0, 3.0]),
+            Some(6.0)
+        );
+        assert_eq!(
+            headline(GroupMetric::ConnectionsPerS, &[10.0, 5.0]),
+            Some(15.0)
+        );
+        assert_eq!(headline(GroupMetric::LatencyUs, &[10.0, 20.0]), Some(15.0));
+        assert_eq!(headline(GroupMetric::LatencyUs, &[10.0, f64::NAN]), None);
+        assert_eq!(headline(GroupMetric::LatencyUs, &[]), None);
+    }
 }
