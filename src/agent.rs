@@ -340,6 +340,7 @@ fn run_session(
     let mut session = AgentSession::new(HostFacts::collect(Some(local_ip)), !claimed);
     let mut point: Option<OpenPoint> = None;
     let mut open_size_bytes = 0u64;
+    let mut group: Option<crate::group::role::PreparedRole> = None;
     let mut request = hello;
     loop {
         // Limits first: nothing past them reaches a data socket.
@@ -392,6 +393,24 @@ fn run_session(
                     }
                 }
             }
+            AgentAction::PrepareGroup(spec) => {
+                group = prepare_group(&mut conn, &mut session, spec, local_ip)?;
+            }
+            AgentAction::RunGroup => {
+                let outcome = match group.take() {
+                    Some(g) => run_group(&mut conn, &session, g)?,
+                    None => Err("no group role is prepared".into()),
+                };
+                let replies = match outcome {
+                    Ok(r) => session
+                        .group_finished(r.flows, r.buckets, r.outcome)
+                        .map_err(|e| SessionEnd::Refused(e.to_string()))?,
+                    Err(msg) => vec![session.failed(&format!("group role failed: {msg}"))],
+                };
+                for r in &replies {
+                    conn.send(r)?;
+                }
+            }
             AgentAction::ClosePoint => {
                 point = None;
                 let reply = session
@@ -405,6 +424,80 @@ fn run_session(
             Ok(r) => r,
             Err(e) => return Err(refuse(&mut conn, format!("bad message: {e}"))),
         };
+    }
+}
+
+/// Prepares a group role: a server listens, announces its addresses and
+/// accepts every flow; a client connects its flows. A failure is answered
+/// with an error reply and leaves the session usable; only a broken control
+/// connection ends it.
+fn prepare_group(
+    conn: &mut ControlConn,
+    session: &mut AgentSession,
+    spec: crate::proto::group::GroupSpec,
+    local_ip: IpAddr,
+) -> Result<Option<crate::group::role::PreparedRole>, SessionEnd> {
+    use crate::group::role;
+    use crate::proto::group::GroupRole;
+    let prepared = match spec.role {
+        GroupRole::Server => match role::listen(spec, local_ip) {
+            Ok((addrs, accepting)) => {
+                let reply = session
+                    .group_listening(addrs)
+                    .map_err(|e| SessionEnd::Refused(e.to_string()))?;
+                conn.send(&reply)?;
+                accepting.wait()
+            }
+            Err(e) => Err(e),
+        },
+        GroupRole::Client => role::connect(spec),
+    };
+    match prepared {
+        Ok(p) => {
+            let reply = session
+                .group_ready()
+                .map_err(|e| SessionEnd::Refused(e.to_string()))?;
+            conn.send(&reply)?;
+            Ok(Some(p))
+        }
+        Err(msg) => {
+            conn.send(&session.failed(&msg))?;
+            Ok(None)
+        }
+    }
+}
+
+/// Runs a prepared group role on its own thread, telling the coordinator
+/// every [`GROUP_ALIVE_INTERVAL`] that this agent is still alive.
+fn run_group(
+    conn: &mut ControlConn,
+    session: &AgentSession,
+    role: crate::group::role::PreparedRole,
+) -> Result<Result<crate::group::role::RoleResult, String>, SessionEnd> {
+    use crate::proto::message::GROUP_ALIVE_INTERVAL;
+    use std::sync::mpsc;
+    let (tx, rx) = mpsc::channel();
+    let spawned = std::thread::Builder::new()
+        .name("group role".into())
+        .spawn(move || {
+            let _ = tx.send(role.run());
+        });
+    if let Err(e) = spawned {
+        return Ok(Err(format!("cannot start the group role: {e}")));
+    }
+    loop {
+        match rx.recv_timeout(GROUP_ALIVE_INTERVAL) {
+            Ok(result) => return Ok(result),
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                let alive = session
+                    .group_alive()
+                    .map_err(|e| SessionEnd::Refused(e.to_string()))?;
+                conn.send(&alive)?;
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                return Ok(Err("the group role panicked".into()))
+            }
+        }
     }
 }
 

@@ -26,7 +26,9 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Measure tests over transports and sizes against an agent.
+    /// Measure tests over transports and sizes against an agent; multi-host
+    /// tests (multistream, hotspot, fanin, fanout, connect, multirail)
+    /// drive the agents of several hosts (--hosts).
     Run(Box<RunArgs>),
     /// Run the agent that serves coordinators' tests.
     Serve(ServeArgs),

@@ -414,6 +414,11 @@ pub fn build_record(
         block_time_us: None,
         dropout: None,
         ci_target: m.ci,
+        clients: None,
+        client_hosts: None,
+        flows: Vec::new(),
+        hosts_cpu: Vec::new(),
+        links: Vec::new(),
     })
 }
 

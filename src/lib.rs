@@ -16,6 +16,8 @@ pub mod control;
 pub mod coordinator;
 pub mod cpu;
 pub mod dropout;
+pub mod flows;
+pub mod group;
 pub mod host;
 pub mod import;
 pub mod limits;

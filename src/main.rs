@@ -186,6 +186,9 @@ fn import(args: &ImportArgs) -> Result<()> {
 }
 
 fn run(args: &RunArgs) -> Result<()> {
+    if netgap::group::plan::is_group_run(&args.test)? {
+        return run_group(args);
+    }
     let plan = Plan::from_args(args)?;
     execute(&plan)
 }
@@ -215,6 +218,33 @@ fn execute(plan: &Plan) -> Result<()> {
         }
         Err(e) => Err(e.into()),
     }
+}
+
+/// A run of multi-host tests (multistream, hotspot, fanin, fanout, connect,
+/// multirail).
+fn run_group(args: &RunArgs) -> Result<()> {
+    use netgap::group::{coordinator::run_group_plan, plan::GroupPlan};
+    let plan = GroupPlan::from_args(args)?;
+    let mut sinks: Vec<Box<dyn RecordSink>> = Vec::new();
+    if let Some(p) = &plan.json {
+        sinks.push(Box::new(JsonlSink::open(p)?));
+    }
+    if let Some(p) = &plan.csv {
+        sinks.push(Box::new(CsvSink::open(p)?));
+    }
+    let mut table = TableObserver::new(plan.reps);
+    let outcome = run_group_plan(&plan, &mut sinks, &mut table);
+    table.finish();
+    for w in table.warnings() {
+        eprintln!("netgap: warning: {w}");
+    }
+    outcome.map(|_| ()).map_err(|e| {
+        let kept = match sinks.first() {
+            Some(s) => format!("; points measured before are in {}", s.path().display()),
+            None => String::new(),
+        };
+        anyhow!("{e}{kept}")
+    })
 }
 
 fn sweep(args: &netgap::sweep::SweepArgs) -> Result<()> {
@@ -347,6 +377,11 @@ fn list() {
             t.metric().key(),
             t.summary()
         );
+    }
+    println!();
+    println!("multi-host tests (--hosts, --clients, -P, --duration):");
+    for t in netgap::group::registry() {
+        println!("  {:<14} {:<17} {}", t.name, t.metric.key(), t.summary);
     }
     println!();
     println!("transports:");

@@ -67,6 +67,8 @@ pub fn fmt_num(v: f64) -> String {
 pub fn table_row(r: &ResultRecord) -> String {
     let (lat, bw) = if r.metric == "latency_us" {
         (fmt_num(r.value), String::new())
+    } else if r.metric == "connections_per_s" {
+        (String::new(), String::new())
     } else {
         (String::new(), fmt_num(r.value))
     };
@@ -87,13 +89,39 @@ pub fn table_row(r: &ResultRecord) -> String {
         }
         None => String::new(),
     };
-    let cpu = |f: fn(&crate::record::CpuPair) -> f64| {
+    // Multi-host points show the busiest client host and the server.
+    let group_cpu = (!r.hosts_cpu.is_empty()).then(|| {
+        let pct = |role: &str, pick: fn(f64, f64) -> f64| {
+            r.hosts_cpu
+                .iter()
+                .filter(|h| h.role == role)
+                .map(|h| h.cpu.process_percent)
+                .reduce(pick)
+                .map(|v| format!("{v:.0}"))
+                .unwrap_or_default()
+        };
+        (pct("client", f64::max), pct("server", f64::max))
+    });
+    let cpu = |f: fn(&crate::record::CpuPair) -> f64, side: usize| {
+        if let Some((client, server)) = &group_cpu {
+            return if side == 0 {
+                client.clone()
+            } else {
+                server.clone()
+            };
+        }
         r.cpu
             .as_ref()
             .map(|c| format!("{:.0}", f(c)))
             .unwrap_or_default()
     };
     let mut notes: Vec<String> = Vec::new();
+    if let Some(n) = r.clients {
+        notes.push(format!("clients={n}"));
+    }
+    if r.metric == "connections_per_s" {
+        notes.push(format!("{} conn/s", fmt_num(r.value)));
+    }
     if !r.warnings.is_empty() {
         notes.push("noisy".into());
     }
@@ -113,8 +141,8 @@ pub fn table_row(r: &ResultRecord) -> String {
         p99,
         bw,
         ci,
-        cpu(|c| c.local.process_percent),
-        cpu(|c| c.remote.process_percent),
+        cpu(|c| c.local.process_percent, 0),
+        cpu(|c| c.remote.process_percent, 1),
         note,
     ])
 }

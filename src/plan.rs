@@ -121,6 +121,29 @@ pub struct RunArgs {
     /// Fewest and most repetitions of a --ci point.
     #[arg(long, value_name = "MIN,MAX", default_value = "3,30", requires = "ci")]
     pub ci_reps: String,
+    /// Multi-host tests: the hosts, `@FILE` (a hosts file) or
+    /// `ADDR,ADDR,...` (agents' control addresses, IP:PORT or unix:PATH);
+    /// the first is the server, the rest client hosts. Without it,
+    /// in-process agents on loopback stand in for the hosts.
+    #[arg(long, value_name = "@FILE|ADDR,...")]
+    pub hosts: Option<String>,
+    /// Multi-host tests without --hosts: in-process client hosts on
+    /// loopback (127.0.0.2, 127.0.0.3, ...).
+    #[arg(long, default_value_t = 3, value_name = "N")]
+    pub client_hosts: u32,
+    /// Multi-host tests: concurrent clients, one point per count (e.g.
+    /// 3,6,9,12); default one per client host.
+    #[arg(long, value_name = "N[,N...]")]
+    pub clients: Option<String>,
+    /// multistream: parallel streams, one point per count.
+    #[arg(long, short = 'P', default_value = "4", value_name = "N[,N...]")]
+    pub streams: String,
+    /// Multi-host tests: measured window of each repetition.
+    #[arg(long, default_value = "1s", value_name = "DUR")]
+    pub duration: String,
+    /// multirail without --hosts: parallel loopback links (address pairs).
+    #[arg(long, default_value_t = 3, value_name = "K")]
+    pub links: u32,
 }
 
 /// Parses `--ci LEVEL,WIDTH` and `--ci-reps MIN,MAX` into a target; `None`

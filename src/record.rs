@@ -225,6 +225,22 @@ pub struct ResultRecord {
     /// repetitions reached it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ci_target: Option<CiOutcome>,
+    /// Multi-host tests: concurrent clients of the point (streams for
+    /// `multistream`, links for `multirail`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clients: Option<u32>,
+    /// Multi-host tests: client hosts the clients were spread over.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_hosts: Option<u32>,
+    /// Multi-host tests: one entry per flow (client), in flow order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub flows: Vec<FlowResult>,
+    /// Multi-host tests: CPU (and peak memory) of every host of the point.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hosts_cpu: Vec<HostCpu>,
+    /// `multirail`: one entry per link used.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub links: Vec<LinkResult>,
 }
 
 /// A throughput dropout of a sweep point (NetPIPE's "problem points").
@@ -253,6 +269,60 @@ pub struct CiOutcome {
     /// Whether the half-width reached the target before the repetition
     /// limit.
     pub met: bool,
+}
+
+/// One flow of a multi-host point, summed (bytes) or averaged (value)
+/// over the repetitions.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FlowResult {
+    /// Name of the client host the flow ran from.
+    pub host: String,
+    /// Flow index in the point, 0-based; flow `i` runs on client host
+    /// `i % client_hosts` (cyclic allotment).
+    pub index: u32,
+    /// The flow's own value in the record's metric unit: Gbit/s received
+    /// in the window, one-way latency in µs, or connections per second.
+    pub value: f64,
+    /// Payload bytes the flow's sending end sent (bandwidth tests), or the
+    /// client end sent (hotspot, connect).
+    pub bytes_tx: u64,
+    /// Payload bytes the flow's receiving end received (bandwidth tests),
+    /// or the client end received (hotspot, connect).
+    pub bytes_rx: u64,
+    /// Latency percentiles of this flow, µs, of the last repetition
+    /// (hotspot: one-way; connect: connect plus exchange).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub percentiles: Option<Percentiles>,
+}
+
+/// CPU of one host of a multi-host point, averaged over the repetitions'
+/// measured windows.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HostCpu {
+    /// Host name.
+    pub host: String,
+    /// `server` or `client`.
+    pub role: String,
+    /// System-wide busy % and the agent process's %.
+    pub cpu: CpuUsage,
+    /// Peak resident set size (VmHWM) of the agent process, KiB, when
+    /// known. In-process agents (no `--hosts`) share the coordinator's
+    /// process, so they report the same peak.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_rss_kib: Option<u64>,
+}
+
+/// One link of a `multirail` point.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LinkResult {
+    /// Local (client-side) address of the link.
+    pub local: String,
+    /// Remote (server-side) address of the link.
+    pub remote: String,
+    /// Payload bytes received over the link in the measured windows.
+    pub bytes: u64,
+    /// Mean bandwidth of the link over the repetitions, Gbit/s.
+    pub bandwidth_gbps: f64,
 }
 
 /// Something that keeps records as they are measured.

@@ -192,6 +192,11 @@ impl Imported<'_> {
             block_time_us: None,
             dropout: None,
             ci_target: None,
+            clients: None,
+            client_hosts: None,
+            flows: Vec::new(),
+            hosts_cpu: Vec::new(),
+            links: Vec::new(),
         }
     }
 }

@@ -325,6 +325,10 @@ mod tests {
             },
             Request::Close,
             Request::Bye,
+            Request::GroupPrepare {
+                spec: crate::proto::group::sample_spec(crate::proto::group::GroupRole::Client),
+            },
+            Request::GroupGo,
         ]
     }
 
@@ -369,6 +373,34 @@ mod tests {
             Reply::Closed,
             Reply::Error {
                 message: "unknown transport \"rdma\"".into(),
+            },
+            Reply::GroupListening {
+                addrs: vec!["10.0.0.2:40000".into(), "10.0.0.2:40001".into()],
+            },
+            Reply::GroupReady,
+            Reply::GroupAlive,
+            Reply::GroupFlows {
+                flows: vec![crate::proto::group::FlowReport {
+                    index: 3,
+                    bytes_tx: 10,
+                    bytes_rx: 20,
+                    window_bytes_rx: 15,
+                    round_trips: 5,
+                    percentiles: None,
+                    errors: 0,
+                }],
+            },
+            Reply::GroupBuckets {
+                buckets: vec![[1000, 5], [2000, 1]],
+            },
+            Reply::GroupFinished {
+                outcome: crate::proto::group::GroupOutcome {
+                    window_ns: 1_000_000_000,
+                    cpu: CpuUsage::default(),
+                    peak_rss_kib: Some(12_000),
+                    bytes_rx: 7,
+                    bytes_tx: 8,
+                },
             },
         ]
     }

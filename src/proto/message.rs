@@ -1,6 +1,7 @@
 //! Control messages between a coordinator and an agent. Plain data: the codec
 //! turns them into frames, the session machines decide which may come when.
 
+use super::group::{FlowReport, GroupOutcome, GroupSpec, BUCKETS_PER_CHUNK, FLOWS_PER_CHUNK};
 use crate::cpu::CpuUsage;
 use crate::host::HostFacts;
 use crate::spec::{PointSpec, RangeError, MAX_ITERATIONS};
@@ -48,6 +49,18 @@ pub enum Request {
     Close,
     /// End of session.
     Bye,
+    /// Prepare this agent's role in a group point: a server opens its
+    /// listeners and answers [`Reply::GroupListening`], then
+    /// [`Reply::GroupReady`] once every flow is accepted; a client connects
+    /// its flows and answers [`Reply::GroupReady`].
+    GroupPrepare {
+        /// The role and its flows.
+        spec: GroupSpec,
+    },
+    /// The barrier has passed: run every prepared flow for the warm-up and
+    /// the window, then answer with [`Reply::GroupFlows`] chunks,
+    /// [`Reply::GroupBuckets`] chunks and [`Reply::GroupFinished`].
+    GroupGo,
 }
 
 /// Messages an agent sends to the coordinator.
@@ -92,6 +105,35 @@ pub enum Reply {
     },
     /// The point's flow is closed.
     Closed,
+    /// The server role of a group point listens at these data addresses
+    /// (one per flow, or one for all).
+    GroupListening {
+        /// Transport-specific addresses.
+        addrs: Vec<String>,
+    },
+    /// Every flow of this agent's group role is prepared.
+    GroupReady,
+    /// Reports of some flows of the group repetition (at most
+    /// [`FLOWS_PER_CHUNK`]).
+    GroupFlows {
+        /// Per-flow reports.
+        flows: Vec<FlowReport>,
+    },
+    /// Some buckets of the agent's latency histogram over all its flows:
+    /// `[value_ns, count]` pairs (at most [`BUCKETS_PER_CHUNK`]).
+    GroupBuckets {
+        /// Histogram buckets.
+        buckets: Vec<[u64; 2]>,
+    },
+    /// The agent is still running its group role: sent every
+    /// [`GROUP_ALIVE_INTERVAL`] while it runs, so a silent agent is noticed
+    /// long before the repetition's results are due.
+    GroupAlive,
+    /// The group repetition is over; the flows are closed.
+    GroupFinished {
+        /// Window, CPU and memory of the agent.
+        outcome: GroupOutcome,
+    },
     /// The request could not be carried out; the session stays usable only
     /// if the error came before any flow was opened.
     Error {
@@ -99,6 +141,9 @@ pub enum Reply {
         message: String,
     },
 }
+
+/// How often an agent running a group role says it is alive.
+pub const GROUP_ALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Longest free-text field accepted in a message, in bytes.
 pub const MAX_TEXT_BYTES: usize = 1024;
@@ -128,7 +173,8 @@ impl Request {
                 }
                 Ok(())
             }
-            Request::Close | Request::Bye => Ok(()),
+            Request::GroupPrepare { spec } => spec.validate(),
+            Request::Close | Request::Bye | Request::GroupGo => Ok(()),
         }
     }
 }
@@ -158,7 +204,40 @@ impl Reply {
                 }
                 Ok(())
             }
-            Reply::VersionMismatch { .. } | Reply::Busy | Reply::Accepted | Reply::Closed => Ok(()),
+            Reply::GroupListening { addrs } => {
+                if addrs.len() > super::group::MAX_FLOW_ADDRS {
+                    return Err(RangeError {
+                        field: "addrs",
+                        detail: format!("more than {}", super::group::MAX_FLOW_ADDRS),
+                    });
+                }
+                addrs.iter().try_for_each(|a| text("addr", a))
+            }
+            Reply::GroupFlows { flows } => {
+                if flows.len() > FLOWS_PER_CHUNK {
+                    return Err(RangeError {
+                        field: "flows",
+                        detail: format!("more than {FLOWS_PER_CHUNK} in one chunk"),
+                    });
+                }
+                flows.iter().try_for_each(FlowReport::validate)
+            }
+            Reply::GroupBuckets { buckets } => {
+                if buckets.len() > BUCKETS_PER_CHUNK {
+                    return Err(RangeError {
+                        field: "buckets",
+                        detail: format!("more than {BUCKETS_PER_CHUNK} in one chunk"),
+                    });
+                }
+                Ok(())
+            }
+            Reply::GroupFinished { outcome } => outcome.validate(),
+            Reply::VersionMismatch { .. }
+            | Reply::Busy
+            | Reply::Accepted
+            | Reply::Closed
+            | Reply::GroupReady
+            | Reply::GroupAlive => Ok(()),
         }
     }
 }

@@ -15,6 +15,7 @@
 
 pub mod auth;
 pub mod codec;
+pub mod group;
 pub mod message;
 pub mod session;
 
@@ -24,5 +25,6 @@ pub use codec::{
 };
 pub use message::{Phase, Reply, Request, MAX_TEXT_BYTES, PROTOCOL_VERSION};
 pub use session::{
-    AgentAction, AgentSession, AgentState, CoordinatorSession, CoordinatorState, SessionError,
+    AgentAction, AgentSession, AgentState, CoordinatorSession, CoordinatorState, GroupProgress,
+    SessionError,
 };

@@ -16,6 +16,9 @@
 //! another protocol with `version_mismatch`; both then close the connection.
 
 use super::codec::one_line;
+use super::group::{
+    FlowReport, GroupOutcome, GroupRole, GroupSpec, BUCKETS_PER_CHUNK, FLOWS_PER_CHUNK,
+};
 use super::message::{Phase, Reply, Request, MAX_TEXT_BYTES, PROTOCOL_VERSION};
 use crate::cpu::CpuUsage;
 use crate::host::HostFacts;
@@ -33,6 +36,8 @@ impl Request {
             Request::Run { .. } => "run",
             Request::Close => "close",
             Request::Bye => "bye",
+            Request::GroupPrepare { .. } => "group_prepare",
+            Request::GroupGo => "group_go",
         }
     }
 }
@@ -51,6 +56,12 @@ impl Reply {
             Reply::Done { .. } => "done",
             Reply::Closed => "closed",
             Reply::Error { .. } => "error",
+            Reply::GroupListening { .. } => "group_listening",
+            Reply::GroupReady => "group_ready",
+            Reply::GroupFlows { .. } => "group_flows",
+            Reply::GroupBuckets { .. } => "group_buckets",
+            Reply::GroupFinished { .. } => "group_finished",
+            Reply::GroupAlive => "group_alive",
         }
     }
 }
@@ -122,6 +133,18 @@ pub enum AgentState {
     /// The session is over (after `bye`, a refusal or an error): the caller
     /// closes the connection.
     Closed,
+    /// `group_prepare` received: the caller opens listeners or connects
+    /// flows and reports with [`AgentSession::group_listening`] (server) or
+    /// [`AgentSession::group_ready`].
+    GroupPreparing,
+    /// A server role announced its listeners and is accepting its flows;
+    /// the caller reports with [`AgentSession::group_ready`].
+    GroupListening,
+    /// The group role is prepared: waiting for `group_go` or `bye`.
+    GroupReady,
+    /// `group_go` received: the caller runs the flows and reports with
+    /// [`AgentSession::group_finished`].
+    GroupRunning,
 }
 
 impl AgentState {
@@ -136,6 +159,10 @@ impl AgentState {
             AgentState::Running => "running",
             AgentState::Closing => "closing",
             AgentState::Closed => "closed",
+            AgentState::GroupPreparing => "group_preparing",
+            AgentState::GroupListening => "group_listening",
+            AgentState::GroupReady => "group_ready",
+            AgentState::GroupRunning => "group_running",
         }
     }
 }
@@ -170,6 +197,15 @@ pub enum AgentAction {
     /// Close the point's flow and listener, then call
     /// [`AgentSession::closed`], or [`AgentSession::failed`].
     ClosePoint,
+    /// Prepare a group role (already range-checked by the codec): a server
+    /// listens, calls [`AgentSession::group_listening`], accepts every flow
+    /// and calls [`AgentSession::group_ready`]; a client connects its flows
+    /// and calls [`AgentSession::group_ready`]. On failure call
+    /// [`AgentSession::failed`].
+    PrepareGroup(GroupSpec),
+    /// Run the prepared group role, then call
+    /// [`AgentSession::group_finished`], or [`AgentSession::failed`].
+    RunGroup,
 }
 
 /// The agent's end of one control connection.
@@ -249,7 +285,11 @@ impl AgentSession {
                 },
             ),
             (S::Open, Request::Close) => (S::Closing, AgentAction::ClosePoint),
-            (S::Idle | S::Listening | S::Open, Request::Bye) => {
+            (S::Idle, Request::GroupPrepare { spec }) => {
+                (S::GroupPreparing, AgentAction::PrepareGroup(spec.clone()))
+            }
+            (S::GroupReady, Request::GroupGo) => (S::GroupRunning, AgentAction::RunGroup),
+            (S::Idle | S::Listening | S::Open | S::GroupReady, Request::Bye) => {
                 (S::Closed, AgentAction::ReplyAndClose(Reply::Closed))
             }
             (state, req) => {
@@ -327,6 +367,74 @@ impl AgentSession {
         Ok(Reply::Closed)
     }
 
+    /// A group server role listens at `addrs` (one per flow or one for
+    /// all); returns [`Reply::GroupListening`]. Valid after
+    /// [`AgentAction::PrepareGroup`], else [`SessionError::Misuse`].
+    pub fn group_listening(&mut self, addrs: Vec<String>) -> Result<Reply, SessionError> {
+        self.step(
+            AgentState::GroupPreparing,
+            AgentState::GroupListening,
+            "group_listening",
+        )?;
+        Ok(Reply::GroupListening { addrs })
+    }
+
+    /// Every flow of the group role is prepared; returns
+    /// [`Reply::GroupReady`]. Valid after [`AgentAction::PrepareGroup`]
+    /// (client) or [`AgentSession::group_listening`] (server).
+    pub fn group_ready(&mut self) -> Result<Reply, SessionError> {
+        if !matches!(
+            self.state,
+            AgentState::GroupPreparing | AgentState::GroupListening
+        ) {
+            return Err(SessionError::Misuse {
+                state: self.state.as_str(),
+                call: "group_ready",
+            });
+        }
+        self.state = AgentState::GroupReady;
+        Ok(Reply::GroupReady)
+    }
+
+    /// The group role is still running; returns [`Reply::GroupAlive`] to
+    /// send. Valid after [`AgentAction::RunGroup`] until
+    /// [`AgentSession::group_finished`], else [`SessionError::Misuse`].
+    pub fn group_alive(&self) -> Result<Reply, SessionError> {
+        if self.state != AgentState::GroupRunning {
+            return Err(SessionError::Misuse {
+                state: self.state.as_str(),
+                call: "group_alive",
+            });
+        }
+        Ok(Reply::GroupAlive)
+    }
+
+    /// The group repetition is over: returns the replies to send in order,
+    /// the flow reports and histogram buckets in chunks that fit a frame,
+    /// then [`Reply::GroupFinished`]; the session is idle again. Valid after
+    /// [`AgentAction::RunGroup`], else [`SessionError::Misuse`].
+    pub fn group_finished(
+        &mut self,
+        flows: Vec<FlowReport>,
+        buckets: Vec<[u64; 2]>,
+        outcome: GroupOutcome,
+    ) -> Result<Vec<Reply>, SessionError> {
+        self.step(AgentState::GroupRunning, AgentState::Idle, "group_finished")?;
+        let mut replies: Vec<Reply> = flows
+            .chunks(FLOWS_PER_CHUNK)
+            .map(|c| Reply::GroupFlows { flows: c.to_vec() })
+            .collect();
+        replies.extend(
+            buckets
+                .chunks(BUCKETS_PER_CHUNK)
+                .map(|c| Reply::GroupBuckets {
+                    buckets: c.to_vec(),
+                }),
+        );
+        replies.push(Reply::GroupFinished { outcome });
+        Ok(replies)
+    }
+
     /// The caller could not carry out the last action, or `on_request`
     /// refused a request: returns the [`Reply::Error`] to send, holding
     /// `message` on one line, cut to [`MAX_TEXT_BYTES`]. If no flow was open
@@ -335,13 +443,31 @@ impl AgentSession {
     /// caller closes the connection after sending the reply.
     pub fn failed(&mut self, message: &str) -> Reply {
         self.state = match self.state {
-            AgentState::Opening | AgentState::Listening => AgentState::Idle,
+            AgentState::Opening
+            | AgentState::Listening
+            | AgentState::GroupPreparing
+            | AgentState::GroupListening
+            | AgentState::GroupReady
+            | AgentState::GroupRunning => AgentState::Idle,
             _ => AgentState::Closed,
         };
         Reply::Error {
             message: one_line(message, MAX_TEXT_BYTES),
         }
     }
+}
+
+/// One step of an agent's answer to `group_go`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum GroupProgress {
+    /// Reports of some flows.
+    Flows(Vec<FlowReport>),
+    /// Some `[value_ns, count]` buckets of the agent's latency histogram.
+    Buckets(Vec<[u64; 2]>),
+    /// The agent is still running.
+    Alive,
+    /// The last reply: the repetition is over.
+    Finished(GroupOutcome),
 }
 
 /// Where a coordinator session stands.
@@ -368,6 +494,14 @@ pub enum CoordinatorState {
     ByeSent,
     /// The session is over.
     Closed,
+    /// `group_prepare` sent to a server role, waiting for `group_listening`.
+    AwaitGroupListening,
+    /// Waiting for `group_ready`.
+    AwaitGroupReady,
+    /// The agent's group role is prepared; `group_go` may be sent.
+    GroupReady,
+    /// `group_go` sent, waiting for the flow reports and `group_finished`.
+    AwaitGroupFinished,
 }
 
 impl CoordinatorState {
@@ -384,6 +518,10 @@ impl CoordinatorState {
             CoordinatorState::AwaitClosed => "await_closed",
             CoordinatorState::ByeSent => "bye_sent",
             CoordinatorState::Closed => "closed",
+            CoordinatorState::AwaitGroupListening => "await_group_listening",
+            CoordinatorState::AwaitGroupReady => "await_group_ready",
+            CoordinatorState::GroupReady => "group_ready",
+            CoordinatorState::AwaitGroupFinished => "await_group_finished",
         }
     }
 }
@@ -477,9 +615,11 @@ impl CoordinatorSession {
         match reply {
             Reply::Error { message } => {
                 self.state = match state {
-                    CoordinatorState::AwaitListening | CoordinatorState::AwaitAccepted => {
-                        CoordinatorState::Idle
-                    }
+                    CoordinatorState::AwaitListening
+                    | CoordinatorState::AwaitAccepted
+                    | CoordinatorState::AwaitGroupListening
+                    | CoordinatorState::AwaitGroupReady
+                    | CoordinatorState::AwaitGroupFinished => CoordinatorState::Idle,
                     _ => CoordinatorState::Closed,
                 };
                 SessionError::Remote(one_line(message, MAX_TEXT_BYTES))
@@ -631,6 +771,75 @@ impl CoordinatorSession {
             Reply::Closed => {
                 self.state = CoordinatorState::Idle;
                 Ok(())
+            }
+            other => Err(self.reject(&other)),
+        }
+    }
+
+    /// Asks the agent to prepare its role in a group point (the spec should
+    /// pass [`GroupSpec::validate`], or the agent refuses it). Valid when
+    /// idle. Then call [`CoordinatorSession::on_group_listening`] for a
+    /// server role, [`CoordinatorSession::on_group_ready`] for a client.
+    pub fn group_prepare(&mut self, spec: GroupSpec) -> Request {
+        let next = match spec.role {
+            GroupRole::Server => CoordinatorState::AwaitGroupListening,
+            GroupRole::Client => CoordinatorState::AwaitGroupReady,
+        };
+        self.sent(CoordinatorState::Idle, next, "group_prepare");
+        Request::GroupPrepare { spec }
+    }
+
+    /// Checks a server role's answer to `group_prepare` and returns its
+    /// data addresses; then wait for [`CoordinatorSession::on_group_ready`].
+    /// An agent error leaves the session idle.
+    pub fn on_group_listening(&mut self, reply: Reply) -> Result<Vec<String>, SessionError> {
+        self.due(CoordinatorState::AwaitGroupListening, "on_group_listening")?;
+        match reply {
+            Reply::GroupListening { addrs } => {
+                self.state = CoordinatorState::AwaitGroupReady;
+                Ok(addrs)
+            }
+            other => Err(self.reject(&other)),
+        }
+    }
+
+    /// Checks that the agent's group role is prepared. An agent error
+    /// leaves the session idle.
+    pub fn on_group_ready(&mut self, reply: Reply) -> Result<(), SessionError> {
+        self.due(CoordinatorState::AwaitGroupReady, "on_group_ready")?;
+        match reply {
+            Reply::GroupReady => {
+                self.state = CoordinatorState::GroupReady;
+                Ok(())
+            }
+            other => Err(self.reject(&other)),
+        }
+    }
+
+    /// The barrier: tells a prepared agent to run. Then call
+    /// [`CoordinatorSession::on_group_result`] until it returns
+    /// [`GroupProgress::Finished`].
+    pub fn group_go(&mut self) -> Request {
+        self.sent(
+            CoordinatorState::GroupReady,
+            CoordinatorState::AwaitGroupFinished,
+            "group_go",
+        );
+        Request::GroupGo
+    }
+
+    /// Checks one reply to `group_go`: flow reports and histogram chunks
+    /// keep the session waiting, `group_finished` makes it idle again. An
+    /// agent error leaves it idle too (the agent dropped its flows).
+    pub fn on_group_result(&mut self, reply: Reply) -> Result<GroupProgress, SessionError> {
+        self.due(CoordinatorState::AwaitGroupFinished, "on_group_result")?;
+        match reply {
+            Reply::GroupFlows { flows } => Ok(GroupProgress::Flows(flows)),
+            Reply::GroupAlive => Ok(GroupProgress::Alive),
+            Reply::GroupBuckets { buckets } => Ok(GroupProgress::Buckets(buckets)),
+            Reply::GroupFinished { outcome } => {
+                self.state = CoordinatorState::Idle;
+                Ok(GroupProgress::Finished(outcome))
             }
             other => Err(self.reject(&other)),
         }
@@ -805,6 +1014,104 @@ mod tests {
             err.to_string(),
             "agent is busy running another test; try again when it is done"
         );
+    }
+
+    #[test]
+    fn group_round_through_both_machines() {
+        use crate::proto::group::{sample_spec, FlowReport, GroupOutcome, GroupRole};
+        let mut agent = AgentSession::new(host(), false);
+        let mut coord = CoordinatorSession::new();
+        handshake(&mut agent, &mut coord);
+        // Server role: prepare, listening, ready.
+        let prep = wire_request(&coord.group_prepare(sample_spec(GroupRole::Server)));
+        let AgentAction::PrepareGroup(spec) = agent.on_request(&prep).unwrap() else {
+            panic!("expected PrepareGroup");
+        };
+        assert_eq!(spec.role, GroupRole::Server);
+        assert_eq!(agent.state(), AgentState::GroupPreparing);
+        let r = wire_reply(&agent.group_listening(vec!["127.0.0.1:9".into()]).unwrap());
+        assert_eq!(coord.on_group_listening(r).unwrap(), vec!["127.0.0.1:9"]);
+        // Go before ready is refused by the agent.
+        let early = agent.on_request(&Request::GroupGo);
+        assert!(early.is_err());
+        let mut agent = AgentSession::new(host(), false);
+        let mut coord = CoordinatorSession::new();
+        handshake(&mut agent, &mut coord);
+        let prep = wire_request(&coord.group_prepare(sample_spec(GroupRole::Client)));
+        agent.on_request(&prep).unwrap();
+        let r = wire_reply(&agent.group_ready().unwrap());
+        coord.on_group_ready(r).unwrap();
+        assert_eq!(coord.state(), CoordinatorState::GroupReady);
+        let go = wire_request(&coord.group_go());
+        assert_eq!(agent.on_request(&go).unwrap(), AgentAction::RunGroup);
+        let flows: Vec<FlowReport> = (0..300)
+            .map(|i| FlowReport {
+                index: i,
+                bytes_tx: 1,
+                bytes_rx: 2,
+                window_bytes_rx: 2,
+                round_trips: 0,
+                percentiles: None,
+                errors: 0,
+            })
+            .collect();
+        let outcome = GroupOutcome {
+            window_ns: 5,
+            cpu: CpuUsage::default(),
+            peak_rss_kib: None,
+            bytes_rx: 0,
+            bytes_tx: 0,
+        };
+        assert_eq!(wire_reply(&agent.group_alive().unwrap()), Reply::GroupAlive);
+        assert_eq!(
+            coord.on_group_result(Reply::GroupAlive).unwrap(),
+            GroupProgress::Alive
+        );
+        let replies = agent
+            .group_finished(flows, vec![[1, 1]; 1500], outcome.clone())
+            .unwrap();
+        // 300 flows in chunks of 128, 1500 buckets in chunks of 1024, end.
+        assert_eq!(replies.len(), 3 + 2 + 1);
+        assert_eq!(agent.state(), AgentState::Idle);
+        let mut seen = 0;
+        for r in replies {
+            match coord.on_group_result(wire_reply(&r)).unwrap() {
+                GroupProgress::Flows(f) => seen += f.len(),
+                GroupProgress::Buckets(_) | GroupProgress::Alive => {}
+                GroupProgress::Finished(o) => assert_eq!(o, outcome),
+            }
+        }
+        assert_eq!(seen, 300);
+        assert_eq!(coord.state(), CoordinatorState::Idle);
+    }
+
+    #[test]
+    fn group_error_leaves_both_sessions_usable() {
+        use crate::proto::group::{sample_spec, GroupRole};
+        let mut agent = AgentSession::new(host(), false);
+        let mut coord = CoordinatorSession::new();
+        handshake(&mut agent, &mut coord);
+        let prep = wire_request(&coord.group_prepare(sample_spec(GroupRole::Client)));
+        agent.on_request(&prep).unwrap();
+        let err = wire_reply(&agent.failed("cannot connect flow 0"));
+        assert_eq!(agent.state(), AgentState::Idle);
+        assert!(matches!(
+            coord.on_group_ready(err),
+            Err(SessionError::Remote(m)) if m.contains("flow 0")
+        ));
+        assert_eq!(coord.state(), CoordinatorState::Idle);
+    }
+
+    #[test]
+    fn group_limits_are_refused_before_the_role_runs() {
+        use crate::proto::group::{sample_spec, GroupRole, MAX_GROUP_FLOWS};
+        let mut spec = sample_spec(GroupRole::Client);
+        spec.flows = MAX_GROUP_FLOWS + 1;
+        let bytes = encode(&Request::GroupPrepare { spec }).unwrap();
+        let mut d = FrameDecoder::new();
+        d.push(&bytes);
+        let err = decode_request(&d.next_frame().unwrap().unwrap()).unwrap_err();
+        assert!(err.to_string().contains("flows"), "{err}");
     }
 
     #[test]

@@ -315,3 +315,35 @@ impl Transport for Tcp {
         into_flow(connect_stream(NAME, &config.options, addr)?, config)
     }
 }
+
+/// Connects a tcp flow to `addr` (`IP:PORT`) from the local address
+/// `local_ip`, with every option applied: `multirail` opens one flow per
+/// link, each from its own link address.
+pub fn connect_from(
+    config: &FlowConfig,
+    addr: &str,
+    local_ip: IpAddr,
+) -> Result<Box<dyn Flow>, TransportError> {
+    let sa: SocketAddr = addr.parse().map_err(|e| TransportError::BadAddress {
+        transport: NAME,
+        addr: addr.to_string(),
+        detail: format!("{e}"),
+    })?;
+    let connect_err = |source| TransportError::Connect {
+        transport: NAME,
+        addr: addr.to_string(),
+        source,
+    };
+    let socket = Socket::new(Domain::for_address(sa), Type::STREAM, Some(Protocol::TCP))
+        .map_err(connect_err)?;
+    apply_before_connect(NAME, &socket, &config.options)?;
+    socket
+        .bind(&SockAddr::from(SocketAddr::new(local_ip, 0)))
+        .map_err(connect_err)?;
+    socket
+        .connect_timeout(&SockAddr::from(sa), CONNECT_TIMEOUT)
+        .map_err(connect_err)?;
+    let stream: TcpStream = socket.into();
+    apply_connected(NAME, &stream, &config.options)?;
+    into_flow(stream, config)
+}

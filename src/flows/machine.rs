@@ -1,0 +1,613 @@
+//! The per-flow state machines of the flow engine: plain code over any
+//! `Read + Write` that does no waiting of its own. A worker calls `pump`
+//! whenever epoll says the flow's socket is ready; the machine moves as many
+//! bytes as the socket takes without blocking and says what it waits for
+//! next ([`Progress`]), so partial reads and writes are handled in one
+//! place and tests drive the machines in memory with a scripted socket.
+//! Each machine owns one fixed buffer allocated when the flow is made and
+//! never again, so a round trip allocates nothing.
+
+use std::io::{self, ErrorKind, Read, Write};
+
+/// What a machine waits for after a `pump`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Progress {
+    /// The socket would block on a read: wait until it is readable.
+    WantRead,
+    /// The socket would block on a write: wait until it is writable.
+    WantWrite,
+    /// The exchange finished (a round trip, a request served, a connection's
+    /// reply and end of stream received).
+    Done,
+}
+
+/// Why a machine stopped with an error. Never caused by a panic: every
+/// peer behaviour maps to one of these.
+#[derive(Debug)]
+pub(crate) enum MachineError {
+    /// The peer closed the connection in the middle of an exchange.
+    Closed,
+    /// The peer sent bytes the exchange does not allow (more than the
+    /// reply, or data after it).
+    Unexpected,
+    /// A read or write failed.
+    Io(io::Error),
+}
+
+impl std::fmt::Display for MachineError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MachineError::Closed => write!(f, "the peer closed the connection mid-exchange"),
+            MachineError::Unexpected => {
+                write!(f, "the peer sent more bytes than the exchange allows")
+            }
+            MachineError::Io(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+/// Reads into `buf`, retrying on EINTR. `Ok(None)` means it would block.
+fn read_some(io: &mut impl Read, buf: &mut [u8]) -> Result<Option<usize>, io::Error> {
+    loop {
+        match io.read(buf) {
+            Ok(n) => return Ok(Some(n)),
+            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(None),
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Writes from `buf`, retrying on EINTR. `Ok(None)` means it would block.
+fn write_some(io: &mut impl Write, buf: &[u8]) -> Result<Option<usize>, io::Error> {
+    loop {
+        match io.write(buf) {
+            Ok(0) => {
+                return Err(io::Error::new(
+                    ErrorKind::WriteZero,
+                    "socket accepted no bytes",
+                ))
+            }
+            Ok(n) => return Ok(Some(n)),
+            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(None),
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Byte counters every machine keeps: everything it moved, whole run.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Moved {
+    /// Bytes written to the socket.
+    pub tx_bytes: u64,
+    /// Bytes read from the socket.
+    pub rx_bytes: u64,
+}
+
+/// The client side of one pingpong flow: send `size` bytes, read `size`
+/// bytes back, repeat on [`PingPongClient::start`].
+#[derive(Debug)]
+pub(crate) struct PingPongClient {
+    /// Invariant: `buf.len() >= 1` is the message size.
+    buf: Box<[u8]>,
+    /// Bytes of the current message already written (while `sending`) or
+    /// read (otherwise).
+    off: usize,
+    sending: bool,
+    /// Whether a round trip is under way.
+    busy: bool,
+    pub moved: Moved,
+}
+
+impl PingPongClient {
+    /// A machine for `size_bytes`-byte round trips (`size_bytes >= 1`).
+    pub fn new(size_bytes: usize) -> PingPongClient {
+        let mut buf = vec![0u8; size_bytes.max(1)].into_boxed_slice();
+        // A recognisable payload makes captures readable; its value is not
+        // checked.
+        for (i, b) in buf.iter_mut().enumerate() {
+            *b = i as u8;
+        }
+        PingPongClient {
+            buf,
+            off: 0,
+            sending: false,
+            busy: false,
+            moved: Moved::default(),
+        }
+    }
+
+    /// The message size, bytes.
+    pub fn size_bytes(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// Whether a round trip is under way (started and not yet `Done`).
+    pub fn busy(&self) -> bool {
+        self.busy
+    }
+
+    /// Begins a round trip and moves what it can.
+    pub fn start(&mut self, io: &mut (impl Read + Write)) -> Result<Progress, MachineError> {
+        self.busy = true;
+        self.sending = true;
+        self.off = 0;
+        self.pump(io)
+    }
+
+    /// Moves bytes of the current round trip until the socket would block or
+    /// the round trip completes. With no round trip under way, any readable
+    /// byte or end of stream is the peer misbehaving or going away.
+    pub fn pump(&mut self, io: &mut (impl Read + Write)) -> Result<Progress, MachineError> {
+        if !self.busy {
+            let mut probe = [0u8; 1];
+            return match read_some(io, &mut probe).map_err(MachineError::Io)? {
+                None => Ok(Progress::WantRead),
+                Some(0) => Err(MachineError::Closed),
+                Some(_) => Err(MachineError::Unexpected),
+            };
+        }
+        let size = self.buf.len();
+        loop {
+            if self.sending {
+                match write_some(io, &self.buf[self.off..]).map_err(MachineError::Io)? {
+                    None => return Ok(Progress::WantWrite),
+                    Some(n) => {
+                        self.off += n;
+                        self.moved.tx_bytes += n as u64;
+                        if self.off == size {
+                            self.sending = false;
+                            self.off = 0;
+                        }
+                    }
+                }
+            } else {
+                match read_some(io, &mut self.buf[self.off..]).map_err(MachineError::Io)? {
+                    None => return Ok(Progress::WantRead),
+                    Some(0) => return Err(MachineError::Closed),
+                    Some(n) => {
+                        self.off += n;
+                        self.moved.rx_bytes += n as u64;
+                        if self.off == size {
+                            self.busy = false;
+                            return Ok(Progress::Done);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The server side of one pingpong flow: echo every byte back, at most
+/// `size` bytes in flight, until the client closes.
+#[derive(Debug)]
+pub(crate) struct EchoServer {
+    buf: Box<[u8]>,
+    /// Bytes of `buf[..len]` already written back; `len == 0` while reading.
+    off: usize,
+    len: usize,
+    pub moved: Moved,
+}
+
+impl EchoServer {
+    /// An echo machine with a `size_bytes` buffer (`size_bytes >= 1`).
+    pub fn new(size_bytes: usize) -> EchoServer {
+        EchoServer {
+            buf: vec![0u8; size_bytes.max(1)].into_boxed_slice(),
+            off: 0,
+            len: 0,
+            moved: Moved::default(),
+        }
+    }
+
+    /// Echoes until the socket would block. `Done` means the client closed
+    /// the connection cleanly between messages.
+    pub fn pump(&mut self, io: &mut (impl Read + Write)) -> Result<Progress, MachineError> {
+        loop {
+            if self.len == 0 {
+                match read_some(io, &mut self.buf).map_err(MachineError::Io)? {
+                    None => return Ok(Progress::WantRead),
+                    Some(0) => return Ok(Progress::Done),
+                    Some(n) => {
+                        self.moved.rx_bytes += n as u64;
+                        self.len = n;
+                        self.off = 0;
+                    }
+                }
+            } else {
+                match write_some(io, &self.buf[self.off..self.len]).map_err(MachineError::Io)? {
+                    None => return Ok(Progress::WantWrite),
+                    Some(n) => {
+                        self.moved.tx_bytes += n as u64;
+                        self.off += n;
+                        if self.off == self.len {
+                            self.len = 0;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Phases of one connect-mode exchange, client side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ConnectPhase {
+    Sending,
+    Receiving,
+    /// The reply is in; waiting for the server's end of stream, so the
+    /// server closes first and TIME_WAIT stays on its side.
+    AwaitEof,
+    Finished,
+}
+
+/// The client side of one connect-mode connection once it is established:
+/// send the request, read the reply, then wait for the server to close.
+/// `reply_received` says when the timed part (setup and exchange) ended.
+#[derive(Debug)]
+pub(crate) struct ConnectClient {
+    /// Invariant: `buf.len() >= 1`; requests and replies longer than the
+    /// buffer go through it in pieces.
+    buf: Box<[u8]>,
+    request_bytes: usize,
+    reply_bytes: usize,
+    /// Bytes of the current phase done.
+    done: usize,
+    phase: ConnectPhase,
+    pub moved: Moved,
+}
+
+/// The most a connect-mode buffer holds; longer requests and replies pass
+/// through it in pieces, so memory per flow stays bounded.
+pub(crate) const CONNECT_BUF_MAX_BYTES: usize = 64 * 1024;
+
+impl ConnectClient {
+    /// A machine for `request_bytes` out and `reply_bytes` back.
+    pub fn new(request_bytes: usize, reply_bytes: usize) -> ConnectClient {
+        let len = request_bytes
+            .max(reply_bytes)
+            .clamp(1, CONNECT_BUF_MAX_BYTES);
+        ConnectClient {
+            buf: vec![b'q'; len].into_boxed_slice(),
+            request_bytes,
+            reply_bytes,
+            done: 0,
+            phase: ConnectPhase::Finished,
+            moved: Moved::default(),
+        }
+    }
+
+    /// Resets for a new connection that has just been established.
+    pub fn begin(&mut self) {
+        self.done = 0;
+        self.phase = if self.request_bytes > 0 {
+            ConnectPhase::Sending
+        } else if self.reply_bytes > 0 {
+            ConnectPhase::Receiving
+        } else {
+            ConnectPhase::AwaitEof
+        };
+    }
+
+    /// The request and reply sizes, bytes.
+    pub fn sizes_bytes(&self) -> (usize, usize) {
+        (self.request_bytes, self.reply_bytes)
+    }
+
+    /// Whether the whole reply has arrived (the end of the timed part).
+    pub fn reply_received(&self) -> bool {
+        matches!(self.phase, ConnectPhase::AwaitEof | ConnectPhase::Finished)
+    }
+
+    /// Moves bytes until the socket would block; `Done` once the server
+    /// closed after the full reply.
+    pub fn pump(&mut self, io: &mut (impl Read + Write)) -> Result<Progress, MachineError> {
+        loop {
+            match self.phase {
+                ConnectPhase::Sending => {
+                    let want = (self.request_bytes - self.done).min(self.buf.len());
+                    match write_some(io, &self.buf[..want]).map_err(MachineError::Io)? {
+                        None => return Ok(Progress::WantWrite),
+                        Some(n) => {
+                            self.done += n;
+                            self.moved.tx_bytes += n as u64;
+                            if self.done == self.request_bytes {
+                                self.done = 0;
+                                self.phase = if self.reply_bytes > 0 {
+                                    ConnectPhase::Receiving
+                                } else {
+                                    ConnectPhase::AwaitEof
+                                };
+                            }
+                        }
+                    }
+                }
+                ConnectPhase::Receiving => {
+                    let want = (self.reply_bytes - self.done).min(self.buf.len());
+                    match read_some(io, &mut self.buf[..want]).map_err(MachineError::Io)? {
+                        None => return Ok(Progress::WantRead),
+                        Some(0) => return Err(MachineError::Closed),
+                        Some(n) => {
+                            self.done += n;
+                            self.moved.rx_bytes += n as u64;
+                            if self.done == self.reply_bytes {
+                                self.phase = ConnectPhase::AwaitEof;
+                            }
+                        }
+                    }
+                }
+                ConnectPhase::AwaitEof => {
+                    let mut probe = [0u8; 1];
+                    match read_some(io, &mut probe).map_err(MachineError::Io)? {
+                        None => return Ok(Progress::WantRead),
+                        Some(0) => {
+                            self.phase = ConnectPhase::Finished;
+                            return Ok(Progress::Done);
+                        }
+                        Some(_) => return Err(MachineError::Unexpected),
+                    }
+                }
+                ConnectPhase::Finished => return Ok(Progress::Done),
+            }
+        }
+    }
+}
+
+/// The server side of one connect-mode connection: read the request,
+/// write the reply; `Done` means the caller closes the socket now (the
+/// server closes first).
+#[derive(Debug)]
+pub(crate) struct ConnectServer {
+    buf: Box<[u8]>,
+    request_bytes: usize,
+    reply_bytes: usize,
+    done: usize,
+    replying: bool,
+    pub moved: Moved,
+}
+
+impl ConnectServer {
+    /// A machine expecting `request_bytes` and answering `reply_bytes`.
+    pub fn new(request_bytes: usize, reply_bytes: usize) -> ConnectServer {
+        let len = request_bytes
+            .max(reply_bytes)
+            .clamp(1, CONNECT_BUF_MAX_BYTES);
+        ConnectServer {
+            buf: vec![b'r'; len].into_boxed_slice(),
+            request_bytes,
+            reply_bytes,
+            done: 0,
+            replying: request_bytes == 0,
+            moved: Moved::default(),
+        }
+    }
+
+    /// Moves bytes until the socket would block or the reply is out.
+    pub fn pump(&mut self, io: &mut (impl Read + Write)) -> Result<Progress, MachineError> {
+        loop {
+            if !self.replying {
+                let want = (self.request_bytes - self.done).min(self.buf.len());
+                match read_some(io, &mut self.buf[..want]).map_err(MachineError::Io)? {
+                    None => return Ok(Progress::WantRead),
+                    Some(0) => return Err(MachineError::Closed),
+                    Some(n) => {
+                        self.done += n;
+                        self.moved.rx_bytes += n as u64;
+                        if self.done == self.request_bytes {
+                            self.done = 0;
+                            self.replying = true;
+                        }
+                    }
+                }
+            } else {
+                if self.done == self.reply_bytes {
+                    return Ok(Progress::Done);
+                }
+                let want = (self.reply_bytes - self.done).min(self.buf.len());
+                match write_some(io, &self.buf[..want]).map_err(MachineError::Io)? {
+                    None => return Ok(Progress::WantWrite),
+                    Some(n) => {
+                        self.done += n;
+                        self.moved.tx_bytes += n as u64;
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use std::collections::VecDeque;
+
+    /// A scripted socket: reads return the queued chunks (an empty queue
+    /// would block, `Some(vec![])` is end of stream); writes accept at most
+    /// `write_budget` bytes in total before blocking.
+    #[derive(Default)]
+    struct Script {
+        reads: VecDeque<Vec<u8>>,
+        eof: bool,
+        write_budget: usize,
+        written: Vec<u8>,
+    }
+
+    impl Read for Script {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            match self.reads.front_mut() {
+                Some(chunk) => {
+                    let n = chunk.len().min(buf.len());
+                    buf[..n].copy_from_slice(&chunk[..n]);
+                    chunk.drain(..n);
+                    if chunk.is_empty() {
+                        self.reads.pop_front();
+                    }
+                    Ok(n)
+                }
+                None if self.eof => Ok(0),
+                None => Err(ErrorKind::WouldBlock.into()),
+            }
+        }
+    }
+
+    impl Write for Script {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            if self.write_budget == 0 {
+                return Err(ErrorKind::WouldBlock.into());
+            }
+            let n = buf.len().min(self.write_budget);
+            self.write_budget -= n;
+            self.written.extend_from_slice(&buf[..n]);
+            Ok(n)
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn pingpong_client_handles_partial_writes_and_reads() {
+        let mut m = PingPongClient::new(10);
+        let mut io = Script {
+            write_budget: 4,
+            ..Script::default()
+        };
+        assert_eq!(m.start(&mut io).unwrap(), Progress::WantWrite);
+        io.write_budget = 100;
+        assert_eq!(m.pump(&mut io).unwrap(), Progress::WantRead);
+        assert_eq!(io.written.len(), 10);
+        io.reads.push_back(vec![0; 3]);
+        assert_eq!(m.pump(&mut io).unwrap(), Progress::WantRead);
+        assert!(m.busy());
+        io.reads.push_back(vec![0; 7]);
+        assert_eq!(m.pump(&mut io).unwrap(), Progress::Done);
+        assert!(!m.busy());
+        assert_eq!(
+            m.moved,
+            Moved {
+                tx_bytes: 10,
+                rx_bytes: 10
+            }
+        );
+    }
+
+    #[test]
+    fn pingpong_client_reports_peer_close_mid_round_trip() {
+        let mut m = PingPongClient::new(4);
+        let mut io = Script {
+            write_budget: 100,
+            ..Script::default()
+        };
+        io.reads.push_back(vec![0; 2]);
+        io.eof = true;
+        assert!(matches!(m.start(&mut io), Err(MachineError::Closed)));
+    }
+
+    #[test]
+    fn idle_pingpong_client_treats_data_as_unexpected() {
+        let mut m = PingPongClient::new(4);
+        let mut io = Script::default();
+        assert_eq!(m.pump(&mut io).unwrap(), Progress::WantRead);
+        io.reads.push_back(vec![1]);
+        assert!(matches!(m.pump(&mut io), Err(MachineError::Unexpected)));
+    }
+
+    #[test]
+    fn echo_server_echoes_in_pieces_and_finishes_on_eof() {
+        let mut m = EchoServer::new(4);
+        let mut io = Script {
+            write_budget: 3,
+            ..Script::default()
+        };
+        io.reads.push_back(b"abcdef".to_vec());
+        // Reads 4, can write 3 of them back.
+        assert_eq!(m.pump(&mut io).unwrap(), Progress::WantWrite);
+        io.write_budget = 100;
+        assert_eq!(m.pump(&mut io).unwrap(), Progress::WantRead);
+        assert_eq!(io.written, b"abcdef");
+        io.eof = true;
+        assert_eq!(m.pump(&mut io).unwrap(), Progress::Done);
+        assert_eq!(
+            m.moved,
+            Moved {
+                tx_bytes: 6,
+                rx_bytes: 6
+            }
+        );
+    }
+
+    #[test]
+    fn connect_client_sends_request_reads_reply_then_waits_for_server_close() {
+        let mut m = ConnectClient::new(5, 3);
+        m.begin();
+        let mut io = Script {
+            write_budget: 2,
+            ..Script::default()
+        };
+        assert_eq!(m.pump(&mut io).unwrap(), Progress::WantWrite);
+        io.write_budget = 100;
+        assert_eq!(m.pump(&mut io).unwrap(), Progress::WantRead);
+        io.reads.push_back(vec![9; 3]);
+        assert_eq!(m.pump(&mut io).unwrap(), Progress::WantRead);
+        assert!(m.reply_received());
+        io.eof = true;
+        assert_eq!(m.pump(&mut io).unwrap(), Progress::Done);
+        assert_eq!(
+            m.moved,
+            Moved {
+                tx_bytes: 5,
+                rx_bytes: 3
+            }
+        );
+    }
+
+    #[test]
+    fn connect_client_refuses_extra_reply_bytes() {
+        let mut m = ConnectClient::new(1, 2);
+        m.begin();
+        let mut io = Script {
+            write_budget: 100,
+            ..Script::default()
+        };
+        io.reads.push_back(vec![0; 3]);
+        assert!(matches!(m.pump(&mut io), Err(MachineError::Unexpected)));
+    }
+
+    #[test]
+    fn connect_client_reports_close_before_reply() {
+        let mut m = ConnectClient::new(1, 2);
+        m.begin();
+        let mut io = Script {
+            write_budget: 100,
+            eof: true,
+            ..Script::default()
+        };
+        assert!(matches!(m.pump(&mut io), Err(MachineError::Closed)));
+        assert!(!m.reply_received());
+    }
+
+    #[test]
+    fn connect_server_reads_request_then_writes_reply() {
+        let mut m = ConnectServer::new(3, 100_000);
+        let mut io = Script {
+            write_budget: 70_000,
+            ..Script::default()
+        };
+        io.reads.push_back(vec![1; 2]);
+        assert_eq!(m.pump(&mut io).unwrap(), Progress::WantRead);
+        io.reads.push_back(vec![1; 1]);
+        assert_eq!(m.pump(&mut io).unwrap(), Progress::WantWrite);
+        io.write_budget = 30_000;
+        assert_eq!(m.pump(&mut io).unwrap(), Progress::Done);
+        assert_eq!(
+            m.moved,
+            Moved {
+                tx_bytes: 100_000,
+                rx_bytes: 3
+            }
+        );
+    }
+}

@@ -1,0 +1,301 @@
+//! In-process loopback tests of the flow engine: real sockets, a real
+//! server and real clients in one process.
+
+use super::*;
+use std::net::TcpListener;
+use std::time::Instant;
+
+fn cfg(workers: usize, io_timeout_ms: u64) -> EngineConfig {
+    EngineConfig {
+        workers,
+        io_timeout: Duration::from_millis(io_timeout_ms),
+    }
+}
+
+fn loopback() -> SocketAddr {
+    "127.0.0.1:0".parse().unwrap()
+}
+
+fn spec(target: SocketAddr, flows: usize, work: FlowWork) -> ClientSpec {
+    ClientSpec {
+        target,
+        flows,
+        work,
+        bind_ip: None,
+    }
+}
+
+#[test]
+fn pingpong_100_flows_account_for_every_byte() {
+    let size = 100;
+    let work = FlowWork::PingPong { size_bytes: size };
+    let server = FlowServer::bind(loopback(), work, cfg(2, 5_000)).unwrap();
+    let clients = prepare_clients(&spec(server.local_addr(), 100, work), &cfg(2, 5_000)).unwrap();
+    let report = clients
+        .run(Duration::from_millis(50), Duration::from_millis(300))
+        .unwrap();
+    let totals = server.stop().unwrap();
+
+    assert_eq!(report.elapsed_ns, 300_000_000);
+    assert_eq!(report.flows.len(), 100);
+    let size = size as u64;
+    for (i, f) in report.flows.iter().enumerate() {
+        assert_eq!(f.index as usize, i);
+        assert!(
+            f.round_trips > 0,
+            "flow {i} made no round trip: {:?}",
+            report
+                .flows
+                .iter()
+                .map(|f| (f.round_trips, f.bytes_tx, f.bytes_rx))
+                .collect::<Vec<_>>()
+        );
+        assert_eq!(f.hist.len(), f.round_trips);
+        assert_eq!(f.window_bytes_tx, f.round_trips * size);
+        assert_eq!(f.window_bytes_rx, f.round_trips * size);
+        // Every round trip finished: what went out came back.
+        assert_eq!(f.bytes_tx, f.bytes_rx);
+        assert_eq!(f.bytes_tx % size, 0);
+        assert!(f.bytes_tx >= f.window_bytes_tx);
+        assert_eq!(f.errors, 0);
+    }
+    let tx: u64 = report.flows.iter().map(|f| f.bytes_tx).sum();
+    let rx: u64 = report.flows.iter().map(|f| f.bytes_rx).sum();
+    assert_eq!(totals.bytes_rx, tx);
+    assert_eq!(totals.bytes_tx, rx);
+    assert_eq!(totals.connections_accepted, 100);
+}
+
+#[test]
+fn pingpong_over_ipv6_loopback() {
+    let Ok(probe) = TcpListener::bind("[::1]:0") else {
+        eprintln!("skipping: no IPv6 loopback on this host");
+        return;
+    };
+    drop(probe);
+    let work = FlowWork::PingPong { size_bytes: 1 };
+    let server = FlowServer::bind("[::1]:0".parse().unwrap(), work, cfg(1, 5_000)).unwrap();
+    let clients = prepare_clients(&spec(server.local_addr(), 4, work), &cfg(1, 5_000)).unwrap();
+    let report = clients
+        .run(Duration::ZERO, Duration::from_millis(100))
+        .unwrap();
+    let totals = server.stop().unwrap();
+    assert!(
+        report.flows.iter().all(|f| f.round_trips > 0),
+        "{:?} {totals:?}",
+        report
+            .flows
+            .iter()
+            .map(|f| (f.round_trips, f.bytes_tx, f.bytes_rx))
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(
+        totals.bytes_rx,
+        report.flows.iter().map(|f| f.bytes_tx).sum::<u64>()
+    );
+}
+
+#[test]
+fn connect_mode_counts_connections_and_bytes() {
+    let work = FlowWork::Connect {
+        request_bytes: 32,
+        reply_bytes: 200,
+    };
+    let server = FlowServer::bind(loopback(), work, cfg(2, 5_000)).unwrap();
+    let clients = prepare_clients(&spec(server.local_addr(), 20, work), &cfg(2, 5_000)).unwrap();
+    let report = clients
+        .run(Duration::from_millis(20), Duration::from_millis(300))
+        .unwrap();
+    let totals = server.stop().unwrap();
+
+    assert_eq!(report.flows.len(), 20);
+    for f in &report.flows {
+        assert!(
+            f.round_trips > 0,
+            "flow {} completed no connection",
+            f.index
+        );
+        assert_eq!(f.errors, 0, "flow {}", f.index);
+        assert_eq!(f.hist.len(), f.round_trips);
+        assert_eq!(f.window_bytes_tx, f.round_trips * 32);
+        assert_eq!(f.window_bytes_rx, f.round_trips * 200);
+        // Whole connections only: every request had its reply.
+        assert_eq!(f.bytes_tx % 32, 0);
+        assert_eq!(f.bytes_tx / 32, f.bytes_rx / 200);
+    }
+    let tx: u64 = report.flows.iter().map(|f| f.bytes_tx).sum();
+    let rx: u64 = report.flows.iter().map(|f| f.bytes_rx).sum();
+    assert_eq!(totals.bytes_rx, tx);
+    assert_eq!(totals.bytes_tx, rx);
+    // Every connection the server accepted was served and closed by it.
+    assert_eq!(totals.connections_accepted, tx / 32);
+    assert_eq!(totals.connections_completed, totals.connections_accepted);
+    assert_eq!(totals.errors, 0);
+}
+
+#[test]
+fn connect_mode_with_empty_request_and_reply() {
+    let work = FlowWork::Connect {
+        request_bytes: 0,
+        reply_bytes: 0,
+    };
+    let server = FlowServer::bind(loopback(), work, cfg(1, 5_000)).unwrap();
+    let clients = prepare_clients(&spec(server.local_addr(), 3, work), &cfg(1, 5_000)).unwrap();
+    let report = clients
+        .run(Duration::ZERO, Duration::from_millis(100))
+        .unwrap();
+    let totals = server.stop().unwrap();
+    assert!(report
+        .flows
+        .iter()
+        .all(|f| f.round_trips > 0 && f.errors == 0));
+    assert_eq!(totals.errors, 0);
+}
+
+#[test]
+fn connect_mode_to_a_closed_port_counts_errors_and_fails_the_run() {
+    let target = {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let work = FlowWork::Connect {
+        request_bytes: 1,
+        reply_bytes: 1,
+    };
+    let clients = prepare_clients(&spec(target, 4, work), &cfg(1, 1_000)).unwrap();
+    match clients.run(Duration::ZERO, Duration::from_millis(100)) {
+        Err(EngineError::AllFlowsFailed {
+            flows,
+            errors,
+            target: t,
+            ..
+        }) => {
+            assert_eq!(flows, 4);
+            assert!(errors >= 4);
+            assert_eq!(t, target);
+        }
+        other => panic!("expected AllFlowsFailed, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_server_that_stops_mid_run_fails_the_run_naming_flow_and_target() {
+    let work = FlowWork::PingPong { size_bytes: 8 };
+    let server = FlowServer::bind(loopback(), work, cfg(1, 5_000)).unwrap();
+    let target = server.local_addr();
+    let clients = prepare_clients(&spec(target, 10, work), &cfg(2, 2_000)).unwrap();
+    let killer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(200));
+        server.stop().unwrap()
+    });
+    let t0 = Instant::now();
+    let err = clients
+        .run(Duration::ZERO, Duration::from_secs(30))
+        .unwrap_err();
+    assert!(
+        t0.elapsed() < Duration::from_secs(3),
+        "took {:?}",
+        t0.elapsed()
+    );
+    let msg = err.to_string();
+    assert!(
+        msg.contains("flow ") && msg.contains(&target.to_string()),
+        "{msg}"
+    );
+    killer.join().unwrap();
+}
+
+#[test]
+fn a_server_that_stops_answering_is_an_error_within_the_io_timeout() {
+    // Accepts (by the kernel's backlog) but never reads or answers.
+    let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+    let target = silent.local_addr().unwrap();
+    let work = FlowWork::PingPong { size_bytes: 1 };
+    let clients = prepare_clients(&spec(target, 3, work), &cfg(1, 300)).unwrap();
+    let t0 = Instant::now();
+    let err = clients
+        .run(Duration::ZERO, Duration::from_secs(30))
+        .unwrap_err();
+    assert!(
+        t0.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        t0.elapsed()
+    );
+    assert!(
+        matches!(err, EngineError::FlowStalled { target: t, .. } if t == target),
+        "{err}"
+    );
+    drop(silent);
+}
+
+#[test]
+fn nothing_is_sent_before_run() {
+    let work = FlowWork::PingPong { size_bytes: 16 };
+    let server = FlowServer::bind(loopback(), work, cfg(1, 5_000)).unwrap();
+    let clients = prepare_clients(&spec(server.local_addr(), 5, work), &cfg(1, 5_000)).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    drop(clients);
+    let totals = server.stop().unwrap();
+    assert_eq!(totals.connections_accepted, 5);
+    assert_eq!(totals.bytes_rx, 0);
+}
+
+#[test]
+fn bad_parameters_are_refused() {
+    let target: SocketAddr = "127.0.0.1:9".parse().unwrap();
+    let pp = FlowWork::PingPong { size_bytes: 1 };
+    assert!(matches!(
+        prepare_clients(&spec(target, 1, pp), &cfg(0, 100)),
+        Err(EngineError::Invalid(_))
+    ));
+    assert!(matches!(
+        prepare_clients(&spec(target, 0, pp), &cfg(1, 100)),
+        Err(EngineError::Invalid(_))
+    ));
+    assert!(matches!(
+        prepare_clients(&spec(target, 1, pp), &cfg(1, 0)),
+        Err(EngineError::Invalid(_))
+    ));
+    let zero = FlowWork::PingPong { size_bytes: 0 };
+    assert!(matches!(
+        FlowServer::bind(loopback(), zero, cfg(1, 100)),
+        Err(EngineError::Invalid(_))
+    ));
+    let huge = FlowWork::PingPong {
+        size_bytes: MAX_PINGPONG_SIZE_BYTES + 1,
+    };
+    assert!(matches!(
+        prepare_clients(&spec(target, 1, huge), &cfg(1, 100)),
+        Err(EngineError::Invalid(_))
+    ));
+}
+
+#[test]
+fn opening_a_pingpong_flow_to_nothing_names_the_flow() {
+    let target = {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let err = prepare_clients(
+        &spec(target, 2, FlowWork::PingPong { size_bytes: 1 }),
+        &cfg(1, 500),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(err, EngineError::Connect { index: 0, .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains(&target.to_string()));
+}
+
+#[test]
+fn a_port_in_use_is_a_bind_error() {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let err = FlowServer::bind(
+        l.local_addr().unwrap(),
+        FlowWork::PingPong { size_bytes: 1 },
+        cfg(1, 100),
+    )
+    .unwrap_err();
+    assert!(matches!(err, EngineError::Bind { .. }), "{err}");
+}

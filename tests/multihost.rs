@@ -1,0 +1,642 @@
+//! Multi-host tests end to end: the real binary as coordinator against real
+//! agents on loopback addresses 127.0.0.2..5 (and the in-process default),
+//! asserting on the JSON records: per-flow bytes, the cyclic allotment,
+//! per-link bytes of multirail, the agents' refusals, and a client host
+//! dying mid-run.
+
+use assert_cmd::cargo::CommandCargoExt;
+use serde_json::Value;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn netgap() -> Command {
+    Command::cargo_bin("netgap").expect("binary built")
+}
+
+/// A `netgap serve` on an ephemeral port of a loopback address, killed on
+/// drop.
+struct AgentProc {
+    child: Child,
+    addr: String,
+}
+
+impl AgentProc {
+    fn start(bind: &str) -> AgentProc {
+        let mut child = netgap()
+            .args(["serve", "--bind", bind, "--port", "0"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("agent starts");
+        let stdout = child.stdout.take().expect("stdout piped");
+        let mut line = String::new();
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("agent prints its address");
+        let addr = line
+            .trim()
+            .rsplit(' ')
+            .next()
+            .expect("address at the end")
+            .to_string();
+        AgentProc { child, addr }
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for AgentProc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A server agent on 127.0.0.2 and `clients` client agents on 127.0.0.3...
+fn agents(clients: u8) -> Vec<AgentProc> {
+    (0..=clients)
+        .map(|i| AgentProc::start(&format!("127.0.0.{}", 2 + i)))
+        .collect()
+}
+
+fn hosts_arg(agents: &[AgentProc]) -> String {
+    agents
+        .iter()
+        .map(|a| a.addr.clone())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn read_records(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("every line is JSON"))
+        .collect()
+}
+
+fn run_ok(args: &[&str]) {
+    let out = netgap().args(args).output().expect("netgap runs");
+    assert!(
+        out.status.success(),
+        "netgap {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn u(v: &Value) -> u64 {
+    v.as_u64().expect("an unsigned number")
+}
+
+/// Every flow of a bandwidth record delivered what was sent (tcp), and
+/// moved something.
+fn check_stream_flows(r: &Value, clients: usize) {
+    let flows = r["flows"].as_array().expect("flows");
+    assert_eq!(flows.len(), clients, "{r}");
+    for (i, f) in flows.iter().enumerate() {
+        assert_eq!(u(&f["index"]), i as u64);
+        assert!(u(&f["bytes_tx"]) > 0, "flow {i} sent nothing: {f}");
+        assert_eq!(f["bytes_tx"], f["bytes_rx"], "flow {i}: {f}");
+        assert!(f["value"].as_f64().expect("value") > 0.0);
+    }
+    let sum: f64 = flows
+        .iter()
+        .map(|f| f["value"].as_f64().unwrap_or(0.0))
+        .sum();
+    let value = r["value"].as_f64().expect("value");
+    assert!(value > 0.0);
+    // One repetition: the aggregate is the sum of the flows.
+    assert!(
+        (sum - value).abs() <= 1e-6 * value.max(1.0),
+        "{sum} vs {value}"
+    );
+}
+
+#[test]
+fn fanin_and_fanout_spread_clients_cyclically_over_real_agents() {
+    let agents = agents(3);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json = dir.path().join("r.jsonl");
+    let hosts = hosts_arg(&agents);
+    run_ok(&[
+        "run",
+        "fanin,fanout",
+        "--hosts",
+        &hosts,
+        "--clients",
+        "4",
+        "--reps",
+        "1",
+        "--duration",
+        "200ms",
+        "--json",
+        json.to_str().expect("utf-8 path"),
+    ]);
+    let records = read_records(&json);
+    assert_eq!(records.len(), 2);
+    for r in &records {
+        assert_eq!(r["metric"], "bandwidth_gbps");
+        assert_eq!(u(&r["clients"]), 4);
+        assert_eq!(u(&r["client_hosts"]), 3);
+        check_stream_flows(r, 4);
+        // Client i runs on client host i % 3.
+        for (i, f) in r["flows"].as_array().expect("flows").iter().enumerate() {
+            assert_eq!(f["host"], agents[1 + i % 3].addr.as_str(), "flow {i}");
+        }
+        let cpu = r["hosts_cpu"].as_array().expect("hosts_cpu");
+        assert_eq!(cpu.len(), 4);
+        assert_eq!(cpu[0]["role"], "server");
+        assert_eq!(cpu[0]["host"], agents[0].addr.as_str());
+        assert!(cpu[1..].iter().all(|h| h["role"] == "client"));
+        assert!(cpu.iter().all(|h| u(&h["peak_rss_kib"]) > 0));
+    }
+    assert_eq!(records[0]["test"], "fanin");
+    assert_eq!(records[1]["test"], "fanout");
+    // fan-in: clients send; fan-out: the server sends.
+    let b = |r: &Value, k: &str| u(&r["bytes"][k]);
+    assert!(b(&records[0], "client_tx") > 0 && b(&records[0], "server_tx") == 0);
+    assert!(b(&records[1], "server_tx") > 0 && b(&records[1], "client_tx") == 0);
+}
+
+#[test]
+fn multistream_runs_every_stream_from_the_first_client_host() {
+    let agents = agents(2);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json = dir.path().join("r.jsonl");
+    let hosts = hosts_arg(&agents);
+    run_ok(&[
+        "run",
+        "multistream",
+        "--hosts",
+        &hosts,
+        "-P",
+        "1,3",
+        "--reps",
+        "1",
+        "--duration",
+        "200ms",
+        "--json",
+        json.to_str().expect("utf-8 path"),
+    ]);
+    let records = read_records(&json);
+    assert_eq!(records.len(), 2);
+    for (r, p) in records.iter().zip([1, 3]) {
+        check_stream_flows(r, p);
+        assert_eq!(u(&r["client_hosts"]), 1);
+        assert!(r["flows"]
+            .as_array()
+            .expect("flows")
+            .iter()
+            .all(|f| f["host"] == agents[1].addr.as_str()));
+    }
+}
+
+#[test]
+fn multirail_uses_every_link_of_a_hosts_file() {
+    let agents = agents(1);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json = dir.path().join("r.jsonl");
+    let hosts_file = dir.path().join("hosts.json");
+    let links: Vec<Value> = (1..=3)
+        .map(|k| {
+            serde_json::json!({
+                "peer": "h1", "index": k - 1,
+                "local": format!("127.0.1.{k}"), "remote": format!("127.0.2.{k}"),
+                "ifname": "lo", "mtu_bytes": 65536
+            })
+        })
+        .collect();
+    let file = serde_json::json!({
+        "version": 1,
+        "topology": "list",
+        "hosts": [
+            {"name": "h1", "control": agents[0].addr, "address": "127.0.0.2"},
+            {"name": "h2", "control": agents[1].addr, "address": "127.0.0.3", "links": links},
+        ]
+    });
+    std::fs::write(&hosts_file, file.to_string()).expect("hosts file written");
+    let hosts = format!("@{}", hosts_file.display());
+    run_ok(&[
+        "run",
+        "multirail",
+        "--hosts",
+        &hosts,
+        "--reps",
+        "2",
+        "--duration",
+        "200ms",
+        "--json",
+        json.to_str().expect("utf-8 path"),
+    ]);
+    let records = read_records(&json);
+    assert_eq!(records.len(), 1);
+    let r = &records[0];
+    assert_eq!(u(&r["clients"]), 3);
+    let links = r["links"].as_array().expect("links");
+    assert_eq!(links.len(), 3);
+    for (k, l) in links.iter().enumerate() {
+        assert_eq!(l["local"], format!("127.0.1.{}", k + 1));
+        assert_eq!(l["remote"], format!("127.0.2.{}", k + 1));
+        assert!(u(&l["bytes"]) > 0, "link {k} carried nothing: {l}");
+        assert!(l["bandwidth_gbps"].as_f64().expect("bw") > 0.0);
+    }
+    for f in r["flows"].as_array().expect("flows") {
+        assert_eq!(f["host"], "h2");
+        assert_eq!(f["bytes_tx"], f["bytes_rx"]);
+    }
+}
+
+#[test]
+fn in_process_hosts_run_without_any_agent() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json = dir.path().join("r.jsonl");
+    run_ok(&[
+        "run",
+        "fanin,multirail",
+        "--client-hosts",
+        "2",
+        "--links",
+        "2",
+        "--reps",
+        "1",
+        "--duration",
+        "100ms",
+        "--json",
+        json.to_str().expect("utf-8 path"),
+    ]);
+    let records = read_records(&json);
+    assert_eq!(records.len(), 2);
+    check_stream_flows(&records[0], 2);
+    assert_eq!(records[0]["flows"][1]["host"], "127.0.0.3");
+    let links = records[1]["links"].as_array().expect("links");
+    assert_eq!(links.len(), 2);
+    assert_ne!(links[0]["local"], links[1]["local"]);
+    assert!(links.iter().all(|l| u(&l["bytes"]) > 0));
+}
+
+#[test]
+fn bad_group_flags_are_one_line_errors() {
+    for (args, want) in [
+        (vec!["run", "fanin", "--clients", "0"], "--clients"),
+        (vec!["run", "fanin", "--clients", "5000"], "--clients"),
+        (vec!["run", "fanin", "--duration", "3h"], "--duration"),
+        (vec!["run", "fanin,pingpong"], "cannot be mixed"),
+        (vec!["run", "hotspot", "-t", "udp"], "tcp only"),
+        (vec!["run", "fanin", "--hosts", "127.0.0.1"], "--hosts"),
+    ] {
+        let out = netgap().args(&args).output().expect("netgap runs");
+        assert!(!out.status.success(), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+}
+
+/// Sends `spec` as a `group_prepare` to a fresh session of `agent` and
+/// returns the agent's answer.
+fn prepare_raw(agent: &AgentProc, spec: netgap::proto::group::GroupSpec) -> netgap::proto::Reply {
+    use netgap::control::ControlConn;
+    use netgap::proto::{decode_reply, CoordinatorSession};
+    // The previous session's end may still be releasing the agent.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let (mut conn, mut session) = loop {
+        let stream = std::net::TcpStream::connect(&agent.addr).expect("agent reachable");
+        let mut conn = ControlConn::new(stream).expect("control connection");
+        let mut session = CoordinatorSession::new();
+        conn.send(&session.hello()).expect("hello sent");
+        let welcome = decode_reply(&conn.recv_payload(Duration::from_secs(5)).expect("welcome"))
+            .expect("welcome decodes");
+        match session.on_welcome(welcome) {
+            Ok(_) => break (conn, session),
+            Err(e) if Instant::now() < deadline => {
+                let _ = e;
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => panic!("welcome: {e}"),
+        }
+    };
+    conn.send(&session.group_prepare(spec))
+        .expect("prepare sent");
+    decode_reply(
+        &conn
+            .recv_payload(Duration::from_secs(5))
+            .expect("an answer"),
+    )
+    .expect("answer decodes")
+}
+
+fn raw_spec(target: &str) -> netgap::proto::group::GroupSpec {
+    use netgap::proto::group::{Direction, GroupRole, GroupSpec, GroupWork};
+    use netgap::spec::{Mode, PointSpec, TransportOptions};
+    GroupSpec {
+        point: PointSpec {
+            test: "fanin".into(),
+            transport: "tcp".into(),
+            mode: Mode::Event,
+            size_bytes: 1024,
+            options: TransportOptions::default(),
+            server_cpu: None,
+            io_timeout_ms: 1000,
+            verify: false,
+        },
+        role: GroupRole::Client,
+        work: GroupWork::Stream {
+            size_bytes: 1024,
+            direction: Direction::ToServer,
+        },
+        flows: 1,
+        listen_ips: vec![],
+        targets: vec![target.into()],
+        bind_ips: vec![],
+        session_hosts: vec!["127.0.0.2".parse().expect("ip")],
+        warmup_ms: 0,
+        duration_ms: 100,
+    }
+}
+
+#[test]
+fn agent_refuses_parameters_past_its_limits_before_any_data_socket() {
+    use netgap::proto::Reply;
+    // A listener that must never see a connection.
+    let bait = std::net::TcpListener::bind("127.0.0.2:0").expect("bait listener");
+    bait.set_nonblocking(true).expect("nonblocking");
+    let target = bait.local_addr().expect("addr").to_string();
+    let agent = AgentProc::start("127.0.0.3");
+    let cases: Vec<(netgap::proto::group::GroupSpec, &str)> = vec![
+        (
+            {
+                let mut s = raw_spec(&target);
+                s.flows = netgap::proto::group::MAX_GROUP_FLOWS + 1;
+                s
+            },
+            "flows",
+        ),
+        (
+            {
+                let mut s = raw_spec(&target);
+                s.duration_ms = netgap::proto::group::MAX_GROUP_DURATION_MS + 1;
+                s
+            },
+            "duration_ms",
+        ),
+        (
+            {
+                // The target is not a host of the session.
+                let mut s = raw_spec(&target);
+                s.session_hosts = vec!["127.0.0.9".parse().expect("ip")];
+                s
+            },
+            "not a host of this session",
+        ),
+    ];
+    for (spec, want) in cases {
+        match prepare_raw(&agent, spec) {
+            Reply::Error { message } => assert!(message.contains(want), "{message}"),
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+    assert!(
+        bait.accept().is_err(),
+        "the agent opened a data connection for a refused request"
+    );
+    // Within limits and to a session host, the same agent connects.
+    match prepare_raw(&agent, raw_spec(&target)) {
+        Reply::GroupReady => {}
+        other => panic!("expected ready, got {other:?}"),
+    }
+}
+
+/// How a client host fails mid-run.
+#[derive(Clone, Copy)]
+enum Failure {
+    /// Its agent process is killed (its connections close).
+    Killed,
+    /// Its agent process is stopped (SIGSTOP): silent, connections open.
+    Stopped,
+}
+
+/// Makes one client host's agent fail once the first point is written and
+/// checks the coordinator names that host within 5 seconds and keeps every
+/// completed point.
+fn dead_client_host_is_named(test: &str) {
+    failed_client_host_is_named(test, Failure::Killed);
+}
+
+fn failed_client_host_is_named(test: &str, how: Failure) {
+    let mut agents = agents(3);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json = dir.path().join("r.jsonl");
+    let hosts = hosts_arg(&agents);
+    let mut coord = netgap()
+        .args([
+            "run",
+            test,
+            "--hosts",
+            &hosts,
+            "--clients",
+            "3,3,3,3,3,3,3,3,3,3,3,3",
+            "--reps",
+            "3",
+            "--duration",
+            "500ms",
+            "--json",
+            json.to_str().expect("utf-8 path"),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("coordinator starts");
+    let t0 = Instant::now();
+    while read_records(&json).is_empty() {
+        assert!(t0.elapsed() < Duration::from_secs(30), "no point completed");
+        assert!(coord.try_wait().expect("wait").is_none(), "run ended early");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Mid-point: the next point's repetitions are running.
+    std::thread::sleep(Duration::from_millis(300));
+    let victim = agents[2].addr.clone();
+    match how {
+        Failure::Killed => agents[2].kill(),
+        Failure::Stopped => {
+            let pid = nix::unistd::Pid::from_raw(agents[2].child.id() as i32);
+            nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP)
+                .expect("SIGSTOP delivered");
+        }
+    }
+    let killed = Instant::now();
+    let status = loop {
+        if let Some(s) = coord.try_wait().expect("wait") {
+            break s;
+        }
+        if killed.elapsed() > Duration::from_secs(10) {
+            let _ = coord.kill();
+            panic!("the coordinator did not stop after a host died");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let elapsed = killed.elapsed();
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut coord.stderr.take().expect("stderr"), &mut err)
+        .expect("stderr read");
+    assert!(!status.success());
+    assert!(elapsed < Duration::from_secs(5), "took {elapsed:?}: {err}");
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("netgap: error:"))
+        .unwrap_or_else(|| panic!("no error line: {err}"));
+    assert!(line.contains(&victim), "{line} does not name {victim}");
+    assert!(line.contains("points measured before are in"), "{line}");
+    let kept = read_records(&json);
+    assert!(!kept.is_empty());
+    assert!(kept.iter().all(|r| r["test"] == test));
+}
+
+#[test]
+fn dead_client_host_mid_fanin_is_named_and_points_are_kept() {
+    dead_client_host_is_named("fanin");
+}
+
+#[test]
+fn dead_client_host_mid_hotspot_is_named_and_points_are_kept() {
+    dead_client_host_is_named("hotspot");
+}
+
+#[test]
+fn hotspot_and_connect_report_every_client_over_real_agents() {
+    let agents = agents(3);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json = dir.path().join("r.jsonl");
+    let hosts = hosts_arg(&agents);
+    run_ok(&[
+        "run",
+        "hotspot,connect",
+        "--hosts",
+        &hosts,
+        "--clients",
+        "3,6",
+        "--reps",
+        "2",
+        "--duration",
+        "200ms",
+        "--json",
+        json.to_str().expect("utf-8 path"),
+    ]);
+    let records = read_records(&json);
+    assert_eq!(records.len(), 4);
+    for r in &records {
+        let n = u(&r["clients"]) as usize;
+        let flows = r["flows"].as_array().expect("flows");
+        assert_eq!(flows.len(), n);
+        for (i, f) in flows.iter().enumerate() {
+            assert_eq!(f["host"], agents[1 + i % 3].addr.as_str(), "flow {i}");
+            assert!(u(&f["bytes_tx"]) > 0, "flow {i}: {f}");
+            assert!(f["value"].as_f64().expect("value") > 0.0);
+            let p = &f["percentiles"];
+            assert!(p["p50"].as_f64() <= p["p99"].as_f64(), "{p}");
+        }
+        // What every client sent, the server received, and back.
+        let b = |k: &str| u(&r["bytes"][k]);
+        assert_eq!(b("client_tx"), b("server_rx"), "{}", r["bytes"]);
+        let p = &r["percentiles"];
+        assert!(p["p50"].as_f64() <= p["p99"].as_f64() && p["p99"].as_f64() <= p["max"].as_f64());
+        assert_eq!(r["hosts_cpu"].as_array().expect("hosts_cpu").len(), 4);
+    }
+    let hotspot = &records[0];
+    assert_eq!(hotspot["metric"], "latency_us");
+    // The headline is the mean of the clients' latencies.
+    let flows = hotspot["flows"].as_array().expect("flows");
+    let mean: f64 = flows
+        .iter()
+        .map(|f| f["value"].as_f64().unwrap_or(0.0))
+        .sum::<f64>()
+        / flows.len() as f64;
+    let st = &hotspot["stats"];
+    assert!(mean >= st["min"].as_f64().expect("min") * 0.999);
+    assert!(mean <= st["max"].as_f64().expect("max") * 1.001);
+    for f in flows {
+        // Pingpong: a client receives exactly what it sends.
+        assert_eq!(f["bytes_tx"], f["bytes_rx"]);
+    }
+    assert_eq!(records[2]["metric"], "connections_per_s");
+    assert!(records[2]["value"].as_f64().expect("value") > 0.0);
+}
+
+#[test]
+fn silent_client_host_mid_fanin_is_named_within_5_seconds() {
+    failed_client_host_is_named("fanin", Failure::Stopped);
+}
+
+#[test]
+fn bandwidth_tests_run_over_every_transport_that_crosses_hosts() {
+    let list = netgap().arg("list").output().expect("netgap list");
+    let list = String::from_utf8_lossy(&list.stdout).to_string();
+    let mut transports = vec!["tcp", "udp"];
+    if list.contains("not available here: uring") {
+        println!("skipping uring: not available on this host");
+    } else {
+        transports.push("uring");
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json = dir.path().join("r.jsonl");
+    run_ok(&[
+        "run",
+        "fanin,fanout",
+        "-t",
+        &transports.join(","),
+        "--client-hosts",
+        "2",
+        "--clients",
+        "2",
+        "--reps",
+        "1",
+        "--duration",
+        "100ms",
+        "--timeout",
+        "500ms",
+        "--json",
+        json.to_str().expect("utf-8 path"),
+    ]);
+    let records = read_records(&json);
+    assert_eq!(records.len(), 2 * transports.len());
+    for r in &records {
+        let flows = r["flows"].as_array().expect("flows");
+        assert_eq!(flows.len(), 2, "{r}");
+        for f in flows {
+            assert!(u(&f["bytes_rx"]) > 0, "{f}");
+            if r["transport"] == "udp" {
+                // Datagrams lost on the way are sent but not received.
+                assert!(u(&f["bytes_rx"]) <= u(&f["bytes_tx"]), "{f}");
+            } else {
+                assert_eq!(f["bytes_tx"], f["bytes_rx"], "{f}");
+            }
+        }
+    }
+}
+
+#[test]
+fn in_process_engine_runs_refuse_more_flows_than_descriptors_allow() {
+    let (_, hard) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        .expect("getrlimit");
+    // Both ends of every flow plus 256 spare must fit under the hard limit.
+    let flows = (hard.saturating_sub(256) / 2 + 1).min(16_384);
+    if 2 * flows + 256 <= hard {
+        println!("skipping: the descriptor limit {hard} holds 16,384 in-process flows");
+        return;
+    }
+    let out = netgap()
+        .args(["run", "connect", "--client-hosts", "1", "--clients"])
+        .arg(flows.to_string())
+        .output()
+        .expect("netgap runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{flows} in-process flows ran: {err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("descriptors") && err.contains("--hosts"),
+        "{err}"
+    );
+}
