@@ -27,6 +27,22 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
 
+/// The method, shown by `netgap sweep --help`.
+pub const HELP: &str = "\
+Each point's record (test \"sweep\", metric bandwidth_gbps) holds its throughput \
+(trimmed mean of the trials, with min, median, max and every trial) and \
+block_time_us, the time of one block: half the round trip for ping-pong, the time \
+per block for --stream, per pair of blocks for --bidir. Throughput against \
+block_time_us is NetPIPE's signature graph.
+
+Dropouts: as soon as a point is measured, it is compared with the points from half \
+its size up to it. When the best of them exceeds it by more than 4 combined \
+standard deviations of the trials (each at least its value times the median \
+coefficient of variation of the points compared), the point and that reference are \
+measured again; if the dip holds, the record gets `dropout` (depth_pct, \
+reference_size_bytes, reference_value) and the table says DROPOUT. The run ends with \
+one line listing the dropouts found.";
+
 /// Flags shared by `netgap sweep` and `netgap logp`: where and over what
 /// the points run, and where results go.
 #[derive(Debug, Clone, clap::Args)]
