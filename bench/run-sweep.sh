@@ -57,6 +57,14 @@ timeout 1800 "$NETGAP" sweep -t tcp --end "$END" --json "$OUT/raw/sweep-tcp.json
 t1=$(secs)
 echo "$t0 $t1" >"$OUT/raw/sweep-tcp.time"
 
+# 1b. The same netgap sweep repeating each point until its 95% interval is
+#     within ±2% (at least 5, at most 20 trials).
+log "$NETGAP sweep -t tcp --end $END --ci 95,2 --ci-reps 5,20 --json sweep-tcp-ci.jsonl"
+t0=$(secs)
+timeout 1800 "$NETGAP" sweep -t tcp --end "$END" --ci 95,2 --ci-reps 5,20 --json "$OUT/raw/sweep-tcp-ci.jsonl" >"$OUT/raw/sweep-tcp-ci.txt" 2>&1 || echo "netgap sweep --ci failed" >&2
+t1=$(secs)
+echo "$t0 $t1" >"$OUT/raw/sweep-tcp-ci.time"
+
 # 2. The detector: clean against tiny socket buffers, twice each, interleaved.
 for round in 1 2; do
 	for variant in clean tinybuf; do
@@ -114,6 +122,14 @@ if recs:
     print(f"netgap points with ci95 half-width <= 2%: {within} of {len(recs)}; "
           f"median half-width {hws[len(hws)//2]:.1f}%, worst {hws[-1]:.1f}%")
     print(f"netgap dropouts: {len(drops)} " + ", ".join(f"{r['size_bytes']} (-{r['dropout']['depth_pct']:.0f}%)" for r in drops))
+recs = records("sweep-tcp-ci.jsonl")
+if recs:
+    met = sum(1 for r in recs if r["ci_target"]["met"])
+    hws = sorted(r["ci_target"]["achieved_half_width_pct"] for r in recs)
+    peak = max(recs, key=lambda r: r["value"])
+    print(f"netgap --ci 95,2: {took('sweep-tcp-ci'):7.1f} s, target met at {met} of {len(recs)} points, "
+          f"median half-width {hws[len(hws)//2]:.1f}%, peak {peak['value']:.2f} Gbit/s, "
+          f"dropouts {sum(1 for r in recs if r.get('dropout'))}")
 
 print()
 print("== dropout detector: tcp 1K..1M, default buffers vs --sndbuf 4K --rcvbuf 4K ==")

@@ -36,6 +36,7 @@ pub enum Command {
     List,
     /// NetPIPE-style sweep: throughput and block time over exponentially
     /// growing block sizes with perturbations, flagging dropouts.
+    #[command(after_long_help = netgap::sweep::HELP)]
     Sweep(Box<netgap::sweep::SweepArgs>),
     /// LogP parameters per message size: send and receive overheads, gap
     /// and latency, each with its spread.

@@ -64,6 +64,20 @@ impl DropoutDetector {
         self.history.push(point);
     }
 
+    /// Replaces the kept point of the same size with `point`, a new
+    /// measurement of it (a suspect dropout's reference measured again);
+    /// keeps it if there was none.
+    pub fn revise(&mut self, point: PointThroughput) {
+        match self
+            .history
+            .iter_mut()
+            .find(|p| p.size_bytes == point.size_bytes)
+        {
+            Some(p) => *p = point,
+            None => self.history.push(point),
+        }
+    }
+
     /// Judges `point` against the smaller points seen so far without keeping
     /// it, so a caller can re-measure a suspect point before deciding.
     pub fn assess(&self, point: &PointThroughput) -> Option<Dropout> {
@@ -196,6 +210,17 @@ mod tests {
         d.judge(with_cv(1200, 10.1, 0.09));
         // 20% below with a 1% spread of its own: within the pooled noise.
         assert!(d.judge(with_cv(1300, 8.2, 0.01)).is_none());
+    }
+
+    #[test]
+    fn a_revised_reference_clears_a_dip_it_alone_caused() {
+        let mut d = DropoutDetector::new();
+        d.judge(point(1000, 10.0));
+        d.judge(point(1200, 14.0));
+        let p = point(1400, 10.2);
+        assert_eq!(d.assess(&p).map(|x| x.reference_size_bytes), Some(1200));
+        d.revise(point(1200, 10.1));
+        assert_eq!(d.assess(&p), None);
     }
 
     #[test]

@@ -71,7 +71,7 @@ const TESTS: [&str; 4] = ["logp-send", "logp-recv", "stream", "logp-rtt"];
 /// A validated `netgap logp` run.
 #[derive(Debug, Clone)]
 pub struct LogpPlan {
-    /// The points, grouped by transport, mode and size, [`TESTS`] in order
+    /// The points, grouped by transport, mode and size, the four tests in order
     /// within each group.
     pub run: Plan,
 }

@@ -225,7 +225,7 @@ fn logp_parameters_are_positive_and_below_the_round_trip_over_tcp_and_unix() {
 }
 
 #[test]
-fn logp_help_documents_the_method_and_its_limits() {
+fn sweep_and_logp_help_document_the_method_and_its_limits() {
     let out = run_ok(netgap().args(["logp", "--help"]));
     let help = String::from_utf8_lossy(&out.stdout);
     for needle in [
@@ -236,6 +236,16 @@ fn logp_help_documents_the_method_and_its_limits() {
         "half the round trip",
         "Limits",
         "--pin",
+    ] {
+        assert!(help.contains(needle), "{needle} missing from:\n{help}");
+    }
+    let out = run_ok(netgap().args(["sweep", "--help"]));
+    let help = String::from_utf8_lossy(&out.stdout);
+    for needle in [
+        "block_time_us",
+        "signature graph",
+        "DROPOUT",
+        "standard deviations",
     ] {
         assert!(help.contains(needle), "{needle} missing from:\n{help}");
     }
