@@ -189,6 +189,13 @@ fn a_four_host_switch_testbed_carries_traffic_and_goes_away() {
     if !system_ready("a_four_host_switch_testbed_carries_traffic_and_goes_away") {
         return;
     }
+    let root_links = || -> Vec<String> {
+        sh("ip", &["-o", "link", "show"])
+            .lines()
+            .map(|l| l.split(':').nth(1).unwrap_or_default().trim().to_string())
+            .collect()
+    };
+    let root_before = root_links();
     let (tb, out) = Testbed::up(
         "tsw",
         &[
@@ -203,6 +210,12 @@ fn a_four_host_switch_testbed_carries_traffic_and_goes_away() {
         ],
     );
     assert_eq!(out.matches("agent answers").count(), 4, "{out}");
+
+    assert_eq!(
+        root_links(),
+        root_before,
+        "the machine's own namespace keeps exactly its interfaces"
+    );
 
     // The hosts file: four hosts on one subnet, each with its socket.
     let hosts = tb.hosts();
