@@ -6,7 +6,10 @@
 //! side needs only one descriptor per flow and its memory is its own. One
 //! test function so that nothing else runs in the process while its memory
 //! is measured.
-#![allow(clippy::unwrap_used, reason = "test code: a failed unwrap is a failed test")]
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: a failed unwrap is a failed test"
+)]
 
 use netgap::flows::{self, ClientSpec, EngineConfig, FlowServer, FlowWork};
 use std::io::{BufRead, BufReader, Write};
