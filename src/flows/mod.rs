@@ -15,7 +15,7 @@
 //!   with `EPOLL_CTL_MOD` only when that changes (a blocked write, a
 //!   connect completing). Level triggering lets a worker stop pumping a flow
 //!   at any point without losing a wake-up.
-//! - Per-flow state machines ([`machine`]) handle partial reads and writes
+//! - Per-flow state machines (module `machine`) handle partial reads and writes
 //!   over non-blocking sockets with TCP_NODELAY; each flow has one buffer
 //!   of its message size (at most 64 KiB in connect mode) allocated when the
 //!   flow is made, so a round trip allocates nothing and memory is
