@@ -208,9 +208,31 @@ fn new_socket(target: SocketAddr, bind_ip: Option<std::net::IpAddr>) -> std::io:
     )?;
     socket.set_nodelay(true)?;
     if let Some(ip) = bind_ip {
+        // Without this, bind picks the local port before the destination is
+        // known, so each port serves one connection to any target and the
+        // port range runs out long before it would for connect().
+        bind_address_no_port(&socket);
         socket.bind(&SocketAddr::new(ip, 0).into())?;
     }
     Ok(socket)
+}
+
+/// Sets IP_BIND_ADDRESS_NO_PORT (Linux 4.2+); best effort, since without it
+/// binding still works, only with fewer usable ports.
+fn bind_address_no_port(socket: &Socket) {
+    use std::os::fd::AsRawFd;
+    let on: libc::c_int = 1;
+    // SAFETY: the descriptor is open for the lifetime of `socket`, and the
+    // option value points to a live c_int whose size is passed with it.
+    let _ = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::IPPROTO_IP,
+            libc::IP_BIND_ADDRESS_NO_PORT,
+            (&on as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
 }
 
 fn connect_blocking(spec: &ClientSpec, timeout: Duration) -> std::io::Result<TcpStream> {
