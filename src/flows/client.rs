@@ -259,6 +259,14 @@ impl PreparedClients {
             io_timeout,
             workers,
         } = self;
+        let span = warmup
+            .checked_add(duration)
+            .filter(|d| d.as_secs() < MAX_RUN_SECS)
+            .ok_or_else(|| {
+                EngineError::Invalid(format!(
+                    "a flow run of {warmup:?} warm-up and {duration:?} is too long"
+                ))
+            })?;
         let ctx = Ctx {
             target,
             bind_ip,
@@ -305,7 +313,7 @@ impl PreparedClients {
         let start = Instant::now();
         let schedule = Schedule {
             warm_end: start + warmup,
-            end: start + warmup + duration,
+            end: start + span,
         };
         for tx in &starts {
             // A worker that is gone already reports through its handle.
@@ -354,6 +362,10 @@ impl PreparedClients {
         })
     }
 }
+
+/// The longest run (warm-up and window) the engine accepts, seconds: far
+/// past any test, and small enough that no deadline arithmetic overflows.
+const MAX_RUN_SECS: u64 = 365 * 24 * 3600;
 
 /// The marker a worker returns when it stopped because another failed.
 const ABORTED: &str = "aborted because another flow worker failed";

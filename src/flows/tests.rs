@@ -319,3 +319,17 @@ fn flows_bound_to_a_local_address_use_it() {
         .iter()
         .all(|f| f.round_trips > 0 && f.errors == 0));
 }
+
+#[test]
+fn an_endless_run_is_refused_not_a_panic() {
+    let work = FlowWork::Connect {
+        request_bytes: 1,
+        reply_bytes: 1,
+    };
+    let target: SocketAddr = "127.0.0.1:9".parse().unwrap();
+    let clients = prepare_clients(&spec(target, 1, work), &cfg(1, 100)).unwrap();
+    let err = clients
+        .run(Duration::MAX, Duration::from_secs(1))
+        .unwrap_err();
+    assert!(matches!(err, EngineError::Invalid(_)), "{err}");
+}
