@@ -208,9 +208,31 @@ fn new_socket(target: SocketAddr, bind_ip: Option<std::net::IpAddr>) -> std::io:
     )?;
     socket.set_nodelay(true)?;
     if let Some(ip) = bind_ip {
+        // Without this, bind picks the local port before the destination is
+        // known, so each port serves one connection to any target and the
+        // port range runs out long before it would for connect().
+        bind_address_no_port(&socket);
         socket.bind(&SocketAddr::new(ip, 0).into())?;
     }
     Ok(socket)
+}
+
+/// Sets IP_BIND_ADDRESS_NO_PORT (Linux 4.2+); best effort, since without it
+/// binding still works, only with fewer usable ports.
+fn bind_address_no_port(socket: &Socket) {
+    use std::os::fd::AsRawFd;
+    let on: libc::c_int = 1;
+    // SAFETY: the descriptor is open for the lifetime of `socket`, and the
+    // option value points to a live c_int whose size is passed with it.
+    let _ = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::IPPROTO_IP,
+            libc::IP_BIND_ADDRESS_NO_PORT,
+            (&on as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
 }
 
 fn connect_blocking(spec: &ClientSpec, timeout: Duration) -> std::io::Result<TcpStream> {
@@ -237,6 +259,14 @@ impl PreparedClients {
             io_timeout,
             workers,
         } = self;
+        let span = warmup
+            .checked_add(duration)
+            .filter(|d| d.as_secs() < MAX_RUN_SECS)
+            .ok_or_else(|| {
+                EngineError::Invalid(format!(
+                    "a flow run of {warmup:?} warm-up and {duration:?} is too long"
+                ))
+            })?;
         let ctx = Ctx {
             target,
             bind_ip,
@@ -283,7 +313,7 @@ impl PreparedClients {
         let start = Instant::now();
         let schedule = Schedule {
             warm_end: start + warmup,
-            end: start + warmup + duration,
+            end: start + span,
         };
         for tx in &starts {
             // A worker that is gone already reports through its handle.
@@ -332,6 +362,10 @@ impl PreparedClients {
         })
     }
 }
+
+/// The longest run (warm-up and window) the engine accepts, seconds: far
+/// past any test, and small enough that no deadline arithmetic overflows.
+const MAX_RUN_SECS: u64 = 365 * 24 * 3600;
 
 /// The marker a worker returns when it stopped because another failed.
 const ABORTED: &str = "aborted because another flow worker failed";

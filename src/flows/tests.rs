@@ -299,3 +299,37 @@ fn a_port_in_use_is_a_bind_error() {
     .unwrap_err();
     assert!(matches!(err, EngineError::Bind { .. }), "{err}");
 }
+
+#[test]
+fn flows_bound_to_a_local_address_use_it() {
+    let work = FlowWork::Connect {
+        request_bytes: 4,
+        reply_bytes: 4,
+    };
+    let server = FlowServer::bind(loopback(), work, cfg(1, 5_000)).unwrap();
+    let mut s = spec(server.local_addr(), 3, work);
+    s.bind_ip = Some("127.0.0.1".parse().unwrap());
+    let report = prepare_clients(&s, &cfg(1, 5_000))
+        .unwrap()
+        .run(Duration::ZERO, Duration::from_millis(100))
+        .unwrap();
+    server.stop().unwrap();
+    assert!(report
+        .flows
+        .iter()
+        .all(|f| f.round_trips > 0 && f.errors == 0));
+}
+
+#[test]
+fn an_endless_run_is_refused_not_a_panic() {
+    let work = FlowWork::Connect {
+        request_bytes: 1,
+        reply_bytes: 1,
+    };
+    let target: SocketAddr = "127.0.0.1:9".parse().unwrap();
+    let clients = prepare_clients(&spec(target, 1, work), &cfg(1, 100)).unwrap();
+    let err = clients
+        .run(Duration::MAX, Duration::from_secs(1))
+        .unwrap_err();
+    assert!(matches!(err, EngineError::Invalid(_)), "{err}");
+}
