@@ -4,6 +4,7 @@
 //! data socket, so a coordinator cannot make an agent flood a network or
 //! hold its memory past what its operator allowed.
 
+use crate::proto::group::{GroupSpec, GroupWork};
 use crate::spec::{PointSpec, MAX_SIZE_BYTES};
 use std::time::Duration;
 
@@ -111,6 +112,26 @@ impl AgentLimits {
     pub fn check_point(&self, spec: &PointSpec) -> Result<(), LimitError> {
         self.check_flows(1)?;
         self.check_message_bytes(spec.size_bytes)
+    }
+
+    /// Checks a group role: its flows, its warm-up plus window, and its
+    /// message sizes. Group work is unpaced, so no rate is asked for.
+    pub fn check_group(&self, spec: &GroupSpec) -> Result<(), LimitError> {
+        self.check_flows(u64::from(spec.flows))?;
+        let run_ms = u64::from(spec.warmup_ms) + u64::from(spec.duration_ms);
+        self.check_duration(Duration::from_millis(run_ms))?;
+        match spec.work {
+            GroupWork::Stream { size_bytes, .. } | GroupWork::PingPong { size_bytes } => {
+                self.check_message_bytes(size_bytes)
+            }
+            GroupWork::Connect {
+                request_bytes,
+                reply_bytes,
+            } => {
+                self.check_message_bytes(request_bytes)?;
+                self.check_message_bytes(reply_bytes)
+            }
+        }
     }
 
     /// The most payload bytes one run may move: the highest rate held for

@@ -17,6 +17,7 @@ use crate::agent::Agent;
 use crate::control::{ControlAddr, ControlConn, ControlError, ControlStream};
 use crate::coordinator::Observer;
 use crate::host::HostFacts;
+use crate::proto::auth::{is_auth_frame, Key};
 use crate::proto::codec::{decode_reply, encode};
 use crate::proto::group::{FlowReport, GroupOutcome, GroupRole, GroupSpec};
 use crate::proto::message::{Reply, Request};
@@ -203,8 +204,9 @@ fn resolve_hosts(source: &HostsSource) -> Result<Vec<HostInfo>, GroupError> {
 }
 
 impl GroupCoordinator {
-    /// Connects to every host's agent and shakes hands.
-    fn connect(hosts: Vec<HostInfo>) -> Result<GroupCoordinator, GroupError> {
+    /// Connects to every host's agent, proves `key` to it when given (see
+    /// [`crate::auth::prove`]) and shakes hands.
+    fn connect(hosts: Vec<HostInfo>, key: Option<&Key>) -> Result<GroupCoordinator, GroupError> {
         let (tx, rx) = mpsc::channel();
         let mut links = Vec::new();
         let mut local_ip = None;
@@ -222,12 +224,22 @@ impl GroupCoordinator {
             local_ip = local_ip.or(stream.local_ip());
             let writer = clone_stream(&stream).map_err(|e| fail(e.to_string()))?;
             let mut conn = ControlConn::new(stream).map_err(|e| fail(e.to_string()))?;
+            if let Some(key) = key {
+                crate::auth::prove(&mut conn, key, REPLY_TIMEOUT)
+                    .map_err(|e| fail(format!("authentication: {e}")))?;
+            }
             let mut session = CoordinatorSession::new();
             conn.send(&session.hello())
                 .map_err(|e| fail(control_detail(e)))?;
             let payload = conn
                 .recv_payload(REPLY_TIMEOUT)
                 .map_err(|e| fail(control_detail(e)))?;
+            if is_auth_frame(&payload) {
+                return Err(fail(format!(
+                    "{} (or a hosts file whose key_file names it)",
+                    crate::auth::KEY_REQUIRED
+                )));
+            }
             let reply = decode_reply(&payload).map_err(|e| fail(format!("bad reply: {e}")))?;
             let facts = session.on_welcome(reply).map_err(|e| fail(e.to_string()))?;
             let tx = tx.clone();
@@ -621,6 +633,18 @@ impl GroupCoordinator {
     }
 }
 
+/// The key to prove to every agent: `--key FILE`, else the hosts file's
+/// `key_file` (a testbed names its own key there), else none.
+fn run_key(plan: &GroupPlan) -> Result<Option<Key>, GroupError> {
+    let path = plan.base.key_file.clone().or_else(|| match &plan.hosts {
+        HostsSource::File(f) => f.key_file.clone(),
+        _ => None,
+    });
+    path.map(|p| crate::auth::load_key(&p))
+        .transpose()
+        .map_err(|e| GroupError::Point(e.to_string()))
+}
+
 /// Runs a whole group plan, writing each record to every sink as soon as it
 /// is measured. On failure, every point measured before is already in the
 /// sinks.
@@ -630,7 +654,8 @@ pub fn run_group_plan(
     observer: &mut dyn Observer,
 ) -> Result<usize, GroupError> {
     let hosts = resolve_hosts(&plan.hosts)?;
-    let mut coord = GroupCoordinator::connect(hosts)?;
+    let key = run_key(plan)?;
+    let mut coord = GroupCoordinator::connect(hosts, key.as_ref())?;
     let total = plan.points.len();
     let mut done = 0;
     for (i, point) in plan.points.iter().enumerate() {
