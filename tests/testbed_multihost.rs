@@ -242,6 +242,31 @@ fn every_multi_host_test_runs_through_a_four_host_switch_testbed() {
     assert!(b(&recs[2], "server_tx") > 0 && b(&recs[2], "client_tx") == 0);
     assert_eq!(recs[3]["metric"], "connections_per_s");
 
+    // The agents require the key: a hosts file that does not name it
+    // fails on the first host in one line, and `--key` supplies it.
+    let mut keyless = hosts.clone();
+    let key = keyless.key_file.take().expect("key file");
+    let keyless_path = dir.path().join("keyless.json");
+    keyless.save(&keyless_path).expect("hosts file written");
+    let hosts_arg = format!("@{}", keyless_path.display());
+    let run = |extra: &[&str]| {
+        netgap()
+            .args(["run", "hotspot", "--hosts", &hosts_arg, "--clients", "3"])
+            .args(["--reps", "1", "--duration", "50ms"])
+            .args(extra)
+            .output()
+            .expect("netgap run")
+    };
+    let out = run(&[]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains(&format!("host {} ", name(0))) && err.contains("shared key"),
+        "{err}"
+    );
+    ok(run(&["--key", key.to_str().expect("utf-8 path")]));
+
     tb.down();
     tb.assert_gone();
 }
