@@ -425,7 +425,14 @@ fn agent_refuses_group_roles_past_its_own_limits_before_any_data_socket() {
     let target = bait.local_addr().expect("addr").to_string();
     let agent = AgentProc::start_with(
         "127.0.0.3",
-        &["--max-flows", "2", "--max-duration", "1s", "--max-message", "4K"],
+        &[
+            "--max-flows",
+            "2",
+            "--max-duration",
+            "1s",
+            "--max-message",
+            "4K",
+        ],
     );
     let mut too_many = raw_spec(&target);
     too_many.flows = 3;

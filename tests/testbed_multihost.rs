@@ -205,7 +205,10 @@ fn every_multi_host_test_runs_through_a_four_host_switch_testbed() {
         &[&["--clients", "4"][..], &short].concat(),
         &dir.path().join("clients.jsonl"),
     );
-    let tests: Vec<&str> = recs.iter().map(|r| r["test"].as_str().unwrap_or("")).collect();
+    let tests: Vec<&str> = recs
+        .iter()
+        .map(|r| r["test"].as_str().unwrap_or(""))
+        .collect();
     assert_eq!(tests, ["hotspot", "fanin", "fanout", "connect"]);
     for r in &recs {
         let test = r["test"].as_str().unwrap_or("");
@@ -329,6 +332,62 @@ fn multirail_over_a_three_link_mesh_carries_payload_on_every_link() {
 }
 
 #[test]
+fn client_tests_cross_a_three_host_mesh_each_over_its_own_link() {
+    if !system_ready("client_tests_cross_a_three_host_mesh_each_over_its_own_link") {
+        return;
+    }
+    // On a mesh the server's address is its end of its first link, on a
+    // subnet the third host has no route to: each client host must take
+    // its own link to the server.
+    let tb = Testbed::up("tmm3", &["--hosts", "3", "--topology", "mesh"]);
+    let hosts = tb.hosts();
+    let server = &hosts.hosts[0];
+    let before: Vec<u64> = hosts.hosts[1..]
+        .iter()
+        .map(|h| {
+            let l = h
+                .links_to(&server.name)
+                .next()
+                .expect("a link to the server");
+            link_bytes(&tb.ns(&h.name), &l.ifname)
+        })
+        .collect();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let recs = tb.run(
+        "fanin,hotspot,connect",
+        &["--clients", "2", "--reps", "1", "--duration", "200ms"],
+        &dir.path().join("r.jsonl"),
+    );
+    assert_eq!(recs.len(), 3);
+    let mut fanin_bytes = [0u64; 2];
+    for r in &recs {
+        for (i, f) in flows(r).iter().enumerate() {
+            assert_eq!(f["host"], hosts.hosts[1 + i % 2].name.as_str(), "flow {i}");
+            assert!(u(&f["bytes_tx"]) > 0, "{f}");
+            if r["test"] == "fanin" {
+                fanin_bytes[i] = u(&f["bytes_tx"]);
+            }
+        }
+    }
+    for (k, h) in hosts.hosts[1..].iter().enumerate() {
+        let l = h
+            .links_to(&server.name)
+            .next()
+            .expect("a link to the server");
+        let moved = link_bytes(&tb.ns(&h.name), &l.ifname) - before[k];
+        assert!(
+            moved >= fanin_bytes[k],
+            "{}: its link to {} moved {moved} bytes < its fan-in payload {}",
+            h.name,
+            server.name,
+            fanin_bytes[k]
+        );
+    }
+    tb.down();
+    tb.assert_gone();
+}
+
+#[test]
 fn a_killed_client_agent_mid_hotspot_is_named_and_points_are_kept() {
     if !system_ready("a_killed_client_agent_mid_hotspot_is_named_and_points_are_kept") {
         return;
@@ -383,7 +442,10 @@ fn a_killed_client_agent_mid_hotspot_is_named_and_points_are_kept() {
         .expect("stderr read");
     assert!(!status.success());
     assert!(elapsed < Duration::from_secs(5), "took {elapsed:?}: {err}");
-    let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("netgap: error:")).collect();
+    let lines: Vec<&str> = err
+        .lines()
+        .filter(|l| l.starts_with("netgap: error:"))
+        .collect();
     assert_eq!(lines.len(), 1, "{err}");
     assert!(
         lines[0].contains(&format!("host {victim} ")),
