@@ -352,6 +352,7 @@ fn run_session(
             Request::Run { iterations, .. } => {
                 shared.limits.check_run(*iterations, open_size_bytes)
             }
+            Request::GroupPrepare { spec } => shared.limits.check_group(spec),
             _ => Ok(()),
         };
         if let Err(e) = within {

@@ -4,6 +4,7 @@
 //! data socket, so a coordinator cannot make an agent flood a network or
 //! hold its memory past what its operator allowed.
 
+use crate::proto::group::{GroupSpec, GroupWork};
 use crate::spec::{PointSpec, MAX_SIZE_BYTES};
 use std::time::Duration;
 
@@ -113,6 +114,26 @@ impl AgentLimits {
         self.check_message_bytes(spec.size_bytes)
     }
 
+    /// Checks a group role: its flows, its warm-up plus window, and its
+    /// message sizes. Group work is unpaced, so no rate is asked for.
+    pub fn check_group(&self, spec: &GroupSpec) -> Result<(), LimitError> {
+        self.check_flows(u64::from(spec.flows))?;
+        let run_ms = u64::from(spec.warmup_ms) + u64::from(spec.duration_ms);
+        self.check_duration(Duration::from_millis(run_ms))?;
+        match spec.work {
+            GroupWork::Stream { size_bytes, .. } | GroupWork::PingPong { size_bytes } => {
+                self.check_message_bytes(size_bytes)
+            }
+            GroupWork::Connect {
+                request_bytes,
+                reply_bytes,
+            } => {
+                self.check_message_bytes(request_bytes)?;
+                self.check_message_bytes(reply_bytes)
+            }
+        }
+    }
+
     /// The most payload bytes one run may move: the highest rate held for
     /// the longest run. A point-to-point repetition names iterations, not a
     /// time, so its volume is what bounds both its length and its rate.
@@ -162,5 +183,64 @@ mod tests {
         assert!(l.check_run(2_000_000, 1024).is_err());
         assert!(AgentLimits { max_flows: 0, ..l }.validate().is_err());
         assert!(AgentLimits::default().validate().is_ok());
+    }
+
+    #[test]
+    fn group_roles_are_checked_for_flows_window_and_message_sizes() {
+        use crate::proto::group::{Direction, GroupRole};
+        use crate::spec::{Mode, TransportOptions};
+        let l = AgentLimits {
+            max_flows: 4,
+            max_duration: Duration::from_secs(1),
+            max_rate_gbps: 1.0,
+            max_message_bytes: 1024,
+        };
+        let spec = GroupSpec {
+            point: PointSpec {
+                test: "connect".into(),
+                transport: "tcp".into(),
+                mode: Mode::Event,
+                size_bytes: 1,
+                options: TransportOptions::default(),
+                server_cpu: None,
+                io_timeout_ms: 1000,
+                verify: false,
+            },
+            role: GroupRole::Client,
+            work: GroupWork::Connect {
+                request_bytes: 1,
+                reply_bytes: 1024,
+            },
+            flows: 4,
+            listen_ips: vec![],
+            targets: vec![],
+            bind_ips: vec![],
+            session_hosts: vec![],
+            warmup_ms: 200,
+            duration_ms: 800,
+        };
+        assert!(l.check_group(&spec).is_ok());
+        let with = |f: &dyn Fn(&mut GroupSpec)| {
+            let mut s = spec.clone();
+            f(&mut s);
+            l.check_group(&s)
+        };
+        assert!(with(&|s| s.flows = 5).is_err_and(|e| e.0.contains("flows")));
+        // The warm-up counts towards the run's length.
+        assert!(with(&|s| s.warmup_ms = 201).is_err());
+        assert!(with(&|s| {
+            s.work = GroupWork::Connect {
+                request_bytes: 1,
+                reply_bytes: 1025,
+            }
+        })
+        .is_err());
+        assert!(with(&|s| {
+            s.work = GroupWork::Stream {
+                size_bytes: 2048,
+                direction: Direction::ToServer,
+            }
+        })
+        .is_err());
     }
 }

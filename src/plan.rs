@@ -39,8 +39,9 @@ pub struct RunArgs {
     /// without it an agent runs in-process on loopback.
     #[arg(long, value_name = "HOST[:PORT]")]
     pub peer: Option<String>,
-    /// Shared key file of the agent (see `netgap key new`).
-    #[arg(long, value_name = "FILE", requires = "peer")]
+    /// Shared key file of the agent (see `netgap key new`), or of every
+    /// agent of `--hosts` (default: the hosts file's `key_file`).
+    #[arg(long, value_name = "FILE")]
     pub key: Option<PathBuf>,
     /// Transports, comma separated.
     #[arg(long, short = 't', default_value = "tcp", value_name = "T[,T...]")]
@@ -310,6 +311,11 @@ fn parse_pin(v: &Option<String>) -> Result<(Option<u32>, Option<u32>), PlanError
 impl Plan {
     /// Validates the raw flags of a run.
     pub fn from_args(a: &RunArgs) -> Result<Plan, PlanError> {
+        if a.key.is_some() && a.peer.is_none() && a.hosts.is_none() {
+            return Err(bad(
+                "--key needs --peer or --hosts: in-process agents run without a key",
+            ));
+        }
         let mut tests = Vec::new();
         for name in split_list(&a.test) {
             let t = bench::find(name).ok_or_else(|| {

@@ -24,8 +24,14 @@ struct AgentProc {
 
 impl AgentProc {
     fn start(bind: &str) -> AgentProc {
+        AgentProc::start_with(bind, &[])
+    }
+
+    /// An agent with extra `serve` flags (limits).
+    fn start_with(bind: &str, flags: &[&str]) -> AgentProc {
         let mut child = netgap()
             .args(["serve", "--bind", bind, "--port", "0"])
+            .args(flags)
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
@@ -404,6 +410,56 @@ fn agent_refuses_parameters_past_its_limits_before_any_data_socket() {
         "the agent opened a data connection for a refused request"
     );
     // Within limits and to a session host, the same agent connects.
+    match prepare_raw(&agent, raw_spec(&target)) {
+        Reply::GroupReady => {}
+        other => panic!("expected ready, got {other:?}"),
+    }
+}
+
+#[test]
+fn agent_refuses_group_roles_past_its_own_limits_before_any_data_socket() {
+    use netgap::proto::group::GroupWork;
+    use netgap::proto::Reply;
+    let bait = std::net::TcpListener::bind("127.0.0.2:0").expect("bait listener");
+    bait.set_nonblocking(true).expect("nonblocking");
+    let target = bait.local_addr().expect("addr").to_string();
+    let agent = AgentProc::start_with(
+        "127.0.0.3",
+        &[
+            "--max-flows",
+            "2",
+            "--max-duration",
+            "1s",
+            "--max-message",
+            "4K",
+        ],
+    );
+    let mut too_many = raw_spec(&target);
+    too_many.flows = 3;
+    too_many.targets = vec![target.clone()];
+    let mut too_long = raw_spec(&target);
+    too_long.warmup_ms = 500;
+    too_long.duration_ms = 600;
+    let mut too_big = raw_spec(&target);
+    too_big.work = GroupWork::PingPong { size_bytes: 8192 };
+    let cases = [
+        (too_many, "3 flows"),
+        (too_long, "longest this agent allows"),
+        (too_big, "8192-byte messages"),
+    ];
+    for (spec, want) in cases {
+        match prepare_raw(&agent, spec) {
+            Reply::Error { message } => {
+                assert!(message.contains("agent's limits"), "{message}");
+                assert!(message.contains(want), "{message}");
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+    assert!(
+        bait.accept().is_err(),
+        "the agent opened a data connection for a refused request"
+    );
     match prepare_raw(&agent, raw_spec(&target)) {
         Reply::GroupReady => {}
         other => panic!("expected ready, got {other:?}"),

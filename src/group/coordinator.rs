@@ -17,6 +17,7 @@ use crate::agent::Agent;
 use crate::control::{ControlAddr, ControlConn, ControlError, ControlStream};
 use crate::coordinator::Observer;
 use crate::host::HostFacts;
+use crate::proto::auth::{is_auth_frame, Key};
 use crate::proto::codec::{decode_reply, encode};
 use crate::proto::group::{FlowReport, GroupOutcome, GroupRole, GroupSpec};
 use crate::proto::message::{Reply, Request};
@@ -86,6 +87,10 @@ pub(super) struct HostInfo {
     address: Option<IpAddr>,
     /// Link pairs (local, remote) to the server, for multirail.
     rails: Vec<(IpAddr, IpAddr)>,
+    /// On a mesh, the first link (local, remote) to the server: the path
+    /// every other test takes, as the server's own address may sit on
+    /// another link's subnet.
+    via: Option<(IpAddr, IpAddr)>,
 }
 
 /// One agent session.
@@ -136,14 +141,16 @@ fn resolve_hosts(source: &HostsSource) -> Result<Vec<HostInfo>, GroupError> {
                     let control = h.control_addr().ok_or_else(|| {
                         GroupError::Point(format!("host {}: bad control address", h.name))
                     })?;
+                    let rails: Vec<(IpAddr, IpAddr)> = h
+                        .links_to(&server.name)
+                        .map(|l| (l.local, l.remote))
+                        .collect();
                     Ok(HostInfo {
                         name: h.name.clone(),
                         control,
                         address: Some(h.address),
-                        rails: h
-                            .links_to(&server.name)
-                            .map(|l| (l.local, l.remote))
-                            .collect(),
+                        via: rails.first().copied(),
+                        rails,
                     })
                 })
                 .collect()
@@ -158,6 +165,7 @@ fn resolve_hosts(source: &HostsSource) -> Result<Vec<HostInfo>, GroupError> {
                     ControlAddr::Unix(_) => None,
                 },
                 rails: Vec::new(),
+                via: None,
             })
             .collect()),
         HostsSource::Embedded {
@@ -195,6 +203,7 @@ fn resolve_hosts(source: &HostsSource) -> Result<Vec<HostInfo>, GroupError> {
                     control: ControlAddr::Tcp(addr),
                     address: Some(ip),
                     rails,
+                    via: None,
                 });
             }
             Ok(hosts)
@@ -203,8 +212,9 @@ fn resolve_hosts(source: &HostsSource) -> Result<Vec<HostInfo>, GroupError> {
 }
 
 impl GroupCoordinator {
-    /// Connects to every host's agent and shakes hands.
-    fn connect(hosts: Vec<HostInfo>) -> Result<GroupCoordinator, GroupError> {
+    /// Connects to every host's agent, proves `key` to it when given (see
+    /// [`crate::auth::prove`]) and shakes hands.
+    fn connect(hosts: Vec<HostInfo>, key: Option<&Key>) -> Result<GroupCoordinator, GroupError> {
         let (tx, rx) = mpsc::channel();
         let mut links = Vec::new();
         let mut local_ip = None;
@@ -222,12 +232,22 @@ impl GroupCoordinator {
             local_ip = local_ip.or(stream.local_ip());
             let writer = clone_stream(&stream).map_err(|e| fail(e.to_string()))?;
             let mut conn = ControlConn::new(stream).map_err(|e| fail(e.to_string()))?;
+            if let Some(key) = key {
+                crate::auth::prove(&mut conn, key, REPLY_TIMEOUT)
+                    .map_err(|e| fail(format!("authentication: {e}")))?;
+            }
             let mut session = CoordinatorSession::new();
             conn.send(&session.hello())
                 .map_err(|e| fail(control_detail(e)))?;
             let payload = conn
                 .recv_payload(REPLY_TIMEOUT)
                 .map_err(|e| fail(control_detail(e)))?;
+            if is_auth_frame(&payload) {
+                return Err(fail(format!(
+                    "{} (or a hosts file whose key_file names it)",
+                    crate::auth::KEY_REQUIRED
+                )));
+            }
             let reply = decode_reply(&payload).map_err(|e| fail(format!("bad reply: {e}")))?;
             let facts = session.on_welcome(reply).map_err(|e| fail(e.to_string()))?;
             let tx = tx.clone();
@@ -454,6 +474,15 @@ fn fix_unspecified(addr: &str, host: &HostInfo) -> String {
     }
 }
 
+/// An IP:PORT a server announced on the unspecified address, made
+/// reachable at `ip` (the server's end of a client host's link).
+fn retarget(addr: &str, ip: IpAddr) -> String {
+    match addr.parse::<SocketAddr>() {
+        Ok(sa) if sa.ip().is_unspecified() => SocketAddr::new(ip, sa.port()).to_string(),
+        _ => addr.to_string(),
+    }
+}
+
 /// What one repetition produced.
 pub(super) struct RepResult {
     /// Reports per participating link index, the server's first.
@@ -503,11 +532,23 @@ impl GroupCoordinator {
             warmup_ms: plan.warmup.as_millis() as u32,
             duration_ms: plan.duration.as_millis() as u32,
         };
+        // On a mesh each client host reaches the server over its own link
+        // (its own subnet): the server then listens on every address and
+        // each client host targets the server's end of its first link.
+        let vias: Vec<Option<(IpAddr, IpAddr)>> = self
+            .links
+            .iter()
+            .map(|l| l.host.via.filter(|_| placement.rails.is_empty()))
+            .collect();
+        let client_link = |h: usize| vias[h];
+        let meshed = placement.host_of.iter().any(|&h| client_link(h).is_some());
         let mut server = base.clone();
-        server.listen_ips = if placement.rails.is_empty() {
-            self.links[0].host.address.into_iter().collect()
-        } else {
+        server.listen_ips = if !placement.rails.is_empty() {
             placement.rails.iter().map(|r| r.1).collect()
+        } else if meshed {
+            vec![IpAddr::V4(Ipv4Addr::UNSPECIFIED)]
+        } else {
+            self.links[0].host.address.into_iter().collect()
         };
         let req = self.links[0].session.group_prepare(server);
         self.send(0, &req)?;
@@ -522,10 +563,14 @@ impl GroupCoordinator {
                 self.host_error(0, format!("announced {} listeners for {want}", addrs.len()))
             );
         }
-        let addrs: Vec<String> = addrs
-            .iter()
-            .map(|a| fix_unspecified(a, &self.links[0].host))
-            .collect();
+        let addrs: Vec<String> = if meshed {
+            addrs
+        } else {
+            addrs
+                .iter()
+                .map(|a| fix_unspecified(a, &self.links[0].host))
+                .collect()
+        };
         let mut clients: Vec<(usize, Vec<usize>)> = Vec::new();
         for (flow, &h) in placement.host_of.iter().enumerate() {
             match clients.iter_mut().find(|(l, _)| *l == h) {
@@ -537,21 +582,28 @@ impl GroupCoordinator {
             let mut spec = base.clone();
             spec.role = GroupRole::Client;
             spec.flows = flow_ids.len() as u32;
-            spec.targets = if engine {
-                vec![addrs[0].clone()]
-            } else {
-                flow_ids.iter().map(|&f| addrs[f].clone()).collect()
+            let link = client_link(*h);
+            let target = |a: &String| match link {
+                Some((_, server_end)) => retarget(a, server_end),
+                None => a.clone(),
             };
-            // Flows leave from the client host's own address when it is
-            // known and the transport can bind one (tcp).
-            spec.bind_ips = if placement.rails.is_empty() {
-                if point.spec.transport == "tcp" {
-                    self.links[*h].host.address.into_iter().collect()
-                } else {
-                    Vec::new()
+            spec.targets = if engine {
+                vec![target(&addrs[0])]
+            } else {
+                flow_ids.iter().map(|&f| target(&addrs[f])).collect()
+            };
+            // Flows leave from the client host's own address (its end of
+            // the link on a mesh) when it is known and the transport can
+            // bind one (tcp).
+            spec.bind_ips = if !placement.rails.is_empty() {
+                flow_ids.iter().map(|&f| placement.rails[f].0).collect()
+            } else if point.spec.transport == "tcp" {
+                match link {
+                    Some((local, _)) => vec![local],
+                    None => self.links[*h].host.address.into_iter().collect(),
                 }
             } else {
-                flow_ids.iter().map(|&f| placement.rails[f].0).collect()
+                Vec::new()
             };
             let req = self.links[*h].session.group_prepare(spec);
             self.send(*h, &req)?;
@@ -621,6 +673,18 @@ impl GroupCoordinator {
     }
 }
 
+/// The key to prove to every agent: `--key FILE`, else the hosts file's
+/// `key_file` (a testbed names its own key there), else none.
+fn run_key(plan: &GroupPlan) -> Result<Option<Key>, GroupError> {
+    let path = plan.base.key_file.clone().or_else(|| match &plan.hosts {
+        HostsSource::File(f) => f.key_file.clone(),
+        _ => None,
+    });
+    path.map(|p| crate::auth::load_key(&p))
+        .transpose()
+        .map_err(|e| GroupError::Point(e.to_string()))
+}
+
 /// Runs a whole group plan, writing each record to every sink as soon as it
 /// is measured. On failure, every point measured before is already in the
 /// sinks.
@@ -630,7 +694,8 @@ pub fn run_group_plan(
     observer: &mut dyn Observer,
 ) -> Result<usize, GroupError> {
     let hosts = resolve_hosts(&plan.hosts)?;
-    let mut coord = GroupCoordinator::connect(hosts)?;
+    let key = run_key(plan)?;
+    let mut coord = GroupCoordinator::connect(hosts, key.as_ref())?;
     let total = plan.points.len();
     let mut done = 0;
     for (i, point) in plan.points.iter().enumerate() {

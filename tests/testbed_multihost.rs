@@ -1,0 +1,461 @@
+//! The multi-host tests through a namespace testbed, end to end: `netgap
+//! testbed up` builds the hosts and keyed agents, `netgap run ... --hosts
+//! @FILE` authenticates with the testbed's key (named in its hosts file)
+//! and runs every multi-host test across the namespaces, and `testbed down`
+//! leaves nothing behind. Each test has its own `--name`, so tests run side
+//! by side, and a guard takes its testbed down even when the test fails.
+//!
+//! Without root, `ip` or network namespaces these tests print why and pass,
+//! unless NETGAP_REQUIRE_SYSTEM_TESTS=1 (as in CI), where that is a failure.
+
+use assert_cmd::cargo::CommandCargoExt;
+use netgap::cluster::HostsFile;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn netgap() -> Command {
+    Command::cargo_bin("netgap").expect("binary built")
+}
+
+/// Whether the system can run a testbed; if not, says why (and fails when
+/// system tests are required).
+fn system_ready(test: &str) -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let missing = if unsafe { libc::geteuid() } != 0 {
+        Some("not root")
+    } else if !Path::new("/proc/self/ns/net").exists() {
+        Some("no network namespaces")
+    } else if Command::new("ip").arg("-V").output().is_err() {
+        Some("iproute2 (ip) is not installed")
+    } else if Command::new("tc").arg("-V").output().is_err() {
+        Some("iproute2 (tc) is not installed")
+    } else {
+        None
+    };
+    match missing {
+        None => true,
+        Some(why) => {
+            if std::env::var("NETGAP_REQUIRE_SYSTEM_TESTS").as_deref() == Ok("1") {
+                panic!("{test}: {why}, but NETGAP_REQUIRE_SYSTEM_TESTS=1");
+            }
+            eprintln!("skipping {test}: {why}");
+            false
+        }
+    }
+}
+
+fn ok(out: Output) -> String {
+    assert!(
+        out.status.success(),
+        "failed: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A testbed that is taken down when the guard goes, even on a panic.
+struct Testbed {
+    name: String,
+}
+
+impl Testbed {
+    fn up(name: &str, flags: &[&str]) -> Testbed {
+        let tb = Testbed { name: name.into() };
+        // Leftovers of an earlier, killed run of this test.
+        let _ = netgap().args(["testbed", "down", "--name", name]).output();
+        ok(netgap()
+            .args(["testbed", "up", "--name", name])
+            .args(flags)
+            .output()
+            .expect("testbed up"));
+        tb
+    }
+
+    fn dir(&self) -> PathBuf {
+        PathBuf::from("/run/netgap").join(&self.name)
+    }
+
+    fn ns(&self, host: &str) -> String {
+        format!("ngtb-{}-{host}", self.name)
+    }
+
+    fn hosts_path(&self) -> PathBuf {
+        self.dir().join("hosts.json")
+    }
+
+    fn hosts_arg(&self) -> String {
+        format!("@{}", self.hosts_path().display())
+    }
+
+    fn hosts(&self) -> HostsFile {
+        HostsFile::load(&self.hosts_path()).expect("hosts file")
+    }
+
+    /// `netgap run` from the root namespace against the testbed's agents
+    /// (their control sockets are Unix sockets in the state directory; the
+    /// test traffic stays between the namespaces).
+    fn run(&self, tests: &str, flags: &[&str], json: &Path) -> Vec<Value> {
+        ok(netgap()
+            .args(["run", tests, "--hosts", &self.hosts_arg()])
+            .args(flags)
+            .arg("--json")
+            .arg(json)
+            .output()
+            .expect("netgap run"));
+        records(json)
+    }
+
+    fn down(&self) {
+        ok(netgap()
+            .args(["testbed", "down", "--name", &self.name])
+            .output()
+            .expect("down"));
+    }
+
+    /// Nothing of the testbed is left: namespaces (and so their links),
+    /// processes, state.
+    fn assert_gone(&self) {
+        let prefix = format!("ngtb-{}-", self.name);
+        let list = ok(Command::new("ip")
+            .args(["netns", "list"])
+            .output()
+            .expect("ip netns"));
+        assert!(!list.contains(&prefix), "namespaces left: {list}");
+        let pgrep = Command::new("pgrep")
+            .args(["-f", &format!("/run/netgap/{}/", self.name)])
+            .output()
+            .expect("pgrep");
+        assert!(
+            pgrep.stdout.is_empty(),
+            "processes left: {}",
+            String::from_utf8_lossy(&pgrep.stdout)
+        );
+        assert!(!self.dir().exists(), "state directory left");
+    }
+}
+
+impl Drop for Testbed {
+    fn drop(&mut self) {
+        let _ = netgap()
+            .args(["testbed", "down", "--name", &self.name])
+            .output();
+    }
+}
+
+fn records(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("JSON line"))
+        .collect()
+}
+
+fn u(v: &Value) -> u64 {
+    v.as_u64().expect("an unsigned number")
+}
+
+fn flows(r: &Value) -> &Vec<Value> {
+    r["flows"].as_array().expect("flows")
+}
+
+/// Bytes sent plus received by interface `dev` of namespace `ns`, from
+/// `ip -s link`.
+fn link_bytes(ns: &str, dev: &str) -> u64 {
+    let out = ok(Command::new("ip")
+        .args(["-n", ns, "-s", "-j", "link", "show", "dev", dev])
+        .output()
+        .expect("ip -s link"));
+    let v: Value = serde_json::from_str(&out).expect("ip -j output");
+    let s = &v[0]["stats64"];
+    u(&s["tx"]["bytes"]) + u(&s["rx"]["bytes"])
+}
+
+#[test]
+fn every_multi_host_test_runs_through_a_four_host_switch_testbed() {
+    if !system_ready("every_multi_host_test_runs_through_a_four_host_switch_testbed") {
+        return;
+    }
+    let tb = Testbed::up("tmsw", &["--hosts", "4", "--topology", "switch"]);
+    let hosts = tb.hosts();
+    assert!(hosts.key_file.is_some(), "the testbed names its key");
+    let name = |i: usize| hosts.hosts[i].name.clone();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let short = ["--reps", "1", "--duration", "200ms"];
+
+    // multistream: every stream between the server and the first client host.
+    let ms = tb.run(
+        "multistream",
+        &[&["-P", "3"][..], &short].concat(),
+        &dir.path().join("ms.jsonl"),
+    );
+    assert_eq!(ms.len(), 1);
+    assert_eq!(flows(&ms[0]).len(), 3);
+    for f in flows(&ms[0]) {
+        assert_eq!(f["host"], name(1).as_str(), "{f}");
+        assert!(u(&f["bytes_tx"]) > 0, "{f}");
+        assert_eq!(f["bytes_tx"], f["bytes_rx"], "{f}");
+    }
+
+    // The client tests: 4 clients over 3 client hosts.
+    let recs = tb.run(
+        "hotspot,fanin,fanout,connect",
+        &[&["--clients", "4"][..], &short].concat(),
+        &dir.path().join("clients.jsonl"),
+    );
+    let tests: Vec<&str> = recs
+        .iter()
+        .map(|r| r["test"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(tests, ["hotspot", "fanin", "fanout", "connect"]);
+    for r in &recs {
+        let test = r["test"].as_str().unwrap_or("");
+        assert_eq!(u(&r["clients"]), 4, "{test}");
+        assert_eq!(u(&r["client_hosts"]), 3, "{test}");
+        let fl = flows(r);
+        assert_eq!(fl.len(), 4, "{test}");
+        for (i, f) in fl.iter().enumerate() {
+            // Client i runs on client host i % 3.
+            assert_eq!(f["host"], name(1 + i % 3).as_str(), "{test} flow {i}");
+            assert_eq!(u(&f["index"]), i as u64);
+            assert!(f["value"].as_f64().expect("value") > 0.0, "{test} {f}");
+            match test {
+                "fanin" | "fanout" => {
+                    assert!(u(&f["bytes_tx"]) > 0, "{test} flow {i} moved nothing");
+                    assert_eq!(f["bytes_tx"], f["bytes_rx"], "{test} flow {i}");
+                }
+                _ => assert!(
+                    u(&f["bytes_tx"]) > 0 && u(&f["bytes_rx"]) > 0,
+                    "{test} flow {i}: {f}"
+                ),
+            }
+        }
+        let b = |k: &str| u(&r["bytes"][k]);
+        assert_eq!(b("client_tx"), b("server_rx"), "{test}: {}", r["bytes"]);
+        assert_eq!(b("server_tx"), b("client_rx"), "{test}: {}", r["bytes"]);
+        let cpu = r["hosts_cpu"].as_array().expect("hosts_cpu");
+        assert_eq!(cpu.len(), 4, "{test}");
+        assert_eq!(cpu[0]["role"], "server");
+        assert_eq!(cpu[0]["host"], name(0).as_str());
+    }
+    let b = |r: &Value, k: &str| u(&r["bytes"][k]);
+    assert!(b(&recs[1], "client_tx") > 0 && b(&recs[1], "server_tx") == 0);
+    assert!(b(&recs[2], "server_tx") > 0 && b(&recs[2], "client_tx") == 0);
+    assert_eq!(recs[3]["metric"], "connections_per_s");
+
+    // The agents require the key: a hosts file that does not name it
+    // fails on the first host in one line, and `--key` supplies it.
+    let mut keyless = hosts.clone();
+    let key = keyless.key_file.take().expect("key file");
+    let keyless_path = dir.path().join("keyless.json");
+    keyless.save(&keyless_path).expect("hosts file written");
+    let hosts_arg = format!("@{}", keyless_path.display());
+    let run = |extra: &[&str]| {
+        netgap()
+            .args(["run", "hotspot", "--hosts", &hosts_arg, "--clients", "3"])
+            .args(["--reps", "1", "--duration", "50ms"])
+            .args(extra)
+            .output()
+            .expect("netgap run")
+    };
+    let out = run(&[]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains(&format!("host {} ", name(0))) && err.contains("shared key"),
+        "{err}"
+    );
+    ok(run(&["--key", key.to_str().expect("utf-8 path")]));
+
+    tb.down();
+    tb.assert_gone();
+}
+
+#[test]
+fn multirail_over_a_three_link_mesh_carries_payload_on_every_link() {
+    if !system_ready("multirail_over_a_three_link_mesh_carries_payload_on_every_link") {
+        return;
+    }
+    let tb = Testbed::up(
+        "tmmr",
+        &["--hosts", "2", "--topology", "mesh", "--links", "3"],
+    );
+    let hosts = tb.hosts();
+    let client = &hosts.hosts[1];
+    let server = &hosts.hosts[0];
+    let rails: Vec<_> = client.links_to(&server.name).cloned().collect();
+    assert_eq!(rails.len(), 3);
+    // The agents bind their data listener to the first link; the other
+    // links must work all the same.
+    let before: Vec<u64> = rails
+        .iter()
+        .map(|l| link_bytes(&tb.ns(&client.name), &l.ifname))
+        .collect();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let recs = tb.run(
+        "multirail",
+        &["--reps", "1", "--duration", "300ms"],
+        &dir.path().join("mr.jsonl"),
+    );
+    assert_eq!(recs.len(), 1);
+    let r = &recs[0];
+    assert_eq!(u(&r["clients"]), 3);
+    let links = r["links"].as_array().expect("links");
+    assert_eq!(links.len(), 3);
+    for (l, rail) in links.iter().zip(&rails) {
+        assert_eq!(l["local"], rail.local.to_string().as_str(), "{l}");
+        assert_eq!(l["remote"], rail.remote.to_string().as_str(), "{l}");
+        assert!(u(&l["bytes"]) > 0, "a link carried nothing: {l}");
+        assert!(l["bandwidth_gbps"].as_f64().expect("bw") > 0.0);
+    }
+    for (k, rail) in rails.iter().enumerate() {
+        let moved = link_bytes(&tb.ns(&client.name), &rail.ifname) - before[k];
+        let payload = u(&links[k]["bytes"]);
+        // The interface carried at least the payload the record counts on
+        // it (its counters add headers, acks and the warm-up).
+        assert!(
+            moved >= payload,
+            "link {} ({}) moved {moved} bytes < payload {payload}",
+            k,
+            rail.ifname
+        );
+    }
+    for f in flows(r) {
+        assert_eq!(f["host"], client.name.as_str());
+        assert_eq!(f["bytes_tx"], f["bytes_rx"], "{f}");
+    }
+    tb.down();
+    tb.assert_gone();
+}
+
+#[test]
+fn client_tests_cross_a_three_host_mesh_each_over_its_own_link() {
+    if !system_ready("client_tests_cross_a_three_host_mesh_each_over_its_own_link") {
+        return;
+    }
+    // On a mesh the server's address is its end of its first link, on a
+    // subnet the third host has no route to: each client host must take
+    // its own link to the server.
+    let tb = Testbed::up("tmm3", &["--hosts", "3", "--topology", "mesh"]);
+    let hosts = tb.hosts();
+    let server = &hosts.hosts[0];
+    let before: Vec<u64> = hosts.hosts[1..]
+        .iter()
+        .map(|h| {
+            let l = h
+                .links_to(&server.name)
+                .next()
+                .expect("a link to the server");
+            link_bytes(&tb.ns(&h.name), &l.ifname)
+        })
+        .collect();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let recs = tb.run(
+        "fanin,hotspot,connect",
+        &["--clients", "2", "--reps", "1", "--duration", "200ms"],
+        &dir.path().join("r.jsonl"),
+    );
+    assert_eq!(recs.len(), 3);
+    let mut fanin_bytes = [0u64; 2];
+    for r in &recs {
+        for (i, f) in flows(r).iter().enumerate() {
+            assert_eq!(f["host"], hosts.hosts[1 + i % 2].name.as_str(), "flow {i}");
+            assert!(u(&f["bytes_tx"]) > 0, "{f}");
+            if r["test"] == "fanin" {
+                fanin_bytes[i] = u(&f["bytes_tx"]);
+            }
+        }
+    }
+    for (k, h) in hosts.hosts[1..].iter().enumerate() {
+        let l = h
+            .links_to(&server.name)
+            .next()
+            .expect("a link to the server");
+        let moved = link_bytes(&tb.ns(&h.name), &l.ifname) - before[k];
+        assert!(
+            moved >= fanin_bytes[k],
+            "{}: its link to {} moved {moved} bytes < its fan-in payload {}",
+            h.name,
+            server.name,
+            fanin_bytes[k]
+        );
+    }
+    tb.down();
+    tb.assert_gone();
+}
+
+#[test]
+fn a_killed_client_agent_mid_hotspot_is_named_and_points_are_kept() {
+    if !system_ready("a_killed_client_agent_mid_hotspot_is_named_and_points_are_kept") {
+        return;
+    }
+    let tb = Testbed::up("tmkl", &["--hosts", "4", "--topology", "switch"]);
+    let victim = tb.hosts().hosts[2].name.clone();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json = dir.path().join("r.jsonl");
+    let mut coord = netgap()
+        .args(["run", "hotspot", "--hosts", &tb.hosts_arg()])
+        .args(["--clients", "3,3,3,3,3,3,3,3,3,3,3,3"])
+        .args(["--reps", "3", "--duration", "500ms", "--json"])
+        .arg(&json)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("coordinator starts");
+    let t0 = Instant::now();
+    while records(&json).is_empty() {
+        if t0.elapsed() > Duration::from_secs(30) || coord.try_wait().expect("wait").is_some() {
+            let _ = coord.kill();
+            let _ = coord.wait();
+            panic!("no point completed");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Mid-point: the next point's repetitions are running.
+    std::thread::sleep(Duration::from_millis(300));
+    let pid_text = std::fs::read_to_string(tb.dir().join(format!("{victim}.pid")))
+        .expect("the agent's pid file");
+    let pid: i32 = pid_text.trim().parse().expect("a pid");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("SIGKILL delivered");
+    let killed = Instant::now();
+    let status = loop {
+        if let Some(s) = coord.try_wait().expect("wait") {
+            break s;
+        }
+        if killed.elapsed() > Duration::from_secs(10) {
+            let _ = coord.kill();
+            let _ = coord.wait();
+            panic!("the coordinator did not stop after a host died");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let elapsed = killed.elapsed();
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut coord.stderr.take().expect("stderr"), &mut err)
+        .expect("stderr read");
+    assert!(!status.success());
+    assert!(elapsed < Duration::from_secs(5), "took {elapsed:?}: {err}");
+    let lines: Vec<&str> = err
+        .lines()
+        .filter(|l| l.starts_with("netgap: error:"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{err}");
+    assert!(
+        lines[0].contains(&format!("host {victim} ")),
+        "{} does not name {victim}",
+        lines[0]
+    );
+    let kept = records(&json);
+    assert!(!kept.is_empty());
+    assert!(kept.iter().all(|r| r["test"] == "hotspot"));
+    // A testbed with a dead agent still goes away completely.
+    tb.down();
+    tb.assert_gone();
+}
