@@ -1,65 +1,15 @@
 //! The real binary against real agents on loopback: every test × transport ×
 //! mode end to end, the results files, and the error cases a user meets.
 
-use assert_cmd::cargo::CommandCargoExt;
 use serde_json::Value;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-fn netgap() -> Command {
-    Command::cargo_bin("netgap").expect("binary built")
-}
-
-/// A `netgap serve` on an ephemeral loopback port, killed on drop.
-struct AgentProc {
-    child: Child,
-    addr: String,
-}
-
-impl AgentProc {
-    fn start(bind: &str) -> AgentProc {
-        let mut child = netgap()
-            .args(["serve", "--bind", bind, "--port", "0"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("agent starts");
-        let stdout = child.stdout.take().expect("stdout piped");
-        let mut line = String::new();
-        BufReader::new(stdout)
-            .read_line(&mut line)
-            .expect("agent prints its address");
-        let addr = line
-            .trim()
-            .rsplit(' ')
-            .next()
-            .expect("address at the end")
-            .to_string();
-        AgentProc { child, addr }
-    }
-
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for AgentProc {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-fn read_records(path: &Path) -> Vec<Value> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("every line is JSON"))
-        .collect()
-}
+mod common;
+use common::{netgap, read_records, AgentProc};
 
 const DOCUMENTED_FIELDS: [&str; 14] = [
     "test",

@@ -4,63 +4,12 @@
 //! per-link bytes of multirail, the agents' refusals, and a client host
 //! dying mid-run.
 
-use assert_cmd::cargo::CommandCargoExt;
 use serde_json::Value;
-use std::io::{BufRead, BufReader};
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-fn netgap() -> Command {
-    Command::cargo_bin("netgap").expect("binary built")
-}
-
-/// A `netgap serve` on an ephemeral port of a loopback address, killed on
-/// drop.
-struct AgentProc {
-    child: Child,
-    addr: String,
-}
-
-impl AgentProc {
-    fn start(bind: &str) -> AgentProc {
-        AgentProc::start_with(bind, &[])
-    }
-
-    /// An agent with extra `serve` flags (limits).
-    fn start_with(bind: &str, flags: &[&str]) -> AgentProc {
-        let mut child = netgap()
-            .args(["serve", "--bind", bind, "--port", "0"])
-            .args(flags)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("agent starts");
-        let stdout = child.stdout.take().expect("stdout piped");
-        let mut line = String::new();
-        BufReader::new(stdout)
-            .read_line(&mut line)
-            .expect("agent prints its address");
-        let addr = line
-            .trim()
-            .rsplit(' ')
-            .next()
-            .expect("address at the end")
-            .to_string();
-        AgentProc { child, addr }
-    }
-
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for AgentProc {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
+mod common;
+use common::{netgap, read_records, AgentProc};
 
 /// A server agent on 127.0.0.2 and `clients` client agents on 127.0.0.3...
 fn agents(clients: u8) -> Vec<AgentProc> {
@@ -75,14 +24,6 @@ fn hosts_arg(agents: &[AgentProc]) -> String {
         .map(|a| a.addr.clone())
         .collect::<Vec<_>>()
         .join(",")
-}
-
-fn read_records(path: &Path) -> Vec<Value> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("every line is JSON"))
-        .collect()
 }
 
 fn run_ok(args: &[&str]) {
