@@ -1,40 +1,31 @@
 //! netgap characterizes communication stacks and shows the gap between them.
 //!
-//! Data flows one way: a validated [`plan`] becomes points, the
-//! [`coordinator`] drives an [`agent`] through the control [`proto`]col,
-//! the [`runner`] times repetitions of a [`bench`](mod@bench) test over a
-//! [`transport`], and each measured point becomes a [`record`] appended to
-//! the results file the moment it is measured.
+//! This crate is the edge: the `netgap` binary's commands and the testbed
+//! of network namespaces. The work lives in the layer crates, re-exported
+//! here under the names the rest of netgap uses:
+//!
+//! - `netgap-core`: units, statistics, point specs, host facts, the result
+//!   model; plain data with no I/O.
+//! - `netgap-proto`: the control protocol (codec, messages, session
+//!   machines, key proofs); no I/O, and it cannot import the transports.
+//! - `netgap-transport`: the transport trait, every transport, the
+//!   multi-client flow engine.
+//! - `netgap-measure`: tests, the runner, plans, the coordinator and the
+//!   agent, multi-host tests, sweep and LogP.
+//! - `netgap-report`: the report, compare, and import of peer tools' output.
+//!
+//! See `ARCHITECTURE.md` for the map.
 
-pub mod affinity;
-pub mod agent;
-pub mod auth;
-pub mod bench;
-pub mod cluster;
-pub mod compare;
-pub mod control;
-pub mod coordinator;
-pub mod cpu;
-pub mod dropout;
-pub mod flows;
-pub mod group;
-pub mod host;
-pub mod import;
-pub mod limits;
-pub mod logp;
-pub mod output;
-pub mod plan;
-pub mod proto;
-pub mod record;
-pub mod report;
-pub mod runner;
-pub mod sizing;
-pub mod spec;
-pub mod stats;
-pub mod sweep;
+pub use netgap_core::{datagram, dropout, host, record, sizing, spec, stats, units, VERSION};
+pub use netgap_measure::{
+    agent, auth, bench, cluster, control, coordinator, group, logp, output, plan, runner, sink,
+    sweep,
+};
+pub use netgap_proto as proto;
+pub use netgap_proto::limits;
+pub use netgap_report as report;
+pub use netgap_report::{compare, import};
+pub use netgap_transport as transport;
+pub use netgap_transport::flows;
+
 pub mod testbed;
-pub mod transport;
-pub mod units;
-
-/// netgap's version, recorded in every result.
-pub const VERSION: &str = env!("CARGO_PKG_VERSION");

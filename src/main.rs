@@ -13,7 +13,7 @@ use netgap::control::ControlAddr;
 use netgap::coordinator::{run_plan, CoordError};
 use netgap::output::TableObserver;
 use netgap::plan::{Plan, RunArgs};
-use netgap::record::{CsvSink, JsonlSink, RecordSink};
+use netgap::sink::{CsvSink, JsonlSink, RecordSink};
 use netgap::{bench, transport};
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;

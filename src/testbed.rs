@@ -25,8 +25,8 @@
 //! `down` finds what to remove from the namespaces' names and the state
 //! directory, not from memory, so it also cleans up after a crash.
 
-use crate::cluster::{HostEntry, HostsFile, LinkEntry, HOSTS_FILE_VERSION};
-use crate::control::ControlAddr;
+use netgap_measure::cluster::{HostEntry, HostsFile, LinkEntry, HOSTS_FILE_VERSION};
+use netgap_measure::control::ControlAddr;
 use serde::{Deserialize, Serialize};
 use std::io;
 use std::net::{IpAddr, Ipv4Addr};
@@ -45,10 +45,10 @@ macro_rules! say {
     }};
 }
 
-/// Name of the default testbed.
-pub const DEFAULT_NAME: &str = "testbed";
-/// Directory holding every testbed's state directory.
-pub const STATE_ROOT: &str = "/run/netgap";
+pub use netgap_measure::cluster::{
+    default_hosts_path, state_dir, DEFAULT_TESTBED as DEFAULT_NAME,
+    TESTBED_STATE_ROOT as STATE_ROOT,
+};
 /// Prefix of every testbed namespace.
 pub const NETNS_PREFIX: &str = "ngtb-";
 /// Most hosts of a switch testbed.
@@ -65,16 +65,6 @@ pub const TBF_MIN_BURST_BYTES: u64 = 70_000;
 pub const TBF_LATENCY_MS: u64 = 50;
 /// How long `up` waits for each agent to answer on its socket.
 const AGENT_START_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// The hosts file of the default testbed, which `--hosts @testbed` names.
-pub fn default_hosts_path() -> PathBuf {
-    state_dir(DEFAULT_NAME).join("hosts.json")
-}
-
-/// The state directory of testbed `name`.
-pub fn state_dir(name: &str) -> PathBuf {
-    Path::new(STATE_ROOT).join(name)
-}
 
 /// Namespace prefix of testbed `name` (`ngtb-` or `ngtb-NAME-`).
 fn ns_prefix(name: &str) -> String {
@@ -571,11 +561,11 @@ fn start_agent(dir: &Path, p: &Params, h: &HostEntry) -> Result<u32, TestbedErro
 pub fn probe_agent(h: &HostEntry, key_file: Option<&Path>) -> Result<(), String> {
     let addr = h.control_addr().ok_or("bad control address")?;
     let key = key_file
-        .map(crate::auth::load_key)
+        .map(netgap_measure::auth::load_key)
         .transpose()
         .map_err(|e| e.to_string())?;
-    let coord =
-        crate::coordinator::Coordinator::connect(&addr, key.as_ref()).map_err(|e| e.to_string())?;
+    let coord = netgap_measure::coordinator::Coordinator::connect(&addr, key.as_ref())
+        .map_err(|e| e.to_string())?;
     coord.bye();
     Ok(())
 }
@@ -655,7 +645,7 @@ fn build(name: &str, p: &Params) -> Result<(), TestbedError> {
         .create(&dir)
         .map_err(io_err(format!("creating {}", dir.display())))?;
     let key_file = dir.join("key");
-    crate::auth::new_key_file(&key_file).map_err(|e| TestbedError::Io {
+    netgap_measure::auth::new_key_file(&key_file).map_err(|e| TestbedError::Io {
         what: "making the testbed's key".into(),
         source: io::Error::other(e.to_string()),
     })?;

@@ -1,0 +1,92 @@
+//! Counters of an unreliable flow (datagrams sent, received, lost,
+//! reordered, duplicated, retried), as the data path keeps them and results
+//! record them.
+
+use serde::{Deserialize, Serialize};
+
+/// Largest payload of one datagram message, in bytes: 65,507 bytes of IPv4
+/// UDP payload less the udp transport's 24-byte header. The udp transport
+/// checks at compile time that its own limit is this one.
+pub const MAX_MESSAGE_BYTES: usize = 65_483;
+
+/// Counters of an unreliable flow as one end sees them: cumulative since the
+/// flow connected from the transport's flow monitor, per repetition in the runner,
+/// summed over a point's measured repetitions in results. Only data
+/// datagrams count, not the rendezvous.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct DatagramStats {
+    /// Data datagrams this end put on the wire, re-sends included.
+    pub datagrams_sent: u64,
+    /// Data datagrams that reached this end: new, late and duplicate alike.
+    pub datagrams_received: u64,
+    /// Datagrams from the peer this end never delivered because a later one
+    /// arrived first; a late arrival of one stays counted here.
+    pub lost: u64,
+    /// Payload bytes of the `lost` datagrams.
+    pub lost_bytes: u64,
+    /// Late arrivals of datagrams already counted lost; not delivered.
+    pub reordered: u64,
+    /// Further copies of datagrams already delivered; not delivered again.
+    pub duplicates: u64,
+    /// Re-sends this end made (after its retry timeout, or to answer a peer
+    /// that asked); included in `datagrams_sent`.
+    pub retries: u64,
+}
+
+impl DatagramStats {
+    /// The counts since `earlier`, a previous reading of the same counters.
+    pub fn since(&self, earlier: &DatagramStats) -> DatagramStats {
+        DatagramStats {
+            datagrams_sent: self.datagrams_sent.saturating_sub(earlier.datagrams_sent),
+            datagrams_received: self
+                .datagrams_received
+                .saturating_sub(earlier.datagrams_received),
+            lost: self.lost.saturating_sub(earlier.lost),
+            lost_bytes: self.lost_bytes.saturating_sub(earlier.lost_bytes),
+            reordered: self.reordered.saturating_sub(earlier.reordered),
+            duplicates: self.duplicates.saturating_sub(earlier.duplicates),
+            retries: self.retries.saturating_sub(earlier.retries),
+        }
+    }
+
+    /// The sum of two sets of counts, saturating.
+    pub fn plus(&self, other: &DatagramStats) -> DatagramStats {
+        DatagramStats {
+            datagrams_sent: self.datagrams_sent.saturating_add(other.datagrams_sent),
+            datagrams_received: self
+                .datagrams_received
+                .saturating_add(other.datagrams_received),
+            lost: self.lost.saturating_add(other.lost),
+            lost_bytes: self.lost_bytes.saturating_add(other.lost_bytes),
+            reordered: self.reordered.saturating_add(other.reordered),
+            duplicates: self.duplicates.saturating_add(other.duplicates),
+            retries: self.retries.saturating_add(other.retries),
+        }
+    }
+
+    /// Checks the invariants of counts taken over one interval: re-sends
+    /// are among the datagrams sent, late and duplicate arrivals among the
+    /// datagrams received, and no lost datagram held more than a datagram's
+    /// payload ([`MAX_MESSAGE_BYTES`]).
+    pub fn validate(&self) -> Result<(), String> {
+        if self.retries > self.datagrams_sent {
+            return Err(format!(
+                "{} retries > {} datagrams sent",
+                self.retries, self.datagrams_sent
+            ));
+        }
+        if self.reordered.saturating_add(self.duplicates) > self.datagrams_received {
+            return Err(format!(
+                "{} reordered + {} duplicates > {} datagrams received",
+                self.reordered, self.duplicates, self.datagrams_received
+            ));
+        }
+        if self.lost_bytes > self.lost.saturating_mul(MAX_MESSAGE_BYTES as u64) {
+            return Err(format!(
+                "{} lost bytes in {} lost datagrams",
+                self.lost_bytes, self.lost
+            ));
+        }
+        Ok(())
+    }
+}

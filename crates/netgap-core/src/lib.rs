@@ -1,0 +1,18 @@
+//! The plain data of netgap, with no I/O: units and their parsing, the
+//! statistics of repetitions, the validated description of a point, host
+//! facts and CPU readings as data, and the result model that every results
+//! file holds. Every other crate builds on this one; it depends on none of
+//! them.
+
+pub mod cpu;
+pub mod datagram;
+pub mod dropout;
+pub mod host;
+pub mod record;
+pub mod sizing;
+pub mod spec;
+pub mod stats;
+pub mod units;
+
+/// netgap's version, recorded in every result.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");

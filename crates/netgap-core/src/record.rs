@@ -1,0 +1,359 @@
+//! The result document: one [`ResultRecord`] per measured point. The
+//! measurement layer appends each as a JSON line (and optionally a CSV row)
+//! the moment the point is measured, so an interrupted run keeps everything
+//! it did; reports and comparisons read these files only.
+
+use crate::cpu::CpuUsage;
+use crate::datagram::DatagramStats;
+use crate::host::HostFacts;
+use crate::spec::Mode;
+use crate::stats::{Percentiles, Summary};
+use serde::{Deserialize, Serialize};
+
+/// Spread of the repetitions of a point.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RecordStats {
+    /// Smallest repetition value.
+    pub min: f64,
+    /// Median repetition value.
+    pub median: f64,
+    /// Largest repetition value.
+    pub max: f64,
+    /// Sample standard deviation.
+    pub stdev: f64,
+    /// Lower end of the 95% confidence interval of the mean.
+    pub ci95_low: f64,
+    /// Upper end of the 95% confidence interval of the mean.
+    pub ci95_high: f64,
+    /// Coefficient of variation (stdev / mean).
+    pub cv: f64,
+    /// Each repetition's value, in measurement order.
+    pub reps: Vec<f64>,
+}
+
+impl From<&Summary> for RecordStats {
+    fn from(s: &Summary) -> Self {
+        RecordStats {
+            min: s.min,
+            median: s.median,
+            max: s.max,
+            stdev: s.stdev,
+            ci95_low: s.ci95_low,
+            ci95_high: s.ci95_high,
+            cv: s.cv,
+            reps: s.reps.clone(),
+        }
+    }
+}
+
+/// CPU usage of both ends, averaged over the measured repetitions.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct CpuPair {
+    /// The coordinator's end (the client role).
+    pub local: CpuUsage,
+    /// The agent's end (the server role).
+    pub remote: CpuUsage,
+}
+
+/// Service demand of both ends: CPU microseconds per KiB of payload moved.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct ServiceDemand {
+    /// The coordinator's end.
+    pub local: f64,
+    /// The agent's end.
+    pub remote: f64,
+}
+
+/// Payload bytes moved over all measured repetitions, as each end counted them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ByteCounts {
+    /// Sent by the client.
+    pub client_tx: u64,
+    /// Received by the client.
+    pub client_rx: u64,
+    /// Sent by the server.
+    pub server_tx: u64,
+    /// Received by the server.
+    pub server_rx: u64,
+}
+
+/// Datagram counters of both ends of an unreliable flow, summed over the
+/// measured repetitions (see [`DatagramStats`] for what each count means).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DatagramCounts {
+    /// The coordinator's end (the client role).
+    pub client: DatagramStats,
+    /// The agent's end (the server role).
+    pub server: DatagramStats,
+}
+
+impl DatagramCounts {
+    /// A short note for a table when anything went wrong on the wire, such as
+    /// `lost 1.25% (40 dgrams), reordered 2, retries 3`; `None` when
+    /// nothing was lost, reordered, duplicated or re-sent. The loss rate is
+    /// of the datagrams due for delivery at both ends.
+    pub fn note(&self) -> Option<String> {
+        let (c, s) = (&self.client, &self.server);
+        let lost = c.lost + s.lost;
+        let reordered = c.reordered + s.reordered;
+        let duplicates = c.duplicates + s.duplicates;
+        let retries = c.retries + s.retries;
+        let mut parts = Vec::new();
+        if lost > 0 {
+            let delivered = (c.datagrams_received + s.datagrams_received)
+                .saturating_sub(reordered + duplicates);
+            let pct = 100.0 * lost as f64 / (delivered + lost) as f64;
+            parts.push(format!("lost {pct:.2}% ({lost} dgrams)"));
+        }
+        for (n, what) in [
+            (reordered, "reordered"),
+            (duplicates, "duplicates"),
+            (retries, "retries"),
+        ] {
+            if n > 0 {
+                parts.push(format!("{what} {n}"));
+            }
+        }
+        (!parts.is_empty()).then(|| parts.join(", "))
+    }
+}
+
+/// Where the roles ran.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Placement {
+    /// CPU the client role was pinned to, or `null` when unpinned.
+    pub client_cpu: Option<u32>,
+    /// CPU the server role was pinned to, or `null` when unpinned.
+    pub server_cpu: Option<u32>,
+}
+
+/// The resolved options of a point: enough to reproduce it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RecordOptions {
+    /// The agent's control address, or `embedded` for the in-process agent.
+    pub peer: String,
+    /// Transport options in force on both ends.
+    pub transport: crate::spec::TransportOptions,
+    /// Every payload byte was checked against the sent pattern.
+    pub verify: bool,
+    /// CPU placement of the roles.
+    pub placement: Placement,
+    /// Measured repetitions.
+    pub reps: u32,
+    /// Fixed iterations per repetition, when asked for.
+    pub iterations: Option<u64>,
+    /// Time budget per repetition in milliseconds, when asked for.
+    pub rep_time_ms: Option<u64>,
+    /// Warm-up iterations asked for.
+    pub warmup: Option<u64>,
+    /// Data-path inactivity timeout in milliseconds.
+    pub io_timeout_ms: u32,
+}
+
+/// One measured point.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ResultRecord {
+    /// Test name.
+    pub test: String,
+    /// Transport name.
+    pub transport: String,
+    /// Completion mode.
+    pub mode: Mode,
+    /// Message size in bytes.
+    pub size_bytes: u64,
+    /// Headline metric with its unit (`latency_us`, `bandwidth_gbps`).
+    pub metric: String,
+    /// Headline: mean of the repetitions without the highest and lowest.
+    pub value: f64,
+    /// Spread of the repetitions; `null` when the tool that made the record
+    /// (an imported one) reported no repetitions.
+    #[serde(default)]
+    pub stats: Option<RecordStats>,
+    /// Latency percentiles in microseconds (one-way), for latency tests.
+    pub percentiles: Option<Percentiles>,
+    /// CPU usage of both ends; `null` when not measured (imported records).
+    #[serde(default)]
+    pub cpu: Option<CpuPair>,
+    /// CPU microseconds per KiB moved, for bandwidth tests.
+    pub service_demand_us_per_kib: Option<ServiceDemand>,
+    /// Iterations in each measured repetition; `null` when unknown.
+    #[serde(default)]
+    pub iterations_per_rep: Option<u64>,
+    /// Uncounted iterations before the measured ones; `null` when unknown.
+    #[serde(default)]
+    pub warmup_iterations: Option<u64>,
+    /// Payload bytes moved in the measured repetitions; `null` when unknown.
+    #[serde(default)]
+    pub bytes: Option<ByteCounts>,
+    /// Datagram counters of an unreliable transport; `null` for a reliable one.
+    pub datagrams: Option<DatagramCounts>,
+    /// Full-sentence warnings (noisy repetitions, ...).
+    pub warnings: Vec<String>,
+    /// Facts of the coordinator's host; `null` when unknown (imported records).
+    #[serde(default)]
+    pub host: Option<HostFacts>,
+    /// Facts of the agent's host; `null` when unknown.
+    #[serde(default)]
+    pub peer_host: Option<HostFacts>,
+    /// Resolved options; `null` for records another tool made.
+    #[serde(default)]
+    pub options: Option<RecordOptions>,
+    /// netgap version.
+    pub version: String,
+    /// Start time of the point, RFC 3339 (UTC).
+    pub time: String,
+    /// The peer tool that measured the point (`iperf3`, `NPtcp`, ...) when
+    /// the record was imported; absent for netgap's own measurements.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool: Option<String>,
+    /// What a `sweep` point moved: `pingpong`, `stream` or `bidir`; absent
+    /// for other tests.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sweep_kind: Option<String>,
+    /// Time of one block transfer of a `sweep` point, in microseconds (the
+    /// x axis of NetPIPE's signature graph); absent for other tests.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block_time_us: Option<f64>,
+    /// Set on a `sweep` point whose throughput fell below that of a smaller
+    /// size by more than the measurement noise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dropout: Option<Dropout>,
+    /// The confidence target of a point measured with `--ci`, and whether the
+    /// repetitions reached it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ci_target: Option<CiOutcome>,
+    /// Multi-host tests: concurrent clients of the point (streams for
+    /// `multistream`, links for `multirail`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clients: Option<u32>,
+    /// Multi-host tests: client hosts the clients were spread over.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_hosts: Option<u32>,
+    /// Multi-host tests: one entry per flow (client), in flow order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub flows: Vec<FlowResult>,
+    /// Multi-host tests: CPU (and peak memory) of every host of the point.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hosts_cpu: Vec<HostCpu>,
+    /// `multirail`: one entry per link used.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub links: Vec<LinkResult>,
+}
+
+/// A throughput dropout of a sweep point (NetPIPE's "problem points").
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Dropout {
+    /// How far the point's throughput lies below the reference, in percent
+    /// of the reference (positive; 25.0 = a quarter lower).
+    pub depth_pct: f64,
+    /// Size of the smaller point it is judged against, in bytes.
+    pub reference_size_bytes: u64,
+    /// That point's headline value, in the record's metric unit.
+    pub reference_value: f64,
+}
+
+/// What confidence-driven repetition (`--ci LEVEL,WIDTH`) achieved for a
+/// point.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct CiOutcome {
+    /// Confidence level asked for, in percent (99.0).
+    pub confidence_pct: f64,
+    /// Largest half-width asked for, in percent of the mean (2.0).
+    pub half_width_pct: f64,
+    /// Half-width reached at that confidence, in percent of the mean of the
+    /// repetitions.
+    pub achieved_half_width_pct: f64,
+    /// Whether the half-width reached the target before the repetition
+    /// limit.
+    pub met: bool,
+}
+
+/// One flow of a multi-host point, summed (bytes) or averaged (value)
+/// over the repetitions.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FlowResult {
+    /// Name of the client host the flow ran from.
+    pub host: String,
+    /// Flow index in the point, 0-based; flow `i` runs on client host
+    /// `i % client_hosts` (cyclic allotment).
+    pub index: u32,
+    /// The flow's own value in the record's metric unit: Gbit/s received
+    /// in the window, one-way latency in µs, or connections per second.
+    pub value: f64,
+    /// Payload bytes the flow's sending end sent (bandwidth tests), or the
+    /// client end sent (hotspot, connect).
+    pub bytes_tx: u64,
+    /// Payload bytes the flow's receiving end received (bandwidth tests),
+    /// or the client end received (hotspot, connect).
+    pub bytes_rx: u64,
+    /// Latency percentiles of this flow, µs, of the last repetition
+    /// (hotspot: one-way; connect: connect plus exchange).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub percentiles: Option<Percentiles>,
+}
+
+/// CPU of one host of a multi-host point, averaged over the repetitions'
+/// measured windows.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HostCpu {
+    /// Host name.
+    pub host: String,
+    /// `server` or `client`.
+    pub role: String,
+    /// System-wide busy % and the agent process's %.
+    pub cpu: CpuUsage,
+    /// Peak resident set size (VmHWM) of the agent process, KiB, when
+    /// known. In-process agents (no `--hosts`) share the coordinator's
+    /// process, so they report the same peak.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_rss_kib: Option<u64>,
+}
+
+/// One link of a `multirail` point.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LinkResult {
+    /// Local (client-side) address of the link.
+    pub local: String,
+    /// Remote (server-side) address of the link.
+    pub remote: String,
+    /// Payload bytes received over the link in the measured windows.
+    pub bytes: u64,
+    /// Mean bandwidth of the link over the repetitions, Gbit/s.
+    pub bandwidth_gbps: f64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_clean_flow_has_no_note_and_a_lossy_one_says_how_lossy() {
+        let clean = DatagramStats {
+            datagrams_sent: 100,
+            datagrams_received: 100,
+            ..DatagramStats::default()
+        };
+        let pair = DatagramCounts {
+            client: clean,
+            server: clean,
+        };
+        assert_eq!(pair.note(), None);
+        let lossy = DatagramCounts {
+            client: DatagramStats {
+                retries: 2,
+                ..clean
+            },
+            server: DatagramStats {
+                datagrams_received: 96,
+                lost: 5,
+                lost_bytes: 5 * 1024,
+                reordered: 1,
+                ..clean
+            },
+        };
+        assert_eq!(
+            lossy.note().as_deref(),
+            Some("lost 2.50% (5 dgrams), reordered 1, retries 2")
+        );
+    }
+}

@@ -1,0 +1,586 @@
+//! The agent (`netgap serve`): accepts control sessions from coordinators and
+//! runs the server role of each point they open. One session at a time runs
+//! tests; another coordinator gets an explicit "busy". A client that vanishes
+//! or sends garbage ends only its own session; the agent serves the next one.
+//!
+//! With a key, every connection first proves it ([`crate::auth::challenge`])
+//! before any request is decoded. Connections still in that handshake (or
+//! before their `Hello`) are few ([`MAX_HANDSHAKES`]) and short
+//! ([`HANDSHAKE_TIMEOUT`]), and none of them holds the busy slot, so clients
+//! that cannot authenticate cannot keep the agent from serving. Requests are
+//! checked against the agent's [`AgentLimits`] before any data socket opens.
+
+use crate::bench;
+use crate::control::{ControlAddr, ControlConn, ControlError, ControlStream};
+use netgap_core::spec::PointSpec;
+use netgap_proto::auth::{is_auth_frame, Key};
+use netgap_proto::codec::decode_request;
+use netgap_proto::limits::AgentLimits;
+use netgap_proto::message::{Reply, Request};
+use netgap_proto::session::{AgentAction, AgentSession};
+use netgap_transport::cpu::CpuMeter;
+use netgap_transport::{self as transport, DatagramStats, FlowConfig, FlowMonitor};
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
+use std::os::fd::AsFd;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixListener;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long a new connection may take to authenticate and say hello.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(3);
+/// Most connections at once that have not yet said hello; more are closed
+/// at once.
+pub const MAX_HANDSHAKES: usize = 16;
+/// How long an established session may stay silent between requests.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long the agent waits for the coordinator's data connection.
+const ACCEPT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Why the agent could not start.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot listen on {addr}: {source}")]
+pub struct BindError {
+    /// The address asked for.
+    pub addr: String,
+    /// Underlying error (address in use, no permission, ...).
+    pub source: io::Error,
+}
+
+enum Listener {
+    Tcp(TcpListener),
+    Unix(UnixListener),
+}
+
+impl Listener {
+    fn accept(&self) -> io::Result<(ControlStream, String)> {
+        match self {
+            Listener::Tcp(l) => l
+                .accept()
+                .map(|(s, peer)| (ControlStream::Tcp(s), peer.to_string())),
+            Listener::Unix(l) => l
+                .accept()
+                .map(|(s, _)| (ControlStream::Unix(s), "a local client".to_string())),
+        }
+    }
+}
+
+/// What every session of an agent shares.
+struct Shared {
+    busy: AtomicBool,
+    handshakes: AtomicUsize,
+    key: Option<Key>,
+    limits: AgentLimits,
+    data_ip: Option<IpAddr>,
+}
+
+/// A bound agent, ready to serve.
+pub struct Agent {
+    listener: Listener,
+    shared: Shared,
+    quiet: bool,
+}
+
+impl Agent {
+    /// Binds the control listener at a TCP `addr`.
+    pub fn bind(addr: SocketAddr) -> Result<Agent, BindError> {
+        let listener = TcpListener::bind(addr).map_err(|source| BindError {
+            addr: addr.to_string(),
+            source,
+        })?;
+        Ok(Agent::with_listener(Listener::Tcp(listener)))
+    }
+
+    /// Binds the control listener at `addr`, TCP or a Unix socket. A stale
+    /// socket file nobody listens on is replaced; a live one is an error.
+    /// The Unix socket is made accessible to its owner only.
+    pub fn bind_control(addr: &ControlAddr) -> Result<Agent, BindError> {
+        let path = match addr {
+            ControlAddr::Tcp(a) => return Agent::bind(*a),
+            ControlAddr::Unix(p) => p,
+        };
+        let err = |source| BindError {
+            addr: addr.to_string(),
+            source,
+        };
+        let is_socket = std::fs::symlink_metadata(path)
+            .is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()));
+        // Only a socket is ever removed, never another kind of file.
+        if is_socket && std::os::unix::net::UnixStream::connect(path).is_err() {
+            std::fs::remove_file(path).map_err(err)?;
+        }
+        let listener = UnixListener::bind(path).map_err(err)?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(err)?;
+        Ok(Agent::with_listener(Listener::Unix(listener)))
+    }
+
+    fn with_listener(listener: Listener) -> Agent {
+        Agent {
+            listener,
+            shared: Shared {
+                busy: AtomicBool::new(false),
+                handshakes: AtomicUsize::new(0),
+                key: None,
+                limits: AgentLimits::default(),
+                data_ip: None,
+            },
+            quiet: false,
+        }
+    }
+
+    /// Requires every coordinator to prove `key` before anything else.
+    pub fn with_key(mut self, key: Key) -> Agent {
+        self.shared.key = Some(key);
+        self
+    }
+
+    /// Refuses requests past `limits`.
+    pub fn with_limits(mut self, limits: AgentLimits) -> Agent {
+        self.shared.limits = limits;
+        self
+    }
+
+    /// Opens data listeners on `ip` (default: the address the control
+    /// connection came in on, or 127.0.0.1 over a Unix socket).
+    pub fn with_data_ip(mut self, ip: IpAddr) -> Agent {
+        self.shared.data_ip = Some(ip);
+        self
+    }
+
+    /// Stops session log lines on stderr (used by the in-process agent).
+    pub fn quiet(mut self) -> Agent {
+        self.quiet = true;
+        self
+    }
+
+    /// The TCP address the agent listens on.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        match &self.listener {
+            Listener::Tcp(l) => l.local_addr(),
+            Listener::Unix(_) => Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "the agent listens on a Unix socket",
+            )),
+        }
+    }
+
+    /// Serves sessions until the process ends, each on its own thread.
+    pub fn serve(self) -> io::Result<()> {
+        let shared = Arc::new(self.shared);
+        loop {
+            let (stream, peer) = match self.listener.accept() {
+                Ok(c) => c,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if is_transient_accept_error(&e) => {
+                    eprintln!("netgap agent: accept failed: {e}; continuing");
+                    std::thread::sleep(Duration::from_millis(100));
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            let Some(slot) = HandshakeSlot::claim(&shared) else {
+                // Too many connections are still shaking hands: this one
+                // gets no thread and no buffer.
+                drop(stream);
+                continue;
+            };
+            let shared = Arc::clone(&shared);
+            let quiet = self.quiet;
+            let spawned = std::thread::Builder::new()
+                .name(format!("session {peer}"))
+                .spawn(move || {
+                    if let Err(e) = run_session(stream, &shared, slot) {
+                        if !quiet {
+                            eprintln!("netgap agent: session with {peer} ended: {e}");
+                        }
+                    }
+                });
+            if let Err(e) = spawned {
+                eprintln!("netgap agent: cannot start a session thread: {e}");
+            }
+        }
+    }
+
+    /// Serves on a background thread; for the coordinator's in-process agent.
+    pub fn spawn(self) -> io::Result<std::thread::JoinHandle<()>> {
+        std::thread::Builder::new()
+            .name("agent".into())
+            .spawn(move || {
+                if let Err(e) = self.serve() {
+                    eprintln!("netgap agent: stopped: {e}");
+                }
+            })
+    }
+}
+
+fn is_transient_accept_error(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM | libc::ECONNABORTED)
+    )
+}
+
+/// Why a session ended early.
+#[derive(Debug, thiserror::Error)]
+enum SessionEnd {
+    #[error("{0}")]
+    Control(#[from] ControlError),
+    #[error("{0}")]
+    Refused(String),
+}
+
+/// One of the [`MAX_HANDSHAKES`] places of connections that have not yet
+/// said hello; freed when dropped.
+struct HandshakeSlot(Arc<Shared>);
+
+impl HandshakeSlot {
+    fn claim(shared: &Arc<Shared>) -> Option<HandshakeSlot> {
+        shared
+            .handshakes
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < MAX_HANDSHAKES).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| HandshakeSlot(Arc::clone(shared)))
+    }
+}
+
+impl Drop for HandshakeSlot {
+    fn drop(&mut self) {
+        self.0.handshakes.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Releases the busy flag when the session that claimed it ends.
+struct BusyClaim<'a>(&'a AtomicBool);
+
+impl Drop for BusyClaim<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
+
+/// The point a session has open: its server role, which owns the flow, and
+/// for an unreliable flow its monitor with the counters last reported.
+struct OpenPoint {
+    role: Box<dyn bench::ServerRole>,
+    monitor: Option<Arc<dyn FlowMonitor>>,
+    reported: DatagramStats,
+}
+
+impl OpenPoint {
+    /// The flow's datagram counters since the last report, for an
+    /// unreliable flow.
+    fn datagrams_since_report(&mut self) -> Option<DatagramStats> {
+        let now = self.monitor.as_ref()?.datagram_stats();
+        let since = now.since(&self.reported);
+        self.reported = now;
+        Some(since)
+    }
+}
+
+/// Waits for the next request. While a point over an unreliable flow is
+/// open, the peer's retries are answered meanwhile: the server role is idle,
+/// but the client may still wait for the last datagram of a repetition.
+fn next_request(
+    conn: &mut ControlConn,
+    point: Option<&OpenPoint>,
+) -> Result<Vec<u8>, ControlError> {
+    let Some(monitor) = point.and_then(|p| p.monitor.as_ref()) else {
+        return conn.recv_payload(IDLE_TIMEOUT);
+    };
+    let t0 = Instant::now();
+    // A broken flow shows in the next repetition; the wait goes on.
+    let _ = monitor.serve_idle(conn.stream().as_fd(), IDLE_TIMEOUT);
+    let left = IDLE_TIMEOUT
+        .saturating_sub(t0.elapsed())
+        .max(Duration::from_millis(1));
+    conn.recv_payload(left).map_err(|e| match e {
+        ControlError::TimedOut(_) => ControlError::TimedOut(IDLE_TIMEOUT),
+        other => other,
+    })
+}
+
+fn run_session(
+    stream: ControlStream,
+    shared: &Shared,
+    slot: HandshakeSlot,
+) -> Result<(), SessionEnd> {
+    let local_ip = shared
+        .data_ip
+        .or(stream.local_ip())
+        .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST));
+    let mut conn = ControlConn::new(stream).map_err(ControlError::Io)?;
+    let deadline = Instant::now() + HANDSHAKE_TIMEOUT;
+    if let Some(key) = &shared.key {
+        crate::auth::challenge(&mut conn, key, deadline)
+            .map_err(|e| SessionEnd::Refused(e.to_string()))?;
+    }
+    let left = deadline
+        .saturating_duration_since(Instant::now())
+        .max(Duration::from_millis(1));
+    let first = conn.recv_payload(left)?;
+    if is_auth_frame(&first) {
+        return Err(refuse(&mut conn, crate::auth::no_key_message()));
+    }
+    let hello = match decode_request(&first) {
+        Ok(r) => r,
+        Err(e) => return Err(refuse(&mut conn, format!("bad first message: {e}"))),
+    };
+    drop(slot);
+    let busy = &shared.busy;
+    let claimed = matches!(hello, Request::Hello { .. })
+        && busy
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok();
+    let _claim = claimed.then(|| BusyClaim(busy));
+    let mut session = AgentSession::new(netgap_transport::host::collect(Some(local_ip)), !claimed);
+    let mut point: Option<OpenPoint> = None;
+    let mut open_size_bytes = 0u64;
+    let mut group: Option<crate::group::role::PreparedRole> = None;
+    let mut request = hello;
+    loop {
+        // Limits first: nothing past them reaches a data socket.
+        let within = match &request {
+            Request::Open { spec } => {
+                open_size_bytes = spec.size_bytes;
+                shared.limits.check_point(spec)
+            }
+            Request::Run { iterations, .. } => {
+                shared.limits.check_run(*iterations, open_size_bytes)
+            }
+            Request::GroupPrepare { spec } => shared.limits.check_group(spec),
+            _ => Ok(()),
+        };
+        if let Err(e) = within {
+            return Err(refuse(&mut conn, e.to_string()));
+        }
+        let action = match session.on_request(&request) {
+            Ok(a) => a,
+            Err(e) => return Err(refuse(&mut conn, e.to_string())),
+        };
+        match action {
+            AgentAction::Reply(r) => conn.send(&r)?,
+            AgentAction::ReplyAndClose(r) => {
+                conn.send(&r)?;
+                return Ok(());
+            }
+            AgentAction::OpenPoint(spec) => {
+                let opened = open_point(&mut conn, &mut session, &spec, local_ip);
+                match opened {
+                    Ok(p) => point = Some(p),
+                    Err(msg) => return Err(refuse(&mut conn, msg)),
+                }
+            }
+            AgentAction::RunRole { iterations, .. } => {
+                let Some(p) = point.as_mut() else {
+                    return Err(refuse(&mut conn, "no point is open".into()));
+                };
+                let meter = CpuMeter::start();
+                match p.role.run(iterations) {
+                    Ok(out) => {
+                        let cpu = meter.stop(out.helper_cpu_ns);
+                        let datagrams = p.datagrams_since_report();
+                        let reply = session
+                            .role_done(out.bytes_rx, out.bytes_tx, cpu, datagrams)
+                            .map_err(|e| SessionEnd::Refused(e.to_string()))?;
+                        conn.send(&reply)?;
+                    }
+                    Err(e) => {
+                        return Err(refuse(&mut conn, format!("server role failed: {e}")));
+                    }
+                }
+            }
+            AgentAction::PrepareGroup(spec) => {
+                group = prepare_group(&mut conn, &mut session, spec, local_ip)?;
+            }
+            AgentAction::RunGroup => {
+                let outcome = match group.take() {
+                    Some(g) => run_group(&mut conn, &session, g)?,
+                    None => Err("no group role is prepared".into()),
+                };
+                let replies = match outcome {
+                    Ok(r) => session
+                        .group_finished(r.flows, r.buckets, r.outcome)
+                        .map_err(|e| SessionEnd::Refused(e.to_string()))?,
+                    Err(msg) => vec![session.failed(&format!("group role failed: {msg}"))],
+                };
+                for r in &replies {
+                    conn.send(r)?;
+                }
+            }
+            AgentAction::ClosePoint => {
+                point = None;
+                let reply = session
+                    .closed()
+                    .map_err(|e| SessionEnd::Refused(e.to_string()))?;
+                conn.send(&reply)?;
+            }
+        }
+        let payload = next_request(&mut conn, point.as_ref())?;
+        request = match decode_request(&payload) {
+            Ok(r) => r,
+            Err(e) => return Err(refuse(&mut conn, format!("bad message: {e}"))),
+        };
+    }
+}
+
+/// Prepares a group role: a server listens, announces its addresses and
+/// accepts every flow; a client connects its flows. A failure is answered
+/// with an error reply and leaves the session usable; only a broken control
+/// connection ends it.
+fn prepare_group(
+    conn: &mut ControlConn,
+    session: &mut AgentSession,
+    spec: netgap_proto::group::GroupSpec,
+    local_ip: IpAddr,
+) -> Result<Option<crate::group::role::PreparedRole>, SessionEnd> {
+    use crate::group::role;
+    use netgap_proto::group::GroupRole;
+    let prepared = match spec.role {
+        GroupRole::Server => match role::listen(spec, local_ip) {
+            Ok((addrs, accepting)) => {
+                let reply = session
+                    .group_listening(addrs)
+                    .map_err(|e| SessionEnd::Refused(e.to_string()))?;
+                conn.send(&reply)?;
+                accepting.wait()
+            }
+            Err(e) => Err(e),
+        },
+        GroupRole::Client => role::connect(spec),
+    };
+    match prepared {
+        Ok(p) => {
+            let reply = session
+                .group_ready()
+                .map_err(|e| SessionEnd::Refused(e.to_string()))?;
+            conn.send(&reply)?;
+            Ok(Some(p))
+        }
+        Err(msg) => {
+            conn.send(&session.failed(&msg))?;
+            Ok(None)
+        }
+    }
+}
+
+/// Runs a prepared group role on its own thread, telling the coordinator
+/// every [`GROUP_ALIVE_INTERVAL`] that this agent is still alive.
+fn run_group(
+    conn: &mut ControlConn,
+    session: &AgentSession,
+    role: crate::group::role::PreparedRole,
+) -> Result<Result<crate::group::role::RoleResult, String>, SessionEnd> {
+    use netgap_proto::message::GROUP_ALIVE_INTERVAL;
+    use std::sync::mpsc;
+    let (tx, rx) = mpsc::channel();
+    let spawned = std::thread::Builder::new()
+        .name("group role".into())
+        .spawn(move || {
+            let _ = tx.send(role.run());
+        });
+    if let Err(e) = spawned {
+        return Ok(Err(format!("cannot start the group role: {e}")));
+    }
+    loop {
+        match rx.recv_timeout(GROUP_ALIVE_INTERVAL) {
+            Ok(result) => return Ok(result),
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                let alive = session
+                    .group_alive()
+                    .map_err(|e| SessionEnd::Refused(e.to_string()))?;
+                conn.send(&alive)?;
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                return Ok(Err("the group role panicked".into()))
+            }
+        }
+    }
+}
+
+/// Sends a last error reply (best effort) and ends the session.
+fn refuse(conn: &mut ControlConn, message: String) -> SessionEnd {
+    let _ = conn.send(&Reply::Error {
+        message: message.clone(),
+    });
+    SessionEnd::Refused(message)
+}
+
+/// Opens the data listener for `spec`, tells the coordinator where it is,
+/// accepts the flow and runs the server role's setup. Errors are one line
+/// for the coordinator.
+fn open_point(
+    conn: &mut ControlConn,
+    session: &mut AgentSession,
+    spec: &PointSpec,
+    local_ip: IpAddr,
+) -> Result<OpenPoint, String> {
+    let test = bench::find(&spec.test).ok_or_else(|| {
+        format!(
+            "unknown test {:?} (this agent has: {})",
+            spec.test,
+            bench::names()
+        )
+    })?;
+    let transport = transport::find(&spec.transport).ok_or_else(|| {
+        format!(
+            "unknown transport {:?} (this agent has: {})",
+            spec.transport,
+            transport::names()
+        )
+    })?;
+    transport.availability().map_err(|why| {
+        format!(
+            "transport {} is not available on the agent: {why}",
+            spec.transport
+        )
+    })?;
+    if let Some(cpu) = spec.server_cpu {
+        netgap_transport::affinity::pin_current_thread(cpu).map_err(|e| e.to_string())?;
+    }
+    let size =
+        usize::try_from(spec.size_bytes).map_err(|_| "size does not fit in memory".to_string())?;
+    if let Some(max) = transport
+        .max_message_bytes()
+        .filter(|&m| spec.size_bytes > m)
+    {
+        return Err(format!(
+            "{} bytes is larger than the largest {} message, {max} bytes",
+            spec.size_bytes, spec.transport
+        ));
+    }
+    let config = FlowConfig::from_spec(spec);
+    let mut listener = transport
+        .listen(&config, local_ip)
+        .map_err(|e| e.to_string())?;
+    let reply = session
+        .listening(listener.addr())
+        .map_err(|e| e.to_string())?;
+    conn.send(&reply).map_err(|e| e.to_string())?;
+    let flow = listener.accept(ACCEPT_TIMEOUT).map_err(|e| e.to_string())?;
+    drop(listener);
+    let reply = session.accepted().map_err(|e| e.to_string())?;
+    conn.send(&reply).map_err(|e| e.to_string())?;
+    let monitor = flow.monitor();
+    let role = test
+        .server(
+            bench::RoleParams {
+                size_bytes: size,
+                verify: spec.verify,
+            },
+            flow,
+        )
+        .map_err(|e| format!("{} setup failed: {e}", spec.test))?;
+    let reported = monitor
+        .as_ref()
+        .map(|m| m.datagram_stats())
+        .unwrap_or_default();
+    Ok(OpenPoint {
+        role,
+        monitor,
+        reported,
+    })
+}

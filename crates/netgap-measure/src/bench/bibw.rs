@@ -1,0 +1,176 @@
+//! `bibw`: both sides send N×X bytes at the same time; bandwidth is all bytes
+//! both ways over the time until the client has sent its share and received
+//! the server's (seeds 002, 004). Each side keeps a sender thread for the
+//! whole point and receives on its own thread: starting a thread per
+//! repetition costs hundreds of microseconds on a small virtual machine,
+//! which would land inside the measured time.
+
+use super::payload::{recv_checked, PatternCursor};
+use super::{gbps, ClientRole, Metric, RepOutcome, RoleParams, ServerOutcome, ServerRole, Test};
+use netgap_core::stats::LatencyHistogram;
+use netgap_transport::cpu::thread_cpu_ns;
+use netgap_transport::{Flow, FlowError, Receiver, Sender};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+/// The simultaneous bidirectional bandwidth test.
+pub struct Bibw;
+
+/// Smallest receive buffer in bytes; a byte stream has no boundaries.
+const MIN_RECV_BUFFER_BYTES: usize = 256 * 1024;
+
+/// One end of a bibw point: a receiver here, a sender on a helper thread.
+struct Side {
+    rx: Box<dyn Receiver>,
+    recv_buf: Vec<u8>,
+    size_bytes: u64,
+    rx_pattern: PatternCursor,
+    /// Iteration counts for the sender thread; dropping it ends the thread.
+    to_sender: Option<mpsc::Sender<u64>>,
+    /// Per repetition: the sender's CPU time in nanoseconds, or its error.
+    from_sender: mpsc::Receiver<Result<u64, FlowError>>,
+    sender: Option<JoinHandle<()>>,
+}
+
+fn sender_loop(
+    mut tx: Box<dyn Sender>,
+    mut buf: Vec<u8>,
+    mut pattern: PatternCursor,
+    work: mpsc::Receiver<u64>,
+    done: mpsc::Sender<Result<u64, FlowError>>,
+) {
+    for iterations in work {
+        let cpu0 = thread_cpu_ns();
+        let mut result = Ok(());
+        for _ in 0..iterations {
+            pattern.fill(&mut buf);
+            result = tx.send_all(&buf);
+            if result.is_err() {
+                break;
+            }
+        }
+        if result.is_ok() {
+            result = tx.end_burst();
+        }
+        let report = result.map(|()| thread_cpu_ns().saturating_sub(cpu0));
+        let failed = report.is_err();
+        if done.send(report).is_err() || failed {
+            return;
+        }
+    }
+}
+
+impl Side {
+    fn new(params: RoleParams, flow: Box<dyn Flow>) -> Result<Side, FlowError> {
+        let size_bytes = params.size_bytes;
+        let (tx, rx) = flow.into_halves();
+        let (to_sender, work) = mpsc::channel();
+        let (done, from_sender) = mpsc::channel();
+        let buf = super::message_buffer(size_bytes);
+        let sender = std::thread::Builder::new()
+            .name("bibw sender".into())
+            .spawn(move || sender_loop(tx, buf, PatternCursor::new(params.verify), work, done))
+            .map_err(FlowError::Io)?;
+        Ok(Side {
+            rx,
+            recv_buf: vec![0u8; size_bytes.max(MIN_RECV_BUFFER_BYTES)],
+            size_bytes: size_bytes as u64,
+            rx_pattern: PatternCursor::new(params.verify),
+            to_sender: Some(to_sender),
+            from_sender,
+            sender: Some(sender),
+        })
+    }
+
+    /// Sends and receives `iterations` messages each way at once; returns the
+    /// sending thread's CPU time in nanoseconds and the bytes an unreliable
+    /// flow counted lost on the way in.
+    fn exchange(&mut self, iterations: u64) -> Result<(u64, u64), FlowError> {
+        let gone = || FlowError::Io(std::io::Error::other("bibw sender thread ended"));
+        self.to_sender
+            .as_ref()
+            .ok_or_else(gone)?
+            .send(iterations)
+            .map_err(|_| gone())?;
+        let received = recv_checked(
+            self.rx.as_mut(),
+            self.size_bytes * iterations,
+            &mut self.recv_buf,
+            &mut self.rx_pattern,
+        );
+        let sent = self.from_sender.recv().map_err(|_| gone())?;
+        let lost = received?;
+        Ok((sent?, lost))
+    }
+}
+
+impl Drop for Side {
+    fn drop(&mut self) {
+        self.to_sender = None;
+        if let Some(h) = self.sender.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+struct Client(Side);
+struct Server(Side);
+
+impl ClientRole for Client {
+    fn run(
+        &mut self,
+        iterations: u64,
+        _rtt_hist: &mut LatencyHistogram,
+    ) -> Result<RepOutcome, FlowError> {
+        let t0 = Instant::now();
+        let (helper_cpu_ns, lost) = self.0.exchange(iterations)?;
+        let elapsed_ns = super::ns_since(t0);
+        let bytes = self.0.size_bytes * iterations;
+        Ok(RepOutcome {
+            elapsed_ns,
+            value: gbps(2 * bytes, elapsed_ns),
+            bytes_tx: bytes,
+            bytes_rx: bytes.saturating_sub(lost),
+            helper_cpu_ns,
+        })
+    }
+}
+
+impl ServerRole for Server {
+    fn run(&mut self, iterations: u64) -> Result<ServerOutcome, FlowError> {
+        let (helper_cpu_ns, lost) = self.0.exchange(iterations)?;
+        let bytes = self.0.size_bytes * iterations;
+        Ok(ServerOutcome {
+            bytes_rx: bytes.saturating_sub(lost),
+            bytes_tx: bytes,
+            helper_cpu_ns,
+        })
+    }
+}
+
+impl Test for Bibw {
+    fn name(&self) -> &'static str {
+        "bibw"
+    }
+    fn summary(&self) -> &'static str {
+        "simultaneous bidirectional bandwidth: both sides send N×X bytes at once"
+    }
+    fn metric(&self) -> Metric {
+        Metric::BandwidthGbps
+    }
+    fn client(
+        &self,
+        params: RoleParams,
+        flow: Box<dyn Flow>,
+    ) -> Result<Box<dyn ClientRole>, FlowError> {
+        Ok(Box::new(Client(Side::new(params, flow)?)))
+    }
+    fn server(
+        &self,
+        params: RoleParams,
+        flow: Box<dyn Flow>,
+    ) -> Result<Box<dyn ServerRole>, FlowError> {
+        Ok(Box::new(Server(Side::new(params, flow)?)))
+    }
+}

@@ -1,0 +1,189 @@
+//! What is measured. Each test is one module with a client role and a server
+//! role that talk over a [`Flow`] and never know which transport carries it;
+//! the runner owns repetitions, warm-up and timing around them.
+//!
+//! Adding a test is one new module here plus one line in [`registry`].
+
+pub mod bibw;
+pub mod bibw_pingpong;
+pub mod logp;
+pub mod payload;
+pub mod pingpong;
+pub mod stream;
+
+use netgap_core::stats::LatencyHistogram;
+use netgap_transport::{DatagramStats, Flow, FlowError};
+
+/// The headline metric of a test, with its unit in the name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Metric {
+    /// One-way latency in microseconds (half the round trip).
+    LatencyUs,
+    /// Payload bandwidth in Gbit/s (10^9 bit/s).
+    BandwidthGbps,
+}
+
+impl Metric {
+    /// The metric's name as written in results (`latency_us`, ...).
+    pub fn key(self) -> &'static str {
+        match self {
+            Metric::LatencyUs => "latency_us",
+            Metric::BandwidthGbps => "bandwidth_gbps",
+        }
+    }
+}
+
+/// What one repetition of a client role measured.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct RepOutcome {
+    /// Wall time of the repetition in nanoseconds, as the test defines it.
+    pub elapsed_ns: u64,
+    /// The repetition's headline value in the test's [`Metric`] unit.
+    pub value: f64,
+    /// Payload bytes the client sent.
+    pub bytes_tx: u64,
+    /// Payload bytes the client received.
+    pub bytes_rx: u64,
+    /// CPU time of helper threads the role started, in nanoseconds.
+    pub helper_cpu_ns: u64,
+}
+
+/// What one repetition of a server role moved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ServerOutcome {
+    /// Payload bytes the server received.
+    pub bytes_rx: u64,
+    /// Payload bytes the server sent.
+    pub bytes_tx: u64,
+    /// CPU time of helper threads the role started, in nanoseconds.
+    pub helper_cpu_ns: u64,
+}
+
+/// What a role needs to know about its point.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RoleParams {
+    /// Message size in bytes, at least 1.
+    pub size_bytes: usize,
+    /// Fill and check every payload byte (`--verify`).
+    pub verify: bool,
+}
+
+/// The client side of a test for one point (one message size). It owns the
+/// point's flow, so a role may keep helper threads for the whole point.
+pub trait ClientRole: Send {
+    /// One repetition of `iterations` iterations. Latency tests record each
+    /// iteration's round trip in nanoseconds into `rtt_hist`.
+    fn run(
+        &mut self,
+        iterations: u64,
+        rtt_hist: &mut LatencyHistogram,
+    ) -> Result<RepOutcome, FlowError>;
+
+    /// The datagram counters of the role's flow since it connected, for an
+    /// unreliable flow (see [`netgap_transport::FlowMonitor`]); `None` for a
+    /// reliable one. The runner reads them around each repetition.
+    fn datagram_stats(&self) -> Option<DatagramStats> {
+        None
+    }
+}
+
+/// The server side of a test for one point; owns the point's flow.
+pub trait ServerRole: Send {
+    /// One repetition of `iterations` iterations.
+    fn run(&mut self, iterations: u64) -> Result<ServerOutcome, FlowError>;
+}
+
+/// A test: a pair of roles and the metric they produce.
+pub trait Test: Sync {
+    /// Name used on the command line and in results.
+    fn name(&self) -> &'static str;
+    /// One line for `netgap list`.
+    fn summary(&self) -> &'static str;
+    /// The headline metric.
+    fn metric(&self) -> Metric;
+    /// Whether repetitions carry per-iteration round trips (latency percentiles).
+    fn has_percentiles(&self) -> bool {
+        false
+    }
+    /// The client role of a point over a connected flow. Any per-point
+    /// setup runs here, while the server's [`Test::server`] runs on the
+    /// other end (stream measures its ack latency, for example).
+    fn client(
+        &self,
+        params: RoleParams,
+        flow: Box<dyn Flow>,
+    ) -> Result<Box<dyn ClientRole>, FlowError>;
+    /// The server role of a point over a connected flow.
+    fn server(
+        &self,
+        params: RoleParams,
+        flow: Box<dyn Flow>,
+    ) -> Result<Box<dyn ServerRole>, FlowError>;
+}
+
+/// Every test netgap has, in the order `netgap list` and the battery use.
+pub fn registry() -> &'static [&'static dyn Test] {
+    &[
+        &pingpong::PingPong,
+        &stream::Stream,
+        &bibw_pingpong::BibwPingPong,
+        &bibw::Bibw,
+        &logp::SEND,
+        &logp::RECV,
+        &logp::HALF_RTT,
+    ]
+}
+
+/// The test called `name`, if there is one.
+pub fn find(name: &str) -> Option<&'static dyn Test> {
+    registry().iter().copied().find(|t| t.name() == name)
+}
+
+/// Names of all tests, comma separated, for error messages.
+pub fn names() -> String {
+    registry()
+        .iter()
+        .map(|t| t.name())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// A message buffer of `size_bytes` filled with a fixed pattern, so pages are
+/// touched before timing starts.
+pub fn message_buffer(size_bytes: usize) -> Vec<u8> {
+    (0..size_bytes).map(|i| (i % 251) as u8).collect()
+}
+
+/// Nanoseconds since `t0`, saturating.
+pub(crate) fn ns_since(t0: std::time::Instant) -> u64 {
+    u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// Gbit/s (10^9 bit/s) for `bytes` moved in `elapsed_ns`: bits per nanosecond.
+pub fn gbps(bytes: u64, elapsed_ns: u64) -> f64 {
+    if elapsed_ns == 0 {
+        return 0.0;
+    }
+    bytes as f64 * 8.0 / elapsed_ns as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn registry_names_are_unique_and_findable() {
+        for t in registry() {
+            assert_eq!(find(t.name()).map(|f| f.name()), Some(t.name()));
+        }
+        let mut n: Vec<_> = registry().iter().map(|t| t.name()).collect();
+        n.dedup();
+        assert_eq!(n.len(), registry().len());
+    }
+
+    #[test]
+    fn gbps_is_bits_per_nanosecond() {
+        assert_eq!(gbps(1_000_000_000, 8_000_000_000), 1.0);
+        assert_eq!(gbps(1, 0), 0.0);
+    }
+}

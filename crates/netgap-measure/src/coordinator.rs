@@ -1,0 +1,475 @@
+//! The coordinator: the process the user runs. It connects to an agent (or
+//! starts one in-process on loopback), opens each point of a [`Plan`], drives
+//! the runner, turns each measurement into a [`ResultRecord`] and hands it to
+//! the sinks the moment it is measured.
+
+use crate::agent::Agent;
+use crate::bench::{self, ClientRole, Metric, RepOutcome, RoleParams};
+use crate::control::{control_detail, handshake, ControlAddr, ControlConn, LinkError};
+use crate::plan::{Peer, Plan};
+use crate::runner::{self, PeerControl, PointMeasurement, RunError, ServerRep};
+use crate::sink::RecordSink;
+use netgap_core::cpu::CpuUsage;
+use netgap_core::host::HostFacts;
+use netgap_core::record::{
+    ByteCounts, CpuPair, DatagramCounts, RecordStats, ResultRecord, ServiceDemand,
+};
+use netgap_core::spec::PointSpec;
+use netgap_core::stats::{noise_warning, LatencyHistogram, Summary, NOISY_CV};
+use netgap_proto::auth::Key;
+use netgap_proto::codec::decode_reply;
+use netgap_proto::message::{Phase, Reply};
+use netgap_proto::session::CoordinatorSession;
+use netgap_transport::{self as transport, DatagramStats, FlowConfig, FlowError, FlowMonitor};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::os::fd::AsFd;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+/// How long a failed point waits for the agent's reason.
+const AGENT_REASON_WAIT: Duration = Duration::from_millis(300);
+/// How long the agent may take to answer a request that does no data work.
+const REPLY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Why a run failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CoordError {
+    /// No agent could be reached.
+    /// The agent could not be reached, or the handshake with it failed.
+    #[error("agent at {addr}: {source}")]
+    Link {
+        /// The agent's address.
+        addr: ControlAddr,
+        /// What went wrong.
+        source: LinkError,
+    },
+    /// A point failed.
+    #[error("{test} over {transport} ({mode}), {size} bytes: {detail}")]
+    Point {
+        /// Test name.
+        test: String,
+        /// Transport name.
+        transport: String,
+        /// Mode.
+        mode: String,
+        /// Message size in bytes.
+        size: u64,
+        /// What went wrong.
+        detail: String,
+    },
+    /// A results file could not be written.
+    #[error("writing {path}: {source}")]
+    Sink {
+        /// The file.
+        path: String,
+        /// Underlying error.
+        source: std::io::Error,
+    },
+    /// The in-process agent could not start.
+    #[error("cannot start the in-process agent: {0}")]
+    Embedded(String),
+    /// The key file is unusable.
+    #[error("{0}")]
+    Key(#[from] crate::auth::KeyFileError),
+}
+
+/// Follows a run as it goes: the table, the progress bar.
+pub trait Observer {
+    /// A point is about to be measured; `index` counts from 0 of `total`.
+    fn point_started(&mut self, _spec: &PointSpec, _index: usize, _total: usize) {}
+    /// A measured repetition of the current point finished.
+    fn rep_done(&mut self, _rep: u32) {}
+    /// A point was measured and written.
+    fn point_done(&mut self, _record: &ResultRecord) {}
+}
+
+/// A control session with one agent.
+pub struct Coordinator {
+    conn: ControlConn,
+    session: CoordinatorSession,
+    /// The agent's IP address, for data addresses it reports unspecified.
+    agent_ip: IpAddr,
+    local_host: HostFacts,
+    peer_host: HostFacts,
+}
+
+impl Coordinator {
+    /// Connects to the agent at `addr`, proves `key` if given (see
+    /// [`crate::auth::prove`]) and shakes hands.
+    pub fn connect(addr: &ControlAddr, key: Option<&Key>) -> Result<Coordinator, CoordError> {
+        let link = handshake(addr, key).map_err(|source| CoordError::Link {
+            addr: addr.clone(),
+            source,
+        })?;
+        Ok(Coordinator {
+            conn: link.conn,
+            session: link.session,
+            agent_ip: link.agent_ip.unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST)),
+            local_host: netgap_transport::host::collect(link.local_ip),
+            peer_host: link.peer_host,
+        })
+    }
+
+    /// Facts of the agent's host, from the handshake.
+    pub fn peer_host(&self) -> &HostFacts {
+        &self.peer_host
+    }
+
+    /// Facts of this host.
+    pub fn local_host(&self) -> &HostFacts {
+        &self.local_host
+    }
+
+    /// Measures one point; `on_rep` is called after each measured repetition.
+    pub fn measure(
+        &mut self,
+        spec: &PointSpec,
+        method: &runner::Method,
+        on_rep: &mut dyn FnMut(u32),
+    ) -> Result<PointMeasurement, String> {
+        let test = bench::find(&spec.test).ok_or("unknown test")?;
+        let transport = transport::find(&spec.transport).ok_or("unknown transport")?;
+        let size = usize::try_from(spec.size_bytes).map_err(|_| "size does not fit in memory")?;
+        let open = self.session.open(spec.clone());
+        self.conn.send(&open).map_err(|e| control_detail(&e))?;
+        let reply = recv_reply(&mut self.conn, REPLY_TIMEOUT)?;
+        let data_addr = self
+            .session
+            .on_listening(reply)
+            .map_err(|e| e.to_string())?;
+        let data_addr = fix_unspecified(&data_addr, self.agent_ip);
+        let config = FlowConfig::from_spec(spec);
+        let flow = transport
+            .connect(&config, &data_addr)
+            .map_err(|e| e.to_string())?;
+        let reply = recv_reply(&mut self.conn, REPLY_TIMEOUT)?;
+        self.session.on_accepted(reply).map_err(|e| e.to_string())?;
+        let monitor = flow.monitor();
+        let role = test
+            .client(
+                RoleParams {
+                    size_bytes: size,
+                    verify: spec.verify,
+                },
+                flow,
+            )
+            .map_err(|e| format!("setup: {e}"))?;
+        let mut role: Box<dyn ClientRole> = match &monitor {
+            Some(m) => Box::new(MonitoredRole {
+                role,
+                monitor: Arc::clone(m),
+            }),
+            None => role,
+        };
+        let done_timeout = config.io_timeout + Duration::from_secs(1);
+        let mut peer = AgentControl {
+            conn: &mut self.conn,
+            session: &mut self.session,
+            done_timeout,
+            monitor,
+        };
+        let measured = runner::measure_point(role.as_mut(), &mut peer, method, on_rep);
+        let m = match measured {
+            Ok(m) => m,
+            Err(e) => {
+                // When the agent refused a repetition (a limit, a failed
+                // role), the data flow breaks too; the agent's reason, sent
+                // just before, says more than the broken flow.
+                if let Ok(payload) = self.conn.recv_payload(AGENT_REASON_WAIT) {
+                    if let Ok(Reply::Error { message }) = decode_reply(&payload) {
+                        return Err(format!("agent error: {message}"));
+                    }
+                }
+                return Err(e.to_string());
+            }
+        };
+        drop(role);
+        let close = self.session.close();
+        self.conn.send(&close).map_err(|e| control_detail(&e))?;
+        let reply = recv_reply(&mut self.conn, REPLY_TIMEOUT)?;
+        self.session.on_closed(reply).map_err(|e| e.to_string())?;
+        Ok(m)
+    }
+
+    /// Ends the session politely.
+    pub fn bye(mut self) {
+        let bye = self.session.bye();
+        let _ = self.conn.send(&bye);
+        let _ = recv_reply(&mut self.conn, Duration::from_millis(500));
+    }
+}
+
+/// An agent bound to 0.0.0.0 or :: reports that address; connect to the
+/// address the control connection used instead.
+fn fix_unspecified(addr: &str, agent_ip: IpAddr) -> String {
+    match addr.parse::<SocketAddr>() {
+        Ok(sa) if sa.ip().is_unspecified() => SocketAddr::new(agent_ip, sa.port()).to_string(),
+        _ => addr.to_string(),
+    }
+}
+
+fn recv_reply(conn: &mut ControlConn, timeout: Duration) -> Result<Reply, String> {
+    let payload = conn.recv_payload(timeout).map_err(|e| control_detail(&e))?;
+    decode_reply(&payload).map_err(|e| format!("bad reply from agent: {e}"))
+}
+
+/// A client role over an unreliable flow, with the flow's counters.
+struct MonitoredRole {
+    role: Box<dyn ClientRole>,
+    monitor: Arc<dyn FlowMonitor>,
+}
+
+impl ClientRole for MonitoredRole {
+    fn run(
+        &mut self,
+        iterations: u64,
+        rtt_hist: &mut LatencyHistogram,
+    ) -> Result<RepOutcome, FlowError> {
+        self.role.run(iterations, rtt_hist)
+    }
+
+    fn datagram_stats(&self) -> Option<DatagramStats> {
+        Some(self.monitor.datagram_stats())
+    }
+}
+
+struct AgentControl<'a> {
+    conn: &'a mut ControlConn,
+    session: &'a mut CoordinatorSession,
+    done_timeout: Duration,
+    /// The client end of an unreliable flow, served while waiting for the
+    /// agent: it may still wait for this end's last datagram.
+    monitor: Option<Arc<dyn FlowMonitor>>,
+}
+
+impl PeerControl for AgentControl<'_> {
+    fn start(&mut self, iterations: u64, phase: Phase) -> Result<(), RunError> {
+        let req = self.session.run(iterations, phase);
+        self.conn
+            .send(&req)
+            .map_err(|e| RunError::Peer(control_detail(&e)))
+    }
+
+    fn finish(&mut self) -> Result<ServerRep, RunError> {
+        let mut timeout = self.done_timeout;
+        if let Some(m) = &self.monitor {
+            let t0 = Instant::now();
+            // A broken flow shows in the next repetition; the wait goes on.
+            let _ = m.serve_idle(self.conn.stream().as_fd(), timeout);
+            timeout = timeout
+                .saturating_sub(t0.elapsed())
+                .max(Duration::from_millis(1));
+        }
+        let reply = recv_reply(self.conn, timeout).map_err(RunError::Peer)?;
+        let (bytes_rx, bytes_tx, cpu, datagrams) = self
+            .session
+            .on_done(reply)
+            .map_err(|e| RunError::Peer(e.to_string()))?;
+        Ok(ServerRep {
+            bytes_rx,
+            bytes_tx,
+            cpu,
+            datagrams,
+        })
+    }
+}
+
+/// Share of the payload sent in a repetition that arrived, 0..=1.
+fn delivered_fraction(r: &runner::RepMeasurement) -> f64 {
+    let sent = r.client.bytes_tx + r.server.bytes_tx;
+    let received = r.server.bytes_rx + r.client.bytes_rx;
+    if sent == 0 {
+        return 1.0;
+    }
+    (received as f64 / sent as f64).min(1.0)
+}
+
+/// Turns a measurement into the point's result record.
+pub fn build_record(
+    spec: &PointSpec,
+    m: &PointMeasurement,
+    plan: &Plan,
+    host: &HostFacts,
+    peer_host: &HostFacts,
+    started: SystemTime,
+) -> Result<ResultRecord, String> {
+    let test = bench::find(&spec.test).ok_or("unknown test")?;
+    // Bandwidth is of payload delivered: over a lossy transport the bytes
+    // lost on the way do not count (as iperf3 reports the receiver's rate).
+    let values: Vec<f64> = m
+        .reps
+        .iter()
+        .map(|r| match test.metric() {
+            Metric::BandwidthGbps => r.client.value * delivered_fraction(r),
+            Metric::LatencyUs => r.client.value,
+        })
+        .collect();
+    let summary = Summary::from_reps(&values).map_err(|e| e.to_string())?;
+    let local = CpuUsage::mean(&m.reps.iter().map(|r| r.client_cpu).collect::<Vec<_>>());
+    let remote = CpuUsage::mean(&m.reps.iter().map(|r| r.server.cpu).collect::<Vec<_>>());
+    let bytes = ByteCounts {
+        client_tx: m.reps.iter().map(|r| r.client.bytes_tx).sum(),
+        client_rx: m.reps.iter().map(|r| r.client.bytes_rx).sum(),
+        server_tx: m.reps.iter().map(|r| r.server.bytes_tx).sum(),
+        server_rx: m.reps.iter().map(|r| r.server.bytes_rx).sum(),
+    };
+    let sum = |side: &dyn Fn(&runner::RepMeasurement) -> Option<DatagramStats>| {
+        m.reps
+            .iter()
+            .filter_map(side)
+            .fold(DatagramStats::default(), |a, d| a.plus(&d))
+    };
+    let datagrams = m
+        .reps
+        .iter()
+        .any(|r| r.client_datagrams.is_some() || r.server.datagrams.is_some())
+        .then(|| DatagramCounts {
+            client: sum(&|r| r.client_datagrams),
+            server: sum(&|r| r.server.datagrams),
+        });
+    // All payload moved in either direction; stream's 1-byte acks included.
+    let moved = bytes.client_tx + bytes.server_tx;
+    let service_demand_us_per_kib = match test.metric() {
+        Metric::BandwidthGbps => {
+            match (
+                local.service_demand_us_per_kib(moved),
+                remote.service_demand_us_per_kib(moved),
+            ) {
+                (Some(l), Some(r)) => Some(ServiceDemand {
+                    local: l,
+                    remote: r,
+                }),
+                _ => None,
+            }
+        }
+        Metric::LatencyUs => None,
+    };
+    let percentiles = if test.has_percentiles() {
+        m.rtt_hist.percentiles_us(0.5)
+    } else {
+        None
+    };
+    let warnings = noise_warning(&summary, NOISY_CV).into_iter().collect();
+    Ok(ResultRecord {
+        test: spec.test.clone(),
+        transport: spec.transport.clone(),
+        mode: spec.mode,
+        size_bytes: spec.size_bytes,
+        metric: test.metric().key().into(),
+        value: summary.value,
+        stats: Some(RecordStats::from(&summary)),
+        percentiles,
+        cpu: Some(CpuPair { local, remote }),
+        service_demand_us_per_kib,
+        iterations_per_rep: Some(m.iterations_per_rep),
+        warmup_iterations: Some(m.warmup_iterations),
+        bytes: Some(bytes),
+        datagrams,
+        warnings,
+        host: Some(host.clone()),
+        peer_host: Some(peer_host.clone()),
+        options: Some(plan.record_options(spec)),
+        version: netgap_core::VERSION.into(),
+        time: humantime::format_rfc3339_seconds(started).to_string(),
+        tool: None,
+        sweep_kind: None,
+        block_time_us: None,
+        dropout: None,
+        ci_target: m.ci,
+        clients: None,
+        client_hosts: None,
+        flows: Vec::new(),
+        hosts_cpu: Vec::new(),
+        links: Vec::new(),
+    })
+}
+
+/// Opens the control session of `plan`: starts the in-process agent on
+/// loopback when the plan has no remote peer, pins this thread when the
+/// plan places the client, and connects.
+pub fn open_session(plan: &Plan) -> Result<Coordinator, CoordError> {
+    let addr = match &plan.peer {
+        Peer::Remote { addr, .. } => addr.clone(),
+        Peer::Embedded { ipv6 } => {
+            let ip: IpAddr = if *ipv6 {
+                Ipv6Addr::LOCALHOST.into()
+            } else {
+                Ipv4Addr::LOCALHOST.into()
+            };
+            let agent = Agent::bind(SocketAddr::new(ip, 0))
+                .map_err(|e| CoordError::Embedded(e.to_string()))?
+                .quiet();
+            let addr = agent
+                .local_addr()
+                .map_err(|e| CoordError::Embedded(e.to_string()))?;
+            let addr = ControlAddr::Tcp(addr);
+            agent
+                .spawn()
+                .map_err(|e| CoordError::Embedded(e.to_string()))?;
+            addr
+        }
+    };
+    if let Some(cpu) = plan.client_cpu {
+        netgap_transport::affinity::pin_current_thread(cpu)
+            .map_err(|e| CoordError::Embedded(format!("client placement: {e}")))?;
+    }
+    let key = plan
+        .key_file
+        .as_deref()
+        .map(crate::auth::load_key)
+        .transpose()?;
+    Coordinator::connect(&addr, key.as_ref())
+}
+
+/// What a run did.
+#[derive(Debug, Clone, Default)]
+pub struct RunSummary {
+    /// Points measured and written.
+    pub points: usize,
+}
+
+/// Runs a whole plan against its agent, writing each record to every sink as
+/// soon as it is measured. On failure, every point measured before is
+/// already in the sinks.
+pub fn run_plan(
+    plan: &Plan,
+    sinks: &mut [Box<dyn RecordSink>],
+    observer: &mut dyn Observer,
+) -> Result<RunSummary, CoordError> {
+    let mut coord = open_session(plan)?;
+    let total = plan.points.len();
+    let mut summary = RunSummary::default();
+    for (i, spec) in plan.points.iter().enumerate() {
+        observer.point_started(spec, i, total);
+        let point_err = |detail: String| CoordError::Point {
+            test: spec.test.clone(),
+            transport: spec.transport.clone(),
+            mode: spec.mode.to_string(),
+            size: spec.size_bytes,
+            detail,
+        };
+        let started = SystemTime::now();
+        let m = coord
+            .measure(spec, &plan.method, &mut |rep| observer.rep_done(rep))
+            .map_err(point_err)?;
+        let record = build_record(
+            spec,
+            &m,
+            plan,
+            coord.local_host(),
+            coord.peer_host(),
+            started,
+        )
+        .map_err(point_err)?;
+        for sink in sinks.iter_mut() {
+            sink.append(&record).map_err(|source| CoordError::Sink {
+                path: sink.path().display().to_string(),
+                source,
+            })?;
+        }
+        summary.points += 1;
+        observer.point_done(&record);
+    }
+    coord.bye();
+    Ok(summary)
+}

@@ -1,0 +1,688 @@
+//! The group coordinator: connects to the agent of every host (or starts
+//! in-process agents on loopback), places the server role on the first host
+//! and the clients cyclically on the others, prepares every role, starts
+//! all of them with one `group_go` each (the barrier), and gathers the
+//! per-flow reports into one [`netgap_core::record::ResultRecord`] per point, handed to the
+//! sinks as soon as it is measured.
+//!
+//! Every session has a reader thread that forwards its replies to one
+//! channel, so the coordinator hears at once from a host whose agent dies
+//! (its control connection closes) or goes silent (a deadline passes) and
+//! names it, whichever host it was waiting on.
+
+use super::allot::allot;
+use super::plan::{GroupPlan, GroupPoint, HostsSource};
+use super::Shape;
+use crate::agent::Agent;
+use crate::control::{
+    control_detail, handshake, ControlAddr, ControlConn, ControlError, ControlStream, LinkError,
+};
+use crate::coordinator::Observer;
+use crate::sink::RecordSink;
+use netgap_core::host::HostFacts;
+use netgap_core::stats::LatencyHistogram;
+use netgap_proto::auth::Key;
+use netgap_proto::codec::{decode_reply, encode};
+use netgap_proto::group::{FlowReport, GroupOutcome, GroupRole, GroupSpec};
+use netgap_proto::message::{Reply, Request};
+use netgap_proto::session::{CoordinatorSession, GroupProgress};
+use std::collections::VecDeque;
+use std::io::Write;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::mpsc;
+use std::time::{Duration, Instant, SystemTime};
+
+/// A running agent that says nothing for this long (it says it is alive
+/// every second) has gone silent.
+const SILENCE_LIMIT: Duration = Duration::from_secs(3);
+/// How often waiting checks every running host for silence.
+const SILENCE_CHECK: Duration = Duration::from_millis(250);
+/// How long an agent may take to answer a request that moves no data.
+const REPLY_TIMEOUT: Duration = Duration::from_secs(5);
+/// Extra time, past the warm-up, window and drain, for the results.
+const RESULT_SLACK: Duration = Duration::from_secs(4);
+/// Extra time for the results per flow of the point.
+const PER_FLOW_REPORT_TIME: Duration = Duration::from_millis(1);
+/// After a first failure, how long to listen for a host whose connection
+/// dropped: a dead client host makes the server's flows fail too, and the
+/// dead host is the one to name.
+const FAILURE_GRACE: Duration = Duration::from_millis(300);
+
+/// Why a group run failed: one line naming the host when a host failed.
+#[derive(Debug, thiserror::Error)]
+pub enum GroupError {
+    /// A host's agent failed, died or went silent.
+    #[error("host {host} ({control}) failed: {detail}")]
+    Host {
+        /// Host name.
+        host: String,
+        /// Its control address.
+        control: String,
+        /// What happened.
+        detail: String,
+    },
+    /// A point could not be set up or summarized (not a host's fault).
+    #[error("{0}")]
+    Point(String),
+    /// In-process agents could not start.
+    #[error("cannot start the in-process agents: {0}")]
+    Embedded(String),
+    /// A results file could not be written.
+    #[error("writing {path}: {source}")]
+    Sink {
+        /// The file.
+        path: String,
+        /// Underlying error.
+        source: std::io::Error,
+    },
+}
+
+/// One host of the run, resolved.
+#[derive(Debug, Clone)]
+pub(super) struct HostInfo {
+    /// Host name (from the hosts file, else its control address).
+    pub(super) name: String,
+    control: ControlAddr,
+    /// Data address, when known (hosts file, in-process agents).
+    address: Option<IpAddr>,
+    /// Link pairs (local, remote) to the server, for multirail.
+    rails: Vec<(IpAddr, IpAddr)>,
+    /// On a mesh, the first link (local, remote) to the server: the path
+    /// every other test takes, as the server's own address may sit on
+    /// another link's subnet.
+    via: Option<(IpAddr, IpAddr)>,
+}
+
+/// One agent session.
+pub(super) struct Link {
+    pub(super) host: HostInfo,
+    writer: ControlStream,
+    session: CoordinatorSession,
+    /// The agent's host facts, from its welcome.
+    pub(super) facts: HostFacts,
+    pending: VecDeque<Reply>,
+}
+
+type Event = (usize, Result<Reply, String>);
+
+/// Sessions with every host of a run.
+pub struct GroupCoordinator {
+    /// Sessions: the server's first, then the client hosts'.
+    pub(super) links: Vec<Link>,
+    events: mpsc::Receiver<Event>,
+    lost: Vec<Option<String>>,
+    /// Hosts running a group role, with when each was last heard from.
+    running: Vec<Option<Instant>>,
+    /// Facts of this (the coordinator's) host.
+    pub(super) local: HostFacts,
+}
+
+fn resolve_hosts(source: &HostsSource) -> Result<Vec<HostInfo>, GroupError> {
+    match source {
+        HostsSource::File(f) => {
+            let server = &f.hosts[0];
+            f.hosts
+                .iter()
+                .map(|h| {
+                    let control = h.control_addr().ok_or_else(|| {
+                        GroupError::Point(format!("host {}: bad control address", h.name))
+                    })?;
+                    let rails: Vec<(IpAddr, IpAddr)> = h
+                        .links_to(&server.name)
+                        .map(|l| (l.local, l.remote))
+                        .collect();
+                    Ok(HostInfo {
+                        name: h.name.clone(),
+                        control,
+                        address: Some(h.address),
+                        via: rails.first().copied(),
+                        rails,
+                    })
+                })
+                .collect()
+        }
+        HostsSource::Addrs(addrs) => Ok(addrs
+            .iter()
+            .map(|a| HostInfo {
+                name: a.to_string(),
+                control: a.clone(),
+                address: match a {
+                    ControlAddr::Tcp(sa) => Some(sa.ip()),
+                    ControlAddr::Unix(_) => None,
+                },
+                rails: Vec::new(),
+                via: None,
+            })
+            .collect()),
+        HostsSource::Embedded {
+            client_hosts,
+            links,
+        } => {
+            let mut hosts = Vec::new();
+            for h in 0..=*client_hosts {
+                let ip = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1 + h as u8));
+                let agent = Agent::bind(SocketAddr::new(ip, 0))
+                    .map_err(|e| GroupError::Embedded(e.to_string()))?
+                    .quiet();
+                let addr = agent
+                    .local_addr()
+                    .map_err(|e| GroupError::Embedded(e.to_string()))?;
+                agent
+                    .spawn()
+                    .map_err(|e| GroupError::Embedded(e.to_string()))?;
+                // Loopback links: distinct address pairs 127.0.1.k (client
+                // side) and 127.0.2.k (server side).
+                let rails = if h == 1 {
+                    (1..=*links as u8)
+                        .map(|k| {
+                            (
+                                IpAddr::V4(Ipv4Addr::new(127, 0, 1, k)),
+                                IpAddr::V4(Ipv4Addr::new(127, 0, 2, k)),
+                            )
+                        })
+                        .collect()
+                } else {
+                    Vec::new()
+                };
+                hosts.push(HostInfo {
+                    name: ip.to_string(),
+                    control: ControlAddr::Tcp(addr),
+                    address: Some(ip),
+                    rails,
+                    via: None,
+                });
+            }
+            Ok(hosts)
+        }
+    }
+}
+
+impl GroupCoordinator {
+    /// Connects to every host's agent, proves `key` to it when given (see
+    /// [`crate::auth::prove`]) and shakes hands.
+    fn connect(hosts: Vec<HostInfo>, key: Option<&Key>) -> Result<GroupCoordinator, GroupError> {
+        let (tx, rx) = mpsc::channel();
+        let mut links = Vec::new();
+        let mut local_ip = None;
+        for (i, host) in hosts.into_iter().enumerate() {
+            let fail = |detail: String| GroupError::Host {
+                host: host.name.clone(),
+                control: host.control.to_string(),
+                detail,
+            };
+            let link = handshake(&host.control, key).map_err(|e| match e {
+                LinkError::KeyRequired => {
+                    fail(format!("{e} (or a hosts file whose key_file names it)"))
+                }
+                e => fail(e.to_string()),
+            })?;
+            local_ip = local_ip.or(link.local_ip);
+            let writer = link
+                .conn
+                .try_clone_stream()
+                .map_err(|e| fail(e.to_string()))?;
+            let (conn, session, facts) = (link.conn, link.session, link.peer_host);
+            let tx = tx.clone();
+            std::thread::Builder::new()
+                .name(format!("control {}", host.name))
+                .spawn(move || read_replies(i, conn, tx))
+                .map_err(|e| fail(format!("cannot start a reader thread: {e}")))?;
+            links.push(Link {
+                host,
+                writer,
+                session,
+                facts,
+                pending: VecDeque::new(),
+            });
+        }
+        let lost = vec![None; links.len()];
+        Ok(GroupCoordinator {
+            running: vec![None; links.len()],
+            links,
+            events: rx,
+            lost,
+            local: netgap_transport::host::collect(local_ip),
+        })
+    }
+
+    /// The error naming host `i`.
+    pub(super) fn host_error(&self, i: usize, detail: String) -> GroupError {
+        GroupError::Host {
+            host: self.links[i].host.name.clone(),
+            control: self.links[i].host.control.to_string(),
+            detail,
+        }
+    }
+
+    fn send(&mut self, i: usize, req: &Request) -> Result<(), GroupError> {
+        let frame = encode(req).map_err(|e| GroupError::Point(e.to_string()))?;
+        let w = &mut self.links[i].writer;
+        let r = match w {
+            ControlStream::Tcp(s) => s.set_write_timeout(Some(REPLY_TIMEOUT)),
+            ControlStream::Unix(s) => s.set_write_timeout(Some(REPLY_TIMEOUT)),
+        }
+        .and_then(|()| w.write_all(&frame));
+        r.map_err(|e| {
+            self.host_error(
+                i,
+                format!("sending {}: {e} (did its agent die?)", req.kind()),
+            )
+        })
+    }
+
+    /// The failure to report once host `i` failed with `detail`: after a
+    /// short grace, a host whose connection dropped is named first.
+    fn failure(&mut self, i: usize, detail: String) -> GroupError {
+        let until = Instant::now() + FAILURE_GRACE;
+        while let Ok((j, ev)) = self
+            .events
+            .recv_timeout(until.saturating_duration_since(Instant::now()))
+        {
+            if let Err(e) = ev {
+                self.lost[j] = Some(e);
+            }
+        }
+        if let Some(j) = self.lost.iter().position(Option::is_some) {
+            let d = self.lost[j].clone().unwrap_or_default();
+            return self.host_error(j, d);
+        }
+        // A stopped host stalls its peers' flows, which then fail too:
+        // name the host that stopped answering, not the one that noticed.
+        let quiet = 2 * netgap_proto::message::GROUP_ALIVE_INTERVAL;
+        if let Some(j) = self
+            .running
+            .iter()
+            .position(|t| t.is_some_and(|t| t.elapsed() > quiet))
+            .filter(|&j| j != i || !detail.starts_with("agent error"))
+        {
+            let since = self.running[j].map(|t| t.elapsed()).unwrap_or_default();
+            return self.host_error(
+                j,
+                format!("its agent went silent (nothing heard for {since:.1?} while running)"),
+            );
+        }
+        self.host_error(i, detail)
+    }
+
+    /// The next reply of host `i`, within `timeout`. A failure of any
+    /// other host seen meanwhile fails at once, naming that host.
+    fn wait(&mut self, i: usize, timeout: Duration) -> Result<Reply, GroupError> {
+        if let Some(r) = self.links[i].pending.pop_front() {
+            return Ok(r);
+        }
+        if let Some(e) = self.lost[i].clone() {
+            return Err(self.failure(i, e));
+        }
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(j) = self.silent_host() {
+                return Err(self.failure(
+                    j,
+                    format!(
+                        "its agent went silent (nothing heard for {SILENCE_LIMIT:?} while running)"
+                    ),
+                ));
+            }
+            let left = deadline
+                .saturating_duration_since(Instant::now())
+                .min(SILENCE_CHECK);
+            if left.is_zero() {
+                return Err(self.failure(
+                    i,
+                    format!("its agent went silent (no answer within {timeout:?})"),
+                ));
+            }
+            let event = self.events.recv_timeout(left);
+            match &event {
+                // Done running: nothing more is due from it this repetition.
+                Ok((j, Ok(Reply::GroupFinished { .. }))) => self.running[*j] = None,
+                Ok((j, Ok(_))) => {
+                    if let Some(t) = self.running[*j].as_mut() {
+                        *t = Instant::now();
+                    }
+                }
+                _ => {}
+            }
+            match event {
+                Ok((j, Ok(r))) if j == i => return Ok(r),
+                Ok((j, Ok(Reply::Error { message }))) => {
+                    return Err(self.failure(j, format!("agent error: {message}")))
+                }
+                Ok((j, Ok(r))) => self.links[j].pending.push_back(r),
+                Ok((j, Err(e))) => {
+                    self.lost[j] = Some(e.clone());
+                    return Err(self.failure(j, e));
+                }
+                Err(_) => {}
+            }
+        }
+    }
+
+    /// A host running a group role that has said nothing for longer than
+    /// [`SILENCE_LIMIT`], if any.
+    fn silent_host(&self) -> Option<usize> {
+        self.running
+            .iter()
+            .position(|t| t.is_some_and(|t| t.elapsed() > SILENCE_LIMIT))
+    }
+
+    /// Ends every session politely.
+    fn bye(mut self) {
+        for i in 0..self.links.len() {
+            let bye = self.links[i].session.bye();
+            let _ = self.send(i, &bye);
+        }
+    }
+}
+
+/// Forwards every reply of one session to the coordinator until the
+/// connection ends.
+fn read_replies(i: usize, mut conn: ControlConn, tx: mpsc::Sender<Event>) {
+    loop {
+        match conn.recv_payload(Duration::from_secs(3600)) {
+            Ok(payload) => {
+                let ev = decode_reply(&payload).map_err(|e| format!("bad reply: {e}"));
+                let stop = ev.is_err();
+                if tx.send((i, ev)).is_err() || stop {
+                    return;
+                }
+            }
+            Err(ControlError::TimedOut(_)) => continue,
+            Err(e) => {
+                let _ = tx.send((i, Err(control_detail(&e))));
+                return;
+            }
+        }
+    }
+}
+
+/// Where each flow of a point runs.
+pub(super) struct Placement {
+    /// Client link index (into `links`) of each flow.
+    pub(super) host_of: Vec<usize>,
+    /// (local, remote) link addresses of each flow, for multirail.
+    pub(super) rails: Vec<(IpAddr, IpAddr)>,
+}
+
+/// Places the flows of `point` on the client hosts.
+pub(super) fn place(point: &GroupPoint, links: &[Link]) -> Result<Placement, GroupError> {
+    let client_hosts = (links.len() - 1) as u32;
+    match point.test.shape {
+        Shape::Spread => Ok(Placement {
+            host_of: allot(point.clients, client_hosts)
+                .into_iter()
+                .map(|h| h as usize + 1)
+                .collect(),
+            rails: Vec::new(),
+        }),
+        Shape::Streams => Ok(Placement {
+            host_of: vec![1; point.clients as usize],
+            rails: Vec::new(),
+        }),
+        Shape::Rails => {
+            let rails = links[1].host.rails.clone();
+            if rails.is_empty() {
+                return Err(GroupError::Point(format!(
+                    "multirail: no links between {} and {}; give --hosts @FILE of a mesh testbed, or run without --hosts for loopback links",
+                    links[1].host.name, links[0].host.name
+                )));
+            }
+            Ok(Placement {
+                host_of: vec![1; rails.len()],
+                rails,
+            })
+        }
+    }
+}
+
+/// An IP:PORT an agent announced on an unspecified address, made
+/// reachable with the address its control connection used.
+fn fix_unspecified(addr: &str, host: &HostInfo) -> String {
+    match (addr.parse::<SocketAddr>(), host.address) {
+        (Ok(sa), Some(ip)) if sa.ip().is_unspecified() => {
+            SocketAddr::new(ip, sa.port()).to_string()
+        }
+        _ => addr.to_string(),
+    }
+}
+
+/// An IP:PORT a server announced on the unspecified address, made
+/// reachable at `ip` (the server's end of a client host's link).
+fn retarget(addr: &str, ip: IpAddr) -> String {
+    match addr.parse::<SocketAddr>() {
+        Ok(sa) if sa.ip().is_unspecified() => SocketAddr::new(ip, sa.port()).to_string(),
+        _ => addr.to_string(),
+    }
+}
+
+/// What one repetition produced.
+pub(super) struct RepResult {
+    /// Reports per participating link index, the server's first.
+    pub(super) reports: Vec<(usize, Vec<FlowReport>, GroupOutcome)>,
+    /// Latency histogram of every client exchange, ns.
+    pub(super) hist: LatencyHistogram,
+}
+
+impl GroupCoordinator {
+    fn session_hosts(&self) -> Vec<IpAddr> {
+        let mut ips = Vec::new();
+        for l in &self.links {
+            ips.extend(l.host.address);
+            if let ControlAddr::Tcp(sa) = &l.host.control {
+                ips.push(sa.ip());
+            }
+            for (a, b) in &l.host.rails {
+                ips.push(*a);
+                ips.push(*b);
+            }
+        }
+        ips.sort();
+        ips.dedup();
+        ips
+    }
+
+    /// Runs one repetition of `point`: prepare every role, the barrier,
+    /// gather every report.
+    pub(super) fn rep(
+        &mut self,
+        point: &GroupPoint,
+        placement: &Placement,
+        plan: &GroupPlan,
+    ) -> Result<RepResult, GroupError> {
+        let flows = placement.host_of.len() as u32;
+        let engine = point.test.uses_engine();
+        let session_hosts = self.session_hosts();
+        let base = GroupSpec {
+            point: point.spec.clone(),
+            role: GroupRole::Server,
+            work: point.test.work(point.spec.size_bytes),
+            flows,
+            listen_ips: Vec::new(),
+            targets: Vec::new(),
+            bind_ips: Vec::new(),
+            session_hosts,
+            warmup_ms: plan.warmup.as_millis() as u32,
+            duration_ms: plan.duration.as_millis() as u32,
+        };
+        // On a mesh each client host reaches the server over its own link
+        // (its own subnet): the server then listens on every address and
+        // each client host targets the server's end of its first link.
+        let vias: Vec<Option<(IpAddr, IpAddr)>> = self
+            .links
+            .iter()
+            .map(|l| l.host.via.filter(|_| placement.rails.is_empty()))
+            .collect();
+        let client_link = |h: usize| vias[h];
+        let meshed = placement.host_of.iter().any(|&h| client_link(h).is_some());
+        let mut server = base.clone();
+        server.listen_ips = if !placement.rails.is_empty() {
+            placement.rails.iter().map(|r| r.1).collect()
+        } else if meshed {
+            vec![IpAddr::V4(Ipv4Addr::UNSPECIFIED)]
+        } else {
+            self.links[0].host.address.into_iter().collect()
+        };
+        let req = self.links[0].session.group_prepare(server);
+        self.send(0, &req)?;
+        let reply = self.wait(0, REPLY_TIMEOUT)?;
+        let addrs = self.links[0]
+            .session
+            .on_group_listening(reply)
+            .map_err(|e| self.host_error(0, e.to_string()))?;
+        let want = if engine { 1 } else { flows as usize };
+        if addrs.len() != want {
+            return Err(
+                self.host_error(0, format!("announced {} listeners for {want}", addrs.len()))
+            );
+        }
+        let addrs: Vec<String> = if meshed {
+            addrs
+        } else {
+            addrs
+                .iter()
+                .map(|a| fix_unspecified(a, &self.links[0].host))
+                .collect()
+        };
+        let mut clients: Vec<(usize, Vec<usize>)> = Vec::new();
+        for (flow, &h) in placement.host_of.iter().enumerate() {
+            match clients.iter_mut().find(|(l, _)| *l == h) {
+                Some((_, f)) => f.push(flow),
+                None => clients.push((h, vec![flow])),
+            }
+        }
+        for (h, flow_ids) in &clients {
+            let mut spec = base.clone();
+            spec.role = GroupRole::Client;
+            spec.flows = flow_ids.len() as u32;
+            let link = client_link(*h);
+            let target = |a: &String| match link {
+                Some((_, server_end)) => retarget(a, server_end),
+                None => a.clone(),
+            };
+            spec.targets = if engine {
+                vec![target(&addrs[0])]
+            } else {
+                flow_ids.iter().map(|&f| target(&addrs[f])).collect()
+            };
+            // Flows leave from the client host's own address (its end of
+            // the link on a mesh) when it is known and the transport can
+            // bind one (tcp).
+            spec.bind_ips = if !placement.rails.is_empty() {
+                flow_ids.iter().map(|&f| placement.rails[f].0).collect()
+            } else if point.spec.transport == "tcp" {
+                match link {
+                    Some((local, _)) => vec![local],
+                    None => self.links[*h].host.address.into_iter().collect(),
+                }
+            } else {
+                Vec::new()
+            };
+            let req = self.links[*h].session.group_prepare(spec);
+            self.send(*h, &req)?;
+        }
+        let prepare_timeout = super::role::ACCEPT_TIMEOUT + REPLY_TIMEOUT;
+        for &(h, _) in &clients {
+            let reply = self.wait(h, prepare_timeout)?;
+            self.links[h]
+                .session
+                .on_group_ready(reply)
+                .map_err(|e| self.host_error(h, e.to_string()))?;
+        }
+        let reply = self.wait(0, prepare_timeout)?;
+        self.links[0]
+            .session
+            .on_group_ready(reply)
+            .map_err(|e| self.host_error(0, e.to_string()))?;
+        // The barrier: every role is prepared; start them all.
+        let mut order: Vec<usize> = vec![0];
+        order.extend(clients.iter().map(|(h, _)| *h));
+        for &h in &order {
+            let go = self.links[h].session.group_go();
+            self.send(h, &go)?;
+            self.running[h] = Some(Instant::now());
+        }
+        // In-flight exchanges may take an I/O timeout to finish after the
+        // window, and thousands of flows take a while to close and report.
+        let timeout = plan.warmup
+            + plan.duration
+            + 2 * Duration::from_millis(u64::from(point.spec.io_timeout_ms))
+            + RESULT_SLACK
+            + PER_FLOW_REPORT_TIME * flows;
+        let deadline = Instant::now() + timeout;
+        let mut result = RepResult {
+            reports: Vec::new(),
+            hist: LatencyHistogram::new(),
+        };
+        for &h in &order {
+            let mut reports = Vec::new();
+            loop {
+                let left = deadline.saturating_duration_since(Instant::now());
+                let reply = self.wait(h, left.max(Duration::from_millis(1)))?;
+                let progress = self.links[h]
+                    .session
+                    .on_group_result(reply)
+                    .map_err(|e| self.host_error(h, e.to_string()))?;
+                match progress {
+                    GroupProgress::Alive => {}
+                    GroupProgress::Flows(f) => reports.extend(f),
+                    GroupProgress::Buckets(b) => {
+                        // Only the clients time the exchanges.
+                        if h != 0 {
+                            for [v, n] in b {
+                                result.hist.record_n_ns(v, n);
+                            }
+                        }
+                    }
+                    GroupProgress::Finished(outcome) => {
+                        self.running[h] = None;
+                        result.reports.push((h, reports, outcome));
+                        break;
+                    }
+                }
+            }
+        }
+        Ok(result)
+    }
+}
+
+/// The key to prove to every agent: `--key FILE`, else the hosts file's
+/// `key_file` (a testbed names its own key there), else none.
+fn run_key(plan: &GroupPlan) -> Result<Option<Key>, GroupError> {
+    let path = plan.base.key_file.clone().or_else(|| match &plan.hosts {
+        HostsSource::File(f) => f.key_file.clone(),
+        _ => None,
+    });
+    path.map(|p| crate::auth::load_key(&p))
+        .transpose()
+        .map_err(|e| GroupError::Point(e.to_string()))
+}
+
+/// Runs a whole group plan, writing each record to every sink as soon as it
+/// is measured. On failure, every point measured before is already in the
+/// sinks.
+pub fn run_group_plan(
+    plan: &GroupPlan,
+    sinks: &mut [Box<dyn RecordSink>],
+    observer: &mut dyn Observer,
+) -> Result<usize, GroupError> {
+    let hosts = resolve_hosts(&plan.hosts)?;
+    let key = run_key(plan)?;
+    let mut coord = GroupCoordinator::connect(hosts, key.as_ref())?;
+    let total = plan.points.len();
+    let mut done = 0;
+    for (i, point) in plan.points.iter().enumerate() {
+        observer.point_started(&point.spec, i, total);
+        let started = SystemTime::now();
+        let record = super::summary::measure_point(&mut coord, point, plan, started, observer)?;
+        for sink in sinks.iter_mut() {
+            sink.append(&record).map_err(|source| GroupError::Sink {
+                path: sink.path().display().to_string(),
+                source,
+            })?;
+        }
+        observer.point_done(&record);
+        done += 1;
+    }
+    coord.bye();
+    Ok(done)
+}

@@ -1,0 +1,28 @@
+//! Measurement: what netgap measures and how. The point-to-point tests
+//! ([`bench`](mod@bench)) and the runner that times their repetitions
+//! ([`runner`]), the multi-host tests ([`group`]), the validated plans
+//! ([`plan`]), the coordinator and agent that put the control protocol on
+//! sockets ([`coordinator`], [`agent`], [`control`], [`auth`]), the sweep
+//! and LogP commands, and the sinks and table that each measured point goes
+//! to ([`sink`], [`output`]).
+//!
+//! Data flows one way: a validated [`plan`] becomes points, the
+//! [`coordinator`] drives an [`agent`] through `netgap_proto`, the [`runner`]
+//! times repetitions of a [`bench`](mod@bench) test over a
+//! `netgap_transport` transport, and each measured point becomes a
+//! `netgap_core::record::ResultRecord` written to every [`sink`] the moment
+//! it is measured.
+
+pub mod agent;
+pub mod auth;
+pub mod bench;
+pub mod cluster;
+pub mod control;
+pub mod coordinator;
+pub mod group;
+pub mod logp;
+pub mod output;
+pub mod plan;
+pub mod runner;
+pub mod sink;
+pub mod sweep;

@@ -1,0 +1,357 @@
+//! Control messages of multi-host (group) tests: what one agent is asked to
+//! do in a group point and what it reports back. Plain data with range
+//! checks, like [`super::message`]; the session machines in
+//! [`super::session`] decide when each may come.
+//!
+//! A group point places one server role and any number of client roles on
+//! agents. Each agent gets a [`GroupSpec`] (`group_prepare`), opens or
+//! connects its flows and answers `group_ready`; the coordinator then sends
+//! `group_go` to every agent at once (the barrier), and each agent answers
+//! with its per-flow reports (`group_flows`, in chunks), its latency
+//! histogram (`group_buckets`, in chunks) and a closing `group_finished`.
+
+use netgap_core::cpu::CpuUsage;
+use netgap_core::spec::{PointSpec, RangeError};
+use netgap_core::stats::Percentiles;
+use serde::{Deserialize, Serialize};
+use std::net::IpAddr;
+
+/// Most flows one agent runs in one group point (the engine's 10,000 plus
+/// room); anything larger is refused before any data socket opens.
+pub const MAX_GROUP_FLOWS: u32 = 16_384;
+/// Longest measured window of one repetition, in milliseconds (10 minutes).
+pub const MAX_GROUP_DURATION_MS: u32 = 600_000;
+/// Longest uncounted warm-up before the window, in milliseconds.
+pub const MAX_GROUP_WARMUP_MS: u32 = 60_000;
+/// Most addresses in the session's host list.
+pub const MAX_SESSION_HOSTS: usize = 1024;
+/// Most per-flow addresses (listeners, targets, binds) in one message; a
+/// longer list would not fit in a control frame.
+pub const MAX_FLOW_ADDRS: usize = 1024;
+/// Most flow reports in one `group_flows` chunk (keeps a frame under the
+/// codec's limit even with percentiles on every flow).
+pub const FLOWS_PER_CHUNK: usize = 128;
+/// Most histogram buckets in one `group_buckets` chunk.
+pub const BUCKETS_PER_CHUNK: usize = 1024;
+
+/// Which side of a group point an agent plays.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GroupRole {
+    /// Listens and serves every client flow.
+    Server,
+    /// Opens flows to the server.
+    Client,
+}
+
+impl GroupRole {
+    /// `server` or `client`, as written in results.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GroupRole::Server => "server",
+            GroupRole::Client => "client",
+        }
+    }
+}
+
+/// Which way payload moves in a bandwidth test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Direction {
+    /// Clients send, the server receives (multistream, fanin, multirail).
+    ToServer,
+    /// The server sends, clients receive (fanout).
+    FromServer,
+}
+
+/// What every flow of a group point does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum GroupWork {
+    /// Messages of `size_bytes` back to back for the whole window, one
+    /// thread per flow over any cross-host transport.
+    Stream {
+        /// Message size in bytes (the point's size).
+        size_bytes: u64,
+        /// Which end sends.
+        direction: Direction,
+    },
+    /// `size_bytes` ping-pong round trips back to back (hotspot; flows engine).
+    PingPong {
+        /// Message size in bytes.
+        size_bytes: u64,
+    },
+    /// Open, send `request_bytes`, read `reply_bytes`, close, repeatedly
+    /// (connect; flows engine).
+    Connect {
+        /// Request size in bytes.
+        request_bytes: u64,
+        /// Reply size in bytes.
+        reply_bytes: u64,
+    },
+}
+
+/// What one agent must do in a group point. Invariants (checked by
+/// [`GroupSpec::validate`]): `flows` in 1..=[`MAX_GROUP_FLOWS`], `duration_ms`
+/// in 1..=[`MAX_GROUP_DURATION_MS`], a client's `targets` are 1 or `flows`
+/// addresses and every target's IP is in `session_hosts`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GroupSpec {
+    /// Test, transport, mode, message size, options and inactivity timeout
+    /// of the point (`server_cpu` and `verify` are not used).
+    pub point: PointSpec,
+    /// The role this agent plays.
+    pub role: GroupRole,
+    /// What each flow does.
+    pub work: GroupWork,
+    /// Flows this agent runs (a server: every client flow of the point).
+    pub flows: u32,
+    /// Server: the addresses to listen on, one for every flow or one for
+    /// all; empty means the address the control connection arrived on.
+    #[serde(default)]
+    pub listen_ips: Vec<IpAddr>,
+    /// Client: the server's data addresses (`IP:PORT`), one per flow or one
+    /// for all.
+    #[serde(default)]
+    pub targets: Vec<String>,
+    /// Client: local addresses to connect from, one per flow or one for
+    /// all; empty lets the system choose.
+    #[serde(default)]
+    pub bind_ips: Vec<IpAddr>,
+    /// Addresses of every host of the session: a client role connects only
+    /// to these.
+    pub session_hosts: Vec<IpAddr>,
+    /// Uncounted warm-up after `group_go`, in milliseconds.
+    pub warmup_ms: u32,
+    /// Measured window after the warm-up, in milliseconds.
+    pub duration_ms: u32,
+}
+
+fn range(field: &'static str, detail: impl Into<String>) -> RangeError {
+    RangeError {
+        field,
+        detail: detail.into(),
+    }
+}
+
+/// Checks that a per-flow list has 0, 1 or `flows` entries.
+fn per_flow(field: &'static str, len: usize, flows: u32) -> Result<(), RangeError> {
+    if len > MAX_FLOW_ADDRS || (len > 1 && len != flows as usize) {
+        return Err(range(
+            field,
+            format!("{len} entries for {flows} flows (want 0, 1 or one per flow, at most {MAX_FLOW_ADDRS})"),
+        ));
+    }
+    Ok(())
+}
+
+impl GroupSpec {
+    /// Range-checks every field, including the agent's limits on flows and
+    /// duration and the rule that a client targets only session hosts;
+    /// never panics on peer input.
+    pub fn validate(&self) -> Result<(), RangeError> {
+        self.point.validate()?;
+        if self.flows == 0 || self.flows > MAX_GROUP_FLOWS {
+            return Err(range(
+                "flows",
+                format!("{} not in 1..={MAX_GROUP_FLOWS}", self.flows),
+            ));
+        }
+        if self.duration_ms == 0 || self.duration_ms > MAX_GROUP_DURATION_MS {
+            return Err(range(
+                "duration_ms",
+                format!("{} not in 1..={MAX_GROUP_DURATION_MS}", self.duration_ms),
+            ));
+        }
+        if self.warmup_ms > MAX_GROUP_WARMUP_MS {
+            return Err(range(
+                "warmup_ms",
+                format!("{} > {MAX_GROUP_WARMUP_MS}", self.warmup_ms),
+            ));
+        }
+        if self.session_hosts.len() > MAX_SESSION_HOSTS {
+            return Err(range(
+                "session_hosts",
+                format!("more than {MAX_SESSION_HOSTS}"),
+            ));
+        }
+        per_flow("listen_ips", self.listen_ips.len(), self.flows)?;
+        per_flow("targets", self.targets.len(), self.flows)?;
+        per_flow("bind_ips", self.bind_ips.len(), self.flows)?;
+        let size_ok = |b: u64| netgap_core::spec::check_size(b);
+        match self.work {
+            GroupWork::Stream { size_bytes, .. } | GroupWork::PingPong { size_bytes } => {
+                size_ok(size_bytes)?
+            }
+            GroupWork::Connect {
+                request_bytes,
+                reply_bytes,
+            } => {
+                size_ok(request_bytes)?;
+                size_ok(reply_bytes)?;
+            }
+        }
+        if self.role == GroupRole::Client {
+            if self.targets.is_empty() {
+                return Err(range("targets", "a client role needs a target"));
+            }
+            for t in &self.targets {
+                let addr: std::net::SocketAddr = t
+                    .parse()
+                    .map_err(|_| range("targets", format!("{t:?} is not IP:PORT")))?;
+                if !self.session_hosts.contains(&addr.ip()) {
+                    return Err(range(
+                        "targets",
+                        format!(
+                            "{} is not a host of this session; an agent sends test traffic only to the session's hosts",
+                            addr.ip()
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What one flow did in a group repetition, as an agent reports it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FlowReport {
+    /// The flow's index on this agent, 0-based.
+    pub index: u32,
+    /// Payload bytes this end sent over the whole repetition.
+    pub bytes_tx: u64,
+    /// Payload bytes this end received over the whole repetition.
+    pub bytes_rx: u64,
+    /// Payload bytes this end received inside the measured window.
+    pub window_bytes_rx: u64,
+    /// Round trips (hotspot) or connections (connect) completed in the window.
+    pub round_trips: u64,
+    /// Latency percentiles of this flow's round trips or connections, µs
+    /// (one-way for hotspot), if it has any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub percentiles: Option<Percentiles>,
+    /// Failed exchanges of this flow (connect), else 0.
+    pub errors: u64,
+}
+
+/// The end of an agent's answer to `group_go`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GroupOutcome {
+    /// Length of the measured window as this agent timed it, in ns.
+    pub window_ns: u64,
+    /// CPU usage of the agent's host and process over the window.
+    pub cpu: CpuUsage,
+    /// Peak resident set size of the agent process (VmHWM), in KiB, if known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_rss_kib: Option<u64>,
+    /// Payload bytes this agent received, all flows, whole repetition.
+    #[serde(default)]
+    pub bytes_rx: u64,
+    /// Payload bytes this agent sent, all flows, whole repetition.
+    #[serde(default)]
+    pub bytes_tx: u64,
+}
+
+impl FlowReport {
+    /// Range-checks a report from a peer; never panics.
+    pub fn validate(&self) -> Result<(), RangeError> {
+        if let Some(p) = &self.percentiles {
+            let v = [p.p50, p.p90, p.p99, p.p999, p.max];
+            if v.iter().any(|x| !x.is_finite() || *x < 0.0) {
+                return Err(range("percentiles", "not finite and non-negative"));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl GroupOutcome {
+    /// Range-checks an outcome from a peer; never panics.
+    pub fn validate(&self) -> Result<(), RangeError> {
+        if !(self.cpu.system_busy_percent.is_finite() && self.cpu.process_percent.is_finite()) {
+            return Err(range("cpu", "not a finite number"));
+        }
+        Ok(())
+    }
+}
+
+/// A valid spec for tests of the protocol.
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // a failed unwrap is a failed test
+pub(crate) fn sample_spec(role: GroupRole) -> GroupSpec {
+    tests::spec(role)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // a failed unwrap is a failed test
+mod tests {
+    use super::*;
+    use netgap_core::spec::{Mode, TransportOptions};
+
+    pub(super) fn spec(role: GroupRole) -> GroupSpec {
+        GroupSpec {
+            point: PointSpec {
+                test: "fanin".into(),
+                transport: "tcp".into(),
+                mode: Mode::Event,
+                size_bytes: 65536,
+                options: TransportOptions::default(),
+                server_cpu: None,
+                io_timeout_ms: 3000,
+                verify: false,
+            },
+            role,
+            work: GroupWork::Stream {
+                size_bytes: 65536,
+                direction: Direction::ToServer,
+            },
+            flows: 2,
+            listen_ips: vec![],
+            targets: if role == GroupRole::Client {
+                vec!["127.0.0.1:5000".into()]
+            } else {
+                vec![]
+            },
+            bind_ips: vec![],
+            session_hosts: vec!["127.0.0.1".parse().unwrap()],
+            warmup_ms: 100,
+            duration_ms: 1000,
+        }
+    }
+
+    #[test]
+    fn limits_are_checked() {
+        assert!(spec(GroupRole::Client).validate().is_ok());
+        let mut s = spec(GroupRole::Client);
+        s.flows = MAX_GROUP_FLOWS + 1;
+        assert_eq!(s.validate().unwrap_err().field, "flows");
+        let mut s = spec(GroupRole::Server);
+        s.duration_ms = MAX_GROUP_DURATION_MS + 1;
+        assert_eq!(s.validate().unwrap_err().field, "duration_ms");
+        let mut s = spec(GroupRole::Server);
+        s.duration_ms = 0;
+        assert_eq!(s.validate().unwrap_err().field, "duration_ms");
+    }
+
+    #[test]
+    fn client_targets_only_session_hosts() {
+        let mut s = spec(GroupRole::Client);
+        s.targets = vec!["10.9.9.9:80".into()];
+        let e = s.validate().unwrap_err();
+        assert_eq!(e.field, "targets");
+        assert!(e.detail.contains("not a host of this session"), "{e}");
+    }
+
+    #[test]
+    fn per_flow_lists_have_one_or_all() {
+        let mut s = spec(GroupRole::Client);
+        s.targets = vec!["127.0.0.1:1".into(); 3];
+        assert_eq!(s.validate().unwrap_err().field, "targets");
+        s.targets = vec!["127.0.0.1:1".into(); 2];
+        assert!(s.validate().is_ok());
+    }
+}

@@ -1,0 +1,246 @@
+//! What an agent agrees to do for a coordinator: the most flows, the longest
+//! run, the highest rate and the largest message. `netgap serve` takes them as
+//! flags; the agent checks every request against them before it opens any
+//! data socket, so a coordinator cannot make an agent flood a network or
+//! hold its memory past what its operator allowed.
+
+use crate::group::{GroupSpec, GroupWork};
+use netgap_core::spec::{PointSpec, MAX_SIZE_BYTES};
+use std::time::Duration;
+
+/// Limits of one agent. Every limit is at least 1 of its unit.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AgentLimits {
+    /// Most concurrent flows one session may open.
+    pub max_flows: u32,
+    /// Longest one run (a repetition, or a timed group run) may take.
+    pub max_duration: Duration,
+    /// Highest rate a session may ask for, in Gbit/s.
+    pub max_rate_gbps: f64,
+    /// Largest message, in bytes.
+    pub max_message_bytes: u64,
+}
+
+/// Default most flows per session (a host can drive 10,000 flows).
+pub const DEFAULT_MAX_FLOWS: u32 = 10_000;
+/// Default longest run.
+pub const DEFAULT_MAX_DURATION: Duration = Duration::from_secs(600);
+/// Default highest rate, Gbit/s: past any NIC, so only a deliberate limit bites.
+pub const DEFAULT_MAX_RATE_GBPS: f64 = 400.0;
+
+impl Default for AgentLimits {
+    fn default() -> Self {
+        AgentLimits {
+            max_flows: DEFAULT_MAX_FLOWS,
+            max_duration: DEFAULT_MAX_DURATION,
+            max_rate_gbps: DEFAULT_MAX_RATE_GBPS,
+            max_message_bytes: MAX_SIZE_BYTES,
+        }
+    }
+}
+
+/// A request past a limit: one line naming the limit and the value.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("refused by the agent's limits: {0}")]
+pub struct LimitError(pub String);
+
+impl AgentLimits {
+    /// Checks the limits themselves: every one positive and finite.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.max_flows == 0 {
+            return Err("--max-flows must be at least 1".into());
+        }
+        if self.max_duration.is_zero() {
+            return Err("--max-duration must be positive".into());
+        }
+        if !(self.max_rate_gbps.is_finite() && self.max_rate_gbps > 0.0) {
+            return Err("--max-rate must be a positive rate".into());
+        }
+        if self.max_message_bytes == 0 {
+            return Err("--max-message must be at least 1 byte".into());
+        }
+        Ok(())
+    }
+
+    /// Checks a number of concurrent flows.
+    pub fn check_flows(&self, flows: u64) -> Result<(), LimitError> {
+        if flows > u64::from(self.max_flows) {
+            return Err(LimitError(format!(
+                "{flows} flows > the most this agent serves, {}",
+                self.max_flows
+            )));
+        }
+        Ok(())
+    }
+
+    /// Checks the length of one run.
+    pub fn check_duration(&self, d: Duration) -> Result<(), LimitError> {
+        if d > self.max_duration {
+            return Err(LimitError(format!(
+                "a run of {} > the longest this agent allows, {}",
+                humantime::format_duration(d),
+                humantime::format_duration(self.max_duration)
+            )));
+        }
+        Ok(())
+    }
+
+    /// Checks a requested rate in Gbit/s.
+    pub fn check_rate_gbps(&self, rate_gbps: f64) -> Result<(), LimitError> {
+        if !rate_gbps.is_finite() || rate_gbps > self.max_rate_gbps {
+            return Err(LimitError(format!(
+                "{rate_gbps} Gbit/s > the highest rate this agent allows, {} Gbit/s",
+                self.max_rate_gbps
+            )));
+        }
+        Ok(())
+    }
+
+    /// Checks a message size.
+    pub fn check_message_bytes(&self, size_bytes: u64) -> Result<(), LimitError> {
+        if size_bytes > self.max_message_bytes {
+            return Err(LimitError(format!(
+                "{size_bytes}-byte messages > the largest this agent allows, {} bytes",
+                self.max_message_bytes
+            )));
+        }
+        Ok(())
+    }
+
+    /// Checks a point of the two-host protocol (one flow): its message size.
+    /// Its repetitions are checked one by one with [`AgentLimits::check_run`].
+    pub fn check_point(&self, spec: &PointSpec) -> Result<(), LimitError> {
+        self.check_flows(1)?;
+        self.check_message_bytes(spec.size_bytes)
+    }
+
+    /// Checks a group role: its flows, its warm-up plus window, and its
+    /// message sizes. Group work is unpaced, so no rate is asked for.
+    pub fn check_group(&self, spec: &GroupSpec) -> Result<(), LimitError> {
+        self.check_flows(u64::from(spec.flows))?;
+        let run_ms = u64::from(spec.warmup_ms) + u64::from(spec.duration_ms);
+        self.check_duration(Duration::from_millis(run_ms))?;
+        match spec.work {
+            GroupWork::Stream { size_bytes, .. } | GroupWork::PingPong { size_bytes } => {
+                self.check_message_bytes(size_bytes)
+            }
+            GroupWork::Connect {
+                request_bytes,
+                reply_bytes,
+            } => {
+                self.check_message_bytes(request_bytes)?;
+                self.check_message_bytes(reply_bytes)
+            }
+        }
+    }
+
+    /// The most payload bytes one run may move: the highest rate held for
+    /// the longest run. A point-to-point repetition names iterations, not a
+    /// time, so its volume is what bounds both its length and its rate.
+    pub fn max_run_bytes(&self) -> f64 {
+        self.max_rate_gbps * 1e9 / 8.0 * self.max_duration.as_secs_f64()
+    }
+
+    /// Checks one repetition of `iterations` messages of `size_bytes` each.
+    pub fn check_run(&self, iterations: u64, size_bytes: u64) -> Result<(), LimitError> {
+        let bytes = iterations as f64 * size_bytes as f64;
+        if bytes > self.max_run_bytes() {
+            return Err(LimitError(format!(
+                "{iterations} iterations of {size_bytes} bytes ({bytes:.3e} bytes) > what this agent moves in one run at its highest rate ({} Gbit/s for {}), {:.3e} bytes",
+                self.max_rate_gbps,
+                humantime::format_duration(self.max_duration),
+                self.max_run_bytes()
+            )));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_refuse_past_each_bound_and_accept_at_it() {
+        let l = AgentLimits {
+            max_flows: 4,
+            max_duration: Duration::from_secs(10),
+            max_rate_gbps: 1.0,
+            max_message_bytes: 1024,
+        };
+        assert!(l.validate().is_ok());
+        assert!(l.check_flows(4).is_ok());
+        assert!(l.check_flows(5).is_err_and(|e| e.0.contains("flows")));
+        assert!(l.check_duration(Duration::from_secs(10)).is_ok());
+        assert!(l.check_duration(Duration::from_secs(11)).is_err());
+        assert!(l.check_rate_gbps(1.0).is_ok());
+        assert!(l.check_rate_gbps(1.5).is_err());
+        assert!(l.check_rate_gbps(f64::NAN).is_err());
+        assert!(l.check_message_bytes(1024).is_ok());
+        assert!(l.check_message_bytes(1025).is_err());
+        // 1 Gbit/s for 10 s is 1.25e9 bytes.
+        assert!(l.check_run(1_000_000, 1024).is_ok());
+        assert!(l.check_run(2_000_000, 1024).is_err());
+        assert!(AgentLimits { max_flows: 0, ..l }.validate().is_err());
+        assert!(AgentLimits::default().validate().is_ok());
+    }
+
+    #[test]
+    fn group_roles_are_checked_for_flows_window_and_message_sizes() {
+        use crate::group::{Direction, GroupRole};
+        use netgap_core::spec::{Mode, TransportOptions};
+        let l = AgentLimits {
+            max_flows: 4,
+            max_duration: Duration::from_secs(1),
+            max_rate_gbps: 1.0,
+            max_message_bytes: 1024,
+        };
+        let spec = GroupSpec {
+            point: PointSpec {
+                test: "connect".into(),
+                transport: "tcp".into(),
+                mode: Mode::Event,
+                size_bytes: 1,
+                options: TransportOptions::default(),
+                server_cpu: None,
+                io_timeout_ms: 1000,
+                verify: false,
+            },
+            role: GroupRole::Client,
+            work: GroupWork::Connect {
+                request_bytes: 1,
+                reply_bytes: 1024,
+            },
+            flows: 4,
+            listen_ips: vec![],
+            targets: vec![],
+            bind_ips: vec![],
+            session_hosts: vec![],
+            warmup_ms: 200,
+            duration_ms: 800,
+        };
+        assert!(l.check_group(&spec).is_ok());
+        let with = |f: &dyn Fn(&mut GroupSpec)| {
+            let mut s = spec.clone();
+            f(&mut s);
+            l.check_group(&s)
+        };
+        assert!(with(&|s| s.flows = 5).is_err_and(|e| e.0.contains("flows")));
+        // The warm-up counts towards the run's length.
+        assert!(with(&|s| s.warmup_ms = 201).is_err());
+        assert!(with(&|s| {
+            s.work = GroupWork::Connect {
+                request_bytes: 1,
+                reply_bytes: 1025,
+            }
+        })
+        .is_err());
+        assert!(with(&|s| {
+            s.work = GroupWork::Stream {
+                size_bytes: 2048,
+                direction: Direction::ToServer,
+            }
+        })
+        .is_err());
+    }
+}

@@ -1,0 +1,243 @@
+//! Control messages between a coordinator and an agent. Plain data: the codec
+//! turns them into frames, the session machines decide which may come when.
+
+use super::group::{FlowReport, GroupOutcome, GroupSpec, BUCKETS_PER_CHUNK, FLOWS_PER_CHUNK};
+use netgap_core::cpu::CpuUsage;
+use netgap_core::datagram::DatagramStats;
+use netgap_core::host::HostFacts;
+use netgap_core::spec::{PointSpec, RangeError, MAX_ITERATIONS};
+use serde::{Deserialize, Serialize};
+
+/// Version of the control protocol; both ends must speak the same one.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// Which part of a point a repetition belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Phase {
+    /// Warm-up and calibration: timed by nobody.
+    Warmup,
+    /// A counted repetition.
+    Measure,
+}
+
+/// Messages the coordinator sends to an agent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "snake_case")]
+pub enum Request {
+    /// First message of every session.
+    Hello {
+        /// [`PROTOCOL_VERSION`] of the coordinator.
+        protocol: u32,
+        /// netgap version of the coordinator, for the log.
+        version: String,
+    },
+    /// Prepare a point: the agent opens a data listener and answers
+    /// [`Reply::Listening`], then accepts one flow and answers [`Reply::Accepted`].
+    Open {
+        /// The point.
+        spec: PointSpec,
+    },
+    /// Run the server role for `iterations` iterations, then answer [`Reply::Done`].
+    Run {
+        /// Iterations in this repetition, 1..=[`MAX_ITERATIONS`].
+        iterations: u64,
+        /// Warm-up or measured.
+        phase: Phase,
+    },
+    /// Close the point's flow; the agent answers [`Reply::Closed`].
+    Close,
+    /// End of session.
+    Bye,
+    /// Prepare this agent's role in a group point: a server opens its
+    /// listeners and answers [`Reply::GroupListening`], then
+    /// [`Reply::GroupReady`] once every flow is accepted; a client connects
+    /// its flows and answers [`Reply::GroupReady`].
+    GroupPrepare {
+        /// The role and its flows.
+        spec: GroupSpec,
+    },
+    /// The barrier has passed: run every prepared flow for the warm-up and
+    /// the window, then answer with [`Reply::GroupFlows`] chunks,
+    /// [`Reply::GroupBuckets`] chunks and [`Reply::GroupFinished`].
+    GroupGo,
+}
+
+/// Messages an agent sends to the coordinator.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "snake_case")]
+pub enum Reply {
+    /// Handshake accepted.
+    Welcome {
+        /// [`PROTOCOL_VERSION`] of the agent.
+        protocol: u32,
+        /// netgap version of the agent.
+        version: String,
+        /// Facts of the agent's host.
+        host: HostFacts,
+    },
+    /// The agent speaks another protocol version.
+    VersionMismatch {
+        /// The version the agent speaks.
+        supported: u32,
+    },
+    /// The agent is already serving another session.
+    Busy,
+    /// The data listener for the opened point is at `addr`.
+    Listening {
+        /// Transport-specific address (`IP:PORT`, a socket path, ...).
+        addr: String,
+    },
+    /// The data flow is connected.
+    Accepted,
+    /// The server role finished a repetition.
+    Done {
+        /// Payload bytes the server received.
+        bytes_rx: u64,
+        /// Payload bytes the server sent.
+        bytes_tx: u64,
+        /// CPU usage of the server side over the repetition.
+        cpu: CpuUsage,
+        /// The server end's datagram counters since its previous report,
+        /// for an unreliable flow; absent for a reliable one.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        datagrams: Option<DatagramStats>,
+    },
+    /// The point's flow is closed.
+    Closed,
+    /// The server role of a group point listens at these data addresses
+    /// (one per flow, or one for all).
+    GroupListening {
+        /// Transport-specific addresses.
+        addrs: Vec<String>,
+    },
+    /// Every flow of this agent's group role is prepared.
+    GroupReady,
+    /// Reports of some flows of the group repetition (at most
+    /// [`FLOWS_PER_CHUNK`]).
+    GroupFlows {
+        /// Per-flow reports.
+        flows: Vec<FlowReport>,
+    },
+    /// Some buckets of the agent's latency histogram over all its flows:
+    /// `[value_ns, count]` pairs (at most [`BUCKETS_PER_CHUNK`]).
+    GroupBuckets {
+        /// Histogram buckets.
+        buckets: Vec<[u64; 2]>,
+    },
+    /// The agent is still running its group role: sent every
+    /// [`GROUP_ALIVE_INTERVAL`] while it runs, so a silent agent is noticed
+    /// long before the repetition's results are due.
+    GroupAlive,
+    /// The group repetition is over; the flows are closed.
+    GroupFinished {
+        /// Window, CPU and memory of the agent.
+        outcome: GroupOutcome,
+    },
+    /// The request could not be carried out; the session stays usable only
+    /// if the error came before any flow was opened.
+    Error {
+        /// One line for the user.
+        message: String,
+    },
+}
+
+/// How often an agent running a group role says it is alive.
+pub const GROUP_ALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Longest free-text field accepted in a message, in bytes.
+pub const MAX_TEXT_BYTES: usize = 1024;
+
+fn text(field: &'static str, s: &str) -> Result<(), RangeError> {
+    if s.len() > MAX_TEXT_BYTES {
+        return Err(RangeError {
+            field,
+            detail: format!("{} bytes > {MAX_TEXT_BYTES}", s.len()),
+        });
+    }
+    Ok(())
+}
+
+impl Request {
+    /// Range-checks every parameter; never panics.
+    pub fn validate(&self) -> Result<(), RangeError> {
+        match self {
+            Request::Hello { version, .. } => text("version", version),
+            Request::Open { spec } => spec.validate(),
+            Request::Run { iterations, .. } => {
+                if *iterations == 0 || *iterations > MAX_ITERATIONS {
+                    return Err(RangeError {
+                        field: "iterations",
+                        detail: format!("{iterations} not in 1..={MAX_ITERATIONS}"),
+                    });
+                }
+                Ok(())
+            }
+            Request::GroupPrepare { spec } => spec.validate(),
+            Request::Close | Request::Bye | Request::GroupGo => Ok(()),
+        }
+    }
+}
+
+impl Reply {
+    /// Range-checks every field; never panics.
+    pub fn validate(&self) -> Result<(), RangeError> {
+        match self {
+            Reply::Welcome { version, host, .. } => {
+                text("version", version)?;
+                host.validate()
+            }
+            Reply::Listening { addr } => text("addr", addr),
+            Reply::Error { message } => text("message", message),
+            Reply::Done { cpu, datagrams, .. } => {
+                if !(cpu.system_busy_percent.is_finite() && cpu.process_percent.is_finite()) {
+                    return Err(RangeError {
+                        field: "cpu",
+                        detail: "not a finite number".into(),
+                    });
+                }
+                if let Some(d) = datagrams {
+                    d.validate().map_err(|detail| RangeError {
+                        field: "datagrams",
+                        detail,
+                    })?;
+                }
+                Ok(())
+            }
+            Reply::GroupListening { addrs } => {
+                if addrs.len() > super::group::MAX_FLOW_ADDRS {
+                    return Err(RangeError {
+                        field: "addrs",
+                        detail: format!("more than {}", super::group::MAX_FLOW_ADDRS),
+                    });
+                }
+                addrs.iter().try_for_each(|a| text("addr", a))
+            }
+            Reply::GroupFlows { flows } => {
+                if flows.len() > FLOWS_PER_CHUNK {
+                    return Err(RangeError {
+                        field: "flows",
+                        detail: format!("more than {FLOWS_PER_CHUNK} in one chunk"),
+                    });
+                }
+                flows.iter().try_for_each(FlowReport::validate)
+            }
+            Reply::GroupBuckets { buckets } => {
+                if buckets.len() > BUCKETS_PER_CHUNK {
+                    return Err(RangeError {
+                        field: "buckets",
+                        detail: format!("more than {BUCKETS_PER_CHUNK} in one chunk"),
+                    });
+                }
+                Ok(())
+            }
+            Reply::GroupFinished { outcome } => outcome.validate(),
+            Reply::VersionMismatch { .. }
+            | Reply::Busy
+            | Reply::Accepted
+            | Reply::Closed
+            | Reply::GroupReady
+            | Reply::GroupAlive => Ok(()),
+        }
+    }
+}

@@ -1,0 +1,598 @@
+//! The plot model and its SVG rendering: line plots with linear or log axes
+//! and bar charts, drawn by hand so the output is deterministic (the report's
+//! snapshot tests compare it byte for byte) and needs no fonts or network.
+//! Every series has a colour, a marker shape and a dash pattern of its own,
+//! so plots stay readable when printed in grey.
+
+use std::fmt::Write as _;
+
+/// Width of every plot in SVG user units (pixels at 100%).
+pub const WIDTH: f64 = 760.0;
+/// Height of a line plot, and the least height of a bar chart (which grows
+/// by [`BAR_ROW_HEIGHT`] per row beyond what fits).
+pub const HEIGHT: f64 = 440.0;
+/// Height given to each row of a bar chart, in SVG user units.
+pub const BAR_ROW_HEIGHT: f64 = 30.0;
+
+const LEFT: f64 = 78.0;
+const RIGHT: f64 = 230.0;
+const TOP: f64 = 40.0;
+const BOTTOM: f64 = 58.0;
+
+/// Okabe–Ito colours, distinguishable with common colour-vision deficiencies.
+const COLOURS: [&str; 8] = [
+    "#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#F0E442",
+];
+const DASHES: [&str; 4] = ["", "6 3", "2 3", "8 3 2 3"];
+const MARKERS: usize = 7;
+
+/// One axis of a line plot.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Axis {
+    /// Label including the unit, e.g. `latency (µs, one-way)`.
+    pub label: String,
+    /// Logarithmic scale.
+    pub log: bool,
+    /// Values are sizes in bytes: ticks at powers of two with K/M/G labels.
+    pub bytes: bool,
+}
+
+impl Axis {
+    /// A linear axis.
+    pub fn linear(label: &str) -> Axis {
+        Axis {
+            label: label.to_string(),
+            log: false,
+            bytes: false,
+        }
+    }
+
+    /// A logarithmic axis.
+    pub fn log(label: &str) -> Axis {
+        Axis {
+            log: true,
+            ..Axis::linear(label)
+        }
+    }
+
+    /// A logarithmic message-size axis in bytes.
+    pub fn size() -> Axis {
+        Axis {
+            label: "message size (bytes; K = 1024)".to_string(),
+            log: true,
+            bytes: true,
+        }
+    }
+}
+
+/// A point to call out on a series (a dropout), with its note.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Mark {
+    /// x in the x axis' unit.
+    pub x: f64,
+    /// y in the y axis' unit.
+    pub y: f64,
+    /// Short note drawn next to it.
+    pub note: String,
+}
+
+/// One line of a line plot.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Series {
+    /// Legend text.
+    pub name: String,
+    /// Points in axis units, sorted by x.
+    pub points: Vec<(f64, f64)>,
+    /// Points to call out.
+    pub marks: Vec<Mark>,
+}
+
+/// A line plot: series of points against a common x axis.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LinePlot {
+    /// Title.
+    pub title: String,
+    /// The x axis.
+    pub x: Axis,
+    /// The y axis.
+    pub y: Axis,
+    /// Lines, drawn in order.
+    pub series: Vec<Series>,
+}
+
+/// A horizontal bar chart: one row per category, one bar per group in it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BarChart {
+    /// Title.
+    pub title: String,
+    /// Label of the value axis, with its unit.
+    pub value_label: String,
+    /// Names of the bars in every row (`client`, `server`).
+    pub groups: Vec<String>,
+    /// Rows: label and one value per group (`None` when not measured).
+    pub rows: Vec<(String, Vec<Option<f64>>)>,
+}
+
+/// A plot of the report.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Plot {
+    /// Lines against x.
+    Line(LinePlot),
+    /// Bars per category.
+    Bars(BarChart),
+}
+
+impl Plot {
+    /// The title.
+    pub fn title(&self) -> &str {
+        match self {
+            Plot::Line(p) => &p.title,
+            Plot::Bars(b) => &b.title,
+        }
+    }
+
+    /// The plot as a standalone SVG document.
+    pub fn to_svg(&self) -> String {
+        match self {
+            Plot::Line(p) => line_svg(p),
+            Plot::Bars(b) => bars_svg(b),
+        }
+    }
+}
+
+/// Escapes text for XML.
+pub fn escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+/// A number for a tick label: up to 4 significant digits, no trailing zeros.
+fn tick_label(v: f64) -> String {
+    if v == 0.0 {
+        return "0".into();
+    }
+    let digits = (3 - v.abs().log10().floor() as i32).clamp(0, 8) as usize;
+    let s = format!("{v:.digits$}");
+    if s.contains('.') {
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    } else {
+        s
+    }
+}
+
+/// Maps axis values to pixels.
+struct Scale {
+    lo: f64,
+    hi: f64,
+    log: bool,
+    p0: f64,
+    p1: f64,
+}
+
+impl Scale {
+    fn at(&self, v: f64) -> f64 {
+        let (v, lo, hi) = if self.log {
+            (v.log10(), self.lo.log10(), self.hi.log10())
+        } else {
+            (v, self.lo, self.hi)
+        };
+        let f = if hi > lo { (v - lo) / (hi - lo) } else { 0.5 };
+        self.p0 + f * (self.p1 - self.p0)
+    }
+}
+
+/// Range and tick positions of an axis over data `lo..=hi`.
+fn ticks(axis: &Axis, lo: f64, hi: f64) -> (f64, f64, Vec<(f64, String)>) {
+    if axis.bytes {
+        let (a, b) = (
+            lo.max(1.0).log2().floor(),
+            hi.max(1.0).log2().ceil().max(1.0),
+        );
+        let span = b - a;
+        let step = if span <= 8.0 {
+            1.0
+        } else if span <= 16.0 {
+            2.0
+        } else {
+            4.0
+        };
+        let mut t = Vec::new();
+        let mut e = a;
+        while e <= b + 1e-9 {
+            let v = 2f64.powf(e);
+            t.push((v, netgap_core::units::format_size(v as u64)));
+            e += step;
+        }
+        return (2f64.powf(a), 2f64.powf(b), t);
+    }
+    if axis.log {
+        let (a, b) = (
+            lo.log10().floor(),
+            hi.log10().ceil().max(lo.log10().floor() + 1.0),
+        );
+        let mut t = Vec::new();
+        let mut e = a;
+        while e <= b + 1e-9 {
+            let v = 10f64.powf(e);
+            t.push((v, tick_label(v)));
+            if b - a <= 2.0 {
+                for m in [2.0f64, 5.0] {
+                    if e + m.log10() < b {
+                        t.push((v * m, tick_label(v * m)));
+                    }
+                }
+            }
+            e += 1.0;
+        }
+        return (10f64.powf(a), 10f64.powf(b), t);
+    }
+    let lo = lo.min(0.0);
+    let hi = if hi > lo { hi } else { lo + 1.0 };
+    let raw = (hi - lo) / 5.0;
+    let mag = 10f64.powf(raw.log10().floor());
+    let step = [1.0, 2.0, 2.5, 5.0, 10.0]
+        .iter()
+        .map(|m| m * mag)
+        .find(|s| *s >= raw)
+        .unwrap_or(10.0 * mag);
+    let (a, b) = ((lo / step).floor() * step, (hi / step).ceil() * step);
+    let mut t = Vec::new();
+    let mut v = a;
+    while v <= b + step * 1e-9 {
+        t.push((v, tick_label(v)));
+        v += step;
+    }
+    (a, b, t)
+}
+
+fn header(out: &mut String, title: &str, height: f64) {
+    let _ = write!(
+        out,
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" class=\"plot\" width=\"{WIDTH}\" height=\"{height}\" \
+         viewBox=\"0 0 {WIDTH} {height}\" font-family=\"DejaVu Sans, Liberation Sans, Arial, sans-serif\" font-size=\"12\">\n\
+         <title>{t}</title>\n<rect width=\"{WIDTH}\" height=\"{height}\" fill=\"#ffffff\"/>\n\
+         <text x=\"{cx:.1}\" y=\"22\" text-anchor=\"middle\" font-size=\"15\" font-weight=\"bold\">{t}</text>\n",
+        t = escape(title),
+        cx = WIDTH / 2.0,
+    );
+}
+
+/// Draws marker number `k` centred at (x, y).
+fn marker(out: &mut String, k: usize, x: f64, y: f64, colour: &str) {
+    let r = 4.0;
+    let _ = match k % MARKERS {
+        0 => writeln!(out, "<circle cx=\"{x:.1}\" cy=\"{y:.1}\" r=\"{r}\" fill=\"{colour}\"/>"),
+        1 => writeln!(
+            out,
+            "<rect x=\"{:.1}\" y=\"{:.1}\" width=\"{w}\" height=\"{w}\" fill=\"{colour}\"/>",
+            x - r,
+            y - r,
+            w = 2.0 * r
+        ),
+        2 => writeln!(
+            out,
+            "<path d=\"M{x:.1} {:.1}L{:.1} {:.1}L{:.1} {:.1}Z\" fill=\"{colour}\"/>",
+            y - r - 1.0,
+            x + r + 1.0,
+            y + r,
+            x - r - 1.0,
+            y + r
+        ),
+        3 => writeln!(
+            out,
+            "<path d=\"M{x:.1} {:.1}L{:.1} {y:.1}L{x:.1} {:.1}L{:.1} {y:.1}Z\" fill=\"{colour}\"/>",
+            y - r - 1.0,
+            x + r + 1.0,
+            y + r + 1.0,
+            x - r - 1.0
+        ),
+        4 => writeln!(
+            out,
+            "<path d=\"M{:.1} {:.1}L{:.1} {:.1}M{:.1} {:.1}L{:.1} {:.1}\" stroke=\"{colour}\" stroke-width=\"2.2\"/>",
+            x - r, y - r, x + r, y + r, x - r, y + r, x + r, y - r
+        ),
+        5 => writeln!(
+            out,
+            "<circle cx=\"{x:.1}\" cy=\"{y:.1}\" r=\"{r}\" fill=\"#ffffff\" stroke=\"{colour}\" stroke-width=\"2\"/>"
+        ),
+        _ => writeln!(
+            out,
+            "<path d=\"M{x:.1} {:.1}L{:.1} {:.1}L{:.1} {:.1}Z\" fill=\"#ffffff\" stroke=\"{colour}\" stroke-width=\"2\"/>",
+            y + r + 1.0,
+            x + r + 1.0,
+            y - r,
+            x - r - 1.0,
+            y - r
+        ),
+    };
+}
+
+fn line_svg(p: &LinePlot) -> String {
+    let usable = |a: &Axis, v: f64| v.is_finite() && (!a.log || v > 0.0);
+    let pts: Vec<(f64, f64)> = p
+        .series
+        .iter()
+        .flat_map(|s| s.points.iter().copied())
+        .filter(|(x, y)| usable(&p.x, *x) && usable(&p.y, *y))
+        .collect();
+    let mut out = String::new();
+    header(&mut out, &p.title, HEIGHT);
+    if pts.is_empty() {
+        let _ = writeln!(
+            out,
+            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">no points to plot</text>\n</svg>",
+            WIDTH / 2.0,
+            HEIGHT / 2.0
+        );
+        return out;
+    }
+    let fold = |f: fn(f64, f64) -> f64, init: f64, sel: fn(&(f64, f64)) -> f64| {
+        pts.iter().map(sel).fold(init, f)
+    };
+    let (x_lo, x_hi) = (
+        fold(f64::min, f64::MAX, |p| p.0),
+        fold(f64::max, f64::MIN, |p| p.0),
+    );
+    let (y_lo, y_hi) = (
+        fold(f64::min, f64::MAX, |p| p.1),
+        fold(f64::max, f64::MIN, |p| p.1),
+    );
+    let (xa, xb, xt) = ticks(&p.x, x_lo, x_hi);
+    let (ya, yb, yt) = ticks(&p.y, y_lo, y_hi);
+    let (px0, px1) = (LEFT, WIDTH - RIGHT);
+    let (py0, py1) = (HEIGHT - BOTTOM, TOP);
+    let sx = Scale {
+        lo: xa,
+        hi: xb,
+        log: p.x.log,
+        p0: px0,
+        p1: px1,
+    };
+    let sy = Scale {
+        lo: ya,
+        hi: yb,
+        log: p.y.log,
+        p0: py0,
+        p1: py1,
+    };
+    // Grid and ticks.
+    for (v, label) in &xt {
+        let x = sx.at(*v);
+        let _ = writeln!(
+            out,
+            "<line x1=\"{x:.1}\" y1=\"{py1:.1}\" x2=\"{x:.1}\" y2=\"{py0:.1}\" stroke=\"#e0e0e0\"/>\
+             <text x=\"{x:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text>",
+            py0 + 16.0,
+            escape(label)
+        );
+    }
+    for (v, label) in &yt {
+        let y = sy.at(*v);
+        let _ = writeln!(
+            out,
+            "<line x1=\"{px0:.1}\" y1=\"{y:.1}\" x2=\"{px1:.1}\" y2=\"{y:.1}\" stroke=\"#e0e0e0\"/>\
+             <text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{}</text>",
+            px0 - 6.0,
+            y + 4.0,
+            escape(label)
+        );
+    }
+    let _ = writeln!(
+        out,
+        "<rect x=\"{px0:.1}\" y=\"{py1:.1}\" width=\"{:.1}\" height=\"{:.1}\" fill=\"none\" stroke=\"#333333\"/>\n\
+         <text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text>\n\
+         <text transform=\"translate(16 {:.1}) rotate(-90)\" text-anchor=\"middle\">{}</text>",
+        px1 - px0,
+        py0 - py1,
+        (px0 + px1) / 2.0,
+        HEIGHT - 14.0,
+        escape(&p.x.label),
+        (py0 + py1) / 2.0,
+        escape(&p.y.label)
+    );
+    for (k, s) in p.series.iter().enumerate() {
+        let colour = COLOURS[k % COLOURS.len()];
+        let dash = DASHES[(k / COLOURS.len()) % DASHES.len()];
+        let visible: Vec<(f64, f64)> = s
+            .points
+            .iter()
+            .copied()
+            .filter(|(x, y)| usable(&p.x, *x) && usable(&p.y, *y))
+            .map(|(x, y)| (sx.at(x), sy.at(y)))
+            .collect();
+        let _ = writeln!(
+            out,
+            "<g class=\"series\" data-name=\"{}\">",
+            escape(&s.name)
+        );
+        if visible.len() > 1 {
+            let d: Vec<String> = visible
+                .iter()
+                .map(|(x, y)| format!("{x:.1},{y:.1}"))
+                .collect();
+            let _ = writeln!(
+                out,
+                "<polyline points=\"{}\" fill=\"none\" stroke=\"{colour}\" stroke-width=\"1.6\" stroke-dasharray=\"{dash}\"/>",
+                d.join(" ")
+            );
+        }
+        for (x, y) in &visible {
+            marker(&mut out, k, *x, *y, colour);
+        }
+        for m in s
+            .marks
+            .iter()
+            .filter(|m| usable(&p.x, m.x) && usable(&p.y, m.y))
+        {
+            let (x, y) = (sx.at(m.x), sy.at(m.y));
+            let _ = writeln!(
+                out,
+                "<circle class=\"mark\" cx=\"{x:.1}\" cy=\"{y:.1}\" r=\"9\" fill=\"none\" stroke=\"#C00000\" stroke-width=\"2\"/>\
+                 <text x=\"{x:.1}\" y=\"{:.1}\" text-anchor=\"middle\" fill=\"#C00000\" font-size=\"11\">{}</text>",
+                y - 13.0,
+                escape(&m.note)
+            );
+        }
+        // Legend entry.
+        let ly = TOP + 10.0 + 20.0 * k as f64;
+        let lx = WIDTH - RIGHT + 16.0;
+        let _ = writeln!(
+            out,
+            "<line x1=\"{lx:.1}\" y1=\"{ly:.1}\" x2=\"{:.1}\" y2=\"{ly:.1}\" stroke=\"{colour}\" stroke-width=\"1.6\" stroke-dasharray=\"{dash}\"/>",
+            lx + 28.0
+        );
+        marker(&mut out, k, lx + 14.0, ly, colour);
+        let _ = writeln!(
+            out,
+            "<text x=\"{:.1}\" y=\"{:.1}\">{}</text>\n</g>",
+            lx + 34.0,
+            ly + 4.0,
+            escape(&s.name)
+        );
+    }
+    out.push_str("</svg>\n");
+    out
+}
+
+fn bars_svg(b: &BarChart) -> String {
+    let mut out = String::new();
+    let height = HEIGHT.max(TOP + BOTTOM + 6.0 + BAR_ROW_HEIGHT * b.rows.len() as f64);
+    header(&mut out, &b.title, height);
+    let max = b
+        .rows
+        .iter()
+        .flat_map(|(_, v)| v.iter().flatten().copied())
+        .filter(|v| v.is_finite())
+        .fold(0.0, f64::max);
+    let (lo, hi, ticks) = ticks(&Axis::linear(&b.value_label), 0.0, max);
+    let (px0, px1) = (250.0, WIDTH - 110.0);
+    let (py0, py1) = (TOP + 6.0, height - BOTTOM);
+    let sx = Scale {
+        lo,
+        hi,
+        log: false,
+        p0: px0,
+        p1: px1,
+    };
+    let rows = b.rows.len().max(1) as f64;
+    let row_h = (py1 - py0) / rows;
+    let groups = b.groups.len().max(1) as f64;
+    let bar_h = (row_h * 0.8 / groups).min(14.0);
+    for (v, label) in &ticks {
+        let x = sx.at(*v);
+        let _ = writeln!(
+            out,
+            "<line x1=\"{x:.1}\" y1=\"{py0:.1}\" x2=\"{x:.1}\" y2=\"{py1:.1}\" stroke=\"#e0e0e0\"/>\
+             <text x=\"{x:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text>",
+            py1 + 16.0,
+            escape(label)
+        );
+    }
+    let _ = writeln!(
+        out,
+        "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text>",
+        (px0 + px1) / 2.0,
+        height - 14.0,
+        escape(&b.value_label)
+    );
+    for (i, (label, values)) in b.rows.iter().enumerate() {
+        let top = py0 + row_h * i as f64 + row_h * 0.1;
+        let _ = writeln!(
+            out,
+            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\" font-size=\"11\">{}</text>",
+            px0 - 6.0,
+            top + bar_h * groups / 2.0 + 4.0,
+            escape(label)
+        );
+        for (g, v) in values.iter().enumerate() {
+            let y = top + bar_h * g as f64;
+            let colour = COLOURS[g % COLOURS.len()];
+            match v {
+                Some(v) if v.is_finite() => {
+                    let w = (sx.at(*v) - px0).max(0.5);
+                    // Hatching on every other group keeps groups apart in grey print.
+                    let stroke = if g % 2 == 1 {
+                        " stroke=\"#000000\" stroke-width=\"0.8\""
+                    } else {
+                        ""
+                    };
+                    let _ = writeln!(
+                        out,
+                        "<rect class=\"bar\" x=\"{px0:.1}\" y=\"{y:.1}\" width=\"{w:.1}\" height=\"{:.1}\" fill=\"{colour}\"{stroke}/>\
+                         <text x=\"{:.1}\" y=\"{:.1}\" font-size=\"10\">{}</text>",
+                        bar_h - 1.0,
+                        px0 + w + 3.0,
+                        y + bar_h - 3.0,
+                        tick_label(*v)
+                    );
+                }
+                _ => {
+                    let _ = writeln!(
+                        out,
+                        "<text x=\"{:.1}\" y=\"{:.1}\" font-size=\"10\" fill=\"#777777\">not measured</text>",
+                        px0 + 3.0,
+                        y + bar_h - 3.0
+                    );
+                }
+            }
+        }
+    }
+    for (g, name) in b.groups.iter().enumerate() {
+        let colour = COLOURS[g % COLOURS.len()];
+        let lx = WIDTH - 100.0;
+        let ly = TOP + 10.0 + 18.0 * g as f64;
+        let _ = writeln!(
+            out,
+            "<rect x=\"{lx:.1}\" y=\"{:.1}\" width=\"12\" height=\"12\" fill=\"{colour}\"/><text x=\"{:.1}\" y=\"{:.1}\">{}</text>",
+            ly - 8.0,
+            lx + 16.0,
+            ly + 2.0,
+            escape(name)
+        );
+    }
+    out.push_str("</svg>\n");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tick_labels_are_short() {
+        assert_eq!(tick_label(1000.0), "1000");
+        assert_eq!(tick_label(0.1), "0.1");
+        assert_eq!(tick_label(2.5), "2.5");
+        assert_eq!(tick_label(0.0), "0");
+    }
+
+    #[test]
+    fn size_ticks_are_powers_of_two() {
+        let (lo, hi, t) = ticks(&Axis::size(), 1.0, 4.0 * 1024.0 * 1024.0);
+        assert_eq!((lo, hi), (1.0, 4194304.0));
+        let labels: Vec<&str> = t.iter().map(|(_, l)| l.as_str()).collect();
+        assert_eq!(labels, ["1", "16", "256", "4K", "64K", "1M"]);
+    }
+
+    #[test]
+    fn points_that_a_log_axis_cannot_show_are_left_out() {
+        let p = Plot::Line(LinePlot {
+            title: "t".into(),
+            x: Axis::size(),
+            y: Axis::log("y"),
+            series: vec![Series {
+                name: "a".into(),
+                points: vec![(0.0, 1.0), (1.0, 2.0), (2.0, -1.0)],
+                marks: vec![],
+            }],
+        });
+        let svg = p.to_svg();
+        assert_eq!(
+            svg.matches("<circle").count(),
+            2,
+            "one point and its legend"
+        );
+    }
+}

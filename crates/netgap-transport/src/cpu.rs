@@ -1,0 +1,264 @@
+//! CPU cost of a measurement: system-wide busy percent from /proc/stat and
+//! the CPU time of netgap's own threads doing a role.
+//!
+//! One [`CpuMeter`] covers one measured interval (one repetition of a test
+//! role) on one host. It records (a) the busy share of all CPUs from the
+//! aggregate `cpu` line of `/proc/stat`, and (b) the CPU time of the threads
+//! doing the role: the calling thread's own CPU time
+//! (`CLOCK_THREAD_CPUTIME_ID`) plus what helper threads report through
+//! [`CpuMeter::stop`]. Measuring threads rather than the whole process is
+//! deliberate: the coordinator and an in-process agent can share a process.
+//! Starting and stopping each cost one clock read and one short read of
+//! `/proc/stat`.
+
+use netgap_core::cpu::CpuUsage;
+use std::io::BufRead;
+use std::time::Instant;
+
+/// Path of the kernel's CPU time counters.
+const PROC_STAT: &str = "/proc/stat";
+/// Read buffer for the first line of `/proc/stat`; the aggregate line is
+/// about 100 bytes, so one read normally suffices.
+const PROC_STAT_BUF_BYTES: usize = 256;
+
+/// Starts measuring on the calling thread.
+///
+/// Invariant: [`CpuMeter::stop`] is called on the thread that called
+/// [`CpuMeter::start`], since the thread CPU clock is per thread (checked by a
+/// debug assertion).
+#[derive(Debug, Clone)]
+pub struct CpuMeter {
+    /// Aggregate (busy, total) jiffies at start, if `/proc/stat` was readable.
+    start_jiffies: Option<(u64, u64)>,
+    /// CPU time of the starting thread at start, in nanoseconds.
+    start_thread_cpu_ns: u64,
+    /// Wall-clock start of the interval.
+    start_instant: Instant,
+    /// Thread that started the meter.
+    thread: std::thread::ThreadId,
+}
+
+impl CpuMeter {
+    /// Starts measuring on the calling thread.
+    pub fn start() -> CpuMeter {
+        let start_jiffies = read_proc_stat_jiffies();
+        let start_thread_cpu_ns = thread_cpu_ns();
+        CpuMeter {
+            start_jiffies,
+            start_thread_cpu_ns,
+            start_instant: Instant::now(),
+            thread: std::thread::current().id(),
+        }
+    }
+
+    /// Ends the interval; `extra_thread_cpu_ns` is CPU time of helper threads
+    /// of the role, measured by those threads with [`thread_cpu_ns`].
+    ///
+    /// `system_busy_percent` is 0 when `/proc/stat` is unreadable or did not
+    /// advance (intervals shorter than one jiffy); `process_percent` is 0 when
+    /// no wall time elapsed. May be called more than once; each call measures
+    /// from [`CpuMeter::start`].
+    pub fn stop(&self, extra_thread_cpu_ns: u64) -> CpuUsage {
+        let wall_ns = u64::try_from(self.start_instant.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let end_thread_cpu_ns = thread_cpu_ns();
+        let end_jiffies = read_proc_stat_jiffies();
+        debug_assert_eq!(
+            self.thread,
+            std::thread::current().id(),
+            "CpuMeter stopped on a different thread than it was started on"
+        );
+        let cpu_ns = end_thread_cpu_ns
+            .saturating_sub(self.start_thread_cpu_ns)
+            .saturating_add(extra_thread_cpu_ns);
+        let process_percent = if wall_ns == 0 {
+            0.0
+        } else {
+            100.0 * cpu_ns as f64 / wall_ns as f64
+        };
+        let system_busy_percent = match (self.start_jiffies, end_jiffies) {
+            (Some(start), Some(end)) => busy_percent(start, end),
+            _ => 0.0,
+        };
+        CpuUsage {
+            system_busy_percent,
+            process_percent,
+            cpu_ns,
+            wall_ns,
+        }
+    }
+}
+
+/// Busy percent, 0..=100, between two (busy, total) jiffy readings; 0 when
+/// the total did not advance. Counters that went backwards (iowait can) count
+/// as no progress, and the result is clamped to 100.
+fn busy_percent(start: (u64, u64), end: (u64, u64)) -> f64 {
+    let busy = end.0.saturating_sub(start.0);
+    let total = end.1.saturating_sub(start.1);
+    if total == 0 {
+        return 0.0;
+    }
+    (100.0 * busy as f64 / total as f64).clamp(0.0, 100.0)
+}
+
+/// Reads the aggregate line (the first) of `/proc/stat` as (busy, total)
+/// jiffies; `None` if it cannot be read or parsed.
+fn read_proc_stat_jiffies() -> Option<(u64, u64)> {
+    let file = std::fs::File::open(PROC_STAT).ok()?;
+    let mut reader = std::io::BufReader::with_capacity(PROC_STAT_BUF_BYTES, file);
+    let mut line = String::with_capacity(PROC_STAT_BUF_BYTES);
+    reader.read_line(&mut line).ok()?;
+    parse_proc_stat_line(&line)
+}
+
+/// Parses a `cpu` line of `/proc/stat` (`cpu  user nice system idle iowait
+/// irq softirq steal guest guest_nice`, in jiffies) into (busy, total)
+/// jiffies, where busy = user + nice + system + irq + softirq + steal and
+/// total = busy + idle + iowait. Guest time is already part of user and nice,
+/// so it is not added again. Fields missing on old kernels count as 0; at
+/// least user, nice, system and idle must be present. `None` when the label
+/// does not start with `cpu` or a field is not a number. Invariant of the
+/// result: busy <= total.
+pub fn parse_proc_stat_line(line: &str) -> Option<(u64, u64)> {
+    let mut fields = line.split_whitespace();
+    if !fields.next()?.starts_with("cpu") {
+        return None;
+    }
+    let mut values = [0u64; 8];
+    let mut count = 0;
+    for (slot, field) in values.iter_mut().zip(fields) {
+        *slot = field.parse().ok()?;
+        count += 1;
+    }
+    if count < 4 {
+        return None;
+    }
+    let [user, nice, system, idle, iowait, irq, softirq, steal] = values;
+    let busy = [user, nice, system, irq, softirq, steal]
+        .iter()
+        .fold(0u64, |acc, v| acc.saturating_add(*v));
+    let total = busy.saturating_add(idle).saturating_add(iowait);
+    Some((busy, total))
+}
+
+/// CPU time consumed so far by the calling thread, in nanoseconds
+/// (`CLOCK_THREAD_CPUTIME_ID`). Only differences between two calls on the
+/// same thread are meaningful. Returns 0 if the clock cannot be read, which
+/// does not happen on Linux.
+pub fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec that outlives the call, and
+    // CLOCK_THREAD_CPUTIME_ID is a clock id every Linux kernel supports.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    if rc != 0 {
+        return 0;
+    }
+    let secs = u64::try_from(ts.tv_sec).unwrap_or(0);
+    let nanos = u64::try_from(ts.tv_nsec).unwrap_or(0);
+    secs.saturating_mul(1_000_000_000).saturating_add(nanos)
+}
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// Spins on the calling thread for `duration`.
+    fn spin(duration: Duration) {
+        let start = Instant::now();
+        let mut x = 0u64;
+        while start.elapsed() < duration {
+            for i in 0..1000u64 {
+                x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(i));
+            }
+        }
+        std::hint::black_box(x);
+    }
+
+    #[test]
+    fn busy_loop_counts_thread_cpu() {
+        // Spin until the thread itself has used 30 ms of CPU, however busy
+        // the machine is: the meter must see at least that much, and never
+        // more CPU than wall time.
+        let meter = CpuMeter::start();
+        let cpu0 = thread_cpu_ns();
+        while thread_cpu_ns() - cpu0 < 30_000_000 {
+            std::hint::spin_loop();
+        }
+        let usage = meter.stop(0);
+        assert!(usage.cpu_ns >= 30_000_000, "{usage:?}");
+        assert!(usage.wall_ns >= usage.cpu_ns, "{usage:?}");
+        assert!((0.0..=101.0).contains(&usage.process_percent), "{usage:?}");
+        assert!(
+            (0.0..=100.0).contains(&usage.system_busy_percent),
+            "{usage:?}"
+        );
+    }
+
+    #[test]
+    fn sleeping_uses_little_cpu() {
+        let meter = CpuMeter::start();
+        std::thread::sleep(Duration::from_millis(50));
+        let usage = meter.stop(0);
+        assert!(usage.wall_ns >= 50_000_000);
+        assert!(usage.process_percent < 20.0, "{usage:?}");
+        assert!(
+            (0.0..=100.0).contains(&usage.system_busy_percent),
+            "{usage:?}"
+        );
+    }
+
+    #[test]
+    fn helper_thread_cpu_is_added() {
+        let meter = CpuMeter::start();
+        let helper = std::thread::spawn(|| {
+            let start = thread_cpu_ns();
+            spin(Duration::from_millis(30));
+            thread_cpu_ns() - start
+        });
+        let helper_ns = helper.join().expect("helper thread panicked");
+        assert!(helper_ns > 0);
+        let usage = meter.stop(helper_ns);
+        assert!(usage.cpu_ns >= helper_ns);
+        assert!(usage.process_percent > 0.0);
+    }
+
+    #[test]
+    fn thread_cpu_clock_is_monotonic() {
+        let a = thread_cpu_ns();
+        spin(Duration::from_millis(2));
+        let b = thread_cpu_ns();
+        assert!(a > 0);
+        assert!(b > a);
+    }
+
+    #[test]
+    fn parses_fixed_proc_stat_line() {
+        let line = "cpu  6647 0 2565 232350 267 0 23 24 0 0\n";
+        // busy = 6647 + 0 + 2565 + 0 + 23 + 24; total = busy + 232350 + 267.
+        assert_eq!(parse_proc_stat_line(line), Some((9259, 241_876)));
+        // Per-CPU lines and short old-kernel lines parse too.
+        assert_eq!(parse_proc_stat_line("cpu0 1 2 3 4"), Some((6, 10)));
+        assert_eq!(parse_proc_stat_line("intr 1 2 3 4"), None);
+        assert_eq!(parse_proc_stat_line("cpu 1 2 3"), None);
+        assert_eq!(parse_proc_stat_line("cpu 1 x 3 4"), None);
+        assert_eq!(parse_proc_stat_line(""), None);
+    }
+
+    #[test]
+    fn reads_live_proc_stat() {
+        let (busy, total) = read_proc_stat_jiffies().expect("/proc/stat readable");
+        assert!(total > 0);
+        assert!(busy <= total);
+    }
+
+    #[test]
+    fn busy_percent_edges() {
+        assert_eq!(busy_percent((10, 100), (10, 100)), 0.0);
+        assert_eq!(busy_percent((10, 100), (35, 200)), 25.0);
+        // A total that went backwards is no progress, not a huge number.
+        assert_eq!(busy_percent((10, 100), (20, 90)), 0.0);
+        assert_eq!(busy_percent((10, 100), (30, 110)), 100.0);
+    }
+}

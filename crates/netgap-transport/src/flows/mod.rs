@@ -1,0 +1,318 @@
+//! The flow engine: thousands of concurrent flows (data connections) served
+//! by a few worker threads, each with its own epoll instance, instead of a
+//! thread per flow. Multi-flow tests (`hotspot`, `connect`) run it inside
+//! the agents: the server side is a [`FlowServer`], the client side is
+//! [`prepare_clients`] (open every flow) followed by [`PreparedClients::run`]
+//! (start every flow together after the coordinator's barrier, measure,
+//! stop together, report per flow).
+//!
+//! Design:
+//! - Each worker owns a fixed slice of the flows (flow `i` goes to worker
+//!   `i % workers`) and one epoll instance; flows never move between
+//!   workers, so a flow's state is touched by one thread only.
+//! - Epoll is used level-triggered, and each flow's interest is exactly
+//!   what its state machine waits for (readable *or* writable), changed
+//!   with `EPOLL_CTL_MOD` only when that changes (a blocked write, a
+//!   connect completing). Level triggering lets a worker stop pumping a flow
+//!   at any point without losing a wake-up.
+//! - Per-flow state machines (module `machine`) handle partial reads and writes
+//!   over non-blocking sockets with TCP_NODELAY; each flow has one buffer
+//!   of its message size (at most 64 KiB in connect mode) allocated when the
+//!   flow is made, so a round trip allocates nothing and memory is
+//!   proportional to flows × size. Per-flow latencies go to a compact
+//!   [`LatencyHistogram`] (1% precision) so 10,000 of them stay small.
+//! - In connect mode the server closes first, so TIME_WAIT lands on the
+//!   server and the client's ephemeral ports are free again at once.
+//!
+//! Transports: TCP over IPv4 and IPv6, the transports that cross hosts.
+
+mod client;
+pub mod limits;
+mod machine;
+mod server;
+
+pub use client::PreparedClients;
+pub use limits::ensure_fd_limit;
+pub use server::FlowServer;
+
+use netgap_core::stats::LatencyHistogram;
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+/// The largest pingpong message, in bytes: every flow holds a buffer of
+/// this size, so the cap keeps flows × size within reason.
+pub const MAX_PINGPONG_SIZE_BYTES: usize = 16 * 1024 * 1024;
+
+/// What each flow does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlowWork {
+    /// hotspot: each flow is one connection running `size_bytes`-byte
+    /// pingpong round trips back to back (`1..=MAX_PINGPONG_SIZE_BYTES`).
+    PingPong {
+        /// Message size each way, bytes.
+        size_bytes: usize,
+    },
+    /// connect: each flow repeatedly opens a connection, sends
+    /// `request_bytes`, reads `reply_bytes`, and closes; the server closes
+    /// first so TIME_WAIT lands on the server, not on the client's
+    /// ephemeral ports.
+    Connect {
+        /// Request size, bytes (may be 0).
+        request_bytes: usize,
+        /// Reply size, bytes (may be 0).
+        reply_bytes: usize,
+    },
+}
+
+impl FlowWork {
+    fn validate(&self) -> Result<(), EngineError> {
+        match *self {
+            FlowWork::PingPong { size_bytes: 0 } => {
+                Err(EngineError::Invalid("pingpong flows need a message size of at least 1 byte".into()))
+            }
+            FlowWork::PingPong { size_bytes } if size_bytes > MAX_PINGPONG_SIZE_BYTES => {
+                Err(EngineError::Invalid(format!(
+                    "pingpong message size {size_bytes} bytes is over the engine's limit of {MAX_PINGPONG_SIZE_BYTES} bytes"
+                )))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// How the engine runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EngineConfig {
+    /// Worker threads, each with its own epoll instance; at least 1.
+    pub workers: usize,
+    /// How long a flow may make no progress mid-exchange (and how long a
+    /// connect may take) before it is an error; also how long in-flight
+    /// exchanges may take to finish after the run's end. Must be non-zero.
+    pub io_timeout: Duration,
+}
+
+impl EngineConfig {
+    fn validate(&self) -> Result<(), EngineError> {
+        if self.workers == 0 {
+            return Err(EngineError::Invalid(
+                "the flow engine needs at least 1 worker".into(),
+            ));
+        }
+        if self.io_timeout.is_zero() {
+            return Err(EngineError::Invalid(
+                "the flow engine's I/O timeout must be more than 0".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// What a [`FlowServer`] moved, over its whole life, all workers together.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ServerTotals {
+    /// Payload bytes read from clients.
+    pub bytes_rx: u64,
+    /// Payload bytes written to clients.
+    pub bytes_tx: u64,
+    /// Connections accepted.
+    pub connections_accepted: u64,
+    /// Connections that ended cleanly: the client closed between pingpong
+    /// messages, or a connect-mode reply was fully written.
+    pub connections_completed: u64,
+    /// Connections that ended with an error (reset, closed mid-exchange),
+    /// plus failed accepts (e.g. out of descriptors).
+    pub errors: u64,
+}
+
+impl ServerTotals {
+    fn add(&mut self, o: &ServerTotals) {
+        self.bytes_rx += o.bytes_rx;
+        self.bytes_tx += o.bytes_tx;
+        self.connections_accepted += o.connections_accepted;
+        self.connections_completed += o.connections_completed;
+        self.errors += o.errors;
+    }
+}
+
+/// The client side's flows: all go to one target.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientSpec {
+    /// The [`FlowServer`]'s address.
+    pub target: SocketAddr,
+    /// Concurrent flows; at least 1.
+    pub flows: usize,
+    /// What each flow does; must match the server's.
+    pub work: FlowWork,
+    /// Local address to bind every connection to (port chosen by the
+    /// system), e.g. to pick a link; `None` lets routing choose.
+    pub bind_ip: Option<IpAddr>,
+}
+
+/// Open every flow of `spec` and get ready (phase 1 of a client): for
+/// PingPong, connect all connections (one at a time, each within
+/// `cfg.io_timeout`); for Connect, nothing to open yet. Raises the
+/// descriptor limit as needed and checks the ephemeral port range; nothing
+/// is sent until [`PreparedClients::run`].
+pub fn prepare_clients(
+    spec: &ClientSpec,
+    cfg: &EngineConfig,
+) -> Result<PreparedClients, EngineError> {
+    client::prepare(spec, cfg)
+}
+
+/// The client side's results.
+#[derive(Debug, Clone)]
+pub struct ClientReport {
+    /// One outcome per flow, in flow order (`flows[i].index == i`).
+    pub flows: Vec<FlowOutcome>,
+    /// The measured window (after warm-up, until the stop), ns. Round trips
+    /// and connections are counted when they complete inside it.
+    pub elapsed_ns: u64,
+}
+
+/// One flow's results.
+#[derive(Debug, Clone)]
+pub struct FlowOutcome {
+    /// The flow's number, `0..flows`.
+    pub index: u32,
+    /// Round trips (PingPong) or connections (Connect: reply received)
+    /// completed inside the measured window.
+    pub round_trips: u64,
+    /// Bytes written over the whole run (warm-up and the finish of in-flight
+    /// exchanges after the window included), so that the sum over flows
+    /// equals what the server read.
+    pub bytes_tx: u64,
+    /// Bytes read over the whole run (as `bytes_tx`).
+    pub bytes_rx: u64,
+    /// Payload bytes sent by the exchanges counted in `round_trips`.
+    pub window_bytes_tx: u64,
+    /// Payload bytes received by the exchanges counted in `round_trips`.
+    pub window_bytes_rx: u64,
+    /// Latency of each exchange counted in `round_trips`, ns: the round trip
+    /// (PingPong) or connection setup plus request and reply (Connect).
+    /// Compact precision (1%), see [`LatencyHistogram::new_compact`].
+    pub hist: LatencyHistogram,
+    /// Failed connections (refused, no local address, reset, stalled past
+    /// the I/O timeout) in Connect mode over the whole run; always 0 for
+    /// PingPong, where a failure ends the run with an error instead.
+    pub errors: u64,
+}
+
+/// Why the engine failed. Messages name the flow and the target where
+/// there is one.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// Parameters the engine cannot run.
+    #[error("{0}")]
+    Invalid(String),
+    /// The listener could not be set up.
+    #[error("binding the flow server to {addr}: {source}")]
+    Bind {
+        /// The address asked for.
+        addr: SocketAddr,
+        /// Why it failed.
+        source: std::io::Error,
+    },
+    /// A system call the engine depends on failed (epoll, threads).
+    #[error("{what}: {source}")]
+    Sys {
+        /// What was being done.
+        what: String,
+        /// Why it failed.
+        source: std::io::Error,
+    },
+    /// Reading or changing a resource limit failed.
+    #[error("{what}: {source}")]
+    Limit {
+        /// What was being done.
+        what: String,
+        /// Why it failed.
+        source: std::io::Error,
+    },
+    /// The hard descriptor limit is below what the flows need.
+    #[error(
+        "{needed} file descriptors are needed but the limit is {soft} (hard limit {hard}); \
+         raise it with `ulimit -n {needed}` (as root, or raise the hard limit in \
+         /etc/security/limits.conf) before starting netgap, or set LimitNOFILE={needed} \
+         in the service unit"
+    )]
+    TooFewDescriptors {
+        /// Descriptors needed, flows plus spare.
+        needed: u64,
+        /// Soft limit in force.
+        soft: u64,
+        /// Hard limit in force.
+        hard: u64,
+    },
+    /// More concurrent connections to one target than ephemeral ports.
+    #[error(
+        "{concurrent} concurrent connections to {target} need {concurrent} local ports but \
+         net.ipv4.ip_local_port_range ({low}-{high}) gives {ports}; widen it, e.g. \
+         `sysctl -w net.ipv4.ip_local_port_range=\"1024 65535\"`, or use fewer flows per client host"
+    )]
+    TooFewPorts {
+        /// Connections asked for.
+        concurrent: u64,
+        /// Ports in the range.
+        ports: u64,
+        /// Lowest port of the range.
+        low: u32,
+        /// Highest port of the range.
+        high: u32,
+        /// The target.
+        target: SocketAddr,
+    },
+    /// Opening a pingpong flow failed.
+    #[error("opening flow {index} to {target}: {source}")]
+    Connect {
+        /// The flow.
+        index: u32,
+        /// The target.
+        target: SocketAddr,
+        /// Why it failed.
+        source: std::io::Error,
+    },
+    /// A flow failed mid-run (the peer closed, reset, or sent garbage).
+    #[error("flow {index} to {target} failed: {reason}")]
+    FlowFailed {
+        /// The flow.
+        index: u32,
+        /// The target.
+        target: SocketAddr,
+        /// What happened.
+        reason: String,
+    },
+    /// A flow made no progress within the I/O timeout.
+    #[error(
+        "flow {index} to {target} made no progress for {timeout:?}; the server is gone or stuck"
+    )]
+    FlowStalled {
+        /// The flow.
+        index: u32,
+        /// The target.
+        target: SocketAddr,
+        /// The I/O timeout.
+        timeout: Duration,
+    },
+    /// Not one connection of any flow succeeded.
+    #[error(
+        "every one of {flows} flows to {target} failed ({errors} failed connections; last: {last})"
+    )]
+    AllFlowsFailed {
+        /// Flows run.
+        flows: usize,
+        /// The target.
+        target: SocketAddr,
+        /// Failed connections.
+        errors: u64,
+        /// The last failure seen.
+        last: String,
+    },
+    /// A worker thread panicked; a bug, not a peer's doing.
+    #[error("a flow worker thread panicked")]
+    WorkerPanicked,
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests;

@@ -1,0 +1,346 @@
+//! How bytes move between two endpoints. Every test runs unchanged over every
+//! [`Transport`] in the [`registry`]: a transport opens a [`Listener`] on the
+//! agent's side and connects a [`Flow`] from the coordinator's side; a flow
+//! splits into a [`Sender`] and a [`Receiver`] half so a test can send and
+//! receive at the same time from two threads.
+//!
+//! Adding a transport is one new module here plus one line in [`registry`].
+//!
+//! This crate is the data path: the transports, the multi-client flow
+//! engine ([`flows`]), and the readings of the local host that go with a
+//! measurement ([`cpu`], [`host`], [`affinity`]). It knows nothing of the
+//! control protocol or of how results are reported.
+
+pub mod affinity;
+pub mod cpu;
+pub mod flows;
+pub mod host;
+pub mod shm;
+mod stream_socket;
+pub mod tcp;
+pub mod udp;
+pub mod unix;
+pub mod uring;
+mod zerocopy;
+
+use netgap_core::spec::{Mode, PointSpec, TransportOptions};
+
+use std::io;
+use std::os::fd::BorrowedFd;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Why a data-path operation failed. Never panics on peer behaviour.
+#[derive(Debug, thiserror::Error)]
+pub enum FlowError {
+    /// The peer closed the flow (EOF, reset, broken pipe).
+    #[error("peer closed the connection")]
+    Closed,
+    /// No progress for the whole inactivity timeout.
+    #[error("no data moved for {timeout_ms} ms (peer hung or gone)")]
+    TimedOut {
+        /// The inactivity timeout that expired, in milliseconds.
+        timeout_ms: u128,
+    },
+    /// A byte arrived that is not the one sent (`--verify`).
+    #[error("payload corrupted at stream offset {offset_bytes}: expected {expected:#04x}, got {got:#04x}")]
+    Corrupt {
+        /// Offset of the bad byte in the flow's byte stream.
+        offset_bytes: u64,
+        /// The byte that was sent.
+        expected: u8,
+        /// The byte that arrived.
+        got: u8,
+    },
+    /// A message larger than the transport carries (one datagram).
+    #[error(
+        "a {size_bytes}-byte message is larger than the {max_bytes} bytes this transport carries"
+    )]
+    TooLarge {
+        /// Size of the refused message, in bytes.
+        size_bytes: u64,
+        /// Largest message the transport carries, in bytes.
+        max_bytes: u64,
+    },
+    /// Any other I/O error.
+    #[error("{0}")]
+    Io(io::Error),
+}
+
+impl FlowError {
+    /// Classifies an I/O error from the data path.
+    pub fn from_io(e: io::Error, timeout: Duration) -> FlowError {
+        match e.kind() {
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => FlowError::TimedOut {
+                timeout_ms: timeout.as_millis(),
+            },
+            io::ErrorKind::ConnectionReset
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::BrokenPipe
+            | io::ErrorKind::UnexpectedEof => FlowError::Closed,
+            _ => FlowError::Io(e),
+        }
+    }
+}
+
+/// Why a transport could not listen or connect.
+#[derive(Debug, thiserror::Error)]
+pub enum TransportError {
+    /// Opening the data listener failed.
+    #[error("cannot open a {transport} data listener: {source}")]
+    Listen {
+        /// Transport name.
+        transport: &'static str,
+        /// Underlying error.
+        source: io::Error,
+    },
+    /// Connecting to the peer's data listener failed.
+    #[error("cannot connect the {transport} data flow to {addr}: {source}")]
+    Connect {
+        /// Transport name.
+        transport: &'static str,
+        /// Address connected to.
+        addr: String,
+        /// Underlying error.
+        source: io::Error,
+    },
+    /// The peer did not connect in time.
+    #[error("no {transport} data connection arrived within {timeout_ms} ms")]
+    AcceptTimeout {
+        /// Transport name.
+        transport: &'static str,
+        /// How long the listener waited, in milliseconds.
+        timeout_ms: u128,
+    },
+    /// The address sent by the peer cannot be used by this transport.
+    #[error("bad {transport} address {addr:?}: {detail}")]
+    BadAddress {
+        /// Transport name.
+        transport: &'static str,
+        /// The address.
+        addr: String,
+        /// What is wrong with it.
+        detail: String,
+    },
+    /// Applying a socket option failed.
+    #[error("cannot set {option} on the {transport} data flow: {source}")]
+    Option {
+        /// Transport name.
+        transport: &'static str,
+        /// Option name (`TCP_NODELAY`, `SO_SNDBUF`, ...).
+        option: &'static str,
+        /// Underlying error.
+        source: io::Error,
+    },
+}
+
+/// The sending half of a flow.
+pub trait Sender: Send {
+    /// Sends some of `buf`, returning how many bytes (at least 1) went out.
+    /// Blocks or spins according to the flow's mode; fails after the
+    /// inactivity timeout.
+    fn send_some(&mut self, buf: &[u8]) -> Result<usize, FlowError>;
+
+    /// Sends all of `buf`.
+    fn send_all(&mut self, mut buf: &[u8]) -> Result<(), FlowError> {
+        while !buf.is_empty() {
+            let n = self.send_some(buf)?;
+            buf = &buf[n..];
+        }
+        Ok(())
+    }
+
+    /// Marks the end of a burst: the caller sends nothing more until it has
+    /// heard from the peer or the repetition is over. An unreliable flow
+    /// tells the peer where the burst ended, so a lost tail is asked for at
+    /// once; a no-op for a reliable flow.
+    fn end_burst(&mut self) -> Result<(), FlowError> {
+        Ok(())
+    }
+}
+
+/// The receiving half of a flow.
+pub trait Receiver: Send {
+    /// Receives some bytes into `buf` (non-empty), returning how many (at
+    /// least 1). The peer closing the flow is [`FlowError::Closed`].
+    fn recv_some(&mut self, buf: &mut [u8]) -> Result<usize, FlowError>;
+
+    /// Fills all of `buf`.
+    fn recv_exact(&mut self, mut buf: &mut [u8]) -> Result<(), FlowError> {
+        while !buf.is_empty() {
+            let n = self.recv_some(buf)?;
+            buf = &mut buf[n..];
+        }
+        Ok(())
+    }
+
+    /// Receives and discards exactly `total_bytes`, using `scratch` (non-empty)
+    /// as the landing buffer. On an unreliable flow, bytes counted lost
+    /// count toward `total_bytes` too.
+    fn recv_discard(&mut self, mut total_bytes: u64, scratch: &mut [u8]) -> Result<(), FlowError> {
+        while total_bytes > 0 {
+            let want = scratch
+                .len()
+                .min(usize::try_from(total_bytes).unwrap_or(usize::MAX));
+            let lost0 = self.lost_bytes();
+            let n = self.recv_some(&mut scratch[..want])?;
+            let lost = self.lost_bytes().saturating_sub(lost0);
+            total_bytes = total_bytes.saturating_sub(n as u64 + lost);
+        }
+        Ok(())
+    }
+
+    /// Payload bytes this receiver skipped since the flow opened because
+    /// their datagrams were lost: always 0 on a reliable flow. It grows just
+    /// before a [`Receiver::recv_some`] returns the bytes after the gap.
+    fn lost_bytes(&self) -> u64 {
+        0
+    }
+
+    /// Bytes that have arrived and wait to be received (FIONREAD on a
+    /// socket), so a caller can time a receive of data already there
+    /// (logp's receive overhead); `None` when the transport cannot tell.
+    fn ready_bytes(&self) -> Option<u64> {
+        None
+    }
+}
+
+/// One data connection between two endpoints.
+pub trait Flow: Send {
+    /// Both halves at once, so a test can send from one thread while it
+    /// receives on another.
+    fn split(&mut self) -> (&mut dyn Sender, &mut dyn Receiver);
+
+    /// Both halves, owned: for a test that keeps a helper thread sending for
+    /// a whole point while it receives on its own thread.
+    fn into_halves(self: Box<Self>) -> (Box<dyn Sender>, Box<dyn Receiver>);
+
+    /// Sends all of `buf`.
+    fn send_all(&mut self, buf: &[u8]) -> Result<(), FlowError> {
+        self.split().0.send_all(buf)
+    }
+
+    /// Fills all of `buf`.
+    fn recv_exact(&mut self, buf: &mut [u8]) -> Result<(), FlowError> {
+        self.split().1.recv_exact(buf)
+    }
+
+    /// A handle that outlives the test's ownership of the flow, for an
+    /// unreliable flow; `None` for a reliable one.
+    fn monitor(&self) -> Option<Arc<dyn FlowMonitor>> {
+        None
+    }
+}
+
+pub use netgap_core::datagram::DatagramStats;
+
+/// What the runner (client end) and the agent (server end) keep of an
+/// unreliable flow while a test owns it: its counters, and the upkeep that
+/// lets a peer recover a repetition's lost last datagram.
+pub trait FlowMonitor: Send + Sync {
+    /// The flow's counters since it connected.
+    fn datagram_stats(&self) -> DatagramStats;
+
+    /// While the test is idle, answers the peer's retries (and keeps asking
+    /// whether the peer got this end's last burst) until `wake` is readable
+    /// (the control connection has a message) or `max_wait` passes. Never
+    /// delivers data: new data stays queued for the test. An error means the
+    /// flow broke; the next repetition reports it.
+    fn serve_idle(&self, wake: BorrowedFd<'_>, max_wait: Duration) -> Result<(), FlowError>;
+}
+
+/// Waits for the one flow of a point.
+pub trait Listener: Send {
+    /// The address the peer connects to, as sent in the control protocol.
+    fn addr(&self) -> String;
+
+    /// Accepts one flow, waiting at most `timeout`.
+    fn accept(&mut self, timeout: Duration) -> Result<Box<dyn Flow>, TransportError>;
+}
+
+/// What a flow needs to know, on either end.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FlowConfig {
+    /// Completion mode.
+    pub mode: Mode,
+    /// Socket options.
+    pub options: TransportOptions,
+    /// Data-path inactivity timeout.
+    pub io_timeout: Duration,
+}
+
+impl FlowConfig {
+    /// The flow configuration of a point.
+    pub fn from_spec(spec: &PointSpec) -> FlowConfig {
+        FlowConfig {
+            mode: spec.mode,
+            options: spec.options.clone(),
+            io_timeout: Duration::from_millis(u64::from(spec.io_timeout_ms)),
+        }
+    }
+}
+
+/// What a transport can do, shown by `netgap list` and used to skip
+/// combinations that cannot work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capabilities {
+    /// Delivers every byte, in order.
+    pub reliable: bool,
+    /// Preserves message boundaries.
+    pub message_boundaries: bool,
+    /// Can connect two different hosts.
+    pub cross_host: bool,
+    /// Completion modes supported.
+    pub modes: &'static [Mode],
+    /// The option flags the transport honours (as on the command line,
+    /// `--sndbuf`, ...); the plan refuses any other option set away from its
+    /// default, rather than record an option that had no effect.
+    pub options: &'static [&'static str],
+}
+
+/// A way to move bytes; one module per transport, one line in [`registry`].
+pub trait Transport: Sync {
+    /// Name used on the command line and in results.
+    fn name(&self) -> &'static str;
+    /// One line for `netgap list`.
+    fn summary(&self) -> &'static str;
+    /// What the transport can do.
+    fn capabilities(&self) -> Capabilities;
+    /// `Ok` when the transport works on this host, else why not.
+    fn availability(&self) -> Result<(), String> {
+        Ok(())
+    }
+    /// Largest message the transport carries, in bytes, when it has a
+    /// limit (a datagram); the plan refuses larger sizes.
+    fn max_message_bytes(&self) -> Option<u64> {
+        None
+    }
+    /// Opens the data listener for one point on the agent's side. `local_ip`
+    /// is the address the control connection arrived on.
+    fn listen(
+        &self,
+        config: &FlowConfig,
+        local_ip: std::net::IpAddr,
+    ) -> Result<Box<dyn Listener>, TransportError>;
+    /// Connects to the listener at `addr` on the coordinator's side.
+    fn connect(&self, config: &FlowConfig, addr: &str) -> Result<Box<dyn Flow>, TransportError>;
+}
+
+/// Every transport netgap has, in the order `netgap list` shows them.
+pub fn registry() -> &'static [&'static dyn Transport] {
+    &[&tcp::Tcp, &unix::Unix, &uring::Uring, &shm::Shm, &udp::Udp]
+}
+
+/// The transport called `name`, if there is one.
+pub fn find(name: &str) -> Option<&'static dyn Transport> {
+    registry().iter().copied().find(|t| t.name() == name)
+}
+
+/// Names of all transports, comma separated, for error messages.
+pub fn names() -> String {
+    registry()
+        .iter()
+        .map(|t| t.name())
+        .collect::<Vec<_>>()
+        .join(", ")
+}

@@ -1,0 +1,546 @@
+//! Shared memory (`shm`): the same host only, and the fastest path two
+//! processes have, so it is the floor against which every other transport's
+//! gap is read. Like every [`Transport`], it carries the tests unchanged; it
+//! moves bytes through memory instead of the kernel.
+//!
+//! One flow is one sealed memfd mapped `MAP_SHARED` by both ends (see
+//! [`region`] for the layout) holding one single-producer, single-consumer
+//! byte ring per direction (see [`ring`]). Sending copies the caller's bytes
+//! into the ring and publishes the new producer index; receiving copies bytes
+//! out and publishes the new consumer index. A message larger than the ring
+//! streams through it: `send_some` takes what fits, `recv_some` returns what
+//! is there, so the flow is a reliable byte stream without message
+//! boundaries, like a stream socket.
+//!
+//! Rendezvous follows [`super::unix`]: the listener is a Unix stream socket
+//! file in the temporary directory (its path is the address), removed once
+//! the peer is accepted. The listener creates the memfd up front and passes
+//! it over the accepted socket (SCM_RIGHTS); the connector checks it before
+//! use. That socket then stays open for the life of the flow as its liveness
+//! signal: when a wait makes no progress, the socket is checked for hang-up
+//! without blocking, so a peer that exits or drops its flow is seen as
+//! [`FlowError::Closed`] instead of a wait that never ends.
+//!
+//! Waiting follows the flow's [`Mode`]. Poll mode makes no system call while
+//! data moves: it spins on the peer's index, reading the clock every
+//! [`SPINS_PER_CLOCK_READ`] spins and checking liveness every
+//! [`LIVENESS_PERIOD`] without progress. Event mode sleeps on a futex placed
+//! on the low 32 bits of the index it waits for, in slices of at most
+//! [`SLEEP_SLICE`]; a per-ring "waiter is sleeping" flag lets the other side
+//! skip `FUTEX_WAKE` unless someone actually sleeps, so two busy sides make
+//! no system calls either. Event mode does not spin before sleeping: it is
+//! meant to show what blocking costs, and poll mode already shows spinning.
+
+pub mod region;
+pub mod ring;
+mod sys;
+
+use self::region::{Region, RingId};
+use self::ring::{Consumer, Producer, RingError};
+use super::{
+    Capabilities, Flow, FlowConfig, FlowError, Listener, Receiver, Sender, Transport,
+    TransportError,
+};
+use netgap_core::spec::Mode;
+use std::io;
+use std::net::Shutdown;
+use std::os::fd::AsFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const NAME: &str = "shm";
+
+/// Bytes of each ring's data region (one ring per direction; the memfd
+/// holds both plus three 4 KiB pages).
+///
+/// 4 MiB lets a sender run a whole 1 MiB message (and then some) ahead of
+/// the receiver, so the two copies — into the ring on one core, out of it on
+/// the other — overlap instead of taking turns; smaller rings made the
+/// sender wait for space at every message. Larger rings buy nothing: the
+/// data must cross between the cores' caches either way, and the shared
+/// last-level cache (32 MiB here) still holds both rings and both sides'
+/// buffers.
+pub const RING_CAPACITY_BYTES: usize = 4 << 20;
+
+/// Most bytes a single `send_some` or `recv_some` copies (256 KiB). Large
+/// messages are published in pieces of this size, so the receiver starts
+/// copying a piece while the sender writes the next one and reads it while
+/// it is still in a cache, instead of waiting for a whole multi-megabyte
+/// copy; each piece costs one index update (a cache-line transfer, well
+/// under a microsecond) against ~15 µs of copying.
+pub const MAX_COPY_BYTES: usize = 256 << 10;
+
+/// Poll mode: spins between two clock reads while nothing moves. A clock
+/// read costs tens of nanoseconds; a spin (PAUSE plus one index load) about
+/// as much, so the clock costs a few per cent of a wait's polling rate.
+pub const SPINS_PER_CLOCK_READ: u32 = 128;
+
+/// How long a wait runs without progress between two checks of the peer's
+/// liveness socket (a non-blocking `poll`). In poll mode each check also
+/// yields the CPU once, so a spinning thread on an oversubscribed machine
+/// lets the thread it waits for run.
+pub const LIVENESS_PERIOD: Duration = Duration::from_millis(1);
+
+/// Event mode: the longest single futex sleep. Liveness and the inactivity
+/// timeout are checked between sleeps, so a peer that dies without waking
+/// us is noticed within this long.
+pub const SLEEP_SLICE: Duration = Duration::from_millis(50);
+
+/// Sent with the memfd; also tells a connector that it reached an `shm`
+/// listener and not some other socket.
+const HELLO: &[u8; 8] = b"NGSHM-v1";
+
+/// Shared memory between two processes on one host.
+pub struct Shm;
+
+/// Distinguishes the socket files of one process.
+static NEXT_ID: AtomicU64 = AtomicU64::new(0);
+
+fn listen_err(source: io::Error) -> TransportError {
+    TransportError::Listen {
+        transport: NAME,
+        source,
+    }
+}
+
+fn corrupt(e: RingError) -> FlowError {
+    FlowError::Io(io::Error::new(io::ErrorKind::InvalidData, e))
+}
+
+/// Which end of the rendezvous a flow is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    Listener,
+    Connector,
+}
+
+/// What both halves of a flow share: the mapping (the rings' memory) and
+/// the liveness socket. Dropped when the last half goes, which shuts the
+/// socket down (the peer's next liveness check sees it) and wakes any
+/// futex sleeper of the peer so it checks at once.
+struct Shared {
+    region: Region,
+    socket: UnixStream,
+    mode: Mode,
+    timeout: Duration,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        let _ = self.socket.shutdown(Shutdown::Both);
+        for id in [RingId::ToConnector, RingId::ToListener] {
+            let mem = self.region.ring(id);
+            let _ = sys::futex_wake(mem.ctl().head_futex());
+            let _ = sys::futex_wake(mem.ctl().tail_futex());
+        }
+    }
+}
+
+/// The sending half of an `shm` flow: the producer of the outgoing ring.
+pub struct ShmSender {
+    ring: Producer,
+    shared: Arc<Shared>,
+}
+
+/// The receiving half of an `shm` flow: the consumer of the incoming ring.
+pub struct ShmReceiver {
+    ring: Consumer,
+    shared: Arc<Shared>,
+}
+
+/// An `shm` flow: a sender and a receiver sharing one mapping.
+pub struct ShmFlow {
+    tx: ShmSender,
+    rx: ShmReceiver,
+}
+
+impl ShmFlow {
+    fn new(
+        region: Region,
+        socket: UnixStream,
+        role: Role,
+        config: &FlowConfig,
+    ) -> io::Result<ShmFlow> {
+        let shared = Arc::new(Shared {
+            region,
+            socket,
+            mode: config.mode,
+            timeout: config.io_timeout,
+        });
+        let (out, inc) = match role {
+            Role::Listener => (RingId::ToConnector, RingId::ToListener),
+            Role::Connector => (RingId::ToListener, RingId::ToConnector),
+        };
+        let bad = |e: RingError| io::Error::new(io::ErrorKind::InvalidData, e);
+        let tx = Producer::new(shared.region.ring(out)).map_err(bad)?;
+        let rx = Consumer::new(shared.region.ring(inc)).map_err(bad)?;
+        Ok(ShmFlow {
+            tx: ShmSender {
+                ring: tx,
+                shared: Arc::clone(&shared),
+            },
+            rx: ShmReceiver { ring: rx, shared },
+        })
+    }
+}
+
+/// One try at moving bytes.
+enum Attempt {
+    /// This many bytes (at least 1) moved.
+    Moved(usize),
+    /// Nothing could move; the futex word being waited on holds `expected`
+    /// until the peer makes room or data.
+    Blocked {
+        /// Low 32 bits of the peer's index as last read.
+        expected: u32,
+    },
+}
+
+/// The bookkeeping of one wait that has not made progress yet: when it
+/// started (for the inactivity timeout) and when to look at the peer next.
+/// The clock is first read only once a wait has spun for a while, so a wait
+/// that ends quickly never reads it.
+#[derive(Default)]
+struct Stall {
+    start: Option<Instant>,
+    next_liveness: Option<Instant>,
+}
+
+impl Stall {
+    /// Time left before the inactivity timeout, starting the clock if needed.
+    fn left(&mut self, now: Instant, timeout: Duration) -> Duration {
+        let start = *self.start.get_or_insert(now);
+        timeout.saturating_sub(now.duration_since(start))
+    }
+
+    /// Fails with `TimedOut` once the wait has lasted the inactivity timeout
+    /// and with `Closed` once the peer hung up. The peer is checked every
+    /// [`LIVENESS_PERIOD`] in poll mode and on every call in event mode
+    /// (called once per futex sleep, which costs far more than the check).
+    fn check(&mut self, shared: &Shared) -> Result<(), FlowError> {
+        let now = Instant::now();
+        if self.left(now, shared.timeout).is_zero() {
+            return Err(FlowError::TimedOut {
+                timeout_ms: shared.timeout.as_millis(),
+            });
+        }
+        let due = match shared.mode {
+            Mode::Event => true,
+            Mode::Poll => *self.next_liveness.get_or_insert(now + LIVENESS_PERIOD) <= now,
+        };
+        if !due {
+            return Ok(());
+        }
+        self.next_liveness = Some(now + LIVENESS_PERIOD);
+        if sys::peer_hung_up(&shared.socket).map_err(FlowError::Io)? {
+            return Err(FlowError::Closed);
+        }
+        if shared.mode == Mode::Poll {
+            std::thread::yield_now();
+        }
+        Ok(())
+    }
+}
+
+/// Waits until `attempt` moves bytes, per the flow's mode. `flag` is this
+/// side's "waiter is sleeping" flag and `word` the futex word `attempt`'s
+/// `expected` refers to.
+fn wait_for(
+    shared: &Shared,
+    flag: &AtomicU32,
+    word: *const u32,
+    mut attempt: impl FnMut() -> Result<Attempt, FlowError>,
+) -> Result<usize, FlowError> {
+    let mut stall = Stall::default();
+    let failed = loop {
+        match shared.mode {
+            Mode::Poll => {
+                for _ in 0..SPINS_PER_CLOCK_READ {
+                    std::hint::spin_loop();
+                    if let Attempt::Moved(n) = attempt()? {
+                        return Ok(n);
+                    }
+                }
+            }
+            Mode::Event => {
+                // Announce the sleep, then look once more: the fences on
+                // both sides guarantee that either this attempt sees the
+                // peer's update or the peer sees the flag and wakes us (and
+                // if the wake comes before we sleep, FUTEX_WAIT sees the
+                // word changed and returns at once).
+                flag.store(1, Ordering::Relaxed);
+                fence(Ordering::SeqCst);
+                let first = attempt();
+                if !matches!(first, Ok(Attempt::Blocked { .. })) {
+                    flag.store(0, Ordering::Relaxed);
+                }
+                let expected = match first? {
+                    Attempt::Moved(n) => return Ok(n),
+                    Attempt::Blocked { expected } => expected,
+                };
+                let left = stall.left(Instant::now(), shared.timeout);
+                let slept = sys::futex_wait(word, expected, left.min(SLEEP_SLICE));
+                flag.store(0, Ordering::Relaxed);
+                slept.map_err(FlowError::Io)?;
+                if let Attempt::Moved(n) = attempt()? {
+                    return Ok(n);
+                }
+            }
+        }
+        if let Err(e) = stall.check(shared) {
+            break e;
+        }
+    };
+    // The peer may have published its last bytes just before hanging up:
+    // deliver them first.
+    if let FlowError::Closed = failed {
+        if let Attempt::Moved(n) = attempt()? {
+            return Ok(n);
+        }
+    }
+    Err(failed)
+}
+
+impl ShmSender {
+    /// Copies what fits and, in event mode, wakes a sleeping consumer.
+    #[inline]
+    fn attempt(&mut self, buf: &[u8]) -> Result<Attempt, FlowError> {
+        attempt_send(&mut self.ring, &self.shared, buf)
+    }
+}
+
+#[inline]
+fn attempt_send(ring: &mut Producer, shared: &Shared, buf: &[u8]) -> Result<Attempt, FlowError> {
+    let n = ring.try_write(buf, MAX_COPY_BYTES).map_err(corrupt)?;
+    if n == 0 {
+        return Ok(Attempt::Blocked {
+            expected: ring.cached_tail() as u32,
+        });
+    }
+    if shared.mode == Mode::Event {
+        // Pairs with the consumer's fence between raising its flag and
+        // re-reading the producer index (see `wait_for`).
+        fence(Ordering::SeqCst);
+        let ctl = ring.mem().ctl();
+        if ctl.data_waiter.0.load(Ordering::Relaxed) != 0 {
+            sys::futex_wake(ctl.head_futex()).map_err(FlowError::Io)?;
+        }
+    }
+    Ok(Attempt::Moved(n))
+}
+
+#[inline]
+fn attempt_recv(
+    ring: &mut Consumer,
+    shared: &Shared,
+    buf: &mut [u8],
+) -> Result<Attempt, FlowError> {
+    let n = ring.try_read(buf, MAX_COPY_BYTES).map_err(corrupt)?;
+    if n == 0 {
+        return Ok(Attempt::Blocked {
+            expected: ring.cached_head() as u32,
+        });
+    }
+    if shared.mode == Mode::Event {
+        fence(Ordering::SeqCst);
+        let ctl = ring.mem().ctl();
+        if ctl.space_waiter.0.load(Ordering::Relaxed) != 0 {
+            sys::futex_wake(ctl.tail_futex()).map_err(FlowError::Io)?;
+        }
+    }
+    Ok(Attempt::Moved(n))
+}
+
+impl Sender for ShmSender {
+    #[inline]
+    fn send_some(&mut self, buf: &[u8]) -> Result<usize, FlowError> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        if let Attempt::Moved(n) = self.attempt(buf)? {
+            return Ok(n);
+        }
+        let mem = *self.ring.mem();
+        let ctl = mem.ctl();
+        let (ring, shared) = (&mut self.ring, &*self.shared);
+        wait_for(shared, &ctl.space_waiter.0, ctl.tail_futex(), || {
+            attempt_send(ring, shared, buf)
+        })
+    }
+}
+
+impl Receiver for ShmReceiver {
+    #[inline]
+    fn recv_some(&mut self, buf: &mut [u8]) -> Result<usize, FlowError> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        if let Attempt::Moved(n) = attempt_recv(&mut self.ring, &self.shared, buf)? {
+            return Ok(n);
+        }
+        let mem = *self.ring.mem();
+        let ctl = mem.ctl();
+        let (ring, shared) = (&mut self.ring, &*self.shared);
+        wait_for(shared, &ctl.data_waiter.0, ctl.head_futex(), || {
+            attempt_recv(ring, shared, buf)
+        })
+    }
+}
+
+impl Flow for ShmFlow {
+    fn split(&mut self) -> (&mut dyn Sender, &mut dyn Receiver) {
+        (&mut self.tx, &mut self.rx)
+    }
+
+    fn into_halves(self: Box<Self>) -> (Box<dyn Sender>, Box<dyn Receiver>) {
+        (Box::new(self.tx), Box::new(self.rx))
+    }
+}
+
+/// The listening end of one point: the socket file and the region to hand
+/// to the one peer it accepts.
+struct ShmListener {
+    listener: UnixListener,
+    path: PathBuf,
+    /// The region and its memfd until a peer takes them.
+    pending: Option<(Region, std::os::fd::OwnedFd)>,
+    config: FlowConfig,
+}
+
+impl Drop for ShmListener {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+impl Listener for ShmListener {
+    fn addr(&self) -> String {
+        self.path.display().to_string()
+    }
+
+    fn accept(&mut self, timeout: Duration) -> Result<Box<dyn Flow>, TransportError> {
+        if self.pending.is_none() {
+            return Err(listen_err(io::Error::other(
+                "this shm listener already handed its region to a peer",
+            )));
+        }
+        let ready = sys::wait_readable(self.listener.as_fd(), timeout).map_err(|e| {
+            listen_err(io::Error::new(e.kind(), format!("waiting for a peer: {e}")))
+        })?;
+        if !ready {
+            return Err(TransportError::AcceptTimeout {
+                transport: NAME,
+                timeout_ms: timeout.as_millis(),
+            });
+        }
+        let (stream, _) = self
+            .listener
+            .accept()
+            .map_err(|e| listen_err(io::Error::new(e.kind(), format!("accept: {e}"))))?;
+        let _ = std::fs::remove_file(&self.path);
+        let (region, memfd) = self
+            .pending
+            .take()
+            .ok_or_else(|| listen_err(io::Error::other("shm listener lost its region")))?;
+        sys::send_fd(&stream, memfd.as_fd(), HELLO).map_err(listen_err)?;
+        drop(memfd);
+        let flow =
+            ShmFlow::new(region, stream, Role::Listener, &self.config).map_err(listen_err)?;
+        Ok(Box::new(flow))
+    }
+}
+
+impl Transport for Shm {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn summary(&self) -> &'static str {
+        "shared memory: one memfd ring per direction, futex or spin waits (same host only)"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            reliable: true,
+            message_boundaries: false,
+            cross_host: false,
+            modes: &Mode::ALL,
+            options: &[],
+        }
+    }
+
+    fn availability(&self) -> Result<(), String> {
+        if !cfg!(target_os = "linux") {
+            return Err("shm needs Linux (memfd_create, futex)".into());
+        }
+        nix::sys::memfd::memfd_create(
+            c"netgap-shm-probe",
+            nix::sys::memfd::MemFdCreateFlag::MFD_CLOEXEC,
+        )
+        .map(drop)
+        .map_err(|e| format!("memfd_create failed: {e}"))
+    }
+
+    fn listen(
+        &self,
+        config: &FlowConfig,
+        _local_ip: std::net::IpAddr,
+    ) -> Result<Box<dyn Listener>, TransportError> {
+        let pending = Region::create(RING_CAPACITY_BYTES, config.mode).map_err(listen_err)?;
+        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        let path =
+            std::env::temp_dir().join(format!("netgap-shm-{}-{id}.sock", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let listener = UnixListener::bind(&path).map_err(|e| {
+            listen_err(io::Error::new(
+                e.kind(),
+                format!("binding {}: {e}", path.display()),
+            ))
+        })?;
+        Ok(Box::new(ShmListener {
+            listener,
+            path,
+            pending: Some(pending),
+            config: config.clone(),
+        }))
+    }
+
+    fn connect(&self, config: &FlowConfig, addr: &str) -> Result<Box<dyn Flow>, TransportError> {
+        let connect_err = |source| TransportError::Connect {
+            transport: NAME,
+            addr: addr.to_string(),
+            source,
+        };
+        if addr.is_empty() {
+            return Err(TransportError::BadAddress {
+                transport: NAME,
+                addr: addr.to_string(),
+                detail: "expected the path of the listener's socket file".into(),
+            });
+        }
+        let stream = UnixStream::connect(addr).map_err(|e| TransportError::Connect {
+            transport: NAME,
+            addr: format!("{addr} (shm needs the agent on this host)"),
+            source: e,
+        })?;
+        // The listener sends the memfd as soon as it accepts; never wait for
+        // it longer than the data path would wait for bytes.
+        stream
+            .set_read_timeout(Some(config.io_timeout.max(Duration::from_millis(1))))
+            .map_err(|e| TransportError::Option {
+                transport: NAME,
+                option: "SO_RCVTIMEO",
+                source: e,
+            })?;
+        let fd = sys::recv_fd(&stream, HELLO).map_err(connect_err)?;
+        let region = Region::open(fd, config.mode).map_err(connect_err)?;
+        let flow = ShmFlow::new(region, stream, Role::Connector, config).map_err(connect_err)?;
+        Ok(Box::new(flow))
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,273 @@
+//! A flow over a connected stream socket (TCP or Unix), shared by the
+//! transports that have one. Event mode blocks with SO_RCVTIMEO/SO_SNDTIMEO as
+//! the inactivity timeout; poll mode makes the socket non-blocking and spins,
+//! checking the deadline only while no progress is made.
+
+use super::{Flow, FlowError, Receiver, Sender};
+use netgap_core::spec::Mode;
+use std::io::{self, Read, Write};
+use std::time::{Duration, Instant};
+
+/// Spins between deadline checks in poll mode; a clock read costs about as
+/// much as a failed non-blocking call, so checking every spin would halve the
+/// polling rate for nothing.
+const SPINS_PER_CLOCK_READ: u32 = 64;
+
+/// One half of a stream-socket flow: a handle on the socket plus its mode.
+pub struct Half<S> {
+    socket: S,
+    mode: Mode,
+    timeout: Duration,
+}
+
+/// A stream-socket flow: two handles on one socket, one per direction.
+pub struct StreamFlow<S> {
+    tx: Half<S>,
+    rx: Half<S>,
+}
+
+/// The socket calls a [`StreamFlow`] needs.
+pub trait StreamSocket: Read + Write + Send + Sized {
+    /// Another handle on the same socket.
+    fn duplicate(&self) -> io::Result<Self>;
+    /// O_NONBLOCK on or off.
+    fn set_nonblocking(&self, on: bool) -> io::Result<()>;
+    /// SO_RCVTIMEO.
+    fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()>;
+    /// SO_SNDTIMEO.
+    fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()>;
+    /// Bytes queued for reading (FIONREAD).
+    fn queued_bytes(&self) -> io::Result<usize>;
+}
+
+macro_rules! stream_socket {
+    ($t:ty) => {
+        impl StreamSocket for $t {
+            fn duplicate(&self) -> io::Result<Self> {
+                self.try_clone()
+            }
+            fn set_nonblocking(&self, on: bool) -> io::Result<()> {
+                <$t>::set_nonblocking(self, on)
+            }
+            fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+                <$t>::set_read_timeout(self, t)
+            }
+            fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+                <$t>::set_write_timeout(self, t)
+            }
+            fn queued_bytes(&self) -> io::Result<usize> {
+                queued_bytes(std::os::fd::AsRawFd::as_raw_fd(self))
+            }
+        }
+    };
+}
+/// FIONREAD on a stream socket: bytes in its receive queue.
+fn queued_bytes(fd: std::os::fd::RawFd) -> io::Result<usize> {
+    let mut n: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one c_int through the pointer, which points to
+    // a live local; `fd` is open for as long as the socket that lent it.
+    let rc = unsafe { libc::ioctl(fd, libc::FIONREAD, &mut n as *mut libc::c_int) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(usize::try_from(n).unwrap_or(0))
+}
+
+stream_socket!(std::net::TcpStream);
+stream_socket!(std::os::unix::net::UnixStream);
+
+impl<S: StreamSocket> StreamFlow<S> {
+    /// The two halves, for wrappers that add per-message work.
+    pub fn into_parts(self) -> (Half<S>, Half<S>) {
+        (self.tx, self.rx)
+    }
+
+    /// Wraps a connected socket, applying the mode and the timeout.
+    pub fn new(socket: S, mode: Mode, timeout: Duration) -> io::Result<StreamFlow<S>> {
+        match mode {
+            Mode::Event => {
+                socket.set_nonblocking(false)?;
+                socket.set_read_timeout(Some(timeout))?;
+                socket.set_write_timeout(Some(timeout))?;
+            }
+            Mode::Poll => socket.set_nonblocking(true)?,
+        }
+        let rx = socket.duplicate()?;
+        Ok(StreamFlow {
+            tx: Half {
+                socket,
+                mode,
+                timeout,
+            },
+            rx: Half {
+                socket: rx,
+                mode,
+                timeout,
+            },
+        })
+    }
+}
+
+impl<S: StreamSocket> Half<S> {
+    /// The socket under this half.
+    pub fn socket(&self) -> &S {
+        &self.socket
+    }
+
+    /// Runs `op` until it moves at least one byte, per the mode.
+    #[inline]
+    fn progress(
+        &mut self,
+        mut op: impl FnMut(&mut S) -> io::Result<usize>,
+    ) -> Result<usize, FlowError> {
+        match self.mode {
+            Mode::Event => loop {
+                match op(&mut self.socket) {
+                    Ok(0) => return Err(FlowError::Closed),
+                    Ok(n) => return Ok(n),
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => return Err(FlowError::from_io(e, self.timeout)),
+                }
+            },
+            Mode::Poll => {
+                let mut deadline: Option<Instant> = None;
+                let mut spins = 0u32;
+                loop {
+                    match op(&mut self.socket) {
+                        Ok(0) => return Err(FlowError::Closed),
+                        Ok(n) => return Ok(n),
+                        Err(e)
+                            if e.kind() == io::ErrorKind::WouldBlock
+                                || e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(e) => return Err(FlowError::from_io(e, self.timeout)),
+                    }
+                    spins += 1;
+                    if spins.is_multiple_of(SPINS_PER_CLOCK_READ) {
+                        let now = Instant::now();
+                        match deadline {
+                            None => deadline = Some(now + self.timeout),
+                            Some(d) if now >= d => {
+                                return Err(FlowError::TimedOut {
+                                    timeout_ms: self.timeout.as_millis(),
+                                })
+                            }
+                            Some(_) => {}
+                        }
+                    }
+                    std::hint::spin_loop();
+                }
+            }
+        }
+    }
+}
+
+impl<S: StreamSocket> Sender for Half<S> {
+    #[inline]
+    fn send_some(&mut self, buf: &[u8]) -> Result<usize, FlowError> {
+        self.progress(|s| s.write(buf))
+    }
+}
+
+impl<S: StreamSocket> Receiver for Half<S> {
+    #[inline]
+    fn recv_some(&mut self, buf: &mut [u8]) -> Result<usize, FlowError> {
+        self.progress(|s| s.read(buf))
+    }
+
+    fn ready_bytes(&self) -> Option<u64> {
+        self.socket.queued_bytes().ok().map(|n| n as u64)
+    }
+}
+
+impl<S: StreamSocket + 'static> Flow for StreamFlow<S> {
+    fn split(&mut self) -> (&mut dyn Sender, &mut dyn Receiver) {
+        (&mut self.tx, &mut self.rx)
+    }
+
+    fn into_halves(self: Box<Self>) -> (Box<dyn Sender>, Box<dyn Receiver>) {
+        (Box::new(self.tx), Box::new(self.rx))
+    }
+}
+
+/// A TCP flow that corks each message (TCP_CORK set before its bytes,
+/// cleared after them) and/or re-arms TCP_QUICKACK after every receive.
+pub struct TcpHookFlow {
+    tx: CorkSender,
+    rx: QuickAckReceiver,
+}
+
+/// Sending half of a [`TcpHookFlow`].
+pub struct CorkSender {
+    inner: Half<std::net::TcpStream>,
+    cork: bool,
+}
+
+/// Receiving half of a [`TcpHookFlow`].
+pub struct QuickAckReceiver {
+    inner: Half<std::net::TcpStream>,
+    quickack: bool,
+}
+
+fn option_failed(e: io::Error) -> FlowError {
+    FlowError::Io(e)
+}
+
+impl Sender for CorkSender {
+    fn send_some(&mut self, buf: &[u8]) -> Result<usize, FlowError> {
+        self.inner.send_some(buf)
+    }
+
+    fn send_all(&mut self, mut buf: &[u8]) -> Result<(), FlowError> {
+        if self.cork {
+            super::tcp::set_cork(self.inner.socket(), true).map_err(option_failed)?;
+        }
+        while !buf.is_empty() {
+            let n = self.inner.send_some(buf)?;
+            buf = &buf[n..];
+        }
+        if self.cork {
+            super::tcp::set_cork(self.inner.socket(), false).map_err(option_failed)?;
+        }
+        Ok(())
+    }
+}
+
+impl Receiver for QuickAckReceiver {
+    fn recv_some(&mut self, buf: &mut [u8]) -> Result<usize, FlowError> {
+        let n = self.inner.recv_some(buf)?;
+        if self.quickack {
+            super::tcp::set_quickack(self.inner.socket()).map_err(option_failed)?;
+        }
+        Ok(n)
+    }
+
+    fn ready_bytes(&self) -> Option<u64> {
+        self.inner.ready_bytes()
+    }
+}
+
+impl StreamFlow<std::net::TcpStream> {
+    /// Wraps the flow to cork each message and/or re-arm quick ACKs.
+    pub fn with_tcp_hooks(self, quickack: bool, cork: bool) -> TcpHookFlow {
+        TcpHookFlow {
+            tx: CorkSender {
+                inner: self.tx,
+                cork,
+            },
+            rx: QuickAckReceiver {
+                inner: self.rx,
+                quickack,
+            },
+        }
+    }
+}
+
+impl Flow for TcpHookFlow {
+    fn split(&mut self) -> (&mut dyn Sender, &mut dyn Receiver) {
+        (&mut self.tx, &mut self.rx)
+    }
+
+    fn into_halves(self: Box<Self>) -> (Box<dyn Sender>, Box<dyn Receiver>) {
+        (Box::new(self.tx), Box::new(self.rx))
+    }
+}

@@ -1,0 +1,349 @@
+//! Kernel TCP over IPv4 or IPv6, with TCP_NODELAY on unless asked otherwise,
+//! optional SO_SNDBUF/SO_RCVBUF, and the fast-path options: MSG_ZEROCOPY
+//! sends, SO_BUSY_POLL, TCP_QUICKACK, TCP_CORK and a congestion control
+//! algorithm. The data listener binds the address the control connection
+//! arrived on, on an ephemeral port.
+//!
+//! `listen_socket`, `accept_stream` and `connect_stream` set a TCP
+//! socket up with every option; other transports that carry TCP (uring) use
+//! them and drive the socket their own way.
+
+use super::stream_socket::StreamFlow;
+use super::zerocopy::ZeroCopyFlow;
+use super::{Capabilities, Flow, FlowConfig, Listener, Transport, TransportError};
+use netgap_core::spec::{Mode, TransportOptions};
+use socket2::{Domain, Protocol, SockAddr, SockRef, Socket, Type};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsFd;
+use std::time::{Duration, Instant};
+
+const NAME: &str = "tcp";
+
+/// How long a coordinator waits for the TCP handshake of a data flow.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Kernel TCP.
+pub struct Tcp;
+
+fn opt_err(
+    transport: &'static str,
+    option: &'static str,
+) -> impl FnOnce(std::io::Error) -> TransportError {
+    move |source| TransportError::Option {
+        transport,
+        option,
+        source,
+    }
+}
+
+/// Applies the options that must be set before connect or listen: buffer
+/// sizes (so the window scale is negotiated for them) and the congestion
+/// control algorithm.
+fn apply_before_connect(
+    transport: &'static str,
+    socket: &Socket,
+    options: &TransportOptions,
+) -> Result<(), TransportError> {
+    if let Some(b) = options.sndbuf_bytes {
+        socket
+            .set_send_buffer_size(b as usize)
+            .map_err(opt_err(transport, "SO_SNDBUF"))?;
+    }
+    if let Some(b) = options.rcvbuf_bytes {
+        socket
+            .set_recv_buffer_size(b as usize)
+            .map_err(opt_err(transport, "SO_RCVBUF"))?;
+    }
+    if let Some(name) = &options.congestion {
+        socket
+            .set_tcp_congestion(name.as_bytes())
+            .map_err(opt_err(transport, "TCP_CONGESTION"))?;
+    }
+    Ok(())
+}
+
+fn set_int_opt(
+    transport: &'static str,
+    stream: &TcpStream,
+    level: libc::c_int,
+    name: libc::c_int,
+    option: &'static str,
+    value: libc::c_int,
+) -> Result<(), TransportError> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: setsockopt reads `size_of::<c_int>()` bytes from a live local.
+    let rc = unsafe {
+        libc::setsockopt(
+            stream.as_raw_fd(),
+            level,
+            name,
+            (&value as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(opt_err(transport, option)(std::io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+/// Applies the options of a connected stream: TCP_NODELAY, SO_BUSY_POLL,
+/// SO_ZEROCOPY.
+fn apply_connected(
+    transport: &'static str,
+    stream: &TcpStream,
+    options: &TransportOptions,
+) -> Result<(), TransportError> {
+    stream
+        .set_nodelay(options.nodelay)
+        .map_err(opt_err(transport, "TCP_NODELAY"))?;
+    if let Some(us) = options.busy_poll_us {
+        set_int_opt(
+            transport,
+            stream,
+            libc::SOL_SOCKET,
+            libc::SO_BUSY_POLL,
+            "SO_BUSY_POLL",
+            us as libc::c_int,
+        )?;
+    }
+    if options.zerocopy {
+        set_int_opt(
+            transport,
+            stream,
+            libc::SOL_SOCKET,
+            libc::SO_ZEROCOPY,
+            "SO_ZEROCOPY",
+            1,
+        )?;
+    }
+    if options.quickack {
+        set_int_opt(
+            transport,
+            stream,
+            libc::IPPROTO_TCP,
+            libc::TCP_QUICKACK,
+            "TCP_QUICKACK",
+            1,
+        )?;
+    }
+    Ok(())
+}
+
+/// Opens a listening TCP socket on `local_ip`, ephemeral port, with the
+/// options that must precede the connection.
+pub(super) fn listen_socket(
+    transport: &'static str,
+    options: &TransportOptions,
+    local_ip: IpAddr,
+) -> Result<TcpListener, TransportError> {
+    let listen_err = |source| TransportError::Listen { transport, source };
+    let addr = SocketAddr::new(local_ip, 0);
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))
+        .map_err(listen_err)?;
+    apply_before_connect(transport, &socket, options)?;
+    socket.bind(&addr.into()).map_err(listen_err)?;
+    socket.listen(8).map_err(listen_err)?;
+    Ok(socket.into())
+}
+
+/// Accepts one connection within `timeout`, with every option applied; the
+/// stream is left blocking.
+pub(super) fn accept_stream(
+    transport: &'static str,
+    listener: &TcpListener,
+    options: &TransportOptions,
+    timeout: Duration,
+) -> Result<TcpStream, TransportError> {
+    wait_readable(listener, timeout).map_err(|e| match e {
+        None => TransportError::AcceptTimeout {
+            transport,
+            timeout_ms: timeout.as_millis(),
+        },
+        Some(source) => TransportError::Listen { transport, source },
+    })?;
+    let (stream, _) = listener
+        .accept()
+        .map_err(|source| TransportError::Listen { transport, source })?;
+    stream
+        .set_nonblocking(false)
+        .map_err(opt_err(transport, "O_NONBLOCK"))?;
+    apply_connected(transport, &stream, options)?;
+    Ok(stream)
+}
+
+/// Connects to `addr` (`IP:PORT`) with every option applied; the stream is
+/// left blocking.
+pub(super) fn connect_stream(
+    transport: &'static str,
+    options: &TransportOptions,
+    addr: &str,
+) -> Result<TcpStream, TransportError> {
+    let sa: SocketAddr = addr.parse().map_err(|e| TransportError::BadAddress {
+        transport,
+        addr: addr.to_string(),
+        detail: format!("{e}"),
+    })?;
+    let connect_err = |source| TransportError::Connect {
+        transport,
+        addr: addr.to_string(),
+        source,
+    };
+    let socket = Socket::new(Domain::for_address(sa), Type::STREAM, Some(Protocol::TCP))
+        .map_err(connect_err)?;
+    apply_before_connect(transport, &socket, options)?;
+    socket
+        .connect_timeout(&SockAddr::from(sa), CONNECT_TIMEOUT)
+        .map_err(connect_err)?;
+    let stream: TcpStream = socket.into();
+    apply_connected(transport, &stream, options)?;
+    Ok(stream)
+}
+
+/// TCP_QUICKACK is cleared by the kernel as it sees fit, so a flow that
+/// wants it re-arms it after every receive; TCP_CORK is set before a
+/// message's bytes and cleared after them. This wraps a flow to do both.
+pub(super) fn into_flow(
+    stream: TcpStream,
+    config: &FlowConfig,
+) -> Result<Box<dyn Flow>, TransportError> {
+    let o = &config.options;
+    if o.zerocopy {
+        let flow = ZeroCopyFlow::new(stream, config).map_err(opt_err(NAME, "MSG_ZEROCOPY"))?;
+        return Ok(Box::new(flow));
+    }
+    let flow = StreamFlow::new(stream, config.mode, config.io_timeout)
+        .map_err(opt_err(NAME, "O_NONBLOCK/SO_RCVTIMEO"))?;
+    if o.quickack || o.cork {
+        return Ok(Box::new(flow.with_tcp_hooks(o.quickack, o.cork)));
+    }
+    Ok(Box::new(flow))
+}
+
+struct TcpDataListener {
+    listener: TcpListener,
+    config: FlowConfig,
+}
+
+impl Listener for TcpDataListener {
+    fn addr(&self) -> String {
+        self.listener
+            .local_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_default()
+    }
+
+    fn accept(&mut self, timeout: Duration) -> Result<Box<dyn Flow>, TransportError> {
+        let stream = accept_stream(NAME, &self.listener, &self.config.options, timeout)?;
+        into_flow(stream, &self.config)
+    }
+}
+
+/// Waits until `fd` is readable: `Err(None)` on timeout.
+pub(super) fn wait_readable(
+    fd: &impl AsFd,
+    timeout: Duration,
+) -> Result<(), Option<std::io::Error>> {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    let deadline = Instant::now() + timeout;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(None);
+        }
+        let ms = u16::try_from(left.as_millis()).unwrap_or(u16::MAX);
+        let mut fds = [PollFd::new(fd.as_fd(), PollFlags::POLLIN)];
+        match poll(&mut fds, PollTimeout::from(ms)) {
+            Ok(0) => continue,
+            Ok(_) => return Ok(()),
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(Some(e.into())),
+        }
+    }
+}
+
+/// Sets TCP_CORK on or off; used around each message with `--cork`.
+pub(super) fn set_cork(stream: &TcpStream, on: bool) -> std::io::Result<()> {
+    SockRef::from(stream).set_cork(on)
+}
+
+/// Re-arms TCP_QUICKACK; used after each receive with `--quickack`.
+pub(super) fn set_quickack(stream: &TcpStream) -> std::io::Result<()> {
+    SockRef::from(stream).set_quickack(true)
+}
+
+impl Transport for Tcp {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn summary(&self) -> &'static str {
+        "kernel TCP over IPv4 or IPv6 (TCP_NODELAY unless --no-nodelay)"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            reliable: true,
+            message_boundaries: false,
+            cross_host: true,
+            modes: &Mode::ALL,
+            options: &[
+                "--no-nodelay",
+                "--sndbuf",
+                "--rcvbuf",
+                "--zerocopy",
+                "--busy-poll",
+                "--quickack",
+                "--cork",
+                "--congestion",
+            ],
+        }
+    }
+
+    fn listen(
+        &self,
+        config: &FlowConfig,
+        local_ip: IpAddr,
+    ) -> Result<Box<dyn Listener>, TransportError> {
+        Ok(Box::new(TcpDataListener {
+            listener: listen_socket(NAME, &config.options, local_ip)?,
+            config: config.clone(),
+        }))
+    }
+
+    fn connect(&self, config: &FlowConfig, addr: &str) -> Result<Box<dyn Flow>, TransportError> {
+        into_flow(connect_stream(NAME, &config.options, addr)?, config)
+    }
+}
+
+/// Connects a tcp flow to `addr` (`IP:PORT`) from the local address
+/// `local_ip`, with every option applied: `multirail` opens one flow per
+/// link, each from its own link address.
+pub fn connect_from(
+    config: &FlowConfig,
+    addr: &str,
+    local_ip: IpAddr,
+) -> Result<Box<dyn Flow>, TransportError> {
+    let sa: SocketAddr = addr.parse().map_err(|e| TransportError::BadAddress {
+        transport: NAME,
+        addr: addr.to_string(),
+        detail: format!("{e}"),
+    })?;
+    let connect_err = |source| TransportError::Connect {
+        transport: NAME,
+        addr: addr.to_string(),
+        source,
+    };
+    let socket = Socket::new(Domain::for_address(sa), Type::STREAM, Some(Protocol::TCP))
+        .map_err(connect_err)?;
+    apply_before_connect(NAME, &socket, &config.options)?;
+    socket
+        .bind(&SockAddr::from(SocketAddr::new(local_ip, 0)))
+        .map_err(connect_err)?;
+    socket
+        .connect_timeout(&SockAddr::from(sa), CONNECT_TIMEOUT)
+        .map_err(connect_err)?;
+    let stream: TcpStream = socket.into();
+    apply_connected(NAME, &stream, &config.options)?;
+    into_flow(stream, config)
+}

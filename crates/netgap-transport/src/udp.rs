@@ -1,0 +1,1484 @@
+//! Kernel UDP over IPv4 or IPv6: the one transport that may lose, reorder or
+//! duplicate what it carries, so every test runs over it through the same
+//! [`Flow`] as the byte streams while the loss is counted instead of hidden.
+//!
+//! Each `send_all` is one datagram on a connected socket: a 24-byte header
+//! (magic, kind, flags, a sequence number per direction and the payload's
+//! offset in the sender's byte stream) and the message, so a message is at
+//! most [`MAX_MESSAGE_BYTES`] (65,507 bytes of IPv4 UDP payload minus the
+//! header; IPv6 is held to the same limit) and the plan refuses larger
+//! sizes. The rendezvous: the agent binds a socket on the control
+//! connection's address, the coordinator connects its socket to it and sends
+//! a hello until a hello-ack comes back (or [`CONNECT_TIMEOUT`] passes); the
+//! agent connects its socket to the hello's source. `--sndbuf`/`--rcvbuf`
+//! apply; event mode blocks with socket timeouts, poll mode spins on a
+//! non-blocking socket, as for the stream sockets.
+//!
+//! Receiving: the receiver delivers each datagram with a sequence number at
+//! or after the one it expects. A jump counts the skipped datagrams as lost
+//! and their bytes (from the offsets) as lost bytes, reported to the test
+//! through [`Receiver::lost_bytes`], so a bulk receive waiting for N bytes
+//! ends once received plus lost bytes reach N and `--verify` checks each
+//! datagram against the pattern of its own offset. An older sequence number
+//! is never delivered: a late arrival of one counted lost is `reordered`,
+//! anything else a `duplicate`. Lost means "never delivered": a datagram
+//! that was merely late stays lost (and is also counted reordered), so
+//! received plus lost bytes equals sent bytes exactly, which the runner
+//! checks.
+//!
+//! Retries: a receiver that has waited a retry timeout with nothing new
+//! re-sends its own last data datagram flagged RETRY, with exponential
+//! backoff; a peer receiving a RETRY datagram answers by re-sending its own
+//! last one. That is stop-and-wait for request/response (a lost ping is
+//! delivered by the re-send; a lost pong is answered by the re-sent ping,
+//! which the peer sees as a duplicate and never delivers twice), and it
+//! ends a bulk burst whose tail was lost: the receiver learns of the last
+//! datagram from the re-send (or from the peer's answer to its own retry)
+//! and counts the gap before it. The retry timeout is 20 ms until measured,
+//! then four times the smoothed wait of receive calls that needed no retry,
+//! within 2 ms..1 s, and stays backed off after a wait that needed one
+//! (Karn). Event mode waits with SO_RCVTIMEO, which the kernel rounds up to
+//! its tick (about 8 ms for short timeouts where this was written). The
+//! inactivity timeout still ends a receive that makes no progress, so a
+//! silent peer is [`FlowError::TimedOut`], never a hang.
+//!
+//! Tails: a test that ends a burst says so ([`Sender::end_burst`]) and the
+//! flow sends a header-only probe naming its last datagram. Everything sent
+//! before the probe is ahead of it in the peer's queue, so a peer that has
+//! not got that datagram answers with a header-only NACK and the datagram
+//! is re-sent at once. The full queue that dropped the tail often drops the
+//! probe too, so while this end waits (in a receive or idle) it probes again
+//! after [`PROBE_FIRST`], doubling up to the retry timeout: a lost tail
+//! costs about the peer's time to drain its queue, not a retry timeout.
+//! Probes and NACKs carry no payload and are not counted. Nothing is ever
+//! declared lost on a timer: a loss is only counted once a later datagram
+//! proves it.
+//!
+//! Limits: the last datagram is copied once per send so it can be re-sent
+//! (one memcpy of the message, part of what this transport costs). A
+//! repetition's last datagram can only be recovered if its sender answers
+//! while its test is idle; the runner and the agent do that through
+//! [`FlowMonitor::serve_idle`] while they wait on the control connection.
+//! A retry timeout can fire while the peer is merely slow: the spurious
+//! re-send is counted as a retry (and a duplicate at the peer) all the same.
+//! Late datagrams are told from duplicates for the last [`MAX_LOST_RANGES`]
+//! gaps; older late arrivals count as duplicates. On a real network a probe
+//! or a re-send can overtake datagrams still in flight; those then count as
+//! lost and, when they arrive, reordered, since they were not delivered in
+//! order.
+
+use super::tcp::wait_readable;
+use super::{
+    Capabilities, DatagramStats, Flow, FlowConfig, FlowError, FlowMonitor, Listener, Receiver,
+    Sender, Transport, TransportError,
+};
+use netgap_core::spec::{Mode, TransportOptions};
+use nix::sys::socket::MsgFlags;
+use nix::sys::time::TimeSpec;
+use socket2::{Domain, Protocol, SockAddr, SockRef, Socket, Type};
+use std::collections::VecDeque;
+use std::io::{self, IoSliceMut};
+use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
+use std::time::{Duration, Instant};
+
+const NAME: &str = "udp";
+
+/// Largest UDP payload of an IPv4 datagram, in bytes.
+pub const MAX_DATAGRAM_BYTES: usize = 65_507;
+/// Bytes of netgap's header in front of every datagram's payload.
+pub const HEADER_BYTES: usize = 24;
+/// Largest message the transport carries, in bytes: one datagram.
+pub const MAX_MESSAGE_BYTES: usize = MAX_DATAGRAM_BYTES - HEADER_BYTES;
+const _: () = assert!(MAX_MESSAGE_BYTES == netgap_core::datagram::MAX_MESSAGE_BYTES);
+/// How long a coordinator keeps sending its hello without an answer.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// Retry timeout before any wait has been measured.
+pub const RETRY_INITIAL: Duration = Duration::from_millis(20);
+/// Shortest retry timeout.
+pub const RETRY_MIN: Duration = Duration::from_millis(2);
+/// Longest retry timeout, also the cap of the backoff.
+pub const RETRY_MAX: Duration = Duration::from_secs(1);
+/// Gaps remembered to tell a late datagram from a duplicate.
+pub const MAX_LOST_RANGES: usize = 1024;
+
+/// First interval between probes while a burst's end is unconfirmed; it
+/// doubles up to the retry timeout.
+pub const PROBE_FIRST: Duration = Duration::from_micros(100);
+
+/// Interval between hellos while connecting.
+const HELLO_INTERVAL: Duration = Duration::from_millis(20);
+/// Bytes after the caller's buffer that catch the rest of a datagram; more
+/// than any UDP payload, so no datagram is ever truncated.
+const OVERFLOW_BYTES: usize = 1 << 16;
+/// Spins between deadline checks in poll mode (see stream_socket).
+const SPINS_PER_CLOCK_READ: u32 = 64;
+
+const MAGIC: [u8; 2] = *b"NG";
+const VERSION: u8 = 1;
+/// Flag: the sender waits for the receiver and asks for its last datagram.
+const FLAG_RETRY: u8 = 1;
+
+/// Kernel UDP datagrams.
+pub struct Udp;
+
+/// What a datagram is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// Coordinator to agent: please connect to me.
+    Hello = 1,
+    /// Agent to coordinator: connected.
+    HelloAck = 2,
+    /// A message.
+    Data = 3,
+    /// "I wait for you after a burst; my last data datagram is `seq`."
+    Probe = 4,
+    /// "Send your last datagram again: I have nothing from `seq` on."
+    Nack = 5,
+}
+
+/// The header in front of every datagram, big-endian on the wire: magic
+/// (2 bytes), version, kind, flags, 3 reserved bytes, sequence number (8),
+/// stream offset of the payload in bytes (8).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Header {
+    kind: Kind,
+    flags: u8,
+    /// Data datagrams sent before this one in its direction.
+    seq: u64,
+    /// Payload bytes sent before this datagram's payload in its direction.
+    offset_bytes: u64,
+}
+
+impl Header {
+    fn control(kind: Kind) -> Header {
+        Header {
+            kind,
+            flags: 0,
+            seq: 0,
+            offset_bytes: 0,
+        }
+    }
+
+    fn encode(&self) -> [u8; HEADER_BYTES] {
+        let mut b = [0u8; HEADER_BYTES];
+        b[..2].copy_from_slice(&MAGIC);
+        b[2] = VERSION;
+        b[3] = self.kind as u8;
+        b[4] = self.flags;
+        b[8..16].copy_from_slice(&self.seq.to_be_bytes());
+        b[16..24].copy_from_slice(&self.offset_bytes.to_be_bytes());
+        b
+    }
+
+    /// The header at the start of `b`, or `None` for anything that is not
+    /// one of ours (too short, wrong magic, version or kind).
+    fn decode(b: &[u8]) -> Option<Header> {
+        let b: &[u8; HEADER_BYTES] = b.get(..HEADER_BYTES)?.try_into().ok()?;
+        if b[..2] != MAGIC || b[2] != VERSION {
+            return None;
+        }
+        let kind = match b[3] {
+            1 => Kind::Hello,
+            2 => Kind::HelloAck,
+            3 => Kind::Data,
+            4 => Kind::Probe,
+            5 => Kind::Nack,
+            _ => return None,
+        };
+        let word = |i: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&b[i..i + 8]);
+            u64::from_be_bytes(w)
+        };
+        Some(Header {
+            kind,
+            flags: b[4],
+            seq: word(8),
+            offset_bytes: word(16),
+        })
+    }
+}
+
+/// [`DatagramStats`] as atomics, shared by the halves of a flow.
+#[derive(Default)]
+struct Counters {
+    sent: AtomicU64,
+    received: AtomicU64,
+    lost: AtomicU64,
+    lost_bytes: AtomicU64,
+    reordered: AtomicU64,
+    duplicates: AtomicU64,
+    retries: AtomicU64,
+}
+
+fn bump(c: &AtomicU64, by: u64) {
+    c.fetch_add(by, Ordering::Relaxed);
+}
+
+impl Counters {
+    fn snapshot(&self) -> DatagramStats {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        DatagramStats {
+            datagrams_sent: get(&self.sent),
+            datagrams_received: get(&self.received),
+            lost: get(&self.lost),
+            lost_bytes: get(&self.lost_bytes),
+            reordered: get(&self.reordered),
+            duplicates: get(&self.duplicates),
+            retries: get(&self.retries),
+        }
+    }
+}
+
+/// The sending direction's state.
+struct TxState {
+    /// Sequence number of the next data datagram.
+    next_seq: u64,
+    /// Stream offset of the next payload byte.
+    next_offset: u64,
+    /// The last data datagram sent, header and payload, for re-sends; empty
+    /// before the first.
+    last: Vec<u8>,
+}
+
+/// The receiving direction's state.
+struct RxState {
+    /// Sequence number of the next datagram to deliver.
+    next_seq: u64,
+    /// Stream offset of the next payload byte to deliver.
+    next_offset: u64,
+    /// Sequence ranges `[start, end)` counted lost, newest last.
+    lost_ranges: VecDeque<(u64, u64)>,
+    /// Where each datagram's header lands.
+    hdr: [u8; HEADER_BYTES],
+    /// Where a datagram's payload lands past the caller's buffer.
+    overflow: Vec<u8>,
+    /// Undelivered payload bytes in `overflow`.
+    pending: std::ops::Range<usize>,
+    /// Smoothed wait of receive calls that needed no retry.
+    srtt: Option<Duration>,
+    /// Current retry timeout.
+    rto: Duration,
+    /// SO_RCVTIMEO currently set (event mode).
+    rcv_timeout: Option<Duration>,
+}
+
+/// Everything the halves of a flow and its monitor share.
+struct Shared {
+    socket: UdpSocket,
+    mode: Mode,
+    io_timeout: Duration,
+    tx: Mutex<TxState>,
+    rx: Mutex<RxState>,
+    counters: Counters,
+    /// Sequence number of the last datagram of the latest burst, probed for
+    /// while this end waits (`u64::MAX`: none).
+    probe_seq: AtomicU64,
+    /// Test hook: the data datagram with this sequence number is not sent
+    /// the first time (`u64::MAX`: none).
+    #[cfg(test)]
+    drop_seq: AtomicU64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn try_lock<T>(m: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
+    match m.try_lock() {
+        Ok(g) => Some(g),
+        Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
+        Err(TryLockError::WouldBlock) => None,
+    }
+}
+
+fn is_transient(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+    ) || e.raw_os_error() == Some(libc::ENOBUFS)
+}
+
+/// A data-path error; an ICMP "port unreachable" reported on the connected
+/// socket means the peer's socket is gone.
+fn flow_err(e: io::Error, timeout: Duration) -> FlowError {
+    if e.kind() == io::ErrorKind::ConnectionRefused {
+        return FlowError::Closed;
+    }
+    FlowError::from_io(e, timeout)
+}
+
+fn protocol_err(detail: String) -> FlowError {
+    FlowError::Io(io::Error::new(
+        io::ErrorKind::InvalidData,
+        format!("udp peer broke the protocol: {detail}"),
+    ))
+}
+
+/// What became of one received datagram.
+enum Arrival {
+    /// New data with this many payload bytes, to deliver.
+    Data(usize),
+    /// Nothing to deliver: control, late, duplicate or not ours.
+    Nothing,
+}
+
+impl Shared {
+    fn new(socket: UdpSocket, config: &FlowConfig) -> io::Result<Shared> {
+        match config.mode {
+            Mode::Event => {
+                socket.set_nonblocking(false)?;
+                socket.set_write_timeout(Some(config.io_timeout))?;
+            }
+            Mode::Poll => socket.set_nonblocking(true)?,
+        }
+        Ok(Shared {
+            socket,
+            mode: config.mode,
+            io_timeout: config.io_timeout,
+            tx: Mutex::new(TxState {
+                next_seq: 0,
+                next_offset: 0,
+                last: Vec::new(),
+            }),
+            rx: Mutex::new(RxState {
+                next_seq: 0,
+                next_offset: 0,
+                lost_ranges: VecDeque::new(),
+                hdr: [0u8; HEADER_BYTES],
+                overflow: vec![0u8; OVERFLOW_BYTES],
+                pending: 0..0,
+                srtt: None,
+                rto: RETRY_INITIAL,
+                rcv_timeout: None,
+            }),
+            counters: Counters::default(),
+            probe_seq: AtomicU64::new(u64::MAX),
+            #[cfg(test)]
+            drop_seq: AtomicU64::new(u64::MAX),
+        })
+    }
+
+    /// Sends `payload` as the next data datagram.
+    fn send_data(&self, payload: &[u8]) -> Result<(), FlowError> {
+        if payload.len() > MAX_MESSAGE_BYTES {
+            return Err(FlowError::TooLarge {
+                size_bytes: payload.len() as u64,
+                max_bytes: MAX_MESSAGE_BYTES as u64,
+            });
+        }
+        let mut tx = lock(&self.tx);
+        let header = Header {
+            kind: Kind::Data,
+            flags: 0,
+            seq: tx.next_seq,
+            offset_bytes: tx.next_offset,
+        };
+        tx.last.clear();
+        tx.last.extend_from_slice(&header.encode());
+        tx.last.extend_from_slice(payload);
+        #[cfg(test)]
+        let dropped = self
+            .drop_seq
+            .compare_exchange(tx.next_seq, u64::MAX, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok();
+        #[cfg(not(test))]
+        let dropped = false;
+        if !dropped {
+            self.send_datagram(&tx.last)?;
+        }
+        tx.next_seq += 1;
+        tx.next_offset += payload.len() as u64;
+        bump(&self.counters.sent, 1);
+        Ok(())
+    }
+
+    /// Sends one datagram, blocking or spinning per the mode until the
+    /// inactivity timeout.
+    fn send_datagram(&self, datagram: &[u8]) -> Result<(), FlowError> {
+        let mut deadline: Option<Instant> = None;
+        let mut spins = 0u32;
+        loop {
+            match self.socket.send(datagram) {
+                Ok(n) if n == datagram.len() => return Ok(()),
+                Ok(n) => {
+                    return Err(FlowError::Io(io::Error::other(format!(
+                        "the kernel sent {n} of a {}-byte datagram",
+                        datagram.len()
+                    ))))
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock && self.mode == Mode::Event => {
+                    return Err(FlowError::TimedOut {
+                        timeout_ms: self.io_timeout.as_millis(),
+                    })
+                }
+                Err(e) if is_transient(&e) => {}
+                Err(e) => return Err(flow_err(e, self.io_timeout)),
+            }
+            spins += 1;
+            if spins.is_multiple_of(SPINS_PER_CLOCK_READ) {
+                let now = Instant::now();
+                match deadline {
+                    None => deadline = Some(now + self.io_timeout),
+                    Some(d) if now >= d => {
+                        return Err(FlowError::TimedOut {
+                            timeout_ms: self.io_timeout.as_millis(),
+                        })
+                    }
+                    Some(_) => {}
+                }
+                std::thread::yield_now();
+            }
+            std::hint::spin_loop();
+        }
+    }
+
+    /// Re-sends the last data datagram without blocking, flagged RETRY when
+    /// this end is the one waiting, if its sequence number is `from_seq` or
+    /// later. Best effort: skipped while the sending half is busy (it is
+    /// sending anyway) or before anything was sent.
+    fn resend(&self, retry: bool, from_seq: u64) {
+        let Some(mut tx) = try_lock(&self.tx) else {
+            return;
+        };
+        if tx.last.len() < HEADER_BYTES || tx.next_seq <= from_seq {
+            return;
+        }
+        tx.last[4] = if retry { FLAG_RETRY } else { 0 };
+        let sent = nix::sys::socket::send(
+            self.socket.as_raw_fd(),
+            &tx.last,
+            MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL,
+        );
+        tx.last[4] = 0;
+        if sent.is_ok() {
+            bump(&self.counters.sent, 1);
+            bump(&self.counters.retries, 1);
+        }
+    }
+
+    /// Sends a header-only datagram without blocking, best effort.
+    fn send_control(&self, header: Header) {
+        let _ = nix::sys::socket::send(
+            self.socket.as_raw_fd(),
+            &header.encode(),
+            MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL,
+        );
+    }
+
+    /// Tells the peer where this end's burst ended, so a lost tail is asked
+    /// for at once instead of after a retry timeout; receives re-send the
+    /// probe while they wait (the first may be dropped by the same full
+    /// queue that dropped the tail).
+    fn end_burst(&self) {
+        let tx = lock(&self.tx);
+        if let Some(seq) = tx.next_seq.checked_sub(1) {
+            self.probe_seq.store(seq, Ordering::Relaxed);
+            self.send_probe(seq, tx.next_offset);
+        }
+    }
+
+    /// Sends the probe of the latest burst again; false once there is none
+    /// (or more data followed it).
+    fn reprobe(&self) -> bool {
+        let seq = self.probe_seq.load(Ordering::Relaxed);
+        if seq == u64::MAX {
+            return false;
+        }
+        let Some(tx) = try_lock(&self.tx) else {
+            return true;
+        };
+        if tx.next_seq != seq.wrapping_add(1) {
+            self.probe_seq.store(u64::MAX, Ordering::Relaxed);
+            return false;
+        }
+        self.send_probe(seq, tx.next_offset);
+        true
+    }
+
+    fn send_probe(&self, seq: u64, end_offset_bytes: u64) {
+        self.send_control(Header {
+            kind: Kind::Probe,
+            flags: 0,
+            seq,
+            offset_bytes: end_offset_bytes,
+        });
+    }
+
+    /// Waits until the socket is readable or `t` passes: true if readable.
+    fn readable_within(&self, t: Duration) -> Result<bool, FlowError> {
+        use nix::poll::{ppoll, PollFd, PollFlags};
+        let mut fds = [PollFd::new(self.socket.as_fd(), PollFlags::POLLIN)];
+        match ppoll(&mut fds, Some(TimeSpec::from_duration(t)), None) {
+            Ok(n) => Ok(n > 0),
+            Err(nix::errno::Errno::EINTR) => Ok(false),
+            Err(e) => Err(FlowError::Io(e.into())),
+        }
+    }
+
+    /// Accounts for a datagram of `total` bytes whose header is in
+    /// `rx.hdr`, answering a peer that asked for a re-send.
+    fn arrive(&self, rx: &mut RxState, total: usize) -> Result<Arrival, FlowError> {
+        let Some(h) = Header::decode(&rx.hdr[..total.min(HEADER_BYTES)]) else {
+            return Ok(Arrival::Nothing);
+        };
+        let len = total - HEADER_BYTES;
+        match h.kind {
+            Kind::Hello => {
+                // The hello-ack was lost and the peer still knocks.
+                self.send_control(Header::control(Kind::HelloAck));
+                return Ok(Arrival::Nothing);
+            }
+            Kind::HelloAck => return Ok(Arrival::Nothing),
+            Kind::Probe => {
+                // Everything sent before the probe is ahead of it in the
+                // queue: what has not arrived by now was lost (or, on a real
+                // network, overtaken; it then arrives late).
+                if h.seq >= rx.next_seq {
+                    self.send_control(Header {
+                        kind: Kind::Nack,
+                        flags: 0,
+                        seq: rx.next_seq,
+                        offset_bytes: rx.next_offset,
+                    });
+                }
+                return Ok(Arrival::Nothing);
+            }
+            Kind::Nack => {
+                self.resend(false, h.seq);
+                return Ok(Arrival::Nothing);
+            }
+            Kind::Data => {}
+        }
+        bump(&self.counters.received, 1);
+        let arrival = if h.seq >= rx.next_seq {
+            let skipped = h.seq - rx.next_seq;
+            let lost_bytes = h.offset_bytes.checked_sub(rx.next_offset);
+            let end = h.offset_bytes.checked_add(len as u64);
+            let (Some(lost_bytes), Some(end)) = (lost_bytes, end) else {
+                return Err(protocol_err(format!(
+                    "datagram {} at offset {} bytes, expected at least {}",
+                    h.seq, h.offset_bytes, rx.next_offset
+                )));
+            };
+            if (skipped == 0) != (lost_bytes == 0) {
+                return Err(protocol_err(format!(
+                    "datagram {} at offset {} bytes after datagram {} ended at {}",
+                    h.seq,
+                    h.offset_bytes,
+                    rx.next_seq.wrapping_sub(1),
+                    rx.next_offset
+                )));
+            }
+            if skipped > 0 {
+                bump(&self.counters.lost, skipped);
+                bump(&self.counters.lost_bytes, lost_bytes);
+                rx.lost_ranges.push_back((rx.next_seq, h.seq));
+                if rx.lost_ranges.len() > MAX_LOST_RANGES {
+                    rx.lost_ranges.pop_front();
+                }
+            }
+            rx.next_seq = h.seq.saturating_add(1);
+            rx.next_offset = end;
+            if len == 0 {
+                Arrival::Nothing
+            } else {
+                Arrival::Data(len)
+            }
+        } else {
+            if take_lost(&mut rx.lost_ranges, h.seq) {
+                bump(&self.counters.reordered, 1);
+            } else {
+                bump(&self.counters.duplicates, 1);
+            }
+            Arrival::Nothing
+        };
+        if h.flags & FLAG_RETRY != 0 {
+            self.resend(false, 0);
+        }
+        Ok(arrival)
+    }
+
+    /// Sets SO_RCVTIMEO to `t` unless it already is.
+    fn set_rcv_timeout(&self, rx: &mut RxState, t: Duration) -> Result<(), FlowError> {
+        let t = t.max(Duration::from_micros(100));
+        if rx.rcv_timeout != Some(t) {
+            self.socket
+                .set_read_timeout(Some(t))
+                .map_err(FlowError::Io)?;
+            rx.rcv_timeout = Some(t);
+        }
+        Ok(())
+    }
+
+    /// Receives at least one new payload byte into `buf` (non-empty).
+    fn recv(&self, buf: &mut [u8]) -> Result<usize, FlowError> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        let mut guard = lock(&self.rx);
+        let rx = &mut *guard;
+        if !rx.pending.is_empty() {
+            let n = rx.pending.len().min(buf.len());
+            let from = rx.pending.start;
+            buf[..n].copy_from_slice(&rx.overflow[from..from + n]);
+            rx.pending.start += n;
+            return Ok(n);
+        }
+        let start = Instant::now();
+        let deadline = start + self.io_timeout;
+        let mut interval = rx.rto;
+        let mut retry_at = start + interval;
+        let mut retried = false;
+        let mut wait = interval.min(self.io_timeout);
+        let mut probe_interval = PROBE_FIRST;
+        let mut probe_at =
+            (self.probe_seq.load(Ordering::Relaxed) != u64::MAX).then_some(start + probe_interval);
+        let mut spins = 0u32;
+        loop {
+            let mut readable = true;
+            if self.mode == Mode::Event {
+                match probe_at {
+                    // Probes are due sooner than SO_RCVTIMEO's tick allows.
+                    Some(at) => {
+                        let until = at.min(retry_at).min(deadline);
+                        readable =
+                            self.readable_within(until.saturating_duration_since(Instant::now()))?;
+                    }
+                    None => self.set_rcv_timeout(rx, wait)?,
+                }
+            }
+            let got = if readable {
+                let mut iov = [
+                    IoSliceMut::new(&mut rx.hdr),
+                    IoSliceMut::new(&mut *buf),
+                    IoSliceMut::new(&mut rx.overflow),
+                ];
+                nix::sys::uio::readv(&self.socket, &mut iov).map_err(io::Error::from)
+            } else {
+                Err(io::ErrorKind::WouldBlock.into())
+            };
+            let check_clock = match got {
+                Ok(total) => match self.arrive(rx, total)? {
+                    Arrival::Data(len) => {
+                        if retried {
+                            // Karn: a wait with re-sends is no sample; keep
+                            // the backed-off timeout until a clean one.
+                            rx.rto = interval;
+                        } else {
+                            observe_wait(rx, start.elapsed());
+                        }
+                        if len > buf.len() {
+                            rx.pending = 0..len - buf.len();
+                        }
+                        return Ok(len.min(buf.len()));
+                    }
+                    Arrival::Nothing => true,
+                },
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => false,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if self.mode == Mode::Event {
+                        true
+                    } else {
+                        spins += 1;
+                        std::hint::spin_loop();
+                        spins.is_multiple_of(SPINS_PER_CLOCK_READ)
+                    }
+                }
+                Err(e) => return Err(flow_err(e, self.io_timeout)),
+            };
+            if !check_clock {
+                continue;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(FlowError::TimedOut {
+                    timeout_ms: self.io_timeout.as_millis(),
+                });
+            }
+            if now >= retry_at {
+                self.resend(true, 0);
+                retried = true;
+                interval = (interval * 2).min(RETRY_MAX);
+                retry_at = now + interval;
+            }
+            if probe_at.is_some_and(|at| now >= at) {
+                probe_interval *= 2;
+                probe_at =
+                    (self.reprobe() && probe_interval <= rx.rto).then_some(now + probe_interval);
+            }
+            wait = retry_at.min(deadline) - now;
+        }
+    }
+
+    /// Answers the peer's retries until `wake` is readable or `max_wait`
+    /// passes, leaving new data queued for the next receive.
+    fn idle(&self, wake: BorrowedFd<'_>, max_wait: Duration) -> Result<(), FlowError> {
+        use nix::poll::{ppoll, PollFd, PollFlags};
+        let start = Instant::now();
+        let deadline = start + max_wait;
+        let Some(mut guard) = try_lock(&self.rx) else {
+            return Ok(());
+        };
+        let rx = &mut *guard;
+        // With undelivered bytes or new data queued, the test is about to
+        // run again: only the wake-up is worth waiting for.
+        let mut watch_data = rx.pending.is_empty();
+        // The peer may still wait for the tail of this end's last burst.
+        let mut probe_interval = PROBE_FIRST;
+        let mut probe_at =
+            (self.probe_seq.load(Ordering::Relaxed) != u64::MAX).then_some(start + probe_interval);
+        loop {
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(());
+            }
+            if probe_at.is_some_and(|at| now >= at) {
+                probe_interval *= 2;
+                probe_at =
+                    (self.reprobe() && probe_interval <= rx.rto).then_some(now + probe_interval);
+            }
+            let until = probe_at.map_or(deadline, |at| at.min(deadline));
+            let mut fds = [
+                PollFd::new(wake, PollFlags::POLLIN),
+                PollFd::new(self.socket.as_fd(), PollFlags::POLLIN),
+            ];
+            let watched = if watch_data { 2 } else { 1 };
+            let left = TimeSpec::from_duration(until.saturating_duration_since(now));
+            match ppoll(&mut fds[..watched], Some(left), None) {
+                Ok(0) => continue,
+                Ok(_) => {}
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(e) => return Err(FlowError::Io(e.into())),
+            }
+            if fds[0].revents().is_some_and(|r| !r.is_empty()) {
+                return Ok(());
+            }
+            if !watch_data || fds[1].revents().is_none_or(|r| r.is_empty()) {
+                continue;
+            }
+            let peeked = nix::sys::socket::recv(
+                self.socket.as_raw_fd(),
+                &mut rx.hdr,
+                MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT,
+            );
+            let n = match peeked {
+                Ok(n) => n,
+                Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EINTR) => continue,
+                Err(e) => return Err(flow_err(e.into(), self.io_timeout)),
+            };
+            if Header::decode(&rx.hdr[..n])
+                .is_some_and(|h| h.kind == Kind::Data && h.seq >= rx.next_seq)
+            {
+                watch_data = false;
+                continue;
+            }
+            let got = {
+                let mut iov = [
+                    IoSliceMut::new(&mut rx.hdr),
+                    IoSliceMut::new(&mut rx.overflow),
+                ];
+                nix::sys::uio::readv(&self.socket, &mut iov).map_err(io::Error::from)
+            };
+            match got {
+                Ok(total) => {
+                    self.arrive(rx, total)?;
+                }
+                Err(e) if is_transient(&e) => {}
+                Err(e) => return Err(flow_err(e, self.io_timeout)),
+            }
+        }
+    }
+}
+
+/// Removes `seq` from the lost ranges; true if it was there.
+fn take_lost(ranges: &mut VecDeque<(u64, u64)>, seq: u64) -> bool {
+    let Some(i) = ranges.iter().position(|&(s, e)| s <= seq && seq < e) else {
+        return false;
+    };
+    let (s, e) = ranges[i];
+    match (seq == s, seq + 1 == e) {
+        (true, true) => {
+            ranges.remove(i);
+        }
+        (true, false) => ranges[i].0 = seq + 1,
+        (false, true) => ranges[i].1 = seq,
+        (false, false) => {
+            ranges[i].1 = seq;
+            ranges.insert(i + 1, (seq + 1, e));
+            if ranges.len() > MAX_LOST_RANGES {
+                ranges.pop_front();
+            }
+        }
+    }
+    true
+}
+
+/// Folds one receive wait into the retry timeout: four times the smoothed
+/// wait, within [`RETRY_MIN`]..[`RETRY_MAX`], changed only when it moves by
+/// more than a quarter (so event mode rarely resets SO_RCVTIMEO).
+fn observe_wait(rx: &mut RxState, sample: Duration) {
+    let srtt = match rx.srtt {
+        None => sample,
+        Some(s) => (s * 7 + sample) / 8,
+    };
+    rx.srtt = Some(srtt);
+    let target = (srtt * 4).clamp(RETRY_MIN, RETRY_MAX);
+    if target > rx.rto + rx.rto / 4 || target < rx.rto - rx.rto / 4 {
+        rx.rto = target;
+    }
+}
+
+impl FlowMonitor for Shared {
+    fn datagram_stats(&self) -> DatagramStats {
+        self.counters.snapshot()
+    }
+
+    fn serve_idle(&self, wake: BorrowedFd<'_>, max_wait: Duration) -> Result<(), FlowError> {
+        self.idle(wake, max_wait)
+    }
+}
+
+/// Sending half of a udp flow.
+struct UdpSender(Arc<Shared>);
+/// Receiving half of a udp flow.
+struct UdpReceiver(Arc<Shared>);
+
+/// A connected udp flow.
+struct UdpFlow {
+    tx: UdpSender,
+    rx: UdpReceiver,
+}
+
+impl Sender for UdpSender {
+    /// Sends all of `buf` as one datagram (nothing for an empty `buf`).
+    fn send_some(&mut self, buf: &[u8]) -> Result<usize, FlowError> {
+        if !buf.is_empty() {
+            self.0.send_data(buf)?;
+        }
+        Ok(buf.len())
+    }
+
+    fn send_all(&mut self, buf: &[u8]) -> Result<(), FlowError> {
+        self.send_some(buf).map(|_| ())
+    }
+
+    /// Sends a header-only probe naming the burst's last datagram.
+    fn end_burst(&mut self) -> Result<(), FlowError> {
+        self.0.end_burst();
+        Ok(())
+    }
+}
+
+impl Receiver for UdpReceiver {
+    fn recv_some(&mut self, buf: &mut [u8]) -> Result<usize, FlowError> {
+        self.0.recv(buf)
+    }
+
+    fn lost_bytes(&self) -> u64 {
+        self.0.counters.lost_bytes.load(Ordering::Relaxed)
+    }
+}
+
+impl Flow for UdpFlow {
+    fn split(&mut self) -> (&mut dyn Sender, &mut dyn Receiver) {
+        (&mut self.tx, &mut self.rx)
+    }
+
+    fn into_halves(self: Box<Self>) -> (Box<dyn Sender>, Box<dyn Receiver>) {
+        (Box::new(self.tx), Box::new(self.rx))
+    }
+
+    fn monitor(&self) -> Option<Arc<dyn FlowMonitor>> {
+        Some(self.tx.0.clone())
+    }
+}
+
+fn opt_err(option: &'static str) -> impl FnOnce(io::Error) -> TransportError {
+    move |source| TransportError::Option {
+        transport: NAME,
+        option,
+        source,
+    }
+}
+
+/// A UDP socket for `addr`'s family with the buffer sizes applied;
+/// `fail` names the step for errors of the socket itself.
+fn new_socket(
+    addr: SocketAddr,
+    options: &TransportOptions,
+    fail: impl FnOnce(io::Error) -> TransportError,
+) -> Result<Socket, TransportError> {
+    let socket =
+        Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP)).map_err(fail)?;
+    let sock = SockRef::from(&socket);
+    if let Some(b) = options.sndbuf_bytes {
+        sock.set_send_buffer_size(b as usize)
+            .map_err(opt_err("SO_SNDBUF"))?;
+    }
+    if let Some(b) = options.rcvbuf_bytes {
+        sock.set_recv_buffer_size(b as usize)
+            .map_err(opt_err("SO_RCVBUF"))?;
+    }
+    Ok(socket)
+}
+
+fn into_flow(socket: UdpSocket, config: &FlowConfig) -> Result<UdpFlow, TransportError> {
+    let shared = Arc::new(Shared::new(socket, config).map_err(opt_err("O_NONBLOCK/SO_SNDTIMEO"))?);
+    Ok(UdpFlow {
+        tx: UdpSender(Arc::clone(&shared)),
+        rx: UdpReceiver(shared),
+    })
+}
+
+/// Opens the agent's socket on `local_ip`, ephemeral port.
+fn listen_socket(config: &FlowConfig, local_ip: IpAddr) -> Result<UdpDataListener, TransportError> {
+    let listen_err = |source| TransportError::Listen {
+        transport: NAME,
+        source,
+    };
+    let addr = SocketAddr::new(local_ip, 0);
+    let socket = new_socket(addr, &config.options, listen_err)?;
+    socket.bind(&addr.into()).map_err(listen_err)?;
+    Ok(UdpDataListener {
+        socket: socket.into(),
+        config: config.clone(),
+    })
+}
+
+/// Connects to the agent's socket at `addr` (`IP:PORT`) and knocks with
+/// hellos until it answers.
+fn connect_flow(config: &FlowConfig, addr: &str) -> Result<UdpFlow, TransportError> {
+    let sa: SocketAddr = addr.parse().map_err(|e| TransportError::BadAddress {
+        transport: NAME,
+        addr: addr.to_string(),
+        detail: format!("{e}"),
+    })?;
+    let connect_err = |source| TransportError::Connect {
+        transport: NAME,
+        addr: addr.to_string(),
+        source,
+    };
+    let socket = new_socket(sa, &config.options, connect_err)?;
+    socket.connect(&SockAddr::from(sa)).map_err(connect_err)?;
+    let socket: UdpSocket = socket.into();
+    socket
+        .set_read_timeout(Some(HELLO_INTERVAL))
+        .map_err(connect_err)?;
+    let deadline = Instant::now() + CONNECT_TIMEOUT;
+    let hello = Header::control(Kind::Hello).encode();
+    let mut buf = [0u8; HEADER_BYTES];
+    'knock: loop {
+        if Instant::now() >= deadline {
+            return Err(connect_err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("no answer to {} ms of hellos", CONNECT_TIMEOUT.as_millis()),
+            )));
+        }
+        socket.send(&hello).map_err(connect_err)?;
+        let knocked = Instant::now();
+        while knocked.elapsed() < HELLO_INTERVAL {
+            match socket.recv(&mut buf) {
+                Ok(n) => {
+                    if Header::decode(&buf[..n]).is_some_and(|h| h.kind == Kind::HelloAck) {
+                        break 'knock;
+                    }
+                }
+                Err(e) if is_transient(&e) || e.kind() == io::ErrorKind::TimedOut => {
+                    continue 'knock
+                }
+                Err(e) => return Err(connect_err(e)),
+            }
+        }
+    }
+    into_flow(socket, config)
+}
+
+struct UdpDataListener {
+    socket: UdpSocket,
+    config: FlowConfig,
+}
+
+impl Listener for UdpDataListener {
+    fn addr(&self) -> String {
+        self.socket
+            .local_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_default()
+    }
+
+    fn accept(&mut self, timeout: Duration) -> Result<Box<dyn Flow>, TransportError> {
+        Ok(Box::new(self.accept_flow(timeout)?))
+    }
+}
+
+impl UdpDataListener {
+    /// Waits for a hello, connects to its sender and answers it.
+    fn accept_flow(&mut self, timeout: Duration) -> Result<UdpFlow, TransportError> {
+        let listen_err = |source| TransportError::Listen {
+            transport: NAME,
+            source,
+        };
+        let deadline = Instant::now() + timeout;
+        let mut buf = [0u8; HEADER_BYTES];
+        let peer = loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            wait_readable(&self.socket, left).map_err(|e| match e {
+                None => TransportError::AcceptTimeout {
+                    transport: NAME,
+                    timeout_ms: timeout.as_millis(),
+                },
+                Some(source) => listen_err(source),
+            })?;
+            match self.socket.recv_from(&mut buf) {
+                Ok((n, from)) => {
+                    if Header::decode(&buf[..n]).is_some_and(|h| h.kind == Kind::Hello) {
+                        break from;
+                    }
+                }
+                Err(e) if is_transient(&e) => {}
+                Err(e) => return Err(listen_err(e)),
+            }
+        };
+        let socket = self.socket.try_clone().map_err(listen_err)?;
+        socket.connect(peer).map_err(listen_err)?;
+        socket
+            .send(&Header::control(Kind::HelloAck).encode())
+            .map_err(listen_err)?;
+        into_flow(socket, &self.config)
+    }
+}
+
+impl Transport for Udp {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn summary(&self) -> &'static str {
+        "kernel UDP, one datagram per message: loss, reordering and retries counted"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            reliable: false,
+            message_boundaries: true,
+            cross_host: true,
+            modes: &Mode::ALL,
+            options: &["--sndbuf", "--rcvbuf"],
+        }
+    }
+
+    fn max_message_bytes(&self) -> Option<u64> {
+        Some(MAX_MESSAGE_BYTES as u64)
+    }
+
+    fn listen(
+        &self,
+        config: &FlowConfig,
+        local_ip: IpAddr,
+    ) -> Result<Box<dyn Listener>, TransportError> {
+        Ok(Box::new(listen_socket(config, local_ip)?))
+    }
+
+    fn connect(&self, config: &FlowConfig, addr: &str) -> Result<Box<dyn Flow>, TransportError> {
+        Ok(Box::new(connect_flow(config, addr)?))
+    }
+}
+
+/// Sends `header` and `payload` as one datagram; for tests that play a
+/// peer by hand.
+#[cfg(test)]
+fn send_raw(socket: &UdpSocket, header: &Header, payload: &[u8]) {
+    use std::io::IoSlice;
+    let header = header.encode();
+    let iov = [IoSlice::new(&header), IoSlice::new(payload)];
+    nix::sys::uio::writev(socket, &iov).expect("raw send");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::Ipv4Addr;
+    use std::os::unix::net::UnixStream;
+
+    fn config(mode: Mode, io_timeout: Duration) -> FlowConfig {
+        FlowConfig {
+            mode,
+            options: TransportOptions::default(),
+            io_timeout,
+        }
+    }
+
+    /// A connected pair: (coordinator end, agent end).
+    fn pair(mode: Mode, io_timeout: Duration) -> (UdpFlow, UdpFlow) {
+        let cfg = config(mode, io_timeout);
+        let mut listener = listen_socket(&cfg, IpAddr::V4(Ipv4Addr::LOCALHOST)).expect("listen");
+        let addr = listener.addr();
+        let agent = std::thread::spawn(move || listener.accept_flow(Duration::from_secs(3)));
+        let client = connect_flow(&cfg, &addr).expect("connect");
+        let server = agent.join().expect("join").expect("accept");
+        (client, server)
+    }
+
+    /// An agent end whose peer is a raw socket the test drives by hand.
+    fn flow_with_raw_peer(io_timeout: Duration) -> (UdpFlow, UdpSocket) {
+        let cfg = config(Mode::Event, io_timeout);
+        let mut listener = listen_socket(&cfg, IpAddr::V4(Ipv4Addr::LOCALHOST)).expect("listen");
+        let raw = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind");
+        raw.connect(listener.addr()).expect("connect");
+        raw.send(&Header::control(Kind::Hello).encode())
+            .expect("hello");
+        let flow = listener
+            .accept_flow(Duration::from_secs(3))
+            .expect("accept");
+        let mut ack = [0u8; 64];
+        let n = raw.recv(&mut ack).expect("hello-ack");
+        assert_eq!(
+            Header::decode(&ack[..n]).map(|h| h.kind),
+            Some(Kind::HelloAck)
+        );
+        (flow, raw)
+    }
+
+    fn data(seq: u64, offset_bytes: u64) -> Header {
+        Header {
+            kind: Kind::Data,
+            flags: 0,
+            seq,
+            offset_bytes,
+        }
+    }
+
+    fn stats(flow: &UdpFlow) -> DatagramStats {
+        flow.tx.0.counters.snapshot()
+    }
+
+    /// The next send of datagram `seq` from `flow` is lost on the way.
+    fn drop_seq(flow: &UdpFlow, seq: u64) {
+        flow.tx.0.drop_seq.store(seq, Ordering::Relaxed);
+    }
+
+    #[test]
+    fn header_round_trips_and_rejects_strangers() {
+        let h = Header {
+            kind: Kind::Data,
+            flags: FLAG_RETRY,
+            seq: 7,
+            offset_bytes: u64::MAX,
+        };
+        assert_eq!(Header::decode(&h.encode()), Some(h));
+        assert_eq!(Header::decode(&h.encode()[..HEADER_BYTES - 1]), None);
+        let mut b = h.encode();
+        b[0] = b'X';
+        assert_eq!(Header::decode(&b), None);
+        let mut b = h.encode();
+        b[3] = 9;
+        assert_eq!(Header::decode(&b), None);
+        assert_eq!(Header::decode(&[]), None);
+    }
+
+    #[test]
+    fn round_trips_one_byte_one_kib_and_the_largest_datagram() {
+        for mode in Mode::ALL {
+            let (mut c, mut s) = pair(mode, Duration::from_secs(3));
+            for size in [1, 1024, MAX_MESSAGE_BYTES] {
+                let msg: Vec<u8> = (0..size).map(|i| (i * 7 % 251) as u8).collect();
+                c.send_all(&msg).expect("send");
+                let mut got = vec![0u8; size];
+                s.recv_exact(&mut got).expect("recv");
+                assert_eq!(got, msg, "{mode} {size}");
+                s.send_all(&got).expect("echo");
+                let mut back = vec![0u8; size];
+                c.recv_exact(&mut back).expect("echo back");
+                assert_eq!(back, msg);
+            }
+            // Spurious retries on a loaded machine may add re-sends, never
+            // a loss.
+            let cs = stats(&c);
+            assert_eq!(cs.datagrams_sent - cs.retries, 3);
+            assert_eq!(cs.datagrams_received - cs.duplicates, 3);
+            assert_eq!(cs.lost, 0);
+        }
+    }
+
+    #[test]
+    fn a_datagram_is_delivered_in_pieces_to_small_buffers() {
+        let (mut c, mut s) = pair(Mode::Event, Duration::from_secs(3));
+        c.send_all(&[1, 2, 3, 4, 5]).expect("send");
+        let (_, rx) = s.split();
+        let mut two = [0u8; 2];
+        assert_eq!(rx.recv_some(&mut two).expect("recv"), 2);
+        assert_eq!(two, [1, 2]);
+        assert_eq!(rx.recv_some(&mut two).expect("recv"), 2);
+        assert_eq!(two, [3, 4]);
+        assert_eq!(rx.recv_some(&mut two).expect("recv"), 1);
+        assert_eq!(two[0], 5);
+    }
+
+    #[test]
+    fn an_oversize_message_is_refused() {
+        let (mut c, _s) = pair(Mode::Event, Duration::from_secs(3));
+        let e = c.send_all(&vec![0u8; MAX_MESSAGE_BYTES + 1]).unwrap_err();
+        assert!(
+            matches!(e, FlowError::TooLarge { size_bytes, max_bytes }
+                if size_bytes == MAX_MESSAGE_BYTES as u64 + 1 && max_bytes == MAX_MESSAGE_BYTES as u64),
+            "{e}"
+        );
+        assert_eq!(stats(&c).datagrams_sent, 0);
+    }
+
+    #[test]
+    fn a_lost_reply_is_retried_and_counted() {
+        for mode in Mode::ALL {
+            let (mut c, mut s) = pair(mode, Duration::from_secs(3));
+            // The agent's first reply never leaves; the ping is re-sent after
+            // the retry timeout and the agent answers with the reply again.
+            drop_seq(&s, 0);
+            let echo = std::thread::spawn(move || {
+                let mut b = [0u8; 4];
+                for _ in 0..2 {
+                    s.recv_exact(&mut b)?;
+                    s.send_all(&b)?;
+                }
+                Ok::<_, FlowError>(s)
+            });
+            let t0 = Instant::now();
+            let mut b = [0u8; 4];
+            c.send_all(b"ping").expect("send");
+            c.recv_exact(&mut b).expect("reply after a retry");
+            assert_eq!(&b, b"ping");
+            assert!(
+                t0.elapsed() >= RETRY_MIN,
+                "{mode}: answered before any retry"
+            );
+            c.send_all(b"pong").expect("send");
+            c.recv_exact(&mut b).expect("second reply");
+            assert_eq!(&b, b"pong");
+            let s = echo.join().expect("join").expect("echo");
+            // Whichever end's retry timeout fires first, a re-send of the
+            // reply and one of the ping (a retry or an answer) end the wait
+            // and the agent sees the ping twice; a loaded machine may add
+            // spurious retries, never a loss or a second delivery.
+            let (cs, ss) = (stats(&c), stats(&s));
+            assert!(cs.retries >= 1, "{mode}: {cs:?}");
+            assert!(ss.retries >= 1, "{mode}: the reply was re-sent: {ss:?}");
+            assert!(ss.duplicates >= 1, "{mode}: {ss:?}");
+            assert_eq!((cs.lost, ss.lost), (0, 0));
+        }
+    }
+
+    #[test]
+    fn a_lost_last_reply_is_answered_while_the_agent_is_idle() {
+        let (mut c, mut s) = pair(Mode::Event, Duration::from_secs(3));
+        drop_seq(&s, 0);
+        let (wake, waker) = UnixStream::pair().expect("pair");
+        let monitor = s.monitor().expect("monitor");
+        let agent = std::thread::spawn(move || {
+            let mut b = [0u8; 1];
+            s.recv_exact(&mut b)?;
+            s.send_all(&b)?;
+            // The repetition is over for the agent; it waits on "control".
+            monitor.serve_idle(wake.as_fd(), Duration::from_secs(3))?;
+            Ok::<_, FlowError>(monitor)
+        });
+        c.send_all(&[9]).expect("send");
+        let mut b = [0u8; 1];
+        c.recv_exact(&mut b)
+            .expect("reply re-sent by the idle agent");
+        assert_eq!(b, [9]);
+        use std::io::Write;
+        (&waker).write_all(b"x").expect("wake");
+        let monitor = agent.join().expect("join").expect("agent");
+        assert!(monitor.datagram_stats().retries >= 1);
+        assert!(stats(&c).retries >= 1);
+    }
+
+    #[test]
+    fn idle_service_leaves_new_data_for_the_test() {
+        let (mut c, mut s) = pair(Mode::Event, Duration::from_secs(3));
+        let (wake, _waker) = UnixStream::pair().expect("pair");
+        c.send_all(b"next").expect("send");
+        let t0 = Instant::now();
+        s.monitor()
+            .expect("monitor")
+            .serve_idle(wake.as_fd(), Duration::from_millis(50))
+            .expect("idle");
+        assert!(t0.elapsed() >= Duration::from_millis(50));
+        let mut b = [0u8; 4];
+        s.recv_exact(&mut b).expect("still there");
+        assert_eq!(&b, b"next");
+    }
+
+    #[test]
+    fn a_gap_counts_lost_datagrams_and_a_late_one_counts_reordered() {
+        let (mut flow, raw) = flow_with_raw_peer(Duration::from_secs(3));
+        send_raw(&raw, &data(0, 0), b"aa");
+        send_raw(&raw, &data(3, 7), b"dd"); // 1 (2 bytes) and 2 (3 bytes) lost
+        send_raw(&raw, &data(2, 4), b"ccc"); // late
+        send_raw(&raw, &data(3, 7), b"dd"); // duplicate
+        send_raw(&raw, &data(4, 9), b"e");
+        let (_, rx) = flow.split();
+        let mut b = [0u8; 16];
+        let n = rx.recv_some(&mut b).expect("0");
+        assert_eq!(&b[..n], b"aa");
+        assert_eq!(rx.lost_bytes(), 0);
+        let n = rx.recv_some(&mut b).expect("3");
+        assert_eq!(&b[..n], b"dd");
+        assert_eq!(rx.lost_bytes(), 5);
+        let n = rx.recv_some(&mut b).expect("4");
+        assert_eq!(
+            &b[..n],
+            b"e",
+            "late and duplicate datagrams are not delivered"
+        );
+        let st = stats(&flow);
+        assert_eq!(st.datagrams_received, 5);
+        assert_eq!((st.lost, st.lost_bytes), (2, 5));
+        assert_eq!((st.reordered, st.duplicates), (1, 1));
+    }
+
+    #[test]
+    fn a_bulk_receive_ends_when_received_plus_lost_bytes_are_all_sent() {
+        for mode in Mode::ALL {
+            let (mut c, mut s) = pair(mode, Duration::from_secs(3));
+            // The 4th datagram and the last one are lost; the sender then
+            // waits for an ack, and its retry re-sends the last datagram.
+            drop_seq(&c, 3);
+            let server = std::thread::spawn(move || {
+                let mut scratch = vec![0u8; 256 * 1024];
+                s.split().1.recv_discard(10 * 1000, &mut scratch)?;
+                let lost = s.split().1.lost_bytes();
+                s.send_all(&[1])?;
+                Ok::<_, FlowError>((s, lost))
+            });
+            let msg = vec![5u8; 1000];
+            for i in 0..10 {
+                if i == 9 {
+                    drop_seq(&c, 9);
+                }
+                c.send_all(&msg).expect("send");
+            }
+            c.split().0.end_burst().expect("probe");
+            let mut ack = [0u8; 1];
+            c.recv_exact(&mut ack).expect("ack");
+            let (s, lost) = server.join().expect("join").expect("server");
+            assert_eq!(lost, 1000, "{mode}");
+            let (cs, ss) = (stats(&c), stats(&s));
+            assert!(cs.retries >= 1, "{mode}: the tail was re-sent: {cs:?}");
+            assert_eq!((ss.lost, ss.lost_bytes), (1, 1000), "{mode}: {ss:?}");
+        }
+    }
+
+    #[test]
+    fn a_burst_ends_with_a_probe_and_a_nack_brings_the_tail_back() {
+        let (mut flow, raw) = flow_with_raw_peer(Duration::from_secs(3));
+        flow.send_all(b"one").expect("send");
+        flow.send_all(b"two").expect("send");
+        flow.split().0.end_burst().expect("probe");
+        let waiter = std::thread::spawn(move || {
+            let mut b = [0u8; 8];
+            let n = flow.recv_exact(&mut b[..5]).map(|()| 5);
+            (flow, n, b)
+        });
+        let mut got = [0u8; 64];
+        let mut next = || {
+            let n = raw.recv(&mut got).expect("datagram");
+            (
+                Header::decode(&got[..n]).expect("ours"),
+                got[HEADER_BYTES..n].to_vec(),
+            )
+        };
+        assert_eq!(next().1, b"one");
+        assert_eq!(next().1, b"two");
+        let (probe, _) = next();
+        assert_eq!(
+            (probe.kind, probe.seq, probe.offset_bytes),
+            (Kind::Probe, 1, 6),
+            "the probe names the last datagram and where it ended"
+        );
+        // "Two" was lost on the way: ask for it.
+        let nack = Header {
+            kind: Kind::Nack,
+            flags: 0,
+            seq: 1,
+            offset_bytes: 3,
+        };
+        raw.send(&nack.encode()).expect("nack");
+        let (again, payload) = next();
+        assert_eq!(
+            (again.kind, again.seq, payload.as_slice()),
+            (Kind::Data, 1, &b"two"[..])
+        );
+        send_raw(&raw, &data(0, 0), b"reply");
+        let (flow, n, b) = waiter.join().expect("join");
+        assert_eq!(n.expect("reply"), 5);
+        assert_eq!(&b[..5], b"reply");
+        assert!(stats(&flow).retries >= 1);
+    }
+
+    #[test]
+    fn a_silent_peer_times_out_within_the_timeout() {
+        for mode in Mode::ALL {
+            let (mut c, _s) = pair(mode, Duration::from_millis(200));
+            c.send_all(&[1]).expect("send");
+            let t0 = Instant::now();
+            let e = c.recv_exact(&mut [0u8; 1]).unwrap_err();
+            let waited = t0.elapsed();
+            assert!(matches!(e, FlowError::TimedOut { timeout_ms: 200 }), "{e}");
+            assert!(
+                waited >= Duration::from_millis(200) && waited < Duration::from_millis(600),
+                "{mode}: {waited:?}"
+            );
+            assert!(stats(&c).retries >= 1, "it asked before giving up");
+        }
+    }
+
+    #[test]
+    fn garbage_and_bad_offsets_never_panic() {
+        let (mut flow, raw) = flow_with_raw_peer(Duration::from_secs(3));
+        raw.send(&[]).expect("empty");
+        raw.send(b"NG").expect("short");
+        raw.send(&[0xff; 100]).expect("junk");
+        send_raw(&raw, &data(0, 0), b"ok");
+        let mut b = [0u8; 8];
+        let n = flow.split().1.recv_some(&mut b).expect("the valid one");
+        assert_eq!(&b[..n], b"ok");
+        // Offsets going backwards are a broken peer: an error, not a panic.
+        send_raw(&raw, &data(1, 0), b"x");
+        assert!(flow.split().1.recv_some(&mut b).is_err());
+        send_raw(&raw, &data(5, u64::MAX), b"xy");
+        assert!(flow.split().1.recv_some(&mut b).is_err());
+    }
+
+    #[test]
+    fn the_lost_set_splits_and_forgets() {
+        let mut r = VecDeque::from([(2u64, 6u64)]);
+        assert!(take_lost(&mut r, 4));
+        assert_eq!(r, [(2, 4), (5, 6)]);
+        assert!(take_lost(&mut r, 2) && take_lost(&mut r, 5));
+        assert_eq!(r, [(3, 4)]);
+        assert!(!take_lost(&mut r, 9));
+        assert!(take_lost(&mut r, 3));
+        assert!(r.is_empty());
+    }
+
+    #[test]
+    fn ipv6_works_where_there_is_ipv6() {
+        let cfg = config(Mode::Event, Duration::from_secs(3));
+        let Ok(mut listener) = Udp.listen(&cfg, IpAddr::V6(std::net::Ipv6Addr::LOCALHOST)) else {
+            eprintln!("no IPv6 loopback here");
+            return;
+        };
+        let addr = listener.addr();
+        let agent = std::thread::spawn(move || listener.accept(Duration::from_secs(3)));
+        let mut c = Udp.connect(&cfg, &addr).expect("connect");
+        let mut s = agent.join().expect("join").expect("accept");
+        c.send_all(b"v6").expect("send");
+        let mut b = [0u8; 2];
+        s.recv_exact(&mut b).expect("recv");
+        assert_eq!(&b, b"v6");
+    }
+}

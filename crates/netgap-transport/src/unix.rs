@@ -1,0 +1,141 @@
+//! Stream Unix-domain sockets: the same host only. The agent's data listener
+//! is a socket file in the temporary directory, removed as soon as the flow
+//! is accepted (or the listener dropped).
+
+use super::stream_socket::StreamFlow;
+use super::tcp::wait_readable;
+use super::{Capabilities, Flow, FlowConfig, Listener, Transport, TransportError};
+use netgap_core::spec::{Mode, TransportOptions};
+use socket2::SockRef;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+const NAME: &str = "unix";
+
+/// Stream Unix-domain sockets.
+pub struct Unix;
+
+/// Distinguishes the socket files of one process.
+static NEXT_ID: AtomicU64 = AtomicU64::new(0);
+
+struct UnixDataListener {
+    listener: UnixListener,
+    path: PathBuf,
+    config: FlowConfig,
+}
+
+impl Drop for UnixDataListener {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+fn into_flow(stream: UnixStream, config: &FlowConfig) -> Result<Box<dyn Flow>, TransportError> {
+    apply_buffers(&stream, &config.options)?;
+    let flow = StreamFlow::new(stream, config.mode, config.io_timeout).map_err(|source| {
+        TransportError::Option {
+            transport: NAME,
+            option: "O_NONBLOCK/SO_RCVTIMEO",
+            source,
+        }
+    })?;
+    Ok(Box::new(flow))
+}
+
+fn apply_buffers(stream: &UnixStream, options: &TransportOptions) -> Result<(), TransportError> {
+    let sock = SockRef::from(stream);
+    let err = |option| {
+        move |source| TransportError::Option {
+            transport: NAME,
+            option,
+            source,
+        }
+    };
+    if let Some(b) = options.sndbuf_bytes {
+        sock.set_send_buffer_size(b as usize)
+            .map_err(err("SO_SNDBUF"))?;
+    }
+    if let Some(b) = options.rcvbuf_bytes {
+        sock.set_recv_buffer_size(b as usize)
+            .map_err(err("SO_RCVBUF"))?;
+    }
+    Ok(())
+}
+
+impl Listener for UnixDataListener {
+    fn addr(&self) -> String {
+        self.path.display().to_string()
+    }
+
+    fn accept(&mut self, timeout: Duration) -> Result<Box<dyn Flow>, TransportError> {
+        wait_readable(&self.listener, timeout).map_err(|e| match e {
+            None => TransportError::AcceptTimeout {
+                transport: NAME,
+                timeout_ms: timeout.as_millis(),
+            },
+            Some(source) => TransportError::Listen {
+                transport: NAME,
+                source,
+            },
+        })?;
+        let (stream, _) = self
+            .listener
+            .accept()
+            .map_err(|source| TransportError::Listen {
+                transport: NAME,
+                source,
+            })?;
+        let _ = std::fs::remove_file(&self.path);
+        into_flow(stream, &self.config)
+    }
+}
+
+impl Transport for Unix {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn summary(&self) -> &'static str {
+        "stream Unix-domain sockets (same host only)"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            reliable: true,
+            message_boundaries: false,
+            cross_host: false,
+            modes: &Mode::ALL,
+            options: &["--sndbuf", "--rcvbuf"],
+        }
+    }
+
+    fn listen(
+        &self,
+        config: &FlowConfig,
+        _local_ip: std::net::IpAddr,
+    ) -> Result<Box<dyn Listener>, TransportError> {
+        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!("netgap-{}-{id}.sock", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let listener = UnixListener::bind(&path).map_err(|source| TransportError::Listen {
+            transport: NAME,
+            source,
+        })?;
+        Ok(Box::new(UnixDataListener {
+            listener,
+            path,
+            config: config.clone(),
+        }))
+    }
+
+    fn connect(&self, config: &FlowConfig, addr: &str) -> Result<Box<dyn Flow>, TransportError> {
+        let stream = UnixStream::connect(addr).map_err(|source| TransportError::Connect {
+            transport: NAME,
+            addr: format!("{addr} (unix sockets need the agent on this host)"),
+            source,
+        })?;
+        into_flow(stream, config)
+    }
+}
