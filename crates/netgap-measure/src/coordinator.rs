@@ -7,6 +7,7 @@ use crate::agent::Agent;
 use crate::bench::{self, ClientRole, Metric, RepOutcome, RoleParams};
 use crate::control::{control_detail, handshake, ControlAddr, ControlConn, LinkError};
 use crate::plan::{Peer, Plan};
+use crate::point_loop::{run_points, SinkError};
 use crate::runner::{self, PeerControl, PointMeasurement, RunError, ServerRep};
 use crate::sink::RecordSink;
 use netgap_core::cpu::CpuUsage;
@@ -58,13 +59,8 @@ pub enum CoordError {
         detail: String,
     },
     /// A results file could not be written.
-    #[error("writing {path}: {source}")]
-    Sink {
-        /// The file.
-        path: String,
-        /// Underlying error.
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Sink(#[from] SinkError),
     /// The in-process agent could not start.
     #[error("cannot start the in-process agent: {0}")]
     Embedded(String),
@@ -73,14 +69,20 @@ pub enum CoordError {
     Key(#[from] crate::auth::KeyFileError),
 }
 
-/// Follows a run as it goes: the table, the progress bar.
-pub trait Observer {
-    /// A point is about to be measured; `index` counts from 0 of `total`.
-    fn point_started(&mut self, _spec: &PointSpec, _index: usize, _total: usize) {}
-    /// A measured repetition of the current point finished.
-    fn rep_done(&mut self, _rep: u32) {}
-    /// A point was measured and written.
-    fn point_done(&mut self, _record: &ResultRecord) {}
+pub use crate::point_loop::Observer;
+
+impl CoordError {
+    /// The failure of point `spec`, shown under the name `test` (a sweep or
+    /// LogP names its own command).
+    pub fn point(spec: &PointSpec, test: &str, detail: String) -> CoordError {
+        CoordError::Point {
+            test: test.to_string(),
+            transport: spec.transport.clone(),
+            mode: spec.mode.to_string(),
+            size: spec.size_bytes,
+            detail,
+        }
+    }
 }
 
 /// A control session with one agent.
@@ -437,39 +439,29 @@ pub fn run_plan(
     observer: &mut dyn Observer,
 ) -> Result<RunSummary, CoordError> {
     let mut coord = open_session(plan)?;
-    let total = plan.points.len();
-    let mut summary = RunSummary::default();
-    for (i, spec) in plan.points.iter().enumerate() {
-        observer.point_started(spec, i, total);
-        let point_err = |detail: String| CoordError::Point {
-            test: spec.test.clone(),
-            transport: spec.transport.clone(),
-            mode: spec.mode.to_string(),
-            size: spec.size_bytes,
-            detail,
-        };
-        let started = SystemTime::now();
-        let m = coord
-            .measure(spec, &plan.method, &mut |rep| observer.rep_done(rep))
-            .map_err(point_err)?;
-        let record = build_record(
-            spec,
-            &m,
-            plan,
-            coord.local_host(),
-            coord.peer_host(),
-            started,
-        )
-        .map_err(point_err)?;
-        for sink in sinks.iter_mut() {
-            sink.append(&record).map_err(|source| CoordError::Sink {
-                path: sink.path().display().to_string(),
-                source,
-            })?;
-        }
-        summary.points += 1;
-        observer.point_done(&record);
-    }
+    let points = run_points(
+        &plan.points,
+        |spec| spec,
+        sinks,
+        observer,
+        |spec, observer| {
+            let started = SystemTime::now();
+            let record = coord
+                .measure(spec, &plan.method, &mut |rep| observer.rep_done(rep))
+                .and_then(|m| {
+                    build_record(
+                        spec,
+                        &m,
+                        plan,
+                        coord.local_host(),
+                        coord.peer_host(),
+                        started,
+                    )
+                })
+                .map_err(|detail| CoordError::point(spec, &spec.test, detail))?;
+            Ok::<_, CoordError>(vec![record])
+        },
+    )?;
     coord.bye();
-    Ok(summary)
+    Ok(RunSummary { points })
 }

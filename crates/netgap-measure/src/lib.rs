@@ -23,6 +23,7 @@ pub mod group;
 pub mod logp;
 pub mod output;
 pub mod plan;
+pub mod point_loop;
 pub mod runner;
 pub mod sink;
 pub mod sweep;

@@ -16,6 +16,7 @@
 
 use crate::coordinator::{build_record, open_session, CoordError};
 use crate::plan::{Plan, PlanError};
+use crate::point_loop::{run_points, Observer};
 use crate::sink::RecordSink;
 use crate::sweep::StackArgs;
 use netgap_core::record::{RecordStats, ResultRecord};
@@ -182,6 +183,35 @@ fn cell(r: Option<&ResultRecord>) -> String {
     }
 }
 
+/// Prints a row per size once its last parameter, L, is written; o_s, o_r
+/// and g wait in `row` until then.
+struct LogpTable<'a> {
+    out: &'a mut dyn Write,
+    row: Vec<ResultRecord>,
+}
+
+impl Observer for LogpTable<'_> {
+    fn point_done(&mut self, record: &ResultRecord) {
+        if record.metric != "latency_us" {
+            self.row.push(record.clone());
+            return;
+        }
+        let _ = writeln!(
+            self.out,
+            "{:<9}  {:<5}  {:>6}  {:>16}  {:>16}  {:>16}  {:>16}",
+            record.transport,
+            record.mode.as_str(),
+            format_size(record.size_bytes),
+            cell(self.row.first()),
+            cell(self.row.get(1)),
+            cell(self.row.get(2)),
+            cell(Some(record)),
+        );
+        let _ = self.out.flush();
+        self.row.clear();
+    }
+}
+
 /// Runs the plan, writing each parameter's record as soon as it is known and
 /// a table row per size (value ± standard deviation of the repetitions).
 pub fn run_logp(
@@ -191,80 +221,59 @@ pub fn run_logp(
 ) -> Result<usize, CoordError> {
     let mut coord = open_session(&plan.run)?;
     let _ = writeln!(out, "{}", table_header());
-    let mut written = 0usize;
-    // Per size: o_s, o_r, g records and the per-repetition series.
-    let mut row: Vec<ResultRecord> = Vec::new();
+    // Per size: the per-repetition series of o_s and o_r, for L.
     let mut series: Vec<Vec<f64>> = Vec::new();
-    for spec in &plan.run.points {
-        let point_err = |detail: String| CoordError::Point {
-            test: format!("logp ({})", spec.test),
-            transport: spec.transport.clone(),
-            mode: spec.mode.to_string(),
-            size: spec.size_bytes,
-            detail,
-        };
-        let started = SystemTime::now();
-        let m = coord
-            .measure(spec, &plan.run.method, &mut |_| {})
+    let mut table = LogpTable {
+        out,
+        row: Vec::new(),
+    };
+    let written = run_points(
+        &plan.run.points,
+        |spec| spec,
+        sinks,
+        &mut table,
+        |spec, _| -> Result<Vec<ResultRecord>, CoordError> {
+            let point_err =
+                |detail| CoordError::point(spec, &format!("logp ({})", spec.test), detail);
+            let started = SystemTime::now();
+            let m = coord
+                .measure(spec, &plan.run.method, &mut |_| {})
+                .map_err(point_err)?;
+            let base = build_record(
+                spec,
+                &m,
+                &plan.run,
+                coord.local_host(),
+                coord.peer_host(),
+                started,
+            )
             .map_err(point_err)?;
-        let base = build_record(
-            spec,
-            &m,
-            &plan.run,
-            coord.local_host(),
-            coord.peer_host(),
-            started,
-        )
-        .map_err(point_err)?;
-        let reps: Vec<f64> = m.reps.iter().map(|r| r.client.value).collect();
-        let mut emit = |r: ResultRecord| -> Result<ResultRecord, CoordError> {
-            for sink in sinks.iter_mut() {
-                sink.append(&r).map_err(|source| CoordError::Sink {
-                    path: sink.path().display().to_string(),
-                    source,
-                })?;
-            }
-            written += 1;
-            Ok(r)
-        };
-        if spec.test == "logp-rtt" {
-            let l = latency_reps(
-                &reps,
-                series.first().map_or(&[][..], |v| v),
-                series.get(1).map_or(&[][..], |v| v),
-            );
-            let mut r = logp_record(base, "latency_us", &l).map_err(point_err)?;
-            if r.value <= 0.0 {
-                r.warnings.push(
-                    "L is not positive: the send call carried the message itself (as on loopback or shared memory), or the message exceeds the socket buffers; see `netgap logp --help`".into(),
+            let reps: Vec<f64> = m.reps.iter().map(|r| r.client.value).collect();
+            if spec.test == "logp-rtt" {
+                let l = latency_reps(
+                    &reps,
+                    series.first().map_or(&[][..], |v| v),
+                    series.get(1).map_or(&[][..], |v| v),
                 );
+                let mut r = logp_record(base, "latency_us", &l).map_err(point_err)?;
+                if r.value <= 0.0 {
+                    r.warnings.push(
+                        "L is not positive: the send call carried the message itself (as on loopback or shared memory), or the message exceeds the socket buffers; see `netgap logp --help`".into(),
+                    );
+                }
+                series.clear();
+                return Ok(vec![r]);
             }
-            let r = emit(r)?;
-            let _ = writeln!(
-                out,
-                "{:<9}  {:<5}  {:>6}  {:>16}  {:>16}  {:>16}  {:>16}",
-                spec.transport,
-                spec.mode.as_str(),
-                format_size(spec.size_bytes),
-                cell(row.first()),
-                cell(row.get(1)),
-                cell(row.get(2)),
-                cell(Some(&r)),
-            );
-            let _ = out.flush();
-            row.clear();
-            series.clear();
-            continue;
-        }
-        let values: Vec<f64> = if spec.test == "stream" {
-            reps.iter().map(|&g| gap_us(spec.size_bytes, g)).collect()
-        } else {
-            reps.clone()
-        };
-        let r = logp_record(base, metric_of(&spec.test), &values).map_err(point_err)?;
-        row.push(emit(r)?);
-        series.push(values);
-    }
+            let values: Vec<f64> = if spec.test == "stream" {
+                reps.iter().map(|&g| gap_us(spec.size_bytes, g)).collect()
+            } else {
+                reps.clone()
+            };
+            let r = logp_record(base, metric_of(&spec.test), &values).map_err(point_err)?;
+            series.push(values);
+            Ok(vec![r])
+        },
+    )?;
     coord.bye();
     Ok(written)
 }

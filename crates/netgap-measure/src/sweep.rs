@@ -18,10 +18,12 @@
 
 use crate::coordinator::{build_record, open_session, CoordError};
 use crate::plan::{Plan, PlanError, RunArgs};
+use crate::point_loop::{run_points, Observer};
 use crate::sink::RecordSink;
 use netgap_core::dropout::{DropoutDetector, PointThroughput};
 use netgap_core::record::{RecordStats, ResultRecord};
 use netgap_core::sizing::{sweep_sizes, Growth};
+use netgap_core::spec::PointSpec;
 use netgap_core::stats::{noise_warning, Summary, NOISY_CV};
 use netgap_core::units::{format_size, parse_duration, parse_size_bytes};
 use std::io::Write;
@@ -415,14 +417,16 @@ fn throughput_of(r: &ResultRecord) -> PointThroughput {
     }
 }
 
-fn append(sinks: &mut [Box<dyn RecordSink>], r: &ResultRecord) -> Result<(), CoordError> {
-    for sink in sinks.iter_mut() {
-        sink.append(r).map_err(|source| CoordError::Sink {
-            path: sink.path().display().to_string(),
-            source,
-        })?;
+/// Prints each sweep record's row as it is written.
+struct SweepTable<'a> {
+    out: &'a mut dyn Write,
+}
+
+impl Observer for SweepTable<'_> {
+    fn point_done(&mut self, record: &ResultRecord) {
+        let _ = writeln!(self.out, "{}", table_row(record));
+        let _ = self.out.flush();
     }
-    Ok(())
 }
 
 /// Runs a sweep, writing each record to the sinks and its row to `out` as
@@ -440,90 +444,88 @@ pub fn run_sweep(
     let mut detector = DropoutDetector::new();
     let mut group: Option<(String, netgap_core::spec::Mode)> = None;
     let mut stopped: Option<(String, netgap_core::spec::Mode)> = None;
-    for spec in &plan.run.points {
-        let key = (spec.transport.clone(), spec.mode);
-        if stopped.as_ref() == Some(&key) {
-            continue;
-        }
-        if group.as_ref() != Some(&key) {
-            detector = DropoutDetector::new();
-            group = Some(key.clone());
-        }
-        let point_err = |detail: String| CoordError::Point {
-            test: format!("sweep ({})", plan.kind.as_str()),
-            transport: spec.transport.clone(),
-            mode: spec.mode.to_string(),
-            size: spec.size_bytes,
-            detail,
-        };
-        let mut measure_once =
-            |spec: &netgap_core::spec::PointSpec| -> Result<ResultRecord, CoordError> {
+    let test = format!("sweep ({})", plan.kind.as_str());
+    let mut table = SweepTable { out: &mut *out };
+    summary.points = run_points(
+        &plan.run.points,
+        |spec| spec,
+        sinks,
+        &mut table,
+        |spec, _| -> Result<Vec<ResultRecord>, CoordError> {
+            let key = (spec.transport.clone(), spec.mode);
+            if stopped.as_ref() == Some(&key) {
+                return Ok(Vec::new());
+            }
+            if group.as_ref() != Some(&key) {
+                detector = DropoutDetector::new();
+                group = Some(key.clone());
+            }
+            let mut measure_once = |spec: &PointSpec| -> Result<ResultRecord, CoordError> {
                 let started = SystemTime::now();
-                let m = coord
+                coord
                     .measure(spec, &plan.run.method, &mut |_| {})
-                    .map_err(point_err)?;
-                let base = build_record(
-                    spec,
-                    &m,
-                    &plan.run,
-                    coord.local_host(),
-                    coord.peer_host(),
-                    started,
-                )
-                .map_err(point_err)?;
-                sweep_record(plan.kind, base).map_err(point_err)
+                    .and_then(|m| {
+                        build_record(
+                            spec,
+                            &m,
+                            &plan.run,
+                            coord.local_host(),
+                            coord.peer_host(),
+                            started,
+                        )
+                    })
+                    .and_then(|base| sweep_record(plan.kind, base))
+                    .map_err(|detail| CoordError::point(spec, &test, detail))
             };
-        let mut record = measure_once(spec)?;
-        let mut verdict = detector.assess(&throughput_of(&record));
-        if let Some(first) = verdict {
-            // A dip from a passing disturbance of the machine does not
-            // repeat, nor does a reference that was lucky; a stack's problem
-            // size does. Measure the reference and the point once more, judge
-            // against the reference's new figure and keep the better of the
-            // point's two.
-            let reference = plan.run.points.iter().find(|p| {
-                p.transport == spec.transport
-                    && p.mode == spec.mode
-                    && p.size_bytes == first.reference_size_bytes
-            });
-            if let Some(reference) = reference {
-                let again = measure_once(reference)?;
-                detector.revise(throughput_of(&again));
+            let mut record = measure_once(spec)?;
+            let mut verdict = detector.assess(&throughput_of(&record));
+            if let Some(first) = verdict {
+                // A dip from a passing disturbance of the machine does not
+                // repeat, nor does a reference that was lucky; a stack's
+                // problem size does. Measure the reference and the point once
+                // more, judge against the reference's new figure and keep the
+                // better of the point's two.
+                let reference = plan.run.points.iter().find(|p| {
+                    p.transport == spec.transport
+                        && p.mode == spec.mode
+                        && p.size_bytes == first.reference_size_bytes
+                });
+                if let Some(reference) = reference {
+                    let again = measure_once(reference)?;
+                    detector.revise(throughput_of(&again));
+                }
+                let again = measure_once(spec)?;
+                if again.value > record.value {
+                    record = again;
+                }
+                verdict = detector.assess(&throughput_of(&record));
+                if verdict.is_none() {
+                    record.warnings.push(format!(
+                        "a first measurement fell {:.0}% below {} bytes, but measured again (with its reference) it did not: not a dropout",
+                        first.depth_pct, first.reference_size_bytes
+                    ));
+                }
             }
-            let again = measure_once(spec)?;
-            if again.value > record.value {
-                record = again;
-            }
-            verdict = detector.assess(&throughput_of(&record));
-            if verdict.is_none() {
-                record.warnings.push(format!(
-                    "a first measurement fell {:.0}% below {} bytes, but measured again (with its reference) it did not: not a dropout",
-                    first.depth_pct, first.reference_size_bytes
+            detector.keep(throughput_of(&record));
+            record.dropout = verdict;
+            if let Some(d) = record.dropout {
+                summary.dropouts.push((
+                    spec.transport.clone(),
+                    spec.mode.to_string(),
+                    spec.size_bytes,
+                    d,
                 ));
             }
-        }
-        detector.keep(throughput_of(&record));
-        record.dropout = verdict;
-        append(sinks, &record)?;
-        let _ = writeln!(out, "{}", table_row(&record));
-        let _ = out.flush();
-        summary.points += 1;
-        if let Some(d) = record.dropout {
-            summary.dropouts.push((
-                spec.transport.clone(),
-                spec.mode.to_string(),
-                spec.size_bytes,
-                d,
-            ));
-        }
-        let block_us = record.block_time_us.unwrap_or(f64::INFINITY);
-        if block_us > plan.max_block_time.as_secs_f64() * 1e6 {
-            summary
-                .stopped_early
-                .push((spec.transport.clone(), spec.size_bytes));
-            stopped = Some(key);
-        }
-    }
+            let block_us = record.block_time_us.unwrap_or(f64::INFINITY);
+            if block_us > plan.max_block_time.as_secs_f64() * 1e6 {
+                summary
+                    .stopped_early
+                    .push((spec.transport.clone(), spec.size_bytes));
+                stopped = Some(key);
+            }
+            Ok(vec![record])
+        },
+    )?;
     coord.bye();
     let _ = writeln!(out, "{}", summary_line(&summary, started_all.elapsed()));
     Ok(summary)

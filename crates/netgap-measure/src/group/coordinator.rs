@@ -18,6 +18,7 @@ use crate::control::{
     control_detail, handshake, ControlAddr, ControlConn, ControlError, ControlStream, LinkError,
 };
 use crate::coordinator::Observer;
+use crate::point_loop::{run_points, SinkError};
 use crate::sink::RecordSink;
 use netgap_core::host::HostFacts;
 use netgap_core::stats::LatencyHistogram;
@@ -68,13 +69,8 @@ pub enum GroupError {
     #[error("cannot start the in-process agents: {0}")]
     Embedded(String),
     /// A results file could not be written.
-    #[error("writing {path}: {source}")]
-    Sink {
-        /// The file.
-        path: String,
-        /// Underlying error.
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Sink(#[from] SinkError),
 }
 
 /// One host of the run, resolved.
@@ -668,21 +664,17 @@ pub fn run_group_plan(
     let hosts = resolve_hosts(&plan.hosts)?;
     let key = run_key(plan)?;
     let mut coord = GroupCoordinator::connect(hosts, key.as_ref())?;
-    let total = plan.points.len();
-    let mut done = 0;
-    for (i, point) in plan.points.iter().enumerate() {
-        observer.point_started(&point.spec, i, total);
-        let started = SystemTime::now();
-        let record = super::summary::measure_point(&mut coord, point, plan, started, observer)?;
-        for sink in sinks.iter_mut() {
-            sink.append(&record).map_err(|source| GroupError::Sink {
-                path: sink.path().display().to_string(),
-                source,
-            })?;
-        }
-        observer.point_done(&record);
-        done += 1;
-    }
+    let done = run_points(
+        &plan.points,
+        |point| &point.spec,
+        sinks,
+        observer,
+        |point, observer| {
+            let started = SystemTime::now();
+            super::summary::measure_point(&mut coord, point, plan, started, observer)
+                .map(|record| vec![record])
+        },
+    )?;
     coord.bye();
     Ok(done)
 }
