@@ -186,15 +186,65 @@ pub enum TestbedError {
         source: io::Error,
     },
     /// An agent did not come up.
-    #[error("the agent of {host} did not start: {detail} (see {log})")]
+    #[error("the agent of {host} did not start: {source} (see {log})")]
     Agent {
         /// The host.
         host: String,
         /// What went wrong.
-        detail: String,
+        source: Box<AgentProbeError>,
         /// Its log file.
         log: String,
     },
+}
+
+/// Why a testbed agent does not answer.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentProbeError {
+    /// The hosts file's control address does not parse.
+    #[error("bad control address {0:?}")]
+    BadAddress(String),
+    /// The testbed's key file is unusable.
+    #[error(transparent)]
+    Key(#[from] netgap_measure::auth::KeyFileError),
+    /// Connecting or the handshake failed.
+    #[error(transparent)]
+    Coordinator(#[from] netgap_measure::coordinator::CoordError),
+    /// The agent's process is gone.
+    #[error("it exited")]
+    Exited,
+}
+
+/// Why a testbed that is up cannot be kept as it is.
+#[derive(Debug, thiserror::Error)]
+pub enum Unhealthy {
+    /// Its hosts file is missing or bad.
+    #[error(transparent)]
+    Hosts(#[from] netgap_measure::cluster::HostsError),
+    /// Its namespaces could not be listed.
+    #[error(transparent)]
+    Listing(#[from] TestbedError),
+    /// One of its namespaces is gone.
+    #[error("namespace {0} is missing")]
+    MissingNamespace(String),
+    /// One of its agents does not answer.
+    #[error("the agent of {host} does not answer: {source}")]
+    Agent {
+        /// The host.
+        host: String,
+        /// Why.
+        source: AgentProbeError,
+    },
+}
+
+/// A `--rate` that is not a rate in range.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RateError {
+    /// Not a number with an optional K, M or G.
+    #[error("--rate {0:?}: want a rate like 1G, 100M or 10000000")]
+    Syntax(String),
+    /// Outside 8 kbit/s to 1000 Gbit/s.
+    #[error("--rate {0:?}: want 8K to 1000G bit/s")]
+    Range(String),
 }
 
 fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> TestbedError {
@@ -204,7 +254,7 @@ fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> TestbedError {
 
 /// Parses a rate in bit/s: a number with an optional K, M or G (powers of
 /// 1000) and an optional `bit`/`bps` (`1G`, `100Mbit`, `2.5G`).
-pub fn parse_rate_bps(s: &str) -> Result<u64, String> {
+pub fn parse_rate_bps(s: &str) -> Result<u64, RateError> {
     let t = s.trim();
     let lower = t.to_ascii_lowercase();
     let lower = lower
@@ -220,10 +270,10 @@ pub fn parse_rate_bps(s: &str) -> Result<u64, String> {
     let v: f64 = num
         .trim()
         .parse()
-        .map_err(|_| format!("--rate {t:?}: want a rate like 1G, 100M or 10000000"))?;
+        .map_err(|_| RateError::Syntax(t.to_string()))?;
     let bps = v * mult;
     if !(bps.is_finite() && (8_000.0..=1e12).contains(&bps)) {
-        return Err(format!("--rate {t:?}: want 8K to 1000G bit/s"));
+        return Err(RateError::Range(t.to_string()));
     }
     Ok(bps as u64)
 }
@@ -274,7 +324,7 @@ impl UpArgs {
             .as_deref()
             .map(parse_rate_bps)
             .transpose()
-            .map_err(TestbedError::Args)?;
+            .map_err(|e| TestbedError::Args(e.to_string()))?;
         let agent_exe = std::env::current_exe().map_err(io_err("finding netgap's own binary"))?;
         Ok(Params {
             hosts: self.hosts,
@@ -558,23 +608,21 @@ fn start_agent(dir: &Path, p: &Params, h: &HostEntry) -> Result<u32, TestbedErro
 
 /// Connects to a testbed agent with the key and shakes hands: whether it
 /// answers, or why not.
-pub fn probe_agent(h: &HostEntry, key_file: Option<&Path>) -> Result<(), String> {
-    let addr = h.control_addr().ok_or("bad control address")?;
-    let key = key_file
-        .map(netgap_measure::auth::load_key)
-        .transpose()
-        .map_err(|e| e.to_string())?;
-    let coord = netgap_measure::coordinator::Coordinator::connect(&addr, key.as_ref())
-        .map_err(|e| e.to_string())?;
+pub fn probe_agent(h: &HostEntry, key_file: Option<&Path>) -> Result<(), AgentProbeError> {
+    let addr = h
+        .control_addr()
+        .ok_or_else(|| AgentProbeError::BadAddress(h.control.clone()))?;
+    let key = key_file.map(netgap_measure::auth::load_key).transpose()?;
+    let coord = netgap_measure::coordinator::Coordinator::connect(&addr, key.as_ref())?;
     coord.bye();
     Ok(())
 }
 
-fn wait_for_agent(h: &HostEntry, key_file: &Path, pid: u32) -> Result<(), String> {
+fn wait_for_agent(h: &HostEntry, key_file: &Path, pid: u32) -> Result<(), AgentProbeError> {
     let t0 = Instant::now();
     loop {
         if !pid_alive(pid) {
-            return Err("it exited".into());
+            return Err(AgentProbeError::Exited);
         }
         match probe_agent(h, Some(key_file)) {
             Ok(()) => return Ok(()),
@@ -616,7 +664,10 @@ pub fn up(args: &UpArgs) -> Result<(), TestbedError> {
         let why = if old != params {
             "its parameters differ".to_string()
         } else {
-            healthy(name).err().unwrap_or_default()
+            healthy(name)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default()
         };
         say!("rebuilding testbed {name}: {why}");
         teardown(name, true)?;
@@ -656,9 +707,9 @@ fn build(name: &str, p: &Params) -> Result<(), TestbedError> {
         pids.push(start_agent(&dir, p, h)?);
     }
     for (h, pid) in hosts.hosts.iter().zip(pids) {
-        wait_for_agent(h, &key_file, pid).map_err(|detail| TestbedError::Agent {
+        wait_for_agent(h, &key_file, pid).map_err(|source| TestbedError::Agent {
             host: h.name.clone(),
-            detail,
+            source: Box::new(source),
             log: dir.join(format!("{}.log", h.name)).display().to_string(),
         })?;
     }
@@ -674,17 +725,19 @@ fn build(name: &str, p: &Params) -> Result<(), TestbedError> {
 }
 
 /// Whether testbed `name` is complete: hosts file, namespaces, live agents.
-fn healthy(name: &str) -> Result<(), String> {
+fn healthy(name: &str) -> Result<(), Unhealthy> {
     let dir = state_dir(name);
-    let hosts = HostsFile::load(&dir.join("hosts.json")).map_err(|e| e.to_string())?;
-    let present = own_netns(name).map_err(|e| e.to_string())?;
+    let hosts = HostsFile::load(&dir.join("hosts.json"))?;
+    let present = own_netns(name)?;
     for h in &hosts.hosts {
         let ns = h.netns.clone().unwrap_or_default();
         if !present.contains(&ns) {
-            return Err(format!("namespace {ns} is missing"));
+            return Err(Unhealthy::MissingNamespace(ns));
         }
-        probe_agent(h, hosts.key_file.as_deref())
-            .map_err(|e| format!("the agent of {} does not answer: {e}", h.name))?;
+        probe_agent(h, hosts.key_file.as_deref()).map_err(|source| Unhealthy::Agent {
+            host: h.name.clone(),
+            source,
+        })?;
     }
     Ok(())
 }

@@ -68,25 +68,57 @@ impl DatagramStats {
     /// are among the datagrams sent, late and duplicate arrivals among the
     /// datagrams received, and no lost datagram held more than a datagram's
     /// payload ([`MAX_MESSAGE_BYTES`]).
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), DatagramCountsError> {
         if self.retries > self.datagrams_sent {
-            return Err(format!(
-                "{} retries > {} datagrams sent",
-                self.retries, self.datagrams_sent
-            ));
+            return Err(DatagramCountsError::Retries {
+                retries: self.retries,
+                sent: self.datagrams_sent,
+            });
         }
         if self.reordered.saturating_add(self.duplicates) > self.datagrams_received {
-            return Err(format!(
-                "{} reordered + {} duplicates > {} datagrams received",
-                self.reordered, self.duplicates, self.datagrams_received
-            ));
+            return Err(DatagramCountsError::Arrivals {
+                reordered: self.reordered,
+                duplicates: self.duplicates,
+                received: self.datagrams_received,
+            });
         }
         if self.lost_bytes > self.lost.saturating_mul(MAX_MESSAGE_BYTES as u64) {
-            return Err(format!(
-                "{} lost bytes in {} lost datagrams",
-                self.lost_bytes, self.lost
-            ));
+            return Err(DatagramCountsError::LostBytes {
+                lost_bytes: self.lost_bytes,
+                lost: self.lost,
+            });
         }
         Ok(())
     }
+}
+
+/// Counts that break an invariant of [`DatagramStats::validate`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DatagramCountsError {
+    /// More re-sends than datagrams sent.
+    #[error("{retries} retries > {sent} datagrams sent")]
+    Retries {
+        /// Re-sends counted.
+        retries: u64,
+        /// Datagrams sent.
+        sent: u64,
+    },
+    /// More late and duplicate arrivals than arrivals.
+    #[error("{reordered} reordered + {duplicates} duplicates > {received} datagrams received")]
+    Arrivals {
+        /// Late arrivals.
+        reordered: u64,
+        /// Duplicate arrivals.
+        duplicates: u64,
+        /// All arrivals.
+        received: u64,
+    },
+    /// More bytes lost than the lost datagrams could hold.
+    #[error("{lost_bytes} lost bytes in {lost} lost datagrams")]
+    LostBytes {
+        /// Payload bytes counted lost.
+        lost_bytes: u64,
+        /// Datagrams counted lost.
+        lost: u64,
+    },
 }

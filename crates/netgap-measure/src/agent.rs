@@ -371,7 +371,7 @@ fn run_session(
                 let opened = open_point(&mut conn, &mut session, &spec, local_ip);
                 match opened {
                     Ok(p) => point = Some(p),
-                    Err(msg) => return Err(refuse(&mut conn, msg)),
+                    Err(e) => return Err(refuse(&mut conn, e.to_string())),
                 }
             }
             AgentAction::RunRole { iterations, .. } => {
@@ -509,6 +509,59 @@ fn refuse(conn: &mut ControlConn, message: String) -> SessionEnd {
     SessionEnd::Refused(message)
 }
 
+/// Why the agent could not open a point; sent to the coordinator as one
+/// line.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenPointError {
+    /// The agent does not have the test.
+    #[error("unknown test {0:?} (this agent has: {known})", known = bench::names())]
+    UnknownTest(String),
+    /// The agent does not have the transport.
+    #[error("unknown transport {0:?} (this agent has: {known})", known = transport::names())]
+    UnknownTransport(String),
+    /// The transport does not work on the agent's host.
+    #[error("transport {name} is not available on the agent: {why}")]
+    Unavailable {
+        /// The transport.
+        name: String,
+        /// Why not.
+        why: transport::Unavailable,
+    },
+    /// The server role could not be pinned.
+    #[error(transparent)]
+    Pin(#[from] netgap_transport::affinity::PinError),
+    /// The message size does not fit in the agent's memory.
+    #[error("size {0} bytes does not fit in memory")]
+    TooLarge(u64),
+    /// The size exceeds what the transport carries in one message.
+    #[error("{size} bytes is larger than the largest {transport} message, {max} bytes")]
+    TooLargeFor {
+        /// The size asked for.
+        size: u64,
+        /// The transport.
+        transport: String,
+        /// Its largest message.
+        max: u64,
+    },
+    /// Listening or accepting the flow failed.
+    #[error(transparent)]
+    Transport(#[from] transport::TransportError),
+    /// The session refused the step.
+    #[error(transparent)]
+    Session(#[from] netgap_proto::session::SessionError),
+    /// The control connection failed.
+    #[error(transparent)]
+    Control(#[from] ControlError),
+    /// The test's server role could not be set up on the flow.
+    #[error("{test} setup failed: {source}")]
+    Setup {
+        /// The test.
+        test: String,
+        /// Why.
+        source: transport::FlowError,
+    },
+}
+
 /// Opens the data listener for `spec`, tells the coordinator where it is,
 /// accepts the flow and runs the server role's setup. Errors are one line
 /// for the coordinator.
@@ -517,53 +570,40 @@ fn open_point(
     session: &mut AgentSession,
     spec: &PointSpec,
     local_ip: IpAddr,
-) -> Result<OpenPoint, String> {
-    let test = bench::find(&spec.test).ok_or_else(|| {
-        format!(
-            "unknown test {:?} (this agent has: {})",
-            spec.test,
-            bench::names()
-        )
-    })?;
-    let transport = transport::find(&spec.transport).ok_or_else(|| {
-        format!(
-            "unknown transport {:?} (this agent has: {})",
-            spec.transport,
-            transport::names()
-        )
-    })?;
-    transport.availability().map_err(|why| {
-        format!(
-            "transport {} is not available on the agent: {why}",
-            spec.transport
-        )
-    })?;
+) -> Result<OpenPoint, OpenPointError> {
+    let test =
+        bench::find(&spec.test).ok_or_else(|| OpenPointError::UnknownTest(spec.test.clone()))?;
+    let transport = transport::find(&spec.transport)
+        .ok_or_else(|| OpenPointError::UnknownTransport(spec.transport.clone()))?;
+    transport
+        .availability()
+        .map_err(|why| OpenPointError::Unavailable {
+            name: spec.transport.clone(),
+            why,
+        })?;
     if let Some(cpu) = spec.server_cpu {
-        netgap_transport::affinity::pin_current_thread(cpu).map_err(|e| e.to_string())?;
+        netgap_transport::affinity::pin_current_thread(cpu)?;
     }
     let size =
-        usize::try_from(spec.size_bytes).map_err(|_| "size does not fit in memory".to_string())?;
+        usize::try_from(spec.size_bytes).map_err(|_| OpenPointError::TooLarge(spec.size_bytes))?;
     if let Some(max) = transport
         .max_message_bytes()
         .filter(|&m| spec.size_bytes > m)
     {
-        return Err(format!(
-            "{} bytes is larger than the largest {} message, {max} bytes",
-            spec.size_bytes, spec.transport
-        ));
+        return Err(OpenPointError::TooLargeFor {
+            size: spec.size_bytes,
+            transport: spec.transport.clone(),
+            max,
+        });
     }
     let config = FlowConfig::from_spec(spec);
-    let mut listener = transport
-        .listen(&config, local_ip)
-        .map_err(|e| e.to_string())?;
-    let reply = session
-        .listening(listener.addr())
-        .map_err(|e| e.to_string())?;
-    conn.send(&reply).map_err(|e| e.to_string())?;
-    let flow = listener.accept(ACCEPT_TIMEOUT).map_err(|e| e.to_string())?;
+    let mut listener = transport.listen(&config, local_ip)?;
+    let reply = session.listening(listener.addr())?;
+    conn.send(&reply)?;
+    let flow = listener.accept(ACCEPT_TIMEOUT)?;
     drop(listener);
-    let reply = session.accepted().map_err(|e| e.to_string())?;
-    conn.send(&reply).map_err(|e| e.to_string())?;
+    let reply = session.accepted()?;
+    conn.send(&reply)?;
     let monitor = flow.monitor();
     let role = test
         .server(
@@ -573,7 +613,10 @@ fn open_point(
             },
             flow,
         )
-        .map_err(|e| format!("{} setup failed: {e}", spec.test))?;
+        .map_err(|source| OpenPointError::Setup {
+            test: spec.test.clone(),
+            source,
+        })?;
     let reported = monitor
         .as_ref()
         .map(|m| m.datagram_stats())

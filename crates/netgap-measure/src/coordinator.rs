@@ -5,7 +5,9 @@
 
 use crate::agent::Agent;
 use crate::bench::{self, ClientRole, Metric, RepOutcome, RoleParams};
-use crate::control::{control_detail, handshake, ControlAddr, ControlConn, LinkError};
+use crate::control::{
+    control_detail, handshake, ControlAddr, ControlConn, ControlError, LinkError,
+};
 use crate::plan::{Peer, Plan};
 use crate::point_loop::{run_points, SinkError};
 use crate::runner::{self, PeerControl, PointMeasurement, RunError, ServerRep};
@@ -18,9 +20,9 @@ use netgap_core::record::{
 use netgap_core::spec::PointSpec;
 use netgap_core::stats::{noise_warning, LatencyHistogram, Summary, NOISY_CV};
 use netgap_proto::auth::Key;
-use netgap_proto::codec::decode_reply;
+use netgap_proto::codec::{decode_reply, CodecError};
 use netgap_proto::message::{Phase, Reply};
-use netgap_proto::session::CoordinatorSession;
+use netgap_proto::session::{CoordinatorSession, SessionError};
 use netgap_transport::{self as transport, DatagramStats, FlowConfig, FlowError, FlowMonitor};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::AsFd;
@@ -45,7 +47,7 @@ pub enum CoordError {
         source: LinkError,
     },
     /// A point failed.
-    #[error("{test} over {transport} ({mode}), {size} bytes: {detail}")]
+    #[error("{test} over {transport} ({mode}), {size} bytes: {source}")]
     Point {
         /// Test name.
         test: String,
@@ -56,7 +58,7 @@ pub enum CoordError {
         /// Message size in bytes.
         size: u64,
         /// What went wrong.
-        detail: String,
+        source: Box<PointError>,
     },
     /// A results file could not be written.
     #[error(transparent)]
@@ -69,18 +71,56 @@ pub enum CoordError {
     Key(#[from] crate::auth::KeyFileError),
 }
 
+/// Why one point could not be measured.
+#[derive(Debug, thiserror::Error)]
+pub enum PointError {
+    /// The plan names a test this build does not have.
+    #[error("unknown test {0:?}")]
+    UnknownTest(String),
+    /// The plan names a transport this build does not have.
+    #[error("unknown transport {0:?}")]
+    UnknownTransport(String),
+    /// The message size does not fit in this host's memory.
+    #[error("a message of {0} bytes does not fit in memory")]
+    TooLarge(u64),
+    /// The control connection failed.
+    #[error("{}", control_detail(.0))]
+    Control(#[from] ControlError),
+    /// The agent's answer does not decode.
+    #[error("bad reply from agent: {0}")]
+    BadReply(#[from] CodecError),
+    /// The agent's answer is out of order or out of range.
+    #[error(transparent)]
+    Session(#[from] SessionError),
+    /// The data flow could not be connected.
+    #[error(transparent)]
+    Connect(#[from] transport::TransportError),
+    /// The test's client role could not be set up on the flow.
+    #[error("setup: {0}")]
+    Setup(#[source] FlowError),
+    /// The agent refused or failed, in its own words.
+    #[error("agent error: {0}")]
+    Agent(String),
+    /// A repetition failed.
+    #[error(transparent)]
+    Run(#[from] RunError),
+    /// The repetitions could not be summarized.
+    #[error(transparent)]
+    Stats(#[from] netgap_core::stats::StatsError),
+}
+
 pub use crate::point_loop::Observer;
 
 impl CoordError {
     /// The failure of point `spec`, shown under the name `test` (a sweep or
     /// LogP names its own command).
-    pub fn point(spec: &PointSpec, test: &str, detail: String) -> CoordError {
+    pub fn point(spec: &PointSpec, test: &str, source: PointError) -> CoordError {
         CoordError::Point {
             test: test.to_string(),
             transport: spec.transport.clone(),
             mode: spec.mode.to_string(),
             size: spec.size_bytes,
-            detail,
+            source: Box::new(source),
         }
     }
 }
@@ -128,24 +168,22 @@ impl Coordinator {
         spec: &PointSpec,
         method: &runner::Method,
         on_rep: &mut dyn FnMut(u32),
-    ) -> Result<PointMeasurement, String> {
-        let test = bench::find(&spec.test).ok_or("unknown test")?;
-        let transport = transport::find(&spec.transport).ok_or("unknown transport")?;
-        let size = usize::try_from(spec.size_bytes).map_err(|_| "size does not fit in memory")?;
+    ) -> Result<PointMeasurement, PointError> {
+        let test =
+            bench::find(&spec.test).ok_or_else(|| PointError::UnknownTest(spec.test.clone()))?;
+        let transport = transport::find(&spec.transport)
+            .ok_or_else(|| PointError::UnknownTransport(spec.transport.clone()))?;
+        let size =
+            usize::try_from(spec.size_bytes).map_err(|_| PointError::TooLarge(spec.size_bytes))?;
         let open = self.session.open(spec.clone());
-        self.conn.send(&open).map_err(|e| control_detail(&e))?;
+        self.conn.send(&open)?;
         let reply = recv_reply(&mut self.conn, REPLY_TIMEOUT)?;
-        let data_addr = self
-            .session
-            .on_listening(reply)
-            .map_err(|e| e.to_string())?;
+        let data_addr = self.session.on_listening(reply)?;
         let data_addr = fix_unspecified(&data_addr, self.agent_ip);
         let config = FlowConfig::from_spec(spec);
-        let flow = transport
-            .connect(&config, &data_addr)
-            .map_err(|e| e.to_string())?;
+        let flow = transport.connect(&config, &data_addr)?;
         let reply = recv_reply(&mut self.conn, REPLY_TIMEOUT)?;
-        self.session.on_accepted(reply).map_err(|e| e.to_string())?;
+        self.session.on_accepted(reply)?;
         let monitor = flow.monitor();
         let role = test
             .client(
@@ -155,7 +193,7 @@ impl Coordinator {
                 },
                 flow,
             )
-            .map_err(|e| format!("setup: {e}"))?;
+            .map_err(PointError::Setup)?;
         let mut role: Box<dyn ClientRole> = match &monitor {
             Some(m) => Box::new(MonitoredRole {
                 role,
@@ -179,17 +217,17 @@ impl Coordinator {
                 // just before, says more than the broken flow.
                 if let Ok(payload) = self.conn.recv_payload(AGENT_REASON_WAIT) {
                     if let Ok(Reply::Error { message }) = decode_reply(&payload) {
-                        return Err(format!("agent error: {message}"));
+                        return Err(PointError::Agent(message));
                     }
                 }
-                return Err(e.to_string());
+                return Err(e.into());
             }
         };
         drop(role);
         let close = self.session.close();
-        self.conn.send(&close).map_err(|e| control_detail(&e))?;
+        self.conn.send(&close)?;
         let reply = recv_reply(&mut self.conn, REPLY_TIMEOUT)?;
-        self.session.on_closed(reply).map_err(|e| e.to_string())?;
+        self.session.on_closed(reply)?;
         Ok(m)
     }
 
@@ -210,9 +248,9 @@ fn fix_unspecified(addr: &str, agent_ip: IpAddr) -> String {
     }
 }
 
-fn recv_reply(conn: &mut ControlConn, timeout: Duration) -> Result<Reply, String> {
-    let payload = conn.recv_payload(timeout).map_err(|e| control_detail(&e))?;
-    decode_reply(&payload).map_err(|e| format!("bad reply from agent: {e}"))
+fn recv_reply(conn: &mut ControlConn, timeout: Duration) -> Result<Reply, PointError> {
+    let payload = conn.recv_payload(timeout)?;
+    Ok(decode_reply(&payload)?)
 }
 
 /// A client role over an unreliable flow, with the flow's counters.
@@ -262,7 +300,7 @@ impl PeerControl for AgentControl<'_> {
                 .saturating_sub(t0.elapsed())
                 .max(Duration::from_millis(1));
         }
-        let reply = recv_reply(self.conn, timeout).map_err(RunError::Peer)?;
+        let reply = recv_reply(self.conn, timeout).map_err(|e| RunError::Peer(e.to_string()))?;
         let (bytes_rx, bytes_tx, cpu, datagrams) = self
             .session
             .on_done(reply)
@@ -294,8 +332,8 @@ pub fn build_record(
     host: &HostFacts,
     peer_host: &HostFacts,
     started: SystemTime,
-) -> Result<ResultRecord, String> {
-    let test = bench::find(&spec.test).ok_or("unknown test")?;
+) -> Result<ResultRecord, PointError> {
+    let test = bench::find(&spec.test).ok_or_else(|| PointError::UnknownTest(spec.test.clone()))?;
     // Bandwidth is of payload delivered: over a lossy transport the bytes
     // lost on the way do not count (as iperf3 reports the receiver's rate).
     let values: Vec<f64> = m
@@ -306,7 +344,7 @@ pub fn build_record(
             Metric::LatencyUs => r.client.value,
         })
         .collect();
-    let summary = Summary::from_reps(&values).map_err(|e| e.to_string())?;
+    let summary = Summary::from_reps(&values)?;
     let local = CpuUsage::mean(&m.reps.iter().map(|r| r.client_cpu).collect::<Vec<_>>());
     let remote = CpuUsage::mean(&m.reps.iter().map(|r| r.server.cpu).collect::<Vec<_>>());
     let bytes = ByteCounts {

@@ -14,7 +14,7 @@
 //! `recv_overhead_us`, `gap_us` or `latency_us`) with the full spread of
 //! its repetitions, written as soon as it is known.
 
-use crate::coordinator::{build_record, open_session, CoordError};
+use crate::coordinator::{build_record, open_session, CoordError, PointError};
 use crate::plan::{Plan, PlanError};
 use crate::point_loop::{run_points, Observer};
 use crate::sink::RecordSink;
@@ -129,8 +129,8 @@ fn logp_record(
     mut base: ResultRecord,
     metric: &str,
     values: &[f64],
-) -> Result<ResultRecord, String> {
-    let summary = Summary::from_reps(values).map_err(|e| e.to_string())?;
+) -> Result<ResultRecord, PointError> {
+    let summary = Summary::from_reps(values)?;
     base.test = "logp".into();
     base.metric = metric.into();
     base.value = summary.value;

@@ -40,6 +40,20 @@ pub struct CiTarget {
     pub max_reps: u32,
 }
 
+/// Why a confidence target is unusable.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum CiTargetError {
+    /// The confidence level is not strictly between 0 and 100 percent.
+    #[error("confidence level {0} must lie between 0 and 100 (percent)")]
+    Level(f64),
+    /// The interval's half-width is not a positive percentage.
+    #[error("interval width {0} must be a positive percentage of the mean")]
+    Width(f64),
+    /// The repetition bounds are out of order or below two.
+    #[error("repetitions {0},{1}: need 2 <= MIN <= MAX (an interval needs two repetitions)")]
+    Reps(u32, u32),
+}
+
 /// Default `--ci-reps`: at least 3 repetitions, at most 30.
 pub const DEFAULT_CI_REPS: (u32, u32) = (3, 30);
 
@@ -50,21 +64,15 @@ impl CiTarget {
         half_width_pct: f64,
         min_reps: u32,
         max_reps: u32,
-    ) -> Result<CiTarget, String> {
+    ) -> Result<CiTarget, CiTargetError> {
         if !(confidence_pct > 0.0 && confidence_pct < 100.0) {
-            return Err(format!(
-                "confidence level {confidence_pct} must lie between 0 and 100 (percent)"
-            ));
+            return Err(CiTargetError::Level(confidence_pct));
         }
         if !(half_width_pct > 0.0 && half_width_pct.is_finite()) {
-            return Err(format!(
-                "interval width {half_width_pct} must be a positive percentage of the mean"
-            ));
+            return Err(CiTargetError::Width(half_width_pct));
         }
         if min_reps < 2 || max_reps < min_reps {
-            return Err(format!(
-                "repetitions {min_reps},{max_reps}: need 2 <= MIN <= MAX (an interval needs two repetitions)"
-            ));
+            return Err(CiTargetError::Reps(min_reps, max_reps));
         }
         Ok(CiTarget {
             confidence_pct,

@@ -16,7 +16,7 @@
 //! Flags are validated by building a `netgap run` [`Plan`] from them, so a
 //! sweep accepts exactly what a run accepts for the same transport.
 
-use crate::coordinator::{build_record, open_session, CoordError};
+use crate::coordinator::{build_record, open_session, CoordError, PointError};
 use crate::plan::{Plan, PlanError, RunArgs};
 use crate::point_loop::{run_points, Observer};
 use crate::sink::RecordSink;
@@ -385,18 +385,18 @@ pub fn summary_line(s: &SweepSummary, elapsed: Duration) -> String {
 
 /// Turns the measured point into its sweep record: throughput per trial and
 /// block time; the dropout verdict is the caller's.
-fn sweep_record(kind: SweepKind, mut base: ResultRecord) -> Result<ResultRecord, String> {
+fn sweep_record(kind: SweepKind, mut base: ResultRecord) -> Result<ResultRecord, PointError> {
     let size = base.size_bytes;
     let reps = base
         .stats
         .as_ref()
         .map(|s| s.reps.clone())
-        .ok_or("no repetitions")?;
+        .ok_or(PointError::Stats(netgap_core::stats::StatsError::Empty))?;
     let trials: Vec<f64> = reps
         .iter()
         .map(|&v| kind.throughput_gbps(size, v))
         .collect();
-    let summary = Summary::from_reps(&trials).map_err(|e| e.to_string())?;
+    let summary = Summary::from_reps(&trials)?;
     base.test = "sweep".into();
     base.metric = "bandwidth_gbps".into();
     base.value = summary.value;

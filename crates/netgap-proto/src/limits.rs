@@ -44,20 +44,25 @@ impl Default for AgentLimits {
 #[error("refused by the agent's limits: {0}")]
 pub struct LimitError(pub String);
 
+/// A limit that is not positive and finite, naming its flag.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{0}")]
+pub struct BadLimit(pub &'static str);
+
 impl AgentLimits {
     /// Checks the limits themselves: every one positive and finite.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), BadLimit> {
         if self.max_flows == 0 {
-            return Err("--max-flows must be at least 1".into());
+            return Err(BadLimit("--max-flows must be at least 1"));
         }
         if self.max_duration.is_zero() {
-            return Err("--max-duration must be positive".into());
+            return Err(BadLimit("--max-duration must be positive"));
         }
         if !(self.max_rate_gbps.is_finite() && self.max_rate_gbps > 0.0) {
-            return Err("--max-rate must be a positive rate".into());
+            return Err(BadLimit("--max-rate must be a positive rate"));
         }
         if self.max_message_bytes == 0 {
-            return Err("--max-message must be at least 1 byte".into());
+            return Err(BadLimit("--max-message must be at least 1 byte"));
         }
         Ok(())
     }

@@ -197,9 +197,9 @@ impl Reply {
                     });
                 }
                 if let Some(d) = datagrams {
-                    d.validate().map_err(|detail| RangeError {
+                    d.validate().map_err(|e| RangeError {
                         field: "datagrams",
-                        detail,
+                        detail: e.to_string(),
                     })?;
                 }
                 Ok(())

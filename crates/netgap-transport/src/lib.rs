@@ -298,6 +298,13 @@ pub struct Capabilities {
     pub options: &'static [&'static str],
 }
 
+/// Why a transport cannot be used on this host, in one line with the
+/// remedy where there is one (probed at run time: a kernel feature, a
+/// sandbox).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Unavailable(pub String);
+
 /// A way to move bytes; one module per transport, one line in [`registry`].
 pub trait Transport: Sync {
     /// Name used on the command line and in results.
@@ -307,7 +314,7 @@ pub trait Transport: Sync {
     /// What the transport can do.
     fn capabilities(&self) -> Capabilities;
     /// `Ok` when the transport works on this host, else why not.
-    fn availability(&self) -> Result<(), String> {
+    fn availability(&self) -> Result<(), Unavailable> {
         Ok(())
     }
     /// Largest message the transport carries, in bytes, when it has a

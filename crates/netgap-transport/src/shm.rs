@@ -39,7 +39,7 @@ use self::region::{Region, RingId};
 use self::ring::{Consumer, Producer, RingError};
 use super::{
     Capabilities, Flow, FlowConfig, FlowError, Listener, Receiver, Sender, Transport,
-    TransportError,
+    TransportError, Unavailable,
 };
 use netgap_core::spec::Mode;
 use std::io;
@@ -472,16 +472,16 @@ impl Transport for Shm {
         }
     }
 
-    fn availability(&self) -> Result<(), String> {
+    fn availability(&self) -> Result<(), Unavailable> {
         if !cfg!(target_os = "linux") {
-            return Err("shm needs Linux (memfd_create, futex)".into());
+            return Err(Unavailable("shm needs Linux (memfd_create, futex)".into()));
         }
         nix::sys::memfd::memfd_create(
             c"netgap-shm-probe",
             nix::sys::memfd::MemFdCreateFlag::MFD_CLOEXEC,
         )
         .map(drop)
-        .map_err(|e| format!("memfd_create failed: {e}"))
+        .map_err(|e| Unavailable(format!("memfd_create failed: {e}")))
     }
 
     fn listen(

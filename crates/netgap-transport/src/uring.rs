@@ -43,7 +43,7 @@
 use super::tcp::{accept_stream, connect_stream, listen_socket};
 use super::{
     Capabilities, Flow, FlowConfig, FlowError, Listener, Receiver, Sender, Transport,
-    TransportError,
+    TransportError, Unavailable,
 };
 use io_uring::{opcode, squeue, types, IoUring};
 use netgap_core::spec::{Mode, TransportOptions};
@@ -107,7 +107,7 @@ const SOCKET: types::Fixed = types::Fixed(0);
 pub struct Uring;
 
 /// Why io_uring cannot be used here, probed once per process.
-static AVAILABILITY: OnceLock<Result<(), String>> = OnceLock::new();
+static AVAILABILITY: OnceLock<Result<(), Unavailable>> = OnceLock::new();
 
 /// An I/O error's text without the " (os error N)" suffix.
 fn plain(e: &io::Error) -> String {
@@ -139,22 +139,21 @@ fn describe_setup_error(e: &io::Error, disabled: Option<u32>) -> String {
 }
 
 /// Creates a tiny ring and runs one no-op through it.
-fn probe() -> Result<(), String> {
+fn probe() -> Result<(), Unavailable> {
     let disabled = std::fs::read_to_string("/proc/sys/kernel/io_uring_disabled")
         .ok()
         .and_then(|s| s.trim().parse::<u32>().ok());
     if disabled == Some(2) {
-        return Err(
-            "io_uring is disabled on this host (/proc/sys/kernel/io_uring_disabled is 2)"
-                .to_string(),
-        );
+        return Err(Unavailable(
+            "io_uring is disabled on this host (/proc/sys/kernel/io_uring_disabled is 2)".into(),
+        ));
     }
-    let mut ring = IoUring::new(2).map_err(|e| describe_setup_error(&e, disabled))?;
+    let mut ring = IoUring::new(2).map_err(|e| Unavailable(describe_setup_error(&e, disabled)))?;
     if !ring.params().is_feature_ext_arg() {
-        return Err(
+        return Err(Unavailable(
             "kernel io_uring too old: no IORING_FEAT_EXT_ARG for timed waits (needs Linux 5.11)"
-                .to_string(),
-        );
+                .into(),
+        ));
     }
     let mut ops = io_uring::Probe::new();
     if ring.submitter().register_probe(&mut ops).is_ok() {
@@ -164,24 +163,26 @@ fn probe() -> Result<(), String> {
             (opcode::AsyncCancel::CODE, "IORING_OP_ASYNC_CANCEL"),
         ] {
             if !ops.is_supported(code) {
-                return Err(format!("kernel io_uring lacks {name}"));
+                return Err(Unavailable(format!("kernel io_uring lacks {name}")));
             }
         }
     }
     let nop = opcode::Nop::new().build().user_data(7);
     // SAFETY: a no-op carries no buffer.
     unsafe { ring.submission().push(&nop) }
-        .map_err(|_| "io_uring probe: submission queue full".to_string())?;
+        .map_err(|_| Unavailable("io_uring probe: submission queue full".into()))?;
     ring.submit_and_wait(1).map_err(|e| {
-        format!(
+        Unavailable(format!(
             "io_uring_enter refused: {} (a sandbox forbids it)",
             plain(&e)
-        )
+        ))
     })?;
     let done = ring.completion().next().map(|c| c.user_data());
     match done {
         Some(7) => Ok(()),
-        _ => Err("io_uring probe: the no-op did not complete".to_string()),
+        _ => Err(Unavailable(
+            "io_uring probe: the no-op did not complete".into(),
+        )),
     }
 }
 
@@ -832,7 +833,7 @@ impl Transport for Uring {
 
     /// `Err` when io_uring is disabled, missing, refused by a sandbox or too
     /// old; probed once per process.
-    fn availability(&self) -> Result<(), String> {
+    fn availability(&self) -> Result<(), Unavailable> {
         AVAILABILITY.get_or_init(probe).clone()
     }
 
@@ -1112,7 +1113,7 @@ mod tests {
         let a = Uring.availability();
         assert_eq!(a, Uring.availability());
         if let Err(why) = a {
-            assert!(!why.contains('\n'));
+            assert!(!why.0.contains('\n'));
         }
     }
 }
