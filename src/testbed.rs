@@ -584,11 +584,22 @@ fn start_agent(dir: &Path, p: &Params, h: &HostEntry) -> Result<u32, TestbedErro
         .stdin(Stdio::null())
         .stdout(log)
         .stderr(log2);
-    // SAFETY: setsid is async-signal-safe and touches no memory of the
-    // parent; it detaches the agent from our terminal and process group.
+    // The agent gets a UTS namespace of its own named after its host, so the
+    // host facts it records (and every report's environment table) tell the
+    // testbed's hosts apart.
+    let hostname = h.name.clone().into_bytes();
+    // SAFETY: setsid, unshare and sethostname are async-signal-safe system
+    // calls; `hostname` was allocated before the fork and is only read. They
+    // detach the agent from our terminal and process group and give it its
+    // own host name; the namespace needs root, which the testbed has.
     unsafe {
-        cmd.pre_exec(|| {
+        cmd.pre_exec(move || {
             libc::setsid();
+            if libc::unshare(libc::CLONE_NEWUTS) != 0
+                || libc::sethostname(hostname.as_ptr().cast(), hostname.len()) != 0
+            {
+                return Err(io::Error::last_os_error());
+            }
             Ok(())
         });
     }
