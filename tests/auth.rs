@@ -2,69 +2,18 @@
 //! as agent and coordinator on loopback, and hand-made handshakes (a wrong
 //! key, a replayed proof, clients that never authenticate) against it.
 
-use assert_cmd::cargo::CommandCargoExt;
+mod common;
+use common::{netgap, new_key_file as key_file, AgentProc as Agent};
 use netgap::control::{ControlAddr, ControlConn};
 use netgap::proto::auth::{AuthFrame, CoordinatorHandshake, Key};
 use netgap::proto::codec::decode_reply;
 use netgap::proto::message::Reply;
 use serde_json::Value;
-use std::io::{BufRead, BufReader};
 use std::net::TcpStream;
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::Stdio;
 use std::time::{Duration, Instant};
-
-fn netgap() -> Command {
-    Command::cargo_bin("netgap").expect("binary built")
-}
-
-/// A keyed `netgap serve` on an ephemeral loopback port, killed on drop.
-struct Agent {
-    child: Child,
-    addr: String,
-}
-
-impl Agent {
-    fn start(extra: &[&str]) -> Agent {
-        let mut child = netgap()
-            .args(["serve", "--bind", "127.0.0.1", "--port", "0"])
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("agent starts");
-        let stdout = child.stdout.take().expect("stdout piped");
-        let mut line = String::new();
-        BufReader::new(stdout)
-            .read_line(&mut line)
-            .expect("agent prints its address");
-        let addr = line
-            .split_whitespace()
-            .find(|w| w.starts_with("127.0.0.1:"))
-            .unwrap_or_else(|| panic!("address in {line:?}"))
-            .to_string();
-        Agent { child, addr }
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn key_file(dir: &Path, name: &str) -> PathBuf {
-    let path = dir.join(name);
-    let out = netgap()
-        .args(["key", "new"])
-        .arg(&path)
-        .output()
-        .expect("netgap key new");
-    assert!(out.status.success(), "{out:?}");
-    path
-}
 
 fn read_key(path: &Path) -> Key {
     Key::from_bytes(std::fs::read(path).expect("key")).expect("a valid key")
@@ -95,7 +44,7 @@ fn the_right_key_runs_and_every_mismatch_is_one_clear_line() {
     let dir = tempfile::tempdir().expect("tempdir");
     let key = key_file(dir.path(), "key");
     let other = key_file(dir.path(), "other");
-    let agent = Agent::start(&["--key", key.to_str().expect("utf8")]);
+    let agent = Agent::start_with("127.0.0.1", &["--key", key.to_str().expect("utf8")]);
     let json = dir.path().join("r.jsonl");
 
     let out = run_point(&agent, Some(&key), &json, "64");
@@ -118,7 +67,7 @@ fn the_right_key_runs_and_every_mismatch_is_one_clear_line() {
     assert!(out.status.success(), "{out:?}");
 
     // A keyless agent tells a keyed coordinator so.
-    let keyless = Agent::start(&[]);
+    let keyless = Agent::start_with("127.0.0.1", &[]);
     one_error_line(
         &run_point(&keyless, Some(&key), &json, "64"),
         "runs without a key",
@@ -185,7 +134,7 @@ fn a_replayed_proof_is_refused() {
     let dir = tempfile::tempdir().expect("tempdir");
     let key_path = key_file(dir.path(), "key");
     let key = read_key(&key_path);
-    let agent = Agent::start(&["--key", key_path.to_str().expect("utf8")]);
+    let agent = Agent::start_with("127.0.0.1", &["--key", key_path.to_str().expect("utf8")]);
 
     // A real handshake; an eavesdropper records the coordinator's response.
     let (mut conn, challenge) = raw_challenge(&agent);
@@ -218,7 +167,7 @@ fn a_replayed_proof_is_refused() {
 fn a_wrong_key_gets_no_request_parsed() {
     let dir = tempfile::tempdir().expect("tempdir");
     let key_path = key_file(dir.path(), "key");
-    let agent = Agent::start(&["--key", key_path.to_str().expect("utf8")]);
+    let agent = Agent::start_with("127.0.0.1", &["--key", key_path.to_str().expect("utf8")]);
     let wrong = Key::from_bytes(vec![9; 32]).expect("key");
     let (mut conn, challenge) = raw_challenge(&agent);
     let mut hs = CoordinatorHandshake::new(wrong, [1; 32]);
@@ -244,7 +193,7 @@ fn a_wrong_key_gets_no_request_parsed() {
 fn clients_that_never_authenticate_hold_no_capacity() {
     let dir = tempfile::tempdir().expect("tempdir");
     let key = key_file(dir.path(), "key");
-    let agent = Agent::start(&["--key", key.to_str().expect("utf8")]);
+    let agent = Agent::start_with("127.0.0.1", &["--key", key.to_str().expect("utf8")]);
     // More silent connections than the agent shakes hands with at once.
     let idle: Vec<TcpStream> = (0..netgap::agent::MAX_HANDSHAKES + 4)
         .map(|_| TcpStream::connect(&agent.addr).expect("connect"))
@@ -269,16 +218,19 @@ fn clients_that_never_authenticate_hold_no_capacity() {
 fn requests_past_the_agent_limits_are_refused_before_any_data_socket() {
     let dir = tempfile::tempdir().expect("tempdir");
     let key = key_file(dir.path(), "key");
-    let agent = Agent::start(&[
-        "--key",
-        key.to_str().expect("utf8"),
-        "--max-message",
-        "1K",
-        "--max-duration",
-        "1s",
-        "--max-rate",
-        "0.001",
-    ]);
+    let agent = Agent::start_with(
+        "127.0.0.1",
+        &[
+            "--key",
+            key.to_str().expect("utf8"),
+            "--max-message",
+            "1K",
+            "--max-duration",
+            "1s",
+            "--max-rate",
+            "0.001",
+        ],
+    );
     let json = dir.path().join("r.jsonl");
     one_error_line(&run_point(&agent, Some(&key), &json, "64K"), "limits");
     // 0.001 Gbit/s for 1 s is 125,000 bytes: 50 x 1 KiB fits, a long

@@ -3,13 +3,15 @@
 //! intended change), the structure of the page, `--images`, and the errors
 //! a user meets.
 
-use assert_cmd::cargo::CommandCargoExt;
+mod common;
 use netgap::report::{gap, load, Report};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+/// The binary, run from the repository so the fixtures' relative paths
+/// resolve.
 fn netgap() -> Command {
-    let mut c = Command::cargo_bin("netgap").expect("binary built");
+    let mut c = common::netgap();
     c.current_dir(env!("CARGO_MANIFEST_DIR"));
     c
 }

@@ -1,33 +1,10 @@
 //! `netgap sweep`, `netgap logp` and `--ci` end to end: the real binary with
 //! its in-process agent on loopback, asserting on the JSON records.
 
-use assert_cmd::cargo::CommandCargoExt;
+mod common;
+use common::{fails_with_one_line, netgap, read_records, run_ok};
 use netgap::sizing::{sweep_sizes, Growth};
 use serde_json::Value;
-use std::path::Path;
-use std::process::{Command, Output};
-
-fn netgap() -> Command {
-    Command::cargo_bin("netgap").expect("binary built")
-}
-
-fn read_records(path: &Path) -> Vec<Value> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("every line is JSON"))
-        .collect()
-}
-
-fn run_ok(cmd: &mut Command) -> Output {
-    let out = cmd.output().expect("runs");
-    assert!(
-        out.status.success(),
-        "{cmd:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
 
 fn f(r: &Value, key: &str) -> f64 {
     r[key].as_f64().unwrap_or_else(|| panic!("{key} in {r}"))
@@ -328,20 +305,6 @@ fn a_sweep_with_ci_records_its_target() {
     for r in read_records(&json) {
         assert!(r["ci_target"]["met"].is_boolean(), "{r}");
     }
-}
-
-/// Runs netgap with `args`, expecting failure with one line on stderr
-/// containing `needle`.
-fn fails_with_one_line(args: &[&str], needle: &str) {
-    let out = netgap().args(args).output().expect("runs");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{args:?} should fail");
-    assert_eq!(stderr.trim_end().lines().count(), 1, "{args:?}: {stderr}");
-    assert!(
-        stderr.contains(needle),
-        "{args:?}: {stderr:?} lacks {needle:?}"
-    );
-    assert!(!stderr.contains("panicked"), "{stderr}");
 }
 
 #[test]

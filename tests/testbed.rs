@@ -6,58 +6,14 @@
 //! Without root, `ip` or network namespaces these tests print why and pass,
 //! unless NETGAP_REQUIRE_SYSTEM_TESTS=1 (as in CI), where that is a failure.
 
-use assert_cmd::cargo::CommandCargoExt;
+mod common;
+use common::{netgap, netgap_path, ok, read_records as records, system_ready};
 use netgap::cluster::HostsFile;
 use serde_json::Value;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-
-fn netgap() -> Command {
-    Command::cargo_bin("netgap").expect("binary built")
-}
-
-fn netgap_path() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_netgap"))
-}
-
-/// Whether the system can run a testbed; if not, says why (and fails when
-/// system tests are required).
-fn system_ready(test: &str) -> bool {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let missing = if unsafe { libc::geteuid() } != 0 {
-        Some("not root")
-    } else if !Path::new("/proc/self/ns/net").exists() {
-        Some("no network namespaces")
-    } else if Command::new("ip").arg("-V").output().is_err() {
-        Some("iproute2 (ip) is not installed")
-    } else if Command::new("tc").arg("-V").output().is_err() {
-        Some("iproute2 (tc) is not installed")
-    } else {
-        None
-    };
-    match missing {
-        None => true,
-        Some(why) => {
-            if std::env::var("NETGAP_REQUIRE_SYSTEM_TESTS").as_deref() == Ok("1") {
-                panic!("{test}: {why}, but NETGAP_REQUIRE_SYSTEM_TESTS=1");
-            }
-            eprintln!("skipping {test}: {why}");
-            false
-        }
-    }
-}
-
-fn ok(out: Output) -> String {
-    assert!(
-        out.status.success(),
-        "failed: {}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
 
 fn sh(program: &str, args: &[&str]) -> String {
     ok(Command::new(program)
@@ -150,14 +106,6 @@ impl Drop for Testbed {
             .args(["testbed", "down", "--name", &self.name])
             .output();
     }
-}
-
-fn records(path: &Path) -> Vec<Value> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("JSON line"))
-        .collect()
 }
 
 /// TX and RX byte counters of `dev` in namespace `ns`.

@@ -1,13 +1,14 @@
 //! Pieces the integration tests share: the binary, a real agent process on
-//! loopback that is killed on drop, and reading a results file.
+//! loopback that is killed on drop, keys, reading a results file, checking
+//! a run's outcome, and whether the system can run a testbed.
 
 #![allow(dead_code, reason = "each test file uses its own subset")]
 
 use assert_cmd::cargo::CommandCargoExt;
 use serde_json::Value;
 use std::io::{BufRead, BufReader};
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
 
 /// The `netgap` binary under test.
 pub fn netgap() -> Command {
@@ -42,11 +43,11 @@ impl AgentProc {
         BufReader::new(stdout)
             .read_line(&mut line)
             .expect("agent prints its address");
+        // "netgap agent VERSION listening on ADDR[ (key required)]"
         let addr = line
-            .trim()
-            .rsplit(' ')
-            .next()
-            .expect("address at the end")
+            .split_once("listening on ")
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .unwrap_or_else(|| panic!("address in {line:?}"))
             .to_string();
         AgentProc { child, addr }
     }
@@ -71,4 +72,86 @@ pub fn read_records(path: &Path) -> Vec<Value> {
         .lines()
         .map(|l| serde_json::from_str(l).expect("every line is JSON"))
         .collect()
+}
+
+/// The path of the `netgap` binary under test, for commands run through
+/// another program (`ip netns exec`).
+pub fn netgap_path() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_netgap"))
+}
+
+/// A new key file `name` in `dir`, made by `netgap key new`.
+pub fn new_key_file(dir: &Path, name: &str) -> PathBuf {
+    let path = dir.join(name);
+    let out = netgap()
+        .args(["key", "new"])
+        .arg(&path)
+        .output()
+        .expect("netgap key new");
+    assert!(out.status.success(), "{out:?}");
+    path
+}
+
+/// Runs `cmd`, which must succeed; its output.
+pub fn run_ok(cmd: &mut Command) -> Output {
+    let out = cmd.output().expect("runs");
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// The standard output of a command that must have succeeded.
+pub fn ok(out: Output) -> String {
+    assert!(
+        out.status.success(),
+        "failed: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Runs `netgap ARGS`, which must fail with one line on standard error
+/// that holds `needle`, and no panic.
+pub fn fails_with_one_line(args: &[&str], needle: &str) {
+    let out = netgap().args(args).output().expect("runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{args:?} should fail");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{args:?}: {stderr}");
+    assert!(
+        stderr.contains(needle),
+        "{args:?}: {stderr:?} lacks {needle:?}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+/// Whether the system can run a testbed (root, network namespaces,
+/// iproute2); if not, says why, and fails when system tests are required
+/// (`NETGAP_REQUIRE_SYSTEM_TESTS=1`, as CI sets it).
+pub fn system_ready(test: &str) -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let missing = if unsafe { libc::geteuid() } != 0 {
+        Some("not root")
+    } else if !Path::new("/proc/self/ns/net").exists() {
+        Some("no network namespaces")
+    } else if Command::new("ip").arg("-V").output().is_err() {
+        Some("iproute2 (ip) is not installed")
+    } else if Command::new("tc").arg("-V").output().is_err() {
+        Some("iproute2 (tc) is not installed")
+    } else {
+        None
+    };
+    match missing {
+        None => true,
+        Some(why) => {
+            if std::env::var("NETGAP_REQUIRE_SYSTEM_TESTS").as_deref() == Ok("1") {
+                panic!("{test}: {why}, but NETGAP_REQUIRE_SYSTEM_TESTS=1");
+            }
+            eprintln!("skipping {test}: {why}");
+            false
+        }
+    }
 }
