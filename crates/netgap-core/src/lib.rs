@@ -9,6 +9,7 @@ pub mod datagram;
 pub mod dropout;
 pub mod host;
 pub mod record;
+pub mod registry;
 pub mod sizing;
 pub mod spec;
 pub mod stats;

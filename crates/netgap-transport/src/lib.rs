@@ -340,14 +340,16 @@ pub fn registry() -> &'static [&'static dyn Transport] {
 
 /// The transport called `name`, if there is one.
 pub fn find(name: &str) -> Option<&'static dyn Transport> {
-    registry().iter().copied().find(|t| t.name() == name)
+    netgap_core::registry::find(registry(), name)
 }
 
 /// Names of all transports, comma separated, for error messages.
 pub fn names() -> String {
-    registry()
-        .iter()
-        .map(|t| t.name())
-        .collect::<Vec<_>>()
-        .join(", ")
+    netgap_core::registry::names(registry())
+}
+
+impl netgap_core::registry::Named for dyn Transport {
+    fn name(&self) -> &'static str {
+        Transport::name(self)
+    }
 }

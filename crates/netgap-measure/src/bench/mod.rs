@@ -136,16 +136,18 @@ pub fn registry() -> &'static [&'static dyn Test] {
 
 /// The test called `name`, if there is one.
 pub fn find(name: &str) -> Option<&'static dyn Test> {
-    registry().iter().copied().find(|t| t.name() == name)
+    netgap_core::registry::find(registry(), name)
 }
 
 /// Names of all tests, comma separated, for error messages.
 pub fn names() -> String {
-    registry()
-        .iter()
-        .map(|t| t.name())
-        .collect::<Vec<_>>()
-        .join(", ")
+    netgap_core::registry::names(registry())
+}
+
+impl netgap_core::registry::Named for dyn Test {
+    fn name(&self) -> &'static str {
+        Test::name(self)
+    }
 }
 
 /// A message buffer of `size_bytes` filled with a fixed pattern, so pages are

@@ -100,6 +100,12 @@ pub fn registry() -> &'static [&'static dyn Importer] {
     ]
 }
 
+impl netgap_core::registry::Named for dyn Importer {
+    fn name(&self) -> &'static str {
+        Importer::name(self)
+    }
+}
+
 /// The names of the importers.
 pub fn names() -> Vec<&'static str> {
     registry().iter().map(|i| i.name()).collect()
@@ -113,9 +119,7 @@ pub fn import_file(
     path: &Path,
     size_bytes: Option<u64>,
 ) -> Result<Vec<ResultRecord>, ImportError> {
-    let importer = registry()
-        .iter()
-        .find(|i| i.name() == format)
+    let importer = netgap_core::registry::find(registry(), format)
         .ok_or_else(|| ImportError::UnknownFormat(format.to_string()))?;
     let read_err = |source| ImportError::Read {
         path: path.to_path_buf(),
