@@ -231,6 +231,20 @@ impl Coordinator {
         Ok(m)
     }
 
+    /// Measures one point of `plan` and builds its record; `on_rep` is
+    /// called after each measured repetition.
+    pub fn measure_record(
+        &mut self,
+        spec: &PointSpec,
+        plan: &Plan,
+        on_rep: &mut dyn FnMut(u32),
+    ) -> Result<(PointMeasurement, ResultRecord), PointError> {
+        let started = SystemTime::now();
+        let m = self.measure(spec, &plan.method, on_rep)?;
+        let record = build_record(spec, &m, plan, &self.local_host, &self.peer_host, started)?;
+        Ok((m, record))
+    }
+
     /// Ends the session politely.
     pub fn bye(mut self) {
         let bye = self.session.bye();
@@ -483,20 +497,9 @@ pub fn run_plan(
         sinks,
         observer,
         |spec, observer| {
-            let started = SystemTime::now();
-            let record = coord
-                .measure(spec, &plan.method, &mut |rep| observer.rep_done(rep))
-                .and_then(|m| {
-                    build_record(
-                        spec,
-                        &m,
-                        plan,
-                        coord.local_host(),
-                        coord.peer_host(),
-                        started,
-                    )
-                })
-                .map_err(|detail| CoordError::point(spec, &spec.test, detail))?;
+            let (_, record) = coord
+                .measure_record(spec, plan, &mut |rep| observer.rep_done(rep))
+                .map_err(|e| CoordError::point(spec, &spec.test, e))?;
             Ok::<_, CoordError>(vec![record])
         },
     )?;

@@ -14,7 +14,7 @@
 //! `recv_overhead_us`, `gap_us` or `latency_us`) with the full spread of
 //! its repetitions, written as soon as it is known.
 
-use crate::coordinator::{build_record, open_session, CoordError, PointError};
+use crate::coordinator::{open_session, CoordError, PointError};
 use crate::plan::{Plan, PlanError};
 use crate::point_loop::{run_points, Observer};
 use crate::sink::RecordSink;
@@ -24,7 +24,6 @@ use netgap_core::spec::PointSpec;
 use netgap_core::stats::{noise_warning, Summary, NOISY_CV};
 use netgap_core::units::format_size;
 use std::io::Write;
-use std::time::SystemTime;
 
 /// The method, shown by `netgap logp --help`.
 pub const HELP: &str = "\
@@ -235,19 +234,9 @@ pub fn run_logp(
         |spec, _| -> Result<Vec<ResultRecord>, CoordError> {
             let point_err =
                 |detail| CoordError::point(spec, &format!("logp ({})", spec.test), detail);
-            let started = SystemTime::now();
-            let m = coord
-                .measure(spec, &plan.run.method, &mut |_| {})
+            let (m, base) = coord
+                .measure_record(spec, &plan.run, &mut |_| {})
                 .map_err(point_err)?;
-            let base = build_record(
-                spec,
-                &m,
-                &plan.run,
-                coord.local_host(),
-                coord.peer_host(),
-                started,
-            )
-            .map_err(point_err)?;
             let reps: Vec<f64> = m.reps.iter().map(|r| r.client.value).collect();
             if spec.test == "logp-rtt" {
                 let l = latency_reps(

@@ -16,7 +16,7 @@
 //! Flags are validated by building a `netgap run` [`Plan`] from them, so a
 //! sweep accepts exactly what a run accepts for the same transport.
 
-use crate::coordinator::{build_record, open_session, CoordError, PointError};
+use crate::coordinator::{open_session, CoordError, PointError};
 use crate::plan::{Plan, PlanError, RunArgs};
 use crate::point_loop::{run_points, Observer};
 use crate::sink::RecordSink;
@@ -28,7 +28,7 @@ use netgap_core::stats::{noise_warning, Summary, NOISY_CV};
 use netgap_core::units::{format_size, parse_duration, parse_size_bytes};
 use std::io::Write;
 use std::path::PathBuf;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 /// The method, shown by `netgap sweep --help`.
 pub const HELP: &str = "\
@@ -461,20 +461,9 @@ pub fn run_sweep(
                 group = Some(key.clone());
             }
             let mut measure_once = |spec: &PointSpec| -> Result<ResultRecord, CoordError> {
-                let started = SystemTime::now();
                 coord
-                    .measure(spec, &plan.run.method, &mut |_| {})
-                    .and_then(|m| {
-                        build_record(
-                            spec,
-                            &m,
-                            &plan.run,
-                            coord.local_host(),
-                            coord.peer_host(),
-                            started,
-                        )
-                    })
-                    .and_then(|base| sweep_record(plan.kind, base))
+                    .measure_record(spec, &plan.run, &mut |_| {})
+                    .and_then(|(_, base)| sweep_record(plan.kind, base))
                     .map_err(|detail| CoordError::point(spec, &test, detail))
             };
             let mut record = measure_once(spec)?;
