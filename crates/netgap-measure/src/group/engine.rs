@@ -44,8 +44,12 @@ pub struct EngineResult {
 fn config(spec: &GroupSpec) -> EngineConfig {
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     EngineConfig {
-        workers: cpus.clamp(1, MAX_WORKERS),
-        io_timeout: Duration::from_millis(u64::from(spec.point.io_timeout_ms.max(1))),
+        mode: spec.point.mode,
+        options: spec.point.options.clone(),
+        ..EngineConfig::tcp(
+            cpus.clamp(1, MAX_WORKERS),
+            Duration::from_millis(u64::from(spec.point.io_timeout_ms.max(1))),
+        )
     }
 }
 

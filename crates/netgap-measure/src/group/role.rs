@@ -177,15 +177,7 @@ pub fn connect(spec: GroupSpec) -> Result<PreparedRole, String> {
     for i in 0..spec.flows as usize {
         let target = per_flow(&spec.targets, i).ok_or("no target")?;
         let flow = match per_flow(&spec.bind_ips, i) {
-            Some(local) if t.name() == "tcp" => {
-                transport::tcp::connect_from(&config, &target, local)
-            }
-            Some(_) => {
-                return Err(format!(
-                    "binding flows to a local address needs tcp, not {}",
-                    t.name()
-                ))
-            }
+            Some(local) => t.connect_from(&config, &target, local),
             None => t.connect(&config, &target),
         }
         .map_err(|e| format!("flow {i}: {e}"))?;
