@@ -55,10 +55,7 @@ fn main() -> Result<()> {
         "serve" => {
             let work = work(&arg(1, "mode")?)?;
             let addr = arg(2, "address")?.parse().context("address")?;
-            let cfg = EngineConfig {
-                workers: workers(3)?,
-                io_timeout: Duration::from_secs(10),
-            };
+            let cfg = EngineConfig::tcp(workers(3)?, Duration::from_secs(10));
             let server = FlowServer::bind(addr, work, cfg)?;
             println!("listening on {}", server.local_addr());
             let mut line = String::new();
@@ -78,10 +75,7 @@ fn main() -> Result<()> {
             let target = arg(2, "address")?.parse().context("address")?;
             let flows: usize = arg(3, "flows")?.parse().context("flows")?;
             let seconds: f64 = arg(4, "seconds")?.parse().context("seconds")?;
-            let cfg = EngineConfig {
-                workers: workers(5)?,
-                io_timeout: Duration::from_secs(10),
-            };
+            let cfg = EngineConfig::tcp(workers(5)?, Duration::from_secs(10));
             let spec = ClientSpec {
                 target,
                 flows,

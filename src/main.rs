@@ -380,8 +380,13 @@ fn list() {
     }
     println!();
     println!("multi-host tests (--hosts, --clients, -P, --duration):");
-    for t in netgap::group::registry() {
-        println!("  {:<14} {:<17} {}", t.name, t.metric.key(), t.summary);
+    for t in netgap::workload::registry() {
+        println!(
+            "  {:<14} {:<17} {}",
+            t.name(),
+            t.metric().key(),
+            t.summary()
+        );
     }
     println!();
     println!("transports:");

@@ -136,10 +136,7 @@ fn server_child() {
         _ => return,
     };
     let rss_before = status_kib("VmRSS:");
-    let cfg = EngineConfig {
-        workers: 2,
-        io_timeout: Duration::from_secs(10),
-    };
+    let cfg = EngineConfig::tcp(2, Duration::from_secs(10));
     let server = FlowServer::bind("127.0.0.1:0".parse().unwrap(), work, cfg).unwrap();
     println!("ADDR {}", server.local_addr());
     let mut line = String::new();
@@ -166,10 +163,7 @@ fn ten_thousand_flows_pingpong_and_connect_with_bounded_memory() {
         eprintln!("skipping the 10,000-flow test: {e}");
         return;
     }
-    let cfg = EngineConfig {
-        workers: 2,
-        io_timeout: Duration::from_secs(10),
-    };
+    let cfg = EngineConfig::tcp(2, Duration::from_secs(10));
     let rss_before = status_kib("VmRSS:");
 
     let t0 = Instant::now();

@@ -232,7 +232,9 @@ fn bad_group_flags_are_one_line_errors() {
         (vec!["run", "fanin", "--clients", "5000"], "--clients"),
         (vec!["run", "fanin", "--duration", "3h"], "--duration"),
         (vec!["run", "fanin,pingpong"], "cannot be mixed"),
-        (vec!["run", "hotspot", "-t", "udp"], "tcp only"),
+        (vec!["run", "hotspot", "-t", "udp"], "flow engine"),
+        (vec!["run", "connect", "--cork"], "--cork"),
+        (vec!["run", "multirail", "-t", "udp"], "binds each flow"),
         (vec!["run", "fanin", "--hosts", "127.0.0.1"], "--hosts"),
     ] {
         let out = netgap().args(&args).output().expect("netgap runs");
@@ -277,7 +279,7 @@ fn prepare_raw(agent: &AgentProc, spec: netgap::proto::group::GroupSpec) -> netg
 }
 
 fn raw_spec(target: &str) -> netgap::proto::group::GroupSpec {
-    use netgap::proto::group::{Direction, GroupRole, GroupSpec, GroupWork};
+    use netgap::proto::group::{GroupRole, GroupSpec};
     use netgap::spec::{Mode, PointSpec, TransportOptions};
     GroupSpec {
         point: PointSpec {
@@ -291,10 +293,7 @@ fn raw_spec(target: &str) -> netgap::proto::group::GroupSpec {
             verify: false,
         },
         role: GroupRole::Client,
-        work: GroupWork::Stream {
-            size_bytes: 1024,
-            direction: Direction::ToServer,
-        },
+        params: serde_json::json!({}),
         flows: 1,
         listen_ips: vec![],
         targets: vec![target.into()],
@@ -339,6 +338,33 @@ fn agent_refuses_parameters_past_its_limits_before_any_data_socket() {
             },
             "not a host of this session",
         ),
+        (
+            {
+                let mut s = raw_spec(&target);
+                s.point.test = "nosuchload".into();
+                s
+            },
+            "unknown workload \"nosuchload\"",
+        ),
+        (
+            {
+                // A field the workload does not know is refused by its own
+                // parameter type.
+                let mut s = raw_spec(&target);
+                s.params = serde_json::json!({"direction": "from_server"});
+                s
+            },
+            "fanin: bad parameters",
+        ),
+        (
+            {
+                let mut s = raw_spec(&target);
+                s.point.test = "connect".into();
+                s.params = serde_json::json!({"request_bytes": "many"});
+                s
+            },
+            "connect: bad parameters",
+        ),
     ];
     for (spec, want) in cases {
         match prepare_raw(&agent, spec) {
@@ -359,7 +385,6 @@ fn agent_refuses_parameters_past_its_limits_before_any_data_socket() {
 
 #[test]
 fn agent_refuses_group_roles_past_its_own_limits_before_any_data_socket() {
-    use netgap::proto::group::GroupWork;
     use netgap::proto::Reply;
     let bait = std::net::TcpListener::bind("127.0.0.2:0").expect("bait listener");
     bait.set_nonblocking(true).expect("nonblocking");
@@ -382,11 +407,17 @@ fn agent_refuses_group_roles_past_its_own_limits_before_any_data_socket() {
     too_long.warmup_ms = 500;
     too_long.duration_ms = 600;
     let mut too_big = raw_spec(&target);
-    too_big.work = GroupWork::PingPong { size_bytes: 8192 };
+    too_big.point.test = "hotspot".into();
+    too_big.point.size_bytes = 8192;
+    // A size inside the workload's own parameters meets the same limit.
+    let mut too_big_reply = raw_spec(&target);
+    too_big_reply.point.test = "connect".into();
+    too_big_reply.params = serde_json::json!({"request_bytes": 1, "reply_bytes": 8192});
     let cases = [
         (too_many, "3 flows"),
         (too_long, "longest this agent allows"),
         (too_big, "8192-byte messages"),
+        (too_big_reply, "8192-byte messages"),
     ];
     for (spec, want) in cases {
         match prepare_raw(&agent, spec) {
@@ -405,6 +436,90 @@ fn agent_refuses_group_roles_past_its_own_limits_before_any_data_socket() {
         Reply::GroupReady => {}
         other => panic!("expected ready, got {other:?}"),
     }
+}
+
+/// `hotspot` and `connect` over `transport` in `mode` against real agents:
+/// the record says how it was measured, and every flow's bytes add up.
+fn engine_workloads_over(transport: &str, mode: &str) {
+    let agents = agents(2);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json = dir.path().join("r.jsonl");
+    let hosts = hosts_arg(&agents);
+    run_ok(&[
+        "run",
+        "hotspot,connect",
+        "--hosts",
+        &hosts,
+        "--clients",
+        "3",
+        "-t",
+        transport,
+        "--mode",
+        mode,
+        "--sizes",
+        "100",
+        "--reps",
+        "1",
+        "--duration",
+        "200ms",
+        "--json",
+        json.to_str().expect("utf-8 path"),
+    ]);
+    let records = read_records(&json);
+    assert_eq!(records.len(), 2);
+    for r in &records {
+        assert_eq!(r["transport"], transport, "{r}");
+        assert_eq!(r["mode"], mode, "{r}");
+        assert_eq!(u(&r["clients"]), 3);
+        let flows = r["flows"].as_array().expect("flows");
+        assert_eq!(flows.len(), 3);
+        for (i, f) in flows.iter().enumerate() {
+            assert_eq!(f["host"], agents[1 + i % 2].addr.as_str(), "flow {i}");
+            assert!(u(&f["bytes_tx"]) > 0, "flow {i} sent nothing: {f}");
+            assert!(f["value"].as_f64().expect("value") > 0.0, "{f}");
+        }
+        // What the clients sent the server received, and the other way.
+        let b = |k: &str| u(&r["bytes"][k]);
+        assert_eq!(b("client_tx"), b("server_rx"), "{r}");
+        assert_eq!(b("server_tx"), b("client_rx"), "{r}");
+        let sent: u64 = flows.iter().map(|f| u(&f["bytes_tx"])).sum();
+        assert_eq!(sent, b("client_tx"));
+    }
+    let (hotspot, connect) = (&records[0], &records[1]);
+    assert_eq!(hotspot["test"], "hotspot");
+    assert_eq!(hotspot["metric"], "latency_us");
+    // Every round trip finished: each flow got back what it sent.
+    for f in hotspot["flows"].as_array().expect("flows") {
+        assert_eq!(f["bytes_tx"], f["bytes_rx"], "{f}");
+        assert_eq!(u(&f["bytes_tx"]) % 100, 0, "{f}");
+    }
+    assert_eq!(connect["test"], "connect");
+    assert_eq!(connect["metric"], "connections_per_s");
+    // Whole connections: a 100-byte request for every 100-byte reply.
+    for f in connect["flows"].as_array().expect("flows") {
+        assert_eq!(f["bytes_tx"], f["bytes_rx"], "{f}");
+    }
+}
+
+#[test]
+fn hotspot_and_connect_run_over_uring() {
+    if let Err(why) = netgap::transport::find("uring")
+        .expect("uring is a transport")
+        .availability()
+    {
+        assert!(
+            std::env::var("NETGAP_REQUIRE_SYSTEM_TESTS").as_deref() != Ok("1"),
+            "NETGAP_REQUIRE_SYSTEM_TESTS=1 but uring is not available: {why}"
+        );
+        eprintln!("skipping: uring not available here: {why}");
+        return;
+    }
+    engine_workloads_over("uring", "event");
+}
+
+#[test]
+fn hotspot_and_connect_honour_poll_mode() {
+    engine_workloads_over("tcp", "poll");
 }
 
 /// How a client host fails mid-run.

@@ -245,6 +245,25 @@ fn every_multi_host_test_runs_through_a_four_host_switch_testbed() {
     assert!(b(&recs[2], "server_tx") > 0 && b(&recs[2], "client_tx") == 0);
     assert_eq!(recs[3]["metric"], "connections_per_s");
 
+    // The engine workloads cross hosts over io_uring too.
+    let ur = tb.run(
+        "hotspot,connect",
+        &[&["--clients", "3", "-t", "uring"][..], &short].concat(),
+        &dir.path().join("uring.jsonl"),
+    );
+    assert_eq!(ur.len(), 2);
+    for r in &ur {
+        assert_eq!(r["transport"], "uring", "{r}");
+        let b = |k: &str| u(&r["bytes"][k]);
+        assert!(b("client_tx") > 0, "{r}");
+        assert_eq!(b("client_tx"), b("server_rx"), "{r}");
+        assert_eq!(b("server_tx"), b("client_rx"), "{r}");
+        for (i, f) in flows(r).iter().enumerate() {
+            assert_eq!(f["host"], name(1 + i % 3).as_str(), "flow {i}");
+            assert!(f["value"].as_f64().expect("value") > 0.0, "{f}");
+        }
+    }
+
     // The agents require the key: a hosts file that does not name it
     // fails on the first host in one line, and `--key` supplies it.
     let mut keyless = hosts.clone();

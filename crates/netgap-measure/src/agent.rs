@@ -12,9 +12,11 @@
 
 use crate::bench;
 use crate::control::{ControlAddr, ControlConn, ControlError, ControlStream};
+use crate::workload::role::{self, ReadyRole, RoleContext, RoleResult};
 use netgap_core::spec::PointSpec;
 use netgap_proto::auth::{is_auth_frame, Key};
 use netgap_proto::codec::decode_request;
+use netgap_proto::group::GroupRole;
 use netgap_proto::limits::AgentLimits;
 use netgap_proto::message::{Reply, Request};
 use netgap_proto::session::{AgentAction, AgentSession};
@@ -339,7 +341,7 @@ fn run_session(
     let mut session = AgentSession::new(netgap_transport::host::collect(Some(local_ip)), !claimed);
     let mut point: Option<OpenPoint> = None;
     let mut open_size_bytes = 0u64;
-    let mut group: Option<crate::group::role::PreparedRole> = None;
+    let mut group: Option<Box<dyn ReadyRole>> = None;
     let mut request = hello;
     loop {
         // Limits first: nothing past them reaches a data socket.
@@ -394,7 +396,12 @@ fn run_session(
                 }
             }
             AgentAction::PrepareGroup(spec) => {
-                group = prepare_group(&mut conn, &mut session, spec, local_ip)?;
+                let ctx = RoleContext {
+                    spec: &spec,
+                    control_ip: local_ip,
+                    limits: &shared.limits,
+                };
+                group = prepare_group(&mut conn, &mut session, ctx)?;
             }
             AgentAction::RunGroup => {
                 let outcome = match group.take() {
@@ -427,30 +434,26 @@ fn run_session(
     }
 }
 
-/// Prepares a group role: a server listens, announces its addresses and
-/// accepts every flow; a client connects its flows. A failure is answered
-/// with an error reply and leaves the session usable; only a broken control
-/// connection ends it.
+/// Prepares a group role with the workload the point names: a server
+/// listens, announces its addresses and accepts every flow; a client
+/// connects its flows. A failure is answered with an error reply and leaves
+/// the session usable; only a broken control connection ends it.
 fn prepare_group(
     conn: &mut ControlConn,
     session: &mut AgentSession,
-    spec: netgap_proto::group::GroupSpec,
-    local_ip: IpAddr,
-) -> Result<Option<crate::group::role::PreparedRole>, SessionEnd> {
-    use crate::group::role;
-    use netgap_proto::group::GroupRole;
-    let prepared = match spec.role {
-        GroupRole::Server => match role::listen(spec, local_ip) {
-            Ok((addrs, accepting)) => {
+    ctx: RoleContext<'_>,
+) -> Result<Option<Box<dyn ReadyRole>>, SessionEnd> {
+    let prepared = match role::open(ctx) {
+        Ok(open) => {
+            if ctx.spec.role == GroupRole::Server {
                 let reply = session
-                    .group_listening(addrs)
+                    .group_listening(open.addrs())
                     .map_err(|e| SessionEnd::Refused(e.to_string()))?;
                 conn.send(&reply)?;
-                accepting.wait()
             }
-            Err(e) => Err(e),
-        },
-        GroupRole::Client => role::connect(spec),
+            open.ready()
+        }
+        Err(e) => Err(e),
     };
     match prepared {
         Ok(p) => {
@@ -460,8 +463,8 @@ fn prepare_group(
             conn.send(&reply)?;
             Ok(Some(p))
         }
-        Err(msg) => {
-            conn.send(&session.failed(&msg))?;
+        Err(e) => {
+            conn.send(&session.failed(&e.to_string()))?;
             Ok(None)
         }
     }
@@ -472,15 +475,15 @@ fn prepare_group(
 fn run_group(
     conn: &mut ControlConn,
     session: &AgentSession,
-    role: crate::group::role::PreparedRole,
-) -> Result<Result<crate::group::role::RoleResult, String>, SessionEnd> {
+    role: Box<dyn ReadyRole>,
+) -> Result<Result<RoleResult, String>, SessionEnd> {
     use netgap_proto::message::GROUP_ALIVE_INTERVAL;
     use std::sync::mpsc;
     let (tx, rx) = mpsc::channel();
     let spawned = std::thread::Builder::new()
         .name("group role".into())
         .spawn(move || {
-            let _ = tx.send(role.run());
+            let _ = tx.send(role.run().map_err(|e| e.to_string()));
         });
     if let Err(e) = spawned {
         return Ok(Err(format!("cannot start the group role: {e}")));

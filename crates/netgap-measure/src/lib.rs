@@ -1,6 +1,6 @@
 //! Measurement: what netgap measures and how. The point-to-point tests
 //! ([`bench`](mod@bench)) and the runner that times their repetitions
-//! ([`runner`]), the multi-host tests ([`group`]), the validated plans
+//! ([`runner`]), the multi-host workloads ([`workload`]) and their runs ([`group`]), the validated plans
 //! ([`plan`]), the coordinator and agent that put the control protocol on
 //! sockets ([`coordinator`], [`agent`], [`control`], [`auth`]), the sweep
 //! and LogP commands, and the sinks and table that each measured point goes
@@ -27,3 +27,4 @@ pub mod point_loop;
 pub mod runner;
 pub mod sink;
 pub mod sweep;
+pub mod workload;

@@ -3,8 +3,13 @@
 //! checks, like [`super::message`]; the session machines in
 //! [`super::session`] decide when each may come.
 //!
-//! A group point places one server role and any number of client roles on
-//! agents. Each agent gets a [`GroupSpec`] (`group_prepare`), opens or
+//! A group point runs one workload: its roles placed on agents, one role
+//! per agent. The protocol knows a workload only by name (the point's
+//! `test`) and carries its parameters as a JSON object that the workload's
+//! own module parses and checks on the agent; an agent refuses a name it
+//! does not have. A server role listens and announces its data addresses
+//! (`group_listening`); any role may connect flows to the session's hosts.
+//! Each agent gets a [`GroupSpec`] (`group_prepare`), opens or
 //! connects its flows and answers `group_ready`; the coordinator then sends
 //! `group_go` to every agent at once (the barrier), and each agent answers
 //! with its per-flow reports (`group_flows`, in chunks), its latency
@@ -54,65 +59,32 @@ impl GroupRole {
     }
 }
 
-/// Which way payload moves in a bandwidth test.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Direction {
-    /// Clients send, the server receives (multistream, fanin, multirail).
-    ToServer,
-    /// The server sends, clients receive (fanout).
-    FromServer,
-}
-
-/// What every flow of a group point does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case", deny_unknown_fields)]
-pub enum GroupWork {
-    /// Messages of `size_bytes` back to back for the whole window, one
-    /// thread per flow over any cross-host transport.
-    Stream {
-        /// Message size in bytes (the point's size).
-        size_bytes: u64,
-        /// Which end sends.
-        direction: Direction,
-    },
-    /// `size_bytes` ping-pong round trips back to back (hotspot; flows engine).
-    PingPong {
-        /// Message size in bytes.
-        size_bytes: u64,
-    },
-    /// Open, send `request_bytes`, read `reply_bytes`, close, repeatedly
-    /// (connect; flows engine).
-    Connect {
-        /// Request size in bytes.
-        request_bytes: u64,
-        /// Reply size in bytes.
-        reply_bytes: u64,
-    },
-}
-
 /// What one agent must do in a group point. Invariants (checked by
 /// [`GroupSpec::validate`]): `flows` in 1..=[`MAX_GROUP_FLOWS`], `duration_ms`
-/// in 1..=[`MAX_GROUP_DURATION_MS`], a client's `targets` are 1 or `flows`
-/// addresses and every target's IP is in `session_hosts`.
+/// in 1..=[`MAX_GROUP_DURATION_MS`], `params` a JSON object, a client has
+/// targets, per-flow lists hold 0, 1 or `flows` entries, and every target's
+/// IP is in `session_hosts`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GroupSpec {
-    /// Test, transport, mode, message size, options and inactivity timeout
-    /// of the point (`server_cpu` and `verify` are not used).
+    /// Workload (its name is `test`), transport, mode, message size,
+    /// options and inactivity timeout of the point (`server_cpu` and
+    /// `verify` are not used).
     pub point: PointSpec,
     /// The role this agent plays.
     pub role: GroupRole,
-    /// What each flow does.
-    pub work: GroupWork,
+    /// The workload's own parameters: a JSON object that only the
+    /// workload's module reads (and checks) on the agent.
+    #[serde(default = "empty_params")]
+    pub params: serde_json::Value,
     /// Flows this agent runs (a server: every client flow of the point).
     pub flows: u32,
     /// Server: the addresses to listen on, one for every flow or one for
     /// all; empty means the address the control connection arrived on.
     #[serde(default)]
     pub listen_ips: Vec<IpAddr>,
-    /// Client: the server's data addresses (`IP:PORT`), one per flow or one
-    /// for all.
+    /// The data addresses (`IP:PORT`) this role's flows connect to, one
+    /// per flow or one for all (a client must have some).
     #[serde(default)]
     pub targets: Vec<String>,
     /// Client: local addresses to connect from, one per flow or one for
@@ -126,6 +98,10 @@ pub struct GroupSpec {
     pub warmup_ms: u32,
     /// Measured window after the warm-up, in milliseconds.
     pub duration_ms: u32,
+}
+
+fn empty_params() -> serde_json::Value {
+    serde_json::Value::Object(serde_json::Map::new())
 }
 
 fn range(field: &'static str, detail: impl Into<String>) -> RangeError {
@@ -179,23 +155,13 @@ impl GroupSpec {
         per_flow("listen_ips", self.listen_ips.len(), self.flows)?;
         per_flow("targets", self.targets.len(), self.flows)?;
         per_flow("bind_ips", self.bind_ips.len(), self.flows)?;
-        let size_ok = |b: u64| netgap_core::spec::check_size(b);
-        match self.work {
-            GroupWork::Stream { size_bytes, .. } | GroupWork::PingPong { size_bytes } => {
-                size_ok(size_bytes)?
-            }
-            GroupWork::Connect {
-                request_bytes,
-                reply_bytes,
-            } => {
-                size_ok(request_bytes)?;
-                size_ok(reply_bytes)?;
-            }
+        if !self.params.is_object() {
+            return Err(range("params", "not a JSON object"));
         }
-        if self.role == GroupRole::Client {
-            if self.targets.is_empty() {
-                return Err(range("targets", "a client role needs a target"));
-            }
+        if self.role == GroupRole::Client && self.targets.is_empty() {
+            return Err(range("targets", "a client role needs a target"));
+        }
+        {
             for t in &self.targets {
                 let addr: std::net::SocketAddr = t
                     .parse()
@@ -305,10 +271,7 @@ mod tests {
                 verify: false,
             },
             role,
-            work: GroupWork::Stream {
-                size_bytes: 65536,
-                direction: Direction::ToServer,
-            },
+            params: empty_params(),
             flows: 2,
             listen_ips: vec![],
             targets: if role == GroupRole::Client {
@@ -344,6 +307,16 @@ mod tests {
         let e = s.validate().unwrap_err();
         assert_eq!(e.field, "targets");
         assert!(e.detail.contains("not a host of this session"), "{e}");
+    }
+
+    #[test]
+    fn params_are_an_object_and_a_server_targets_only_session_hosts_too() {
+        let mut s = spec(GroupRole::Client);
+        s.params = serde_json::json!([1, 2]);
+        assert_eq!(s.validate().unwrap_err().field, "params");
+        let mut s = spec(GroupRole::Server);
+        s.targets = vec!["10.9.9.9:80".into()];
+        assert_eq!(s.validate().unwrap_err().field, "targets");
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! data socket, so a coordinator cannot make an agent flood a network or
 //! hold its memory past what its operator allowed.
 
-use crate::group::{GroupSpec, GroupWork};
+use crate::group::GroupSpec;
 use netgap_core::spec::{PointSpec, MAX_SIZE_BYTES};
 use std::time::Duration;
 
@@ -125,18 +125,9 @@ impl AgentLimits {
         self.check_flows(u64::from(spec.flows))?;
         let run_ms = u64::from(spec.warmup_ms) + u64::from(spec.duration_ms);
         self.check_duration(Duration::from_millis(run_ms))?;
-        match spec.work {
-            GroupWork::Stream { size_bytes, .. } | GroupWork::PingPong { size_bytes } => {
-                self.check_message_bytes(size_bytes)
-            }
-            GroupWork::Connect {
-                request_bytes,
-                reply_bytes,
-            } => {
-                self.check_message_bytes(request_bytes)?;
-                self.check_message_bytes(reply_bytes)
-            }
-        }
+        // A workload's own sizes in its parameters are checked by its
+        // module against these same limits before any socket opens.
+        self.check_message_bytes(spec.point.size_bytes)
     }
 
     /// The most payload bytes one run may move: the highest rate held for
@@ -192,7 +183,7 @@ mod tests {
 
     #[test]
     fn group_roles_are_checked_for_flows_window_and_message_sizes() {
-        use crate::group::{Direction, GroupRole};
+        use crate::group::GroupRole;
         use netgap_core::spec::{Mode, TransportOptions};
         let l = AgentLimits {
             max_flows: 4,
@@ -212,10 +203,7 @@ mod tests {
                 verify: false,
             },
             role: GroupRole::Client,
-            work: GroupWork::Connect {
-                request_bytes: 1,
-                reply_bytes: 1024,
-            },
+            params: serde_json::json!({"request_bytes": 1, "reply_bytes": 1024}),
             flows: 4,
             listen_ips: vec![],
             targets: vec![],
@@ -233,19 +221,6 @@ mod tests {
         assert!(with(&|s| s.flows = 5).is_err_and(|e| e.0.contains("flows")));
         // The warm-up counts towards the run's length.
         assert!(with(&|s| s.warmup_ms = 201).is_err());
-        assert!(with(&|s| {
-            s.work = GroupWork::Connect {
-                request_bytes: 1,
-                reply_bytes: 1025,
-            }
-        })
-        .is_err());
-        assert!(with(&|s| {
-            s.work = GroupWork::Stream {
-                size_bytes: 2048,
-                direction: Direction::ToServer,
-            }
-        })
-        .is_err());
+        assert!(with(&|s| s.point.size_bytes = 2048).is_err());
     }
 }

@@ -9,7 +9,9 @@ use netgap_core::spec::{PointSpec, RangeError, MAX_ITERATIONS};
 use serde::{Deserialize, Serialize};
 
 /// Version of the control protocol; both ends must speak the same one.
-pub const PROTOCOL_VERSION: u32 = 1;
+/// Version 2: a group role names its workload and carries its parameters
+/// (`params`) instead of a fixed kind of work.
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// Which part of a point a repetition belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -122,6 +122,14 @@ pub enum TransportError {
         /// What is wrong with it.
         detail: String,
     },
+    /// The transport cannot do what was asked of it.
+    #[error("{transport} cannot {what}")]
+    Unsupported {
+        /// Transport name.
+        transport: &'static str,
+        /// What it cannot do, as a verb phrase.
+        what: &'static str,
+    },
     /// Applying a socket option failed.
     #[error("cannot set {option} on the {transport} data flow: {source}")]
     Option {
@@ -331,6 +339,34 @@ pub trait Transport: Sync {
     ) -> Result<Box<dyn Listener>, TransportError>;
     /// Connects to the listener at `addr` on the coordinator's side.
     fn connect(&self, config: &FlowConfig, addr: &str) -> Result<Box<dyn Flow>, TransportError>;
+
+    /// Whether [`Transport::connect_from`] works: a multi-host run then
+    /// picks the link each flow takes by its local address.
+    fn binds_local(&self) -> bool {
+        false
+    }
+
+    /// Connects to `addr` from the local address `local_ip` (port chosen
+    /// by the system). Refused unless [`Transport::binds_local`].
+    fn connect_from(
+        &self,
+        config: &FlowConfig,
+        addr: &str,
+        local_ip: std::net::IpAddr,
+    ) -> Result<Box<dyn Flow>, TransportError> {
+        let _ = (config, addr, local_ip);
+        Err(TransportError::Unsupported {
+            transport: self.name(),
+            what: "connect a flow from a chosen local address",
+        })
+    }
+
+    /// How the multi-client flow engine ([`flows`]) moves this transport's
+    /// bytes, or `None` when the engine cannot carry it (a transport without
+    /// connections, or one that cannot cross hosts).
+    fn engine_path(&self) -> Option<&'static dyn flows::DataPath> {
+        None
+    }
 }
 
 /// Every transport netgap has, in the order `netgap list` shows them.

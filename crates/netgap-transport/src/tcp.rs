@@ -39,7 +39,7 @@ fn opt_err(
 /// Applies the options that must be set before connect or listen: buffer
 /// sizes (so the window scale is negotiated for them) and the congestion
 /// control algorithm.
-fn apply_before_connect(
+pub(crate) fn apply_before_connect(
     transport: &'static str,
     socket: &Socket,
     options: &TransportOptions,
@@ -89,7 +89,7 @@ fn set_int_opt(
 
 /// Applies the options of a connected stream: TCP_NODELAY, SO_BUSY_POLL,
 /// SO_ZEROCOPY.
-fn apply_connected(
+pub(crate) fn apply_connected(
     transport: &'static str,
     stream: &TcpStream,
     options: &TransportOptions,
@@ -314,29 +314,49 @@ impl Transport for Tcp {
     fn connect(&self, config: &FlowConfig, addr: &str) -> Result<Box<dyn Flow>, TransportError> {
         into_flow(connect_stream(NAME, &config.options, addr)?, config)
     }
+
+    fn binds_local(&self) -> bool {
+        true
+    }
+
+    fn connect_from(
+        &self,
+        config: &FlowConfig,
+        addr: &str,
+        local_ip: IpAddr,
+    ) -> Result<Box<dyn Flow>, TransportError> {
+        into_flow(
+            connect_stream_from(NAME, &config.options, addr, local_ip)?,
+            config,
+        )
+    }
+
+    fn engine_path(&self) -> Option<&'static dyn crate::flows::DataPath> {
+        Some(&crate::flows::SYSCALLS)
+    }
 }
 
-/// Connects a tcp flow to `addr` (`IP:PORT`) from the local address
-/// `local_ip`, with every option applied: `multirail` opens one flow per
-/// link, each from its own link address.
-pub fn connect_from(
-    config: &FlowConfig,
+/// Connects to `addr` (`IP:PORT`) from `local_ip` with every option
+/// applied; the stream is left blocking.
+pub(super) fn connect_stream_from(
+    transport: &'static str,
+    options: &TransportOptions,
     addr: &str,
     local_ip: IpAddr,
-) -> Result<Box<dyn Flow>, TransportError> {
+) -> Result<TcpStream, TransportError> {
     let sa: SocketAddr = addr.parse().map_err(|e| TransportError::BadAddress {
-        transport: NAME,
+        transport,
         addr: addr.to_string(),
         detail: format!("{e}"),
     })?;
     let connect_err = |source| TransportError::Connect {
-        transport: NAME,
+        transport,
         addr: addr.to_string(),
         source,
     };
     let socket = Socket::new(Domain::for_address(sa), Type::STREAM, Some(Protocol::TCP))
         .map_err(connect_err)?;
-    apply_before_connect(NAME, &socket, &config.options)?;
+    apply_before_connect(transport, &socket, options)?;
     socket
         .bind(&SockAddr::from(SocketAddr::new(local_ip, 0)))
         .map_err(connect_err)?;
@@ -344,6 +364,6 @@ pub fn connect_from(
         .connect_timeout(&SockAddr::from(sa), CONNECT_TIMEOUT)
         .map_err(connect_err)?;
     let stream: TcpStream = socket.into();
-    apply_connected(NAME, &stream, &config.options)?;
-    into_flow(stream, config)
+    apply_connected(transport, &stream, options)?;
+    Ok(stream)
 }

@@ -40,7 +40,7 @@
 //! still in flight are cancelled (`IORING_OP_ASYNC_CANCEL`) and their
 //! completions awaited first. Between calls a ring has nothing in flight.
 
-use super::tcp::{accept_stream, connect_stream, listen_socket};
+use super::tcp::{accept_stream, connect_stream, connect_stream_from, listen_socket};
 use super::{
     Capabilities, Flow, FlowConfig, FlowError, Listener, Receiver, Sender, Transport,
     TransportError, Unavailable,
@@ -851,6 +851,128 @@ impl Transport for Uring {
     fn connect(&self, config: &FlowConfig, addr: &str) -> Result<Box<dyn Flow>, TransportError> {
         let stream = connect_stream(NAME, &config.options, addr)?;
         Ok(Box::new(UringFlow::new(stream, config)?))
+    }
+
+    fn binds_local(&self) -> bool {
+        true
+    }
+
+    fn connect_from(
+        &self,
+        config: &FlowConfig,
+        addr: &str,
+        local_ip: IpAddr,
+    ) -> Result<Box<dyn Flow>, TransportError> {
+        let stream = connect_stream_from(NAME, &config.options, addr, local_ip)?;
+        Ok(Box::new(UringFlow::new(stream, config)?))
+    }
+
+    fn engine_path(&self) -> Option<&'static dyn crate::flows::DataPath> {
+        Some(&ENGINE_PATH)
+    }
+}
+
+/// The flow engine's data path over io_uring: each engine worker has one
+/// ring, and every read or write of its flows is one `IORING_OP_RECV` or
+/// `IORING_OP_SEND` with `MSG_DONTWAIT`, submitted and reaped in one
+/// `io_uring_enter`. Readiness still comes from the worker's epoll, so the
+/// engine's event and poll modes work unchanged; what differs from `tcp` is
+/// the path each byte takes into and out of the kernel.
+#[derive(Debug)]
+pub struct EnginePath;
+
+/// The data path of `uring` in the flow engine.
+pub static ENGINE_PATH: EnginePath = EnginePath;
+
+impl crate::flows::DataPath for EnginePath {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn worker(&self) -> io::Result<Box<dyn crate::flows::WorkerIo>> {
+        if let Err(why) = AVAILABILITY.get_or_init(probe) {
+            return Err(io::Error::other(why.clone()));
+        }
+        Ok(Box::new(EngineRing {
+            ring: IoUring::new(ENGINE_SQ_ENTRIES)?,
+        }))
+    }
+}
+
+/// Submission queue entries of an engine worker's ring: it has at most one
+/// operation in flight.
+const ENGINE_SQ_ENTRIES: u32 = 2;
+
+/// One engine worker's ring.
+struct EngineRing {
+    ring: IoUring,
+}
+
+impl std::fmt::Debug for EngineRing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("EngineRing")
+    }
+}
+
+impl EngineRing {
+    /// Submits `sqe` and waits for its completion; the result is a byte
+    /// count or the operation's error (`EAGAIN` when the socket is not
+    /// ready, as `MSG_DONTWAIT` asks).
+    ///
+    /// # Safety
+    /// The buffer `sqe` points to must stay valid until this returns; it
+    /// does not return (nor unwind) before the completion is reaped, so a
+    /// buffer borrowed for the call suffices.
+    unsafe fn run(&mut self, sqe: &squeue::Entry) -> io::Result<usize> {
+        // SAFETY: the caller keeps the buffer valid until the completion
+        // is reaped below; the ring has nothing else in flight.
+        unsafe { self.ring.submission().push(sqe) }
+            .map_err(|_| io::Error::other("engine ring: submission queue full"))?;
+        let started = Instant::now();
+        loop {
+            match self.ring.submit_and_wait(1) {
+                Ok(_) => {}
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
+                Err(e) => {
+                    // The operation may be in flight with the caller's buffer:
+                    // returning now could let the kernel write into freed
+                    // memory. MSG_DONTWAIT operations finish at once, so this
+                    // is a broken kernel; stop rather than risk it.
+                    if started.elapsed() > CANCEL_ABORT_AFTER {
+                        eprintln!("netgap: io_uring_enter keeps failing ({e}); aborting");
+                        std::process::abort();
+                    }
+                    std::thread::yield_now();
+                    continue;
+                }
+            }
+            if let Some(cqe) = self.ring.completion().next() {
+                let res = cqe.result();
+                return usize::try_from(res).map_err(|_| io::Error::from_raw_os_error(-res));
+            }
+        }
+    }
+}
+
+impl crate::flows::WorkerIo for EngineRing {
+    fn read(&mut self, fd: std::os::fd::BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
+        let len = u32::try_from(buf.len().min(MAX_OP_BYTES)).unwrap_or(u32::MAX);
+        let sqe = opcode::Recv::new(types::Fd(fd.as_raw_fd()), buf.as_mut_ptr(), len)
+            .flags(libc::MSG_DONTWAIT)
+            .build();
+        // SAFETY: `buf` is borrowed mutably for this whole call and `run`
+        // returns only after the operation completed.
+        unsafe { self.run(&sqe) }
+    }
+
+    fn write(&mut self, fd: std::os::fd::BorrowedFd<'_>, buf: &[u8]) -> io::Result<usize> {
+        let len = u32::try_from(buf.len().min(MAX_OP_BYTES)).unwrap_or(u32::MAX);
+        let sqe = opcode::Send::new(types::Fd(fd.as_raw_fd()), buf.as_ptr(), len)
+            .flags(libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL)
+            .build();
+        // SAFETY: `buf` is borrowed for this whole call and `run` returns
+        // only after the operation completed.
+        unsafe { self.run(&sqe) }
     }
 }
 

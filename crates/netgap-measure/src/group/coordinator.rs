@@ -1,18 +1,18 @@
 //! The group coordinator: connects to the agent of every host (or starts
-//! in-process agents on loopback), places the server role on the first host
-//! and the clients cyclically on the others, prepares every role, starts
-//! all of them with one `group_go` each (the barrier), and gathers the
-//! per-flow reports into one [`netgap_core::record::ResultRecord`] per point, handed to the
-//! sinks as soon as it is measured.
+//! in-process agents on loopback), places each point's roles where its
+//! workload says ([`crate::workload::Workload::place`]), resolves the
+//! addresses they listen on, connect to and leave from, prepares every
+//! role, starts all of them with one `group_go` each (the barrier), and
+//! gathers the per-flow reports into one
+//! [`netgap_core::record::ResultRecord`] per point, handed to the sinks as
+//! soon as it is measured.
 //!
 //! Every session has a reader thread that forwards its replies to one
 //! channel, so the coordinator hears at once from a host whose agent dies
 //! (its control connection closes) or goes silent (a deadline passes) and
 //! names it, whichever host it was waiting on.
 
-use super::allot::allot;
 use super::plan::{GroupPlan, GroupPoint, HostsSource};
-use super::Shape;
 use crate::agent::Agent;
 use crate::control::{
     control_detail, handshake, ControlAddr, ControlConn, ControlError, ControlStream, LinkError,
@@ -20,6 +20,7 @@ use crate::control::{
 use crate::coordinator::Observer;
 use crate::point_loop::{run_points, SinkError};
 use crate::sink::RecordSink;
+use crate::workload::place::{HostView, Placement};
 use netgap_core::host::HostFacts;
 use netgap_core::stats::LatencyHistogram;
 use netgap_proto::auth::Key;
@@ -392,43 +393,22 @@ fn read_replies(i: usize, mut conn: ControlConn, tx: mpsc::Sender<Event>) {
     }
 }
 
-/// Where each flow of a point runs.
-pub(super) struct Placement {
-    /// Client link index (into `links`) of each flow.
-    pub(super) host_of: Vec<usize>,
-    /// (local, remote) link addresses of each flow, for multirail.
-    pub(super) rails: Vec<(IpAddr, IpAddr)>,
-}
-
-/// Places the flows of `point` on the client hosts.
+/// Places the roles of `point` on the run's hosts, as its workload says.
 pub(super) fn place(point: &GroupPoint, links: &[Link]) -> Result<Placement, GroupError> {
-    let client_hosts = (links.len() - 1) as u32;
-    match point.test.shape {
-        Shape::Spread => Ok(Placement {
-            host_of: allot(point.clients, client_hosts)
-                .into_iter()
-                .map(|h| h as usize + 1)
-                .collect(),
-            rails: Vec::new(),
-        }),
-        Shape::Streams => Ok(Placement {
-            host_of: vec![1; point.clients as usize],
-            rails: Vec::new(),
-        }),
-        Shape::Rails => {
-            let rails = links[1].host.rails.clone();
-            if rails.is_empty() {
-                return Err(GroupError::Point(format!(
-                    "multirail: no links between {} and {}; give --hosts @FILE of a mesh testbed, or run without --hosts for loopback links",
-                    links[1].host.name, links[0].host.name
-                )));
-            }
-            Ok(Placement {
-                host_of: vec![1; rails.len()],
-                rails,
-            })
-        }
-    }
+    let hosts: Vec<HostView> = links
+        .iter()
+        .map(|l| HostView {
+            name: l.host.name.clone(),
+            address: l.host.address,
+            rails: l.host.rails.clone(),
+        })
+        .collect();
+    let placement = point
+        .workload
+        .place(point.clients, &hosts)
+        .and_then(|p| p.validate(hosts.len()).map(|()| p))
+        .map_err(|e| GroupError::Point(e.to_string()))?;
+    Ok(placement)
 }
 
 /// An IP:PORT an agent announced on an unspecified address, made
@@ -453,10 +433,28 @@ fn retarget(addr: &str, ip: IpAddr) -> String {
 
 /// What one repetition produced.
 pub(super) struct RepResult {
-    /// Reports per participating link index, the server's first.
+    /// Reports per role (index into the placement's roles).
     pub(super) reports: Vec<(usize, Vec<FlowReport>, GroupOutcome)>,
-    /// Latency histogram of every client exchange, ns.
+    /// Latency histogram of every timed exchange, ns.
     pub(super) hist: LatencyHistogram,
+}
+
+/// The announced address a flow targets: a server's only address, or the
+/// one of its addresses that serves this flow.
+fn listener_for(addrs: &[String], server_flows: &[u32], flow: u32) -> Option<String> {
+    if addrs.len() == 1 {
+        return addrs.first().cloned();
+    }
+    let i = server_flows.iter().position(|&f| f == flow)?;
+    addrs.get(i).cloned()
+}
+
+/// A per-flow list with one entry for all when every entry is the same.
+fn compact<T: PartialEq>(mut list: Vec<T>) -> Vec<T> {
+    if list.windows(2).all(|w| w[0] == w[1]) {
+        list.truncate(1);
+    }
+    list
 }
 
 impl GroupCoordinator {
@@ -477,122 +475,127 @@ impl GroupCoordinator {
         ips
     }
 
-    /// Runs one repetition of `point`: prepare every role, the barrier,
-    /// gather every report.
+    /// Runs one repetition of `point`: prepare every role in the
+    /// placement's order (a server announces its addresses before the
+    /// roles that connect to it are prepared), the barrier, gather every
+    /// report.
     pub(super) fn rep(
         &mut self,
         point: &GroupPoint,
         placement: &Placement,
         plan: &GroupPlan,
     ) -> Result<RepResult, GroupError> {
-        let flows = placement.host_of.len() as u32;
-        let engine = point.test.uses_engine();
-        let session_hosts = self.session_hosts();
+        let binds_local =
+            netgap_transport::find(&point.spec.transport).is_some_and(|t| t.binds_local());
         let base = GroupSpec {
             point: point.spec.clone(),
             role: GroupRole::Server,
-            work: point.test.work(point.spec.size_bytes),
-            flows,
+            params: point.params.clone(),
+            flows: 0,
             listen_ips: Vec::new(),
             targets: Vec::new(),
             bind_ips: Vec::new(),
-            session_hosts,
+            session_hosts: self.session_hosts(),
             warmup_ms: plan.warmup.as_millis() as u32,
             duration_ms: plan.duration.as_millis() as u32,
         };
         // On a mesh each client host reaches the server over its own link
         // (its own subnet): the server then listens on every address and
         // each client host targets the server's end of its first link.
+        // Flows pinned to links by the workload take their own links.
+        let pinned = !placement.links.is_empty();
         let vias: Vec<Option<(IpAddr, IpAddr)>> = self
             .links
             .iter()
-            .map(|l| l.host.via.filter(|_| placement.rails.is_empty()))
+            .map(|l| l.host.via.filter(|_| !pinned))
             .collect();
-        let client_link = |h: usize| vias[h];
-        let meshed = placement.host_of.iter().any(|&h| client_link(h).is_some());
-        let mut server = base.clone();
-        server.listen_ips = if !placement.rails.is_empty() {
-            placement.rails.iter().map(|r| r.1).collect()
-        } else if meshed {
-            vec![IpAddr::V4(Ipv4Addr::UNSPECIFIED)]
-        } else {
-            self.links[0].host.address.into_iter().collect()
-        };
-        let req = self.links[0].session.group_prepare(server);
-        self.send(0, &req)?;
-        let reply = self.wait(0, REPLY_TIMEOUT)?;
-        let addrs = self.links[0]
-            .session
-            .on_group_listening(reply)
-            .map_err(|e| self.host_error(0, e.to_string()))?;
-        let want = if engine { 1 } else { flows as usize };
-        if addrs.len() != want {
-            return Err(
-                self.host_error(0, format!("announced {} listeners for {want}", addrs.len()))
-            );
-        }
-        let addrs: Vec<String> = if meshed {
-            addrs
-        } else {
-            addrs
-                .iter()
-                .map(|a| fix_unspecified(a, &self.links[0].host))
-                .collect()
-        };
-        let mut clients: Vec<(usize, Vec<usize>)> = Vec::new();
-        for (flow, &h) in placement.host_of.iter().enumerate() {
-            match clients.iter_mut().find(|(l, _)| *l == h) {
-                Some((_, f)) => f.push(flow),
-                None => clients.push((h, vec![flow])),
+        let meshed = placement
+            .roles
+            .iter()
+            .any(|r| r.connects_to.is_some() && vias[r.host].is_some());
+        let mut announced: Vec<Vec<String>> = vec![Vec::new(); placement.roles.len()];
+        for (r, role) in placement.roles.iter().enumerate() {
+            let h = role.host;
+            let mut spec = base.clone();
+            spec.role = role.side;
+            spec.flows = role.flows.len() as u32;
+            spec.listen_ips = match &role.listen_ips {
+                Some(ips) => ips.clone(),
+                None if role.side != GroupRole::Server => Vec::new(),
+                None if meshed => vec![IpAddr::V4(Ipv4Addr::UNSPECIFIED)],
+                None => self.links[h].host.address.into_iter().collect(),
+            };
+            if let Some(s) = role.connects_to {
+                let link = vias[h];
+                let mut targets = Vec::with_capacity(role.flows.len());
+                for &f in &role.flows {
+                    let server = &placement.roles[s];
+                    let addr = listener_for(&announced[s], &server.flows, f).ok_or_else(|| {
+                        self.host_error(server.host, format!("announced no address for flow {f}"))
+                    })?;
+                    targets.push(match link {
+                        Some((_, server_end)) => retarget(&addr, server_end),
+                        None => addr,
+                    });
+                }
+                spec.targets = compact(targets);
+                // Flows leave from the host's own address (its end of the
+                // link on a mesh) when it is known and the transport can
+                // bind one.
+                spec.bind_ips = match &role.bind_ips {
+                    Some(ips) => ips.clone(),
+                    None if !binds_local => Vec::new(),
+                    None => match link {
+                        Some((local, _)) => vec![local],
+                        None => self.links[h].host.address.into_iter().collect(),
+                    },
+                };
+            }
+            let req = self.links[h].session.group_prepare(spec);
+            self.send(h, &req)?;
+            if role.side == GroupRole::Server {
+                let reply = self.wait(h, REPLY_TIMEOUT)?;
+                let addrs = self.links[h]
+                    .session
+                    .on_group_listening(reply)
+                    .map_err(|e| self.host_error(h, e.to_string()))?;
+                if addrs.len() != 1 && addrs.len() != role.flows.len() {
+                    return Err(self.host_error(
+                        h,
+                        format!(
+                            "announced {} listeners for {} flows",
+                            addrs.len(),
+                            role.flows.len()
+                        ),
+                    ));
+                }
+                announced[r] = if meshed {
+                    addrs
+                } else {
+                    addrs
+                        .iter()
+                        .map(|a| fix_unspecified(a, &self.links[h].host))
+                        .collect()
+                };
             }
         }
-        for (h, flow_ids) in &clients {
-            let mut spec = base.clone();
-            spec.role = GroupRole::Client;
-            spec.flows = flow_ids.len() as u32;
-            let link = client_link(*h);
-            let target = |a: &String| match link {
-                Some((_, server_end)) => retarget(a, server_end),
-                None => a.clone(),
-            };
-            spec.targets = if engine {
-                vec![target(&addrs[0])]
-            } else {
-                flow_ids.iter().map(|&f| target(&addrs[f])).collect()
-            };
-            // Flows leave from the client host's own address (its end of
-            // the link on a mesh) when it is known and the transport can
-            // bind one (tcp).
-            spec.bind_ips = if !placement.rails.is_empty() {
-                flow_ids.iter().map(|&f| placement.rails[f].0).collect()
-            } else if point.spec.transport == "tcp" {
-                match link {
-                    Some((local, _)) => vec![local],
-                    None => self.links[*h].host.address.into_iter().collect(),
-                }
-            } else {
-                Vec::new()
-            };
-            let req = self.links[*h].session.group_prepare(spec);
-            self.send(*h, &req)?;
-        }
-        let prepare_timeout = super::role::ACCEPT_TIMEOUT + REPLY_TIMEOUT;
-        for &(h, _) in &clients {
+        let prepare_timeout = crate::workload::role::ACCEPT_TIMEOUT + REPLY_TIMEOUT;
+        // Roles that only connect are ready first; a server is ready once
+        // they have all connected.
+        let mut order: Vec<usize> = (0..placement.roles.len()).collect();
+        order.sort_by_key(|&r| placement.roles[r].side == GroupRole::Server);
+        for &r in &order {
+            let h = placement.roles[r].host;
             let reply = self.wait(h, prepare_timeout)?;
             self.links[h]
                 .session
                 .on_group_ready(reply)
                 .map_err(|e| self.host_error(h, e.to_string()))?;
         }
-        let reply = self.wait(0, prepare_timeout)?;
-        self.links[0]
-            .session
-            .on_group_ready(reply)
-            .map_err(|e| self.host_error(0, e.to_string()))?;
-        // The barrier: every role is prepared; start them all.
-        let mut order: Vec<usize> = vec![0];
-        order.extend(clients.iter().map(|(h, _)| *h));
-        for &h in &order {
+        // The barrier: every role is prepared; start them all, servers first.
+        order.reverse();
+        for &r in &order {
+            let h = placement.roles[r].host;
             let go = self.links[h].session.group_go();
             self.send(h, &go)?;
             self.running[h] = Some(Instant::now());
@@ -603,13 +606,14 @@ impl GroupCoordinator {
             + plan.duration
             + 2 * Duration::from_millis(u64::from(point.spec.io_timeout_ms))
             + RESULT_SLACK
-            + PER_FLOW_REPORT_TIME * flows;
+            + PER_FLOW_REPORT_TIME * placement.flows;
         let deadline = Instant::now() + timeout;
         let mut result = RepResult {
             reports: Vec::new(),
             hist: LatencyHistogram::new(),
         };
-        for &h in &order {
+        for &r in &order {
+            let h = placement.roles[r].host;
             let mut reports = Vec::new();
             loop {
                 let left = deadline.saturating_duration_since(Instant::now());
@@ -622,16 +626,13 @@ impl GroupCoordinator {
                     GroupProgress::Alive => {}
                     GroupProgress::Flows(f) => reports.extend(f),
                     GroupProgress::Buckets(b) => {
-                        // Only the clients time the exchanges.
-                        if h != 0 {
-                            for [v, n] in b {
-                                result.hist.record_n_ns(v, n);
-                            }
+                        for [v, n] in b {
+                            result.hist.record_n_ns(v, n);
                         }
                     }
                     GroupProgress::Finished(outcome) => {
                         self.running[h] = None;
-                        result.reports.push((h, reports, outcome));
+                        result.reports.push((r, reports, outcome));
                         break;
                     }
                 }

@@ -3,10 +3,10 @@
 //! point-to-point [`Plan`] (the same rules apply); this adds the hosts,
 //! client counts, streams, links and the window of each repetition.
 
-use super::{role::MAX_STREAM_FLOWS, GroupTest, Kind, Shape};
 use crate::cluster::HostsFile;
 use crate::control::ControlAddr;
 use crate::plan::{Plan, PlanError, RunArgs};
+use crate::workload::{CountFlag, Workload};
 use netgap_core::spec::PointSpec;
 use netgap_core::units::parse_duration;
 use netgap_proto::group::{MAX_GROUP_DURATION_MS, MAX_GROUP_FLOWS};
@@ -16,10 +16,6 @@ use std::time::Duration;
 /// The `--sizes` default of point-to-point runs; group tests replace it
 /// with their own default when it was not changed.
 const P2P_DEFAULT_SIZES: &str = "1,64,1K,16K,64K,1M";
-/// Default message size of bandwidth group tests, bytes.
-const DEFAULT_STREAM_SIZE_BYTES: u64 = 64 * 1024;
-/// Default message size of hotspot and connect, bytes.
-const DEFAULT_SMALL_SIZE_BYTES: u64 = 1;
 /// Shortest measured window.
 const MIN_DURATION: Duration = Duration::from_millis(10);
 /// Longest uncounted warm-up before each window.
@@ -71,15 +67,29 @@ impl HostsSource {
 }
 
 /// One point of a group run.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct GroupPoint {
-    /// The test.
-    pub test: &'static GroupTest,
-    /// Transport, mode, size, options, timeout (its `test` is the group test).
+    /// The workload.
+    pub workload: &'static dyn Workload,
+    /// Transport, mode, size, options, timeout (its `test` is the
+    /// workload's name).
     pub spec: PointSpec,
-    /// Clients (streams for multistream; links for multirail, resolved
-    /// when the hosts are known: 0 means every link).
+    /// The count the workload reads ([`Workload::count`]): clients or
+    /// streams; 0 when the hosts decide.
     pub clients: u32,
+    /// The workload's parameters for every role of the point.
+    pub params: serde_json::Value,
+}
+
+impl std::fmt::Debug for GroupPoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GroupPoint")
+            .field("workload", &self.workload.name())
+            .field("spec", &self.spec)
+            .field("clients", &self.clients)
+            .field("params", &self.params)
+            .finish()
+    }
 }
 
 /// A validated group run.
@@ -121,9 +131,10 @@ pub fn is_group_run(tests: &str) -> Result<bool, PlanError> {
         return Ok(false);
     }
     if group != names.len() {
-        return Err(bad(
-            "multi-host tests (multistream, hotspot, fanin, fanout, connect, multirail) cannot be mixed with point-to-point tests in one run",
-        ));
+        return Err(bad(format!(
+            "multi-host tests ({}) cannot be mixed with point-to-point tests in one run",
+            super::names()
+        )));
     }
     Ok(true)
 }
@@ -186,11 +197,11 @@ const SPARE_DESCRIPTORS: u64 = 256;
 /// process: refuse counts its descriptor limit cannot hold, before any
 /// socket opens, saying what to change.
 fn check_embedded_descriptors(
-    tests: &[&'static GroupTest],
+    tests: &[&'static dyn Workload],
     clients: Option<&str>,
 ) -> Result<(), PlanError> {
     let Some(text) = clients else { return Ok(()) };
-    if !tests.iter().any(|t| t.uses_engine()) {
+    if !tests.iter().any(|t| t.count() == CountFlag::Clients) {
         return Ok(());
     }
     let most = parse_counts("--clients", text, MAX_GROUP_FLOWS)?
@@ -273,55 +284,38 @@ impl GroupPlan {
         }
         let mut points = Vec::new();
         for &test in &tests {
-            let limit = if test.uses_engine() {
-                MAX_GROUP_FLOWS
-            } else {
-                MAX_STREAM_FLOWS
-            };
-            let counts = match test.shape {
-                Shape::Spread => parse_counts(
+            let limit = test.max_flows();
+            let counts = match test.count() {
+                CountFlag::Clients => parse_counts(
                     "--clients",
                     a.clients.as_deref().unwrap_or(&default_clients),
                     limit,
                 )?,
-                Shape::Streams => parse_counts("--streams", &a.streams, limit)?,
-                Shape::Rails => vec![0],
+                CountFlag::Streams => parse_counts("--streams", &a.streams, limit)?,
+                CountFlag::Hosts => vec![0],
             };
             let mut seen = Vec::new();
             for spec in &base.points {
                 let t = netgap_transport::find(&spec.transport)
                     .ok_or_else(|| bad(format!("unknown transport {}", spec.transport)))?;
-                if !t.capabilities().cross_host {
-                    return Err(bad(format!(
-                        "{}: transport {} cannot cross hosts; use tcp, udp or uring",
-                        test.name, spec.transport
-                    )));
-                }
-                if (test.uses_engine() || test.shape == Shape::Rails) && spec.transport != "tcp" {
-                    return Err(bad(format!(
-                        "{} runs over tcp only, not {}",
-                        test.name, spec.transport
-                    )));
-                }
+                test.check(spec, t).map_err(|e| bad(e.to_string()))?;
                 let mut spec = spec.clone();
-                spec.test = test.name.to_string();
+                spec.test = test.name().to_string();
                 if !sizes_changed {
-                    spec.size_bytes = match test.kind {
-                        Kind::Stream(_) => DEFAULT_STREAM_SIZE_BYTES
-                            .min(t.max_message_bytes().unwrap_or(u64::MAX) / 1024 * 1024),
-                        Kind::PingPong | Kind::Connect => DEFAULT_SMALL_SIZE_BYTES,
-                    };
+                    spec.size_bytes = test.default_size_bytes(t);
                 }
                 let key = (spec.transport.clone(), spec.mode, spec.size_bytes);
                 if seen.contains(&key) {
                     continue;
                 }
                 seen.push(key);
+                let params = test.params(&spec);
                 for &clients in &counts {
                     points.push(GroupPoint {
-                        test,
+                        workload: test,
                         spec: spec.clone(),
                         clients,
+                        params: params.clone(),
                     });
                 }
             }
@@ -351,7 +345,7 @@ mod tests {
         let p = GroupPlan::from_args(&a).unwrap();
         let counts: Vec<u32> = p.points.iter().map(|p| p.clients).collect();
         assert_eq!(counts, vec![3, 6, 9, 12]);
-        assert_eq!(p.points[0].spec.size_bytes, DEFAULT_STREAM_SIZE_BYTES);
+        assert_eq!(p.points[0].spec.size_bytes, 64 * 1024);
         assert_eq!(p.points[0].spec.test, "fanin");
     }
 
@@ -363,7 +357,14 @@ mod tests {
         let mut a = RunArgs::with_defaults("hotspot");
         a.transport = "udp".into();
         let e = GroupPlan::from_args(&a).unwrap_err().to_string();
-        assert!(e.contains("tcp only"), "{e}");
+        assert!(
+            e.contains("flow engine, which carries tcp, uring, not udp"),
+            "{e}"
+        );
+        let mut a = RunArgs::with_defaults("multirail");
+        a.transport = "udp".into();
+        let e = GroupPlan::from_args(&a).unwrap_err().to_string();
+        assert!(e.contains("binds each flow"), "{e}");
         let mut a = RunArgs::with_defaults("fanout");
         a.transport = "unix".into();
         let e = GroupPlan::from_args(&a).unwrap_err().to_string();

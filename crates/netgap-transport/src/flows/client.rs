@@ -8,14 +8,17 @@
 //! way finish (within the I/O timeout) so that bytes sent equal bytes the
 //! server received and every connection closes cleanly.
 
+use super::io::{Io, WorkerIo};
 use super::machine::{ConnectClient, MachineError, PingPongClient, Progress};
 use super::{limits, ClientReport, ClientSpec, EngineConfig, EngineError, FlowOutcome, FlowWork};
+use netgap_core::spec::{Mode, TransportOptions};
 use netgap_core::stats::LatencyHistogram;
 use nix::errno::Errno;
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags};
 use socket2::{Domain, Protocol, Socket, Type};
 use std::collections::VecDeque;
 use std::net::{SocketAddr, TcpStream};
+use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
@@ -36,13 +39,17 @@ pub struct PreparedClients {
     work: FlowWork,
     bind_ip: Option<std::net::IpAddr>,
     io_timeout: Duration,
+    mode: Mode,
+    transport: &'static str,
+    options: TransportOptions,
     workers: Vec<Worker>,
 }
 
-/// One worker's flows and epoll instance.
+/// One worker's flows, epoll instance and data path.
 #[derive(Debug)]
 struct Worker {
     epoll: Epoll,
+    io: Box<dyn WorkerIo>,
     flows: Vec<Flow>,
 }
 
@@ -126,8 +133,13 @@ pub(super) fn prepare(
     for _ in 0..workers_n {
         let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)
             .map_err(|e| sys("creating an epoll instance", e))?;
+        let io = cfg.path.worker().map_err(|source| EngineError::Sys {
+            what: format!("setting up the {} data path of a worker", cfg.path.name()),
+            source,
+        })?;
         workers.push(Worker {
             epoll,
+            io,
             flows: Vec::with_capacity(spec.flows / workers_n + 1),
         });
     }
@@ -137,13 +149,12 @@ pub(super) fn prepare(
         let w = &mut workers[i % workers_n];
         let (kind, interest) = match spec.work {
             FlowWork::PingPong { size_bytes } => {
-                let stream = connect_blocking(spec, cfg.io_timeout).map_err(|source| {
-                    EngineError::Connect {
+                let stream =
+                    connect_blocking(spec, cfg).map_err(|source| EngineError::Connect {
                         index,
                         target: spec.target,
                         source,
-                    }
-                })?;
+                    })?;
                 let token = w.flows.len() as u64;
                 w.epoll
                     .add(&stream, EpollEvent::new(EpollFlags::EPOLLIN, token))
@@ -189,6 +200,9 @@ pub(super) fn prepare(
         work: spec.work,
         bind_ip: spec.bind_ip,
         io_timeout: cfg.io_timeout,
+        mode: cfg.mode,
+        transport: cfg.path.name(),
+        options: cfg.options.clone(),
         workers,
     })
 }
@@ -200,13 +214,25 @@ fn sys(what: &str, e: Errno) -> EngineError {
     }
 }
 
-fn new_socket(target: SocketAddr, bind_ip: Option<std::net::IpAddr>) -> std::io::Result<Socket> {
+/// A socket for one connection to `target`, with the options that must
+/// precede the connection applied.
+fn new_socket(
+    target: SocketAddr,
+    bind_ip: Option<std::net::IpAddr>,
+    transport: &'static str,
+    options: &TransportOptions,
+) -> std::io::Result<Socket> {
     let socket = Socket::new(
         Domain::for_address(target),
         Type::STREAM,
         Some(Protocol::TCP),
     )?;
-    socket.set_nodelay(true)?;
+    crate::tcp::apply_before_connect(transport, &socket, options).map_err(std::io::Error::other)?;
+    // TCP_NODELAY and SO_BUSY_POLL hold from the first byte when set before
+    // the connection.
+    let stream: TcpStream = socket.into();
+    crate::tcp::apply_connected(transport, &stream, options).map_err(std::io::Error::other)?;
+    let socket = Socket::from(stream);
     if let Some(ip) = bind_ip {
         // Without this, bind picks the local port before the destination is
         // known, so each port serves one connection to any target and the
@@ -235,9 +261,9 @@ fn bind_address_no_port(socket: &Socket) {
     };
 }
 
-fn connect_blocking(spec: &ClientSpec, timeout: Duration) -> std::io::Result<TcpStream> {
-    let socket = new_socket(spec.target, spec.bind_ip)?;
-    socket.connect_timeout(&spec.target.into(), timeout)?;
+fn connect_blocking(spec: &ClientSpec, cfg: &EngineConfig) -> std::io::Result<TcpStream> {
+    let socket = new_socket(spec.target, spec.bind_ip, cfg.path.name(), &cfg.options)?;
+    socket.connect_timeout(&spec.target.into(), cfg.io_timeout)?;
     socket.set_nonblocking(true)?;
     Ok(socket.into())
 }
@@ -257,6 +283,9 @@ impl PreparedClients {
             work,
             bind_ip,
             io_timeout,
+            mode,
+            transport,
+            options,
             workers,
         } = self;
         let span = warmup
@@ -271,6 +300,9 @@ impl PreparedClients {
             target,
             bind_ip,
             io_timeout,
+            mode,
+            transport,
+            options,
         };
         let abort = Arc::new(AtomicBool::new(false));
         let mut handles = Vec::with_capacity(workers.len());
@@ -278,6 +310,7 @@ impl PreparedClients {
         for (w, worker) in workers.into_iter().enumerate() {
             let (tx, rx) = mpsc::channel::<Schedule>();
             let abort = Arc::clone(&abort);
+            let ctx = ctx.clone();
             let spawned = std::thread::Builder::new()
                 .name(format!("flow-client-{w}"))
                 .spawn(move || {
@@ -285,7 +318,7 @@ impl PreparedClients {
                     let Ok(schedule) = rx.recv() else {
                         return Ok(Vec::new());
                     };
-                    let result = run_worker(worker, schedule, ctx, &abort);
+                    let result = run_worker(worker, schedule, &ctx, &abort);
                     if result.is_err() {
                         abort.store(true, Ordering::Relaxed);
                     }
@@ -371,11 +404,14 @@ const MAX_RUN_SECS: u64 = 365 * 24 * 3600;
 const ABORTED: &str = "aborted because another flow worker failed";
 
 /// What every worker of a run shares.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Ctx {
     target: SocketAddr,
     bind_ip: Option<std::net::IpAddr>,
     io_timeout: Duration,
+    mode: Mode,
+    transport: &'static str,
+    options: TransportOptions,
 }
 
 /// A flow's outcome with what the gathering step needs besides.
@@ -391,22 +427,14 @@ struct Finished {
 fn run_worker(
     mut w: Worker,
     sched: Schedule,
-    ctx: Ctx,
+    ctx: &Ctx,
     abort: &AtomicBool,
 ) -> Result<Vec<Finished>, EngineError> {
     let mut retries: VecDeque<(Instant, usize)> = VecDeque::new();
     let mut last_error: Option<String> = None;
     let now = Instant::now();
     for slot in 0..w.flows.len() {
-        begin(
-            &mut w,
-            slot,
-            now,
-            sched,
-            &ctx,
-            &mut retries,
-            &mut last_error,
-        )?;
+        begin(&mut w, slot, now, sched, ctx, &mut retries, &mut last_error)?;
     }
     let mut events = vec![EpollEvent::empty(); 1024];
     let mut next_scan = now + Duration::from_millis(TICK_MS);
@@ -434,8 +462,12 @@ fn run_worker(
             .saturating_duration_since(now)
             .as_millis()
             .min(u128::from(TICK_MS));
-        // Round up so the wake-up is not early and spinning.
-        let timeout_ms = u16::try_from(timeout_ms + 1).unwrap_or(u16::MAX);
+        // Round up so the wake-up is not early and spinning; poll mode
+        // spins on purpose.
+        let timeout_ms = match ctx.mode {
+            Mode::Event => u16::try_from(timeout_ms + 1).unwrap_or(u16::MAX),
+            Mode::Poll => 0,
+        };
         let n = match w.epoll.wait(&mut events, timeout_ms) {
             Ok(n) => n,
             Err(Errno::EINTR) => 0,
@@ -444,7 +476,7 @@ fn run_worker(
         for ev in &events[..n] {
             let slot = ev.data() as usize;
             if slot < w.flows.len() {
-                on_ready(&mut w, slot, sched, &ctx, &mut retries, &mut last_error)?;
+                on_ready(&mut w, slot, sched, ctx, &mut retries, &mut last_error)?;
             }
         }
         let now = Instant::now();
@@ -453,15 +485,7 @@ fn run_worker(
                 break;
             }
             retries.pop_front();
-            begin(
-                &mut w,
-                slot,
-                now,
-                sched,
-                &ctx,
-                &mut retries,
-                &mut last_error,
-            )?;
+            begin(&mut w, slot, now, sched, ctx, &mut retries, &mut last_error)?;
         }
         if now >= next_scan {
             next_scan = now + Duration::from_millis(TICK_MS);
@@ -529,21 +553,21 @@ fn begin(
     retries: &mut VecDeque<(Instant, usize)>,
     last_error: &mut Option<String>,
 ) -> Result<(), EngineError> {
-    let f = &mut w.flows[slot];
+    if let Kind::Connect { .. } = w.flows[slot].kind {
+        open_connection(w, slot, now, ctx, retries, last_error);
+        return Ok(());
+    }
+    let Worker { epoll, io, flows } = w;
+    let f = &mut flows[slot];
     f.t0 = now;
     f.last_progress = now;
-    match &mut f.kind {
-        Kind::PingPong { stream, m } => {
-            let progress = m
-                .start(&mut &*stream)
-                .map_err(|e| flow_failed(f.index, ctx, e))?;
-            pingpong_advance(&w.epoll, f, slot, progress, sched, ctx)
-        }
-        Kind::Connect { .. } => {
-            open_connection(w, slot, now, ctx, retries, last_error);
-            Ok(())
-        }
-    }
+    let Kind::PingPong { stream, m } = &mut f.kind else {
+        return Ok(());
+    };
+    let progress = m
+        .start(&mut Io::new(stream.as_fd(), &mut **io))
+        .map_err(|e| flow_failed(f.index, ctx, e))?;
+    pingpong_advance(epoll, &mut **io, f, slot, progress, sched, ctx)
 }
 
 fn flow_failed(index: u32, ctx: &Ctx, e: MachineError) -> EngineError {
@@ -576,7 +600,7 @@ fn open_connection(
     else {
         return;
     };
-    let opened = new_socket(ctx.target, ctx.bind_ip).and_then(|s| {
+    let opened = new_socket(ctx.target, ctx.bind_ip, ctx.transport, &ctx.options).and_then(|s| {
         s.set_nonblocking(true)?;
         match s.connect(&ctx.target.into()) {
             Ok(()) => Ok(s),
@@ -654,14 +678,15 @@ fn pingpong_ready(
     sched: Schedule,
     ctx: &Ctx,
 ) -> Result<(), EngineError> {
-    let f = &mut w.flows[slot];
+    let Worker { epoll, io, flows } = w;
+    let f = &mut flows[slot];
     let Kind::PingPong { stream, m } = &mut f.kind else {
         return Ok(());
     };
     let progress = m
-        .pump(&mut &*stream)
+        .pump(&mut Io::new(stream.as_fd(), &mut **io))
         .map_err(|e| flow_failed(f.index, ctx, e))?;
-    pingpong_advance(&w.epoll, f, slot, progress, sched, ctx)
+    pingpong_advance(epoll, &mut **io, f, slot, progress, sched, ctx)
 }
 
 /// Acts on a pingpong flow's `progress`: records a finished round trip and
@@ -669,6 +694,7 @@ fn pingpong_ready(
 /// this loops), then sets the epoll interest to what the flow waits for.
 fn pingpong_advance(
     epoll: &Epoll,
+    io: &mut dyn WorkerIo,
     f: &mut Flow,
     slot: usize,
     mut progress: Progress,
@@ -701,7 +727,7 @@ fn pingpong_advance(
                 }
                 f.t0 = now;
                 progress = m
-                    .start(&mut &*stream)
+                    .start(&mut Io::new(stream.as_fd(), &mut *io))
                     .map_err(|e| flow_failed(f.index, ctx, e))?;
             }
         }
@@ -723,8 +749,8 @@ fn connect_ready(
     sched: Schedule,
     last_error: &mut Option<String>,
 ) -> Reopen {
-    let epoll = &w.epoll;
-    let f = &mut w.flows[slot];
+    let Worker { epoll, io, flows } = w;
+    let f = &mut flows[slot];
     let Kind::Connect {
         stream,
         connecting,
@@ -761,7 +787,7 @@ fn connect_ready(
         }
     }
     f.last_progress = now;
-    let result = m.pump(&mut &*s);
+    let result = m.pump(&mut Io::new(s.as_fd(), &mut **io));
     if !*timed && m.reply_received() {
         *timed = true;
         f.completed += 1;

@@ -7,6 +7,7 @@
 //! Each machine owns one fixed buffer allocated when the flow is made and
 //! never again, so a round trip allocates nothing.
 
+use super::io::Io;
 use std::io::{self, ErrorKind, Read, Write};
 
 /// What a machine waits for after a `pump`.
@@ -236,6 +237,34 @@ impl EchoServer {
                 }
             }
         }
+    }
+}
+
+/// The server side of a flow, whatever its work: what a server worker
+/// pumps when the flow's socket is ready.
+pub(crate) trait ServerMachine: Send {
+    /// Moves bytes until the socket would block; `Done` means the caller
+    /// closes the connection now.
+    fn pump(&mut self, io: &mut Io<'_>) -> Result<Progress, MachineError>;
+    /// What the flow moved so far.
+    fn moved(&self) -> Moved;
+}
+
+impl ServerMachine for EchoServer {
+    fn pump(&mut self, io: &mut Io<'_>) -> Result<Progress, MachineError> {
+        EchoServer::pump(self, io)
+    }
+    fn moved(&self) -> Moved {
+        self.moved
+    }
+}
+
+impl ServerMachine for ConnectServer {
+    fn pump(&mut self, io: &mut Io<'_>) -> Result<Progress, MachineError> {
+        ConnectServer::pump(self, io)
+    }
+    fn moved(&self) -> Moved {
+        self.moved
     }
 }
 

@@ -23,18 +23,27 @@
 //!   [`LatencyHistogram`] (1% precision) so 10,000 of them stay small.
 //! - In connect mode the server closes first, so TIME_WAIT lands on the
 //!   server and the client's ephemeral ports are free again at once.
+//! - Completion mode: in `event` mode a worker sleeps in `epoll_wait` until
+//!   a flow is ready; in `poll` mode it never sleeps, calling `epoll_wait`
+//!   with a zero timeout in a loop (one core per worker spins).
 //!
-//! Transports: TCP over IPv4 and IPv6, the transports that cross hosts.
+//! Transports: every transport whose [`crate::Transport::engine_path`]
+//! gives a [`DataPath`]: the connections are TCP over IPv4 or IPv6, set up
+//! with the transport's socket options, and the data path decides how their
+//! bytes move (`tcp`: `read`/`write`; `uring`: io_uring operations).
 
 mod client;
+pub mod io;
 pub mod limits;
 mod machine;
 mod server;
 
 pub use client::PreparedClients;
+pub use io::{DataPath, WorkerIo, SYSCALLS};
 pub use limits::ensure_fd_limit;
 pub use server::FlowServer;
 
+use netgap_core::spec::{Mode, TransportOptions};
 use netgap_core::stats::LatencyHistogram;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
@@ -65,6 +74,17 @@ pub enum FlowWork {
 }
 
 impl FlowWork {
+    /// The server side of one flow of this work.
+    fn server_machine(&self) -> Box<dyn machine::ServerMachine> {
+        match *self {
+            FlowWork::PingPong { size_bytes } => Box::new(machine::EchoServer::new(size_bytes)),
+            FlowWork::Connect {
+                request_bytes,
+                reply_bytes,
+            } => Box::new(machine::ConnectServer::new(request_bytes, reply_bytes)),
+        }
+    }
+
     fn validate(&self) -> Result<(), EngineError> {
         match *self {
             FlowWork::PingPong { size_bytes: 0 } => {
@@ -81,7 +101,7 @@ impl FlowWork {
 }
 
 /// How the engine runs.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone)]
 pub struct EngineConfig {
     /// Worker threads, each with its own epoll instance; at least 1.
     pub workers: usize,
@@ -89,10 +109,42 @@ pub struct EngineConfig {
     /// connect may take) before it is an error; also how long in-flight
     /// exchanges may take to finish after the run's end. Must be non-zero.
     pub io_timeout: Duration,
+    /// `event`: workers sleep in epoll; `poll`: they spin on it.
+    pub mode: Mode,
+    /// Socket options of every connection; those that act on each message
+    /// of a single flow are refused (see [`check_options`]).
+    pub options: TransportOptions,
+    /// How the workers move bytes: the transport's data path.
+    pub path: &'static dyn DataPath,
+}
+
+impl std::fmt::Debug for EngineConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineConfig")
+            .field("workers", &self.workers)
+            .field("io_timeout", &self.io_timeout)
+            .field("mode", &self.mode)
+            .field("options", &self.options)
+            .field("path", &self.path.name())
+            .finish()
+    }
 }
 
 impl EngineConfig {
+    /// `workers` workers over plain system calls (`tcp`), event mode,
+    /// default socket options.
+    pub fn tcp(workers: usize, io_timeout: Duration) -> EngineConfig {
+        EngineConfig {
+            workers,
+            io_timeout,
+            mode: Mode::Event,
+            options: TransportOptions::default(),
+            path: &SYSCALLS,
+        }
+    }
+
     fn validate(&self) -> Result<(), EngineError> {
+        check_options(&self.options)?;
         if self.workers == 0 {
             return Err(EngineError::Invalid(
                 "the flow engine needs at least 1 worker".into(),
@@ -105,6 +157,30 @@ impl EngineConfig {
         }
         Ok(())
     }
+}
+
+/// Refuses the socket options the engine cannot honour: MSG_ZEROCOPY
+/// sends, TCP_CORK around each message, TCP_QUICKACK re-armed after each
+/// receive and SQPOLL rings act on every message of one flow, which the
+/// engine's state machines do not do; recording them would describe a
+/// stack that was not measured.
+pub fn check_options(options: &TransportOptions) -> Result<(), EngineError> {
+    let refused: Vec<&str> = [
+        ("--zerocopy", options.zerocopy),
+        ("--cork", options.cork),
+        ("--quickack", options.quickack),
+        ("--sqpoll", options.sqpoll),
+    ]
+    .into_iter()
+    .filter_map(|(flag, set)| set.then_some(flag))
+    .collect();
+    if refused.is_empty() {
+        return Ok(());
+    }
+    Err(EngineError::Invalid(format!(
+        "{} act on each message of a single flow and the multi-client flow engine does not apply them; drop them for this test",
+        refused.join(", ")
+    )))
 }
 
 /// What a [`FlowServer`] moved, over its whole life, all workers together.

@@ -4,12 +4,15 @@
 //! the workers by their addresses, and each worker accepts and keeps its
 //! flows for their whole life without sharing anything with the others.
 
-use super::machine::{ConnectServer, EchoServer, MachineError, Moved, Progress};
+use super::io::{Io, WorkerIo};
+use super::machine::{Progress, ServerMachine};
 use super::{limits, EngineConfig, EngineError, FlowWork, ServerTotals};
+use netgap_core::spec::{Mode, TransportOptions};
 use nix::errno::Errno;
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags};
 use std::io::ErrorKind;
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -35,39 +38,19 @@ pub struct FlowServer {
     workers: Vec<JoinHandle<Result<ServerTotals, EngineError>>>,
 }
 
-enum Machine {
-    Echo(EchoServer),
-    Connect(ConnectServer),
-}
-
-impl Machine {
-    fn new(work: FlowWork) -> Machine {
-        match work {
-            FlowWork::PingPong { size_bytes } => Machine::Echo(EchoServer::new(size_bytes)),
-            FlowWork::Connect {
-                request_bytes,
-                reply_bytes,
-            } => Machine::Connect(ConnectServer::new(request_bytes, reply_bytes)),
-        }
-    }
-    fn pump(&mut self, io: &mut &TcpStream) -> Result<Progress, MachineError> {
-        match self {
-            Machine::Echo(m) => m.pump(io),
-            Machine::Connect(m) => m.pump(io),
-        }
-    }
-    fn moved(&self) -> Moved {
-        match self {
-            Machine::Echo(m) => m.moved,
-            Machine::Connect(m) => m.moved,
-        }
-    }
-}
-
 struct Conn {
     stream: TcpStream,
-    machine: Machine,
+    machine: Box<dyn ServerMachine>,
     interest: EpollFlags,
+}
+
+/// What every worker of a server shares.
+#[derive(Clone)]
+struct Ctx {
+    transport: &'static str,
+    work: FlowWork,
+    mode: Mode,
+    options: TransportOptions,
 }
 
 impl FlowServer {
@@ -87,29 +70,43 @@ impl FlowServer {
             // Best effort: the server still serves what fits if this fails.
             let _ = limits::ensure_fd_limit(hard);
         }
-        let first = listen(addr).map_err(|source| EngineError::Bind { addr, source })?;
+        let first = listen(addr, &cfg.options, cfg.path.name())
+            .map_err(|source| EngineError::Bind { addr, source })?;
         let local_addr = first
             .local_addr()
             .map_err(|source| EngineError::Bind { addr, source })?;
         let mut listeners = vec![first];
         for _ in 1..cfg.workers {
-            listeners.push(listen(local_addr).map_err(|source| EngineError::Bind {
-                addr: local_addr,
-                source,
-            })?);
+            listeners.push(listen(local_addr, &cfg.options, cfg.path.name()).map_err(
+                |source| EngineError::Bind {
+                    addr: local_addr,
+                    source,
+                },
+            )?);
         }
         let stop = Arc::new(AtomicBool::new(false));
         let mut workers = Vec::with_capacity(cfg.workers);
+        let ctx = Ctx {
+            transport: cfg.path.name(),
+            work,
+            mode: cfg.mode,
+            options: cfg.options.clone(),
+        };
         for (w, listener) in listeners.into_iter().enumerate() {
+            let io = cfg.path.worker().map_err(|source| EngineError::Sys {
+                what: format!("setting up the {} data path of a worker", cfg.path.name()),
+                source,
+            })?;
             let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)
                 .map_err(|e| sys("creating an epoll instance", e))?;
             epoll
                 .add(&listener, EpollEvent::new(EpollFlags::EPOLLIN, LISTENER))
                 .map_err(|e| sys("adding the listener to epoll", e))?;
             let stop_flag = Arc::clone(&stop);
+            let ctx = ctx.clone();
             let spawned = std::thread::Builder::new()
                 .name(format!("flow-server-{w}"))
-                .spawn(move || serve(&listener, &epoll, work, &stop_flag));
+                .spawn(move || serve(&listener, &epoll, io, &ctx, &stop_flag));
             match spawned {
                 Ok(h) => workers.push(h),
                 Err(source) => {
@@ -167,9 +164,15 @@ fn sys(what: &str, e: Errno) -> EngineError {
     }
 }
 
-fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
+fn listen(
+    addr: SocketAddr,
+    options: &TransportOptions,
+    transport: &'static str,
+) -> std::io::Result<TcpListener> {
     use socket2::{Domain, Protocol, Socket, Type};
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    // Accepted connections inherit the buffer sizes and congestion control.
+    crate::tcp::apply_before_connect(transport, &socket, options).map_err(std::io::Error::other)?;
     socket.set_reuse_address(true)?;
     socket.set_reuse_port(true)?;
     socket.bind(&addr.into())?;
@@ -179,19 +182,26 @@ fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
 }
 
 /// One server worker: accepts when the listener wakes it, pumps its flows,
-/// and returns its totals once `stop` is set.
+/// and returns its totals once `stop` is set. In poll mode it never sleeps
+/// in epoll.
 fn serve(
     listener: &TcpListener,
     epoll: &Epoll,
-    work: FlowWork,
+    mut io: Box<dyn WorkerIo>,
+    ctx: &Ctx,
     stop: &AtomicBool,
 ) -> Result<ServerTotals, EngineError> {
     let mut totals = ServerTotals::default();
     let mut conns: Vec<Option<Conn>> = Vec::new();
     let mut free: Vec<usize> = Vec::new();
     let mut events = vec![EpollEvent::empty(); 256];
+    let wait_ms = match ctx.mode {
+        Mode::Event => STOP_POLL_MS,
+        Mode::Poll => 0,
+    };
+    let io = &mut *io;
     while !stop.load(Ordering::Relaxed) {
-        let n = match epoll.wait(&mut events, STOP_POLL_MS) {
+        let n = match epoll.wait(&mut events, wait_ms) {
             Ok(n) => n,
             Err(Errno::EINTR) => continue,
             Err(e) => return Err(sys("waiting in epoll", e)),
@@ -199,39 +209,66 @@ fn serve(
         for ev in &events[..n] {
             let token = ev.data();
             if token == LISTENER {
-                accept_batch(listener, epoll, work, &mut conns, &mut free, &mut totals);
+                let mut w = WorkerState {
+                    epoll,
+                    io: &mut *io,
+                    conns: &mut conns,
+                    free: &mut free,
+                    totals: &mut totals,
+                };
+                accept_batch(listener, &mut w, ctx);
                 continue;
             }
-            service(epoll, &mut conns, &mut free, token as usize, &mut totals);
+            let mut w = WorkerState {
+                epoll,
+                io: &mut *io,
+                conns: &mut conns,
+                free: &mut free,
+                totals: &mut totals,
+            };
+            service(&mut w, token as usize);
         }
     }
-    for slot in 0..conns.len() {
-        close(&mut conns, &mut free, slot, &mut totals);
+    let mut w = WorkerState {
+        epoll,
+        io,
+        conns: &mut conns,
+        free: &mut free,
+        totals: &mut totals,
+    };
+    for slot in 0..w.conns.len() {
+        close(&mut w, slot);
     }
     Ok(totals)
 }
 
+/// One worker's flows and what it needs to serve them.
+struct WorkerState<'a> {
+    epoll: &'a Epoll,
+    io: &'a mut dyn WorkerIo,
+    conns: &'a mut Vec<Option<Conn>>,
+    free: &'a mut Vec<usize>,
+    totals: &'a mut ServerTotals,
+}
+
 /// Pumps the flow in `slot` (if it is still open) and sets its epoll
 /// interest to what it waits for next, or closes it.
-fn service(
-    epoll: &Epoll,
-    conns: &mut [Option<Conn>],
-    free: &mut Vec<usize>,
-    slot: usize,
-    totals: &mut ServerTotals,
-) {
-    let Some(Some(conn)) = conns.get_mut(slot) else {
+fn service(w: &mut WorkerState<'_>, slot: usize) {
+    let Some(Some(conn)) = w.conns.get_mut(slot) else {
         return;
     };
-    let next = match conn.machine.pump(&mut &conn.stream) {
+    let pumped = conn
+        .machine
+        .pump(&mut Io::new(conn.stream.as_fd(), &mut *w.io));
+    let next = match pumped {
         Ok(Progress::WantRead) => Some(EpollFlags::EPOLLIN),
         Ok(Progress::WantWrite) => Some(EpollFlags::EPOLLOUT),
         Ok(Progress::Done) => {
-            totals.connections_completed += 1;
+            w.totals.connections_completed += 1;
             None
         }
         Err(_) => {
-            totals.errors += 1;
+            w.totals.errors += 1;
             None
         }
     };
@@ -239,40 +276,28 @@ fn service(
         Some(interest) if interest != conn.interest => {
             conn.interest = interest;
             let mut ev = EpollEvent::new(interest, slot as u64);
-            if epoll.modify(&conn.stream, &mut ev).is_err() {
-                totals.errors += 1;
-                close(conns, free, slot, totals);
+            if w.epoll.modify(&conn.stream, &mut ev).is_err() {
+                w.totals.errors += 1;
+                close(w, slot);
             }
         }
         Some(_) => {}
         // Dropping the stream closes it, which also removes it from epoll;
         // in connect mode this is the server closing first.
-        None => close(conns, free, slot, totals),
+        None => close(w, slot),
     }
 }
 
-fn close(
-    conns: &mut [Option<Conn>],
-    free: &mut Vec<usize>,
-    slot: usize,
-    totals: &mut ServerTotals,
-) {
-    if let Some(conn) = conns[slot].take() {
+fn close(w: &mut WorkerState<'_>, slot: usize) {
+    if let Some(conn) = w.conns[slot].take() {
         let moved = conn.machine.moved();
-        totals.bytes_rx += moved.rx_bytes;
-        totals.bytes_tx += moved.tx_bytes;
-        free.push(slot);
+        w.totals.bytes_rx += moved.rx_bytes;
+        w.totals.bytes_tx += moved.tx_bytes;
+        w.free.push(slot);
     }
 }
 
-fn accept_batch(
-    listener: &TcpListener,
-    epoll: &Epoll,
-    work: FlowWork,
-    conns: &mut Vec<Option<Conn>>,
-    free: &mut Vec<usize>,
-    totals: &mut ServerTotals,
-) {
+fn accept_batch(listener: &TcpListener, w: &mut WorkerState<'_>, ctx: &Ctx) {
     for _ in 0..ACCEPT_BATCH {
         let stream = match listener.accept() {
             Ok((s, _)) => s,
@@ -287,35 +312,37 @@ fn accept_batch(
                 // Out of descriptors or memory: the connection stays queued
                 // and level triggering brings it back; pause briefly so the
                 // worker keeps serving its flows instead of spinning.
-                totals.errors += 1;
+                w.totals.errors += 1;
                 std::thread::sleep(Duration::from_millis(1));
                 return;
             }
         };
-        if stream.set_nonblocking(true).is_err() || stream.set_nodelay(true).is_err() {
-            totals.errors += 1;
+        if stream.set_nonblocking(true).is_err()
+            || crate::tcp::apply_connected(ctx.transport, &stream, &ctx.options).is_err()
+        {
+            w.totals.errors += 1;
             continue;
         }
-        totals.connections_accepted += 1;
-        let slot = free.pop().unwrap_or_else(|| {
-            conns.push(None);
-            conns.len() - 1
+        w.totals.connections_accepted += 1;
+        let slot = w.free.pop().unwrap_or_else(|| {
+            w.conns.push(None);
+            w.conns.len() - 1
         });
-        if epoll
+        if w.epoll
             .add(&stream, EpollEvent::new(EpollFlags::EPOLLIN, slot as u64))
             .is_err()
         {
-            totals.errors += 1;
-            free.push(slot);
+            w.totals.errors += 1;
+            w.free.push(slot);
             continue;
         }
-        conns[slot] = Some(Conn {
+        w.conns[slot] = Some(Conn {
             stream,
-            machine: Machine::new(work),
+            machine: ctx.work.server_machine(),
             interest: EpollFlags::EPOLLIN,
         });
         // A connect-mode request (or a zero-byte one) is often already
         // there; serving it now saves a trip through epoll.
-        service(epoll, conns, free, slot, totals);
+        service(w, slot);
     }
 }

@@ -2,14 +2,27 @@
 //! server and real clients in one process.
 
 use super::*;
+use netgap_core::spec::Mode;
 use std::net::TcpListener;
 use std::time::Instant;
 
 fn cfg(workers: usize, io_timeout_ms: u64) -> EngineConfig {
-    EngineConfig {
-        workers,
-        io_timeout: Duration::from_millis(io_timeout_ms),
+    EngineConfig::tcp(workers, Duration::from_millis(io_timeout_ms))
+}
+
+/// The engine's configuration over `transport` in `mode`, `None` (with
+/// the reason printed) when the transport cannot run here.
+fn cfg_over(transport: &str, mode: Mode, workers: usize) -> Option<EngineConfig> {
+    let t = crate::find(transport).unwrap();
+    if let Err(why) = t.availability() {
+        eprintln!("skipped: {transport} not available here: {why}");
+        return None;
     }
+    Some(EngineConfig {
+        mode,
+        path: t.engine_path().unwrap(),
+        ..cfg(workers, 5_000)
+    })
 }
 
 fn loopback() -> SocketAddr {
@@ -332,4 +345,61 @@ fn an_endless_run_is_refused_not_a_panic() {
         .run(Duration::MAX, Duration::from_secs(1))
         .unwrap_err();
     assert!(matches!(err, EngineError::Invalid(_)), "{err}");
+}
+
+/// Pingpong and connect flows over every transport the engine carries and
+/// in both modes: every byte sent came back, and the server saw them all.
+#[test]
+fn every_engine_transport_in_both_modes_accounts_for_every_byte() {
+    for name in ["tcp", "uring"] {
+        for mode in Mode::ALL {
+            let Some(c) = cfg_over(name, mode, 2) else {
+                continue;
+            };
+            let work = FlowWork::PingPong { size_bytes: 64 };
+            let server = FlowServer::bind(loopback(), work, c.clone()).unwrap();
+            let report = prepare_clients(&spec(server.local_addr(), 6, work), &c)
+                .unwrap()
+                .run(Duration::from_millis(20), Duration::from_millis(150))
+                .unwrap();
+            let totals = server.stop().unwrap();
+            for f in &report.flows {
+                assert!(f.round_trips > 0, "{name} {mode}: flow {}", f.index);
+                assert_eq!(f.bytes_tx, f.bytes_rx, "{name} {mode}");
+                assert_eq!(f.window_bytes_rx, 64 * f.round_trips, "{name} {mode}");
+            }
+            let tx: u64 = report.flows.iter().map(|f| f.bytes_tx).sum();
+            assert_eq!(totals.bytes_rx, tx, "{name} {mode}");
+
+            let work = FlowWork::Connect {
+                request_bytes: 10,
+                reply_bytes: 300,
+            };
+            let server = FlowServer::bind(loopback(), work, c.clone()).unwrap();
+            let report = prepare_clients(&spec(server.local_addr(), 4, work), &c)
+                .unwrap()
+                .run(Duration::ZERO, Duration::from_millis(150))
+                .unwrap();
+            let totals = server.stop().unwrap();
+            for f in &report.flows {
+                assert!(f.round_trips > 0, "{name} {mode}: flow {}", f.index);
+                assert_eq!(f.errors, 0, "{name} {mode}");
+                assert_eq!(f.bytes_tx / 10, f.bytes_rx / 300, "{name} {mode}");
+            }
+            let rx: u64 = report.flows.iter().map(|f| f.bytes_rx).sum();
+            assert_eq!(totals.bytes_tx, rx, "{name} {mode}");
+        }
+    }
+}
+
+#[test]
+fn options_that_act_per_message_are_refused_in_one_line() {
+    let mut c = cfg(1, 100);
+    c.options.cork = true;
+    c.options.zerocopy = true;
+    let e = FlowServer::bind(loopback(), FlowWork::PingPong { size_bytes: 1 }, c)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("--zerocopy, --cork"), "{e}");
+    assert_eq!(e.lines().count(), 1);
 }

@@ -1,0 +1,241 @@
+//! Roles on the flow engine ([`netgap_transport::flows`]), shared by
+//! `hotspot` (request/response round trips on long-lived connections) and
+//! `connect` (a connection per request): thousands of flows per agent on a
+//! few worker threads, over any transport that gives the engine a data
+//! path, in the point's completion mode. The server role is a
+//! [`FlowServer`] on one listener; a client role opens every flow before
+//! the barrier and runs them all together after it.
+
+use super::role::{
+    find_transport, meter_window, peak_rss_kib, window, OpenRole, ReadyRole, RoleContext,
+    RoleError, RoleResult,
+};
+use super::{FlowSample, Refused};
+use netgap_core::spec::PointSpec;
+use netgap_core::stats::LatencyHistogram;
+use netgap_proto::group::{FlowReport, GroupOutcome, GroupRole, GroupSpec, MAX_GROUP_FLOWS};
+use netgap_transport::flows::{
+    self, prepare_clients, ClientSpec, EngineConfig, FlowServer, FlowWork, PreparedClients,
+};
+use netgap_transport::Transport;
+use std::net::{IpAddr, SocketAddr};
+use std::time::{Duration, Instant};
+
+/// Most engine worker threads on one agent.
+const MAX_WORKERS: usize = 8;
+/// How long a server role keeps serving after the window, so the clients'
+/// last in-flight exchanges finish before it closes their connections.
+const SERVER_GRACE: Duration = Duration::from_millis(500);
+/// Most flows of an engine workload's point.
+pub const MAX_ENGINE_FLOWS: u32 = MAX_GROUP_FLOWS;
+
+/// Refuses, at plan time, a point the engine cannot run: a transport with
+/// no engine data path, or options the engine does not honour.
+pub fn check(workload: &str, spec: &PointSpec, transport: &dyn Transport) -> Result<(), Refused> {
+    if transport.engine_path().is_none() {
+        let carried: Vec<&str> = netgap_transport::registry()
+            .iter()
+            .filter(|t| t.engine_path().is_some())
+            .map(|t| t.name())
+            .collect();
+        return Err(Refused(format!(
+            "{workload} runs on the multi-client flow engine, which carries {}, not {}",
+            carried.join(", "),
+            spec.transport
+        )));
+    }
+    flows::check_options(&spec.options).map_err(|e| Refused(format!("{workload}: {e}")))
+}
+
+/// What a client's report of an engine flow says: the flow's value by
+/// `value` from its round trips and the window, its bytes and its
+/// percentiles scaled by `scale` (0.5: one-way from round trips). A server
+/// reports no flows.
+pub fn sample(
+    side: GroupRole,
+    report: &FlowReport,
+    window_ns: u64,
+    value: fn(u64, u64) -> f64,
+) -> FlowSample {
+    if side == GroupRole::Server {
+        return FlowSample::default();
+    }
+    FlowSample {
+        value: Some(value(report.round_trips, window_ns)),
+        bytes_tx: report.bytes_tx,
+        bytes_rx: report.bytes_rx,
+        window_bytes: report.window_bytes_rx,
+        percentiles: report.percentiles.clone(),
+    }
+}
+
+/// The engine's configuration for a role: the point's transport path,
+/// mode, options and I/O timeout.
+fn config(workload: &'static str, spec: &GroupSpec) -> Result<EngineConfig, RoleError> {
+    let t = find_transport(spec)?;
+    let path = t.engine_path().ok_or_else(|| RoleError::Refused {
+        workload,
+        detail: format!(
+            "the multi-client flow engine cannot carry {}",
+            spec.point.transport
+        ),
+    })?;
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    Ok(EngineConfig {
+        workers: cpus.clamp(1, MAX_WORKERS),
+        io_timeout: Duration::from_millis(u64::from(spec.point.io_timeout_ms.max(1))),
+        mode: spec.point.mode,
+        options: spec.point.options.clone(),
+        path,
+    })
+}
+
+/// Opens an engine role doing `work`; latencies are reported scaled by
+/// `scale` (0.5 turns round trips into one-way latency).
+pub fn open(
+    workload: &'static str,
+    work: FlowWork,
+    scale: f64,
+    ctx: RoleContext<'_>,
+) -> Result<Box<dyn OpenRole>, RoleError> {
+    let spec = ctx.spec;
+    let cfg = config(workload, spec)?;
+    let (warmup, duration) = window(spec);
+    match spec.role {
+        GroupRole::Server => {
+            let ip: IpAddr = spec.listen_ips.first().copied().unwrap_or(ctx.control_ip);
+            let server = FlowServer::bind(SocketAddr::new(ip, 0), work, cfg)?;
+            Ok(Box::new(Engine {
+                warmup,
+                duration,
+                kind: Kind::Server(server),
+            }))
+        }
+        GroupRole::Client => {
+            let target = spec.targets.first().ok_or(RoleError::Refused {
+                workload,
+                detail: "a client role needs a target".into(),
+            })?;
+            let target: SocketAddr = target.parse().map_err(|_| RoleError::Params {
+                workload,
+                detail: format!("the target {target:?} is not IP:PORT"),
+            })?;
+            let client = ClientSpec {
+                target,
+                flows: spec.flows as usize,
+                work,
+                bind_ip: spec.bind_ips.first().copied(),
+            };
+            let prepared = prepare_clients(&client, &cfg)?;
+            Ok(Box::new(Engine {
+                warmup,
+                duration,
+                kind: Kind::Clients(prepared, scale),
+            }))
+        }
+    }
+}
+
+/// A prepared engine role.
+struct Engine {
+    warmup: Duration,
+    duration: Duration,
+    kind: Kind,
+}
+
+enum Kind {
+    /// Serving on one listener.
+    Server(FlowServer),
+    /// Every client flow opened; the scale of reported latencies.
+    Clients(PreparedClients, f64),
+}
+
+impl OpenRole for Engine {
+    fn addrs(&self) -> Vec<String> {
+        match &self.kind {
+            Kind::Server(s) => vec![s.local_addr().to_string()],
+            Kind::Clients(..) => Vec::new(),
+        }
+    }
+
+    /// The engine accepts while it runs, so a server is ready at once.
+    fn ready(self: Box<Self>) -> Result<Box<dyn ReadyRole>, RoleError> {
+        Ok(self)
+    }
+}
+
+impl ReadyRole for Engine {
+    fn run(self: Box<Self>) -> Result<RoleResult, RoleError> {
+        let Engine {
+            warmup,
+            duration,
+            kind,
+        } = *self;
+        let t0 = Instant::now();
+        let meter = std::thread::Builder::new()
+            .name("cpu meter".into())
+            .spawn(move || meter_window(t0 + warmup, t0 + warmup + duration))
+            .map_err(|source| RoleError::Thread {
+                what: "the CPU meter",
+                source,
+            })?;
+        let run = run(kind, warmup, duration);
+        let (cpu, _) = meter.join().map_err(|_| RoleError::Panicked {
+            what: "the CPU meter".into(),
+        })?;
+        let (flows, hist, window_ns, bytes_rx, bytes_tx) = run?;
+        Ok(RoleResult {
+            flows,
+            buckets: hist.buckets(),
+            outcome: GroupOutcome {
+                window_ns,
+                cpu,
+                peak_rss_kib: peak_rss_kib(),
+                bytes_rx,
+                bytes_tx,
+            },
+        })
+    }
+}
+
+type Ran = (Vec<FlowReport>, LatencyHistogram, u64, u64, u64);
+
+/// Runs a prepared role for `warmup` then `duration`: per-flow reports
+/// (none from a server, which does not time exchanges), the latency of
+/// every exchange in ns, the window in ns, bytes received and sent.
+fn run(kind: Kind, warmup: Duration, duration: Duration) -> Result<Ran, RoleError> {
+    match kind {
+        Kind::Server(server) => {
+            std::thread::sleep(warmup + duration + SERVER_GRACE);
+            let totals = server.stop()?;
+            Ok((
+                Vec::new(),
+                LatencyHistogram::new(),
+                u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX),
+                totals.bytes_rx,
+                totals.bytes_tx,
+            ))
+        }
+        Kind::Clients(clients, scale) => {
+            let report = clients.run(warmup, duration)?;
+            let mut hist = LatencyHistogram::new();
+            let (mut rx, mut tx) = (0, 0);
+            let mut flows = Vec::with_capacity(report.flows.len());
+            for f in &report.flows {
+                hist.merge(&f.hist);
+                rx += f.bytes_rx;
+                tx += f.bytes_tx;
+                flows.push(FlowReport {
+                    index: f.index,
+                    bytes_tx: f.bytes_tx,
+                    bytes_rx: f.bytes_rx,
+                    window_bytes_rx: f.window_bytes_rx,
+                    round_trips: f.round_trips,
+                    percentiles: f.hist.percentiles_us(scale),
+                    errors: f.errors,
+                });
+            }
+            Ok((flows, hist, report.elapsed_ns, rx, tx))
+        }
+    }
+}

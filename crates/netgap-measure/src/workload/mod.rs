@@ -1,0 +1,240 @@
+//! Multi-host workloads: what runs across several hosts at once. A workload
+//! is one module implementing [`Workload`] plus one line in [`registry`],
+//! and nothing else names it:
+//!
+//! - its **plan** part says which count it reads (`--clients`, `-P`, or the
+//!   links of the hosts), its default size, which transports, modes and
+//!   options it refuses (one line each), and the typed parameters that go
+//!   to the agents with every role ([`Workload::params`]);
+//! - its **placement** puts roles on hosts ([`Workload::place`]): server
+//!   roles that listen and announce their data addresses, client roles
+//!   whose flows connect to a server role, on as many server and client
+//!   hosts as it wants ([`place`] has the cyclic allotment and the shapes
+//!   the built-in workloads share);
+//! - its **agent** part opens a role on an agent ([`Workload::open`]): it
+//!   parses and checks its own parameters against the agent's limits, then
+//!   listens, accepts, connects (or, for a workload with a real server,
+//!   starts it) and runs after the coordinator's barrier ([`role`]);
+//! - its **reduction** turns each flow report into the flow's value and
+//!   bytes ([`Workload::sample`]) and picks the record's percentiles; the
+//!   group coordinator does the rest (statistics over repetitions, CPU of
+//!   every host, the record).
+//!
+//! The six built-in workloads share two role implementations: [`stream`]
+//! (bandwidth, a thread per flow over any cross-host transport) and
+//! [`engine`] (request/response and connect-per-request flows, thousands per
+//! agent, on the flow engine over any transport with an engine data path).
+
+pub mod allot;
+pub mod connect;
+pub mod engine;
+pub mod fanin;
+pub mod fanout;
+pub mod hotspot;
+pub mod multirail;
+pub mod multistream;
+pub mod place;
+pub mod role;
+pub mod stream;
+
+use netgap_core::spec::PointSpec;
+use netgap_core::stats::{LatencyHistogram, Percentiles};
+use netgap_proto::group::{FlowReport, GroupRole};
+use netgap_transport::Transport;
+use place::{HostView, Placement};
+use role::{OpenRole, RoleContext, RoleError};
+
+/// The headline metric of a workload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GroupMetric {
+    /// Aggregate payload bandwidth received in the window, Gbit/s.
+    BandwidthGbps,
+    /// Mean one-way latency over all clients, µs.
+    LatencyUs,
+    /// Connections opened, used and closed per second, all clients together.
+    ConnectionsPerS,
+}
+
+impl GroupMetric {
+    /// The metric's key in results.
+    pub fn key(self) -> &'static str {
+        match self {
+            GroupMetric::BandwidthGbps => "bandwidth_gbps",
+            GroupMetric::LatencyUs => "latency_us",
+            GroupMetric::ConnectionsPerS => "connections_per_s",
+        }
+    }
+
+    /// A repetition's headline from its per-flow values: the sum (aggregate
+    /// bandwidth, connections per second) or the mean over clients
+    /// (latency). `None` if a client has no latency (no round trip in the
+    /// window).
+    pub fn headline(self, values: &[f64]) -> Option<f64> {
+        match self {
+            GroupMetric::BandwidthGbps | GroupMetric::ConnectionsPerS => Some(values.iter().sum()),
+            GroupMetric::LatencyUs => {
+                if values.is_empty() || values.iter().any(|v| !v.is_finite()) {
+                    return None;
+                }
+                Some(values.iter().sum::<f64>() / values.len() as f64)
+            }
+        }
+    }
+}
+
+/// Which count of the run a workload's points are made for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CountFlag {
+    /// `--clients N`: clients spread over the client hosts.
+    Clients,
+    /// `-P N`: parallel streams.
+    Streams,
+    /// Neither: the hosts decide (one flow per link).
+    Hosts,
+}
+
+/// A refusal of a workload at plan or placement time: one line naming what
+/// cannot be done and what to change.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Refused(pub String);
+
+/// What one report says about its flow, for the reduction to records.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct FlowSample {
+    /// The flow's value in the workload's unit, when this end measures it.
+    pub value: Option<f64>,
+    /// Payload bytes the flow sent, as this end counts them.
+    pub bytes_tx: u64,
+    /// Payload bytes the flow received, as this end counts them.
+    pub bytes_rx: u64,
+    /// Payload bytes received inside the measured window (a link's bytes).
+    pub window_bytes: u64,
+    /// The flow's latency percentiles, when this end times it.
+    pub percentiles: Option<Percentiles>,
+}
+
+/// A multi-host workload. Implementations are unit structs listed once in
+/// [`registry`]; everything else finds them by name.
+pub trait Workload: Sync {
+    /// Name on the command line, in results and on the wire.
+    fn name(&self) -> &'static str;
+
+    /// One line for `netgap list`.
+    fn summary(&self) -> &'static str;
+
+    /// Headline metric.
+    fn metric(&self) -> GroupMetric;
+
+    /// Which count its points are made for.
+    fn count(&self) -> CountFlag;
+
+    /// Most flows one point may have.
+    fn max_flows(&self) -> u32;
+
+    /// Message size of a point when the run names none, in bytes.
+    fn default_size_bytes(&self, transport: &dyn Transport) -> u64;
+
+    /// Refuses, in one line, a point this workload cannot run as asked: a
+    /// transport, mode or option it cannot honour. Runs in the plan, before
+    /// any host is contacted.
+    fn check(&self, spec: &PointSpec, transport: &dyn Transport) -> Result<(), Refused>;
+
+    /// The typed parameters every role of the point gets, as the JSON
+    /// object its own [`Workload::open`] parses; none by default.
+    fn params(&self, spec: &PointSpec) -> serde_json::Value {
+        let _ = spec;
+        serde_json::Value::Object(serde_json::Map::new())
+    }
+
+    /// Places the roles of a point of `count` (clients, streams; unused for
+    /// [`CountFlag::Hosts`]) on `hosts`.
+    fn place(&self, count: u32, hosts: &[HostView]) -> Result<Placement, Refused>;
+
+    /// Opens this agent's role of a point: parses and checks the
+    /// parameters, then listens or connects. Never panics on peer input.
+    fn open(&self, ctx: RoleContext<'_>) -> Result<Box<dyn OpenRole>, RoleError>;
+
+    /// What `report`, from a role on `side`, says about its flow over a
+    /// window of `window_ns`.
+    fn sample(&self, side: GroupRole, report: &FlowReport, window_ns: u64) -> FlowSample;
+
+    /// The record's percentiles from every client exchange of the point;
+    /// none by default.
+    fn percentiles(&self, hist: &LatencyHistogram) -> Option<Percentiles> {
+        let _ = hist;
+        None
+    }
+}
+
+/// Every workload, in the order `netgap list` shows them.
+pub fn registry() -> &'static [&'static dyn Workload] {
+    &[
+        &multistream::Multistream,
+        &hotspot::Hotspot,
+        &fanin::Fanin,
+        &fanout::Fanout,
+        &connect::Connect,
+        &multirail::Multirail,
+    ]
+}
+
+/// The workload called `name`, if there is one.
+pub fn find(name: &str) -> Option<&'static dyn Workload> {
+    registry().iter().copied().find(|w| w.name() == name)
+}
+
+/// Names of all workloads, comma separated.
+pub fn names() -> String {
+    registry()
+        .iter()
+        .map(|w| w.name())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Refuses a transport that cannot connect two hosts.
+pub(crate) fn check_cross_host(
+    workload: &str,
+    spec: &PointSpec,
+    transport: &dyn Transport,
+) -> Result<(), Refused> {
+    if !transport.capabilities().cross_host {
+        let cross: Vec<&str> = netgap_transport::registry()
+            .iter()
+            .filter(|t| t.capabilities().cross_host)
+            .map(|t| t.name())
+            .collect();
+        return Err(Refused(format!(
+            "{workload}: transport {} cannot cross hosts; use {}",
+            spec.transport,
+            cross.join(", ")
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // a failed unwrap is a failed test
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_unique_and_not_point_to_point_tests() {
+        for w in registry() {
+            assert_eq!(find(w.name()).map(|f| f.name()), Some(w.name()));
+            assert!(crate::bench::find(w.name()).is_none(), "{}", w.name());
+            netgap_core::spec::check_name("test", w.name()).expect("valid wire name");
+        }
+    }
+
+    #[test]
+    fn headline_sums_bandwidth_and_averages_latency() {
+        use GroupMetric::*;
+        assert_eq!(BandwidthGbps.headline(&[1.0, 2.0, 3.0]), Some(6.0));
+        assert_eq!(ConnectionsPerS.headline(&[10.0, 5.0]), Some(15.0));
+        assert_eq!(LatencyUs.headline(&[10.0, 20.0]), Some(15.0));
+        assert_eq!(LatencyUs.headline(&[10.0, f64::NAN]), None);
+        assert_eq!(LatencyUs.headline(&[]), None);
+    }
+}

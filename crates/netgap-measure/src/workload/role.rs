@@ -1,0 +1,254 @@
+//! A workload's role on an agent: what the agent hands a workload
+//! ([`RoleContext`]), the two steps of a role before the barrier
+//! ([`OpenRole`]: listening or connecting, then [`ReadyRole`]: every flow
+//! ready), what a role reports after its run ([`RoleResult`]), and why a
+//! role failed ([`RoleError`], one line for the coordinator).
+//!
+//! The agent finds the workload by the point's name ([`open`]); everything
+//! past that is the workload's own code.
+
+use netgap_core::cpu::CpuUsage;
+use netgap_proto::group::{FlowReport, GroupOutcome, GroupSpec};
+use netgap_proto::limits::{AgentLimits, LimitError};
+use netgap_transport::cpu::CpuMeter;
+use netgap_transport::flows::EngineError;
+use netgap_transport::{self as transport, FlowError, TransportError};
+use serde::de::DeserializeOwned;
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+/// How long a server role waits for all its flows to connect.
+pub const ACCEPT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What an agent gives a workload to open its role with.
+#[derive(Debug, Clone, Copy)]
+pub struct RoleContext<'a> {
+    /// The role, range-checked by [`GroupSpec::validate`] and by the
+    /// agent's limits on flows, window and the point's size.
+    pub spec: &'a GroupSpec,
+    /// The address the control connection arrived on: where a server
+    /// listens when the spec names no address.
+    pub control_ip: IpAddr,
+    /// The agent's limits, for the sizes in the workload's parameters.
+    pub limits: &'a AgentLimits,
+}
+
+/// A role after its first step: a server listening (its flows being
+/// accepted), a client connected.
+pub trait OpenRole: Send {
+    /// The data addresses (`IP:PORT`) to announce, one per flow or one for
+    /// all; empty for a role that only connects.
+    fn addrs(&self) -> Vec<String>;
+
+    /// Waits until every flow is ready (at most [`ACCEPT_TIMEOUT`]).
+    fn ready(self: Box<Self>) -> Result<Box<dyn ReadyRole>, RoleError>;
+}
+
+/// A role whose flows are all ready, waiting for the barrier.
+pub trait ReadyRole: Send {
+    /// Runs every flow for the warm-up and the window of the spec, then
+    /// reports.
+    fn run(self: Box<Self>) -> Result<RoleResult, RoleError>;
+}
+
+/// What an agent reports after a group repetition.
+#[derive(Debug, Clone)]
+pub struct RoleResult {
+    /// Per-flow reports, in the role's flow order.
+    pub flows: Vec<FlowReport>,
+    /// `[value_ns, count]` buckets of the latency histogram of all flows.
+    pub buckets: Vec<[u64; 2]>,
+    /// Window, CPU and memory.
+    pub outcome: GroupOutcome,
+}
+
+/// Why a role could not be opened or run: one line for the coordinator.
+#[derive(Debug, thiserror::Error)]
+pub enum RoleError {
+    /// The point names a workload this agent does not have.
+    #[error("unknown workload {name:?} (this agent has: {known})")]
+    UnknownWorkload {
+        /// The name asked for.
+        name: String,
+        /// The workloads this agent has.
+        known: String,
+    },
+    /// The workload's parameters do not parse or are out of range.
+    #[error("{workload}: bad parameters: {detail}")]
+    Params {
+        /// The workload.
+        workload: &'static str,
+        /// What is wrong.
+        detail: String,
+    },
+    /// A parameter past the agent's limits.
+    #[error(transparent)]
+    Limit(#[from] LimitError),
+    /// The point names a transport this agent does not have.
+    #[error("unknown transport {name:?} (this agent has: {known})")]
+    UnknownTransport {
+        /// The name asked for.
+        name: String,
+        /// The transports this agent has.
+        known: String,
+    },
+    /// The transport does not work on this host.
+    #[error("transport {name} is not available on the agent: {why}")]
+    Unavailable {
+        /// The transport.
+        name: String,
+        /// Why not.
+        why: String,
+    },
+    /// The workload cannot run this way (a transport it cannot drive, more
+    /// flows than it runs).
+    #[error("{workload}: {detail}")]
+    Refused {
+        /// The workload.
+        workload: &'static str,
+        /// What it cannot do.
+        detail: String,
+    },
+    /// A flow could not be opened.
+    #[error("flow {index}: {source}")]
+    Open {
+        /// The flow's index in the role.
+        index: usize,
+        /// Why.
+        source: TransportError,
+    },
+    /// A flow failed while running.
+    #[error("flow {index}: {source}")]
+    Flow {
+        /// The flow's index in the role.
+        index: usize,
+        /// Why.
+        source: FlowError,
+    },
+    /// The flow engine failed.
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    /// A thread could not be started.
+    #[error("cannot start {what}: {source}")]
+    Thread {
+        /// Which thread.
+        what: &'static str,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A thread of the role panicked; a bug, not a peer's doing.
+    #[error("{what} panicked")]
+    Panicked {
+        /// Which thread.
+        what: String,
+    },
+}
+
+/// Opens the role `ctx.spec` asks for with the workload it names.
+pub fn open(ctx: RoleContext<'_>) -> Result<Box<dyn OpenRole>, RoleError> {
+    let name = &ctx.spec.point.test;
+    let workload = super::find(name).ok_or_else(|| RoleError::UnknownWorkload {
+        name: name.clone(),
+        known: super::names(),
+    })?;
+    workload.open(ctx)
+}
+
+/// Parses a workload's parameters into its own type; unknown fields are
+/// refused by the type (`deny_unknown_fields`).
+pub fn parse_params<P: DeserializeOwned>(
+    workload: &'static str,
+    spec: &GroupSpec,
+) -> Result<P, RoleError> {
+    P::deserialize(&spec.params).map_err(|e| RoleError::Params {
+        workload,
+        detail: e.to_string(),
+    })
+}
+
+/// The parameters of a workload that takes none: an empty object.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NoParams {}
+
+/// The point's transport, available on this host.
+pub fn find_transport(spec: &GroupSpec) -> Result<&'static dyn transport::Transport, RoleError> {
+    let t = transport::find(&spec.point.transport).ok_or_else(|| RoleError::UnknownTransport {
+        name: spec.point.transport.clone(),
+        known: transport::names(),
+    })?;
+    t.availability().map_err(|why| RoleError::Unavailable {
+        name: spec.point.transport.clone(),
+        why,
+    })?;
+    Ok(t)
+}
+
+/// Picks entry `i` of a per-flow list of 0, 1 or `flows` entries.
+pub fn per_flow<T: Clone>(list: &[T], i: usize) -> Option<T> {
+    match list.len() {
+        0 => None,
+        1 => list.first().cloned(),
+        _ => list.get(i).cloned(),
+    }
+}
+
+/// The uncounted warm-up and the measured window of the spec.
+pub fn window(spec: &GroupSpec) -> (Duration, Duration) {
+    (
+        Duration::from_millis(u64::from(spec.warmup_ms)),
+        Duration::from_millis(u64::from(spec.duration_ms)),
+    )
+}
+
+/// Peak resident set size of this process (VmHWM), in KiB, if readable.
+pub fn peak_rss_kib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// CPU time of this whole process so far, in nanoseconds
+/// (`CLOCK_PROCESS_CPUTIME_ID`); 0 if unreadable.
+fn process_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec that outlives the call, and
+    // CLOCK_PROCESS_CPUTIME_ID is a clock id every Linux kernel supports.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    if rc != 0 {
+        return 0;
+    }
+    let secs = u64::try_from(ts.tv_sec).unwrap_or(0);
+    let nanos = u64::try_from(ts.tv_nsec).unwrap_or(0);
+    secs.saturating_mul(1_000_000_000).saturating_add(nanos)
+}
+
+/// Measures host and process CPU over the window on the calling thread,
+/// which sleeps meanwhile: from `window_start` to `end`. Returns the usage
+/// and the window's length as timed, in ns.
+pub fn meter_window(window_start: Instant, end: Instant) -> (CpuUsage, u64) {
+    sleep_until(window_start);
+    let meter = CpuMeter::start();
+    let p0 = process_cpu_ns();
+    let t0 = Instant::now();
+    sleep_until(end);
+    let mut cpu = meter.stop(0);
+    let window_ns = u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
+    cpu.cpu_ns = process_cpu_ns().saturating_sub(p0);
+    cpu.process_percent = if cpu.wall_ns == 0 {
+        0.0
+    } else {
+        100.0 * cpu.cpu_ns as f64 / cpu.wall_ns as f64
+    };
+    (cpu, window_ns)
+}
+
+fn sleep_until(t: Instant) {
+    let left = t.saturating_duration_since(Instant::now());
+    if !left.is_zero() {
+        std::thread::sleep(left);
+    }
+}

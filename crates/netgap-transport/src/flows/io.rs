@@ -1,0 +1,106 @@
+//! How the engine's workers move bytes: the seam between the engine and
+//! the transports it carries. The engine owns the sockets (non-blocking
+//! TCP, set up with the transport's options) and their readiness (one
+//! epoll instance per worker); a transport's [`DataPath`] owns the system
+//! calls that move payload. `tcp` moves bytes with `read`/`write`
+//! ([`SYSCALLS`]); `uring` with `IORING_OP_RECV`/`IORING_OP_SEND` on a ring
+//! of each worker's own (see [`crate::uring`]). A transport offers its data
+//! path through [`crate::Transport::engine_path`].
+
+use std::fmt::Debug;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsRawFd, BorrowedFd};
+
+/// A transport's way of moving bytes on the engine's non-blocking
+/// connections. Stateless: each worker gets its own [`WorkerIo`].
+pub trait DataPath: Sync {
+    /// The transport's name, for errors.
+    fn name(&self) -> &'static str;
+
+    /// The I/O state of one worker (a ring, for io_uring), made on the
+    /// thread that prepares the worker and then moved to it.
+    fn worker(&self) -> io::Result<Box<dyn WorkerIo>>;
+}
+
+/// One worker's way of reading and writing its flows' sockets. Calls never
+/// block: a socket with nothing to read or no room to write is
+/// [`io::ErrorKind::WouldBlock`], and the worker waits in epoll (event
+/// mode) or spins (poll mode).
+pub trait WorkerIo: Send + Debug {
+    /// Reads what is there into `buf` (non-empty); 0 is end of stream.
+    fn read(&mut self, fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize>;
+
+    /// Writes what the socket takes of `buf` (non-empty).
+    fn write(&mut self, fd: BorrowedFd<'_>, buf: &[u8]) -> io::Result<usize>;
+}
+
+/// Plain `read`/`write` system calls: the data path of `tcp`.
+#[derive(Debug, Clone, Copy)]
+pub struct Syscalls;
+
+/// The data path of `tcp`.
+pub static SYSCALLS: Syscalls = Syscalls;
+
+impl DataPath for Syscalls {
+    fn name(&self) -> &'static str {
+        "tcp"
+    }
+
+    fn worker(&self) -> io::Result<Box<dyn WorkerIo>> {
+        Ok(Box::new(Syscalls))
+    }
+}
+
+impl WorkerIo for Syscalls {
+    fn read(&mut self, fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
+        // SAFETY: `buf` is valid for writes of `buf.len()` bytes for the
+        // whole call and `fd` is an open descriptor borrowed for it.
+        let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+        usize::try_from(n).map_err(|_| io::Error::last_os_error())
+    }
+
+    fn write(&mut self, fd: BorrowedFd<'_>, buf: &[u8]) -> io::Result<usize> {
+        // MSG_NOSIGNAL: a peer that resets must be an error, not SIGPIPE.
+        // SAFETY: `buf` is valid for reads of `buf.len()` bytes for the
+        // whole call and `fd` is an open socket borrowed for it.
+        let n = unsafe {
+            libc::send(
+                fd.as_raw_fd(),
+                buf.as_ptr().cast(),
+                buf.len(),
+                libc::MSG_NOSIGNAL,
+            )
+        };
+        usize::try_from(n).map_err(|_| io::Error::last_os_error())
+    }
+}
+
+/// A flow's socket as the state machines see it: `Read + Write` through
+/// the worker's data path.
+pub(crate) struct Io<'a> {
+    fd: BorrowedFd<'a>,
+    path: &'a mut dyn WorkerIo,
+}
+
+impl<'a> Io<'a> {
+    /// `fd` moved through `path`.
+    pub(crate) fn new(fd: BorrowedFd<'a>, path: &'a mut dyn WorkerIo) -> Io<'a> {
+        Io { fd, path }
+    }
+}
+
+impl Read for Io<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.path.read(self.fd, buf)
+    }
+}
+
+impl Write for Io<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.path.write(self.fd, buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
