@@ -98,7 +98,7 @@ pub enum RoleError {
         /// The transport.
         name: String,
         /// Why not.
-        why: String,
+        why: transport::Unavailable,
     },
     /// The workload cannot run this way (a transport it cannot drive, more
     /// flows than it runs).
