@@ -12,7 +12,7 @@
 
 use crate::bench;
 use crate::control::{ControlAddr, ControlConn, ControlError, ControlStream};
-use crate::workload::role::{self, ReadyRole, RoleContext, RoleResult};
+use crate::workload::role::{self, ReadyRole, RoleContext, RoleError, RoleResult};
 use netgap_core::spec::PointSpec;
 use netgap_proto::auth::{is_auth_frame, Key};
 use netgap_proto::codec::decode_request;
@@ -406,7 +406,7 @@ fn run_session(
             AgentAction::RunGroup => {
                 let outcome = match group.take() {
                     Some(g) => run_group(&mut conn, &session, g)?,
-                    None => Err("no group role is prepared".into()),
+                    None => Err(RoleError::NotPrepared),
                 };
                 let replies = match outcome {
                     Ok(r) => session
@@ -476,17 +476,20 @@ fn run_group(
     conn: &mut ControlConn,
     session: &AgentSession,
     role: Box<dyn ReadyRole>,
-) -> Result<Result<RoleResult, String>, SessionEnd> {
+) -> Result<Result<RoleResult, RoleError>, SessionEnd> {
     use netgap_proto::message::GROUP_ALIVE_INTERVAL;
     use std::sync::mpsc;
     let (tx, rx) = mpsc::channel();
     let spawned = std::thread::Builder::new()
         .name("group role".into())
         .spawn(move || {
-            let _ = tx.send(role.run().map_err(|e| e.to_string()));
+            let _ = tx.send(role.run());
         });
     if let Err(e) = spawned {
-        return Ok(Err(format!("cannot start the group role: {e}")));
+        return Ok(Err(RoleError::Thread {
+            what: "the group role",
+            source: e,
+        }));
     }
     loop {
         match rx.recv_timeout(GROUP_ALIVE_INTERVAL) {
@@ -498,7 +501,9 @@ fn run_group(
                 conn.send(&alive)?;
             }
             Err(mpsc::RecvTimeoutError::Disconnected) => {
-                return Ok(Err("the group role panicked".into()))
+                return Ok(Err(RoleError::Panicked {
+                    what: "the group role".into(),
+                }))
             }
         }
     }

@@ -100,7 +100,7 @@ pub(super) struct Link {
     pending: VecDeque<Reply>,
 }
 
-type Event = (usize, Result<Reply, String>);
+type Event = (usize, Result<Reply, ControlError>);
 
 /// Sessions with every host of a run.
 pub struct GroupCoordinator {
@@ -276,7 +276,7 @@ impl GroupCoordinator {
             .recv_timeout(until.saturating_duration_since(Instant::now()))
         {
             if let Err(e) = ev {
-                self.lost[j] = Some(e);
+                self.lost[j] = Some(control_detail(&e));
             }
         }
         if let Some(j) = self.lost.iter().position(Option::is_some) {
@@ -347,8 +347,9 @@ impl GroupCoordinator {
                 }
                 Ok((j, Ok(r))) => self.links[j].pending.push_back(r),
                 Ok((j, Err(e))) => {
-                    self.lost[j] = Some(e.clone());
-                    return Err(self.failure(j, e));
+                    let detail = control_detail(&e);
+                    self.lost[j] = Some(detail.clone());
+                    return Err(self.failure(j, detail));
                 }
                 Err(_) => {}
             }
@@ -378,7 +379,7 @@ fn read_replies(i: usize, mut conn: ControlConn, tx: mpsc::Sender<Event>) {
     loop {
         match conn.recv_payload(Duration::from_secs(3600)) {
             Ok(payload) => {
-                let ev = decode_reply(&payload).map_err(|e| format!("bad reply: {e}"));
+                let ev = decode_reply(&payload).map_err(ControlError::Codec);
                 let stop = ev.is_err();
                 if tx.send((i, ev)).is_err() || stop {
                     return;
@@ -386,7 +387,7 @@ fn read_replies(i: usize, mut conn: ControlConn, tx: mpsc::Sender<Event>) {
             }
             Err(ControlError::TimedOut(_)) => continue,
             Err(e) => {
-                let _ = tx.send((i, Err(control_detail(&e))));
+                let _ = tx.send((i, Err(e)));
                 return;
             }
         }

@@ -65,6 +65,9 @@ pub struct RoleResult {
 /// Why a role could not be opened or run: one line for the coordinator.
 #[derive(Debug, thiserror::Error)]
 pub enum RoleError {
+    /// A group run asked for before any role was prepared.
+    #[error("no group role is prepared")]
+    NotPrepared,
     /// The point names a workload this agent does not have.
     #[error("unknown workload {name:?} (this agent has: {known})")]
     UnknownWorkload {
