@@ -216,10 +216,7 @@ fn unreachable_peer_is_one_line() {
         .expect("port")
         .port();
     let peer = format!("127.0.0.1:{port}");
-    fails_with_one_line(
-        &["run", "pingpong", "--peer", &peer],
-        "cannot connect",
-    );
+    fails_with_one_line(&["run", "pingpong", "--peer", &peer], "cannot connect");
 }
 
 #[test]
