@@ -422,6 +422,17 @@ fn list() {
     for t in transport::registry() {
         println!("  {:<8} {}", t.name(), t.summary());
     }
+    println!();
+    println!("transport options:");
+    for o in transport::options::all() {
+        let flag = format!("{} {}", o.long(), o.value_name);
+        println!(
+            "  {:<20} {:<22} {}",
+            flag.trim_end(),
+            transport::options::transports_taking(o).join(","),
+            o.help
+        );
+    }
     for line in unavailable {
         println!("  not available here: {line}");
     }

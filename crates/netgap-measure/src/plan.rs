@@ -460,6 +460,15 @@ impl PlanError {
     }
 }
 
+/// A [`PlanError::NoEffect`].
+pub(crate) fn no_effect(flag: &str, what: &str, reason: impl Into<String>) -> PlanError {
+    PlanError::NoEffect {
+        flag: flag.to_string(),
+        what: what.to_string(),
+        reason: reason.into(),
+    }
+}
+
 /// A [`PlanError::Invalid`].
 pub(crate) fn invalid(
     flag: &'static str,
@@ -532,6 +541,35 @@ pub fn ci_target(m: &MethodSpec) -> Result<Option<CiTarget>, PlanError> {
         })
 }
 
+/// Multi-host tests, for messages.
+const GROUP_TESTS: &str = "multistream, hotspot, fanin, fanout, connect, multirail";
+
+/// Refuses the flags of multi-host tests in a point-to-point request: they
+/// would change nothing. `what` names the tests or command in the message.
+pub(crate) fn refuse_group_flags(r: &RunRequest, what: &str) -> Result<(), PlanError> {
+    let m = &r.multi_host;
+    let reason = format!("it is a flag of multi-host tests ({GROUP_TESTS})");
+    for (flag, given) in [
+        ("--clients", m.clients.is_some()),
+        ("--streams", m.streams.is_some()),
+        ("--duration", m.duration.is_some()),
+        ("--links", m.links.is_some()),
+        ("--client-hosts", r.target.client_hosts.is_some()),
+    ] {
+        if given {
+            return Err(no_effect(flag, what, reason));
+        }
+    }
+    if r.target.ipv6 && r.target.peer.is_some() {
+        return Err(no_effect(
+            "-6",
+            what,
+            "it picks IPv6 loopback for the in-process agent, and --peer names an agent; give --peer an IPv6 address instead",
+        ));
+    }
+    Ok(())
+}
+
 /// The transports of a request, looked up and available here.
 pub(crate) fn transports_of(
     c: &TransportChoice,
@@ -594,11 +632,26 @@ impl Plan {
         Plan::point_to_point(r, &r.tests.join(","))
     }
 
-    /// Validates a point-to-point request; `what` names the tests, or the
-    /// command that measures them.
+    /// Validates a point-to-point request: the flags of multi-host tests are
+    /// refused, naming `what` (the tests, or the command that measures
+    /// them).
     pub(crate) fn point_to_point(r: &RunRequest, what: &str) -> Result<Plan, PlanError> {
-        let _ = what;
-        Plan::build(r)
+        refuse_group_flags(r, what)?;
+        let mut plan = Plan::build(r)?;
+        plan.hosts = match &r.target.hosts {
+            Some(h) => Some(h.load()?),
+            None => None,
+        };
+        // The coordinator does not drive a point-to-point test between the
+        // hosts of a hosts file yet: refuse rather than measure loopback.
+        if plan.hosts.is_some() {
+            return Err(no_effect(
+                "--hosts",
+                what,
+                "point-to-point tests do not run between the hosts of --hosts yet; run them on a host with --peer AGENT",
+            ));
+        }
+        Ok(plan)
     }
 
     /// The checks every plan shares: tests, transports, modes, sizes, the
@@ -827,7 +880,8 @@ impl Plan {
         };
         netgap_core::record::RecordOptions {
             peer: match &self.peer {
-                Peer::Embedded { .. } => "embedded".into(),
+                Peer::Embedded { ipv6: false } => "embedded".into(),
+                Peer::Embedded { ipv6: true } => "embedded-ipv6".into(),
                 Peer::Remote { addr, .. } => addr.to_string(),
             },
             transport: spec.options.clone(),
@@ -1005,6 +1059,21 @@ mod tests {
         r.transport.transports = vec!["tcp".into()];
         r.transport.options = vec![option("sndbuf", OptionValue::Number(0))];
         assert!(err(&r).contains("--sndbuf 0: must be between"));
+    }
+
+    #[test]
+    fn flags_of_multi_host_tests_are_refused_for_point_to_point_tests() {
+        let mut r = req("pingpong");
+        r.multi_host.clients = Some(vec![3]);
+        let e = err(&r);
+        assert!(e.starts_with("--clients does not apply to pingpong"), "{e}");
+        let mut r = req("pingpong");
+        r.multi_host.duration = Some(Duration::from_secs(5));
+        assert!(err(&r).starts_with("--duration does not apply"));
+        let mut r = req("stream");
+        r.target.ipv6 = true;
+        r.target.peer = PeerAddr::parse("127.0.0.1").ok();
+        assert!(err(&r).starts_with("-6 does not apply"));
     }
 
     #[test]

@@ -19,7 +19,7 @@
 //! them from `--start`, `--end`, `--trials` and `--trial-time`.
 
 use crate::coordinator::{build_record, open_session, CoordError};
-use crate::plan::{invalid, MethodSpec, Plan, PlanError, RunRequest};
+use crate::plan::{invalid, no_effect, MethodSpec, Plan, PlanError, RunRequest};
 use crate::sink::RecordSink;
 use netgap_core::dropout::{DropoutDetector, PointThroughput};
 use netgap_core::record::{RecordStats, ResultRecord};
@@ -168,9 +168,42 @@ pub struct SweepPlan {
     pub max_block_time: Duration,
 }
 
+/// Refuses the run flags a sweep sets itself.
+fn refuse_run_method(m: &MethodSpec) -> Result<(), PlanError> {
+    for (flag, given, reason) in [
+        (
+            "--sizes",
+            m.sizes.is_some(),
+            "its sizes come from --start, --end, --factor and --perturbation",
+        ),
+        ("--reps", m.reps.is_some(), "give --trials instead"),
+        (
+            "--rep-time",
+            m.rep_time.is_some(),
+            "give --trial-time instead",
+        ),
+        (
+            "--iterations",
+            m.iterations.is_some(),
+            "each trial's repeat count adapts to --trial-time",
+        ),
+        (
+            "--paper",
+            m.paper,
+            "it measures --trials trials of --trial-time per size",
+        ),
+    ] {
+        if given {
+            return Err(no_effect(flag, "sweep", reason));
+        }
+    }
+    Ok(())
+}
+
 impl SweepPlan {
     /// Validates a sweep.
     pub fn from_request(a: &SweepRequest) -> Result<SweepPlan, PlanError> {
+        refuse_run_method(&a.stack.method)?;
         let growth = match a.factor {
             None => Growth::NetPipe,
             Some(f) => Growth::Factor(f),
@@ -517,6 +550,19 @@ mod tests {
             ..SweepRequest::new()
         })
         .is_err());
+    }
+
+    #[test]
+    fn run_flags_a_sweep_sets_itself_are_refused() {
+        let mut a = SweepRequest::new();
+        a.stack.method.reps = Some(3);
+        assert!(err(&a).starts_with("--reps does not apply to sweep: give --trials"));
+        let mut a = SweepRequest::new();
+        a.stack.method.sizes = Some(vec![1]);
+        assert!(err(&a).starts_with("--sizes does not apply to sweep"));
+        let mut a = SweepRequest::new();
+        a.stack.multi_host.clients = Some(vec![2]);
+        assert!(err(&a).starts_with("--clients does not apply to sweep"));
     }
 
     #[test]

@@ -5,7 +5,7 @@
 
 use super::{role::MAX_STREAM_FLOWS, GroupTest, Kind, Shape};
 pub use crate::cluster::HostsSource;
-use crate::plan::{invalid, show, Plan, PlanError, RunRequest};
+use crate::plan::{invalid, no_effect, show, Plan, PlanError, RunRequest};
 use netgap_core::spec::PointSpec;
 use netgap_proto::group::{MAX_GROUP_DURATION_MS, MAX_GROUP_FLOWS};
 use std::path::PathBuf;
@@ -132,6 +132,100 @@ fn check_embedded_descriptors(
     Ok(())
 }
 
+/// Refuses the flags a multi-host run would ignore: the point-to-point
+/// method (iterations, time budgets, confidence targets, placement, payload
+/// checks), `--peer` and `-6`, and flags of tests that are not asked for.
+fn refuse_ignored_flags(r: &RunRequest, tests: &[&'static GroupTest]) -> Result<(), PlanError> {
+    let what = r.tests.join(",");
+    let m = &r.method;
+    let window = "each repetition of a multi-host test is a --duration window after a warm-up of a fifth of it";
+    for (flag, given, reason) in [
+        (
+            "--peer",
+            r.target.peer.is_some(),
+            "multi-host tests drive the agents of --hosts",
+        ),
+        (
+            "-6",
+            r.target.ipv6,
+            "in-process hosts are IPv4 loopback addresses; give IPv6 agents with --hosts",
+        ),
+        ("--iterations", m.iterations.is_some(), window),
+        ("--rep-time", m.rep_time.is_some(), window),
+        ("--warmup", m.warmup.is_some(), window),
+        ("--paper", m.paper, window),
+        (
+            "--ci",
+            m.ci.is_some(),
+            "multi-host tests repeat each point --reps times",
+        ),
+        (
+            "--pin",
+            m.pin.is_some(),
+            "multi-host flows are not placed on CPUs",
+        ),
+        (
+            "--verify",
+            m.verify,
+            "multi-host flows do not check payload bytes",
+        ),
+    ] {
+        if given {
+            return Err(no_effect(flag, &what, reason));
+        }
+    }
+    let any = |shape: Shape| tests.iter().any(|t| t.shape == shape);
+    if r.multi_host.clients.is_some() && !any(Shape::Spread) {
+        return Err(no_effect(
+            "--clients",
+            &what,
+            "multistream takes -P, multirail one flow per link",
+        ));
+    }
+    if r.multi_host.streams.is_some() && !any(Shape::Streams) {
+        return Err(no_effect(
+            "--streams",
+            &what,
+            "only multistream runs parallel streams",
+        ));
+    }
+    if r.target.hosts.is_some() {
+        if r.target.client_hosts.is_some() {
+            return Err(no_effect(
+                "--client-hosts",
+                &what,
+                "the hosts of --hosts are the client hosts",
+            ));
+        }
+        if r.multi_host.links.is_some() {
+            return Err(no_effect(
+                "--links",
+                &what,
+                "with --hosts, multirail uses the links of the hosts file",
+            ));
+        }
+    } else if r.multi_host.links.is_some() && !any(Shape::Rails) {
+        return Err(no_effect(
+            "--links",
+            &what,
+            "only multirail uses loopback links",
+        ));
+    }
+    // The flows engine opens its own TCP sockets and sets none of the
+    // transport's options yet: recording them would claim an effect.
+    if let (Some(s), Some(t)) = (
+        r.transport.options.first(),
+        tests.iter().find(|t| t.uses_engine()),
+    ) {
+        return Err(no_effect(
+            &s.decl.long(),
+            t.name,
+            "its flows engine sets no transport options",
+        ));
+    }
+    Ok(())
+}
+
 impl GroupPlan {
     /// Validates a run of group tests.
     pub fn from_request(r: &RunRequest) -> Result<GroupPlan, PlanError> {
@@ -142,6 +236,7 @@ impl GroupPlan {
                 available: super::names(),
             })?);
         }
+        refuse_ignored_flags(r, &tests)?;
         let hosts = match &r.target.hosts {
             Some(h) => {
                 let hosts = h.load()?;
@@ -319,5 +414,27 @@ mod tests {
         assert!(err(&r).contains("--duration 2h"));
         assert!(is_group_run(&["fanin".into(), "pingpong".into()]).is_err());
         assert!(!is_group_run(&["pingpong".into()]).unwrap());
+    }
+
+    #[test]
+    fn flags_a_group_run_ignores_are_refused() {
+        let mut r = RunRequest::new(&["fanin"]);
+        r.multi_host.streams = Some(vec![2]);
+        assert!(err(&r).starts_with("--streams does not apply to fanin"));
+        let mut r = RunRequest::new(&["multistream"]);
+        r.multi_host.clients = Some(vec![2]);
+        assert!(err(&r).starts_with("--clients does not apply"));
+        let mut r = RunRequest::new(&["fanin"]);
+        r.multi_host.links = Some(2);
+        assert!(err(&r).starts_with("--links does not apply"));
+        let mut r = RunRequest::new(&["hotspot"]);
+        r.method.verify = true;
+        assert!(err(&r).starts_with("--verify does not apply"));
+        let mut r = RunRequest::new(&["fanin"]);
+        r.method.iterations = Some(10);
+        assert!(err(&r).starts_with("--iterations does not apply"));
+        let mut r = RunRequest::new(&["fanin", "multirail"]);
+        r.multi_host.links = Some(2);
+        assert!(GroupPlan::from_request(&r).is_ok());
     }
 }
