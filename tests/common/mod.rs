@@ -42,8 +42,10 @@ impl AgentProc {
         BufReader::new(stdout)
             .read_line(&mut line)
             .expect("agent prints its address");
+        // A keyed agent says so after its address.
         let addr = line
             .trim()
+            .trim_end_matches(" (key required)")
             .rsplit(' ')
             .next()
             .expect("address at the end")
