@@ -70,6 +70,42 @@ pub struct LinkEntry {
     pub rate_bps: Option<u64>,
 }
 
+/// What breaks an invariant of a [`HostsFile`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HostsFileFault {
+    /// Another format version.
+    #[error("version {found} (this netgap reads version {HOSTS_FILE_VERSION})")]
+    Version {
+        /// The version the file states.
+        found: u32,
+    },
+    /// An empty host list.
+    #[error("no hosts")]
+    NoHosts,
+    /// Two hosts of one name.
+    #[error("host name {name:?} appears twice")]
+    DuplicateName {
+        /// The name.
+        name: String,
+    },
+    /// A control address that does not parse.
+    #[error("host {host}: bad control address {control:?} (want IP:PORT or unix:PATH)")]
+    BadControl {
+        /// The host.
+        host: String,
+        /// Its control address as written.
+        control: String,
+    },
+    /// A link to a host the file does not have.
+    #[error("host {host}: link to unknown host {peer:?}")]
+    UnknownLinkPeer {
+        /// The host.
+        host: String,
+        /// The unknown peer.
+        peer: String,
+    },
+}
+
 /// Why a hosts file or list is unusable.
 #[derive(Debug, thiserror::Error)]
 pub enum HostsError {
@@ -112,39 +148,40 @@ impl HostsFile {
             detail,
         };
         let file: HostsFile = serde_json::from_str(&text).map_err(|e| parse(e.to_string()))?;
-        file.check().map_err(parse)?;
+        file.check().map_err(|e| parse(e.to_string()))?;
         Ok(file)
     }
 
     /// Checks the invariants: the version, at least one host, unique names,
     /// parseable control addresses, links that name known hosts.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), HostsFileFault> {
         if self.version != HOSTS_FILE_VERSION {
-            return Err(format!(
-                "version {} (this netgap reads version {HOSTS_FILE_VERSION})",
-                self.version
-            ));
+            return Err(HostsFileFault::Version {
+                found: self.version,
+            });
         }
         if self.hosts.is_empty() {
-            return Err("no hosts".into());
+            return Err(HostsFileFault::NoHosts);
         }
         for (i, h) in self.hosts.iter().enumerate() {
             if self.hosts[..i].iter().any(|o| o.name == h.name) {
-                return Err(format!("host name {:?} appears twice", h.name));
+                return Err(HostsFileFault::DuplicateName {
+                    name: h.name.clone(),
+                });
             }
         }
         for h in &self.hosts {
             if ControlAddr::parse(&h.control).is_none() {
-                return Err(format!(
-                    "host {}: bad control address {:?} (want IP:PORT or unix:PATH)",
-                    h.name, h.control
-                ));
+                return Err(HostsFileFault::BadControl {
+                    host: h.name.clone(),
+                    control: h.control.clone(),
+                });
             }
             if let Some(l) = h.links.iter().find(|l| self.host(&l.peer).is_none()) {
-                return Err(format!(
-                    "host {}: link to unknown host {:?}",
-                    h.name, l.peer
-                ));
+                return Err(HostsFileFault::UnknownLinkPeer {
+                    host: h.name.clone(),
+                    peer: l.peer.clone(),
+                });
             }
         }
         Ok(())
@@ -396,13 +433,17 @@ mod tests {
     fn bad_hosts_files_are_refused_with_a_reason() {
         let mut f = sample();
         f.hosts[1].name = "h1".into();
-        assert!(f.check().is_err_and(|e| e.contains("twice")));
+        assert!(f.check().is_err_and(|e| e.to_string().contains("twice")));
         let mut f = sample();
         f.hosts[1].control = "nowhere".into();
-        assert!(f.check().is_err_and(|e| e.contains("control address")));
+        assert!(f
+            .check()
+            .is_err_and(|e| e.to_string().contains("control address")));
         let mut f = sample();
         f.hosts[0].links[0].peer = "h9".into();
-        assert!(f.check().is_err_and(|e| e.contains("unknown host")));
+        assert!(f
+            .check()
+            .is_err_and(|e| e.to_string().contains("unknown host")));
         let mut f = sample();
         f.version = 9;
         assert!(f.check().is_err());
