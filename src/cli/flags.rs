@@ -125,7 +125,7 @@ impl Args for TransportOptionFlags {
             let takers = topt::transports_taking(decl).join(", ");
             let arg = Arg::new(decl.flag)
                 .long(decl.flag)
-                .help(decl.help)
+                .help(decl.help.trim_end_matches('.'))
                 .long_help(format!("{} Transports: {takers}.", decl.help))
                 .help_heading("Transport options");
             let arg = match decl.kind {

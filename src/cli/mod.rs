@@ -21,8 +21,8 @@ use std::time::Duration;
     version,
     about,
     long_about,
-    mut_arg("json", |a| a.help("Results file of the default battery (JSON Lines); default netgap-results-TIMESTAMP.jsonl in the current directory.")),
-    mut_arg("csv", |a| a.help("Also write the default battery's results as CSV."))
+    mut_arg("json", |a| a.help("Results file of the default battery (JSON Lines); default netgap-results-TIMESTAMP.jsonl in the current directory")),
+    mut_arg("csv", |a| a.help("Also write the default battery's results as CSV"))
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -52,15 +52,17 @@ pub enum Command {
         mut_arg("rep_time", |a| a.hide(true)),
         mut_arg("iterations", |a| a.hide(true)),
         mut_arg("paper", |a| a.hide(true)),
-        mut_arg("client_hosts", |a| a.hide(true))
+        mut_arg("client_hosts", |a| a.hide(true)),
+        mut_arg("ci", |a| a.help("Repeat each point until the LEVEL% confidence interval of the mean is within ±WIDTH% of it (e.g. 99,2), between the --ci-reps bounds; results record whether it was met. Without it, --trials trials")),
+        mut_arg("ci_reps", |a| a.help("Fewest and most trials of a --ci point [default: 3,30]"))
     )]
     Sweep(Box<SweepFlags>),
     /// LogP parameters per message size: send and receive overheads, gap
     /// and latency, each with its spread.
     #[command(
         after_long_help = netgap::logp::HELP,
-        mut_arg("sizes", |a| a.help("Message sizes: a list 1,1K,64K, a range 1..1M, or 1..1M:x4 [default: 1,1K,64K,1M].")),
-        mut_arg("rep_time", |a| a.help("Time budget of one repetition; the iteration count adapts to it [default: 50ms].")),
+        mut_arg("sizes", |a| a.help("Message sizes: a list 1,1K,64K, a range 1..1M, or 1..1M:x4 [default: 1,1K,64K,1M]")),
+        mut_arg("rep_time", |a| a.help("Time budget of one repetition; the iteration count adapts to it [default: 50ms]")),
         mut_arg("client_hosts", |a| a.hide(true))
     )]
     Logp(Box<LogpFlags>),
