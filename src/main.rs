@@ -6,13 +6,14 @@ mod cli;
 use anyhow::{anyhow, Context, Result};
 use clap::Parser;
 use cli::{
-    Cli, Command, CompareArgs, ImportArgs, KeyCommand, ReportArgs, ServeArgs, TestbedCommand,
+    Cli, Command, CompareArgs, ImportArgs, KeyCommand, LogpFlags, ReportArgs, RunFlags, ServeArgs,
+    SweepFlags, TestbedCommand,
 };
 use netgap::agent::Agent;
 use netgap::control::ControlAddr;
 use netgap::coordinator::{run_plan, CoordError};
 use netgap::output::TableObserver;
-use netgap::plan::{Plan, RunArgs};
+use netgap::plan::{Plan, RunRequest};
 use netgap::sink::{CsvSink, JsonlSink, RecordSink};
 use netgap::{bench, transport};
 use std::net::{IpAddr, SocketAddr};
@@ -54,7 +55,7 @@ fn main() -> ExitCode {
         }
     };
     let outcome = match cli.command {
-        None => battery(cli.json, cli.csv),
+        None => battery(cli.output.json, cli.output.csv),
         Some(Command::Run(args)) => run(&args),
         Some(Command::Serve(args)) => serve(&args),
         Some(Command::Sweep(args)) => sweep(&args),
@@ -185,11 +186,12 @@ fn import(args: &ImportArgs) -> Result<()> {
     Ok(())
 }
 
-fn run(args: &RunArgs) -> Result<()> {
-    if netgap::group::plan::is_group_run(&args.test)? {
-        return run_group(args);
+fn run(args: &RunFlags) -> Result<()> {
+    let request = args.request();
+    if netgap::group::plan::is_group_run(&request.tests)? {
+        return run_group(&request);
     }
-    let plan = Plan::from_args(args)?;
+    let plan = Plan::from_request(&request)?;
     execute(&plan)
 }
 
@@ -222,9 +224,9 @@ fn execute(plan: &Plan) -> Result<()> {
 
 /// A run of multi-host tests (multistream, hotspot, fanin, fanout, connect,
 /// multirail).
-fn run_group(args: &RunArgs) -> Result<()> {
+fn run_group(request: &RunRequest) -> Result<()> {
     use netgap::group::{coordinator::run_group_plan, plan::GroupPlan};
-    let plan = GroupPlan::from_args(args)?;
+    let plan = GroupPlan::from_request(request)?;
     let mut sinks: Vec<Box<dyn RecordSink>> = Vec::new();
     if let Some(p) = &plan.json {
         sinks.push(Box::new(JsonlSink::open(p)?));
@@ -247,16 +249,16 @@ fn run_group(args: &RunArgs) -> Result<()> {
     })
 }
 
-fn sweep(args: &netgap::sweep::SweepArgs) -> Result<()> {
-    let plan = netgap::sweep::SweepPlan::from_args(args)?;
+fn sweep(args: &SweepFlags) -> Result<()> {
+    let plan = netgap::sweep::SweepPlan::from_request(&args.request())?;
     let mut sinks = open_sinks(&plan.run)?;
     let outcome = netgap::sweep::run_sweep(&plan, &mut sinks, &mut std::io::stdout());
     outcome.map(|_| ()).map_err(|e| kept_points(e, &sinks))
 }
 
-fn logp(args: &netgap::logp::LogpArgs) -> Result<()> {
-    let plan = netgap::logp::LogpPlan::from_args(args)?;
-    if args.stack.pin.is_none() {
+fn logp(args: &LogpFlags) -> Result<()> {
+    let plan = netgap::logp::LogpPlan::from_request(&args.stack.request(&[], Default::default()))?;
+    if plan.run.client_cpu.is_none() {
         eprintln!(
             "netgap: note: without --pin the woken server may run on the client's CPU, and its work then lands in o_s; pin them apart, e.g. --pin 0,1"
         );
@@ -314,11 +316,9 @@ fn serve(args: &ServeArgs) -> Result<()> {
     }
     let limits = netgap::limits::AgentLimits {
         max_flows: args.max_flows,
-        max_duration: netgap::units::parse_duration(&args.max_duration)
-            .map_err(|e| anyhow!("--max-duration: {e}"))?,
+        max_duration: args.max_duration,
         max_rate_gbps: args.max_rate,
-        max_message_bytes: netgap::units::parse_size_bytes(&args.max_message)
-            .map_err(|e| anyhow!("--max-message: {e}"))?,
+        max_message_bytes: args.max_message,
     };
     limits.validate().map_err(|e| anyhow!(e))?;
     let key = args
@@ -426,6 +426,17 @@ fn list() {
     println!();
     for t in transport::registry() {
         println!("  {:<8} {}", t.name(), t.summary());
+    }
+    println!();
+    println!("transport options:");
+    for o in transport::options::all() {
+        let flag = format!("{} {}", o.long(), o.value_name);
+        println!(
+            "  {:<20} {:<22} {}",
+            flag.trim_end(),
+            transport::options::transports_taking(o).join(","),
+            o.help
+        );
     }
     for line in unavailable {
         println!("  not available here: {line}");

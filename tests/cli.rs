@@ -144,7 +144,7 @@ fn embedded_agent_over_ipv6_and_csv() {
     for r in &records {
         check_record(r);
         assert_eq!(r["iterations_per_rep"], 200);
-        assert_eq!(r["options"]["peer"], "embedded");
+        assert_eq!(r["options"]["peer"], "embedded-ipv6");
         assert_eq!(r["options"]["placement"]["client_cpu"], 0);
         assert_eq!(r["options"]["placement"]["server_cpu"], 0);
         assert_eq!(

@@ -50,8 +50,11 @@ impl fmt::Display for Mode {
     }
 }
 
-/// Options of the data flows; each transport names the ones it honours in
-/// its capabilities and the plan refuses the others; results record them.
+/// Options of the data flows, as both ends apply them and results record
+/// them (`options.transport`; the keys stay as old results files have them).
+/// Each option is declared once, by the transport that honours it
+/// (`netgap_transport::options`): its declaration parses, refuses and records
+/// it into this struct.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TransportOptions {
@@ -88,27 +91,6 @@ impl Default for TransportOptions {
             congestion: None,
             sqpoll: false,
         }
-    }
-}
-
-impl TransportOptions {
-    /// The command-line flags of the options set away from their defaults,
-    /// in a fixed order (`--no-nodelay`, `--sndbuf`, ...).
-    pub fn flags_set(&self) -> Vec<&'static str> {
-        [
-            ("--no-nodelay", !self.nodelay),
-            ("--sndbuf", self.sndbuf_bytes.is_some()),
-            ("--rcvbuf", self.rcvbuf_bytes.is_some()),
-            ("--zerocopy", self.zerocopy),
-            ("--busy-poll", self.busy_poll_us.is_some()),
-            ("--quickack", self.quickack),
-            ("--cork", self.cork),
-            ("--congestion", self.congestion.is_some()),
-            ("--sqpoll", self.sqpoll),
-        ]
-        .into_iter()
-        .filter_map(|(flag, set)| set.then_some(flag))
-        .collect()
     }
 }
 

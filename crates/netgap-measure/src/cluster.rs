@@ -2,8 +2,9 @@
 //! control listeners, and which data addresses and links each host has.
 //!
 //! `netgap testbed up` writes a [`HostsFile`]; multi-host commands read it
-//! with `--hosts @FILE`, or build one from a plain list of agent addresses
-//! (`--hosts 10.0.0.1,10.0.0.2:7200`) for a real cluster.
+//! with `--hosts @FILE` (or `--hosts @testbed` for the default testbed), or
+//! take a plain list of agent addresses (`--hosts 10.0.0.1,10.0.0.2:7200`)
+//! for a real cluster: a [`HostsArg`], loaded into a [`HostsSource`].
 
 use crate::control::ControlAddr;
 use serde::{Deserialize, Serialize};
@@ -69,6 +70,42 @@ pub struct LinkEntry {
     pub rate_bps: Option<u64>,
 }
 
+/// What breaks an invariant of a [`HostsFile`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HostsFileFault {
+    /// Another format version.
+    #[error("version {found} (this netgap reads version {HOSTS_FILE_VERSION})")]
+    Version {
+        /// The version the file states.
+        found: u32,
+    },
+    /// An empty host list.
+    #[error("no hosts")]
+    NoHosts,
+    /// Two hosts of one name.
+    #[error("host name {name:?} appears twice")]
+    DuplicateName {
+        /// The name.
+        name: String,
+    },
+    /// A control address that does not parse.
+    #[error("host {host}: bad control address {control:?} (want IP:PORT or unix:PATH)")]
+    BadControl {
+        /// The host.
+        host: String,
+        /// Its control address as written.
+        control: String,
+    },
+    /// A link to a host the file does not have.
+    #[error("host {host}: link to unknown host {peer:?}")]
+    UnknownLinkPeer {
+        /// The host.
+        host: String,
+        /// The unknown peer.
+        peer: String,
+    },
+}
+
 /// Why a hosts file or list is unusable.
 #[derive(Debug, thiserror::Error)]
 pub enum HostsError {
@@ -79,6 +116,15 @@ pub enum HostsError {
         path: PathBuf,
         /// Underlying error.
         source: std::io::Error,
+    },
+    /// The `--hosts` argument is neither a file reference nor a list of
+    /// agents.
+    #[error("--hosts {arg}: {detail}")]
+    Arg {
+        /// As given.
+        arg: String,
+        /// What is wrong.
+        detail: String,
     },
     /// The file is not a hosts file of this version.
     #[error("hosts file {path}: {detail}")]
@@ -102,39 +148,40 @@ impl HostsFile {
             detail,
         };
         let file: HostsFile = serde_json::from_str(&text).map_err(|e| parse(e.to_string()))?;
-        file.check().map_err(parse)?;
+        file.check().map_err(|e| parse(e.to_string()))?;
         Ok(file)
     }
 
     /// Checks the invariants: the version, at least one host, unique names,
     /// parseable control addresses, links that name known hosts.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), HostsFileFault> {
         if self.version != HOSTS_FILE_VERSION {
-            return Err(format!(
-                "version {} (this netgap reads version {HOSTS_FILE_VERSION})",
-                self.version
-            ));
+            return Err(HostsFileFault::Version {
+                found: self.version,
+            });
         }
         if self.hosts.is_empty() {
-            return Err("no hosts".into());
+            return Err(HostsFileFault::NoHosts);
         }
         for (i, h) in self.hosts.iter().enumerate() {
             if self.hosts[..i].iter().any(|o| o.name == h.name) {
-                return Err(format!("host name {:?} appears twice", h.name));
+                return Err(HostsFileFault::DuplicateName {
+                    name: h.name.clone(),
+                });
             }
         }
         for h in &self.hosts {
             if ControlAddr::parse(&h.control).is_none() {
-                return Err(format!(
-                    "host {}: bad control address {:?} (want IP:PORT or unix:PATH)",
-                    h.name, h.control
-                ));
+                return Err(HostsFileFault::BadControl {
+                    host: h.name.clone(),
+                    control: h.control.clone(),
+                });
             }
             if let Some(l) = h.links.iter().find(|l| self.host(&l.peer).is_none()) {
-                return Err(format!(
-                    "host {}: link to unknown host {:?}",
-                    h.name, l.peer
-                ));
+                return Err(HostsFileFault::UnknownLinkPeer {
+                    host: h.name.clone(),
+                    peer: l.peer.clone(),
+                });
             }
         }
         Ok(())
@@ -168,35 +215,132 @@ pub fn state_dir(name: &str) -> PathBuf {
     std::path::Path::new(TESTBED_STATE_ROOT).join(name)
 }
 
-/// Reads the hosts file a `--hosts` argument names: `@testbed` is the hosts
-/// file of the default testbed (`netgap testbed up`, see
-/// [`default_hosts_path`]); `@PATH` is the file at `PATH`.
-/// Anything else is not a file reference (a plain list of agents is parsed by
-/// the caller).
-pub fn resolve_hosts_arg(arg: &str) -> Result<HostsFile, HostsError> {
-    let path = match arg.strip_prefix('@') {
-        Some("testbed") => default_hosts_path(),
-        Some(p) if !p.is_empty() => PathBuf::from(p),
-        _ => {
-            return Err(HostsError::Parse {
-                path: PathBuf::from(arg),
-                detail: "want @testbed or @FILE".into(),
-            })
+/// What `--hosts` names, parsed: a hosts file or a list of agents.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostsArg {
+    /// `@testbed` (the default testbed's hosts file) or `@PATH`.
+    File {
+        /// The hosts file.
+        path: PathBuf,
+        /// Named as `@testbed`: a missing file means no testbed is up.
+        testbed: bool,
+    },
+    /// `ADDR,ADDR,...`: agents' control addresses (`IP[:PORT]`, port 7100 by
+    /// default, or `unix:PATH`); the first serves.
+    Addrs(Vec<ControlAddr>),
+}
+
+/// The agents' control port when `--hosts` names none.
+const DEFAULT_AGENT_PORT: u16 = 7100;
+
+impl HostsArg {
+    /// Parses a `--hosts` argument: `@testbed` is the hosts file of the
+    /// default testbed (`netgap testbed up`, see [`default_hosts_path`]),
+    /// `@PATH` the file at `PATH`, anything else a comma-separated list of
+    /// agents. Reads no file.
+    pub fn parse(text: &str) -> Result<HostsArg, HostsError> {
+        let bad = |detail: String| HostsError::Arg {
+            arg: text.to_string(),
+            detail,
+        };
+        if let Some(rest) = text.strip_prefix('@') {
+            return match rest {
+                "" => Err(bad("want @testbed or @FILE".into())),
+                "testbed" => Ok(HostsArg::File {
+                    path: default_hosts_path(),
+                    testbed: true,
+                }),
+                p => Ok(HostsArg::File {
+                    path: PathBuf::from(p),
+                    testbed: false,
+                }),
+            };
         }
-    };
-    match HostsFile::load(&path) {
-        Err(HostsError::Read { source, .. })
-            if arg == "@testbed" && source.kind() == std::io::ErrorKind::NotFound =>
-        {
-            Err(HostsError::Read {
-                path,
-                source: std::io::Error::new(
-                    source.kind(),
-                    "no testbed is up (start one with `netgap testbed up`)",
-                ),
-            })
+        let mut addrs = Vec::new();
+        for part in text.split(',').map(str::trim).filter(|x| !x.is_empty()) {
+            let with_port = if part.parse::<IpAddr>().is_ok() {
+                format!("{part}:{DEFAULT_AGENT_PORT}")
+            } else {
+                part.to_string()
+            };
+            let addr = ControlAddr::parse(&with_port).ok_or_else(|| {
+                bad(format!(
+                    "{part:?} is not IP[:PORT] or unix:PATH (or give @FILE)"
+                ))
+            })?;
+            addrs.push(addr);
         }
-        other => other,
+        if addrs.is_empty() {
+            return Err(bad("no host given".into()));
+        }
+        Ok(HostsArg::Addrs(addrs))
+    }
+
+    /// The hosts: reads and checks the file, or takes the list as it is.
+    pub fn load(&self) -> Result<HostsSource, HostsError> {
+        match self {
+            HostsArg::Addrs(a) => Ok(HostsSource::Addrs(a.clone())),
+            HostsArg::File { path, testbed } => match HostsFile::load(path) {
+                Err(HostsError::Read { source, .. })
+                    if *testbed && source.kind() == std::io::ErrorKind::NotFound =>
+                {
+                    Err(HostsError::Read {
+                        path: path.clone(),
+                        source: std::io::Error::new(
+                            source.kind(),
+                            "no testbed is up (start one with `netgap testbed up`)",
+                        ),
+                    })
+                }
+                other => other.map(HostsSource::File),
+            },
+        }
+    }
+}
+
+/// Where the hosts of a run come from.
+#[derive(Debug, Clone)]
+pub enum HostsSource {
+    /// A hosts file (`--hosts @FILE`).
+    File(HostsFile),
+    /// Agents' control addresses (`--hosts A,B,...`); the first is the server.
+    Addrs(Vec<ControlAddr>),
+    /// In-process agents on loopback: a server on 127.0.0.1 and
+    /// `client_hosts` client hosts on 127.0.0.2, 127.0.0.3, ...
+    Embedded {
+        /// Client hosts.
+        client_hosts: u32,
+        /// Loopback links of multirail.
+        links: u32,
+    },
+}
+
+impl HostsSource {
+    /// Hosts available: the server and the client hosts.
+    pub fn hosts(&self) -> u32 {
+        match self {
+            HostsSource::File(f) => f.hosts.len() as u32,
+            HostsSource::Addrs(a) => a.len() as u32,
+            HostsSource::Embedded { client_hosts, .. } => client_hosts + 1,
+        }
+    }
+
+    /// Client hosts available.
+    pub fn client_hosts(&self) -> u32 {
+        self.hosts().saturating_sub(1)
+    }
+
+    /// How the hosts were given, for the record's options.
+    pub fn label(&self) -> String {
+        match self {
+            HostsSource::File(_) => "hosts-file".into(),
+            HostsSource::Addrs(a) => a
+                .iter()
+                .map(|a| a.to_string())
+                .collect::<Vec<_>>()
+                .join(","),
+            HostsSource::Embedded { .. } => "embedded".into(),
+        }
     }
 }
 
@@ -261,15 +405,27 @@ mod tests {
     }
 
     #[test]
-    fn hosts_arguments_name_a_file_or_the_testbed() {
+    fn hosts_arguments_name_a_file_the_testbed_or_agents() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("hosts.json");
         sample().save(&path).expect("save");
-        let arg = format!("@{}", path.display());
-        assert_eq!(resolve_hosts_arg(&arg).ok(), Some(sample()));
-        assert!(resolve_hosts_arg("10.0.0.1,10.0.0.2").is_err());
-        assert!(resolve_hosts_arg("@").is_err());
-        assert!(resolve_hosts_arg("@/nonexistent/hosts.json")
+        let arg = HostsArg::parse(&format!("@{}", path.display())).expect("parses");
+        assert!(matches!(arg.load(), Ok(HostsSource::File(f)) if f == sample()));
+        assert_eq!(
+            HostsArg::parse("@testbed").ok(),
+            Some(HostsArg::File {
+                path: default_hosts_path(),
+                testbed: true
+            })
+        );
+        let list = HostsArg::parse("10.0.0.1,unix:/tmp/a.sock").expect("parses");
+        assert!(matches!(&list, HostsArg::Addrs(a) if a.len() == 2));
+        assert_eq!(list.load().map(|h| h.hosts()).ok(), Some(2));
+        assert!(HostsArg::parse("@").is_err());
+        assert!(HostsArg::parse("10.0.0.1,nowhere").is_err());
+        assert!(HostsArg::parse("@/nonexistent/hosts.json")
+            .expect("parses")
+            .load()
             .is_err_and(|e| e.to_string().contains("/nonexistent/hosts.json")));
     }
 
@@ -277,13 +433,17 @@ mod tests {
     fn bad_hosts_files_are_refused_with_a_reason() {
         let mut f = sample();
         f.hosts[1].name = "h1".into();
-        assert!(f.check().is_err_and(|e| e.contains("twice")));
+        assert!(f.check().is_err_and(|e| e.to_string().contains("twice")));
         let mut f = sample();
         f.hosts[1].control = "nowhere".into();
-        assert!(f.check().is_err_and(|e| e.contains("control address")));
+        assert!(f
+            .check()
+            .is_err_and(|e| e.to_string().contains("control address")));
         let mut f = sample();
         f.hosts[0].links[0].peer = "h9".into();
-        assert!(f.check().is_err_and(|e| e.contains("unknown host")));
+        assert!(f
+            .check()
+            .is_err_and(|e| e.to_string().contains("unknown host")));
         let mut f = sample();
         f.version = 9;
         assert!(f.check().is_err());

@@ -15,15 +15,15 @@
 //! its repetitions, written as soon as it is known.
 
 use crate::coordinator::{open_session, CoordError, PointError};
-use crate::plan::{Plan, PlanError};
+use crate::plan::{MethodSpec, Plan, PlanError, RunRequest, DEFAULT_REPS};
 use crate::point_loop::{run_points, Observer};
 use crate::sink::RecordSink;
-use crate::sweep::StackArgs;
 use netgap_core::record::{RecordStats, ResultRecord};
 use netgap_core::spec::PointSpec;
 use netgap_core::stats::{noise_warning, Summary, NOISY_CV};
 use netgap_core::units::format_size;
 use std::io::Write;
+use std::time::Duration;
 
 /// The method, shown by `netgap logp --help`.
 pub const HELP: &str = "\
@@ -50,25 +50,10 @@ it. Messages larger than the socket buffers cannot leave in one send call nor si
 whole in the receive buffer, so there o_s includes waiting for the receiver and \
 o_r the rest of the transfer.";
 
-/// Raw flags of `netgap logp`.
-#[derive(Debug, Clone, clap::Args)]
-pub struct LogpArgs {
-    /// Message sizes: a list 1,1K,64K, a range 1..1M, or 1..1M:x4.
-    #[arg(long, short = 's', default_value = "1,1K,64K,1M")]
-    pub sizes: String,
-    /// Repetitions of each parameter's measurement.
-    #[arg(long, default_value_t = crate::plan::DEFAULT_REPS)]
-    pub reps: u32,
-    /// Time budget of one repetition; the iteration count adapts to it.
-    #[arg(long, default_value = "50ms", value_name = "DUR")]
-    pub rep_time: String,
-    #[allow(
-        missing_docs,
-        reason = "a doc comment here would replace the flattened flags' help"
-    )]
-    #[command(flatten)]
-    pub stack: StackArgs,
-}
+/// Default `--sizes` of logp, bytes.
+pub const DEFAULT_SIZES_BYTES: [u64; 4] = [1, 1024, 64 * 1024, 1024 * 1024];
+/// Default `--rep-time` of logp.
+pub const DEFAULT_REP_TIME: Duration = Duration::from_millis(50);
 
 /// The tests behind the parameters, in measurement order per size.
 const TESTS: [&str; 4] = ["logp-send", "logp-recv", "stream", "logp-rtt"];
@@ -82,12 +67,28 @@ pub struct LogpPlan {
 }
 
 impl LogpPlan {
-    /// Validates the flags.
-    pub fn from_args(a: &LogpArgs) -> Result<LogpPlan, PlanError> {
-        let args = a
-            .stack
-            .run_args(&TESTS.join(","), &a.sizes, a.reps, &a.rep_time);
-        let mut run = Plan::from_args(&args)?;
+    /// Validates a logp request: target, key, transports, method and
+    /// outputs as for a run, with logp's own default sizes and time budget;
+    /// its tests are logp's.
+    pub fn from_request(r: &RunRequest) -> Result<LogpPlan, PlanError> {
+        let m = &r.method;
+        let request = RunRequest {
+            tests: TESTS.iter().map(|t| t.to_string()).collect(),
+            method: MethodSpec {
+                sizes: Some(
+                    m.sizes
+                        .clone()
+                        .unwrap_or_else(|| DEFAULT_SIZES_BYTES.to_vec()),
+                ),
+                reps: Some(m.reps.unwrap_or(DEFAULT_REPS)),
+                rep_time: m
+                    .rep_time
+                    .or((m.iterations.is_none() && !m.paper).then_some(DEFAULT_REP_TIME)),
+                ..m.clone()
+            },
+            ..r.clone()
+        };
+        let mut run = Plan::point_to_point(&request, "logp")?;
         let order = |s: &PointSpec| {
             (
                 s.transport.clone(),
@@ -97,19 +98,17 @@ impl LogpPlan {
             )
         };
         // Plans are test-major; a size's four parameters belong together.
+        let transports = &r.transport.transports;
         let mut keyed: Vec<_> = run.points.drain(..).enumerate().collect();
-        keyed.sort_by_key(|(i, s)| (order_transport(&args.transport, &s.transport), order(s), *i));
+        keyed.sort_by_key(|(i, s)| (order_transport(transports, &s.transport), order(s), *i));
         run.points = keyed.into_iter().map(|(_, s)| s).collect();
         Ok(LogpPlan { run })
     }
 }
 
 /// Position of `name` in the user's transport list, so output follows it.
-fn order_transport(list: &str, name: &str) -> usize {
-    list.split(',')
-        .map(str::trim)
-        .position(|t| t == name)
-        .unwrap_or(usize::MAX)
+fn order_transport(list: &[String], name: &str) -> usize {
+    list.iter().position(|t| t == name).unwrap_or(usize::MAX)
 }
 
 /// The parameter's metric key for a test.
@@ -286,16 +285,10 @@ mod tests {
 
     #[test]
     fn points_are_grouped_by_size_in_parameter_order() {
-        use clap::Parser;
-        #[derive(clap::Parser)]
-        struct P {
-            #[command(flatten)]
-            a: LogpArgs,
-        }
-        let a = P::try_parse_from(["netgap", "--sizes", "1,1K", "-t", "unix,tcp"])
-            .expect("parses")
-            .a;
-        let p = LogpPlan::from_args(&a).expect("valid");
+        let mut r = RunRequest::default();
+        r.method.sizes = Some(vec![1, 1024]);
+        r.transport.transports = vec!["unix".into(), "tcp".into()];
+        let p = LogpPlan::from_request(&r).expect("valid");
         let got: Vec<(String, u64, String)> = p
             .run
             .points

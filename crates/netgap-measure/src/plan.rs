@@ -1,14 +1,24 @@
-//! From what the user typed to what will be measured. [`RunArgs`] holds the
-//! raw flags of `netgap run`; [`Plan::from_args`] validates them into the
-//! points, the method and the outputs, or fails with one line naming the
-//! offending input.
+//! From what the user asked for to what will be measured. A [`RunRequest`]
+//! is the typed input: the command line builds it from flags it has already
+//! parsed (sizes, durations, lists, addresses), the default battery builds it
+//! directly. [`Plan::from_request`] validates it (ranges, capabilities, flags
+//! that would have no effect) into the points, the method and the outputs,
+//! or fails with a [`PlanError`] naming the flag.
+//!
+//! A field of the request that the user did not give is `None` (or empty),
+//! so a plan can tell a default from a choice and refuse a flag that does
+//! nothing for what is asked.
 
 use crate::bench;
+use crate::cluster::{HostsArg, HostsError, HostsSource};
 use crate::control::ControlAddr;
-use crate::runner::{CiTarget, IterationPolicy, Method};
-use netgap_core::spec::{check_size, Mode, PointSpec, TransportOptions, MAX_ITERATIONS};
-use netgap_core::units::{parse_duration, parse_size_bytes, parse_size_list};
+use crate::runner::{CiTarget, IterationPolicy, Method, DEFAULT_CI_REPS};
+use netgap_core::spec::{
+    check_size, Mode, PointSpec, RangeError, TransportOptions, MAX_ITERATIONS,
+};
+use netgap_core::units::format_size;
 use netgap_transport as transport;
+use netgap_transport::options::{OptionDecl, OptionError, OptionValue};
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -18,193 +28,190 @@ pub const DEFAULT_PORT: u16 = 7100;
 /// Default repetitions per point (the seeds' method).
 pub const DEFAULT_REPS: u32 = 10;
 /// Default time budget of one repetition.
-pub const DEFAULT_REP_TIME: &str = "100ms";
+pub const DEFAULT_REP_TIME: Duration = Duration::from_millis(100);
 /// Default data-path inactivity timeout.
-pub const DEFAULT_TIMEOUT: &str = "3s";
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(3);
+/// Default message sizes of point-to-point runs, in bytes.
+pub const DEFAULT_SIZES_BYTES: [u64; 6] = [1, 64, 1024, 16 * 1024, 64 * 1024, 1024 * 1024];
 /// Most repetitions per point.
 pub const MAX_REPS: u32 = 10_000;
 /// Iterations per repetition of `--paper` (the seeds' setting).
 pub const PAPER_ITERATIONS: u64 = 100_000;
+/// Shortest `--rep-time`.
+const MIN_REP_TIME: Duration = Duration::from_micros(100);
+/// Longest `--rep-time`.
+const MAX_REP_TIME: Duration = Duration::from_secs(3600);
+/// Shortest `--timeout`.
+const MIN_TIMEOUT: Duration = Duration::from_millis(10);
 
-/// The tests of the default battery, in order.
-pub const BATTERY_TESTS: &str = "pingpong,stream,bibw-pingpong,bibw";
+/// The tests of the default battery, in order: the point-to-point tests
+/// only (logp's overhead probes belong to their own command).
+pub const BATTERY_TESTS: [&str; 4] = ["pingpong", "stream", "bibw-pingpong", "bibw"];
+/// The default battery's time budget per repetition, short so the whole
+/// battery runs in well under a minute.
+const BATTERY_REP_TIME: Duration = Duration::from_millis(15);
 
-/// Raw flags of a run, as typed.
-#[derive(Debug, Clone, clap::Args)]
-pub struct RunArgs {
-    /// Tests to run, comma separated (see `netgap list`).
-    #[arg(value_name = "TEST[,TEST...]")]
-    pub test: String,
-    /// Agent to drive, `HOST[:PORT]` (default port 7100) or `unix:PATH`;
-    /// without it an agent runs in-process on loopback.
-    #[arg(long, value_name = "HOST[:PORT]")]
-    pub peer: Option<String>,
-    /// Shared key file of the agent (see `netgap key new`), or of every
-    /// agent of `--hosts` (default: the hosts file's `key_file`).
-    #[arg(long, value_name = "FILE")]
-    pub key: Option<PathBuf>,
-    /// Transports, comma separated.
-    #[arg(long, short = 't', default_value = "tcp", value_name = "T[,T...]")]
-    pub transport: String,
-    /// Completion modes, comma separated: event (block), poll (spin).
-    #[arg(long, default_value = "event", value_name = "event|poll")]
-    pub mode: String,
-    /// Message sizes: a list 1,64,1K, a range of powers of two 1..4M, or a
-    /// range with a factor 1..4M:x4.
-    #[arg(long, short = 's', default_value = "1,64,1K,16K,64K,1M")]
-    pub sizes: String,
-    /// Measured repetitions per point; the highest and lowest are dropped
-    /// from the headline.
-    #[arg(long, default_value_t = DEFAULT_REPS)]
-    pub reps: u32,
-    /// Fixed iterations per repetition (instead of --rep-time).
-    #[arg(long, short = 'n', conflicts_with = "rep_time")]
-    pub iterations: Option<u64>,
-    /// Time budget per repetition; the iteration count is calibrated to fill it.
-    #[arg(long, value_name = "DUR")]
-    pub rep_time: Option<String>,
-    /// Uncounted warm-up iterations before each point.
-    #[arg(long)]
-    pub warmup: Option<u64>,
-    /// The seeds' setting: 10 repetitions of 100,000 iterations.
-    #[arg(long, conflicts_with_all = ["iterations", "rep_time", "reps"])]
-    pub paper: bool,
-    /// Use IPv6 loopback for the in-process agent.
-    #[arg(long, short = '6')]
+/// An agent's control address as given to `--peer`, resolved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerAddr {
+    /// As typed, for messages.
+    pub label: String,
+    /// The resolved control address.
+    pub addr: ControlAddr,
+}
+
+impl PeerAddr {
+    /// Parses and resolves `HOST[:PORT]` (port 7100 by default),
+    /// `[V6]:PORT`, a bare IPv6 address or `unix:PATH`.
+    pub fn parse(text: &str) -> Result<PeerAddr, PlanError> {
+        let t = text.trim();
+        let addr = match ControlAddr::parse(t) {
+            Some(a @ ControlAddr::Unix(_)) => a,
+            _ => ControlAddr::Tcp(resolve_peer(t)?),
+        };
+        Ok(PeerAddr {
+            label: text.to_string(),
+            addr,
+        })
+    }
+}
+
+/// Where the agents are.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Target {
+    /// `--peer`: the agent of a point-to-point run.
+    pub peer: Option<PeerAddr>,
+    /// `--hosts`: the agents of a multi-host run.
+    pub hosts: Option<HostsArg>,
+    /// `-6`: IPv6 loopback for the in-process agent.
     pub ipv6: bool,
-    /// Turn TCP_NODELAY off (Nagle's algorithm on).
-    #[arg(long)]
-    pub no_nodelay: bool,
-    /// SO_SNDBUF of the data flow, e.g. 512K.
-    #[arg(long, value_name = "BYTES")]
-    pub sndbuf: Option<String>,
-    /// SO_RCVBUF of the data flow, e.g. 512K.
-    #[arg(long, value_name = "BYTES")]
-    pub rcvbuf: Option<String>,
-    /// Pin the client and server roles: CLIENT_CPU,SERVER_CPU (e.g. 0,1).
-    #[arg(long, value_name = "C,S")]
-    pub pin: Option<String>,
-    /// MSG_ZEROCOPY sends with their completions reaped (tcp).
-    #[arg(long)]
-    pub zerocopy: bool,
-    /// SO_BUSY_POLL: busy-wait this many microseconds in the kernel on receive (tcp).
-    #[arg(long, value_name = "USECS")]
-    pub busy_poll: Option<u32>,
-    /// TCP_QUICKACK: acknowledge at once instead of delaying ACKs (tcp).
-    #[arg(long)]
-    pub quickack: bool,
-    /// TCP_CORK around each message: send full segments only (tcp).
-    #[arg(long)]
-    pub cork: bool,
-    /// TCP congestion control algorithm, e.g. cubic or bbr (tcp).
-    #[arg(long, value_name = "NAME")]
-    pub congestion: Option<String>,
-    /// io_uring kernel-side submission polling (uring).
-    #[arg(long)]
-    pub sqpoll: bool,
-    /// Check every payload byte received against the pattern sent.
-    #[arg(long)]
-    pub verify: bool,
-    /// Data-path inactivity timeout: a peer silent this long is gone.
-    #[arg(long, default_value = DEFAULT_TIMEOUT, value_name = "DUR")]
-    pub timeout: String,
-    /// Append one JSON line per measured point to FILE.
-    #[arg(long, value_name = "FILE")]
-    pub json: Option<PathBuf>,
-    /// Append one CSV row per measured point to FILE.
-    #[arg(long, value_name = "FILE")]
-    pub csv: Option<PathBuf>,
-    /// Repeat each point until the LEVEL% confidence interval of the mean is
-    /// within ±WIDTH% of it (e.g. 99,2), between the --ci-reps bounds;
-    /// results record whether it was met. Without it, --reps repetitions.
-    #[arg(long, value_name = "LEVEL,WIDTH", conflicts_with = "paper")]
-    pub ci: Option<String>,
-    /// Fewest and most repetitions of a --ci point.
-    #[arg(long, value_name = "MIN,MAX", default_value = "3,30", requires = "ci")]
-    pub ci_reps: String,
-    /// Multi-host tests: the hosts, `@FILE` (a hosts file) or
-    /// `ADDR,ADDR,...` (agents' control addresses, IP:PORT or unix:PATH);
-    /// the first is the server, the rest client hosts. Without it,
-    /// in-process agents on loopback stand in for the hosts.
-    #[arg(long, value_name = "@FILE|ADDR,...")]
-    pub hosts: Option<String>,
-    /// Multi-host tests without --hosts: in-process client hosts on
-    /// loopback (127.0.0.2, 127.0.0.3, ...).
-    #[arg(long, default_value_t = 3, value_name = "N")]
-    pub client_hosts: u32,
-    /// Multi-host tests: concurrent clients, one point per count (e.g.
-    /// 3,6,9,12); default one per client host.
-    #[arg(long, value_name = "N[,N...]")]
-    pub clients: Option<String>,
-    /// multistream: parallel streams, one point per count.
-    #[arg(long, short = 'P', default_value = "4", value_name = "N[,N...]")]
-    pub streams: String,
-    /// Multi-host tests: measured window of each repetition.
-    #[arg(long, default_value = "1s", value_name = "DUR")]
-    pub duration: String,
-    /// multirail without --hosts: parallel loopback links (address pairs).
-    #[arg(long, default_value_t = 3, value_name = "K")]
-    pub links: u32,
+    /// `--client-hosts`: in-process client hosts of a multi-host run.
+    pub client_hosts: Option<u32>,
 }
 
-/// Parses `--ci LEVEL,WIDTH` and `--ci-reps MIN,MAX` into a target; `None`
-/// without `--ci`.
-pub fn parse_ci(ci: Option<&str>, ci_reps: &str) -> Result<Option<CiTarget>, PlanError> {
-    let Some(ci) = ci else { return Ok(None) };
-    let pair = |flag: &str, text: &str| -> Result<(String, String), PlanError> {
-        match text
-            .split(',')
-            .map(str::trim)
-            .collect::<Vec<_>>()
-            .as_slice()
-        {
-            [a, b] => Ok((a.to_string(), b.to_string())),
-            _ => Err(bad(format!(
-                "{flag} {text}: expected two numbers separated by a comma"
-            ))),
+/// One transport option given, with its value.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OptionSetting {
+    /// The option's declaration (by the transport that honours it).
+    pub decl: &'static OptionDecl,
+    /// The value given.
+    pub value: OptionValue,
+}
+
+/// Transports, modes and options to measure over.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TransportChoice {
+    /// Transport names, in order (`-t`).
+    pub transports: Vec<String>,
+    /// Completion modes, in order (`--mode`).
+    pub modes: Vec<Mode>,
+    /// Transport options given (none: every option at its default).
+    pub options: Vec<OptionSetting>,
+}
+
+impl Default for TransportChoice {
+    /// tcp, event mode, no option.
+    fn default() -> Self {
+        TransportChoice {
+            transports: vec!["tcp".into()],
+            modes: vec![Mode::Event],
+            options: Vec::new(),
         }
-    };
-    let (level, width) = pair("--ci", ci)?;
-    let num = |t: &str| {
-        t.trim_end_matches('%')
-            .parse::<f64>()
-            .map_err(|_| bad(format!("--ci {ci}: {t:?} is not a number")))
-    };
-    let (min, max) = pair("--ci-reps", ci_reps)?;
-    let count = |t: &str| {
-        t.parse::<u32>()
-            .ok()
-            .filter(|&n| n <= MAX_REPS)
-            .ok_or_else(|| {
-                bad(format!(
-                    "--ci-reps {ci_reps}: {t:?} is not a count up to {MAX_REPS}"
-                ))
-            })
-    };
-    CiTarget::new(num(&level)?, num(&width)?, count(&min)?, count(&max)?)
-        .map(Some)
-        .map_err(|e| bad(format!("--ci {ci} --ci-reps {ci_reps}: {e}")))
+    }
 }
 
-/// Parses `RunArgs` alone, so defaults come from one place: the flags.
-#[derive(clap::Parser)]
-struct RunArgsOnly {
-    #[command(flatten)]
-    args: RunArgs,
+/// `--pin C,S`: CPUs of the client and server roles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pin {
+    /// CPU of the client role.
+    pub client_cpu: u32,
+    /// CPU of the server role.
+    pub server_cpu: u32,
 }
 
-impl RunArgs {
-    /// The flags of `netgap run TESTS` with every other flag at its default.
-    pub fn with_defaults(tests: &str) -> RunArgs {
-        use clap::Parser;
-        match RunArgsOnly::try_parse_from(["netgap", tests]) {
-            Ok(p) => p.args,
-            // Only a test list starting with '-' fails to parse; keep it as
-            // the test name so validation reports it as unknown.
-            Err(_) => RunArgs {
-                test: tests.to_string(),
-                ..RunArgsOnly::parse_from(["netgap", "x"]).args
-            },
+/// `--ci LEVEL,WIDTH`, unchecked.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CiSpec {
+    /// Confidence level in percent.
+    pub confidence_pct: f64,
+    /// Largest half-width in percent of the mean.
+    pub half_width_pct: f64,
+}
+
+/// How each point is measured; `None` leaves the command's default.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct MethodSpec {
+    /// `--sizes`, in bytes.
+    pub sizes: Option<Vec<u64>>,
+    /// `--reps`.
+    pub reps: Option<u32>,
+    /// `--iterations`.
+    pub iterations: Option<u64>,
+    /// `--rep-time`.
+    pub rep_time: Option<Duration>,
+    /// `--warmup`, iterations.
+    pub warmup: Option<u64>,
+    /// `--paper`.
+    pub paper: bool,
+    /// `--ci`.
+    pub ci: Option<CiSpec>,
+    /// `--ci-reps MIN,MAX`.
+    pub ci_reps: Option<(u32, u32)>,
+    /// `--timeout`.
+    pub timeout: Option<Duration>,
+    /// `--pin`.
+    pub pin: Option<Pin>,
+    /// `--verify`.
+    pub verify: bool,
+}
+
+/// Where results go.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Outputs {
+    /// `--json`: JSON Lines file to append to.
+    pub json: Option<PathBuf>,
+    /// `--csv`: CSV file to append to.
+    pub csv: Option<PathBuf>,
+}
+
+/// The flags of multi-host tests; `None` leaves the default.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MultiHostSpec {
+    /// `--clients`: one point per count.
+    pub clients: Option<Vec<u32>>,
+    /// `--streams`: one point per count (multistream).
+    pub streams: Option<Vec<u32>>,
+    /// `--duration`: measured window of each repetition.
+    pub duration: Option<Duration>,
+    /// `--links`: loopback links of an in-process multirail run.
+    pub links: Option<u32>,
+}
+
+/// Everything a run asks for, typed; the input of every plan.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RunRequest {
+    /// Test names, in order.
+    pub tests: Vec<String>,
+    /// Where the agents are.
+    pub target: Target,
+    /// `--key`: the shared key file of the agents.
+    pub key_file: Option<PathBuf>,
+    /// Transports, modes, options.
+    pub transport: TransportChoice,
+    /// Sizes, repetitions and the data-path settings.
+    pub method: MethodSpec,
+    /// Results files.
+    pub outputs: Outputs,
+    /// Flags of multi-host tests.
+    pub multi_host: MultiHostSpec,
+}
+
+impl RunRequest {
+    /// A request for `tests` with every flag at its default.
+    pub fn new(tests: &[&str]) -> RunRequest {
+        RunRequest {
+            tests: tests.iter().map(|t| t.to_string()).collect(),
+            ..RunRequest::default()
         }
     }
 }
@@ -235,6 +242,10 @@ pub struct Plan {
     pub method: Method,
     /// The agent.
     pub peer: Peer,
+    /// The hosts of `--hosts`, for a point-to-point run between the first
+    /// two of them (the first serves). Always `None` today: the plan refuses
+    /// `--hosts` for point-to-point tests until the coordinator drives them.
+    pub hosts: Option<HostsSource>,
     /// CPU of the client role, if pinned.
     pub client_cpu: Option<u32>,
     /// JSON Lines output.
@@ -245,24 +256,236 @@ pub struct Plan {
     pub key_file: Option<PathBuf>,
 }
 
-/// Bad input: one line naming what was wrong.
+/// Why a request cannot be measured: one line naming the flag.
 #[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct PlanError(pub String);
-
-fn bad(msg: impl Into<String>) -> PlanError {
-    PlanError(msg.into())
+pub enum PlanError {
+    /// A test name not in the registry.
+    #[error("unknown test {name:?}; available: {available}")]
+    UnknownTest {
+        /// As given.
+        name: String,
+        /// The registered names.
+        available: String,
+    },
+    /// A transport name not in the registry.
+    #[error("unknown transport {name:?}; available: {available}")]
+    UnknownTransport {
+        /// As given.
+        name: String,
+        /// The registered names.
+        available: String,
+    },
+    /// A transport this host cannot run.
+    #[error("transport {name} is not available here: {why}")]
+    Unavailable {
+        /// The transport.
+        name: String,
+        /// Why not.
+        why: netgap_transport::Unavailable,
+    },
+    /// An empty list.
+    #[error("no {what} given; {hint}")]
+    Empty {
+        /// `test`, `transport`, `mode`.
+        what: &'static str,
+        /// What to give.
+        hint: &'static str,
+    },
+    /// A value out of its range.
+    #[error("{flag} {value}: {detail}")]
+    Invalid {
+        /// The flag, as typed (`--reps`).
+        flag: &'static str,
+        /// The value given.
+        value: String,
+        /// The allowed range or what is wrong.
+        detail: String,
+    },
+    /// A message size out of the range every test accepts.
+    #[error("{flag}: size {size_bytes} is out of range: sizes go from 1 byte to {max}")]
+    SizeOutOfRange {
+        /// The flag that gave it (`--sizes`).
+        flag: &'static str,
+        /// The size, in bytes.
+        size_bytes: u64,
+        /// The largest size, formatted.
+        max: String,
+    },
+    /// A message size above what a transport carries.
+    #[error("{flag}: size {size} is larger than the largest message transport {transport} carries, {max_bytes} bytes")]
+    TooLarge {
+        /// The flag that gave it (`--sizes`).
+        flag: &'static str,
+        /// The size, formatted.
+        size: String,
+        /// The transport.
+        transport: String,
+        /// Its largest message, in bytes.
+        max_bytes: u64,
+    },
+    /// A flag that would have no effect on what is asked.
+    #[error("{flag} does not apply to {what}: {reason}")]
+    NoEffect {
+        /// The flag, as typed.
+        flag: String,
+        /// The tests or command asked for.
+        what: String,
+        /// Why, and what to do instead.
+        reason: String,
+    },
+    /// A transport option a chosen transport does not honour.
+    #[error("{flag} does not apply to transport {transport} ({takes})")]
+    OptionNotTaken {
+        /// The option's flag.
+        flag: String,
+        /// The transport.
+        transport: String,
+        /// What it takes instead.
+        takes: String,
+    },
+    /// A transport option's value out of range.
+    #[error(transparent)]
+    Option(#[from] OptionError),
+    /// A flag that needs another one.
+    #[error("{flag} needs {needs}: {reason}")]
+    Needs {
+        /// The flag given.
+        flag: &'static str,
+        /// The flags it needs.
+        needs: &'static str,
+        /// Why.
+        reason: &'static str,
+    },
+    /// A same-host transport toward a remote agent.
+    #[error(
+        "transport {transport} works only on one host, but --peer {peer} is not a loopback address"
+    )]
+    SameHostOnly {
+        /// The transport.
+        transport: String,
+        /// The peer as typed.
+        peer: String,
+    },
+    /// A mode the transport lacks.
+    #[error("transport {transport} has no {mode} mode")]
+    NoMode {
+        /// The transport.
+        transport: String,
+        /// The mode.
+        mode: Mode,
+    },
+    /// `--peer` names no usable agent.
+    #[error("bad peer {peer:?}: {detail}")]
+    BadPeer {
+        /// As typed.
+        peer: String,
+        /// What is wrong.
+        detail: String,
+    },
+    /// A point the protocol's own checks refuse.
+    #[error("invalid option: {0}")]
+    Spec(#[from] RangeError),
+    /// The hosts file or list is unusable.
+    #[error(transparent)]
+    Hosts(#[from] HostsError),
+    /// Multi-host and point-to-point tests in one run.
+    #[error(
+        "multi-host tests ({}) cannot be mixed with point-to-point tests in one run",
+        crate::workload::names()
+    )]
+    MixedTests,
+    /// A multi-host workload refuses the transport, mode or options.
+    #[error(transparent)]
+    Workload(#[from] crate::workload::Refused),
+    /// More in-process flows than this process may hold descriptors for.
+    #[error("--clients {clients}: in-process agents hold both ends of every flow in this process, {needed} descriptors, but the limit is {limit}; run `netgap serve` on each host and give --hosts, or raise the hard limit (ulimit -Hn, /etc/security/limits.conf)")]
+    Descriptors {
+        /// The largest client count asked for.
+        clients: u32,
+        /// Descriptors needed.
+        needed: u64,
+        /// The hard limit.
+        limit: u64,
+    },
 }
 
-fn split_list(s: &str) -> impl Iterator<Item = &str> {
-    s.split(',').map(str::trim).filter(|x| !x.is_empty())
+impl PlanError {
+    /// The same error naming `to` where it named the flag `from`: a command
+    /// that spells a shared setting its own way (sweep's `--trials` for
+    /// `--reps`) reports its own flag.
+    pub fn rename_flag(self, from: &'static str, to: &'static str) -> PlanError {
+        let swap = |flag: &'static str| if flag == from { to } else { flag };
+        match self {
+            PlanError::Invalid {
+                flag,
+                value,
+                detail,
+            } => PlanError::Invalid {
+                flag: swap(flag),
+                value,
+                detail,
+            },
+            PlanError::SizeOutOfRange {
+                flag,
+                size_bytes,
+                max,
+            } => PlanError::SizeOutOfRange {
+                flag: swap(flag),
+                size_bytes,
+                max,
+            },
+            PlanError::TooLarge {
+                flag,
+                size,
+                transport,
+                max_bytes,
+            } => PlanError::TooLarge {
+                flag: swap(flag),
+                size,
+                transport,
+                max_bytes,
+            },
+            other => other,
+        }
+    }
+}
+
+/// A [`PlanError::NoEffect`].
+pub(crate) fn no_effect(flag: &str, what: &str, reason: impl Into<String>) -> PlanError {
+    PlanError::NoEffect {
+        flag: flag.to_string(),
+        what: what.to_string(),
+        reason: reason.into(),
+    }
+}
+
+/// A [`PlanError::Invalid`].
+pub(crate) fn invalid(
+    flag: &'static str,
+    value: impl ToString,
+    detail: impl Into<String>,
+) -> PlanError {
+    PlanError::Invalid {
+        flag,
+        value: value.to_string(),
+        detail: detail.into(),
+    }
+}
+
+/// A duration as a user would type it (`100ms`).
+pub(crate) fn show(d: Duration) -> String {
+    humantime::format_duration(d).to_string()
 }
 
 /// Parses `HOST[:PORT]`, `[V6]:PORT` or a bare IPv6 address.
 pub fn resolve_peer(s: &str) -> Result<SocketAddr, PlanError> {
     let s = s.trim();
+    let bad = |detail: String| PlanError::BadPeer {
+        peer: s.to_string(),
+        detail,
+    };
     if s.is_empty() {
-        return Err(bad("empty --peer"));
+        return Err(bad("empty --peer".into()));
     }
     let with_port = if let Ok(ip) = s.parse::<std::net::IpAddr>() {
         SocketAddr::new(ip, DEFAULT_PORT).to_string()
@@ -275,197 +498,284 @@ pub fn resolve_peer(s: &str) -> Result<SocketAddr, PlanError> {
     };
     let mut addrs = with_port
         .to_socket_addrs()
-        .map_err(|e| bad(format!("bad peer {s:?}: {e}")))?;
+        .map_err(|e| bad(e.to_string()))?;
     addrs
         .next()
-        .ok_or_else(|| bad(format!("bad peer {s:?}: the name resolves to no address")))
+        .ok_or_else(|| bad("the name resolves to no address".into()))
 }
 
-fn parse_buffer(flag: &str, v: &Option<String>) -> Result<Option<u32>, PlanError> {
-    let Some(v) = v else { return Ok(None) };
-    let bytes = parse_size_bytes(v).map_err(|e| bad(format!("{flag}: {e}")))?;
-    if bytes == 0 || bytes > u64::from(netgap_core::spec::MAX_SOCKET_BUFFER_BYTES) {
-        return Err(bad(format!("{flag} {v}: must be between 1 byte and 1G")));
+/// The `--ci` target of a method; `None` without `--ci`.
+pub fn ci_target(m: &MethodSpec) -> Result<Option<CiTarget>, PlanError> {
+    let Some(ci) = m.ci else { return Ok(None) };
+    let (min, max) = m.ci_reps.unwrap_or(DEFAULT_CI_REPS);
+    for n in [min, max] {
+        if n > MAX_REPS {
+            return Err(invalid(
+                "--ci-reps",
+                format!("{min},{max}"),
+                format!("{n} is above {MAX_REPS} repetitions"),
+            ));
+        }
     }
-    Ok(Some(bytes as u32))
+    CiTarget::new(ci.confidence_pct, ci.half_width_pct, min, max)
+        .map(Some)
+        .map_err(|e| {
+            invalid(
+                "--ci",
+                format!(
+                    "{},{} --ci-reps {min},{max}",
+                    ci.confidence_pct, ci.half_width_pct
+                ),
+                e.to_string(),
+            )
+        })
 }
 
-fn parse_pin(v: &Option<String>) -> Result<(Option<u32>, Option<u32>), PlanError> {
-    let Some(v) = v else { return Ok((None, None)) };
-    let cpus: Vec<&str> = v.split(',').map(str::trim).collect();
-    let parse = |c: &str| {
-        c.parse::<u32>()
-            .ok()
-            .filter(|&c| c <= netgap_core::spec::MAX_CPU_INDEX)
-            .ok_or_else(|| bad(format!("--pin {v}: {c:?} is not a CPU number")))
-    };
-    match cpus.as_slice() {
-        [c, s] => Ok((Some(parse(c)?), Some(parse(s)?))),
-        [c] => Ok((Some(parse(c)?), Some(parse(c)?))),
-        _ => Err(bad(format!(
-            "--pin {v}: expected CLIENT_CPU,SERVER_CPU such as 0,1"
-        ))),
+/// Multi-host tests, for messages.
+const GROUP_TESTS: &str = "multistream, hotspot, fanin, fanout, connect, multirail";
+
+/// Refuses the flags of multi-host tests in a point-to-point request: they
+/// would change nothing. `what` names the tests or command in the message.
+pub(crate) fn refuse_group_flags(r: &RunRequest, what: &str) -> Result<(), PlanError> {
+    let m = &r.multi_host;
+    let reason = format!("it is a flag of multi-host tests ({GROUP_TESTS})");
+    for (flag, given) in [
+        ("--clients", m.clients.is_some()),
+        ("--streams", m.streams.is_some()),
+        ("--duration", m.duration.is_some()),
+        ("--links", m.links.is_some()),
+        ("--client-hosts", r.target.client_hosts.is_some()),
+    ] {
+        if given {
+            return Err(no_effect(flag, what, reason));
+        }
     }
+    if r.target.ipv6 && r.target.peer.is_some() {
+        return Err(no_effect(
+            "-6",
+            what,
+            "it picks IPv6 loopback for the in-process agent, and --peer names an agent; give --peer an IPv6 address instead",
+        ));
+    }
+    Ok(())
+}
+
+/// The transports of a request, looked up and available here.
+pub(crate) fn transports_of(
+    c: &TransportChoice,
+) -> Result<Vec<&'static dyn transport::Transport>, PlanError> {
+    let mut out = Vec::new();
+    for name in &c.transports {
+        let t = transport::find(name).ok_or_else(|| PlanError::UnknownTransport {
+            name: name.clone(),
+            available: transport::names(),
+        })?;
+        if let Err(why) = t.availability() {
+            return Err(PlanError::Unavailable {
+                name: name.clone(),
+                why,
+            });
+        }
+        out.push(t);
+    }
+    if out.is_empty() {
+        return Err(PlanError::Empty {
+            what: "transport",
+            hint: "see `netgap list`",
+        });
+    }
+    Ok(out)
+}
+
+/// The options of a request as both ends apply them and results record
+/// them; an option a chosen transport does not honour is refused.
+pub(crate) fn options_of(
+    c: &TransportChoice,
+    transports: &[&'static dyn transport::Transport],
+) -> Result<TransportOptions, PlanError> {
+    let mut options = TransportOptions::default();
+    for s in &c.options {
+        for tr in transports {
+            let honoured = tr.capabilities().options;
+            if !honoured.contains(&s.decl) {
+                let takes = if honoured.is_empty() {
+                    "it takes no options".to_string()
+                } else {
+                    let list: Vec<String> = honoured.iter().map(|o| o.long()).collect();
+                    format!("it takes {}", list.join(", "))
+                };
+                return Err(PlanError::OptionNotTaken {
+                    flag: s.decl.long(),
+                    transport: tr.name().to_string(),
+                    takes,
+                });
+            }
+        }
+        s.decl.apply_value(&mut options, &s.value)?;
+    }
+    Ok(options)
 }
 
 impl Plan {
-    /// Validates the raw flags of a run.
-    pub fn from_args(a: &RunArgs) -> Result<Plan, PlanError> {
-        if a.key.is_some() && a.peer.is_none() && a.hosts.is_none() {
-            return Err(bad(
-                "--key needs --peer or --hosts: in-process agents run without a key",
+    /// Validates a run of point-to-point tests.
+    pub fn from_request(r: &RunRequest) -> Result<Plan, PlanError> {
+        Plan::point_to_point(r, &r.tests.join(","))
+    }
+
+    /// Validates a point-to-point request: the flags of multi-host tests are
+    /// refused, naming `what` (the tests, or the command that measures
+    /// them).
+    pub(crate) fn point_to_point(r: &RunRequest, what: &str) -> Result<Plan, PlanError> {
+        refuse_group_flags(r, what)?;
+        let mut plan = Plan::build(r)?;
+        plan.hosts = match &r.target.hosts {
+            Some(h) => Some(h.load()?),
+            None => None,
+        };
+        // The coordinator does not drive a point-to-point test between the
+        // hosts of a hosts file yet: refuse rather than measure loopback.
+        if plan.hosts.is_some() {
+            return Err(no_effect(
+                "--hosts",
+                what,
+                "point-to-point tests do not run between the hosts of --hosts yet; run them on a host with --peer AGENT",
             ));
         }
+        Ok(plan)
+    }
+
+    /// The checks every plan shares: tests, transports, modes, sizes, the
+    /// method, options and the agent. Flags of multi-host tests are left to
+    /// the caller.
+    pub(crate) fn build(r: &RunRequest) -> Result<Plan, PlanError> {
+        if r.key_file.is_some() && r.target.peer.is_none() && r.target.hosts.is_none() {
+            return Err(PlanError::Needs {
+                flag: "--key",
+                needs: "--peer or --hosts",
+                reason: "in-process agents run without a key",
+            });
+        }
         let mut tests = Vec::new();
-        for name in split_list(&a.test) {
-            let t = bench::find(name).ok_or_else(|| {
-                bad(format!(
-                    "unknown test {name:?}; available: {}",
-                    bench::names()
-                ))
+        for name in &r.tests {
+            let t = bench::find(name).ok_or_else(|| PlanError::UnknownTest {
+                name: name.clone(),
+                available: bench::names(),
             })?;
             tests.push(t);
         }
         if tests.is_empty() {
-            return Err(bad("no test given; see `netgap list`"));
-        }
-        let mut transports = Vec::new();
-        for name in split_list(&a.transport) {
-            let t = transport::find(name).ok_or_else(|| {
-                bad(format!(
-                    "unknown transport {name:?}; available: {}",
-                    transport::names()
-                ))
-            })?;
-            if let Err(why) = t.availability() {
-                return Err(bad(format!(
-                    "transport {name} is not available here: {why}"
-                )));
-            }
-            transports.push(t);
-        }
-        if transports.is_empty() {
-            return Err(bad("no transport given; see `netgap list`"));
-        }
-        let mut modes = Vec::new();
-        for m in split_list(&a.mode) {
-            modes.push(match m {
-                "event" => Mode::Event,
-                "poll" => Mode::Poll,
-                other => return Err(bad(format!("unknown mode {other:?}; use event or poll"))),
+            return Err(PlanError::Empty {
+                what: "test",
+                hint: "see `netgap list`",
             });
         }
-        if modes.is_empty() {
-            return Err(bad("no mode given; use event or poll"));
+        let transports = transports_of(&r.transport)?;
+        if r.transport.modes.is_empty() {
+            return Err(PlanError::Empty {
+                what: "mode",
+                hint: "use event or poll",
+            });
         }
-        let sizes = parse_size_list(&a.sizes).map_err(|e| bad(format!("--sizes: {e}")))?;
+        let m = &r.method;
+        let sizes = m
+            .sizes
+            .clone()
+            .unwrap_or_else(|| DEFAULT_SIZES_BYTES.to_vec());
         for &s in &sizes {
-            check_size(s).map_err(|_| {
-                bad(format!(
-                    "--sizes: size {s} is out of range: sizes go from 1 byte to {}",
-                    netgap_core::units::format_size(netgap_core::spec::MAX_SIZE_BYTES)
-                ))
+            check_size(s).map_err(|_| PlanError::SizeOutOfRange {
+                flag: "--sizes",
+                size_bytes: s,
+                max: format_size(netgap_core::spec::MAX_SIZE_BYTES),
             })?;
         }
         for t in &transports {
             let max = t.max_message_bytes().unwrap_or(u64::MAX);
             if let Some(&s) = sizes.iter().find(|&&s| s > max) {
-                return Err(bad(format!(
-                    "--sizes: size {} is larger than the largest message transport {} carries, {max} bytes",
-                    netgap_core::units::format_size(s),
-                    t.name()
-                )));
+                return Err(PlanError::TooLarge {
+                    flag: "--sizes",
+                    size: format_size(s),
+                    transport: t.name().to_string(),
+                    max_bytes: max,
+                });
             }
         }
 
-        let (reps, iterations) = if a.paper {
+        let (reps, iterations) = if m.paper {
             (DEFAULT_REPS, IterationPolicy::Fixed(PAPER_ITERATIONS))
         } else {
-            let it = match (a.iterations, &a.rep_time) {
+            let it = match (m.iterations, m.rep_time) {
                 (Some(n), _) => {
                     if n == 0 || n > MAX_ITERATIONS {
-                        return Err(bad(format!(
-                            "--iterations {n}: must be between 1 and {MAX_ITERATIONS}"
-                        )));
+                        return Err(invalid(
+                            "--iterations",
+                            n,
+                            format!("must be between 1 and {MAX_ITERATIONS}"),
+                        ));
                     }
                     IterationPolicy::Fixed(n)
                 }
                 (None, rt) => {
-                    let text = rt.as_deref().unwrap_or(DEFAULT_REP_TIME);
-                    let d = parse_duration(text).map_err(|e| bad(format!("--rep-time: {e}")))?;
-                    if d < Duration::from_micros(100) || d > Duration::from_secs(3600) {
-                        return Err(bad(format!(
-                            "--rep-time {text}: must be between 100us and 1h"
-                        )));
+                    let d = rt.unwrap_or(DEFAULT_REP_TIME);
+                    if !(MIN_REP_TIME..=MAX_REP_TIME).contains(&d) {
+                        return Err(invalid(
+                            "--rep-time",
+                            show(d),
+                            "must be between 100us and 1h",
+                        ));
                     }
                     IterationPolicy::Budget(d)
                 }
             };
-            (a.reps, it)
+            (m.reps.unwrap_or(DEFAULT_REPS), it)
         };
         if reps == 0 || reps > MAX_REPS {
-            return Err(bad(format!(
-                "--reps {reps}: must be between 1 and {MAX_REPS}"
-            )));
+            return Err(invalid(
+                "--reps",
+                reps,
+                format!("must be between 1 and {MAX_REPS}"),
+            ));
         }
-        if let Some(w) = a.warmup {
+        if let Some(w) = m.warmup {
             if w > MAX_ITERATIONS {
-                return Err(bad(format!("--warmup {w}: at most {MAX_ITERATIONS}")));
+                return Err(invalid("--warmup", w, format!("at most {MAX_ITERATIONS}")));
             }
         }
-        let timeout = parse_duration(&a.timeout).map_err(|e| bad(format!("--timeout: {e}")))?;
-        if timeout < Duration::from_millis(10)
+        let timeout = m.timeout.unwrap_or(DEFAULT_TIMEOUT);
+        if timeout < MIN_TIMEOUT
             || timeout.as_millis() > u128::from(netgap_core::spec::MAX_IO_TIMEOUT_MS)
         {
-            return Err(bad(format!(
-                "--timeout {}: must be between 10ms and 10m",
-                a.timeout
-            )));
+            return Err(invalid(
+                "--timeout",
+                show(timeout),
+                "must be between 10ms and 10m",
+            ));
         }
-        let options = TransportOptions {
-            nodelay: !a.no_nodelay,
-            sndbuf_bytes: parse_buffer("--sndbuf", &a.sndbuf)?,
-            rcvbuf_bytes: parse_buffer("--rcvbuf", &a.rcvbuf)?,
-            zerocopy: a.zerocopy,
-            busy_poll_us: a.busy_poll,
-            quickack: a.quickack,
-            cork: a.cork,
-            congestion: a.congestion.clone(),
-            sqpoll: a.sqpoll,
-        };
-        let (client_cpu, server_cpu) = parse_pin(&a.pin)?;
-        for tr in &transports {
-            let honoured = tr.capabilities().options;
-            if let Some(flag) = options
-                .flags_set()
-                .into_iter()
-                .find(|f| !honoured.contains(f))
-            {
-                let which = if honoured.is_empty() {
-                    "it takes no options".to_string()
-                } else {
-                    format!("it takes {}", honoured.join(", "))
-                };
-                return Err(bad(format!(
-                    "{flag} does not apply to transport {} ({which})",
-                    tr.name()
-                )));
-            }
-        }
-        let ci = parse_ci(a.ci.as_deref(), &a.ci_reps)?;
-
-        let peer = match &a.peer {
-            None => Peer::Embedded { ipv6: a.ipv6 },
+        let options = options_of(&r.transport, &transports)?;
+        let (client_cpu, server_cpu) = match m.pin {
+            None => (None, None),
             Some(p) => {
-                let addr = match ControlAddr::parse(p.trim()) {
-                    Some(a @ ControlAddr::Unix(_)) => a,
-                    _ => ControlAddr::Tcp(resolve_peer(p)?),
-                };
-                Peer::Remote {
-                    label: p.clone(),
-                    addr,
+                for cpu in [p.client_cpu, p.server_cpu] {
+                    if cpu > netgap_core::spec::MAX_CPU_INDEX {
+                        return Err(invalid(
+                            "--pin",
+                            format!("{},{}", p.client_cpu, p.server_cpu),
+                            format!("{cpu} is not a CPU number"),
+                        ));
+                    }
                 }
+                (Some(p.client_cpu), Some(p.server_cpu))
             }
+        };
+        let ci = ci_target(m)?;
+
+        let peer = match &r.target.peer {
+            None => Peer::Embedded {
+                ipv6: r.target.ipv6,
+            },
+            Some(p) => Peer::Remote {
+                label: p.label.clone(),
+                addr: p.addr.clone(),
+            },
         };
         if let Peer::Remote {
             addr: ControlAddr::Tcp(addr),
@@ -474,10 +784,10 @@ impl Plan {
         {
             if !addr.ip().is_loopback() {
                 if let Some(t) = transports.iter().find(|t| !t.capabilities().cross_host) {
-                    return Err(bad(format!(
-                        "transport {} works only on one host, but --peer {label} is not a loopback address",
-                        t.name()
-                    )));
+                    return Err(PlanError::SameHostOnly {
+                        transport: t.name().to_string(),
+                        peer: label.clone(),
+                    });
                 }
             }
         }
@@ -485,9 +795,12 @@ impl Plan {
         let mut points = Vec::new();
         for t in &tests {
             for tr in &transports {
-                for &mode in &modes {
+                for &mode in &r.transport.modes {
                     if !tr.capabilities().modes.contains(&mode) {
-                        return Err(bad(format!("transport {} has no {mode} mode", tr.name())));
+                        return Err(PlanError::NoMode {
+                            transport: tr.name().to_string(),
+                            mode,
+                        });
                     }
                     for &size in &sizes {
                         let point = PointSpec {
@@ -498,11 +811,9 @@ impl Plan {
                             options: options.clone(),
                             server_cpu,
                             io_timeout_ms: timeout.as_millis() as u32,
-                            verify: a.verify,
+                            verify: m.verify,
                         };
-                        point
-                            .validate()
-                            .map_err(|e| bad(format!("invalid option: {e}")))?;
+                        point.validate()?;
                         points.push(point);
                     }
                 }
@@ -513,14 +824,15 @@ impl Plan {
             method: Method {
                 reps,
                 iterations,
-                warmup: a.warmup,
+                warmup: m.warmup,
                 ci,
             },
             peer,
+            hosts: None,
             client_cpu,
-            json: a.json.clone(),
-            csv: a.csv.clone(),
-            key_file: a.key.clone(),
+            json: r.outputs.json.clone(),
+            csv: r.outputs.csv.clone(),
+            key_file: r.key_file.clone(),
         })
     }
 
@@ -528,17 +840,26 @@ impl Plan {
     /// tcp and unix on loopback, sizes 1 B to 4 MiB in steps of 4, with a
     /// short time budget so the whole battery runs in well under a minute.
     pub fn battery(json: PathBuf) -> Plan {
-        // The point-to-point tests only: others in the registry (logp's
-        // overhead probes) belong to their own commands.
-        let mut args = RunArgs::with_defaults(BATTERY_TESTS);
-        args.transport = "tcp,unix".into();
-        args.sizes = "1..4M:x4".into();
-        args.rep_time = Some("15ms".into());
-        args.json = Some(json);
-        // The battery's flags are fixed and valid; a failure here is a bug in
-        // this function, caught by its unit test.
+        let request = RunRequest {
+            transport: TransportChoice {
+                transports: vec!["tcp".into(), "unix".into()],
+                ..TransportChoice::default()
+            },
+            method: MethodSpec {
+                sizes: Some((0..12).map(|i| 1u64 << (2 * i)).collect()),
+                rep_time: Some(BATTERY_REP_TIME),
+                ..MethodSpec::default()
+            },
+            outputs: Outputs {
+                json: Some(json),
+                csv: None,
+            },
+            ..RunRequest::new(&BATTERY_TESTS)
+        };
+        // The battery's request is fixed and valid; a failure here is a bug
+        // in this function, caught by its unit test.
         #[allow(clippy::expect_used, reason = "constant, unit-tested input")]
-        Plan::from_args(&args).expect("battery plan is valid")
+        Plan::from_request(&request).expect("battery plan is valid")
     }
 
     /// Options as recorded in results.
@@ -549,7 +870,8 @@ impl Plan {
         };
         netgap_core::record::RecordOptions {
             peer: match &self.peer {
-                Peer::Embedded { .. } => "embedded".into(),
+                Peer::Embedded { ipv6: false } => "embedded".into(),
+                Peer::Embedded { ipv6: true } => "embedded-ipv6".into(),
                 Peer::Remote { addr, .. } => addr.to_string(),
             },
             transport: spec.options.clone(),
@@ -571,10 +893,21 @@ impl Plan {
 mod tests {
     use super::*;
 
-    fn args(test: &str) -> RunArgs {
-        let mut a = RunArgs::with_defaults(test);
-        a.sizes = "1".into();
-        a
+    fn req(test: &str) -> RunRequest {
+        let mut r = RunRequest::new(&[test]);
+        r.method.sizes = Some(vec![1]);
+        r
+    }
+
+    fn err(r: &RunRequest) -> String {
+        Plan::from_request(r).expect_err("refused").to_string()
+    }
+
+    fn option(flag: &str, value: OptionValue) -> OptionSetting {
+        OptionSetting {
+            decl: netgap_transport::options::find(flag).expect("declared"),
+            value,
+        }
     }
 
     #[test]
@@ -586,42 +919,45 @@ mod tests {
 
     #[test]
     fn unknown_names_are_refused_with_the_list() {
-        let e = Plan::from_args(&args("pingpnog")).unwrap_err().0;
+        let e = err(&req("pingpnog"));
         assert!(
             e.contains("unknown test \"pingpnog\"") && e.contains("pingpong"),
             "{e}"
         );
-        let mut a = args("pingpong");
-        a.transport = "carrier-pigeon".into();
-        assert!(Plan::from_args(&a)
-            .unwrap_err()
-            .0
-            .contains("unknown transport"));
+        let mut r = req("pingpong");
+        r.transport.transports = vec!["carrier-pigeon".into()];
+        assert!(err(&r).contains("unknown transport"));
     }
 
     #[test]
     fn size_zero_and_oversize_are_refused() {
-        let mut a = args("pingpong");
-        a.sizes = "0".into();
-        assert!(Plan::from_args(&a).unwrap_err().0.contains("out of range"));
-        a.sizes = "1G".into();
-        assert!(Plan::from_args(&a).unwrap_err().0.contains("out of range"));
+        let mut r = req("pingpong");
+        r.method.sizes = Some(vec![0]);
+        assert!(err(&r).contains("out of range"));
+        r.method.sizes = Some(vec![1 << 30]);
+        assert!(err(&r).contains("out of range"));
     }
 
     #[test]
     fn pin_and_paper_resolve() {
-        let mut a = args("pingpong");
-        a.pin = Some("0,1".into());
-        a.paper = true;
-        let p = Plan::from_args(&a).expect("valid");
+        let mut r = req("pingpong");
+        r.method.pin = Some(Pin {
+            client_cpu: 0,
+            server_cpu: 1,
+        });
+        r.method.paper = true;
+        let p = Plan::from_request(&r).expect("valid");
         assert_eq!(p.client_cpu, Some(0));
         assert_eq!(p.points[0].server_cpu, Some(1));
         assert_eq!(
             p.method.iterations,
             IterationPolicy::Fixed(PAPER_ITERATIONS)
         );
-        a.pin = Some("x".into());
-        assert!(Plan::from_args(&a).is_err());
+        r.method.pin = Some(Pin {
+            client_cpu: 1 << 20,
+            server_cpu: 0,
+        });
+        assert!(err(&r).contains("--pin"));
     }
 
     #[test]
@@ -634,16 +970,20 @@ mod tests {
         assert_eq!(resolve_peer("::1").map(|a| a.is_ipv6()).ok(), Some(true));
         assert_eq!(resolve_peer("[::1]:9").map(|a| a.port()).ok(), Some(9));
         assert!(resolve_peer("no such host.invalid").is_err());
+        assert!(matches!(
+            PeerAddr::parse("unix:/tmp/a.sock").map(|p| p.addr),
+            Ok(ControlAddr::Unix(_))
+        ));
     }
 
     #[test]
     fn sizes_above_a_transports_largest_message_are_refused() {
-        let mut a = args("pingpong");
-        a.transport = "tcp,udp".into();
-        a.sizes = "1,60K".into();
-        assert!(Plan::from_args(&a).is_ok());
-        a.sizes = "1,100K".into();
-        let e = Plan::from_args(&a).unwrap_err().0;
+        let mut r = req("pingpong");
+        r.transport.transports = vec!["tcp".into(), "udp".into()];
+        r.method.sizes = Some(vec![1, 60 * 1024]);
+        assert!(Plan::from_request(&r).is_ok());
+        r.method.sizes = Some(vec![1, 100 * 1024]);
+        let e = err(&r);
         assert!(
             e.contains("100K") && e.contains("udp") && e.contains("65483 bytes"),
             "{e}"
@@ -651,45 +991,92 @@ mod tests {
     }
 
     #[test]
-    fn ci_flags_parse_and_bad_ones_are_refused() {
-        let t = parse_ci(Some("99,2"), "3,30")
-            .expect("valid")
-            .expect("some");
+    fn ci_targets_check_their_bounds() {
+        let mut m = MethodSpec {
+            ci: Some(CiSpec {
+                confidence_pct: 99.0,
+                half_width_pct: 2.0,
+            }),
+            ..MethodSpec::default()
+        };
+        let t = ci_target(&m).expect("valid").expect("some");
         assert_eq!((t.confidence_pct, t.half_width_pct), (99.0, 2.0));
-        assert_eq!((t.min_reps, t.max_reps), (3, 30));
-        assert!(parse_ci(None, "3,30").expect("valid").is_none());
-        for (ci, reps) in [
-            ("99", "3,30"),
-            ("x,2", "3,30"),
-            ("99,2", "1,30"),
-            ("100,2", "3,30"),
-            ("99,2", "9,3"),
+        assert_eq!((t.min_reps, t.max_reps), DEFAULT_CI_REPS);
+        assert!(ci_target(&MethodSpec::default()).expect("valid").is_none());
+        for (level, width, reps) in [
+            (99.0, 2.0, (1, 30)),
+            (100.0, 2.0, (3, 30)),
+            (99.0, 2.0, (9, 3)),
+            (99.0, 0.0, (3, 30)),
+            (99.0, 2.0, (3, MAX_REPS + 1)),
         ] {
-            assert!(parse_ci(Some(ci), reps).is_err(), "{ci} {reps}");
+            m.ci = Some(CiSpec {
+                confidence_pct: level,
+                half_width_pct: width,
+            });
+            m.ci_reps = Some(reps);
+            assert!(ci_target(&m).is_err(), "{level} {width} {reps:?}");
         }
     }
 
     #[test]
     fn unix_is_refused_for_a_remote_peer() {
-        let mut a = args("pingpong");
-        a.transport = "unix".into();
-        a.peer = Some("192.0.2.1".into());
-        assert!(Plan::from_args(&a).unwrap_err().0.contains("one host"));
+        let mut r = req("pingpong");
+        r.transport.transports = vec!["unix".into()];
+        r.target.peer = Some(PeerAddr {
+            label: "192.0.2.1".into(),
+            addr: ControlAddr::Tcp("192.0.2.1:7100".parse().expect("addr")),
+        });
+        assert!(err(&r).contains("one host"));
     }
 
     #[test]
     fn an_option_a_transport_ignores_is_refused() {
-        let mut a = args("pingpong");
-        a.transport = "unix".into();
-        a.cork = true;
-        let e = Plan::from_args(&a).unwrap_err().0;
-        assert!(e.contains("--cork does not apply to transport unix"), "{e}");
-        a.transport = "tcp".into();
-        assert!(Plan::from_args(&a).is_ok());
-        a.cork = false;
-        a.transport = "shm".into();
-        a.sndbuf = Some("64K".into());
-        let e = Plan::from_args(&a).unwrap_err().0;
-        assert!(e.contains("takes no options"), "{e}");
+        let mut r = req("pingpong");
+        r.transport.transports = vec!["unix".into()];
+        r.transport.options = vec![option("cork", OptionValue::Switch)];
+        let e = err(&r);
+        assert!(
+            e.contains("--cork does not apply to transport unix (it takes --sndbuf, --rcvbuf)"),
+            "{e}"
+        );
+        r.transport.transports = vec!["tcp".into()];
+        let p = Plan::from_request(&r).expect("tcp corks");
+        assert!(p.points[0].options.cork);
+        r.transport.transports = vec!["shm".into()];
+        r.transport.options = vec![option("sndbuf", OptionValue::Number(64 * 1024))];
+        assert!(err(&r).contains("takes no options"));
+        r.transport.transports = vec!["tcp".into()];
+        r.transport.options = vec![option("sndbuf", OptionValue::Number(0))];
+        assert!(err(&r).contains("--sndbuf 0: must be between"));
+    }
+
+    #[test]
+    fn flags_of_multi_host_tests_are_refused_for_point_to_point_tests() {
+        let mut r = req("pingpong");
+        r.multi_host.clients = Some(vec![3]);
+        let e = err(&r);
+        assert!(e.starts_with("--clients does not apply to pingpong"), "{e}");
+        let mut r = req("pingpong");
+        r.multi_host.duration = Some(Duration::from_secs(5));
+        assert!(err(&r).starts_with("--duration does not apply"));
+        let mut r = req("stream");
+        r.target.ipv6 = true;
+        r.target.peer = PeerAddr::parse("127.0.0.1").ok();
+        assert!(err(&r).starts_with("-6 does not apply"));
+    }
+
+    #[test]
+    fn defaults_are_the_documented_ones() {
+        let p = Plan::from_request(&RunRequest::new(&["pingpong"])).expect("valid");
+        let sizes: Vec<u64> = p.points.iter().map(|s| s.size_bytes).collect();
+        assert_eq!(sizes, DEFAULT_SIZES_BYTES);
+        assert_eq!(p.method.reps, DEFAULT_REPS);
+        assert_eq!(
+            p.method.iterations,
+            IterationPolicy::Budget(DEFAULT_REP_TIME)
+        );
+        assert_eq!(p.points[0].io_timeout_ms, 3000);
+        assert_eq!(p.points[0].options, TransportOptions::default());
     }
 }

@@ -13,11 +13,13 @@
 //! of a transport ends at `--end` or after the first block that takes
 //! longer than `--max-block-time`.
 //!
-//! Flags are validated by building a `netgap run` [`Plan`] from them, so a
-//! sweep accepts exactly what a run accepts for the same transport.
+//! A [`SweepRequest`] is validated by building a `netgap run` [`Plan`] from
+//! it, so a sweep accepts exactly what a run accepts for the same transport;
+//! the run's own sizes and repetition flags are refused, since the sweep sets
+//! them from `--start`, `--end`, `--trials` and `--trial-time`.
 
 use crate::coordinator::{open_session, CoordError, PointError};
-use crate::plan::{Plan, PlanError, RunArgs};
+use crate::plan::{invalid, no_effect, MethodSpec, Plan, PlanError, RunRequest};
 use crate::point_loop::{run_points, Observer};
 use crate::sink::RecordSink;
 use netgap_core::dropout::{DropoutDetector, PointThroughput};
@@ -25,9 +27,8 @@ use netgap_core::record::{RecordStats, ResultRecord};
 use netgap_core::sizing::{sweep_sizes, Growth};
 use netgap_core::spec::PointSpec;
 use netgap_core::stats::{noise_warning, Summary, NOISY_CV};
-use netgap_core::units::{format_size, parse_duration, parse_size_bytes};
+use netgap_core::units::format_size;
 use std::io::Write;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 /// The method, shown by `netgap sweep --help`.
@@ -46,123 +47,66 @@ measured again; if the dip holds, the record gets `dropout` (depth_pct, \
 reference_size_bytes, reference_value) and the table says DROPOUT. The run ends with \
 one line listing the dropouts found.";
 
-/// Flags shared by `netgap sweep` and `netgap logp`: where and over what
-/// the points run, and where results go.
-#[derive(Debug, Clone, clap::Args)]
-pub struct StackArgs {
-    /// Agent to drive, `HOST[:PORT]`; without it an agent runs in-process on
-    /// loopback.
-    #[arg(long, value_name = "HOST[:PORT]")]
-    pub peer: Option<String>,
-    /// Transports, comma separated; each is swept in turn.
-    #[arg(long, short = 't', default_value = "tcp", value_name = "T[,T...]")]
-    pub transport: String,
-    /// Completion mode: event (block) or poll (spin).
-    #[arg(long, default_value = "event", value_name = "event|poll")]
-    pub mode: String,
-    /// Use IPv6 loopback for the in-process agent.
-    #[arg(long, short = '6')]
-    pub ipv6: bool,
-    /// Turn TCP_NODELAY off (Nagle's algorithm on).
-    #[arg(long)]
-    pub no_nodelay: bool,
-    /// SO_SNDBUF of the data flow, e.g. 512K.
-    #[arg(long, value_name = "BYTES")]
-    pub sndbuf: Option<String>,
-    /// SO_RCVBUF of the data flow, e.g. 512K.
-    #[arg(long, value_name = "BYTES")]
-    pub rcvbuf: Option<String>,
-    /// Pin the client and server roles: CLIENT_CPU,SERVER_CPU (e.g. 0,1).
-    #[arg(long, value_name = "C,S")]
-    pub pin: Option<String>,
-    /// Data-path inactivity timeout: a peer silent this long is gone.
-    #[arg(long, default_value = crate::plan::DEFAULT_TIMEOUT, value_name = "DUR")]
-    pub timeout: String,
-    /// Repeat each point until the LEVEL% confidence interval of the mean is
-    /// within ±WIDTH% (e.g. 99,2), between the --ci-reps bounds.
-    #[arg(long, value_name = "LEVEL,WIDTH")]
-    pub ci: Option<String>,
-    /// Fewest and most trials of a --ci point.
-    #[arg(long, value_name = "MIN,MAX", default_value = "3,30", requires = "ci")]
-    pub ci_reps: String,
-    /// Append one JSON line per measured point to FILE.
-    #[arg(long, value_name = "FILE")]
-    pub json: Option<PathBuf>,
-    /// Append one CSV row per measured point to FILE.
-    #[arg(long, value_name = "FILE")]
-    pub csv: Option<PathBuf>,
+/// What `netgap sweep` asks for, typed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SweepRequest {
+    /// Smallest block size, bytes (`--start`).
+    pub start_bytes: u64,
+    /// Largest block size, bytes (`--end`).
+    pub end_bytes: u64,
+    /// Growth factor of nominal sizes (`--factor`); `None` is NetPIPE's
+    /// sequence.
+    pub factor: Option<f64>,
+    /// Bytes measured below and above each nominal size (`--perturbation`).
+    pub perturbation_bytes: u64,
+    /// What each block does (`--stream`, `--bidir`).
+    pub kind: SweepKind,
+    /// Target duration of one trial (`--trial-time`).
+    pub trial_time: Duration,
+    /// Trials per point (`--trials`).
+    pub trials: u32,
+    /// Longest block before a transport's sweep stops (`--max-block-time`).
+    pub max_block_time: Duration,
+    /// Target, key, transports, method and outputs, as for a run; its
+    /// tests are the sweep's.
+    pub stack: RunRequest,
 }
 
-impl StackArgs {
-    /// The `netgap run` flags of `test` over these stacks at `sizes`, with
-    /// `reps` repetitions of `rep_time` each.
-    pub fn run_args(&self, test: &str, sizes: &str, reps: u32, rep_time: &str) -> RunArgs {
-        let mut a = RunArgs::with_defaults(test);
-        a.peer = self.peer.clone();
-        a.transport = self.transport.clone();
-        a.mode = self.mode.clone();
-        a.sizes = sizes.to_string();
-        a.reps = reps;
-        a.rep_time = Some(rep_time.to_string());
-        a.ipv6 = self.ipv6;
-        a.no_nodelay = self.no_nodelay;
-        a.sndbuf = self.sndbuf.clone();
-        a.rcvbuf = self.rcvbuf.clone();
-        a.pin = self.pin.clone();
-        a.timeout = self.timeout.clone();
-        a.ci = self.ci.clone();
-        a.ci_reps = self.ci_reps.clone();
-        a.json = self.json.clone();
-        a.csv = self.csv.clone();
-        a
+/// Default `--start`, bytes.
+pub const DEFAULT_START_BYTES: u64 = 1;
+/// Default `--end`, bytes.
+pub const DEFAULT_END_BYTES: u64 = 8 << 20;
+/// Default `--perturbation`, bytes.
+pub const DEFAULT_PERTURBATION_BYTES: u64 = 3;
+/// Default `--trial-time`: short trials, several of them.
+pub const DEFAULT_TRIAL_TIME: Duration = Duration::from_millis(40);
+/// Default `--trials`.
+pub const DEFAULT_TRIALS: u32 = 5;
+/// Default `--max-block-time` (NetPIPE stops at one second).
+pub const DEFAULT_MAX_BLOCK_TIME: Duration = Duration::from_secs(1);
+
+impl SweepRequest {
+    /// A sweep with every flag at its default.
+    pub fn new() -> SweepRequest {
+        SweepRequest {
+            start_bytes: DEFAULT_START_BYTES,
+            end_bytes: DEFAULT_END_BYTES,
+            factor: None,
+            perturbation_bytes: DEFAULT_PERTURBATION_BYTES,
+            kind: SweepKind::PingPong,
+            trial_time: DEFAULT_TRIAL_TIME,
+            trials: DEFAULT_TRIALS,
+            max_block_time: DEFAULT_MAX_BLOCK_TIME,
+            stack: RunRequest::default(),
+        }
     }
 }
 
-/// Raw flags of `netgap sweep`.
-#[derive(Debug, Clone, clap::Args)]
-pub struct SweepArgs {
-    /// Smallest block size.
-    #[arg(long, default_value = "1", value_name = "SIZE")]
-    pub start: String,
-    /// Largest block size.
-    #[arg(long, default_value = "8M", value_name = "SIZE")]
-    pub end: String,
-    /// Grow nominal sizes by this factor instead of NetPIPE's sequence
-    /// (powers of two and 1.5 times each: 1, 2, 3, 4, 6, 8, 12, ...).
-    #[arg(long, value_name = "F")]
-    pub factor: Option<f64>,
-    /// Also measure n-P and n+P bytes around each nominal size n (NetPIPE's
-    /// -p); 0 switches perturbation off.
-    #[arg(long, default_value_t = 3, value_name = "BYTES")]
-    pub perturbation: u64,
-    /// Stream blocks one way back to back instead of ping-pong.
-    #[arg(long, conflicts_with = "bidir")]
-    pub stream: bool,
-    /// Both sides send blocks at once (bibw) instead of ping-pong.
-    #[arg(long)]
-    pub bidir: bool,
-    /// Target duration of one trial; the repeat count adapts to it.
-    #[arg(long, default_value = DEFAULT_TRIAL_TIME, value_name = "DUR")]
-    pub trial_time: String,
-    /// Trials per point (min, mean, max and the trimmed mean of them).
-    #[arg(long, default_value_t = DEFAULT_TRIALS, value_name = "N")]
-    pub trials: u32,
-    /// Stop a transport's sweep after the first block that takes longer
-    /// than this (NetPIPE stops at one second).
-    #[arg(long, default_value = "1s", value_name = "DUR")]
-    pub max_block_time: String,
-    #[allow(
-        missing_docs,
-        reason = "a doc comment here would replace the flattened flags' help"
-    )]
-    #[command(flatten)]
-    pub stack: StackArgs,
+impl Default for SweepRequest {
+    fn default() -> Self {
+        SweepRequest::new()
+    }
 }
-
-/// Default `--trial-time`: short trials, several of them.
-pub const DEFAULT_TRIAL_TIME: &str = "40ms";
-/// Default `--trials`.
-pub const DEFAULT_TRIALS: u32 = 5;
 
 /// What a sweep point moves per block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -226,60 +170,92 @@ pub struct SweepPlan {
     pub max_block_time: Duration,
 }
 
-fn bad(msg: impl Into<String>) -> PlanError {
-    PlanError(msg.into())
+/// Refuses the run flags a sweep sets itself.
+fn refuse_run_method(m: &MethodSpec) -> Result<(), PlanError> {
+    for (flag, given, reason) in [
+        (
+            "--sizes",
+            m.sizes.is_some(),
+            "its sizes come from --start, --end, --factor and --perturbation",
+        ),
+        ("--reps", m.reps.is_some(), "give --trials instead"),
+        (
+            "--rep-time",
+            m.rep_time.is_some(),
+            "give --trial-time instead",
+        ),
+        (
+            "--iterations",
+            m.iterations.is_some(),
+            "each trial's repeat count adapts to --trial-time",
+        ),
+        (
+            "--paper",
+            m.paper,
+            "it measures --trials trials of --trial-time per size",
+        ),
+    ] {
+        if given {
+            return Err(no_effect(flag, "sweep", reason));
+        }
+    }
+    Ok(())
 }
 
 impl SweepPlan {
-    /// Validates the flags of `netgap sweep`.
-    pub fn from_args(a: &SweepArgs) -> Result<SweepPlan, PlanError> {
-        let start = parse_size_bytes(&a.start).map_err(|e| bad(format!("--start: {e}")))?;
-        let end = parse_size_bytes(&a.end).map_err(|e| bad(format!("--end: {e}")))?;
+    /// Validates a sweep.
+    pub fn from_request(a: &SweepRequest) -> Result<SweepPlan, PlanError> {
+        refuse_run_method(&a.stack.method)?;
         let growth = match a.factor {
             None => Growth::NetPipe,
             Some(f) => Growth::Factor(f),
         };
-        let sizes = sweep_sizes(start, end, growth, a.perturbation)
-            .map_err(|e| bad(format!("--start/--end/--factor: {e}")))?;
+        let sizes =
+            sweep_sizes(a.start_bytes, a.end_bytes, growth, a.perturbation_bytes).map_err(|e| {
+                invalid(
+                    "--start/--end/--factor",
+                    format!(
+                        "{}..{}",
+                        format_size(a.start_bytes),
+                        format_size(a.end_bytes)
+                    ),
+                    e.to_string(),
+                )
+            })?;
         if a.trials == 0 || a.trials > crate::plan::MAX_REPS {
-            return Err(bad(format!(
-                "--trials {}: must be between 1 and {}",
+            return Err(invalid(
+                "--trials",
                 a.trials,
-                crate::plan::MAX_REPS
-            )));
+                format!("must be between 1 and {}", crate::plan::MAX_REPS),
+            ));
         }
-        let max_block_time =
-            parse_duration(&a.max_block_time).map_err(|e| bad(format!("--max-block-time: {e}")))?;
-        if max_block_time.is_zero() {
-            return Err(bad("--max-block-time must be above zero"));
+        if a.max_block_time.is_zero() {
+            return Err(invalid(
+                "--max-block-time",
+                crate::plan::show(a.max_block_time),
+                "must be above zero",
+            ));
         }
-        let kind = if a.stream {
-            SweepKind::Stream
-        } else if a.bidir {
-            SweepKind::Bidir
-        } else {
-            SweepKind::PingPong
+        let run_request = RunRequest {
+            tests: vec![a.kind.test().to_string()],
+            method: MethodSpec {
+                sizes: Some(sizes),
+                reps: Some(a.trials),
+                rep_time: Some(a.trial_time),
+                ..a.stack.method.clone()
+            },
+            ..a.stack.clone()
         };
-        let list = sizes
-            .iter()
-            .map(u64::to_string)
-            .collect::<Vec<_>>()
-            .join(",");
-        let run_args = a
-            .stack
-            .run_args(kind.test(), &list, a.trials, &a.trial_time);
-        let run = Plan::from_args(&run_args).map_err(|e| {
+        let run = Plan::point_to_point(&run_request, "sweep").map_err(|e| {
             // Name the sweep's own flags where the run's would confuse.
-            PlanError(
-                e.0.replace("--rep-time", "--trial-time")
-                    .replace("--reps", "--trials")
-                    .replace("--sizes", "--start/--end"),
-            )
+            e.rename_flag("--rep-time", "--trial-time")
+                .rename_flag("--reps", "--trials")
+                .rename_flag("--sizes", "--start/--end")
         })?;
         Ok(SweepPlan {
             run,
-            kind,
-            max_block_time,
+            kind: a.kind,
+            max_block_time: a.max_block_time,
         })
     }
 }
@@ -525,21 +501,13 @@ mod tests {
     use super::*;
     use netgap_core::record::Dropout;
 
-    fn args(extra: &[&str]) -> SweepArgs {
-        use clap::Parser;
-        #[derive(clap::Parser)]
-        struct P {
-            #[command(flatten)]
-            a: SweepArgs,
-        }
-        let mut argv = vec!["netgap"];
-        argv.extend_from_slice(extra);
-        P::try_parse_from(argv).expect("parses").a
+    fn err(a: &SweepRequest) -> String {
+        SweepPlan::from_request(a).unwrap_err().to_string()
     }
 
     #[test]
     fn defaults_sweep_one_byte_to_8m_ping_pong() {
-        let p = SweepPlan::from_args(&args(&[])).expect("valid");
+        let p = SweepPlan::from_request(&SweepRequest::new()).expect("valid");
         assert_eq!(p.kind, SweepKind::PingPong);
         let sizes: Vec<u64> = p.run.points.iter().map(|s| s.size_bytes).collect();
         assert_eq!(sizes.first(), Some(&1));
@@ -551,19 +519,41 @@ mod tests {
 
     #[test]
     fn bad_flags_name_the_sweep_flag() {
-        let e = SweepPlan::from_args(&args(&["--start", "0"]))
-            .unwrap_err()
-            .0;
+        let e = err(&SweepRequest {
+            start_bytes: 0,
+            ..SweepRequest::new()
+        });
         assert!(e.contains("--start"), "{e}");
-        let e = SweepPlan::from_args(&args(&["--trial-time", "1ns"]))
-            .unwrap_err()
-            .0;
-        assert!(e.contains("--trial-time"), "{e}");
-        let e = SweepPlan::from_args(&args(&["--transport", "udp", "--end", "1M"]))
-            .unwrap_err()
-            .0;
-        assert!(e.contains("udp"), "{e}");
-        assert!(SweepPlan::from_args(&args(&["--factor", "1"])).is_err());
+        let e = err(&SweepRequest {
+            trial_time: Duration::from_nanos(1),
+            ..SweepRequest::new()
+        });
+        assert!(e.starts_with("--trial-time 1ns"), "{e}");
+        let mut a = SweepRequest {
+            end_bytes: 1 << 20,
+            ..SweepRequest::new()
+        };
+        a.stack.transport.transports = vec!["udp".into()];
+        let e = err(&a);
+        assert!(e.contains("udp") && e.starts_with("--start/--end"), "{e}");
+        assert!(SweepPlan::from_request(&SweepRequest {
+            factor: Some(1.0),
+            ..SweepRequest::new()
+        })
+        .is_err());
+    }
+
+    #[test]
+    fn run_flags_a_sweep_sets_itself_are_refused() {
+        let mut a = SweepRequest::new();
+        a.stack.method.reps = Some(3);
+        assert!(err(&a).starts_with("--reps does not apply to sweep: give --trials"));
+        let mut a = SweepRequest::new();
+        a.stack.method.sizes = Some(vec![1]);
+        assert!(err(&a).starts_with("--sizes does not apply to sweep"));
+        let mut a = SweepRequest::new();
+        a.stack.multi_host.clients = Some(vec![2]);
+        assert!(err(&a).starts_with("--clients does not apply to sweep"));
     }
 
     #[test]

@@ -15,6 +15,7 @@ pub mod affinity;
 pub mod cpu;
 pub mod flows;
 pub mod host;
+pub mod options;
 pub mod shm;
 mod stream_socket;
 pub mod tcp;
@@ -300,10 +301,10 @@ pub struct Capabilities {
     pub cross_host: bool,
     /// Completion modes supported.
     pub modes: &'static [Mode],
-    /// The option flags the transport honours (as on the command line,
-    /// `--sndbuf`, ...); the plan refuses any other option set away from its
-    /// default, rather than record an option that had no effect.
-    pub options: &'static [&'static str],
+    /// The options the transport honours, each declared once (see
+    /// [`options`]); the plan refuses any other option given, rather than
+    /// record an option that had no effect.
+    pub options: &'static [&'static options::OptionDecl],
 }
 
 /// Why a transport cannot be used on this host, in one line with the

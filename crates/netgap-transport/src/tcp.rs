@@ -8,10 +8,13 @@
 //! socket up with every option; other transports that carry TCP (uring) use
 //! them and drive the socket their own way.
 
+use super::options::{bad_value, number, OptionDecl, OptionKind, OptionValue, RCVBUF, SNDBUF};
 use super::stream_socket::StreamFlow;
 use super::zerocopy::ZeroCopyFlow;
 use super::{Capabilities, Flow, FlowConfig, Listener, Transport, TransportError};
-use netgap_core::spec::{Mode, TransportOptions};
+use netgap_core::spec::{
+    check_name, Mode, TransportOptions, MAX_BUSY_POLL_US, MAX_CONGESTION_NAME_BYTES,
+};
 use socket2::{Domain, Protocol, SockAddr, SockRef, Socket, Type};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsFd;
@@ -24,6 +27,109 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Kernel TCP.
 pub struct Tcp;
+
+/// `--no-nodelay`: TCP_NODELAY off, Nagle's algorithm on; applied to each
+/// connected stream by `apply_connected`.
+pub static NO_NODELAY: OptionDecl = OptionDecl {
+    flag: "no-nodelay",
+    kind: OptionKind::Switch,
+    value_name: "",
+    help: "Turn TCP_NODELAY off (Nagle's algorithm on).",
+    record: |o, _| {
+        o.nodelay = false;
+        Ok(())
+    },
+};
+
+/// `--zerocopy`: MSG_ZEROCOPY sends with their completions reaped (the
+/// zero-copy flow), SO_ZEROCOPY set by `apply_connected`.
+pub static ZEROCOPY: OptionDecl = OptionDecl {
+    flag: "zerocopy",
+    kind: OptionKind::Switch,
+    value_name: "",
+    help: "MSG_ZEROCOPY sends with their completions reaped.",
+    record: |o, _| {
+        o.zerocopy = true;
+        Ok(())
+    },
+};
+
+/// `--busy-poll USECS`: SO_BUSY_POLL, set by `apply_connected`.
+pub static BUSY_POLL: OptionDecl = OptionDecl {
+    flag: "busy-poll",
+    kind: OptionKind::Count,
+    value_name: "USECS",
+    help: "SO_BUSY_POLL: busy-wait this many microseconds in the kernel on receive.",
+    record: |o, v| {
+        let us = number("busy-poll", v)?;
+        o.busy_poll_us = Some(
+            u32::try_from(us)
+                .ok()
+                .filter(|&us| us <= MAX_BUSY_POLL_US)
+                .ok_or_else(|| bad_value("busy-poll", v, "at most 1000000 microseconds (1 s)"))?,
+        );
+        Ok(())
+    },
+};
+
+/// `--quickack`: TCP_QUICKACK, set by `apply_connected` and re-armed after
+/// every receive.
+pub static QUICKACK: OptionDecl = OptionDecl {
+    flag: "quickack",
+    kind: OptionKind::Switch,
+    value_name: "",
+    help: "TCP_QUICKACK: acknowledge at once instead of delaying ACKs.",
+    record: |o, _| {
+        o.quickack = true;
+        Ok(())
+    },
+};
+
+/// `--cork`: TCP_CORK set before and cleared after each message.
+pub static CORK: OptionDecl = OptionDecl {
+    flag: "cork",
+    kind: OptionKind::Switch,
+    value_name: "",
+    help: "TCP_CORK around each message: send full segments only.",
+    record: |o, _| {
+        o.cork = true;
+        Ok(())
+    },
+};
+
+/// `--congestion NAME`: TCP_CONGESTION, set by `apply_before_connect`.
+pub static CONGESTION: OptionDecl = OptionDecl {
+    flag: "congestion",
+    kind: OptionKind::Name,
+    value_name: "NAME",
+    help: "TCP congestion control algorithm, e.g. cubic or bbr.",
+    record: |o, v| {
+        let OptionValue::Name(name) = v else {
+            return Err(bad_value("congestion", v, "expected a name"));
+        };
+        if check_name("congestion", name).is_err() || name.len() > MAX_CONGESTION_NAME_BYTES {
+            return Err(bad_value(
+                "congestion",
+                v,
+                "expected an algorithm name of at most 16 characters a-z, 0-9, '-', '_'",
+            ));
+        }
+        o.congestion = Some(name.clone());
+        Ok(())
+    },
+};
+
+/// The options tcp honours, in the order help shows them.
+pub static OPTIONS: &[&OptionDecl] = &[
+    &NO_NODELAY,
+    &SNDBUF,
+    &RCVBUF,
+    &ZEROCOPY,
+    &BUSY_POLL,
+    &QUICKACK,
+    &CORK,
+    &CONGESTION,
+];
 
 fn opt_err(
     transport: &'static str,
@@ -287,16 +393,7 @@ impl Transport for Tcp {
             message_boundaries: false,
             cross_host: true,
             modes: &Mode::ALL,
-            options: &[
-                "--no-nodelay",
-                "--sndbuf",
-                "--rcvbuf",
-                "--zerocopy",
-                "--busy-poll",
-                "--quickack",
-                "--cork",
-                "--congestion",
-            ],
+            options: OPTIONS,
         }
     }
 

@@ -1067,7 +1067,7 @@ impl Transport for Udp {
             message_boundaries: true,
             cross_host: true,
             modes: &Mode::ALL,
-            options: &["--sndbuf", "--rcvbuf"],
+            options: crate::options::SOCKET_BUFFERS,
         }
     }
 

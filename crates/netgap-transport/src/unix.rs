@@ -107,7 +107,7 @@ impl Transport for Unix {
             message_boundaries: false,
             cross_host: false,
             modes: &Mode::ALL,
-            options: &["--sndbuf", "--rcvbuf"],
+            options: crate::options::SOCKET_BUFFERS,
         }
     }
 

@@ -40,7 +40,8 @@
 //! still in flight are cancelled (`IORING_OP_ASYNC_CANCEL`) and their
 //! completions awaited first. Between calls a ring has nothing in flight.
 
-use super::tcp::{accept_stream, connect_stream, connect_stream_from, listen_socket};
+use super::options::{OptionDecl, OptionKind, RCVBUF, SNDBUF};
+use super::tcp::{self, accept_stream, connect_stream, connect_stream_from, listen_socket};
 use super::{
     Capabilities, Flow, FlowConfig, FlowError, Listener, Receiver, Sender, Transport,
     TransportError, Unavailable,
@@ -105,6 +106,30 @@ const SOCKET: types::Fixed = types::Fixed(0);
 
 /// TCP driven through io_uring.
 pub struct Uring;
+
+/// `--sqpoll`: IORING_SETUP_SQPOLL, a kernel thread polls the submission
+/// queue; applied by `build_ring`.
+pub static SQPOLL: OptionDecl = OptionDecl {
+    flag: "sqpoll",
+    kind: OptionKind::Switch,
+    value_name: "",
+    help: "io_uring kernel-side submission polling.",
+    record: |o, _| {
+        o.sqpoll = true;
+        Ok(())
+    },
+};
+
+/// The options uring honours: the TCP socket options its sockets get from
+/// tcp's setup, and its own.
+pub static OPTIONS: &[&OptionDecl] = &[
+    &tcp::NO_NODELAY,
+    &SNDBUF,
+    &RCVBUF,
+    &tcp::BUSY_POLL,
+    &tcp::CONGESTION,
+    &SQPOLL,
+];
 
 /// Why io_uring cannot be used here, probed once per process.
 static AVAILABILITY: OnceLock<Result<(), Unavailable>> = OnceLock::new();
@@ -820,14 +845,7 @@ impl Transport for Uring {
             message_boundaries: false,
             cross_host: true,
             modes: &Mode::ALL,
-            options: &[
-                "--no-nodelay",
-                "--sndbuf",
-                "--rcvbuf",
-                "--busy-poll",
-                "--congestion",
-                "--sqpoll",
-            ],
+            options: OPTIONS,
         }
     }
 

@@ -3,19 +3,22 @@
 //! point-to-point [`Plan`] (the same rules apply); this adds the hosts,
 //! client counts, streams, links and the window of each repetition.
 
-use crate::cluster::HostsFile;
-use crate::control::ControlAddr;
-use crate::plan::{Plan, PlanError, RunArgs};
+pub use crate::cluster::HostsSource;
+use crate::plan::{invalid, no_effect, show, Plan, PlanError, RunRequest};
 use crate::workload::{CountFlag, Workload};
 use netgap_core::spec::PointSpec;
-use netgap_core::units::parse_duration;
 use netgap_proto::group::{MAX_GROUP_DURATION_MS, MAX_GROUP_FLOWS};
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// The `--sizes` default of point-to-point runs; group tests replace it
-/// with their own default when it was not changed.
-const P2P_DEFAULT_SIZES: &str = "1,64,1K,16K,64K,1M";
+/// Default `--duration`.
+pub const DEFAULT_DURATION: Duration = Duration::from_secs(1);
+/// Default `--streams` of multistream.
+pub const DEFAULT_STREAMS: u32 = 4;
+/// Default `--client-hosts`.
+pub const DEFAULT_CLIENT_HOSTS: u32 = 3;
+/// Default `--links`.
+pub const DEFAULT_LINKS: u32 = 3;
 /// Shortest measured window.
 const MIN_DURATION: Duration = Duration::from_millis(10);
 /// Longest uncounted warm-up before each window.
@@ -24,47 +27,6 @@ const MAX_WARMUP: Duration = Duration::from_secs(1);
 pub const MAX_LOOPBACK_LINKS: u32 = 64;
 /// Most in-process client hosts.
 pub const MAX_EMBEDDED_HOSTS: u32 = 64;
-
-/// Where the hosts of a group run come from.
-#[derive(Debug, Clone)]
-pub enum HostsSource {
-    /// A hosts file (`--hosts @FILE`).
-    File(HostsFile),
-    /// Agents' control addresses (`--hosts A,B,...`); the first is the server.
-    Addrs(Vec<ControlAddr>),
-    /// In-process agents on loopback: a server on 127.0.0.1 and
-    /// `client_hosts` client hosts on 127.0.0.2, 127.0.0.3, ...
-    Embedded {
-        /// Client hosts.
-        client_hosts: u32,
-        /// Loopback links of multirail.
-        links: u32,
-    },
-}
-
-impl HostsSource {
-    /// Client hosts available.
-    pub fn client_hosts(&self) -> u32 {
-        match self {
-            HostsSource::File(f) => f.hosts.len().saturating_sub(1) as u32,
-            HostsSource::Addrs(a) => a.len().saturating_sub(1) as u32,
-            HostsSource::Embedded { client_hosts, .. } => *client_hosts,
-        }
-    }
-
-    /// How the hosts were given, for the record's options.
-    pub fn label(&self) -> String {
-        match self {
-            HostsSource::File(_) => "hosts-file".into(),
-            HostsSource::Addrs(a) => a
-                .iter()
-                .map(|a| a.to_string())
-                .collect::<Vec<_>>()
-                .join(","),
-            HostsSource::Embedded { .. } => "embedded".into(),
-        }
-    }
-}
 
 /// One point of a group run.
 #[derive(Clone)]
@@ -114,80 +76,39 @@ pub struct GroupPlan {
     pub base: Plan,
 }
 
-fn bad(msg: impl Into<String>) -> PlanError {
-    PlanError(msg.into())
-}
-
-/// Whether every test named in `tests` (comma separated) is a group test;
-/// `Err` if group and point-to-point tests are mixed.
-pub fn is_group_run(tests: &str) -> Result<bool, PlanError> {
-    let names: Vec<&str> = tests
-        .split(',')
-        .map(str::trim)
-        .filter(|x| !x.is_empty())
-        .collect();
-    let group = names.iter().filter(|n| super::find(n).is_some()).count();
+/// Whether every test named is a group test; `Err` if group and
+/// point-to-point tests are mixed.
+pub fn is_group_run(tests: &[String]) -> Result<bool, PlanError> {
+    let group = tests.iter().filter(|n| super::find(n).is_some()).count();
     if group == 0 {
         return Ok(false);
     }
-    if group != names.len() {
-        return Err(bad(format!(
-            "multi-host tests ({}) cannot be mixed with point-to-point tests in one run",
-            super::names()
-        )));
+    if group != tests.len() {
+        return Err(PlanError::MixedTests);
     }
     Ok(true)
 }
 
-fn parse_counts(flag: &str, text: &str, max: u32) -> Result<Vec<u32>, PlanError> {
-    let mut out = Vec::new();
-    for part in text.split(',').map(str::trim).filter(|x| !x.is_empty()) {
-        let n: u32 = part
-            .parse()
-            .map_err(|_| bad(format!("{flag} {text}: {part:?} is not a count")))?;
-        if n == 0 || n > max {
-            return Err(bad(format!(
-                "{flag} {text}: {n} is not between 1 and {max}"
-            )));
-        }
-        out.push(n);
+/// Checks a list of counts against 1..=`max`.
+fn check_counts(flag: &'static str, counts: &[u32], max: u32) -> Result<(), PlanError> {
+    let list = || {
+        counts
+            .iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    if counts.is_empty() {
+        return Err(invalid(flag, "", "no count given"));
     }
-    if out.is_empty() {
-        return Err(bad(format!("{flag}: no count given")));
-    }
-    Ok(out)
-}
-
-fn parse_hosts(text: &str) -> Result<HostsSource, PlanError> {
-    if let Some(path) = text.strip_prefix('@') {
-        let file = HostsFile::load(std::path::Path::new(path)).map_err(|e| bad(e.to_string()))?;
-        if file.hosts.len() < 2 {
-            return Err(bad(format!(
-                "--hosts {text}: a multi-host run needs a server and at least one client host"
-            )));
-        }
-        return Ok(HostsSource::File(file));
-    }
-    let mut addrs = Vec::new();
-    for part in text.split(',').map(str::trim).filter(|x| !x.is_empty()) {
-        let with_port = if part.parse::<std::net::IpAddr>().is_ok() {
-            format!("{part}:{}", crate::plan::DEFAULT_PORT)
-        } else {
-            part.to_string()
-        };
-        let addr = ControlAddr::parse(&with_port).ok_or_else(|| {
-            bad(format!(
-                "--hosts: {part:?} is not IP[:PORT] or unix:PATH (or give @FILE)"
-            ))
-        })?;
-        addrs.push(addr);
-    }
-    if addrs.len() < 2 {
-        return Err(bad(
-            "--hosts: give the server and at least one client host, e.g. 10.0.0.1,10.0.0.2",
+    if let Some(n) = counts.iter().find(|&&n| n == 0 || n > max) {
+        return Err(invalid(
+            flag,
+            list(),
+            format!("{n} is not between 1 and {max}"),
         ));
     }
-    Ok(HostsSource::Addrs(addrs))
+    Ok(())
 }
 
 /// Descriptors kept aside for everything but the flows.
@@ -198,110 +119,211 @@ const SPARE_DESCRIPTORS: u64 = 256;
 /// socket opens, saying what to change.
 fn check_embedded_descriptors(
     tests: &[&'static dyn Workload],
-    clients: Option<&str>,
+    clients: Option<&[u32]>,
 ) -> Result<(), PlanError> {
-    let Some(text) = clients else { return Ok(()) };
+    let Some(counts) = clients else { return Ok(()) };
     if !tests.iter().any(|t| t.count() == CountFlag::Clients) {
         return Ok(());
     }
-    let most = parse_counts("--clients", text, MAX_GROUP_FLOWS)?
-        .into_iter()
-        .max()
-        .unwrap_or(0);
+    check_counts("--clients", counts, MAX_GROUP_FLOWS)?;
+    let most = counts.iter().copied().max().unwrap_or(0);
     let needed = 2 * u64::from(most) + SPARE_DESCRIPTORS;
     let Ok((_, hard)) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
     else {
         return Ok(());
     };
     if needed > hard {
-        return Err(bad(format!(
-            "--clients {most}: in-process agents hold both ends of every flow in this process, {needed} descriptors, but the limit is {hard}; run `netgap serve` on each host and give --hosts, or raise the hard limit (ulimit -Hn, /etc/security/limits.conf)"
-        )));
+        return Err(PlanError::Descriptors {
+            clients: most,
+            needed,
+            limit: hard,
+        });
+    }
+    Ok(())
+}
+
+/// Refuses the flags a multi-host run would ignore: the point-to-point
+/// method (iterations, time budgets, confidence targets, placement, payload
+/// checks), `--peer` and `-6`, and flags of tests that are not asked for.
+fn refuse_ignored_flags(r: &RunRequest, tests: &[&'static dyn Workload]) -> Result<(), PlanError> {
+    let what = r.tests.join(",");
+    let m = &r.method;
+    let window = "each repetition of a multi-host test is a --duration window after a warm-up of a fifth of it";
+    for (flag, given, reason) in [
+        (
+            "--peer",
+            r.target.peer.is_some(),
+            "multi-host tests drive the agents of --hosts",
+        ),
+        (
+            "-6",
+            r.target.ipv6,
+            "in-process hosts are IPv4 loopback addresses; give IPv6 agents with --hosts",
+        ),
+        ("--iterations", m.iterations.is_some(), window),
+        ("--rep-time", m.rep_time.is_some(), window),
+        ("--warmup", m.warmup.is_some(), window),
+        ("--paper", m.paper, window),
+        (
+            "--ci",
+            m.ci.is_some(),
+            "multi-host tests repeat each point --reps times",
+        ),
+        (
+            "--pin",
+            m.pin.is_some(),
+            "multi-host flows are not placed on CPUs",
+        ),
+        (
+            "--verify",
+            m.verify,
+            "multi-host flows do not check payload bytes",
+        ),
+    ] {
+        if given {
+            return Err(no_effect(flag, &what, reason));
+        }
+    }
+    let any = |count: CountFlag| tests.iter().any(|t| t.count() == count);
+    if r.multi_host.clients.is_some() && !any(CountFlag::Clients) {
+        return Err(no_effect(
+            "--clients",
+            &what,
+            "multistream takes -P, multirail one flow per link",
+        ));
+    }
+    if r.multi_host.streams.is_some() && !any(CountFlag::Streams) {
+        return Err(no_effect(
+            "--streams",
+            &what,
+            "only multistream runs parallel streams",
+        ));
+    }
+    if r.target.hosts.is_some() {
+        if r.target.client_hosts.is_some() {
+            return Err(no_effect(
+                "--client-hosts",
+                &what,
+                "the hosts of --hosts are the client hosts",
+            ));
+        }
+        if r.multi_host.links.is_some() {
+            return Err(no_effect(
+                "--links",
+                &what,
+                "with --hosts, multirail uses the links of the hosts file",
+            ));
+        }
+    } else if r.multi_host.links.is_some() && !any(CountFlag::Hosts) {
+        return Err(no_effect(
+            "--links",
+            &what,
+            "only multirail uses loopback links",
+        ));
     }
     Ok(())
 }
 
 impl GroupPlan {
-    /// Validates the flags of a run of group tests.
-    pub fn from_args(a: &RunArgs) -> Result<GroupPlan, PlanError> {
+    /// Validates a run of group tests.
+    pub fn from_request(r: &RunRequest) -> Result<GroupPlan, PlanError> {
         let mut tests = Vec::new();
-        for name in a.test.split(',').map(str::trim).filter(|x| !x.is_empty()) {
-            tests.push(super::find(name).ok_or_else(|| {
-                bad(format!(
-                    "unknown test {name:?}; multi-host tests: {}",
-                    super::names()
-                ))
+        for name in &r.tests {
+            tests.push(super::find(name).ok_or_else(|| PlanError::UnknownTest {
+                name: name.clone(),
+                available: super::names(),
             })?);
         }
-        let hosts = match &a.hosts {
-            Some(h) => parse_hosts(h)?,
-            None => {
-                if a.client_hosts == 0 || a.client_hosts > MAX_EMBEDDED_HOSTS {
-                    return Err(bad(format!(
-                        "--client-hosts {}: must be between 1 and {MAX_EMBEDDED_HOSTS}",
-                        a.client_hosts
-                    )));
+        refuse_ignored_flags(r, &tests)?;
+        let hosts = match &r.target.hosts {
+            Some(h) => {
+                let hosts = h.load()?;
+                if hosts.hosts() < 2 {
+                    return Err(invalid(
+                        "--hosts",
+                        hosts.label(),
+                        "a multi-host run needs a server and at least one client host, e.g. 10.0.0.1,10.0.0.2",
+                    ));
                 }
-                if a.links == 0 || a.links > MAX_LOOPBACK_LINKS {
-                    return Err(bad(format!(
-                        "--links {}: must be between 1 and {MAX_LOOPBACK_LINKS}",
-                        a.links
-                    )));
+                hosts
+            }
+            None => {
+                let client_hosts = r.target.client_hosts.unwrap_or(DEFAULT_CLIENT_HOSTS);
+                if client_hosts == 0 || client_hosts > MAX_EMBEDDED_HOSTS {
+                    return Err(invalid(
+                        "--client-hosts",
+                        client_hosts,
+                        format!("must be between 1 and {MAX_EMBEDDED_HOSTS}"),
+                    ));
+                }
+                let links = r.multi_host.links.unwrap_or(DEFAULT_LINKS);
+                if links == 0 || links > MAX_LOOPBACK_LINKS {
+                    return Err(invalid(
+                        "--links",
+                        links,
+                        format!("must be between 1 and {MAX_LOOPBACK_LINKS}"),
+                    ));
                 }
                 HostsSource::Embedded {
-                    client_hosts: a.client_hosts,
-                    links: a.links,
+                    client_hosts,
+                    links,
                 }
             }
         };
-        let duration = parse_duration(&a.duration).map_err(|e| bad(format!("--duration: {e}")))?;
+        let duration = r.multi_host.duration.unwrap_or(DEFAULT_DURATION);
         let max = Duration::from_millis(u64::from(MAX_GROUP_DURATION_MS));
         if duration < MIN_DURATION || duration > max {
-            return Err(bad(format!(
-                "--duration {}: must be between 10ms and {}s",
-                a.duration,
-                max.as_secs()
-            )));
+            return Err(invalid(
+                "--duration",
+                show(duration),
+                format!("must be between 10ms and {}s", max.as_secs()),
+            ));
         }
         let warmup = (duration / 5).min(MAX_WARMUP);
-        let sizes_changed = a.sizes.replace(' ', "") != P2P_DEFAULT_SIZES;
-        // Unchanged sizes are replaced per test below; validate a size
-        // every transport carries meanwhile.
-        let base_args = RunArgs {
-            test: "stream".into(),
-            sizes: if sizes_changed {
-                a.sizes.clone()
-            } else {
-                "1".into()
+        // Without --sizes each test takes its own default size below;
+        // meanwhile validate a size every transport carries.
+        let base_request = RunRequest {
+            tests: vec!["stream".into()],
+            method: crate::plan::MethodSpec {
+                sizes: Some(r.method.sizes.clone().unwrap_or_else(|| vec![1])),
+                ..r.method.clone()
             },
-            ..a.clone()
+            ..r.clone()
         };
-        let base = Plan::from_args(&base_args)?;
-        let client_hosts = hosts.client_hosts();
-        let default_clients = client_hosts.to_string();
+        let base = Plan::build(&base_request)?;
         if let HostsSource::Embedded { .. } = hosts {
-            check_embedded_descriptors(&tests, a.clients.as_deref())?;
+            check_embedded_descriptors(&tests, r.multi_host.clients.as_deref())?;
         }
+        let default_clients = vec![hosts.client_hosts()];
+        let default_streams = vec![DEFAULT_STREAMS];
         let mut points = Vec::new();
         for &test in &tests {
             let limit = test.max_flows();
             let counts = match test.count() {
-                CountFlag::Clients => parse_counts(
-                    "--clients",
-                    a.clients.as_deref().unwrap_or(&default_clients),
-                    limit,
-                )?,
-                CountFlag::Streams => parse_counts("--streams", &a.streams, limit)?,
+                CountFlag::Clients => {
+                    let c = r.multi_host.clients.as_ref().unwrap_or(&default_clients);
+                    check_counts("--clients", c, limit)?;
+                    c.clone()
+                }
+                CountFlag::Streams => {
+                    let c = r.multi_host.streams.as_ref().unwrap_or(&default_streams);
+                    check_counts("--streams", c, limit)?;
+                    c.clone()
+                }
                 CountFlag::Hosts => vec![0],
             };
             let mut seen = Vec::new();
             for spec in &base.points {
-                let t = netgap_transport::find(&spec.transport)
-                    .ok_or_else(|| bad(format!("unknown transport {}", spec.transport)))?;
-                test.check(spec, t).map_err(|e| bad(e.to_string()))?;
+                let t = netgap_transport::find(&spec.transport).ok_or_else(|| {
+                    PlanError::UnknownTransport {
+                        name: spec.transport.clone(),
+                        available: netgap_transport::names(),
+                    }
+                })?;
+                test.check(spec, t)?;
                 let mut spec = spec.clone();
                 spec.test = test.name().to_string();
-                if !sizes_changed {
+                if r.method.sizes.is_none() {
                     spec.size_bytes = test.default_size_bytes(t);
                 }
                 let key = (spec.transport.clone(), spec.mode, spec.size_bytes);
@@ -326,53 +348,82 @@ impl GroupPlan {
             reps: base.method.reps,
             duration,
             warmup,
-            json: a.json.clone(),
-            csv: a.csv.clone(),
+            json: r.outputs.json.clone(),
+            csv: r.outputs.csv.clone(),
             base,
         })
     }
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)] // a failed unwrap is a failed test
+#[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
 mod tests {
     use super::*;
 
+    fn err(r: &RunRequest) -> String {
+        GroupPlan::from_request(r).unwrap_err().to_string()
+    }
+
     #[test]
     fn client_lists_make_one_point_each() {
-        let mut a = RunArgs::with_defaults("fanin");
-        a.clients = Some("3,6,9,12".into());
-        let p = GroupPlan::from_args(&a).unwrap();
+        let mut r = RunRequest::new(&["fanin"]);
+        r.multi_host.clients = Some(vec![3, 6, 9, 12]);
+        let p = GroupPlan::from_request(&r).unwrap();
         let counts: Vec<u32> = p.points.iter().map(|p| p.clients).collect();
         assert_eq!(counts, vec![3, 6, 9, 12]);
         assert_eq!(p.points[0].spec.size_bytes, 64 * 1024);
         assert_eq!(p.points[0].spec.test, "fanin");
+        // Sizes given apply to every test, even one equal to a default list.
+        r.method.sizes = Some(crate::plan::DEFAULT_SIZES_BYTES.to_vec());
+        let p = GroupPlan::from_request(&r).unwrap();
+        assert_eq!(p.points.len(), 4 * 6);
     }
 
     #[test]
     fn bad_inputs_are_one_line_errors() {
-        let mut a = RunArgs::with_defaults("fanin");
-        a.clients = Some("0".into());
-        assert!(GroupPlan::from_args(&a).is_err());
-        let mut a = RunArgs::with_defaults("hotspot");
-        a.transport = "udp".into();
-        let e = GroupPlan::from_args(&a).unwrap_err().to_string();
+        let mut r = RunRequest::new(&["fanin"]);
+        r.multi_host.clients = Some(vec![0]);
+        assert!(err(&r).contains("--clients"));
+        let mut r = RunRequest::new(&["hotspot"]);
+        r.transport.transports = vec!["udp".into()];
+        let e = err(&r);
         assert!(
             e.contains("flow engine, which carries tcp, uring, not udp"),
             "{e}"
         );
-        let mut a = RunArgs::with_defaults("multirail");
-        a.transport = "udp".into();
-        let e = GroupPlan::from_args(&a).unwrap_err().to_string();
+        let mut r = RunRequest::new(&["multirail"]);
+        r.transport.transports = vec!["udp".into()];
+        let e = err(&r);
         assert!(e.contains("binds each flow"), "{e}");
-        let mut a = RunArgs::with_defaults("fanout");
-        a.transport = "unix".into();
-        let e = GroupPlan::from_args(&a).unwrap_err().to_string();
-        assert!(e.contains("cannot cross hosts"), "{e}");
-        let mut a = RunArgs::with_defaults("fanin");
-        a.duration = "2h".into();
-        assert!(GroupPlan::from_args(&a).is_err());
-        assert!(is_group_run("fanin,pingpong").is_err());
-        assert!(!is_group_run("pingpong").unwrap());
+        let mut r = RunRequest::new(&["fanout"]);
+        r.transport.transports = vec!["unix".into()];
+        assert!(err(&r).contains("cannot cross hosts"));
+        let mut r = RunRequest::new(&["fanin"]);
+        r.multi_host.duration = Some(Duration::from_secs(7200));
+        assert!(err(&r).contains("--duration 2h"));
+        assert!(is_group_run(&["fanin".into(), "pingpong".into()]).is_err());
+        assert!(!is_group_run(&["pingpong".into()]).unwrap());
+    }
+
+    #[test]
+    fn flags_a_group_run_ignores_are_refused() {
+        let mut r = RunRequest::new(&["fanin"]);
+        r.multi_host.streams = Some(vec![2]);
+        assert!(err(&r).starts_with("--streams does not apply to fanin"));
+        let mut r = RunRequest::new(&["multistream"]);
+        r.multi_host.clients = Some(vec![2]);
+        assert!(err(&r).starts_with("--clients does not apply"));
+        let mut r = RunRequest::new(&["fanin"]);
+        r.multi_host.links = Some(2);
+        assert!(err(&r).starts_with("--links does not apply"));
+        let mut r = RunRequest::new(&["hotspot"]);
+        r.method.verify = true;
+        assert!(err(&r).starts_with("--verify does not apply"));
+        let mut r = RunRequest::new(&["fanin"]);
+        r.method.iterations = Some(10);
+        assert!(err(&r).starts_with("--iterations does not apply"));
+        let mut r = RunRequest::new(&["fanin", "multirail"]);
+        r.multi_host.links = Some(2);
+        assert!(GroupPlan::from_request(&r).is_ok());
     }
 }

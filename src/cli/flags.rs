@@ -1,0 +1,420 @@
+//! The flag groups that commands share, each defined once: `run`, `sweep`
+//! and `logp` flatten the same groups, and [`StackFlags::request`] is the one
+//! step from these raw flags to the library's typed [`RunRequest`]. Values
+//! are parsed here (sizes, durations, lists, addresses); whether a flag
+//! applies to what is asked, and every range, is the library plan's to
+//! judge.
+//!
+//! A flag whose default depends on the command is an `Option` (`None`: not
+//! given), so the plan can tell a choice from a default and refuse a flag
+//! that would change nothing.
+
+use clap::{Arg, ArgAction, ArgMatches, Args, FromArgMatches};
+use netgap::cluster::HostsArg;
+use netgap::plan::{
+    CiSpec, MethodSpec, MultiHostSpec, OptionSetting, Outputs, PeerAddr, Pin, RunRequest, Target,
+    TransportChoice,
+};
+use netgap::spec::Mode;
+use netgap::transport::options::{self as topt, OptionKind, OptionValue};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Where the agents are.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Target")]
+pub struct TargetFlags {
+    /// Agent to drive, `HOST[:PORT]` (default port 7100), `[V6]:PORT` or
+    /// `unix:PATH`; without it an agent runs in-process on loopback.
+    #[arg(long, value_name = "HOST[:PORT]", value_parser = parse_peer)]
+    pub peer: Option<PeerAddr>,
+    /// Multi-host tests: the hosts, `@FILE` (a hosts file), `@testbed` (the
+    /// hosts file of `netgap testbed up`) or `ADDR,ADDR,...` (agents'
+    /// control addresses, IP[:PORT] or unix:PATH); the first is the server,
+    /// the rest client hosts. Without it, in-process agents on loopback
+    /// stand in for the hosts.
+    #[arg(long, value_name = "@FILE|ADDR,...", value_parser = parse_hosts)]
+    pub hosts: Option<HostsArg>,
+    /// Use IPv6 loopback for the in-process agent.
+    #[arg(long, short = '6')]
+    pub ipv6: bool,
+    /// Multi-host tests without --hosts: in-process client hosts on
+    /// loopback (127.0.0.2, 127.0.0.3, ...) [default: 3].
+    #[arg(long, value_name = "N")]
+    pub client_hosts: Option<u32>,
+}
+
+/// The agents' shared key.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Target")]
+pub struct KeyFlags {
+    /// Shared key file of the agent (see `netgap key new`), or of every
+    /// agent of `--hosts` (default: the hosts file's `key_file`).
+    #[arg(long, value_name = "FILE")]
+    pub key: Option<PathBuf>,
+}
+
+/// Transports, modes and the transports' own options.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Transport")]
+pub struct TransportFlags {
+    /// Transports, comma separated (see `netgap list`).
+    #[arg(
+        long,
+        short = 't',
+        default_value = "tcp",
+        value_name = "T[,T...]",
+        value_parser = parse_names
+    )]
+    pub transport: NameList,
+    /// Completion modes, comma separated: event (block), poll (spin).
+    #[arg(
+        long,
+        default_value = "event",
+        value_name = "event|poll",
+        value_delimiter = ',',
+        value_parser = parse_mode
+    )]
+    pub mode: Vec<Mode>,
+    #[allow(
+        missing_docs,
+        reason = "a doc comment here would replace the flattened flags' help"
+    )]
+    #[command(flatten)]
+    pub options: TransportOptionFlags,
+}
+
+/// The transports' own options, one flag per declaration of
+/// `netgap::transport::options`, built with clap's builder API so a new
+/// option is declared in its transport and nowhere else.
+#[derive(Debug, Clone, Default)]
+pub struct TransportOptionFlags {
+    /// The options given, in declaration order.
+    pub given: Vec<OptionSetting>,
+}
+
+impl FromArgMatches for TransportOptionFlags {
+    fn from_arg_matches(m: &ArgMatches) -> Result<Self, clap::Error> {
+        let mut given = Vec::new();
+        for decl in topt::all() {
+            let value = match decl.kind {
+                OptionKind::Switch => m.get_flag(decl.flag).then_some(OptionValue::Switch),
+                OptionKind::Bytes | OptionKind::Count => {
+                    m.get_one::<u64>(decl.flag).map(|&n| OptionValue::Number(n))
+                }
+                OptionKind::Name => m
+                    .get_one::<String>(decl.flag)
+                    .map(|s| OptionValue::Name(s.clone())),
+            };
+            if let Some(value) = value {
+                given.push(OptionSetting { decl, value });
+            }
+        }
+        Ok(TransportOptionFlags { given })
+    }
+
+    fn update_from_arg_matches(&mut self, m: &ArgMatches) -> Result<(), clap::Error> {
+        *self = TransportOptionFlags::from_arg_matches(m)?;
+        Ok(())
+    }
+}
+
+impl Args for TransportOptionFlags {
+    fn augment_args(mut cmd: clap::Command) -> clap::Command {
+        for decl in topt::all() {
+            let takers = topt::transports_taking(decl).join(", ");
+            let arg = Arg::new(decl.flag)
+                .long(decl.flag)
+                .help(decl.help.trim_end_matches('.'))
+                .long_help(format!("{} Transports: {takers}.", decl.help))
+                .help_heading("Transport options");
+            let arg = match decl.kind {
+                OptionKind::Switch => arg.action(ArgAction::SetTrue),
+                OptionKind::Bytes => arg
+                    .value_name(decl.value_name)
+                    .value_parser(netgap::units::parse_size_bytes),
+                OptionKind::Count => arg
+                    .value_name(decl.value_name)
+                    .value_parser(clap::value_parser!(u64)),
+                OptionKind::Name => arg
+                    .value_name(decl.value_name)
+                    .value_parser(clap::value_parser!(String)),
+            };
+            cmd = cmd.arg(arg);
+        }
+        cmd
+    }
+
+    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
+        TransportOptionFlags::augment_args(cmd)
+    }
+}
+
+/// Sizes, repetitions and the data path's settings of each point.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Method")]
+pub struct MethodFlags {
+    /// Message sizes: a list 1,64,1K, a range of powers of two 1..4M, or a
+    /// range with a factor 1..4M:x4 [default: 1,64,1K,16K,64K,1M; multi-host
+    /// tests: 64K for bandwidth, 1 for hotspot and connect].
+    #[arg(long, short = 's', value_name = "LIST", value_parser = parse_sizes)]
+    pub sizes: Option<SizeList>,
+    /// Measured repetitions per point; the highest and lowest are dropped
+    /// from the headline [default: 10].
+    #[arg(long, value_name = "N")]
+    pub reps: Option<u32>,
+    /// Fixed iterations per repetition (instead of --rep-time).
+    #[arg(long, short = 'n', value_name = "N", conflicts_with = "rep_time")]
+    pub iterations: Option<u64>,
+    /// Time budget per repetition; the iteration count is calibrated to fill
+    /// it [default: 100ms].
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    pub rep_time: Option<Duration>,
+    /// Uncounted warm-up iterations before each point.
+    #[arg(long, value_name = "N")]
+    pub warmup: Option<u64>,
+    /// The seeds' setting: 10 repetitions of 100,000 iterations.
+    #[arg(long, conflicts_with_all = ["iterations", "rep_time", "reps"])]
+    pub paper: bool,
+    /// Repeat each point until the LEVEL% confidence interval of the mean is
+    /// within ±WIDTH% of it (e.g. 99,2), between the --ci-reps bounds;
+    /// results record whether it was met. Without it, --reps repetitions.
+    #[arg(long, value_name = "LEVEL,WIDTH", conflicts_with = "paper", value_parser = parse_ci)]
+    pub ci: Option<CiSpec>,
+    /// Fewest and most repetitions of a --ci point [default: 3,30].
+    #[arg(long, value_name = "MIN,MAX", requires = "ci", value_parser = parse_ci_reps)]
+    pub ci_reps: Option<(u32, u32)>,
+    /// Data-path inactivity timeout: a peer silent this long is gone
+    /// [default: 3s].
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    pub timeout: Option<Duration>,
+    /// Pin the client and server roles: CLIENT_CPU,SERVER_CPU (e.g. 0,1), or
+    /// one CPU for both.
+    #[arg(long, value_name = "C,S", value_parser = parse_pin)]
+    pub pin: Option<Pin>,
+    /// Check every payload byte received against the pattern sent.
+    #[arg(long)]
+    pub verify: bool,
+}
+
+/// Where results go.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Output")]
+pub struct OutputFlags {
+    /// Append one JSON line per measured point to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Append one CSV row per measured point to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub csv: Option<PathBuf>,
+}
+
+/// The flags of multi-host tests.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Multi-host tests")]
+pub struct MultiHostFlags {
+    /// Concurrent clients, one point per count (e.g. 3,6,9,12) [default: one
+    /// per client host].
+    #[arg(long, value_name = "N[,N...]", value_parser = parse_counts)]
+    pub clients: Option<CountList>,
+    /// multistream: parallel streams, one point per count [default: 4].
+    #[arg(long, short = 'P', value_name = "N[,N...]", value_parser = parse_counts)]
+    pub streams: Option<CountList>,
+    /// Measured window of each repetition [default: 1s].
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    pub duration: Option<Duration>,
+    /// multirail without --hosts: parallel loopback links (address pairs)
+    /// [default: 3].
+    #[arg(long, value_name = "K")]
+    pub links: Option<u32>,
+}
+
+/// The groups every measuring command takes: target, key, transports,
+/// method, outputs.
+#[derive(Debug, Clone, Args)]
+pub struct StackFlags {
+    #[allow(missing_docs, reason = "flattened: the flags carry their own help")]
+    #[command(flatten)]
+    pub target: TargetFlags,
+    #[allow(missing_docs, reason = "flattened: the flags carry their own help")]
+    #[command(flatten)]
+    pub key: KeyFlags,
+    #[allow(missing_docs, reason = "flattened: the flags carry their own help")]
+    #[command(flatten)]
+    pub transport: TransportFlags,
+    #[allow(missing_docs, reason = "flattened: the flags carry their own help")]
+    #[command(flatten)]
+    pub method: MethodFlags,
+    #[allow(missing_docs, reason = "flattened: the flags carry their own help")]
+    #[command(flatten)]
+    pub output: OutputFlags,
+}
+
+impl StackFlags {
+    /// The one step from raw flags to the library's typed request; `tests`
+    /// and the multi-host flags come from the command.
+    pub fn request(&self, tests: &[String], multi_host: MultiHostSpec) -> RunRequest {
+        let t = &self.target;
+        let m = &self.method;
+        RunRequest {
+            tests: tests.to_vec(),
+            target: Target {
+                peer: t.peer.clone(),
+                hosts: t.hosts.clone(),
+                ipv6: t.ipv6,
+                client_hosts: t.client_hosts,
+            },
+            key_file: self.key.key.clone(),
+            transport: TransportChoice {
+                transports: self.transport.transport.0.clone(),
+                modes: self.transport.mode.clone(),
+                options: self.transport.options.given.clone(),
+            },
+            method: MethodSpec {
+                sizes: m.sizes.as_ref().map(|s| s.0.clone()),
+                reps: m.reps,
+                iterations: m.iterations,
+                rep_time: m.rep_time,
+                warmup: m.warmup,
+                paper: m.paper,
+                ci: m.ci,
+                ci_reps: m.ci_reps,
+                timeout: m.timeout,
+                pin: m.pin,
+                verify: m.verify,
+            },
+            outputs: Outputs {
+                json: self.output.json.clone(),
+                csv: self.output.csv.clone(),
+            },
+            multi_host,
+        }
+    }
+}
+
+impl MultiHostFlags {
+    /// The typed multi-host flags.
+    pub fn spec(&self) -> MultiHostSpec {
+        MultiHostSpec {
+            clients: self.clients.as_ref().map(|c| c.0.clone()),
+            streams: self.streams.as_ref().map(|c| c.0.clone()),
+            duration: self.duration,
+            links: self.links,
+        }
+    }
+}
+
+/// A comma-separated list of names (tests, transports), empty items
+/// dropped; the registries judge the names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NameList(pub Vec<String>);
+
+/// Splits a comma-separated list of names.
+pub fn parse_names(s: &str) -> Result<NameList, String> {
+    Ok(NameList(
+        s.split(',')
+            .map(str::trim)
+            .filter(|x| !x.is_empty())
+            .map(str::to_string)
+            .collect(),
+    ))
+}
+
+/// Parsed `--sizes`, bytes (a newtype so clap takes the list as one value).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SizeList(pub Vec<u64>);
+
+/// Parsed `--clients` or `--streams` (a newtype so clap takes the list as
+/// one value).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CountList(pub Vec<u32>);
+
+fn parse_sizes(s: &str) -> Result<SizeList, netgap::units::UnitError> {
+    netgap::units::parse_size_list(s).map(SizeList)
+}
+
+fn parse_duration(s: &str) -> Result<Duration, netgap::units::UnitError> {
+    netgap::units::parse_duration(s)
+}
+
+fn parse_peer(s: &str) -> Result<PeerAddr, String> {
+    PeerAddr::parse(s).map_err(|e| e.to_string())
+}
+
+fn parse_hosts(s: &str) -> Result<HostsArg, String> {
+    HostsArg::parse(s).map_err(|e| match e {
+        netgap::cluster::HostsError::Arg { detail, .. } => detail,
+        other => other.to_string(),
+    })
+}
+
+fn parse_mode(s: &str) -> Result<Mode, String> {
+    match s.trim() {
+        "event" => Ok(Mode::Event),
+        "poll" => Ok(Mode::Poll),
+        other => Err(format!("unknown mode {other:?}; use event or poll")),
+    }
+}
+
+fn parse_counts(s: &str) -> Result<CountList, String> {
+    let mut out = Vec::new();
+    for part in s.split(',').map(str::trim).filter(|x| !x.is_empty()) {
+        out.push(
+            part.parse::<u32>()
+                .map_err(|_| format!("{part:?} is not a count"))?,
+        );
+    }
+    if out.is_empty() {
+        return Err("no count given".into());
+    }
+    Ok(CountList(out))
+}
+
+/// Two comma-separated items, as `A,B`.
+fn pair(s: &str) -> Result<(&str, &str), String> {
+    match s.split(',').map(str::trim).collect::<Vec<_>>().as_slice() {
+        [a, b] => Ok((a, b)),
+        _ => Err("expected two numbers separated by a comma".into()),
+    }
+}
+
+fn parse_ci(s: &str) -> Result<CiSpec, String> {
+    let (level, width) = pair(s)?;
+    let num = |t: &str| {
+        t.trim_end_matches('%')
+            .parse::<f64>()
+            .map_err(|_| format!("{t:?} is not a number"))
+    };
+    Ok(CiSpec {
+        confidence_pct: num(level)?,
+        half_width_pct: num(width)?,
+    })
+}
+
+fn parse_ci_reps(s: &str) -> Result<(u32, u32), String> {
+    let (min, max) = pair(s)?;
+    let count = |t: &str| {
+        t.parse::<u32>()
+            .map_err(|_| format!("{t:?} is not a count"))
+    };
+    Ok((count(min)?, count(max)?))
+}
+
+fn parse_pin(s: &str) -> Result<Pin, String> {
+    let cpu = |c: &str| {
+        c.trim()
+            .parse::<u32>()
+            .map_err(|_| format!("{c:?} is not a CPU number"))
+    };
+    match s.split(',').collect::<Vec<_>>().as_slice() {
+        [c, s] => Ok(Pin {
+            client_cpu: cpu(c)?,
+            server_cpu: cpu(s)?,
+        }),
+        [c] => Ok(Pin {
+            client_cpu: cpu(c)?,
+            server_cpu: cpu(c)?,
+        }),
+        _ => Err("expected CLIENT_CPU,SERVER_CPU such as 0,1".into()),
+    }
+}

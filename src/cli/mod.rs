@@ -1,0 +1,258 @@
+//! The command line: clap's raw arguments. The flags that commands share are
+//! defined once, in the groups of [`flags`]; validation into a plan happens
+//! in the library (`netgap::plan`).
+
+pub mod flags;
+
+use clap::{Parser, Subcommand};
+use flags::{MultiHostFlags, OutputFlags, StackFlags};
+use netgap::plan::DEFAULT_PORT;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// netgap characterizes communication stacks and shows the gap between them.
+///
+/// With no command, netgap runs its default battery on this machine: pingpong,
+/// stream, bibw-pingpong and bibw over tcp and unix on loopback, sizes 1 B to
+/// 4 MiB; it prints a table and writes a results file.
+#[derive(Debug, Parser)]
+#[command(
+    name = "netgap",
+    version,
+    about,
+    long_about,
+    mut_arg("json", |a| a.help("Results file of the default battery (JSON Lines); default netgap-results-TIMESTAMP.jsonl in the current directory")),
+    mut_arg("csv", |a| a.help("Also write the default battery's results as CSV"))
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub output: OutputFlags,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Measure tests over transports and sizes against an agent; multi-host
+    /// tests (multistream, hotspot, fanin, fanout, connect, multirail)
+    /// drive the agents of several hosts (--hosts).
+    Run(Box<RunFlags>),
+    /// Run the agent that serves coordinators' tests.
+    Serve(ServeArgs),
+    /// Show the tests and transports, with what is available on this host.
+    List,
+    /// NetPIPE-style sweep: throughput and block time over exponentially
+    /// growing block sizes with perturbations, flagging dropouts.
+    #[command(
+        after_long_help = netgap::sweep::HELP,
+        // The sweep sets sizes and repetitions itself (--start, --end,
+        // --trials, --trial-time); given anyway, the plan refuses them.
+        mut_arg("sizes", |a| a.hide(true)),
+        mut_arg("reps", |a| a.hide(true)),
+        mut_arg("rep_time", |a| a.hide(true)),
+        mut_arg("iterations", |a| a.hide(true)),
+        mut_arg("paper", |a| a.hide(true)),
+        mut_arg("client_hosts", |a| a.hide(true)),
+        mut_arg("ci", |a| a.help("Repeat each point until the LEVEL% confidence interval of the mean is within ±WIDTH% of it (e.g. 99,2), between the --ci-reps bounds; results record whether it was met. Without it, --trials trials")),
+        mut_arg("ci_reps", |a| a.help("Fewest and most trials of a --ci point [default: 3,30]"))
+    )]
+    Sweep(Box<SweepFlags>),
+    /// LogP parameters per message size: send and receive overheads, gap
+    /// and latency, each with its spread.
+    #[command(
+        after_long_help = netgap::logp::HELP,
+        mut_arg("sizes", |a| a.help("Message sizes: a list 1,1K,64K, a range 1..1M, or 1..1M:x4 [default: 1,1K,64K,1M]")),
+        mut_arg("rep_time", |a| a.help("Time budget of one repetition; the iteration count adapts to it [default: 50ms]")),
+        mut_arg("client_hosts", |a| a.hide(true))
+    )]
+    Logp(Box<LogpFlags>),
+    /// Write an HTML report (plots, gap table, environment) of results files.
+    Report(ReportArgs),
+    /// Compare two results files point by point; exit status 3 when a
+    /// significant regression passes the threshold.
+    Compare(CompareArgs),
+    /// Turn a peer tool's output into netgap result records (JSON Lines).
+    Import(ImportArgs),
+    /// Build, show or remove a virtual cluster of network namespaces.
+    #[command(subcommand)]
+    Testbed(TestbedCommand),
+    /// Make shared keys for agents.
+    #[command(subcommand)]
+    Key(KeyCommand),
+}
+
+/// Flags of `netgap run`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RunFlags {
+    /// Tests to run, comma separated (see `netgap list`).
+    #[arg(value_name = "TEST[,TEST...]", value_parser = flags::parse_names)]
+    pub tests: flags::NameList,
+    #[command(flatten)]
+    pub stack: StackFlags,
+    #[command(flatten)]
+    pub multi_host: MultiHostFlags,
+}
+
+impl RunFlags {
+    /// The typed request.
+    pub fn request(&self) -> netgap::plan::RunRequest {
+        self.stack.request(&self.tests.0, self.multi_host.spec())
+    }
+}
+
+/// Flags of `netgap sweep`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SweepFlags {
+    /// Smallest block size.
+    #[arg(long, default_value = "1", value_name = "SIZE", value_parser = netgap::units::parse_size_bytes)]
+    pub start: u64,
+    /// Largest block size.
+    #[arg(long, default_value = "8M", value_name = "SIZE", value_parser = netgap::units::parse_size_bytes)]
+    pub end: u64,
+    /// Grow nominal sizes by this factor instead of NetPIPE's sequence
+    /// (powers of two and 1.5 times each: 1, 2, 3, 4, 6, 8, 12, ...).
+    #[arg(long, value_name = "F")]
+    pub factor: Option<f64>,
+    /// Also measure n-P and n+P bytes around each nominal size n (NetPIPE's
+    /// -p); 0 switches perturbation off.
+    #[arg(long, default_value_t = netgap::sweep::DEFAULT_PERTURBATION_BYTES, value_name = "BYTES")]
+    pub perturbation: u64,
+    /// Stream blocks one way back to back instead of ping-pong.
+    #[arg(long, conflicts_with = "bidir")]
+    pub stream: bool,
+    /// Both sides send blocks at once (bibw) instead of ping-pong.
+    #[arg(long)]
+    pub bidir: bool,
+    /// Target duration of one trial; the repeat count adapts to it.
+    #[arg(long, default_value = "40ms", value_name = "DUR", value_parser = netgap::units::parse_duration)]
+    pub trial_time: Duration,
+    /// Trials per point (min, mean, max and the trimmed mean of them).
+    #[arg(long, default_value_t = netgap::sweep::DEFAULT_TRIALS, value_name = "N")]
+    pub trials: u32,
+    /// Stop a transport's sweep after the first block that takes longer
+    /// than this (NetPIPE stops at one second).
+    #[arg(long, default_value = "1s", value_name = "DUR", value_parser = netgap::units::parse_duration)]
+    pub max_block_time: Duration,
+    #[command(flatten)]
+    pub stack: StackFlags,
+}
+
+impl SweepFlags {
+    /// The typed request.
+    pub fn request(&self) -> netgap::sweep::SweepRequest {
+        use netgap::sweep::SweepKind;
+        netgap::sweep::SweepRequest {
+            start_bytes: self.start,
+            end_bytes: self.end,
+            factor: self.factor,
+            perturbation_bytes: self.perturbation,
+            kind: if self.stream {
+                SweepKind::Stream
+            } else if self.bidir {
+                SweepKind::Bidir
+            } else {
+                SweepKind::PingPong
+            },
+            trial_time: self.trial_time,
+            trials: self.trials,
+            max_block_time: self.max_block_time,
+            stack: self.stack.request(&[], Default::default()),
+        }
+    }
+}
+
+/// Flags of `netgap logp`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct LogpFlags {
+    #[command(flatten)]
+    pub stack: StackFlags,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ReportArgs {
+    /// Results files (JSON Lines, netgap's own or imported).
+    #[arg(required = true, value_name = "RESULTS")]
+    pub results: Vec<PathBuf>,
+    /// The HTML file to write.
+    #[arg(short = 'o', long, default_value = "report.html", value_name = "FILE")]
+    pub output: PathBuf,
+    /// Also write every plot as SVG and PNG into this directory.
+    #[arg(long, value_name = "DIR")]
+    pub images: Option<PathBuf>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct CompareArgs {
+    /// The reference results file.
+    pub base: PathBuf,
+    /// The results file to judge against it.
+    pub new: PathBuf,
+    /// Smallest significant worsening, in percent, that fails the comparison.
+    #[arg(long, default_value_t = 5.0, value_name = "PCT")]
+    pub threshold: f64,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ImportArgs {
+    /// The format: iperf3 (-J JSON), netpipe (NPtcp -o file), sockperf
+    /// (client output), osu (osu_latency, osu_bw, osu_bibw output).
+    pub format: String,
+    /// The peer tool's output file.
+    pub file: PathBuf,
+    /// Where to append the records (JSON Lines); standard output if absent.
+    #[arg(short = 'o', long, value_name = "OUT")]
+    pub output: Option<PathBuf>,
+    /// Message size in bytes, for output that does not state it (sockperf
+    /// ping-pong); K, M, G suffixes allowed.
+    #[arg(long, value_name = "BYTES", value_parser = netgap::units::parse_size_bytes)]
+    pub size: Option<u64>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TestbedCommand {
+    /// Create the namespaces, links and agents, and write the hosts file.
+    Up(netgap::testbed::UpArgs),
+    /// Show the hosts, addresses, links and whether each agent is alive.
+    Status(netgap::testbed::NameArgs),
+    /// Remove everything the testbed made (also after a crash).
+    Down(netgap::testbed::NameArgs),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum KeyCommand {
+    /// Write a new random 32-byte key to FILE (mode 0600; never overwrites).
+    New {
+        /// The key file to create.
+        file: PathBuf,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    /// Address to listen on: an IP address (loopback unless told otherwise;
+    /// any other needs --key) or unix:PATH.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub bind: String,
+    /// Control port.
+    #[arg(long, short = 'p', default_value_t = DEFAULT_PORT)]
+    pub port: u16,
+    /// Address data listeners bind to (default: the address the control
+    /// connection came in on; 127.0.0.1 over a Unix socket).
+    #[arg(long, value_name = "IP")]
+    pub data_bind: Option<String>,
+    /// Shared key file every coordinator must prove (mode 0600).
+    #[arg(long, value_name = "FILE")]
+    pub key: Option<PathBuf>,
+    /// Most concurrent flows one session may open.
+    #[arg(long, default_value_t = netgap::limits::DEFAULT_MAX_FLOWS)]
+    pub max_flows: u32,
+    /// Longest one run may take.
+    #[arg(long, default_value = "10m", value_name = "DUR", value_parser = netgap::units::parse_duration)]
+    pub max_duration: Duration,
+    /// Highest rate a session may ask for, in Gbit/s.
+    #[arg(long, default_value_t = netgap::limits::DEFAULT_MAX_RATE_GBPS, value_name = "GBPS")]
+    pub max_rate: f64,
+    /// Largest message a session may use (e.g. 64K, 4M).
+    #[arg(long, default_value = "256M", value_name = "SIZE", value_parser = netgap::units::parse_size_bytes)]
+    pub max_message: u64,
+}
