@@ -202,7 +202,7 @@ fn shared_point_to_point_cases() -> Vec<(&'static [&'static str], Expect)> {
         (&["--key", "k"], Refused("--key needs --peer or --hosts")),
         (
             &["--hosts", "127.0.0.1:1,127.0.0.1:2"],
-            Refused("--hosts does not apply"),
+            Refused("inside the second host's network namespace"),
         ),
     ];
     if uring_available() {
@@ -459,8 +459,9 @@ fn hosts_lists_and_hosts_files_drive_real_agents() {
     ]);
     let records = fanin.run(&["--hosts", &at_file]).expect("runs");
     assert_eq!(records[0]["flows"][0]["host"], "h2");
-    // A point-to-point test does not run between the hosts yet: refused,
-    // not measured on loopback.
+    // A point-to-point test runs its client in the second host's network
+    // namespace; hosts without one are refused, not measured on loopback.
+    // (tests/testbed.rs runs it between testbed hosts.)
     let pingpong = Command {
         words: vec!["run", "pingpong"],
         tiny: vec![
@@ -472,7 +473,7 @@ fn hosts_lists_and_hosts_files_drive_real_agents() {
     };
     pingpong.walk(&[(
         &["--hosts", &at_file],
-        Refused("--hosts does not apply to pingpong"),
+        Refused("its second host, h2, has no network namespace"),
     )]);
 }
 

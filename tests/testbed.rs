@@ -427,3 +427,89 @@ fn without_root_the_testbed_says_so_in_one_line() {
     assert!(stderr.contains("needs root"), "{stderr}");
     assert!(!Path::new("/run/netgap/tnoroot").exists());
 }
+
+#[test]
+fn point_to_point_tests_sweep_and_logp_run_between_testbed_hosts() {
+    if !system_ready("point_to_point_tests_sweep_and_logp_run_between_testbed_hosts") {
+        return;
+    }
+    let (tb, _) = Testbed::up("tp2p", &["--hosts", "2"]);
+    let hosts = format!("@{}", tb.dir().join("hosts.json").display());
+    let dir = tempfile::tempdir().expect("tempdir");
+
+    // `run --hosts`: h1 serves, the client runs in h2's namespace, with the
+    // hosts file's key; the traffic crosses h2's link.
+    let json = dir.path().join("run.jsonl");
+    let before = counters(&tb.ns("h2"), "eth0");
+    ok(netgap()
+        .args(["run", "pingpong,stream", "--hosts", &hosts])
+        .args(["-s", "1K", "--reps", "2", "-n", "100", "--json"])
+        .arg(&json)
+        .output()
+        .expect("run"));
+    let after = counters(&tb.ns("h2"), "eth0");
+    let recs = records(&json);
+    assert_eq!(recs.len(), 2);
+    for r in &recs {
+        assert_eq!(r["host"]["hostname"], "h2", "{}", r["host"]);
+        assert_eq!(r["peer_host"]["hostname"], "h1", "{}", r["peer_host"]);
+        assert_eq!(r["host"]["interface"], "eth0", "{}", r["host"]);
+        assert_eq!(r["peer_host"]["interface"], "eth0", "{}", r["peer_host"]);
+        assert_eq!(r["options"]["peer"], "h1 <- h2");
+        assert_eq!(bytes_of(r, "client_tx"), bytes_of(r, "server_rx"));
+    }
+    let sent: u64 = recs.iter().map(|r| bytes_of(r, "client_tx")).sum();
+    assert!(after.0 - before.0 >= sent, "h2 eth0 carried the payload");
+
+    // `sweep --hosts`: the same path, keyed through the hosts file.
+    let json = dir.path().join("sweep.jsonl");
+    ok(netgap()
+        .args(["sweep", "--hosts", &hosts, "--end", "64", "--json"])
+        .arg(&json)
+        .output()
+        .expect("sweep"));
+    let recs = records(&json);
+    assert!(!recs.is_empty());
+    assert!(recs
+        .iter()
+        .all(|r| r["test"] == "sweep" && r["peer_host"]["hostname"] == "h1"));
+
+    // `logp` between the hosts with the key given as --key.
+    let json = dir.path().join("logp.jsonl");
+    ok(netgap()
+        .args(["logp", "--hosts", &hosts, "--key"])
+        .arg(tb.key())
+        .args(["--sizes", "1", "--json"])
+        .arg(&json)
+        .output()
+        .expect("logp"));
+    let recs = records(&json);
+    assert_eq!(recs.len(), 4, "o_s, o_r, g and L");
+    assert!(recs
+        .iter()
+        .all(|r| r["host"]["hostname"] == "h2" && r["peer_host"]["hostname"] == "h1"));
+    // From h2 without the key, h1's keyed agent refuses: one line.
+    let sock = format!("unix:{}", tb.dir().join("h1.sock").display());
+    let out = Command::new("ip")
+        .args(["netns", "exec", &tb.ns("h2")])
+        .arg(netgap_path())
+        .args(["logp", "--peer", &sock, "--sizes", "1"])
+        .output()
+        .expect("logp");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.contains("error")).collect();
+    assert_eq!(errors.len(), 1, "{stderr}");
+    assert!(errors[0].contains("key"), "{stderr}");
+
+    // A list of agents has no namespace for the client: refused in one line.
+    let out = netgap()
+        .args(["run", "pingpong", "--hosts", "127.0.0.1:1,127.0.0.1:2"])
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("network namespace"), "{stderr}");
+    tb.down();
+    tb.assert_gone();
+}

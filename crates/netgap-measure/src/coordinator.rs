@@ -66,6 +66,17 @@ pub enum CoordError {
     /// The in-process agent could not start.
     #[error("cannot start the in-process agent: {0}")]
     Embedded(String),
+    /// A host of the hosts file has a control address that does not parse.
+    #[error("host {host}: bad control address {control:?}")]
+    HostAddress {
+        /// The host.
+        host: String,
+        /// Its control address as written.
+        control: String,
+    },
+    /// The client host's network namespace could not be entered.
+    #[error(transparent)]
+    Netns(#[from] netgap_transport::netns::NetnsError),
     /// The key file is unusable.
     #[error("{0}")]
     Key(#[from] crate::auth::KeyFileError),
@@ -444,6 +455,21 @@ pub fn build_record(
 pub fn open_session(plan: &Plan) -> Result<Coordinator, CoordError> {
     let addr = match &plan.peer {
         Peer::Remote { addr, .. } => addr.clone(),
+        Peer::Hosts { server, client } => {
+            let addr = server
+                .control_addr()
+                .ok_or_else(|| CoordError::HostAddress {
+                    host: server.name.clone(),
+                    control: server.control.clone(),
+                })?;
+            // The client role's flows start in the client host's network
+            // namespace; the control connection is a Unix socket or reaches
+            // the server from there.
+            if let Some(ns) = &client.netns {
+                netgap_transport::netns::enter(ns)?;
+            }
+            addr
+        }
         Peer::Embedded { ipv6 } => {
             let ip: IpAddr = if *ipv6 {
                 Ipv6Addr::LOCALHOST.into()
@@ -472,7 +498,14 @@ pub fn open_session(plan: &Plan) -> Result<Coordinator, CoordError> {
         .as_deref()
         .map(crate::auth::load_key)
         .transpose()?;
-    Coordinator::connect(&addr, key.as_ref())
+    let mut coord = Coordinator::connect(&addr, key.as_ref())?;
+    if let Peer::Hosts { client, .. } = &plan.peer {
+        // This process stands in for the client host: its facts are those of
+        // the client's address in its namespace, under the host's name.
+        coord.local_host = netgap_transport::host::collect(Some(client.address));
+        coord.local_host.hostname = client.name.clone();
+    }
+    Ok(coord)
 }
 
 /// What a run did.

@@ -10,7 +10,7 @@
 //! nothing for what is asked.
 
 use crate::bench;
-use crate::cluster::{HostsArg, HostsError, HostsSource};
+use crate::cluster::{HostEntry, HostsArg, HostsError, HostsSource};
 use crate::control::ControlAddr;
 use crate::runner::{CiTarget, IterationPolicy, Method, DEFAULT_CI_REPS};
 use netgap_core::spec::{
@@ -217,7 +217,7 @@ impl RunRequest {
 }
 
 /// Where the agent is.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Peer {
     /// An agent started in this process on loopback.
     Embedded {
@@ -231,6 +231,15 @@ pub enum Peer {
         /// Resolved control address.
         addr: ControlAddr,
     },
+    /// The first two hosts of a hosts file (`--hosts`): the first host's
+    /// agent serves, and the client role runs here in the second host's
+    /// network namespace, so the traffic crosses the path between them.
+    Hosts {
+        /// The serving host.
+        server: HostEntry,
+        /// The client host; it has a network namespace.
+        client: HostEntry,
+    },
 }
 
 /// A validated run.
@@ -242,10 +251,6 @@ pub struct Plan {
     pub method: Method,
     /// The agent.
     pub peer: Peer,
-    /// The hosts of `--hosts`, for a point-to-point run between the first
-    /// two of them (the first serves). Always `None` today: the plan refuses
-    /// `--hosts` for point-to-point tests until the coordinator drives them.
-    pub hosts: Option<HostsSource>,
     /// CPU of the client role, if pinned.
     pub client_cpu: Option<u32>,
     /// JSON Lines output.
@@ -616,6 +621,36 @@ pub(crate) fn options_of(
     Ok(options)
 }
 
+/// The server and client hosts of a point-to-point run over `--hosts`, and
+/// the hosts file's key: the first two hosts, the second with a network
+/// namespace for the client role to run in.
+fn p2p_hosts(hosts: HostsSource) -> Result<(HostEntry, HostEntry, Option<PathBuf>), PlanError> {
+    const WHY: &str = "a point-to-point test runs its client here, inside the second host's network namespace: give a testbed's hosts file (@testbed), or run netgap on the client host with --peer SERVER";
+    let file = match hosts {
+        HostsSource::File(f) => f,
+        other => return Err(invalid("--hosts", other.label(), WHY)),
+    };
+    let label = "a hosts file";
+    match file.hosts.as_slice() {
+        [server, client, ..] if client.netns.is_some() => {
+            Ok((server.clone(), client.clone(), file.key_file.clone()))
+        }
+        [_, client, ..] => Err(invalid(
+            "--hosts",
+            label,
+            format!(
+                "its second host, {}, has no network namespace; {WHY}",
+                client.name
+            ),
+        )),
+        _ => Err(invalid(
+            "--hosts",
+            label,
+            "a point-to-point test needs two hosts: the first serves, the second is the client",
+        )),
+    }
+}
+
 impl Plan {
     /// Validates a run of point-to-point tests.
     pub fn from_request(r: &RunRequest) -> Result<Plan, PlanError> {
@@ -628,18 +663,25 @@ impl Plan {
     pub(crate) fn point_to_point(r: &RunRequest, what: &str) -> Result<Plan, PlanError> {
         refuse_group_flags(r, what)?;
         let mut plan = Plan::build(r)?;
-        plan.hosts = match &r.target.hosts {
-            Some(h) => Some(h.load()?),
-            None => None,
-        };
-        // The coordinator does not drive a point-to-point test between the
-        // hosts of a hosts file yet: refuse rather than measure loopback.
-        if plan.hosts.is_some() {
-            return Err(no_effect(
-                "--hosts",
-                what,
-                "point-to-point tests do not run between the hosts of --hosts yet; run them on a host with --peer AGENT",
-            ));
+        if let Some(h) = &r.target.hosts {
+            let source = h.load()?;
+            let label = source.label();
+            let (server, client, key_file) = p2p_hosts(source)?;
+            if let Some(t) = plan
+                .points
+                .iter()
+                .filter_map(|p| transport::find(&p.transport))
+                .find(|t| !t.capabilities().cross_host)
+            {
+                return Err(PlanError::SameHostOnly {
+                    transport: t.name().to_string(),
+                    peer: format!("--hosts {label}"),
+                });
+            }
+            if plan.key_file.is_none() {
+                plan.key_file = key_file;
+            }
+            plan.peer = Peer::Hosts { server, client };
         }
         Ok(plan)
     }
@@ -828,7 +870,6 @@ impl Plan {
                 ci,
             },
             peer,
-            hosts: None,
             client_cpu,
             json: r.outputs.json.clone(),
             csv: r.outputs.csv.clone(),
@@ -873,6 +914,7 @@ impl Plan {
                 Peer::Embedded { ipv6: false } => "embedded".into(),
                 Peer::Embedded { ipv6: true } => "embedded-ipv6".into(),
                 Peer::Remote { addr, .. } => addr.to_string(),
+                Peer::Hosts { server, client } => format!("{} <- {}", server.name, client.name),
             },
             transport: spec.options.clone(),
             verify: spec.verify,

@@ -15,6 +15,7 @@ pub mod affinity;
 pub mod cpu;
 pub mod flows;
 pub mod host;
+pub mod netns;
 pub mod options;
 pub mod shm;
 mod stream_socket;

@@ -44,7 +44,12 @@ pub fn check(workload: &str, spec: &PointSpec, transport: &dyn Transport) -> Res
             spec.transport
         )));
     }
-    flows::check_options(&spec.options).map_err(|e| Refused(format!("{workload}: {e}")))
+    match flows::per_message_options(&spec.options).first() {
+        Some(flag) => Err(Refused(format!(
+            "{flag} does not apply to {workload} (it acts on each message of a single flow, and the multi-client flow engine does not apply it)"
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// What a client's report of an engine flow says: the flow's value by

@@ -159,13 +159,11 @@ impl EngineConfig {
     }
 }
 
-/// Refuses the socket options the engine cannot honour: MSG_ZEROCOPY
-/// sends, TCP_CORK around each message, TCP_QUICKACK re-armed after each
-/// receive and SQPOLL rings act on every message of one flow, which the
-/// engine's state machines do not do; recording them would describe a
-/// stack that was not measured.
-pub fn check_options(options: &TransportOptions) -> Result<(), EngineError> {
-    let refused: Vec<&str> = [
+/// The options set in `options` that act on each message of a single flow
+/// (`--zerocopy`, `--cork`, `--quickack`, `--sqpoll`): the engine does not
+/// apply them, so a run that sets them is refused.
+pub fn per_message_options(options: &TransportOptions) -> Vec<&'static str> {
+    [
         ("--zerocopy", options.zerocopy),
         ("--cork", options.cork),
         ("--quickack", options.quickack),
@@ -173,7 +171,12 @@ pub fn check_options(options: &TransportOptions) -> Result<(), EngineError> {
     ]
     .into_iter()
     .filter_map(|(flag, set)| set.then_some(flag))
-    .collect();
+    .collect()
+}
+
+/// Refuses the options the engine does not apply ([`per_message_options`]).
+pub fn check_options(options: &TransportOptions) -> Result<(), EngineError> {
+    let refused = per_message_options(options);
     if refused.is_empty() {
         return Ok(());
     }
