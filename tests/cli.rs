@@ -9,7 +9,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{netgap, read_records, AgentProc};
+use common::{fails_with_one_line, netgap, read_records, AgentProc};
 
 const DOCUMENTED_FIELDS: [&str; 14] = [
     "test",
@@ -176,18 +176,6 @@ fn list_shows_tests_and_transports() {
 
 /// Runs netgap with `args`, expecting failure with exactly one line on stderr
 /// containing `needle`.
-fn fails_with_one_line(args: &[&str], needle: &str) {
-    let out = netgap().args(args).output().expect("runs");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{args:?} should fail");
-    assert_eq!(stderr.trim_end().lines().count(), 1, "{args:?}: {stderr}");
-    assert!(
-        stderr.contains(needle),
-        "{args:?}: {stderr:?} lacks {needle:?}"
-    );
-    assert!(!stderr.contains("panicked"), "{stderr}");
-}
-
 #[test]
 fn bad_input_gets_one_clear_line() {
     fails_with_one_line(&["run", "pingpnog"], "unknown test \"pingpnog\"");

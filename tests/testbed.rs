@@ -7,11 +7,11 @@
 //! unless NETGAP_REQUIRE_SYSTEM_TESTS=1 (as in CI), where that is a failure.
 
 mod common;
+use common::testbed::Testbed;
 use common::{netgap, netgap_path, ok, read_records as records, system_ready};
-use netgap::cluster::HostsFile;
 use serde_json::Value;
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -22,90 +22,23 @@ fn sh(program: &str, args: &[&str]) -> String {
         .expect("command runs"))
 }
 
-/// A testbed that is taken down when the guard goes, even on a panic.
-struct Testbed {
-    name: String,
-}
-
-impl Testbed {
-    fn up(name: &str, flags: &[&str]) -> (Testbed, String) {
-        let tb = Testbed { name: name.into() };
-        // Leftovers of an earlier, killed run of this test.
-        let _ = netgap().args(["testbed", "down", "--name", name]).output();
-        let out = netgap()
-            .args(["testbed", "up", "--name", name])
-            .args(flags)
-            .output()
-            .expect("testbed up");
-        (tb, ok(out))
-    }
-
-    fn dir(&self) -> PathBuf {
-        PathBuf::from("/run/netgap").join(&self.name)
-    }
-
-    fn ns(&self, host: &str) -> String {
-        format!("ngtb-{}-{host}", self.name)
-    }
-
-    fn hosts(&self) -> HostsFile {
-        HostsFile::load(&self.dir().join("hosts.json")).expect("hosts file")
-    }
-
-    fn key(&self) -> PathBuf {
-        self.dir().join("key")
-    }
-
-    /// Runs a coordinator inside host `from` against the agent of host `to`
-    /// over its Unix socket; the test traffic crosses the testbed.
-    fn run_from(&self, from: &str, to: &str, test: &str, json: &Path) -> Vec<Value> {
-        let sock = self.dir().join(format!("{to}.sock"));
-        let out = Command::new("ip")
-            .args(["netns", "exec", &self.ns(from)])
-            .arg(netgap_path())
-            .args(["run", test, "--peer"])
-            .arg(format!("unix:{}", sock.display()))
-            .arg("--key")
-            .arg(self.key())
-            .args(["-s", "16K", "--reps", "2", "-n", "200", "--json"])
-            .arg(json)
-            .output()
-            .expect("netgap run");
-        ok(out);
-        records(json)
-    }
-
-    fn down(&self) -> String {
-        ok(netgap()
-            .args(["testbed", "down", "--name", &self.name])
-            .output()
-            .expect("down"))
-    }
-
-    /// Nothing of the testbed is left: namespaces, processes, state.
-    fn assert_gone(&self) {
-        let prefix = format!("ngtb-{}-", self.name);
-        let list = sh("ip", &["netns", "list"]);
-        assert!(!list.contains(&prefix), "namespaces left: {list}");
-        let pgrep = Command::new("pgrep")
-            .args(["-f", &format!("/run/netgap/{}/", self.name)])
-            .output()
-            .expect("pgrep");
-        assert!(
-            pgrep.stdout.is_empty(),
-            "processes left: {}",
-            String::from_utf8_lossy(&pgrep.stdout)
-        );
-        assert!(!self.dir().exists(), "state directory left");
-    }
-}
-
-impl Drop for Testbed {
-    fn drop(&mut self) {
-        let _ = netgap()
-            .args(["testbed", "down", "--name", &self.name])
-            .output();
-    }
+/// Runs a coordinator inside host `from` against the agent of host `to`
+/// over its Unix socket; the test traffic crosses the testbed.
+fn run_from(tb: &Testbed, from: &str, to: &str, test: &str, json: &Path) -> Vec<Value> {
+    let sock = tb.dir().join(format!("{to}.sock"));
+    let out = Command::new("ip")
+        .args(["netns", "exec", &tb.ns(from)])
+        .arg(netgap_path())
+        .args(["run", test, "--peer"])
+        .arg(format!("unix:{}", sock.display()))
+        .arg("--key")
+        .arg(tb.key())
+        .args(["-s", "16K", "--reps", "2", "-n", "200", "--json"])
+        .arg(json)
+        .output()
+        .expect("netgap run");
+    ok(out);
+    records(json)
 }
 
 /// TX and RX byte counters of `dev` in namespace `ns`.
@@ -202,7 +135,7 @@ fn a_four_host_switch_testbed_carries_traffic_and_goes_away() {
     // Traffic from h2 to h1's agent crosses h2's link.
     let dir = tempfile::tempdir().expect("tempdir");
     let before = counters(&tb.ns("h2"), "eth0");
-    let recs = tb.run_from("h2", "h1", "stream", &dir.path().join("s.jsonl"));
+    let recs = run_from(&tb, "h2", "h1", "stream", &dir.path().join("s.jsonl"));
     let after = counters(&tb.ns("h2"), "eth0");
     assert_eq!(recs.len(), 1);
     let sent = bytes_of(&recs[0], "client_tx");
@@ -378,7 +311,7 @@ fn traffic_between_switch_hosts_runs_through_the_agents_sockets() {
     }
     let (tb, _) = Testbed::up("tpp", &["--hosts", "2"]);
     let dir = tempfile::tempdir().expect("tempdir");
-    let recs = tb.run_from("h2", "h1", "pingpong", &dir.path().join("p.jsonl"));
+    let recs = run_from(&tb, "h2", "h1", "pingpong", &dir.path().join("p.jsonl"));
     assert_eq!(recs[0]["test"], "pingpong");
     assert_eq!(
         bytes_of(&recs[0], "client_tx"),
@@ -402,7 +335,7 @@ fn traffic_between_switch_hosts_runs_through_the_agents_sockets() {
         "{out}"
     );
     assert_eq!(tb.hosts().hosts.len(), 3);
-    tb.down();
+    let _ = tb.down();
     tb.assert_gone();
 }
 
@@ -510,6 +443,6 @@ fn point_to_point_tests_sweep_and_logp_run_between_testbed_hosts() {
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("network namespace"), "{stderr}");
-    tb.down();
+    let _ = tb.down();
     tb.assert_gone();
 }

@@ -8,150 +8,12 @@
 //! Without root, `ip` or network namespaces these tests print why and pass,
 //! unless NETGAP_REQUIRE_SYSTEM_TESTS=1 (as in CI), where that is a failure.
 
-use assert_cmd::cargo::CommandCargoExt;
-use netgap::cluster::HostsFile;
+mod common;
+use common::testbed::Testbed;
+use common::{netgap, ok, read_records as records, system_ready};
 use serde_json::Value;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-fn netgap() -> Command {
-    Command::cargo_bin("netgap").expect("binary built")
-}
-
-/// Whether the system can run a testbed; if not, says why (and fails when
-/// system tests are required).
-fn system_ready(test: &str) -> bool {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let missing = if unsafe { libc::geteuid() } != 0 {
-        Some("not root")
-    } else if !Path::new("/proc/self/ns/net").exists() {
-        Some("no network namespaces")
-    } else if Command::new("ip").arg("-V").output().is_err() {
-        Some("iproute2 (ip) is not installed")
-    } else if Command::new("tc").arg("-V").output().is_err() {
-        Some("iproute2 (tc) is not installed")
-    } else {
-        None
-    };
-    match missing {
-        None => true,
-        Some(why) => {
-            if std::env::var("NETGAP_REQUIRE_SYSTEM_TESTS").as_deref() == Ok("1") {
-                panic!("{test}: {why}, but NETGAP_REQUIRE_SYSTEM_TESTS=1");
-            }
-            eprintln!("skipping {test}: {why}");
-            false
-        }
-    }
-}
-
-fn ok(out: Output) -> String {
-    assert!(
-        out.status.success(),
-        "failed: {}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// A testbed that is taken down when the guard goes, even on a panic.
-struct Testbed {
-    name: String,
-}
-
-impl Testbed {
-    fn up(name: &str, flags: &[&str]) -> Testbed {
-        let tb = Testbed { name: name.into() };
-        // Leftovers of an earlier, killed run of this test.
-        let _ = netgap().args(["testbed", "down", "--name", name]).output();
-        ok(netgap()
-            .args(["testbed", "up", "--name", name])
-            .args(flags)
-            .output()
-            .expect("testbed up"));
-        tb
-    }
-
-    fn dir(&self) -> PathBuf {
-        PathBuf::from("/run/netgap").join(&self.name)
-    }
-
-    fn ns(&self, host: &str) -> String {
-        format!("ngtb-{}-{host}", self.name)
-    }
-
-    fn hosts_path(&self) -> PathBuf {
-        self.dir().join("hosts.json")
-    }
-
-    fn hosts_arg(&self) -> String {
-        format!("@{}", self.hosts_path().display())
-    }
-
-    fn hosts(&self) -> HostsFile {
-        HostsFile::load(&self.hosts_path()).expect("hosts file")
-    }
-
-    /// `netgap run` from the root namespace against the testbed's agents
-    /// (their control sockets are Unix sockets in the state directory; the
-    /// test traffic stays between the namespaces).
-    fn run(&self, tests: &str, flags: &[&str], json: &Path) -> Vec<Value> {
-        ok(netgap()
-            .args(["run", tests, "--hosts", &self.hosts_arg()])
-            .args(flags)
-            .arg("--json")
-            .arg(json)
-            .output()
-            .expect("netgap run"));
-        records(json)
-    }
-
-    fn down(&self) {
-        ok(netgap()
-            .args(["testbed", "down", "--name", &self.name])
-            .output()
-            .expect("down"));
-    }
-
-    /// Nothing of the testbed is left: namespaces (and so their links),
-    /// processes, state.
-    fn assert_gone(&self) {
-        let prefix = format!("ngtb-{}-", self.name);
-        let list = ok(Command::new("ip")
-            .args(["netns", "list"])
-            .output()
-            .expect("ip netns"));
-        assert!(!list.contains(&prefix), "namespaces left: {list}");
-        let pgrep = Command::new("pgrep")
-            .args(["-f", &format!("/run/netgap/{}/", self.name)])
-            .output()
-            .expect("pgrep");
-        assert!(
-            pgrep.stdout.is_empty(),
-            "processes left: {}",
-            String::from_utf8_lossy(&pgrep.stdout)
-        );
-        assert!(!self.dir().exists(), "state directory left");
-    }
-}
-
-impl Drop for Testbed {
-    fn drop(&mut self) {
-        let _ = netgap()
-            .args(["testbed", "down", "--name", &self.name])
-            .output();
-    }
-}
-
-fn records(path: &Path) -> Vec<Value> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("JSON line"))
-        .collect()
-}
 
 fn u(v: &Value) -> u64 {
     v.as_u64().expect("an unsigned number")
@@ -178,7 +40,7 @@ fn every_multi_host_test_runs_through_a_four_host_switch_testbed() {
     if !system_ready("every_multi_host_test_runs_through_a_four_host_switch_testbed") {
         return;
     }
-    let tb = Testbed::up("tmsw", &["--hosts", "4", "--topology", "switch"]);
+    let (tb, _) = Testbed::up("tmsw", &["--hosts", "4", "--topology", "switch"]);
     let hosts = tb.hosts();
     assert!(hosts.key_file.is_some(), "the testbed names its key");
     let name = |i: usize| hosts.hosts[i].name.clone();
@@ -289,7 +151,7 @@ fn every_multi_host_test_runs_through_a_four_host_switch_testbed() {
     );
     ok(run(&["--key", key.to_str().expect("utf-8 path")]));
 
-    tb.down();
+    let _ = tb.down();
     tb.assert_gone();
 }
 
@@ -298,7 +160,7 @@ fn multirail_over_a_three_link_mesh_carries_payload_on_every_link() {
     if !system_ready("multirail_over_a_three_link_mesh_carries_payload_on_every_link") {
         return;
     }
-    let tb = Testbed::up(
+    let (tb, _) = Testbed::up(
         "tmmr",
         &["--hosts", "2", "--topology", "mesh", "--links", "3"],
     );
@@ -346,7 +208,7 @@ fn multirail_over_a_three_link_mesh_carries_payload_on_every_link() {
         assert_eq!(f["host"], client.name.as_str());
         assert_eq!(f["bytes_tx"], f["bytes_rx"], "{f}");
     }
-    tb.down();
+    let _ = tb.down();
     tb.assert_gone();
 }
 
@@ -358,7 +220,7 @@ fn client_tests_cross_a_three_host_mesh_each_over_its_own_link() {
     // On a mesh the server's address is its end of its first link, on a
     // subnet the third host has no route to: each client host must take
     // its own link to the server.
-    let tb = Testbed::up("tmm3", &["--hosts", "3", "--topology", "mesh"]);
+    let (tb, _) = Testbed::up("tmm3", &["--hosts", "3", "--topology", "mesh"]);
     let hosts = tb.hosts();
     let server = &hosts.hosts[0];
     let before: Vec<u64> = hosts.hosts[1..]
@@ -402,7 +264,7 @@ fn client_tests_cross_a_three_host_mesh_each_over_its_own_link() {
             fanin_bytes[k]
         );
     }
-    tb.down();
+    let _ = tb.down();
     tb.assert_gone();
 }
 
@@ -411,7 +273,7 @@ fn a_killed_client_agent_mid_hotspot_is_named_and_points_are_kept() {
     if !system_ready("a_killed_client_agent_mid_hotspot_is_named_and_points_are_kept") {
         return;
     }
-    let tb = Testbed::up("tmkl", &["--hosts", "4", "--topology", "switch"]);
+    let (tb, _) = Testbed::up("tmkl", &["--hosts", "4", "--topology", "switch"]);
     let victim = tb.hosts().hosts[2].name.clone();
     let dir = tempfile::tempdir().expect("tempdir");
     let json = dir.path().join("r.jsonl");
@@ -475,6 +337,6 @@ fn a_killed_client_agent_mid_hotspot_is_named_and_points_are_kept() {
     assert!(!kept.is_empty());
     assert!(kept.iter().all(|r| r["test"] == "hotspot"));
     // A testbed with a dead agent still goes away completely.
-    tb.down();
+    let _ = tb.down();
     tb.assert_gone();
 }

@@ -10,6 +10,8 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 
+pub mod testbed;
+
 /// The `netgap` binary under test.
 pub fn netgap() -> Command {
     Command::cargo_bin("netgap").expect("binary built")

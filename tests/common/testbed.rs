@@ -1,0 +1,110 @@
+//! A namespace testbed for one test: built with `netgap testbed up` under
+//! the test's own `--name` (so tests run side by side), and taken down when
+//! the guard goes, even when the test fails.
+
+use super::{netgap, ok, read_records};
+use netgap::cluster::HostsFile;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// A testbed that is taken down when the guard goes, even on a panic.
+pub struct Testbed {
+    /// Its `--name`.
+    pub name: String,
+}
+
+impl Testbed {
+    /// Builds testbed `name` with `flags` (after taking down the leftovers
+    /// of an earlier, killed run); the guard and what `up` printed.
+    pub fn up(name: &str, flags: &[&str]) -> (Testbed, String) {
+        let tb = Testbed { name: name.into() };
+        let _ = netgap().args(["testbed", "down", "--name", name]).output();
+        let out = netgap()
+            .args(["testbed", "up", "--name", name])
+            .args(flags)
+            .output()
+            .expect("testbed up");
+        (tb, ok(out))
+    }
+
+    /// Its state directory.
+    pub fn dir(&self) -> PathBuf {
+        PathBuf::from("/run/netgap").join(&self.name)
+    }
+
+    /// The network namespace of `host`.
+    pub fn ns(&self, host: &str) -> String {
+        format!("ngtb-{}-{host}", self.name)
+    }
+
+    /// Its hosts file.
+    pub fn hosts_path(&self) -> PathBuf {
+        self.dir().join("hosts.json")
+    }
+
+    /// `@FILE` for `--hosts`.
+    pub fn hosts_arg(&self) -> String {
+        format!("@{}", self.hosts_path().display())
+    }
+
+    /// Its hosts file, read.
+    pub fn hosts(&self) -> HostsFile {
+        HostsFile::load(&self.hosts_path()).expect("hosts file")
+    }
+
+    /// Its agents' shared key.
+    pub fn key(&self) -> PathBuf {
+        self.dir().join("key")
+    }
+
+    /// `netgap run TESTS --hosts @FILE FLAGS --json JSON` from the root
+    /// namespace; the records.
+    pub fn run(&self, tests: &str, flags: &[&str], json: &Path) -> Vec<Value> {
+        ok(netgap()
+            .args(["run", tests, "--hosts", &self.hosts_arg()])
+            .args(flags)
+            .arg("--json")
+            .arg(json)
+            .output()
+            .expect("netgap run"));
+        read_records(json)
+    }
+
+    /// `netgap testbed down`; what it printed.
+    pub fn down(&self) -> String {
+        ok(netgap()
+            .args(["testbed", "down", "--name", &self.name])
+            .output()
+            .expect("down"))
+    }
+
+    /// Nothing of the testbed is left: namespaces (and so their links),
+    /// processes, state.
+    pub fn assert_gone(&self) {
+        let prefix = format!("ngtb-{}-", self.name);
+        let list = ok(Command::new("ip")
+            .args(["netns", "list"])
+            .output()
+            .expect("ip netns"));
+        assert!(!list.contains(&prefix), "namespaces left: {list}");
+        let pgrep = Command::new("pgrep")
+            .args(["-f", &format!("/run/netgap/{}/", self.name)])
+            .output()
+            .expect("pgrep");
+        assert!(
+            pgrep.stdout.is_empty(),
+            "processes left: {}",
+            String::from_utf8_lossy(&pgrep.stdout)
+        );
+        assert!(!self.dir().exists(), "state directory left");
+    }
+}
+
+impl Drop for Testbed {
+    fn drop(&mut self) {
+        let _ = netgap()
+            .args(["testbed", "down", "--name", &self.name])
+            .output();
+    }
+}
