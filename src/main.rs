@@ -225,7 +225,7 @@ fn execute(plan: &Plan) -> Result<()> {
 /// A run of multi-host tests (multistream, hotspot, fanin, fanout, connect,
 /// multirail).
 fn run_group(request: &RunRequest) -> Result<()> {
-    use netgap::group::{coordinator::run_group_plan, plan::GroupPlan};
+    use netgap::group::{plan::GroupPlan, run_group_plan};
     let plan = GroupPlan::from_request(request)?;
     let mut sinks: Vec<Box<dyn RecordSink>> = Vec::new();
     if let Some(p) = &plan.json {

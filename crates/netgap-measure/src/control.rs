@@ -6,14 +6,11 @@
 //! socket (the testbed's agents listen on those, so a coordinator outside the
 //! testbed's network namespaces reaches them through the file system).
 
-use netgap_core::host::HostFacts;
-use netgap_proto::auth::{is_auth_frame, Key};
-use netgap_proto::codec::{decode_reply, encode, CodecError, FrameDecoder};
-use netgap_proto::session::{CoordinatorSession, SessionError};
+use netgap_proto::codec::{encode, CodecError, FrameDecoder};
 use serde::Serialize;
 use std::fmt;
 use std::io::{self, Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
@@ -272,49 +269,6 @@ impl ControlConn {
     }
 }
 
-/// How long a coordinator waits for an agent's TCP handshake.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
-/// How long the handshake waits for each of the agent's answers.
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// A control session with an agent, after the handshake: the connection, the
-/// coordinator's session machine, and what the agent said of its host.
-pub struct AgentLink {
-    /// The control connection.
-    pub conn: ControlConn,
-    /// The coordinator's side of the session, past `Welcome`.
-    pub session: CoordinatorSession,
-    /// Facts of the agent's host, from its `Welcome`.
-    pub peer_host: HostFacts,
-    /// This end's IP address on the connection; `None` over a Unix socket.
-    pub local_ip: Option<IpAddr>,
-    /// The agent's IP address on the connection; `None` over a Unix socket.
-    pub agent_ip: Option<IpAddr>,
-}
-
-/// Why the handshake with an agent failed.
-#[derive(Debug, thiserror::Error)]
-pub enum LinkError {
-    /// The agent could not be reached.
-    #[error("cannot connect: {0} (is `netgap serve` running there?)")]
-    Connect(#[source] io::Error),
-    /// The key proof failed.
-    #[error("authentication: {0}")]
-    Auth(#[from] crate::auth::HandshakeError),
-    /// The agent wants a key and none was given.
-    #[error("{}", crate::auth::KEY_REQUIRED)]
-    KeyRequired,
-    /// The control connection failed or closed.
-    #[error("{}", control_detail(.0))]
-    Control(#[from] ControlError),
-    /// The agent's answer does not decode.
-    #[error("bad reply from agent: {0}")]
-    BadReply(#[source] CodecError),
-    /// The agent's answer is out of order or out of range.
-    #[error(transparent)]
-    Session(#[from] SessionError),
-}
-
 /// What a failed control exchange means to the user: a closed connection is
 /// most often an agent that died.
 pub fn control_detail(e: &ControlError) -> String {
@@ -322,34 +276,6 @@ pub fn control_detail(e: &ControlError) -> String {
         ControlError::Closed => "the agent closed the control connection (did it die?)".into(),
         other => other.to_string(),
     }
-}
-
-/// Connects to the agent at `addr`, proves `key` when given (see
-/// [`crate::auth::prove`]) and shakes hands: the one handshake every
-/// coordinator uses.
-pub fn handshake(addr: &ControlAddr, key: Option<&Key>) -> Result<AgentLink, LinkError> {
-    let stream = addr.connect(CONNECT_TIMEOUT).map_err(LinkError::Connect)?;
-    let local_ip = stream.local_ip();
-    let agent_ip = stream.peer_ip();
-    let mut conn = ControlConn::new(stream).map_err(ControlError::Io)?;
-    if let Some(key) = key {
-        crate::auth::prove(&mut conn, key, HANDSHAKE_TIMEOUT)?;
-    }
-    let mut session = CoordinatorSession::new();
-    conn.send(&session.hello())?;
-    let payload = conn.recv_payload(HANDSHAKE_TIMEOUT)?;
-    if is_auth_frame(&payload) {
-        return Err(LinkError::KeyRequired);
-    }
-    let reply = decode_reply(&payload).map_err(LinkError::BadReply)?;
-    let peer_host = session.on_welcome(reply)?;
-    Ok(AgentLink {
-        conn,
-        session,
-        peer_host,
-        local_ip,
-        agent_ip,
-    })
 }
 
 #[cfg(test)]

@@ -5,9 +5,8 @@
 
 use crate::agent::Agent;
 use crate::bench::{self, ClientRole, Metric, RepOutcome, RoleParams};
-use crate::control::{
-    control_detail, handshake, ControlAddr, ControlConn, ControlError, LinkError,
-};
+use crate::control::{control_detail, ControlAddr, ControlConn, ControlError};
+use crate::handshake::{handshake, LinkError};
 use crate::plan::{Peer, Plan};
 use crate::point_loop::{run_points, SinkError};
 use crate::runner::{self, PeerControl, PointMeasurement, RunError, ServerRep};

@@ -20,6 +20,7 @@ pub mod cluster;
 pub mod control;
 pub mod coordinator;
 pub mod group;
+pub mod handshake;
 pub mod logp;
 pub mod output;
 pub mod plan;

@@ -18,6 +18,7 @@ pub mod host;
 pub mod netns;
 pub mod options;
 pub mod shm;
+mod sockopt;
 mod stream_socket;
 pub mod tcp;
 pub mod udp;

@@ -5,6 +5,7 @@
 
 use super::{Flow, FlowError, Receiver, Sender};
 use netgap_core::spec::Mode;
+use socket2::SockRef;
 use std::io::{self, Read, Write};
 use std::time::{Duration, Instant};
 
@@ -219,14 +220,14 @@ impl Sender for CorkSender {
 
     fn send_all(&mut self, mut buf: &[u8]) -> Result<(), FlowError> {
         if self.cork {
-            super::tcp::set_cork(self.inner.socket(), true).map_err(option_failed)?;
+            set_cork(self.inner.socket(), true).map_err(option_failed)?;
         }
         while !buf.is_empty() {
             let n = self.inner.send_some(buf)?;
             buf = &buf[n..];
         }
         if self.cork {
-            super::tcp::set_cork(self.inner.socket(), false).map_err(option_failed)?;
+            set_cork(self.inner.socket(), false).map_err(option_failed)?;
         }
         Ok(())
     }
@@ -236,7 +237,7 @@ impl Receiver for QuickAckReceiver {
     fn recv_some(&mut self, buf: &mut [u8]) -> Result<usize, FlowError> {
         let n = self.inner.recv_some(buf)?;
         if self.quickack {
-            super::tcp::set_quickack(self.inner.socket()).map_err(option_failed)?;
+            set_quickack(self.inner.socket()).map_err(option_failed)?;
         }
         Ok(n)
     }
@@ -270,4 +271,14 @@ impl Flow for TcpHookFlow {
     fn into_halves(self: Box<Self>) -> (Box<dyn Sender>, Box<dyn Receiver>) {
         (Box::new(self.tx), Box::new(self.rx))
     }
+}
+
+/// Sets TCP_CORK on or off; used around each message with `--cork`.
+fn set_cork(stream: &std::net::TcpStream, on: bool) -> std::io::Result<()> {
+    SockRef::from(stream).set_cork(on)
+}
+
+/// Re-arms TCP_QUICKACK; used after each receive with `--quickack`.
+fn set_quickack(stream: &std::net::TcpStream) -> std::io::Result<()> {
+    SockRef::from(stream).set_quickack(true)
 }

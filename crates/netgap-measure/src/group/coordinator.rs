@@ -14,12 +14,9 @@
 
 use super::plan::{GroupPlan, GroupPoint, HostsSource};
 use crate::agent::Agent;
-use crate::control::{
-    control_detail, handshake, ControlAddr, ControlConn, ControlError, ControlStream, LinkError,
-};
-use crate::coordinator::Observer;
-use crate::point_loop::{run_points, SinkError};
-use crate::sink::RecordSink;
+use crate::control::{control_detail, ControlAddr, ControlConn, ControlError, ControlStream};
+use crate::handshake::{handshake, LinkError};
+use crate::point_loop::SinkError;
 use crate::workload::place::{HostView, Placement};
 use netgap_core::host::HostFacts;
 use netgap_core::stats::LatencyHistogram;
@@ -32,7 +29,7 @@ use std::collections::VecDeque;
 use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::mpsc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 /// A running agent that says nothing for this long (it says it is alive
 /// every second) has gone silent.
@@ -72,6 +69,9 @@ pub enum GroupError {
     /// A results file could not be written.
     #[error(transparent)]
     Sink(#[from] SinkError),
+    /// The key file is unusable.
+    #[error(transparent)]
+    Key(#[from] crate::auth::KeyFileError),
 }
 
 /// One host of the run, resolved.
@@ -365,7 +365,7 @@ impl GroupCoordinator {
     }
 
     /// Ends every session politely.
-    fn bye(mut self) {
+    pub(super) fn bye(mut self) {
         for i in 0..self.links.len() {
             let bye = self.links[i].session.bye();
             let _ = self.send(i, &bye);
@@ -650,33 +650,13 @@ fn run_key(plan: &GroupPlan) -> Result<Option<Key>, GroupError> {
         HostsSource::File(f) => f.key_file.clone(),
         _ => None,
     });
-    path.map(|p| crate::auth::load_key(&p))
-        .transpose()
-        .map_err(|e| GroupError::Point(e.to_string()))
+    Ok(path.map(|p| crate::auth::load_key(&p)).transpose()?)
 }
 
-/// Runs a whole group plan, writing each record to every sink as soon as it
-/// is measured. On failure, every point measured before is already in the
-/// sinks.
-pub fn run_group_plan(
-    plan: &GroupPlan,
-    sinks: &mut [Box<dyn RecordSink>],
-    observer: &mut dyn Observer,
-) -> Result<usize, GroupError> {
+/// Connects to every host of `plan` with the run's key: the sessions a
+/// group run measures through.
+pub fn open(plan: &GroupPlan) -> Result<GroupCoordinator, GroupError> {
     let hosts = resolve_hosts(&plan.hosts)?;
     let key = run_key(plan)?;
-    let mut coord = GroupCoordinator::connect(hosts, key.as_ref())?;
-    let done = run_points(
-        &plan.points,
-        |point| &point.spec,
-        sinks,
-        observer,
-        |point, observer| {
-            let started = SystemTime::now();
-            super::summary::measure_point(&mut coord, point, plan, started, observer)
-                .map(|record| vec![record])
-        },
-    )?;
-    coord.bye();
-    Ok(done)
+    GroupCoordinator::connect(hosts, key.as_ref())
 }

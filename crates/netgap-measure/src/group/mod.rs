@@ -16,3 +16,33 @@ pub mod plan;
 pub mod summary;
 
 pub use crate::workload::{find, names, registry, GroupMetric};
+
+use crate::point_loop::{run_points, Observer};
+use crate::sink::RecordSink;
+use coordinator::GroupError;
+use plan::GroupPlan;
+use std::time::SystemTime;
+
+/// Runs a whole group plan, writing each record to every sink as soon as it
+/// is measured. On failure, every point measured before is already in the
+/// sinks.
+pub fn run_group_plan(
+    plan: &GroupPlan,
+    sinks: &mut [Box<dyn RecordSink>],
+    observer: &mut dyn Observer,
+) -> Result<usize, GroupError> {
+    let mut coord = coordinator::open(plan)?;
+    let done = run_points(
+        &plan.points,
+        |point| &point.spec,
+        sinks,
+        observer,
+        |point, observer| {
+            let started = SystemTime::now();
+            summary::measure_point(&mut coord, point, plan, started, observer)
+                .map(|record| vec![record])
+        },
+    )?;
+    coord.bye();
+    Ok(done)
+}

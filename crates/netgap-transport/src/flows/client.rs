@@ -227,11 +227,12 @@ fn new_socket(
         Type::STREAM,
         Some(Protocol::TCP),
     )?;
-    crate::tcp::apply_before_connect(transport, &socket, options).map_err(std::io::Error::other)?;
+    crate::sockopt::apply_before_connect(transport, &socket, options)
+        .map_err(std::io::Error::other)?;
     // TCP_NODELAY and SO_BUSY_POLL hold from the first byte when set before
     // the connection.
     let stream: TcpStream = socket.into();
-    crate::tcp::apply_connected(transport, &stream, options).map_err(std::io::Error::other)?;
+    crate::sockopt::apply_connected(transport, &stream, options).map_err(std::io::Error::other)?;
     let socket = Socket::from(stream);
     if let Some(ip) = bind_ip {
         // Without this, bind picks the local port before the destination is

@@ -172,7 +172,8 @@ fn listen(
     use socket2::{Domain, Protocol, Socket, Type};
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
     // Accepted connections inherit the buffer sizes and congestion control.
-    crate::tcp::apply_before_connect(transport, &socket, options).map_err(std::io::Error::other)?;
+    crate::sockopt::apply_before_connect(transport, &socket, options)
+        .map_err(std::io::Error::other)?;
     socket.set_reuse_address(true)?;
     socket.set_reuse_port(true)?;
     socket.bind(&addr.into())?;
@@ -318,7 +319,7 @@ fn accept_batch(listener: &TcpListener, w: &mut WorkerState<'_>, ctx: &Ctx) {
             }
         };
         if stream.set_nonblocking(true).is_err()
-            || crate::tcp::apply_connected(ctx.transport, &stream, &ctx.options).is_err()
+            || crate::sockopt::apply_connected(ctx.transport, &stream, &ctx.options).is_err()
         {
             w.totals.errors += 1;
             continue;
