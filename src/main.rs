@@ -441,4 +441,9 @@ fn list() {
     for line in unavailable {
         println!("  not available here: {line}");
     }
+    println!();
+    println!("peer tools' output (netgap import FORMAT FILE):");
+    for i in netgap::import::registry() {
+        println!("  {:<8} {}", i.name(), i.summary());
+    }
 }

@@ -20,7 +20,7 @@ pub enum Growth {
 }
 
 /// Largest growth factor accepted.
-pub const MAX_FACTOR: f64 = 1024.0;
+pub(crate) const MAX_FACTOR: f64 = 1024.0;
 
 /// Why a size range cannot be swept.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -76,7 +76,7 @@ fn check(start: u64, end: u64, growth: Growth) -> Result<(), SizingError> {
 
 /// The nominal sizes from `start` to `end` bytes inclusive, strictly
 /// increasing, `start` first.
-pub fn nominal_sizes(start: u64, end: u64, growth: Growth) -> Result<Vec<u64>, SizingError> {
+pub(crate) fn nominal_sizes(start: u64, end: u64, growth: Growth) -> Result<Vec<u64>, SizingError> {
     check(start, end, growth)?;
     let mut sizes = vec![start];
     let mut n = start;

@@ -15,7 +15,7 @@ pub const MAX_IO_TIMEOUT_MS: u32 = 600_000;
 /// Largest socket buffer a peer may ask for, in bytes (1 GiB).
 pub const MAX_SOCKET_BUFFER_BYTES: u32 = 1 << 30;
 /// Longest name (test, transport) accepted on the wire, in bytes.
-pub const MAX_NAME_BYTES: usize = 32;
+pub(crate) const MAX_NAME_BYTES: usize = 32;
 /// Highest CPU index a peer may ask to be pinned to.
 pub const MAX_CPU_INDEX: u32 = 4095;
 

@@ -155,18 +155,6 @@ fn median_of_sorted(sorted: &[f64]) -> f64 {
     }
 }
 
-/// The mean after dropping one highest and one lowest value when there are
-/// at least 3 values; the plain mean of 1 or 2 values. Same unit as the
-/// input. `None` for an empty slice; NaN in the input gives a meaningless
-/// result (callers validate with [`Summary::from_reps`]).
-pub fn trimmed_mean(values: &[f64]) -> Option<f64> {
-    if values.is_empty() {
-        None
-    } else {
-        Some(trimmed_mean_of_sorted(&sorted(values)))
-    }
-}
-
 /// The median: the middle value for an odd count, the average of the two
 /// middle values for an even count. Same unit as the input. `None` for an
 /// empty slice.
@@ -413,14 +401,15 @@ mod tests {
 
     #[test]
     fn trimmed_mean_drops_one_each_end() {
-        assert_eq!(trimmed_mean(&[1.0, 2.0, 3.0, 4.0, 100.0]), Some(3.0));
-        assert_eq!(trimmed_mean(&[100.0, 4.0, 1.0, 3.0, 2.0]), Some(3.0));
-        assert_eq!(trimmed_mean(&[5.0, 1.0, 9.0]), Some(5.0));
+        let value = |reps: &[f64]| Summary::from_reps(reps).ok().map(|s| s.value);
+        assert_eq!(value(&[1.0, 2.0, 3.0, 4.0, 100.0]), Some(3.0));
+        assert_eq!(value(&[100.0, 4.0, 1.0, 3.0, 2.0]), Some(3.0));
+        assert_eq!(value(&[5.0, 1.0, 9.0]), Some(5.0));
         // Only one copy of a repeated extreme is dropped.
-        assert_eq!(trimmed_mean(&[1.0, 1.0, 1.0, 4.0]), Some(1.0));
-        assert_eq!(trimmed_mean(&[2.0, 4.0]), Some(3.0));
-        assert_eq!(trimmed_mean(&[7.0]), Some(7.0));
-        assert_eq!(trimmed_mean(&[]), None);
+        assert_eq!(value(&[1.0, 1.0, 1.0, 4.0]), Some(1.0));
+        assert_eq!(value(&[2.0, 4.0]), Some(3.0));
+        assert_eq!(value(&[7.0]), Some(7.0));
+        assert_eq!(value(&[]), None);
     }
 
     #[test]

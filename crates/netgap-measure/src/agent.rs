@@ -520,7 +520,7 @@ fn refuse(conn: &mut ControlConn, message: String) -> SessionEnd {
 /// Why the agent could not open a point; sent to the coordinator as one
 /// line.
 #[derive(Debug, thiserror::Error)]
-pub enum OpenPointError {
+pub(crate) enum OpenPointError {
     /// The agent does not have the test.
     #[error("unknown test {0:?} (this agent has: {known})", known = bench::names())]
     UnknownTest(String),

@@ -93,7 +93,7 @@ pub fn new_key_file(path: &Path) -> Result<(), KeyFileError> {
 }
 
 /// Fills `buf` from the kernel's random source.
-pub fn fill_random(buf: &mut [u8]) -> io::Result<()> {
+pub(crate) fn fill_random(buf: &mut [u8]) -> io::Result<()> {
     let mut filled = 0;
     while filled < buf.len() {
         let rest = &mut buf[filled..];
@@ -174,15 +174,15 @@ fn refused_by_agent(payload: &[u8]) -> Result<(), HandshakeError> {
 }
 
 /// Words a keyless agent's refusal of an auth frame contains.
-pub const NO_KEY_MARK: &str = "this agent runs without a key";
+pub(crate) const NO_KEY_MARK: &str = "this agent runs without a key";
 
 /// The message a keyless agent sends when a coordinator starts the handshake.
-pub fn no_key_message() -> String {
+pub(crate) fn no_key_message() -> String {
     format!("{NO_KEY_MARK}; run the coordinator without --key")
 }
 
 /// The message a keyless coordinator shows when a keyed agent challenges it.
-pub const KEY_REQUIRED: &str =
+pub(crate) const KEY_REQUIRED: &str =
     "the agent requires a shared key: pass --key FILE with the agent's key";
 
 /// Agent side: challenges the coordinator on `conn` with `key`, waiting at

@@ -349,7 +349,7 @@ fn delivered_fraction(r: &runner::RepMeasurement) -> f64 {
 }
 
 /// Turns a measurement into the point's result record.
-pub fn build_record(
+pub(crate) fn build_record(
     spec: &PointSpec,
     m: &PointMeasurement,
     plan: &Plan,
@@ -451,7 +451,7 @@ pub fn build_record(
 /// Opens the control session of `plan`: starts the in-process agent on
 /// loopback when the plan has no remote peer, pins this thread when the
 /// plan places the client, and connects.
-pub fn open_session(plan: &Plan) -> Result<Coordinator, CoordError> {
+pub(crate) fn open_session(plan: &Plan) -> Result<Coordinator, CoordError> {
     let addr = match &plan.peer {
         Peer::Remote { addr, .. } => addr.clone(),
         Peer::Hosts { server, client } => {

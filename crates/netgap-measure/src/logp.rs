@@ -51,9 +51,9 @@ whole in the receive buffer, so there o_s includes waiting for the receiver and 
 o_r the rest of the transfer.";
 
 /// Default `--sizes` of logp, bytes.
-pub const DEFAULT_SIZES_BYTES: [u64; 4] = [1, 1024, 64 * 1024, 1024 * 1024];
+pub(crate) const DEFAULT_SIZES_BYTES: [u64; 4] = [1, 1024, 64 * 1024, 1024 * 1024];
 /// Default `--rep-time` of logp.
-pub const DEFAULT_REP_TIME: Duration = Duration::from_millis(50);
+pub(crate) const DEFAULT_REP_TIME: Duration = Duration::from_millis(50);
 
 /// The tests behind the parameters, in measurement order per size.
 const TESTS: [&str; 4] = ["logp-send", "logp-recv", "stream", "logp-rtt"];
@@ -150,7 +150,7 @@ fn gap_us(size_bytes: u64, gbps: f64) -> f64 {
 
 /// L per repetition: half round trip minus o_s minus o_r, paired by
 /// repetition index (the shortest series sets the count).
-pub fn latency_reps(half_rtt_us: &[f64], send_us: &[f64], recv_us: &[f64]) -> Vec<f64> {
+pub(crate) fn latency_reps(half_rtt_us: &[f64], send_us: &[f64], recv_us: &[f64]) -> Vec<f64> {
     half_rtt_us
         .iter()
         .zip(send_us)
@@ -160,7 +160,7 @@ pub fn latency_reps(half_rtt_us: &[f64], send_us: &[f64], recv_us: &[f64]) -> Ve
 }
 
 /// The table header.
-pub fn table_header() -> String {
+pub(crate) fn table_header() -> String {
     format!(
         "{:<9}  {:<5}  {:>6}  {:>16}  {:>16}  {:>16}  {:>16}",
         "transport", "mode", "size", "o_s_us", "o_r_us", "g_us", "L_us"

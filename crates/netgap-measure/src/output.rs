@@ -30,7 +30,7 @@ const COLUMNS: [(&str, usize); 11] = [
 ];
 
 /// The header line of the table.
-pub fn table_header() -> String {
+pub(crate) fn table_header() -> String {
     row(COLUMNS.iter().map(|(h, _)| h.to_string()).collect())
 }
 
@@ -50,7 +50,7 @@ fn row(cells: Vec<String>) -> String {
 }
 
 /// A number with about four significant digits.
-pub fn fmt_num(v: f64) -> String {
+pub(crate) fn fmt_num(v: f64) -> String {
     let a = v.abs();
     if a >= 1000.0 {
         format!("{v:.0}")
@@ -64,7 +64,7 @@ pub fn fmt_num(v: f64) -> String {
 }
 
 /// The table row of a record.
-pub fn table_row(r: &ResultRecord) -> String {
+pub(crate) fn table_row(r: &ResultRecord) -> String {
     let (lat, bw) = if r.metric == "latency_us" {
         (fmt_num(r.value), String::new())
     } else if r.metric == "connections_per_s" {
@@ -149,7 +149,7 @@ pub fn table_row(r: &ResultRecord) -> String {
 
 /// A note for a point measured with `--ci` that missed its target, such as
 /// `ci target missed: ±3.1% at 99%`; `None` otherwise.
-pub fn ci_note(r: &ResultRecord) -> Option<String> {
+pub(crate) fn ci_note(r: &ResultRecord) -> Option<String> {
     let ci = r.ci_target.as_ref().filter(|c| !c.met)?;
     let achieved = if ci.achieved_half_width_pct >= 0.0 {
         format!("±{:.1}%", ci.achieved_half_width_pct)

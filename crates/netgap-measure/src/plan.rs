@@ -26,17 +26,17 @@ use std::time::Duration;
 /// The agent's control port when `--peer` names none.
 pub const DEFAULT_PORT: u16 = 7100;
 /// Default repetitions per point (the seeds' method).
-pub const DEFAULT_REPS: u32 = 10;
+pub(crate) const DEFAULT_REPS: u32 = 10;
 /// Default time budget of one repetition.
-pub const DEFAULT_REP_TIME: Duration = Duration::from_millis(100);
+pub(crate) const DEFAULT_REP_TIME: Duration = Duration::from_millis(100);
 /// Default data-path inactivity timeout.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(3);
+pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(3);
 /// Default message sizes of point-to-point runs, in bytes.
-pub const DEFAULT_SIZES_BYTES: [u64; 6] = [1, 64, 1024, 16 * 1024, 64 * 1024, 1024 * 1024];
+pub(crate) const DEFAULT_SIZES_BYTES: [u64; 6] = [1, 64, 1024, 16 * 1024, 64 * 1024, 1024 * 1024];
 /// Most repetitions per point.
-pub const MAX_REPS: u32 = 10_000;
+pub(crate) const MAX_REPS: u32 = 10_000;
 /// Iterations per repetition of `--paper` (the seeds' setting).
-pub const PAPER_ITERATIONS: u64 = 100_000;
+pub(crate) const PAPER_ITERATIONS: u64 = 100_000;
 /// Shortest `--rep-time`.
 const MIN_REP_TIME: Duration = Duration::from_micros(100);
 /// Longest `--rep-time`.
@@ -46,7 +46,7 @@ const MIN_TIMEOUT: Duration = Duration::from_millis(10);
 
 /// The tests of the default battery, in order: the point-to-point tests
 /// only (logp's overhead probes belong to their own command).
-pub const BATTERY_TESTS: [&str; 4] = ["pingpong", "stream", "bibw-pingpong", "bibw"];
+pub(crate) const BATTERY_TESTS: [&str; 4] = ["pingpong", "stream", "bibw-pingpong", "bibw"];
 /// The default battery's time budget per repetition, short so the whole
 /// battery runs in well under a minute.
 const BATTERY_REP_TIME: Duration = Duration::from_millis(15);
@@ -483,7 +483,7 @@ pub(crate) fn show(d: Duration) -> String {
 }
 
 /// Parses `HOST[:PORT]`, `[V6]:PORT` or a bare IPv6 address.
-pub fn resolve_peer(s: &str) -> Result<SocketAddr, PlanError> {
+pub(crate) fn resolve_peer(s: &str) -> Result<SocketAddr, PlanError> {
     let s = s.trim();
     let bad = |detail: String| PlanError::BadPeer {
         peer: s.to_string(),

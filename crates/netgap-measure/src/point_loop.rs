@@ -24,11 +24,6 @@ pub trait Observer {
     fn point_done(&mut self, _record: &ResultRecord) {}
 }
 
-/// An observer that ignores everything.
-pub struct Quiet;
-
-impl Observer for Quiet {}
-
 /// A results file could not be written.
 #[derive(Debug, thiserror::Error)]
 #[error("writing {path}: {source}")]
@@ -40,7 +35,7 @@ pub struct SinkError {
 }
 
 /// Writes `record` to every sink, in order; the first failure stops it.
-pub fn write_to_sinks(
+pub(crate) fn write_to_sinks(
     sinks: &mut [Box<dyn RecordSink>],
     record: &ResultRecord,
 ) -> Result<(), SinkError> {
@@ -130,6 +125,11 @@ mod tests {
         }))
         .expect("a minimal record parses")
     }
+
+    /// An observer that ignores everything.
+    struct Quiet;
+
+    impl Observer for Quiet {}
 
     #[derive(Debug, thiserror::Error)]
     enum Failure {

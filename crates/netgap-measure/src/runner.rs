@@ -55,7 +55,7 @@ pub enum CiTargetError {
 }
 
 /// Default `--ci-reps`: at least 3 repetitions, at most 30.
-pub const DEFAULT_CI_REPS: (u32, u32) = (3, 30);
+pub(crate) const DEFAULT_CI_REPS: (u32, u32) = (3, 30);
 
 impl CiTarget {
     /// A checked target; the error names the bad value.

@@ -66,7 +66,7 @@ impl RecordSink for JsonlSink {
 }
 
 /// The CSV columns, in order.
-pub const CSV_HEADER: [&str; 27] = [
+pub(crate) const CSV_HEADER: [&str; 27] = [
     "time",
     "test",
     "transport",
@@ -129,7 +129,7 @@ fn opt(v: Option<f64>) -> String {
 }
 
 /// The CSV row of a record, in [`CSV_HEADER`] order.
-pub fn csv_row(r: &ResultRecord) -> Vec<String> {
+pub(crate) fn csv_row(r: &ResultRecord) -> Vec<String> {
     let p = r.percentiles.as_ref();
     let st = r.stats.as_ref();
     let cpu = r.cpu.as_ref();

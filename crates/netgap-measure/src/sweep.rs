@@ -73,17 +73,17 @@ pub struct SweepRequest {
 }
 
 /// Default `--start`, bytes.
-pub const DEFAULT_START_BYTES: u64 = 1;
+pub(crate) const DEFAULT_START_BYTES: u64 = 1;
 /// Default `--end`, bytes.
-pub const DEFAULT_END_BYTES: u64 = 8 << 20;
+pub(crate) const DEFAULT_END_BYTES: u64 = 8 << 20;
 /// Default `--perturbation`, bytes.
 pub const DEFAULT_PERTURBATION_BYTES: u64 = 3;
 /// Default `--trial-time`: short trials, several of them.
-pub const DEFAULT_TRIAL_TIME: Duration = Duration::from_millis(40);
+pub(crate) const DEFAULT_TRIAL_TIME: Duration = Duration::from_millis(40);
 /// Default `--trials`.
 pub const DEFAULT_TRIALS: u32 = 5;
 /// Default `--max-block-time` (NetPIPE stops at one second).
-pub const DEFAULT_MAX_BLOCK_TIME: Duration = Duration::from_secs(1);
+pub(crate) const DEFAULT_MAX_BLOCK_TIME: Duration = Duration::from_secs(1);
 
 impl SweepRequest {
     /// A sweep with every flag at its default.
@@ -272,7 +272,7 @@ pub struct SweepSummary {
 }
 
 /// The sweep table's header.
-pub fn table_header() -> String {
+pub(crate) fn table_header() -> String {
     format!(
         "{:<9}  {:<5}  {:<8}  {:>10}  {:>10}  {:>12}  {:>7}  {:>6}  note",
         "transport", "mode", "kind", "size_bytes", "gbps", "block_us", "ci95_%", "trials"
@@ -280,7 +280,7 @@ pub fn table_header() -> String {
 }
 
 /// The sweep table's row of a record.
-pub fn table_row(r: &ResultRecord) -> String {
+pub(crate) fn table_row(r: &ResultRecord) -> String {
     let ci = r
         .stats
         .as_ref()
@@ -323,7 +323,7 @@ pub fn table_row(r: &ResultRecord) -> String {
 }
 
 /// The one-line summary that ends a sweep.
-pub fn summary_line(s: &SweepSummary, elapsed: Duration) -> String {
+pub(crate) fn summary_line(s: &SweepSummary, elapsed: Duration) -> String {
     let found = if s.dropouts.is_empty() {
         "no dropouts".to_string()
     } else {

@@ -30,7 +30,7 @@ type HmacSha256 = Hmac<Sha256>;
 /// Bytes of a nonce.
 pub const NONCE_BYTES: usize = 32;
 /// Bytes of an HMAC-SHA256 tag.
-pub const TAG_BYTES: usize = 32;
+pub(crate) const TAG_BYTES: usize = 32;
 /// Fewest bytes a key may have (128 bits of entropy, if random).
 pub const MIN_KEY_BYTES: usize = 16;
 /// Most bytes a key may have.

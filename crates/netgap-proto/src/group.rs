@@ -27,12 +27,12 @@ pub const MAX_GROUP_FLOWS: u32 = 16_384;
 /// Longest measured window of one repetition, in milliseconds (10 minutes).
 pub const MAX_GROUP_DURATION_MS: u32 = 600_000;
 /// Longest uncounted warm-up before the window, in milliseconds.
-pub const MAX_GROUP_WARMUP_MS: u32 = 60_000;
+pub(crate) const MAX_GROUP_WARMUP_MS: u32 = 60_000;
 /// Most addresses in the session's host list.
-pub const MAX_SESSION_HOSTS: usize = 1024;
+pub(crate) const MAX_SESSION_HOSTS: usize = 1024;
 /// Most per-flow addresses (listeners, targets, binds) in one message; a
 /// longer list would not fit in a control frame.
-pub const MAX_FLOW_ADDRS: usize = 1024;
+pub(crate) const MAX_FLOW_ADDRS: usize = 1024;
 /// Most flow reports in one `group_flows` chunk (keeps a frame under the
 /// codec's limit even with percentiles on every flow).
 pub const FLOWS_PER_CHUNK: usize = 128;

@@ -24,7 +24,7 @@ pub struct AgentLimits {
 /// Default most flows per session (a host can drive 10,000 flows).
 pub const DEFAULT_MAX_FLOWS: u32 = 10_000;
 /// Default longest run.
-pub const DEFAULT_MAX_DURATION: Duration = Duration::from_secs(600);
+pub(crate) const DEFAULT_MAX_DURATION: Duration = Duration::from_secs(600);
 /// Default highest rate, Gbit/s: past any NIC, so only a deliberate limit bites.
 pub const DEFAULT_MAX_RATE_GBPS: f64 = 400.0;
 

@@ -144,7 +144,7 @@ impl Comparison {
 /// Welch's two-sided t-test of equal means; `None` when either side has
 /// fewer than two values. Both sides constant: p is 1 for equal means and 0
 /// otherwise.
-pub fn welch_p_value(a: &[f64], b: &[f64]) -> Option<f64> {
+pub(crate) fn welch_p_value(a: &[f64], b: &[f64]) -> Option<f64> {
     if a.len() < 2 || b.len() < 2 {
         return None;
     }

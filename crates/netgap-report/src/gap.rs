@@ -22,9 +22,9 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 /// Upper bound (exclusive) of the small band, bytes.
-pub const SMALL_BELOW_BYTES: u64 = 1024;
+pub(crate) const SMALL_BELOW_BYTES: u64 = 1024;
 /// Upper bound (exclusive) of the medium band, bytes.
-pub const MEDIUM_BELOW_BYTES: u64 = 64 * 1024;
+pub(crate) const MEDIUM_BELOW_BYTES: u64 = 64 * 1024;
 
 /// A message-size band.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -253,7 +253,7 @@ fn verdict(sizes: &[u64], a: &BTreeMap<u64, (f64, Ci)>, b: &BTreeMap<u64, (f64, 
 }
 
 /// One sentence per entry: who wins, by how much, where.
-pub fn conclusions(entries: &[GapEntry]) -> Vec<String> {
+pub(crate) fn conclusions(entries: &[GapEntry]) -> Vec<String> {
     entries
         .iter()
         .filter_map(|e| {

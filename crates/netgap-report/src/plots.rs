@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 
 /// The name of a record's stack: `tcp/event`, or `tcp [iperf3]` for an
 /// imported record; with `@host` when the report spans several hosts.
-pub fn stack_label(l: &Loaded, with_host: bool) -> String {
+pub(crate) fn stack_label(l: &Loaded, with_host: bool) -> String {
     let r = &l.record;
     let mut s = match &r.tool {
         Some(tool) => format!("{} [{tool}]", r.transport),
@@ -28,7 +28,7 @@ pub fn stack_label(l: &Loaded, with_host: bool) -> String {
 }
 
 /// Whether the records come from more than one host.
-pub fn several_hosts(records: &[Loaded]) -> bool {
+pub(crate) fn several_hosts(records: &[Loaded]) -> bool {
     let mut hosts = records
         .iter()
         .filter_map(|l| l.record.host.as_ref().map(|h| h.hostname.as_str()));
@@ -39,7 +39,7 @@ pub fn several_hosts(records: &[Loaded]) -> bool {
 }
 
 /// A metric's axis label with its unit.
-pub fn metric_label(metric: &str) -> String {
+pub(crate) fn metric_label(metric: &str) -> String {
     match metric {
         "latency_us" => "latency (µs, one-way)".into(),
         "bandwidth_gbps" => "bandwidth (Gbit/s of payload)".into(),

@@ -10,9 +10,9 @@ use std::fmt::Write as _;
 pub const WIDTH: f64 = 760.0;
 /// Height of a line plot, and the least height of a bar chart (which grows
 /// by [`BAR_ROW_HEIGHT`] per row beyond what fits).
-pub const HEIGHT: f64 = 440.0;
+pub(crate) const HEIGHT: f64 = 440.0;
 /// Height given to each row of a bar chart, in SVG user units.
-pub const BAR_ROW_HEIGHT: f64 = 30.0;
+pub(crate) const BAR_ROW_HEIGHT: f64 = 30.0;
 
 const LEFT: f64 = 78.0;
 const RIGHT: f64 = 230.0;
@@ -141,7 +141,7 @@ impl Plot {
 }
 
 /// Escapes text for XML.
-pub fn escape(s: &str) -> String {
+pub(crate) fn escape(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")

@@ -118,7 +118,7 @@ fn read_proc_stat_jiffies() -> Option<(u64, u64)> {
 /// least user, nice, system and idle must be present. `None` when the label
 /// does not start with `cpu` or a field is not a number. Invariant of the
 /// result: busy <= total.
-pub fn parse_proc_stat_line(line: &str) -> Option<(u64, u64)> {
+pub(crate) fn parse_proc_stat_line(line: &str) -> Option<(u64, u64)> {
     let mut fields = line.split_whitespace();
     if !fields.next()?.starts_with("cpu") {
         return None;

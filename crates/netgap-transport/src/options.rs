@@ -122,7 +122,7 @@ fn buffer_bytes(flag: &'static str, value: &OptionValue) -> Result<u32, OptionEr
 }
 
 /// `--sndbuf BYTES`: SO_SNDBUF of the data flow (socket transports).
-pub static SNDBUF: OptionDecl = OptionDecl {
+pub(crate) static SNDBUF: OptionDecl = OptionDecl {
     flag: "sndbuf",
     kind: OptionKind::Bytes,
     value_name: "BYTES",
@@ -134,7 +134,7 @@ pub static SNDBUF: OptionDecl = OptionDecl {
 };
 
 /// `--rcvbuf BYTES`: SO_RCVBUF of the data flow (socket transports).
-pub static RCVBUF: OptionDecl = OptionDecl {
+pub(crate) static RCVBUF: OptionDecl = OptionDecl {
     flag: "rcvbuf",
     kind: OptionKind::Bytes,
     value_name: "BYTES",
@@ -146,7 +146,7 @@ pub static RCVBUF: OptionDecl = OptionDecl {
 };
 
 /// The socket buffer options alone: what unix and udp honour.
-pub static SOCKET_BUFFERS: &[&OptionDecl] = &[&SNDBUF, &RCVBUF];
+pub(crate) static SOCKET_BUFFERS: &[&OptionDecl] = &[&SNDBUF, &RCVBUF];
 
 /// Every option of every registered transport, each once, in registry
 /// order (a transport's own order within it): the flags of the command line.

@@ -63,7 +63,7 @@ const NAME: &str = "shm";
 /// data must cross between the cores' caches either way, and the shared
 /// last-level cache (32 MiB here) still holds both rings and both sides'
 /// buffers.
-pub const RING_CAPACITY_BYTES: usize = 4 << 20;
+pub(crate) const RING_CAPACITY_BYTES: usize = 4 << 20;
 
 /// Most bytes a single `send_some` or `recv_some` copies (256 KiB). Large
 /// messages are published in pieces of this size, so the receiver starts
@@ -71,7 +71,7 @@ pub const RING_CAPACITY_BYTES: usize = 4 << 20;
 /// it is still in a cache, instead of waiting for a whole multi-megabyte
 /// copy; each piece costs one index update (a cache-line transfer, well
 /// under a microsecond) against ~15 µs of copying.
-pub const MAX_COPY_BYTES: usize = 256 << 10;
+pub(crate) const MAX_COPY_BYTES: usize = 256 << 10;
 
 /// Poll mode: spins between two clock reads while nothing moves. A clock
 /// read costs tens of nanoseconds; a spin (PAUSE plus one index load) about
@@ -94,7 +94,7 @@ pub const SLEEP_SLICE: Duration = Duration::from_millis(50);
 const HELLO: &[u8; 8] = b"NGSHM-v1";
 
 /// Shared memory between two processes on one host.
-pub struct Shm;
+pub(crate) struct Shm;
 
 /// Distinguishes the socket files of one process.
 static NEXT_ID: AtomicU64 = AtomicU64::new(0);
@@ -140,19 +140,19 @@ impl Drop for Shared {
 }
 
 /// The sending half of an `shm` flow: the producer of the outgoing ring.
-pub struct ShmSender {
+pub(crate) struct ShmSender {
     ring: Producer,
     shared: Arc<Shared>,
 }
 
 /// The receiving half of an `shm` flow: the consumer of the incoming ring.
-pub struct ShmReceiver {
+pub(crate) struct ShmReceiver {
     ring: Consumer,
     shared: Arc<Shared>,
 }
 
 /// An `shm` flow: a sender and a receiver sharing one mapping.
-pub struct ShmFlow {
+pub(crate) struct ShmFlow {
     tx: ShmSender,
     rx: ShmReceiver,
 }

@@ -22,13 +22,13 @@ pub struct Half<S> {
 }
 
 /// A stream-socket flow: two handles on one socket, one per direction.
-pub struct StreamFlow<S> {
+pub(crate) struct StreamFlow<S> {
     tx: Half<S>,
     rx: Half<S>,
 }
 
 /// The socket calls a [`StreamFlow`] needs.
-pub trait StreamSocket: Read + Write + Send + Sized {
+pub(crate) trait StreamSocket: Read + Write + Send + Sized {
     /// Another handle on the same socket.
     fn duplicate(&self) -> io::Result<Self>;
     /// O_NONBLOCK on or off.
@@ -192,19 +192,19 @@ impl<S: StreamSocket + 'static> Flow for StreamFlow<S> {
 
 /// A TCP flow that corks each message (TCP_CORK set before its bytes,
 /// cleared after them) and/or re-arms TCP_QUICKACK after every receive.
-pub struct TcpHookFlow {
+pub(crate) struct TcpHookFlow {
     tx: CorkSender,
     rx: QuickAckReceiver,
 }
 
 /// Sending half of a [`TcpHookFlow`].
-pub struct CorkSender {
+pub(crate) struct CorkSender {
     inner: Half<std::net::TcpStream>,
     cork: bool,
 }
 
 /// Receiving half of a [`TcpHookFlow`].
-pub struct QuickAckReceiver {
+pub(crate) struct QuickAckReceiver {
     inner: Half<std::net::TcpStream>,
     quickack: bool,
 }

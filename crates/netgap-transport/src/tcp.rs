@@ -31,7 +31,7 @@ pub struct Tcp;
 
 /// `--no-nodelay`: TCP_NODELAY off, Nagle's algorithm on; applied to each
 /// connected stream by `apply_connected`.
-pub static NO_NODELAY: OptionDecl = OptionDecl {
+pub(crate) static NO_NODELAY: OptionDecl = OptionDecl {
     flag: "no-nodelay",
     kind: OptionKind::Switch,
     value_name: "",
@@ -44,7 +44,7 @@ pub static NO_NODELAY: OptionDecl = OptionDecl {
 
 /// `--zerocopy`: MSG_ZEROCOPY sends with their completions reaped (the
 /// zero-copy flow), SO_ZEROCOPY set by `apply_connected`.
-pub static ZEROCOPY: OptionDecl = OptionDecl {
+pub(crate) static ZEROCOPY: OptionDecl = OptionDecl {
     flag: "zerocopy",
     kind: OptionKind::Switch,
     value_name: "",
@@ -56,7 +56,7 @@ pub static ZEROCOPY: OptionDecl = OptionDecl {
 };
 
 /// `--busy-poll USECS`: SO_BUSY_POLL, set by `apply_connected`.
-pub static BUSY_POLL: OptionDecl = OptionDecl {
+pub(crate) static BUSY_POLL: OptionDecl = OptionDecl {
     flag: "busy-poll",
     kind: OptionKind::Count,
     value_name: "USECS",
@@ -75,7 +75,7 @@ pub static BUSY_POLL: OptionDecl = OptionDecl {
 
 /// `--quickack`: TCP_QUICKACK, set by `apply_connected` and re-armed after
 /// every receive.
-pub static QUICKACK: OptionDecl = OptionDecl {
+pub(crate) static QUICKACK: OptionDecl = OptionDecl {
     flag: "quickack",
     kind: OptionKind::Switch,
     value_name: "",
@@ -87,7 +87,7 @@ pub static QUICKACK: OptionDecl = OptionDecl {
 };
 
 /// `--cork`: TCP_CORK set before and cleared after each message.
-pub static CORK: OptionDecl = OptionDecl {
+pub(crate) static CORK: OptionDecl = OptionDecl {
     flag: "cork",
     kind: OptionKind::Switch,
     value_name: "",
@@ -99,7 +99,7 @@ pub static CORK: OptionDecl = OptionDecl {
 };
 
 /// `--congestion NAME`: TCP_CONGESTION, set by `apply_before_connect`.
-pub static CONGESTION: OptionDecl = OptionDecl {
+pub(crate) static CONGESTION: OptionDecl = OptionDecl {
     flag: "congestion",
     kind: OptionKind::Name,
     value_name: "NAME",
@@ -121,7 +121,7 @@ pub static CONGESTION: OptionDecl = OptionDecl {
 };
 
 /// The options tcp honours, in the order help shows them.
-pub static OPTIONS: &[&OptionDecl] = &[
+pub(crate) static OPTIONS: &[&OptionDecl] = &[
     &NO_NODELAY,
     &SNDBUF,
     &RCVBUF,

@@ -87,7 +87,7 @@ use std::time::{Duration, Instant};
 const NAME: &str = "udp";
 
 /// Largest UDP payload of an IPv4 datagram, in bytes.
-pub const MAX_DATAGRAM_BYTES: usize = 65_507;
+pub(crate) const MAX_DATAGRAM_BYTES: usize = 65_507;
 /// Bytes of netgap's header in front of every datagram's payload.
 pub const HEADER_BYTES: usize = 24;
 /// Largest message the transport carries, in bytes: one datagram.
@@ -96,11 +96,11 @@ const _: () = assert!(MAX_MESSAGE_BYTES == netgap_core::datagram::MAX_MESSAGE_BY
 /// How long a coordinator keeps sending its hello without an answer.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// Retry timeout before any wait has been measured.
-pub const RETRY_INITIAL: Duration = Duration::from_millis(20);
+pub(crate) const RETRY_INITIAL: Duration = Duration::from_millis(20);
 /// Shortest retry timeout.
-pub const RETRY_MIN: Duration = Duration::from_millis(2);
+pub(crate) const RETRY_MIN: Duration = Duration::from_millis(2);
 /// Longest retry timeout, also the cap of the backoff.
-pub const RETRY_MAX: Duration = Duration::from_secs(1);
+pub(crate) const RETRY_MAX: Duration = Duration::from_secs(1);
 /// Gaps remembered to tell a late datagram from a duplicate.
 pub const MAX_LOST_RANGES: usize = 1024;
 
@@ -122,7 +122,7 @@ const VERSION: u8 = 1;
 const FLAG_RETRY: u8 = 1;
 
 /// Kernel UDP datagrams.
-pub struct Udp;
+pub(crate) struct Udp;
 
 /// What a datagram is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

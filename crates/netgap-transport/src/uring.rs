@@ -76,7 +76,7 @@ const SQ_ENTRIES: u32 = 2 * MAX_CHAIN as u32;
 
 /// How long an idle SQPOLL kernel thread keeps polling before it sleeps, in
 /// milliseconds.
-pub const SQPOLL_IDLE_MS: u32 = 10;
+pub(crate) const SQPOLL_IDLE_MS: u32 = 10;
 
 /// Poll mode with SQPOLL: spins without progress before each further spin
 /// also yields the CPU, since the completions are produced by the kernel
@@ -105,11 +105,11 @@ const CANCEL_TAG: u64 = 1 << 32;
 const SOCKET: types::Fixed = types::Fixed(0);
 
 /// TCP driven through io_uring.
-pub struct Uring;
+pub(crate) struct Uring;
 
 /// `--sqpoll`: IORING_SETUP_SQPOLL, a kernel thread polls the submission
 /// queue; applied by `build_ring`.
-pub static SQPOLL: OptionDecl = OptionDecl {
+pub(crate) static SQPOLL: OptionDecl = OptionDecl {
     flag: "sqpoll",
     kind: OptionKind::Switch,
     value_name: "",
@@ -122,7 +122,7 @@ pub static SQPOLL: OptionDecl = OptionDecl {
 
 /// The options uring honours: the TCP socket options its sockets get from
 /// tcp's setup, and its own.
-pub static OPTIONS: &[&OptionDecl] = &[
+pub(crate) static OPTIONS: &[&OptionDecl] = &[
     &tcp::NO_NODELAY,
     &SNDBUF,
     &RCVBUF,
@@ -774,7 +774,7 @@ impl Receiver for UringReceiver {
 }
 
 /// A TCP connection driven through two io_uring instances, one per half.
-pub struct UringFlow {
+pub(crate) struct UringFlow {
     tx: UringSender,
     rx: UringReceiver,
 }
@@ -897,10 +897,10 @@ impl Transport for Uring {
 /// engine's event and poll modes work unchanged; what differs from `tcp` is
 /// the path each byte takes into and out of the kernel.
 #[derive(Debug)]
-pub struct EnginePath;
+pub(crate) struct EnginePath;
 
 /// The data path of `uring` in the flow engine.
-pub static ENGINE_PATH: EnginePath = EnginePath;
+pub(crate) static ENGINE_PATH: EnginePath = EnginePath;
 
 impl crate::flows::DataPath for EnginePath {
     fn name(&self) -> &'static str {

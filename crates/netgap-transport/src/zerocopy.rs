@@ -17,13 +17,13 @@ use std::time::{Duration, Instant};
 const SO_EE_ORIGIN_ZEROCOPY: u8 = 5;
 
 /// A tcp flow whose sends use MSG_ZEROCOPY.
-pub struct ZeroCopyFlow {
+pub(crate) struct ZeroCopyFlow {
     tx: ZeroCopySender,
     rx: Half<TcpStream>,
 }
 
 /// Sending half: zero-copy sends plus completion reaping.
-pub struct ZeroCopySender {
+pub(crate) struct ZeroCopySender {
     stream: TcpStream,
     mode: Mode,
     timeout: Duration,

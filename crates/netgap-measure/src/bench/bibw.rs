@@ -15,7 +15,7 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 /// The simultaneous bidirectional bandwidth test.
-pub struct Bibw;
+pub(crate) struct Bibw;
 
 /// Smallest receive buffer in bytes; a byte stream has no boundaries.
 const MIN_RECV_BUFFER_BYTES: usize = 256 * 1024;

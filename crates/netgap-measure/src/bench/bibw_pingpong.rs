@@ -8,7 +8,7 @@ use netgap_core::stats::LatencyHistogram;
 use netgap_transport::{Flow, FlowError};
 
 /// The bidirectional ping-pong bandwidth test.
-pub struct BibwPingPong;
+pub(crate) struct BibwPingPong;
 
 struct Client(PingPongClient);
 

@@ -44,7 +44,7 @@ const PROBE_ROUND_TRIPS: usize = 16;
 
 /// Which overhead a test reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Overhead {
+pub(crate) enum Overhead {
     /// o_s: the send call while the receiver waits.
     Send,
     /// o_r: the receive call once the data has arrived.
@@ -55,14 +55,14 @@ pub enum Overhead {
 }
 
 /// The LogP overhead test reporting one of the two overheads.
-pub struct LogpOverhead(pub Overhead);
+pub(crate) struct LogpOverhead(pub Overhead);
 
 /// `logp-send`.
-pub const SEND: LogpOverhead = LogpOverhead(Overhead::Send);
+pub(crate) const SEND: LogpOverhead = LogpOverhead(Overhead::Send);
 /// `logp-recv`.
-pub const RECV: LogpOverhead = LogpOverhead(Overhead::Recv);
+pub(crate) const RECV: LogpOverhead = LogpOverhead(Overhead::Recv);
 /// `logp-rtt`.
-pub const HALF_RTT: LogpOverhead = LogpOverhead(Overhead::HalfRoundTrip);
+pub(crate) const HALF_RTT: LogpOverhead = LogpOverhead(Overhead::HalfRoundTrip);
 
 struct Client {
     which: Overhead,

@@ -152,7 +152,7 @@ impl netgap_core::registry::Named for dyn Test {
 
 /// A message buffer of `size_bytes` filled with a fixed pattern, so pages are
 /// touched before timing starts.
-pub fn message_buffer(size_bytes: usize) -> Vec<u8> {
+pub(crate) fn message_buffer(size_bytes: usize) -> Vec<u8> {
     (0..size_bytes).map(|i| (i % 251) as u8).collect()
 }
 

@@ -10,12 +10,12 @@ use netgap_transport::FlowError;
 /// The pattern byte at `offset` of a flow's byte stream: a multiplicative
 /// hash, so neighbouring messages differ and a shifted stream is caught.
 #[inline]
-pub fn pattern_byte(offset: u64) -> u8 {
+pub(crate) fn pattern_byte(offset: u64) -> u8 {
     (offset.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as u8
 }
 
 /// Writes the pattern for stream offsets `offset..offset + buf.len()`.
-pub fn fill_pattern(buf: &mut [u8], offset: u64) {
+pub(crate) fn fill_pattern(buf: &mut [u8], offset: u64) {
     for (i, b) in buf.iter_mut().enumerate() {
         *b = pattern_byte(offset + i as u64);
     }
@@ -23,7 +23,7 @@ pub fn fill_pattern(buf: &mut [u8], offset: u64) {
 
 /// One direction's position in the pattern.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct PatternCursor {
+pub(crate) struct PatternCursor {
     /// Whether bytes are filled or checked at all.
     pub verify: bool,
     /// Stream offset of the next byte, in bytes.
@@ -83,7 +83,7 @@ impl PatternCursor {
 /// checking each chunk against `cursor`. Bytes an unreliable flow counts
 /// lost count toward `total_bytes` and are skipped in the pattern; returns
 /// how many there were (0 on a reliable flow).
-pub fn recv_checked(
+pub(crate) fn recv_checked(
     rx: &mut dyn netgap_transport::Receiver,
     mut total_bytes: u64,
     scratch: &mut [u8],

@@ -19,7 +19,7 @@ pub struct PingPongClient {
 }
 
 /// Server side of a ping-pong: echoes every message.
-pub struct PingPongServer {
+pub(crate) struct PingPongServer {
     flow: Box<dyn Flow>,
     buf: Vec<u8>,
     rx: PatternCursor,

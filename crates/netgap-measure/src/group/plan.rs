@@ -12,21 +12,21 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 /// Default `--duration`.
-pub const DEFAULT_DURATION: Duration = Duration::from_secs(1);
+pub(crate) const DEFAULT_DURATION: Duration = Duration::from_secs(1);
 /// Default `--streams` of multistream.
-pub const DEFAULT_STREAMS: u32 = 4;
+pub(crate) const DEFAULT_STREAMS: u32 = 4;
 /// Default `--client-hosts`.
-pub const DEFAULT_CLIENT_HOSTS: u32 = 3;
+pub(crate) const DEFAULT_CLIENT_HOSTS: u32 = 3;
 /// Default `--links`.
-pub const DEFAULT_LINKS: u32 = 3;
+pub(crate) const DEFAULT_LINKS: u32 = 3;
 /// Shortest measured window.
 const MIN_DURATION: Duration = Duration::from_millis(10);
 /// Longest uncounted warm-up before each window.
 const MAX_WARMUP: Duration = Duration::from_secs(1);
 /// Most loopback links of an in-process multirail run.
-pub const MAX_LOOPBACK_LINKS: u32 = 64;
+pub(crate) const MAX_LOOPBACK_LINKS: u32 = 64;
 /// Most in-process client hosts.
-pub const MAX_EMBEDDED_HOSTS: u32 = 64;
+pub(crate) const MAX_EMBEDDED_HOSTS: u32 = 64;
 
 /// One point of a group run.
 #[derive(Clone)]

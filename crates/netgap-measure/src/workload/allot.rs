@@ -22,7 +22,7 @@ pub fn counts(clients: u32, hosts: u32) -> Vec<u32> {
 }
 
 /// The clients of host `host` under [`allot`], in increasing order.
-pub fn clients_of(clients: u32, hosts: u32, host: u32) -> Vec<u32> {
+pub(crate) fn clients_of(clients: u32, hosts: u32, host: u32) -> Vec<u32> {
     allot(clients, hosts)
         .into_iter()
         .enumerate()

@@ -27,7 +27,7 @@ const MAX_WORKERS: usize = 8;
 /// last in-flight exchanges finish before it closes their connections.
 const SERVER_GRACE: Duration = Duration::from_millis(500);
 /// Most flows of an engine workload's point.
-pub const MAX_ENGINE_FLOWS: u32 = MAX_GROUP_FLOWS;
+pub(crate) const MAX_ENGINE_FLOWS: u32 = MAX_GROUP_FLOWS;
 
 /// Refuses, at plan time, a point the engine cannot run: a transport with
 /// no engine data path, or options the engine does not honour.

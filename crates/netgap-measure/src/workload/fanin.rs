@@ -12,7 +12,7 @@ const NAME: &str = "fanin";
 
 /// The `fanin` workload.
 #[derive(Debug, Clone, Copy)]
-pub struct Fanin;
+pub(crate) struct Fanin;
 
 impl Workload for Fanin {
     fn name(&self) -> &'static str {

@@ -12,7 +12,7 @@ const NAME: &str = "fanout";
 
 /// The `fanout` workload.
 #[derive(Debug, Clone, Copy)]
-pub struct Fanout;
+pub(crate) struct Fanout;
 
 impl Workload for Fanout {
     fn name(&self) -> &'static str {

@@ -15,7 +15,7 @@ const NAME: &str = "hotspot";
 
 /// The `hotspot` workload.
 #[derive(Debug, Clone, Copy)]
-pub struct Hotspot;
+pub(crate) struct Hotspot;
 
 /// Mean one-way latency in µs of `round_trips` back-to-back round trips
 /// in `window_ns` (each took window / count); NaN without a round trip.

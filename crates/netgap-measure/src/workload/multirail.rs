@@ -15,7 +15,7 @@ const NAME: &str = "multirail";
 
 /// The `multirail` workload.
 #[derive(Debug, Clone, Copy)]
-pub struct Multirail;
+pub(crate) struct Multirail;
 
 impl Workload for Multirail {
     fn name(&self) -> &'static str {

@@ -12,7 +12,7 @@ const NAME: &str = "multistream";
 
 /// The `multistream` workload.
 #[derive(Debug, Clone, Copy)]
-pub struct Multistream;
+pub(crate) struct Multistream;
 
 impl Workload for Multistream {
     fn name(&self) -> &'static str {

@@ -159,7 +159,7 @@ pub fn open(ctx: RoleContext<'_>) -> Result<Box<dyn OpenRole>, RoleError> {
 
 /// Parses a workload's parameters into its own type; unknown fields are
 /// refused by the type (`deny_unknown_fields`).
-pub fn parse_params<P: DeserializeOwned>(
+pub(crate) fn parse_params<P: DeserializeOwned>(
     workload: &'static str,
     spec: &GroupSpec,
 ) -> Result<P, RoleError> {
@@ -172,10 +172,12 @@ pub fn parse_params<P: DeserializeOwned>(
 /// The parameters of a workload that takes none: an empty object.
 #[derive(Debug, Clone, Copy, Default, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct NoParams {}
+pub(crate) struct NoParams {}
 
 /// The point's transport, available on this host.
-pub fn find_transport(spec: &GroupSpec) -> Result<&'static dyn transport::Transport, RoleError> {
+pub(crate) fn find_transport(
+    spec: &GroupSpec,
+) -> Result<&'static dyn transport::Transport, RoleError> {
     let t = transport::find(&spec.point.transport).ok_or_else(|| RoleError::UnknownTransport {
         name: spec.point.transport.clone(),
         known: transport::names(),
@@ -232,7 +234,7 @@ fn process_cpu_ns() -> u64 {
 /// Measures host and process CPU over the window on the calling thread,
 /// which sleeps meanwhile: from `window_start` to `end`. Returns the usage
 /// and the window's length as timed, in ns.
-pub fn meter_window(window_start: Instant, end: Instant) -> (CpuUsage, u64) {
+pub(crate) fn meter_window(window_start: Instant, end: Instant) -> (CpuUsage, u64) {
     sleep_until(window_start);
     let meter = CpuMeter::start();
     let p0 = process_cpu_ns();

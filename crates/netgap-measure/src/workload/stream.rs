@@ -17,7 +17,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// Most flows of thread-per-flow (bandwidth) work on one agent.
-pub const MAX_STREAM_FLOWS: u32 = 1024;
+pub(crate) const MAX_STREAM_FLOWS: u32 = 1024;
 
 /// Which way payload moves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,7 +40,7 @@ impl Direction {
 
 /// Default message size of bandwidth workloads, bytes (64 KiB, or the
 /// transport's largest message rounded down to KiB).
-pub fn default_size_bytes(transport: &dyn transport::Transport) -> u64 {
+pub(crate) fn default_size_bytes(transport: &dyn transport::Transport) -> u64 {
     const SIZE_BYTES: u64 = 64 * 1024;
     SIZE_BYTES.min(transport.max_message_bytes().unwrap_or(u64::MAX) / 1024 * 1024)
 }

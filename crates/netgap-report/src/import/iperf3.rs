@@ -8,7 +8,7 @@ use netgap_core::record::ResultRecord;
 use serde_json::Value;
 
 /// iperf3 `-J` output.
-pub struct Iperf3;
+pub(crate) struct Iperf3;
 
 impl Importer for Iperf3 {
     fn name(&self) -> &'static str {

@@ -9,7 +9,7 @@ use super::{number, size, ImportContext, Imported, Importer, ParseError};
 use netgap_core::record::ResultRecord;
 
 /// OSU micro-benchmark text output.
-pub struct Osu;
+pub(crate) struct Osu;
 
 /// What a title line says the benchmark measured.
 #[derive(Clone, Copy)]

@@ -11,7 +11,7 @@ use netgap_core::record::ResultRecord;
 use netgap_core::stats::Percentiles;
 
 /// sockperf client output.
-pub struct Sockperf;
+pub(crate) struct Sockperf;
 
 impl Importer for Sockperf {
     fn name(&self) -> &'static str {

@@ -40,7 +40,7 @@ pub fn ensure_fd_limit(needed: u64) -> Result<u64, EngineError> {
 
 /// The inclusive ephemeral port range of this host
 /// (`net.ipv4.ip_local_port_range`, which also governs IPv6), if readable.
-pub fn local_port_range() -> Option<(u32, u32)> {
+pub(crate) fn local_port_range() -> Option<(u32, u32)> {
     let text = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok()?;
     parse_port_range(&text)
 }
@@ -55,7 +55,7 @@ fn parse_port_range(text: &str) -> Option<(u32, u32)> {
 
 /// Checks that `concurrent` connections from one local address to one
 /// target fit in the ephemeral port range `range`.
-pub fn check_port_range(
+pub(crate) fn check_port_range(
     concurrent: u64,
     range: Option<(u32, u32)>,
     target: std::net::SocketAddr,

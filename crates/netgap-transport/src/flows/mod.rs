@@ -50,7 +50,7 @@ use std::time::Duration;
 
 /// The largest pingpong message, in bytes: every flow holds a buffer of
 /// this size, so the cap keeps flows × size within reason.
-pub const MAX_PINGPONG_SIZE_BYTES: usize = 16 * 1024 * 1024;
+pub(crate) const MAX_PINGPONG_SIZE_BYTES: usize = 16 * 1024 * 1024;
 
 /// What each flow does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

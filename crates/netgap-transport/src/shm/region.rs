@@ -33,18 +33,18 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"NGAPSHM\0");
 pub const VERSION: u32 = 1;
 /// Bytes of the header and of each control block (one page each, so the
 /// data regions start page-aligned).
-pub const PAGE_BYTES: usize = 4096;
+pub(crate) const PAGE_BYTES: usize = 4096;
 /// Smallest ring capacity accepted from a peer, in bytes.
-pub const MIN_CAPACITY_BYTES: usize = PAGE_BYTES;
+pub(crate) const MIN_CAPACITY_BYTES: usize = PAGE_BYTES;
 /// Largest ring capacity accepted from a peer, in bytes (1 GiB; indices'
 /// low halves must stay futex-observable, which needs capacity < 2^32).
-pub const MAX_CAPACITY_BYTES: usize = 1 << 30;
+pub(crate) const MAX_CAPACITY_BYTES: usize = 1 << 30;
 
 const _: () = assert!(CTL_BYTES <= PAGE_BYTES);
 
 /// Which of the two rings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RingId {
+pub(crate) enum RingId {
     /// Ring 0: the listener produces, the connector consumes.
     ToConnector,
     /// Ring 1: the connector produces, the listener consumes.
@@ -138,7 +138,7 @@ fn invalid(detail: String) -> io::Error {
 
 /// One flow's shared region, mapped and validated; the rings inside stay
 /// valid for as long as the `Region` lives.
-pub struct Region {
+pub(crate) struct Region {
     map: Mapping,
     capacity: usize,
 }
@@ -256,6 +256,7 @@ impl Region {
     }
 
     /// Bytes of each ring's data region.
+    #[cfg(test)]
     pub fn capacity(&self) -> usize {
         self.capacity
     }

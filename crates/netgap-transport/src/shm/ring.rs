@@ -60,7 +60,7 @@ pub struct RingCtl {
 }
 
 /// Bytes a [`RingCtl`] occupies.
-pub const CTL_BYTES: usize = std::mem::size_of::<RingCtl>();
+pub(crate) const CTL_BYTES: usize = std::mem::size_of::<RingCtl>();
 
 const _: () = assert!(CTL_BYTES == 4 * LINE_BYTES);
 const _: () = assert!(std::mem::align_of::<RingCtl>() == LINE_BYTES);
@@ -183,7 +183,7 @@ unsafe fn copy_bytes(src: *const u8, dst: *mut u8, n: usize) {
 
 /// Where one ring lives: its control block and its data region.
 #[derive(Clone, Copy)]
-pub struct RingMem {
+pub(crate) struct RingMem {
     ctl: NonNull<RingCtl>,
     data: NonNull<u8>,
     capacity: usize,
@@ -222,15 +222,10 @@ impl RingMem {
         // concurrently by the peer.
         unsafe { self.ctl.as_ref() }
     }
-
-    /// Ring capacity in bytes.
-    pub fn capacity(&self) -> usize {
-        self.capacity
-    }
 }
 
 /// The producing side of a ring: copies bytes in and publishes them.
-pub struct Producer {
+pub(crate) struct Producer {
     mem: RingMem,
     /// This side's producer index (authoritative; the shared copy is only
     /// ever written from it).
@@ -240,7 +235,7 @@ pub struct Producer {
 }
 
 /// The consuming side of a ring: copies bytes out and releases the space.
-pub struct Consumer {
+pub(crate) struct Consumer {
     mem: RingMem,
     /// This side's consumer index (authoritative).
     tail: u64,
@@ -271,6 +266,7 @@ impl Producer {
     }
 
     /// This side's producer index: bytes published so far.
+    #[cfg(test)]
     pub fn head(&self) -> u64 {
         self.head
     }

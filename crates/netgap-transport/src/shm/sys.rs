@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 ///
 /// `word` should point into a live shared mapping; a bad address is reported
 /// by the kernel as `EFAULT`, not undefined behaviour.
-pub fn futex_wait(word: *const u32, expected: u32, timeout: Duration) -> io::Result<()> {
+pub(crate) fn futex_wait(word: *const u32, expected: u32, timeout: Duration) -> io::Result<()> {
     let ts = libc::timespec {
         tv_sec: libc::time_t::try_from(timeout.as_secs()).unwrap_or(libc::time_t::MAX),
         tv_nsec: libc::c_long::from(timeout.subsec_nanos()),
@@ -50,7 +50,7 @@ pub fn futex_wait(word: *const u32, expected: u32, timeout: Duration) -> io::Res
 
 /// Wakes every thread, in any process, sleeping in [`futex_wait`] on the
 /// word at `word`.
-pub fn futex_wake(word: *const u32) -> io::Result<()> {
+pub(crate) fn futex_wake(word: *const u32) -> io::Result<()> {
     // SAFETY: FUTEX_WAKE does not access user memory beyond looking the
     // address up (EFAULT if unmapped); the unused arguments are ignored.
     let r = unsafe {
@@ -72,7 +72,7 @@ pub fn futex_wake(word: *const u32) -> io::Result<()> {
 }
 
 /// Sends `hello` with `fd` attached (SCM_RIGHTS) over `sock`.
-pub fn send_fd(sock: &UnixStream, fd: BorrowedFd<'_>, hello: &[u8]) -> io::Result<()> {
+pub(crate) fn send_fd(sock: &UnixStream, fd: BorrowedFd<'_>, hello: &[u8]) -> io::Result<()> {
     let fds = [fd.as_raw_fd()];
     let cmsg = [ControlMessage::ScmRights(&fds)];
     let iov = [IoSlice::new(hello)];
@@ -96,7 +96,7 @@ pub fn send_fd(sock: &UnixStream, fd: BorrowedFd<'_>, hello: &[u8]) -> io::Resul
 /// Receives the greeting sent by [`send_fd`] and the one descriptor
 /// attached to it. The greeting must equal `hello`; any extra descriptors
 /// are closed and make it an error.
-pub fn recv_fd(sock: &UnixStream, hello: &[u8]) -> io::Result<OwnedFd> {
+pub(crate) fn recv_fd(sock: &UnixStream, hello: &[u8]) -> io::Result<OwnedFd> {
     let mut got = vec![0u8; hello.len()];
     let mut fds: Vec<OwnedFd> = Vec::new();
     let (n, truncated) = {
@@ -194,7 +194,7 @@ fn poll_one(
 /// Whether the peer of `sock` has closed or shut down its end; never
 /// blocks. Data the peer may have written is ignored (`POLLIN` is not
 /// asked for), so a chatty peer cannot pass for a dead one.
-pub fn peer_hung_up(sock: &UnixStream) -> io::Result<bool> {
+pub(crate) fn peer_hung_up(sock: &UnixStream) -> io::Result<bool> {
     let ev = poll_one(sock.as_fd(), libc::POLLRDHUP, 0)
         .map_err(|e| io::Error::new(e.kind(), format!("poll on the shm liveness socket: {e}")))?;
     if ev & libc::POLLNVAL != 0 {
@@ -207,7 +207,7 @@ pub fn peer_hung_up(sock: &UnixStream) -> io::Result<bool> {
 
 /// Waits until `fd` is readable (a listener: a connection is pending);
 /// `Ok(false)` when `timeout` passes first.
-pub fn wait_readable(fd: BorrowedFd<'_>, timeout: Duration) -> io::Result<bool> {
+pub(crate) fn wait_readable(fd: BorrowedFd<'_>, timeout: Duration) -> io::Result<bool> {
     let deadline = Instant::now() + timeout;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
