@@ -390,7 +390,7 @@ impl Default for LatencyHistogram {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
+#[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
 mod tests {
     use super::*;
     use proptest::prelude::*;

@@ -429,7 +429,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, UnitError> {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
+#[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
 mod tests {
     use super::*;
     use proptest::prelude::*;

@@ -264,7 +264,7 @@ impl FrameDecoder {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)] // a failed unwrap is a failed test
+#[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
 mod tests {
     use super::*;
     use crate::message::{Phase, PROTOCOL_VERSION};

@@ -247,13 +247,13 @@ impl GroupOutcome {
 
 /// A valid spec for tests of the protocol.
 #[cfg(test)]
-#[allow(clippy::unwrap_used)] // a failed unwrap is a failed test
+#[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
 pub(crate) fn sample_spec(role: GroupRole) -> GroupSpec {
     tests::spec(role)
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)] // a failed unwrap is a failed test
+#[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
 mod tests {
     use super::*;
     use netgap_core::spec::{Mode, TransportOptions};

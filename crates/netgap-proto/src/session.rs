@@ -869,7 +869,7 @@ impl CoordinatorSession {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)] // a failed unwrap is a failed test
+#[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
 mod tests {
     use super::*;
     use crate::codec::{decode_reply, decode_request, encode, FrameDecoder};

@@ -197,7 +197,7 @@ pub fn rails(workload: &str, hosts: &[HostView]) -> Result<Placement, Refused> {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)] // a failed unwrap is a failed test
+#[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
 mod tests {
     use super::*;
 

@@ -393,5 +393,5 @@ pub enum EngineError {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
+#[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
 mod tests;
