@@ -181,16 +181,18 @@ pub fn registry() -> &'static [&'static dyn Workload] {
 
 /// The workload called `name`, if there is one.
 pub fn find(name: &str) -> Option<&'static dyn Workload> {
-    registry().iter().copied().find(|w| w.name() == name)
+    netgap_core::registry::find(registry(), name)
 }
 
 /// Names of all workloads, comma separated.
 pub fn names() -> String {
-    registry()
-        .iter()
-        .map(|w| w.name())
-        .collect::<Vec<_>>()
-        .join(", ")
+    netgap_core::registry::names(registry())
+}
+
+impl netgap_core::registry::Named for dyn Workload {
+    fn name(&self) -> &'static str {
+        Workload::name(self)
+    }
 }
 
 /// Refuses a transport that cannot connect two hosts.
