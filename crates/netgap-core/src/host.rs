@@ -54,6 +54,74 @@ pub struct HostFacts {
     pub sysctls: BTreeMap<String, String>,
     /// netgap version running on the host.
     pub netgap_version: String,
+    /// Offload state of that interface, when it could be read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offloads: Option<Offloads>,
+    /// Root queueing discipline of that interface (`noqdisc`, `tbf`,
+    /// `netem`, ...), when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qdisc: Option<String>,
+}
+
+/// Offload state of one interface, as the kernel reports it (what `ethtool
+/// -k` shows); `None` where the kernel did not say.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct Offloads {
+    /// TCP segmentation offload.
+    pub tso: Option<bool>,
+    /// Generic segmentation offload.
+    pub gso: Option<bool>,
+    /// Generic receive offload.
+    pub gro: Option<bool>,
+    /// Receive checksum offload.
+    pub rx_checksum: Option<bool>,
+    /// Transmit checksum offload.
+    pub tx_checksum: Option<bool>,
+}
+
+impl Offloads {
+    /// The features by name, in the order they are shown.
+    pub fn features(&self) -> [(&'static str, Option<bool>); 5] {
+        [
+            ("tso", self.tso),
+            ("gso", self.gso),
+            ("gro", self.gro),
+            ("rx", self.rx_checksum),
+            ("tx", self.tx_checksum),
+        ]
+    }
+
+    /// What several ends have in common: `on` when every known feature is
+    /// on at every end, `off` when none is on at any end, else the features
+    /// on at every end, comma separated (`gso,gro`), or `mixed` when no
+    /// feature is on at every end but some are on somewhere.
+    pub fn summary(ends: &[&Offloads]) -> String {
+        let mut on_everywhere = Vec::new();
+        let mut any_on = false;
+        let mut all_on = true;
+        for (i, (name, _)) in Offloads::default().features().iter().enumerate() {
+            let values: Vec<Option<bool>> = ends.iter().map(|o| o.features()[i].1).collect();
+            if values.iter().all(Option::is_none) {
+                continue;
+            }
+            let everywhere = values.iter().all(|v| *v == Some(true));
+            any_on |= values.contains(&Some(true));
+            all_on &= everywhere;
+            if everywhere {
+                on_everywhere.push(*name);
+            }
+        }
+        if !any_on {
+            "off".into()
+        } else if all_on {
+            "on".into()
+        } else if on_everywhere.is_empty() {
+            "mixed".into()
+        } else {
+            on_everywhere.join(",")
+        }
+    }
 }
 
 impl HostFacts {
@@ -67,6 +135,9 @@ impl HostFacts {
         check_len("kernel", &self.kernel, MAX_FACT_BYTES)?;
         check_len("cpu_model", &self.cpu_model, MAX_FACT_BYTES)?;
         check_len("netgap_version", &self.netgap_version, MAX_FACT_BYTES)?;
+        if let Some(q) = &self.qdisc {
+            check_len("qdisc", q, MAX_FACT_BYTES)?;
+        }
         if let Some(interface) = &self.interface {
             check_len("interface", interface, MAX_FACT_BYTES)?;
         }

@@ -12,6 +12,7 @@ pub mod record;
 pub mod registry;
 pub mod sizing;
 pub mod spec;
+pub mod stack;
 pub mod stats;
 pub mod units;
 

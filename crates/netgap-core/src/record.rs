@@ -235,6 +235,11 @@ pub struct ResultRecord {
     /// Multi-host tests: CPU (and peak memory) of every host of the point.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub hosts_cpu: Vec<HostCpu>,
+    /// What the point measured over: transport, mode, options, path and
+    /// label; absent in records made before it existed (see
+    /// [`crate::stack::Stack::of_record`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stack: Option<crate::stack::Stack>,
     /// `multirail`: one entry per link used.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub links: Vec<LinkResult>,

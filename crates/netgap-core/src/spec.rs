@@ -21,7 +21,9 @@ pub const MAX_CPU_INDEX: u32 = 4095;
 
 /// How a transport waits for completion (seed 000's polling- vs event-based
 /// comparison).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, Default,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
     /// Block in the kernel until the operation can complete.

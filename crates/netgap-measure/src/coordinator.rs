@@ -17,6 +17,7 @@ use netgap_core::record::{
     ByteCounts, CpuPair, DatagramCounts, RecordStats, ResultRecord, ServiceDemand,
 };
 use netgap_core::spec::PointSpec;
+use netgap_core::stack::{PathIdentity, Stack};
 use netgap_core::stats::{noise_warning, LatencyHistogram, Summary, NOISY_CV};
 use netgap_proto::auth::Key;
 use netgap_proto::codec::{decode_reply, CodecError};
@@ -445,6 +446,13 @@ pub(crate) fn build_record(
         flows: Vec::new(),
         hosts_cpu: Vec::new(),
         links: Vec::new(),
+        stack: Some(Stack::new(
+            &spec.transport,
+            spec.mode,
+            &spec.options,
+            PathIdentity::from_ends(Some(host), Some(peer_host)),
+            None,
+        )),
     })
 }
 

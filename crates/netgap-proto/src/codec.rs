@@ -305,6 +305,8 @@ mod tests {
                 .into_iter()
                 .collect(),
             netgap_version: "0.1.0".into(),
+            offloads: None,
+            qdisc: None,
         }
     }
 

@@ -885,6 +885,8 @@ mod tests {
             mtu_bytes: Some(9000),
             sysctls: Default::default(),
             netgap_version: netgap_core::VERSION.into(),
+            offloads: None,
+            qdisc: None,
         }
     }
 

@@ -4,7 +4,8 @@
 //! strings are cut to the limits and the core count is clamped into range.
 
 use netgap_core::host::{
-    truncate_utf8, HostFacts, MAX_CORES, MAX_FACT_BYTES, MAX_SYSCTL_VALUE_BYTES, RECORDED_SYSCTLS,
+    truncate_utf8, HostFacts, Offloads, MAX_CORES, MAX_FACT_BYTES, MAX_SYSCTL_VALUE_BYTES,
+    RECORDED_SYSCTLS,
 };
 use std::net::IpAddr;
 use std::path::Path;
@@ -33,6 +34,7 @@ pub fn collect(local_ip: Option<IpAddr>) -> HostFacts {
         .unwrap_or_else(|| "unknown".to_string());
     let interface = local_ip.and_then(interface_for_ip);
     let mtu_bytes = interface.as_deref().and_then(read_mtu_bytes);
+    let offloads = interface.as_deref().and_then(read_offloads);
     let sysctls = RECORDED_SYSCTLS
         .iter()
         .filter_map(|name| {
@@ -52,7 +54,82 @@ pub fn collect(local_ip: Option<IpAddr>) -> HostFacts {
         mtu_bytes,
         sysctls,
         netgap_version: truncate_utf8(netgap_core::VERSION.to_string(), MAX_FACT_BYTES),
+        offloads,
+        qdisc: None,
     }
+}
+
+/// `SIOCETHTOOL`, the ioctl behind `ethtool`.
+const SIOCETHTOOL: libc::c_ulong = 0x8946;
+/// The legacy ethtool commands that read one offload each (`ETHTOOL_G*`):
+/// every kernel netgap runs on answers them, also for veth and loopback.
+const ETHTOOL_GTSO: u32 = 0x1e;
+const ETHTOOL_GGSO: u32 = 0x23;
+const ETHTOOL_GGRO: u32 = 0x2b;
+const ETHTOOL_GRXCSUM: u32 = 0x14;
+const ETHTOOL_GTXCSUM: u32 = 0x16;
+
+/// `struct ethtool_value`: a command and its one value.
+#[repr(C)]
+struct EthtoolValue {
+    cmd: u32,
+    data: u32,
+}
+
+/// `struct ifreq` with its union used as `ifr_data`, padded to the
+/// kernel's size (a 16-byte name and a 24-byte union on 64-bit Linux).
+#[repr(C)]
+struct IfreqData {
+    name: [libc::c_char; libc::IFNAMSIZ],
+    data: *mut EthtoolValue,
+    _pad: [u8; 16],
+}
+
+/// The offloads of interface `name` in this thread's network namespace, as
+/// `ethtool -k` reports them; `None` when the interface cannot be asked.
+fn read_offloads(name: &str) -> Option<Offloads> {
+    let bytes = name.as_bytes();
+    if bytes.is_empty() || bytes.len() >= libc::IFNAMSIZ {
+        return None;
+    }
+    // SAFETY: socket has no memory preconditions; the descriptor is owned
+    // (and closed) by the OwnedFd below.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: `fd` is a fresh descriptor nothing else owns.
+    let sock = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    let get = |cmd: u32| -> Option<bool> {
+        let mut value = EthtoolValue { cmd, data: 0 };
+        let mut req = IfreqData {
+            name: [0; libc::IFNAMSIZ],
+            data: &mut value,
+            _pad: [0; 16],
+        };
+        for (dst, &b) in req.name.iter_mut().zip(bytes) {
+            *dst = b as libc::c_char;
+        }
+        // SAFETY: `req` is a valid ifreq whose data pointer points at
+        // `value`, both alive for the call; SIOCETHTOOL with a G* command
+        // writes only `value.data`.
+        let rc = unsafe {
+            libc::ioctl(
+                std::os::fd::AsRawFd::as_raw_fd(&sock),
+                SIOCETHTOOL as _,
+                &mut req as *mut IfreqData,
+            )
+        };
+        (rc == 0).then_some(value.data != 0)
+    };
+    let o = Offloads {
+        tso: get(ETHTOOL_GTSO),
+        gso: get(ETHTOOL_GGSO),
+        gro: get(ETHTOOL_GGRO),
+        rx_checksum: get(ETHTOOL_GRXCSUM),
+        tx_checksum: get(ETHTOOL_GTXCSUM),
+    };
+    (o != Offloads::default()).then_some(o)
 }
 
 /// Collapses every run of whitespace into one space and trims both ends.
@@ -217,6 +294,15 @@ mod tests {
         assert!(!facts.cpu_model.is_empty());
         assert!(facts.cores >= 1);
         assert_eq!(facts.netgap_version, netgap_core::VERSION);
+    }
+
+    #[test]
+    fn loopback_offloads_are_read() {
+        let facts = collect(Some(IpAddr::V4(Ipv4Addr::LOCALHOST)));
+        let o = facts.offloads.expect("lo answers SIOCETHTOOL");
+        assert!(o.gso.is_some() && o.tso.is_some(), "{o:?}");
+        assert_eq!(read_offloads("no-such-if0"), None);
+        assert_eq!(read_offloads(""), None);
     }
 
     #[test]

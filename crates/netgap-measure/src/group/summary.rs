@@ -9,6 +9,7 @@ use super::plan::{GroupPlan, GroupPoint};
 use crate::coordinator::Observer;
 use netgap_core::cpu::CpuUsage;
 use netgap_core::record::{ByteCounts, FlowResult, HostCpu, LinkResult, RecordStats, ResultRecord};
+use netgap_core::stack::{PathIdentity, Stack};
 use netgap_core::stats::{noise_warning, LatencyHistogram, Summary, NOISY_CV};
 use netgap_proto::group::GroupRole;
 use std::time::SystemTime;
@@ -158,6 +159,11 @@ pub(super) fn measure_point(
         .iter()
         .find(|r| r.side == GroupRole::Server)
         .map_or(0, |r| r.host);
+    let first_client = placement
+        .roles
+        .iter()
+        .find(|r| r.side == GroupRole::Client)
+        .map_or(first_server, |r| r.host);
     Ok(ResultRecord {
         test: workload.name().into(),
         transport: point.spec.transport.clone(),
@@ -189,5 +195,15 @@ pub(super) fn measure_point(
         flows: flow_results,
         hosts_cpu,
         links,
+        stack: Some(Stack::new(
+            &point.spec.transport,
+            point.spec.mode,
+            &point.spec.options,
+            PathIdentity::from_ends(
+                Some(&coord.links[first_client].facts),
+                Some(&coord.links[first_server].facts),
+            ),
+            None,
+        )),
     })
 }

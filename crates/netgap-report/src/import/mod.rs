@@ -201,6 +201,7 @@ impl Imported<'_> {
             flows: Vec::new(),
             hosts_cpu: Vec::new(),
             links: Vec::new(),
+            stack: None,
         }
     }
 }
