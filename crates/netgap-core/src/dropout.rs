@@ -1,16 +1,20 @@
 //! Dropout detection for a sweep (NetPIPE's "problem points"): sizes whose
-//! throughput falls below that of smaller sizes by more than the
-//! measurement noise. Plain arithmetic on summaries, no I/O.
+//! throughput falls below the trend of the smaller sizes by more than the
+//! measurement noise, and points whose trials split into a fast and a slow
+//! group (intermittent stalls). Plain arithmetic on summaries, no I/O.
 //!
 //! Each point is judged the moment it is measured, against the points
 //! already measured with sizes from half its size up to its own (the
 //! previous octave: its smaller neighbours, perturbations included). The
-//! reference is the neighbour with the highest throughput. The point is a
-//! dropout when the reference's value exceeds the point's by more than
-//! [`NOISE_SIGMAS`] times the combined standard deviation of both points'
-//! trials, `sqrt(sd_ref² + sd_point²)`. The threshold thus follows the
-//! spread each run actually had, not a fixed percentage: a quiet machine
-//! flags small, real dips; a noisy one flags only deep ones.
+//! trend there is the neighbours' median throughput, and the reference is
+//! the neighbour that holds it: a robust level that a single lucky high
+//! neighbour does not raise, and that a curve still rising towards a
+//! plateau (a link's rate) never lies above. The point is a dropout when it
+//! lies below that reference by more than [`NOISE_SIGMAS`] times the
+//! combined standard deviation of both points' trials,
+//! `sqrt(sd_ref² + sd_point²)`, and by at least [`MIN_DEPTH_FRACTION`] of
+//! the reference: the threshold follows the spread each run actually had,
+//! and a dip too shallow to see on NetPIPE's graph is not called one.
 //!
 //! A standard deviation from a handful of trials is itself uncertain: one
 //! point may happen to show almost no spread. So each point's deviation is
@@ -18,13 +22,56 @@
 //! the points compared (the window and the point), a spread pooled over
 //! neighbouring sizes. A point or reference with fewer than two trials has
 //! no spread and is not judged.
+//!
+//! A point whose sorted trials have a gap of [`UNSTABLE_RATIO`] or more
+//! between two neighbours is [`Unstable`]: its trials form a fast and a slow
+//! group, which an intermittent stall (a delayed ACK, a retransmission
+//! timeout, another process) makes, and no mean describes it. Such a point
+//! is reported as unstable, not judged as a dropout, and not used as a
+//! neighbour.
 
-use crate::record::Dropout;
+use crate::record::{Dropout, Unstable};
 
 /// How many combined standard deviations a dip must exceed.
-/// Four, not three: the reference is the best of several neighbours, which
-/// favours a lucky high one.
 pub const NOISE_SIGMAS: f64 = 4.0;
+
+/// The shallowest dip that counts as a dropout, as a fraction of the
+/// reference (0.10 = 10% below the smaller sizes' trend).
+pub const MIN_DEPTH_FRACTION: f64 = 0.10;
+
+/// The smallest ratio between two neighbouring sorted trials that splits a
+/// point's trials into a slow and a fast group. Trial noise on a quiet or
+/// busy machine stays far below it (a few percent between neighbours); a
+/// stall of one round trip in a block's transfer exceeds it.
+pub const UNSTABLE_RATIO: f64 = 1.5;
+
+/// Whether `trials` (throughputs, higher is faster) split into a slow and a
+/// fast group: the largest ratio between two neighbouring sorted trials is
+/// at least [`UNSTABLE_RATIO`]. `None` for fewer than two trials or any
+/// trial that is not a positive number.
+pub fn split_trials(trials: &[f64]) -> Option<Unstable> {
+    if trials.len() < 2 || trials.iter().any(|v| !(v.is_finite() && *v > 0.0)) {
+        return None;
+    }
+    let mut sorted = trials.to_vec();
+    sorted.sort_unstable_by(f64::total_cmp);
+    let (gap_at, ratio) = sorted
+        .windows(2)
+        .enumerate()
+        .map(|(i, w)| (i + 1, w[1] / w[0]))
+        .max_by(|a, b| a.1.total_cmp(&b.1))?;
+    if ratio < UNSTABLE_RATIO {
+        return None;
+    }
+    let (slow, fast) = sorted.split_at(gap_at);
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+    Some(Unstable {
+        slow_value: mean(slow),
+        fast_value: mean(fast),
+        slow_trials: slow.len() as u32,
+        trials: trials.len() as u32,
+    })
+}
 
 /// One measured point as the detector sees it.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -85,13 +132,18 @@ impl DropoutDetector {
             return None;
         }
         let lowest = point.size_bytes / 2;
-        let window: Vec<&PointThroughput> = self
+        let mut window: Vec<&PointThroughput> = self
             .history
             .iter()
             .filter(|p| p.size_bytes >= lowest && p.size_bytes < point.size_bytes)
             .filter(|p| p.trials >= 2 && p.value.is_finite() && p.value > 0.0)
             .collect();
-        let reference = *window.iter().max_by(|a, b| a.value.total_cmp(&b.value))?;
+        if window.is_empty() {
+            return None;
+        }
+        window.sort_by(|a, b| a.value.total_cmp(&b.value));
+        // The upper median: with two neighbours, the higher one.
+        let reference = window[window.len() / 2];
         let cvs: Vec<f64> = window
             .iter()
             .copied()
@@ -103,7 +155,7 @@ impl DropoutDetector {
         let spread = |p: &PointThroughput| p.stdev.max(p.value.abs() * pooled_cv);
         let dip = reference.value - point.value;
         let noise = (spread(reference).powi(2) + spread(point).powi(2)).sqrt();
-        if dip > NOISE_SIGMAS * noise && dip > 0.0 {
+        if dip > NOISE_SIGMAS * noise && dip >= MIN_DEPTH_FRACTION * reference.value {
             Some(Dropout {
                 depth_pct: 100.0 * dip / reference.value,
                 reference_size_bytes: reference.size_bytes,
@@ -171,11 +223,70 @@ mod tests {
         let sizes: Vec<u64> = found.iter().map(|(s, _)| *s).collect();
         assert_eq!(sizes, [98_301, 98_304, 98_307]);
         let (_, first) = found[0];
-        assert_eq!(first.reference_size_bytes, 65_539);
-        let expected = 100.0 * (1.0 - 0.6 * clean(98_301) / clean(65_539));
+        // The reference holds the median of the octave below: 64K and its
+        // neighbours on a curve that has levelled off.
+        assert!(
+            (49_152..98_301).contains(&first.reference_size_bytes),
+            "{first:?}"
+        );
+        let expected = 100.0 * (1.0 - 0.6 * clean(98_301) / first.reference_value);
         assert!((first.depth_pct - expected).abs() < 1e-9, "{first:?}");
         assert!(first.depth_pct > 30.0);
-        assert!((first.reference_value - clean(65_539)).abs() < 1e-9);
+        assert!((first.reference_value - clean(first.reference_size_bytes)).abs() < 1e-9);
+    }
+
+    #[test]
+    fn the_approach_to_a_links_rate_is_not_a_dropout() {
+        // A 100 Mbit/s link: throughput climbs to the rate and stays there,
+        // trials very quiet (0.2%), wobbling a little below and above it.
+        let rate = 0.0956;
+        let curve = |s: u64| {
+            let x = s as f64;
+            let level = rate * x / (x + 2_000.0);
+            level * if s.is_multiple_of(3) { 0.995 } else { 1.004 }
+        };
+        let mut d = DropoutDetector::new();
+        let found: Vec<u64> = sweep_sizes(1, 8 << 20, Growth::NetPipe, 3)
+            .expect("valid")
+            .into_iter()
+            .filter(|&s| {
+                let v = curve(s);
+                d.judge(PointThroughput {
+                    size_bytes: s,
+                    value: v,
+                    stdev: 0.002 * v,
+                    trials: 3,
+                })
+                .is_some()
+            })
+            .collect();
+        assert_eq!(found, Vec::<u64>::new());
+    }
+
+    #[test]
+    fn a_threefold_dip_at_one_size_is_found() {
+        let dip = |s: u64| {
+            if s == 65_536 {
+                clean(s) / 3.0
+            } else {
+                clean(s)
+            }
+        };
+        let found: Vec<u64> = run(dip).into_iter().map(|(s, _)| s).collect();
+        assert_eq!(found, [65_536]);
+    }
+
+    #[test]
+    fn trials_in_a_fast_and_a_slow_group_are_unstable() {
+        // Two of three trials stalled to a third of the speed.
+        let u = split_trials(&[9.0, 3.1, 2.9]).expect("split");
+        assert_eq!((u.slow_trials, u.trials), (2, 3));
+        assert!((u.slow_value - 3.0).abs() < 1e-9 && (u.fast_value - 9.0).abs() < 1e-9);
+        // Ordinary noise, even wide, is not a split.
+        assert_eq!(split_trials(&[10.0, 10.4, 9.7, 10.1, 9.9]), None);
+        assert_eq!(split_trials(&[10.0, 12.0, 13.5, 11.0]), None);
+        assert_eq!(split_trials(&[10.0]), None);
+        assert_eq!(split_trials(&[10.0, 0.0]), None);
     }
 
     #[test]

@@ -218,6 +218,11 @@ pub struct ResultRecord {
     /// size by more than the measurement noise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dropout: Option<Dropout>,
+    /// Set on a `sweep` point whose trials split into a slow and a fast
+    /// group (an intermittent stall); such a point is not judged for a
+    /// dropout.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unstable: Option<Unstable>,
     /// The confidence target of a point measured with `--ci`, and whether the
     /// repetitions reached it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -255,6 +260,20 @@ pub struct Dropout {
     pub reference_size_bytes: u64,
     /// That point's headline value, in the record's metric unit.
     pub reference_value: f64,
+}
+
+/// A point whose trials split into a slow and a fast group (see
+/// `dropout::split_trials`): an intermittent stall, not a level.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Unstable {
+    /// Mean of the slow group, in the record's metric unit.
+    pub slow_value: f64,
+    /// Mean of the fast group, same unit.
+    pub fast_value: f64,
+    /// Trials in the slow group.
+    pub slow_trials: u32,
+    /// All trials of the point.
+    pub trials: u32,
 }
 
 /// What confidence-driven repetition (`--ci LEVEL,WIDTH`) achieved for a

@@ -440,6 +440,7 @@ pub(crate) fn build_record(
         sweep_kind: None,
         block_time_us: None,
         dropout: None,
+        unstable: None,
         ci_target: m.ci,
         clients: None,
         client_hosts: None,

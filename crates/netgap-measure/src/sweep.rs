@@ -22,7 +22,7 @@ use crate::coordinator::{open_session, CoordError, PointError};
 use crate::plan::{invalid, no_effect, MethodSpec, Plan, PlanError, RunRequest};
 use crate::point_loop::{run_points, Observer};
 use crate::sink::RecordSink;
-use netgap_core::dropout::{DropoutDetector, PointThroughput};
+use netgap_core::dropout::{split_trials, DropoutDetector, PointThroughput};
 use netgap_core::record::{RecordStats, ResultRecord};
 use netgap_core::sizing::{sweep_sizes, Growth};
 use netgap_core::spec::PointSpec;
@@ -267,6 +267,9 @@ pub struct SweepSummary {
     pub points: usize,
     /// The dropouts found: transport, mode, size and depth, in order.
     pub dropouts: Vec<(String, String, u64, netgap_core::record::Dropout)>,
+    /// The points whose trials split into a slow and a fast group:
+    /// transport, mode, size and the split, in order.
+    pub unstable: Vec<(String, String, u64, netgap_core::record::Unstable)>,
     /// Transports whose sweep stopped at `--max-block-time`, with the size.
     pub stopped_early: Vec<(String, u64)>,
 }
@@ -299,7 +302,9 @@ pub(crate) fn table_row(r: &ResultRecord) -> String {
             format_size(d.reference_size_bytes)
         ));
     }
-    if !r.warnings.is_empty() {
+    if let Some(u) = &r.unstable {
+        notes.push(format!("UNSTABLE {} of {} slow", u.slow_trials, u.trials));
+    } else if r.stats.as_ref().is_some_and(|s| s.cv > NOISY_CV) {
         notes.push("noisy".into());
     }
     if let Some(n) = crate::output::ci_note(r) {
@@ -323,6 +328,25 @@ pub(crate) fn table_row(r: &ResultRecord) -> String {
 }
 
 /// The one-line summary that ends a sweep.
+/// The warning of a dropout, with the advice that fits one: a size past
+/// which throughput falls is most often a socket buffer, a segment or
+/// window boundary, or Nagle's algorithm meeting delayed ACKs.
+fn dropout_warning(size_bytes: u64, d: &netgap_core::record::Dropout) -> String {
+    format!(
+        "dropout at {size_bytes} bytes: throughput {:.0}% below the smaller sizes' trend (at {} bytes); a size where throughput falls usually meets a buffer or segment boundary: try larger --sndbuf/--rcvbuf, --quickack, or another --mtu, and see whether it moves",
+        d.depth_pct, d.reference_size_bytes
+    )
+}
+
+/// The warning of a point whose trials split, with the advice that fits an
+/// intermittent stall rather than a level.
+fn unstable_warning(size_bytes: u64, u: &netgap_core::record::Unstable) -> String {
+    format!(
+        "unstable at {size_bytes} bytes: {} of {} trials ran at {:.3} Gbit/s, the others at {:.3}: an intermittent stall (a delayed ACK or retransmission timeout, or another process on the CPUs), not a level; try --quickack, pin with --pin, or raise --trials to see how often it happens",
+        u.slow_trials, u.trials, u.slow_value, u.fast_value
+    )
+}
+
 pub(crate) fn summary_line(s: &SweepSummary, elapsed: Duration) -> String {
     let found = if s.dropouts.is_empty() {
         "no dropouts".to_string()
@@ -342,6 +366,24 @@ pub(crate) fn summary_line(s: &SweepSummary, elapsed: Duration) -> String {
             .join(", ");
         format!("{} dropouts: {list}", s.dropouts.len())
     };
+    let unstable = if s.unstable.is_empty() {
+        String::new()
+    } else {
+        let list = s
+            .unstable
+            .iter()
+            .map(|(t, m, size, u)| {
+                format!(
+                    "{t}/{m} {} ({} of {} trials slow)",
+                    format_size(*size),
+                    u.slow_trials,
+                    u.trials
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
+        format!("; {} unstable: {list}", s.unstable.len())
+    };
     let stopped = s
         .stopped_early
         .iter()
@@ -353,7 +395,7 @@ pub(crate) fn summary_line(s: &SweepSummary, elapsed: Duration) -> String {
         })
         .collect::<String>();
     format!(
-        "sweep: {} points in {:.1} s, {found}{stopped}",
+        "sweep: {} points in {:.1} s, {found}{unstable}{stopped}",
         s.points,
         elapsed.as_secs_f64()
     )
@@ -443,43 +485,58 @@ pub fn run_sweep(
                     .map_err(|detail| CoordError::point(spec, &test, detail))
             };
             let mut record = measure_once(spec)?;
-            let mut verdict = detector.assess(&throughput_of(&record));
-            if let Some(first) = verdict {
-                // A dip from a passing disturbance of the machine does not
-                // repeat, nor does a reference that was lucky; a stack's
-                // problem size does. Measure the reference and the point once
-                // more, judge against the reference's new figure and keep the
-                // better of the point's two.
-                let reference = plan.run.points.iter().find(|p| {
-                    p.transport == spec.transport
-                        && p.mode == spec.mode
-                        && p.size_bytes == first.reference_size_bytes
-                });
-                if let Some(reference) = reference {
-                    let again = measure_once(reference)?;
-                    detector.revise(throughput_of(&again));
-                }
-                let again = measure_once(spec)?;
-                if again.value > record.value {
-                    record = again;
-                }
-                verdict = detector.assess(&throughput_of(&record));
-                if verdict.is_none() {
-                    record.warnings.push(format!(
-                        "a first measurement fell {:.0}% below {} bytes, but measured again (with its reference) it did not: not a dropout",
-                        first.depth_pct, first.reference_size_bytes
-                    ));
-                }
-            }
-            detector.keep(throughput_of(&record));
-            record.dropout = verdict;
-            if let Some(d) = record.dropout {
-                summary.dropouts.push((
+            // Trials in a slow and a fast group are an intermittent stall:
+            // no level to judge, nor to judge others by.
+            let unstable = record.stats.as_ref().and_then(|s| split_trials(&s.reps));
+            if let Some(u) = unstable {
+                record.unstable = Some(u);
+                record.warnings.push(unstable_warning(spec.size_bytes, &u));
+                summary.unstable.push((
                     spec.transport.clone(),
                     spec.mode.to_string(),
                     spec.size_bytes,
-                    d,
+                    u,
                 ));
+            } else {
+                let mut verdict = detector.assess(&throughput_of(&record));
+                if let Some(first) = verdict {
+                    // A dip from a passing disturbance of the machine does
+                    // not repeat, nor does a reference that was lucky; a
+                    // stack's problem size does. Measure the reference and
+                    // the point once more, judge against the reference's new
+                    // figure and keep the better of the point's two.
+                    let reference = plan.run.points.iter().find(|p| {
+                        p.transport == spec.transport
+                            && p.mode == spec.mode
+                            && p.size_bytes == first.reference_size_bytes
+                    });
+                    if let Some(reference) = reference {
+                        let again = measure_once(reference)?;
+                        detector.revise(throughput_of(&again));
+                    }
+                    let again = measure_once(spec)?;
+                    if again.value > record.value {
+                        record = again;
+                    }
+                    verdict = detector.assess(&throughput_of(&record));
+                    if verdict.is_none() {
+                        record.warnings.push(format!(
+                            "a first measurement fell {:.0}% below {} bytes, but measured again (with its reference) it did not: not a dropout",
+                            first.depth_pct, first.reference_size_bytes
+                        ));
+                    }
+                }
+                detector.keep(throughput_of(&record));
+                record.dropout = verdict;
+                if let Some(d) = record.dropout {
+                    record.warnings.push(dropout_warning(spec.size_bytes, &d));
+                    summary.dropouts.push((
+                        spec.transport.clone(),
+                        spec.mode.to_string(),
+                        spec.size_bytes,
+                        d,
+                    ));
+                }
             }
             let block_us = record.block_time_us.unwrap_or(f64::INFINITY);
             if block_us > plan.max_block_time.as_secs_f64() * 1e6 {
@@ -581,12 +638,23 @@ mod tests {
                     reference_value: 10.0,
                 },
             )],
+            unstable: vec![(
+                "tcp".into(),
+                "event".into(),
+                64 * 1024,
+                netgap_core::record::Unstable {
+                    slow_value: 1.0,
+                    fast_value: 3.0,
+                    slow_trials: 2,
+                    trials: 3,
+                },
+            )],
             stopped_early: vec![],
         };
         let line = summary_line(&s, Duration::from_millis(1500));
         assert_eq!(
             line,
-            "sweep: 10 points in 1.5 s, 1 dropouts: tcp/event 96K -41% vs 64K"
+            "sweep: 10 points in 1.5 s, 1 dropouts: tcp/event 96K -41% vs 64K; 1 unstable: tcp/event 64K (2 of 3 trials slow)"
         );
         let clean = SweepSummary {
             points: 3,

@@ -189,6 +189,7 @@ pub(super) fn measure_point(
         sweep_kind: None,
         block_time_us: None,
         dropout: None,
+        unstable: None,
         ci_target: None,
         clients: Some(n as u32),
         client_hosts: Some(client_hosts as u32),

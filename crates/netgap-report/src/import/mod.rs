@@ -195,6 +195,7 @@ impl Imported<'_> {
             sweep_kind: None,
             block_time_us: None,
             dropout: None,
+            unstable: None,
             ci_target: None,
             clients: None,
             client_hosts: None,
