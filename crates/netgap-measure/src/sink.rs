@@ -1,11 +1,18 @@
 //! Where records go as they are measured: a JSON Lines file and a CSV file,
 //! each appended and flushed per record so an interrupted run keeps every
 //! point it measured.
+//!
+//! A record is written whole or not at all: it is encoded in memory, then
+//! written with one call, and when the write fails part way (a full disk)
+//! the file is cut back to its length before it. A file that already ends
+//! in a torn line (a crash mid-write, by an older netgap or another tool)
+//! gets a line end first, so the fragment stays a line of its own that
+//! readers skip, never joined to the next record.
 
 use netgap_core::host::HostFacts;
 use netgap_core::record::ResultRecord;
 use std::fs::{File, OpenOptions};
-use std::io::{self, BufWriter, Write};
+use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
 /// Something that keeps records as they are measured.
@@ -37,27 +44,91 @@ fn open_append(path: &Path) -> Result<File, OpenError> {
         })
 }
 
+/// Opens `path` for appending and ends a torn last line (one without its
+/// line end) with one; the torn line's length in bytes, if there was one.
+fn open_whole(path: &Path) -> Result<(File, Option<u64>), OpenError> {
+    let fail = |source| OpenError {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut file = open_append(path)?;
+    let torn = torn_tail_bytes(path).map_err(fail)?;
+    if torn.is_some() {
+        file.write_all(b"\n").map_err(fail)?;
+    }
+    Ok((file, torn))
+}
+
+/// The length of the file's last line when it lacks its line end; `None`
+/// for an empty file or one that ends with a line end. Reads only the tail.
+fn torn_tail_bytes(path: &Path) -> io::Result<Option<u64>> {
+    use std::io::{Read, Seek, SeekFrom};
+    /// How far back a torn line's start is looked for; a longer fragment is
+    /// reported as this long.
+    const TAIL_BYTES: u64 = 64 * 1024;
+    let mut f = File::open(path)?;
+    let len = f.metadata()?.len();
+    if len == 0 {
+        return Ok(None);
+    }
+    let start = len.saturating_sub(TAIL_BYTES);
+    f.seek(SeekFrom::Start(start))?;
+    let mut tail = Vec::new();
+    f.take(TAIL_BYTES).read_to_end(&mut tail)?;
+    if tail.last() == Some(&b'\n') {
+        return Ok(None);
+    }
+    let torn = tail
+        .iter()
+        .rposition(|&b| b == b'\n')
+        .map_or(tail.len(), |i| tail.len() - i - 1);
+    Ok(Some(torn as u64))
+}
+
+/// Appends `bytes` with one write; on failure cuts the file back to its
+/// length before, so no part of them stays.
+fn write_whole(file: &mut File, bytes: &[u8]) -> io::Result<()> {
+    let before = file.metadata()?.len();
+    match file.write_all(bytes).and_then(|()| file.flush()) {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            // Best effort: the write error is the one to report.
+            let _ = file.set_len(before);
+            Err(e)
+        }
+    }
+}
+
 /// JSON Lines: one record per line, appended.
 pub struct JsonlSink {
-    file: BufWriter<File>,
+    file: File,
     path: PathBuf,
+    torn_bytes: Option<u64>,
 }
 
 impl JsonlSink {
     /// Opens (creating or appending to) `path`.
     pub fn open(path: &Path) -> Result<JsonlSink, OpenError> {
+        let (file, torn_bytes) = open_whole(path)?;
         Ok(JsonlSink {
-            file: BufWriter::new(open_append(path)?),
+            file,
             path: path.to_path_buf(),
+            torn_bytes,
         })
+    }
+
+    /// The length of a torn last line the file had when it was opened
+    /// (ended with a line end so it stays apart from new records).
+    pub fn torn_bytes(&self) -> Option<u64> {
+        self.torn_bytes
     }
 }
 
 impl RecordSink for JsonlSink {
     fn append(&mut self, record: &ResultRecord) -> io::Result<()> {
-        serde_json::to_writer(&mut self.file, record)?;
-        self.file.write_all(b"\n")?;
-        self.file.flush()
+        let mut line = serde_json::to_vec(record)?;
+        line.push(b'\n');
+        write_whole(&mut self.file, &line)
     }
 
     fn path(&self) -> &Path {
@@ -98,27 +169,32 @@ pub(crate) const CSV_HEADER: [&str; 27] = [
 
 /// CSV: a header, then one flat row per record.
 pub struct CsvSink {
-    writer: csv::Writer<File>,
+    file: File,
     path: PathBuf,
+}
+
+/// One CSV row, quoted as needed, with its line end.
+fn csv_line<I: IntoIterator<Item = S>, S: AsRef<[u8]>>(fields: I) -> io::Result<Vec<u8>> {
+    let mut w = csv::Writer::from_writer(Vec::new());
+    w.write_record(fields).map_err(io::Error::other)?;
+    w.into_inner().map_err(|e| io::Error::other(e.to_string()))
 }
 
 impl CsvSink {
     /// Opens `path`, writing the header when the file is new or empty.
     pub fn open(path: &Path) -> Result<CsvSink, OpenError> {
-        let file = open_append(path)?;
+        let (mut file, _) = open_whole(path)?;
         let empty = file.metadata().map(|m| m.len() == 0).unwrap_or(true);
-        let mut writer = csv::Writer::from_writer(file);
         if empty {
-            writer
-                .write_record(CSV_HEADER)
-                .and_then(|()| writer.flush().map_err(csv::Error::from))
-                .map_err(|e| OpenError {
+            csv_line(CSV_HEADER)
+                .and_then(|line| write_whole(&mut file, &line))
+                .map_err(|source| OpenError {
                     path: path.to_path_buf(),
-                    source: io::Error::other(e),
+                    source,
                 })?;
         }
         Ok(CsvSink {
-            writer,
+            file,
             path: path.to_path_buf(),
         })
     }
@@ -169,13 +245,56 @@ pub(crate) fn csv_row(r: &ResultRecord) -> Vec<String> {
 
 impl RecordSink for CsvSink {
     fn append(&mut self, record: &ResultRecord) -> io::Result<()> {
-        self.writer
-            .write_record(csv_row(record))
-            .map_err(io::Error::other)?;
-        self.writer.flush()
+        let line = csv_line(csv_row(record))?;
+        write_whole(&mut self.file, &line)
     }
 
     fn path(&self) -> &Path {
         &self.path
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(value: f64) -> ResultRecord {
+        serde_json::from_value(serde_json::json!({
+            "test": "pingpong", "transport": "tcp", "mode": "event", "size_bytes": 1,
+            "metric": "latency_us", "value": value, "warnings": [], "version": "0",
+            "time": "2026-01-01T00:00:00Z",
+        }))
+        .expect("a minimal record parses")
+    }
+
+    #[test]
+    fn a_torn_last_line_is_kept_apart_from_the_next_record() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("r.jsonl");
+        let whole = serde_json::to_string(&record(1.0)).expect("json");
+        std::fs::write(&path, format!("{whole}\n{{\"test\":\"pin")).expect("write");
+        let mut sink = JsonlSink::open(&path).expect("open");
+        assert_eq!(sink.torn_bytes(), Some(12));
+        sink.append(&record(2.0)).expect("append");
+        let text = std::fs::read_to_string(&path).expect("read");
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 3, "{text}");
+        assert_eq!(lines[1], "{\"test\":\"pin");
+        for l in [lines[0], lines[2]] {
+            serde_json::from_str::<ResultRecord>(l).expect("an intact record");
+        }
+        // A file that ends cleanly has nothing torn.
+        let sink = JsonlSink::open(&path).expect("open again");
+        assert_eq!(sink.torn_bytes(), None);
+    }
+
+    #[test]
+    fn a_failed_write_leaves_the_file_as_it_was() {
+        // /dev/full fails every write with ENOSPC, as a full disk does.
+        let mut full = OpenOptions::new()
+            .append(true)
+            .open("/dev/full")
+            .expect("/dev/full");
+        assert!(write_whole(&mut full, b"{\"x\":1}\n").is_err());
     }
 }

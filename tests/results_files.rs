@@ -1,0 +1,88 @@
+//! Results files survive a full disk: a record is written whole or not at
+//! all, the run stops with one line naming the file, and a later run
+//! appends cleanly. The disk is a small tmpfs mounted for the test (root);
+//! without root the test says why and passes, unless
+//! NETGAP_REQUIRE_SYSTEM_TESTS=1.
+
+mod common;
+use common::{netgap, read_records};
+use std::path::Path;
+use std::process::Command;
+
+/// A tmpfs of `size` mounted on `dir`, unmounted on drop.
+struct Tmpfs<'a> {
+    dir: &'a Path,
+}
+
+impl<'a> Tmpfs<'a> {
+    fn mount(dir: &'a Path, size: &str) -> Option<Tmpfs<'a>> {
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir)
+            .status()
+            .is_ok_and(|s| s.success());
+        ok.then_some(Tmpfs { dir })
+    }
+}
+
+impl Drop for Tmpfs<'_> {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(self.dir).status();
+    }
+}
+
+#[test]
+fn a_full_disk_leaves_no_torn_record_and_a_later_run_appends_cleanly() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let Some(_fs) = Tmpfs::mount(dir.path(), "64k") else {
+        assert!(
+            std::env::var("NETGAP_REQUIRE_SYSTEM_TESTS").as_deref() != Ok("1"),
+            "mounting a tmpfs needs root, but NETGAP_REQUIRE_SYSTEM_TESTS=1"
+        );
+        eprintln!("skipping: cannot mount a tmpfs (not root)");
+        return;
+    };
+    // Leave room for a few records only.
+    let filler = dir.path().join("filler");
+    std::fs::write(&filler, vec![0u8; 48 * 1024]).expect("filler");
+    let json = dir.path().join("r.jsonl");
+    let run = || {
+        netgap()
+            .args(["run", "pingpong", "-s", "1..64K", "--reps", "2", "-n", "20"])
+            .arg("--json")
+            .arg(&json)
+            .output()
+            .expect("netgap run")
+    };
+    let out = run();
+    assert!(!out.status.success(), "the disk filled up");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.contains("error")).collect();
+    assert_eq!(errors.len(), 1, "{stderr}");
+    assert!(
+        errors[0].contains("r.jsonl") && errors[0].contains("No space left"),
+        "{stderr}"
+    );
+    let text = std::fs::read_to_string(&json).expect("results file");
+    assert!(text.is_empty() || text.ends_with('\n'), "no torn line");
+    let first = read_records(&json).len();
+    assert!(
+        first > 0,
+        "some points were measured before the disk filled"
+    );
+
+    // With room again, the next run appends whole records after them.
+    std::fs::remove_file(&filler).expect("rm filler");
+    let out = netgap()
+        .args(["run", "pingpong", "-s", "1", "--reps", "2", "-n", "20"])
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .expect("netgap run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(read_records(&json).len(), first + 1);
+}
