@@ -28,4 +28,6 @@ pub mod point_loop;
 pub mod runner;
 pub mod sink;
 pub mod sweep;
+#[cfg(test)]
+mod test_support;
 pub mod workload;

@@ -79,6 +79,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_support::record;
     use std::path::{Path, PathBuf};
 
     /// A sink that keeps what it is given, or fails on the `fail_at`-th
@@ -115,15 +116,6 @@ mod tests {
         fn point_done(&mut self, _record: &ResultRecord) {
             self.done += 1;
         }
-    }
-
-    fn record(value: f64) -> ResultRecord {
-        serde_json::from_value(serde_json::json!({
-            "test": "pingpong", "transport": "tcp", "mode": "event", "size_bytes": 1,
-            "metric": "latency_us", "value": value, "warnings": [], "version": "0",
-            "time": "2026-01-01T00:00:00Z",
-        }))
-        .expect("a minimal record parses")
     }
 
     /// An observer that ignores everything.

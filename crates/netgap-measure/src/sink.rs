@@ -257,15 +257,7 @@ impl RecordSink for CsvSink {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn record(value: f64) -> ResultRecord {
-        serde_json::from_value(serde_json::json!({
-            "test": "pingpong", "transport": "tcp", "mode": "event", "size_bytes": 1,
-            "metric": "latency_us", "value": value, "warnings": [], "version": "0",
-            "time": "2026-01-01T00:00:00Z",
-        }))
-        .expect("a minimal record parses")
-    }
+    use crate::test_support::record;
 
     #[test]
     fn a_torn_last_line_is_kept_apart_from_the_next_record() {
