@@ -66,6 +66,12 @@
 //! or a re-send can overtake datagrams still in flight; those then count as
 //! lost and, when they arrive, reordered, since they were not delivered in
 //! order.
+//!
+//! Multi-host runs: a flow can leave from a chosen local address (bound
+//! before the connect, [`Transport::connect_from`]), so multirail puts one
+//! on each link; the multi-client flow engine carries udp too (its datagram
+//! path, `flows::datagram`), speaking this header for thousands of
+//! request/response flows per host.
 
 use super::tcp::wait_readable;
 use super::{

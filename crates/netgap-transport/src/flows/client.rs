@@ -958,6 +958,7 @@ fn datagram_ready(
         socket,
         m,
         retry_at,
+        backoff,
         ..
     } = &mut f.kind
     else {
@@ -972,7 +973,9 @@ fn datagram_ready(
     let now = Instant::now();
     *retry_at = None;
     f.last_progress = now;
-    if !m.retried() {
+    if m.retried() {
+        rto.back_off(*backoff);
+    } else {
         rto.observe(now.duration_since(f.t0));
     }
     if sched.in_window(now) {

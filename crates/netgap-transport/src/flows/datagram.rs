@@ -31,7 +31,8 @@
 //! The retry timeout is the udp transport's rule, kept per worker (its
 //! flows share the server and the path): 20 ms until measured, then four
 //! times the smoothed round trip of exchanges that needed no re-send,
-//! within [`RETRY_MIN`]..[`RETRY_MAX`].
+//! within [`RETRY_MIN`]..[`RETRY_MAX`], and at least the backed-off wait
+//! of the last exchange that needed one (Karn) until a clean one.
 
 use super::machine::{MachineError, Moved, Progress};
 use super::{EngineError, ServerTotals};
@@ -244,6 +245,14 @@ impl RetryTimeout {
     /// The current retry timeout.
     pub fn get(&self) -> Duration {
         self.rto
+    }
+
+    /// Keeps at least `backoff`, the wait an exchange that needed re-sends
+    /// had reached (Karn): its round trip is no sample, and without this
+    /// only the exchanges faster than the timeout would teach it, so a
+    /// timeout below the real round trip would never grow.
+    pub fn back_off(&mut self, backoff: Duration) {
+        self.rto = self.rto.max(backoff).min(RETRY_MAX);
     }
 
     /// Folds in the round trip of an exchange that needed no re-send.
@@ -679,6 +688,13 @@ mod tests {
         assert!(t.get() > Duration::from_millis(300) && t.get() <= Duration::from_millis(400));
         t.observe(Duration::from_secs(60));
         assert!(t.get() <= RETRY_MAX);
+        let mut t = RetryTimeout::new();
+        t.back_off(Duration::from_millis(80));
+        assert_eq!(t.get(), Duration::from_millis(80));
+        t.back_off(Duration::from_millis(40));
+        assert_eq!(t.get(), Duration::from_millis(80));
+        t.back_off(Duration::from_secs(9));
+        assert_eq!(t.get(), RETRY_MAX);
     }
 
     #[test]
