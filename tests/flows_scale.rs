@@ -1,7 +1,7 @@
 //! 10,000 concurrent flows on loopback through the flow engine, pingpong
-//! then connect over tcp, then pingpong over udp, checking that every flow worked, that bytes balance, and
-//! that each process's peak memory grows by a bounded amount per flow. The
-//! server runs in a child process (this test binary again, running the
+//! then connect over tcp, then pingpong over udp, checking that every flow
+//! worked, that bytes balance, and that each process's peak memory grows by
+//! a bounded amount per flow. The server runs in a child process (this test binary again, running the
 //! ignored `server_child` helper) as it would on another host, so each
 //! side needs only one descriptor per flow and its memory is its own. One
 //! test function so that nothing else runs in the process while its memory
