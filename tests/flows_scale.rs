@@ -1,7 +1,7 @@
 //! 10,000 concurrent flows on loopback through the flow engine, pingpong
-//! then connect, checking that every flow worked, that bytes balance, and
-//! that each process's peak memory grows by a bounded amount per flow. The
-//! server runs in a child process (this test binary again, running the
+//! then connect over tcp, then pingpong over udp, checking that every flow
+//! worked, that bytes balance, and that each process's peak memory grows by
+//! a bounded amount per flow. The server runs in a child process (this test binary again, running the
 //! ignored `server_child` helper) as it would on another host, so each
 //! side needs only one descriptor per flow and its memory is its own. One
 //! test function so that nothing else runs in the process while its memory
@@ -127,8 +127,9 @@ impl Drop for ChildServer {
 #[test]
 #[ignore = "helper run in a child process by the 10,000-flow test"]
 fn server_child() {
-    let work = match std::env::var("NETGAP_FLOWS_CHILD").as_deref() {
-        Ok("pingpong") => FlowWork::PingPong { size_bytes: 1 },
+    let mode = std::env::var("NETGAP_FLOWS_CHILD");
+    let work = match mode.as_deref() {
+        Ok("pingpong" | "udp") => FlowWork::PingPong { size_bytes: 1 },
         Ok("connect") => FlowWork::Connect {
             request_bytes: 16,
             reply_bytes: 64,
@@ -136,7 +137,10 @@ fn server_child() {
         _ => return,
     };
     let rss_before = status_kib("VmRSS:");
-    let cfg = EngineConfig::tcp(2, Duration::from_secs(10));
+    let mut cfg = EngineConfig::tcp(2, Duration::from_secs(10));
+    if mode.as_deref() == Ok("udp") {
+        cfg.path = &flows::DATAGRAMS;
+    }
     let server = FlowServer::bind("127.0.0.1:0".parse().unwrap(), work, cfg).unwrap();
     println!("ADDR {}", server.local_addr());
     let mut line = String::new();
@@ -268,7 +272,65 @@ fn ten_thousand_flows_pingpong_and_connect_with_bounded_memory() {
         "server: {server_growth} bytes per flow"
     );
 
-    let growth = hwm_connect.max(hwm_pingpong).saturating_sub(rss_before);
+    drop(report);
+
+    // Pingpong over udp: a datagram socket per client flow, a few bytes of
+    // state per flow on the server.
+    let udp_cfg = EngineConfig {
+        path: &flows::DATAGRAMS,
+        ..cfg.clone()
+    };
+    let server = ChildServer::start("udp");
+    let spec = ClientSpec {
+        target: server.addr,
+        flows: FLOWS,
+        work: FlowWork::PingPong { size_bytes: 1 },
+        bind_ip: None,
+    };
+    let t0 = Instant::now();
+    let clients = flows::prepare_clients(&spec, &udp_cfg).unwrap();
+    let prepared = t0.elapsed();
+    let report = clients
+        .run(Duration::from_millis(200), Duration::from_secs(1))
+        .unwrap();
+    let totals = server.stop();
+    let hwm_udp = status_kib("VmHWM:");
+    assert_eq!(report.flows.len(), FLOWS);
+    assert_eq!(totals.accepted, FLOWS as u64);
+    for f in &report.flows {
+        assert!(f.bytes_tx > 0, "flow {}", f.index);
+        assert_eq!(f.bytes_tx, f.bytes_rx, "flow {}", f.index);
+    }
+    let tx: u64 = report.flows.iter().map(|f| f.bytes_tx).sum();
+    assert_eq!(totals.bytes_rx, tx);
+    assert_eq!(totals.bytes_tx, tx);
+    let round_trips: u64 = report.flows.iter().map(|f| f.round_trips).sum();
+    let retries: u64 = report
+        .flows
+        .iter()
+        .filter_map(|f| f.datagrams)
+        .map(|d| d.retries)
+        .sum();
+    eprintln!(
+        "udp: {FLOWS} flows opened in {prepared:?}; {round_trips} round trips in 1 s, \
+         {retries} re-sends; client peak RSS {} MiB, server peak RSS {} MiB (from {} MiB)",
+        hwm_udp >> 20,
+        totals.peak_rss_bytes >> 20,
+        totals.rss_before_bytes >> 20
+    );
+    let server_growth = totals
+        .peak_rss_bytes
+        .saturating_sub(totals.rss_before_bytes)
+        / FLOWS as u64;
+    assert!(
+        server_growth < MAX_GROWTH_PER_FLOW_BYTES,
+        "udp server: {server_growth} bytes per flow"
+    );
+
+    let growth = hwm_connect
+        .max(hwm_pingpong)
+        .max(hwm_udp)
+        .saturating_sub(rss_before);
     let per_flow = growth / FLOWS as u64;
     eprintln!(
         "client peak RSS growth {} MiB, {per_flow} bytes per flow",

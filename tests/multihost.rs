@@ -1,7 +1,8 @@
 //! Multi-host tests end to end: the real binary as coordinator against real
 //! agents on loopback addresses 127.0.0.2..5 (and the in-process default),
 //! asserting on the JSON records: per-flow bytes, the cyclic allotment,
-//! per-link bytes of multirail, the agents' refusals, and a client host
+//! per-link bytes of multirail, the engine workloads over every transport
+//! they carry (udp included), the agents' refusals, and a client host
 //! dying mid-run.
 
 use serde_json::Value;
@@ -144,6 +145,17 @@ fn multistream_runs_every_stream_from_the_first_client_host() {
 
 #[test]
 fn multirail_uses_every_link_of_a_hosts_file() {
+    multirail_over_links("tcp", "2");
+}
+
+#[test]
+fn multirail_runs_over_udp_with_each_flow_bound_to_its_link() {
+    multirail_over_links("udp", "1");
+}
+
+/// multirail over `transport` on three loopback links of a hosts file:
+/// each link's flow leaves from its own address and carries bytes.
+fn multirail_over_links(transport: &str, reps: &str) {
     let agents = agents(1);
     let dir = tempfile::tempdir().expect("tempdir");
     let json = dir.path().join("r.jsonl");
@@ -172,8 +184,10 @@ fn multirail_uses_every_link_of_a_hosts_file() {
         "multirail",
         "--hosts",
         &hosts,
+        "-t",
+        transport,
         "--reps",
-        "2",
+        reps,
         "--duration",
         "200ms",
         "--json",
@@ -182,6 +196,7 @@ fn multirail_uses_every_link_of_a_hosts_file() {
     let records = read_records(&json);
     assert_eq!(records.len(), 1);
     let r = &records[0];
+    assert_eq!(r["transport"], transport);
     assert_eq!(u(&r["clients"]), 3);
     let links = r["links"].as_array().expect("links");
     assert_eq!(links.len(), 3);
@@ -193,7 +208,13 @@ fn multirail_uses_every_link_of_a_hosts_file() {
     }
     for f in r["flows"].as_array().expect("flows") {
         assert_eq!(f["host"], "h2");
-        assert_eq!(f["bytes_tx"], f["bytes_rx"]);
+        if transport == "udp" {
+            // Datagrams lost on the way are sent but not received.
+            assert!(u(&f["bytes_rx"]) > 0, "{f}");
+            assert!(u(&f["bytes_rx"]) <= u(&f["bytes_tx"]), "{f}");
+        } else {
+            assert_eq!(f["bytes_tx"], f["bytes_rx"]);
+        }
     }
 }
 
@@ -232,9 +253,11 @@ fn bad_group_flags_are_one_line_errors() {
         (vec!["run", "fanin", "--clients", "5000"], "--clients"),
         (vec!["run", "fanin", "--duration", "3h"], "--duration"),
         (vec!["run", "fanin,pingpong"], "cannot be mixed"),
-        (vec!["run", "hotspot", "-t", "udp"], "flow engine"),
         (vec!["run", "connect", "--cork"], "--cork"),
-        (vec!["run", "multirail", "-t", "udp"], "binds each flow"),
+        (
+            vec!["run", "connect", "-t", "udp"],
+            "connect measures connection setup, which udp does not have",
+        ),
         (vec!["run", "fanin", "--hosts", "127.0.0.1"], "--hosts"),
     ] {
         let out = netgap().args(&args).output().expect("netgap runs");
@@ -520,6 +543,90 @@ fn hotspot_and_connect_run_over_uring() {
 #[test]
 fn hotspot_and_connect_honour_poll_mode() {
     engine_workloads_over("tcp", "poll");
+}
+
+/// `hotspot` over udp in `mode` against real agents, 100-byte messages:
+/// the record says how it was measured, the clients sit cyclically on the
+/// client hosts, and every request and reply counts once at each end
+/// however often its datagram was sent.
+fn hotspot_over_udp(mode: &str) {
+    let agents = agents(2);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json = dir.path().join("r.jsonl");
+    let hosts = hosts_arg(&agents);
+    run_ok(&[
+        "run",
+        "hotspot",
+        "--hosts",
+        &hosts,
+        "--clients",
+        "3",
+        "-t",
+        "udp",
+        "--mode",
+        mode,
+        "--sizes",
+        "100",
+        "--reps",
+        "1",
+        "--duration",
+        "200ms",
+        "--json",
+        json.to_str().expect("utf-8 path"),
+    ]);
+    let records = read_records(&json);
+    assert_eq!(records.len(), 1);
+    let r = &records[0];
+    assert_eq!(r["test"], "hotspot");
+    assert_eq!(r["transport"], "udp", "{r}");
+    assert_eq!(r["mode"], mode, "{r}");
+    assert_eq!(r["metric"], "latency_us");
+    assert_eq!(u(&r["clients"]), 3);
+    assert_eq!(u(&r["client_hosts"]), 2);
+    let flows = r["flows"].as_array().expect("flows");
+    assert_eq!(flows.len(), 3);
+    for (i, f) in flows.iter().enumerate() {
+        assert_eq!(f["host"], agents[1 + i % 2].addr.as_str(), "flow {i}");
+        assert!(u(&f["bytes_tx"]) > 0, "flow {i} sent nothing: {f}");
+        // Every request had its reply.
+        assert_eq!(f["bytes_tx"], f["bytes_rx"], "flow {i}: {f}");
+        assert_eq!(u(&f["bytes_tx"]) % 100, 0, "{f}");
+        assert!(f["value"].as_f64().expect("value") > 0.0, "{f}");
+    }
+    let b = |k: &str| u(&r["bytes"][k]);
+    assert_eq!(b("client_tx"), b("server_rx"), "{}", r["bytes"]);
+    assert_eq!(b("server_tx"), b("client_rx"), "{}", r["bytes"]);
+    let sent: u64 = flows.iter().map(|f| u(&f["bytes_tx"])).sum();
+    assert_eq!(sent, b("client_tx"));
+    // Both ends' datagrams are in the record: each request and reply
+    // delivered once, repeats counted as duplicates.
+    let d = &r["datagrams"];
+    let (c, s) = (&d["client"], &d["server"]);
+    assert!(u(&c["datagrams_sent"]) >= b("client_tx") / 100, "{d}");
+    assert_eq!(
+        u(&c["datagrams_received"]) - u(&c["duplicates"]),
+        b("client_rx") / 100,
+        "{d}"
+    );
+    assert_eq!(
+        u(&s["datagrams_received"]) - u(&s["duplicates"]),
+        b("server_rx") / 100,
+        "{d}"
+    );
+    assert!(
+        u(&s["datagrams_received"]) <= u(&c["datagrams_sent"]),
+        "{d}"
+    );
+}
+
+#[test]
+fn hotspot_runs_over_udp_in_event_mode() {
+    hotspot_over_udp("event");
+}
+
+#[test]
+fn hotspot_runs_over_udp_in_poll_mode() {
+    hotspot_over_udp("poll");
 }
 
 /// How a client host fails mid-run.

@@ -126,6 +126,25 @@ fn every_multi_host_test_runs_through_a_four_host_switch_testbed() {
         }
     }
 
+    // hotspot crosses hosts over udp: each request and reply counts once.
+    let udp = tb.run(
+        "hotspot",
+        &[&["--clients", "3", "-t", "udp"][..], &short].concat(),
+        &dir.path().join("udp.jsonl"),
+    );
+    assert_eq!(udp.len(), 1);
+    let r = &udp[0];
+    assert_eq!(r["transport"], "udp", "{r}");
+    let b = |k: &str| u(&r["bytes"][k]);
+    assert!(b("client_tx") > 0, "{r}");
+    assert_eq!(b("client_tx"), b("server_rx"), "{r}");
+    assert_eq!(b("server_tx"), b("client_rx"), "{r}");
+    assert!(r["datagrams"]["client"]["datagrams_sent"].is_u64(), "{r}");
+    for (i, f) in flows(r).iter().enumerate() {
+        assert_eq!(f["host"], name(1 + i % 3).as_str(), "flow {i}");
+        assert_eq!(f["bytes_tx"], f["bytes_rx"], "{f}");
+    }
+
     // The agents require the key: a hosts file that does not name it
     // fails on the first host in one line, and `--key` supplies it.
     let mut keyless = hosts.clone();
@@ -207,6 +226,29 @@ fn multirail_over_a_three_link_mesh_carries_payload_on_every_link() {
     for f in flows(r) {
         assert_eq!(f["host"], client.name.as_str());
         assert_eq!(f["bytes_tx"], f["bytes_rx"], "{f}");
+    }
+
+    // Over udp each flow is bound to its link too.
+    let before: Vec<u64> = rails
+        .iter()
+        .map(|l| link_bytes(&tb.ns(&client.name), &l.ifname))
+        .collect();
+    let recs = tb.run(
+        "multirail",
+        &["-t", "udp", "--reps", "1", "--duration", "300ms"],
+        &dir.path().join("mr-udp.jsonl"),
+    );
+    let links = recs[0]["links"].as_array().expect("links");
+    assert_eq!(links.len(), 3);
+    for (k, rail) in rails.iter().enumerate() {
+        let payload = u(&links[k]["bytes"]);
+        assert!(payload > 0, "udp link {k} carried nothing");
+        let moved = link_bytes(&tb.ns(&client.name), &rail.ifname) - before[k];
+        assert!(
+            moved >= payload,
+            "udp link {k} ({}) moved {moved} bytes < payload {payload}",
+            rail.ifname
+        );
     }
     let _ = tb.down();
     tb.assert_gone();

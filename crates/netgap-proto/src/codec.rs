@@ -402,6 +402,13 @@ mod tests {
                     peak_rss_kib: Some(12_000),
                     bytes_rx: 7,
                     bytes_tx: 8,
+                    datagrams: Some(DatagramStats {
+                        datagrams_sent: 3,
+                        datagrams_received: 2,
+                        duplicates: 1,
+                        retries: 1,
+                        ..DatagramStats::default()
+                    }),
                 },
             },
         ]

@@ -16,6 +16,7 @@
 //! histogram (`group_buckets`, in chunks) and a closing `group_finished`.
 
 use netgap_core::cpu::CpuUsage;
+use netgap_core::datagram::DatagramStats;
 use netgap_core::spec::{PointSpec, RangeError};
 use netgap_core::stats::Percentiles;
 use serde::{Deserialize, Serialize};
@@ -220,6 +221,11 @@ pub struct GroupOutcome {
     /// Payload bytes this agent sent, all flows, whole repetition.
     #[serde(default)]
     pub bytes_tx: u64,
+    /// Datagram counters of this agent's flows, all together, whole
+    /// repetition, when they are datagrams on the flow engine (hotspot
+    /// over udp); absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub datagrams: Option<DatagramStats>,
 }
 
 impl FlowReport {
@@ -240,6 +246,10 @@ impl GroupOutcome {
     pub fn validate(&self) -> Result<(), RangeError> {
         if !(self.cpu.system_busy_percent.is_finite() && self.cpu.process_percent.is_finite()) {
             return Err(range("cpu", "not a finite number"));
+        }
+        if let Some(d) = &self.datagrams {
+            d.validate()
+                .map_err(|e| range("datagrams", e.to_string()))?;
         }
         Ok(())
     }
@@ -326,5 +336,29 @@ mod tests {
         assert_eq!(s.validate().unwrap_err().field, "targets");
         s.targets = vec!["127.0.0.1:1".into(); 2];
         assert!(s.validate().is_ok());
+    }
+
+    #[test]
+    fn datagram_counts_that_break_their_invariants_are_refused() {
+        let mut outcome = GroupOutcome {
+            window_ns: 1,
+            cpu: CpuUsage::default(),
+            peak_rss_kib: None,
+            bytes_rx: 0,
+            bytes_tx: 0,
+            datagrams: Some(DatagramStats {
+                datagrams_sent: 1,
+                retries: 1,
+                ..DatagramStats::default()
+            }),
+        };
+        assert!(outcome.validate().is_ok());
+        outcome.datagrams = Some(DatagramStats {
+            datagrams_sent: 1,
+            retries: 2,
+            ..DatagramStats::default()
+        });
+        let e = outcome.validate().unwrap_err();
+        assert_eq!(e.field, "datagrams");
     }
 }

@@ -1063,6 +1063,7 @@ mod tests {
             peak_rss_kib: None,
             bytes_rx: 0,
             bytes_tx: 0,
+            datagrams: None,
         };
         assert_eq!(wire_reply(&agent.group_alive().unwrap()), Reply::GroupAlive);
         assert_eq!(

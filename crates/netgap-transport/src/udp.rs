@@ -66,6 +66,12 @@
 //! or a re-send can overtake datagrams still in flight; those then count as
 //! lost and, when they arrive, reordered, since they were not delivered in
 //! order.
+//!
+//! Multi-host runs: a flow can leave from a chosen local address (bound
+//! before the connect, [`Transport::connect_from`]), so multirail puts one
+//! on each link; the multi-client flow engine carries udp too (its datagram
+//! path, `flows::datagram`), speaking this header for thousands of
+//! request/response flows per host.
 
 use super::tcp::wait_readable;
 use super::{
@@ -109,7 +115,7 @@ pub const MAX_LOST_RANGES: usize = 1024;
 pub const PROBE_FIRST: Duration = Duration::from_micros(100);
 
 /// Interval between hellos while connecting.
-const HELLO_INTERVAL: Duration = Duration::from_millis(20);
+pub(crate) const HELLO_INTERVAL: Duration = Duration::from_millis(20);
 /// Bytes after the caller's buffer that catch the rest of a datagram; more
 /// than any UDP payload, so no datagram is ever truncated.
 const OVERFLOW_BYTES: usize = 1 << 16;
@@ -119,14 +125,14 @@ const SPINS_PER_CLOCK_READ: u32 = 64;
 const MAGIC: [u8; 2] = *b"NG";
 const VERSION: u8 = 1;
 /// Flag: the sender waits for the receiver and asks for its last datagram.
-const FLAG_RETRY: u8 = 1;
+pub(crate) const FLAG_RETRY: u8 = 1;
 
 /// Kernel UDP datagrams.
 pub(crate) struct Udp;
 
 /// What a datagram is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
+pub(crate) enum Kind {
     /// Coordinator to agent: please connect to me.
     Hello = 1,
     /// Agent to coordinator: connected.
@@ -143,17 +149,17 @@ enum Kind {
 /// (2 bytes), version, kind, flags, 3 reserved bytes, sequence number (8),
 /// stream offset of the payload in bytes (8).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Header {
-    kind: Kind,
-    flags: u8,
+pub(crate) struct Header {
+    pub(crate) kind: Kind,
+    pub(crate) flags: u8,
     /// Data datagrams sent before this one in its direction.
-    seq: u64,
+    pub(crate) seq: u64,
     /// Payload bytes sent before this datagram's payload in its direction.
-    offset_bytes: u64,
+    pub(crate) offset_bytes: u64,
 }
 
 impl Header {
-    fn control(kind: Kind) -> Header {
+    pub(crate) fn control(kind: Kind) -> Header {
         Header {
             kind,
             flags: 0,
@@ -162,7 +168,7 @@ impl Header {
         }
     }
 
-    fn encode(&self) -> [u8; HEADER_BYTES] {
+    pub(crate) fn encode(&self) -> [u8; HEADER_BYTES] {
         let mut b = [0u8; HEADER_BYTES];
         b[..2].copy_from_slice(&MAGIC);
         b[2] = VERSION;
@@ -175,7 +181,7 @@ impl Header {
 
     /// The header at the start of `b`, or `None` for anything that is not
     /// one of ours (too short, wrong magic, version or kind).
-    fn decode(b: &[u8]) -> Option<Header> {
+    pub(crate) fn decode(b: &[u8]) -> Option<Header> {
         let b: &[u8; HEADER_BYTES] = b.get(..HEADER_BYTES)?.try_into().ok()?;
         if b[..2] != MAGIC || b[2] != VERSION {
             return None;
@@ -907,7 +913,7 @@ fn opt_err(option: &'static str) -> impl FnOnce(io::Error) -> TransportError {
 
 /// A UDP socket for `addr`'s family with the buffer sizes applied;
 /// `fail` names the step for errors of the socket itself.
-fn new_socket(
+pub(crate) fn new_socket(
     addr: SocketAddr,
     options: &TransportOptions,
     fail: impl FnOnce(io::Error) -> TransportError,
@@ -949,9 +955,14 @@ fn listen_socket(config: &FlowConfig, local_ip: IpAddr) -> Result<UdpDataListene
     })
 }
 
-/// Connects to the agent's socket at `addr` (`IP:PORT`) and knocks with
-/// hellos until it answers.
-fn connect_flow(config: &FlowConfig, addr: &str) -> Result<UdpFlow, TransportError> {
+/// Connects to the agent's socket at `addr` (`IP:PORT`), from `local_ip`
+/// when given (port chosen by the system), and knocks with hellos until it
+/// answers.
+fn connect_flow(
+    config: &FlowConfig,
+    addr: &str,
+    local_ip: Option<IpAddr>,
+) -> Result<UdpFlow, TransportError> {
     let sa: SocketAddr = addr.parse().map_err(|e| TransportError::BadAddress {
         transport: NAME,
         addr: addr.to_string(),
@@ -963,6 +974,13 @@ fn connect_flow(config: &FlowConfig, addr: &str) -> Result<UdpFlow, TransportErr
         source,
     };
     let socket = new_socket(sa, &config.options, connect_err)?;
+    if let Some(ip) = local_ip {
+        // Bound before the connect, so the flow leaves from this address
+        // (and so over its link) whatever the routing table prefers.
+        socket
+            .bind(&SocketAddr::new(ip, 0).into())
+            .map_err(connect_err)?;
+    }
     socket.connect(&SockAddr::from(sa)).map_err(connect_err)?;
     let socket: UdpSocket = socket.into();
     socket
@@ -1084,7 +1102,24 @@ impl Transport for Udp {
     }
 
     fn connect(&self, config: &FlowConfig, addr: &str) -> Result<Box<dyn Flow>, TransportError> {
-        Ok(Box::new(connect_flow(config, addr)?))
+        Ok(Box::new(connect_flow(config, addr, None)?))
+    }
+
+    fn binds_local(&self) -> bool {
+        true
+    }
+
+    fn connect_from(
+        &self,
+        config: &FlowConfig,
+        addr: &str,
+        local_ip: IpAddr,
+    ) -> Result<Box<dyn Flow>, TransportError> {
+        Ok(Box::new(connect_flow(config, addr, Some(local_ip))?))
+    }
+
+    fn engine_path(&self) -> Option<&'static dyn crate::flows::DataPath> {
+        Some(&crate::flows::DATAGRAMS)
     }
 }
 
@@ -1118,7 +1153,7 @@ mod tests {
         let mut listener = listen_socket(&cfg, IpAddr::V4(Ipv4Addr::LOCALHOST)).expect("listen");
         let addr = listener.addr();
         let agent = std::thread::spawn(move || listener.accept_flow(Duration::from_secs(3)));
-        let client = connect_flow(&cfg, &addr).expect("connect");
+        let client = connect_flow(&cfg, &addr, None).expect("connect");
         let server = agent.join().expect("join").expect("accept");
         (client, server)
     }
@@ -1463,6 +1498,21 @@ mod tests {
         assert!(!take_lost(&mut r, 9));
         assert!(take_lost(&mut r, 3));
         assert!(r.is_empty());
+    }
+
+    #[test]
+    fn a_flow_connected_from_a_local_address_leaves_from_it() {
+        let cfg = config(Mode::Event, Duration::from_secs(3));
+        let mut listener = listen_socket(&cfg, IpAddr::V4(Ipv4Addr::LOCALHOST)).expect("listen");
+        let addr = listener.addr();
+        let agent = std::thread::spawn(move || listener.accept_flow(Duration::from_secs(3)));
+        let local = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 3));
+        assert!(Udp.binds_local());
+        let mut c = Udp.connect_from(&cfg, &addr, local).expect("connect");
+        let s = agent.join().expect("join").expect("accept");
+        let peer = s.tx.0.socket.peer_addr().expect("connected");
+        assert_eq!(peer.ip(), local);
+        c.send_all(b"rail").expect("send");
     }
 
     #[test]

@@ -8,7 +8,9 @@ use super::coordinator::{place, GroupCoordinator, GroupError};
 use super::plan::{GroupPlan, GroupPoint};
 use crate::coordinator::Observer;
 use netgap_core::cpu::CpuUsage;
-use netgap_core::record::{ByteCounts, FlowResult, HostCpu, LinkResult, RecordStats, ResultRecord};
+use netgap_core::record::{
+    ByteCounts, DatagramCounts, FlowResult, HostCpu, LinkResult, RecordStats, ResultRecord,
+};
 use netgap_core::stack::{PathIdentity, Stack};
 use netgap_core::stats::{noise_warning, LatencyHistogram, Summary, NOISY_CV};
 use netgap_proto::group::GroupRole;
@@ -48,6 +50,8 @@ pub(super) fn measure_point(
         server_tx: 0,
         server_rx: 0,
     };
+    // Only roles whose flows are datagrams report counters.
+    let mut datagrams: Option<DatagramCounts> = None;
     for rep in 0..plan.reps {
         let r = coord.rep(point, &placement, plan)?;
         hist.merge(&r.hist);
@@ -63,6 +67,17 @@ pub(super) fn measure_point(
                 bytes.client_rx += outcome.bytes_rx;
             }
             rss[*role_index] = rss[*role_index].max(outcome.peak_rss_kib);
+            if let Some(d) = &outcome.datagrams {
+                let sum = datagrams.get_or_insert(DatagramCounts {
+                    client: Default::default(),
+                    server: Default::default(),
+                });
+                let end = match role.side {
+                    GroupRole::Server => &mut sum.server,
+                    GroupRole::Client => &mut sum.client,
+                };
+                *end = end.plus(d);
+            }
             for fr in reports {
                 let Some(&g) = role.flows.get(fr.index as usize) else {
                     return Err(
@@ -178,7 +193,7 @@ pub(super) fn measure_point(
         iterations_per_rep: None,
         warmup_iterations: None,
         bytes: Some(bytes),
-        datagrams: None,
+        datagrams,
         warnings: noise_warning(&summary, NOISY_CV).into_iter().collect(),
         host: Some(coord.local.clone()),
         peer_host: Some(coord.links[first_server].facts.clone()),

@@ -63,8 +63,22 @@ impl Workload for Connect {
         1
     }
 
+    /// Besides the engine's refusals, a transport whose engine flows are
+    /// datagrams: with no connection there is no setup to measure.
     fn check(&self, spec: &PointSpec, transport: &dyn Transport) -> Result<(), Refused> {
         super::check_cross_host(NAME, spec, transport)?;
+        if transport.engine_path().is_some_and(|p| p.datagrams()) {
+            let connected: Vec<&str> = netgap_transport::registry()
+                .iter()
+                .filter(|t| t.engine_path().is_some_and(|p| !p.datagrams()))
+                .map(|t| t.name())
+                .collect();
+            return Err(Refused(format!(
+                "{NAME} measures connection setup, which {} does not have (it sends datagrams without connections); use {}",
+                spec.transport,
+                connected.join(", ")
+            )));
+        }
         engine::check(NAME, spec, transport)
     }
 

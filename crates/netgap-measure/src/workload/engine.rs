@@ -4,13 +4,16 @@
 //! few worker threads, over any transport that gives the engine a data
 //! path, in the point's completion mode. The server role is a
 //! [`FlowServer`] on one listener; a client role opens every flow before
-//! the barrier and runs them all together after it.
+//! the barrier and runs them all together after it. Over a datagram path
+//! (udp) both roles also report their datagram counters, which the record
+//! keeps as its `datagrams`.
 
 use super::role::{
     find_transport, meter_window, peak_rss_kib, window, OpenRole, ReadyRole, RoleContext,
     RoleError, RoleResult,
 };
 use super::{FlowSample, Refused};
+use netgap_core::datagram::DatagramStats;
 use netgap_core::spec::PointSpec;
 use netgap_core::stats::LatencyHistogram;
 use netgap_proto::group::{FlowReport, GroupOutcome, GroupRole, GroupSpec, MAX_GROUP_FLOWS};
@@ -188,48 +191,66 @@ impl ReadyRole for Engine {
         let (cpu, _) = meter.join().map_err(|_| RoleError::Panicked {
             what: "the CPU meter".into(),
         })?;
-        let (flows, hist, window_ns, bytes_rx, bytes_tx) = run?;
+        let ran = run?;
         Ok(RoleResult {
-            flows,
-            buckets: hist.buckets(),
+            flows: ran.flows,
+            buckets: ran.hist.buckets(),
             outcome: GroupOutcome {
-                window_ns,
+                window_ns: ran.window_ns,
                 cpu,
                 peak_rss_kib: peak_rss_kib(),
-                bytes_rx,
-                bytes_tx,
+                bytes_rx: ran.bytes_rx,
+                bytes_tx: ran.bytes_tx,
+                datagrams: ran.datagrams,
             },
         })
     }
 }
 
-type Ran = (Vec<FlowReport>, LatencyHistogram, u64, u64, u64);
+/// What a role's run gives back.
+struct Ran {
+    /// Per-flow reports (none from a server, which does not time exchanges).
+    flows: Vec<FlowReport>,
+    /// The latency of every exchange, ns.
+    hist: LatencyHistogram,
+    /// The measured window, ns.
+    window_ns: u64,
+    /// Payload bytes received, all flows.
+    bytes_rx: u64,
+    /// Payload bytes sent, all flows.
+    bytes_tx: u64,
+    /// Datagram counters of all flows, on a datagram path.
+    datagrams: Option<DatagramStats>,
+}
 
-/// Runs a prepared role for `warmup` then `duration`: per-flow reports
-/// (none from a server, which does not time exchanges), the latency of
-/// every exchange in ns, the window in ns, bytes received and sent.
+/// Runs a prepared role for `warmup` then `duration`.
 fn run(kind: Kind, warmup: Duration, duration: Duration) -> Result<Ran, RoleError> {
     match kind {
         Kind::Server(server) => {
             std::thread::sleep(warmup + duration + SERVER_GRACE);
             let totals = server.stop()?;
-            Ok((
-                Vec::new(),
-                LatencyHistogram::new(),
-                u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX),
-                totals.bytes_rx,
-                totals.bytes_tx,
-            ))
+            Ok(Ran {
+                flows: Vec::new(),
+                hist: LatencyHistogram::new(),
+                window_ns: u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX),
+                bytes_rx: totals.bytes_rx,
+                bytes_tx: totals.bytes_tx,
+                datagrams: totals.datagrams,
+            })
         }
         Kind::Clients(clients, scale) => {
             let report = clients.run(warmup, duration)?;
             let mut hist = LatencyHistogram::new();
             let (mut rx, mut tx) = (0, 0);
+            let mut datagrams: Option<DatagramStats> = None;
             let mut flows = Vec::with_capacity(report.flows.len());
             for f in &report.flows {
                 hist.merge(&f.hist);
                 rx += f.bytes_rx;
                 tx += f.bytes_tx;
+                if let Some(d) = &f.datagrams {
+                    datagrams = Some(datagrams.unwrap_or_default().plus(d));
+                }
                 flows.push(FlowReport {
                     index: f.index,
                     bytes_tx: f.bytes_tx,
@@ -240,7 +261,14 @@ fn run(kind: Kind, warmup: Duration, duration: Duration) -> Result<Ran, RoleErro
                     errors: f.errors,
                 });
             }
-            Ok((flows, hist, report.elapsed_ns, rx, tx))
+            Ok(Ran {
+                flows,
+                hist,
+                window_ns: report.elapsed_ns,
+                bytes_rx: rx,
+                bytes_tx: tx,
+                datagrams,
+            })
         }
     }
 }

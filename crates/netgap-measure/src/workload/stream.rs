@@ -275,6 +275,7 @@ impl ReadyRole for Streams {
                 peak_rss_kib: peak_rss_kib(),
                 bytes_rx: reports.iter().map(|r| r.bytes_rx).sum(),
                 bytes_tx: reports.iter().map(|r| r.bytes_tx).sum(),
+                datagrams: None,
             },
             flows: reports,
         })

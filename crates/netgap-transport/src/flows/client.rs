@@ -7,7 +7,12 @@
 //! At the end of the window no flow starts a new exchange; exchanges under
 //! way finish (within the I/O timeout) so that bytes sent equal bytes the
 //! server received and every connection closes cleanly.
+//!
+//! Datagram flows (a [`DataPath::datagrams`](super::DataPath::datagrams)
+//! path) wait only for reads; their re-sends are due at deadlines kept in
+//! the worker's [`RetryQueue`], which sets how long the worker may sleep.
 
+use super::datagram::{self, DatagramClient, RetryQueue, RetryTimeout};
 use super::io::{Io, WorkerIo};
 use super::machine::{ConnectClient, MachineError, PingPongClient, Progress};
 use super::{limits, ClientReport, ClientSpec, EngineConfig, EngineError, FlowOutcome, FlowWork};
@@ -17,7 +22,7 @@ use nix::errno::Errno;
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags};
 use socket2::{Domain, Protocol, Socket, Type};
 use std::collections::VecDeque;
-use std::net::{SocketAddr, TcpStream};
+use std::net::{SocketAddr, TcpStream, UdpSocket};
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
@@ -51,6 +56,10 @@ struct Worker {
     epoll: Epoll,
     io: Box<dyn WorkerIo>,
     flows: Vec<Flow>,
+    /// When the datagram flows' re-sends are due (empty without them).
+    retries: RetryQueue,
+    /// The retry timeout of the datagram flows' next requests.
+    rto: RetryTimeout,
 }
 
 #[derive(Debug)]
@@ -84,6 +93,16 @@ enum Kind {
         timed: bool,
         m: ConnectClient,
     },
+    Datagram {
+        socket: UdpSocket,
+        m: DatagramClient,
+        /// When the current request is sent again, `None` while idle.
+        retry_at: Option<Instant>,
+        /// The current request's backoff: the wait before `retry_at`.
+        backoff: Duration,
+        /// Whether the worker's retry queue holds an entry for this flow.
+        queued: bool,
+    },
 }
 
 impl Flow {
@@ -91,6 +110,7 @@ impl Flow {
         match &self.kind {
             Kind::PingPong { m, .. } => m.busy(),
             Kind::Connect { stream, .. } => stream.is_some(),
+            Kind::Datagram { m, .. } => m.waiting(),
         }
     }
 }
@@ -112,7 +132,7 @@ pub(super) fn prepare(
     spec: &ClientSpec,
     cfg: &EngineConfig,
 ) -> Result<PreparedClients, EngineError> {
-    spec.work.validate()?;
+    spec.work.validate(cfg.path)?;
     cfg.validate()?;
     if spec.flows == 0 {
         return Err(EngineError::Invalid(
@@ -141,6 +161,8 @@ pub(super) fn prepare(
             epoll,
             io,
             flows: Vec::with_capacity(spec.flows / workers_n + 1),
+            retries: RetryQueue::default(),
+            rto: RetryTimeout::new(),
         });
     }
     let now = Instant::now();
@@ -148,6 +170,31 @@ pub(super) fn prepare(
         let index = i as u32;
         let w = &mut workers[i % workers_n];
         let (kind, interest) = match spec.work {
+            FlowWork::PingPong { size_bytes } if cfg.path.datagrams() => {
+                let socket =
+                    datagram::open_flow(spec.target, spec.bind_ip, &cfg.options, cfg.io_timeout)
+                        .map_err(|source| EngineError::Connect {
+                            index,
+                            target: spec.target,
+                            source,
+                        })?;
+                let token = w.flows.len() as u64;
+                // Replies are all a datagram flow waits for: its interest
+                // never changes.
+                w.epoll
+                    .add(&socket, EpollEvent::new(EpollFlags::EPOLLIN, token))
+                    .map_err(|e| sys("adding a flow to epoll", e))?;
+                (
+                    Kind::Datagram {
+                        socket,
+                        m: DatagramClient::new(size_bytes),
+                        retry_at: None,
+                        backoff: Duration::ZERO,
+                        queued: false,
+                    },
+                    Some(EpollFlags::EPOLLIN),
+                )
+            }
             FlowWork::PingPong { size_bytes } => {
                 let stream =
                     connect_blocking(spec, cfg).map_err(|source| EngineError::Connect {
@@ -459,6 +506,9 @@ fn run_worker(
         if let Some(&(at, _)) = retries.front() {
             wake = wake.min(at);
         }
+        if let Some(at) = w.retries.next_due() {
+            wake = wake.min(at);
+        }
         let timeout_ms = wake
             .saturating_duration_since(now)
             .as_millis()
@@ -481,6 +531,7 @@ fn run_worker(
             }
         }
         let now = Instant::now();
+        resend_due(&mut w, now, ctx)?;
         while let Some(&(at, slot)) = retries.front() {
             if at > now {
                 break;
@@ -496,7 +547,7 @@ fn run_worker(
                     continue;
                 }
                 match &mut f.kind {
-                    Kind::PingPong { .. } => {
+                    Kind::PingPong { .. } | Kind::Datagram { .. } => {
                         return Err(EngineError::FlowStalled {
                             index: f.index,
                             target: ctx.target,
@@ -520,9 +571,10 @@ fn run_worker(
         .into_iter()
         .enumerate()
         .map(|(i, f)| {
-            let (bytes_tx, bytes_rx) = match &f.kind {
-                Kind::PingPong { m, .. } => (m.moved.tx_bytes, m.moved.rx_bytes),
-                Kind::Connect { m, .. } => (m.moved.tx_bytes, m.moved.rx_bytes),
+            let (bytes_tx, bytes_rx, datagrams) = match &f.kind {
+                Kind::PingPong { m, .. } => (m.moved.tx_bytes, m.moved.rx_bytes, None),
+                Kind::Connect { m, .. } => (m.moved.tx_bytes, m.moved.rx_bytes, None),
+                Kind::Datagram { m, .. } => (m.moved.tx_bytes, m.moved.rx_bytes, Some(m.stats)),
             };
             Finished {
                 index: f.index,
@@ -538,6 +590,7 @@ fn run_worker(
                     window_bytes_rx: f.window_bytes_rx,
                     hist: f.hist,
                     errors: f.errors,
+                    datagrams,
                 },
             }
         })
@@ -554,11 +607,17 @@ fn begin(
     retries: &mut VecDeque<(Instant, usize)>,
     last_error: &mut Option<String>,
 ) -> Result<(), EngineError> {
-    if let Kind::Connect { .. } = w.flows[slot].kind {
-        open_connection(w, slot, now, ctx, retries, last_error);
-        return Ok(());
+    match w.flows[slot].kind {
+        Kind::Connect { .. } => {
+            open_connection(w, slot, now, ctx, retries, last_error);
+            return Ok(());
+        }
+        Kind::Datagram { .. } => return datagram_start(w, slot, now, ctx),
+        Kind::PingPong { .. } => {}
     }
-    let Worker { epoll, io, flows } = w;
+    let Worker {
+        epoll, io, flows, ..
+    } = w;
     let f = &mut flows[slot];
     f.t0 = now;
     f.last_progress = now;
@@ -653,6 +712,7 @@ fn on_ready(
 ) -> Result<(), EngineError> {
     let reopen = match w.flows[slot].kind {
         Kind::PingPong { .. } => return pingpong_ready(w, slot, sched, ctx),
+        Kind::Datagram { .. } => return datagram_ready(w, slot, sched, ctx),
         Kind::Connect { .. } => connect_ready(w, slot, sched, last_error),
     };
     match reopen {
@@ -679,7 +739,9 @@ fn pingpong_ready(
     sched: Schedule,
     ctx: &Ctx,
 ) -> Result<(), EngineError> {
-    let Worker { epoll, io, flows } = w;
+    let Worker {
+        epoll, io, flows, ..
+    } = w;
     let f = &mut flows[slot];
     let Kind::PingPong { stream, m } = &mut f.kind else {
         return Ok(());
@@ -750,7 +812,9 @@ fn connect_ready(
     sched: Schedule,
     last_error: &mut Option<String>,
 ) -> Reopen {
-    let Worker { epoll, io, flows } = w;
+    let Worker {
+        epoll, io, flows, ..
+    } = w;
     let f = &mut flows[slot];
     let Kind::Connect {
         stream,
@@ -836,4 +900,135 @@ fn connect_ready(
         f.interest = Some(want);
     }
     Reopen::No
+}
+
+/// Issues the next request of the datagram flow in `slot` and sets its
+/// re-send deadline one retry timeout away.
+fn datagram_start(w: &mut Worker, slot: usize, now: Instant, ctx: &Ctx) -> Result<(), EngineError> {
+    let Worker {
+        io,
+        flows,
+        retries,
+        rto,
+        ..
+    } = w;
+    let f = &mut flows[slot];
+    f.t0 = now;
+    f.last_progress = now;
+    let Kind::Datagram {
+        socket,
+        m,
+        retry_at,
+        backoff,
+        queued,
+    } = &mut f.kind
+    else {
+        return Ok(());
+    };
+    m.start(&mut Io::new(socket.as_fd(), &mut **io))
+        .map_err(|e| flow_failed(f.index, ctx, e))?;
+    *backoff = rto.get();
+    let at = now + *backoff;
+    *retry_at = Some(at);
+    if !*queued {
+        retries.push(at, slot);
+        *queued = true;
+    }
+    Ok(())
+}
+
+/// Reads the replies of the datagram flow in `slot`: a finished round trip
+/// is recorded (and teaches the retry timeout, if it needed no re-send) and
+/// the next request issued, until the window is over.
+fn datagram_ready(
+    w: &mut Worker,
+    slot: usize,
+    sched: Schedule,
+    ctx: &Ctx,
+) -> Result<(), EngineError> {
+    let Worker {
+        epoll,
+        io,
+        flows,
+        rto,
+        ..
+    } = w;
+    let f = &mut flows[slot];
+    let Kind::Datagram {
+        socket,
+        m,
+        retry_at,
+        backoff,
+        ..
+    } = &mut f.kind
+    else {
+        return Ok(());
+    };
+    let progress = m
+        .pump(&mut Io::new(socket.as_fd(), &mut **io))
+        .map_err(|e| flow_failed(f.index, ctx, e))?;
+    if progress != Progress::Done {
+        return Ok(());
+    }
+    let now = Instant::now();
+    *retry_at = None;
+    f.last_progress = now;
+    if m.retried() {
+        rto.back_off(*backoff);
+    } else {
+        rto.observe(now.duration_since(f.t0));
+    }
+    if sched.in_window(now) {
+        let size = m.size_bytes() as u64;
+        f.hist.record_ns(elapsed_ns(f.t0, now));
+        f.round_trips += 1;
+        f.window_bytes_tx += size;
+        f.window_bytes_rx += size;
+    }
+    if now >= sched.end {
+        // Finished: replies to earlier re-sends may still come, and are
+        // nobody's business now.
+        let _ = epoll.delete(&*socket);
+        f.interest = None;
+        return Ok(());
+    }
+    datagram_start(w, slot, now, ctx)
+}
+
+/// Sends again the requests whose retry deadline has passed, backing off
+/// each (doubling up to the longest retry timeout), and re-queues flows
+/// whose deadline moved on since their queue entry was made.
+fn resend_due(w: &mut Worker, now: Instant, ctx: &Ctx) -> Result<(), EngineError> {
+    while let Some(slot) = w.retries.pop_due(now) {
+        let Some(f) = w.flows.get_mut(slot) else {
+            continue;
+        };
+        let Kind::Datagram {
+            socket,
+            m,
+            retry_at,
+            backoff,
+            queued,
+        } = &mut f.kind
+        else {
+            continue;
+        };
+        *queued = false;
+        let Some(at) = *retry_at else {
+            continue;
+        };
+        let at = if at <= now {
+            m.resend(&mut Io::new(socket.as_fd(), &mut *w.io))
+                .map_err(|e| flow_failed(f.index, ctx, e))?;
+            *backoff = (*backoff * 2).min(crate::udp::RETRY_MAX);
+            let next = now + *backoff;
+            *retry_at = Some(next);
+            next
+        } else {
+            at
+        };
+        w.retries.push(at, slot);
+        *queued = true;
+    }
+    Ok(())
 }

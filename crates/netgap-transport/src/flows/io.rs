@@ -1,11 +1,13 @@
 //! How the engine's workers move bytes: the seam between the engine and
 //! the transports it carries. The engine owns the sockets (non-blocking
-//! TCP, set up with the transport's options) and their readiness (one
-//! epoll instance per worker); a transport's [`DataPath`] owns the system
-//! calls that move payload. `tcp` moves bytes with `read`/`write`
-//! ([`SYSCALLS`]); `uring` with `IORING_OP_RECV`/`IORING_OP_SEND` on a ring
-//! of each worker's own (see [`crate::uring`]). A transport offers its data
-//! path through [`crate::Transport::engine_path`].
+//! TCP, or UDP for a datagram path, set up with the transport's options)
+//! and their readiness (one epoll instance per worker); a transport's
+//! [`DataPath`] says which sockets and owns the system calls that move
+//! payload. `tcp` moves bytes with `read`/`write` ([`SYSCALLS`]); `uring`
+//! with `IORING_OP_RECV`/`IORING_OP_SEND` on a ring of each worker's own
+//! (see [`crate::uring`]); `udp` one datagram per `read`/`send` on each
+//! client flow's connected UDP socket ([`DATAGRAMS`]). A transport offers
+//! its data path through [`crate::Transport::engine_path`].
 
 use std::fmt::Debug;
 use std::io::{self, Read, Write};
@@ -20,6 +22,14 @@ pub trait DataPath: Sync {
     /// The I/O state of one worker (a ring, for io_uring), made on the
     /// thread that prepares the worker and then moved to it.
     fn worker(&self) -> io::Result<Box<dyn WorkerIo>>;
+
+    /// Whether the flows are UDP sockets carrying one datagram per message
+    /// (netgap's udp header, a sequence number per request, retries on
+    /// loss) instead of TCP connections; such a path has no connection to
+    /// set up, so it runs pingpong flows only.
+    fn datagrams(&self) -> bool {
+        false
+    }
 }
 
 /// One worker's way of reading and writing its flows' sockets. Calls never
@@ -48,6 +58,30 @@ impl DataPath for Syscalls {
 
     fn worker(&self) -> io::Result<Box<dyn WorkerIo>> {
         Ok(Box::new(Syscalls))
+    }
+}
+
+/// Plain system calls on UDP sockets: the data path of `udp`. Each `read`
+/// on a client flow's connected socket is one datagram and each write one
+/// `send` of a whole datagram; the server answers every flow from one
+/// unconnected socket per worker with `recvfrom`/`sendto`.
+#[derive(Debug, Clone, Copy)]
+pub struct Datagrams;
+
+/// The data path of `udp`.
+pub static DATAGRAMS: Datagrams = Datagrams;
+
+impl DataPath for Datagrams {
+    fn name(&self) -> &'static str {
+        "udp"
+    }
+
+    fn worker(&self) -> io::Result<Box<dyn WorkerIo>> {
+        Ok(Box::new(Syscalls))
+    }
+
+    fn datagrams(&self) -> bool {
+        true
     }
 }
 

@@ -30,19 +30,25 @@
 //! Transports: every transport whose [`crate::Transport::engine_path`]
 //! gives a [`DataPath`]: the connections are TCP over IPv4 or IPv6, set up
 //! with the transport's socket options, and the data path decides how their
-//! bytes move (`tcp`: `read`/`write`; `uring`: io_uring operations).
+//! bytes move (`tcp`: `read`/`write`; `uring`: io_uring operations). A
+//! datagram path (`udp`, [`DataPath::datagrams`]) has no connections: each
+//! pingpong flow is a UDP socket doing request/response with sequence
+//! numbers and retries, and the server answers every flow of a worker from
+//! one socket (module `datagram`); it carries no connect-mode work.
 
 mod client;
+mod datagram;
 pub mod io;
 pub mod limits;
 mod machine;
 mod server;
 
 pub use client::PreparedClients;
-pub use io::{DataPath, WorkerIo, SYSCALLS};
+pub use io::{DataPath, WorkerIo, DATAGRAMS, SYSCALLS};
 pub use limits::ensure_fd_limit;
 pub use server::FlowServer;
 
+use netgap_core::datagram::DatagramStats;
 use netgap_core::spec::{Mode, TransportOptions};
 use netgap_core::stats::LatencyHistogram;
 use std::net::{IpAddr, SocketAddr};
@@ -85,7 +91,18 @@ impl FlowWork {
         }
     }
 
-    fn validate(&self) -> Result<(), EngineError> {
+    fn validate(&self, path: &dyn DataPath) -> Result<(), EngineError> {
+        if path.datagrams() {
+            match *self {
+                FlowWork::PingPong { size_bytes } => datagram::check_size(size_bytes)?,
+                FlowWork::Connect { .. } => {
+                    return Err(EngineError::Invalid(format!(
+                        "connect-mode flows set up a connection per exchange, and {} has no connections",
+                        path.name()
+                    )))
+                }
+            }
+        }
         match *self {
             FlowWork::PingPong { size_bytes: 0 } => {
                 Err(EngineError::Invalid("pingpong flows need a message size of at least 1 byte".into()))
@@ -193,14 +210,19 @@ pub struct ServerTotals {
     pub bytes_rx: u64,
     /// Payload bytes written to clients.
     pub bytes_tx: u64,
-    /// Connections accepted.
+    /// Connections accepted; on a datagram path, flows that said hello.
     pub connections_accepted: u64,
     /// Connections that ended cleanly: the client closed between pingpong
     /// messages, or a connect-mode reply was fully written.
     pub connections_completed: u64,
     /// Connections that ended with an error (reset, closed mid-exchange),
-    /// plus failed accepts (e.g. out of descriptors).
+    /// plus failed accepts (e.g. out of descriptors); on a datagram path,
+    /// datagrams dropped as not netgap's, of the wrong size, or from a flow
+    /// that never said hello (or one past the worker's cap).
     pub errors: u64,
+    /// The datagram counters of a datagram path, all flows together;
+    /// `None` for connections.
+    pub datagrams: Option<DatagramStats>,
 }
 
 impl ServerTotals {
@@ -210,6 +232,10 @@ impl ServerTotals {
         self.connections_accepted += o.connections_accepted;
         self.connections_completed += o.connections_completed;
         self.errors += o.errors;
+        self.datagrams = match (self.datagrams, o.datagrams) {
+            (Some(a), Some(b)) => Some(a.plus(&b)),
+            (a, b) => a.or(b),
+        };
     }
 }
 
@@ -275,6 +301,9 @@ pub struct FlowOutcome {
     /// the I/O timeout) in Connect mode over the whole run; always 0 for
     /// PingPong, where a failure ends the run with an error instead.
     pub errors: u64,
+    /// The flow's datagram counters on a datagram path, whole run; `None`
+    /// for a connection.
+    pub datagrams: Option<DatagramStats>,
 }
 
 /// Why the engine failed. Messages name the flow and the target where

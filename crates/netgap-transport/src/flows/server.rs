@@ -3,7 +3,10 @@
 //! (SO_REUSEPORT), so the kernel spreads incoming connections evenly over
 //! the workers by their addresses, and each worker accepts and keeps its
 //! flows for their whole life without sharing anything with the others.
+//! On a datagram path each worker has a UDP socket on the one port instead
+//! and answers every flow the kernel steers to it (module `datagram`).
 
+use super::datagram;
 use super::io::{Io, WorkerIo};
 use super::machine::{Progress, ServerMachine};
 use super::{limits, EngineConfig, EngineError, FlowWork, ServerTotals};
@@ -62,13 +65,16 @@ impl FlowServer {
         work: FlowWork,
         cfg: EngineConfig,
     ) -> Result<FlowServer, EngineError> {
-        work.validate()?;
+        work.validate(cfg.path)?;
         cfg.validate()?;
         if let Ok((_, hard)) =
             nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
         {
             // Best effort: the server still serves what fits if this fails.
             let _ = limits::ensure_fd_limit(hard);
+        }
+        if cfg.path.datagrams() {
+            return bind_datagrams(addr, work, &cfg);
         }
         let first = listen(addr, &cfg.options, cfg.path.name())
             .map_err(|source| EngineError::Bind { addr, source })?;
@@ -155,6 +161,59 @@ impl FlowServer {
             None => Ok(totals),
         }
     }
+}
+
+/// [`FlowServer::bind`] for a datagram path: a UDP socket and an answering
+/// thread per worker.
+fn bind_datagrams(
+    addr: SocketAddr,
+    work: FlowWork,
+    cfg: &EngineConfig,
+) -> Result<FlowServer, EngineError> {
+    let FlowWork::PingPong { size_bytes } = work else {
+        return Err(EngineError::Invalid(format!(
+            "{} carries pingpong flows only",
+            cfg.path.name()
+        )));
+    };
+    let sockets = datagram::bind(addr, cfg.workers, &cfg.options)
+        .map_err(|source| EngineError::Bind { addr, source })?;
+    let local_addr = sockets
+        .first()
+        .map(|s| s.local_addr())
+        .transpose()
+        .map_err(|source| EngineError::Bind { addr, source })?
+        .unwrap_or(addr);
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut workers = Vec::with_capacity(sockets.len());
+    for (w, socket) in sockets.into_iter().enumerate() {
+        let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)
+            .map_err(|e| sys("creating an epoll instance", e))?;
+        datagram::watch(&epoll, &socket)?;
+        let stop_flag = Arc::clone(&stop);
+        let mode = cfg.mode;
+        let spawned = std::thread::Builder::new()
+            .name(format!("flow-server-{w}"))
+            .spawn(move || datagram::serve(&socket, &epoll, size_bytes, mode, &stop_flag));
+        match spawned {
+            Ok(h) => workers.push(h),
+            Err(source) => {
+                stop.store(true, Ordering::Relaxed);
+                for h in workers {
+                    let _ = h.join();
+                }
+                return Err(EngineError::Sys {
+                    what: "starting a flow server worker".into(),
+                    source,
+                });
+            }
+        }
+    }
+    Ok(FlowServer {
+        local_addr,
+        stop,
+        workers,
+    })
 }
 
 fn sys(what: &str, e: Errno) -> EngineError {

@@ -403,3 +403,163 @@ fn options_that_act_per_message_are_refused_in_one_line() {
     assert!(e.contains("--zerocopy, --cork"), "{e}");
     assert_eq!(e.lines().count(), 1);
 }
+
+/// The engine over the udp data path, `workers` workers in `mode`.
+fn udp_cfg(mode: Mode, workers: usize, io_timeout_ms: u64) -> EngineConfig {
+    EngineConfig {
+        mode,
+        path: &DATAGRAMS,
+        ..cfg(workers, io_timeout_ms)
+    }
+}
+
+#[test]
+fn udp_pingpong_flows_in_both_modes_balance_bytes_with_the_server() {
+    for mode in Mode::ALL {
+        let c = udp_cfg(mode, 2, 5_000);
+        let work = FlowWork::PingPong { size_bytes: 100 };
+        let server = FlowServer::bind(loopback(), work, c.clone()).unwrap();
+        let report = prepare_clients(&spec(server.local_addr(), 20, work), &c)
+            .unwrap()
+            .run(Duration::from_millis(20), Duration::from_millis(200))
+            .unwrap();
+        let totals = server.stop().unwrap();
+        assert_eq!(report.flows.len(), 20);
+        let mut client = netgap_core::datagram::DatagramStats::default();
+        for (i, f) in report.flows.iter().enumerate() {
+            assert_eq!(f.index as usize, i);
+            assert!(f.round_trips > 0, "{mode}: flow {i} made no round trip");
+            assert_eq!(f.hist.len(), f.round_trips);
+            assert_eq!(f.window_bytes_rx, 100 * f.round_trips, "{mode}");
+            // Every request had its reply, counted once.
+            assert_eq!(f.bytes_tx, f.bytes_rx, "{mode}: flow {i}");
+            assert_eq!(f.bytes_tx % 100, 0);
+            let d = f.datagrams.expect("a datagram flow has counters");
+            d.validate().unwrap();
+            assert!(d.datagrams_sent >= f.bytes_tx / 100, "{mode}: {d:?}");
+            assert_eq!(
+                d.datagrams_received - d.duplicates,
+                f.bytes_rx / 100,
+                "{mode}: {d:?}"
+            );
+            client = client.plus(&d);
+        }
+        let tx: u64 = report.flows.iter().map(|f| f.bytes_tx).sum();
+        let rx: u64 = report.flows.iter().map(|f| f.bytes_rx).sum();
+        assert_eq!(totals.bytes_rx, tx, "{mode}: {totals:?}");
+        assert_eq!(totals.bytes_tx, rx, "{mode}: {totals:?}");
+        assert_eq!(totals.connections_accepted, 20);
+        assert_eq!(totals.errors, 0);
+        let server = totals.datagrams.expect("server counters");
+        server.validate().unwrap();
+        // Each new request once; repeats (spurious re-sends on a loaded
+        // machine) are duplicates. Answers to the last repeats may land
+        // after their flow finished, unread.
+        assert_eq!(
+            server.datagrams_received - server.duplicates,
+            tx / 100,
+            "{mode}"
+        );
+        assert!(server.datagrams_received <= client.datagrams_sent, "{mode}");
+        assert!(server.datagrams_sent >= client.datagrams_received, "{mode}");
+        assert_eq!(server.lost, 0);
+    }
+}
+
+#[test]
+fn a_lost_udp_datagram_is_sent_again_not_a_hang() {
+    use crate::udp::{Header, Kind, HEADER_BYTES};
+    // A hand-made server that drops the first request it gets and the
+    // reply to the second, then answers everything.
+    let raw = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    raw.set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    let target = raw.local_addr().unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let server = {
+        let stop = std::sync::Arc::clone(&stop);
+        std::thread::spawn(move || {
+            let mut data = 0;
+            let mut buf = [0u8; 64];
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let Ok((n, from)) = raw.recv_from(&mut buf) else {
+                    continue;
+                };
+                let h = Header::decode(&buf[..n]).unwrap();
+                if h.kind == Kind::Hello {
+                    raw.send_to(&Header::control(Kind::HelloAck).encode(), from)
+                        .unwrap();
+                    continue;
+                }
+                assert_eq!(n, HEADER_BYTES + 1);
+                data += 1;
+                if data > 2 {
+                    raw.send_to(&buf[..n], from).unwrap();
+                }
+            }
+            data
+        })
+    };
+    let c = udp_cfg(Mode::Event, 1, 2_000);
+    let work = FlowWork::PingPong { size_bytes: 1 };
+    let t0 = Instant::now();
+    let report = prepare_clients(&spec(target, 1, work), &c)
+        .unwrap()
+        .run(Duration::ZERO, Duration::from_millis(150))
+        .unwrap();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let server_data = server.join().unwrap();
+    assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+    let f = &report.flows[0];
+    let d = f.datagrams.unwrap();
+    assert!(f.round_trips > 0);
+    assert_eq!(f.bytes_tx, f.bytes_rx);
+    assert!(d.retries >= 2, "{d:?}");
+    assert_eq!(d.datagrams_sent, server_data);
+    // The first round trip waited out two retry timeouts, 20 ms then 40.
+    let max_us = f.hist.percentiles_us(1.0).unwrap().max;
+    let two_timeouts_us = 3.0 * crate::udp::RETRY_INITIAL.as_micros() as f64;
+    assert!(max_us >= 0.99 * two_timeouts_us, "{max_us}");
+}
+
+#[test]
+fn a_udp_server_that_goes_silent_fails_the_flow_within_the_io_timeout() {
+    let c = udp_cfg(Mode::Event, 1, 300);
+    let work = FlowWork::PingPong { size_bytes: 1 };
+    let server = FlowServer::bind(loopback(), work, c.clone()).unwrap();
+    let target = server.local_addr();
+    let clients = prepare_clients(&spec(target, 3, work), &c).unwrap();
+    // Stopped, its sockets close: requests now meet a closed port, which
+    // the kernel reports on the connected sockets.
+    server.stop().unwrap();
+    let t0 = Instant::now();
+    let err = clients
+        .run(Duration::ZERO, Duration::from_secs(30))
+        .unwrap_err();
+    assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+    let msg = err.to_string();
+    assert!(msg.contains(&target.to_string()), "{msg}");
+    // No one at all: the hellos go unanswered.
+    let silent = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let err = prepare_clients(&spec(silent.local_addr().unwrap(), 1, work), &c).unwrap_err();
+    assert!(
+        matches!(err, EngineError::Connect { index: 0, .. }) && err.to_string().contains("hellos"),
+        "{err}"
+    );
+}
+
+#[test]
+fn udp_carries_no_connect_mode_and_no_message_over_one_datagram() {
+    let c = udp_cfg(Mode::Event, 1, 100);
+    let work = FlowWork::Connect {
+        request_bytes: 1,
+        reply_bytes: 1,
+    };
+    let e = FlowServer::bind(loopback(), work, c.clone()).unwrap_err();
+    assert!(e.to_string().contains("no connections"), "{e}");
+    let huge = FlowWork::PingPong {
+        size_bytes: crate::udp::MAX_MESSAGE_BYTES + 1,
+    };
+    let e = prepare_clients(&spec("127.0.0.1:9".parse().unwrap(), 1, huge), &c).unwrap_err();
+    assert!(e.to_string().contains("one udp datagram"), "{e}");
+}

@@ -1,0 +1,772 @@
+//! The flow engine over datagrams: the `udp` data path. A flow is one
+//! client UDP socket, connected to the server's port, doing stop-and-wait
+//! request/response in netgap's udp format (see [`crate::udp`]): each
+//! request is one datagram with a sequence number, and the server answers
+//! each datagram to its sender with the same bytes.
+//!
+//! - **Opening** a flow sends a hello until the server acks it (within the
+//!   I/O timeout), so an unreachable server fails before the barrier, as a
+//!   refused TCP connection does; the hello also registers the flow with
+//!   the server worker the kernel steers it to.
+//! - **Loss** never hangs a flow: a request whose reply has not come within
+//!   the worker's retry timeout is sent again (flagged RETRY), backing off
+//!   up to [`RETRY_MAX`]; a reply older than the current request is a
+//!   duplicate and is not delivered. The server remembers each flow's next
+//!   sequence number, so it answers a repeated request again (a re-send)
+//!   but counts its bytes once. A flow with no reply for the whole I/O
+//!   timeout fails the run, as a stalled TCP flow does.
+//! - **Bytes** count once per request, however many times its datagram
+//!   went out: a client's `bytes_tx` when the request is issued and
+//!   `bytes_rx` when its reply is accepted, the server's `bytes_rx` and
+//!   `bytes_tx` when a request is new. Every exchange finishes before the
+//!   run ends, so client and server bytes balance exactly even with loss;
+//!   the loss shows in the [`DatagramStats`] of both ends (a lost request
+//!   is a client retry the server never saw twice, a lost reply a server
+//!   duplicate).
+//! - **Memory**: a client flow holds one buffer of header, message and one
+//!   byte (which catches an oversized datagram); the server holds 8 bytes
+//!   of state per flow in a map capped at [`MAX_PEERS_PER_WORKER`] and one
+//!   datagram buffer per worker.
+//!
+//! The retry timeout is the udp transport's rule, kept per worker (its
+//! flows share the server and the path): 20 ms until measured, then four
+//! times the smoothed round trip of exchanges that needed no re-send,
+//! within [`RETRY_MIN`]..[`RETRY_MAX`], and at least the backed-off wait
+//! of the last exchange that needed one (Karn) until a clean one.
+
+use super::machine::{MachineError, Moved, Progress};
+use super::{EngineError, ServerTotals};
+use crate::udp::{
+    Header, Kind, FLAG_RETRY, HEADER_BYTES, HELLO_INTERVAL, MAX_MESSAGE_BYTES, RETRY_INITIAL,
+    RETRY_MAX, RETRY_MIN,
+};
+use crate::TransportError;
+use netgap_core::datagram::DatagramStats;
+use netgap_core::spec::{Mode, TransportOptions};
+use nix::errno::Errno;
+use nix::sys::epoll::{Epoll, EpollEvent, EpollFlags};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::io::{self, ErrorKind, Read, Write};
+use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+/// Flows one server worker keeps state for; datagrams from further peers
+/// are counted as errors and not answered, so no sender can grow the
+/// server's memory past about 64 bytes times this.
+pub const MAX_PEERS_PER_WORKER: usize = 65_536;
+/// Datagrams a worker handles per wake-up before it looks at its stop flag
+/// (server) or its other flows (client), so one busy socket cannot starve
+/// the rest.
+const BATCH: usize = 64;
+/// How long a server worker sleeps in epoll before looking at the stop
+/// flag, ms.
+const STOP_POLL_MS: u16 = 50;
+
+/// Refuses a message size one datagram cannot carry.
+pub(super) fn check_size(size_bytes: usize) -> Result<(), EngineError> {
+    if size_bytes > MAX_MESSAGE_BYTES {
+        return Err(EngineError::Invalid(format!(
+            "a {size_bytes}-byte message is larger than the {MAX_MESSAGE_BYTES} bytes one udp datagram carries"
+        )));
+    }
+    Ok(())
+}
+
+fn is_transient(e: &io::Error) -> bool {
+    matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted)
+        || e.raw_os_error() == Some(libc::ENOBUFS)
+}
+
+/// The client side of one datagram pingpong flow: send request `seq`,
+/// wait for its echo, repeat on [`DatagramClient::start`]; re-send on
+/// [`DatagramClient::resend`] while waiting.
+#[derive(Debug)]
+pub(crate) struct DatagramClient {
+    /// Header, message and one spare byte; requests go out of it and
+    /// replies land in it. Invariant: `buf.len() == HEADER_BYTES + size + 1`
+    /// with `size >= 1`, so a datagram that fills it is too long.
+    buf: Box<[u8]>,
+    /// Requests issued so far; the current one is `issued - 1`.
+    issued: u64,
+    /// Whether the current request waits for its reply.
+    waiting: bool,
+    /// Whether the current request was sent more than once: its round trip
+    /// is then no sample of the path (Karn).
+    retried: bool,
+    pub moved: Moved,
+    pub stats: DatagramStats,
+}
+
+impl DatagramClient {
+    /// A machine for `size_bytes`-byte requests and replies
+    /// (`1..=MAX_MESSAGE_BYTES`, checked by the caller).
+    pub fn new(size_bytes: usize) -> DatagramClient {
+        let size = size_bytes.max(1);
+        let mut buf = vec![0u8; HEADER_BYTES + size + 1].into_boxed_slice();
+        // A recognisable payload makes captures readable; its value is not
+        // checked.
+        for (i, b) in buf[HEADER_BYTES..].iter_mut().enumerate() {
+            *b = i as u8;
+        }
+        DatagramClient {
+            buf,
+            issued: 0,
+            waiting: false,
+            retried: false,
+            moved: Moved::default(),
+            stats: DatagramStats::default(),
+        }
+    }
+
+    /// The message size, bytes.
+    pub fn size_bytes(&self) -> usize {
+        self.buf.len() - HEADER_BYTES - 1
+    }
+
+    /// Whether a request waits for its reply.
+    pub fn waiting(&self) -> bool {
+        self.waiting
+    }
+
+    /// Whether the current (or last) request was re-sent.
+    pub fn retried(&self) -> bool {
+        self.retried
+    }
+
+    /// Sends the current request's datagram, flagged RETRY when `retry`;
+    /// true if the kernel took it. A full socket buffer drops it, as the
+    /// network could: the retry timer sends it again.
+    fn send_current(&mut self, io: &mut impl Write, retry: bool) -> Result<bool, MachineError> {
+        let size = self.size_bytes() as u64;
+        let seq = self.issued.saturating_sub(1);
+        let header = Header {
+            kind: Kind::Data,
+            flags: if retry { FLAG_RETRY } else { 0 },
+            seq,
+            offset_bytes: seq.saturating_mul(size),
+        };
+        self.buf[..HEADER_BYTES].copy_from_slice(&header.encode());
+        let len = self.buf.len() - 1;
+        match io.write(&self.buf[..len]) {
+            Ok(n) if n == len => {
+                self.stats.datagrams_sent += 1;
+                Ok(true)
+            }
+            Ok(n) => Err(MachineError::Io(io::Error::other(format!(
+                "the kernel sent {n} of a {len}-byte datagram"
+            )))),
+            Err(e) if is_transient(&e) => Ok(false),
+            Err(e) => Err(MachineError::Io(e)),
+        }
+    }
+
+    /// Issues the next request. Its bytes count as sent whether or not
+    /// this first datagram leaves (a re-send carries the same request).
+    pub fn start(&mut self, io: &mut impl Write) -> Result<(), MachineError> {
+        self.issued += 1;
+        self.waiting = true;
+        self.retried = false;
+        self.moved.tx_bytes += self.size_bytes() as u64;
+        self.send_current(io, false).map(|_| ())
+    }
+
+    /// Sends the current request again, if it still waits.
+    pub fn resend(&mut self, io: &mut impl Write) -> Result<(), MachineError> {
+        if !self.waiting {
+            return Ok(());
+        }
+        self.retried = true;
+        if self.send_current(io, true)? {
+            self.stats.retries += 1;
+        }
+        Ok(())
+    }
+
+    /// Reads the datagrams that are there (at most [`BATCH`]): `Done` when
+    /// the current request's reply arrived, else `WantRead`. Datagrams that
+    /// are not netgap's are ignored; a data datagram from the future, or
+    /// of the wrong size for the current request, is the server breaking
+    /// the protocol.
+    pub fn pump(&mut self, io: &mut impl Read) -> Result<Progress, MachineError> {
+        let size = self.size_bytes();
+        for _ in 0..BATCH {
+            let n = match io.read(&mut self.buf) {
+                Ok(n) => n,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(Progress::WantRead),
+                Err(e) => return Err(MachineError::Io(e)),
+            };
+            let Some(h) = Header::decode(&self.buf[..n]) else {
+                continue;
+            };
+            if h.kind != Kind::Data {
+                // A late hello-ack of the opening, or control we do not use.
+                continue;
+            }
+            self.stats.datagrams_received += 1;
+            let current = self.issued.wrapping_sub(1);
+            if self.issued == 0 || h.seq > current {
+                return Err(MachineError::Unexpected);
+            }
+            if h.seq < current || !self.waiting {
+                self.stats.duplicates += 1;
+                continue;
+            }
+            if n != HEADER_BYTES + size {
+                return Err(MachineError::Unexpected);
+            }
+            self.waiting = false;
+            self.moved.rx_bytes += size as u64;
+            return Ok(Progress::Done);
+        }
+        Ok(Progress::WantRead)
+    }
+}
+
+/// One worker's retry timeout: the udp transport's rule (see the module
+/// docs), learnt from the round trips of all the worker's flows.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RetryTimeout {
+    srtt: Option<Duration>,
+    rto: Duration,
+}
+
+impl RetryTimeout {
+    /// Before any round trip: [`RETRY_INITIAL`].
+    pub fn new() -> RetryTimeout {
+        RetryTimeout {
+            srtt: None,
+            rto: RETRY_INITIAL,
+        }
+    }
+
+    /// The current retry timeout.
+    pub fn get(&self) -> Duration {
+        self.rto
+    }
+
+    /// Keeps at least `backoff`, the wait an exchange that needed re-sends
+    /// had reached (Karn): its round trip is no sample, and without this
+    /// only the exchanges faster than the timeout would teach it, so a
+    /// timeout below the real round trip would never grow.
+    pub fn back_off(&mut self, backoff: Duration) {
+        self.rto = self.rto.max(backoff).min(RETRY_MAX);
+    }
+
+    /// Folds in the round trip of an exchange that needed no re-send.
+    pub fn observe(&mut self, rtt: Duration) {
+        let srtt = match self.srtt {
+            None => rtt,
+            Some(s) => (s * 7 + rtt) / 8,
+        };
+        self.srtt = Some(srtt);
+        self.rto = (srtt * 4).clamp(RETRY_MIN, RETRY_MAX);
+    }
+}
+
+/// The next retry deadline of a worker's datagram flows: a min-heap holding
+/// at most one entry per flow (its `armed` flag), so a flow finishing and
+/// starting exchanges costs no heap operation; an entry that comes due for
+/// a flow whose deadline has moved on is pushed again at the new one.
+#[derive(Debug, Default)]
+pub(crate) struct RetryQueue {
+    heap: BinaryHeap<Reverse<(Instant, usize)>>,
+}
+
+impl RetryQueue {
+    /// The earliest entry, if any.
+    pub fn next_due(&self) -> Option<Instant> {
+        self.heap.peek().map(|Reverse((at, _))| *at)
+    }
+
+    /// Queues `slot` at `at`.
+    pub fn push(&mut self, at: Instant, slot: usize) {
+        self.heap.push(Reverse((at, slot)));
+    }
+
+    /// Takes the earliest entry if it is due at `now`.
+    pub fn pop_due(&mut self, now: Instant) -> Option<usize> {
+        match self.heap.peek() {
+            Some(Reverse((at, _))) if *at <= now => self.heap.pop().map(|Reverse((_, s))| s),
+            _ => None,
+        }
+    }
+}
+
+/// A UDP socket for `addr`'s family with the udp transport's options
+/// (buffer sizes) applied.
+fn udp_socket(addr: SocketAddr, options: &TransportOptions) -> io::Result<socket2::Socket> {
+    crate::udp::new_socket(addr, options, |source| TransportError::Listen {
+        transport: "udp",
+        source,
+    })
+    .map_err(|e| match e {
+        TransportError::Listen { source, .. } => source,
+        other => io::Error::other(other),
+    })
+}
+
+/// Opens one client flow to `target`: a UDP socket (bound to `bind_ip`
+/// when given) connected to it, which has sent a hello and had it acked
+/// within `timeout`. The socket is left non-blocking.
+pub(super) fn open_flow(
+    target: SocketAddr,
+    bind_ip: Option<IpAddr>,
+    options: &TransportOptions,
+    timeout: Duration,
+) -> io::Result<UdpSocket> {
+    let socket = udp_socket(target, options)?;
+    if let Some(ip) = bind_ip {
+        socket.bind(&SocketAddr::new(ip, 0).into())?;
+    }
+    socket.connect(&target.into())?;
+    let socket: UdpSocket = socket.into();
+    socket.set_read_timeout(Some(HELLO_INTERVAL))?;
+    let deadline = Instant::now() + timeout;
+    let hello = Header::control(Kind::Hello).encode();
+    let mut buf = [0u8; HEADER_BYTES];
+    'knock: loop {
+        if Instant::now() >= deadline {
+            return Err(io::Error::new(
+                ErrorKind::TimedOut,
+                format!("no answer to {} ms of udp hellos", timeout.as_millis()),
+            ));
+        }
+        socket.send(&hello)?;
+        let knocked = Instant::now();
+        while knocked.elapsed() < HELLO_INTERVAL {
+            match socket.recv(&mut buf) {
+                Ok(n) if Header::decode(&buf[..n]).is_some_and(|h| h.kind == Kind::HelloAck) => {
+                    break 'knock;
+                }
+                Ok(_) => {}
+                Err(e) if is_transient(&e) || e.kind() == ErrorKind::TimedOut => continue 'knock,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    socket.set_read_timeout(None)?;
+    socket.set_nonblocking(true)?;
+    Ok(socket)
+}
+
+/// The server's sockets: `workers` UDP sockets on one port (SO_REUSEPORT),
+/// so the kernel steers each flow, by its addresses, to one worker for its
+/// whole life.
+pub(super) fn bind(
+    addr: SocketAddr,
+    workers: usize,
+    options: &TransportOptions,
+) -> io::Result<Vec<UdpSocket>> {
+    let one = |addr: SocketAddr| -> io::Result<UdpSocket> {
+        let socket = udp_socket(addr, options)?;
+        socket.set_reuse_address(true)?;
+        socket.set_reuse_port(true)?;
+        socket.bind(&addr.into())?;
+        socket.set_nonblocking(true)?;
+        Ok(socket.into())
+    };
+    let first = one(addr)?;
+    let local = first.local_addr()?;
+    let mut sockets = vec![first];
+    for _ in 1..workers {
+        sockets.push(one(local)?);
+    }
+    Ok(sockets)
+}
+
+/// One server worker: answers every datagram of its flows until `stop`,
+/// sleeping in `epoll` (event mode) or spinning on the socket (poll mode).
+pub(super) fn serve(
+    socket: &UdpSocket,
+    epoll: &Epoll,
+    size_bytes: usize,
+    mode: Mode,
+    stop: &AtomicBool,
+) -> Result<ServerTotals, EngineError> {
+    let mut server = Server::new(size_bytes);
+    let mut events = [EpollEvent::empty(); 1];
+    while !stop.load(Ordering::Relaxed) {
+        if mode == Mode::Event {
+            match epoll.wait(&mut events, STOP_POLL_MS) {
+                Ok(_) | Err(Errno::EINTR) => {}
+                Err(e) => {
+                    return Err(EngineError::Sys {
+                        what: "waiting in epoll".into(),
+                        source: e.into(),
+                    })
+                }
+            }
+        }
+        server.drain(socket);
+    }
+    Ok(server.totals())
+}
+
+/// Adds `socket` to `epoll` for reading.
+pub(super) fn watch(epoll: &Epoll, socket: &UdpSocket) -> Result<(), EngineError> {
+    epoll
+        .add(socket, EpollEvent::new(EpollFlags::EPOLLIN, 0))
+        .map_err(|e| EngineError::Sys {
+            what: "adding a udp socket to epoll".into(),
+            source: e.into(),
+        })
+}
+
+/// A server worker's state: its flows' next sequence numbers and counts.
+struct Server {
+    /// Header, message and one spare byte (see [`DatagramClient::buf`]).
+    buf: Box<[u8]>,
+    size_bytes: usize,
+    /// Each flow's next new sequence number, by the flow's address.
+    peers: HashMap<SocketAddr, u64>,
+    totals: ServerTotals,
+    stats: DatagramStats,
+}
+
+/// What to send back for one datagram.
+#[derive(Debug, PartialEq, Eq)]
+enum Answer {
+    /// Nothing.
+    None,
+    /// The hello-ack.
+    HelloAck,
+    /// The datagram itself, as a new reply or as a re-send.
+    Echo {
+        /// A re-send to a request already answered.
+        again: bool,
+    },
+}
+
+impl Server {
+    fn new(size_bytes: usize) -> Server {
+        Server {
+            buf: vec![0u8; HEADER_BYTES + size_bytes.max(1) + 1].into_boxed_slice(),
+            size_bytes: size_bytes.max(1),
+            peers: HashMap::new(),
+            totals: ServerTotals::default(),
+            stats: DatagramStats::default(),
+        }
+    }
+
+    fn totals(mut self) -> ServerTotals {
+        self.totals.datagrams = Some(self.stats);
+        self.totals
+    }
+
+    /// Answers what is queued on `socket`, at most [`BATCH`] datagrams.
+    fn drain(&mut self, socket: &UdpSocket) {
+        for _ in 0..BATCH {
+            let (n, from) = match socket.recv_from(&mut self.buf) {
+                Ok(got) => got,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) if is_transient(&e) => return,
+                Err(_) => {
+                    self.totals.errors += 1;
+                    return;
+                }
+            };
+            match self.answer(n, from) {
+                Answer::None => {}
+                Answer::HelloAck => {
+                    let ack = Header::control(Kind::HelloAck).encode();
+                    // A lost ack is asked for again by the next hello.
+                    let _ = socket.send_to(&ack, from);
+                }
+                Answer::Echo { again } => {
+                    // The retry flag is the client's; the reply is plain.
+                    self.buf[4] = 0;
+                    if socket.send_to(&self.buf[..n], from).is_ok() {
+                        self.stats.datagrams_sent += 1;
+                        if again {
+                            self.stats.retries += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Accounts for the `n`-byte datagram in `buf` from `from` and says
+    /// what to send back. Never panics on what a peer sends.
+    fn answer(&mut self, n: usize, from: SocketAddr) -> Answer {
+        let Some(h) = Header::decode(&self.buf[..n]) else {
+            self.totals.errors += 1;
+            return Answer::None;
+        };
+        match h.kind {
+            Kind::Hello => {
+                if !self.peers.contains_key(&from) {
+                    if self.peers.len() >= MAX_PEERS_PER_WORKER {
+                        self.totals.errors += 1;
+                        return Answer::None;
+                    }
+                    self.peers.insert(from, 0);
+                    self.totals.connections_accepted += 1;
+                }
+                Answer::HelloAck
+            }
+            Kind::Data => {
+                let Some(next) = self.peers.get_mut(&from) else {
+                    self.totals.errors += 1;
+                    return Answer::None;
+                };
+                if n != HEADER_BYTES + self.size_bytes {
+                    self.totals.errors += 1;
+                    return Answer::None;
+                }
+                self.stats.datagrams_received += 1;
+                if h.seq < *next {
+                    self.stats.duplicates += 1;
+                    return Answer::Echo { again: true };
+                }
+                // Clients never skip a request; a gap is requests lost
+                // before a re-send could carry them, kept for the record.
+                let gap = h.seq - *next;
+                self.stats.lost += gap;
+                self.stats.lost_bytes += gap.saturating_mul(self.size_bytes as u64);
+                *next = h.seq.saturating_add(1);
+                let size = self.size_bytes as u64;
+                self.totals.bytes_rx += size;
+                self.totals.bytes_tx += size;
+                Answer::Echo { again: false }
+            }
+            Kind::HelloAck | Kind::Probe | Kind::Nack => Answer::None,
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
+mod tests {
+    use super::*;
+    use std::collections::VecDeque;
+
+    /// A scripted datagram socket: each read returns one queued datagram
+    /// (an empty queue would block); writes are kept, or refused as a full
+    /// buffer while `full`.
+    #[derive(Default)]
+    struct Script {
+        reads: VecDeque<Vec<u8>>,
+        written: Vec<Vec<u8>>,
+        full: bool,
+    }
+
+    impl Read for Script {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            let d = self.reads.pop_front().ok_or(ErrorKind::WouldBlock)?;
+            let n = d.len().min(buf.len());
+            buf[..n].copy_from_slice(&d[..n]);
+            Ok(n)
+        }
+    }
+
+    impl Write for Script {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            if self.full {
+                return Err(ErrorKind::WouldBlock.into());
+            }
+            self.written.push(buf.to_vec());
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn data(seq: u64, size: usize) -> Vec<u8> {
+        let h = Header {
+            kind: Kind::Data,
+            flags: 0,
+            seq,
+            offset_bytes: seq * size as u64,
+        };
+        let mut d = h.encode().to_vec();
+        d.resize(HEADER_BYTES + size, 7);
+        d
+    }
+
+    fn seq_of(d: &[u8]) -> u64 {
+        Header::decode(d).unwrap().seq
+    }
+
+    #[test]
+    fn a_round_trip_is_one_datagram_each_way() {
+        let mut m = DatagramClient::new(3);
+        let mut io = Script::default();
+        m.start(&mut io).unwrap();
+        assert_eq!(io.written.len(), 1);
+        assert_eq!(io.written[0].len(), HEADER_BYTES + 3);
+        assert_eq!(seq_of(&io.written[0]), 0);
+        assert_eq!(m.pump(&mut io).unwrap(), Progress::WantRead);
+        io.reads.push_back(data(0, 3));
+        assert_eq!(m.pump(&mut io).unwrap(), Progress::Done);
+        assert!(!m.waiting());
+        m.start(&mut io).unwrap();
+        assert_eq!(seq_of(&io.written[1]), 1);
+        assert_eq!(
+            m.moved,
+            Moved {
+                tx_bytes: 6,
+                rx_bytes: 3
+            }
+        );
+        assert_eq!((m.stats.datagrams_sent, m.stats.datagrams_received), (2, 1));
+    }
+
+    #[test]
+    fn a_resend_repeats_the_request_and_a_late_reply_is_a_duplicate() {
+        let mut m = DatagramClient::new(1);
+        let mut io = Script::default();
+        m.start(&mut io).unwrap();
+        m.resend(&mut io).unwrap();
+        assert_eq!(io.written.len(), 2);
+        assert_eq!(seq_of(&io.written[1]), 0);
+        assert_eq!(Header::decode(&io.written[1]).unwrap().flags, FLAG_RETRY);
+        // Both copies are answered: the first completes the round trip.
+        io.reads.push_back(data(0, 1));
+        io.reads.push_back(data(0, 1));
+        assert_eq!(m.pump(&mut io).unwrap(), Progress::Done);
+        assert!(m.retried());
+        m.start(&mut io).unwrap();
+        // The second answer to request 0 is not taken for request 1's.
+        assert_eq!(m.pump(&mut io).unwrap(), Progress::WantRead);
+        assert!(m.waiting());
+        io.reads.push_back(data(1, 1));
+        assert_eq!(m.pump(&mut io).unwrap(), Progress::Done);
+        assert_eq!(m.stats.retries, 1);
+        assert_eq!(m.stats.duplicates, 1);
+        assert_eq!(m.moved.tx_bytes, m.moved.rx_bytes);
+    }
+
+    #[test]
+    fn a_full_socket_buffer_drops_the_request_but_counts_its_bytes() {
+        let mut m = DatagramClient::new(2);
+        let mut io = Script {
+            full: true,
+            ..Script::default()
+        };
+        m.start(&mut io).unwrap();
+        assert_eq!((m.stats.datagrams_sent, m.moved.tx_bytes), (0, 2));
+        io.full = false;
+        m.resend(&mut io).unwrap();
+        assert_eq!((m.stats.datagrams_sent, m.stats.retries), (1, 1));
+    }
+
+    #[test]
+    fn strangers_are_ignored_and_a_broken_server_is_an_error() {
+        let mut m = DatagramClient::new(2);
+        let mut io = Script::default();
+        m.start(&mut io).unwrap();
+        io.reads.push_back(vec![]);
+        io.reads.push_back(b"junk".to_vec());
+        io.reads
+            .push_back(Header::control(Kind::HelloAck).encode().to_vec());
+        assert_eq!(m.pump(&mut io).unwrap(), Progress::WantRead);
+        assert_eq!(m.stats.datagrams_received, 0);
+        // A reply to a request never sent.
+        io.reads.push_back(data(5, 2));
+        assert!(matches!(m.pump(&mut io), Err(MachineError::Unexpected)));
+        // The current request's reply with the wrong size.
+        let mut m = DatagramClient::new(2);
+        m.start(&mut io).unwrap();
+        io.reads.push_back(data(0, 3));
+        assert!(matches!(m.pump(&mut io), Err(MachineError::Unexpected)));
+    }
+
+    #[test]
+    fn the_retry_timeout_follows_clean_round_trips_within_bounds() {
+        let mut t = RetryTimeout::new();
+        assert_eq!(t.get(), RETRY_INITIAL);
+        t.observe(Duration::from_micros(10));
+        assert_eq!(t.get(), RETRY_MIN);
+        for _ in 0..100 {
+            t.observe(Duration::from_millis(100));
+        }
+        assert!(t.get() > Duration::from_millis(300) && t.get() <= Duration::from_millis(400));
+        t.observe(Duration::from_secs(60));
+        assert!(t.get() <= RETRY_MAX);
+        let mut t = RetryTimeout::new();
+        t.back_off(Duration::from_millis(80));
+        assert_eq!(t.get(), Duration::from_millis(80));
+        t.back_off(Duration::from_millis(40));
+        assert_eq!(t.get(), Duration::from_millis(80));
+        t.back_off(Duration::from_secs(9));
+        assert_eq!(t.get(), RETRY_MAX);
+    }
+
+    #[test]
+    fn the_retry_queue_gives_due_slots_in_order() {
+        let t0 = Instant::now();
+        let mut q = RetryQueue::default();
+        q.push(t0 + Duration::from_millis(5), 1);
+        q.push(t0 + Duration::from_millis(1), 2);
+        assert_eq!(q.next_due(), Some(t0 + Duration::from_millis(1)));
+        assert_eq!(q.pop_due(t0), None);
+        assert_eq!(q.pop_due(t0 + Duration::from_millis(3)), Some(2));
+        assert_eq!(q.pop_due(t0 + Duration::from_millis(3)), None);
+        assert_eq!(q.pop_due(t0 + Duration::from_millis(9)), Some(1));
+        assert_eq!(q.next_due(), None);
+    }
+
+    fn arrive(s: &mut Server, d: &[u8], from: SocketAddr) -> Answer {
+        s.buf[..d.len()].copy_from_slice(d);
+        s.answer(d.len(), from)
+    }
+
+    #[test]
+    fn the_server_answers_each_request_and_counts_a_repeat_once() {
+        let mut s = Server::new(4);
+        let a: SocketAddr = "10.0.0.1:5000".parse().unwrap();
+        let b: SocketAddr = "10.0.0.1:5001".parse().unwrap();
+        // Data before the hello is a stranger's.
+        assert_eq!(arrive(&mut s, &data(0, 4), a), Answer::None);
+        let hello = Header::control(Kind::Hello).encode();
+        assert_eq!(arrive(&mut s, &hello, a), Answer::HelloAck);
+        assert_eq!(arrive(&mut s, &hello, a), Answer::HelloAck);
+        assert_eq!(arrive(&mut s, &hello, b), Answer::HelloAck);
+        assert_eq!(
+            arrive(&mut s, &data(0, 4), a),
+            Answer::Echo { again: false }
+        );
+        assert_eq!(arrive(&mut s, &data(0, 4), a), Answer::Echo { again: true });
+        assert_eq!(
+            arrive(&mut s, &data(0, 4), b),
+            Answer::Echo { again: false }
+        );
+        // Wrong size, and garbage: counted, never answered.
+        assert_eq!(arrive(&mut s, &data(1, 5), a), Answer::None);
+        assert_eq!(arrive(&mut s, b"NGxx", a), Answer::None);
+        // A gap: request 1 never came.
+        assert_eq!(
+            arrive(&mut s, &data(2, 4), a),
+            Answer::Echo { again: false }
+        );
+        let t = s.totals();
+        assert_eq!(t.connections_accepted, 2);
+        assert_eq!((t.bytes_rx, t.bytes_tx), (12, 12));
+        assert_eq!(t.errors, 3);
+        let d = t.datagrams.unwrap();
+        assert_eq!((d.datagrams_received, d.duplicates), (4, 1));
+        assert_eq!((d.lost, d.lost_bytes), (1, 4));
+    }
+
+    #[test]
+    fn the_server_keeps_state_for_a_bounded_number_of_peers() {
+        let mut s = Server::new(1);
+        let hello = Header::control(Kind::Hello).encode();
+        for i in 0..MAX_PEERS_PER_WORKER {
+            let from = SocketAddr::new(
+                IpAddr::V4(std::net::Ipv4Addr::from(0x0a00_0000 + (i as u32 >> 8))),
+                1024 + (i % 256) as u16,
+            );
+            assert_eq!(arrive(&mut s, &hello, from), Answer::HelloAck);
+        }
+        let extra: SocketAddr = "192.0.2.1:9".parse().unwrap();
+        assert_eq!(arrive(&mut s, &hello, extra), Answer::None);
+        assert_eq!(s.peers.len(), MAX_PEERS_PER_WORKER);
+        assert_eq!(s.totals().errors, 1);
+    }
+}
