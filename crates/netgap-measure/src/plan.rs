@@ -10,7 +10,8 @@
 //! nothing for what is asked.
 
 use crate::bench;
-use crate::cluster::{HostEntry, HostsArg, HostsError, HostsSource};
+use crate::cluster::{HostEntry, HostsArg, HostsError, HostsSource, TestbedPath};
+use crate::conditions::{cross, Condition, ConditionAxis, ConditionError};
 use crate::control::ControlAddr;
 use crate::runner::{CiTarget, IterationPolicy, Method, DEFAULT_CI_REPS};
 use netgap_core::spec::{
@@ -165,13 +166,30 @@ pub struct MethodSpec {
     pub verify: bool,
 }
 
-/// Where results go.
+/// Where results go, and what they are called.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Outputs {
     /// `--json`: JSON Lines file to append to.
     pub json: Option<PathBuf>,
     /// `--csv`: CSV file to append to.
     pub csv: Option<PathBuf>,
+    /// `--label`: the user's name for the stack, in every record's
+    /// `stack.label`.
+    pub label: Option<String>,
+}
+
+/// Longest `--label`, in bytes.
+pub const MAX_LABEL_BYTES: usize = 100;
+
+/// `--conditions` and `--interleave`: what one run alternates between.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Interleaving {
+    /// `--conditions KEY=V,V ...`: one axis per key; the run measures the
+    /// cross product.
+    pub conditions: Vec<ConditionAxis>,
+    /// `--interleave`: alternate the repetitions of the stacks of a run
+    /// (transports, modes) at each test and size.
+    pub interleave: bool,
 }
 
 /// The flags of multi-host tests; `None` leaves the default.
@@ -204,6 +222,8 @@ pub struct RunRequest {
     pub outputs: Outputs,
     /// Flags of multi-host tests.
     pub multi_host: MultiHostSpec,
+    /// Conditions and stacks to alternate.
+    pub interleaving: Interleaving,
 }
 
 impl RunRequest {
@@ -259,6 +279,20 @@ pub struct Plan {
     pub csv: Option<PathBuf>,
     /// Shared key file the agent requires.
     pub key_file: Option<PathBuf>,
+    /// `--label`, for every record's `stack.label`.
+    pub label: Option<String>,
+    /// The testbed the hosts file describes (topology and link
+    /// conditions), for every record's `stack.path`; `None` off a testbed.
+    pub testbed: Option<TestbedPath>,
+    /// The conditions to alternate between (the cross product of
+    /// `--conditions`); empty for a run under the conditions in force.
+    pub conditions: Vec<Condition>,
+    /// The testbed to switch conditions on (its `--name`), when
+    /// `conditions` is not empty.
+    pub testbed_name: Option<String>,
+    /// `--interleave`: alternate the stacks' repetitions at each test and
+    /// size.
+    pub interleave: bool,
 }
 
 /// Why a request cannot be measured: one line naming the flag.
@@ -351,6 +385,9 @@ pub enum PlanError {
     /// A transport option's value out of range.
     #[error(transparent)]
     Option(#[from] OptionError),
+    /// A `--conditions` list that cannot be used.
+    #[error("--conditions: {0}")]
+    Conditions(#[from] ConditionError),
     /// A flag that needs another one.
     #[error("{flag} needs {needs}: {reason}")]
     Needs {
@@ -507,6 +544,33 @@ pub(crate) fn resolve_peer(s: &str) -> Result<SocketAddr, PlanError> {
     addrs
         .next()
         .ok_or_else(|| bad("the name resolves to no address".into()))
+}
+
+/// Refuses `--conditions` and `--interleave` for `what` (multi-host
+/// tests), which do not alternate repetitions.
+pub fn refuse_interleaving(r: &RunRequest, what: &str) -> Result<(), PlanError> {
+    let i = &r.interleaving;
+    let reason = "only point-to-point tests alternate repetitions across conditions or stacks";
+    if !i.conditions.is_empty() {
+        return Err(no_effect("--conditions", what, reason));
+    }
+    if i.interleave {
+        return Err(no_effect("--interleave", what, reason));
+    }
+    Ok(())
+}
+
+/// A `--label`: 1 to [`MAX_LABEL_BYTES`] bytes of printable text.
+fn check_label(label: Option<&str>) -> Result<Option<String>, PlanError> {
+    let Some(l) = label else { return Ok(None) };
+    if l.trim().is_empty() || l.len() > MAX_LABEL_BYTES || l.chars().any(char::is_control) {
+        return Err(invalid(
+            "--label",
+            format!("{l:?}"),
+            format!("want 1 to {MAX_LABEL_BYTES} bytes of printable text"),
+        ));
+    }
+    Ok(Some(l.trim().to_string()))
 }
 
 /// The `--ci` target of a method; `None` without `--ci`.
@@ -666,6 +730,9 @@ impl Plan {
         if let Some(h) = &r.target.hosts {
             let source = h.load()?;
             let label = source.label();
+            if let HostsSource::File(f) = &source {
+                plan.testbed = f.path_facts();
+            }
             let (server, client, key_file) = p2p_hosts(source)?;
             if let Some(t) = plan
                 .points
@@ -683,7 +750,74 @@ impl Plan {
             }
             plan.peer = Peer::Hosts { server, client };
         }
+        plan.check_interleaving(r, what)?;
         Ok(plan)
+    }
+
+    /// Validates `--conditions` and `--interleave` against the plan: the
+    /// conditions need a testbed whose hosts file records its links'
+    /// state, and neither goes with `--ci` (interleaving alternates a fixed
+    /// count of repetitions).
+    fn check_interleaving(&mut self, r: &RunRequest, what: &str) -> Result<(), PlanError> {
+        let i = &r.interleaving;
+        let conditions = cross(&i.conditions)?;
+        if conditions.is_empty() && !i.interleave {
+            return Ok(());
+        }
+        let flag = if conditions.is_empty() {
+            "--interleave"
+        } else {
+            "--conditions"
+        };
+        if r.method.ci.is_some() {
+            return Err(no_effect(
+                "--ci",
+                &format!("{what} with {flag}"),
+                "interleaved repetitions alternate a fixed count; give --reps",
+            ));
+        }
+        if !conditions.is_empty() {
+            const WHY: &str = "conditions are set on netgap's testbed: give --hosts @testbed (or a testbed's hosts file) after `netgap testbed up`";
+            let Some(HostsArg::File { path, .. }) = &r.target.hosts else {
+                return Err(invalid("--conditions", what, WHY));
+            };
+            let file = match r.target.hosts.as_ref().map(HostsArg::load).transpose()? {
+                Some(HostsSource::File(f)) => f,
+                _ => return Err(invalid("--conditions", what, WHY)),
+            };
+            let (Some(name), Some(tb)) = (file.testbed.clone(), self.testbed.clone()) else {
+                return Err(invalid(
+                    "--conditions",
+                    path.display(),
+                    "this hosts file names no testbed made by this netgap; rebuild it with `netgap testbed up`",
+                ));
+            };
+            if tb.conditions.is_none() {
+                return Err(invalid(
+                    "--conditions",
+                    path.display(),
+                    "the testbed's hosts file records no link conditions; rebuild it with `netgap testbed up`",
+                ));
+            }
+            self.testbed_name = Some(name);
+        }
+        if i.interleave {
+            let stacks: std::collections::HashSet<(&str, Mode)> = self
+                .points
+                .iter()
+                .map(|p| (p.transport.as_str(), p.mode))
+                .collect();
+            if stacks.len() < 2 {
+                return Err(no_effect(
+                    "--interleave",
+                    what,
+                    "it alternates the repetitions of several stacks; give several with -t or --mode (--conditions alone alternates its conditions)",
+                ));
+            }
+        }
+        self.conditions = conditions;
+        self.interleave = i.interleave;
+        Ok(())
     }
 
     /// The checks every plan shares: tests, transports, modes, sizes, the
@@ -809,6 +943,7 @@ impl Plan {
             }
         };
         let ci = ci_target(m)?;
+        let label = check_label(r.outputs.label.as_deref())?;
 
         let peer = match &r.target.peer {
             None => Peer::Embedded {
@@ -874,6 +1009,11 @@ impl Plan {
             json: r.outputs.json.clone(),
             csv: r.outputs.csv.clone(),
             key_file: r.key_file.clone(),
+            label,
+            testbed: None,
+            conditions: Vec::new(),
+            testbed_name: None,
+            interleave: false,
         })
     }
 
@@ -893,7 +1033,7 @@ impl Plan {
             },
             outputs: Outputs {
                 json: Some(json),
-                csv: None,
+                ..Outputs::default()
             },
             ..RunRequest::new(&BATTERY_TESTS)
         };
@@ -927,6 +1067,7 @@ impl Plan {
             rep_time_ms,
             warmup: self.method.warmup,
             io_timeout_ms: spec.io_timeout_ms,
+            interleaved: None,
         }
     }
 }
