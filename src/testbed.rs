@@ -726,6 +726,23 @@ fn bridge(name: &str, p: &Params) -> Option<(String, String)> {
     (p.topology == Topology::Switch).then(|| (format!("{}sw", ns_prefix(name)), "br0".into()))
 }
 
+/// Refuses conditions out of range, or that need a netem this kernel lacks,
+/// before anything changes.
+fn check_conditions(
+    name: &str,
+    p: &Params,
+    from: Option<&LinkConditions>,
+    to: &LinkConditions,
+) -> Result<(), TestbedError> {
+    to.check().map_err(|e| TestbedError::Args(e.to_string()))?;
+    if to.needs_netem() && from.is_none_or(|f| !f.needs_netem()) {
+        if let Some((ns, _)) = link_ends(name, p).first() {
+            check_netem(ns)?;
+        }
+    }
+    Ok(())
+}
+
 /// Puts every link of testbed `name` (built with `p`) under `to`; `from`
 /// is what they are under now, `None` right after they were made (with
 /// `to`'s MTU and no qdisc). Changes only what differs.
@@ -735,13 +752,8 @@ fn condition_links(
     from: Option<&LinkConditions>,
     to: &LinkConditions,
 ) -> Result<(), TestbedError> {
-    to.check().map_err(|e| TestbedError::Args(e.to_string()))?;
+    check_conditions(name, p, from, to)?;
     let ends = link_ends(name, p);
-    if to.needs_netem() && from.is_none_or(|f| !f.needs_netem()) {
-        if let Some((ns, _)) = ends.first() {
-            check_netem(ns)?;
-        }
-    }
     let mtu_changed = from.is_some_and(|f| f.mtu_bytes != to.mtu_bytes);
     if mtu_changed {
         let mtu = to.mtu_bytes.to_string();
@@ -1159,6 +1171,7 @@ fn load_state(name: &str) -> Result<(Params, HostsFile), TestbedError> {
 pub fn set_conditions(name: &str, to: &LinkConditions) -> Result<(), TestbedError> {
     let (params, mut hosts) = load_state(name)?;
     let from = hosts.conditions.unwrap_or_else(|| params.conditions());
+    check_conditions(name, &params, Some(&from), to)?;
     // Unknown while the links change: a failure halfway must not leave the
     // files claiming either state.
     hosts.conditions = None;
