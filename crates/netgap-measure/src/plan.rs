@@ -1250,6 +1250,82 @@ mod tests {
     }
 
     #[test]
+    fn labels_are_checked_and_kept() {
+        let mut r = req("pingpong");
+        r.outputs.label = Some(" kernel 6.8 ".into());
+        assert_eq!(
+            Plan::from_request(&r).expect("valid").label.as_deref(),
+            Some("kernel 6.8")
+        );
+        for bad in ["", "  ", "a\nb", &"x".repeat(MAX_LABEL_BYTES + 1)] {
+            r.outputs.label = Some(bad.to_string());
+            assert!(err(&r).starts_with("--label"), "{bad:?}");
+        }
+    }
+
+    /// A testbed's hosts file in `dir`, with or without its name and
+    /// conditions.
+    fn testbed_file(dir: &std::path::Path, named: bool) -> HostsArg {
+        let host = |n: u32| {
+            serde_json::json!({
+                "name": format!("h{n}"), "control": format!("unix:/tmp/h{n}.sock"),
+                "address": format!("10.77.0.{n}"), "netns": format!("ngtb-t-h{n}"),
+            })
+        };
+        let mut file = serde_json::json!({
+            "version": 1, "topology": "switch", "hosts": [host(1), host(2)],
+        });
+        if named {
+            file["testbed"] = "t".into();
+            file["conditions"] = serde_json::json!({"mtu_bytes": 1500, "offload": true});
+        }
+        let path = dir.join(format!("hosts-{named}.json"));
+        std::fs::write(&path, file.to_string()).expect("written");
+        HostsArg::File {
+            path,
+            testbed: false,
+        }
+    }
+
+    #[test]
+    fn conditions_need_a_testbed_and_a_fixed_repetition_count() {
+        let axes = || {
+            vec![
+                ConditionAxis::parse("mtu=1500,9000").expect("axis"),
+                ConditionAxis::parse("offload=on,off").expect("axis"),
+            ]
+        };
+        let mut r = req("stream");
+        r.interleaving.conditions = axes();
+        assert!(err(&r).contains("conditions are set on netgap's testbed"));
+        let dir = tempfile::tempdir().expect("tempdir");
+        r.target.hosts = Some(testbed_file(dir.path(), false));
+        assert!(err(&r).contains("names no testbed"), "{}", err(&r));
+        r.target.hosts = Some(testbed_file(dir.path(), true));
+        let p = Plan::from_request(&r).expect("valid");
+        assert_eq!(p.conditions.len(), 4);
+        assert_eq!(p.testbed_name.as_deref(), Some("t"));
+        let tb = p.testbed.expect("testbed facts");
+        assert_eq!(tb.topology, "switch");
+        assert_eq!(tb.conditions.map(|c| c.mtu_bytes), Some(1500));
+        r.method.ci = Some(CiSpec {
+            confidence_pct: 90.0,
+            half_width_pct: 5.0,
+        });
+        assert!(err(&r).starts_with("--ci does not apply to stream with --conditions"));
+    }
+
+    #[test]
+    fn interleave_needs_several_stacks() {
+        let mut r = req("pingpong");
+        r.interleaving.interleave = true;
+        assert!(err(&r).starts_with("--interleave does not apply to pingpong"));
+        r.transport.modes = vec![Mode::Event, Mode::Poll];
+        let p = Plan::from_request(&r).expect("two modes are two stacks");
+        assert!(p.interleave && p.conditions.is_empty());
+    }
+
+    #[test]
     fn defaults_are_the_documented_ones() {
         let p = Plan::from_request(&RunRequest::new(&["pingpong"])).expect("valid");
         let sizes: Vec<u64> = p.points.iter().map(|s| s.size_bytes).collect();
