@@ -55,7 +55,7 @@ fn main() -> ExitCode {
         }
     };
     let outcome = match cli.command {
-        None => battery(cli.output.json, cli.output.csv),
+        None => battery(cli.output.json, cli.output.csv, cli.output.label),
         Some(Command::Run(args)) => run(&args),
         Some(Command::Serve(args)) => serve(&args),
         Some(Command::Sweep(args)) => sweep(&args),
@@ -100,7 +100,7 @@ fn one_line(e: &anyhow::Error) -> String {
     line.replace('\n', " ")
 }
 
-fn battery(json: Option<PathBuf>, csv: Option<PathBuf>) -> Result<()> {
+fn battery(json: Option<PathBuf>, csv: Option<PathBuf>, label: Option<String>) -> Result<()> {
     let json = json.unwrap_or_else(|| {
         let stamp = humantime::format_rfc3339_seconds(std::time::SystemTime::now())
             .to_string()
@@ -109,6 +109,7 @@ fn battery(json: Option<PathBuf>, csv: Option<PathBuf>) -> Result<()> {
     });
     let mut plan = Plan::battery(json.clone());
     plan.csv = csv;
+    plan.label = label;
     eprintln!(
         "netgap: default battery: {} points (pingpong, stream, bibw-pingpong, bibw over tcp and unix, 1 B to 4 MiB) on loopback",
         plan.points.len()
@@ -189,6 +190,7 @@ fn import(args: &ImportArgs) -> Result<()> {
 fn run(args: &RunFlags) -> Result<()> {
     let request = args.request();
     if netgap::group::plan::is_group_run(&request.tests)? {
+        netgap::plan::refuse_interleaving(&request, &request.tests.join(","))?;
         return run_group(&request);
     }
     let plan = Plan::from_request(&request)?;
@@ -203,8 +205,24 @@ fn execute(plan: &Plan) -> Result<()> {
     if let Some(p) = &plan.csv {
         sinks.push(Box::new(CsvSink::open(p)?));
     }
+    // A run under several conditions switches the testbed's links; the
+    // testbed is the binary's, the run only sees the switch.
+    let mut switch = match &plan.testbed_name {
+        Some(name) if !plan.conditions.is_empty() => Some(
+            netgap::testbed::TestbedSwitch::open(name)
+                .with_context(|| format!("--conditions on testbed {name}"))?,
+        ),
+        _ => None,
+    };
     let mut table = TableObserver::new(plan.method.reps);
-    let outcome = run_plan(plan, &mut sinks, &mut table);
+    let outcome = run_plan(
+        plan,
+        switch
+            .as_mut()
+            .map(|s| s as &mut dyn netgap::conditions::ConditionSwitch),
+        &mut sinks,
+        &mut table,
+    );
     table.finish();
     for w in table.warnings() {
         eprintln!("netgap: warning: {w}");
@@ -362,6 +380,7 @@ fn new_key(file: &std::path::Path) -> Result<()> {
 fn testbed(cmd: &TestbedCommand) -> Result<()> {
     match cmd {
         TestbedCommand::Up(args) => netgap::testbed::up(args)?,
+        TestbedCommand::Set(args) => netgap::testbed::set(args)?,
         TestbedCommand::Status(args) => netgap::testbed::status(args)?,
         TestbedCommand::Down(args) => netgap::testbed::down(args)?,
     }

@@ -14,6 +14,18 @@
 //! `--hosts @testbed`), `params.json`, the shared `key` (mode 0600), and
 //! per host the agent's control socket `hN.sock`, its `hN.pid` and `hN.log`.
 //!
+//! Conditions: every link end (and bridge port) has the same MTU, offloads
+//! (`--offload on|off`: TSO, GSO, GRO, rx and tx checksum, switched with
+//! the `SIOCETHTOOL` ioctl from a thread inside each namespace), rate limit,
+//! delay and loss. A delay or loss is a netem qdisc at the root of the link
+//! end, with the TBF of a rate limit as its child, so a packet is delayed
+//! (or dropped) first and then paced at the rate. `netgap testbed set`
+//! changes them on a running testbed without touching its agents, and
+//! rewrites the hosts file and `params.json` to match; a run with
+//! `--conditions` switches them through [`TestbedSwitch`]. Every host
+//! namespace has `net.ipv4.tcp_no_metrics_save` set, so a TCP connection
+//! does not start from what an earlier one (under other conditions) learnt.
+//!
 //! Addresses: on a switch, host N is 10.77.0.N/24 on `eth0`. In a mesh, link
 //! K between hosts I < J is its own subnet 10.(80+K).P.0/24, where P counts
 //! host pairs from 1; host I is .1 on interface `pJlK`, host J is .2 on
@@ -25,7 +37,13 @@
 //! `down` finds what to remove from the namespaces' names and the state
 //! directory, not from memory, so it also cleans up after a crash.
 
+mod netns_ops;
+
 use netgap_measure::cluster::{HostEntry, HostsFile, LinkEntry, HOSTS_FILE_VERSION};
+use netgap_measure::conditions::{
+    parse_delay_us, parse_loss_ppm, parse_mtu, parse_offload, parse_rate_bps, parse_rate_setting,
+    Condition, ConditionError, ConditionSwitch, LinkConditions, SwitchFailure,
+};
 use netgap_measure::control::ControlAddr;
 use serde::{Deserialize, Serialize};
 use std::io;
@@ -63,6 +81,13 @@ pub const TBF_BURST_MS: u64 = 4;
 pub const TBF_MIN_BURST_BYTES: u64 = 70_000;
 /// TBF queue length, as the longest a packet may wait, in milliseconds.
 pub const TBF_LATENCY_MS: u64 = 50;
+/// Smallest netem queue, in packets (netem's own default).
+const NETEM_MIN_LIMIT: u64 = 1000;
+/// Largest netem queue, in packets.
+const NETEM_MAX_LIMIT: u64 = 1_000_000;
+/// The rate a netem queue is sized for when no rate limit is set, bit/s:
+/// veth moves some tens of Gbit/s.
+const NETEM_ASSUMED_RATE_BPS: u64 = 100_000_000_000;
 /// How long `up` waits for each agent to answer on its socket.
 const AGENT_START_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -134,9 +159,88 @@ pub struct UpArgs {
     /// Rate limit of every link in bit/s (e.g. 1G, 100M), a TBF on both ends.
     #[arg(long, value_name = "RATE")]
     pub rate: Option<String>,
+    /// Segmentation, receive and checksum offloads (TSO, GSO, GRO, rx/tx
+    /// checksum) of every link end and bridge port [default: as the kernel
+    /// sets them].
+    #[arg(long, value_name = "on|off", value_parser = parse_on_off)]
+    pub offload: Option<bool>,
+    /// Added one-way delay of every link end (netem), e.g. 1ms.
+    #[arg(long, value_name = "DUR")]
+    pub delay: Option<String>,
+    /// Added loss of every link end in percent (netem), e.g. 0.1%.
+    #[arg(long, value_name = "PCT")]
+    pub loss: Option<String>,
     /// Testbed name.
     #[command(flatten)]
     pub name: NameArgs,
+}
+
+/// Flags of `testbed set`: the conditions to change; the others stay.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SetArgs {
+    /// MTU of every link, in bytes.
+    #[arg(long)]
+    pub mtu: Option<u32>,
+    /// Segmentation, receive and checksum offloads of every link end and
+    /// bridge port.
+    #[arg(long, value_name = "on|off", value_parser = parse_on_off)]
+    pub offload: Option<bool>,
+    /// Rate limit of every link in bit/s, or `none`.
+    #[arg(long, value_name = "RATE|none")]
+    pub rate: Option<String>,
+    /// Added one-way delay of every link end; 0 for none.
+    #[arg(long, value_name = "DUR")]
+    pub delay: Option<String>,
+    /// Added loss of every link end in percent; 0 for none.
+    #[arg(long, value_name = "PCT")]
+    pub loss: Option<String>,
+    /// Testbed name.
+    #[command(flatten)]
+    pub name: NameArgs,
+}
+
+fn parse_on_off(s: &str) -> Result<bool, String> {
+    parse_offload(s).map_err(|_| format!("{s:?}: want on or off"))
+}
+
+/// A condition flag's value, or the one-line error naming the flag.
+fn flag<T>(flag: &str, r: Result<T, ConditionError>) -> Result<T, TestbedError> {
+    r.map_err(|e| TestbedError::Args(e.for_flag(flag)))
+}
+
+impl SetArgs {
+    /// The condition the flags ask for.
+    pub fn condition(&self) -> Result<Condition, TestbedError> {
+        let c = Condition {
+            mtu_bytes: self
+                .mtu
+                .map(|m| flag("--mtu", parse_mtu(&m.to_string())))
+                .transpose()?,
+            offload: self.offload,
+            rate_bps: self
+                .rate
+                .as_deref()
+                .map(|r| flag("--rate", parse_rate_setting(r)))
+                .transpose()?,
+            delay_us: self
+                .delay
+                .as_deref()
+                .map(|d| flag("--delay", parse_delay_us(d)))
+                .transpose()?,
+            loss_ppm: self
+                .loss
+                .as_deref()
+                .map(|l| flag("--loss", parse_loss_ppm(l)))
+                .transpose()?,
+        };
+        if c.is_empty() {
+            return Err(TestbedError::Args(
+                "testbed set: give at least one of --mtu, --offload, --rate, --delay, --loss"
+                    .into(),
+            ));
+        }
+        Ok(c)
+    }
 }
 
 /// What a testbed was built with; `up` compares it to decide whether an
@@ -155,6 +259,49 @@ pub struct Params {
     pub rate_bps: Option<u64>,
     /// The agent binary the testbed runs.
     pub agent_exe: PathBuf,
+    /// Offloads all on or all off; `None`: as the kernel set them.
+    #[serde(default)]
+    pub offload: Option<bool>,
+    /// Added delay in microseconds.
+    #[serde(default)]
+    pub delay_us: Option<u64>,
+    /// Added loss in parts per million.
+    #[serde(default)]
+    pub loss_ppm: Option<u32>,
+}
+
+impl Params {
+    /// The link conditions these parameters set.
+    pub fn conditions(&self) -> LinkConditions {
+        LinkConditions {
+            mtu_bytes: self.mtu_bytes,
+            offload: self.offload,
+            rate_bps: self.rate_bps,
+            delay_us: self.delay_us,
+            loss_ppm: self.loss_ppm,
+        }
+    }
+
+    /// These parameters with `c` as the link conditions.
+    fn with_conditions(&self, c: &LinkConditions) -> Params {
+        Params {
+            mtu_bytes: c.mtu_bytes,
+            offload: c.offload,
+            rate_bps: c.rate_bps,
+            delay_us: c.delay_us,
+            loss_ppm: c.loss_ppm,
+            ..self.clone()
+        }
+    }
+
+    /// Whether a testbed built with `other` has the same namespaces, links
+    /// and agents (the conditions aside), so it can be kept.
+    fn same_build(&self, other: &Params) -> bool {
+        self.hosts == other.hosts
+            && self.topology == other.topology
+            && self.links == other.links
+            && self.agent_exe == other.agent_exe
+    }
 }
 
 /// Why a testbed command failed. Each is one line.
@@ -185,6 +332,15 @@ pub enum TestbedError {
         /// Underlying error.
         source: io::Error,
     },
+    /// A thread could not enter a testbed namespace.
+    #[error(transparent)]
+    Netns(#[from] netgap_transport::netns::NetnsError),
+    /// The kernel has no netem qdisc.
+    #[error("--delay and --loss need the kernel's netem qdisc (sch_netem), which this kernel does not have")]
+    NoNetem,
+    /// No testbed of that name is up.
+    #[error("no testbed {0} is up (start one with `netgap testbed up --name {0}`)")]
+    NotUp(String),
     /// An agent did not come up.
     #[error("the agent of {host} did not start: {source} (see {log})")]
     Agent {
@@ -236,46 +392,9 @@ pub enum Unhealthy {
     },
 }
 
-/// A `--rate` that is not a rate in range.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum RateError {
-    /// Not a number with an optional K, M or G.
-    #[error("--rate {0:?}: want a rate like 1G, 100M or 10000000")]
-    Syntax(String),
-    /// Outside 8 kbit/s to 1000 Gbit/s.
-    #[error("--rate {0:?}: want 8K to 1000G bit/s")]
-    Range(String),
-}
-
 fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> TestbedError {
     let what = what.into();
     move |source| TestbedError::Io { what, source }
-}
-
-/// Parses a rate in bit/s: a number with an optional K, M or G (powers of
-/// 1000) and an optional `bit`/`bps` (`1G`, `100Mbit`, `2.5G`).
-pub fn parse_rate_bps(s: &str) -> Result<u64, RateError> {
-    let t = s.trim();
-    let lower = t.to_ascii_lowercase();
-    let lower = lower
-        .strip_suffix("bps")
-        .or_else(|| lower.strip_suffix("bit"))
-        .unwrap_or(&lower);
-    let (num, mult) = match lower.chars().last() {
-        Some('k') => (&lower[..lower.len() - 1], 1e3),
-        Some('m') => (&lower[..lower.len() - 1], 1e6),
-        Some('g') => (&lower[..lower.len() - 1], 1e9),
-        _ => (lower, 1.0),
-    };
-    let v: f64 = num
-        .trim()
-        .parse()
-        .map_err(|_| RateError::Syntax(t.to_string()))?;
-    let bps = v * mult;
-    if !(bps.is_finite() && (8_000.0..=1e12).contains(&bps)) {
-        return Err(RateError::Range(t.to_string()));
-    }
-    Ok(bps as u64)
 }
 
 /// Checks a testbed name: 1 to 12 of `a-z0-9`.
@@ -316,23 +435,35 @@ impl UpArgs {
         if self.topology == Topology::Switch && self.links != 1 {
             return bad("--links applies to --topology mesh only".into());
         }
-        if !(576..=65_535).contains(&self.mtu) {
-            return bad(format!("--mtu {}: want 576 to 65535 bytes", self.mtu));
-        }
+        let mtu_bytes = flag("--mtu", parse_mtu(&self.mtu.to_string()))?;
         let rate_bps = self
             .rate
             .as_deref()
-            .map(parse_rate_bps)
-            .transpose()
-            .map_err(|e| TestbedError::Args(e.to_string()))?;
+            .map(|r| flag("--rate", parse_rate_bps(r)))
+            .transpose()?;
+        let delay_us = self
+            .delay
+            .as_deref()
+            .map(|d| flag("--delay", parse_delay_us(d)))
+            .transpose()?
+            .filter(|&d| d > 0);
+        let loss_ppm = self
+            .loss
+            .as_deref()
+            .map(|l| flag("--loss", parse_loss_ppm(l)))
+            .transpose()?
+            .filter(|&l| l > 0);
         let agent_exe = std::env::current_exe().map_err(io_err("finding netgap's own binary"))?;
         Ok(Params {
             hosts: self.hosts,
             topology: self.topology,
             links: self.links,
-            mtu_bytes: self.mtu,
+            mtu_bytes,
             rate_bps,
             agent_exe,
+            offload: self.offload,
+            delay_us,
+            loss_ppm,
         })
     }
 }
@@ -483,6 +614,8 @@ fn hosts_file(name: &str, p: &Params) -> HostsFile {
         topology: p.topology.as_str().into(),
         key_file: Some(dir.join("key")),
         hosts,
+        testbed: Some(name.to_string()),
+        conditions: Some(p.conditions()),
     }
 }
 
@@ -493,20 +626,171 @@ pub fn tbf_burst_bytes(rate_bps: u64, mtu_bytes: u32) -> u64 {
         .max(2 * u64::from(mtu_bytes))
 }
 
-fn shape(ns: &str, dev: &str, p: &Params) -> Result<(), TestbedError> {
-    let Some(rate) = p.rate_bps else {
-        return Ok(());
+/// The netem queue for `c`, in packets: twice what the link holds in
+/// flight over the delay, at the rate (or a fast veth's), in MTU-sized
+/// packets, so the queue never drops what the delay holds back.
+fn netem_limit_packets(c: &LinkConditions) -> u64 {
+    let rate = c.rate_bps.unwrap_or(NETEM_ASSUMED_RATE_BPS);
+    let in_flight_bytes = u128::from(rate / 8) * u128::from(c.delay_us.unwrap_or(0)) / 1_000_000;
+    let packets = in_flight_bytes / u128::from(c.mtu_bytes.max(1));
+    u64::try_from(2 * packets)
+        .unwrap_or(u64::MAX)
+        .clamp(NETEM_MIN_LIMIT, NETEM_MAX_LIMIT)
+}
+
+/// Puts link end `dev` of namespace `ns` under the shaping of `c`: no
+/// qdisc of netgap's, a TBF, a netem, or a netem with the TBF as its child.
+/// `fresh`: the end was just made and has no qdisc of netgap's yet.
+fn shape(ns: &str, dev: &str, c: &LinkConditions, fresh: bool) -> Result<(), TestbedError> {
+    if !fresh {
+        // Going back to veth's default; fails harmlessly when only the
+        // default is there.
+        let _ = run("tc", &["-n", ns, "qdisc", "del", "dev", dev, "root"]);
+    }
+    let tbf = |parent: &[&str]| -> Result<(), TestbedError> {
+        let Some(rate_bps) = c.rate_bps else {
+            return Ok(());
+        };
+        let rate = format!("{rate_bps}bit");
+        let burst = tbf_burst_bytes(rate_bps, c.mtu_bytes).to_string();
+        let latency = format!("{TBF_LATENCY_MS}ms");
+        let mut args = vec!["-n", ns, "qdisc", "add", "dev", dev];
+        args.extend_from_slice(parent);
+        args.extend_from_slice(&["tbf", "rate", &rate, "burst", &burst, "latency", &latency]);
+        run("tc", &args).map(|_| ())
     };
-    let rate = format!("{rate}bit");
-    let burst = tbf_burst_bytes(p.rate_bps.unwrap_or(0), p.mtu_bytes).to_string();
-    let latency = format!("{TBF_LATENCY_MS}ms");
+    if !c.needs_netem() {
+        return tbf(&["root", "handle", "1:"]);
+    }
+    let delay = format!("{}us", c.delay_us.unwrap_or(0));
+    let limit = netem_limit_packets(c).to_string();
+    let mut args = vec![
+        "-n", ns, "qdisc", "add", "dev", dev, "root", "handle", "1:", "netem", "limit", &limit,
+        "delay", &delay,
+    ];
+    let loss = c.loss_ppm.map(|l| format!("{}%", f64::from(l) / 10_000.0));
+    if let Some(loss) = &loss {
+        args.extend_from_slice(&["loss", loss]);
+    }
+    run("tc", &args).map_err(netem_missing)?;
+    tbf(&["parent", "1:1", "handle", "10:"])
+}
+
+/// A tc failure that means the kernel lacks netem, as [`TestbedError::NoNetem`].
+fn netem_missing(e: TestbedError) -> TestbedError {
+    match &e {
+        TestbedError::Command { detail, .. } if detail.contains("qdisc kind is unknown") => {
+            TestbedError::NoNetem
+        }
+        _ => e,
+    }
+}
+
+/// Fails with [`TestbedError::NoNetem`] when namespace `ns`'s kernel has no
+/// netem, before anything is changed: a netem tried on its loopback.
+fn check_netem(ns: &str) -> Result<(), TestbedError> {
     run(
         "tc",
         &[
-            "-n", ns, "qdisc", "replace", "dev", dev, "root", "tbf", "rate", &rate, "burst",
-            &burst, "latency", &latency,
+            "-n", ns, "qdisc", "add", "dev", "lo", "root", "handle", "1:", "netem",
         ],
-    )?;
+    )
+    .map_err(netem_missing)?;
+    run("tc", &["-n", ns, "qdisc", "del", "dev", "lo", "root"]).map(|_| ())
+}
+
+/// Every link end of the testbed, `(namespace, interface)`: each host's
+/// end and, on a switch, its bridge port.
+fn link_ends(name: &str, p: &Params) -> Vec<(String, String)> {
+    let prefix = ns_prefix(name);
+    let mut ends = Vec::new();
+    match p.topology {
+        Topology::Switch => {
+            for h in 1..=p.hosts {
+                ends.push((format!("{prefix}h{h}"), "eth0".to_string()));
+                ends.push((format!("{prefix}sw"), format!("h{h}")));
+            }
+        }
+        Topology::Mesh => {
+            for l in mesh_links(p) {
+                ends.push((format!("{prefix}h{}", l.a), l.a_if));
+                ends.push((format!("{prefix}h{}", l.b), l.b_if));
+            }
+        }
+    }
+    ends
+}
+
+/// The bridge of a switch testbed, `(namespace, interface)`.
+fn bridge(name: &str, p: &Params) -> Option<(String, String)> {
+    (p.topology == Topology::Switch).then(|| (format!("{}sw", ns_prefix(name)), "br0".into()))
+}
+
+/// Refuses conditions out of range, or that need a netem this kernel lacks,
+/// before anything changes.
+fn check_conditions(
+    name: &str,
+    p: &Params,
+    from: Option<&LinkConditions>,
+    to: &LinkConditions,
+) -> Result<(), TestbedError> {
+    to.check().map_err(|e| TestbedError::Args(e.to_string()))?;
+    if to.needs_netem() && from.is_none_or(|f| !f.needs_netem()) {
+        if let Some((ns, _)) = link_ends(name, p).first() {
+            check_netem(ns)?;
+        }
+    }
+    Ok(())
+}
+
+/// Puts every link of testbed `name` (built with `p`) under `to`; `from`
+/// is what they are under now, `None` right after they were made (with
+/// `to`'s MTU and no qdisc). Changes only what differs.
+fn condition_links(
+    name: &str,
+    p: &Params,
+    from: Option<&LinkConditions>,
+    to: &LinkConditions,
+) -> Result<(), TestbedError> {
+    check_conditions(name, p, from, to)?;
+    let ends = link_ends(name, p);
+    let mtu_changed = from.is_some_and(|f| f.mtu_bytes != to.mtu_bytes);
+    if mtu_changed {
+        let mtu = to.mtu_bytes.to_string();
+        // The ports before the bridge: a bridge takes no MTU above its
+        // ports'.
+        for (ns, dev) in ends.iter().chain(bridge(name, p).iter()) {
+            ip(&["-n", ns, "link", "set", "dev", dev, "mtu", &mtu])?;
+        }
+    }
+    let shaping = |c: &LinkConditions| (c.rate_bps, c.delay_us, c.loss_ppm);
+    // A TBF's burst follows the MTU, so an MTU change reshapes too.
+    let reshape = match from {
+        None => shaping(to) != (None, None, None),
+        Some(f) => shaping(f) != shaping(to) || (mtu_changed && to.rate_bps.is_some()),
+    };
+    if reshape {
+        for (ns, dev) in &ends {
+            shape(ns, dev, to, from.is_none())?;
+        }
+    }
+    if let Some(on) = to.offload {
+        if from.is_none_or(|f| f.offload != Some(on)) {
+            let mut by_ns: Vec<(String, Vec<String>)> = Vec::new();
+            // The bridge ports are link ends; the bridge device itself
+            // carries no test traffic (it has no address) and takes no
+            // receive checksum setting.
+            for (ns, dev) in &ends {
+                match by_ns.iter_mut().find(|(n, _)| n == ns) {
+                    Some((_, devs)) => devs.push(dev.clone()),
+                    None => by_ns.push((ns.clone(), vec![dev.clone()])),
+                }
+            }
+            for (ns, devs) in &by_ns {
+                netns_ops::set_offloads(ns, devs, on)?;
+            }
+        }
+    }
     Ok(())
 }
 
@@ -527,6 +811,13 @@ fn build_network(name: &str, p: &Params, hosts: &HostsFile) -> Result<(), Testbe
         ip(&["netns", "add", ns])?;
         ip(&["-n", ns, "link", "set", "lo", "up"])?;
     }
+    for h in &hosts.hosts {
+        let ns = h.netns.as_deref().unwrap_or_default();
+        // A connection must not start from the window and threshold an
+        // earlier one to the same host learnt, perhaps under other
+        // conditions.
+        netns_ops::set_sysctl(ns, "net/ipv4/tcp_no_metrics_save", "1")?;
+    }
     match p.topology {
         Topology::Switch => {
             let sw = format!("{prefix}sw");
@@ -544,8 +835,6 @@ fn build_network(name: &str, p: &Params, hosts: &HostsFile) -> Result<(), Testbe
                 let addr = format!("{}/24", switch_ip(i as u32 + 1));
                 ip(&["-n", ns, "addr", "add", &addr, "dev", "eth0"])?;
                 ip(&["-n", ns, "link", "set", "eth0", "up"])?;
-                shape(ns, "eth0", p)?;
-                shape(&sw, &port, p)?;
             }
         }
         Topology::Mesh => {
@@ -556,12 +845,11 @@ fn build_network(name: &str, p: &Params, hosts: &HostsFile) -> Result<(), Testbe
                 for (ns, dev, addr) in [(&a_ns, &l.a_if, l.a_ip), (&b_ns, &l.b_if, l.b_ip)] {
                     ip(&["-n", ns, "addr", "add", &format!("{addr}/24"), "dev", dev])?;
                     ip(&["-n", ns, "link", "set", dev, "up"])?;
-                    shape(ns, dev, p)?;
                 }
             }
         }
     }
-    Ok(())
+    condition_links(name, p, None, &p.conditions())
 }
 
 /// Starts the agent of host `h` in its namespace, detached (own session,
@@ -668,11 +956,25 @@ pub fn up(args: &UpArgs) -> Result<(), TestbedError> {
         .and_then(|t| serde_json::from_str(&t).ok());
     let leftovers = own_netns(name)?;
     if let Some(old) = existing {
-        if old == params && healthy(name).is_ok() {
+        let healthy_now = healthy(name).is_ok();
+        if old == params && healthy_now {
             say!("testbed {name} is already up with these parameters; keeping it");
             return status(&args.name);
         }
-        let why = if old != params {
+        // The kernel's own offload state cannot be put back once changed:
+        // a testbed asked for with the kernel's offloads is rebuilt.
+        let offloads_back = params.offload.is_none() && old.offload.is_some();
+        if old.same_build(&params) && healthy_now && !offloads_back {
+            say!(
+                "testbed {name} is already up; changing its conditions to {}",
+                params.conditions()
+            );
+            set_conditions(name, &params.conditions())?;
+            return status(&args.name);
+        }
+        let why = if offloads_back {
+            "its offloads go back to the kernel's defaults".to_string()
+        } else if old != params {
             "its parameters differ".to_string()
         } else {
             healthy(name)
@@ -780,19 +1082,17 @@ pub fn status(args: &NameArgs) -> Result<(), TestbedError> {
     let params: Option<Params> = std::fs::read_to_string(dir.join("params.json"))
         .ok()
         .and_then(|t| serde_json::from_str(&t).ok());
-    let shaping = params.as_ref().map_or(String::new(), |p| {
-        format!(
-            ", MTU {} bytes{}",
-            p.mtu_bytes,
-            p.rate_bps
-                .map_or(String::new(), |r| format!(", TBF {r} bit/s per link end"))
-        )
-    });
+    let conditions = hosts
+        .conditions
+        .or_else(|| params.as_ref().map(Params::conditions));
     say!(
-        "testbed {name}: {} hosts, {}{shaping}",
+        "testbed {name}: {} hosts, {}",
         hosts.hosts.len(),
         hosts.topology
     );
+    if let Some(c) = conditions {
+        say!("conditions: {c} (per link end)");
+    }
     say!("hosts file: {}", hosts_path.display());
     if let Some(k) = &hosts.key_file {
         say!("key: {}", k.display());
@@ -825,6 +1125,101 @@ pub fn status(args: &NameArgs) -> Result<(), TestbedError> {
         }
     }
     Ok(())
+}
+
+/// Changes a running testbed's conditions (`netgap testbed set`): only the
+/// keys given, on every link end, without restarting its agents; then
+/// prints its status.
+pub fn set(args: &SetArgs) -> Result<(), TestbedError> {
+    check_name(&args.name.name)?;
+    let change = args.condition()?;
+    preflight()?;
+    let name = &args.name.name;
+    let (_, hosts) = load_state(name)?;
+    let from = hosts
+        .conditions
+        .ok_or_else(|| TestbedError::Args(format!("testbed {name} records no conditions; rebuild it with `netgap testbed up --name {name}`")))?;
+    let to = change.apply_to(&from);
+    set_conditions(name, &to)?;
+    say!("testbed {name}: {change} set");
+    status(&args.name)
+}
+
+/// The parameters and hosts file of the running testbed `name`.
+fn load_state(name: &str) -> Result<(Params, HostsFile), TestbedError> {
+    let dir = state_dir(name);
+    let text = match std::fs::read_to_string(dir.join("params.json")) {
+        Ok(t) => t,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Err(TestbedError::NotUp(name.to_string()))
+        }
+        Err(e) => return Err(io_err("reading params.json")(e)),
+    };
+    let params: Params = serde_json::from_str(&text).map_err(|e| TestbedError::Io {
+        what: "reading params.json".into(),
+        source: io::Error::other(e),
+    })?;
+    let hosts = HostsFile::load(&dir.join("hosts.json")).map_err(|e| TestbedError::Io {
+        what: "reading the hosts file".into(),
+        source: io::Error::other(e.to_string()),
+    })?;
+    Ok((params, hosts))
+}
+
+/// Puts the links of the running testbed `name` under `to` and records it
+/// in its hosts file and parameters. Its agents keep running.
+pub fn set_conditions(name: &str, to: &LinkConditions) -> Result<(), TestbedError> {
+    let (params, mut hosts) = load_state(name)?;
+    let from = hosts.conditions.unwrap_or_else(|| params.conditions());
+    check_conditions(name, &params, Some(&from), to)?;
+    // Unknown while the links change: a failure halfway must not leave the
+    // files claiming either state.
+    hosts.conditions = None;
+    let dir = state_dir(name);
+    let save_hosts = |h: &HostsFile| {
+        h.save(&dir.join("hosts.json"))
+            .map_err(io_err("writing hosts.json"))
+    };
+    save_hosts(&hosts)?;
+    condition_links(name, &params, Some(&from), to)?;
+    let params = params.with_conditions(to);
+    let text = serde_json::to_string_pretty(&params).map_err(|e| TestbedError::Io {
+        what: "writing params.json".into(),
+        source: io::Error::other(e),
+    })?;
+    std::fs::write(dir.join("params.json"), text + "\n").map_err(io_err("writing params.json"))?;
+    hosts.conditions = Some(*to);
+    for h in &mut hosts.hosts {
+        for l in &mut h.links {
+            l.mtu_bytes = to.mtu_bytes;
+            l.rate_bps = to.rate_bps;
+        }
+    }
+    save_hosts(&hosts)
+}
+
+/// The [`ConditionSwitch`] of a running testbed: what a run with
+/// `--conditions` switches the links with, through [`set_conditions`].
+pub struct TestbedSwitch {
+    name: String,
+}
+
+impl TestbedSwitch {
+    /// The switch of testbed `name`; needs root and the testbed up.
+    pub fn open(name: &str) -> Result<TestbedSwitch, TestbedError> {
+        check_name(name)?;
+        preflight()?;
+        load_state(name)?;
+        Ok(TestbedSwitch {
+            name: name.to_string(),
+        })
+    }
+}
+
+impl ConditionSwitch for TestbedSwitch {
+    fn switch(&mut self, to: &LinkConditions) -> Result<(), SwitchFailure> {
+        set_conditions(&self.name, to).map_err(|e| Box::new(e) as SwitchFailure)
+    }
 }
 
 /// Removes the testbed (`netgap testbed down`).
@@ -941,6 +1336,9 @@ mod tests {
             mtu_bytes: 9000,
             rate_bps: Some(1_000_000_000),
             agent_exe: PathBuf::from("/bin/true"),
+            offload: None,
+            delay_us: None,
+            loss_ppm: None,
         }
     }
 
@@ -998,15 +1396,72 @@ mod tests {
     }
 
     #[test]
-    fn rates_parse_and_bursts_hold_a_gso_packet() {
-        assert_eq!(parse_rate_bps("1G"), Ok(1_000_000_000));
-        assert_eq!(parse_rate_bps("100Mbit"), Ok(100_000_000));
-        assert_eq!(parse_rate_bps("2.5g"), Ok(2_500_000_000));
-        assert_eq!(parse_rate_bps("10000000"), Ok(10_000_000));
-        assert!(parse_rate_bps("fast").is_err());
-        assert!(parse_rate_bps("0").is_err());
+    fn bursts_hold_a_gso_packet_and_netem_queues_hold_the_delay() {
         assert_eq!(tbf_burst_bytes(1_000_000_000, 1500), 500_000);
         assert_eq!(tbf_burst_bytes(10_000_000, 1500), TBF_MIN_BURST_BYTES);
+        let mut c = LinkConditions::plain(1500);
+        assert_eq!(netem_limit_packets(&c), NETEM_MIN_LIMIT);
+        // 1 Gbit/s for 100 ms is 12.5 MB in flight, 8333 packets of 1500.
+        c.rate_bps = Some(1_000_000_000);
+        c.delay_us = Some(100_000);
+        assert_eq!(netem_limit_packets(&c), 2 * 8333);
+        c.rate_bps = None;
+        c.delay_us = Some(10_000_000);
+        assert_eq!(netem_limit_packets(&c), NETEM_MAX_LIMIT);
+    }
+
+    #[test]
+    fn every_link_end_and_bridge_port_is_conditioned() {
+        let ends = link_ends("t1", &params(Topology::Switch, 2, 1));
+        let shown: Vec<String> = ends.iter().map(|(n, d)| format!("{n}/{d}")).collect();
+        assert_eq!(
+            shown,
+            [
+                "ngtb-t1-h1/eth0",
+                "ngtb-t1-sw/h1",
+                "ngtb-t1-h2/eth0",
+                "ngtb-t1-sw/h2"
+            ]
+        );
+        assert_eq!(
+            bridge("t1", &params(Topology::Switch, 2, 1)),
+            Some(("ngtb-t1-sw".into(), "br0".into()))
+        );
+        let ends = link_ends("testbed", &params(Topology::Mesh, 3, 2));
+        assert_eq!(ends.len(), 3 * 2 * 2, "3 pairs, 2 links, 2 ends");
+        assert!(bridge("testbed", &params(Topology::Mesh, 3, 2)).is_none());
+    }
+
+    #[test]
+    fn set_takes_the_keys_given_and_refuses_nothing_or_nonsense() {
+        let mut a = SetArgs {
+            mtu: None,
+            offload: None,
+            rate: None,
+            delay: None,
+            loss: None,
+            name: NameArgs {
+                name: "testbed".into(),
+            },
+        };
+        assert!(a
+            .condition()
+            .is_err_and(|e| e.to_string().contains("at least one")));
+        a.rate = Some("none".into());
+        a.offload = Some(false);
+        let c = a.condition().expect("valid");
+        assert_eq!(
+            (c.rate_bps, c.offload, c.mtu_bytes),
+            (Some(None), Some(false), None)
+        );
+        a.loss = Some("300%".into());
+        let e = a.condition().expect_err("bad loss").to_string();
+        assert_eq!(e, "--loss 300%: want 0% to 100%");
+        a.loss = None;
+        a.mtu = Some(10);
+        assert!(a
+            .condition()
+            .is_err_and(|e| e.to_string().starts_with("--mtu 10")));
     }
 
     #[test]
@@ -1017,6 +1472,9 @@ mod tests {
             links: 1,
             mtu: 1500,
             rate: None,
+            offload: None,
+            delay: None,
+            loss: None,
             name: NameArgs {
                 name: "testbed".into(),
             },

@@ -199,6 +199,14 @@ fn shared_point_to_point_cases() -> Vec<(&'static [&'static str], Expect)> {
         ),
         (&["-6"], Records("/options/peer", "embedded-ipv6".into())),
         (&["--ci-reps", "3,4"], Refused("--ci")),
+        (
+            &["--label", "run A"],
+            Records("/stack/label", "run A".into()),
+        ),
+        (
+            &["--label", ""],
+            Refused("--label \"\": want 1 to 100 bytes"),
+        ),
         (&["--key", "k"], Refused("--key needs --peer or --hosts")),
         (
             &["--hosts", "127.0.0.1:1,127.0.0.1:2"],
@@ -264,6 +272,30 @@ fn every_flag_of_run_changes_a_point_to_point_record_or_is_refused() {
         (
             &["-6", "--peer", "127.0.0.1:1"],
             Refused("-6 does not apply to pingpong"),
+        ),
+        (
+            &["--interleave", "-t", "tcp,unix"],
+            Records("/options/interleaved/with", 2.into()),
+        ),
+        (
+            &["--interleave"],
+            Refused("--interleave does not apply to pingpong: it alternates"),
+        ),
+        (
+            &["--interleave", "-t", "tcp,unix", "--ci", "90,50"],
+            Refused("--ci does not apply to pingpong with --interleave"),
+        ),
+        (
+            &["--conditions", "mtu=1500,9000"],
+            Refused("conditions are set on netgap's testbed"),
+        ),
+        (
+            &["--conditions", "mtu=1500,9000", "speed=1"],
+            Refused("unknown condition key \"speed\""),
+        ),
+        (
+            &["--conditions", "mtu=1500", "mtu=9000"],
+            Refused("--conditions: condition key mtu is given twice"),
         ),
     ]);
     // --paper (10 repetitions of 100,000 iterations) takes seconds; the
@@ -347,6 +379,15 @@ fn every_flag_of_a_multi_host_run_changes_its_record_or_is_refused() {
     };
     fanin.walk(&[
         (&["--clients", "2"], Records("/clients", 2.into())),
+        (&["--label", "x"], Records("/stack/label", "x".into())),
+        (
+            &["--conditions", "mtu=9000"],
+            Refused("--conditions does not apply to fanin"),
+        ),
+        (
+            &["--interleave", "-t", "tcp,udp"],
+            Refused("--interleave does not apply to fanin"),
+        ),
         (&["--client-hosts", "2"], Records("/client_hosts", 2.into())),
         (
             &["--duration", "30ms"],

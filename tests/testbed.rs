@@ -446,3 +446,179 @@ fn point_to_point_tests_sweep_and_logp_run_between_testbed_hosts() {
     let _ = tb.down();
     tb.assert_gone();
 }
+
+/// The payload limit of a TBF-shaped TCP stream, in Gbit/s: of every frame
+/// of `mtu` bytes plus 14 of Ethernet header, `mtu - 52` are payload (IP and
+/// TCP headers with timestamps).
+fn tcp_payload_limit_gbps(rate_gbps: f64, mtu: u64) -> f64 {
+    rate_gbps * (mtu - 52) as f64 / (mtu + 14) as f64
+}
+
+#[test]
+fn conditions_are_set_recorded_and_interleaved_in_one_run() {
+    if !system_ready("conditions_are_set_recorded_and_interleaved_in_one_run") {
+        return;
+    }
+    let (tb, out) = Testbed::up(
+        "tcond",
+        &["--hosts", "2", "--rate", "1G", "--offload", "on"],
+    );
+    assert!(
+        out.contains("conditions: MTU 1500, offload on, rate 1000000000 bit/s, qdisc tbf"),
+        "{out}"
+    );
+    let hosts = tb.hosts();
+    assert_eq!(hosts.testbed.as_deref(), Some("tcond"));
+    let before = hosts.conditions.expect("conditions recorded");
+    assert_eq!((before.mtu_bytes, before.offload), (1500, Some(true)));
+    let pids: Vec<String> = ["h1", "h2"]
+        .iter()
+        .map(|h| std::fs::read_to_string(tb.dir().join(format!("{h}.pid"))).expect("pid"))
+        .collect();
+
+    // One run, four conditions, their repetitions interleaved.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let recs = tb.run(
+        "stream",
+        &[
+            "-s",
+            "64K",
+            "--reps",
+            "2",
+            "-n",
+            "400",
+            "--label",
+            "cond",
+            "--conditions",
+            "mtu=1500,9000",
+            "offload=on,off",
+        ],
+        &dir.path().join("c.jsonl"),
+    );
+    assert_eq!(recs.len(), 4, "one record per condition");
+    let mut stacks: Vec<(u64, String)> = Vec::new();
+    let group = &recs[0]["options"]["interleaved"]["group"];
+    for r in &recs {
+        let path = &r["stack"]["path"];
+        let mtu = path["mtu_bytes"].as_u64().expect("mtu");
+        stacks.push((mtu, path["offload"].as_str().expect("offload").to_string()));
+        assert_eq!(path["kind"], "testbed", "{path}");
+        assert_eq!(path["topology"], "switch", "{path}");
+        assert_eq!(path["rate_bps"], 1_000_000_000u64, "{path}");
+        assert_eq!(path["qdisc"], "tbf", "{path}");
+        assert_eq!(r["stack"]["label"], "cond");
+        assert_eq!(r["options"]["interleaved"]["with"], 4);
+        assert_eq!(&r["options"]["interleaved"]["group"], group);
+        assert_eq!(r["stats"]["reps"].as_array().map(Vec::len), Some(2));
+        assert_eq!(r["iterations_per_rep"], 400);
+        // Both hosts' facts say what the path says.
+        for end in ["host", "peer_host"] {
+            assert_eq!(r[end]["mtu_bytes"].as_u64(), Some(mtu), "{end}: {}", r[end]);
+        }
+        // Physics: no stream beats the TBF's payload limit at its MTU (a
+        // few percent over for the bucket's burst at each repetition's
+        // start).
+        let limit = tcp_payload_limit_gbps(1.0, mtu);
+        for v in r["stats"]["reps"].as_array().expect("reps") {
+            let v = v.as_f64().expect("value");
+            assert!(
+                v > 0.0 && v <= limit * 1.05,
+                "{v} Gbit/s over {limit} at MTU {mtu}"
+            );
+        }
+    }
+    stacks.sort();
+    assert_eq!(
+        stacks,
+        [
+            (1500, "off".to_string()),
+            (1500, "on".into()),
+            (9000, "off".into()),
+            (9000, "on".into())
+        ],
+        "four distinct stacks"
+    );
+    // The run put the testbed back as it found it.
+    assert_eq!(tb.hosts().conditions, Some(before));
+
+    // `testbed set` changes a running testbed; its agents stay.
+    let out = ok(netgap()
+        .args(["testbed", "set", "--name", "tcond", "--mtu", "9000"])
+        .args(["--offload", "off", "--rate", "none"])
+        .output()
+        .expect("set"));
+    assert!(
+        out.contains("MTU 9000, offload off, qdisc noqueue"),
+        "{out}"
+    );
+    assert_eq!(out.matches("agent answers").count(), 2, "{out}");
+    for (ns, dev) in [
+        (tb.ns("h1"), "eth0"),
+        (tb.ns("sw"), "h2"),
+        (tb.ns("sw"), "br0"),
+    ] {
+        let link = sh("ip", &["-n", &ns, "link", "show", dev]);
+        assert!(link.contains("mtu 9000"), "{ns} {dev}: {link}");
+    }
+    let q = sh("tc", &["-n", &tb.ns("h2"), "qdisc", "show", "dev", "eth0"]);
+    assert!(!q.contains("tbf"), "{q}");
+    let c = tb.hosts().conditions.expect("conditions");
+    assert_eq!(
+        (c.mtu_bytes, c.offload, c.rate_bps),
+        (9000, Some(false), None)
+    );
+    for (h, pid) in ["h1", "h2"].iter().zip(&pids) {
+        let now = std::fs::read_to_string(tb.dir().join(format!("{h}.pid"))).expect("pid");
+        assert_eq!(&now, pid, "{h}'s agent was not restarted");
+    }
+    let recs = tb.run(
+        "pingpong",
+        &["-s", "1", "--reps", "2", "-n", "100"],
+        &dir.path().join("p.jsonl"),
+    );
+    let path = &recs[0]["stack"]["path"];
+    assert_eq!(
+        (path["mtu_bytes"].as_u64(), path["offload"].as_str()),
+        (Some(9000), Some("off"))
+    );
+    assert!(recs[0]["options"].get("interleaved").is_none());
+
+    // netem: delay and loss, with a rate as its child, where the kernel
+    // has it; where it does not, one line says so and nothing changed.
+    let out = netgap()
+        .args(["testbed", "set", "--name", "tcond", "--delay", "1ms"])
+        .args(["--loss", "0.1%", "--rate", "1G"])
+        .output()
+        .expect("set");
+    if out.status.success() {
+        let q = sh("tc", &["-n", &tb.ns("h1"), "qdisc", "show", "dev", "eth0"]);
+        assert!(q.contains("netem") && q.contains("tbf"), "{q}");
+        assert_eq!(tb.hosts().conditions.map(|c| c.qdisc()), Some("netem+tbf"));
+    } else {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+        assert!(stderr.contains("netem"), "{stderr}");
+        assert_eq!(tb.hosts().conditions, Some(c));
+    }
+    // `up` with the testbed's own build but other conditions keeps it and
+    // changes them.
+    let out = ok(netgap()
+        .args(["testbed", "up", "--name", "tcond", "--hosts", "2"])
+        .args(["--rate", "1G", "--offload", "on"])
+        .output()
+        .expect("up"));
+    assert!(out.contains("changing its conditions"), "{out}");
+    assert_eq!(tb.hosts().conditions, Some(before));
+    // Nothing to set, or a bad value: one line.
+    for args in [
+        &["testbed", "set", "--name", "tcond"][..],
+        &["testbed", "set", "--name", "tcond", "--loss", "200"],
+    ] {
+        let out = netgap().args(args).output().expect("set");
+        assert!(!out.status.success());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+    }
+    let _ = tb.down();
+    tb.assert_gone();
+}

@@ -11,9 +11,10 @@
 
 use clap::{Arg, ArgAction, ArgMatches, Args, FromArgMatches};
 use netgap::cluster::HostsArg;
+use netgap::conditions::ConditionAxis;
 use netgap::plan::{
-    CiSpec, MethodSpec, MultiHostSpec, OptionSetting, Outputs, PeerAddr, Pin, RunRequest, Target,
-    TransportChoice,
+    CiSpec, Interleaving, MethodSpec, MultiHostSpec, OptionSetting, Outputs, PeerAddr, Pin,
+    RunRequest, Target, TransportChoice,
 };
 use netgap::spec::Mode;
 use netgap::transport::options::{self as topt, OptionKind, OptionValue};
@@ -207,6 +208,40 @@ pub struct OutputFlags {
     /// Append one CSV row per measured point to FILE.
     #[arg(long, value_name = "FILE")]
     pub csv: Option<PathBuf>,
+    /// Name the stack measured in every record (`stack.label`), e.g.
+    /// "kernel 6.8"; records of different labels are never merged.
+    #[arg(long, value_name = "TEXT")]
+    pub label: Option<String>,
+}
+
+/// Conditions and stacks one run alternates between (`run` only).
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Interleaved comparison")]
+pub struct InterleaveFlags {
+    /// Measure every point under each condition of a testbed (--hosts
+    /// @testbed), alternating the repetitions: one KEY=V1,V2,... per key
+    /// (mtu, offload, rate, delay, loss); the run takes the cross product,
+    /// e.g. --conditions mtu=1500,9000 offload=on,off. Needs root.
+    #[arg(long, value_name = "KEY=V,V", num_args = 1.., value_parser = parse_condition_axis)]
+    pub conditions: Vec<ConditionAxis>,
+    /// Alternate the repetitions of the run's stacks (-t and --mode lists)
+    /// at each test and size, so drift falls on every stack alike.
+    #[arg(long)]
+    pub interleave: bool,
+}
+
+impl InterleaveFlags {
+    /// The typed request.
+    pub fn spec(&self) -> Interleaving {
+        Interleaving {
+            conditions: self.conditions.clone(),
+            interleave: self.interleave,
+        }
+    }
+}
+
+fn parse_condition_axis(s: &str) -> Result<ConditionAxis, String> {
+    ConditionAxis::parse(s).map_err(|e| e.to_string())
 }
 
 /// The flags of multi-host tests.
@@ -286,8 +321,10 @@ impl StackFlags {
             outputs: Outputs {
                 json: self.output.json.clone(),
                 csv: self.output.csv.clone(),
+                label: self.output.label.clone(),
             },
             multi_host,
+            interleaving: Interleaving::default(),
         }
     }
 }

@@ -5,7 +5,7 @@
 pub mod flags;
 
 use clap::{Parser, Subcommand};
-use flags::{MultiHostFlags, OutputFlags, StackFlags};
+use flags::{InterleaveFlags, MultiHostFlags, OutputFlags, StackFlags};
 use netgap::plan::DEFAULT_PORT;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -22,7 +22,8 @@ use std::time::Duration;
     about,
     long_about,
     mut_arg("json", |a| a.help("Results file of the default battery (JSON Lines); default netgap-results-TIMESTAMP.jsonl in the current directory")),
-    mut_arg("csv", |a| a.help("Also write the default battery's results as CSV"))
+    mut_arg("csv", |a| a.help("Also write the default battery's results as CSV")),
+    mut_arg("label", |a| a.help("Name the default battery's stacks in its records (stack.label)"))
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -91,12 +92,17 @@ pub struct RunFlags {
     pub stack: StackFlags,
     #[command(flatten)]
     pub multi_host: MultiHostFlags,
+    #[command(flatten)]
+    pub interleave: InterleaveFlags,
 }
 
 impl RunFlags {
     /// The typed request.
     pub fn request(&self) -> netgap::plan::RunRequest {
-        self.stack.request(&self.tests.0, self.multi_host.spec())
+        netgap::plan::RunRequest {
+            interleaving: self.interleave.spec(),
+            ..self.stack.request(&self.tests.0, self.multi_host.spec())
+        }
     }
 }
 
@@ -212,7 +218,11 @@ pub struct ImportArgs {
 pub enum TestbedCommand {
     /// Create the namespaces, links and agents, and write the hosts file.
     Up(netgap::testbed::UpArgs),
-    /// Show the hosts, addresses, links and whether each agent is alive.
+    /// Change a running testbed's conditions (MTU, offloads, rate, delay,
+    /// loss) without restarting its agents.
+    Set(netgap::testbed::SetArgs),
+    /// Show the hosts, addresses, links, conditions and whether each agent
+    /// is alive.
     Status(netgap::testbed::NameArgs),
     /// Remove everything the testbed made (also after a crash).
     Down(netgap::testbed::NameArgs),

@@ -148,6 +148,26 @@ pub struct RecordOptions {
     pub warmup: Option<u64>,
     /// Data-path inactivity timeout in milliseconds.
     pub io_timeout_ms: u32,
+    /// Set when the point's repetitions alternated with those of other
+    /// stacks or conditions (`--conditions`, `--interleave`), so that drift
+    /// fell on all of them alike; absent for a point measured on its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interleaved: Option<Interleaved>,
+}
+
+/// How a point's repetitions were interleaved with other stacks': repetition
+/// 1 of every member of the group, then repetition 2 of every member, and so
+/// on. The records of one group are the fair comparison: time-varying noise
+/// fell on each of them alike.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Interleaved {
+    /// Names the group; every record of the group carries the same one, and
+    /// no other group of any run does (a time stamp, the process and an
+    /// index).
+    pub group: String,
+    /// Members of the group (stacks or conditions alternated), this one
+    /// included.
+    pub with: u32,
 }
 
 /// One measured point.
@@ -331,6 +351,10 @@ pub struct HostCpu {
     /// process, so they report the same peak.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peak_rss_kib: Option<u64>,
+    /// Facts of the host (as its agent reported them at the start of the
+    /// run); absent in records made before they were recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub facts: Option<HostFacts>,
 }
 
 /// One link of a `multirail` point.

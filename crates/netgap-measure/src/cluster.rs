@@ -6,6 +6,7 @@
 //! take a plain list of agent addresses (`--hosts 10.0.0.1,10.0.0.2:7200`)
 //! for a real cluster: a [`HostsArg`], loaded into a [`HostsSource`].
 
+use crate::conditions::LinkConditions;
 use crate::control::ControlAddr;
 use serde::{Deserialize, Serialize};
 use std::net::IpAddr;
@@ -28,6 +29,15 @@ pub struct HostsFile {
     pub key_file: Option<PathBuf>,
     /// The hosts, at least one.
     pub hosts: Vec<HostEntry>,
+    /// The name of the testbed that wrote the file (`netgap testbed up
+    /// --name`); absent for a hand-written file and for testbeds made
+    /// before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub testbed: Option<String>,
+    /// The conditions of every link, for a testbed: MTU, offloads, rate,
+    /// delay, loss; `netgap testbed set` keeps them current.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conditions: Option<LinkConditions>,
 }
 
 /// One host of the set.
@@ -192,10 +202,65 @@ impl HostsFile {
         self.hosts.iter().find(|h| h.name == name)
     }
 
-    /// Writes the file (pretty JSON).
+    /// Writes the file (pretty JSON) through a temporary file renamed over
+    /// it, so a run that reads it while `testbed set` rewrites it sees the
+    /// old file or the new one, never half of one.
     pub fn save(&self, path: &Path) -> std::io::Result<()> {
         let text = serde_json::to_string_pretty(self).map_err(std::io::Error::other)?;
-        std::fs::write(path, text + "\n")
+        let mut tmp = path.as_os_str().to_owned();
+        tmp.push(".new");
+        std::fs::write(&tmp, text + "\n")?;
+        std::fs::rename(&tmp, path)
+    }
+
+    /// Whether the file describes one of netgap's namespace testbeds (it
+    /// names one, or its hosts live in network namespaces of a switch or
+    /// mesh, as files of older testbeds do).
+    pub fn is_testbed(&self) -> bool {
+        self.testbed.is_some()
+            || (matches!(self.topology.as_str(), "switch" | "mesh")
+                && self.hosts.iter().all(|h| h.netns.is_some()))
+    }
+
+    /// What the file says about the path between its hosts: the testbed's
+    /// topology and link conditions, for a testbed; `None` otherwise.
+    pub fn path_facts(&self) -> Option<TestbedPath> {
+        self.is_testbed().then(|| TestbedPath {
+            topology: self.topology.clone(),
+            conditions: self.conditions.or_else(|| {
+                // A testbed from before conditions were recorded: its links
+                // say the MTU and rate.
+                let l = self.hosts.iter().flat_map(|h| h.links.first()).next()?;
+                Some(LinkConditions {
+                    rate_bps: l.rate_bps,
+                    ..LinkConditions::plain(l.mtu_bytes)
+                })
+            }),
+        })
+    }
+}
+
+/// What a testbed's hosts file says about the path between its hosts, for
+/// the records' `stack.path`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TestbedPath {
+    /// `switch` or `mesh`.
+    pub topology: String,
+    /// The links' conditions, when the file records them.
+    pub conditions: Option<LinkConditions>,
+}
+
+impl TestbedPath {
+    /// Adds the testbed's facts to a path built from the ends' host facts
+    /// (see [`LinkConditions::fill_path`]).
+    pub fn fill(&self, path: &mut netgap_core::stack::PathIdentity) {
+        match &self.conditions {
+            Some(c) => c.fill_path(path, &self.topology),
+            None => {
+                path.kind = Some("testbed".into());
+                path.topology = Some(self.topology.clone());
+            }
+        }
     }
 }
 
@@ -389,6 +454,8 @@ mod tests {
                     links: vec![],
                 },
             ],
+            testbed: None,
+            conditions: None,
         }
     }
 

@@ -5,6 +5,8 @@
 
 use crate::agent::Agent;
 use crate::bench::{self, ClientRole, Metric, RepOutcome, RoleParams};
+use crate::cluster::TestbedPath;
+use crate::conditions::{ConditionSwitch, LinkConditions};
 use crate::control::{control_detail, ControlAddr, ControlConn, ControlError};
 use crate::handshake::{handshake, LinkError};
 use crate::plan::{Peer, Plan};
@@ -80,6 +82,9 @@ pub enum CoordError {
     /// The key file is unusable.
     #[error("{0}")]
     Key(#[from] crate::auth::KeyFileError),
+    /// The testbed's conditions could not be switched or restored.
+    #[error("conditions: {0}")]
+    Conditions(String),
 }
 
 /// Why one point could not be measured.
@@ -252,7 +257,15 @@ impl Coordinator {
     ) -> Result<(PointMeasurement, ResultRecord), PointError> {
         let started = SystemTime::now();
         let m = self.measure(spec, &plan.method, on_rep)?;
-        let record = build_record(spec, &m, plan, &self.local_host, &self.peer_host, started)?;
+        let record = build_record(
+            spec,
+            &m,
+            plan,
+            &self.local_host,
+            &self.peer_host,
+            started,
+            None,
+        )?;
         Ok((m, record))
     }
 
@@ -349,7 +362,28 @@ fn delivered_fraction(r: &runner::RepMeasurement) -> f64 {
     (received as f64 / sent as f64).min(1.0)
 }
 
-/// Turns a measurement into the point's result record.
+/// The path of a point between `host` and `peer_host`: what their facts
+/// say, and on a testbed its topology and link conditions (`conditions`
+/// when the run put the links under them, else the hosts file's).
+pub(crate) fn path_of(
+    plan: &Plan,
+    host: &HostFacts,
+    peer_host: &HostFacts,
+    conditions: Option<LinkConditions>,
+) -> PathIdentity {
+    let mut path = PathIdentity::from_ends(Some(host), Some(peer_host));
+    if let Some(tb) = &plan.testbed {
+        let tb = TestbedPath {
+            conditions: conditions.or(tb.conditions),
+            ..tb.clone()
+        };
+        tb.fill(&mut path);
+    }
+    path
+}
+
+/// Turns a measurement into the point's result record; `conditions` are
+/// the testbed's link conditions the run put in place, if it did.
 pub(crate) fn build_record(
     spec: &PointSpec,
     m: &PointMeasurement,
@@ -357,6 +391,7 @@ pub(crate) fn build_record(
     host: &HostFacts,
     peer_host: &HostFacts,
     started: SystemTime,
+    conditions: Option<LinkConditions>,
 ) -> Result<ResultRecord, PointError> {
     let test = bench::find(&spec.test).ok_or_else(|| PointError::UnknownTest(spec.test.clone()))?;
     // Bandwidth is of payload delivered: over a lossy transport the bytes
@@ -451,8 +486,8 @@ pub(crate) fn build_record(
             &spec.transport,
             spec.mode,
             &spec.options,
-            PathIdentity::from_ends(Some(host), Some(peer_host)),
-            None,
+            path_of(plan, host, peer_host, conditions),
+            plan.label.clone(),
         )),
     })
 }
@@ -525,12 +560,18 @@ pub struct RunSummary {
 
 /// Runs a whole plan against its agent, writing each record to every sink as
 /// soon as it is measured. On failure, every point measured before is
-/// already in the sinks.
+/// already in the sinks. A plan with conditions needs `switch`, through
+/// which the run puts the testbed's links under each in turn (see
+/// [`crate::interleave`]); a plan that interleaves runs its groups' rounds.
 pub fn run_plan(
     plan: &Plan,
+    switch: Option<&mut dyn ConditionSwitch>,
     sinks: &mut [Box<dyn RecordSink>],
     observer: &mut dyn Observer,
 ) -> Result<RunSummary, CoordError> {
+    if plan.interleave || !plan.conditions.is_empty() {
+        return crate::interleave::run(plan, switch, sinks, observer);
+    }
     let mut coord = open_session(plan)?;
     let points = run_points(
         &plan.points,

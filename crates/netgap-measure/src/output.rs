@@ -116,6 +116,27 @@ pub(crate) fn table_row(r: &ResultRecord) -> String {
             .unwrap_or_default()
     };
     let mut notes: Vec<String> = Vec::new();
+    // Rows of an interleaved comparison differ in their conditions, which
+    // the other columns do not show.
+    if let (Some(stack), Some(_)) = (
+        &r.stack,
+        r.options.as_ref().and_then(|o| o.interleaved.as_ref()),
+    ) {
+        let p = &stack.path;
+        let mut c = Vec::new();
+        if let Some(m) = p.mtu_bytes {
+            c.push(format!("mtu {m}"));
+        }
+        if let Some(o) = &p.offload {
+            c.push(format!("offload {o}"));
+        }
+        if let Some(q) = p.qdisc.as_deref().filter(|q| *q != "noqueue") {
+            c.push(q.to_string());
+        }
+        if !c.is_empty() {
+            notes.push(c.join(" "));
+        }
+    }
     if let Some(n) = r.clients {
         notes.push(format!("clients={n}"));
     }

@@ -10,7 +10,8 @@
 //! nothing for what is asked.
 
 use crate::bench;
-use crate::cluster::{HostEntry, HostsArg, HostsError, HostsSource};
+use crate::cluster::{HostEntry, HostsArg, HostsError, HostsSource, TestbedPath};
+use crate::conditions::{cross, Condition, ConditionAxis, ConditionError};
 use crate::control::ControlAddr;
 use crate::runner::{CiTarget, IterationPolicy, Method, DEFAULT_CI_REPS};
 use netgap_core::spec::{
@@ -165,13 +166,30 @@ pub struct MethodSpec {
     pub verify: bool,
 }
 
-/// Where results go.
+/// Where results go, and what they are called.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Outputs {
     /// `--json`: JSON Lines file to append to.
     pub json: Option<PathBuf>,
     /// `--csv`: CSV file to append to.
     pub csv: Option<PathBuf>,
+    /// `--label`: the user's name for the stack, in every record's
+    /// `stack.label`.
+    pub label: Option<String>,
+}
+
+/// Longest `--label`, in bytes.
+pub const MAX_LABEL_BYTES: usize = 100;
+
+/// `--conditions` and `--interleave`: what one run alternates between.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Interleaving {
+    /// `--conditions KEY=V,V ...`: one axis per key; the run measures the
+    /// cross product.
+    pub conditions: Vec<ConditionAxis>,
+    /// `--interleave`: alternate the repetitions of the stacks of a run
+    /// (transports, modes) at each test and size.
+    pub interleave: bool,
 }
 
 /// The flags of multi-host tests; `None` leaves the default.
@@ -204,6 +222,8 @@ pub struct RunRequest {
     pub outputs: Outputs,
     /// Flags of multi-host tests.
     pub multi_host: MultiHostSpec,
+    /// Conditions and stacks to alternate.
+    pub interleaving: Interleaving,
 }
 
 impl RunRequest {
@@ -259,6 +279,20 @@ pub struct Plan {
     pub csv: Option<PathBuf>,
     /// Shared key file the agent requires.
     pub key_file: Option<PathBuf>,
+    /// `--label`, for every record's `stack.label`.
+    pub label: Option<String>,
+    /// The testbed the hosts file describes (topology and link
+    /// conditions), for every record's `stack.path`; `None` off a testbed.
+    pub testbed: Option<TestbedPath>,
+    /// The conditions to alternate between (the cross product of
+    /// `--conditions`); empty for a run under the conditions in force.
+    pub conditions: Vec<Condition>,
+    /// The testbed to switch conditions on (its `--name`), when
+    /// `conditions` is not empty.
+    pub testbed_name: Option<String>,
+    /// `--interleave`: alternate the stacks' repetitions at each test and
+    /// size.
+    pub interleave: bool,
 }
 
 /// Why a request cannot be measured: one line naming the flag.
@@ -351,6 +385,9 @@ pub enum PlanError {
     /// A transport option's value out of range.
     #[error(transparent)]
     Option(#[from] OptionError),
+    /// A `--conditions` list that cannot be used.
+    #[error("--conditions: {0}")]
+    Conditions(#[from] ConditionError),
     /// A flag that needs another one.
     #[error("{flag} needs {needs}: {reason}")]
     Needs {
@@ -507,6 +544,33 @@ pub(crate) fn resolve_peer(s: &str) -> Result<SocketAddr, PlanError> {
     addrs
         .next()
         .ok_or_else(|| bad("the name resolves to no address".into()))
+}
+
+/// Refuses `--conditions` and `--interleave` for `what` (multi-host
+/// tests), which do not alternate repetitions.
+pub fn refuse_interleaving(r: &RunRequest, what: &str) -> Result<(), PlanError> {
+    let i = &r.interleaving;
+    let reason = "only point-to-point tests alternate repetitions across conditions or stacks";
+    if !i.conditions.is_empty() {
+        return Err(no_effect("--conditions", what, reason));
+    }
+    if i.interleave {
+        return Err(no_effect("--interleave", what, reason));
+    }
+    Ok(())
+}
+
+/// A `--label`: 1 to [`MAX_LABEL_BYTES`] bytes of printable text.
+fn check_label(label: Option<&str>) -> Result<Option<String>, PlanError> {
+    let Some(l) = label else { return Ok(None) };
+    if l.trim().is_empty() || l.len() > MAX_LABEL_BYTES || l.chars().any(char::is_control) {
+        return Err(invalid(
+            "--label",
+            format!("{l:?}"),
+            format!("want 1 to {MAX_LABEL_BYTES} bytes of printable text"),
+        ));
+    }
+    Ok(Some(l.trim().to_string()))
 }
 
 /// The `--ci` target of a method; `None` without `--ci`.
@@ -666,6 +730,9 @@ impl Plan {
         if let Some(h) = &r.target.hosts {
             let source = h.load()?;
             let label = source.label();
+            if let HostsSource::File(f) = &source {
+                plan.testbed = f.path_facts();
+            }
             let (server, client, key_file) = p2p_hosts(source)?;
             if let Some(t) = plan
                 .points
@@ -683,7 +750,74 @@ impl Plan {
             }
             plan.peer = Peer::Hosts { server, client };
         }
+        plan.check_interleaving(r, what)?;
         Ok(plan)
+    }
+
+    /// Validates `--conditions` and `--interleave` against the plan: the
+    /// conditions need a testbed whose hosts file records its links'
+    /// state, and neither goes with `--ci` (interleaving alternates a fixed
+    /// count of repetitions).
+    fn check_interleaving(&mut self, r: &RunRequest, what: &str) -> Result<(), PlanError> {
+        let i = &r.interleaving;
+        let conditions = cross(&i.conditions)?;
+        if conditions.is_empty() && !i.interleave {
+            return Ok(());
+        }
+        let flag = if conditions.is_empty() {
+            "--interleave"
+        } else {
+            "--conditions"
+        };
+        if r.method.ci.is_some() {
+            return Err(no_effect(
+                "--ci",
+                &format!("{what} with {flag}"),
+                "interleaved repetitions alternate a fixed count; give --reps",
+            ));
+        }
+        if !conditions.is_empty() {
+            const WHY: &str = "conditions are set on netgap's testbed: give --hosts @testbed (or a testbed's hosts file) after `netgap testbed up`";
+            let Some(HostsArg::File { path, .. }) = &r.target.hosts else {
+                return Err(invalid("--conditions", what, WHY));
+            };
+            let file = match r.target.hosts.as_ref().map(HostsArg::load).transpose()? {
+                Some(HostsSource::File(f)) => f,
+                _ => return Err(invalid("--conditions", what, WHY)),
+            };
+            let (Some(name), Some(tb)) = (file.testbed.clone(), self.testbed.clone()) else {
+                return Err(invalid(
+                    "--conditions",
+                    path.display(),
+                    "this hosts file names no testbed made by this netgap; rebuild it with `netgap testbed up`",
+                ));
+            };
+            if tb.conditions.is_none() {
+                return Err(invalid(
+                    "--conditions",
+                    path.display(),
+                    "the testbed's hosts file records no link conditions; rebuild it with `netgap testbed up`",
+                ));
+            }
+            self.testbed_name = Some(name);
+        }
+        if i.interleave {
+            let stacks: std::collections::HashSet<(&str, Mode)> = self
+                .points
+                .iter()
+                .map(|p| (p.transport.as_str(), p.mode))
+                .collect();
+            if stacks.len() < 2 {
+                return Err(no_effect(
+                    "--interleave",
+                    what,
+                    "it alternates the repetitions of several stacks; give several with -t or --mode (--conditions alone alternates its conditions)",
+                ));
+            }
+        }
+        self.conditions = conditions;
+        self.interleave = i.interleave;
+        Ok(())
     }
 
     /// The checks every plan shares: tests, transports, modes, sizes, the
@@ -809,6 +943,7 @@ impl Plan {
             }
         };
         let ci = ci_target(m)?;
+        let label = check_label(r.outputs.label.as_deref())?;
 
         let peer = match &r.target.peer {
             None => Peer::Embedded {
@@ -874,6 +1009,11 @@ impl Plan {
             json: r.outputs.json.clone(),
             csv: r.outputs.csv.clone(),
             key_file: r.key_file.clone(),
+            label,
+            testbed: None,
+            conditions: Vec::new(),
+            testbed_name: None,
+            interleave: false,
         })
     }
 
@@ -893,7 +1033,7 @@ impl Plan {
             },
             outputs: Outputs {
                 json: Some(json),
-                csv: None,
+                ..Outputs::default()
             },
             ..RunRequest::new(&BATTERY_TESTS)
         };
@@ -927,6 +1067,7 @@ impl Plan {
             rep_time_ms,
             warmup: self.method.warmup,
             io_timeout_ms: spec.io_timeout_ms,
+            interleaved: None,
         }
     }
 }
@@ -1106,6 +1247,82 @@ mod tests {
         r.target.ipv6 = true;
         r.target.peer = PeerAddr::parse("127.0.0.1").ok();
         assert!(err(&r).starts_with("-6 does not apply"));
+    }
+
+    #[test]
+    fn labels_are_checked_and_kept() {
+        let mut r = req("pingpong");
+        r.outputs.label = Some(" kernel 6.8 ".into());
+        assert_eq!(
+            Plan::from_request(&r).expect("valid").label.as_deref(),
+            Some("kernel 6.8")
+        );
+        for bad in ["", "  ", "a\nb", &"x".repeat(MAX_LABEL_BYTES + 1)] {
+            r.outputs.label = Some(bad.to_string());
+            assert!(err(&r).starts_with("--label"), "{bad:?}");
+        }
+    }
+
+    /// A testbed's hosts file in `dir`, with or without its name and
+    /// conditions.
+    fn testbed_file(dir: &std::path::Path, named: bool) -> HostsArg {
+        let host = |n: u32| {
+            serde_json::json!({
+                "name": format!("h{n}"), "control": format!("unix:/tmp/h{n}.sock"),
+                "address": format!("10.77.0.{n}"), "netns": format!("ngtb-t-h{n}"),
+            })
+        };
+        let mut file = serde_json::json!({
+            "version": 1, "topology": "switch", "hosts": [host(1), host(2)],
+        });
+        if named {
+            file["testbed"] = "t".into();
+            file["conditions"] = serde_json::json!({"mtu_bytes": 1500, "offload": true});
+        }
+        let path = dir.join(format!("hosts-{named}.json"));
+        std::fs::write(&path, file.to_string()).expect("written");
+        HostsArg::File {
+            path,
+            testbed: false,
+        }
+    }
+
+    #[test]
+    fn conditions_need_a_testbed_and_a_fixed_repetition_count() {
+        let axes = || {
+            vec![
+                ConditionAxis::parse("mtu=1500,9000").expect("axis"),
+                ConditionAxis::parse("offload=on,off").expect("axis"),
+            ]
+        };
+        let mut r = req("stream");
+        r.interleaving.conditions = axes();
+        assert!(err(&r).contains("conditions are set on netgap's testbed"));
+        let dir = tempfile::tempdir().expect("tempdir");
+        r.target.hosts = Some(testbed_file(dir.path(), false));
+        assert!(err(&r).contains("names no testbed"), "{}", err(&r));
+        r.target.hosts = Some(testbed_file(dir.path(), true));
+        let p = Plan::from_request(&r).expect("valid");
+        assert_eq!(p.conditions.len(), 4);
+        assert_eq!(p.testbed_name.as_deref(), Some("t"));
+        let tb = p.testbed.expect("testbed facts");
+        assert_eq!(tb.topology, "switch");
+        assert_eq!(tb.conditions.map(|c| c.mtu_bytes), Some(1500));
+        r.method.ci = Some(CiSpec {
+            confidence_pct: 90.0,
+            half_width_pct: 5.0,
+        });
+        assert!(err(&r).starts_with("--ci does not apply to stream with --conditions"));
+    }
+
+    #[test]
+    fn interleave_needs_several_stacks() {
+        let mut r = req("pingpong");
+        r.interleaving.interleave = true;
+        assert!(err(&r).starts_with("--interleave does not apply to pingpong"));
+        r.transport.modes = vec![Mode::Event, Mode::Poll];
+        let p = Plan::from_request(&r).expect("two modes are two stacks");
+        assert!(p.interleave && p.conditions.is_empty());
     }
 
     #[test]

@@ -274,8 +274,58 @@ fn read_mtu_bytes(name: &str) -> Option<u32> {
     if name.is_empty() || name.contains('/') || name == "." || name == ".." {
         return None;
     }
-    let path = Path::new("/sys/class/net").join(name).join("mtu");
-    read_proc_value(&path)?.parse().ok()
+    // /sys shows the namespace it was mounted in, not this thread's: a
+    // coordinator that entered a testbed host's namespace would read the
+    // machine's own interface of the same name there. The ioctl asks the
+    // thread's namespace.
+    read_mtu_ioctl(name).or_else(|| {
+        let path = Path::new("/sys/class/net").join(name).join("mtu");
+        read_proc_value(&path)?.parse().ok()
+    })
+}
+
+/// `struct ifreq` with its union used as `ifr_mtu`, padded to the kernel's
+/// size (a 16-byte name and a 24-byte union).
+#[repr(C)]
+struct IfreqMtu {
+    name: [libc::c_char; libc::IFNAMSIZ],
+    mtu: libc::c_int,
+    _pad: [u8; 20],
+}
+
+/// The MTU of interface `name` in this thread's network namespace
+/// (`SIOCGIFMTU`).
+fn read_mtu_ioctl(name: &str) -> Option<u32> {
+    let bytes = name.as_bytes();
+    if bytes.is_empty() || bytes.len() >= libc::IFNAMSIZ {
+        return None;
+    }
+    // SAFETY: socket has no memory preconditions; the descriptor is owned
+    // (and closed) by the OwnedFd below.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: `fd` is a fresh descriptor nothing else owns.
+    let sock = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    let mut req = IfreqMtu {
+        name: [0; libc::IFNAMSIZ],
+        mtu: 0,
+        _pad: [0; 20],
+    };
+    for (dst, &b) in req.name.iter_mut().zip(bytes) {
+        *dst = b as libc::c_char;
+    }
+    // SAFETY: `req` is a valid, NUL-terminated ifreq alive for the call;
+    // SIOCGIFMTU writes only its `ifr_mtu`.
+    let rc = unsafe {
+        libc::ioctl(
+            std::os::fd::AsRawFd::as_raw_fd(&sock),
+            libc::SIOCGIFMTU as _,
+            &mut req as *mut IfreqMtu,
+        )
+    };
+    (rc == 0).then(|| u32::try_from(req.mtu).ok()).flatten()
 }
 
 #[cfg(test)]

@@ -151,6 +151,7 @@ pub(super) fn measure_point(
             role: placement.roles[r].side.as_str().into(),
             cpu: CpuUsage::mean(c),
             peak_rss_kib: rss[r],
+            facts: Some(coord.links[placement.roles[r].host].facts.clone()),
         })
         .collect();
     let mut options = plan.base.record_options(&point.spec);
@@ -179,6 +180,16 @@ pub(super) fn measure_point(
         .iter()
         .find(|r| r.side == GroupRole::Client)
         .map_or(first_server, |r| r.host);
+    let mut path = PathIdentity::from_ends(
+        Some(&coord.links[first_client].facts),
+        Some(&coord.links[first_server].facts),
+    );
+    if let Some(tb) = match &plan.hosts {
+        crate::cluster::HostsSource::File(f) => f.path_facts(),
+        _ => None,
+    } {
+        tb.fill(&mut path);
+    }
     Ok(ResultRecord {
         test: workload.name().into(),
         transport: point.spec.transport.clone(),
@@ -215,11 +226,8 @@ pub(super) fn measure_point(
             &point.spec.transport,
             point.spec.mode,
             &point.spec.options,
-            PathIdentity::from_ends(
-                Some(&coord.links[first_client].facts),
-                Some(&coord.links[first_server].facts),
-            ),
-            None,
+            path,
+            plan.base.label.clone(),
         )),
     })
 }
