@@ -342,3 +342,30 @@ fn plain_netgap_runs_the_battery_and_writes_results() {
         );
     }
 }
+
+#[test]
+fn one_repetition_has_no_confidence_interval_not_a_zero_width_one() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json = dir.path().join("r.jsonl");
+    let out = netgap()
+        .args([
+            "run", "pingpong", "-s", "1", "--reps", "1", "-n", "50", "--json",
+        ])
+        .arg(&json)
+        .output()
+        .expect("runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let row = stdout
+        .lines()
+        .find(|l| l.starts_with("pingpong"))
+        .expect("a table row");
+    assert!(row.contains("n/a") && !row.contains("±0.0"), "{row}");
+    let r = &read_records(&json)[0];
+    assert!(r["stats"]["ci95_low"].is_null(), "{}", r["stats"]);
+    assert!(r["stats"]["ci95_high"].is_null(), "{}", r["stats"]);
+}

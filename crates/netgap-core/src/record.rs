@@ -21,14 +21,27 @@ pub struct RecordStats {
     pub max: f64,
     /// Sample standard deviation.
     pub stdev: f64,
-    /// Lower end of the 95% confidence interval of the mean.
-    pub ci95_low: f64,
-    /// Upper end of the 95% confidence interval of the mean.
-    pub ci95_high: f64,
+    /// Lower end of the 95% confidence interval of the mean; null with
+    /// fewer than two repetitions (no interval).
+    pub ci95_low: Option<f64>,
+    /// Upper end of the 95% confidence interval of the mean; null with
+    /// fewer than two repetitions.
+    pub ci95_high: Option<f64>,
     /// Coefficient of variation (stdev / mean).
     pub cv: f64,
     /// Each repetition's value, in measurement order.
     pub reps: Vec<f64>,
+}
+
+impl RecordStats {
+    /// Half-width of the 95% confidence interval in percent of the mean of
+    /// the repetitions (2.0 = ±2%); `None` without an interval or with a
+    /// zero mean.
+    pub fn ci95_half_width_pct(&self) -> Option<f64> {
+        let (low, high) = (self.ci95_low?, self.ci95_high?);
+        let mean = crate::stats::mean(&self.reps)?;
+        (mean != 0.0).then(|| 100.0 * (high - low) / 2.0 / mean.abs())
+    }
 }
 
 impl From<&Summary> for RecordStats {

@@ -33,7 +33,8 @@ pub enum StatsError {
 /// `reps` are in the unit of the repetitions (e.g. Gbit/s or µs).
 ///
 /// Invariants (for a summary built by [`Summary::from_reps`]): `min <=
-/// value <= max`, `min <= median <= max`, `ci95_low <= ci95_high`, `stdev
+/// value <= max`, `min <= median <= max`, `ci95_low <= ci95_high` when
+/// there is an interval, `stdev
 /// >= 0`, `cv >= 0`, and `reps` is non-empty and finite.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Summary {
@@ -50,11 +51,12 @@ pub struct Summary {
     /// a single repetition.
     pub stdev: f64,
     /// Lower bound of the 95% Student-t confidence interval of the mean of
-    /// all repetitions; equals `value` for a single repetition.
-    pub ci95_low: f64,
+    /// all repetitions; `None` for a single repetition, which has no
+    /// interval (never a zero-width one).
+    pub ci95_low: Option<f64>,
     /// Upper bound of the 95% Student-t confidence interval of the mean of
-    /// all repetitions; equals `value` for a single repetition.
-    pub ci95_high: f64,
+    /// all repetitions; `None` for a single repetition.
+    pub ci95_high: Option<f64>,
     /// Coefficient of variation: `stdev / |mean|` over all repetitions, as a
     /// fraction (0.05 = 5%); 0 if the mean is 0.
     pub cv: f64,
@@ -90,9 +92,9 @@ impl Summary {
             Some(s) => {
                 let dof = (n - 1) as u64;
                 let half_width = t_quantile(0.95, dof) * s / (n as f64).sqrt();
-                (s, mean_all - half_width, mean_all + half_width)
+                (s, Some(mean_all - half_width), Some(mean_all + half_width))
             }
-            None => (0.0, value, value),
+            None => (0.0, None, None),
         };
         let cv = if mean_all == 0.0 {
             0.0
@@ -113,14 +115,16 @@ impl Summary {
     }
 
     /// Half-width of the 95% confidence interval as a fraction of the mean of
-    /// all repetitions (0.02 = ±2%); 0 if that mean is 0. Never negative.
-    pub fn ci95_half_width_rel(&self) -> f64 {
+    /// all repetitions (0.02 = ±2%); 0 if that mean is 0, `None` without an
+    /// interval (a single repetition). Never negative.
+    pub fn ci95_half_width_rel(&self) -> Option<f64> {
+        let (low, high) = (self.ci95_low?, self.ci95_high?);
         let mean_all = mean(&self.reps).unwrap_or(0.0);
-        if mean_all == 0.0 {
+        Some(if mean_all == 0.0 {
             0.0
         } else {
-            ((self.ci95_high - self.ci95_low) / 2.0).abs() / mean_all.abs()
-        }
+            ((high - low) / 2.0).abs() / mean_all.abs()
+        })
     }
 }
 
@@ -472,10 +476,11 @@ mod tests {
         // Half-width = t(0.975, 4) * s / sqrt(5) = 2.776445 * 1.581139 / 2.236068.
         let hw = 2.776_445_105 * sd / 5f64.sqrt();
         assert!(close(hw, 1.963_243, 1e-6));
-        assert!(close(s.ci95_low, 11.0 - hw, 1e-6), "{}", s.ci95_low);
-        assert!(close(s.ci95_high, 11.0 + hw, 1e-6), "{}", s.ci95_high);
+        let (low, high) = (s.ci95_low.unwrap(), s.ci95_high.unwrap());
+        assert!(close(low, 11.0 - hw, 1e-6), "{low}");
+        assert!(close(high, 11.0 + hw, 1e-6), "{high}");
         assert!(close(s.cv, sd / 11.0, 1e-12));
-        assert!(close(s.ci95_half_width_rel(), hw / 11.0, 1e-6));
+        assert!(close(s.ci95_half_width_rel().unwrap(), hw / 11.0, 1e-6));
         assert_eq!(s.reps, reps.to_vec());
     }
 
@@ -483,7 +488,7 @@ mod tests {
     fn summary_ci_is_around_mean_of_all_reps() {
         let s = Summary::from_reps(&[1.0, 2.0, 3.0, 4.0, 100.0]).unwrap();
         assert_eq!(s.value, 3.0);
-        let mid = (s.ci95_low + s.ci95_high) / 2.0;
+        let mid = (s.ci95_low.unwrap() + s.ci95_high.unwrap()) / 2.0;
         assert!(close(mid, 22.0, 1e-9), "{mid}");
     }
 
@@ -493,25 +498,26 @@ mod tests {
         assert_eq!(one.value, 4.5);
         assert_eq!((one.min, one.median, one.max), (4.5, 4.5, 4.5));
         assert_eq!(one.stdev, 0.0);
-        assert_eq!((one.ci95_low, one.ci95_high), (4.5, 4.5));
+        // One repetition has no interval: none, not a zero-width one.
+        assert_eq!((one.ci95_low, one.ci95_high), (None, None));
         assert_eq!(one.cv, 0.0);
-        assert_eq!(one.ci95_half_width_rel(), 0.0);
+        assert_eq!(one.ci95_half_width_rel(), None);
 
         let two = Summary::from_reps(&[2.0, 4.0]).unwrap();
         assert_eq!(two.value, 3.0);
         assert_eq!(two.median, 3.0);
         // s = sqrt(2), half-width = t(0.975, 1) * sqrt(2) / sqrt(2) = 12.7062.
-        assert!(close(two.ci95_high - 3.0, 12.706_205, 1e-5));
+        assert!(close(two.ci95_high.unwrap() - 3.0, 12.706_205, 1e-5));
     }
 
     #[test]
     fn summary_zero_mean_has_zero_cv() {
         let s = Summary::from_reps(&[-1.0, 1.0]).unwrap();
         assert_eq!(s.cv, 0.0);
-        assert_eq!(s.ci95_half_width_rel(), 0.0);
+        assert_eq!(s.ci95_half_width_rel(), Some(0.0));
         let z = Summary::from_reps(&[0.0, 0.0, 0.0]).unwrap();
         assert_eq!((z.value, z.stdev, z.cv), (0.0, 0.0, 0.0));
-        assert_eq!((z.ci95_low, z.ci95_high), (0.0, 0.0));
+        assert_eq!((z.ci95_low, z.ci95_high), (Some(0.0), Some(0.0)));
     }
 
     #[test]
@@ -648,11 +654,14 @@ mod tests {
             let s = Summary::from_reps(&reps).unwrap();
             prop_assert!(s.min <= s.value && s.value <= s.max);
             prop_assert!(s.min <= s.median && s.median <= s.max);
-            prop_assert!(s.ci95_low <= s.ci95_high);
             prop_assert!(s.stdev >= 0.0 && s.cv >= 0.0);
             let m = mean(&reps).unwrap();
             if reps.len() >= 2 {
-                prop_assert!(s.ci95_low <= m + 1e-6 && m - 1e-6 <= s.ci95_high);
+                let (low, high) = (s.ci95_low.unwrap(), s.ci95_high.unwrap());
+                prop_assert!(low <= high);
+                prop_assert!(low <= m + 1e-6 && m - 1e-6 <= high);
+            } else {
+                prop_assert!(s.ci95_low.is_none() && s.ci95_high.is_none());
             }
         }
 

@@ -78,15 +78,11 @@ pub(crate) fn table_row(r: &ResultRecord) -> String {
         .filter(|_| r.metric == "latency_us")
         .map(|p| fmt_num(p.p99))
         .unwrap_or_default();
+    // One repetition has no interval: "n/a", never a zero-width one.
     let ci = match &r.stats {
-        Some(st) => {
-            let mean = st.reps.iter().sum::<f64>() / st.reps.len().max(1) as f64;
-            if mean != 0.0 {
-                format!("±{:.1}", 100.0 * (st.ci95_high - st.ci95_low) / 2.0 / mean)
-            } else {
-                String::new()
-            }
-        }
+        Some(st) => st
+            .ci95_half_width_pct()
+            .map_or_else(|| "n/a".to_string(), |pct| format!("±{pct:.1}")),
         None => String::new(),
     };
     // Multi-host points show the busiest client host and the server.

@@ -287,10 +287,9 @@ pub(crate) fn table_row(r: &ResultRecord) -> String {
     let ci = r
         .stats
         .as_ref()
-        .and_then(|s| {
-            let mean = netgap_core::stats::mean(&s.reps)?;
-            (mean != 0.0)
-                .then(|| format!("±{:.1}", 100.0 * (s.ci95_high - s.ci95_low) / 2.0 / mean))
+        .map(|s| {
+            s.ci95_half_width_pct()
+                .map_or_else(|| "n/a".to_string(), |pct| format!("±{pct:.1}"))
         })
         .unwrap_or_default();
     let trials = r.stats.as_ref().map(|s| s.reps.len()).unwrap_or(0);

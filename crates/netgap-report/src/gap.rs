@@ -104,7 +104,10 @@ pub fn gap_table(records: &[Loaded]) -> Vec<GapEntry> {
         if !r.value.is_finite() || r.value <= 0.0 {
             continue;
         }
-        let ci = r.stats.as_ref().map(|s| (s.ci95_low, s.ci95_high));
+        let ci = r
+            .stats
+            .as_ref()
+            .and_then(|s| Some((s.ci95_low?, s.ci95_high?)));
         groups
             .entry((
                 r.test.clone(),
