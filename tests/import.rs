@@ -227,8 +227,18 @@ fn imported_records_plot_beside_netgaps_own() {
         .split("<figure")
         .find(|f| f.contains("pingpong: latency (µs, one-way) against size"))
         .expect("pingpong latency plot");
-    for series in ["tcp [NPtcp]", "tcp/event", "unix/event"] {
+    for series in [
+        "data-name=\"tcp [NPtcp]",
+        "data-name=\"tcp, ",
+        "data-name=\"unix, ",
+    ] {
         assert!(plot.contains(series), "{series} missing");
     }
+    // iperf3's throughput sits beside netgap's stream.
+    let plot = page
+        .split("<figure")
+        .find(|f| f.contains("stream: bandwidth (Gbit/s of payload) against size"))
+        .expect("stream bandwidth plot");
+    assert!(plot.contains("[iperf3]"), "iperf3 missing beside stream");
     assert!(page.contains("NPtcp (imported by netgap"));
 }

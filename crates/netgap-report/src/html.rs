@@ -105,15 +105,17 @@ fn contents(o: &mut String, r: &Report) {
             t = escape(&s.test)
         );
     }
+    let plural =
+        |n: usize, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
     let _ = writeln!(
         o,
         "<li><a href=\"#gap-method\">How the gap tables decide</a></li>\n\
          <li><a href=\"#stacks\">Stacks</a> ({})</li>\n\
-         <li><a href=\"#environment\">Environment</a> ({} host rows)</li>\n\
-         <li><a href=\"#warnings\">Warnings</a> ({} kinds)</li>\n</ul>\n</nav>",
+         <li><a href=\"#environment\">Environment</a> ({})</li>\n\
+         <li><a href=\"#warnings\">Warnings</a> ({})</li>\n</ul>\n</nav>",
         r.stacks.len(),
-        r.hosts.len(),
-        r.warnings.len()
+        plural(r.hosts.len(), "host row", "host rows"),
+        plural(r.warnings.len(), "kind", "kinds")
     );
 }
 

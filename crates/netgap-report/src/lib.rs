@@ -117,7 +117,7 @@ pub struct Report {
     pub files: Vec<PathBuf>,
     /// Number of records.
     pub records: usize,
-    /// One section per test, in name order.
+    /// One section per test, in the order the records first show them.
     pub sections: Vec<Section>,
     /// The baseline, as the page names it.
     pub baseline: String,
@@ -128,7 +128,7 @@ pub struct Report {
     /// Every host seen, as coordinator or agent.
     pub hosts: Vec<HostRow>,
     /// Socket-buffer and other sysctls per host name.
-    pub sysctls: Vec<(String, Vec<(String, String)>)>,
+    pub sysctls: Sysctls,
     /// Distinct option sets (JSON) with the number of points using each.
     pub options: Vec<(String, usize)>,
     /// netgap versions and peer tools that made the records.
@@ -141,9 +141,15 @@ pub struct Report {
 impl Report {
     /// Builds the report of `records` read from `files`.
     pub fn build(files: &[PathBuf], records: &[Loaded], options: &ReportOptions) -> Report {
-        let mut by_section: BTreeMap<String, Vec<&Loaded>> = BTreeMap::new();
+        // Tests in the order the results first show them: the order the
+        // user ran them in.
+        let mut by_section: Vec<(String, Vec<&Loaded>)> = Vec::new();
         for l in records {
-            by_section.entry(l.section()).or_default().push(l);
+            let section = l.section();
+            match by_section.iter_mut().find(|(s, _)| *s == section) {
+                Some((_, recs)) => recs.push(l),
+                None => by_section.push((section, vec![l])),
+            }
         }
         let mut sections = Vec::new();
         let mut all_labels: BTreeMap<String, plots::Labels> = BTreeMap::new();
@@ -197,9 +203,11 @@ impl Report {
     }
 }
 
+/// Each host's sysctls by name, per host name.
+pub type Sysctls = Vec<(String, Vec<(String, String)>)>;
+
 /// The environment rows and each host's sysctls.
-#[allow(clippy::type_complexity, reason = "a list of named lists")]
-fn hosts(records: &[Loaded]) -> (Vec<HostRow>, Vec<(String, Vec<(String, String)>)>) {
+fn hosts(records: &[Loaded]) -> (Vec<HostRow>, Sysctls) {
     let mut rows: BTreeSet<HostRow> = BTreeSet::new();
     let mut sysctls: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
     for h in records
@@ -382,8 +390,6 @@ fn group_warnings(found: Vec<(String, String)>) -> Vec<WarningGroup> {
         .into_iter()
         .filter_map(|shape| {
             let (numbers, points) = by.remove(&shape)?;
-            let mut slots = numbers.iter().map(Vec::len);
-            let n = slots.next().unwrap_or(0);
             let mut text = String::new();
             let mut slot = 0;
             for c in shape.chars() {
@@ -402,7 +408,7 @@ fn group_warnings(found: Vec<(String, String)>) -> Vec<WarningGroup> {
                     .copied()
                     .max_by(|a, b| parsed(a).total_cmp(&parsed(b)));
                 match (lo, hi) {
-                    (Some(lo), Some(hi)) if parsed(&lo) != parsed(&hi) && slot < n => {
+                    (Some(lo), Some(hi)) if parsed(&lo) != parsed(&hi) => {
                         let _ = write!(text, "{lo}-{hi}");
                     }
                     (Some(v), _) => text.push_str(v),
@@ -484,4 +490,35 @@ pub fn write_report_with(
         html: out.to_path_buf(),
         images: written,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn warnings_of_one_kind_are_one_line_with_the_range_of_their_numbers() {
+        let found = vec![
+            (
+                "repetitions vary by 12% (cv); pin".to_string(),
+                "a:1".to_string(),
+            ),
+            ("dropout at 16K".to_string(), "a:2".to_string()),
+            (
+                "repetitions vary by 35% (cv); pin".to_string(),
+                "a:3".to_string(),
+            ),
+            (
+                "repetitions vary by 5.5% (cv); pin".to_string(),
+                "a:3".to_string(),
+            ),
+        ];
+        let groups = group_warnings(found);
+        assert_eq!(groups.len(), 2);
+        assert_eq!(groups[0].text, "repetitions vary by 5.5-35% (cv); pin");
+        assert_eq!(groups[0].points, ["a:1", "a:3"]);
+        assert_eq!(groups[1].text, "dropout at 16K");
+        // A sentence's full stop is not a decimal point.
+        assert_eq!(template("at 16. Then").1, ["16"]);
+    }
 }

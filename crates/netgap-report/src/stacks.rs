@@ -44,8 +44,8 @@ impl SeriesKey {
 }
 
 /// Labels for series shown together: by what sets their stacks apart, with
-/// ` @hosts` added when they ran on several hosts. Distinct series never
-/// share a label.
+/// ` @hosts` added when they ran on several known hosts. Distinct series
+/// never share a label.
 pub fn labels<'a>(keys: impl IntoIterator<Item = &'a SeriesKey>) -> BTreeMap<SeriesKey, String> {
     let keys: BTreeSet<&SeriesKey> = keys.into_iter().collect();
     let stacks: Vec<&Stack> = keys
@@ -59,7 +59,9 @@ pub fn labels<'a>(keys: impl IntoIterator<Item = &'a SeriesKey>) -> BTreeMap<Ser
         .copied()
         .zip(Stack::distinguishing_labels(&stacks))
         .collect();
-    let hosts: BTreeSet<&Option<String>> = keys.iter().map(|k| &k.hosts).collect();
+    // Only known hosts count: an imported record, which names none, does
+    // not make every netgap series say where it ran.
+    let hosts: BTreeSet<&String> = keys.iter().filter_map(|k| k.hosts.as_ref()).collect();
     keys.iter()
         .map(|k| {
             let mut name = names.get(&k.stack).cloned().unwrap_or_default();

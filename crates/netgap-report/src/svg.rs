@@ -489,10 +489,10 @@ fn line_svg(p: &LinePlot) -> String {
             let _ = writeln!(
                 out,
                 "<path class=\"errorbar\" d=\"M{x:.1} {lo:.1}V{hi:.1}M{:.1} {lo:.1}H{:.1}M{:.1} {hi:.1}H{:.1}\" stroke=\"{colour}\" stroke-width=\"1.2\" fill=\"none\"/>",
-                x - 3.0,
-                x + 3.0,
-                x - 3.0,
-                x + 3.0
+                x - 5.0,
+                x + 5.0,
+                x - 5.0,
+                x + 5.0
             );
         }
         for (x, y) in &visible {
