@@ -354,6 +354,30 @@ fn warnings_are_grouped_by_kind_with_the_points_they_concern() {
 }
 
 #[test]
+fn a_point_measured_twice_is_drawn_once_and_warned_about() {
+    let mut recs = loaded();
+    let again: Vec<load::Loaded> = recs
+        .iter()
+        .filter(|l| l.file.ends_with("stacks.jsonl"))
+        .cloned()
+        .collect();
+    let n = again.len();
+    recs.extend(again);
+    let report = report(&recs);
+    let w = report
+        .warnings
+        .iter()
+        .find(|w| w.text.starts_with("The same point of the same stack"))
+        .expect("a warning about repeated points");
+    assert_eq!(w.points.len(), n);
+    let bw = plot(
+        &report,
+        "stream: bandwidth (Gbit/s of payload) against size",
+    );
+    assert_eq!(bw.series.len(), 8);
+}
+
+#[test]
 fn the_baseline_is_the_host_tcp_stack_unless_named() {
     let recs = loaded();
     let default = report(&recs);
@@ -387,7 +411,17 @@ fn the_baseline_is_the_host_tcp_stack_unless_named() {
         .iter()
         .find(|r| r.stack.contains("MTU 1500, offload off"))
         .expect("MTU 1500 row");
-    assert!(row.ratio < 0.5 && row.verdict == "real", "{row:?}");
+    // Both from one interleaved run, so drift between runs is ruled out.
+    assert!(
+        row.ratio < 0.5 && row.verdict == "real, interleaved",
+        "{row:?}"
+    );
+    let shm = e
+        .rows
+        .iter()
+        .find(|r| r.stack.starts_with("shm"))
+        .expect("shm row");
+    assert_eq!(shm.verdict, "real", "{shm:?}");
     // A baseline that names no stack is one line naming the stacks.
     let dir = tempfile::tempdir().expect("tempdir");
     let o = netgap()

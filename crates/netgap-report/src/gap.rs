@@ -14,7 +14,9 @@
 //! 0.05), or, for records that carry a confidence interval but no
 //! repetitions, when the two 95% intervals are disjoint; *noise* otherwise.
 //! The row's verdict over its shared sizes is "real" or "within noise" when
-//! every size agrees, else it counts the real ones. When a test has no
+//! every size agrees, else it counts the real ones; ", interleaved" when
+//! every shared point of both stacks was measured in one interleaved run,
+//! so that drift between runs cannot be what sets them apart. When a test has no
 //! stack the baseline names, or a band lacks it, the band's rows are
 //! against the best stack instead (the one that beats the most others in
 //! such direct comparisons), and the entry says so.
@@ -116,6 +118,8 @@ struct Pt {
     value: f64,
     ci: Option<(f64, f64)>,
     reps: Vec<f64>,
+    /// The interleaved run the point was measured in, if any.
+    group: Option<String>,
 }
 
 type Points = BTreeMap<u64, Pt>;
@@ -151,6 +155,7 @@ pub fn gap_table(recs: &[&Loaded], labels: &Labels, baseline: &Baseline) -> Vec<
                     value: r.value,
                     ci: l.ci95(),
                     reps: l.reps().to_vec(),
+                    group: l.interleaved_group().map(str::to_string),
                 },
             );
     }
@@ -325,6 +330,17 @@ fn verdict(shared: &[u64], a: &Points, b: &Points, band: Band) -> String {
         r if r == judged => "real".to_string(),
         r => format!("real at {r} of {judged} {what}"),
     };
+    // Points of one interleaved run saw the same drift; others may differ
+    // by whatever drifted between their runs, which no test here sees.
+    let interleaved = shared.iter().all(|s| match (a.get(s), b.get(s)) {
+        (Some(x), Some(y)) => x.group.is_some() && x.group == y.group,
+        _ => false,
+    });
+    let word = if interleaved {
+        format!("{word}, interleaved")
+    } else {
+        word
+    };
     match shared.len() - judged {
         0 => word,
         n => format!(
@@ -455,6 +471,7 @@ mod tests {
             value,
             ci: None,
             reps: reps.to_vec(),
+            group: None,
         }
     }
 

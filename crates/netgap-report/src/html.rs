@@ -162,7 +162,8 @@ fn gap_method(o: &mut String, r: &Report) {
          the geometric mean of per-point ratios on the points both measured, and the value the stack's geometric mean over \
          those points. A gap at one point is <em>real</em> when Welch's t-test on the two stacks' repetitions finds a \
          difference (p &lt; 0.05), or, without repetitions, when the 95% confidence intervals are disjoint; the row is \
-         <em>real</em> or <em>within noise</em> when every shared point agrees. Records with fewer than two repetitions \
+         <em>real</em> or <em>within noise</em> when every shared point agrees, and adds <em>interleaved</em> when both \
+         stacks were measured in one interleaved run. Records with fewer than two repetitions \
          have no confidence interval and are not judged. Where a band has no baseline stack, its rows are against the \
          best stack (the one that beats the most others in direct comparisons). Stacks measured in separate runs also \
          differ by whatever drifted between the runs, which no test inside a run sees: interleave them in one run to \

@@ -318,6 +318,35 @@ fn warnings(
         }
     }
     let mut groups = group_warnings(found);
+    // The same point of the same stack measured more than once: plots and
+    // tables keep the later record, so say which were set aside.
+    let mut seen: BTreeMap<(String, stacks::SeriesKey, String, u64, Option<u32>), &Loaded> =
+        BTreeMap::new();
+    let mut shadowed = Vec::new();
+    for l in records {
+        let key = (
+            l.section(),
+            stacks::SeriesKey::of(l),
+            l.record.metric.clone(),
+            l.record.size_bytes,
+            l.extras.clients,
+        );
+        if let Some(earlier) = seen.insert(key, l) {
+            shadowed.push(format!(
+                "{}:{} (by {}:{})",
+                earlier.file.display(),
+                earlier.line,
+                l.file.display(),
+                l.line
+            ));
+        }
+    }
+    if !shadowed.is_empty() {
+        groups.push(WarningGroup {
+            text: "The same point of the same stack appears more than once; plots and tables keep the later record. Give separate runs a --label to keep them apart.".into(),
+            points: shadowed,
+        });
+    }
     let machines: BTreeSet<(&str, &str)> = hosts
         .iter()
         .map(|h| {
