@@ -95,13 +95,14 @@ pub struct RepStats {
 /// A point measured in an interleaved run: its repetitions alternated with
 /// those of the other stacks of the same group, so drift fell on all alike.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-#[serde(default)]
 pub struct Interleaved {
     /// The run's interleaving group; records sharing it were measured
     /// together.
     pub group: String,
-    /// How many stacks the point's repetitions alternated with.
-    pub with: u32,
+    /// How many stacks the point's repetitions alternated with; `None` when
+    /// the record does not say.
+    #[serde(default, deserialize_with = "lenient")]
+    pub with: Option<u32>,
 }
 
 /// Fields other tests add to a record; all optional.
@@ -113,8 +114,10 @@ pub struct Extras {
     /// Time of one block transfer, µs (sweep).
     pub block_time_us: Option<f64>,
     /// A throughput dropout at this point (sweep).
+    #[serde(deserialize_with = "lenient")]
     pub dropout: Option<Dropout>,
     /// Outcome of a `--ci` target.
+    #[serde(deserialize_with = "lenient")]
     pub ci_target: Option<CiOutcome>,
     /// Concurrent clients, streams or links of the point.
     pub clients: Option<u32>,
@@ -125,9 +128,23 @@ pub struct Extras {
     /// CPU usage of every host.
     pub hosts_cpu: Vec<HostCpu>,
     /// Repetition statistics, read leniently.
+    #[serde(deserialize_with = "lenient")]
     pub stats: Option<RepStats>,
     /// Set when the point was measured in an interleaved run.
+    #[serde(deserialize_with = "lenient")]
     pub interleaved: Option<Interleaved>,
+}
+
+/// An optional field read leniently: a value of another shape (a field a
+/// newer or older netgap writes differently) reads as absent, so the
+/// report loses that one detail instead of refusing the whole file.
+fn lenient<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: serde::de::DeserializeOwned,
+{
+    let v = serde_json::Value::deserialize(d)?;
+    Ok(serde_json::from_value(v).ok())
 }
 
 /// One record as loaded, with where it came from.
@@ -263,4 +280,27 @@ pub fn load_files(paths: &[PathBuf]) -> Result<Vec<Loaded>, LoadError> {
 /// gaps and times (`_us`, `_ns`) are; bandwidths and rates are not.
 pub fn lower_is_better(metric: &str) -> bool {
     metric.ends_with("_us") || metric.ends_with("_ns") || metric.ends_with("_ms")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fields_of_another_shape_read_as_absent_instead_of_failing_the_file() {
+        let extras: Extras = serde_json::from_str(
+            r#"{"interleaved": {"group": "g", "with": ["a", "b"]}, "dropout": {"depth": 3},
+                "stats": {"ci95_low": null, "ci95_high": null, "reps": [1.0]}}"#,
+        )
+        .expect("loads");
+        assert_eq!(
+            extras.interleaved,
+            Some(Interleaved {
+                group: "g".into(),
+                with: None
+            })
+        );
+        assert_eq!(extras.dropout, None);
+        assert_eq!(extras.stats.and_then(|s| s.ci95_low), None);
+    }
 }
