@@ -124,8 +124,18 @@ fn battery(json: Option<PathBuf>, csv: Option<PathBuf>, label: Option<String>) -
 }
 
 fn report(args: &ReportArgs) -> Result<()> {
-    let written =
-        netgap::report::write_report(&args.results, &args.output, args.images.as_deref())?;
+    let mut options = netgap::report::ReportOptions::default();
+    if let Some(b) = &args.baseline {
+        options.baseline = netgap::report::stacks::Baseline::Select(
+            netgap::report::stacks::StackSelector::parse(b).context("--baseline")?,
+        );
+    }
+    let written = netgap::report::write_report_with(
+        &args.results,
+        &args.output,
+        args.images.as_deref(),
+        &options,
+    )?;
     println!("report: {}", written.html.display());
     for p in &written.images {
         println!("image: {}", p.display());
@@ -141,15 +151,38 @@ fn compare(args: &CompareArgs) -> Result<bool> {
             args.threshold
         ));
     }
+    let select = |text: &Option<String>, flag: &str| -> Result<_> {
+        text.as_deref()
+            .map(netgap::report::stacks::StackSelector::parse)
+            .transpose()
+            .with_context(|| flag.to_string())
+    };
+    let options = netgap::compare::CompareOptions {
+        threshold_pct: args.threshold,
+        base_stack: select(&args.base_stack, "--base-stack")?,
+        new_stack: select(&args.new_stack, "--new-stack")?,
+    };
     let base = netgap::report::load::load_file(&args.base)?;
-    let new = netgap::report::load::load_file(&args.new)?;
-    let c = netgap::compare::compare(&base, &new, args.threshold);
-    if c.changes.is_empty() {
-        return Err(anyhow!(
-            "{} and {} have no point in common",
-            args.base.display(),
-            args.new.display()
-        ));
+    let (new, sides) = match &args.new {
+        Some(path) => (
+            netgap::report::load::load_file(path)?,
+            format!("{} and {}", args.base.display(), path.display()),
+        ),
+        None if options.base_stack.is_some() && options.new_stack.is_some() => (
+            base.clone(),
+            format!("the two stacks of {}", args.base.display()),
+        ),
+        None => {
+            return Err(anyhow!(
+                "compare needs a second results file, or --base-stack and --new-stack to compare two stacks of {}",
+                args.base.display()
+            ))
+        }
+    };
+    let c = netgap::compare::compare(&base, &new, &options)
+        .with_context(|| format!("comparing {sides}"))?;
+    for w in &c.warnings {
+        eprintln!("netgap: warning: {w}");
     }
     print!("{}", netgap::compare::render(&c));
     let regressed = c.regressions().next().is_some();

@@ -1,11 +1,13 @@
 //! `netgap compare` on synthetic results with a planted regression, a planted
 //! improvement and pure noise: it must find the first two, not the third,
-//! and gate on the regression through its exit status.
+//! and gate on the regression through its exit status. Drift: two stacks of
+//! one interleaved run with a planted 10% difference and drift on both are
+//! told apart; two separate runs that differ by drift alone are warned
+//! about and never called better or worse.
 
-use assert_cmd::cargo::CommandCargoExt;
+mod common;
 use serde_json::{json, Value};
 use std::path::Path;
-use std::process::Command;
 
 /// Deterministic noise: a linear congruential generator giving roughly
 /// normal values (sum of four uniforms) with the given relative spread.
@@ -82,21 +84,35 @@ fn files(dir: &Path, plant: bool) -> (std::path::PathBuf, std::path::PathBuf) {
     let (bp, np) = (dir.join("base.jsonl"), dir.join("new.jsonl"));
     write(&bp, &base);
     write(&np, &new);
+    let interleaved = |recs: &mut Vec<Value>| {
+        for r in recs.iter_mut() {
+            r["interleaved"] = json!({"group": "one-run", "with": 2});
+        }
+    };
+    interleaved(&mut base);
+    interleaved(&mut new);
+    write(&dir.join("base-interleaved.jsonl"), &base);
+    write(&dir.join("new-interleaved.jsonl"), &new);
     (bp, np)
 }
 
 fn compare(base: &Path, new: &Path, extra: &[&str]) -> (Option<i32>, String) {
-    let o = Command::cargo_bin("netgap")
-        .expect("binary built")
+    let (code, out, _) = compare_full(&[base, new], extra);
+    (code, out)
+}
+
+/// Runs `netgap compare FILES... EXTRA...`: exit status, stdout, stderr.
+fn compare_full(files: &[&Path], extra: &[&str]) -> (Option<i32>, String, String) {
+    let o = common::netgap()
         .arg("compare")
-        .arg(base)
-        .arg(new)
+        .args(files)
         .args(extra)
         .output()
         .expect("runs");
     (
         o.status.code(),
         String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
     )
 }
 
@@ -112,20 +128,20 @@ fn finds_the_planted_regression_and_improvement_and_not_the_noise() {
     let (base, new) = files(dir.path(), true);
     let (code, out) = compare(&base, &new, &[]);
     assert_eq!(code, Some(3), "{out}");
-    let reg = line(&out, "pingpong tcp/event 64 latency_us");
+    let reg = line(&out, "pingpong tcp 64 latency_us");
     assert!(reg.contains("worse") && reg.contains("REGRESSION"), "{reg}");
-    let imp = line(&out, "stream tcp/event 1M bandwidth_gbps");
+    let imp = line(&out, "stream tcp 1M bandwidth_gbps");
     assert!(
         imp.contains("better") && !imp.contains("REGRESSION"),
         "{imp}"
     );
     for label in [
-        "pingpong unix/event 64 ",
-        "pingpong unix/event 1K ",
-        "pingpong tcp/event 1K ",
-        "stream unix/event 1M ",
-        "stream unix/event 64K ",
-        "stream tcp/event 64K ",
+        "pingpong unix 64 ",
+        "pingpong unix 1K ",
+        "pingpong tcp 1K ",
+        "stream unix 1M ",
+        "stream unix 64K ",
+        "stream tcp 64K ",
     ] {
         assert!(line(&out, label).ends_with("same"), "{}", line(&out, label));
     }
@@ -147,15 +163,23 @@ fn a_regression_under_the_threshold_is_reported_but_does_not_fail() {
     let (base, new) = files(dir.path(), true);
     let (code, out) = compare(&base, &new, &["--threshold", "50"]);
     assert_eq!(code, Some(0), "{out}");
-    assert!(line(&out, "pingpong tcp/event 64 latency_us").ends_with("worse"));
+    // Between separate runs nothing under the threshold counts as real.
+    assert!(line(&out, "pingpong tcp 64 latency_us").ends_with("within drift"));
+    // Within one interleaved run the test alone decides.
+    let (code, out) = compare(
+        &dir.path().join("base-interleaved.jsonl"),
+        &dir.path().join("new-interleaved.jsonl"),
+        &["--threshold", "50"],
+    );
+    assert_eq!(code, Some(0), "{out}");
+    assert!(line(&out, "pingpong tcp 64 latency_us").ends_with("worse"));
 }
 
 #[test]
 fn bad_threshold_and_disjoint_files_are_one_line_errors() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (base, _) = files(dir.path(), true);
-    let o = Command::cargo_bin("netgap")
-        .expect("binary built")
+    let o = common::netgap()
         .args(["compare", "--threshold", "-3"])
         .arg(&base)
         .arg(&base)
@@ -168,8 +192,7 @@ fn bad_threshold_and_disjoint_files_are_one_line_errors() {
         &other,
         &[record("bibw", "tcp", 1, "bandwidth_gbps", &[1.0, 1.1])],
     );
-    let o = Command::cargo_bin("netgap")
-        .expect("binary built")
+    let o = common::netgap()
         .arg("compare")
         .arg(&base)
         .arg(&other)
@@ -178,4 +201,216 @@ fn bad_threshold_and_disjoint_files_are_one_line_errors() {
     assert_eq!(o.status.code(), Some(1));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("no point in common"), "{err}");
+}
+
+/// A stream point's record over `stack` (JSON of a stack identity), with
+/// `interleaved` set when the run interleaved its stacks.
+fn stack_record(size: u64, reps: &[f64], stack: &Value, group: Option<&str>) -> Value {
+    let mut r = record("stream", "tcp", size, "bandwidth_gbps", reps);
+    r["stack"] = stack.clone();
+    if let Some(g) = group {
+        r["interleaved"] = json!({"group": g, "with": 2});
+    }
+    r
+}
+
+fn testbed_stack(mtu: u32, label: Option<&str>) -> Value {
+    let mut s = json!({
+        "transport": "tcp", "mode": "event", "options": [],
+        "path": {"kind": "testbed", "topology": "switch", "mtu_bytes": mtu, "offload": "off"}
+    });
+    if let Some(l) = label {
+        s["label"] = json!(l);
+    }
+    s
+}
+
+/// Drift: a slow multiplicative wander of everything measured, as a
+/// function of the repetition's position in the run.
+fn drift(t: f64, phase: f64) -> f64 {
+    1.0 + 0.06 * (t / 40.0 + phase).sin()
+}
+
+const SIZES: [u64; 8] = [64, 256, 1024, 4096, 16384, 65536, 262144, 1 << 20];
+
+fn mean_gbps(size: u64) -> f64 {
+    9.0 * size as f64 / (size as f64 + 900.0)
+}
+
+#[test]
+fn an_interleaved_ab_run_finds_a_planted_10_percent_difference_under_drift() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut noise = Noise(7);
+    let (a, b) = (testbed_stack(1500, None), testbed_stack(9000, None));
+    let mut records = Vec::new();
+    let mut t = 0.0;
+    for size in SIZES {
+        // The repetitions alternate between the stacks, so the drift of
+        // each moment falls on both; B is 10% faster.
+        let (mut ra, mut rb) = (Vec::new(), Vec::new());
+        for _ in 0..10 {
+            ra.push(mean_gbps(size) * drift(t, 0.0) * noise.reps(1.0, 0.01, 1)[0]);
+            rb.push(1.10 * mean_gbps(size) * drift(t + 1.0, 0.0) * noise.reps(1.0, 0.01, 1)[0]);
+            t += 2.0;
+        }
+        records.push(stack_record(size, &ra, &a, Some("run-1")));
+        records.push(stack_record(size, &rb, &b, Some("run-1")));
+    }
+    let run = dir.path().join("run.jsonl");
+    write(&run, &records);
+    let (code, out, err) = compare_full(
+        &[&run],
+        &["--base-stack", "MTU 1500", "--new-stack", "MTU 9000"],
+    );
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(!err.contains("separate runs"), "{err}");
+    for size in ["64 ", "1K ", "1M "] {
+        let l = line(
+            &out,
+            &format!("stream tcp, MTU 1500 -> tcp, MTU 9000 {size}"),
+        );
+        assert!(l.ends_with("better"), "{l}");
+    }
+    assert!(
+        out.contains("8 points: 8 better, 0 worse, 0 same, 0 untested (Welch's t-test, p < 0.05), all from one interleaved run"),
+        "{out}"
+    );
+}
+
+#[test]
+fn separate_runs_with_drift_only_are_warned_about_and_not_called_real() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut noise = Noise(11);
+    // Two runs of the same stack minutes apart, at MTU 1500 and at 9000,
+    // on a path where MTU changes nothing: only the drift differs.
+    let run = |stack: &Value, phase: f64, noise: &mut Noise| -> Vec<Value> {
+        let mut t = 0.0;
+        SIZES
+            .iter()
+            .map(|&size| {
+                let reps: Vec<f64> = (0..10)
+                    .map(|i| {
+                        mean_gbps(size)
+                            * drift(t + f64::from(i), phase)
+                            * noise.reps(1.0, 0.005, 1)[0]
+                    })
+                    .collect();
+                t += 10.0;
+                stack_record(size, &reps, stack, None)
+            })
+            .collect()
+    };
+    let (bp, np) = (
+        dir.path().join("mtu1500.jsonl"),
+        dir.path().join("mtu9000.jsonl"),
+    );
+    write(&bp, &run(&testbed_stack(1500, None), 0.0, &mut noise));
+    write(&np, &run(&testbed_stack(9000, None), 2.0, &mut noise));
+    let (code, out, err) = compare_full(&[&bp, &np], &[]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    // One line says drift between runs is not in the test, one that the two
+    // runs measured different conditions.
+    let warnings: Vec<&str> = err.lines().collect();
+    assert_eq!(warnings.len(), 2, "{err}");
+    assert!(warnings[0].contains("separate runs") && warnings[0].contains("drift allowance"));
+    assert!(warnings[1].contains("MTU 1500 in BASE is compared with tcp, MTU 9000 in NEW"));
+    assert!(warnings[1].contains("different conditions"));
+    assert!(
+        !out.lines()
+            .any(|l| l.ends_with("better") || l.ends_with("worse")),
+        "{out}"
+    );
+    // Welch's test alone would have called them different: the drift
+    // between the runs is far larger than the spread within each.
+    let within = out.lines().filter(|l| l.ends_with("within drift")).count();
+    assert!(within >= 4, "{out}");
+}
+
+#[test]
+fn stacks_that_differ_only_by_label_are_paired_and_said_to() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut noise = Noise(3);
+    let one = |label: &str, noise: &mut Noise| -> Vec<Value> {
+        SIZES
+            .iter()
+            .map(|&s| {
+                let reps = noise.reps(mean_gbps(s), 0.01, 8);
+                stack_record(s, &reps, &testbed_stack(9000, Some(label)), None)
+            })
+            .collect()
+    };
+    let (bp, np) = (dir.path().join("a.jsonl"), dir.path().join("b.jsonl"));
+    write(&bp, &one("kernel 6.1", &mut noise));
+    write(&np, &one("kernel 6.8", &mut noise));
+    let (code, out, err) = compare_full(&[&bp, &np], &[]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(err.contains("differ only by label"), "{err}");
+    assert!(out.contains("8 points:"), "{out}");
+}
+
+#[test]
+fn one_file_needs_two_stacks_named_and_a_name_must_match() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let run = dir.path().join("run.jsonl");
+    let mut noise = Noise(5);
+    write(
+        &run,
+        &[
+            stack_record(
+                64,
+                &noise.reps(1.0, 0.01, 5),
+                &testbed_stack(1500, None),
+                Some("g"),
+            ),
+            stack_record(
+                64,
+                &noise.reps(1.1, 0.01, 5),
+                &testbed_stack(9000, None),
+                Some("g"),
+            ),
+        ],
+    );
+    for (args, needle) in [
+        (&[][..], "--base-stack and --new-stack"),
+        (
+            &["--base-stack", "MTU 4000", "--new-stack", "MTU 9000"][..],
+            "matches no stack",
+        ),
+        (
+            &["--base-stack", "tcp", "--new-stack", "tcp"][..],
+            "pick the same stack",
+        ),
+    ] {
+        let (code, _, err) = compare_full(&[&run], args);
+        assert_eq!(code, Some(1), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn the_stacks_of_one_interleaved_run_compare_without_a_drift_warning() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json = dir.path().join("ab.jsonl");
+    let out = common::netgap()
+        .args(["run", "pingpong", "-s", "1", "--reps", "3", "-n", "20"])
+        .args(["--interleave", "-t", "tcp,unix", "--json"])
+        .arg(&json)
+        .output()
+        .expect("run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = common::netgap()
+        .arg("compare")
+        .arg(&json)
+        .args(["--base-stack", "tcp", "--new-stack", "unix"])
+        .output()
+        .expect("compare");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stdout.contains("all from one interleaved run"), "{stdout}");
+    assert!(!stderr.contains("drift"), "{stderr}");
 }

@@ -6,11 +6,10 @@
 //! test is picked up from the registries with no change here; sizes above a
 //! transport's largest message are skipped, saying so.
 
-use assert_cmd::cargo::CommandCargoExt;
+mod common;
 use netgap::units::{format_size, parse_size_list};
 use netgap::{bench, transport};
 use serde_json::Value;
-use std::process::Command;
 
 /// Sizes that cover one byte, a page, and messages larger than socket
 /// buffers and shared-memory rings.
@@ -50,8 +49,7 @@ fn every_transport_runs_every_test_in_every_mode_with_verified_payload() {
             .join(",");
         for mode in caps.modes {
             let json = dir.path().join(format!("{}-{mode}.jsonl", t.name()));
-            let out = Command::cargo_bin("netgap")
-                .expect("binary")
+            let out = common::netgap()
                 .args([
                     "run",
                     &tests.join(","),

@@ -3,10 +3,10 @@
 //! units converted, tool named, what the tool did not measure left empty,
 //! malformed input rejected in one line naming file and line.
 
-use assert_cmd::cargo::CommandCargoExt;
+mod common;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -15,8 +15,7 @@ fn fixture(name: &str) -> PathBuf {
 }
 
 fn import(args: &[&str], file: &Path) -> Output {
-    Command::cargo_bin("netgap")
-        .expect("binary built")
+    common::netgap()
         .arg("import")
         .args(args)
         .arg(file)
@@ -201,8 +200,7 @@ fn imported_records_plot_beside_netgaps_own() {
         ("netpipe", "import/nptcp.out"),
         ("iperf3", "import/iperf3-tcp.json"),
     ] {
-        let o = Command::cargo_bin("netgap")
-            .expect("binary built")
+        let o = common::netgap()
             .args(["import", format])
             .arg(fixture(name))
             .arg("-o")
@@ -212,8 +210,7 @@ fn imported_records_plot_beside_netgaps_own() {
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     }
     let html = dir.path().join("r.html");
-    let o = Command::cargo_bin("netgap")
-        .expect("binary built")
+    let o = common::netgap()
         .args(["report", "-o"])
         .arg(&html)
         .arg(fixture("report/p2p.jsonl"))
@@ -227,8 +224,18 @@ fn imported_records_plot_beside_netgaps_own() {
         .split("<figure")
         .find(|f| f.contains("pingpong: latency (µs, one-way) against size"))
         .expect("pingpong latency plot");
-    for series in ["tcp [NPtcp]", "tcp/event", "unix/event"] {
+    for series in [
+        "data-name=\"tcp [NPtcp]",
+        "data-name=\"tcp, ",
+        "data-name=\"unix, ",
+    ] {
         assert!(plot.contains(series), "{series} missing");
     }
+    // iperf3's throughput sits beside netgap's stream.
+    let plot = page
+        .split("<figure")
+        .find(|f| f.contains("stream: bandwidth (Gbit/s of payload) against size"))
+        .expect("stream bandwidth plot");
+    assert!(plot.contains("[iperf3]"), "iperf3 missing beside stream");
     assert!(page.contains("NPtcp (imported by netgap"));
 }

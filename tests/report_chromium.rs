@@ -1,13 +1,14 @@
 //! The report page in a real browser: Debian's chromium, headless, loads the
 //! page written by `netgap report` with no console messages (the page has
 //! no script, so any message is an error: a failed load, a blocked request),
-//! its DOM holds every plot, and a screenshot is kept in
+//! its DOM holds every plot, the table of contents, confidence bars on the
+//! points and CPU panels beside the metrics, and a screenshot is kept in
 //! `target/test-output/report-chromium/` for a person to look at.
 //!
 //! Without chromium the test says why it skips, unless
 //! NETGAP_REQUIRE_SYSTEM_TESTS=1 (set by `.ci/run`, which installs it).
 
-use assert_cmd::cargo::CommandCargoExt;
+mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -98,8 +99,7 @@ fn the_report_opens_in_headless_chromium_with_every_plot() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let peers = dir.join("peers.jsonl");
     let _ = std::fs::remove_file(&peers);
-    let o = Command::cargo_bin("netgap")
-        .expect("binary built")
+    let o = common::netgap()
         .args(["import", "netpipe"])
         .arg(root.join("tests/fixtures/import/nptcp.out"))
         .arg("-o")
@@ -107,8 +107,7 @@ fn the_report_opens_in_headless_chromium_with_every_plot() {
         .output()
         .expect("import runs");
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let o = Command::cargo_bin("netgap")
-        .expect("binary built")
+    let o = common::netgap()
         .current_dir(root)
         .args(["report", "-o"])
         .arg(&html)
@@ -117,6 +116,7 @@ fn the_report_opens_in_headless_chromium_with_every_plot() {
             "tests/fixtures/report/sweep.jsonl",
             "tests/fixtures/report/logp.jsonl",
             "tests/fixtures/report/multihost.jsonl",
+            "tests/fixtures/report/stacks.jsonl",
         ])
         .arg(&peers)
         .output()
@@ -145,6 +145,43 @@ fn the_report_opens_in_headless_chromium_with_every_plot() {
             "plot {i} draws nothing"
         );
     }
+
+    // The table of contents links every test's section, and each target
+    // exists.
+    let toc = dom_text
+        .split("<nav class=\"toc\"")
+        .nth(1)
+        .and_then(|t| t.split("</nav>").next())
+        .expect("a table of contents in the DOM");
+    let links: Vec<&str> = toc
+        .split("href=\"#")
+        .skip(1)
+        .filter_map(|l| l.split('"').next())
+        .collect();
+    assert!(links.len() >= 10, "{links:?}");
+    for id in &links {
+        assert!(
+            dom_text.contains(&format!("id=\"{id}\"")),
+            "no target for #{id}"
+        );
+    }
+    // Confidence bars on the points.
+    let bars = dom_text.matches("class=\"errorbar\"").count();
+    assert!(bars > 50, "{bars} error bars");
+    // CPU of both ends beside the metric: a row of two figures, the second
+    // the CPU panel with client and server series.
+    let rows: Vec<&str> = dom_text.split("<div class=\"row\">").skip(1).collect();
+    assert!(!rows.is_empty(), "no paired panels");
+    let stream_row = rows
+        .iter()
+        .find(|r| r.contains("stream: CPU of both ends against size"))
+        .expect("stream's CPU panel beside its bandwidth");
+    let before_cpu = stream_row
+        .split("stream: CPU of both ends against size")
+        .next()
+        .unwrap_or("");
+    assert!(before_cpu.contains("stream: bandwidth (Gbit/s of payload) against size"));
+    assert!(stream_row.contains(" client\"") && stream_row.contains(" server\""));
 
     let shot = dir.join("report.png");
     let _ = std::fs::remove_file(&shot);

@@ -185,17 +185,30 @@ pub struct ReportArgs {
     /// Also write every plot as SVG and PNG into this directory.
     #[arg(long, value_name = "DIR")]
     pub images: Option<PathBuf>,
+    /// The stack the gap tables measure every other against, by parts of
+    /// its description ("tcp, MTU 1500", "unix", "tcp/poll", a label);
+    /// default: tcp with event completion and no options.
+    #[arg(long, value_name = "STACK")]
+    pub baseline: Option<String>,
 }
 
 #[derive(Debug, clap::Args)]
 pub struct CompareArgs {
     /// The reference results file.
     pub base: PathBuf,
-    /// The results file to judge against it.
-    pub new: PathBuf,
+    /// The results file to judge against it; without it, two stacks of
+    /// BASE (--base-stack, --new-stack) are compared.
+    pub new: Option<PathBuf>,
     /// Smallest significant worsening, in percent, that fails the comparison.
     #[arg(long, default_value_t = 5.0, value_name = "PCT")]
     pub threshold: f64,
+    /// Compare only these stacks of BASE, by parts of their description
+    /// ("MTU 1500", "offload off", "tcp/poll", a label).
+    #[arg(long, value_name = "STACK")]
+    pub base_stack: Option<String>,
+    /// Compare only these stacks of NEW (or of BASE, given one file).
+    #[arg(long, value_name = "STACK")]
+    pub new_stack: Option<String>,
 }
 
 #[derive(Debug, clap::Args)]

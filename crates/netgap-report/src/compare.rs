@@ -1,20 +1,43 @@
 //! `netgap compare BASE NEW`: the change of every point between two results
-//! files, so a stack or kernel change can be gated on it.
+//! files, or between two stacks of one file, so a stack, kernel or
+//! condition change can be gated on it.
 //!
-//! Points are matched by (test, transport, mode, size, metric, tool,
-//! clients); when a file holds a key twice the later record counts. Each
-//! matched pair is tested with Welch's unequal-variances t-test on the
-//! repetitions (two-sided, significance level [`ALPHA`]). A significant
-//! change is `better` or `worse` by the metric's direction (latencies lower,
-//! bandwidths higher); anything else is `same`. A point whose records carry
+//! Points are matched by test, size, metric, number of clients and stack
+//! ([`Stack::of_record`]); when a file holds a point twice the later record
+//! counts. `--base-stack` and `--new-stack` pick the stacks of each side
+//! (every comma-separated term names a part of the stack: `MTU 9000`,
+//! `offload off`, `tcp/poll`, a label), which also compares two stacks of
+//! one file, as an interleaved A/B run makes. Stacks pair up when they are
+//! equal; else when they differ only in what the two selections name;
+//! else, with a note, when they differ only by label, or only in
+//! conditions (the path), or when each side has just one stack left.
+//!
+//! Each matched pair is tested with Welch's unequal-variances t-test on the
+//! repetitions (two-sided, significance level [`ALPHA`]). That test sees
+//! only the variance within a run. When the two records come from separate
+//! runs (they share no `interleaved.group`), whatever drifted between the
+//! runs (the machine's load, its clocks, the neighbours on a shared host)
+//! moves every point alike and the test cannot tell it from a change. So a
+//! difference between separate runs is called `better` or `worse` only
+//! beyond the *drift allowance*: the larger of the threshold and three
+//! times the median absolute change over all the compared points of
+//! separate runs. The median of those changes estimates the shift drift
+//! gives a typical point (most points of a change do not move, or the whole
+//! run moved alike, which two runs cannot tell from drift); three times it
+//! is about two standard deviations of normal drift, so pure drift rarely
+//! passes. A significant change inside the allowance is `within drift`.
+//! Points of one interleaved run (records sharing `interleaved.group`) saw
+//! the same drift, so the test alone decides. A point whose records carry
 //! no repetitions (imported from a tool that reports one number) cannot be
 //! tested and is never called better or worse. A *regression* is a `worse`
 //! point whose change is larger than the threshold; the binary exits with
 //! [`REGRESSION_EXIT_CODE`] when there is at least one.
 
 use crate::load::{lower_is_better, Loaded};
+use crate::stacks::{SelectError, StackSelector};
+use netgap_core::stack::Stack;
 use statrs::distribution::{ContinuousCDF, StudentsT};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
 /// Two-sided significance level of the t-test.
@@ -24,21 +47,19 @@ pub const ALPHA: f64 = 0.05;
 /// threshold (1 is any other error, 2 bad arguments).
 pub const REGRESSION_EXIT_CODE: u8 = 3;
 
-/// What identifies a point in both files.
+/// The drift allowance is this many times the median absolute change of
+/// the points compared across separate runs (see the module docs).
+pub const DRIFT_MEDIAN_FACTOR: f64 = 3.0;
+
+/// What identifies a point on both sides, apart from its stack.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct PointKey {
-    /// Test name.
+    /// Test name as the report names it (`sweep (stream)`).
     pub test: String,
-    /// Transport name.
-    pub transport: String,
-    /// Completion mode.
-    pub mode: String,
     /// Message size, bytes.
     pub size_bytes: u64,
     /// Metric with unit.
     pub metric: String,
-    /// Peer tool, `None` for netgap's own points.
-    pub tool: Option<String>,
     /// Concurrent clients, for multi-client tests.
     pub clients: Option<u32>,
 }
@@ -47,31 +68,24 @@ impl PointKey {
     fn of(l: &Loaded) -> PointKey {
         let r = &l.record;
         PointKey {
-            test: r.test.clone(),
-            transport: r.transport.clone(),
-            mode: r.mode.to_string(),
+            test: l.section(),
             size_bytes: r.size_bytes,
             metric: r.metric.clone(),
-            tool: r.tool.clone(),
             clients: l.extras.clients,
         }
     }
 
-    /// Short label for tables: `pingpong tcp/event 64B latency_us`.
-    pub fn label(&self) -> String {
+    /// Short label for tables: `pingpong tcp, MTU 9000 64 latency_us`, with
+    /// the stack's label given.
+    pub fn label(&self, stack: &str) -> String {
         let mut s = format!(
-            "{} {}/{} {} {}",
+            "{} {stack} {} {}",
             self.test,
-            self.transport,
-            self.mode,
             netgap_core::units::format_size(self.size_bytes),
             self.metric
         );
         if let Some(c) = self.clients {
             let _ = write!(s, " x{c}");
-        }
-        if let Some(t) = &self.tool {
-            let _ = write!(s, " [{t}]");
         }
         s
     }
@@ -80,12 +94,15 @@ impl PointKey {
 /// The verdict on one matched point.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
-    /// Significantly better.
+    /// Significantly better (beyond the drift allowance for separate runs).
     Better,
-    /// Significantly worse.
+    /// Significantly worse (beyond the drift allowance for separate runs).
     Worse,
     /// No significant difference.
     Same,
+    /// Significant within its runs, but not beyond the drift allowance of
+    /// separate runs.
+    WithinDrift,
     /// No repetitions on one side: not tested.
     Untested,
 }
@@ -97,6 +114,7 @@ impl Verdict {
             Verdict::Better => "better",
             Verdict::Worse => "worse",
             Verdict::Same => "same",
+            Verdict::WithinDrift => "within drift",
             Verdict::Untested => "untested",
         }
     }
@@ -107,6 +125,9 @@ impl Verdict {
 pub struct Change {
     /// The point.
     pub key: PointKey,
+    /// The stacks compared, as the table labels them (`tcp, MTU 1500 ->
+    /// tcp, MTU 9000` when they differ).
+    pub stack: String,
     /// Headline value in BASE, in the metric's unit.
     pub base: f64,
     /// Headline value in NEW, in the metric's unit.
@@ -115,23 +136,39 @@ pub struct Change {
     pub change_pct: f64,
     /// Two-sided p-value of Welch's t-test, when both sides have repetitions.
     pub p_value: Option<f64>,
+    /// Both records come from one interleaved run (a shared
+    /// `interleaved.group`).
+    pub interleaved: bool,
     /// The verdict.
     pub verdict: Verdict,
     /// Worse by more than the threshold.
     pub regression: bool,
 }
 
-/// The comparison of two files.
+impl Change {
+    /// The row's label.
+    pub fn label(&self) -> String {
+        self.key.label(&self.stack)
+    }
+}
+
+/// The comparison of two sides.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Comparison {
     /// Matched points, in key order.
     pub changes: Vec<Change>,
     /// Points only in BASE.
-    pub only_base: Vec<PointKey>,
+    pub only_base: Vec<String>,
     /// Points only in NEW.
-    pub only_new: Vec<PointKey>,
+    pub only_new: Vec<String>,
     /// The threshold used, percent.
     pub threshold_pct: f64,
+    /// The drift allowance applied to points of separate runs, percent;
+    /// `None` when every point came from one interleaved run.
+    pub drift_allowance_pct: Option<f64>,
+    /// Full-sentence warnings for the user: separate runs, stacks paired
+    /// although they differ.
+    pub warnings: Vec<String>,
 }
 
 impl Comparison {
@@ -139,6 +176,33 @@ impl Comparison {
     pub fn regressions(&self) -> impl Iterator<Item = &Change> {
         self.changes.iter().filter(|c| c.regression)
     }
+}
+
+/// What to compare.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct CompareOptions {
+    /// Smallest change, in percent, that counts as a regression.
+    pub threshold_pct: f64,
+    /// The stacks of BASE to compare; all when `None`.
+    pub base_stack: Option<StackSelector>,
+    /// The stacks of NEW to compare; all when `None`.
+    pub new_stack: Option<StackSelector>,
+}
+
+/// Why two sides cannot be compared.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CompareError {
+    /// A stack selection matches nothing.
+    #[error(transparent)]
+    Select(#[from] SelectError),
+    /// Both selections pick the same stacks of one side.
+    #[error(
+        "--base-stack and --new-stack pick the same stack ({0}); name what sets the two apart"
+    )]
+    SameStack(String),
+    /// Nothing to compare.
+    #[error("no point in common")]
+    Nothing,
 }
 
 /// Welch's two-sided t-test of equal means; `None` when either side has
@@ -166,54 +230,263 @@ pub(crate) fn welch_p_value(a: &[f64], b: &[f64]) -> Option<f64> {
     Some((2.0 * (1.0 - dist.cdf(t.abs()))).clamp(0.0, 1.0))
 }
 
-/// Compares two sets of records point by point; `threshold_pct` is the
-/// smallest change, in percent, that counts as a regression.
-pub fn compare(base: &[Loaded], new: &[Loaded], threshold_pct: f64) -> Comparison {
-    let index = |recs: &[Loaded]| -> BTreeMap<PointKey, Loaded> {
-        recs.iter().map(|l| (PointKey::of(l), l.clone())).collect()
+/// A pairing of BASE's stacks with NEW's, with a warning for each pair
+/// whose stacks differ.
+type Pairs = Vec<(Stack, Stack, Option<String>)>;
+
+/// The stacks not paired yet.
+struct Unpaired<'a> {
+    base: Vec<&'a Stack>,
+    new: BTreeSet<&'a Stack>,
+}
+
+impl Unpaired<'_> {
+    /// Each BASE stack left takes the one NEW stack left that `rule` calls
+    /// its counterpart, if there is exactly one; `why` says how they differ.
+    fn pass(
+        &mut self,
+        pairs: &mut Pairs,
+        rule: impl Fn(&Stack, &Stack) -> bool,
+        why: Option<&str>,
+    ) {
+        let mut still = Vec::new();
+        for b in std::mem::take(&mut self.base) {
+            let candidates: Vec<&Stack> = self.new.iter().copied().filter(|n| rule(b, n)).collect();
+            match candidates.as_slice() {
+                [n] => {
+                    let n = *n;
+                    self.new.remove(n);
+                    let note = why.map(|w| {
+                        let l = Stack::distinguishing_labels(&[b, n]);
+                        format!("{} in BASE is compared with {} in NEW: {w}.", l[0], l[1])
+                    });
+                    pairs.push((b.clone(), n.clone(), note));
+                }
+                _ => still.push(b),
+            }
+        }
+        self.base = still;
+    }
+}
+
+/// Pairs BASE's stacks with NEW's (see the module docs).
+fn pair_stacks(base: &BTreeSet<Stack>, new: &BTreeSet<Stack>, opts: &CompareOptions) -> Pairs {
+    let mut pairs = Vec::new();
+    let mut left = Unpaired {
+        base: Vec::new(),
+        new: new.iter().collect(),
     };
-    let (b, n) = (index(base), index(new));
-    let mut changes = Vec::new();
-    for (key, bl) in &b {
-        let Some(nl) = n.get(key) else { continue };
-        let (bv, nv) = (bl.record.value, nl.record.value);
-        let change_pct = if bv == 0.0 {
+    for b in base {
+        if left.new.remove(b) {
+            pairs.push((b.clone(), b.clone(), None));
+        } else {
+            left.base.push(b);
+        }
+    }
+    if let (Some(bs), Some(ns)) = (&opts.base_stack, &opts.new_stack) {
+        left.pass(&mut pairs, |b, n| bs.rest(b) == ns.rest(n), None);
+    }
+    let unlabelled = |s: &Stack| Stack {
+        label: None,
+        ..s.clone()
+    };
+    left.pass(
+        &mut pairs,
+        |b, n| unlabelled(b) == unlabelled(n),
+        Some("they differ only by label"),
+    );
+    let pathless = |s: &Stack| Stack {
+        label: None,
+        path: Default::default(),
+        ..s.clone()
+    };
+    left.pass(
+        &mut pairs,
+        |b, n| pathless(b) == pathless(n),
+        Some("they were measured under different conditions, so each change is the conditions' as much as the runs'"),
+    );
+    if left.base.len() == 1 && left.new.len() == 1 {
+        left.pass(
+            &mut pairs,
+            |_, _| true,
+            Some("they are different stacks, so each change is the stacks' as much as the runs'"),
+        );
+    }
+    pairs
+}
+
+/// Compares two sets of records point by point (see the module docs).
+pub fn compare(
+    base: &[Loaded],
+    new: &[Loaded],
+    opts: &CompareOptions,
+) -> Result<Comparison, CompareError> {
+    let pick = |recs: &[Loaded],
+                sel: &Option<StackSelector>,
+                flag: &str|
+     -> Result<Vec<Loaded>, CompareError> {
+        let Some(sel) = sel else {
+            return Ok(recs.to_vec());
+        };
+        let picked: Vec<Loaded> = recs
+            .iter()
+            .filter(|l| sel.matches(&l.stack))
+            .cloned()
+            .collect();
+        if picked.is_empty() {
+            return Err(sel.no_match(flag, recs.iter().map(|l| &l.stack)).into());
+        }
+        Ok(picked)
+    };
+    let base = pick(base, &opts.base_stack, "--base-stack")?;
+    let new = pick(new, &opts.new_stack, "--new-stack")?;
+    let stacks =
+        |recs: &[Loaded]| -> BTreeSet<Stack> { recs.iter().map(|l| l.stack.clone()).collect() };
+    let (sb, sn) = (stacks(&base), stacks(&new));
+    if opts.base_stack.is_some() && opts.new_stack.is_some() && sb == sn && base == new {
+        let names: Vec<String> = sb.iter().map(Stack::describe).collect();
+        return Err(CompareError::SameStack(names.join("; ")));
+    }
+    let pairs = pair_stacks(&sb, &sn, opts);
+    let shown: Vec<&Stack> = sb
+        .iter()
+        .chain(sn.iter())
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let names: BTreeMap<&Stack, String> = shown
+        .iter()
+        .copied()
+        .zip(Stack::distinguishing_labels(&shown))
+        .collect();
+    let name = |s: &Stack| names.get(s).cloned().unwrap_or_else(|| s.describe());
+    let index = |recs: &[Loaded]| -> BTreeMap<(Stack, PointKey), Loaded> {
+        recs.iter()
+            .map(|l| ((l.stack.clone(), PointKey::of(l)), l.clone()))
+            .collect()
+    };
+    let (bi, ni) = (index(&base), index(&new));
+    let mut warnings: Vec<String> = pairs.iter().filter_map(|p| p.2.clone()).collect();
+    struct Matched<'a> {
+        key: PointKey,
+        stack: String,
+        b: &'a Loaded,
+        n: &'a Loaded,
+    }
+    let mut matched = Vec::new();
+    let mut used_new: BTreeSet<(Stack, PointKey)> = BTreeSet::new();
+    let mut only_base = Vec::new();
+    for ((stack, key), bl) in &bi {
+        let counterpart = pairs.iter().find(|p| p.0 == *stack).map(|p| &p.1);
+        let found = counterpart.and_then(|n| ni.get(&(n.clone(), key.clone())).map(|l| (n, l)));
+        match found {
+            Some((n, nl)) => {
+                used_new.insert((n.clone(), key.clone()));
+                let label = if n == stack {
+                    name(stack)
+                } else {
+                    format!("{} -> {}", name(stack), name(n))
+                };
+                matched.push(Matched {
+                    key: key.clone(),
+                    stack: label,
+                    b: bl,
+                    n: nl,
+                });
+            }
+            None => only_base.push(key.label(&name(stack))),
+        }
+    }
+    let only_new: Vec<String> = ni
+        .keys()
+        .filter(|k| !used_new.contains(*k))
+        .map(|(s, k)| k.label(&name(s)))
+        .collect();
+    if matched.is_empty() {
+        return Err(CompareError::Nothing);
+    }
+    let interleaved = |m: &Matched| match (m.b.interleaved_group(), m.n.interleaved_group()) {
+        (Some(a), Some(b)) => a == b,
+        _ => false,
+    };
+    let change_of = |m: &Matched| {
+        let (bv, nv) = (m.b.record.value, m.n.record.value);
+        if bv == 0.0 {
             0.0
         } else {
             100.0 * (nv - bv) / bv.abs()
+        }
+    };
+    let separate: Vec<f64> = matched
+        .iter()
+        .filter(|m| !interleaved(m))
+        .map(|m| change_of(m).abs())
+        .filter(|c| c.is_finite())
+        .collect();
+    let drift_allowance_pct = (!separate.is_empty()).then(|| {
+        let median = netgap_core::stats::median(&separate).unwrap_or(0.0);
+        opts.threshold_pct.max(DRIFT_MEDIAN_FACTOR * median)
+    });
+    if let Some(allowance) = drift_allowance_pct {
+        let runs = if separate.len() == matched.len() {
+            "BASE and NEW come from separate runs".to_string()
+        } else {
+            format!(
+                "{} of the {} points come from separate runs",
+                separate.len(),
+                matched.len()
+            )
         };
-        let reps = |l: &Loaded| l.record.stats.as_ref().map(|s| s.reps.clone());
-        let p_value = match (reps(bl), reps(nl)) {
-            (Some(x), Some(y)) => welch_p_value(&x, &y),
-            _ => None,
-        };
-        let improved = if lower_is_better(&key.metric) {
+        warnings.insert(
+            0,
+            format!(
+                "{runs}, so drift between the runs is not in Welch's test (it sees only the variance within each run); \
+                 a difference counts only beyond a drift allowance of {allowance:.1}% (the larger of --threshold and {DRIFT_MEDIAN_FACTOR} times \
+                 the median change over those {} points); measure the stacks in one interleaved run to compare them directly.",
+                separate.len()
+            ),
+        );
+    }
+    let mut changes = Vec::new();
+    for m in &matched {
+        let (bv, nv) = (m.b.record.value, m.n.record.value);
+        let change_pct = change_of(m);
+        let p_value = welch_p_value(m.b.reps(), m.n.reps());
+        let improved = if lower_is_better(&m.key.metric) {
             nv < bv
         } else {
             nv > bv
         };
+        let inter = interleaved(m);
+        let beyond_drift = inter || drift_allowance_pct.is_none_or(|a| change_pct.abs() > a);
         let verdict = match p_value {
             None => Verdict::Untested,
             Some(p) if p >= ALPHA || nv == bv => Verdict::Same,
+            Some(_) if !beyond_drift => Verdict::WithinDrift,
             Some(_) if improved => Verdict::Better,
             Some(_) => Verdict::Worse,
         };
         changes.push(Change {
-            key: key.clone(),
+            key: m.key.clone(),
+            stack: m.stack.clone(),
             base: bv,
             new: nv,
             change_pct,
             p_value,
+            interleaved: inter,
             verdict,
-            regression: verdict == Verdict::Worse && change_pct.abs() > threshold_pct,
+            regression: verdict == Verdict::Worse && change_pct.abs() > opts.threshold_pct,
         });
     }
-    Comparison {
+    changes.sort_by(|a, b| a.key.cmp(&b.key).then_with(|| a.stack.cmp(&b.stack)));
+    Ok(Comparison {
         changes,
-        only_base: b.keys().filter(|k| !n.contains_key(*k)).cloned().collect(),
-        only_new: n.keys().filter(|k| !b.contains_key(*k)).cloned().collect(),
-        threshold_pct,
-    }
+        only_base,
+        only_new,
+        threshold_pct: opts.threshold_pct,
+        drift_allowance_pct,
+        warnings,
+    })
 }
 
 /// The comparison as a text table with a closing summary line.
@@ -222,7 +495,7 @@ pub fn render(c: &Comparison) -> String {
     let width = c
         .changes
         .iter()
-        .map(|ch| ch.key.label().len())
+        .map(|ch| ch.label().chars().count())
         .max()
         .unwrap_or(5)
         .max(5);
@@ -239,7 +512,7 @@ pub fn render(c: &Comparison) -> String {
         let _ = writeln!(
             out,
             "{:<width$}  {:>12.4}  {:>12.4}  {:>+7.1}%  {:>8}  {}{flag}",
-            ch.key.label(),
+            ch.label(),
             ch.base,
             ch.new,
             ch.change_pct,
@@ -248,15 +521,22 @@ pub fn render(c: &Comparison) -> String {
         );
     }
     for k in &c.only_base {
-        let _ = writeln!(out, "only in base: {}", k.label());
+        let _ = writeln!(out, "only in base: {k}");
     }
     for k in &c.only_new {
-        let _ = writeln!(out, "only in new: {}", k.label());
+        let _ = writeln!(out, "only in new: {k}");
     }
     let count = |v: Verdict| c.changes.iter().filter(|ch| ch.verdict == v).count();
+    let drift = match c.drift_allowance_pct {
+        Some(a) => format!(
+            ", {} within the drift allowance of {a:.1}%",
+            count(Verdict::WithinDrift)
+        ),
+        None => ", all from one interleaved run".to_string(),
+    };
     let _ = writeln!(
         out,
-        "{} points: {} better, {} worse, {} same, {} untested (Welch's t-test, p < {ALPHA}); {} regressions beyond {}%",
+        "{} points: {} better, {} worse, {} same, {} untested (Welch's t-test, p < {ALPHA}){drift}; {} regressions beyond {}%",
         c.changes.len(),
         count(Verdict::Better),
         count(Verdict::Worse),

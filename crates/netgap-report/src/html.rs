@@ -1,17 +1,34 @@
 //! The report page: one HTML file with inline CSS and inline SVG plots, so
 //! it opens anywhere without a network. The page is a pure function of the
 //! [`Report`] (no clock, no randomness), which the snapshot tests rely on.
+//! It opens with a table of contents; each test has its section with its
+//! plots (a metric and its CPU side by side) and its gap table.
 
+use super::gap::GapEntry;
 use super::svg::escape;
-use super::Report;
+use super::{Report, HOST_COLUMNS};
 use std::fmt::Write as _;
 
-const CSS: &str = "body{font-family:'DejaVu Sans',Arial,sans-serif;margin:24px auto;max-width:1100px;color:#222}\
-h1{font-size:24px}h2{font-size:19px;margin-top:32px;border-bottom:1px solid #ccc}\
+const CSS: &str = "body{font-family:'DejaVu Sans',Arial,sans-serif;margin:24px auto;max-width:1240px;color:#222}\
+h1{font-size:24px}h2{font-size:19px;margin-top:32px;border-bottom:1px solid #ccc}h3{font-size:16px}\
 table{border-collapse:collapse;margin:8px 0;font-size:13px}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}\
-td.num{text-align:right;font-variant-numeric:tabular-nums}tr.best td{font-weight:bold}\
+td.num{text-align:right;font-variant-numeric:tabular-nums}tr.ref td{font-weight:bold}\
+.row{display:flex;gap:12px;align-items:flex-start}.row figure{flex:1 1 0;min-width:0}\
 figure{margin:16px 0}svg.plot{max-width:100%;height:auto;border:1px solid #eee}\
-.warn li{color:#8a4b00}code{font-size:12px;word-break:break-all}";
+nav.toc ul{margin:4px 0}.warn li{color:#8a4b00}.warn details{color:#444;font-size:12px}\
+code{font-size:12px;word-break:break-all}";
+
+/// An HTML id for a test's section: `test-sweep-pingpong`.
+fn anchor(test: &str) -> String {
+    let mut id = String::from("test-");
+    for c in test.chars() {
+        let c = if c.is_ascii_alphanumeric() { c } else { '-' };
+        if !(c == '-' && id.ends_with('-')) {
+            id.push(c);
+        }
+    }
+    id.trim_end_matches('-').to_string()
+}
 
 /// The page of a report.
 pub fn render(r: &Report) -> String {
@@ -27,12 +44,14 @@ pub fn render(r: &Report) -> String {
         .collect();
     let _ = writeln!(
         o,
-        "<p>{} records from {}; made by {}.</p>",
+        "<p>{} records from {}; made by {}. Gap tables measure every stack against {}.</p>",
         r.records,
         files.join(", "),
-        escape(&r.makers.join(", "))
+        escape(&r.makers.join(", ")),
+        escape(&r.baseline)
     );
-    o.push_str("<h2 id=\"conclusions\">Who wins, by how much, where</h2>\n<ul>\n");
+    contents(&mut o, r);
+    o.push_str("<h2 id=\"conclusions\">Each stack against the baseline</h2>\n<ul>\n");
     if r.conclusions.is_empty() {
         o.push_str("<li>Only one stack per test: nothing to compare.</li>\n");
     }
@@ -40,61 +59,87 @@ pub fn render(r: &Report) -> String {
         let _ = writeln!(o, "<li>{}</li>", escape(c));
     }
     o.push_str("</ul>\n");
-    o.push_str("<h2 id=\"plots\">Plots</h2>\n");
-    for (i, p) in r.plots.iter().enumerate() {
-        let _ = writeln!(
-            o,
-            "<figure id=\"plot-{:02}\">\n{}<figcaption>Figure {}: {}</figcaption>\n</figure>",
-            i + 1,
-            p.to_svg(),
-            i + 1,
-            escape(p.title())
-        );
-    }
-    gap_table(&mut o, r);
-    environment(&mut o, r);
-    o.push_str("<h2 id=\"warnings\">Warnings</h2>\n");
-    if r.warnings.is_empty() {
-        o.push_str("<p>None.</p>\n");
-    } else {
-        o.push_str("<ul class=\"warn\">\n");
-        for w in &r.warnings {
-            let _ = writeln!(o, "<li>{}</li>", escape(w));
+    let mut n = 0;
+    for s in &r.sections {
+        let id = anchor(&s.test);
+        let _ = writeln!(o, "<h2 id=\"{id}\">Test: {}</h2>", escape(&s.test));
+        for f in &s.figures {
+            let row = f.panels.len() > 1;
+            if row {
+                o.push_str("<div class=\"row\">\n");
+            }
+            for p in &f.panels {
+                n += 1;
+                let _ = writeln!(
+                    o,
+                    "<figure id=\"plot-{n:02}\">\n{}<figcaption>Figure {n}: {}</figcaption>\n</figure>",
+                    p.to_svg(),
+                    escape(p.title())
+                );
+            }
+            if row {
+                o.push_str("</div>\n");
+            }
         }
-        o.push_str("</ul>\n");
+        let _ = writeln!(o, "<h3 id=\"{id}-gap\">Gap table: {}</h3>", escape(&s.test));
+        gap_table(&mut o, &s.gap);
     }
+    gap_method(&mut o, r);
+    stacks(&mut o, r);
+    environment(&mut o, r);
+    warnings(&mut o, r);
     o.push_str("</body>\n</html>\n");
     o
 }
 
-fn gap_table(o: &mut String, r: &Report) {
-    o.push_str("<h2 id=\"gap\">Gap table</h2>\n");
+fn contents(o: &mut String, r: &Report) {
+    o.push_str("<nav class=\"toc\" id=\"contents\">\n<h2>Contents</h2>\n<ul>\n");
+    o.push_str("<li><a href=\"#conclusions\">Each stack against the baseline</a></li>\n");
+    for s in &r.sections {
+        let id = anchor(&s.test);
+        let plots: usize = s.figures.iter().map(|f| f.panels.len()).sum();
+        let _ = writeln!(
+            o,
+            "<li><a href=\"#{id}\">Test: {t}</a> ({plots} plot{}; <a href=\"#{id}-gap\">gap table</a>)</li>",
+            if plots == 1 { "" } else { "s" },
+            t = escape(&s.test)
+        );
+    }
+    let plural =
+        |n: usize, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
     let _ = writeln!(
         o,
-        "<p>Per test and size band (small &lt;1 KiB, medium &lt;64 KiB, large above), each stack as a ratio to the best: the geometric \
-         mean of per-size ratios on the sizes both measured. The best beats the most others in such direct comparisons; the \
-         value is the stack's geometric mean over the sizes it shares with the best. A gap is \
-         <em>real</em> when the 95% confidence intervals of the repetitions are disjoint at every size shared with the best, \
-         <em>within noise</em> when they overlap at every one.</p>"
+        "<li><a href=\"#gap-method\">How the gap tables decide</a></li>\n\
+         <li><a href=\"#stacks\">Stacks</a> ({})</li>\n\
+         <li><a href=\"#environment\">Environment</a> ({})</li>\n\
+         <li><a href=\"#warnings\">Warnings</a> ({})</li>\n</ul>\n</nav>",
+        r.stacks.len(),
+        plural(r.hosts.len(), "host row", "host rows"),
+        plural(r.warnings.len(), "kind", "kinds")
     );
-    if r.gap.is_empty() {
-        o.push_str("<p>No test has two stacks to compare.</p>\n");
+}
+
+fn gap_table(o: &mut String, entries: &[GapEntry]) {
+    if entries.is_empty() {
+        o.push_str("<p>One stack only: nothing to compare.</p>\n");
         return;
     }
-    o.push_str("<table>\n<tr><th>test</th><th>metric</th><th>band</th><th>stack</th><th>value</th><th>ratio to best</th><th>gap</th></tr>\n");
-    for e in &r.gap {
+    o.push_str("<table class=\"gap\">\n<tr><th>metric</th><th>band</th><th>points</th><th>stack</th><th>value</th><th>ratio to reference</th><th>gap</th></tr>\n");
+    for e in entries {
         for row in &e.rows {
-            let class = if row.verdict == "best" {
-                " class=\"best\""
+            let reference = row.verdict == "baseline" || row.verdict == "best";
+            let class = if reference { " class=\"ref\"" } else { "" };
+            let best = if row.best && !reference {
+                " (best)"
             } else {
                 ""
             };
             let _ = writeln!(
                 o,
-                "<tr{class}><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"num\">{:.4}</td><td class=\"num\">{}</td><td>{}</td></tr>",
-                escape(&e.test),
+                "<tr{class}><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"num\">{:.4}</td><td class=\"num\">{}</td><td>{}{best}</td></tr>",
                 escape(&e.metric),
                 e.band.as_str(),
+                escape(&super::gap::points_text(e)),
                 escape(&row.stack),
                 row.value,
                 if row.ratio.is_finite() {
@@ -109,14 +154,62 @@ fn gap_table(o: &mut String, r: &Report) {
     o.push_str("</table>\n");
 }
 
+fn gap_method(o: &mut String, r: &Report) {
+    let _ = writeln!(
+        o,
+        "<h2 id=\"gap-method\">How the gap tables decide</h2>\n<p>Per test, metric and size band (small &lt;1 KiB, medium \
+         &lt;64 KiB, large above; multi-client tests over their numbers of clients), every stack against {}: the ratio is \
+         the geometric mean of per-point ratios on the points both measured, and the value the stack's geometric mean over \
+         those points. A gap at one point is <em>real</em> when Welch's t-test on the two stacks' repetitions finds a \
+         difference (p &lt; 0.05), or, without repetitions, when the 95% confidence intervals are disjoint; the row is \
+         <em>real</em> or <em>within noise</em> when every shared point agrees, and adds <em>interleaved</em> when both \
+         stacks were measured in one interleaved run. Records with fewer than two repetitions \
+         have no confidence interval and are not judged. Where a band has no baseline stack, its rows are against the \
+         best stack (the one that beats the most others in direct comparisons). Stacks measured in separate runs also \
+         differ by whatever drifted between the runs, which no test inside a run sees: interleave them in one run to \
+         compare them directly.</p>",
+        escape(&r.baseline)
+    );
+}
+
+fn stacks(o: &mut String, r: &Report) {
+    o.push_str("<h2 id=\"stacks\">Stacks</h2>\n<p>Every stack of the results in full; plots and tables label each by what sets it apart from the others of its test.</p>\n");
+    o.push_str("<table>\n<tr><th>stack</th><th>hosts</th><th>tests</th><th>points</th></tr>\n");
+    for s in &r.stacks {
+        let _ = writeln!(
+            o,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td class=\"num\">{}</td></tr>",
+            escape(&s.description),
+            escape(&s.hosts),
+            escape(&s.tests.join(", ")),
+            s.points
+        );
+    }
+    o.push_str("</table>\n");
+}
+
 fn environment(o: &mut String, r: &Report) {
     o.push_str("<h2 id=\"environment\">Environment</h2>\n");
     if r.hosts.is_empty() {
         o.push_str("<p>No host facts in the records (imported results do not carry them).</p>\n");
+    } else {
+        o.push_str("<table>\n<tr><th>host</th>");
+        for c in HOST_COLUMNS {
+            let _ = write!(o, "<th>{c}</th>");
+        }
+        o.push_str("</tr>\n");
+        for h in &r.hosts {
+            let _ = write!(o, "<tr><td>{}</td>", escape(&h.hostname));
+            for (_, v) in &h.facts {
+                let _ = write!(o, "<td>{}</td>", escape(v));
+            }
+            o.push_str("</tr>\n");
+        }
+        o.push_str("</table>\n");
     }
-    for h in &r.hosts {
-        let _ = writeln!(o, "<h3>{}</h3>\n<table>", escape(&h.hostname));
-        for (k, v) in &h.facts {
+    for (host, sysctls) in &r.sysctls {
+        let _ = writeln!(o, "<h3>Sysctls of {}</h3>\n<table>", escape(host));
+        for (k, v) in sysctls {
             let _ = writeln!(o, "<tr><th>{}</th><td>{}</td></tr>", escape(k), escape(v));
         }
         o.push_str("</table>\n");
@@ -135,4 +228,32 @@ fn environment(o: &mut String, r: &Report) {
         }
         o.push_str("</table>\n");
     }
+}
+
+fn warnings(o: &mut String, r: &Report) {
+    o.push_str("<h2 id=\"warnings\">Warnings</h2>\n");
+    if r.warnings.is_empty() {
+        o.push_str("<p>None.</p>\n");
+        return;
+    }
+    o.push_str("<ul class=\"warn\">\n");
+    for w in &r.warnings {
+        if w.points.is_empty() {
+            let _ = writeln!(o, "<li>{}</li>", escape(&w.text));
+            continue;
+        }
+        let n = w.points.len();
+        let _ = writeln!(
+            o,
+            "<li>{n} point{}: {}\n<details><summary>the points (file:line test stack size)</summary>{}</details></li>",
+            if n == 1 { "" } else { "s" },
+            escape(&w.text),
+            w.points
+                .iter()
+                .map(|p| escape(p))
+                .collect::<Vec<_>>()
+                .join("<br>")
+        );
+    }
+    o.push_str("</ul>\n");
 }

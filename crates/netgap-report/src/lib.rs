@@ -12,10 +12,12 @@ pub mod import;
 pub mod load;
 pub mod plots;
 pub mod png;
+pub mod stacks;
 pub mod svg;
 
 use load::Loaded;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 /// Why a report could not be written.
@@ -38,15 +40,74 @@ pub enum ReportError {
     /// A plot could not be rasterized.
     #[error(transparent)]
     Png(#[from] png::PngError),
+    /// `--baseline` names no stack of the results.
+    #[error(transparent)]
+    Baseline(#[from] stacks::SelectError),
 }
 
-/// Facts of one host as the report shows them.
-#[derive(Debug, Clone, PartialEq)]
+/// Facts of one host as the report shows them: one row of the environment
+/// table per distinct set of facts, so a host measured at two MTUs shows
+/// both.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct HostRow {
     /// Host name.
     pub hostname: String,
-    /// `key: value` facts, in a fixed order.
+    /// `(column, value)` facts in [`HOST_COLUMNS`] order; `-` when unknown.
     pub facts: Vec<(String, String)>,
+}
+
+/// The environment table's columns after the host name.
+pub const HOST_COLUMNS: [&str; 8] = [
+    "kernel",
+    "cpu",
+    "cores",
+    "interface",
+    "mtu",
+    "offloads",
+    "qdisc",
+    "netgap",
+];
+
+/// One stack of the results, described in full.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StackRow {
+    /// The stack's whole description ([`netgap_core::stack::Stack::describe`]).
+    pub description: String,
+    /// Where it ran (`node2 -> node1`), or `-`.
+    pub hosts: String,
+    /// The tests that measured it.
+    pub tests: Vec<String>,
+    /// Its number of records.
+    pub points: usize,
+}
+
+/// One kind of warning with every point it concerns.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WarningGroup {
+    /// The warning, with each number that varies between points shown as
+    /// its range (`repetitions vary by 11-35% ...`).
+    pub text: String,
+    /// The points it concerns, as `file:line test stack size`; empty for a
+    /// warning about the results as a whole.
+    pub points: Vec<String>,
+}
+
+/// One test: its plots and its gap table.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Section {
+    /// The test as the report names it (`stream`, `sweep (pingpong)`).
+    pub test: String,
+    /// The figures, each one plot or a plot with its CPU beside it.
+    pub figures: Vec<plots::Figure>,
+    /// The gap table: every stack against the baseline, per metric and band.
+    pub gap: Vec<gap::GapEntry>,
+}
+
+/// How the report is made.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ReportOptions {
+    /// The stack the gap tables measure every other against.
+    pub baseline: stacks::Baseline,
 }
 
 /// Everything the page shows, computed from the records.
@@ -56,60 +117,59 @@ pub struct Report {
     pub files: Vec<PathBuf>,
     /// Number of records.
     pub records: usize,
-    /// The plots.
-    pub plots: Vec<svg::Plot>,
-    /// The gap table.
-    pub gap: Vec<gap::GapEntry>,
-    /// Who wins, by how much, where: one sentence per gap-table entry.
+    /// One section per test, in the order the records first show them.
+    pub sections: Vec<Section>,
+    /// The baseline, as the page names it.
+    pub baseline: String,
+    /// One sentence per gap-table entry: each stack against the baseline.
     pub conclusions: Vec<String>,
+    /// Every stack of the results.
+    pub stacks: Vec<StackRow>,
     /// Every host seen, as coordinator or agent.
     pub hosts: Vec<HostRow>,
+    /// Socket-buffer and other sysctls per host name.
+    pub sysctls: Sysctls,
     /// Distinct option sets (JSON) with the number of points using each.
     pub options: Vec<(String, usize)>,
     /// netgap versions and peer tools that made the records.
     pub makers: Vec<String>,
-    /// Warnings carried from the records, and the report's own.
-    pub warnings: Vec<String>,
+    /// Warnings carried from the records, and the report's own, grouped by
+    /// kind.
+    pub warnings: Vec<WarningGroup>,
 }
 
 impl Report {
     /// Builds the report of `records` read from `files`.
-    pub fn build(files: &[PathBuf], records: &[Loaded]) -> Report {
-        let gap = gap::gap_table(records);
-        let mut hosts: BTreeMap<String, HostRow> = BTreeMap::new();
-        for h in records
-            .iter()
-            .flat_map(|l| [&l.record.host, &l.record.peer_host])
-            .flatten()
-        {
-            let mut facts = vec![
-                ("kernel".to_string(), h.kernel.clone()),
-                ("cpu".to_string(), h.cpu_model.clone()),
-                ("cores".to_string(), h.cores.to_string()),
-                (
-                    "interface".to_string(),
-                    h.interface.clone().unwrap_or_else(|| "-".into()),
-                ),
-                (
-                    "mtu".to_string(),
-                    h.mtu_bytes
-                        .map_or_else(|| "-".into(), |m| format!("{m} bytes")),
-                ),
-                ("netgap".to_string(), h.netgap_version.clone()),
-            ];
-            facts.extend(h.sysctls.iter().map(|(k, v)| (k.clone(), v.clone())));
-            hosts.insert(
-                h.hostname.clone(),
-                HostRow {
-                    hostname: h.hostname.clone(),
-                    facts,
-                },
-            );
+    pub fn build(files: &[PathBuf], records: &[Loaded], options: &ReportOptions) -> Report {
+        // Tests in the order the results first show them: the order the
+        // user ran them in.
+        let mut by_section: Vec<(String, Vec<&Loaded>)> = Vec::new();
+        for l in records {
+            let section = l.section();
+            match by_section.iter_mut().find(|(s, _)| *s == section) {
+                Some((_, recs)) => recs.push(l),
+                None => by_section.push((section, vec![l])),
+            }
         }
-        let mut options: BTreeMap<String, usize> = BTreeMap::new();
+        let mut sections = Vec::new();
+        let mut all_labels: BTreeMap<String, plots::Labels> = BTreeMap::new();
+        for (test, recs) in &by_section {
+            let keys: Vec<stacks::SeriesKey> =
+                recs.iter().map(|l| stacks::SeriesKey::of(l)).collect();
+            let labels = stacks::labels(&keys);
+            sections.push(Section {
+                test: test.clone(),
+                figures: plots::figures(test, recs, &labels),
+                gap: gap::gap_table(recs, &labels, &options.baseline),
+            });
+            all_labels.insert(test.clone(), labels);
+        }
+        let entries: Vec<gap::GapEntry> = sections.iter().flat_map(|s| s.gap.clone()).collect();
+        let (hosts, sysctls) = hosts(records);
+        let mut option_sets: BTreeMap<String, usize> = BTreeMap::new();
         for o in records.iter().filter_map(|l| l.record.options.as_ref()) {
             let text = serde_json::to_string(o).unwrap_or_default();
-            *options.entry(text).or_default() += 1;
+            *option_sets.entry(text).or_default() += 1;
         }
         let mut makers: Vec<String> = records
             .iter()
@@ -123,69 +183,271 @@ impl Report {
         Report {
             files: files.to_vec(),
             records: records.len(),
-            plots: plots::plots(records),
-            conclusions: gap::conclusions(&gap),
-            gap,
-            warnings: warnings(records, &hosts),
-            hosts: hosts.into_values().collect(),
-            options: options.into_iter().collect(),
+            baseline: options.baseline.describe(),
+            conclusions: gap::conclusions(&entries),
+            sections,
+            stacks: stack_rows(records),
+            warnings: warnings(records, &all_labels, &hosts),
+            hosts,
+            sysctls,
+            options: option_sets.into_iter().collect(),
             makers,
         }
     }
+
+    /// Every plot of the page, in page order.
+    pub fn plots(&self) -> impl Iterator<Item = &svg::Plot> {
+        self.sections
+            .iter()
+            .flat_map(|s| s.figures.iter().flat_map(|f| f.panels.iter()))
+    }
+}
+
+/// Each host's sysctls by name, per host name.
+pub type Sysctls = Vec<(String, Vec<(String, String)>)>;
+
+/// The environment rows and each host's sysctls.
+fn hosts(records: &[Loaded]) -> (Vec<HostRow>, Sysctls) {
+    let mut rows: BTreeSet<HostRow> = BTreeSet::new();
+    let mut sysctls: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
+    for h in records
+        .iter()
+        .flat_map(|l| [&l.record.host, &l.record.peer_host])
+        .flatten()
+    {
+        let dash = || "-".to_string();
+        let offloads = h
+            .offloads
+            .as_ref()
+            .map_or_else(dash, |o| netgap_core::host::Offloads::summary(&[o]));
+        let values = [
+            h.kernel.clone(),
+            h.cpu_model.clone(),
+            h.cores.to_string(),
+            h.interface.clone().unwrap_or_else(dash),
+            h.mtu_bytes.map_or_else(dash, |m| format!("{m} bytes")),
+            offloads,
+            h.qdisc.clone().unwrap_or_else(dash),
+            h.netgap_version.clone(),
+        ];
+        rows.insert(HostRow {
+            hostname: h.hostname.clone(),
+            facts: HOST_COLUMNS
+                .iter()
+                .map(|c| c.to_string())
+                .zip(values)
+                .collect(),
+        });
+        let s = sysctls.entry(h.hostname.clone()).or_default();
+        s.extend(h.sysctls.iter().map(|(k, v)| (k.clone(), v.clone())));
+    }
+    (
+        rows.into_iter().collect(),
+        sysctls
+            .into_iter()
+            .filter(|(_, s)| !s.is_empty())
+            .map(|(h, s)| (h, s.into_iter().collect()))
+            .collect(),
+    )
+}
+
+/// Every stack of the records, in stack order.
+fn stack_rows(records: &[Loaded]) -> Vec<StackRow> {
+    let mut by: BTreeMap<stacks::SeriesKey, (BTreeSet<String>, usize)> = BTreeMap::new();
+    for l in records {
+        let e = by.entry(stacks::SeriesKey::of(l)).or_default();
+        e.0.insert(l.section());
+        e.1 += 1;
+    }
+    by.into_iter()
+        .map(|(k, (tests, points))| StackRow {
+            description: k.stack.describe(),
+            hosts: k.hosts.unwrap_or_else(|| "-".into()),
+            tests: tests.into_iter().collect(),
+            points,
+        })
+        .collect()
 }
 
 /// The records' own warnings, unmet `--ci` targets, dropouts, and a
-/// warning when the hosts differ in kernel or CPU.
-fn warnings(records: &[Loaded], hosts: &BTreeMap<String, HostRow>) -> Vec<String> {
-    let mut out = Vec::new();
+/// warning when the hosts differ in kernel or CPU, grouped by kind: the
+/// same sentence with other numbers is the same kind.
+fn warnings(
+    records: &[Loaded],
+    labels: &BTreeMap<String, plots::Labels>,
+    hosts: &[HostRow],
+) -> Vec<WarningGroup> {
+    let mut found: Vec<(String, String)> = Vec::new();
     for l in records {
         let r = &l.record;
+        let section = l.section();
+        let stack = labels
+            .get(&section)
+            .and_then(|m| m.get(&stacks::SeriesKey::of(l)))
+            .cloned()
+            .unwrap_or_else(|| l.stack.describe());
         let point = format!(
-            "{} {} {}",
-            r.test,
-            plots::stack_label(l, false),
+            "{}:{} {section} {stack} {}",
+            l.file.display(),
+            l.line,
             netgap_core::units::format_size(r.size_bytes)
         );
         for w in &r.warnings {
-            out.push(format!("{point}: {w}"));
+            found.push((w.clone(), point.clone()));
         }
         if let Some(ci) = l.extras.ci_target.as_ref().filter(|c| !c.met) {
-            out.push(format!(
-                "{point}: the {}% confidence interval reached ±{:.1}%, not the ±{:.1}% asked for.",
-                ci.confidence_pct, ci.achieved_half_width_pct, ci.half_width_pct
+            found.push((
+                format!(
+                    "the {}% confidence interval reached ±{:.1}%, not the ±{:.1}% asked for.",
+                    ci.confidence_pct, ci.achieved_half_width_pct, ci.half_width_pct
+                ),
+                point.clone(),
             ));
         }
         if let Some(d) = &l.extras.dropout {
-            out.push(format!(
-                "{point}: throughput drops {:.0}% below its value at {} ({:.3} {}).",
-                d.depth_pct,
-                netgap_core::units::format_size(d.reference_size_bytes),
-                d.reference_value,
-                r.metric
+            found.push((
+                format!(
+                    "throughput drops {:.0}% below its value at {} ({:.3} {}).",
+                    d.depth_pct,
+                    netgap_core::units::format_size(d.reference_size_bytes),
+                    d.reference_value,
+                    r.metric
+                ),
+                point.clone(),
             ));
         }
     }
-    out.dedup();
-    let machines: std::collections::BTreeSet<(String, String)> = hosts
-        .values()
+    let mut groups = group_warnings(found);
+    // The same point of the same stack measured more than once: plots and
+    // tables keep the later record, so say which were set aside.
+    let mut seen: BTreeMap<(String, stacks::SeriesKey, String, u64, Option<u32>), &Loaded> =
+        BTreeMap::new();
+    let mut shadowed = Vec::new();
+    for l in records {
+        let key = (
+            l.section(),
+            stacks::SeriesKey::of(l),
+            l.record.metric.clone(),
+            l.record.size_bytes,
+            l.extras.clients,
+        );
+        if let Some(earlier) = seen.insert(key, l) {
+            shadowed.push(format!(
+                "{}:{} (by {}:{})",
+                earlier.file.display(),
+                earlier.line,
+                l.file.display(),
+                l.line
+            ));
+        }
+    }
+    if !shadowed.is_empty() {
+        groups.push(WarningGroup {
+            text: "The same point of the same stack appears more than once; plots and tables keep the later record. Give separate runs a --label to keep them apart.".into(),
+            points: shadowed,
+        });
+    }
+    let machines: BTreeSet<(&str, &str)> = hosts
+        .iter()
         .map(|h| {
             let get = |k: &str| {
                 h.facts
                     .iter()
                     .find(|f| f.0 == k)
-                    .map(|f| f.1.clone())
-                    .unwrap_or_default()
+                    .map_or("", |f| f.1.as_str())
             };
             (get("kernel"), get("cpu"))
         })
         .collect();
     if machines.len() > 1 {
-        out.push(format!(
-            "The results come from {} different kernel/CPU combinations; differences between them may be the machines', not the stacks'.",
-            machines.len()
-        ));
+        groups.push(WarningGroup {
+            text: format!(
+                "The results come from {} different kernel/CPU combinations; differences between them may be the machines', not the stacks'.",
+                machines.len()
+            ),
+            points: Vec::new(),
+        });
     }
-    out
+    groups
+}
+
+/// Splits a warning into its text with numbers blanked and the numbers.
+fn template(text: &str) -> (String, Vec<String>) {
+    let mut shape = String::new();
+    let mut numbers = Vec::new();
+    let mut current = String::new();
+    let chars: Vec<char> = text.chars().collect();
+    for (i, &c) in chars.iter().enumerate() {
+        let in_number = c.is_ascii_digit()
+            || (c == '.'
+                && !current.is_empty()
+                && chars.get(i + 1).is_some_and(char::is_ascii_digit));
+        if in_number {
+            current.push(c);
+            continue;
+        }
+        if !current.is_empty() {
+            numbers.push(std::mem::take(&mut current));
+            shape.push('\u{0}');
+        }
+        shape.push(c);
+    }
+    if !current.is_empty() {
+        numbers.push(current);
+        shape.push('\u{0}');
+    }
+    (shape, numbers)
+}
+
+/// Groups `(warning, point)` pairs by the warning's shape, in order of
+/// first appearance; each number that varies is shown as its range.
+fn group_warnings(found: Vec<(String, String)>) -> Vec<WarningGroup> {
+    let mut order: Vec<String> = Vec::new();
+    let mut by: BTreeMap<String, (Vec<Vec<String>>, Vec<String>)> = BTreeMap::new();
+    for (text, point) in found {
+        let (shape, numbers) = template(&text);
+        let e = by.entry(shape.clone()).or_insert_with(|| {
+            order.push(shape.clone());
+            Default::default()
+        });
+        e.0.push(numbers);
+        if !e.1.contains(&point) {
+            e.1.push(point);
+        }
+    }
+    order
+        .into_iter()
+        .filter_map(|shape| {
+            let (numbers, points) = by.remove(&shape)?;
+            let mut text = String::new();
+            let mut slot = 0;
+            for c in shape.chars() {
+                if c != '\u{0}' {
+                    text.push(c);
+                    continue;
+                }
+                let values: Vec<&String> = numbers.iter().filter_map(|v| v.get(slot)).collect();
+                let parsed = |s: &&String| s.parse::<f64>().unwrap_or(0.0);
+                let lo = values
+                    .iter()
+                    .copied()
+                    .min_by(|a, b| parsed(a).total_cmp(&parsed(b)));
+                let hi = values
+                    .iter()
+                    .copied()
+                    .max_by(|a, b| parsed(a).total_cmp(&parsed(b)));
+                match (lo, hi) {
+                    (Some(lo), Some(hi)) if parsed(&lo) != parsed(&hi) => {
+                        let _ = write!(text, "{lo}-{hi}");
+                    }
+                    (Some(v), _) => text.push_str(v),
+                    _ => {}
+                }
+                slot += 1;
+            }
+            Some(WarningGroup { text, points })
+        })
+        .collect()
 }
 
 /// What `netgap report` wrote.
@@ -199,18 +461,36 @@ pub struct Written {
 
 /// Reads `inputs`, writes the HTML report to `out` and, with `images`, each
 /// plot as `plot-NN.svg` and `plot-NN.png` in that directory (created if
-/// missing).
+/// missing), with the default options.
 pub fn write_report(
     inputs: &[PathBuf],
     out: &Path,
     images: Option<&Path>,
+) -> Result<Written, ReportError> {
+    write_report_with(inputs, out, images, &ReportOptions::default())
+}
+
+/// [`write_report`] with `options`; a `--baseline` that names no stack of
+/// the results is an error listing the stacks.
+pub fn write_report_with(
+    inputs: &[PathBuf],
+    out: &Path,
+    images: Option<&Path>,
+    options: &ReportOptions,
 ) -> Result<Written, ReportError> {
     let records = load::load_files(inputs)?;
     if records.is_empty() {
         let names: Vec<String> = inputs.iter().map(|p| p.display().to_string()).collect();
         return Err(ReportError::Empty(names.join(", ")));
     }
-    let report = Report::build(inputs, &records);
+    if let stacks::Baseline::Select(sel) = &options.baseline {
+        if !records.iter().any(|l| sel.matches(&l.stack)) {
+            return Err(sel
+                .no_match("--baseline", records.iter().map(|l| &l.stack))
+                .into());
+        }
+    }
+    let report = Report::build(inputs, &records, options);
     let write = |path: &Path, bytes: &[u8]| {
         std::fs::write(path, bytes).map_err(|source| ReportError::Write {
             path: path.to_path_buf(),
@@ -224,7 +504,7 @@ pub fn write_report(
             source,
         })?;
         let raster = png::Rasterizer::new()?;
-        for (i, plot) in report.plots.iter().enumerate() {
+        for (i, plot) in report.plots().enumerate() {
             let svg = plot.to_svg();
             let svg_path = dir.join(format!("plot-{:02}.svg", i + 1));
             write(&svg_path, svg.as_bytes())?;
@@ -239,4 +519,35 @@ pub fn write_report(
         html: out.to_path_buf(),
         images: written,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn warnings_of_one_kind_are_one_line_with_the_range_of_their_numbers() {
+        let found = vec![
+            (
+                "repetitions vary by 12% (cv); pin".to_string(),
+                "a:1".to_string(),
+            ),
+            ("dropout at 16K".to_string(), "a:2".to_string()),
+            (
+                "repetitions vary by 35% (cv); pin".to_string(),
+                "a:3".to_string(),
+            ),
+            (
+                "repetitions vary by 5.5% (cv); pin".to_string(),
+                "a:3".to_string(),
+            ),
+        ];
+        let groups = group_warnings(found);
+        assert_eq!(groups.len(), 2);
+        assert_eq!(groups[0].text, "repetitions vary by 5.5-35% (cv); pin");
+        assert_eq!(groups[0].points, ["a:1", "a:3"]);
+        assert_eq!(groups[1].text, "dropout at 16K");
+        // A sentence's full stop is not a decimal point.
+        assert_eq!(template("at 16. Then").1, ["16"]);
+    }
 }

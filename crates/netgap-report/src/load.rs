@@ -5,6 +5,7 @@
 
 use netgap_core::cpu::CpuUsage;
 use netgap_core::record::ResultRecord;
+use netgap_core::stack::Stack;
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 
@@ -77,6 +78,33 @@ pub struct FlowResult {
     pub value: f64,
 }
 
+/// The repetition statistics as the report reads them: only what it uses,
+/// each field optional, so records whose confidence interval is `null`
+/// (fewer than two repetitions) load as well as older ones.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct RepStats {
+    /// Lower end of the 95% confidence interval of the mean.
+    pub ci95_low: Option<f64>,
+    /// Upper end of the 95% confidence interval of the mean.
+    pub ci95_high: Option<f64>,
+    /// Each repetition's value.
+    pub reps: Vec<f64>,
+}
+
+/// A point measured in an interleaved run: its repetitions alternated with
+/// those of the other stacks of the same group, so drift fell on all alike.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+pub struct Interleaved {
+    /// The run's interleaving group; records sharing it were measured
+    /// together.
+    pub group: String,
+    /// How many stacks the point's repetitions alternated with; `None` when
+    /// the record does not say.
+    #[serde(default, deserialize_with = "lenient")]
+    pub with: Option<u32>,
+}
+
 /// Fields other tests add to a record; all optional.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(default)]
@@ -86,8 +114,10 @@ pub struct Extras {
     /// Time of one block transfer, µs (sweep).
     pub block_time_us: Option<f64>,
     /// A throughput dropout at this point (sweep).
+    #[serde(deserialize_with = "lenient")]
     pub dropout: Option<Dropout>,
     /// Outcome of a `--ci` target.
+    #[serde(deserialize_with = "lenient")]
     pub ci_target: Option<CiOutcome>,
     /// Concurrent clients, streams or links of the point.
     pub clients: Option<u32>,
@@ -97,6 +127,24 @@ pub struct Extras {
     pub flows: Vec<FlowResult>,
     /// CPU usage of every host.
     pub hosts_cpu: Vec<HostCpu>,
+    /// Repetition statistics, read leniently.
+    #[serde(deserialize_with = "lenient")]
+    pub stats: Option<RepStats>,
+    /// Set when the point was measured in an interleaved run.
+    #[serde(deserialize_with = "lenient")]
+    pub interleaved: Option<Interleaved>,
+}
+
+/// An optional field read leniently: a value of another shape (a field a
+/// newer or older netgap writes differently) reads as absent, so the
+/// report loses that one detail instead of refusing the whole file.
+fn lenient<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: serde::de::DeserializeOwned,
+{
+    let v = serde_json::Value::deserialize(d)?;
+    Ok(serde_json::from_value(v).ok())
 }
 
 /// One record as loaded, with where it came from.
@@ -108,6 +156,96 @@ pub struct Loaded {
     pub extras: Extras,
     /// The file it was read from.
     pub file: PathBuf,
+    /// Its 1-based line in that file.
+    pub line: usize,
+    /// What it measured over ([`Stack::of_record`]); two records belong to
+    /// the same series exactly when their stacks (and hosts) are equal.
+    pub stack: Stack,
+}
+
+impl Loaded {
+    /// A record that did not come from a file line (an import in memory):
+    /// its extra fields are read from the record itself.
+    pub fn from_record(record: ResultRecord, file: PathBuf, line: usize) -> Loaded {
+        // Serializing a plain data record cannot fail; a default Extras
+        // would only lose optional fields.
+        let extras = serde_json::to_value(&record)
+            .ok()
+            .and_then(|v| serde_json::from_value(v).ok())
+            .unwrap_or_default();
+        Loaded::new(record, extras, file, line)
+    }
+
+    fn new(record: ResultRecord, extras: Extras, file: PathBuf, line: usize) -> Loaded {
+        let stack = Stack::of_record(&record);
+        Loaded {
+            record,
+            extras,
+            file,
+            line,
+            stack,
+        }
+    }
+
+    /// The 95% confidence interval of the mean, `(low, high)` in the
+    /// metric's unit; `None` when the record has none: no statistics, a
+    /// `null` bound, or fewer than two repetitions (whose zero-width
+    /// interval older records wrote would claim a certainty they lack).
+    pub fn ci95(&self) -> Option<(f64, f64)> {
+        let s = self.extras.stats.as_ref()?;
+        let (lo, hi) = (s.ci95_low?, s.ci95_high?);
+        let enough = s.reps.len() >= 2 || (s.reps.is_empty() && lo < hi);
+        (enough && lo.is_finite() && hi.is_finite() && lo <= hi).then_some((lo, hi))
+    }
+
+    /// The repetitions' values; empty when the record has none.
+    pub fn reps(&self) -> &[f64] {
+        self.extras
+            .stats
+            .as_ref()
+            .map_or(&[], |s| s.reps.as_slice())
+    }
+
+    /// The interleaving group of the run that measured the point, if any.
+    pub fn interleaved_group(&self) -> Option<&str> {
+        // netgap writes it under `options`; a top-level one is read too.
+        let from_options = self
+            .record
+            .options
+            .as_ref()
+            .and_then(|o| o.interleaved.as_ref())
+            .map(|i| i.group.as_str());
+        from_options
+            .or_else(|| self.extras.interleaved.as_ref().map(|i| i.group.as_str()))
+            .filter(|g| !g.is_empty())
+    }
+
+    /// The test this record is shown with: its own test, with the sweep's
+    /// kind (`sweep (stream)`), so that sweeps of different kinds are never
+    /// one series. A NetPIPE import's throughput is a ping-pong sweep, so it
+    /// is drawn beside `netgap sweep`'s; its latency stays with `pingpong`.
+    pub fn section(&self) -> String {
+        let r = &self.record;
+        let netpipe_throughput = r.tool.as_deref() == Some("NPtcp") && r.metric == "bandwidth_gbps";
+        if netpipe_throughput {
+            return "sweep (pingpong)".to_string();
+        }
+        match &self.extras.sweep_kind {
+            Some(kind) => format!("{} ({kind})", r.test),
+            None => r.test.clone(),
+        }
+    }
+
+    /// Where the point ran: the coordinator's host name, with the agent's
+    /// when it is another host (`node2 -> node1`); `None` when unknown.
+    pub fn hosts(&self) -> Option<String> {
+        let r = &self.record;
+        let local = r.host.as_ref()?.hostname.clone();
+        Some(match &r.peer_host {
+            Some(p) if p.hostname != local => format!("{local} -> {}", p.hostname),
+            _ => local,
+        })
+    }
 }
 
 /// Reads every record of a JSON Lines results file; blank lines are
@@ -129,11 +267,7 @@ pub fn load_file(path: &Path) -> Result<Vec<Loaded>, LoadError> {
         }
         let record: ResultRecord = serde_json::from_str(line).map_err(|e| bad(i + 1, e))?;
         let extras: Extras = serde_json::from_str(line).map_err(|e| bad(i + 1, e))?;
-        out.push(Loaded {
-            record,
-            extras,
-            file: path.to_path_buf(),
-        });
+        out.push(Loaded::new(record, extras, path.to_path_buf(), i + 1));
     }
     Ok(out)
 }
@@ -151,4 +285,27 @@ pub fn load_files(paths: &[PathBuf]) -> Result<Vec<Loaded>, LoadError> {
 /// gaps and times (`_us`, `_ns`) are; bandwidths and rates are not.
 pub fn lower_is_better(metric: &str) -> bool {
     metric.ends_with("_us") || metric.ends_with("_ns") || metric.ends_with("_ms")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fields_of_another_shape_read_as_absent_instead_of_failing_the_file() {
+        let extras: Extras = serde_json::from_str(
+            r#"{"interleaved": {"group": "g", "with": ["a", "b"]}, "dropout": {"depth": 3},
+                "stats": {"ci95_low": null, "ci95_high": null, "reps": [1.0]}}"#,
+        )
+        .expect("loads");
+        assert_eq!(
+            extras.interleaved,
+            Some(Interleaved {
+                group: "g".into(),
+                with: None
+            })
+        );
+        assert_eq!(extras.dropout, None);
+        assert_eq!(extras.stats.and_then(|s| s.ci95_low), None);
+    }
 }

@@ -1,41 +1,30 @@
-//! Which plots a set of records makes. One series per stack (transport and
-//! mode, or the peer tool that measured it) and host: latency against size
-//! on log-log axes, bandwidth against size on a log size axis, latency
-//! percentiles, sweep throughput with its dropouts called out and the
-//! signature graph (throughput against block time), metrics against the
-//! number of clients or streams, CPU and service demand per stack, and every
-//! other metric (LogP's parameters among them) against size.
+//! Which plots a test's records make, as the studies draw them. One series
+//! per stack identity and hosts ([`SeriesKey`]), labelled by what sets it
+//! apart from the others of the test; poll and event of one stack are
+//! adjacent, in one colour with different dashes. Every point carries its
+//! 95% confidence bar. The metric against size (or against clients for
+//! multi-client tests) has CPU of both ends beside it, per size (or per
+//! number of clients), as 000's Figure 3b puts CPU beside bandwidth. A value
+//! axis is logarithmic where the values span more than a decade. Then the
+//! sweep's signature graph (throughput against block time), latency
+//! percentiles and service demand; LogP's parameters share one plot.
 
-use super::load::{lower_is_better, Loaded};
-use super::svg::{Axis, BarChart, LinePlot, Mark, Plot, Series};
-use std::collections::BTreeMap;
+use super::load::Loaded;
+use super::stacks::SeriesKey;
+use super::svg::{Axis, LinePlot, Mark, Plot, Series};
+use netgap_core::spec::Mode;
+use netgap_core::units::format_size;
+use std::collections::{BTreeMap, BTreeSet};
 
-/// The name of a record's stack: `tcp/event`, or `tcp [iperf3]` for an
-/// imported record; with `@host` when the report spans several hosts.
-pub(crate) fn stack_label(l: &Loaded, with_host: bool) -> String {
-    let r = &l.record;
-    let mut s = match &r.tool {
-        Some(tool) => format!("{} [{tool}]", r.transport),
-        None => format!("{}/{}", r.transport, r.mode),
-    };
-    if with_host {
-        if let Some(h) = &r.host {
-            s.push_str(" @");
-            s.push_str(&h.hostname);
-        }
-    }
-    s
-}
+/// Labels of a test's series, from [`super::stacks::labels`].
+pub type Labels = BTreeMap<SeriesKey, String>;
 
-/// Whether the records come from more than one host.
-pub(crate) fn several_hosts(records: &[Loaded]) -> bool {
-    let mut hosts = records
-        .iter()
-        .filter_map(|l| l.record.host.as_ref().map(|h| h.hostname.as_str()));
-    match hosts.next() {
-        Some(first) => hosts.any(|h| h != first),
-        None => false,
-    }
+/// Plots shown side by side: a metric and the CPU that went with it, or a
+/// single plot.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Figure {
+    /// The panels, left to right.
+    pub panels: Vec<Plot>,
 }
 
 /// A metric's axis label with its unit.
@@ -55,19 +44,64 @@ pub(crate) fn metric_label(metric: &str) -> String {
     }
 }
 
-/// Groups `(series name, x, y, record)` into series sorted by name then x.
-fn series_of<'a>(
-    items: impl Iterator<Item = (String, f64, f64, &'a Loaded)>,
-    marks: impl Fn(&Loaded, f64, f64) -> Option<Mark>,
-) -> Vec<Series> {
-    let mut by: BTreeMap<String, Vec<(f64, f64, Option<Mark>)>> = BTreeMap::new();
-    for (name, x, y, l) in items {
-        by.entry(name).or_default().push((x, y, marks(l, x, y)));
+/// Label of a CPU axis: the CPU time of netgap's own threads at each end,
+/// which on a shared machine (loopback, namespaces) is the part each end
+/// is answerable for, unlike the system-wide figure both ends share.
+const CPU_LABEL: &str = "CPU of netgap's threads (% of one core)";
+
+/// One point of a series being built.
+struct Item {
+    key: SeriesKey,
+    /// What the series shows of its stack beyond the metric (`client`,
+    /// `p99`, a size), with its rank among such parts.
+    sub: (usize, String),
+    x: f64,
+    y: f64,
+    ci: Option<(f64, f64)>,
+    mark: Option<Mark>,
+}
+
+impl Item {
+    fn new(l: &Loaded, x: f64, y: f64) -> Item {
+        Item {
+            key: SeriesKey::of(l),
+            sub: (0, String::new()),
+            x,
+            y,
+            ci: None,
+            mark: None,
+        }
     }
+
+    fn sub(mut self, rank: usize, name: impl Into<String>) -> Item {
+        self.sub = (rank, name.into());
+        self
+    }
+}
+
+/// Groups items into series ordered so that a stack's modes, and its
+/// parts, are adjacent: one colour per stack family (poll and event alike),
+/// the dash by mode and part. A repeated x in a series (the same point in
+/// two files) keeps the later record.
+fn series(items: Vec<Item>, labels: &Labels) -> Vec<Series> {
+    type Pts = Vec<(f64, f64, Option<(f64, f64)>, Option<Mark>)>;
+    type Order = ((SeriesKey, Mode), (usize, String));
+    let mut by: BTreeMap<Order, (SeriesKey, Pts)> = BTreeMap::new();
+    for it in items {
+        by.entry((it.key.order(), it.sub.clone()))
+            .or_insert_with(|| (it.key.clone(), Vec::new()))
+            .1
+            .push((it.x, it.y, it.ci, it.mark));
+    }
+    let families: Vec<SeriesKey> = by
+        .keys()
+        .map(|((f, _), _)| f.clone())
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
     by.into_iter()
-        .map(|(name, mut pts)| {
+        .map(|(((family, mode), (rank, sub)), (key, mut pts))| {
             pts.sort_by(|a, b| a.0.total_cmp(&b.0));
-            // A repeated x (the same point in two files) keeps the last.
             pts.dedup_by(|later, earlier| {
                 if later.0 == earlier.0 {
                     std::mem::swap(later, earlier);
@@ -76,202 +110,272 @@ fn series_of<'a>(
                     false
                 }
             });
+            let label = labels.get(&key).cloned().unwrap_or_default();
+            let name = if sub.is_empty() {
+                label
+            } else {
+                format!("{label} {sub}")
+            };
+            let mode_rank = usize::from(mode == Mode::Poll);
             Series {
                 name,
-                marks: pts.iter().filter_map(|p| p.2.clone()).collect(),
-                points: pts.into_iter().map(|(x, y, _)| (x, y)).collect(),
+                errors: pts.iter().map(|p| p.2).collect(),
+                marks: pts.iter().filter_map(|p| p.3.clone()).collect(),
+                points: pts.iter().map(|p| (p.0, p.1)).collect(),
+                colour: families.iter().position(|f| *f == family).unwrap_or(0),
+                dash: mode_rank + 2 * rank,
             }
         })
         .collect()
 }
 
-fn no_marks(_: &Loaded, _: f64, _: f64) -> Option<Mark> {
-    None
+/// The y values a plot's series show, confidence bars included.
+fn y_values(series: &[Series]) -> Vec<f64> {
+    series
+        .iter()
+        .flat_map(|s| {
+            s.points
+                .iter()
+                .map(|p| p.1)
+                .chain(s.errors.iter().flatten().flat_map(|e| [e.0, e.1]))
+        })
+        .collect()
 }
 
-/// Every plot for `records`, in a stable order.
-pub fn plots(records: &[Loaded]) -> Vec<Plot> {
-    let hosts = several_hosts(records);
-    let mut groups: BTreeMap<(String, String), Vec<&Loaded>> = BTreeMap::new();
-    let logp: Vec<&Loaded> = records.iter().filter(|l| l.record.test == "logp").collect();
-    for l in records.iter().filter(|l| l.record.test != "logp") {
-        groups
-            .entry((l.record.test.clone(), l.record.metric.clone()))
+/// A line plot whose y axis is logarithmic when its values span more than a
+/// decade.
+fn line(title: String, x: Axis, y_label: &str, series: Vec<Series>) -> Plot {
+    let y = Axis::auto(y_label, y_values(&series));
+    Plot::Line(LinePlot {
+        title,
+        x,
+        y,
+        series,
+    })
+}
+
+/// Every figure of one test's records (`section` is the test as the report
+/// names it), in a stable order.
+pub fn figures(section: &str, recs: &[&Loaded], labels: &Labels) -> Vec<Figure> {
+    if recs.iter().all(|l| l.record.test == "logp") {
+        return vec![logp(section, recs, labels)];
+    }
+    let mut by_metric: BTreeMap<&str, Vec<&Loaded>> = BTreeMap::new();
+    for l in recs {
+        by_metric
+            .entry(l.record.metric.as_str())
             .or_default()
             .push(l);
     }
     let mut out = Vec::new();
-    for ((test, metric), recs) in &groups {
-        let y_axis = if lower_is_better(metric) {
-            Axis::log(&metric_label(metric))
+    for (metric, recs) in by_metric {
+        if recs.iter().any(|l| l.extras.clients.is_some()) {
+            out.push(against_clients(section, metric, &recs, labels));
         } else {
-            Axis::linear(&metric_label(metric))
-        };
-        let multi_client = recs.iter().any(|l| l.extras.clients.is_some());
-        if multi_client {
-            // Metric against clients: one series per stack and size.
-            let series = series_of(
-                recs.iter().filter_map(|l| {
-                    let c = l.extras.clients?;
-                    let name = format!(
-                        "{} {}",
-                        stack_label(l, hosts),
-                        netgap_core::units::format_size(l.record.size_bytes)
-                    );
-                    Some((name, f64::from(c), l.record.value, *l))
-                }),
-                no_marks,
-            );
-            out.push(Plot::Line(LinePlot {
-                title: format!("{test}: {} against clients", metric_label(metric)),
-                x: Axis::linear("concurrent clients, streams or links"),
-                y: Axis::linear(&metric_label(metric)),
-                series,
-            }));
-            continue;
+            out.extend(against_size(section, metric, &recs, labels));
         }
-        let series = series_of(
-            recs.iter().map(|l| {
-                (
-                    stack_label(l, hosts),
-                    l.record.size_bytes as f64,
-                    l.record.value,
-                    *l,
-                )
-            }),
-            |l, x, y| {
-                l.extras.dropout.as_ref().map(|d| Mark {
-                    x,
-                    y,
-                    note: format!("dropout -{:.0}%", d.depth_pct),
-                })
-            },
-        );
-        let dropouts = series.iter().any(|s| !s.marks.is_empty());
-        let title = if dropouts {
-            format!(
-                "{test}: {} against size, dropouts circled",
-                metric_label(metric)
-            )
-        } else {
-            format!("{test}: {} against size", metric_label(metric))
-        };
-        out.push(Plot::Line(LinePlot {
-            title,
-            x: Axis::size(),
-            y: y_axis,
-            series,
-        }));
-        if recs.iter().any(|l| l.extras.block_time_us.is_some()) {
-            let series = series_of(
-                recs.iter().filter_map(|l| {
-                    let t = l.extras.block_time_us?;
-                    Some((stack_label(l, hosts), t, l.record.value, *l))
-                }),
-                no_marks,
-            );
-            out.push(Plot::Line(LinePlot {
-                title: format!(
-                    "{test}: signature graph ({} against block time)",
-                    metric_label(metric)
-                ),
-                x: Axis::log("time of one block transfer (µs)"),
-                y: Axis::linear(&metric_label(metric)),
-                series,
-            }));
-        }
-        if recs.iter().any(|l| l.record.percentiles.is_some()) {
-            let mut items = Vec::new();
-            for l in recs {
-                if let Some(p) = &l.record.percentiles {
-                    let stack = stack_label(l, hosts);
-                    for (n, v) in [("p50", p.p50), ("p99", p.p99), ("p99.9", p.p999)] {
-                        items.push((format!("{stack} {n}"), l.record.size_bytes as f64, v, *l));
-                    }
-                }
-            }
-            let series = series_of(items.into_iter(), no_marks);
-            out.push(Plot::Line(LinePlot {
-                title: format!("{test}: latency percentiles against size"),
-                x: Axis::size(),
-                y: Axis::log("latency (µs, one-way)"),
-                series,
-            }));
-        }
-        if recs
-            .iter()
-            .any(|l| l.record.service_demand_us_per_kib.is_some())
-        {
-            let mut items = Vec::new();
-            for l in recs {
-                if let Some(d) = &l.record.service_demand_us_per_kib {
-                    let stack = stack_label(l, hosts);
-                    for (n, v) in [("client", d.local), ("server", d.remote)] {
-                        items.push((format!("{stack} {n}"), l.record.size_bytes as f64, v, *l));
-                    }
-                }
-            }
-            let series = series_of(items.into_iter(), no_marks);
-            out.push(Plot::Line(LinePlot {
-                title: format!("{test}: service demand against size"),
-                x: Axis::size(),
-                y: Axis::log("service demand (CPU µs per KiB moved)"),
-                series,
-            }));
-        }
-    }
-    if !logp.is_empty() {
-        // LogP's parameters share a unit (µs), so they are read best together.
-        let series = series_of(
-            logp.iter().map(|l| {
-                let param = l.record.metric.trim_end_matches("_us").replace('_', " ");
-                let name = format!("{} {param}", stack_label(l, hosts));
-                (name, l.record.size_bytes as f64, l.record.value, *l)
-            }),
-            no_marks,
-        );
-        out.push(Plot::Line(LinePlot {
-            title: "logp: LogP parameters (o_s, o_r, g, L) against size".into(),
-            x: Axis::size(),
-            y: Axis::log("time (µs)"),
-            series,
-        }));
-    }
-    if let Some(cpu) = cpu_bars(records, hosts) {
-        out.push(Plot::Bars(cpu));
     }
     out
 }
 
-/// CPU per stack and test: the mean, over the stack's points, of each
-/// role's CPU time as a percent of one core; multi-host points add one row
-/// per host.
-fn cpu_bars(records: &[Loaded], hosts: bool) -> Option<BarChart> {
-    let mut rows: BTreeMap<String, [Vec<f64>; 2]> = BTreeMap::new();
-    for l in records {
-        let base = format!("{} {}", l.record.test, stack_label(l, hosts));
-        if let Some(c) = &l.record.cpu {
-            let e = rows.entry(base.clone()).or_default();
-            e[0].push(c.local.process_percent);
-            e[1].push(c.remote.process_percent);
+/// The metric against size with CPU beside it, then the signature graph,
+/// the percentiles and service demand where the records have them.
+fn against_size(section: &str, metric: &str, recs: &[&Loaded], labels: &Labels) -> Vec<Figure> {
+    let mut out = Vec::new();
+    let items = recs
+        .iter()
+        .map(|l| {
+            let (x, y) = (l.record.size_bytes as f64, l.record.value);
+            let mut it = Item::new(l, x, y);
+            it.ci = l.ci95();
+            it.mark = l.extras.dropout.as_ref().map(|d| Mark {
+                x,
+                y,
+                note: format!("dropout -{:.0}%", d.depth_pct),
+            });
+            it
+        })
+        .collect();
+    let main = series(items, labels);
+    let dropouts = main.iter().any(|s| !s.marks.is_empty());
+    let title = format!(
+        "{section}: {} against size{}",
+        metric_label(metric),
+        if dropouts { ", dropouts circled" } else { "" }
+    );
+    let mut panels = vec![line(title, Axis::size(), &metric_label(metric), main)];
+    let cpu: Vec<Item> = recs
+        .iter()
+        .filter_map(|l| l.record.cpu.map(|c| (l, c)))
+        .flat_map(|(l, c)| {
+            let x = l.record.size_bytes as f64;
+            [
+                Item::new(l, x, c.local.process_percent).sub(0, "client"),
+                Item::new(l, x, c.remote.process_percent).sub(1, "server"),
+            ]
+        })
+        .collect();
+    if !cpu.is_empty() {
+        panels.push(Plot::Line(LinePlot {
+            title: format!("{section}: CPU of both ends against size"),
+            x: Axis::size(),
+            y: Axis::linear(CPU_LABEL),
+            series: series(cpu, labels),
+        }));
+    }
+    out.push(Figure { panels });
+    if recs.iter().any(|l| l.extras.block_time_us.is_some()) {
+        let items = recs
+            .iter()
+            .filter_map(|l| {
+                let t = l.extras.block_time_us?;
+                let mut it = Item::new(l, t, l.record.value);
+                it.ci = l.ci95();
+                Some(it)
+            })
+            .collect();
+        out.push(single(line(
+            format!(
+                "{section}: signature graph ({} against block time)",
+                metric_label(metric)
+            ),
+            Axis::log("time of one block transfer (µs)"),
+            &metric_label(metric),
+            series(items, labels),
+        )));
+    }
+    let pct: Vec<Item> = recs
+        .iter()
+        .filter_map(|l| l.record.percentiles.as_ref().map(|p| (l, p)))
+        .flat_map(|(l, p)| {
+            let x = l.record.size_bytes as f64;
+            [("p50", p.p50), ("p99", p.p99), ("p99.9", p.p999)]
+                .into_iter()
+                .enumerate()
+                .map(move |(i, (n, v))| Item::new(l, x, v).sub(i, n))
+        })
+        .collect();
+    if !pct.is_empty() {
+        out.push(single(line(
+            format!("{section}: latency percentiles against size"),
+            Axis::size(),
+            "latency (µs, one-way)",
+            series(pct, labels),
+        )));
+    }
+    let demand: Vec<Item> = recs
+        .iter()
+        .filter_map(|l| l.record.service_demand_us_per_kib.map(|d| (l, d)))
+        .flat_map(|(l, d)| {
+            let x = l.record.size_bytes as f64;
+            [
+                Item::new(l, x, d.local).sub(0, "client"),
+                Item::new(l, x, d.remote).sub(1, "server"),
+            ]
+        })
+        .collect();
+    if !demand.is_empty() {
+        out.push(single(line(
+            format!("{section}: service demand against size"),
+            Axis::size(),
+            "service demand (CPU µs per KiB moved)",
+            series(demand, labels),
+        )));
+    }
+    out
+}
+
+fn single(p: Plot) -> Figure {
+    Figure { panels: vec![p] }
+}
+
+/// A multi-client test's metric against the number of clients, one series
+/// per stack (and size, when several), with the CPU of the server and of
+/// the client hosts beside it.
+fn against_clients(section: &str, metric: &str, recs: &[&Loaded], labels: &Labels) -> Figure {
+    let sizes: BTreeSet<u64> = recs.iter().map(|l| l.record.size_bytes).collect();
+    let size_part = |l: &Loaded| {
+        if sizes.len() > 1 {
+            format!("{} ", format_size(l.record.size_bytes))
+        } else {
+            String::new()
         }
-        for h in &l.extras.hosts_cpu {
-            let e = rows.entry(format!("{base} on {}", h.host)).or_default();
-            let i = usize::from(h.role == "server");
-            e[i].push(h.cpu.process_percent);
+    };
+    let rank = |l: &Loaded| {
+        sizes
+            .iter()
+            .position(|s| *s == l.record.size_bytes)
+            .unwrap_or(0)
+    };
+    let items = recs
+        .iter()
+        .filter_map(|l| {
+            let c = l.extras.clients?;
+            let mut it = Item::new(l, f64::from(c), l.record.value)
+                .sub(rank(l), size_part(l).trim_end().to_string());
+            it.ci = l.ci95();
+            Some(it)
+        })
+        .collect();
+    let mut panels = vec![line(
+        format!("{section}: {} against clients", metric_label(metric)),
+        Axis::linear("concurrent clients, streams or links"),
+        &metric_label(metric),
+        series(items, labels),
+    )];
+    let mut cpu = Vec::new();
+    for l in recs {
+        let Some(c) = l.extras.clients else { continue };
+        let x = f64::from(c);
+        for (i, role) in ["server", "client"].into_iter().enumerate() {
+            let v: Vec<f64> = l
+                .extras
+                .hosts_cpu
+                .iter()
+                .filter(|h| h.role == role)
+                .map(|h| h.cpu.process_percent)
+                .collect();
+            if let Some(mean) = netgap_core::stats::mean(&v) {
+                let name = if role == "client" {
+                    "clients (mean)"
+                } else {
+                    role
+                };
+                cpu.push(
+                    Item::new(l, x, mean).sub(2 * rank(l) + i, format!("{}{name}", size_part(l))),
+                );
+            }
         }
     }
-    if rows.is_empty() {
-        return None;
+    if !cpu.is_empty() {
+        panels.push(Plot::Line(LinePlot {
+            title: format!("{section}: CPU of server and client hosts against clients"),
+            x: Axis::linear("concurrent clients, streams or links"),
+            y: Axis::linear(CPU_LABEL),
+            series: series(cpu, labels),
+        }));
     }
-    let mean = |v: &[f64]| netgap_core::stats::mean(v);
-    Some(BarChart {
-        title: "CPU per stack (mean over its points)".into(),
-        value_label: "CPU time of netgap's threads (% of one core)".into(),
-        groups: vec!["client".into(), "server".into()],
-        rows: rows
-            .into_iter()
-            .map(|(k, [c, s])| (k, vec![mean(&c), mean(&s)]))
-            .collect(),
-    })
+    Figure { panels }
+}
+
+/// LogP's parameters share a unit (µs), so they are read best together.
+fn logp(section: &str, recs: &[&Loaded], labels: &Labels) -> Figure {
+    let params: BTreeSet<&str> = recs.iter().map(|l| l.record.metric.as_str()).collect();
+    let items = recs
+        .iter()
+        .map(|l| {
+            let m = l.record.metric.as_str();
+            let rank = params.iter().position(|p| *p == m).unwrap_or(0);
+            let param = m.trim_end_matches("_us").replace('_', " ");
+            let mut it = Item::new(l, l.record.size_bytes as f64, l.record.value).sub(rank, param);
+            it.ci = l.ci95();
+            it
+        })
+        .collect();
+    single(line(
+        format!("{section}: LogP parameters (o_s, o_r, g, L) against size"),
+        Axis::size(),
+        "time (µs)",
+        series(items, labels),
+    ))
 }

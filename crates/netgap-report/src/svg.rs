@@ -1,21 +1,27 @@
 //! The plot model and its SVG rendering: line plots with linear or log axes
 //! and bar charts, drawn by hand so the output is deterministic (the report's
 //! snapshot tests compare it byte for byte) and needs no fonts or network.
-//! Every series has a colour, a marker shape and a dash pattern of its own,
-//! so plots stay readable when printed in grey.
+//! Every series has a marker shape of its own and a colour and dash pattern
+//! its plot gives it (poll and event of one stack share a colour and differ
+//! in dash), so plots stay readable when printed in grey. A point's 95%
+//! confidence interval is drawn as a vertical bar with caps; the legend sits
+//! under the plot, one line per series, so long stack labels fit.
 
 use std::fmt::Write as _;
 
 /// Width of every plot in SVG user units (pixels at 100%).
 pub const WIDTH: f64 = 760.0;
-/// Height of a line plot, and the least height of a bar chart (which grows
-/// by [`BAR_ROW_HEIGHT`] per row beyond what fits).
+/// Height of a line plot's drawing area with its axes (the legend below adds
+/// [`LEGEND_ROW_HEIGHT`] per series), and the least height of a bar chart
+/// (which grows by [`BAR_ROW_HEIGHT`] per row beyond what fits).
 pub(crate) const HEIGHT: f64 = 440.0;
+/// Height of one legend line under a line plot, in SVG user units.
+pub(crate) const LEGEND_ROW_HEIGHT: f64 = 18.0;
 /// Height given to each row of a bar chart, in SVG user units.
 pub(crate) const BAR_ROW_HEIGHT: f64 = 30.0;
 
 const LEFT: f64 = 78.0;
-const RIGHT: f64 = 230.0;
+const RIGHT: f64 = 24.0;
 const TOP: f64 = 40.0;
 const BOTTOM: f64 = 58.0;
 
@@ -55,6 +61,26 @@ impl Axis {
         }
     }
 
+    /// A logarithmic axis when the positive `values` span more than a
+    /// decade (so a stack 100 times faster does not flatten the others
+    /// into the floor), else a linear one. Values that are zero or negative
+    /// keep the axis linear, since a log axis could not show them.
+    pub fn auto(label: &str, values: impl IntoIterator<Item = f64>) -> Axis {
+        let (mut lo, mut hi, mut nonpositive) = (f64::MAX, f64::MIN, false);
+        for v in values.into_iter().filter(|v| v.is_finite()) {
+            if v <= 0.0 {
+                nonpositive = true;
+            }
+            lo = lo.min(v);
+            hi = hi.max(v);
+        }
+        if !nonpositive && lo > 0.0 && hi / lo > 10.0 {
+            Axis::log(label)
+        } else {
+            Axis::linear(label)
+        }
+    }
+
     /// A logarithmic message-size axis in bytes.
     pub fn size() -> Axis {
         Axis {
@@ -77,14 +103,22 @@ pub struct Mark {
 }
 
 /// One line of a line plot.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct Series {
     /// Legend text.
     pub name: String,
     /// Points in axis units, sorted by x.
     pub points: Vec<(f64, f64)>,
+    /// The 95% confidence interval `(low, high)` of each point, in y axis
+    /// units, in the order of `points`; `None` (or a shorter list) where a
+    /// point has none.
+    pub errors: Vec<Option<(f64, f64)>>,
     /// Points to call out.
     pub marks: Vec<Mark>,
+    /// Colour index into the palette (taken modulo its length).
+    pub colour: usize,
+    /// Dash pattern index (solid, dashed, dotted, dash-dot; modulo).
+    pub dash: usize,
 }
 
 /// A line plot: series of points against a common x axis.
@@ -311,14 +345,26 @@ fn marker(out: &mut String, k: usize, x: f64, y: f64, colour: &str) {
 
 fn line_svg(p: &LinePlot) -> String {
     let usable = |a: &Axis, v: f64| v.is_finite() && (!a.log || v > 0.0);
-    let pts: Vec<(f64, f64)> = p
+    let mut pts: Vec<(f64, f64)> = p
         .series
         .iter()
         .flat_map(|s| s.points.iter().copied())
         .filter(|(x, y)| usable(&p.x, *x) && usable(&p.y, *y))
         .collect();
+    // The axis reaches the ends of the confidence bars, so none is cut.
+    let bars: Vec<(f64, f64)> = p
+        .series
+        .iter()
+        .flat_map(|s| s.points.iter().zip(&s.errors))
+        .filter(|(pt, _)| usable(&p.x, pt.0) && usable(&p.y, pt.1))
+        .filter_map(|(pt, e)| e.map(|(lo, hi)| [(pt.0, lo), (pt.0, hi)]))
+        .flatten()
+        .filter(|(_, y)| usable(&p.y, *y))
+        .collect();
+    pts.extend(bars);
     let mut out = String::new();
-    header(&mut out, &p.title, HEIGHT);
+    let height = HEIGHT + LEGEND_ROW_HEIGHT * p.series.len() as f64;
+    header(&mut out, &p.title, height);
     if pts.is_empty() {
         let _ = writeln!(
             out,
@@ -393,14 +439,35 @@ fn line_svg(p: &LinePlot) -> String {
         escape(&p.y.label)
     );
     for (k, s) in p.series.iter().enumerate() {
-        let colour = COLOURS[k % COLOURS.len()];
-        let dash = DASHES[(k / COLOURS.len()) % DASHES.len()];
+        let colour = COLOURS[s.colour % COLOURS.len()];
+        let dash = DASHES[s.dash % DASHES.len()];
         let visible: Vec<(f64, f64)> = s
             .points
             .iter()
             .copied()
             .filter(|(x, y)| usable(&p.x, *x) && usable(&p.y, *y))
             .map(|(x, y)| (sx.at(x), sy.at(y)))
+            .collect();
+        let errors: Vec<(f64, f64, f64)> = s
+            .points
+            .iter()
+            .zip(&s.errors)
+            .filter(|(pt, _)| usable(&p.x, pt.0) && usable(&p.y, pt.1))
+            .filter_map(|(pt, e)| {
+                let (lo, hi) = (*e)?;
+                // A bar whose low end a log axis cannot show runs to the floor.
+                let lo = if usable(&p.y, lo) {
+                    sy.at(lo).min(py0)
+                } else {
+                    py0
+                };
+                let hi = if usable(&p.y, hi) {
+                    sy.at(hi).max(py1)
+                } else {
+                    return None;
+                };
+                Some((sx.at(pt.0), lo, hi))
+            })
             .collect();
         let _ = writeln!(
             out,
@@ -416,6 +483,16 @@ fn line_svg(p: &LinePlot) -> String {
                 out,
                 "<polyline points=\"{}\" fill=\"none\" stroke=\"{colour}\" stroke-width=\"1.6\" stroke-dasharray=\"{dash}\"/>",
                 d.join(" ")
+            );
+        }
+        for (x, lo, hi) in &errors {
+            let _ = writeln!(
+                out,
+                "<path class=\"errorbar\" d=\"M{x:.1} {lo:.1}V{hi:.1}M{:.1} {lo:.1}H{:.1}M{:.1} {hi:.1}H{:.1}\" stroke=\"{colour}\" stroke-width=\"1.2\" fill=\"none\"/>",
+                x - 5.0,
+                x + 5.0,
+                x - 5.0,
+                x + 5.0
             );
         }
         for (x, y) in &visible {
@@ -435,9 +512,9 @@ fn line_svg(p: &LinePlot) -> String {
                 escape(&m.note)
             );
         }
-        // Legend entry.
-        let ly = TOP + 10.0 + 20.0 * k as f64;
-        let lx = WIDTH - RIGHT + 16.0;
+        // Legend entry, under the x axis label.
+        let ly = HEIGHT + 4.0 + LEGEND_ROW_HEIGHT * k as f64;
+        let lx = LEFT;
         let _ = writeln!(
             out,
             "<line x1=\"{lx:.1}\" y1=\"{ly:.1}\" x2=\"{:.1}\" y2=\"{ly:.1}\" stroke=\"{colour}\" stroke-width=\"1.6\" stroke-dasharray=\"{dash}\"/>",
@@ -585,7 +662,7 @@ mod tests {
             series: vec![Series {
                 name: "a".into(),
                 points: vec![(0.0, 1.0), (1.0, 2.0), (2.0, -1.0)],
-                marks: vec![],
+                ..Series::default()
             }],
         });
         let svg = p.to_svg();
