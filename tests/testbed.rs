@@ -538,6 +538,28 @@ fn conditions_are_set_recorded_and_interleaved_in_one_run() {
         ],
         "four distinct stacks"
     );
+    // The report keeps the four stacks apart: four series, each named by
+    // what sets it apart from the others.
+    let html = dir.path().join("c.html");
+    ok(netgap()
+        .arg("report")
+        .arg(dir.path().join("c.jsonl"))
+        .arg("-o")
+        .arg(&html)
+        .output()
+        .expect("report"));
+    let page = std::fs::read_to_string(&html).expect("report page");
+    for label in [
+        "tcp, MTU 1500, offload on",
+        "tcp, MTU 9000, offload on",
+        "tcp, MTU 1500, offload off",
+        "tcp, MTU 9000, offload off",
+    ] {
+        assert!(
+            page.contains(label),
+            "the report names the series {label:?}"
+        );
+    }
     // The run put the testbed back as it found it.
     assert_eq!(tb.hosts().conditions, Some(before));
 
