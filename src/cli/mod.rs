@@ -69,8 +69,9 @@ pub enum Command {
     Logp(Box<LogpFlags>),
     /// Write an HTML report (plots, gap table, environment) of results files.
     Report(ReportArgs),
-    /// Compare two results files point by point; exit status 3 when a
-    /// significant regression passes the threshold.
+    /// Compare two results files point by point, or two stacks of one file
+    /// (--base-stack, --new-stack); exit status 3 when a significant
+    /// regression passes the threshold.
     Compare(CompareArgs),
     /// Turn a peer tool's output into netgap result records (JSON Lines).
     Import(ImportArgs),
