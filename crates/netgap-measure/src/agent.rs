@@ -5,9 +5,11 @@
 //!
 //! With a key, every connection first proves it ([`crate::auth::challenge`])
 //! before any request is decoded. Connections still in that handshake (or
-//! before their `Hello`) are few ([`MAX_HANDSHAKES`]) and short
-//! ([`HANDSHAKE_TIMEOUT`]), and none of them holds the busy slot, so clients
-//! that cannot authenticate cannot keep the agent from serving. Requests are
+//! before their `Hello`) are few ([`MAX_HANDSHAKES`]), short
+//! ([`HANDSHAKE_TIMEOUT`]) and never turned away: a new one closes the
+//! oldest unproven connection of the busiest source when the pool is full
+//! (see `admission`), and none of them holds the busy slot, so clients that
+//! cannot authenticate cannot keep the agent from serving. Requests are
 //! checked against the agent's [`AgentLimits`] before any data socket opens.
 
 use crate::bench;
@@ -27,15 +29,15 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
 use std::os::fd::AsFd;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixListener;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How long a new connection may take to authenticate and say hello.
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(3);
-/// Most connections at once that have not yet said hello; more are closed
-/// at once.
-pub const MAX_HANDSHAKES: usize = 16;
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Most connections at once that have not yet said hello; a new one past
+/// them closes the oldest of the source holding the most.
+pub const MAX_HANDSHAKES: usize = crate::admission::MAX_UNPROVEN;
 /// How long an established session may stay silent between requests.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long the agent waits for the coordinator's data connection.
@@ -72,7 +74,7 @@ impl Listener {
 /// What every session of an agent shares.
 struct Shared {
     busy: AtomicBool,
-    handshakes: AtomicUsize,
+    unproven: Arc<crate::admission::Pool>,
     key: Option<Key>,
     limits: AgentLimits,
     data_ip: Option<IpAddr>,
@@ -123,7 +125,7 @@ impl Agent {
             listener,
             shared: Shared {
                 busy: AtomicBool::new(false),
-                handshakes: AtomicUsize::new(0),
+                unproven: Arc::default(),
                 key: None,
                 limits: AgentLimits::default(),
                 data_ip: None,
@@ -182,12 +184,17 @@ impl Agent {
                 }
                 Err(e) => return Err(e),
             };
-            let Some(slot) = HandshakeSlot::claim(&shared) else {
-                // Too many connections are still shaking hands: this one
-                // gets no thread and no buffer.
-                drop(stream);
+            // A connection that cannot be closed from outside could not be
+            // evicted: it gets no place.
+            let Ok(closer) = stream.try_clone() else {
                 continue;
             };
+            let slot = shared.unproven.admit(
+                stream.peer_ip(),
+                Box::new(move || {
+                    let _ = closer.shutdown();
+                }),
+            );
             let shared = Arc::clone(&shared);
             let quiet = self.quiet;
             let spawned = std::thread::Builder::new()
@@ -233,28 +240,6 @@ enum SessionEnd {
     Refused(String),
 }
 
-/// One of the [`MAX_HANDSHAKES`] places of connections that have not yet
-/// said hello; freed when dropped.
-struct HandshakeSlot(Arc<Shared>);
-
-impl HandshakeSlot {
-    fn claim(shared: &Arc<Shared>) -> Option<HandshakeSlot> {
-        shared
-            .handshakes
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < MAX_HANDSHAKES).then_some(n + 1)
-            })
-            .ok()
-            .map(|_| HandshakeSlot(Arc::clone(shared)))
-    }
-}
-
-impl Drop for HandshakeSlot {
-    fn drop(&mut self) {
-        self.0.handshakes.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
 /// Releases the busy flag when the session that claimed it ends.
 struct BusyClaim<'a>(&'a AtomicBool);
 
@@ -291,7 +276,7 @@ fn next_request(
     point: Option<&OpenPoint>,
 ) -> Result<Vec<u8>, ControlError> {
     let Some(monitor) = point.and_then(|p| p.monitor.as_ref()) else {
-        return conn.recv_payload(IDLE_TIMEOUT);
+        return recv_or_tell(conn, IDLE_TIMEOUT);
     };
     let t0 = Instant::now();
     // A broken flow shows in the next repetition; the wait goes on.
@@ -299,16 +284,32 @@ fn next_request(
     let left = IDLE_TIMEOUT
         .saturating_sub(t0.elapsed())
         .max(Duration::from_millis(1));
-    conn.recv_payload(left).map_err(|e| match e {
+    recv_or_tell(conn, left).map_err(|e| match e {
         ControlError::TimedOut(_) => ControlError::TimedOut(IDLE_TIMEOUT),
         other => other,
+    })
+}
+
+/// Receives one frame; a frame that breaks the framing (too large, empty,
+/// an overrun) is answered with one error line before the session ends, so
+/// the peer learns why it was closed.
+pub(crate) fn recv_or_tell(
+    conn: &mut ControlConn,
+    timeout: Duration,
+) -> Result<Vec<u8>, ControlError> {
+    conn.recv_payload(timeout).inspect_err(|e| {
+        if let ControlError::Codec(c) = e {
+            let _ = conn.send(&Reply::Error {
+                message: format!("bad control frame: {c}; closing the connection"),
+            });
+        }
     })
 }
 
 fn run_session(
     stream: ControlStream,
     shared: &Shared,
-    slot: HandshakeSlot,
+    slot: crate::admission::Ticket,
 ) -> Result<(), SessionEnd> {
     let local_ip = shared
         .data_ip
@@ -323,9 +324,13 @@ fn run_session(
     let left = deadline
         .saturating_duration_since(Instant::now())
         .max(Duration::from_millis(1));
-    let first = conn.recv_payload(left)?;
+    let first = recv_or_tell(&mut conn, left)?;
     if is_auth_frame(&first) {
-        return Err(refuse(&mut conn, crate::auth::no_key_message()));
+        let message = match shared.key {
+            Some(_) => crate::auth::ALREADY_PROVEN.to_string(),
+            None => crate::auth::no_key_message(),
+        };
+        return Err(refuse(&mut conn, message));
     }
     let hello = match decode_request(&first) {
         Ok(r) => r,

@@ -181,6 +181,11 @@ pub(crate) fn no_key_message() -> String {
     format!("{NO_KEY_MARK}; run the coordinator without --key")
 }
 
+/// The answer to a second key proof on a connection that already proved
+/// the key.
+pub(crate) const ALREADY_PROVEN: &str =
+    "the key is already proven on this connection; the next message must be hello";
+
 /// The message a keyless coordinator shows when a keyed agent challenges it.
 pub(crate) const KEY_REQUIRED: &str =
     "the agent requires a shared key: pass --key FILE with the agent's key";
@@ -200,7 +205,7 @@ pub fn challenge(
         if left.is_zero() {
             return Err(ControlError::TimedOut(Duration::ZERO).into());
         }
-        let payload = conn.recv_payload(left)?;
+        let payload = crate::agent::recv_or_tell(conn, left)?;
         match hs.on_frame(&payload) {
             Ok(None) => {}
             Ok(Some(proof)) => {

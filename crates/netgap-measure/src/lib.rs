@@ -13,6 +13,7 @@
 //! `netgap_core::record::ResultRecord` written to every [`sink`] the moment
 //! it is measured.
 
+mod admission;
 pub mod agent;
 pub mod auth;
 pub mod bench;

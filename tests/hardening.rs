@@ -1,0 +1,213 @@
+//! An agent that strangers cannot stop, exhaust or aim: the real binary as
+//! agent on loopback, attacked the way a hostile client would, and a
+//! coordinator that must still get in, be refused in one line, or see its
+//! flows end with its session.
+
+mod common;
+use common::{netgap, new_key_file as key_file, AgentProc as Agent};
+use netgap::control::{ControlAddr, ControlConn};
+use netgap::coordinator::Coordinator;
+use netgap::proto::auth::{AuthFrame, Key};
+use netgap::proto::codec::decode_reply;
+use netgap::proto::message::Reply;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn read_key(path: &Path) -> Key {
+    Key::from_bytes(std::fs::read(path).expect("key")).expect("a valid key")
+}
+
+fn keyed_agent(dir: &Path, flags: &[&str]) -> (Agent, std::path::PathBuf) {
+    let key = key_file(dir, "key");
+    let mut all = vec!["--key", key.to_str().expect("utf8")];
+    all.extend_from_slice(flags);
+    (Agent::start_with("127.0.0.1", &all), key)
+}
+
+/// Strangers holding `count` connections to `addr`, each renewed as soon as
+/// the agent closes it, until dropped. `behave` runs on each fresh
+/// connection (say nothing, send garbage, drip bytes).
+struct Strangers {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<usize>>,
+}
+
+impl Strangers {
+    fn start(addr: SocketAddr, count: usize, behave: fn(&mut TcpStream)) -> Strangers {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        let thread = std::thread::spawn(move || {
+            let open = |_| {
+                let mut s = TcpStream::connect(addr).ok()?;
+                behave(&mut s);
+                s.set_nonblocking(true).ok()?;
+                Some(s)
+            };
+            let mut conns: Vec<Option<TcpStream>> = (0..count).map(open).collect();
+            let mut renewed = 0;
+            let mut buf = [0u8; 256];
+            while !flag.load(Ordering::Relaxed) {
+                for c in conns.iter_mut() {
+                    let closed = match c.as_mut().map(|s| s.read(&mut buf)) {
+                        Some(Ok(0)) | None => true,
+                        Some(Ok(_)) => false,
+                        Some(Err(e)) => e.kind() != std::io::ErrorKind::WouldBlock,
+                    };
+                    if closed {
+                        *c = open(0);
+                        renewed += 1;
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            renewed
+        });
+        Strangers {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Strangers {
+    /// Stops renewing and closes every connection; how many the agent
+    /// closed meanwhile.
+    fn stop(mut self) -> usize {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.take().map_or(0, |t| t.join().unwrap_or(0))
+    }
+}
+
+impl Drop for Strangers {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn silent(_: &mut TcpStream) {}
+
+fn garbage(s: &mut TcpStream) {
+    let _ = s.write_all(b"\x00\x00\x00\x10GET / HTTP/1.0\r\n\r\n");
+}
+
+fn drip(s: &mut TcpStream) {
+    // Half a frame header: the agent waits for the rest.
+    let _ = s.write_all(&[0, 0]);
+}
+
+#[test]
+fn sixty_four_silent_pre_auth_connections_and_a_keyed_run_still_gets_in() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (agent, key_path) = keyed_agent(dir.path(), &[]);
+    let key = read_key(&key_path);
+    let addr: SocketAddr = agent.addr.parse().expect("addr");
+    let control = ControlAddr::Tcp(addr);
+    for behave in [silent, garbage, drip] {
+        let strangers = Strangers::start(addr, 64, behave);
+        std::thread::sleep(Duration::from_millis(300));
+        for _ in 0..5 {
+            let t0 = Instant::now();
+            let coord =
+                Coordinator::connect(&control, Some(&key)).expect("a keyed coordinator gets in");
+            assert!(
+                t0.elapsed() < Duration::from_secs(2),
+                "in after {:?}",
+                t0.elapsed()
+            );
+            coord.bye();
+        }
+        // A whole run through the binary, strangers still at it.
+        let json = dir.path().join("r.jsonl");
+        let out = netgap()
+            .args(["run", "pingpong", "--peer", &agent.addr, "-s", "64"])
+            .args(["--reps", "2", "-n", "50", "--json"])
+            .arg(&json)
+            .arg("--key")
+            .arg(&key_path)
+            .output()
+            .expect("run");
+        assert!(out.status.success(), "{out:?}");
+        // The pool was full: every coordinator closed a stranger.
+        assert!(strangers.stop() >= 5);
+    }
+}
+
+#[test]
+fn pre_auth_connections_from_many_source_addresses_do_not_keep_a_keyed_run_out() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (agent, key_path) = keyed_agent(dir.path(), &[]);
+    let key = read_key(&key_path);
+    let addr: SocketAddr = agent.addr.parse().expect("addr");
+    // 100 sources on 127.0.0.0/8, one silent connection each.
+    let held: Vec<TcpStream> = (2..102u8)
+        .filter_map(|last| {
+            use nix::sys::socket::{self as so, SockaddrIn};
+            use std::os::fd::AsRawFd;
+            let fd = so::socket(
+                so::AddressFamily::Inet,
+                so::SockType::Stream,
+                so::SockFlag::empty(),
+                None,
+            )
+            .ok()?;
+            so::bind(fd.as_raw_fd(), &SockaddrIn::new(127, 0, 1, last, 0)).ok()?;
+            let SocketAddr::V4(to) = addr else {
+                return None;
+            };
+            so::connect(fd.as_raw_fd(), &SockaddrIn::from(to)).ok()?;
+            Some(TcpStream::from(fd))
+        })
+        .collect();
+    assert!(held.len() >= 64, "{} connections", held.len());
+    let t0 = Instant::now();
+    let coord = Coordinator::connect(&ControlAddr::Tcp(addr), Some(&key)).expect("in");
+    assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+    coord.bye();
+}
+
+#[test]
+fn a_second_key_proof_is_told_the_key_is_already_proven() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (agent, key_path) = keyed_agent(dir.path(), &[]);
+    let key = read_key(&key_path);
+    let addr = ControlAddr::parse(&agent.addr).expect("addr");
+    let mut conn =
+        ControlConn::new(addr.connect(Duration::from_secs(2)).expect("connect")).expect("conn");
+    netgap::auth::prove(&mut conn, &key, Duration::from_secs(2)).expect("first proof");
+    conn.send_payload(&AuthFrame::Begin.encode())
+        .expect("begin");
+    let reply = conn.recv_payload(Duration::from_secs(2)).expect("reply");
+    match decode_reply(&reply) {
+        Ok(Reply::Error { message }) => {
+            assert!(message.contains("already proven"), "{message}");
+            assert!(!message.contains("without a key"), "{message}");
+        }
+        other => panic!("expected an error reply, got {other:?}"),
+    }
+}
+
+#[test]
+fn framing_errors_get_a_one_line_reply_before_the_close() {
+    let agent = Agent::start("127.0.0.1");
+    for bad in [&[0xff, 0xff, 0xff, 0xff][..], &[0, 0, 0, 0][..]] {
+        let mut s = TcpStream::connect(&agent.addr).expect("connect");
+        s.write_all(bad).expect("send");
+        let mut conn = ControlConn::new(s).expect("conn");
+        let reply = conn.recv_payload(Duration::from_secs(2)).expect("a reply");
+        match decode_reply(&reply) {
+            Ok(Reply::Error { message }) => {
+                assert!(message.contains("bad control frame"), "{message}");
+                assert!(!message.contains('\n'));
+            }
+            other => panic!("expected an error reply, got {other:?}"),
+        }
+        assert!(conn.recv_payload(Duration::from_secs(2)).is_err(), "closed");
+    }
+}
