@@ -211,3 +211,119 @@ fn framing_errors_get_a_one_line_reply_before_the_close() {
         assert!(conn.recv_payload(Duration::from_secs(2)).is_err(), "closed");
     }
 }
+
+/// Threads of process `pid` that belong to a group role: its flows, the
+/// flow engine's workers, the role itself and its CPU meter.
+fn role_threads(pid: u32) -> Vec<String> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .map(|c| c.trim().to_string())
+        .filter(|c| {
+            c.starts_with("flow") || c.starts_with("group role") || c.starts_with("cpu meter")
+        })
+        .collect()
+}
+
+/// Starts a long `test` run between a server agent and a client agent,
+/// kills the coordinator once both agents run flows, and checks every flow
+/// thread of both agents is gone within a second, and that the agents then
+/// serve the next run.
+fn flows_end_with_a_killed_coordinator(test: &str, count: &[&str]) {
+    let agents = [Agent::start("127.0.0.2"), Agent::start("127.0.0.3")];
+    let hosts = format!("{},{}", agents[0].addr, agents[1].addr);
+    let mut coord = netgap()
+        .args(["run", test, "--hosts", &hosts])
+        .args(count)
+        .args(["--reps", "1", "--duration", "20s"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("coordinator");
+    let t0 = Instant::now();
+    while agents.iter().any(|a| role_threads(a.child.id()).is_empty()) {
+        assert!(t0.elapsed() < Duration::from_secs(10), "no flows started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Past group_go: the flows move data.
+    std::thread::sleep(Duration::from_millis(300));
+    coord.kill().expect("kill");
+    let _ = coord.wait();
+    let killed = Instant::now();
+    loop {
+        let left: Vec<String> = agents
+            .iter()
+            .flat_map(|a| role_threads(a.child.id()))
+            .collect();
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(1),
+            "still running a second after the coordinator died: {left:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Nothing holds the agents: the next run gets in at once.
+    let out = netgap()
+        .args(["run", test, "--hosts", &hosts])
+        .args(count)
+        .args(["--reps", "1", "--duration", "200ms"])
+        .output()
+        .expect("run");
+    assert!(out.status.success(), "{out:?}");
+}
+
+#[test]
+fn a_coordinator_killed_after_group_go_leaves_no_stream_flow_running() {
+    flows_end_with_a_killed_coordinator("multistream", &["-P", "4"]);
+}
+
+#[test]
+fn a_coordinator_killed_after_group_go_leaves_no_engine_flow_running() {
+    flows_end_with_a_killed_coordinator("hotspot", &["--clients", "8"]);
+}
+
+/// Peak resident memory of process `pid`, in KiB.
+fn peak_rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .expect("VmHWM")
+}
+
+#[test]
+fn a_group_request_past_the_memory_budget_is_refused_before_allocation() {
+    // 128 flows of 16 MiB: 4 GiB of buffers against the default 1 GiB.
+    let agents = [Agent::start("127.0.0.2"), Agent::start("127.0.0.3")];
+    let hosts = format!("{},{}", agents[0].addr, agents[1].addr);
+    let out = netgap()
+        .args(["run", "hotspot", "--hosts", &hosts, "--clients", "128"])
+        .args(["-s", "16M", "--reps", "1", "--duration", "1s"])
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("--max-memory"), "{stderr}");
+    assert!(stderr.contains("128 flows"), "{stderr}");
+    for a in &agents {
+        let kib = peak_rss_kib(a.child.id());
+        assert!(kib < 64 * 1024, "the agent grew to {kib} KiB");
+    }
+    // A smaller budget refuses a point-to-point point the same way.
+    let small = Agent::start_with("127.0.0.1", &["--max-memory", "4M"]);
+    let out = netgap()
+        .args(["run", "pingpong", "--peer", &small.addr, "-s", "4M"])
+        .args(["--reps", "1", "-n", "1"])
+        .output()
+        .expect("run");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("--max-memory"), "{stderr}");
+    assert!(peak_rss_kib(small.child.id()) < 64 * 1024);
+}

@@ -14,7 +14,7 @@
 
 use crate::bench;
 use crate::control::{ControlAddr, ControlConn, ControlError, ControlStream};
-use crate::workload::role::{self, ReadyRole, RoleContext, RoleError, RoleResult};
+use crate::workload::role::{self, ReadyRole, RoleContext, RoleError, RoleResult, Stop};
 use netgap_core::spec::PointSpec;
 use netgap_proto::auth::{is_auth_frame, Key};
 use netgap_proto::codec::decode_request;
@@ -240,12 +240,14 @@ enum SessionEnd {
     Refused(String),
 }
 
-/// Releases the busy flag when the session that claimed it ends.
-struct BusyClaim<'a>(&'a AtomicBool);
+/// Releases the busy flag when the session that claimed it and every role
+/// thread it started have ended: the next session starts only once nothing
+/// of this one runs.
+struct BusyClaim(Arc<Shared>);
 
-impl Drop for BusyClaim<'_> {
+impl Drop for BusyClaim {
     fn drop(&mut self) {
-        self.0.store(false, Ordering::Release);
+        self.0.busy.store(false, Ordering::Release);
     }
 }
 
@@ -308,7 +310,7 @@ pub(crate) fn recv_or_tell(
 
 fn run_session(
     stream: ControlStream,
-    shared: &Shared,
+    shared: &Arc<Shared>,
     slot: crate::admission::Ticket,
 ) -> Result<(), SessionEnd> {
     let local_ip = shared
@@ -342,11 +344,11 @@ fn run_session(
         && busy
             .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
             .is_ok();
-    let _claim = claimed.then(|| BusyClaim(busy));
+    let claim = claimed.then(|| Arc::new(BusyClaim(Arc::clone(shared))));
     let mut session = AgentSession::new(netgap_transport::host::collect(Some(local_ip)), !claimed);
     let mut point: Option<OpenPoint> = None;
     let mut open_size_bytes = 0u64;
-    let mut group: Option<Box<dyn ReadyRole>> = None;
+    let mut group: Option<(Box<dyn ReadyRole>, Stop, Duration)> = None;
     let mut request = hello;
     loop {
         // Limits first: nothing past them reaches a data socket.
@@ -401,16 +403,20 @@ fn run_session(
                 }
             }
             AgentAction::PrepareGroup(spec) => {
+                // A role of its own: a failing flow engine sets it too.
+                let stop = Stop::new();
                 let ctx = RoleContext {
                     spec: &spec,
                     control_ip: local_ip,
                     limits: &shared.limits,
+                    stop: &stop,
                 };
-                group = prepare_group(&mut conn, &mut session, ctx)?;
+                group = prepare_group(&mut conn, &mut session, ctx)?
+                    .map(|role| (role, stop, role_deadline(&spec)));
             }
             AgentAction::RunGroup => {
                 let outcome = match group.take() {
-                    Some(g) => run_group(&mut conn, &session, g)?,
+                    Some(g) => run_group(&mut conn, &session, g, claim.clone())?,
                     None => Err(RoleError::NotPrepared),
                 };
                 let replies = match outcome {
@@ -475,19 +481,72 @@ fn prepare_group(
     }
 }
 
+/// How long past its warm-up and window a group role may run before the
+/// agent stops it: its receivers' drain (the I/O timeout) and a grace.
+fn role_deadline(spec: &netgap_proto::group::GroupSpec) -> Duration {
+    let (warmup, window) = role::window(spec);
+    let drain = Duration::from_millis(u64::from(spec.point.io_timeout_ms));
+    warmup + window + drain + ROLE_GRACE
+}
+
+/// Time a role may take past its window and drain (closing its flows,
+/// gathering reports) before the agent stops it.
+const ROLE_GRACE: Duration = Duration::from_secs(2);
+
+/// Sets a role's stop signal when dropped: whichever way [`run_group`]
+/// returns (the role done, the coordinator gone, the control connection
+/// broken), nothing of the role keeps running.
+struct StopOnDrop(Stop);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.set();
+    }
+}
+
+/// Whether the peer of `conn` has closed it (or it broke), without
+/// consuming anything it sent.
+fn peer_gone(conn: &ControlConn) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut byte = 0u8;
+    // SAFETY: the fd is the open control socket, borrowed for the call;
+    // the buffer is one writable byte that outlives it.
+    let n = unsafe {
+        libc::recv(
+            conn.stream().as_fd().as_raw_fd(),
+            std::ptr::from_mut(&mut byte).cast(),
+            1,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    match n {
+        0 => true,
+        n if n > 0 => false,
+        _ => !matches!(
+            io::Error::last_os_error().kind(),
+            io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+        ),
+    }
+}
+
 /// Runs a prepared group role on its own thread, telling the coordinator
-/// every [`GROUP_ALIVE_INTERVAL`] that this agent is still alive.
+/// every [`GROUP_ALIVE_INTERVAL`] that this agent is still alive. The role
+/// stops when the coordinator goes away or when it overruns its deadline;
+/// its thread holds the busy claim until its flows are gone.
 fn run_group(
     conn: &mut ControlConn,
     session: &AgentSession,
-    role: Box<dyn ReadyRole>,
+    (role, stop, deadline): (Box<dyn ReadyRole>, Stop, Duration),
+    claim: Option<Arc<BusyClaim>>,
 ) -> Result<Result<RoleResult, RoleError>, SessionEnd> {
     use netgap_proto::message::GROUP_ALIVE_INTERVAL;
     use std::sync::mpsc;
+    let _stop_on_return = StopOnDrop(stop.clone());
     let (tx, rx) = mpsc::channel();
     let spawned = std::thread::Builder::new()
         .name("group role".into())
         .spawn(move || {
+            let _claim = claim;
             let _ = tx.send(role.run());
         });
     if let Err(e) = spawned {
@@ -496,14 +555,27 @@ fn run_group(
             source: e,
         }));
     }
+    let t0 = Instant::now();
+    let mut next_alive = t0 + GROUP_ALIVE_INTERVAL;
     loop {
-        match rx.recv_timeout(GROUP_ALIVE_INTERVAL) {
+        match rx.recv_timeout(role::STOP_TICK) {
             Ok(result) => return Ok(result),
             Err(mpsc::RecvTimeoutError::Timeout) => {
-                let alive = session
-                    .group_alive()
-                    .map_err(|e| SessionEnd::Refused(e.to_string()))?;
-                conn.send(&alive)?;
+                if peer_gone(conn) {
+                    return Err(ControlError::Closed.into());
+                }
+                if t0.elapsed() > deadline {
+                    // Past its window and drain: the role waits on a silent
+                    // peer; it ends at its next message or I/O timeout.
+                    stop.set();
+                }
+                if Instant::now() >= next_alive {
+                    next_alive += GROUP_ALIVE_INTERVAL;
+                    let alive = session
+                        .group_alive()
+                        .map_err(|e| SessionEnd::Refused(e.to_string()))?;
+                    conn.send(&alive)?;
+                }
             }
             Err(mpsc::RecvTimeoutError::Disconnected) => {
                 return Ok(Err(RoleError::Panicked {

@@ -8,7 +8,7 @@
 
 use super::role::{
     find_transport, meter_window, peak_rss_kib, window, OpenRole, ReadyRole, RoleContext,
-    RoleError, RoleResult,
+    RoleError, RoleResult, Stop,
 };
 use super::{FlowSample, Refused};
 use netgap_core::spec::PointSpec;
@@ -113,6 +113,7 @@ pub fn open(
             Ok(Box::new(Engine {
                 warmup,
                 duration,
+                stop: ctx.stop.clone(),
                 kind: Kind::Server(server),
             }))
         }
@@ -135,6 +136,7 @@ pub fn open(
             Ok(Box::new(Engine {
                 warmup,
                 duration,
+                stop: ctx.stop.clone(),
                 kind: Kind::Clients(prepared, scale),
             }))
         }
@@ -145,6 +147,8 @@ pub fn open(
 struct Engine {
     warmup: Duration,
     duration: Duration,
+    /// The session's end: every flow stops with it.
+    stop: Stop,
     kind: Kind,
 }
 
@@ -174,17 +178,19 @@ impl ReadyRole for Engine {
         let Engine {
             warmup,
             duration,
+            stop,
             kind,
         } = *self;
         let t0 = Instant::now();
+        let meter_stop = stop.clone();
         let meter = std::thread::Builder::new()
             .name("cpu meter".into())
-            .spawn(move || meter_window(t0 + warmup, t0 + warmup + duration))
+            .spawn(move || meter_window(t0 + warmup, t0 + warmup + duration, &meter_stop))
             .map_err(|source| RoleError::Thread {
                 what: "the CPU meter",
                 source,
             })?;
-        let run = run(kind, warmup, duration);
+        let run = run(kind, warmup, duration, &stop);
         let (cpu, _) = meter.join().map_err(|_| RoleError::Panicked {
             what: "the CPU meter".into(),
         })?;
@@ -208,10 +214,10 @@ type Ran = (Vec<FlowReport>, LatencyHistogram, u64, u64, u64);
 /// Runs a prepared role for `warmup` then `duration`: per-flow reports
 /// (none from a server, which does not time exchanges), the latency of
 /// every exchange in ns, the window in ns, bytes received and sent.
-fn run(kind: Kind, warmup: Duration, duration: Duration) -> Result<Ran, RoleError> {
+fn run(kind: Kind, warmup: Duration, duration: Duration, stop: &Stop) -> Result<Ran, RoleError> {
     match kind {
         Kind::Server(server) => {
-            std::thread::sleep(warmup + duration + SERVER_GRACE);
+            stop.sleep_until(Instant::now() + warmup + duration + SERVER_GRACE);
             let totals = server.stop()?;
             Ok((
                 Vec::new(),
@@ -222,7 +228,7 @@ fn run(kind: Kind, warmup: Duration, duration: Duration) -> Result<Ran, RoleErro
             ))
         }
         Kind::Clients(clients, scale) => {
-            let report = clients.run(warmup, duration)?;
+            let report = clients.run_stoppable(warmup, duration, stop.flag())?;
             let mut hist = LatencyHistogram::new();
             let (mut rx, mut tx) = (0, 0);
             let mut flows = Vec::with_capacity(report.flows.len());

@@ -8,11 +8,12 @@
 
 use super::role::{
     find_transport, meter_window, peak_rss_kib, per_flow, window, OpenRole, ReadyRole, RoleContext,
-    RoleError, RoleResult, ACCEPT_TIMEOUT,
+    RoleError, RoleResult, Stop, ACCEPT_TIMEOUT,
 };
 use super::FlowSample;
 use netgap_proto::group::{FlowReport, GroupOutcome, GroupRole, GroupSpec};
 use netgap_transport::{self as transport, FlowConfig, FlowError, TransportError};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -36,6 +37,21 @@ impl Direction {
             (GroupRole::Client, Direction::ToServer) | (GroupRole::Server, Direction::FromServer)
         )
     }
+}
+
+/// Memory a bandwidth role commits: a sending end holds one payload
+/// buffer that all its flow threads read, a receiving end one receive
+/// buffer per flow (at most [`RECV_BUFFER_BYTES`]), and every flow its
+/// thread and state ([`super::role::PER_FLOW_BYTES`]).
+pub fn memory_bytes(direction: Direction, spec: &GroupSpec) -> u64 {
+    let flows = u64::from(spec.flows);
+    let buffers = if direction.sends(spec.role) {
+        spec.point.size_bytes
+    } else {
+        let size = usize::try_from(spec.point.size_bytes).unwrap_or(usize::MAX);
+        (recv_buffer_bytes(size) as u64).saturating_mul(flows)
+    };
+    buffers.saturating_add(super::role::PER_FLOW_BYTES.saturating_mul(flows))
 }
 
 /// Default message size of bandwidth workloads, bytes (64 KiB, or the
@@ -117,6 +133,7 @@ pub fn open(
                 size,
                 addrs,
                 accepts,
+                stop: ctx.stop.clone(),
             }))
         }
         GroupRole::Client => {
@@ -138,6 +155,7 @@ pub fn open(
                 direction,
                 size,
                 flows,
+                stop: ctx.stop.clone(),
             }))
         }
     }
@@ -153,6 +171,7 @@ struct Accepting {
     size: usize,
     addrs: Vec<String>,
     accepts: Vec<Accept>,
+    stop: Stop,
 }
 
 impl OpenRole for Accepting {
@@ -184,6 +203,7 @@ impl OpenRole for Accepting {
             direction: self.direction,
             size: self.size,
             flows,
+            stop: self.stop,
         }))
     }
 }
@@ -194,6 +214,8 @@ struct Streams {
     direction: Direction,
     size: usize,
     flows: Vec<Box<dyn transport::Flow>>,
+    /// The session's end: every flow thread stops at its next message.
+    stop: Stop,
 }
 
 impl OpenRole for Streams {
@@ -223,15 +245,25 @@ impl ReadyRole for Streams {
         let t0 = Instant::now();
         let window_start = t0 + warmup;
         let end = window_start + duration;
+        // Every sending thread reads the same payload: one buffer for the
+        // role, not one per flow.
+        let payload: Arc<[u8]> = if sends {
+            crate::bench::message_buffer(size).into()
+        } else {
+            Arc::from(Vec::new())
+        };
+        let recv_bytes = recv_buffer_bytes(size);
         let mut handles = Vec::with_capacity(self.flows.len());
         for (i, flow) in self.flows.into_iter().enumerate() {
+            let stop = self.stop.clone();
+            let payload = Arc::clone(&payload);
             let h = std::thread::Builder::new()
                 .name(format!("flow {i}"))
                 .spawn(move || {
                     if sends {
-                        send_until(flow, size, end)
+                        send_until(flow, &payload, end, &stop)
                     } else {
-                        recv_until(flow, size, window_start, end, drain)
+                        recv_until(flow, recv_bytes, window_start, end, drain, &stop)
                     }
                 })
                 .map_err(|source| RoleError::Thread {
@@ -240,7 +272,7 @@ impl ReadyRole for Streams {
                 })?;
             handles.push(h);
         }
-        let (cpu, window_ns) = meter_window(window_start, end);
+        let (cpu, window_ns) = meter_window(window_start, end, &self.stop);
         let mut reports = Vec::with_capacity(handles.len());
         let mut first_err = None;
         for (index, h) in handles.into_iter().enumerate() {
@@ -281,19 +313,30 @@ impl ReadyRole for Streams {
     }
 }
 
-/// Sends messages until `end`, then closes the flow (dropping it), which
-/// ends the receiver's loop.
+/// Bytes of a receiving flow's buffer: a stream is read in chunks of this
+/// size whatever the message size, so receivers need not hold a message
+/// each. A transport with message boundaries reads a whole message, at
+/// most its largest (64 KiB for the cross-host datagram transport).
+pub(crate) const RECV_BUFFER_BYTES: usize = 256 * 1024;
+
+/// The receive buffer of a flow of `size_bytes` messages.
+fn recv_buffer_bytes(size_bytes: usize) -> usize {
+    size_bytes.clamp(1, RECV_BUFFER_BYTES)
+}
+
+/// Sends `payload` back to back until `end` or the stop, then closes the
+/// flow (dropping it), which ends the receiver's loop.
 fn send_until(
     mut flow: Box<dyn transport::Flow>,
-    size_bytes: usize,
+    payload: &[u8],
     end: Instant,
+    stop: &Stop,
 ) -> Result<StreamCount, FlowError> {
-    let buf = crate::bench::message_buffer(size_bytes);
     let (tx, _) = flow.split();
     let mut count = StreamCount::default();
-    while Instant::now() < end {
-        match tx.send_all(&buf) {
-            Ok(()) => count.bytes_tx += buf.len() as u64,
+    while Instant::now() < end && !stop.is_set() {
+        match tx.send_all(payload) {
+            Ok(()) => count.bytes_tx += payload.len() as u64,
             // The receiver stopped reading at its own end of the window.
             Err(FlowError::Closed | FlowError::TimedOut { .. }) if Instant::now() >= end => break,
             Err(e) => return Err(e),
@@ -308,15 +351,16 @@ fn send_until(
 /// between `window_start` and `end`.
 fn recv_until(
     mut flow: Box<dyn transport::Flow>,
-    size_bytes: usize,
+    buffer_bytes: usize,
     window_start: Instant,
     end: Instant,
     drain: Duration,
+    stop: &Stop,
 ) -> Result<StreamCount, FlowError> {
-    let mut buf = crate::bench::message_buffer(size_bytes.max(256 * 1024));
+    let mut buf = vec![0u8; buffer_bytes];
     let (_, rx) = flow.split();
     let mut count = StreamCount::default();
-    loop {
+    while !stop.is_set() {
         match rx.recv_some(&mut buf) {
             Ok(n) => {
                 count.bytes_rx += n as u64;
@@ -350,6 +394,46 @@ mod tests {
             percentiles: None,
             errors: 0,
         }
+    }
+
+    #[test]
+    fn sending_flows_share_one_payload_and_receivers_read_in_bounded_chunks() {
+        use netgap_core::spec::{Mode, PointSpec, TransportOptions};
+        let mut spec = GroupSpec {
+            point: PointSpec {
+                test: "multistream".into(),
+                transport: "tcp".into(),
+                mode: Mode::Event,
+                size_bytes: 16 << 20,
+                options: TransportOptions::default(),
+                server_cpu: None,
+                io_timeout_ms: 3000,
+                verify: false,
+            },
+            role: GroupRole::Client,
+            params: serde_json::json!({}),
+            flows: 128,
+            listen_ips: vec![],
+            targets: vec![],
+            bind_ips: vec![],
+            session_hosts: vec![],
+            warmup_ms: 0,
+            duration_ms: 1000,
+        };
+        let per_flow = super::super::role::PER_FLOW_BYTES * 128;
+        // Clients send: one 16 MiB payload for 128 flows.
+        assert_eq!(
+            memory_bytes(Direction::ToServer, &spec),
+            (16 << 20) + per_flow
+        );
+        // The server receives: 256 KiB per flow, whatever the message size.
+        spec.role = GroupRole::Server;
+        assert_eq!(
+            memory_bytes(Direction::ToServer, &spec),
+            128 * RECV_BUFFER_BYTES as u64 + per_flow
+        );
+        // The bound for workloads that share nothing is far above.
+        assert!(super::super::role::memory_bytes(&spec) > 4 << 30);
     }
 
     #[test]

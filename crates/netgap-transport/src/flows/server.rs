@@ -135,11 +135,11 @@ impl FlowServer {
 
     /// Stops accepting, closes every flow, joins the workers, and returns
     /// what was moved. Takes at most about 50 ms plus the time to close.
-    pub fn stop(self) -> Result<ServerTotals, EngineError> {
+    pub fn stop(mut self) -> Result<ServerTotals, EngineError> {
         self.stop.store(true, Ordering::Relaxed);
         let mut totals = ServerTotals::default();
         let mut first_err = None;
-        for h in self.workers {
+        for h in std::mem::take(&mut self.workers) {
             match h.join() {
                 Ok(Ok(t)) => totals.add(&t),
                 Ok(Err(e)) => {
@@ -154,6 +154,15 @@ impl FlowServer {
             Some(e) => Err(e),
             None => Ok(totals),
         }
+    }
+}
+
+/// A server dropped without [`FlowServer::stop`] (its session ended before
+/// the run) still stops its workers: they close every connection and exit
+/// at their next tick.
+impl Drop for FlowServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
     }
 }
 
