@@ -18,8 +18,8 @@
 
 pub use netgap_core::{datagram, dropout, host, record, sizing, spec, stats, units, VERSION};
 pub use netgap_measure::{
-    agent, auth, bench, cluster, control, coordinator, group, logp, output, plan, runner, sink,
-    sweep, workload,
+    agent, auth, bench, cluster, control, coordinator, group, logp, output, plan, preamble, runner,
+    sink, sweep, workload,
 };
 pub use netgap_proto as proto;
 pub use netgap_proto::limits;

@@ -327,3 +327,134 @@ fn a_group_request_past_the_memory_budget_is_refused_before_allocation() {
     assert!(stderr.contains("--max-memory"), "{stderr}");
     assert!(peak_rss_kib(small.child.id()) < 64 * 1024);
 }
+
+/// A plain sink that is no netgap agent: accepts connections on `ip`,
+/// never answers, and counts every byte it is sent.
+struct Sink {
+    addr: SocketAddr,
+    received: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Sink {
+    fn start(ip: &str) -> Sink {
+        let listener = std::net::TcpListener::bind((ip, 0)).expect("sink binds");
+        let addr = listener.local_addr().expect("addr");
+        let received = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let count = Arc::clone(&received);
+        std::thread::spawn(move || {
+            for mut s in listener.incoming().flatten() {
+                let count = Arc::clone(&count);
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 65536];
+                    while let Ok(n @ 1..) = s.read(&mut buf) {
+                        count.fetch_add(n as u64, Ordering::SeqCst);
+                    }
+                });
+            }
+        });
+        Sink { addr, received }
+    }
+
+    fn received(&self) -> u64 {
+        self.received.load(Ordering::SeqCst)
+    }
+}
+
+#[test]
+fn a_target_that_is_not_an_agent_of_the_session_is_refused_before_any_payload_byte() {
+    use netgap::proto::group::{GroupRole, GroupSpec};
+    use netgap::proto::message::Request;
+    use netgap::proto::session::CoordinatorSession;
+    let sink = Sink::start("127.0.0.9");
+    let agent = Agent::start("127.0.0.2");
+    let addr = ControlAddr::parse(&agent.addr).expect("addr");
+    let mut conn =
+        ControlConn::new(addr.connect(Duration::from_secs(2)).expect("connect")).expect("conn");
+    let mut session = CoordinatorSession::new();
+    conn.send(&session.hello()).expect("hello");
+    let welcome = decode_reply(&conn.recv_payload(Duration::from_secs(2)).expect("welcome"));
+    session
+        .on_welcome(welcome.expect("decodes"))
+        .expect("welcome");
+    // A client role aimed at the sink, which the request itself lists as
+    // a host of the session.
+    let spec = GroupSpec {
+        point: netgap::spec::PointSpec {
+            test: "multistream".into(),
+            transport: "tcp".into(),
+            mode: netgap::spec::Mode::Event,
+            size_bytes: 65536,
+            options: netgap::spec::TransportOptions::default(),
+            server_cpu: None,
+            io_timeout_ms: 500,
+            verify: false,
+        },
+        role: GroupRole::Client,
+        params: serde_json::json!({}),
+        flows: 2,
+        listen_ips: vec![],
+        targets: vec![sink.addr.to_string()],
+        bind_ips: vec![],
+        session_hosts: vec![sink.addr.ip()],
+        warmup_ms: 0,
+        duration_ms: 2000,
+    };
+    assert_eq!(spec.role, GroupRole::Client);
+    let token = netgap::preamble::new_token().expect("token");
+    let req = session.group_prepare(spec, token);
+    assert!(matches!(req, Request::GroupPrepare { .. }));
+    conn.send(&req).expect("prepare");
+    let reply = decode_reply(&conn.recv_payload(Duration::from_secs(5)).expect("reply"));
+    match reply {
+        Ok(Reply::Error { message }) => {
+            assert!(message.contains("no payload was sent"), "{message}")
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        sink.received() <= netgap::proto::dataproof::HELLO_BYTES as u64,
+        "the sink got {} bytes",
+        sink.received()
+    );
+}
+
+#[test]
+fn a_coordinator_sends_no_payload_to_an_address_its_agent_names() {
+    use netgap::proto::codec::decode_request;
+    use netgap::proto::session::{AgentAction, AgentSession};
+    let sink = Sink::start("127.0.0.1");
+    // An agent that names the sink as its data listener.
+    let control = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let control_addr = control.local_addr().expect("addr").to_string();
+    let named = sink.addr.to_string();
+    std::thread::spawn(move || {
+        let (s, _) = control.accept().expect("accept");
+        let mut conn = ControlConn::new(s).expect("conn");
+        let mut session = AgentSession::new(netgap::transport::host::collect(None), false);
+        while let Ok(p) = conn.recv_payload(Duration::from_secs(10)) {
+            let Ok(req) = decode_request(&p) else { return };
+            match session.on_request(&req) {
+                Ok(AgentAction::Reply(r)) => conn.send(&r).expect("reply"),
+                Ok(AgentAction::OpenPoint(_)) => {
+                    let r = session.listening(named.clone()).expect("listening");
+                    conn.send(&r).expect("reply");
+                }
+                _ => return,
+            }
+        }
+    });
+    let out = netgap()
+        .args(["run", "stream", "--peer", &control_addr, "-s", "64K"])
+        .args(["--reps", "1", "-n", "100", "--timeout", "1s"])
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("no payload was sent"), "{stderr}");
+    assert!(
+        sink.received() <= netgap::proto::dataproof::HELLO_BYTES as u64,
+        "the sink got {} bytes",
+        sink.received()
+    );
+}

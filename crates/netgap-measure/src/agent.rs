@@ -18,6 +18,7 @@ use crate::workload::role::{self, ReadyRole, RoleContext, RoleError, RoleResult,
 use netgap_core::spec::PointSpec;
 use netgap_proto::auth::{is_auth_frame, Key};
 use netgap_proto::codec::decode_request;
+use netgap_proto::dataproof::DataToken;
 use netgap_proto::group::GroupRole;
 use netgap_proto::limits::AgentLimits;
 use netgap_proto::message::{Reply, Request};
@@ -348,19 +349,28 @@ fn run_session(
     let mut session = AgentSession::new(netgap_transport::host::collect(Some(local_ip)), !claimed);
     let mut point: Option<OpenPoint> = None;
     let mut open_size_bytes = 0u64;
+    // The data token of the point being opened or prepared.
+    let mut token: Option<DataToken> = None;
     let mut group: Option<(Box<dyn ReadyRole>, Stop, Duration)> = None;
     let mut request = hello;
     loop {
         // Limits first: nothing past them reaches a data socket.
         let within = match &request {
-            Request::Open { spec } => {
+            Request::Open { spec, data_token } => {
                 open_size_bytes = spec.size_bytes;
+                token = Some(data_token.clone());
                 shared.limits.check_point(spec)
             }
             Request::Run { iterations, .. } => {
                 shared.limits.check_run(*iterations, open_size_bytes)
             }
-            Request::GroupPrepare { spec } => shared.limits.check_group(spec),
+            Request::GroupPrepare { spec, data_token } => {
+                token = Some(data_token.clone());
+                shared
+                    .limits
+                    .check_group(spec)
+                    .and_then(|()| keyless_stays_on_loopback(shared.key.is_some(), spec))
+            }
             _ => Ok(()),
         };
         if let Err(e) = within {
@@ -377,7 +387,10 @@ fn run_session(
                 return Ok(());
             }
             AgentAction::OpenPoint(spec) => {
-                let opened = open_point(&mut conn, &mut session, &spec, local_ip);
+                let Some(token) = token.as_ref() else {
+                    return Err(refuse(&mut conn, "no data token".into()));
+                };
+                let opened = open_point(&mut conn, &mut session, &spec, local_ip, token);
                 match opened {
                     Ok(p) => point = Some(p),
                     Err(e) => return Err(refuse(&mut conn, e.to_string())),
@@ -405,11 +418,15 @@ fn run_session(
             AgentAction::PrepareGroup(spec) => {
                 // A role of its own: a failing flow engine sets it too.
                 let stop = Stop::new();
+                let Some(token) = token.as_ref() else {
+                    return Err(refuse(&mut conn, "no data token".into()));
+                };
                 let ctx = RoleContext {
                     spec: &spec,
                     control_ip: local_ip,
                     limits: &shared.limits,
                     stop: &stop,
+                    data_token: token,
                 };
                 group = prepare_group(&mut conn, &mut session, ctx)?
                     .map(|role| (role, stop, role_deadline(&spec)));
@@ -634,6 +651,9 @@ pub(crate) enum OpenPointError {
     /// The session refused the step.
     #[error(transparent)]
     Session(#[from] netgap_proto::session::SessionError),
+    /// No data connection proved it belongs to the session.
+    #[error("data connection: {0}")]
+    Preamble(#[from] crate::preamble::PreambleError),
     /// The control connection failed.
     #[error(transparent)]
     Control(#[from] ControlError),
@@ -647,6 +667,48 @@ pub(crate) enum OpenPointError {
     },
 }
 
+/// Accepts the point's flow: the first connection that proves the point's
+/// token within [`ACCEPT_TIMEOUT`]; a stranger's connection is dropped and
+/// the wait goes on.
+fn accept_proven(
+    listener: &mut dyn transport::Listener,
+    token: &DataToken,
+) -> Result<Box<dyn transport::Flow>, OpenPointError> {
+    let deadline = Instant::now() + ACCEPT_TIMEOUT;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let mut flow = listener.accept(left.max(Duration::from_millis(1)))?;
+        match crate::preamble::listener(flow.as_mut(), token) {
+            Ok(()) => return Ok(flow),
+            Err(e) if Instant::now() >= deadline => return Err(e.into()),
+            Err(_) => {}
+        }
+    }
+}
+
+/// Refuses, on an agent without a key, a role that would listen or send
+/// beyond loopback: anyone on the host can drive such an agent, so its
+/// data stays on the host.
+fn keyless_stays_on_loopback(
+    keyed: bool,
+    spec: &netgap_proto::group::GroupSpec,
+) -> Result<(), netgap_proto::limits::LimitError> {
+    if keyed {
+        return Ok(());
+    }
+    let targets = spec
+        .targets
+        .iter()
+        .filter_map(|t| t.parse::<std::net::SocketAddr>().ok().map(|a| a.ip()));
+    let ips = spec.listen_ips.iter().chain(&spec.bind_ips).copied();
+    match targets.chain(ips).find(|ip| !ip.is_loopback()) {
+        Some(ip) => Err(netgap_proto::limits::LimitError(format!(
+            "{ip} is not a loopback address; an agent without --key keeps its data on loopback"
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// Opens the data listener for `spec`, tells the coordinator where it is,
 /// accepts the flow and runs the server role's setup. Errors are one line
 /// for the coordinator.
@@ -655,6 +717,7 @@ fn open_point(
     session: &mut AgentSession,
     spec: &PointSpec,
     local_ip: IpAddr,
+    token: &DataToken,
 ) -> Result<OpenPoint, OpenPointError> {
     let test =
         bench::find(&spec.test).ok_or_else(|| OpenPointError::UnknownTest(spec.test.clone()))?;
@@ -685,7 +748,7 @@ fn open_point(
     let mut listener = transport.listen(&config, local_ip)?;
     let reply = session.listening(listener.addr())?;
     conn.send(&reply)?;
-    let flow = listener.accept(ACCEPT_TIMEOUT)?;
+    let flow = accept_proven(listener.as_mut(), token)?;
     drop(listener);
     let reply = session.accepted()?;
     conn.send(&reply)?;

@@ -26,6 +26,7 @@ pub mod logp;
 pub mod output;
 pub mod plan;
 pub mod point_loop;
+pub mod preamble;
 pub mod runner;
 pub mod sink;
 pub mod sweep;

@@ -38,6 +38,9 @@ pub struct RoleContext<'a> {
     /// within [`STOP_TICK`] of it, or of its own I/O timeout when blocked
     /// on a silent peer.
     pub stop: &'a Stop,
+    /// The point's data token: every flow proves it at connect or accept
+    /// ([`crate::preamble`]) before payload moves.
+    pub data_token: &'a netgap_proto::dataproof::DataToken,
 }
 
 /// How often a role that waits checks its [`Stop`].
@@ -171,6 +174,14 @@ pub enum RoleError {
         index: usize,
         /// Why.
         source: TransportError,
+    },
+    /// A flow's far end did not prove it belongs to the session.
+    #[error("flow {index}: {source}")]
+    NotInSession {
+        /// The flow's index in the role.
+        index: usize,
+        /// Why.
+        source: crate::preamble::PreambleError,
     },
     /// A flow failed while running.
     #[error("flow {index}: {source}")]

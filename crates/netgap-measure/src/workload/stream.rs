@@ -12,7 +12,7 @@ use super::role::{
 };
 use super::FlowSample;
 use netgap_proto::group::{FlowReport, GroupOutcome, GroupRole, GroupSpec};
-use netgap_transport::{self as transport, FlowConfig, FlowError, TransportError};
+use netgap_transport::{self as transport, FlowConfig, FlowError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -118,9 +118,10 @@ pub fn open(
                     .listen(&config, ip(i))
                     .map_err(|source| RoleError::Open { index: i, source })?;
                 addrs.push(listener.addr());
+                let token = ctx.data_token.clone();
                 let h = std::thread::Builder::new()
                     .name(format!("accept {i}"))
-                    .spawn(move || listener.accept(ACCEPT_TIMEOUT))
+                    .spawn(move || accept_proven(listener.as_mut(), &token, i))
                     .map_err(|source| RoleError::Thread {
                         what: "an accept thread",
                         source,
@@ -143,11 +144,14 @@ pub fn open(
                     workload,
                     detail: "a client role needs a target".into(),
                 })?;
-                let flow = match per_flow(&spec.bind_ips, i) {
+                let mut flow = match per_flow(&spec.bind_ips, i) {
                     Some(local) => t.connect_from(&config, &target, local),
                     None => t.connect(&config, &target),
                 }
                 .map_err(|source| RoleError::Open { index: i, source })?;
+                // No payload to an address that is not this point's server.
+                crate::preamble::connector(flow.as_mut(), ctx.data_token)
+                    .map_err(|source| RoleError::NotInSession { index: i, source })?;
                 flows.push(flow);
             }
             Ok(Box::new(Streams {
@@ -161,7 +165,31 @@ pub fn open(
     }
 }
 
-type Accept = JoinHandle<Result<Box<dyn transport::Flow>, TransportError>>;
+type Accept = JoinHandle<Result<Box<dyn transport::Flow>, RoleError>>;
+
+/// Accepts flow `index`: the first connection that proves the point's
+/// token within [`ACCEPT_TIMEOUT`]; a stranger's connection is dropped and
+/// the wait goes on.
+fn accept_proven(
+    listener: &mut dyn transport::Listener,
+    token: &netgap_proto::dataproof::DataToken,
+    index: usize,
+) -> Result<Box<dyn transport::Flow>, RoleError> {
+    let deadline = Instant::now() + ACCEPT_TIMEOUT;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let mut flow = listener
+            .accept(left.max(Duration::from_millis(1)))
+            .map_err(|source| RoleError::Open { index, source })?;
+        match crate::preamble::listener(flow.as_mut(), token) {
+            Ok(()) => return Ok(flow),
+            Err(source) if Instant::now() >= deadline => {
+                return Err(RoleError::NotInSession { index, source })
+            }
+            Err(_) => {}
+        }
+    }
+}
 
 /// A server role whose listeners are open and whose flows are being
 /// accepted in the background.
@@ -185,8 +213,8 @@ impl OpenRole for Accepting {
         for (index, h) in self.accepts.into_iter().enumerate() {
             match h.join() {
                 Ok(Ok(f)) => flows.push(f),
-                Ok(Err(source)) => {
-                    first_err.get_or_insert(RoleError::Open { index, source });
+                Ok(Err(e)) => {
+                    first_err.get_or_insert(e);
                 }
                 Err(_) => {
                     first_err.get_or_insert(RoleError::Panicked {
