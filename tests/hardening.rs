@@ -458,3 +458,25 @@ fn a_coordinator_sends_no_payload_to_an_address_its_agent_names() {
         sink.received()
     );
 }
+
+#[test]
+fn max_rate_paces_bandwidth_roles_to_the_limit() {
+    let flags = ["--max-rate", "0.2"];
+    let agents = [
+        Agent::start_with("127.0.0.2", &flags),
+        Agent::start_with("127.0.0.3", &flags),
+    ];
+    let hosts = format!("{},{}", agents[0].addr, agents[1].addr);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json = dir.path().join("r.jsonl");
+    let out = netgap()
+        .args(["run", "multistream", "--hosts", &hosts, "-P", "2"])
+        .args(["--reps", "1", "--duration", "1s", "--json"])
+        .arg(&json)
+        .output()
+        .expect("run");
+    assert!(out.status.success(), "{out:?}");
+    let records = common::read_records(&json);
+    let gbps = records[0]["value"].as_f64().expect("value");
+    assert!(gbps > 0.0 && gbps <= 0.2 * 1.1, "{gbps} Gbit/s against 0.2");
+}

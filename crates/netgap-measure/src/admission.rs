@@ -6,7 +6,9 @@
 //! already holds [`MAX_UNPROVEN_PER_SOURCE`] places, that source's oldest
 //! connection is closed to make room; when the pool holds
 //! [`MAX_UNPROVEN`], the oldest connection of the source holding the most
-//! places is closed. A connection leaves the pool as soon as it has proven
+//! places is closed. Connections that have sent nothing that parses yet go
+//! first: a coordinator starts its proof at once, so strangers that stay
+//! silent, drip bytes or churn new connections push out each other, not it. A connection leaves the pool as soon as it has proven
 //! itself, and is closed by its own thread at its proof deadline. So silent,
 //! slow or garbage connections only ever push out each other: a coordinator
 //! that proves the key in less time than it takes strangers to open
@@ -31,6 +33,8 @@ struct Entry {
     id: u64,
     source: Option<IpAddr>,
     since: Instant,
+    /// Sent a first well-formed frame (the start of a proof or a hello).
+    started: bool,
     closer: Option<Closer>,
 }
 
@@ -58,8 +62,11 @@ impl Pool {
     pub(crate) fn admit(self: &Arc<Self>, source: Option<IpAddr>, closer: Closer) -> Ticket {
         let evicted = {
             let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
-            let keys: Vec<(Option<IpAddr>, Instant)> =
-                inner.entries.iter().map(|e| (e.source, e.since)).collect();
+            let keys: Vec<Key> = inner
+                .entries
+                .iter()
+                .map(|e| (e.source, e.since, e.started))
+                .collect();
             let evicted = victim(&keys, source).map(|i| inner.entries.remove(i));
             inner.next_id += 1;
             let id = inner.next_id;
@@ -67,6 +74,7 @@ impl Pool {
                 id,
                 source,
                 since: Instant::now(),
+                started: false,
                 closer: Some(closer),
             });
             (evicted, id)
@@ -93,6 +101,21 @@ impl Pool {
     }
 }
 
+impl Ticket {
+    /// Marks the connection as having sent a well-formed first frame: it
+    /// is closed for room only after every silent one.
+    pub(crate) fn started(&self) {
+        let mut inner = self
+            .pool
+            .inner
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(e) = inner.entries.iter_mut().find(|e| e.id == self.id) {
+            e.started = true;
+        }
+    }
+}
+
 impl Drop for Ticket {
     fn drop(&mut self) {
         let mut inner = self
@@ -104,18 +127,26 @@ impl Drop for Ticket {
     }
 }
 
-/// Which of the pool's connections (`source`, admitted at) to close before
-/// admitting one from `new_source`, if any: the new source's oldest when it
-/// is at its share, else, in a full pool, the oldest of the source holding
-/// the most (ties: the oldest of those).
-fn victim(entries: &[(Option<IpAddr>, Instant)], new_source: Option<IpAddr>) -> Option<usize> {
+/// A connection as eviction sees it: its source, when it came, whether it
+/// started a proof.
+type Key = (Option<IpAddr>, Instant, bool);
+
+/// Which of the pool's connections to close before admitting one from
+/// `new_source`, if any: the new source's oldest when it is at its share,
+/// else, in a full pool, the oldest of the source holding the most (ties:
+/// the oldest of those). Connections that have not started are chosen
+/// before any that has.
+fn victim(entries: &[Key], new_source: Option<IpAddr>) -> Option<usize> {
     let count = |s: Option<IpAddr>| entries.iter().filter(|e| e.0 == s).count();
+    let idle_left = entries.iter().any(|e| !e.2);
+    // Among the connections that may go first: not started, when any is.
+    let first = |e: &Key| !idle_left || !e.2;
     let oldest_of = |s: Option<IpAddr>| {
-        entries
-            .iter()
-            .enumerate()
-            .filter(|(_, e)| e.0 == s)
+        let of_source = || entries.iter().enumerate().filter(move |(_, e)| e.0 == s);
+        of_source()
+            .filter(|(_, e)| first(e))
             .min_by_key(|(_, e)| e.1)
+            .or_else(|| of_source().min_by_key(|(_, e)| e.1))
             .map(|(i, _)| i)
     };
     if count(new_source) >= MAX_UNPROVEN_PER_SOURCE {
@@ -126,9 +157,9 @@ fn victim(entries: &[(Option<IpAddr>, Instant)], new_source: Option<IpAddr>) -> 
     }
     entries
         .iter()
-        .enumerate()
-        .max_by(|(_, a), (_, b)| count(a.0).cmp(&count(b.0)).then(b.1.cmp(&a.1)))
-        .and_then(|(_, e)| oldest_of(e.0))
+        .filter(|e| first(e))
+        .max_by(|a, b| count(a.0).cmp(&count(b.0)).then(b.1.cmp(&a.1)))
+        .and_then(|e| oldest_of(e.0))
 }
 
 #[cfg(test)]
@@ -147,29 +178,42 @@ mod tests {
         let t0 = Instant::now();
         let at = |ms: u64| t0 + Duration::from_millis(ms);
         let mut entries: Vec<_> = (0..MAX_UNPROVEN as u64 - 2)
-            .map(|i| (ip(1), at(i + 10)))
+            .map(|i| (ip(1 + u8::from(i % 2 == 0)), at(i + 10), false))
             .collect();
-        entries.push((ip(2), at(0)));
-        entries.push((ip(3), at(1)));
-        // The lone connections of other sources are older, but the busy
+        entries.push((ip(3), at(0), false));
+        entries.push((ip(4), at(1), false));
+        // The lone connections of other sources are older, but a busy
         // source gives up its oldest.
-        assert_eq!(victim(&entries, ip(4)), Some(0));
-        assert_eq!(victim(&entries[1..], ip(4)), None);
+        assert_eq!(victim(&entries, ip(5)), Some(0));
+        assert_eq!(victim(&entries[1..], ip(5)), None);
     }
 
     #[test]
     fn a_source_at_its_share_closes_its_own_oldest() {
         let t0 = Instant::now();
         let mut entries: Vec<_> = (0..MAX_UNPROVEN_PER_SOURCE as u64)
-            .map(|i| (ip(1), t0 + Duration::from_millis(100 - i)))
+            .map(|i| (ip(1), t0 + Duration::from_millis(100 - i), false))
             .collect();
-        entries.insert(0, (ip(2), t0));
-        assert_eq!(
-            victim(&entries, ip(1)),
-            Some(MAX_UNPROVEN_PER_SOURCE),
-            "the newest-admitted is the oldest by time"
-        );
+        entries.insert(0, (ip(2), t0, false));
+        // The last admitted is the oldest by time here.
+        assert_eq!(victim(&entries, ip(1)), Some(MAX_UNPROVEN_PER_SOURCE));
         assert_eq!(victim(&entries, ip(2)), None);
+    }
+
+    #[test]
+    fn a_connection_that_started_its_proof_goes_after_every_silent_one() {
+        let t0 = Instant::now();
+        let mut entries: Vec<_> = (0..MAX_UNPROVEN_PER_SOURCE as u64)
+            .map(|i| (ip(1), t0 + Duration::from_millis(i), false))
+            .collect();
+        // The oldest of the source has started: the next oldest goes.
+        entries[0].2 = true;
+        assert_eq!(victim(&entries, ip(1)), Some(1));
+        // When every one has started, the oldest goes.
+        for e in &mut entries {
+            e.2 = true;
+        }
+        assert_eq!(victim(&entries, ip(1)), Some(0));
     }
 
     #[test]
@@ -189,6 +233,7 @@ mod tests {
         }
         assert_eq!(pool.len(), MAX_UNPROVEN);
         assert_eq!(closed.load(Ordering::SeqCst), 10);
+        tickets[0].started();
         tickets.clear();
         assert_eq!(pool.len(), 0);
     }

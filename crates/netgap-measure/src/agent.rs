@@ -39,8 +39,13 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Most connections at once that have not yet said hello; a new one past
 /// them closes the oldest of the source holding the most.
 pub const MAX_HANDSHAKES: usize = crate::admission::MAX_UNPROVEN;
-/// How long an established session may stay silent between requests.
+/// How long an established session may stay silent between requests, at
+/// most: an agent with a shorter `--max-duration` waits that long, but at
+/// least [`MIN_IDLE_TIMEOUT`].
 const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// The shortest wait between requests, whatever `--max-duration` says: a
+/// coordinator computes and writes a point's results between requests.
+const MIN_IDLE_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long the agent waits for the coordinator's data connection.
 const ACCEPT_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -277,18 +282,19 @@ impl OpenPoint {
 fn next_request(
     conn: &mut ControlConn,
     point: Option<&OpenPoint>,
+    idle: Duration,
 ) -> Result<Vec<u8>, ControlError> {
     let Some(monitor) = point.and_then(|p| p.monitor.as_ref()) else {
-        return recv_or_tell(conn, IDLE_TIMEOUT);
+        return recv_or_tell(conn, idle);
     };
     let t0 = Instant::now();
     // A broken flow shows in the next repetition; the wait goes on.
-    let _ = monitor.serve_idle(conn.stream().as_fd(), IDLE_TIMEOUT);
-    let left = IDLE_TIMEOUT
+    let _ = monitor.serve_idle(conn.stream().as_fd(), idle);
+    let left = idle
         .saturating_sub(t0.elapsed())
         .max(Duration::from_millis(1));
     recv_or_tell(conn, left).map_err(|e| match e {
-        ControlError::TimedOut(_) => ControlError::TimedOut(IDLE_TIMEOUT),
+        ControlError::TimedOut(_) => ControlError::TimedOut(idle),
         other => other,
     })
 }
@@ -321,7 +327,7 @@ fn run_session(
     let mut conn = ControlConn::new(stream).map_err(ControlError::Io)?;
     let deadline = Instant::now() + HANDSHAKE_TIMEOUT;
     if let Some(key) = &shared.key {
-        crate::auth::challenge(&mut conn, key, deadline)
+        crate::auth::challenge(&mut conn, key, deadline, &|| slot.started())
             .map_err(|e| SessionEnd::Refused(e.to_string()))?;
     }
     let left = deadline
@@ -348,6 +354,11 @@ fn run_session(
     let claim = claimed.then(|| Arc::new(BusyClaim(Arc::clone(shared))));
     let mut session = AgentSession::new(netgap_transport::host::collect(Some(local_ip)), !claimed);
     let mut point: Option<OpenPoint> = None;
+    // A silent coordinator holds the agent no longer than its longest run.
+    let idle = shared
+        .limits
+        .max_duration
+        .clamp(MIN_IDLE_TIMEOUT, IDLE_TIMEOUT);
     let mut open_size_bytes = 0u64;
     // The data token of the point being opened or prepared.
     let mut token: Option<DataToken> = None;
@@ -454,7 +465,7 @@ fn run_session(
                 conn.send(&reply)?;
             }
         }
-        let payload = next_request(&mut conn, point.as_ref())?;
+        let payload = next_request(&mut conn, point.as_ref(), idle)?;
         request = match decode_request(&payload) {
             Ok(r) => r,
             Err(e) => return Err(refuse(&mut conn, format!("bad message: {e}"))),

@@ -191,12 +191,15 @@ pub(crate) const KEY_REQUIRED: &str =
     "the agent requires a shared key: pass --key FILE with the agent's key";
 
 /// Agent side: challenges the coordinator on `conn` with `key`, waiting at
-/// most until `deadline`. Nothing the peer sends is decoded as a request.
-/// On failure, the coordinator gets one error reply (best effort).
+/// most until `deadline`; `started` is called once the coordinator's first
+/// frame parses (it has begun the proof). Nothing the peer sends is decoded
+/// as a request. On failure, the coordinator gets one error reply (best
+/// effort).
 pub fn challenge(
     conn: &mut ControlConn,
     key: &Key,
     deadline: Instant,
+    started: &dyn Fn(),
 ) -> Result<(), HandshakeError> {
     let mut hs = AgentHandshake::new(key.clone(), nonce().map_err(HandshakeError::Random)?);
     conn.send_payload(&hs.challenge())?;
@@ -207,7 +210,7 @@ pub fn challenge(
         }
         let payload = crate::agent::recv_or_tell(conn, left)?;
         match hs.on_frame(&payload) {
-            Ok(None) => {}
+            Ok(None) => started(),
             Ok(Some(proof)) => {
                 conn.send_payload(&proof)?;
                 return Ok(());

@@ -135,6 +135,7 @@ pub fn open(
                 addrs,
                 accepts,
                 stop: ctx.stop.clone(),
+                max_rate_gbps: ctx.limits.max_rate_gbps,
             }))
         }
         GroupRole::Client => {
@@ -160,6 +161,7 @@ pub fn open(
                 size,
                 flows,
                 stop: ctx.stop.clone(),
+                max_rate_gbps: ctx.limits.max_rate_gbps,
             }))
         }
     }
@@ -200,6 +202,7 @@ struct Accepting {
     addrs: Vec<String>,
     accepts: Vec<Accept>,
     stop: Stop,
+    max_rate_gbps: f64,
 }
 
 impl OpenRole for Accepting {
@@ -232,6 +235,7 @@ impl OpenRole for Accepting {
             size: self.size,
             flows,
             stop: self.stop,
+            max_rate_gbps: self.max_rate_gbps,
         }))
     }
 }
@@ -244,6 +248,9 @@ struct Streams {
     flows: Vec<Box<dyn transport::Flow>>,
     /// The session's end: every flow thread stops at its next message.
     stop: Stop,
+    /// The agent's highest rate (`--max-rate`), shared by the role's
+    /// sending flows, which pace themselves to their share.
+    max_rate_gbps: f64,
 }
 
 impl OpenRole for Streams {
@@ -281,6 +288,8 @@ impl ReadyRole for Streams {
             Arc::from(Vec::new())
         };
         let recv_bytes = recv_buffer_bytes(size);
+        let flow_count = self.flows.len().max(1) as f64;
+        let flow_bytes_per_s = self.max_rate_gbps * 1e9 / 8.0 / flow_count;
         let mut handles = Vec::with_capacity(self.flows.len());
         for (i, flow) in self.flows.into_iter().enumerate() {
             let stop = self.stop.clone();
@@ -289,7 +298,7 @@ impl ReadyRole for Streams {
                 .name(format!("flow {i}"))
                 .spawn(move || {
                     if sends {
-                        send_until(flow, &payload, end, &stop)
+                        send_until(flow, &payload, end, &stop, flow_bytes_per_s)
                     } else {
                         recv_until(flow, recv_bytes, window_start, end, drain, &stop)
                     }
@@ -352,17 +361,28 @@ fn recv_buffer_bytes(size_bytes: usize) -> usize {
     size_bytes.clamp(1, RECV_BUFFER_BYTES)
 }
 
-/// Sends `payload` back to back until `end` or the stop, then closes the
-/// flow (dropping it), which ends the receiver's loop.
+/// Sends `payload` back to back until `end` or the stop, never faster
+/// than `max_bytes_per_s` on average (a share of the agent's `--max-rate`),
+/// then closes the flow (dropping it), which ends the receiver's loop.
 fn send_until(
     mut flow: Box<dyn transport::Flow>,
     payload: &[u8],
     end: Instant,
     stop: &Stop,
+    max_bytes_per_s: f64,
 ) -> Result<StreamCount, FlowError> {
     let (tx, _) = flow.split();
     let mut count = StreamCount::default();
+    let t0 = Instant::now();
     while Instant::now() < end && !stop.is_set() {
+        // Ahead of the rate: wait until the bytes sent are due (at most a
+        // stop tick at a time, so the stop and the window end still bite).
+        let due = Duration::from_secs_f64(count.bytes_tx as f64 / max_bytes_per_s);
+        let ahead = due.saturating_sub(t0.elapsed());
+        if !ahead.is_zero() {
+            std::thread::sleep(ahead.min(super::role::STOP_TICK));
+            continue;
+        }
         match tx.send_all(payload) {
             Ok(()) => count.bytes_tx += payload.len() as u64,
             // The receiver stopped reading at its own end of the window.
