@@ -15,7 +15,7 @@
 //!    ([`ListenerProof::on_confirm`]) before its role starts.
 //!
 //! So an address that is not a netgap end of this point (a plain sink, a
-//! port of another service) gets 21 bytes of nonce and never a payload
+//! port of another service) gets a 20-byte nonce and never a payload
 //! byte, and a stranger connecting to a data listener is refused. The token
 //! itself never crosses a data connection. Tags are compared in constant
 //! time.

@@ -354,7 +354,7 @@ impl ReadyRole for Streams {
 /// size whatever the message size, so receivers need not hold a message
 /// each. A transport with message boundaries reads a whole message, at
 /// most its largest (64 KiB for the cross-host datagram transport).
-pub(crate) const RECV_BUFFER_BYTES: usize = 256 * 1024;
+pub const RECV_BUFFER_BYTES: usize = 256 * 1024;
 
 /// The receive buffer of a flow of `size_bytes` messages.
 fn recv_buffer_bytes(size_bytes: usize) -> usize {
