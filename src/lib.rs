@@ -19,7 +19,7 @@
 pub use netgap_core::{datagram, dropout, host, record, sizing, spec, stats, units, VERSION};
 pub use netgap_measure::{
     agent, auth, bench, cluster, conditions, control, coordinator, group, interleave, logp, output,
-    plan, runner, sink, sweep, workload,
+    plan, preamble, runner, sink, sweep, workload,
 };
 pub use netgap_proto as proto;
 pub use netgap_proto::limits;

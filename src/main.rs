@@ -370,6 +370,7 @@ fn serve(args: &ServeArgs) -> Result<()> {
         max_duration: args.max_duration,
         max_rate_gbps: args.max_rate,
         max_message_bytes: args.max_message,
+        max_memory_bytes: args.max_memory,
     };
     limits.validate().map_err(|e| anyhow!(e))?;
     let key = args
@@ -382,6 +383,11 @@ fn serve(args: &ServeArgs) -> Result<()> {
         let ip: IpAddr = ip
             .parse()
             .with_context(|| format!("--data-bind {ip:?} is not an IP address"))?;
+        if !ip.is_loopback() && args.key.is_none() {
+            return Err(anyhow!(
+                "refusing data listeners on {ip} without --key: other hosts could connect to them; make a key with `netgap key new FILE` and pass --key FILE on both ends"
+            ));
+        }
         agent = agent.with_data_ip(ip);
     }
     let keyed = key.is_some();

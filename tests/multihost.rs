@@ -291,7 +291,8 @@ fn prepare_raw(agent: &AgentProc, spec: netgap::proto::group::GroupSpec) -> netg
             Err(e) => panic!("welcome: {e}"),
         }
     };
-    conn.send(&session.group_prepare(spec))
+    let token = netgap::preamble::new_token().expect("a data token");
+    conn.send(&session.group_prepare(spec, token))
         .expect("prepare sent");
     decode_reply(
         &conn
@@ -399,10 +400,11 @@ fn agent_refuses_parameters_past_its_limits_before_any_data_socket() {
         bait.accept().is_err(),
         "the agent opened a data connection for a refused request"
     );
-    // Within limits and to a session host, the same agent connects.
+    // Within limits and to a session host, the same agent connects, and
+    // the bait, which is no netgap agent, gets no payload.
     match prepare_raw(&agent, raw_spec(&target)) {
-        Reply::GroupReady => {}
-        other => panic!("expected ready, got {other:?}"),
+        Reply::Error { message } => assert!(message.contains("no payload was sent"), "{message}"),
+        other => panic!("expected a refusal of the bait, got {other:?}"),
     }
 }
 
@@ -456,8 +458,8 @@ fn agent_refuses_group_roles_past_its_own_limits_before_any_data_socket() {
         "the agent opened a data connection for a refused request"
     );
     match prepare_raw(&agent, raw_spec(&target)) {
-        Reply::GroupReady => {}
-        other => panic!("expected ready, got {other:?}"),
+        Reply::Error { message } => assert!(message.contains("no payload was sent"), "{message}"),
+        other => panic!("expected a refusal of the bait, got {other:?}"),
     }
 }
 

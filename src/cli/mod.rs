@@ -261,7 +261,8 @@ pub struct ServeArgs {
     #[arg(long, short = 'p', default_value_t = DEFAULT_PORT)]
     pub port: u16,
     /// Address data listeners bind to (default: the address the control
-    /// connection came in on; 127.0.0.1 over a Unix socket).
+    /// connection came in on; 127.0.0.1 over a Unix socket); any but a
+    /// loopback address needs --key.
     #[arg(long, value_name = "IP")]
     pub data_bind: Option<String>,
     /// Shared key file every coordinator must prove (mode 0600).
@@ -279,4 +280,8 @@ pub struct ServeArgs {
     /// Largest message a session may use (e.g. 64K, 4M).
     #[arg(long, default_value = "256M", value_name = "SIZE", value_parser = netgap::units::parse_size_bytes)]
     pub max_message: u64,
+    /// Most memory one request may commit (buffers, threads and state of
+    /// its flows, computed before anything is allocated), e.g. 512M, 4G.
+    #[arg(long, default_value = "1G", value_name = "SIZE", value_parser = netgap::units::parse_size_bytes)]
+    pub max_memory: u64,
 }

@@ -5,17 +5,20 @@
 //!
 //! With a key, every connection first proves it ([`crate::auth::challenge`])
 //! before any request is decoded. Connections still in that handshake (or
-//! before their `Hello`) are few ([`MAX_HANDSHAKES`]) and short
-//! ([`HANDSHAKE_TIMEOUT`]), and none of them holds the busy slot, so clients
-//! that cannot authenticate cannot keep the agent from serving. Requests are
+//! before their `Hello`) are few ([`MAX_HANDSHAKES`]), short
+//! ([`HANDSHAKE_TIMEOUT`]) and never turned away: a new one closes the
+//! oldest unproven connection of the busiest source when the pool is full
+//! (see `admission`), and none of them holds the busy slot, so clients that
+//! cannot authenticate cannot keep the agent from serving. Requests are
 //! checked against the agent's [`AgentLimits`] before any data socket opens.
 
 use crate::bench;
 use crate::control::{ControlAddr, ControlConn, ControlError, ControlStream};
-use crate::workload::role::{self, ReadyRole, RoleContext, RoleError, RoleResult};
+use crate::workload::role::{self, ReadyRole, RoleContext, RoleError, RoleResult, Stop};
 use netgap_core::spec::PointSpec;
 use netgap_proto::auth::{is_auth_frame, Key};
 use netgap_proto::codec::decode_request;
+use netgap_proto::dataproof::DataToken;
 use netgap_proto::group::GroupRole;
 use netgap_proto::limits::AgentLimits;
 use netgap_proto::message::{Reply, Request};
@@ -27,17 +30,22 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
 use std::os::fd::AsFd;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixListener;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How long a new connection may take to authenticate and say hello.
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(3);
-/// Most connections at once that have not yet said hello; more are closed
-/// at once.
-pub const MAX_HANDSHAKES: usize = 16;
-/// How long an established session may stay silent between requests.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Most connections at once that have not yet said hello; a new one past
+/// them closes the oldest of the source holding the most.
+pub const MAX_HANDSHAKES: usize = crate::admission::MAX_UNPROVEN;
+/// How long an established session may stay silent between requests, at
+/// most: an agent with a shorter `--max-duration` waits that long, but at
+/// least [`MIN_IDLE_TIMEOUT`].
 const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// The shortest wait between requests, whatever `--max-duration` says: a
+/// coordinator computes and writes a point's results between requests.
+const MIN_IDLE_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long the agent waits for the coordinator's data connection.
 const ACCEPT_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -72,7 +80,7 @@ impl Listener {
 /// What every session of an agent shares.
 struct Shared {
     busy: AtomicBool,
-    handshakes: AtomicUsize,
+    unproven: Arc<crate::admission::Pool>,
     key: Option<Key>,
     limits: AgentLimits,
     data_ip: Option<IpAddr>,
@@ -123,7 +131,7 @@ impl Agent {
             listener,
             shared: Shared {
                 busy: AtomicBool::new(false),
-                handshakes: AtomicUsize::new(0),
+                unproven: Arc::default(),
                 key: None,
                 limits: AgentLimits::default(),
                 data_ip: None,
@@ -182,12 +190,17 @@ impl Agent {
                 }
                 Err(e) => return Err(e),
             };
-            let Some(slot) = HandshakeSlot::claim(&shared) else {
-                // Too many connections are still shaking hands: this one
-                // gets no thread and no buffer.
-                drop(stream);
+            // A connection that cannot be closed from outside could not be
+            // evicted: it gets no place.
+            let Ok(closer) = stream.try_clone() else {
                 continue;
             };
+            let slot = shared.unproven.admit(
+                stream.peer_ip(),
+                Box::new(move || {
+                    let _ = closer.shutdown();
+                }),
+            );
             let shared = Arc::clone(&shared);
             let quiet = self.quiet;
             let spawned = std::thread::Builder::new()
@@ -233,34 +246,14 @@ enum SessionEnd {
     Refused(String),
 }
 
-/// One of the [`MAX_HANDSHAKES`] places of connections that have not yet
-/// said hello; freed when dropped.
-struct HandshakeSlot(Arc<Shared>);
+/// Releases the busy flag when the session that claimed it and every role
+/// thread it started have ended: the next session starts only once nothing
+/// of this one runs.
+struct BusyClaim(Arc<Shared>);
 
-impl HandshakeSlot {
-    fn claim(shared: &Arc<Shared>) -> Option<HandshakeSlot> {
-        shared
-            .handshakes
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < MAX_HANDSHAKES).then_some(n + 1)
-            })
-            .ok()
-            .map(|_| HandshakeSlot(Arc::clone(shared)))
-    }
-}
-
-impl Drop for HandshakeSlot {
+impl Drop for BusyClaim {
     fn drop(&mut self) {
-        self.0.handshakes.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-/// Releases the busy flag when the session that claimed it ends.
-struct BusyClaim<'a>(&'a AtomicBool);
-
-impl Drop for BusyClaim<'_> {
-    fn drop(&mut self) {
-        self.0.store(false, Ordering::Release);
+        self.0.busy.store(false, Ordering::Release);
     }
 }
 
@@ -289,26 +282,43 @@ impl OpenPoint {
 fn next_request(
     conn: &mut ControlConn,
     point: Option<&OpenPoint>,
+    idle: Duration,
 ) -> Result<Vec<u8>, ControlError> {
     let Some(monitor) = point.and_then(|p| p.monitor.as_ref()) else {
-        return conn.recv_payload(IDLE_TIMEOUT);
+        return recv_or_tell(conn, idle);
     };
     let t0 = Instant::now();
     // A broken flow shows in the next repetition; the wait goes on.
-    let _ = monitor.serve_idle(conn.stream().as_fd(), IDLE_TIMEOUT);
-    let left = IDLE_TIMEOUT
+    let _ = monitor.serve_idle(conn.stream().as_fd(), idle);
+    let left = idle
         .saturating_sub(t0.elapsed())
         .max(Duration::from_millis(1));
-    conn.recv_payload(left).map_err(|e| match e {
-        ControlError::TimedOut(_) => ControlError::TimedOut(IDLE_TIMEOUT),
+    recv_or_tell(conn, left).map_err(|e| match e {
+        ControlError::TimedOut(_) => ControlError::TimedOut(idle),
         other => other,
+    })
+}
+
+/// Receives one frame; a frame that breaks the framing (too large, empty,
+/// an overrun) is answered with one error line before the session ends, so
+/// the peer learns why it was closed.
+pub(crate) fn recv_or_tell(
+    conn: &mut ControlConn,
+    timeout: Duration,
+) -> Result<Vec<u8>, ControlError> {
+    conn.recv_payload(timeout).inspect_err(|e| {
+        if let ControlError::Codec(c) = e {
+            let _ = conn.send(&Reply::Error {
+                message: format!("bad control frame: {c}; closing the connection"),
+            });
+        }
     })
 }
 
 fn run_session(
     stream: ControlStream,
-    shared: &Shared,
-    slot: HandshakeSlot,
+    shared: &Arc<Shared>,
+    slot: crate::admission::Ticket,
 ) -> Result<(), SessionEnd> {
     let local_ip = shared
         .data_ip
@@ -317,15 +327,19 @@ fn run_session(
     let mut conn = ControlConn::new(stream).map_err(ControlError::Io)?;
     let deadline = Instant::now() + HANDSHAKE_TIMEOUT;
     if let Some(key) = &shared.key {
-        crate::auth::challenge(&mut conn, key, deadline)
+        crate::auth::challenge(&mut conn, key, deadline, &|| slot.started())
             .map_err(|e| SessionEnd::Refused(e.to_string()))?;
     }
     let left = deadline
         .saturating_duration_since(Instant::now())
         .max(Duration::from_millis(1));
-    let first = conn.recv_payload(left)?;
+    let first = recv_or_tell(&mut conn, left)?;
     if is_auth_frame(&first) {
-        return Err(refuse(&mut conn, crate::auth::no_key_message()));
+        let message = match shared.key {
+            Some(_) => crate::auth::ALREADY_PROVEN.to_string(),
+            None => crate::auth::no_key_message(),
+        };
+        return Err(refuse(&mut conn, message));
     }
     let hello = match decode_request(&first) {
         Ok(r) => r,
@@ -337,23 +351,37 @@ fn run_session(
         && busy
             .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
             .is_ok();
-    let _claim = claimed.then(|| BusyClaim(busy));
+    let claim = claimed.then(|| Arc::new(BusyClaim(Arc::clone(shared))));
     let mut session = AgentSession::new(netgap_transport::host::collect(Some(local_ip)), !claimed);
     let mut point: Option<OpenPoint> = None;
+    // A silent coordinator holds the agent no longer than its longest run.
+    let idle = shared
+        .limits
+        .max_duration
+        .clamp(MIN_IDLE_TIMEOUT, IDLE_TIMEOUT);
     let mut open_size_bytes = 0u64;
-    let mut group: Option<Box<dyn ReadyRole>> = None;
+    // The data token of the point being opened or prepared.
+    let mut token: Option<DataToken> = None;
+    let mut group: Option<(Box<dyn ReadyRole>, Stop, Duration)> = None;
     let mut request = hello;
     loop {
         // Limits first: nothing past them reaches a data socket.
         let within = match &request {
-            Request::Open { spec } => {
+            Request::Open { spec, data_token } => {
                 open_size_bytes = spec.size_bytes;
+                token = Some(data_token.clone());
                 shared.limits.check_point(spec)
             }
             Request::Run { iterations, .. } => {
                 shared.limits.check_run(*iterations, open_size_bytes)
             }
-            Request::GroupPrepare { spec } => shared.limits.check_group(spec),
+            Request::GroupPrepare { spec, data_token } => {
+                token = Some(data_token.clone());
+                shared
+                    .limits
+                    .check_group(spec)
+                    .and_then(|()| keyless_stays_on_loopback(shared.key.is_some(), spec))
+            }
             _ => Ok(()),
         };
         if let Err(e) = within {
@@ -370,7 +398,10 @@ fn run_session(
                 return Ok(());
             }
             AgentAction::OpenPoint(spec) => {
-                let opened = open_point(&mut conn, &mut session, &spec, local_ip);
+                let Some(token) = token.as_ref() else {
+                    return Err(refuse(&mut conn, "no data token".into()));
+                };
+                let opened = open_point(&mut conn, &mut session, &spec, local_ip, token);
                 match opened {
                     Ok(p) => point = Some(p),
                     Err(e) => return Err(refuse(&mut conn, e.to_string())),
@@ -396,16 +427,24 @@ fn run_session(
                 }
             }
             AgentAction::PrepareGroup(spec) => {
+                // A role of its own: a failing flow engine sets it too.
+                let stop = Stop::new();
+                let Some(token) = token.as_ref() else {
+                    return Err(refuse(&mut conn, "no data token".into()));
+                };
                 let ctx = RoleContext {
                     spec: &spec,
                     control_ip: local_ip,
                     limits: &shared.limits,
+                    stop: &stop,
+                    data_token: token,
                 };
-                group = prepare_group(&mut conn, &mut session, ctx)?;
+                group = prepare_group(&mut conn, &mut session, ctx)?
+                    .map(|role| (role, stop, role_deadline(&spec)));
             }
             AgentAction::RunGroup => {
                 let outcome = match group.take() {
-                    Some(g) => run_group(&mut conn, &session, g)?,
+                    Some(g) => run_group(&mut conn, &session, g, claim.clone())?,
                     None => Err(RoleError::NotPrepared),
                 };
                 let replies = match outcome {
@@ -426,7 +465,7 @@ fn run_session(
                 conn.send(&reply)?;
             }
         }
-        let payload = next_request(&mut conn, point.as_ref())?;
+        let payload = next_request(&mut conn, point.as_ref(), idle)?;
         request = match decode_request(&payload) {
             Ok(r) => r,
             Err(e) => return Err(refuse(&mut conn, format!("bad message: {e}"))),
@@ -470,19 +509,72 @@ fn prepare_group(
     }
 }
 
+/// How long past its warm-up and window a group role may run before the
+/// agent stops it: its receivers' drain (the I/O timeout) and a grace.
+fn role_deadline(spec: &netgap_proto::group::GroupSpec) -> Duration {
+    let (warmup, window) = role::window(spec);
+    let drain = Duration::from_millis(u64::from(spec.point.io_timeout_ms));
+    warmup + window + drain + ROLE_GRACE
+}
+
+/// Time a role may take past its window and drain (closing its flows,
+/// gathering reports) before the agent stops it.
+const ROLE_GRACE: Duration = Duration::from_secs(2);
+
+/// Sets a role's stop signal when dropped: whichever way [`run_group`]
+/// returns (the role done, the coordinator gone, the control connection
+/// broken), nothing of the role keeps running.
+struct StopOnDrop(Stop);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.set();
+    }
+}
+
+/// Whether the peer of `conn` has closed it (or it broke), without
+/// consuming anything it sent.
+fn peer_gone(conn: &ControlConn) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut byte = 0u8;
+    // SAFETY: the fd is the open control socket, borrowed for the call;
+    // the buffer is one writable byte that outlives it.
+    let n = unsafe {
+        libc::recv(
+            conn.stream().as_fd().as_raw_fd(),
+            std::ptr::from_mut(&mut byte).cast(),
+            1,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    match n {
+        0 => true,
+        n if n > 0 => false,
+        _ => !matches!(
+            io::Error::last_os_error().kind(),
+            io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+        ),
+    }
+}
+
 /// Runs a prepared group role on its own thread, telling the coordinator
-/// every [`GROUP_ALIVE_INTERVAL`] that this agent is still alive.
+/// every [`GROUP_ALIVE_INTERVAL`] that this agent is still alive. The role
+/// stops when the coordinator goes away or when it overruns its deadline;
+/// its thread holds the busy claim until its flows are gone.
 fn run_group(
     conn: &mut ControlConn,
     session: &AgentSession,
-    role: Box<dyn ReadyRole>,
+    (role, stop, deadline): (Box<dyn ReadyRole>, Stop, Duration),
+    claim: Option<Arc<BusyClaim>>,
 ) -> Result<Result<RoleResult, RoleError>, SessionEnd> {
     use netgap_proto::message::GROUP_ALIVE_INTERVAL;
     use std::sync::mpsc;
+    let _stop_on_return = StopOnDrop(stop.clone());
     let (tx, rx) = mpsc::channel();
     let spawned = std::thread::Builder::new()
         .name("group role".into())
         .spawn(move || {
+            let _claim = claim;
             let _ = tx.send(role.run());
         });
     if let Err(e) = spawned {
@@ -491,14 +583,27 @@ fn run_group(
             source: e,
         }));
     }
+    let t0 = Instant::now();
+    let mut next_alive = t0 + GROUP_ALIVE_INTERVAL;
     loop {
-        match rx.recv_timeout(GROUP_ALIVE_INTERVAL) {
+        match rx.recv_timeout(role::STOP_TICK) {
             Ok(result) => return Ok(result),
             Err(mpsc::RecvTimeoutError::Timeout) => {
-                let alive = session
-                    .group_alive()
-                    .map_err(|e| SessionEnd::Refused(e.to_string()))?;
-                conn.send(&alive)?;
+                if peer_gone(conn) {
+                    return Err(ControlError::Closed.into());
+                }
+                if t0.elapsed() > deadline {
+                    // Past its window and drain: the role waits on a silent
+                    // peer; it ends at its next message or I/O timeout.
+                    stop.set();
+                }
+                if Instant::now() >= next_alive {
+                    next_alive += GROUP_ALIVE_INTERVAL;
+                    let alive = session
+                        .group_alive()
+                        .map_err(|e| SessionEnd::Refused(e.to_string()))?;
+                    conn.send(&alive)?;
+                }
             }
             Err(mpsc::RecvTimeoutError::Disconnected) => {
                 return Ok(Err(RoleError::Panicked {
@@ -557,6 +662,9 @@ pub(crate) enum OpenPointError {
     /// The session refused the step.
     #[error(transparent)]
     Session(#[from] netgap_proto::session::SessionError),
+    /// No data connection proved it belongs to the session.
+    #[error("data connection: {0}")]
+    Preamble(#[from] crate::preamble::PreambleError),
     /// The control connection failed.
     #[error(transparent)]
     Control(#[from] ControlError),
@@ -570,6 +678,48 @@ pub(crate) enum OpenPointError {
     },
 }
 
+/// Accepts the point's flow: the first connection that proves the point's
+/// token within [`ACCEPT_TIMEOUT`]; a stranger's connection is dropped and
+/// the wait goes on.
+fn accept_proven(
+    listener: &mut dyn transport::Listener,
+    token: &DataToken,
+) -> Result<Box<dyn transport::Flow>, OpenPointError> {
+    let deadline = Instant::now() + ACCEPT_TIMEOUT;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let mut flow = listener.accept(left.max(Duration::from_millis(1)))?;
+        match crate::preamble::listener(flow.as_mut(), token) {
+            Ok(()) => return Ok(flow),
+            Err(e) if Instant::now() >= deadline => return Err(e.into()),
+            Err(_) => {}
+        }
+    }
+}
+
+/// Refuses, on an agent without a key, a role that would listen or send
+/// beyond loopback: anyone on the host can drive such an agent, so its
+/// data stays on the host.
+fn keyless_stays_on_loopback(
+    keyed: bool,
+    spec: &netgap_proto::group::GroupSpec,
+) -> Result<(), netgap_proto::limits::LimitError> {
+    if keyed {
+        return Ok(());
+    }
+    let targets = spec
+        .targets
+        .iter()
+        .filter_map(|t| t.parse::<std::net::SocketAddr>().ok().map(|a| a.ip()));
+    let ips = spec.listen_ips.iter().chain(&spec.bind_ips).copied();
+    match targets.chain(ips).find(|ip| !ip.is_loopback()) {
+        Some(ip) => Err(netgap_proto::limits::LimitError(format!(
+            "{ip} is not a loopback address; an agent without --key keeps its data on loopback"
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// Opens the data listener for `spec`, tells the coordinator where it is,
 /// accepts the flow and runs the server role's setup. Errors are one line
 /// for the coordinator.
@@ -578,6 +728,7 @@ fn open_point(
     session: &mut AgentSession,
     spec: &PointSpec,
     local_ip: IpAddr,
+    token: &DataToken,
 ) -> Result<OpenPoint, OpenPointError> {
     let test =
         bench::find(&spec.test).ok_or_else(|| OpenPointError::UnknownTest(spec.test.clone()))?;
@@ -608,7 +759,7 @@ fn open_point(
     let mut listener = transport.listen(&config, local_ip)?;
     let reply = session.listening(listener.addr())?;
     conn.send(&reply)?;
-    let flow = listener.accept(ACCEPT_TIMEOUT)?;
+    let flow = accept_proven(listener.as_mut(), token)?;
     drop(listener);
     let reply = session.accepted()?;
     conn.send(&reply)?;

@@ -181,17 +181,25 @@ pub(crate) fn no_key_message() -> String {
     format!("{NO_KEY_MARK}; run the coordinator without --key")
 }
 
+/// The answer to a second key proof on a connection that already proved
+/// the key.
+pub(crate) const ALREADY_PROVEN: &str =
+    "the key is already proven on this connection; the next message must be hello";
+
 /// The message a keyless coordinator shows when a keyed agent challenges it.
 pub(crate) const KEY_REQUIRED: &str =
     "the agent requires a shared key: pass --key FILE with the agent's key";
 
 /// Agent side: challenges the coordinator on `conn` with `key`, waiting at
-/// most until `deadline`. Nothing the peer sends is decoded as a request.
-/// On failure, the coordinator gets one error reply (best effort).
+/// most until `deadline`; `started` is called once the coordinator's first
+/// frame parses (it has begun the proof). Nothing the peer sends is decoded
+/// as a request. On failure, the coordinator gets one error reply (best
+/// effort).
 pub fn challenge(
     conn: &mut ControlConn,
     key: &Key,
     deadline: Instant,
+    started: &dyn Fn(),
 ) -> Result<(), HandshakeError> {
     let mut hs = AgentHandshake::new(key.clone(), nonce().map_err(HandshakeError::Random)?);
     conn.send_payload(&hs.challenge())?;
@@ -200,9 +208,9 @@ pub fn challenge(
         if left.is_zero() {
             return Err(ControlError::TimedOut(Duration::ZERO).into());
         }
-        let payload = conn.recv_payload(left)?;
+        let payload = crate::agent::recv_or_tell(conn, left)?;
         match hs.on_frame(&payload) {
-            Ok(None) => {}
+            Ok(None) => started(),
             Ok(Some(proof)) => {
                 conn.send_payload(&proof)?;
                 return Ok(());

@@ -97,6 +97,23 @@ impl ControlStream {
             ControlStream::Unix(_) => None,
         }
     }
+
+    /// A second handle on the same connection.
+    pub fn try_clone(&self) -> io::Result<ControlStream> {
+        match self {
+            ControlStream::Tcp(s) => s.try_clone().map(ControlStream::Tcp),
+            ControlStream::Unix(s) => s.try_clone().map(ControlStream::Unix),
+        }
+    }
+
+    /// Shuts the connection down both ways: a read blocked on another
+    /// handle returns at once.
+    pub fn shutdown(&self) -> io::Result<()> {
+        match self {
+            ControlStream::Tcp(s) => s.shutdown(std::net::Shutdown::Both),
+            ControlStream::Unix(s) => s.shutdown(std::net::Shutdown::Both),
+        }
+    }
 }
 
 impl AsFd for ControlStream {
@@ -189,10 +206,7 @@ impl ControlConn {
     /// A second handle on the underlying stream, for a writer on another
     /// thread while this one reads.
     pub fn try_clone_stream(&self) -> io::Result<ControlStream> {
-        match &self.stream {
-            ControlStream::Tcp(s) => s.try_clone().map(ControlStream::Tcp),
-            ControlStream::Unix(s) => s.try_clone().map(ControlStream::Unix),
-        }
+        self.stream.try_clone()
     }
 
     /// Encodes and sends one message.

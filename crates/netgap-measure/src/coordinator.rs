@@ -114,6 +114,10 @@ pub enum PointError {
     /// The test's client role could not be set up on the flow.
     #[error("setup: {0}")]
     Setup(#[source] FlowError),
+    /// The data connection's far end did not prove it belongs to the
+    /// session, or no token could be drawn.
+    #[error("data connection: {0}")]
+    Preamble(#[from] crate::preamble::PreambleError),
     /// The agent refused or failed, in its own words.
     #[error("agent error: {0}")]
     Agent(String),
@@ -191,13 +195,17 @@ impl Coordinator {
             .ok_or_else(|| PointError::UnknownTransport(spec.transport.clone()))?;
         let size =
             usize::try_from(spec.size_bytes).map_err(|_| PointError::TooLarge(spec.size_bytes))?;
-        let open = self.session.open(spec.clone());
+        let token = crate::preamble::new_token()?;
+        let open = self.session.open(spec.clone(), token.clone());
         self.conn.send(&open)?;
         let reply = recv_reply(&mut self.conn, REPLY_TIMEOUT)?;
         let data_addr = self.session.on_listening(reply)?;
         let data_addr = fix_unspecified(&data_addr, self.agent_ip);
         let config = FlowConfig::from_spec(spec);
-        let flow = transport.connect(&config, &data_addr)?;
+        let mut flow = transport.connect(&config, &data_addr)?;
+        // Whatever address the agent named, no payload goes there unless
+        // it proves it is this session's end.
+        crate::preamble::connector(flow.as_mut(), &token)?;
         let reply = recv_reply(&mut self.conn, REPLY_TIMEOUT)?;
         self.session.on_accepted(reply)?;
         let monitor = flow.monitor();

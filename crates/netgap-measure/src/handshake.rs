@@ -54,10 +54,35 @@ pub enum LinkError {
     Session(#[from] SessionError),
 }
 
+/// Attempts at a handshake whose connection the agent closed before any
+/// answer: an agent flooded by strangers closes its oldest unproven
+/// connections, and a retry gets a fresh place.
+const ATTEMPTS: usize = 3;
+
 /// Connects to the agent at `addr`, proves `key` when given (see
 /// [`crate::auth::prove`]) and shakes hands: the one handshake every
 /// coordinator uses.
 pub fn handshake(addr: &ControlAddr, key: Option<&Key>) -> Result<AgentLink, LinkError> {
+    let mut attempt = 1;
+    loop {
+        match handshake_once(addr, key) {
+            Err(e) if attempt < ATTEMPTS && closed_before_any_answer(&e) => attempt += 1,
+            done => return done,
+        }
+    }
+}
+
+/// Whether the agent closed the connection before answering anything
+/// (its answer would have been an error line or a welcome).
+fn closed_before_any_answer(e: &LinkError) -> bool {
+    matches!(
+        e,
+        LinkError::Control(ControlError::Closed)
+            | LinkError::Auth(crate::auth::HandshakeError::Control(ControlError::Closed))
+    )
+}
+
+fn handshake_once(addr: &ControlAddr, key: Option<&Key>) -> Result<AgentLink, LinkError> {
     let stream = addr.connect(CONNECT_TIMEOUT).map_err(LinkError::Connect)?;
     let local_ip = stream.local_ip();
     let agent_ip = stream.peer_ip();

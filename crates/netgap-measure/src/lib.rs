@@ -13,6 +13,7 @@
 //! `netgap_core::record::ResultRecord` written to every [`sink`] the moment
 //! it is measured.
 
+mod admission;
 pub mod agent;
 pub mod auth;
 pub mod bench;
@@ -27,6 +28,7 @@ pub mod logp;
 pub mod output;
 pub mod plan;
 pub mod point_loop;
+pub mod preamble;
 pub mod runner;
 pub mod sink;
 pub mod sweep;

@@ -267,6 +267,7 @@ impl FrameDecoder {
 #[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
 mod tests {
     use super::*;
+    use crate::dataproof::test_token;
     use crate::message::{Phase, PROTOCOL_VERSION};
     use netgap_core::cpu::CpuUsage;
     use netgap_core::datagram::DatagramStats;
@@ -316,7 +317,10 @@ mod tests {
                 protocol: PROTOCOL_VERSION,
                 version: "0.1.0".into(),
             },
-            Request::Open { spec: spec() },
+            Request::Open {
+                spec: spec(),
+                data_token: test_token(),
+            },
             Request::Run {
                 iterations: 1000,
                 phase: Phase::Warmup,
@@ -329,6 +333,7 @@ mod tests {
             Request::Bye,
             Request::GroupPrepare {
                 spec: crate::group::sample_spec(crate::group::GroupRole::Client),
+                data_token: test_token(),
             },
             Request::GroupGo,
         ]
@@ -495,7 +500,10 @@ mod tests {
 
     #[test]
     fn byte_by_byte_push_decodes() {
-        let req = Request::Open { spec: spec() };
+        let req = Request::Open {
+            spec: spec(),
+            data_token: test_token(),
+        };
         let bytes = encode(&req).unwrap();
         let mut d = FrameDecoder::new();
         for (i, b) in bytes.iter().enumerate() {
@@ -733,7 +741,7 @@ mod tests {
             iterations in 1u64..=netgap_core::spec::MAX_ITERATIONS,
         ) {
             let msgs = [
-                Request::Open { spec: spec() },
+                Request::Open { spec: spec(), data_token: test_token() },
                 Request::Run { iterations, phase: Phase::Measure },
                 Request::Close,
             ];

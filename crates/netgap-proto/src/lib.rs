@@ -19,6 +19,7 @@
 
 pub mod auth;
 pub mod codec;
+pub mod dataproof;
 pub mod group;
 pub mod limits;
 pub mod message;

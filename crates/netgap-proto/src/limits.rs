@@ -1,7 +1,8 @@
 //! What an agent agrees to do for a coordinator: the most flows, the longest
-//! run, the highest rate and the largest message. `netgap serve` takes them as
-//! flags; the agent checks every request against them before it opens any
-//! data socket, so a coordinator cannot make an agent flood a network or
+//! run, the highest rate, the largest message and the most memory one
+//! request may commit. `netgap serve` takes them as flags; the agent checks
+//! every request against them before it opens any data socket or allocates
+//! any buffer, so a coordinator cannot make an agent flood a network or
 //! hold its memory past what its operator allowed.
 
 use crate::group::GroupSpec;
@@ -19,6 +20,27 @@ pub struct AgentLimits {
     pub max_rate_gbps: f64,
     /// Largest message, in bytes.
     pub max_message_bytes: u64,
+    /// Most memory one request (a point, a group role) may commit: its
+    /// buffers, threads and per-flow state, in bytes, as estimated before
+    /// anything is allocated.
+    pub max_memory_bytes: u64,
+}
+
+/// Default memory budget of one request: 1 GiB, which a small host (a
+/// 4 GiB virtual machine) can give one test and still run.
+pub const DEFAULT_MAX_MEMORY_BYTES: u64 = 1 << 30;
+
+/// What a point-to-point server role commits besides its buffers: its
+/// flow, its thread and the verification state, in bytes (an upper bound).
+pub const POINT_OVERHEAD_BYTES: u64 = 1 << 20;
+
+/// Memory a point-to-point point commits on the agent: a send and a
+/// receive buffer of the message size (the tests that send both ways hold
+/// both) and [`POINT_OVERHEAD_BYTES`].
+pub fn point_memory_bytes(spec: &PointSpec) -> u64 {
+    spec.size_bytes
+        .saturating_mul(2)
+        .saturating_add(POINT_OVERHEAD_BYTES)
 }
 
 /// Default most flows per session (a host can drive 10,000 flows).
@@ -35,6 +57,7 @@ impl Default for AgentLimits {
             max_duration: DEFAULT_MAX_DURATION,
             max_rate_gbps: DEFAULT_MAX_RATE_GBPS,
             max_message_bytes: MAX_SIZE_BYTES,
+            max_memory_bytes: DEFAULT_MAX_MEMORY_BYTES,
         }
     }
 }
@@ -63,6 +86,11 @@ impl AgentLimits {
         }
         if self.max_message_bytes == 0 {
             return Err(BadLimit("--max-message must be at least 1 byte"));
+        }
+        if self.max_memory_bytes < POINT_OVERHEAD_BYTES {
+            return Err(BadLimit(
+                "--max-memory must be at least 1M (what one flow of the smallest point commits)",
+            ));
         }
         Ok(())
     }
@@ -112,11 +140,29 @@ impl AgentLimits {
         Ok(())
     }
 
-    /// Checks a point of the two-host protocol (one flow): its message size.
-    /// Its repetitions are checked one by one with [`AgentLimits::check_run`].
+    /// Checks the memory a request would commit, `bytes`, as `what` (one
+    /// line names both).
+    pub fn check_memory(&self, what: &str, bytes: u64) -> Result<(), LimitError> {
+        if bytes > self.max_memory_bytes {
+            return Err(LimitError(format!(
+                "{what} would commit {} of memory > this agent's budget for one request, {} (--max-memory)",
+                mib(bytes),
+                mib(self.max_memory_bytes)
+            )));
+        }
+        Ok(())
+    }
+
+    /// Checks a point of the two-host protocol (one flow): its message size
+    /// and the memory of its buffers. Its repetitions are checked one by
+    /// one with [`AgentLimits::check_run`].
     pub fn check_point(&self, spec: &PointSpec) -> Result<(), LimitError> {
         self.check_flows(1)?;
-        self.check_message_bytes(spec.size_bytes)
+        self.check_message_bytes(spec.size_bytes)?;
+        self.check_memory(
+            &format!("a point of {}-byte messages", spec.size_bytes),
+            point_memory_bytes(spec),
+        )
     }
 
     /// Checks a group role: its flows, its warm-up plus window, and its
@@ -152,6 +198,11 @@ impl AgentLimits {
     }
 }
 
+/// A byte count in MiB, for messages.
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / f64::from(1u32 << 20))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -163,8 +214,13 @@ mod tests {
             max_duration: Duration::from_secs(10),
             max_rate_gbps: 1.0,
             max_message_bytes: 1024,
+            max_memory_bytes: 4 << 20,
         };
         assert!(l.validate().is_ok());
+        assert!(l.check_memory("x", 4 << 20).is_ok());
+        assert!(l
+            .check_memory("a role of 9 flows", (4 << 20) + 1)
+            .is_err_and(|e| e.0.contains("a role of 9 flows") && e.0.contains("--max-memory")));
         assert!(l.check_flows(4).is_ok());
         assert!(l.check_flows(5).is_err_and(|e| e.0.contains("flows")));
         assert!(l.check_duration(Duration::from_secs(10)).is_ok());
@@ -190,6 +246,7 @@ mod tests {
             max_duration: Duration::from_secs(1),
             max_rate_gbps: 1.0,
             max_message_bytes: 1024,
+            max_memory_bytes: DEFAULT_MAX_MEMORY_BYTES,
         };
         let spec = GroupSpec {
             point: PointSpec {

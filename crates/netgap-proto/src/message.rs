@@ -1,6 +1,7 @@
 //! Control messages between a coordinator and an agent. Plain data: the codec
 //! turns them into frames, the session machines decide which may come when.
 
+use super::dataproof::DataToken;
 use super::group::{FlowReport, GroupOutcome, GroupSpec, BUCKETS_PER_CHUNK, FLOWS_PER_CHUNK};
 use netgap_core::cpu::CpuUsage;
 use netgap_core::datagram::DatagramStats;
@@ -10,8 +11,10 @@ use serde::{Deserialize, Serialize};
 
 /// Version of the control protocol; both ends must speak the same one.
 /// Version 2: a group role names its workload and carries its parameters
-/// (`params`) instead of a fixed kind of work.
-pub const PROTOCOL_VERSION: u32 = 2;
+/// (`params`) instead of a fixed kind of work. Version 3: `open` and
+/// `group_prepare` carry the point's data token, which every data
+/// connection proves before payload moves ([`crate::dataproof`]).
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// Which part of a point a repetition belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -39,6 +42,8 @@ pub enum Request {
     Open {
         /// The point.
         spec: PointSpec,
+        /// The secret the point's data connection proves.
+        data_token: DataToken,
     },
     /// Run the server role for `iterations` iterations, then answer [`Reply::Done`].
     Run {
@@ -58,6 +63,9 @@ pub enum Request {
     GroupPrepare {
         /// The role and its flows.
         spec: GroupSpec,
+        /// The secret every data connection of the point proves, the same
+        /// for every role of the point.
+        data_token: DataToken,
     },
     /// The barrier has passed: run every prepared flow for the warm-up and
     /// the window, then answer with [`Reply::GroupFlows`] chunks,
@@ -165,7 +173,7 @@ impl Request {
     pub fn validate(&self) -> Result<(), RangeError> {
         match self {
             Request::Hello { version, .. } => text("version", version),
-            Request::Open { spec } => spec.validate(),
+            Request::Open { spec, .. } => spec.validate(),
             Request::Run { iterations, .. } => {
                 if *iterations == 0 || *iterations > MAX_ITERATIONS {
                     return Err(RangeError {
@@ -175,7 +183,7 @@ impl Request {
                 }
                 Ok(())
             }
-            Request::GroupPrepare { spec } => spec.validate(),
+            Request::GroupPrepare { spec, .. } => spec.validate(),
             Request::Close | Request::Bye | Request::GroupGo => Ok(()),
         }
     }

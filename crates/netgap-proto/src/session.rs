@@ -16,6 +16,7 @@
 //! another protocol with `version_mismatch`; both then close the connection.
 
 use super::codec::one_line;
+use super::dataproof::DataToken;
 use super::group::{
     FlowReport, GroupOutcome, GroupRole, GroupSpec, BUCKETS_PER_CHUNK, FLOWS_PER_CHUNK,
 };
@@ -276,7 +277,9 @@ impl AgentSession {
                     )
                 }
             }
-            (S::Idle, Request::Open { spec }) => (S::Opening, AgentAction::OpenPoint(spec.clone())),
+            (S::Idle, Request::Open { spec, .. }) => {
+                (S::Opening, AgentAction::OpenPoint(spec.clone()))
+            }
             (S::Open, Request::Run { iterations, phase }) => (
                 S::Running,
                 AgentAction::RunRole {
@@ -285,7 +288,7 @@ impl AgentSession {
                 },
             ),
             (S::Open, Request::Close) => (S::Closing, AgentAction::ClosePoint),
-            (S::Idle, Request::GroupPrepare { spec }) => {
+            (S::Idle, Request::GroupPrepare { spec, .. }) => {
                 (S::GroupPreparing, AgentAction::PrepareGroup(spec.clone()))
             }
             (S::GroupReady, Request::GroupGo) => (S::GroupRunning, AgentAction::RunGroup),
@@ -684,14 +687,15 @@ impl CoordinatorSession {
 
     /// Asks the agent to prepare `spec` (which should pass
     /// [`PointSpec::validate`], or the agent refuses it). Valid when idle.
-    /// Then call [`CoordinatorSession::on_listening`].
-    pub fn open(&mut self, spec: PointSpec) -> Request {
+    /// Then call [`CoordinatorSession::on_listening`]. The point's data
+    /// connection proves `data_token`.
+    pub fn open(&mut self, spec: PointSpec, data_token: DataToken) -> Request {
         self.sent(
             CoordinatorState::Idle,
             CoordinatorState::AwaitListening,
             "open",
         );
-        Request::Open { spec }
+        Request::Open { spec, data_token }
     }
 
     /// Checks the answer to `open` and returns the data listener's address
@@ -780,13 +784,14 @@ impl CoordinatorSession {
     /// pass [`GroupSpec::validate`], or the agent refuses it). Valid when
     /// idle. Then call [`CoordinatorSession::on_group_listening`] for a
     /// server role, [`CoordinatorSession::on_group_ready`] for a client.
-    pub fn group_prepare(&mut self, spec: GroupSpec) -> Request {
+    /// Every role of one point gets the same `data_token`.
+    pub fn group_prepare(&mut self, spec: GroupSpec, data_token: DataToken) -> Request {
         let next = match spec.role {
             GroupRole::Server => CoordinatorState::AwaitGroupListening,
             GroupRole::Client => CoordinatorState::AwaitGroupReady,
         };
         self.sent(CoordinatorState::Idle, next, "group_prepare");
-        Request::GroupPrepare { spec }
+        Request::GroupPrepare { spec, data_token }
     }
 
     /// Checks a server role's answer to `group_prepare` and returns its
@@ -873,6 +878,7 @@ impl CoordinatorSession {
 mod tests {
     use super::*;
     use crate::codec::{decode_reply, decode_request, encode, FrameDecoder};
+    use crate::dataproof::test_token;
     use netgap_core::spec::{Mode, TransportOptions};
 
     fn host() -> HostFacts {
@@ -1025,7 +1031,7 @@ mod tests {
         let mut coord = CoordinatorSession::new();
         handshake(&mut agent, &mut coord);
         // Server role: prepare, listening, ready.
-        let prep = wire_request(&coord.group_prepare(sample_spec(GroupRole::Server)));
+        let prep = wire_request(&coord.group_prepare(sample_spec(GroupRole::Server), test_token()));
         let AgentAction::PrepareGroup(spec) = agent.on_request(&prep).unwrap() else {
             panic!("expected PrepareGroup");
         };
@@ -1039,7 +1045,7 @@ mod tests {
         let mut agent = AgentSession::new(host(), false);
         let mut coord = CoordinatorSession::new();
         handshake(&mut agent, &mut coord);
-        let prep = wire_request(&coord.group_prepare(sample_spec(GroupRole::Client)));
+        let prep = wire_request(&coord.group_prepare(sample_spec(GroupRole::Client), test_token()));
         agent.on_request(&prep).unwrap();
         let r = wire_reply(&agent.group_ready().unwrap());
         coord.on_group_ready(r).unwrap();
@@ -1094,7 +1100,7 @@ mod tests {
         let mut agent = AgentSession::new(host(), false);
         let mut coord = CoordinatorSession::new();
         handshake(&mut agent, &mut coord);
-        let prep = wire_request(&coord.group_prepare(sample_spec(GroupRole::Client)));
+        let prep = wire_request(&coord.group_prepare(sample_spec(GroupRole::Client), test_token()));
         agent.on_request(&prep).unwrap();
         let err = wire_reply(&agent.failed("cannot connect flow 0"));
         assert_eq!(agent.state(), AgentState::Idle);
@@ -1110,7 +1116,11 @@ mod tests {
         use crate::group::{sample_spec, GroupRole, MAX_GROUP_FLOWS};
         let mut spec = sample_spec(GroupRole::Client);
         spec.flows = MAX_GROUP_FLOWS + 1;
-        let bytes = encode(&Request::GroupPrepare { spec }).unwrap();
+        let bytes = encode(&Request::GroupPrepare {
+            spec,
+            data_token: test_token(),
+        })
+        .unwrap();
         let mut d = FrameDecoder::new();
         d.push(&bytes);
         let err = decode_request(&d.next_frame().unwrap().unwrap()).unwrap_err();
@@ -1197,11 +1207,19 @@ mod tests {
             Err(SessionError::Unexpected { got: "hello", .. })
         ));
         // Open while a point is open.
-        agent.on_request(&Request::Open { spec: spec() }).unwrap();
+        agent
+            .on_request(&Request::Open {
+                spec: spec(),
+                data_token: test_token(),
+            })
+            .unwrap();
         agent.listening("127.0.0.1:1".into()).unwrap();
         agent.accepted().unwrap();
         assert_eq!(
-            agent.on_request(&Request::Open { spec: spec() }),
+            agent.on_request(&Request::Open {
+                spec: spec(),
+                data_token: test_token()
+            }),
             Err(SessionError::Unexpected {
                 state: "open",
                 got: "open"
@@ -1233,7 +1251,7 @@ mod tests {
         let mut agent = AgentSession::new(host(), false);
         let mut coord = CoordinatorSession::new();
         handshake(&mut agent, &mut coord);
-        let open = wire_request(&coord.open(spec()));
+        let open = wire_request(&coord.open(spec(), test_token()));
         assert!(matches!(
             agent.on_request(&open).unwrap(),
             AgentAction::OpenPoint(_)
@@ -1247,7 +1265,7 @@ mod tests {
         );
         assert_eq!(coord.state(), CoordinatorState::Idle);
         // Both can go on with another point.
-        let open = wire_request(&coord.open(spec()));
+        let open = wire_request(&coord.open(spec(), test_token()));
         assert!(agent.on_request(&open).is_ok());
     }
 
@@ -1260,7 +1278,12 @@ mod tests {
                 version: "x".into(),
             })
             .unwrap();
-        agent.on_request(&Request::Open { spec: spec() }).unwrap();
+        agent
+            .on_request(&Request::Open {
+                spec: spec(),
+                data_token: test_token(),
+            })
+            .unwrap();
         agent.listening("a".into()).unwrap();
         agent.accepted().unwrap();
         agent
@@ -1280,7 +1303,7 @@ mod tests {
         let mut coord = CoordinatorSession::new();
         handshake(&mut agent, &mut coord);
 
-        let open = wire_request(&coord.open(spec()));
+        let open = wire_request(&coord.open(spec(), test_token()));
         assert_eq!(
             agent.on_request(&open).unwrap(),
             AgentAction::OpenPoint(spec())
@@ -1378,7 +1401,10 @@ mod tests {
                 protocol: 1,
                 version: String::new(),
             },
-            Request::Open { spec: spec() },
+            Request::Open {
+                spec: spec(),
+                data_token: test_token(),
+            },
             Request::Run {
                 iterations: 1,
                 phase: Phase::Measure,

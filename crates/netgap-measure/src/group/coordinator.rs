@@ -515,6 +515,8 @@ impl GroupCoordinator {
             .iter()
             .any(|r| r.connects_to.is_some() && vias[r.host].is_some());
         let mut announced: Vec<Vec<String>> = vec![Vec::new(); placement.roles.len()];
+        // One secret for the point: every flow between its roles proves it.
+        let token = crate::preamble::new_token().map_err(|e| GroupError::Point(e.to_string()))?;
         for (r, role) in placement.roles.iter().enumerate() {
             let h = role.host;
             let mut spec = base.clone();
@@ -552,7 +554,7 @@ impl GroupCoordinator {
                     },
                 };
             }
-            let req = self.links[h].session.group_prepare(spec);
+            let req = self.links[h].session.group_prepare(spec, token.clone());
             self.send(h, &req)?;
             if role.side == GroupRole::Server {
                 let reply = self.wait(h, REPLY_TIMEOUT)?;

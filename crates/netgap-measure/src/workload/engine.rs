@@ -10,7 +10,7 @@
 
 use super::role::{
     find_transport, meter_window, peak_rss_kib, window, OpenRole, ReadyRole, RoleContext,
-    RoleError, RoleResult,
+    RoleError, RoleResult, Stop,
 };
 use super::{FlowSample, Refused};
 use netgap_core::datagram::DatagramStats;
@@ -116,6 +116,7 @@ pub fn open(
             Ok(Box::new(Engine {
                 warmup,
                 duration,
+                stop: ctx.stop.clone(),
                 kind: Kind::Server(server),
             }))
         }
@@ -138,6 +139,7 @@ pub fn open(
             Ok(Box::new(Engine {
                 warmup,
                 duration,
+                stop: ctx.stop.clone(),
                 kind: Kind::Clients(prepared, scale),
             }))
         }
@@ -148,6 +150,8 @@ pub fn open(
 struct Engine {
     warmup: Duration,
     duration: Duration,
+    /// The session's end: every flow stops with it.
+    stop: Stop,
     kind: Kind,
 }
 
@@ -177,17 +181,19 @@ impl ReadyRole for Engine {
         let Engine {
             warmup,
             duration,
+            stop,
             kind,
         } = *self;
         let t0 = Instant::now();
+        let meter_stop = stop.clone();
         let meter = std::thread::Builder::new()
             .name("cpu meter".into())
-            .spawn(move || meter_window(t0 + warmup, t0 + warmup + duration))
+            .spawn(move || meter_window(t0 + warmup, t0 + warmup + duration, &meter_stop))
             .map_err(|source| RoleError::Thread {
                 what: "the CPU meter",
                 source,
             })?;
-        let run = run(kind, warmup, duration);
+        let run = run(kind, warmup, duration, &stop);
         let (cpu, _) = meter.join().map_err(|_| RoleError::Panicked {
             what: "the CPU meter".into(),
         })?;
@@ -223,11 +229,11 @@ struct Ran {
     datagrams: Option<DatagramStats>,
 }
 
-/// Runs a prepared role for `warmup` then `duration`.
-fn run(kind: Kind, warmup: Duration, duration: Duration) -> Result<Ran, RoleError> {
+/// Runs a prepared role for `warmup` then `duration`, or until `stop`.
+fn run(kind: Kind, warmup: Duration, duration: Duration, stop: &Stop) -> Result<Ran, RoleError> {
     match kind {
         Kind::Server(server) => {
-            std::thread::sleep(warmup + duration + SERVER_GRACE);
+            stop.sleep_until(Instant::now() + warmup + duration + SERVER_GRACE);
             let totals = server.stop()?;
             Ok(Ran {
                 flows: Vec::new(),
@@ -239,7 +245,7 @@ fn run(kind: Kind, warmup: Duration, duration: Duration) -> Result<Ran, RoleErro
             })
         }
         Kind::Clients(clients, scale) => {
-            let report = clients.run(warmup, duration)?;
+            let report = clients.run_stoppable(warmup, duration, stop.flag())?;
             let mut hist = LatencyHistogram::new();
             let (mut rx, mut tx) = (0, 0);
             let mut datagrams: Option<DatagramStats> = None;

@@ -39,7 +39,7 @@ pub mod stream;
 
 use netgap_core::spec::PointSpec;
 use netgap_core::stats::{LatencyHistogram, Percentiles};
-use netgap_proto::group::{FlowReport, GroupRole};
+use netgap_proto::group::{FlowReport, GroupRole, GroupSpec};
 use netgap_transport::Transport;
 use place::{HostView, Placement};
 use role::{OpenRole, RoleContext, RoleError};
@@ -150,6 +150,16 @@ pub trait Workload: Sync {
     /// Places the roles of a point of `count` (clients, streams; unused for
     /// [`CountFlag::Hosts`]) on `hosts`.
     fn place(&self, count: u32, hosts: &[HostView]) -> Result<Placement, Refused>;
+
+    /// Memory this agent's role of a point would commit (buffers, threads,
+    /// per-flow state), in bytes, computed before anything is allocated and
+    /// checked against the agent's `--max-memory`. The default bounds a
+    /// role whose every flow holds a send and a receive buffer of its
+    /// largest message ([`role::memory_bytes`]); a workload whose flows
+    /// share buffers says less.
+    fn memory_bytes(&self, spec: &GroupSpec) -> u64 {
+        role::memory_bytes(spec)
+    }
 
     /// Opens this agent's role of a point: parses and checks the
     /// parameters, then listens or connects. Never panics on peer input.

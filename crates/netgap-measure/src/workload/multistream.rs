@@ -5,7 +5,7 @@ use super::role::{parse_params, NoParams, OpenRole, RoleContext, RoleError};
 use super::stream::{self, Direction};
 use super::{CountFlag, FlowSample, GroupMetric, Refused, Workload};
 use netgap_core::spec::PointSpec;
-use netgap_proto::group::{FlowReport, GroupRole};
+use netgap_proto::group::{FlowReport, GroupRole, GroupSpec};
 use netgap_transport::Transport;
 
 const NAME: &str = "multistream";
@@ -45,6 +45,10 @@ impl Workload for Multistream {
 
     fn place(&self, count: u32, hosts: &[HostView]) -> Result<Placement, Refused> {
         place::streams(count, hosts)
+    }
+
+    fn memory_bytes(&self, spec: &GroupSpec) -> u64 {
+        stream::memory_bytes(Direction::ToServer, spec)
     }
 
     fn open(&self, ctx: RoleContext<'_>) -> Result<Box<dyn OpenRole>, RoleError> {

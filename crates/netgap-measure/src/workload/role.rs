@@ -15,6 +15,8 @@ use netgap_transport::flows::EngineError;
 use netgap_transport::{self as transport, FlowError, TransportError};
 use serde::de::DeserializeOwned;
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How long a server role waits for all its flows to connect.
@@ -31,6 +33,59 @@ pub struct RoleContext<'a> {
     pub control_ip: IpAddr,
     /// The agent's limits, for the sizes in the workload's parameters.
     pub limits: &'a AgentLimits,
+    /// Set when the session that asked for the role ends (or the role
+    /// passes the agent's longest run): every flow of the role stops
+    /// within [`STOP_TICK`] of it, or of its own I/O timeout when blocked
+    /// on a silent peer.
+    pub stop: &'a Stop,
+    /// The point's data token: every flow proves it at connect or accept
+    /// ([`crate::preamble`]) before payload moves.
+    pub data_token: &'a netgap_proto::dataproof::DataToken,
+}
+
+/// How often a role that waits checks its [`Stop`].
+pub const STOP_TICK: Duration = Duration::from_millis(50);
+
+/// A signal that the role's session is over: cheap to check on every
+/// message, shared by every thread of the role.
+#[derive(Debug, Clone, Default)]
+pub struct Stop(Arc<AtomicBool>);
+
+impl Stop {
+    /// A signal not yet given.
+    pub fn new() -> Stop {
+        Stop::default()
+    }
+
+    /// Gives the signal.
+    pub fn set(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the signal was given.
+    pub fn is_set(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    /// The flag itself, for code that polls a bare `AtomicBool`.
+    pub fn flag(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.0)
+    }
+
+    /// Sleeps until `t` or until the signal, checking every
+    /// [`STOP_TICK`]; `false` when stopped early.
+    pub fn sleep_until(&self, t: Instant) -> bool {
+        loop {
+            if self.is_set() {
+                return false;
+            }
+            let left = t.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return true;
+            }
+            std::thread::sleep(left.min(STOP_TICK));
+        }
+    }
 }
 
 /// A role after its first step: a server listening (its flows being
@@ -120,6 +175,14 @@ pub enum RoleError {
         /// Why.
         source: TransportError,
     },
+    /// A flow's far end did not prove it belongs to the session.
+    #[error("flow {index}: {source}")]
+    NotInSession {
+        /// The flow's index in the role.
+        index: usize,
+        /// Why.
+        source: crate::preamble::PreambleError,
+    },
     /// A flow failed while running.
     #[error("flow {index}: {source}")]
     Flow {
@@ -147,14 +210,51 @@ pub enum RoleError {
     },
 }
 
-/// Opens the role `ctx.spec` asks for with the workload it names.
+/// Opens the role `ctx.spec` asks for with the workload it names, once the
+/// memory it would commit is within the agent's budget.
 pub fn open(ctx: RoleContext<'_>) -> Result<Box<dyn OpenRole>, RoleError> {
     let name = &ctx.spec.point.test;
     let workload = super::find(name).ok_or_else(|| RoleError::UnknownWorkload {
         name: name.clone(),
         known: super::names(),
     })?;
+    ctx.limits.check_memory(
+        &format!(
+            "a {name} {} role of {} flows of {}-byte messages",
+            ctx.spec.role.as_str(),
+            ctx.spec.flows,
+            largest_message_bytes(ctx.spec)
+        ),
+        workload.memory_bytes(ctx.spec),
+    )?;
     workload.open(ctx)
+}
+
+/// What one flow of a role commits besides its message buffers, in bytes:
+/// its socket's user-space state, its share of a worker or its own
+/// thread's touched stack, its latency histogram (an upper bound; the
+/// flow engine measures about 61 KiB per flow at 10,000 flows).
+pub const PER_FLOW_BYTES: u64 = 64 * 1024;
+
+/// The largest message a role's flows carry: the point's size, or any
+/// larger `*_bytes` size among the workload's parameters (a request and
+/// a reply of their own size).
+pub fn largest_message_bytes(spec: &GroupSpec) -> u64 {
+    let params = spec.params.as_object().into_iter().flatten();
+    params
+        .filter(|(k, _)| k.ends_with("_bytes"))
+        .filter_map(|(_, v)| v.as_u64())
+        .fold(spec.point.size_bytes, u64::max)
+}
+
+/// Memory a role commits when every flow holds a send and a receive
+/// buffer of its largest message plus [`PER_FLOW_BYTES`]: the bound for a
+/// workload that does not say less ([`super::Workload::memory_bytes`]).
+pub fn memory_bytes(spec: &GroupSpec) -> u64 {
+    largest_message_bytes(spec)
+        .saturating_mul(2)
+        .saturating_add(PER_FLOW_BYTES)
+        .saturating_mul(u64::from(spec.flows))
 }
 
 /// Parses a workload's parameters into its own type; unknown fields are
@@ -232,14 +332,14 @@ fn process_cpu_ns() -> u64 {
 }
 
 /// Measures host and process CPU over the window on the calling thread,
-/// which sleeps meanwhile: from `window_start` to `end`. Returns the usage
-/// and the window's length as timed, in ns.
-pub(crate) fn meter_window(window_start: Instant, end: Instant) -> (CpuUsage, u64) {
-    sleep_until(window_start);
+/// which sleeps meanwhile: from `window_start` to `end`, or until `stop`.
+/// Returns the usage and the window's length as timed, in ns.
+pub(crate) fn meter_window(window_start: Instant, end: Instant, stop: &Stop) -> (CpuUsage, u64) {
+    stop.sleep_until(window_start);
     let meter = CpuMeter::start();
     let p0 = process_cpu_ns();
     let t0 = Instant::now();
-    sleep_until(end);
+    stop.sleep_until(end);
     let mut cpu = meter.stop(0);
     let window_ns = u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
     cpu.cpu_ns = process_cpu_ns().saturating_sub(p0);
@@ -249,11 +349,4 @@ pub(crate) fn meter_window(window_start: Instant, end: Instant) -> (CpuUsage, u6
         100.0 * cpu.cpu_ns as f64 / cpu.wall_ns as f64
     };
     (cpu, window_ns)
-}
-
-fn sleep_until(t: Instant) {
-    let left = t.saturating_duration_since(Instant::now());
-    if !left.is_zero() {
-        std::thread::sleep(left);
-    }
 }

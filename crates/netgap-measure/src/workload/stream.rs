@@ -8,11 +8,12 @@
 
 use super::role::{
     find_transport, meter_window, peak_rss_kib, per_flow, window, OpenRole, ReadyRole, RoleContext,
-    RoleError, RoleResult, ACCEPT_TIMEOUT,
+    RoleError, RoleResult, Stop, ACCEPT_TIMEOUT,
 };
 use super::FlowSample;
 use netgap_proto::group::{FlowReport, GroupOutcome, GroupRole, GroupSpec};
-use netgap_transport::{self as transport, FlowConfig, FlowError, TransportError};
+use netgap_transport::{self as transport, FlowConfig, FlowError};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -36,6 +37,21 @@ impl Direction {
             (GroupRole::Client, Direction::ToServer) | (GroupRole::Server, Direction::FromServer)
         )
     }
+}
+
+/// Memory a bandwidth role commits: a sending end holds one payload
+/// buffer that all its flow threads read, a receiving end one receive
+/// buffer per flow (at most [`RECV_BUFFER_BYTES`]), and every flow its
+/// thread and state ([`super::role::PER_FLOW_BYTES`]).
+pub fn memory_bytes(direction: Direction, spec: &GroupSpec) -> u64 {
+    let flows = u64::from(spec.flows);
+    let buffers = if direction.sends(spec.role) {
+        spec.point.size_bytes
+    } else {
+        let size = usize::try_from(spec.point.size_bytes).unwrap_or(usize::MAX);
+        (recv_buffer_bytes(size) as u64).saturating_mul(flows)
+    };
+    buffers.saturating_add(super::role::PER_FLOW_BYTES.saturating_mul(flows))
 }
 
 /// Default message size of bandwidth workloads, bytes (64 KiB, or the
@@ -102,9 +118,10 @@ pub fn open(
                     .listen(&config, ip(i))
                     .map_err(|source| RoleError::Open { index: i, source })?;
                 addrs.push(listener.addr());
+                let token = ctx.data_token.clone();
                 let h = std::thread::Builder::new()
                     .name(format!("accept {i}"))
-                    .spawn(move || listener.accept(ACCEPT_TIMEOUT))
+                    .spawn(move || accept_proven(listener.as_mut(), &token, i))
                     .map_err(|source| RoleError::Thread {
                         what: "an accept thread",
                         source,
@@ -117,6 +134,8 @@ pub fn open(
                 size,
                 addrs,
                 accepts,
+                stop: ctx.stop.clone(),
+                max_rate_gbps: ctx.limits.max_rate_gbps,
             }))
         }
         GroupRole::Client => {
@@ -126,11 +145,14 @@ pub fn open(
                     workload,
                     detail: "a client role needs a target".into(),
                 })?;
-                let flow = match per_flow(&spec.bind_ips, i) {
+                let mut flow = match per_flow(&spec.bind_ips, i) {
                     Some(local) => t.connect_from(&config, &target, local),
                     None => t.connect(&config, &target),
                 }
                 .map_err(|source| RoleError::Open { index: i, source })?;
+                // No payload to an address that is not this point's server.
+                crate::preamble::connector(flow.as_mut(), ctx.data_token)
+                    .map_err(|source| RoleError::NotInSession { index: i, source })?;
                 flows.push(flow);
             }
             Ok(Box::new(Streams {
@@ -138,12 +160,38 @@ pub fn open(
                 direction,
                 size,
                 flows,
+                stop: ctx.stop.clone(),
+                max_rate_gbps: ctx.limits.max_rate_gbps,
             }))
         }
     }
 }
 
-type Accept = JoinHandle<Result<Box<dyn transport::Flow>, TransportError>>;
+type Accept = JoinHandle<Result<Box<dyn transport::Flow>, RoleError>>;
+
+/// Accepts flow `index`: the first connection that proves the point's
+/// token within [`ACCEPT_TIMEOUT`]; a stranger's connection is dropped and
+/// the wait goes on.
+fn accept_proven(
+    listener: &mut dyn transport::Listener,
+    token: &netgap_proto::dataproof::DataToken,
+    index: usize,
+) -> Result<Box<dyn transport::Flow>, RoleError> {
+    let deadline = Instant::now() + ACCEPT_TIMEOUT;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let mut flow = listener
+            .accept(left.max(Duration::from_millis(1)))
+            .map_err(|source| RoleError::Open { index, source })?;
+        match crate::preamble::listener(flow.as_mut(), token) {
+            Ok(()) => return Ok(flow),
+            Err(source) if Instant::now() >= deadline => {
+                return Err(RoleError::NotInSession { index, source })
+            }
+            Err(_) => {}
+        }
+    }
+}
 
 /// A server role whose listeners are open and whose flows are being
 /// accepted in the background.
@@ -153,6 +201,8 @@ struct Accepting {
     size: usize,
     addrs: Vec<String>,
     accepts: Vec<Accept>,
+    stop: Stop,
+    max_rate_gbps: f64,
 }
 
 impl OpenRole for Accepting {
@@ -166,8 +216,8 @@ impl OpenRole for Accepting {
         for (index, h) in self.accepts.into_iter().enumerate() {
             match h.join() {
                 Ok(Ok(f)) => flows.push(f),
-                Ok(Err(source)) => {
-                    first_err.get_or_insert(RoleError::Open { index, source });
+                Ok(Err(e)) => {
+                    first_err.get_or_insert(e);
                 }
                 Err(_) => {
                     first_err.get_or_insert(RoleError::Panicked {
@@ -184,6 +234,8 @@ impl OpenRole for Accepting {
             direction: self.direction,
             size: self.size,
             flows,
+            stop: self.stop,
+            max_rate_gbps: self.max_rate_gbps,
         }))
     }
 }
@@ -194,6 +246,11 @@ struct Streams {
     direction: Direction,
     size: usize,
     flows: Vec<Box<dyn transport::Flow>>,
+    /// The session's end: every flow thread stops at its next message.
+    stop: Stop,
+    /// The agent's highest rate (`--max-rate`), shared by the role's
+    /// sending flows, which pace themselves to their share.
+    max_rate_gbps: f64,
 }
 
 impl OpenRole for Streams {
@@ -223,15 +280,27 @@ impl ReadyRole for Streams {
         let t0 = Instant::now();
         let window_start = t0 + warmup;
         let end = window_start + duration;
+        // Every sending thread reads the same payload: one buffer for the
+        // role, not one per flow.
+        let payload: Arc<[u8]> = if sends {
+            crate::bench::message_buffer(size).into()
+        } else {
+            Arc::from(Vec::new())
+        };
+        let recv_bytes = recv_buffer_bytes(size);
+        let flow_count = self.flows.len().max(1) as f64;
+        let flow_bytes_per_s = self.max_rate_gbps * 1e9 / 8.0 / flow_count;
         let mut handles = Vec::with_capacity(self.flows.len());
         for (i, flow) in self.flows.into_iter().enumerate() {
+            let stop = self.stop.clone();
+            let payload = Arc::clone(&payload);
             let h = std::thread::Builder::new()
                 .name(format!("flow {i}"))
                 .spawn(move || {
                     if sends {
-                        send_until(flow, size, end)
+                        send_until(flow, &payload, end, &stop, flow_bytes_per_s)
                     } else {
-                        recv_until(flow, size, window_start, end, drain)
+                        recv_until(flow, recv_bytes, window_start, end, drain, &stop)
                     }
                 })
                 .map_err(|source| RoleError::Thread {
@@ -240,7 +309,7 @@ impl ReadyRole for Streams {
                 })?;
             handles.push(h);
         }
-        let (cpu, window_ns) = meter_window(window_start, end);
+        let (cpu, window_ns) = meter_window(window_start, end, &self.stop);
         let mut reports = Vec::with_capacity(handles.len());
         let mut first_err = None;
         for (index, h) in handles.into_iter().enumerate() {
@@ -282,19 +351,41 @@ impl ReadyRole for Streams {
     }
 }
 
-/// Sends messages until `end`, then closes the flow (dropping it), which
-/// ends the receiver's loop.
+/// Bytes of a receiving flow's buffer: a stream is read in chunks of this
+/// size whatever the message size, so receivers need not hold a message
+/// each. A transport with message boundaries reads a whole message, at
+/// most its largest (64 KiB for the cross-host datagram transport).
+pub const RECV_BUFFER_BYTES: usize = 256 * 1024;
+
+/// The receive buffer of a flow of `size_bytes` messages.
+fn recv_buffer_bytes(size_bytes: usize) -> usize {
+    size_bytes.clamp(1, RECV_BUFFER_BYTES)
+}
+
+/// Sends `payload` back to back until `end` or the stop, never faster
+/// than `max_bytes_per_s` on average (a share of the agent's `--max-rate`),
+/// then closes the flow (dropping it), which ends the receiver's loop.
 fn send_until(
     mut flow: Box<dyn transport::Flow>,
-    size_bytes: usize,
+    payload: &[u8],
     end: Instant,
+    stop: &Stop,
+    max_bytes_per_s: f64,
 ) -> Result<StreamCount, FlowError> {
-    let buf = crate::bench::message_buffer(size_bytes);
     let (tx, _) = flow.split();
     let mut count = StreamCount::default();
-    while Instant::now() < end {
-        match tx.send_all(&buf) {
-            Ok(()) => count.bytes_tx += buf.len() as u64,
+    let t0 = Instant::now();
+    while Instant::now() < end && !stop.is_set() {
+        // Ahead of the rate: wait until the bytes sent are due (at most a
+        // stop tick at a time, so the stop and the window end still bite).
+        let due = Duration::from_secs_f64(count.bytes_tx as f64 / max_bytes_per_s);
+        let ahead = due.saturating_sub(t0.elapsed());
+        if !ahead.is_zero() {
+            std::thread::sleep(ahead.min(super::role::STOP_TICK));
+            continue;
+        }
+        match tx.send_all(payload) {
+            Ok(()) => count.bytes_tx += payload.len() as u64,
             // The receiver stopped reading at its own end of the window.
             Err(FlowError::Closed | FlowError::TimedOut { .. }) if Instant::now() >= end => break,
             Err(e) => return Err(e),
@@ -309,15 +400,16 @@ fn send_until(
 /// between `window_start` and `end`.
 fn recv_until(
     mut flow: Box<dyn transport::Flow>,
-    size_bytes: usize,
+    buffer_bytes: usize,
     window_start: Instant,
     end: Instant,
     drain: Duration,
+    stop: &Stop,
 ) -> Result<StreamCount, FlowError> {
-    let mut buf = crate::bench::message_buffer(size_bytes.max(256 * 1024));
+    let mut buf = vec![0u8; buffer_bytes];
     let (_, rx) = flow.split();
     let mut count = StreamCount::default();
-    loop {
+    while !stop.is_set() {
         match rx.recv_some(&mut buf) {
             Ok(n) => {
                 count.bytes_rx += n as u64;
@@ -351,6 +443,46 @@ mod tests {
             percentiles: None,
             errors: 0,
         }
+    }
+
+    #[test]
+    fn sending_flows_share_one_payload_and_receivers_read_in_bounded_chunks() {
+        use netgap_core::spec::{Mode, PointSpec, TransportOptions};
+        let mut spec = GroupSpec {
+            point: PointSpec {
+                test: "multistream".into(),
+                transport: "tcp".into(),
+                mode: Mode::Event,
+                size_bytes: 16 << 20,
+                options: TransportOptions::default(),
+                server_cpu: None,
+                io_timeout_ms: 3000,
+                verify: false,
+            },
+            role: GroupRole::Client,
+            params: serde_json::json!({}),
+            flows: 128,
+            listen_ips: vec![],
+            targets: vec![],
+            bind_ips: vec![],
+            session_hosts: vec![],
+            warmup_ms: 0,
+            duration_ms: 1000,
+        };
+        let per_flow = super::super::role::PER_FLOW_BYTES * 128;
+        // Clients send: one 16 MiB payload for 128 flows.
+        assert_eq!(
+            memory_bytes(Direction::ToServer, &spec),
+            (16 << 20) + per_flow
+        );
+        // The server receives: 256 KiB per flow, whatever the message size.
+        spec.role = GroupRole::Server;
+        assert_eq!(
+            memory_bytes(Direction::ToServer, &spec),
+            128 * RECV_BUFFER_BYTES as u64 + per_flow
+        );
+        // The bound for workloads that share nothing is far above.
+        assert!(super::super::role::memory_bytes(&spec) > 4 << 30);
     }
 
     #[test]

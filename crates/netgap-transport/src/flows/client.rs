@@ -325,6 +325,17 @@ impl PreparedClients {
     /// connections are counted per flow and retried; an error only if no
     /// connection of any flow succeeded.
     pub fn run(self, warmup: Duration, duration: Duration) -> Result<ClientReport, EngineError> {
+        self.run_stoppable(warmup, duration, Arc::new(AtomicBool::new(false)))
+    }
+
+    /// [`PreparedClients::run`], ending every flow early (within one
+    /// worker tick) once `stop` is set: the run then reports no flows.
+    pub fn run_stoppable(
+        self,
+        warmup: Duration,
+        duration: Duration,
+        stop: Arc<AtomicBool>,
+    ) -> Result<ClientReport, EngineError> {
         let PreparedClients {
             target,
             flows,
@@ -352,7 +363,7 @@ impl PreparedClients {
             transport,
             options,
         };
-        let abort = Arc::new(AtomicBool::new(false));
+        let abort = stop;
         let mut handles = Vec::with_capacity(workers.len());
         let mut starts = Vec::with_capacity(workers.len());
         for (w, worker) in workers.into_iter().enumerate() {

@@ -141,11 +141,11 @@ impl FlowServer {
 
     /// Stops accepting, closes every flow, joins the workers, and returns
     /// what was moved. Takes at most about 50 ms plus the time to close.
-    pub fn stop(self) -> Result<ServerTotals, EngineError> {
+    pub fn stop(mut self) -> Result<ServerTotals, EngineError> {
         self.stop.store(true, Ordering::Relaxed);
         let mut totals = ServerTotals::default();
         let mut first_err = None;
-        for h in self.workers {
+        for h in std::mem::take(&mut self.workers) {
             match h.join() {
                 Ok(Ok(t)) => totals.add(&t),
                 Ok(Err(e)) => {
@@ -214,6 +214,15 @@ fn bind_datagrams(
         stop,
         workers,
     })
+}
+
+/// A server dropped without [`FlowServer::stop`] (its session ended before
+/// the run) still stops its workers: they close every connection and exit
+/// at their next tick.
+impl Drop for FlowServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
 }
 
 fn sys(what: &str, e: Errno) -> EngineError {

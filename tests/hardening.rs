@@ -1,0 +1,482 @@
+//! An agent that strangers cannot stop, exhaust or aim: the real binary as
+//! agent on loopback, attacked the way a hostile client would, and a
+//! coordinator that must still get in, be refused in one line, or see its
+//! flows end with its session.
+
+mod common;
+use common::{netgap, new_key_file as key_file, AgentProc as Agent};
+use netgap::control::{ControlAddr, ControlConn};
+use netgap::coordinator::Coordinator;
+use netgap::proto::auth::{AuthFrame, Key};
+use netgap::proto::codec::decode_reply;
+use netgap::proto::message::Reply;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn read_key(path: &Path) -> Key {
+    Key::from_bytes(std::fs::read(path).expect("key")).expect("a valid key")
+}
+
+fn keyed_agent(dir: &Path, flags: &[&str]) -> (Agent, std::path::PathBuf) {
+    let key = key_file(dir, "key");
+    let mut all = vec!["--key", key.to_str().expect("utf8")];
+    all.extend_from_slice(flags);
+    (Agent::start_with("127.0.0.1", &all), key)
+}
+
+/// Strangers holding `count` connections to `addr`, each renewed as soon as
+/// the agent closes it, until dropped. `behave` runs on each fresh
+/// connection (say nothing, send garbage, drip bytes).
+struct Strangers {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<usize>>,
+}
+
+impl Strangers {
+    fn start(addr: SocketAddr, count: usize, behave: fn(&mut TcpStream)) -> Strangers {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        let thread = std::thread::spawn(move || {
+            let open = |_| {
+                let mut s = TcpStream::connect(addr).ok()?;
+                behave(&mut s);
+                s.set_nonblocking(true).ok()?;
+                Some(s)
+            };
+            let mut conns: Vec<Option<TcpStream>> = (0..count).map(open).collect();
+            let mut renewed = 0;
+            let mut buf = [0u8; 256];
+            while !flag.load(Ordering::Relaxed) {
+                for c in conns.iter_mut() {
+                    let closed = match c.as_mut().map(|s| s.read(&mut buf)) {
+                        Some(Ok(0)) | None => true,
+                        Some(Ok(_)) => false,
+                        Some(Err(e)) => e.kind() != std::io::ErrorKind::WouldBlock,
+                    };
+                    if closed {
+                        *c = open(0);
+                        renewed += 1;
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            renewed
+        });
+        Strangers {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Strangers {
+    /// Stops renewing and closes every connection; how many the agent
+    /// closed meanwhile.
+    fn stop(mut self) -> usize {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.take().map_or(0, |t| t.join().unwrap_or(0))
+    }
+}
+
+impl Drop for Strangers {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn silent(_: &mut TcpStream) {}
+
+fn garbage(s: &mut TcpStream) {
+    let _ = s.write_all(b"\x00\x00\x00\x10GET / HTTP/1.0\r\n\r\n");
+}
+
+fn drip(s: &mut TcpStream) {
+    // Half a frame header: the agent waits for the rest.
+    let _ = s.write_all(&[0, 0]);
+}
+
+#[test]
+fn sixty_four_silent_pre_auth_connections_and_a_keyed_run_still_gets_in() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (agent, key_path) = keyed_agent(dir.path(), &[]);
+    let key = read_key(&key_path);
+    let addr: SocketAddr = agent.addr.parse().expect("addr");
+    let control = ControlAddr::Tcp(addr);
+    for behave in [silent, garbage, drip] {
+        let strangers = Strangers::start(addr, 64, behave);
+        std::thread::sleep(Duration::from_millis(300));
+        for _ in 0..5 {
+            let t0 = Instant::now();
+            let coord =
+                Coordinator::connect(&control, Some(&key)).expect("a keyed coordinator gets in");
+            assert!(
+                t0.elapsed() < Duration::from_secs(2),
+                "in after {:?}",
+                t0.elapsed()
+            );
+            coord.bye();
+        }
+        // A whole run through the binary, strangers still at it.
+        let json = dir.path().join("r.jsonl");
+        let out = netgap()
+            .args(["run", "pingpong", "--peer", &agent.addr, "-s", "64"])
+            .args(["--reps", "2", "-n", "50", "--json"])
+            .arg(&json)
+            .arg("--key")
+            .arg(&key_path)
+            .output()
+            .expect("run");
+        assert!(out.status.success(), "{out:?}");
+        // The pool was full: every coordinator closed a stranger.
+        assert!(strangers.stop() >= 5);
+    }
+}
+
+#[test]
+fn pre_auth_connections_from_many_source_addresses_do_not_keep_a_keyed_run_out() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (agent, key_path) = keyed_agent(dir.path(), &[]);
+    let key = read_key(&key_path);
+    let addr: SocketAddr = agent.addr.parse().expect("addr");
+    // 100 sources on 127.0.0.0/8, one silent connection each.
+    let held: Vec<TcpStream> = (2..102u8)
+        .filter_map(|last| {
+            use nix::sys::socket::{self as so, SockaddrIn};
+            use std::os::fd::AsRawFd;
+            let fd = so::socket(
+                so::AddressFamily::Inet,
+                so::SockType::Stream,
+                so::SockFlag::empty(),
+                None,
+            )
+            .ok()?;
+            so::bind(fd.as_raw_fd(), &SockaddrIn::new(127, 0, 1, last, 0)).ok()?;
+            let SocketAddr::V4(to) = addr else {
+                return None;
+            };
+            so::connect(fd.as_raw_fd(), &SockaddrIn::from(to)).ok()?;
+            Some(TcpStream::from(fd))
+        })
+        .collect();
+    assert!(held.len() >= 64, "{} connections", held.len());
+    let t0 = Instant::now();
+    let coord = Coordinator::connect(&ControlAddr::Tcp(addr), Some(&key)).expect("in");
+    assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+    coord.bye();
+}
+
+#[test]
+fn a_second_key_proof_is_told_the_key_is_already_proven() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (agent, key_path) = keyed_agent(dir.path(), &[]);
+    let key = read_key(&key_path);
+    let addr = ControlAddr::parse(&agent.addr).expect("addr");
+    let mut conn =
+        ControlConn::new(addr.connect(Duration::from_secs(2)).expect("connect")).expect("conn");
+    netgap::auth::prove(&mut conn, &key, Duration::from_secs(2)).expect("first proof");
+    conn.send_payload(&AuthFrame::Begin.encode())
+        .expect("begin");
+    let reply = conn.recv_payload(Duration::from_secs(2)).expect("reply");
+    match decode_reply(&reply) {
+        Ok(Reply::Error { message }) => {
+            assert!(message.contains("already proven"), "{message}");
+            assert!(!message.contains("without a key"), "{message}");
+        }
+        other => panic!("expected an error reply, got {other:?}"),
+    }
+}
+
+#[test]
+fn framing_errors_get_a_one_line_reply_before_the_close() {
+    let agent = Agent::start("127.0.0.1");
+    for bad in [&[0xff, 0xff, 0xff, 0xff][..], &[0, 0, 0, 0][..]] {
+        let mut s = TcpStream::connect(&agent.addr).expect("connect");
+        s.write_all(bad).expect("send");
+        let mut conn = ControlConn::new(s).expect("conn");
+        let reply = conn.recv_payload(Duration::from_secs(2)).expect("a reply");
+        match decode_reply(&reply) {
+            Ok(Reply::Error { message }) => {
+                assert!(message.contains("bad control frame"), "{message}");
+                assert!(!message.contains('\n'));
+            }
+            other => panic!("expected an error reply, got {other:?}"),
+        }
+        assert!(conn.recv_payload(Duration::from_secs(2)).is_err(), "closed");
+    }
+}
+
+/// Threads of process `pid` that belong to a group role: its flows, the
+/// flow engine's workers, the role itself and its CPU meter.
+fn role_threads(pid: u32) -> Vec<String> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .map(|c| c.trim().to_string())
+        .filter(|c| {
+            c.starts_with("flow") || c.starts_with("group role") || c.starts_with("cpu meter")
+        })
+        .collect()
+}
+
+/// Starts a long `test` run between a server agent and a client agent,
+/// kills the coordinator once both agents run flows, and checks every flow
+/// thread of both agents is gone within a second, and that the agents then
+/// serve the next run.
+fn flows_end_with_a_killed_coordinator(test: &str, count: &[&str]) {
+    let agents = [Agent::start("127.0.0.2"), Agent::start("127.0.0.3")];
+    let hosts = format!("{},{}", agents[0].addr, agents[1].addr);
+    let mut coord = netgap()
+        .args(["run", test, "--hosts", &hosts])
+        .args(count)
+        .args(["--reps", "1", "--duration", "20s"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("coordinator");
+    let t0 = Instant::now();
+    while agents.iter().any(|a| role_threads(a.child.id()).is_empty()) {
+        assert!(t0.elapsed() < Duration::from_secs(10), "no flows started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Past group_go: the flows move data.
+    std::thread::sleep(Duration::from_millis(300));
+    coord.kill().expect("kill");
+    let _ = coord.wait();
+    let killed = Instant::now();
+    loop {
+        let left: Vec<String> = agents
+            .iter()
+            .flat_map(|a| role_threads(a.child.id()))
+            .collect();
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(1),
+            "still running a second after the coordinator died: {left:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Nothing holds the agents: the next run gets in at once.
+    let out = netgap()
+        .args(["run", test, "--hosts", &hosts])
+        .args(count)
+        .args(["--reps", "1", "--duration", "200ms"])
+        .output()
+        .expect("run");
+    assert!(out.status.success(), "{out:?}");
+}
+
+#[test]
+fn a_coordinator_killed_after_group_go_leaves_no_stream_flow_running() {
+    flows_end_with_a_killed_coordinator("multistream", &["-P", "4"]);
+}
+
+#[test]
+fn a_coordinator_killed_after_group_go_leaves_no_engine_flow_running() {
+    flows_end_with_a_killed_coordinator("hotspot", &["--clients", "8"]);
+}
+
+/// Peak resident memory of process `pid`, in KiB.
+fn peak_rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .expect("VmHWM")
+}
+
+#[test]
+fn a_group_request_past_the_memory_budget_is_refused_before_allocation() {
+    // 128 flows of 16 MiB: 4 GiB of buffers against the default 1 GiB.
+    let agents = [Agent::start("127.0.0.2"), Agent::start("127.0.0.3")];
+    let hosts = format!("{},{}", agents[0].addr, agents[1].addr);
+    let out = netgap()
+        .args(["run", "hotspot", "--hosts", &hosts, "--clients", "128"])
+        .args(["-s", "16M", "--reps", "1", "--duration", "1s"])
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("--max-memory"), "{stderr}");
+    assert!(stderr.contains("128 flows"), "{stderr}");
+    for a in &agents {
+        let kib = peak_rss_kib(a.child.id());
+        assert!(kib < 64 * 1024, "the agent grew to {kib} KiB");
+    }
+    // A smaller budget refuses a point-to-point point the same way.
+    let small = Agent::start_with("127.0.0.1", &["--max-memory", "4M"]);
+    let out = netgap()
+        .args(["run", "pingpong", "--peer", &small.addr, "-s", "4M"])
+        .args(["--reps", "1", "-n", "1"])
+        .output()
+        .expect("run");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("--max-memory"), "{stderr}");
+    assert!(peak_rss_kib(small.child.id()) < 64 * 1024);
+}
+
+/// A plain sink that is no netgap agent: accepts connections on `ip`,
+/// never answers, and counts every byte it is sent.
+struct Sink {
+    addr: SocketAddr,
+    received: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Sink {
+    fn start(ip: &str) -> Sink {
+        let listener = std::net::TcpListener::bind((ip, 0)).expect("sink binds");
+        let addr = listener.local_addr().expect("addr");
+        let received = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let count = Arc::clone(&received);
+        std::thread::spawn(move || {
+            for mut s in listener.incoming().flatten() {
+                let count = Arc::clone(&count);
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 65536];
+                    while let Ok(n @ 1..) = s.read(&mut buf) {
+                        count.fetch_add(n as u64, Ordering::SeqCst);
+                    }
+                });
+            }
+        });
+        Sink { addr, received }
+    }
+
+    fn received(&self) -> u64 {
+        self.received.load(Ordering::SeqCst)
+    }
+}
+
+#[test]
+fn a_target_that_is_not_an_agent_of_the_session_is_refused_before_any_payload_byte() {
+    use netgap::proto::group::{GroupRole, GroupSpec};
+    use netgap::proto::message::Request;
+    use netgap::proto::session::CoordinatorSession;
+    let sink = Sink::start("127.0.0.9");
+    let agent = Agent::start("127.0.0.2");
+    let addr = ControlAddr::parse(&agent.addr).expect("addr");
+    let mut conn =
+        ControlConn::new(addr.connect(Duration::from_secs(2)).expect("connect")).expect("conn");
+    let mut session = CoordinatorSession::new();
+    conn.send(&session.hello()).expect("hello");
+    let welcome = decode_reply(&conn.recv_payload(Duration::from_secs(2)).expect("welcome"));
+    session
+        .on_welcome(welcome.expect("decodes"))
+        .expect("welcome");
+    // A client role aimed at the sink, which the request itself lists as
+    // a host of the session.
+    let spec = GroupSpec {
+        point: netgap::spec::PointSpec {
+            test: "multistream".into(),
+            transport: "tcp".into(),
+            mode: netgap::spec::Mode::Event,
+            size_bytes: 65536,
+            options: netgap::spec::TransportOptions::default(),
+            server_cpu: None,
+            io_timeout_ms: 500,
+            verify: false,
+        },
+        role: GroupRole::Client,
+        params: serde_json::json!({}),
+        flows: 2,
+        listen_ips: vec![],
+        targets: vec![sink.addr.to_string()],
+        bind_ips: vec![],
+        session_hosts: vec![sink.addr.ip()],
+        warmup_ms: 0,
+        duration_ms: 2000,
+    };
+    assert_eq!(spec.role, GroupRole::Client);
+    let token = netgap::preamble::new_token().expect("token");
+    let req = session.group_prepare(spec, token);
+    assert!(matches!(req, Request::GroupPrepare { .. }));
+    conn.send(&req).expect("prepare");
+    let reply = decode_reply(&conn.recv_payload(Duration::from_secs(5)).expect("reply"));
+    match reply {
+        Ok(Reply::Error { message }) => {
+            assert!(message.contains("no payload was sent"), "{message}")
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        sink.received() <= netgap::proto::dataproof::HELLO_BYTES as u64,
+        "the sink got {} bytes",
+        sink.received()
+    );
+}
+
+#[test]
+fn a_coordinator_sends_no_payload_to_an_address_its_agent_names() {
+    use netgap::proto::codec::decode_request;
+    use netgap::proto::session::{AgentAction, AgentSession};
+    let sink = Sink::start("127.0.0.1");
+    // An agent that names the sink as its data listener.
+    let control = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let control_addr = control.local_addr().expect("addr").to_string();
+    let named = sink.addr.to_string();
+    std::thread::spawn(move || {
+        let (s, _) = control.accept().expect("accept");
+        let mut conn = ControlConn::new(s).expect("conn");
+        let mut session = AgentSession::new(netgap::transport::host::collect(None), false);
+        while let Ok(p) = conn.recv_payload(Duration::from_secs(10)) {
+            let Ok(req) = decode_request(&p) else { return };
+            match session.on_request(&req) {
+                Ok(AgentAction::Reply(r)) => conn.send(&r).expect("reply"),
+                Ok(AgentAction::OpenPoint(_)) => {
+                    let r = session.listening(named.clone()).expect("listening");
+                    conn.send(&r).expect("reply");
+                }
+                _ => return,
+            }
+        }
+    });
+    let out = netgap()
+        .args(["run", "stream", "--peer", &control_addr, "-s", "64K"])
+        .args(["--reps", "1", "-n", "100", "--timeout", "1s"])
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("no payload was sent"), "{stderr}");
+    assert!(
+        sink.received() <= netgap::proto::dataproof::HELLO_BYTES as u64,
+        "the sink got {} bytes",
+        sink.received()
+    );
+}
+
+#[test]
+fn max_rate_paces_bandwidth_roles_to_the_limit() {
+    let flags = ["--max-rate", "0.2"];
+    let agents = [
+        Agent::start_with("127.0.0.2", &flags),
+        Agent::start_with("127.0.0.3", &flags),
+    ];
+    let hosts = format!("{},{}", agents[0].addr, agents[1].addr);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json = dir.path().join("r.jsonl");
+    let out = netgap()
+        .args(["run", "multistream", "--hosts", &hosts, "-P", "2"])
+        .args(["--reps", "1", "--duration", "1s", "--json"])
+        .arg(&json)
+        .output()
+        .expect("run");
+    assert!(out.status.success(), "{out:?}");
+    let records = common::read_records(&json);
+    let gbps = records[0]["value"].as_f64().expect("value");
+    assert!(gbps > 0.0 && gbps <= 0.2 * 1.1, "{gbps} Gbit/s against 0.2");
+}
