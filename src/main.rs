@@ -162,10 +162,19 @@ fn compare(args: &CompareArgs) -> Result<bool> {
         base_stack: select(&args.base_stack, "--base-stack")?,
         new_stack: select(&args.new_stack, "--new-stack")?,
     };
-    let base = netgap::report::load::load_file(&args.base)?;
+    // Torn records (a crash, a full disk) are skipped with a warning; the
+    // intact ones are compared.
+    let load = |path: &std::path::Path| -> Result<Vec<netgap::report::load::Loaded>> {
+        let f = netgap::report::load::load_file_parts(path)?;
+        for t in &f.torn {
+            eprintln!("netgap: warning: {t}");
+        }
+        Ok(f.records)
+    };
+    let base = load(&args.base)?;
     let (new, sides) = match &args.new {
         Some(path) => (
-            netgap::report::load::load_file(path)?,
+            load(path)?,
             format!("{} and {}", args.base.display(), path.display()),
         ),
         None if options.base_stack.is_some() && options.new_stack.is_some() => (

@@ -86,3 +86,69 @@ fn a_full_disk_leaves_no_torn_record_and_a_later_run_appends_cleanly() {
     );
     assert_eq!(read_records(&json).len(), first + 1);
 }
+
+#[test]
+fn a_torn_last_record_is_skipped_by_report_and_compare_and_never_joined() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json = dir.path().join("r.jsonl");
+    let run = || {
+        let out = netgap()
+            .args(["run", "pingpong", "-s", "1", "--reps", "2", "-n", "20"])
+            .arg("--json")
+            .arg(&json)
+            .output()
+            .expect("netgap run");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    run();
+    // A crash mid-write left the beginning of a record.
+    let mut text = std::fs::read_to_string(&json).expect("read");
+    text.push_str("{\"test\":\"pingpong\",\"transport\":\"tc");
+    std::fs::write(&json, text).expect("write");
+    // The next run keeps it on its own line.
+    run();
+    let html = dir.path().join("r.html");
+    let out = netgap()
+        .arg("report")
+        .arg(&json)
+        .arg("-o")
+        .arg(&html)
+        .output()
+        .expect("report");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let page = std::fs::read_to_string(&html).expect("page");
+    assert!(
+        page.contains("1 torn record"),
+        "the report says what it skipped"
+    );
+    let out = netgap()
+        .arg("compare")
+        .arg(&json)
+        .arg(&json)
+        .output()
+        .expect("compare");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("r.jsonl:2: a torn record"), "{stderr}");
+    assert!(!stderr.contains("error"), "{stderr}");
+}
+
+#[test]
+fn a_file_that_is_no_results_file_is_refused_without_reading_it_all() {
+    let out = netgap()
+        .args(["report", "/dev/zero", "-o"])
+        .arg(std::env::temp_dir().join("netgap-never-written.html"))
+        .output()
+        .expect("report");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("not a results file"), "{stderr}");
+}

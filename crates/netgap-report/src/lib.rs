@@ -478,7 +478,7 @@ pub fn write_report_with(
     images: Option<&Path>,
     options: &ReportOptions,
 ) -> Result<Written, ReportError> {
-    let records = load::load_files(inputs)?;
+    let load::LoadedFile { records, torn } = load::load_files_parts(inputs)?;
     if records.is_empty() {
         let names: Vec<String> = inputs.iter().map(|p| p.display().to_string()).collect();
         return Err(ReportError::Empty(names.join(", ")));
@@ -490,7 +490,23 @@ pub fn write_report_with(
                 .into());
         }
     }
-    let report = Report::build(inputs, &records, options);
+    let mut report = Report::build(inputs, &records, options);
+    if !torn.is_empty() {
+        report.warnings.insert(
+            0,
+            WarningGroup {
+                text: format!(
+                    "{} torn record{} (cut short by a crash or a full disk) skipped; the intact records are reported.",
+                    torn.len(),
+                    if torn.len() == 1 { "" } else { "s" }
+                ),
+                points: torn
+                    .iter()
+                    .map(|t| format!("{}:{}", t.path.display(), t.line))
+                    .collect(),
+            },
+        );
+    }
     let write = |path: &Path, bytes: &[u8]| {
         std::fs::write(path, bytes).map_err(|source| ReportError::Write {
             path: path.to_path_buf(),

@@ -248,37 +248,123 @@ impl Loaded {
     }
 }
 
+/// Longest line a results file may hold, in bytes: far above any record
+/// (a multi-host point with thousands of flows is a few MiB), and a bound
+/// on what a file that is no results file (`/dev/zero`) makes us read.
+pub const MAX_LINE_BYTES: usize = 64 << 20;
+
+/// A line cut short by a crash or a full disk: a record's beginning whose
+/// end was never written. Readers skip it and say so.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TornLine {
+    /// The file.
+    pub path: PathBuf,
+    /// 1-based line number.
+    pub line: usize,
+    /// Its length in bytes.
+    pub bytes: usize,
+}
+
+impl std::fmt::Display for TornLine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}:{}: a torn record ({} bytes, cut short by a crash or a full disk) was skipped",
+            self.path.display(),
+            self.line,
+            self.bytes
+        )
+    }
+}
+
+/// The intact records of a results file, and its torn lines.
+#[derive(Debug, Clone, Default)]
+pub struct LoadedFile {
+    /// Every record, in file order.
+    pub records: Vec<Loaded>,
+    /// Lines that end before their record does.
+    pub torn: Vec<TornLine>,
+}
+
 /// Reads every record of a JSON Lines results file; blank lines are
-/// skipped and a bad line is an error naming its number.
-pub fn load_file(path: &Path) -> Result<Vec<Loaded>, LoadError> {
-    let text = std::fs::read_to_string(path).map_err(|source| LoadError::Read {
+/// skipped and a bad line is an error naming its number, except a torn
+/// line (a record's beginning, cut short), which is skipped and listed.
+/// Reads at most [`MAX_LINE_BYTES`] per line.
+pub fn load_file_parts(path: &Path) -> Result<LoadedFile, LoadError> {
+    use std::io::{BufRead, Read};
+    let read_err = |source| LoadError::Read {
         path: path.to_path_buf(),
         source,
-    })?;
-    let bad = |line: usize, e: serde_json::Error| LoadError::BadLine {
+    };
+    let file = std::fs::File::open(path).map_err(read_err)?;
+    let mut reader = std::io::BufReader::new(file);
+    let bad = |line: usize, message: String| LoadError::BadLine {
         path: path.to_path_buf(),
         line,
-        message: e.to_string(),
+        message,
     };
-    let mut out = Vec::new();
-    for (i, line) in text.lines().enumerate() {
+    let mut out = LoadedFile::default();
+    let mut buf = Vec::new();
+    for n in 1.. {
+        buf.clear();
+        let got = (&mut reader)
+            .take(MAX_LINE_BYTES as u64 + 1)
+            .read_until(b'\n', &mut buf)
+            .map_err(read_err)?;
+        if got == 0 {
+            break;
+        }
+        if buf.len() > MAX_LINE_BYTES {
+            return Err(bad(
+                n,
+                format!("a line longer than {MAX_LINE_BYTES} bytes: not a results file"),
+            ));
+        }
+        let line = std::str::from_utf8(&buf)
+            .map_err(|_| bad(n, "not UTF-8 text: not a results file".into()))?
+            .trim_end_matches(['\n', '\r']);
         if line.trim().is_empty() {
             continue;
         }
-        let record: ResultRecord = serde_json::from_str(line).map_err(|e| bad(i + 1, e))?;
-        let extras: Extras = serde_json::from_str(line).map_err(|e| bad(i + 1, e))?;
-        out.push(Loaded::new(record, extras, path.to_path_buf(), i + 1));
+        let record: ResultRecord = match serde_json::from_str(line) {
+            Ok(r) => r,
+            Err(e) if e.is_eof() => {
+                out.torn.push(TornLine {
+                    path: path.to_path_buf(),
+                    line: n,
+                    bytes: line.len(),
+                });
+                continue;
+            }
+            Err(e) => return Err(bad(n, e.to_string())),
+        };
+        let extras: Extras = serde_json::from_str(line).map_err(|e| bad(n, e.to_string()))?;
+        out.records
+            .push(Loaded::new(record, extras, path.to_path_buf(), n));
     }
     Ok(out)
 }
 
-/// Reads several results files, in order.
-pub fn load_files(paths: &[PathBuf]) -> Result<Vec<Loaded>, LoadError> {
-    let mut all = Vec::new();
+/// The intact records of a results file (see [`load_file_parts`]).
+pub fn load_file(path: &Path) -> Result<Vec<Loaded>, LoadError> {
+    load_file_parts(path).map(|f| f.records)
+}
+
+/// Reads several results files, in order: every intact record and every
+/// torn line.
+pub fn load_files_parts(paths: &[PathBuf]) -> Result<LoadedFile, LoadError> {
+    let mut all = LoadedFile::default();
     for p in paths {
-        all.extend(load_file(p)?);
+        let f = load_file_parts(p)?;
+        all.records.extend(f.records);
+        all.torn.extend(f.torn);
     }
     Ok(all)
+}
+
+/// Reads several results files, in order.
+pub fn load_files(paths: &[PathBuf]) -> Result<Vec<Loaded>, LoadError> {
+    load_files_parts(paths).map(|f| f.records)
 }
 
 /// Whether a smaller value of `metric` is better: latencies, overheads,
@@ -290,6 +376,24 @@ pub fn lower_is_better(metric: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_torn_line_is_skipped_and_named_and_endless_input_is_bounded() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("r.jsonl");
+        std::fs::write(&path, "{\"test\":\"pin\n").expect("write");
+        let f = load_file_parts(&path).expect("a torn line is no error");
+        assert!(f.records.is_empty());
+        assert_eq!(f.torn.len(), 1);
+        assert_eq!(f.torn[0].line, 1);
+        std::fs::write(&path, "{\"test\": 3}\n").expect("write");
+        assert!(
+            load_file_parts(&path).is_err(),
+            "a complete bad record is an error"
+        );
+        let e = load_file_parts(Path::new("/dev/zero")).expect_err("bounded");
+        assert!(e.to_string().contains("not a results file"), "{e}");
+    }
 
     #[test]
     fn fields_of_another_shape_read_as_absent_instead_of_failing_the_file() {
