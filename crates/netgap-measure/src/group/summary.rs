@@ -12,11 +12,12 @@ use crate::coordinator::Observer;
 use crate::workload::place::Placement;
 use crate::workload::Workload;
 use netgap_core::cpu::CpuUsage;
+use netgap_core::noise::diagnose_record;
 use netgap_core::record::{
     ByteCounts, DatagramCounts, FlowResult, HostCpu, LinkResult, RecordStats, ResultRecord,
 };
 use netgap_core::stack::{PathIdentity, Stack};
-use netgap_core::stats::{noise_warning, LatencyHistogram, Percentiles, Summary, NOISY_CV};
+use netgap_core::stats::{LatencyHistogram, Percentiles, Summary};
 use netgap_proto::group::GroupRole;
 use std::time::SystemTime;
 
@@ -325,7 +326,7 @@ pub(super) fn measure_point(
     } {
         tb.fill(&mut path);
     }
-    Ok(ResultRecord {
+    let mut record = ResultRecord {
         test: workload.name().into(),
         transport: point.spec.transport.clone(),
         mode: point.spec.mode,
@@ -340,7 +341,7 @@ pub(super) fn measure_point(
         warmup_iterations: None,
         bytes: Some(bytes),
         datagrams,
-        warnings: noise_warning(&summary, NOISY_CV).into_iter().collect(),
+        warnings: Vec::new(),
         host: Some(coord.local.clone()),
         peer_host: Some(coord.links[first_server].facts.clone()),
         options: Some(options),
@@ -364,7 +365,14 @@ pub(super) fn measure_point(
             path,
             plan.base.label.clone(),
         )),
-    })
+    };
+    // The diagnosis reads the finished record: every host's CPU and the
+    // window's length say which kind of noise it is.
+    record.warnings = diagnose_record(&record)
+        .map(|d| d.sentence)
+        .into_iter()
+        .collect();
+    Ok(record)
 }
 
 #[cfg(test)]
