@@ -9,9 +9,9 @@
 //! 1. **CPU contention**: some host of the point was busier, by
 //!    [`CONTENDED_BUSY_PERCENT`] of all its CPUs or more, than the point's
 //!    own threads make it (from `/proc/stat` over the point).
-//! 2. **Short repetitions**: fewer than [`SHORT_REP_ITERATIONS`] iterations
-//!    or less than [`SHORT_REP_MS`] per repetition, so a single scheduler
-//!    tick or interrupt is a large share of one.
+//! 2. **Short repetitions**: fewer than [`SHORT_REP_ITERATIONS`] exchanges
+//!    (latency tests) or less than [`SHORT_REP_MS`] per repetition, so a
+//!    single scheduler tick or interrupt is a large share of one.
 //! 3. **Drift**: the repetitions follow a trend in time (a least-squares
 //!    slope over the repetition index, significant at 95%).
 //! 4. **Two groups**: sorted, the repetitions fall into two groups of at
@@ -61,7 +61,7 @@ impl NoiseKind {
             NoiseKind::ShortRepetitions => "short repetitions",
             NoiseKind::Drift => "drift across repetitions",
             NoiseKind::TwoGroups => "two groups of repetitions",
-            NoiseKind::Unexplained => "noise of no recognized kind",
+            NoiseKind::Unexplained => "no recognized pattern",
         }
     }
 }
@@ -69,7 +69,8 @@ impl NoiseKind {
 /// What the record says around its repetitions, for [`diagnose`].
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct NoiseContext {
-    /// Iterations in each repetition, when known.
+    /// Iterations in each repetition, when known and each is one timed
+    /// exchange (latency tests).
     pub iterations_per_rep: Option<u64>,
     /// Length of one repetition in milliseconds, when known or estimable.
     pub rep_ms: Option<f64>,
@@ -320,7 +321,11 @@ impl NoiseContext {
                 }
             });
         NoiseContext {
-            iterations_per_rep: record.iterations_per_rep,
+            // Only a latency test's iteration is one timed exchange; a
+            // bandwidth test's is a burst of messages, few by design.
+            iterations_per_rep: record
+                .iterations_per_rep
+                .filter(|_| record.metric == "latency_us"),
             rep_ms,
             contention: contention(record),
             pinned: options.is_some_and(|o| {
@@ -532,5 +537,8 @@ mod tests {
         assert_eq!(c.contention, Some(("a".into(), 40.0)));
         assert!(!c.pinned);
         assert_eq!(c.length_flag, "--rep-time");
+        // A bandwidth test's few iterations are bursts, not short ones.
+        r.metric = "bandwidth_gbps".into();
+        assert_eq!(NoiseContext::of_record(&r).iterations_per_rep, None);
     }
 }

@@ -251,8 +251,9 @@ impl TableObserver {
             groups.entry((d.kind, &d.remedy)).or_default().push(p);
         }
         for ((kind, remedy), points) in groups {
+            let verb = if points.len() == 1 { "is" } else { "are" };
             out.push(format!(
-                "{} of {} points are noisy with {} ({}); {remedy}",
+                "{} of {} points {verb} noisy with {} ({}); {remedy}",
                 points.len(),
                 self.points,
                 kind.title(),
@@ -387,7 +388,9 @@ mod tests {
             w[1]
         );
         assert!(
-            w[2].starts_with("1 of 7 points are noisy with two groups of repetitions (pingpong tcp event 5); pin"),
+            w[2].starts_with(
+                "1 of 7 points is noisy with two groups of repetitions (pingpong tcp event 5); pin"
+            ),
             "{}",
             w[2]
         );
