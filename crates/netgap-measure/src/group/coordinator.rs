@@ -396,9 +396,7 @@ impl GroupCoordinator {
     /// A host running a group role that has said nothing for longer than
     /// [`SILENCE_LIMIT`], if any.
     fn silent_host(&self) -> Option<usize> {
-        self.running
-            .iter()
-            .position(|t| t.is_some_and(|t| t.elapsed() > SILENCE_LIMIT))
+        first_silent(&self.running, SILENCE_LIMIT)
     }
 
     /// A host preparing a group role that has said nothing for longer than
@@ -408,9 +406,7 @@ impl GroupCoordinator {
         if !self.setup_alive_seen {
             return None;
         }
-        self.setup
-            .iter()
-            .position(|t| t.is_some_and(|t| t.elapsed() > self.setup_limit))
+        first_silent(&self.setup, self.setup_limit)
     }
 
     /// Ends every session politely.
@@ -420,6 +416,14 @@ impl GroupCoordinator {
             let _ = self.send(i, &bye);
         }
     }
+}
+
+/// The first host whose last word (`None`: none is due) is older than
+/// `limit`.
+fn first_silent(last_heard: &[Option<Instant>], limit: Duration) -> Option<usize> {
+    last_heard
+        .iter()
+        .position(|t| t.is_some_and(|t| t.elapsed() > limit))
 }
 
 /// Forwards every reply of one session to the coordinator until the
@@ -714,4 +718,23 @@ pub fn open(plan: &GroupPlan) -> Result<GroupCoordinator, GroupError> {
     let hosts = resolve_hosts(&plan.hosts)?;
     let key = run_key(plan)?;
     GroupCoordinator::connect(hosts, key.as_ref())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_host_silent_past_the_limit_is_named_and_idle_hosts_never_are() {
+        let now = Instant::now();
+        let ago = |s| Some(now.checked_sub(Duration::from_secs(s)).unwrap());
+        let limit = Duration::from_secs(3);
+        assert_eq!(first_silent(&[None, ago(1), None], limit), None);
+        assert_eq!(
+            first_silent(&[None, ago(1), ago(4), ago(5)], limit),
+            Some(2)
+        );
+        assert_eq!(first_silent(&[], limit), None);
+    }
 }
