@@ -861,3 +861,77 @@ fn in_process_engine_runs_refuse_more_flows_than_descriptors_allow() {
         "{err}"
     );
 }
+
+/// A client host's agent stopped (SIGSTOP) as a point's flows are being set
+/// up is named within the I/O timeout (3 s by default) and a second, as a
+/// host silent while running is: the run fails in one line naming it.
+#[test]
+#[ignore = "needs agents that say they are alive while preparing a group role"]
+fn silent_client_host_during_setup_is_named_within_the_timeout() {
+    let agents = agents(3);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json = dir.path().join("r.jsonl");
+    let hosts = hosts_arg(&agents);
+    // Many flows per client host, so that setting them up takes a while.
+    let mut coord = netgap()
+        .args([
+            "run",
+            "hotspot",
+            "--hosts",
+            &hosts,
+            "--clients",
+            "1500,1500,1500,1500",
+            "--reps",
+            "1",
+            "--duration",
+            "200ms",
+            "--json",
+            json.to_str().expect("utf-8 path"),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("coordinator starts");
+    let t0 = Instant::now();
+    // The first point is written just before the next point's roles are
+    // prepared: stop the victim then.
+    while read_records(&json).is_empty() {
+        assert!(t0.elapsed() < Duration::from_secs(60), "no point completed");
+        assert!(coord.try_wait().expect("wait").is_none(), "run ended early");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let victim = agents[2].addr.clone();
+    let pid = nix::unistd::Pid::from_raw(agents[2].child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).expect("SIGSTOP delivered");
+    let stopped = Instant::now();
+    let status = loop {
+        if let Some(s) = coord.try_wait().expect("wait") {
+            break s;
+        }
+        if stopped.elapsed() > Duration::from_secs(20) {
+            let _ = coord.kill();
+            break coord.wait().expect("reaped");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let elapsed = stopped.elapsed();
+    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT);
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut coord.stderr.take().expect("stderr"), &mut err)
+        .expect("stderr read");
+    assert!(!status.success());
+    assert!(
+        elapsed < Duration::from_secs(4),
+        "took {elapsed:?} (the I/O timeout is 3 s): {err}"
+    );
+    let lines: Vec<&str> = err
+        .lines()
+        .filter(|l| l.starts_with("netgap: error:"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{err}");
+    assert!(
+        lines[0].contains(&victim),
+        "{} does not name {victim}",
+        lines[0]
+    );
+}

@@ -8,6 +8,7 @@ pub mod cpu;
 pub mod datagram;
 pub mod dropout;
 pub mod host;
+pub mod noise;
 pub mod record;
 pub mod registry;
 pub mod sizing;

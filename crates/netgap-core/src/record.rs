@@ -343,8 +343,9 @@ pub struct FlowResult {
     /// Payload bytes the flow's receiving end received (bandwidth tests),
     /// or the client end received (hotspot, connect).
     pub bytes_rx: u64,
-    /// Latency percentiles of this flow, µs, of the last repetition
-    /// (hotspot: one-way; connect: connect plus exchange).
+    /// Latency percentiles of this flow, µs, over every repetition (each
+    /// repetition's percentiles pooled, weighted by its exchanges; hotspot:
+    /// one-way; connect: connect plus exchange).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub percentiles: Option<Percentiles>,
 }

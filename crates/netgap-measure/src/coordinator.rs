@@ -15,12 +15,13 @@ use crate::runner::{self, PeerControl, PointMeasurement, RunError, ServerRep};
 use crate::sink::RecordSink;
 use netgap_core::cpu::CpuUsage;
 use netgap_core::host::HostFacts;
+use netgap_core::noise::diagnose_record;
 use netgap_core::record::{
     ByteCounts, CpuPair, DatagramCounts, RecordStats, ResultRecord, ServiceDemand,
 };
 use netgap_core::spec::PointSpec;
 use netgap_core::stack::{PathIdentity, Stack};
-use netgap_core::stats::{noise_warning, LatencyHistogram, Summary, NOISY_CV};
+use netgap_core::stats::{LatencyHistogram, Summary};
 use netgap_proto::auth::Key;
 use netgap_proto::codec::{decode_reply, CodecError};
 use netgap_proto::message::{Phase, Reply};
@@ -457,8 +458,7 @@ pub(crate) fn build_record(
     } else {
         None
     };
-    let warnings = noise_warning(&summary, NOISY_CV).into_iter().collect();
-    Ok(ResultRecord {
+    let mut record = ResultRecord {
         test: spec.test.clone(),
         transport: spec.transport.clone(),
         mode: spec.mode,
@@ -473,7 +473,7 @@ pub(crate) fn build_record(
         warmup_iterations: Some(m.warmup_iterations),
         bytes: Some(bytes),
         datagrams,
-        warnings,
+        warnings: Vec::new(),
         host: Some(host.clone()),
         peer_host: Some(peer_host.clone()),
         options: Some(plan.record_options(spec)),
@@ -497,7 +497,14 @@ pub(crate) fn build_record(
             path_of(plan, host, peer_host, conditions),
             plan.label.clone(),
         )),
-    })
+    };
+    // The diagnosis reads the finished record: its iterations, CPU of both
+    // ends and placement say which kind of noise it is.
+    record.warnings = diagnose_record(&record)
+        .map(|d| d.sentence)
+        .into_iter()
+        .collect();
+    Ok(record)
 }
 
 /// Opens the control session of `plan`: starts the in-process agent on

@@ -5,9 +5,11 @@
 
 use crate::coordinator::Observer;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use netgap_core::noise::{NoiseDiagnosis, NoiseKind};
 use netgap_core::record::ResultRecord;
 use netgap_core::spec::PointSpec;
 use netgap_core::units::format_size;
+use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 
@@ -179,6 +181,25 @@ pub(crate) fn ci_note(r: &ResultRecord) -> Option<String> {
     ))
 }
 
+/// How every noise warning of a record begins, old or diagnosed.
+const NOISE_PREFIX: &str = "repetitions vary by ";
+
+/// Most points a grouped warning names before it only counts the rest.
+const POINTS_NAMED: usize = 6;
+
+/// `a, b, c` for a few points; the first [`POINTS_NAMED`] and a count of
+/// the rest for many.
+fn point_list(points: &[&str]) -> String {
+    if points.len() <= POINTS_NAMED {
+        return points.join(", ");
+    }
+    format!(
+        "{} and {} more",
+        points[..POINTS_NAMED].join(", "),
+        points.len() - POINTS_NAMED
+    )
+}
+
 /// Prints the table and drives the progress bar.
 pub struct TableObserver {
     bar: ProgressBar,
@@ -187,7 +208,10 @@ pub struct TableObserver {
     stderr_is_terminal: bool,
     reps_per_point: u32,
     header_printed: bool,
+    /// Warnings other than noise, each with its point.
     warnings: Vec<String>,
+    /// Each noisy point: its diagnosis and the point it concerns.
+    noisy: Vec<(NoiseDiagnosis, String)>,
     points: usize,
 }
 
@@ -202,23 +226,41 @@ impl TableObserver {
             reps_per_point,
             header_printed: false,
             warnings: Vec::new(),
+            noisy: Vec::new(),
             points: 0,
         }
     }
 
     /// Full-sentence warnings collected from the records, for the end of the
-    /// run: each one when there are few, else one line that counts them.
+    /// run: every warning that is not about noise, then the noisy points,
+    /// each one when there are few, else one line per kind of noise (and
+    /// remedy) with its count and the points it concerns.
     pub fn warnings(&self) -> Vec<String> {
         const SHOWN_ONE_BY_ONE: usize = 3;
-        if self.warnings.len() <= SHOWN_ONE_BY_ONE {
-            return self.warnings.clone();
+        let mut out = self.warnings.clone();
+        if self.noisy.len() <= SHOWN_ONE_BY_ONE {
+            out.extend(
+                self.noisy
+                    .iter()
+                    .map(|(d, p)| format!("{p}: {}", d.sentence)),
+            );
+            return out;
         }
-        vec![format!(
-            "{} of {} points are noisy (their repetitions vary by more than {:.0}%; each is marked in the table and its results record); pin the client and server with --pin, close other work on the machine, or raise --reps",
-            self.warnings.len(),
-            self.points,
-            netgap_core::stats::NOISY_CV * 100.0
-        )]
+        let mut groups: BTreeMap<(NoiseKind, &str), Vec<&str>> = BTreeMap::new();
+        for (d, p) in &self.noisy {
+            groups.entry((d.kind, &d.remedy)).or_default().push(p);
+        }
+        for ((kind, remedy), points) in groups {
+            let verb = if points.len() == 1 { "is" } else { "are" };
+            out.push(format!(
+                "{} of {} points {verb} noisy with {} ({}); {remedy}",
+                points.len(),
+                self.points,
+                kind.title(),
+                point_list(&points)
+            ));
+        }
+        out
     }
 
     /// Removes the progress bar.
@@ -270,14 +312,108 @@ impl Observer for TableObserver {
             println!("{line}");
             let _ = std::io::stdout().flush();
         });
+        let point = format!(
+            "{} {} {} {}",
+            record.test,
+            record.transport,
+            record.mode,
+            format_size(record.size_bytes)
+        );
+        // The noise warning of a record (whichever words it was written
+        // with) is replaced by the diagnosis, so noisy points group by kind.
+        let diagnosis = netgap_core::noise::diagnose_record(record);
         for w in &record.warnings {
-            self.warnings.push(format!(
-                "{} {} {} {}: {w}",
-                record.test,
-                record.transport,
-                record.mode,
-                format_size(record.size_bytes)
-            ));
+            match &diagnosis {
+                Some(d) if w == &d.sentence || w.starts_with(NOISE_PREFIX) => {}
+                _ => self.warnings.push(format!("{point}: {w}")),
+            }
         }
+        if let Some(d) =
+            diagnosis.filter(|_| record.warnings.iter().any(|w| w.starts_with(NOISE_PREFIX)))
+        {
+            self.noisy.push((d, point));
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
+mod tests {
+    use super::*;
+    use netgap_core::record::RecordStats;
+    use netgap_core::stats::Summary;
+
+    /// A pingpong point of `size_bytes` with repetitions `reps`, its
+    /// warnings as the record builders write them.
+    fn point(size_bytes: u64, reps: &[f64]) -> ResultRecord {
+        let mut r = crate::test_support::record(reps[0]);
+        r.size_bytes = size_bytes;
+        r.iterations_per_rep = Some(100_000);
+        r.stats = Some(RecordStats::from(&Summary::from_reps(reps).unwrap()));
+        r.warnings = netgap_core::noise::diagnose_record(&r)
+            .map(|d| d.sentence)
+            .into_iter()
+            .collect();
+        r
+    }
+
+    const DRIFT: [f64; 8] = [10.0, 10.6, 11.1, 11.5, 12.2, 12.6, 13.1, 13.7];
+    const TWO_GROUPS: [f64; 8] = [10.0, 13.0, 10.1, 13.1, 9.9, 12.9, 10.0, 13.0];
+    const QUIET: [f64; 4] = [10.0, 10.1, 9.9, 10.0];
+
+    #[test]
+    fn noisy_points_are_grouped_by_kind_with_their_count_and_points() {
+        let mut t = TableObserver::new(8);
+        for size in 1..=4 {
+            t.point_done(&point(size, &DRIFT));
+        }
+        t.point_done(&point(5, &TWO_GROUPS));
+        t.point_done(&point(6, &QUIET));
+        let mut dropout = point(7, &QUIET);
+        dropout.warnings.push("throughput drops".into());
+        t.point_done(&dropout);
+        let w = t.warnings();
+        assert_eq!(w.len(), 3, "{w:#?}");
+        assert_eq!(w[0], "pingpong tcp event 7: throughput drops");
+        assert!(
+            w[1].starts_with(
+                "4 of 7 points are noisy with drift across repetitions (pingpong tcp event 1, "
+            ),
+            "{}",
+            w[1]
+        );
+        assert!(
+            w[1].ends_with("--interleave so drift falls on all of them alike"),
+            "{}",
+            w[1]
+        );
+        assert!(
+            w[2].starts_with(
+                "1 of 7 points is noisy with two groups of repetitions (pingpong tcp event 5); pin"
+            ),
+            "{}",
+            w[2]
+        );
+    }
+
+    #[test]
+    fn a_few_noisy_points_are_shown_one_by_one() {
+        let mut t = TableObserver::new(8);
+        t.point_done(&point(1, &DRIFT));
+        let w = t.warnings();
+        assert_eq!(w.len(), 1);
+        assert!(
+            w[0].starts_with("pingpong tcp event 1: repetitions vary by"),
+            "{}",
+            w[0]
+        );
+    }
+
+    #[test]
+    fn a_long_list_of_points_is_cut_with_a_count() {
+        let many: Vec<String> = (0..9).map(|i| i.to_string()).collect();
+        let refs: Vec<&str> = many.iter().map(String::as_str).collect();
+        assert_eq!(point_list(&refs), "0, 1, 2, 3, 4, 5 and 3 more");
+        assert_eq!(point_list(&refs[..2]), "0, 1");
     }
 }

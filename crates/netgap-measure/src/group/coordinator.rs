@@ -110,6 +110,18 @@ pub struct GroupCoordinator {
     lost: Vec<Option<String>>,
     /// Hosts running a group role, with when each was last heard from.
     running: Vec<Option<Instant>>,
+    /// Hosts preparing a group role (between `group_prepare` and
+    /// `group_ready`), with when each was last heard from or asked.
+    setup: Vec<Option<Instant>>,
+    /// Some agent of this run has said it is alive while preparing: agents
+    /// of this version do so every second, so a preparing host that says
+    /// nothing for [`GroupCoordinator::setup_limit`] has gone silent. Until
+    /// one has, silence in setup is left to the prepare timeout, as agents
+    /// that say nothing while preparing may take that long.
+    setup_alive_seen: bool,
+    /// How long a preparing host may say nothing: the point's I/O timeout,
+    /// at least two alive intervals.
+    setup_limit: Duration,
     /// Facts of this (the coordinator's) host.
     pub(super) local: HostFacts,
 }
@@ -235,6 +247,9 @@ impl GroupCoordinator {
         let lost = vec![None; links.len()];
         Ok(GroupCoordinator {
             running: vec![None; links.len()],
+            setup: vec![None; links.len()],
+            setup_alive_seen: false,
+            setup_limit: SILENCE_LIMIT,
             links,
             events: rx,
             lost,
@@ -320,6 +335,15 @@ impl GroupCoordinator {
                     ),
                 ));
             }
+            if let Some(j) = self.silent_in_setup() {
+                return Err(self.failure(
+                    j,
+                    format!(
+                        "its agent went silent during flow setup (nothing heard for {:?})",
+                        self.setup_limit
+                    ),
+                ));
+            }
             let left = deadline
                 .saturating_duration_since(Instant::now())
                 .min(SILENCE_CHECK);
@@ -330,6 +354,19 @@ impl GroupCoordinator {
                 ));
             }
             let event = self.events.recv_timeout(left);
+            if let Ok((j, Ok(_))) = &event {
+                if let Some(t) = self.setup[*j].as_mut() {
+                    *t = Instant::now();
+                }
+            }
+            // An agent preparing its role says it is alive: liveness only,
+            // not a reply the session expects.
+            if let Ok((j, Ok(Reply::GroupAlive))) = &event {
+                if self.running[*j].is_none() && self.setup[*j].is_some() {
+                    self.setup_alive_seen = true;
+                    continue;
+                }
+            }
             match &event {
                 // Done running: nothing more is due from it this repetition.
                 Ok((j, Ok(Reply::GroupFinished { .. }))) => self.running[*j] = None,
@@ -359,9 +396,17 @@ impl GroupCoordinator {
     /// A host running a group role that has said nothing for longer than
     /// [`SILENCE_LIMIT`], if any.
     fn silent_host(&self) -> Option<usize> {
-        self.running
-            .iter()
-            .position(|t| t.is_some_and(|t| t.elapsed() > SILENCE_LIMIT))
+        first_silent(&self.running, SILENCE_LIMIT)
+    }
+
+    /// A host preparing a group role that has said nothing for longer than
+    /// [`GroupCoordinator::setup_limit`], once agents are known to say they
+    /// are alive while preparing.
+    fn silent_in_setup(&self) -> Option<usize> {
+        if !self.setup_alive_seen {
+            return None;
+        }
+        first_silent(&self.setup, self.setup_limit)
     }
 
     /// Ends every session politely.
@@ -371,6 +416,14 @@ impl GroupCoordinator {
             let _ = self.send(i, &bye);
         }
     }
+}
+
+/// The first host whose last word (`None`: none is due) is older than
+/// `limit`.
+fn first_silent(last_heard: &[Option<Instant>], limit: Duration) -> Option<usize> {
+    last_heard
+        .iter()
+        .position(|t| t.is_some_and(|t| t.elapsed() > limit))
 }
 
 /// Forwards every reply of one session to the coordinator until the
@@ -488,6 +541,10 @@ impl GroupCoordinator {
     ) -> Result<RepResult, GroupError> {
         let binds_local =
             netgap_transport::find(&point.spec.transport).is_some_and(|t| t.binds_local());
+        // A repetition that failed may have left hosts marked as preparing.
+        self.setup.iter_mut().for_each(|t| *t = None);
+        self.setup_limit = Duration::from_millis(u64::from(point.spec.io_timeout_ms))
+            .max(2 * netgap_proto::message::GROUP_ALIVE_INTERVAL);
         let base = GroupSpec {
             point: point.spec.clone(),
             role: GroupRole::Server,
@@ -556,6 +613,7 @@ impl GroupCoordinator {
             }
             let req = self.links[h].session.group_prepare(spec, token.clone());
             self.send(h, &req)?;
+            self.setup[h] = Some(Instant::now());
             if role.side == GroupRole::Server {
                 let reply = self.wait(h, REPLY_TIMEOUT)?;
                 let addrs = self.links[h]
@@ -590,6 +648,7 @@ impl GroupCoordinator {
         for &r in &order {
             let h = placement.roles[r].host;
             let reply = self.wait(h, prepare_timeout)?;
+            self.setup[h] = None;
             self.links[h]
                 .session
                 .on_group_ready(reply)
@@ -661,4 +720,23 @@ pub fn open(plan: &GroupPlan) -> Result<GroupCoordinator, GroupError> {
     let hosts = resolve_hosts(&plan.hosts)?;
     let key = run_key(plan)?;
     GroupCoordinator::connect(hosts, key.as_ref())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_host_silent_past_the_limit_is_named_and_idle_hosts_never_are() {
+        let now = Instant::now();
+        let ago = |s| Some(now.checked_sub(Duration::from_secs(s)).unwrap());
+        let limit = Duration::from_secs(3);
+        assert_eq!(first_silent(&[None, ago(1), None], limit), None);
+        assert_eq!(
+            first_silent(&[None, ago(1), ago(4), ago(5)], limit),
+            Some(2)
+        );
+        assert_eq!(first_silent(&[], limit), None);
+    }
 }

@@ -2,17 +2,22 @@
 //! [`ResultRecord`]: each report becomes its flow's value and bytes by the
 //! workload's own rule ([`crate::workload::Workload::sample`]); then the
 //! aggregate headline with its statistics over repetitions, latency
-//! percentiles, per-link results and the CPU and peak memory of every host.
+//! percentiles over every exchange of every repetition, each flow's
+//! percentiles pooled over its repetitions, per-link results and the CPU
+//! and peak memory of every host.
 
-use super::coordinator::{place, GroupCoordinator, GroupError};
+use super::coordinator::{place, GroupCoordinator, GroupError, RepResult};
 use super::plan::{GroupPlan, GroupPoint};
 use crate::coordinator::Observer;
+use crate::workload::place::Placement;
+use crate::workload::Workload;
 use netgap_core::cpu::CpuUsage;
+use netgap_core::noise::diagnose_record;
 use netgap_core::record::{
     ByteCounts, DatagramCounts, FlowResult, HostCpu, LinkResult, RecordStats, ResultRecord,
 };
 use netgap_core::stack::{PathIdentity, Stack};
-use netgap_core::stats::{noise_warning, LatencyHistogram, Summary, NOISY_CV};
+use netgap_core::stats::{LatencyHistogram, Percentiles, Summary};
 use netgap_proto::group::GroupRole;
 use std::time::SystemTime;
 
@@ -23,7 +28,197 @@ struct FlowAcc {
     bytes_tx: u64,
     bytes_rx: u64,
     window_bytes: u64,
-    percentiles: Option<netgap_core::stats::Percentiles>,
+    /// Each repetition's percentiles of this flow with the number of
+    /// exchanges they describe, pooled once every repetition is in.
+    percentiles: Vec<(Percentiles, u64)>,
+}
+
+/// Everything the repetitions of one point add up to, before the record
+/// is built. Plain data, so the reduction is tested without a network.
+struct Reduction {
+    flows: Vec<FlowAcc>,
+    rep_values: Vec<f64>,
+    cpu: Vec<Vec<CpuUsage>>,
+    rss: Vec<Option<u64>>,
+    /// Every client exchange of every repetition.
+    hist: LatencyHistogram,
+    bytes: ByteCounts,
+    /// Only roles whose flows are datagrams report counters.
+    datagrams: Option<DatagramCounts>,
+}
+
+/// Why a repetition's reports could not be reduced.
+#[derive(Debug)]
+enum ReduceError {
+    /// The role on host `host` reported a flow it does not have.
+    UnknownFlow { host: usize, flow: u32 },
+    /// The repetition as a whole cannot give a value.
+    Point(String),
+}
+
+impl Reduction {
+    fn new(placement: &Placement) -> Reduction {
+        let roles = placement.roles.len();
+        Reduction {
+            flows: vec![FlowAcc::default(); placement.flows as usize],
+            rep_values: Vec::new(),
+            cpu: vec![Vec::new(); roles],
+            rss: vec![None; roles],
+            hist: LatencyHistogram::new(),
+            bytes: ByteCounts {
+                client_tx: 0,
+                client_rx: 0,
+                server_tx: 0,
+                server_rx: 0,
+            },
+            datagrams: None,
+        }
+    }
+
+    /// Adds one repetition's reports: its headline value, every flow's
+    /// value, bytes and percentiles, and the hosts' CPU and memory.
+    fn add_rep(
+        &mut self,
+        workload: &dyn Workload,
+        placement: &Placement,
+        r: &RepResult,
+    ) -> Result<(), ReduceError> {
+        let n = self.flows.len();
+        self.hist.merge(&r.hist);
+        let mut per_flow_value = vec![f64::NAN; n];
+        for (role_index, reports, outcome) in &r.reports {
+            let role = &placement.roles[*role_index];
+            self.cpu[*role_index].push(outcome.cpu);
+            if role.side == GroupRole::Server {
+                self.bytes.server_tx += outcome.bytes_tx;
+                self.bytes.server_rx += outcome.bytes_rx;
+            } else {
+                self.bytes.client_tx += outcome.bytes_tx;
+                self.bytes.client_rx += outcome.bytes_rx;
+            }
+            self.rss[*role_index] = self.rss[*role_index].max(outcome.peak_rss_kib);
+            if let Some(d) = &outcome.datagrams {
+                let sum = self.datagrams.get_or_insert(DatagramCounts {
+                    client: Default::default(),
+                    server: Default::default(),
+                });
+                let end = match role.side {
+                    GroupRole::Server => &mut sum.server,
+                    GroupRole::Client => &mut sum.client,
+                };
+                *end = end.plus(d);
+            }
+            for fr in reports {
+                let Some(&g) = role.flows.get(fr.index as usize) else {
+                    return Err(ReduceError::UnknownFlow {
+                        host: role.host,
+                        flow: fr.index,
+                    });
+                };
+                let g = g as usize;
+                let sample = workload.sample(role.side, fr, outcome.window_ns);
+                let acc = &mut self.flows[g];
+                acc.bytes_tx += sample.bytes_tx;
+                acc.bytes_rx += sample.bytes_rx;
+                acc.window_bytes += sample.window_bytes;
+                if let Some(p) = sample.percentiles {
+                    acc.percentiles.push((p, fr.round_trips));
+                }
+                if let Some(v) = sample.value {
+                    per_flow_value[g] = v;
+                }
+            }
+        }
+        let Some(value) = workload.metric().headline(&per_flow_value) else {
+            let idle = per_flow_value.iter().filter(|v| !v.is_finite()).count();
+            return Err(ReduceError::Point(format!(
+                "{}: {idle} of {n} clients completed no round trip in the window; lengthen --duration",
+                workload.name()
+            )));
+        };
+        if per_flow_value.iter().any(|v| !v.is_finite()) {
+            return Err(ReduceError::Point(format!(
+                "{}: a flow was measured by no host; this is a bug in the workload",
+                workload.name()
+            )));
+        }
+        for (acc, v) in self.flows.iter_mut().zip(&per_flow_value) {
+            acc.values.push(*v);
+        }
+        self.rep_values.push(value);
+        Ok(())
+    }
+}
+
+/// The share of exchanges at or below `x_us` in a distribution known only
+/// by its percentiles: linear between the known points (and from 0 to the
+/// median), 1 from the maximum on.
+fn share_at_or_below(p: &Percentiles, x_us: f64) -> f64 {
+    let knots = [
+        (0.0, 0.0),
+        (p.p50, 0.5),
+        (p.p90, 0.9),
+        (p.p99, 0.99),
+        (p.p999, 0.999),
+        (p.max, 1.0),
+    ];
+    for w in knots.windows(2) {
+        let ((x0, f0), (x1, f1)) = (w[0], w[1]);
+        if x_us < x1 {
+            // x1 > x0 here: an equal pair would have returned at the knot
+            // before it.
+            return f0 + (f1 - f0) * ((x_us - x0) / (x1 - x0)).clamp(0.0, 1.0);
+        }
+    }
+    1.0
+}
+
+/// The percentiles of one flow over every repetition, from each
+/// repetition's percentiles weighted by its exchanges: the quantiles of
+/// the pooled distribution, each repetition's distribution interpolated
+/// between its reported percentiles. The maximum is exact; a slow
+/// repetition weighs by the exchanges it made, as it would in one merged
+/// histogram. `None` when no repetition timed the flow.
+fn pooled_percentiles(parts: &[(Percentiles, u64)]) -> Option<Percentiles> {
+    match parts {
+        [] => return None,
+        [(p, _)] => return Some(p.clone()),
+        _ => {}
+    }
+    // A flow whose reports count no exchanges still has percentiles: weigh
+    // its repetitions alike rather than drop them.
+    let counted = parts.iter().any(|(_, n)| *n > 0);
+    let weight = |n: u64| if counted { n as f64 } else { 1.0 };
+    let total: f64 = parts.iter().map(|(_, n)| weight(*n)).sum();
+    let max_us = parts.iter().map(|(p, _)| p.max).fold(0.0, f64::max);
+    let quantile = |q: f64| {
+        let share = |x: f64| {
+            parts
+                .iter()
+                .map(|(p, n)| weight(*n) * share_at_or_below(p, x))
+                .sum::<f64>()
+                / total
+        };
+        // The pooled share grows with x: bisect for the smallest x whose
+        // share reaches q, to well under a nanosecond at any latency seen.
+        let (mut lo, mut hi) = (0.0, max_us);
+        for _ in 0..64 {
+            let mid = 0.5 * (lo + hi);
+            if share(mid) >= q {
+                hi = mid;
+            } else {
+                lo = mid;
+            }
+        }
+        hi
+    };
+    Some(Percentiles {
+        p50: quantile(0.5),
+        p90: quantile(0.9),
+        p99: quantile(0.99),
+        p999: quantile(0.999),
+        max: max_us,
+    })
 }
 
 /// Measures every repetition of `point` and builds its record.
@@ -38,85 +233,26 @@ pub(super) fn measure_point(
     let placement = place(point, &coord.links)?;
     let n = placement.flows as usize;
     let flow_hosts = placement.flow_hosts();
-    let mut flows = vec![FlowAcc::default(); n];
-    let mut rep_values = Vec::new();
-    let roles = placement.roles.len();
-    let mut cpu: Vec<Vec<CpuUsage>> = vec![Vec::new(); roles];
-    let mut rss: Vec<Option<u64>> = vec![None; roles];
-    let mut hist = LatencyHistogram::new();
-    let mut bytes = ByteCounts {
-        client_tx: 0,
-        client_rx: 0,
-        server_tx: 0,
-        server_rx: 0,
-    };
-    // Only roles whose flows are datagrams report counters.
-    let mut datagrams: Option<DatagramCounts> = None;
+    let mut red = Reduction::new(&placement);
     for rep in 0..plan.reps {
         let r = coord.rep(point, &placement, plan)?;
-        hist.merge(&r.hist);
-        let mut per_flow_value = vec![f64::NAN; n];
-        for (role_index, reports, outcome) in &r.reports {
-            let role = &placement.roles[*role_index];
-            cpu[*role_index].push(outcome.cpu);
-            if role.side == GroupRole::Server {
-                bytes.server_tx += outcome.bytes_tx;
-                bytes.server_rx += outcome.bytes_rx;
-            } else {
-                bytes.client_tx += outcome.bytes_tx;
-                bytes.client_rx += outcome.bytes_rx;
+        red.add_rep(workload, &placement, &r).map_err(|e| match e {
+            ReduceError::UnknownFlow { host, flow } => {
+                coord.host_error(host, format!("report of unknown flow {flow}"))
             }
-            rss[*role_index] = rss[*role_index].max(outcome.peak_rss_kib);
-            if let Some(d) = &outcome.datagrams {
-                let sum = datagrams.get_or_insert(DatagramCounts {
-                    client: Default::default(),
-                    server: Default::default(),
-                });
-                let end = match role.side {
-                    GroupRole::Server => &mut sum.server,
-                    GroupRole::Client => &mut sum.client,
-                };
-                *end = end.plus(d);
-            }
-            for fr in reports {
-                let Some(&g) = role.flows.get(fr.index as usize) else {
-                    return Err(
-                        coord.host_error(role.host, format!("report of unknown flow {}", fr.index))
-                    );
-                };
-                let g = g as usize;
-                let sample = workload.sample(role.side, fr, outcome.window_ns);
-                let acc = &mut flows[g];
-                acc.bytes_tx += sample.bytes_tx;
-                acc.bytes_rx += sample.bytes_rx;
-                acc.window_bytes += sample.window_bytes;
-                if sample.percentiles.is_some() {
-                    acc.percentiles = sample.percentiles;
-                }
-                if let Some(v) = sample.value {
-                    per_flow_value[g] = v;
-                }
-            }
-        }
-        let Some(value) = workload.metric().headline(&per_flow_value) else {
-            let idle = per_flow_value.iter().filter(|v| !v.is_finite()).count();
-            return Err(GroupError::Point(format!(
-                "{}: {idle} of {n} clients completed no round trip in the window; lengthen --duration",
-                workload.name()
-            )));
-        };
-        if per_flow_value.iter().any(|v| !v.is_finite()) {
-            return Err(GroupError::Point(format!(
-                "{}: a flow was measured by no host; this is a bug in the workload",
-                workload.name()
-            )));
-        }
-        for (acc, v) in flows.iter_mut().zip(&per_flow_value) {
-            acc.values.push(*v);
-        }
-        rep_values.push(value);
+            ReduceError::Point(m) => GroupError::Point(m),
+        })?;
         observer.rep_done(rep);
     }
+    let Reduction {
+        flows,
+        rep_values,
+        cpu,
+        rss,
+        hist,
+        bytes,
+        datagrams,
+    } = red;
     let summary = Summary::from_reps(&rep_values).map_err(|e| GroupError::Point(e.to_string()))?;
     let flow_results: Vec<FlowResult> = flows
         .iter()
@@ -127,7 +263,7 @@ pub(super) fn measure_point(
             value: netgap_core::stats::mean(&a.values).unwrap_or(0.0),
             bytes_tx: a.bytes_tx,
             bytes_rx: a.bytes_rx,
-            percentiles: a.percentiles.clone(),
+            percentiles: pooled_percentiles(&a.percentiles),
         })
         .collect();
     let links = placement
@@ -190,7 +326,7 @@ pub(super) fn measure_point(
     } {
         tb.fill(&mut path);
     }
-    Ok(ResultRecord {
+    let mut record = ResultRecord {
         test: workload.name().into(),
         transport: point.spec.transport.clone(),
         mode: point.spec.mode,
@@ -205,7 +341,7 @@ pub(super) fn measure_point(
         warmup_iterations: None,
         bytes: Some(bytes),
         datagrams,
-        warnings: noise_warning(&summary, NOISY_CV).into_iter().collect(),
+        warnings: Vec::new(),
         host: Some(coord.local.clone()),
         peer_host: Some(coord.links[first_server].facts.clone()),
         options: Some(options),
@@ -229,5 +365,148 @@ pub(super) fn measure_point(
             path,
             plan.base.label.clone(),
         )),
-    })
+    };
+    // The diagnosis reads the finished record: every host's CPU and the
+    // window's length say which kind of noise it is.
+    record.warnings = diagnose_record(&record)
+        .map(|d| d.sentence)
+        .into_iter()
+        .collect();
+    Ok(record)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
+mod tests {
+    use super::*;
+    use crate::workload::place::RolePlace;
+    use netgap_proto::group::{FlowReport, GroupOutcome};
+
+    /// A hotspot point: one server on host 0, two client flows on host 1.
+    fn placement() -> Placement {
+        Placement {
+            roles: vec![
+                RolePlace {
+                    host: 0,
+                    side: GroupRole::Server,
+                    flows: vec![0, 1],
+                    connects_to: None,
+                    listen_ips: None,
+                    bind_ips: None,
+                },
+                RolePlace {
+                    host: 1,
+                    side: GroupRole::Client,
+                    flows: vec![0, 1],
+                    connects_to: Some(0),
+                    listen_ips: None,
+                    bind_ips: None,
+                },
+            ],
+            flows: 2,
+            links: Vec::new(),
+        }
+    }
+
+    fn outcome() -> GroupOutcome {
+        GroupOutcome {
+            window_ns: 1_000_000_000,
+            cpu: CpuUsage::default(),
+            peak_rss_kib: None,
+            bytes_rx: 0,
+            bytes_tx: 0,
+            datagrams: None,
+        }
+    }
+
+    /// One repetition in which every round trip of both flows takes
+    /// `rtt_us`, `round_trips` of them per flow, as the agents report it.
+    fn rep(rtt_us: f64, round_trips: u64) -> RepResult {
+        let one_way = rtt_us / 2.0;
+        let flow = |index| FlowReport {
+            index,
+            bytes_tx: round_trips,
+            bytes_rx: round_trips,
+            window_bytes_rx: round_trips,
+            round_trips,
+            percentiles: Some(Percentiles {
+                p50: one_way,
+                p90: one_way,
+                p99: one_way,
+                p999: one_way,
+                max: one_way,
+            }),
+            errors: 0,
+        };
+        let mut hist = LatencyHistogram::new();
+        hist.record_n_ns((rtt_us * 1000.0) as u64, 2 * round_trips);
+        RepResult {
+            reports: vec![
+                (0, Vec::new(), outcome()),
+                (1, vec![flow(0), flow(1)], outcome()),
+            ],
+            hist,
+        }
+    }
+
+    #[test]
+    fn a_planted_slow_repetition_shows_in_per_flow_and_aggregate_p99() {
+        let hotspot = crate::workload::find("hotspot").unwrap();
+        let placement = placement();
+        let mut red = Reduction::new(&placement);
+        // The slow repetition comes first, so the last alone would hide it;
+        // at 10x the latency it makes a tenth of the round trips, still
+        // well over 1% of all of them.
+        red.add_rep(hotspot, &placement, &rep(200.0, 1_000))
+            .unwrap();
+        for _ in 0..4 {
+            red.add_rep(hotspot, &placement, &rep(20.0, 10_000))
+                .unwrap();
+        }
+        assert_eq!(red.rep_values.len(), 5);
+        for flow in &red.flows {
+            assert_eq!(flow.percentiles.len(), 5);
+            let p = pooled_percentiles(&flow.percentiles).unwrap();
+            assert!((p.p50 - 10.0).abs() < 0.5, "{p:?}");
+            assert!(p.p99 > 90.0, "the slow repetition is missing from {p:?}");
+            assert_eq!(p.max, 100.0);
+            assert!(p.p50 <= p.p90 && p.p90 <= p.p99 && p.p99 <= p.p999 && p.p999 <= p.max);
+        }
+        let all = hotspot.percentiles(&red.hist).unwrap();
+        assert!(all.p99 > 90.0, "aggregate: {all:?}");
+        assert!(all.p50 < 11.0, "aggregate: {all:?}");
+    }
+
+    #[test]
+    fn pooled_percentiles_of_one_repetition_are_its_own_and_of_none_are_none() {
+        let p = Percentiles {
+            p50: 1.0,
+            p90: 2.0,
+            p99: 3.0,
+            p999: 4.0,
+            max: 5.0,
+        };
+        assert_eq!(pooled_percentiles(&[(p.clone(), 7)]), Some(p.clone()));
+        assert_eq!(pooled_percentiles(&[]), None);
+        // Two alike repetitions pool to themselves, counted or not.
+        for n in [0, 9] {
+            let q = pooled_percentiles(&[(p.clone(), n), (p.clone(), n)]).unwrap();
+            for (a, b) in [(q.p50, 1.0), (q.p90, 2.0), (q.p99, 3.0), (q.p999, 4.0)] {
+                assert!((a - b).abs() < 1e-6, "{q:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_report_of_an_unknown_flow_names_its_host() {
+        let hotspot = crate::workload::find("hotspot").unwrap();
+        let placement = placement();
+        let mut red = Reduction::new(&placement);
+        let mut r = rep(20.0, 10);
+        r.reports[1].1[1].index = 5;
+        match red.add_rep(hotspot, &placement, &r) {
+            Err(ReduceError::UnknownFlow { host: 1, flow: 5 }) => {}
+            other => panic!("{other:?}"),
+        }
+    }
 }
