@@ -866,7 +866,6 @@ fn in_process_engine_runs_refuse_more_flows_than_descriptors_allow() {
 /// up is named within the I/O timeout (3 s by default) and a second, as a
 /// host silent while running is: the run fails in one line naming it.
 #[test]
-#[ignore = "needs agents that say they are alive while preparing a group role"]
 fn silent_client_host_during_setup_is_named_within_the_timeout() {
     let agents = agents(3);
     let dir = tempfile::tempdir().expect("tempdir");

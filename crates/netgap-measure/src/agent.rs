@@ -482,7 +482,7 @@ fn prepare_group(
     session: &mut AgentSession,
     ctx: RoleContext<'_>,
 ) -> Result<Option<Box<dyn ReadyRole>>, SessionEnd> {
-    let prepared = match role::open(ctx) {
+    let prepared = match alive_while(conn, session, || role::open(ctx))? {
         Ok(open) => {
             if ctx.spec.role == GroupRole::Server {
                 let reply = session
@@ -490,7 +490,7 @@ fn prepare_group(
                     .map_err(|e| SessionEnd::Refused(e.to_string()))?;
                 conn.send(&reply)?;
             }
-            open.ready()
+            alive_while(conn, session, move || open.ready())?
         }
         Err(e) => Err(e),
     };
@@ -507,6 +507,41 @@ fn prepare_group(
             Ok(None)
         }
     }
+}
+
+/// Runs `work` (a step of preparing a group role: opening listeners,
+/// connecting thousands of flows) on its own thread while this one tells the
+/// coordinator every [`netgap_proto::message::GROUP_ALIVE_INTERVAL`] that the
+/// agent is alive, so a slow setup is told apart from a silent host.
+fn alive_while<T: Send>(
+    conn: &mut ControlConn,
+    session: &AgentSession,
+    work: impl FnOnce() -> T + Send,
+) -> Result<T, SessionEnd> {
+    use netgap_proto::message::GROUP_ALIVE_INTERVAL;
+    use std::sync::mpsc;
+    std::thread::scope(|scope| {
+        let (tx, rx) = mpsc::channel();
+        scope.spawn(move || {
+            let _ = tx.send(work());
+        });
+        loop {
+            match rx.recv_timeout(GROUP_ALIVE_INTERVAL) {
+                Ok(result) => return Ok(result),
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    let alive = session
+                        .group_alive()
+                        .map_err(|e| SessionEnd::Refused(e.to_string()))?;
+                    conn.send(&alive)?;
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    return Err(SessionEnd::Refused(
+                        "preparing the group role panicked".into(),
+                    ))
+                }
+            }
+        }
+    })
 }
 
 /// How long past its warm-up and window a group role may run before the

@@ -399,11 +399,17 @@ impl AgentSession {
         Ok(Reply::GroupReady)
     }
 
-    /// The group role is still running; returns [`Reply::GroupAlive`] to
-    /// send. Valid after [`AgentAction::RunGroup`] until
+    /// The group role is still being prepared or still running; returns
+    /// [`Reply::GroupAlive`] to send, so a coordinator can tell a slow setup
+    /// or a long run from a silent host. Valid after
+    /// [`AgentAction::PrepareGroup`] until the role is ready or failed, and
+    /// after [`AgentAction::RunGroup`] until
     /// [`AgentSession::group_finished`], else [`SessionError::Misuse`].
     pub fn group_alive(&self) -> Result<Reply, SessionError> {
-        if self.state != AgentState::GroupRunning {
+        if !matches!(
+            self.state,
+            AgentState::GroupRunning | AgentState::GroupPreparing
+        ) {
             return Err(SessionError::Misuse {
                 state: self.state.as_str(),
                 call: "group_alive",
