@@ -18,9 +18,10 @@ use crate::coordinator::{open_session, CoordError, PointError};
 use crate::plan::{MethodSpec, Plan, PlanError, RunRequest, DEFAULT_REPS};
 use crate::point_loop::{run_points, Observer};
 use crate::sink::RecordSink;
+use netgap_core::noise::diagnose_record;
 use netgap_core::record::{RecordStats, ResultRecord};
 use netgap_core::spec::PointSpec;
-use netgap_core::stats::{noise_warning, Summary, NOISY_CV};
+use netgap_core::stats::Summary;
 use netgap_core::units::format_size;
 use std::io::Write;
 use std::time::Duration;
@@ -135,7 +136,11 @@ fn logp_record(
     base.stats = Some(RecordStats::from(&summary));
     base.percentiles = None;
     base.service_demand_us_per_kib = None;
-    base.warnings = noise_warning(&summary, NOISY_CV).into_iter().collect();
+    // The parameter's own repetitions, diagnosed (not the round trips').
+    base.warnings = diagnose_record(&base)
+        .map(|d| d.sentence)
+        .into_iter()
+        .collect();
     Ok(base)
 }
 

@@ -23,10 +23,11 @@ use crate::plan::{invalid, no_effect, MethodSpec, Plan, PlanError, RunRequest};
 use crate::point_loop::{run_points, Observer};
 use crate::sink::RecordSink;
 use netgap_core::dropout::{split_trials, DropoutDetector, PointThroughput};
+use netgap_core::noise::diagnose_record;
 use netgap_core::record::{RecordStats, ResultRecord};
 use netgap_core::sizing::{sweep_sizes, Growth};
 use netgap_core::spec::PointSpec;
-use netgap_core::stats::{noise_warning, Summary, NOISY_CV};
+use netgap_core::stats::{Summary, NOISY_CV};
 use netgap_core::units::format_size;
 use std::io::Write;
 use std::time::{Duration, Instant};
@@ -417,10 +418,14 @@ fn sweep_record(kind: SweepKind, mut base: ResultRecord) -> Result<ResultRecord,
     base.test = "sweep".into();
     base.metric = "bandwidth_gbps".into();
     base.value = summary.value;
-    base.warnings = noise_warning(&summary, NOISY_CV).into_iter().collect();
     base.stats = Some(RecordStats::from(&summary));
     base.sweep_kind = Some(kind.as_str().into());
     base.block_time_us = Some(kind.block_time_us(size, summary.value));
+    // The trials' throughputs, diagnosed (not the raw block times').
+    base.warnings = diagnose_record(&base)
+        .map(|d| d.sentence)
+        .into_iter()
+        .collect();
     Ok(base)
 }
 
