@@ -235,26 +235,6 @@ fn t_quantile_large_dof(p: f64, dof: f64) -> f64 {
     z + (g1 + (g2 + g3 / dof) / dof) / dof
 }
 
-/// A full-sentence warning with a remedy when `summary.cv` exceeds
-/// `threshold` (a fraction, normally [`NOISY_CV`]); `None` otherwise,
-/// including when `threshold` is NaN.
-pub fn noise_warning(summary: &Summary, threshold: f64) -> Option<String> {
-    if summary.cv > threshold {
-        let pct = summary.cv * 100.0;
-        let shown = if pct < 10.0 {
-            format!("{pct:.1}")
-        } else {
-            format!("{pct:.0}")
-        };
-        Some(format!(
-            "repetitions vary by {shown}% (coefficient of variation); \
-             pin the client and server with --pin or raise --reps"
-        ))
-    } else {
-        None
-    }
-}
-
 /// Latency percentiles in microseconds (after any scaling, see
 /// [`LatencyHistogram::percentiles_us`]). Invariant: `p50 <= p90 <= p99 <=
 /// p999 <= max` for a non-negative scale.
@@ -548,31 +528,6 @@ mod tests {
         assert!(close(back.stdev, s.stdev, 1e-12));
         assert_eq!(back.reps, s.reps);
         assert_eq!((back.value, back.median), (s.value, s.median));
-    }
-
-    #[test]
-    fn noise_warning_present_and_absent() {
-        let quiet = Summary::from_reps(&[100.0, 101.0, 99.0, 100.0]).unwrap();
-        assert!(quiet.cv < NOISY_CV);
-        assert_eq!(noise_warning(&quiet, NOISY_CV), None);
-
-        let mut noisy = Summary::from_reps(&[50.0, 100.0, 150.0]).unwrap();
-        assert!(close(noisy.cv, 0.5, 1e-12));
-        assert_eq!(
-            noise_warning(&noisy, NOISY_CV).unwrap(),
-            "repetitions vary by 50% (coefficient of variation); \
-             pin the client and server with --pin or raise --reps"
-        );
-        assert_eq!(noise_warning(&noisy, 0.6), None);
-        assert_eq!(noise_warning(&noisy, f64::NAN), None);
-
-        noisy.cv = 0.0625;
-        assert!(noise_warning(&noisy, NOISY_CV)
-            .unwrap()
-            .starts_with("repetitions vary by 6.2% "));
-        // Exactly at the threshold is not noisy.
-        noisy.cv = NOISY_CV;
-        assert_eq!(noise_warning(&noisy, NOISY_CV), None);
     }
 
     #[test]
