@@ -294,12 +294,19 @@ fn prepare_raw(agent: &AgentProc, spec: netgap::proto::group::GroupSpec) -> netg
     let token = netgap::preamble::new_token().expect("a data token");
     conn.send(&session.group_prepare(spec, token))
         .expect("prepare sent");
-    decode_reply(
-        &conn
-            .recv_payload(Duration::from_secs(5))
-            .expect("an answer"),
-    )
-    .expect("answer decodes")
+    // An agent preparing a role says it is alive every second meanwhile;
+    // the answer is the first other reply.
+    loop {
+        let reply = decode_reply(
+            &conn
+                .recv_payload(Duration::from_secs(5))
+                .expect("an answer"),
+        )
+        .expect("answer decodes");
+        if reply != netgap::proto::Reply::GroupAlive {
+            return reply;
+        }
+    }
 }
 
 fn raw_spec(target: &str) -> netgap::proto::group::GroupSpec {
