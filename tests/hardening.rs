@@ -404,7 +404,13 @@ fn a_target_that_is_not_an_agent_of_the_session_is_refused_before_any_payload_by
     let req = session.group_prepare(spec, token);
     assert!(matches!(req, Request::GroupPrepare { .. }));
     conn.send(&req).expect("prepare");
-    let reply = decode_reply(&conn.recv_payload(Duration::from_secs(5)).expect("reply"));
+    // The agent says it is alive every second while it prepares.
+    let reply = loop {
+        let reply = decode_reply(&conn.recv_payload(Duration::from_secs(5)).expect("reply"));
+        if !matches!(reply, Ok(Reply::GroupAlive)) {
+            break reply;
+        }
+    };
     match reply {
         Ok(Reply::Error { message }) => {
             assert!(message.contains("no payload was sent"), "{message}")
