@@ -180,10 +180,10 @@ pub trait Workload: Sync {
 /// Every workload, in the order `netgap list` shows them.
 pub fn registry() -> &'static [&'static dyn Workload] {
     &[
-        &multistream::Multistream,
+        &multistream::MULTISTREAM,
         &hotspot::Hotspot,
-        &fanin::Fanin,
-        &fanout::Fanout,
+        &fanin::FANIN,
+        &fanout::FANOUT,
         &connect::Connect,
         &multirail::Multirail,
     ]

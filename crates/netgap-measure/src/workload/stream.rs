@@ -429,6 +429,81 @@ fn recv_until(
     Ok(count)
 }
 
+/// A bandwidth workload (`multistream`, `fanin`, `fanout`): flows that
+/// stream one way for a window, a thread per flow over any cross-host
+/// transport. Each is one declaration of this in its own module; they differ
+/// only in their name, which way the bytes go, which count they read and
+/// how their flows are placed.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct StreamWorkload {
+    /// The workload's name.
+    pub(crate) name: &'static str,
+    /// One line for `netgap list`.
+    pub(crate) summary: &'static str,
+    /// Which way the payload flows.
+    pub(crate) direction: Direction,
+    /// The count it reads.
+    pub(crate) count: super::CountFlag,
+    /// Where its flows go.
+    pub(crate) place:
+        fn(u32, &[super::place::HostView]) -> Result<super::place::Placement, super::Refused>,
+}
+
+impl super::Workload for StreamWorkload {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn summary(&self) -> &'static str {
+        self.summary
+    }
+
+    fn metric(&self) -> super::GroupMetric {
+        super::GroupMetric::BandwidthGbps
+    }
+
+    fn count(&self) -> super::CountFlag {
+        self.count
+    }
+
+    fn max_flows(&self) -> u32 {
+        MAX_STREAM_FLOWS
+    }
+
+    fn default_size_bytes(&self, transport: &dyn transport::Transport) -> u64 {
+        default_size_bytes(transport)
+    }
+
+    fn check(
+        &self,
+        spec: &netgap_core::spec::PointSpec,
+        transport: &dyn transport::Transport,
+    ) -> Result<(), super::Refused> {
+        super::check_cross_host(self.name, spec, transport)
+    }
+
+    fn place(
+        &self,
+        count: u32,
+        hosts: &[super::place::HostView],
+    ) -> Result<super::place::Placement, super::Refused> {
+        (self.place)(count, hosts)
+    }
+
+    fn memory_bytes(&self, spec: &GroupSpec) -> u64 {
+        memory_bytes(self.direction, spec)
+    }
+
+    fn open(&self, ctx: RoleContext<'_>) -> Result<Box<dyn OpenRole>, RoleError> {
+        let super::role::NoParams {} = super::role::parse_params(self.name, ctx.spec)?;
+        open(self.name, self.direction, ctx)
+    }
+
+    fn sample(&self, side: GroupRole, report: &FlowReport, window_ns: u64) -> FlowSample {
+        sample(self.direction, side, report, window_ns)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
