@@ -113,14 +113,10 @@ pub struct GroupCoordinator {
     /// Hosts preparing a group role (between `group_prepare` and
     /// `group_ready`), with when each was last heard from or asked.
     setup: Vec<Option<Instant>>,
-    /// Some agent of this run has said it is alive while preparing: agents
-    /// of this version do so every second, so a preparing host that says
-    /// nothing for [`GroupCoordinator::setup_limit`] has gone silent. Until
-    /// one has, silence in setup is left to the prepare timeout, as agents
-    /// that say nothing while preparing may take that long.
-    setup_alive_seen: bool,
     /// How long a preparing host may say nothing: the point's I/O timeout,
-    /// at least two alive intervals.
+    /// at least two alive intervals. Agents of this protocol version say
+    /// they are alive every second while preparing, so a longer silence is
+    /// a silent host, not a slow setup.
     setup_limit: Duration,
     /// Facts of this (the coordinator's) host.
     pub(super) local: HostFacts,
@@ -248,7 +244,6 @@ impl GroupCoordinator {
         Ok(GroupCoordinator {
             running: vec![None; links.len()],
             setup: vec![None; links.len()],
-            setup_alive_seen: false,
             setup_limit: SILENCE_LIMIT,
             links,
             events: rx,
@@ -354,16 +349,22 @@ impl GroupCoordinator {
                 ));
             }
             let event = self.events.recv_timeout(left);
-            if let Ok((j, Ok(_))) = &event {
-                if let Some(t) = self.setup[*j].as_mut() {
-                    *t = Instant::now();
+            match &event {
+                // A host whose role is ready (or failed) has nothing more to
+                // say until it runs, though its reply may wait in `pending`
+                // while an earlier host is waited for.
+                Ok((j, Ok(Reply::GroupReady | Reply::Error { .. }))) => self.setup[*j] = None,
+                Ok((j, Ok(_))) => {
+                    if let Some(t) = self.setup[*j].as_mut() {
+                        *t = Instant::now();
+                    }
                 }
+                _ => {}
             }
             // An agent preparing its role says it is alive: liveness only,
             // not a reply the session expects.
             if let Ok((j, Ok(Reply::GroupAlive))) = &event {
                 if self.running[*j].is_none() && self.setup[*j].is_some() {
-                    self.setup_alive_seen = true;
                     continue;
                 }
             }
@@ -400,12 +401,8 @@ impl GroupCoordinator {
     }
 
     /// A host preparing a group role that has said nothing for longer than
-    /// [`GroupCoordinator::setup_limit`], once agents are known to say they
-    /// are alive while preparing.
+    /// [`GroupCoordinator::setup_limit`].
     fn silent_in_setup(&self) -> Option<usize> {
-        if !self.setup_alive_seen {
-            return None;
-        }
         first_silent(&self.setup, self.setup_limit)
     }
 
