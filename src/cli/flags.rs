@@ -18,6 +18,7 @@ use netgap::plan::{
 };
 use netgap::spec::Mode;
 use netgap::transport::options::{self as topt, OptionKind, OptionValue};
+use netgap::workload::options as wopt;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -262,6 +263,73 @@ pub struct MultiHostFlags {
     /// [default: 3].
     #[arg(long, value_name = "K")]
     pub links: Option<u32>,
+    #[allow(
+        missing_docs,
+        reason = "a doc comment here would replace the flattened flags' help"
+    )]
+    #[command(flatten)]
+    pub workload: WorkloadOptionFlags,
+}
+
+/// The workloads' own options, one flag per distinct declaration of
+/// `netgap::workload::options`, built with clap's builder API so a new
+/// option is declared in its workload and nowhere else. Values stay text
+/// here; the group plan parses them with their declarations.
+#[derive(Debug, Clone, Default)]
+pub struct WorkloadOptionFlags {
+    /// (flag, value as typed; empty for a switch), in declaration order.
+    pub given: Vec<(String, String)>,
+}
+
+impl FromArgMatches for WorkloadOptionFlags {
+    fn from_arg_matches(m: &ArgMatches) -> Result<Self, clap::Error> {
+        let mut given = Vec::new();
+        for decl in wopt::all() {
+            let value = match decl.kind {
+                wopt::OptionKind::Switch => m.get_flag(decl.flag).then(String::new),
+                _ => m.get_one::<String>(decl.flag).cloned(),
+            };
+            if let Some(value) = value {
+                given.push((decl.flag.to_string(), value));
+            }
+        }
+        Ok(WorkloadOptionFlags { given })
+    }
+
+    fn update_from_arg_matches(&mut self, m: &ArgMatches) -> Result<(), clap::Error> {
+        *self = WorkloadOptionFlags::from_arg_matches(m)?;
+        Ok(())
+    }
+}
+
+impl Args for WorkloadOptionFlags {
+    fn augment_args(mut cmd: clap::Command) -> clap::Command {
+        for decl in wopt::all() {
+            let takers = wopt::workloads_taking(decl.flag).join(", ");
+            let list = if decl.axis {
+                " A comma-separated list gives one point per value."
+            } else {
+                ""
+            };
+            let arg = Arg::new(decl.flag)
+                .long(decl.flag)
+                .help(format!("{takers}: {}", decl.help.trim_end_matches('.')))
+                .long_help(format!("{}{list} Workloads: {takers}.", decl.help))
+                .help_heading("Workload options");
+            let arg = match decl.kind {
+                wopt::OptionKind::Switch => arg.action(ArgAction::SetTrue),
+                _ => arg
+                    .value_name(decl.value_name)
+                    .value_parser(clap::value_parser!(String)),
+            };
+            cmd = cmd.arg(arg);
+        }
+        cmd
+    }
+
+    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
+        WorkloadOptionFlags::augment_args(cmd)
+    }
 }
 
 /// The groups every measuring command takes: target, key, transports,
@@ -337,6 +405,7 @@ impl MultiHostFlags {
             streams: self.streams.as_ref().map(|c| c.0.clone()),
             duration: self.duration,
             links: self.links,
+            workload_options: self.workload.given.clone(),
         }
     }
 }

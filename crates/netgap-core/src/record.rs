@@ -9,6 +9,7 @@ use crate::host::HostFacts;
 use crate::spec::Mode;
 use crate::stats::{Percentiles, Summary};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 /// Spread of the repetitions of a point.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -281,6 +282,25 @@ pub struct ResultRecord {
     /// `multirail`: one entry per link used.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub links: Vec<LinkResult>,
+    /// Application workloads: the workload's own options and its figures
+    /// besides the headline.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub app: Option<AppResult>,
+}
+
+/// What an application workload's point ran with and found besides its
+/// headline.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct AppResult {
+    /// The workload's own options as the point ran them, by flag
+    /// (`{"trace": "zipf", "alpha": 0.8}`); options not given are absent.
+    #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
+    pub options: serde_json::Map<String, serde_json::Value>,
+    /// Figures besides the headline, named with their units
+    /// (`payload_gbps`, `errors`, `connect_share_pct`), each the mean over
+    /// the repetitions.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub metrics: BTreeMap<String, f64>,
 }
 
 /// A throughput dropout of a sweep point (NetPIPE's "problem points").

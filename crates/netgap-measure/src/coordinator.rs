@@ -490,6 +490,7 @@ pub(crate) fn build_record(
         flows: Vec::new(),
         hosts_cpu: Vec::new(),
         links: Vec::new(),
+        app: None,
         stack: Some(Stack::new(
             &spec.transport,
             spec.mode,

@@ -203,6 +203,11 @@ pub struct MultiHostSpec {
     pub duration: Option<Duration>,
     /// `--links`: loopback links of an in-process multirail run.
     pub links: Option<u32>,
+    /// The workloads' own options given (`--trace zipf`), as (flag without
+    /// dashes, value as typed; empty for a switch), in command-line order;
+    /// the group plan parses them with their declarations
+    /// ([`crate::workload::options`]).
+    pub workload_options: Vec<(String, String)>,
 }
 
 /// Everything a run asks for, typed; the input of every plan.
@@ -600,14 +605,14 @@ pub fn ci_target(m: &MethodSpec) -> Result<Option<CiTarget>, PlanError> {
         })
 }
 
-/// Multi-host tests, for messages.
-const GROUP_TESTS: &str = "multistream, hotspot, fanin, fanout, connect, multirail";
-
 /// Refuses the flags of multi-host tests in a point-to-point request: they
 /// would change nothing. `what` names the tests or command in the message.
 pub(crate) fn refuse_group_flags(r: &RunRequest, what: &str) -> Result<(), PlanError> {
     let m = &r.multi_host;
-    let reason = format!("it is a flag of multi-host tests ({GROUP_TESTS})");
+    let reason = format!(
+        "it is a flag of multi-host tests ({})",
+        crate::workload::names()
+    );
     for (flag, given) in [
         ("--clients", m.clients.is_some()),
         ("--streams", m.streams.is_some()),
@@ -618,6 +623,14 @@ pub(crate) fn refuse_group_flags(r: &RunRequest, what: &str) -> Result<(), PlanE
         if given {
             return Err(no_effect(flag, what, reason));
         }
+    }
+    if let Some((flag, _)) = m.workload_options.first() {
+        let takers = crate::workload::options::workloads_taking(flag).join(", ");
+        return Err(no_effect(
+            &format!("--{flag}"),
+            what,
+            format!("it is an option of {takers}"),
+        ));
     }
     if r.target.ipv6 && r.target.peer.is_some() {
         return Err(no_effect(

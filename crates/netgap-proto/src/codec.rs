@@ -414,6 +414,7 @@ mod tests {
                         retries: 1,
                         ..DatagramStats::default()
                     }),
+                    metrics: [("transactions".to_string(), 12.0)].into(),
                 },
             },
         ]

@@ -39,6 +39,8 @@ pub(crate) const MAX_FLOW_ADDRS: usize = 1024;
 pub const FLOWS_PER_CHUNK: usize = 128;
 /// Most histogram buckets in one `group_buckets` chunk.
 pub const BUCKETS_PER_CHUNK: usize = 1024;
+/// Most named figures one role reports in its outcome.
+pub const MAX_OUTCOME_METRICS: usize = 32;
 
 /// Which side of a group point an agent plays.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -226,6 +228,11 @@ pub struct GroupOutcome {
     /// over udp); absent otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub datagrams: Option<DatagramStats>,
+    /// A workload's own figures of this role's repetition, named with their
+    /// units (`transactions`, `connect_time_us`), at most
+    /// [`MAX_OUTCOME_METRICS`]; empty for the built-in micro-benchmarks.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub metrics: std::collections::BTreeMap<String, f64>,
 }
 
 impl FlowReport {
@@ -250,6 +257,18 @@ impl GroupOutcome {
         if let Some(d) = &self.datagrams {
             d.validate()
                 .map_err(|e| range("datagrams", e.to_string()))?;
+        }
+        if self.metrics.len() > MAX_OUTCOME_METRICS {
+            return Err(range(
+                "metrics",
+                format!("{} names, most {MAX_OUTCOME_METRICS}", self.metrics.len()),
+            ));
+        }
+        for (name, v) in &self.metrics {
+            netgap_core::spec::check_name("metrics", name)?;
+            if !v.is_finite() {
+                return Err(range("metrics", format!("{name} is not a finite number")));
+            }
         }
         Ok(())
     }
@@ -351,6 +370,7 @@ mod tests {
                 retries: 1,
                 ..DatagramStats::default()
             }),
+            metrics: Default::default(),
         };
         assert!(outcome.validate().is_ok());
         outcome.datagrams = Some(DatagramStats {
@@ -360,5 +380,27 @@ mod tests {
         });
         let e = outcome.validate().unwrap_err();
         assert_eq!(e.field, "datagrams");
+    }
+
+    #[test]
+    fn outcome_metrics_are_named_finite_and_few() {
+        let mut outcome = GroupOutcome {
+            window_ns: 1,
+            cpu: CpuUsage::default(),
+            peak_rss_kib: None,
+            bytes_rx: 0,
+            bytes_tx: 0,
+            datagrams: None,
+            metrics: [("connect_time_us".to_string(), 12.5)].into(),
+        };
+        assert!(outcome.validate().is_ok());
+        outcome.metrics.insert("Bad Name".into(), 1.0);
+        assert_eq!(outcome.validate().unwrap_err().field, "metrics");
+        outcome.metrics = [("errors".to_string(), f64::NAN)].into();
+        assert_eq!(outcome.validate().unwrap_err().field, "metrics");
+        outcome.metrics = (0..=MAX_OUTCOME_METRICS)
+            .map(|i| (format!("m{i}"), 1.0))
+            .collect();
+        assert_eq!(outcome.validate().unwrap_err().field, "metrics");
     }
 }

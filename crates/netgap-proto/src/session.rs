@@ -1076,6 +1076,7 @@ mod tests {
             bytes_rx: 0,
             bytes_tx: 0,
             datagrams: None,
+            metrics: Default::default(),
         };
         assert_eq!(wire_reply(&agent.group_alive().unwrap()), Reply::GroupAlive);
         assert_eq!(

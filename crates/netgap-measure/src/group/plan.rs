@@ -5,6 +5,7 @@
 
 pub use crate::cluster::HostsSource;
 use crate::plan::{invalid, no_effect, show, Plan, PlanError, RunRequest};
+use crate::workload::options::{self as wopt, WorkloadArgs};
 use crate::workload::{CountFlag, Workload};
 use netgap_core::spec::PointSpec;
 use netgap_proto::group::{MAX_GROUP_DURATION_MS, MAX_GROUP_FLOWS};
@@ -39,6 +40,8 @@ pub struct GroupPoint {
     /// The count the workload reads ([`Workload::count`]): clients or
     /// streams; 0 when the hosts decide.
     pub clients: u32,
+    /// The values of the workload's own options for this point.
+    pub args: WorkloadArgs,
     /// The workload's parameters for every role of the point.
     pub params: serde_json::Value,
 }
@@ -49,6 +52,7 @@ impl std::fmt::Debug for GroupPoint {
             .field("workload", &self.workload.name())
             .field("spec", &self.spec)
             .field("clients", &self.clients)
+            .field("args", &self.args)
             .field("params", &self.params)
             .finish()
     }
@@ -107,6 +111,51 @@ fn check_counts(flag: &'static str, counts: &[u32], max: u32) -> Result<(), Plan
             list(),
             format!("{n} is not between 1 and {max}"),
         ));
+    }
+    Ok(())
+}
+
+/// The points' values of `test`'s own options: the options given that it
+/// declares, parsed, their axes crossed.
+fn workload_args(
+    test: &'static dyn Workload,
+    given: &[(String, String)],
+) -> Result<Vec<WorkloadArgs>, PlanError> {
+    let mut parsed = Vec::new();
+    for (flag, raw) in given {
+        let Some(decl) = test.options().iter().find(|o| o.flag == flag.as_str()) else {
+            continue;
+        };
+        let values = wopt::parse(decl, raw)
+            .map_err(|e| PlanError::Workload(crate::workload::Refused(e.to_string())))?;
+        parsed.push((*decl, values));
+    }
+    Ok(wopt::cross(&parsed))
+}
+
+/// Refuses a workload option that no workload of the run declares.
+fn refuse_foreign_options(
+    tests: &[&'static dyn Workload],
+    given: &[(String, String)],
+) -> Result<(), PlanError> {
+    for (flag, _) in given {
+        if !tests
+            .iter()
+            .any(|t| t.options().iter().any(|o| o.flag == flag.as_str()))
+        {
+            let takers = wopt::workloads_taking(flag);
+            let what = tests
+                .iter()
+                .map(|t| t.name())
+                .collect::<Vec<_>>()
+                .join(", ");
+            let reason = if takers.is_empty() {
+                "no workload takes it".to_string()
+            } else {
+                format!("it is an option of {}", takers.join(", "))
+            };
+            return Err(no_effect(&format!("--{flag}"), &what, reason));
+        }
     }
     Ok(())
 }
@@ -235,6 +284,7 @@ impl GroupPlan {
             })?);
         }
         refuse_ignored_flags(r, &tests)?;
+        refuse_foreign_options(&tests, &r.multi_host.workload_options)?;
         let hosts = match &r.target.hosts {
             Some(h) => {
                 let hosts = h.load()?;
@@ -312,6 +362,7 @@ impl GroupPlan {
                 }
                 CountFlag::Hosts => vec![0],
             };
+            let arg_points = workload_args(test, &r.multi_host.workload_options)?;
             let mut seen = Vec::new();
             for spec in &base.points {
                 let t = netgap_transport::find(&spec.transport).ok_or_else(|| {
@@ -331,14 +382,17 @@ impl GroupPlan {
                     continue;
                 }
                 seen.push(key);
-                let params = test.params(&spec);
-                for &clients in &counts {
-                    points.push(GroupPoint {
-                        workload: test,
-                        spec: spec.clone(),
-                        clients,
-                        params: params.clone(),
-                    });
+                for args in &arg_points {
+                    let params = test.params(&spec, args);
+                    for &clients in &counts {
+                        points.push(GroupPoint {
+                            workload: test,
+                            spec: spec.clone(),
+                            clients,
+                            args: args.clone(),
+                            params: params.clone(),
+                        });
+                    }
                 }
             }
         }
@@ -424,5 +478,12 @@ mod tests {
         let mut r = RunRequest::new(&["fanin", "multirail"]);
         r.multi_host.links = Some(2);
         assert!(GroupPlan::from_request(&r).is_ok());
+        let mut r = RunRequest::new(&["fanin"]);
+        r.multi_host.workload_options = vec![("no-such".into(), "1".into())];
+        assert!(err(&r).starts_with("--no-such does not apply to fanin"));
+        let mut r = RunRequest::new(&["pingpong"]);
+        r.multi_host.workload_options = vec![("no-such".into(), "1".into())];
+        let e = Plan::from_request(&r).unwrap_err().to_string();
+        assert!(e.starts_with("--no-such does not apply"), "{e}");
     }
 }

@@ -45,6 +45,8 @@ struct Reduction {
     bytes: ByteCounts,
     /// Only roles whose flows are datagrams report counters.
     datagrams: Option<DatagramCounts>,
+    /// The workload's own figures of each repetition.
+    metrics: Vec<std::collections::BTreeMap<String, f64>>,
 }
 
 /// Why a repetition's reports could not be reduced.
@@ -72,6 +74,7 @@ impl Reduction {
                 server_rx: 0,
             },
             datagrams: None,
+            metrics: Vec::new(),
         }
     }
 
@@ -85,6 +88,14 @@ impl Reduction {
     ) -> Result<(), ReduceError> {
         let n = self.flows.len();
         self.hist.merge(&r.hist);
+        let window_ns = r.reports.first().map_or(0, |(_, _, o)| o.window_ns);
+        let role_metrics: Vec<_> = r
+            .reports
+            .iter()
+            .map(|(i, _, o)| (placement.roles[*i].side, &o.metrics))
+            .collect();
+        self.metrics
+            .push(workload.metrics(&role_metrics, window_ns));
         let mut per_flow_value = vec![f64::NAN; n];
         for (role_index, reports, outcome) in &r.reports {
             let role = &placement.roles[*role_index];
@@ -148,6 +159,32 @@ impl Reduction {
         self.rep_values.push(value);
         Ok(())
     }
+}
+
+/// The record's application part: the point's workload options and the
+/// mean over repetitions of each figure the workload reported; none for a
+/// workload with neither.
+fn app_result(
+    point: &GroupPoint,
+    reps: &[std::collections::BTreeMap<String, f64>],
+) -> Option<netgap_core::record::AppResult> {
+    let mut sums: std::collections::BTreeMap<String, (f64, u32)> = Default::default();
+    for rep in reps {
+        for (k, v) in rep {
+            let e = sums.entry(k.clone()).or_insert((0.0, 0));
+            e.0 += v;
+            e.1 += 1;
+        }
+    }
+    let metrics: std::collections::BTreeMap<String, f64> = sums
+        .into_iter()
+        .map(|(k, (sum, n))| (k, sum / f64::from(n)))
+        .collect();
+    let options = point.args.to_json();
+    if metrics.is_empty() && options.is_empty() {
+        return None;
+    }
+    Some(netgap_core::record::AppResult { options, metrics })
 }
 
 /// The share of exchanges at or below `x_us` in a distribution known only
@@ -252,6 +289,7 @@ pub(super) fn measure_point(
         hist,
         bytes,
         datagrams,
+        metrics,
     } = red;
     let summary = Summary::from_reps(&rep_values).map_err(|e| GroupError::Point(e.to_string()))?;
     let flow_results: Vec<FlowResult> = flows
@@ -358,6 +396,7 @@ pub(super) fn measure_point(
         flows: flow_results,
         hosts_cpu,
         links,
+        app: app_result(point, &metrics),
         stack: Some(Stack::new(
             &point.spec.transport,
             point.spec.mode,
@@ -416,6 +455,7 @@ mod tests {
             bytes_rx: 0,
             bytes_tx: 0,
             datagrams: None,
+            metrics: Default::default(),
         }
     }
 

@@ -83,7 +83,7 @@ impl Workload for Connect {
     }
 
     /// The request and the reply are both the point's size.
-    fn params(&self, spec: &PointSpec) -> serde_json::Value {
+    fn params(&self, spec: &PointSpec, _args: &super::options::WorkloadArgs) -> serde_json::Value {
         serde_json::json!(Params {
             request_bytes: spec.size_bytes,
             reply_bytes: spec.size_bytes,

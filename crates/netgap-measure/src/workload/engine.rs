@@ -208,6 +208,7 @@ impl ReadyRole for Engine {
                 bytes_rx: ran.bytes_rx,
                 bytes_tx: ran.bytes_tx,
                 datagrams: ran.datagrams,
+                metrics: Default::default(),
             },
         })
     }

@@ -33,6 +33,7 @@ pub mod fanout;
 pub mod hotspot;
 pub mod multirail;
 pub mod multistream;
+pub mod options;
 pub mod place;
 pub mod role;
 pub mod stream;
@@ -53,6 +54,27 @@ pub enum GroupMetric {
     LatencyUs,
     /// Connections opened, used and closed per second, all clients together.
     ConnectionsPerS,
+    /// A workload's own headline (`transactions_per_s`, `query_time_ms`):
+    /// its key, with the unit in the name, and how a repetition's per-flow
+    /// values combine into it.
+    Other {
+        /// The metric's key in results; a name ending in `_us`, `_ms` or
+        /// `_ns` is a time, where lower is better.
+        key: &'static str,
+        /// How the flows' values combine.
+        combine: Combine,
+    },
+}
+
+/// How a repetition's per-flow values combine into its headline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Combine {
+    /// Their sum (rates of concurrent flows).
+    Sum,
+    /// Their mean (each flow's time of the same job).
+    Mean,
+    /// The largest (the slowest flow's time of a job they share).
+    Max,
 }
 
 impl GroupMetric {
@@ -62,6 +84,7 @@ impl GroupMetric {
             GroupMetric::BandwidthGbps => "bandwidth_gbps",
             GroupMetric::LatencyUs => "latency_us",
             GroupMetric::ConnectionsPerS => "connections_per_s",
+            GroupMetric::Other { key, .. } => key,
         }
     }
 
@@ -70,11 +93,19 @@ impl GroupMetric {
     /// (latency). `None` if a client has no latency (no round trip in the
     /// window).
     pub fn headline(self, values: &[f64]) -> Option<f64> {
-        match self {
-            GroupMetric::BandwidthGbps | GroupMetric::ConnectionsPerS => Some(values.iter().sum()),
-            GroupMetric::LatencyUs => {
+        let combine = match self {
+            GroupMetric::BandwidthGbps | GroupMetric::ConnectionsPerS => Combine::Sum,
+            GroupMetric::LatencyUs => Combine::Mean,
+            GroupMetric::Other { combine, .. } => combine,
+        };
+        match combine {
+            Combine::Sum => Some(values.iter().sum()),
+            Combine::Mean | Combine::Max => {
                 if values.is_empty() || values.iter().any(|v| !v.is_finite()) {
                     return None;
+                }
+                if combine == Combine::Max {
+                    return values.iter().copied().reduce(f64::max);
                 }
                 Some(values.iter().sum::<f64>() / values.len() as f64)
             }
@@ -140,11 +171,38 @@ pub trait Workload: Sync {
     /// any host is contacted.
     fn check(&self, spec: &PointSpec, transport: &dyn Transport) -> Result<(), Refused>;
 
+    /// The workload's own options ([`options`]): flags the command line
+    /// offers for it, parsed and range-checked by the plan; none by
+    /// default.
+    fn options(&self) -> &'static [&'static options::WorkloadOption] {
+        &[]
+    }
+
     /// The typed parameters every role of the point gets, as the JSON
-    /// object its own [`Workload::open`] parses; none by default.
-    fn params(&self, spec: &PointSpec) -> serde_json::Value {
-        let _ = spec;
+    /// object its own [`Workload::open`] parses, from the point and the
+    /// values of the workload's options for it; none by default.
+    fn params(&self, spec: &PointSpec, args: &options::WorkloadArgs) -> serde_json::Value {
+        let _ = (spec, args);
         serde_json::Value::Object(serde_json::Map::new())
+    }
+
+    /// A repetition's figures besides the headline (`payload_gbps`,
+    /// `errors`, `connect_share_pct`), from what each role reported in its
+    /// outcome's `metrics`; the record holds their mean over repetitions.
+    /// By default each name is summed over the roles.
+    fn metrics(
+        &self,
+        roles: &[(GroupRole, &std::collections::BTreeMap<String, f64>)],
+        window_ns: u64,
+    ) -> std::collections::BTreeMap<String, f64> {
+        let _ = window_ns;
+        let mut out = std::collections::BTreeMap::new();
+        for (_, m) in roles {
+            for (k, v) in m.iter() {
+                *out.entry(k.clone()).or_insert(0.0) += v;
+            }
+        }
+        out
     }
 
     /// Places the roles of a point of `count` (clients, streams; unused for

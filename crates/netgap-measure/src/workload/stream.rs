@@ -345,6 +345,7 @@ impl ReadyRole for Streams {
                 bytes_rx: reports.iter().map(|r| r.bytes_rx).sum(),
                 bytes_tx: reports.iter().map(|r| r.bytes_tx).sum(),
                 datagrams: None,
+                metrics: Default::default(),
             },
             flows: reports,
         })

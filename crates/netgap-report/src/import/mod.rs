@@ -202,6 +202,7 @@ impl Imported<'_> {
             flows: Vec::new(),
             hosts_cpu: Vec::new(),
             links: Vec::new(),
+            app: None,
             stack: None,
         }
     }
