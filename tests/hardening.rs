@@ -487,6 +487,35 @@ fn max_rate_paces_bandwidth_roles_to_the_limit() {
     assert!(gbps > 0.0 && gbps <= 0.2 * 1.1, "{gbps} Gbit/s against 0.2");
 }
 
+#[test]
+fn max_duration_stops_a_point_to_point_repetition_that_runs_past_it() {
+    // A repetition of many iterations would stream for tens of seconds; an
+    // agent whose longest run is 1 s shuts its flow down at 1.5 s and says
+    // why, for every test that streams or exchanges.
+    let agent = Agent::start_with("127.0.0.1", &["--max-duration", "1s"]);
+    for test in ["stream", "pingpong"] {
+        for transport in ["tcp", "uring"] {
+            let started = Instant::now();
+            let out = netgap()
+                .args(["run", test, "-t", transport, "-s", "64K"])
+                .args(["--peer", &agent.addr, "--reps", "1", "-n", "700000"])
+                .output()
+                .expect("run");
+            let took = started.elapsed();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(!out.status.success(), "{test} {transport}: {stderr}");
+            assert!(
+                stderr.contains("ran past its longest run (1s)"),
+                "{test} {transport}: {stderr}"
+            );
+            assert!(
+                took < Duration::from_secs(5),
+                "{test} {transport} ran {took:?}"
+            );
+        }
+    }
+}
+
 /// Runs `test` over `transport` in `mode` against an agent that is stopped
 /// (SIGSTOP: alive, silent) a second into the run; the time from the stop
 /// to the run's exit, and its stderr.

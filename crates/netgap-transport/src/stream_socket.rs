@@ -30,7 +30,7 @@ pub(crate) struct StreamFlow<S> {
 }
 
 /// The socket calls a [`StreamFlow`] needs.
-pub(crate) trait StreamSocket: Read + Write + Send + Sized {
+pub(crate) trait StreamSocket: Read + Write + Send + Sized + std::os::fd::AsFd {
     /// Another handle on the same socket.
     fn duplicate(&self) -> io::Result<Self>;
     /// O_NONBLOCK on or off.
@@ -245,6 +245,10 @@ impl<S: StreamSocket + 'static> Flow for StreamFlow<S> {
         (&mut self.tx, &mut self.rx)
     }
 
+    fn data_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        Some(self.tx.socket.as_fd())
+    }
+
     fn into_halves(self: Box<Self>) -> (Box<dyn Sender>, Box<dyn Receiver>) {
         (Box::new(self.tx), Box::new(self.rx))
     }
@@ -326,6 +330,10 @@ impl StreamFlow<std::net::TcpStream> {
 impl Flow for TcpHookFlow {
     fn split(&mut self) -> (&mut dyn Sender, &mut dyn Receiver) {
         (&mut self.tx, &mut self.rx)
+    }
+
+    fn data_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        Some(std::os::fd::AsFd::as_fd(self.tx.inner.socket()))
     }
 
     fn into_halves(self: Box<Self>) -> (Box<dyn Sender>, Box<dyn Receiver>) {
