@@ -252,7 +252,7 @@ fn run(kind: Kind, warmup: Duration, duration: Duration, stop: &Stop) -> Result<
             let mut datagrams: Option<DatagramStats> = None;
             let mut flows = Vec::with_capacity(report.flows.len());
             for f in &report.flows {
-                hist.merge(&f.hist);
+                f.hist.merge_into(&mut hist);
                 rx += f.bytes_rx;
                 tx += f.bytes_tx;
                 if let Some(d) = &f.datagrams {
