@@ -440,6 +440,10 @@ fn kept_points(e: CoordError, sinks: &[Box<dyn RecordSink>]) -> anyhow::Error {
 fn serve(args: &ServeArgs) -> Result<()> {
     let control = match ControlAddr::parse(&args.bind) {
         Some(a @ ControlAddr::Unix(_)) => a,
+        _ if args.bind == "auto" => ControlAddr::Tcp(SocketAddr::new(
+            netgap::hostlist::node_address().map_err(|e| anyhow!("--bind auto: {e}"))?,
+            args.port,
+        )),
         _ => {
             let ip: IpAddr = args
                 .bind

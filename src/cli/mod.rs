@@ -309,7 +309,9 @@ pub enum KeyCommand {
 #[derive(Debug, clap::Args)]
 pub struct ServeArgs {
     /// Address to listen on: an IP address (loopback unless told otherwise;
-    /// any other needs --key) or unix:PATH.
+    /// any other needs --key), `auto` (this node's address, from its host
+    /// name: one agent per node under srun or mpirun; needs --key) or
+    /// unix:PATH.
     #[arg(long, default_value = "127.0.0.1")]
     pub bind: String,
     /// Control port.
