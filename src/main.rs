@@ -79,9 +79,10 @@ fn main() -> ExitCode {
             &args.hostname,
             &args.command
         ))),
-        Some(Command::MpiAgent(args)) => {
-            Err(anyhow!(netgap::mpi::launch::agent(&args.host, &args.command)))
-        }
+        Some(Command::MpiAgent(args)) => Err(anyhow!(netgap::mpi::launch::agent(
+            &args.host,
+            &args.command
+        ))),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,

@@ -65,7 +65,12 @@ fn a_bad_hostfile_is_refused_naming_its_line() {
     let arg = format!("@hostfile:{}", file.display());
     fails_with_one_line(&["run", "multistream", "--hosts", &arg], "line 3");
     fails_with_one_line(
-        &["run", "multistream", "--hosts", "@hostfile:/nonexistent/hostfile"],
+        &[
+            "run",
+            "multistream",
+            "--hosts",
+            "@hostfile:/nonexistent/hostfile",
+        ],
         "/nonexistent/hostfile",
     );
 }
@@ -97,7 +102,10 @@ fn a_hostfile_names_the_agents_of_a_run() {
     assert_eq!(records.len(), 1);
     let flows = records[0]["flows"].as_array().expect("flows");
     assert_eq!(flows.len(), 2);
-    assert!(flows.iter().all(|f| f["host"] == "127.0.14.2:7100"), "{flows:?}");
+    assert!(
+        flows.iter().all(|f| f["host"] == "127.0.14.2:7100"),
+        "{flows:?}"
+    );
 }
 
 /// The nodes of a Slurm allocation, given as a compressed range, are the

@@ -64,7 +64,10 @@ fn check_mpi_record(r: &Value, reps: usize) {
         opts.iter().any(|o| o.starts_with("mpi_library=Open MPI")),
         "{opts:?}"
     );
-    assert!(opts.iter().any(|o| o.starts_with("mpi_standard=")), "{opts:?}");
+    assert!(
+        opts.iter().any(|o| o.starts_with("mpi_standard=")),
+        "{opts:?}"
+    );
 }
 
 #[test]
@@ -80,7 +83,12 @@ fn mpi_tests_run_on_this_machine_over_shared_memory() {
     let records = read_records(&json);
     let tests: Vec<(&str, u64)> = records
         .iter()
-        .map(|r| (r["test"].as_str().expect("test"), r["size_bytes"].as_u64().expect("size")))
+        .map(|r| {
+            (
+                r["test"].as_str().expect("test"),
+                r["size_bytes"].as_u64().expect("size"),
+            )
+        })
         .collect();
     assert_eq!(
         tests,
@@ -105,7 +113,10 @@ fn mpi_tests_run_on_this_machine_over_shared_memory() {
 
 #[test]
 fn flags_that_mean_nothing_to_mpi_are_refused_in_one_line() {
-    fails_with_one_line(&["run", "mpi-latency", "--verify"], "--verify has no effect");
+    fails_with_one_line(
+        &["run", "mpi-latency", "--verify"],
+        "--verify has no effect",
+    );
     fails_with_one_line(&["run", "mpi-bw", "--peer", "127.0.0.1"], "--peer");
     fails_with_one_line(&["run", "mpi-bw", "-s", "64M"], "limit");
     fails_with_one_line(&["run", "mpi-bw", "-t", "unix"], "-t/--mode");
@@ -114,7 +125,10 @@ fn flags_that_mean_nothing_to_mpi_are_refused_in_one_line() {
 #[test]
 fn list_says_mpi_is_built_in() {
     let out = ok(netgap().arg("list").output().expect("runs"));
-    assert!(out.contains("mpi-latency") && out.contains("mpi-bibw"), "{out}");
+    assert!(
+        out.contains("mpi-latency") && out.contains("mpi-bibw"),
+        "{out}"
+    );
     assert!(out.contains("MPI: built in"), "{out}");
 }
 

@@ -128,7 +128,8 @@ fn expand_ranges(list: &str, group: &str) -> Result<Vec<String>, HostListError> 
     for item in group.split(',') {
         let item = item.trim();
         let (lo, hi) = item.split_once('-').unwrap_or((item, item));
-        let digits = |s: &str| !s.is_empty() && s.len() <= 18 && s.bytes().all(|b| b.is_ascii_digit());
+        let digits =
+            |s: &str| !s.is_empty() && s.len() <= 18 && s.bytes().all(|b| b.is_ascii_digit());
         if !digits(lo) || !digits(hi) {
             return Err(node_err(
                 list,
@@ -136,11 +137,16 @@ fn expand_ranges(list: &str, group: &str) -> Result<Vec<String>, HostListError> 
             ));
         }
         let (a, b): (u64, u64) = (
-            lo.parse().map_err(|_| node_err(list, "a number too large"))?,
-            hi.parse().map_err(|_| node_err(list, "a number too large"))?,
+            lo.parse()
+                .map_err(|_| node_err(list, "a number too large"))?,
+            hi.parse()
+                .map_err(|_| node_err(list, "a number too large"))?,
         );
         if a > b {
-            return Err(node_err(list, format!("[{group}]: range {item} runs backwards")));
+            return Err(node_err(
+                list,
+                format!("[{group}]: range {item} runs backwards"),
+            ));
         }
         if b - a >= MAX_HOSTS as u64 || out.len() + (b - a) as usize >= MAX_HOSTS {
             return Err(node_err(list, format!("more than {MAX_HOSTS} hosts")));
@@ -269,7 +275,10 @@ mod tests {
             ["rack1-n1", "rack1-n2", "rack2-n1", "rack2-n2"]
         );
         assert_eq!(names("x[1,1],x1,y.lan"), ["x1", "y.lan"]);
-        assert_eq!(names("gpu[1-2],cpu[003-004]"), ["gpu1", "gpu2", "cpu003", "cpu004"]);
+        assert_eq!(
+            names("gpu[1-2],cpu[003-004]"),
+            ["gpu1", "gpu2", "cpu003", "cpu004"]
+        );
     }
 
     #[test]

@@ -53,9 +53,15 @@ impl MpiTest {
     /// One line for `netgap list`.
     pub fn summary(self) -> &'static str {
         match self {
-            MpiTest::Latency => "MPI blocking send/receive ping-pong, half the round trip (osu_latency's method)",
-            MpiTest::Bandwidth => "MPI window of 64 non-blocking sends, then an acknowledgment (osu_bw's method)",
-            MpiTest::Bidirectional => "MPI windows of 64 non-blocking sends both ways at once (osu_bibw's method)",
+            MpiTest::Latency => {
+                "MPI blocking send/receive ping-pong, half the round trip (osu_latency's method)"
+            }
+            MpiTest::Bandwidth => {
+                "MPI window of 64 non-blocking sends, then an acknowledgment (osu_bw's method)"
+            }
+            MpiTest::Bidirectional => {
+                "MPI windows of 64 non-blocking sends both ways at once (osu_bibw's method)"
+            }
         }
     }
 
@@ -121,9 +127,7 @@ mod tests {
         // 10 windows of 64 KiB messages in 1 ms.
         let gbps = MpiTest::Bandwidth.value(1024, 10, 1_000_000);
         assert!((gbps - 10.0 * 64.0 * 1024.0 * 8.0 / 1e6).abs() < 1e-9);
-        assert!(
-            (MpiTest::Bidirectional.value(1024, 10, 1_000_000) - 2.0 * gbps).abs() < 1e-9
-        );
+        assert!((MpiTest::Bidirectional.value(1024, 10, 1_000_000) - 2.0 * gbps).abs() < 1e-9);
         assert_eq!(MpiTest::Bandwidth.bytes(10, 2), (1280, 0));
     }
 }

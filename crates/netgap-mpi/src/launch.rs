@@ -184,7 +184,14 @@ pub fn mpirun_command(exe: &Path, plan: &RankPlan, placement: &Placement) -> Com
         }
         Placement::Testbed { rank0, rank1, .. } => {
             let mut c = Command::new(exe);
-            c.args(["mpi-exec", "--netns", &rank0.netns, "--hostname", &rank0.name, "--"]);
+            c.args([
+                "mpi-exec",
+                "--netns",
+                &rank0.netns,
+                "--hostname",
+                &rank0.name,
+                "--",
+            ]);
             c.args(&mpirun);
             let hosts = [rank0, rank1]
                 .iter()
@@ -231,7 +238,9 @@ impl Launch {
                     }
                     let text = String::from_utf8_lossy(&buf);
                     let parsed = if buf.len() > MAX_LINE_BYTES {
-                        Err(WireError::Line(format!("a line over {MAX_LINE_BYTES} bytes")))
+                        Err(WireError::Line(format!(
+                            "a line over {MAX_LINE_BYTES} bytes"
+                        )))
                     } else {
                         parse_line(&text)
                     };

@@ -89,7 +89,10 @@ impl<'w> Rank<'w> {
         let (major, minor) = mpi::environment::version();
         let processors = vec![
             mpi::environment::processor_name().unwrap_or_default(),
-            String::from_utf8_lossy(&peer_name).chars().take(256).collect(),
+            String::from_utf8_lossy(&peer_name)
+                .chars()
+                .take(256)
+                .collect(),
         ];
         let mut out = std::io::stdout().lock();
         let mut say = |line: RankLine| -> Result<(), RankError> {

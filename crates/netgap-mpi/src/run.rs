@@ -240,27 +240,28 @@ fn placement_of(plan: &MpiPlan) -> Result<(Placement, Facts), MpiRunError> {
             },
         ));
     };
-    let side = |h: &netgap_measure::cluster::HostEntry| -> Result<(RankHost, HostFacts), MpiRunError> {
-        let netns = h
-            .netns
-            .clone()
-            .ok_or_else(|| MpiRunError::Hosts(format!("host {} has no network namespace", h.name)))?;
-        let (ns, ip) = (netns.clone(), h.address);
-        let facts = std::thread::spawn(move || {
-            netgap_transport::netns::enter(&ns).map(|()| netgap_transport::host::collect(Some(ip)))
-        })
-        .join()
-        .map_err(|_| MpiRunError::Hosts("reading host facts panicked".into()))?
-        .map_err(|e| MpiRunError::Hosts(e.to_string()))?;
-        Ok((
-            RankHost {
-                name: h.name.clone(),
-                netns,
-                address: h.address,
-            },
-            facts,
-        ))
-    };
+    let side =
+        |h: &netgap_measure::cluster::HostEntry| -> Result<(RankHost, HostFacts), MpiRunError> {
+            let netns = h.netns.clone().ok_or_else(|| {
+                MpiRunError::Hosts(format!("host {} has no network namespace", h.name))
+            })?;
+            let (ns, ip) = (netns.clone(), h.address);
+            let facts = std::thread::spawn(move || {
+                netgap_transport::netns::enter(&ns)
+                    .map(|()| netgap_transport::host::collect(Some(ip)))
+            })
+            .join()
+            .map_err(|_| MpiRunError::Hosts("reading host facts panicked".into()))?
+            .map_err(|e| MpiRunError::Hosts(e.to_string()))?;
+            Ok((
+                RankHost {
+                    name: h.name.clone(),
+                    netns,
+                    address: h.address,
+                },
+                facts,
+            ))
+        };
     let (r0, f0) = side(h0)?;
     let (r1, f1) = side(h1)?;
     let if0 = interface_of(&r0.netns, r0.address)
@@ -297,7 +298,10 @@ fn library_short(library: &str) -> String {
         .to_string()
 }
 
-#[allow(clippy::too_many_arguments, reason = "one call site, every part of a record")]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "one call site, every part of a record"
+)]
 fn build_record(
     plan: &MpiPlan,
     test: MpiTest,
@@ -319,7 +323,9 @@ fn build_record(
     let (tx, rx) = reps
         .iter()
         .map(|&(n, _)| test.bytes(spec.size_bytes, n))
-        .fold((0u64, 0u64), |(a, b), (t, r)| (a.saturating_add(t), b.saturating_add(r)));
+        .fold((0u64, 0u64), |(a, b), (t, r)| {
+            (a.saturating_add(t), b.saturating_add(r))
+        });
     let mut path = PathIdentity::from_ends(Some(&facts.rank0), Some(&facts.rank1));
     if let Some(tb) = &plan.run.testbed {
         let tb = netgap_measure::cluster::TestbedPath {
@@ -342,8 +348,12 @@ fn build_record(
         path,
         plan.run.label.clone(),
     );
-    stack.options.push(format!("mpi_library={}", library_short(&hello.library)));
-    stack.options.push(format!("mpi_standard={}", hello.mpi_version));
+    stack
+        .options
+        .push(format!("mpi_library={}", library_short(&hello.library)));
+    stack
+        .options
+        .push(format!("mpi_standard={}", hello.mpi_version));
     stack.options.push(format!("btl={}", placement.btl()));
     if let Some(i) = placement.interface() {
         stack.options.push(format!("btl_if={i}"));

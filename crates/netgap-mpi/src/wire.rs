@@ -367,8 +367,14 @@ mod tests {
         assert_eq!(parse_line(&line.to_line()), Ok(Some(line)));
         assert_eq!(parse_line("[node:123] some warning"), Ok(None));
         assert!(parse_line("netgap-mpi {").is_err());
-        assert!(parse_line(r#"netgap-mpi {"rep":{"point":0,"rep":0,"iterations":0,"elapsed_ns":1}}"#).is_err());
-        assert!(parse_line(r#"netgap-mpi {"hello":{"library":"x","mpi_version":"3.1","processors":["a"]}}"#).is_err());
+        assert!(parse_line(
+            r#"netgap-mpi {"rep":{"point":0,"rep":0,"iterations":0,"elapsed_ns":1}}"#
+        )
+        .is_err());
+        assert!(parse_line(
+            r#"netgap-mpi {"hello":{"library":"x","mpi_version":"3.1","processors":["a"]}}"#
+        )
+        .is_err());
         let long = format!("netgap-mpi {}", "x".repeat(MAX_LINE_BYTES));
         assert!(parse_line(&long).is_err());
     }
