@@ -50,6 +50,15 @@ fn check_mpi_record(r: &Value, reps: usize) {
     } else {
         assert!(r["percentiles"].is_null());
     }
+    // Both ranks' CPU over the measured repetitions.
+    for end in ["local", "remote"] {
+        let c = &r["cpu"][end];
+        assert!(f(&c["process_percent"]) >= 0.0, "{r}");
+        assert!(c["wall_ns"].as_u64().expect("wall") > 0, "{r}");
+    }
+    if test != "pingpong" {
+        assert!(f(&r["service_demand_us_per_kib"]["local"]) >= 0.0, "{r}");
+    }
     // Fixed iterations: every repetition ran them, after a warm-up.
     assert_eq!(r["iterations_per_rep"], 20);
     assert!(r["warmup_iterations"].as_u64().expect("warmup") > 0);
@@ -202,4 +211,12 @@ fn mpi_runs_between_two_testbed_hosts_beside_raw_sockets() {
     assert_eq!(before, after, "processes left in the testbed");
     tb.down();
     tb.assert_gone();
+}
+
+#[test]
+fn mpi_across_hosts_needs_a_testbed() {
+    fails_with_one_line(
+        &["run", "mpi-latency", "--hosts", "127.0.0.1,127.0.0.2"],
+        "netgap's testbed",
+    );
 }

@@ -414,6 +414,29 @@ pub fn agent(host: &str, command: &[OsString]) -> LaunchError {
     exec_in(&netns, &name, &argv)
 }
 
+/// Most `OMPI_MCA_*` settings a record names.
+const MAX_MCA_SETTINGS: usize = 32;
+
+/// The Open MPI parameters set in the environment (`OMPI_MCA_NAME=VALUE`,
+/// which mpirun and the ranks read), sorted, as `mca_NAME=VALUE`: they
+/// change what MPI does (`mpi_yield_when_idle=1` lets an idle rank yield
+/// its core instead of spinning), so the record's stack names them.
+pub fn mca_settings() -> Vec<String> {
+    let mut v: Vec<String> = std::env::vars()
+        .filter_map(|(k, val)| {
+            let name = k.strip_prefix("OMPI_MCA_")?;
+            Some(format!(
+                "mca_{}={}",
+                name.chars().take(64).collect::<String>(),
+                val.chars().take(100).collect::<String>()
+            ))
+        })
+        .collect();
+    v.sort();
+    v.truncate(MAX_MCA_SETTINGS);
+    v
+}
+
 /// Whether `mpirun` is on the PATH.
 pub fn mpirun_path() -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;

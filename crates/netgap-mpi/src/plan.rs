@@ -122,6 +122,14 @@ impl MpiPlan {
         {
             return Err(MpiPlanError::TooLarge { size_bytes: s });
         }
+        if let Some(h) = &r.target.hosts {
+            if !matches!(h, netgap_measure::cluster::HostsArg::File { .. }) {
+                return Err(MpiPlanError::Hosts(
+                    "MPI across hosts runs on netgap's testbed: give --hosts @testbed or a testbed's hosts file (on a cluster, start the ranks with your own mpirun)"
+                        .into(),
+                ));
+            }
+        }
         let sub = RunRequest {
             tests: tests.iter().map(|t| t.record_test().to_string()).collect(),
             transport: TransportChoice::default(),

@@ -17,7 +17,9 @@ use crate::wire::{default_warmup, RankIterations, RankLine, RankPlan, MAX_ITERAT
 use mpi::point_to_point::Status;
 use mpi::topology::{Process, SimpleCommunicator};
 use mpi::traits::*;
+use netgap_core::cpu::CpuUsage;
 use netgap_core::stats::LatencyHistogram;
+use netgap_transport::cpu::CpuMeter;
 use std::io::Write as _;
 use std::time::Instant;
 
@@ -25,6 +27,7 @@ const TAG_CONTROL: i32 = 1;
 const TAG_DATA: i32 = 2;
 const TAG_ACK: i32 = 3;
 const TAG_NAME: i32 = 4;
+const TAG_CPU: i32 = 5;
 /// Bytes of `mpi-bw`'s acknowledgment (OSU's is 4 bytes too).
 const ACK_BYTES: usize = 4;
 /// Calibration stops probing once a probe lasts this fraction of the
@@ -133,15 +136,18 @@ impl<'w> Rank<'w> {
                 }
             };
             for rep in 0..plan.reps {
-                let elapsed_ns = self.block(&mut bufs, iterations, Some(&mut hist)).max(1);
+                let (elapsed_ns, cpu_rank0, cpu_rank1) =
+                    self.measured_block(&mut bufs, iterations, &mut hist);
                 say(RankLine::Rep {
                     point: index as u32,
                     rep,
                     iterations,
-                    elapsed_ns,
+                    elapsed_ns: elapsed_ns.max(1),
+                    cpu_rank0,
+                    cpu_rank1,
                 })?;
             }
-            self.peer.send_with_tag(&0u64, TAG_CONTROL);
+            self.peer.send_with_tag(&[0u64, 0][..], TAG_CONTROL);
             say(RankLine::Done {
                 point: index as u32,
                 warmup_iterations,
@@ -158,21 +164,63 @@ impl<'w> Rank<'w> {
         for p in &plan.points {
             let mut bufs = Buffers::new(p.test, p.size_bytes, false);
             loop {
-                let (n, _) = self.peer.receive_with_tag::<u64>(TAG_CONTROL);
+                let mut control = [0u64; 2];
+                self.peer
+                    .receive_into_with_tag(&mut control[..], TAG_CONTROL);
+                let [n, measured] = control;
                 if n == 0 {
                     break;
                 }
+                if measured == 0 {
+                    self.run(&mut bufs, n.min(MAX_ITERATIONS), None);
+                    continue;
+                }
+                let meter = CpuMeter::start();
                 self.run(&mut bufs, n.min(MAX_ITERATIONS), None);
+                let u = meter.stop(0);
+                let report = [
+                    u.system_busy_percent.to_bits(),
+                    u.process_percent.to_bits(),
+                    u.cpu_ns,
+                    u.wall_ns,
+                ];
+                self.peer.send_with_tag(&report[..], TAG_CPU);
             }
         }
     }
 
-    /// Rank 0: announces and times `n` iterations; nanoseconds.
+    /// Rank 0: announces and times `n` uncounted iterations; nanoseconds.
     fn block(&self, bufs: &mut Buffers, n: u64, hist: Option<&mut LatencyHistogram>) -> u64 {
-        self.peer.send_with_tag(&n, TAG_CONTROL);
+        self.peer.send_with_tag(&[n, 0][..], TAG_CONTROL);
         let t = Instant::now();
         self.run(bufs, n, hist);
         u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// Rank 0: announces and times `n` measured iterations, with the CPU
+    /// both ranks spent on them (rank 1 sends its reading after the timed
+    /// part); nanoseconds and the two readings.
+    fn measured_block(
+        &self,
+        bufs: &mut Buffers,
+        n: u64,
+        hist: &mut LatencyHistogram,
+    ) -> (u64, CpuUsage, CpuUsage) {
+        self.peer.send_with_tag(&[n, 1][..], TAG_CONTROL);
+        let meter = CpuMeter::start();
+        let t = Instant::now();
+        self.run(bufs, n, Some(hist));
+        let elapsed_ns = u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let mine = meter.stop(0);
+        let mut report = [0u64; 4];
+        self.peer.receive_into_with_tag(&mut report[..], TAG_CPU);
+        let theirs = CpuUsage {
+            system_busy_percent: f64::from_bits(report[0]),
+            process_percent: f64::from_bits(report[1]),
+            cpu_ns: report[2],
+            wall_ns: report[3],
+        };
+        (elapsed_ns, mine, theirs)
     }
 
     /// `n` iterations of the point's exchange, in this rank's part.

@@ -8,9 +8,10 @@ use crate::kind::MpiTest;
 use crate::launch::{interface_of, Launch, LaunchError, Placement, RankHost};
 use crate::plan::MpiPlan;
 use crate::wire::RankLine;
+use netgap_core::cpu::CpuUsage;
 use netgap_core::host::HostFacts;
 use netgap_core::noise::diagnose_record;
-use netgap_core::record::{ByteCounts, RecordStats, ResultRecord};
+use netgap_core::record::{ByteCounts, CpuPair, RecordStats, ResultRecord, ServiceDemand};
 use netgap_core::spec::PointSpec;
 use netgap_core::stack::{PathIdentity, Stack};
 use netgap_core::stats::{LatencyHistogram, Summary};
@@ -176,8 +177,9 @@ fn line_timeout(plan: &MpiPlan) -> Duration {
     }
 }
 
-/// One measured repetition: iterations and nanoseconds.
-type Rep = (u64, u64);
+/// One measured repetition: iterations, nanoseconds, and the CPU of rank
+/// 0 and rank 1.
+type Rep = (u64, u64, CpuUsage, CpuUsage);
 
 /// Reads point `index`'s repetitions and summary, in order.
 fn read_point(
@@ -196,8 +198,10 @@ fn read_point(
                 rep,
                 iterations,
                 elapsed_ns,
+                cpu_rank0,
+                cpu_rank1,
             } if point as usize == index && rep as usize == reps.len() && rep < want => {
-                reps.push((iterations, elapsed_ns));
+                reps.push((iterations, elapsed_ns, cpu_rank0, cpu_rank1));
                 observer.rep_done(rep + 1);
             }
             RankLine::Done {
@@ -317,15 +321,32 @@ fn build_record(
 ) -> Result<ResultRecord, MpiRunError> {
     let values: Vec<f64> = reps
         .iter()
-        .map(|&(n, ns)| test.value(spec.size_bytes, n, ns))
+        .map(|&(n, ns, ..)| test.value(spec.size_bytes, n, ns))
         .collect();
     let summary = Summary::from_reps(&values)?;
     let (tx, rx) = reps
         .iter()
-        .map(|&(n, _)| test.bytes(spec.size_bytes, n))
+        .map(|&(n, ..)| test.bytes(spec.size_bytes, n))
         .fold((0u64, 0u64), |(a, b), (t, r)| {
             (a.saturating_add(t), b.saturating_add(r))
         });
+    let local = CpuUsage::mean(&reps.iter().map(|r| r.2).collect::<Vec<_>>());
+    let remote = CpuUsage::mean(&reps.iter().map(|r| r.3).collect::<Vec<_>>());
+    // Payload moved either way, as the socket tests count it.
+    let moved = tx.saturating_add(rx);
+    let service_demand_us_per_kib = match test {
+        MpiTest::Latency => None,
+        _ => match (
+            local.service_demand_us_per_kib(moved),
+            remote.service_demand_us_per_kib(moved),
+        ) {
+            (Some(l), Some(r)) => Some(ServiceDemand {
+                local: l,
+                remote: r,
+            }),
+            _ => None,
+        },
+    };
     let mut path = PathIdentity::from_ends(Some(&facts.rank0), Some(&facts.rank1));
     if let Some(tb) = &plan.run.testbed {
         let tb = netgap_measure::cluster::TestbedPath {
@@ -358,6 +379,7 @@ fn build_record(
     if let Some(i) = placement.interface() {
         stack.options.push(format!("btl_if={i}"));
     }
+    stack.options.extend(crate::launch::mca_settings());
     stack.options.sort();
     let mut options = plan.run.record_options(spec);
     options.peer = match placement {
@@ -378,8 +400,8 @@ fn build_record(
             MpiTest::Latency => hist.percentiles_us(0.5),
             _ => None,
         },
-        cpu: None,
-        service_demand_us_per_kib: None,
+        cpu: Some(CpuPair { local, remote }),
+        service_demand_us_per_kib,
         iterations_per_rep: reps.first().map(|r| r.0),
         warmup_iterations: Some(warmup_iterations),
         bytes: Some(ByteCounts {

@@ -8,6 +8,7 @@
 //! not write (mpirun's own notes) does not carry the prefix and is skipped.
 
 use crate::kind::MpiTest;
+use netgap_core::cpu::CpuUsage;
 use serde::{Deserialize, Serialize};
 
 /// Prefix of every line rank 0 writes for the coordinator.
@@ -227,6 +228,10 @@ pub enum RankLine {
         iterations: u64,
         /// Its duration on rank 0, in nanoseconds.
         elapsed_ns: u64,
+        /// CPU of rank 0's host and process over it.
+        cpu_rank0: CpuUsage,
+        /// CPU of rank 1's host and process over it.
+        cpu_rank1: CpuUsage,
     },
     /// A point is done.
     Done {
@@ -284,10 +289,19 @@ pub fn parse_line(line: &str) -> Result<Option<RankLine>, WireError> {
         RankLine::Rep {
             iterations,
             elapsed_ns,
+            cpu_rank0,
+            cpu_rank1,
             ..
         } => {
             if *iterations == 0 || *iterations > MAX_ITERATIONS || *elapsed_ns == 0 {
                 return bad("repetition out of range");
+            }
+            let pct_ok = |p: f64| p.is_finite() && (0.0..=100_000.0).contains(&p);
+            if [cpu_rank0, cpu_rank1]
+                .iter()
+                .any(|c| !pct_ok(c.system_busy_percent) || !pct_ok(c.process_percent))
+            {
+                return bad("CPU reading out of range");
             }
         }
         RankLine::Done {
@@ -358,13 +372,25 @@ mod tests {
 
     #[test]
     fn lines_round_trip_and_foreign_or_bad_lines_are_told_apart() {
+        let cpu = CpuUsage {
+            system_busy_percent: 50.0,
+            process_percent: 99.5,
+            cpu_ns: 995,
+            wall_ns: 1000,
+        };
         let line = RankLine::Rep {
             point: 1,
             rep: 0,
             iterations: 10,
             elapsed_ns: 1000,
+            cpu_rank0: cpu,
+            cpu_rank1: cpu,
         };
-        assert_eq!(parse_line(&line.to_line()), Ok(Some(line)));
+        assert_eq!(parse_line(&line.to_line()), Ok(Some(line.clone())));
+        let nan = line
+            .to_line()
+            .replace("\"process_percent\":99.5", "\"process_percent\":1e300");
+        assert!(parse_line(&nan).is_err(), "{nan}");
         assert_eq!(parse_line("[node:123] some warning"), Ok(None));
         assert!(parse_line("netgap-mpi {").is_err());
         assert!(parse_line(
