@@ -123,13 +123,18 @@ impl<'w> Rank<'w> {
                 RankIterations::Fixed(n) => n,
                 RankIterations::BudgetUs(us) => {
                     let budget_ns = us.saturating_mul(1_000);
+                    // Probes of doubling length; the fastest per-iteration
+                    // time of any probe sets the count, so one probe that a
+                    // descheduling stretched does not shrink every
+                    // repetition to a few iterations.
                     let mut probe = 1u64;
+                    let mut best_per_ns = u64::MAX;
                     loop {
                         let ns = self.block(&mut bufs, probe, None).max(1);
                         warmup_iterations += probe;
+                        best_per_ns = best_per_ns.min((ns / probe).max(1));
                         if ns >= budget_ns / CALIBRATION_SHARE || probe >= MAX_ITERATIONS / 2 {
-                            let per_ns = (ns / probe).max(1);
-                            break (budget_ns / per_ns).clamp(1, MAX_ITERATIONS);
+                            break (budget_ns / best_per_ns).clamp(1, MAX_ITERATIONS);
                         }
                         probe *= 2;
                     }
