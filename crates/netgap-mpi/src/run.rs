@@ -429,6 +429,7 @@ fn build_record(
         hosts_cpu: Vec::new(),
         stack: Some(stack),
         links: Vec::new(),
+        app: None,
     };
     record.warnings = diagnose_record(&record)
         .map(|d| d.sentence)
