@@ -388,6 +388,9 @@ fn serve(args: &ServeArgs) -> Result<()> {
         .map(netgap::auth::load_key)
         .transpose()?;
     let mut agent = Agent::bind_control(&control)?.with_limits(limits);
+    if args.allow_services {
+        agent = agent.allow_services();
+    }
     if let Some(ip) = &args.data_bind {
         let ip: IpAddr = ip
             .parse()

@@ -869,6 +869,7 @@ fn start_agent(dir: &Path, p: &Params, h: &HostEntry) -> Result<u32, TestbedErro
         .arg(h.address.to_string())
         .arg("--key")
         .arg(dir.join("key"))
+        .arg("--allow-services")
         .stdin(Stdio::null())
         .stdout(log)
         .stderr(log2);

@@ -209,6 +209,7 @@ impl ReadyRole for Engine {
                 bytes_tx: ran.bytes_tx,
                 datagrams: ran.datagrams,
                 metrics: Default::default(),
+                services: Vec::new(),
             },
         })
     }
