@@ -327,6 +327,11 @@ impl Running {
         &self.record
     }
 
+    /// The record's facts, for what the workload prepared for the program.
+    pub fn facts_mut(&mut self) -> &mut std::collections::BTreeMap<String, String> {
+        &mut self.record.facts
+    }
+
     /// The run directory.
     pub fn dir(&self) -> &Path {
         self.dir.path()

@@ -37,6 +37,7 @@ pub mod options;
 pub mod place;
 pub mod role;
 pub mod stream;
+pub mod web;
 
 use netgap_core::spec::PointSpec;
 use netgap_core::stats::{LatencyHistogram, Percentiles};
@@ -244,6 +245,7 @@ pub fn registry() -> &'static [&'static dyn Workload] {
         &fanout::FANOUT,
         &connect::Connect,
         &multirail::Multirail,
+        &web::Web,
     ]
 }
 
