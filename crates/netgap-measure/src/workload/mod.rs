@@ -30,6 +30,7 @@ pub mod connect;
 pub mod engine;
 pub mod fanin;
 pub mod fanout;
+pub mod gather;
 pub mod hotspot;
 pub mod multirail;
 pub mod multistream;
@@ -246,6 +247,7 @@ pub fn registry() -> &'static [&'static dyn Workload] {
         &connect::Connect,
         &multirail::Multirail,
         &web::Web,
+        &gather::Gather,
     ]
 }
 
