@@ -19,7 +19,9 @@ fn gmond_ready(test: &str) -> bool {
         return true;
     }
     if std::env::var("NETGAP_REQUIRE_SYSTEM_TESTS").as_deref() == Ok("1") {
-        panic!("{test}: gmond is missing (package ganglia-monitor), but NETGAP_REQUIRE_SYSTEM_TESTS=1");
+        panic!(
+            "{test}: gmond is missing (package ganglia-monitor), but NETGAP_REQUIRE_SYSTEM_TESTS=1"
+        );
     }
     eprintln!("skipping {test}: gmond is missing (install ganglia-monitor)");
     false
@@ -65,7 +67,12 @@ fn gather_reads_gmond_and_the_builtin_responder_on_every_host() {
     let recs = tb.run(
         "gather",
         &[
-            &["--responder", "gmond", "--gather-mode", "sequential,parallel"][..],
+            &[
+                "--responder",
+                "gmond",
+                "--gather-mode",
+                "sequential,parallel",
+            ][..],
             &short,
         ]
         .concat(),
@@ -91,7 +98,10 @@ fn gather_reads_gmond_and_the_builtin_responder_on_every_host() {
             })
             .collect();
         hosts.sort_unstable();
-        assert_eq!(hosts, names[1..].iter().map(String::as_str).collect::<Vec<_>>());
+        assert_eq!(
+            hosts,
+            names[1..].iter().map(String::as_str).collect::<Vec<_>>()
+        );
     }
     let left = Command::new("pgrep")
         .args(["-f", "netgap-services/gmond-"])
@@ -131,9 +141,25 @@ fn bad_gather_requests_are_refused_in_one_line() {
     fails_with_one_line(&["run", "gather", "--responder", "x"], "--responder x");
     fails_with_one_line(&["run", "gather", "-t", "udp"], "use tcp");
     fails_with_one_line(&["run", "gather", "-t", "unix"], "cannot cross hosts");
-    fails_with_one_line(&["run", "gather", "--gather-mode", "both"], "--gather-mode both");
     fails_with_one_line(
-        &["run", "gather", "--responder", "gmond", "-t", "uring", "--client-hosts", "1", "--duration", "100ms", "--reps", "1"],
+        &["run", "gather", "--gather-mode", "both"],
+        "--gather-mode both",
+    );
+    fails_with_one_line(
+        &[
+            "run",
+            "gather",
+            "--responder",
+            "gmond",
+            "-t",
+            "uring",
+            "--client-hosts",
+            "1",
+            "--duration",
+            "100ms",
+            "--reps",
+            "1",
+        ],
         "gmond answers over the host's TCP only",
     );
 }

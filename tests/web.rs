@@ -123,7 +123,10 @@ fn web_serves_single_and_zipf_traces_from_nginx_and_apache_on_a_testbed() {
     assert_eq!(recs.len(), 4);
     let mut seen = Vec::new();
     for r in &recs {
-        let server = r["app"]["options"]["server"].as_str().expect("server").to_string();
+        let server = r["app"]["options"]["server"]
+            .as_str()
+            .expect("server")
+            .to_string();
         let size = r["size_bytes"].as_u64().expect("size");
         check_web(r, &server, 5, &names);
         let facts = &r["app"]["services"][0]["facts"];
@@ -203,11 +206,20 @@ fn web_serves_single_and_zipf_traces_from_nginx_and_apache_on_a_testbed() {
 
 #[test]
 fn bad_web_options_are_refused_in_one_line() {
-    fails_with_one_line(&["run", "web", "--trace", "nope"], "--trace nope: must be one of single, zipf");
-    fails_with_one_line(&["run", "web", "--alpha", "0.5,9"], "--alpha 9: must be between 0 and 3");
+    fails_with_one_line(
+        &["run", "web", "--trace", "nope"],
+        "--trace nope: must be one of single, zipf",
+    );
+    fails_with_one_line(
+        &["run", "web", "--alpha", "0.5,9"],
+        "--alpha 9: must be between 0 and 3",
+    );
     fails_with_one_line(&["run", "web", "--server", "iis"], "--server iis");
     fails_with_one_line(&["run", "web", "-t", "uring"], "use -t tcp");
-    fails_with_one_line(&["run", "web", "--verify-fraction", "2"], "--verify-fraction 2");
+    fails_with_one_line(
+        &["run", "web", "--verify-fraction", "2"],
+        "--verify-fraction 2",
+    );
     fails_with_one_line(&["run", "hotspot", "--alpha", "1"], "--alpha");
 }
 
@@ -218,7 +230,15 @@ fn an_agent_without_allow_services_refuses_to_start_a_server() {
     let dir = tempfile::tempdir().expect("tempdir");
     let json = dir.path().join("r.jsonl");
     let out = netgap()
-        .args(["run", "web", "--reps", "1", "--duration", "100ms", "--hosts"])
+        .args([
+            "run",
+            "web",
+            "--reps",
+            "1",
+            "--duration",
+            "100ms",
+            "--hosts",
+        ])
         .arg(format!("{},{}", a.addr, b.addr))
         .arg("--json")
         .arg(&json)

@@ -286,7 +286,10 @@ impl GroupOutcome {
         if self.services.len() > MAX_OUTCOME_SERVICES {
             return Err(range(
                 "services",
-                format!("{} services, most {MAX_OUTCOME_SERVICES}", self.services.len()),
+                format!(
+                    "{} services, most {MAX_OUTCOME_SERVICES}",
+                    self.services.len()
+                ),
             ));
         }
         for s in &self.services {
@@ -296,7 +299,10 @@ impl GroupOutcome {
             let fields = [&s.name, &s.host, &s.program, &s.version, &s.listen];
             let facts = s.facts.iter().flat_map(|(k, v)| [k, v]);
             if s.facts.len() > MAX_SERVICE_FACTS
-                || fields.into_iter().chain(facts).any(|f| f.len() > MAX_SERVICE_FIELD_BYTES)
+                || fields
+                    .into_iter()
+                    .chain(facts)
+                    .any(|f| f.len() > MAX_SERVICE_FIELD_BYTES)
             {
                 return Err(range("services", "a field or its facts too long"));
             }

@@ -15,7 +15,7 @@ use std::process::Command;
 pub const NAME: &str = "apache";
 
 /// Threads per child process of the event MPM.
-const THREADS_PER_CHILD: u32 = 64;
+pub const THREADS_PER_CHILD: u32 = 64;
 
 /// Where Debian keeps Apache's loadable modules.
 const MODULES: &str = "/usr/lib/apache2/modules";

@@ -270,7 +270,8 @@ impl Running {
         record: ServiceRecord,
     ) -> Result<Running, ServiceError> {
         let log = dir.path().join(format!("{name}.log"));
-        let out = std::fs::File::create(&log).map_err(io_err(format!("making {}", log.display())))?;
+        let out =
+            std::fs::File::create(&log).map_err(io_err(format!("making {}", log.display())))?;
         let err = out
             .try_clone()
             .map_err(io_err(format!("opening {}", log.display())))?;
@@ -431,8 +432,8 @@ impl Drop for Running {
 /// Sends an HTTP/1.1 GET of `path` to `addr` and checks for a 200 answer:
 /// the probe that says a web server is up.
 pub fn http_probe(addr: SocketAddr, path: &str) -> Result<(), String> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(500))
-        .map_err(|e| e.to_string())?;
+    let mut s =
+        TcpStream::connect_timeout(&addr, Duration::from_millis(500)).map_err(|e| e.to_string())?;
     s.set_read_timeout(Some(Duration::from_secs(2)))
         .map_err(|e| e.to_string())?;
     write!(
@@ -455,8 +456,8 @@ pub fn http_probe(addr: SocketAddr, path: &str) -> Result<(), String> {
 
 /// Reads everything `addr` sends until it closes, at most `max_bytes`.
 pub fn read_all(addr: SocketAddr, max_bytes: usize) -> Result<Vec<u8>, String> {
-    let s = TcpStream::connect_timeout(&addr, Duration::from_millis(500))
-        .map_err(|e| e.to_string())?;
+    let s =
+        TcpStream::connect_timeout(&addr, Duration::from_millis(500)).map_err(|e| e.to_string())?;
     s.set_read_timeout(Some(Duration::from_secs(2)))
         .map_err(|e| e.to_string())?;
     let mut out = Vec::new();

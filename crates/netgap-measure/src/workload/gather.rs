@@ -224,10 +224,15 @@ impl Workload for Gather {
         }
         ctx.limits.check_message_bytes(p.answer_bytes)?;
         if ctx.spec.flows == 0 || ctx.spec.flows > MAX_SOURCES {
-            return Err(refused(format!("{} flows is outside 1 to {MAX_SOURCES}", ctx.spec.flows)));
+            return Err(refused(format!(
+                "{} flows is outside 1 to {MAX_SOURCES}",
+                ctx.spec.flows
+            )));
         }
         if p.responder == Responder::Gmond && ctx.spec.point.transport != "tcp" {
-            return Err(refused("gmond answers over the host's TCP only; use -t tcp"));
+            return Err(refused(
+                "gmond answers over the host's TCP only; use -t tcp",
+            ));
         }
         match ctx.spec.role {
             GroupRole::Server => open_server(&p, &ctx),
@@ -289,7 +294,12 @@ struct ServerRole {
 }
 
 fn open_server(p: &Params, ctx: &RoleContext<'_>) -> Result<Box<dyn OpenRole>, RoleError> {
-    let ip: IpAddr = ctx.spec.listen_ips.first().copied().unwrap_or(ctx.control_ip);
+    let ip: IpAddr = ctx
+        .spec
+        .listen_ips
+        .first()
+        .copied()
+        .unwrap_or(ctx.control_ip);
     let (warmup, duration) = window(ctx.spec);
     let (serving, addr) = match p.responder {
         Responder::Gmond => {
@@ -473,7 +483,10 @@ impl Asker {
         let connect_ns;
         match self.responder {
             Responder::Gmond => {
-                let sa: SocketAddr = src.addr.parse().map_err(|_| format!("bad address {}", src.addr))?;
+                let sa: SocketAddr = src
+                    .addr
+                    .parse()
+                    .map_err(|_| format!("bad address {}", src.addr))?;
                 let s = TcpStream::connect_timeout(&sa, self.cfg.io_timeout)
                     .map_err(|e| format!("connecting to {sa}: {e}"))?;
                 connect_ns = elapsed_ns(t0);
@@ -547,7 +560,8 @@ fn open_client(p: &Params, ctx: &RoleContext<'_>) -> Result<Box<dyn OpenRole>, R
     let n = spec.flows as usize;
     let mut sources = Vec::with_capacity(n);
     for i in 0..n {
-        let addr = per_flow(&spec.targets, i).ok_or_else(|| refused("a client role needs targets"))?;
+        let addr =
+            per_flow(&spec.targets, i).ok_or_else(|| refused("a client role needs targets"))?;
         if addr.parse::<SocketAddr>().is_err() {
             return Err(RoleError::Params {
                 workload: NAME,
@@ -605,11 +619,14 @@ struct Totals {
 /// One gather: every host's fetch, in host order.
 type Gathered = Result<Vec<Fetch>, String>;
 
+/// One host's exchange and its answer, or why it failed.
+type HostAnswer = Result<(Fetch, Vec<u8>), String>;
+
 /// Asks every host at once, from one thread per host that lives for the
 /// whole run, so a gather costs no thread start.
 struct Parallel {
     go: Vec<mpsc::Sender<()>>,
-    done: mpsc::Receiver<(usize, Result<(Fetch, Vec<u8>), String>)>,
+    done: mpsc::Receiver<(usize, HostAnswer)>,
 }
 
 impl ReadyRole for ClientRole {
@@ -635,7 +652,9 @@ impl ReadyRole for ClientRole {
             })?;
         let mut bufs: Vec<Vec<u8>> = vec![Vec::new(); n];
         let mut totals = Totals {
-            per_host: (0..n).map(|_| (0, 0, 0, LatencyHistogram::new_compact())).collect(),
+            per_host: (0..n)
+                .map(|_| (0, 0, 0, LatencyHistogram::new_compact()))
+                .collect(),
             hist: LatencyHistogram::new(),
             bytes_rx: vec![0; n],
             ..Totals::default()
@@ -677,7 +696,8 @@ impl ReadyRole for ClientRole {
                         .collect(),
                     Some(p) => {
                         for g in &p.go {
-                            g.send(()).map_err(|_| "a gather thread ended".to_string())?;
+                            g.send(())
+                                .map_err(|_| "a gather thread ended".to_string())?;
                         }
                         let mut got = vec![Fetch::default(); n];
                         let mut first_err = None;
@@ -749,7 +769,10 @@ impl ReadyRole for ClientRole {
         m.insert("connect_time_us".into(), connect as f64 / exchanges / 1e3);
         m.insert("exchange_time_us".into(), total as f64 / exchanges / 1e3);
         if total > 0 {
-            m.insert("connect_share_pct".into(), 100.0 * connect as f64 / total as f64);
+            m.insert(
+                "connect_share_pct".into(),
+                100.0 * connect as f64 / total as f64,
+            );
         }
         let flows = totals
             .per_host

@@ -209,9 +209,7 @@ impl Params {
             return Err(bad("verify_fraction is outside 0 to 1"));
         }
         if u64::from(self.server_workers) > MAX_SERVER_WORKERS {
-            return Err(bad(format!(
-                "server_workers is over {MAX_SERVER_WORKERS}"
-            )));
+            return Err(bad(format!("server_workers is over {MAX_SERVER_WORKERS}")));
         }
         Ok(())
     }
@@ -399,7 +397,12 @@ fn open_server(p: &Params, ctx: &RoleContext<'_>) -> Result<Box<dyn OpenRole>, R
     if !ctx.services {
         return Err(refused(service::ServiceError::NotAllowed));
     }
-    let ip: IpAddr = ctx.spec.listen_ips.first().copied().unwrap_or(ctx.control_ip);
+    let ip: IpAddr = ctx
+        .spec
+        .listen_ips
+        .first()
+        .copied()
+        .unwrap_or(ctx.control_ip);
     let name = match p.server {
         Server::Nginx => nginx::NAME,
         Server::Apache => apache::NAME,

@@ -253,7 +253,8 @@ impl Worker<'_> {
                 .map_err(|e| format!("socket: {e}"))?;
             s.set_nonblocking(true)
                 .map_err(|e| format!("O_NONBLOCK: {e}"))?;
-            s.set_nodelay(true).map_err(|e| format!("TCP_NODELAY: {e}"))?;
+            s.set_nodelay(true)
+                .map_err(|e| format!("TCP_NODELAY: {e}"))?;
             if let Some(ip) = self.cfg.bind_ip {
                 s.bind(&SockAddr::from(SocketAddr::new(ip, 0)))
                     .map_err(|e| format!("binding {ip}: {e}"))?;
@@ -464,7 +465,6 @@ impl Worker<'_> {
     }
 }
 
-
 /// Runs `cfg.flows` clients for `warmup` and then `duration` (or until
 /// `stop`): every client keeps one request outstanding; transactions that
 /// complete in the window are counted. Returns each client's outcome (in
@@ -515,8 +515,8 @@ pub fn run(
             .collect()
     });
     let end = Instant::now().min(window.1);
-    let elapsed_ns = u64::try_from(end.saturating_duration_since(window.0).as_nanos())
-        .unwrap_or(u64::MAX);
+    let elapsed_ns =
+        u64::try_from(end.saturating_duration_since(window.0).as_nanos()).unwrap_or(u64::MAX);
     let mut all = Vec::with_capacity(cfg.flows);
     for r in results {
         all.extend(r?);
@@ -555,7 +555,9 @@ impl Worker<'_> {
                 Err(_) => break,
             };
             for ev in &events[..n] {
-                let Some(c) = usize::try_from(ev.data()).ok().and_then(|k| conns.get_mut(k))
+                let Some(c) = usize::try_from(ev.data())
+                    .ok()
+                    .and_then(|k| conns.get_mut(k))
                 else {
                     continue;
                 };

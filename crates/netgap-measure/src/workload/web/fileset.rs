@@ -147,11 +147,7 @@ impl FileSet {
             }
             f.flush()?;
         }
-        Ok(sha
-            .finalize()
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect())
+        Ok(sha.finalize().iter().map(|b| format!("{b:02x}")).collect())
     }
 }
 
@@ -228,8 +224,19 @@ mod tests {
         let z = Zipf::new(&set, 1.0);
         assert_eq!(set.size_bytes(z.pick(0.0)), 102);
         assert_eq!(set.size_bytes(z.pick(0.999_999)), 921_600);
+        // Uniform: an even grid of draws picks every file about equally.
         let u = Zipf::new(&set, 0.0);
-        assert_eq!(u.pick(0.5), 22);
+        let mut count = [0u32; 36];
+        for k in 0..3600 {
+            count[u.pick((f64::from(k) + 0.5) / 3600.0)] += 1;
+        }
+        assert!(count.iter().all(|&c| (99..=101).contains(&c)), "{count:?}");
+        // alpha 1: the smallest file is asked for most, the largest least.
+        let mut count = [0u32; 36];
+        for k in 0..36_000 {
+            count[z.pick((f64::from(k) + 0.5) / 36_000.0)] += 1;
+        }
+        assert!(count[0] > count[9] && count[9] > count[35], "{count:?}");
     }
 
     #[test]
