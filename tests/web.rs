@@ -14,6 +14,7 @@ use common::{fails_with_one_line, netgap, read_records, system_ready, AgentProc}
 use serde_json::Value;
 use std::path::Path;
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 /// Whether the servers are installed; fails when system tests are
 /// required.
@@ -199,6 +200,38 @@ fn web_serves_single_and_zipf_traces_from_nginx_and_apache_on_a_testbed() {
     for (r, offload) in recs.iter().zip(["on", "off"]) {
         check_web(r, "nginx", 5, &names);
         assert_eq!(r["stack"]["path"]["offload"], offload, "{}", r["stack"]);
+    }
+
+    // A coordinator that dies mid-run: the agents' sessions end, and the
+    // server goes with them.
+    let mut run = netgap()
+        .args(["run", "web", "--reps", "1", "--duration", "30s", "--hosts"])
+        .arg(tb.hosts_arg())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("netgap run");
+    let nginx_runs = || {
+        let out = Command::new("pgrep")
+            .args(["-f", "netgap-services/nginx-"])
+            .output()
+            .expect("pgrep");
+        !out.stdout.is_empty()
+    };
+    let t0 = Instant::now();
+    while !nginx_runs() {
+        assert!(t0.elapsed() < Duration::from_secs(20), "nginx never started");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    run.kill().expect("kill the coordinator");
+    let _ = run.wait();
+    let t0 = Instant::now();
+    while nginx_runs() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(15),
+            "nginx outlived its coordinator"
+        );
+        std::thread::sleep(Duration::from_millis(100));
     }
     tb.down();
     tb.assert_gone();
