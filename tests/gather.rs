@@ -2,7 +2,8 @@
 //! every other host's whole answer, from real gmond on every host (its XML
 //! parsed, every host present, gmond stopped afterwards) and from netgap's
 //! own responder over tcp and uring, one host after another and all at
-//! once. Also the refusals.
+//! once; and `connect`'s connection setup time beside its
+//! connect-and-exchange time. Also the refusals.
 //!
 //! Without root, namespaces or gmond these tests print why and pass, unless
 //! NETGAP_REQUIRE_SYSTEM_TESTS=1 (as in CI), where that is a failure.
@@ -132,6 +133,22 @@ fn gather_reads_gmond_and_the_builtin_responder_on_every_host() {
         &dir.path().join("parallel.jsonl"),
     );
     check_gather(&recs[0], 3);
+
+    // connect beside it: connection setup alone and connect-and-exchange,
+    // over both transports.
+    let recs = tb.run(
+        "connect",
+        &[&["-t", "tcp,uring", "--clients", "3"][..], &short].concat(),
+        &dir.path().join("connect.jsonl"),
+    );
+    assert_eq!(recs.len(), 2);
+    for r in &recs {
+        let setup = metric(r, "setup_time_us");
+        let whole = metric(r, "connection_time_us");
+        assert!(setup > 0.0 && setup < whole, "{}", r["app"]);
+        let share = metric(r, "setup_share_pct");
+        assert!((share - 100.0 * setup / whole).abs() < 1e-6, "{share}");
+    }
     tb.down();
     tb.assert_gone();
 }

@@ -220,7 +220,10 @@ fn web_serves_single_and_zipf_traces_from_nginx_and_apache_on_a_testbed() {
     };
     let t0 = Instant::now();
     while !nginx_runs() {
-        assert!(t0.elapsed() < Duration::from_secs(20), "nginx never started");
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "nginx never started"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     run.kill().expect("kill the coordinator");
