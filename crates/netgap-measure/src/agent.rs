@@ -166,6 +166,8 @@ impl Agent {
     /// Apache, gmond) on this host, each from a configuration the agent
     /// writes itself into a directory of its own ([`crate::service`]).
     pub fn allow_services(mut self) -> Agent {
+        // What a killed agent on this host left behind goes first.
+        crate::service::sweep_stale();
         self.shared.services = true;
         self
     }

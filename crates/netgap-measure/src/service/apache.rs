@@ -5,11 +5,10 @@
 //! root its children switch to `www-data`, which the served files are
 //! readable by.
 
-use super::{find_program, RunDir, Running, ServiceError};
+use super::{find_program, Launch, RunDir, Running, ServiceError};
 use netgap_core::record::ServiceRecord;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::Command;
 
 /// The service's name in records.
 pub const NAME: &str = "apache";
@@ -85,11 +84,11 @@ pub fn start(
     }
     let text = config(dir.path(), docroot, listen, children);
     let conf = dir.write("httpd.conf", text.as_bytes())?;
-    let mut cmd = Command::new(&program.path);
-    cmd.arg("-f").arg(&conf).arg("-DFOREGROUND");
-    // Debian's apache2 reads these from envvars for its own configuration;
-    // ours names every path itself, so they are cleared.
-    cmd.env_remove("APACHE_CONFDIR");
+    let launch = Launch {
+        program: program.path.clone(),
+        args: vec!["-f".into(), conf.into(), "-DFOREGROUND".into()],
+        stop_signal: libc::SIGTERM,
+    };
     let record = ServiceRecord {
         name: NAME.into(),
         host: super::host_name(),
@@ -100,5 +99,5 @@ pub fn start(
         config: text,
         facts: Default::default(),
     };
-    Running::spawn(NAME, cmd, dir, record)
+    Running::spawn(NAME, launch, dir, record)
 }

@@ -5,12 +5,11 @@
 //! channel with the XML of what it knows: its own host. Run in the
 //! foreground (`-f -c CONF`), as the agent's user.
 
-use super::{find_program, free_udp_port, RunDir, Running, ServiceError};
+use super::{find_program, free_udp_port, Launch, RunDir, Running, ServiceError};
 use netgap_core::record::ServiceRecord;
 use quick_xml::events::Event;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 /// The service's name in records.
 pub const NAME: &str = "gmond";
@@ -145,8 +144,11 @@ pub fn start(dir: RunDir, tcp: SocketAddr) -> Result<Running, ServiceError> {
     let host = super::host_name();
     let text = config(&modules, &host, udp_port, tcp);
     let conf = dir.write("gmond.conf", text.as_bytes())?;
-    let mut cmd = Command::new(&program.path);
-    cmd.arg("-f").arg("-c").arg(&conf);
+    let launch = Launch {
+        program: program.path.clone(),
+        args: vec!["-f".into(), "-c".into(), conf.into()],
+        stop_signal: libc::SIGKILL,
+    };
     let record = ServiceRecord {
         name: NAME.into(),
         host,
@@ -157,7 +159,7 @@ pub fn start(dir: RunDir, tcp: SocketAddr) -> Result<Running, ServiceError> {
         config: text,
         facts: Default::default(),
     };
-    Running::spawn(NAME, cmd, dir, record)
+    Running::spawn(NAME, launch, dir, record)
 }
 
 /// What one gmond answer says: the hosts it names and their metrics.

@@ -93,6 +93,28 @@ pub fn base_dir() -> PathBuf {
     std::env::temp_dir().join("netgap-services")
 }
 
+/// Removes the run directories under [`base_dir`] left by an agent that
+/// was killed (its programs died with it, in their PID namespaces): each
+/// directory is named after its agent's pid, and one whose agent no longer
+/// runs is removed. Returns how many were removed.
+pub fn sweep_stale() -> usize {
+    let Ok(entries) = std::fs::read_dir(base_dir()) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let pid = name.split('-').nth(1).and_then(|p| p.parse::<u32>().ok());
+        let Some(pid) = pid else { continue };
+        let alive = Path::new("/proc").join(pid.to_string()).exists();
+        let is_dir = e.file_type().is_ok_and(|t| t.is_dir());
+        if !alive && is_dir && std::fs::remove_dir_all(e.path()).is_ok() {
+            removed += 1;
+        }
+    }
+    removed
+}
+
 /// A fresh directory for one service of one role, removed with everything
 /// in it when dropped.
 #[derive(Debug)]
@@ -231,10 +253,26 @@ pub fn host_name() -> String {
         .unwrap_or_else(|| "localhost".into())
 }
 
+/// How to run a service's program: its path, its arguments, and the
+/// signal that stops it cleanly.
+#[derive(Debug, Clone)]
+pub struct Launch {
+    /// The program.
+    pub program: PathBuf,
+    /// Its arguments.
+    pub args: Vec<std::ffi::OsString>,
+    /// SIGTERM for a program that shuts down on it; SIGKILL for one with
+    /// nothing to save (gmond), which as a namespace's first process would
+    /// ignore a signal it has no handler for.
+    pub stop_signal: libc::c_int,
+}
+
 /// A program running for a role. Dropping it stops its process group
 /// (SIGTERM, then SIGKILL) and removes its run directory.
 pub struct Running {
     name: &'static str,
+    /// The signal that asks the program to stop.
+    stop_signal: libc::c_int,
     /// The program's pid, which is also its process group's id.
     pgid: i32,
     /// The program's exit status, from the thread that keeps it.
@@ -258,17 +296,32 @@ impl std::fmt::Debug for Running {
 }
 
 impl Running {
-    /// Starts `cmd` (the program in the foreground, with its own
+    /// Starts `launch` (the program in the foreground, with its own
     /// configuration from `dir`) in a process group of its own, its output
     /// to a log in `dir`. The program is spawned from a thread that lives
-    /// as long as it does, so `PR_SET_PDEATHSIG` ends it when that thread
-    /// (and so the agent) ends.
+    /// as long as it does, with `PR_SET_PDEATHSIG`, so it ends when that
+    /// thread (and so the agent) ends. As root it runs as the first
+    /// process of a PID namespace of its own (`unshare --pid --fork
+    /// --kill-child`), so when it ends the kernel ends every worker it
+    /// started, even if the agent was killed.
     pub fn spawn(
         name: &'static str,
-        mut cmd: Command,
+        launch: Launch,
         dir: RunDir,
         record: ServiceRecord,
     ) -> Result<Running, ServiceError> {
+        let unshare = Path::new("/usr/bin/unshare");
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let as_root = unsafe { libc::geteuid() } == 0;
+        let mut cmd = if as_root && unshare.exists() {
+            let mut c = Command::new(unshare);
+            c.args(["--pid", "--fork", "--kill-child=SIGKILL", "--"])
+                .arg(&launch.program);
+            c
+        } else {
+            Command::new(&launch.program)
+        };
+        cmd.args(&launch.args);
         let log = dir.path().join(format!("{name}.log"));
         let out =
             std::fs::File::create(&log).map_err(io_err(format!("making {}", log.display())))?;
@@ -315,6 +368,7 @@ impl Running {
             .map_err(io_err(format!("starting {}", record.program)))?;
         Ok(Running {
             name,
+            stop_signal: launch.stop_signal,
             pgid: i32::try_from(pid).unwrap_or(i32::MAX),
             exited,
             record,
@@ -411,7 +465,7 @@ impl Running {
 
 impl Drop for Running {
     fn drop(&mut self) {
-        self.signal(libc::SIGTERM);
+        self.signal(self.stop_signal);
         let ended = self.exited.recv_timeout(STOP_TIMEOUT).is_ok();
         // Workers the program left behind (or a program that did not
         // stop) go with the whole group.

@@ -3,11 +3,10 @@
 //! the foreground (`daemon off;`) with every path inside its run
 //! directory (`-p DIR -e LOG -c CONF`).
 
-use super::{find_program, io_err, RunDir, Running, ServiceError};
+use super::{find_program, io_err, Launch, RunDir, Running, ServiceError};
 use netgap_core::record::ServiceRecord;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::Command;
 
 /// The service's name in records.
 pub const NAME: &str = "nginx";
@@ -63,13 +62,18 @@ pub fn start(
     let text = config(dir.path(), docroot, listen, workers);
     let conf = dir.write("nginx.conf", text.as_bytes())?;
     let error_log = dir.path().join("error.log");
-    let mut cmd = Command::new(&program.path);
-    cmd.arg("-p")
-        .arg(dir.path())
-        .arg("-e")
-        .arg(&error_log)
-        .arg("-c")
-        .arg(&conf);
+    let launch = Launch {
+        program: program.path.clone(),
+        args: vec![
+            "-p".into(),
+            dir.path().into(),
+            "-e".into(),
+            error_log.clone().into(),
+            "-c".into(),
+            conf.into(),
+        ],
+        stop_signal: libc::SIGTERM,
+    };
     let record = ServiceRecord {
         name: NAME.into(),
         host: super::host_name(),
@@ -83,5 +87,5 @@ pub fn start(
     // The error log must exist before nginx starts so a failure at start
     // can be quoted.
     std::fs::File::create(&error_log).map_err(io_err(format!("making {}", error_log.display())))?;
-    Running::spawn(NAME, cmd, dir, record)
+    Running::spawn(NAME, launch, dir, record)
 }

@@ -69,7 +69,8 @@ pub struct ClientOutcome {
     /// Responses that failed a check, connections refused, reset or stalled,
     /// whole run.
     pub errors: u64,
-    /// Responses checked (status and length), whole run.
+    /// Responses complete and checked (status, length, every body byte
+    /// received), whole run.
     pub checked: u64,
     /// Bodies compared byte for byte, whole run.
     pub verified: u64,
@@ -376,7 +377,6 @@ impl Worker<'_> {
             }
             Err(e) => return Err(format!("a malformed response: {e}")),
         };
-        c.out.checked += 1;
         if resp.code != Some(200) {
             return Err(format!(
                 "status {} for {}",
@@ -438,6 +438,7 @@ impl Worker<'_> {
     fn finish(&self, c: &mut Conn) -> Result<(), Failure> {
         let now = Instant::now();
         let window = self.window;
+        c.out.checked += 1;
         if c.verify {
             c.out.verified += 1;
         }
