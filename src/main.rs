@@ -384,7 +384,14 @@ fn run_group(request: &RunRequest) -> Result<()> {
         sinks.push(Box::new(CsvSink::open(p)?));
     }
     let mut table = TableObserver::new(plan.reps);
-    let outcome = run_group_plan(&plan, &mut sinks, &mut table);
+    let outcome = match &plan.base.testbed_name {
+        Some(name) if !plan.base.conditions.is_empty() => {
+            let mut switch = netgap::testbed::TestbedSwitch::open(name)
+                .with_context(|| format!("--conditions on testbed {name}"))?;
+            netgap::group::run_group_plan_under(&plan, &mut switch, &mut sinks, &mut table)
+        }
+        _ => run_group_plan(&plan, &mut sinks, &mut table),
+    };
     table.finish();
     for w in table.warnings() {
         eprintln!("netgap: warning: {w}");
@@ -481,6 +488,9 @@ fn serve(args: &ServeArgs) -> Result<()> {
         .map(netgap::auth::load_key)
         .transpose()?;
     let mut agent = Agent::bind_control(&control)?.with_limits(limits);
+    if args.allow_services {
+        agent = agent.allow_services();
+    }
     if let Some(ip) = &args.data_bind {
         let ip: IpAddr = ip
             .parse()

@@ -876,6 +876,7 @@ fn start_agent(dir: &Path, p: &Params, h: &HostEntry) -> Result<u32, TestbedErro
             "--max-flows",
             &netgap_proto::group::MAX_GROUP_FLOWS.to_string(),
         ])
+        .arg("--allow-services")
         .stdin(Stdio::null())
         .stdout(log)
         .stderr(log2);

@@ -341,4 +341,9 @@ pub struct ServeArgs {
     /// its flows, computed before anything is allocated), e.g. 512M, 4G.
     #[arg(long, default_value = "1G", value_name = "SIZE", value_parser = netgap::units::parse_size_bytes)]
     pub max_memory: u64,
+    /// Let workloads start the server programs netgap knows (nginx,
+    /// Apache, gmond) on this host, each from a configuration netgap writes
+    /// into a directory of its own, stopped when the workload ends.
+    #[arg(long)]
+    pub allow_services: bool,
 }

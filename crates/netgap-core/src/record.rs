@@ -301,6 +301,38 @@ pub struct AppResult {
     /// the repetitions.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub metrics: BTreeMap<String, f64>,
+    /// The real server programs the point ran on its hosts (nginx,
+    /// Apache, gmond), one entry per host and program, as the first
+    /// repetition started them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub services: Vec<ServiceRecord>,
+}
+
+/// A real server program a workload started on a host through its agent:
+/// what ran, where, and with which configuration, so a result says which
+/// server it measured.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ServiceRecord {
+    /// The service's name (`nginx`, `apache`, `gmond`).
+    pub name: String,
+    /// The host it ran on, as its agent names itself.
+    pub host: String,
+    /// The program's path.
+    pub program: String,
+    /// The program's version line (`nginx/1.22.1`).
+    pub version: String,
+    /// The `IP:PORT` it served on.
+    pub listen: String,
+    /// Worker processes (nginx) or threads per child (Apache), when the
+    /// service has them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workers: Option<u32>,
+    /// The configuration file netgap wrote for it, verbatim.
+    pub config: String,
+    /// What the workload prepared for it (`fileset_files`,
+    /// `fileset_bytes`, `fileset_sha256`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub facts: BTreeMap<String, String>,
 }
 
 /// A throughput dropout of a sweep point (NetPIPE's "problem points").

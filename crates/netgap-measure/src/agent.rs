@@ -84,6 +84,8 @@ struct Shared {
     key: Option<Key>,
     limits: AgentLimits,
     data_ip: Option<IpAddr>,
+    /// Whether workloads may start real server programs on this host.
+    services: bool,
 }
 
 /// A bound agent, ready to serve.
@@ -135,6 +137,7 @@ impl Agent {
                 key: None,
                 limits: AgentLimits::default(),
                 data_ip: None,
+                services: false,
             },
             quiet: false,
         }
@@ -156,6 +159,16 @@ impl Agent {
     /// connection came in on, or 127.0.0.1 over a Unix socket).
     pub fn with_data_ip(mut self, ip: IpAddr) -> Agent {
         self.shared.data_ip = Some(ip);
+        self
+    }
+
+    /// Lets workloads start the real server programs netgap knows (nginx,
+    /// Apache, gmond) on this host, each from a configuration the agent
+    /// writes itself into a directory of its own ([`crate::service`]).
+    pub fn allow_services(mut self) -> Agent {
+        // What a killed agent on this host left behind goes first.
+        crate::service::sweep_stale();
+        self.shared.services = true;
         self
     }
 
@@ -454,6 +467,7 @@ fn run_session(
                     limits: &shared.limits,
                     stop: &stop,
                     data_token: token,
+                    services: shared.services,
                 };
                 group = prepare_group(&mut conn, &mut session, ctx)?
                     .map(|role| (role, stop, role_deadline(&spec)));

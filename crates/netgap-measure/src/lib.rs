@@ -31,6 +31,7 @@ pub mod plan;
 pub mod point_loop;
 pub mod preamble;
 pub mod runner;
+pub mod service;
 pub mod sink;
 pub mod sweep;
 #[cfg(test)]

@@ -415,6 +415,7 @@ mod tests {
                         ..DatagramStats::default()
                     }),
                     metrics: [("transactions".to_string(), 12.0)].into(),
+                    services: Vec::new(),
                 },
             },
         ]

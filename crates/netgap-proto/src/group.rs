@@ -235,7 +235,20 @@ pub struct GroupOutcome {
     /// [`MAX_OUTCOME_METRICS`]; empty for the built-in micro-benchmarks.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub metrics: std::collections::BTreeMap<String, f64>,
+    /// The real server programs this role started (nginx, Apache, gmond),
+    /// at most [`MAX_OUTCOME_SERVICES`]; empty for roles that start none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub services: Vec<netgap_core::record::ServiceRecord>,
 }
+
+/// Most services one role's outcome may name.
+pub const MAX_OUTCOME_SERVICES: usize = 4;
+/// Longest configuration text a service record may carry, in bytes.
+pub const MAX_SERVICE_CONFIG_BYTES: usize = 16 * 1024;
+/// Longest other text field of a service record, in bytes.
+const MAX_SERVICE_FIELD_BYTES: usize = 512;
+/// Most facts one service record may carry.
+const MAX_SERVICE_FACTS: usize = 16;
 
 impl FlowReport {
     /// Range-checks a report from a peer; never panics.
@@ -270,6 +283,30 @@ impl GroupOutcome {
             netgap_core::spec::check_name("metrics", name)?;
             if !v.is_finite() {
                 return Err(range("metrics", format!("{name} is not a finite number")));
+            }
+        }
+        if self.services.len() > MAX_OUTCOME_SERVICES {
+            return Err(range(
+                "services",
+                format!(
+                    "{} services, most {MAX_OUTCOME_SERVICES}",
+                    self.services.len()
+                ),
+            ));
+        }
+        for s in &self.services {
+            if s.config.len() > MAX_SERVICE_CONFIG_BYTES {
+                return Err(range("services", "a configuration past 16 KiB"));
+            }
+            let fields = [&s.name, &s.host, &s.program, &s.version, &s.listen];
+            let facts = s.facts.iter().flat_map(|(k, v)| [k, v]);
+            if s.facts.len() > MAX_SERVICE_FACTS
+                || fields
+                    .into_iter()
+                    .chain(facts)
+                    .any(|f| f.len() > MAX_SERVICE_FIELD_BYTES)
+            {
+                return Err(range("services", "a field or its facts too long"));
             }
         }
         Ok(())
@@ -373,6 +410,7 @@ mod tests {
                 ..DatagramStats::default()
             }),
             metrics: Default::default(),
+            services: Vec::new(),
         };
         assert!(outcome.validate().is_ok());
         outcome.datagrams = Some(DatagramStats {
@@ -394,6 +432,7 @@ mod tests {
             bytes_tx: 0,
             datagrams: None,
             metrics: [("connect_time_us".to_string(), 12.5)].into(),
+            services: Vec::new(),
         };
         assert!(outcome.validate().is_ok());
         outcome.metrics.insert("Bad Name".into(), 1.0);

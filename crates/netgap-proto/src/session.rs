@@ -1077,6 +1077,7 @@ mod tests {
             bytes_tx: 0,
             datagrams: None,
             metrics: Default::default(),
+            services: Vec::new(),
         };
         assert_eq!(wire_reply(&agent.group_alive().unwrap()), Reply::GroupAlive);
         assert_eq!(

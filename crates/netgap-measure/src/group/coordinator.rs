@@ -166,8 +166,11 @@ fn resolve_hosts(source: &HostsSource) -> Result<Vec<HostInfo>, GroupError> {
             let mut hosts = Vec::new();
             for h in 0..=*client_hosts {
                 let ip = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1 + h as u8));
+                // The user runs these agents in this very process, so the
+                // servers a workload starts are this process's own children.
                 let agent = Agent::bind(SocketAddr::new(ip, 0))
                     .map_err(|e| GroupError::Embedded(e.to_string()))?
+                    .allow_services()
                     .quiet();
                 let addr = agent
                     .local_addr()
@@ -500,6 +503,20 @@ fn listener_for(addrs: &[String], server_flows: &[u32], flow: u32) -> Option<Str
     addrs.get(i).cloned()
 }
 
+/// The server role flow `flow` of role `client` targets: `default` (the
+/// role it connects to) when that serves the flow, else the first server
+/// role prepared before `client` that lists it.
+fn serving_role(placement: &Placement, client: usize, default: usize, flow: u32) -> usize {
+    let serves = |i: &usize| {
+        let r = &placement.roles[*i];
+        r.side == GroupRole::Server && r.flows.contains(&flow)
+    };
+    if serves(&default) {
+        return default;
+    }
+    (0..client).find(serves).unwrap_or(default)
+}
+
 /// A per-flow list with one entry for all when every entry is the same.
 fn compact<T: PartialEq>(mut list: Vec<T>) -> Vec<T> {
     if list.windows(2).all(|w| w[0] == w[1]) {
@@ -586,6 +603,10 @@ impl GroupCoordinator {
                 let link = vias[h];
                 let mut targets = Vec::with_capacity(role.flows.len());
                 for &f in &role.flows {
+                    // A flow goes to the server role that serves it: the
+                    // one the role connects to, or another server prepared
+                    // before it (a client gathering from every host).
+                    let s = serving_role(placement, r, s, f);
                     let server = &placement.roles[s];
                     let addr = listener_for(&announced[s], &server.flows, f).ok_or_else(|| {
                         self.host_error(server.host, format!("announced no address for flow {f}"))

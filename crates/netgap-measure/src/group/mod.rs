@@ -46,3 +46,51 @@ pub fn run_group_plan(
     coord.bye();
     Ok(done)
 }
+
+/// Runs a whole group plan once under each of its conditions
+/// (`plan.base.conditions`, from `--conditions`), one condition after
+/// another: `switch` puts the testbed's links under the condition, the
+/// sessions are opened anew (so every host's facts are read under it) and
+/// every point is measured; each record's `stack.path` says the condition
+/// it ran under. Afterwards the links go back to the conditions they had.
+pub fn run_group_plan_under(
+    plan: &GroupPlan,
+    switch: &mut dyn crate::conditions::ConditionSwitch,
+    sinks: &mut [Box<dyn RecordSink>],
+    observer: &mut dyn Observer,
+) -> Result<usize, GroupError> {
+    let crate::cluster::HostsSource::File(file) = &plan.hosts else {
+        return Err(GroupError::Point(
+            "--conditions needs a testbed's hosts file".into(),
+        ));
+    };
+    let Some(base) = file.conditions else {
+        return Err(GroupError::Point(
+            "the testbed's hosts file records no link conditions; rebuild it with `netgap testbed up`".into(),
+        ));
+    };
+    let mut done = 0;
+    let mut result = Ok(());
+    for c in &plan.base.conditions {
+        let to = c.apply_to(&base);
+        if let Err(e) = switch.switch(&to) {
+            result = Err(GroupError::Point(format!("switching to {to}: {e}")));
+            break;
+        }
+        let mut under = plan.clone();
+        let mut f = file.clone();
+        f.conditions = Some(to);
+        under.hosts = crate::cluster::HostsSource::File(f);
+        match run_group_plan(&under, sinks, observer) {
+            Ok(n) => done += n,
+            Err(e) => {
+                result = Err(e);
+                break;
+            }
+        }
+    }
+    let restored = switch
+        .switch(&base)
+        .map_err(|e| GroupError::Point(format!("restoring {base}: {e}")));
+    result.and(restored).map(|()| done)
+}

@@ -340,7 +340,12 @@ impl GroupPlan {
             },
             ..r.clone()
         };
-        let base = Plan::build(&base_request)?;
+        let mut base = Plan::build(&base_request)?;
+        if let Some(HostsSource::File(f)) = r.target.hosts.as_ref().map(|h| h.load()).transpose()? {
+            base.testbed = f.path_facts();
+        }
+        // `--conditions`: the conditions, on a testbed that records them.
+        base.check_interleaving(r, &r.tests.join(","))?;
         if let HostsSource::Embedded { .. } = hosts {
             check_embedded_descriptors(&tests, r.multi_host.clients.as_deref())?;
         }

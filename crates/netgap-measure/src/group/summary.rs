@@ -47,6 +47,9 @@ struct Reduction {
     datagrams: Option<DatagramCounts>,
     /// The workload's own figures of each repetition.
     metrics: Vec<std::collections::BTreeMap<String, f64>>,
+    /// The services the roles of the first repetition started, with the
+    /// index of their host.
+    services: Vec<(usize, netgap_core::record::ServiceRecord)>,
 }
 
 /// Why a repetition's reports could not be reduced.
@@ -75,6 +78,7 @@ impl Reduction {
             },
             datagrams: None,
             metrics: Vec::new(),
+            services: Vec::new(),
         }
     }
 
@@ -96,6 +100,16 @@ impl Reduction {
             .collect();
         self.metrics
             .push(workload.metrics(&role_metrics, window_ns));
+        if self.services.is_empty() {
+            self.services = r
+                .reports
+                .iter()
+                .flat_map(|(i, _, o)| {
+                    let host = placement.roles[*i].host;
+                    o.services.iter().map(move |s| (host, s.clone()))
+                })
+                .collect();
+        }
         let mut per_flow_value = vec![f64::NAN; n];
         for (role_index, reports, outcome) in &r.reports {
             let role = &placement.roles[*role_index];
@@ -167,6 +181,7 @@ impl Reduction {
 fn app_result(
     point: &GroupPoint,
     reps: &[std::collections::BTreeMap<String, f64>],
+    services: &[netgap_core::record::ServiceRecord],
 ) -> Option<netgap_core::record::AppResult> {
     let mut sums: std::collections::BTreeMap<String, (f64, u32)> = Default::default();
     for rep in reps {
@@ -181,10 +196,14 @@ fn app_result(
         .map(|(k, (sum, n))| (k, sum / f64::from(n)))
         .collect();
     let options = point.args.to_json();
-    if metrics.is_empty() && options.is_empty() {
+    if metrics.is_empty() && options.is_empty() && services.is_empty() {
         return None;
     }
-    Some(netgap_core::record::AppResult { options, metrics })
+    Some(netgap_core::record::AppResult {
+        options,
+        metrics,
+        services: services.to_vec(),
+    })
 }
 
 /// The share of exchanges at or below `x_us` in a distribution known only
@@ -290,7 +309,16 @@ pub(super) fn measure_point(
         bytes,
         datagrams,
         metrics,
+        services,
     } = red;
+    // The run's name of each host, as its flows are named.
+    let services: Vec<_> = services
+        .into_iter()
+        .map(|(h, mut s)| {
+            s.host = coord.links[h].host.name.clone();
+            s
+        })
+        .collect();
     let summary = Summary::from_reps(&rep_values).map_err(|e| GroupError::Point(e.to_string()))?;
     let flow_results: Vec<FlowResult> = flows
         .iter()
@@ -396,7 +424,7 @@ pub(super) fn measure_point(
         flows: flow_results,
         hosts_cpu,
         links,
-        app: app_result(point, &metrics),
+        app: app_result(point, &metrics, &services),
         stack: Some(Stack::new(
             &point.spec.transport,
             point.spec.mode,
@@ -456,6 +484,7 @@ mod tests {
             bytes_tx: 0,
             datagrams: None,
             metrics: Default::default(),
+            services: Vec::new(),
         }
     }
 

@@ -1,8 +1,9 @@
 //! `connect`: N clients, spread cyclically over the client hosts, each
 //! repeatedly opens a connection to one server, sends a request, reads the
 //! reply and closes; the headline is connections per second, all clients
-//! together, with the latency of connection setup plus exchange
-//! (seeds 000, 002).
+//! together, with the latency of connection setup plus exchange, and the
+//! mean setup time alone beside it (`app.metrics.setup_time_us`,
+//! `connection_time_us`, `setup_share_pct`; seeds 000, 002).
 
 use super::place::{self, HostView, Placement};
 use super::role::{parse_params, OpenRole, RoleContext, RoleError};
@@ -92,6 +93,16 @@ impl Workload for Connect {
             request_bytes: spec.size_bytes,
             reply_bytes: spec.size_bytes,
         })
+    }
+
+    /// Connection setup alone beside connect-and-exchange, over every
+    /// client host's connections.
+    fn metrics(
+        &self,
+        roles: &[(GroupRole, &std::collections::BTreeMap<String, f64>)],
+        _window_ns: u64,
+    ) -> std::collections::BTreeMap<String, f64> {
+        engine::connection_times(roles)
     }
 
     fn place(&self, count: u32, hosts: &[HostView]) -> Result<Placement, Refused> {

@@ -225,7 +225,8 @@ impl ReadyRole for Engine {
                 bytes_rx: ran.bytes_rx,
                 bytes_tx: ran.bytes_tx,
                 datagrams: ran.datagrams,
-                metrics: Default::default(),
+                metrics: ran.metrics,
+                services: Vec::new(),
             },
         })
     }
@@ -245,6 +246,9 @@ struct Ran {
     bytes_tx: u64,
     /// Datagram counters of all flows, on a datagram path.
     datagrams: Option<DatagramStats>,
+    /// The role's own figures: connection setup beside connect-and-exchange
+    /// (connect).
+    metrics: std::collections::BTreeMap<String, f64>,
 }
 
 /// Runs a prepared role for `warmup` then `duration`, or until `stop`.
@@ -260,6 +264,7 @@ fn run(kind: Kind, warmup: Duration, duration: Duration, stop: &Stop) -> Result<
                 bytes_rx: totals.bytes_rx,
                 bytes_tx: totals.bytes_tx,
                 datagrams: totals.datagrams,
+                metrics: Default::default(),
             })
         }
         Kind::Clients(clients, scale) => {
@@ -285,6 +290,7 @@ fn run(kind: Kind, warmup: Duration, duration: Duration, stop: &Stop) -> Result<
                     errors: f.errors,
                 });
             }
+            let metrics = setup_metrics(&report.flows, &hist);
             Ok(Ran {
                 flows,
                 hist,
@@ -292,7 +298,53 @@ fn run(kind: Kind, warmup: Duration, duration: Duration, stop: &Stop) -> Result<
                 bytes_rx: rx,
                 bytes_tx: tx,
                 datagrams,
+                metrics,
             })
         }
     }
+}
+
+/// Connect: the sums [`connection_times`] turns into means: the setup time
+/// of the window's connections (`setup_ns`), their setup-and-exchange time
+/// (`connection_ns`, from `hist`) and their count (`timed_connections`);
+/// none for flows without connection setup.
+fn setup_metrics(
+    flows: &[flows::FlowOutcome],
+    hist: &LatencyHistogram,
+) -> std::collections::BTreeMap<String, f64> {
+    let mut m = std::collections::BTreeMap::new();
+    let setup_ns: u64 = flows.iter().map(|f| f.window_setup_ns).sum();
+    let count: u64 = flows.iter().map(|f| f.round_trips).sum();
+    if setup_ns == 0 || count == 0 {
+        return m;
+    }
+    let total_ns = hist
+        .buckets()
+        .iter()
+        .fold(0f64, |s, [v, c]| s + *v as f64 * *c as f64);
+    m.insert("setup_ns".into(), setup_ns as f64);
+    m.insert("connection_ns".into(), total_ns);
+    m.insert("timed_connections".into(), count as f64);
+    m
+}
+
+/// Connect: from the roles' sums of [`setup_metrics`], the mean connection
+/// setup time (`setup_time_us`), beside the mean of setup plus exchange
+/// (`connection_time_us`) and the setup's share of it (`setup_share_pct`).
+pub fn connection_times(
+    roles: &[(GroupRole, &std::collections::BTreeMap<String, f64>)],
+) -> std::collections::BTreeMap<String, f64> {
+    let sum = |k: &str| roles.iter().filter_map(|(_, m)| m.get(k)).sum::<f64>();
+    let (setup, total, n) = (
+        sum("setup_ns"),
+        sum("connection_ns"),
+        sum("timed_connections"),
+    );
+    let mut m = std::collections::BTreeMap::new();
+    if n > 0.0 && total > 0.0 {
+        m.insert("setup_time_us".into(), setup / n / 1e3);
+        m.insert("connection_time_us".into(), total / n / 1e3);
+        m.insert("setup_share_pct".into(), 100.0 * setup / total);
+    }
+    m
 }

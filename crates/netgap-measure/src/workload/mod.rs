@@ -30,6 +30,7 @@ pub mod connect;
 pub mod engine;
 pub mod fanin;
 pub mod fanout;
+pub mod gather;
 pub mod hotspot;
 pub mod multirail;
 pub mod multistream;
@@ -37,6 +38,7 @@ pub mod options;
 pub mod place;
 pub mod role;
 pub mod stream;
+pub mod web;
 
 use netgap_core::spec::PointSpec;
 use netgap_core::stats::{LatencyHistogram, Percentiles};
@@ -244,6 +246,8 @@ pub fn registry() -> &'static [&'static dyn Workload] {
         &fanout::FANOUT,
         &connect::Connect,
         &multirail::Multirail,
+        &web::Web,
+        &gather::Gather,
     ]
 }
 

@@ -41,6 +41,10 @@ pub struct RoleContext<'a> {
     /// The point's data token: every flow proves it at connect or accept
     /// ([`crate::preamble`]) before payload moves.
     pub data_token: &'a netgap_proto::dataproof::DataToken,
+    /// Whether this agent may start the real server programs it knows
+    /// (nginx, Apache, gmond) for a workload: only when it was started
+    /// with `--allow-services` ([`crate::service`]).
+    pub services: bool,
 }
 
 /// How often a role that waits checks its [`Stop`].

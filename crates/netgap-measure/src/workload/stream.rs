@@ -346,6 +346,7 @@ impl ReadyRole for Streams {
                 bytes_tx: reports.iter().map(|r| r.bytes_tx).sum(),
                 datagrams: None,
                 metrics: Default::default(),
+                services: Vec::new(),
             },
             flows: reports,
         })

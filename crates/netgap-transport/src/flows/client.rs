@@ -72,6 +72,11 @@ struct Flow {
     errors: u64,
     /// Connections whose reply arrived, whole run (Connect).
     completed: u64,
+    /// The current connection's setup time, ns, once it is connected
+    /// (Connect).
+    setup_ns: u64,
+    /// Setup time of the connections counted in `round_trips`, ns.
+    window_setup_ns: u64,
     /// When the current exchange (round trip or connection) began.
     t0: Instant,
     /// When the flow last moved a byte or began an exchange.
@@ -235,6 +240,8 @@ pub(super) fn prepare(
             window_bytes_rx: 0,
             errors: 0,
             completed: 0,
+            setup_ns: 0,
+            window_setup_ns: 0,
             t0: now,
             last_progress: now,
             interest,
@@ -602,6 +609,7 @@ fn run_worker(
                     hist: f.hist,
                     errors: f.errors,
                     datagrams,
+                    window_setup_ns: f.window_setup_ns,
                 },
             }
         })
@@ -851,6 +859,7 @@ fn connect_ready(
         match s.take_error() {
             Ok(None) => {
                 *connecting = false;
+                f.setup_ns = elapsed_ns(f.t0, now);
                 m.begin();
             }
             Ok(Some(e)) | Err(e) => {
@@ -871,6 +880,7 @@ fn connect_ready(
         if sched.in_window(now) {
             f.hist.record_ns(elapsed_ns(f.t0, now));
             f.round_trips += 1;
+            f.window_setup_ns += f.setup_ns;
             let (request_bytes, reply_bytes) = m.sizes_bytes();
             f.window_bytes_tx += request_bytes as u64;
             f.window_bytes_rx += reply_bytes as u64;

@@ -1,0 +1,103 @@
+//! Apache httpd (Debian's `apache2`, the studies' own server): the event
+//! MPM with keep-alive, sendfile and no access log, run in the foreground
+//! (`-DFOREGROUND`) with its own configuration (`-f CONF`) whose pid file,
+//! error log, mutexes and runtime files are all in its run directory. As
+//! root its children switch to `www-data`, which the served files are
+//! readable by.
+
+use super::{find_program, Launch, RunDir, Running, ServiceError};
+use netgap_core::record::ServiceRecord;
+use std::net::SocketAddr;
+use std::path::Path;
+
+/// The service's name in records.
+pub const NAME: &str = "apache";
+
+/// Threads per child process of the event MPM.
+pub const THREADS_PER_CHILD: u32 = 64;
+
+/// Where Debian keeps Apache's loadable modules.
+const MODULES: &str = "/usr/lib/apache2/modules";
+
+/// The configuration netgap writes for Apache serving `docroot` on
+/// `listen` with `children` processes of [`THREADS_PER_CHILD`] threads.
+pub fn config(dir: &Path, docroot: &Path, listen: SocketAddr, children: u32) -> String {
+    let d = dir.display();
+    let root = docroot.display();
+    let max = children * THREADS_PER_CHILD;
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let as_root = unsafe { libc::geteuid() } == 0;
+    let user = if as_root {
+        "User www-data\nGroup www-data\n"
+    } else {
+        ""
+    };
+    format!(
+        "# Written by netgap for one web point; removed with its directory.
+ServerRoot \"{d}\"
+ServerName netgap
+LoadModule mpm_event_module {MODULES}/mod_mpm_event.so
+LoadModule authz_core_module {MODULES}/mod_authz_core.so
+PidFile \"{d}/httpd.pid\"
+DefaultRuntimeDir \"{d}\"
+Mutex file:{d} default
+ErrorLog \"{d}/error.log\"
+LogLevel warn
+Listen {listen}
+{user}Timeout 60
+KeepAlive On
+MaxKeepAliveRequests 0
+KeepAliveTimeout 120
+EnableSendfile On
+EnableMMAP On
+StartServers {children}
+ServerLimit {children}
+ThreadsPerChild {THREADS_PER_CHILD}
+ThreadLimit {THREADS_PER_CHILD}
+MinSpareThreads {THREADS_PER_CHILD}
+MaxSpareThreads {max}
+MaxRequestWorkers {max}
+MaxConnectionsPerChild 0
+DocumentRoot \"{root}\"
+<Directory \"{root}\">
+    Require all granted
+    AllowOverride None
+    Options None
+</Directory>
+"
+    )
+}
+
+/// Starts Apache serving `docroot` on `listen` with `children` processes.
+pub fn start(
+    dir: RunDir,
+    docroot: &Path,
+    listen: SocketAddr,
+    children: u32,
+) -> Result<Running, ServiceError> {
+    let program = find_program("apache2", "apache2", "-v")?;
+    if !Path::new(MODULES).join("mod_mpm_event.so").exists() {
+        return Err(ServiceError::NotInstalled {
+            program: "apache2's event MPM module",
+            package: "apache2",
+        });
+    }
+    let text = config(dir.path(), docroot, listen, children);
+    let conf = dir.write("httpd.conf", text.as_bytes())?;
+    let launch = Launch {
+        program: program.path.clone(),
+        args: vec!["-f".into(), conf.into(), "-DFOREGROUND".into()],
+        stop_signal: libc::SIGTERM,
+    };
+    let record = ServiceRecord {
+        name: NAME.into(),
+        host: super::host_name(),
+        program: program.path.display().to_string(),
+        version: program.version,
+        listen: listen.to_string(),
+        workers: Some(children * THREADS_PER_CHILD),
+        config: text,
+        facts: Default::default(),
+    };
+    Running::spawn(NAME, launch, dir, record)
+}

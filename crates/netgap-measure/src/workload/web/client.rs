@@ -1,0 +1,598 @@
+//! netgap's closed-loop HTTP/1.1 load generator: each client (flow) sends
+//! one GET, reads the whole response, checks it, and sends the next, on a
+//! kept-alive connection or on a new connection per request. A few worker
+//! threads each own a fixed share of the clients and one epoll instance
+//! (level-triggered, each connection's interest exactly what its state
+//! waits for), as the flow engine's workers do; no async runtime is on the
+//! measured path. Responses are parsed with `httparse`; every status and
+//! length is checked, and a stated fraction of bodies is compared byte for
+//! byte with the content the file set regenerates.
+
+use super::fileset::{mix64, FileSet, Zipf};
+use netgap_core::stats::LatencyHistogram;
+use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags};
+use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+use std::io::{ErrorKind, Read, Write};
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::AsFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Bytes of a connection's receive buffer: a response head must fit.
+const BUF_BYTES: usize = 64 * 1024;
+/// Most response headers parsed.
+const MAX_HEADERS: usize = 32;
+
+/// What the clients of one role do.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// The server's `IP:PORT`.
+    pub target: SocketAddr,
+    /// Local address each connection leaves from, if chosen.
+    pub bind_ip: Option<IpAddr>,
+    /// Clients of this role.
+    pub flows: usize,
+    /// Worker threads (each with its own epoll).
+    pub workers: usize,
+    /// One connection per client for all its requests; otherwise a new
+    /// connection per request (`Connection: close`).
+    pub keepalive: bool,
+    /// The files served.
+    pub fileset: Arc<FileSet>,
+    /// Popularity over the files; `None` asks for file 0 only.
+    pub zipf: Option<Arc<Zipf>>,
+    /// Share of bodies compared with their content, 0 to 1.
+    pub verify_fraction: f64,
+    /// Seeds each client's request sequence (with its index).
+    pub seed: u64,
+    /// How long a connection may make no progress before it is an error.
+    pub io_timeout: Duration,
+    /// Spin on epoll instead of sleeping in it.
+    pub poll: bool,
+}
+
+/// One client's results.
+#[derive(Debug, Clone)]
+pub struct ClientOutcome {
+    /// The client's index in the role.
+    pub index: u32,
+    /// Transactions (a request and its full, checked response) completed
+    /// inside the window.
+    pub transactions: u64,
+    /// Body bytes of those transactions.
+    pub window_body_bytes: u64,
+    /// Bytes written over the whole run.
+    pub bytes_tx: u64,
+    /// Bytes read over the whole run.
+    pub bytes_rx: u64,
+    /// Responses that failed a check, connections refused, reset or stalled,
+    /// whole run.
+    pub errors: u64,
+    /// Responses complete and checked (status, length, every body byte
+    /// received), whole run.
+    pub checked: u64,
+    /// Bodies compared byte for byte, whole run.
+    pub verified: u64,
+    /// Connections opened, whole run.
+    pub connections: u64,
+    /// The latency of each transaction in the window, ns.
+    pub hist: LatencyHistogram,
+    /// The last error seen, for a run where every request failed.
+    pub last_error: Option<String>,
+}
+
+/// Why the clients could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// A system call the workers need failed.
+    #[error("{what}: {source}")]
+    Sys {
+        /// What was being done.
+        what: &'static str,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A worker thread panicked; a bug.
+    #[error("an HTTP client worker panicked")]
+    Panicked,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// No connection; the next request opens one.
+    Closed,
+    /// A non-blocking connect under way.
+    Connecting,
+    /// Writing the request.
+    Sending,
+    /// Reading the status line and headers.
+    Head,
+    /// Reading the body.
+    Body,
+    /// After a `Connection: close` response: waiting for the server's close.
+    Draining,
+}
+
+struct Conn {
+    /// The connection's place in its worker's list: its epoll key.
+    slot: u64,
+    sock: Option<Socket>,
+    phase: Phase,
+    req: Vec<u8>,
+    sent: usize,
+    buf: Box<[u8]>,
+    have: usize,
+    file: usize,
+    body_left: u64,
+    body_off: u64,
+    verify: bool,
+    started: Instant,
+    last_progress: Instant,
+    rng: u64,
+    /// Requests begun, for the verify sampling.
+    begun: u64,
+    interest: EpollFlags,
+    out: ClientOutcome,
+}
+
+/// Why one transaction failed.
+type Failure = String;
+
+struct Worker<'a> {
+    cfg: &'a ClientConfig,
+    epoll: Epoll,
+    /// The `Host` header's value.
+    host: String,
+    /// When the measured window starts and ends.
+    window: (Instant, Instant),
+}
+
+impl Conn {
+    fn new(index: u32, slot: u64, seed: u64) -> Conn {
+        let now = Instant::now();
+        Conn {
+            slot,
+            sock: None,
+            phase: Phase::Closed,
+            req: Vec::with_capacity(128),
+            sent: 0,
+            buf: vec![0u8; BUF_BYTES].into_boxed_slice(),
+            have: 0,
+            file: 0,
+            body_left: 0,
+            body_off: 0,
+            verify: false,
+            started: now,
+            last_progress: now,
+            rng: mix64(seed ^ u64::from(index)),
+            begun: 0,
+            interest: EpollFlags::empty(),
+            out: ClientOutcome {
+                index,
+                transactions: 0,
+                window_body_bytes: 0,
+                bytes_tx: 0,
+                bytes_rx: 0,
+                errors: 0,
+                checked: 0,
+                verified: 0,
+                connections: 0,
+                hist: LatencyHistogram::new_compact(),
+                last_error: None,
+            },
+        }
+    }
+
+    fn next_u64(&mut self) -> u64 {
+        self.rng = self.rng.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        mix64(self.rng)
+    }
+}
+
+impl Worker<'_> {
+    fn set_interest(&self, c: &mut Conn, want: EpollFlags) -> Result<(), Failure> {
+        let Some(sock) = c.sock.as_ref() else {
+            return Ok(());
+        };
+        if c.interest == want {
+            return Ok(());
+        }
+        let mut ev = EpollEvent::new(want, c.slot);
+        let r = if c.interest.is_empty() {
+            self.epoll.add(sock.as_fd(), ev)
+        } else {
+            self.epoll.modify(sock.as_fd(), &mut ev)
+        };
+        r.map_err(|e| format!("epoll: {e}"))?;
+        c.interest = want;
+        Ok(())
+    }
+
+    fn close(&self, c: &mut Conn) {
+        if let Some(s) = c.sock.take() {
+            if !c.interest.is_empty() {
+                let _ = self.epoll.delete(s.as_fd());
+            }
+        }
+        c.interest = EpollFlags::empty();
+        c.phase = Phase::Closed;
+    }
+
+    /// Begins the next request of `c`: picks its file and sends it, on
+    /// the open connection or a new one.
+    fn begin(&self, c: &mut Conn) -> Result<(), Failure> {
+        c.file = match &self.cfg.zipf {
+            Some(z) => {
+                let u = (c.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+                z.pick(u)
+            }
+            None => 0,
+        };
+        let f = self.cfg.verify_fraction;
+        c.verify = ((c.begun + 1) as f64 * f).floor() > (c.begun as f64 * f).floor();
+        c.begun += 1;
+        c.req.clear();
+        let _ = write!(
+            c.req,
+            "GET {} HTTP/1.1\r\nHost: {}\r\n{}\r\n",
+            FileSet::url(c.file),
+            self.host,
+            if self.cfg.keepalive {
+                ""
+            } else {
+                "Connection: close\r\n"
+            }
+        );
+        c.sent = 0;
+        c.have = 0;
+        c.started = Instant::now();
+        c.last_progress = c.started;
+        if c.sock.is_none() {
+            let domain = Domain::for_address(self.cfg.target);
+            let s = Socket::new(domain, Type::STREAM, Some(Protocol::TCP))
+                .map_err(|e| format!("socket: {e}"))?;
+            s.set_nonblocking(true)
+                .map_err(|e| format!("O_NONBLOCK: {e}"))?;
+            s.set_nodelay(true)
+                .map_err(|e| format!("TCP_NODELAY: {e}"))?;
+            if let Some(ip) = self.cfg.bind_ip {
+                s.bind(&SockAddr::from(SocketAddr::new(ip, 0)))
+                    .map_err(|e| format!("binding {ip}: {e}"))?;
+            }
+            c.out.connections += 1;
+            match s.connect(&SockAddr::from(self.cfg.target)) {
+                Ok(()) => c.phase = Phase::Sending,
+                Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {
+                    c.phase = Phase::Connecting;
+                }
+                Err(e) => return Err(format!("connecting to {}: {e}", self.cfg.target)),
+            }
+            c.sock = Some(s);
+            if c.phase == Phase::Connecting {
+                return self.set_interest(c, EpollFlags::EPOLLOUT);
+            }
+        } else {
+            c.phase = Phase::Sending;
+        }
+        self.pump(c)
+    }
+
+    /// Moves `c` as far as its socket allows.
+    fn pump(&self, c: &mut Conn) -> Result<(), Failure> {
+        loop {
+            let Some(sock) = c.sock.as_ref() else {
+                return Ok(());
+            };
+            match c.phase {
+                Phase::Closed => return Ok(()),
+                Phase::Connecting => {
+                    match sock.take_error() {
+                        Ok(None) => {}
+                        Ok(Some(e)) | Err(e) => {
+                            return Err(format!("connecting to {}: {e}", self.cfg.target))
+                        }
+                    }
+                    c.phase = Phase::Sending;
+                }
+                Phase::Sending => {
+                    let mut s: &Socket = sock;
+                    match s.write(&c.req[c.sent..]) {
+                        Ok(n) => {
+                            c.sent += n;
+                            c.out.bytes_tx += n as u64;
+                            c.last_progress = Instant::now();
+                            if c.sent == c.req.len() {
+                                c.phase = Phase::Head;
+                                // The response cannot be in yet; epoll says
+                                // when it is.
+                                return self.set_interest(c, EpollFlags::EPOLLIN);
+                            }
+                        }
+                        Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                            return self.set_interest(c, EpollFlags::EPOLLOUT)
+                        }
+                        Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                        Err(e) => return Err(format!("sending a request: {e}")),
+                    }
+                }
+                Phase::Head | Phase::Body | Phase::Draining => {
+                    let mut s: &Socket = sock;
+                    let n = match s.read(&mut c.buf[c.have..]) {
+                        Ok(n) => n,
+                        Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                            return self.set_interest(c, EpollFlags::EPOLLIN)
+                        }
+                        Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                        Err(e) => return Err(format!("reading a response: {e}")),
+                    };
+                    c.out.bytes_rx += n as u64;
+                    c.last_progress = Instant::now();
+                    if c.phase == Phase::Draining {
+                        if n != 0 {
+                            return Err("bytes after a Connection: close response".into());
+                        }
+                        self.close(c);
+                        return Ok(());
+                    }
+                    if n == 0 {
+                        return Err(format!(
+                            "the server closed the connection {} the response",
+                            if c.phase == Phase::Head && c.have == 0 {
+                                "before"
+                            } else {
+                                "in the middle of"
+                            }
+                        ));
+                    }
+                    c.have += n;
+                    if c.phase == Phase::Head {
+                        self.head(c)?;
+                    } else {
+                        let have = c.have;
+                        c.have = 0;
+                        self.body(c, 0, have)?;
+                    }
+                    if c.phase == Phase::Body && c.body_left == 0 {
+                        self.finish(c)?;
+                        return Ok(());
+                    }
+                }
+            }
+        }
+    }
+
+    /// Parses the response head in `c.buf[..c.have]`; once complete, checks
+    /// it and takes the body bytes that came with it.
+    fn head(&self, c: &mut Conn) -> Result<(), Failure> {
+        let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut resp = httparse::Response::new(&mut headers);
+        let n = match resp.parse(&c.buf[..c.have]) {
+            Ok(httparse::Status::Complete(n)) => n,
+            Ok(httparse::Status::Partial) => {
+                if c.have == c.buf.len() {
+                    return Err(format!("a response head over {BUF_BYTES} bytes"));
+                }
+                return Ok(());
+            }
+            Err(e) => return Err(format!("a malformed response: {e}")),
+        };
+        if resp.code != Some(200) {
+            return Err(format!(
+                "status {} for {}",
+                resp.code.unwrap_or(0),
+                FileSet::url(c.file)
+            ));
+        }
+        let mut length: Option<u64> = None;
+        for h in resp.headers.iter() {
+            if h.name.eq_ignore_ascii_case("content-length") {
+                length = std::str::from_utf8(h.value)
+                    .ok()
+                    .and_then(|v| v.trim().parse().ok());
+            } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
+                return Err("a chunked response where a length was expected".into());
+            }
+        }
+        let want = self.cfg.fileset.size_bytes(c.file);
+        if length != Some(want) {
+            return Err(format!(
+                "Content-Length {length:?} for {} of {want} bytes",
+                FileSet::url(c.file)
+            ));
+        }
+        c.phase = Phase::Body;
+        c.body_left = want;
+        c.body_off = 0;
+        let have = c.have;
+        c.have = 0;
+        self.body(c, n, have)
+    }
+
+    /// Takes body bytes `c.buf[from..to]`, comparing them when this
+    /// response is verified.
+    fn body(&self, c: &mut Conn, from: usize, to: usize) -> Result<(), Failure> {
+        let n = (to - from) as u64;
+        if n > c.body_left {
+            return Err("more bytes than the response's length".into());
+        }
+        if c.verify
+            && !self
+                .cfg
+                .fileset
+                .matches(c.file, c.body_off, &c.buf[from..to])
+        {
+            return Err(format!(
+                "the body of {} differs from the file set's content near byte {}",
+                FileSet::url(c.file),
+                c.body_off
+            ));
+        }
+        c.body_off += n;
+        c.body_left -= n;
+        Ok(())
+    }
+
+    /// Ends a transaction whose response is complete, counts it if it ends
+    /// in the window, and begins the next.
+    fn finish(&self, c: &mut Conn) -> Result<(), Failure> {
+        let now = Instant::now();
+        let window = self.window;
+        c.out.checked += 1;
+        if c.verify {
+            c.out.verified += 1;
+        }
+        if now >= window.0 && now < window.1 {
+            c.out.transactions += 1;
+            c.out.window_body_bytes += self.cfg.fileset.size_bytes(c.file);
+            let ns = u64::try_from((now - c.started).as_nanos()).unwrap_or(u64::MAX);
+            c.out.hist.record_ns(ns);
+        }
+        if self.cfg.keepalive {
+            c.phase = Phase::Sending;
+            if now < window.1 {
+                return self.begin(c);
+            }
+            return Ok(());
+        }
+        c.phase = Phase::Draining;
+        self.set_interest(c, EpollFlags::EPOLLIN)
+    }
+
+    fn fail(&self, c: &mut Conn, why: Failure) {
+        c.out.errors += 1;
+        c.out.last_error = Some(why);
+        self.close(c);
+    }
+}
+
+/// Runs `cfg.flows` clients for `warmup` and then `duration` (or until
+/// `stop`): every client keeps one request outstanding; transactions that
+/// complete in the window are counted. Returns each client's outcome (in
+/// index order) and the window's length as timed, ns.
+pub fn run(
+    cfg: &ClientConfig,
+    warmup: Duration,
+    duration: Duration,
+    stop: &AtomicBool,
+) -> Result<(Vec<ClientOutcome>, u64), ClientError> {
+    let t0 = Instant::now();
+    let window = (t0 + warmup, t0 + warmup + duration);
+    let workers = cfg.workers.clamp(1, cfg.flows.max(1));
+    let host = cfg.target.to_string();
+    let results: Vec<Result<Vec<ClientOutcome>, ClientError>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..workers)
+            .map(|w| {
+                let host = host.clone();
+                std::thread::Builder::new()
+                    .name(format!("http client {w}"))
+                    .spawn_scoped(scope, move || {
+                        let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).map_err(|e| {
+                            ClientError::Sys {
+                                what: "creating an epoll instance",
+                                source: e.into(),
+                            }
+                        })?;
+                        let worker = Worker {
+                            cfg,
+                            epoll,
+                            host,
+                            window,
+                        };
+                        let indices: Vec<usize> = (w..cfg.flows).step_by(workers).collect();
+                        Ok(worker.run(&indices, stop))
+                    })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| match h {
+                Ok(h) => h.join().unwrap_or(Err(ClientError::Panicked)),
+                Err(source) => Err(ClientError::Sys {
+                    what: "starting an HTTP client worker",
+                    source,
+                }),
+            })
+            .collect()
+    });
+    let end = Instant::now().min(window.1);
+    let elapsed_ns =
+        u64::try_from(end.saturating_duration_since(window.0).as_nanos()).unwrap_or(u64::MAX);
+    let mut all = Vec::with_capacity(cfg.flows);
+    for r in results {
+        all.extend(r?);
+    }
+    all.sort_by_key(|o| o.index);
+    Ok((all, elapsed_ns))
+}
+
+/// How often a worker looks for stalled connections and restarts failed
+/// ones.
+const TICK: Duration = Duration::from_millis(10);
+
+impl Worker<'_> {
+    fn run(&self, indices: &[usize], stop: &AtomicBool) -> Vec<ClientOutcome> {
+        let mut conns: Vec<Conn> = indices
+            .iter()
+            .enumerate()
+            .map(|(slot, &i)| Conn::new(i as u32, slot as u64, self.cfg.seed))
+            .collect();
+        for c in conns.iter_mut() {
+            if let Err(e) = self.begin(c) {
+                self.fail(c, e);
+            }
+        }
+        let mut events = vec![EpollEvent::empty(); conns.len().clamp(1, 1024)];
+        let wait_ms: u16 = if self.cfg.poll { 0 } else { 10 };
+        let mut next_tick = Instant::now() + TICK;
+        loop {
+            let now = Instant::now();
+            if now >= self.window.1 || stop.load(Ordering::Relaxed) {
+                break;
+            }
+            let n = match self.epoll.wait(&mut events, wait_ms) {
+                Ok(n) => n,
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(_) => break,
+            };
+            for ev in &events[..n] {
+                let Some(c) = usize::try_from(ev.data())
+                    .ok()
+                    .and_then(|k| conns.get_mut(k))
+                else {
+                    continue;
+                };
+                match self.pump(c) {
+                    Ok(()) if c.phase == Phase::Closed && Instant::now() < self.window.1 => {
+                        if let Err(e) = self.begin(c) {
+                            self.fail(c, e);
+                        }
+                    }
+                    Ok(()) => {}
+                    Err(e) => self.fail(c, e),
+                }
+            }
+            let now = Instant::now();
+            if now >= next_tick {
+                next_tick = now + TICK;
+                for c in conns.iter_mut() {
+                    if c.phase == Phase::Closed {
+                        if let Err(e) = self.begin(c) {
+                            self.fail(c, e);
+                        }
+                    } else if now.duration_since(c.last_progress) > self.cfg.io_timeout {
+                        let why = format!(
+                            "no progress for {:?} on a request to {}",
+                            self.cfg.io_timeout, self.cfg.target
+                        );
+                        self.fail(c, why);
+                    }
+                }
+            }
+        }
+        for c in conns.iter_mut() {
+            self.close(c);
+        }
+        conns.into_iter().map(|c| c.out).collect()
+    }
+}
