@@ -34,8 +34,10 @@ pub mod hotspot;
 pub mod multirail;
 pub mod multistream;
 pub mod options;
+pub mod pio;
 pub mod place;
 pub mod role;
+pub mod staged;
 pub mod stream;
 
 use netgap_core::spec::PointSpec;
@@ -281,6 +283,7 @@ pub fn registry() -> &'static [&'static dyn Workload] {
         &fanout::FANOUT,
         &connect::Connect,
         &multirail::Multirail,
+        &pio::Pio,
     ]
 }
 

@@ -106,7 +106,9 @@ impl Placement {
                 host[f as usize] = r.host;
             }
         }
-        for r in self.roles.iter().filter(|r| r.connects_to.is_some()) {
+        // A client of a staged placement connects to no one server.
+        let opens = |r: &&RolePlace| r.connects_to.is_some() || r.side == GroupRole::Client;
+        for r in self.roles.iter().filter(opens) {
             for &f in &r.flows {
                 host[f as usize] = r.host;
             }
