@@ -35,6 +35,7 @@ pub mod multirail;
 pub mod multistream;
 pub mod options;
 pub mod pio;
+pub mod pipeline;
 pub mod place;
 pub mod role;
 pub mod staged;
@@ -283,6 +284,7 @@ pub fn registry() -> &'static [&'static dyn Workload] {
         &fanout::FANOUT,
         &connect::Connect,
         &multirail::Multirail,
+        &pipeline::Pipeline,
         &pio::Pio,
     ]
 }
