@@ -542,6 +542,10 @@ impl GroupCoordinator {
                 ips.push(*a);
                 ips.push(*b);
             }
+            for (_, a, b) in &l.host.peer_links {
+                ips.push(*a);
+                ips.push(*b);
+            }
         }
         ips.sort();
         ips.dedup();

@@ -710,11 +710,15 @@ impl ReadyRole for ClientRole {
                 }
             }
             let gate = Arc::new(client::Gate::new(flows.len()));
+            let contents = Arc::new(layout::Contents::new(
+                seed ^ u64::from(client).wrapping_mul(0x9e37_79b9),
+                stripe,
+            ));
             let mut handles = Vec::with_capacity(flows.len());
             for (s, (mut flow, list)) in flows.into_iter().zip(pieces).enumerate() {
                 let gate = Arc::clone(&gate);
                 let stop = c.stop.clone();
-                let seed = seed ^ u64::from(client).wrapping_mul(0x9e37_79b9);
+                let contents = Arc::clone(&contents);
                 let h = std::thread::Builder::new()
                     .name(format!("pio client {client} server {s}"))
                     .spawn(move || {
@@ -722,7 +726,7 @@ impl ReadyRole for ClientRole {
                             flow: flow.as_mut(),
                             pieces: &list,
                             gate: &gate,
-                            seed,
+                            contents: &contents,
                             stripe_bytes: stripe,
                             deadline,
                             stop: &stop,

@@ -133,8 +133,8 @@ pub struct Job<'a> {
     pub pieces: &'a [Piece],
     /// The client's gate.
     pub gate: &'a Gate,
-    /// The seed of the contents this client writes.
-    pub seed: u64,
+    /// The contents this client writes.
+    pub contents: &'a layout::Contents,
     /// Largest piece, bytes.
     pub stripe_bytes: usize,
     /// When the repetition's window ends.
@@ -160,7 +160,7 @@ fn run_inner(job: Job<'_>) -> Result<Moved, PioError> {
         flow,
         pieces,
         gate,
-        seed,
+        contents,
         stripe_bytes,
         deadline,
         stop,
@@ -199,7 +199,7 @@ fn run_inner(job: Job<'_>) -> Result<Moved, PioError> {
             acked += 1;
         }
         let n = len_of(p);
-        layout::fill(&mut buf[..n], p.logical_offset, seed);
+        contents.piece(p.logical_offset, &mut buf[..n]);
         send(
             tx,
             Header {
@@ -245,10 +245,9 @@ fn run_inner(job: Job<'_>) -> Result<Moved, PioError> {
             )?;
             asked += 1;
         }
-        status(rx, deadline, stop, "read")?;
         let n = len_of(p);
-        rx.recv_exact(&mut buf[..n]).map_err(flow_err)?;
-        if let Some(at) = layout::first_mismatch(&buf[..n], p.logical_offset, seed, &mut scratch) {
+        recv_patient(rx, &mut buf[..n], deadline, stop).map_err(flow_err)?;
+        if let Some(at) = contents.first_mismatch(&buf[..n], p.logical_offset, &mut scratch) {
             return Err(PioError(format!(
                 "read back differs from what was written at logical offset {at}"
             )));

@@ -150,16 +150,55 @@ pub fn fill(buf: &mut [u8], offset: u64, seed: u64) {
     }
 }
 
-/// The logical offset of the first byte of `buf` (read at `offset`) that
-/// is not the file's contents under `seed`, if any; `scratch` is at least
-/// as long as `buf`.
-pub fn first_mismatch(buf: &[u8], offset: u64, seed: u64, scratch: &mut [u8]) -> Option<u64> {
-    let expected = &mut scratch[..buf.len()];
-    fill(expected, offset, seed);
-    buf.iter()
-        .zip(expected.iter())
-        .position(|(a, b)| a != b)
-        .map(|i| offset + i as u64)
+/// What a client writes and expects back: the file's contents under a
+/// seed, cheap to make and to check at link speed. Every stripe-sized run
+/// of the file repeats one block of [`fill`]'s bytes, and the first 16
+/// bytes of each piece are stamped with its logical offset and the seed,
+/// so a byte changed, a piece misplaced or a stale file (another seed) is
+/// caught by one comparison.
+pub struct Contents {
+    seed: u64,
+    base: Vec<u8>,
+}
+
+impl Contents {
+    /// The contents under `seed` of a file striped in units of
+    /// `stripe_bytes`.
+    pub fn new(seed: u64, stripe_bytes: usize) -> Contents {
+        let mut base = vec![0u8; stripe_bytes.max(1)];
+        fill(&mut base, 0, seed);
+        Contents { seed, base }
+    }
+
+    /// The piece at logical `offset`, `buf.len()` bytes inside one stripe
+    /// unit.
+    pub fn piece(&self, offset: u64, buf: &mut [u8]) {
+        let w = (offset % self.base.len() as u64) as usize;
+        match self.base.get(w..w + buf.len()) {
+            Some(src) => buf.copy_from_slice(src),
+            None => fill(buf, offset, self.seed),
+        }
+        let mut stamp = [0u8; 16];
+        stamp[..8].copy_from_slice(&(offset ^ self.seed).to_le_bytes());
+        stamp[8..].copy_from_slice(&self.seed.rotate_left(17).to_le_bytes());
+        let n = buf.len().min(16);
+        buf[..n].copy_from_slice(&stamp[..n]);
+    }
+
+    /// The logical offset of the first byte of `buf` (the piece read at
+    /// `offset`) that differs from what was written, if any; `scratch` is
+    /// at least as long as `buf`.
+    pub fn first_mismatch(&self, buf: &[u8], offset: u64, scratch: &mut [u8]) -> Option<u64> {
+        let expected = &mut scratch[..buf.len()];
+        self.piece(offset, expected);
+        if buf == &expected[..] {
+            return None;
+        }
+        buf.iter()
+            .zip(expected.iter())
+            .position(|(a, b)| a != b)
+            .map(|i| offset + i as u64)
+    }
 }
 
 #[cfg(test)]
@@ -224,10 +263,17 @@ mod tests {
         let mut part = vec![0u8; 13];
         fill(&mut part, 3 + 41, 7);
         assert_eq!(&whole[41..54], &part[..]);
-        let mut scratch = vec![0u8; 100];
-        assert_eq!(first_mismatch(&whole, 3, 7, &mut scratch), None);
-        whole[60] ^= 1;
-        assert_eq!(first_mismatch(&whole, 3, 7, &mut scratch), Some(63));
-        assert!(first_mismatch(&part, 44, 8, &mut scratch).is_some());
+        let c = Contents::new(7, 64);
+        let mut piece = vec![0u8; 40];
+        c.piece(128 + 8, &mut piece);
+        let mut scratch = vec![0u8; 64];
+        assert_eq!(c.first_mismatch(&piece, 136, &mut scratch), None);
+        // The same bytes at another offset, or under another seed, differ.
+        assert!(c.first_mismatch(&piece, 200, &mut scratch).is_some());
+        assert!(Contents::new(8, 64)
+            .first_mismatch(&piece, 136, &mut scratch)
+            .is_some());
+        piece[30] ^= 1;
+        assert_eq!(c.first_mismatch(&piece, 136, &mut scratch), Some(166));
     }
 }

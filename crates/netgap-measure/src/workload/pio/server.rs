@@ -378,13 +378,11 @@ pub fn serve(
                     .read_ns
                     .fetch_add(crate::bench::ns_since(t0), Ordering::Relaxed);
                 if let Err(e) = r {
-                    let _ = tx.send_all(&[wire::STATUS_FAILED]);
                     return Err(PioError(format!(
                         "reading {}: {e}",
                         shared.file.path.display()
                     )));
                 }
-                tx.send_all(&[wire::STATUS_OK]).map_err(flow_err)?;
                 tx.send_all(data).map_err(flow_err)?;
                 served.read += u64::from(h.len);
             }

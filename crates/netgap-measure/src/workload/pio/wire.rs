@@ -1,7 +1,8 @@
 //! The requests between a pio client and an I/O server over one flow: a
 //! 16-byte header (operation, length, local offset; little-endian) and,
-//! for a write, the bytes; the server answers each with one status byte
-//! and, for a read, the bytes.
+//! for a write, the bytes; the server answers a read with the bytes and
+//! every other request with one status byte. A server that cannot serve a
+//! read fails its role, which closes the flow.
 
 /// Waits until every client has arrived at barrier `offset` (0: before the
 /// writes; 1: after them, when the server flushes its file).
