@@ -285,8 +285,19 @@ fn execute(plan: &Plan) -> Result<()> {
 /// A run of multi-host tests (multistream, hotspot, fanin, fanout, connect,
 /// multirail).
 fn run_group(request: &RunRequest) -> Result<()> {
-    use netgap::group::{plan::GroupPlan, run_group_plan};
+    use netgap::group::{plan::GroupPlan, run_group_plan_under};
     let plan = GroupPlan::from_request(request)?;
+    // Under several conditions the testbed's links switch between them.
+    let mut switch = match &plan.hosts {
+        netgap::group::plan::HostsSource::File(f) if !plan.conditions.is_empty() => {
+            let name = f.testbed.clone().unwrap_or_default();
+            Some(
+                netgap::testbed::TestbedSwitch::open(&name)
+                    .with_context(|| format!("--conditions on testbed {name}"))?,
+            )
+        }
+        _ => None,
+    };
     let mut sinks: Vec<Box<dyn RecordSink>> = Vec::new();
     if let Some(p) = &plan.json {
         sinks.push(Box::new(JsonlSink::open(p)?));
@@ -295,7 +306,14 @@ fn run_group(request: &RunRequest) -> Result<()> {
         sinks.push(Box::new(CsvSink::open(p)?));
     }
     let mut table = TableObserver::new(plan.reps);
-    let outcome = run_group_plan(&plan, &mut sinks, &mut table);
+    let outcome = run_group_plan_under(
+        &plan,
+        switch
+            .as_mut()
+            .map(|s| s as &mut dyn netgap::conditions::ConditionSwitch),
+        &mut sinks,
+        &mut table,
+    );
     table.finish();
     for w in table.warnings() {
         eprintln!("netgap: warning: {w}");

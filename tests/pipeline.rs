@@ -95,6 +95,24 @@ fn pipeline_queries_run_verified_across_hosts_and_colocated() {
         let cpu = recs[0]["hosts_cpu"].as_array().expect("hosts_cpu");
         assert_eq!(cpu.len(), 4, "a role on every host");
     }
+    // Under each of --conditions in turn: one record each, its path saying
+    // the condition, and the testbed back as it was afterwards.
+    let before = tb.hosts().conditions;
+    let recs = tb.run(
+        "pipeline",
+        &[&flags[..], &["--conditions", "offload=off,on"]].concat(),
+        &dir.path().join("cond.jsonl"),
+    );
+    let offloads: Vec<&str> = recs
+        .iter()
+        .map(|r| r["stack"]["path"]["offload"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(offloads, ["off", "on"]);
+    for r in &recs {
+        let hosts: Vec<&str> = names.iter().map(String::as_str).collect();
+        check_query(r, query, 16 << 10, &hosts);
+    }
+    assert_eq!(tb.hosts().conditions, before);
     // Co-located: every stage on the first host.
     for t in ["unix", "shm"] {
         let recs = tb.run(

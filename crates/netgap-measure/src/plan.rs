@@ -551,14 +551,12 @@ pub(crate) fn resolve_peer(s: &str) -> Result<SocketAddr, PlanError> {
         .ok_or_else(|| bad("the name resolves to no address".into()))
 }
 
-/// Refuses `--conditions` and `--interleave` for `what` (multi-host
-/// tests), which do not alternate repetitions.
+/// Refuses `--interleave` for `what` (multi-host tests), which do not
+/// alternate repetitions; their `--conditions` run one after another
+/// ([`crate::group::run_group_plan_under`]).
 pub fn refuse_interleaving(r: &RunRequest, what: &str) -> Result<(), PlanError> {
     let i = &r.interleaving;
-    let reason = "only point-to-point tests alternate repetitions across conditions or stacks";
-    if !i.conditions.is_empty() {
-        return Err(no_effect("--conditions", what, reason));
-    }
+    let reason = "only point-to-point tests alternate repetitions across stacks";
     if i.interleave {
         return Err(no_effect("--interleave", what, reason));
     }

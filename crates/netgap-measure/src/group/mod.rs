@@ -23,6 +23,64 @@ use coordinator::GroupError;
 use plan::GroupPlan;
 use std::time::SystemTime;
 
+/// Runs a whole group plan under each of its `--conditions` in turn
+/// (every point under the first, then under the next), putting the
+/// testbed's links under each through `switch` and opening fresh sessions
+/// so every host's facts are read under it; the records' paths say the
+/// condition. The testbed goes back to the conditions it had, whatever
+/// happens. Without conditions it is [`run_group_plan`].
+pub fn run_group_plan_under(
+    plan: &GroupPlan,
+    switch: Option<&mut dyn crate::conditions::ConditionSwitch>,
+    sinks: &mut [Box<dyn RecordSink>],
+    observer: &mut dyn Observer,
+) -> Result<usize, GroupError> {
+    if plan.conditions.is_empty() {
+        return run_group_plan(plan, sinks, observer);
+    }
+    let Some(switch) = switch else {
+        return Err(GroupError::Point(
+            "--conditions: no testbed to switch conditions on".into(),
+        ));
+    };
+    let plan::HostsSource::File(file) = &plan.hosts else {
+        return Err(GroupError::Point(
+            "--conditions: the hosts are not a testbed".into(),
+        ));
+    };
+    let Some(base) = file.conditions else {
+        return Err(GroupError::Point(
+            "--conditions: the testbed's hosts file records no link conditions".into(),
+        ));
+    };
+    let mut done = 0;
+    let mut outcome = Ok(());
+    for c in &plan.conditions {
+        let to = c.apply_to(&base);
+        if let Err(e) = switch.switch(&to) {
+            outcome = Err(GroupError::Point(format!("--conditions: {to}: {e}")));
+            break;
+        }
+        let mut under = plan.clone();
+        let mut f = file.clone();
+        f.conditions = Some(to);
+        under.hosts = plan::HostsSource::File(f);
+        match run_group_plan(&under, sinks, observer) {
+            Ok(n) => done += n,
+            Err(e) => {
+                outcome = Err(e);
+                break;
+            }
+        }
+    }
+    let restored = switch
+        .switch(&base)
+        .map_err(|e| GroupError::Point(format!("restoring the testbed to {base}: {e}")));
+    outcome?;
+    restored?;
+    Ok(done)
+}
+
 /// Runs a whole group plan, writing each record to every sink as soon as it
 /// is measured. On failure, every point measured before is already in the
 /// sinks.

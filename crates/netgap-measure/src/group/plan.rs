@@ -78,6 +78,9 @@ pub struct GroupPlan {
     /// The point-to-point plan the shared flags validated into, for the
     /// record's options.
     pub base: Plan,
+    /// `--conditions`: the run measures every point under each in turn
+    /// (the cross product of its axes); empty for the conditions in force.
+    pub conditions: Vec<crate::conditions::Condition>,
 }
 
 /// Whether every test named is a group test; `Err` if group and
@@ -396,7 +399,22 @@ impl GroupPlan {
                 }
             }
         }
+        let conditions = crate::conditions::cross(&r.interleaving.conditions)?;
+        if !conditions.is_empty() {
+            let recorded = match &hosts {
+                HostsSource::File(f) => f.testbed.is_some() && f.conditions.is_some(),
+                _ => false,
+            };
+            if !recorded {
+                return Err(invalid(
+                    "--conditions",
+                    r.tests.join(","),
+                    "conditions are set on netgap's testbed: give --hosts @FILE of a testbed made by `netgap testbed up`",
+                ));
+            }
+        }
         Ok(GroupPlan {
+            conditions,
             points,
             hosts,
             reps: base.method.reps,
