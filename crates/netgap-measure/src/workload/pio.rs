@@ -375,6 +375,16 @@ impl Workload for Pio {
             .sum();
         let pattern = params.check(ctx.spec.point.size_bytes, clients)?;
         ctx.limits.check_message_bytes(ctx.spec.point.size_bytes)?;
+        // A file is written and read once per repetition: no more than the
+        // agent moves in one run.
+        let file_bytes = pattern.logical_bytes(clients);
+        if file_bytes as f64 * 2.0 > ctx.limits.max_run_bytes() {
+            return Err(PioError(format!(
+                "a file of {file_bytes} bytes written and read is past what this agent moves in one run ({:.3e} bytes)",
+                ctx.limits.max_run_bytes()
+            ))
+            .into());
+        }
         let servers = params.servers as usize;
         let shape_ok = s.roles.len() > servers
             && s.roles[..servers]

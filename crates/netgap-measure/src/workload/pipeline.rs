@@ -348,6 +348,14 @@ impl Workload for Pipeline {
         let uow_bytes = ctx.spec.point.size_bytes;
         let graph = params.check(uow_bytes)?;
         ctx.limits.check_message_bytes(uow_bytes)?;
+        if params.query_bytes as f64 > ctx.limits.max_run_bytes() {
+            return Err(PipeError(format!(
+                "a query of {} bytes is past what this agent moves in one run ({:.3e} bytes)",
+                params.query_bytes,
+                ctx.limits.max_run_bytes()
+            ))
+            .into());
+        }
         let view = staged::view(NAME, params.staged.clone(), &ctx)?;
         let s = &view.staged;
         // Every copy on exactly one role.

@@ -332,6 +332,33 @@ mod tests {
     }
 
     #[test]
+    fn staged_addresses_must_be_session_hosts_and_one_list_per_earlier_role() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let role = |flows: Vec<u32>| StagedRole {
+            side: GroupRole::Server,
+            flows,
+        };
+        let mut s = Staged {
+            role: 1,
+            roles: vec![role(vec![0]), role(vec![1, 2])],
+            peers: vec![vec!["10.0.0.1:5000".into()]],
+        };
+        let hosts = [ip("10.0.0.1"), ip("10.0.0.2")];
+        let peers = s.validate(2, &hosts).unwrap();
+        assert_eq!(peers[0][0].port(), 5000);
+        // Not this role's flow count.
+        assert!(s.validate(3, &hosts).is_err());
+        // An address outside the session.
+        s.peers[0][0] = "192.0.2.9:5000".into();
+        assert!(s.validate(2, &hosts).unwrap_err().contains("not a host"));
+        // Not one address list per earlier role.
+        s.peers.clear();
+        assert!(s.validate(2, &hosts).is_err());
+        s.role = 7;
+        assert!(s.validate(2, &hosts).is_err());
+    }
+
+    #[test]
     fn bad_placements_are_refused() {
         let mut p = spread(2, &hosts(3)).unwrap();
         p.roles[2].host = 1;
