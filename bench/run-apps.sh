@@ -6,8 +6,9 @@
 # the tiled pattern, over 1 Gbit/s and unlimited links. pio keeps its
 # stripes in tmpfs (--dir under /dev/shm) so the links and stacks, not a
 # disk, decide; one pair of points on the disk (the default directory,
-# direct I/O) follows for reference. Results go to apps-TIMESTAMP.jsonl in
-# the current directory (or $1).
+# direct I/O) follows for reference; then 3 servers / 1 client on a mesh
+# at 1 Gbit/s, where the client has a link to each server. Results go to
+# apps-TIMESTAMP.jsonl in the current directory (or $1).
 #
 # Usage: sudo bash bench/run-apps.sh [RESULTS.jsonl]
 # REPS (default 5) sets the repetitions of every point.
@@ -23,6 +24,7 @@ hosts="@/run/netgap/$tb/hosts.json"
 data="$(mktemp -d /dev/shm/netgap-apps.XXXXXX)"
 cleanup() {
     "$netgap" testbed down --name "$tb" >/dev/null 2>&1 || true
+    "$netgap" testbed down --name "$tb-mesh" >/dev/null 2>&1 || true
     rm -rf "$data"
 }
 trap cleanup EXIT
@@ -56,4 +58,10 @@ done
     --blocks 24 --reps "$reps" --duration 30s --label disk --json "$out"
 "$netgap" run pio --hosts "$hosts" -s 64K --op write,read --servers 1 --clients 3 \
     --blocks 8 --reps "$reps" --duration 30s --label disk --json "$out"
+
+# A mesh: the client's reads from 3 servers each come over their own link.
+"$netgap" testbed down --name "$tb" >/dev/null
+"$netgap" testbed up --name "$tb-mesh" --hosts 4 --topology mesh --rate 1G >/dev/null
+"$netgap" run pio --hosts "@/run/netgap/$tb-mesh/hosts.json" -s 64K --op write,read --dir "$data" \
+    --servers 3 --clients 1 --blocks 24 --reps "$reps" --duration 20s --label mesh-1G --json "$out"
 echo "results: $out"

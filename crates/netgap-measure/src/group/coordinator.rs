@@ -761,7 +761,12 @@ impl GroupCoordinator {
                 .map_err(|e| self.host_error(h, e.to_string()))?;
         }
         // The barrier: every role is prepared; start them all, servers first.
-        order.reverse();
+        // Staged roles start last role first: the roles downstream of the
+        // first (a pipeline's consumer) start no later than it, so a time
+        // taken from the start (a query's) errs long, never short.
+        if !staged {
+            order.reverse();
+        }
         for &r in &order {
             let h = placement.roles[r].host;
             let go = self.links[h].session.group_go();
