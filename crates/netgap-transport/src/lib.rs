@@ -15,6 +15,7 @@ pub mod affinity;
 pub mod cpu;
 pub mod flows;
 pub mod host;
+pub mod mptcp;
 pub mod netns;
 pub mod options;
 pub mod shm;
@@ -374,7 +375,14 @@ pub trait Transport: Sync {
 
 /// Every transport netgap has, in the order `netgap list` shows them.
 pub fn registry() -> &'static [&'static dyn Transport] {
-    &[&tcp::Tcp, &unix::Unix, &uring::Uring, &shm::Shm, &udp::Udp]
+    &[
+        &tcp::Tcp,
+        &unix::Unix,
+        &uring::Uring,
+        &shm::Shm,
+        &udp::Udp,
+        &mptcp::Mptcp,
+    ]
 }
 
 /// The transport called `name`, if there is one.
