@@ -201,8 +201,13 @@ pub struct MultiHostSpec {
     pub streams: Option<Vec<u32>>,
     /// `--duration`: measured window of each repetition.
     pub duration: Option<Duration>,
-    /// `--links`: loopback links of an in-process multirail run.
-    pub links: Option<u32>,
+    /// `--links`: multirail's link counts, one point per count (the first
+    /// K links of the hosts file, or K loopback links of an in-process
+    /// run).
+    pub links: Option<Vec<u32>>,
+    /// `--bidir`: every flow of a bandwidth test carries payload both ways
+    /// at once (multistream, multirail).
+    pub bidir: bool,
 }
 
 /// Everything a run asks for, typed; the input of every plan.
@@ -1068,6 +1073,7 @@ impl Plan {
             warmup: self.method.warmup,
             io_timeout_ms: spec.io_timeout_ms,
             interleaved: None,
+            bidir: false,
         }
     }
 }

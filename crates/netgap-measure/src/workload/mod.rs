@@ -147,8 +147,14 @@ pub trait Workload: Sync {
         serde_json::Value::Object(serde_json::Map::new())
     }
 
-    /// Places the roles of a point of `count` (clients, streams; unused for
-    /// [`CountFlag::Hosts`]) on `hosts`.
+    /// Whether its flows can carry payload both ways at once (`--bidir`,
+    /// which then arrives in its parameters as `"bidir": true`).
+    fn takes_bidir(&self) -> bool {
+        false
+    }
+
+    /// Places the roles of a point of `count` (clients, streams; for
+    /// [`CountFlag::Hosts`] the links to use, 0 for every link) on `hosts`.
     fn place(&self, count: u32, hosts: &[HostView]) -> Result<Placement, Refused>;
 
     /// Memory this agent's role of a point would commit (buffers, threads,
