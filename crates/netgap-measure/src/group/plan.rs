@@ -205,14 +205,12 @@ fn refuse_ignored_flags(r: &RunRequest, tests: &[&'static dyn Workload]) -> Resu
             "only multistream runs parallel streams",
         ));
     }
-    if r.target.hosts.is_some() {
-        if r.target.client_hosts.is_some() {
-            return Err(no_effect(
-                "--client-hosts",
-                &what,
-                "the hosts of --hosts are the client hosts",
-            ));
-        }
+    if r.target.hosts.is_some() && r.target.client_hosts.is_some() {
+        return Err(no_effect(
+            "--client-hosts",
+            &what,
+            "the hosts of --hosts are the client hosts",
+        ));
     }
     if r.multi_host.links.is_some() && !any(CountFlag::Hosts) {
         return Err(no_effect(
