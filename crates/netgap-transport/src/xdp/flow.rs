@@ -287,16 +287,15 @@ impl Endpoint {
                     self.send = SendWindow::new(h.credit, self.send_buffers());
                     self.mss = peer_mss(h.seq, self.recv_mss);
                 }
-                Kind::SynAck => {
-                    // The answer of the server this end asked.
+                // The answer of the server this end asked.
+                Kind::SynAck
                     if self
                         .syn_from
-                        .is_some_and(|p| p.mac == src && p.flow == h.src_flow)
-                    {
-                        self.send = SendWindow::new(h.credit, self.send_buffers());
-                        self.mss = peer_mss(h.seq, self.recv_mss);
-                        self.peer = self.syn_from;
-                    }
+                        .is_some_and(|p| p.mac == src && p.flow == h.src_flow) =>
+                {
+                    self.send = SendWindow::new(h.credit, self.send_buffers());
+                    self.mss = peer_mss(h.seq, self.recv_mss);
+                    self.peer = self.syn_from;
                 }
                 _ => {}
             }

@@ -517,9 +517,8 @@ mod tests {
 
     #[test]
     fn the_transport_says_why_it_is_unavailable() {
-        match Xdp.availability() {
-            Ok(()) => assert!(cfg!(feature = "xdp")),
-            Err(why) => assert!(!why.0.is_empty()),
+        if let Err(why) = Xdp.availability() {
+            assert!(!why.0.is_empty());
         }
         if !cfg!(feature = "xdp") {
             let e = Xdp.availability().unwrap_err();

@@ -135,16 +135,6 @@ pub(crate) enum Attach {
     Generic,
 }
 
-impl Attach {
-    /// The name in messages and records.
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            Attach::Native => "native",
-            Attach::Generic => "generic",
-        }
-    }
-}
-
 /// The shape of an endpoint's UMEM and rings.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Shape {
@@ -169,7 +159,6 @@ pub(crate) struct Xsk {
     tx: Box<Ring>,
     fd: RawFd,
     frame_bytes: u32,
-    attach: Attach,
 }
 
 // SAFETY: the socket, the UMEM and the rings belong to this value alone and
@@ -213,7 +202,6 @@ impl Xsk {
             tx: Ring::empty(),
             fd: -1,
             frame_bytes: shape.frame_bytes,
-            attach,
         };
         let ucfg = UmemConfig {
             fill_size: shape.ring_entries,
@@ -273,11 +261,6 @@ impl Xsk {
     /// The socket's descriptor, to poll and to kick.
     pub(crate) fn fd(&self) -> RawFd {
         self.fd
-    }
-
-    /// Where the program was attached.
-    pub(crate) fn attach(&self) -> Attach {
-        self.attach
     }
 
     /// The UMEM bytes of frame `slot` (a whole frame).
