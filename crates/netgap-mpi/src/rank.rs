@@ -2,8 +2,9 @@
 //! every repetition and writes [`RankLine`]s to its standard output (mpirun
 //! forwards them to the coordinator); rank 1 answers. Both walk the same
 //! [`RankPlan`] in the same order, and before every block of iterations
-//! rank 0 tells rank 1 how many to run (0: the point is over), so a
-//! calibrated iteration count needs no other agreement.
+//! rank 0 tells rank 1 how many to run and what they are (uncounted, part
+//! of a measured repetition, its start or end; `[0, 0]`: the point is
+//! over), so a calibrated count needs no other agreement.
 //!
 //! The methods are OSU's: latency is a blocking send and receive
 //! ping-pong, half the round trip; bandwidth is a window of 64
