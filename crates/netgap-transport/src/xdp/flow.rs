@@ -256,7 +256,7 @@ impl Endpoint {
             if self.send.probe_due(now) {
                 self.post(Kind::Probe, 0, &[], false);
             }
-            if self.recv.ack_due() {
+            if self.recv.ack_due(now) {
                 self.post(Kind::Ack, 0, &[], false);
             }
         }
@@ -313,7 +313,7 @@ impl Endpoint {
             Kind::SynAck => return,
             Kind::Data | Kind::Fin => {
                 self.stats.datagrams_received += 1;
-                let arrival = self.recv.on_frame(h.seq, payload, h.kind == Kind::Fin);
+                let arrival = self.recv.on_frame(h.seq, payload, h.kind == Kind::Fin, now);
                 if arrival == Arrival::Duplicate {
                     self.stats.duplicates += 1;
                 }
@@ -395,9 +395,13 @@ impl Endpoint {
         self.flush()
     }
 
-    /// When the next timer falls due, as a duration from now.
+    /// When the next timer (a retransmission, a probe, a delayed
+    /// acknowledgment) falls due, as a duration from now.
     fn next_timer(&self) -> Option<Duration> {
-        let at = self.send.next_deadline_ns()?;
+        let at = match (self.send.next_deadline_ns(), self.recv.ack_deadline_ns()) {
+            (Some(a), Some(b)) => a.min(b),
+            (a, b) => a.or(b)?,
+        };
         Some(Duration::from_nanos(at.saturating_sub(self.now_ns())))
     }
 }
@@ -619,7 +623,8 @@ impl Receiver for Half {
         self.shared.wait_for(timeout, |ep| {
             if ep.recv.ready_bytes() > 0 {
                 let n = ep.recv.read(buf);
-                if ep.recv.ack_due() {
+                let now = ep.now_ns();
+                if ep.recv.ack_due(now) {
                     // Reading opened room: tell a sender waiting for
                     // credit.
                     ep.post(Kind::Ack, 0, &[], false);

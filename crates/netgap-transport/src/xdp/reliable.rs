@@ -15,7 +15,10 @@
 //!   sequence number, one per frame, wrapping at 2^32;
 //! - **acknowledgments**: a receiver acknowledges cumulatively (the next
 //!   sequence number it expects) and selectively (a bitmap of the 64 frames
-//!   after it that have arrived out of order);
+//!   after it that have arrived out of order), on every frame it sends; an
+//!   in-order arrival is acknowledged on its own only after
+//!   [`ACK_DELAY_NS`] (or [`ACK_EVERY_FRAMES`] frames), so a reply carries
+//!   it, while a gap, a duplicate or a probe is answered at once;
 //! - **credit-based flow control**: each acknowledgment carries the
 //!   receiver's credit, the first sequence number the sender may not send
 //!   yet, from the free room of its reassembly buffer; a sender with no
@@ -47,10 +50,19 @@ pub const SACK_FRAMES: u32 = 64;
 /// Most frames one end may have in flight, whatever the credit: bounds
 /// the sender's state and the span a credit may name.
 pub const MAX_WINDOW_FRAMES: u32 = 1 << 16;
-/// Smallest retransmission timeout, in nanoseconds.
-pub const MIN_RTO_NS: u64 = 2_000_000;
+/// Smallest retransmission timeout, in nanoseconds: well above a
+/// scheduling stall of a busy host, so a late acknowledgment is not taken
+/// for a loss.
+pub const MIN_RTO_NS: u64 = 10_000_000;
+/// How long an in-order frame's acknowledgment may wait for a frame of
+/// this end's own to ride on (a reply), in nanoseconds.
+pub const ACK_DELAY_NS: u64 = 200_000;
+/// In-order frames after which an acknowledgment goes at once.
+pub const ACK_EVERY_FRAMES: u32 = 32;
 /// Largest retransmission timeout, in nanoseconds.
 pub const MAX_RTO_NS: u64 = 200_000_000;
+/// Most doublings of the retransmission timeout.
+const MAX_BACKOFF: u32 = 6;
 /// Retransmission timeout before any round trip is measured.
 pub const INITIAL_RTO_NS: u64 = 20_000_000;
 
@@ -275,6 +287,10 @@ pub struct SendWindow {
     srtt_ns: Option<u64>,
     rttvar_ns: u64,
     rto_ns: u64,
+    /// Doublings of the timeout since the last progress.
+    backoff: u32,
+    /// When the retransmission timer started, ns.
+    timer_ns: u64,
     last_probe_ns: u64,
     /// Frames sent again, by timeout or selective acknowledgment.
     pub retransmits: u64,
@@ -295,6 +311,8 @@ impl SendWindow {
             srtt_ns: None,
             rttvar_ns: 0,
             rto_ns: INITIAL_RTO_NS,
+            backoff: 0,
+            timer_ns: 0,
             last_probe_ns: 0,
             retransmits: 0,
             timeouts: 0,
@@ -322,9 +340,9 @@ impl SendWindow {
         self.next_seq
     }
 
-    /// The current retransmission timeout, ns.
+    /// The current retransmission timeout (with its backoff), ns.
     pub fn rto_ns(&self) -> u64 {
-        self.rto_ns
+        (self.rto_ns << self.backoff).min(MAX_RTO_NS)
     }
 
     /// Takes a sequence number for a frame in buffer `slot`, sent at
@@ -332,6 +350,9 @@ impl SendWindow {
     pub fn push(&mut self, slot: u32, now_ns: u64) -> u32 {
         let seq = self.next_seq;
         self.next_seq = self.next_seq.wrapping_add(1);
+        if self.inflight.is_empty() {
+            self.timer_ns = now_ns;
+        }
         self.inflight.push_back(InFlight {
             seq,
             slot,
@@ -354,6 +375,9 @@ impl SendWindow {
         if seq_lt(self.credit, new_credit) {
             self.credit = new_credit;
         }
+        // When the latest frame known to have arrived was sent (a frame
+        // sent once, so its one copy is the one that arrived).
+        let mut delivered_sent_ns = None;
         while let Some(&f) = self.inflight.front() {
             if !seq_lt(f.seq, ack) {
                 break;
@@ -361,28 +385,36 @@ impl SendWindow {
             // Karn: only a frame sent once times the round trip.
             if f.tries == 1 {
                 self.sample_rtt(now_ns.saturating_sub(f.sent_ns));
+                delivered_sent_ns = delivered_sent_ns.max(Some(f.sent_ns));
             }
             out.freed.push(f.slot);
             self.inflight.pop_front();
         }
+        if !out.freed.is_empty() {
+            // Progress: the timer restarts, without its backoff.
+            self.timer_ns = now_ns;
+            self.backoff = 0;
+        }
         if sack == 0 {
             return out;
         }
-        let mut highest = None;
         for f in self.inflight.iter_mut() {
             let off = f.seq.wrapping_sub(ack);
             if (1..=SACK_FRAMES).contains(&off) && sack & (1u64 << (off - 1)) != 0 {
                 f.sacked = true;
-                highest = Some(f.seq);
+                if f.tries == 1 {
+                    delivered_sent_ns = delivered_sent_ns.max(Some(f.sent_ns));
+                }
             }
         }
-        let Some(highest) = highest else { return out };
-        let rtt = self.srtt_ns.unwrap_or(self.rto_ns);
+        // A link keeps frames in order: a frame not acknowledged though one
+        // sent after it arrived was lost (the idea of RACK, RFC 8985), and
+        // goes again; its new copy is judged against later arrivals only.
+        let Some(delivered) = delivered_sent_ns else {
+            return out;
+        };
         for f in self.inflight.iter_mut() {
-            if !seq_lt(f.seq, highest) {
-                break;
-            }
-            if !f.sacked && now_ns.saturating_sub(f.sent_ns) >= rtt {
+            if !f.sacked && f.sent_ns < delivered {
                 f.sent_ns = now_ns;
                 f.tries += 1;
                 self.retransmits += 1;
@@ -395,21 +427,22 @@ impl SendWindow {
     /// The frames whose retransmission timeout expired by `now_ns`, marked
     /// sent again; the timeout doubles when any expired.
     pub fn due(&mut self, now_ns: u64) -> Vec<InFlight> {
-        let rto = self.rto_ns;
-        let mut out = Vec::new();
-        for f in self.inflight.iter_mut() {
-            if !f.sacked && now_ns.saturating_sub(f.sent_ns) >= rto {
-                f.sent_ns = now_ns;
-                f.tries += 1;
-                out.push(*f);
-            }
+        if self.inflight.is_empty() || now_ns.saturating_sub(self.timer_ns) < self.rto_ns() {
+            return Vec::new();
         }
-        if !out.is_empty() {
-            self.retransmits += out.len() as u64;
-            self.timeouts += 1;
-            self.rto_ns = (self.rto_ns * 2).min(MAX_RTO_NS);
-        }
-        out
+        // One timer for the window, as TCP has: on expiry the oldest frame
+        // not known to have arrived goes again (the acknowledgments it
+        // brings reveal the other losses), and the timeout doubles.
+        self.timer_ns = now_ns;
+        self.backoff = (self.backoff + 1).min(MAX_BACKOFF);
+        self.timeouts += 1;
+        let Some(f) = self.inflight.iter_mut().find(|f| !f.sacked) else {
+            return Vec::new();
+        };
+        f.sent_ns = now_ns;
+        f.tries += 1;
+        self.retransmits += 1;
+        vec![*f]
     }
 
     /// Whether to ask the peer for its credit now: no credit, nothing in
@@ -418,7 +451,7 @@ impl SendWindow {
         if !self.inflight.is_empty() || seq_lt(self.next_seq, self.credit) {
             return false;
         }
-        if now_ns.saturating_sub(self.last_probe_ns) < self.rto_ns {
+        if now_ns.saturating_sub(self.last_probe_ns) < self.rto_ns() {
             return false;
         }
         self.last_probe_ns = now_ns;
@@ -428,19 +461,13 @@ impl SendWindow {
     /// When the next retransmission (or probe) falls due, ns; `None` when
     /// nothing waits.
     pub fn next_deadline_ns(&self) -> Option<u64> {
-        let oldest = self
-            .inflight
-            .iter()
-            .filter(|f| !f.sacked)
-            .map(|f| f.sent_ns)
-            .min();
-        match oldest {
-            Some(t) => Some(t.saturating_add(self.rto_ns)),
-            None if !seq_lt(self.next_seq, self.credit) => {
-                Some(self.last_probe_ns.saturating_add(self.rto_ns))
-            }
-            None => None,
+        if !self.inflight.is_empty() {
+            return Some(self.timer_ns.saturating_add(self.rto_ns()));
         }
+        if !seq_lt(self.next_seq, self.credit) {
+            return Some(self.last_probe_ns.saturating_add(self.rto_ns()));
+        }
+        None
     }
 
     fn sample_rtt(&mut self, rtt_ns: u64) {
@@ -501,7 +528,11 @@ pub struct RecvWindow {
     ahead_bytes: usize,
     fin_seq: Option<u32>,
     closed: bool,
+    /// An acknowledgment must go at once (a gap, a duplicate, a probe).
     ack_owed: bool,
+    /// In-order frames not acknowledged yet, and since when.
+    owed_frames: u32,
+    owed_since_ns: Option<u64>,
     credit_sent: u32,
 }
 
@@ -520,6 +551,8 @@ impl RecvWindow {
             fin_seq: None,
             closed: false,
             ack_owed: false,
+            owed_frames: 0,
+            owed_since_ns: None,
             credit_sent: 0,
         };
         w.credit_sent = w.credit();
@@ -538,8 +571,9 @@ impl RecvWindow {
         self.next.wrapping_add(frames)
     }
 
-    /// Takes a data (`fin` false) or closing frame of sequence `seq`.
-    pub fn on_frame(&mut self, seq: u32, payload: &[u8], fin: bool) -> Arrival {
+    /// Takes a data (`fin` false) or closing frame of sequence `seq`,
+    /// arrived at `now_ns`.
+    pub fn on_frame(&mut self, seq: u32, payload: &[u8], fin: bool, now_ns: u64) -> Arrival {
         if seq_lt(seq, self.next) || self.ahead.contains_key(&seq) {
             self.ack_owed = true;
             return Arrival::Duplicate;
@@ -558,14 +592,22 @@ impl RecvWindow {
             self.ack_owed = true;
             return Arrival::OutOfWindow;
         }
-        self.ack_owed = true;
         if fin {
             self.fin_seq = Some(seq);
+            self.ack_owed = true;
         }
         if seq != self.next {
+            // A gap: the sender learns of it at once.
+            self.ack_owed = true;
             self.ahead_bytes += payload.len();
             self.ahead.insert(seq, payload.to_vec());
             return Arrival::Buffered;
+        }
+        self.owed_frames += 1;
+        self.owed_since_ns.get_or_insert(now_ns);
+        if !self.ahead.is_empty() {
+            // Filling a gap: say so at once.
+            self.ack_owed = true;
         }
         self.ready.extend(payload);
         self.advance();
@@ -605,16 +647,29 @@ impl RecvWindow {
         n
     }
 
-    /// Whether an acknowledgment should go now: a frame arrived since the
-    /// last one, or reading opened a quarter of the room since the last
-    /// credit (so a sender waiting for credit goes on).
-    pub fn ack_due(&self) -> bool {
-        if self.ack_owed {
+    /// Whether an acknowledgment should go on its own at `now_ns`: a gap,
+    /// duplicate or probe is owed one, in-order frames waited
+    /// [`ACK_DELAY_NS`] or number [`ACK_EVERY_FRAMES`], or reading opened a
+    /// quarter of the room since the last credit (so a sender waiting for
+    /// credit goes on).
+    pub fn ack_due(&self, now_ns: u64) -> bool {
+        if self.ack_owed || self.owed_frames >= ACK_EVERY_FRAMES {
+            return true;
+        }
+        if self
+            .owed_since_ns
+            .is_some_and(|t| now_ns.saturating_sub(t) >= ACK_DELAY_NS)
+        {
             return true;
         }
         let window = (self.capacity_bytes / self.mss) as u32;
         let opened = self.credit().wrapping_sub(self.credit_sent);
         !seq_lt(self.credit(), self.credit_sent) && opened >= (window / 4).max(1)
+    }
+
+    /// When a delayed acknowledgment falls due, ns.
+    pub fn ack_deadline_ns(&self) -> Option<u64> {
+        self.owed_since_ns.map(|t| t.saturating_add(ACK_DELAY_NS))
     }
 
     /// A probe asked for the credit: the next acknowledgment goes at once.
@@ -639,6 +694,8 @@ impl RecvWindow {
             self.credit_sent = credit;
         }
         self.ack_owed = false;
+        self.owed_frames = 0;
+        self.owed_since_ns = None;
         (self.next, self.credit_sent, sack)
     }
 }
@@ -746,22 +803,43 @@ mod tests {
             s.push(slot, 0);
         }
         assert!(s.due(INITIAL_RTO_NS - 1).is_empty());
-        let again = s.due(INITIAL_RTO_NS);
-        assert_eq!(again.len(), 5);
+        let again: Vec<u32> = s.due(INITIAL_RTO_NS).iter().map(|f| f.seq).collect();
+        assert_eq!(again, vec![0], "the oldest frame goes again");
         assert_eq!(s.rto_ns(), 2 * INITIAL_RTO_NS);
-        assert_eq!(s.retransmits, 5);
-        // Frames 0 and 2 lost, 1, 3 and 4 arrived: ack 0, sack bits for 1,
-        // 3, 4 (offsets 1, 3, 4 from the cumulative ack).
+        assert!(s.due(2 * INITIAL_RTO_NS).is_empty(), "the timer restarted");
+        assert_eq!(s.due(3 * INITIAL_RTO_NS).len(), 1);
+        assert_eq!(s.rto_ns(), 4 * INITIAL_RTO_NS);
+        assert_eq!(s.retransmits, 2);
+        // Frames 5 to 9 go later; 5 and 7 lost, 6, 8 and 9 arrived, and
+        // 0 to 4 (their second copies): ack 5, sack bits for 6, 8, 9
+        // (offsets 1, 3, 4 from the cumulative ack).
         let t = 10 * INITIAL_RTO_NS;
-        let out = s.on_ack(0, 100, 0b1101, t);
-        let resent: Vec<u32> = out.resend.iter().map(|f| f.seq).collect();
-        assert_eq!(resent, vec![0, 2]);
-        // The same acknowledgment again does not resend within a round trip.
-        let out = s.on_ack(0, 100, 0b1101, t + 1);
+        for slot in 5..10 {
+            s.push(slot, t);
+        }
+        let out = s.on_ack(5, 100, 0b1101, t + 1);
+        assert_eq!(out.freed, vec![0, 1, 2, 3, 4]);
+        assert!(
+            out.resend.is_empty(),
+            "frames 6, 8, 9 went with 5 and 7: nothing is judged lost yet"
+        );
+        // Progress restarts the timer and ends the backoff (the timeout is
+        // now the measured one: frames 1 to 4 took 200 ms).
+        assert!(s.due(t + 2).is_empty());
+        assert_eq!(s.rto_ns(), MAX_RTO_NS);
+        let out = s.on_ack(5, 100, 0b1101, t + 2);
         assert!(out.resend.is_empty());
-        // Sacked frames are not resent on timeout.
-        let again: Vec<u32> = s.due(t + MAX_RTO_NS).iter().map(|f| f.seq).collect();
-        assert_eq!(again, vec![0, 2]);
+        // A frame sent after 7 arrived (10): 5 and 7 were lost.
+        s.push(10, t + 3);
+        let out = s.on_ack(5, 100, 0b1_1101, t + 4);
+        let resent: Vec<u32> = out.resend.iter().map(|f| f.seq).collect();
+        assert_eq!(resent, vec![5, 7]);
+        // The same acknowledgment again does not resend them.
+        let out = s.on_ack(5, 100, 0b1_1101, t + 5);
+        assert!(out.resend.is_empty());
+        // A sacked frame is not resent on timeout.
+        let again: Vec<u32> = s.due(t + 2 * MAX_RTO_NS).iter().map(|f| f.seq).collect();
+        assert_eq!(again, vec![5]);
     }
 
     #[test]
@@ -778,25 +856,43 @@ mod tests {
     fn the_receiver_reassembles_in_order_and_bounds_what_it_holds() {
         let mut r = RecvWindow::new(4, 16);
         assert_eq!(r.credit(), 4);
-        assert_eq!(r.on_frame(1, b"efgh", false), Arrival::Buffered);
-        assert_eq!(r.on_frame(1, b"efgh", false), Arrival::Duplicate);
-        assert_eq!(r.on_frame(9, b"zzzz", false), Arrival::OutOfWindow);
-        assert_eq!(r.on_frame(0, b"too long", false), Arrival::OutOfWindow);
+        assert_eq!(r.on_frame(1, b"efgh", false, 0), Arrival::Buffered);
+        assert_eq!(r.on_frame(1, b"efgh", false, 0), Arrival::Duplicate);
+        assert_eq!(r.on_frame(9, b"zzzz", false, 0), Arrival::OutOfWindow);
+        assert_eq!(r.on_frame(0, b"too long", false, 0), Arrival::OutOfWindow);
         let (ack, _, sack) = r.take_ack();
         assert_eq!((ack, sack), (0, 0b1));
-        assert_eq!(r.on_frame(0, b"abcd", false), Arrival::InOrder);
+        assert_eq!(r.on_frame(0, b"abcd", false, 0), Arrival::InOrder);
         assert_eq!(r.ready_bytes(), 8);
         assert_eq!(r.credit(), 2 + 2);
         let mut buf = [0u8; 5];
         assert_eq!(r.read(&mut buf), 5);
         assert_eq!(&buf, b"abcde");
-        assert_eq!(r.on_frame(2, b"ij", true), Arrival::InOrder);
+        assert_eq!(r.on_frame(2, b"ij", true, 0), Arrival::InOrder);
         assert!(!r.finished());
         assert_eq!(r.read(&mut buf), 5);
         assert_eq!(&buf, b"fghij");
         assert!(r.finished());
         // Nothing after the end.
-        assert_eq!(r.on_frame(3, b"x", false), Arrival::OutOfWindow);
+        assert_eq!(r.on_frame(3, b"x", false, 0), Arrival::OutOfWindow);
+    }
+
+    #[test]
+    fn in_order_frames_wait_for_a_reply_and_gaps_are_told_at_once() {
+        let mut r = RecvWindow::new(100, 100_000);
+        r.on_frame(0, b"a", false, 1_000);
+        assert!(!r.ack_due(1_000), "an in-order frame waits for a reply");
+        assert_eq!(r.ack_deadline_ns(), Some(1_000 + ACK_DELAY_NS));
+        assert!(r.ack_due(1_000 + ACK_DELAY_NS));
+        r.take_ack();
+        assert!(!r.ack_due(u64::MAX));
+        for seq in 1..=ACK_EVERY_FRAMES {
+            r.on_frame(seq, b"b", false, 2_000);
+        }
+        assert!(r.ack_due(2_000), "many frames are acknowledged at once");
+        r.take_ack();
+        r.on_frame(ACK_EVERY_FRAMES + 2, b"c", false, 3_000);
+        assert!(r.ack_due(3_000), "a gap is told at once");
     }
 
     /// Moves a byte stream from a sender to a receiver through a channel
@@ -857,15 +953,15 @@ mod tests {
                 wire.swap(0, i);
             }
             for (seq, bytes, fin) in wire.drain(..) {
-                r.on_frame(seq, &bytes, fin);
+                r.on_frame(seq, &bytes, fin, now);
                 if o.is_multiple_of(7) {
-                    r.on_frame(seq, &bytes, fin);
+                    r.on_frame(seq, &bytes, fin, now);
                 }
             }
             let mut buf = vec![0u8; 3 * mss];
             let n = r.read(&mut buf);
             out.extend_from_slice(&buf[..n]);
-            if r.ack_due() {
+            if r.ack_due(now) {
                 let a = r.take_ack();
                 if !coin(&mut k) {
                     acks.push(a);
@@ -935,7 +1031,7 @@ mod tests {
             s.push(0, 0);
             let _ = s.on_ack(ack, credit, sack, 1);
             let mut r = RecvWindow::new(64, 1024);
-            let _ = r.on_frame(seq, &frame, false);
+            let _ = r.on_frame(seq, &frame, false, 0);
             prop_assert!(r.ready_bytes() <= 1024);
         }
     }
