@@ -46,6 +46,9 @@ cleanup() {
     "$netgap" testbed down --name "$tb" >/dev/null 2>&1 || true
 }
 trap cleanup EXIT
+# Consecutive runs: an agent frees itself a moment after its coordinator
+# leaves.
+settle() { sleep 1; }
 testbed() { # HOSTS
     "$netgap" testbed down --name "$tb" >/dev/null 2>&1 || true
     "$netgap" testbed up --name "$tb" --hosts "$1" --topology switch >/dev/null
@@ -58,9 +61,9 @@ ns() { echo "ngtb-$tb-$1"; }
 testbed 2
 addr=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["hosts"][0]["address"])' "/run/netgap/$tb/hosts.json")
 for i in $(seq "$lg_reps"); do
-    "$netgap" run web --hosts "$hosts" --clients 12 -s 1K --reps 1 --duration "${lg_secs}s" \
+    settle; "$netgap" run web --hosts "$hosts" --clients 12 -s 1K --reps 1 --duration "${lg_secs}s" \
         --label "netgap-verify-all" --json "$out/loadgen.jsonl" >/dev/null
-    "$netgap" run web --hosts "$hosts" --clients 12 -s 1K --reps 1 --duration "${lg_secs}s" \
+    settle; "$netgap" run web --hosts "$hosts" --clients 12 -s 1K --reps 1 --duration "${lg_secs}s" \
         --verify-fraction 0 --label "netgap-verify-none" --json "$out/loadgen.jsonl" >/dev/null
     # wrk against the same nginx configuration netgap wrote and recorded,
     # in a directory of its own, serving a 1 KiB file.
@@ -95,9 +98,9 @@ done
 # 2. Figure 8a and 8b on four hosts: nginx and Apache on h1, clients
 #    spread over h2..h4, offload on and off one after the other.
 testbed 4
-"$netgap" run web --hosts "$hosts" --server apache,nginx -s "$sizes" --clients "$clients" \
+settle; "$netgap" run web --hosts "$hosts" --server apache,nginx -s "$sizes" --clients "$clients" \
     --reps "$reps" --duration "$dur" --conditions offload=on,off --json "$out/fig8a.jsonl" >/dev/null
-"$netgap" run web --hosts "$hosts" --server apache,nginx --trace zipf --files 360 \
+settle; "$netgap" run web --hosts "$hosts" --server apache,nginx --trace zipf --files 360 \
     --alpha "$alphas" --clients 12 --reps "$reps" --duration "$dur" \
     --conditions offload=on,off --json "$out/fig8b.jsonl" >/dev/null
 
@@ -105,9 +108,9 @@ testbed 4
 #    the built-in responder (8 KiB, about gmond's answer) over tcp and uring.
 for n in $host_counts; do
     testbed "$n"
-    "$netgap" run gather --hosts "$hosts" --responder gmond --reps "$reps" --duration "$dur" \
+    settle; "$netgap" run gather --hosts "$hosts" --responder gmond --reps "$reps" --duration "$dur" \
         --label "hosts=$n" --json "$out/fig13.jsonl" >/dev/null
-    "$netgap" run gather --hosts "$hosts" -t tcp,uring -s 8K --reps "$reps" --duration "$dur" \
+    settle; "$netgap" run gather --hosts "$hosts" -t tcp,uring -s 8K --reps "$reps" --duration "$dur" \
         --label "hosts=$n" --json "$out/fig13.jsonl" >/dev/null
 done
 

@@ -336,7 +336,7 @@ impl GroupCoordinator {
         if let Some(e) = self.lost[i].clone() {
             return Err(self.failure(i, e));
         }
-        let deadline = Instant::now() + timeout;
+        let mut deadline = Instant::now() + timeout;
         loop {
             if let Some(j) = self.silent_host() {
                 return Err(self.failure(
@@ -381,6 +381,12 @@ impl GroupCoordinator {
             // not a reply the session expects.
             if let Ok((j, Ok(Reply::GroupAlive))) = &event {
                 if self.running[*j].is_none() && self.setup[*j].is_some() {
+                    // The host waited on is still at work (a server
+                    // writing its files, a real server starting): its
+                    // answer is not late while it says so.
+                    if *j == i {
+                        deadline = Instant::now() + timeout;
+                    }
                     continue;
                 }
             }

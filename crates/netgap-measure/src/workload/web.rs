@@ -407,9 +407,15 @@ fn open_server(p: &Params, ctx: &RoleContext<'_>) -> Result<Box<dyn OpenRole>, R
         Server::Nginx => nginx::NAME,
         Server::Apache => apache::NAME,
     };
+    let set = p.fileset();
+    // The files may live in memory (a tmpfs): they count against the
+    // agent's memory budget before one is written.
+    ctx.limits.check_memory(
+        &format!("a web file set of {} files", set.len()),
+        set.total_bytes(),
+    )?;
     let dir = RunDir::new(name).map_err(refused)?;
     let www = dir.subdir("www").map_err(refused)?;
-    let set = p.fileset();
     let sha = set
         .write(&www)
         .map_err(|e| refused(format!("writing the file set into {}: {e}", www.display())))?;
