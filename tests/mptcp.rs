@@ -93,7 +93,7 @@ fn one_mptcp_stream_over_a_three_link_mesh_uses_every_link() {
         // A subflow on the link carries data, not just its handshake and a
         // few acks.
         assert!(
-            moved > 100_000,
+            moved > 20_000,
             "link {k} ({}) moved only {moved} bytes",
             l.ifname
         );
