@@ -247,6 +247,15 @@ impl Coordinator {
                 // When the agent refused a repetition (a limit, a failed
                 // role), the data flow breaks too; the agent's reason, sent
                 // just before, says more than the broken flow.
+                // A silent data flow means a silent agent: no reason will
+                // come, and waiting for one would only delay the error.
+                let silent = matches!(
+                    &e,
+                    runner::RunError::Flow(netgap_transport::FlowError::TimedOut { .. })
+                );
+                if silent {
+                    return Err(e.into());
+                }
                 if let Ok(payload) = self.conn.recv_payload(AGENT_REASON_WAIT) {
                     if let Ok(Reply::Error { message }) = decode_reply(&payload) {
                         return Err(PointError::Agent(message));
