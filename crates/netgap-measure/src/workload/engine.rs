@@ -9,8 +9,8 @@
 //! keeps as its `datagrams`.
 
 use super::role::{
-    find_transport, meter_window, peak_rss_kib, window, OpenRole, ReadyRole, RoleContext,
-    RoleError, RoleResult, Stop,
+    find_transport, metered, peak_rss_kib, window, OpenRole, ReadyRole, RoleContext, RoleError,
+    RoleResult, Stop,
 };
 use super::{FlowSample, Refused};
 use netgap_core::datagram::DatagramStats;
@@ -201,18 +201,8 @@ impl ReadyRole for Engine {
             stop,
             kind,
         } = *self;
-        let t0 = Instant::now();
-        let meter_stop = stop.clone();
-        let meter = std::thread::Builder::new()
-            .name("cpu meter".into())
-            .spawn(move || meter_window(t0 + warmup, t0 + warmup + duration, &meter_stop))
-            .map_err(|source| RoleError::Thread {
-                what: "the CPU meter",
-                source,
-            })?;
-        let run = run(kind, warmup, duration, &stop);
-        let (cpu, _) = meter.join().map_err(|_| RoleError::Panicked {
-            what: "the CPU meter".into(),
+        let (cpu, run) = metered(Instant::now(), warmup, duration, &stop, || {
+            run(kind, warmup, duration, &stop)
         })?;
         let ran = run?;
         Ok(RoleResult {

@@ -16,7 +16,7 @@
 use super::options::{OptionKind, WorkloadArgs, WorkloadOption};
 use super::place::{HostView, Placement, RolePlace};
 use super::role::{
-    find_transport, meter_window, parse_params, peak_rss_kib, per_flow, window, OpenRole,
+    find_transport, meter_window, metered, parse_params, peak_rss_kib, per_flow, window, OpenRole,
     ReadyRole, RoleContext, RoleError, RoleResult, Stop, PER_FLOW_BYTES, STOP_TICK,
 };
 use super::web::fileset::mix64;
@@ -156,14 +156,14 @@ impl Workload for Gather {
     }
 
     fn params(&self, spec: &PointSpec, args: &WorkloadArgs) -> serde_json::Value {
-        let responder = match args.get("responder").and_then(|v| v.as_str()) {
+        let responder = match args.str("responder") {
             Some("gmond") => Responder::Gmond,
             _ => Responder::Builtin,
         };
         serde_json::json!(Params {
             responder,
             answer_bytes: spec.size_bytes,
-            parallel: args.get("gather-mode").and_then(|v| v.as_str()) == Some("parallel"),
+            parallel: args.str("gather-mode") == Some("parallel"),
         })
     }
 
@@ -413,17 +413,8 @@ impl ReadyRole for ServerRole {
                 answer,
                 token,
             } => {
-                let meter_stop = stop.clone();
-                let meter = std::thread::Builder::new()
-                    .name("cpu meter".into())
-                    .spawn(move || meter_window(t0 + warmup, t0 + warmup + duration, &meter_stop))
-                    .map_err(|source| RoleError::Thread {
-                        what: "the CPU meter",
-                        source,
-                    })?;
-                let (_, sent) = respond(listener.as_mut(), &answer, &token, end, &stop);
-                let (cpu, _) = meter.join().map_err(|_| RoleError::Panicked {
-                    what: "the CPU meter".into(),
+                let (cpu, (_, sent)) = metered(t0, warmup, duration, &stop, || {
+                    respond(listener.as_mut(), &answer, &token, end, &stop)
                 })?;
                 (cpu, Vec::new(), sent)
             }

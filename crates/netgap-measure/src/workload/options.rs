@@ -124,6 +124,21 @@ impl WorkloadArgs {
         self.0.get(flag)
     }
 
+    /// The name or path given for `flag`, if any.
+    pub fn str(&self, flag: &str) -> Option<&str> {
+        self.get(flag).and_then(OptionValue::as_str)
+    }
+
+    /// The count or size given for `flag`, if any.
+    pub fn u64(&self, flag: &str) -> Option<u64> {
+        self.get(flag).and_then(OptionValue::as_u64)
+    }
+
+    /// The number (or count) given for `flag`, if any.
+    pub fn f64(&self, flag: &str) -> Option<f64> {
+        self.get(flag).and_then(OptionValue::as_f64)
+    }
+
     /// Whether the switch `flag` was given.
     pub fn switch(&self, flag: &str) -> bool {
         matches!(self.get(flag), Some(OptionValue::Switch(true)))

@@ -211,17 +211,6 @@ impl PioParams {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Pio;
 
-fn arg_u64(args: &WorkloadArgs, flag: &str, default: u64) -> u64 {
-    args.get(flag).and_then(|v| v.as_u64()).unwrap_or(default)
-}
-
-fn arg_str(args: &WorkloadArgs, flag: &str, default: &str) -> String {
-    args.get(flag)
-        .and_then(|v| v.as_str())
-        .unwrap_or(default)
-        .to_string()
-}
-
 impl Workload for Pio {
     fn name(&self) -> &'static str {
         NAME
@@ -272,16 +261,16 @@ impl Workload for Pio {
 
     fn params(&self, _spec: &PointSpec, args: &WorkloadArgs) -> serde_json::Value {
         let p = PioParams {
-            servers: arg_u64(args, "servers", 1) as u32,
-            pattern: arg_str(args, "pattern", "contiguous"),
-            op: arg_str(args, "op", "read"),
-            block_bytes: arg_u64(args, "block", 2 << 20),
-            blocks: arg_u64(args, "blocks", 8),
-            tile_cols: arg_u64(args, "tile-cols", 1024),
-            tile_rows: arg_u64(args, "tile-rows", 768),
-            element_bytes: arg_u64(args, "element", 32),
-            cache: arg_str(args, "cache", "bypass"),
-            dir: args.get("dir").and_then(|v| v.as_str()).map(str::to_string),
+            servers: args.u64("servers").unwrap_or(1) as u32,
+            pattern: args.str("pattern").unwrap_or("contiguous").to_string(),
+            op: args.str("op").unwrap_or("read").to_string(),
+            block_bytes: args.u64("block").unwrap_or(2 << 20),
+            blocks: args.u64("blocks").unwrap_or(8),
+            tile_cols: args.u64("tile-cols").unwrap_or(1024),
+            tile_rows: args.u64("tile-rows").unwrap_or(768),
+            element_bytes: args.u64("element").unwrap_or(32),
+            cache: args.str("cache").unwrap_or("bypass").to_string(),
+            dir: args.str("dir").map(str::to_string),
             staged: None,
         };
         serde_json::to_value(p).unwrap_or_default()

@@ -254,13 +254,8 @@ impl Workload for Pipeline {
     }
 
     fn params(&self, spec: &PointSpec, args: &WorkloadArgs) -> serde_json::Value {
-        let preset = args
-            .get("preset")
-            .and_then(|v| v.as_str())
-            .unwrap_or("vm")
-            .to_string();
-        let n =
-            |flag: &str, default: u64| args.get(flag).and_then(|v| v.as_u64()).unwrap_or(default);
+        let preset = args.str("preset").unwrap_or("vm").to_string();
+        let n = |flag: &str, default: u64| args.u64(flag).unwrap_or(default);
         let cross =
             netgap_transport::find(&spec.transport).is_some_and(|t| t.capabilities().cross_host);
         let p = PipeParams {
@@ -272,8 +267,7 @@ impl Workload for Pipeline {
             compute_us: n("compute-us", 0),
             colocate: args.switch("colocate") || !cross,
             place: args
-                .get("place")
-                .and_then(|v| v.as_str())
+                .str("place")
                 .map(|l| l.split(',').filter_map(|h| h.parse().ok()).collect())
                 .unwrap_or_default(),
             staged: None,

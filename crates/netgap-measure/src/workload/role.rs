@@ -335,6 +335,31 @@ fn process_cpu_ns() -> u64 {
     secs.saturating_mul(1_000_000_000).saturating_add(nanos)
 }
 
+/// Runs `work` on this thread while a second thread meters host and
+/// process CPU over the window, from `t0 + warmup` for `duration` or until
+/// `stop` ([`meter_window`]); the window's CPU and what `work` returned.
+pub(crate) fn metered<T>(
+    t0: Instant,
+    warmup: Duration,
+    duration: Duration,
+    stop: &Stop,
+    work: impl FnOnce() -> T,
+) -> Result<(CpuUsage, T), RoleError> {
+    let meter_stop = stop.clone();
+    let meter = std::thread::Builder::new()
+        .name("cpu meter".into())
+        .spawn(move || meter_window(t0 + warmup, t0 + warmup + duration, &meter_stop))
+        .map_err(|source| RoleError::Thread {
+            what: "the CPU meter",
+            source,
+        })?;
+    let out = work();
+    let (cpu, _) = meter.join().map_err(|_| RoleError::Panicked {
+        what: "the CPU meter".into(),
+    })?;
+    Ok((cpu, out))
+}
+
 /// Measures host and process CPU over the window on the calling thread,
 /// which sleeps meanwhile: from `window_start` to `end`, or until `stop`.
 /// Returns the usage and the window's length as timed, in ns.

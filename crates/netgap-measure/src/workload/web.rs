@@ -17,8 +17,8 @@ pub mod fileset;
 use super::options::{OptionKind, WorkloadArgs, WorkloadOption};
 use super::place::{self, HostView, Placement};
 use super::role::{
-    meter_window, parse_params, peak_rss_kib, window, OpenRole, ReadyRole, RoleContext, RoleError,
-    RoleResult, Stop, PER_FLOW_BYTES,
+    meter_window, metered, parse_params, peak_rss_kib, window, OpenRole, ReadyRole, RoleContext,
+    RoleError, RoleResult, Stop, PER_FLOW_BYTES,
 };
 use super::{CountFlag, FlowSample, GroupMetric, Refused, Workload};
 use crate::service::{self, apache, nginx, RunDir, Running};
@@ -279,17 +279,16 @@ impl Workload for Web {
     }
 
     fn params(&self, spec: &PointSpec, args: &WorkloadArgs) -> serde_json::Value {
-        let server = match args.get("server").and_then(|v| v.as_str()) {
+        let server = match args.str("server") {
             Some("apache") => Server::Apache,
             _ => Server::Nginx,
         };
-        let trace = match args.get("trace").and_then(|v| v.as_str()) {
+        let trace = match args.str("trace") {
             Some("zipf") => Trace::Zipf,
             _ => Trace::Single,
         };
         let u32_of = |flag: &str, default: u32| {
-            args.get(flag)
-                .and_then(|v| v.as_u64())
+            args.u64(flag)
                 .and_then(|n| u32::try_from(n).ok())
                 .unwrap_or(default)
         };
@@ -298,15 +297,9 @@ impl Workload for Web {
             trace,
             file_bytes: spec.size_bytes,
             files: u32_of("files", DEFAULT_FILES),
-            alpha: args.get("alpha").and_then(|v| v.as_f64()).unwrap_or(1.0),
-            seed: args
-                .get("file-seed")
-                .and_then(|v| v.as_u64())
-                .unwrap_or(DEFAULT_SEED),
-            verify_fraction: args
-                .get("verify-fraction")
-                .and_then(|v| v.as_f64())
-                .unwrap_or(1.0),
+            alpha: args.f64("alpha").unwrap_or(1.0),
+            seed: args.u64("file-seed").unwrap_or(DEFAULT_SEED),
+            verify_fraction: args.f64("verify-fraction").unwrap_or(1.0),
             connection_per_request: args.switch("connection-per-request"),
             server_workers: u32_of("server-workers", 0),
         })
@@ -572,19 +565,9 @@ impl ReadyRole for ClientRole {
             duration,
             stop,
         } = *self;
-        let t0 = Instant::now();
-        let meter_stop = stop.clone();
-        let meter = std::thread::Builder::new()
-            .name("cpu meter".into())
-            .spawn(move || meter_window(t0 + warmup, t0 + warmup + duration, &meter_stop))
-            .map_err(|source| RoleError::Thread {
-                what: "the CPU meter",
-                source,
-            })?;
         let flag = stop.flag();
-        let ran = client::run(&cfg, warmup, duration, &flag);
-        let (cpu, _) = meter.join().map_err(|_| RoleError::Panicked {
-            what: "the CPU meter".into(),
+        let (cpu, ran) = metered(Instant::now(), warmup, duration, &stop, || {
+            client::run(&cfg, warmup, duration, &flag)
         })?;
         let (outcomes, window_ns) = ran.map_err(refused)?;
         let mut hist = LatencyHistogram::new();
