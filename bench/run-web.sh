@@ -178,7 +178,7 @@ print("| hosts | responder | transport | gather ms | connect µs | exchange µs 
 print("|---:|---|---|---:|---:|---:|---:|---:|")
 for r in recs("fig13.jsonl"):
     m = r["app"]["metrics"]
-    resp = r["app"]["options"].get("responder", "builtin")
+    resp = r["app"].get("options", {}).get("responder", "builtin")
     n = r["stack"].get("label", "").split("=")[-1]
     print(f"| {n} | {resp} | {r['transport']} | {r['value']:.3f} | {m['connect_time_us']:.1f} | {m['exchange_time_us']:.1f} | {m['connect_share_pct']:.1f}% | {m['gather_bytes']:,.0f} |")
 PY

@@ -88,7 +88,7 @@ fn main() -> Result<()> {
             let report = clients.run(Duration::from_secs(1), Duration::from_secs_f64(seconds))?;
             let mut hist = LatencyHistogram::new();
             for f in &report.flows {
-                hist.merge(&f.hist);
+                f.hist.merge_into(&mut hist);
             }
             let done: u64 = report.flows.iter().map(|f| f.round_trips).sum();
             let errors: u64 = report.flows.iter().map(|f| f.errors).sum();

@@ -73,6 +73,16 @@ fn main() -> ExitCode {
         Some(Command::Import(args)) => import(&args),
         Some(Command::Testbed(cmd)) => testbed(&cmd),
         Some(Command::Key(KeyCommand::New { file })) => new_key(&file),
+        Some(Command::MpiRank(args)) => mpi_rank(&args),
+        Some(Command::MpiExec(args)) => Err(anyhow!(netgap::mpi::launch::exec_in(
+            &args.netns,
+            &args.hostname,
+            &args.command
+        ))),
+        Some(Command::MpiAgent(args)) => Err(anyhow!(netgap::mpi::launch::agent(
+            &args.host,
+            &args.command
+        ))),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
@@ -231,12 +241,91 @@ fn import(args: &ImportArgs) -> Result<()> {
 
 fn run(args: &RunFlags) -> Result<()> {
     let request = args.request();
+    let (mpi_tests, rest) = netgap::mpi::plan::split_tests(&request.tests);
+    if !mpi_tests.is_empty() {
+        return run_with_mpi(&request, &mpi_tests, rest);
+    }
     if netgap::group::plan::is_group_run(&request.tests)? {
         netgap::plan::refuse_interleaving(&request, &request.tests.join(","))?;
         return run_group(&request);
     }
     let plan = Plan::from_request(&request)?;
     execute(&plan)
+}
+
+/// A run with MPI tests: the socket tests first (when there are any), then
+/// the MPI tests on the same path, into the same results files.
+fn run_with_mpi(
+    request: &RunRequest,
+    mpi_tests: &[netgap::mpi::MpiTest],
+    rest: Vec<String>,
+) -> Result<()> {
+    let mpi_plan = netgap::mpi::plan::MpiPlan::from_request(request, mpi_tests, rest.is_empty())?;
+    netgap::mpi::availability().map_err(|why| anyhow!("the MPI tests cannot run here: {why}"))?;
+    if !rest.is_empty() {
+        let sockets = RunRequest {
+            tests: rest,
+            ..request.clone()
+        };
+        if netgap::group::plan::is_group_run(&sockets.tests)? {
+            return Err(anyhow!(
+                "MPI tests run beside point-to-point tests (pingpong, stream, bibw, ...), not beside multi-host tests; run those apart"
+            ));
+        }
+        execute(&Plan::from_request(&sockets)?)?;
+    }
+    let plan = &mpi_plan.run;
+    let mut sinks = open_sinks(plan)?;
+    let mut switch = match &plan.testbed_name {
+        Some(name) if !plan.conditions.is_empty() => Some(
+            netgap::testbed::TestbedSwitch::open(name)
+                .with_context(|| format!("--conditions on testbed {name}"))?,
+        ),
+        _ => None,
+    };
+    let mut table = TableObserver::new(plan.method.reps);
+    let outcome = netgap::mpi::run::run_mpi(
+        &mpi_plan,
+        switch
+            .as_mut()
+            .map(|s| s as &mut dyn netgap::conditions::ConditionSwitch),
+        &mut sinks,
+        &mut table,
+    );
+    table.finish();
+    for w in table.warnings() {
+        eprintln!("netgap: warning: {w}");
+    }
+    outcome.map(|_| ()).map_err(|e| {
+        let kept = match sinks.first() {
+            Some(s) => format!("; points measured before are in {}", s.path().display()),
+            None => String::new(),
+        };
+        anyhow!("{e}{kept}")
+    })
+}
+
+/// `netgap mpi-rank`: one rank of an MPI job.
+fn mpi_rank(args: &cli::MpiRankArgs) -> Result<()> {
+    let plan = netgap::mpi::wire::RankPlan::from_args(
+        &args.points,
+        args.reps,
+        args.iterations,
+        args.rep_time_us,
+        args.warmup,
+    )?;
+    #[cfg(feature = "mpi")]
+    {
+        netgap::mpi::rank::rank_main(&plan)?;
+        Ok(())
+    }
+    #[cfg(not(feature = "mpi"))]
+    {
+        let _ = plan;
+        Err(anyhow!(
+            "this netgap was built without MPI; build it with `cargo build --features mpi`"
+        ))
+    }
 }
 
 fn execute(plan: &Plan) -> Result<()> {
@@ -359,6 +448,10 @@ fn kept_points(e: CoordError, sinks: &[Box<dyn RecordSink>]) -> anyhow::Error {
 fn serve(args: &ServeArgs) -> Result<()> {
     let control = match ControlAddr::parse(&args.bind) {
         Some(a @ ControlAddr::Unix(_)) => a,
+        _ if args.bind == "auto" => ControlAddr::Tcp(SocketAddr::new(
+            netgap::hostlist::node_address().map_err(|e| anyhow!("--bind auto: {e}"))?,
+            args.port,
+        )),
         _ => {
             let ip: IpAddr = args
                 .bind
@@ -464,6 +557,15 @@ fn list() {
             t.metric().key(),
             t.summary()
         );
+    }
+    println!();
+    println!("MPI tests (mpirun, two ranks; records name test pingpong, stream, bibw over transport mpi):");
+    for t in netgap::mpi::MpiTest::ALL {
+        println!("  {:<14} {:<15} {}", t.name(), t.metric(), t.summary());
+    }
+    match netgap::mpi::availability() {
+        Ok(()) => println!("  MPI: built in, mpirun found"),
+        Err(why) => println!("  MPI: not available: {why}"),
     }
     println!();
     println!("transports:");

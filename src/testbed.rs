@@ -869,6 +869,13 @@ fn start_agent(dir: &Path, p: &Params, h: &HostEntry) -> Result<u32, TestbedErro
         .arg(h.address.to_string())
         .arg("--key")
         .arg(dir.join("key"))
+        // The testbed's hosts are this machine's: its agents take the
+        // largest group point there is, so the scale of a run is the
+        // run's choice (each agent raises its descriptor limit as needed).
+        .args([
+            "--max-flows",
+            &netgap_proto::group::MAX_GROUP_FLOWS.to_string(),
+        ])
         .arg("--allow-services")
         .stdin(Stdio::null())
         .stdout(log)

@@ -202,7 +202,7 @@ fn ten_thousand_flows_pingpong_and_connect_with_bounded_memory() {
     assert!(report.flows.iter().all(|f| f.bytes_tx > 0));
     let mut merged = netgap::stats::LatencyHistogram::new();
     for f in &report.flows {
-        merged.merge(&f.hist);
+        f.hist.merge_into(&mut merged);
     }
     let p = merged.percentiles_us(1.0).unwrap();
     eprintln!(

@@ -486,3 +486,104 @@ fn max_rate_paces_bandwidth_roles_to_the_limit() {
     let gbps = records[0]["value"].as_f64().expect("value");
     assert!(gbps > 0.0 && gbps <= 0.2 * 1.1, "{gbps} Gbit/s against 0.2");
 }
+
+#[test]
+fn max_duration_stops_a_point_to_point_repetition_that_runs_past_it() {
+    // A repetition of many iterations would stream for tens of seconds; an
+    // agent whose longest run is 1 s shuts its flow down at 1.5 s and says
+    // why, for every test that streams or exchanges.
+    let agent = Agent::start_with("127.0.0.1", &["--max-duration", "1s"]);
+    for test in ["stream", "pingpong"] {
+        for transport in ["tcp", "uring"] {
+            let started = Instant::now();
+            let out = netgap()
+                .args(["run", test, "-t", transport, "-s", "64K"])
+                .args(["--peer", &agent.addr, "--reps", "1", "-n", "700000"])
+                .output()
+                .expect("run");
+            let took = started.elapsed();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(!out.status.success(), "{test} {transport}: {stderr}");
+            assert!(
+                stderr.contains("ran past its longest run (1s)"),
+                "{test} {transport}: {stderr}"
+            );
+            assert!(
+                took < Duration::from_secs(5),
+                "{test} {transport} ran {took:?}"
+            );
+        }
+    }
+}
+
+/// Runs `test` over `transport` in `mode` against an agent that is stopped
+/// (SIGSTOP: alive, silent) a second into the run; the time from the stop
+/// to the run's exit, and its stderr.
+fn run_against_a_stopped_agent(test: &str, transport: &str, mode: &str) -> (Duration, String) {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    let agent = Agent::start("127.0.0.1");
+    let size = if transport == "udp" { "16K" } else { "64K" };
+    let mut run = netgap()
+        .args(["run", test, "-t", transport, "--mode", mode, "-s", size])
+        .args(["--peer", &agent.addr, "--timeout", "1s"])
+        .args(["--reps", "10000", "--rep-time", "20ms"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run starts");
+    std::thread::sleep(Duration::from_millis(1200));
+    let pid = Pid::from_raw(agent.child.id() as i32);
+    kill(pid, Signal::SIGSTOP).expect("stop the agent");
+    let stopped = Instant::now();
+    let out = loop {
+        if let Some(_status) = run.try_wait().expect("wait") {
+            break run.wait_with_output().expect("output");
+        }
+        if stopped.elapsed() > Duration::from_secs(30) {
+            let _ = run.kill();
+            break run.wait_with_output().expect("output");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let took = stopped.elapsed();
+    // A stopped process takes SIGKILL; the guard reaps it.
+    let _ = kill(pid, Signal::SIGCONT);
+    assert!(
+        !out.status.success(),
+        "{test} over {transport} ({mode}) went on"
+    );
+    (took, String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[test]
+fn a_stopped_peer_is_named_within_the_timeout_plus_a_second_for_every_test() {
+    // Every test over tcp in both modes, and the bandwidth test over every
+    // other transport: whichever call each was in when the peer stopped
+    // (a partial send, a receive, the wait for the agent's answer), the
+    // run ends within --timeout 1s plus one second, naming the silence.
+    let mut cases: Vec<(&str, &str, &str)> = Vec::new();
+    for test in ["pingpong", "stream", "bibw", "bibw-pingpong"] {
+        for mode in ["event", "poll"] {
+            cases.push((test, "tcp", mode));
+        }
+    }
+    for transport in ["unix", "uring", "shm", "udp"] {
+        cases.push(("stream", transport, "event"));
+    }
+    for (test, transport, mode) in cases {
+        let (took, stderr) = run_against_a_stopped_agent(test, transport, mode);
+        let error = stderr
+            .lines()
+            .find(|l| l.starts_with("netgap: error:"))
+            .unwrap_or_else(|| panic!("no error line: {stderr}"));
+        assert!(
+            error.contains("no data moved for 1000 ms") || error.contains("no control message"),
+            "{test} {transport} {mode}: {error}"
+        );
+        assert!(
+            took <= Duration::from_secs(2),
+            "{test} over {transport} ({mode}) took {took:?} after the stop: {error}"
+        );
+    }
+}

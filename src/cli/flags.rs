@@ -31,8 +31,11 @@ pub struct TargetFlags {
     #[arg(long, value_name = "HOST[:PORT]", value_parser = parse_peer)]
     pub peer: Option<PeerAddr>,
     /// Multi-host tests: the hosts, `@FILE` (a hosts file), `@testbed` (the
-    /// hosts file of `netgap testbed up`) or `ADDR,ADDR,...` (agents'
-    /// control addresses, IP[:PORT] or unix:PATH); the first is the server,
+    /// hosts file of `netgap testbed up`), `@slurm` (the nodes of
+    /// SLURM_JOB_NODELIST), `@hostfile:FILE` (an Open MPI or MPICH
+    /// hostfile) or `ADDR,ADDR,...` (agents' control addresses, IP[:PORT]
+    /// or unix:PATH); agents of @slurm and @hostfile listen on port 7100
+    /// (`netgap serve --bind auto`); the first is the server,
     /// the rest client hosts. Without it, in-process agents on loopback
     /// stand in for the hosts.
     #[arg(long, value_name = "@FILE|ADDR,...", value_parser = parse_hosts)]

@@ -81,6 +81,61 @@ pub enum Command {
     /// Make shared keys for agents.
     #[command(subcommand)]
     Key(KeyCommand),
+    /// One MPI rank of the MPI tests, as mpirun starts it (internal).
+    #[command(hide = true)]
+    MpiRank(MpiRankArgs),
+    /// Runs a command inside a testbed host's namespaces (internal: how
+    /// the MPI tests start mpirun on a testbed host).
+    #[command(hide = true)]
+    MpiExec(MpiExecArgs),
+    /// mpirun's launch agent on the testbed (internal): starts mpirun's
+    /// daemon inside HOST's namespaces.
+    #[command(hide = true)]
+    MpiAgent(MpiAgentArgs),
+}
+
+/// Flags of `netgap mpi-rank`: the points both ranks run.
+#[derive(Debug, clap::Args)]
+pub struct MpiRankArgs {
+    /// Points, `TEST:SIZE,...`.
+    #[arg(long)]
+    pub points: String,
+    /// Measured repetitions per point.
+    #[arg(long)]
+    pub reps: u32,
+    /// Iterations per repetition.
+    #[arg(long)]
+    pub iterations: Option<u64>,
+    /// Time budget of a repetition, in microseconds.
+    #[arg(long)]
+    pub rep_time_us: Option<u64>,
+    /// Warm-up iterations per point.
+    #[arg(long)]
+    pub warmup: Option<u64>,
+}
+
+/// Flags of `netgap mpi-exec`.
+#[derive(Debug, clap::Args)]
+pub struct MpiExecArgs {
+    /// The network namespace to enter.
+    #[arg(long)]
+    pub netns: String,
+    /// The host name of the new UTS namespace.
+    #[arg(long)]
+    pub hostname: String,
+    /// The command and its arguments.
+    #[arg(last = true, required = true)]
+    pub command: Vec<std::ffi::OsString>,
+}
+
+/// Arguments of `netgap mpi-agent`, as mpirun gives them.
+#[derive(Debug, clap::Args)]
+pub struct MpiAgentArgs {
+    /// The host to start the command on.
+    pub host: String,
+    /// The command, run through `sh -c` as ssh would.
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+    pub command: Vec<std::ffi::OsString>,
 }
 
 /// Flags of `netgap run`.
@@ -254,7 +309,9 @@ pub enum KeyCommand {
 #[derive(Debug, clap::Args)]
 pub struct ServeArgs {
     /// Address to listen on: an IP address (loopback unless told otherwise;
-    /// any other needs --key) or unix:PATH.
+    /// any other needs --key), `auto` (this node's address, from its host
+    /// name: one agent per node under srun or mpirun; needs --key) or
+    /// unix:PATH.
     #[arg(long, default_value = "127.0.0.1")]
     pub bind: String,
     /// Control port.

@@ -274,6 +274,10 @@ impl Drop for BusyClaim {
 /// for an unreliable flow its monitor with the counters last reported.
 struct OpenPoint {
     role: Box<dyn bench::ServerRole>,
+    /// Ends the flow from the watchdog of a repetition that runs past the
+    /// agent's longest run; `None` for a transport with no single socket
+    /// (shm, udp), whose repetitions end at their I/O timeout instead.
+    abort: Option<netgap_transport::AbortHandle>,
     monitor: Option<Arc<dyn FlowMonitor>>,
     reported: DatagramStats,
 }
@@ -425,7 +429,19 @@ fn run_session(
                     return Err(refuse(&mut conn, "no point is open".into()));
                 };
                 let meter = CpuMeter::start();
-                match p.role.run(iterations) {
+                let limit = shared.limits.max_duration + REPETITION_GRACE;
+                let watchdog = RepetitionWatchdog::arm(p.abort.as_ref(), limit);
+                let ran = p.role.run(iterations);
+                if watchdog.disarm() {
+                    return Err(refuse(
+                        &mut conn,
+                        format!(
+                            "refused by the agent's limits: the repetition ran past its longest run ({}); ask for fewer iterations or a shorter --rep-time",
+                            humantime::format_duration(shared.limits.max_duration)
+                        ),
+                    ));
+                }
+                match ran {
                     Ok(out) => {
                         let cpu = meter.stop(out.helper_cpu_ns);
                         let datagrams = p.datagrams_since_report();
@@ -569,6 +585,53 @@ fn role_deadline(spec: &netgap_proto::group::GroupSpec) -> Duration {
 /// Time a role may take past its window and drain (closing its flows,
 /// gathering reports) before the agent stops it.
 const ROLE_GRACE: Duration = Duration::from_secs(2);
+
+/// How long past the agent's `--max-duration` a point-to-point repetition
+/// may run before its flow is shut down.
+const REPETITION_GRACE: Duration = Duration::from_millis(500);
+
+/// Shuts a repetition's flow down if it runs past its limit: a thread that
+/// sleeps until the limit or until the repetition ends, whichever is first.
+struct RepetitionWatchdog {
+    done: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<bool>>,
+}
+
+impl RepetitionWatchdog {
+    /// Starts watching; with no handle there is nothing to watch with.
+    fn arm(abort: Option<&netgap_transport::AbortHandle>, limit: Duration) -> RepetitionWatchdog {
+        let Some(abort) = abort.and_then(|a| a.try_clone()) else {
+            return RepetitionWatchdog {
+                done: None,
+                thread: None,
+            };
+        };
+        let (done, ended) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("netgap-watchdog".into())
+            .spawn(move || match ended.recv_timeout(limit) {
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                    abort.abort();
+                    true
+                }
+                _ => false,
+            })
+            .ok();
+        RepetitionWatchdog {
+            done: Some(done),
+            thread,
+        }
+    }
+
+    /// Stops watching; `true` if the limit passed and the flow was shut
+    /// down.
+    fn disarm(mut self) -> bool {
+        drop(self.done.take());
+        self.thread
+            .take()
+            .is_some_and(|t| t.join().unwrap_or(false))
+    }
+}
 
 /// Sets a role's stop signal when dropped: whichever way [`run_group`]
 /// returns (the role done, the coordinator gone, the control connection
@@ -813,6 +876,7 @@ fn open_point(
     let reply = session.accepted()?;
     conn.send(&reply)?;
     let monitor = flow.monitor();
+    let abort = netgap_transport::abort_handle(flow.as_ref());
     let role = test
         .server(
             bench::RoleParams {
@@ -831,6 +895,7 @@ fn open_point(
         .unwrap_or_default();
     Ok(OpenPoint {
         role,
+        abort,
         monitor,
         reported,
     })

@@ -4,10 +4,13 @@
 //! `netgap testbed up` writes a [`HostsFile`]; multi-host commands read it
 //! with `--hosts @FILE` (or `--hosts @testbed` for the default testbed), or
 //! take a plain list of agent addresses (`--hosts 10.0.0.1,10.0.0.2:7200`)
-//! for a real cluster: a [`HostsArg`], loaded into a [`HostsSource`].
+//! for a real cluster, or the hosts of the cluster's launcher (`--hosts
+//! @slurm`, `--hosts @hostfile:FILE`, expanded by [`hostlist`]): a
+//! [`HostsArg`], loaded into a [`HostsSource`].
 
 use crate::conditions::LinkConditions;
 use crate::control::ControlAddr;
+use crate::hostlist;
 use serde::{Deserialize, Serialize};
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
@@ -280,9 +283,16 @@ pub fn state_dir(name: &str) -> PathBuf {
     std::path::Path::new(TESTBED_STATE_ROOT).join(name)
 }
 
-/// What `--hosts` names, parsed: a hosts file or a list of agents.
+/// What `--hosts` names, parsed: a hosts file, a list of agents, or the
+/// hosts of a cluster launcher (Slurm's allocation, an MPI hostfile).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum HostsArg {
+    /// `@slurm`: the nodes of the current Slurm allocation
+    /// (`SLURM_JOB_NODELIST`), each with an agent on the default port.
+    Slurm,
+    /// `@hostfile:FILE`: the hosts of an Open MPI or MPICH hostfile, each
+    /// with an agent on the default port.
+    Hostfile(PathBuf),
     /// `@testbed` (the default testbed's hosts file) or `@PATH`.
     File {
         /// The hosts file.
@@ -301,6 +311,7 @@ const DEFAULT_AGENT_PORT: u16 = 7100;
 impl HostsArg {
     /// Parses a `--hosts` argument: `@testbed` is the hosts file of the
     /// default testbed (`netgap testbed up`, see [`default_hosts_path`]),
+    /// `@slurm` the Slurm allocation, `@hostfile:FILE` an MPI hostfile,
     /// `@PATH` the file at `PATH`, anything else a comma-separated list of
     /// agents. Reads no file.
     pub fn parse(text: &str) -> Result<HostsArg, HostsError> {
@@ -310,11 +321,16 @@ impl HostsArg {
         };
         if let Some(rest) = text.strip_prefix('@') {
             return match rest {
-                "" => Err(bad("want @testbed or @FILE".into())),
+                "" => Err(bad("want @testbed, @slurm, @hostfile:FILE or @FILE".into())),
+                "slurm" => Ok(HostsArg::Slurm),
+                "hostfile:" => Err(bad("want @hostfile:FILE".into())),
                 "testbed" => Ok(HostsArg::File {
                     path: default_hosts_path(),
                     testbed: true,
                 }),
+                p if p.starts_with("hostfile:") => Ok(HostsArg::Hostfile(PathBuf::from(
+                    p.trim_start_matches("hostfile:"),
+                ))),
                 p => Ok(HostsArg::File {
                     path: PathBuf::from(p),
                     testbed: false,
@@ -341,10 +357,36 @@ impl HostsArg {
         Ok(HostsArg::Addrs(addrs))
     }
 
-    /// The hosts: reads and checks the file, or takes the list as it is.
+    /// The hosts: reads and checks the file, expands the launcher's list
+    /// and resolves its names, or takes the list as it is.
     pub fn load(&self) -> Result<HostsSource, HostsError> {
         match self {
             HostsArg::Addrs(a) => Ok(HostsSource::Addrs(a.clone())),
+            HostsArg::Slurm => {
+                let arg = |detail: String| HostsError::Arg {
+                    arg: "@slurm".into(),
+                    detail,
+                };
+                let list = std::env::var("SLURM_JOB_NODELIST")
+                    .or_else(|_| std::env::var("SLURM_NODELIST"))
+                    .map_err(|_| {
+                        arg("SLURM_JOB_NODELIST is not set (run inside a Slurm allocation: salloc, sbatch)".into())
+                    })?;
+                let names = hostlist::expand_nodelist(&list).map_err(|e| arg(e.to_string()))?;
+                resolve_all(&names).map_err(arg)
+            }
+            HostsArg::Hostfile(path) => {
+                let text = std::fs::read_to_string(path).map_err(|source| HostsError::Read {
+                    path: path.clone(),
+                    source,
+                })?;
+                let parse = |detail: String| HostsError::Parse {
+                    path: path.clone(),
+                    detail,
+                };
+                let names = hostlist::parse_hostfile(&text).map_err(|e| parse(e.to_string()))?;
+                resolve_all(&names).map_err(parse)
+            }
             HostsArg::File { path, testbed } => match HostsFile::load(path) {
                 Err(HostsError::Read { source, .. })
                     if *testbed && source.kind() == std::io::ErrorKind::NotFound =>
@@ -361,6 +403,15 @@ impl HostsArg {
             },
         }
     }
+}
+
+/// The agents of launcher-named hosts, at the default port.
+fn resolve_all(names: &[String]) -> Result<HostsSource, String> {
+    names
+        .iter()
+        .map(|n| hostlist::resolve(n, DEFAULT_AGENT_PORT).map(ControlAddr::Tcp))
+        .collect::<Result<Vec<_>, _>>()
+        .map(HostsSource::Addrs)
 }
 
 /// Where the hosts of a run come from.

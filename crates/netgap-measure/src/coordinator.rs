@@ -36,6 +36,9 @@ use std::time::{Duration, Instant, SystemTime};
 const AGENT_REASON_WAIT: Duration = Duration::from_millis(300);
 /// How long the agent may take to answer a request that does no data work.
 const REPLY_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long after the client's end of a repetition the agent's answer may
+/// come beyond `--timeout`.
+const DONE_GRACE: Duration = Duration::from_millis(250);
 
 /// Why a run failed.
 #[derive(Debug, thiserror::Error)]
@@ -226,7 +229,11 @@ impl Coordinator {
             }),
             None => role,
         };
-        let done_timeout = config.io_timeout + Duration::from_secs(1);
+        // The agent answers as soon as its end of the repetition is over,
+        // which follows the client's end by the time its queued bytes take
+        // to arrive: a short grace, so a stopped agent is named within
+        // --timeout of the last byte that moved.
+        let done_timeout = config.io_timeout + DONE_GRACE;
         let mut peer = AgentControl {
             conn: &mut self.conn,
             session: &mut self.session,
@@ -347,7 +354,16 @@ impl PeerControl for AgentControl<'_> {
                 .saturating_sub(t0.elapsed())
                 .max(Duration::from_millis(1));
         }
-        let reply = recv_reply(self.conn, timeout).map_err(|e| RunError::Peer(e.to_string()))?;
+        let reply = recv_reply(self.conn, timeout).map_err(|e| {
+            // Name the whole wait, not what was left of it after serving
+            // the flow's last datagrams.
+            RunError::Peer(match e {
+                PointError::Control(ControlError::TimedOut(_)) => {
+                    ControlError::TimedOut(self.done_timeout).to_string()
+                }
+                e => e.to_string(),
+            })
+        })?;
         let (bytes_rx, bytes_tx, cpu, datagrams) = self
             .session
             .on_done(reply)

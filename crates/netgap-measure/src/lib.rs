@@ -23,6 +23,7 @@ pub mod control;
 pub mod coordinator;
 pub mod group;
 pub mod handshake;
+pub mod hostlist;
 pub mod interleave;
 pub mod logp;
 pub mod output;

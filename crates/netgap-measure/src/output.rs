@@ -69,7 +69,8 @@ pub(crate) fn fmt_num(v: f64) -> String {
 pub(crate) fn table_row(r: &ResultRecord) -> String {
     let (lat, bw) = if r.metric == "latency_us" {
         (fmt_num(r.value), String::new())
-    } else if r.metric == "connections_per_s" {
+    } else if r.metric != "bandwidth_gbps" {
+        // Connections and a workload's own headline go in the notes.
         (String::new(), String::new())
     } else {
         (String::new(), fmt_num(r.value))
@@ -140,6 +141,8 @@ pub(crate) fn table_row(r: &ResultRecord) -> String {
     }
     if r.metric == "connections_per_s" {
         notes.push(format!("{} conn/s", fmt_num(r.value)));
+    } else if !matches!(r.metric.as_str(), "latency_us" | "bandwidth_gbps") {
+        notes.push(format!("{} {}", r.metric, fmt_num(r.value)));
     }
     if !r.warnings.is_empty() {
         notes.push("noisy".into());

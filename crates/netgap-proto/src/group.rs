@@ -22,9 +22,11 @@ use netgap_core::stats::Percentiles;
 use serde::{Deserialize, Serialize};
 use std::net::IpAddr;
 
-/// Most flows one agent runs in one group point (the engine's 10,000 plus
-/// room); anything larger is refused before any data socket opens.
-pub const MAX_GROUP_FLOWS: u32 = 16_384;
+/// Most flows of one group point, and so of one agent's role in it: the
+/// server of 100,000 clients spread over several client hosts; anything
+/// larger is refused before any data socket opens. An agent's own
+/// `--max-flows` (10,000 by default) bounds what it accepts below this.
+pub const MAX_GROUP_FLOWS: u32 = 100_000;
 /// Longest measured window of one repetition, in milliseconds (10 minutes).
 pub const MAX_GROUP_DURATION_MS: u32 = 600_000;
 /// Longest uncounted warm-up before the window, in milliseconds.

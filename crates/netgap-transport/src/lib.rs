@@ -226,6 +226,12 @@ pub trait Flow: Send {
     /// a whole point while it receives on its own thread.
     fn into_halves(self: Box<Self>) -> (Box<dyn Sender>, Box<dyn Receiver>);
 
+    /// The socket that carries the flow's data, if one socket does: what
+    /// [`abort_handle`] shuts down. `None` by default.
+    fn data_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        None
+    }
+
     /// Sends all of `buf`.
     fn send_all(&mut self, buf: &[u8]) -> Result<(), FlowError> {
         self.split().0.send_all(buf)
@@ -244,6 +250,34 @@ pub trait Flow: Send {
 }
 
 pub use netgap_core::datagram::DatagramStats;
+
+/// Ends a flow from another thread: shutting its socket down wakes a
+/// receive or send blocked on it, which fails at once, and makes every
+/// later call fail. An agent uses it to stop a repetition that runs past its
+/// `--max-duration`.
+#[derive(Debug)]
+pub struct AbortHandle(std::os::fd::OwnedFd);
+
+impl AbortHandle {
+    /// Another handle on the same socket.
+    pub fn try_clone(&self) -> Option<AbortHandle> {
+        self.0.try_clone().ok().map(AbortHandle)
+    }
+
+    /// Shuts the flow's socket down in both directions.
+    pub fn abort(&self) {
+        use std::os::fd::AsRawFd;
+        let _ = nix::sys::socket::shutdown(self.0.as_raw_fd(), nix::sys::socket::Shutdown::Both);
+    }
+}
+
+/// A handle that ends `flow` from another thread, for a flow whose data
+/// goes over one socket ([`Flow::data_fd`]); `None` otherwise or if the
+/// socket cannot be duplicated.
+pub fn abort_handle(flow: &dyn Flow) -> Option<AbortHandle> {
+    let fd = flow.data_fd()?;
+    fd.try_clone_to_owned().ok().map(AbortHandle)
+}
 
 /// What the runner (client end) and the agent (server end) keep of an
 /// unreliable flow while a test owns it: its counters, and the upkeep that

@@ -1,7 +1,9 @@
 //! A flow over a connected stream socket (TCP or Unix), shared by the
-//! transports that have one. Event mode blocks with SO_RCVTIMEO/SO_SNDTIMEO as
-//! the inactivity timeout; poll mode makes the socket non-blocking and spins,
-//! checking the deadline only while no progress is made.
+//! transports that have one. Event mode blocks: receives in `read` with
+//! SO_RCVTIMEO as the inactivity timeout, sends in `poll` for room between
+//! non-blocking sends (see [`Half::send_event`]); poll mode makes the socket
+//! non-blocking and spins, checking the deadline only while no progress is
+//! made.
 
 use super::{Flow, FlowError, Receiver, Sender};
 use netgap_core::spec::Mode;
@@ -28,7 +30,7 @@ pub(crate) struct StreamFlow<S> {
 }
 
 /// The socket calls a [`StreamFlow`] needs.
-pub(crate) trait StreamSocket: Read + Write + Send + Sized {
+pub(crate) trait StreamSocket: Read + Write + Send + Sized + std::os::fd::AsFd {
     /// Another handle on the same socket.
     fn duplicate(&self) -> io::Result<Self>;
     /// O_NONBLOCK on or off.
@@ -39,6 +41,12 @@ pub(crate) trait StreamSocket: Read + Write + Send + Sized {
     fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()>;
     /// Bytes queued for reading (FIONREAD).
     fn queued_bytes(&self) -> io::Result<usize>;
+    /// One send that never blocks (MSG_DONTWAIT), whatever the socket's
+    /// O_NONBLOCK says.
+    fn send_nowait(&self, buf: &[u8]) -> io::Result<usize>;
+    /// Waits until the socket has room to send, at most `timeout`; `false`
+    /// when the time passed first.
+    fn wait_writable(&self, timeout: Duration) -> io::Result<bool>;
 }
 
 macro_rules! stream_socket {
@@ -59,6 +67,12 @@ macro_rules! stream_socket {
             fn queued_bytes(&self) -> io::Result<usize> {
                 queued_bytes(std::os::fd::AsRawFd::as_raw_fd(self))
             }
+            fn send_nowait(&self, buf: &[u8]) -> io::Result<usize> {
+                SockRef::from(self).send_with_flags(buf, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL)
+            }
+            fn wait_writable(&self, timeout: Duration) -> io::Result<bool> {
+                wait_writable(std::os::fd::AsFd::as_fd(self), timeout)
+            }
         }
     };
 }
@@ -72,6 +86,19 @@ fn queued_bytes(fd: std::os::fd::RawFd) -> io::Result<usize> {
         return Err(io::Error::last_os_error());
     }
     Ok(usize::try_from(n).unwrap_or(0))
+}
+
+/// poll(2) for POLLOUT on `fd` for at most `timeout` (rounded up to a
+/// millisecond, so a remainder below one still waits).
+fn wait_writable(fd: std::os::fd::BorrowedFd<'_>, timeout: Duration) -> io::Result<bool> {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    let ms = u16::try_from(timeout.as_millis() + 1).unwrap_or(u16::MAX);
+    let mut fds = [PollFd::new(fd, PollFlags::POLLOUT)];
+    match poll(&mut fds, PollTimeout::from(ms)) {
+        Ok(n) => Ok(n > 0),
+        Err(nix::errno::Errno::EINTR) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
 }
 
 stream_socket!(std::net::TcpStream);
@@ -162,10 +189,43 @@ impl<S: StreamSocket> Half<S> {
     }
 }
 
+impl<S: StreamSocket> Half<S> {
+    /// An event-mode send: a non-blocking send, and while the socket is
+    /// full, a sleep in poll() for room, until `timeout` passes with no
+    /// byte moved. A blocking send under SO_SNDTIMEO would copy what fits,
+    /// wait, and return that partial count at its timeout, so a stopped
+    /// peer would cost one timeout per partial send before the error.
+    fn send_event(&mut self, buf: &[u8]) -> Result<usize, FlowError> {
+        let mut deadline: Option<Instant> = None;
+        loop {
+            match self.socket.send_nowait(buf) {
+                Ok(0) => return Err(FlowError::Closed),
+                Ok(n) => return Ok(n),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(FlowError::from_io(e, self.timeout)),
+            }
+            let now = Instant::now();
+            let d = *deadline.get_or_insert(now + self.timeout);
+            if now >= d {
+                return Err(FlowError::TimedOut {
+                    timeout_ms: self.timeout.as_millis(),
+                });
+            }
+            self.socket
+                .wait_writable(d - now)
+                .map_err(|e| FlowError::from_io(e, self.timeout))?;
+        }
+    }
+}
+
 impl<S: StreamSocket> Sender for Half<S> {
     #[inline]
     fn send_some(&mut self, buf: &[u8]) -> Result<usize, FlowError> {
-        self.progress(|s| s.write(buf))
+        match self.mode {
+            Mode::Event => self.send_event(buf),
+            Mode::Poll => self.progress(|s| s.write(buf)),
+        }
     }
 }
 
@@ -183,6 +243,10 @@ impl<S: StreamSocket> Receiver for Half<S> {
 impl<S: StreamSocket + 'static> Flow for StreamFlow<S> {
     fn split(&mut self) -> (&mut dyn Sender, &mut dyn Receiver) {
         (&mut self.tx, &mut self.rx)
+    }
+
+    fn data_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        Some(self.tx.socket.as_fd())
     }
 
     fn into_halves(self: Box<Self>) -> (Box<dyn Sender>, Box<dyn Receiver>) {
@@ -266,6 +330,10 @@ impl StreamFlow<std::net::TcpStream> {
 impl Flow for TcpHookFlow {
     fn split(&mut self) -> (&mut dyn Sender, &mut dyn Receiver) {
         (&mut self.tx, &mut self.rx)
+    }
+
+    fn data_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        Some(std::os::fd::AsFd::as_fd(self.tx.inner.socket()))
     }
 
     fn into_halves(self: Box<Self>) -> (Box<dyn Sender>, Box<dyn Receiver>) {

@@ -806,6 +806,10 @@ impl Flow for UringFlow {
         (&mut self.tx, &mut self.rx)
     }
 
+    fn data_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        Some(std::os::fd::AsFd::as_fd(&self.tx.0.socket))
+    }
+
     fn into_halves(self: Box<Self>) -> (Box<dyn Sender>, Box<dyn Receiver>) {
         (Box::new(self.tx), Box::new(self.rx))
     }

@@ -199,6 +199,10 @@ impl Flow for ZeroCopyFlow {
         (&mut self.tx, &mut self.rx)
     }
 
+    fn data_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        Some(self.tx.stream.as_fd())
+    }
+
     fn into_halves(self: Box<Self>) -> (Box<dyn Sender>, Box<dyn Receiver>) {
         (Box::new(self.tx), Box::new(self.rx))
     }

@@ -17,7 +17,7 @@ use crate::agent::Agent;
 use crate::control::{control_detail, ControlAddr, ControlConn, ControlError, ControlStream};
 use crate::handshake::{handshake, LinkError};
 use crate::point_loop::SinkError;
-use crate::workload::place::{HostView, Placement};
+use crate::workload::place::{HostView, Placement, Staged, StagedRole};
 use netgap_core::host::HostFacts;
 use netgap_core::stats::LatencyHistogram;
 use netgap_proto::auth::Key;
@@ -88,6 +88,10 @@ pub(super) struct HostInfo {
     /// every other test takes, as the server's own address may sit on
     /// another link's subnet.
     via: Option<(IpAddr, IpAddr)>,
+    /// On a mesh, the first link (peer host name, local, remote) to every
+    /// other host: how a role of a staged placement reaches any earlier
+    /// role, not only the first host's.
+    peer_links: Vec<(String, IpAddr, IpAddr)>,
 }
 
 /// One agent session.
@@ -136,12 +140,19 @@ fn resolve_hosts(source: &HostsSource) -> Result<Vec<HostInfo>, GroupError> {
                         .links_to(&server.name)
                         .map(|l| (l.local, l.remote))
                         .collect();
+                    let mut peer_links: Vec<(String, IpAddr, IpAddr)> = Vec::new();
+                    for l in &h.links {
+                        if !peer_links.iter().any(|p| p.0 == l.peer) {
+                            peer_links.push((l.peer.clone(), l.local, l.remote));
+                        }
+                    }
                     Ok(HostInfo {
                         name: h.name.clone(),
                         control,
                         address: Some(h.address),
                         via: rails.first().copied(),
                         rails,
+                        peer_links,
                     })
                 })
                 .collect()
@@ -157,6 +168,7 @@ fn resolve_hosts(source: &HostsSource) -> Result<Vec<HostInfo>, GroupError> {
                 },
                 rails: Vec::new(),
                 via: None,
+                peer_links: Vec::new(),
             })
             .collect()),
         HostsSource::Embedded {
@@ -198,6 +210,7 @@ fn resolve_hosts(source: &HostsSource) -> Result<Vec<HostInfo>, GroupError> {
                     address: Some(ip),
                     rails,
                     via: None,
+                    peer_links: Vec::new(),
                 });
             }
             Ok(hosts)
@@ -465,8 +478,17 @@ pub(super) fn place(point: &GroupPoint, links: &[Link]) -> Result<Placement, Gro
         .collect();
     let placement = point
         .workload
-        .place(point.clients, &hosts)
+        .place_point(&point.params, point.clients, &hosts)
         .and_then(|p| p.validate(hosts.len()).map(|()| p))
+        .and_then(|p| {
+            if point.workload.staged() && p.roles.iter().any(|r| r.connects_to.is_some()) {
+                return Err(crate::workload::Refused(format!(
+                    "{}: a staged placement names no server per role; its roles reach each other through the staged addresses",
+                    point.workload.name()
+                )));
+            }
+            Ok(p)
+        })
         .map_err(|e| GroupError::Point(e.to_string()))?;
     Ok(placement)
 }
@@ -543,10 +565,67 @@ impl GroupCoordinator {
                 ips.push(*a);
                 ips.push(*b);
             }
+            for (_, a, b) in &l.host.peer_links {
+                ips.push(*a);
+                ips.push(*b);
+            }
         }
         ips.sort();
         ips.dedup();
         ips
+    }
+
+    /// The parameters of staged role `r`: the point's own, with
+    /// [`Staged`] under the key `staged`: the role's index, every role's
+    /// side and flows, and what each earlier role announced, made
+    /// reachable from this role's host (over their own link on a mesh).
+    fn staged_params(
+        &self,
+        params: &serde_json::Value,
+        placement: &Placement,
+        r: usize,
+        announced: &[Vec<String>],
+    ) -> Result<serde_json::Value, GroupError> {
+        let h = placement.roles[r].host;
+        let here = &self.links[h].host;
+        let peers = (0..r)
+            .map(|j| {
+                let there = &self.links[placement.roles[j].host].host;
+                let link = here.peer_links.iter().find(|p| p.0 == there.name);
+                announced[j]
+                    .iter()
+                    .map(|a| match link {
+                        Some((_, _, remote)) => retarget(a, *remote),
+                        None => fix_unspecified(a, there),
+                    })
+                    .collect()
+            })
+            .collect();
+        let staged = Staged {
+            role: r,
+            roles: placement
+                .roles
+                .iter()
+                .map(|p| StagedRole {
+                    side: p.side,
+                    flows: p.flows.clone(),
+                })
+                .collect(),
+            peers,
+        };
+        let mut params = params.clone();
+        let value = serde_json::to_value(&staged).map_err(|e| GroupError::Point(e.to_string()))?;
+        match params.as_object_mut() {
+            Some(map) => {
+                map.insert("staged".into(), value);
+            }
+            None => {
+                return Err(GroupError::Point(
+                    "a workload's parameters are not an object".into(),
+                ))
+            }
+        }
+        Ok(params)
     }
 
     /// Runs one repetition of `point`: prepare every role in the
@@ -591,6 +670,14 @@ impl GroupCoordinator {
             .roles
             .iter()
             .any(|r| r.connects_to.is_some() && vias[r.host].is_some());
+        let staged = point.workload.staged();
+        // A staged role reaches an earlier one over their own link on a
+        // mesh: every staged role then listens on every address.
+        let staged_mesh = staged
+            && placement
+                .roles
+                .iter()
+                .any(|r| !self.links[r.host].host.peer_links.is_empty());
         let mut announced: Vec<Vec<String>> = vec![Vec::new(); placement.roles.len()];
         // One secret for the point: every flow between its roles proves it.
         let token = crate::preamble::new_token().map_err(|e| GroupError::Point(e.to_string()))?;
@@ -635,10 +722,27 @@ impl GroupCoordinator {
                     },
                 };
             }
+            if staged {
+                // Every staged role listens (for the roles after it) and
+                // learns the placement and the earlier roles' addresses.
+                spec.role = GroupRole::Server;
+                spec.listen_ips = match &role.listen_ips {
+                    Some(ips) => ips.clone(),
+                    None if staged_mesh => vec![IpAddr::V4(Ipv4Addr::UNSPECIFIED)],
+                    None => self.links[h].host.address.into_iter().collect(),
+                };
+                spec.params = self.staged_params(&point.params, placement, r, &announced)?;
+            }
             let req = self.links[h].session.group_prepare(spec, token.clone());
             self.send(h, &req)?;
             self.setup[h] = Some(Instant::now());
-            if role.side == GroupRole::Server {
+            if staged {
+                let reply = self.wait(h, REPLY_TIMEOUT)?;
+                announced[r] = self.links[h]
+                    .session
+                    .on_group_listening(reply)
+                    .map_err(|e| self.host_error(h, e.to_string()))?;
+            } else if role.side == GroupRole::Server {
                 let reply = self.wait(h, REPLY_TIMEOUT)?;
                 let addrs = self.links[h]
                     .session
@@ -666,9 +770,14 @@ impl GroupCoordinator {
         }
         let prepare_timeout = crate::workload::role::ACCEPT_TIMEOUT + REPLY_TIMEOUT;
         // Roles that only connect are ready first; a server is ready once
-        // they have all connected.
+        // they have all connected. Staged roles both accept and connect:
+        // the last one prepared connects last and is ready first.
         let mut order: Vec<usize> = (0..placement.roles.len()).collect();
-        order.sort_by_key(|&r| placement.roles[r].side == GroupRole::Server);
+        if staged {
+            order.reverse();
+        } else {
+            order.sort_by_key(|&r| placement.roles[r].side == GroupRole::Server);
+        }
         for &r in &order {
             let h = placement.roles[r].host;
             let reply = self.wait(h, prepare_timeout)?;
@@ -679,7 +788,12 @@ impl GroupCoordinator {
                 .map_err(|e| self.host_error(h, e.to_string()))?;
         }
         // The barrier: every role is prepared; start them all, servers first.
-        order.reverse();
+        // Staged roles start last role first: the roles downstream of the
+        // first (a pipeline's consumer) start no later than it, so a time
+        // taken from the start (a query's) errs long, never short.
+        if !staged {
+            order.reverse();
+        }
         for &r in &order {
             let h = placement.roles[r].host;
             let go = self.links[h].session.group_go();

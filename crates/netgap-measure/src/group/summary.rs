@@ -98,8 +98,7 @@ impl Reduction {
             .iter()
             .map(|(i, _, o)| (placement.roles[*i].side, &o.metrics))
             .collect();
-        self.metrics
-            .push(workload.metrics(&role_metrics, window_ns));
+        let rep_metrics = workload.metrics(&role_metrics, window_ns);
         if self.services.is_empty() {
             self.services = r
                 .reports
@@ -154,7 +153,9 @@ impl Reduction {
                 }
             }
         }
-        let Some(value) = workload.metric().headline(&per_flow_value) else {
+        let headline = workload.headline(&per_flow_value, &rep_metrics);
+        self.metrics.push(rep_metrics);
+        let Some(value) = headline else {
             let idle = per_flow_value.iter().filter(|v| !v.is_finite()).count();
             return Err(ReduceError::Point(format!(
                 "{}: {idle} of {n} clients completed no round trip in the window; lengthen --duration",

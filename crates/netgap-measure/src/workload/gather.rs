@@ -610,7 +610,7 @@ struct Totals {
     gathers: u64,
     gather_ns: u64,
     /// Per host: exchanges' bytes, connect and total times.
-    per_host: Vec<(u64, u64, u64, LatencyHistogram)>,
+    per_host: Vec<(u64, u64, u64, netgap_core::stats::FlowHistogram)>,
     hist: LatencyHistogram,
     /// Every byte read, warm-up included, per host.
     bytes_rx: Vec<u64>,
@@ -653,7 +653,7 @@ impl ReadyRole for ClientRole {
         let mut bufs: Vec<Vec<u8>> = vec![Vec::new(); n];
         let mut totals = Totals {
             per_host: (0..n)
-                .map(|_| (0, 0, 0, LatencyHistogram::new_compact()))
+                .map(|_| (0, 0, 0, netgap_core::stats::FlowHistogram::new()))
                 .collect(),
             hist: LatencyHistogram::new(),
             bytes_rx: vec![0; n],

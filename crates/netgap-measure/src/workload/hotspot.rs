@@ -7,7 +7,7 @@ use super::role::{parse_params, NoParams, OpenRole, RoleContext, RoleError};
 use super::{engine, CountFlag, FlowSample, GroupMetric, Refused, Workload};
 use netgap_core::spec::PointSpec;
 use netgap_core::stats::{LatencyHistogram, Percentiles};
-use netgap_proto::group::{FlowReport, GroupRole};
+use netgap_proto::group::{FlowReport, GroupRole, GroupSpec};
 use netgap_transport::flows::FlowWork;
 use netgap_transport::Transport;
 
@@ -45,6 +45,10 @@ impl Workload for Hotspot {
 
     fn max_flows(&self) -> u32 {
         engine::MAX_ENGINE_FLOWS
+    }
+
+    fn memory_bytes(&self, spec: &GroupSpec) -> u64 {
+        engine::memory_bytes(spec)
     }
 
     fn default_size_bytes(&self, _transport: &dyn Transport) -> u64 {

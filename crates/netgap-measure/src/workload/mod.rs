@@ -35,8 +35,11 @@ pub mod hotspot;
 pub mod multirail;
 pub mod multistream;
 pub mod options;
+pub mod pio;
+pub mod pipeline;
 pub mod place;
 pub mod role;
+pub mod staged;
 pub mod stream;
 pub mod web;
 
@@ -211,6 +214,43 @@ pub trait Workload: Sync {
     /// [`CountFlag::Hosts`]) on `hosts`.
     fn place(&self, count: u32, hosts: &[HostView]) -> Result<Placement, Refused>;
 
+    /// Places the roles of a point whose shape its own options decide
+    /// (servers, stages): `params` are the point's ([`Workload::params`]).
+    /// By default the options do not matter: [`Workload::place`].
+    fn place_point(
+        &self,
+        params: &serde_json::Value,
+        count: u32,
+        hosts: &[HostView],
+    ) -> Result<Placement, Refused> {
+        let _ = params;
+        self.place(count, hosts)
+    }
+
+    /// Whether the placement is staged ([`place::Staged`]): roles are
+    /// prepared in order, every role listens for the roles after it and
+    /// is told the placement and the addresses of the roles before it, so
+    /// one role may accept from some roles and connect to several others
+    /// (a pipeline's filter stage; a client of several I/O servers). A
+    /// staged placement names no `connects_to`. Not staged by default.
+    fn staged(&self) -> bool {
+        false
+    }
+
+    /// A repetition's headline from its per-flow values and its figures
+    /// ([`Workload::metrics`], combined over roles): by default the
+    /// metric's combination of the values ([`GroupMetric::headline`]); a
+    /// workload whose headline is not one (all bytes over the slowest
+    /// client's time) computes it here. `None`: the repetition gave none.
+    fn headline(
+        &self,
+        values: &[f64],
+        metrics: &std::collections::BTreeMap<String, f64>,
+    ) -> Option<f64> {
+        let _ = metrics;
+        self.metric().headline(values)
+    }
+
     /// Memory this agent's role of a point would commit (buffers, threads,
     /// per-flow state), in bytes, computed before anything is allocated and
     /// checked against the agent's `--max-memory`. The default bounds a
@@ -248,6 +288,8 @@ pub fn registry() -> &'static [&'static dyn Workload] {
         &multirail::Multirail,
         &web::Web,
         &gather::Gather,
+        &pipeline::Pipeline,
+        &pio::Pio,
     ]
 }
 

@@ -106,12 +106,100 @@ impl Placement {
                 host[f as usize] = r.host;
             }
         }
-        for r in self.roles.iter().filter(|r| r.connects_to.is_some()) {
+        // A client of a staged placement connects to no one server.
+        let opens = |r: &&RolePlace| r.connects_to.is_some() || r.side == GroupRole::Client;
+        for r in self.roles.iter().filter(opens) {
             for &f in &r.flows {
                 host[f as usize] = r.host;
             }
         }
         host
+    }
+}
+
+/// Most roles of a staged placement.
+pub const MAX_STAGED_ROLES: usize = 64;
+
+/// One role of a staged placement, as every role of it learns it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StagedRole {
+    /// The side the placement gave it (every staged role listens on the
+    /// wire; the side says which part of the workload it plays).
+    pub side: GroupRole,
+    /// Its global flow numbers.
+    pub flows: Vec<u32>,
+}
+
+/// What a role of a staged placement
+/// ([`super::Workload::staged`]) is told besides the point's parameters,
+/// under the key `staged`: roles are prepared in placement order, each
+/// listening for the roles after it and connecting to the roles before it,
+/// so a role may both accept (a pipeline stage from upstream) and connect
+/// (downstream), to any number of earlier roles, whatever way the data
+/// then moves.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Staged {
+    /// This role's index in [`Staged::roles`].
+    pub role: usize,
+    /// Every role of the placement, in preparation order.
+    pub roles: Vec<StagedRole>,
+    /// What each earlier role announced (`IP:PORT`, reachable from this
+    /// role's host), in the order it announced them.
+    pub peers: Vec<Vec<String>>,
+}
+
+impl Staged {
+    /// Range-checks what a peer sent: this role among the roles, one
+    /// address list per earlier role, flows in range, and every address a
+    /// host of the session (`session_hosts`), so no role is aimed
+    /// elsewhere.
+    pub fn validate(
+        &self,
+        flows: u32,
+        session_hosts: &[IpAddr],
+    ) -> Result<Vec<Vec<std::net::SocketAddr>>, String> {
+        if self.roles.is_empty() || self.roles.len() > MAX_STAGED_ROLES {
+            return Err(format!(
+                "{} staged roles (want 1 to {MAX_STAGED_ROLES})",
+                self.roles.len()
+            ));
+        }
+        if self.role >= self.roles.len() || self.peers.len() != self.role {
+            return Err(format!(
+                "role {} of {} with {} earlier roles' addresses",
+                self.role,
+                self.roles.len(),
+                self.peers.len()
+            ));
+        }
+        let limit = netgap_proto::group::MAX_GROUP_FLOWS;
+        for r in &self.roles {
+            if r.flows.len() > limit as usize || r.flows.iter().any(|&f| f >= limit) {
+                return Err(format!("a staged role has flows past {limit}"));
+            }
+        }
+        if self.roles[self.role].flows.len() != flows as usize {
+            return Err("this role's flows differ from the point's".into());
+        }
+        let mut out = Vec::with_capacity(self.peers.len());
+        for list in &self.peers {
+            if list.len() > limit as usize {
+                return Err("too many addresses of an earlier role".into());
+            }
+            let mut addrs = Vec::with_capacity(list.len());
+            for a in list {
+                let sa: std::net::SocketAddr =
+                    a.parse().map_err(|_| format!("{a:?} is not IP:PORT"))?;
+                if !session_hosts.contains(&sa.ip()) {
+                    return Err(format!("{} is not a host of this session", sa.ip()));
+                }
+                addrs.push(sa);
+            }
+            out.push(addrs);
+        }
+        Ok(out)
     }
 }
 
@@ -241,6 +329,33 @@ mod tests {
             p.roles[1].bind_ips,
             Some(vec![ip("10.0.1.2"), ip("10.0.2.2")])
         );
+    }
+
+    #[test]
+    fn staged_addresses_must_be_session_hosts_and_one_list_per_earlier_role() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let role = |flows: Vec<u32>| StagedRole {
+            side: GroupRole::Server,
+            flows,
+        };
+        let mut s = Staged {
+            role: 1,
+            roles: vec![role(vec![0]), role(vec![1, 2])],
+            peers: vec![vec!["10.0.0.1:5000".into()]],
+        };
+        let hosts = [ip("10.0.0.1"), ip("10.0.0.2")];
+        let peers = s.validate(2, &hosts).unwrap();
+        assert_eq!(peers[0][0].port(), 5000);
+        // Not this role's flow count.
+        assert!(s.validate(3, &hosts).is_err());
+        // An address outside the session.
+        s.peers[0][0] = "192.0.2.9:5000".into();
+        assert!(s.validate(2, &hosts).unwrap_err().contains("not a host"));
+        // Not one address list per earlier role.
+        s.peers.clear();
+        assert!(s.validate(2, &hosts).is_err());
+        s.role = 7;
+        assert!(s.validate(2, &hosts).is_err());
     }
 
     #[test]

@@ -172,7 +172,7 @@ type Accept = JoinHandle<Result<Box<dyn transport::Flow>, RoleError>>;
 /// Accepts flow `index`: the first connection that proves the point's
 /// token within [`ACCEPT_TIMEOUT`]; a stranger's connection is dropped and
 /// the wait goes on.
-fn accept_proven(
+pub(crate) fn accept_proven(
     listener: &mut dyn transport::Listener,
     token: &netgap_proto::dataproof::DataToken,
     index: usize,

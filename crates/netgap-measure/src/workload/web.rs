@@ -593,7 +593,7 @@ impl ReadyRole for ClientRole {
         let (mut rx, mut tx) = (0, 0);
         let mut last_error = None;
         for o in &outcomes {
-            hist.merge(&o.hist);
+            o.hist.merge_into(&mut hist);
             rx += o.bytes_rx;
             tx += o.bytes_tx;
             for (k, v) in [

@@ -17,7 +17,7 @@ use super::io::{Io, WorkerIo};
 use super::machine::{ConnectClient, MachineError, PingPongClient, Progress};
 use super::{limits, ClientReport, ClientSpec, EngineConfig, EngineError, FlowOutcome, FlowWork};
 use netgap_core::spec::{Mode, TransportOptions};
-use netgap_core::stats::LatencyHistogram;
+use netgap_core::stats::FlowHistogram;
 use nix::errno::Errno;
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags};
 use socket2::{Domain, Protocol, Socket, Type};
@@ -65,7 +65,7 @@ struct Worker {
 #[derive(Debug)]
 struct Flow {
     index: u32,
-    hist: LatencyHistogram,
+    hist: FlowHistogram,
     round_trips: u64,
     window_bytes_tx: u64,
     window_bytes_rx: u64,
@@ -234,7 +234,7 @@ pub(super) fn prepare(
         };
         w.flows.push(Flow {
             index,
-            hist: LatencyHistogram::new_compact(),
+            hist: FlowHistogram::new(),
             round_trips: 0,
             window_bytes_tx: 0,
             window_bytes_rx: 0,

@@ -19,8 +19,10 @@
 //!   over non-blocking sockets with TCP_NODELAY; each flow has one buffer
 //!   of its message size (at most 64 KiB in connect mode) allocated when the
 //!   flow is made, so a round trip allocates nothing and memory is
-//!   proportional to flows × size. Per-flow latencies go to a compact
-//!   [`LatencyHistogram`] (1% precision) so 10,000 of them stay small.
+//!   proportional to flows × size. Per-flow latencies go to a
+//!   [`FlowHistogram`] (log-linear, percentiles within 1.6%, a few hundred
+//!   bytes) so 100,000 of them stay small; the role's aggregate is their
+//!   merge into one full-precision histogram.
 //! - In connect mode the server closes first, so TIME_WAIT lands on the
 //!   server and the client's ephemeral ports are free again at once.
 //! - Completion mode: in `event` mode a worker sleeps in `epoll_wait` until
@@ -50,7 +52,7 @@ pub use server::FlowServer;
 
 use netgap_core::datagram::DatagramStats;
 use netgap_core::spec::{Mode, TransportOptions};
-use netgap_core::stats::LatencyHistogram;
+use netgap_core::stats::FlowHistogram;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
@@ -295,8 +297,8 @@ pub struct FlowOutcome {
     pub window_bytes_rx: u64,
     /// Latency of each exchange counted in `round_trips`, ns: the round trip
     /// (PingPong) or connection setup plus request and reply (Connect).
-    /// Compact precision (1%), see [`LatencyHistogram::new_compact`].
-    pub hist: LatencyHistogram,
+    /// A [`FlowHistogram`]: a few hundred bytes, percentiles within 1.6%.
+    pub hist: FlowHistogram,
     /// Failed connections (refused, no local address, reset, stalled past
     /// the I/O timeout) in Connect mode over the whole run; always 0 for
     /// PingPong, where a failure ends the run with an error instead.

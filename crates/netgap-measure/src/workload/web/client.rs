@@ -9,7 +9,7 @@
 //! byte with the content the file set regenerates.
 
 use super::fileset::{mix64, FileSet, Zipf};
-use netgap_core::stats::LatencyHistogram;
+use netgap_core::stats::FlowHistogram;
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags};
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 use std::io::{ErrorKind, Read, Write};
@@ -77,7 +77,7 @@ pub struct ClientOutcome {
     /// Connections opened, whole run.
     pub connections: u64,
     /// The latency of each transaction in the window, ns.
-    pub hist: LatencyHistogram,
+    pub hist: FlowHistogram,
     /// The last error seen, for a run where every request failed.
     pub last_error: Option<String>,
 }
@@ -178,7 +178,7 @@ impl Conn {
                 checked: 0,
                 verified: 0,
                 connections: 0,
-                hist: LatencyHistogram::new_compact(),
+                hist: FlowHistogram::new(),
                 last_error: None,
             },
         }

@@ -1,0 +1,337 @@
+//! Host lists as cluster launchers write them: Slurm's compressed node
+//! lists (`SLURM_JOB_NODELIST`, such as `node[01-04,07],gpu[1-2]`) and the
+//! hostfiles of Open MPI (`host slots=N`) and MPICH (`host:N`). Both expand
+//! to host names in order, each once; `--hosts @slurm` and `--hosts
+//! @hostfile:FILE` resolve them to the agents' control addresses (see
+//! `cluster::HostsArg`). Plain text in, names out: bad input is refused
+//! with one line saying where.
+
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+
+/// Most hosts one list may expand to.
+pub const MAX_HOSTS: usize = 100_000;
+/// Longest host name.
+const MAX_NAME_BYTES: usize = 253;
+
+/// Why a host list is unusable.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HostListError {
+    /// A Slurm node list that does not parse.
+    #[error("node list {list:?}: {detail}")]
+    NodeList {
+        /// The list as given.
+        list: String,
+        /// What is wrong.
+        detail: String,
+    },
+    /// A hostfile line that does not parse.
+    #[error("line {line}: {detail}")]
+    Hostfile {
+        /// Its number, from 1.
+        line: usize,
+        /// What is wrong.
+        detail: String,
+    },
+    /// Nothing in the list.
+    #[error("no hosts in it")]
+    Empty,
+}
+
+fn node_err(list: &str, detail: impl Into<String>) -> HostListError {
+    HostListError::NodeList {
+        list: list.to_string(),
+        detail: detail.into(),
+    }
+}
+
+/// Whether `c` may appear in a host name outside brackets.
+fn name_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_')
+}
+
+/// Expands a Slurm node list: top-level commas separate entries; each
+/// bracket group holds numbers and ranges (`01-04,07`), zero padding taken
+/// from the lower bound; several groups in one entry multiply
+/// (`a[1-2]b[1-2]`). Host names come out in order, each once.
+pub fn expand_nodelist(list: &str) -> Result<Vec<String>, HostListError> {
+    let text = list.trim();
+    let mut hosts: Vec<String> = Vec::new();
+    let mut entries = Vec::new();
+    let (mut depth, mut start) = (0u32, 0usize);
+    for (i, c) in text.char_indices() {
+        match c {
+            '[' if depth == 0 => depth = 1,
+            '[' => return Err(node_err(list, "nested '['")),
+            ']' if depth == 1 => depth = 0,
+            ']' => return Err(node_err(list, "']' without '['")),
+            ',' if depth == 0 => {
+                entries.push(&text[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    if depth != 0 {
+        return Err(node_err(list, "'[' without ']'"));
+    }
+    entries.push(&text[start..]);
+    for entry in entries {
+        let entry = entry.trim();
+        if entry.is_empty() {
+            return Err(node_err(list, "an empty entry"));
+        }
+        let mut names = vec![String::new()];
+        let mut rest = entry;
+        while !rest.is_empty() {
+            if let Some(body) = rest.strip_prefix('[') {
+                // The scan above matched every bracket.
+                let end = body.find(']').unwrap_or(body.len());
+                let numbers = expand_ranges(list, &body[..end])?;
+                if names.len().saturating_mul(numbers.len()) > MAX_HOSTS {
+                    return Err(node_err(list, format!("more than {MAX_HOSTS} hosts")));
+                }
+                names = names
+                    .iter()
+                    .flat_map(|n| numbers.iter().map(move |x| format!("{n}{x}")))
+                    .collect();
+                rest = body.get(end + 1..).unwrap_or("");
+            } else {
+                let end = rest.find('[').unwrap_or(rest.len());
+                let part = &rest[..end];
+                if let Some(bad) = part.chars().find(|&c| !name_char(c)) {
+                    return Err(node_err(list, format!("{bad:?} in a host name")));
+                }
+                for n in &mut names {
+                    n.push_str(part);
+                }
+                rest = &rest[end..];
+            }
+        }
+        for n in names {
+            if n.len() > MAX_NAME_BYTES {
+                return Err(node_err(list, "a host name over 253 bytes"));
+            }
+            if !hosts.contains(&n) {
+                hosts.push(n);
+            }
+            if hosts.len() > MAX_HOSTS {
+                return Err(node_err(list, format!("more than {MAX_HOSTS} hosts")));
+            }
+        }
+    }
+    Ok(hosts)
+}
+
+/// The numbers of one bracket group, as text with their padding.
+fn expand_ranges(list: &str, group: &str) -> Result<Vec<String>, HostListError> {
+    let mut out = Vec::new();
+    for item in group.split(',') {
+        let item = item.trim();
+        let (lo, hi) = item.split_once('-').unwrap_or((item, item));
+        let digits =
+            |s: &str| !s.is_empty() && s.len() <= 18 && s.bytes().all(|b| b.is_ascii_digit());
+        if !digits(lo) || !digits(hi) {
+            return Err(node_err(
+                list,
+                format!("[{group}]: {item:?} is not a number or a range N-M"),
+            ));
+        }
+        let (a, b): (u64, u64) = (
+            lo.parse()
+                .map_err(|_| node_err(list, "a number too large"))?,
+            hi.parse()
+                .map_err(|_| node_err(list, "a number too large"))?,
+        );
+        if a > b {
+            return Err(node_err(
+                list,
+                format!("[{group}]: range {item} runs backwards"),
+            ));
+        }
+        if b - a >= MAX_HOSTS as u64 || out.len() + (b - a) as usize >= MAX_HOSTS {
+            return Err(node_err(list, format!("more than {MAX_HOSTS} hosts")));
+        }
+        let width = lo.len();
+        for n in a..=b {
+            out.push(format!("{n:0width$}"));
+        }
+    }
+    Ok(out)
+}
+
+/// Host names of an Open MPI or MPICH hostfile, in order, each once:
+/// `#` starts a comment, blank lines are skipped, each line names one host
+/// followed by Open MPI's `slots=N` / `max_slots=N` or MPICH's `:N`.
+pub fn parse_hostfile(text: &str) -> Result<Vec<String>, HostListError> {
+    let mut hosts: Vec<String> = Vec::new();
+    for (i, raw) in text.lines().enumerate() {
+        let line = i + 1;
+        let bad = |detail: String| HostListError::Hostfile { line, detail };
+        let content = raw.split('#').next().unwrap_or("").trim();
+        if content.is_empty() {
+            continue;
+        }
+        let mut words = content.split_whitespace();
+        let first = words.next().unwrap_or_default();
+        let name = match first.split_once(':') {
+            Some((name, count)) => {
+                if count.parse::<u32>().map_or(true, |n| n == 0) {
+                    return Err(bad(format!(
+                        "{first:?}: after ':' MPICH wants a process count"
+                    )));
+                }
+                name
+            }
+            None => first,
+        };
+        if name.is_empty() || name.len() > MAX_NAME_BYTES || !name.chars().all(name_char) {
+            return Err(bad(format!("{name:?} is not a host name")));
+        }
+        for w in words {
+            let ok = w.split_once('=').is_some_and(|(k, v)| {
+                matches!(k, "slots" | "max_slots" | "max-slots") && v.parse::<u32>().is_ok()
+            });
+            if !ok {
+                return Err(bad(format!(
+                    "{w:?}: want slots=N or max_slots=N after the host name"
+                )));
+            }
+        }
+        if !hosts.iter().any(|h| h == name) {
+            hosts.push(name.to_string());
+        }
+        if hosts.len() > MAX_HOSTS {
+            return Err(bad(format!("more than {MAX_HOSTS} hosts")));
+        }
+    }
+    if hosts.is_empty() {
+        return Err(HostListError::Empty);
+    }
+    Ok(hosts)
+}
+
+/// The address of host `name` at `port`: the name resolved (an IPv4
+/// address first), or the address itself.
+pub fn resolve(name: &str, port: u16) -> Result<SocketAddr, String> {
+    if let Ok(ip) = name.parse::<IpAddr>() {
+        return Ok(SocketAddr::new(ip, port));
+    }
+    let addrs: Vec<SocketAddr> = (name, port)
+        .to_socket_addrs()
+        .map_err(|e| format!("cannot resolve {name}: {e}"))?
+        .collect();
+    addrs
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or_else(|| addrs.first())
+        .copied()
+        .ok_or_else(|| format!("{name} has no address"))
+}
+
+/// This node's own address, for an agent that listens where other nodes
+/// reach it (`netgap serve --bind auto` under srun or mpirun): the host
+/// name resolved to an address that is not loopback.
+pub fn node_address() -> Result<IpAddr, String> {
+    let name = nix::unistd::gethostname()
+        .map_err(|e| format!("reading the host name: {e}"))?
+        .to_string_lossy()
+        .into_owned();
+    let addrs: Vec<IpAddr> = (name.as_str(), 0)
+        .to_socket_addrs()
+        .map_err(|e| format!("cannot resolve this node's name {name}: {e}"))?
+        .map(|a| a.ip())
+        .filter(|ip| !ip.is_loopback())
+        .collect();
+    addrs
+        .iter()
+        .find(|ip| ip.is_ipv4())
+        .or_else(|| addrs.first())
+        .copied()
+        .ok_or_else(|| {
+            format!("this node's name {name} resolves only to loopback; give --bind ADDRESS")
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(list: &str) -> Vec<String> {
+        expand_nodelist(list).expect("expands")
+    }
+
+    #[test]
+    fn slurm_node_lists_expand_ranges_keeping_zero_padding() {
+        assert_eq!(names("node01"), ["node01"]);
+        assert_eq!(
+            names("node[01-04,07]"),
+            ["node01", "node02", "node03", "node04", "node07"]
+        );
+        assert_eq!(names("n[8-11]"), ["n8", "n9", "n10", "n11"]);
+        assert_eq!(names("n[098-101]"), ["n098", "n099", "n100", "n101"]);
+        assert_eq!(names("a[1-2],b3"), ["a1", "a2", "b3"]);
+        assert_eq!(
+            names("rack[1-2]-n[1-2]"),
+            ["rack1-n1", "rack1-n2", "rack2-n1", "rack2-n2"]
+        );
+        assert_eq!(names("x[1,1],x1,y.lan"), ["x1", "y.lan"]);
+        assert_eq!(
+            names("gpu[1-2],cpu[003-004]"),
+            ["gpu1", "gpu2", "cpu003", "cpu004"]
+        );
+    }
+
+    #[test]
+    fn bad_node_lists_are_refused_in_one_line() {
+        for (bad, why) in [
+            ("", "empty entry"),
+            ("a,,b", "empty entry"),
+            ("node[01-04", "without ']'"),
+            ("node01-04]", "without '['"),
+            ("n[[1]]", "nested"),
+            ("n[4-1]", "backwards"),
+            ("n[a-b]", "not a number"),
+            ("n[1-]", "not a number"),
+            ("n[]", "not a number"),
+            ("n[0-999999999]", "more than"),
+            ("no de", "in a host name"),
+        ] {
+            let e = expand_nodelist(bad).expect_err(bad).to_string();
+            assert!(e.contains(why), "{bad:?}: {e}");
+            assert!(!e.contains('\n'), "{e}");
+        }
+    }
+
+    #[test]
+    fn hostfiles_of_open_mpi_and_mpich_give_their_hosts() {
+        let text = "# the allocation\n\nnode01 slots=4\nnode02 slots=4 max_slots=8  # two\nnode03:2\nnode04\nnode01 slots=1\n";
+        assert_eq!(
+            parse_hostfile(text).expect("parses"),
+            ["node01", "node02", "node03", "node04"]
+        );
+        for (bad, line, why) in [
+            ("a\nb slots=x\n", 2, "slots=N"),
+            ("a:zero\n", 1, "process count"),
+            ("a:0\n", 1, "process count"),
+            ("a b\n", 1, "slots=N"),
+            ("bad/name\n", 1, "not a host name"),
+        ] {
+            let e = parse_hostfile(bad).expect_err(bad);
+            assert!(
+                matches!(&e, HostListError::Hostfile { line: l, .. } if *l == line),
+                "{bad:?}: {e}"
+            );
+            assert!(e.to_string().contains(why), "{e}");
+        }
+        assert_eq!(parse_hostfile("# nothing\n\n"), Err(HostListError::Empty));
+    }
+
+    #[test]
+    fn addresses_resolve_as_they_are() {
+        assert_eq!(
+            resolve("127.0.0.1", 7100),
+            Ok("127.0.0.1:7100".parse().expect("addr"))
+        );
+        assert!(resolve("localhost", 7100).is_ok_and(|a| a.ip().is_loopback()));
+    }
+}

@@ -1,0 +1,412 @@
+//! The I/O server of `pio`: keeps its stripes of the logical file in a
+//! real file on its host and serves every client's requests over its own
+//! flow, one thread per client. The page cache is taken out of the
+//! measurement where the file system lets it: `O_DIRECT` for aligned
+//! requests where the file system takes it, else (and always at the
+//! barrier between writes and reads) `fdatasync` and
+//! `posix_fadvise(DONTNEED)`; on tmpfs the file *is* the page cache, which
+//! is recorded.
+
+use super::wire::{self, Header};
+use super::PioError;
+use crate::workload::role::Stop;
+use crate::workload::staged::recv_patient;
+use netgap_transport::{self as transport, FlowError};
+use std::fs::File;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex};
+use std::time::Instant;
+
+/// Alignment `O_DIRECT` asks of offsets, lengths and buffers here.
+pub const DIRECT_ALIGN: usize = 4096;
+
+/// How the server keeps the page cache out of its figures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheUse {
+    /// Aligned requests bypass the cache (`O_DIRECT`); the rest is flushed
+    /// and dropped at the barrier.
+    Direct,
+    /// The file system refuses `O_DIRECT`: flushed and dropped at the
+    /// barrier.
+    Flush,
+    /// tmpfs: the file lives in memory; nothing to bypass or drop.
+    Memory,
+    /// `--cache keep`: the cache stays.
+    Kept,
+}
+
+/// The file that holds this server's stripes, and what removes it.
+pub struct ServerFile {
+    /// The file, buffered.
+    file: File,
+    /// The same file opened with `O_DIRECT`, when the file system allows.
+    direct: Option<File>,
+    /// What was done about the page cache.
+    pub cache: CacheUse,
+    /// Removes the file (and the run's own directory) when dropped.
+    _holder: Holder,
+    /// The file's path, for messages.
+    pub path: PathBuf,
+}
+
+/// Removes what the server made when dropped.
+struct Holder {
+    /// A file in the user's directory: only it is removed.
+    _file: Option<tempfile::TempPath>,
+    /// The run's own directory: removed with everything in it.
+    _dir: Option<tempfile::TempDir>,
+}
+
+/// Whether the file system of `dir` is tmpfs.
+fn on_tmpfs(dir: &Path) -> bool {
+    nix::sys::statfs::statfs(dir)
+        .map(|s| s.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC)
+        .unwrap_or(false)
+}
+
+impl ServerFile {
+    /// Creates server `index`'s file in `dir` (the user's; only the file is
+    /// removed afterwards) or in a directory of its own under the system's
+    /// temporary directory (removed whole), and opens it for direct I/O
+    /// when `bypass` and the file system allows.
+    pub fn create(dir: Option<&str>, index: usize, bypass: bool) -> Result<ServerFile, PioError> {
+        let prefix = format!("netgap-pio-s{index}-");
+        let (holder, path) = match dir {
+            Some(d) => {
+                let d = Path::new(d);
+                if !d.is_dir() {
+                    return Err(PioError(format!(
+                        "--dir {}: not a directory on this host",
+                        d.display()
+                    )));
+                }
+                let tmp = tempfile::Builder::new()
+                    .prefix(&prefix)
+                    .suffix(".dat")
+                    .tempfile_in(d)
+                    .map_err(|e| PioError(format!("creating a file in {}: {e}", d.display())))?;
+                let path = tmp.path().to_path_buf();
+                (
+                    Holder {
+                        _file: Some(tmp.into_temp_path()),
+                        _dir: None,
+                    },
+                    path,
+                )
+            }
+            None => {
+                let tmp = tempfile::Builder::new()
+                    .prefix(&prefix)
+                    .tempdir()
+                    .map_err(|e| PioError(format!("creating the run's directory: {e}")))?;
+                let path = tmp.path().join("stripes.dat");
+                (
+                    Holder {
+                        _file: None,
+                        _dir: Some(tmp),
+                    },
+                    path,
+                )
+            }
+        };
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .map_err(|e| PioError(format!("opening {}: {e}", path.display())))?;
+        let parent = path.parent().unwrap_or(Path::new("/"));
+        let (direct, cache) = if !bypass {
+            (None, CacheUse::Kept)
+        } else if on_tmpfs(parent) {
+            (None, CacheUse::Memory)
+        } else {
+            match std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .custom_flags(libc::O_DIRECT)
+                .open(&path)
+            {
+                Ok(f) => (Some(f), CacheUse::Direct),
+                Err(_) => (None, CacheUse::Flush),
+            }
+        };
+        Ok(ServerFile {
+            file,
+            direct,
+            cache,
+            _holder: holder,
+            path,
+        })
+    }
+
+    /// The file handle for a request at `offset` of `len` bytes from a
+    /// buffer at `ptr`: the direct one when everything is aligned.
+    fn handle(&self, offset: u64, len: usize, ptr: *const u8) -> &File {
+        let aligned = offset.is_multiple_of(DIRECT_ALIGN as u64)
+            && len.is_multiple_of(DIRECT_ALIGN)
+            && (ptr as usize).is_multiple_of(DIRECT_ALIGN);
+        match &self.direct {
+            Some(d) if aligned => d,
+            _ => &self.file,
+        }
+    }
+
+    /// Makes the file durable and, unless the cache is kept or the file
+    /// lives in memory, drops its pages so reads come from the disk.
+    fn flush(&self) -> std::io::Result<()> {
+        if matches!(self.cache, CacheUse::Kept | CacheUse::Memory) {
+            return Ok(());
+        }
+        self.file.sync_data()?;
+        use std::os::fd::AsRawFd;
+        nix::fcntl::posix_fadvise(
+            self.file.as_raw_fd(),
+            0,
+            0,
+            nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED,
+        )
+        .map_err(std::io::Error::from)
+    }
+}
+
+/// A buffer of at least `len` bytes whose start is aligned for direct I/O.
+pub struct AlignedBuf {
+    raw: Vec<u8>,
+    start: usize,
+    len: usize,
+}
+
+impl AlignedBuf {
+    /// A zeroed buffer of `len` bytes.
+    pub fn new(len: usize) -> AlignedBuf {
+        let raw = vec![0u8; len + DIRECT_ALIGN];
+        let start = raw.as_ptr().align_offset(DIRECT_ALIGN).min(DIRECT_ALIGN);
+        AlignedBuf { raw, start, len }
+    }
+
+    /// Its first `n` bytes (at most its length).
+    pub fn slice(&mut self, n: usize) -> &mut [u8] {
+        let n = n.min(self.len);
+        &mut self.raw[self.start..self.start + n]
+    }
+}
+
+/// What the server's threads share.
+pub struct Shared {
+    /// The stripes' file.
+    pub file: ServerFile,
+    /// Largest request, bytes (a stripe unit).
+    pub stripe_bytes: u64,
+    /// Size the local file may reach.
+    pub limit_bytes: u64,
+    /// Clients that must arrive at a barrier.
+    pub clients: usize,
+    /// Time in writes, ns.
+    pub write_ns: AtomicU64,
+    /// Time in reads, ns.
+    pub read_ns: AtomicU64,
+    /// Time flushing, ns.
+    pub flush_ns: AtomicU64,
+    barriers: Mutex<Barriers>,
+    released: Condvar,
+}
+
+#[derive(Default)]
+struct Barriers {
+    /// Arrivals at barriers 0 and 1.
+    arrived: [usize; 2],
+    /// Whether each barrier has let its clients go.
+    open: [bool; 2],
+    /// A client's flow failed: nobody waits any more.
+    failed: bool,
+}
+
+impl Shared {
+    /// State for a server of `clients` clients.
+    pub fn new(file: ServerFile, stripe_bytes: u64, limit_bytes: u64, clients: usize) -> Shared {
+        Shared {
+            file,
+            stripe_bytes,
+            limit_bytes,
+            clients,
+            write_ns: AtomicU64::new(0),
+            read_ns: AtomicU64::new(0),
+            flush_ns: AtomicU64::new(0),
+            barriers: Mutex::new(Barriers::default()),
+            released: Condvar::new(),
+        }
+    }
+
+    /// Wakes every waiting thread for good: a flow failed.
+    pub fn fail(&self) {
+        if let Ok(mut b) = self.barriers.lock() {
+            b.failed = true;
+        }
+        self.released.notify_all();
+    }
+
+    /// Arrives at barrier `n`; the last client in flushes the file after
+    /// the writes (barrier 1) and lets everyone go.
+    fn barrier(&self, n: usize, deadline: Instant, stop: &Stop) -> Result<(), PioError> {
+        let poisoned = || PioError("a barrier's lock was poisoned".into());
+        let mut b = self.barriers.lock().map_err(|_| poisoned())?;
+        b.arrived[n] += 1;
+        if b.arrived[n] == self.clients {
+            if n == 1 {
+                let t0 = Instant::now();
+                self.file
+                    .flush()
+                    .map_err(|e| PioError(format!("flushing {}: {e}", self.file.path.display())))?;
+                self.flush_ns
+                    .fetch_add(crate::bench::ns_since(t0), Ordering::Relaxed);
+            }
+            b.open[n] = true;
+            self.released.notify_all();
+            return Ok(());
+        }
+        while !b.open[n] {
+            if b.failed || stop.is_set() {
+                return Err(PioError("another client's flow failed".into()));
+            }
+            if Instant::now() >= deadline {
+                return Err(PioError(
+                    "clients did not all reach the barrier within the window; lengthen --duration"
+                        .into(),
+                ));
+            }
+            b = self
+                .released
+                .wait_timeout(b, crate::workload::role::STOP_TICK)
+                .map_err(|_| poisoned())?
+                .0;
+        }
+        Ok(())
+    }
+}
+
+/// What one client's flow moved at this server.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Served {
+    /// Bytes the client wrote here.
+    pub written: u64,
+    /// Bytes the client read from here.
+    pub read: u64,
+    /// Requests served.
+    pub requests: u64,
+}
+
+fn flow_err(e: FlowError) -> PioError {
+    PioError(e.to_string())
+}
+
+/// Serves one client's flow until it says it is done.
+pub fn serve(
+    flow: &mut dyn transport::Flow,
+    shared: &Shared,
+    deadline: Instant,
+    stop: &Stop,
+) -> Result<Served, PioError> {
+    let (tx, rx) = flow.split();
+    let stripe = usize::try_from(shared.stripe_bytes).unwrap_or(usize::MAX);
+    let mut buf = AlignedBuf::new(stripe);
+    let mut served = Served::default();
+    let mut next_barrier = 0u64;
+    loop {
+        if stop.is_set() {
+            return Err(PioError("stopped".into()));
+        }
+        let mut hb = [0u8; wire::HEADER_BYTES];
+        recv_patient(rx, &mut hb, deadline, stop).map_err(flow_err)?;
+        let h = Header::decode(&hb);
+        served.requests += 1;
+        let len = h.len as usize;
+        let in_file = || {
+            if h.len == 0
+                || u64::from(h.len) > shared.stripe_bytes
+                || h.offset.saturating_add(u64::from(h.len)) > shared.limit_bytes
+            {
+                return Err(PioError(format!(
+                    "a request of {} bytes at {} is outside this server's {} bytes (stripes of {})",
+                    h.len, h.offset, shared.limit_bytes, shared.stripe_bytes
+                )));
+            }
+            Ok(())
+        };
+        match h.op {
+            wire::OP_BARRIER => {
+                if h.offset != next_barrier || next_barrier > 1 {
+                    return Err(PioError(format!(
+                        "barrier {} out of order (expected {next_barrier})",
+                        h.offset
+                    )));
+                }
+                shared.barrier(next_barrier as usize, deadline, stop)?;
+                next_barrier += 1;
+                tx.send_all(&[wire::STATUS_OK]).map_err(flow_err)?;
+            }
+            wire::OP_WRITE => {
+                in_file()?;
+                let data = buf.slice(len);
+                rx.recv_exact(data).map_err(flow_err)?;
+                let t0 = Instant::now();
+                let f = shared.file.handle(h.offset, len, data.as_ptr());
+                let r = f.write_all_at(data, h.offset);
+                shared
+                    .write_ns
+                    .fetch_add(crate::bench::ns_since(t0), Ordering::Relaxed);
+                if let Err(e) = r {
+                    let _ = tx.send_all(&[wire::STATUS_FAILED]);
+                    return Err(PioError(format!(
+                        "writing {}: {e}",
+                        shared.file.path.display()
+                    )));
+                }
+                served.written += u64::from(h.len);
+                tx.send_all(&[wire::STATUS_OK]).map_err(flow_err)?;
+            }
+            wire::OP_READ => {
+                in_file()?;
+                let data = buf.slice(len);
+                let t0 = Instant::now();
+                let f = shared.file.handle(h.offset, len, data.as_ptr());
+                let r = f.read_exact_at(data, h.offset);
+                shared
+                    .read_ns
+                    .fetch_add(crate::bench::ns_since(t0), Ordering::Relaxed);
+                if let Err(e) = r {
+                    return Err(PioError(format!(
+                        "reading {}: {e}",
+                        shared.file.path.display()
+                    )));
+                }
+                tx.send_all(data).map_err(flow_err)?;
+                served.read += u64::from(h.len);
+            }
+            wire::OP_SYNC => {
+                let t0 = Instant::now();
+                let r = if matches!(shared.file.cache, CacheUse::Memory | CacheUse::Kept) {
+                    Ok(())
+                } else {
+                    shared.file.file.sync_data()
+                };
+                shared
+                    .flush_ns
+                    .fetch_add(crate::bench::ns_since(t0), Ordering::Relaxed);
+                if let Err(e) = r {
+                    let _ = tx.send_all(&[wire::STATUS_FAILED]);
+                    return Err(PioError(format!(
+                        "syncing {}: {e}",
+                        shared.file.path.display()
+                    )));
+                }
+                tx.send_all(&[wire::STATUS_OK]).map_err(flow_err)?;
+            }
+            wire::OP_DONE => return Ok(served),
+            op => return Err(PioError(format!("unknown request {op}"))),
+        }
+    }
+}

@@ -1,0 +1,446 @@
+//! Starting the two ranks with mpirun and reading rank 0's lines.
+//!
+//! On this machine the ranks meet over shared memory (Open MPI's `vader`
+//! BTL). On the testbed, mpirun itself runs inside rank 0's host (its
+//! network namespace, and a UTS namespace named after the host so Open MPI
+//! tells the hosts apart), and reaches rank 1's host through a launch agent
+//! (`plm_rsh_agent`) that is netgap itself: `netgap mpi-agent HOST CMD...`
+//! enters that host's namespaces and runs the command as ssh would, through
+//! `sh -c`. Both the MPI traffic (`btl tcp,self`, so shared memory cannot
+//! bypass the network) and mpirun's own out-of-band channel are pinned to
+//! the testbed interface, so everything crosses the testbed's links.
+
+use crate::wire::{parse_line, RankLine, RankPlan, WireError, MAX_LINE_BYTES};
+use std::collections::VecDeque;
+use std::ffi::OsString;
+use std::io::{BufRead, BufReader, Read};
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// The environment variable that tells the launch agent which namespace
+/// each host address lives in: `ADDR=NETNS=NAME` entries joined by `;`.
+pub const HOSTS_ENV: &str = "NETGAP_MPI_HOSTS";
+/// Lines of mpirun's standard error kept for the error message.
+const STDERR_TAIL_LINES: usize = 20;
+
+/// Why the ranks could not be started or followed.
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    /// mpirun could not be started.
+    #[error("cannot start {program}: {source} (install Open MPI: apt-get install openmpi-bin)")]
+    Spawn {
+        /// The program.
+        program: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// mpirun ended before the ranks finished.
+    #[error("mpirun ended ({status}) before the ranks finished{detail}")]
+    Ended {
+        /// Its exit status.
+        status: String,
+        /// The end of its standard error, after a colon.
+        detail: String,
+    },
+    /// Rank 0 said nothing for too long.
+    #[error("rank 0 sent nothing for {0:?}; the job was stopped")]
+    Silent(Duration),
+    /// Rank 0 wrote a line that does not parse or is out of range.
+    #[error(transparent)]
+    Wire(#[from] WireError),
+    /// The current executable could not be found.
+    #[error("cannot find this netgap executable: {0}")]
+    Exe(std::io::Error),
+    /// The testbed interface of a host could not be found.
+    #[error("host {host}: {detail}")]
+    Interface {
+        /// The host.
+        host: String,
+        /// What went wrong.
+        detail: String,
+    },
+    /// A namespace could not be entered, or the command not run.
+    #[error("{0}")]
+    Exec(String),
+}
+
+/// One testbed host a rank runs on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RankHost {
+    /// The host's name (`h1`), given to its UTS namespace.
+    pub name: String,
+    /// Its network namespace.
+    pub netns: String,
+    /// Its testbed address.
+    pub address: IpAddr,
+}
+
+/// Where the two ranks run and what carries their messages.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Placement {
+    /// Both ranks on this machine, over shared memory.
+    Local,
+    /// Rank 0 on `rank0`, rank 1 on `rank1`, over TCP on `interface`.
+    Testbed {
+        /// Rank 0's host; mpirun runs there too.
+        rank0: RankHost,
+        /// Rank 1's host.
+        rank1: RankHost,
+        /// The testbed interface both hosts have (`eth0`), as Open MPI's
+        /// `*_if_include` takes it.
+        interface: String,
+    },
+}
+
+impl Placement {
+    /// The BTL (Open MPI's byte transfer layer) carrying rank traffic.
+    pub fn btl(&self) -> &'static str {
+        match self {
+            Placement::Local => "vader",
+            Placement::Testbed { .. } => "tcp",
+        }
+    }
+
+    /// The interface MPI traffic is pinned to, if any.
+    pub fn interface(&self) -> Option<&str> {
+        match self {
+            Placement::Local => None,
+            Placement::Testbed { interface, .. } => Some(interface),
+        }
+    }
+}
+
+/// The interface holding `address` in network namespace `netns`, found
+/// from inside it (a thread enters the namespace and lists addresses).
+pub fn interface_of(netns: &str, address: IpAddr) -> Result<String, String> {
+    let netns = netns.to_string();
+    std::thread::spawn(move || -> Result<String, String> {
+        netgap_transport::netns::enter(&netns).map_err(|e| e.to_string())?;
+        let addrs = nix::ifaddrs::getifaddrs().map_err(|e| format!("listing addresses: {e}"))?;
+        for a in addrs {
+            let ip = a.address.as_ref().and_then(|s| {
+                s.as_sockaddr_in()
+                    .map(|v4| IpAddr::V4(v4.ip()))
+                    .or_else(|| s.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip())))
+            });
+            if ip == Some(address) {
+                return Ok(a.interface_name);
+            }
+        }
+        Err(format!("no interface has address {address} in {netns}"))
+    })
+    .join()
+    .map_err(|_| "the interface lookup thread panicked".to_string())?
+}
+
+/// The mpirun command line for `plan` at `placement`, with the
+/// environment it needs; `exe` is this netgap.
+pub fn mpirun_command(exe: &Path, plan: &RankPlan, placement: &Placement) -> Command {
+    let exe_s = exe.display().to_string();
+    let mut mpirun: Vec<String> = vec!["mpirun".into(), "-np".into(), "2".into()];
+    let mca = |v: &mut Vec<String>, k: &str, val: &str| {
+        v.extend(["--mca".into(), k.into(), val.into()]);
+    };
+    // Root may run MPI jobs only when it says so (the testbed needs root).
+    if nix::unistd::geteuid().is_root() {
+        mpirun.push("--allow-run-as-root".into());
+    }
+    // ob1 drives the BTLs named below; other PMLs (UCX) would choose their
+    // own path.
+    mca(&mut mpirun, "pml", "ob1");
+    mpirun.extend(["--bind-to".into(), "none".into()]);
+    match placement {
+        Placement::Local => {
+            mca(&mut mpirun, "btl", "self,vader");
+            mpirun.extend(["--host".into(), "localhost:2".into()]);
+        }
+        Placement::Testbed {
+            rank0,
+            rank1,
+            interface,
+        } => {
+            mca(&mut mpirun, "btl", "tcp,self");
+            mca(&mut mpirun, "btl_tcp_if_include", interface);
+            mca(&mut mpirun, "oob_tcp_if_include", interface);
+            mca(&mut mpirun, "plm_rsh_agent", &format!("{exe_s} mpi-agent"));
+            mpirun.extend([
+                "--host".into(),
+                format!("{}:1,{}:1", rank0.address, rank1.address),
+            ]);
+        }
+    }
+    mpirun.push(exe_s.clone());
+    mpirun.push("mpi-rank".into());
+    mpirun.extend(plan.to_args());
+    let mut cmd = match placement {
+        Placement::Local => {
+            let mut c = Command::new(&mpirun[0]);
+            c.args(&mpirun[1..]);
+            c
+        }
+        Placement::Testbed { rank0, rank1, .. } => {
+            let mut c = Command::new(exe);
+            c.args([
+                "mpi-exec",
+                "--netns",
+                &rank0.netns,
+                "--hostname",
+                &rank0.name,
+                "--",
+            ]);
+            c.args(&mpirun);
+            let hosts = [rank0, rank1]
+                .iter()
+                .map(|h| format!("{}={}={}", h.address, h.netns, h.name))
+                .collect::<Vec<_>>()
+                .join(";");
+            c.env(HOSTS_ENV, hosts);
+            c
+        }
+    };
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    cmd
+}
+
+/// A running mpirun job and rank 0's lines.
+pub struct Launch {
+    child: Child,
+    lines: Receiver<Result<RankLine, WireError>>,
+    stderr: Arc<Mutex<VecDeque<String>>>,
+}
+
+impl Launch {
+    /// Starts mpirun for `plan` at `placement`.
+    pub fn start(plan: &RankPlan, placement: &Placement) -> Result<Launch, LaunchError> {
+        let exe = std::env::current_exe().map_err(LaunchError::Exe)?;
+        let mut cmd = mpirun_command(&exe, plan, placement);
+        let mut child = cmd.spawn().map_err(|source| LaunchError::Spawn {
+            program: format!("{:?}", cmd.get_program()),
+            source,
+        })?;
+        let (tx, lines) = mpsc::channel();
+        let stderr = Arc::new(Mutex::new(VecDeque::new()));
+        if let Some(out) = child.stdout.take() {
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(out);
+                loop {
+                    let mut buf = Vec::new();
+                    let limit = (MAX_LINE_BYTES + 1) as u64;
+                    match (&mut reader).take(limit).read_until(b'\n', &mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(_) => {}
+                    }
+                    let text = String::from_utf8_lossy(&buf);
+                    let parsed = if buf.len() > MAX_LINE_BYTES {
+                        Err(WireError::Line(format!(
+                            "a line over {MAX_LINE_BYTES} bytes"
+                        )))
+                    } else {
+                        parse_line(&text)
+                    };
+                    match parsed {
+                        Ok(None) => {}
+                        Ok(Some(line)) => {
+                            if tx.send(Ok(line)).is_err() {
+                                break;
+                            }
+                        }
+                        Err(e) => {
+                            let _ = tx.send(Err(e));
+                            break;
+                        }
+                    }
+                }
+            });
+        }
+        if let Some(err) = child.stderr.take() {
+            let tail = Arc::clone(&stderr);
+            std::thread::spawn(move || {
+                for line in BufReader::new(err).lines() {
+                    let Ok(line) = line else { break };
+                    let line = line.trim().to_string();
+                    if line.is_empty() || line.chars().all(|c| c == '-') {
+                        continue;
+                    }
+                    if let Ok(mut t) = tail.lock() {
+                        if t.len() == STDERR_TAIL_LINES {
+                            t.pop_front();
+                        }
+                        t.push_back(line.chars().take(300).collect());
+                    }
+                }
+            });
+        }
+        Ok(Launch {
+            child,
+            lines,
+            stderr,
+        })
+    }
+
+    /// The next line of rank 0, waiting at most `timeout`; a job that ends
+    /// or falls silent is stopped and named.
+    pub fn next(&mut self, timeout: Duration) -> Result<RankLine, LaunchError> {
+        match self.lines.recv_timeout(timeout) {
+            Ok(Ok(line)) => Ok(line),
+            Ok(Err(e)) => {
+                self.stop();
+                Err(e.into())
+            }
+            Err(RecvTimeoutError::Timeout) => {
+                self.stop();
+                Err(LaunchError::Silent(timeout))
+            }
+            Err(RecvTimeoutError::Disconnected) => Err(self.ended()),
+        }
+    }
+
+    /// Waits for mpirun to exit after the last point; an error when it
+    /// fails or takes longer than `timeout`.
+    pub fn finish(mut self, timeout: Duration) -> Result<(), LaunchError> {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(s)) if s.success() => return Ok(()),
+                Ok(Some(_)) | Err(_) => return Err(self.ended()),
+                Ok(None) if std::time::Instant::now() >= deadline => {
+                    self.stop();
+                    return Err(LaunchError::Silent(timeout));
+                }
+                Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+            }
+        }
+    }
+
+    /// The job's end, with its status and the end of its standard error.
+    fn ended(&mut self) -> LaunchError {
+        let status = match self.child.wait() {
+            Ok(s) => s.to_string(),
+            Err(e) => e.to_string(),
+        };
+        // The stderr reader may still be draining the last lines.
+        std::thread::sleep(Duration::from_millis(100));
+        let detail = self
+            .stderr
+            .lock()
+            .map(|t| t.iter().cloned().collect::<Vec<_>>().join(" | "))
+            .unwrap_or_default();
+        LaunchError::Ended {
+            status,
+            detail: if detail.is_empty() {
+                String::new()
+            } else {
+                format!(": {detail}")
+            },
+        }
+    }
+
+    /// Stops the job: mpirun passes SIGTERM on to every rank and daemon.
+    fn stop(&mut self) {
+        if let Ok(pid) = i32::try_from(self.child.id()) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Launch {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            self.stop();
+        }
+    }
+}
+
+/// Enters network namespace `netns` and a new UTS namespace named
+/// `hostname`, then replaces this process with `argv`. Returns only on
+/// failure.
+pub fn exec_in(netns: &str, hostname: &str, argv: &[OsString]) -> LaunchError {
+    if let Err(e) = netgap_transport::netns::enter(netns) {
+        return LaunchError::Exec(e.to_string());
+    }
+    // A host name of its own, so Open MPI counts the hosts as two nodes.
+    if let Err(e) = nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWUTS) {
+        return LaunchError::Exec(format!("new UTS namespace: {e}"));
+    }
+    if let Err(e) = nix::unistd::sethostname(hostname) {
+        return LaunchError::Exec(format!("setting the host name {hostname}: {e}"));
+    }
+    let Some(program) = argv.first() else {
+        return LaunchError::Exec("no command given".into());
+    };
+    let err = std::os::unix::process::CommandExt::exec(Command::new(program).args(&argv[1..]));
+    LaunchError::Exec(format!("running {program:?}: {err}"))
+}
+
+/// The launch agent: mpirun runs `netgap mpi-agent HOST CMD...` to start
+/// its daemon on HOST. Finds HOST's namespace in [`HOSTS_ENV`], enters it
+/// and runs CMD through `sh -c` as ssh would. Returns only on failure.
+pub fn agent(host: &str, command: &[OsString]) -> LaunchError {
+    let map = std::env::var(HOSTS_ENV).unwrap_or_default();
+    let Some((netns, name)) = map.split(';').find_map(|entry| {
+        let mut parts = entry.splitn(3, '=');
+        let (addr, netns, name) = (parts.next()?, parts.next()?, parts.next()?);
+        (addr == host).then(|| (netns.to_string(), name.to_string()))
+    }) else {
+        return LaunchError::Exec(format!(
+            "host {host:?} is not a testbed host of this run ({HOSTS_ENV})"
+        ));
+    };
+    let line = command
+        .iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .filter(|a| !a.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ");
+    let argv: Vec<OsString> = vec!["/bin/sh".into(), "-c".into(), line.into()];
+    exec_in(&netns, &name, &argv)
+}
+
+/// Most `OMPI_MCA_*` settings a record names.
+const MAX_MCA_SETTINGS: usize = 32;
+
+/// The Open MPI parameters set in the environment (`OMPI_MCA_NAME=VALUE`,
+/// which mpirun and the ranks read), sorted, as `mca_NAME=VALUE`: they
+/// change what MPI does (`mpi_yield_when_idle=1` lets an idle rank yield
+/// its core instead of spinning), so the record's stack names them.
+pub fn mca_settings() -> Vec<String> {
+    let mut v: Vec<String> = std::env::vars()
+        .filter_map(|(k, val)| {
+            let name = k.strip_prefix("OMPI_MCA_")?;
+            Some(format!(
+                "mca_{}={}",
+                name.chars().take(64).collect::<String>(),
+                val.chars().take(100).collect::<String>()
+            ))
+        })
+        .collect();
+    v.sort();
+    v.truncate(MAX_MCA_SETTINGS);
+    v
+}
+
+/// Whether `mpirun` is on the PATH.
+pub fn mpirun_path() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join("mpirun"))
+        .find(|p| p.is_file())
+}

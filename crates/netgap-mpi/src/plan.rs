@@ -1,0 +1,247 @@
+//! A validated MPI run: the points, the method, and where the two ranks
+//! run (this machine's shared memory, or two hosts of netgap's testbed over
+//! its links). The method, sizes, outputs and conditions are checked by
+//! the same plan as every point-to-point test (`netgap_measure::plan`), so
+//! `--reps`, `--iterations`, `--rep-time`, `--warmup`, `--sizes`,
+//! `--label` and `--conditions` mean the same for MPI as for sockets.
+
+use crate::kind::MpiTest;
+use crate::wire::{RankIterations, RankPlan, RankPoint, MAX_MPI_SIZE_BYTES};
+use netgap_core::spec::{Mode, PointSpec};
+use netgap_measure::cluster::HostEntry;
+use netgap_measure::plan::{Peer, Plan, PlanError, RunRequest, TransportChoice};
+use netgap_measure::runner::IterationPolicy;
+
+/// A validated MPI run.
+#[derive(Debug, Clone)]
+pub struct MpiPlan {
+    /// The checked method, outputs, label, testbed and conditions (its
+    /// points are the socket counterparts and are not measured).
+    pub run: Plan,
+    /// The points, in order: the test and the spec its record describes
+    /// (transport `mpi`).
+    pub points: Vec<(MpiTest, PointSpec)>,
+    /// The testbed hosts of rank 0 and rank 1, or `None` for this machine.
+    pub hosts: Option<(HostEntry, HostEntry)>,
+}
+
+/// Why an MPI run cannot be measured, in one line naming the flag.
+#[derive(Debug, thiserror::Error)]
+pub enum MpiPlanError {
+    /// The shared checks refused the request.
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    /// A flag that does not apply to MPI tests.
+    #[error("{flag} has no effect on the MPI tests ({tests}): {why}")]
+    NoEffect {
+        /// The flag.
+        flag: &'static str,
+        /// The MPI tests asked for.
+        tests: String,
+        /// Why, and what to do.
+        why: &'static str,
+    },
+    /// A size over the MPI tests' limit.
+    #[error("--sizes: {size_bytes} bytes is over the MPI tests' limit of {MAX_MPI_SIZE_BYTES} bytes (a window of 64 messages is held in memory)")]
+    TooLarge {
+        /// The size.
+        size_bytes: u64,
+    },
+    /// The hosts are not two testbed hosts.
+    #[error("--hosts: {0}")]
+    Hosts(String),
+}
+
+/// Splits a run's test names into MPI tests and the rest, in order.
+pub fn split_tests(names: &[String]) -> (Vec<MpiTest>, Vec<String>) {
+    let mut mpi = Vec::new();
+    let mut rest = Vec::new();
+    for n in names {
+        match MpiTest::by_name(n) {
+            Some(t) => mpi.push(t),
+            None => rest.push(n.clone()),
+        }
+    }
+    (mpi, rest)
+}
+
+impl MpiPlan {
+    /// Validates the MPI part of `r`: `tests` are its MPI tests; `alone`
+    /// says the run has no other tests, so that flags only other tests use
+    /// are refused rather than ignored.
+    pub fn from_request(
+        r: &RunRequest,
+        tests: &[MpiTest],
+        alone: bool,
+    ) -> Result<MpiPlan, MpiPlanError> {
+        let names = tests.iter().map(|t| t.name()).collect::<Vec<_>>().join(",");
+        let no_effect = |flag, why| MpiPlanError::NoEffect {
+            flag,
+            tests: names.clone(),
+            why,
+        };
+        if r.target.peer.is_some() {
+            return Err(no_effect(
+                "--peer",
+                "mpirun starts both ranks; give --hosts @testbed to run them on two testbed hosts",
+            ));
+        }
+        if r.method.pin.is_some() {
+            return Err(no_effect("--pin", "mpirun places the ranks"));
+        }
+        if r.method.ci.is_some() {
+            return Err(no_effect("--ci", "give --reps"));
+        }
+        if r.method.verify {
+            return Err(no_effect("--verify", "MPI delivers the bytes it was given"));
+        }
+        if r.interleaving.interleave {
+            return Err(no_effect(
+                "--interleave",
+                "MPI runs in its own job; --conditions measures it under each condition",
+            ));
+        }
+        if alone && !r.transport.options.is_empty() {
+            return Err(no_effect(
+                "transport options",
+                "they set the sockets of netgap's own transports",
+            ));
+        }
+        if alone && r.transport != TransportChoice::default() {
+            return Err(no_effect(
+                "-t/--mode",
+                "they choose the stacks of the socket tests; add e.g. pingpong,stream to the run to measure sockets beside MPI",
+            ));
+        }
+        if let Some(&s) = r
+            .method
+            .sizes
+            .iter()
+            .flatten()
+            .find(|&&s| s > MAX_MPI_SIZE_BYTES)
+        {
+            return Err(MpiPlanError::TooLarge { size_bytes: s });
+        }
+        if let Some(h) = &r.target.hosts {
+            if !matches!(h, netgap_measure::cluster::HostsArg::File { .. }) {
+                return Err(MpiPlanError::Hosts(
+                    "MPI across hosts runs on netgap's testbed: give --hosts @testbed or a testbed's hosts file (on a cluster, start the ranks with your own mpirun)"
+                        .into(),
+                ));
+            }
+        }
+        let sub = RunRequest {
+            tests: tests.iter().map(|t| t.record_test().to_string()).collect(),
+            transport: TransportChoice::default(),
+            ..r.clone()
+        };
+        let run = Plan::from_request(&sub)?;
+        let hosts = match &run.peer {
+            Peer::Embedded { ipv6: false } => None,
+            Peer::Embedded { ipv6: true } => {
+                return Err(no_effect("-6", "the ranks meet over shared memory"))
+            }
+            Peer::Hosts { server, client } => {
+                if server.netns.is_none() {
+                    return Err(MpiPlanError::Hosts(format!(
+                        "host {} has no network namespace; MPI across hosts runs on netgap's testbed (on a cluster, run the ranks with your own mpirun)",
+                        server.name
+                    )));
+                }
+                Some((server.clone(), client.clone()))
+            }
+            Peer::Remote { .. } => None,
+        };
+        let points = run
+            .points
+            .iter()
+            .map(|p| {
+                // The sub-request's tests are exactly the record names of
+                // `tests`, which `find` maps back.
+                let test = MpiTest::find(&p.test).unwrap_or(MpiTest::Latency);
+                let spec = PointSpec {
+                    transport: "mpi".into(),
+                    mode: Mode::Poll,
+                    ..p.clone()
+                };
+                (test, spec)
+            })
+            .collect();
+        Ok(MpiPlan { run, points, hosts })
+    }
+
+    /// What the ranks are told to run.
+    pub fn rank_plan(&self) -> RankPlan {
+        RankPlan {
+            points: self
+                .points
+                .iter()
+                .map(|(test, spec)| RankPoint {
+                    test: *test,
+                    size_bytes: spec.size_bytes,
+                })
+                .collect(),
+            reps: self.run.method.reps,
+            iterations: match self.run.method.iterations {
+                IterationPolicy::Fixed(n) => RankIterations::Fixed(n),
+                IterationPolicy::Budget(d) => {
+                    RankIterations::BudgetUs(u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+                }
+            },
+            warmup: self.run.method.warmup,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(tests: &[&str]) -> RunRequest {
+        let mut r = RunRequest::new(tests);
+        r.method.sizes = Some(vec![1, 1024]);
+        r
+    }
+
+    #[test]
+    fn mpi_tests_are_split_out_and_planned_as_mpi_points() {
+        let names: Vec<String> = ["pingpong", "mpi-latency", "mpi-bw"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let (mpi, rest) = split_tests(&names);
+        assert_eq!(mpi, vec![MpiTest::Latency, MpiTest::Bandwidth]);
+        assert_eq!(rest, vec!["pingpong".to_string()]);
+        let p = MpiPlan::from_request(&req(&["mpi-latency", "mpi-bw"]), &mpi, true).expect("plan");
+        assert_eq!(p.points.len(), 4);
+        assert!(p.points.iter().all(|(_, s)| s.transport == "mpi"));
+        assert_eq!(p.points[0].1.test, "pingpong");
+        assert_eq!(p.points[3].1.test, "stream");
+        assert!(p.hosts.is_none());
+        let rank = p.rank_plan();
+        assert_eq!(rank.points.len(), 4);
+        assert_eq!(rank.check(), Ok(()));
+    }
+
+    #[test]
+    fn flags_that_do_not_apply_are_refused_in_one_line() {
+        let tests = [MpiTest::Latency];
+        let mut r = req(&["mpi-latency"]);
+        r.method.verify = true;
+        let e = MpiPlan::from_request(&r, &tests, true).expect_err("refused");
+        assert!(e.to_string().starts_with("--verify has no effect"), "{e}");
+        let mut r = req(&["mpi-latency"]);
+        r.method.sizes = Some(vec![64 << 20]);
+        let e = MpiPlan::from_request(&r, &tests, true).expect_err("refused");
+        assert!(e.to_string().contains("limit"), "{e}");
+        let mut r = req(&["mpi-latency"]);
+        r.transport.transports = vec!["unix".into()];
+        assert!(MpiPlan::from_request(&r, &tests, true).is_err());
+        // Beside socket tests, -t chooses their transports.
+        assert!(MpiPlan::from_request(&r, &tests, false).is_ok());
+        let mut r = req(&["mpi-latency"]);
+        r.method.reps = Some(0);
+        let e = MpiPlan::from_request(&r, &tests, true).expect_err("refused");
+        assert!(e.to_string().contains("--reps"), "{e}");
+    }
+}

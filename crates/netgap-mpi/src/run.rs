@@ -1,0 +1,453 @@
+//! Measuring an [`MpiPlan`]: one mpirun job per condition, its points
+//! through the one point loop (`point_loop::run_points`), each turned into
+//! a `ResultRecord` with netgap's method (trimmed mean, confidence
+//! interval, percentiles) and a stack that names the MPI library, its
+//! transport and the interface it was pinned to.
+
+use crate::kind::MpiTest;
+use crate::launch::{interface_of, Launch, LaunchError, Placement, RankHost};
+use crate::plan::MpiPlan;
+use crate::wire::RankLine;
+use netgap_core::cpu::CpuUsage;
+use netgap_core::host::HostFacts;
+use netgap_core::noise::diagnose_record;
+use netgap_core::record::{ByteCounts, CpuPair, RecordStats, ResultRecord, ServiceDemand};
+use netgap_core::spec::PointSpec;
+use netgap_core::stack::{PathIdentity, Stack};
+use netgap_core::stats::{LatencyHistogram, Summary};
+use netgap_measure::conditions::{ConditionSwitch, LinkConditions};
+use netgap_measure::point_loop::{run_points, Observer, SinkError};
+use netgap_measure::runner::IterationPolicy;
+use netgap_measure::sink::RecordSink;
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::{Duration, SystemTime};
+
+/// How long mpirun may take to start both ranks.
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long mpirun may take to exit after the last point.
+const FINISH_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Why an MPI run failed.
+#[derive(Debug, thiserror::Error)]
+pub enum MpiRunError {
+    /// The job could not start, or failed before a point.
+    #[error("MPI job: {0}")]
+    Launch(#[from] LaunchError),
+    /// A point failed; the points before it are in the results.
+    #[error("{test} ({size} bytes): {source}")]
+    Point {
+        /// The MPI test.
+        test: &'static str,
+        /// Message size in bytes.
+        size: u64,
+        /// What went wrong.
+        source: Box<MpiRunError>,
+    },
+    /// Rank 0 reported out of order.
+    #[error("rank 0 reported {0}")]
+    Order(String),
+    /// The repetitions could not be summarized.
+    #[error(transparent)]
+    Stats(#[from] netgap_core::stats::StatsError),
+    /// A results file could not be written.
+    #[error(transparent)]
+    Sink(#[from] SinkError),
+    /// The testbed's conditions could not be switched or restored.
+    #[error("conditions: {0}")]
+    Conditions(String),
+    /// The hosts' facts or interfaces could not be read.
+    #[error("{0}")]
+    Hosts(String),
+}
+
+/// What the ranks said about themselves.
+struct Hello {
+    library: String,
+    mpi_version: String,
+}
+
+/// Measures every point of `plan`, under each of its conditions in turn
+/// (switched through `switch`), writing each record to every sink the
+/// moment it is measured. Returns how many records were written.
+pub fn run_mpi(
+    plan: &MpiPlan,
+    mut switch: Option<&mut dyn ConditionSwitch>,
+    sinks: &mut [Box<dyn RecordSink>],
+    observer: &mut dyn Observer,
+) -> Result<usize, MpiRunError> {
+    let base = plan.run.testbed.as_ref().and_then(|t| t.conditions);
+    let targets: Vec<Option<LinkConditions>> = match base {
+        Some(b) if !plan.run.conditions.is_empty() => plan
+            .run
+            .conditions
+            .iter()
+            .map(|c| Some(c.apply_to(&b)))
+            .collect(),
+        _ => vec![None],
+    };
+    if targets.iter().any(Option::is_some) && switch.is_none() {
+        return Err(MpiRunError::Conditions(
+            "this run has conditions but nothing to switch them with".into(),
+        ));
+    }
+    let mut written = 0;
+    let mut outcome = Ok(());
+    for target in &targets {
+        if let (Some(to), Some(s)) = (target, switch.as_deref_mut()) {
+            if let Err(e) = s.switch(to) {
+                outcome = Err(MpiRunError::Conditions(format!("switching to {to}: {e}")));
+                break;
+            }
+        }
+        match one_job(plan, *target, sinks, observer) {
+            Ok(n) => written += n,
+            Err(e) => {
+                outcome = Err(e);
+                break;
+            }
+        }
+    }
+    // The testbed goes back to the conditions it had, also after a failure.
+    if let (Some(b), Some(s), true) = (base, switch, targets.iter().any(Option::is_some)) {
+        let restored = s
+            .switch(&b)
+            .map_err(|e| MpiRunError::Conditions(format!("restoring {b}: {e}")));
+        outcome = outcome.and(restored);
+    }
+    outcome.map(|()| written)
+}
+
+/// One mpirun job over every point, under the conditions in force.
+fn one_job(
+    plan: &MpiPlan,
+    conditions: Option<LinkConditions>,
+    sinks: &mut [Box<dyn RecordSink>],
+    observer: &mut dyn Observer,
+) -> Result<usize, MpiRunError> {
+    let (placement, facts) = placement_of(plan)?;
+    let rank_plan = plan.rank_plan();
+    let mut job = Launch::start(&rank_plan, &placement)?;
+    let hello = match job.next(START_TIMEOUT)? {
+        RankLine::Hello {
+            library,
+            mpi_version,
+            ..
+        } => Hello {
+            library,
+            mpi_version,
+        },
+        other => return Err(MpiRunError::Order(format!("{other:?} before hello"))),
+    };
+    let line_timeout = line_timeout(plan);
+    let indexed: Vec<(usize, &(MpiTest, PointSpec))> = plan.points.iter().enumerate().collect();
+    let written = run_points(
+        &indexed,
+        |p| &p.1 .1,
+        sinks,
+        observer,
+        |&(index, (test, spec)), obs| -> Result<Vec<ResultRecord>, MpiRunError> {
+            let started = SystemTime::now();
+            let mut point = || -> Result<ResultRecord, MpiRunError> {
+                let (reps, warmup, hist) = read_point(&mut job, plan, index, line_timeout, obs)?;
+                build_record(
+                    plan, *test, spec, &reps, warmup, &hist, &hello, &placement, &facts,
+                    conditions, started,
+                )
+            };
+            point().map(|r| vec![r]).map_err(|e| match e {
+                e @ MpiRunError::Sink(_) => e,
+                e => MpiRunError::Point {
+                    test: test.name(),
+                    size: spec.size_bytes,
+                    source: Box::new(e),
+                },
+            })
+        },
+    )?;
+    job.finish(FINISH_TIMEOUT)?;
+    Ok(written)
+}
+
+/// The longest silence of rank 0 between two lines: a generous bound on
+/// one repetition, with its warm-up and calibration.
+fn line_timeout(plan: &MpiPlan) -> Duration {
+    match plan.run.method.iterations {
+        IterationPolicy::Budget(d) => Duration::from_secs(30) + d.saturating_mul(20),
+        IterationPolicy::Fixed(_) => Duration::from_secs(600),
+    }
+}
+
+/// One measured repetition: iterations, nanoseconds, and the CPU of rank
+/// 0 and rank 1.
+type Rep = (u64, u64, CpuUsage, CpuUsage);
+
+/// Reads point `index`'s repetitions and summary, in order.
+fn read_point(
+    job: &mut Launch,
+    plan: &MpiPlan,
+    index: usize,
+    timeout: Duration,
+    observer: &mut dyn Observer,
+) -> Result<(Vec<Rep>, u64, LatencyHistogram), MpiRunError> {
+    let want = plan.run.method.reps;
+    let mut reps = Vec::with_capacity(want as usize);
+    loop {
+        match job.next(timeout)? {
+            RankLine::Rep {
+                point,
+                rep,
+                iterations,
+                elapsed_ns,
+                cpu_rank0,
+                cpu_rank1,
+            } if point as usize == index && rep as usize == reps.len() && rep < want => {
+                reps.push((iterations, elapsed_ns, cpu_rank0, cpu_rank1));
+                observer.rep_done(rep + 1);
+            }
+            RankLine::Done {
+                point,
+                warmup_iterations,
+                rtt_buckets,
+            } if point as usize == index && reps.len() == want as usize => {
+                let mut hist = LatencyHistogram::new();
+                for [ns, count] in rtt_buckets {
+                    hist.record_n_ns(ns, count);
+                }
+                return Ok((reps, warmup_iterations, hist));
+            }
+            other => {
+                return Err(MpiRunError::Order(format!(
+                    "{other:?} while point {index} had {} of {want} repetitions",
+                    reps.len()
+                )))
+            }
+        }
+    }
+}
+
+/// The facts of both ranks' hosts, for the records.
+struct Facts {
+    rank0: HostFacts,
+    rank1: HostFacts,
+}
+
+/// Where the ranks run, with their hosts' facts read now (after any
+/// switch of conditions, so offloads and MTU are those in force).
+fn placement_of(plan: &MpiPlan) -> Result<(Placement, Facts), MpiRunError> {
+    let Some((h0, h1)) = &plan.hosts else {
+        let local = netgap_transport::host::collect(Some(IpAddr::V4(Ipv4Addr::LOCALHOST)));
+        return Ok((
+            Placement::Local,
+            Facts {
+                rank0: local.clone(),
+                rank1: local,
+            },
+        ));
+    };
+    let side =
+        |h: &netgap_measure::cluster::HostEntry| -> Result<(RankHost, HostFacts), MpiRunError> {
+            let netns = h.netns.clone().ok_or_else(|| {
+                MpiRunError::Hosts(format!("host {} has no network namespace", h.name))
+            })?;
+            let (ns, ip) = (netns.clone(), h.address);
+            let facts = std::thread::spawn(move || {
+                netgap_transport::netns::enter(&ns)
+                    .map(|()| netgap_transport::host::collect(Some(ip)))
+            })
+            .join()
+            .map_err(|_| MpiRunError::Hosts("reading host facts panicked".into()))?
+            .map_err(|e| MpiRunError::Hosts(e.to_string()))?;
+            Ok((
+                RankHost {
+                    name: h.name.clone(),
+                    netns,
+                    address: h.address,
+                },
+                facts,
+            ))
+        };
+    let (r0, f0) = side(h0)?;
+    let (r1, f1) = side(h1)?;
+    let if0 = interface_of(&r0.netns, r0.address)
+        .map_err(|detail| MpiRunError::Hosts(format!("host {}: {detail}", r0.name)))?;
+    let if1 = interface_of(&r1.netns, r1.address)
+        .map_err(|detail| MpiRunError::Hosts(format!("host {}: {detail}", r1.name)))?;
+    if if0 != if1 {
+        return Err(MpiRunError::Hosts(format!(
+            "hosts {} and {} reach each other over differently named interfaces ({if0}, {if1}); Open MPI pins one name",
+            r0.name, r1.name
+        )));
+    }
+    Ok((
+        Placement::Testbed {
+            rank0: r0,
+            rank1: r1,
+            interface: if0,
+        },
+        Facts {
+            rank0: f0,
+            rank1: f1,
+        },
+    ))
+}
+
+/// The short name of the library: `Open MPI v4.1.4` of Open MPI's
+/// `Open MPI v4.1.4, package: ...`.
+fn library_short(library: &str) -> String {
+    library
+        .split(',')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
+
+#[allow(
+    clippy::too_many_arguments,
+    reason = "one call site, every part of a record"
+)]
+fn build_record(
+    plan: &MpiPlan,
+    test: MpiTest,
+    spec: &PointSpec,
+    reps: &[Rep],
+    warmup_iterations: u64,
+    hist: &LatencyHistogram,
+    hello: &Hello,
+    placement: &Placement,
+    facts: &Facts,
+    conditions: Option<LinkConditions>,
+    started: SystemTime,
+) -> Result<ResultRecord, MpiRunError> {
+    let values: Vec<f64> = reps
+        .iter()
+        .map(|&(n, ns, ..)| test.value(spec.size_bytes, n, ns))
+        .collect();
+    let summary = Summary::from_reps(&values)?;
+    let (tx, rx) = reps
+        .iter()
+        .map(|&(n, ..)| test.bytes(spec.size_bytes, n))
+        .fold((0u64, 0u64), |(a, b), (t, r)| {
+            (a.saturating_add(t), b.saturating_add(r))
+        });
+    let local = CpuUsage::mean(&reps.iter().map(|r| r.2).collect::<Vec<_>>());
+    let remote = CpuUsage::mean(&reps.iter().map(|r| r.3).collect::<Vec<_>>());
+    // Payload moved either way, as the socket tests count it.
+    let moved = tx.saturating_add(rx);
+    let service_demand_us_per_kib = match test {
+        MpiTest::Latency => None,
+        _ => match (
+            local.service_demand_us_per_kib(moved),
+            remote.service_demand_us_per_kib(moved),
+        ) {
+            (Some(l), Some(r)) => Some(ServiceDemand {
+                local: l,
+                remote: r,
+            }),
+            _ => None,
+        },
+    };
+    let mut path = PathIdentity::from_ends(Some(&facts.rank0), Some(&facts.rank1));
+    if let Some(tb) = &plan.run.testbed {
+        let tb = netgap_measure::cluster::TestbedPath {
+            conditions: conditions.or(tb.conditions),
+            ..tb.clone()
+        };
+        tb.fill(&mut path);
+    }
+    if matches!(placement, Placement::Local) {
+        // Shared memory: the ranks' bytes never reach an interface.
+        path = PathIdentity {
+            kind: Some("shared-memory".into()),
+            ..PathIdentity::default()
+        };
+    }
+    let mut stack = Stack::new(
+        "mpi",
+        spec.mode,
+        &spec.options,
+        path,
+        plan.run.label.clone(),
+    );
+    stack
+        .options
+        .push(format!("mpi_library={}", library_short(&hello.library)));
+    stack
+        .options
+        .push(format!("mpi_standard={}", hello.mpi_version));
+    stack.options.push(format!("btl={}", placement.btl()));
+    if let Some(i) = placement.interface() {
+        stack.options.push(format!("btl_if={i}"));
+    }
+    stack.options.extend(crate::launch::mca_settings());
+    stack.options.sort();
+    let mut options = plan.run.record_options(spec);
+    options.peer = match placement {
+        Placement::Local => "mpirun: localhost (2 ranks)".into(),
+        Placement::Testbed { rank0, rank1, .. } => {
+            format!("mpirun: {} (rank 0), {} (rank 1)", rank0.name, rank1.name)
+        }
+    };
+    let mut record = ResultRecord {
+        test: spec.test.clone(),
+        transport: spec.transport.clone(),
+        mode: spec.mode,
+        size_bytes: spec.size_bytes,
+        metric: test.metric().into(),
+        value: summary.value,
+        stats: Some(RecordStats::from(&summary)),
+        percentiles: match test {
+            MpiTest::Latency => hist.percentiles_us(0.5),
+            _ => None,
+        },
+        cpu: Some(CpuPair { local, remote }),
+        service_demand_us_per_kib,
+        iterations_per_rep: reps.first().map(|r| r.0),
+        warmup_iterations: Some(warmup_iterations),
+        bytes: Some(ByteCounts {
+            client_tx: tx,
+            client_rx: rx,
+            server_tx: rx,
+            server_rx: tx,
+        }),
+        datagrams: None,
+        warnings: Vec::new(),
+        host: Some(facts.rank0.clone()),
+        peer_host: Some(facts.rank1.clone()),
+        options: Some(options),
+        version: netgap_core::VERSION.into(),
+        time: humantime::format_rfc3339_seconds(started).to_string(),
+        tool: None,
+        sweep_kind: None,
+        block_time_us: None,
+        dropout: None,
+        unstable: None,
+        ci_target: None,
+        clients: None,
+        client_hosts: None,
+        flows: Vec::new(),
+        hosts_cpu: Vec::new(),
+        stack: Some(stack),
+        links: Vec::new(),
+        app: None,
+    };
+    record.warnings = diagnose_record(&record)
+        .map(|d| d.sentence)
+        .into_iter()
+        .collect();
+    Ok(record)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_library_is_named_by_its_first_part() {
+        assert_eq!(
+            library_short("Open MPI v4.1.4, package: Debian OpenMPI, ident: 4.1.4"),
+            "Open MPI v4.1.4"
+        );
+        assert_eq!(library_short("MPICH Version: 4.0"), "MPICH Version: 4.0");
+    }
+}

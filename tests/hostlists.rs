@@ -1,0 +1,129 @@
+//! `--hosts @slurm` and `--hosts @hostfile:FILE` from the command line: the
+//! hosts a cluster launcher names become the agents of a run, and bad
+//! lists are refused in one line. The expansion itself is unit-tested on
+//! synthetic inputs in `netgap_measure::hostlist`.
+
+mod common;
+
+use common::{fails_with_one_line, netgap, ok, read_records, AgentProc};
+use std::io::{BufRead, BufReader};
+use std::process::Stdio;
+
+/// `netgap serve --bind IP` on the default port 7100, killed on drop.
+fn agent_on_default_port(ip: &str) -> AgentProc {
+    let mut child = netgap()
+        .args(["serve", "--bind", ip])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("agent starts");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("agent prints its address");
+    let addr = format!("{ip}:7100");
+    assert!(line.contains(&addr), "{line}");
+    AgentProc { child, addr }
+}
+
+#[test]
+fn a_bad_slurm_node_list_is_refused_in_one_line() {
+    for (list, why) in [
+        ("node[01-04", "without ']'"),
+        ("node[4-1]", "backwards"),
+        ("a,,b", "empty entry"),
+    ] {
+        let out = netgap()
+            .args(["run", "multistream", "--hosts", "@slurm"])
+            .env("SLURM_JOB_NODELIST", list)
+            .output()
+            .expect("runs");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{list}");
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+        assert!(
+            stderr.contains("@slurm") && stderr.contains(why),
+            "{list}: {stderr}"
+        );
+    }
+    let out = netgap()
+        .args(["run", "multistream", "--hosts", "@slurm"])
+        .env_remove("SLURM_JOB_NODELIST")
+        .env_remove("SLURM_NODELIST")
+        .output()
+        .expect("runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("SLURM_JOB_NODELIST is not set"), "{stderr}");
+}
+
+#[test]
+fn a_bad_hostfile_is_refused_naming_its_line() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("hosts");
+    std::fs::write(&file, "# nodes\nnode01 slots=4\nnode02 slots=four\n").expect("write");
+    let arg = format!("@hostfile:{}", file.display());
+    fails_with_one_line(&["run", "multistream", "--hosts", &arg], "line 3");
+    fails_with_one_line(
+        &[
+            "run",
+            "multistream",
+            "--hosts",
+            "@hostfile:/nonexistent/hostfile",
+        ],
+        "/nonexistent/hostfile",
+    );
+}
+
+/// The agents of a hostfile's hosts serve a multi-host run: an Open MPI
+/// line and an MPICH line, with comments and blank lines between.
+#[test]
+fn a_hostfile_names_the_agents_of_a_run() {
+    // Two agents on the default port of their own loopback addresses, as
+    // `netgap serve` listens on each node of a cluster.
+    let _server = agent_on_default_port("127.0.14.1");
+    let _client = agent_on_default_port("127.0.14.2");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("hosts");
+    std::fs::write(
+        &file,
+        "# Open MPI style\n127.0.14.1 slots=2 max_slots=4\n\n127.0.14.2:2   # MPICH style\n",
+    )
+    .expect("write");
+    let json = dir.path().join("r.jsonl");
+    ok(netgap()
+        .args(["run", "multistream", "--hosts"])
+        .arg(format!("@hostfile:{}", file.display()))
+        .args(["-P", "2", "--reps", "1", "--duration", "100ms", "--json"])
+        .arg(&json)
+        .output()
+        .expect("runs"));
+    let records = read_records(&json);
+    assert_eq!(records.len(), 1);
+    let flows = records[0]["flows"].as_array().expect("flows");
+    assert_eq!(flows.len(), 2);
+    assert!(
+        flows.iter().all(|f| f["host"] == "127.0.14.2:7100"),
+        "{flows:?}"
+    );
+}
+
+/// The nodes of a Slurm allocation, given as a compressed range, are the
+/// agents of a run (here loopback addresses stand in for node names).
+#[test]
+fn the_slurm_allocation_names_the_agents_of_a_run() {
+    let _server = agent_on_default_port("127.0.14.3");
+    let _client = agent_on_default_port("127.0.14.4");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json = dir.path().join("r.jsonl");
+    ok(netgap()
+        .args(["run", "multistream", "--hosts", "@slurm"])
+        .env("SLURM_JOB_NODELIST", "127.0.14.[3-4]")
+        .args(["-P", "1", "--reps", "1", "--duration", "100ms", "--json"])
+        .arg(&json)
+        .output()
+        .expect("runs"));
+    let records = read_records(&json);
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0]["flows"][0]["host"], "127.0.14.4:7100");
+}

@@ -1,0 +1,222 @@
+//! The MPI tests (`--features mpi`): real Open MPI ranks started by
+//! mpirun, on this machine over shared memory and between two testbed
+//! namespaces over the testbed's link, beside netgap's own sockets in the
+//! same run. Checks the records' structure, never their speed.
+
+mod common;
+
+use common::testbed::Testbed;
+use common::{fails_with_one_line, netgap, ok, read_records, system_ready};
+use serde_json::Value;
+use std::process::Command;
+
+fn f(v: &Value) -> f64 {
+    v.as_f64().unwrap_or_else(|| panic!("number: {v}"))
+}
+
+fn stack_options(r: &Value) -> Vec<String> {
+    r["stack"]["options"]
+        .as_array()
+        .expect("stack options")
+        .iter()
+        .map(|o| o.as_str().expect("string").to_string())
+        .collect()
+}
+
+/// What every MPI record holds, whatever it ran over.
+fn check_mpi_record(r: &Value, reps: usize) {
+    assert_eq!(r["transport"], "mpi");
+    assert_eq!(r["mode"], "poll");
+    let test = r["test"].as_str().expect("test");
+    let metric = if test == "pingpong" {
+        "latency_us"
+    } else {
+        "bandwidth_gbps"
+    };
+    assert_eq!(r["metric"], metric, "{r}");
+    assert!(f(&r["value"]) > 0.0);
+    let stats = &r["stats"];
+    assert_eq!(stats["reps"].as_array().expect("reps").len(), reps);
+    assert!(f(&stats["min"]) <= f(&r["value"]) && f(&r["value"]) <= f(&stats["max"]));
+    assert!(f(&stats["ci95_low"]) <= f(&stats["ci95_high"]));
+    if test == "pingpong" {
+        let p = &r["percentiles"];
+        let ordered = ["p50", "p90", "p99", "p999", "max"]
+            .windows(2)
+            .all(|w| f(&p[w[0]]) <= f(&p[w[1]]));
+        assert!(ordered, "{p}");
+        let b = &r["bytes"];
+        assert_eq!(b["client_tx"], b["client_rx"]);
+    } else {
+        assert!(r["percentiles"].is_null());
+    }
+    // Both ranks' CPU over the measured repetitions.
+    for end in ["local", "remote"] {
+        let c = &r["cpu"][end];
+        assert!(f(&c["process_percent"]) >= 0.0, "{r}");
+        assert!(c["wall_ns"].as_u64().expect("wall") > 0, "{r}");
+    }
+    if test != "pingpong" {
+        assert!(f(&r["service_demand_us_per_kib"]["local"]) >= 0.0, "{r}");
+    }
+    // Fixed iterations: every repetition ran them, after a warm-up.
+    assert_eq!(r["iterations_per_rep"], 20);
+    assert!(r["warmup_iterations"].as_u64().expect("warmup") > 0);
+    let size = r["size_bytes"].as_u64().expect("size");
+    let windows = if test == "pingpong" { 1 } else { 64 };
+    assert_eq!(
+        r["bytes"]["client_tx"].as_u64(),
+        Some(size * 20 * windows * reps as u64)
+    );
+    let opts = stack_options(r);
+    assert!(
+        opts.iter().any(|o| o.starts_with("mpi_library=Open MPI")),
+        "{opts:?}"
+    );
+    assert!(
+        opts.iter().any(|o| o.starts_with("mpi_standard=")),
+        "{opts:?}"
+    );
+}
+
+#[test]
+fn mpi_tests_run_on_this_machine_over_shared_memory() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json = dir.path().join("r.jsonl");
+    ok(netgap()
+        .args(["run", "mpi-latency,mpi-bw,mpi-bibw", "-s", "1,4K"])
+        .args(["--reps", "3", "--iterations", "20", "--json"])
+        .arg(&json)
+        .output()
+        .expect("runs"));
+    let records = read_records(&json);
+    let tests: Vec<(&str, u64)> = records
+        .iter()
+        .map(|r| {
+            (
+                r["test"].as_str().expect("test"),
+                r["size_bytes"].as_u64().expect("size"),
+            )
+        })
+        .collect();
+    assert_eq!(
+        tests,
+        [
+            ("pingpong", 1),
+            ("pingpong", 4096),
+            ("stream", 1),
+            ("stream", 4096),
+            ("bibw", 1),
+            ("bibw", 4096)
+        ]
+    );
+    for r in &records {
+        check_mpi_record(r, 3);
+        assert!(stack_options(r).contains(&"btl=vader".to_string()));
+        assert_eq!(r["stack"]["path"]["kind"], "shared-memory");
+    }
+    // bibw moves as much each way.
+    let b = &records[5]["bytes"];
+    assert_eq!(b["client_tx"], b["client_rx"]);
+}
+
+#[test]
+fn flags_that_mean_nothing_to_mpi_are_refused_in_one_line() {
+    fails_with_one_line(
+        &["run", "mpi-latency", "--verify"],
+        "--verify has no effect",
+    );
+    fails_with_one_line(&["run", "mpi-bw", "--peer", "127.0.0.1"], "--peer");
+    fails_with_one_line(&["run", "mpi-bw", "-s", "64M"], "limit");
+    fails_with_one_line(&["run", "mpi-bw", "-t", "unix"], "-t/--mode");
+}
+
+#[test]
+fn list_says_mpi_is_built_in() {
+    let out = ok(netgap().arg("list").output().expect("runs"));
+    assert!(
+        out.contains("mpi-latency") && out.contains("mpi-bibw"),
+        "{out}"
+    );
+    assert!(out.contains("MPI: built in"), "{out}");
+}
+
+/// Processes in network namespace `ns`.
+fn pids_in(ns: &str) -> Vec<String> {
+    let out = Command::new("ip")
+        .args(["netns", "pids", ns])
+        .output()
+        .expect("ip netns pids");
+    let mut pids: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .map(str::to_string)
+        .collect();
+    pids.sort();
+    pids
+}
+
+/// Between two testbed namespaces, in one run: netgap's tcp pingpong,
+/// then MPI latency and bandwidth over Open MPI's TCP transport pinned to
+/// the testbed's interface.
+#[test]
+fn mpi_runs_between_two_testbed_hosts_beside_raw_sockets() {
+    if !system_ready("mpi_runs_between_two_testbed_hosts_beside_raw_sockets") {
+        return;
+    }
+    let (tb, _) = Testbed::up("mpipair", &["--hosts", "2"]);
+    let hosts = tb.hosts();
+    let before = (pids_in(&tb.ns("h1")), pids_in(&tb.ns("h2")));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json = dir.path().join("r.jsonl");
+    let records = tb.run(
+        "pingpong,mpi-latency,mpi-bw",
+        &["-s", "1,64K", "--reps", "2", "--iterations", "20"],
+        &json,
+    );
+    assert_eq!(records.len(), 6, "{records:?}");
+    let (tcp, mpi): (Vec<&Value>, Vec<&Value>) =
+        records.iter().partition(|r| r["transport"] == "tcp");
+    assert_eq!(tcp.len(), 2);
+    assert_eq!(mpi.len(), 4);
+    for r in &mpi {
+        check_mpi_record(r, 2);
+        let opts = stack_options(r);
+        assert!(opts.contains(&"btl=tcp".to_string()), "{opts:?}");
+        // The interface MPI was pinned to is the one holding each host's
+        // testbed address.
+        let iface = opts
+            .iter()
+            .find_map(|o| o.strip_prefix("btl_if="))
+            .expect("btl_if");
+        for (host, end) in [(&hosts.hosts[0], "host"), (&hosts.hosts[1], "peer_host")] {
+            assert_eq!(r[end]["interface"], iface, "{end}");
+            let shown = ok(Command::new("ip")
+                .args(["netns", "exec", host.netns.as_deref().expect("netns")])
+                .args(["ip", "-o", "addr", "show", "dev", iface])
+                .output()
+                .expect("ip addr"));
+            assert!(shown.contains(&host.address.to_string()), "{shown}");
+        }
+        let path = &r["stack"]["path"];
+        assert_eq!(path["kind"], "testbed");
+        assert_eq!(path["topology"], "switch");
+        assert_eq!(path["mtu_bytes"], 1500);
+        let peer = r["options"]["peer"].as_str().expect("peer");
+        assert!(peer.contains("h1") && peer.contains("h2"), "{peer}");
+    }
+    // Sockets and MPI ran over the same path.
+    assert_eq!(tcp[0]["stack"]["path"], mpi[0]["stack"]["path"]);
+    // mpirun, its daemon and the ranks are gone.
+    let after = (pids_in(&tb.ns("h1")), pids_in(&tb.ns("h2")));
+    assert_eq!(before, after, "processes left in the testbed");
+    tb.down();
+    tb.assert_gone();
+}
+
+#[test]
+fn mpi_across_hosts_needs_a_testbed() {
+    fails_with_one_line(
+        &["run", "mpi-latency", "--hosts", "127.0.0.1,127.0.0.2"],
+        "netgap's testbed",
+    );
+}
