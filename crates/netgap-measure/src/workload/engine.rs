@@ -328,7 +328,7 @@ fn setup_metrics(
     m
 }
 
-/// Connect: from the roles' sums of [`setup_metrics`], the mean connection
+/// Connect: from the roles' sums of `setup_metrics`, the mean connection
 /// setup time (`setup_time_us`), beside the mean of setup plus exchange
 /// (`connection_time_us`) and the setup's share of it (`setup_share_pct`).
 pub fn connection_times(
