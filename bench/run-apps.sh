@@ -24,7 +24,7 @@ hosts="@/run/netgap/$tb/hosts.json"
 data="$(mktemp -d /dev/shm/netgap-apps.XXXXXX)"
 cleanup() {
     "$netgap" testbed down --name "$tb" >/dev/null 2>&1 || true
-    "$netgap" testbed down --name "$tb-mesh" >/dev/null 2>&1 || true
+    "$netgap" testbed down --name "${tb}mesh" >/dev/null 2>&1 || true
     rm -rf "$data"
 }
 trap cleanup EXIT
@@ -61,7 +61,7 @@ done
 
 # A mesh: the client's reads from 3 servers each come over their own link.
 "$netgap" testbed down --name "$tb" >/dev/null
-"$netgap" testbed up --name "$tb-mesh" --hosts 4 --topology mesh --rate 1G >/dev/null
-"$netgap" run pio --hosts "@/run/netgap/$tb-mesh/hosts.json" -s 64K --op write,read --dir "$data" \
+"$netgap" testbed up --name "${tb}mesh" --hosts 4 --topology mesh --rate 1G >/dev/null
+"$netgap" run pio --hosts "@/run/netgap/${tb}mesh/hosts.json" -s 64K --op write,read --dir "$data" \
     --servers 3 --clients 1 --blocks 24 --reps "$reps" --duration 20s --label mesh-1G --json "$out"
 echo "results: $out"

@@ -34,9 +34,15 @@
 //! [`TBF_BURST_MS`] of traffic at the rate (at least [`TBF_MIN_BURST_BYTES`],
 //! so one full-size GSO packet fits) and a queue of [`TBF_LATENCY_MS`].
 //!
+//! Multipath TCP: on a mesh with several links per host pair, every host
+//! has an MPTCP endpoint (`signal`) for each of its link addresses and path
+//! manager limits of one extra subflow per extra link (`testbed/mptcp.rs`),
+//! so one `mptcp` connection between two hosts uses every link.
+//!
 //! `down` finds what to remove from the namespaces' names and the state
 //! directory, not from memory, so it also cleans up after a crash.
 
+mod mptcp;
 mod netns_ops;
 
 use netgap_measure::cluster::{HostEntry, HostsFile, LinkEntry, HOSTS_FILE_VERSION};
@@ -846,6 +852,9 @@ fn build_network(name: &str, p: &Params, hosts: &HostsFile) -> Result<(), Testbe
                     ip(&["-n", ns, "addr", "add", &format!("{addr}/24"), "dev", dev])?;
                     ip(&["-n", ns, "link", "set", dev, "up"])?;
                 }
+            }
+            for h in &hosts.hosts {
+                mptcp::configure(h, p.links)?;
             }
         }
     }

@@ -448,13 +448,18 @@ fn every_flag_of_a_multi_host_run_changes_its_record_or_is_refused() {
             &["--clients", "2"],
             Refused("--clients does not apply to multistream"),
         ),
+        (&["--bidir"], Records("/options/bidir", true.into())),
     ]);
     let multirail = Command {
         words: vec!["run", "multirail"],
         tiny: tiny.clone(),
         dir: dir.path(),
     };
-    multirail.walk(&[(&["--links", "2"], Len("/links", 2))]);
+    multirail.walk(&[
+        (&["--links", "2"], Len("/links", 2)),
+        (&["--links", "1,2"], Records("/clients", 1.into())),
+        (&["--bidir"], Records("/options/bidir", true.into())),
+    ]);
     let hotspot = Command {
         words: vec!["run", "hotspot"],
         tiny,

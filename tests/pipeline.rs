@@ -95,6 +95,16 @@ fn pipeline_queries_run_verified_across_hosts_and_colocated() {
         let cpu = recs[0]["hosts_cpu"].as_array().expect("hosts_cpu");
         assert_eq!(cpu.len(), 4, "a role on every host");
     }
+    // As listed: the producer on the last host, both filter copies on the
+    // second, the consumer on the first: each stream is dialled by the role
+    // prepared later, against the way its data moves.
+    let recs = tb.run(
+        "pipeline",
+        &[&flags[..], &["--place", "3,1,1,0"]].concat(),
+        &dir.path().join("listed.jsonl"),
+    );
+    let listed = [&names[3], &names[1], &names[1], &names[0]].map(String::as_str);
+    check_query(&recs[0], query, 16 << 10, &listed);
     // Under each of --conditions in turn: one record each, its path saying
     // the condition, and the testbed back as it was afterwards.
     let before = tb.hosts().conditions;

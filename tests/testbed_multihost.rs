@@ -254,6 +254,105 @@ fn multirail_over_a_three_link_mesh_carries_payload_on_every_link() {
     tb.assert_gone();
 }
 
+/// Bytes sent and received by interface `dev` of namespace `ns`.
+fn link_tx_rx(ns: &str, dev: &str) -> (u64, u64) {
+    let out = ok(Command::new("ip")
+        .args(["-n", ns, "-s", "-j", "link", "show", "dev", dev])
+        .output()
+        .expect("ip -s link"));
+    let v: Value = serde_json::from_str(&out).expect("ip -j output");
+    let s = &v[0]["stats64"];
+    (u(&s["tx"]["bytes"]), u(&s["rx"]["bytes"]))
+}
+
+#[test]
+fn multirail_bidir_measures_one_to_three_links_in_one_command() {
+    if !system_ready("multirail_bidir_measures_one_to_three_links_in_one_command") {
+        return;
+    }
+    let (tb, _) = Testbed::up(
+        "tmmrbd",
+        &["--hosts", "2", "--topology", "mesh", "--links", "3"],
+    );
+    let hosts = tb.hosts();
+    let client = &hosts.hosts[1];
+    let server = &hosts.hosts[0];
+    let ns = tb.ns(&client.name);
+    let rails: Vec<_> = client.links_to(&server.name).cloned().collect();
+    let before: Vec<(u64, u64)> = rails.iter().map(|l| link_tx_rx(&ns, &l.ifname)).collect();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let recs = tb.run(
+        "multirail",
+        &[
+            "--bidir",
+            "--links",
+            "1,2,3",
+            "--reps",
+            "1",
+            "--duration",
+            "200ms",
+        ],
+        &dir.path().join("mr-bidir.jsonl"),
+    );
+    assert_eq!(recs.len(), 3, "one point per link count");
+    for (k, r) in recs.iter().enumerate() {
+        let count = k + 1;
+        assert_eq!(u(&r["clients"]), count as u64, "{r}");
+        assert_eq!(r["options"]["bidir"], true, "{r}");
+        let links = r["links"].as_array().expect("links");
+        assert_eq!(links.len(), count);
+        for (l, rail) in links.iter().zip(&rails) {
+            // The first K links, in order.
+            assert_eq!(l["local"], rail.local.to_string().as_str(), "{l}");
+            assert!(u(&l["bytes"]) > 0, "a link carried nothing: {l}");
+        }
+        // Both ends sent and received on every flow.
+        let b = &r["bytes"];
+        for key in ["client_tx", "client_rx", "server_tx", "server_rx"] {
+            assert!(u(&b[key]) > 0, "{key} is 0: {b}");
+        }
+        // The headline is the sum of both directions of every flow.
+        let sum: f64 = flows(r)
+            .iter()
+            .map(|f| f["value"].as_f64().expect("value"))
+            .sum();
+        let value = r["value"].as_f64().expect("value");
+        assert!(
+            (sum - value).abs() <= 1e-6 * value.max(1.0),
+            "{sum} vs {value}"
+        );
+    }
+    // Every link carried payload both ways: link K-1 was used by the
+    // points with K or more links.
+    for (k, rail) in rails.iter().enumerate() {
+        let (tx, rx) = link_tx_rx(&ns, &rail.ifname);
+        let (tx0, rx0) = before[k];
+        assert!(
+            tx - tx0 > 100_000 && rx - rx0 > 100_000,
+            "link {k} ({}) moved {} out, {} in",
+            rail.ifname,
+            tx - tx0,
+            rx - rx0
+        );
+    }
+
+    // multistream --bidir: every stream both ways, both ends measuring.
+    let recs = tb.run(
+        "multistream",
+        &["--bidir", "-P", "2", "--reps", "1", "--duration", "200ms"],
+        &dir.path().join("ms-bidir.jsonl"),
+    );
+    assert_eq!(recs.len(), 1);
+    let r = &recs[0];
+    assert_eq!(r["options"]["bidir"], true, "{r}");
+    assert_eq!(flows(r).len(), 2);
+    for key in ["client_tx", "client_rx", "server_tx", "server_rx"] {
+        assert!(u(&r["bytes"][key]) > 0, "{key} is 0: {r}");
+    }
+    let _ = tb.down();
+    tb.assert_gone();
+}
+
 #[test]
 fn client_tests_cross_a_three_host_mesh_each_over_its_own_link() {
     if !system_ready("client_tests_cross_a_three_host_mesh_each_over_its_own_link") {

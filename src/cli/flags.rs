@@ -262,10 +262,15 @@ pub struct MultiHostFlags {
     /// Measured window of each repetition [default: 1s].
     #[arg(long, value_name = "DUR", value_parser = parse_duration)]
     pub duration: Option<Duration>,
-    /// multirail without --hosts: parallel loopback links (address pairs)
-    /// [default: 3].
-    #[arg(long, value_name = "K")]
-    pub links: Option<u32>,
+    /// multirail: links used, one point per count (e.g. 1,2,3): the first K
+    /// links to the server in the hosts file, or without --hosts K loopback
+    /// links (address pairs) [default: every link; 3 on loopback].
+    #[arg(long, value_name = "K[,K...]", value_parser = parse_counts)]
+    pub links: Option<CountList>,
+    /// multistream, multirail: every flow sends both ways at once; the
+    /// headline is the sum of both directions.
+    #[arg(long)]
+    pub bidir: bool,
     #[allow(
         missing_docs,
         reason = "a doc comment here would replace the flattened flags' help"
@@ -407,7 +412,8 @@ impl MultiHostFlags {
             clients: self.clients.as_ref().map(|c| c.0.clone()),
             streams: self.streams.as_ref().map(|c| c.0.clone()),
             duration: self.duration,
-            links: self.links,
+            links: self.links.as_ref().map(|c| c.0.clone()),
+            bidir: self.bidir,
             workload_options: self.workload.given.clone(),
         }
     }

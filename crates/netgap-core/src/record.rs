@@ -167,6 +167,11 @@ pub struct RecordOptions {
     /// fell on all of them alike; absent for a point measured on its own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub interleaved: Option<Interleaved>,
+    /// Multi-host bandwidth tests run with `--bidir`: every flow carried
+    /// payload both ways at once and the headline sums both directions;
+    /// absent (false) for one-way flows and for every other test.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub bidir: bool,
 }
 
 /// How a point's repetitions were interleaved with other stacks': repetition

@@ -418,6 +418,10 @@ fn run_session(
                 let Some(token) = token.as_ref() else {
                     return Err(refuse(&mut conn, "no data token".into()));
                 };
+                // The previous point's flow goes first: a transport may
+                // hold one flow per interface at a time (xdp binds the
+                // interface's queue).
+                drop(point.take());
                 let opened = open_point(&mut conn, &mut session, &spec, local_ip, token);
                 match opened {
                     Ok(p) => point = Some(p),

@@ -201,8 +201,13 @@ pub struct MultiHostSpec {
     pub streams: Option<Vec<u32>>,
     /// `--duration`: measured window of each repetition.
     pub duration: Option<Duration>,
-    /// `--links`: loopback links of an in-process multirail run.
-    pub links: Option<u32>,
+    /// `--links`: multirail's link counts, one point per count (the first
+    /// K links of the hosts file, or K loopback links of an in-process
+    /// run).
+    pub links: Option<Vec<u32>>,
+    /// `--bidir`: every flow of a bandwidth test carries payload both ways
+    /// at once (multistream, multirail).
+    pub bidir: bool,
     /// The workloads' own options given (`--trace zipf`), as (flag without
     /// dashes, value as typed; empty for a switch), in command-line order;
     /// the group plan parses them with their declarations
@@ -1083,6 +1088,7 @@ impl Plan {
             warmup: self.method.warmup,
             io_timeout_ms: spec.io_timeout_ms,
             interleaved: None,
+            bidir: false,
         }
     }
 }

@@ -5,7 +5,7 @@
 //!
 //! The coordinator side (plans, launching mpirun, reading rank 0's lines,
 //! records) needs no MPI installed; the ranks themselves
-//! ([`rank`], behind the `mpi` feature) link the MPI library. `netgap run
+//! (`rank`, behind the `mpi` feature) link the MPI library. `netgap run
 //! mpi-latency,mpi-bw,mpi-bibw` starts `mpirun -np 2 netgap mpi-rank ...`;
 //! rank 0 times the repetitions and writes them to its standard output,
 //! which mpirun forwards here ([`wire`]); [`run`] turns them into records.

@@ -2,15 +2,18 @@
 //! every repetition and writes [`RankLine`]s to its standard output (mpirun
 //! forwards them to the coordinator); rank 1 answers. Both walk the same
 //! [`RankPlan`] in the same order, and before every block of iterations
-//! rank 0 tells rank 1 how many to run (0: the point is over), so a
-//! calibrated iteration count needs no other agreement.
+//! rank 0 tells rank 1 how many to run and what they are (uncounted, part
+//! of a measured repetition, its start or end; `[0, 0]`: the point is
+//! over), so a calibrated count needs no other agreement.
 //!
 //! The methods are OSU's: latency is a blocking send and receive
 //! ping-pong, half the round trip; bandwidth is a window of 64
 //! non-blocking sends that rank 1 receives before it sends a 4-byte
 //! acknowledgment; bidirectional bandwidth posts a window of receives and
 //! of sends on both ranks at once. Warm-up iterations are run before and
-//! not counted.
+//! not counted. A repetition with a time budget runs in chunks until the
+//! budget is spent, so a descheduled calibration probe cannot stretch or
+//! shrink it; only the chunks are timed.
 
 use crate::kind::{MpiTest, WINDOW};
 use crate::wire::{default_warmup, RankIterations, RankLine, RankPlan, MAX_ITERATIONS};
@@ -33,6 +36,27 @@ const ACK_BYTES: usize = 4;
 /// Calibration stops probing once a probe lasts this fraction of the
 /// budget.
 const CALIBRATION_SHARE: u64 = 10;
+/// A repetition with a time budget runs in chunks of about this fraction
+/// of it, until the budget is spent.
+const CHUNKS_PER_BUDGET: u64 = 20;
+/// Kinds of rank 0's announcements: `[n, kind]`; `[0, UNCOUNTED]` ends a
+/// point.
+const UNCOUNTED: u64 = 0;
+/// A chunk of a measured repetition.
+const MEASURED: u64 = 1;
+/// A measured repetition starts: rank 1 starts its CPU meter.
+const REP_START: u64 = 2;
+/// A measured repetition ended: rank 1 sends its CPU reading.
+const REP_END: u64 = 3;
+
+/// How long a measured repetition runs.
+#[derive(Debug, Clone, Copy)]
+enum RepLength {
+    /// Exactly this many iterations, in one chunk.
+    Iterations(u64),
+    /// Chunks of `chunk` iterations until `budget_ns` of them are spent.
+    Budget { budget_ns: u64, chunk: u64 },
+}
 
 /// Why a rank could not run.
 #[derive(Debug, thiserror::Error)]
@@ -119,30 +143,30 @@ impl<'w> Rank<'w> {
                 self.block(&mut bufs, warmup, None);
                 warmup_iterations += warmup;
             }
-            let iterations = match plan.iterations {
-                RankIterations::Fixed(n) => n,
+            let length = match plan.iterations {
+                RankIterations::Fixed(n) => RepLength::Iterations(n),
                 RankIterations::BudgetUs(us) => {
                     let budget_ns = us.saturating_mul(1_000);
-                    // Probes of doubling length; the fastest per-iteration
-                    // time of any probe sets the count, so one probe that a
-                    // descheduling stretched does not shrink every
-                    // repetition to a few iterations.
+                    // Probes of doubling length until one lasts a tenth of
+                    // the budget; its rate sizes the chunks a repetition
+                    // runs until the budget is spent.
                     let mut probe = 1u64;
-                    let mut best_per_ns = u64::MAX;
                     loop {
                         let ns = self.block(&mut bufs, probe, None).max(1);
                         warmup_iterations += probe;
-                        best_per_ns = best_per_ns.min((ns / probe).max(1));
                         if ns >= budget_ns / CALIBRATION_SHARE || probe >= MAX_ITERATIONS / 2 {
-                            break (budget_ns / best_per_ns).clamp(1, MAX_ITERATIONS);
+                            let per_ns = (ns / probe).max(1);
+                            let chunk =
+                                (budget_ns / CHUNKS_PER_BUDGET / per_ns).clamp(1, MAX_ITERATIONS);
+                            break RepLength::Budget { budget_ns, chunk };
                         }
                         probe *= 2;
                     }
                 }
             };
             for rep in 0..plan.reps {
-                let (elapsed_ns, cpu_rank0, cpu_rank1) =
-                    self.measured_block(&mut bufs, iterations, &mut hist);
+                let (iterations, elapsed_ns, cpu_rank0, cpu_rank1) =
+                    self.measured_rep(&mut bufs, length, &mut hist);
                 say(RankLine::Rep {
                     point: index as u32,
                     rep,
@@ -152,7 +176,7 @@ impl<'w> Rank<'w> {
                     cpu_rank1,
                 })?;
             }
-            self.peer.send_with_tag(&[0u64, 0][..], TAG_CONTROL);
+            self.peer.send_with_tag(&[0u64, UNCOUNTED][..], TAG_CONTROL);
             say(RankLine::Done {
                 point: index as u32,
                 warmup_iterations,
@@ -168,55 +192,72 @@ impl<'w> Rank<'w> {
         self.peer.send_with_tag(name.as_bytes(), TAG_NAME);
         for p in &plan.points {
             let mut bufs = Buffers::new(p.test, p.size_bytes, false);
+            let mut meter = None;
             loop {
                 let mut control = [0u64; 2];
                 self.peer
                     .receive_into_with_tag(&mut control[..], TAG_CONTROL);
-                let [n, measured] = control;
-                if n == 0 {
-                    break;
+                match control {
+                    [0, REP_START] => meter = Some(CpuMeter::start()),
+                    [0, REP_END] => {
+                        let u = meter.take().map(|m| m.stop(0)).unwrap_or_default();
+                        let report = [
+                            u.system_busy_percent.to_bits(),
+                            u.process_percent.to_bits(),
+                            u.cpu_ns,
+                            u.wall_ns,
+                        ];
+                        self.peer.send_with_tag(&report[..], TAG_CPU);
+                    }
+                    [0, _] => break,
+                    [n, _] => self.run(&mut bufs, n.min(MAX_ITERATIONS), None),
                 }
-                if measured == 0 {
-                    self.run(&mut bufs, n.min(MAX_ITERATIONS), None);
-                    continue;
-                }
-                let meter = CpuMeter::start();
-                self.run(&mut bufs, n.min(MAX_ITERATIONS), None);
-                let u = meter.stop(0);
-                let report = [
-                    u.system_busy_percent.to_bits(),
-                    u.process_percent.to_bits(),
-                    u.cpu_ns,
-                    u.wall_ns,
-                ];
-                self.peer.send_with_tag(&report[..], TAG_CPU);
             }
         }
     }
 
     /// Rank 0: announces and times `n` uncounted iterations; nanoseconds.
     fn block(&self, bufs: &mut Buffers, n: u64, hist: Option<&mut LatencyHistogram>) -> u64 {
-        self.peer.send_with_tag(&[n, 0][..], TAG_CONTROL);
+        self.peer.send_with_tag(&[n, UNCOUNTED][..], TAG_CONTROL);
         let t = Instant::now();
         self.run(bufs, n, hist);
         u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX)
     }
 
-    /// Rank 0: announces and times `n` measured iterations, with the CPU
-    /// both ranks spent on them (rank 1 sends its reading after the timed
-    /// part); nanoseconds and the two readings.
-    fn measured_block(
+    /// Rank 0: one measured repetition of `length`, timed chunk by chunk
+    /// (the announcements between chunks are not timed), with the CPU both
+    /// ranks spent on it (rank 1 sends its reading after the repetition);
+    /// iterations, nanoseconds and the two readings.
+    fn measured_rep(
         &self,
         bufs: &mut Buffers,
-        n: u64,
+        length: RepLength,
         hist: &mut LatencyHistogram,
-    ) -> (u64, CpuUsage, CpuUsage) {
-        self.peer.send_with_tag(&[n, 1][..], TAG_CONTROL);
+    ) -> (u64, u64, CpuUsage, CpuUsage) {
+        self.peer.send_with_tag(&[0, REP_START][..], TAG_CONTROL);
         let meter = CpuMeter::start();
-        let t = Instant::now();
-        self.run(bufs, n, Some(hist));
-        let elapsed_ns = u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let (mut iterations, mut elapsed_ns) = (0u64, 0u64);
+        loop {
+            let chunk = match length {
+                RepLength::Iterations(n) => n,
+                RepLength::Budget { chunk, .. } => chunk,
+            };
+            self.peer.send_with_tag(&[chunk, MEASURED][..], TAG_CONTROL);
+            let t = Instant::now();
+            self.run(bufs, chunk, Some(hist));
+            let ns = u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX);
+            elapsed_ns = elapsed_ns.saturating_add(ns);
+            iterations = iterations.saturating_add(chunk);
+            let done = match length {
+                RepLength::Iterations(_) => true,
+                RepLength::Budget { budget_ns, .. } => elapsed_ns >= budget_ns,
+            };
+            if done || iterations >= MAX_ITERATIONS {
+                break;
+            }
+        }
         let mine = meter.stop(0);
+        self.peer.send_with_tag(&[0, REP_END][..], TAG_CONTROL);
         let mut report = [0u64; 4];
         self.peer.receive_into_with_tag(&mut report[..], TAG_CPU);
         let theirs = CpuUsage {
@@ -225,7 +266,7 @@ impl<'w> Rank<'w> {
             cpu_ns: report[2],
             wall_ns: report[3],
         };
-        (elapsed_ns, mine, theirs)
+        (iterations, elapsed_ns, mine, theirs)
     }
 
     /// `n` iterations of the point's exchange, in this rank's part.

@@ -295,7 +295,7 @@ struct IfreqMtu {
 
 /// The MTU of interface `name` in this thread's network namespace
 /// (`SIOCGIFMTU`).
-fn read_mtu_ioctl(name: &str) -> Option<u32> {
+pub(crate) fn read_mtu_ioctl(name: &str) -> Option<u32> {
     let bytes = name.as_bytes();
     if bytes.is_empty() || bytes.len() >= libc::IFNAMSIZ {
         return None;

@@ -15,6 +15,7 @@ pub mod affinity;
 pub mod cpu;
 pub mod flows;
 pub mod host;
+pub mod mptcp;
 pub mod netns;
 pub mod options;
 pub mod shm;
@@ -24,6 +25,7 @@ pub mod tcp;
 pub mod udp;
 pub mod unix;
 pub mod uring;
+pub mod xdp;
 mod zerocopy;
 
 use netgap_core::spec::{Mode, PointSpec, TransportOptions};
@@ -377,6 +379,12 @@ pub trait Transport: Sync {
     /// Connects to the listener at `addr` on the coordinator's side.
     fn connect(&self, config: &FlowConfig, addr: &str) -> Result<Box<dyn Flow>, TransportError>;
 
+    /// Whether both ends may sit on one host (loopback): `false` for a
+    /// transport that needs an interface of its own at each end.
+    fn runs_on_loopback(&self) -> bool {
+        true
+    }
+
     /// Whether [`Transport::connect_from`] works: a multi-host run then
     /// picks the link each flow takes by its local address.
     fn binds_local(&self) -> bool {
@@ -408,7 +416,15 @@ pub trait Transport: Sync {
 
 /// Every transport netgap has, in the order `netgap list` shows them.
 pub fn registry() -> &'static [&'static dyn Transport] {
-    &[&tcp::Tcp, &unix::Unix, &uring::Uring, &shm::Shm, &udp::Udp]
+    &[
+        &tcp::Tcp,
+        &unix::Unix,
+        &uring::Uring,
+        &shm::Shm,
+        &udp::Udp,
+        &mptcp::Mptcp,
+        &xdp::Xdp,
+    ]
 }
 
 /// The transport called `name`, if there is one.

@@ -136,13 +136,14 @@ pub(crate) static OPTIONS: &[&OptionDecl] = &[
 /// options that must precede the connection.
 pub(super) fn listen_socket(
     transport: &'static str,
+    protocol: Protocol,
     options: &TransportOptions,
     local_ip: IpAddr,
 ) -> Result<TcpListener, TransportError> {
     let listen_err = |source| TransportError::Listen { transport, source };
     let addr = SocketAddr::new(local_ip, 0);
-    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))
-        .map_err(listen_err)?;
+    let socket =
+        Socket::new(Domain::for_address(addr), Type::STREAM, Some(protocol)).map_err(listen_err)?;
     apply_before_connect(transport, &socket, options)?;
     socket.bind(&addr.into()).map_err(listen_err)?;
     socket.listen(8).map_err(listen_err)?;
@@ -178,6 +179,7 @@ pub(super) fn accept_stream(
 /// left blocking.
 pub(super) fn connect_stream(
     transport: &'static str,
+    protocol: Protocol,
     options: &TransportOptions,
     addr: &str,
 ) -> Result<TcpStream, TransportError> {
@@ -191,8 +193,8 @@ pub(super) fn connect_stream(
         addr: addr.to_string(),
         source,
     };
-    let socket = Socket::new(Domain::for_address(sa), Type::STREAM, Some(Protocol::TCP))
-        .map_err(connect_err)?;
+    let socket =
+        Socket::new(Domain::for_address(sa), Type::STREAM, Some(protocol)).map_err(connect_err)?;
     apply_before_connect(transport, &socket, options)?;
     socket
         .connect_timeout(&SockAddr::from(sa), CONNECT_TIMEOUT)
@@ -206,16 +208,17 @@ pub(super) fn connect_stream(
 /// wants it re-arms it after every receive; TCP_CORK is set before a
 /// message's bytes and cleared after them. This wraps a flow to do both.
 pub(super) fn into_flow(
+    transport: &'static str,
     stream: TcpStream,
     config: &FlowConfig,
 ) -> Result<Box<dyn Flow>, TransportError> {
     let o = &config.options;
     if o.zerocopy {
-        let flow = ZeroCopyFlow::new(stream, config).map_err(opt_err(NAME, "MSG_ZEROCOPY"))?;
+        let flow = ZeroCopyFlow::new(stream, config).map_err(opt_err(transport, "MSG_ZEROCOPY"))?;
         return Ok(Box::new(flow));
     }
     let flow = StreamFlow::new(stream, config.mode, config.io_timeout)
-        .map_err(opt_err(NAME, "O_NONBLOCK/SO_RCVTIMEO"))?;
+        .map_err(opt_err(transport, "O_NONBLOCK/SO_RCVTIMEO"))?;
     if o.quickack || o.cork {
         return Ok(Box::new(flow.with_tcp_hooks(o.quickack, o.cork)));
     }
@@ -237,7 +240,7 @@ impl Listener for TcpDataListener {
 
     fn accept(&mut self, timeout: Duration) -> Result<Box<dyn Flow>, TransportError> {
         let stream = accept_stream(NAME, &self.listener, &self.config.options, timeout)?;
-        into_flow(stream, &self.config)
+        into_flow(NAME, stream, &self.config)
     }
 }
 
@@ -289,13 +292,17 @@ impl Transport for Tcp {
         local_ip: IpAddr,
     ) -> Result<Box<dyn Listener>, TransportError> {
         Ok(Box::new(TcpDataListener {
-            listener: listen_socket(NAME, &config.options, local_ip)?,
+            listener: listen_socket(NAME, Protocol::TCP, &config.options, local_ip)?,
             config: config.clone(),
         }))
     }
 
     fn connect(&self, config: &FlowConfig, addr: &str) -> Result<Box<dyn Flow>, TransportError> {
-        into_flow(connect_stream(NAME, &config.options, addr)?, config)
+        into_flow(
+            NAME,
+            connect_stream(NAME, Protocol::TCP, &config.options, addr)?,
+            config,
+        )
     }
 
     fn binds_local(&self) -> bool {
@@ -309,7 +316,8 @@ impl Transport for Tcp {
         local_ip: IpAddr,
     ) -> Result<Box<dyn Flow>, TransportError> {
         into_flow(
-            connect_stream_from(NAME, &config.options, addr, local_ip)?,
+            NAME,
+            connect_stream_from(NAME, Protocol::TCP, &config.options, addr, local_ip)?,
             config,
         )
     }
@@ -323,6 +331,7 @@ impl Transport for Tcp {
 /// applied; the stream is left blocking.
 pub(super) fn connect_stream_from(
     transport: &'static str,
+    protocol: Protocol,
     options: &TransportOptions,
     addr: &str,
     local_ip: IpAddr,
@@ -337,8 +346,8 @@ pub(super) fn connect_stream_from(
         addr: addr.to_string(),
         source,
     };
-    let socket = Socket::new(Domain::for_address(sa), Type::STREAM, Some(Protocol::TCP))
-        .map_err(connect_err)?;
+    let socket =
+        Socket::new(Domain::for_address(sa), Type::STREAM, Some(protocol)).map_err(connect_err)?;
     apply_before_connect(transport, &socket, options)?;
     socket
         .bind(&SockAddr::from(SocketAddr::new(local_ip, 0)))

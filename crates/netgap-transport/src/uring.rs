@@ -50,6 +50,7 @@ use io_uring::{opcode, squeue, types, IoUring};
 use netgap_core::spec::{Mode, TransportOptions};
 use nix::sched::{sched_setaffinity, CpuSet};
 use nix::unistd::Pid;
+use socket2::Protocol;
 use std::io;
 use std::net::{IpAddr, Shutdown, TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
@@ -865,13 +866,13 @@ impl Transport for Uring {
         local_ip: IpAddr,
     ) -> Result<Box<dyn Listener>, TransportError> {
         Ok(Box::new(UringDataListener {
-            listener: listen_socket(NAME, &config.options, local_ip)?,
+            listener: listen_socket(NAME, Protocol::TCP, &config.options, local_ip)?,
             config: config.clone(),
         }))
     }
 
     fn connect(&self, config: &FlowConfig, addr: &str) -> Result<Box<dyn Flow>, TransportError> {
-        let stream = connect_stream(NAME, &config.options, addr)?;
+        let stream = connect_stream(NAME, Protocol::TCP, &config.options, addr)?;
         Ok(Box::new(UringFlow::new(stream, config)?))
     }
 
@@ -885,7 +886,7 @@ impl Transport for Uring {
         addr: &str,
         local_ip: IpAddr,
     ) -> Result<Box<dyn Flow>, TransportError> {
-        let stream = connect_stream_from(NAME, &config.options, addr, local_ip)?;
+        let stream = connect_stream_from(NAME, Protocol::TCP, &config.options, addr, local_ip)?;
         Ok(Box::new(UringFlow::new(stream, config)?))
     }
 

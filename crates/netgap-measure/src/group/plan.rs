@@ -26,6 +26,9 @@ const MIN_DURATION: Duration = Duration::from_millis(10);
 const MAX_WARMUP: Duration = Duration::from_secs(1);
 /// Most loopback links of an in-process multirail run.
 pub(crate) const MAX_LOOPBACK_LINKS: u32 = 64;
+/// Most links of a `--links` count with `--hosts` (a mesh testbed has at
+/// most 8 per host pair; a hosts file may list more).
+const MAX_LINK_COUNT: u32 = 1024;
 /// Most in-process client hosts.
 pub(crate) const MAX_EMBEDDED_HOSTS: u32 = 64;
 
@@ -37,11 +40,13 @@ pub struct GroupPoint {
     /// Transport, mode, size, options, timeout (its `test` is the
     /// workload's name).
     pub spec: PointSpec,
-    /// The count the workload reads ([`Workload::count`]): clients or
-    /// streams; 0 when the hosts decide.
+    /// The count the workload reads ([`Workload::count`]): clients,
+    /// streams, or links (`--links`); 0 when the hosts decide.
     pub clients: u32,
     /// The values of the workload's own options for this point.
     pub args: WorkloadArgs,
+    /// `--bidir`: every flow carries payload both ways at once.
+    pub bidir: bool,
     /// The workload's parameters for every role of the point.
     pub params: serde_json::Value,
 }
@@ -53,6 +58,7 @@ impl std::fmt::Debug for GroupPoint {
             .field("spec", &self.spec)
             .field("clients", &self.clients)
             .field("args", &self.args)
+            .field("bidir", &self.bidir)
             .field("params", &self.params)
             .finish()
     }
@@ -248,26 +254,25 @@ fn refuse_ignored_flags(r: &RunRequest, tests: &[&'static dyn Workload]) -> Resu
             "only multistream runs parallel streams",
         ));
     }
-    if r.target.hosts.is_some() {
-        if r.target.client_hosts.is_some() {
-            return Err(no_effect(
-                "--client-hosts",
-                &what,
-                "the hosts of --hosts are the client hosts",
-            ));
-        }
-        if r.multi_host.links.is_some() {
-            return Err(no_effect(
-                "--links",
-                &what,
-                "with --hosts, multirail uses the links of the hosts file",
-            ));
-        }
-    } else if r.multi_host.links.is_some() && !any(CountFlag::Hosts) {
+    if r.target.hosts.is_some() && r.target.client_hosts.is_some() {
+        return Err(no_effect(
+            "--client-hosts",
+            &what,
+            "the hosts of --hosts are the client hosts",
+        ));
+    }
+    if r.multi_host.links.is_some() && !any(CountFlag::Hosts) {
         return Err(no_effect(
             "--links",
             &what,
-            "only multirail uses loopback links",
+            "only multirail chooses how many links it uses",
+        ));
+    }
+    if r.multi_host.bidir && !tests.iter().any(|t| t.takes_bidir()) {
+        return Err(no_effect(
+            "--bidir",
+            &what,
+            "only multistream and multirail send both ways at once",
         ));
     }
     Ok(())
@@ -306,14 +311,13 @@ impl GroupPlan {
                         format!("must be between 1 and {MAX_EMBEDDED_HOSTS}"),
                     ));
                 }
-                let links = r.multi_host.links.unwrap_or(DEFAULT_LINKS);
-                if links == 0 || links > MAX_LOOPBACK_LINKS {
-                    return Err(invalid(
-                        "--links",
-                        links,
-                        format!("must be between 1 and {MAX_LOOPBACK_LINKS}"),
-                    ));
-                }
+                let links = match &r.multi_host.links {
+                    Some(counts) => {
+                        check_counts("--links", counts, MAX_LOOPBACK_LINKS)?;
+                        counts.iter().copied().max().unwrap_or(DEFAULT_LINKS)
+                    }
+                    None => DEFAULT_LINKS,
+                };
                 HostsSource::Embedded {
                     client_hosts,
                     links,
@@ -349,6 +353,9 @@ impl GroupPlan {
         if let HostsSource::Embedded { .. } = hosts {
             check_embedded_descriptors(&tests, r.multi_host.clients.as_deref())?;
         }
+        if let (Some(counts), HostsSource::File(_)) = (&r.multi_host.links, &hosts) {
+            check_counts("--links", counts, MAX_LINK_COUNT)?;
+        }
         let default_clients = vec![hosts.client_hosts()];
         let default_streams = vec![DEFAULT_STREAMS];
         let mut points = Vec::new();
@@ -365,9 +372,11 @@ impl GroupPlan {
                     check_counts("--streams", c, limit)?;
                     c.clone()
                 }
-                CountFlag::Hosts => vec![0],
+                // Without --links the hosts decide: every link.
+                CountFlag::Hosts => r.multi_host.links.clone().unwrap_or_else(|| vec![0]),
             };
             let arg_points = workload_args(test, &r.multi_host.workload_options)?;
+            let bidir = r.multi_host.bidir && test.takes_bidir();
             let mut seen = Vec::new();
             for spec in &base.points {
                 let t = netgap_transport::find(&spec.transport).ok_or_else(|| {
@@ -388,12 +397,18 @@ impl GroupPlan {
                 }
                 seen.push(key);
                 for args in &arg_points {
-                    let params = test.params(&spec, args);
+                    let mut params = test.params(&spec, args);
+                    if bidir {
+                        if let Some(o) = params.as_object_mut() {
+                            o.insert("bidir".into(), serde_json::Value::Bool(true));
+                        }
+                    }
                     for &clients in &counts {
                         points.push(GroupPoint {
                             workload: test,
                             spec: spec.clone(),
                             clients,
+                            bidir,
                             args: args.clone(),
                             params: params.clone(),
                         });
@@ -439,6 +454,28 @@ mod tests {
     }
 
     #[test]
+    fn a_link_list_makes_one_point_per_count_and_bidir_goes_to_the_roles() {
+        let mut r = RunRequest::new(&["multirail", "multistream"]);
+        r.multi_host.links = Some(vec![1, 2, 3]);
+        r.multi_host.bidir = true;
+        let p = GroupPlan::from_request(&r).unwrap();
+        let rail: Vec<u32> = p
+            .points
+            .iter()
+            .filter(|p| p.workload.name() == "multirail")
+            .map(|p| p.clients)
+            .collect();
+        assert_eq!(rail, vec![1, 2, 3]);
+        assert!(matches!(p.hosts, HostsSource::Embedded { links: 3, .. }));
+        for point in &p.points {
+            assert!(point.bidir);
+            assert_eq!(point.params["bidir"], true);
+        }
+        r.multi_host.links = Some(vec![0]);
+        assert!(err(&r).contains("--links"));
+    }
+
+    #[test]
     fn bad_inputs_are_one_line_errors() {
         let mut r = RunRequest::new(&["fanin"]);
         r.multi_host.clients = Some(vec![0]);
@@ -472,8 +509,11 @@ mod tests {
         r.multi_host.clients = Some(vec![2]);
         assert!(err(&r).starts_with("--clients does not apply"));
         let mut r = RunRequest::new(&["fanin"]);
-        r.multi_host.links = Some(2);
+        r.multi_host.links = Some(vec![2]);
         assert!(err(&r).starts_with("--links does not apply"));
+        let mut r = RunRequest::new(&["fanin"]);
+        r.multi_host.bidir = true;
+        assert!(err(&r).starts_with("--bidir does not apply"));
         let mut r = RunRequest::new(&["hotspot"]);
         r.method.verify = true;
         assert!(err(&r).starts_with("--verify does not apply"));
@@ -481,7 +521,7 @@ mod tests {
         r.method.iterations = Some(10);
         assert!(err(&r).starts_with("--iterations does not apply"));
         let mut r = RunRequest::new(&["fanin", "multirail"]);
-        r.multi_host.links = Some(2);
+        r.multi_host.links = Some(vec![2]);
         assert!(GroupPlan::from_request(&r).is_ok());
         let mut r = RunRequest::new(&["fanin"]);
         r.multi_host.workload_options = vec![("no-such".into(), "1".into())];

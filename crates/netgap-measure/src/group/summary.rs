@@ -148,8 +148,11 @@ impl Reduction {
                 if let Some(p) = sample.percentiles {
                     acc.percentiles.push((p, fr.round_trips));
                 }
+                // A flow measured at both ends (a bidirectional stream, each
+                // end measuring what it received) is worth the sum.
                 if let Some(v) = sample.value {
-                    per_flow_value[g] = v;
+                    let prev = per_flow_value[g];
+                    per_flow_value[g] = if prev.is_finite() { prev + v } else { v };
                 }
             }
         }
@@ -362,6 +365,7 @@ pub(super) fn measure_point(
     options.iterations = None;
     options.rep_time_ms = Some(plan.duration.as_millis() as u64);
     options.warmup = None;
+    options.bidir = point.bidir;
     let client_hosts = {
         let mut h: Vec<usize> = placement
             .roles

@@ -13,4 +13,5 @@ pub(crate) const FANIN: StreamWorkload = StreamWorkload {
     direction: Direction::ToServer,
     count: CountFlag::Clients,
     place: place::spread,
+    bidir: false,
 };

@@ -13,4 +13,5 @@ pub(crate) const FANOUT: StreamWorkload = StreamWorkload {
     direction: Direction::FromServer,
     count: CountFlag::Clients,
     place: place::spread,
+    bidir: false,
 };

@@ -210,8 +210,14 @@ pub trait Workload: Sync {
         out
     }
 
-    /// Places the roles of a point of `count` (clients, streams; unused for
-    /// [`CountFlag::Hosts`]) on `hosts`.
+    /// Whether its flows can carry payload both ways at once (`--bidir`,
+    /// which then arrives in its parameters as `"bidir": true`).
+    fn takes_bidir(&self) -> bool {
+        false
+    }
+
+    /// Places the roles of a point of `count` (clients, streams; for
+    /// [`CountFlag::Hosts`] the links to use, 0 for every link) on `hosts`.
     fn place(&self, count: u32, hosts: &[HostView]) -> Result<Placement, Refused>;
 
     /// Places the roles of a point whose shape its own options decide

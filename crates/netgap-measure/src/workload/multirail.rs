@@ -1,14 +1,16 @@
 //! `multirail`: one client process streams over every link between the
 //! first client host and the server at once, one flow per link, each bound
 //! to its link's addresses; the headline is the aggregate bandwidth, with
-//! each link's bytes and bandwidth in the record (seed 004).
+//! each link's bytes and bandwidth in the record (seed 004). With
+//! `--bidir` every flow sends both ways at once, as 004 measures
+//! aggregation, and `--links 1,2,3` makes one point per link count.
 
 use super::place::{self, HostView, Placement};
-use super::role::{parse_params, NoParams, OpenRole, RoleContext, RoleError};
-use super::stream::{self, Direction};
+use super::role::{parse_params, OpenRole, RoleContext, RoleError};
+use super::stream::{self, Direction, StreamParams};
 use super::{CountFlag, FlowSample, GroupMetric, Refused, Workload};
 use netgap_core::spec::PointSpec;
-use netgap_proto::group::{FlowReport, GroupRole};
+use netgap_proto::group::{FlowReport, GroupRole, GroupSpec};
 use netgap_transport::Transport;
 
 const NAME: &str = "multirail";
@@ -60,13 +62,21 @@ impl Workload for Multirail {
         Ok(())
     }
 
-    fn place(&self, _count: u32, hosts: &[HostView]) -> Result<Placement, Refused> {
-        place::rails(NAME, hosts)
+    fn takes_bidir(&self) -> bool {
+        true
+    }
+
+    fn place(&self, count: u32, hosts: &[HostView]) -> Result<Placement, Refused> {
+        place::rails(NAME, count, hosts)
+    }
+
+    fn memory_bytes(&self, spec: &GroupSpec) -> u64 {
+        stream::memory_bytes(Direction::of(Direction::ToServer, spec), spec)
     }
 
     fn open(&self, ctx: RoleContext<'_>) -> Result<Box<dyn OpenRole>, RoleError> {
-        let NoParams {} = parse_params(NAME, ctx.spec)?;
-        stream::open(NAME, Direction::ToServer, ctx)
+        let params: StreamParams = parse_params(NAME, ctx.spec)?;
+        stream::open(NAME, params.direction(Direction::ToServer), ctx)
     }
 
     fn sample(&self, side: GroupRole, report: &FlowReport, window_ns: u64) -> FlowSample {

@@ -1,6 +1,6 @@
 //! `multistream`: -P N simultaneous streams from the first client host to
 //! the server; the headline is their aggregate bandwidth (seeds 000, 001,
-//! 002).
+//! 002); with `--bidir` every stream sends both ways at once.
 
 use super::place;
 use super::stream::{Direction, StreamWorkload};
@@ -13,4 +13,5 @@ pub(crate) const MULTISTREAM: StreamWorkload = StreamWorkload {
     direction: Direction::ToServer,
     count: CountFlag::Streams,
     place: place::streams,
+    bidir: true,
 };

@@ -42,6 +42,17 @@ pub enum OptionKind {
     },
     /// A path on the hosts that run the workload's roles (`--dir`).
     Path,
+    /// One list of whole numbers, comma separated (`--place 0,1,2,1`),
+    /// each in range; the value is the list as text, normalized. Never an
+    /// axis: its commas separate the list's entries.
+    CountList {
+        /// Smallest entry allowed.
+        min: u64,
+        /// Largest entry allowed.
+        max: u64,
+        /// Most entries.
+        most: usize,
+    },
 }
 
 /// One option of a workload.
@@ -227,6 +238,22 @@ pub fn parse(decl: &'static WorkloadOption, raw: &str) -> Result<Vec<OptionValue
                 }
                 OptionValue::Number(x)
             }
+            OptionKind::CountList { min, max, most } => {
+                let mut list = Vec::new();
+                for x in item.split(',').map(str::trim) {
+                    let n: u64 = x
+                        .parse()
+                        .map_err(|_| err(item, format!("{x:?} is not a whole number")))?;
+                    if n < min || n > max {
+                        return Err(err(item, format!("{n} is not between {min} and {max}")));
+                    }
+                    list.push(n.to_string());
+                }
+                if list.len() > most {
+                    return Err(err(item, format!("more than {most} entries")));
+                }
+                OptionValue::Name(list.join(","))
+            }
             OptionKind::Path => {
                 if item.contains('\0') || item.len() > 4096 {
                     return Err(err(item, "not a usable path".into()));
@@ -296,6 +323,32 @@ mod tests {
             parse(&TRACE, "x").unwrap_err().to_string(),
             "--trace x: must be one of single, zipf"
         );
+    }
+
+    #[test]
+    fn a_count_list_is_one_value_checked_entry_by_entry() {
+        static PLACE: WorkloadOption = WorkloadOption {
+            flag: "place",
+            kind: OptionKind::CountList {
+                min: 0,
+                max: 3,
+                most: 4,
+            },
+            value_name: "H[,H...]",
+            help: "Hosts.",
+            axis: false,
+        };
+        let v = parse(&PLACE, "0, 1,3").unwrap();
+        assert_eq!(v, vec![OptionValue::Name("0,1,3".into())]);
+        assert!(parse(&PLACE, "0,4")
+            .unwrap_err()
+            .to_string()
+            .contains("4 is not between"));
+        assert!(parse(&PLACE, "0,x").is_err());
+        assert!(parse(&PLACE, "0,1,2,3,0")
+            .unwrap_err()
+            .to_string()
+            .contains("more than 4"));
     }
 
     #[test]

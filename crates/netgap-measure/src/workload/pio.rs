@@ -70,21 +70,21 @@ static SERVERS: WorkloadOption = WorkloadOption {
         max: MAX_SERVERS,
     },
     value_name: "S",
-    help: "pio: I/O servers, the first S hosts (default 1); a list makes one point each",
+    help: "I/O servers, the first S hosts (default 1); a list makes one point each",
     axis: true,
 };
 static PATTERN: WorkloadOption = WorkloadOption {
     flag: "pattern",
     kind: OptionKind::Choice(&["contiguous", "tile"]),
     value_name: "PATTERN",
-    help: "pio: contiguous (pvfs-test blocks) or tile (MPI-Tile-I/O rows); default contiguous",
+    help: "contiguous (pvfs-test blocks) or tile (MPI-Tile-I/O rows); default contiguous",
     axis: true,
 };
 static OP: WorkloadOption = WorkloadOption {
     flag: "op",
     kind: OptionKind::Choice(&["write", "read"]),
     value_name: "OP",
-    help: "pio: the phase whose bandwidth is the headline (both always run); default read; write,read makes a point each",
+    help: "the phase whose bandwidth is the headline (both always run); default read; write,read makes a point each",
     axis: true,
 };
 static BLOCK: WorkloadOption = WorkloadOption {
@@ -94,28 +94,28 @@ static BLOCK: WorkloadOption = WorkloadOption {
         max: 64 << 20,
     },
     value_name: "BYTES",
-    help: "pio contiguous: bytes per block (default 2M, the study's)",
+    help: "contiguous pattern: bytes per block (default 2M, the study's)",
     axis: false,
 };
 static BLOCKS: WorkloadOption = WorkloadOption {
     flag: "blocks",
     kind: OptionKind::Count { min: 1, max: 4096 },
     value_name: "N",
-    help: "pio contiguous: blocks per client (default 8)",
+    help: "contiguous pattern: blocks per client (default 8)",
     axis: false,
 };
 static TILE_COLS: WorkloadOption = WorkloadOption {
     flag: "tile-cols",
     kind: OptionKind::Count { min: 1, max: 65536 },
     value_name: "N",
-    help: "pio tile: elements per tile row (default 1024)",
+    help: "tile pattern: elements per tile row (default 1024)",
     axis: false,
 };
 static TILE_ROWS: WorkloadOption = WorkloadOption {
     flag: "tile-rows",
     kind: OptionKind::Count { min: 1, max: 65536 },
     value_name: "N",
-    help: "pio tile: rows per tile (default 768)",
+    help: "tile pattern: rows per tile (default 768)",
     axis: false,
 };
 static ELEMENT: WorkloadOption = WorkloadOption {
@@ -125,21 +125,21 @@ static ELEMENT: WorkloadOption = WorkloadOption {
         max: 1 << 20,
     },
     value_name: "BYTES",
-    help: "pio tile: bytes per element (default 32)",
+    help: "tile pattern: bytes per element (default 32)",
     axis: false,
 };
 static CACHE: WorkloadOption = WorkloadOption {
     flag: "cache",
     kind: OptionKind::Choice(&["bypass", "keep"]),
     value_name: "HOW",
-    help: "pio: bypass (direct I/O, else flush and drop, as the file system allows; default) or keep the page cache",
+    help: "bypass (direct I/O, else flush and drop, as the file system allows; default) or keep the page cache",
     axis: false,
 };
 static DIR: WorkloadOption = WorkloadOption {
     flag: "dir",
     kind: OptionKind::Path,
     value_name: "DIR",
-    help: "pio: directory on each server host for its stripes (default: a directory of the run's own, removed afterwards; in DIR only netgap's files are removed)",
+    help: "directory on each server host for its stripes (default: a directory of the run's own, removed afterwards; in DIR only netgap's files are removed)",
     axis: false,
 };
 static OPTIONS: [&WorkloadOption; 10] = [

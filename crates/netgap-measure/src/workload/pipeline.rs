@@ -79,7 +79,7 @@ static PRESET: WorkloadOption = WorkloadOption {
     flag: "preset",
     kind: OptionKind::Choice(&["vm", "iso"]),
     value_name: "APP",
-    help: "pipeline: the study's application: vm (Virtual Microscope, 16 MiB per query; default) or iso (Iso-Surface, 64 MiB); a list makes one point each",
+    help: "the study's application: vm (Virtual Microscope, 16 MiB per query; default) or iso (Iso-Surface, 64 MiB); a list makes one point each",
     axis: true,
 };
 static QUERY: WorkloadOption = WorkloadOption {
@@ -89,7 +89,7 @@ static QUERY: WorkloadOption = WorkloadOption {
         max: MAX_QUERY_BYTES,
     },
     value_name: "BYTES",
-    help: "pipeline: bytes of one query's data set, instead of the preset's",
+    help: "bytes of one query's data set, instead of the preset's",
     axis: false,
 };
 static FILTERS: WorkloadOption = WorkloadOption {
@@ -99,7 +99,7 @@ static FILTERS: WorkloadOption = WorkloadOption {
         max: MAX_FILTERS,
     },
     value_name: "N",
-    help: "pipeline: filter stages between the producer and the consumer (default 1)",
+    help: "filter stages between the producer and the consumer (default 1)",
     axis: false,
 };
 static COPIES: WorkloadOption = WorkloadOption {
@@ -120,7 +120,7 @@ static CREDITS: WorkloadOption = WorkloadOption {
         max: MAX_CREDITS,
     },
     value_name: "N",
-    help: "pipeline: UOWs in flight per stream (flow control; default 4)",
+    help: "UOWs in flight per stream (flow control; default 4)",
     axis: false,
 };
 static COMPUTE: WorkloadOption = WorkloadOption {
@@ -130,18 +130,29 @@ static COMPUTE: WorkloadOption = WorkloadOption {
         max: 1_000_000,
     },
     value_name: "US",
-    help: "pipeline: fixed compute time each filter spends per UOW, µs (default 0)",
+    help: "fixed compute time each filter spends per UOW, µs (default 0)",
     axis: false,
 };
 static COLOCATE: WorkloadOption = WorkloadOption {
     flag: "colocate",
     kind: OptionKind::Switch,
     value_name: "",
-    help: "pipeline: every stage on the first host (always so over unix and shm)",
+    help: "every stage on the first host (always so over unix and shm)",
     axis: false,
 };
-static OPTIONS: [&WorkloadOption; 7] = [
-    &PRESET, &QUERY, &FILTERS, &COPIES, &CREDITS, &COMPUTE, &COLOCATE,
+static PLACE: WorkloadOption = WorkloadOption {
+    flag: "place",
+    kind: OptionKind::CountList {
+        min: 0,
+        max: 63,
+        most: 2 + (MAX_FILTERS * MAX_COPIES) as usize,
+    },
+    value_name: "H[,H...]",
+    help: "the host (0 is the first of the run) of each copy in turn: producer, every filter stage's copies, consumer; a shorter list repeats (default: copy i on host i % hosts)",
+    axis: false,
+};
+static OPTIONS: [&WorkloadOption; 8] = [
+    &PRESET, &QUERY, &FILTERS, &COPIES, &CREDITS, &COMPUTE, &COLOCATE, &PLACE,
 ];
 
 /// The parameters every pipeline role gets.
@@ -155,6 +166,9 @@ struct PipeParams {
     credits: u32,
     compute_us: u64,
     colocate: bool,
+    /// Host of each copy in turn, repeating (`--place`); empty: cyclic.
+    #[serde(default)]
+    place: Vec<usize>,
     #[serde(default)]
     staged: Option<Staged>,
 }
@@ -257,6 +271,11 @@ impl Workload for Pipeline {
             credits: n("credits", 4) as u32,
             compute_us: n("compute-us", 0),
             colocate: args.switch("colocate") || !cross,
+            place: args
+                .get("place")
+                .and_then(|v| v.as_str())
+                .map(|l| l.split(',').filter_map(|h| h.parse().ok()).collect())
+                .unwrap_or_default(),
             staged: None,
         };
         serde_json::to_value(p).unwrap_or_default()
@@ -309,14 +328,25 @@ impl Workload for Pipeline {
     ) -> Result<Placement, Refused> {
         let p: PipeParams = serde_json::from_value(params.clone())
             .map_err(|e| Refused(format!("pipeline: {e}")))?;
-        place(
-            Graph {
-                filters: p.filters,
-                copies: p.copies,
-            },
-            p.colocate,
-            hosts,
-        )
+        let graph = Graph {
+            filters: p.filters,
+            copies: p.copies,
+        };
+        if p.place.is_empty() {
+            return place(graph, p.colocate, hosts);
+        }
+        if p.colocate {
+            return Err(Refused(
+                "pipeline: --place lists the hosts; it does not go with --colocate or a transport that stays on one host".into(),
+            ));
+        }
+        if let Some(h) = p.place.iter().find(|&&h| h >= hosts.len()) {
+            return Err(Refused(format!(
+                "pipeline: --place names host {h}; the run has hosts 0 to {}",
+                hosts.len().saturating_sub(1)
+            )));
+        }
+        place_listed(graph, &p.place, hosts.len())
     }
 
     fn staged(&self) -> bool {
@@ -443,6 +473,24 @@ fn place(graph: Graph, colocate: bool, hosts: &[HostView]) -> Result<Placement, 
     for c in 0..graph.total() {
         per_host[graph::host_of(c, hosts.len(), colocate)].push(c);
     }
+    Ok(roles_of(per_host, graph))
+}
+
+/// Copy `i` on host `listed[i % listed.len()]`: one role per host that
+/// holds a copy, in host order.
+fn place_listed(graph: Graph, listed: &[usize], hosts: usize) -> Result<Placement, Refused> {
+    let mut per_host: Vec<Vec<u32>> = vec![Vec::new(); hosts];
+    for c in 0..graph.total() {
+        let h = listed[c as usize % listed.len()];
+        per_host
+            .get_mut(h)
+            .ok_or_else(|| Refused(format!("pipeline: no host {h}")))?
+            .push(c);
+    }
+    Ok(roles_of(per_host, graph))
+}
+
+fn roles_of(per_host: Vec<Vec<u32>>, graph: Graph) -> Placement {
     let roles = per_host
         .into_iter()
         .enumerate()
@@ -456,11 +504,11 @@ fn place(graph: Graph, colocate: bool, hosts: &[HostView]) -> Result<Placement, 
             bind_ips: None,
         })
         .collect();
-    Ok(Placement {
+    Placement {
         roles,
         flows: graph.total(),
         links: Vec::new(),
-    })
+    }
 }
 
 /// A role whose listeners are open and whose dialled streams are connected.
@@ -1123,6 +1171,12 @@ mod tests {
         let p = place(g, true, &hosts(4)).unwrap();
         assert_eq!(p.roles.len(), 1);
         assert_eq!(p.roles[0].flows.len(), 6);
+        // As listed, repeating: host 2, 0, 1, 2, 0, 1 for copies 0 to 5.
+        let p = place_listed(g, &[2, 0, 1], 4).unwrap();
+        p.validate(4).unwrap();
+        let got: Vec<(usize, Vec<u32>)> =
+            p.roles.iter().map(|r| (r.host, r.flows.clone())).collect();
+        assert_eq!(got, vec![(0, vec![1, 4]), (1, vec![2, 5]), (2, vec![0, 3])]);
     }
 
     #[test]

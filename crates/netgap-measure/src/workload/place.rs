@@ -261,16 +261,27 @@ pub fn streams(streams: u32, hosts: &[HostView]) -> Result<Placement, Refused> {
 
 /// One flow per link between the second host and the first, each listening
 /// on the first host's end and leaving from the second host's end.
-pub fn rails(workload: &str, hosts: &[HostView]) -> Result<Placement, Refused> {
+pub fn rails(workload: &str, count: u32, hosts: &[HostView]) -> Result<Placement, Refused> {
     let (Some(server_host), Some(client_host)) = (hosts.first(), hosts.get(1)) else {
         return Err(Refused("no client host: give at least two hosts".into()));
     };
-    let links = client_host.rails.clone();
+    let mut links = client_host.rails.clone();
     if links.is_empty() {
         return Err(Refused(format!(
             "{workload}: no links between {} and {}; give --hosts @FILE of a mesh testbed, or run without --hosts for loopback links",
             client_host.name, server_host.name
         )));
+    }
+    if count as usize > links.len() {
+        return Err(Refused(format!(
+            "{workload}: --links {count}, but {} has {} links to {}",
+            client_host.name,
+            links.len(),
+            server_host.name
+        )));
+    }
+    if count > 0 {
+        links.truncate(count as usize);
     }
     let n = links.len() as u32;
     let mut s = server(n);
@@ -312,7 +323,7 @@ mod tests {
 
     #[test]
     fn rails_need_links_and_pin_each_flow_to_one() {
-        let e = rails("multirail", &hosts(2)).unwrap_err();
+        let e = rails("multirail", 0, &hosts(2)).unwrap_err();
         assert!(e.0.contains("no links"), "{e}");
         let mut h = hosts(2);
         let ip = |s: &str| s.parse::<IpAddr>().unwrap();
@@ -320,7 +331,7 @@ mod tests {
             (ip("10.0.1.2"), ip("10.0.1.1")),
             (ip("10.0.2.2"), ip("10.0.2.1")),
         ];
-        let p = rails("multirail", &h).unwrap();
+        let p = rails("multirail", 0, &h).unwrap();
         assert_eq!(
             p.roles[0].listen_ips,
             Some(vec![ip("10.0.1.1"), ip("10.0.2.1")])
@@ -329,6 +340,12 @@ mod tests {
             p.roles[1].bind_ips,
             Some(vec![ip("10.0.1.2"), ip("10.0.2.2")])
         );
+        // A link count takes the first links only, and no more than exist.
+        let p = rails("multirail", 1, &h).unwrap();
+        assert_eq!((p.flows, p.links.len()), (1, 1));
+        assert_eq!(p.roles[1].bind_ips, Some(vec![ip("10.0.1.2")]));
+        let e = rails("multirail", 3, &h).unwrap_err();
+        assert!(e.0.contains("--links 3, but h1 has 2 links"), "{e}");
     }
 
     #[test]

@@ -5,6 +5,11 @@
 //! the receiving end counts what arrives inside the window by its own
 //! clock. A server listens once per flow, so each flow may sit on its own
 //! link.
+//!
+//! With `--bidir` (multistream, multirail) every flow sends both ways at
+//! once: each end sends on a thread of its own while it receives on the
+//! flow's thread, stops both at the window's end, then closes the flow;
+//! each end measures what it received, and the flow is worth the sum.
 
 use super::role::{
     find_transport, meter_window, peak_rss_kib, per_flow, window, OpenRole, ReadyRole, RoleContext,
@@ -27,15 +32,53 @@ pub enum Direction {
     ToServer,
     /// The server sends, clients receive.
     FromServer,
+    /// Both ends send and receive at once (`--bidir`).
+    Both,
 }
 
 impl Direction {
-    /// Whether the role on `side` is the sending end.
+    /// Whether the role on `side` sends.
     fn sends(self, side: GroupRole) -> bool {
         matches!(
             (side, self),
-            (GroupRole::Client, Direction::ToServer) | (GroupRole::Server, Direction::FromServer)
+            (GroupRole::Client, Direction::ToServer)
+                | (GroupRole::Server, Direction::FromServer)
+                | (_, Direction::Both)
         )
+    }
+
+    /// Whether the role on `side` receives.
+    fn receives(self, side: GroupRole) -> bool {
+        self == Direction::Both || !self.sends(side)
+    }
+
+    /// The direction of a point whose workload streams `one_way`: both
+    /// ways when its parameters ask for it (`--bidir`), else `one_way`.
+    /// Parameters that do not parse leave `one_way`; the role refuses them
+    /// when it opens.
+    pub fn of(one_way: Direction, spec: &GroupSpec) -> Direction {
+        serde_json::from_value::<StreamParams>(spec.params.clone())
+            .map_or(one_way, |p| p.direction(one_way))
+    }
+}
+
+/// The parameters of a bandwidth role.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct StreamParams {
+    /// `--bidir`: every flow sends both ways at once.
+    #[serde(default)]
+    pub(crate) bidir: bool,
+}
+
+impl StreamParams {
+    /// Which way the flows go: both ways, or the workload's own direction.
+    pub(crate) fn direction(self, one_way: Direction) -> Direction {
+        if self.bidir {
+            Direction::Both
+        } else {
+            one_way
+        }
     }
 }
 
@@ -45,12 +88,14 @@ impl Direction {
 /// thread and state ([`super::role::PER_FLOW_BYTES`]).
 pub fn memory_bytes(direction: Direction, spec: &GroupSpec) -> u64 {
     let flows = u64::from(spec.flows);
-    let buffers = if direction.sends(spec.role) {
-        spec.point.size_bytes
-    } else {
+    let mut buffers = 0u64;
+    if direction.sends(spec.role) {
+        buffers = spec.point.size_bytes;
+    }
+    if direction.receives(spec.role) {
         let size = usize::try_from(spec.point.size_bytes).unwrap_or(usize::MAX);
-        (recv_buffer_bytes(size) as u64).saturating_mul(flows)
-    };
+        buffers = buffers.saturating_add((recv_buffer_bytes(size) as u64).saturating_mul(flows));
+    }
     buffers.saturating_add(super::role::PER_FLOW_BYTES.saturating_mul(flows))
 }
 
@@ -62,15 +107,18 @@ pub(crate) fn default_size_bytes(transport: &dyn transport::Transport) -> u64 {
 }
 
 /// What a report of a bandwidth flow says: the receiving end measures the
-/// flow (its value is Gbit/s received in its window), the sending end
-/// counts what it sent.
+/// flow (its value is Gbit/s received in its window), the sending end of a
+/// one-way flow counts what it sent. An end that received payload though
+/// the workload sends the other way is one end of a bidirectional flow
+/// (`--bidir`): it measures what it received too, and the flow's value is
+/// the sum of its ends'.
 pub fn sample(
     direction: Direction,
     side: GroupRole,
     report: &FlowReport,
     window_ns: u64,
 ) -> FlowSample {
-    if direction.sends(side) {
+    if direction.sends(side) && direction != Direction::Both && report.bytes_rx == 0 {
         return FlowSample {
             bytes_tx: report.bytes_tx,
             ..FlowSample::default()
@@ -78,6 +126,7 @@ pub fn sample(
     }
     FlowSample {
         value: Some(crate::bench::gbps(report.window_bytes_rx, window_ns)),
+        bytes_tx: report.bytes_tx,
         bytes_rx: report.bytes_rx,
         window_bytes: report.window_bytes_rx,
         ..FlowSample::default()
@@ -275,6 +324,7 @@ impl ReadyRole for Streams {
     fn run(self: Box<Self>) -> Result<RoleResult, RoleError> {
         let (warmup, duration) = window(&self.spec);
         let sends = self.direction.sends(self.spec.role);
+        let both = self.direction == Direction::Both;
         let drain = Duration::from_millis(u64::from(self.spec.point.io_timeout_ms));
         let size = self.size;
         let t0 = Instant::now();
@@ -297,7 +347,16 @@ impl ReadyRole for Streams {
             let h = std::thread::Builder::new()
                 .name(format!("flow {i}"))
                 .spawn(move || {
-                    if sends {
+                    if both {
+                        both_ways_until(
+                            flow,
+                            payload,
+                            recv_bytes,
+                            (window_start, end),
+                            &stop,
+                            flow_bytes_per_s,
+                        )
+                    } else if sends {
                         send_until(flow, &payload, end, &stop, flow_bytes_per_s)
                     } else {
                         recv_until(flow, recv_bytes, window_start, end, drain, &stop)
@@ -375,6 +434,85 @@ fn send_until(
     max_bytes_per_s: f64,
 ) -> Result<StreamCount, FlowError> {
     let (tx, _) = flow.split();
+    send_half_until(tx, payload, end, stop, max_bytes_per_s, false)
+}
+
+/// One end of a bidirectional flow: sends on a thread of its own while it
+/// receives on this one, both until the window's end (`window.1`), then
+/// closes the flow once both have stopped. The peer's end closes at its
+/// own window end, so a send or receive that finds the flow closed after
+/// this end stopped receiving ends it quietly.
+fn both_ways_until(
+    flow: Box<dyn transport::Flow>,
+    payload: Arc<[u8]>,
+    buffer_bytes: usize,
+    window: (Instant, Instant),
+    stop: &Stop,
+    max_bytes_per_s: f64,
+) -> Result<StreamCount, FlowError> {
+    let (window_start, end) = window;
+    let (mut tx, mut rx) = flow.into_halves();
+    let send_stop = stop.clone();
+    let sender = std::thread::Builder::new()
+        .name("flow sender".into())
+        .spawn(move || {
+            let r = send_half_until(
+                tx.as_mut(),
+                &payload,
+                end,
+                &send_stop,
+                max_bytes_per_s,
+                true,
+            );
+            (r, tx)
+        })
+        .map_err(FlowError::Io)?;
+    let mut buf = vec![0u8; buffer_bytes];
+    let mut count = StreamCount::default();
+    let mut recv_result = Ok(());
+    while !stop.is_set() && Instant::now() < end {
+        match rx.recv_some(&mut buf) {
+            Ok(n) => {
+                count.bytes_rx += n as u64;
+                let now = Instant::now();
+                if now >= window_start && now <= end {
+                    count.window_bytes_rx += n as u64;
+                }
+            }
+            // The peer reached its window's end first and closed.
+            Err(FlowError::Closed) => break,
+            Err(FlowError::TimedOut { .. }) if Instant::now() >= end => break,
+            Err(e) => {
+                recv_result = Err(e);
+                break;
+            }
+        }
+    }
+    let (sent, tx) = sender.join().map_err(|_| {
+        FlowError::Io(std::io::Error::other(
+            "the sending thread of a flow panicked",
+        ))
+    })?;
+    // Both halves go together: the flow closes, which ends the peer's
+    // receive (and any send it still has blocked on this end's window).
+    drop((tx, rx));
+    recv_result?;
+    count.bytes_tx = sent?.bytes_tx;
+    Ok(count)
+}
+
+/// Sends on `tx` as [`send_until`] does; with `closed_ends` a peer that
+/// closed the flow ends the sending quietly whenever it happens (the
+/// peer of a bidirectional flow closes at its own window end, which may
+/// come a little before this end's).
+fn send_half_until(
+    tx: &mut dyn transport::Sender,
+    payload: &[u8],
+    end: Instant,
+    stop: &Stop,
+    max_bytes_per_s: f64,
+    closed_ends: bool,
+) -> Result<StreamCount, FlowError> {
     let mut count = StreamCount::default();
     let t0 = Instant::now();
     while Instant::now() < end && !stop.is_set() {
@@ -390,6 +528,7 @@ fn send_until(
             Ok(()) => count.bytes_tx += payload.len() as u64,
             // The receiver stopped reading at its own end of the window.
             Err(FlowError::Closed | FlowError::TimedOut { .. }) if Instant::now() >= end => break,
+            Err(FlowError::Closed) if closed_ends => break,
             Err(e) => return Err(e),
         }
     }
@@ -449,6 +588,8 @@ pub(crate) struct StreamWorkload {
     /// Where its flows go.
     pub(crate) place:
         fn(u32, &[super::place::HostView]) -> Result<super::place::Placement, super::Refused>,
+    /// Whether it takes `--bidir`.
+    pub(crate) bidir: bool,
 }
 
 impl super::Workload for StreamWorkload {
@@ -492,13 +633,23 @@ impl super::Workload for StreamWorkload {
         (self.place)(count, hosts)
     }
 
+    fn takes_bidir(&self) -> bool {
+        self.bidir
+    }
+
     fn memory_bytes(&self, spec: &GroupSpec) -> u64 {
-        memory_bytes(self.direction, spec)
+        memory_bytes(Direction::of(self.direction, spec), spec)
     }
 
     fn open(&self, ctx: RoleContext<'_>) -> Result<Box<dyn OpenRole>, RoleError> {
-        let super::role::NoParams {} = super::role::parse_params(self.name, ctx.spec)?;
-        open(self.name, self.direction, ctx)
+        let params: StreamParams = super::role::parse_params(self.name, ctx.spec)?;
+        if params.bidir && !self.bidir {
+            return Err(RoleError::Params {
+                workload: self.name,
+                detail: "it does not send both ways (--bidir)".into(),
+            });
+        }
+        open(self.name, params.direction(self.direction), ctx)
     }
 
     fn sample(&self, side: GroupRole, report: &FlowReport, window_ns: u64) -> FlowSample {

@@ -1,0 +1,738 @@
+//! The data path of the `xdp` transport: one endpoint (an AF_XDP socket
+//! with its UMEM, [`Xsk`]) driven by the reliable-delivery state machines
+//! of [`super::reliable`]. The application's threads do the work
+//! themselves, as in VIA: a send copies payload into UMEM frames, posts
+//! their descriptors on the TX ring and rings the doorbell; a receive
+//! reaps the RX ring. Each call also reaps completions, refills the fill
+//! ring, takes acknowledgments, resends what timed out and acknowledges
+//! what arrived (one "pump" of the endpoint, under one lock, so the two
+//! halves of a flow may run on two threads).
+//!
+//! Waiting: in `poll` mode a caller spins, pumping; in `event` mode one
+//! waiting caller sleeps in poll() on the socket (and on an eventfd the
+//! other half rings when its pump moved something this one waits for),
+//! any other waits on a condition variable, woken by every pump that made
+//! progress.
+//!
+//! UMEM layout: the first half of the frames are receive buffers (always
+//! on the fill ring or the RX ring), the second half transmit buffers. A
+//! data frame's buffer stays the sender's until the frame is acknowledged
+//! (so it can be sent again as it is) and the kernel has completed every
+//! send of it; a control frame's buffer is free once completed.
+
+use super::reliable::{
+    self, Arrival, Header, Kind, Mac, RecvWindow, SendWindow, FRAME_OVERHEAD_BYTES,
+};
+use super::sys::Xsk;
+use crate::{DatagramStats, Flow, FlowError, FlowMonitor, Receiver, Sender};
+use netgap_core::spec::Mode;
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// Receive frames reaped per pump at most.
+const RX_BATCH: u32 = 64;
+/// Spins between clock reads while polling.
+const SPINS_PER_CLOCK_READ: u32 = 64;
+/// Longest sleep of an event-mode waiter before it pumps again.
+const MAX_SLEEP: Duration = Duration::from_millis(5);
+/// How long a closing flow keeps sending what is unacknowledged.
+const LINGER: Duration = Duration::from_millis(300);
+
+/// The two ends' addresses of a flow.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Peer {
+    /// The peer's MAC.
+    pub mac: Mac,
+    /// The peer's flow id.
+    pub flow: u16,
+}
+
+/// Everything of one endpoint, behind the flow's lock.
+pub(crate) struct Endpoint {
+    xsk: Xsk,
+    local_mac: Mac,
+    local_flow: u16,
+    peer: Option<Peer>,
+    /// Payload bytes per frame this end sends: the smaller of its own and
+    /// the peer's largest.
+    mss: usize,
+    /// Payload bytes per frame this end takes.
+    recv_mss: usize,
+    tx_first: u32,
+    free_tx: Vec<u32>,
+    /// Per transmit buffer: sends the kernel has not completed yet.
+    tx_pending: Vec<u16>,
+    /// Per transmit buffer: free once its sends complete (acknowledged
+    /// data, or a control frame).
+    tx_release: Vec<bool>,
+    tx_queued: bool,
+    send: SendWindow,
+    recv: RecvWindow,
+    t0: Instant,
+    stats: DatagramStats,
+    /// A waiter sleeps in poll() on the socket and must be rung.
+    poller: bool,
+    /// The peer's flow id seen in a SYN (server side, before accept).
+    syn_from: Option<Peer>,
+    /// The peer asked for the flow's end and nothing more will come.
+    fin_sent: bool,
+    fin_seq: Option<u32>,
+}
+
+impl Endpoint {
+    /// An endpoint over `xsk` whose UMEM has `frames` frames, half for
+    /// receiving; frames carry at most `mss` payload bytes and the
+    /// receiver holds `window_bytes` unread.
+    pub(crate) fn new(
+        mut xsk: Xsk,
+        frames: u32,
+        local_mac: Mac,
+        local_flow: u16,
+        mss: usize,
+        window_bytes: usize,
+    ) -> io::Result<Endpoint> {
+        let rx_frames = frames / 2;
+        let rx: Vec<u32> = (0..rx_frames).collect();
+        if xsk.fill(&rx) != rx.len() {
+            return Err(io::Error::other("the fill ring took no receive buffers"));
+        }
+        let tx_count = frames - rx_frames;
+        let recv = RecvWindow::new(mss, window_bytes);
+        Ok(Endpoint {
+            xsk,
+            local_mac,
+            local_flow,
+            peer: None,
+            mss,
+            recv_mss: mss,
+            tx_first: rx_frames,
+            free_tx: (rx_frames..frames).rev().collect(),
+            tx_pending: vec![0; tx_count as usize],
+            tx_release: vec![false; tx_count as usize],
+            tx_queued: false,
+            send: SendWindow::new(0, tx_count / 2),
+            recv,
+            t0: Instant::now(),
+            stats: DatagramStats::default(),
+            poller: false,
+            syn_from: None,
+            fin_sent: false,
+            fin_seq: None,
+        })
+    }
+
+    fn now_ns(&self) -> u64 {
+        u64::try_from(self.t0.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// This end's flow id.
+    pub(crate) fn local_flow(&self) -> u16 {
+        self.local_flow
+    }
+
+    /// Takes flow id `flow` (a listener's replacement endpoint keeps the
+    /// id it announced).
+    pub(crate) fn set_local_flow(&mut self, flow: u16) {
+        self.local_flow = flow;
+    }
+
+    fn tx_index(&self, slot: u32) -> Option<usize> {
+        let i = slot.checked_sub(self.tx_first)? as usize;
+        (i < self.tx_pending.len()).then_some(i)
+    }
+
+    /// Writes a frame of `kind` into a free transmit buffer and queues it;
+    /// `None` when no buffer or ring entry is free. `keep` keeps the
+    /// buffer after completion (a data frame, until acknowledged).
+    fn post(&mut self, kind: Kind, seq: u32, payload: &[u8], keep: bool) -> Option<u32> {
+        let peer = self.peer.or(self.syn_from)?;
+        // An opening carries the largest payload this end takes in its
+        // sequence field.
+        let seq = match kind {
+            Kind::Syn | Kind::SynAck => u32::try_from(self.recv_mss).unwrap_or(u32::MAX),
+            _ => seq,
+        };
+        let slot = self.free_tx.pop()?;
+        let (ack, credit, sack) = match kind {
+            Kind::Syn | Kind::SynAck => (0, self.recv.credit(), 0),
+            _ => self.recv.take_ack(),
+        };
+        let header = Header {
+            kind,
+            len: u16::try_from(payload.len()).unwrap_or(u16::MAX),
+            dst_flow: peer.flow,
+            src_flow: self.local_flow,
+            seq,
+            ack,
+            credit,
+            sack,
+        };
+        let local = self.local_mac;
+        let frame = self.xsk.frame_mut(slot);
+        let len = reliable::write_headers(frame, &peer.mac, &local, &header);
+        frame[FRAME_OVERHEAD_BYTES..len].copy_from_slice(payload);
+        let i = self.tx_index(slot)?;
+        self.tx_release[i] = !keep;
+        if !self.xsk.queue_tx(slot, len as u32) {
+            self.free_tx.push(slot);
+            return None;
+        }
+        self.tx_pending[i] = self.tx_pending[i].saturating_add(1);
+        self.tx_queued = true;
+        if matches!(kind, Kind::Data | Kind::Fin) {
+            self.stats.datagrams_sent += 1;
+        }
+        Some(slot)
+    }
+
+    /// Sends a kept data frame's buffer again, as it is (its header's
+    /// acknowledgment fields are refreshed).
+    fn resend(&mut self, slot: u32) {
+        let Some(i) = self.tx_index(slot) else { return };
+        let (ack, credit, sack) = self.recv.take_ack();
+        let frame = self.xsk.frame_mut(slot);
+        let Ok(parsed) = reliable::parse(frame) else {
+            return;
+        };
+        let mut header = parsed.header;
+        let dst = frame_dst(frame);
+        let src = parsed.src;
+        header.ack = ack;
+        header.credit = credit;
+        header.sack = sack;
+        let len = reliable::write_headers(frame, &dst, &src, &header);
+        if self.xsk.queue_tx(slot, len as u32) {
+            self.tx_pending[i] = self.tx_pending[i].saturating_add(1);
+            self.tx_queued = true;
+            self.stats.datagrams_sent += 1;
+            self.stats.retries += 1;
+        }
+    }
+
+    fn release_if_done(&mut self, slot: u32) {
+        if let Some(i) = self.tx_index(slot) {
+            if self.tx_pending[i] == 0 && self.tx_release[i] {
+                self.tx_release[i] = false;
+                self.free_tx.push(slot);
+            }
+        }
+    }
+
+    /// One round of the endpoint: completions, receptions, timers,
+    /// acknowledgments, the doorbell. Returns whether anything arrived.
+    pub(crate) fn pump(&mut self) -> Result<bool, FlowError> {
+        for slot in self.xsk.completed(u32::MAX) {
+            if let Some(i) = self.tx_index(slot) {
+                self.tx_pending[i] = self.tx_pending[i].saturating_sub(1);
+                self.release_if_done(slot);
+            }
+        }
+        let mut frames: Vec<(reliable::Header, Mac, Vec<u8>)> = Vec::new();
+        let slots = self.xsk.receive(RX_BATCH, |bytes| {
+            if let Ok(p) = reliable::parse(bytes) {
+                frames.push((p.header, p.src, p.payload.to_vec()));
+            }
+        });
+        let got = !slots.is_empty();
+        if got {
+            // Every receive buffer goes straight back: its bytes were
+            // copied out above.
+            self.xsk.fill(&slots);
+            if self.xsk.fill_needs_wakeup() {
+                let _ = self.xsk.kick();
+            }
+        }
+        let now = self.now_ns();
+        for (h, src, payload) in frames {
+            self.on_frame(&h, src, &payload, now);
+        }
+        if self.peer.is_some() {
+            for f in self.send.due(now) {
+                self.resend(f.slot);
+            }
+            self.stats.retries = self.send.retransmits;
+            if self.send.probe_due(now) {
+                self.post(Kind::Probe, 0, &[], false);
+            }
+            if self.recv.ack_due(now) {
+                self.post(Kind::Ack, 0, &[], false);
+            }
+        }
+        self.flush()?;
+        Ok(got)
+    }
+
+    fn flush(&mut self) -> Result<(), FlowError> {
+        if self.tx_queued {
+            self.tx_queued = false;
+            self.xsk.kick().map_err(FlowError::Io)?;
+        }
+        Ok(())
+    }
+
+    fn on_frame(&mut self, h: &Header, src: Mac, payload: &[u8], now: u64) {
+        if h.dst_flow != self.local_flow {
+            return;
+        }
+        let Some(peer) = self.peer else {
+            // Not connected yet: only the opening of a flow counts.
+            match h.kind {
+                Kind::Syn => {
+                    self.syn_from = Some(Peer {
+                        mac: src,
+                        flow: h.src_flow,
+                    });
+                    self.send = SendWindow::new(h.credit, self.send_buffers());
+                    self.mss = peer_mss(h.seq, self.recv_mss);
+                }
+                // The answer of the server this end asked.
+                Kind::SynAck
+                    if self
+                        .syn_from
+                        .is_some_and(|p| p.mac == src && p.flow == h.src_flow) =>
+                {
+                    self.send = SendWindow::new(h.credit, self.send_buffers());
+                    self.mss = peer_mss(h.seq, self.recv_mss);
+                    self.peer = self.syn_from;
+                }
+                _ => {}
+            }
+            return;
+        };
+        if h.src_flow != peer.flow || src != peer.mac {
+            return;
+        }
+        match h.kind {
+            Kind::Syn => {
+                // Our SYN-ACK was lost: say it again.
+                self.post(Kind::SynAck, 0, &[], false);
+                return;
+            }
+            Kind::SynAck => return,
+            Kind::Data | Kind::Fin => {
+                self.stats.datagrams_received += 1;
+                let arrival = self.recv.on_frame(h.seq, payload, h.kind == Kind::Fin, now);
+                if arrival == Arrival::Duplicate {
+                    self.stats.duplicates += 1;
+                }
+            }
+            Kind::Probe => self.recv.on_probe(),
+            Kind::Ack => {}
+        }
+        let out = self.send.on_ack(h.ack, h.credit, h.sack, now);
+        for slot in out.freed {
+            if let Some(i) = self.tx_index(slot) {
+                self.tx_release[i] = true;
+                self.release_if_done(slot);
+            }
+        }
+        for f in out.resend {
+            self.resend(f.slot);
+        }
+    }
+
+    fn send_buffers(&self) -> u32 {
+        (self.tx_pending.len() / 2).max(1) as u32
+    }
+
+    /// Client side: sends (again) the flow's opening to `peer`.
+    pub(crate) fn syn(&mut self, peer: Peer) -> Result<(), FlowError> {
+        self.syn_from = Some(peer);
+        self.post(Kind::Syn, 0, &[], false);
+        self.flush()
+    }
+
+    /// Server side: the peer whose SYN arrived, if one did; accepts it.
+    pub(crate) fn accept_syn(&mut self) -> Result<bool, FlowError> {
+        let Some(p) = self.syn_from else {
+            return Ok(false);
+        };
+        self.peer = Some(p);
+        self.post(Kind::SynAck, 0, &[], false);
+        self.flush()?;
+        Ok(true)
+    }
+
+    /// Whether the flow is open (the handshake is done).
+    pub(crate) fn connected(&self) -> bool {
+        self.peer.is_some()
+    }
+
+    /// Sends as much of `buf` as credit and buffers allow; returns the
+    /// bytes taken.
+    fn send_some(&mut self, buf: &[u8]) -> Result<usize, FlowError> {
+        let mut taken = 0;
+        while taken < buf.len() && self.send.may_send() && !self.free_tx.is_empty() {
+            let end = (taken + self.mss).min(buf.len());
+            let seq = self.send.next_seq();
+            let Some(slot) = self.post(Kind::Data, seq, &buf[taken..end], true) else {
+                break;
+            };
+            let now = self.now_ns();
+            self.send.push(slot, now);
+            taken = end;
+        }
+        if taken > 0 {
+            self.flush()?;
+        }
+        Ok(taken)
+    }
+
+    /// Sends the end of this end's stream once, when credit allows.
+    fn send_fin(&mut self) -> Result<(), FlowError> {
+        if self.fin_sent || !self.send.may_send() || self.free_tx.is_empty() {
+            return Ok(());
+        }
+        let seq = self.send.next_seq();
+        if let Some(slot) = self.post(Kind::Fin, seq, &[], true) {
+            let now = self.now_ns();
+            self.send.push(slot, now);
+            self.fin_sent = true;
+            self.fin_seq = Some(seq);
+        }
+        self.flush()
+    }
+
+    /// When the next timer (a retransmission, a probe, a delayed
+    /// acknowledgment) falls due, as a duration from now.
+    fn next_timer(&self) -> Option<Duration> {
+        let at = match (self.send.next_deadline_ns(), self.recv.ack_deadline_ns()) {
+            (Some(a), Some(b)) => a.min(b),
+            (a, b) => a.or(b)?,
+        };
+        Some(Duration::from_nanos(at.saturating_sub(self.now_ns())))
+    }
+}
+
+/// The payload per frame toward a peer that takes `theirs` (as its
+/// opening said), this end taking `ours`: the smaller, at least 1.
+fn peer_mss(theirs: u32, ours: usize) -> usize {
+    usize::try_from(theirs).unwrap_or(usize::MAX).clamp(1, ours)
+}
+
+/// The MAC a frame is addressed to.
+fn frame_dst(frame: &[u8]) -> Mac {
+    let mut m = [0u8; 6];
+    m.copy_from_slice(&frame[0..6]);
+    m
+}
+
+/// An endpoint shared by the two halves of a flow and its monitor.
+pub(crate) struct Shared {
+    ep: Mutex<Endpoint>,
+    cv: Condvar,
+    fd: RawFd,
+    bell: OwnedFd,
+    mode: Mode,
+    timeout: Duration,
+}
+
+impl Shared {
+    /// Shares `ep` for a flow of `mode` with inactivity timeout `timeout`.
+    pub(crate) fn new(ep: Endpoint, mode: Mode, timeout: Duration) -> io::Result<Arc<Shared>> {
+        let fd = ep.xsk.fd();
+        // SAFETY: eventfd with no initial count and valid flags; the result
+        // is checked and owned at once.
+        let bell = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if bell < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Arc::new(Shared {
+            ep: Mutex::new(ep),
+            cv: Condvar::new(),
+            fd,
+            // SAFETY: `bell` is a new descriptor nothing else owns.
+            bell: unsafe { OwnedFd::from_raw_fd(bell) },
+            mode,
+            timeout,
+        }))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Endpoint> {
+        // A poisoned lock means a thread panicked mid-pump; the endpoint's
+        // state is still memory-safe, and the flow fails on its own terms.
+        self.ep.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Pumps under the lock and wakes whoever waits if anything arrived.
+    fn pump(&self, ep: &mut Endpoint) -> Result<bool, FlowError> {
+        let got = ep.pump()?;
+        if got {
+            self.cv.notify_all();
+            if ep.poller {
+                self.ring();
+            }
+        }
+        Ok(got)
+    }
+
+    fn ring(&self) {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a live local to our eventfd.
+        let _ = unsafe {
+            libc::write(
+                self.bell.as_raw_fd(),
+                (&raw const one).cast::<libc::c_void>(),
+                8,
+            )
+        };
+    }
+
+    fn drain_bell(&self) {
+        let mut v: u64 = 0;
+        // SAFETY: reads 8 bytes into a live local from our non-blocking
+        // eventfd.
+        let _ = unsafe {
+            libc::read(
+                self.bell.as_raw_fd(),
+                (&raw mut v).cast::<libc::c_void>(),
+                8,
+            )
+        };
+    }
+
+    /// Runs `attempt` (under the lock, after a pump) until it returns
+    /// `Some`, waiting as the mode says; fails after `timeout` without
+    /// progress.
+    pub(crate) fn wait_for<T>(
+        &self,
+        timeout: Duration,
+        mut attempt: impl FnMut(&mut Endpoint) -> Result<Option<T>, FlowError>,
+    ) -> Result<T, FlowError> {
+        let mut deadline: Option<Instant> = None;
+        let mut spins = 0u32;
+        loop {
+            let mut ep = self.lock();
+            let got = self.pump(&mut ep)?;
+            if let Some(v) = attempt(&mut ep)? {
+                return Ok(v);
+            }
+            let now = Instant::now();
+            if got {
+                deadline = None;
+            }
+            let dl = *deadline.get_or_insert(now + timeout);
+            if now >= dl {
+                return Err(FlowError::TimedOut {
+                    timeout_ms: timeout.as_millis(),
+                });
+            }
+            match self.mode {
+                Mode::Poll => {
+                    drop(ep);
+                    spins += 1;
+                    if spins.is_multiple_of(SPINS_PER_CLOCK_READ) {
+                        std::thread::yield_now();
+                    }
+                    std::hint::spin_loop();
+                }
+                Mode::Event => {
+                    let sleep = ep
+                        .next_timer()
+                        .unwrap_or(MAX_SLEEP)
+                        .min(MAX_SLEEP)
+                        .min(dl - now);
+                    if ep.poller {
+                        let _ = self
+                            .cv
+                            .wait_timeout(ep, sleep)
+                            .unwrap_or_else(|e| e.into_inner());
+                    } else {
+                        ep.poller = true;
+                        drop(ep);
+                        self.sleep_in_poll(sleep);
+                        self.lock().poller = false;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Sleeps until a frame arrives, the other half rings, or `max` passes.
+    fn sleep_in_poll(&self, max: Duration) {
+        let ms = libc::c_int::try_from(max.as_millis().max(1)).unwrap_or(libc::c_int::MAX);
+        let mut fds = [
+            libc::pollfd {
+                fd: self.fd,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: self.bell.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // SAFETY: `fds` is a live array of two pollfd structs.
+        let _ = unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
+        if fds[1].revents != 0 {
+            self.drain_bell();
+        }
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        // Linger: let what is unacknowledged arrive, then say the stream
+        // ended, so the peer's receive ends instead of timing out.
+        let shared_mode = self.mode;
+        let ep = self.ep.get_mut().unwrap_or_else(|e| e.into_inner());
+        if !ep.connected() {
+            return;
+        }
+        let t0 = Instant::now();
+        while t0.elapsed() < LINGER {
+            if ep.pump().is_err() {
+                return;
+            }
+            if !ep.fin_sent {
+                if ep.send_fin().is_err() {
+                    return;
+                }
+            } else if ep.send.idle() {
+                break;
+            }
+            match shared_mode {
+                Mode::Poll => std::hint::spin_loop(),
+                Mode::Event => std::thread::sleep(Duration::from_micros(200)),
+            }
+        }
+    }
+}
+
+/// One half of an xdp flow.
+pub(crate) struct Half {
+    shared: Arc<Shared>,
+}
+
+impl Sender for Half {
+    fn send_some(&mut self, buf: &[u8]) -> Result<usize, FlowError> {
+        let timeout = self.shared.timeout;
+        self.shared.wait_for(timeout, |ep| {
+            let n = ep.send_some(buf)?;
+            Ok((n > 0).then_some(n))
+        })
+    }
+}
+
+impl Receiver for Half {
+    fn recv_some(&mut self, buf: &mut [u8]) -> Result<usize, FlowError> {
+        let timeout = self.shared.timeout;
+        self.shared.wait_for(timeout, |ep| {
+            if ep.recv.ready_bytes() > 0 {
+                let n = ep.recv.read(buf);
+                let now = ep.now_ns();
+                if ep.recv.ack_due(now) {
+                    // Reading opened room: tell a sender waiting for
+                    // credit.
+                    ep.post(Kind::Ack, 0, &[], false);
+                    ep.flush()?;
+                }
+                return Ok(Some(n));
+            }
+            if ep.recv.finished() {
+                return Err(FlowError::Closed);
+            }
+            Ok(None)
+        })
+    }
+
+    fn ready_bytes(&self) -> Option<u64> {
+        let mut ep = self.shared.lock();
+        let _ = self.shared.pump(&mut ep);
+        Some(ep.recv.ready_bytes() as u64)
+    }
+}
+
+/// An open xdp flow.
+pub(crate) struct XdpFlow {
+    tx: Half,
+    rx: Half,
+    shared: Arc<Shared>,
+}
+
+impl XdpFlow {
+    /// The flow over a connected endpoint.
+    pub(crate) fn new(shared: Arc<Shared>) -> XdpFlow {
+        XdpFlow {
+            tx: Half {
+                shared: Arc::clone(&shared),
+            },
+            rx: Half {
+                shared: Arc::clone(&shared),
+            },
+            shared,
+        }
+    }
+}
+
+impl Flow for XdpFlow {
+    fn split(&mut self) -> (&mut dyn Sender, &mut dyn Receiver) {
+        (&mut self.tx, &mut self.rx)
+    }
+
+    fn into_halves(self: Box<Self>) -> (Box<dyn Sender>, Box<dyn Receiver>) {
+        (Box::new(self.tx), Box::new(self.rx))
+    }
+
+    fn monitor(&self) -> Option<Arc<dyn FlowMonitor>> {
+        Some(Arc::new(Monitor {
+            shared: Arc::downgrade(&self.shared),
+        }))
+    }
+}
+
+/// The counters and the idle upkeep of an xdp flow: its frames sent,
+/// received and sent again, and acknowledgments and retransmissions while
+/// the test is idle. Holds the endpoint weakly, so the flow still closes
+/// when the test drops it.
+struct Monitor {
+    shared: std::sync::Weak<Shared>,
+}
+
+impl FlowMonitor for Monitor {
+    fn datagram_stats(&self) -> DatagramStats {
+        self.shared
+            .upgrade()
+            .map(|s| s.lock().stats)
+            .unwrap_or_default()
+    }
+
+    fn serve_idle(&self, wake: BorrowedFd<'_>, max_wait: Duration) -> Result<(), FlowError> {
+        let Some(shared) = self.shared.upgrade() else {
+            return Ok(());
+        };
+        let t0 = Instant::now();
+        loop {
+            {
+                let mut ep = shared.lock();
+                shared.pump(&mut ep)?;
+            }
+            let left = max_wait.saturating_sub(t0.elapsed());
+            if left.is_zero() {
+                return Ok(());
+            }
+            let ms = libc::c_int::try_from(left.min(MAX_SLEEP).as_millis().max(1))
+                .unwrap_or(libc::c_int::MAX);
+            let mut fds = [
+                libc::pollfd {
+                    fd: wake.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+                libc::pollfd {
+                    fd: shared.fd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+            ];
+            // SAFETY: `fds` is a live array of two pollfd structs.
+            let _ = unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
+            if fds[0].revents != 0 {
+                return Ok(());
+            }
+        }
+    }
+}

@@ -1,0 +1,78 @@
+/* The ring operations of libxdp's <xdp/xsk.h> are inline functions, not
+ * symbols of the library: this file gives each one a symbol so the Rust
+ * side calls libxdp's own code instead of a copy of it. Built only with
+ * the `xdp` feature (build.rs). */
+
+#include <stdarg.h>
+#include <xdp/libxdp.h>
+#include <xdp/xsk.h>
+#include <bpf/libbpf.h>
+
+__u32 netgap_xsk_prod_reserve(struct xsk_ring_prod *r, __u32 nb, __u32 *idx)
+{
+	return xsk_ring_prod__reserve(r, nb, idx);
+}
+
+void netgap_xsk_prod_submit(struct xsk_ring_prod *r, __u32 nb)
+{
+	xsk_ring_prod__submit(r, nb);
+}
+
+__u64 *netgap_xsk_fill_addr(struct xsk_ring_prod *r, __u32 idx)
+{
+	return xsk_ring_prod__fill_addr(r, idx);
+}
+
+struct xdp_desc *netgap_xsk_tx_desc(struct xsk_ring_prod *r, __u32 idx)
+{
+	return xsk_ring_prod__tx_desc(r, idx);
+}
+
+int netgap_xsk_needs_wakeup(const struct xsk_ring_prod *r)
+{
+	return xsk_ring_prod__needs_wakeup(r);
+}
+
+__u32 netgap_xsk_cons_peek(struct xsk_ring_cons *r, __u32 nb, __u32 *idx)
+{
+	return xsk_ring_cons__peek(r, nb, idx);
+}
+
+void netgap_xsk_cons_release(struct xsk_ring_cons *r, __u32 nb)
+{
+	xsk_ring_cons__release(r, nb);
+}
+
+const __u64 *netgap_xsk_comp_addr(const struct xsk_ring_cons *r, __u32 idx)
+{
+	return xsk_ring_cons__comp_addr(r, idx);
+}
+
+const struct xdp_desc *netgap_xsk_rx_desc(const struct xsk_ring_cons *r, __u32 idx)
+{
+	return xsk_ring_cons__rx_desc(r, idx);
+}
+
+static int quiet_libxdp(enum libxdp_print_level level, const char *fmt, va_list args)
+{
+	(void)level;
+	(void)fmt;
+	(void)args;
+	return 0;
+}
+
+static int quiet_libbpf(enum libbpf_print_level level, const char *fmt, va_list args)
+{
+	(void)level;
+	(void)fmt;
+	(void)args;
+	return 0;
+}
+
+/* libxdp and libbpf print their diagnostics to stderr; netgap reports a
+ * failure in one line of its own instead. */
+void netgap_xdp_quiet(void)
+{
+	libxdp_set_print(quiet_libxdp);
+	libbpf_set_print(quiet_libbpf);
+}

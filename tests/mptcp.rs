@@ -1,0 +1,113 @@
+//! Multipath TCP across a mesh testbed: `netgap testbed up --topology mesh
+//! --links 3` gives every host an MPTCP endpoint per link, so one `mptcp`
+//! connection between two hosts opens a subflow on each link. The test runs
+//! a verified stream over it and checks each link's interface counters.
+//!
+//! Without root, `ip` or network namespaces (or without MPTCP in the
+//! kernel) the test prints why and passes, unless
+//! NETGAP_REQUIRE_SYSTEM_TESTS=1, where a missing testbed is a failure.
+
+mod common;
+use common::testbed::Testbed;
+use common::{netgap, ok, system_ready};
+use serde_json::Value;
+use std::process::Command;
+
+/// Bytes sent plus received by interface `dev` of namespace `ns`.
+fn link_bytes(ns: &str, dev: &str) -> u64 {
+    let out = ok(Command::new("ip")
+        .args(["-n", ns, "-s", "-j", "link", "show", "dev", dev])
+        .output()
+        .expect("ip -s link"));
+    let v: Value = serde_json::from_str(&out).expect("ip -j output");
+    let s = &v[0]["stats64"];
+    let n = |v: &Value| v.as_u64().expect("a byte count");
+    n(&s["tx"]["bytes"]) + n(&s["rx"]["bytes"])
+}
+
+#[test]
+fn one_mptcp_stream_over_a_three_link_mesh_uses_every_link() {
+    if !system_ready("one_mptcp_stream_over_a_three_link_mesh_uses_every_link") {
+        return;
+    }
+    if !std::path::Path::new("/proc/sys/net/mptcp/enabled").exists() {
+        eprintln!("skipping: this kernel has no multipath TCP");
+        return;
+    }
+    let (tb, _) = Testbed::up(
+        "mptcp3",
+        // Each link slower than one subflow could go, so the scheduler
+        // spreads the stream over every subflow rather than filling one.
+        &[
+            "--hosts",
+            "2",
+            "--topology",
+            "mesh",
+            "--links",
+            "3",
+            "--rate",
+            "200M",
+        ],
+    );
+    let hosts = tb.hosts();
+    let client = &hosts.hosts[1];
+    let server = &hosts.hosts[0];
+    let ns = tb.ns(&client.name);
+    let endpoints = ok(Command::new("ip")
+        .args(["-n", &ns, "mptcp", "endpoint", "show"])
+        .output()
+        .expect("ip mptcp"));
+    let rails: Vec<_> = client.links_to(&server.name).cloned().collect();
+    assert_eq!(rails.len(), 3);
+    for l in &rails {
+        assert!(
+            endpoints.contains(&l.local.to_string()),
+            "no endpoint for {}: {endpoints}",
+            l.local
+        );
+    }
+    let before: Vec<u64> = rails.iter().map(|l| link_bytes(&ns, &l.ifname)).collect();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let recs = tb.run(
+        "stream",
+        &[
+            "-t",
+            "mptcp",
+            "--sizes",
+            "64K",
+            "--reps",
+            "2",
+            "--rep-time",
+            "300ms",
+            "--verify",
+        ],
+        &dir.path().join("mptcp.jsonl"),
+    );
+    assert_eq!(recs.len(), 1);
+    assert_eq!(recs[0]["transport"], "mptcp");
+    let reps = recs[0]["stats"]["reps"].as_array().expect("reps");
+    assert_eq!(reps.len(), 2, "{}", recs[0]);
+    assert!(recs[0]["value"].as_f64().expect("bandwidth") > 0.0);
+    for (k, l) in rails.iter().enumerate() {
+        let moved = link_bytes(&ns, &l.ifname) - before[k];
+        // A subflow on the link carries data, not just its handshake and a
+        // few acks.
+        assert!(
+            moved > 20_000,
+            "link {k} ({}) moved only {moved} bytes",
+            l.ifname
+        );
+    }
+
+    // `netgap list` shows the transport as usable here.
+    let list = ok(netgap().arg("list").output().expect("list"));
+    let row: Vec<&str> = list
+        .lines()
+        .map(str::split_whitespace)
+        .map(Iterator::collect)
+        .find(|w: &Vec<&str>| w.first() == Some(&"mptcp"))
+        .expect("mptcp listed");
+    assert_eq!(row.get(1), Some(&"yes"), "{list}");
+    let _ = tb.down();
+    tb.assert_gone();
+}
