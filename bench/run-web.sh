@@ -10,7 +10,8 @@
 # Needs root and Debian's nginx-light, apache2, ganglia-monitor and wrk.
 # Results (JSON Lines and summary.md) go to OUT_DIR (default
 # web-TIMESTAMP). QUICK=1 runs a reduced set (fewer sizes, clients,
-# repetitions and host counts).
+# repetitions and host counts); LOADGEN_ONLY=1 only the load-generator
+# check, LG_REPS=N alternations of it.
 #
 # Usage: sudo bash bench/run-web.sh [OUT_DIR]
 set -euo pipefail
@@ -31,10 +32,10 @@ done
 quick="${QUICK:-0}"
 if [ "$quick" = 1 ]; then
     reps=2; dur=1s; sizes=1K,16K,256K,1M; clients=3,12,24; alphas=0.5,0.75,1.0
-    host_counts="4 8 16"; lg_reps=2; lg_secs=3
+    host_counts="4 8 16"; lg_reps=${LG_REPS:-2}; lg_secs=3
 else
     reps=3; dur=2s; sizes=1K,4K,16K,64K,256K,1M; clients=3,6,12,24
-    alphas=0.5,0.625,0.75,0.875,1.0; host_counts="4 8 12 16"; lg_reps=3; lg_secs=5
+    alphas=0.5,0.625,0.75,0.875,1.0; host_counts="4 8 12 16"; lg_reps=${LG_REPS:-3}; lg_secs=5
 fi
 
 tb=i12bench
@@ -95,6 +96,7 @@ PY
     rm -rf "$wrk_dir"; wrk_dir=""
 done
 
+if [ "${LOADGEN_ONLY:-0}" != 1 ]; then
 # 2. Figure 8a and 8b on four hosts: nginx and Apache on h1, clients
 #    spread over h2..h4, offload on and off one after the other.
 testbed 4
@@ -113,6 +115,8 @@ for n in $host_counts; do
     settle; "$netgap" run gather --hosts "$hosts" -t tcp,uring -s 8K --reps "$reps" --duration "$dur" \
         --label "hosts=$n" --json "$out/fig13.jsonl" >/dev/null
 done
+
+fi
 
 python3 - "$out" >"$out/summary.md" <<'PY'
 import glob, json, os, re, sys
@@ -178,7 +182,7 @@ print("| hosts | responder | transport | gather ms | connect µs | exchange µs 
 print("|---:|---|---|---:|---:|---:|---:|---:|")
 for r in recs("fig13.jsonl"):
     m = r["app"]["metrics"]
-    resp = r["app"]["options"].get("responder", "builtin")
+    resp = r["app"].get("options", {}).get("responder", "builtin")
     n = r["stack"].get("label", "").split("=")[-1]
     print(f"| {n} | {resp} | {r['transport']} | {r['value']:.3f} | {m['connect_time_us']:.1f} | {m['exchange_time_us']:.1f} | {m['connect_share_pct']:.1f}% | {m['gather_bytes']:,.0f} |")
 PY

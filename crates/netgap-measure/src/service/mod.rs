@@ -520,3 +520,34 @@ pub fn read_all(addr: SocketAddr, max_bytes: usize) -> Result<Vec<u8>, String> {
         .map_err(|e| e.to_string())?;
     Ok(out)
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_program_is_one_line_naming_its_package() {
+        let e = find_program("netgap-no-such-server", "netgap-pkg", "-v").unwrap_err();
+        let line = e.to_string();
+        assert!(line.contains("apt-get install netgap-pkg"), "{line}");
+        assert_eq!(line.lines().count(), 1);
+    }
+
+    #[test]
+    fn a_run_directory_is_fresh_readable_and_removed_with_everything_in_it() {
+        let a = RunDir::new("test").unwrap();
+        let b = RunDir::new("test").unwrap();
+        assert_ne!(a.path(), b.path());
+        let f = a.write("x.conf", b"x").unwrap();
+        let mode = std::fs::metadata(a.path()).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o755);
+        assert!(a.path().starts_with(base_dir()));
+        let path = a.path().to_path_buf();
+        drop(a);
+        assert!(!f.exists() && !path.exists());
+        // A live agent's directory (this process's) is not swept.
+        sweep_stale();
+        assert!(b.path().exists());
+    }
+}
