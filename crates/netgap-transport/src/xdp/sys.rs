@@ -188,6 +188,8 @@ pub(crate) struct Xsk {
     /// closed then, or a long-lived agent would run out of descriptors
     /// after some hundreds of flows.
     bpf_fds: BTreeSet<RawFd>,
+    /// Whether dropping takes [`LIFECYCLE`]: not while `open` holds it.
+    lock_on_drop: bool,
 }
 
 // SAFETY: the socket, the UMEM and the rings belong to this value alone and
@@ -203,6 +205,27 @@ impl Xsk {
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "interface name"))?;
         let _serial = LIFECYCLE.lock().unwrap_or_else(|e| e.into_inner());
         let before = bpf_fds();
+        match Xsk::create(&name, queue, shape, attach) {
+            Ok(mut x) => {
+                x.bpf_fds = bpf_fds().difference(&before).copied().collect();
+                x.lock_on_drop = true;
+                Ok(x)
+            }
+            Err(e) => {
+                // What a failed attempt left open is libxdp's leftover too.
+                for fd in bpf_fds().difference(&before) {
+                    // SAFETY: a BPF descriptor opened during the failed
+                    // attempt, under the lock: nothing else owns it.
+                    unsafe { libc::close(*fd) };
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Makes the UMEM and the socket; the caller holds [`LIFECYCLE`] (a
+    /// half-made value dropped on failure does not take it again).
+    fn create(name: &CString, queue: u32, shape: Shape, attach: Attach) -> io::Result<Xsk> {
         let area_bytes = shape.frames as usize * shape.frame_bytes as usize;
         // SAFETY: quietens libxdp's and libbpf's printing; the calls only
         // swap a function pointer in each library.
@@ -234,6 +257,7 @@ impl Xsk {
             fd: -1,
             frame_bytes: shape.frame_bytes,
             bpf_fds: BTreeSet::new(),
+            lock_on_drop: false,
         };
         let ucfg = UmemConfig {
             fill_size: shape.ring_entries,
@@ -287,7 +311,6 @@ impl Xsk {
         }
         // SAFETY: the socket was created above and is live.
         x.fd = unsafe { xsk_socket__fd(x.socket) };
-        x.bpf_fds = bpf_fds().difference(&before).copied().collect();
         Ok(x)
     }
 
@@ -449,7 +472,9 @@ impl Xsk {
 
 impl Drop for Xsk {
     fn drop(&mut self) {
-        let _serial = LIFECYCLE.lock().unwrap_or_else(|e| e.into_inner());
+        let _serial = self
+            .lock_on_drop
+            .then(|| LIFECYCLE.lock().unwrap_or_else(|e| e.into_inner()));
         // SAFETY: each pointer is either null (not created) or was created
         // by libxdp above and is deleted once, socket before UMEM before the
         // memory they use.
