@@ -385,6 +385,14 @@ pub trait Transport: Sync {
         true
     }
 
+    /// Whether its listeners' addresses are `IP:PORT`, as multi-host
+    /// workloads name their flows' targets; `false` for a transport with
+    /// addresses of its own (xdp's `IP/MAC/FLOW`), which runs the
+    /// point-to-point tests only.
+    fn ip_port_addresses(&self) -> bool {
+        true
+    }
+
     /// Whether [`Transport::connect_from`] works: a multi-host run then
     /// picks the link each flow takes by its local address.
     fn binds_local(&self) -> bool {

@@ -333,6 +333,12 @@ pub(crate) fn check_cross_host(
             cross.join(", ")
         )));
     }
+    if !transport.ip_port_addresses() {
+        return Err(Refused(format!(
+            "{workload}: transport {} is point-to-point only (its flows are not addressed by IP:PORT); run pingpong, stream, bibw or bibw-pingpong over it",
+            spec.transport
+        )));
+    }
     Ok(())
 }
 
@@ -340,6 +346,25 @@ pub(crate) fn check_cross_host(
 #[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_transport_without_ip_port_addresses_is_refused_in_one_line() {
+        use netgap_core::spec::{Mode, TransportOptions};
+        let mut spec = PointSpec {
+            test: "multistream".into(),
+            transport: "xdp".into(),
+            mode: Mode::Event,
+            size_bytes: 65536,
+            options: TransportOptions::default(),
+            server_cpu: None,
+            io_timeout_ms: 3000,
+            verify: false,
+        };
+        let e = check_cross_host("multistream", &spec, &netgap_transport::xdp::Xdp).unwrap_err();
+        assert!(e.0.contains("point-to-point only"), "{e}");
+        spec.transport = "tcp".into();
+        assert!(check_cross_host("multistream", &spec, &netgap_transport::tcp::Tcp).is_ok());
+    }
 
     #[test]
     fn names_are_unique_and_not_point_to_point_tests() {

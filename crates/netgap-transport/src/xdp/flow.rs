@@ -68,6 +68,10 @@ pub(crate) struct Endpoint {
     /// data, or a control frame).
     tx_release: Vec<bool>,
     tx_queued: bool,
+    /// Frames on the TX ring whose sending has not completed: the kernel
+    /// sends a bounded batch per doorbell (32 in copy mode), so the bell
+    /// rings again while any wait.
+    tx_outstanding: u32,
     send: SendWindow,
     recv: RecvWindow,
     t0: Instant,
@@ -112,6 +116,7 @@ impl Endpoint {
             tx_pending: vec![0; tx_count as usize],
             tx_release: vec![false; tx_count as usize],
             tx_queued: false,
+            tx_outstanding: 0,
             send: SendWindow::new(0, tx_count / 2),
             recv,
             t0: Instant::now(),
@@ -181,6 +186,7 @@ impl Endpoint {
         }
         self.tx_pending[i] = self.tx_pending[i].saturating_add(1);
         self.tx_queued = true;
+        self.tx_outstanding += 1;
         if matches!(kind, Kind::Data | Kind::Fin) {
             self.stats.datagrams_sent += 1;
         }
@@ -206,6 +212,7 @@ impl Endpoint {
         if self.xsk.queue_tx(slot, len as u32) {
             self.tx_pending[i] = self.tx_pending[i].saturating_add(1);
             self.tx_queued = true;
+            self.tx_outstanding += 1;
             self.stats.datagrams_sent += 1;
             self.stats.retries += 1;
         }
@@ -224,6 +231,7 @@ impl Endpoint {
     /// acknowledgments, the doorbell. Returns whether anything arrived.
     pub(crate) fn pump(&mut self) -> Result<bool, FlowError> {
         for slot in self.xsk.completed(u32::MAX) {
+            self.tx_outstanding = self.tx_outstanding.saturating_sub(1);
             if let Some(i) = self.tx_index(slot) {
                 self.tx_pending[i] = self.tx_pending[i].saturating_sub(1);
                 self.release_if_done(slot);
@@ -265,11 +273,16 @@ impl Endpoint {
     }
 
     fn flush(&mut self) -> Result<(), FlowError> {
-        if self.tx_queued {
+        if self.tx_queued || self.tx_outstanding > 0 {
             self.tx_queued = false;
             self.xsk.kick().map_err(FlowError::Io)?;
         }
         Ok(())
+    }
+
+    /// Frames still wait on the TX ring for the doorbell.
+    fn tx_backlog(&self) -> bool {
+        self.tx_outstanding > 0
     }
 
     fn on_frame(&mut self, h: &Header, src: Mac, payload: &[u8], now: u64) {
@@ -528,6 +541,8 @@ impl Shared {
                     }
                     std::hint::spin_loop();
                 }
+                // Frames still wait on the TX ring: ring again, not sleep.
+                Mode::Event if ep.tx_backlog() => drop(ep),
                 Mode::Event => {
                     let sleep = ep
                         .next_timer()

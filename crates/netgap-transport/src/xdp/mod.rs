@@ -161,6 +161,10 @@ impl Transport for Xdp {
         false
     }
 
+    fn ip_port_addresses(&self) -> bool {
+        false
+    }
+
     fn listen(
         &self,
         config: &FlowConfig,

@@ -7,10 +7,34 @@
 //! socket unloads it. The ring operations are libxdp's own inline
 //! functions, given symbols by `shim.c`.
 
+use std::collections::BTreeSet;
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::io;
 use std::os::fd::RawFd;
 use std::ptr;
+use std::sync::Mutex;
+
+/// Serialises making and deleting sockets in this process, so the BPF
+/// descriptors that appear while one is made are that socket's.
+static LIFECYCLE: Mutex<()> = Mutex::new(());
+
+/// The process's open descriptors of BPF programs and maps.
+fn bpf_fds() -> BTreeSet<RawFd> {
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
+        return BTreeSet::new();
+    };
+    dir.filter_map(Result::ok)
+        .filter_map(|e| {
+            let fd: RawFd = e.file_name().to_str()?.parse().ok()?;
+            is_bpf_fd(fd).then_some(fd)
+        })
+        .collect()
+}
+
+fn is_bpf_fd(fd: RawFd) -> bool {
+    std::fs::read_link(format!("/proc/self/fd/{fd}"))
+        .is_ok_and(|t| t.to_string_lossy().starts_with("anon_inode:bpf"))
+}
 
 /// A libxdp producer or consumer ring (`struct xsk_ring_prod` /
 /// `xsk_ring_cons`, which share one layout).
@@ -159,6 +183,13 @@ pub(crate) struct Xsk {
     tx: Box<Ring>,
     fd: RawFd,
     frame_bytes: u32,
+    /// The BPF descriptors (program, maps) libxdp opened for this socket.
+    /// libxdp 1.3 leaves some open after deleting the socket; they are
+    /// closed then, or a long-lived agent would run out of descriptors
+    /// after some hundreds of flows.
+    bpf_fds: BTreeSet<RawFd>,
+    /// Whether dropping takes [`LIFECYCLE`]: not while `open` holds it.
+    lock_on_drop: bool,
 }
 
 // SAFETY: the socket, the UMEM and the rings belong to this value alone and
@@ -172,6 +203,29 @@ impl Xsk {
     pub(crate) fn open(ifname: &str, queue: u32, shape: Shape, attach: Attach) -> io::Result<Xsk> {
         let name = CString::new(ifname)
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "interface name"))?;
+        let _serial = LIFECYCLE.lock().unwrap_or_else(|e| e.into_inner());
+        let before = bpf_fds();
+        match Xsk::create(&name, queue, shape, attach) {
+            Ok(mut x) => {
+                x.bpf_fds = bpf_fds().difference(&before).copied().collect();
+                x.lock_on_drop = true;
+                Ok(x)
+            }
+            Err(e) => {
+                // What a failed attempt left open is libxdp's leftover too.
+                for fd in bpf_fds().difference(&before) {
+                    // SAFETY: a BPF descriptor opened during the failed
+                    // attempt, under the lock: nothing else owns it.
+                    unsafe { libc::close(*fd) };
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Makes the UMEM and the socket; the caller holds [`LIFECYCLE`] (a
+    /// half-made value dropped on failure does not take it again).
+    fn create(name: &CString, queue: u32, shape: Shape, attach: Attach) -> io::Result<Xsk> {
         let area_bytes = shape.frames as usize * shape.frame_bytes as usize;
         // SAFETY: quietens libxdp's and libbpf's printing; the calls only
         // swap a function pointer in each library.
@@ -202,6 +256,8 @@ impl Xsk {
             tx: Ring::empty(),
             fd: -1,
             frame_bytes: shape.frame_bytes,
+            bpf_fds: BTreeSet::new(),
+            lock_on_drop: false,
         };
         let ucfg = UmemConfig {
             fill_size: shape.ring_entries,
@@ -416,6 +472,9 @@ impl Xsk {
 
 impl Drop for Xsk {
     fn drop(&mut self) {
+        let _serial = self
+            .lock_on_drop
+            .then(|| LIFECYCLE.lock().unwrap_or_else(|e| e.into_inner()));
         // SAFETY: each pointer is either null (not created) or was created
         // by libxdp above and is deleted once, socket before UMEM before the
         // memory they use.
@@ -427,6 +486,16 @@ impl Drop for Xsk {
                 xsk_umem__delete(self.umem);
             }
             libc::munmap(self.area.cast::<c_void>(), self.area_bytes);
+        }
+        // Under the lock no other socket of this process opens BPF
+        // descriptors, so one of this socket's numbers that still names a
+        // BPF object is the one libxdp left open.
+        for &fd in &self.bpf_fds {
+            if is_bpf_fd(fd) {
+                // SAFETY: `fd` is a BPF descriptor libxdp opened for this
+                // socket, which is deleted; nothing uses it any more.
+                unsafe { libc::close(fd) };
+            }
         }
     }
 }
