@@ -36,8 +36,9 @@ fn one_mptcp_stream_over_a_three_link_mesh_uses_every_link() {
     }
     let (tb, _) = Testbed::up(
         "mptcp3",
-        // Each link slower than one subflow could go, so the scheduler
-        // spreads the stream over every subflow rather than filling one.
+        // Each link far slower than one subflow could go, even from a debug
+        // build on a busy machine, so the scheduler spreads the stream over
+        // every subflow rather than filling one or two.
         &[
             "--hosts",
             "2",
@@ -46,7 +47,7 @@ fn one_mptcp_stream_over_a_three_link_mesh_uses_every_link() {
             "--links",
             "3",
             "--rate",
-            "200M",
+            "50M",
         ],
     );
     let hosts = tb.hosts();
@@ -77,8 +78,14 @@ fn one_mptcp_stream_over_a_three_link_mesh_uses_every_link() {
             "64K",
             "--reps",
             "2",
+            // The server announces its other addresses one at a time, each
+            // after the previous echo; on a loaded machine the last subflow
+            // can join a few hundred milliseconds into the run, so the run
+            // is long enough for a late subflow to carry data too.
+            "--warmup",
+            "64",
             "--rep-time",
-            "300ms",
+            "1s",
             "--verify",
         ],
         &dir.path().join("mptcp.jsonl"),
