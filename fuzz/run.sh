@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs every fuzz target for SECONDS each (default 60) on its corpus in
+# Runs every fuzz target (or only the TARGETs named) for SECONDS each
+# (default 60) on its corpus in
 # fuzz/corpus/TARGET, then prints one line per target: executions, edges
 # covered (libFuzzer's "cov"), features ("ft") and peak memory. New inputs
 # go to a scratch directory, so the kept corpus stays small; pass --keep to
@@ -13,10 +14,12 @@ cd "$(dirname "$0")"
 
 secs=60
 keep=0
+only=()
 for arg in "$@"; do
     case "$arg" in
         --keep) keep=1 ;;
-        *[!0-9]* | "") echo "usage: fuzz/run.sh [SECONDS] [--keep]" >&2; exit 2 ;;
+        "" | -*) echo "usage: fuzz/run.sh [SECONDS] [--keep] [TARGET...]" >&2; exit 2 ;;
+        *[!0-9]*) only+=("$arg") ;;
         *) secs=$arg ;;
     esac
 done
@@ -34,7 +37,17 @@ bin=target/x86_64-unknown-linux-gnu/release
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
 printf '%-18s %12s %8s %8s %8s\n' target executions cov ft rss_mb
-for target in $(cargo fuzz list); do
+targets=$(cargo fuzz list)
+if [ "${#only[@]}" -gt 0 ]; then
+    for t in "${only[@]}"; do
+        if ! grep -qx "$t" <<<"$targets"; then
+            echo "fuzz/run.sh: no fuzz target named '$t' (cargo fuzz list names them)" >&2
+            exit 2
+        fi
+    done
+    targets=$(printf '%s\n' "${only[@]}")
+fi
+for target in $targets; do
     mkdir -p "corpus/$target"
     scratch="$logs/$target.new"
     mkdir -p "$scratch"
