@@ -387,7 +387,11 @@ fn run_session(
             Request::Open { spec, data_token } => {
                 open_size_bytes = spec.size_bytes;
                 token = Some(data_token.clone());
-                shared.limits.check_point(spec)
+                // A transport this build lacks is refused when the point
+                // opens; until then it commits nothing of its own.
+                let flow_bytes =
+                    netgap_transport::find(&spec.transport).map_or(0, |t| t.flow_memory_bytes());
+                shared.limits.check_point(spec, flow_bytes)
             }
             Request::Run { iterations, .. } => {
                 shared.limits.check_run(*iterations, open_size_bytes)

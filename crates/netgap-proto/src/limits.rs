@@ -154,14 +154,24 @@ impl AgentLimits {
     }
 
     /// Checks a point of the two-host protocol (one flow): its message size
-    /// and the memory of its buffers. Its repetitions are checked one by
-    /// one with [`AgentLimits::check_run`].
-    pub fn check_point(&self, spec: &PointSpec) -> Result<(), LimitError> {
+    /// and the memory of its buffers plus `flow_bytes`, what the point's
+    /// transport commits for a flow beyond them (a user-level transport's
+    /// registered memory). Its repetitions are checked one by one with
+    /// [`AgentLimits::check_run`].
+    pub fn check_point(&self, spec: &PointSpec, flow_bytes: u64) -> Result<(), LimitError> {
         self.check_flows(1)?;
         self.check_message_bytes(spec.size_bytes)?;
         self.check_memory(
-            &format!("a point of {}-byte messages", spec.size_bytes),
-            point_memory_bytes(spec),
+            &if flow_bytes == 0 {
+                format!("a point of {}-byte messages", spec.size_bytes)
+            } else {
+                format!(
+                    "a point of {}-byte messages over a transport that keeps {} per flow",
+                    spec.size_bytes,
+                    mib(flow_bytes)
+                )
+            },
+            point_memory_bytes(spec).saturating_add(flow_bytes),
         )
     }
 
@@ -235,6 +245,32 @@ mod tests {
         assert!(l.check_run(2_000_000, 1024).is_err());
         assert!(AgentLimits { max_flows: 0, ..l }.validate().is_err());
         assert!(AgentLimits::default().validate().is_ok());
+    }
+
+    #[test]
+    fn a_point_counts_its_transports_own_memory_against_the_budget() {
+        use netgap_core::spec::{Mode, TransportOptions};
+        let spec = PointSpec {
+            test: "pingpong".into(),
+            transport: "xdp".into(),
+            mode: Mode::Event,
+            size_bytes: 1024,
+            options: TransportOptions::default(),
+            server_cpu: None,
+            io_timeout_ms: 1000,
+            verify: false,
+        };
+        let l = AgentLimits {
+            max_memory_bytes: 8 << 20,
+            ..AgentLimits::default()
+        };
+        assert!(l.check_point(&spec, 0).is_ok());
+        assert!(l.check_point(&spec, 6 << 20).is_ok());
+        assert!(
+            l.check_point(&spec, 7 << 20).is_err_and(
+                |e| e.0.contains("keeps 7.0 MiB per flow") && e.0.contains("--max-memory")
+            )
+        );
     }
 
     #[test]

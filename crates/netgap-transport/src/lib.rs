@@ -379,6 +379,15 @@ pub trait Transport: Sync {
     /// Connects to the listener at `addr` on the coordinator's side.
     fn connect(&self, config: &FlowConfig, addr: &str) -> Result<Box<dyn Flow>, TransportError>;
 
+    /// Memory one flow of this transport commits on each end beyond the
+    /// point's message buffers, in bytes: registered memory and rings a
+    /// user-level transport keeps for the flow's life. The agent counts it
+    /// against its budget before it opens the flow; a kernel socket's
+    /// buffers are the kernel's and count as 0 here.
+    fn flow_memory_bytes(&self) -> u64 {
+        0
+    }
+
     /// Whether both ends may sit on one host (loopback): `false` for a
     /// transport that needs an interface of its own at each end.
     fn runs_on_loopback(&self) -> bool {

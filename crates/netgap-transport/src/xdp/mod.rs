@@ -134,6 +134,25 @@ fn probe() -> Result<(), Unavailable> {
     Ok(())
 }
 
+/// Frames of each endpoint's UMEM (half receive, half transmit).
+const FRAMES: u32 = 4096;
+/// Bytes of a UMEM frame.
+const FRAME_BYTES: u32 = 4096;
+/// Entries of each ring.
+const RING_ENTRIES: u32 = 2048;
+/// Bytes the receiver holds unread (its credit).
+const WINDOW_BYTES: usize = 4 << 20;
+/// Bytes of one ring entry at most (a completion or fill entry is a u64
+/// address; an RX or TX descriptor is 16 bytes).
+const RING_ENTRY_BYTES: u64 = 16;
+
+/// What one endpoint commits besides the point's message buffers: its UMEM
+/// (registered with the kernel, so resident for the flow's life), its four
+/// rings, and the receive window it may hold unread.
+const ENDPOINT_MEMORY_BYTES: u64 = FRAMES as u64 * FRAME_BYTES as u64
+    + 4 * RING_ENTRIES as u64 * RING_ENTRY_BYTES
+    + WINDOW_BYTES as u64;
+
 impl Transport for Xdp {
     fn name(&self) -> &'static str {
         NAME
@@ -163,6 +182,10 @@ impl Transport for Xdp {
 
     fn ip_port_addresses(&self) -> bool {
         false
+    }
+
+    fn flow_memory_bytes(&self) -> u64 {
+        ENDPOINT_MEMORY_BYTES
     }
 
     fn listen(
@@ -222,14 +245,6 @@ mod imp {
     use std::io;
     use std::time::{Duration, Instant};
 
-    /// Frames of each endpoint's UMEM (half receive, half transmit).
-    const FRAMES: u32 = 4096;
-    /// Bytes of a UMEM frame.
-    const FRAME_BYTES: u32 = 4096;
-    /// Entries of each ring.
-    const RING_ENTRIES: u32 = 2048;
-    /// Bytes the receiver holds unread (its credit).
-    const WINDOW_BYTES: usize = 4 << 20;
     /// How long a client tries to open a flow.
     const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
     /// How long a busy queue (a socket just closed) is waited for.
