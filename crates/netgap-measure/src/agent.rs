@@ -275,8 +275,8 @@ impl Drop for BusyClaim {
 struct OpenPoint {
     role: Box<dyn bench::ServerRole>,
     /// Ends the flow from the watchdog of a repetition that runs past the
-    /// agent's longest run; `None` for a transport with no single socket
-    /// (shm, udp), whose repetitions end at their I/O timeout instead.
+    /// agent's longest run; `None` for a flow that cannot be ended from
+    /// outside, whose repetitions end at their I/O timeout instead.
     abort: Option<netgap_transport::AbortHandle>,
     monitor: Option<Arc<dyn FlowMonitor>>,
     reported: DatagramStats,
@@ -604,7 +604,7 @@ struct RepetitionWatchdog {
 impl RepetitionWatchdog {
     /// Starts watching; with no handle there is nothing to watch with.
     fn arm(abort: Option<&netgap_transport::AbortHandle>, limit: Duration) -> RepetitionWatchdog {
-        let Some(abort) = abort.and_then(|a| a.try_clone()) else {
+        let Some(abort) = abort.cloned() else {
             return RepetitionWatchdog {
                 done: None,
                 thread: None,

@@ -47,7 +47,7 @@ use std::net::Shutdown;
 use std::os::fd::AsFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
-use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -126,16 +126,54 @@ struct Shared {
     socket: UnixStream,
     mode: Mode,
     timeout: Duration,
+    /// Set by the flow's [`AbortHandle`]: every call fails from then on.
+    /// Checked at each call and each wait, because a flow whose data keeps
+    /// moving never waits, and so never looks at the liveness socket.
+    aborted: AtomicBool,
 }
 
-impl Drop for Shared {
-    fn drop(&mut self) {
-        let _ = self.socket.shutdown(Shutdown::Both);
+impl Shared {
+    /// Fails once the flow was ended by its [`AbortHandle`].
+    #[inline]
+    fn check_aborted(&self) -> Result<(), FlowError> {
+        if self.aborted.load(Ordering::Relaxed) {
+            return Err(super::aborted());
+        }
+        Ok(())
+    }
+
+    /// Wakes every futex sleeper on both rings, of either side, so each
+    /// looks at the flow's state at once.
+    fn wake_all(&self) {
         for id in [RingId::ToConnector, RingId::ToListener] {
             let mem = self.region.ring(id);
             let _ = sys::futex_wake(mem.ctl().head_futex());
             let _ = sys::futex_wake(mem.ctl().tail_futex());
         }
+    }
+}
+
+/// Ends an `shm` flow from another thread: raises its abort flag, shuts the
+/// liveness socket down (the peer's next check sees the hang-up) and wakes
+/// every sleeper. Holds the flow weakly: once the flow is gone there is
+/// nothing to end.
+struct ShmAbort(std::sync::Weak<Shared>);
+
+impl super::Abort for ShmAbort {
+    fn abort(&self) {
+        let Some(shared) = self.0.upgrade() else {
+            return;
+        };
+        shared.aborted.store(true, Ordering::Relaxed);
+        let _ = shared.socket.shutdown(Shutdown::Both);
+        shared.wake_all();
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        let _ = self.socket.shutdown(Shutdown::Both);
+        self.wake_all();
     }
 }
 
@@ -169,6 +207,7 @@ impl ShmFlow {
             socket,
             mode: config.mode,
             timeout: config.io_timeout,
+            aborted: AtomicBool::new(false),
         });
         let (out, inc) = match role {
             Role::Listener => (RingId::ToConnector, RingId::ToListener),
@@ -221,6 +260,7 @@ impl Stall {
     /// [`LIVENESS_PERIOD`] in poll mode and on every call in event mode
     /// (called once per futex sleep, which costs far more than the check).
     fn check(&mut self, shared: &Shared) -> Result<(), FlowError> {
+        shared.check_aborted()?;
         let now = Instant::now();
         if self.left(now, shared.timeout).is_zero() {
             return Err(FlowError::TimedOut {
@@ -360,6 +400,7 @@ impl Sender for ShmSender {
         if buf.is_empty() {
             return Ok(0);
         }
+        self.shared.check_aborted()?;
         if let Attempt::Moved(n) = self.attempt(buf)? {
             return Ok(n);
         }
@@ -378,6 +419,7 @@ impl Receiver for ShmReceiver {
         if buf.is_empty() {
             return Ok(0);
         }
+        self.shared.check_aborted()?;
         if let Attempt::Moved(n) = attempt_recv(&mut self.ring, &self.shared, buf)? {
             return Ok(n);
         }
@@ -397,6 +439,11 @@ impl Flow for ShmFlow {
 
     fn into_halves(self: Box<Self>) -> (Box<dyn Sender>, Box<dyn Receiver>) {
         (Box::new(self.tx), Box::new(self.rx))
+    }
+
+    fn abort_handle(&self) -> Option<super::AbortHandle> {
+        let how = ShmAbort(Arc::downgrade(&self.tx.shared));
+        Some(super::AbortHandle::new(Arc::new(how)))
     }
 }
 
