@@ -12,6 +12,8 @@
 //! cannot authenticate cannot keep the agent from serving. Requests are
 //! checked against the agent's [`AgentLimits`] before any data socket opens.
 
+mod watchdog;
+
 use crate::bench;
 use crate::control::{ControlAddr, ControlConn, ControlError, ControlStream};
 use crate::workload::role::{self, ReadyRole, RoleContext, RoleError, RoleResult, Stop};
@@ -371,6 +373,9 @@ fn run_session(
     let claim = claimed.then(|| Arc::new(BusyClaim(Arc::clone(shared))));
     let mut session = AgentSession::new(netgap_transport::host::collect(Some(local_ip)), !claimed);
     let mut point: Option<OpenPoint> = None;
+    // One thread for all of the session's repetitions, started with the
+    // first.
+    let mut watchdog = watchdog::Watchdog::default();
     // A silent coordinator holds the agent no longer than its longest run.
     let idle = shared
         .limits
@@ -434,7 +439,9 @@ fn run_session(
                 };
                 let meter = CpuMeter::start();
                 let limit = shared.limits.max_duration + REPETITION_GRACE;
-                let watchdog = RepetitionWatchdog::arm(p.abort.as_ref(), limit);
+                if let Some(abort) = &p.abort {
+                    watchdog.arm(abort.clone(), limit);
+                }
                 let ran = p.role.run(iterations);
                 if watchdog.disarm() {
                     return Err(refuse(
@@ -593,49 +600,6 @@ const ROLE_GRACE: Duration = Duration::from_secs(2);
 /// How long past the agent's `--max-duration` a point-to-point repetition
 /// may run before its flow is shut down.
 const REPETITION_GRACE: Duration = Duration::from_millis(500);
-
-/// Shuts a repetition's flow down if it runs past its limit: a thread that
-/// sleeps until the limit or until the repetition ends, whichever is first.
-struct RepetitionWatchdog {
-    done: Option<std::sync::mpsc::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<bool>>,
-}
-
-impl RepetitionWatchdog {
-    /// Starts watching; with no handle there is nothing to watch with.
-    fn arm(abort: Option<&netgap_transport::AbortHandle>, limit: Duration) -> RepetitionWatchdog {
-        let Some(abort) = abort.cloned() else {
-            return RepetitionWatchdog {
-                done: None,
-                thread: None,
-            };
-        };
-        let (done, ended) = std::sync::mpsc::channel::<()>();
-        let thread = std::thread::Builder::new()
-            .name("netgap-watchdog".into())
-            .spawn(move || match ended.recv_timeout(limit) {
-                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
-                    abort.abort();
-                    true
-                }
-                _ => false,
-            })
-            .ok();
-        RepetitionWatchdog {
-            done: Some(done),
-            thread,
-        }
-    }
-
-    /// Stops watching; `true` if the limit passed and the flow was shut
-    /// down.
-    fn disarm(mut self) -> bool {
-        drop(self.done.take());
-        self.thread
-            .take()
-            .is_some_and(|t| t.join().unwrap_or(false))
-    }
-}
 
 /// Sets a role's stop signal when dropped: whichever way [`run_group`]
 /// returns (the role done, the coordinator gone, the control connection
