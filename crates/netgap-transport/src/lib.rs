@@ -293,6 +293,29 @@ impl AbortHandle {
     pub fn abort(&self) {
         self.0.abort();
     }
+
+    /// A handle that calls `abort` on `target` while the flow that owns it
+    /// lives; once the flow is gone there is nothing to end.
+    pub(crate) fn weak<T: Send + Sync + 'static>(
+        target: std::sync::Weak<T>,
+        abort: fn(&T),
+    ) -> AbortHandle {
+        AbortHandle(Arc::new(WeakAbort { target, abort }))
+    }
+}
+
+/// Ends a flow through the state its halves share, held weakly.
+struct WeakAbort<T> {
+    target: std::sync::Weak<T>,
+    abort: fn(&T),
+}
+
+impl<T: Send + Sync> Abort for WeakAbort<T> {
+    fn abort(&self) {
+        if let Some(t) = self.target.upgrade() {
+            (self.abort)(&t);
+        }
+    }
 }
 
 /// The error of a flow call after its flow was ended by an

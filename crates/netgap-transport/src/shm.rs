@@ -142,6 +142,15 @@ impl Shared {
         Ok(())
     }
 
+    /// Ends the flow from another thread: raises the abort flag, shuts the
+    /// liveness socket down (the peer's next check sees the hang-up) and
+    /// wakes every sleeper.
+    fn abort(&self) {
+        self.aborted.store(true, Ordering::Relaxed);
+        let _ = self.socket.shutdown(Shutdown::Both);
+        self.wake_all();
+    }
+
     /// Wakes every futex sleeper on both rings, of either side, so each
     /// looks at the flow's state at once.
     fn wake_all(&self) {
@@ -150,23 +159,6 @@ impl Shared {
             let _ = sys::futex_wake(mem.ctl().head_futex());
             let _ = sys::futex_wake(mem.ctl().tail_futex());
         }
-    }
-}
-
-/// Ends an `shm` flow from another thread: raises its abort flag, shuts the
-/// liveness socket down (the peer's next check sees the hang-up) and wakes
-/// every sleeper. Holds the flow weakly: once the flow is gone there is
-/// nothing to end.
-struct ShmAbort(std::sync::Weak<Shared>);
-
-impl super::Abort for ShmAbort {
-    fn abort(&self) {
-        let Some(shared) = self.0.upgrade() else {
-            return;
-        };
-        shared.aborted.store(true, Ordering::Relaxed);
-        let _ = shared.socket.shutdown(Shutdown::Both);
-        shared.wake_all();
     }
 }
 
@@ -442,8 +434,8 @@ impl Flow for ShmFlow {
     }
 
     fn abort_handle(&self) -> Option<super::AbortHandle> {
-        let how = ShmAbort(Arc::downgrade(&self.tx.shared));
-        Some(super::AbortHandle::new(Arc::new(how)))
+        let shared = Arc::downgrade(&self.tx.shared);
+        Some(super::AbortHandle::weak(shared, Shared::abort))
     }
 }
 

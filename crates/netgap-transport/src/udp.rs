@@ -374,6 +374,14 @@ impl Shared {
         })
     }
 
+    /// Ends the flow from another thread: raises the abort flag and shuts
+    /// the socket down, which wakes a receive blocked on it (it returns
+    /// nothing, and the loop then sees the flag).
+    fn abort(&self) {
+        self.aborted.store(true, Ordering::Relaxed);
+        let _ = SockRef::from(&self.socket).shutdown(std::net::Shutdown::Both);
+    }
+
     /// Fails once the flow was ended by its [`super::AbortHandle`].
     #[inline]
     fn check_aborted(&self) -> Result<(), FlowError> {
@@ -921,24 +929,10 @@ impl Flow for UdpFlow {
     }
 
     fn abort_handle(&self) -> Option<super::AbortHandle> {
-        let how = UdpAbort(Arc::downgrade(&self.tx.0));
-        Some(super::AbortHandle::new(Arc::new(how)))
-    }
-}
-
-/// Ends a udp flow from another thread: raises its abort flag and shuts
-/// its socket down, which wakes a receive blocked on it (it returns
-/// nothing, and the loop then sees the flag). Holds the flow weakly: once
-/// the flow is gone there is nothing to end.
-struct UdpAbort(std::sync::Weak<Shared>);
-
-impl super::Abort for UdpAbort {
-    fn abort(&self) {
-        let Some(shared) = self.0.upgrade() else {
-            return;
-        };
-        shared.aborted.store(true, Ordering::Relaxed);
-        let _ = SockRef::from(&shared.socket).shutdown(std::net::Shutdown::Both);
+        Some(super::AbortHandle::weak(
+            Arc::downgrade(&self.tx.0),
+            Shared::abort,
+        ))
     }
 }
 
