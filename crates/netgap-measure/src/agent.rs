@@ -12,6 +12,8 @@
 //! cannot authenticate cannot keep the agent from serving. Requests are
 //! checked against the agent's [`AgentLimits`] before any data socket opens.
 
+mod watchdog;
+
 use crate::bench;
 use crate::control::{ControlAddr, ControlConn, ControlError, ControlStream};
 use crate::workload::role::{self, ReadyRole, RoleContext, RoleError, RoleResult, Stop};
@@ -275,8 +277,8 @@ impl Drop for BusyClaim {
 struct OpenPoint {
     role: Box<dyn bench::ServerRole>,
     /// Ends the flow from the watchdog of a repetition that runs past the
-    /// agent's longest run; `None` for a transport with no single socket
-    /// (shm, udp), whose repetitions end at their I/O timeout instead.
+    /// agent's longest run; `None` for a flow that cannot be ended from
+    /// outside, whose repetitions end at their I/O timeout instead.
     abort: Option<netgap_transport::AbortHandle>,
     monitor: Option<Arc<dyn FlowMonitor>>,
     reported: DatagramStats,
@@ -371,6 +373,9 @@ fn run_session(
     let claim = claimed.then(|| Arc::new(BusyClaim(Arc::clone(shared))));
     let mut session = AgentSession::new(netgap_transport::host::collect(Some(local_ip)), !claimed);
     let mut point: Option<OpenPoint> = None;
+    // One thread for all of the session's repetitions, started with the
+    // first.
+    let mut watchdog = watchdog::Watchdog::default();
     // A silent coordinator holds the agent no longer than its longest run.
     let idle = shared
         .limits
@@ -438,7 +443,9 @@ fn run_session(
                 };
                 let meter = CpuMeter::start();
                 let limit = shared.limits.max_duration + REPETITION_GRACE;
-                let watchdog = RepetitionWatchdog::arm(p.abort.as_ref(), limit);
+                if let Some(abort) = &p.abort {
+                    watchdog.arm(abort.clone(), limit);
+                }
                 let ran = p.role.run(iterations);
                 if watchdog.disarm() {
                     return Err(refuse(
@@ -597,49 +604,6 @@ const ROLE_GRACE: Duration = Duration::from_secs(2);
 /// How long past the agent's `--max-duration` a point-to-point repetition
 /// may run before its flow is shut down.
 const REPETITION_GRACE: Duration = Duration::from_millis(500);
-
-/// Shuts a repetition's flow down if it runs past its limit: a thread that
-/// sleeps until the limit or until the repetition ends, whichever is first.
-struct RepetitionWatchdog {
-    done: Option<std::sync::mpsc::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<bool>>,
-}
-
-impl RepetitionWatchdog {
-    /// Starts watching; with no handle there is nothing to watch with.
-    fn arm(abort: Option<&netgap_transport::AbortHandle>, limit: Duration) -> RepetitionWatchdog {
-        let Some(abort) = abort.and_then(|a| a.try_clone()) else {
-            return RepetitionWatchdog {
-                done: None,
-                thread: None,
-            };
-        };
-        let (done, ended) = std::sync::mpsc::channel::<()>();
-        let thread = std::thread::Builder::new()
-            .name("netgap-watchdog".into())
-            .spawn(move || match ended.recv_timeout(limit) {
-                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
-                    abort.abort();
-                    true
-                }
-                _ => false,
-            })
-            .ok();
-        RepetitionWatchdog {
-            done: Some(done),
-            thread,
-        }
-    }
-
-    /// Stops watching; `true` if the limit passed and the flow was shut
-    /// down.
-    fn disarm(mut self) -> bool {
-        drop(self.done.take());
-        self.thread
-            .take()
-            .is_some_and(|t| t.join().unwrap_or(false))
-    }
-}
 
 /// Sets a role's stop signal when dropped: whichever way [`run_group`]
 /// returns (the role done, the coordinator gone, the control connection

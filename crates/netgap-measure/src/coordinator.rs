@@ -252,6 +252,7 @@ impl Coordinator {
                 let silent = matches!(
                     &e,
                     runner::RunError::Flow(netgap_transport::FlowError::TimedOut { .. })
+                        | runner::RunError::PeerSilent(_)
                 );
                 if silent {
                     return Err(e.into());
@@ -366,12 +367,12 @@ impl PeerControl for AgentControl<'_> {
         let reply = recv_reply(self.conn, timeout).map_err(|e| {
             // Name the whole wait, not what was left of it after serving
             // the flow's last datagrams.
-            RunError::Peer(match e {
+            match e {
                 PointError::Control(ControlError::TimedOut(_)) => {
-                    ControlError::TimedOut(self.done_timeout).to_string()
+                    RunError::PeerSilent(ControlError::TimedOut(self.done_timeout).to_string())
                 }
-                e => e.to_string(),
-            })
+                e => RunError::Peer(e.to_string()),
+            }
         })?;
         let (bytes_rx, bytes_tx, cpu, datagrams) = self
             .session

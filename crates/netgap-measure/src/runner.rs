@@ -167,6 +167,10 @@ pub enum RunError {
     /// The control channel or the peer failed.
     #[error("{0}")]
     Peer(String),
+    /// The peer sent nothing for the whole wait for its report: alive or
+    /// not, it will not say why the repetition failed.
+    #[error("{0}")]
+    PeerSilent(String),
     /// Bytes were lost or invented: a transport bug.
     #[error("{direction}: {sent} bytes sent but {received} received")]
     ByteMismatch {

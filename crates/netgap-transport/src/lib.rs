@@ -229,9 +229,18 @@ pub trait Flow: Send {
     fn into_halves(self: Box<Self>) -> (Box<dyn Sender>, Box<dyn Receiver>);
 
     /// The socket that carries the flow's data, if one socket does: what
-    /// [`abort_handle`] shuts down. `None` by default.
+    /// the default [`Flow::abort_handle`] shuts down. `None` by default.
     fn data_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         None
+    }
+
+    /// A handle that ends this flow from another thread. By default it
+    /// shuts down the socket of [`Flow::data_fd`]; a transport whose loops
+    /// a shutdown would not wake (shared memory, datagrams) gives its own.
+    /// `None` when the flow cannot be ended from outside.
+    fn abort_handle(&self) -> Option<AbortHandle> {
+        let fd = self.data_fd()?.try_clone_to_owned().ok()?;
+        Some(AbortHandle::new(Arc::new(SocketAbort(fd))))
     }
 
     /// Sends all of `buf`.
@@ -253,32 +262,87 @@ pub trait Flow: Send {
 
 pub use netgap_core::datagram::DatagramStats;
 
-/// Ends a flow from another thread: shutting its socket down wakes a
-/// receive or send blocked on it, which fails at once, and makes every
-/// later call fail. An agent uses it to stop a repetition that runs past its
-/// `--max-duration`.
-#[derive(Debug)]
-pub struct AbortHandle(std::os::fd::OwnedFd);
+/// How a transport ends one of its flows from another thread (see
+/// [`AbortHandle`]).
+pub trait Abort: Send + Sync {
+    /// Ends the flow: a send or receive blocked on it wakes and fails at
+    /// once, every later call fails, and the peer sees the flow end.
+    fn abort(&self);
+}
+
+/// Ends a flow from another thread, whatever its transport: a receive or
+/// send blocked on it wakes and fails at once, and every later call fails.
+/// An agent uses it to stop a repetition that runs past its
+/// `--max-duration`. Clones end the same flow.
+#[derive(Clone)]
+pub struct AbortHandle(Arc<dyn Abort>);
+
+impl std::fmt::Debug for AbortHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AbortHandle")
+    }
+}
 
 impl AbortHandle {
-    /// Another handle on the same socket.
-    pub fn try_clone(&self) -> Option<AbortHandle> {
-        self.0.try_clone().ok().map(AbortHandle)
+    /// A handle that ends a flow the way `how` does.
+    pub fn new(how: Arc<dyn Abort>) -> AbortHandle {
+        AbortHandle(how)
     }
 
-    /// Shuts the flow's socket down in both directions.
+    /// Ends the flow.
     pub fn abort(&self) {
+        self.0.abort();
+    }
+
+    /// A handle that calls `abort` on `target` while the flow that owns it
+    /// lives; once the flow is gone there is nothing to end.
+    pub(crate) fn weak<T: Send + Sync + 'static>(
+        target: std::sync::Weak<T>,
+        abort: fn(&T),
+    ) -> AbortHandle {
+        AbortHandle(Arc::new(WeakAbort { target, abort }))
+    }
+}
+
+/// Ends a flow through the state its halves share, held weakly.
+struct WeakAbort<T> {
+    target: std::sync::Weak<T>,
+    abort: fn(&T),
+}
+
+impl<T: Send + Sync> Abort for WeakAbort<T> {
+    fn abort(&self) {
+        if let Some(t) = self.target.upgrade() {
+            (self.abort)(&t);
+        }
+    }
+}
+
+/// The error of a flow call after its flow was ended by an
+/// [`AbortHandle`].
+pub fn aborted() -> FlowError {
+    FlowError::Io(io::Error::new(
+        io::ErrorKind::ConnectionAborted,
+        "the flow was ended by this end",
+    ))
+}
+
+/// Ends a flow whose data goes over one socket by shutting that socket
+/// down in both directions: the kernel wakes its blocked calls and fails
+/// every later one, and a stream peer sees the end.
+struct SocketAbort(std::os::fd::OwnedFd);
+
+impl Abort for SocketAbort {
+    fn abort(&self) {
         use std::os::fd::AsRawFd;
         let _ = nix::sys::socket::shutdown(self.0.as_raw_fd(), nix::sys::socket::Shutdown::Both);
     }
 }
 
-/// A handle that ends `flow` from another thread, for a flow whose data
-/// goes over one socket ([`Flow::data_fd`]); `None` otherwise or if the
-/// socket cannot be duplicated.
+/// A handle that ends `flow` from another thread ([`Flow::abort_handle`]);
+/// `None` if the flow cannot be ended from outside.
 pub fn abort_handle(flow: &dyn Flow) -> Option<AbortHandle> {
-    let fd = flow.data_fd()?;
-    fd.try_clone_to_owned().ok().map(AbortHandle)
+    flow.abort_handle()
 }
 
 /// What the runner (client end) and the agent (server end) keep of an

@@ -47,7 +47,7 @@ use std::net::Shutdown;
 use std::os::fd::AsFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
-use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -126,16 +126,46 @@ struct Shared {
     socket: UnixStream,
     mode: Mode,
     timeout: Duration,
+    /// Set by the flow's [`AbortHandle`]: every call fails from then on.
+    /// Checked at each call and each wait, because a flow whose data keeps
+    /// moving never waits, and so never looks at the liveness socket.
+    aborted: AtomicBool,
 }
 
-impl Drop for Shared {
-    fn drop(&mut self) {
+impl Shared {
+    /// Fails once the flow was ended by its [`AbortHandle`].
+    #[inline]
+    fn check_aborted(&self) -> Result<(), FlowError> {
+        if self.aborted.load(Ordering::Relaxed) {
+            return Err(super::aborted());
+        }
+        Ok(())
+    }
+
+    /// Ends the flow from another thread: raises the abort flag, shuts the
+    /// liveness socket down (the peer's next check sees the hang-up) and
+    /// wakes every sleeper.
+    fn abort(&self) {
+        self.aborted.store(true, Ordering::Relaxed);
         let _ = self.socket.shutdown(Shutdown::Both);
+        self.wake_all();
+    }
+
+    /// Wakes every futex sleeper on both rings, of either side, so each
+    /// looks at the flow's state at once.
+    fn wake_all(&self) {
         for id in [RingId::ToConnector, RingId::ToListener] {
             let mem = self.region.ring(id);
             let _ = sys::futex_wake(mem.ctl().head_futex());
             let _ = sys::futex_wake(mem.ctl().tail_futex());
         }
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        let _ = self.socket.shutdown(Shutdown::Both);
+        self.wake_all();
     }
 }
 
@@ -169,6 +199,7 @@ impl ShmFlow {
             socket,
             mode: config.mode,
             timeout: config.io_timeout,
+            aborted: AtomicBool::new(false),
         });
         let (out, inc) = match role {
             Role::Listener => (RingId::ToConnector, RingId::ToListener),
@@ -221,6 +252,7 @@ impl Stall {
     /// [`LIVENESS_PERIOD`] in poll mode and on every call in event mode
     /// (called once per futex sleep, which costs far more than the check).
     fn check(&mut self, shared: &Shared) -> Result<(), FlowError> {
+        shared.check_aborted()?;
         let now = Instant::now();
         if self.left(now, shared.timeout).is_zero() {
             return Err(FlowError::TimedOut {
@@ -360,6 +392,7 @@ impl Sender for ShmSender {
         if buf.is_empty() {
             return Ok(0);
         }
+        self.shared.check_aborted()?;
         if let Attempt::Moved(n) = self.attempt(buf)? {
             return Ok(n);
         }
@@ -378,6 +411,7 @@ impl Receiver for ShmReceiver {
         if buf.is_empty() {
             return Ok(0);
         }
+        self.shared.check_aborted()?;
         if let Attempt::Moved(n) = attempt_recv(&mut self.ring, &self.shared, buf)? {
             return Ok(n);
         }
@@ -397,6 +431,11 @@ impl Flow for ShmFlow {
 
     fn into_halves(self: Box<Self>) -> (Box<dyn Sender>, Box<dyn Receiver>) {
         (Box::new(self.tx), Box::new(self.rx))
+    }
+
+    fn abort_handle(&self) -> Option<super::AbortHandle> {
+        let shared = Arc::downgrade(&self.tx.shared);
+        Some(super::AbortHandle::weak(shared, Shared::abort))
     }
 }
 

@@ -86,7 +86,7 @@ use std::collections::VecDeque;
 use std::io::{self, IoSliceMut};
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
 use std::time::{Duration, Instant};
 
@@ -283,6 +283,11 @@ struct Shared {
     /// Sequence number of the last datagram of the latest burst, probed for
     /// while this end waits (`u64::MAX`: none).
     probe_seq: AtomicU64,
+    /// Set by the flow's [`super::AbortHandle`]: every send and receive
+    /// fails from then on. Checked per datagram and per wait, because a
+    /// peer that keeps sending keeps a receive loop busy, and a sender on
+    /// a datagram socket is not stopped by its shutdown.
+    aborted: AtomicBool,
     /// Test hook: the data datagram with this sequence number is not sent
     /// the first time (`u64::MAX`: none).
     #[cfg(test)]
@@ -363,13 +368,32 @@ impl Shared {
             }),
             counters: Counters::default(),
             probe_seq: AtomicU64::new(u64::MAX),
+            aborted: AtomicBool::new(false),
             #[cfg(test)]
             drop_seq: AtomicU64::new(u64::MAX),
         })
     }
 
+    /// Ends the flow from another thread: raises the abort flag and shuts
+    /// the socket down, which wakes a receive blocked on it (it returns
+    /// nothing, and the loop then sees the flag).
+    fn abort(&self) {
+        self.aborted.store(true, Ordering::Relaxed);
+        let _ = SockRef::from(&self.socket).shutdown(std::net::Shutdown::Both);
+    }
+
+    /// Fails once the flow was ended by its [`super::AbortHandle`].
+    #[inline]
+    fn check_aborted(&self) -> Result<(), FlowError> {
+        if self.aborted.load(Ordering::Relaxed) {
+            return Err(super::aborted());
+        }
+        Ok(())
+    }
+
     /// Sends `payload` as the next data datagram.
     fn send_data(&self, payload: &[u8]) -> Result<(), FlowError> {
+        self.check_aborted()?;
         if payload.len() > MAX_MESSAGE_BYTES {
             return Err(FlowError::TooLarge {
                 size_bytes: payload.len() as u64,
@@ -625,6 +649,7 @@ impl Shared {
         if buf.is_empty() {
             return Ok(0);
         }
+        self.check_aborted()?;
         let mut guard = lock(&self.rx);
         let rx = &mut *guard;
         if !rx.pending.is_empty() {
@@ -699,6 +724,7 @@ impl Shared {
             if !check_clock {
                 continue;
             }
+            self.check_aborted()?;
             let now = Instant::now();
             if now >= deadline {
                 return Err(FlowError::TimedOut {
@@ -900,6 +926,13 @@ impl Flow for UdpFlow {
 
     fn monitor(&self) -> Option<Arc<dyn FlowMonitor>> {
         Some(self.tx.0.clone())
+    }
+
+    fn abort_handle(&self) -> Option<super::AbortHandle> {
+        Some(super::AbortHandle::weak(
+            Arc::downgrade(&self.tx.0),
+            Shared::abort,
+        ))
     }
 }
 
@@ -1513,6 +1546,54 @@ mod tests {
         let peer = s.tx.0.socket.peer_addr().expect("connected");
         assert_eq!(peer.ip(), local);
         c.send_all(b"rail").expect("send");
+    }
+
+    #[test]
+    fn an_abort_ends_a_waiting_receive_and_a_receive_fed_without_pause() {
+        for mode in Mode::ALL {
+            // A receive that waits on a silent peer wakes at the abort.
+            let (_c, mut s) = pair(mode, Duration::from_secs(20));
+            let abort = s.abort_handle().expect("a udp flow can be aborted");
+            let waiting = std::thread::spawn(move || {
+                let t0 = Instant::now();
+                let mut buf = [0u8; 16];
+                let got = s.recv_exact(&mut buf);
+                (got, s.send_all(b"x"), t0.elapsed())
+            });
+            std::thread::sleep(Duration::from_millis(100));
+            abort.abort();
+            let (got, later, took) = waiting.join().expect("join");
+            assert!(got.is_err() && later.is_err(), "{mode:?}");
+            assert!(took < Duration::from_secs(2), "{mode:?}: {took:?}");
+            // A receive loop the peer keeps busy stops at the abort too.
+            let (mut c, mut s) = pair(mode, Duration::from_secs(20));
+            let abort = s.abort_handle().expect("a udp flow can be aborted");
+            let stop = Arc::new(AtomicBool::new(false));
+            let feeding = std::thread::spawn({
+                let stop = Arc::clone(&stop);
+                move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        let _ = c.send_all(&[7u8; 1024]);
+                    }
+                }
+            });
+            let receiving = std::thread::spawn(move || {
+                let mut buf = [0u8; 1024];
+                let t0 = Instant::now();
+                let err = loop {
+                    if let Err(e) = s.split().1.recv_some(&mut buf) {
+                        break e;
+                    }
+                };
+                (err, t0.elapsed())
+            });
+            std::thread::sleep(Duration::from_millis(200));
+            abort.abort();
+            let (_err, took) = receiving.join().expect("join");
+            stop.store(true, Ordering::Relaxed);
+            feeding.join().expect("join");
+            assert!(took < Duration::from_secs(2), "{mode:?}: {took:?}");
+        }
     }
 
     #[test]

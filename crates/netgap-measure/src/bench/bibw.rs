@@ -4,12 +4,17 @@
 //! whole point and receives on its own thread: starting a thread per
 //! repetition costs hundreds of microseconds on a small virtual machine,
 //! which would land inside the measured time.
+//!
+//! The two threads of a side share one clock of no progress: the first to
+//! fail (a silent peer: no byte moved for `--timeout`) ends the flow, so the
+//! other wakes at once instead of waiting out a timeout of its own, and a
+//! stopped peer is named within one `--timeout` of the flow's silence.
 
 use super::payload::{recv_checked, PatternCursor};
 use super::{gbps, ClientRole, Metric, RepOutcome, RoleParams, ServerOutcome, ServerRole, Test};
 use netgap_core::stats::LatencyHistogram;
 use netgap_transport::cpu::thread_cpu_ns;
-use netgap_transport::{Flow, FlowError, Receiver, Sender};
+use netgap_transport::{AbortHandle, Flow, FlowError, Receiver, Sender};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -31,15 +36,31 @@ struct Side {
     /// Per repetition: the sender's CPU time in nanoseconds, or its error.
     from_sender: mpsc::Receiver<Result<u64, FlowError>>,
     sender: Option<JoinHandle<()>>,
+    /// Ends the flow for both threads when either fails; `None` for a flow
+    /// that cannot be ended from outside.
+    abort: Option<AbortHandle>,
+}
+
+/// The sender thread's own: its half, its buffer and pattern, and the
+/// handle that ends the flow for the receiving thread when a send fails.
+struct SenderParts {
+    tx: Box<dyn Sender>,
+    buf: Vec<u8>,
+    pattern: PatternCursor,
+    abort: Option<AbortHandle>,
 }
 
 fn sender_loop(
-    mut tx: Box<dyn Sender>,
-    mut buf: Vec<u8>,
-    mut pattern: PatternCursor,
+    parts: SenderParts,
     work: mpsc::Receiver<u64>,
     done: mpsc::Sender<Result<u64, FlowError>>,
 ) {
+    let SenderParts {
+        mut tx,
+        mut buf,
+        mut pattern,
+        abort,
+    } = parts;
     for iterations in work {
         let cpu0 = thread_cpu_ns();
         let mut result = Ok(());
@@ -55,6 +76,13 @@ fn sender_loop(
         }
         let report = result.map(|()| thread_cpu_ns().saturating_sub(cpu0));
         let failed = report.is_err();
+        if failed {
+            // The receiving thread may wait on the same silent peer with a
+            // clock of its own: end its wait now.
+            if let Some(a) = &abort {
+                a.abort();
+            }
+        }
         if done.send(report).is_err() || failed {
             return;
         }
@@ -64,13 +92,19 @@ fn sender_loop(
 impl Side {
     fn new(params: RoleParams, flow: Box<dyn Flow>) -> Result<Side, FlowError> {
         let size_bytes = params.size_bytes;
+        let abort = flow.abort_handle();
         let (tx, rx) = flow.into_halves();
         let (to_sender, work) = mpsc::channel();
         let (done, from_sender) = mpsc::channel();
-        let buf = super::message_buffer(size_bytes);
+        let parts = SenderParts {
+            tx,
+            buf: super::message_buffer(size_bytes),
+            pattern: PatternCursor::new(params.verify),
+            abort: abort.clone(),
+        };
         let sender = std::thread::Builder::new()
             .name("bibw sender".into())
-            .spawn(move || sender_loop(tx, buf, PatternCursor::new(params.verify), work, done))
+            .spawn(move || sender_loop(parts, work, done))
             .map_err(FlowError::Io)?;
         Ok(Side {
             rx,
@@ -80,6 +114,7 @@ impl Side {
             to_sender: Some(to_sender),
             from_sender,
             sender: Some(sender),
+            abort,
         })
     }
 
@@ -99,9 +134,24 @@ impl Side {
             &mut self.recv_buf,
             &mut self.rx_pattern,
         );
+        if received.is_err() {
+            // The sender may wait on the same silent peer: end its wait now.
+            if let Some(a) = &self.abort {
+                a.abort();
+            }
+        }
         let sent = self.from_sender.recv().map_err(|_| gone())?;
-        let lost = received?;
-        Ok((sent?, lost))
+        match (received, sent) {
+            (Ok(lost), Ok(cpu_ns)) => Ok((cpu_ns, lost)),
+            (Err(e), Ok(_)) | (Ok(_), Err(e)) => Err(e),
+            // Whichever failed first ended the flow under the other: a
+            // timeout is the cause, the other's broken flow its effect.
+            (Err(r), Err(s)) => Err(if matches!(s, FlowError::TimedOut { .. }) {
+                s
+            } else {
+                r
+            }),
+        }
     }
 }
 
@@ -172,5 +222,68 @@ impl Test for Bibw {
         flow: Box<dyn Flow>,
     ) -> Result<Box<dyn ServerRole>, FlowError> {
         Ok(Box::new(Server(Side::new(params, flow)?)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use netgap_core::spec::{Mode, TransportOptions};
+    use netgap_transport::FlowConfig;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    /// A tcp flow pair on loopback with `timeout` as its I/O timeout.
+    fn tcp_pair(timeout: Duration) -> (Box<dyn Flow>, Box<dyn Flow>) {
+        let tcp = netgap_transport::find("tcp").expect("tcp");
+        let config = FlowConfig {
+            mode: Mode::Event,
+            options: TransportOptions::default(),
+            io_timeout: timeout,
+        };
+        let mut listener = tcp
+            .listen(&config, std::net::IpAddr::from([127, 0, 0, 1]))
+            .expect("listen");
+        let addr = listener.addr();
+        let connecting = std::thread::spawn(move || tcp.connect(&config, &addr));
+        let server = listener.accept(Duration::from_secs(5)).expect("accept");
+        (server, connecting.join().expect("join").expect("connect"))
+    }
+
+    #[test]
+    fn a_side_whose_peer_reads_but_never_sends_fails_at_one_timeout() {
+        // The receiving thread hears nothing for the timeout while the
+        // sending thread still moves bytes: the repetition fails then,
+        // instead of when the sender has sent its whole (long) share.
+        let (flow, mut peer) = tcp_pair(Duration::from_millis(500));
+        let draining = Arc::new(AtomicBool::new(true));
+        let drain = std::thread::spawn({
+            let draining = Arc::clone(&draining);
+            move || {
+                let mut buf = vec![0u8; 1 << 16];
+                while draining.load(Ordering::Relaxed) {
+                    if peer.split().1.recv_some(&mut buf).is_err() {
+                        break;
+                    }
+                }
+            }
+        });
+        let params = RoleParams {
+            size_bytes: 64 << 10,
+            verify: false,
+        };
+        let mut side = Side::new(params, flow).expect("side");
+        let t0 = Instant::now();
+        let result = side.exchange(u64::MAX / (128 << 10));
+        let took = t0.elapsed();
+        draining.store(false, Ordering::Relaxed);
+        drop(side);
+        drain.join().expect("join");
+        assert!(
+            matches!(result, Err(FlowError::TimedOut { .. })),
+            "{result:?}"
+        );
+        assert!(took < Duration::from_secs(3), "took {took:?}");
     }
 }

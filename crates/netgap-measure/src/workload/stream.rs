@@ -441,7 +441,10 @@ fn send_until(
 /// receives on this one, both until the window's end (`window.1`), then
 /// closes the flow once both have stopped. The peer's end closes at its
 /// own window end, so a send or receive that finds the flow closed after
-/// this end stopped receiving ends it quietly.
+/// this end stopped receiving ends it quietly. The two threads share one
+/// clock of no progress: the first to fail ends the flow under the other,
+/// which would otherwise wait out a timeout of its own on the same silent
+/// peer.
 fn both_ways_until(
     flow: Box<dyn transport::Flow>,
     payload: Arc<[u8]>,
@@ -451,8 +454,10 @@ fn both_ways_until(
     max_bytes_per_s: f64,
 ) -> Result<StreamCount, FlowError> {
     let (window_start, end) = window;
+    let abort = flow.abort_handle();
     let (mut tx, mut rx) = flow.into_halves();
     let send_stop = stop.clone();
+    let send_abort = abort.clone();
     let sender = std::thread::Builder::new()
         .name("flow sender".into())
         .spawn(move || {
@@ -464,6 +469,9 @@ fn both_ways_until(
                 max_bytes_per_s,
                 true,
             );
+            if let (Err(_), Some(a)) = (&r, &send_abort) {
+                a.abort();
+            }
             (r, tx)
         })
         .map_err(FlowError::Io)?;
@@ -483,6 +491,9 @@ fn both_ways_until(
             Err(FlowError::Closed) => break,
             Err(FlowError::TimedOut { .. }) if Instant::now() >= end => break,
             Err(e) => {
+                if let Some(a) = &abort {
+                    a.abort();
+                }
                 recv_result = Err(e);
                 break;
             }

@@ -337,3 +337,33 @@ fn corrupt_peer_index_is_an_error_not_a_panic() {
         assert!(matches!(r, Err(FlowError::Io(_))), "{r:?}");
     }
 }
+
+/// An abort from another thread wakes a receive that waits on a silent
+/// peer, fails every later call of this end, and ends the peer's wait.
+#[test]
+fn an_abort_ends_a_waiting_receive_and_the_peers_flow() {
+    for mode in Mode::ALL {
+        let (mut server, mut client) = pair(mode, Duration::from_secs(20));
+        let abort = server.abort_handle().expect("an shm flow can be aborted");
+        let waiting = std::thread::spawn(move || {
+            let t0 = Instant::now();
+            let mut buf = [0u8; 16];
+            let got = server.recv_exact(&mut buf);
+            let later = server.send_all(b"x");
+            (got, later, t0.elapsed())
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        abort.abort();
+        let (got, later, took) = waiting.join().unwrap();
+        assert!(got.is_err() && later.is_err(), "{mode:?}");
+        assert!(took < Duration::from_secs(2), "{mode:?}: {took:?}");
+        // The peer sees the end instead of waiting its whole timeout.
+        let t0 = Instant::now();
+        let mut buf = [0u8; 16];
+        assert!(matches!(
+            client.recv_exact(&mut buf),
+            Err(FlowError::Closed)
+        ));
+        assert!(t0.elapsed() < Duration::from_secs(2), "{mode:?}");
+    }
+}
