@@ -309,6 +309,20 @@ fn prepare_raw(agent: &AgentProc, spec: netgap::proto::group::GroupSpec) -> netg
     }
 }
 
+/// A pipeline's parameters for role `role` of a two-role staged placement
+/// whose first role announced `peer`.
+fn staged_pipeline(role: usize, peer: &str) -> serde_json::Value {
+    serde_json::json!({
+        "preset": "vm", "query_bytes": 1024, "filters": 1, "copies": 1, "credits": 1,
+        "compute_us": 0, "colocate": false,
+        "staged": {
+            "role": role,
+            "roles": [{"side": "server", "flows": [0, 1]}, {"side": "server", "flows": [2]}],
+            "peers": [[peer]],
+        },
+    })
+}
+
 fn raw_spec(target: &str) -> netgap::proto::group::GroupSpec {
     use netgap::proto::group::{GroupRole, GroupSpec};
     use netgap::spec::{Mode, PointSpec, TransportOptions};
@@ -395,6 +409,32 @@ fn agent_refuses_parameters_past_its_limits_before_any_data_socket() {
                 s
             },
             "connect: bad parameters",
+        ),
+        (
+            {
+                // A staged role told to reach an earlier role that is not
+                // a host of the session.
+                let mut s = raw_spec(&target);
+                s.point.test = "pipeline".into();
+                s.role = netgap::proto::group::GroupRole::Server;
+                s.targets = vec![];
+                s.params = staged_pipeline(1, "127.0.0.9:7");
+                s
+            },
+            "127.0.0.9 is not a host of this session",
+        ),
+        (
+            {
+                // Nor, without a key, off loopback.
+                let mut s = raw_spec(&target);
+                s.point.test = "pipeline".into();
+                s.role = netgap::proto::group::GroupRole::Server;
+                s.targets = vec![];
+                s.session_hosts.push("192.0.2.1".parse().expect("ip"));
+                s.params = staged_pipeline(1, "192.0.2.1:7");
+                s
+            },
+            "192.0.2.1 is not a loopback address",
         ),
     ];
     for (spec, want) in cases {

@@ -796,7 +796,24 @@ fn keyless_stays_on_loopback(
         .iter()
         .filter_map(|t| t.parse::<std::net::SocketAddr>().ok().map(|a| a.ip()));
     let ips = spec.listen_ips.iter().chain(&spec.bind_ips).copied();
-    match targets.chain(ips).find(|ip| !ip.is_loopback()) {
+    // A staged role connects to the addresses of the roles before it
+    // (`workload::place::Staged`), in its parameters.
+    let staged = spec
+        .params
+        .get("staged")
+        .and_then(|s| s.get("peers"))
+        .and_then(serde_json::Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(serde_json::Value::as_array)
+        .flatten()
+        .filter_map(|a| a.as_str()?.parse::<std::net::SocketAddr>().ok())
+        .map(|a| a.ip());
+    match targets
+        .chain(ips)
+        .chain(staged)
+        .find(|ip| !ip.is_loopback())
+    {
         Some(ip) => Err(netgap_proto::limits::LimitError(format!(
             "{ip} is not a loopback address; an agent without --key keeps its data on loopback"
         ))),

@@ -1173,6 +1173,68 @@ mod tests {
         assert_eq!(got, vec![(0, vec![1, 4]), (1, vec![2, 5]), (2, vec![0, 3])]);
     }
 
+    fn env() -> Env {
+        Env {
+            graph: Graph {
+                filters: 1,
+                copies: 1,
+            },
+            uow_bytes: 1024,
+            query_bytes: 4096,
+            credits: 2,
+            compute: Duration::ZERO,
+            t0: Instant::now(),
+            deadline: Instant::now() + Duration::from_secs(2),
+            stop: Stop::new(),
+        }
+    }
+
+    /// What a UOW reader hands its copy for `bytes` from upstream.
+    fn read(bytes: &[u8]) -> Vec<Inbox> {
+        let (down, mut up) = crate::workload::staged::flow_pair();
+        up.send_all(bytes).unwrap();
+        drop(up);
+        let (tx, rx) = mpsc::sync_channel(8);
+        let (_, r) = down.into_halves();
+        read_uows(r, 0, &tx, &env());
+        drop(tx);
+        rx.iter().collect()
+    }
+
+    fn frame(kind: u8, len: u32, seq: u64) -> Vec<u8> {
+        Frame {
+            kind,
+            len,
+            seq,
+            sent_ns: 0,
+            sum: 0,
+        }
+        .encode()
+        .to_vec()
+    }
+
+    #[test]
+    fn frames_outside_the_query_end_the_stream_with_one_line() {
+        let failed = |v: Vec<Inbox>| match v.last() {
+            Some(Inbox::Failed(why)) => why.clone(),
+            _ => panic!("not failed"),
+        };
+        // A UOW numbered past the query (4 UOWs of 1 KiB).
+        assert!(failed(read(&frame(work::KIND_UOW, 1024, 4))).contains("not in the query"));
+        // A UOW of a length that is not its own.
+        assert!(failed(read(&frame(work::KIND_UOW, 1 << 30, 0))).contains("not in the query"));
+        assert!(failed(read(&frame(7, 0, 0))).contains("unknown kind 7"));
+        // A closed stream before the end-of-work marker.
+        assert!(!failed(read(&[])).is_empty());
+        // A UOW and the marker are handed on.
+        let mut ok = frame(work::KIND_UOW, 1024, 3);
+        ok.extend(vec![0u8; 1024]);
+        ok.extend(frame(work::KIND_EOW, 0, 0));
+        let got = read(&ok);
+        assert!(matches!(got[0], Inbox::Uow { ref frame, .. } if frame.seq == 3));
+        assert!(matches!(got[1], Inbox::Eow));
+    }
+
     #[test]
     fn stage_rates_follow_the_query_time() {
         let a = BTreeMap::from([("producer_uows".to_string(), 100.0)]);

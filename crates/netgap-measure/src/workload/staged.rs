@@ -149,3 +149,22 @@ pub(crate) fn job_deadline(spec: &netgap_proto::group::GroupSpec, t0: Instant) -
     let (warmup, window) = super::role::window(spec);
     t0 + warmup + window
 }
+
+/// A connected pair of unix flows on this host (the accepting end, the
+/// connecting end), for tests of what a role does with a peer's bytes.
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
+pub(crate) fn flow_pair() -> (Box<dyn transport::Flow>, Box<dyn transport::Flow>) {
+    use netgap_core::spec::{Mode, TransportOptions};
+    let t = transport::find("unix").unwrap();
+    let config = FlowConfig {
+        mode: Mode::Event,
+        options: TransportOptions::default(),
+        io_timeout: std::time::Duration::from_millis(500),
+    };
+    let mut l = t.listen(&config, IpAddr::from([127, 0, 0, 1])).unwrap();
+    let addr = l.addr();
+    let h = std::thread::spawn(move || l.accept(std::time::Duration::from_secs(5)).unwrap());
+    let peer = t.connect(&config, &addr).unwrap();
+    (h.join().unwrap(), peer)
+}

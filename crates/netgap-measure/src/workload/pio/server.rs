@@ -410,3 +410,59 @@ pub fn serve(
         }
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// What a server of one client says to `requests` (raw bytes).
+    fn serve_raw(requests: &[u8]) -> Result<Served, PioError> {
+        let dir = tempfile::tempdir().unwrap();
+        let file = ServerFile::create(Some(dir.path().to_str().unwrap()), 0, false).unwrap();
+        let shared = Shared::new(file, 4096, 16384, 1);
+        let (mut server, mut peer) = crate::workload::staged::flow_pair();
+        peer.send_all(requests).unwrap();
+        let stop = Stop::new();
+        let r = serve(
+            server.as_mut(),
+            &shared,
+            Instant::now() + Duration::from_secs(2),
+            &stop,
+        );
+        drop(shared);
+        // Only the file's own name was ever in the directory; it is gone.
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+        r
+    }
+
+    fn header(op: u8, len: u32, offset: u64) -> Vec<u8> {
+        Header { op, len, offset }.encode().to_vec()
+    }
+
+    #[test]
+    fn requests_outside_the_file_or_out_of_order_end_the_flow_with_one_line() {
+        // Past the local file's end.
+        let e = serve_raw(&header(wire::OP_READ, 4096, 16384)).unwrap_err();
+        assert!(e.0.contains("outside this server's"), "{e}");
+        // Larger than a stripe.
+        let e = serve_raw(&header(wire::OP_WRITE, 8192, 0)).unwrap_err();
+        assert!(e.0.contains("outside"), "{e}");
+        // A second barrier before the first.
+        let e = serve_raw(&header(wire::OP_BARRIER, 0, 1)).unwrap_err();
+        assert!(e.0.contains("out of order"), "{e}");
+        let e = serve_raw(&header(9, 0, 0)).unwrap_err();
+        assert!(e.0.contains("unknown request 9"), "{e}");
+        // A write, a read of it and done are served.
+        let mut ok = header(wire::OP_BARRIER, 0, 0);
+        ok.extend(header(wire::OP_WRITE, 4, 8));
+        ok.extend([1, 2, 3, 4]);
+        ok.extend(header(wire::OP_SYNC, 0, 0));
+        ok.extend(header(wire::OP_BARRIER, 0, 1));
+        ok.extend(header(wire::OP_READ, 4, 8));
+        ok.extend(header(wire::OP_DONE, 0, 0));
+        let s = serve_raw(&ok).unwrap();
+        assert_eq!((s.written, s.read, s.requests), (4, 4, 6));
+    }
+}
