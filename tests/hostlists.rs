@@ -140,7 +140,14 @@ fn serve_bind_auto_listens_on_the_nodes_address() {
     let key = tb.key();
     let key = key.to_str().expect("utf-8 key path");
     let mut child = netgap()
-        .args(["mpi-exec", "--netns", &tb.ns("h1"), "--hostname", "10.77.0.1", "--"])
+        .args([
+            "mpi-exec",
+            "--netns",
+            &tb.ns("h1"),
+            "--hostname",
+            "10.77.0.1",
+            "--",
+        ])
         .arg(common::netgap_path())
         .args(["serve", "--bind", "auto", "--key", key])
         .stdout(Stdio::piped())
