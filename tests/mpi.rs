@@ -289,3 +289,49 @@ fn a_rank_that_dies_ends_the_run_naming_the_point_and_keeping_the_rest() {
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert_eq!(read_records(&json).len(), 1);
 }
+
+/// With --conditions, the MPI tests run under each condition in turn after
+/// the sockets' interleaved rounds, each record naming its condition, and
+/// the testbed goes back to the conditions it had.
+#[test]
+fn mpi_runs_under_each_condition_beside_the_sockets() {
+    if !system_ready("mpi_runs_under_each_condition_beside_the_sockets") {
+        return;
+    }
+    let (tb, _) = Testbed::up("mpicond", &["--hosts", "2"]);
+    let before = tb.hosts().conditions;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json = dir.path().join("r.jsonl");
+    let records = tb.run(
+        "pingpong,mpi-latency",
+        &[
+            "-s",
+            "1",
+            "--reps",
+            "2",
+            "--iterations",
+            "20",
+            "--conditions",
+            "offload=on,off",
+        ],
+        &json,
+    );
+    let seen: Vec<(&str, &str)> = records
+        .iter()
+        .map(|r| {
+            (
+                r["transport"].as_str().expect("transport"),
+                r["stack"]["path"]["offload"].as_str().expect("offload"),
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [("tcp", "on"), ("tcp", "off"), ("mpi", "on"), ("mpi", "off")]
+    );
+    for r in records.iter().filter(|r| r["transport"] == "mpi") {
+        check_mpi_record(r, 2);
+    }
+    assert_eq!(tb.hosts().conditions, before, "conditions restored");
+    tb.down();
+}
