@@ -247,7 +247,7 @@ fn children(pid: u32) -> Vec<u32> {
 fn a_rank_that_dies_ends_the_run_naming_the_point_and_keeping_the_rest() {
     let dir = tempfile::tempdir().expect("tempdir");
     let json = dir.path().join("r.jsonl");
-    let mut run = netgap()
+    let run = netgap()
         .args([
             "run",
             "mpi-latency",
