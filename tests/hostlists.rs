@@ -127,3 +127,56 @@ fn the_slurm_allocation_names_the_agents_of_a_run() {
     assert_eq!(records.len(), 1);
     assert_eq!(records[0]["flows"][0]["host"], "127.0.14.4:7100");
 }
+
+/// `serve --bind auto` listens on the address the node's name resolves to:
+/// here a testbed host whose host name is its address, reached from the
+/// other host with the key.
+#[test]
+fn serve_bind_auto_listens_on_the_nodes_address() {
+    if !common::system_ready("serve_bind_auto_listens_on_the_nodes_address") {
+        return;
+    }
+    let (tb, _) = common::testbed::Testbed::up("hlauto", &["--hosts", "2"]);
+    let key = tb.key();
+    let key = key.to_str().expect("utf-8 key path");
+    let mut child = netgap()
+        .args([
+            "mpi-exec",
+            "--netns",
+            &tb.ns("h1"),
+            "--hostname",
+            "10.77.0.1",
+            "--",
+        ])
+        .arg(common::netgap_path())
+        .args(["serve", "--bind", "auto", "--key", key])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("agent starts");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("agent prints its address");
+    let agent = AgentProc {
+        child,
+        addr: "10.77.0.1:7100".into(),
+    };
+    assert!(
+        line.contains("listening on 10.77.0.1:7100 (key required)"),
+        "{line}"
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json = dir.path().join("r.jsonl");
+    ok(std::process::Command::new("ip")
+        .args(["netns", "exec", &tb.ns("h2")])
+        .arg(common::netgap_path())
+        .args(["run", "pingpong", "--peer", "10.77.0.1", "--key", key])
+        .args(["-s", "1", "--reps", "1", "--iterations", "10", "--json"])
+        .arg(&json)
+        .output()
+        .expect("runs"));
+    assert_eq!(read_records(&json).len(), 1);
+    drop(agent);
+    tb.down();
+}

@@ -220,3 +220,118 @@ fn mpi_across_hosts_needs_a_testbed() {
         "netgap's testbed",
     );
 }
+
+/// The children of process `pid`.
+fn children(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("proc").flatten() {
+        let Ok(child) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(format!("/proc/{child}/stat")).unwrap_or_default();
+        // The parent pid is the second field after the command in brackets.
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        if ppid == Some(pid) {
+            out.push(child);
+        }
+    }
+    out
+}
+
+/// A rank that dies mid-run ends the run within seconds with one line that
+/// names the point; the points measured before are in the results file.
+#[test]
+fn a_rank_that_dies_ends_the_run_naming_the_point_and_keeping_the_rest() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json = dir.path().join("r.jsonl");
+    let run = netgap()
+        .args([
+            "run",
+            "mpi-latency",
+            "-s",
+            "1,2,3",
+            "--reps",
+            "10",
+            "--rep-time",
+            "200ms",
+        ])
+        .arg("--json")
+        .arg(&json)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("runs");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while read_records(&json).is_empty() {
+        assert!(std::time::Instant::now() < deadline, "no first record");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let mpirun = children(run.id());
+    assert_eq!(mpirun.len(), 1, "one mpirun under the run");
+    let ranks = children(mpirun[0]);
+    assert_eq!(ranks.len(), 2, "two ranks under mpirun");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(ranks[1]).expect("pid")),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("kill a rank");
+    let killed = std::time::Instant::now();
+    let out = run.wait_with_output().expect("run ends");
+    assert!(killed.elapsed() < std::time::Duration::from_secs(30));
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let last = stderr.trim_end().lines().last().unwrap_or_default();
+    assert!(last.contains("mpi-latency (2 bytes)"), "{stderr}");
+    assert!(last.contains("points measured before are in"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(read_records(&json).len(), 1);
+}
+
+/// With --conditions, the MPI tests run under each condition in turn after
+/// the sockets' interleaved rounds, each record naming its condition, and
+/// the testbed goes back to the conditions it had.
+#[test]
+fn mpi_runs_under_each_condition_beside_the_sockets() {
+    if !system_ready("mpi_runs_under_each_condition_beside_the_sockets") {
+        return;
+    }
+    let (tb, _) = Testbed::up("mpicond", &["--hosts", "2"]);
+    let before = tb.hosts().conditions;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json = dir.path().join("r.jsonl");
+    let records = tb.run(
+        "pingpong,mpi-latency",
+        &[
+            "-s",
+            "1",
+            "--reps",
+            "2",
+            "--iterations",
+            "20",
+            "--conditions",
+            "offload=on,off",
+        ],
+        &json,
+    );
+    let seen: Vec<(&str, &str)> = records
+        .iter()
+        .map(|r| {
+            (
+                r["transport"].as_str().expect("transport"),
+                r["stack"]["path"]["offload"].as_str().expect("offload"),
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [("tcp", "on"), ("tcp", "off"), ("mpi", "on"), ("mpi", "off")]
+    );
+    for r in records.iter().filter(|r| r["transport"] == "mpi") {
+        check_mpi_record(r, 2);
+    }
+    assert_eq!(tb.hosts().conditions, before, "conditions restored");
+    tb.down();
+}

@@ -4,8 +4,6 @@
 //! `mpi`, so a report draws MPI beside the sockets of the same run (and
 //! beside imported OSU output, which `netgap import osu` names alike).
 
-use netgap_core::record::ResultRecord;
-
 /// One MPI test.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum MpiTest {
@@ -75,12 +73,6 @@ impl MpiTest {
     /// The test called `name` on the command line (`mpi-latency`, ...).
     pub fn by_name(name: &str) -> Option<MpiTest> {
         MpiTest::ALL.into_iter().find(|t| t.name() == name)
-    }
-
-    /// Whether `record` was measured by an MPI test of netgap (not
-    /// imported).
-    pub fn is_mpi_record(record: &ResultRecord) -> bool {
-        record.transport == "mpi" && record.tool.is_none()
     }
 
     /// The repetition's headline value from `iterations` iterations of
