@@ -96,7 +96,11 @@ pub fn sample(
 
 /// The engine's configuration for a role: the point's transport path,
 /// mode, options and I/O timeout.
-fn config(workload: &'static str, spec: &GroupSpec) -> Result<EngineConfig, RoleError> {
+fn config(
+    workload: &'static str,
+    spec: &GroupSpec,
+    token: &netgap_proto::dataproof::DataToken,
+) -> Result<EngineConfig, RoleError> {
     let t = find_transport(spec)?;
     let path = t.engine_path().ok_or_else(|| RoleError::Refused {
         workload,
@@ -112,6 +116,9 @@ fn config(workload: &'static str, spec: &GroupSpec) -> Result<EngineConfig, Role
         mode: spec.point.mode,
         options: spec.point.options.clone(),
         path,
+        // Connections prove the session before payload; a datagram path
+        // carries no proof (its flows are not connections).
+        token: (!path.datagrams()).then(|| token.clone()),
     })
 }
 
@@ -124,11 +131,18 @@ pub fn open(
     ctx: RoleContext<'_>,
 ) -> Result<Box<dyn OpenRole>, RoleError> {
     let spec = ctx.spec;
-    let cfg = config(workload, spec)?;
+    let cfg = config(workload, spec, ctx.data_token)?;
     let (warmup, duration) = window(spec);
     match spec.role {
         GroupRole::Server => {
             let ip: IpAddr = spec.listen_ips.first().copied().unwrap_or(ctx.control_ip);
+            // Every flow may be open here at once: refuse, before binding, a
+            // count this agent cannot hold, saying what to change.
+            if !cfg.path.datagrams() {
+                flows::ensure_fd_limit(
+                    u64::from(spec.flows) + cfg.workers as u64 + flows::limits::SPARE_FDS,
+                )?;
+            }
             let server = FlowServer::bind(SocketAddr::new(ip, 0), work, cfg)?;
             Ok(Box::new(Engine {
                 warmup,

@@ -9,8 +9,10 @@
 use super::datagram;
 use super::io::{Io, WorkerIo};
 use super::machine::{Progress, ServerMachine};
+use super::proof::ListenerHandshake;
 use super::{limits, EngineConfig, EngineError, FlowWork, ServerTotals};
 use netgap_core::spec::{Mode, TransportOptions};
+use netgap_proto::dataproof::DataToken;
 use nix::errno::Errno;
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags};
 use std::io::ErrorKind;
@@ -43,6 +45,9 @@ pub struct FlowServer {
 
 struct Conn {
     stream: TcpStream,
+    /// The session proof, until the connector has given it (runs with a
+    /// token only); the machine sees no byte before.
+    proof: Option<Box<ListenerHandshake>>,
     machine: Box<dyn ServerMachine>,
     interest: EpollFlags,
 }
@@ -54,6 +59,7 @@ struct Ctx {
     work: FlowWork,
     mode: Mode,
     options: TransportOptions,
+    token: Option<DataToken>,
 }
 
 impl FlowServer {
@@ -97,6 +103,7 @@ impl FlowServer {
             work,
             mode: cfg.mode,
             options: cfg.options.clone(),
+            token: cfg.token.clone(),
         };
         for (w, listener) in listeners.into_iter().enumerate() {
             let io = cfg.path.worker().map_err(|source| EngineError::Sys {
@@ -326,9 +333,27 @@ fn service(w: &mut WorkerState<'_>, slot: usize) {
     let Some(Some(conn)) = w.conns.get_mut(slot) else {
         return;
     };
-    let pumped = conn
-        .machine
-        .pump(&mut Io::new(conn.stream.as_fd(), &mut *w.io));
+    let proven = match conn.proof.as_mut().map(|p| p.pump(&mut &conn.stream)) {
+        None => None,
+        Some(Ok(Progress::Done)) => {
+            conn.proof = None;
+            None
+        }
+        Some(Ok(waiting)) => Some(Ok(waiting)),
+        Some(Err(_)) => {
+            // A stranger: closed before it gets a byte of the role.
+            w.totals.strangers += 1;
+            Some(Err(()))
+        }
+    };
+    let pumped = match proven {
+        Some(Ok(waiting)) => Ok(waiting),
+        Some(Err(())) => Err(()),
+        None => conn
+            .machine
+            .pump(&mut Io::new(conn.stream.as_fd(), &mut *w.io))
+            .map_err(|_| ()),
+    };
     let next = match pumped {
         Ok(Progress::WantRead) => Some(EpollFlags::EPOLLIN),
         Ok(Progress::WantWrite) => Some(EpollFlags::EPOLLOUT),
@@ -405,13 +430,27 @@ fn accept_batch(listener: &TcpListener, w: &mut WorkerState<'_>, ctx: &Ctx) {
             w.free.push(slot);
             continue;
         }
+        let proof = match &ctx.token {
+            None => None,
+            Some(token) => match ListenerHandshake::new(token) {
+                Ok(p) => Some(Box::new(p)),
+                Err(_) => {
+                    w.totals.errors += 1;
+                    let _ = w.epoll.delete(&stream);
+                    w.free.push(slot);
+                    continue;
+                }
+            },
+        };
         w.conns[slot] = Some(Conn {
             stream,
+            proof,
             machine: ctx.work.server_machine(),
             interest: EpollFlags::EPOLLIN,
         });
-        // A connect-mode request (or a zero-byte one) is often already
-        // there; serving it now saves a trip through epoll.
+        // A connect-mode request (or a zero-byte one, or the proof's
+        // hello) is often already there; serving it now saves a trip
+        // through epoll.
         service(w, slot);
     }
 }
