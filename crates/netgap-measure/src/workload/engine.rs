@@ -26,8 +26,12 @@ use std::time::{Duration, Instant};
 
 /// Most engine worker threads on one agent.
 const MAX_WORKERS: usize = 8;
-/// How long a server role keeps serving after the window, so the clients'
-/// last in-flight exchanges finish before it closes their connections.
+/// How long a server role keeps serving after the window at least, so the
+/// clients' last in-flight exchanges finish before it closes their
+/// connections; past it, it serves on while clients still hold
+/// connections, up to their I/O timeout more (tens of thousands of flows on
+/// a busy host take longer than this grace to finish their last round trip
+/// and close).
 const SERVER_GRACE: Duration = Duration::from_millis(500);
 /// Most flows of an engine workload's point.
 pub(crate) const MAX_ENGINE_FLOWS: u32 = MAX_GROUP_FLOWS;
@@ -143,12 +147,13 @@ pub fn open(
                     u64::from(spec.flows) + cfg.workers as u64 + flows::limits::SPARE_FDS,
                 )?;
             }
+            let io_timeout = cfg.io_timeout;
             let server = FlowServer::bind(SocketAddr::new(ip, 0), work, cfg)?;
             Ok(Box::new(Engine {
                 warmup,
                 duration,
                 stop: ctx.stop.clone(),
-                kind: Kind::Server(server),
+                kind: Kind::Server(server, io_timeout),
             }))
         }
         GroupRole::Client => {
@@ -187,8 +192,8 @@ struct Engine {
 }
 
 enum Kind {
-    /// Serving on one listener.
-    Server(FlowServer),
+    /// Serving on one listener; the clients' I/O timeout.
+    Server(FlowServer, Duration),
     /// Every client flow opened; the scale of reported latencies.
     Clients(PreparedClients, f64),
 }
@@ -196,7 +201,7 @@ enum Kind {
 impl OpenRole for Engine {
     fn addrs(&self) -> Vec<String> {
         match &self.kind {
-            Kind::Server(s) => vec![s.local_addr().to_string()],
+            Kind::Server(s, _) => vec![s.local_addr().to_string()],
             Kind::Clients(..) => Vec::new(),
         }
     }
@@ -258,8 +263,14 @@ struct Ran {
 /// Runs a prepared role for `warmup` then `duration`, or until `stop`.
 fn run(kind: Kind, warmup: Duration, duration: Duration, stop: &Stop) -> Result<Ran, RoleError> {
     match kind {
-        Kind::Server(server) => {
-            stop.sleep_until(Instant::now() + warmup + duration + SERVER_GRACE);
+        Kind::Server(server, io_timeout) => {
+            let grace_end = Instant::now() + warmup + duration + SERVER_GRACE;
+            if stop.sleep_until(grace_end) {
+                let last = grace_end + io_timeout;
+                while server.open_connections() > 0 && Instant::now() < last && !stop.is_set() {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
             let totals = server.stop()?;
             Ok(Ran {
                 flows: Vec::new(),

@@ -18,7 +18,7 @@ use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags};
 use std::io::ErrorKind;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -40,6 +40,8 @@ const BACKLOG: i32 = 4096;
 pub struct FlowServer {
     local_addr: SocketAddr,
     stop: Arc<AtomicBool>,
+    /// Connections open now, all workers together.
+    open: Arc<AtomicUsize>,
     workers: Vec<JoinHandle<Result<ServerTotals, EngineError>>>,
 }
 
@@ -60,6 +62,7 @@ struct Ctx {
     mode: Mode,
     options: TransportOptions,
     token: Option<DataToken>,
+    open: Arc<AtomicUsize>,
 }
 
 impl FlowServer {
@@ -97,8 +100,10 @@ impl FlowServer {
             )?);
         }
         let stop = Arc::new(AtomicBool::new(false));
+        let open = Arc::new(AtomicUsize::new(0));
         let mut workers = Vec::with_capacity(cfg.workers);
         let ctx = Ctx {
+            open: Arc::clone(&open),
             transport: cfg.path.name(),
             work,
             mode: cfg.mode,
@@ -137,6 +142,7 @@ impl FlowServer {
         Ok(FlowServer {
             local_addr,
             stop,
+            open,
             workers,
         })
     }
@@ -144,6 +150,13 @@ impl FlowServer {
     /// The address the server listens on (with the port it got).
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    /// Connections open now: accepted and not yet closed (by the client's
+    /// end of stream, an error, or a finished connect-mode reply). Always 0
+    /// on a datagram path, which has no connections.
+    pub fn open_connections(&self) -> usize {
+        self.open.load(Ordering::Relaxed)
     }
 
     /// Stops accepting, closes every flow, joins the workers, and returns
@@ -219,6 +232,7 @@ fn bind_datagrams(
     Ok(FlowServer {
         local_addr,
         stop,
+        open: Arc::new(AtomicUsize::new(0)),
         workers,
     })
 }
@@ -286,6 +300,7 @@ fn serve(
             let token = ev.data();
             if token == LISTENER {
                 let mut w = WorkerState {
+                    open: &ctx.open,
                     epoll,
                     io: &mut *io,
                     conns: &mut conns,
@@ -296,6 +311,7 @@ fn serve(
                 continue;
             }
             let mut w = WorkerState {
+                open: &ctx.open,
                 epoll,
                 io: &mut *io,
                 conns: &mut conns,
@@ -306,6 +322,7 @@ fn serve(
         }
     }
     let mut w = WorkerState {
+        open: &ctx.open,
         epoll,
         io,
         conns: &mut conns,
@@ -320,6 +337,8 @@ fn serve(
 
 /// One worker's flows and what it needs to serve them.
 struct WorkerState<'a> {
+    /// The server's count of open connections.
+    open: &'a AtomicUsize,
     epoll: &'a Epoll,
     io: &'a mut dyn WorkerIo,
     conns: &'a mut Vec<Option<Conn>>,
@@ -384,6 +403,7 @@ fn service(w: &mut WorkerState<'_>, slot: usize) {
 
 fn close(w: &mut WorkerState<'_>, slot: usize) {
     if let Some(conn) = w.conns[slot].take() {
+        w.open.fetch_sub(1, Ordering::Relaxed);
         let moved = conn.machine.moved();
         w.totals.bytes_rx += moved.rx_bytes;
         w.totals.bytes_tx += moved.tx_bytes;
@@ -442,6 +462,7 @@ fn accept_batch(listener: &TcpListener, w: &mut WorkerState<'_>, ctx: &Ctx) {
                 }
             },
         };
+        w.open.fetch_add(1, Ordering::Relaxed);
         w.conns[slot] = Some(Conn {
             stream,
             proof,

@@ -1,16 +1,22 @@
 //! Opening a client's connections: non-blocking connects issued in a paced
-//! window instead of one blocking connect after another. At most
-//! [`CONNECT_WINDOW`] connections of one client process are in setup at a
-//! time; each is done only once the server's role answered on it (the
-//! session proof, when the run has a token), so the window bounds what
-//! this client adds to the server's accept queue, not only its SYNs in
-//! flight. Completions are collected with epoll; each connection has the
-//! I/O timeout to finish its setup. With several client hosts the server
-//! sees at most their windows together: 16 hosts of 256 stay within the
-//! server's listen backlog of 4096, so a run measures its flows, not the
-//! accept queue overflowing (SYNs dropped, connections retried after 1 s and
-//! 3 s, or reset when the server gave up on a handshake the client thought
-//! done).
+//! window instead of one blocking connect after another, so a run measures
+//! its flows, not the server's accept queue overflowing (SYNs dropped and
+//! sent again after 1 s and 3 s, or connections reset when the server gave
+//! up on a handshake the client thought done).
+//!
+//! - At most a window of connections of one client process are in setup at
+//!   a time, [`CONNECT_WINDOW`] at first. Each is done only once the
+//!   server's role answered on it (the session proof, when the run has a
+//!   token), so the window bounds what this client adds to the server's
+//!   accept queue, not only its SYNs in flight: 16 client hosts of 256 fit
+//!   the server's listen backlog of 4096.
+//! - The window follows the server's backlog where that is smaller: a
+//!   connection whose setup needed a retransmission (TCP_INFO's
+//!   `tcpi_total_retrans`: a dropped SYN, or a handshake's last ACK dropped
+//!   by a full accept queue) halves the window, down to [`MIN_WINDOW`]; a
+//!   window's worth of clean setups widens it by one, up to where it began.
+//! - Completions are collected with epoll; each connection has the I/O
+//!   timeout to finish its setup.
 
 use super::client::new_socket;
 use super::machine::Progress;
@@ -25,28 +31,53 @@ use std::time::{Duration, Instant};
 
 /// Most connections one client process has in setup at once.
 pub const CONNECT_WINDOW: usize = 256;
+/// The narrowest the window gets after retransmissions.
+pub const MIN_WINDOW: usize = 4;
 /// Longest wait in epoll before deadlines are checked.
 const TICK: Duration = Duration::from_millis(50);
 
 /// Which flows to open next: flows `0..total` in order, at most `window`
-/// of them in setup at once.
+/// of them in setup at once, the window narrowed by setups that needed a
+/// retransmission and widened again by clean ones.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Pacer {
     total: usize,
     window: usize,
+    /// The widest the window gets: where it began.
+    max_window: usize,
+    /// Clean setups since the window last widened.
+    clean: usize,
     next: usize,
     in_flight: usize,
+    /// Setups that needed a retransmission.
+    retransmitted: usize,
 }
 
 impl Pacer {
     /// A pacer for `total` flows with `window` (at least 1) in setup at once.
     pub fn new(total: usize, window: usize) -> Pacer {
+        let window = window.max(1);
         Pacer {
             total,
-            window: window.max(1),
+            window,
+            max_window: window,
+            clean: 0,
             next: 0,
             in_flight: 0,
+            retransmitted: 0,
         }
+    }
+
+    /// The window now.
+    #[cfg(test)]
+    pub fn window(&self) -> usize {
+        self.window
+    }
+
+    /// Setups so far that needed a retransmission.
+    #[cfg(test)]
+    pub fn retransmitted(&self) -> usize {
+        self.retransmitted
     }
 
     /// The next flow to open, if the window has room and flows are left.
@@ -60,9 +91,23 @@ impl Pacer {
         Some(i)
     }
 
-    /// A flow in setup finished it: its place in the window is free.
-    pub fn finished(&mut self) {
+    /// A flow in setup finished it, `clean` if it needed no
+    /// retransmission: its place in the window is free, and the window
+    /// halves (a retransmission: the server's queues overflowed) or, after
+    /// a window's worth of clean setups, widens by one.
+    pub fn finished(&mut self, clean: bool) {
         self.in_flight = self.in_flight.saturating_sub(1);
+        if clean {
+            self.clean += 1;
+            if self.clean >= self.window {
+                self.clean = 0;
+                self.window = (self.window + 1).min(self.max_window);
+            }
+        } else {
+            self.retransmitted += 1;
+            self.clean = 0;
+            self.window = (self.window / 2).max(MIN_WINDOW.min(self.max_window));
+        }
     }
 
     /// Flows in setup now.
@@ -85,6 +130,29 @@ struct Pending {
     connected: bool,
     deadline: Instant,
     interest: EpollFlags,
+}
+
+/// Whether `stream` has retransmitted anything (a SYN, or the first data
+/// after a handshake whose last ACK the server dropped); `false` when the
+/// kernel does not say.
+fn retransmitted(stream: &TcpStream) -> bool {
+    use std::os::fd::AsRawFd;
+    // SAFETY: tcp_info is plain old data, for which all zeroes is valid.
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: the descriptor is open for the lifetime of `stream`; `info`
+    // and `len` are live and `len` gives the size of `info`, which the
+    // kernel does not write past.
+    let r = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&mut info as *mut libc::tcp_info).cast(),
+            &mut len,
+        )
+    };
+    r == 0 && info.tcpi_total_retrans > 0
 }
 
 /// Moves a connection's setup on after readiness; `true` once it is done.
@@ -195,9 +263,9 @@ pub(crate) fn connect_all(
             if advance(p, cfg).map_err(|e| failed(i, e))? {
                 if let Some(p) = pending.remove(&i) {
                     let _ = epoll.delete(&p.stream);
+                    pacer.finished(!retransmitted(&p.stream));
                     done[i] = Some(p.stream);
                 }
-                pacer.finished();
             } else if p.interest != before {
                 let mut ev = EpollEvent::new(p.interest, i as u64);
                 epoll
@@ -246,13 +314,13 @@ mod tests {
         assert_eq!(opened, vec![0, 1, 2]);
         assert_eq!(p.in_flight(), 3);
         // One finishes: one more opens, no more.
-        p.finished();
+        p.finished(true);
         assert_eq!(p.next_to_open(), Some(3));
         opened.push(3);
         assert_eq!(p.next_to_open(), None);
         let mut steps = 0;
         while !p.all_done() {
-            p.finished();
+            p.finished(true);
             while let Some(i) = p.next_to_open() {
                 opened.push(i);
                 assert!(p.in_flight() <= 3);
@@ -269,15 +337,49 @@ mod tests {
         let mut p = Pacer::new(2, 0);
         assert_eq!(p.next_to_open(), Some(0));
         assert_eq!(p.next_to_open(), None);
-        p.finished();
+        p.finished(false);
+        assert_eq!(p.window(), 1);
         assert_eq!(p.next_to_open(), Some(1));
-        p.finished();
+        p.finished(true);
         assert!(p.all_done());
         assert!(Pacer::new(0, 8).all_done());
         // A spurious finish never underflows.
         let mut p = Pacer::new(1, 1);
-        p.finished();
+        p.finished(true);
         assert_eq!(p.in_flight(), 0);
         assert!(!p.all_done());
+    }
+
+    #[test]
+    fn retransmissions_halve_the_window_to_its_floor_and_clean_setups_widen_it_back() {
+        let mut p = Pacer::new(100_000, 64);
+        for _ in 0..64 {
+            p.next_to_open();
+        }
+        p.finished(false);
+        assert_eq!(p.window(), 32);
+        // Flows in setup past the narrowed window finish before more open.
+        assert_eq!(p.next_to_open(), None);
+        for _ in 0..10 {
+            p.finished(false);
+        }
+        assert_eq!(p.window(), MIN_WINDOW);
+        assert_eq!(p.retransmitted(), 11);
+        // A window's worth of clean setups widens it by one.
+        for _ in 0..MIN_WINDOW {
+            p.finished(true);
+        }
+        assert_eq!(p.window(), MIN_WINDOW + 1);
+        // Never past where it began, however long it runs clean.
+        for _ in 0..100_000 {
+            while p.next_to_open().is_some() {}
+            p.finished(true);
+        }
+        assert_eq!(p.window(), 64);
+        // A window that began under the floor keeps its size.
+        let mut p = Pacer::new(10, 2);
+        p.next_to_open();
+        p.finished(false);
+        assert_eq!(p.window(), 2);
     }
 }
