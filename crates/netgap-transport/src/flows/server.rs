@@ -21,7 +21,7 @@ use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The epoll token of the listener; flows use their slot number.
 const LISTENER: u64 = u64::MAX;
@@ -30,6 +30,8 @@ const STOP_POLL_MS: u16 = 50;
 /// Connections one worker accepts per wake-up before serving its flows, so
 /// a burst of connects does not starve the flows it already has.
 const ACCEPT_BATCH: usize = 64;
+/// How often a worker looks for connections past their proof deadline.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
 /// The listen backlog asked for (the kernel caps it at net.core.somaxconn):
 /// thousands of flows connect in a burst.
 const BACKLOG: i32 = 4096;
@@ -48,8 +50,9 @@ pub struct FlowServer {
 struct Conn {
     stream: TcpStream,
     /// The session proof, until the connector has given it (runs with a
-    /// token only); the machine sees no byte before.
-    proof: Option<Box<ListenerHandshake>>,
+    /// token only), and by when it must be given; the machine sees no byte
+    /// before.
+    proof: Option<(Box<ListenerHandshake>, Instant)>,
     machine: Box<dyn ServerMachine>,
     interest: EpollFlags,
 }
@@ -63,6 +66,8 @@ struct Ctx {
     options: TransportOptions,
     token: Option<DataToken>,
     open: Arc<AtomicUsize>,
+    /// How long a connection may take to prove the session.
+    io_timeout: Duration,
 }
 
 impl FlowServer {
@@ -109,6 +114,7 @@ impl FlowServer {
             mode: cfg.mode,
             options: cfg.options.clone(),
             token: cfg.token.clone(),
+            io_timeout: cfg.io_timeout,
         };
         for (w, listener) in listeners.into_iter().enumerate() {
             let io = cfg.path.worker().map_err(|source| EngineError::Sys {
@@ -290,7 +296,21 @@ fn serve(
         Mode::Poll => 0,
     };
     let io = &mut *io;
+    let mut next_sweep = Instant::now() + SWEEP_EVERY;
     while !stop.load(Ordering::Relaxed) {
+        let now = Instant::now();
+        if now >= next_sweep {
+            next_sweep = now + SWEEP_EVERY;
+            let mut w = WorkerState {
+                open: &ctx.open,
+                epoll,
+                io: &mut *io,
+                conns: &mut conns,
+                free: &mut free,
+                totals: &mut totals,
+            };
+            drop_slow_provers(&mut w, now);
+        }
         let n = match epoll.wait(&mut events, wait_ms) {
             Ok(n) => n,
             Err(Errno::EINTR) => continue,
@@ -352,7 +372,7 @@ fn service(w: &mut WorkerState<'_>, slot: usize) {
     let Some(Some(conn)) = w.conns.get_mut(slot) else {
         return;
     };
-    let proven = match conn.proof.as_mut().map(|p| p.pump(&mut &conn.stream)) {
+    let proven = match conn.proof.as_mut().map(|(p, _)| p.pump(&mut &conn.stream)) {
         None => None,
         Some(Ok(Progress::Done)) => {
             conn.proof = None;
@@ -398,6 +418,23 @@ fn service(w: &mut WorkerState<'_>, slot: usize) {
         // Dropping the stream closes it, which also removes it from epoll;
         // in connect mode this is the server closing first.
         None => close(w, slot),
+    }
+}
+
+/// Closes the connections that did not prove the session by their
+/// deadline: a silent stranger holds a descriptor for the I/O timeout at
+/// most.
+fn drop_slow_provers(w: &mut WorkerState<'_>, now: Instant) {
+    for slot in 0..w.conns.len() {
+        let late = w.conns[slot]
+            .as_ref()
+            .and_then(|c| c.proof.as_ref())
+            .is_some_and(|(_, by)| *by <= now);
+        if late {
+            w.totals.strangers += 1;
+            w.totals.errors += 1;
+            close(w, slot);
+        }
     }
 }
 
@@ -453,7 +490,7 @@ fn accept_batch(listener: &TcpListener, w: &mut WorkerState<'_>, ctx: &Ctx) {
         let proof = match &ctx.token {
             None => None,
             Some(token) => match ListenerHandshake::new(token) {
-                Ok(p) => Some(Box::new(p)),
+                Ok(p) => Some((Box::new(p), Instant::now() + ctx.io_timeout)),
                 Err(_) => {
                     w.totals.errors += 1;
                     let _ = w.epoll.delete(&stream);

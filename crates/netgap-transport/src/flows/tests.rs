@@ -721,3 +721,21 @@ fn a_server_with_a_token_serves_strangers_nothing_and_counts_them() {
     assert_eq!(totals.strangers, 2);
     assert_eq!(totals.bytes_tx, 0);
 }
+
+#[test]
+fn a_silent_stranger_is_dropped_within_the_io_timeout() {
+    use std::io::Read;
+    let work = FlowWork::PingPong { size_bytes: 4 };
+    let server = FlowServer::bind(loopback(), work, proven(1, 300, 7)).unwrap();
+    let mut s = std::net::TcpStream::connect(server.local_addr()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let t0 = Instant::now();
+    let mut buf = [0u8; 8];
+    // The server closes it: end of stream (or a reset), not a timeout.
+    let r = s.read(&mut buf);
+    assert!(matches!(r, Ok(0)) || r.is_err(), "{r:?}");
+    assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+    assert_eq!(server.open_connections(), 0);
+    let totals = server.stop().unwrap();
+    assert_eq!(totals.strangers, 1);
+}
