@@ -79,19 +79,22 @@ import json, os, sys
 out, reps, dur = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 window_s = float(dur.rstrip("s"))
 rows = []
-for fn in sorted(os.listdir(out)):
-    if not fn.endswith(".wall"):
-        continue
-    base = fn[:-5]
-    t, n = base.split("-")
-    n = int(n)
+points = []
+for fn in os.listdir(out):
+    if fn.endswith(".wall"):
+        t, n = fn[:-5].split("-")
+        points.append((t, int(n)))
+for t, n in sorted(points, key=lambda p: (p[0] != "hotspot", p[1])):
+    base = f"{t}-{n}"
+    fn = base + ".wall"
     wall = float(open(os.path.join(out, fn)).read())
     rss0 = dict(l.split() for l in open(os.path.join(out, base + ".rss0")))
     path = os.path.join(out, base + ".jsonl")
     recs = [json.loads(l) for l in open(path)] if os.path.exists(path) else []
     if not recs:
         err = open(os.path.join(out, base + ".err")).read().strip().splitlines()
-        rows.append((t, n, None, err[0] if err else "no record"))
+        line = err[0].split("; points measured before")[0] if err else "no record"
+        rows.append((t, n, None, line))
         continue
     r = recs[-1]
     flows_of = {}

@@ -28,11 +28,15 @@ use std::time::{Duration, Instant};
 const MAX_WORKERS: usize = 8;
 /// How long a server role keeps serving after the window at least, so the
 /// clients' last in-flight exchanges finish before it closes their
-/// connections; past it, it serves on while clients still hold
-/// connections, up to their I/O timeout more (tens of thousands of flows on
-/// a busy host take longer than this grace to finish their last round trip
-/// and close).
+/// connections; past it, it serves on until its clients have been quiet
+/// for [`SERVER_QUIET`] (no connection open, none accepted), up to their
+/// I/O timeout more: tens of thousands of flows on a busy host take longer
+/// than this grace to finish their last round trip and close, and client
+/// hosts that got the barrier late are still in their window.
 const SERVER_GRACE: Duration = Duration::from_millis(500);
+/// How long clients must hold no connection and open none before a server
+/// role past its grace stops.
+const SERVER_QUIET: Duration = Duration::from_millis(200);
 /// Most flows of an engine workload's point.
 pub(crate) const MAX_ENGINE_FLOWS: u32 = MAX_GROUP_FLOWS;
 
@@ -267,7 +271,16 @@ fn run(kind: Kind, warmup: Duration, duration: Duration, stop: &Stop) -> Result<
             let grace_end = Instant::now() + warmup + duration + SERVER_GRACE;
             if stop.sleep_until(grace_end) {
                 let last = grace_end + io_timeout;
-                while server.open_connections() > 0 && Instant::now() < last && !stop.is_set() {
+                let (mut accepted, mut active) = (server.accepted_connections(), Instant::now());
+                loop {
+                    let now = Instant::now();
+                    let a = server.accepted_connections();
+                    if a != accepted || server.open_connections() > 0 {
+                        (accepted, active) = (a, now);
+                    }
+                    if now.duration_since(active) >= SERVER_QUIET || now >= last || stop.is_set() {
+                        break;
+                    }
                     std::thread::sleep(Duration::from_millis(10));
                 }
             }

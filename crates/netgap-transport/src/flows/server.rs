@@ -18,7 +18,7 @@ use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags};
 use std::io::ErrorKind;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsFd;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -44,6 +44,8 @@ pub struct FlowServer {
     stop: Arc<AtomicBool>,
     /// Connections open now, all workers together.
     open: Arc<AtomicUsize>,
+    /// Connections accepted so far, all workers together.
+    accepted: Arc<AtomicU64>,
     workers: Vec<JoinHandle<Result<ServerTotals, EngineError>>>,
 }
 
@@ -66,6 +68,7 @@ struct Ctx {
     options: TransportOptions,
     token: Option<DataToken>,
     open: Arc<AtomicUsize>,
+    accepted: Arc<AtomicU64>,
     /// How long a connection may take to prove the session.
     io_timeout: Duration,
 }
@@ -106,9 +109,11 @@ impl FlowServer {
         }
         let stop = Arc::new(AtomicBool::new(false));
         let open = Arc::new(AtomicUsize::new(0));
+        let accepted = Arc::new(AtomicU64::new(0));
         let mut workers = Vec::with_capacity(cfg.workers);
         let ctx = Ctx {
             open: Arc::clone(&open),
+            accepted: Arc::clone(&accepted),
             transport: cfg.path.name(),
             work,
             mode: cfg.mode,
@@ -149,6 +154,7 @@ impl FlowServer {
             local_addr,
             stop,
             open,
+            accepted,
             workers,
         })
     }
@@ -163,6 +169,12 @@ impl FlowServer {
     /// on a datagram path, which has no connections.
     pub fn open_connections(&self) -> usize {
         self.open.load(Ordering::Relaxed)
+    }
+
+    /// Connections accepted so far (0 on a datagram path): with
+    /// [`FlowServer::open_connections`], whether clients are still at work.
+    pub fn accepted_connections(&self) -> u64 {
+        self.accepted.load(Ordering::Relaxed)
     }
 
     /// Stops accepting, closes every flow, joins the workers, and returns
@@ -239,6 +251,7 @@ fn bind_datagrams(
         local_addr,
         stop,
         open: Arc::new(AtomicUsize::new(0)),
+        accepted: Arc::new(AtomicU64::new(0)),
         workers,
     })
 }
@@ -500,6 +513,7 @@ fn accept_batch(listener: &TcpListener, w: &mut WorkerState<'_>, ctx: &Ctx) {
             },
         };
         w.open.fetch_add(1, Ordering::Relaxed);
+        ctx.accepted.fetch_add(1, Ordering::Relaxed);
         w.conns[slot] = Some(Conn {
             stream,
             proof,
