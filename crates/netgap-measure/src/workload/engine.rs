@@ -357,8 +357,11 @@ fn setup_metrics(
 }
 
 /// Connect: from the roles' sums of `setup_metrics`, the mean connection
-/// setup time (`setup_time_us`), beside the mean of setup plus exchange
-/// (`connection_time_us`) and the setup's share of it (`setup_share_pct`).
+/// setup time (`setup_time_us`: the TCP handshake, from opening the socket
+/// to the connection being established), beside the mean of setup plus
+/// exchange (`connection_time_us`, which also holds the session proof's
+/// round trip between handshake and request) and the setup's share of it
+/// (`setup_share_pct`).
 pub fn connection_times(
     roles: &[(GroupRole, &std::collections::BTreeMap<String, f64>)],
 ) -> std::collections::BTreeMap<String, f64> {

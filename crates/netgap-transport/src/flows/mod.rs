@@ -313,7 +313,8 @@ pub struct FlowOutcome {
     /// Payload bytes received by the exchanges counted in `round_trips`.
     pub window_bytes_rx: u64,
     /// Latency of each exchange counted in `round_trips`, ns: the round trip
-    /// (PingPong) or connection setup plus request and reply (Connect).
+    /// (PingPong) or connection setup, session proof (with a token), request
+    /// and reply (Connect).
     /// A [`FlowHistogram`]: a few hundred bytes, percentiles within 1.6%.
     pub hist: FlowHistogram,
     /// Failed connections (refused, no local address, reset, stalled past
