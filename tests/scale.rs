@@ -42,7 +42,7 @@ fn a_paced_setup_opens_every_flow_past_a_tiny_backlog_and_accounts_for_every_byt
             "--reps",
             "1",
             "--duration",
-            "300ms",
+            "500ms",
         ],
         &dir.path().join("r.jsonl"),
     );

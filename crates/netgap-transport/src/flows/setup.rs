@@ -5,16 +5,21 @@
 //! up on a handshake the client thought done).
 //!
 //! - At most a window of connections of one client process are in setup at
-//!   a time, [`CONNECT_WINDOW`] at first. Each is done only once the
+//!   a time, never more than [`CONNECT_WINDOW`]. Each is done only once the
 //!   server's role answered on it (the session proof, when the run has a
 //!   token), so the window bounds what this client adds to the server's
 //!   accept queue, not only its SYNs in flight: 16 client hosts of 256 fit
 //!   the server's listen backlog of 4096.
-//! - The window follows the server's backlog where that is smaller: a
-//!   connection whose setup needed a retransmission (TCP_INFO's
-//!   `tcpi_total_retrans`: a dropped SYN, or a handshake's last ACK dropped
-//!   by a full accept queue) halves the window, down to [`MIN_WINDOW`]; a
-//!   window's worth of clean setups widens it by one, up to where it began.
+//! - The window follows the server's backlog where that is smaller, as
+//!   TCP's congestion window follows a path: it starts at
+//!   [`INITIAL_WINDOW`] and doubles with each window of clean setups; a
+//!   connection in setup seen retransmitting (TCP_INFO's
+//!   `tcpi_total_retrans`, read every tick: a dropped SYN, or data after a
+//!   handshake whose last ACK a full accept queue dropped) halves it, down
+//!   to [`MIN_WINDOW`], and it then grows by one per window of clean
+//!   setups. A burst past a small backlog does not stall: connections
+//!   queued behind a full accept queue wait for their retransmissions,
+//!   200 ms to seconds apart, and would miss the I/O timeout.
 //! - Completions are collected with epoll; each connection has the I/O
 //!   timeout to finish its setup.
 
@@ -31,40 +36,59 @@ use std::time::{Duration, Instant};
 
 /// Most connections one client process has in setup at once.
 pub const CONNECT_WINDOW: usize = 256;
+/// Connections in setup at first, before any has finished.
+pub const INITIAL_WINDOW: usize = 8;
 /// The narrowest the window gets after retransmissions.
 pub const MIN_WINDOW: usize = 4;
+/// The window at most doubles in this long: a loss shows as a
+/// retransmission no sooner than TCP's shortest retransmission timeout
+/// (200 ms), and until then the window must not run far past the
+/// server's backlog.
+pub const GROWTH_EPOCH: Duration = Duration::from_millis(200);
 /// Longest wait in epoll before deadlines are checked.
 const TICK: Duration = Duration::from_millis(50);
 
 /// Which flows to open next: flows `0..total` in order, at most `window`
-/// of them in setup at once, the window narrowed by setups that needed a
-/// retransmission and widened again by clean ones.
+/// of them in setup at once. Like TCP's congestion window: it starts at
+/// [`INITIAL_WINDOW`] and grows by one per clean setup (doubling with each
+/// window's worth) up to its limit; a setup seen retransmitting halves it,
+/// down to [`MIN_WINDOW`], and from then on it grows by one per window's
+/// worth of clean setups until the next loss.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Pacer {
     total: usize,
     window: usize,
-    /// The widest the window gets: where it began.
+    /// The widest the window gets.
     max_window: usize,
-    /// Clean setups since the window last widened.
+    /// Below this the window doubles per window of clean setups; at or
+    /// above it, it grows by one.
+    threshold: usize,
+    /// Clean setups since the window last widened (above the threshold).
     clean: usize,
     next: usize,
     in_flight: usize,
-    /// Setups that needed a retransmission.
-    retransmitted: usize,
+    /// Setups seen retransmitting.
+    lost: usize,
+    /// When the current growth epoch began (`None`: at the first finish),
+    /// and the window then: within an epoch the window at most doubles.
+    epoch: Option<(Instant, usize)>,
 }
 
 impl Pacer {
-    /// A pacer for `total` flows with `window` (at least 1) in setup at once.
-    pub fn new(total: usize, window: usize) -> Pacer {
-        let window = window.max(1);
+    /// A pacer for `total` flows with at most `max_window` (at least 1) in
+    /// setup at once.
+    pub fn new(total: usize, max_window: usize) -> Pacer {
+        let max_window = max_window.max(1);
         Pacer {
             total,
-            window,
-            max_window: window,
+            window: INITIAL_WINDOW.min(max_window),
+            max_window,
+            threshold: max_window,
             clean: 0,
             next: 0,
             in_flight: 0,
-            retransmitted: 0,
+            lost: 0,
+            epoch: None,
         }
     }
 
@@ -74,10 +98,10 @@ impl Pacer {
         self.window
     }
 
-    /// Setups so far that needed a retransmission.
+    /// Setups seen retransmitting so far.
     #[cfg(test)]
-    pub fn retransmitted(&self) -> usize {
-        self.retransmitted
+    pub fn lost(&self) -> usize {
+        self.lost
     }
 
     /// The next flow to open, if the window has room and flows are left.
@@ -91,23 +115,41 @@ impl Pacer {
         Some(i)
     }
 
-    /// A flow in setup finished it, `clean` if it needed no
-    /// retransmission: its place in the window is free, and the window
-    /// halves (a retransmission: the server's queues overflowed) or, after
-    /// a window's worth of clean setups, widens by one.
-    pub fn finished(&mut self, clean: bool) {
+    /// A setup (in flight or just finished) was seen retransmitting at
+    /// `now`: the server's queues overflowed, so the window halves. Call it
+    /// once per setup.
+    pub fn on_loss(&mut self, now: Instant) {
+        self.lost += 1;
+        self.clean = 0;
+        self.threshold = (self.window / 2).max(MIN_WINDOW.min(self.max_window));
+        self.window = self.threshold;
+        self.epoch = Some((now, self.window));
+    }
+
+    /// A flow in setup finished it at `now`, `clean` if it never
+    /// retransmitted: its place in the window is free, and a clean setup
+    /// widens the window, by at most double in a [`GROWTH_EPOCH`].
+    pub fn finished(&mut self, clean: bool, now: Instant) {
         self.in_flight = self.in_flight.saturating_sub(1);
-        if clean {
-            self.clean += 1;
-            if self.clean >= self.window {
-                self.clean = 0;
-                self.window = (self.window + 1).min(self.max_window);
-            }
-        } else {
-            self.retransmitted += 1;
-            self.clean = 0;
-            self.window = (self.window / 2).max(MIN_WINDOW.min(self.max_window));
+        if !clean {
+            return;
         }
+        let (start, base) = match self.epoch {
+            Some((start, base)) if now.duration_since(start) < GROWTH_EPOCH => (start, base),
+            _ => (now, self.window),
+        };
+        self.epoch = Some((start, base));
+        let wider = if self.window < self.threshold {
+            self.window + 1
+        } else {
+            self.clean += 1;
+            if self.clean < self.window {
+                return;
+            }
+            self.clean = 0;
+            self.window + 1
+        };
+        self.window = wider.min(2 * base).min(self.max_window);
     }
 
     /// Flows in setup now.
@@ -130,6 +172,8 @@ struct Pending {
     connected: bool,
     deadline: Instant,
     interest: EpollFlags,
+    /// Whether its retransmission was already counted as a loss.
+    lost: bool,
 }
 
 /// Whether `stream` has retransmitted anything (a SYN, or the first data
@@ -219,6 +263,7 @@ pub(crate) fn connect_all(
     let mut done: Vec<Option<TcpStream>> = Vec::with_capacity(spec.flows);
     done.resize_with(spec.flows, || None);
     let mut events = vec![EpollEvent::empty(); 256];
+    let mut next_check = Instant::now() + TICK;
     let failed = |index: usize, source: io::Error| EngineError::Connect {
         index: index as u32,
         target: spec.target,
@@ -238,6 +283,7 @@ pub(crate) fn connect_all(
                     connected: false,
                     deadline: Instant::now() + cfg.io_timeout,
                     interest: EpollFlags::EPOLLOUT,
+                    lost: false,
                 },
             );
         }
@@ -263,7 +309,12 @@ pub(crate) fn connect_all(
             if advance(p, cfg).map_err(|e| failed(i, e))? {
                 if let Some(p) = pending.remove(&i) {
                     let _ = epoll.delete(&p.stream);
-                    pacer.finished(!retransmitted(&p.stream));
+                    let clean = !p.lost && !retransmitted(&p.stream);
+                    let now = Instant::now();
+                    if !p.lost && !clean {
+                        pacer.on_loss(now);
+                    }
+                    pacer.finished(clean, now);
                     done[i] = Some(p.stream);
                 }
             } else if p.interest != before {
@@ -274,6 +325,17 @@ pub(crate) fn connect_all(
             }
         }
         let now = Instant::now();
+        if now >= next_check {
+            // Losses are seen as they happen, not only when the setups
+            // they slow down finish.
+            next_check = now + TICK;
+            for p in pending.values_mut() {
+                if !p.lost && retransmitted(&p.stream) {
+                    p.lost = true;
+                    pacer.on_loss(now);
+                }
+            }
+        }
         if let Some((&i, p)) = pending.iter().find(|(_, p)| p.deadline <= now) {
             let what = if p.connected {
                 "connected, but the far end did not prove it belongs to this session within the I/O timeout; no payload was sent"
@@ -304,82 +366,134 @@ pub(crate) fn connect_all(
 mod tests {
     use super::*;
 
+    /// A clock for the pacer that moves only when told.
+    struct Clock(Instant);
+
+    impl Clock {
+        fn new() -> Clock {
+            Clock(Instant::now())
+        }
+        fn now(&self) -> Instant {
+            self.0
+        }
+        /// Past the growth epoch, so the next finish may double again.
+        fn next_epoch(&mut self) -> Instant {
+            self.0 += GROWTH_EPOCH;
+            self.0
+        }
+    }
+
+    /// Finishes one flow in setup at `now` and opens what the window
+    /// allows; the flows opened.
+    fn step(p: &mut Pacer, clean: bool, now: Instant) -> Vec<usize> {
+        if !clean {
+            p.on_loss(now);
+        }
+        p.finished(clean, now);
+        std::iter::from_fn(|| p.next_to_open()).collect()
+    }
+
     #[test]
     fn the_window_bounds_flows_in_setup_and_every_flow_is_opened_once_in_order() {
-        let mut p = Pacer::new(10, 3);
-        let mut opened = Vec::new();
-        while let Some(i) = p.next_to_open() {
-            opened.push(i);
-        }
-        assert_eq!(opened, vec![0, 1, 2]);
-        assert_eq!(p.in_flight(), 3);
-        // One finishes: one more opens, no more.
-        p.finished(true);
-        assert_eq!(p.next_to_open(), Some(3));
-        opened.push(3);
-        assert_eq!(p.next_to_open(), None);
+        let mut clock = Clock::new();
+        let mut p = Pacer::new(1000, 16);
+        let mut opened: Vec<usize> = std::iter::from_fn(|| p.next_to_open()).collect();
+        assert_eq!(opened, (0..INITIAL_WINDOW).collect::<Vec<_>>());
         let mut steps = 0;
         while !p.all_done() {
-            p.finished(true);
-            while let Some(i) = p.next_to_open() {
-                opened.push(i);
-                assert!(p.in_flight() <= 3);
-            }
+            opened.extend(step(&mut p, true, clock.next_epoch()));
+            assert!(p.in_flight() <= 16);
             steps += 1;
-            assert!(steps < 100, "stuck");
+            assert!(steps < 10_000, "stuck");
         }
-        opened.sort_unstable();
-        assert_eq!(opened, (0..10).collect::<Vec<_>>());
+        assert_eq!(opened, (0..1000).collect::<Vec<_>>());
+        assert_eq!(p.window(), 16);
     }
 
     #[test]
-    fn a_window_of_zero_still_opens_one_at_a_time_and_no_flows_is_done_at_once() {
-        let mut p = Pacer::new(2, 0);
-        assert_eq!(p.next_to_open(), Some(0));
-        assert_eq!(p.next_to_open(), None);
-        p.finished(false);
-        assert_eq!(p.window(), 1);
-        assert_eq!(p.next_to_open(), Some(1));
-        p.finished(true);
-        assert!(p.all_done());
-        assert!(Pacer::new(0, 8).all_done());
-        // A spurious finish never underflows.
-        let mut p = Pacer::new(1, 1);
-        p.finished(true);
-        assert_eq!(p.in_flight(), 0);
-        assert!(!p.all_done());
+    fn clean_setups_double_the_window_at_most_once_an_epoch_up_to_its_limit() {
+        let mut clock = Clock::new();
+        let mut p = Pacer::new(100_000, 256);
+        std::iter::from_fn(|| p.next_to_open()).for_each(drop);
+        // Within one epoch each clean setup frees its place and widens the
+        // window by one, until it has doubled.
+        let now = clock.now();
+        for _ in 0..INITIAL_WINDOW {
+            assert_eq!(step(&mut p, true, now).len(), 2);
+        }
+        assert_eq!(p.window(), 2 * INITIAL_WINDOW);
+        for _ in 0..100 {
+            step(&mut p, true, now);
+        }
+        assert_eq!(
+            p.window(),
+            2 * INITIAL_WINDOW,
+            "more than doubled in one epoch"
+        );
+        // The next epoch may double it again.
+        let now = clock.next_epoch();
+        for _ in 0..100 {
+            step(&mut p, true, now);
+        }
+        assert_eq!(p.window(), 4 * INITIAL_WINDOW);
+        for _ in 0..1000 {
+            step(&mut p, true, clock.next_epoch());
+        }
+        assert_eq!(p.window(), 256);
+        assert_eq!(p.in_flight(), 256);
     }
 
     #[test]
-    fn retransmissions_halve_the_window_to_its_floor_and_clean_setups_widen_it_back() {
+    fn a_loss_halves_the_window_to_its_floor_and_growth_is_then_linear() {
+        let mut clock = Clock::new();
         let mut p = Pacer::new(100_000, 64);
-        for _ in 0..64 {
-            p.next_to_open();
+        for _ in 0..200 {
+            step(&mut p, true, clock.next_epoch());
         }
-        p.finished(false);
+        assert_eq!(p.window(), 64);
+        p.on_loss(clock.now());
         assert_eq!(p.window(), 32);
         // Flows in setup past the narrowed window finish before more open.
         assert_eq!(p.next_to_open(), None);
         for _ in 0..10 {
-            p.finished(false);
+            p.on_loss(clock.now());
         }
         assert_eq!(p.window(), MIN_WINDOW);
-        assert_eq!(p.retransmitted(), 11);
-        // A window's worth of clean setups widens it by one.
+        assert_eq!(p.lost(), 11);
+        // Past a loss a window's worth of clean setups widens it by one.
+        let now = clock.next_epoch();
         for _ in 0..MIN_WINDOW {
-            p.finished(true);
+            p.finished(true, now);
         }
         assert_eq!(p.window(), MIN_WINDOW + 1);
-        // Never past where it began, however long it runs clean.
+        // Never past its limit, however long it runs clean.
         for _ in 0..100_000 {
-            while p.next_to_open().is_some() {}
-            p.finished(true);
+            step(&mut p, true, clock.next_epoch());
         }
         assert_eq!(p.window(), 64);
-        // A window that began under the floor keeps its size.
-        let mut p = Pacer::new(10, 2);
-        p.next_to_open();
-        p.finished(false);
-        assert_eq!(p.window(), 2);
+        // A finish after a loss counted in flight frees its place only.
+        let w = p.window();
+        p.finished(false, clock.now());
+        assert_eq!(p.window(), w);
+    }
+
+    #[test]
+    fn small_limits_are_kept_and_no_flows_is_done_at_once() {
+        let now = Instant::now();
+        let mut p = Pacer::new(2, 0);
+        assert_eq!(p.next_to_open(), Some(0));
+        assert_eq!(p.next_to_open(), None);
+        p.on_loss(now);
+        assert_eq!(p.window(), 1);
+        p.finished(false, now);
+        assert_eq!(p.next_to_open(), Some(1));
+        p.finished(true, now);
+        assert!(p.all_done());
+        assert!(Pacer::new(0, 8).all_done());
+        // A spurious finish never underflows.
+        let mut p = Pacer::new(1, 1);
+        p.finished(true, now);
+        assert_eq!(p.in_flight(), 0);
+        assert!(!p.all_done());
     }
 }
