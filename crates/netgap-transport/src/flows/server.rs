@@ -30,6 +30,9 @@ const STOP_POLL_MS: u16 = 50;
 /// Connections one worker accepts per wake-up before serving its flows, so
 /// a burst of connects does not starve the flows it already has.
 const ACCEPT_BATCH: usize = 64;
+/// How long a stopped worker keeps serving the exchanges under way (it
+/// accepts nothing more) before it closes what is left.
+const STOP_DRAIN: Duration = Duration::from_millis(100);
 /// How often a worker looks for connections past their proof deadline.
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
 /// The listen backlog asked for (the kernel caps it at net.core.somaxconn):
@@ -177,8 +180,9 @@ impl FlowServer {
         self.accepted.load(Ordering::Relaxed)
     }
 
-    /// Stops accepting, closes every flow, joins the workers, and returns
-    /// what was moved. Takes at most about 50 ms plus the time to close.
+    /// Stops accepting, lets the exchanges under way finish for up to
+    /// 100 ms, closes every flow, joins the workers, and returns what was
+    /// moved. Takes at most about 150 ms plus the time to close.
     pub fn stop(mut self) -> Result<ServerTotals, EngineError> {
         self.stop.store(true, Ordering::Relaxed);
         let mut totals = ServerTotals::default();
@@ -310,8 +314,21 @@ fn serve(
     };
     let io = &mut *io;
     let mut next_sweep = Instant::now() + SWEEP_EVERY;
-    while !stop.load(Ordering::Relaxed) {
+    // Once stopped: accept no more, and give the exchanges under way until
+    // then to finish. A connection accepted after the stop could prove the
+    // session and have its client send a request that nobody reads.
+    let mut closing_by: Option<Instant> = None;
+    loop {
         let now = Instant::now();
+        if closing_by.is_none() && stop.load(Ordering::Relaxed) {
+            let _ = epoll.delete(listener);
+            closing_by = Some(now + STOP_DRAIN);
+        }
+        if let Some(by) = closing_by {
+            if now >= by || conns.iter().all(Option::is_none) {
+                break;
+            }
+        }
         if now >= next_sweep {
             next_sweep = now + SWEEP_EVERY;
             let mut w = WorkerState {
@@ -324,6 +341,11 @@ fn serve(
             };
             drop_slow_provers(&mut w, now);
         }
+        let wait_ms = if closing_by.is_some() {
+            wait_ms.min(10)
+        } else {
+            wait_ms
+        };
         let n = match epoll.wait(&mut events, wait_ms) {
             Ok(n) => n,
             Err(Errno::EINTR) => continue,
@@ -332,6 +354,9 @@ fn serve(
         for ev in &events[..n] {
             let token = ev.data();
             if token == LISTENER {
+                if closing_by.is_some() {
+                    continue;
+                }
                 let mut w = WorkerState {
                     open: &ctx.open,
                     epoll,

@@ -12,7 +12,8 @@
 //!   the server's listen backlog of 4096.
 //! - The window follows the server's backlog where that is smaller, as
 //!   TCP's congestion window follows a path: it starts at
-//!   [`INITIAL_WINDOW`] and doubles with each window of clean setups; a
+//!   [`INITIAL_WINDOW`] and grows by one per clean setup, at most doubling
+//!   in a [`GROWTH_EPOCH`] (a loss cannot show sooner); a
 //!   connection in setup seen retransmitting (TCP_INFO's
 //!   `tcpi_total_retrans`, read every tick: a dropped SYN, or data after a
 //!   handshake whose last ACK a full accept queue dropped) halves it, down
