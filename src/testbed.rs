@@ -823,6 +823,10 @@ fn build_network(name: &str, p: &Params, hosts: &HostsFile) -> Result<(), Testbe
         // earlier one to the same host learnt, perhaps under other
         // conditions.
         netns_ops::set_sysctl(ns, "net/ipv4/tcp_no_metrics_save", "1")?;
+        // A client host of a many-flow run holds tens of thousands of
+        // connections to one server address, one local port each; the
+        // default range (32768-60999) gives 28,232.
+        netns_ops::set_sysctl(ns, "net/ipv4/ip_local_port_range", "1024 65535")?;
     }
     match p.topology {
         Topology::Switch => {

@@ -26,9 +26,17 @@ use std::time::{Duration, Instant};
 
 /// Most engine worker threads on one agent.
 const MAX_WORKERS: usize = 8;
-/// How long a server role keeps serving after the window, so the clients'
-/// last in-flight exchanges finish before it closes their connections.
+/// How long a server role keeps serving after the window at least, so the
+/// clients' last in-flight exchanges finish before it closes their
+/// connections; past it, it serves on until its clients have been quiet
+/// for [`SERVER_QUIET`] (no connection open, none accepted), up to their
+/// I/O timeout more: tens of thousands of flows on a busy host take longer
+/// than this grace to finish their last round trip and close, and client
+/// hosts that got the barrier late are still in their window.
 const SERVER_GRACE: Duration = Duration::from_millis(500);
+/// How long clients must hold no connection and open none before a server
+/// role past its grace stops.
+const SERVER_QUIET: Duration = Duration::from_millis(200);
 /// Most flows of an engine workload's point.
 pub(crate) const MAX_ENGINE_FLOWS: u32 = MAX_GROUP_FLOWS;
 
@@ -96,7 +104,11 @@ pub fn sample(
 
 /// The engine's configuration for a role: the point's transport path,
 /// mode, options and I/O timeout.
-fn config(workload: &'static str, spec: &GroupSpec) -> Result<EngineConfig, RoleError> {
+fn config(
+    workload: &'static str,
+    spec: &GroupSpec,
+    token: &netgap_proto::dataproof::DataToken,
+) -> Result<EngineConfig, RoleError> {
     let t = find_transport(spec)?;
     let path = t.engine_path().ok_or_else(|| RoleError::Refused {
         workload,
@@ -112,6 +124,9 @@ fn config(workload: &'static str, spec: &GroupSpec) -> Result<EngineConfig, Role
         mode: spec.point.mode,
         options: spec.point.options.clone(),
         path,
+        // Connections prove the session before payload; a datagram path
+        // carries no proof (its flows are not connections).
+        token: (!path.datagrams()).then(|| token.clone()),
     })
 }
 
@@ -124,17 +139,25 @@ pub fn open(
     ctx: RoleContext<'_>,
 ) -> Result<Box<dyn OpenRole>, RoleError> {
     let spec = ctx.spec;
-    let cfg = config(workload, spec)?;
+    let cfg = config(workload, spec, ctx.data_token)?;
     let (warmup, duration) = window(spec);
     match spec.role {
         GroupRole::Server => {
             let ip: IpAddr = spec.listen_ips.first().copied().unwrap_or(ctx.control_ip);
+            // Every flow may be open here at once: refuse, before binding, a
+            // count this agent cannot hold, saying what to change.
+            if !cfg.path.datagrams() {
+                flows::ensure_fd_limit(
+                    u64::from(spec.flows) + cfg.workers as u64 + flows::limits::SPARE_FDS,
+                )?;
+            }
+            let io_timeout = cfg.io_timeout;
             let server = FlowServer::bind(SocketAddr::new(ip, 0), work, cfg)?;
             Ok(Box::new(Engine {
                 warmup,
                 duration,
                 stop: ctx.stop.clone(),
-                kind: Kind::Server(server),
+                kind: Kind::Server(server, io_timeout),
             }))
         }
         GroupRole::Client => {
@@ -173,8 +196,8 @@ struct Engine {
 }
 
 enum Kind {
-    /// Serving on one listener.
-    Server(FlowServer),
+    /// Serving on one listener; the clients' I/O timeout.
+    Server(FlowServer, Duration),
     /// Every client flow opened; the scale of reported latencies.
     Clients(PreparedClients, f64),
 }
@@ -182,7 +205,7 @@ enum Kind {
 impl OpenRole for Engine {
     fn addrs(&self) -> Vec<String> {
         match &self.kind {
-            Kind::Server(s) => vec![s.local_addr().to_string()],
+            Kind::Server(s, _) => vec![s.local_addr().to_string()],
             Kind::Clients(..) => Vec::new(),
         }
     }
@@ -244,8 +267,23 @@ struct Ran {
 /// Runs a prepared role for `warmup` then `duration`, or until `stop`.
 fn run(kind: Kind, warmup: Duration, duration: Duration, stop: &Stop) -> Result<Ran, RoleError> {
     match kind {
-        Kind::Server(server) => {
-            stop.sleep_until(Instant::now() + warmup + duration + SERVER_GRACE);
+        Kind::Server(server, io_timeout) => {
+            let grace_end = Instant::now() + warmup + duration + SERVER_GRACE;
+            if stop.sleep_until(grace_end) {
+                let last = grace_end + io_timeout;
+                let (mut accepted, mut active) = (server.accepted_connections(), Instant::now());
+                loop {
+                    let now = Instant::now();
+                    let a = server.accepted_connections();
+                    if a != accepted || server.open_connections() > 0 {
+                        (accepted, active) = (a, now);
+                    }
+                    if now.duration_since(active) >= SERVER_QUIET || now >= last || stop.is_set() {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
             let totals = server.stop()?;
             Ok(Ran {
                 flows: Vec::new(),
@@ -319,8 +357,11 @@ fn setup_metrics(
 }
 
 /// Connect: from the roles' sums of `setup_metrics`, the mean connection
-/// setup time (`setup_time_us`), beside the mean of setup plus exchange
-/// (`connection_time_us`) and the setup's share of it (`setup_share_pct`).
+/// setup time (`setup_time_us`: the TCP handshake, from opening the socket
+/// to the connection being established), beside the mean of setup plus
+/// exchange (`connection_time_us`, which also holds the session proof's
+/// round trip between handshake and request) and the setup's share of it
+/// (`setup_share_pct`).
 pub fn connection_times(
     roles: &[(GroupRole, &std::collections::BTreeMap<String, f64>)],
 ) -> std::collections::BTreeMap<String, f64> {

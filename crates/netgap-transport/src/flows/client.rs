@@ -15,9 +15,13 @@
 use super::datagram::{self, DatagramClient, RetryQueue, RetryTimeout};
 use super::io::{Io, WorkerIo};
 use super::machine::{ConnectClient, MachineError, PingPongClient, Progress};
-use super::{limits, ClientReport, ClientSpec, EngineConfig, EngineError, FlowOutcome, FlowWork};
+use super::proof::ConnectorHandshake;
+use super::{
+    limits, setup, ClientReport, ClientSpec, EngineConfig, EngineError, FlowOutcome, FlowWork,
+};
 use netgap_core::spec::{Mode, TransportOptions};
 use netgap_core::stats::FlowHistogram;
+use netgap_proto::dataproof::DataToken;
 use nix::errno::Errno;
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags};
 use socket2::{Domain, Protocol, Socket, Type};
@@ -47,6 +51,7 @@ pub struct PreparedClients {
     mode: Mode,
     transport: &'static str,
     options: TransportOptions,
+    token: Option<DataToken>,
     workers: Vec<Worker>,
 }
 
@@ -95,6 +100,9 @@ enum Kind {
     Connect {
         stream: Option<TcpStream>,
         connecting: bool,
+        /// The session proof of the current connection, between its
+        /// handshake and its request (runs with a token only).
+        proof: Option<Box<ConnectorHandshake>>,
         timed: bool,
         m: ConnectClient,
     },
@@ -170,6 +178,14 @@ pub(super) fn prepare(
             rto: RetryTimeout::new(),
         });
     }
+    // Connections are opened paced, all before any flow is handed to a
+    // worker; they then go to their workers in flow order.
+    let mut streams = match spec.work {
+        FlowWork::PingPong { .. } if !cfg.path.datagrams() => {
+            setup::connect_all(spec, cfg, setup::CONNECT_WINDOW)?.into_iter()
+        }
+        _ => Vec::new().into_iter(),
+    };
     let now = Instant::now();
     for i in 0..spec.flows {
         let index = i as u32;
@@ -201,12 +217,9 @@ pub(super) fn prepare(
                 )
             }
             FlowWork::PingPong { size_bytes } => {
-                let stream =
-                    connect_blocking(spec, cfg).map_err(|source| EngineError::Connect {
-                        index,
-                        target: spec.target,
-                        source,
-                    })?;
+                let stream = streams
+                    .next()
+                    .ok_or_else(|| EngineError::Invalid(format!("flow {index} was not opened")))?;
                 let token = w.flows.len() as u64;
                 w.epoll
                     .add(&stream, EpollEvent::new(EpollFlags::EPOLLIN, token))
@@ -226,6 +239,7 @@ pub(super) fn prepare(
                 Kind::Connect {
                     stream: None,
                     connecting: false,
+                    proof: None,
                     timed: false,
                     m: ConnectClient::new(request_bytes, reply_bytes),
                 },
@@ -257,6 +271,7 @@ pub(super) fn prepare(
         mode: cfg.mode,
         transport: cfg.path.name(),
         options: cfg.options.clone(),
+        token: cfg.token.clone(),
         workers,
     })
 }
@@ -270,7 +285,7 @@ fn sys(what: &str, e: Errno) -> EngineError {
 
 /// A socket for one connection to `target`, with the options that must
 /// precede the connection applied.
-fn new_socket(
+pub(super) fn new_socket(
     target: SocketAddr,
     bind_ip: Option<std::net::IpAddr>,
     transport: &'static str,
@@ -316,13 +331,6 @@ fn bind_address_no_port(socket: &Socket) {
     };
 }
 
-fn connect_blocking(spec: &ClientSpec, cfg: &EngineConfig) -> std::io::Result<TcpStream> {
-    let socket = new_socket(spec.target, spec.bind_ip, cfg.path.name(), &cfg.options)?;
-    socket.connect_timeout(&spec.target.into(), cfg.io_timeout)?;
-    socket.set_nonblocking(true)?;
-    Ok(socket.into())
-}
-
 impl PreparedClients {
     /// Phase 2 (after the coordinator's barrier): runs every flow for
     /// `warmup` (not counted) then `duration` (the measured window), stops
@@ -352,6 +360,7 @@ impl PreparedClients {
             mode,
             transport,
             options,
+            token,
             workers,
         } = self;
         let span = warmup
@@ -369,6 +378,7 @@ impl PreparedClients {
             mode,
             transport,
             options,
+            token,
         };
         let abort = stop;
         let mut handles = Vec::with_capacity(workers.len());
@@ -478,6 +488,7 @@ struct Ctx {
     mode: Mode,
     transport: &'static str,
     options: TransportOptions,
+    token: Option<DataToken>,
 }
 
 /// A flow's outcome with what the gathering step needs besides.
@@ -673,12 +684,14 @@ fn open_connection(
     let Kind::Connect {
         stream,
         connecting,
+        proof,
         timed,
         ..
     } = &mut f.kind
     else {
         return;
     };
+    *proof = None;
     let opened = new_socket(ctx.target, ctx.bind_ip, ctx.transport, &ctx.options).and_then(|s| {
         s.set_nonblocking(true)?;
         match s.connect(&ctx.target.into()) {
@@ -732,7 +745,7 @@ fn on_ready(
     let reopen = match w.flows[slot].kind {
         Kind::PingPong { .. } => return pingpong_ready(w, slot, sched, ctx),
         Kind::Datagram { .. } => return datagram_ready(w, slot, sched, ctx),
-        Kind::Connect { .. } => connect_ready(w, slot, sched, last_error),
+        Kind::Connect { .. } => connect_ready(w, slot, sched, ctx, last_error),
     };
     match reopen {
         Reopen::No => {}
@@ -829,6 +842,7 @@ fn connect_ready(
     w: &mut Worker,
     slot: usize,
     sched: Schedule,
+    ctx: &Ctx,
     last_error: &mut Option<String>,
 ) -> Reopen {
     let Worker {
@@ -838,6 +852,7 @@ fn connect_ready(
     let Kind::Connect {
         stream,
         connecting,
+        proof,
         timed,
         m,
     } = &mut f.kind
@@ -860,7 +875,19 @@ fn connect_ready(
             Ok(None) => {
                 *connecting = false;
                 f.setup_ns = elapsed_ns(f.t0, now);
-                m.begin();
+                match &ctx.token {
+                    Some(token) => match ConnectorHandshake::new(token) {
+                        Ok(p) => *proof = Some(Box::new(p)),
+                        Err(e) => {
+                            *stream = None;
+                            f.interest = None;
+                            f.errors += 1;
+                            *last_error = Some(format!("no random bytes for a nonce: {e}"));
+                            return retry(now);
+                        }
+                    },
+                    None => m.begin(),
+                }
             }
             Ok(Some(e)) | Err(e) => {
                 *stream = None;
@@ -872,8 +899,27 @@ fn connect_ready(
         }
     }
     f.last_progress = now;
-    let result = m.pump(&mut Io::new(s.as_fd(), &mut **io));
-    if !*timed && m.reply_received() {
+    // No request before the far end proved it belongs to the session.
+    let result = match proof.as_mut().map(|p| p.pump(&mut &*s)) {
+        None => m.pump(&mut Io::new(s.as_fd(), &mut **io)),
+        Some(Ok(Progress::Done)) => {
+            *proof = None;
+            m.begin();
+            m.pump(&mut Io::new(s.as_fd(), &mut **io))
+        }
+        Some(Ok(waiting)) => Ok(waiting),
+        Some(Err(e)) => {
+            *stream = None;
+            *proof = None;
+            f.interest = None;
+            f.errors += 1;
+            *last_error = Some(e.to_string());
+            return retry(now);
+        }
+    };
+    // While the proof runs, the machine still holds the last connection's
+    // end: no reply of this one can have arrived.
+    if !*timed && proof.is_none() && m.reply_received() {
         *timed = true;
         f.completed += 1;
         let now = Instant::now();

@@ -43,7 +43,9 @@ mod datagram;
 pub mod io;
 pub mod limits;
 mod machine;
+mod proof;
 mod server;
+pub mod setup;
 
 pub use client::PreparedClients;
 pub use io::{DataPath, WorkerIo, DATAGRAMS, SYSCALLS};
@@ -53,6 +55,7 @@ pub use server::FlowServer;
 use netgap_core::datagram::DatagramStats;
 use netgap_core::spec::{Mode, TransportOptions};
 use netgap_core::stats::FlowHistogram;
+use netgap_proto::dataproof::DataToken;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
@@ -135,6 +138,12 @@ pub struct EngineConfig {
     pub options: TransportOptions,
     /// How the workers move bytes: the transport's data path.
     pub path: &'static dyn DataPath,
+    /// The point's session token: with one, every connection proves both
+    /// ends hold it right after connect and accept, before any payload
+    /// (`netgap_proto::dataproof`), and a server drops connections that do
+    /// not. `None` (an engine inside one test process) skips the proof.
+    /// A datagram path carries no proof.
+    pub token: Option<DataToken>,
 }
 
 impl std::fmt::Debug for EngineConfig {
@@ -145,6 +154,7 @@ impl std::fmt::Debug for EngineConfig {
             .field("mode", &self.mode)
             .field("options", &self.options)
             .field("path", &self.path.name())
+            .field("token", &self.token.is_some())
             .finish()
     }
 }
@@ -159,6 +169,7 @@ impl EngineConfig {
             mode: Mode::Event,
             options: TransportOptions::default(),
             path: &SYSCALLS,
+            token: None,
         }
     }
 
@@ -222,6 +233,10 @@ pub struct ServerTotals {
     /// datagrams dropped as not netgap's, of the wrong size, or from a flow
     /// that never said hello (or one past the worker's cap).
     pub errors: u64,
+    /// Connections closed before their role began because they did not
+    /// prove they belong to the session (a stranger, a port scan, another
+    /// point's client); also counted in `errors`.
+    pub strangers: u64,
     /// The datagram counters of a datagram path, all flows together;
     /// `None` for connections.
     pub datagrams: Option<DatagramStats>,
@@ -234,6 +249,7 @@ impl ServerTotals {
         self.connections_accepted += o.connections_accepted;
         self.connections_completed += o.connections_completed;
         self.errors += o.errors;
+        self.strangers += o.strangers;
         self.datagrams = match (self.datagrams, o.datagrams) {
             (Some(a), Some(b)) => Some(a.plus(&b)),
             (a, b) => a.or(b),
@@ -256,8 +272,9 @@ pub struct ClientSpec {
 }
 
 /// Open every flow of `spec` and get ready (phase 1 of a client): for
-/// PingPong, connect all connections (one at a time, each within
-/// `cfg.io_timeout`); for Connect, nothing to open yet. Raises the
+/// PingPong over connections, connect all of them, at most
+/// [`setup::CONNECT_WINDOW`] in setup at once, each connected (and, with a
+/// token, proven) within `cfg.io_timeout`; for Connect, nothing to open yet. Raises the
 /// descriptor limit as needed and checks the ephemeral port range; nothing
 /// is sent until [`PreparedClients::run`].
 pub fn prepare_clients(
@@ -296,7 +313,8 @@ pub struct FlowOutcome {
     /// Payload bytes received by the exchanges counted in `round_trips`.
     pub window_bytes_rx: u64,
     /// Latency of each exchange counted in `round_trips`, ns: the round trip
-    /// (PingPong) or connection setup plus request and reply (Connect).
+    /// (PingPong) or connection setup, session proof (with a token), request
+    /// and reply (Connect).
     /// A [`FlowHistogram`]: a few hundred bytes, percentiles within 1.6%.
     pub hist: FlowHistogram,
     /// Failed connections (refused, no local address, reset, stalled past

@@ -9,17 +9,19 @@
 use super::datagram;
 use super::io::{Io, WorkerIo};
 use super::machine::{Progress, ServerMachine};
+use super::proof::ListenerHandshake;
 use super::{limits, EngineConfig, EngineError, FlowWork, ServerTotals};
 use netgap_core::spec::{Mode, TransportOptions};
+use netgap_proto::dataproof::DataToken;
 use nix::errno::Errno;
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags};
 use std::io::ErrorKind;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The epoll token of the listener; flows use their slot number.
 const LISTENER: u64 = u64::MAX;
@@ -28,6 +30,11 @@ const STOP_POLL_MS: u16 = 50;
 /// Connections one worker accepts per wake-up before serving its flows, so
 /// a burst of connects does not starve the flows it already has.
 const ACCEPT_BATCH: usize = 64;
+/// How long a stopped worker keeps serving the exchanges under way (it
+/// accepts nothing more) before it closes what is left.
+const STOP_DRAIN: Duration = Duration::from_millis(100);
+/// How often a worker looks for connections past their proof deadline.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
 /// The listen backlog asked for (the kernel caps it at net.core.somaxconn):
 /// thousands of flows connect in a burst.
 const BACKLOG: i32 = 4096;
@@ -38,11 +45,19 @@ const BACKLOG: i32 = 4096;
 pub struct FlowServer {
     local_addr: SocketAddr,
     stop: Arc<AtomicBool>,
+    /// Connections open now, all workers together.
+    open: Arc<AtomicUsize>,
+    /// Connections accepted so far, all workers together.
+    accepted: Arc<AtomicU64>,
     workers: Vec<JoinHandle<Result<ServerTotals, EngineError>>>,
 }
 
 struct Conn {
     stream: TcpStream,
+    /// The session proof, until the connector has given it (runs with a
+    /// token only), and by when it must be given; the machine sees no byte
+    /// before.
+    proof: Option<(Box<ListenerHandshake>, Instant)>,
     machine: Box<dyn ServerMachine>,
     interest: EpollFlags,
 }
@@ -54,6 +69,11 @@ struct Ctx {
     work: FlowWork,
     mode: Mode,
     options: TransportOptions,
+    token: Option<DataToken>,
+    open: Arc<AtomicUsize>,
+    accepted: Arc<AtomicU64>,
+    /// How long a connection may take to prove the session.
+    io_timeout: Duration,
 }
 
 impl FlowServer {
@@ -91,12 +111,18 @@ impl FlowServer {
             )?);
         }
         let stop = Arc::new(AtomicBool::new(false));
+        let open = Arc::new(AtomicUsize::new(0));
+        let accepted = Arc::new(AtomicU64::new(0));
         let mut workers = Vec::with_capacity(cfg.workers);
         let ctx = Ctx {
+            open: Arc::clone(&open),
+            accepted: Arc::clone(&accepted),
             transport: cfg.path.name(),
             work,
             mode: cfg.mode,
             options: cfg.options.clone(),
+            token: cfg.token.clone(),
+            io_timeout: cfg.io_timeout,
         };
         for (w, listener) in listeners.into_iter().enumerate() {
             let io = cfg.path.worker().map_err(|source| EngineError::Sys {
@@ -130,6 +156,8 @@ impl FlowServer {
         Ok(FlowServer {
             local_addr,
             stop,
+            open,
+            accepted,
             workers,
         })
     }
@@ -139,8 +167,22 @@ impl FlowServer {
         self.local_addr
     }
 
-    /// Stops accepting, closes every flow, joins the workers, and returns
-    /// what was moved. Takes at most about 50 ms plus the time to close.
+    /// Connections open now: accepted and not yet closed (by the client's
+    /// end of stream, an error, or a finished connect-mode reply). Always 0
+    /// on a datagram path, which has no connections.
+    pub fn open_connections(&self) -> usize {
+        self.open.load(Ordering::Relaxed)
+    }
+
+    /// Connections accepted so far (0 on a datagram path): with
+    /// [`FlowServer::open_connections`], whether clients are still at work.
+    pub fn accepted_connections(&self) -> u64 {
+        self.accepted.load(Ordering::Relaxed)
+    }
+
+    /// Stops accepting, lets the exchanges under way finish for up to
+    /// 100 ms, closes every flow, joins the workers, and returns what was
+    /// moved. Takes at most about 150 ms plus the time to close.
     pub fn stop(mut self) -> Result<ServerTotals, EngineError> {
         self.stop.store(true, Ordering::Relaxed);
         let mut totals = ServerTotals::default();
@@ -212,6 +254,8 @@ fn bind_datagrams(
     Ok(FlowServer {
         local_addr,
         stop,
+        open: Arc::new(AtomicUsize::new(0)),
+        accepted: Arc::new(AtomicU64::new(0)),
         workers,
     })
 }
@@ -269,7 +313,39 @@ fn serve(
         Mode::Poll => 0,
     };
     let io = &mut *io;
-    while !stop.load(Ordering::Relaxed) {
+    let mut next_sweep = Instant::now() + SWEEP_EVERY;
+    // Once stopped: accept no more, and give the exchanges under way until
+    // then to finish. A connection accepted after the stop could prove the
+    // session and have its client send a request that nobody reads.
+    let mut closing_by: Option<Instant> = None;
+    loop {
+        let now = Instant::now();
+        if closing_by.is_none() && stop.load(Ordering::Relaxed) {
+            let _ = epoll.delete(listener);
+            closing_by = Some(now + STOP_DRAIN);
+        }
+        if let Some(by) = closing_by {
+            if now >= by || conns.iter().all(Option::is_none) {
+                break;
+            }
+        }
+        if now >= next_sweep {
+            next_sweep = now + SWEEP_EVERY;
+            let mut w = WorkerState {
+                open: &ctx.open,
+                epoll,
+                io: &mut *io,
+                conns: &mut conns,
+                free: &mut free,
+                totals: &mut totals,
+            };
+            drop_slow_provers(&mut w, now);
+        }
+        let wait_ms = if closing_by.is_some() {
+            wait_ms.min(10)
+        } else {
+            wait_ms
+        };
         let n = match epoll.wait(&mut events, wait_ms) {
             Ok(n) => n,
             Err(Errno::EINTR) => continue,
@@ -278,7 +354,11 @@ fn serve(
         for ev in &events[..n] {
             let token = ev.data();
             if token == LISTENER {
+                if closing_by.is_some() {
+                    continue;
+                }
                 let mut w = WorkerState {
+                    open: &ctx.open,
                     epoll,
                     io: &mut *io,
                     conns: &mut conns,
@@ -289,6 +369,7 @@ fn serve(
                 continue;
             }
             let mut w = WorkerState {
+                open: &ctx.open,
                 epoll,
                 io: &mut *io,
                 conns: &mut conns,
@@ -299,6 +380,7 @@ fn serve(
         }
     }
     let mut w = WorkerState {
+        open: &ctx.open,
         epoll,
         io,
         conns: &mut conns,
@@ -313,6 +395,8 @@ fn serve(
 
 /// One worker's flows and what it needs to serve them.
 struct WorkerState<'a> {
+    /// The server's count of open connections.
+    open: &'a AtomicUsize,
     epoll: &'a Epoll,
     io: &'a mut dyn WorkerIo,
     conns: &'a mut Vec<Option<Conn>>,
@@ -326,9 +410,27 @@ fn service(w: &mut WorkerState<'_>, slot: usize) {
     let Some(Some(conn)) = w.conns.get_mut(slot) else {
         return;
     };
-    let pumped = conn
-        .machine
-        .pump(&mut Io::new(conn.stream.as_fd(), &mut *w.io));
+    let proven = match conn.proof.as_mut().map(|(p, _)| p.pump(&mut &conn.stream)) {
+        None => None,
+        Some(Ok(Progress::Done)) => {
+            conn.proof = None;
+            None
+        }
+        Some(Ok(waiting)) => Some(Ok(waiting)),
+        Some(Err(_)) => {
+            // A stranger: closed before it gets a byte of the role.
+            w.totals.strangers += 1;
+            Some(Err(()))
+        }
+    };
+    let pumped = match proven {
+        Some(Ok(waiting)) => Ok(waiting),
+        Some(Err(())) => Err(()),
+        None => conn
+            .machine
+            .pump(&mut Io::new(conn.stream.as_fd(), &mut *w.io))
+            .map_err(|_| ()),
+    };
     let next = match pumped {
         Ok(Progress::WantRead) => Some(EpollFlags::EPOLLIN),
         Ok(Progress::WantWrite) => Some(EpollFlags::EPOLLOUT),
@@ -357,8 +459,26 @@ fn service(w: &mut WorkerState<'_>, slot: usize) {
     }
 }
 
+/// Closes the connections that did not prove the session by their
+/// deadline: a silent stranger holds a descriptor for the I/O timeout at
+/// most.
+fn drop_slow_provers(w: &mut WorkerState<'_>, now: Instant) {
+    for slot in 0..w.conns.len() {
+        let late = w.conns[slot]
+            .as_ref()
+            .and_then(|c| c.proof.as_ref())
+            .is_some_and(|(_, by)| *by <= now);
+        if late {
+            w.totals.strangers += 1;
+            w.totals.errors += 1;
+            close(w, slot);
+        }
+    }
+}
+
 fn close(w: &mut WorkerState<'_>, slot: usize) {
     if let Some(conn) = w.conns[slot].take() {
+        w.open.fetch_sub(1, Ordering::Relaxed);
         let moved = conn.machine.moved();
         w.totals.bytes_rx += moved.rx_bytes;
         w.totals.bytes_tx += moved.tx_bytes;
@@ -405,13 +525,29 @@ fn accept_batch(listener: &TcpListener, w: &mut WorkerState<'_>, ctx: &Ctx) {
             w.free.push(slot);
             continue;
         }
+        let proof = match &ctx.token {
+            None => None,
+            Some(token) => match ListenerHandshake::new(token) {
+                Ok(p) => Some((Box::new(p), Instant::now() + ctx.io_timeout)),
+                Err(_) => {
+                    w.totals.errors += 1;
+                    let _ = w.epoll.delete(&stream);
+                    w.free.push(slot);
+                    continue;
+                }
+            },
+        };
+        w.open.fetch_add(1, Ordering::Relaxed);
+        ctx.accepted.fetch_add(1, Ordering::Relaxed);
         w.conns[slot] = Some(Conn {
             stream,
+            proof,
             machine: ctx.work.server_machine(),
             interest: EpollFlags::EPOLLIN,
         });
-        // A connect-mode request (or a zero-byte one) is often already
-        // there; serving it now saves a trip through epoll.
+        // A connect-mode request (or a zero-byte one, or the proof's
+        // hello) is often already there; serving it now saves a trip
+        // through epoll.
         service(w, slot);
     }
 }

@@ -563,3 +563,179 @@ fn udp_carries_no_connect_mode_and_no_message_over_one_datagram() {
     let e = prepare_clients(&spec("127.0.0.1:9".parse().unwrap(), 1, huge), &c).unwrap_err();
     assert!(e.to_string().contains("one udp datagram"), "{e}");
 }
+
+/// A configuration whose connections prove `token` before payload.
+fn proven(workers: usize, io_timeout_ms: u64, token: u8) -> EngineConfig {
+    EngineConfig {
+        token: Some(netgap_proto::dataproof::DataToken::from_bytes([token; 32])),
+        ..cfg(workers, io_timeout_ms)
+    }
+}
+
+#[test]
+fn paced_setup_opens_more_flows_than_its_window_each_proven_and_every_byte_accounted() {
+    let flows = 3 * super::setup::CONNECT_WINDOW + 7;
+    let work = FlowWork::PingPong { size_bytes: 8 };
+    let server = FlowServer::bind(loopback(), work, proven(2, 5_000, 1)).unwrap();
+    let clients = prepare_clients(
+        &spec(server.local_addr(), flows, work),
+        &proven(2, 5_000, 1),
+    )
+    .unwrap();
+    let report = clients
+        .run(Duration::from_millis(20), Duration::from_millis(200))
+        .unwrap();
+    let totals = server.stop().unwrap();
+    assert_eq!(report.flows.len(), flows);
+    assert!(report.flows.iter().all(|f| f.round_trips > 0));
+    let tx: u64 = report.flows.iter().map(|f| f.bytes_tx).sum();
+    let rx: u64 = report.flows.iter().map(|f| f.bytes_rx).sum();
+    // The proof's bytes are not payload: both sides count payload only.
+    assert_eq!(totals.bytes_rx, tx);
+    assert_eq!(totals.bytes_tx, rx);
+    assert_eq!(totals.connections_accepted, flows as u64);
+    assert_eq!((totals.errors, totals.strangers), (0, 0));
+}
+
+#[test]
+fn connect_mode_proves_every_connection_and_balances_bytes() {
+    let work = FlowWork::Connect {
+        request_bytes: 10,
+        reply_bytes: 20,
+    };
+    let server = FlowServer::bind(loopback(), work, proven(1, 5_000, 2)).unwrap();
+    let clients =
+        prepare_clients(&spec(server.local_addr(), 8, work), &proven(1, 5_000, 2)).unwrap();
+    let report = clients
+        .run(Duration::ZERO, Duration::from_millis(200))
+        .unwrap();
+    let totals = server.stop().unwrap();
+    let done: u64 = report.flows.iter().map(|f| f.round_trips).sum();
+    assert!(done > 0);
+    assert!(report.flows.iter().all(|f| f.errors == 0));
+    let tx: u64 = report.flows.iter().map(|f| f.bytes_tx).sum();
+    assert_eq!(totals.bytes_rx, tx);
+    assert_eq!(tx % 10, 0);
+    assert_eq!(totals.strangers, 0);
+}
+
+/// A plain TCP sink that is no netgap end: accepts everything, answers
+/// nothing, and tells how many bytes each connection sent it.
+fn sink() -> (SocketAddr, std::sync::mpsc::Receiver<usize>) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { return };
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                use std::io::Read;
+                let _ = s.set_read_timeout(Some(Duration::from_millis(1_500)));
+                let mut got = 0;
+                let mut buf = [0u8; 4096];
+                while let Ok(n) = s.read(&mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    got += n;
+                }
+                let _ = tx.send(got);
+            });
+        }
+    });
+    (addr, rx)
+}
+
+#[test]
+fn hotspot_flows_aimed_at_a_plain_sink_send_no_payload_byte() {
+    use netgap_proto::dataproof::HELLO_BYTES;
+    let (target, got) = sink();
+    let work = FlowWork::PingPong { size_bytes: 1000 };
+    let e = prepare_clients(&spec(target, 3, work), &proven(1, 500, 3))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("did not prove") && e.contains("no payload"),
+        "{e}"
+    );
+    // Prepare gave up, so nothing runs; each connection the sink saw got
+    // the hello and nothing else.
+    let mut seen = 0;
+    while let Ok(n) = got.recv_timeout(Duration::from_secs(3)) {
+        assert!(n <= HELLO_BYTES, "a connection sent {n} bytes");
+        seen += 1;
+        if seen == 3 {
+            break;
+        }
+    }
+    assert!(seen >= 1);
+}
+
+#[test]
+fn connect_flows_aimed_at_a_plain_sink_send_no_request_byte() {
+    use netgap_proto::dataproof::HELLO_BYTES;
+    let (target, got) = sink();
+    let work = FlowWork::Connect {
+        request_bytes: 1000,
+        reply_bytes: 1,
+    };
+    let clients = prepare_clients(&spec(target, 2, work), &proven(1, 300, 4)).unwrap();
+    let r = clients.run(Duration::ZERO, Duration::from_millis(200));
+    assert!(
+        matches!(r, Err(EngineError::AllFlowsFailed { .. })),
+        "{r:?}"
+    );
+    let mut seen = 0;
+    while let Ok(n) = got.recv_timeout(Duration::from_secs(3)) {
+        assert!(n <= HELLO_BYTES, "a connection sent {n} bytes");
+        seen += 1;
+        if seen == 2 {
+            break;
+        }
+    }
+    assert!(seen >= 1);
+}
+
+#[test]
+fn a_server_with_a_token_serves_strangers_nothing_and_counts_them() {
+    use std::io::{Read, Write};
+    let work = FlowWork::PingPong { size_bytes: 4 };
+    let server = FlowServer::bind(loopback(), work, proven(1, 5_000, 5)).unwrap();
+    // A stranger speaking pingpong without the proof.
+    let mut s = std::net::TcpStream::connect(server.local_addr()).unwrap();
+    s.write_all(&[
+        1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20,
+    ])
+    .unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    let mut buf = [0u8; 64];
+    let n = s.read(&mut buf).unwrap_or(0);
+    assert_eq!(n, 0, "a stranger got {n} bytes back");
+    // Another session's client is refused too.
+    let e = prepare_clients(&spec(server.local_addr(), 1, work), &proven(1, 1_000, 6))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("does not belong"), "{e}");
+    let totals = server.stop().unwrap();
+    assert_eq!(totals.strangers, 2);
+    assert_eq!(totals.bytes_tx, 0);
+}
+
+#[test]
+fn a_silent_stranger_is_dropped_within_the_io_timeout() {
+    use std::io::Read;
+    let work = FlowWork::PingPong { size_bytes: 4 };
+    let server = FlowServer::bind(loopback(), work, proven(1, 300, 7)).unwrap();
+    let mut s = std::net::TcpStream::connect(server.local_addr()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let t0 = Instant::now();
+    let mut buf = [0u8; 8];
+    // The server closes it: end of stream (or a reset), not a timeout.
+    let r = s.read(&mut buf);
+    assert!(matches!(r, Ok(0)) || r.is_err(), "{r:?}");
+    assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+    assert_eq!(server.open_connections(), 0);
+    let totals = server.stop().unwrap();
+    assert_eq!(totals.strangers, 1);
+}
