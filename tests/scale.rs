@@ -29,10 +29,24 @@ fn a_paced_setup_opens_every_flow_past_a_tiny_backlog_and_accounts_for_every_byt
     // The server (the first host) listens after this: its backlog is 16,
     // far below the clients' first window of 256 each.
     ok(Command::new("ip")
-        .args(["netns", "exec", &tb.ns("h1"), "sysctl", "-w"])
-        .args(["net.core.somaxconn=16", "net.ipv4.tcp_max_syn_backlog=16"])
+        .args(["netns", "exec", &tb.ns("h1"), "sh", "-c"])
+        .arg(
+            "echo 16 > /proc/sys/net/core/somaxconn && \
+             echo 16 > /proc/sys/net/ipv4/tcp_max_syn_backlog",
+        )
         .output()
-        .expect("sysctl"));
+        .expect("setting the backlog"));
+    let backlog = ok(Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &tb.ns("h1"),
+            "cat",
+            "/proc/sys/net/core/somaxconn",
+        ])
+        .output()
+        .expect("reading the backlog"));
+    assert_eq!(backlog.trim(), "16");
     let dir = tempfile::tempdir().expect("tempdir");
     let records = tb.run(
         "hotspot",
