@@ -803,15 +803,7 @@ impl ReadyRole for ClientRole {
 mod tests {
     use super::*;
 
-    fn hosts(n: usize) -> Vec<HostView> {
-        (0..n)
-            .map(|i| HostView {
-                name: format!("h{i}"),
-                address: None,
-                rails: Vec::new(),
-            })
-            .collect()
-    }
+    use crate::workload::place::test_hosts as hosts;
 
     #[test]
     fn every_other_host_answers_the_first() {

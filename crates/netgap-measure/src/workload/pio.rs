@@ -810,15 +810,7 @@ impl ReadyRole for ClientRole {
 mod tests {
     use super::*;
 
-    fn hosts(n: usize) -> Vec<HostView> {
-        (0..n)
-            .map(|i| HostView {
-                name: format!("h{i}"),
-                address: None,
-                rails: Vec::new(),
-            })
-            .collect()
-    }
+    use crate::workload::place::test_hosts as hosts;
 
     #[test]
     fn servers_take_the_first_hosts_and_clients_the_rest() {

@@ -1136,15 +1136,7 @@ fn pass_on(
 mod tests {
     use super::*;
 
-    fn hosts(n: usize) -> Vec<HostView> {
-        (0..n)
-            .map(|i| HostView {
-                name: format!("h{i}"),
-                address: None,
-                rails: Vec::new(),
-            })
-            .collect()
-    }
+    use crate::workload::place::test_hosts as hosts;
 
     #[test]
     fn copies_go_round_the_hosts_or_all_on_the_first() {

@@ -295,20 +295,25 @@ pub fn rails(workload: &str, count: u32, hosts: &[HostView]) -> Result<Placement
     })
 }
 
+/// `n` hosts named h0, h1, ... with no address and no rails, for the
+/// placement tests of this module and of the workloads.
+#[cfg(test)]
+pub(crate) fn test_hosts(n: usize) -> Vec<HostView> {
+    (0..n)
+        .map(|i| HostView {
+            name: format!("h{i}"),
+            address: None,
+            rails: Vec::new(),
+        })
+        .collect()
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
 mod tests {
     use super::*;
 
-    fn hosts(n: usize) -> Vec<HostView> {
-        (0..n)
-            .map(|i| HostView {
-                name: format!("h{i}"),
-                address: None,
-                rails: Vec::new(),
-            })
-            .collect()
-    }
+    use super::test_hosts as hosts;
 
     #[test]
     fn spread_allots_clients_cyclically_and_skips_idle_hosts() {
