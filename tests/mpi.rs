@@ -6,7 +6,7 @@
 mod common;
 
 use common::testbed::Testbed;
-use common::{fails_with_one_line, netgap, ok, read_records, system_ready};
+use common::{fails_with_one_line, has_whole_record, netgap, ok, read_records, system_ready};
 use serde_json::Value;
 use std::process::Command;
 
@@ -265,7 +265,7 @@ fn a_rank_that_dies_ends_the_run_naming_the_point_and_keeping_the_rest() {
         .spawn()
         .expect("runs");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while read_records(&json).is_empty() {
+    while !has_whole_record(&json) {
         assert!(std::time::Instant::now() < deadline, "no first record");
         std::thread::sleep(std::time::Duration::from_millis(50));
     }

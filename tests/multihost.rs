@@ -10,7 +10,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{netgap, read_records, AgentProc};
+use common::{has_whole_record, netgap, read_records, AgentProc};
 
 /// A server agent on 127.0.0.2 and `clients` client agents on 127.0.0.3...
 fn agents(clients: u8) -> Vec<AgentProc> {
@@ -719,7 +719,7 @@ fn failed_client_host_is_named(test: &str, how: Failure) {
         .spawn()
         .expect("coordinator starts");
     let t0 = Instant::now();
-    while read_records(&json).is_empty() {
+    while !has_whole_record(&json) {
         assert!(t0.elapsed() < Duration::from_secs(30), "no point completed");
         assert!(coord.try_wait().expect("wait").is_none(), "run ended early");
         std::thread::sleep(Duration::from_millis(20));
@@ -941,11 +941,7 @@ fn silent_client_host_during_setup_is_named_within_the_timeout() {
     let t0 = Instant::now();
     // The first point is written just before the next point's roles are
     // prepared: stop the victim then.
-    // A record is whole once its line ends; polling may see it half written.
-    while !std::fs::read_to_string(&json)
-        .unwrap_or_default()
-        .contains('\n')
-    {
+    while !has_whole_record(&json) {
         assert!(t0.elapsed() < Duration::from_secs(60), "no point completed");
         assert!(coord.try_wait().expect("wait").is_none(), "run ended early");
         std::thread::sleep(Duration::from_millis(1));

@@ -76,6 +76,14 @@ pub fn read_records(path: &Path) -> Vec<Value> {
         .collect()
 }
 
+/// Whether a results file being written holds at least one whole record: a
+/// poll may catch the first line half written, which is not yet a record.
+pub fn has_whole_record(path: &Path) -> bool {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .contains('\n')
+}
+
 /// The path of the `netgap` binary under test, for commands run through
 /// another program (`ip netns exec`).
 pub fn netgap_path() -> PathBuf {
