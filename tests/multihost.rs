@@ -110,6 +110,37 @@ fn fanin_and_fanout_spread_clients_cyclically_over_real_agents() {
     assert!(b(&records[1], "server_tx") > 0 && b(&records[1], "client_tx") == 0);
 }
 
+/// An agent answers a coordinator's goodbye only once nothing of the
+/// session runs, and the coordinator waits for that answer: commands run
+/// one right after another (as scripts do) never find an agent busy with
+/// the one before.
+#[test]
+fn a_run_started_right_after_another_finds_the_agents_free() {
+    let agents = agents(2);
+    let hosts = hosts_arg(&agents);
+    for test in [
+        "multistream",
+        "hotspot",
+        "multistream",
+        "fanin",
+        "connect",
+        "fanout",
+        "multistream",
+        "hotspot",
+    ] {
+        run_ok(&[
+            "run",
+            test,
+            "--hosts",
+            &hosts,
+            "--reps",
+            "1",
+            "--duration",
+            "50ms",
+        ]);
+    }
+}
+
 #[test]
 fn multistream_runs_every_stream_from_the_first_client_host() {
     let agents = agents(2);

@@ -370,7 +370,7 @@ fn run_session(
         && busy
             .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
             .is_ok();
-    let claim = claimed.then(|| Arc::new(BusyClaim(Arc::clone(shared))));
+    let mut claim = claimed.then(|| Arc::new(BusyClaim(Arc::clone(shared))));
     let mut session = AgentSession::new(netgap_transport::host::collect(Some(local_ip)), !claimed);
     let mut point: Option<OpenPoint> = None;
     // One thread for all of the session's repetitions, started with the
@@ -420,6 +420,12 @@ fn run_session(
         match action {
             AgentAction::Reply(r) => conn.send(&r)?,
             AgentAction::ReplyAndClose(r) => {
+                // Everything of the session goes before the answer: a
+                // coordinator that has read it may start the next session
+                // at once and finds the agent free.
+                drop(point.take());
+                drop(group.take());
+                drop(claim.take());
                 conn.send(&r)?;
                 return Ok(());
             }
@@ -661,17 +667,25 @@ fn run_group(
             let _claim = claim;
             let _ = tx.send(role.run());
         });
-    if let Err(e) = spawned {
-        return Ok(Err(RoleError::Thread {
-            what: "the group role",
-            source: e,
-        }));
-    }
+    let thread = match spawned {
+        Ok(t) => t,
+        Err(e) => {
+            return Ok(Err(RoleError::Thread {
+                what: "the group role",
+                source: e,
+            }))
+        }
+    };
     let t0 = Instant::now();
     let mut next_alive = t0 + GROUP_ALIVE_INTERVAL;
     loop {
         match rx.recv_timeout(role::STOP_TICK) {
-            Ok(result) => return Ok(result),
+            Ok(result) => {
+                // The thread ends right after its result, releasing its
+                // claim: the role is wholly gone before it is reported.
+                let _ = thread.join();
+                return Ok(result);
+            }
             Err(mpsc::RecvTimeoutError::Timeout) => {
                 if peer_gone(conn) {
                     return Err(ControlError::Closed.into());

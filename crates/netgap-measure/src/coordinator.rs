@@ -295,11 +295,13 @@ impl Coordinator {
         Ok((m, record))
     }
 
-    /// Ends the session politely.
+    /// Ends the session politely and waits, up to two seconds, for the
+    /// agent's answer, which it sends once nothing of the session runs: a
+    /// run started right after finds the agent free.
     pub fn bye(mut self) {
         let bye = self.session.bye();
         let _ = self.conn.send(&bye);
-        let _ = recv_reply(&mut self.conn, Duration::from_millis(500));
+        let _ = recv_reply(&mut self.conn, Duration::from_secs(2));
     }
 }
 

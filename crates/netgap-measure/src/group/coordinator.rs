@@ -36,6 +36,8 @@ use std::time::{Duration, Instant};
 const SILENCE_LIMIT: Duration = Duration::from_secs(3);
 /// How often waiting checks every running host for silence.
 const SILENCE_CHECK: Duration = Duration::from_millis(250);
+/// How long `bye` waits for the agents to say they have closed.
+const BYE_WAIT: Duration = Duration::from_secs(2);
 /// How long an agent may take to answer a request that moves no data.
 const REPLY_TIMEOUT: Duration = Duration::from_secs(5);
 /// Extra time, past the warm-up, window and drain, for the results.
@@ -428,11 +430,30 @@ impl GroupCoordinator {
         first_silent(&self.setup, self.setup_limit)
     }
 
-    /// Ends every session politely.
+    /// Ends every session politely and waits, up to [`BYE_WAIT`], for each
+    /// agent to say it has closed: an agent answers only once nothing of
+    /// the session runs, so a run started right after this one finds its
+    /// agents free instead of busy.
     pub(super) fn bye(mut self) {
-        for i in 0..self.links.len() {
-            let bye = self.links[i].session.bye();
-            let _ = self.send(i, &bye);
+        let mut open: Vec<bool> = (0..self.links.len())
+            .map(|i| {
+                let bye = self.links[i].session.bye();
+                self.lost[i].is_none() && self.send(i, &bye).is_ok()
+            })
+            .collect();
+        let deadline = Instant::now() + BYE_WAIT;
+        while open.iter().any(|&o| o) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.events.recv_timeout(left) {
+                // Its answer, or the connection's end: this session is over.
+                Ok((i, Ok(Reply::Closed) | Err(_))) => {
+                    if let Some(o) = open.get_mut(i) {
+                        *o = false;
+                    }
+                }
+                Ok(_) => {}
+                Err(_) => break,
+            }
         }
     }
 }
