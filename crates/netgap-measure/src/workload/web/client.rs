@@ -120,6 +120,9 @@ struct Conn {
     sock: Option<Socket>,
     phase: Phase,
     req: Vec<u8>,
+    /// The file `req` asks for: a client of the single-file trace formats
+    /// its request once.
+    req_file: Option<usize>,
     sent: usize,
     buf: Box<[u8]>,
     have: usize,
@@ -156,6 +159,7 @@ impl Conn {
             sock: None,
             phase: Phase::Closed,
             req: Vec::with_capacity(128),
+            req_file: None,
             sent: 0,
             buf: vec![0u8; BUF_BYTES].into_boxed_slice(),
             have: 0,
@@ -232,18 +236,21 @@ impl Worker<'_> {
         let f = self.cfg.verify_fraction;
         c.verify = ((c.begun + 1) as f64 * f).floor() > (c.begun as f64 * f).floor();
         c.begun += 1;
-        c.req.clear();
-        let _ = write!(
-            c.req,
-            "GET {} HTTP/1.1\r\nHost: {}\r\n{}\r\n",
-            FileSet::url(c.file),
-            self.host,
-            if self.cfg.keepalive {
-                ""
-            } else {
-                "Connection: close\r\n"
-            }
-        );
+        if c.req_file != Some(c.file) {
+            c.req.clear();
+            let _ = write!(
+                c.req,
+                "GET {} HTTP/1.1\r\nHost: {}\r\n{}\r\n",
+                FileSet::url(c.file),
+                self.host,
+                if self.cfg.keepalive {
+                    ""
+                } else {
+                    "Connection: close\r\n"
+                }
+            );
+            c.req_file = Some(c.file);
+        }
         c.sent = 0;
         c.have = 0;
         c.started = Instant::now();
