@@ -47,8 +47,8 @@ cleanup() {
     "$netgap" testbed down --name "$tb" >/dev/null 2>&1 || true
 }
 trap cleanup EXIT
-# Consecutive runs: an agent frees itself a moment after its coordinator
-# leaves.
+# A second between runs, so one run's teardown (a server exiting, its
+# sockets closing) falls outside the next run's window.
 settle() { sleep 1; }
 testbed() { # HOSTS
     "$netgap" testbed down --name "$tb" >/dev/null 2>&1 || true
