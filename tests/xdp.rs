@@ -70,6 +70,19 @@ fn check_records(recs: &[Value], tests: usize, sizes: usize) {
     for r in recs {
         assert_eq!(r["transport"], "xdp", "{r}");
         assert_eq!(r["options"]["verify"], true, "{r}");
+        // Where the program attached (native or generic XDP) sets the
+        // stack apart, so the record says which.
+        let choices: Vec<&str> = r["stack"]["options"]
+            .as_array()
+            .expect("stack options")
+            .iter()
+            .filter_map(|o| o.as_str())
+            .filter(|o| o.starts_with("xdp_attach="))
+            .collect();
+        assert!(
+            choices == ["xdp_attach=native"] || choices == ["xdp_attach=generic"],
+            "{r}"
+        );
         let b = &r["bytes"];
         assert_eq!(b["client_tx"], b["server_rx"], "{r}");
         assert_eq!(b["server_tx"], b["client_rx"], "{r}");

@@ -158,6 +158,16 @@ impl Stack {
         }
     }
 
+    /// The stack with `choices` (`name=value`) the transport made in setting
+    /// up the data path among its options, kept sorted: they set stacks
+    /// apart as options do.
+    pub fn with_choices(mut self, choices: &[String]) -> Stack {
+        self.options.extend(choices.iter().cloned());
+        self.options.sort();
+        self.options.dedup();
+        self
+    }
+
     /// The record's stack: its `stack` field, or for records without one
     /// (older netgap, imported results) what its other fields say.
     pub fn of_record(r: &ResultRecord) -> Stack {
@@ -360,6 +370,23 @@ mod tests {
         assert_eq!(labels, ["tcp, MTU 1500", "tcp, MTU 9000"]);
         // One stack alone is named by its transport.
         assert_eq!(Stack::distinguishing_labels(&[&a]), ["tcp"]);
+    }
+
+    #[test]
+    fn path_choices_join_the_options_sorted_and_set_stacks_apart() {
+        let o = TransportOptions {
+            nodelay: false,
+            ..TransportOptions::default()
+        };
+        let base = || Stack::new("xdp", Mode::Event, &o, PathIdentity::default(), None);
+        let native = base().with_choices(&["xdp_attach=native".into()]);
+        let generic = base().with_choices(&["xdp_attach=generic".into()]);
+        assert_eq!(native.options, ["no_nodelay", "xdp_attach=native"]);
+        assert_ne!(native, generic);
+        // A choice given twice is one option.
+        let twice = base().with_choices(&["xdp_attach=native".into(), "xdp_attach=native".into()]);
+        assert_eq!(twice, native);
+        assert_eq!(base().with_choices(&[]), base());
     }
 
     #[test]

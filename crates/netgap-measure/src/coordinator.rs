@@ -213,6 +213,7 @@ impl Coordinator {
         let reply = recv_reply(&mut self.conn, REPLY_TIMEOUT)?;
         self.session.on_accepted(reply)?;
         let monitor = flow.monitor();
+        let path_choices = flow.path_choices();
         let role = test
             .client(
                 RoleParams {
@@ -241,7 +242,7 @@ impl Coordinator {
             monitor,
         };
         let measured = runner::measure_point(role.as_mut(), &mut peer, method, on_rep);
-        let m = match measured {
+        let mut m = match measured {
             Ok(m) => m,
             Err(e) => {
                 // When the agent refused a repetition (a limit, a failed
@@ -270,6 +271,7 @@ impl Coordinator {
         self.conn.send(&close)?;
         let reply = recv_reply(&mut self.conn, REPLY_TIMEOUT)?;
         self.session.on_closed(reply)?;
+        m.path_choices = path_choices;
         Ok(m)
     }
 
@@ -519,13 +521,16 @@ pub(crate) fn build_record(
         hosts_cpu: Vec::new(),
         links: Vec::new(),
         app: None,
-        stack: Some(Stack::new(
-            &spec.transport,
-            spec.mode,
-            &spec.options,
-            path_of(plan, host, peer_host, conditions),
-            plan.label.clone(),
-        )),
+        stack: Some(
+            Stack::new(
+                &spec.transport,
+                spec.mode,
+                &spec.options,
+                path_of(plan, host, peer_host, conditions),
+                plan.label.clone(),
+            )
+            .with_choices(&m.path_choices),
+        ),
     };
     // The diagnosis reads the finished record: its iterations, CPU of both
     // ends and placement say which kind of noise it is.

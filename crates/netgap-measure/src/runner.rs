@@ -222,6 +222,9 @@ pub struct PointMeasurement {
     pub rtt_hist: LatencyHistogram,
     /// What `--ci` achieved, when the method asked for a target.
     pub ci: Option<netgap_core::record::CiOutcome>,
+    /// Choices the transport made in setting up the flow's data path
+    /// ([`netgap_transport::Flow::path_choices`]), for the record's stack.
+    pub path_choices: Vec<String>,
 }
 
 /// Calibration stops once a trial fills this fraction of the budget.
@@ -375,6 +378,7 @@ pub fn measure_point(
         warmup_iterations,
         rtt_hist,
         ci: method.ci.map(|t| t.outcome(&values)),
+        path_choices: Vec::new(),
     })
 }
 

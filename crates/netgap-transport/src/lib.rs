@@ -258,6 +258,14 @@ pub trait Flow: Send {
     fn monitor(&self) -> Option<Arc<dyn FlowMonitor>> {
         None
     }
+
+    /// How this flow's data path was set up where the transport had a
+    /// choice the user did not make, as `name=value` entries for the
+    /// record's stack (xdp: the hook its program attached to). Two flows
+    /// whose entries differ are different stacks. Empty by default.
+    fn path_choices(&self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 pub use netgap_core::datagram::DatagramStats;

@@ -440,12 +440,15 @@ pub(crate) struct Shared {
     bell: OwnedFd,
     mode: Mode,
     timeout: Duration,
+    /// Where the endpoint's program is attached; fixed for its life.
+    attach: super::sys::Attach,
 }
 
 impl Shared {
     /// Shares `ep` for a flow of `mode` with inactivity timeout `timeout`.
     pub(crate) fn new(ep: Endpoint, mode: Mode, timeout: Duration) -> io::Result<Arc<Shared>> {
         let fd = ep.xsk.fd();
+        let attach = ep.xsk.attach();
         // SAFETY: eventfd with no initial count and valid flags; the result
         // is checked and owned at once.
         let bell = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
@@ -460,6 +463,7 @@ impl Shared {
             bell: unsafe { OwnedFd::from_raw_fd(bell) },
             mode,
             timeout,
+            attach,
         }))
     }
 
@@ -696,6 +700,12 @@ impl Flow for XdpFlow {
         Some(Arc::new(Monitor {
             shared: Arc::downgrade(&self.shared),
         }))
+    }
+
+    fn path_choices(&self) -> Vec<String> {
+        // Native and generic XDP are different paths through the kernel:
+        // the generic hook runs after the socket buffer is built.
+        vec![format!("xdp_attach={}", self.shared.attach.name())]
     }
 }
 

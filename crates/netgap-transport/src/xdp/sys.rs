@@ -159,6 +159,16 @@ pub(crate) enum Attach {
     Generic,
 }
 
+impl Attach {
+    /// The name a record gives it.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Attach::Native => "native",
+            Attach::Generic => "generic",
+        }
+    }
+}
+
 /// The shape of an endpoint's UMEM and rings.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Shape {
@@ -183,6 +193,8 @@ pub(crate) struct Xsk {
     tx: Box<Ring>,
     fd: RawFd,
     frame_bytes: u32,
+    /// Where libxdp attached the program that steers frames to it.
+    attach: Attach,
     /// The BPF descriptors (program, maps) libxdp opened for this socket.
     /// libxdp 1.3 leaves some open after deleting the socket; they are
     /// closed then, or a long-lived agent would run out of descriptors
@@ -256,6 +268,7 @@ impl Xsk {
             tx: Ring::empty(),
             fd: -1,
             frame_bytes: shape.frame_bytes,
+            attach,
             bpf_fds: BTreeSet::new(),
             lock_on_drop: false,
         };
@@ -317,6 +330,11 @@ impl Xsk {
     /// The socket's descriptor, to poll and to kick.
     pub(crate) fn fd(&self) -> RawFd {
         self.fd
+    }
+
+    /// Where libxdp attached the program that steers frames to it.
+    pub(crate) fn attach(&self) -> Attach {
+        self.attach
     }
 
     /// The UMEM bytes of frame `slot` (a whole frame).
