@@ -533,7 +533,9 @@ impl Server {
                 self.totals.bytes_tx += size;
                 Answer::Echo { again: false }
             }
-            Kind::HelloAck | Kind::Probe | Kind::Nack => Answer::None,
+            Kind::HelloAck | Kind::Probe | Kind::Nack | Kind::Confirm | Kind::ConfirmAck => {
+                Answer::None
+            }
         }
     }
 }
