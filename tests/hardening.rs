@@ -541,15 +541,13 @@ fn a_udp_target_that_is_not_an_agent_of_the_session_gets_hellos_and_no_payload_b
     }
 }
 
-#[test]
-fn a_coordinator_sends_no_payload_to_an_address_its_agent_names() {
+/// An agent on loopback that names `named` as its data listener for every
+/// point; its control address.
+fn agent_naming(named: String) -> String {
     use netgap::proto::codec::decode_request;
     use netgap::proto::session::{AgentAction, AgentSession};
-    let sink = Sink::start("127.0.0.1");
-    // An agent that names the sink as its data listener.
     let control = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let control_addr = control.local_addr().expect("addr").to_string();
-    let named = sink.addr.to_string();
     std::thread::spawn(move || {
         let (s, _) = control.accept().expect("accept");
         let mut conn = ControlConn::new(s).expect("conn");
@@ -566,6 +564,13 @@ fn a_coordinator_sends_no_payload_to_an_address_its_agent_names() {
             }
         }
     });
+    control_addr
+}
+
+#[test]
+fn a_coordinator_sends_no_payload_to_an_address_its_agent_names() {
+    let sink = Sink::start("127.0.0.1");
+    let control_addr = agent_naming(sink.addr.to_string());
     let out = netgap()
         .args(["run", "stream", "--peer", &control_addr, "-s", "64K"])
         .args(["--reps", "1", "-n", "100", "--timeout", "1s"])
