@@ -587,6 +587,36 @@ fn a_coordinator_sends_no_payload_to_an_address_its_agent_names() {
 }
 
 #[test]
+fn a_coordinator_sends_no_udp_payload_to_an_address_its_agent_names() {
+    use netgap::proto::dataproof::HELLO_BYTES;
+    // The point-to-point udp path proves the session over the flow's own
+    // data datagrams (`preamble`): a sink that acks the udp hellos gets
+    // them, the proof's hello (re-sent while unanswered) and header-only
+    // probes, never a payload byte.
+    let sink = UdpSink::start("127.0.0.1");
+    let control_addr = agent_naming(sink.addr.to_string());
+    let out = netgap()
+        .args(["run", "stream", "-t", "udp", "--peer", &control_addr])
+        .args(["-s", "1K", "--reps", "1", "-n", "100", "--timeout", "1s"])
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("no payload was sent"), "{stderr}");
+    let got = sink.datagrams();
+    assert!(!got.is_empty());
+    for (n, head) in &got {
+        assert!(*n <= 24 + HELLO_BYTES, "a {n}-byte datagram {head:?}");
+    }
+    // The proof's hello did go out: the path got as far as the proof.
+    assert!(
+        got.iter()
+            .any(|(n, head)| *n == 24 + HELLO_BYTES && head == b"NG\x01\x03"),
+        "{got:?}"
+    );
+}
+
+#[test]
 fn max_rate_paces_bandwidth_roles_to_the_limit() {
     let flags = ["--max-rate", "0.2"];
     let agents = [
