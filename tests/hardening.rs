@@ -431,8 +431,11 @@ fn a_target_that_is_not_an_agent_of_the_session_is_refused_before_any_payload_by
 /// every datagram it gets.
 struct UdpSink {
     addr: SocketAddr,
-    got: Arc<std::sync::Mutex<Vec<(usize, [u8; 4])>>>,
+    got: Arc<std::sync::Mutex<Vec<Seen>>>,
 }
+
+/// A datagram a sink got: its size and first four bytes.
+type Seen = (usize, [u8; 4]);
 
 impl UdpSink {
     fn start(ip: &str) -> UdpSink {
@@ -457,7 +460,7 @@ impl UdpSink {
         UdpSink { addr, got }
     }
 
-    fn datagrams(&self) -> Vec<(usize, [u8; 4])> {
+    fn datagrams(&self) -> Vec<Seen> {
         self.got.lock().expect("sink lock").clone()
     }
 }

@@ -752,23 +752,21 @@ fn proven_udp(mode: Mode, workers: usize, io_timeout_ms: u64, token: u8) -> Engi
 fn udp_flows_with_a_token_prove_it_and_balance_bytes() {
     // The opening is the same in both modes; event mode spares the shared
     // machine two spinning workers.
-    for mode in [Mode::Event] {
-        let c = proven_udp(mode, 2, 5_000, 8);
-        let work = FlowWork::PingPong { size_bytes: 1 };
-        let server = FlowServer::bind(loopback(), work, c.clone()).unwrap();
-        let report = prepare_clients(&spec(server.local_addr(), 12, work), &c)
-            .unwrap()
-            .run(Duration::from_millis(20), Duration::from_millis(200))
-            .unwrap();
-        let totals = server.stop().unwrap();
-        assert!(report.flows.iter().all(|f| f.round_trips > 0), "{mode}");
-        let tx: u64 = report.flows.iter().map(|f| f.bytes_tx).sum();
-        let rx: u64 = report.flows.iter().map(|f| f.bytes_rx).sum();
-        // The proof's bytes are not payload: both ends count payload only.
-        assert_eq!((totals.bytes_rx, totals.bytes_tx), (tx, rx), "{mode}");
-        assert_eq!(totals.connections_accepted, 12, "{mode}");
-        assert_eq!((totals.errors, totals.strangers), (0, 0), "{mode}");
-    }
+    let c = proven_udp(Mode::Event, 2, 5_000, 8);
+    let work = FlowWork::PingPong { size_bytes: 1 };
+    let server = FlowServer::bind(loopback(), work, c.clone()).unwrap();
+    let report = prepare_clients(&spec(server.local_addr(), 12, work), &c)
+        .unwrap()
+        .run(Duration::from_millis(20), Duration::from_millis(200))
+        .unwrap();
+    let totals = server.stop().unwrap();
+    assert!(report.flows.iter().all(|f| f.round_trips > 0));
+    let tx: u64 = report.flows.iter().map(|f| f.bytes_tx).sum();
+    let rx: u64 = report.flows.iter().map(|f| f.bytes_rx).sum();
+    // The proof's bytes are not payload: both ends count payload only.
+    assert_eq!((totals.bytes_rx, totals.bytes_tx), (tx, rx));
+    assert_eq!(totals.connections_accepted, 12);
+    assert_eq!((totals.errors, totals.strangers), (0, 0));
 }
 
 /// A plain UDP sink that is no netgap end: answers nothing and hands over
