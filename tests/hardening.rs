@@ -525,7 +525,7 @@ fn a_udp_target_that_is_not_an_agent_of_the_session_gets_hellos_and_no_payload_b
         Ok(Reply::Error { message }) => {
             assert!(
                 message.contains(&sink.addr.to_string())
-                    && message.contains("did not prove it belongs to this session")
+                    && message.contains("did not prove it belongs to this session (it answered, but not as a netgap end)")
                     && message.contains("no payload was sent"),
                 "{message}"
             );

@@ -56,8 +56,9 @@ use crate::TransportError;
 use netgap_core::datagram::DatagramStats;
 use netgap_core::spec::{Mode, TransportOptions};
 use netgap_proto::dataproof::{
-    DataToken, DatagramConnectorProof, DatagramListenerProof, DATAGRAM_ANSWER_BYTES,
-    DATAGRAM_CONFIRM_BYTES, DATAGRAM_HELLO_BYTES, DATAGRAM_SECRET_BYTES, NONCE_BYTES,
+    DataProofError, DataToken, DatagramConnectorProof, DatagramListenerProof,
+    DATAGRAM_ANSWER_BYTES, DATAGRAM_CONFIRM_BYTES, DATAGRAM_HELLO_BYTES, DATAGRAM_SECRET_BYTES,
+    NONCE_BYTES,
 };
 use nix::errno::Errno;
 use nix::sys::epoll::{Epoll, EpollEvent, EpollFlags};
@@ -425,7 +426,12 @@ pub(super) fn open_flow(
             })?;
             let Some(confirm) = confirm else {
                 let why = match refused {
-                    Some(e) => e.to_string(),
+                    Some(DataProofError::NotNetgap) => {
+                        "it answered, but not as a netgap end".to_string()
+                    }
+                    Some(DataProofError::WrongSession) => {
+                        "it answered with the proof of another session".to_string()
+                    }
                     None => format!("no answer to {ms} ms of udp hellos"),
                 };
                 return Err(io::Error::new(
@@ -494,6 +500,8 @@ pub(super) fn serve(
     token: Option<DataToken>,
     stop: &AtomicBool,
 ) -> Result<ServerTotals, EngineError> {
+    // A secret per worker: the kernel steers a flow's hello and its
+    // confirmation, from one address, to the same worker.
     let proof = match token {
         Some(token) => {
             let mut secret = [0u8; DATAGRAM_SECRET_BYTES];

@@ -823,7 +823,7 @@ fn a_udp_server_of_another_session_is_refused_and_serves_nothing() {
     .unwrap_err()
     .to_string();
     assert!(
-        e.contains("does not belong to this session") && e.contains("no payload was sent"),
+        e.contains("did not prove it belongs to this session (it answered with the proof of another session); no payload was sent"),
         "{e}"
     );
     // A client without the token at all: its bare hellos are not answered.
