@@ -22,12 +22,18 @@ fuzz_target!(|data: &[u8]| {
         "a forged confirmation passed"
     );
     let connector = DatagramConnectorProof::new(token.clone(), [1; 16]);
-    assert!(connector.on_answer(data).is_err(), "a forged datagram answer passed");
+    assert!(
+        connector.on_answer(data).is_err(),
+        "a forged datagram answer passed"
+    );
     let listener = DatagramListenerProof::new(token, [3; 32]);
     let peer = std::net::SocketAddr::from(([10, 0, 0, 1], 4000));
     let (hello, confirm) = data.split_at(data.len().min(DATAGRAM_HELLO_BYTES));
     if let Ok(answer) = listener.on_hello(peer, hello) {
-        assert!(answer.len() <= hello.len(), "an answer bigger than its hello");
+        assert!(
+            answer.len() <= hello.len(),
+            "an answer bigger than its hello"
+        );
     }
     assert!(
         listener.on_confirm(peer, confirm).is_err(),
