@@ -140,6 +140,7 @@ fn server_child() {
     let mut cfg = EngineConfig::tcp(2, Duration::from_secs(10));
     if mode.as_deref() == Ok("udp") {
         cfg.path = &flows::DATAGRAMS;
+        cfg.token = Some(udp_token());
     }
     let server = FlowServer::bind("127.0.0.1:0".parse().unwrap(), work, cfg).unwrap();
     println!("ADDR {}", server.local_addr());
@@ -154,6 +155,11 @@ fn server_child() {
         status_kib("VmHWM:"),
         rss_before
     );
+}
+
+/// The session token of the udp flows, which prove it in their opening.
+fn udp_token() -> netgap::proto::dataproof::DataToken {
+    netgap::proto::dataproof::DataToken::from_bytes([5; 32])
 }
 
 fn require_system() -> bool {
@@ -274,10 +280,12 @@ fn ten_thousand_flows_pingpong_and_connect_with_bounded_memory() {
 
     drop(report);
 
-    // Pingpong over udp: a datagram socket per client flow, a few bytes of
-    // state per flow on the server.
+    // Pingpong over udp: a datagram socket per client flow, each proving
+    // the session in its opening, a few bytes of state per flow on the
+    // server.
     let udp_cfg = EngineConfig {
         path: &flows::DATAGRAMS,
+        token: Some(udp_token()),
         ..cfg.clone()
     };
     let server = ChildServer::start("udp");

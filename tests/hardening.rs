@@ -425,15 +425,132 @@ fn a_target_that_is_not_an_agent_of_the_session_is_refused_before_any_payload_by
     );
 }
 
+/// A UDP sink that is no netgap agent of the session: it acks every hello
+/// as a udp flow server without the session's proof would (a bare
+/// hello-ack), answers nothing else, and keeps the size and first bytes of
+/// every datagram it gets.
+struct UdpSink {
+    addr: SocketAddr,
+    got: Arc<std::sync::Mutex<Vec<Seen>>>,
+}
+
+/// A datagram a sink got: its size and first four bytes.
+type Seen = (usize, [u8; 4]);
+
+impl UdpSink {
+    fn start(ip: &str) -> UdpSink {
+        let socket = std::net::UdpSocket::bind((ip, 0)).expect("udp sink binds");
+        let addr = socket.local_addr().expect("addr");
+        let got = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let keep = Arc::clone(&got);
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 65536];
+            while let Ok((n, from)) = socket.recv_from(&mut buf) {
+                if buf[..n.min(4)] == *b"NG\x01\x01" {
+                    let mut ack = [0u8; 24];
+                    ack[..4].copy_from_slice(b"NG\x01\x02");
+                    let _ = socket.send_to(&ack, from);
+                }
+                let mut head = [0u8; 4];
+                let k = n.min(4);
+                head[..k].copy_from_slice(&buf[..k]);
+                keep.lock().expect("sink lock").push((n, head));
+            }
+        });
+        UdpSink { addr, got }
+    }
+
+    fn datagrams(&self) -> Vec<Seen> {
+        self.got.lock().expect("sink lock").clone()
+    }
+}
+
 #[test]
-fn a_coordinator_sends_no_payload_to_an_address_its_agent_names() {
+fn a_udp_target_that_is_not_an_agent_of_the_session_gets_hellos_and_no_payload_byte() {
+    use netgap::proto::dataproof::DATAGRAM_HELLO_BYTES;
+    use netgap::proto::group::{GroupRole, GroupSpec};
+    use netgap::proto::session::CoordinatorSession;
+    let sink = UdpSink::start("127.0.0.9");
+    let agent = Agent::start("127.0.0.2");
+    let addr = ControlAddr::parse(&agent.addr).expect("addr");
+    let mut conn =
+        ControlConn::new(addr.connect(Duration::from_secs(2)).expect("connect")).expect("conn");
+    let mut session = CoordinatorSession::new();
+    conn.send(&session.hello()).expect("hello");
+    let welcome = decode_reply(&conn.recv_payload(Duration::from_secs(2)).expect("welcome"));
+    session
+        .on_welcome(welcome.expect("decodes"))
+        .expect("welcome");
+    // hotspot clients over udp (the flow engine's datagram flows) aimed
+    // at the sink, which the request itself lists as a host of the session.
+    let spec = GroupSpec {
+        point: netgap::spec::PointSpec {
+            test: "hotspot".into(),
+            transport: "udp".into(),
+            mode: netgap::spec::Mode::Event,
+            size_bytes: 1000,
+            options: netgap::spec::TransportOptions::default(),
+            server_cpu: None,
+            io_timeout_ms: 500,
+            verify: false,
+        },
+        role: GroupRole::Client,
+        params: serde_json::json!({}),
+        flows: 2,
+        listen_ips: vec![],
+        targets: vec![sink.addr.to_string()],
+        bind_ips: vec![],
+        session_hosts: vec![sink.addr.ip()],
+        warmup_ms: 0,
+        duration_ms: 2000,
+    };
+    let token = netgap::preamble::new_token().expect("token");
+    conn.send(&session.group_prepare(spec, token))
+        .expect("prepare");
+    let started = Instant::now();
+    let reply = loop {
+        let reply = decode_reply(&conn.recv_payload(Duration::from_secs(5)).expect("reply"));
+        if !matches!(reply, Ok(Reply::GroupAlive)) {
+            break reply;
+        }
+    };
+    // Refused within the I/O timeout and a second's grace, in one line
+    // naming the target.
+    assert!(
+        started.elapsed() < Duration::from_millis(1500),
+        "{:?}",
+        started.elapsed()
+    );
+    match reply {
+        Ok(Reply::Error { message }) => {
+            assert!(
+                message.contains(&sink.addr.to_string())
+                    && message.contains("did not prove it belongs to this session (it answered, but not as a netgap end)")
+                    && message.contains("no payload was sent"),
+                "{message}"
+            );
+            assert_eq!(message.lines().count(), 1, "{message}");
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    // Every datagram the sink got is a hello of the udp format, of its
+    // fixed size: a nonce and padding, no payload byte.
+    let got = sink.datagrams();
+    assert!(!got.is_empty());
+    for (n, head) in &got {
+        assert_eq!(*n, 24 + DATAGRAM_HELLO_BYTES, "a {n}-byte datagram");
+        assert_eq!(head, b"NG\x01\x01", "a datagram of another kind");
+    }
+}
+
+/// An agent on loopback that names `named` as its data listener for every
+/// point; its control address.
+fn agent_naming(named: String) -> String {
     use netgap::proto::codec::decode_request;
     use netgap::proto::session::{AgentAction, AgentSession};
-    let sink = Sink::start("127.0.0.1");
-    // An agent that names the sink as its data listener.
     let control = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let control_addr = control.local_addr().expect("addr").to_string();
-    let named = sink.addr.to_string();
     std::thread::spawn(move || {
         let (s, _) = control.accept().expect("accept");
         let mut conn = ControlConn::new(s).expect("conn");
@@ -450,6 +567,13 @@ fn a_coordinator_sends_no_payload_to_an_address_its_agent_names() {
             }
         }
     });
+    control_addr
+}
+
+#[test]
+fn a_coordinator_sends_no_payload_to_an_address_its_agent_names() {
+    let sink = Sink::start("127.0.0.1");
+    let control_addr = agent_naming(sink.addr.to_string());
     let out = netgap()
         .args(["run", "stream", "--peer", &control_addr, "-s", "64K"])
         .args(["--reps", "1", "-n", "100", "--timeout", "1s"])
@@ -462,6 +586,36 @@ fn a_coordinator_sends_no_payload_to_an_address_its_agent_names() {
         sink.received() <= netgap::proto::dataproof::HELLO_BYTES as u64,
         "the sink got {} bytes",
         sink.received()
+    );
+}
+
+#[test]
+fn a_coordinator_sends_no_udp_payload_to_an_address_its_agent_names() {
+    use netgap::proto::dataproof::HELLO_BYTES;
+    // The point-to-point udp path proves the session over the flow's own
+    // data datagrams (`preamble`): a sink that acks the udp hellos gets
+    // them, the proof's hello (re-sent while unanswered) and header-only
+    // probes, never a payload byte.
+    let sink = UdpSink::start("127.0.0.1");
+    let control_addr = agent_naming(sink.addr.to_string());
+    let out = netgap()
+        .args(["run", "stream", "-t", "udp", "--peer", &control_addr])
+        .args(["-s", "1K", "--reps", "1", "-n", "100", "--timeout", "1s"])
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("no payload was sent"), "{stderr}");
+    let got = sink.datagrams();
+    assert!(!got.is_empty());
+    for (n, head) in &got {
+        assert!(*n <= 24 + HELLO_BYTES, "a {n}-byte datagram {head:?}");
+    }
+    // The proof's hello did go out: the path got as far as the proof.
+    assert!(
+        got.iter()
+            .any(|(n, head)| *n == 24 + HELLO_BYTES && head == b"NG\x01\x03"),
+        "{got:?}"
     );
 }
 

@@ -19,11 +19,18 @@
 //! byte, and a stranger connecting to a data listener is refused. The token
 //! itself never crosses a data connection. Tags are compared in constant
 //! time.
+//!
+//! Flows of datagrams, which have no connection, prove the same token with
+//! [`DatagramConnectorProof`] and [`DatagramListenerProof`]: the same three
+//! steps in the payload of the flow's opening datagrams, with a listener
+//! that keeps no state for a peer before its confirmation verifies and
+//! never answers with more bytes than it was sent.
 
 use hmac::{Hmac, Mac};
 use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 use std::fmt;
+use std::net::{IpAddr, SocketAddr};
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -213,6 +220,189 @@ impl ListenerProof {
     }
 }
 
+/// Bytes of a datagram connector's hello: its nonce, then zeros up to the
+/// size of the listener's answer, so the answer is never bigger than the
+/// datagram that caused it (the listener amplifies nothing).
+pub const DATAGRAM_HELLO_BYTES: usize = DATAGRAM_ANSWER_BYTES;
+/// Bytes of a datagram listener's answer: its nonce and its tag.
+pub const DATAGRAM_ANSWER_BYTES: usize = NONCE_BYTES + TAG_BYTES;
+/// Bytes of a datagram connector's confirmation: its own nonce (the
+/// listener keeps no state to remember it by) and its tag.
+pub const DATAGRAM_CONFIRM_BYTES: usize = NONCE_BYTES + TAG_BYTES;
+/// Bytes of a datagram listener's secret, which makes its nonces.
+pub const DATAGRAM_SECRET_BYTES: usize = 32;
+/// Domain separation of the datagram listener's tag.
+pub const DATAGRAM_LISTENER_CONTEXT: &[u8] = b"netgap datagram v1: listener";
+/// Domain separation of the datagram connector's tag.
+pub const DATAGRAM_CONNECTOR_CONTEXT: &[u8] = b"netgap datagram v1: connector";
+/// Domain separation of the datagram listener's nonce.
+const DATAGRAM_NONCE_CONTEXT: &[u8] = b"netgap datagram v1: nonce";
+
+/// The same proof for flows of datagrams, which have no connection to keep
+/// state on: the three messages ride in the payload of the flow's opening
+/// datagrams (the caller frames them), and the listener keeps nothing for
+/// a peer until its confirmation verifies.
+///
+/// 1. connector → listener: [`DatagramConnectorProof::hello`], a fresh
+///    connector nonce padded with zeros to [`DATAGRAM_HELLO_BYTES`];
+/// 2. listener → connector: a listener nonce derived from the listener's
+///    own secret, the peer's address and the connector nonce (so a flood
+///    of hellos allocates nothing), and HMAC-SHA256(token,
+///    [`DATAGRAM_LISTENER_CONTEXT`] ‖ connector nonce ‖ listener nonce); no
+///    bigger than the hello;
+/// 3. connector → listener: the connector nonce and HMAC-SHA256(token,
+///    [`DATAGRAM_CONNECTOR_CONTEXT`] ‖ connector nonce ‖ listener nonce);
+///    the listener derives its nonce again from the sender's address and
+///    checks the tag ([`DatagramListenerProof::on_confirm`]).
+///
+/// Hellos and answers may be lost and sent again: the connector keeps one
+/// nonce per flow, and the listener answers the same hello with the same
+/// bytes. A confirmation binds the sender's address, so one seen on the
+/// wire proves nothing from another address; replayed from the same
+/// address within one listener's life it registers that address again,
+/// which already proved the token.
+#[derive(Debug)]
+pub struct DatagramConnectorProof {
+    token: DataToken,
+    nonce: [u8; NONCE_BYTES],
+}
+
+impl DatagramConnectorProof {
+    /// A proof with a fresh random `nonce` (one per flow).
+    pub fn new(token: DataToken, nonce: [u8; NONCE_BYTES]) -> DatagramConnectorProof {
+        DatagramConnectorProof { token, nonce }
+    }
+
+    /// The hello's payload: the nonce, then zeros.
+    pub fn hello(&self) -> [u8; DATAGRAM_HELLO_BYTES] {
+        let mut out = [0u8; DATAGRAM_HELLO_BYTES];
+        out[..NONCE_BYTES].copy_from_slice(&self.nonce);
+        out
+    }
+
+    /// Checks the listener's answer; the confirmation's payload to send
+    /// when it holds the token. Never panics.
+    pub fn on_answer(&self, answer: &[u8]) -> Result<[u8; DATAGRAM_CONFIRM_BYTES], DataProofError> {
+        if answer.len() != DATAGRAM_ANSWER_BYTES {
+            return Err(DataProofError::NotNetgap);
+        }
+        let (nonce, tag) = answer.split_at(NONCE_BYTES);
+        self.token
+            .tag(DATAGRAM_LISTENER_CONTEXT, &self.nonce, nonce)
+            .verify_slice(tag)
+            .map_err(|_| DataProofError::WrongSession)?;
+        let mut confirm = [0u8; DATAGRAM_CONFIRM_BYTES];
+        confirm[..NONCE_BYTES].copy_from_slice(&self.nonce);
+        confirm[NONCE_BYTES..].copy_from_slice(
+            &self
+                .token
+                .tag(DATAGRAM_CONNECTOR_CONTEXT, &self.nonce, nonce)
+                .finalize()
+                .into_bytes(),
+        );
+        Ok(confirm)
+    }
+}
+
+/// The listening end of datagram flows: one for all its peers, holding no
+/// state per peer. Answer each hello with
+/// [`DatagramListenerProof::on_hello`]; serve a peer only once
+/// [`DatagramListenerProof::on_confirm`] took its confirmation.
+pub struct DatagramListenerProof {
+    token: DataToken,
+    secret: [u8; DATAGRAM_SECRET_BYTES],
+}
+
+impl fmt::Debug for DatagramListenerProof {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("DatagramListenerProof(..)")
+    }
+}
+
+/// The bytes of `peer` that its listener nonce binds: family, address and
+/// port.
+fn peer_bytes(peer: SocketAddr) -> ([u8; 19], usize) {
+    let mut out = [0u8; 19];
+    let port = peer.port().to_be_bytes();
+    match peer.ip() {
+        IpAddr::V4(ip) => {
+            out[0] = 4;
+            out[1..5].copy_from_slice(&ip.octets());
+            out[5..7].copy_from_slice(&port);
+            (out, 7)
+        }
+        IpAddr::V6(ip) => {
+            out[0] = 6;
+            out[1..17].copy_from_slice(&ip.octets());
+            out[17..19].copy_from_slice(&port);
+            (out, 19)
+        }
+    }
+}
+
+impl DatagramListenerProof {
+    /// A listener proving `token`, making its nonces with a fresh random
+    /// `secret` (one per listener, never reused).
+    pub fn new(token: DataToken, secret: [u8; DATAGRAM_SECRET_BYTES]) -> DatagramListenerProof {
+        DatagramListenerProof { token, secret }
+    }
+
+    /// The listener nonce for `peer`'s flow with connector nonce
+    /// `connector`: the same every time, so nothing is kept between the
+    /// answer and the confirmation.
+    fn nonce(&self, peer: SocketAddr, connector: &[u8]) -> [u8; NONCE_BYTES] {
+        let (peer, len) = peer_bytes(peer);
+        let mut mac = match HmacSha256::new_from_slice(&self.secret) {
+            Ok(m) => m,
+            Err(_) => unreachable!("HMAC accepts keys of every length"),
+        };
+        mac.update(DATAGRAM_NONCE_CONTEXT);
+        mac.update(&peer[..len]);
+        mac.update(connector);
+        let mut out = [0u8; NONCE_BYTES];
+        out.copy_from_slice(&mac.finalize().into_bytes()[..NONCE_BYTES]);
+        out
+    }
+
+    /// Takes a hello's payload from `peer`; the answer's payload to send
+    /// back. Keeps nothing. Never panics.
+    pub fn on_hello(
+        &self,
+        peer: SocketAddr,
+        hello: &[u8],
+    ) -> Result<[u8; DATAGRAM_ANSWER_BYTES], DataProofError> {
+        if hello.len() != DATAGRAM_HELLO_BYTES || hello[NONCE_BYTES..].iter().any(|&b| b != 0) {
+            return Err(DataProofError::NotNetgap);
+        }
+        let connector = &hello[..NONCE_BYTES];
+        let nonce = self.nonce(peer, connector);
+        let mut out = [0u8; DATAGRAM_ANSWER_BYTES];
+        out[..NONCE_BYTES].copy_from_slice(&nonce);
+        out[NONCE_BYTES..].copy_from_slice(
+            &self
+                .token
+                .tag(DATAGRAM_LISTENER_CONTEXT, connector, &nonce)
+                .finalize()
+                .into_bytes(),
+        );
+        Ok(out)
+    }
+
+    /// Checks a confirmation's payload from `peer`: `Ok` means `peer`
+    /// holds this point's token and answered this listener. Never panics.
+    pub fn on_confirm(&self, peer: SocketAddr, confirm: &[u8]) -> Result<(), DataProofError> {
+        if confirm.len() != DATAGRAM_CONFIRM_BYTES {
+            return Err(DataProofError::NotNetgap);
+        }
+        let (connector, tag) = confirm.split_at(NONCE_BYTES);
+        let nonce = self.nonce(peer, connector);
+        self.token
+            .tag(DATAGRAM_CONNECTOR_CONTEXT, connector, &nonce)
+            .verify_slice(tag)
+            .map_err(|_| DataProofError::WrongSession)
+    }
+}
+
 /// A fixed token for tests of the protocol.
 #[cfg(test)]
 pub(crate) fn test_token() -> DataToken {
@@ -276,6 +466,106 @@ mod tests {
         assert_eq!(format!("{t:?}"), "DataToken(..)");
     }
 
+    fn peer(s: &str) -> SocketAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn datagram_ends_with_the_token_prove_it_and_the_answer_is_no_bigger() {
+        const { assert!(DATAGRAM_ANSWER_BYTES <= DATAGRAM_HELLO_BYTES) };
+        let c = DatagramConnectorProof::new(token(1), [2; NONCE_BYTES]);
+        let l = DatagramListenerProof::new(token(1), [3; DATAGRAM_SECRET_BYTES]);
+        let from = peer("10.0.0.1:5000");
+        let answer = l.on_hello(from, &c.hello()).unwrap();
+        // A lost answer is asked for again and comes back the same.
+        assert_eq!(l.on_hello(from, &c.hello()).unwrap(), answer);
+        let confirm = c.on_answer(&answer).unwrap();
+        assert_eq!(l.on_confirm(from, &confirm), Ok(()));
+        // Over IPv6 too.
+        let v6 = peer("[fd00::1]:5000");
+        let confirm = c.on_answer(&l.on_hello(v6, &c.hello()).unwrap()).unwrap();
+        assert_eq!(l.on_confirm(v6, &confirm), Ok(()));
+    }
+
+    #[test]
+    fn a_datagram_end_of_another_point_or_no_netgap_end_is_refused() {
+        let c = DatagramConnectorProof::new(token(1), [2; NONCE_BYTES]);
+        let from = peer("10.0.0.1:5000");
+        // A listener of another point.
+        let other = DatagramListenerProof::new(token(9), [3; DATAGRAM_SECRET_BYTES]);
+        let answer = other.on_hello(from, &c.hello()).unwrap();
+        assert_eq!(c.on_answer(&answer), Err(DataProofError::WrongSession));
+        // A sink echoing the hello, and answers of the wrong size.
+        assert_eq!(c.on_answer(&c.hello()), Err(DataProofError::WrongSession));
+        assert_eq!(c.on_answer(&[0; 20]), Err(DataProofError::NotNetgap));
+        // A connector of another point.
+        let l = DatagramListenerProof::new(token(1), [3; DATAGRAM_SECRET_BYTES]);
+        let stranger = DatagramConnectorProof::new(token(9), [2; NONCE_BYTES]);
+        let answer = l.on_hello(from, &stranger.hello()).unwrap();
+        assert_eq!(
+            stranger.on_answer(&answer),
+            Err(DataProofError::WrongSession)
+        );
+        // A hello with anything but zeros after the nonce is no netgap's.
+        let mut bad = c.hello();
+        bad[DATAGRAM_HELLO_BYTES - 1] = 1;
+        assert_eq!(l.on_hello(from, &bad), Err(DataProofError::NotNetgap));
+        assert_eq!(l.on_hello(from, &bad[..20]), Err(DataProofError::NotNetgap));
+    }
+
+    #[test]
+    fn a_datagram_answer_or_confirmation_replayed_or_forged_is_refused() {
+        let from = peer("10.0.0.1:5000");
+        let l = DatagramListenerProof::new(token(1), [3; DATAGRAM_SECRET_BYTES]);
+        let first = DatagramConnectorProof::new(token(1), [2; NONCE_BYTES]);
+        let old_answer = l.on_hello(from, &first.hello()).unwrap();
+        let confirm = first.on_answer(&old_answer).unwrap();
+        // An answer seen on the wire, replayed to a flow with a new nonce.
+        let second = DatagramConnectorProof::new(token(1), [4; NONCE_BYTES]);
+        assert_eq!(
+            second.on_answer(&old_answer),
+            Err(DataProofError::WrongSession)
+        );
+        // A confirmation seen on the wire, replayed from another address.
+        assert_eq!(
+            l.on_confirm(peer("10.0.0.2:5000"), &confirm),
+            Err(DataProofError::WrongSession)
+        );
+        assert_eq!(
+            l.on_confirm(peer("10.0.0.1:5001"), &confirm),
+            Err(DataProofError::WrongSession)
+        );
+        // Or to another listener of the same point (a restarted server).
+        let restarted = DatagramListenerProof::new(token(1), [5; DATAGRAM_SECRET_BYTES]);
+        assert_eq!(
+            restarted.on_confirm(from, &confirm),
+            Err(DataProofError::WrongSession)
+        );
+        // A confirmation made up without the token, or with a bit flipped.
+        assert_eq!(
+            l.on_confirm(from, &[0; DATAGRAM_CONFIRM_BYTES]),
+            Err(DataProofError::WrongSession)
+        );
+        let mut flipped = confirm;
+        flipped[NONCE_BYTES] ^= 1;
+        assert_eq!(
+            l.on_confirm(from, &flipped),
+            Err(DataProofError::WrongSession)
+        );
+        let mut flipped = confirm;
+        flipped[0] ^= 1;
+        assert_eq!(
+            l.on_confirm(from, &flipped),
+            Err(DataProofError::WrongSession)
+        );
+        assert_eq!(
+            l.on_confirm(from, &confirm[..40]),
+            Err(DataProofError::NotNetgap)
+        );
+        assert_eq!(l.on_confirm(from, &confirm), Ok(()));
+        assert_eq!(format!("{l:?}"), "DatagramListenerProof(..)");
+    }
+
     proptest::proptest! {
         #[test]
         fn arbitrary_bytes_never_panic_either_end(bytes in proptest::collection::vec(0u8..=255, 0..80)) {
@@ -284,6 +574,12 @@ mod tests {
             let mut l = ListenerProof::new(token(1), [3; NONCE_BYTES]);
             let _ = l.on_hello(&bytes);
             let _ = l.on_confirm(&bytes);
+            let d = DatagramConnectorProof::new(token(1), [2; NONCE_BYTES]);
+            let _ = d.on_answer(&bytes);
+            let dl = DatagramListenerProof::new(token(1), [3; DATAGRAM_SECRET_BYTES]);
+            let from: SocketAddr = "10.0.0.1:5000".parse().unwrap();
+            let _ = dl.on_hello(from, &bytes);
+            let _ = dl.on_confirm(from, &bytes);
         }
     }
 }

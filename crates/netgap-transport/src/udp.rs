@@ -133,9 +133,11 @@ pub(crate) struct Udp;
 /// What a datagram is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kind {
-    /// Coordinator to agent: please connect to me.
+    /// Coordinator to agent (flow engine client to server): please connect
+    /// to me. The engine's carries the session proof's hello.
     Hello = 1,
-    /// Agent to coordinator: connected.
+    /// Agent to coordinator (server to client): connected. The engine's
+    /// carries the session proof's answer.
     HelloAck = 2,
     /// A message.
     Data = 3,
@@ -143,6 +145,12 @@ pub(crate) enum Kind {
     Probe = 4,
     /// "Send your last datagram again: I have nothing from `seq` on."
     Nack = 5,
+    /// Flow engine client to server: the session proof's confirmation
+    /// (see `flows::datagram`); the point-to-point path ignores it.
+    Confirm = 6,
+    /// Flow engine server to client: the confirmation verified and the
+    /// flow is registered.
+    ConfirmAck = 7,
 }
 
 /// The header in front of every datagram, big-endian on the wire: magic
@@ -192,6 +200,8 @@ impl Header {
             3 => Kind::Data,
             4 => Kind::Probe,
             5 => Kind::Nack,
+            6 => Kind::Confirm,
+            7 => Kind::ConfirmAck,
             _ => return None,
         };
         let word = |i: usize| {
@@ -562,7 +572,8 @@ impl Shared {
                 self.send_control(Header::control(Kind::HelloAck));
                 return Ok(Arrival::Nothing);
             }
-            Kind::HelloAck => return Ok(Arrival::Nothing),
+            // The flow engine's proof is no part of this path.
+            Kind::HelloAck | Kind::Confirm | Kind::ConfirmAck => return Ok(Arrival::Nothing),
             Kind::Probe => {
                 // Everything sent before the probe is ahead of it in the
                 // queue: what has not arrived by now was lost (or, on a real

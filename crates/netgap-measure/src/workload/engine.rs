@@ -124,9 +124,9 @@ fn config(
         mode: spec.point.mode,
         options: spec.point.options.clone(),
         path,
-        // Connections prove the session before payload; a datagram path
-        // carries no proof (its flows are not connections).
-        token: (!path.datagrams()).then(|| token.clone()),
+        // Every flow proves the session before payload: a connection after
+        // connect and accept, a datagram flow in its opening datagrams.
+        token: Some(token.clone()),
     })
 }
 

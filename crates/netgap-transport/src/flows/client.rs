@@ -192,13 +192,18 @@ pub(super) fn prepare(
         let w = &mut workers[i % workers_n];
         let (kind, interest) = match spec.work {
             FlowWork::PingPong { size_bytes } if cfg.path.datagrams() => {
-                let socket =
-                    datagram::open_flow(spec.target, spec.bind_ip, &cfg.options, cfg.io_timeout)
-                        .map_err(|source| EngineError::Connect {
-                            index,
-                            target: spec.target,
-                            source,
-                        })?;
+                let socket = datagram::open_flow(
+                    spec.target,
+                    spec.bind_ip,
+                    &cfg.options,
+                    cfg.io_timeout,
+                    cfg.token.as_ref(),
+                )
+                .map_err(|source| EngineError::Connect {
+                    index,
+                    target: spec.target,
+                    source,
+                })?;
                 let token = w.flows.len() as u64;
                 // Replies are all a datagram flow waits for: its interest
                 // never changes.

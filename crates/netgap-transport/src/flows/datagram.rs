@@ -6,8 +6,20 @@
 //!
 //! - **Opening** a flow sends a hello until the server acks it (within the
 //!   I/O timeout), so an unreachable server fails before the barrier, as a
-//!   refused TCP connection does; the hello also registers the flow with
-//!   the server worker the kernel steers it to.
+//!   refused TCP connection does. With the point's token (every run between
+//!   agents) the opening proves the session
+//!   ([`netgap_proto::dataproof::DatagramConnectorProof`]): the hello
+//!   carries the client's nonce, padded so the ack that answers it is no
+//!   bigger; the ack carries the server's nonce and tag, which the client
+//!   checks before it sends anything else; the client then sends a
+//!   confirmation until the server acks it (one more round trip, before
+//!   the barrier). The server derives its nonce from a secret of its own,
+//!   the client's address and nonce, so it keeps nothing for a hello; it
+//!   registers the flow with the worker the kernel steers it to only once
+//!   the confirmation verifies, and drops, unanswered and counted as
+//!   strangers, data from any address that has not. An address that is no
+//!   netgap end of this point gets hellos and never a payload byte. Without
+//!   a token (an engine inside one process) the hello registers the flow.
 //! - **Loss** never hangs a flow: a request whose reply has not come within
 //!   the worker's retry timeout is sent again (flagged RETRY), backing off
 //!   up to [`RETRY_MAX`]; a reply older than the current request is a
@@ -25,8 +37,8 @@
 //!   duplicate).
 //! - **Memory**: a client flow holds one buffer of header, message and one
 //!   byte (which catches an oversized datagram); the server holds 8 bytes
-//!   of state per flow in a map capped at [`MAX_PEERS_PER_WORKER`] and one
-//!   datagram buffer per worker.
+//!   of state per proven flow in a map capped at [`MAX_PEERS_PER_WORKER`]
+//!   and one datagram buffer per worker, and nothing per unproven sender.
 //!
 //! The retry timeout is the udp transport's rule, kept per worker (its
 //! flows share the server and the path): 20 ms until measured, then four
@@ -43,6 +55,11 @@ use crate::udp::{
 use crate::TransportError;
 use netgap_core::datagram::DatagramStats;
 use netgap_core::spec::{Mode, TransportOptions};
+use netgap_proto::dataproof::{
+    DataProofError, DataToken, DatagramConnectorProof, DatagramListenerProof,
+    DATAGRAM_ANSWER_BYTES, DATAGRAM_CONFIRM_BYTES, DATAGRAM_HELLO_BYTES, DATAGRAM_SECRET_BYTES,
+    NONCE_BYTES,
+};
 use nix::errno::Errno;
 use nix::sys::epoll::{Epoll, EpollEvent, EpollFlags};
 use std::cmp::Reverse;
@@ -308,14 +325,68 @@ fn udp_socket(addr: SocketAddr, options: &TransportOptions) -> io::Result<socket
     })
 }
 
+/// `kind`'s header followed by `payload`, as one datagram.
+fn framed<const N: usize>(kind: Kind, payload: &[u8; N]) -> Vec<u8> {
+    let mut d = Header::control(kind).encode().to_vec();
+    d.extend_from_slice(payload);
+    d
+}
+
+/// Sends `datagram` on the connected `socket` every [`HELLO_INTERVAL`]
+/// until `take` accepts a reply (its header and payload) or `deadline`
+/// passes (`None`). Replies it does not take are ignored: a stray, late or
+/// forged datagram never ends the wait early.
+fn knock<T>(
+    socket: &UdpSocket,
+    datagram: &[u8],
+    deadline: Instant,
+    mut take: impl FnMut(&Header, &[u8]) -> Option<T>,
+) -> io::Result<Option<T>> {
+    // One byte more than the largest reply taken, so a longer one is seen
+    // as such.
+    let mut buf = [0u8; HEADER_BYTES + DATAGRAM_ANSWER_BYTES + 1];
+    loop {
+        let now = Instant::now();
+        if now >= deadline {
+            return Ok(None);
+        }
+        socket.send(datagram)?;
+        let knocked = now;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let wait = HELLO_INTERVAL.saturating_sub(knocked.elapsed()).min(left);
+            if wait.is_zero() {
+                break;
+            }
+            socket.set_read_timeout(Some(wait))?;
+            match socket.recv(&mut buf) {
+                Ok(n) => {
+                    let Some(h) = Header::decode(&buf[..n]) else {
+                        continue;
+                    };
+                    if let Some(t) = take(&h, &buf[HEADER_BYTES..n]) {
+                        return Ok(Some(t));
+                    }
+                }
+                Err(e) if is_transient(&e) || e.kind() == ErrorKind::TimedOut => break,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
 /// Opens one client flow to `target`: a UDP socket (bound to `bind_ip`
 /// when given) connected to it, which has sent a hello and had it acked
-/// within `timeout`. The socket is left non-blocking.
+/// within `timeout`; with a `token`, the far end has also proven the
+/// session and taken this flow's confirmation (see the module docs), and
+/// nothing but hellos went to it before it proved it. The socket is left
+/// non-blocking.
 pub(super) fn open_flow(
     target: SocketAddr,
     bind_ip: Option<IpAddr>,
     options: &TransportOptions,
     timeout: Duration,
+    token: Option<&DataToken>,
 ) -> io::Result<UdpSocket> {
     let socket = udp_socket(target, options)?;
     if let Some(ip) = bind_ip {
@@ -323,28 +394,69 @@ pub(super) fn open_flow(
     }
     socket.connect(&target.into())?;
     let socket: UdpSocket = socket.into();
-    socket.set_read_timeout(Some(HELLO_INTERVAL))?;
     let deadline = Instant::now() + timeout;
-    let hello = Header::control(Kind::Hello).encode();
-    let mut buf = [0u8; HEADER_BYTES];
-    'knock: loop {
-        if Instant::now() >= deadline {
-            return Err(io::Error::new(
-                ErrorKind::TimedOut,
-                format!("no answer to {} ms of udp hellos", timeout.as_millis()),
-            ));
+    let ms = timeout.as_millis();
+    match token {
+        None => {
+            let hello = Header::control(Kind::Hello).encode();
+            knock(&socket, &hello, deadline, |h, _| {
+                (h.kind == Kind::HelloAck).then_some(())
+            })?
+            .ok_or_else(|| {
+                io::Error::new(
+                    ErrorKind::TimedOut,
+                    format!("no answer to {ms} ms of udp hellos"),
+                )
+            })?;
         }
-        socket.send(&hello)?;
-        let knocked = Instant::now();
-        while knocked.elapsed() < HELLO_INTERVAL {
-            match socket.recv(&mut buf) {
-                Ok(n) if Header::decode(&buf[..n]).is_some_and(|h| h.kind == Kind::HelloAck) => {
-                    break 'knock;
+        Some(token) => {
+            let mut nonce = [0u8; NONCE_BYTES];
+            super::proof::fill_random(&mut nonce)?;
+            let proof = DatagramConnectorProof::new(token.clone(), nonce);
+            let hello = framed(Kind::Hello, &proof.hello());
+            // An answer that fails the proof is remembered, not fatal: a
+            // forged one must not end the opening of a flow whose server
+            // is there.
+            let mut refused = None;
+            let confirm = knock(&socket, &hello, deadline, |h, payload| {
+                if h.kind != Kind::HelloAck {
+                    return None;
                 }
-                Ok(_) => {}
-                Err(e) if is_transient(&e) || e.kind() == ErrorKind::TimedOut => continue 'knock,
-                Err(e) => return Err(e),
-            }
+                proof.on_answer(payload).map_err(|e| refused = Some(e)).ok()
+            })?;
+            let Some(confirm) = confirm else {
+                let why = match refused {
+                    Some(DataProofError::NotNetgap) => {
+                        "it answered, but not as a netgap end".to_string()
+                    }
+                    Some(DataProofError::WrongSession) => {
+                        "it answered with the proof of another session".to_string()
+                    }
+                    None => format!("no answer to {ms} ms of udp hellos"),
+                };
+                return Err(io::Error::new(
+                    ErrorKind::TimedOut,
+                    format!(
+                        "the far end did not prove it belongs to this session ({why}); no payload was sent"
+                    ),
+                ));
+            };
+            let confirm: [u8; DATAGRAM_CONFIRM_BYTES] = confirm;
+            knock(
+                &socket,
+                &framed(Kind::Confirm, &confirm),
+                deadline,
+                |h, _| (h.kind == Kind::ConfirmAck).then_some(()),
+            )?
+            .ok_or_else(|| {
+                io::Error::new(
+                    ErrorKind::TimedOut,
+                    format!(
+                        "the far end proved the session but did not take this flow's confirmation \
+                         within {ms} ms; no payload was sent"
+                    ),
+                )
+            })?;
         }
     }
     socket.set_read_timeout(None)?;
@@ -378,15 +490,30 @@ pub(super) fn bind(
 }
 
 /// One server worker: answers every datagram of its flows until `stop`,
-/// sleeping in `epoll` (event mode) or spinning on the socket (poll mode).
+/// sleeping in `epoll` (event mode) or spinning on the socket (poll mode);
+/// with a `token`, only flows that proved it (see the module docs).
 pub(super) fn serve(
     socket: &UdpSocket,
     epoll: &Epoll,
     size_bytes: usize,
     mode: Mode,
+    token: Option<DataToken>,
     stop: &AtomicBool,
 ) -> Result<ServerTotals, EngineError> {
-    let mut server = Server::new(size_bytes);
+    // A secret per worker: the kernel steers a flow's hello and its
+    // confirmation, from one address, to the same worker.
+    let proof = match token {
+        Some(token) => {
+            let mut secret = [0u8; DATAGRAM_SECRET_BYTES];
+            super::proof::fill_random(&mut secret).map_err(|source| EngineError::Sys {
+                what: "drawing a udp flow server's secret".into(),
+                source,
+            })?;
+            Some(DatagramListenerProof::new(token, secret))
+        }
+        None => None,
+    };
+    let mut server = Server::new(size_bytes, proof);
     let mut events = [EpollEvent::empty(); 1];
     while !stop.load(Ordering::Relaxed) {
         if mode == Mode::Event {
@@ -420,8 +547,13 @@ struct Server {
     /// Header, message and one spare byte (see [`DatagramClient::buf`]).
     buf: Box<[u8]>,
     size_bytes: usize,
-    /// Each flow's next new sequence number, by the flow's address.
+    /// Each flow's next new sequence number, by the flow's address; with a
+    /// proof, only flows whose confirmation verified.
     peers: HashMap<SocketAddr, u64>,
+    /// The session proof every flow passes before it is served, if any.
+    proof: Option<DatagramListenerProof>,
+    /// A control answer being sent: header and proof payload.
+    reply: [u8; HEADER_BYTES + DATAGRAM_ANSWER_BYTES],
     totals: ServerTotals,
     stats: DatagramStats,
 }
@@ -431,8 +563,8 @@ struct Server {
 enum Answer {
     /// Nothing.
     None,
-    /// The hello-ack.
-    HelloAck,
+    /// The first this many bytes of the server's `reply`.
+    Reply(usize),
     /// The datagram itself, as a new reply or as a re-send.
     Echo {
         /// A re-send to a request already answered.
@@ -441,11 +573,16 @@ enum Answer {
 }
 
 impl Server {
-    fn new(size_bytes: usize) -> Server {
+    fn new(size_bytes: usize, proof: Option<DatagramListenerProof>) -> Server {
+        // Room for a proof's hello too, whatever the message size, and the
+        // spare byte that shows a datagram too long.
+        let room = size_bytes.max(1).max(DATAGRAM_HELLO_BYTES);
         Server {
-            buf: vec![0u8; HEADER_BYTES + size_bytes.max(1) + 1].into_boxed_slice(),
+            buf: vec![0u8; HEADER_BYTES + room + 1].into_boxed_slice(),
             size_bytes: size_bytes.max(1),
             peers: HashMap::new(),
+            proof,
+            reply: [0u8; HEADER_BYTES + DATAGRAM_ANSWER_BYTES],
             totals: ServerTotals::default(),
             stats: DatagramStats::default(),
         }
@@ -470,10 +607,10 @@ impl Server {
             };
             match self.answer(n, from) {
                 Answer::None => {}
-                Answer::HelloAck => {
-                    let ack = Header::control(Kind::HelloAck).encode();
-                    // A lost ack is asked for again by the next hello.
-                    let _ = socket.send_to(&ack, from);
+                Answer::Reply(len) => {
+                    // A lost answer is asked for again by the next hello
+                    // or confirmation.
+                    let _ = socket.send_to(&self.reply[..len], from);
                 }
                 Answer::Echo { again } => {
                     // The retry flag is the client's; the reply is plain.
@@ -497,19 +634,42 @@ impl Server {
             return Answer::None;
         };
         match h.kind {
-            Kind::Hello => {
-                if !self.peers.contains_key(&from) {
-                    if self.peers.len() >= MAX_PEERS_PER_WORKER {
-                        self.totals.errors += 1;
+            Kind::Hello => match &self.proof {
+                None => {
+                    if !self.register(from) {
                         return Answer::None;
                     }
-                    self.peers.insert(from, 0);
-                    self.totals.connections_accepted += 1;
+                    self.control(Kind::HelloAck, &[])
                 }
-                Answer::HelloAck
-            }
+                // Answered from the hello alone, nothing kept: the answer
+                // is no bigger than the hello.
+                Some(proof) => match proof.on_hello(from, &self.buf[HEADER_BYTES..n]) {
+                    Ok(answer) => self.control(Kind::HelloAck, &answer),
+                    Err(_) => self.stranger(),
+                },
+            },
+            Kind::Confirm => match &self.proof {
+                Some(proof) => match proof.on_confirm(from, &self.buf[HEADER_BYTES..n]) {
+                    Ok(()) => {
+                        if !self.register(from) {
+                            return Answer::None;
+                        }
+                        self.control(Kind::ConfirmAck, &[])
+                    }
+                    Err(_) => self.stranger(),
+                },
+                None => {
+                    self.totals.errors += 1;
+                    Answer::None
+                }
+            },
             Kind::Data => {
                 let Some(next) = self.peers.get_mut(&from) else {
+                    // A sender that has not proven the session (or, with
+                    // no proof, said hello): never answered.
+                    if self.proof.is_some() {
+                        return self.stranger();
+                    }
                     self.totals.errors += 1;
                     return Answer::None;
                 };
@@ -533,8 +693,38 @@ impl Server {
                 self.totals.bytes_tx += size;
                 Answer::Echo { again: false }
             }
-            Kind::HelloAck | Kind::Probe | Kind::Nack => Answer::None,
+            Kind::HelloAck | Kind::Probe | Kind::Nack | Kind::ConfirmAck => Answer::None,
         }
+    }
+
+    /// Keeps state for the flow at `from`, if not kept yet; false (an
+    /// error counted) when the worker holds [`MAX_PEERS_PER_WORKER`].
+    fn register(&mut self, from: SocketAddr) -> bool {
+        if !self.peers.contains_key(&from) {
+            if self.peers.len() >= MAX_PEERS_PER_WORKER {
+                self.totals.errors += 1;
+                return false;
+            }
+            self.peers.insert(from, 0);
+            self.totals.connections_accepted += 1;
+        }
+        true
+    }
+
+    /// A datagram of a sender that has not proven the session: counted,
+    /// never answered.
+    fn stranger(&mut self) -> Answer {
+        self.totals.errors += 1;
+        self.totals.strangers += 1;
+        Answer::None
+    }
+
+    /// Puts `kind`'s header and `payload` in `reply`.
+    fn control(&mut self, kind: Kind, payload: &[u8]) -> Answer {
+        let len = HEADER_BYTES + payload.len();
+        self.reply[..HEADER_BYTES].copy_from_slice(&Header::control(kind).encode());
+        self.reply[HEADER_BYTES..len].copy_from_slice(payload);
+        Answer::Reply(len)
     }
 }
 
@@ -718,15 +908,15 @@ mod tests {
 
     #[test]
     fn the_server_answers_each_request_and_counts_a_repeat_once() {
-        let mut s = Server::new(4);
+        let mut s = Server::new(4, None);
         let a: SocketAddr = "10.0.0.1:5000".parse().unwrap();
         let b: SocketAddr = "10.0.0.1:5001".parse().unwrap();
         // Data before the hello is a stranger's.
         assert_eq!(arrive(&mut s, &data(0, 4), a), Answer::None);
         let hello = Header::control(Kind::Hello).encode();
-        assert_eq!(arrive(&mut s, &hello, a), Answer::HelloAck);
-        assert_eq!(arrive(&mut s, &hello, a), Answer::HelloAck);
-        assert_eq!(arrive(&mut s, &hello, b), Answer::HelloAck);
+        assert_eq!(arrive(&mut s, &hello, a), Answer::Reply(HEADER_BYTES));
+        assert_eq!(arrive(&mut s, &hello, a), Answer::Reply(HEADER_BYTES));
+        assert_eq!(arrive(&mut s, &hello, b), Answer::Reply(HEADER_BYTES));
         assert_eq!(
             arrive(&mut s, &data(0, 4), a),
             Answer::Echo { again: false }
@@ -753,16 +943,134 @@ mod tests {
         assert_eq!((d.lost, d.lost_bytes), (1, 4));
     }
 
+    fn token(b: u8) -> DataToken {
+        DataToken::from_bytes([b; 32])
+    }
+
+    /// A server of 4-byte messages proving `token`.
+    fn proven_server(t: u8) -> Server {
+        Server::new(
+            4,
+            Some(DatagramListenerProof::new(
+                token(t),
+                [9; DATAGRAM_SECRET_BYTES],
+            )),
+        )
+    }
+
+    fn framed_vec(kind: Kind, payload: &[u8]) -> Vec<u8> {
+        let mut d = Header::control(kind).encode().to_vec();
+        d.extend_from_slice(payload);
+        d
+    }
+
+    /// The server's reply to the last datagram, header and payload.
+    fn reply(s: &Server, a: Answer) -> (Header, Vec<u8>) {
+        let Answer::Reply(len) = a else {
+            panic!("expected a reply, got {a:?}")
+        };
+        (
+            Header::decode(&s.reply[..len]).unwrap(),
+            s.reply[HEADER_BYTES..len].to_vec(),
+        )
+    }
+
+    #[test]
+    fn a_proven_server_keeps_nothing_for_hellos_and_serves_a_flow_once_it_confirms() {
+        let mut s = proven_server(1);
+        let c = DatagramConnectorProof::new(token(1), [2; NONCE_BYTES]);
+        let hello = framed_vec(Kind::Hello, &c.hello());
+        // A flood of hellos from as many addresses: each answered with no
+        // more bytes than it carried, none kept.
+        for i in 0..2000u32 {
+            let from = SocketAddr::new(IpAddr::V4(std::net::Ipv4Addr::from(0x0a00_0000 + i)), 4000);
+            let a = arrive(&mut s, &hello, from);
+            let (h, payload) = reply(&s, a);
+            assert_eq!(h.kind, Kind::HelloAck);
+            assert!(HEADER_BYTES + payload.len() <= hello.len());
+            // Their data is dropped unanswered.
+            assert_eq!(arrive(&mut s, &data(0, 4), from), Answer::None);
+        }
+        assert_eq!((s.peers.len(), s.peers.capacity()), (0, 0));
+        // One of them completes the proof and is served from then on.
+        let from: SocketAddr = "10.0.0.7:4000".parse().unwrap();
+        let a = arrive(&mut s, &hello, from);
+        let (_, answer) = reply(&s, a);
+        let confirm = c.on_answer(&answer).unwrap();
+        let confirm = framed_vec(Kind::Confirm, &confirm);
+        let a = arrive(&mut s, &confirm, from);
+        assert_eq!(reply(&s, a), (Header::control(Kind::ConfirmAck), vec![]));
+        // A lost confirm-ack is asked for again; the flow counts once.
+        let a = arrive(&mut s, &confirm, from);
+        assert_eq!(reply(&s, a).0.kind, Kind::ConfirmAck);
+        assert_eq!(s.peers.len(), 1);
+        assert_eq!(
+            arrive(&mut s, &data(0, 4), from),
+            Answer::Echo { again: false }
+        );
+        let t = s.totals();
+        assert_eq!(t.connections_accepted, 1);
+        assert_eq!((t.strangers, t.errors), (2000, 2000));
+        assert_eq!((t.bytes_rx, t.bytes_tx), (4, 4));
+    }
+
+    #[test]
+    fn a_proven_server_answers_no_stranger_and_registers_no_forged_confirm() {
+        let mut s = proven_server(1);
+        let from: SocketAddr = "10.0.0.1:4000".parse().unwrap();
+        // A client of another point: answered (the hello alone cannot
+        // tell), but the answer fails its check and its confirm is forged.
+        let other = DatagramConnectorProof::new(token(2), [2; NONCE_BYTES]);
+        let a = arrive(&mut s, &framed_vec(Kind::Hello, &other.hello()), from);
+        let (_, answer) = reply(&s, a);
+        assert!(other.on_answer(&answer).is_err());
+        let mut forged = [0u8; DATAGRAM_CONFIRM_BYTES];
+        forged[..NONCE_BYTES].copy_from_slice(&[2; NONCE_BYTES]);
+        assert_eq!(
+            arrive(&mut s, &framed_vec(Kind::Confirm, &forged), from),
+            Answer::None
+        );
+        // A good confirmation replayed from another address.
+        let c = DatagramConnectorProof::new(token(1), [3; NONCE_BYTES]);
+        let a = arrive(&mut s, &framed_vec(Kind::Hello, &c.hello()), from);
+        let confirm = c.on_answer(&reply(&s, a).1).unwrap();
+        let elsewhere: SocketAddr = "10.0.0.2:4000".parse().unwrap();
+        assert_eq!(
+            arrive(&mut s, &framed_vec(Kind::Confirm, &confirm), elsewhere),
+            Answer::None
+        );
+        // A hello without the proof (a client with no token), one cut
+        // short, and data: none answered.
+        let bare = Header::control(Kind::Hello).encode();
+        assert_eq!(arrive(&mut s, &bare, from), Answer::None);
+        assert_eq!(
+            arrive(&mut s, &framed_vec(Kind::Hello, &c.hello()[..20]), from),
+            Answer::None
+        );
+        assert_eq!(arrive(&mut s, &data(0, 4), from), Answer::None);
+        assert_eq!(arrive(&mut s, &data(0, 4), elsewhere), Answer::None);
+        assert_eq!((s.peers.len(), s.peers.capacity()), (0, 0));
+        let t = s.totals();
+        assert_eq!((t.strangers, t.connections_accepted, t.bytes_tx), (6, 0, 0));
+        // A server without a token takes no confirmation either.
+        let mut plain = Server::new(4, None);
+        assert_eq!(
+            arrive(&mut plain, &framed_vec(Kind::Confirm, &confirm), from),
+            Answer::None
+        );
+        assert!(plain.peers.is_empty());
+    }
+
     #[test]
     fn the_server_keeps_state_for_a_bounded_number_of_peers() {
-        let mut s = Server::new(1);
+        let mut s = Server::new(1, None);
         let hello = Header::control(Kind::Hello).encode();
         for i in 0..MAX_PEERS_PER_WORKER {
             let from = SocketAddr::new(
                 IpAddr::V4(std::net::Ipv4Addr::from(0x0a00_0000 + (i as u32 >> 8))),
                 1024 + (i % 256) as u16,
             );
-            assert_eq!(arrive(&mut s, &hello, from), Answer::HelloAck);
+            assert_eq!(arrive(&mut s, &hello, from), Answer::Reply(HEADER_BYTES));
         }
         let extra: SocketAddr = "192.0.2.1:9".parse().unwrap();
         assert_eq!(arrive(&mut s, &hello, extra), Answer::None);

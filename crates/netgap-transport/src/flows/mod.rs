@@ -142,7 +142,8 @@ pub struct EngineConfig {
     /// ends hold it right after connect and accept, before any payload
     /// (`netgap_proto::dataproof`), and a server drops connections that do
     /// not. `None` (an engine inside one test process) skips the proof.
-    /// A datagram path carries no proof.
+    /// A datagram path proves it in each flow's opening datagrams, and its
+    /// server serves no flow that did not.
     pub token: Option<DataToken>,
 }
 
@@ -231,11 +232,15 @@ pub struct ServerTotals {
     /// Connections that ended with an error (reset, closed mid-exchange),
     /// plus failed accepts (e.g. out of descriptors); on a datagram path,
     /// datagrams dropped as not netgap's, of the wrong size, or from a flow
-    /// that never said hello (or one past the worker's cap).
+    /// that never proved the session (without a token: never said hello),
+    /// or one past the worker's cap.
     pub errors: u64,
     /// Connections closed before their role began because they did not
     /// prove they belong to the session (a stranger, a port scan, another
-    /// point's client); also counted in `errors`.
+    /// point's client); also counted in `errors`. On a datagram path with
+    /// a token: datagrams dropped, unanswered, because their sender has not
+    /// proven the session (hellos and confirmations that fail the proof,
+    /// data from an address whose confirmation never verified).
     pub strangers: u64,
     /// The datagram counters of a datagram path, all flows together;
     /// `None` for connections.

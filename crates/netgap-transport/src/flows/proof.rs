@@ -44,9 +44,15 @@ impl std::fmt::Display for ProofError {
 /// A fresh nonce from the kernel's random source.
 fn nonce() -> io::Result<[u8; NONCE_BYTES]> {
     let mut n = [0u8; NONCE_BYTES];
+    fill_random(&mut n)?;
+    Ok(n)
+}
+
+/// Fills `buf` from the kernel's random source.
+pub(super) fn fill_random(buf: &mut [u8]) -> io::Result<()> {
     let mut filled = 0;
-    while filled < n.len() {
-        let rest = &mut n[filled..];
+    while filled < buf.len() {
+        let rest = &mut buf[filled..];
         // SAFETY: the pointer and length describe the writable slice `rest`.
         let got = unsafe { libc::getrandom(rest.as_mut_ptr().cast(), rest.len(), 0) };
         if got < 0 {
@@ -58,7 +64,7 @@ fn nonce() -> io::Result<[u8; NONCE_BYTES]> {
         }
         filled += got as usize;
     }
-    Ok(n)
+    Ok(())
 }
 
 /// Writes `buf[*off..]` as far as the socket takes it; `false` if it

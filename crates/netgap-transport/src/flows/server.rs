@@ -233,10 +233,10 @@ fn bind_datagrams(
             .map_err(|e| sys("creating an epoll instance", e))?;
         datagram::watch(&epoll, &socket)?;
         let stop_flag = Arc::clone(&stop);
-        let mode = cfg.mode;
+        let (mode, token) = (cfg.mode, cfg.token.clone());
         let spawned = std::thread::Builder::new()
             .name(format!("flow-server-{w}"))
-            .spawn(move || datagram::serve(&socket, &epoll, size_bytes, mode, &stop_flag));
+            .spawn(move || datagram::serve(&socket, &epoll, size_bytes, mode, token, &stop_flag));
         match spawned {
             Ok(h) => workers.push(h),
             Err(source) => {
