@@ -347,6 +347,14 @@ fn sys(what: &str, e: Errno) -> EngineError {
     }
 }
 
+/// Binds a listener for flows of `cfg` at `addr` (port 0 picks one), with
+/// the transport's socket options, for servers of other processes to share
+/// ([`FlowServer::on_listener`]).
+pub fn bind_listener(addr: SocketAddr, cfg: &EngineConfig) -> Result<TcpListener, EngineError> {
+    cfg.validate()?;
+    listen(addr, &cfg.options, cfg.path.name()).map_err(|source| EngineError::Bind { addr, source })
+}
+
 fn listen(
     addr: SocketAddr,
     options: &TransportOptions,
