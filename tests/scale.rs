@@ -290,3 +290,27 @@ fn a_killed_agent_takes_its_shard_processes_with_it() {
     let _ = coord.kill();
     let _ = coord.wait();
 }
+
+#[test]
+fn a_role_past_the_most_shard_processes_is_refused_in_one_line() {
+    // 10 connections per process: 200 flows would need 20 processes.
+    let server = AgentProc::start_with("127.0.0.2", &["--flows-per-process", "10"]);
+    let client = AgentProc::start("127.0.0.3");
+    let hosts = format!("{},{}", server.addr, client.addr);
+    common::fails_with_one_line(
+        &[
+            "run",
+            "hotspot",
+            "--hosts",
+            &hosts,
+            "--clients",
+            "200",
+            "--reps",
+            "1",
+            "--duration",
+            "200ms",
+        ],
+        "200 flows need 20 server processes of 10 connections each",
+    );
+    assert!(children_of(server.child.id()).is_empty());
+}
