@@ -36,7 +36,9 @@ ulimit -n "$(ulimit -Hn)"
 hard="$(ulimit -Hn)"
 reps="${REPS:-3}"
 dur="${DURATION:-2s}"
+timeout="${TIMEOUT:-10s}"
 counts="${COUNTS:-10000 50000 100000}"
+tests="${TESTS:-hotspot connect}"
 # A client agent holds its flows in one process: its limit less what the
 # engine keeps spare (workers, control, files) bounds its share.
 fit=$(( hard - 256 ))
@@ -55,11 +57,11 @@ trap down EXIT
     echo "nproc: $(nproc)"
     echo "kernel: $(uname -r)"
     echo "descriptor limit (hard): $hard"
-    echo "client hosts: $client_hosts, repetitions: $reps, window: $dur"
+    echo "client hosts: $client_hosts, repetitions: $reps, window: $dur, I/O timeout: $timeout"
     echo "fs.file-max: $(cat /proc/sys/fs/file-max), somaxconn: $(cat /proc/sys/net/core/somaxconn)"
 } > "$out/machine.txt"
 
-for t in hotspot connect; do
+for t in $tests; do
     for n in $counts; do
         down
         "$netgap" testbed up --name "$name" --hosts $((client_hosts + 1)) --topology switch >/dev/null
@@ -70,7 +72,7 @@ for t in hotspot connect; do
         done > "$out/$t-$n.rss0"
         t0=$(date +%s.%N)
         if "$netgap" run "$t" --hosts "$hosts" --clients "$n" --reps "$reps" --duration "$dur" \
-            --timeout 10s --json "$out/$t-$n.jsonl" > "$out/$t-$n.out" 2> "$out/$t-$n.err"; then
+            --timeout "$timeout" --json "$out/$t-$n.jsonl" > "$out/$t-$n.out" 2> "$out/$t-$n.err"; then
             :
         fi
         t1=$(date +%s.%N)
@@ -140,7 +142,7 @@ with open(os.path.join(out, "summary.md"), "w") as s:
         per = f'{srv[0]:.2f}; {min(cli):.2f}-{max(cli):.2f}' if srv and cli else ""
         b = d["bytes"]
         bal = "yes" if b["client_tx"] == b["server_rx"] and b["client_rx"] == b["server_tx"] else f'no ({b})'
-        s.write(f'| {t} | {n:,} | {val} | {pp} | {"all" if d["accounted"] else "NOT all"} | {bal} | {d["beyond"]:.2f} | {n / d["beyond"]:,.0f} | {peaks} | {per} |\n')
+        s.write(f'| {t} | {n:,} | {val} | {pp} | {"all" if d["accounted"] else "NOT all"} | {bal} | {d["beyond"]:.2f} | {n / d["beyond"]:,.0f} | {peaks} | {per} | {procs[0] if procs else ""} |\n')
 print(open(os.path.join(out, "summary.md")).read())
 PY
 echo "results: $out"

@@ -3,8 +3,10 @@
 //! `connect` (a connection per request): thousands of flows per agent on a
 //! few worker threads, over any transport that gives the engine a data
 //! path, in the point's completion mode. The server role is a
-//! [`FlowServer`] on one listener; a client role opens every flow before
-//! the barrier and runs them all together after it. Over a datagram path
+//! [`FlowServer`] on one listener, or, past what this process's
+//! descriptors hold, shard processes sharing one listener
+//! ([`crate::shard`]); a client role opens every flow before the barrier
+//! and runs them all together after it. Over a datagram path
 //! (udp) both roles also report their datagram counters, which the record
 //! keeps as its `datagrams`.
 
