@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Many flows over several client hosts of a namespace testbed (issue 17's
 # scale benchmark): hotspot and connect with 10,000, 50,000 and 100,000
-# flows (COUNTS), spread over CLIENT_HOSTS client hosts (default 5) against
-# one server host, plus the most flows one agent's descriptor limit holds
-# when that is below 50,000. Each point runs on a fresh testbed, so every
-# host's peak memory (the agents' VmHWM, in the record's `hosts_cpu`) is
-# that point's; the agents' resident memory before the point is read from
-# /proc, so memory per flow is (peak - before) / the host's flows.
+# flows (COUNTS) against one server host, over CLIENT_HOSTS client hosts
+# (default: as many as keep each client within its descriptor limit at the
+# largest count). The server's agent spreads a role past its own limit
+# over shard processes on one listener; the record's `hosts_cpu[]` says
+# how many processes its peak memory counts (`processes`). Each point runs
+# on a fresh testbed, so every host's peak memory (the agents' VmHWM, plus
+# their shards') is that point's; the agents' resident memory before the
+# point is read from /proc, so memory per flow is (peak - before) / the
+# host's flows.
 #
 # A point the hosts cannot run (a descriptor limit, the port range) fails
 # in one line; the line is kept in OUT_DIR/T-N.err and in the summary, and
@@ -31,15 +34,18 @@ out="$(cd "$out" && pwd)"
 ulimit -Hn 1048576 2>/dev/null || ulimit -Hn 200000 2>/dev/null || true
 ulimit -n "$(ulimit -Hn)"
 hard="$(ulimit -Hn)"
-client_hosts="${CLIENT_HOSTS:-5}"
 reps="${REPS:-3}"
 dur="${DURATION:-2s}"
+timeout="${TIMEOUT:-10s}"
 counts="${COUNTS:-10000 50000 100000}"
-# The most flows one agent holds: its limit less what the engine keeps spare.
-fit=$(( (hard - 256) / 1000 * 1000 ))
-if [ "$fit" -lt 50000 ] && [ "$fit" -gt 10000 ]; then
-    counts="10000 $fit ${counts#10000 }"
-fi
+tests="${TESTS:-hotspot connect}"
+# A client agent holds its flows in one process: its limit less what the
+# engine keeps spare (workers, control, files) bounds its share.
+fit=$(( hard - 256 ))
+largest=0
+for n in $counts; do [ "$n" -gt "$largest" ] && largest=$n; done
+client_hosts="${CLIENT_HOSTS:-$(( (largest + fit - 1) / fit ))}"
+[ "$client_hosts" -ge 2 ] || client_hosts=2
 
 name=scalebench
 hosts="@/run/netgap/$name/hosts.json"
@@ -51,10 +57,11 @@ trap down EXIT
     echo "nproc: $(nproc)"
     echo "kernel: $(uname -r)"
     echo "descriptor limit (hard): $hard"
-    echo "client hosts: $client_hosts, repetitions: $reps, window: $dur"
+    echo "client hosts: $client_hosts, repetitions: $reps, window: $dur, I/O timeout: $timeout"
+    echo "fs.file-max: $(cat /proc/sys/fs/file-max), somaxconn: $(cat /proc/sys/net/core/somaxconn)"
 } > "$out/machine.txt"
 
-for t in hotspot connect; do
+for t in $tests; do
     for n in $counts; do
         down
         "$netgap" testbed up --name "$name" --hosts $((client_hosts + 1)) --topology switch >/dev/null
@@ -65,7 +72,7 @@ for t in hotspot connect; do
         done > "$out/$t-$n.rss0"
         t0=$(date +%s.%N)
         if "$netgap" run "$t" --hosts "$hosts" --clients "$n" --reps "$reps" --duration "$dur" \
-            --timeout 10s --json "$out/$t-$n.jsonl" > "$out/$t-$n.out" 2> "$out/$t-$n.err"; then
+            --timeout "$timeout" --json "$out/$t-$n.jsonl" > "$out/$t-$n.out" 2> "$out/$t-$n.err"; then
             :
         fi
         t1=$(date +%s.%N)
@@ -107,7 +114,7 @@ for t, n in sorted(points, key=lambda p: (p[0] != "hotspot", p[1])):
         peak = h["peak_rss_kib"]
         k = flows_of.get(h["host"], n if h["role"] == "server" else 0)
         grown = peak - int(rss0.get(h["host"], 0))
-        hosts.append((h["host"], h["role"], peak, grown, k))
+        hosts.append((h["host"], h["role"], peak, grown, k, h.get("processes", 1)))
     # Each repetition sets its flows up again: the wall time beyond the
     # repetitions' warm-ups (a fifth of the window) and windows, per
     # repetition, bounds the setup from above (it also holds the session's
@@ -117,24 +124,25 @@ for t, n in sorted(points, key=lambda p: (p[0] != "hotspot", p[1])):
 
 with open(os.path.join(out, "summary.md"), "w") as s:
     s.write(open(os.path.join(out, "machine.txt")).read() + "\n")
-    s.write("| test | flows | result | p50 / p99 | flows with bytes | bytes client tx = server rx | wall per rep beyond window, s | flows/s set up (bound) | peak RSS per host, MiB | KiB per flow (server; clients) |\n")
-    s.write("|---|---|---|---|---|---|---|---|---|---|\n")
+    s.write("| test | flows | result | p50 / p99 | flows with bytes | bytes client tx = server rx | wall per rep beyond window, s | flows/s set up (bound) | peak RSS per host, MiB | KiB per flow (server; clients) | server processes |\n")
+    s.write("|---|---|---|---|---|---|---|---|---|---|---|\n")
     for t, n, d, err in rows:
         if d is None:
-            s.write(f"| {t} | {n:,} | refused: {err} | | | | | | | |\n")
+            s.write(f"| {t} | {n:,} | refused: {err} | | | | | | | | |\n")
             continue
         r = d["r"]
         unit = "us" if r["metric"] != "connections_per_s" else "conn/s"
         val = f'{r["value"]:,.0f} {unit}'
         p = r.get("percentiles") or {}
         pp = f'{p.get("p50", 0)/1000:,.1f} / {p.get("p99", 0)/1000:,.1f} ms' if p else ""
-        peaks = ", ".join(f'{h}: {peak/1024:.1f}' for h, role, peak, grown, k in d["hosts"])
-        srv = [grown / k for h, role, peak, grown, k in d["hosts"] if role == "server" and k]
-        cli = [grown / k for h, role, peak, grown, k in d["hosts"] if role == "client" and k]
+        peaks = ", ".join(f'{h}: {peak/1024:.1f}' for h, role, peak, grown, k, p in d["hosts"])
+        srv = [grown / k for h, role, peak, grown, k, p in d["hosts"] if role == "server" and k]
+        cli = [grown / k for h, role, peak, grown, k, p in d["hosts"] if role == "client" and k]
+        procs = [p for h, role, peak, grown, k, p in d["hosts"] if role == "server"]
         per = f'{srv[0]:.2f}; {min(cli):.2f}-{max(cli):.2f}' if srv and cli else ""
         b = d["bytes"]
         bal = "yes" if b["client_tx"] == b["server_rx"] and b["client_rx"] == b["server_tx"] else f'no ({b})'
-        s.write(f'| {t} | {n:,} | {val} | {pp} | {"all" if d["accounted"] else "NOT all"} | {bal} | {d["beyond"]:.2f} | {n / d["beyond"]:,.0f} | {peaks} | {per} |\n')
+        s.write(f'| {t} | {n:,} | {val} | {pp} | {"all" if d["accounted"] else "NOT all"} | {bal} | {d["beyond"]:.2f} | {n / d["beyond"]:,.0f} | {peaks} | {per} | {procs[0] if procs else ""} |\n')
 print(open(os.path.join(out, "summary.md")).read())
 PY
 echo "results: $out"

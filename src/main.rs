@@ -83,6 +83,7 @@ fn main() -> ExitCode {
             &args.host,
             &args.command
         ))),
+        Some(Command::FlowShard) => netgap::shard::run_shard().map_err(Into::into),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
@@ -490,6 +491,9 @@ fn serve(args: &ServeArgs) -> Result<()> {
     let mut agent = Agent::bind_control(&control)?.with_limits(limits);
     if args.allow_services {
         agent = agent.allow_services();
+    }
+    if let Some(n) = args.flows_per_process {
+        agent = agent.with_flows_per_process(n);
     }
     if let Some(ip) = &args.data_bind {
         let ip: IpAddr = ip

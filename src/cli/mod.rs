@@ -92,6 +92,11 @@ pub enum Command {
     /// daemon inside HOST's namespaces.
     #[command(hide = true)]
     MpiAgent(MpiAgentArgs),
+    /// One process of a flow-engine server spread over processes
+    /// (internal: an agent starts it on a listener it passes down, with
+    /// its configuration on stdin).
+    #[command(name = "flow-shard", hide = true)]
+    FlowShard,
 }
 
 /// Flags of `netgap mpi-rank`: the points both ranks run.
@@ -346,4 +351,9 @@ pub struct ServeArgs {
     /// into a directory of its own, stopped when the workload ends.
     #[arg(long)]
     pub allow_services: bool,
+    /// Most connections one process holds: a flow-engine server role past
+    /// it is spread over processes even when the descriptor limit would
+    /// hold it (internal: tests that path at small scale).
+    #[arg(long, hide = true, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub flows_per_process: Option<u32>,
 }

@@ -422,6 +422,12 @@ pub struct HostCpu {
     /// process, so they report the same peak.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peak_rss_kib: Option<u64>,
+    /// Processes whose peak memory `peak_rss_kib` sums, when more than the
+    /// agent's own: a server role spread over processes past a descriptor
+    /// limit counts the agent and its shard processes. Absent: the agent
+    /// alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub processes: Option<u32>,
     /// Facts of the host (as its agent reported them at the start of the
     /// run); absent in records made before they were recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]

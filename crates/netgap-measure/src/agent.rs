@@ -88,6 +88,9 @@ struct Shared {
     data_ip: Option<IpAddr>,
     /// Whether workloads may start real server programs on this host.
     services: bool,
+    /// Most connections one process of this agent holds (a server role
+    /// past it is spread over processes); `None`: the descriptor limit.
+    flows_per_process: Option<u32>,
 }
 
 /// A bound agent, ready to serve.
@@ -140,6 +143,7 @@ impl Agent {
                 limits: AgentLimits::default(),
                 data_ip: None,
                 services: false,
+                flows_per_process: None,
             },
             quiet: false,
         }
@@ -171,6 +175,14 @@ impl Agent {
         // What a killed agent on this host left behind goes first.
         crate::service::sweep_stale();
         self.shared.services = true;
+        self
+    }
+
+    /// Spreads a flow-engine server role over processes past `flows`
+    /// connections per process, even when the descriptor limit would hold
+    /// more ([`crate::shard`]); for tests of that path at small scale.
+    pub fn with_flows_per_process(mut self, flows: u32) -> Agent {
+        self.shared.flows_per_process = Some(flows.max(1));
         self
     }
 
@@ -489,6 +501,7 @@ fn run_session(
                     stop: &stop,
                     data_token: token,
                     services: shared.services,
+                    flows_per_process: shared.flows_per_process,
                 };
                 group = prepare_group(&mut conn, &mut session, ctx)?
                     .map(|role| (role, stop, role_deadline(&spec)));

@@ -32,6 +32,7 @@ pub mod point_loop;
 pub mod preamble;
 pub mod runner;
 pub mod service;
+pub mod shard;
 pub mod sink;
 pub mod sweep;
 #[cfg(test)]

@@ -40,6 +40,8 @@ struct Reduction {
     rep_values: Vec<f64>,
     cpu: Vec<Vec<CpuUsage>>,
     rss: Vec<Option<u64>>,
+    /// Processes each role's peak memory counts, when more than its agent.
+    processes: Vec<Option<u32>>,
     /// Every client exchange of every repetition.
     hist: LatencyHistogram,
     bytes: ByteCounts,
@@ -69,6 +71,7 @@ impl Reduction {
             rep_values: Vec::new(),
             cpu: vec![Vec::new(); roles],
             rss: vec![None; roles],
+            processes: vec![None; roles],
             hist: LatencyHistogram::new(),
             bytes: ByteCounts {
                 client_tx: 0,
@@ -93,10 +96,22 @@ impl Reduction {
         let n = self.flows.len();
         self.hist.merge(&r.hist);
         let window_ns = r.reports.first().map_or(0, |(_, _, o)| o.window_ns);
+        // The processes a role's memory counts go to its host's entry,
+        // not among the workload's figures.
+        let own_metrics: Vec<_> = r
+            .reports
+            .iter()
+            .map(|(_, _, o)| {
+                let mut m = o.metrics.clone();
+                m.remove(crate::workload::role::PROCESSES_METRIC);
+                m
+            })
+            .collect();
         let role_metrics: Vec<_> = r
             .reports
             .iter()
-            .map(|(i, _, o)| (placement.roles[*i].side, &o.metrics))
+            .zip(&own_metrics)
+            .map(|((i, _, _), m)| (placement.roles[*i].side, m))
             .collect();
         let rep_metrics = workload.metrics(&role_metrics, window_ns);
         if self.services.is_empty() {
@@ -121,6 +136,12 @@ impl Reduction {
                 self.bytes.client_rx += outcome.bytes_rx;
             }
             self.rss[*role_index] = self.rss[*role_index].max(outcome.peak_rss_kib);
+            let processes = outcome
+                .metrics
+                .get(crate::workload::role::PROCESSES_METRIC)
+                .filter(|p| p.is_finite() && **p >= 1.0 && **p <= f64::from(u32::MAX))
+                .map(|p| *p as u32);
+            self.processes[*role_index] = self.processes[*role_index].max(processes);
             if let Some(d) = &outcome.datagrams {
                 let sum = self.datagrams.get_or_insert(DatagramCounts {
                     client: Default::default(),
@@ -309,6 +330,7 @@ pub(super) fn measure_point(
         rep_values,
         cpu,
         rss,
+        processes,
         hist,
         bytes,
         datagrams,
@@ -357,6 +379,7 @@ pub(super) fn measure_point(
             role: placement.roles[r].side.as_str().into(),
             cpu: CpuUsage::mean(c),
             peak_rss_kib: rss[r],
+            processes: processes[r],
             facts: Some(coord.links[placement.roles[r].host].facts.clone()),
         })
         .collect();

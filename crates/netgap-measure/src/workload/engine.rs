@@ -3,16 +3,19 @@
 //! `connect` (a connection per request): thousands of flows per agent on a
 //! few worker threads, over any transport that gives the engine a data
 //! path, in the point's completion mode. The server role is a
-//! [`FlowServer`] on one listener; a client role opens every flow before
-//! the barrier and runs them all together after it. Over a datagram path
+//! [`FlowServer`] on one listener, or, past what this process's
+//! descriptors hold, shard processes sharing one listener
+//! ([`crate::shard`]); a client role opens every flow before the barrier
+//! and runs them all together after it. Over a datagram path
 //! (udp) both roles also report their datagram counters, which the record
 //! keeps as its `datagrams`.
 
 use super::role::{
-    find_transport, metered, peak_rss_kib, window, OpenRole, ReadyRole, RoleContext, RoleError,
-    RoleResult, Stop,
+    find_transport, metered_with, peak_rss_kib, window, OpenRole, ReadyRole, RoleContext,
+    RoleError, RoleResult, Stop,
 };
 use super::{FlowSample, Refused};
+use crate::shard;
 use netgap_core::datagram::DatagramStats;
 use netgap_core::spec::PointSpec;
 use netgap_core::stats::LatencyHistogram;
@@ -144,14 +147,38 @@ pub fn open(
     match spec.role {
         GroupRole::Server => {
             let ip: IpAddr = spec.listen_ips.first().copied().unwrap_or(ctx.control_ip);
-            // Every flow may be open here at once: refuse, before binding, a
-            // count this agent cannot hold, saying what to change.
-            if !cfg.path.datagrams() {
-                flows::ensure_fd_limit(
-                    u64::from(spec.flows) + cfg.workers as u64 + flows::limits::SPARE_FDS,
-                )?;
-            }
             let io_timeout = cfg.io_timeout;
+            // Every flow may be open here at once: past what this process's
+            // descriptors hold, the role is spread over shard processes on
+            // one listener; past what they hold, it is refused before
+            // binding, saying what to change.
+            if !cfg.path.datagrams() {
+                let processes = shard::plan(
+                    u64::from(spec.flows),
+                    cfg.workers as u64,
+                    ctx.flows_per_process.map(u64::from),
+                )?;
+                if let shard::Processes::Shards { count, per_process } = processes {
+                    ctx.limits.check_memory(
+                        &format!(
+                            "a {workload} server role of {} flows in {count} processes",
+                            spec.flows
+                        ),
+                        memory_bytes(spec).saturating_add(
+                            u64::from(count).saturating_mul(shard::SHARD_PROCESS_BYTES),
+                        ),
+                    )?;
+                    let listener = flows::bind_listener(SocketAddr::new(ip, 0), &cfg)?;
+                    let config = shard::ShardConfig::new(&cfg, work, per_process);
+                    let shards = shard::ShardSet::start(listener, &config, count)?;
+                    return Ok(Box::new(Engine {
+                        warmup,
+                        duration,
+                        stop: ctx.stop.clone(),
+                        kind: Kind::Shards(shards, io_timeout),
+                    }));
+                }
+            }
             let server = FlowServer::bind(SocketAddr::new(ip, 0), work, cfg)?;
             Ok(Box::new(Engine {
                 warmup,
@@ -198,6 +225,9 @@ struct Engine {
 enum Kind {
     /// Serving on one listener; the clients' I/O timeout.
     Server(FlowServer, Duration),
+    /// Serving on one listener from shard processes; the clients' I/O
+    /// timeout.
+    Shards(shard::ShardSet, Duration),
     /// Every client flow opened; the scale of reported latencies.
     Clients(PreparedClients, f64),
 }
@@ -206,6 +236,7 @@ impl OpenRole for Engine {
     fn addrs(&self) -> Vec<String> {
         match &self.kind {
             Kind::Server(s, _) => vec![s.local_addr().to_string()],
+            Kind::Shards(s, _) => vec![s.local_addr().to_string()],
             Kind::Clients(..) => Vec::new(),
         }
     }
@@ -224,17 +255,27 @@ impl ReadyRole for Engine {
             stop,
             kind,
         } = *self;
-        let (cpu, run) = metered(Instant::now(), warmup, duration, &stop, || {
+        // A server's shard processes work for the role: their CPU is its.
+        let shard_pids = match &kind {
+            Kind::Shards(s, _) => s.pids().to_vec(),
+            _ => Vec::new(),
+        };
+        let (cpu, run) = metered_with(Instant::now(), warmup, duration, &stop, shard_pids, || {
             run(kind, warmup, duration, &stop)
         })?;
-        let ran = run?;
+        let mut ran = run?;
+        if let Some(p) = ran.processes {
+            ran.metrics
+                .insert(super::role::PROCESSES_METRIC.into(), f64::from(p));
+        }
         Ok(RoleResult {
             flows: ran.flows,
             buckets: ran.hist.buckets(),
             outcome: GroupOutcome {
                 window_ns: ran.window_ns,
                 cpu,
-                peak_rss_kib: peak_rss_kib(),
+                // The agent's own peak, plus its shards' when it has them.
+                peak_rss_kib: peak_rss_kib().map(|k| k + ran.shards_rss_kib),
                 bytes_rx: ran.bytes_rx,
                 bytes_tx: ran.bytes_tx,
                 datagrams: ran.datagrams,
@@ -262,28 +303,54 @@ struct Ran {
     /// The role's own figures: connection setup beside connect-and-exchange
     /// (connect).
     metrics: std::collections::BTreeMap<String, f64>,
+    /// The peak resident memory of the role's shard processes, summed, KiB
+    /// (0 without shards).
+    shards_rss_kib: u64,
+    /// Processes whose memory the role's peak counts, when more than the
+    /// agent: the agent and its shards.
+    processes: Option<u32>,
+}
+
+/// Serves past the window until the clients are done: at least
+/// [`SERVER_GRACE`] after the window, then until they have held no
+/// connection and opened none for [`SERVER_QUIET`], at most `io_timeout`
+/// more, or until `stop`. `counts` gives the connections accepted so far
+/// and open now.
+fn serve_out(
+    warmup: Duration,
+    duration: Duration,
+    io_timeout: Duration,
+    stop: &Stop,
+    counts: impl Fn() -> (u64, u64),
+) {
+    let grace_end = Instant::now() + warmup + duration + SERVER_GRACE;
+    if stop.sleep_until(grace_end) {
+        let last = grace_end + io_timeout;
+        let (mut accepted, mut active) = (counts().0, Instant::now());
+        loop {
+            let now = Instant::now();
+            let (a, open) = counts();
+            if a != accepted || open > 0 {
+                (accepted, active) = (a, now);
+            }
+            if now.duration_since(active) >= SERVER_QUIET || now >= last || stop.is_set() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
 }
 
 /// Runs a prepared role for `warmup` then `duration`, or until `stop`.
 fn run(kind: Kind, warmup: Duration, duration: Duration, stop: &Stop) -> Result<Ran, RoleError> {
     match kind {
         Kind::Server(server, io_timeout) => {
-            let grace_end = Instant::now() + warmup + duration + SERVER_GRACE;
-            if stop.sleep_until(grace_end) {
-                let last = grace_end + io_timeout;
-                let (mut accepted, mut active) = (server.accepted_connections(), Instant::now());
-                loop {
-                    let now = Instant::now();
-                    let a = server.accepted_connections();
-                    if a != accepted || server.open_connections() > 0 {
-                        (accepted, active) = (a, now);
-                    }
-                    if now.duration_since(active) >= SERVER_QUIET || now >= last || stop.is_set() {
-                        break;
-                    }
-                    std::thread::sleep(Duration::from_millis(10));
-                }
-            }
+            serve_out(warmup, duration, io_timeout, stop, || {
+                (
+                    server.accepted_connections(),
+                    server.open_connections() as u64,
+                )
+            });
             let totals = server.stop()?;
             Ok(Ran {
                 flows: Vec::new(),
@@ -293,6 +360,25 @@ fn run(kind: Kind, warmup: Duration, duration: Duration, stop: &Stop) -> Result<
                 bytes_tx: totals.bytes_tx,
                 datagrams: totals.datagrams,
                 metrics: Default::default(),
+                shards_rss_kib: 0,
+                processes: None,
+            })
+        }
+        Kind::Shards(shards, io_timeout) => {
+            serve_out(warmup, duration, io_timeout, stop, || {
+                (shards.accepted_connections(), shards.open_connections())
+            });
+            let out = shards.stop()?;
+            Ok(Ran {
+                flows: Vec::new(),
+                hist: LatencyHistogram::new(),
+                window_ns: u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX),
+                bytes_rx: out.totals.bytes_rx,
+                bytes_tx: out.totals.bytes_tx,
+                datagrams: None,
+                metrics: Default::default(),
+                shards_rss_kib: out.peak_rss_kib,
+                processes: Some(out.processes.saturating_add(1)),
             })
         }
         Kind::Clients(clients, scale) => {
@@ -327,6 +413,8 @@ fn run(kind: Kind, warmup: Duration, duration: Duration, stop: &Stop) -> Result<
                 bytes_tx: tx,
                 datagrams,
                 metrics,
+                shards_rss_kib: 0,
+                processes: None,
             })
         }
     }

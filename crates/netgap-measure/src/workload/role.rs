@@ -45,7 +45,17 @@ pub struct RoleContext<'a> {
     /// (nginx, Apache, gmond) for a workload: only when it was started
     /// with `--allow-services` ([`crate::service`]).
     pub services: bool,
+    /// Most connections one process of this agent holds, set when the
+    /// agent started (never by a coordinator): a server role past it is
+    /// spread over processes ([`crate::shard`]) even when the descriptor
+    /// limit would hold it. `None`: what the descriptor limit holds.
+    pub flows_per_process: Option<u32>,
 }
+
+/// The name under which a role's [`GroupOutcome::metrics`] carry how many
+/// processes its `peak_rss_kib` counts, when more than the agent itself (a
+/// server role spread over processes): the agent and its shards.
+pub const PROCESSES_METRIC: &str = "processes";
 
 /// How often a role that waits checks its [`Stop`].
 pub const STOP_TICK: Duration = Duration::from_millis(50);
@@ -198,6 +208,9 @@ pub enum RoleError {
     /// The flow engine failed.
     #[error(transparent)]
     Engine(#[from] EngineError),
+    /// A server spread over processes could not be started or failed.
+    #[error(transparent)]
+    Shard(#[from] crate::shard::ShardError),
     /// A thread could not be started.
     #[error("cannot start {what}: {source}")]
     Thread {
@@ -335,6 +348,30 @@ fn process_cpu_ns() -> u64 {
     secs.saturating_mul(1_000_000_000).saturating_add(nanos)
 }
 
+/// CPU time of process `pid` so far (user and system, from
+/// `/proc/PID/stat`, in clock ticks), in nanoseconds; 0 if unreadable.
+fn other_process_cpu_ns(pid: u32) -> u64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0;
+    };
+    // SAFETY: sysconf has no preconditions.
+    let ticks_per_s = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).unwrap_or(0);
+    stat_cpu_ticks(&stat)
+        .filter(|_| ticks_per_s > 0)
+        .map_or(0, |t| t.saturating_mul(1_000_000_000) / ticks_per_s)
+}
+
+/// utime plus stime of a `/proc/PID/stat` line, in clock ticks: the 14th
+/// and 15th fields, counted after the command name (which may hold spaces
+/// and parentheses, so it ends at the last `)`).
+fn stat_cpu_ticks(stat: &str) -> Option<u64> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace().skip(11);
+    let utime: u64 = fields.next()?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    Some(utime.saturating_add(stime))
+}
+
 /// Runs `work` on this thread while a second thread meters host and
 /// process CPU over the window, from `t0 + warmup` for `duration` or until
 /// `stop` ([`meter_window`]); the window's CPU and what `work` returned.
@@ -345,10 +382,23 @@ pub(crate) fn metered<T>(
     stop: &Stop,
     work: impl FnOnce() -> T,
 ) -> Result<(CpuUsage, T), RoleError> {
+    metered_with(t0, warmup, duration, stop, Vec::new(), work)
+}
+
+/// [`metered`], counting the CPU time of the processes `also` (a server's
+/// shard processes) as the role's own.
+pub(crate) fn metered_with<T>(
+    t0: Instant,
+    warmup: Duration,
+    duration: Duration,
+    stop: &Stop,
+    also: Vec<u32>,
+    work: impl FnOnce() -> T,
+) -> Result<(CpuUsage, T), RoleError> {
     let meter_stop = stop.clone();
     let meter = std::thread::Builder::new()
         .name("cpu meter".into())
-        .spawn(move || meter_window(t0 + warmup, t0 + warmup + duration, &meter_stop))
+        .spawn(move || meter_window_with(t0 + warmup, t0 + warmup + duration, &meter_stop, &also))
         .map_err(|source| RoleError::Thread {
             what: "the CPU meter",
             source,
@@ -364,18 +414,50 @@ pub(crate) fn metered<T>(
 /// which sleeps meanwhile: from `window_start` to `end`, or until `stop`.
 /// Returns the usage and the window's length as timed, in ns.
 pub(crate) fn meter_window(window_start: Instant, end: Instant, stop: &Stop) -> (CpuUsage, u64) {
+    meter_window_with(window_start, end, stop, &[])
+}
+
+/// [`meter_window`], counting the CPU time of the processes `also` too.
+fn meter_window_with(
+    window_start: Instant,
+    end: Instant,
+    stop: &Stop,
+    also: &[u32],
+) -> (CpuUsage, u64) {
+    let cpu_ns = || {
+        also.iter()
+            .map(|&pid| other_process_cpu_ns(pid))
+            .fold(process_cpu_ns(), u64::saturating_add)
+    };
     stop.sleep_until(window_start);
     let meter = CpuMeter::start();
-    let p0 = process_cpu_ns();
+    let p0 = cpu_ns();
     let t0 = Instant::now();
     stop.sleep_until(end);
     let mut cpu = meter.stop(0);
     let window_ns = u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
-    cpu.cpu_ns = process_cpu_ns().saturating_sub(p0);
+    cpu.cpu_ns = cpu_ns().saturating_sub(p0);
     cpu.process_percent = if cpu.wall_ns == 0 {
         0.0
     } else {
         100.0 * cpu.cpu_ns as f64 / cpu.wall_ns as f64
     };
     (cpu, window_ns)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_ticks_are_read_past_a_command_name_with_spaces() {
+        let stat = "42 (a (b) c) S 1 42 42 0 -1 4194560 100 0 0 0 7 5 0 0 20 0 1 0 9 1000 200";
+        assert_eq!(stat_cpu_ticks(stat), Some(12));
+        assert_eq!(stat_cpu_ticks("42 (x) S 1"), None);
+        let me = std::process::id();
+        assert!(
+            stat_cpu_ticks(&std::fs::read_to_string(format!("/proc/{me}/stat")).unwrap()).is_some()
+        );
+    }
 }

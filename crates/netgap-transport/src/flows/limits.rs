@@ -38,6 +38,38 @@ pub fn ensure_fd_limit(needed: u64) -> Result<u64, EngineError> {
     Err(EngineError::TooFewDescriptors { needed, soft, hard })
 }
 
+/// The soft and hard RLIMIT_NOFILE of this process.
+pub fn fd_limits() -> Result<(u64, u64), EngineError> {
+    getrlimit(Resource::RLIMIT_NOFILE).map_err(|e| EngineError::Limit {
+        what: "reading RLIMIT_NOFILE".into(),
+        source: e.into(),
+    })
+}
+
+/// How many connections one process of this host may hold open with
+/// `workers` engine workers: what its hard descriptor limit `hard` leaves
+/// past the workers' epoll instances and [`SPARE_FDS`].
+pub fn connections_per_process(hard: u64, workers: u64) -> u64 {
+    hard.saturating_sub(workers).saturating_sub(SPARE_FDS)
+}
+
+/// The system-wide count of open files and its ceiling
+/// (`fs.file-nr`: allocated, unused, `fs.file-max`), if readable: what no
+/// number of processes can pass.
+pub fn system_files() -> Option<(u64, u64)> {
+    let text = std::fs::read_to_string("/proc/sys/fs/file-nr").ok()?;
+    parse_file_nr(&text)
+}
+
+/// Parses the three numbers of `fs.file-nr` into (in use, most).
+fn parse_file_nr(text: &str) -> Option<(u64, u64)> {
+    let mut it = text.split_whitespace().map(str::parse::<u64>);
+    let allocated = it.next()?.ok()?;
+    let unused = it.next()?.ok()?;
+    let max = it.next()?.ok()?;
+    Some((allocated.saturating_sub(unused), max))
+}
+
 /// The inclusive ephemeral port range of this host
 /// (`net.ipv4.ip_local_port_range`, which also governs IPv6), if readable.
 pub(crate) fn local_port_range() -> Option<(u32, u32)> {
@@ -100,6 +132,20 @@ mod tests {
             "{e}"
         );
         assert!(check_port_range(1_000_000, None, target).is_ok());
+    }
+
+    #[test]
+    fn file_nr_parses_and_a_process_keeps_spare_descriptors() {
+        assert_eq!(
+            parse_file_nr("3200\t0\t9223372036854775807\n"),
+            Some((3200, 9223372036854775807))
+        );
+        assert_eq!(parse_file_nr("3200 200 100000"), Some((3000, 100000)));
+        assert_eq!(parse_file_nr("3200 0"), None);
+        assert_eq!(connections_per_process(20_000, 2), 20_000 - 2 - SPARE_FDS);
+        assert_eq!(connections_per_process(10, 2), 0);
+        let (soft, hard) = fd_limits().unwrap();
+        assert!(soft <= hard);
     }
 
     #[test]

@@ -50,7 +50,7 @@ pub mod setup;
 pub use client::PreparedClients;
 pub use io::{DataPath, WorkerIo, DATAGRAMS, SYSCALLS};
 pub use limits::ensure_fd_limit;
-pub use server::FlowServer;
+pub use server::{bind_listener, FlowServer};
 
 use netgap_core::datagram::DatagramStats;
 use netgap_core::spec::{Mode, TransportOptions};

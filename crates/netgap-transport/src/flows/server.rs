@@ -72,6 +72,9 @@ struct Ctx {
     token: Option<DataToken>,
     open: Arc<AtomicUsize>,
     accepted: Arc<AtomicU64>,
+    /// Most connections open at once, all workers together; at it, the
+    /// workers stop accepting until one closes.
+    max_open: usize,
     /// How long a connection may take to prove the session.
     io_timeout: Duration,
 }
@@ -87,12 +90,7 @@ impl FlowServer {
     ) -> Result<FlowServer, EngineError> {
         work.validate(cfg.path)?;
         cfg.validate()?;
-        if let Ok((_, hard)) =
-            nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
-        {
-            // Best effort: the server still serves what fits if this fails.
-            let _ = limits::ensure_fd_limit(hard);
-        }
+        raise_fd_limit();
         if cfg.path.datagrams() {
             return bind_datagrams(addr, work, &cfg);
         }
@@ -110,58 +108,121 @@ impl FlowServer {
                 },
             )?);
         }
-        let stop = Arc::new(AtomicBool::new(false));
-        let open = Arc::new(AtomicUsize::new(0));
-        let accepted = Arc::new(AtomicU64::new(0));
-        let mut workers = Vec::with_capacity(cfg.workers);
-        let ctx = Ctx {
-            open: Arc::clone(&open),
-            accepted: Arc::clone(&accepted),
-            transport: cfg.path.name(),
-            work,
-            mode: cfg.mode,
-            options: cfg.options.clone(),
-            token: cfg.token.clone(),
-            io_timeout: cfg.io_timeout,
-        };
-        for (w, listener) in listeners.into_iter().enumerate() {
-            let io = cfg.path.worker().map_err(|source| EngineError::Sys {
-                what: format!("setting up the {} data path of a worker", cfg.path.name()),
-                source,
-            })?;
-            let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)
-                .map_err(|e| sys("creating an epoll instance", e))?;
-            epoll
-                .add(&listener, EpollEvent::new(EpollFlags::EPOLLIN, LISTENER))
-                .map_err(|e| sys("adding the listener to epoll", e))?;
-            let stop_flag = Arc::clone(&stop);
-            let ctx = ctx.clone();
-            let spawned = std::thread::Builder::new()
-                .name(format!("flow-server-{w}"))
-                .spawn(move || serve(&listener, &epoll, io, &ctx, &stop_flag));
-            match spawned {
-                Ok(h) => workers.push(h),
-                Err(source) => {
-                    stop.store(true, Ordering::Relaxed);
-                    for h in workers {
-                        let _ = h.join();
-                    }
-                    return Err(EngineError::Sys {
-                        what: "starting a flow server worker".into(),
-                        source,
-                    });
-                }
-            }
-        }
-        Ok(FlowServer {
-            local_addr,
-            stop,
-            open,
-            accepted,
-            workers,
-        })
+        start(local_addr, listeners, work, &cfg, usize::MAX)
     }
 
+    /// Serves on a listener bound elsewhere (by the parent of a server
+    /// spread over processes, which passed it down), every worker accepting
+    /// from it, and holds at most `max_open` connections open at once:
+    /// at that cap its workers stop accepting until one closes, so other
+    /// processes on the same listener take the rest. The descriptor limit
+    /// is raised as in [`FlowServer::bind`]; a datagram path is refused
+    /// (its flows hold no descriptors, so it never needs more processes).
+    pub fn on_listener(
+        listener: TcpListener,
+        work: FlowWork,
+        cfg: EngineConfig,
+        max_open: usize,
+    ) -> Result<FlowServer, EngineError> {
+        work.validate(cfg.path)?;
+        cfg.validate()?;
+        if cfg.path.datagrams() {
+            return Err(EngineError::Invalid(format!(
+                "{} flows hold no descriptors and are served from one process",
+                cfg.path.name()
+            )));
+        }
+        if max_open == 0 {
+            return Err(EngineError::Invalid(
+                "a flow server must hold at least 1 connection".into(),
+            ));
+        }
+        raise_fd_limit();
+        let local_addr = listener.local_addr().map_err(|source| EngineError::Sys {
+            what: "reading the inherited listener's address".into(),
+            source,
+        })?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|source| EngineError::Sys {
+                what: "making the inherited listener non-blocking".into(),
+                source,
+            })?;
+        let mut listeners = Vec::with_capacity(cfg.workers);
+        for _ in 1..cfg.workers {
+            listeners.push(listener.try_clone().map_err(|source| EngineError::Sys {
+                what: "sharing the listener with a worker".into(),
+                source,
+            })?);
+        }
+        listeners.push(listener);
+        start(local_addr, listeners, work, &cfg, max_open)
+    }
+}
+
+/// Starts a worker per listener (each its own socket on the port, or each a
+/// handle of one shared socket), holding at most `max_open` connections.
+fn start(
+    local_addr: SocketAddr,
+    listeners: Vec<TcpListener>,
+    work: FlowWork,
+    cfg: &EngineConfig,
+    max_open: usize,
+) -> Result<FlowServer, EngineError> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let open = Arc::new(AtomicUsize::new(0));
+    let accepted = Arc::new(AtomicU64::new(0));
+    let mut workers = Vec::with_capacity(cfg.workers);
+    let ctx = Ctx {
+        max_open,
+        open: Arc::clone(&open),
+        accepted: Arc::clone(&accepted),
+        transport: cfg.path.name(),
+        work,
+        mode: cfg.mode,
+        options: cfg.options.clone(),
+        token: cfg.token.clone(),
+        io_timeout: cfg.io_timeout,
+    };
+    for (w, listener) in listeners.into_iter().enumerate() {
+        let io = cfg.path.worker().map_err(|source| EngineError::Sys {
+            what: format!("setting up the {} data path of a worker", cfg.path.name()),
+            source,
+        })?;
+        let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)
+            .map_err(|e| sys("creating an epoll instance", e))?;
+        epoll
+            .add(&listener, EpollEvent::new(EpollFlags::EPOLLIN, LISTENER))
+            .map_err(|e| sys("adding the listener to epoll", e))?;
+        let stop_flag = Arc::clone(&stop);
+        let ctx = ctx.clone();
+        let spawned = std::thread::Builder::new()
+            .name(format!("flow-server-{w}"))
+            .spawn(move || serve(&listener, &epoll, io, &ctx, &stop_flag));
+        match spawned {
+            Ok(h) => workers.push(h),
+            Err(source) => {
+                stop.store(true, Ordering::Relaxed);
+                for h in workers {
+                    let _ = h.join();
+                }
+                return Err(EngineError::Sys {
+                    what: "starting a flow server worker".into(),
+                    source,
+                });
+            }
+        }
+    }
+    Ok(FlowServer {
+        local_addr,
+        stop,
+        open,
+        accepted,
+        workers,
+    })
+}
+
+impl FlowServer {
     /// The address the server listens on (with the port it got).
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
@@ -269,11 +330,29 @@ impl Drop for FlowServer {
     }
 }
 
+/// Raises the soft descriptor limit to the hard one. Best effort: the
+/// server still serves what fits if this fails.
+fn raise_fd_limit() {
+    if let Ok((_, hard)) =
+        nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+    {
+        let _ = limits::ensure_fd_limit(hard);
+    }
+}
+
 fn sys(what: &str, e: Errno) -> EngineError {
     EngineError::Sys {
         what: what.into(),
         source: e.into(),
     }
+}
+
+/// Binds a listener for flows of `cfg` at `addr` (port 0 picks one), with
+/// the transport's socket options, for servers of other processes to share
+/// ([`FlowServer::on_listener`]).
+pub fn bind_listener(addr: SocketAddr, cfg: &EngineConfig) -> Result<TcpListener, EngineError> {
+    cfg.validate()?;
+    listen(addr, &cfg.options, cfg.path.name()).map_err(|source| EngineError::Bind { addr, source })
 }
 
 fn listen(
@@ -318,11 +397,23 @@ fn serve(
     // then to finish. A connection accepted after the stop could prove the
     // session and have its client send a request that nobody reads.
     let mut closing_by: Option<Instant> = None;
+    // Whether the listener is in this worker's epoll: out of it while the
+    // server holds its most connections, so a full worker neither spins on
+    // a readable listener nor takes what other processes could serve.
+    let mut listening = true;
     loop {
         let now = Instant::now();
         if closing_by.is_none() && stop.load(Ordering::Relaxed) {
-            let _ = epoll.delete(listener);
+            if listening {
+                let _ = epoll.delete(listener);
+                listening = false;
+            }
             closing_by = Some(now + STOP_DRAIN);
+        }
+        if !listening && closing_by.is_none() && ctx.open.load(Ordering::Relaxed) < ctx.max_open {
+            listening = epoll
+                .add(listener, EpollEvent::new(EpollFlags::EPOLLIN, LISTENER))
+                .is_ok();
         }
         if let Some(by) = closing_by {
             if now >= by || conns.iter().all(Option::is_none) {
@@ -354,7 +445,7 @@ fn serve(
         for ev in &events[..n] {
             let token = ev.data();
             if token == LISTENER {
-                if closing_by.is_some() {
+                if closing_by.is_some() || !listening {
                     continue;
                 }
                 let mut w = WorkerState {
@@ -365,7 +456,10 @@ fn serve(
                     free: &mut free,
                     totals: &mut totals,
                 };
-                accept_batch(listener, &mut w, ctx);
+                if accept_batch(listener, &mut w, ctx) == Accepted::Full {
+                    let _ = epoll.delete(listener);
+                    listening = false;
+                }
                 continue;
             }
             let mut w = WorkerState {
@@ -486,16 +580,70 @@ fn close(w: &mut WorkerState<'_>, slot: usize) {
     }
 }
 
-fn accept_batch(listener: &TcpListener, w: &mut WorkerState<'_>, ctx: &Ctx) {
+/// How a batch of accepts ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Accepted {
+    /// Nothing more is queued, or the batch is done, or accepting failed
+    /// for now.
+    ForNow,
+    /// The server holds its most connections: accept no more until one
+    /// closes.
+    Full,
+}
+
+/// Takes one place under the server's cap of open connections, if there
+/// is one left; the place is the connection's until [`close`] (or given
+/// back when no connection comes of it).
+fn reserve(open: &AtomicUsize, max_open: usize) -> bool {
+    open.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+        (n < max_open).then_some(n + 1)
+    })
+    .is_ok()
+}
+
+fn accept_batch(listener: &TcpListener, w: &mut WorkerState<'_>, ctx: &Ctx) -> Accepted {
     for _ in 0..ACCEPT_BATCH {
+        if !reserve(w.open, ctx.max_open) {
+            return Accepted::Full;
+        }
+        match accept_one(listener, w, ctx) {
+            Some(Ok(slot)) => {
+                ctx.accepted.fetch_add(1, Ordering::Relaxed);
+                // A connect-mode request (or a zero-byte one, or the
+                // proof's hello) is often already there; serving it now
+                // saves a trip through epoll.
+                service(w, slot);
+            }
+            Some(Err(())) => {
+                w.open.fetch_sub(1, Ordering::Relaxed);
+            }
+            None => {
+                w.open.fetch_sub(1, Ordering::Relaxed);
+                return Accepted::ForNow;
+            }
+        }
+    }
+    Accepted::ForNow
+}
+
+/// Accepts one connection into a free slot, its place under the cap
+/// already taken: `Some(Ok(slot))` when it is held, `Some(Err(()))` when
+/// this one came to nothing (the next may do better), `None` when nothing
+/// more can be accepted now.
+fn accept_one(
+    listener: &TcpListener,
+    w: &mut WorkerState<'_>,
+    ctx: &Ctx,
+) -> Option<Result<usize, ()>> {
+    {
         let stream = match listener.accept() {
             Ok((s, _)) => s,
-            Err(e) if e.kind() == ErrorKind::WouldBlock => return,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => return None,
             Err(e)
                 if e.kind() == ErrorKind::Interrupted
                     || e.kind() == ErrorKind::ConnectionAborted =>
             {
-                continue
+                return Some(Err(()))
             }
             Err(_) => {
                 // Out of descriptors or memory: the connection stays queued
@@ -503,14 +651,14 @@ fn accept_batch(listener: &TcpListener, w: &mut WorkerState<'_>, ctx: &Ctx) {
                 // worker keeps serving its flows instead of spinning.
                 w.totals.errors += 1;
                 std::thread::sleep(Duration::from_millis(1));
-                return;
+                return None;
             }
         };
         if stream.set_nonblocking(true).is_err()
             || crate::sockopt::apply_connected(ctx.transport, &stream, &ctx.options).is_err()
         {
             w.totals.errors += 1;
-            continue;
+            return Some(Err(()));
         }
         w.totals.connections_accepted += 1;
         let slot = w.free.pop().unwrap_or_else(|| {
@@ -523,7 +671,7 @@ fn accept_batch(listener: &TcpListener, w: &mut WorkerState<'_>, ctx: &Ctx) {
         {
             w.totals.errors += 1;
             w.free.push(slot);
-            continue;
+            return Some(Err(()));
         }
         let proof = match &ctx.token {
             None => None,
@@ -533,21 +681,70 @@ fn accept_batch(listener: &TcpListener, w: &mut WorkerState<'_>, ctx: &Ctx) {
                     w.totals.errors += 1;
                     let _ = w.epoll.delete(&stream);
                     w.free.push(slot);
-                    continue;
+                    return Some(Err(()));
                 }
             },
         };
-        w.open.fetch_add(1, Ordering::Relaxed);
-        ctx.accepted.fetch_add(1, Ordering::Relaxed);
         w.conns[slot] = Some(Conn {
             stream,
             proof,
             machine: ctx.work.server_machine(),
             interest: EpollFlags::EPOLLIN,
         });
-        // A connect-mode request (or a zero-byte one, or the proof's
-        // hello) is often already there; serving it now saves a trip
-        // through epoll.
-        service(w, slot);
+        Some(Ok(slot))
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+
+    /// Two servers on one listener, as two processes of a server spread
+    /// over processes share it: each holds at most its cap, and the other
+    /// takes the rest.
+    #[test]
+    fn servers_sharing_a_listener_each_hold_at_most_their_cap() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let work = FlowWork::PingPong { size_bytes: 1 };
+        let cfg = EngineConfig::tcp(2, Duration::from_secs(5));
+        let a =
+            FlowServer::on_listener(listener.try_clone().unwrap(), work, cfg.clone(), 3).unwrap();
+        let b = FlowServer::on_listener(listener, work, cfg.clone(), 3).unwrap();
+        let mut clients = Vec::new();
+        for i in 0..6u8 {
+            let mut c = TcpStream::connect(addr).unwrap();
+            c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            c.write_all(&[i]).unwrap();
+            let mut back = [0u8];
+            c.read_exact(&mut back).unwrap();
+            assert_eq!(back[0], i);
+            clients.push(c);
+        }
+        assert_eq!(a.open_connections(), 3);
+        assert_eq!(b.open_connections(), 3);
+        // A seventh waits in the queue: nobody has a place for it.
+        let mut late = TcpStream::connect(addr).unwrap();
+        late.set_read_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
+        late.write_all(&[7]).unwrap();
+        assert!(late.read_exact(&mut [0u8]).is_err());
+        // One leaves: its server takes the seventh.
+        drop(clients.remove(0));
+        late.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut back = [0u8];
+        late.read_exact(&mut back).unwrap();
+        assert_eq!(back[0], 7);
+        drop(clients);
+        drop(late);
+        let (ta, tb) = (a.stop().unwrap(), b.stop().unwrap());
+        assert_eq!(ta.connections_accepted + tb.connections_accepted, 7);
+        assert_eq!(ta.bytes_rx + tb.bytes_rx, 7);
+        assert!(
+            FlowServer::on_listener(TcpListener::bind("127.0.0.1:0").unwrap(), work, cfg, 0)
+                .is_err()
+        );
     }
 }
