@@ -405,6 +405,7 @@ mod tests {
                     window_ns: 1_000_000_000,
                     cpu: CpuUsage::default(),
                     peak_rss_kib: Some(12_000),
+                    processes: None,
                     bytes_rx: 7,
                     bytes_tx: 8,
                     datagrams: Some(DatagramStats {

@@ -216,9 +216,15 @@ pub struct GroupOutcome {
     pub window_ns: u64,
     /// CPU usage of the agent's host and process over the window.
     pub cpu: CpuUsage,
-    /// Peak resident set size of the agent process (VmHWM), in KiB, if known.
+    /// Peak resident set size of the agent process (VmHWM), in KiB, if known;
+    /// with [`GroupOutcome::processes`], the sum over its processes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peak_rss_kib: Option<u64>,
+    /// Processes the role ran in, the agent's included, when it was spread
+    /// over more than the agent's own (a server past one process's
+    /// descriptor limit), at most [`MAX_OUTCOME_PROCESSES`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub processes: Option<u32>,
     /// Payload bytes this agent received, all flows, whole repetition.
     #[serde(default)]
     pub bytes_rx: u64,
@@ -241,6 +247,8 @@ pub struct GroupOutcome {
     pub services: Vec<netgap_core::record::ServiceRecord>,
 }
 
+/// Most processes one role's outcome may say it ran in.
+pub const MAX_OUTCOME_PROCESSES: u32 = 1024;
 /// Most services one role's outcome may name.
 pub const MAX_OUTCOME_SERVICES: usize = 4;
 /// Longest configuration text a service record may carry, in bytes.
@@ -272,6 +280,14 @@ impl GroupOutcome {
         if let Some(d) = &self.datagrams {
             d.validate()
                 .map_err(|e| range("datagrams", e.to_string()))?;
+        }
+        if let Some(p) = self.processes {
+            if !(1..=MAX_OUTCOME_PROCESSES).contains(&p) {
+                return Err(range(
+                    "processes",
+                    format!("{p}, not 1 to {MAX_OUTCOME_PROCESSES}"),
+                ));
+            }
         }
         if self.metrics.len() > MAX_OUTCOME_METRICS {
             return Err(range(
@@ -402,6 +418,7 @@ mod tests {
             window_ns: 1,
             cpu: CpuUsage::default(),
             peak_rss_kib: None,
+            processes: None,
             bytes_rx: 0,
             bytes_tx: 0,
             datagrams: Some(DatagramStats {
@@ -428,6 +445,7 @@ mod tests {
             window_ns: 1,
             cpu: CpuUsage::default(),
             peak_rss_kib: None,
+            processes: None,
             bytes_rx: 0,
             bytes_tx: 0,
             datagrams: None,
@@ -443,5 +461,25 @@ mod tests {
             .map(|i| (format!("m{i}"), 1.0))
             .collect();
         assert_eq!(outcome.validate().unwrap_err().field, "metrics");
+    }
+
+    #[test]
+    fn an_outcome_runs_in_one_to_the_most_processes() {
+        let mut outcome = GroupOutcome {
+            window_ns: 1,
+            cpu: CpuUsage::default(),
+            peak_rss_kib: Some(1024),
+            processes: Some(7),
+            bytes_rx: 0,
+            bytes_tx: 0,
+            datagrams: None,
+            metrics: Default::default(),
+            services: Vec::new(),
+        };
+        assert!(outcome.validate().is_ok());
+        for bad in [0, MAX_OUTCOME_PROCESSES + 1] {
+            outcome.processes = Some(bad);
+            assert_eq!(outcome.validate().unwrap_err().field, "processes");
+        }
     }
 }

@@ -1073,6 +1073,7 @@ mod tests {
             window_ns: 5,
             cpu: CpuUsage::default(),
             peak_rss_kib: None,
+            processes: None,
             bytes_rx: 0,
             bytes_tx: 0,
             datagrams: None,

@@ -96,22 +96,10 @@ impl Reduction {
         let n = self.flows.len();
         self.hist.merge(&r.hist);
         let window_ns = r.reports.first().map_or(0, |(_, _, o)| o.window_ns);
-        // The processes a role's memory counts go to its host's entry,
-        // not among the workload's figures.
-        let own_metrics: Vec<_> = r
-            .reports
-            .iter()
-            .map(|(_, _, o)| {
-                let mut m = o.metrics.clone();
-                m.remove(crate::workload::role::PROCESSES_METRIC);
-                m
-            })
-            .collect();
         let role_metrics: Vec<_> = r
             .reports
             .iter()
-            .zip(&own_metrics)
-            .map(|((i, _, _), m)| (placement.roles[*i].side, m))
+            .map(|(i, _, o)| (placement.roles[*i].side, &o.metrics))
             .collect();
         let rep_metrics = workload.metrics(&role_metrics, window_ns);
         if self.services.is_empty() {
@@ -136,12 +124,7 @@ impl Reduction {
                 self.bytes.client_rx += outcome.bytes_rx;
             }
             self.rss[*role_index] = self.rss[*role_index].max(outcome.peak_rss_kib);
-            let processes = outcome
-                .metrics
-                .get(crate::workload::role::PROCESSES_METRIC)
-                .filter(|p| p.is_finite() && **p >= 1.0 && **p <= f64::from(u32::MAX))
-                .map(|p| *p as u32);
-            self.processes[*role_index] = self.processes[*role_index].max(processes);
+            self.processes[*role_index] = self.processes[*role_index].max(outcome.processes);
             if let Some(d) = &outcome.datagrams {
                 let sum = self.datagrams.get_or_insert(DatagramCounts {
                     client: Default::default(),
@@ -508,6 +491,7 @@ mod tests {
             window_ns: 1_000_000_000,
             cpu: CpuUsage::default(),
             peak_rss_kib: None,
+            processes: None,
             bytes_rx: 0,
             bytes_tx: 0,
             datagrams: None,

@@ -263,11 +263,7 @@ impl ReadyRole for Engine {
         let (cpu, run) = metered_with(Instant::now(), warmup, duration, &stop, shard_pids, || {
             run(kind, warmup, duration, &stop)
         })?;
-        let mut ran = run?;
-        if let Some(p) = ran.processes {
-            ran.metrics
-                .insert(super::role::PROCESSES_METRIC.into(), f64::from(p));
-        }
+        let ran = run?;
         Ok(RoleResult {
             flows: ran.flows,
             buckets: ran.hist.buckets(),
@@ -276,6 +272,7 @@ impl ReadyRole for Engine {
                 cpu,
                 // The agent's own peak, plus its shards' when it has them.
                 peak_rss_kib: peak_rss_kib().map(|k| k + ran.shards_rss_kib),
+                processes: ran.processes,
                 bytes_rx: ran.bytes_rx,
                 bytes_tx: ran.bytes_tx,
                 datagrams: ran.datagrams,

@@ -703,6 +703,7 @@ impl ReadyRole for PipeReady {
                 window_ns,
                 cpu,
                 peak_rss_kib: peak_rss_kib(),
+                processes: None,
                 bytes_rx: done.iter().map(|d| d.bytes_rx).sum(),
                 bytes_tx: done.iter().map(|d| d.bytes_tx).sum(),
                 datagrams: None,

@@ -52,11 +52,6 @@ pub struct RoleContext<'a> {
     pub flows_per_process: Option<u32>,
 }
 
-/// The name under which a role's [`GroupOutcome::metrics`] carry how many
-/// processes its `peak_rss_kib` counts, when more than the agent itself (a
-/// server role spread over processes): the agent and its shards.
-pub const PROCESSES_METRIC: &str = "processes";
-
 /// How often a role that waits checks its [`Stop`].
 pub const STOP_TICK: Duration = Duration::from_millis(50);
 

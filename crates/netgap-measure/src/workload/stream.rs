@@ -401,6 +401,7 @@ impl ReadyRole for Streams {
                 window_ns,
                 cpu,
                 peak_rss_kib: peak_rss_kib(),
+                processes: None,
                 bytes_rx: reports.iter().map(|r| r.bytes_rx).sum(),
                 bytes_tx: reports.iter().map(|r| r.bytes_tx).sum(),
                 datagrams: None,
