@@ -360,13 +360,19 @@ impl Sink {
     }
 }
 
-#[test]
-fn a_target_that_is_not_an_agent_of_the_session_is_refused_before_any_payload_byte() {
+/// Asks `agent` for two `test` client flows over `transport` aimed at
+/// `target`, which the request itself lists as a host of the session (as a
+/// coordinator holding the key could), with a 500 ms I/O timeout; the
+/// agent's answer to the preparation and how long it took.
+fn client_role_aimed_at(
+    agent: &Agent,
+    test: &str,
+    transport: &str,
+    size_bytes: u64,
+    target: SocketAddr,
+) -> (Result<Reply, netgap::proto::codec::CodecError>, Duration) {
     use netgap::proto::group::{GroupRole, GroupSpec};
-    use netgap::proto::message::Request;
     use netgap::proto::session::CoordinatorSession;
-    let sink = Sink::start("127.0.0.9");
-    let agent = Agent::start("127.0.0.2");
     let addr = ControlAddr::parse(&agent.addr).expect("addr");
     let mut conn =
         ControlConn::new(addr.connect(Duration::from_secs(2)).expect("connect")).expect("conn");
@@ -376,14 +382,12 @@ fn a_target_that_is_not_an_agent_of_the_session_is_refused_before_any_payload_by
     session
         .on_welcome(welcome.expect("decodes"))
         .expect("welcome");
-    // A client role aimed at the sink, which the request itself lists as
-    // a host of the session.
     let spec = GroupSpec {
         point: netgap::spec::PointSpec {
-            test: "multistream".into(),
-            transport: "tcp".into(),
+            test: test.into(),
+            transport: transport.into(),
             mode: netgap::spec::Mode::Event,
-            size_bytes: 65536,
+            size_bytes,
             options: netgap::spec::TransportOptions::default(),
             server_cpu: None,
             io_timeout_ms: 500,
@@ -393,17 +397,16 @@ fn a_target_that_is_not_an_agent_of_the_session_is_refused_before_any_payload_by
         params: serde_json::json!({}),
         flows: 2,
         listen_ips: vec![],
-        targets: vec![sink.addr.to_string()],
+        targets: vec![target.to_string()],
         bind_ips: vec![],
-        session_hosts: vec![sink.addr.ip()],
+        session_hosts: vec![target.ip()],
         warmup_ms: 0,
         duration_ms: 2000,
     };
-    assert_eq!(spec.role, GroupRole::Client);
     let token = netgap::preamble::new_token().expect("token");
-    let req = session.group_prepare(spec, token);
-    assert!(matches!(req, Request::GroupPrepare { .. }));
-    conn.send(&req).expect("prepare");
+    conn.send(&session.group_prepare(spec, token))
+        .expect("prepare");
+    let started = Instant::now();
     // The agent says it is alive every second while it prepares.
     let reply = loop {
         let reply = decode_reply(&conn.recv_payload(Duration::from_secs(5)).expect("reply"));
@@ -411,6 +414,15 @@ fn a_target_that_is_not_an_agent_of_the_session_is_refused_before_any_payload_by
             break reply;
         }
     };
+    (reply, started.elapsed())
+}
+
+#[test]
+fn a_target_that_is_not_an_agent_of_the_session_is_refused_before_any_payload_byte() {
+    let sink = Sink::start("127.0.0.9");
+    let agent = Agent::start("127.0.0.2");
+    // multistream clients aimed at the sink.
+    let (reply, _) = client_role_aimed_at(&agent, "multistream", "tcp", 65536, sink.addr);
     match reply {
         Ok(Reply::Error { message }) => {
             assert!(message.contains("no payload was sent"), "{message}")
@@ -468,59 +480,14 @@ impl UdpSink {
 #[test]
 fn a_udp_target_that_is_not_an_agent_of_the_session_gets_hellos_and_no_payload_byte() {
     use netgap::proto::dataproof::DATAGRAM_HELLO_BYTES;
-    use netgap::proto::group::{GroupRole, GroupSpec};
-    use netgap::proto::session::CoordinatorSession;
     let sink = UdpSink::start("127.0.0.9");
     let agent = Agent::start("127.0.0.2");
-    let addr = ControlAddr::parse(&agent.addr).expect("addr");
-    let mut conn =
-        ControlConn::new(addr.connect(Duration::from_secs(2)).expect("connect")).expect("conn");
-    let mut session = CoordinatorSession::new();
-    conn.send(&session.hello()).expect("hello");
-    let welcome = decode_reply(&conn.recv_payload(Duration::from_secs(2)).expect("welcome"));
-    session
-        .on_welcome(welcome.expect("decodes"))
-        .expect("welcome");
     // hotspot clients over udp (the flow engine's datagram flows) aimed
-    // at the sink, which the request itself lists as a host of the session.
-    let spec = GroupSpec {
-        point: netgap::spec::PointSpec {
-            test: "hotspot".into(),
-            transport: "udp".into(),
-            mode: netgap::spec::Mode::Event,
-            size_bytes: 1000,
-            options: netgap::spec::TransportOptions::default(),
-            server_cpu: None,
-            io_timeout_ms: 500,
-            verify: false,
-        },
-        role: GroupRole::Client,
-        params: serde_json::json!({}),
-        flows: 2,
-        listen_ips: vec![],
-        targets: vec![sink.addr.to_string()],
-        bind_ips: vec![],
-        session_hosts: vec![sink.addr.ip()],
-        warmup_ms: 0,
-        duration_ms: 2000,
-    };
-    let token = netgap::preamble::new_token().expect("token");
-    conn.send(&session.group_prepare(spec, token))
-        .expect("prepare");
-    let started = Instant::now();
-    let reply = loop {
-        let reply = decode_reply(&conn.recv_payload(Duration::from_secs(5)).expect("reply"));
-        if !matches!(reply, Ok(Reply::GroupAlive)) {
-            break reply;
-        }
-    };
+    // at the sink.
+    let (reply, took) = client_role_aimed_at(&agent, "hotspot", "udp", 1000, sink.addr);
     // Refused within the I/O timeout and a second's grace, in one line
     // naming the target.
-    assert!(
-        started.elapsed() < Duration::from_millis(1500),
-        "{:?}",
-        started.elapsed()
-    );
+    assert!(took < Duration::from_millis(1500), "{took:?}");
     match reply {
         Ok(Reply::Error { message }) => {
             assert!(
