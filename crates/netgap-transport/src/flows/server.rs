@@ -49,7 +49,7 @@ pub struct FlowServer {
     open: Arc<AtomicUsize>,
     /// Connections accepted so far, all workers together.
     accepted: Arc<AtomicU64>,
-    workers: Vec<JoinHandle<Result<ServerTotals, EngineError>>>,
+    workers: Vec<Worker>,
 }
 
 struct Conn {
@@ -196,22 +196,9 @@ fn start(
             .map_err(|e| sys("adding the listener to epoll", e))?;
         let stop_flag = Arc::clone(&stop);
         let ctx = ctx.clone();
-        let spawned = std::thread::Builder::new()
-            .name(format!("flow-server-{w}"))
-            .spawn(move || serve(&listener, &epoll, io, &ctx, &stop_flag));
-        match spawned {
-            Ok(h) => workers.push(h),
-            Err(source) => {
-                stop.store(true, Ordering::Relaxed);
-                for h in workers {
-                    let _ = h.join();
-                }
-                return Err(EngineError::Sys {
-                    what: "starting a flow server worker".into(),
-                    source,
-                });
-            }
-        }
+        spawn_worker(w, &mut workers, &stop, move || {
+            serve(&listener, &epoll, io, &ctx, &stop_flag)
+        })?;
     }
     Ok(FlowServer {
         local_addr,
@@ -295,22 +282,9 @@ fn bind_datagrams(
         datagram::watch(&epoll, &socket)?;
         let stop_flag = Arc::clone(&stop);
         let (mode, token) = (cfg.mode, cfg.token.clone());
-        let spawned = std::thread::Builder::new()
-            .name(format!("flow-server-{w}"))
-            .spawn(move || datagram::serve(&socket, &epoll, size_bytes, mode, token, &stop_flag));
-        match spawned {
-            Ok(h) => workers.push(h),
-            Err(source) => {
-                stop.store(true, Ordering::Relaxed);
-                for h in workers {
-                    let _ = h.join();
-                }
-                return Err(EngineError::Sys {
-                    what: "starting a flow server worker".into(),
-                    source,
-                });
-            }
-        }
+        spawn_worker(w, &mut workers, &stop, move || {
+            datagram::serve(&socket, &epoll, size_bytes, mode, token, &stop_flag)
+        })?;
     }
     Ok(FlowServer {
         local_addr,
@@ -692,6 +666,37 @@ fn accept_one(
             interest: EpollFlags::EPOLLIN,
         });
         Some(Ok(slot))
+    }
+}
+
+type Worker = JoinHandle<Result<ServerTotals, EngineError>>;
+
+/// Starts server worker `w` running `work`; if the thread cannot start,
+/// stops and joins the workers already started and says why.
+fn spawn_worker(
+    w: usize,
+    workers: &mut Vec<Worker>,
+    stop: &Arc<AtomicBool>,
+    work: impl FnOnce() -> Result<ServerTotals, EngineError> + Send + 'static,
+) -> Result<(), EngineError> {
+    match std::thread::Builder::new()
+        .name(format!("flow-server-{w}"))
+        .spawn(work)
+    {
+        Ok(h) => {
+            workers.push(h);
+            Ok(())
+        }
+        Err(source) => {
+            stop.store(true, Ordering::Relaxed);
+            for h in workers.drain(..) {
+                let _ = h.join();
+            }
+            Err(EngineError::Sys {
+                what: "starting a flow server worker".into(),
+                source,
+            })
+        }
     }
 }
 
