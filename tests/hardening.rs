@@ -251,21 +251,16 @@ fn flows_end_with_a_killed_coordinator(test: &str, count: &[&str]) {
     std::thread::sleep(Duration::from_millis(300));
     coord.kill().expect("kill");
     let _ = coord.wait();
-    let killed = Instant::now();
-    loop {
-        let left: Vec<String> = agents
+    let left = common::gone_within(Duration::from_secs(1), || {
+        agents
             .iter()
             .flat_map(|a| role_threads(a.child.id()))
-            .collect();
-        if left.is_empty() {
-            break;
-        }
-        assert!(
-            killed.elapsed() < Duration::from_secs(1),
-            "still running a second after the coordinator died: {left:?}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+            .collect::<Vec<_>>()
+    });
+    assert!(
+        left.is_ok(),
+        "still running a second after the coordinator died: {left:?}"
+    );
     // Nothing holds the agents: the next run gets in at once.
     let out = netgap()
         .args(["run", test, "--hosts", &hosts])

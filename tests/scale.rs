@@ -136,17 +136,7 @@ fn children_of(pid: u32) -> Vec<u32> {
 
 /// Waits up to `within` for `pid` to have no child process left.
 fn no_child_within(pid: u32, within: Duration) -> Result<(), Vec<u32>> {
-    let t0 = Instant::now();
-    loop {
-        let left = children_of(pid);
-        if left.is_empty() {
-            return Ok(());
-        }
-        if t0.elapsed() > within {
-            return Err(left);
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    common::gone_within(within, || children_of(pid))
 }
 
 /// A sharded server agent and a client agent on loopback.
@@ -268,25 +258,20 @@ fn a_killed_agent_takes_its_shard_processes_with_it() {
     let shards = children_of(server.child.id());
     assert_eq!(shards.len(), 4, "{shards:?}");
     server.kill();
-    let t0 = Instant::now();
-    loop {
-        // A shard's parent-death signal kills it; init reaps it.
-        let alive: Vec<_> = shards
+    // A shard's parent-death signal kills it; init reaps it.
+    let alive = common::gone_within(Duration::from_secs(3), || {
+        shards
             .iter()
             .filter(|p| {
                 std::fs::read_to_string(format!("/proc/{p}/stat"))
                     .is_ok_and(|s| !s.contains(") Z "))
             })
-            .collect();
-        if alive.is_empty() {
-            break;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(3),
-            "shards alive 3 s after their agent was killed: {alive:?}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+            .collect::<Vec<_>>()
+    });
+    assert!(
+        alive.is_ok(),
+        "shards alive 3 s after their agent was killed: {alive:?}"
+    );
     let _ = coord.kill();
     let _ = coord.wait();
 }

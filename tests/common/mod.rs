@@ -165,3 +165,22 @@ pub fn system_ready(test: &str) -> bool {
         }
     }
 }
+
+/// Polls `left` every 20 ms until it names nothing (processes, threads);
+/// what it still names after `within`, if anything.
+pub fn gone_within<T>(
+    within: std::time::Duration,
+    mut left: impl FnMut() -> Vec<T>,
+) -> Result<(), Vec<T>> {
+    let t0 = std::time::Instant::now();
+    loop {
+        let now = left();
+        if now.is_empty() {
+            return Ok(());
+        }
+        if t0.elapsed() > within {
+            return Err(now);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
