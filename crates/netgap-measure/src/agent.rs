@@ -797,13 +797,24 @@ fn accept_proven(
     token: &DataToken,
 ) -> Result<Box<dyn transport::Flow>, OpenPointError> {
     let deadline = Instant::now() + ACCEPT_TIMEOUT;
+    // Why the last connection was dropped: when no other comes, that says
+    // more than the wait that ran out.
+    let mut dropped: Option<crate::preamble::PreambleError> = None;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
-        let mut flow = listener.accept(left.max(Duration::from_millis(1)))?;
+        let mut flow = match listener.accept(left.max(Duration::from_millis(1))) {
+            Ok(f) => f,
+            Err(e) => {
+                return Err(match dropped {
+                    Some(p) => p.into(),
+                    None => e.into(),
+                })
+            }
+        };
         match crate::preamble::listener(flow.as_mut(), token) {
             Ok(()) => return Ok(flow),
             Err(e) if Instant::now() >= deadline => return Err(e.into()),
-            Err(_) => {}
+            Err(e) => dropped = Some(e),
         }
     }
 }
