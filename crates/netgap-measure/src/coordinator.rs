@@ -210,9 +210,20 @@ impl Coordinator {
         // Whatever address the agent named, no payload goes there unless
         // it proves it is this session's end.
         crate::preamble::connector(flow.as_mut(), &token)?;
-        let reply = recv_reply(&mut self.conn, REPLY_TIMEOUT)?;
-        self.session.on_accepted(reply)?;
         let monitor = flow.monitor();
+        // The agent answers once the proof's last message has reached it. A
+        // flow whose own end resends what is lost (xdp) must be served
+        // meanwhile, or a lost confirmation is never sent again.
+        let mut wait = REPLY_TIMEOUT;
+        if let Some(m) = &monitor {
+            let t0 = Instant::now();
+            let _ = m.serve_idle(self.conn.stream().as_fd(), wait);
+            wait = wait
+                .saturating_sub(t0.elapsed())
+                .max(Duration::from_millis(1));
+        }
+        let reply = recv_reply(&mut self.conn, wait)?;
+        self.session.on_accepted(reply)?;
         let path_choices = flow.path_choices();
         let role = test
             .client(
