@@ -51,6 +51,16 @@ const MAX_SERVER_WORKERS: u64 = 64;
 const SERVER_GRACE: Duration = Duration::from_millis(500);
 /// Most client worker threads on one agent.
 const MAX_CLIENT_WORKERS: usize = 8;
+/// What one client commits, bytes, an upper bound: its connection's state
+/// (at most [`client::CONN_STATE_BYTES`], 512; 320 measured), its request
+/// (under 256: a GET line and a Host header), its latency histogram (a
+/// `FlowHistogram`: typically under 1 KiB, 4.6 KiB if its transactions
+/// spanned 1 ns to an hour) and its outcome and report (about 200):
+/// 512 + 256 + 4,710 + 200 = 5,678, rounded up. The receive buffer is its
+/// worker's; a response head split across reads is copied until it is
+/// whole (a few hundred bytes from nginx or Apache; at most
+/// [`client::BUF_BYTES`] from a server that sends a huge head slowly).
+const CLIENT_BYTES: u64 = 6 * 1024;
 
 static SERVER: WorkloadOption = WorkloadOption {
     flag: "server",
@@ -333,12 +343,16 @@ impl Workload for Web {
         place::spread(count, hosts)
     }
 
-    /// A client holds one receive buffer and its state; the server role
-    /// holds nothing per client (the server program does).
+    /// A client holds its state, request, histogram and report
+    /// ([`CLIENT_BYTES`]); its worker's receive buffer is shared by the
+    /// worker's clients. The server role holds nothing per client (the
+    /// server program does).
     fn memory_bytes(&self, spec: &GroupSpec) -> u64 {
         match spec.role {
             GroupRole::Server => PER_FLOW_BYTES,
-            GroupRole::Client => (64 * 1024 + PER_FLOW_BYTES).saturating_mul(u64::from(spec.flows)),
+            GroupRole::Client => CLIENT_BYTES
+                .saturating_mul(u64::from(spec.flows))
+                .saturating_add((MAX_CLIENT_WORKERS * client::BUF_BYTES) as u64),
         }
     }
 
