@@ -35,8 +35,10 @@ use std::time::{Duration, Instant};
 
 const NAME: &str = "web";
 
-/// Most clients of one point.
-const MAX_CLIENTS: u32 = 4096;
+/// Most clients of one point: a group's most flows. Each client host must
+/// hold its share in one process ([`open_clients`] refuses a share past
+/// its descriptor limit).
+const MAX_CLIENTS: u32 = netgap_proto::group::MAX_GROUP_FLOWS;
 /// Largest file of a `single` trace, bytes.
 const MAX_FILE_BYTES: u64 = 64 * 1024 * 1024;
 /// Files of a `zipf` set when the run names no count: one SPECweb99
@@ -46,6 +48,10 @@ const DEFAULT_FILES: u32 = 360;
 const DEFAULT_SEED: u64 = 1;
 /// Most worker processes (nginx) or children (Apache).
 const MAX_SERVER_WORKERS: u64 = 64;
+/// Most clients netgap's Apache configuration serves: its
+/// `MaxRequestWorkers` (children x threads) at the most children a run may
+/// ask for.
+const MAX_APACHE_CLIENTS: u64 = MAX_SERVER_WORKERS * apache::THREADS_PER_CHILD as u64;
 /// How long the server keeps serving after the window, so the clients'
 /// last requests finish before it stops.
 const SERVER_GRACE: Duration = Duration::from_millis(500);
@@ -343,6 +349,26 @@ impl Workload for Web {
         place::spread(count, hosts)
     }
 
+    /// Refuses, before anything starts, more clients than netgap's Apache
+    /// configuration serves.
+    fn place_point(
+        &self,
+        params: &serde_json::Value,
+        count: u32,
+        hosts: &[HostView],
+    ) -> Result<Placement, Refused> {
+        let apache = params.get("server").and_then(|v| v.as_str()) == Some("apache");
+        if apache && u64::from(count) > MAX_APACHE_CLIENTS {
+            return Err(Refused(format!(
+                "{NAME}: Apache serves at most {MAX_APACHE_CLIENTS} clients here (its \
+                 MaxRequestWorkers: {MAX_SERVER_WORKERS} children of {} threads), not {count}; \
+                 use --server nginx for more",
+                apache::THREADS_PER_CHILD
+            )));
+        }
+        self.place(count, hosts)
+    }
+
     /// A client holds its state, request, histogram and report
     /// ([`CLIENT_BYTES`]); its worker's receive buffer is shared by the
     /// worker's clients. The server role holds nothing per client (the
@@ -436,7 +462,20 @@ fn open_server(p: &Params, ctx: &RoleContext<'_>) -> Result<Box<dyn OpenRole>, R
     };
     let error_log = dir.path().join("error.log");
     let mut running = match p.server {
-        Server::Nginx => nginx::start(dir, &www, addr, workers),
+        Server::Nginx => {
+            // The workers inherit this agent's hard descriptor limit.
+            let (_, hard) = netgap_transport::flows::limits::fd_limits().map_err(refused)?;
+            let sizing = nginx::size(
+                u64::from(ctx.spec.flows),
+                set.len() as u64,
+                workers,
+                p.server_workers != 0,
+                MAX_SERVER_WORKERS as u32,
+                hard,
+            )
+            .map_err(refused)?;
+            nginx::start(dir, &www, addr, &sizing)
+        }
         Server::Apache => apache::start(dir, &www, addr, workers),
     }
     .map_err(refused)?;
@@ -528,6 +567,13 @@ fn open_clients(p: &Params, ctx: &RoleContext<'_>) -> Result<Box<dyn OpenRole>, 
     let set = Arc::new(p.fileset());
     let zipf = (p.trace == Trace::Zipf).then(|| Arc::new(Zipf::new(&set, p.alpha)));
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let workers = cpus.clamp(1, MAX_CLIENT_WORKERS);
+    // Every client is a descriptor of this one process, besides each
+    // worker's epoll and the agent's own: refuse a share it cannot open
+    // before any connects.
+    let fds = u64::from(spec.flows) + workers as u64 + netgap_transport::flows::limits::SPARE_FDS;
+    netgap_transport::flows::ensure_fd_limit(fds)
+        .map_err(|e| refused(format!("{} clients on this host: {e}", spec.flows)))?;
     // Each client host draws its own request sequence.
     let host_key = service::host_name()
         .bytes()
@@ -536,7 +582,7 @@ fn open_clients(p: &Params, ctx: &RoleContext<'_>) -> Result<Box<dyn OpenRole>, 
         target,
         bind_ip: spec.bind_ips.first().copied(),
         flows: spec.flows as usize,
-        workers: cpus.clamp(1, MAX_CLIENT_WORKERS),
+        workers,
         keepalive: !p.connection_per_request,
         fileset: set,
         zipf,
