@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Many flows over several client hosts of a namespace testbed (issue 17's
-# scale benchmark): hotspot and connect with 10,000, 50,000 and 100,000
-# flows (COUNTS) against one server host, over CLIENT_HOSTS client hosts
+# scale benchmark): hotspot, connect and web (TESTS) with 10,000, 50,000
+# and 100,000 flows (COUNTS) against one server host, over CLIENT_HOSTS
+# client hosts
 # (default: as many as keep each client within its descriptor limit at the
 # largest count). The server's agent spreads a role past its own limit
 # over shard processes on one listener; the record's `hosts_cpu[]` says
@@ -10,6 +11,13 @@
 # their shards') is that point's; the agents' resident memory before the
 # point is read from /proc, so memory per flow is (peak - before) / the
 # host's flows.
+#
+# web runs nginx on the server host serving one 1 KiB file to kept-alive
+# clients (WEB_FLAGS), with a window of WEB_DURATION (the clients connect
+# all at once at its start, so a longer window than the engine tests').
+# nginx is not the agent: its workers' resident memory (summed over its
+# processes in the server's namespace) is sampled every 0.2 s while the
+# point runs, and the largest sum is reported beside the agents' peaks.
 #
 # A point the hosts cannot run (a descriptor limit, the port range) fails
 # in one line; the line is kept in OUT_DIR/T-N.err and in the summary, and
@@ -38,7 +46,9 @@ reps="${REPS:-3}"
 dur="${DURATION:-2s}"
 timeout="${TIMEOUT:-10s}"
 counts="${COUNTS:-10000 50000 100000}"
-tests="${TESTS:-hotspot connect}"
+tests="${TESTS:-hotspot connect web}"
+web_flags="${WEB_FLAGS:---server nginx -s 1K}"
+web_dur="${WEB_DURATION:-4s}"
 # A client agent holds its flows in one process: its limit less what the
 # engine keeps spare (workers, control, files) bounds its share.
 fit=$(( hard - 256 ))
@@ -70,12 +80,35 @@ for t in $tests; do
             h="$(basename "$f" .pid)"
             echo "$h $(awk '/VmRSS/ {print $2}' "/proc/$(cat "$f")/status")"
         done > "$out/$t-$n.rss0"
+        flags=(--duration "$dur")
+        sampler=""
+        if [ "$t" = web ]; then
+            # shellcheck disable=SC2206
+            flags=(--duration "$web_dur" $web_flags)
+            # The largest sum of nginx's resident memory in the server's
+            # namespace, KiB.
+            (
+                peak=0
+                while :; do
+                    sum=0
+                    for p in $(ip netns pids "ngtb-$name-h1" 2>/dev/null); do
+                        [ "$(cat "/proc/$p/comm" 2>/dev/null)" = nginx ] || continue
+                        kib=$(awk '/VmRSS/ {print $2}' "/proc/$p/status" 2>/dev/null || echo 0)
+                        sum=$(( sum + ${kib:-0} ))
+                    done
+                    [ "$sum" -gt "$peak" ] && peak=$sum && echo "$peak" > "$out/$t-$n.nginx"
+                    sleep 0.2
+                done
+            ) &
+            sampler=$!
+        fi
         t0=$(date +%s.%N)
-        if "$netgap" run "$t" --hosts "$hosts" --clients "$n" --reps "$reps" --duration "$dur" \
+        if "$netgap" run "$t" --hosts "$hosts" --clients "$n" --reps "$reps" "${flags[@]}" \
             --timeout "$timeout" --json "$out/$t-$n.jsonl" > "$out/$t-$n.out" 2> "$out/$t-$n.err"; then
             :
         fi
         t1=$(date +%s.%N)
+        if [ -n "$sampler" ]; then kill "$sampler" 2>/dev/null || true; wait "$sampler" 2>/dev/null || true; fi
         awk "BEGIN { print $t1 - $t0 }" > "$out/$t-$n.wall"
         echo "$t $n: $(tail -n 1 "$out/$t-$n.out") $(head -c 300 "$out/$t-$n.err")"
     done
@@ -91,7 +124,9 @@ for fn in os.listdir(out):
     if fn.endswith(".wall"):
         t, n = fn[:-5].split("-")
         points.append((t, int(n)))
-for t, n in sorted(points, key=lambda p: (p[0] != "hotspot", p[1])):
+order = {"hotspot": 0, "connect": 1, "web": 2}
+web_rows = []
+for t, n in sorted(points, key=lambda p: (order.get(p[0], 3), p[1])):
     base = f"{t}-{n}"
     fn = base + ".wall"
     wall = float(open(os.path.join(out, fn)).read())
@@ -101,9 +136,21 @@ for t, n in sorted(points, key=lambda p: (p[0] != "hotspot", p[1])):
     if not recs:
         err = open(os.path.join(out, base + ".err")).read().strip().splitlines()
         line = err[0].split("; points measured before")[0] if err else "no record"
-        rows.append((t, n, None, line))
+        (web_rows if t == "web" else rows).append((t, n, None, line))
         continue
     r = recs[-1]
+    if t == "web":
+        flows_of = {}
+        for f in r["flows"]:
+            flows_of[f["host"]] = flows_of.get(f["host"], 0) + 1
+        hosts = []
+        for h in r["hosts_cpu"]:
+            k = flows_of.get(h["host"], 0)
+            hosts.append((h["host"], h["role"], h["peak_rss_kib"], h["peak_rss_kib"] - int(rss0.get(h["host"], 0)), k))
+        ng = os.path.join(out, base + ".nginx")
+        nginx_kib = int(open(ng).read()) if os.path.exists(ng) else 0
+        web_rows.append((t, n, dict(r=r, hosts=hosts, nginx_kib=nginx_kib), None))
+        continue
     flows_of = {}
     for f in r["flows"]:
         flows_of[f["host"]] = flows_of.get(f["host"], 0) + 1
@@ -143,6 +190,24 @@ with open(os.path.join(out, "summary.md"), "w") as s:
         b = d["bytes"]
         bal = "yes" if b["client_tx"] == b["server_rx"] and b["client_rx"] == b["server_tx"] else f'no ({b})'
         s.write(f'| {t} | {n:,} | {val} | {pp} | {"all" if d["accounted"] else "NOT all"} | {bal} | {d["beyond"]:.2f} | {n / d["beyond"]:,.0f} | {peaks} | {per} | {procs[0] if procs else ""} |\n')
+    if web_rows:
+        s.write("\n| test | clients | transactions/s | p50 / p99 | errors | clients with a transaction | every response checked | peak RSS per host (agents), MiB | KiB per client (client hosts) | nginx workers | nginx peak RSS (sampled), MiB |\n")
+        s.write("|---|---|---|---|---|---|---|---|---|---|---|\n")
+    for t, n, d, err in web_rows:
+        if d is None:
+            s.write(f"| {t} | {n:,} | refused: {err} | | | | | | | | |\n")
+            continue
+        r = d["r"]
+        m = r["app"]["metrics"]
+        p = r.get("percentiles") or {}
+        pp = f'{p.get("p50", 0)/1000:,.1f} / {p.get("p99", 0)/1000:,.1f} ms' if p else ""
+        served = sum(1 for f in r["flows"] if f.get("value"))
+        checked = "yes" if m.get("verified") == m.get("checked") and m.get("checked", 0) >= m.get("transactions", 0) else "no"
+        peaks = ", ".join(f'{h}: {peak/1024:.1f}' for h, role, peak, grown, k in d["hosts"])
+        cli = [grown / k for h, role, peak, grown, k in d["hosts"] if role == "client" and k]
+        per = f'{min(cli):.2f}-{max(cli):.2f}' if cli else ""
+        svc = r["app"]["services"][0]
+        s.write(f'| web | {n:,} | {r["value"]:,.0f} | {pp} | {m.get("errors", 0):,.0f} | {served:,} | {checked} | {peaks} | {per} | {svc.get("workers")} | {d["nginx_kib"]/1024:.1f} |\n')
 print(open(os.path.join(out, "summary.md")).read())
 PY
 echo "results: $out"
