@@ -48,7 +48,7 @@ timeout="${TIMEOUT:-10s}"
 counts="${COUNTS:-10000 50000 100000}"
 tests="${TESTS:-hotspot connect web}"
 web_flags="${WEB_FLAGS:---server nginx -s 1K}"
-web_dur="${WEB_DURATION:-4s}"
+web_dur="${WEB_DURATION:-10s}"
 # A client agent holds its flows in one process: its limit less what the
 # engine keeps spare (workers, control, files) bounds its share.
 fit=$(( hard - 256 ))
@@ -67,7 +67,7 @@ trap down EXIT
     echo "nproc: $(nproc)"
     echo "kernel: $(uname -r)"
     echo "descriptor limit (hard): $hard"
-    echo "client hosts: $client_hosts, repetitions: $reps, window: $dur, I/O timeout: $timeout"
+    echo "client hosts: $client_hosts, repetitions: $reps, window: $dur (web: $web_dur), I/O timeout: $timeout"
     echo "fs.file-max: $(cat /proc/sys/fs/file-max), somaxconn: $(cat /proc/sys/net/core/somaxconn)"
 } > "$out/machine.txt"
 
