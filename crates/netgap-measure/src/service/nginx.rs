@@ -67,8 +67,8 @@ pub struct TooManyClients {
 /// (the per-process hard limit the workers inherit). The kernel spreads
 /// connections over `reuseport` sockets by a hash, so a worker's
 /// connections are the even share plus a quarter and
-/// [`SPARE_CONNECTIONS`]; its descriptors are those connections, its
-/// cached files and [`SPARE_FDS`].
+/// 256 spare slots; its descriptors are those connections, its
+/// cached files and 256 spare.
 pub fn size(
     clients: u64,
     files: u64,

@@ -370,7 +370,7 @@ impl Workload for Web {
     }
 
     /// A client holds its state, request, histogram and report
-    /// ([`CLIENT_BYTES`]); its worker's receive buffer is shared by the
+    /// (6 KiB, an upper bound); its worker's receive buffer is shared by the
     /// worker's clients. The server role holds nothing per client (the
     /// server program does).
     fn memory_bytes(&self, spec: &GroupSpec) -> u64 {

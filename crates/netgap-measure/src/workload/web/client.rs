@@ -658,8 +658,7 @@ mod tests {
             let mut body = vec![0u8; 700];
             served.fill(0, 0, &mut body);
             let mut resp =
-                format!("HTTP/1.1 200 OK\r\nServer: split\r\nContent-Length: 700\r\n\r\n")
-                    .into_bytes();
+                b"HTTP/1.1 200 OK\r\nServer: split\r\nContent-Length: 700\r\n\r\n".to_vec();
             resp.extend_from_slice(&body);
             let mut req = Vec::new();
             let mut b = [0u8; 512];
