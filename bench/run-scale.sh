@@ -15,9 +15,9 @@
 # web runs nginx on the server host serving one 1 KiB file to kept-alive
 # clients (WEB_FLAGS), with a window of WEB_DURATION (the clients connect
 # all at once at its start, so a longer window than the engine tests').
-# nginx is not the agent: its workers' resident memory (summed over its
-# processes in the server's namespace) is sampled every 0.2 s while the
-# point runs, and the largest sum is reported beside the agents' peaks.
+# nginx is not the agent: its processes' summed peak resident memory is
+# the record's `app.services[0].facts.peak_rss_kib`, reported beside the
+# agents' peaks.
 #
 # A point the hosts cannot run (a descriptor limit, the port range) fails
 # in one line; the line is kept in OUT_DIR/T-N.err and in the summary, and
@@ -81,26 +81,9 @@ for t in $tests; do
             echo "$h $(awk '/VmRSS/ {print $2}' "/proc/$(cat "$f")/status")"
         done > "$out/$t-$n.rss0"
         flags=(--duration "$dur")
-        sampler=""
         if [ "$t" = web ]; then
             # shellcheck disable=SC2206
             flags=(--duration "$web_dur" $web_flags)
-            # The largest sum of nginx's resident memory in the server's
-            # namespace, KiB.
-            (
-                peak=0
-                while :; do
-                    sum=0
-                    for p in $(ip netns pids "ngtb-$name-h1" 2>/dev/null); do
-                        [ "$(cat "/proc/$p/comm" 2>/dev/null)" = nginx ] || continue
-                        kib=$(awk '/VmRSS/ {print $2}' "/proc/$p/status" 2>/dev/null || echo 0)
-                        sum=$(( sum + ${kib:-0} ))
-                    done
-                    [ "$sum" -gt "$peak" ] && peak=$sum && echo "$peak" > "$out/$t-$n.nginx"
-                    sleep 0.2
-                done
-            ) &
-            sampler=$!
         fi
         t0=$(date +%s.%N)
         if "$netgap" run "$t" --hosts "$hosts" --clients "$n" --reps "$reps" "${flags[@]}" \
@@ -108,7 +91,6 @@ for t in $tests; do
             :
         fi
         t1=$(date +%s.%N)
-        if [ -n "$sampler" ]; then kill "$sampler" 2>/dev/null || true; wait "$sampler" 2>/dev/null || true; fi
         awk "BEGIN { print $t1 - $t0 }" > "$out/$t-$n.wall"
         echo "$t $n: $(tail -n 1 "$out/$t-$n.out") $(head -c 300 "$out/$t-$n.err")"
     done
@@ -147,8 +129,7 @@ for t, n in sorted(points, key=lambda p: (order.get(p[0], 3), p[1])):
         for h in r["hosts_cpu"]:
             k = flows_of.get(h["host"], 0)
             hosts.append((h["host"], h["role"], h["peak_rss_kib"], h["peak_rss_kib"] - int(rss0.get(h["host"], 0)), k))
-        ng = os.path.join(out, base + ".nginx")
-        nginx_kib = int(open(ng).read()) if os.path.exists(ng) else 0
+        nginx_kib = int(r["app"]["services"][0]["facts"].get("peak_rss_kib", 0))
         web_rows.append((t, n, dict(r=r, hosts=hosts, nginx_kib=nginx_kib), None))
         continue
     flows_of = {}
@@ -191,7 +172,7 @@ with open(os.path.join(out, "summary.md"), "w") as s:
         bal = "yes" if b["client_tx"] == b["server_rx"] and b["client_rx"] == b["server_tx"] else f'no ({b})'
         s.write(f'| {t} | {n:,} | {val} | {pp} | {"all" if d["accounted"] else "NOT all"} | {bal} | {d["beyond"]:.2f} | {n / d["beyond"]:,.0f} | {peaks} | {per} | {procs[0] if procs else ""} |\n')
     if web_rows:
-        s.write("\n| test | clients | transactions/s | p50 / p99 | errors | clients with a transaction | every response checked | peak RSS per host (agents), MiB | KiB per client (client hosts) | nginx workers | nginx peak RSS (sampled), MiB |\n")
+        s.write("\n| test | clients | transactions/s | p50 / p99 | errors | clients with a transaction | every response checked | peak RSS per host (agents), MiB | KiB per client (client hosts) | nginx workers | nginx peak RSS (its processes summed), MiB |\n")
         s.write("|---|---|---|---|---|---|---|---|---|---|---|\n")
     for t, n, d, err in web_rows:
         if d is None:

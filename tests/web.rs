@@ -351,6 +351,12 @@ fn thousands_of_web_clients_over_two_hosts_get_every_response_checked() {
     assert!(value("worker_connections ") * workers >= SCALE_CLIENTS as u64);
     assert!(value("worker_rlimit_nofile ") > value("worker_connections "));
     assert!(config.contains(" reuseport"), "{config}");
+    // ... and the server host's memory for the clients is nginx's own.
+    let nginx_kib: u64 = s["facts"]["peak_rss_kib"]
+        .as_str()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("nginx's peak memory in {}", s["facts"]));
+    assert!(nginx_kib > 0);
 
     // A client host's share past what one process may open is refused in
     // one line before any client connects (where the limit is low enough

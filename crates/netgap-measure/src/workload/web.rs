@@ -532,6 +532,14 @@ impl ReadyRole for ServerRole {
         let t0 = Instant::now();
         let (cpu, _) = meter_window(t0 + warmup, t0 + warmup + duration, &stop);
         stop.sleep_until(Instant::now() + SERVER_GRACE);
+        let mut running = running;
+        // The agent holds nothing per client; the server program's own
+        // peak is its host's memory for the clients.
+        if let Some(kib) = server_peak_rss_kib(running.dir()) {
+            running
+                .facts_mut()
+                .insert("peak_rss_kib".into(), kib.to_string());
+        }
         let record = running.record().clone();
         drop(running);
         Ok(RoleResult {
@@ -550,6 +558,68 @@ impl ReadyRole for ServerRole {
             },
         })
     }
+}
+
+/// The summed peak resident memory (VmHWM), KiB, of the server program's
+/// processes: those whose command line names its run directory `dir` (its
+/// main process, and the `unshare` wrapper that starts it) and every
+/// descendant of them (nginx's workers, Apache's children). Pages the
+/// processes share count once per process, so it bounds the program's
+/// memory from above. `None` if no such process is found.
+fn server_peak_rss_kib(dir: &std::path::Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let needle = dir.as_os_str().as_bytes();
+    if needle.is_empty() {
+        return None;
+    }
+    // (pid, parent, names the directory, VmHWM KiB) of every process.
+    let mut procs: Vec<(u32, u32, bool, u64)> = Vec::new();
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(status) = std::fs::read_to_string(entry.path().join("status")) else {
+            continue;
+        };
+        let field = |key: &str| -> Option<u64> {
+            let line = status.lines().find(|l| l.starts_with(key))?;
+            line.split_whitespace().nth(1)?.parse().ok()
+        };
+        let ppid = field("PPid:")
+            .and_then(|p| u32::try_from(p).ok())
+            .unwrap_or(0);
+        let hwm = field("VmHWM:").unwrap_or(0);
+        let names = std::fs::read(entry.path().join("cmdline"))
+            .is_ok_and(|c| c.windows(needle.len()).any(|w| w == needle));
+        procs.push((pid, ppid, names, hwm));
+    }
+    let mut ours: Vec<u32> = procs.iter().filter(|p| p.2).map(|p| p.0).collect();
+    if ours.is_empty() {
+        return None;
+    }
+    // Descendants, a generation per pass.
+    loop {
+        let before = ours.len();
+        for p in &procs {
+            if !ours.contains(&p.0) && ours.contains(&p.1) {
+                ours.push(p.0);
+            }
+        }
+        if ours.len() == before {
+            break;
+        }
+    }
+    Some(
+        procs
+            .iter()
+            .filter(|p| ours.contains(&p.0))
+            .map(|p| p.3)
+            .sum(),
+    )
 }
 
 /// Prepares this host's clients: nothing is connected before the barrier
