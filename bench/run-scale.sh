@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Many flows over several client hosts of a namespace testbed (issue 17's
-# scale benchmark): hotspot and connect with 10,000, 50,000 and 100,000
-# flows (COUNTS) against one server host, over CLIENT_HOSTS client hosts
+# scale benchmark): hotspot, connect and web (TESTS) with 10,000, 50,000
+# and 100,000 flows (COUNTS) against one server host, over CLIENT_HOSTS
+# client hosts
 # (default: as many as keep each client within its descriptor limit at the
 # largest count). The server's agent spreads a role past its own limit
 # over shard processes on one listener; the record's `hosts_cpu[]` says
@@ -10,6 +11,13 @@
 # their shards') is that point's; the agents' resident memory before the
 # point is read from /proc, so memory per flow is (peak - before) / the
 # host's flows.
+#
+# web runs nginx on the server host serving one 1 KiB file to kept-alive
+# clients (WEB_FLAGS), with a window of WEB_DURATION (the clients connect
+# all at once at its start, so a longer window than the engine tests').
+# nginx is not the agent: its processes' summed peak resident memory is
+# the record's `app.services[0].facts.peak_rss_kib`, reported beside the
+# agents' peaks.
 #
 # A point the hosts cannot run (a descriptor limit, the port range) fails
 # in one line; the line is kept in OUT_DIR/T-N.err and in the summary, and
@@ -38,7 +46,9 @@ reps="${REPS:-3}"
 dur="${DURATION:-2s}"
 timeout="${TIMEOUT:-10s}"
 counts="${COUNTS:-10000 50000 100000}"
-tests="${TESTS:-hotspot connect}"
+tests="${TESTS:-hotspot connect web}"
+web_flags="${WEB_FLAGS:---server nginx -s 1K}"
+web_dur="${WEB_DURATION:-10s}"
 # A client agent holds its flows in one process: its limit less what the
 # engine keeps spare (workers, control, files) bounds its share.
 fit=$(( hard - 256 ))
@@ -57,7 +67,7 @@ trap down EXIT
     echo "nproc: $(nproc)"
     echo "kernel: $(uname -r)"
     echo "descriptor limit (hard): $hard"
-    echo "client hosts: $client_hosts, repetitions: $reps, window: $dur, I/O timeout: $timeout"
+    echo "client hosts: $client_hosts, repetitions: $reps, window: $dur (web: $web_dur), I/O timeout: $timeout"
     echo "fs.file-max: $(cat /proc/sys/fs/file-max), somaxconn: $(cat /proc/sys/net/core/somaxconn)"
 } > "$out/machine.txt"
 
@@ -70,8 +80,13 @@ for t in $tests; do
             h="$(basename "$f" .pid)"
             echo "$h $(awk '/VmRSS/ {print $2}' "/proc/$(cat "$f")/status")"
         done > "$out/$t-$n.rss0"
+        flags=(--duration "$dur")
+        if [ "$t" = web ]; then
+            # shellcheck disable=SC2206
+            flags=(--duration "$web_dur" $web_flags)
+        fi
         t0=$(date +%s.%N)
-        if "$netgap" run "$t" --hosts "$hosts" --clients "$n" --reps "$reps" --duration "$dur" \
+        if "$netgap" run "$t" --hosts "$hosts" --clients "$n" --reps "$reps" "${flags[@]}" \
             --timeout "$timeout" --json "$out/$t-$n.jsonl" > "$out/$t-$n.out" 2> "$out/$t-$n.err"; then
             :
         fi
@@ -91,7 +106,9 @@ for fn in os.listdir(out):
     if fn.endswith(".wall"):
         t, n = fn[:-5].split("-")
         points.append((t, int(n)))
-for t, n in sorted(points, key=lambda p: (p[0] != "hotspot", p[1])):
+order = {"hotspot": 0, "connect": 1, "web": 2}
+web_rows = []
+for t, n in sorted(points, key=lambda p: (order.get(p[0], 3), p[1])):
     base = f"{t}-{n}"
     fn = base + ".wall"
     wall = float(open(os.path.join(out, fn)).read())
@@ -101,9 +118,20 @@ for t, n in sorted(points, key=lambda p: (p[0] != "hotspot", p[1])):
     if not recs:
         err = open(os.path.join(out, base + ".err")).read().strip().splitlines()
         line = err[0].split("; points measured before")[0] if err else "no record"
-        rows.append((t, n, None, line))
+        (web_rows if t == "web" else rows).append((t, n, None, line))
         continue
     r = recs[-1]
+    if t == "web":
+        flows_of = {}
+        for f in r["flows"]:
+            flows_of[f["host"]] = flows_of.get(f["host"], 0) + 1
+        hosts = []
+        for h in r["hosts_cpu"]:
+            k = flows_of.get(h["host"], 0)
+            hosts.append((h["host"], h["role"], h["peak_rss_kib"], h["peak_rss_kib"] - int(rss0.get(h["host"], 0)), k))
+        nginx_kib = int(r["app"]["services"][0]["facts"].get("peak_rss_kib", 0))
+        web_rows.append((t, n, dict(r=r, hosts=hosts, nginx_kib=nginx_kib), None))
+        continue
     flows_of = {}
     for f in r["flows"]:
         flows_of[f["host"]] = flows_of.get(f["host"], 0) + 1
@@ -143,6 +171,24 @@ with open(os.path.join(out, "summary.md"), "w") as s:
         b = d["bytes"]
         bal = "yes" if b["client_tx"] == b["server_rx"] and b["client_rx"] == b["server_tx"] else f'no ({b})'
         s.write(f'| {t} | {n:,} | {val} | {pp} | {"all" if d["accounted"] else "NOT all"} | {bal} | {d["beyond"]:.2f} | {n / d["beyond"]:,.0f} | {peaks} | {per} | {procs[0] if procs else ""} |\n')
+    if web_rows:
+        s.write("\n| test | clients | transactions/s | p50 / p99 | errors | clients with a transaction | every response checked | peak RSS per host (agents), MiB | KiB per client (client hosts) | nginx workers | nginx peak RSS (its processes summed), MiB |\n")
+        s.write("|---|---|---|---|---|---|---|---|---|---|---|\n")
+    for t, n, d, err in web_rows:
+        if d is None:
+            s.write(f"| {t} | {n:,} | refused: {err} | | | | | | | | |\n")
+            continue
+        r = d["r"]
+        m = r["app"]["metrics"]
+        p = r.get("percentiles") or {}
+        pp = f'{p.get("p50", 0)/1000:,.1f} / {p.get("p99", 0)/1000:,.1f} ms' if p else ""
+        served = sum(1 for f in r["flows"] if f.get("value"))
+        checked = "yes" if m.get("verified") == m.get("checked") and m.get("checked", 0) >= m.get("transactions", 0) else "no"
+        peaks = ", ".join(f'{h}: {peak/1024:.1f}' for h, role, peak, grown, k in d["hosts"])
+        cli = [grown / k for h, role, peak, grown, k in d["hosts"] if role == "client" and k]
+        per = f'{min(cli):.2f}-{max(cli):.2f}' if cli else ""
+        svc = r["app"]["services"][0]
+        s.write(f'| web | {n:,} | {r["value"]:,.0f} | {pp} | {m.get("errors", 0):,.0f} | {served:,} | {checked} | {peaks} | {per} | {svc.get("workers")} | {d["nginx_kib"]/1024:.1f} |\n')
 print(open(os.path.join(out, "summary.md")).read())
 PY
 echo "results: $out"

@@ -10,7 +10,7 @@
 
 mod common;
 use common::testbed::Testbed;
-use common::{fails_with_one_line, netgap, read_records, system_ready, AgentProc};
+use common::{fails_with_one_line, netgap, ok, read_records, system_ready, AgentProc};
 use serde_json::Value;
 use std::path::Path;
 use std::process::Command;
@@ -286,4 +286,121 @@ fn an_agent_without_allow_services_refuses_to_start_a_server() {
     assert!(stderr.contains("--allow-services"), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert!(read_records(&json).is_empty());
+}
+
+/// Clients of the scale test: more than one nginx worker's old 4,096
+/// connections, over two client hosts.
+const SCALE_CLIENTS: usize = 3000;
+
+#[test]
+fn thousands_of_web_clients_over_two_hosts_get_every_response_checked() {
+    let test = "thousands_of_web_clients_over_two_hosts_get_every_response_checked";
+    if !system_ready(test) || !servers_ready(test) {
+        return;
+    }
+    let (tb, _) = Testbed::up("webscale", &["--hosts", "3", "--topology", "switch"]);
+    let names: Vec<String> = tb.hosts().hosts.iter().map(|h| h.name.clone()).collect();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let recs = tb.run(
+        "web",
+        &[
+            "--clients",
+            &SCALE_CLIENTS.to_string(),
+            "--reps",
+            "1",
+            "--duration",
+            "1s",
+        ],
+        &dir.path().join("scale.jsonl"),
+    );
+    assert_eq!(recs.len(), 1);
+    let r = &recs[0];
+    check_web(r, "nginx", SCALE_CLIENTS, &names);
+    // Every client's bytes are accounted, and the hosts' totals agree.
+    let flows = r["flows"].as_array().expect("flows");
+    let sum = |k: &str| flows.iter().map(|f| f[k].as_u64().expect(k)).sum::<u64>();
+    assert!(flows.iter().all(|f| f["bytes_tx"].as_u64() > Some(0)));
+    assert_eq!(
+        sum("bytes_tx"),
+        r["bytes"]["client_tx"].as_u64().expect("client_tx")
+    );
+    assert_eq!(
+        sum("bytes_rx"),
+        r["bytes"]["client_rx"].as_u64().expect("client_rx")
+    );
+    // Every host's peak memory is in the record.
+    let cpu = r["hosts_cpu"].as_array().expect("hosts_cpu");
+    assert_eq!(cpu.len(), 3);
+    assert!(
+        cpu.iter().all(|h| h["peak_rss_kib"].as_u64() > Some(0)),
+        "{cpu:?}"
+    );
+    // nginx was sized to the clients: its workers together hold them all,
+    // each may open its share, and they share one port by reuseport.
+    let s = &r["app"]["services"][0];
+    let config = s["config"].as_str().expect("config");
+    let value = |key: &str| -> u64 {
+        config
+            .lines()
+            .find_map(|l| l.trim().strip_prefix(key))
+            .and_then(|v| v.trim().trim_end_matches(';').parse().ok())
+            .unwrap_or_else(|| panic!("{key} in {config}"))
+    };
+    let workers = value("worker_processes ");
+    assert_eq!(s["workers"].as_u64(), Some(workers));
+    assert!(value("worker_connections ") * workers >= SCALE_CLIENTS as u64);
+    assert!(value("worker_rlimit_nofile ") > value("worker_connections "));
+    assert!(config.contains(" reuseport"), "{config}");
+    // ... and the server host's memory for the clients is nginx's own.
+    let nginx_kib: u64 = s["facts"]["peak_rss_kib"]
+        .as_str()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("nginx's peak memory in {}", s["facts"]));
+    assert!(nginx_kib > 0);
+
+    // A client host's share past what one process may open is refused in
+    // one line before any client connects (where the limit is low enough
+    // that such a share is a valid count).
+    let hard: u64 = ok(Command::new("sh")
+        .args(["-c", "ulimit -Hn"])
+        .output()
+        .expect("ulimit"))
+    .trim()
+    .parse()
+    .unwrap_or(u64::MAX);
+    if hard < 49_000 {
+        let too_many = (2 * (hard + 1)).to_string();
+        let out = netgap()
+            .args([
+                "run",
+                "web",
+                "--hosts",
+                &tb.hosts_arg(),
+                "--clients",
+                &too_many,
+            ])
+            .args(["--reps", "1", "--duration", "200ms"])
+            .output()
+            .expect("netgap run");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success());
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+        assert!(
+            stderr.contains(&format!("{} clients on this host", hard + 1))
+                && stderr.contains("file descriptors"),
+            "{stderr}"
+        );
+    } else {
+        eprintln!("{test}: the descriptor limit {hard} is too high to refuse a share");
+    }
+    tb.down();
+    tb.assert_gone();
+}
+
+#[test]
+fn more_clients_than_apache_serves_are_refused_in_one_line() {
+    fails_with_one_line(
+        &["run", "web", "--server", "apache", "--clients", "5000"],
+        "MaxRequestWorkers",
+    );
 }

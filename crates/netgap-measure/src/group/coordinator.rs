@@ -558,7 +558,8 @@ fn listener_for(addrs: &[String], server_flows: &[u32], flow: u32) -> Option<Str
 fn serving_role(placement: &Placement, client: usize, default: usize, flow: u32) -> usize {
     let serves = |i: &usize| {
         let r = &placement.roles[*i];
-        r.side == GroupRole::Server && r.flows.contains(&flow)
+        r.side == GroupRole::Server
+            && (r.flows.binary_search(&flow).is_ok() || r.flows.contains(&flow))
     };
     if serves(&default) {
         return default;

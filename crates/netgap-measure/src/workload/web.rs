@@ -35,8 +35,10 @@ use std::time::{Duration, Instant};
 
 const NAME: &str = "web";
 
-/// Most clients of one point.
-const MAX_CLIENTS: u32 = 4096;
+/// Most clients of one point: a group's most flows. Each client host must
+/// hold its share in one process ([`open_clients`] refuses a share past
+/// its descriptor limit).
+const MAX_CLIENTS: u32 = netgap_proto::group::MAX_GROUP_FLOWS;
 /// Largest file of a `single` trace, bytes.
 const MAX_FILE_BYTES: u64 = 64 * 1024 * 1024;
 /// Files of a `zipf` set when the run names no count: one SPECweb99
@@ -46,11 +48,25 @@ const DEFAULT_FILES: u32 = 360;
 const DEFAULT_SEED: u64 = 1;
 /// Most worker processes (nginx) or children (Apache).
 const MAX_SERVER_WORKERS: u64 = 64;
+/// Most clients netgap's Apache configuration serves: its
+/// `MaxRequestWorkers` (children x threads) at the most children a run may
+/// ask for.
+const MAX_APACHE_CLIENTS: u64 = MAX_SERVER_WORKERS * apache::THREADS_PER_CHILD as u64;
 /// How long the server keeps serving after the window, so the clients'
 /// last requests finish before it stops.
 const SERVER_GRACE: Duration = Duration::from_millis(500);
 /// Most client worker threads on one agent.
 const MAX_CLIENT_WORKERS: usize = 8;
+/// What one client commits, bytes, an upper bound: its connection's state
+/// (at most [`client::CONN_STATE_BYTES`], 512; 320 measured), its request
+/// (under 256: a GET line and a Host header), its latency histogram (a
+/// `FlowHistogram`: typically under 1 KiB, 4.6 KiB if its transactions
+/// spanned 1 ns to an hour) and its outcome and report (about 200):
+/// 512 + 256 + 4,710 + 200 = 5,678, rounded up. The receive buffer is its
+/// worker's; a response head split across reads is copied until it is
+/// whole (a few hundred bytes from nginx or Apache; at most
+/// [`client::BUF_BYTES`] from a server that sends a huge head slowly).
+const CLIENT_BYTES: u64 = 6 * 1024;
 
 static SERVER: WorkloadOption = WorkloadOption {
     flag: "server",
@@ -333,12 +349,36 @@ impl Workload for Web {
         place::spread(count, hosts)
     }
 
-    /// A client holds one receive buffer and its state; the server role
-    /// holds nothing per client (the server program does).
+    /// Refuses, before anything starts, more clients than netgap's Apache
+    /// configuration serves.
+    fn place_point(
+        &self,
+        params: &serde_json::Value,
+        count: u32,
+        hosts: &[HostView],
+    ) -> Result<Placement, Refused> {
+        let apache = params.get("server").and_then(|v| v.as_str()) == Some("apache");
+        if apache && u64::from(count) > MAX_APACHE_CLIENTS {
+            return Err(Refused(format!(
+                "{NAME}: Apache serves at most {MAX_APACHE_CLIENTS} clients here (its \
+                 MaxRequestWorkers: {MAX_SERVER_WORKERS} children of {} threads), not {count}; \
+                 use --server nginx for more",
+                apache::THREADS_PER_CHILD
+            )));
+        }
+        self.place(count, hosts)
+    }
+
+    /// A client holds its state, request, histogram and report
+    /// (6 KiB, an upper bound); its worker's receive buffer is shared by the
+    /// worker's clients. The server role holds nothing per client (the
+    /// server program does).
     fn memory_bytes(&self, spec: &GroupSpec) -> u64 {
         match spec.role {
             GroupRole::Server => PER_FLOW_BYTES,
-            GroupRole::Client => (64 * 1024 + PER_FLOW_BYTES).saturating_mul(u64::from(spec.flows)),
+            GroupRole::Client => CLIENT_BYTES
+                .saturating_mul(u64::from(spec.flows))
+                .saturating_add((MAX_CLIENT_WORKERS * client::BUF_BYTES) as u64),
         }
     }
 
@@ -422,7 +462,20 @@ fn open_server(p: &Params, ctx: &RoleContext<'_>) -> Result<Box<dyn OpenRole>, R
     };
     let error_log = dir.path().join("error.log");
     let mut running = match p.server {
-        Server::Nginx => nginx::start(dir, &www, addr, workers),
+        Server::Nginx => {
+            // The workers inherit this agent's hard descriptor limit.
+            let (_, hard) = netgap_transport::flows::limits::fd_limits().map_err(refused)?;
+            let sizing = nginx::size(
+                u64::from(ctx.spec.flows),
+                set.len() as u64,
+                workers,
+                p.server_workers != 0,
+                MAX_SERVER_WORKERS as u32,
+                hard,
+            )
+            .map_err(refused)?;
+            nginx::start(dir, &www, addr, &sizing)
+        }
         Server::Apache => apache::start(dir, &www, addr, workers),
     }
     .map_err(refused)?;
@@ -479,6 +532,14 @@ impl ReadyRole for ServerRole {
         let t0 = Instant::now();
         let (cpu, _) = meter_window(t0 + warmup, t0 + warmup + duration, &stop);
         stop.sleep_until(Instant::now() + SERVER_GRACE);
+        let mut running = running;
+        // The agent holds nothing per client; the server program's own
+        // peak is its host's memory for the clients.
+        if let Some(kib) = server_peak_rss_kib(running.dir()) {
+            running
+                .facts_mut()
+                .insert("peak_rss_kib".into(), kib.to_string());
+        }
         let record = running.record().clone();
         drop(running);
         Ok(RoleResult {
@@ -499,6 +560,68 @@ impl ReadyRole for ServerRole {
     }
 }
 
+/// The summed peak resident memory (VmHWM), KiB, of the server program's
+/// processes: those whose command line names its run directory `dir` (its
+/// main process, and the `unshare` wrapper that starts it) and every
+/// descendant of them (nginx's workers, Apache's children). Pages the
+/// processes share count once per process, so it bounds the program's
+/// memory from above. `None` if no such process is found.
+fn server_peak_rss_kib(dir: &std::path::Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let needle = dir.as_os_str().as_bytes();
+    if needle.is_empty() {
+        return None;
+    }
+    // (pid, parent, names the directory, VmHWM KiB) of every process.
+    let mut procs: Vec<(u32, u32, bool, u64)> = Vec::new();
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(status) = std::fs::read_to_string(entry.path().join("status")) else {
+            continue;
+        };
+        let field = |key: &str| -> Option<u64> {
+            let line = status.lines().find(|l| l.starts_with(key))?;
+            line.split_whitespace().nth(1)?.parse().ok()
+        };
+        let ppid = field("PPid:")
+            .and_then(|p| u32::try_from(p).ok())
+            .unwrap_or(0);
+        let hwm = field("VmHWM:").unwrap_or(0);
+        let names = std::fs::read(entry.path().join("cmdline"))
+            .is_ok_and(|c| c.windows(needle.len()).any(|w| w == needle));
+        procs.push((pid, ppid, names, hwm));
+    }
+    let mut ours: Vec<u32> = procs.iter().filter(|p| p.2).map(|p| p.0).collect();
+    if ours.is_empty() {
+        return None;
+    }
+    // Descendants, a generation per pass.
+    loop {
+        let before = ours.len();
+        for p in &procs {
+            if !ours.contains(&p.0) && ours.contains(&p.1) {
+                ours.push(p.0);
+            }
+        }
+        if ours.len() == before {
+            break;
+        }
+    }
+    Some(
+        procs
+            .iter()
+            .filter(|p| ours.contains(&p.0))
+            .map(|p| p.3)
+            .sum(),
+    )
+}
+
 /// Prepares this host's clients: nothing is connected before the barrier
 /// (a request's connection is part of a transaction when one is opened per
 /// request, and a kept-alive one opens with the first request).
@@ -514,6 +637,13 @@ fn open_clients(p: &Params, ctx: &RoleContext<'_>) -> Result<Box<dyn OpenRole>, 
     let set = Arc::new(p.fileset());
     let zipf = (p.trace == Trace::Zipf).then(|| Arc::new(Zipf::new(&set, p.alpha)));
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let workers = cpus.clamp(1, MAX_CLIENT_WORKERS);
+    // Every client is a descriptor of this one process, besides each
+    // worker's epoll and the agent's own: refuse a share it cannot open
+    // before any connects.
+    let fds = u64::from(spec.flows) + workers as u64 + netgap_transport::flows::limits::SPARE_FDS;
+    netgap_transport::flows::ensure_fd_limit(fds)
+        .map_err(|e| refused(format!("{} clients on this host: {e}", spec.flows)))?;
     // Each client host draws its own request sequence.
     let host_key = service::host_name()
         .bytes()
@@ -522,7 +652,7 @@ fn open_clients(p: &Params, ctx: &RoleContext<'_>) -> Result<Box<dyn OpenRole>, 
         target,
         bind_ip: spec.bind_ips.first().copied(),
         flows: spec.flows as usize,
-        workers: cpus.clamp(1, MAX_CLIENT_WORKERS),
+        workers,
         keepalive: !p.connection_per_request,
         fileset: set,
         zipf,

@@ -19,10 +19,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Bytes of a connection's receive buffer: a response head must fit.
-const BUF_BYTES: usize = 64 * 1024;
+/// Bytes of a worker's receive buffer, which every connection of the
+/// worker reads into in turn; also the largest response head accepted.
+pub const BUF_BYTES: usize = 64 * 1024;
 /// Most response headers parsed.
 const MAX_HEADERS: usize = 32;
+/// An upper bound of a connection's own state (`Conn`, without what it
+/// points to), bytes; a unit test holds it to that.
+pub const CONN_STATE_BYTES: u64 = 512;
 
 /// What the clients of one role do.
 #[derive(Debug, Clone)]
@@ -124,8 +128,12 @@ struct Conn {
     /// its request once.
     req_file: Option<usize>,
     sent: usize,
-    buf: Box<[u8]>,
-    have: usize,
+    /// A response head split across reads, kept until it is complete;
+    /// empty (no allocation) otherwise, which is nearly always: a head
+    /// usually arrives whole in one read of the worker's buffer.
+    head: Vec<u8>,
+    /// Bytes of this response read so far (its head and body).
+    got: u64,
     file: usize,
     body_left: u64,
     body_off: u64,
@@ -161,8 +169,8 @@ impl Conn {
             req: Vec::with_capacity(128),
             req_file: None,
             sent: 0,
-            buf: vec![0u8; BUF_BYTES].into_boxed_slice(),
-            have: 0,
+            head: Vec::new(),
+            got: 0,
             file: 0,
             body_left: 0,
             body_off: 0,
@@ -225,7 +233,7 @@ impl Worker<'_> {
 
     /// Begins the next request of `c`: picks its file and sends it, on
     /// the open connection or a new one.
-    fn begin(&self, c: &mut Conn) -> Result<(), Failure> {
+    fn begin(&self, c: &mut Conn, buf: &mut [u8]) -> Result<(), Failure> {
         c.file = match &self.cfg.zipf {
             Some(z) => {
                 let u = (c.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
@@ -252,7 +260,8 @@ impl Worker<'_> {
             c.req_file = Some(c.file);
         }
         c.sent = 0;
-        c.have = 0;
+        c.got = 0;
+        c.head = Vec::new();
         c.started = Instant::now();
         c.last_progress = c.started;
         if c.sock.is_none() {
@@ -282,11 +291,12 @@ impl Worker<'_> {
         } else {
             c.phase = Phase::Sending;
         }
-        self.pump(c)
+        self.pump(c, buf)
     }
 
-    /// Moves `c` as far as its socket allows.
-    fn pump(&self, c: &mut Conn) -> Result<(), Failure> {
+    /// Moves `c` as far as its socket allows, reading into the worker's
+    /// buffer `buf`.
+    fn pump(&self, c: &mut Conn, buf: &mut [u8]) -> Result<(), Failure> {
         loop {
             let Some(sock) = c.sock.as_ref() else {
                 return Ok(());
@@ -325,7 +335,14 @@ impl Worker<'_> {
                 }
                 Phase::Head | Phase::Body | Phase::Draining => {
                     let mut s: &Socket = sock;
-                    let n = match s.read(&mut c.buf[c.have..]) {
+                    // A split head is kept whole in `c.head`: read no more
+                    // than the head limit leaves.
+                    let room = if c.phase == Phase::Head {
+                        BUF_BYTES.saturating_sub(c.head.len()).min(buf.len())
+                    } else {
+                        buf.len()
+                    };
+                    let n = match s.read(&mut buf[..room]) {
                         Ok(n) => n,
                         Err(e) if e.kind() == ErrorKind::WouldBlock => {
                             return self.set_interest(c, EpollFlags::EPOLLIN)
@@ -345,23 +362,21 @@ impl Worker<'_> {
                     if n == 0 {
                         return Err(format!(
                             "the server closed the connection {} the response",
-                            if c.phase == Phase::Head && c.have == 0 {
+                            if c.phase == Phase::Head && c.got == 0 {
                                 "before"
                             } else {
                                 "in the middle of"
                             }
                         ));
                     }
-                    c.have += n;
+                    c.got += n as u64;
                     if c.phase == Phase::Head {
-                        self.head(c)?;
+                        self.head(c, &buf[..n])?;
                     } else {
-                        let have = c.have;
-                        c.have = 0;
-                        self.body(c, 0, have)?;
+                        self.body(c, &buf[..n])?;
                     }
                     if c.phase == Phase::Body && c.body_left == 0 {
-                        self.finish(c)?;
+                        self.finish(c, buf)?;
                         return Ok(());
                     }
                 }
@@ -369,17 +384,29 @@ impl Worker<'_> {
         }
     }
 
-    /// Parses the response head in `c.buf[..c.have]`; once complete, checks
-    /// it and takes the body bytes that came with it.
-    fn head(&self, c: &mut Conn) -> Result<(), Failure> {
+    /// Takes `read`, the bytes of a read while the response head is
+    /// incomplete: parses the head (from `read` itself when no earlier part
+    /// is kept, else from the kept part with `read` appended); once
+    /// complete, checks it and takes the body bytes that came with it, and
+    /// otherwise keeps what came so far.
+    fn head(&self, c: &mut Conn, read: &[u8]) -> Result<(), Failure> {
+        let kept = std::mem::take(&mut c.head);
+        let joined;
+        let bytes: &[u8] = if kept.is_empty() {
+            read
+        } else {
+            joined = [kept.as_slice(), read].concat();
+            &joined
+        };
         let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
         let mut resp = httparse::Response::new(&mut headers);
-        let n = match resp.parse(&c.buf[..c.have]) {
+        let n = match resp.parse(bytes) {
             Ok(httparse::Status::Complete(n)) => n,
             Ok(httparse::Status::Partial) => {
-                if c.have == c.buf.len() {
+                if bytes.len() >= BUF_BYTES {
                     return Err(format!("a response head over {BUF_BYTES} bytes"));
                 }
+                c.head = bytes.to_vec();
                 return Ok(());
             }
             Err(e) => return Err(format!("a malformed response: {e}")),
@@ -411,24 +438,17 @@ impl Worker<'_> {
         c.phase = Phase::Body;
         c.body_left = want;
         c.body_off = 0;
-        let have = c.have;
-        c.have = 0;
-        self.body(c, n, have)
+        self.body(c, &bytes[n..])
     }
 
-    /// Takes body bytes `c.buf[from..to]`, comparing them when this
-    /// response is verified.
-    fn body(&self, c: &mut Conn, from: usize, to: usize) -> Result<(), Failure> {
-        let n = (to - from) as u64;
+    /// Takes body bytes `data` (straight from the worker's buffer),
+    /// comparing them when this response is verified.
+    fn body(&self, c: &mut Conn, data: &[u8]) -> Result<(), Failure> {
+        let n = data.len() as u64;
         if n > c.body_left {
             return Err("more bytes than the response's length".into());
         }
-        if c.verify
-            && !self
-                .cfg
-                .fileset
-                .matches(c.file, c.body_off, &c.buf[from..to])
-        {
+        if c.verify && !self.cfg.fileset.matches(c.file, c.body_off, data) {
             return Err(format!(
                 "the body of {} differs from the file set's content near byte {}",
                 FileSet::url(c.file),
@@ -442,7 +462,7 @@ impl Worker<'_> {
 
     /// Ends a transaction whose response is complete, counts it if it ends
     /// in the window, and begins the next.
-    fn finish(&self, c: &mut Conn) -> Result<(), Failure> {
+    fn finish(&self, c: &mut Conn, buf: &mut [u8]) -> Result<(), Failure> {
         let now = Instant::now();
         let window = self.window;
         c.out.checked += 1;
@@ -458,7 +478,7 @@ impl Worker<'_> {
         if self.cfg.keepalive {
             c.phase = Phase::Sending;
             if now < window.1 {
-                return self.begin(c);
+                return self.begin(c, buf);
             }
             return Ok(());
         }
@@ -539,13 +559,16 @@ const TICK: Duration = Duration::from_millis(10);
 
 impl Worker<'_> {
     fn run(&self, indices: &[usize], stop: &AtomicBool) -> Vec<ClientOutcome> {
+        // The one receive buffer of this worker's connections: each reads
+        // into it in turn and keeps only what must outlive the read.
+        let mut buf = vec![0u8; BUF_BYTES];
         let mut conns: Vec<Conn> = indices
             .iter()
             .enumerate()
             .map(|(slot, &i)| Conn::new(i as u32, slot as u64, self.cfg.seed))
             .collect();
         for c in conns.iter_mut() {
-            if let Err(e) = self.begin(c) {
+            if let Err(e) = self.begin(c, &mut buf) {
                 self.fail(c, e);
             }
         }
@@ -569,9 +592,9 @@ impl Worker<'_> {
                 else {
                     continue;
                 };
-                match self.pump(c) {
+                match self.pump(c, &mut buf) {
                     Ok(()) if c.phase == Phase::Closed && Instant::now() < self.window.1 => {
-                        if let Err(e) = self.begin(c) {
+                        if let Err(e) = self.begin(c, &mut buf) {
                             self.fail(c, e);
                         }
                     }
@@ -584,7 +607,7 @@ impl Worker<'_> {
                 next_tick = now + TICK;
                 for c in conns.iter_mut() {
                     if c.phase == Phase::Closed {
-                        if let Err(e) = self.begin(c) {
+                        if let Err(e) = self.begin(c, &mut buf) {
                             self.fail(c, e);
                         }
                     } else if now.duration_since(c.last_progress) > self.cfg.io_timeout {
@@ -601,5 +624,79 @@ impl Worker<'_> {
             self.close(c);
         }
         conns.into_iter().map(|c| c.out).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_connection_holds_no_receive_buffer() {
+        // The state a client keeps between reads; its receive buffer is
+        // its worker's.
+        let size = std::mem::size_of::<Conn>();
+        eprintln!("Conn: {size} bytes");
+        assert!(size <= CONN_STATE_BYTES as usize, "{size}");
+        let c = Conn::new(7, 0, 1);
+        assert_eq!(c.head.capacity(), 0);
+    }
+
+    /// A server that sends each response a few bytes at a time, so every
+    /// head is split across many reads: the clients keep the parts and
+    /// check every response whole.
+    #[test]
+    fn a_head_split_across_reads_is_kept_and_every_response_checked() {
+        use std::net::TcpListener;
+        let set = Arc::new(FileSet::single(3, 700));
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let target = listener.local_addr().expect("addr");
+        let served = Arc::clone(&set);
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().expect("accept");
+            s.set_nodelay(true).expect("nodelay");
+            let mut body = vec![0u8; 700];
+            served.fill(0, 0, &mut body);
+            let mut resp =
+                b"HTTP/1.1 200 OK\r\nServer: split\r\nContent-Length: 700\r\n\r\n".to_vec();
+            resp.extend_from_slice(&body);
+            let mut req = Vec::new();
+            let mut b = [0u8; 512];
+            loop {
+                match s.read(&mut b) {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => req.extend_from_slice(&b[..n]),
+                }
+                while let Some(end) = req.windows(4).position(|w| w == b"\r\n\r\n") {
+                    req.drain(..end + 4);
+                    for chunk in resp.chunks(7) {
+                        if s.write_all(chunk).is_err() {
+                            return;
+                        }
+                        std::thread::sleep(Duration::from_micros(300));
+                    }
+                }
+            }
+        });
+        let cfg = ClientConfig {
+            target,
+            bind_ip: None,
+            flows: 1,
+            workers: 1,
+            keepalive: true,
+            fileset: set,
+            zipf: None,
+            verify_fraction: 1.0,
+            seed: 1,
+            io_timeout: Duration::from_secs(5),
+            poll: false,
+        };
+        let stop = AtomicBool::new(false);
+        let (outs, _) = run(&cfg, Duration::ZERO, Duration::from_millis(300), &stop).expect("run");
+        server.join().expect("the test server");
+        let first = &outs[0];
+        assert_eq!(first.errors, 0, "{:?}", first.last_error);
+        assert!(first.checked >= 2, "{first:?}");
+        assert_eq!(first.verified, first.checked);
     }
 }
