@@ -82,7 +82,7 @@ os.makedirs(os.path.join(new, "www"))
 open(os.path.join(new, "www", "f0.bin"), "wb").write(os.urandom(1024))
 os.chmod(os.path.join(new, "www"), 0o755)
 os.chmod(os.path.join(new, "www", "f0.bin"), 0o644)
-port = re.search(r"listen [^:]+:(\d+);", conf).group(1)
+port = re.search(r"listen [^:]+:(\d+)[ ;]", conf).group(1)
 open(os.path.join(new, "port"), "w").write(port)
 PY
     port=$(cat "$wrk_dir/port")
