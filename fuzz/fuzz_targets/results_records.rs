@@ -16,6 +16,9 @@ fuzz_target!(|data: &[u8]| {
     }
     drop(f);
     let _ = netgap_report::load::load_file(&path);
+    // libFuzzer ends the process without unwinding: nothing is left behind
+    // only if every input's file goes as soon as it is read.
+    let _ = std::fs::remove_file(&path);
     if let Ok(text) = std::str::from_utf8(data) {
         for line in text.lines() {
             let _ = serde_json::from_str::<netgap_core::record::ResultRecord>(line);
