@@ -365,7 +365,15 @@ fn serve(
         Mode::Event => STOP_POLL_MS,
         Mode::Poll => 0,
     };
-    let io = &mut *io;
+    // The worker's flows, with what serving them needs, for the whole loop.
+    let mut w = WorkerState {
+        open: &ctx.open,
+        epoll,
+        io: &mut *io,
+        conns: &mut conns,
+        free: &mut free,
+        totals: &mut totals,
+    };
     let mut next_sweep = Instant::now() + SWEEP_EVERY;
     // Once stopped: accept no more, and give the exchanges under way until
     // then to finish. A connection accepted after the stop could prove the
@@ -390,20 +398,12 @@ fn serve(
                 .is_ok();
         }
         if let Some(by) = closing_by {
-            if now >= by || conns.iter().all(Option::is_none) {
+            if now >= by || w.conns.iter().all(Option::is_none) {
                 break;
             }
         }
         if now >= next_sweep {
             next_sweep = now + SWEEP_EVERY;
-            let mut w = WorkerState {
-                open: &ctx.open,
-                epoll,
-                io: &mut *io,
-                conns: &mut conns,
-                free: &mut free,
-                totals: &mut totals,
-            };
             drop_slow_provers(&mut w, now);
         }
         let wait_ms = if closing_by.is_some() {
@@ -422,39 +422,15 @@ fn serve(
                 if closing_by.is_some() || !listening {
                     continue;
                 }
-                let mut w = WorkerState {
-                    open: &ctx.open,
-                    epoll,
-                    io: &mut *io,
-                    conns: &mut conns,
-                    free: &mut free,
-                    totals: &mut totals,
-                };
                 if accept_batch(listener, &mut w, ctx) == Accepted::Full {
                     let _ = epoll.delete(listener);
                     listening = false;
                 }
                 continue;
             }
-            let mut w = WorkerState {
-                open: &ctx.open,
-                epoll,
-                io: &mut *io,
-                conns: &mut conns,
-                free: &mut free,
-                totals: &mut totals,
-            };
             service(&mut w, token as usize);
         }
     }
-    let mut w = WorkerState {
-        open: &ctx.open,
-        epoll,
-        io,
-        conns: &mut conns,
-        free: &mut free,
-        totals: &mut totals,
-    };
     for slot in 0..w.conns.len() {
         close(&mut w, slot);
     }
