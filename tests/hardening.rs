@@ -262,13 +262,12 @@ fn flows_end_with_a_killed_coordinator(test: &str, count: &[&str]) {
         "still running a second after the coordinator died: {left:?}"
     );
     // Nothing holds the agents: the next run gets in at once.
-    let out = netgap()
-        .args(["run", test, "--hosts", &hosts])
-        .args(count)
-        .args(["--reps", "1", "--duration", "200ms"])
-        .output()
-        .expect("run");
-    assert!(out.status.success(), "{out:?}");
+    common::run_ok(
+        netgap()
+            .args(["run", test, "--hosts", &hosts])
+            .args(count)
+            .args(["--reps", "1", "--duration", "200ms"]),
+    );
 }
 
 #[test]

@@ -242,13 +242,12 @@ fn a_killed_coordinator_leaves_no_shard_process() {
     }
     // Nothing holds the agents: the next sharded run gets in at once.
     let hosts = format!("{},{}", server.addr, client.addr);
-    let out = netgap()
-        .args(["run", "hotspot", "--hosts", &hosts])
-        .args(["--clients", &SHARDED_FLOWS.to_string()])
-        .args(["--reps", "1", "--duration", "200ms"])
-        .output()
-        .expect("run");
-    assert!(out.status.success(), "{out:?}");
+    common::run_ok(
+        netgap()
+            .args(["run", "hotspot", "--hosts", &hosts])
+            .args(["--clients", &SHARDED_FLOWS.to_string()])
+            .args(["--reps", "1", "--duration", "200ms"]),
+    );
 }
 
 #[test]
