@@ -15,6 +15,7 @@
 pub mod apache;
 pub mod gmond;
 pub mod nginx;
+pub mod user;
 
 use netgap_core::record::ServiceRecord;
 use std::io::{self, Read, Write};
