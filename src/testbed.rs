@@ -42,6 +42,7 @@
 //! `down` finds what to remove from the namespaces' names and the state
 //! directory, not from memory, so it also cleans up after a crash.
 
+mod live;
 mod mptcp;
 mod netns_ops;
 
@@ -780,8 +781,8 @@ fn condition_links(
             shape(ns, dev, to, from.is_none())?;
         }
     }
-    if let Some(on) = to.offload {
-        if from.is_none_or(|f| f.offload != Some(on)) {
+    match to.offload {
+        Some(on) if from.is_none_or(|f| f.offload != Some(on)) => {
             let mut by_ns: Vec<(String, Vec<String>)> = Vec::new();
             // The bridge ports are link ends; the bridge device itself
             // carries no test traffic (it has no address) and takes no
@@ -796,6 +797,17 @@ fn condition_links(
                 netns_ops::set_offloads(ns, devs, on)?;
             }
         }
+        // Back to the kernel's own offloads, feature by feature, as they
+        // were when the testbed was built.
+        None if from.is_some_and(|f| f.offload.is_some()) => {
+            let kernel = live::load_kernel(&state_dir(name)).ok_or_else(|| {
+                TestbedError::Args(format!(
+                    "testbed {name} recorded no kernel offloads to go back to (built by an older netgap); rebuild it with `netgap testbed up --name {name}`"
+                ))
+            })?;
+            live::restore_offloads(&ends, &kernel)?;
+        }
+        _ => {}
     }
     Ok(())
 }
@@ -862,6 +874,9 @@ fn build_network(name: &str, p: &Params, hosts: &HostsFile) -> Result<(), Testbe
             }
         }
     }
+    // The kernel's own state of the links, before any condition touches
+    // it: what "offload as the kernel set it" puts back.
+    live::save_kernel(&state_dir(name), &live::read(&link_ends(name, p))?)?;
     condition_links(name, p, None, &p.conditions())
 }
 
@@ -978,14 +993,29 @@ pub fn up(args: &UpArgs) -> Result<(), TestbedError> {
     let leftovers = own_netns(name)?;
     if let Some(old) = existing {
         let healthy_now = healthy(name).is_ok();
-        if old == params && healthy_now {
+        // The links as the kernel has them, against what the testbed's
+        // files say: a testbed is kept only if they agree.
+        let drift = if healthy_now {
+            let recorded = load_state(name)
+                .ok()
+                .and_then(|(_, h)| h.conditions)
+                .unwrap_or_else(|| old.conditions());
+            match live_differences(name, &old, &recorded) {
+                Ok(d) => d.into_iter().next(),
+                Err(e) => Some(e.to_string()),
+            }
+        } else {
+            None
+        };
+        if old == params && healthy_now && drift.is_none() {
             say!("testbed {name} is already up with these parameters; keeping it");
             return status(&args.name);
         }
-        // The kernel's own offload state cannot be put back once changed:
-        // a testbed asked for with the kernel's offloads is rebuilt.
-        let offloads_back = params.offload.is_none() && old.offload.is_some();
-        if old.same_build(&params) && healthy_now && !offloads_back {
+        // A testbed built before netgap kept the kernel's own offloads
+        // cannot get them back: it is rebuilt.
+        let offloads_back =
+            params.offload.is_none() && old.offload.is_some() && live::load_kernel(&dir).is_none();
+        if old.same_build(&params) && healthy_now && !offloads_back && drift.is_none() {
             say!(
                 "testbed {name} is already up; changing its conditions to {}",
                 params.conditions()
@@ -993,7 +1023,9 @@ pub fn up(args: &UpArgs) -> Result<(), TestbedError> {
             set_conditions(name, &params.conditions())?;
             return status(&args.name);
         }
-        let why = if offloads_back {
+        let why = if let Some(d) = drift {
+            format!("its links are not as its hosts file says ({d})")
+        } else if offloads_back {
             "its offloads go back to the kernel's defaults".to_string()
         } else if old != params {
             "its parameters differ".to_string()
@@ -1113,6 +1145,20 @@ pub fn status(args: &NameArgs) -> Result<(), TestbedError> {
     );
     if let Some(c) = conditions {
         say!("conditions: {c} (per link end)");
+        if let Some(p) = &params {
+            match live_differences(name, p, &c) {
+                Ok(d) if d.is_empty() => {
+                    say!("live links: as the hosts file says (read from the kernel)");
+                }
+                Ok(d) => {
+                    say!("live links DIFFER from the hosts file (read from the kernel):");
+                    for line in d {
+                        say!("  {line}");
+                    }
+                }
+                Err(e) => say!("live links: not read ({e})"),
+            }
+        }
     }
     say!("hosts file: {}", hosts_path.display());
     if let Some(k) = &hosts.key_file {
@@ -1146,6 +1192,19 @@ pub fn status(args: &NameArgs) -> Result<(), TestbedError> {
         }
     }
     Ok(())
+}
+
+/// Where the links of testbed `name` (built with `p`), read from the
+/// kernel, differ from `expected`, one line each.
+fn live_differences(
+    name: &str,
+    p: &Params,
+    expected: &LinkConditions,
+) -> Result<Vec<String>, TestbedError> {
+    preflight()?;
+    let links = live::read(&link_ends(name, p))?;
+    let kernel = live::load_kernel(&state_dir(name));
+    Ok(live::differences(&links, expected, kernel.as_deref()))
 }
 
 /// Changes a running testbed's conditions (`netgap testbed set`): only the
@@ -1219,10 +1278,107 @@ pub fn set_conditions(name: &str, to: &LinkConditions) -> Result<(), TestbedErro
     save_hosts(&hosts)
 }
 
-/// The [`ConditionSwitch`] of a running testbed: what a run with
-/// `--conditions` switches the links with, through [`set_conditions`].
-pub struct TestbedSwitch {
+/// What a run found on a testbed's links when it opened its switch: the
+/// conditions its hosts file recorded and every link end as the kernel had
+/// it. Restoring puts back exactly this.
+#[derive(Debug, Clone)]
+struct Found {
     name: String,
+    conditions: LinkConditions,
+    links: Vec<live::EndState>,
+}
+
+impl Found {
+    /// Puts the links back as found: the recorded conditions (MTU, queueing
+    /// disciplines, the hosts file), then each end's offloads feature by
+    /// feature where they still differ.
+    fn put_back(&self) -> Result<(), TestbedError> {
+        set_conditions(&self.name, &self.conditions)?;
+        live::restore_snapshot(&self.links)
+    }
+}
+
+/// The testbed links a run has changed and not yet put back, for the
+/// interrupt handler; every switch and restore holds this lock, so an
+/// interrupt waits for a switch under way before it puts the links back.
+static HELD: std::sync::Mutex<Option<Found>> = std::sync::Mutex::new(None);
+
+/// The write end of the pipe the interrupt handler wakes its thread
+/// through; -1 until [`restore_on_interrupt`] installs it.
+static WAKE_FD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
+
+extern "C" fn on_interrupt(_signal: libc::c_int) {
+    let fd = WAKE_FD.load(std::sync::atomic::Ordering::Relaxed);
+    if fd >= 0 {
+        let byte = 1u8;
+        // SAFETY: write is async-signal-safe; `byte` lives for the call and
+        // `fd` is the pipe's write end, open for the life of the process.
+        unsafe {
+            libc::write(fd, std::ptr::from_ref(&byte).cast(), 1);
+        }
+    }
+}
+
+/// Makes Ctrl-C (SIGINT), SIGTERM and SIGHUP put back the links a run has
+/// changed before the process exits (status 130). Installed once, when the
+/// first switch opens; until a run holds links, an interrupt only exits.
+fn restore_on_interrupt() -> Result<(), TestbedError> {
+    static ONCE: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
+    ONCE.get_or_init(|| {
+        let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+            .map_err(|e| format!("making the interrupt pipe: {e}"))?;
+        std::thread::Builder::new()
+            .name("interrupt".into())
+            .spawn(move || {
+                let mut file = std::fs::File::from(read);
+                let mut byte = [0u8; 1];
+                let _ = io::Read::read(&mut file, &mut byte);
+                let held = HELD
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                if let Some(found) = held.as_ref() {
+                    eprintln!(
+                        "netgap: interrupted: putting testbed {}'s links back as they were",
+                        found.name
+                    );
+                    if let Err(e) = found.put_back() {
+                        eprintln!("netgap: error: the links could not be put back: {e}");
+                    }
+                }
+                std::process::exit(130);
+            })
+            .map_err(|e| format!("starting the interrupt thread: {e}"))?;
+        WAKE_FD.store(
+            std::os::fd::IntoRawFd::into_raw_fd(write),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        let action = nix::sys::signal::SigAction::new(
+            nix::sys::signal::SigHandler::Handler(on_interrupt),
+            nix::sys::signal::SaFlags::SA_RESTART,
+            nix::sys::signal::SigSet::empty(),
+        );
+        for sig in [
+            nix::sys::signal::Signal::SIGINT,
+            nix::sys::signal::Signal::SIGTERM,
+            nix::sys::signal::Signal::SIGHUP,
+        ] {
+            // SAFETY: the handler only loads an atomic and calls write(2),
+            // both async-signal-safe.
+            unsafe { nix::sys::signal::sigaction(sig, &action) }
+                .map_err(|e| format!("handling {sig}: {e}"))?;
+        }
+        Ok(())
+    })
+    .clone()
+    .map_err(TestbedError::Args)
+}
+
+/// The [`ConditionSwitch`] of a running testbed: what a run with
+/// `--conditions` switches the links with, through [`set_conditions`]. It
+/// reads the links' live state when opened, and its restore (and an
+/// interrupt while it holds the links) puts back exactly that.
+pub struct TestbedSwitch {
+    found: Found,
 }
 
 impl TestbedSwitch {
@@ -1230,16 +1386,35 @@ impl TestbedSwitch {
     pub fn open(name: &str) -> Result<TestbedSwitch, TestbedError> {
         check_name(name)?;
         preflight()?;
-        load_state(name)?;
-        Ok(TestbedSwitch {
+        let (params, hosts) = load_state(name)?;
+        let found = Found {
             name: name.to_string(),
-        })
+            conditions: hosts.conditions.unwrap_or_else(|| params.conditions()),
+            links: live::read(&link_ends(name, &params))?,
+        };
+        restore_on_interrupt()?;
+        Ok(TestbedSwitch { found })
     }
 }
 
 impl ConditionSwitch for TestbedSwitch {
     fn switch(&mut self, to: &LinkConditions) -> Result<(), SwitchFailure> {
-        set_conditions(&self.name, to).map_err(|e| Box::new(e) as SwitchFailure)
+        let mut held = HELD
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        held.get_or_insert_with(|| self.found.clone());
+        set_conditions(&self.found.name, to).map_err(|e| Box::new(e) as SwitchFailure)
+    }
+
+    fn restore(&mut self) -> Result<(), SwitchFailure> {
+        let mut held = HELD
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        self.found
+            .put_back()
+            .map_err(|e| Box::new(e) as SwitchFailure)?;
+        *held = None;
+        Ok(())
     }
 }
 

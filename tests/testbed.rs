@@ -644,3 +644,144 @@ fn conditions_are_set_recorded_and_interleaved_in_one_run() {
     let _ = tb.down();
     tb.assert_gone();
 }
+
+/// `ethtool -k` of every link end of a two-host switch testbed.
+fn offloads_of(tb: &Testbed) -> Vec<String> {
+    [("h1", "eth0"), ("h2", "eth0"), ("sw", "h1"), ("sw", "h2")]
+        .iter()
+        .map(|(host, dev)| sh("ip", &["netns", "exec", &tb.ns(host), "ethtool", "-k", dev]))
+        .collect()
+}
+
+#[test]
+fn every_kind_of_run_under_conditions_puts_the_links_back_as_the_kernel_had_them() {
+    let name = "every_kind_of_run_under_conditions_puts_the_links_back_as_the_kernel_had_them";
+    if !system_ready(name) {
+        return;
+    }
+    if Command::new("ethtool").arg("--version").output().is_err() {
+        assert!(
+            std::env::var_os("NETGAP_REQUIRE_SYSTEM_TESTS").is_none(),
+            "{name}: ethtool is missing (apt-get install ethtool)"
+        );
+        eprintln!("skipping {name}: ethtool is missing");
+        return;
+    }
+    // Built with the kernel's own offloads.
+    let (tb, out) = Testbed::up("tkern", &["--hosts", "2"]);
+    assert!(out.contains("offload as the kernel set it"), "{out}");
+    assert!(out.contains("live links: as the hosts file says"), "{out}");
+    let before = offloads_of(&tb);
+    let dir = tempfile::tempdir().expect("tempdir");
+    // A point-to-point run (interleaved) and a multi-host run, each under
+    // offload on and off.
+    tb.run(
+        "pingpong",
+        &[
+            "-s",
+            "1",
+            "--reps",
+            "2",
+            "-n",
+            "50",
+            "--conditions",
+            "offload=on,off",
+        ],
+        &dir.path().join("p.jsonl"),
+    );
+    assert_eq!(offloads_of(&tb), before, "after a point-to-point run");
+    tb.run(
+        "multistream",
+        &["-P", "2", "--reps", "1", "--duration", "200ms"],
+        &dir.path().join("m0.jsonl"),
+    );
+    tb.run(
+        "multistream",
+        &[
+            "-P",
+            "2",
+            "--reps",
+            "1",
+            "--duration",
+            "200ms",
+            "--conditions",
+            "offload=off,on",
+        ],
+        &dir.path().join("m.jsonl"),
+    );
+    assert_eq!(offloads_of(&tb), before, "after a multi-host run");
+    let status = || {
+        ok(netgap()
+            .args(["testbed", "status", "--name", "tkern"])
+            .output()
+            .expect("status"))
+    };
+    let out = status();
+    assert!(out.contains("offload as the kernel set it"), "{out}");
+    assert!(out.contains("live links: as the hosts file says"), "{out}");
+
+    // Ctrl-C in the middle of a run under conditions: the links go back.
+    let run = netgap()
+        .args(["run", "stream", "--hosts", &tb.hosts_arg()])
+        .args(["-s", "64K", "--reps", "1000", "--rep-time", "50ms"])
+        .args(["--conditions", "offload=off,on"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run starts");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while tb.hosts().conditions.and_then(|c| c.offload).is_none() {
+        assert!(Instant::now() < deadline, "the run never switched");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(run.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .expect("interrupt");
+    let out = run.wait_with_output().expect("run ends");
+    assert_eq!(out.status.code(), Some(130), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("putting testbed tkern's links back"),
+        "{stderr}"
+    );
+    assert_eq!(offloads_of(&tb), before, "after an interrupted run");
+    assert!(status().contains("live links: as the hosts file says"));
+
+    // A change behind netgap's back: status names it, and `up` with the
+    // same parameters does not keep the testbed as it is.
+    let gso = if before[0].contains("generic-segmentation-offload: on") {
+        "off"
+    } else {
+        "on"
+    };
+    sh(
+        "ip",
+        &[
+            "netns",
+            "exec",
+            &tb.ns("h1"),
+            "ethtool",
+            "-K",
+            "eth0",
+            "gso",
+            gso,
+        ],
+    );
+    let out = status();
+    assert!(out.contains("live links DIFFER"), "{out}");
+    assert!(
+        out.contains(&format!("eth0: generic-segmentation-offload {gso}")),
+        "{out}"
+    );
+    let out = ok(netgap()
+        .args(["testbed", "up", "--name", "tkern", "--hosts", "2"])
+        .output()
+        .expect("up"));
+    assert!(out.contains("rebuilding testbed tkern"), "{out}");
+    assert_eq!(offloads_of(&tb), before, "after the rebuild");
+    let _ = tb.down();
+    tb.assert_gone();
+}

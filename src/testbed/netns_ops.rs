@@ -127,17 +127,7 @@ pub(super) fn set_offloads(ns: &str, devs: &[String], on: bool) -> Result<(), Te
     let devs = devs.to_vec();
     let ns_name = ns.to_string();
     in_netns(ns, move || {
-        // SAFETY: socket has no memory preconditions; the descriptor is
-        // owned (and closed) by the OwnedFd below.
-        let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-        if fd < 0 {
-            return Err(TestbedError::Io {
-                what: format!("opening a socket in {ns_name}"),
-                source: std::io::Error::last_os_error(),
-            });
-        }
-        // SAFETY: `fd` is a fresh descriptor nothing else owns.
-        let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+        let sock = ethtool_socket(&ns_name)?;
         let order: Vec<&Feature> = if on {
             ON_ORDER.to_vec()
         } else {
@@ -185,5 +175,91 @@ pub(super) fn set_sysctl(
             what: format!("writing {value} to /proc/sys/{path} in {ns_name}"),
             source,
         })
+    })
+}
+
+/// Opens the socket the ethtool ioctls go through, in the calling thread's
+/// namespace.
+fn ethtool_socket(ns: &str) -> Result<OwnedFd, TestbedError> {
+    // SAFETY: socket has no memory preconditions; the descriptor is
+    // owned (and closed) by the OwnedFd below.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(TestbedError::Io {
+            what: format!("opening a socket in {ns}"),
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    // SAFETY: `fd` is a fresh descriptor nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Each offload of [`OFFLOAD_NAMES`] of each interface of `devs` in
+/// namespace `ns`, as the kernel has it now (`ethtool -k`), in `devs`'
+/// order.
+pub(super) fn read_offloads(
+    ns: &str,
+    devs: &[String],
+) -> Result<Vec<std::collections::BTreeMap<String, bool>>, TestbedError> {
+    let devs = devs.to_vec();
+    let ns_name = ns.to_string();
+    in_netns(ns, move || {
+        let sock = ethtool_socket(&ns_name)?;
+        devs.iter()
+            .map(|dev| {
+                ON_ORDER
+                    .iter()
+                    .map(|f| {
+                        ethtool(&sock, dev, f.get, 0)
+                            .map(|v| (f.name.to_string(), v != 0))
+                            .map_err(|e| TestbedError::Command {
+                                cmd: format!("ethtool -k {dev} {} (in {ns_name})", f.name),
+                                detail: e.to_string(),
+                            })
+                    })
+                    .collect()
+            })
+            .collect()
+    })
+}
+
+/// Puts each offload of interface `dev` in namespace `ns` back to exactly
+/// `features` (what [`read_offloads`] read), features it does not name
+/// untouched, and checks that each took. Those going off go first, in the
+/// reverse of [`ON_ORDER`] (TSO before the checksums it needs), then those
+/// going on, in [`ON_ORDER`].
+pub(super) fn restore_offloads(
+    ns: &str,
+    dev: &str,
+    features: &std::collections::BTreeMap<String, bool>,
+) -> Result<(), TestbedError> {
+    let dev = dev.to_string();
+    let features = features.clone();
+    let ns_name = ns.to_string();
+    in_netns(ns, move || {
+        let sock = ethtool_socket(&ns_name)?;
+        let want = |f: &Feature| features.get(f.name).copied();
+        let offs = ON_ORDER.iter().rev().filter(|f| want(f) == Some(false));
+        let ons = ON_ORDER.iter().filter(|f| want(f) == Some(true));
+        for f in offs.chain(ons) {
+            let on = want(f) == Some(true);
+            let fail = |e: std::io::Error| TestbedError::Command {
+                cmd: format!(
+                    "ethtool -K {dev} {} {} (in {ns_name})",
+                    f.name,
+                    if on { "on" } else { "off" }
+                ),
+                detail: e.to_string(),
+            };
+            ethtool(&sock, &dev, f.set, u32::from(on)).map_err(fail)?;
+            let now = ethtool(&sock, &dev, f.get, 0).map_err(fail)?;
+            if (now != 0) != on {
+                return Err(TestbedError::Command {
+                    cmd: format!("ethtool -K {dev} {} (in {ns_name})", f.name),
+                    detail: "the driver does not let it change".into(),
+                });
+            }
+        }
+        Ok(())
     })
 }

@@ -555,6 +555,77 @@ pub trait ConditionSwitch {
     /// Puts the links under `to` (the whole state, not a change), updating
     /// whatever records the testbed's state (its hosts file).
     fn switch(&mut self, to: &LinkConditions) -> Result<(), SwitchFailure>;
+
+    /// Puts the links back exactly as they were when the switch was opened
+    /// (every link end's MTU, each offload feature as the kernel had it,
+    /// the queueing disciplines), whatever was switched since.
+    fn restore(&mut self) -> Result<(), SwitchFailure>;
+}
+
+/// A run's hold on the links: it switches them through a
+/// [`ConditionSwitch`] and puts them back as they were when it is dropped
+/// (or [`ConditionGuard::restore`]d), on success, on error and on an early
+/// return alike. Point-to-point, multi-host and MPI runs all switch through
+/// one.
+pub struct ConditionGuard<'s> {
+    switch: &'s mut dyn ConditionSwitch,
+    /// The conditions in force; `None` while unknown (a switch failed
+    /// halfway and may have left some links changed).
+    in_force: Option<LinkConditions>,
+    /// Whether anything was switched, so there is something to put back.
+    touched: bool,
+}
+
+impl<'s> ConditionGuard<'s> {
+    /// Holds the links of `switch`, which are under `base` now.
+    pub fn new(switch: &'s mut dyn ConditionSwitch, base: LinkConditions) -> ConditionGuard<'s> {
+        ConditionGuard {
+            switch,
+            in_force: Some(base),
+            touched: false,
+        }
+    }
+
+    /// Puts the links under `to` unless they are already; whether they
+    /// changed.
+    pub fn switch_to(&mut self, to: &LinkConditions) -> Result<bool, SwitchFailure> {
+        if self.in_force == Some(*to) {
+            return Ok(false);
+        }
+        self.touched = true;
+        self.in_force = None;
+        self.switch.switch(to)?;
+        self.in_force = Some(*to);
+        Ok(true)
+    }
+
+    /// The conditions in force, `None` after a failed switch.
+    pub fn in_force(&self) -> Option<LinkConditions> {
+        self.in_force
+    }
+
+    /// Puts the links back now, with the error if that fails.
+    pub fn restore(mut self) -> Result<(), SwitchFailure> {
+        self.restore_now()
+    }
+
+    fn restore_now(&mut self) -> Result<(), SwitchFailure> {
+        if !std::mem::take(&mut self.touched) {
+            return Ok(());
+        }
+        self.in_force = None;
+        self.switch.restore()
+    }
+}
+
+impl Drop for ConditionGuard<'_> {
+    fn drop(&mut self) {
+        // An early return or a panic: the links go back all the same, and
+        // a failure to put them back is said, since no caller hears it.
+        if let Err(e) = self.restore_now() {
+            eprintln!("netgap: warning: the links could not be put back as they were: {e}");
+        }
+    }
 }
 
 #[cfg(test)]

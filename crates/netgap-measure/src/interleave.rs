@@ -22,7 +22,7 @@
 //! hands in; after the last round, or a failure, the testbed goes back to
 //! the conditions it had before the run.
 
-use crate::conditions::{ConditionSwitch, LinkConditions};
+use crate::conditions::{ConditionGuard, ConditionSwitch, LinkConditions};
 use crate::coordinator::{build_record, open_session, CoordError, Coordinator, RunSummary};
 use crate::plan::Plan;
 use crate::point_loop::{run_points, Observer};
@@ -130,13 +130,17 @@ pub(crate) fn run(
             "this run has conditions but nothing to switch them with".into(),
         ));
     }
+    let guard = match (switch, base) {
+        (Some(s), Some(base)) => Some(ConditionGuard::new(s, base)),
+        _ => None,
+    };
     let mut state = RunState {
         plan,
         coord: None,
         in_force: base,
         targets,
         run_id: run_id(),
-        switch,
+        guard,
     };
     state.coord()?;
     // Each group with the spec its observer rows are named after.
@@ -152,16 +156,16 @@ pub(crate) fn run(
         observer,
         |(index, _, group), observer| state.measure_group(group, *index, observer),
     );
-    // Leave the testbed as the run found it, whatever happened.
-    let restored = match (state.switch.as_deref_mut(), base) {
-        (Some(s), Some(base)) if state.in_force != Some(base) => s
-            .switch(&base)
-            .map_err(|e| CoordError::Conditions(format!("restoring {base}: {e}"))),
-        _ => Ok(()),
-    };
     if let Some(c) = state.coord.take() {
         c.bye();
     }
+    // Leave the testbed as the run found it, whatever happened.
+    let restored = match state.guard.take() {
+        Some(g) => g
+            .restore()
+            .map_err(|e| CoordError::Conditions(format!("putting the links back: {e}"))),
+        None => Ok(()),
+    };
     let points = outcome?;
     restored?;
     Ok(RunSummary { points })
@@ -186,7 +190,9 @@ struct RunState<'p, 's> {
     /// The conditions of the plan, applied to the testbed's own.
     targets: Vec<LinkConditions>,
     run_id: String,
-    switch: Option<&'s mut dyn ConditionSwitch>,
+    /// Holds the links while the run switches them; puts them back when
+    /// dropped.
+    guard: Option<ConditionGuard<'s>>,
 }
 
 impl RunState<'_, '_> {
@@ -205,7 +211,7 @@ impl RunState<'_, '_> {
         if self.in_force == Some(to) {
             return Ok(());
         }
-        let Some(switch) = self.switch.as_deref_mut() else {
+        let Some(guard) = self.guard.as_mut() else {
             return Err(CoordError::Conditions(
                 "this run has conditions but nothing to switch them with".into(),
             ));
@@ -214,10 +220,10 @@ impl RunState<'_, '_> {
             c.bye();
         }
         // Unknown until the switch succeeds: a failed switch may have left
-        // some links changed, and the restore must not skip them.
+        // some links changed.
         self.in_force = None;
-        switch
-            .switch(&to)
+        guard
+            .switch_to(&to)
             .map_err(|e| CoordError::Conditions(format!("switching to {to}: {e}")))?;
         self.in_force = Some(to);
         self.coord()?;
@@ -412,12 +418,18 @@ mod tests {
         );
     }
 
-    /// A switch that remembers what it was asked.
-    struct Recorder(Vec<LinkConditions>);
+    /// A switch that remembers what it was asked: the conditions of each
+    /// switch, `None` for a restore.
+    struct Recorder(Vec<Option<LinkConditions>>);
 
     impl ConditionSwitch for Recorder {
         fn switch(&mut self, to: &LinkConditions) -> Result<(), crate::conditions::SwitchFailure> {
-            self.0.push(*to);
+            self.0.push(Some(*to));
+            Ok(())
+        }
+
+        fn restore(&mut self) -> Result<(), crate::conditions::SwitchFailure> {
+            self.0.push(None);
             Ok(())
         }
     }
@@ -459,11 +471,11 @@ mod tests {
         let summary =
             crate::coordinator::run_plan(&p, Some(&mut rec), &mut sinks, &mut Quiet).expect("runs");
         assert_eq!(summary.points, 2, "one record per condition");
-        let rates: Vec<Option<u64>> = rec.0.iter().map(|c| c.rate_bps).collect();
+        let rates: Vec<Option<Option<u64>>> = rec.0.iter().map(|c| c.map(|c| c.rate_bps)).collect();
         // Round 0 forward (1G, 2G), round 1 backward (2G stays, 1G), round
         // 2 forward (1G stays, 2G), then back to the testbed's own.
         let (g1, g2) = (Some(1_000_000_000), Some(2_000_000_000));
-        assert_eq!(rates, [g1, g2, g1, g2, None]);
+        assert_eq!(rates, [Some(g1), Some(g2), Some(g1), Some(g2), None]);
         let records = kept.borrow();
         assert_eq!(records.len(), 2);
         let mut groups = Vec::new();

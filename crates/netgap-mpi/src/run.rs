@@ -15,7 +15,7 @@ use netgap_core::record::{ByteCounts, CpuPair, RecordStats, ResultRecord, Servic
 use netgap_core::spec::PointSpec;
 use netgap_core::stack::{PathIdentity, Stack};
 use netgap_core::stats::{LatencyHistogram, Summary};
-use netgap_measure::conditions::{ConditionSwitch, LinkConditions};
+use netgap_measure::conditions::{ConditionGuard, ConditionSwitch, LinkConditions};
 use netgap_measure::point_loop::{run_points, Observer, SinkError};
 use netgap_measure::runner::IterationPolicy;
 use netgap_measure::sink::RecordSink;
@@ -71,7 +71,7 @@ struct Hello {
 /// moment it is measured. Returns how many records were written.
 pub fn run_mpi(
     plan: &MpiPlan,
-    mut switch: Option<&mut dyn ConditionSwitch>,
+    switch: Option<&mut dyn ConditionSwitch>,
     sinks: &mut [Box<dyn RecordSink>],
     observer: &mut dyn Observer,
 ) -> Result<usize, MpiRunError> {
@@ -90,11 +90,15 @@ pub fn run_mpi(
             "this run has conditions but nothing to switch them with".into(),
         ));
     }
+    let mut guard = match (base, switch, targets.iter().any(Option::is_some)) {
+        (Some(b), Some(s), true) => Some(ConditionGuard::new(s, b)),
+        _ => None,
+    };
     let mut written = 0;
     let mut outcome = Ok(());
     for target in &targets {
-        if let (Some(to), Some(s)) = (target, switch.as_deref_mut()) {
-            if let Err(e) = s.switch(to) {
+        if let (Some(to), Some(g)) = (target, guard.as_mut()) {
+            if let Err(e) = g.switch_to(to) {
                 outcome = Err(MpiRunError::Conditions(format!("switching to {to}: {e}")));
                 break;
             }
@@ -107,11 +111,11 @@ pub fn run_mpi(
             }
         }
     }
-    // The testbed goes back to the conditions it had, also after a failure.
-    if let (Some(b), Some(s), true) = (base, switch, targets.iter().any(Option::is_some)) {
-        let restored = s
-            .switch(&b)
-            .map_err(|e| MpiRunError::Conditions(format!("restoring {b}: {e}")));
+    // The testbed goes back exactly as it was, also after a failure.
+    if let Some(g) = guard {
+        let restored = g
+            .restore()
+            .map_err(|e| MpiRunError::Conditions(format!("putting the links back: {e}")));
         outcome = outcome.and(restored);
     }
     outcome.map(|()| written)

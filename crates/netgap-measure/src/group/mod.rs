@@ -52,7 +52,8 @@ pub fn run_group_plan(
 /// another: `switch` puts the testbed's links under the condition, the
 /// sessions are opened anew (so every host's facts are read under it) and
 /// every point is measured; each record's `stack.path` says the condition
-/// it ran under. Afterwards the links go back to the conditions they had.
+/// it ran under. Afterwards the links go back exactly as they were, also
+/// after a failure.
 pub fn run_group_plan_under(
     plan: &GroupPlan,
     switch: &mut dyn crate::conditions::ConditionSwitch,
@@ -69,11 +70,12 @@ pub fn run_group_plan_under(
             "the testbed's hosts file records no link conditions; rebuild it with `netgap testbed up`".into(),
         ));
     };
+    let mut guard = crate::conditions::ConditionGuard::new(switch, base);
     let mut done = 0;
     let mut result = Ok(());
     for c in &plan.base.conditions {
         let to = c.apply_to(&base);
-        if let Err(e) = switch.switch(&to) {
+        if let Err(e) = guard.switch_to(&to) {
             result = Err(GroupError::Point(format!("switching to {to}: {e}")));
             break;
         }
@@ -89,8 +91,8 @@ pub fn run_group_plan_under(
             }
         }
     }
-    let restored = switch
-        .switch(&base)
-        .map_err(|e| GroupError::Point(format!("restoring {base}: {e}")));
+    let restored = guard
+        .restore()
+        .map_err(|e| GroupError::Point(format!("putting the links back: {e}")));
     result.and(restored).map(|()| done)
 }

@@ -1,0 +1,236 @@
+//! The testbed's links as the kernel has them now: each link end's MTU,
+//! offloads and root queueing discipline, read from the kernel rather than
+//! from the hosts file, so `status` can say where the two differ and a run
+//! can put back exactly what it found.
+//!
+//! The kernel's own offload state of a freshly built testbed is saved
+//! (`kernel-links.json` in its state directory) before any condition
+//! touches it: "offload as the kernel set it" is that record, so a testbed
+//! switched to `offload=off` and back gets every feature back as it was.
+
+use super::{ip, netns_ops, run, TestbedError};
+use netgap_measure::conditions::LinkConditions;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// The name of the file that keeps the kernel's own state of the links.
+const KERNEL_LINKS_FILE: &str = "kernel-links.json";
+
+/// One link end (or bridge port) as the kernel has it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EndState {
+    /// Its namespace.
+    pub ns: String,
+    /// Its interface.
+    pub dev: String,
+    /// Its MTU in bytes.
+    pub mtu_bytes: u32,
+    /// Each offload netgap switches, by `ethtool -k`'s name: on or off.
+    pub offloads: BTreeMap<String, bool>,
+    /// The kind of its root queueing discipline (`noqueue`, `tbf`,
+    /// `netem`).
+    pub qdisc: String,
+}
+
+/// Reads the state of every end of `ends` (`(namespace, interface)`).
+pub fn read(ends: &[(String, String)]) -> Result<Vec<EndState>, TestbedError> {
+    let mut by_ns: Vec<(String, Vec<String>)> = Vec::new();
+    for (ns, dev) in ends {
+        match by_ns.iter_mut().find(|(n, _)| n == ns) {
+            Some((_, devs)) => devs.push(dev.clone()),
+            None => by_ns.push((ns.clone(), vec![dev.clone()])),
+        }
+    }
+    let mut out = Vec::with_capacity(ends.len());
+    for (ns, devs) in &by_ns {
+        let offloads = netns_ops::read_offloads(ns, devs)?;
+        for (dev, offloads) in devs.iter().zip(offloads) {
+            out.push(EndState {
+                ns: ns.clone(),
+                dev: dev.clone(),
+                mtu_bytes: read_mtu(ns, dev)?,
+                offloads,
+                qdisc: read_root_qdisc(ns, dev)?,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// The MTU of `dev` in `ns` (`ip -j link show`).
+fn read_mtu(ns: &str, dev: &str) -> Result<u32, TestbedError> {
+    let text = ip(&["-n", ns, "-j", "link", "show", "dev", dev])?;
+    let bad = |detail: String| TestbedError::Command {
+        cmd: format!("ip -n {ns} -j link show dev {dev}"),
+        detail,
+    };
+    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+    v.get(0)
+        .and_then(|l| l.get("mtu"))
+        .and_then(serde_json::Value::as_u64)
+        .and_then(|m| u32::try_from(m).ok())
+        .ok_or_else(|| bad("no MTU in its answer".into()))
+}
+
+/// The kind of the root qdisc of `dev` in `ns` (`tc qdisc show ... root`).
+fn read_root_qdisc(ns: &str, dev: &str) -> Result<String, TestbedError> {
+    let text = run("tc", &["-n", ns, "qdisc", "show", "dev", dev, "root"])?;
+    // "qdisc tbf 1: root refcnt 2 rate 1Gbit ..."
+    Ok(text
+        .split_whitespace()
+        .nth(1)
+        .unwrap_or("noqueue")
+        .to_string())
+}
+
+/// The kind of root qdisc a link end has under `c`: netem at the root
+/// when there is a delay or loss, else the TBF, else veth's default.
+fn expected_root_qdisc(c: &LinkConditions) -> &'static str {
+    match c.qdisc() {
+        "netem+tbf" | "netem" => "netem",
+        other => other,
+    }
+}
+
+/// Saves the kernel's own state of a fresh testbed's links in `dir`.
+pub fn save_kernel(dir: &Path, ends: &[EndState]) -> Result<(), TestbedError> {
+    let text = serde_json::to_string_pretty(ends).map_err(|e| TestbedError::Io {
+        what: format!("writing {KERNEL_LINKS_FILE}"),
+        source: std::io::Error::other(e),
+    })?;
+    std::fs::write(dir.join(KERNEL_LINKS_FILE), text + "\n").map_err(|source| TestbedError::Io {
+        what: format!("writing {KERNEL_LINKS_FILE}"),
+        source,
+    })
+}
+
+/// The kernel's own state of the links, as saved when the testbed was
+/// built; `None` for a testbed built before netgap saved it.
+pub fn load_kernel(dir: &Path) -> Option<Vec<EndState>> {
+    let text = std::fs::read_to_string(dir.join(KERNEL_LINKS_FILE)).ok()?;
+    serde_json::from_str(&text).ok()
+}
+
+/// Where the live state differs from `expected` (the hosts file's
+/// conditions; "offload as the kernel set it" read against `kernel`), one
+/// line each.
+pub fn differences(
+    live: &[EndState],
+    expected: &LinkConditions,
+    kernel: Option<&[EndState]>,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    for end in live {
+        let at = format!("{}/{}", end.ns, end.dev);
+        if end.mtu_bytes != expected.mtu_bytes {
+            out.push(format!(
+                "{at}: MTU {} (hosts file: {})",
+                end.mtu_bytes, expected.mtu_bytes
+            ));
+        }
+        let want_qdisc = expected_root_qdisc(expected);
+        if end.qdisc != want_qdisc {
+            out.push(format!(
+                "{at}: root qdisc {} (hosts file: {want_qdisc})",
+                end.qdisc
+            ));
+        }
+        let kernel_end = kernel.and_then(|k| k.iter().find(|k| k.ns == end.ns && k.dev == end.dev));
+        for (feature, &on) in &end.offloads {
+            let want = match expected.offload {
+                Some(all) => Some(all),
+                None => kernel_end.and_then(|k| k.offloads.get(feature).copied()),
+            };
+            let Some(want) = want else { continue };
+            if on != want {
+                let said = match expected.offload {
+                    Some(_) => "",
+                    None => "as the kernel set it: ",
+                };
+                out.push(format!(
+                    "{at}: {feature} {} (hosts file: {said}{})",
+                    on_off(on),
+                    on_off(want)
+                ));
+            }
+        }
+    }
+    out
+}
+
+fn on_off(on: bool) -> &'static str {
+    if on {
+        "on"
+    } else {
+        "off"
+    }
+}
+
+/// Puts each end's offloads back to exactly what `kernel` recorded.
+pub fn restore_offloads(
+    ends: &[(String, String)],
+    kernel: &[EndState],
+) -> Result<(), TestbedError> {
+    for (ns, dev) in ends {
+        let Some(k) = kernel.iter().find(|k| &k.ns == ns && &k.dev == dev) else {
+            return Err(TestbedError::Args(format!(
+                "the testbed recorded no kernel offloads for {ns}/{dev}; rebuild it with `netgap testbed up`"
+            )));
+        };
+        netns_ops::restore_offloads(ns, dev, &k.offloads)?;
+    }
+    Ok(())
+}
+
+/// Puts the MTU and offloads of every end back to `snapshot` (what a run
+/// found), where the live state differs.
+pub fn restore_snapshot(snapshot: &[EndState]) -> Result<(), TestbedError> {
+    let ends: Vec<(String, String)> = snapshot
+        .iter()
+        .map(|e| (e.ns.clone(), e.dev.clone()))
+        .collect();
+    let live = read(&ends)?;
+    for (was, now) in snapshot.iter().zip(&live) {
+        if was.offloads != now.offloads {
+            netns_ops::restore_offloads(&was.ns, &was.dev, &was.offloads)?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn end(mtu: u32, gso: bool, qdisc: &str) -> EndState {
+        EndState {
+            ns: "ngtb-h1".into(),
+            dev: "eth0".into(),
+            mtu_bytes: mtu,
+            offloads: [("generic-segmentation-offload".to_string(), gso)].into(),
+            qdisc: qdisc.into(),
+        }
+    }
+
+    #[test]
+    fn differences_name_each_end_and_read_kernel_offloads_against_the_record() {
+        let c = LinkConditions::plain(1500);
+        let kernel = [end(1500, true, "noqueue")];
+        assert!(differences(&kernel, &c, Some(&kernel)).is_empty());
+        let live = [end(9000, false, "tbf")];
+        let d = differences(&live, &c, Some(&kernel));
+        assert_eq!(d.len(), 3, "{d:?}");
+        assert!(d[0].contains("ngtb-h1/eth0: MTU 9000 (hosts file: 1500)"));
+        assert!(d[1].contains("root qdisc tbf (hosts file: noqueue)"));
+        assert!(
+            d[2].contains(
+                "generic-segmentation-offload off (hosts file: as the kernel set it: on)"
+            ),
+            "{d:?}"
+        );
+        let mut off = c;
+        off.offload = Some(false);
+        assert!(differences(&[end(1500, false, "noqueue")], &off, None).is_empty());
+    }
+}
