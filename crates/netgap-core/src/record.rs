@@ -293,6 +293,86 @@ pub struct ResultRecord {
     pub app: Option<AppResult>,
 }
 
+/// What every record names, whoever made it: the test, what it ran over,
+/// its headline and when. [`ResultRecord::new`] builds a record from it
+/// with every other section empty; the maker fills the sections it has.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RecordHead {
+    /// Test name.
+    pub test: String,
+    /// Transport name.
+    pub transport: String,
+    /// Completion mode.
+    pub mode: Mode,
+    /// Message size in bytes.
+    pub size_bytes: u64,
+    /// Headline metric with its unit (`latency_us`, `bandwidth_gbps`).
+    pub metric: String,
+    /// The headline.
+    pub value: f64,
+    /// Start time of the point, RFC 3339 (UTC): [`rfc3339`].
+    pub time: String,
+}
+
+/// `t` as a record's time: RFC 3339 to the second, UTC.
+pub fn rfc3339(t: std::time::SystemTime) -> String {
+    humantime::format_rfc3339_seconds(t).to_string()
+}
+
+impl ResultRecord {
+    /// The one constructor of records: `head`, this netgap's version, and
+    /// every optional section empty (no stats, CPU, hosts, options, stack,
+    /// sweep, multi-host or application section), for the maker to fill.
+    pub fn new(head: RecordHead) -> ResultRecord {
+        ResultRecord {
+            test: head.test,
+            transport: head.transport,
+            mode: head.mode,
+            size_bytes: head.size_bytes,
+            metric: head.metric,
+            value: head.value,
+            stats: None,
+            percentiles: None,
+            cpu: None,
+            service_demand_us_per_kib: None,
+            iterations_per_rep: None,
+            warmup_iterations: None,
+            bytes: None,
+            datagrams: None,
+            warnings: Vec::new(),
+            host: None,
+            peer_host: None,
+            options: None,
+            version: crate::VERSION.to_string(),
+            time: head.time,
+            tool: None,
+            sweep_kind: None,
+            block_time_us: None,
+            dropout: None,
+            unstable: None,
+            ci_target: None,
+            clients: None,
+            client_hosts: None,
+            flows: Vec::new(),
+            hosts_cpu: Vec::new(),
+            stack: None,
+            links: Vec::new(),
+            app: None,
+        }
+    }
+
+    /// The record with its warnings set from the diagnosis of its noise
+    /// ([`crate::noise::diagnose_record`]), which reads the finished
+    /// record: its repetitions, CPU of every end and placement.
+    pub fn diagnosed(mut self) -> ResultRecord {
+        self.warnings = crate::noise::diagnose_record(&self)
+            .map(|d| d.sentence)
+            .into_iter()
+            .collect();
+        self
+    }
+}
+
 /// What an application workload's point ran with and found besides its
 /// headline.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

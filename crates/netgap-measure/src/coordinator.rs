@@ -15,9 +15,9 @@ use crate::runner::{self, PeerControl, PointMeasurement, RunError, ServerRep};
 use crate::sink::RecordSink;
 use netgap_core::cpu::CpuUsage;
 use netgap_core::host::HostFacts;
-use netgap_core::noise::diagnose_record;
 use netgap_core::record::{
-    ByteCounts, CpuPair, DatagramCounts, RecordStats, ResultRecord, ServiceDemand,
+    rfc3339, ByteCounts, CpuPair, DatagramCounts, RecordHead, RecordStats, ResultRecord,
+    ServiceDemand,
 };
 use netgap_core::spec::PointSpec;
 use netgap_core::stack::{PathIdentity, Stack};
@@ -499,13 +499,7 @@ pub(crate) fn build_record(
     } else {
         None
     };
-    let mut record = ResultRecord {
-        test: spec.test.clone(),
-        transport: spec.transport.clone(),
-        mode: spec.mode,
-        size_bytes: spec.size_bytes,
-        metric: test.metric().key().into(),
-        value: summary.value,
+    Ok(ResultRecord {
         stats: Some(RecordStats::from(&summary)),
         percentiles,
         cpu: Some(CpuPair { local, remote }),
@@ -514,24 +508,10 @@ pub(crate) fn build_record(
         warmup_iterations: Some(m.warmup_iterations),
         bytes: Some(bytes),
         datagrams,
-        warnings: Vec::new(),
         host: Some(host.clone()),
         peer_host: Some(peer_host.clone()),
         options: Some(plan.record_options(spec)),
-        version: netgap_core::VERSION.into(),
-        time: humantime::format_rfc3339_seconds(started).to_string(),
-        tool: None,
-        sweep_kind: None,
-        block_time_us: None,
-        dropout: None,
-        unstable: None,
         ci_target: m.ci,
-        clients: None,
-        client_hosts: None,
-        flows: Vec::new(),
-        hosts_cpu: Vec::new(),
-        links: Vec::new(),
-        app: None,
         stack: Some(
             Stack::new(
                 &spec.transport,
@@ -542,14 +522,17 @@ pub(crate) fn build_record(
             )
             .with_choices(&m.path_choices),
         ),
-    };
-    // The diagnosis reads the finished record: its iterations, CPU of both
-    // ends and placement say which kind of noise it is.
-    record.warnings = diagnose_record(&record)
-        .map(|d| d.sentence)
-        .into_iter()
-        .collect();
-    Ok(record)
+        ..ResultRecord::new(RecordHead {
+            test: spec.test.clone(),
+            transport: spec.transport.clone(),
+            mode: spec.mode,
+            size_bytes: spec.size_bytes,
+            metric: test.metric().key().into(),
+            value: summary.value,
+            time: rfc3339(started),
+        })
+    }
+    .diagnosed())
 }
 
 /// Opens the control session of `plan`: starts the in-process agent on

@@ -18,7 +18,6 @@ use crate::coordinator::{open_session, CoordError, PointError};
 use crate::plan::{MethodSpec, Plan, PlanError, RunRequest, DEFAULT_REPS};
 use crate::point_loop::{run_points, Observer};
 use crate::sink::RecordSink;
-use netgap_core::noise::diagnose_record;
 use netgap_core::record::{RecordStats, ResultRecord};
 use netgap_core::spec::PointSpec;
 use netgap_core::stats::Summary;
@@ -137,11 +136,7 @@ fn logp_record(
     base.percentiles = None;
     base.service_demand_us_per_kib = None;
     // The parameter's own repetitions, diagnosed (not the round trips').
-    base.warnings = diagnose_record(&base)
-        .map(|d| d.sentence)
-        .into_iter()
-        .collect();
-    Ok(base)
+    Ok(base.diagnosed())
 }
 
 /// Microseconds per message of `size_bytes` at `gbps`.

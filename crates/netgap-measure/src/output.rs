@@ -353,11 +353,7 @@ mod tests {
         r.size_bytes = size_bytes;
         r.iterations_per_rep = Some(100_000);
         r.stats = Some(RecordStats::from(&Summary::from_reps(reps).unwrap()));
-        r.warnings = netgap_core::noise::diagnose_record(&r)
-            .map(|d| d.sentence)
-            .into_iter()
-            .collect();
-        r
+        r.diagnosed()
     }
 
     const DRIFT: [f64; 8] = [10.0, 10.6, 11.1, 11.5, 12.2, 12.6, 13.1, 13.7];

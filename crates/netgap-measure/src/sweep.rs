@@ -23,7 +23,6 @@ use crate::plan::{invalid, no_effect, MethodSpec, Plan, PlanError, RunRequest};
 use crate::point_loop::{run_points, Observer};
 use crate::sink::RecordSink;
 use netgap_core::dropout::{split_trials, DropoutDetector, PointThroughput};
-use netgap_core::noise::diagnose_record;
 use netgap_core::record::{RecordStats, ResultRecord};
 use netgap_core::sizing::{sweep_sizes, Growth};
 use netgap_core::spec::PointSpec;
@@ -422,11 +421,7 @@ fn sweep_record(kind: SweepKind, mut base: ResultRecord) -> Result<ResultRecord,
     base.sweep_kind = Some(kind.as_str().into());
     base.block_time_us = Some(kind.block_time_us(size, summary.value));
     // The trials' throughputs, diagnosed (not the raw block times').
-    base.warnings = diagnose_record(&base)
-        .map(|d| d.sentence)
-        .into_iter()
-        .collect();
-    Ok(base)
+    Ok(base.diagnosed())
 }
 
 /// What the dropout detector needs of a sweep record.

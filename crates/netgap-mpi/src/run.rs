@@ -10,8 +10,9 @@ use crate::plan::MpiPlan;
 use crate::wire::RankLine;
 use netgap_core::cpu::CpuUsage;
 use netgap_core::host::HostFacts;
-use netgap_core::noise::diagnose_record;
-use netgap_core::record::{ByteCounts, CpuPair, RecordStats, ResultRecord, ServiceDemand};
+use netgap_core::record::{
+    rfc3339, ByteCounts, CpuPair, RecordHead, RecordStats, ResultRecord, ServiceDemand,
+};
 use netgap_core::spec::PointSpec;
 use netgap_core::stack::{PathIdentity, Stack};
 use netgap_core::stats::{LatencyHistogram, Summary};
@@ -392,13 +393,7 @@ fn build_record(
             format!("mpirun: {} (rank 0), {} (rank 1)", rank0.name, rank1.name)
         }
     };
-    let mut record = ResultRecord {
-        test: spec.test.clone(),
-        transport: spec.transport.clone(),
-        mode: spec.mode,
-        size_bytes: spec.size_bytes,
-        metric: test.metric().into(),
-        value: summary.value,
+    Ok(ResultRecord {
         stats: Some(RecordStats::from(&summary)),
         percentiles: match test {
             MpiTest::Latency => hist.percentiles_us(0.5),
@@ -416,32 +411,21 @@ fn build_record(
             server_tx: rx,
             server_rx: tx,
         }),
-        datagrams: None,
-        warnings: Vec::new(),
         host: Some(facts.rank0.clone()),
         peer_host: Some(facts.rank1.clone()),
         options: Some(options),
-        version: netgap_core::VERSION.into(),
-        time: humantime::format_rfc3339_seconds(started).to_string(),
-        tool: None,
-        sweep_kind: None,
-        block_time_us: None,
-        dropout: None,
-        unstable: None,
-        ci_target: None,
-        clients: None,
-        client_hosts: None,
-        flows: Vec::new(),
-        hosts_cpu: Vec::new(),
         stack: Some(stack),
-        links: Vec::new(),
-        app: None,
-    };
-    record.warnings = diagnose_record(&record)
-        .map(|d| d.sentence)
-        .into_iter()
-        .collect();
-    Ok(record)
+        ..ResultRecord::new(RecordHead {
+            test: spec.test.clone(),
+            transport: spec.transport.clone(),
+            mode: spec.mode,
+            size_bytes: spec.size_bytes,
+            metric: test.metric().into(),
+            value: summary.value,
+            time: rfc3339(started),
+        })
+    }
+    .diagnosed())
 }
 
 #[cfg(test)]

@@ -12,9 +12,9 @@ use crate::coordinator::Observer;
 use crate::workload::place::Placement;
 use crate::workload::Workload;
 use netgap_core::cpu::CpuUsage;
-use netgap_core::noise::diagnose_record;
 use netgap_core::record::{
-    ByteCounts, DatagramCounts, FlowResult, HostCpu, LinkResult, RecordStats, ResultRecord,
+    rfc3339, ByteCounts, DatagramCounts, FlowResult, HostCpu, LinkResult, RecordHead, RecordStats,
+    ResultRecord,
 };
 use netgap_core::stack::{PathIdentity, Stack};
 use netgap_core::stats::{LatencyHistogram, Percentiles, Summary};
@@ -403,33 +403,14 @@ pub(super) fn measure_point(
     } {
         tb.fill(&mut path);
     }
-    let mut record = ResultRecord {
-        test: workload.name().into(),
-        transport: point.spec.transport.clone(),
-        mode: point.spec.mode,
-        size_bytes: point.spec.size_bytes,
-        metric: workload.metric().key().into(),
-        value: summary.value,
+    Ok(ResultRecord {
         stats: Some(RecordStats::from(&summary)),
         percentiles: workload.percentiles(&hist),
-        cpu: None,
-        service_demand_us_per_kib: None,
-        iterations_per_rep: None,
-        warmup_iterations: None,
         bytes: Some(bytes),
         datagrams,
-        warnings: Vec::new(),
         host: Some(coord.local.clone()),
         peer_host: Some(coord.links[first_server].facts.clone()),
         options: Some(options),
-        version: netgap_core::VERSION.into(),
-        time: humantime::format_rfc3339_seconds(started).to_string(),
-        tool: None,
-        sweep_kind: None,
-        block_time_us: None,
-        dropout: None,
-        unstable: None,
-        ci_target: None,
         clients: Some(n as u32),
         client_hosts: Some(client_hosts as u32),
         flows: flow_results,
@@ -443,14 +424,17 @@ pub(super) fn measure_point(
             path,
             plan.base.label.clone(),
         )),
-    };
-    // The diagnosis reads the finished record: every host's CPU and the
-    // window's length say which kind of noise it is.
-    record.warnings = diagnose_record(&record)
-        .map(|d| d.sentence)
-        .into_iter()
-        .collect();
-    Ok(record)
+        ..ResultRecord::new(RecordHead {
+            test: workload.name().into(),
+            transport: point.spec.transport.clone(),
+            mode: point.spec.mode,
+            size_bytes: point.spec.size_bytes,
+            metric: workload.metric().key().into(),
+            value: summary.value,
+            time: rfc3339(started),
+        })
+    }
+    .diagnosed())
 }
 
 #[cfg(test)]

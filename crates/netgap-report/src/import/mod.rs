@@ -13,7 +13,7 @@ mod netpipe;
 mod osu;
 mod sockperf;
 
-use netgap_core::record::{RecordStats, ResultRecord};
+use netgap_core::record::{RecordHead, RecordStats, ResultRecord};
 use netgap_core::spec::Mode;
 use netgap_core::stats::{Percentiles, Summary};
 use std::path::{Path, PathBuf};
@@ -170,40 +170,19 @@ impl Imported<'_> {
             .and_then(|r| Summary::from_reps(r).ok())
             .map(|s| RecordStats::from(&s));
         ResultRecord {
-            test: self.test.to_string(),
-            transport: self.transport.to_string(),
-            // The peer tools here block in the kernel by default.
-            mode: Mode::Event,
-            size_bytes: self.size_bytes,
-            metric: self.metric.to_string(),
-            value: self.value,
             stats,
             percentiles: self.percentiles,
-            cpu: None,
-            service_demand_us_per_kib: None,
-            iterations_per_rep: None,
-            warmup_iterations: None,
-            bytes: None,
-            datagrams: None,
-            warnings: Vec::new(),
-            host: None,
-            peer_host: None,
-            options: None,
-            version: netgap_core::VERSION.to_string(),
-            time: self.time.to_string(),
             tool: Some(self.tool.to_string()),
-            sweep_kind: None,
-            block_time_us: None,
-            dropout: None,
-            unstable: None,
-            ci_target: None,
-            clients: None,
-            client_hosts: None,
-            flows: Vec::new(),
-            hosts_cpu: Vec::new(),
-            links: Vec::new(),
-            app: None,
-            stack: None,
+            ..ResultRecord::new(RecordHead {
+                test: self.test.to_string(),
+                transport: self.transport.to_string(),
+                // The peer tools here block in the kernel by default.
+                mode: Mode::Event,
+                size_bytes: self.size_bytes,
+                metric: self.metric.to_string(),
+                value: self.value,
+                time: self.time.to_string(),
+            })
         }
     }
 }
