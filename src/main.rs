@@ -372,8 +372,7 @@ fn execute(plan: &Plan) -> Result<()> {
     }
 }
 
-/// A run of multi-host tests (multistream, hotspot, fanin, fanout, connect,
-/// multirail).
+/// A run of multi-host tests (the workloads of `netgap::workload::registry`).
 fn run_group(request: &RunRequest) -> Result<()> {
     use netgap::group::{plan::GroupPlan, run_group_plan};
     let plan = GroupPlan::from_request(request)?;

@@ -369,3 +369,16 @@ fn one_repetition_has_no_confidence_interval_not_a_zero_width_one() {
     assert!(r["stats"]["ci95_low"].is_null(), "{}", r["stats"]);
     assert!(r["stats"]["ci95_high"].is_null(), "{}", r["stats"]);
 }
+
+#[test]
+fn run_help_names_every_multi_host_test_of_the_registry() {
+    let out = netgap().args(["run", "--help"]).output().expect("help");
+    let text = String::from_utf8_lossy(&out.stdout);
+    for w in netgap::workload::registry() {
+        assert!(
+            text.contains(w.name()),
+            "run --help leaves out {}: {text}",
+            w.name()
+        );
+    }
+}

@@ -32,11 +32,24 @@ pub struct Cli {
     pub output: OutputFlags,
 }
 
+/// `run`'s one line of help, with the multi-host tests named from their
+/// registry, so the list never goes stale.
+fn run_about() -> String {
+    let names: Vec<&str> = netgap::workload::registry()
+        .iter()
+        .map(|w| w.name())
+        .collect();
+    format!(
+        "Measure tests over transports and sizes against an agent; multi-host tests ({}) drive the agents of several hosts (--hosts)",
+        names.join(", ")
+    )
+}
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Measure tests over transports and sizes against an agent; multi-host
-    /// tests (multistream, hotspot, fanin, fanout, connect, multirail)
-    /// drive the agents of several hosts (--hosts).
+    /// tests drive the agents of several hosts (--hosts).
+    #[command(about = run_about())]
     Run(Box<RunFlags>),
     /// Run the agent that serves coordinators' tests.
     Serve(ServeArgs),

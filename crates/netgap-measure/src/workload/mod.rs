@@ -20,7 +20,7 @@
 //!   group coordinator does the rest (statistics over repetitions, CPU of
 //!   every host, the record).
 //!
-//! The six built-in workloads share two role implementations: [`stream`]
+//! The workloads of [`registry`] share two role implementations: [`stream`]
 //! (bandwidth, a thread per flow over any cross-host transport) and
 //! [`engine`] (request/response and connect-per-request flows, thousands per
 //! agent, on the flow engine over any transport with an engine data path).
