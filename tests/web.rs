@@ -405,69 +405,6 @@ fn more_clients_than_apache_serves_are_refused_in_one_line() {
     );
 }
 
-/// The processes descended from `pid`, each with its start time (so a
-/// reused pid is not taken for it), its state and its command line.
-fn descendants(pid: u32) -> Vec<(u32, u64, String)> {
-    let mut all = Vec::new();
-    for entry in std::fs::read_dir("/proc").expect("proc").flatten() {
-        let Ok(p) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
-        // After the command in brackets: state, ppid, ... starttime (the
-        // 20th field after the brackets).
-        let Some((_, rest)) = stat.rsplit_once(')') else {
-            continue;
-        };
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        let ppid = fields.get(1).and_then(|f| f.parse::<u32>().ok());
-        let start = fields.get(19).and_then(|f| f.parse::<u64>().ok());
-        if let (Some(ppid), Some(start)) = (ppid, start) {
-            all.push((p, ppid, start));
-        }
-    }
-    let mut out = Vec::new();
-    let mut parents = vec![pid];
-    while let Some(parent) = parents.pop() {
-        for &(p, ppid, start) in &all {
-            if ppid == parent {
-                let cmdline = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
-                let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-                out.push((p, start, cmdline));
-                parents.push(p);
-            }
-        }
-    }
-    out
-}
-
-/// Those of `procs` that still run (a zombie has ended).
-fn still_running(procs: &[(u32, u64, String)]) -> Vec<(u32, u64, String)> {
-    procs
-        .iter()
-        .filter(|(p, start, _)| {
-            let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
-            let Some((_, rest)) = stat.rsplit_once(')') else {
-                return false;
-            };
-            let fields: Vec<&str> = rest.split_whitespace().collect();
-            fields.first() != Some(&"Z") && fields.get(19) == Some(&start.to_string().as_str())
-        })
-        .cloned()
-        .collect()
-}
-
-/// A process of a test, killed and reaped when dropped (also when the test
-/// fails).
-struct Reaped(std::process::Child);
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// Whether the unprivileged user may make a user namespace here (where it
 /// may not, its agent's workers are not in a namespace of their own).
 fn user_namespaces_allowed() -> bool {
@@ -496,7 +433,7 @@ fn a_killed_agent_that_is_not_root_takes_its_servers_with_it() {
     let tmp = tempfile::tempdir().expect("tempdir");
     std::os::unix::fs::chown(tmp.path(), Some(65534), Some(65534)).expect("chown");
     for server in ["nginx", "apache"] {
-        let mut agent = Reaped(
+        let mut agent = common::procs::Reaped(
             Command::new("setpriv")
                 .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
                 .arg(common::netgap_path())
@@ -526,7 +463,7 @@ fn a_killed_agent_that_is_not_root_takes_its_servers_with_it() {
             .unwrap_or_else(|| panic!("address in {line:?}"))
             .to_string();
         let clients = AgentProc::start("127.0.0.1");
-        let _run = Reaped(
+        let _run = common::procs::Reaped(
             netgap()
                 .args(["run", "web", "--server", server, "--reps", "1"])
                 .args(["--duration", "30s", "--clients", "2", "--hosts"])
@@ -547,7 +484,7 @@ fn a_killed_agent_that_is_not_root_takes_its_servers_with_it() {
         };
         let t0 = Instant::now();
         let tree = loop {
-            let tree = descendants(agent.0.id());
+            let tree = common::procs::descendants(agent.0.id());
             // The master and at least one worker.
             let servers = tree.iter().filter(|(_, _, c)| is_server(c)).count();
             if servers >= 2 {
@@ -573,7 +510,9 @@ fn a_killed_agent_that_is_not_root_takes_its_servers_with_it() {
         );
         agent.0.kill().expect("SIGKILL the agent");
         let _ = agent.0.wait();
-        let left = common::gone_within(Duration::from_secs(2), || still_running(&tree));
+        let left = common::gone_within(Duration::from_secs(2), || {
+            common::procs::still_running(&tree)
+        });
         assert_eq!(left, Ok(()), "{server}: processes outlived their agent");
     }
 }
