@@ -209,6 +209,14 @@ fn mpi_runs_between_two_testbed_hosts_beside_raw_sockets() {
     // mpirun, its daemon and the ranks are gone.
     let after = (pids_in(&tb.ns("h1")), pids_in(&tb.ns("h2")));
     assert_eq!(before, after, "processes left in the testbed");
+    // Also when the coordinator is killed: mpirun on h1 and the daemon and
+    // rank it started on h2 go with it.
+    killed_coordinator_leaves_nothing(
+        &["--hosts", &tb.hosts_arg()],
+        &dir.path().join("killed.jsonl"),
+    );
+    let after = (pids_in(&tb.ns("h1")), pids_in(&tb.ns("h2")));
+    assert_eq!(before, after, "processes left in the testbed");
     tb.down();
     tb.assert_gone();
 }
@@ -221,24 +229,24 @@ fn mpi_across_hosts_needs_a_testbed() {
     );
 }
 
-/// The children of process `pid`.
-fn children(pid: u32) -> Vec<u32> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir("/proc").expect("proc").flatten() {
-        let Ok(child) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let stat = std::fs::read_to_string(format!("/proc/{child}/stat")).unwrap_or_default();
-        // The parent pid is the second field after the command in brackets.
-        let ppid = stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
-            .and_then(|p| p.parse::<u32>().ok());
-        if ppid == Some(pid) {
-            out.push(child);
-        }
+/// The MPI ranks among `procs` (not mpirun or unshare naming them).
+fn ranks(procs: &[common::procs::Proc]) -> Vec<u32> {
+    procs
+        .iter()
+        .filter(|(_, _, c)| c.contains(" mpi-rank ") && !c.contains("mpirun"))
+        .map(|(p, _, _)| *p)
+        .collect()
+}
+
+/// Waits until the run `pid` has written a first record to `json`; the
+/// processes it started by then.
+fn tree_once_measuring(pid: u32, json: &std::path::Path) -> Vec<common::procs::Proc> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !has_whole_record(json) {
+        assert!(std::time::Instant::now() < deadline, "no first record");
+        std::thread::sleep(std::time::Duration::from_millis(50));
     }
-    out
+    common::procs::descendants(pid)
 }
 
 /// A rank that dies mid-run ends the run within seconds with one line that
@@ -264,15 +272,9 @@ fn a_rank_that_dies_ends_the_run_naming_the_point_and_keeping_the_rest() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("runs");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while !has_whole_record(&json) {
-        assert!(std::time::Instant::now() < deadline, "no first record");
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-    let mpirun = children(run.id());
-    assert_eq!(mpirun.len(), 1, "one mpirun under the run");
-    let ranks = children(mpirun[0]);
-    assert_eq!(ranks.len(), 2, "two ranks under mpirun");
+    let tree = tree_once_measuring(run.id(), &json);
+    let ranks = ranks(&tree);
+    assert_eq!(ranks.len(), 2, "two ranks under the run: {tree:?}");
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(i32::try_from(ranks[1]).expect("pid")),
         nix::sys::signal::Signal::SIGKILL,
@@ -334,4 +336,53 @@ fn mpi_runs_under_each_condition_beside_the_sockets() {
     }
     assert_eq!(tb.hosts().conditions, before, "conditions restored");
     tb.down();
+}
+
+/// Starts `netgap run mpi-latency` with `flags` writing to `json`, waits
+/// until it measured a point, kills it with SIGKILL, and checks that within
+/// 2 s nothing it started (mpirun, its daemons, the ranks) runs.
+fn killed_coordinator_leaves_nothing(flags: &[&str], json: &std::path::Path) {
+    let run = common::procs::Reaped(
+        netgap()
+            .args(["run", "mpi-latency", "-s", "1,2,3,4"])
+            .args(["--reps", "10", "--rep-time", "500ms"])
+            .args(flags)
+            .arg("--json")
+            .arg(json)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("runs"),
+    );
+    let mut run = run;
+    let tree = tree_once_measuring(run.0.id(), json);
+    assert_eq!(ranks(&tree).len(), 2, "two ranks under the run: {tree:?}");
+    assert!(
+        tree.iter().any(|(_, _, c)| c.starts_with("mpirun")),
+        "{tree:?}"
+    );
+    let pid = run.0.id();
+    run.0.kill().expect("SIGKILL the coordinator");
+    let _ = run.0.wait();
+    let left = common::gone_within(std::time::Duration::from_secs(2), || {
+        common::procs::still_running(&tree)
+    });
+    // The job's own directory, which its killed coordinator could not
+    // remove (the next job on the host would).
+    for base in ["/dev/shm".into(), std::env::temp_dir()] {
+        for e in std::fs::read_dir(base).into_iter().flatten().flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with(&format!("netgap-mpi-{pid}-")) {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+    }
+    assert_eq!(left, Ok(()), "processes outlived their coordinator");
+}
+
+/// A coordinator killed mid-run takes mpirun and both ranks with it.
+#[test]
+fn a_killed_coordinator_takes_its_mpi_job_with_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    killed_coordinator_leaves_nothing(&[], &dir.path().join("r.jsonl"));
 }

@@ -404,3 +404,115 @@ fn more_clients_than_apache_serves_are_refused_in_one_line() {
         "MaxRequestWorkers",
     );
 }
+
+/// Whether the unprivileged user may make a user namespace here (where it
+/// may not, its agent's workers are not in a namespace of their own).
+fn user_namespaces_allowed() -> bool {
+    Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .args(["unshare", "--user", "--map-current-user", "--pid", "--fork"])
+        .args(["--kill-child=SIGKILL", "--", "true"])
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// An agent that is not root (uid 65534) serves nginx and then Apache for
+/// `web` and is killed with SIGKILL mid-run: within 2 s nothing it started
+/// runs, the servers' workers included.
+#[test]
+fn a_killed_agent_that_is_not_root_takes_its_servers_with_it() {
+    let test = "a_killed_agent_that_is_not_root_takes_its_servers_with_it";
+    if !system_ready(test) || !servers_ready(test) {
+        return;
+    }
+    if !user_namespaces_allowed() {
+        eprintln!("skipping {test}: this kernel allows no unprivileged user namespaces");
+        return;
+    }
+    // The agent's run directories, in a directory of its own user.
+    let tmp = tempfile::tempdir().expect("tempdir");
+    std::os::unix::fs::chown(tmp.path(), Some(65534), Some(65534)).expect("chown");
+    for server in ["nginx", "apache"] {
+        let mut agent = common::procs::Reaped(
+            Command::new("setpriv")
+                .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+                .arg(common::netgap_path())
+                .args([
+                    "serve",
+                    "--bind",
+                    "127.0.0.1",
+                    "--port",
+                    "0",
+                    "--allow-services",
+                ])
+                .env("TMPDIR", tmp.path())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .expect("agent starts"),
+        );
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(agent.0.stdout.take().expect("stdout")),
+            &mut line,
+        )
+        .expect("agent prints its address");
+        let addr = line
+            .split_once("listening on ")
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .unwrap_or_else(|| panic!("address in {line:?}"))
+            .to_string();
+        let clients = AgentProc::start("127.0.0.1");
+        let _run = common::procs::Reaped(
+            netgap()
+                .args(["run", "web", "--server", server, "--reps", "1"])
+                .args(["--duration", "30s", "--clients", "2", "--hosts"])
+                .arg(format!("{addr},{}", clients.addr))
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .expect("netgap run"),
+        );
+        let program = if server == "nginx" {
+            "nginx"
+        } else {
+            "apache2"
+        };
+        // The server's own processes, not unshare naming it.
+        let is_server = |cmdline: &str| {
+            cmdline.starts_with(program) || cmdline.starts_with(&format!("/usr/sbin/{program}"))
+        };
+        let t0 = Instant::now();
+        let tree = loop {
+            let tree = common::procs::descendants(agent.0.id());
+            // The master and at least one worker.
+            let servers = tree.iter().filter(|(_, _, c)| is_server(c)).count();
+            if servers >= 2 {
+                break tree;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "{server} never started: {tree:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        // The servers run as the agent's user, in a PID namespace that is
+        // not this one.
+        let own_ns = std::fs::read_link("/proc/self/ns/pid").expect("own pid ns");
+        let server_pid = tree
+            .iter()
+            .find(|(_, _, c)| is_server(c))
+            .map(|(p, _, _)| *p)
+            .expect("a server process");
+        assert_ne!(
+            std::fs::read_link(format!("/proc/{server_pid}/ns/pid")).expect("its pid ns"),
+            own_ns
+        );
+        agent.0.kill().expect("SIGKILL the agent");
+        let _ = agent.0.wait();
+        let left = common::gone_within(Duration::from_secs(2), || {
+            common::procs::still_running(&tree)
+        });
+        assert_eq!(left, Ok(()), "{server}: processes outlived their agent");
+    }
+}

@@ -11,6 +11,7 @@
 //! the testbed interface, so everything crosses the testbed's links.
 
 use crate::wire::{parse_line, RankLine, RankPlan, WireError, MAX_LINE_BYTES};
+use netgap_measure::confine;
 use std::collections::VecDeque;
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Read};
@@ -138,8 +139,14 @@ pub fn interface_of(netns: &str, address: IpAddr) -> Result<String, String> {
 }
 
 /// The mpirun command line for `plan` at `placement`, with the
-/// environment it needs; `exe` is this netgap.
-pub fn mpirun_command(exe: &Path, plan: &RankPlan, placement: &Placement) -> Command {
+/// environment it needs; `exe` is this netgap, `scratch` the job's own
+/// directory for Open MPI's session files and shared memory.
+pub fn mpirun_command(
+    exe: &Path,
+    plan: &RankPlan,
+    placement: &Placement,
+    scratch: &Path,
+) -> Command {
     let exe_s = exe.display().to_string();
     let mut mpirun: Vec<String> = vec!["mpirun".into(), "-np".into(), "2".into()];
     let mca = |v: &mut Vec<String>, k: &str, val: &str| {
@@ -153,6 +160,13 @@ pub fn mpirun_command(exe: &Path, plan: &RankPlan, placement: &Placement) -> Com
     // own path.
     mca(&mut mpirun, "pml", "ob1");
     mpirun.extend(["--bind-to".into(), "none".into()]);
+    // In a PID namespace of its own mpirun has the same pid in every job,
+    // and Open MPI names a job's session files and shared memory after its
+    // host name and pid: each job gets a directory of its own for them, so
+    // that jobs side by side (on the same or same-named hosts) do not meet.
+    let scratch_s = scratch.display().to_string();
+    mca(&mut mpirun, "orte_tmpdir_base", &scratch_s);
+    mca(&mut mpirun, "btl_vader_backing_directory", &scratch_s);
     match placement {
         Placement::Local => {
             mca(&mut mpirun, "btl", "self,vader");
@@ -176,23 +190,22 @@ pub fn mpirun_command(exe: &Path, plan: &RankPlan, placement: &Placement) -> Com
     mpirun.push(exe_s.clone());
     mpirun.push("mpi-rank".into());
     mpirun.extend(plan.to_args());
+    // The job (mpirun, its daemons and the ranks, on every host: the launch
+    // agent starts them as mpirun's descendants) ends with this process,
+    // even when it is killed.
     let mut cmd = match placement {
-        Placement::Local => {
-            let mut c = Command::new(&mpirun[0]);
-            c.args(&mpirun[1..]);
-            c
-        }
+        Placement::Local => confine::command(Path::new(&mpirun[0]), &mpirun[1..], None),
         Placement::Testbed { rank0, rank1, .. } => {
-            let mut c = Command::new(exe);
-            c.args([
-                "mpi-exec",
-                "--netns",
-                &rank0.netns,
-                "--hostname",
-                &rank0.name,
-                "--",
-            ]);
-            c.args(&mpirun);
+            let mut args: Vec<String> = vec![
+                "mpi-exec".into(),
+                "--netns".into(),
+                rank0.netns.clone(),
+                "--hostname".into(),
+                rank0.name.clone(),
+                "--".into(),
+            ];
+            args.extend(mpirun);
+            let mut c = confine::command(exe, &args, None);
             let hosts = [rank0, rank1]
                 .iter()
                 .map(|h| format!("{}={}={}", h.address, h.netns, h.name))
@@ -211,19 +224,30 @@ pub fn mpirun_command(exe: &Path, plan: &RankPlan, placement: &Placement) -> Com
 /// A running mpirun job and rank 0's lines.
 pub struct Launch {
     child: Child,
+    /// The job's own directory, removed when the job is over.
+    scratch: PathBuf,
     lines: Receiver<Result<RankLine, WireError>>,
     stderr: Arc<Mutex<VecDeque<String>>>,
 }
 
 impl Launch {
-    /// Starts mpirun for `plan` at `placement`.
+    /// Starts mpirun for `plan` at `placement`. The job ends with the
+    /// thread that calls this (`PR_SET_PDEATHSIG`), so the thread must
+    /// keep the [`Launch`] until the job is done.
     pub fn start(plan: &RankPlan, placement: &Placement) -> Result<Launch, LaunchError> {
         let exe = std::env::current_exe().map_err(LaunchError::Exe)?;
-        let mut cmd = mpirun_command(&exe, plan, placement);
-        let mut child = cmd.spawn().map_err(|source| LaunchError::Spawn {
-            program: format!("{:?}", cmd.get_program()),
-            source,
-        })?;
+        let scratch = scratch_dir()?;
+        let mut cmd = mpirun_command(&exe, plan, placement, &scratch);
+        let mut child = match cmd.spawn() {
+            Ok(c) => c,
+            Err(source) => {
+                let _ = std::fs::remove_dir_all(&scratch);
+                return Err(LaunchError::Spawn {
+                    program: format!("{:?}", cmd.get_program()),
+                    source,
+                });
+            }
+        };
         let (tx, lines) = mpsc::channel();
         let stderr = Arc::new(Mutex::new(VecDeque::new()));
         if let Some(out) = child.stdout.take() {
@@ -279,6 +303,7 @@ impl Launch {
         }
         Ok(Launch {
             child,
+            scratch,
             lines,
             stderr,
         })
@@ -341,21 +366,27 @@ impl Launch {
         }
     }
 
-    /// Stops the job: mpirun passes SIGTERM on to every rank and daemon.
+    /// Stops the job: SIGTERM to its process group (mpirun passes it on to
+    /// every rank and daemon; `unshare` around mpirun ignores it), then
+    /// SIGKILL, which ends the PID namespace and everything in it.
     fn stop(&mut self) {
-        if let Ok(pid) = i32::try_from(self.child.id()) {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGTERM,
-            );
-        }
+        let group = i32::try_from(self.child.id()).ok().filter(|&p| p > 1);
+        let signal_group = |sig| {
+            if let Some(pgid) = group {
+                let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid), sig);
+            }
+        };
+        signal_group(nix::sys::signal::Signal::SIGTERM);
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
         while std::time::Instant::now() < deadline {
             if let Ok(Some(_)) = self.child.try_wait() {
-                return;
+                break;
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+        // What is left of the group (in a process group only, processes
+        // mpirun left behind) goes too.
+        signal_group(nix::sys::signal::Signal::SIGKILL);
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -366,7 +397,61 @@ impl Drop for Launch {
         if let Ok(None) = self.child.try_wait() {
             self.stop();
         }
+        let _ = std::fs::remove_dir_all(&self.scratch);
     }
+}
+
+/// How a job's directory is named: this prefix, the pid of the netgap that
+/// ran it, a count and a nonce.
+const SCRATCH_PREFIX: &str = "netgap-mpi-";
+
+/// Removes the job directories in `base` left by a netgap that was killed
+/// (its job died with it): those named after a pid that no longer runs.
+fn sweep_scratch(base: &Path) {
+    let Ok(entries) = std::fs::read_dir(base) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let pid = name
+            .strip_prefix(SCRATCH_PREFIX)
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|p| p.parse::<u32>().ok());
+        let Some(pid) = pid else { continue };
+        if !Path::new("/proc").join(pid.to_string()).exists() {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+}
+
+/// A fresh directory for one job's session files and shared memory: in
+/// `/dev/shm` (memory, where Open MPI keeps shared memory by default) when
+/// there is one, else in the temporary directory; readable only by this
+/// user.
+fn scratch_dir() -> Result<PathBuf, LaunchError> {
+    use std::os::unix::fs::DirBuilderExt;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let shm = Path::new("/dev/shm");
+    let base = if shm.is_dir() {
+        shm.to_path_buf()
+    } else {
+        std::env::temp_dir()
+    };
+    sweep_scratch(&base);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let path = base.join(format!(
+        "{SCRATCH_PREFIX}{}-{}-{nanos:x}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&path)
+        .map_err(|e| LaunchError::Exec(format!("making {}: {e}", path.display())))?;
+    Ok(path)
 }
 
 /// Enters network namespace `netns` and a new UTS namespace named

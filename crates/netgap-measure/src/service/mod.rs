@@ -21,7 +21,6 @@ use netgap_core::record::ServiceRecord;
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::os::unix::fs::PermissionsExt;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -300,29 +299,27 @@ impl Running {
     /// Starts `launch` (the program in the foreground, with its own
     /// configuration from `dir`) in a process group of its own, its output
     /// to a log in `dir`. The program is spawned from a thread that lives
-    /// as long as it does, with `PR_SET_PDEATHSIG`, so it ends when that
-    /// thread (and so the agent) ends. As root it runs as the first
-    /// process of a PID namespace of its own (`unshare --pid --fork
-    /// --kill-child`), so when it ends the kernel ends every worker it
-    /// started, even if the agent was killed.
+    /// as long as it does, confined as [`crate::confine`] says: in a PID
+    /// namespace of its own (as root; a user and PID namespace when not
+    /// root, where the host allows it), so that when the agent ends, even
+    /// killed, the kernel ends the program and every worker it started. A
+    /// root agent's program runs as [`user::ServiceUser`].
     pub fn spawn(
         name: &'static str,
         launch: Launch,
         dir: RunDir,
         record: ServiceRecord,
     ) -> Result<Running, ServiceError> {
-        let unshare = Path::new("/usr/bin/unshare");
-        // SAFETY: geteuid has no preconditions and cannot fail.
-        let as_root = unsafe { libc::geteuid() } == 0;
-        let mut cmd = if as_root && unshare.exists() {
-            let mut c = Command::new(unshare);
-            c.args(["--pid", "--fork", "--kill-child=SIGKILL", "--"])
-                .arg(&launch.program);
-            c
-        } else {
-            Command::new(&launch.program)
-        };
-        cmd.args(&launch.args);
+        let run_as = user::ServiceUser::for_agent()
+            .map_err(|e| ServiceError::Io {
+                what: format!("choosing the user {name} runs as"),
+                source: io::Error::other(e),
+            })?
+            .map(|u| crate::confine::RunAs {
+                uid: u.uid,
+                gid: u.gid,
+            });
+        let mut cmd = crate::confine::command(&launch.program, &launch.args, run_as);
         let log = dir.path().join(format!("{name}.log"));
         let out =
             std::fs::File::create(&log).map_err(io_err(format!("making {}", log.display())))?;
@@ -331,19 +328,6 @@ impl Running {
             .map_err(io_err(format!("opening {}", log.display())))?;
         cmd.stdin(Stdio::null()).stdout(out).stderr(err);
         cmd.current_dir(dir.path());
-        // SAFETY: setpgid and prctl are async-signal-safe system calls that
-        // touch only the child's own process attributes; nothing is
-        // allocated between fork and exec.
-        unsafe {
-            cmd.pre_exec(|| {
-                if libc::setpgid(0, 0) != 0
-                    || libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0
-                {
-                    return Err(io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
         let (pid_tx, pid_rx) = mpsc::channel();
         let (exit_tx, exited) = mpsc::channel();
         std::thread::Builder::new()
