@@ -276,34 +276,17 @@ fn run_with_mpi(
         execute(&Plan::from_request(&sockets)?)?;
     }
     let plan = &mpi_plan.run;
-    let mut sinks = open_sinks(plan)?;
-    let mut switch = match &plan.testbed_name {
-        Some(name) if !plan.conditions.is_empty() => Some(
-            netgap::testbed::TestbedSwitch::open(name)
-                .with_context(|| format!("--conditions on testbed {name}"))?,
-        ),
-        _ => None,
-    };
-    let mut table = TableObserver::new(plan.method.reps);
-    let outcome = netgap::mpi::run::run_mpi(
-        &mpi_plan,
-        switch
-            .as_mut()
-            .map(|s| s as &mut dyn netgap::conditions::ConditionSwitch),
-        &mut sinks,
-        &mut table,
-    );
-    table.finish();
-    for w in table.warnings() {
-        eprintln!("netgap: warning: {w}");
-    }
-    outcome.map(|_| ()).map_err(|e| {
-        let kept = match sinks.first() {
-            Some(s) => format!("; points measured before are in {}", s.path().display()),
-            None => String::new(),
-        };
-        anyhow!("{e}{kept}")
-    })
+    measure(
+        plan.json.as_deref(),
+        plan.csv.as_deref(),
+        plan.method.reps,
+        switch_for(plan.testbed_name.as_deref(), !plan.conditions.is_empty())?,
+        |switch, sinks, table| {
+            netgap::mpi::run::run_mpi(&mpi_plan, switch, sinks, table)
+                .map(|_| ())
+                .map_err(|e| Failed::AtPoint(e.into()))
+        },
+    )
 }
 
 /// `netgap mpi-rank`: one rank of an MPI job.
@@ -330,25 +313,59 @@ fn mpi_rank(args: &cli::MpiRankArgs) -> Result<()> {
 }
 
 fn execute(plan: &Plan) -> Result<()> {
-    let mut sinks: Vec<Box<dyn RecordSink>> = Vec::new();
-    if let Some(p) = &plan.json {
-        sinks.push(Box::new(JsonlSink::open(p)?));
-    }
-    if let Some(p) = &plan.csv {
-        sinks.push(Box::new(CsvSink::open(p)?));
-    }
-    // A run under several conditions switches the testbed's links; the
-    // testbed is the binary's, the run only sees the switch.
-    let mut switch = match &plan.testbed_name {
-        Some(name) if !plan.conditions.is_empty() => Some(
+    measure(
+        plan.json.as_deref(),
+        plan.csv.as_deref(),
+        plan.method.reps,
+        switch_for(plan.testbed_name.as_deref(), !plan.conditions.is_empty())?,
+        |switch, sinks, table| match run_plan(plan, switch, sinks, table) {
+            Ok(_) => Ok(()),
+            Err(e @ CoordError::Point { .. }) => Err(Failed::AtPoint(e.into())),
+            Err(e) => Err(Failed::Before(e.into())),
+        },
+    )
+}
+
+/// How a run failed: before any point (nothing was measured), or at a
+/// point (the points before it are in the results).
+enum Failed {
+    Before(anyhow::Error),
+    AtPoint(anyhow::Error),
+}
+
+/// The switch of the testbed a run with conditions changes: the testbed is
+/// the binary's, the run only sees the switch.
+fn switch_for(
+    testbed: Option<&str>,
+    has_conditions: bool,
+) -> Result<Option<netgap::testbed::TestbedSwitch>> {
+    match testbed {
+        Some(name) if has_conditions => Ok(Some(
             netgap::testbed::TestbedSwitch::open(name)
                 .with_context(|| format!("--conditions on testbed {name}"))?,
-        ),
-        _ => None,
-    };
-    let mut table = TableObserver::new(plan.method.reps);
-    let outcome = run_plan(
-        plan,
+        )),
+        _ => Ok(None),
+    }
+}
+
+/// The one way a run of points (point-to-point, multi-host or MPI) is
+/// measured: its results files opened, `body` measuring into them with the
+/// switch and the table, then the table closed, its warnings said, and a
+/// failure at a point naming the file that keeps the points before it.
+fn measure(
+    json: Option<&std::path::Path>,
+    csv: Option<&std::path::Path>,
+    reps: u32,
+    mut switch: Option<netgap::testbed::TestbedSwitch>,
+    body: impl FnOnce(
+        Option<&mut dyn netgap::conditions::ConditionSwitch>,
+        &mut [Box<dyn RecordSink>],
+        &mut TableObserver,
+    ) -> Result<(), Failed>,
+) -> Result<()> {
+    let mut sinks = open_sinks(json, csv)?;
+    let mut table = TableObserver::new(reps);
+    let outcome = body(
         switch
             .as_mut()
             .map(|s| s as &mut dyn netgap::conditions::ConditionSwitch),
@@ -360,54 +377,38 @@ fn execute(plan: &Plan) -> Result<()> {
         eprintln!("netgap: warning: {w}");
     }
     match outcome {
-        Ok(_) => Ok(()),
-        Err(e @ CoordError::Point { .. }) => {
-            let kept = match sinks.first() {
-                Some(s) => format!("; points measured before are in {}", s.path().display()),
-                None => String::new(),
-            };
-            Err(anyhow!("{e}{kept}"))
-        }
-        Err(e) => Err(e.into()),
+        Ok(()) => Ok(()),
+        Err(Failed::Before(e)) => Err(e),
+        Err(Failed::AtPoint(e)) => Err(with_kept_points(e, &sinks)),
     }
 }
 
 /// A run of multi-host tests (the workloads of `netgap::workload::registry`).
 fn run_group(request: &RunRequest) -> Result<()> {
-    use netgap::group::{plan::GroupPlan, run_group_plan};
+    use netgap::group::{plan::GroupPlan, run_group_plan, run_group_plan_under};
     let plan = GroupPlan::from_request(request)?;
-    let mut sinks: Vec<Box<dyn RecordSink>> = Vec::new();
-    if let Some(p) = &plan.json {
-        sinks.push(Box::new(JsonlSink::open(p)?));
-    }
-    if let Some(p) = &plan.csv {
-        sinks.push(Box::new(CsvSink::open(p)?));
-    }
-    let mut table = TableObserver::new(plan.reps);
-    let outcome = match &plan.base.testbed_name {
-        Some(name) if !plan.base.conditions.is_empty() => {
-            let mut switch = netgap::testbed::TestbedSwitch::open(name)
-                .with_context(|| format!("--conditions on testbed {name}"))?;
-            netgap::group::run_group_plan_under(&plan, &mut switch, &mut sinks, &mut table)
-        }
-        _ => run_group_plan(&plan, &mut sinks, &mut table),
-    };
-    table.finish();
-    for w in table.warnings() {
-        eprintln!("netgap: warning: {w}");
-    }
-    outcome.map(|_| ()).map_err(|e| {
-        let kept = match sinks.first() {
-            Some(s) => format!("; points measured before are in {}", s.path().display()),
-            None => String::new(),
-        };
-        anyhow!("{e}{kept}")
-    })
+    measure(
+        plan.json.as_deref(),
+        plan.csv.as_deref(),
+        plan.reps,
+        switch_for(
+            plan.base.testbed_name.as_deref(),
+            !plan.base.conditions.is_empty(),
+        )?,
+        |switch, sinks, table| {
+            match switch {
+                Some(s) => run_group_plan_under(&plan, s, sinks, table),
+                None => run_group_plan(&plan, sinks, table),
+            }
+            .map(|_| ())
+            .map_err(|e| Failed::AtPoint(e.into()))
+        },
+    )
 }
 
 fn sweep(args: &SweepFlags) -> Result<()> {
     let plan = netgap::sweep::SweepPlan::from_request(&args.request())?;
-    let mut sinks = open_sinks(&plan.run)?;
+    let mut sinks = open_sinks(plan.run.json.as_deref(), plan.run.csv.as_deref())?;
     let outcome = netgap::sweep::run_sweep(&plan, &mut sinks, &mut std::io::stdout());
     outcome.map(|_| ()).map_err(|e| kept_points(e, &sinks))
 }
@@ -419,17 +420,21 @@ fn logp(args: &LogpFlags) -> Result<()> {
             "netgap: note: without --pin the woken server may run on the client's CPU, and its work then lands in o_s; pin them apart, e.g. --pin 0,1"
         );
     }
-    let mut sinks = open_sinks(&plan.run)?;
+    let mut sinks = open_sinks(plan.run.json.as_deref(), plan.run.csv.as_deref())?;
     let outcome = netgap::logp::run_logp(&plan, &mut sinks, &mut std::io::stdout());
     outcome.map(|_| ()).map_err(|e| kept_points(e, &sinks))
 }
 
-fn open_sinks(plan: &Plan) -> Result<Vec<Box<dyn RecordSink>>> {
+/// The results files of a run: JSON Lines and CSV, each where asked.
+fn open_sinks(
+    json: Option<&std::path::Path>,
+    csv: Option<&std::path::Path>,
+) -> Result<Vec<Box<dyn RecordSink>>> {
     let mut sinks: Vec<Box<dyn RecordSink>> = Vec::new();
-    if let Some(p) = &plan.json {
+    if let Some(p) = json {
         sinks.push(Box::new(JsonlSink::open(p)?));
     }
-    if let Some(p) = &plan.csv {
+    if let Some(p) = csv {
         sinks.push(Box::new(CsvSink::open(p)?));
     }
     Ok(sinks)
@@ -437,11 +442,18 @@ fn open_sinks(plan: &Plan) -> Result<Vec<Box<dyn RecordSink>>> {
 
 /// A failed point's error, naming the file that keeps the points before it.
 fn kept_points(e: CoordError, sinks: &[Box<dyn RecordSink>]) -> anyhow::Error {
-    match (&e, sinks.first()) {
-        (CoordError::Point { .. }, Some(s)) => {
-            anyhow!("{e}; points measured before are in {}", s.path().display())
-        }
-        _ => e.into(),
+    match e {
+        e @ CoordError::Point { .. } => with_kept_points(e.into(), sinks),
+        e => e.into(),
+    }
+}
+
+/// `e`, naming the first results file, which keeps the points measured
+/// before it.
+fn with_kept_points(e: anyhow::Error, sinks: &[Box<dyn RecordSink>]) -> anyhow::Error {
+    match sinks.first() {
+        Some(s) => anyhow!("{e}; points measured before are in {}", s.path().display()),
+        None => e,
     }
 }
 
