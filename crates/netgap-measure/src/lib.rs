@@ -19,6 +19,7 @@ pub mod auth;
 pub mod bench;
 pub mod cluster;
 pub mod conditions;
+pub mod confined;
 pub mod control;
 pub mod coordinator;
 pub mod group;
