@@ -18,8 +18,8 @@
 
 pub use netgap_core::{datagram, dropout, host, record, sizing, spec, stats, units, VERSION};
 pub use netgap_measure::{
-    agent, auth, bench, cluster, conditions, control, coordinator, group, hostlist, interleave,
-    logp, output, plan, preamble, runner, shard, sink, sweep, workload,
+    agent, auth, bench, cluster, conditions, confined, control, coordinator, group, hostlist,
+    interleave, logp, output, plan, preamble, runner, shard, sink, sweep, workload,
 };
 pub use netgap_mpi as mpi;
 pub use netgap_proto as proto;

@@ -499,7 +499,23 @@ fn serve(args: &ServeArgs) -> Result<()> {
         .as_deref()
         .map(netgap::auth::load_key)
         .transpose()?;
-    let mut agent = Agent::bind_control(&control)?.with_limits(limits);
+    // The directories the agent writes in are checked (and what killed
+    // agents left in them removed) before anything is written or bound.
+    let run_base = match &args.run_dir {
+        Some(d) if d.is_relative() => std::env::current_dir()
+            .context("reading the current directory for --run-dir")?
+            .join(d),
+        Some(d) => d.clone(),
+        None => netgap::confined::default_run_base(),
+    };
+    let mut dirs = netgap::confined::AgentDirs::new(run_base);
+    dirs.open_base()?;
+    if let Some(io) = &args.io_dir {
+        dirs = dirs.with_io_dir(io).map_err(|e| anyhow!("--io-dir: {e}"))?;
+    }
+    let mut agent = Agent::bind_control(&control)?
+        .with_limits(limits)
+        .with_dirs(dirs);
     if args.allow_services {
         agent = agent.allow_services();
     }

@@ -105,7 +105,7 @@ fn gather_reads_gmond_and_the_builtin_responder_on_every_host() {
         );
     }
     let left = Command::new("pgrep")
-        .args(["-f", "netgap-services/gmond-"])
+        .args(["-f", "/agent-[0-9]+-[0-9a-f]+/gmond-"])
         .output()
         .expect("pgrep");
     assert!(

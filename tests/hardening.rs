@@ -643,3 +643,127 @@ fn max_duration_stops_a_point_to_point_repetition_that_runs_past_it() {
         }
     }
 }
+
+/// `netgap serve ARGS` must fail before it listens, with one line on
+/// standard error holding every one of `needles`.
+fn serve_refuses(args: &[&str], needles: &[&str]) {
+    let out = netgap()
+        .args(["serve", "--bind", "127.0.0.1", "--port", "0"])
+        .args(args)
+        .output()
+        .expect("netgap serve runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{args:?} should be refused");
+    assert!(
+        !String::from_utf8_lossy(&out.stdout).contains("listening"),
+        "{args:?}"
+    );
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{args:?}: {stderr}");
+    for n in needles {
+        assert!(stderr.contains(n), "{args:?}: {stderr:?} lacks {n:?}");
+    }
+}
+
+#[test]
+fn an_agent_refuses_a_run_directory_another_user_planted_and_touches_nothing_through_it() {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        assert_ne!(
+            std::env::var("NETGAP_REQUIRE_SYSTEM_TESTS").as_deref(),
+            Ok("1"),
+            "the planted directory needs root to give it to another user"
+        );
+        eprintln!("skipping: not root");
+        return;
+    }
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let tmp = tempfile::tempdir().expect("tempdir");
+    // A root-only file and a root-only directory with a file in it.
+    let secret = tmp.path().join("secret");
+    std::fs::write(&secret, b"root's own\n").expect("secret");
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let private = tmp.path().join("private");
+    std::fs::create_dir(&private).expect("private");
+    std::fs::write(private.join("f0.bin"), b"private").expect("private file");
+    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+    // Another user made the base first, with links to both in it, named
+    // as the agent's files would be.
+    let planted = tmp.path().join("planted");
+    std::fs::create_dir(&planted).expect("planted");
+    std::os::unix::fs::symlink(&secret, planted.join("nginx.conf")).expect("link");
+    std::os::unix::fs::symlink(&private, planted.join("www")).expect("link");
+    std::os::unix::fs::symlink(&secret, planted.join(format!("agent-{}-0", u32::MAX)))
+        .expect("link");
+    std::os::unix::fs::chown(&planted, Some(65534), Some(65534)).expect("chown");
+    let planted_arg = planted.to_str().expect("utf8");
+    serve_refuses(
+        &["--allow-services", "--run-dir", planted_arg],
+        &[
+            &format!("refusing {planted_arg} as the agent's run directory base"),
+            "owned by uid 65534, not by this agent's user (uid 0)",
+            "--run-dir DIR",
+        ],
+    );
+    // Root's, but writable by every user; and a link to a good directory.
+    let open = tmp.path().join("open");
+    std::fs::create_dir(&open).expect("open");
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o1777)).expect("chmod");
+    serve_refuses(
+        &[
+            "--allow-services",
+            "--run-dir",
+            open.to_str().expect("utf8"),
+        ],
+        &["writable by every user"],
+    );
+    let good = tmp.path().join("good");
+    std::fs::create_dir(&good).expect("good");
+    let link = tmp.path().join("link");
+    std::os::unix::fs::symlink(&good, &link).expect("link");
+    serve_refuses(
+        &[
+            "--allow-services",
+            "--run-dir",
+            link.to_str().expect("utf8"),
+        ],
+        &["symbolic link"],
+    );
+    // Nothing was written, moved or opened up through the links.
+    assert_eq!(std::fs::read(&secret).expect("secret"), b"root's own\n");
+    let m = std::fs::metadata(&secret).expect("secret");
+    assert_eq!((m.mode() & 0o7777, m.uid()), (0o600, 0));
+    let m = std::fs::metadata(&private).expect("private");
+    assert_eq!(m.mode() & 0o7777, 0o700);
+    assert_eq!(
+        std::fs::read_dir(&private).expect("private").count(),
+        1,
+        "nothing added"
+    );
+    let names: Vec<_> = std::fs::read_dir(&planted)
+        .expect("planted")
+        .map(|e| e.expect("entry").file_name())
+        .collect();
+    assert_eq!(names.len(), 3, "{names:?}");
+    assert!(std::fs::read_dir(&good).expect("good").next().is_none());
+
+    // A base of the agent's own: made 0711, and what a dead agent left in
+    // it removed at start without following its links out.
+    let base = tmp.path().join("runs");
+    std::fs::create_dir(&base).expect("base");
+    let dead = base.join("agent-4194999-1");
+    std::fs::create_dir(&dead).expect("dead");
+    std::os::unix::fs::symlink(&private, dead.join("www")).expect("link");
+    std::os::unix::fs::symlink(&secret, dead.join("nginx.conf")).expect("link");
+    let agent = Agent::start_with(
+        "127.0.0.1",
+        &[
+            "--allow-services",
+            "--run-dir",
+            base.to_str().expect("utf8"),
+        ],
+    );
+    assert!(!dead.exists(), "the dead agent's directory was swept");
+    assert_eq!(std::fs::read(&secret).expect("secret"), b"root's own\n");
+    assert_eq!(std::fs::read_dir(&private).expect("private").count(), 1);
+    drop(agent);
+}

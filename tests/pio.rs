@@ -91,8 +91,9 @@ fn pio_writes_and_reads_back_striped_files_one_server_three_clients_and_three_se
     let (tb, _) = Testbed::up("pioio", &["--hosts", "4", "--topology", "switch"]);
     let hosts: Vec<String> = tb.hosts().hosts.iter().map(|h| h.name.clone()).collect();
     let dir = tempfile::tempdir().expect("tempdir");
-    let data = tempfile::tempdir().expect("the servers' directory");
-    let data_arg = data.path().display().to_string();
+    // A subdirectory of each server agent's I/O directory (its run
+    // directory under the default base, as root /var/lib/netgap).
+    let data_arg = format!("pio-data-{}", std::process::id());
     // Contiguous: 4 blocks of 256 KiB per client; tile: 64 rows of 1024
     // elements of 32 bytes per client; stripes of 64 KiB.
     let common = [
@@ -153,22 +154,38 @@ fn pio_writes_and_reads_back_striped_files_one_server_three_clients_and_three_se
                 + metric(r, "servers_cache_kept");
             assert!(done >= servers as f64, "{}", r["app"]);
         }
-        // Only netgap's files were made in the user's directory, and they
-        // are gone.
-        assert_eq!(files_under(data.path()), Vec::<String>::new());
+        // The stripes and the subdirectory made for them are gone.
+        let base = Path::new("/var/lib/netgap");
+        let left: Vec<String> = files_under(base)
+            .into_iter()
+            .filter(|f| f.contains(&data_arg))
+            .collect();
+        assert_eq!(left, Vec::<String>::new());
     }
     let _ = tb.down();
     tb.assert_gone();
 }
 
+/// The base of the run directories of this user's agents (as `netgap
+/// serve` picks it with `XDG_RUNTIME_DIR` set to `runtime`).
+fn run_base(runtime: &Path) -> std::path::PathBuf {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        Path::new("/var/lib/netgap").to_path_buf()
+    } else {
+        runtime.join("netgap")
+    }
+}
+
 #[test]
-fn pio_without_a_directory_leaves_nothing_in_the_temporary_directory() {
+fn pio_without_a_directory_leaves_nothing_in_its_agents_run_directories() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let json = tmp.path().join("r.jsonl");
-    let run_tmp = tempfile::tempdir().expect("the agents' temporary directory");
-    // In-process agents on loopback; their run directories go under TMPDIR.
-    ok(netgap()
-        .env("TMPDIR", run_tmp.path())
+    let runtime = tempfile::tempdir().expect("a runtime directory");
+    // In-process agents on loopback; their run directories go under the
+    // default base, made when first needed and removed when unused.
+    let child = netgap()
+        .env("XDG_RUNTIME_DIR", runtime.path())
         .args([
             "run",
             "pio",
@@ -191,12 +208,25 @@ fn pio_without_a_directory_leaves_nothing_in_the_temporary_directory() {
             "--json",
         ])
         .arg(&json)
-        .output()
-        .expect("netgap run"));
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("netgap run");
+    let pid = child.id();
+    ok(child.wait_with_output().expect("netgap run"));
     let recs = read_records(&json);
     assert_eq!(recs.len(), 1);
     assert_eq!(metric(&recs[0], "read_bytes") as u64, 2 * 3 * 64 * 1024);
-    assert_eq!(files_under(run_tmp.path()), Vec::<String>::new());
+    let base = run_base(runtime.path());
+    assert!(base.is_dir(), "the base was made");
+    let mine = format!("agent-{pid}-");
+    let left: Vec<String> = std::fs::read_dir(&base)
+        .expect("the base")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(&mine))
+        .collect();
+    assert_eq!(left, Vec::<String>::new());
 }
 
 #[test]
@@ -219,6 +249,200 @@ fn pio_refuses_what_it_cannot_run_in_one_line() {
         &["run", "pio", "--pattern", "diagonal"],
         "must be one of contiguous, tile",
     );
+    // --dir names a subdirectory of each agent's I/O directory, nothing
+    // else; the coordinator says so before the run starts.
+    common::fails_with_one_line(&["run", "pio", "--dir", "/etc"], "absolute path");
+    common::fails_with_one_line(&["run", "pio", "--dir", "../x"], "\"..\"");
+    common::fails_with_one_line(&["run", "pio", "--dir", "a/../../x"], "\"..\"");
+}
+
+/// A tmpfs of `size` mounted on a fresh directory, unmounted on drop.
+struct SmallFs {
+    dir: tempfile::TempDir,
+}
+
+impl SmallFs {
+    fn mount(size: &str) -> SmallFs {
+        let dir = tempfile::tempdir().expect("a mount point");
+        let out = std::process::Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size},mode=0700"),
+                "netgap-test",
+            ])
+            .arg(dir.path())
+            .output()
+            .expect("mount runs");
+        assert!(out.status.success(), "mount: {out:?}");
+        SmallFs { dir }
+    }
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg(self.dir.path())
+            .status();
+    }
+}
+
+/// `netgap run pio --hosts HOSTS ARGS`, which must fail with one line
+/// holding `needle` and write no record.
+fn pio_refused(hosts: &str, args: &[&str], needle: &str) {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let json = tmp.path().join("r.jsonl");
+    let out = netgap()
+        .args([
+            "run",
+            "pio",
+            "--hosts",
+            hosts,
+            "--reps",
+            "1",
+            "--duration",
+            "5s",
+        ])
+        .args(args)
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .expect("netgap run");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{args:?} should fail");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{args:?}: {stderr}");
+    assert!(
+        stderr.contains(needle),
+        "{args:?}: {stderr:?} lacks {needle:?}"
+    );
+    assert!(
+        read_records(&json).is_empty(),
+        "{args:?}: a record was written"
+    );
+}
+
+/// Stripe files (`netgap-pio-*`) under `dir`.
+fn stripes_under(dir: &Path) -> Vec<String> {
+    files_under(dir)
+        .into_iter()
+        .filter(|f| f.contains("/netgap-pio-"))
+        .collect()
+}
+
+#[test]
+fn an_agents_stripes_stay_in_its_io_dir_fit_its_disk_and_outlive_no_killed_agent() {
+    if !system_ready(
+        "an_agents_stripes_stay_in_its_io_dir_fit_its_disk_and_outlive_no_killed_agent",
+    ) {
+        return;
+    }
+    use common::AgentProc;
+    let runs = tempfile::tempdir().expect("run directories");
+    let run_arg = runs.path().join("base");
+    let run_arg = run_arg.to_str().expect("utf8");
+    let io = tempfile::tempdir().expect("an I/O directory");
+    let io_arg = io.path().to_str().expect("utf8");
+    let outside = tempfile::tempdir().expect("a directory outside");
+    std::os::unix::fs::symlink(outside.path(), io.path().join("link")).expect("link");
+    let client = AgentProc::start_with("127.0.0.3", &["--run-dir", run_arg]);
+
+    // A link out of the I/O directory is refused by the server's agent.
+    {
+        let server =
+            AgentProc::start_with("127.0.0.2", &["--run-dir", run_arg, "--io-dir", io_arg]);
+        let hosts = format!("{},{}", server.addr, client.addr);
+        pio_refused(&hosts, &["--dir", "link"], "symbolic link");
+        pio_refused(&hosts, &["--dir", "link/deeper"], "symbolic link");
+        assert!(std::fs::read_dir(outside.path())
+            .expect("outside")
+            .next()
+            .is_none());
+    }
+
+    // A file larger than a small disk is refused before the timed part.
+    {
+        let small = SmallFs::mount("1m");
+        let small_arg = small.dir.path().to_str().expect("utf8");
+        let server =
+            AgentProc::start_with("127.0.0.2", &["--run-dir", run_arg, "--io-dir", small_arg]);
+        let hosts = format!("{},{}", server.addr, client.addr);
+        pio_refused(
+            &hosts,
+            &["-s", "64K", "--block", "1M", "--blocks", "2"],
+            "pio needs 2 MiB of stripes in",
+        );
+        // One that fits runs, and leaves nothing on that disk.
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let json = tmp.path().join("r.jsonl");
+        ok(netgap()
+            .args([
+                "run",
+                "pio",
+                "--hosts",
+                &hosts,
+                "--reps",
+                "1",
+                "--duration",
+                "10s",
+            ])
+            .args([
+                "-s", "16K", "--block", "64K", "--blocks", "3", "--dir", "a/b",
+            ])
+            .arg("--json")
+            .arg(&json)
+            .output()
+            .expect("netgap run"));
+        assert_eq!(read_records(&json).len(), 1);
+        assert_eq!(files_under(small.dir.path()), Vec::<String>::new());
+        assert!(
+            !small.dir.path().join("a").exists(),
+            "the made subdirectory went"
+        );
+        drop(server);
+    }
+
+    // A killed agent's stripes are removed by the next agent on that
+    // I/O directory.
+    let mut server =
+        AgentProc::start_with("127.0.0.2", &["--run-dir", run_arg, "--io-dir", io_arg]);
+    let hosts = format!("{},{}", server.addr, client.addr);
+    let mut run = netgap()
+        .args([
+            "run",
+            "pio",
+            "--hosts",
+            &hosts,
+            "--reps",
+            "3",
+            "--duration",
+            "60s",
+        ])
+        .args([
+            "-s", "1M", "--block", "64M", "--blocks", "4", "--cache", "keep",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("netgap run");
+    let t0 = std::time::Instant::now();
+    while stripes_under(io.path()).is_empty() {
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(30),
+            "no stripe file appeared"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    server.kill();
+    let _ = run.kill();
+    let _ = run.wait();
+    let left = stripes_under(io.path());
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert!(left[0].contains(&format!("netgap-pio-{}-", server.child.id())));
+    let next = AgentProc::start_with("127.0.0.2", &["--run-dir", run_arg, "--io-dir", io_arg]);
+    assert_eq!(stripes_under(io.path()), Vec::<String>::new());
+    drop(next);
+    drop(client);
 }
 
 /// The payload limit of a TBF-shaped TCP stream, in Gbit/s: of every
@@ -228,14 +452,11 @@ fn tcp_payload_limit_gbps(rate_gbps: f64, mtu: u64) -> f64 {
     rate_gbps * (mtu - 52) as f64 / (mtu + 14) as f64
 }
 
-/// One pio point on `tb` with the servers' stripes in memory (tmpfs), so
-/// the links, not a disk, decide: its record.
+/// One pio point on `tb` with the servers' stripes in memory (the page
+/// cache kept), so the links, not a disk, decide: its record.
 fn pio_point(tb: &Testbed, servers: u32, clients: u32, op: &str, out: &Path) -> Value {
-    // tmpfs where there is one; else the temporary directory (a disk that
-    // keeps up with one link or three).
-    let data = tempfile::tempdir_in("/dev/shm")
-        .or_else(|_| tempfile::tempdir())
-        .expect("a directory for the stripes");
+    // The stripes stay in the page cache (`--cache keep`), so the links,
+    // not a disk, decide.
     let recs = tb.run(
         "pio",
         &[
@@ -251,8 +472,8 @@ fn pio_point(tb: &Testbed, servers: u32, clients: u32, op: &str, out: &Path) -> 
             "1M",
             "--blocks",
             &(24 / clients).to_string(),
-            "--dir",
-            &data.path().display().to_string(),
+            "--cache",
+            "keep",
             "--reps",
             "2",
             "--duration",

@@ -213,7 +213,7 @@ fn web_serves_single_and_zipf_traces_from_nginx_and_apache_on_a_testbed() {
         .expect("netgap run");
     let nginx_runs = || {
         let out = Command::new("pgrep")
-            .args(["-f", "netgap-services/nginx-"])
+            .args(["-f", "/agent-[0-9]+-[0-9a-f]+/nginx-"])
             .output()
             .expect("pgrep");
         !out.stdout.is_empty()

@@ -364,6 +364,20 @@ pub struct ServeArgs {
     /// into a directory of its own, stopped when the workload ends.
     #[arg(long)]
     pub allow_services: bool,
+    /// The directory under which the agent makes its own run directory
+    /// (agent-PID-NONCE, 0711) for its services' files and pio's stripes;
+    /// it must be the agent user's and writable by nobody else (default:
+    /// /var/lib/netgap as root, else $XDG_RUNTIME_DIR/netgap or
+    /// /tmp/netgap-UID). What agents that no longer run left there is
+    /// removed at start.
+    #[arg(long, value_name = "DIR")]
+    pub run_dir: Option<PathBuf>,
+    /// The directory pio's stripe files go under (default: the agent's run
+    /// directory); a coordinator's `pio --dir SUB` names only a relative
+    /// subdirectory of it. Stripes of agents that no longer run are
+    /// removed from it at start.
+    #[arg(long, value_name = "DIR")]
+    pub io_dir: Option<PathBuf>,
     /// Most connections one process holds: a flow-engine server role past
     /// it is spread over processes even when the descriptor limit would
     /// hold it (internal: tests that path at small scale).

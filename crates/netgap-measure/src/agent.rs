@@ -91,6 +91,9 @@ struct Shared {
     /// Most connections one process of this agent holds (a server role
     /// past it is spread over processes); `None`: the descriptor limit.
     flows_per_process: Option<u32>,
+    /// The only directories the agent writes in: its run directory and
+    /// the one pio's stripes go under ([`crate::confined`]).
+    dirs: Arc<crate::confined::AgentDirs>,
 }
 
 /// A bound agent, ready to serve.
@@ -144,6 +147,9 @@ impl Agent {
                 data_ip: None,
                 services: false,
                 flows_per_process: None,
+                dirs: Arc::new(crate::confined::AgentDirs::new(
+                    crate::confined::default_run_base(),
+                )),
             },
             quiet: false,
         }
@@ -172,9 +178,16 @@ impl Agent {
     /// Apache, gmond) on this host, each from a configuration the agent
     /// writes itself into a directory of its own ([`crate::service`]).
     pub fn allow_services(mut self) -> Agent {
-        // What a killed agent on this host left behind goes first.
-        crate::service::sweep_stale();
         self.shared.services = true;
+        self
+    }
+
+    /// Writes only under `dirs` (default: a run directory under
+    /// [`crate::confined::default_run_base`], made when first needed).
+    /// What a killed agent left there is removed when its base is opened
+    /// ([`crate::confined::AgentDirs::open_base`]).
+    pub fn with_dirs(mut self, dirs: crate::confined::AgentDirs) -> Agent {
+        self.shared.dirs = Arc::new(dirs);
         self
     }
 
@@ -502,6 +515,7 @@ fn run_session(
                     data_token: token,
                     services: shared.services,
                     flows_per_process: shared.flows_per_process,
+                    dirs: &shared.dirs,
                 };
                 group = prepare_group(&mut conn, &mut session, ctx)?
                     .map(|role| (role, stop, role_deadline(&spec)));

@@ -20,6 +20,7 @@ pub mod bench;
 pub mod cluster;
 pub mod conditions;
 pub mod confine;
+pub mod confined;
 pub mod control;
 pub mod coordinator;
 pub mod group;

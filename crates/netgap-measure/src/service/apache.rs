@@ -2,8 +2,8 @@
 //! MPM with keep-alive, sendfile and no access log, run in the foreground
 //! (`-DFOREGROUND`) with its own configuration (`-f CONF`) whose pid file,
 //! error log, mutexes and runtime files are all in its run directory. As
-//! root its children switch to `www-data`, which the served files are
-//! readable by.
+//! root its children switch to the unprivileged service user
+//! ([`super::user::ServiceUser`]), which owns that directory.
 
 use super::{find_program, Launch, RunDir, Running, ServiceError};
 use netgap_core::record::ServiceRecord;
@@ -20,18 +20,20 @@ pub const THREADS_PER_CHILD: u32 = 64;
 const MODULES: &str = "/usr/lib/apache2/modules";
 
 /// The configuration netgap writes for Apache serving `docroot` on
-/// `listen` with `children` processes of [`THREADS_PER_CHILD`] threads.
-pub fn config(dir: &Path, docroot: &Path, listen: SocketAddr, children: u32) -> String {
+/// `listen` with `children` processes of [`THREADS_PER_CHILD`] threads;
+/// `user` (the user and group names a root agent's services run as) is
+/// what its children switch to when it starts as root.
+pub fn config(
+    dir: &Path,
+    docroot: &Path,
+    listen: SocketAddr,
+    children: u32,
+    user: Option<&(String, String)>,
+) -> String {
     let d = dir.display();
     let root = docroot.display();
     let max = children * THREADS_PER_CHILD;
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let as_root = unsafe { libc::geteuid() } == 0;
-    let user = if as_root {
-        "User www-data\nGroup www-data\n"
-    } else {
-        ""
-    };
+    let user = user.map_or(String::new(), |(u, g)| format!("User {u}\nGroup {g}\n"));
     format!(
         "# Written by netgap for one web point; removed with its directory.
 ServerRoot \"{d}\"
@@ -68,7 +70,9 @@ DocumentRoot \"{root}\"
     )
 }
 
-/// Starts Apache serving `docroot` on `listen` with `children` processes.
+/// Starts Apache serving `docroot` on `listen` with `children` processes,
+/// its error log `error.log` in `dir` (made by the caller with
+/// [`RunDir::service_file`]).
 pub fn start(
     dir: RunDir,
     docroot: &Path,
@@ -82,7 +86,13 @@ pub fn start(
             package: "apache2",
         });
     }
-    let text = config(dir.path(), docroot, listen, children);
+    let text = config(
+        dir.path(),
+        docroot,
+        listen,
+        children,
+        dir.user_names().as_ref(),
+    );
     let conf = dir.write("httpd.conf", text.as_bytes())?;
     let launch = Launch {
         program: program.path.clone(),
@@ -99,5 +109,6 @@ pub fn start(
         config: text,
         facts: Default::default(),
     };
+    dir.hand_over()?;
     Running::spawn(NAME, launch, dir, record)
 }

@@ -3,7 +3,8 @@
 //! UDP to its own loopback address and port (no multicast, nothing leaves
 //! the host), it hears only that port, and it answers on a TCP accept
 //! channel with the XML of what it knows: its own host. Run in the
-//! foreground (`-f -c CONF`), as the agent's user.
+//! foreground (`-f -c CONF`); started as root it switches to the
+//! unprivileged service user ([`super::user::ServiceUser`]).
 
 use super::{find_program, free_udp_port, Launch, RunDir, Running, ServiceError};
 use netgap_core::record::ServiceRecord;
@@ -61,8 +62,18 @@ fn module_dir() -> Option<PathBuf> {
 
 /// The configuration netgap writes for gmond: host `host_name`, metrics by
 /// unicast to 127.0.0.1:`udp_port` and heard there only, XML on
-/// `tcp`.
-pub fn config(modules: &Path, host_name: &str, udp_port: u16, tcp: SocketAddr) -> String {
+/// `tcp`; `user` (a root agent's service user) is who it switches to.
+pub fn config(
+    modules: &Path,
+    host_name: &str,
+    udp_port: u16,
+    tcp: SocketAddr,
+    user: Option<&str>,
+) -> String {
+    let (setuid, user) = match user {
+        Some(u) => ("yes", u),
+        None => ("no", "nobody"),
+    };
     let mut mods = String::from("  module {\n    name = \"core_metrics\"\n  }\n");
     for (name, file) in MODULES {
         mods.push_str(&format!(
@@ -78,8 +89,8 @@ pub fn config(modules: &Path, host_name: &str, udp_port: u16, tcp: SocketAddr) -
         "/* Written by netgap for one gather point; removed with its directory. */
 globals {{
   daemonize = no
-  setuid = no
-  user = nobody
+  setuid = {setuid}
+  user = {user}
   debug_level = 0
   max_udp_msg_len = 1472
   mute = no
@@ -142,7 +153,8 @@ pub fn start(dir: RunDir, tcp: SocketAddr) -> Result<Running, ServiceError> {
     })?;
     let udp_port = free_udp_port(std::net::Ipv4Addr::LOCALHOST.into())?;
     let host = super::host_name();
-    let text = config(&modules, &host, udp_port, tcp);
+    let user = dir.user_names().map(|(u, _)| u);
+    let text = config(&modules, &host, udp_port, tcp, user.as_deref());
     let conf = dir.write("gmond.conf", text.as_bytes())?;
     let launch = Launch {
         program: program.path.clone(),
@@ -159,6 +171,7 @@ pub fn start(dir: RunDir, tcp: SocketAddr) -> Result<Running, ServiceError> {
         config: text,
         facts: Default::default(),
     };
+    dir.hand_over()?;
     Running::spawn(NAME, launch, dir, record)
 }
 
@@ -244,7 +257,17 @@ mod tests {
             "h1",
             9000,
             "10.0.0.1:8649".parse().unwrap(),
+            None,
         );
+        assert!(c.contains("setuid = no"));
+        let root = config(
+            Path::new("/usr/lib/ganglia"),
+            "h1",
+            9000,
+            "10.0.0.1:8649".parse().unwrap(),
+            Some("nobody"),
+        );
+        assert!(root.contains("setuid = yes\n  user = nobody"));
         assert!(!c.contains("mcast"));
         assert!(c.contains("host = 127.0.0.1\n  port = 9000"));
         assert!(c.contains("bind = 10.0.0.1\n  port = 8649"));

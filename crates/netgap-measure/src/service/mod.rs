@@ -5,7 +5,9 @@
 //! started with `--allow-services`: the wire carries a service's name from
 //! this fixed list and typed, range-checked parameters, never a command or
 //! a configuration. The agent writes each configuration itself into a
-//! fresh directory of its own ([`RunDir`], under [`base_dir`]), runs the
+//! fresh directory of its own ([`RunDir`], in the agent's run directory,
+//! every file made relative to the directory's descriptor and, as root,
+//! handed to the unprivileged [`ServiceUser`] the program runs as), runs the
 //! program in the foreground in a process group of its own (killed as a
 //! group, with `PR_SET_PDEATHSIG` so the program dies with the thread that
 //! keeps it), waits until it answers, and on [`Running`]'s drop stops the
@@ -17,15 +19,18 @@ pub mod gmond;
 pub mod nginx;
 pub mod user;
 
+use crate::confined::{AgentDirs, Dir};
 use netgap_core::record::ServiceRecord;
+use std::fs::File;
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+use user::ServiceUser;
 
 /// How long a started program may take to answer.
 pub const START_TIMEOUT: Duration = Duration::from_secs(15);
@@ -86,96 +91,140 @@ fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> ServiceError {
     move |source| ServiceError::Io { what, source }
 }
 
-/// The directory under which an agent makes its services' run
-/// directories: `netgap-services` in the system's temporary directory,
-/// readable by all (the servers' workers read their files as `www-data`).
-pub fn base_dir() -> PathBuf {
-    std::env::temp_dir().join("netgap-services")
-}
-
-/// Removes the run directories under [`base_dir`] left by an agent that
-/// was killed (its programs died with it, in their PID namespaces): each
-/// directory is named after its agent's pid, and one whose agent no longer
-/// runs is removed. Returns how many were removed.
-pub fn sweep_stale() -> usize {
-    let Ok(entries) = std::fs::read_dir(base_dir()) else {
-        return 0;
-    };
-    let mut removed = 0;
-    for e in entries.flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        let pid = name.split('-').nth(1).and_then(|p| p.parse::<u32>().ok());
-        let Some(pid) = pid else { continue };
-        let alive = Path::new("/proc").join(pid.to_string()).exists();
-        let is_dir = e.file_type().is_ok_and(|t| t.is_dir());
-        if !alive && is_dir && std::fs::remove_dir_all(e.path()).is_ok() {
-            removed += 1;
-        }
-    }
-    removed
-}
-
-/// A fresh directory for one service of one role, removed with everything
-/// in it when dropped.
+/// A fresh directory for one service of one role, in the agent's run
+/// directory ([`crate::confined::AgentDirs`]), removed with everything in
+/// it when dropped. The agent writes every file in it relative to the
+/// directory's descriptor; when the agent is root the directory is then
+/// handed (`fchown` on the descriptor) to the [`ServiceUser`] the program
+/// runs as, mode 0700, so the program reads only what the agent wrote.
 #[derive(Debug)]
 pub struct RunDir {
-    path: PathBuf,
+    dir: Dir,
+    /// Who the program runs as: `None`, the agent's own user.
+    user: Option<ServiceUser>,
+    /// The agent's run directory, held while this one is in it.
+    _agent: Arc<Dir>,
 }
 
 impl RunDir {
-    /// Makes a new directory for `service` under [`base_dir`]; it never
-    /// reuses one that exists.
-    pub fn new(service: &str) -> Result<RunDir, ServiceError> {
-        static NEXT: AtomicU64 = AtomicU64::new(0);
-        let base = base_dir();
-        std::fs::create_dir_all(&base).map_err(io_err(format!("making {}", base.display())))?;
-        set_mode(&base, 0o755)?;
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.subsec_nanos());
-        let path = base.join(format!(
-            "{service}-{}-{}-{nanos:x}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::create_dir(&path).map_err(io_err(format!("making {}", path.display())))?;
-        let dir = RunDir { path };
-        set_mode(&dir.path, 0o755)?;
-        Ok(dir)
+    /// Makes a new directory (0700) for `service` in the agent's run
+    /// directory; it never reuses one that exists.
+    pub fn new(dirs: &AgentDirs, service: &str) -> Result<RunDir, ServiceError> {
+        let user = ServiceUser::for_agent().map_err(|e| ServiceError::Io {
+            what: format!("choosing the user {service} runs as"),
+            source: io::Error::other(e),
+        })?;
+        let agent = dirs.run_dir().map_err(confined_err)?;
+        let dir = agent
+            .fresh_subdir(&crate::confined::fresh_name(service), 0o700)
+            .map_err(confined_err)?;
+        Ok(RunDir {
+            dir,
+            user,
+            _agent: agent,
+        })
     }
 
-    /// The directory.
+    /// The directory's path: for the program's command line and its
+    /// configuration, never reopened by the agent.
     pub fn path(&self) -> &Path {
-        &self.path
+        self.dir.path()
     }
 
-    /// Writes `text` to `name` in the directory, readable by all.
+    /// The user the program runs as, when not the agent's own.
+    pub fn user(&self) -> Option<&ServiceUser> {
+        self.user.as_ref()
+    }
+
+    /// The user and group names the program's configuration switches to,
+    /// when the agent is root: ([`ServiceUser`]'s name, its group's name).
+    pub fn user_names(&self) -> Option<(String, String)> {
+        let u = self.user.as_ref()?;
+        let group = nix::unistd::Group::from_gid(nix::unistd::Gid::from_raw(u.gid))
+            .ok()
+            .flatten()
+            .map_or_else(|| format!("#{}", u.gid), |g| g.name);
+        Some((u.name.clone(), group))
+    }
+
+    /// Writes `text` to the new file `name` in the directory, readable by
+    /// all and owned by the agent.
     pub fn write(&self, name: &str, text: &[u8]) -> Result<PathBuf, ServiceError> {
-        let p = self.path.join(name);
-        std::fs::write(&p, text).map_err(io_err(format!("writing {}", p.display())))?;
-        set_mode(&p, 0o644)?;
-        Ok(p)
+        self.dir
+            .write_file(name, text, 0o644)
+            .map_err(confined_err)?;
+        Ok(self.dir.path().join(name))
     }
 
-    /// Makes the subdirectory `name`, readable by all.
-    pub fn subdir(&self, name: &str) -> Result<PathBuf, ServiceError> {
-        let p = self.path.join(name);
-        std::fs::create_dir(&p).map_err(io_err(format!("making {}", p.display())))?;
-        set_mode(&p, 0o755)?;
-        Ok(p)
+    /// Makes the new subdirectory `name`, readable by all and owned by the
+    /// agent, for files the agent writes into it.
+    pub fn subdir(&self, name: &str) -> Result<Dir, ServiceError> {
+        let mut d = self.dir.fresh_subdir(name, 0o755).map_err(confined_err)?;
+        // It goes with the run directory.
+        d.keep();
+        Ok(d)
+    }
+
+    /// Creates the new file `name` (0600) that the program writes to (its
+    /// own log), owned by the user it runs as; the agent keeps the
+    /// descriptor to read it.
+    pub fn service_file(&self, name: &str) -> Result<File, ServiceError> {
+        let f = self.dir.create_file(name, 0o600).map_err(confined_err)?;
+        if let Some(u) = &self.user {
+            rustix::fs::fchown(
+                &f,
+                Some(rustix::fs::Uid::from_raw(u.uid)),
+                Some(rustix::fs::Gid::from_raw(u.gid)),
+            )
+            .map_err(|e| ServiceError::Io {
+                what: format!(
+                    "handing {} to {}",
+                    self.dir.path().join(name).display(),
+                    u.name
+                ),
+                source: e.into(),
+            })?;
+        }
+        Ok(f)
+    }
+
+    /// Creates the program's output log `NAME.log` (0600, the agent's): the
+    /// program writes it through the descriptor it inherits.
+    pub fn log_file(&self, name: &str) -> Result<File, ServiceError> {
+        self.dir
+            .create_file(&format!("{name}.log"), 0o600)
+            .map_err(confined_err)
+    }
+
+    /// Hands the directory to the user the program runs as, once the agent
+    /// wrote everything in it; nothing to do when that is the agent's user.
+    pub fn hand_over(&self) -> Result<(), ServiceError> {
+        if let Some(u) = &self.user {
+            self.dir.chown(u.uid, u.gid).map_err(confined_err)?;
+        }
+        Ok(())
     }
 }
 
-impl Drop for RunDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.path);
+fn confined_err(e: crate::confined::ConfinedError) -> ServiceError {
+    ServiceError::Io {
+        what: "the service's run directory".into(),
+        source: io::Error::other(e.to_string()),
     }
 }
 
-/// Sets the permission bits of `path`.
-pub fn set_mode(path: &Path, mode: u32) -> Result<(), ServiceError> {
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
-        .map_err(io_err(format!("setting the mode of {}", path.display())))
+/// The last non-empty lines of a log read through its descriptor (from
+/// its last 64 KiB), joined, for an error.
+fn tail_of(file: &File) -> String {
+    use std::os::unix::fs::FileExt;
+    const WINDOW: u64 = 64 * 1024;
+    let len = file.metadata().map_or(0, |m| m.len());
+    let start = len.saturating_sub(WINDOW);
+    let mut buf = vec![0u8; (len - start) as usize];
+    let n = file.read_at(&mut buf, start).unwrap_or(0);
+    let text = String::from_utf8_lossy(&buf[..n]);
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    lines[lines.len().saturating_sub(3)..].join(" | ")
 }
 
 /// An installed program: its path and version line.
@@ -279,8 +328,9 @@ pub struct Running {
     exited: mpsc::Receiver<ExitStatus>,
     /// What the record says of it.
     record: ServiceRecord,
-    /// The program's log (its stdout and stderr) in the run directory.
-    log: PathBuf,
+    /// The program's log (its stdout and stderr) in the run directory,
+    /// read through this descriptor, never reopened by path.
+    log: File,
     /// Removed after the program stopped.
     dir: RunDir,
 }
@@ -320,12 +370,13 @@ impl Running {
                 gid: u.gid,
             });
         let mut cmd = crate::confine::command(&launch.program, &launch.args, run_as);
-        let log = dir.path().join(format!("{name}.log"));
-        let out =
-            std::fs::File::create(&log).map_err(io_err(format!("making {}", log.display())))?;
-        let err = out
+        let log = dir.log_file(name)?;
+        let out = log
             .try_clone()
-            .map_err(io_err(format!("opening {}", log.display())))?;
+            .map_err(io_err(format!("opening {name}'s log")))?;
+        let err = log
+            .try_clone()
+            .map_err(io_err(format!("opening {name}'s log")))?;
         cmd.stdin(Stdio::null()).stdout(out).stderr(err);
         cmd.current_dir(dir.path());
         let (pid_tx, pid_rx) = mpsc::channel();
@@ -379,9 +430,7 @@ impl Running {
 
     /// The last lines of the program's log, for an error.
     pub fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
-        let tail = lines[lines.len().saturating_sub(3)..].join(" | ");
+        let tail = tail_of(&self.log);
         if tail.is_empty() {
             "(nothing)".into()
         } else {
@@ -391,20 +440,21 @@ impl Running {
 
     /// Waits until `probe` succeeds against `addr` (at most
     /// [`START_TIMEOUT`], or until `stop`), failing early when the program
-    /// exits. `extra_log` names another log file to quote on failure.
+    /// exits. `extra_log` is another log (the program's own, made with
+    /// [`RunDir::service_file`]) to quote on failure, read through its
+    /// descriptor.
     pub fn wait_answering(
         &self,
         addr: SocketAddr,
         stop: &crate::workload::role::Stop,
-        extra_log: Option<&Path>,
+        extra_log: Option<&File>,
         mut probe: impl FnMut(SocketAddr) -> Result<(), String>,
     ) -> Result<(), ServiceError> {
         let deadline = Instant::now() + START_TIMEOUT;
         let log = |this: &Running| {
             let mut t = this.log_tail();
-            if let Some(p) = extra_log {
-                let text = std::fs::read_to_string(p).unwrap_or_default();
-                if let Some(l) = text.lines().rev().find(|l| !l.trim().is_empty()) {
+            if let Some(f) = extra_log {
+                if let Some(l) = tail_of(f).rsplit(" | ").next().filter(|l| !l.is_empty()) {
                     t = format!("{t} | {}", l.chars().take(300).collect::<String>());
                 }
             }
@@ -520,19 +570,40 @@ mod tests {
     }
 
     #[test]
-    fn a_run_directory_is_fresh_readable_and_removed_with_everything_in_it() {
-        let a = RunDir::new("test").unwrap();
-        let b = RunDir::new("test").unwrap();
+    fn a_run_directory_is_fresh_private_and_removed_with_everything_in_it() {
+        let t = tempfile::tempdir().unwrap();
+        let dirs = AgentDirs::new(t.path().join("runs"));
+        let a = RunDir::new(&dirs, "test").unwrap();
+        let b = RunDir::new(&dirs, "test").unwrap();
         assert_ne!(a.path(), b.path());
         let f = a.write("x.conf", b"x").unwrap();
+        assert!(a.write("x.conf", b"y").is_err(), "never overwritten");
+        let www = a.subdir("www").unwrap();
+        assert!(www.path().starts_with(a.path()));
+        let log = a.service_file("error.log").unwrap();
+        {
+            use std::io::Write;
+            (&log).write_all(b"first\n\nlast line\n").unwrap();
+        }
+        assert_eq!(tail_of(&log), "first | last line");
         let mode = std::fs::metadata(a.path()).unwrap().permissions().mode();
-        assert_eq!(mode & 0o777, 0o755);
-        assert!(a.path().starts_with(base_dir()));
+        assert_eq!(mode & 0o777, 0o700);
+        a.hand_over().unwrap();
+        if let Some(u) = a.user() {
+            use std::os::unix::fs::MetadataExt;
+            let m = std::fs::metadata(a.path()).unwrap();
+            assert_eq!((m.uid(), m.gid()), (u.uid, u.gid));
+            assert_eq!(std::fs::metadata(&f).unwrap().uid(), 0, "the agent's");
+            assert!(a.user_names().is_some());
+        }
+        assert!(a.path().starts_with(t.path().join("runs")));
         let path = a.path().to_path_buf();
-        drop(a);
+        drop((a, www));
         assert!(!f.exists() && !path.exists());
-        // A live agent's directory (this process's) is not swept.
-        sweep_stale();
         assert!(b.path().exists());
+        let agent = b.path().parent().unwrap().to_path_buf();
+        drop(b);
+        // The agent's run directory goes with the last thing in it.
+        assert!(!agent.exists());
     }
 }

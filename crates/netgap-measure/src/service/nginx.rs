@@ -6,7 +6,7 @@
 //! on its own `reuseport` listening socket so the kernel spreads the
 //! connections over them.
 
-use super::{find_program, io_err, Launch, RunDir, Running, ServiceError};
+use super::{find_program, Launch, RunDir, Running, ServiceError};
 use netgap_core::record::ServiceRecord;
 use std::net::SocketAddr;
 use std::path::Path;
@@ -112,13 +112,22 @@ pub fn size(
 }
 
 /// The configuration netgap writes for nginx serving `docroot` on
-/// `listen` sized by `sizing`; every path is in `dir`.
+/// `listen` sized by `sizing`; every path is in `dir`. `user` (the user
+/// and group names a root agent's services run as) makes the workers
+/// switch to it when the master starts as root.
 /// `multi_accept on`: a worker that takes one connection per wake-up
 /// starves its backlog behind thousands of busy kept-alive clients (a
 /// client that connected in the first hundreds of milliseconds could
 /// wait seconds for its first response).
-pub fn config(dir: &Path, docroot: &Path, listen: SocketAddr, sizing: &Sizing) -> String {
+pub fn config(
+    dir: &Path,
+    docroot: &Path,
+    listen: SocketAddr,
+    sizing: &Sizing,
+    user: Option<&(String, String)>,
+) -> String {
     let d = dir.display();
+    let user = user.map_or(String::new(), |(u, g)| format!("user {u} {g};\n"));
     let Sizing {
         workers,
         worker_connections,
@@ -128,7 +137,7 @@ pub fn config(dir: &Path, docroot: &Path, listen: SocketAddr, sizing: &Sizing) -
     format!(
         "# Written by netgap for one web point; removed with its directory.
 daemon off;
-master_process on;
+{user}master_process on;
 worker_processes {workers};
 worker_rlimit_nofile {rlimit_nofile};
 pid {d}/nginx.pid;
@@ -163,7 +172,8 @@ http {{
 }
 
 /// Starts nginx serving `docroot` (inside `dir`) on `listen` sized by
-/// `sizing`; returns once it is running (the caller waits until it
+/// `sizing`, its error log `error.log` in `dir` (made by the caller with
+/// [`RunDir::service_file`], so a failure at start can be quoted); returns once it is running (the caller waits until it
 /// answers).
 pub fn start(
     dir: RunDir,
@@ -172,7 +182,13 @@ pub fn start(
     sizing: &Sizing,
 ) -> Result<Running, ServiceError> {
     let program = find_program("nginx", "nginx-light", "-v")?;
-    let text = config(dir.path(), docroot, listen, sizing);
+    let text = config(
+        dir.path(),
+        docroot,
+        listen,
+        sizing,
+        dir.user_names().as_ref(),
+    );
     let conf = dir.write("nginx.conf", text.as_bytes())?;
     let error_log = dir.path().join("error.log");
     let launch = Launch {
@@ -197,9 +213,7 @@ pub fn start(
         config: text,
         facts: Default::default(),
     };
-    // The error log must exist before nginx starts so a failure at start
-    // can be quoted.
-    std::fs::File::create(&error_log).map_err(io_err(format!("making {}", error_log.display())))?;
+    dir.hand_over()?;
     Running::spawn(NAME, launch, dir, record)
 }
 
@@ -256,7 +270,17 @@ mod tests {
             Path::new("/run/x/www"),
             "10.0.0.1:8080".parse().unwrap(),
             &s,
+            None,
         );
+        assert!(!text.contains("user "));
+        let root = config(
+            Path::new("/run/x"),
+            Path::new("/run/x/www"),
+            "10.0.0.1:8080".parse().unwrap(),
+            &s,
+            Some(&("nobody".into(), "nogroup".into())),
+        );
+        assert!(root.contains("user nobody nogroup;"));
         assert!(text.contains(&format!("worker_processes {};", s.workers)));
         assert!(text.contains(&format!("worker_connections {};", s.worker_connections)));
         assert!(text.contains(&format!("worker_rlimit_nofile {};", s.rlimit_nofile)));

@@ -276,7 +276,7 @@ fn answer(size: u64) -> Vec<u8> {
 /// A responder on one host.
 enum Serving {
     /// gmond, running.
-    Gmond(Running),
+    Gmond(Box<Running>),
     /// netgap's responder: its listener, answered from a thread in `run`.
     Builtin {
         listener: Box<dyn netgap_transport::Listener>,
@@ -306,7 +306,7 @@ fn open_server(p: &Params, ctx: &RoleContext<'_>) -> Result<Box<dyn OpenRole>, R
             if !ctx.services {
                 return Err(refused(service::ServiceError::NotAllowed));
             }
-            let dir = RunDir::new(gmond::NAME).map_err(refused)?;
+            let dir = RunDir::new(ctx.dirs, gmond::NAME).map_err(refused)?;
             let port = service::free_tcp_port(ip).map_err(refused)?;
             let addr = SocketAddr::new(ip, port);
             let running = gmond::start(dir, addr).map_err(refused)?;
@@ -320,7 +320,7 @@ fn open_server(p: &Params, ctx: &RoleContext<'_>) -> Result<Box<dyn OpenRole>, R
                     Ok(())
                 })
                 .map_err(refused)?;
-            (Serving::Gmond(running), addr.to_string())
+            (Serving::Gmond(Box::new(running)), addr.to_string())
         }
         Responder::Builtin => {
             let t = find_transport(ctx.spec)?;

@@ -40,7 +40,8 @@ pub enum OptionKind {
         /// Largest value allowed.
         max: f64,
     },
-    /// A path on the hosts that run the workload's roles (`--dir`).
+    /// A subdirectory, relative, of the directory the agents that run the
+    /// workload's roles allow (`--dir`): no absolute path, no `..`.
     Path,
     /// One list of whole numbers, comma separated (`--place 0,1,2,1`),
     /// each in range; the value is the list as text, normalized. Never an
@@ -273,6 +274,13 @@ pub fn parse(decl: &'static WorkloadOption, raw: &str) -> Result<Vec<OptionValue
                 if item.contains('\0') || item.len() > 4096 {
                     return Err(err(item, "not a usable path".into()));
                 }
+                // Checked here so the run stops before it starts; each
+                // agent checks again what it is sent.
+                crate::confined::relative_components(
+                    item,
+                    crate::workload::pio::server::MAX_DIR_DEPTH,
+                )
+                .map_err(|e| err(item, e))?;
                 OptionValue::Name(item.to_string())
             }
         };

@@ -1,7 +1,10 @@
 //! `pio`: striped parallel file I/O of the PVFS class (seeds 000, 002).
 //! An I/O server on each of the first `--servers` hosts keeps its stripes
-//! of one logical file in a real file on its host (`--dir`, else a
-//! directory of its own, removed afterwards); `--clients` clients on the
+//! of one logical file in a real file on its host, under the directory
+//! its agent's operator allows (`netgap serve --io-dir`, by default the
+//! agent's run directory; `--dir` names only a relative subdirectory of
+//! it), reserved before the timed part and removed afterwards; `--clients`
+//! clients on the
 //! other hosts stripe the file round-robin over the servers in units of
 //! the point's size (the stripe unit, recorded as the size) and move it
 //! in the `contiguous` pattern of pvfs-test or the `tile` pattern of
@@ -139,7 +142,7 @@ static DIR: WorkloadOption = WorkloadOption {
     flag: "dir",
     kind: OptionKind::Path,
     value_name: "DIR",
-    help: "directory on each server host for its stripes (default: a directory of the run's own, removed afterwards; in DIR only netgap's files are removed)",
+    help: "subdirectory, relative, of each server agent's I/O directory (netgap serve --io-dir; default its run directory) for its stripes; made if missing and then removed; only netgap's files are removed",
     axis: false,
 };
 static OPTIONS: [&WorkloadOption; 10] = [
@@ -406,8 +409,17 @@ impl Workload for Pio {
         };
         if me < servers {
             // A server: one listener per client, client c at listener c.
-            let file =
-                server::ServerFile::create(params.dir.as_deref(), me, params.cache == "bypass")?;
+            let limit = layout.local_bytes(pattern.logical_bytes(clients));
+            // Stripes go only under the directory the agent's operator
+            // allows; a coordinator names at most a relative subdirectory.
+            let io = ctx.dirs.io_dir().map_err(|e| PioError(e.to_string()))?;
+            let file = server::ServerFile::create(
+                io,
+                params.dir.as_deref(),
+                me,
+                params.cache == "bypass",
+                limit,
+            )?;
             let ip = ctx
                 .spec
                 .listen_ips
@@ -415,7 +427,6 @@ impl Workload for Pio {
                 .copied()
                 .unwrap_or(ctx.control_ip);
             let inbound = Inbound::listen(t, &config, ip, clients as usize, ctx.data_token)?;
-            let limit = layout.local_bytes(pattern.logical_bytes(clients));
             Ok(Box::new(ServerOpen {
                 common,
                 inbound,

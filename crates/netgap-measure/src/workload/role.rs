@@ -50,6 +50,10 @@ pub struct RoleContext<'a> {
     /// spread over processes ([`crate::shard`]) even when the descriptor
     /// limit would hold it. `None`: what the descriptor limit holds.
     pub flows_per_process: Option<u32>,
+    /// The only directories the role may write in: the agent's run
+    /// directory (services) and its I/O directory (pio's stripes), set when
+    /// the agent started (never by a coordinator).
+    pub dirs: &'a crate::confined::AgentDirs,
 }
 
 /// How often a role that waits checks its [`Stop`].

@@ -447,11 +447,17 @@ fn open_server(p: &Params, ctx: &RoleContext<'_>) -> Result<Box<dyn OpenRole>, R
         &format!("a web file set of {} files", set.len()),
         set.total_bytes(),
     )?;
-    let dir = RunDir::new(name).map_err(refused)?;
+    let dir = RunDir::new(ctx.dirs, name).map_err(refused)?;
     let www = dir.subdir("www").map_err(refused)?;
-    let sha = set
-        .write(&www)
-        .map_err(|e| refused(format!("writing the file set into {}: {e}", www.display())))?;
+    let sha = set.write(&www).map_err(|e| {
+        refused(format!(
+            "writing the file set into {}: {e}",
+            www.path().display()
+        ))
+    })?;
+    // The server's own log, which it opens by name; the agent reads it
+    // only through this descriptor.
+    let error_log = dir.service_file("error.log").map_err(refused)?;
     let port = service::free_tcp_port(ip).map_err(refused)?;
     let addr = SocketAddr::new(ip, port);
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
@@ -460,7 +466,6 @@ fn open_server(p: &Params, ctx: &RoleContext<'_>) -> Result<Box<dyn OpenRole>, R
     } else {
         p.server_workers
     };
-    let error_log = dir.path().join("error.log");
     let mut running = match p.server {
         Server::Nginx => {
             // The workers inherit this agent's hard descriptor limit.
@@ -474,9 +479,9 @@ fn open_server(p: &Params, ctx: &RoleContext<'_>) -> Result<Box<dyn OpenRole>, R
                 hard,
             )
             .map_err(refused)?;
-            nginx::start(dir, &www, addr, &sizing)
+            nginx::start(dir, www.path(), addr, &sizing)
         }
-        Server::Apache => apache::start(dir, &www, addr, workers),
+        Server::Apache => apache::start(dir, www.path(), addr, workers),
     }
     .map_err(refused)?;
     running

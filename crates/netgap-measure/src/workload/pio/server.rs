@@ -9,13 +9,15 @@
 
 use super::wire::{self, Header};
 use super::PioError;
+use crate::confined::{relative_components, ConfinedError, Dir, STRIPE_PREFIX};
 use crate::workload::role::Stop;
 use crate::workload::staged::recv_patient;
 use netgap_transport::{self as transport, FlowError};
 use std::fs::File;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::sync::{Condvar, Mutex};
 use std::time::Instant;
 
@@ -45,102 +47,153 @@ pub struct ServerFile {
     direct: Option<File>,
     /// What was done about the page cache.
     pub cache: CacheUse,
-    /// Removes the file (and the run's own directory) when dropped.
-    _holder: Holder,
+    /// The file's name in the last of `dirs` (or in `io`), removed on drop.
+    name: String,
+    /// The subdirectories below `io` down to the file's, each opened
+    /// relative to the one above without following a link; those this
+    /// server made go when dropped.
+    dirs: Vec<Dir>,
+    /// The agent's I/O directory.
+    io: Arc<Dir>,
     /// The file's path, for messages.
     pub path: PathBuf,
 }
 
-/// Removes what the server made when dropped.
-struct Holder {
-    /// A file in the user's directory: only it is removed.
-    _file: Option<tempfile::TempPath>,
-    /// The run's own directory: removed with everything in it.
-    _dir: Option<tempfile::TempDir>,
+/// Most components of a `--dir` subdirectory.
+pub const MAX_DIR_DEPTH: usize = 8;
+
+/// Bytes a file system keeps free after the stripes are reserved: 5% of
+/// its size, at most 1 GiB.
+pub fn margin_bytes(total_bytes: u64) -> u64 {
+    (total_bytes / 20).min(1 << 30)
 }
 
-/// Whether the file system of `dir` is tmpfs.
-fn on_tmpfs(dir: &Path) -> bool {
-    nix::sys::statfs::statfs(dir)
-        .map(|s| s.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC)
-        .unwrap_or(false)
+/// `bytes` in binary units, for a message (`64 GiB`, `28 KiB`).
+pub fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = bytes as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 || v.fract() < 0.05 {
+        format!("{v:.0} {}", UNITS[u])
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+/// Opens (making it 0700 when missing) the subdirectory `sub` below `io`,
+/// component by component, without following a link.
+fn open_below(io: &Dir, sub: &str) -> Result<Vec<Dir>, PioError> {
+    let parts =
+        relative_components(sub, MAX_DIR_DEPTH).map_err(|e| PioError(format!("--dir: {e}")))?;
+    let mut dirs: Vec<Dir> = Vec::with_capacity(parts.len());
+    for part in parts {
+        let parent = dirs.last().unwrap_or(io);
+        let missing = |e: &ConfinedError| matches!(e, ConfinedError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound);
+        let d = match parent.open_subdir(part) {
+            Ok(d) => d,
+            Err(e) if missing(&e) => match parent.fresh_subdir(part, 0o700) {
+                Ok(d) => Ok(d),
+                // Made meanwhile by another server of this host.
+                Err(_) => parent.open_subdir(part),
+            }
+            .map_err(|e| PioError(format!("--dir {sub}: {e}")))?,
+            Err(e) => return Err(PioError(format!("--dir {sub}: {e}"))),
+        };
+        dirs.push(d);
+    }
+    Ok(dirs)
 }
 
 impl ServerFile {
-    /// Creates server `index`'s file in `dir` (the user's; only the file is
-    /// removed afterwards) or in a directory of its own under the system's
-    /// temporary directory (removed whole), and opens it for direct I/O
-    /// when `bypass` and the file system allows.
-    pub fn create(dir: Option<&str>, index: usize, bypass: bool) -> Result<ServerFile, PioError> {
-        let prefix = format!("netgap-pio-s{index}-");
-        let (holder, path) = match dir {
-            Some(d) => {
-                let d = Path::new(d);
-                if !d.is_dir() {
-                    return Err(PioError(format!(
-                        "--dir {}: not a directory on this host",
-                        d.display()
-                    )));
-                }
-                let tmp = tempfile::Builder::new()
-                    .prefix(&prefix)
-                    .suffix(".dat")
-                    .tempfile_in(d)
-                    .map_err(|e| PioError(format!("creating a file in {}: {e}", d.display())))?;
-                let path = tmp.path().to_path_buf();
-                (
-                    Holder {
-                        _file: Some(tmp.into_temp_path()),
-                        _dir: None,
-                    },
-                    path,
-                )
-            }
-            None => {
-                let tmp = tempfile::Builder::new()
-                    .prefix(&prefix)
-                    .tempdir()
-                    .map_err(|e| PioError(format!("creating the run's directory: {e}")))?;
-                let path = tmp.path().join("stripes.dat");
-                (
-                    Holder {
-                        _file: None,
-                        _dir: Some(tmp),
-                    },
-                    path,
-                )
-            }
+    /// Creates server `index`'s file of `bytes` bytes in the agent's I/O
+    /// directory `io` or its subdirectory `sub` (relative; refused when
+    /// absolute, with `..`, or through a link), named
+    /// `netgap-pio-<agentpid>-<n>` and made exclusively; checks the file
+    /// system has room for it beside a margin ([`margin_bytes`]) and
+    /// reserves it (`fallocate`), so a full disk fails here and not in the
+    /// timed part; opens it for direct I/O when `bypass` and the file
+    /// system allows. Only what it made is removed when dropped.
+    pub fn create(
+        io: Arc<Dir>,
+        sub: Option<&str>,
+        index: usize,
+        bypass: bool,
+        bytes: u64,
+    ) -> Result<ServerFile, PioError> {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let dirs = match sub {
+            Some(sub) => open_below(&io, sub)?,
+            None => Vec::new(),
         };
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .map_err(|e| PioError(format!("opening {}: {e}", path.display())))?;
-        let parent = path.parent().unwrap_or(Path::new("/"));
+        let holder = dirs.last().unwrap_or(&io);
+        let (free, total) = holder.space_bytes().map_err(|e| PioError(e.to_string()))?;
+        let margin = margin_bytes(total);
+        if bytes.saturating_add(margin) > free {
+            return Err(PioError(format!(
+                "pio needs {} of stripes in {} but its file system has {} free (and {} is kept free)",
+                human_bytes(bytes),
+                holder.path().display(),
+                human_bytes(free),
+                human_bytes(margin)
+            )));
+        }
+        let name = format!(
+            "{STRIPE_PREFIX}{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        let path = holder.path().join(&name);
+        let file = holder
+            .create_file(&name, 0o600)
+            .map_err(|e| PioError(format!("server {index}: {e}")))?;
+        let on_tmpfs = holder.on_tmpfs();
+        let mut made = ServerFile {
+            file,
+            direct: None,
+            cache: CacheUse::Kept,
+            name,
+            dirs,
+            io,
+            path,
+        };
+        if bytes > 0 {
+            match rustix::fs::fallocate(&made.file, rustix::fs::FallocateFlags::empty(), 0, bytes) {
+                Ok(()) | Err(rustix::io::Errno::OPNOTSUPP) => {}
+                Err(e) => {
+                    return Err(PioError(format!(
+                        "pio could not reserve {} of stripes in {}: {}",
+                        human_bytes(bytes),
+                        made.path.display(),
+                        std::io::Error::from(e)
+                    )))
+                }
+            }
+        }
         let (direct, cache) = if !bypass {
             (None, CacheUse::Kept)
-        } else if on_tmpfs(parent) {
+        } else if on_tmpfs {
             (None, CacheUse::Memory)
         } else {
+            // The same file again through its descriptor's link in /proc,
+            // never by its path.
+            use std::os::fd::AsRawFd;
             match std::fs::OpenOptions::new()
                 .read(true)
                 .write(true)
                 .custom_flags(libc::O_DIRECT)
-                .open(&path)
+                .open(format!("/proc/self/fd/{}", made.file.as_raw_fd()))
             {
                 Ok(f) => (Some(f), CacheUse::Direct),
                 Err(_) => (None, CacheUse::Flush),
             }
         };
-        Ok(ServerFile {
-            file,
-            direct,
-            cache,
-            _holder: holder,
-            path,
-        })
+        made.direct = direct;
+        made.cache = cache;
+        Ok(made)
     }
 
     /// The file handle for a request at `offset` of `len` bytes from a
@@ -170,6 +223,18 @@ impl ServerFile {
             nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED,
         )
         .map_err(std::io::Error::from)
+    }
+}
+
+impl Drop for ServerFile {
+    fn drop(&mut self) {
+        let holder = self.dirs.last().unwrap_or(&self.io);
+        let _ = holder.remove_file(&self.name);
+        // The deepest directory first: one this server made goes (with
+        // anything left in it), one it found stays.
+        while let Some(d) = self.dirs.pop() {
+            drop(d);
+        }
     }
 }
 
@@ -420,7 +485,8 @@ mod tests {
     /// What a server of one client says to `requests` (raw bytes).
     fn serve_raw(requests: &[u8]) -> Result<Served, PioError> {
         let dir = tempfile::tempdir().unwrap();
-        let file = ServerFile::create(Some(dir.path().to_str().unwrap()), 0, false).unwrap();
+        let io = Arc::new(Dir::open_operator(dir.path()).unwrap());
+        let file = ServerFile::create(io, None, 0, false, 16384).unwrap();
         let shared = Shared::new(file, 4096, 16384, 1);
         let (mut server, mut peer) = crate::workload::staged::flow_pair();
         peer.send_all(requests).unwrap();
@@ -435,6 +501,68 @@ mod tests {
         // Only the file's own name was ever in the directory; it is gone.
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
         r
+    }
+
+    #[test]
+    fn stripes_go_only_below_the_io_directory_and_what_was_made_goes_after() {
+        let t = tempfile::tempdir().unwrap();
+        let io = Arc::new(Dir::open_operator(t.path()).unwrap());
+        let outside = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(outside.path(), t.path().join("link")).unwrap();
+        for (sub, says) in [
+            ("/etc", "absolute path"),
+            ("../x", "\"..\""),
+            ("a/../../x", "\"..\""),
+            ("link", "symbolic link"),
+            ("link/deeper", "symbolic link"),
+        ] {
+            let e = ServerFile::create(Arc::clone(&io), Some(sub), 0, false, 4096)
+                .err()
+                .unwrap()
+                .0;
+            assert!(e.contains(says) && e.contains("--dir"), "{sub}: {e}");
+            assert_eq!(e.lines().count(), 1);
+        }
+        assert_eq!(std::fs::read_dir(outside.path()).unwrap().count(), 0);
+        // A fresh subdirectory is made, used and removed; an existing one
+        // stays.
+        std::fs::create_dir(t.path().join("kept")).unwrap();
+        let f = ServerFile::create(Arc::clone(&io), Some("kept/new/er"), 0, true, 8192).unwrap();
+        assert!(f.path.starts_with(t.path().join("kept/new/er")));
+        let name = f.path.file_name().unwrap().to_str().unwrap().to_string();
+        assert!(
+            name.starts_with(&format!("netgap-pio-{}-", std::process::id())),
+            "{name}"
+        );
+        assert_eq!(std::fs::metadata(&f.path).unwrap().len(), 8192, "reserved");
+        drop(f);
+        assert!(t.path().join("kept").is_dir());
+        assert!(!t.path().join("kept/new").exists());
+        // Too large for its file system: refused before anything is made.
+        let e = ServerFile::create(Arc::clone(&io), None, 0, false, u64::MAX / 2)
+            .err()
+            .unwrap()
+            .0;
+        assert!(
+            e.starts_with("pio needs 4096.0 TiB") || e.contains("of stripes in"),
+            "{e}"
+        );
+        assert!(e.contains("free"), "{e}");
+        let left: Vec<_> = std::fs::read_dir(t.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(left.len(), 2, "{left:?}");
+    }
+
+    #[test]
+    fn sizes_read_in_binary_units() {
+        assert_eq!(human_bytes(64 << 30), "64 GiB");
+        assert_eq!(human_bytes(28 << 10), "28 KiB");
+        assert_eq!(human_bytes(1536), "1.5 KiB");
+        assert_eq!(human_bytes(12), "12 B");
+        assert_eq!(margin_bytes(1 << 20), 52428);
+        assert_eq!(margin_bytes(1 << 40), 1 << 30);
     }
 
     fn header(op: u8, len: u32, offset: u64) -> Vec<u8> {

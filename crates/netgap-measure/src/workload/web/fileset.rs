@@ -15,7 +15,6 @@
 //! of `splitmix64(seed, i, o / 8)`.
 
 use sha2::{Digest, Sha256};
-use std::path::Path;
 
 /// Most files of a `zipf` file set: 40 SPECweb99 directories, 204 MiB.
 pub const MAX_FILES: u32 = 36 * 40;
@@ -127,21 +126,18 @@ impl FileSet {
         true
     }
 
-    /// Writes every file into `dir` (readable by all) and returns the
+    /// Writes every file into `dir` (each made exclusively, relative to
+    /// the directory's descriptor, readable by all) and returns the
     /// SHA-256 of the set: of each file's name and content, in order.
-    pub fn write(&self, dir: &Path) -> std::io::Result<String> {
+    pub fn write(&self, dir: &crate::confined::Dir) -> std::io::Result<String> {
         use std::io::Write;
-        use std::os::unix::fs::OpenOptionsExt;
         let mut sha = Sha256::new();
         let mut buf = vec![0u8; 64 * 1024];
         for (i, &size) in self.sizes.iter().enumerate() {
             let name = format!("f{i}.bin");
             let mut f = std::io::BufWriter::new(
-                std::fs::OpenOptions::new()
-                    .write(true)
-                    .create_new(true)
-                    .mode(0o644)
-                    .open(dir.join(&name))?,
+                dir.create_file(&name, 0o644)
+                    .map_err(|e| std::io::Error::other(e.to_string()))?,
             );
             sha.update(name.as_bytes());
             let mut off = 0;
@@ -248,13 +244,18 @@ mod tests {
 
     #[test]
     fn written_files_match_the_content_and_the_checksum_is_stable() {
-        let d = tempfile::tempdir().unwrap();
+        let t = tempfile::tempdir().unwrap();
+        let d = crate::confined::Dir::open_operator(t.path()).unwrap();
         let set = FileSet::mix(3, 12);
-        let sum = set.write(d.path()).unwrap();
-        let body = std::fs::read(d.path().join("f10.bin")).unwrap();
+        let sum = set.write(&d).unwrap();
+        let body = std::fs::read(t.path().join("f10.bin")).unwrap();
         assert_eq!(body.len() as u64, set.size_bytes(10));
         assert!(set.matches(10, 0, &body));
-        let d2 = tempfile::tempdir().unwrap();
-        assert_eq!(set.write(d2.path()).unwrap(), sum);
+        let t2 = tempfile::tempdir().unwrap();
+        let d2 = crate::confined::Dir::open_operator(t2.path()).unwrap();
+        assert_eq!(set.write(&d2).unwrap(), sum);
+        // Files are made exclusively: a second write into the same
+        // directory fails rather than overwrite.
+        assert!(set.write(&d).is_err());
     }
 }
