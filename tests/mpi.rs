@@ -302,6 +302,22 @@ fn mpi_runs_under_each_condition_beside_the_sockets() {
     }
     let (tb, _) = Testbed::up("mpicond", &["--hosts", "2"]);
     let before = tb.hosts().conditions;
+    // Every link end's offloads as the kernel set them (`ethtool -k`): the
+    // run must leave each feature as it found it, not only the hosts file.
+    let offloads = || -> Vec<String> {
+        [("h1", "eth0"), ("h2", "eth0"), ("sw", "h1"), ("sw", "h2")]
+            .iter()
+            .map(|(host, dev)| {
+                let out = std::process::Command::new("ip")
+                    .args(["netns", "exec", &tb.ns(host), "ethtool", "-k", dev])
+                    .output()
+                    .expect("ethtool runs (apt-get install ethtool)");
+                assert!(out.status.success(), "ethtool -k {dev}: {out:?}");
+                String::from_utf8_lossy(&out.stdout).into_owned()
+            })
+            .collect()
+    };
+    let kernel_offloads = offloads();
     let dir = tempfile::tempdir().expect("tempdir");
     let json = dir.path().join("r.jsonl");
     let records = tb.run(
@@ -335,6 +351,11 @@ fn mpi_runs_under_each_condition_beside_the_sockets() {
         check_mpi_record(r, 2);
     }
     assert_eq!(tb.hosts().conditions, before, "conditions restored");
+    assert_eq!(
+        offloads(),
+        kernel_offloads,
+        "each offload as the kernel had it"
+    );
     tb.down();
 }
 
