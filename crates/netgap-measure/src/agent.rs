@@ -26,6 +26,7 @@ use netgap_proto::limits::AgentLimits;
 use netgap_proto::message::{Reply, Request};
 use netgap_proto::session::{AgentAction, AgentSession};
 use netgap_transport::cpu::CpuMeter;
+use netgap_transport::rate::{PacedFlow, RateBudget};
 use netgap_transport::{self as transport, DatagramStats, FlowConfig, FlowMonitor};
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
@@ -91,6 +92,9 @@ struct Shared {
     /// Most connections one process of this agent holds (a server role
     /// past it is spread over processes); `None`: the descriptor limit.
     flows_per_process: Option<u32>,
+    /// The agent's highest data rate (`--max-rate`) as a budget every
+    /// flow of every session charges, point-to-point and group alike.
+    rate: Arc<RateBudget>,
 }
 
 /// A bound agent, ready to serve.
@@ -144,6 +148,7 @@ impl Agent {
                 data_ip: None,
                 services: false,
                 flows_per_process: None,
+                rate: Arc::new(RateBudget::new(AgentLimits::default().max_rate_gbps)),
             },
             quiet: false,
         }
@@ -158,6 +163,7 @@ impl Agent {
     /// Refuses requests past `limits`.
     pub fn with_limits(mut self, limits: AgentLimits) -> Agent {
         self.shared.limits = limits;
+        self.shared.rate = Arc::new(RateBudget::new(limits.max_rate_gbps));
         self
     }
 
@@ -449,7 +455,13 @@ fn run_session(
                 // hold one flow per interface at a time (xdp binds the
                 // interface's queue).
                 drop(point.take());
-                let opened = open_point(&mut conn, &mut session, &spec, local_ip, token);
+                let opened = open_point(
+                    &mut conn,
+                    &mut session,
+                    &spec,
+                    (local_ip, token),
+                    &shared.rate,
+                );
                 match opened {
                     Ok(p) => point = Some(p),
                     Err(e) => return Err(refuse(&mut conn, e.to_string())),
@@ -502,6 +514,7 @@ fn run_session(
                     data_token: token,
                     services: shared.services,
                     flows_per_process: shared.flows_per_process,
+                    rate: &shared.rate,
                 };
                 group = prepare_group(&mut conn, &mut session, ctx)?
                     .map(|role| (role, stop, role_deadline(&spec)));
@@ -860,14 +873,14 @@ fn keyless_stays_on_loopback(
 }
 
 /// Opens the data listener for `spec`, tells the coordinator where it is,
-/// accepts the flow and runs the server role's setup. Errors are one line
-/// for the coordinator.
+/// accepts the flow and runs the server role's setup over it, paced by the
+/// agent's `rate`. Errors are one line for the coordinator.
 fn open_point(
     conn: &mut ControlConn,
     session: &mut AgentSession,
     spec: &PointSpec,
-    local_ip: IpAddr,
-    token: &DataToken,
+    (local_ip, token): (IpAddr, &DataToken),
+    rate: &Arc<RateBudget>,
 ) -> Result<OpenPoint, OpenPointError> {
     let test =
         bench::find(&spec.test).ok_or_else(|| OpenPointError::UnknownTest(spec.test.clone()))?;
@@ -900,6 +913,12 @@ fn open_point(
     conn.send(&reply)?;
     let flow = accept_proven(listener.as_mut(), token)?;
     drop(listener);
+    // Every byte the role moves counts against --max-rate.
+    let flow: Box<dyn transport::Flow> = Box::new(PacedFlow::new(
+        flow,
+        Arc::clone(rate),
+        transport.capabilities().message_boundaries,
+    ));
     let reply = session.accepted()?;
     conn.send(&reply)?;
     let monitor = flow.monitor();

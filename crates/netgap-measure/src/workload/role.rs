@@ -50,6 +50,10 @@ pub struct RoleContext<'a> {
     /// spread over processes ([`crate::shard`]) even when the descriptor
     /// limit would hold it. `None`: what the descriptor limit holds.
     pub flows_per_process: Option<u32>,
+    /// The agent's highest data rate (`--max-rate`): every byte the role
+    /// sends or receives is charged to it, shared with everything else
+    /// the agent moves.
+    pub rate: &'a std::sync::Arc<netgap_transport::rate::RateBudget>,
 }
 
 /// How often a role that waits checks its [`Stop`].
