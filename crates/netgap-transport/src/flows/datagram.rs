@@ -705,7 +705,9 @@ impl Server {
                 self.totals.bytes_tx += size;
                 Answer::Echo { again: false }
             }
-            Kind::HelloAck | Kind::Probe | Kind::Nack | Kind::ConfirmAck => Answer::None,
+            Kind::HelloAck | Kind::Probe | Kind::Nack | Kind::ConfirmAck | Kind::Ack => {
+                Answer::None
+            }
         }
     }
 
