@@ -366,13 +366,23 @@ impl ReadyRole for Streams {
             let h = std::thread::Builder::new()
                 .name(format!("flow {i}"))
                 .spawn(move || {
-                    if both {
+                    let counted = if both {
                         both_ways_until(flow, payload, recv_bytes, (window_start, end), &stop)
                     } else if sends {
                         send_until(flow, &payload, end, &stop)
                     } else {
                         recv_until(flow, recv_bytes, window_start, end, drain, &stop)
+                    };
+                    // A failed flow ends the role's window now (the stop
+                    // is the role's own): the failure, a stopped peer's
+                    // timeout, is reported at once, not at the window's
+                    // end, and the other flows stop at their next message.
+                    // What fails after the stop is its consequence.
+                    let first = counted.is_err() && !stop.is_set();
+                    if first {
+                        stop.set();
                     }
+                    (counted, first)
                 })
                 .map_err(|source| RoleError::Thread {
                     what: "a flow thread",
@@ -385,7 +395,11 @@ impl ReadyRole for Streams {
         let mut first_err = None;
         for (index, h) in handles.into_iter().enumerate() {
             match h.join() {
-                Ok(Ok(c)) => reports.push(FlowReport {
+                // The flow whose failure stopped the others names it.
+                Ok((Err(source), true)) => {
+                    first_err = Some(RoleError::Flow { index, source });
+                }
+                Ok((Ok(c), _)) => reports.push(FlowReport {
                     index: index as u32,
                     bytes_tx: c.bytes_tx,
                     bytes_rx: c.bytes_rx,
@@ -394,7 +408,7 @@ impl ReadyRole for Streams {
                     percentiles: None,
                     errors: 0,
                 }),
-                Ok(Err(source)) => {
+                Ok((Err(source), false)) => {
                     first_err.get_or_insert(RoleError::Flow { index, source });
                 }
                 Err(_) => {
