@@ -603,6 +603,63 @@ fn max_rate_paces_bandwidth_roles_to_the_limit() {
 }
 
 #[test]
+fn max_rate_bounds_what_an_agent_moves_over_time_point_to_point_and_over_the_flow_engine() {
+    // At --max-rate 1 every byte an agent sends or receives is charged to
+    // one budget: a point-to-point stream's repetitions (which once ran
+    // back to back at the path's speed, the limit capping only each
+    // repetition's bytes) and a udp hotspot over the flow engine both stay
+    // within 1 Gbit/s, plus 5% for the budget's burst and timing.
+    const LIMIT_GBPS: f64 = 1.0 * 1.05;
+    let flags = ["--max-rate", "1"];
+    let agents = [
+        Agent::start_with("127.0.0.2", &flags),
+        Agent::start_with("127.0.0.3", &flags),
+    ];
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json = dir.path().join("stream.jsonl");
+    // 3 repetitions of 160 MB: 1.3 s each at the limit.
+    let out = netgap()
+        .args(["run", "stream", "--peer", &agents[0].addr, "-s", "64K"])
+        .args(["--reps", "3", "-n", "2500", "--json"])
+        .arg(&json)
+        .output()
+        .expect("run");
+    assert!(out.status.success(), "{out:?}");
+    let record = &common::read_records(&json)[0];
+    let reps = record["stats"]["reps"].as_array().expect("reps");
+    assert_eq!(reps.len(), 3);
+    for gbps in reps {
+        let gbps = gbps.as_f64().expect("a repetition's Gbit/s");
+        assert!(
+            gbps > 0.0 && gbps <= LIMIT_GBPS,
+            "stream ran at {gbps} Gbit/s"
+        );
+    }
+    // Flow-engine udp flows, both agents paced: the server's bytes, both
+    // ways, over the run's warm-up (a fifth of its window) and window.
+    let json = dir.path().join("hotspot.jsonl");
+    let hosts = format!("{},{}", agents[0].addr, agents[1].addr);
+    let out = netgap()
+        .args(["run", "hotspot", "-t", "udp", "--hosts", &hosts])
+        .args(["--clients", "8", "-s", "16K", "--reps", "1"])
+        .args(["--duration", "2s", "--json"])
+        .arg(&json)
+        .output()
+        .expect("run");
+    assert!(out.status.success(), "{out:?}");
+    let record = &common::read_records(&json)[0];
+    let bytes = |k: &str| record["bytes"][k].as_u64().expect("a byte count") as f64;
+    let span_s = 2.0 * 1.2;
+    for end in ["server", "client"] {
+        let moved = bytes(&format!("{end}_tx")) + bytes(&format!("{end}_rx"));
+        let gbps = moved * 8.0 / span_s / 1e9;
+        // Moving nothing would pass the bound too: the run did work.
+        assert!(moved > 1e6, "the {end} moved {moved} bytes");
+        assert!(gbps <= LIMIT_GBPS, "the hotspot {end} moved {gbps} Gbit/s");
+    }
+}
+
+#[test]
 fn max_duration_stops_a_point_to_point_repetition_that_runs_past_it() {
     // A repetition of many iterations would run for tens of seconds; an
     // agent whose longest run is 1 s ends its flow at 1.5 s and says why,

@@ -349,7 +349,8 @@ pub struct ServeArgs {
     /// Longest one run may take.
     #[arg(long, default_value = "10m", value_name = "DUR", value_parser = netgap::units::parse_duration)]
     pub max_duration: Duration,
-    /// Highest rate a session may ask for, in Gbit/s.
+    /// The agent's highest data rate, in Gbit/s: all it sends and
+    /// receives, over every flow of every test, is paced to it.
     #[arg(long, default_value_t = netgap::limits::DEFAULT_MAX_RATE_GBPS, value_name = "GBPS")]
     pub max_rate: f64,
     /// Largest message a session may use (e.g. 64K, 4M).

@@ -26,6 +26,7 @@ use netgap_proto::limits::AgentLimits;
 use netgap_proto::message::{Reply, Request};
 use netgap_proto::session::{AgentAction, AgentSession};
 use netgap_transport::cpu::CpuMeter;
+use netgap_transport::rate::{PacedFlow, RateBudget};
 use netgap_transport::{self as transport, DatagramStats, FlowConfig, FlowMonitor};
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
@@ -94,6 +95,9 @@ struct Shared {
     /// The only directories the agent writes in: its run directory and
     /// the one pio's stripes go under ([`crate::confined`]).
     dirs: Arc<crate::confined::AgentDirs>,
+    /// The agent's highest data rate (`--max-rate`) as a budget every
+    /// flow of every session charges, point-to-point and group alike.
+    rate: Arc<RateBudget>,
 }
 
 /// A bound agent, ready to serve.
@@ -150,6 +154,7 @@ impl Agent {
                 dirs: Arc::new(crate::confined::AgentDirs::new(
                     crate::confined::default_run_base(),
                 )),
+                rate: Arc::new(RateBudget::new(AgentLimits::default().max_rate_gbps)),
             },
             quiet: false,
         }
@@ -164,6 +169,7 @@ impl Agent {
     /// Refuses requests past `limits`.
     pub fn with_limits(mut self, limits: AgentLimits) -> Agent {
         self.shared.limits = limits;
+        self.shared.rate = Arc::new(RateBudget::new(limits.max_rate_gbps));
         self
     }
 
@@ -462,7 +468,13 @@ fn run_session(
                 // hold one flow per interface at a time (xdp binds the
                 // interface's queue).
                 drop(point.take());
-                let opened = open_point(&mut conn, &mut session, &spec, local_ip, token);
+                let opened = open_point(
+                    &mut conn,
+                    &mut session,
+                    &spec,
+                    (local_ip, token),
+                    &shared.rate,
+                );
                 match opened {
                     Ok(p) => point = Some(p),
                     Err(e) => return Err(refuse(&mut conn, e.to_string())),
@@ -516,6 +528,7 @@ fn run_session(
                     services: shared.services,
                     flows_per_process: shared.flows_per_process,
                     dirs: &shared.dirs,
+                    rate: &shared.rate,
                 };
                 group = prepare_group(&mut conn, &mut session, ctx)?
                     .map(|role| (role, stop, role_deadline(&spec)));
@@ -874,14 +887,14 @@ fn keyless_stays_on_loopback(
 }
 
 /// Opens the data listener for `spec`, tells the coordinator where it is,
-/// accepts the flow and runs the server role's setup. Errors are one line
-/// for the coordinator.
+/// accepts the flow and runs the server role's setup over it, paced by the
+/// agent's `rate`. Errors are one line for the coordinator.
 fn open_point(
     conn: &mut ControlConn,
     session: &mut AgentSession,
     spec: &PointSpec,
-    local_ip: IpAddr,
-    token: &DataToken,
+    (local_ip, token): (IpAddr, &DataToken),
+    rate: &Arc<RateBudget>,
 ) -> Result<OpenPoint, OpenPointError> {
     let test =
         bench::find(&spec.test).ok_or_else(|| OpenPointError::UnknownTest(spec.test.clone()))?;
@@ -914,6 +927,12 @@ fn open_point(
     conn.send(&reply)?;
     let flow = accept_proven(listener.as_mut(), token)?;
     drop(listener);
+    // Every byte the role moves counts against --max-rate.
+    let flow: Box<dyn transport::Flow> = Box::new(PacedFlow::new(
+        flow,
+        Arc::clone(rate),
+        transport.capabilities().message_boundaries,
+    ));
     let reply = session.accepted()?;
     conn.send(&reply)?;
     let monitor = flow.monitor();

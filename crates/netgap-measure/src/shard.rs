@@ -178,6 +178,10 @@ pub struct ShardConfig {
     pub work: ShardWork,
     /// Most connections this shard holds open at once.
     pub max_open: u64,
+    /// This shard's share of the agent's highest data rate, Gbit/s (the
+    /// agent's `--max-rate` over its shards); `None`: unpaced.
+    #[serde(default)]
+    pub rate_gbps: Option<f64>,
 }
 
 /// A shard's configuration, checked: what [`FlowServer::on_listener`]
@@ -205,7 +209,15 @@ impl ShardConfig {
             token: cfg.token.clone(),
             work: work.into(),
             max_open,
+            rate_gbps: cfg.rate.as_ref().map(|r| r.rate_gbps()),
         }
+    }
+
+    /// The same configuration for one of `count` shards that share the
+    /// agent's rate budget equally.
+    pub fn sharing_rate(mut self, count: u32) -> ShardConfig {
+        self.rate_gbps = self.rate_gbps.map(|r| r / f64::from(count.max(1)));
+        self
     }
 
     /// Checks every field: a known transport with a connection data path,
@@ -238,6 +250,9 @@ impl ShardConfig {
                 self.io_timeout_ms
             ));
         }
+        if let Some(r) = self.rate_gbps.filter(|r| !(r.is_finite() && *r > 0.0)) {
+            return bad(format!("a rate of {r} Gbit/s"));
+        }
         let max_open = usize::try_from(self.max_open).unwrap_or(0);
         if max_open == 0 {
             return bad(format!("a cap of {} connections", self.max_open));
@@ -264,6 +279,9 @@ impl ShardConfig {
                 options: self.options.clone(),
                 path,
                 token: self.token.clone(),
+                rate: self
+                    .rate_gbps
+                    .map(|r| std::sync::Arc::new(netgap_transport::rate::RateBudget::new(r))),
             },
             work,
             max_open,

@@ -16,7 +16,9 @@ pub struct AgentLimits {
     pub max_flows: u32,
     /// Longest one run (a repetition, or a timed group run) may take.
     pub max_duration: Duration,
-    /// Highest rate a session may ask for, in Gbit/s.
+    /// The agent's highest data rate, in Gbit/s: everything its flows send
+    /// and receive, point-to-point and group roles alike, shares one
+    /// budget of this rate over time (the agent paces its flows to it).
     pub max_rate_gbps: f64,
     /// Largest message, in bytes.
     pub max_message_bytes: u64,
@@ -176,7 +178,8 @@ impl AgentLimits {
     }
 
     /// Checks a group role: its flows, its warm-up plus window, and its
-    /// message sizes. Group work is unpaced, so no rate is asked for.
+    /// message sizes. No rate is asked for: the agent paces the role's
+    /// flows to its own highest rate.
     pub fn check_group(&self, spec: &GroupSpec) -> Result<(), LimitError> {
         self.check_flows(u64::from(spec.flows))?;
         let run_ms = u64::from(spec.warmup_ms) + u64::from(spec.duration_ms);
@@ -188,7 +191,8 @@ impl AgentLimits {
 
     /// The most payload bytes one run may move: the highest rate held for
     /// the longest run. A point-to-point repetition names iterations, not a
-    /// time, so its volume is what bounds both its length and its rate.
+    /// time: one of more bytes could not end within the longest run at the
+    /// agent's pace, so it is refused before it starts.
     pub fn max_run_bytes(&self) -> f64 {
         self.max_rate_gbps * 1e9 / 8.0 * self.max_duration.as_secs_f64()
     }

@@ -18,6 +18,7 @@ pub mod host;
 pub mod mptcp;
 pub mod netns;
 pub mod options;
+pub mod rate;
 pub mod shm;
 mod sockopt;
 mod stream_socket;

@@ -119,6 +119,8 @@ pub(crate) const HELLO_INTERVAL: Duration = Duration::from_millis(20);
 /// Bytes after the caller's buffer that catch the rest of a datagram; more
 /// than any UDP payload, so no datagram is ever truncated.
 const OVERFLOW_BYTES: usize = 1 << 16;
+/// Most datagrams a sending end reads from its peer in one look.
+const LISTEN_BATCH: usize = 64;
 /// Spins between deadline checks in poll mode (see stream_socket).
 const SPINS_PER_CLOCK_READ: u32 = 64;
 
@@ -151,6 +153,11 @@ pub(crate) enum Kind {
     /// Flow engine server to client: the confirmation verified and the
     /// flow is registered.
     ConfirmAck = 7,
+    /// "I am receiving: everything before `seq` arrived or was counted
+    /// lost." Sent by a receiving end at most every quarter of its
+    /// inactivity timeout while data arrives, so a sender that hears
+    /// nothing else (a one-way stream) can tell a stopped peer.
+    Ack = 8,
 }
 
 /// The header in front of every datagram, big-endian on the wire: magic
@@ -202,6 +209,7 @@ impl Header {
             5 => Kind::Nack,
             6 => Kind::Confirm,
             7 => Kind::ConfirmAck,
+            8 => Kind::Ack,
             _ => return None,
         };
         let word = |i: usize| {
@@ -258,6 +266,15 @@ struct TxState {
     /// The last data datagram sent, header and payload, for re-sends; empty
     /// before the first.
     last: Vec<u8>,
+    /// When this end first sent data since it last heard from the peer.
+    quiet_since: Option<Instant>,
+    /// The count of the peer's datagrams ([`Shared::heard`]) when this end
+    /// last looked.
+    heard_seen: u64,
+    /// When this end next reads what the peer sent while only sending.
+    next_listen: Option<Instant>,
+    /// When this end last sent data.
+    last_send: Option<Instant>,
 }
 
 /// The receiving direction's state.
@@ -280,6 +297,8 @@ struct RxState {
     rto: Duration,
     /// SO_RCVTIMEO currently set (event mode).
     rcv_timeout: Option<Duration>,
+    /// When this end last told the peer it is receiving ([`Kind::Ack`]).
+    acked_at: Option<Instant>,
 }
 
 /// Everything the halves of a flow and its monitor share.
@@ -290,6 +309,9 @@ struct Shared {
     tx: Mutex<TxState>,
     rx: Mutex<RxState>,
     counters: Counters,
+    /// Datagrams of ours that arrived from the peer, of any kind: what a
+    /// sender that hears nothing else watches to tell the peer is alive.
+    heard: AtomicU64,
     /// Sequence number of the last datagram of the latest burst, probed for
     /// while this end waits (`u64::MAX`: none).
     probe_seq: AtomicU64,
@@ -364,6 +386,10 @@ impl Shared {
                 next_seq: 0,
                 next_offset: 0,
                 last: Vec::new(),
+                quiet_since: None,
+                heard_seen: 0,
+                next_listen: None,
+                last_send: None,
             }),
             rx: Mutex::new(RxState {
                 next_seq: 0,
@@ -375,8 +401,10 @@ impl Shared {
                 srtt: None,
                 rto: RETRY_INITIAL,
                 rcv_timeout: None,
+                acked_at: None,
             }),
             counters: Counters::default(),
+            heard: AtomicU64::new(0),
             probe_seq: AtomicU64::new(u64::MAX),
             aborted: AtomicBool::new(false),
             #[cfg(test)]
@@ -401,13 +429,20 @@ impl Shared {
         Ok(())
     }
 
-    /// Sends `payload` as the next data datagram.
+    /// Sends `payload` as the next data datagram; fails once this end has
+    /// sent for the whole inactivity timeout without a word from the peer
+    /// (see [`Shared::peer_silent`]).
     fn send_data(&self, payload: &[u8]) -> Result<(), FlowError> {
         self.check_aborted()?;
         if payload.len() > MAX_MESSAGE_BYTES {
             return Err(FlowError::TooLarge {
                 size_bytes: payload.len() as u64,
                 max_bytes: MAX_MESSAGE_BYTES as u64,
+            });
+        }
+        if self.peer_silent() {
+            return Err(FlowError::TimedOut {
+                timeout_ms: self.io_timeout.as_millis(),
             });
         }
         let mut tx = lock(&self.tx);
@@ -434,6 +469,90 @@ impl Shared {
         tx.next_offset += payload.len() as u64;
         bump(&self.counters.sent, 1);
         Ok(())
+    }
+
+    /// Whether the peer has said nothing for the whole inactivity timeout
+    /// while this end kept sending. A datagram socket's send never waits
+    /// on a stopped peer (the kernel drops what its queue cannot hold), so
+    /// a sender that receives nothing (a one-way stream) reads, every
+    /// eighth of the timeout once the peer has been quiet that long, what
+    /// the peer sent: a receiving peer acknowledges ([`Kind::Ack`]) every
+    /// quarter of the timeout while data arrives. A stopped peer is named
+    /// within about the timeout and a fifth of it, as a stream socket's
+    /// full buffer would.
+    fn peer_silent(&self) -> bool {
+        let now = Instant::now();
+        let listen_every = self.io_timeout / 8;
+        let mut tx = lock(&self.tx);
+        let heard = self.heard.load(Ordering::Relaxed);
+        // The peer acknowledges only data that arrives: time this end
+        // spent not sending is no silence of the peer's.
+        let paused = tx
+            .last_send
+            .is_some_and(|t| now.duration_since(t) > listen_every);
+        tx.last_send = Some(now);
+        if heard != tx.heard_seen || paused {
+            tx.heard_seen = heard;
+            tx.quiet_since = None;
+        }
+        let since = *tx.quiet_since.get_or_insert(now);
+        let quiet = now.duration_since(since);
+        if quiet < listen_every || tx.next_listen.is_some_and(|at| now < at) {
+            return false;
+        }
+        tx.next_listen = Some(now + listen_every / 2);
+        drop(tx);
+        self.listen_while_sending();
+        let mut tx = lock(&self.tx);
+        let heard = self.heard.load(Ordering::Relaxed);
+        if heard != tx.heard_seen {
+            tx.heard_seen = heard;
+            tx.quiet_since = Some(now);
+            return false;
+        }
+        quiet >= self.io_timeout
+    }
+
+    /// Reads, without waiting, what the peer sent that is not new data
+    /// (acknowledgments, probes, NACKs, duplicates), so a sending end
+    /// hears from the peer though no thread receives. New data stays
+    /// queued for the receiving half; so does everything while a receive
+    /// is under way, which hears the peer itself.
+    fn listen_while_sending(&self) {
+        let Some(mut guard) = try_lock(&self.rx) else {
+            return;
+        };
+        let rx = &mut *guard;
+        for _ in 0..LISTEN_BATCH {
+            let peeked = nix::sys::socket::recv(
+                self.socket.as_raw_fd(),
+                &mut rx.hdr,
+                MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT,
+            );
+            let Ok(n) = peeked else {
+                return;
+            };
+            if Header::decode(&rx.hdr[..n])
+                .is_some_and(|h| h.kind == Kind::Data && h.seq >= rx.next_seq)
+            {
+                return;
+            }
+            // What is left is header-only or old: its header (and the
+            // datagram's whole length) is all the accounting needs.
+            let got = nix::sys::socket::recv(
+                self.socket.as_raw_fd(),
+                &mut rx.hdr,
+                MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_TRUNC,
+            );
+            match got {
+                Ok(total) => {
+                    if self.arrive(rx, total).is_err() {
+                        return;
+                    }
+                }
+                Err(_) => return,
+            }
+        }
     }
 
     /// Sends one datagram, blocking or spinning per the mode until the
@@ -565,6 +684,7 @@ impl Shared {
         let Some(h) = Header::decode(&rx.hdr[..total.min(HEADER_BYTES)]) else {
             return Ok(Arrival::Nothing);
         };
+        self.heard.fetch_add(1, Ordering::Relaxed);
         let len = total - HEADER_BYTES;
         match h.kind {
             Kind::Hello => {
@@ -572,8 +692,11 @@ impl Shared {
                 self.send_control(Header::control(Kind::HelloAck));
                 return Ok(Arrival::Nothing);
             }
-            // The flow engine's proof is no part of this path.
-            Kind::HelloAck | Kind::Confirm | Kind::ConfirmAck => return Ok(Arrival::Nothing),
+            // The flow engine's proof is no part of this path; an
+            // acknowledgment only says the peer is alive (counted above).
+            Kind::HelloAck | Kind::Confirm | Kind::ConfirmAck | Kind::Ack => {
+                return Ok(Arrival::Nothing)
+            }
             Kind::Probe => {
                 // Everything sent before the probe is ahead of it in the
                 // queue: what has not arrived by now was lost (or, on a real
@@ -641,6 +764,26 @@ impl Shared {
             self.resend(false, 0);
         }
         Ok(arrival)
+    }
+
+    /// Tells the peer this end is receiving, if a quarter of the
+    /// inactivity timeout has passed since it last did (see
+    /// [`Shared::peer_silent`]).
+    fn ack_if_due(&self, rx: &mut RxState) {
+        let now = Instant::now();
+        if rx
+            .acked_at
+            .is_some_and(|t| now.duration_since(t) < self.io_timeout / 4)
+        {
+            return;
+        }
+        rx.acked_at = Some(now);
+        self.send_control(Header {
+            kind: Kind::Ack,
+            flags: 0,
+            seq: rx.next_seq,
+            offset_bytes: rx.next_offset,
+        });
     }
 
     /// Sets SO_RCVTIMEO to `t` unless it already is.
@@ -716,6 +859,7 @@ impl Shared {
                         if len > buf.len() {
                             rx.pending = 0..len - buf.len();
                         }
+                        self.ack_if_due(rx);
                         return Ok(len.min(buf.len()));
                     }
                     Arrival::Nothing => true,
@@ -1496,6 +1640,54 @@ mod tests {
         assert_eq!(n.expect("reply"), 5);
         assert_eq!(&b[..5], b"reply");
         assert!(stats(&flow).retries >= 1);
+    }
+
+    #[test]
+    fn a_one_way_sender_names_a_peer_that_stops_receiving_and_not_one_that_receives() {
+        for mode in Mode::ALL {
+            let (mut c, mut s) = pair(mode, Duration::from_millis(200));
+            // A receiving peer acknowledges: sending goes on for several
+            // timeouts though the sender never receives.
+            let stop = Arc::new(AtomicBool::new(false));
+            let stop_rx = Arc::clone(&stop);
+            let receiver = std::thread::spawn(move || {
+                let mut buf = [0u8; 1024];
+                while !stop_rx.load(Ordering::Relaxed) {
+                    match s.split().1.recv_some(&mut buf) {
+                        Ok(_) | Err(FlowError::TimedOut { .. }) => {}
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+                s
+            });
+            let t0 = Instant::now();
+            while t0.elapsed() < Duration::from_millis(800) {
+                c.send_all(&[7u8; 1000]).expect("a receiving peer is alive");
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            stop.store(true, Ordering::Relaxed);
+            let s = receiver.join().expect("receiver");
+            // The peer stops receiving (as a stopped process would):
+            // the sender fails within the timeout and a fraction of it.
+            let t0 = Instant::now();
+            let e = loop {
+                if let Err(e) = c.send_all(&[7u8; 1000]) {
+                    break e;
+                }
+                assert!(
+                    t0.elapsed() < Duration::from_secs(2),
+                    "{mode}: never noticed"
+                );
+                std::thread::sleep(Duration::from_micros(200));
+            };
+            let waited = t0.elapsed();
+            assert!(matches!(e, FlowError::TimedOut { timeout_ms: 200 }), "{e}");
+            assert!(
+                waited >= Duration::from_millis(150) && waited < Duration::from_millis(400),
+                "{mode}: {waited:?}"
+            );
+            drop(s);
+        }
     }
 
     #[test]

@@ -106,11 +106,12 @@ pub fn sample(
 }
 
 /// The engine's configuration for a role: the point's transport path,
-/// mode, options and I/O timeout.
+/// mode, options and I/O timeout, paced by the agent's `rate`.
 fn config(
     workload: &'static str,
     spec: &GroupSpec,
     token: &netgap_proto::dataproof::DataToken,
+    rate: &std::sync::Arc<netgap_transport::rate::RateBudget>,
 ) -> Result<EngineConfig, RoleError> {
     let t = find_transport(spec)?;
     let path = t.engine_path().ok_or_else(|| RoleError::Refused {
@@ -130,6 +131,8 @@ fn config(
         // Every flow proves the session before payload: a connection after
         // connect and accept, a datagram flow in its opening datagrams.
         token: Some(token.clone()),
+        // Every byte counts against the agent's --max-rate.
+        rate: Some(std::sync::Arc::clone(rate)),
     })
 }
 
@@ -142,7 +145,7 @@ pub fn open(
     ctx: RoleContext<'_>,
 ) -> Result<Box<dyn OpenRole>, RoleError> {
     let spec = ctx.spec;
-    let cfg = config(workload, spec, ctx.data_token)?;
+    let cfg = config(workload, spec, ctx.data_token, ctx.rate)?;
     let (warmup, duration) = window(spec);
     match spec.role {
         GroupRole::Server => {
@@ -169,7 +172,8 @@ pub fn open(
                         ),
                     )?;
                     let listener = flows::bind_listener(SocketAddr::new(ip, 0), &cfg)?;
-                    let config = shard::ShardConfig::new(&cfg, work, per_process);
+                    let config =
+                        shard::ShardConfig::new(&cfg, work, per_process).sharing_rate(count);
                     let shards = shard::ShardSet::start(listener, &config, count)?;
                     return Ok(Box::new(Engine {
                         warmup,

@@ -54,6 +54,10 @@ pub struct RoleContext<'a> {
     /// directory (services) and its I/O directory (pio's stripes), set when
     /// the agent started (never by a coordinator).
     pub dirs: &'a crate::confined::AgentDirs,
+    /// The agent's highest data rate (`--max-rate`): every byte the role
+    /// sends or receives is charged to it, shared with everything else
+    /// the agent moves.
+    pub rate: &'a std::sync::Arc<netgap_transport::rate::RateBudget>,
 }
 
 /// How often a role that waits checks its [`Stop`].

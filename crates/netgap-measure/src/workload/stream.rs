@@ -17,6 +17,7 @@ use super::role::{
 };
 use super::FlowSample;
 use netgap_proto::group::{FlowReport, GroupOutcome, GroupRole, GroupSpec};
+use netgap_transport::rate::{PacedFlow, RateBudget};
 use netgap_transport::{self as transport, FlowConfig, FlowError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -157,6 +158,10 @@ pub fn open(
     })?;
     let t = find_transport(&spec)?;
     let config = FlowConfig::from_spec(&spec.point);
+    let pace = Pacing {
+        rate: Arc::clone(ctx.rate),
+        message_boundaries: t.capabilities().message_boundaries,
+    };
     match spec.role {
         GroupRole::Server => {
             let ip = |i: usize| per_flow(&spec.listen_ips, i).unwrap_or(ctx.control_ip);
@@ -184,7 +189,7 @@ pub fn open(
                 addrs,
                 accepts,
                 stop: ctx.stop.clone(),
-                max_rate_gbps: ctx.limits.max_rate_gbps,
+                pace,
             }))
         }
         GroupRole::Client => {
@@ -210,7 +215,7 @@ pub fn open(
                 size,
                 flows,
                 stop: ctx.stop.clone(),
-                max_rate_gbps: ctx.limits.max_rate_gbps,
+                pace,
             }))
         }
     }
@@ -251,7 +256,7 @@ struct Accepting {
     addrs: Vec<String>,
     accepts: Vec<Accept>,
     stop: Stop,
-    max_rate_gbps: f64,
+    pace: Pacing,
 }
 
 impl OpenRole for Accepting {
@@ -284,7 +289,7 @@ impl OpenRole for Accepting {
             size: self.size,
             flows,
             stop: self.stop,
-            max_rate_gbps: self.max_rate_gbps,
+            pace: self.pace,
         }))
     }
 }
@@ -297,9 +302,17 @@ struct Streams {
     flows: Vec<Box<dyn transport::Flow>>,
     /// The session's end: every flow thread stops at its next message.
     stop: Stop,
-    /// The agent's highest rate (`--max-rate`), shared by the role's
-    /// sending flows, which pace themselves to their share.
-    max_rate_gbps: f64,
+    /// The agent's highest rate (`--max-rate`), which every flow of the
+    /// role charges as it sends and receives.
+    pace: Pacing,
+}
+
+/// How the flows of a bandwidth role are paced: the agent's rate budget,
+/// and whether the transport keeps message boundaries (its messages then
+/// go whole).
+struct Pacing {
+    rate: Arc<RateBudget>,
+    message_boundaries: bool,
 }
 
 impl OpenRole for Streams {
@@ -338,29 +351,38 @@ impl ReadyRole for Streams {
             Arc::from(Vec::new())
         };
         let recv_bytes = recv_buffer_bytes(size);
-        let flow_count = self.flows.len().max(1) as f64;
-        let flow_bytes_per_s = self.max_rate_gbps * 1e9 / 8.0 / flow_count;
         let mut handles = Vec::with_capacity(self.flows.len());
         for (i, flow) in self.flows.into_iter().enumerate() {
             let stop = self.stop.clone();
             let payload = Arc::clone(&payload);
+            let flow: Box<dyn transport::Flow> = Box::new(
+                PacedFlow::new(
+                    flow,
+                    Arc::clone(&self.pace.rate),
+                    self.pace.message_boundaries,
+                )
+                .stopped_by(self.stop.flag()),
+            );
             let h = std::thread::Builder::new()
                 .name(format!("flow {i}"))
                 .spawn(move || {
-                    if both {
-                        both_ways_until(
-                            flow,
-                            payload,
-                            recv_bytes,
-                            (window_start, end),
-                            &stop,
-                            flow_bytes_per_s,
-                        )
+                    let counted = if both {
+                        both_ways_until(flow, payload, recv_bytes, (window_start, end), &stop)
                     } else if sends {
-                        send_until(flow, &payload, end, &stop, flow_bytes_per_s)
+                        send_until(flow, &payload, end, &stop)
                     } else {
                         recv_until(flow, recv_bytes, window_start, end, drain, &stop)
+                    };
+                    // A failed flow ends the role's window now (the stop
+                    // is the role's own): the failure, a stopped peer's
+                    // timeout, is reported at once, not at the window's
+                    // end, and the other flows stop at their next message.
+                    // What fails after the stop is its consequence.
+                    let first = counted.is_err() && !stop.is_set();
+                    if first {
+                        stop.set();
                     }
+                    (counted, first)
                 })
                 .map_err(|source| RoleError::Thread {
                     what: "a flow thread",
@@ -373,7 +395,11 @@ impl ReadyRole for Streams {
         let mut first_err = None;
         for (index, h) in handles.into_iter().enumerate() {
             match h.join() {
-                Ok(Ok(c)) => reports.push(FlowReport {
+                // The flow whose failure stopped the others names it.
+                Ok((Err(source), true)) => {
+                    first_err = Some(RoleError::Flow { index, source });
+                }
+                Ok((Ok(c), _)) => reports.push(FlowReport {
                     index: index as u32,
                     bytes_tx: c.bytes_tx,
                     bytes_rx: c.bytes_rx,
@@ -382,7 +408,7 @@ impl ReadyRole for Streams {
                     percentiles: None,
                     errors: 0,
                 }),
-                Ok(Err(source)) => {
+                Ok((Err(source), false)) => {
                     first_err.get_or_insert(RoleError::Flow { index, source });
                 }
                 Err(_) => {
@@ -424,18 +450,17 @@ fn recv_buffer_bytes(size_bytes: usize) -> usize {
     size_bytes.clamp(1, RECV_BUFFER_BYTES)
 }
 
-/// Sends `payload` back to back until `end` or the stop, never faster
-/// than `max_bytes_per_s` on average (a share of the agent's `--max-rate`),
-/// then closes the flow (dropping it), which ends the receiver's loop.
+/// Sends `payload` back to back until `end` or the stop (no faster than
+/// the agent's budget lets the paced flow), then closes the flow
+/// (dropping it), which ends the receiver's loop.
 fn send_until(
     mut flow: Box<dyn transport::Flow>,
     payload: &[u8],
     end: Instant,
     stop: &Stop,
-    max_bytes_per_s: f64,
 ) -> Result<StreamCount, FlowError> {
     let (tx, _) = flow.split();
-    send_half_until(tx, payload, end, stop, max_bytes_per_s, false)
+    send_half_until(tx, payload, end, stop, false)
 }
 
 /// One end of a bidirectional flow: sends on a thread of its own while it
@@ -452,7 +477,6 @@ fn both_ways_until(
     buffer_bytes: usize,
     window: (Instant, Instant),
     stop: &Stop,
-    max_bytes_per_s: f64,
 ) -> Result<StreamCount, FlowError> {
     let (window_start, end) = window;
     let abort = flow.abort_handle();
@@ -462,14 +486,7 @@ fn both_ways_until(
     let sender = std::thread::Builder::new()
         .name("flow sender".into())
         .spawn(move || {
-            let r = send_half_until(
-                tx.as_mut(),
-                &payload,
-                end,
-                &send_stop,
-                max_bytes_per_s,
-                true,
-            );
+            let r = send_half_until(tx.as_mut(), &payload, end, &send_stop, true);
             if let (Err(_), Some(a)) = (&r, &send_abort) {
                 a.abort();
             }
@@ -522,20 +539,10 @@ fn send_half_until(
     payload: &[u8],
     end: Instant,
     stop: &Stop,
-    max_bytes_per_s: f64,
     closed_ends: bool,
 ) -> Result<StreamCount, FlowError> {
     let mut count = StreamCount::default();
-    let t0 = Instant::now();
     while Instant::now() < end && !stop.is_set() {
-        // Ahead of the rate: wait until the bytes sent are due (at most a
-        // stop tick at a time, so the stop and the window end still bite).
-        let due = Duration::from_secs_f64(count.bytes_tx as f64 / max_bytes_per_s);
-        let ahead = due.saturating_sub(t0.elapsed());
-        if !ahead.is_zero() {
-            std::thread::sleep(ahead.min(super::role::STOP_TICK));
-            continue;
-        }
         match tx.send_all(payload) {
             Ok(()) => count.bytes_tx += payload.len() as u64,
             // The receiver stopped reading at its own end of the window.

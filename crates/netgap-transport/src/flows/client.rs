@@ -52,6 +52,7 @@ pub struct PreparedClients {
     transport: &'static str,
     options: TransportOptions,
     token: Option<DataToken>,
+    rate: Option<Arc<crate::rate::RateBudget>>,
     workers: Vec<Worker>,
 }
 
@@ -166,7 +167,7 @@ pub(super) fn prepare(
     for _ in 0..workers_n {
         let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)
             .map_err(|e| sys("creating an epoll instance", e))?;
-        let io = cfg.path.worker().map_err(|source| EngineError::Sys {
+        let io = super::io::worker_io(cfg).map_err(|source| EngineError::Sys {
             what: format!("setting up the {} data path of a worker", cfg.path.name()),
             source,
         })?;
@@ -277,6 +278,7 @@ pub(super) fn prepare(
         transport: cfg.path.name(),
         options: cfg.options.clone(),
         token: cfg.token.clone(),
+        rate: cfg.rate.clone(),
         workers,
     })
 }
@@ -366,6 +368,7 @@ impl PreparedClients {
             transport,
             options,
             token,
+            rate,
             workers,
         } = self;
         let span = warmup
@@ -384,6 +387,7 @@ impl PreparedClients {
             transport,
             options,
             token,
+            rate,
         };
         let abort = stop;
         let mut handles = Vec::with_capacity(workers.len());
@@ -494,6 +498,8 @@ struct Ctx {
     transport: &'static str,
     options: TransportOptions,
     token: Option<DataToken>,
+    /// The budget every byte of the run is charged to, if paced.
+    rate: Option<Arc<crate::rate::RateBudget>>,
 }
 
 /// A flow's outcome with what the gathering step needs besides.
@@ -543,6 +549,9 @@ fn run_worker(
         if let Some(at) = w.retries.next_due() {
             wake = wake.min(at);
         }
+        // Ahead of the rate budget: sleep it off (a tick at most, so the
+        // timeouts, the schedule and the abort are still seen).
+        super::io::wait_for_budget(ctx.rate.as_deref(), abort, Duration::from_millis(TICK_MS));
         let timeout_ms = wake
             .saturating_duration_since(now)
             .as_millis()
@@ -562,6 +571,10 @@ fn run_worker(
             let slot = ev.data() as usize;
             if slot < w.flows.len() {
                 on_ready(&mut w, slot, sched, ctx, &mut retries, &mut last_error)?;
+            }
+            // The rest stay ready (level-triggered) for after the wait.
+            if super::io::ahead(ctx.rate.as_deref()) {
+                break;
             }
         }
         let now = Instant::now();

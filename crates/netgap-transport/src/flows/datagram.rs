@@ -491,13 +491,14 @@ pub(super) fn bind(
 
 /// One server worker: answers every datagram of its flows until `stop`,
 /// sleeping in `epoll` (event mode) or spinning on the socket (poll mode);
-/// with a `token`, only flows that proved it (see the module docs).
+/// with a `token`, only flows that proved it (see the module docs); with a
+/// `rate` budget, charging every datagram received and sent to it and
+/// leaving the socket's queue be while it is ahead.
 pub(super) fn serve(
     socket: &UdpSocket,
     epoll: &Epoll,
     size_bytes: usize,
-    mode: Mode,
-    token: Option<DataToken>,
+    (mode, token, rate): (Mode, Option<DataToken>, Option<&crate::rate::RateBudget>),
     stop: &AtomicBool,
 ) -> Result<ServerTotals, EngineError> {
     // A secret per worker: the kernel steers a flow's hello and its
@@ -516,6 +517,7 @@ pub(super) fn serve(
     let mut server = Server::new(size_bytes, proof);
     let mut events = [EpollEvent::empty(); 1];
     while !stop.load(Ordering::Relaxed) {
+        super::io::wait_for_budget(rate, stop, Duration::from_millis(STOP_POLL_MS.into()));
         if mode == Mode::Event {
             match epoll.wait(&mut events, STOP_POLL_MS) {
                 Ok(_) | Err(Errno::EINTR) => {}
@@ -527,7 +529,7 @@ pub(super) fn serve(
                 }
             }
         }
-        server.drain(socket);
+        server.drain(socket, rate);
     }
     Ok(server.totals())
 }
@@ -593,9 +595,13 @@ impl Server {
         self.totals
     }
 
-    /// Answers what is queued on `socket`, at most [`BATCH`] datagrams.
-    fn drain(&mut self, socket: &UdpSocket) {
+    /// Answers what is queued on `socket`, at most [`BATCH`] datagrams,
+    /// and fewer once `rate` is ahead (every datagram is charged to it).
+    fn drain(&mut self, socket: &UdpSocket, rate: Option<&crate::rate::RateBudget>) {
         for _ in 0..BATCH {
+            if super::io::ahead(rate) {
+                return;
+            }
             let (n, from) = match socket.recv_from(&mut self.buf) {
                 Ok(got) => got,
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
@@ -605,6 +611,9 @@ impl Server {
                     return;
                 }
             };
+            if let Some(r) = rate {
+                r.charge(n as u64);
+            }
             match self.answer(n, from) {
                 Answer::None => {}
                 Answer::Reply(len) => {
@@ -616,6 +625,9 @@ impl Server {
                     // The retry flag is the client's; the reply is plain.
                     self.buf[4] = 0;
                     if socket.send_to(&self.buf[..n], from).is_ok() {
+                        if let Some(r) = rate {
+                            r.charge(n as u64);
+                        }
                         self.stats.datagrams_sent += 1;
                         if again {
                             self.stats.retries += 1;
@@ -693,7 +705,9 @@ impl Server {
                 self.totals.bytes_tx += size;
                 Answer::Echo { again: false }
             }
-            Kind::HelloAck | Kind::Probe | Kind::Nack | Kind::ConfirmAck => Answer::None,
+            Kind::HelloAck | Kind::Probe | Kind::Nack | Kind::ConfirmAck | Kind::Ack => {
+                Answer::None
+            }
         }
     }
 

@@ -9,9 +9,13 @@
 //! client flow's connected UDP socket ([`DATAGRAMS`]). A transport offers
 //! its data path through [`crate::Transport::engine_path`].
 
+use crate::rate::RateBudget;
 use std::fmt::Debug;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, BorrowedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// A transport's way of moving bytes on the engine's non-blocking
 /// connections. Stateless: each worker gets its own [`WorkerIo`].
@@ -106,6 +110,68 @@ impl WorkerIo for Syscalls {
             )
         };
         usize::try_from(n).map_err(|_| io::Error::last_os_error())
+    }
+}
+
+/// The data path of one worker of an engine run with `config`: the
+/// transport's, charging every byte it moves to the run's rate budget
+/// when it has one.
+pub(crate) fn worker_io(config: &super::EngineConfig) -> io::Result<Box<dyn WorkerIo>> {
+    let io = config.path.worker()?;
+    Ok(match &config.rate {
+        Some(budget) => Box::new(PacedIo {
+            inner: io,
+            budget: Arc::clone(budget),
+        }),
+        None => io,
+    })
+}
+
+/// A worker's data path that charges what it moves to a rate budget. It
+/// never waits itself (its calls do not block): the worker stops pumping
+/// while the budget is ahead ([`ahead`]) and sleeps it off
+/// ([`wait_for_budget`]) before it waits for readiness again.
+#[derive(Debug)]
+struct PacedIo {
+    inner: Box<dyn WorkerIo>,
+    budget: Arc<RateBudget>,
+}
+
+impl WorkerIo for PacedIo {
+    fn read(&mut self, fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(fd, buf)?;
+        self.budget.charge(n as u64);
+        Ok(n)
+    }
+
+    fn write(&mut self, fd: BorrowedFd<'_>, buf: &[u8]) -> io::Result<usize> {
+        let n = self.inner.write(fd, buf)?;
+        self.budget.charge(n as u64);
+        Ok(n)
+    }
+}
+
+/// Whether a worker paced by `budget` has moved more than it may by now:
+/// it then leaves its other ready flows for after [`wait_for_budget`]
+/// (readiness is level-triggered, so none is lost).
+pub(crate) fn ahead(budget: Option<&RateBudget>) -> bool {
+    budget.is_some_and(|b| !b.ahead().is_zero())
+}
+
+/// Sleeps while `budget` is ahead, at most `max`, in slices that check
+/// `stop`.
+pub(crate) fn wait_for_budget(budget: Option<&RateBudget>, stop: &AtomicBool, max: Duration) {
+    let Some(budget) = budget else {
+        return;
+    };
+    let until = Instant::now() + max;
+    loop {
+        let wait = budget.ahead();
+        let left = until.saturating_duration_since(Instant::now());
+        if wait.is_zero() || left.is_zero() || stop.load(Ordering::Relaxed) {
+            return;
+        }
+        std::thread::sleep(wait.min(left).min(crate::rate::WAIT_SLICE));
     }
 }
 

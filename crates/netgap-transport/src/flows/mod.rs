@@ -145,6 +145,10 @@ pub struct EngineConfig {
     /// A datagram path proves it in each flow's opening datagrams, and its
     /// server serves no flow that did not.
     pub token: Option<DataToken>,
+    /// The rate budget every byte the workers move is charged to (an
+    /// agent's `--max-rate`, shared with its other flows); a worker ahead
+    /// of it waits before it moves more. `None`: unpaced.
+    pub rate: Option<std::sync::Arc<crate::rate::RateBudget>>,
 }
 
 impl std::fmt::Debug for EngineConfig {
@@ -156,6 +160,7 @@ impl std::fmt::Debug for EngineConfig {
             .field("options", &self.options)
             .field("path", &self.path.name())
             .field("token", &self.token.is_some())
+            .field("rate_gbps", &self.rate.as_ref().map(|r| r.rate_gbps()))
             .finish()
     }
 }
@@ -171,6 +176,7 @@ impl EngineConfig {
             options: TransportOptions::default(),
             path: &SYSCALLS,
             token: None,
+            rate: None,
         }
     }
 

@@ -77,6 +77,8 @@ struct Ctx {
     max_open: usize,
     /// How long a connection may take to prove the session.
     io_timeout: Duration,
+    /// The budget every byte the workers move is charged to, if paced.
+    rate: Option<Arc<crate::rate::RateBudget>>,
 }
 
 impl FlowServer {
@@ -183,9 +185,10 @@ fn start(
         options: cfg.options.clone(),
         token: cfg.token.clone(),
         io_timeout: cfg.io_timeout,
+        rate: cfg.rate.clone(),
     };
     for (w, listener) in listeners.into_iter().enumerate() {
-        let io = cfg.path.worker().map_err(|source| EngineError::Sys {
+        let io = super::io::worker_io(cfg).map_err(|source| EngineError::Sys {
             what: format!("setting up the {} data path of a worker", cfg.path.name()),
             source,
         })?;
@@ -281,9 +284,15 @@ fn bind_datagrams(
             .map_err(|e| sys("creating an epoll instance", e))?;
         datagram::watch(&epoll, &socket)?;
         let stop_flag = Arc::clone(&stop);
-        let (mode, token) = (cfg.mode, cfg.token.clone());
+        let (mode, token, rate) = (cfg.mode, cfg.token.clone(), cfg.rate.clone());
         spawn_worker(w, &mut workers, &stop, move || {
-            datagram::serve(&socket, &epoll, size_bytes, mode, token, &stop_flag)
+            datagram::serve(
+                &socket,
+                &epoll,
+                size_bytes,
+                (mode, token, rate.as_deref()),
+                &stop_flag,
+            )
         })?;
     }
     Ok(FlowServer {
@@ -411,12 +420,22 @@ fn serve(
         } else {
             wait_ms
         };
+        // Ahead of the rate budget: sleep it off before serving more.
+        super::io::wait_for_budget(
+            ctx.rate.as_deref(),
+            stop,
+            Duration::from_millis(STOP_POLL_MS.into()),
+        );
         let n = match epoll.wait(&mut events, wait_ms) {
             Ok(n) => n,
             Err(Errno::EINTR) => continue,
             Err(e) => return Err(sys("waiting in epoll", e)),
         };
         for ev in &events[..n] {
+            // The rest stay ready (level-triggered) for after the wait.
+            if super::io::ahead(ctx.rate.as_deref()) {
+                break;
+            }
             let token = ev.data();
             if token == LISTENER {
                 if closing_by.is_some() || !listening {
