@@ -11,6 +11,14 @@
 //! AF_XDP socket's own transmissions bypass the sending host's qdiscs, so
 //! a loss at the link ends would not touch them.
 //!
+//! A third test forges frames from the switch's namespace during a
+//! verified run (`forged_frames_from_the_switch_neither_corrupt_nor_end_a_flow`):
+//! it watches the flows' real frames on the bridge's ports and sends frames
+//! shaped like them, with the right addresses, flow ids and sequence
+//! numbers (and numbers counted from 0), but without the flow's key:
+//! data, FINs and acknowledgments. The run must still complete with every
+//! byte verified.
+//!
 //! Runs only in a build with the `xdp` feature (`cargo test --features xdp
 //! --test xdp`); otherwise, or without root and namespaces, it prints why
 //! and passes (with NETGAP_REQUIRE_SYSTEM_TESTS=1 a missing testbed is a
@@ -182,6 +190,306 @@ fn every_test_runs_over_xdp_between_two_hosts_verified_with_and_without_loss() {
         resent > 0,
         "{dropped} frames dropped, but no retransmission was counted"
     );
+    let _ = tb.down();
+    tb.assert_gone();
+}
+
+/// Frames forged during a run, by what they claimed to be.
+#[derive(Debug, Default, Clone, Copy)]
+struct Forged {
+    /// Real frames of keyed flows seen on the ports.
+    seen: u64,
+    /// Data frames at the receiver's next sequence numbers.
+    data: u64,
+    /// FINs at the receiver's next sequence number.
+    fins: u64,
+    /// Acknowledgments of everything the sender has in flight.
+    acks: u64,
+    /// FINs and data numbered from 0, as a blind guess would go.
+    blind: u64,
+}
+
+/// A raw packet socket in the calling thread's network namespace, bound
+/// to interface `ifname`.
+fn packet_socket(ifname: &str) -> std::os::fd::OwnedFd {
+    use std::os::fd::FromRawFd;
+    let proto = (libc::ETH_P_ALL as u16).to_be();
+    // SAFETY: socket() with constant arguments; the result is checked and
+    // owned at once.
+    let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, i32::from(proto)) };
+    assert!(fd >= 0, "{}", std::io::Error::last_os_error());
+    // SAFETY: `fd` is a new descriptor nothing else owns.
+    let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+    let name = std::ffi::CString::new(ifname).expect("interface name");
+    // SAFETY: `name` is a live NUL-terminated string.
+    let index = unsafe { libc::if_nametoindex(name.as_ptr()) };
+    assert!(index > 0, "no interface {ifname}");
+    // SAFETY: sockaddr_ll is plain data; all zeros is a valid value.
+    let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+    sll.sll_family = libc::AF_PACKET as u16;
+    sll.sll_protocol = proto;
+    sll.sll_ifindex = index as i32;
+    use std::os::fd::AsRawFd;
+    // SAFETY: binds our socket to a live sockaddr_ll of the size given.
+    let rc = unsafe {
+        libc::bind(
+            fd.as_raw_fd(),
+            (&raw const sll).cast::<libc::sockaddr>(),
+            std::mem::size_of::<libc::sockaddr_ll>() as u32,
+        )
+    };
+    assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+    let timeout = libc::timeval {
+        tv_sec: 0,
+        tv_usec: 50_000,
+    };
+    // SAFETY: sets a receive timeout from a live timeval of the size given.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&raw const timeout).cast::<libc::c_void>(),
+            std::mem::size_of::<libc::timeval>() as u32,
+        )
+    };
+    assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+    fd
+}
+
+/// Watches the ports `ports` of the switch namespace `sw` until `stop`,
+/// and for every few real frames of a keyed flow forges frames at both of
+/// its ends; what it forged.
+fn forge_until(sw: &str, ports: &[String], stop: &std::sync::atomic::AtomicBool) -> Forged {
+    use netgap::transport::xdp::reliable::{
+        parse, write_headers, Header, Kind, Mac, ETH_HEADER_BYTES, FIELDS_BYTES,
+        FRAME_OVERHEAD_BYTES,
+    };
+    use std::collections::HashMap;
+    use std::os::fd::AsRawFd;
+    use std::sync::atomic::Ordering;
+
+    let ns = std::fs::File::open(format!("/run/netns/{sw}")).expect("switch namespace");
+    nix::sched::setns(ns, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+    // One socket per port to watch, one to send on: the port a host hangs
+    // off, so a forged frame goes straight to it (and the bridge does not
+    // learn its spoofed source address).
+    let watch: Vec<_> = ports.iter().map(|p| packet_socket(p)).collect();
+    let send: Vec<_> = ports.iter().map(|p| packet_socket(p)).collect();
+    // Which port each host's MAC hangs off, learnt from what it sends.
+    let mut port_of: HashMap<Mac, usize> = HashMap::new();
+    let mut out = Forged::default();
+    let mut blind_seq = 0u32;
+    let mut buf = vec![0u8; 16 * 1024];
+    let tx = |port: usize, frame: &[u8]| {
+        // SAFETY: sends from a live buffer of the length given on our
+        // bound socket.
+        let n = unsafe {
+            libc::send(
+                send[port].as_raw_fd(),
+                frame.as_ptr().cast::<libc::c_void>(),
+                frame.len(),
+                0,
+            )
+        };
+        n == frame.len() as isize
+    };
+    let forge = |dst: &Mac, src: &Mac, h: &Header, payload: &[u8]| {
+        let mut f = vec![0u8; FRAME_OVERHEAD_BYTES + payload.len()];
+        let n = write_headers(&mut f, dst, src, h);
+        f[FRAME_OVERHEAD_BYTES..n].copy_from_slice(payload);
+        // A tag of ones: not zeros, not the flow's.
+        f[ETH_HEADER_BYTES + FIELDS_BYTES..FRAME_OVERHEAD_BYTES].fill(0xff);
+        f
+    };
+    let mut fds: Vec<libc::pollfd> = watch
+        .iter()
+        .map(|w| libc::pollfd {
+            fd: w.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    let mut frames = Vec::new();
+    while !stop.load(Ordering::Relaxed) {
+        // SAFETY: `fds` is a live array of as many pollfd structs as given.
+        unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 50) };
+        frames.clear();
+        for (port, w) in watch.iter().enumerate() {
+            loop {
+                // SAFETY: sockaddr_ll is plain data; all zeros is valid.
+                let mut from: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+                let mut from_len = std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t;
+                // SAFETY: receives into a live buffer of its length, and
+                // the sender's address into a live sockaddr_ll of the size
+                // given.
+                let n = unsafe {
+                    libc::recvfrom(
+                        w.as_raw_fd(),
+                        buf.as_mut_ptr().cast::<libc::c_void>(),
+                        buf.len(),
+                        libc::MSG_DONTWAIT,
+                        (&raw mut from).cast::<libc::sockaddr>(),
+                        &raw mut from_len,
+                    )
+                };
+                let Ok(n) = usize::try_from(n) else { break };
+                // Each frame between the hosts enters the switch at one
+                // port and leaves at the other: it is taken where it
+                // enters, so the port a MAC hangs off is the one it came
+                // in on.
+                if from.sll_pkttype != libc::PACKET_OUTGOING {
+                    frames.push((port, buf[..n].to_vec()));
+                }
+            }
+        }
+        for (port, frame) in &frames {
+            let (port, frame) = (*port, &frame[..]);
+            let Ok(p) = parse(frame) else { continue };
+            let tag = &frame[ETH_HEADER_BYTES + FIELDS_BYTES..FRAME_OVERHEAD_BYTES];
+            // Frames of ours (a tag of ones) and frames of flows not keyed
+            // yet (zeros: the opening and the proof, which no key
+            // protects) are left alone.
+            if tag.iter().all(|&b| b == 0xff) || tag.iter().all(|&b| b == 0) {
+                continue;
+            }
+            port_of.insert(p.src, port);
+            let h = p.header;
+            if h.kind != Kind::Data || p.payload.len() < 1000 {
+                continue;
+            }
+            out.seen += 1;
+            if out.seen % 4 != 0 {
+                continue;
+            }
+            let mut dst = [0u8; 6];
+            dst.copy_from_slice(&frame[0..6]);
+            let Some(&to_receiver) = port_of.get(&dst) else {
+                continue;
+            };
+            let to_sender = port;
+            // To the receiver, as the sender: data and a FIN at the next
+            // numbers, and numbers from 0.
+            let as_sender = |kind, seq, len: u16| Header {
+                kind,
+                len,
+                seq,
+                ..h
+            };
+            let junk = vec![0xee; p.payload.len()];
+            for k in 1..=2u32 {
+                let f = forge(
+                    &dst,
+                    &p.src,
+                    &as_sender(Kind::Data, h.seq.wrapping_add(k), h.len),
+                    &junk,
+                );
+                out.data += u64::from(tx(to_receiver, &f));
+            }
+            let f = forge(
+                &dst,
+                &p.src,
+                &as_sender(Kind::Fin, h.seq.wrapping_add(1), 0),
+                &[],
+            );
+            out.fins += u64::from(tx(to_receiver, &f));
+            for kind in [Kind::Fin, Kind::Data] {
+                let len = if kind == Kind::Data { h.len } else { 0 };
+                let payload = if kind == Kind::Data {
+                    &junk[..]
+                } else {
+                    &[][..]
+                };
+                let f = forge(&dst, &p.src, &as_sender(kind, blind_seq, len), payload);
+                out.blind += u64::from(tx(to_receiver, &f));
+                blind_seq = blind_seq.wrapping_add(1);
+            }
+            // To the sender, as the receiver: everything in flight
+            // acknowledged, and the receiver's stream ended at the number
+            // the sender expects next.
+            let as_receiver = |kind, seq, ack| Header {
+                kind,
+                len: 0,
+                dst_flow: h.src_flow,
+                src_flow: h.dst_flow,
+                seq,
+                ack,
+                credit: ack.wrapping_add(1000),
+                sack: 0,
+            };
+            let f = forge(
+                &p.src,
+                &dst,
+                &as_receiver(Kind::Ack, 0, h.seq.wrapping_add(1)),
+                &[],
+            );
+            out.acks += u64::from(tx(to_sender, &f));
+            let f = forge(
+                &p.src,
+                &dst,
+                &as_receiver(Kind::Fin, h.ack, h.seq.wrapping_add(1)),
+                &[],
+            );
+            out.fins += u64::from(tx(to_sender, &f));
+        }
+    }
+    out
+}
+
+#[test]
+fn forged_frames_from_the_switch_neither_corrupt_nor_end_a_flow() {
+    let name = "forged_frames_from_the_switch_neither_corrupt_nor_end_a_flow";
+    if !xdp_ready(name) {
+        return;
+    }
+    let (tb, _) = Testbed::up("xdpf", &["--hosts", "2"]);
+    let ports: Vec<String> = tb.hosts().hosts.iter().map(|h| h.name.clone()).collect();
+    let sw = tb.ns("sw");
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tests = "stream,pingpong,bibw";
+    /// Stops the forger when the run ends, even by a panic (the scope
+    /// joins the forger before the panic goes on).
+    struct StopOnDrop<'a>(&'a std::sync::atomic::AtomicBool);
+    impl Drop for StopOnDrop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+    let (recs, forged) = std::thread::scope(|s| {
+        let forger = s.spawn(|| forge_until(&sw, &ports, &stop));
+        let stopper = StopOnDrop(&stop);
+        let recs = tb.run(
+            tests,
+            &[
+                "-t",
+                "xdp",
+                "--mode",
+                "event,poll",
+                "--sizes",
+                "64K,1M",
+                "--reps",
+                "3",
+                "--rep-time",
+                "50ms",
+                "--verify",
+            ],
+            &dir.path().join("forged.jsonl"),
+        );
+        drop(stopper);
+        (recs, forger.join().expect("the forger"))
+    });
+    eprintln!("{forged:?}");
+    check_records(&recs, 3, 2);
+    assert!(forged.seen > 0, "no frame of a keyed flow was seen");
+    for (what, n) in [
+        ("data", forged.data),
+        ("FIN", forged.fins),
+        ("acknowledgment", forged.acks),
+        ("blind", forged.blind),
+    ] {
+        assert!(n > 0, "no forged {what} frame went out: {forged:?}");
+    }
     let _ = tb.down();
     tb.assert_gone();
 }

@@ -7,7 +7,11 @@
 //! The connecting end ([`connector`]) sends a nonce and sends nothing more
 //! unless the far end answers with a tag only a holder of the point's
 //! [`DataToken`] can make; the listening end ([`listener`]) starts its role
-//! only once the connector proved the token too. The point-to-point runner,
+//! only once the connector proved the token too. Each end then hands the
+//! flow the connection's key ([`Flow::bind_session`]): the connector
+//! before its confirmation goes, the listener once it checked it, so a
+//! transport that authenticates its own frames (xdp) does so from the
+//! confirmation on. The point-to-point runner,
 //! the agent's server role and the bandwidth roles of multi-host workloads
 //! all go through here.
 
@@ -56,6 +60,8 @@ pub fn connector(flow: &mut dyn Flow, token: &DataToken) -> Result<(), PreambleE
     let mut answer = [0u8; ANSWER_BYTES];
     rx.recv_exact(&mut answer)?;
     let confirm = proof.on_answer(&answer)?;
+    flow.bind_session(&proof.flow_key(&answer)?)?;
+    let tx = flow.split().0;
     tx.send_all(&confirm)?;
     tx.end_burst()?;
     Ok(())
@@ -75,5 +81,6 @@ pub fn listener(flow: &mut dyn Flow, token: &DataToken) -> Result<(), PreambleEr
     let mut confirm = [0u8; CONFIRM_BYTES];
     rx.recv_exact(&mut confirm)?;
     proof.on_confirm(&confirm)?;
+    flow.bind_session(&proof.flow_key(&confirm)?)?;
     Ok(())
 }

@@ -20,6 +20,11 @@
 //! itself never crosses a data connection. Tags are compared in constant
 //! time.
 //!
+//! Once the proof holds, both ends can derive the same [`FlowKey`]
+//! (HMAC-SHA256(token, [`FLOW_KEY_CONTEXT`] ‖ connector nonce ‖ listener
+//! nonce)): a secret of that one connection, for a transport that
+//! authenticates its own frames (xdp). It is never sent.
+//!
 //! Flows of datagrams, which have no connection, prove the same token with
 //! [`DatagramConnectorProof`] and [`DatagramListenerProof`]: the same three
 //! steps in the payload of the flow's opening datagrams, with a listener
@@ -52,6 +57,35 @@ pub const CONFIRM_BYTES: usize = TAG_BYTES;
 pub const LISTENER_CONTEXT: &[u8] = b"netgap data v1: listener";
 /// Domain separation of the connector's tag.
 pub const CONNECTOR_CONTEXT: &[u8] = b"netgap data v1: connector";
+/// Domain separation of a proven connection's [`FlowKey`].
+pub const FLOW_KEY_CONTEXT: &[u8] = b"netgap data v1: flow key";
+/// Bytes of a [`FlowKey`].
+pub const FLOW_KEY_BYTES: usize = 32;
+
+/// The secret one proven data connection's two ends share: derived from
+/// the point's token and both ends' nonces, so it differs for every
+/// connection and is known to no one who lacks the token. Its bytes never
+/// appear in `Debug`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct FlowKey([u8; FLOW_KEY_BYTES]);
+
+impl fmt::Debug for FlowKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("FlowKey(..)")
+    }
+}
+
+impl FlowKey {
+    /// A key from its bytes (a test's fixed key, or one derived here).
+    pub fn from_bytes(bytes: [u8; FLOW_KEY_BYTES]) -> FlowKey {
+        FlowKey(bytes)
+    }
+
+    /// Its bytes, to key a MAC with.
+    pub fn bytes(&self) -> &[u8; FLOW_KEY_BYTES] {
+        &self.0
+    }
+}
 
 /// The secret every end of one point's data connections shares: drawn
 /// fresh by the coordinator for each point, sent to each agent with the
@@ -82,6 +116,19 @@ impl DataToken {
         mac.update(connector);
         mac.update(listener);
         mac
+    }
+}
+
+impl DataToken {
+    fn flow_key(&self, connector: &[u8], listener: &[u8]) -> FlowKey {
+        let mut key = [0u8; FLOW_KEY_BYTES];
+        key.copy_from_slice(
+            &self
+                .tag(FLOW_KEY_CONTEXT, connector, listener)
+                .finalize()
+                .into_bytes(),
+        );
+        FlowKey(key)
     }
 }
 
@@ -163,6 +210,15 @@ impl ConnectorProof {
         );
         Ok(confirm)
     }
+
+    /// The connection's [`FlowKey`], from the listener's `answer`, which
+    /// is checked again: no key comes from an answer that does not prove
+    /// the token. Never panics.
+    pub fn flow_key(&self, answer: &[u8]) -> Result<FlowKey, DataProofError> {
+        self.on_answer(answer)?;
+        let nonce = &answer[MAGIC.len()..MAGIC.len() + NONCE_BYTES];
+        Ok(self.token.flow_key(&self.nonce, nonce))
+    }
 }
 
 /// The listening end's side: read [`HELLO_BYTES`], answer with
@@ -217,6 +273,14 @@ impl ListenerProof {
             .tag(CONNECTOR_CONTEXT, &connector, &self.nonce)
             .verify_slice(confirm)
             .map_err(|_| DataProofError::WrongSession)
+    }
+
+    /// The connection's [`FlowKey`], once the connector's `confirm` (checked
+    /// again) proved the token. Never panics.
+    pub fn flow_key(&self, confirm: &[u8]) -> Result<FlowKey, DataProofError> {
+        self.on_confirm(confirm)?;
+        let connector = self.connector.ok_or(DataProofError::NotNetgap)?;
+        Ok(self.token.flow_key(&connector, &self.nonce))
     }
 }
 
@@ -452,6 +516,41 @@ mod tests {
             ListenerProof::new(token(1), [3; 16]).on_confirm(&[0; CONFIRM_BYTES]),
             Err(DataProofError::NotNetgap)
         );
+    }
+
+    #[test]
+    fn both_ends_of_a_proven_connection_derive_one_flow_key_no_one_else_does() {
+        let c = ConnectorProof::new(token(1), [2; NONCE_BYTES]);
+        let mut l = ListenerProof::new(token(1), [3; NONCE_BYTES]);
+        assert_eq!(
+            l.flow_key(&[0; CONFIRM_BYTES]),
+            Err(DataProofError::NotNetgap),
+            "no key before a hello"
+        );
+        let answer = l.on_hello(&c.hello()).unwrap();
+        let confirm = c.on_answer(&answer).unwrap();
+        let key = c.flow_key(&answer).unwrap();
+        assert_eq!(l.flow_key(&confirm), Ok(key.clone()));
+        assert_eq!(format!("{key:?}"), "FlowKey(..)");
+        // Not the token, and not a tag that crossed the wire.
+        assert_ne!(key.bytes(), &[1; TOKEN_BYTES]);
+        assert_ne!(&key.bytes()[..], &answer[MAGIC.len() + NONCE_BYTES..]);
+        assert_ne!(&key.bytes()[..], &confirm[..]);
+        // No key from a forged confirmation or answer.
+        assert_eq!(
+            l.flow_key(&[0; CONFIRM_BYTES]),
+            Err(DataProofError::WrongSession)
+        );
+        let other = ListenerProof::new(token(9), [3; NONCE_BYTES]).on_hello(&c.hello());
+        assert_eq!(
+            c.flow_key(&other.unwrap()),
+            Err(DataProofError::WrongSession)
+        );
+        // Another connection of the same point has another key.
+        let c2 = ConnectorProof::new(token(1), [4; NONCE_BYTES]);
+        let mut l2 = ListenerProof::new(token(1), [3; NONCE_BYTES]);
+        let answer2 = l2.on_hello(&c2.hello()).unwrap();
+        assert_ne!(c2.flow_key(&answer2).unwrap(), key);
     }
 
     #[test]

@@ -267,6 +267,16 @@ pub trait Flow: Send {
     fn path_choices(&self) -> Vec<String> {
         Vec::new()
     }
+
+    /// Takes the key the session's data proof gave this flow
+    /// ([`netgap_proto::dataproof::FlowKey`]), as soon as this end knows
+    /// the far end holds the point's token: a transport that carries its
+    /// own frames (xdp) authenticates every frame from then on. Nothing by
+    /// default: a kernel stack's flows are the kernel's to protect.
+    fn bind_session(&mut self, key: &netgap_proto::dataproof::FlowKey) -> Result<(), FlowError> {
+        let _ = key;
+        Ok(())
+    }
 }
 
 pub use netgap_core::datagram::DatagramStats;

@@ -19,13 +19,21 @@
 //! data frame's buffer stays the sender's until the frame is acknowledged
 //! (so it can be sent again as it is) and the kernel has completed every
 //! send of it; a control frame's buffer is free once completed.
+//!
+//! Authentication: each end draws its initial sequence number at random;
+//! once the session's data proof hands the flow its key
+//! ([`XdpFlow::bind_session`]), every frame is sealed before it is queued
+//! and every arrival from the peer must verify ([`super::auth::Guard`]);
+//! one that does not is dropped and counted, and changes nothing.
 
+use super::auth::{End, FrameKeys, Guard, Side};
 use super::reliable::{
     self, Arrival, Header, Kind, Mac, RecvWindow, SendWindow, FRAME_OVERHEAD_BYTES,
 };
 use super::sys::Xsk;
 use crate::{DatagramStats, Flow, FlowError, FlowMonitor, Receiver, Sender};
 use netgap_core::spec::Mode;
+use netgap_proto::dataproof::FlowKey;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -83,19 +91,30 @@ pub(crate) struct Endpoint {
     /// The peer asked for the flow's end and nothing more will come.
     fin_sent: bool,
     fin_seq: Option<u32>,
+    /// The initial sequence number of what this end sends.
+    isn: u32,
+    /// The peer's initial sequence number, from its opening.
+    peer_isn: u32,
+    /// Which end of the flow this is, once it is open.
+    side: Option<Side>,
+    /// Bytes the receiver holds unread.
+    window_bytes: usize,
+    /// Seals what goes out and checks what comes in, once keyed.
+    guard: Guard,
 }
 
 impl Endpoint {
     /// An endpoint over `xsk` whose UMEM has `frames` frames, half for
-    /// receiving; frames carry at most `mss` payload bytes and the
-    /// receiver holds `window_bytes` unread.
+    /// receiving; frames carry at most `mss` payload bytes, the receiver
+    /// holds `window_bytes` unread, and what this end sends is numbered
+    /// from `isn` (drawn at random).
     pub(crate) fn new(
         mut xsk: Xsk,
         frames: u32,
-        local_mac: Mac,
-        local_flow: u16,
+        (local_mac, local_flow): (Mac, u16),
         mss: usize,
         window_bytes: usize,
+        isn: u32,
     ) -> io::Result<Endpoint> {
         let rx_frames = frames / 2;
         let rx: Vec<u32> = (0..rx_frames).collect();
@@ -103,7 +122,8 @@ impl Endpoint {
             return Err(io::Error::other("the fill ring took no receive buffers"));
         }
         let tx_count = frames - rx_frames;
-        let recv = RecvWindow::new(mss, window_bytes);
+        // Until the peer's opening names its initial sequence number.
+        let recv = RecvWindow::new(0, mss, window_bytes);
         Ok(Endpoint {
             xsk,
             local_mac,
@@ -117,7 +137,7 @@ impl Endpoint {
             tx_release: vec![false; tx_count as usize],
             tx_queued: false,
             tx_outstanding: 0,
-            send: SendWindow::new(0, tx_count / 2),
+            send: SendWindow::new(isn, 0, tx_count / 2),
             recv,
             t0: Instant::now(),
             stats: DatagramStats::default(),
@@ -125,6 +145,11 @@ impl Endpoint {
             syn_from: None,
             fin_sent: false,
             fin_seq: None,
+            isn,
+            peer_isn: 0,
+            side: None,
+            window_bytes,
+            guard: Guard::new(),
         })
     }
 
@@ -153,16 +178,26 @@ impl Endpoint {
     /// buffer after completion (a data frame, until acknowledged).
     fn post(&mut self, kind: Kind, seq: u32, payload: &[u8], keep: bool) -> Option<u32> {
         let peer = self.peer.or(self.syn_from)?;
-        // An opening carries the largest payload this end takes in its
-        // sequence field.
-        let seq = match kind {
-            Kind::Syn | Kind::SynAck => u32::try_from(self.recv_mss).unwrap_or(u32::MAX),
-            _ => seq,
-        };
         let slot = self.free_tx.pop()?;
-        let (ack, credit, sack) = match kind {
-            Kind::Syn | Kind::SynAck => (0, self.recv.credit(), 0),
-            _ => self.recv.take_ack(),
+        // An opening carries this end's initial sequence number, the
+        // frames the peer may send (a span: the client does not know the
+        // server's number yet) and the largest payload this end takes; the
+        // answer echoes the client's number.
+        let (seq, ack, credit, sack) = match kind {
+            Kind::Syn | Kind::SynAck => (
+                self.isn,
+                if kind == Kind::SynAck {
+                    self.peer_isn
+                } else {
+                    0
+                },
+                self.recv.credit_frames(),
+                self.recv_mss as u64,
+            ),
+            _ => {
+                let (ack, credit, sack) = self.recv.take_ack();
+                (seq, ack, credit, sack)
+            }
         };
         let header = Header {
             kind,
@@ -178,6 +213,7 @@ impl Endpoint {
         let frame = self.xsk.frame_mut(slot);
         let len = reliable::write_headers(frame, &peer.mac, &local, &header);
         frame[FRAME_OVERHEAD_BYTES..len].copy_from_slice(payload);
+        self.guard.seal(&mut frame[..len]);
         let i = self.tx_index(slot)?;
         self.tx_release[i] = !keep;
         if !self.xsk.queue_tx(slot, len as u32) {
@@ -209,6 +245,9 @@ impl Endpoint {
         header.credit = credit;
         header.sack = sack;
         let len = reliable::write_headers(frame, &dst, &src, &header);
+        // Sealed again: the acknowledgment fields changed, and the flow
+        // may have been keyed since the first send.
+        self.guard.seal(&mut frame[..len]);
         if self.xsk.queue_tx(slot, len as u32) {
             self.tx_pending[i] = self.tx_pending[i].saturating_add(1);
             self.tx_queued = true;
@@ -237,10 +276,11 @@ impl Endpoint {
                 self.release_if_done(slot);
             }
         }
-        let mut frames: Vec<(reliable::Header, Mac, Vec<u8>)> = Vec::new();
+        // Whole frames are kept: the authenticator covers the header too.
+        let mut frames: Vec<Vec<u8>> = Vec::new();
         let slots = self.xsk.receive(RX_BATCH, |bytes| {
-            if let Ok(p) = reliable::parse(bytes) {
-                frames.push((p.header, p.src, p.payload.to_vec()));
+            if reliable::parse(bytes).is_ok() {
+                frames.push(bytes.to_vec());
             }
         });
         let got = !slots.is_empty();
@@ -253,8 +293,10 @@ impl Endpoint {
             }
         }
         let now = self.now_ns();
-        for (h, src, payload) in frames {
-            self.on_frame(&h, src, &payload, now);
+        for raw in frames {
+            if let Ok(p) = reliable::parse(&raw) {
+                self.on_frame(&p.header, p.src, p.payload, &raw, now);
+            }
         }
         if self.peer.is_some() {
             for f in self.send.due(now) {
@@ -285,7 +327,8 @@ impl Endpoint {
         self.tx_outstanding > 0
     }
 
-    fn on_frame(&mut self, h: &Header, src: Mac, payload: &[u8], now: u64) {
+    /// Takes frame `raw`, parsed as `h` from `src` with `payload`.
+    fn on_frame(&mut self, h: &Header, src: Mac, payload: &[u8], raw: &[u8], now: u64) {
         if h.dst_flow != self.local_flow {
             return;
         }
@@ -297,18 +340,19 @@ impl Endpoint {
                         mac: src,
                         flow: h.src_flow,
                     });
-                    self.send = SendWindow::new(h.credit, self.send_buffers());
-                    self.mss = peer_mss(h.seq, self.recv_mss);
+                    self.opened(h);
                 }
-                // The answer of the server this end asked.
+                // The answer of the server this end asked, to this end's
+                // opening (its initial sequence number echoed).
                 Kind::SynAck
-                    if self
-                        .syn_from
-                        .is_some_and(|p| p.mac == src && p.flow == h.src_flow) =>
+                    if h.ack == self.isn
+                        && self
+                            .syn_from
+                            .is_some_and(|p| p.mac == src && p.flow == h.src_flow) =>
                 {
-                    self.send = SendWindow::new(h.credit, self.send_buffers());
-                    self.mss = peer_mss(h.seq, self.recv_mss);
+                    self.opened(h);
                     self.peer = self.syn_from;
+                    self.side = Some(Side::Client);
                 }
                 _ => {}
             }
@@ -317,10 +361,17 @@ impl Endpoint {
         if h.src_flow != peer.flow || src != peer.mac {
             return;
         }
+        if !self.guard.admit(raw) {
+            // Not the peer's (or altered on the way): as if never arrived.
+            return;
+        }
         match h.kind {
             Kind::Syn => {
-                // Our SYN-ACK was lost: say it again.
-                self.post(Kind::SynAck, 0, &[], false);
+                // Our SYN-ACK was lost: say it again (to the same opening
+                // only).
+                if h.seq == self.peer_isn {
+                    self.post(Kind::SynAck, 0, &[], false);
+                }
                 return;
             }
             Kind::SynAck => return,
@@ -346,6 +397,42 @@ impl Endpoint {
         }
     }
 
+    /// Takes the peer's opening `h`: its initial sequence number, the
+    /// credit it gives and the payload it takes.
+    fn opened(&mut self, h: &Header) {
+        self.peer_isn = h.seq;
+        self.send = SendWindow::new(self.isn, h.credit, self.send_buffers());
+        self.recv = RecvWindow::new(h.seq, self.recv_mss, self.window_bytes);
+        self.mss = peer_mss(u32::try_from(h.sack).unwrap_or(u32::MAX), self.recv_mss);
+    }
+
+    /// Keys the open flow with the proven connection's `key`: from now on
+    /// every frame is sealed and every arrival must verify.
+    fn bind(&mut self, key: &FlowKey) -> Result<(), FlowError> {
+        let (Some(peer), Some(side)) = (self.peer, self.side) else {
+            return Err(FlowError::Io(io::Error::other(
+                "an xdp flow can be keyed only once it is open",
+            )));
+        };
+        let local = End {
+            mac: self.local_mac,
+            flow: self.local_flow,
+            isn: self.isn,
+        };
+        let remote = End {
+            mac: peer.mac,
+            flow: peer.flow,
+            isn: self.peer_isn,
+        };
+        let (client, server) = match side {
+            Side::Client => (local, remote),
+            Side::Server => (remote, local),
+        };
+        self.guard
+            .set_keys(FrameKeys::derive(key, side, &client, &server));
+        Ok(())
+    }
+
     fn send_buffers(&self) -> u32 {
         (self.tx_pending.len() / 2).max(1) as u32
     }
@@ -363,6 +450,7 @@ impl Endpoint {
             return Ok(false);
         };
         self.peer = Some(p);
+        self.side = Some(Side::Server);
         self.post(Kind::SynAck, 0, &[], false);
         self.flush()?;
         Ok(true)
@@ -706,6 +794,10 @@ impl Flow for XdpFlow {
         // Native and generic XDP are different paths through the kernel:
         // the generic hook runs after the socket buffer is built.
         vec![format!("xdp_attach={}", self.shared.attach.name())]
+    }
+
+    fn bind_session(&mut self, key: &FlowKey) -> Result<(), FlowError> {
+        self.shared.lock().bind(key)
     }
 }
 

@@ -30,6 +30,7 @@
 //! Built only with the `xdp` cargo feature (libxdp and libbpf); without it
 //! the transport is listed, unavailable, with the reason.
 
+pub mod auth;
 pub mod reliable;
 
 #[cfg(feature = "xdp")]
@@ -313,15 +314,35 @@ mod imp {
         ))
     }
 
-    /// A fresh flow id.
-    fn flow_id() -> u16 {
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or(0);
-        let mixed = t ^ std::process::id().rotate_left(16);
-        let id = (mixed ^ (mixed >> 16)) as u16;
-        id.max(1)
+    /// Four bytes from the kernel's random source.
+    fn random_u32() -> io::Result<u32> {
+        let mut b = [0u8; 4];
+        let mut got = 0;
+        while got < b.len() {
+            let rest = &mut b[got..];
+            // SAFETY: getrandom writes at most `rest.len()` bytes into the
+            // live buffer `rest`.
+            let n = unsafe { libc::getrandom(rest.as_mut_ptr().cast(), rest.len(), 0) };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(io::Error::new(
+                    e.kind(),
+                    format!("no random bytes for an initial sequence number: {e}"),
+                ));
+            }
+            got += n as usize;
+        }
+        Ok(u32::from_ne_bytes(b))
+    }
+
+    /// A fresh flow id and initial sequence number, both random, so a
+    /// host that does not see the flow's frames cannot guess them.
+    fn flow_id_and_isn() -> io::Result<(u16, u32)> {
+        let id = (random_u32()? as u16).max(1);
+        Ok((id, random_u32()?))
     }
 
     /// Opens an endpoint on `ifc`: native XDP first, the generic hook if
@@ -367,7 +388,8 @@ mod imp {
             ));
         };
         let mss = ifc.mtu + ETH_HEADER_BYTES - FRAME_OVERHEAD_BYTES;
-        Endpoint::new(xsk, FRAMES, ifc.mac, flow_id(), mss, WINDOW_BYTES)
+        let (flow, isn) = flow_id_and_isn()?;
+        Endpoint::new(xsk, FRAMES, (ifc.mac, flow), mss, WINDOW_BYTES, isn)
     }
 
     struct XdpListener {

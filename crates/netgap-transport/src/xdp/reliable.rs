@@ -12,7 +12,10 @@
 //! receiving. What VIA calls reliable delivery is built from:
 //!
 //! - **sequence numbers**: every data frame (and the closing frame) has a
-//!   sequence number, one per frame, wrapping at 2^32;
+//!   sequence number, one per frame, wrapping at 2^32, starting at an
+//!   initial sequence number each end draws at random for its direction
+//!   and announces in the flow's opening (so a stranger who cannot see the
+//!   frames cannot guess one inside the window);
 //! - **acknowledgments**: a receiver acknowledges cumulatively (the next
 //!   sequence number it expects) and selectively (a bitmap of the 64 frames
 //!   after it that have arrived out of order), on every frame it sends; an
@@ -28,6 +31,11 @@
 //!   again, and a hole the selective acknowledgments reveal is resent at
 //!   once, at most once per round trip.
 //!
+//! Every frame has room for an authenticator ([`TAG_BYTES`] after the
+//! header fields); once the session's data proof gave the flow its key,
+//! each end seals every frame it sends and drops every frame whose tag does
+//! not verify ([`super::auth`]).
+//!
 //! Nothing a peer sends can make this code panic or grow without bound:
 //! every field is range-checked, frames outside the credit are dropped,
 //! and the reassembly buffer never holds more than its capacity.
@@ -39,12 +47,18 @@ use std::collections::{BTreeMap, VecDeque};
 pub const ETHERTYPE: u16 = 0x88b5;
 /// Bytes of the Ethernet header (no VLAN tag).
 pub const ETH_HEADER_BYTES: usize = 14;
-/// Bytes of netgap's header after the Ethernet header.
-pub const HEADER_BYTES: usize = 28;
+/// Bytes of the frame authenticator at the end of netgap's header.
+pub const TAG_BYTES: usize = 8;
+/// Bytes of netgap's header fields before the authenticator.
+pub const FIELDS_BYTES: usize = 28;
+/// Bytes of netgap's header after the Ethernet header: its fields and the
+/// authenticator.
+pub const HEADER_BYTES: usize = FIELDS_BYTES + TAG_BYTES;
 /// Bytes before a frame's payload.
 pub const FRAME_OVERHEAD_BYTES: usize = ETH_HEADER_BYTES + HEADER_BYTES;
-/// Version of the header layout.
-pub const VERSION: u8 = 1;
+/// Version of the header layout (2: random initial sequence numbers and
+/// the authenticator).
+pub const VERSION: u8 = 2;
 /// Frames a selective acknowledgment covers after the cumulative one.
 pub const SACK_FRAMES: u32 = 64;
 /// Most frames one end may have in flight, whatever the credit: bounds
@@ -69,9 +83,12 @@ pub const INITIAL_RTO_NS: u64 = 20_000_000;
 /// What a frame is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
-    /// Opens a flow: the client's flow id and initial credit.
+    /// Opens a flow: the client's flow id, initial sequence number,
+    /// initial credit and largest payload.
     Syn,
-    /// Accepts a flow: the server's flow id and initial credit.
+    /// Accepts a flow: the server's flow id, initial sequence number,
+    /// initial credit and largest payload, and the client's initial
+    /// sequence number echoed.
     SynAck,
     /// Payload, with a sequence number.
     Data,
@@ -119,15 +136,19 @@ pub struct Header {
     pub dst_flow: u16,
     /// The sending end's flow id.
     pub src_flow: u16,
-    /// Sequence number of a data or closing frame.
+    /// Sequence number of a data or closing frame; in an opening, the
+    /// sender's initial sequence number.
     pub seq: u32,
     /// Cumulative acknowledgment: the next sequence number the sender of
-    /// this frame expects.
+    /// this frame expects. In a SYN-ACK, the client's initial sequence
+    /// number.
     pub ack: u32,
-    /// Credit: the first sequence number the peer may not send yet.
+    /// Credit: the first sequence number the peer may not send yet. In an
+    /// opening, the frames the peer may send from its initial sequence
+    /// number (the peer's number is not known yet to the client).
     pub credit: u32,
     /// Selective acknowledgment: bit `i` set when frame `ack + 1 + i` has
-    /// arrived.
+    /// arrived. In an opening, the largest payload the sender takes.
     pub sack: u64,
 }
 
@@ -160,8 +181,9 @@ pub enum FrameError {
 pub type Mac = [u8; 6];
 
 /// Writes the Ethernet and netgap headers of a frame from `src` to `dst`
-/// into the start of `frame` (at least [`FRAME_OVERHEAD_BYTES`] long); the
-/// payload goes after them. Returns the frame's length.
+/// into the start of `frame` (at least [`FRAME_OVERHEAD_BYTES`] long), with
+/// an authenticator of zeros (sealing fills it in); the payload goes after
+/// them. Returns the frame's length.
 pub fn write_headers(frame: &mut [u8], dst: &Mac, src: &Mac, h: &Header) -> usize {
     frame[0..6].copy_from_slice(dst);
     frame[6..12].copy_from_slice(src);
@@ -176,6 +198,7 @@ pub fn write_headers(frame: &mut [u8], dst: &Mac, src: &Mac, h: &Header) -> usiz
     b[12..16].copy_from_slice(&h.ack.to_be_bytes());
     b[16..20].copy_from_slice(&h.credit.to_be_bytes());
     b[20..28].copy_from_slice(&h.sack.to_be_bytes());
+    b[FIELDS_BYTES..HEADER_BYTES].fill(0);
     FRAME_OVERHEAD_BYTES + usize::from(h.len)
 }
 
@@ -299,13 +322,14 @@ pub struct SendWindow {
 }
 
 impl SendWindow {
-    /// A sender whose first frame is sequence 0, with the peer's initial
-    /// `credit` and at most `max_inflight` frames unacknowledged (its
+    /// A sender whose first frame is sequence `isn` (its initial sequence
+    /// number), which may send `credit_frames` frames from it (the peer's
+    /// opening) and keeps at most `max_inflight` frames unacknowledged (its
     /// buffers).
-    pub fn new(credit: u32, max_inflight: u32) -> SendWindow {
+    pub fn new(isn: u32, credit_frames: u32, max_inflight: u32) -> SendWindow {
         SendWindow {
-            next_seq: 0,
-            credit: clamp_credit(0, credit),
+            next_seq: isn,
+            credit: isn.wrapping_add(credit_frames.min(MAX_WINDOW_FRAMES)),
             inflight: VecDeque::new(),
             max_inflight: max_inflight.clamp(1, MAX_WINDOW_FRAMES),
             srtt_ns: None,
@@ -537,12 +561,13 @@ pub struct RecvWindow {
 }
 
 impl RecvWindow {
-    /// A receiver expecting sequence 0, with frames of at most `mss` payload
-    /// bytes and room for `capacity_bytes` not yet read.
-    pub fn new(mss: usize, capacity_bytes: usize) -> RecvWindow {
+    /// A receiver expecting sequence `isn` first (the peer's initial
+    /// sequence number), with frames of at most `mss` payload bytes and
+    /// room for `capacity_bytes` not yet read.
+    pub fn new(isn: u32, mss: usize, capacity_bytes: usize) -> RecvWindow {
         let mss = mss.max(1);
         let mut w = RecvWindow {
-            next: 0,
+            next: isn,
             mss,
             capacity_bytes: capacity_bytes.max(mss),
             ready: VecDeque::new(),
@@ -557,6 +582,11 @@ impl RecvWindow {
         };
         w.credit_sent = w.credit();
         w
+    }
+
+    /// Frames the free room holds: the credit an opening announces.
+    pub fn credit_frames(&self) -> u32 {
+        self.credit().wrapping_sub(self.next)
     }
 
     /// The credit to advertise: the first sequence number past the frames
@@ -779,8 +809,34 @@ mod tests {
     }
 
     #[test]
+    fn windows_start_at_the_initial_sequence_number_and_cross_the_wrap() {
+        let isn = u32::MAX - 1;
+        let mut s = SendWindow::new(isn, 3, 8);
+        let mut r = RecvWindow::new(isn, 4, 64);
+        assert_eq!(r.credit_frames(), 16);
+        assert_eq!(r.credit(), isn.wrapping_add(16));
+        // Frames a guess away from the window are dropped.
+        assert_eq!(r.on_frame(100, b"evil", true, 0), Arrival::OutOfWindow);
+        assert_eq!(r.on_frame(isn - 1, b"evil", true, 0), Arrival::Duplicate);
+        assert_eq!(r.on_frame(1 << 30, b"evil", false, 0), Arrival::OutOfWindow);
+        let seqs: Vec<u32> = (0..3).map(|slot| s.push(slot, 0)).collect();
+        assert_eq!(seqs, vec![u32::MAX - 1, u32::MAX, 0]);
+        assert!(!s.may_send(), "the opening's credit was 3 frames");
+        assert_eq!(r.on_frame(seqs[1], b"bbbb", false, 0), Arrival::Buffered);
+        assert_eq!(r.on_frame(seqs[0], b"aaaa", false, 0), Arrival::InOrder);
+        assert_eq!(r.on_frame(seqs[2], b"cc", true, 0), Arrival::InOrder);
+        let (ack, credit, _) = r.take_ack();
+        assert_eq!(ack, 1);
+        let out = s.on_ack(ack, credit, 0, 1);
+        assert_eq!(out.freed, vec![0, 1, 2]);
+        let mut buf = [0u8; 16];
+        assert_eq!(r.read(&mut buf), 10);
+        assert!(r.finished());
+    }
+
+    #[test]
     fn credit_stops_the_sender_and_an_acknowledgment_frees_and_times() {
-        let mut s = SendWindow::new(2, 16);
+        let mut s = SendWindow::new(0, 2, 16);
         assert!(s.may_send());
         s.push(10, 0);
         s.push(11, 0);
@@ -798,7 +854,7 @@ mod tests {
 
     #[test]
     fn a_timeout_resends_and_backs_off_and_a_sack_resends_holes_once() {
-        let mut s = SendWindow::new(100, 100);
+        let mut s = SendWindow::new(0, 100, 100);
         for slot in 0..5 {
             s.push(slot, 0);
         }
@@ -844,7 +900,7 @@ mod tests {
 
     #[test]
     fn a_sender_without_credit_probes_once_per_timeout() {
-        let mut s = SendWindow::new(0, 8);
+        let mut s = SendWindow::new(0, 0, 8);
         assert!(!s.may_send());
         assert!(s.probe_due(INITIAL_RTO_NS));
         assert!(!s.probe_due(INITIAL_RTO_NS + 1));
@@ -854,7 +910,7 @@ mod tests {
 
     #[test]
     fn the_receiver_reassembles_in_order_and_bounds_what_it_holds() {
-        let mut r = RecvWindow::new(4, 16);
+        let mut r = RecvWindow::new(0, 4, 16);
         assert_eq!(r.credit(), 4);
         assert_eq!(r.on_frame(1, b"efgh", false, 0), Arrival::Buffered);
         assert_eq!(r.on_frame(1, b"efgh", false, 0), Arrival::Duplicate);
@@ -879,7 +935,7 @@ mod tests {
 
     #[test]
     fn in_order_frames_wait_for_a_reply_and_gaps_are_told_at_once() {
-        let mut r = RecvWindow::new(100, 100_000);
+        let mut r = RecvWindow::new(0, 100, 100_000);
         r.on_frame(0, b"a", false, 1_000);
         assert!(!r.ack_due(1_000), "an in-order frame waits for a reply");
         assert_eq!(r.ack_deadline_ns(), Some(1_000 + ACK_DELAY_NS));
@@ -900,10 +956,13 @@ mod tests {
     /// by a generator seeded with `seed`), reorders and duplicates, in
     /// simulated time; returns what arrived and the retransmissions.
     fn transfer(data: &[u8], mss: usize, loss_pct: u64, seed: u64, order: &[u8]) -> (Vec<u8>, u64) {
-        let mut s = SendWindow::new(0, 64);
-        let mut r = RecvWindow::new(mss, 16 * mss);
+        // Initial sequence numbers from the seed, some just before the
+        // wrap.
+        let isn = (seed as u32).wrapping_mul(2_654_435_761) | 0xffff_0000;
+        let mut s = SendWindow::new(isn, 0, 64);
+        let mut r = RecvWindow::new(isn, mss, 16 * mss);
         let (_, credit, _) = r.take_ack();
-        s.on_ack(0, credit, 0, 0);
+        s.on_ack(isn, credit, 0, 0);
         let mut slots: Vec<Option<(u32, Vec<u8>, bool)>> = vec![None; 64];
         let mut wire: Vec<(u32, Vec<u8>, bool)> = Vec::new();
         let mut acks: Vec<(u32, u32, u64)> = Vec::new();
@@ -1027,10 +1086,10 @@ mod tests {
             seq in any::<u32>(),
         ) {
             let _ = parse(&frame);
-            let mut s = SendWindow::new(credit, 8);
+            let mut s = SendWindow::new(seq, credit, 8);
             s.push(0, 0);
             let _ = s.on_ack(ack, credit, sack, 1);
-            let mut r = RecvWindow::new(64, 1024);
+            let mut r = RecvWindow::new(seq, 64, 1024);
             let _ = r.on_frame(seq, &frame, false, 0);
             prop_assert!(r.ready_bytes() <= 1024);
         }
