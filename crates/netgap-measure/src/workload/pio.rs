@@ -426,7 +426,8 @@ impl Workload for Pio {
                 .first()
                 .copied()
                 .unwrap_or(ctx.control_ip);
-            let inbound = Inbound::listen(t, &config, ip, clients as usize, ctx.data_token)?;
+            let inbound =
+                Inbound::listen(t, &config, ip, clients as usize, ctx.data_token, ctx.rate)?;
             Ok(Box::new(ServerOpen {
                 common,
                 inbound,
@@ -450,6 +451,7 @@ impl Workload for Pio {
                         &addr.to_string(),
                         ctx.data_token,
                         index,
+                        ctx.rate,
                     )?);
                 }
                 conns.push((c, per_server));

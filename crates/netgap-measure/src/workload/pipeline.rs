@@ -409,8 +409,22 @@ impl Workload for Pipeline {
             .first()
             .copied()
             .unwrap_or(ctx.control_ip);
-        let listening = Inbound::listen(t, &config, ip, links.listens.len(), ctx.data_token)?;
-        let internal = Inbound::listen(t, &config, ip, links.internal.len(), ctx.data_token)?;
+        let listening = Inbound::listen(
+            t,
+            &config,
+            ip,
+            links.listens.len(),
+            ctx.data_token,
+            ctx.rate,
+        )?;
+        let internal = Inbound::listen(
+            t,
+            &config,
+            ip,
+            links.internal.len(),
+            ctx.data_token,
+            ctx.rate,
+        )?;
         let mut dialed = Vec::with_capacity(links.dials.len() + links.internal.len());
         for (k, &(e, lo, pos)) in links.dials.iter().enumerate() {
             let addr = view.peers.get(lo).and_then(|a| a.get(pos)).ok_or_else(|| {
@@ -418,12 +432,15 @@ impl Workload for Pipeline {
             })?;
             dialed.push((
                 e,
-                staged::dial(t, &config, &addr.to_string(), ctx.data_token, k)?,
+                staged::dial(t, &config, &addr.to_string(), ctx.data_token, k, ctx.rate)?,
             ));
         }
         for (k, (&e, addr)) in links.internal.iter().zip(&internal.addrs).enumerate() {
             let index = links.dials.len() + k;
-            dialed.push((e, staged::dial(t, &config, addr, ctx.data_token, index)?));
+            dialed.push((
+                e,
+                staged::dial(t, &config, addr, ctx.data_token, index, ctx.rate)?,
+            ));
         }
         Ok(Box::new(PipeOpen {
             spec: ctx.spec.clone(),

@@ -6,8 +6,10 @@
 
 use super::place::Staged;
 use super::role::{RoleContext, RoleError};
+use netgap_transport::rate::{PacedFlow, RateBudget};
 use netgap_transport::{self as transport, FlowConfig, FlowError};
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
 
@@ -45,6 +47,19 @@ pub(crate) struct Inbound {
     /// The address of each listener, in order.
     pub(crate) addrs: Vec<String>,
     accepts: Vec<Accept>,
+    /// The agent's `--max-rate` budget every accepted flow is charged to,
+    /// and whether the transport keeps message boundaries.
+    pace: (Arc<RateBudget>, bool),
+}
+
+/// `flow` with every byte it moves charged to the agent's `--max-rate`
+/// budget `rate`, shared with everything else the agent moves.
+fn paced(
+    flow: Box<dyn transport::Flow>,
+    rate: &Arc<RateBudget>,
+    boundaries: bool,
+) -> Box<dyn transport::Flow> {
+    Box::new(PacedFlow::new(flow, Arc::clone(rate), boundaries))
 }
 
 impl Inbound {
@@ -56,6 +71,7 @@ impl Inbound {
         ip: IpAddr,
         count: usize,
         token: &netgap_proto::dataproof::DataToken,
+        rate: &Arc<RateBudget>,
     ) -> Result<Inbound, RoleError> {
         let mut addrs = Vec::with_capacity(count);
         let mut accepts = Vec::with_capacity(count);
@@ -74,7 +90,11 @@ impl Inbound {
                 })?;
             accepts.push(h);
         }
-        Ok(Inbound { addrs, accepts })
+        Ok(Inbound {
+            addrs,
+            accepts,
+            pace: (Arc::clone(rate), t.capabilities().message_boundaries),
+        })
     }
 
     /// Waits for every flow (each within [`super::role::ACCEPT_TIMEOUT`]), in listener
@@ -84,7 +104,7 @@ impl Inbound {
         let mut first_err = None;
         for (index, h) in self.accepts.into_iter().enumerate() {
             match h.join() {
-                Ok(Ok(f)) => flows.push(f),
+                Ok(Ok(f)) => flows.push(paced(f, &self.pace.0, self.pace.1)),
                 Ok(Err(e)) => {
                     first_err.get_or_insert(e);
                 }
@@ -102,20 +122,22 @@ impl Inbound {
     }
 }
 
-/// Connects flow `index` to `target` and proves the point's token.
+/// Connects flow `index` to `target` and proves the point's token; the
+/// flow is charged to the agent's `--max-rate` budget `rate`.
 pub(crate) fn dial(
     t: &dyn transport::Transport,
     config: &FlowConfig,
     target: &str,
     token: &netgap_proto::dataproof::DataToken,
     index: usize,
+    rate: &Arc<RateBudget>,
 ) -> Result<Box<dyn transport::Flow>, RoleError> {
     let mut flow = t
         .connect(config, target)
         .map_err(|source| RoleError::Open { index, source })?;
     crate::preamble::connector(flow.as_mut(), token)
         .map_err(|source| RoleError::NotInSession { index, source })?;
-    Ok(flow)
+    Ok(paced(flow, rate, t.capabilities().message_boundaries))
 }
 
 /// Fills `buf` from `rx`, waiting past the flow's own inactivity timeout
