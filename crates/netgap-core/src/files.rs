@@ -185,6 +185,27 @@ impl Bounded {
     pub fn size_bytes(&self) -> u64 {
         self.size_bytes
     }
+
+    /// The typed error of a failed read from this file: [`ReadError::Grew`]
+    /// when it grew past its cap, else [`ReadError::Read`].
+    pub fn error(&self, source: std::io::Error) -> ReadError {
+        let grew = source
+            .get_ref()
+            .and_then(|e| e.downcast_ref::<ReadError>())
+            .is_some_and(|e| matches!(e, ReadError::Grew { .. }));
+        if grew {
+            ReadError::Grew {
+                path: self.path.clone(),
+                cap_bytes: self.cap.max_bytes,
+                what: self.cap.what,
+            }
+        } else {
+            ReadError::Read {
+                path: self.path.clone(),
+                source,
+            }
+        }
+    }
 }
 
 impl Read for Bounded {
@@ -255,22 +276,9 @@ pub fn read_bytes(path: &Path, cap: Cap) -> Result<Vec<u8>, ReadError> {
     // The stated length is a hint only; the read is bounded by the cap.
     let hint = usize::try_from(file.size_bytes()).unwrap_or(0);
     let mut bytes = Vec::with_capacity(hint);
-    file.read_to_end(&mut bytes).map_err(|source| {
-        match source
-            .get_ref()
-            .and_then(|e| e.downcast_ref::<ReadError>())
-        {
-            Some(ReadError::Grew { .. }) => ReadError::Grew {
-                path: path.to_path_buf(),
-                cap_bytes: cap.max_bytes,
-                what: cap.what,
-            },
-            _ => ReadError::Read {
-                path: path.to_path_buf(),
-                source,
-            },
-        }
-    })?;
+    if let Err(e) = file.read_to_end(&mut bytes) {
+        return Err(file.error(e));
+    }
     Ok(bytes)
 }
 
@@ -315,7 +323,13 @@ mod tests {
         let path = dir.join("f");
         std::fs::write(&path, vec![b'x'; 2048]).unwrap();
         let e = read_bytes(&path, tiny(1024)).unwrap_err();
-        assert!(matches!(e, ReadError::TooLarge { size_bytes: 2048, .. }));
+        assert!(matches!(
+            e,
+            ReadError::TooLarge {
+                size_bytes: 2048,
+                ..
+            }
+        ));
         let text = e.to_string();
         for needle in [path.to_str().unwrap(), "2048 bytes", "1K", "a test file"] {
             assert!(text.contains(needle), "{text} lacks {needle}");
@@ -341,7 +355,9 @@ mod tests {
         );
         let dir = temp_dir("kinds");
         let e = read_bytes(&dir, tiny(1 << 20)).unwrap_err();
-        assert!(e.to_string().ends_with("is a directory, not a regular file"));
+        assert!(e
+            .to_string()
+            .ends_with("is a directory, not a regular file"));
         let fifo = dir.join("fifo");
         let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
         // SAFETY: `c` is a valid NUL-terminated path for the call.
