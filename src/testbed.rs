@@ -61,11 +61,17 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// Prints a line to stdout; a closed stdout (`| head`) is not an error
-/// worth a panic in the middle of building or removing a testbed.
+/// worth a panic in the middle of building or removing a testbed. A line
+/// may quote the hosts file (host names), which a user can edit: its
+/// control characters are escaped.
 macro_rules! say {
     ($($arg:tt)*) => {{
         use std::io::Write as _;
-        let _ = writeln!(std::io::stdout(), $($arg)*);
+        let _ = writeln!(
+            std::io::stdout(),
+            "{}",
+            netgap_core::text::escape_control_lines(&format!($($arg)*))
+        );
     }};
 }
 
