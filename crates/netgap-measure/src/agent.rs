@@ -346,6 +346,34 @@ pub(crate) fn recv_or_tell(
     })
 }
 
+/// The key proof, when the agent has a key, and the first request after it.
+fn first_request(
+    conn: &mut ControlConn,
+    shared: &Shared,
+    slot: &crate::admission::Ticket,
+) -> Result<Request, SessionEnd> {
+    let deadline = Instant::now() + HANDSHAKE_TIMEOUT;
+    if let Some(key) = &shared.key {
+        crate::auth::challenge(conn, key, deadline, &|| slot.started())
+            .map_err(|e| SessionEnd::Refused(e.to_string()))?;
+    }
+    let left = deadline
+        .saturating_duration_since(Instant::now())
+        .max(Duration::from_millis(1));
+    let first = recv_or_tell(conn, left)?;
+    if is_auth_frame(&first) {
+        let message = match shared.key {
+            Some(_) => crate::auth::ALREADY_PROVEN.to_string(),
+            None => crate::auth::no_key_message(),
+        };
+        return Err(refuse(conn, message));
+    }
+    match decode_request(&first) {
+        Ok(r) => Ok(r),
+        Err(e) => Err(refuse(conn, format!("bad first message: {e}"))),
+    }
+}
+
 fn run_session(
     stream: ControlStream,
     shared: &Arc<Shared>,
@@ -356,26 +384,7 @@ fn run_session(
         .or(stream.local_ip())
         .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST));
     let mut conn = ControlConn::new(stream).map_err(ControlError::Io)?;
-    let deadline = Instant::now() + HANDSHAKE_TIMEOUT;
-    if let Some(key) = &shared.key {
-        crate::auth::challenge(&mut conn, key, deadline, &|| slot.started())
-            .map_err(|e| SessionEnd::Refused(e.to_string()))?;
-    }
-    let left = deadline
-        .saturating_duration_since(Instant::now())
-        .max(Duration::from_millis(1));
-    let first = recv_or_tell(&mut conn, left)?;
-    if is_auth_frame(&first) {
-        let message = match shared.key {
-            Some(_) => crate::auth::ALREADY_PROVEN.to_string(),
-            None => crate::auth::no_key_message(),
-        };
-        return Err(refuse(&mut conn, message));
-    }
-    let hello = match decode_request(&first) {
-        Ok(r) => r,
-        Err(e) => return Err(refuse(&mut conn, format!("bad first message: {e}"))),
-    };
+    let hello = first_request(&mut conn, shared, &slot)?;
     drop(slot);
     let busy = &shared.busy;
     let claimed = matches!(hello, Request::Hello { .. })
