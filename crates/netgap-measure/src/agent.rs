@@ -14,10 +14,12 @@
 
 mod watchdog;
 
+use crate::admission::{RefusalLog, REFUSAL_LOG_INTERVAL};
 use crate::bench;
 use crate::control::{ControlAddr, ControlConn, ControlError, ControlStream};
 use crate::workload::role::{self, ReadyRole, RoleContext, RoleError, RoleResult, Stop};
 use netgap_core::spec::PointSpec;
+use netgap_core::text::escape_control;
 use netgap_proto::auth::{is_auth_frame, Key};
 use netgap_proto::codec::decode_request;
 use netgap_proto::dataproof::DataToken;
@@ -33,7 +35,7 @@ use std::os::fd::AsFd;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixListener;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 /// How long a new connection may take to authenticate and say hello.
@@ -83,6 +85,9 @@ impl Listener {
 struct Shared {
     busy: AtomicBool,
     unproven: Arc<crate::admission::Pool>,
+    /// The connections refused before proving themselves, logged as a
+    /// summary at most once per interval.
+    refusals: Mutex<RefusalLog>,
     key: Option<Key>,
     limits: AgentLimits,
     data_ip: Option<IpAddr>,
@@ -139,6 +144,7 @@ impl Agent {
             shared: Shared {
                 busy: AtomicBool::new(false),
                 unproven: Arc::default(),
+                refusals: Mutex::new(RefusalLog::new(REFUSAL_LOG_INTERVAL)),
                 key: None,
                 limits: AgentLimits::default(),
                 data_ip: None,
@@ -206,6 +212,9 @@ impl Agent {
     /// Serves sessions until the process ends, each on its own thread.
     pub fn serve(self) -> io::Result<()> {
         let shared = Arc::new(self.shared);
+        if !self.quiet {
+            spawn_refusal_summaries(Arc::downgrade(&shared));
+        }
         loop {
             let (stream, peer) = match self.listener.accept() {
                 Ok(c) => c,
@@ -222,8 +231,9 @@ impl Agent {
             let Ok(closer) = stream.try_clone() else {
                 continue;
             };
+            let source = stream.peer_ip();
             let slot = shared.unproven.admit(
-                stream.peer_ip(),
+                source,
                 Box::new(move || {
                     let _ = closer.shutdown();
                 }),
@@ -232,12 +242,16 @@ impl Agent {
             let quiet = self.quiet;
             let spawned = std::thread::Builder::new()
                 .name(format!("session {peer}"))
-                .spawn(move || {
-                    if let Err(e) = run_session(stream, &shared, slot) {
-                        if !quiet {
-                            eprintln!("netgap agent: session with {peer} ended: {e}");
-                        }
+                .spawn(move || match run_session(stream, &shared, slot) {
+                    Ok(()) => {}
+                    Err(_) if quiet => {}
+                    Err(SessionEnd::Unproven(why)) => {
+                        shared.refused(source, &why.to_string());
                     }
+                    Err(e) => eprintln!(
+                        "netgap agent: session with {peer} ended: {}",
+                        escape_control(&e.to_string())
+                    ),
                 });
             if let Err(e) = spawned {
                 eprintln!("netgap agent: cannot start a session thread: {e}");
@@ -257,6 +271,48 @@ impl Agent {
     }
 }
 
+impl Shared {
+    /// Counts a connection refused before it proved itself, and prints the
+    /// summary of refusals when one is due.
+    fn refused(&self, source: Option<IpAddr>, why: &str) {
+        let line = {
+            let mut log = self.refusals.lock().unwrap_or_else(PoisonError::into_inner);
+            let now = Instant::now();
+            log.record(source, why, now);
+            log.summary(now)
+        };
+        if let Some(line) = line {
+            eprintln!("netgap agent: {line}");
+        }
+    }
+}
+
+/// Prints the refusals that no later refusal reported, at most once per
+/// [`REFUSAL_LOG_INTERVAL`] (the log decides; this thread only asks it
+/// every second), for as long as the agent serves.
+fn spawn_refusal_summaries(shared: std::sync::Weak<Shared>) {
+    let spawned = std::thread::Builder::new()
+        .name("refusal log".into())
+        .spawn(move || loop {
+            std::thread::sleep(Duration::from_secs(1));
+            let Some(shared) = shared.upgrade() else {
+                return;
+            };
+            let line = shared
+                .refusals
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .summary(Instant::now());
+            if let Some(line) = line {
+                eprintln!("netgap agent: {line}");
+            }
+        });
+    // Without the thread, refusals are still summarized as they come.
+    if let Err(e) = spawned {
+        eprintln!("netgap agent: cannot start the refusal log thread: {e}");
+    }
+}
+
 fn is_transient_accept_error(e: &io::Error) -> bool {
     matches!(
         e.raw_os_error(),
@@ -271,6 +327,9 @@ enum SessionEnd {
     Control(#[from] ControlError),
     #[error("{0}")]
     Refused(String),
+    /// Ended before the peer proved the key (or, keyless, said hello).
+    #[error("{0}")]
+    Unproven(Box<SessionEnd>),
 }
 
 /// Releases the busy flag when the session that claimed it and every role
@@ -383,8 +442,10 @@ fn run_session(
         .data_ip
         .or(stream.local_ip())
         .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST));
-    let mut conn = ControlConn::new(stream).map_err(ControlError::Io)?;
-    let hello = first_request(&mut conn, shared, &slot)?;
+    let mut conn = ControlConn::new(stream)
+        .map_err(|e| SessionEnd::Unproven(Box::new(ControlError::Io(e).into())))?;
+    let hello =
+        first_request(&mut conn, shared, &slot).map_err(|e| SessionEnd::Unproven(Box::new(e)))?;
     drop(slot);
     let busy = &shared.busy;
     let claimed = matches!(hello, Request::Hello { .. })
