@@ -378,7 +378,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_torn_line_is_skipped_and_named_and_endless_input_is_bounded() {
+    fn a_torn_line_is_skipped_and_named_and_endless_input_is_refused() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("r.jsonl");
         std::fs::write(&path, "{\"test\":\"pin\n").expect("write");
@@ -391,8 +391,15 @@ mod tests {
             load_file_parts(&path).is_err(),
             "a complete bad record is an error"
         );
+        // Endless input is no regular file: refused before any read.
         let e = load_file_parts(Path::new("/dev/zero")).expect_err("bounded");
-        assert!(e.to_string().contains("not a results file"), "{e}");
+        assert!(
+            matches!(
+                e,
+                LoadError::File(netgap_core::files::ReadError::NotRegular { .. })
+            ),
+            "{e}"
+        );
     }
 
     #[test]
