@@ -16,7 +16,9 @@
 //!
 //! See `ARCHITECTURE.md` for the map.
 
-pub use netgap_core::{datagram, dropout, host, record, sizing, spec, stats, units, VERSION};
+pub use netgap_core::{
+    datagram, dropout, files, host, record, sizing, spec, stats, text, units, VERSION,
+};
 pub use netgap_measure::{
     agent, auth, bench, cluster, conditions, confined, control, coordinator, group, hostlist,
     interleave, logp, output, plan, preamble, runner, shard, sink, sweep, workload,

@@ -15,6 +15,7 @@ use netgap::coordinator::{run_plan, CoordError};
 use netgap::output::TableObserver;
 use netgap::plan::{Plan, RunRequest};
 use netgap::sink::{CsvSink, JsonlSink, RecordSink};
+use netgap::text::escape_control;
 use netgap::{bench, transport};
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -49,7 +50,7 @@ fn main() -> ExitCode {
             };
             eprintln!(
                 "netgap: {} (see netgap --help)",
-                message.trim_start_matches("error: ")
+                escape_control(message.trim_start_matches("error: "))
             );
             return ExitCode::from(2);
         }
@@ -88,10 +89,16 @@ fn main() -> ExitCode {
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("netgap: error: {}", one_line(&e));
+            eprintln!("netgap: error: {}", escape_control(&one_line(&e)));
             ExitCode::from(1)
         }
     }
+}
+
+/// Prints a warning, whose text may quote a results file or a peer, with
+/// its control characters escaped.
+fn warn(w: &dyn std::fmt::Display) {
+    eprintln!("netgap: warning: {}", escape_control(&w.to_string()));
 }
 
 /// The error and its causes on one line, leaving out a cause whose text the
@@ -178,7 +185,7 @@ fn compare(args: &CompareArgs) -> Result<bool> {
     let load = |path: &std::path::Path| -> Result<Vec<netgap::report::load::Loaded>> {
         let f = netgap::report::load::load_file_parts(path)?;
         for t in &f.torn {
-            eprintln!("netgap: warning: {t}");
+            warn(&t);
         }
         Ok(f.records)
     };
@@ -202,9 +209,12 @@ fn compare(args: &CompareArgs) -> Result<bool> {
     let c = netgap::compare::compare(&base, &new, &options)
         .with_context(|| format!("comparing {sides}"))?;
     for w in &c.warnings {
-        eprintln!("netgap: warning: {w}");
+        warn(&w);
     }
-    print!("{}", netgap::compare::render(&c));
+    print!(
+        "{}",
+        netgap::text::escape_control_lines(&netgap::compare::render(&c))
+    );
     let regressed = c.regressions().next().is_some();
     Ok(regressed)
 }
@@ -374,7 +384,7 @@ fn measure(
     );
     table.finish();
     for w in table.warnings() {
-        eprintln!("netgap: warning: {w}");
+        warn(&w);
     }
     match outcome {
         Ok(()) => Ok(()),

@@ -62,11 +62,17 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// Prints a line to stdout; a closed stdout (`| head`) is not an error
-/// worth a panic in the middle of building or removing a testbed.
+/// worth a panic in the middle of building or removing a testbed. A line
+/// may quote the hosts file (host names), which a user can edit: its
+/// control characters are escaped.
 macro_rules! say {
     ($($arg:tt)*) => {{
         use std::io::Write as _;
-        let _ = writeln!(std::io::stdout(), $($arg)*);
+        let _ = writeln!(
+            std::io::stdout(),
+            "{}",
+            netgap_core::text::escape_control_lines(&format!($($arg)*))
+        );
     }};
 }
 
@@ -987,7 +993,7 @@ pub fn up(args: &UpArgs) -> Result<(), TestbedError> {
     let name = &args.name.name;
     let params = args.params()?;
     let dir = state_dir(name);
-    let existing: Option<Params> = std::fs::read_to_string(dir.join("params.json"))
+    let existing: Option<Params> = read_state(&dir.join("params.json"))
         .ok()
         .and_then(|t| serde_json::from_str(&t).ok());
     let leftovers = own_netns(name)?;
@@ -1132,7 +1138,7 @@ pub fn status(args: &NameArgs) -> Result<(), TestbedError> {
         what: "reading the hosts file".into(),
         source: io::Error::other(e.to_string()),
     })?;
-    let params: Option<Params> = std::fs::read_to_string(dir.join("params.json"))
+    let params: Option<Params> = read_state(&dir.join("params.json"))
         .ok()
         .and_then(|t| serde_json::from_str(&t).ok());
     let conditions = hosts
@@ -1165,7 +1171,7 @@ pub fn status(args: &NameArgs) -> Result<(), TestbedError> {
         say!("key: {}", k.display());
     }
     for h in &hosts.hosts {
-        let pid = std::fs::read_to_string(dir.join(format!("{}.pid", h.name)))
+        let pid = read_state(&dir.join(format!("{}.pid", h.name)))
             .ok()
             .and_then(|t| t.trim().parse::<u32>().ok());
         let agent = match (pid, probe_agent(h, hosts.key_file.as_deref())) {
@@ -1225,15 +1231,19 @@ pub fn set(args: &SetArgs) -> Result<(), TestbedError> {
     status(&args.name)
 }
 
+/// A file of the testbed's state directory, read as every file a user
+/// names is (a regular file, bounded).
+fn read_state(path: &Path) -> Result<String, netgap_core::files::ReadError> {
+    netgap_core::files::read_to_string(path, netgap_core::files::Cap::TESTBED_STATE)
+}
+
 /// The parameters and hosts file of the running testbed `name`.
 fn load_state(name: &str) -> Result<(Params, HostsFile), TestbedError> {
     let dir = state_dir(name);
-    let text = match std::fs::read_to_string(dir.join("params.json")) {
+    let text = match read_state(&dir.join("params.json")) {
         Ok(t) => t,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            return Err(TestbedError::NotUp(name.to_string()))
-        }
-        Err(e) => return Err(io_err("reading params.json")(e)),
+        Err(e) if e.is_not_found() => return Err(TestbedError::NotUp(name.to_string())),
+        Err(e) => return Err(io_err("reading params.json")(io::Error::other(e))),
     };
     let params: Params = serde_json::from_str(&text).map_err(|e| TestbedError::Io {
         what: "reading params.json".into(),
@@ -1435,7 +1445,7 @@ fn teardown(name: &str, quiet: bool) -> Result<(), TestbedError> {
         for e in entries.flatten() {
             let path = e.path();
             if path.extension().is_some_and(|x| x == "pid") {
-                let pid = std::fs::read_to_string(&path)
+                let pid = read_state(&path)
                     .ok()
                     .and_then(|t| t.trim().parse::<i32>().ok());
                 // Only a netgap agent of this testbed: the pid may have been

@@ -414,3 +414,35 @@ fn the_stacks_of_one_interleaved_run_compare_without_a_drift_warning() {
     assert!(stdout.contains("all from one interleaved run"), "{stdout}");
     assert!(!stderr.contains("drift"), "{stderr}");
 }
+
+/// A label is text from a results file: its escape sequences (clear the
+/// screen, retitle the window) reach neither the table nor the warnings
+/// raw, but escaped.
+#[test]
+fn escape_bytes_in_a_label_are_printed_escaped() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut noise = Noise(5);
+    let one = |label: &str, noise: &mut Noise| -> Vec<Value> {
+        SIZES
+            .iter()
+            .map(|&s| {
+                let reps = noise.reps(mean_gbps(s), 0.01, 8);
+                stack_record(s, &reps, &testbed_stack(9000, Some(label)), None)
+            })
+            .collect()
+    };
+    let (bp, np) = (dir.path().join("a.jsonl"), dir.path().join("b.jsonl"));
+    write(&bp, &one("old\u{1b}[2J\u{1b}[H", &mut noise));
+    write(&np, &one("new\u{1b}]0;owned\u{7}\u{9b}31m", &mut noise));
+    let (code, out, err) = compare_full(&[&bp, &np], &[]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    for text in [&out, &err] {
+        assert!(
+            !text.chars().any(|c| c.is_control() && c != '\n'),
+            "a raw control character in {text:?}"
+        );
+    }
+    assert!(out.contains("old\\u{1b}[2J\\u{1b}[H"), "{out}");
+    assert!(out.contains("new\\u{1b}]0;owned\\u{7}\\u{9b}31m"), "{out}");
+    assert!(out.contains("8 points:"), "{out}");
+}

@@ -180,3 +180,43 @@ fn serve_bind_auto_listens_on_the_nodes_address() {
     drop(agent);
     tb.down();
 }
+
+/// Hosts files and hostfiles are read only when regular files of at most
+/// 16 MiB: `/dev/zero`, a FIFO with no writer and a longer file are refused
+/// at once in one line naming the file, not after a timeout.
+#[test]
+fn a_hosts_file_that_is_a_device_a_fifo_or_past_the_cap_is_refused_at_once() {
+    use common::files::{mkfifo, one_error_line, output_within, sparse};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fifo = dir.path().join("hosts.fifo");
+    mkfifo(&fifo);
+    let big = dir.path().join("hosts.json");
+    sparse(&big, (16 << 20) + 1);
+    let cases = [
+        (
+            "/dev/zero".to_string(),
+            "/dev/zero is a character device, not a regular file".to_string(),
+        ),
+        (
+            fifo.display().to_string(),
+            format!("{} is a FIFO, not a regular file", fifo.display()),
+        ),
+        (
+            big.display().to_string(),
+            format!(
+                "{} holds 16777217 bytes, more than the 16M (16777216 bytes) netgap reads from a hosts file",
+                big.display()
+            ),
+        ),
+    ];
+    for (file, wanted) in &cases {
+        for arg in [format!("@{file}"), format!("@hostfile:{file}")] {
+            let out = output_within(
+                netgap().args(["run", "multistream", "--hosts", &arg]),
+                std::time::Duration::from_secs(30),
+            );
+            let err = one_error_line(&out);
+            assert!(err.contains(wanted.as_str()), "--hosts {arg}: {err}");
+        }
+    }
+}

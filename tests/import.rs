@@ -239,3 +239,44 @@ fn imported_records_plot_beside_netgaps_own() {
     assert!(plot.contains("[iperf3]"), "iperf3 missing beside stream");
     assert!(page.contains("NPtcp (imported by netgap"));
 }
+
+/// Every format reads only a regular file of at most 256 MiB: a device
+/// (`/dev/zero`, endless), a FIFO with no writer (would block forever) and
+/// a file past the cap are refused at once in one line naming the file.
+#[test]
+fn devices_fifos_and_oversize_files_are_refused_at_once() {
+    use common::files::{mkfifo, one_error_line, output_within, sparse};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fifo = dir.path().join("tool.fifo");
+    mkfifo(&fifo);
+    let big = dir.path().join("big.out");
+    sparse(&big, (256 << 20) + 1);
+    let cases = [
+        (
+            PathBuf::from("/dev/zero"),
+            "/dev/zero is a character device, not a regular file".to_string(),
+        ),
+        (
+            fifo.clone(),
+            format!("{} is a FIFO, not a regular file", fifo.display()),
+        ),
+        (
+            big.clone(),
+            format!(
+                "{} holds 268435457 bytes, more than the 256M (268435456 bytes)",
+                big.display()
+            ),
+        ),
+    ];
+    for format in ["iperf3", "netpipe", "sockperf", "osu"] {
+        for (file, wanted) in &cases {
+            let out = output_within(
+                common::netgap().args(["import", format]).arg(file),
+                std::time::Duration::from_secs(30),
+            );
+            let err = one_error_line(&out);
+            assert!(err.contains(wanted.as_str()), "{format}: {err}");
+            assert!(out.stdout.is_empty());
+        }
+    }
+}

@@ -150,5 +150,47 @@ fn a_file_that_is_no_results_file_is_refused_without_reading_it_all() {
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
-    assert!(stderr.contains("not a results file"), "{stderr}");
+    assert!(
+        stderr.contains("/dev/zero is a character device, not a regular file"),
+        "{stderr}"
+    );
+}
+
+/// `report` and `compare` read only regular results files of at most
+/// 1 GiB: a FIFO with no writer is refused at once (not after a wait for
+/// one), a longer file before any of it is read, each in one line naming
+/// the file.
+#[test]
+fn a_fifo_or_a_results_file_past_the_cap_is_refused_at_once() {
+    use common::files::{mkfifo, one_error_line, output_within, sparse};
+    use std::time::Duration;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fifo = dir.path().join("results.fifo");
+    mkfifo(&fifo);
+    let big = dir.path().join("big.jsonl");
+    sparse(&big, (1 << 30) + 1);
+    let good = dir.path().join("good.jsonl");
+    std::fs::write(&good, "").expect("write");
+    let html = dir.path().join("never.html");
+    let fifo_says = format!("{} is a FIFO, not a regular file", fifo.display());
+    let big_says = format!(
+        "{} holds 1073741825 bytes, more than the 1G (1073741824 bytes) netgap reads from a results file",
+        big.display()
+    );
+    for (file, wanted) in [(&fifo, &fifo_says), (&big, &big_says)] {
+        let report = output_within(
+            netgap().arg("report").arg(file).arg("-o").arg(&html),
+            Duration::from_secs(30),
+        );
+        let err = one_error_line(&report);
+        assert!(err.contains(wanted.as_str()), "report: {err}");
+        // As either side of a comparison.
+        for pair in [[file, &good], [&good, file]] {
+            let compare =
+                output_within(netgap().arg("compare").args(pair), Duration::from_secs(30));
+            let err = one_error_line(&compare);
+            assert!(err.contains(wanted.as_str()), "compare: {err}");
+        }
+    }
+    assert!(!html.exists());
 }

@@ -37,7 +37,8 @@ pub struct TargetFlags {
     /// or unix:PATH); agents of @slurm and @hostfile listen on port 7100
     /// (`netgap serve --bind auto`); the first is the server,
     /// the rest client hosts. Without it, in-process agents on loopback
-    /// stand in for the hosts.
+    /// stand in for the hosts. A hosts file or hostfile must be a regular
+    /// file of at most 16 MiB.
     #[arg(long, value_name = "@FILE|ADDR,...", value_parser = parse_hosts)]
     pub hosts: Option<HostsArg>,
     /// Use IPv6 loopback for the in-process agent.

@@ -250,7 +250,8 @@ pub struct LogpFlags {
 
 #[derive(Debug, clap::Args)]
 pub struct ReportArgs {
-    /// Results files (JSON Lines, netgap's own or imported).
+    /// Results files (JSON Lines, netgap's own or imported): regular files
+    /// of at most 1 GiB each.
     #[arg(required = true, value_name = "RESULTS")]
     pub results: Vec<PathBuf>,
     /// The HTML file to write.
@@ -268,10 +269,10 @@ pub struct ReportArgs {
 
 #[derive(Debug, clap::Args)]
 pub struct CompareArgs {
-    /// The reference results file.
+    /// The reference results file (a regular file of at most 1 GiB).
     pub base: PathBuf,
-    /// The results file to judge against it; without it, two stacks of
-    /// BASE (--base-stack, --new-stack) are compared.
+    /// The results file to judge against it (at most 1 GiB); without it,
+    /// two stacks of BASE (--base-stack, --new-stack) are compared.
     pub new: Option<PathBuf>,
     /// Smallest significant worsening, in percent, that fails the comparison.
     #[arg(long, default_value_t = 5.0, value_name = "PCT")]
@@ -290,7 +291,7 @@ pub struct ImportArgs {
     /// The format: iperf3 (-J JSON), netpipe (NPtcp -o file), sockperf
     /// (client output), osu (osu_latency, osu_bw, osu_bibw output).
     pub format: String,
-    /// The peer tool's output file.
+    /// The peer tool's output file: a regular file of at most 256 MiB.
     pub file: PathBuf,
     /// Where to append the records (JSON Lines); standard output if absent.
     #[arg(short = 'o', long, value_name = "OUT")]

@@ -2,11 +2,14 @@
 //! statistics of repetitions, the validated description of a point, host
 //! facts and CPU readings as data, and the result model that every results
 //! file holds. Every other crate builds on this one; it depends on none of
-//! them.
+//! them. The one exception to "no I/O" is [`files`], the bounded reader
+//! every crate uses for a file a user or a peer names: it only opens and
+//! reads.
 
 pub mod cpu;
 pub mod datagram;
 pub mod dropout;
+pub mod files;
 pub mod host;
 pub mod noise;
 pub mod record;
@@ -15,6 +18,7 @@ pub mod sizing;
 pub mod spec;
 pub mod stack;
 pub mod stats;
+pub mod text;
 pub mod units;
 
 /// netgap's version, recorded in every result.

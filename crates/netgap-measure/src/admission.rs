@@ -14,10 +14,16 @@
 //! that proves the key in less time than it takes strangers to open
 //! [`MAX_UNPROVEN`] new connections always gets in, and the agent never
 //! holds more than [`MAX_UNPROVEN`] threads and buffers for strangers.
+//!
+//! The connections refused before proving themselves are logged by
+//! [`RefusalLog`]: one summary line per [`REFUSAL_LOG_INTERVAL`] at most,
+//! naming the busiest few sources, so strangers cannot fill the agent's
+//! log (often on a tmpfs) one line per connection.
 
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Most connections at once that have not proven themselves.
 pub const MAX_UNPROVEN: usize = 64;
@@ -127,6 +133,99 @@ impl Drop for Ticket {
     }
 }
 
+/// Shortest time between two summaries of refused connections.
+pub const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(10);
+/// Most sources one summary names; the rest are counted.
+pub const REFUSAL_LOG_SOURCES: usize = 3;
+/// Longest reason quoted in a summary, in characters.
+const REFUSAL_REASON_CHARS: usize = 160;
+
+/// Counts the connections refused before proving themselves and turns
+/// them into at most one summary line per interval. Plain code: the caller
+/// passes the time, so tests drive it with a clock of their own.
+#[derive(Debug)]
+pub(crate) struct RefusalLog {
+    interval: Duration,
+    /// When the current window opened: its first refusal.
+    since: Option<Instant>,
+    /// When the last summary was given.
+    last_line: Option<Instant>,
+    /// Refusals per source in the window; `None`: a Unix-socket client.
+    counts: BTreeMap<Option<IpAddr>, u64>,
+    /// The last refusal's reason, escaped and cut short.
+    last_reason: String,
+}
+
+impl RefusalLog {
+    /// A log giving at most one line per `interval`.
+    pub(crate) fn new(interval: Duration) -> RefusalLog {
+        RefusalLog {
+            interval,
+            since: None,
+            last_line: None,
+            counts: BTreeMap::new(),
+            last_reason: String::new(),
+        }
+    }
+
+    /// Counts one refused connection from `source`, refused for `reason`
+    /// (a peer's text may be in it: it is escaped).
+    pub(crate) fn record(&mut self, source: Option<IpAddr>, reason: &str, now: Instant) {
+        self.since.get_or_insert(now);
+        *self.counts.entry(source).or_insert(0) += 1;
+        let reason = netgap_core::text::escape_control(reason);
+        self.last_reason = reason.chars().take(REFUSAL_REASON_CHARS).collect();
+        if reason.chars().count() > REFUSAL_REASON_CHARS {
+            self.last_reason.push_str("...");
+        }
+    }
+
+    /// The summary of the refusals counted since the last one, when there
+    /// are some and the last summary was at least an interval ago; the
+    /// counts start again after it.
+    pub(crate) fn summary(&mut self, now: Instant) -> Option<String> {
+        let since = self.since?;
+        if self
+            .last_line
+            .is_some_and(|t| now.saturating_duration_since(t) < self.interval)
+        {
+            return None;
+        }
+        let total: u64 = self.counts.values().sum();
+        let mut sources: Vec<(Option<IpAddr>, u64)> =
+            self.counts.iter().map(|(s, n)| (*s, *n)).collect();
+        // Busiest first; ties by address, for a stable line.
+        sources.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        let named: Vec<String> = sources
+            .iter()
+            .take(REFUSAL_LOG_SOURCES)
+            .map(|(s, n)| match s {
+                Some(ip) => format!("{ip} x {n}"),
+                None => format!("local clients x {n}"),
+            })
+            .collect();
+        let more = sources.len().saturating_sub(REFUSAL_LOG_SOURCES);
+        let more = if more > 0 {
+            format!(", {more} more")
+        } else {
+            String::new()
+        };
+        let secs = now.saturating_duration_since(since).as_secs().max(1);
+        let line = format!(
+            "{total} unauthenticated connection{} refused from {} source{} in the last {secs} s: {}{more} (last: {})",
+            if total == 1 { "" } else { "s" },
+            sources.len(),
+            if sources.len() == 1 { "" } else { "s" },
+            named.join(", "),
+            self.last_reason
+        );
+        self.counts.clear();
+        self.since = None;
+        self.last_line = Some(now);
+        Some(line)
+    }
+}
+
 /// A connection as eviction sees it: its source, when it came, whether it
 /// started a proof.
 type Key = (Option<IpAddr>, Instant, bool);
@@ -214,6 +313,54 @@ mod tests {
             e.2 = true;
         }
         assert_eq!(victim(&entries, ip(1)), Some(0));
+    }
+
+    #[test]
+    fn refusals_give_at_most_one_summary_per_interval() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut log = RefusalLog::new(Duration::from_secs(10));
+        assert_eq!(log.summary(at(0)), None, "nothing refused yet");
+        // A first refusal is told at once.
+        log.record(ip(9), "wrong key", at(0));
+        let first = log.summary(at(0)).unwrap();
+        assert!(
+            first.starts_with("1 unauthenticated connection refused from 1 source"),
+            "{first}"
+        );
+        // Then a flood, from many sources: nothing until the interval ends.
+        let mut lines = Vec::new();
+        for i in 0..10_000u64 {
+            // Half from one source, half spread over nine others.
+            let source = if i % 2 == 0 {
+                ip(20)
+            } else {
+                ip(1 + u8::try_from((i / 2) % 9).unwrap())
+            };
+            log.record(source, "bad \u{1b}[2J frame", at(1 + i));
+            lines.extend(log.summary(at(1 + i)));
+        }
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        let line = &lines[0];
+        assert!(
+            line.starts_with("10000 unauthenticated connections refused from 10 sources"),
+            "{line}"
+        );
+        // The busiest few sources by name, the rest counted, the peer's
+        // text escaped.
+        assert!(
+            line.contains(": 10.0.0.20 x 5000, 10.0.0.1 x 556, 10.0.0.2 x 556, 7 more"),
+            "{line}"
+        );
+        assert!(
+            !line.contains('\u{1b}') && line.contains("\\u{1b}"),
+            "{line}"
+        );
+        // A quiet interval gives no line; the next refusal after it is told.
+        assert_eq!(log.summary(at(40_000)), None);
+        log.record(None, "no hello", at(50_000));
+        let last = log.summary(at(50_000)).unwrap();
+        assert!(last.contains("local clients x 1"), "{last}");
     }
 
     #[test]

@@ -14,10 +14,12 @@
 
 mod watchdog;
 
+use crate::admission::{RefusalLog, REFUSAL_LOG_INTERVAL};
 use crate::bench;
 use crate::control::{ControlAddr, ControlConn, ControlError, ControlStream};
 use crate::workload::role::{self, ReadyRole, RoleContext, RoleError, RoleResult, Stop};
 use netgap_core::spec::PointSpec;
+use netgap_core::text::escape_control;
 use netgap_proto::auth::{is_auth_frame, Key};
 use netgap_proto::codec::decode_request;
 use netgap_proto::dataproof::DataToken;
@@ -34,7 +36,7 @@ use std::os::fd::AsFd;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixListener;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 /// How long a new connection may take to authenticate and say hello.
@@ -84,6 +86,9 @@ impl Listener {
 struct Shared {
     busy: AtomicBool,
     unproven: Arc<crate::admission::Pool>,
+    /// The connections refused before proving themselves, logged as a
+    /// summary at most once per interval.
+    refusals: Mutex<RefusalLog>,
     key: Option<Key>,
     limits: AgentLimits,
     data_ip: Option<IpAddr>,
@@ -146,6 +151,7 @@ impl Agent {
             shared: Shared {
                 busy: AtomicBool::new(false),
                 unproven: Arc::default(),
+                refusals: Mutex::new(RefusalLog::new(REFUSAL_LOG_INTERVAL)),
                 key: None,
                 limits: AgentLimits::default(),
                 data_ip: None,
@@ -225,6 +231,9 @@ impl Agent {
     /// Serves sessions until the process ends, each on its own thread.
     pub fn serve(self) -> io::Result<()> {
         let shared = Arc::new(self.shared);
+        if !self.quiet {
+            spawn_refusal_summaries(Arc::downgrade(&shared));
+        }
         loop {
             let (stream, peer) = match self.listener.accept() {
                 Ok(c) => c,
@@ -241,8 +250,9 @@ impl Agent {
             let Ok(closer) = stream.try_clone() else {
                 continue;
             };
+            let source = stream.peer_ip();
             let slot = shared.unproven.admit(
-                stream.peer_ip(),
+                source,
                 Box::new(move || {
                     let _ = closer.shutdown();
                 }),
@@ -251,12 +261,16 @@ impl Agent {
             let quiet = self.quiet;
             let spawned = std::thread::Builder::new()
                 .name(format!("session {peer}"))
-                .spawn(move || {
-                    if let Err(e) = run_session(stream, &shared, slot) {
-                        if !quiet {
-                            eprintln!("netgap agent: session with {peer} ended: {e}");
-                        }
+                .spawn(move || match run_session(stream, &shared, slot) {
+                    Ok(()) => {}
+                    Err(_) if quiet => {}
+                    Err(SessionEnd::Unproven(why)) => {
+                        shared.refused(source, &why.to_string());
                     }
+                    Err(e) => eprintln!(
+                        "netgap agent: session with {peer} ended: {}",
+                        escape_control(&e.to_string())
+                    ),
                 });
             if let Err(e) = spawned {
                 eprintln!("netgap agent: cannot start a session thread: {e}");
@@ -276,6 +290,48 @@ impl Agent {
     }
 }
 
+impl Shared {
+    /// Counts a connection refused before it proved itself, and prints the
+    /// summary of refusals when one is due.
+    fn refused(&self, source: Option<IpAddr>, why: &str) {
+        let line = {
+            let mut log = self.refusals.lock().unwrap_or_else(PoisonError::into_inner);
+            let now = Instant::now();
+            log.record(source, why, now);
+            log.summary(now)
+        };
+        if let Some(line) = line {
+            eprintln!("netgap agent: {line}");
+        }
+    }
+}
+
+/// Prints the refusals that no later refusal reported, at most once per
+/// [`REFUSAL_LOG_INTERVAL`] (the log decides; this thread only asks it
+/// every second), for as long as the agent serves.
+fn spawn_refusal_summaries(shared: std::sync::Weak<Shared>) {
+    let spawned = std::thread::Builder::new()
+        .name("refusal log".into())
+        .spawn(move || loop {
+            std::thread::sleep(Duration::from_secs(1));
+            let Some(shared) = shared.upgrade() else {
+                return;
+            };
+            let line = shared
+                .refusals
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .summary(Instant::now());
+            if let Some(line) = line {
+                eprintln!("netgap agent: {line}");
+            }
+        });
+    // Without the thread, refusals are still summarized as they come.
+    if let Err(e) = spawned {
+        eprintln!("netgap agent: cannot start the refusal log thread: {e}");
+    }
+}
+
 fn is_transient_accept_error(e: &io::Error) -> bool {
     matches!(
         e.raw_os_error(),
@@ -290,6 +346,9 @@ enum SessionEnd {
     Control(#[from] ControlError),
     #[error("{0}")]
     Refused(String),
+    /// Ended before the peer proved the key (or, keyless, said hello).
+    #[error("{0}")]
+    Unproven(Box<SessionEnd>),
 }
 
 /// Releases the busy flag when the session that claimed it and every role
@@ -365,6 +424,34 @@ pub(crate) fn recv_or_tell(
     })
 }
 
+/// The key proof, when the agent has a key, and the first request after it.
+fn first_request(
+    conn: &mut ControlConn,
+    shared: &Shared,
+    slot: &crate::admission::Ticket,
+) -> Result<Request, SessionEnd> {
+    let deadline = Instant::now() + HANDSHAKE_TIMEOUT;
+    if let Some(key) = &shared.key {
+        crate::auth::challenge(conn, key, deadline, &|| slot.started())
+            .map_err(|e| SessionEnd::Refused(e.to_string()))?;
+    }
+    let left = deadline
+        .saturating_duration_since(Instant::now())
+        .max(Duration::from_millis(1));
+    let first = recv_or_tell(conn, left)?;
+    if is_auth_frame(&first) {
+        let message = match shared.key {
+            Some(_) => crate::auth::ALREADY_PROVEN.to_string(),
+            None => crate::auth::no_key_message(),
+        };
+        return Err(refuse(conn, message));
+    }
+    match decode_request(&first) {
+        Ok(r) => Ok(r),
+        Err(e) => Err(refuse(conn, format!("bad first message: {e}"))),
+    }
+}
+
 fn run_session(
     stream: ControlStream,
     shared: &Arc<Shared>,
@@ -374,27 +461,10 @@ fn run_session(
         .data_ip
         .or(stream.local_ip())
         .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST));
-    let mut conn = ControlConn::new(stream).map_err(ControlError::Io)?;
-    let deadline = Instant::now() + HANDSHAKE_TIMEOUT;
-    if let Some(key) = &shared.key {
-        crate::auth::challenge(&mut conn, key, deadline, &|| slot.started())
-            .map_err(|e| SessionEnd::Refused(e.to_string()))?;
-    }
-    let left = deadline
-        .saturating_duration_since(Instant::now())
-        .max(Duration::from_millis(1));
-    let first = recv_or_tell(&mut conn, left)?;
-    if is_auth_frame(&first) {
-        let message = match shared.key {
-            Some(_) => crate::auth::ALREADY_PROVEN.to_string(),
-            None => crate::auth::no_key_message(),
-        };
-        return Err(refuse(&mut conn, message));
-    }
-    let hello = match decode_request(&first) {
-        Ok(r) => r,
-        Err(e) => return Err(refuse(&mut conn, format!("bad first message: {e}"))),
-    };
+    let mut conn = ControlConn::new(stream)
+        .map_err(|e| SessionEnd::Unproven(Box::new(ControlError::Io(e).into())))?;
+    let hello =
+        first_request(&mut conn, shared, &slot).map_err(|e| SessionEnd::Unproven(Box::new(e)))?;
     drop(slot);
     let busy = &shared.busy;
     let claimed = matches!(hello, Request::Hello { .. })

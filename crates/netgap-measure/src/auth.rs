@@ -31,6 +31,15 @@ pub enum KeyFileError {
         /// Underlying error.
         source: io::Error,
     },
+    /// The file could not be read: not a regular file, past
+    /// [`Cap::KEY`](netgap_core::files::Cap::KEY).
+    #[error("key file {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// What failed.
+        source: netgap_core::files::ReadError,
+    },
     /// Group or others may read the file.
     #[error(
         "key file {path} is readable by group or others (mode {mode:03o}); run chmod 600 {path}"
@@ -66,7 +75,13 @@ pub fn load_key(path: &Path) -> Result<Key, KeyFileError> {
             mode,
         });
     }
-    let bytes = std::fs::read(path).map_err(io_err)?;
+    let bytes =
+        netgap_core::files::read_bytes(path, netgap_core::files::Cap::KEY).map_err(|e| {
+            KeyFileError::Read {
+                path: path.to_path_buf(),
+                source: e,
+            }
+        })?;
     Key::from_bytes(bytes).map_err(|source| KeyFileError::Key {
         path: path.to_path_buf(),
         source,

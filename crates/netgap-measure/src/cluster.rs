@@ -11,6 +11,7 @@
 use crate::conditions::LinkConditions;
 use crate::control::ControlAddr;
 use crate::hostlist;
+use netgap_core::files::{self, Cap, ReadError};
 use serde::{Deserialize, Serialize};
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
@@ -122,13 +123,15 @@ pub enum HostsFileFault {
 /// Why a hosts file or list is unusable.
 #[derive(Debug, thiserror::Error)]
 pub enum HostsError {
-    /// The file could not be read.
-    #[error("cannot read hosts file {path}: {source}")]
-    Read {
-        /// The file.
+    /// The file could not be read: missing, not a regular file, past
+    /// [`Cap::HOSTS`].
+    #[error("hosts file: {0}")]
+    Read(#[from] ReadError),
+    /// `@testbed` named, and no testbed is up.
+    #[error("cannot read hosts file {}: no testbed is up (start one with `netgap testbed up`)", path.display())]
+    NoTestbed {
+        /// The default testbed's hosts file.
         path: PathBuf,
-        /// Underlying error.
-        source: std::io::Error,
     },
     /// The `--hosts` argument is neither a file reference nor a list of
     /// agents.
@@ -152,10 +155,7 @@ pub enum HostsError {
 impl HostsFile {
     /// Reads and checks a hosts file.
     pub fn load(path: &Path) -> Result<HostsFile, HostsError> {
-        let text = std::fs::read_to_string(path).map_err(|source| HostsError::Read {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let text = files::read_to_string(path, Cap::HOSTS)?;
         let parse = |detail: String| HostsError::Parse {
             path: path.to_path_buf(),
             detail,
@@ -376,10 +376,7 @@ impl HostsArg {
                 resolve_all(&names).map_err(arg)
             }
             HostsArg::Hostfile(path) => {
-                let text = std::fs::read_to_string(path).map_err(|source| HostsError::Read {
-                    path: path.clone(),
-                    source,
-                })?;
+                let text = files::read_to_string(path, Cap::HOSTS)?;
                 let parse = |detail: String| HostsError::Parse {
                     path: path.clone(),
                     detail,
@@ -388,16 +385,8 @@ impl HostsArg {
                 resolve_all(&names).map_err(parse)
             }
             HostsArg::File { path, testbed } => match HostsFile::load(path) {
-                Err(HostsError::Read { source, .. })
-                    if *testbed && source.kind() == std::io::ErrorKind::NotFound =>
-                {
-                    Err(HostsError::Read {
-                        path: path.clone(),
-                        source: std::io::Error::new(
-                            source.kind(),
-                            "no testbed is up (start one with `netgap testbed up`)",
-                        ),
-                    })
+                Err(HostsError::Read(e)) if *testbed && e.is_not_found() => {
+                    Err(HostsError::NoTestbed { path: path.clone() })
                 }
                 other => other.map(HostsSource::File),
             },

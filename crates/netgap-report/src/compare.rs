@@ -36,6 +36,7 @@
 use crate::load::{lower_is_better, Loaded};
 use crate::stacks::{SelectError, StackSelector};
 use netgap_core::stack::Stack;
+use netgap_core::text::escape_control;
 use statrs::distribution::{ContinuousCDF, StudentsT};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -489,13 +490,19 @@ pub fn compare(
     })
 }
 
-/// The comparison as a text table with a closing summary line.
+/// The comparison as a text table with a closing summary line. The
+/// labels come from results files, so their control characters are
+/// escaped ([`escape_control`]): a label cannot drive the terminal.
 pub fn render(c: &Comparison) -> String {
     let mut out = String::new();
-    let width = c
+    let labels: Vec<String> = c
         .changes
         .iter()
-        .map(|ch| ch.label().chars().count())
+        .map(|ch| escape_control(&ch.label()).into_owned())
+        .collect();
+    let width = labels
+        .iter()
+        .map(|l| l.chars().count())
         .max()
         .unwrap_or(5)
         .max(5);
@@ -504,7 +511,7 @@ pub fn render(c: &Comparison) -> String {
         "{:<width$}  {:>12}  {:>12}  {:>8}  {:>8}  verdict",
         "point", "base", "new", "change", "p"
     );
-    for ch in &c.changes {
+    for (ch, label) in c.changes.iter().zip(&labels) {
         let p = ch
             .p_value
             .map_or_else(|| "-".to_string(), |p| format!("{p:.3}"));
@@ -512,7 +519,7 @@ pub fn render(c: &Comparison) -> String {
         let _ = writeln!(
             out,
             "{:<width$}  {:>12.4}  {:>12.4}  {:>+7.1}%  {:>8}  {}{flag}",
-            ch.label(),
+            label,
             ch.base,
             ch.new,
             ch.change_pct,
@@ -521,10 +528,10 @@ pub fn render(c: &Comparison) -> String {
         );
     }
     for k in &c.only_base {
-        let _ = writeln!(out, "only in base: {k}");
+        let _ = writeln!(out, "only in base: {}", escape_control(k));
     }
     for k in &c.only_new {
-        let _ = writeln!(out, "only in new: {k}");
+        let _ = writeln!(out, "only in new: {}", escape_control(k));
     }
     let count = |v: Verdict| c.changes.iter().filter(|ch| ch.verdict == v).count();
     let drift = match c.drift_allowance_pct {

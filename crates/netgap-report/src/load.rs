@@ -12,14 +12,10 @@ use std::path::{Path, PathBuf};
 /// Why a results file could not be loaded; one line naming file and line.
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
-    /// The file could not be read.
-    #[error("cannot read results file {path}: {source}")]
-    Read {
-        /// The file.
-        path: PathBuf,
-        /// Underlying error.
-        source: std::io::Error,
-    },
+    /// The file could not be read: missing, not a regular file, past
+    /// [`Cap::RESULTS`](netgap_core::files::Cap::RESULTS).
+    #[error(transparent)]
+    File(#[from] netgap_core::files::ReadError),
     /// A line is not a result record.
     #[error("{path}:{line}: not a netgap result record: {message}")]
     BadLine {
@@ -289,15 +285,16 @@ pub struct LoadedFile {
 /// Reads every record of a JSON Lines results file; blank lines are
 /// skipped and a bad line is an error naming its number, except a torn
 /// line (a record's beginning, cut short), which is skipped and listed.
-/// Reads at most [`MAX_LINE_BYTES`] per line.
+/// Reads at most [`MAX_LINE_BYTES`] per line and
+/// [`Cap::RESULTS`](netgap_core::files::Cap::RESULTS) in all, and only a
+/// regular file.
 pub fn load_file_parts(path: &Path) -> Result<LoadedFile, LoadError> {
     use std::io::{BufRead, Read};
-    let read_err = |source| LoadError::Read {
-        path: path.to_path_buf(),
-        source,
-    };
-    let file = std::fs::File::open(path).map_err(read_err)?;
+    let file = netgap_core::files::open(path, netgap_core::files::Cap::RESULTS)?;
     let mut reader = std::io::BufReader::new(file);
+    let read_err = |reader: &std::io::BufReader<netgap_core::files::Bounded>, e| {
+        LoadError::File(reader.get_ref().error(e))
+    };
     let bad = |line: usize, message: String| LoadError::BadLine {
         path: path.to_path_buf(),
         line,
@@ -309,8 +306,11 @@ pub fn load_file_parts(path: &Path) -> Result<LoadedFile, LoadError> {
         buf.clear();
         let got = (&mut reader)
             .take(MAX_LINE_BYTES as u64 + 1)
-            .read_until(b'\n', &mut buf)
-            .map_err(read_err)?;
+            .read_until(b'\n', &mut buf);
+        let got = match got {
+            Ok(n) => n,
+            Err(e) => return Err(read_err(&reader, e)),
+        };
         if got == 0 {
             break;
         }
@@ -378,7 +378,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_torn_line_is_skipped_and_named_and_endless_input_is_bounded() {
+    fn a_torn_line_is_skipped_and_named_and_endless_input_is_refused() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("r.jsonl");
         std::fs::write(&path, "{\"test\":\"pin\n").expect("write");
@@ -391,8 +391,15 @@ mod tests {
             load_file_parts(&path).is_err(),
             "a complete bad record is an error"
         );
+        // Endless input is no regular file: refused before any read.
         let e = load_file_parts(Path::new("/dev/zero")).expect_err("bounded");
-        assert!(e.to_string().contains("not a results file"), "{e}");
+        assert!(
+            matches!(
+                e,
+                LoadError::File(netgap_core::files::ReadError::NotRegular { .. })
+            ),
+            "{e}"
+        );
     }
 
     #[test]

@@ -25,14 +25,10 @@ pub enum ImportError {
     /// No importer has that name.
     #[error("unknown import format {0:?} (known: {known})", known = names().join(", "))]
     UnknownFormat(String),
-    /// The file could not be read.
-    #[error("cannot read {path}: {source}")]
-    Read {
-        /// The file.
-        path: PathBuf,
-        /// Underlying error.
-        source: std::io::Error,
-    },
+    /// The file could not be read: missing, not a regular file, past
+    /// [`Cap::IMPORT`](netgap_core::files::Cap::IMPORT).
+    #[error(transparent)]
+    File(#[from] netgap_core::files::ReadError),
     /// The file's content is not what the format expects.
     #[error("{path}{}: {message}", line.map(|l| format!(":{l}")).unwrap_or_default())]
     Malformed {
@@ -121,11 +117,7 @@ pub fn import_file(
 ) -> Result<Vec<ResultRecord>, ImportError> {
     let importer = netgap_core::registry::find(registry(), format)
         .ok_or_else(|| ImportError::UnknownFormat(format.to_string()))?;
-    let read_err = |source| ImportError::Read {
-        path: path.to_path_buf(),
-        source,
-    };
-    let text = std::fs::read_to_string(path).map_err(read_err)?;
+    let text = netgap_core::files::read_to_string(path, netgap_core::files::Cap::IMPORT)?;
     let modified = std::fs::metadata(path)
         .and_then(|m| m.modified())
         .unwrap_or_else(|_| std::time::SystemTime::now());
