@@ -47,15 +47,7 @@ fn many_refused_connections_give_a_bounded_number_of_log_lines() {
         .stderr(Stdio::from(log_file))
         .spawn()
         .expect("agent starts");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("agent prints its address");
-    let addr = line
-        .split_once("listening on ")
-        .and_then(|(_, rest)| rest.split_whitespace().next())
-        .unwrap_or_else(|| panic!("address in {line:?}"))
-        .to_string();
+    let addr = common::agent_addr(&mut child);
     let agent = LoggedAgent { child, addr };
 
     let t0 = Instant::now();

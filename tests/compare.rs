@@ -7,7 +7,7 @@
 
 mod common;
 use serde_json::{json, Value};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// Deterministic noise: a linear congruential generator giving roughly
 /// normal values (sum of four uniforms) with the given relative spread.
@@ -326,11 +326,11 @@ fn separate_runs_with_drift_only_are_warned_about_and_not_called_real() {
     assert!(within >= 4, "{out}");
 }
 
-#[test]
-fn stacks_that_differ_only_by_label_are_paired_and_said_to() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let mut noise = Noise(3);
-    let one = |label: &str, noise: &mut Noise| -> Vec<Value> {
+/// Two results files in `dir` of one testbed stack over every size, told
+/// apart only by their labels, with noise from `seed`.
+fn labelled_pair(dir: &Path, seed: u64, base_label: &str, new_label: &str) -> (PathBuf, PathBuf) {
+    let mut noise = Noise(seed);
+    let mut one = |label: &str| -> Vec<Value> {
         SIZES
             .iter()
             .map(|&s| {
@@ -339,9 +339,16 @@ fn stacks_that_differ_only_by_label_are_paired_and_said_to() {
             })
             .collect()
     };
-    let (bp, np) = (dir.path().join("a.jsonl"), dir.path().join("b.jsonl"));
-    write(&bp, &one("kernel 6.1", &mut noise));
-    write(&np, &one("kernel 6.8", &mut noise));
+    let (bp, np) = (dir.join("a.jsonl"), dir.join("b.jsonl"));
+    write(&bp, &one(base_label));
+    write(&np, &one(new_label));
+    (bp, np)
+}
+
+#[test]
+fn stacks_that_differ_only_by_label_are_paired_and_said_to() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (bp, np) = labelled_pair(dir.path(), 3, "kernel 6.1", "kernel 6.8");
     let (code, out, err) = compare_full(&[&bp, &np], &[]);
     assert_eq!(code, Some(0), "{out}{err}");
     assert!(err.contains("differ only by label"), "{err}");
@@ -421,19 +428,12 @@ fn the_stacks_of_one_interleaved_run_compare_without_a_drift_warning() {
 #[test]
 fn escape_bytes_in_a_label_are_printed_escaped() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut noise = Noise(5);
-    let one = |label: &str, noise: &mut Noise| -> Vec<Value> {
-        SIZES
-            .iter()
-            .map(|&s| {
-                let reps = noise.reps(mean_gbps(s), 0.01, 8);
-                stack_record(s, &reps, &testbed_stack(9000, Some(label)), None)
-            })
-            .collect()
-    };
-    let (bp, np) = (dir.path().join("a.jsonl"), dir.path().join("b.jsonl"));
-    write(&bp, &one("old\u{1b}[2J\u{1b}[H", &mut noise));
-    write(&np, &one("new\u{1b}]0;owned\u{7}\u{9b}31m", &mut noise));
+    let (bp, np) = labelled_pair(
+        dir.path(),
+        5,
+        "old\u{1b}[2J\u{1b}[H",
+        "new\u{1b}]0;owned\u{7}\u{9b}31m",
+    );
     let (code, out, err) = compare_full(&[&bp, &np], &[]);
     assert_eq!(code, Some(0), "{out}{err}");
     for text in [&out, &err] {

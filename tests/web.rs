@@ -451,17 +451,7 @@ fn a_killed_agent_that_is_not_root_takes_its_servers_with_it() {
                 .spawn()
                 .expect("agent starts"),
         );
-        let mut line = String::new();
-        std::io::BufRead::read_line(
-            &mut std::io::BufReader::new(agent.0.stdout.take().expect("stdout")),
-            &mut line,
-        )
-        .expect("agent prints its address");
-        let addr = line
-            .split_once("listening on ")
-            .and_then(|(_, rest)| rest.split_whitespace().next())
-            .unwrap_or_else(|| panic!("address in {line:?}"))
-            .to_string();
+        let addr = common::agent_addr(&mut agent.0);
         let clients = AgentProc::start("127.0.0.1");
         let _run = common::procs::Reaped(
             netgap()

@@ -19,6 +19,21 @@ pub fn netgap() -> Command {
     Command::cargo_bin("netgap").expect("binary built")
 }
 
+/// The control address a `netgap serve` started with its stdout piped
+/// prints first ("netgap agent VERSION listening on ADDR[ (key
+/// required)]").
+pub fn agent_addr(child: &mut Child) -> String {
+    let stdout = child.stdout.take().expect("stdout piped");
+    let mut line = String::new();
+    BufReader::new(stdout)
+        .read_line(&mut line)
+        .expect("agent prints its address");
+    line.split_once("listening on ")
+        .and_then(|(_, rest)| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("address in {line:?}"))
+        .to_string()
+}
+
 /// A `netgap serve` on an ephemeral port of a loopback address, killed on
 /// drop.
 pub struct AgentProc {
@@ -42,17 +57,7 @@ impl AgentProc {
             .stderr(Stdio::null())
             .spawn()
             .expect("agent starts");
-        let stdout = child.stdout.take().expect("stdout piped");
-        let mut line = String::new();
-        BufReader::new(stdout)
-            .read_line(&mut line)
-            .expect("agent prints its address");
-        // "netgap agent VERSION listening on ADDR[ (key required)]"
-        let addr = line
-            .split_once("listening on ")
-            .and_then(|(_, rest)| rest.split_whitespace().next())
-            .unwrap_or_else(|| panic!("address in {line:?}"))
-            .to_string();
+        let addr = agent_addr(&mut child);
         AgentProc { child, addr }
     }
 
