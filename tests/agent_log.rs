@@ -5,7 +5,7 @@
 
 mod common;
 use common::{netgap, new_key_file};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
