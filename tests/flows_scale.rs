@@ -11,6 +11,7 @@
     reason = "test code: a failed unwrap is a failed test"
 )]
 
+mod common;
 use netgap::flows::{self, ClientSpec, EngineConfig, FlowServer, FlowWork};
 use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
@@ -162,15 +163,13 @@ fn udp_token() -> netgap::proto::dataproof::DataToken {
     netgap::proto::dataproof::DataToken::from_bytes([5; 32])
 }
 
-fn require_system() -> bool {
-    std::env::var("NETGAP_REQUIRE_SYSTEM_TESTS").as_deref() == Ok("1")
-}
-
 #[test]
 fn ten_thousand_flows_pingpong_and_connect_with_bounded_memory() {
     if let Err(e) = flows::ensure_fd_limit(FLOWS as u64 + 2 * flows::limits::SPARE_FDS) {
-        assert!(!require_system(), "NETGAP_REQUIRE_SYSTEM_TESTS=1 but: {e}");
-        eprintln!("skipping the 10,000-flow test: {e}");
+        common::skip(
+            "ten_thousand_flows_pingpong_and_connect_with_bounded_memory",
+            &e.to_string(),
+        );
         return;
     }
     let cfg = EngineConfig::tcp(2, Duration::from_secs(10));

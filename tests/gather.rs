@@ -19,12 +19,7 @@ fn gmond_ready(test: &str) -> bool {
     if Path::new("/usr/sbin/gmond").exists() {
         return true;
     }
-    if std::env::var("NETGAP_REQUIRE_SYSTEM_TESTS").as_deref() == Ok("1") {
-        panic!(
-            "{test}: gmond is missing (package ganglia-monitor), but NETGAP_REQUIRE_SYSTEM_TESTS=1"
-        );
-    }
-    eprintln!("skipping {test}: gmond is missing (install ganglia-monitor)");
+    common::skip(test, "gmond is missing (apt-get install ganglia-monitor)");
     false
 }
 

@@ -31,7 +31,10 @@ fn one_mptcp_stream_over_a_three_link_mesh_uses_every_link() {
         return;
     }
     if !std::path::Path::new("/proc/sys/net/mptcp/enabled").exists() {
-        eprintln!("skipping: this kernel has no multipath TCP");
+        common::skip(
+            "one_mptcp_stream_over_a_three_link_mesh_uses_every_link",
+            "this kernel has no multipath TCP",
+        );
         return;
     }
     let (tb, _) = Testbed::up(
