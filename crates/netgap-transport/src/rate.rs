@@ -8,9 +8,11 @@
 //! must wait before it moves more. Over any stretch of time the flows
 //! sharing a budget move at most the rate times (the stretch plus
 //! [`BURST`]), plus what one call moved before it was charged. A charge is
-//! a clock read and one compare-and-swap, so the budget costs nothing
-//! measurable when the rate is far above what the path does, and it
-//! always bounds.
+//! a clock read and one compare-and-swap, and each half of a flow charges
+//! in grants (100 µs at the rate, at most 64 KiB) that it then spends
+//! without touching the budget, so a flow of small messages pays for the
+//! budget once per grant, not once per call: it costs nothing measurable
+//! when the rate is far above what the path does, and it always bounds.
 //!
 //! A [`PacedFlow`] waits in slices of at most [`WAIT_SLICE`], failing
 //! once its flow is aborted (or the work it serves stopped), and moves at most [`PacedFlow::chunk`]
@@ -142,13 +144,36 @@ struct Pace {
     chunk: usize,
     /// A signal that the work the flow serves is over (a role's stop).
     stop: Option<Arc<AtomicBool>>,
+    /// Bytes this half has already charged to the budget and not yet
+    /// moved: a half takes its budget in grants of [`Pace::grant_bytes`],
+    /// so a flow of small messages reads the clock and touches the shared
+    /// atomic once per grant, not once per call.
+    credit_bytes: u64,
 }
 
+/// The most one half charges ahead of what it moves, bytes.
+const MAX_GRANT_BYTES: u64 = 64 * 1024;
+/// The most one half charges ahead of what it moves, as time at the rate.
+const GRANT_TIME: Duration = Duration::from_micros(100);
+
 impl Pace {
+    /// How much a half charges at once when its credit runs out: 100 µs at
+    /// the rate, at most 64 KiB, so the credit all halves hold stays far
+    /// below the budget's burst.
+    fn grant_bytes(&self) -> u64 {
+        self.budget.bytes_in(GRANT_TIME).min(MAX_GRANT_BYTES)
+    }
+
     /// Charges `bytes` and waits out what the budget asks, in slices; a
     /// flow aborted or stopped meanwhile fails at once instead.
-    fn spend(&self, bytes: u64) -> Result<(), FlowError> {
-        let mut wait = self.budget.charge(bytes);
+    fn spend(&mut self, bytes: u64) -> Result<(), FlowError> {
+        if bytes <= self.credit_bytes {
+            self.credit_bytes -= bytes;
+            return Ok(());
+        }
+        let take = (bytes - self.credit_bytes).max(self.grant_bytes());
+        self.credit_bytes = self.credit_bytes + take - bytes;
+        let mut wait = self.budget.charge(take);
         while !wait.is_zero() {
             let stopped = self
                 .stop
@@ -197,6 +222,7 @@ impl PacedFlow {
             aborted,
             chunk,
             stop: None,
+            credit_bytes: 0,
         };
         let (tx, rx) = flow.into_halves();
         PacedFlow {
