@@ -19,7 +19,6 @@ pub mod auth;
 pub mod bench;
 pub mod cluster;
 pub mod conditions;
-pub mod confine;
 pub mod confined;
 pub mod control;
 pub mod coordinator;
@@ -39,4 +38,5 @@ pub mod sink;
 pub mod sweep;
 #[cfg(test)]
 mod test_support;
+pub mod tether;
 pub mod workload;

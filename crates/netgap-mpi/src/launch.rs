@@ -11,7 +11,7 @@
 //! the testbed interface, so everything crosses the testbed's links.
 
 use crate::wire::{parse_line, RankLine, RankPlan, WireError, MAX_LINE_BYTES};
-use netgap_measure::confine;
+use netgap_measure::tether;
 use std::collections::VecDeque;
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Read};
@@ -194,7 +194,7 @@ pub fn mpirun_command(
     // agent starts them as mpirun's descendants) ends with this process,
     // even when it is killed.
     let mut cmd = match placement {
-        Placement::Local => confine::command(Path::new(&mpirun[0]), &mpirun[1..], None),
+        Placement::Local => tether::command(Path::new(&mpirun[0]), &mpirun[1..], None),
         Placement::Testbed { rank0, rank1, .. } => {
             let mut args: Vec<String> = vec![
                 "mpi-exec".into(),
@@ -205,7 +205,7 @@ pub fn mpirun_command(
                 "--".into(),
             ];
             args.extend(mpirun);
-            let mut c = confine::command(exe, &args, None);
+            let mut c = tether::command(exe, &args, None);
             let hosts = [rank0, rank1]
                 .iter()
                 .map(|h| format!("{}={}={}", h.address, h.netns, h.name))

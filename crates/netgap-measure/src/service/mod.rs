@@ -349,7 +349,7 @@ impl Running {
     /// Starts `launch` (the program in the foreground, with its own
     /// configuration from `dir`) in a process group of its own, its output
     /// to a log in `dir`. The program is spawned from a thread that lives
-    /// as long as it does, confined as [`crate::confine`] says: in a PID
+    /// as long as it does, confined as [`crate::tether`] says: in a PID
     /// namespace of its own (as root; a user and PID namespace when not
     /// root, where the host allows it), so that when the agent ends, even
     /// killed, the kernel ends the program and every worker it started. A
@@ -365,11 +365,11 @@ impl Running {
                 what: format!("choosing the user {name} runs as"),
                 source: io::Error::other(e),
             })?
-            .map(|u| crate::confine::RunAs {
+            .map(|u| crate::tether::RunAs {
                 uid: u.uid,
                 gid: u.gid,
             });
-        let mut cmd = crate::confine::command(&launch.program, &launch.args, run_as);
+        let mut cmd = crate::tether::command(&launch.program, &launch.args, run_as);
         let log = dir.log_file(name)?;
         let out = log
             .try_clone()
