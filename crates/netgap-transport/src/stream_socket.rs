@@ -40,6 +40,22 @@ pub struct Half<S> {
     /// Set, for both halves at once, when the flow is ended from another
     /// thread ([`StreamAbort`]).
     ended: Arc<AtomicBool>,
+    /// The event-mode sends' stall, while they find room only late (see
+    /// [`Half::send_event`]).
+    stall: Option<SendStall>,
+}
+
+/// Sends of one burst that each found room only after waiting a slice or
+/// more: a stopped peer's kernel still takes a few more bytes now and then
+/// (it compacts its full receive queue and reopens the window, or accepts
+/// a probe), and counting each as fresh progress would let such a trickle
+/// restart the inactivity clock again and again.
+#[derive(Debug, Clone, Copy)]
+struct SendStall {
+    /// When the first of these sends began to wait for room.
+    since: Instant,
+    /// When the last of them returned.
+    last_returned: Instant,
 }
 
 impl<S> Half<S> {
@@ -190,12 +206,14 @@ impl<S: StreamSocket> StreamFlow<S> {
                 mode,
                 timeout,
                 ended: Arc::clone(&ended),
+                stall: None,
             },
             rx: Half {
                 socket: rx,
                 mode,
                 timeout,
                 ended,
+                stall: None,
             },
         })
     }
@@ -278,18 +296,41 @@ impl<S: StreamSocket> Half<S> {
 impl<S: StreamSocket> Half<S> {
     /// An event-mode send: a non-blocking send, and while the socket is
     /// full, sleeps in poll() for room, each at most a slice of the
-    /// timeout, until `timeout` passes with no byte moved. A blocking send
-    /// under SO_SNDTIMEO would copy what fits, wait, and return that
+    /// timeout, until `timeout` passes with no useful progress. A blocking
+    /// send under SO_SNDTIMEO would copy what fits, wait, and return that
     /// partial count at its timeout, so a stopped peer would cost one
     /// timeout per partial send before the error.
+    ///
+    /// Useful progress is a send that finds room within a slice of asking.
+    /// One that moves bytes only after a longer wait (a stopped peer's
+    /// kernel taking a last few) returns them but does not restart the
+    /// clock: the next send of the same burst counts from the start of the
+    /// first long wait ([`SendStall`]). A burst is sends that follow each
+    /// other within a slice; a send after a longer pause (the test waiting
+    /// for its peer's answer) starts a clock of its own.
     fn send_event(&mut self, buf: &[u8]) -> Result<usize, FlowError> {
-        let mut deadline: Option<Instant> = None;
         let slice = wait_slice(self.timeout);
+        let called = Instant::now();
+        let carried = self
+            .stall
+            .take()
+            .filter(|s| called.duration_since(s.last_returned) < slice)
+            .map(|s| s.since);
+        let mut waiting_since: Option<Instant> = None;
         loop {
             self.check_ended()?;
             match self.socket.send_nowait(buf) {
                 Ok(0) => return Err(FlowError::Closed),
-                Ok(n) => return Ok(n),
+                Ok(n) => {
+                    let now = Instant::now();
+                    if let Some(w) = waiting_since.filter(|w| now.duration_since(*w) >= slice) {
+                        self.stall = Some(SendStall {
+                            since: carried.unwrap_or(w),
+                            last_returned: now,
+                        });
+                    }
+                    return Ok(n);
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 Err(e) => {
@@ -298,14 +339,15 @@ impl<S: StreamSocket> Half<S> {
                 }
             }
             let now = Instant::now();
-            let d = *deadline.get_or_insert(now + self.timeout);
-            if now >= d {
+            let waited_from = *waiting_since.get_or_insert(now);
+            let deadline = carried.unwrap_or(waited_from) + self.timeout;
+            if now >= deadline {
                 return Err(FlowError::TimedOut {
                     timeout_ms: self.timeout.as_millis(),
                 });
             }
             self.socket
-                .wait_writable((d - now).min(slice))
+                .wait_writable((deadline - now).min(slice))
                 .map_err(|e| FlowError::from_io(e, self.timeout))?;
         }
     }
@@ -503,5 +545,90 @@ mod tests {
             "{r:?}"
         );
         assert!(took >= timeout, "took {took:?}");
+    }
+
+    /// A peer that takes at most 128 KiB every `every`, for
+    /// `for_how_long`: the trickle a stopped peer's kernel gives.
+    fn trickling_peer(
+        mut peer: std::net::TcpStream,
+        every: Duration,
+        for_how_long: Duration,
+    ) -> std::thread::JoinHandle<()> {
+        std::thread::spawn(move || {
+            peer.set_nonblocking(true).expect("nonblocking");
+            let t0 = Instant::now();
+            let mut buf = vec![0u8; 128 << 10];
+            while t0.elapsed() < for_how_long {
+                std::thread::sleep(every);
+                if let Ok(0) = peer.read(&mut buf) {
+                    return;
+                }
+            }
+        })
+    }
+
+    #[test]
+    fn sends_that_find_room_only_late_do_not_restart_the_clock() {
+        // Room comes every 400 ms, more than a slice (250 ms) of the 1 s
+        // timeout: the burst is named silent about one timeout after its
+        // first long wait, not kept alive for as long as the trickle lasts.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let ours =
+            std::net::TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
+        let (peer, _) = listener.accept().expect("accept");
+        let trickle = trickling_peer(peer, Duration::from_millis(400), Duration::from_secs(6));
+        let timeout = Duration::from_secs(1);
+        let (mut tx, _rx) = StreamFlow::new(ours, Mode::Event, timeout)
+            .expect("flow")
+            .into_parts();
+        // Larger than what one trickle frees: each late send takes all the
+        // room there is, and the next waits again.
+        let buf = vec![0u8; 4 << 20];
+        let t0 = Instant::now();
+        let result = loop {
+            if let Err(e) = tx.send_some(&buf) {
+                break e;
+            }
+        };
+        let took = t0.elapsed();
+        drop(tx);
+        trickle.join().expect("join");
+        assert!(
+            matches!(result, FlowError::TimedOut { timeout_ms: 1000 }),
+            "{result:?}"
+        );
+        assert!(took < Duration::from_secs(4), "took {took:?}");
+    }
+
+    #[test]
+    fn a_burst_after_a_pause_starts_a_clock_of_its_own() {
+        // Bursts that each end in a long wait, with pauses longer than a
+        // slice between them, never time out while each finds room within
+        // the timeout.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let ours =
+            std::net::TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
+        let (peer, _) = listener.accept().expect("accept");
+        let trickle = trickling_peer(peer, Duration::from_millis(400), Duration::from_secs(4));
+        let timeout = Duration::from_secs(1);
+        let (mut tx, _rx) = StreamFlow::new(ours, Mode::Event, timeout)
+            .expect("flow")
+            .into_parts();
+        let buf = vec![0u8; 1 << 16];
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_millis(2500) {
+            // Fill until a send has to wait, then pause.
+            let filled = Instant::now();
+            loop {
+                tx.send_some(&buf)
+                    .expect("the peer takes bytes within the timeout");
+                if filled.elapsed() > Duration::from_millis(100) {
+                    break;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        drop(tx);
+        trickle.join().expect("join");
     }
 }
