@@ -603,9 +603,12 @@ mod tests {
     }
 
     /// A peer that takes at most 128 KiB every `every`, for
-    /// `for_how_long`: the trickle a stopped peer's kernel gives.
+    /// `for_how_long`: the trickle a stopped peer's kernel gives. Over a
+    /// Unix socket the room it makes shows to a send at once but not to
+    /// poll() (which waits for three quarters of the buffer to be free), so
+    /// a waiting send finds it at its next slice.
     fn trickling_peer(
-        mut peer: std::net::TcpStream,
+        mut peer: UnixStream,
         every: Duration,
         for_how_long: Duration,
     ) -> std::thread::JoinHandle<()> {
@@ -633,10 +636,7 @@ mod tests {
         // Room comes every 400 ms, more than a slice (250 ms) of the 1 s
         // timeout: the burst is named silent about one timeout after its
         // first long wait, not kept alive for as long as the trickle lasts.
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        let ours =
-            std::net::TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
-        let (peer, _) = listener.accept().expect("accept");
+        let (ours, peer) = UnixStream::pair().expect("pair");
         let trickle = trickling_peer(peer, Duration::from_millis(400), Duration::from_secs(6));
         let timeout = Duration::from_secs(1);
         let (mut tx, _rx) = StreamFlow::new(ours, mode, timeout)
@@ -663,14 +663,11 @@ mod tests {
 
     #[test]
     fn a_burst_after_a_pause_starts_a_clock_of_its_own() {
-        // Bursts that each end in a long wait, with pauses longer than a
-        // slice between them, never time out while each finds room within
-        // the timeout.
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        let ours =
-            std::net::TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
-        let (peer, _) = listener.accept().expect("accept");
-        let trickle = trickling_peer(peer, Duration::from_millis(400), Duration::from_secs(4));
+        // Bursts that each end in a long wait (room every 300 ms, found at
+        // most a slice later), with pauses longer than a slice between
+        // them, never time out while each finds room within the timeout.
+        let (ours, peer) = UnixStream::pair().expect("pair");
+        let trickle = trickling_peer(peer, Duration::from_millis(300), Duration::from_secs(4));
         let timeout = Duration::from_secs(1);
         let (mut tx, _rx) = StreamFlow::new(ours, Mode::Event, timeout)
             .expect("flow")
