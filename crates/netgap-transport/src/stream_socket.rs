@@ -40,7 +40,7 @@ pub struct Half<S> {
     /// Set, for both halves at once, when the flow is ended from another
     /// thread ([`StreamAbort`]).
     ended: Arc<AtomicBool>,
-    /// The event-mode sends' stall, while they find room only late (see
+    /// The sends' stall, while they find room only late (see
     /// [`Half::send_event`]).
     stall: Option<SendStall>,
 }
