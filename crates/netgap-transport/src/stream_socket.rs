@@ -1,14 +1,18 @@
 //! A flow over a connected stream socket (TCP or Unix), shared by the
-//! transports that have one. Event mode blocks: receives in `read` with
-//! SO_RCVTIMEO as the inactivity timeout, sends in `poll` for room between
-//! non-blocking sends (see [`Half::send_event`]); poll mode makes the socket
+//! transports that have one. Event mode blocks: receives in `read`, sends in
+//! `poll` for room between non-blocking sends (see [`Half::send_event`]);
+//! either blocks at most a slice of the inactivity timeout at a time
+//! ([`wait_slice`]) and then checks the call's one deadline and whether the
+//! flow was ended from another thread. Poll mode makes the socket
 //! non-blocking and spins, checking the deadline only while no progress is
 //! made.
 
-use super::{Flow, FlowError, Receiver, Sender};
+use super::{Abort, AbortHandle, Flow, FlowError, Receiver, Sender};
 use netgap_core::spec::Mode;
 use socket2::SockRef;
 use std::io::{self, Read, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Spins between deadline checks in poll mode; a clock read costs about as
@@ -16,11 +20,80 @@ use std::time::{Duration, Instant};
 /// polling rate for nothing.
 const SPINS_PER_CLOCK_READ: u32 = 64;
 
+/// Parts of the inactivity timeout one blocking wait may take: a call
+/// wakes this often to check its deadline and whether the flow was ended,
+/// so neither a late wake-up of one long sleep nor a shutdown the kernel
+/// does not report to a blocked call can stretch the silence it names.
+const WAIT_SLICES: u32 = 4;
+
+/// The longest one blocking wait of a call with inactivity timeout
+/// `timeout` lasts: a [`WAIT_SLICES`]th of it, at least a millisecond.
+pub(crate) fn wait_slice(timeout: Duration) -> Duration {
+    (timeout / WAIT_SLICES).max(Duration::from_millis(1))
+}
+
 /// One half of a stream-socket flow: a handle on the socket plus its mode.
 pub struct Half<S> {
     socket: S,
     mode: Mode,
     timeout: Duration,
+    /// Set, for both halves at once, when the flow is ended from another
+    /// thread ([`StreamAbort`]).
+    ended: Arc<AtomicBool>,
+    /// The sends' stall, while they find room only late (see
+    /// [`Half::send_event`]).
+    stall: Option<SendStall>,
+}
+
+/// Sends of one burst that each found room only after waiting a slice or
+/// more: a stopped peer's kernel still takes a few more bytes now and then
+/// (it compacts its full receive queue and reopens the window, or accepts
+/// a probe), and counting each as fresh progress would let such a trickle
+/// restart the inactivity clock again and again.
+#[derive(Debug, Clone, Copy)]
+struct SendStall {
+    /// When the first of these sends began to wait for room.
+    since: Instant,
+    /// When the last of them returned.
+    last_returned: Instant,
+}
+
+impl<S> Half<S> {
+    /// The error of a call on a flow ended from another thread, if it was.
+    fn check_ended(&self) -> Result<(), FlowError> {
+        if self.ended.load(Ordering::Acquire) {
+            Err(super::aborted())
+        } else {
+            Ok(())
+        }
+    }
+
+    /// A handle that ends the flow of this half (and its twin) from another
+    /// thread: it marks both ended and shuts the socket down.
+    fn abort_handle_for(&self, fd: std::os::fd::BorrowedFd<'_>) -> Option<AbortHandle> {
+        let fd = fd.try_clone_to_owned().ok()?;
+        Some(AbortHandle::new(Arc::new(StreamAbort {
+            ended: Arc::clone(&self.ended),
+            fd,
+        })))
+    }
+}
+
+/// Ends a stream-socket flow: marks its halves ended, so a call that wakes
+/// from a wait slice fails at once, and shuts the socket down in both
+/// directions, so the kernel wakes a blocked call now and the peer sees the
+/// end.
+struct StreamAbort {
+    ended: Arc<AtomicBool>,
+    fd: std::os::fd::OwnedFd,
+}
+
+impl Abort for StreamAbort {
+    fn abort(&self) {
+        use std::os::fd::AsRawFd;
+        self.ended.store(true, Ordering::Release);
+        let _ = nix::sys::socket::shutdown(self.fd.as_raw_fd(), nix::sys::socket::Shutdown::Both);
+    }
 }
 
 /// A stream-socket flow: two handles on one socket, one per direction.
@@ -115,22 +188,32 @@ impl<S: StreamSocket> StreamFlow<S> {
         match mode {
             Mode::Event => {
                 socket.set_nonblocking(false)?;
-                socket.set_read_timeout(Some(timeout))?;
+                // Each blocking read lasts one slice; the receiving half
+                // counts the slices against the whole timeout. Sends never
+                // block in the kernel here ([`Half::send_event`]); the send
+                // timeout is for flows that send on the socket themselves
+                // (zero-copy).
+                socket.set_read_timeout(Some(wait_slice(timeout)))?;
                 socket.set_write_timeout(Some(timeout))?;
             }
             Mode::Poll => socket.set_nonblocking(true)?,
         }
         let rx = socket.duplicate()?;
+        let ended = Arc::new(AtomicBool::new(false));
         Ok(StreamFlow {
             tx: Half {
                 socket,
                 mode,
                 timeout,
+                ended: Arc::clone(&ended),
+                stall: None,
             },
             rx: Half {
                 socket: rx,
                 mode,
                 timeout,
+                ended,
+                stall: None,
             },
         })
     }
@@ -149,14 +232,34 @@ impl<S: StreamSocket> Half<S> {
         mut op: impl FnMut(&mut S) -> io::Result<usize>,
     ) -> Result<usize, FlowError> {
         match self.mode {
-            Mode::Event => loop {
-                match op(&mut self.socket) {
-                    Ok(0) => return Err(FlowError::Closed),
-                    Ok(n) => return Ok(n),
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(e) => return Err(FlowError::from_io(e, self.timeout)),
+            Mode::Event => {
+                // One deadline for the call, from its start: each blocking
+                // read lasts at most a slice (SO_RCVTIMEO), after which the
+                // deadline and the flow's end are checked.
+                let deadline = Instant::now() + self.timeout;
+                loop {
+                    self.check_ended()?;
+                    match op(&mut self.socket) {
+                        Ok(0) => return Err(self.check_ended().err().unwrap_or(FlowError::Closed)),
+                        Ok(n) => return Ok(n),
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                        Err(e)
+                            if e.kind() == io::ErrorKind::WouldBlock
+                                || e.kind() == io::ErrorKind::TimedOut =>
+                        {
+                            if Instant::now() >= deadline {
+                                return Err(FlowError::TimedOut {
+                                    timeout_ms: self.timeout.as_millis(),
+                                });
+                            }
+                        }
+                        Err(e) => {
+                            self.check_ended()?;
+                            return Err(FlowError::from_io(e, self.timeout));
+                        }
+                    }
                 }
-            },
+            }
             Mode::Poll => {
                 let mut deadline: Option<Instant> = None;
                 let mut spins = 0u32;
@@ -171,6 +274,7 @@ impl<S: StreamSocket> Half<S> {
                     }
                     spins += 1;
                     if spins.is_multiple_of(SPINS_PER_CLOCK_READ) {
+                        self.check_ended()?;
                         let now = Instant::now();
                         match deadline {
                             None => deadline = Some(now + self.timeout),
@@ -191,30 +295,115 @@ impl<S: StreamSocket> Half<S> {
 
 impl<S: StreamSocket> Half<S> {
     /// An event-mode send: a non-blocking send, and while the socket is
-    /// full, a sleep in poll() for room, until `timeout` passes with no
-    /// byte moved. A blocking send under SO_SNDTIMEO would copy what fits,
-    /// wait, and return that partial count at its timeout, so a stopped
-    /// peer would cost one timeout per partial send before the error.
+    /// full, sleeps in poll() for room, each at most a slice of the
+    /// timeout, until `timeout` passes with no useful progress. A blocking
+    /// send under SO_SNDTIMEO would copy what fits, wait, and return that
+    /// partial count at its timeout, so a stopped peer would cost one
+    /// timeout per partial send before the error.
+    ///
+    /// Useful progress is a send that finds room within a slice of asking.
+    /// One that moves bytes only after a longer wait (a stopped peer's
+    /// kernel taking a last few) returns them but does not restart the
+    /// clock: the next send of the same burst counts from the start of the
+    /// first long wait ([`SendStall`]). A burst is sends that follow each
+    /// other within a slice; a send after a longer pause (the test waiting
+    /// for its peer's answer) starts a clock of its own.
     fn send_event(&mut self, buf: &[u8]) -> Result<usize, FlowError> {
-        let mut deadline: Option<Instant> = None;
+        let slice = wait_slice(self.timeout);
+        let carried = self.carried_stall();
+        let mut waiting_since: Option<Instant> = None;
         loop {
+            self.check_ended()?;
             match self.socket.send_nowait(buf) {
                 Ok(0) => return Err(FlowError::Closed),
-                Ok(n) => return Ok(n),
+                Ok(n) => {
+                    self.note_send(waiting_since, carried);
+                    return Ok(n);
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(e) => return Err(FlowError::from_io(e, self.timeout)),
+                Err(e) => {
+                    self.check_ended()?;
+                    return Err(FlowError::from_io(e, self.timeout));
+                }
             }
             let now = Instant::now();
-            let d = *deadline.get_or_insert(now + self.timeout);
-            if now >= d {
+            let waited_from = *waiting_since.get_or_insert(now);
+            let deadline = carried.unwrap_or(waited_from) + self.timeout;
+            if now >= deadline {
                 return Err(FlowError::TimedOut {
                     timeout_ms: self.timeout.as_millis(),
                 });
             }
             self.socket
-                .wait_writable(d - now)
+                .wait_writable((deadline - now).min(slice))
                 .map_err(|e| FlowError::from_io(e, self.timeout))?;
+        }
+    }
+}
+
+impl<S> Half<S> {
+    /// The start of the stall of the burst this send belongs to: the
+    /// previous send returned late, a moment ago. Takes the stall: a send
+    /// that finds room promptly ends it.
+    #[inline]
+    fn carried_stall(&mut self) -> Option<Instant> {
+        let stall = self.stall.take()?;
+        (stall.last_returned.elapsed() < wait_slice(self.timeout)).then_some(stall.since)
+    }
+
+    /// After a send moved bytes: if it first waited for room since
+    /// `waiting_since` for a slice or more, the burst's stall goes on (from
+    /// `carried`, the stall it continued, if any).
+    #[inline]
+    fn note_send(&mut self, waiting_since: Option<Instant>, carried: Option<Instant>) {
+        if let Some(w) = waiting_since {
+            let now = Instant::now();
+            if now.duration_since(w) >= wait_slice(self.timeout) {
+                self.stall = Some(SendStall {
+                    since: carried.unwrap_or(w),
+                    last_returned: now,
+                });
+            }
+        }
+    }
+}
+
+impl<S: StreamSocket> Half<S> {
+    /// A poll-mode send: non-blocking writes in a spin, with the deadline
+    /// and the useful-progress rule of [`Half::send_event`], the clock read
+    /// only every [`SPINS_PER_CLOCK_READ`] failed writes.
+    fn send_poll(&mut self, buf: &[u8]) -> Result<usize, FlowError> {
+        let carried = self.carried_stall();
+        let mut waiting_since: Option<Instant> = None;
+        let mut spins = 0u32;
+        loop {
+            match self.socket.write(buf) {
+                Ok(0) => return Err(FlowError::Closed),
+                Ok(n) => {
+                    self.note_send(waiting_since, carried);
+                    return Ok(n);
+                }
+                Err(e)
+                    if e.kind() == io::ErrorKind::WouldBlock
+                        || e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    self.check_ended()?;
+                    return Err(FlowError::from_io(e, self.timeout));
+                }
+            }
+            spins += 1;
+            if spins.is_multiple_of(SPINS_PER_CLOCK_READ) {
+                self.check_ended()?;
+                let now = Instant::now();
+                let waited_from = *waiting_since.get_or_insert(now);
+                if now >= carried.unwrap_or(waited_from) + self.timeout {
+                    return Err(FlowError::TimedOut {
+                        timeout_ms: self.timeout.as_millis(),
+                    });
+                }
+            }
+            std::hint::spin_loop();
         }
     }
 }
@@ -224,7 +413,7 @@ impl<S: StreamSocket> Sender for Half<S> {
     fn send_some(&mut self, buf: &[u8]) -> Result<usize, FlowError> {
         match self.mode {
             Mode::Event => self.send_event(buf),
-            Mode::Poll => self.progress(|s| s.write(buf)),
+            Mode::Poll => self.send_poll(buf),
         }
     }
 }
@@ -247,6 +436,10 @@ impl<S: StreamSocket + 'static> Flow for StreamFlow<S> {
 
     fn data_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         Some(self.tx.socket.as_fd())
+    }
+
+    fn abort_handle(&self) -> Option<AbortHandle> {
+        self.tx.abort_handle_for(self.tx.socket.as_fd())
     }
 
     fn into_halves(self: Box<Self>) -> (Box<dyn Sender>, Box<dyn Receiver>) {
@@ -336,6 +529,12 @@ impl Flow for TcpHookFlow {
         Some(std::os::fd::AsFd::as_fd(self.tx.inner.socket()))
     }
 
+    fn abort_handle(&self) -> Option<AbortHandle> {
+        self.tx
+            .inner
+            .abort_handle_for(std::os::fd::AsFd::as_fd(self.tx.inner.socket()))
+    }
+
     fn into_halves(self: Box<Self>) -> (Box<dyn Sender>, Box<dyn Receiver>) {
         (Box::new(self.tx), Box::new(self.rx))
     }
@@ -349,4 +548,145 @@ fn set_cork(stream: &std::net::TcpStream, on: bool) -> std::io::Result<()> {
 /// Re-arms TCP_QUICKACK; used after each receive with `--quickack`.
 fn set_quickack(stream: &std::net::TcpStream) -> std::io::Result<()> {
     SockRef::from(stream).set_quickack(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::net::UnixStream;
+
+    #[test]
+    fn an_abort_ends_both_halves_blocked_calls_at_once() {
+        // A receive and a send, each blocked on a silent peer with a long
+        // timeout, both fail soon after the flow is ended from a third
+        // thread.
+        let (ours, peer) = UnixStream::pair().expect("pair");
+        let timeout = Duration::from_secs(20);
+        let flow = StreamFlow::new(ours, Mode::Event, timeout).expect("flow");
+        let abort = flow.abort_handle().expect("abort handle");
+        let (mut tx, mut rx) = flow.into_parts();
+        let t0 = Instant::now();
+        let receiving = std::thread::spawn(move || rx.recv_some(&mut [0u8; 64]));
+        let sending = std::thread::spawn(move || {
+            let buf = vec![0u8; 1 << 16];
+            loop {
+                if let Err(e) = tx.send_some(&buf) {
+                    return e;
+                }
+            }
+        });
+        std::thread::sleep(Duration::from_millis(200));
+        abort.abort();
+        let received = receiving.join().expect("join");
+        let sent = sending.join().expect("join");
+        let took = t0.elapsed();
+        drop(peer);
+        assert!(received.is_err(), "{received:?}");
+        assert!(!matches!(sent, FlowError::TimedOut { .. }), "{sent:?}");
+        assert!(took < Duration::from_secs(5), "took {took:?}");
+    }
+
+    #[test]
+    fn a_receive_in_slices_still_names_one_whole_timeout() {
+        let (ours, _peer) = UnixStream::pair().expect("pair");
+        let timeout = Duration::from_millis(400);
+        let flow = StreamFlow::new(ours, Mode::Event, timeout).expect("flow");
+        let (_, mut rx) = flow.into_parts();
+        let t0 = Instant::now();
+        let r = rx.recv_some(&mut [0u8; 64]);
+        let took = t0.elapsed();
+        assert!(
+            matches!(r, Err(FlowError::TimedOut { timeout_ms: 400 })),
+            "{r:?}"
+        );
+        assert!(took >= timeout, "took {took:?}");
+    }
+
+    /// A peer that takes at most 128 KiB every `every`, for
+    /// `for_how_long`: the trickle a stopped peer's kernel gives. Over a
+    /// Unix socket the room it makes shows to a send at once but not to
+    /// poll() (which waits for three quarters of the buffer to be free), so
+    /// a waiting send finds it at its next slice.
+    fn trickling_peer(
+        mut peer: UnixStream,
+        every: Duration,
+        for_how_long: Duration,
+    ) -> std::thread::JoinHandle<()> {
+        std::thread::spawn(move || {
+            peer.set_nonblocking(true).expect("nonblocking");
+            let t0 = Instant::now();
+            let mut buf = vec![0u8; 128 << 10];
+            while t0.elapsed() < for_how_long {
+                std::thread::sleep(every);
+                if let Ok(0) = peer.read(&mut buf) {
+                    return;
+                }
+            }
+        })
+    }
+
+    #[test]
+    fn sends_that_find_room_only_late_do_not_restart_the_clock() {
+        for mode in [Mode::Event, Mode::Poll] {
+            sends_that_find_room_only_late_time_out(mode);
+        }
+    }
+
+    fn sends_that_find_room_only_late_time_out(mode: Mode) {
+        // Room comes every 400 ms, more than a slice (250 ms) of the 1 s
+        // timeout: the burst is named silent about one timeout after its
+        // first long wait, not kept alive for as long as the trickle lasts.
+        let (ours, peer) = UnixStream::pair().expect("pair");
+        let trickle = trickling_peer(peer, Duration::from_millis(400), Duration::from_secs(6));
+        let timeout = Duration::from_secs(1);
+        let (mut tx, _rx) = StreamFlow::new(ours, mode, timeout)
+            .expect("flow")
+            .into_parts();
+        // Larger than what one trickle frees: each late send takes all the
+        // room there is, and the next waits again.
+        let buf = vec![0u8; 4 << 20];
+        let t0 = Instant::now();
+        let result = loop {
+            if let Err(e) = tx.send_some(&buf) {
+                break e;
+            }
+        };
+        let took = t0.elapsed();
+        drop(tx);
+        trickle.join().expect("join");
+        assert!(
+            matches!(result, FlowError::TimedOut { timeout_ms: 1000 }),
+            "{mode:?}: {result:?}"
+        );
+        assert!(took < Duration::from_secs(4), "{mode:?}: took {took:?}");
+    }
+
+    #[test]
+    fn a_burst_after_a_pause_starts_a_clock_of_its_own() {
+        // Bursts that each end in a long wait (room every 300 ms, found at
+        // most a slice later), with pauses longer than a slice between
+        // them, never time out while each finds room within the timeout.
+        let (ours, peer) = UnixStream::pair().expect("pair");
+        let trickle = trickling_peer(peer, Duration::from_millis(300), Duration::from_secs(4));
+        let timeout = Duration::from_secs(1);
+        let (mut tx, _rx) = StreamFlow::new(ours, Mode::Event, timeout)
+            .expect("flow")
+            .into_parts();
+        let buf = vec![0u8; 1 << 16];
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_millis(2500) {
+            // Fill until a send has to wait, then pause.
+            let filled = Instant::now();
+            loop {
+                tx.send_some(&buf)
+                    .expect("the peer takes bytes within the timeout");
+                if filled.elapsed() > Duration::from_millis(100) {
+                    break;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        drop(tx);
+        trickle.join().expect("join");
+    }
 }
