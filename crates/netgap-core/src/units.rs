@@ -187,6 +187,17 @@ fn split_decimal(text: &str) -> Option<Decimal<'_>> {
     })
 }
 
+/// Payload rate in Gbit/s (10^9 bit/s) of `bytes` moved in `elapsed_ns`
+/// nanoseconds: bits per nanosecond; 0 when no time passed. The one place
+/// netgap turns bytes and time into Gbit/s.
+pub fn gbps(bytes: f64, elapsed_ns: f64) -> f64 {
+    if elapsed_ns > 0.0 {
+        bytes * 8.0 / elapsed_ns
+    } else {
+        0.0
+    }
+}
+
 /// Parses a size in bytes: a whole or decimal number with an optional
 /// case-insensitive binary suffix `K`, `M` or `G` (powers of 1024), which may
 /// be followed by `B` or `iB` (`64`, `1k`, `64KiB`, `4M`, `1GB`, `1.5K`).

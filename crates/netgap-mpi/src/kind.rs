@@ -4,6 +4,8 @@
 //! `mpi`, so a report draws MPI beside the sockets of the same run (and
 //! beside imported OSU output, which `netgap import osu` names alike).
 
+use netgap_core::units::gbps;
+
 /// One MPI test.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum MpiTest {
@@ -83,9 +85,9 @@ impl MpiTest {
         let iterations = iterations as f64;
         match self {
             MpiTest::Latency => elapsed_ns / 1_000.0 / (2.0 * iterations),
-            MpiTest::Bandwidth => iterations * (WINDOW * size_bytes) as f64 * 8.0 / elapsed_ns,
+            MpiTest::Bandwidth => gbps(iterations * (WINDOW * size_bytes) as f64, elapsed_ns),
             MpiTest::Bidirectional => {
-                2.0 * iterations * (WINDOW * size_bytes) as f64 * 8.0 / elapsed_ns
+                gbps(2.0 * iterations * (WINDOW * size_bytes) as f64, elapsed_ns)
             }
         }
     }

@@ -161,12 +161,10 @@ pub(crate) fn ns_since(t0: std::time::Instant) -> u64 {
     u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX)
 }
 
-/// Gbit/s (10^9 bit/s) for `bytes` moved in `elapsed_ns`: bits per nanosecond.
+/// Gbit/s (10^9 bit/s) for `bytes` moved in `elapsed_ns`
+/// ([`netgap_core::units::gbps`] for counts).
 pub fn gbps(bytes: u64, elapsed_ns: u64) -> f64 {
-    if elapsed_ns == 0 {
-        return 0.0;
-    }
-    bytes as f64 * 8.0 / elapsed_ns as f64
+    netgap_core::units::gbps(bytes as f64, elapsed_ns as f64)
 }
 
 #[cfg(test)]

@@ -301,7 +301,10 @@ impl Workload for Pio {
             let ms = out.get(&format!("{phase}_time_ms")).copied();
             if let (Some(b), Some(ms)) = (bytes, ms) {
                 if ms > 0.0 {
-                    out.insert(format!("{phase}_gbps"), b * 8.0 / (ms * 1e6));
+                    out.insert(
+                        format!("{phase}_gbps"),
+                        netgap_core::units::gbps(b, ms * 1e6),
+                    );
                 }
             }
         }
@@ -311,7 +314,7 @@ impl Workload for Pio {
     fn headline(&self, _values: &[f64], metrics: &BTreeMap<String, f64>) -> Option<f64> {
         let bytes = metrics.get("headline_bytes")?;
         let ms = metrics.get("headline_time_ms")?;
-        (*ms > 0.0).then(|| bytes * 8.0 / (ms * 1e6))
+        (*ms > 0.0).then(|| netgap_core::units::gbps(*bytes, ms * 1e6))
     }
 
     fn place(&self, count: u32, hosts: &[HostView]) -> Result<Placement, Refused> {

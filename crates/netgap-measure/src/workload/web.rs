@@ -334,7 +334,10 @@ impl Workload for Web {
         }
         if let Some(&bytes) = out.get("payload_bytes") {
             if window_ns > 0 {
-                out.insert("payload_gbps".into(), bytes * 8.0 / window_ns as f64);
+                out.insert(
+                    "payload_gbps".into(),
+                    netgap_core::units::gbps(bytes, window_ns as f64),
+                );
             }
         }
         if let (Some(&v), Some(&c)) = (out.get("verified"), out.get("checked")) {

@@ -44,7 +44,7 @@ impl Importer for NetPipe {
                 return Err(ParseError::at(n, "the transfer time is zero"));
             }
             let latency_us = seconds * 1e6;
-            let gbps = size_bytes as f64 * 8.0 / seconds / 1e9;
+            let gbps = netgap_core::units::gbps(size_bytes as f64, seconds * 1e9);
             for (metric, value) in [("latency_us", latency_us), ("bandwidth_gbps", gbps)] {
                 records.push(
                     Imported {
