@@ -20,6 +20,7 @@ pub mod netns;
 pub mod options;
 pub mod rate;
 pub mod shm;
+mod sockdir;
 mod sockopt;
 mod stream_socket;
 pub mod tcp;

@@ -46,8 +46,7 @@ use std::io;
 use std::net::Shutdown;
 use std::os::fd::AsFd;
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::PathBuf;
-use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -95,9 +94,6 @@ const HELLO: &[u8; 8] = b"NGSHM-v1";
 
 /// Shared memory between two processes on one host.
 pub(crate) struct Shm;
-
-/// Distinguishes the socket files of one process.
-static NEXT_ID: AtomicU64 = AtomicU64::new(0);
 
 fn listen_err(source: io::Error) -> TransportError {
     TransportError::Listen {
@@ -443,21 +439,17 @@ impl Flow for ShmFlow {
 /// to the one peer it accepts.
 struct ShmListener {
     listener: UnixListener,
-    path: PathBuf,
+    /// Its socket file, in this process's own directory; removed when the
+    /// listener goes.
+    path: crate::sockdir::SocketPath,
     /// The region and its memfd until a peer takes them.
     pending: Option<(Region, std::os::fd::OwnedFd)>,
     config: FlowConfig,
 }
 
-impl Drop for ShmListener {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
-    }
-}
-
 impl Listener for ShmListener {
     fn addr(&self) -> String {
-        self.path.display().to_string()
+        self.path.path().display().to_string()
     }
 
     fn accept(&mut self, timeout: Duration) -> Result<Box<dyn Flow>, TransportError> {
@@ -479,7 +471,9 @@ impl Listener for ShmListener {
             .listener
             .accept()
             .map_err(|e| listen_err(io::Error::new(e.kind(), format!("accept: {e}"))))?;
-        let _ = std::fs::remove_file(&self.path);
+        // One peer per listener: its name can go now, in this process's
+        // own directory.
+        let _ = std::fs::remove_file(self.path.path());
         let (region, memfd) = self
             .pending
             .take()
@@ -529,14 +523,11 @@ impl Transport for Shm {
         _local_ip: std::net::IpAddr,
     ) -> Result<Box<dyn Listener>, TransportError> {
         let pending = Region::create(RING_CAPACITY_BYTES, config.mode).map_err(listen_err)?;
-        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-        let path =
-            std::env::temp_dir().join(format!("netgap-shm-{}-{id}.sock", std::process::id()));
-        let _ = std::fs::remove_file(&path);
-        let listener = UnixListener::bind(&path).map_err(|e| {
+        let path = crate::sockdir::SocketPath::new("shm").map_err(listen_err)?;
+        let listener = UnixListener::bind(path.path()).map_err(|e| {
             listen_err(io::Error::new(
                 e.kind(),
-                format!("binding {}: {e}", path.display()),
+                format!("binding {}: {e}", path.path().display()),
             ))
         })?;
         Ok(Box::new(ShmListener {

@@ -8,8 +8,6 @@ use super::{Capabilities, Flow, FlowConfig, Listener, Transport, TransportError}
 use netgap_core::spec::{Mode, TransportOptions};
 use socket2::SockRef;
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 const NAME: &str = "unix";
@@ -17,19 +15,12 @@ const NAME: &str = "unix";
 /// Stream Unix-domain sockets.
 pub struct Unix;
 
-/// Distinguishes the socket files of one process.
-static NEXT_ID: AtomicU64 = AtomicU64::new(0);
-
 struct UnixDataListener {
     listener: UnixListener,
-    path: PathBuf,
+    /// Its socket file, in this process's own directory; removed when the
+    /// listener goes.
+    path: crate::sockdir::SocketPath,
     config: FlowConfig,
-}
-
-impl Drop for UnixDataListener {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
-    }
 }
 
 fn into_flow(stream: UnixStream, config: &FlowConfig) -> Result<Box<dyn Flow>, TransportError> {
@@ -66,7 +57,7 @@ fn apply_buffers(stream: &UnixStream, options: &TransportOptions) -> Result<(), 
 
 impl Listener for UnixDataListener {
     fn addr(&self) -> String {
-        self.path.display().to_string()
+        self.path.path().display().to_string()
     }
 
     fn accept(&mut self, timeout: Duration) -> Result<Box<dyn Flow>, TransportError> {
@@ -87,7 +78,9 @@ impl Listener for UnixDataListener {
                 transport: NAME,
                 source,
             })?;
-        let _ = std::fs::remove_file(&self.path);
+        // One peer per listener: its name can go now, in this process's
+        // own directory.
+        let _ = std::fs::remove_file(self.path.path());
         into_flow(stream, &self.config)
     }
 }
@@ -116,13 +109,12 @@ impl Transport for Unix {
         config: &FlowConfig,
         _local_ip: std::net::IpAddr,
     ) -> Result<Box<dyn Listener>, TransportError> {
-        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-        let path = std::env::temp_dir().join(format!("netgap-{}-{id}.sock", std::process::id()));
-        let _ = std::fs::remove_file(&path);
-        let listener = UnixListener::bind(&path).map_err(|source| TransportError::Listen {
+        let listen_err = |source| TransportError::Listen {
             transport: NAME,
             source,
-        })?;
+        };
+        let path = crate::sockdir::SocketPath::new("unix").map_err(listen_err)?;
+        let listener = UnixListener::bind(path.path()).map_err(listen_err)?;
         Ok(Box::new(UnixDataListener {
             listener,
             path,

@@ -6,6 +6,7 @@ use super::region::{total_bytes, Region, RingId};
 use super::*;
 use netgap_core::spec::TransportOptions;
 use std::os::fd::OwnedFd;
+use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 
 fn config(mode: Mode, io_timeout: Duration) -> FlowConfig {
