@@ -441,7 +441,11 @@ fn a_killed_agent_that_is_not_root_takes_its_servers_with_it() {
                     "--port",
                     "0",
                     "--allow-services",
+                    "--run-dir",
                 ])
+                // A base in the test's own directory, which goes with it:
+                // the killed agent cannot remove its run directory itself.
+                .arg(tmp.path().join("run"))
                 .env("TMPDIR", tmp.path())
                 .stdout(std::process::Stdio::piped())
                 .stderr(std::process::Stdio::null())
