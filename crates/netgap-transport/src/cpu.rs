@@ -188,8 +188,15 @@ mod tests {
         }
         let usage = meter.stop(0);
         assert!(usage.cpu_ns >= 30_000_000, "{usage:?}");
-        assert!(usage.wall_ns >= usage.cpu_ns, "{usage:?}");
-        assert!((0.0..=101.0).contains(&usage.process_percent), "{usage:?}");
+        // The thread's CPU clock and the wall clock are read one after the
+        // other, and a virtual machine's CPU accounting can run a little
+        // ahead of the wall clock (seen: 30.20 ms of CPU in 30.02 ms): no
+        // more CPU than wall time, within 2%.
+        assert!(
+            usage.cpu_ns <= usage.wall_ns + usage.wall_ns / 50,
+            "{usage:?}"
+        );
+        assert!((0.0..=102.0).contains(&usage.process_percent), "{usage:?}");
         assert!(
             (0.0..=100.0).contains(&usage.system_busy_percent),
             "{usage:?}"
