@@ -3,8 +3,8 @@
 //! sources, with what the strangers sent escaped; and a coordinator with
 //! the key still gets in.
 
-mod common;
-use common::{netgap, new_key_file};
+use crate::common;
+use crate::common::{netgap, new_key_file};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::process::{Child, Stdio};

@@ -9,8 +9,8 @@ use serde_json::Value;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-mod common;
-use common::{has_whole_record, netgap, read_records, AgentProc};
+use crate::common;
+use crate::common::{has_whole_record, netgap, read_records, AgentProc};
 
 /// A server agent on 127.0.0.2 and `clients` client agents on 127.0.0.3...
 fn agents(clients: u8) -> Vec<AgentProc> {

@@ -8,9 +8,8 @@
 //! Without root, `ip` or network namespaces these tests print why and pass,
 //! unless NETGAP_REQUIRE_SYSTEM_TESTS=1 (as in CI), where that is a failure.
 
-mod common;
-use common::testbed::Testbed;
-use common::{netgap, ok, read_records as records, system_ready};
+use crate::common::testbed::Testbed;
+use crate::common::{netgap, ok, read_records as records, system_ready};
 use serde_json::Value;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

@@ -2,8 +2,6 @@
 //! loopback that is killed on drop, keys, reading a results file, checking
 //! a run's outcome, and whether the system can run a testbed.
 
-#![allow(dead_code, reason = "each test file uses its own subset")]
-
 use assert_cmd::cargo::CommandCargoExt;
 use serde_json::Value;
 use std::io::{BufRead, BufReader};
@@ -143,6 +141,24 @@ pub fn fails_with_one_line(args: &[&str], needle: &str) {
         "{args:?}: {stderr:?} lacks {needle:?}"
     );
     assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+/// This test binary again, running only the ignored test `name` of the
+/// module at `module` (its `module_path!()`), with its output captured by
+/// nobody: for a test whose process must hold nothing of any other test
+/// (its memory measured), or a helper that plays another host.
+pub fn child_test(module: &str, name: &str) -> Command {
+    // Test names leave out the crate: `it::flows_scale` runs as
+    // `flows_scale::NAME`.
+    let path = module.split_once("::").map_or(module, |(_, rest)| rest);
+    let mut cmd = Command::new(std::env::current_exe().expect("the test binary's path"));
+    cmd.arg(format!("{path}::{name}")).args([
+        "--exact",
+        "--ignored",
+        "--nocapture",
+        "--test-threads=1",
+    ]);
+    cmd
 }
 
 /// Whether the system can run a testbed (root, network namespaces,

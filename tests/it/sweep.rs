@@ -1,8 +1,7 @@
 //! `netgap sweep`, `netgap logp` and `--ci` end to end: the real binary with
 //! its in-process agent on loopback, asserting on the JSON records.
 
-mod common;
-use common::{fails_with_one_line, netgap, read_records, run_ok};
+use crate::common::{fails_with_one_line, netgap, read_records, run_ok};
 use netgap::sizing::{sweep_sizes, Growth};
 use serde_json::Value;
 

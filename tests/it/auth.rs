@@ -2,8 +2,7 @@
 //! as agent and coordinator on loopback, and hand-made handshakes (a wrong
 //! key, a replayed proof, clients that never authenticate) against it.
 
-mod common;
-use common::{netgap, new_key_file as key_file, AgentProc as Agent};
+use crate::common::{netgap, new_key_file as key_file, AgentProc as Agent};
 use netgap::control::{ControlAddr, ControlConn};
 use netgap::proto::auth::{AuthFrame, CoordinatorHandshake, Key};
 use netgap::proto::codec::decode_reply;

@@ -3,7 +3,7 @@
 //! units converted, tool named, what the tool did not measure left empty,
 //! malformed input rejected in one line naming file and line.
 
-mod common;
+use crate::common;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Output;

@@ -4,8 +4,8 @@
 //! without root the test says why and passes, unless
 //! NETGAP_REQUIRE_SYSTEM_TESTS=1.
 
-mod common;
-use common::{netgap, read_records};
+use crate::common;
+use crate::common::{netgap, read_records};
 use std::path::Path;
 use std::process::Command;
 

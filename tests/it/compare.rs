@@ -5,7 +5,7 @@
 //! told apart; two separate runs that differ by drift alone are warned
 //! about and never called better or worse.
 
-mod common;
+use crate::common;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 

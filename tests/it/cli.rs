@@ -8,8 +8,7 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-mod common;
-use common::{fails_with_one_line, netgap, read_records, AgentProc};
+use crate::common::{fails_with_one_line, netgap, read_records, AgentProc};
 
 const DOCUMENTED_FIELDS: [&str; 14] = [
     "test",

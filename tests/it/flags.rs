@@ -7,8 +7,7 @@
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
-mod common;
-use common::{netgap, read_records, AgentProc};
+use crate::common::{netgap, read_records, AgentProc};
 
 /// What a flag must do to a command.
 enum Expect {
@@ -508,7 +507,7 @@ fn hosts_lists_and_hosts_files_drive_real_agents() {
     assert_eq!(records[0]["flows"][0]["host"], "h2");
     // A point-to-point test runs its client in the second host's network
     // namespace; hosts without one are refused, not measured on loopback.
-    // (tests/testbed.rs runs it between testbed hosts.)
+    // (the `testbed` module runs it between testbed hosts.)
     let pingpong = Command {
         words: vec!["run", "pingpong"],
         tiny: vec![

@@ -10,9 +10,9 @@
 //! Without root, `ip` or network namespaces the testbed tests print why
 //! and pass, unless NETGAP_REQUIRE_SYSTEM_TESTS=1 (as in CI).
 
-mod common;
-use common::testbed::Testbed;
-use common::{netgap, ok, read_records, system_ready};
+use crate::common;
+use crate::common::testbed::Testbed;
+use crate::common::{netgap, ok, read_records, system_ready};
 use serde_json::Value;
 use std::path::Path;
 

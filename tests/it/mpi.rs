@@ -3,10 +3,12 @@
 //! namespaces over the testbed's link, beside netgap's own sockets in the
 //! same run. Checks the records' structure, never their speed.
 
-mod common;
+use crate::common;
 
-use common::testbed::Testbed;
-use common::{fails_with_one_line, has_whole_record, netgap, ok, read_records, system_ready};
+use crate::common::testbed::Testbed;
+use crate::common::{
+    fails_with_one_line, has_whole_record, netgap, ok, read_records, system_ready,
+};
 use serde_json::Value;
 use std::process::Command;
 

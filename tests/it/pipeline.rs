@@ -7,9 +7,8 @@
 //! Without root, `ip` or network namespaces the testbed test prints why
 //! and passes, unless NETGAP_REQUIRE_SYSTEM_TESTS=1 (as in CI).
 
-mod common;
-use common::testbed::Testbed;
-use common::{fails_with_one_line, netgap, ok, read_records, system_ready};
+use crate::common::testbed::Testbed;
+use crate::common::{fails_with_one_line, netgap, ok, read_records, system_ready};
 use serde_json::Value;
 
 fn metric(r: &Value, k: &str) -> f64 {
