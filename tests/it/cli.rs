@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use crate::common::{fails_with_one_line, netgap, read_records, AgentProc};
+use crate::common::{fails_with_one_line, netgap, read_records, run_ok, AgentProc};
 
 const DOCUMENTED_FIELDS: [&str; 14] = [
     "test",
@@ -124,19 +124,14 @@ fn embedded_agent_over_ipv6_and_csv() {
     let dir = tempfile::tempdir().expect("tempdir");
     let json = dir.path().join("r.jsonl");
     let csv = dir.path().join("r.csv");
-    let out = netgap()
-        .args(["run", "pingpong", "-6", "--sizes", "1,64", "--reps", "3"])
-        .args(["--iterations", "200", "--pin", "0,0"])
-        .arg("--json")
-        .arg(&json)
-        .arg("--csv")
-        .arg(&csv)
-        .output()
-        .expect("runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = run_ok(
+        netgap()
+            .args(["run", "pingpong", "-6", "--sizes", "1,64", "--reps", "3"])
+            .args(["--iterations", "200", "--pin", "0,0"])
+            .arg("--json")
+            .arg(&json)
+            .arg("--csv")
+            .arg(&csv),
     );
     let records = read_records(&json);
     assert_eq!(records.len(), 2);
@@ -275,15 +270,10 @@ fn agent_survives_garbage_and_vanishing_clients() {
     drop(s);
     // A client that says nothing and leaves.
     drop(TcpStream::connect(&agent.addr).expect("connect"));
-    let out = netgap()
-        .args(["run", "pingpong", "--peer", &agent.addr, "--sizes", "1"])
-        .args(["--reps", "3", "--iterations", "100"])
-        .output()
-        .expect("runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    run_ok(
+        netgap()
+            .args(["run", "pingpong", "--peer", &agent.addr, "--sizes", "1"])
+            .args(["--reps", "3", "--iterations", "100"]),
     );
 }
 
@@ -346,17 +336,12 @@ fn plain_netgap_runs_the_battery_and_writes_results() {
 fn one_repetition_has_no_confidence_interval_not_a_zero_width_one() {
     let dir = tempfile::tempdir().expect("tempdir");
     let json = dir.path().join("r.jsonl");
-    let out = netgap()
-        .args([
-            "run", "pingpong", "-s", "1", "--reps", "1", "-n", "50", "--json",
-        ])
-        .arg(&json)
-        .output()
-        .expect("runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = run_ok(
+        netgap()
+            .args([
+                "run", "pingpong", "-s", "1", "--reps", "1", "-n", "50", "--json",
+            ])
+            .arg(&json),
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
     let row = stdout

@@ -7,14 +7,10 @@ use crate::common;
 
 use crate::common::testbed::Testbed;
 use crate::common::{
-    fails_with_one_line, has_whole_record, netgap, ok, read_records, system_ready,
+    f, fails_with_one_line, has_whole_record, netgap, ok, read_records, system_ready,
 };
 use serde_json::Value;
 use std::process::Command;
-
-fn f(v: &Value) -> f64 {
-    v.as_f64().unwrap_or_else(|| panic!("number: {v}"))
-}
 
 fn stack_options(r: &Value) -> Vec<String> {
     r["stack"]["options"]
