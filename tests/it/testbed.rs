@@ -345,7 +345,10 @@ fn without_root_the_testbed_says_so_in_one_line() {
         return;
     }
     if Command::new("setpriv").arg("--version").output().is_err() {
-        eprintln!("skipping without_root_the_testbed_says_so_in_one_line: no setpriv");
+        common::skip(
+            "without_root_the_testbed_says_so_in_one_line",
+            "setpriv is not installed",
+        );
         return;
     }
     let out = Command::new("setpriv")
