@@ -286,10 +286,28 @@ pub struct CompareArgs {
     pub new_stack: Option<String>,
 }
 
+/// `import`'s help on its format, named from the importers' registry so
+/// the list never goes stale: the names (`-h`), or each with what output it
+/// reads (`--help`).
+fn import_format_help(long: bool) -> String {
+    let importers = netgap::import::registry();
+    if long {
+        let width = importers.iter().map(|i| i.name().len()).max().unwrap_or(0);
+        let lines: Vec<String> = importers
+            .iter()
+            .map(|i| format!("  {:width$}  {}", i.name(), i.summary()))
+            .collect();
+        format!("The format, one of:\n{}", lines.join("\n"))
+    } else {
+        let names: Vec<&str> = importers.iter().map(|i| i.name()).collect();
+        format!("The format: {}", names.join(", "))
+    }
+}
+
 #[derive(Debug, clap::Args)]
 pub struct ImportArgs {
-    /// The format: iperf3 (-J JSON), netpipe (NPtcp -o file), sockperf
-    /// (client output), osu (osu_latency, osu_bw, osu_bibw output).
+    /// The format of the peer tool's output (see `--help`).
+    #[arg(help = import_format_help(false), long_help = import_format_help(true))]
     pub format: String,
     /// The peer tool's output file: a regular file of at most 256 MiB.
     pub file: PathBuf,
