@@ -75,7 +75,7 @@ pub enum Command {
     /// and latency, each with its spread.
     #[command(
         after_long_help = netgap::logp::HELP,
-        mut_arg("sizes", |a| a.help("Message sizes: a list 1,1K,64K, a range 1..1M, or 1..1M:x4 [default: 1,1K,64K,1M]")),
+        mut_arg("sizes", |a| a.help("Message sizes: a list 1,1K,64K, a range 1..1M, or 1..1M:x4 [default: 1,1K,64K,1M]").long_help(None)),
         mut_arg("rep_time", |a| a.help("Time budget of one repetition; the iteration count adapts to it [default: 50ms]")),
         mut_arg("client_hosts", |a| a.hide(true))
     )]

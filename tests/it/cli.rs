@@ -8,6 +8,7 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use crate::common;
 use crate::common::{fails_with_one_line, netgap, read_records, run_ok, AgentProc};
 
 const DOCUMENTED_FIELDS: [&str; 14] = [
@@ -364,5 +365,26 @@ fn run_help_names_every_multi_host_test_of_the_registry() {
             "run --help leaves out {}: {text}",
             w.name()
         );
+    }
+}
+
+#[test]
+fn run_help_gives_every_multi_host_tests_default_size_from_the_registry() {
+    let text = common::ok(netgap().args(["run", "--help"]).output().expect("help"));
+    let start = text.find("--sizes <LIST>").expect("--sizes in run --help");
+    let end = start + text[start..].find("--reps").expect("--reps after --sizes");
+    // The paragraph as one line, clap's wrapping undone.
+    let para = text[start..end]
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    let tcp = netgap::transport::find("tcp").expect("tcp");
+    for w in netgap::workload::registry() {
+        let size = netgap::units::format_size(w.default_size_bytes(tcp));
+        let named = para
+            .split(['[', ';', ']'])
+            .filter_map(|part| part.trim().split_once(" for "))
+            .any(|(s, names)| s.ends_with(&size) && names.split(", ").any(|n| n == w.name()));
+        assert!(named, "--sizes help lacks {size} for {}: {para}", w.name());
     }
 }
