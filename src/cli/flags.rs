@@ -156,14 +156,51 @@ impl Args for TransportOptionFlags {
     }
 }
 
+/// `--sizes`' long help, with each multi-host test's own default size
+/// (over tcp) from the workload registry, so the list never goes stale.
+fn sizes_long_help() -> String {
+    let mut by_size: Vec<(u64, Vec<&str>)> = Vec::new();
+    if let Some(tcp) = netgap::transport::find("tcp") {
+        for w in netgap::workload::registry() {
+            let size = w.default_size_bytes(tcp);
+            match by_size.iter_mut().find(|(s, _)| *s == size) {
+                Some((_, names)) => names.push(w.name()),
+                None => by_size.push((size, vec![w.name()])),
+            }
+        }
+    }
+    by_size.sort_by_key(|(size, _)| *size);
+    let defaults: Vec<String> = by_size
+        .iter()
+        .map(|(size, names)| {
+            format!(
+                "{} for {}",
+                netgap::units::format_size(*size),
+                names.join(", ")
+            )
+        })
+        .collect();
+    format!(
+        "Message sizes: a list 1,64,1K, a range of powers of two 1..4M, or a range with a factor \
+         1..4M:x4 [default: 1,64,1K,16K,64K,1M; multi-host tests over tcp: {}]",
+        defaults.join("; ")
+    )
+}
+
 /// Sizes, repetitions and the data path's settings of each point.
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "Method")]
 pub struct MethodFlags {
     /// Message sizes: a list 1,64,1K, a range of powers of two 1..4M, or a
     /// range with a factor 1..4M:x4 [default: 1,64,1K,16K,64K,1M; multi-host
-    /// tests: 64K for bandwidth, 1 for hotspot and connect].
-    #[arg(long, short = 's', value_name = "LIST", value_parser = parse_sizes)]
+    /// tests: their own, see --help].
+    #[arg(
+        long,
+        short = 's',
+        value_name = "LIST",
+        value_parser = parse_sizes,
+        long_help = sizes_long_help()
+    )]
     pub sizes: Option<SizeList>,
     /// Measured repetitions per point; the highest and lowest are dropped
     /// from the headline [default: 10].

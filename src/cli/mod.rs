@@ -75,7 +75,7 @@ pub enum Command {
     /// and latency, each with its spread.
     #[command(
         after_long_help = netgap::logp::HELP,
-        mut_arg("sizes", |a| a.help("Message sizes: a list 1,1K,64K, a range 1..1M, or 1..1M:x4 [default: 1,1K,64K,1M]")),
+        mut_arg("sizes", |a| a.help("Message sizes: a list 1,1K,64K, a range 1..1M, or 1..1M:x4 [default: 1,1K,64K,1M]").long_help(None)),
         mut_arg("rep_time", |a| a.help("Time budget of one repetition; the iteration count adapts to it [default: 50ms]")),
         mut_arg("client_hosts", |a| a.hide(true))
     )]
@@ -286,10 +286,28 @@ pub struct CompareArgs {
     pub new_stack: Option<String>,
 }
 
+/// `import`'s help on its format, named from the importers' registry so
+/// the list never goes stale: the names (`-h`), or each with what output it
+/// reads (`--help`).
+fn import_format_help(long: bool) -> String {
+    let importers = netgap::import::registry();
+    if long {
+        let width = importers.iter().map(|i| i.name().len()).max().unwrap_or(0);
+        let lines: Vec<String> = importers
+            .iter()
+            .map(|i| format!("  {:width$}  {}", i.name(), i.summary()))
+            .collect();
+        format!("The format, one of:\n{}", lines.join("\n"))
+    } else {
+        let names: Vec<&str> = importers.iter().map(|i| i.name()).collect();
+        format!("The format: {}", names.join(", "))
+    }
+}
+
 #[derive(Debug, clap::Args)]
 pub struct ImportArgs {
-    /// The format: iperf3 (-J JSON), netpipe (NPtcp -o file), sockperf
-    /// (client output), osu (osu_latency, osu_bw, osu_bibw output).
+    /// The format of the peer tool's output (see `--help`).
+    #[arg(help = import_format_help(false), long_help = import_format_help(true))]
     pub format: String,
     /// The peer tool's output file: a regular file of at most 256 MiB.
     pub file: PathBuf,

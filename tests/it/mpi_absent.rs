@@ -2,11 +2,7 @@
 //! MPI tests, says in `netgap list` that MPI is not built in, and refuses
 //! to run them in one line that says how to get them.
 
-#![cfg(not(feature = "mpi"))]
-
-mod common;
-
-use common::{fails_with_one_line, netgap, ok};
+use crate::common::{fails_with_one_line, netgap, ok};
 
 #[test]
 fn without_the_mpi_feature_list_says_so_and_runs_are_refused() {

@@ -2,8 +2,7 @@
 //! plus one second, for every test. A file of its own, so no other test of
 //! the suite competes with its timing for the CPU.
 
-mod common;
-use common::{netgap, AgentProc as Agent};
+use crate::common::{netgap, AgentProc as Agent};
 use std::time::{Duration, Instant};
 
 /// Runs `test` over `transport` in `mode` against an agent that is stopped

@@ -5,10 +5,9 @@
 //! seconds.
 
 use serde_json::Value;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-mod common;
-use common::{netgap, read_records, AgentProc};
+use crate::common::{netgap, read_records, run_ok, AgentProc};
 
 /// What a flag must do to a command.
 enum Expect {
@@ -122,22 +121,6 @@ fn unique() -> String {
 
 fn uring_available() -> bool {
     netgap::transport::find("uring").is_some_and(|t| t.availability().is_ok())
-}
-
-/// A new shared key in `dir`.
-fn new_key(dir: &Path) -> PathBuf {
-    let key = dir.join("key");
-    let out = netgap()
-        .args(["key", "new"])
-        .arg(&key)
-        .output()
-        .expect("netgap key new runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    key
 }
 
 /// The flags of the transport and method groups that every point-to-point
@@ -508,7 +491,7 @@ fn hosts_lists_and_hosts_files_drive_real_agents() {
     assert_eq!(records[0]["flows"][0]["host"], "h2");
     // A point-to-point test runs its client in the second host's network
     // namespace; hosts without one are refused, not measured on loopback.
-    // (tests/testbed.rs runs it between testbed hosts.)
+    // (the `testbed` module runs it between testbed hosts.)
     let pingpong = Command {
         words: vec!["run", "pingpong"],
         tiny: vec![
@@ -527,7 +510,7 @@ fn hosts_lists_and_hosts_files_drive_real_agents() {
 #[test]
 fn run_sweep_and_logp_drive_a_keyed_agent() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let key = new_key(dir.path());
+    let key = crate::common::new_key_file(dir.path(), "key");
     let key_arg = key.display().to_string();
     let agent = AgentProc::start_with("127.0.0.1", &["--key", &key_arg]);
     let commands = [
@@ -575,25 +558,20 @@ fn run_sweep_and_logp_drive_a_keyed_agent() {
 fn csv_output_is_written() {
     let dir = tempfile::tempdir().expect("tempdir");
     let csv = dir.path().join("r.csv");
-    let out = netgap()
-        .args([
-            "run",
-            "pingpong",
-            "-s",
-            "1",
-            "--reps",
-            "2",
-            "--rep-time",
-            "1ms",
-            "--csv",
-        ])
-        .arg(&csv)
-        .output()
-        .expect("runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    run_ok(
+        netgap()
+            .args([
+                "run",
+                "pingpong",
+                "-s",
+                "1",
+                "--reps",
+                "2",
+                "--rep-time",
+                "1ms",
+                "--csv",
+            ])
+            .arg(&csv),
     );
     let text = std::fs::read_to_string(&csv).expect("csv written");
     assert_eq!(text.lines().count(), 2, "{text}");

@@ -8,8 +8,8 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-mod common;
-use common::{fails_with_one_line, netgap, read_records, AgentProc};
+use crate::common;
+use crate::common::{fails_with_one_line, netgap, read_records, run_ok, AgentProc};
 
 const DOCUMENTED_FIELDS: [&str; 14] = [
     "test",
@@ -125,19 +125,14 @@ fn embedded_agent_over_ipv6_and_csv() {
     let dir = tempfile::tempdir().expect("tempdir");
     let json = dir.path().join("r.jsonl");
     let csv = dir.path().join("r.csv");
-    let out = netgap()
-        .args(["run", "pingpong", "-6", "--sizes", "1,64", "--reps", "3"])
-        .args(["--iterations", "200", "--pin", "0,0"])
-        .arg("--json")
-        .arg(&json)
-        .arg("--csv")
-        .arg(&csv)
-        .output()
-        .expect("runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = run_ok(
+        netgap()
+            .args(["run", "pingpong", "-6", "--sizes", "1,64", "--reps", "3"])
+            .args(["--iterations", "200", "--pin", "0,0"])
+            .arg("--json")
+            .arg(&json)
+            .arg("--csv")
+            .arg(&csv),
     );
     let records = read_records(&json);
     assert_eq!(records.len(), 2);
@@ -276,15 +271,10 @@ fn agent_survives_garbage_and_vanishing_clients() {
     drop(s);
     // A client that says nothing and leaves.
     drop(TcpStream::connect(&agent.addr).expect("connect"));
-    let out = netgap()
-        .args(["run", "pingpong", "--peer", &agent.addr, "--sizes", "1"])
-        .args(["--reps", "3", "--iterations", "100"])
-        .output()
-        .expect("runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    run_ok(
+        netgap()
+            .args(["run", "pingpong", "--peer", &agent.addr, "--sizes", "1"])
+            .args(["--reps", "3", "--iterations", "100"]),
     );
 }
 
@@ -347,17 +337,12 @@ fn plain_netgap_runs_the_battery_and_writes_results() {
 fn one_repetition_has_no_confidence_interval_not_a_zero_width_one() {
     let dir = tempfile::tempdir().expect("tempdir");
     let json = dir.path().join("r.jsonl");
-    let out = netgap()
-        .args([
-            "run", "pingpong", "-s", "1", "--reps", "1", "-n", "50", "--json",
-        ])
-        .arg(&json)
-        .output()
-        .expect("runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = run_ok(
+        netgap()
+            .args([
+                "run", "pingpong", "-s", "1", "--reps", "1", "-n", "50", "--json",
+            ])
+            .arg(&json),
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
     let row = stdout
@@ -381,4 +366,55 @@ fn run_help_names_every_multi_host_test_of_the_registry() {
             w.name()
         );
     }
+}
+
+#[test]
+fn run_help_gives_every_multi_host_tests_default_size_from_the_registry() {
+    let text = common::ok(netgap().args(["run", "--help"]).output().expect("help"));
+    let start = text.find("--sizes <LIST>").expect("--sizes in run --help");
+    let end = start + text[start..].find("--reps").expect("--reps after --sizes");
+    // The paragraph as one line, clap's wrapping undone.
+    let para = text[start..end]
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    let tcp = netgap::transport::find("tcp").expect("tcp");
+    for w in netgap::workload::registry() {
+        let size = netgap::units::format_size(w.default_size_bytes(tcp));
+        let named = para
+            .split(['[', ';', ']'])
+            .filter_map(|part| part.trim().split_once(" for "))
+            .any(|(s, names)| s.ends_with(&size) && names.split(", ").any(|n| n == w.name()));
+        assert!(named, "--sizes help lacks {size} for {}: {para}", w.name());
+    }
+}
+
+/// The README lists the registries' entries by hand: every point-to-point
+/// test, multi-host test and transport is named there, and its synopsis of
+/// `netgap import` gives exactly the importers, in their order.
+#[test]
+fn the_readme_names_everything_the_registries_hold() {
+    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
+        .expect("README.md");
+    let names = netgap::bench::registry()
+        .iter()
+        .map(|t| t.name())
+        .chain(netgap::workload::registry().iter().map(|w| w.name()))
+        .chain(netgap::transport::registry().iter().map(|t| t.name()));
+    for name in names {
+        assert!(
+            readme.contains(&format!("`{name}`")),
+            "README.md never names `{name}`"
+        );
+    }
+    let synopsis = readme
+        .lines()
+        .find_map(|l| l.strip_prefix("netgap import "))
+        .and_then(|rest| rest.split_whitespace().next())
+        .expect("README.md has a synopsis of netgap import");
+    assert_eq!(
+        synopsis.split('|').collect::<Vec<_>>(),
+        netgap::import::names(),
+        "README.md's netgap import synopsis"
+    );
 }

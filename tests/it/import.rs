@@ -3,7 +3,7 @@
 //! units converted, tool named, what the tool did not measure left empty,
 //! malformed input rejected in one line naming file and line.
 
-mod common;
+use crate::common;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Output;
@@ -278,5 +278,38 @@ fn devices_fifos_and_oversize_files_are_refused_at_once() {
             assert!(err.contains(wanted.as_str()), "{format}: {err}");
             assert!(out.stdout.is_empty());
         }
+    }
+}
+
+#[test]
+fn import_help_names_every_format_of_the_registry_with_what_it_reads() {
+    let short = common::ok(
+        common::netgap()
+            .args(["import", "-h"])
+            .output()
+            .expect("help"),
+    );
+    let long = common::ok(
+        common::netgap()
+            .args(["import", "--help"])
+            .output()
+            .expect("help"),
+    );
+    for i in netgap::import::registry() {
+        assert!(
+            short.contains(i.name()),
+            "import -h leaves out {}: {short}",
+            i.name()
+        );
+        let line = long
+            .lines()
+            .find(|l| l.trim_start().starts_with(i.name()))
+            .unwrap_or_else(|| panic!("import --help leaves out {}: {long}", i.name()));
+        // clap wraps long lines: the summary's first words are on the name's line.
+        let first_words: String = i.summary().split(' ').take(2).collect::<Vec<_>>().join(" ");
+        assert!(
+            line.contains(&first_words),
+            "{line:?} lacks {first_words:?}"
+        );
     }
 }

@@ -10,21 +10,11 @@
 //! Without root, `ip` or network namespaces the testbed tests print why
 //! and pass, unless NETGAP_REQUIRE_SYSTEM_TESTS=1 (as in CI).
 
-mod common;
-use common::testbed::Testbed;
-use common::{netgap, ok, read_records, system_ready};
+use crate::common;
+use crate::common::testbed::Testbed;
+use crate::common::{metric, netgap, ok, read_records, system_ready, u};
 use serde_json::Value;
 use std::path::Path;
-
-fn metric(r: &Value, k: &str) -> f64 {
-    r["app"]["metrics"][k]
-        .as_f64()
-        .unwrap_or_else(|| panic!("metric {k} in {}", r["app"]))
-}
-
-fn u(v: &Value) -> u64 {
-    v.as_u64().expect("an unsigned number")
-}
 
 /// Files under `dir`, recursively.
 fn files_under(dir: &Path) -> Vec<String> {
@@ -309,13 +299,7 @@ fn pio_refused(hosts: &str, args: &[&str], needle: &str) {
         .arg(&json)
         .output()
         .expect("netgap run");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{args:?} should fail");
-    assert_eq!(stderr.trim_end().lines().count(), 1, "{args:?}: {stderr}");
-    assert!(
-        stderr.contains(needle),
-        "{args:?}: {stderr:?} lacks {needle:?}"
-    );
+    common::one_line_error(&out, &format!("{args:?}"), needle);
     assert!(
         read_records(&json).is_empty(),
         "{args:?}: a record was written"

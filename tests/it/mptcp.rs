@@ -7,9 +7,9 @@
 //! kernel) the test prints why and passes, unless
 //! NETGAP_REQUIRE_SYSTEM_TESTS=1, where a missing testbed is a failure.
 
-mod common;
-use common::testbed::Testbed;
-use common::{netgap, ok, system_ready};
+use crate::common;
+use crate::common::testbed::Testbed;
+use crate::common::{netgap, ok, system_ready};
 use serde_json::Value;
 use std::process::Command;
 

@@ -9,8 +9,8 @@ use serde_json::Value;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-mod common;
-use common::{has_whole_record, netgap, read_records, AgentProc};
+use crate::common;
+use crate::common::{has_whole_record, netgap, read_records, run_ok, u, AgentProc};
 
 /// A server agent on 127.0.0.2 and `clients` client agents on 127.0.0.3...
 fn agents(clients: u8) -> Vec<AgentProc> {
@@ -25,19 +25,6 @@ fn hosts_arg(agents: &[AgentProc]) -> String {
         .map(|a| a.addr.clone())
         .collect::<Vec<_>>()
         .join(",")
-}
-
-fn run_ok(args: &[&str]) {
-    let out = netgap().args(args).output().expect("netgap runs");
-    assert!(
-        out.status.success(),
-        "netgap {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-fn u(v: &Value) -> u64 {
-    v.as_u64().expect("an unsigned number")
 }
 
 /// Every flow of a bandwidth record delivered what was sent (tcp), and
@@ -70,7 +57,7 @@ fn fanin_and_fanout_spread_clients_cyclically_over_real_agents() {
     let dir = tempfile::tempdir().expect("tempdir");
     let json = dir.path().join("r.jsonl");
     let hosts = hosts_arg(&agents);
-    run_ok(&[
+    run_ok(netgap().args([
         "run",
         "fanin,fanout",
         "--hosts",
@@ -83,7 +70,7 @@ fn fanin_and_fanout_spread_clients_cyclically_over_real_agents() {
         "200ms",
         "--json",
         json.to_str().expect("utf-8 path"),
-    ]);
+    ]));
     let records = read_records(&json);
     assert_eq!(records.len(), 2);
     for r in &records {
@@ -128,7 +115,7 @@ fn a_run_started_right_after_another_finds_the_agents_free() {
         "multistream",
         "hotspot",
     ] {
-        run_ok(&[
+        run_ok(netgap().args([
             "run",
             test,
             "--hosts",
@@ -137,7 +124,7 @@ fn a_run_started_right_after_another_finds_the_agents_free() {
             "1",
             "--duration",
             "50ms",
-        ]);
+        ]));
     }
 }
 
@@ -147,7 +134,7 @@ fn multistream_runs_every_stream_from_the_first_client_host() {
     let dir = tempfile::tempdir().expect("tempdir");
     let json = dir.path().join("r.jsonl");
     let hosts = hosts_arg(&agents);
-    run_ok(&[
+    run_ok(netgap().args([
         "run",
         "multistream",
         "--hosts",
@@ -160,7 +147,7 @@ fn multistream_runs_every_stream_from_the_first_client_host() {
         "200ms",
         "--json",
         json.to_str().expect("utf-8 path"),
-    ]);
+    ]));
     let records = read_records(&json);
     assert_eq!(records.len(), 2);
     for (r, p) in records.iter().zip([1, 3]) {
@@ -210,7 +197,7 @@ fn multirail_over_links(transport: &str, reps: &str) {
     });
     std::fs::write(&hosts_file, file.to_string()).expect("hosts file written");
     let hosts = format!("@{}", hosts_file.display());
-    run_ok(&[
+    run_ok(netgap().args([
         "run",
         "multirail",
         "--hosts",
@@ -223,7 +210,7 @@ fn multirail_over_links(transport: &str, reps: &str) {
         "200ms",
         "--json",
         json.to_str().expect("utf-8 path"),
-    ]);
+    ]));
     let records = read_records(&json);
     assert_eq!(records.len(), 1);
     let r = &records[0];
@@ -253,7 +240,7 @@ fn multirail_over_links(transport: &str, reps: &str) {
 fn in_process_hosts_run_without_any_agent() {
     let dir = tempfile::tempdir().expect("tempdir");
     let json = dir.path().join("r.jsonl");
-    run_ok(&[
+    run_ok(netgap().args([
         "run",
         "fanin,multirail",
         "--client-hosts",
@@ -266,7 +253,7 @@ fn in_process_hosts_run_without_any_agent() {
         "100ms",
         "--json",
         json.to_str().expect("utf-8 path"),
-    ]);
+    ]));
     let records = read_records(&json);
     assert_eq!(records.len(), 2);
     check_stream_flows(&records[0], 2);
@@ -548,7 +535,7 @@ fn engine_workloads_over(transport: &str, mode: &str) {
     let dir = tempfile::tempdir().expect("tempdir");
     let json = dir.path().join("r.jsonl");
     let hosts = hosts_arg(&agents);
-    run_ok(&[
+    run_ok(netgap().args([
         "run",
         "hotspot,connect",
         "--hosts",
@@ -567,7 +554,7 @@ fn engine_workloads_over(transport: &str, mode: &str) {
         "200ms",
         "--json",
         json.to_str().expect("utf-8 path"),
-    ]);
+    ]));
     let records = read_records(&json);
     assert_eq!(records.len(), 2);
     for r in &records {
@@ -633,7 +620,7 @@ fn hotspot_over_udp(mode: &str) {
     let dir = tempfile::tempdir().expect("tempdir");
     let json = dir.path().join("r.jsonl");
     let hosts = hosts_arg(&agents);
-    run_ok(&[
+    run_ok(netgap().args([
         "run",
         "hotspot",
         "--hosts",
@@ -652,7 +639,7 @@ fn hotspot_over_udp(mode: &str) {
         "200ms",
         "--json",
         json.to_str().expect("utf-8 path"),
-    ]);
+    ]));
     let records = read_records(&json);
     assert_eq!(records.len(), 1);
     let r = &records[0];
@@ -809,7 +796,7 @@ fn hotspot_and_connect_report_every_client_over_real_agents() {
     let dir = tempfile::tempdir().expect("tempdir");
     let json = dir.path().join("r.jsonl");
     let hosts = hosts_arg(&agents);
-    run_ok(&[
+    run_ok(netgap().args([
         "run",
         "hotspot,connect",
         "--hosts",
@@ -822,7 +809,7 @@ fn hotspot_and_connect_report_every_client_over_real_agents() {
         "200ms",
         "--json",
         json.to_str().expect("utf-8 path"),
-    ]);
+    ]));
     let records = read_records(&json);
     assert_eq!(records.len(), 4);
     for r in &records {
@@ -870,17 +857,20 @@ fn silent_client_host_mid_fanin_is_named_within_5_seconds() {
 
 #[test]
 fn bandwidth_tests_run_over_every_transport_that_crosses_hosts() {
-    let list = netgap().arg("list").output().expect("netgap list");
-    let list = String::from_utf8_lossy(&list.stdout).to_string();
     let mut transports = vec!["tcp", "udp"];
-    if list.contains("not available here: uring") {
-        println!("skipping uring: not available on this host");
-    } else {
-        transports.push("uring");
+    match netgap::transport::find("uring")
+        .expect("uring is a transport")
+        .availability()
+    {
+        Ok(()) => transports.push("uring"),
+        Err(why) => common::skip(
+            "bandwidth_tests_run_over_every_transport_that_crosses_hosts over uring",
+            &format!("uring is not available: {why}"),
+        ),
     }
     let dir = tempfile::tempdir().expect("tempdir");
     let json = dir.path().join("r.jsonl");
-    run_ok(&[
+    run_ok(netgap().args([
         "run",
         "fanin,fanout",
         "-t",
@@ -897,7 +887,7 @@ fn bandwidth_tests_run_over_every_transport_that_crosses_hosts() {
         "500ms",
         "--json",
         json.to_str().expect("utf-8 path"),
-    ]);
+    ]));
     let records = read_records(&json);
     assert_eq!(records.len(), 2 * transports.len());
     for r in &records {
@@ -917,19 +907,30 @@ fn bandwidth_tests_run_over_every_transport_that_crosses_hosts() {
 
 #[test]
 fn in_process_engine_runs_refuse_more_flows_than_descriptors_allow() {
-    let (_, hard) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
-        .expect("getrlimit");
-    // Both ends of every flow plus 256 spare must fit under the hard limit.
-    let flows = (hard.saturating_sub(256) / 2 + 1).min(16_384);
-    if 2 * flows + 256 <= hard {
-        println!("skipping: the descriptor limit {hard} holds 16,384 in-process flows");
-        return;
+    use std::os::unix::process::CommandExt;
+    // The run gets a hard limit of its own, below what 16,384 flows (the
+    // most a run takes) need, whatever the limit of this process.
+    const HARD_LIMIT: u64 = 4096;
+    // Both ends of every flow plus 256 spare must fit under the hard limit:
+    // one flow more than fits.
+    let flows = (HARD_LIMIT - 256) / 2 + 1;
+    let mut cmd = netgap();
+    cmd.args(["run", "connect", "--client-hosts", "1", "--clients"])
+        .arg(flows.to_string());
+    // SAFETY: the closure runs in the child between fork and exec and only
+    // makes one system call (setrlimit), which is async-signal-safe; it
+    // allocates nothing and takes no lock.
+    unsafe {
+        cmd.pre_exec(|| {
+            nix::sys::resource::setrlimit(
+                nix::sys::resource::Resource::RLIMIT_NOFILE,
+                HARD_LIMIT,
+                HARD_LIMIT,
+            )
+            .map_err(std::io::Error::from)
+        });
     }
-    let out = netgap()
-        .args(["run", "connect", "--client-hosts", "1", "--clients"])
-        .arg(flows.to_string())
-        .output()
-        .expect("netgap runs");
+    let out = cmd.output().expect("netgap runs");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{flows} in-process flows ran: {err}");
     assert_eq!(err.trim().lines().count(), 1, "{err}");

@@ -5,7 +5,7 @@
 //! told apart; two separate runs that differ by drift alone are warned
 //! about and never called better or worse.
 
-mod common;
+use crate::common;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 
@@ -399,16 +399,11 @@ fn one_file_needs_two_stacks_named_and_a_name_must_match() {
 fn the_stacks_of_one_interleaved_run_compare_without_a_drift_warning() {
     let dir = tempfile::tempdir().expect("tempdir");
     let json = dir.path().join("ab.jsonl");
-    let out = common::netgap()
-        .args(["run", "pingpong", "-s", "1", "--reps", "3", "-n", "20"])
-        .args(["--interleave", "-t", "tcp,unix", "--json"])
-        .arg(&json)
-        .output()
-        .expect("run");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    common::run_ok(
+        common::netgap()
+            .args(["run", "pingpong", "-s", "1", "--reps", "3", "-n", "20"])
+            .args(["--interleave", "-t", "tcp,unix", "--json"])
+            .arg(&json),
     );
     let out = common::netgap()
         .arg("compare")

@@ -4,7 +4,7 @@
 //! bars, CPU beside each metric, log axes, poll beside event, grouped
 //! warnings), `--baseline`, `--images`, and the errors a user meets.
 
-mod common;
+use crate::common;
 use netgap::report::stacks::{self, Baseline, SeriesKey, StackSelector};
 use netgap::report::svg::Plot;
 use netgap::report::{gap, load, Report, ReportOptions};

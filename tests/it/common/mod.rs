@@ -2,8 +2,6 @@
 //! loopback that is killed on drop, keys, reading a results file, checking
 //! a run's outcome, and whether the system can run a testbed.
 
-#![allow(dead_code, reason = "each test file uses its own subset")]
-
 use assert_cmd::cargo::CommandCargoExt;
 use serde_json::Value;
 use std::io::{BufRead, BufReader};
@@ -135,14 +133,58 @@ pub fn ok(out: Output) -> String {
 /// that holds `needle`, and no panic.
 pub fn fails_with_one_line(args: &[&str], needle: &str) {
     let out = netgap().args(args).output().expect("runs");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{args:?} should fail");
-    assert_eq!(stderr.trim_end().lines().count(), 1, "{args:?}: {stderr}");
+    one_line_error(&out, &format!("{args:?}"), needle);
+}
+
+/// The standard error of `what`, a command that must have failed with one
+/// line there that holds `needle`, and no panic.
+pub fn one_line_error(out: &Output, what: &str, needle: &str) -> String {
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "{what} should fail");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{what}: {stderr}");
     assert!(
         stderr.contains(needle),
-        "{args:?}: {stderr:?} lacks {needle:?}"
+        "{what}: {stderr:?} lacks {needle:?}"
     );
-    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{what}: {stderr}");
+    stderr
+}
+
+/// A record's field that must be an unsigned integer.
+pub fn u(v: &Value) -> u64 {
+    v.as_u64()
+        .unwrap_or_else(|| panic!("an unsigned number: {v}"))
+}
+
+/// A record's field that must be a number.
+pub fn f(v: &Value) -> f64 {
+    v.as_f64().unwrap_or_else(|| panic!("a number: {v}"))
+}
+
+/// A workload's own figure `name` in a record (`app.metrics`), which must
+/// be there.
+pub fn metric(r: &Value, name: &str) -> f64 {
+    r["app"]["metrics"][name]
+        .as_f64()
+        .unwrap_or_else(|| panic!("metric {name} in {}", r["app"]))
+}
+
+/// This test binary again, running only the ignored test `name` of the
+/// module at `module` (its `module_path!()`), with its output captured by
+/// nobody: for a test whose process must hold nothing of any other test
+/// (its memory measured), or a helper that plays another host.
+pub fn child_test(module: &str, name: &str) -> Command {
+    // Test names leave out the crate: `it::flows_scale` runs as
+    // `flows_scale::NAME`.
+    let path = module.split_once("::").map_or(module, |(_, rest)| rest);
+    let mut cmd = Command::new(std::env::current_exe().expect("the test binary's path"));
+    cmd.arg(format!("{path}::{name}")).args([
+        "--exact",
+        "--ignored",
+        "--nocapture",
+        "--test-threads=1",
+    ]);
+    cmd
 }
 
 /// Whether the system can run a testbed (root, network namespaces,

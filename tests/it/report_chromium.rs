@@ -8,7 +8,7 @@
 //! Without chromium the test says why it skips, unless
 //! NETGAP_REQUIRE_SYSTEM_TESTS=1 (set by `.ci/run`, which installs it).
 
-mod common;
+use crate::common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};

@@ -1,14 +1,9 @@
 //! `netgap sweep`, `netgap logp` and `--ci` end to end: the real binary with
 //! its in-process agent on loopback, asserting on the JSON records.
 
-mod common;
-use common::{fails_with_one_line, netgap, read_records, run_ok};
+use crate::common::{f, fails_with_one_line, netgap, read_records, run_ok};
 use netgap::sizing::{sweep_sizes, Growth};
 use serde_json::Value;
-
-fn f(r: &Value, key: &str) -> f64 {
-    r[key].as_f64().unwrap_or_else(|| panic!("{key} in {r}"))
-}
 
 #[test]
 fn a_ping_pong_sweep_writes_the_documented_sizes_with_throughput_and_block_time() {
@@ -36,20 +31,20 @@ fn a_ping_pong_sweep_writes_the_documented_sizes_with_throughput_and_block_time(
             assert_eq!(r["metric"], "bandwidth_gbps");
             assert_eq!(r["sweep_kind"], "pingpong");
             assert_eq!(r["transport"], transport);
-            let (gbps, block_us) = (f(r, "value"), f(r, "block_time_us"));
+            let (gbps, block_us) = (f(&r["value"]), f(&r["block_time_us"]));
             assert!(gbps > 0.0 && block_us > 0.0, "{r}");
             // Throughput is the block over its time.
-            let size_bits = f(r, "size_bytes") * 8.0;
+            let size_bits = f(&r["size_bytes"]) * 8.0;
             assert!(
                 (size_bits / (block_us * 1e3) - gbps).abs() <= 1e-6 * gbps,
                 "{r}"
             );
             let s = &r["stats"];
             assert_eq!(s["reps"].as_array().map(Vec::len), Some(3));
-            assert!(f(s, "min") <= gbps && gbps <= f(s, "max"));
+            assert!(f(&s["min"]) <= gbps && gbps <= f(&s["max"]));
             assert_eq!(r["bytes"]["client_tx"], r["bytes"]["server_rx"]);
             if let Some(d) = r.get("dropout") {
-                assert!(f(d, "depth_pct") > 0.0, "{d}");
+                assert!(f(&d["depth_pct"]) > 0.0, "{d}");
                 assert!(d["reference_size_bytes"].as_u64() < r["size_bytes"].as_u64());
             }
         }
@@ -101,7 +96,7 @@ fn stream_and_bidir_sweeps_run_over_every_available_transport() {
             );
             for r in &records {
                 assert_eq!(r["sweep_kind"], kind, "{r}");
-                assert!(f(r, "value") > 0.0 && f(r, "block_time_us") > 0.0, "{r}");
+                assert!(f(&r["value"]) > 0.0 && f(&r["block_time_us"]) > 0.0, "{r}");
             }
         }
     }
@@ -171,7 +166,7 @@ fn logp_parameters_are_positive_and_below_the_round_trip_over_tcp_and_unix() {
             assert_eq!(r["size_bytes"], chunk[0]["size_bytes"]);
             assert!(r["stats"]["stdev"].is_number(), "{r}");
         }
-        let median = |r: &Value| f(&r["stats"], "median");
+        let median = |r: &Value| f(&r["stats"]["median"]);
         let (o_s, o_r, g) = (median(&chunk[0]), median(&chunk[1]), median(&chunk[2]));
         assert!(o_s > 0.0 && o_r > 0.0 && g > 0.0, "{chunk:?}");
         // The round trip of each repetition is 2 (L + o_s + o_r).
@@ -259,17 +254,17 @@ fn ci_stops_at_the_target_or_says_it_was_missed() {
         let ci = &r["ci_target"];
         assert_eq!(ci["met"], true, "{r}");
         assert_eq!(
-            (f(ci, "confidence_pct"), f(ci, "half_width_pct")),
+            (f(&ci["confidence_pct"]), f(&ci["half_width_pct"])),
             (90.0, 50.0)
         );
-        assert!(f(ci, "achieved_half_width_pct") <= 50.0);
+        assert!(f(&ci["achieved_half_width_pct"]) <= 50.0);
         let n = r["stats"]["reps"].as_array().map_or(0, Vec::len);
         assert!((3..=20).contains(&n), "{n}");
     }
     let missed = &records[2];
     assert_eq!(missed["ci_target"]["met"], false, "{missed}");
     assert_eq!(missed["stats"]["reps"].as_array().map(Vec::len), Some(4));
-    assert!(f(&missed["ci_target"], "achieved_half_width_pct") > 0.0001);
+    assert!(f(&missed["ci_target"]["achieved_half_width_pct"]) > 0.0001);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("ci target missed"), "{stdout}");
     // Without --ci, no ci_target field.

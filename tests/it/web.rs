@@ -8,9 +8,11 @@
 //! Without root, namespaces or the servers these tests print why and pass,
 //! unless NETGAP_REQUIRE_SYSTEM_TESTS=1 (as in CI), where that is a failure.
 
-mod common;
-use common::testbed::Testbed;
-use common::{fails_with_one_line, netgap, ok, read_records, system_ready, AgentProc};
+use crate::common;
+use crate::common::testbed::Testbed;
+use crate::common::{
+    fails_with_one_line, metric, netgap, ok, read_records, system_ready, AgentProc,
+};
 use serde_json::Value;
 use std::path::Path;
 use std::process::Command;
@@ -32,12 +34,6 @@ fn servers_ready(test: &str) -> bool {
             false
         }
     }
-}
-
-fn metric(r: &Value, name: &str) -> f64 {
-    r["app"]["metrics"][name]
-        .as_f64()
-        .unwrap_or_else(|| panic!("metric {name} in {}", r["app"]))
 }
 
 /// The run directory a service's configuration names (its pid or
@@ -423,7 +419,7 @@ fn a_killed_agent_that_is_not_root_takes_its_servers_with_it() {
         return;
     }
     if !user_namespaces_allowed() {
-        eprintln!("skipping {test}: this kernel allows no unprivileged user namespaces");
+        common::skip(test, "this kernel allows no unprivileged user namespaces");
         return;
     }
     // The agent's run directories, in a directory of its own user.

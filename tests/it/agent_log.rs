@@ -3,8 +3,8 @@
 //! sources, with what the strangers sent escaped; and a coordinator with
 //! the key still gets in.
 
-mod common;
-use common::{netgap, new_key_file};
+use crate::common;
+use crate::common::{netgap, new_key_file};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::process::{Child, Stdio};
@@ -91,15 +91,10 @@ fn many_refused_connections_give_a_bounded_number_of_log_lines() {
     assert!(!log.contains('\x1b'), "raw escape in the log: {log:?}");
 
     // The coordinator with the key still gets in.
-    let out = netgap()
-        .args(["run", "pingpong", "-s", "64", "--reps", "1", "-n", "10"])
-        .args(["--peer", &agent.addr, "--key"])
-        .arg(&key)
-        .output()
-        .expect("run");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    common::run_ok(
+        netgap()
+            .args(["run", "pingpong", "-s", "64", "--reps", "1", "-n", "10"])
+            .args(["--peer", &agent.addr, "--key"])
+            .arg(&key),
     );
 }

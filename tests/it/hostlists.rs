@@ -3,9 +3,9 @@
 //! lists are refused in one line. The expansion itself is unit-tested on
 //! synthetic inputs in `netgap_measure::hostlist`.
 
-mod common;
+use crate::common;
 
-use common::{fails_with_one_line, netgap, ok, read_records, AgentProc};
+use crate::common::{fails_with_one_line, netgap, ok, read_records, AgentProc};
 use std::io::{BufRead, BufReader};
 use std::process::Stdio;
 

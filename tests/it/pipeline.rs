@@ -7,20 +7,9 @@
 //! Without root, `ip` or network namespaces the testbed test prints why
 //! and passes, unless NETGAP_REQUIRE_SYSTEM_TESTS=1 (as in CI).
 
-mod common;
-use common::testbed::Testbed;
-use common::{fails_with_one_line, netgap, ok, read_records, system_ready};
+use crate::common::testbed::Testbed;
+use crate::common::{fails_with_one_line, metric, netgap, ok, read_records, system_ready, u};
 use serde_json::Value;
-
-fn metric(r: &Value, k: &str) -> f64 {
-    r["app"]["metrics"][k]
-        .as_f64()
-        .unwrap_or_else(|| panic!("metric {k} in {}", r["app"]))
-}
-
-fn u(v: &Value) -> u64 {
-    v.as_u64().expect("an unsigned number")
-}
 
 /// Checks a record of a query of `query` bytes in UOWs of `uow` bytes
 /// through one filter stage of two copies, the copies on `hosts`

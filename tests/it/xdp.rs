@@ -19,25 +19,15 @@
 //! data, FINs and acknowledgments. The run must still complete with every
 //! byte verified.
 //!
-//! Runs only in a build with the `xdp` feature (`cargo test --features xdp
-//! --test xdp`); otherwise, or without root and namespaces, it prints why
-//! and passes (with NETGAP_REQUIRE_SYSTEM_TESTS=1 a missing testbed is a
-//! failure, as in CI).
+//! Built only with the `xdp` feature (`cargo test --features xdp --test it
+//! xdp::`); without root and namespaces it prints why and passes (with
+//! NETGAP_REQUIRE_SYSTEM_TESTS=1 a missing testbed is a failure, as in CI).
 
-mod common;
-use common::testbed::Testbed;
-use common::{netgap, ok, system_ready};
+use crate::common::testbed::Testbed;
+use crate::common::{netgap, ok, system_ready};
 use netgap::bench;
 use serde_json::Value;
 use std::process::Command;
-
-fn xdp_ready(test: &str) -> bool {
-    if !cfg!(feature = "xdp") {
-        eprintln!("skipping {test}: built without the xdp feature (cargo test --features xdp)");
-        return false;
-    }
-    system_ready(test)
-}
 
 fn n(v: &Value) -> u64 {
     v.as_u64().unwrap_or(0)
@@ -108,7 +98,7 @@ fn check_records(recs: &[Value], tests: usize, sizes: usize) {
 #[test]
 fn every_test_runs_over_xdp_between_two_hosts_verified_with_and_without_loss() {
     let name = "every_test_runs_over_xdp_between_two_hosts_verified_with_and_without_loss";
-    if !xdp_ready(name) {
+    if !system_ready(name) {
         return;
     }
     let list = ok(netgap().arg("list").output().expect("list"));
@@ -439,7 +429,7 @@ fn forge_until(sw: &str, ports: &[String], stop: &std::sync::atomic::AtomicBool)
 #[test]
 fn forged_frames_from_the_switch_neither_corrupt_nor_end_a_flow() {
     let name = "forged_frames_from_the_switch_neither_corrupt_nor_end_a_flow";
-    if !xdp_ready(name) {
+    if !system_ready(name) {
         return;
     }
     let (tb, _) = Testbed::up("xdpf", &["--hosts", "2"]);

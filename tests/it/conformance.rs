@@ -6,7 +6,7 @@
 //! test is picked up from the registries with no change here; sizes above a
 //! transport's largest message are skipped, saying so.
 
-mod common;
+use crate::common;
 use netgap::units::{format_size, parse_size_list};
 use netgap::{bench, transport};
 use serde_json::Value;
@@ -22,7 +22,7 @@ fn every_transport_runs_every_test_in_every_mode_with_verified_payload() {
     let mut ran = 0;
     for t in transport::registry() {
         if !t.runs_on_loopback() {
-            // Its matrix runs between two testbed hosts (tests/xdp.rs).
+            // Its matrix runs between two testbed hosts (the `xdp` module).
             eprintln!(
                 "conformance: skipping transport {}: it needs two hosts",
                 t.name()

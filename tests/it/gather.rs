@@ -8,9 +8,9 @@
 //! Without root, namespaces or gmond these tests print why and pass, unless
 //! NETGAP_REQUIRE_SYSTEM_TESTS=1 (as in CI), where that is a failure.
 
-mod common;
-use common::testbed::Testbed;
-use common::{fails_with_one_line, system_ready};
+use crate::common;
+use crate::common::testbed::Testbed;
+use crate::common::{fails_with_one_line, metric, system_ready};
 use serde_json::Value;
 use std::path::Path;
 use std::process::Command;
@@ -21,12 +21,6 @@ fn gmond_ready(test: &str) -> bool {
     }
     common::skip(test, "gmond is missing (apt-get install ganglia-monitor)");
     false
-}
-
-fn metric(r: &Value, name: &str) -> f64 {
-    r["app"]["metrics"][name]
-        .as_f64()
-        .unwrap_or_else(|| panic!("metric {name} in {}", r["app"]))
 }
 
 /// Checks what every gather record says: a positive time per gather, every

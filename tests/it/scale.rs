@@ -17,9 +17,9 @@
 //! it prints why and passes, unless NETGAP_REQUIRE_SYSTEM_TESTS=1 (as in
 //! CI).
 
-mod common;
-use common::testbed::Testbed;
-use common::{netgap, ok, read_records, system_ready, AgentProc};
+use crate::common;
+use crate::common::testbed::Testbed;
+use crate::common::{netgap, ok, read_records, system_ready, AgentProc};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::process::Command;

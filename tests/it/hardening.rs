@@ -3,8 +3,8 @@
 //! coordinator that must still get in, be refused in one line, or see its
 //! flows end with its session.
 
-mod common;
-use common::{netgap, new_key_file as key_file, AgentProc as Agent};
+use crate::common;
+use crate::common::{netgap, new_key_file as key_file, AgentProc as Agent};
 use netgap::control::{ControlAddr, ControlConn};
 use netgap::coordinator::Coordinator;
 use netgap::proto::auth::{AuthFrame, Key};

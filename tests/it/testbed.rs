@@ -6,9 +6,9 @@
 //! Without root, `ip` or network namespaces these tests print why and pass,
 //! unless NETGAP_REQUIRE_SYSTEM_TESTS=1 (as in CI), where that is a failure.
 
-mod common;
-use common::testbed::Testbed;
-use common::{netgap, netgap_path, ok, read_records as records, system_ready};
+use crate::common;
+use crate::common::testbed::Testbed;
+use crate::common::{netgap, netgap_path, ok, read_records as records, system_ready};
 use serde_json::Value;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -345,7 +345,10 @@ fn without_root_the_testbed_says_so_in_one_line() {
         return;
     }
     if Command::new("setpriv").arg("--version").output().is_err() {
-        eprintln!("skipping without_root_the_testbed_says_so_in_one_line: no setpriv");
+        common::skip(
+            "without_root_the_testbed_says_so_in_one_line",
+            "setpriv is not installed",
+        );
         return;
     }
     let out = Command::new("setpriv")

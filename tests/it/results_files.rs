@@ -4,8 +4,8 @@
 //! without root the test says why and passes, unless
 //! NETGAP_REQUIRE_SYSTEM_TESTS=1.
 
-mod common;
-use common::{netgap, read_records};
+use crate::common;
+use crate::common::{netgap, read_records};
 use std::path::Path;
 use std::process::Command;
 
@@ -72,16 +72,11 @@ fn a_full_disk_leaves_no_torn_record_and_a_later_run_appends_cleanly() {
 
     // With room again, the next run appends whole records after them.
     std::fs::remove_file(&filler).expect("rm filler");
-    let out = netgap()
-        .args(["run", "pingpong", "-s", "1", "--reps", "2", "-n", "20"])
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .expect("netgap run");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    common::run_ok(
+        netgap()
+            .args(["run", "pingpong", "-s", "1", "--reps", "2", "-n", "20"])
+            .arg("--json")
+            .arg(&json),
     );
     assert_eq!(read_records(&json).len(), first + 1);
 }
@@ -91,16 +86,11 @@ fn a_torn_last_record_is_skipped_by_report_and_compare_and_never_joined() {
     let dir = tempfile::tempdir().expect("tempdir");
     let json = dir.path().join("r.jsonl");
     let run = || {
-        let out = netgap()
-            .args(["run", "pingpong", "-s", "1", "--reps", "2", "-n", "20"])
-            .arg("--json")
-            .arg(&json)
-            .output()
-            .expect("netgap run");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
+        common::run_ok(
+            netgap()
+                .args(["run", "pingpong", "-s", "1", "--reps", "2", "-n", "20"])
+                .arg("--json")
+                .arg(&json),
         );
     };
     run();
@@ -111,18 +101,7 @@ fn a_torn_last_record_is_skipped_by_report_and_compare_and_never_joined() {
     // The next run keeps it on its own line.
     run();
     let html = dir.path().join("r.html");
-    let out = netgap()
-        .arg("report")
-        .arg(&json)
-        .arg("-o")
-        .arg(&html)
-        .output()
-        .expect("report");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::run_ok(netgap().arg("report").arg(&json).arg("-o").arg(&html));
     let page = std::fs::read_to_string(&html).expect("page");
     assert!(
         page.contains("1 torn record"),

@@ -2,8 +2,8 @@
 //! as agent and coordinator on loopback, and hand-made handshakes (a wrong
 //! key, a replayed proof, clients that never authenticate) against it.
 
-mod common;
-use common::{netgap, new_key_file as key_file, AgentProc as Agent};
+use crate::common;
+use crate::common::{netgap, new_key_file as key_file, AgentProc as Agent};
 use netgap::control::{ControlAddr, ControlConn};
 use netgap::proto::auth::{AuthFrame, CoordinatorHandshake, Key};
 use netgap::proto::codec::decode_reply;
@@ -31,14 +31,6 @@ fn run_point(agent: &Agent, key: Option<&Path>, json: &Path, size: &str) -> std:
     cmd.output().expect("netgap run")
 }
 
-fn one_error_line(out: &std::process::Output, needle: &str) {
-    assert!(!out.status.success(), "should fail: {out:?}");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let lines: Vec<&str> = stderr.lines().collect();
-    assert_eq!(lines.len(), 1, "one line: {stderr}");
-    assert!(lines[0].contains(needle), "{needle:?} in {stderr}");
-}
-
 #[test]
 fn the_right_key_runs_and_every_mismatch_is_one_clear_line() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -53,12 +45,14 @@ fn the_right_key_runs_and_every_mismatch_is_one_clear_line() {
     let rec: Value = serde_json::from_str(text.lines().next().expect("a record")).expect("json");
     assert!(rec["bytes"]["client_tx"].as_u64().unwrap_or(0) >= 50 * 64);
 
-    one_error_line(
+    common::one_line_error(
         &run_point(&agent, Some(&other), &json, "64"),
+        "netgap",
         "key does not match",
     );
-    one_error_line(
+    common::one_line_error(
         &run_point(&agent, None, &json, "64"),
+        "netgap",
         "requires a shared key",
     );
 
@@ -68,8 +62,9 @@ fn the_right_key_runs_and_every_mismatch_is_one_clear_line() {
 
     // A keyless agent tells a keyed coordinator so.
     let keyless = Agent::start_with("127.0.0.1", &[]);
-    one_error_line(
+    common::one_line_error(
         &run_point(&keyless, Some(&key), &json, "64"),
+        "netgap",
         "runs without a key",
     );
 }
@@ -88,7 +83,7 @@ fn key_files_readable_by_others_or_too_short_are_refused() {
         .arg(&key)
         .output()
         .expect("serve");
-    one_error_line(&out, "chmod 600");
+    common::one_line_error(&out, "netgap", "chmod 600");
     let short = dir.path().join("short");
     std::fs::write(&short, b"tiny").expect("write");
     std::fs::set_permissions(&short, std::fs::Permissions::from_mode(0o600)).expect("chmod");
@@ -97,7 +92,7 @@ fn key_files_readable_by_others_or_too_short_are_refused() {
         .arg(&short)
         .output()
         .expect("serve");
-    one_error_line(&out, "16 to 4096 bytes");
+    common::one_line_error(&out, "netgap", "16 to 4096 bytes");
     // `key new` never overwrites.
     let out = netgap()
         .args(["key", "new"])
@@ -114,7 +109,7 @@ fn an_agent_on_a_non_loopback_address_without_a_key_refuses_to_start() {
             .args(["serve", "--port", "0", "--bind", bind])
             .output()
             .expect("serve");
-        one_error_line(&out, "without --key");
+        common::one_line_error(&out, "netgap", "without --key");
     }
 }
 
@@ -232,7 +227,11 @@ fn requests_past_the_agent_limits_are_refused_before_any_data_socket() {
         ],
     );
     let json = dir.path().join("r.jsonl");
-    one_error_line(&run_point(&agent, Some(&key), &json, "64K"), "limits");
+    common::one_line_error(
+        &run_point(&agent, Some(&key), &json, "64K"),
+        "netgap",
+        "limits",
+    );
     // 0.001 Gbit/s for 1 s is 125,000 bytes: 50 x 1 KiB fits, a long
     // calibrated run does not.
     let out = run_point(&agent, Some(&key), &json, "1K");
@@ -243,12 +242,12 @@ fn requests_past_the_agent_limits_are_refused_before_any_data_socket() {
         .arg(&key)
         .output()
         .expect("run");
-    one_error_line(&out, "limits");
+    common::one_line_error(&out, "netgap", "limits");
     let out = netgap()
         .args(["serve", "--port", "0", "--max-flows", "0"])
         .output()
         .expect("serve");
-    one_error_line(&out, "--max-flows");
+    common::one_line_error(&out, "netgap", "--max-flows");
 }
 
 #[test]
@@ -302,6 +301,6 @@ fn an_agent_serves_on_a_unix_socket_and_never_replaces_another_file() {
         .arg(format!("unix:{}", file.display()))
         .output()
         .expect("serve");
-    one_error_line(&out, "cannot listen");
+    common::one_line_error(&out, "netgap", "cannot listen");
     assert_eq!(std::fs::read(&file).expect("still there"), b"keep me");
 }

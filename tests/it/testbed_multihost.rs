@@ -8,16 +8,11 @@
 //! Without root, `ip` or network namespaces these tests print why and pass,
 //! unless NETGAP_REQUIRE_SYSTEM_TESTS=1 (as in CI), where that is a failure.
 
-mod common;
-use common::testbed::Testbed;
-use common::{netgap, ok, read_records as records, system_ready};
+use crate::common::testbed::Testbed;
+use crate::common::{netgap, ok, read_records as records, system_ready, u};
 use serde_json::Value;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-fn u(v: &Value) -> u64 {
-    v.as_u64().expect("an unsigned number")
-}
 
 fn flows(r: &Value) -> &Vec<Value> {
     r["flows"].as_array().expect("flows")

@@ -3,16 +3,14 @@
 //! namespaces over the testbed's link, beside netgap's own sockets in the
 //! same run. Checks the records' structure, never their speed.
 
-mod common;
+use crate::common;
 
-use common::testbed::Testbed;
-use common::{fails_with_one_line, has_whole_record, netgap, ok, read_records, system_ready};
+use crate::common::testbed::Testbed;
+use crate::common::{
+    f, fails_with_one_line, has_whole_record, netgap, ok, read_records, system_ready,
+};
 use serde_json::Value;
 use std::process::Command;
-
-fn f(v: &Value) -> f64 {
-    v.as_f64().unwrap_or_else(|| panic!("number: {v}"))
-}
 
 fn stack_options(r: &Value) -> Vec<String> {
     r["stack"]["options"]

@@ -1,21 +1,22 @@
 //! 10,000 concurrent flows on loopback through the flow engine, pingpong
 //! then connect over tcp, then pingpong over udp, checking that every flow
 //! worked, that bytes balance, and that each process's peak memory grows by
-//! a bounded amount per flow. The server runs in a child process (this test binary again, running the
-//! ignored `server_child` helper) as it would on another host, so each
-//! side needs only one descriptor per flow and its memory is its own. One
-//! test function so that nothing else runs in the process while its memory
-//! is measured.
+//! a bounded amount per flow. The test binary runs other tests beside this
+//! one, so both sides run in child processes of their own (this test
+//! binary again, running only the ignored `client_child` or `server_child`
+//! helper): the server as it would on another host, each side needing only
+//! one descriptor per flow, and nothing else in either process while its
+//! memory is measured.
 #![allow(
     clippy::unwrap_used,
     reason = "test code: a failed unwrap is a failed test"
 )]
 
-mod common;
+use crate::common;
 use netgap::flows::{self, ClientSpec, EngineConfig, FlowServer, FlowWork};
 use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::{Child, ChildStdin, Stdio};
 use std::time::{Duration, Instant};
 
 const FLOWS: usize = 10_000;
@@ -55,14 +56,7 @@ struct ChildServer {
 
 impl ChildServer {
     fn start(mode: &str) -> ChildServer {
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .args([
-                "server_child",
-                "--exact",
-                "--ignored",
-                "--nocapture",
-                "--test-threads=1",
-            ])
+        let mut child = common::child_test(module_path!(), "server_child")
             .env("NETGAP_FLOWS_CHILD", mode)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -165,6 +159,32 @@ fn udp_token() -> netgap::proto::dataproof::DataToken {
 
 #[test]
 fn ten_thousand_flows_pingpong_and_connect_with_bounded_memory() {
+    let out = common::child_test(module_path!(), "client_child")
+        .env("NETGAP_FLOWS_CLIENT", "1")
+        .output()
+        .expect("the client's process runs");
+    // The child's report, for this test's own output.
+    eprint!("{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the client's process failed: {stdout}"
+    );
+    assert!(
+        stdout.contains("1 passed"),
+        "the client's process ran no test: {stdout}"
+    );
+}
+
+/// The client side and the checks of
+/// [`ten_thousand_flows_pingpong_and_connect_with_bounded_memory`], run by
+/// it in a process of their own; does nothing when run directly.
+#[test]
+#[ignore = "helper run in a child process by the 10,000-flow test"]
+fn client_child() {
+    if std::env::var_os("NETGAP_FLOWS_CLIENT").is_none() {
+        return;
+    }
     if let Err(e) = flows::ensure_fd_limit(FLOWS as u64 + 2 * flows::limits::SPARE_FDS) {
         common::skip(
             "ten_thousand_flows_pingpong_and_connect_with_bounded_memory",

@@ -1,0 +1,50 @@
+//! netgap's integration tests, one module per subject, linked into one test
+//! binary (`cargo test --test it`; one module: `cargo test --test it web::`).
+//!
+//! The tests of one binary share its process, and run two or more at a
+//! time: none changes the environment, the current directory, signal
+//! dispositions or the umask of the process; each uses its own temporary
+//! directory, testbed name (`common::testbed::Testbed`), addresses and
+//! ports; and a test that measures its own process (`flows_scale`) runs
+//! its body in a child process of its own (`common::child_test`).
+//!
+//! A system test that cannot run here (no root, no namespaces, a program
+//! missing) says why and passes, except where CI requires the system tests
+//! (`NETGAP_REQUIRE_SYSTEM_TESTS=1`): then it fails (`common::skip`).
+
+mod common;
+
+mod agent_log;
+mod auth;
+mod cli;
+mod compare;
+mod conformance;
+mod flags;
+mod flows_scale;
+mod gather;
+mod hardening;
+mod hostlists;
+mod import;
+/// Built with the `mpi` feature: `cargo test --features mpi --test it mpi::`.
+#[cfg(feature = "mpi")]
+mod mpi;
+/// The default build's MPI tests: known, and refused in one line.
+#[cfg(not(feature = "mpi"))]
+mod mpi_absent;
+mod mptcp;
+mod multihost;
+mod pio;
+mod pipeline;
+mod report;
+mod report_chromium;
+mod results_files;
+mod runner;
+mod scale;
+mod stopped_peer;
+mod sweep;
+mod testbed;
+mod testbed_multihost;
+mod web;
+/// Built with the `xdp` feature: `cargo test --features xdp --test it xdp::`.
+#[cfg(feature = "xdp")]
+mod xdp;
