@@ -295,7 +295,7 @@ impl Coordinator {
         on_rep: &mut dyn FnMut(u32),
     ) -> Result<(PointMeasurement, ResultRecord), PointError> {
         let started = SystemTime::now();
-        let m = self.measure(spec, &plan.method, on_rep)?;
+        let m = self.measure(spec, &plan.settings.method, on_rep)?;
         let record = build_record(
             spec,
             &m,
@@ -422,7 +422,7 @@ pub(crate) fn path_of(
     conditions: Option<LinkConditions>,
 ) -> PathIdentity {
     let mut path = PathIdentity::from_ends(Some(host), Some(peer_host));
-    if let Some(tb) = &plan.testbed {
+    if let Some(tb) = &plan.settings.testbed {
         let tb = TestbedPath {
             conditions: conditions.or(tb.conditions),
             ..tb.clone()
@@ -510,7 +510,7 @@ pub(crate) fn build_record(
         datagrams,
         host: Some(host.clone()),
         peer_host: Some(peer_host.clone()),
-        options: Some(plan.record_options(spec)),
+        options: Some(plan.settings.record_options(spec)),
         ci_target: m.ci,
         stack: Some(
             Stack::new(
@@ -518,7 +518,7 @@ pub(crate) fn build_record(
                 spec.mode,
                 &spec.options,
                 path_of(plan, host, peer_host, conditions),
-                plan.label.clone(),
+                plan.settings.label.clone(),
             )
             .with_choices(&m.path_choices),
         ),
@@ -539,7 +539,7 @@ pub(crate) fn build_record(
 /// loopback when the plan has no remote peer, pins this thread when the
 /// plan places the client, and connects.
 pub(crate) fn open_session(plan: &Plan) -> Result<Coordinator, CoordError> {
-    let addr = match &plan.peer {
+    let addr = match &plan.settings.peer {
         Peer::Remote { addr, .. } => addr.clone(),
         Peer::Hosts { server, client } => {
             let addr = server
@@ -575,17 +575,18 @@ pub(crate) fn open_session(plan: &Plan) -> Result<Coordinator, CoordError> {
             addr
         }
     };
-    if let Some(cpu) = plan.client_cpu {
+    if let Some(cpu) = plan.settings.client_cpu {
         netgap_transport::affinity::pin_current_thread(cpu)
             .map_err(|e| CoordError::Embedded(format!("client placement: {e}")))?;
     }
     let key = plan
+        .settings
         .key_file
         .as_deref()
         .map(crate::auth::load_key)
         .transpose()?;
     let mut coord = Coordinator::connect(&addr, key.as_ref())?;
-    if let Peer::Hosts { client, .. } = &plan.peer {
+    if let Peer::Hosts { client, .. } = &plan.settings.peer {
         // This process stands in for the client host: its facts are those of
         // the client's address in its namespace, under the host's name.
         coord.local_host = netgap_transport::host::collect(Some(client.address));
@@ -612,7 +613,7 @@ pub fn run_plan(
     sinks: &mut [Box<dyn RecordSink>],
     observer: &mut dyn Observer,
 ) -> Result<RunSummary, CoordError> {
-    if plan.interleave || !plan.conditions.is_empty() {
+    if plan.settings.interleave || !plan.settings.conditions.is_empty() {
         return crate::interleave::run(plan, switch, sinks, observer);
     }
     let mut coord = open_session(plan)?;

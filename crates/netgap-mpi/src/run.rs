@@ -76,10 +76,10 @@ pub fn run_mpi(
     sinks: &mut [Box<dyn RecordSink>],
     observer: &mut dyn Observer,
 ) -> Result<usize, MpiRunError> {
-    let base = plan.run.testbed.as_ref().and_then(|t| t.conditions);
+    let base = plan.settings.testbed.as_ref().and_then(|t| t.conditions);
     let targets: Vec<Option<LinkConditions>> = match base {
-        Some(b) if !plan.run.conditions.is_empty() => plan
-            .run
+        Some(b) if !plan.settings.conditions.is_empty() => plan
+            .settings
             .conditions
             .iter()
             .map(|c| Some(c.apply_to(&b)))
@@ -176,7 +176,7 @@ fn one_job(
 /// The longest silence of rank 0 between two lines: a generous bound on
 /// one repetition, with its warm-up and calibration.
 fn line_timeout(plan: &MpiPlan) -> Duration {
-    match plan.run.method.iterations {
+    match plan.settings.method.iterations {
         IterationPolicy::Budget(d) => Duration::from_secs(30) + d.saturating_mul(20),
         IterationPolicy::Fixed(_) => Duration::from_secs(600),
     }
@@ -194,7 +194,7 @@ fn read_point(
     timeout: Duration,
     observer: &mut dyn Observer,
 ) -> Result<(Vec<Rep>, u64, LatencyHistogram), MpiRunError> {
-    let want = plan.run.method.reps;
+    let want = plan.settings.method.reps;
     let mut reps = Vec::with_capacity(want as usize);
     loop {
         match job.next(timeout)? {
@@ -353,7 +353,7 @@ fn build_record(
         },
     };
     let mut path = PathIdentity::from_ends(Some(&facts.rank0), Some(&facts.rank1));
-    if let Some(tb) = &plan.run.testbed {
+    if let Some(tb) = &plan.settings.testbed {
         let tb = netgap_measure::cluster::TestbedPath {
             conditions: conditions.or(tb.conditions),
             ..tb.clone()
@@ -372,7 +372,7 @@ fn build_record(
         spec.mode,
         &spec.options,
         path,
-        plan.run.label.clone(),
+        plan.settings.label.clone(),
     );
     stack
         .options
@@ -386,7 +386,7 @@ fn build_record(
     }
     stack.options.extend(crate::launch::mca_settings());
     stack.options.sort();
-    let mut options = plan.run.record_options(spec);
+    let mut options = plan.settings.record_options(spec);
     options.peer = match placement {
         Placement::Local => "mpirun: localhost (2 ranks)".into(),
         Placement::Testbed { rank0, rank1, .. } => {

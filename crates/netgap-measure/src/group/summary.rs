@@ -298,7 +298,7 @@ pub(super) fn measure_point(
     let n = placement.flows as usize;
     let flow_hosts = placement.flow_hosts();
     let mut red = Reduction::new(&placement);
-    for rep in 0..plan.reps {
+    for rep in 0..plan.settings.method.reps {
         let r = coord.rep(point, &placement, plan)?;
         red.add_rep(workload, &placement, &r).map_err(|e| match e {
             ReduceError::UnknownFlow { host, flow } => {
@@ -366,7 +366,7 @@ pub(super) fn measure_point(
             facts: Some(coord.links[placement.roles[r].host].facts.clone()),
         })
         .collect();
-    let mut options = plan.base.record_options(&point.spec);
+    let mut options = plan.settings.record_options(&point.spec);
     options.peer = plan.hosts.label();
     options.iterations = None;
     options.rep_time_ms = Some(plan.duration.as_millis() as u64);
@@ -422,7 +422,7 @@ pub(super) fn measure_point(
             point.spec.mode,
             &point.spec.options,
             path,
-            plan.base.label.clone(),
+            plan.settings.label.clone(),
         )),
         ..ResultRecord::new(RecordHead {
             test: workload.name().into(),
