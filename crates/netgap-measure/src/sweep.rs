@@ -172,8 +172,7 @@ impl SweepKind {
     fn throughput_gbps(self, size_bytes: u64, rep_value: f64) -> f64 {
         match self {
             // The value is one-way latency in µs: a block per half round trip.
-            SweepKind::PingPong if rep_value > 0.0 => size_bytes as f64 * 8.0 / (rep_value * 1e3),
-            SweepKind::PingPong => 0.0,
+            SweepKind::PingPong => netgap_core::units::gbps(size_bytes as f64, rep_value * 1e3),
             SweepKind::Stream | SweepKind::Bidir => rep_value,
         }
     }
