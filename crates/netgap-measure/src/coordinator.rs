@@ -479,19 +479,9 @@ pub(crate) fn build_record(
         });
     // All payload moved in either direction; stream's 1-byte acks included.
     let moved = bytes.client_tx + bytes.server_tx;
+    let cpu = CpuPair { local, remote };
     let service_demand_us_per_kib = match test.metric() {
-        Metric::BandwidthGbps => {
-            match (
-                local.service_demand_us_per_kib(moved),
-                remote.service_demand_us_per_kib(moved),
-            ) {
-                (Some(l), Some(r)) => Some(ServiceDemand {
-                    local: l,
-                    remote: r,
-                }),
-                _ => None,
-            }
-        }
+        Metric::BandwidthGbps => ServiceDemand::of(&cpu, moved),
         Metric::LatencyUs => None,
     };
     let percentiles = if test.has_percentiles() {
@@ -499,40 +489,38 @@ pub(crate) fn build_record(
     } else {
         None
     };
-    Ok(ResultRecord {
-        stats: Some(RecordStats::from(&summary)),
-        percentiles,
-        cpu: Some(CpuPair { local, remote }),
-        service_demand_us_per_kib,
-        iterations_per_rep: Some(m.iterations_per_rep),
-        warmup_iterations: Some(m.warmup_iterations),
-        bytes: Some(bytes),
-        datagrams,
-        host: Some(host.clone()),
-        peer_host: Some(peer_host.clone()),
-        options: Some(plan.settings.record_options(spec)),
-        ci_target: m.ci,
-        stack: Some(
-            Stack::new(
-                &spec.transport,
-                spec.mode,
-                &spec.options,
-                path_of(plan, host, peer_host, conditions),
-                plan.settings.label.clone(),
-            )
-            .with_choices(&m.path_choices),
-        ),
-        ..ResultRecord::new(RecordHead {
-            test: spec.test.clone(),
-            transport: spec.transport.clone(),
-            mode: spec.mode,
-            size_bytes: spec.size_bytes,
-            metric: test.metric().key().into(),
-            value: summary.value,
-            time: rfc3339(started),
-        })
-    }
-    .diagnosed())
+    let mut record = ResultRecord::new(RecordHead {
+        test: spec.test.clone(),
+        transport: spec.transport.clone(),
+        mode: spec.mode,
+        size_bytes: spec.size_bytes,
+        metric: test.metric().key().into(),
+        value: summary.value,
+        time: rfc3339(started),
+    });
+    record.stats = Some(RecordStats::from(&summary));
+    record.percentiles = percentiles;
+    record.cpu = Some(cpu);
+    record.service_demand_us_per_kib = service_demand_us_per_kib;
+    record.iterations_per_rep = Some(m.iterations_per_rep);
+    record.warmup_iterations = Some(m.warmup_iterations);
+    record.bytes = Some(bytes);
+    record.datagrams = datagrams;
+    record.host = Some(host.clone());
+    record.peer_host = Some(peer_host.clone());
+    record.options = Some(plan.settings.record_options(spec));
+    record.ci_target = m.ci;
+    record.stack = Some(
+        Stack::new(
+            &spec.transport,
+            spec.mode,
+            &spec.options,
+            path_of(plan, host, peer_host, conditions),
+            plan.settings.label.clone(),
+        )
+        .with_choices(&m.path_choices),
+    );
+    Ok(record.diagnosed())
 }
 
 /// Opens the control session of `plan`: starts the in-process agent on

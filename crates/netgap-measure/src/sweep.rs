@@ -26,7 +26,7 @@ use crate::plan::{
 use crate::point_loop::{run_points, Observer};
 use crate::sink::RecordSink;
 use netgap_core::dropout::{split_trials, DropoutDetector, PointThroughput};
-use netgap_core::record::{RecordStats, ResultRecord};
+use netgap_core::record::{RecordStats, ResultRecord, SweepSection};
 use netgap_core::sizing::{sweep_sizes, Growth};
 use netgap_core::spec::PointSpec;
 use netgap_core::stats::{Summary, NOISY_CV};
@@ -304,15 +304,16 @@ pub(crate) fn table_row(r: &ResultRecord) -> String {
         })
         .unwrap_or_default();
     let trials = r.stats.as_ref().map(|s| s.reps.len()).unwrap_or(0);
+    let sweep = r.sweep.as_ref();
     let mut notes = Vec::new();
-    if let Some(d) = &r.dropout {
+    if let Some(d) = sweep.and_then(|s| s.dropout.as_ref()) {
         notes.push(format!(
             "DROPOUT -{:.1}% vs {}",
             d.depth_pct,
             format_size(d.reference_size_bytes)
         ));
     }
-    if let Some(u) = &r.unstable {
+    if let Some(u) = sweep.and_then(|s| s.unstable.as_ref()) {
         notes.push(format!("UNSTABLE {} of {} slow", u.slow_trials, u.trials));
     } else if r.stats.as_ref().is_some_and(|s| s.cv > NOISY_CV) {
         notes.push("noisy".into());
@@ -324,11 +325,11 @@ pub(crate) fn table_row(r: &ResultRecord) -> String {
         "{:<9}  {:<5}  {:<8}  {:>10}  {:>10}  {:>12}  {:>7}  {:>6}  {}",
         r.transport,
         r.mode.as_str(),
-        r.sweep_kind.as_deref().unwrap_or(""),
+        sweep.map_or("", |s| s.sweep_kind.as_str()),
         r.size_bytes,
         crate::output::fmt_num(r.value),
-        r.block_time_us
-            .map(crate::output::fmt_num)
+        sweep
+            .map(|s| crate::output::fmt_num(s.block_time_us))
             .unwrap_or_default(),
         ci,
         trials,
@@ -429,10 +430,16 @@ fn sweep_record(kind: SweepKind, mut base: ResultRecord) -> Result<ResultRecord,
     base.metric = "bandwidth_gbps".into();
     base.value = summary.value;
     base.stats = Some(RecordStats::from(&summary));
-    base.sweep_kind = Some(kind.as_str().into());
-    base.block_time_us = Some(kind.block_time_us(size, summary.value));
+    let block_time_us = kind.block_time_us(size, summary.value);
     // The trials' throughputs, diagnosed (not the raw block times').
-    Ok(base.diagnosed())
+    Ok(base
+        .with_sweep(SweepSection {
+            sweep_kind: kind.as_str().into(),
+            block_time_us,
+            dropout: None,
+            unstable: None,
+        })
+        .diagnosed())
 }
 
 /// What the dropout detector needs of a sweep record.
@@ -499,7 +506,9 @@ pub fn run_sweep(
             // no level to judge, nor to judge others by.
             let unstable = record.stats.as_ref().and_then(|s| split_trials(&s.reps));
             if let Some(u) = unstable {
-                record.unstable = Some(u);
+                if let Some(s) = &mut record.sweep {
+                    s.unstable = Some(u);
+                }
                 record.warnings.push(unstable_warning(spec.size_bytes, &u));
                 summary.unstable.push((
                     spec.transport.clone(),
@@ -537,8 +546,10 @@ pub fn run_sweep(
                     }
                 }
                 detector.keep(throughput_of(&record));
-                record.dropout = verdict;
-                if let Some(d) = record.dropout {
+                if let Some(s) = &mut record.sweep {
+                    s.dropout = verdict;
+                }
+                if let Some(d) = verdict {
                     record.warnings.push(dropout_warning(spec.size_bytes, &d));
                     summary.dropouts.push((
                         spec.transport.clone(),
@@ -548,7 +559,10 @@ pub fn run_sweep(
                     ));
                 }
             }
-            let block_us = record.block_time_us.unwrap_or(f64::INFINITY);
+            let block_us = record
+                .sweep
+                .as_ref()
+                .map_or(f64::INFINITY, |s| s.block_time_us);
             if block_us > plan.max_block_time.as_secs_f64() * 1e6 {
                 summary
                     .stopped_early

@@ -339,18 +339,10 @@ fn build_record(
     let remote = CpuUsage::mean(&reps.iter().map(|r| r.3).collect::<Vec<_>>());
     // Payload moved either way, as the socket tests count it.
     let moved = tx.saturating_add(rx);
+    let cpu = CpuPair { local, remote };
     let service_demand_us_per_kib = match test {
         MpiTest::Latency => None,
-        _ => match (
-            local.service_demand_us_per_kib(moved),
-            remote.service_demand_us_per_kib(moved),
-        ) {
-            (Some(l), Some(r)) => Some(ServiceDemand {
-                local: l,
-                remote: r,
-            }),
-            _ => None,
-        },
+        _ => ServiceDemand::of(&cpu, moved),
     };
     let mut path = PathIdentity::from_ends(Some(&facts.rank0), Some(&facts.rank1));
     if let Some(tb) = &plan.settings.testbed {
@@ -393,39 +385,37 @@ fn build_record(
             format!("mpirun: {} (rank 0), {} (rank 1)", rank0.name, rank1.name)
         }
     };
-    Ok(ResultRecord {
-        stats: Some(RecordStats::from(&summary)),
-        percentiles: match test {
-            MpiTest::Latency => hist.percentiles_us(0.5),
-            _ => None,
-        },
-        cpu: Some(CpuPair { local, remote }),
-        service_demand_us_per_kib,
-        // A budgeted repetition runs whole chunks until its time is spent,
-        // so counts differ a little; every repetition ran at least this many.
-        iterations_per_rep: reps.iter().map(|r| r.0).min(),
-        warmup_iterations: Some(warmup_iterations),
-        bytes: Some(ByteCounts {
-            client_tx: tx,
-            client_rx: rx,
-            server_tx: rx,
-            server_rx: tx,
-        }),
-        host: Some(facts.rank0.clone()),
-        peer_host: Some(facts.rank1.clone()),
-        options: Some(options),
-        stack: Some(stack),
-        ..ResultRecord::new(RecordHead {
-            test: spec.test.clone(),
-            transport: spec.transport.clone(),
-            mode: spec.mode,
-            size_bytes: spec.size_bytes,
-            metric: test.metric().into(),
-            value: summary.value,
-            time: rfc3339(started),
-        })
-    }
-    .diagnosed())
+    let mut record = ResultRecord::new(RecordHead {
+        test: spec.test.clone(),
+        transport: spec.transport.clone(),
+        mode: spec.mode,
+        size_bytes: spec.size_bytes,
+        metric: test.metric().into(),
+        value: summary.value,
+        time: rfc3339(started),
+    });
+    record.stats = Some(RecordStats::from(&summary));
+    record.percentiles = match test {
+        MpiTest::Latency => hist.percentiles_us(0.5),
+        _ => None,
+    };
+    record.cpu = Some(cpu);
+    record.service_demand_us_per_kib = service_demand_us_per_kib;
+    // A budgeted repetition runs whole chunks until its time is spent, so
+    // counts differ a little; every repetition ran at least this many.
+    record.iterations_per_rep = reps.iter().map(|r| r.0).min();
+    record.warmup_iterations = Some(warmup_iterations);
+    record.bytes = Some(ByteCounts {
+        client_tx: tx,
+        client_rx: rx,
+        server_tx: rx,
+        server_rx: tx,
+    });
+    record.host = Some(facts.rank0.clone());
+    record.peer_host = Some(facts.rank1.clone());
+    record.options = Some(options);
+    record.stack = Some(stack);
+    Ok(record.diagnosed())
 }
 
 #[cfg(test)]
