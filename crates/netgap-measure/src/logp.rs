@@ -74,9 +74,9 @@ impl LogpPlan {
         let tests: Vec<String> = TESTS.iter().map(|t| t.to_string()).collect();
         let mut run = Plan::point_to_point(
             r,
-            &r.common(DEFAULT_REP_TIME),
             &bench_tests(&tests)?,
-            &r.sizes(&DEFAULT_SIZES_BYTES),
+            &DEFAULT_SIZES_BYTES,
+            DEFAULT_REP_TIME,
             "logp",
         )?;
         let order = |s: &PointSpec| {

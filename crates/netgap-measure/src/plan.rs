@@ -1257,25 +1257,31 @@ impl Plan {
         let tests = bench_tests(&r.tests)?;
         Plan::point_to_point(
             r,
-            &r.common(DEFAULT_REP_TIME),
             &tests,
-            &r.sizes(&DEFAULT_SIZES_BYTES),
+            &DEFAULT_SIZES_BYTES,
+            DEFAULT_REP_TIME,
             &r.tests.join(","),
         )
     }
 
-    /// Validates a point-to-point run of `tests` at `sizes` from a
-    /// command's shared flags; `group` are its multi-host flags, refused,
-    /// naming `what` (the tests, or the command that measures them).
+    /// Validates a point-to-point run of `tests` from a request of `run`'s
+    /// flags, with the command's default sizes and time budget; the flags
+    /// of multi-host tests are refused, naming `what` (the tests, or the
+    /// command that measures them).
     pub(crate) fn point_to_point(
-        group: &RunRequest,
-        c: &Common<'_>,
+        r: &RunRequest,
         tests: &[&'static dyn bench::Test],
-        sizes: &Sizes,
+        default_sizes: &[u64],
+        default_rep_time: Duration,
         what: &str,
     ) -> Result<Plan, PlanError> {
-        refuse_group_flags(group, what)?;
-        Plan::of_settings(c, tests, sizes, what)
+        refuse_group_flags(r, what)?;
+        Plan::of_settings(
+            &r.common(default_rep_time),
+            tests,
+            &r.sizes(default_sizes),
+            what,
+        )
     }
 
     /// Validates a point-to-point run of `tests` at `sizes` from a
