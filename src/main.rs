@@ -12,9 +12,13 @@ use cli::{
 use netgap::agent::Agent;
 use netgap::control::ControlAddr;
 use netgap::coordinator::{run_plan, CoordError};
+use netgap::group::plan::GroupPlan;
+use netgap::logp::LogpPlan;
+use netgap::mpi::plan::MpiPlan;
 use netgap::output::TableObserver;
-use netgap::plan::{Plan, RunRequest};
+use netgap::plan::{Plan, RunRequest, Settings};
 use netgap::sink::{CsvSink, JsonlSink, RecordSink};
+use netgap::sweep::SweepPlan;
 use netgap::text::escape_control;
 use netgap::{bench, transport};
 use std::net::{IpAddr, SocketAddr};
@@ -126,13 +130,13 @@ fn battery(json: Option<PathBuf>, csv: Option<PathBuf>, label: Option<String>) -
         PathBuf::from(format!("netgap-results-{stamp}.jsonl"))
     });
     let mut plan = Plan::battery(json.clone());
-    plan.csv = csv;
-    plan.label = label;
+    plan.settings.csv = csv;
+    plan.settings.label = label;
     eprintln!(
         "netgap: default battery: {} points (pingpong, stream, bibw-pingpong, bibw over tcp and unix, 1 B to 4 MiB) on loopback",
         plan.points.len()
     );
-    execute(&plan)?;
+    execute(&Job::Points(plan))?;
     println!("results: {}", json.display());
     let html = json.with_extension("html");
     netgap::report::write_report(std::slice::from_ref(&json), &html, None)
@@ -257,11 +261,9 @@ fn run(args: &RunFlags) -> Result<()> {
         return run_with_mpi(&request, &mpi_tests, rest);
     }
     if netgap::group::plan::is_group_run(&request.tests)? {
-        netgap::plan::refuse_interleaving(&request, &request.tests.join(","))?;
-        return run_group(&request);
+        return execute(&Job::Group(GroupPlan::from_request(&request)?));
     }
-    let plan = Plan::from_request(&request)?;
-    execute(&plan)
+    execute(&Job::Points(Plan::from_request(&request)?))
 }
 
 /// A run with MPI tests: the socket tests first (when there are any), then
@@ -271,7 +273,7 @@ fn run_with_mpi(
     mpi_tests: &[netgap::mpi::MpiTest],
     rest: Vec<String>,
 ) -> Result<()> {
-    let mpi_plan = netgap::mpi::plan::MpiPlan::from_request(request, mpi_tests, rest.is_empty())?;
+    let mpi_plan = MpiPlan::from_request(request, mpi_tests, rest.is_empty())?;
     netgap::mpi::availability().map_err(|why| anyhow!("the MPI tests cannot run here: {why}"))?;
     if !rest.is_empty() {
         let sockets = RunRequest {
@@ -283,20 +285,9 @@ fn run_with_mpi(
                 "MPI tests run beside point-to-point tests (pingpong, stream, bibw, ...), not beside multi-host tests; run those apart"
             ));
         }
-        execute(&Plan::from_request(&sockets)?)?;
+        execute(&Job::Points(Plan::from_request(&sockets)?))?;
     }
-    let plan = &mpi_plan.run;
-    measure(
-        plan.json.as_deref(),
-        plan.csv.as_deref(),
-        plan.method.reps,
-        switch_for(plan.testbed_name.as_deref(), !plan.conditions.is_empty())?,
-        |switch, sinks, table| {
-            netgap::mpi::run::run_mpi(&mpi_plan, switch, sinks, table)
-                .map(|_| ())
-                .map_err(|e| Failed::AtPoint(e.into()))
-        },
-    )
+    execute(&Job::Mpi(mpi_plan))
 }
 
 /// `netgap mpi-rank`: one rank of an MPI job.
@@ -322,60 +313,87 @@ fn mpi_rank(args: &cli::MpiRankArgs) -> Result<()> {
     }
 }
 
-fn execute(plan: &Plan) -> Result<()> {
-    measure(
-        plan.json.as_deref(),
-        plan.csv.as_deref(),
-        plan.method.reps,
-        switch_for(plan.testbed_name.as_deref(), !plan.conditions.is_empty())?,
-        |switch, sinks, table| match run_plan(plan, switch, sinks, table) {
-            Ok(_) => Ok(()),
-            Err(e @ CoordError::Point { .. }) => Err(Failed::AtPoint(e.into())),
-            Err(e) => Err(Failed::Before(e.into())),
-        },
-    )
+/// What one measuring command runs, validated.
+enum Job {
+    /// Point-to-point tests (`netgap run`, the default battery).
+    Points(Plan),
+    /// Multi-host tests.
+    Group(GroupPlan),
+    /// MPI tests.
+    Mpi(MpiPlan),
+    /// `netgap sweep`, with its own table on stdout.
+    Sweep(SweepPlan),
+    /// `netgap logp`, with its own table on stdout.
+    Logp(LogpPlan),
 }
 
-/// How a run failed: before any point (nothing was measured), or at a
-/// point (the points before it are in the results).
-enum Failed {
-    Before(anyhow::Error),
-    AtPoint(anyhow::Error),
-}
+impl Job {
+    /// What the job's points share: outputs, repetitions, conditions.
+    fn settings(&self) -> &Settings {
+        match self {
+            Job::Points(p) => &p.settings,
+            Job::Group(p) => &p.settings,
+            Job::Mpi(p) => &p.settings,
+            Job::Sweep(p) => &p.run.settings,
+            Job::Logp(p) => &p.run.settings,
+        }
+    }
 
-/// The switch of the testbed a run with conditions changes: the testbed is
-/// the binary's, the run only sees the switch.
-fn switch_for(
-    testbed: Option<&str>,
-    has_conditions: bool,
-) -> Result<Option<netgap::testbed::TestbedSwitch>> {
-    match testbed {
-        Some(name) if has_conditions => Ok(Some(
-            netgap::testbed::TestbedSwitch::open(name)
-                .with_context(|| format!("--conditions on testbed {name}"))?,
-        )),
-        _ => Ok(None),
+    /// Measures the job into the sinks; the table observes the kinds of
+    /// run that share it (sweep and logp print their own).
+    fn measure(
+        &self,
+        switch: Option<&mut dyn netgap::conditions::ConditionSwitch>,
+        sinks: &mut [Box<dyn RecordSink>],
+        table: &mut TableObserver,
+    ) -> Result<(), Failed> {
+        let coord = |e: CoordError| match e {
+            e @ CoordError::Point { .. } => Failed::AtPoint(e.into()),
+            e => Failed::Before(e.into()),
+        };
+        match self {
+            Job::Points(plan) => run_plan(plan, switch, sinks, table)
+                .map(|_| ())
+                .map_err(coord),
+            Job::Group(plan) => {
+                use netgap::group::{run_group_plan, run_group_plan_under};
+                match switch {
+                    Some(s) => run_group_plan_under(plan, s, sinks, table),
+                    None => run_group_plan(plan, sinks, table),
+                }
+                .map(|_| ())
+                .map_err(|e| Failed::AtPoint(e.into()))
+            }
+            Job::Mpi(plan) => netgap::mpi::run::run_mpi(plan, switch, sinks, table)
+                .map(|_| ())
+                .map_err(|e| Failed::AtPoint(e.into())),
+            Job::Sweep(plan) => netgap::sweep::run_sweep(plan, sinks, &mut std::io::stdout())
+                .map(|_| ())
+                .map_err(coord),
+            Job::Logp(plan) => netgap::logp::run_logp(plan, sinks, &mut std::io::stdout())
+                .map(|_| ())
+                .map_err(coord),
+        }
     }
 }
 
-/// The one way a run of points (point-to-point, multi-host or MPI) is
-/// measured: its results files opened, `body` measuring into them with the
-/// switch and the table, then the table closed, its warnings said, and a
-/// failure at a point naming the file that keeps the points before it.
-fn measure(
-    json: Option<&std::path::Path>,
-    csv: Option<&std::path::Path>,
-    reps: u32,
-    mut switch: Option<netgap::testbed::TestbedSwitch>,
-    body: impl FnOnce(
-        Option<&mut dyn netgap::conditions::ConditionSwitch>,
-        &mut [Box<dyn RecordSink>],
-        &mut TableObserver,
-    ) -> Result<(), Failed>,
-) -> Result<()> {
-    let mut sinks = open_sinks(json, csv)?;
-    let mut table = TableObserver::new(reps);
-    let outcome = body(
+/// The one way every run of points (point-to-point, multi-host, MPI,
+/// sweep, logp) is measured: the switch of its testbed opened when it has
+/// conditions, its results files opened, the job measured into them, then
+/// the table closed, its warnings said, and a failure at a point naming
+/// the file that keeps the points before it.
+fn execute(job: &Job) -> Result<()> {
+    let settings = job.settings();
+    let mut switch = match settings.testbed_name.as_deref() {
+        Some(name) if !settings.conditions.is_empty() => Some(
+            netgap::testbed::TestbedSwitch::open(name)
+                .with_context(|| format!("--conditions on testbed {name}"))?,
+        ),
+        _ => None,
+    };
+    let mut sinks = open_sinks(settings.json.as_deref(), settings.csv.as_deref())?;
+    let mut table = TableObserver::new(settings.method.reps);
+    let outcome = job.measure(
         switch
             .as_mut()
             .map(|s| s as &mut dyn netgap::conditions::ConditionSwitch),
@@ -393,46 +411,25 @@ fn measure(
     }
 }
 
-/// A run of multi-host tests (the workloads of `netgap::workload::registry`).
-fn run_group(request: &RunRequest) -> Result<()> {
-    use netgap::group::{plan::GroupPlan, run_group_plan, run_group_plan_under};
-    let plan = GroupPlan::from_request(request)?;
-    measure(
-        plan.json.as_deref(),
-        plan.csv.as_deref(),
-        plan.reps,
-        switch_for(
-            plan.base.testbed_name.as_deref(),
-            !plan.base.conditions.is_empty(),
-        )?,
-        |switch, sinks, table| {
-            match switch {
-                Some(s) => run_group_plan_under(&plan, s, sinks, table),
-                None => run_group_plan(&plan, sinks, table),
-            }
-            .map(|_| ())
-            .map_err(|e| Failed::AtPoint(e.into()))
-        },
-    )
+/// How a run failed: before any point (nothing was measured), or at a
+/// point (the points before it are in the results).
+enum Failed {
+    Before(anyhow::Error),
+    AtPoint(anyhow::Error),
 }
 
 fn sweep(args: &SweepFlags) -> Result<()> {
-    let plan = netgap::sweep::SweepPlan::from_request(&args.request())?;
-    let mut sinks = open_sinks(plan.run.json.as_deref(), plan.run.csv.as_deref())?;
-    let outcome = netgap::sweep::run_sweep(&plan, &mut sinks, &mut std::io::stdout());
-    outcome.map(|_| ()).map_err(|e| kept_points(e, &sinks))
+    execute(&Job::Sweep(SweepPlan::from_request(&args.request())?))
 }
 
 fn logp(args: &LogpFlags) -> Result<()> {
-    let plan = netgap::logp::LogpPlan::from_request(&args.stack.request(&[], Default::default()))?;
-    if plan.run.client_cpu.is_none() {
+    let plan = LogpPlan::from_request(&args.request())?;
+    if plan.run.settings.client_cpu.is_none() {
         eprintln!(
             "netgap: note: without --pin the woken server may run on the client's CPU, and its work then lands in o_s; pin them apart, e.g. --pin 0,1"
         );
     }
-    let mut sinks = open_sinks(plan.run.json.as_deref(), plan.run.csv.as_deref())?;
-    let outcome = netgap::logp::run_logp(&plan, &mut sinks, &mut std::io::stdout());
-    outcome.map(|_| ()).map_err(|e| kept_points(e, &sinks))
+    execute(&Job::Logp(plan))
 }
 
 /// The results files of a run: JSON Lines and CSV, each where asked.
@@ -448,14 +445,6 @@ fn open_sinks(
         sinks.push(Box::new(CsvSink::open(p)?));
     }
     Ok(sinks)
-}
-
-/// A failed point's error, naming the file that keeps the points before it.
-fn kept_points(e: CoordError, sinks: &[Box<dyn RecordSink>]) -> anyhow::Error {
-    match e {
-        e @ CoordError::Point { .. } => with_kept_points(e.into(), sinks),
-        e => e.into(),
-    }
 }
 
 /// `e`, naming the first results file, which keeps the points measured

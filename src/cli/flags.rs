@@ -1,6 +1,7 @@
 //! The flag groups that commands share, each defined once: `run`, `sweep`
-//! and `logp` flatten the same groups, and [`StackFlags::request`] is the one
-//! step from these raw flags to the library's typed [`RunRequest`]. Values
+//! and `logp` flatten [`StackFlags`], `run` and `logp` [`RepFlags`] too (a
+//! sweep has its own), and each command maps its flags to its own typed
+//! request in the library ([`StackFlags::request`] for `run` and `logp`). Values
 //! are parsed here (sizes, durations, lists, addresses); whether a flag
 //! applies to what is asked, and every range, is the library plan's to
 //! judge.
@@ -44,10 +45,6 @@ pub struct TargetFlags {
     /// Use IPv6 loopback for the in-process agent.
     #[arg(long, short = '6')]
     pub ipv6: bool,
-    /// Multi-host tests without --hosts: in-process client hosts on
-    /// loopback (127.0.0.2, 127.0.0.3, ...) [default: 3].
-    #[arg(long, value_name = "N")]
-    pub client_hosts: Option<u32>,
 }
 
 /// The agents' shared key.
@@ -187,10 +184,11 @@ fn sizes_long_help() -> String {
     )
 }
 
-/// Sizes, repetitions and the data path's settings of each point.
+/// Sizes and repetitions of each point (`run` and `logp`; a sweep sets
+/// them from its own flags).
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "Method")]
-pub struct MethodFlags {
+pub struct RepFlags {
     /// Message sizes: a list 1,64,1K, a range of powers of two 1..4M, or a
     /// range with a factor 1..4M:x4 [default: 1,64,1K,16K,64K,1M; multi-host
     /// tests: their own, see --help].
@@ -213,16 +211,23 @@ pub struct MethodFlags {
     /// it [default: 100ms].
     #[arg(long, value_name = "DUR", value_parser = parse_duration)]
     pub rep_time: Option<Duration>,
+    /// The seeds' setting: 10 repetitions of 100,000 iterations.
+    #[arg(long, conflicts_with_all = ["iterations", "rep_time", "reps", "ci"])]
+    pub paper: bool,
+}
+
+/// The data path's settings of each point, and its warm-up and confidence
+/// target.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Method")]
+pub struct MethodFlags {
     /// Uncounted warm-up iterations before each point.
     #[arg(long, value_name = "N")]
     pub warmup: Option<u64>,
-    /// The seeds' setting: 10 repetitions of 100,000 iterations.
-    #[arg(long, conflicts_with_all = ["iterations", "rep_time", "reps"])]
-    pub paper: bool,
     /// Repeat each point until the LEVEL% confidence interval of the mean is
     /// within ±WIDTH% of it (e.g. 99,2), between the --ci-reps bounds;
     /// results record whether it was met. Without it, --reps repetitions.
-    #[arg(long, value_name = "LEVEL,WIDTH", conflicts_with = "paper", value_parser = parse_ci)]
+    #[arg(long, value_name = "LEVEL,WIDTH", value_parser = parse_ci)]
     pub ci: Option<CiSpec>,
     /// Fewest and most repetitions of a --ci point [default: 3,30].
     #[arg(long, value_name = "MIN,MAX", requires = "ci", value_parser = parse_ci_reps)]
@@ -309,6 +314,10 @@ pub struct MultiHostFlags {
     /// headline is the sum of both directions.
     #[arg(long)]
     pub bidir: bool,
+    /// Without --hosts: in-process client hosts on loopback (127.0.0.2,
+    /// 127.0.0.3, ...) [default: 3].
+    #[arg(long, value_name = "N")]
+    pub client_hosts: Option<u32>,
     #[allow(
         missing_docs,
         reason = "a doc comment here would replace the flattened flags' help"
@@ -400,45 +409,64 @@ pub struct StackFlags {
 }
 
 impl StackFlags {
-    /// The one step from raw flags to the library's typed request; `tests`
-    /// and the multi-host flags come from the command.
-    pub fn request(&self, tests: &[String], multi_host: MultiHostSpec) -> RunRequest {
-        let t = &self.target;
+    /// The one step from the raw flags of `run` and `logp` to the library's
+    /// typed request; `tests`, the sizes and repetitions and the multi-host
+    /// flags come from the command.
+    pub fn request(
+        &self,
+        tests: &[String],
+        reps: &RepFlags,
+        multi_host: MultiHostSpec,
+    ) -> RunRequest {
         let m = &self.method;
         RunRequest {
             tests: tests.to_vec(),
-            target: Target {
-                peer: t.peer.clone(),
-                hosts: t.hosts.clone(),
-                ipv6: t.ipv6,
-                client_hosts: t.client_hosts,
-            },
+            target: self.target(),
             key_file: self.key.key.clone(),
-            transport: TransportChoice {
-                transports: self.transport.transport.0.clone(),
-                modes: self.transport.mode.clone(),
-                options: self.transport.options.given.clone(),
-            },
+            transport: self.transport(),
             method: MethodSpec {
-                sizes: m.sizes.as_ref().map(|s| s.0.clone()),
-                reps: m.reps,
-                iterations: m.iterations,
-                rep_time: m.rep_time,
+                sizes: reps.sizes.as_ref().map(|s| s.0.clone()),
+                reps: reps.reps,
+                iterations: reps.iterations,
+                rep_time: reps.rep_time,
                 warmup: m.warmup,
-                paper: m.paper,
+                paper: reps.paper,
                 ci: m.ci,
                 ci_reps: m.ci_reps,
                 timeout: m.timeout,
                 pin: m.pin,
                 verify: m.verify,
             },
-            outputs: Outputs {
-                json: self.output.json.clone(),
-                csv: self.output.csv.clone(),
-                label: self.output.label.clone(),
-            },
+            outputs: self.outputs(),
             multi_host,
             interleaving: Interleaving::default(),
+        }
+    }
+
+    /// The typed target.
+    pub fn target(&self) -> Target {
+        Target {
+            peer: self.target.peer.clone(),
+            hosts: self.target.hosts.clone(),
+            ipv6: self.target.ipv6,
+        }
+    }
+
+    /// The typed transports, modes and options.
+    pub fn transport(&self) -> TransportChoice {
+        TransportChoice {
+            transports: self.transport.transport.0.clone(),
+            modes: self.transport.mode.clone(),
+            options: self.transport.options.given.clone(),
+        }
+    }
+
+    /// The typed outputs.
+    pub fn outputs(&self) -> Outputs {
+        Outputs {
+            json: self.output.json.clone(),
+            csv: self.output.csv.clone(),
+            label: self.output.label.clone(),
         }
     }
 }
@@ -452,6 +480,7 @@ impl MultiHostFlags {
             duration: self.duration,
             links: self.links.as_ref().map(|c| c.0.clone()),
             bidir: self.bidir,
+            client_hosts: self.client_hosts,
             workload_options: self.workload.given.clone(),
         }
     }

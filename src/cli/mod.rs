@@ -5,7 +5,7 @@
 pub mod flags;
 
 use clap::{Parser, Subcommand};
-use flags::{InterleaveFlags, MultiHostFlags, OutputFlags, StackFlags};
+use flags::{InterleaveFlags, MultiHostFlags, OutputFlags, RepFlags, StackFlags};
 use netgap::plan::DEFAULT_PORT;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -59,14 +59,6 @@ pub enum Command {
     /// growing block sizes with perturbations, flagging dropouts.
     #[command(
         after_long_help = netgap::sweep::HELP,
-        // The sweep sets sizes and repetitions itself (--start, --end,
-        // --trials, --trial-time); given anyway, the plan refuses them.
-        mut_arg("sizes", |a| a.hide(true)),
-        mut_arg("reps", |a| a.hide(true)),
-        mut_arg("rep_time", |a| a.hide(true)),
-        mut_arg("iterations", |a| a.hide(true)),
-        mut_arg("paper", |a| a.hide(true)),
-        mut_arg("client_hosts", |a| a.hide(true)),
         mut_arg("ci", |a| a.help("Repeat each point until the LEVEL% confidence interval of the mean is within ±WIDTH% of it (e.g. 99,2), between the --ci-reps bounds; results record whether it was met. Without it, --trials trials")),
         mut_arg("ci_reps", |a| a.help("Fewest and most trials of a --ci point [default: 3,30]"))
     )]
@@ -76,8 +68,7 @@ pub enum Command {
     #[command(
         after_long_help = netgap::logp::HELP,
         mut_arg("sizes", |a| a.help("Message sizes: a list 1,1K,64K, a range 1..1M, or 1..1M:x4 [default: 1,1K,64K,1M]").long_help(None)),
-        mut_arg("rep_time", |a| a.help("Time budget of one repetition; the iteration count adapts to it [default: 50ms]")),
-        mut_arg("client_hosts", |a| a.hide(true))
+        mut_arg("rep_time", |a| a.help("Time budget of one repetition; the iteration count adapts to it [default: 50ms]"))
     )]
     Logp(Box<LogpFlags>),
     /// Write an HTML report (plots, gap table, environment) of results files.
@@ -165,6 +156,8 @@ pub struct RunFlags {
     #[command(flatten)]
     pub stack: StackFlags,
     #[command(flatten)]
+    pub reps: RepFlags,
+    #[command(flatten)]
     pub multi_host: MultiHostFlags,
     #[command(flatten)]
     pub interleave: InterleaveFlags,
@@ -175,7 +168,9 @@ impl RunFlags {
     pub fn request(&self) -> netgap::plan::RunRequest {
         netgap::plan::RunRequest {
             interleaving: self.interleave.spec(),
-            ..self.stack.request(&self.tests.0, self.multi_host.spec())
+            ..self
+                .stack
+                .request(&self.tests.0, &self.reps, self.multi_host.spec())
         }
     }
 }
@@ -221,6 +216,7 @@ impl SweepFlags {
     /// The typed request.
     pub fn request(&self) -> netgap::sweep::SweepRequest {
         use netgap::sweep::SweepKind;
+        let m = &self.stack.method;
         netgap::sweep::SweepRequest {
             start_bytes: self.start,
             end_bytes: self.end,
@@ -236,7 +232,16 @@ impl SweepFlags {
             trial_time: self.trial_time,
             trials: self.trials,
             max_block_time: self.max_block_time,
-            stack: self.stack.request(&[], Default::default()),
+            target: self.stack.target(),
+            key_file: self.stack.key.key.clone(),
+            transport: self.stack.transport(),
+            warmup: m.warmup,
+            ci: m.ci,
+            ci_reps: m.ci_reps,
+            timeout: m.timeout,
+            pin: m.pin,
+            verify: m.verify,
+            outputs: self.stack.outputs(),
         }
     }
 }
@@ -246,6 +251,15 @@ impl SweepFlags {
 pub struct LogpFlags {
     #[command(flatten)]
     pub stack: StackFlags,
+    #[command(flatten)]
+    pub reps: RepFlags,
+}
+
+impl LogpFlags {
+    /// The typed request (its tests are logp's own).
+    pub fn request(&self) -> netgap::plan::RunRequest {
+        self.stack.request(&[], &self.reps, Default::default())
+    }
 }
 
 #[derive(Debug, clap::Args)]

@@ -78,6 +78,17 @@ pub struct ServiceDemand {
     pub remote: f64,
 }
 
+impl ServiceDemand {
+    /// The service demand of both ends over `moved_bytes` of payload;
+    /// `None` when either end has none (nothing moved).
+    pub fn of(cpu: &CpuPair, moved_bytes: u64) -> Option<ServiceDemand> {
+        Some(ServiceDemand {
+            local: cpu.local.service_demand_us_per_kib(moved_bytes)?,
+            remote: cpu.remote.service_demand_us_per_kib(moved_bytes)?,
+        })
+    }
+}
+
 /// Payload bytes moved over all measured repetitions, as each end counted them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ByteCounts {
@@ -241,49 +252,69 @@ pub struct ResultRecord {
     pub version: String,
     /// Start time of the point, RFC 3339 (UTC).
     pub time: String,
-    /// The peer tool that measured the point (`iperf3`, `NPtcp`, ...) when
-    /// the record was imported; absent for netgap's own measurements.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tool: Option<String>,
-    /// What a `sweep` point moved: `pingpong`, `stream` or `bidir`; absent
-    /// for other tests.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sweep_kind: Option<String>,
-    /// Time of one block transfer of a `sweep` point, in microseconds (the
-    /// x axis of NetPIPE's signature graph); absent for other tests.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub block_time_us: Option<f64>,
-    /// Set on a `sweep` point whose throughput fell below that of a smaller
-    /// size by more than the measurement noise.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub dropout: Option<Dropout>,
-    /// Set on a `sweep` point whose trials split into a slow and a fast
-    /// group (an intermittent stall); such a point is not judged for a
-    /// dropout.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub unstable: Option<Unstable>,
+    /// The peer tool that made an imported record; absent for netgap's own
+    /// measurements.
+    #[serde(flatten, default, skip_serializing_if = "Option::is_none")]
+    pub import: Option<ImportSection>,
+    /// A `sweep` point's own fields; absent for other tests.
+    #[serde(flatten, default, skip_serializing_if = "Option::is_none")]
+    pub sweep: Option<SweepSection>,
     /// The confidence target of a point measured with `--ci`, and whether the
     /// repetitions reached it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ci_target: Option<CiOutcome>,
-    /// Multi-host tests: concurrent clients of the point (streams for
-    /// `multistream`, links for `multirail`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub clients: Option<u32>,
-    /// Multi-host tests: client hosts the clients were spread over.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub client_hosts: Option<u32>,
-    /// Multi-host tests: one entry per flow (client), in flow order.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub flows: Vec<FlowResult>,
-    /// Multi-host tests: CPU (and peak memory) of every host of the point.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub hosts_cpu: Vec<HostCpu>,
     /// What the point measured over: transport, mode, options, path and
     /// label; absent in records made before it existed (see
     /// [`crate::stack::Stack::of_record`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stack: Option<crate::stack::Stack>,
+    /// A multi-host point's own fields (and an application workload's);
+    /// absent for other tests.
+    #[serde(flatten, default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<GroupSection>,
+}
+
+/// The section of an imported record.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ImportSection {
+    /// The peer tool that measured the point (`iperf3`, `NPtcp`, ...).
+    pub tool: String,
+}
+
+/// The section of a `sweep` point.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SweepSection {
+    /// What the point moved: `pingpong`, `stream` or `bidir`.
+    pub sweep_kind: String,
+    /// Time of one block transfer, in microseconds (the x axis of
+    /// NetPIPE's signature graph).
+    pub block_time_us: f64,
+    /// Set on a point whose throughput fell below that of a smaller size
+    /// by more than the measurement noise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dropout: Option<Dropout>,
+    /// Set on a point whose trials split into a slow and a fast group (an
+    /// intermittent stall); such a point is not judged for a dropout.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unstable: Option<Unstable>,
+}
+
+/// The section of a multi-host point.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GroupSection {
+    /// Concurrent clients of the point (streams for `multistream`, links
+    /// for `multirail`).
+    pub clients: u32,
+    /// Client hosts the clients were spread over; absent in records made
+    /// before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_hosts: Option<u32>,
+    /// One entry per flow (client), in flow order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub flows: Vec<FlowResult>,
+    /// CPU (and peak memory) of every host of the point.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hosts_cpu: Vec<HostCpu>,
     /// `multirail`: one entry per link used.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub links: Vec<LinkResult>,
@@ -345,20 +376,37 @@ impl ResultRecord {
             options: None,
             version: crate::VERSION.to_string(),
             time: head.time,
-            tool: None,
-            sweep_kind: None,
-            block_time_us: None,
-            dropout: None,
-            unstable: None,
+            import: None,
+            sweep: None,
             ci_target: None,
-            clients: None,
-            client_hosts: None,
-            flows: Vec::new(),
-            hosts_cpu: Vec::new(),
             stack: None,
-            links: Vec::new(),
-            app: None,
+            group: None,
         }
+    }
+
+    /// The record as a peer tool's measurement, imported.
+    pub fn imported_from(mut self, tool: &str) -> ResultRecord {
+        self.import = Some(ImportSection {
+            tool: tool.to_string(),
+        });
+        self
+    }
+
+    /// The record as a `sweep` point.
+    pub fn with_sweep(mut self, sweep: SweepSection) -> ResultRecord {
+        self.sweep = Some(sweep);
+        self
+    }
+
+    /// The record as a multi-host point.
+    pub fn with_group(mut self, group: GroupSection) -> ResultRecord {
+        self.group = Some(group);
+        self
+    }
+
+    /// The peer tool of an imported record.
+    pub fn tool(&self) -> Option<&str> {
+        self.import.as_ref().map(|i| i.tool.as_str())
     }
 
     /// The record with its warnings set from the diagnosis of its noise
@@ -530,6 +578,69 @@ pub struct LinkResult {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn head() -> RecordHead {
+        RecordHead {
+            test: "sweep".into(),
+            transport: "tcp".into(),
+            mode: Mode::Event,
+            size_bytes: 64,
+            metric: "bandwidth_gbps".into(),
+            value: 1.5,
+            time: "2026-01-01T00:00:00Z".into(),
+        }
+    }
+
+    #[test]
+    fn sections_keep_their_fields_at_the_top_level_and_round_trip() {
+        let plain = ResultRecord::new(head());
+        let json = serde_json::to_value(&plain).expect("encoded");
+        for key in ["tool", "sweep_kind", "block_time_us", "clients", "flows"] {
+            assert!(json.get(key).is_none(), "{key} in {json}");
+        }
+        let back: ResultRecord = serde_json::from_value(json).expect("decoded");
+        assert_eq!(back, plain);
+
+        let sweep = ResultRecord::new(head()).with_sweep(SweepSection {
+            sweep_kind: "stream".into(),
+            block_time_us: 2.5,
+            dropout: None,
+            unstable: None,
+        });
+        let json = serde_json::to_value(&sweep).expect("encoded");
+        assert_eq!(json["sweep_kind"], "stream");
+        assert_eq!(json["block_time_us"], 2.5);
+        assert!(json.get("dropout").is_none() && json.get("clients").is_none());
+        assert_eq!(
+            serde_json::from_value::<ResultRecord>(json).ok(),
+            Some(sweep)
+        );
+
+        let group = ResultRecord::new(head()).with_group(GroupSection {
+            clients: 3,
+            client_hosts: None,
+            flows: Vec::new(),
+            hosts_cpu: Vec::new(),
+            links: Vec::new(),
+            app: None,
+        });
+        let json = serde_json::to_value(&group).expect("encoded");
+        assert_eq!(json["clients"], 3);
+        assert!(json.get("client_hosts").is_none() && json.get("sweep_kind").is_none());
+        assert_eq!(
+            serde_json::from_value::<ResultRecord>(json).ok(),
+            Some(group)
+        );
+
+        let imported = ResultRecord::new(head()).imported_from("iperf3");
+        let text = serde_json::to_string(&imported).expect("encoded");
+        assert!(
+            text.contains(r#""time":"2026-01-01T00:00:00Z","tool":"iperf3""#),
+            "{text}"
+        );
+        let back: ResultRecord = serde_json::from_str(&text).expect("decoded");
+        assert_eq!(back.tool(), Some("iperf3"));
+    }
 
     #[test]
     fn a_clean_flow_has_no_note_and_a_lossy_one_says_how_lossy() {

@@ -185,7 +185,7 @@ impl Stack {
             options,
             path: PathIdentity::from_ends(r.host.as_ref(), r.peer_host.as_ref()),
             label: None,
-            tool: r.tool.clone(),
+            tool: r.tool().map(str::to_string),
         }
     }
 

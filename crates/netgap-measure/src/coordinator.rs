@@ -295,7 +295,7 @@ impl Coordinator {
         on_rep: &mut dyn FnMut(u32),
     ) -> Result<(PointMeasurement, ResultRecord), PointError> {
         let started = SystemTime::now();
-        let m = self.measure(spec, &plan.method, on_rep)?;
+        let m = self.measure(spec, &plan.settings.method, on_rep)?;
         let record = build_record(
             spec,
             &m,
@@ -422,7 +422,7 @@ pub(crate) fn path_of(
     conditions: Option<LinkConditions>,
 ) -> PathIdentity {
     let mut path = PathIdentity::from_ends(Some(host), Some(peer_host));
-    if let Some(tb) = &plan.testbed {
+    if let Some(tb) = &plan.settings.testbed {
         let tb = TestbedPath {
             conditions: conditions.or(tb.conditions),
             ..tb.clone()
@@ -479,19 +479,9 @@ pub(crate) fn build_record(
         });
     // All payload moved in either direction; stream's 1-byte acks included.
     let moved = bytes.client_tx + bytes.server_tx;
+    let cpu = CpuPair { local, remote };
     let service_demand_us_per_kib = match test.metric() {
-        Metric::BandwidthGbps => {
-            match (
-                local.service_demand_us_per_kib(moved),
-                remote.service_demand_us_per_kib(moved),
-            ) {
-                (Some(l), Some(r)) => Some(ServiceDemand {
-                    local: l,
-                    remote: r,
-                }),
-                _ => None,
-            }
-        }
+        Metric::BandwidthGbps => ServiceDemand::of(&cpu, moved),
         Metric::LatencyUs => None,
     };
     let percentiles = if test.has_percentiles() {
@@ -499,47 +489,45 @@ pub(crate) fn build_record(
     } else {
         None
     };
-    Ok(ResultRecord {
-        stats: Some(RecordStats::from(&summary)),
-        percentiles,
-        cpu: Some(CpuPair { local, remote }),
-        service_demand_us_per_kib,
-        iterations_per_rep: Some(m.iterations_per_rep),
-        warmup_iterations: Some(m.warmup_iterations),
-        bytes: Some(bytes),
-        datagrams,
-        host: Some(host.clone()),
-        peer_host: Some(peer_host.clone()),
-        options: Some(plan.record_options(spec)),
-        ci_target: m.ci,
-        stack: Some(
-            Stack::new(
-                &spec.transport,
-                spec.mode,
-                &spec.options,
-                path_of(plan, host, peer_host, conditions),
-                plan.label.clone(),
-            )
-            .with_choices(&m.path_choices),
-        ),
-        ..ResultRecord::new(RecordHead {
-            test: spec.test.clone(),
-            transport: spec.transport.clone(),
-            mode: spec.mode,
-            size_bytes: spec.size_bytes,
-            metric: test.metric().key().into(),
-            value: summary.value,
-            time: rfc3339(started),
-        })
-    }
-    .diagnosed())
+    let mut record = ResultRecord::new(RecordHead {
+        test: spec.test.clone(),
+        transport: spec.transport.clone(),
+        mode: spec.mode,
+        size_bytes: spec.size_bytes,
+        metric: test.metric().key().into(),
+        value: summary.value,
+        time: rfc3339(started),
+    });
+    record.stats = Some(RecordStats::from(&summary));
+    record.percentiles = percentiles;
+    record.cpu = Some(cpu);
+    record.service_demand_us_per_kib = service_demand_us_per_kib;
+    record.iterations_per_rep = Some(m.iterations_per_rep);
+    record.warmup_iterations = Some(m.warmup_iterations);
+    record.bytes = Some(bytes);
+    record.datagrams = datagrams;
+    record.host = Some(host.clone());
+    record.peer_host = Some(peer_host.clone());
+    record.options = Some(plan.settings.record_options(spec));
+    record.ci_target = m.ci;
+    record.stack = Some(
+        Stack::new(
+            &spec.transport,
+            spec.mode,
+            &spec.options,
+            path_of(plan, host, peer_host, conditions),
+            plan.settings.label.clone(),
+        )
+        .with_choices(&m.path_choices),
+    );
+    Ok(record.diagnosed())
 }
 
 /// Opens the control session of `plan`: starts the in-process agent on
 /// loopback when the plan has no remote peer, pins this thread when the
 /// plan places the client, and connects.
 pub(crate) fn open_session(plan: &Plan) -> Result<Coordinator, CoordError> {
-    let addr = match &plan.peer {
+    let addr = match &plan.settings.peer {
         Peer::Remote { addr, .. } => addr.clone(),
         Peer::Hosts { server, client } => {
             let addr = server
@@ -575,17 +563,18 @@ pub(crate) fn open_session(plan: &Plan) -> Result<Coordinator, CoordError> {
             addr
         }
     };
-    if let Some(cpu) = plan.client_cpu {
+    if let Some(cpu) = plan.settings.client_cpu {
         netgap_transport::affinity::pin_current_thread(cpu)
             .map_err(|e| CoordError::Embedded(format!("client placement: {e}")))?;
     }
     let key = plan
+        .settings
         .key_file
         .as_deref()
         .map(crate::auth::load_key)
         .transpose()?;
     let mut coord = Coordinator::connect(&addr, key.as_ref())?;
-    if let Peer::Hosts { client, .. } = &plan.peer {
+    if let Peer::Hosts { client, .. } = &plan.settings.peer {
         // This process stands in for the client host: its facts are those of
         // the client's address in its namespace, under the host's name.
         coord.local_host = netgap_transport::host::collect(Some(client.address));
@@ -612,7 +601,7 @@ pub fn run_plan(
     sinks: &mut [Box<dyn RecordSink>],
     observer: &mut dyn Observer,
 ) -> Result<RunSummary, CoordError> {
-    if plan.interleave || !plan.conditions.is_empty() {
+    if plan.settings.interleave || !plan.settings.conditions.is_empty() {
         return crate::interleave::run(plan, switch, sinks, observer);
     }
     let mut coord = open_session(plan)?;

@@ -57,7 +57,7 @@ pub struct Group {
 pub fn groups(plan: &Plan) -> Vec<Group> {
     let mut keyed: Vec<((&str, u64), Vec<usize>)> = Vec::new();
     for (i, p) in plan.points.iter().enumerate() {
-        if plan.interleave {
+        if plan.settings.interleave {
             let key = (p.test.as_str(), p.size_bytes);
             match keyed.iter_mut().find(|(k, _)| *k == key) {
                 Some((_, v)) => v.push(i),
@@ -67,10 +67,10 @@ pub fn groups(plan: &Plan) -> Vec<Group> {
             keyed.push(((p.test.as_str(), p.size_bytes), vec![i]));
         }
     }
-    let conditions: Vec<Option<usize>> = if plan.conditions.is_empty() {
+    let conditions: Vec<Option<usize>> = if plan.settings.conditions.is_empty() {
         vec![None]
     } else {
-        (0..plan.conditions.len()).map(Some).collect()
+        (0..plan.settings.conditions.len()).map(Some).collect()
     };
     keyed
         .into_iter()
@@ -115,10 +115,15 @@ pub(crate) fn run(
     sinks: &mut [Box<dyn RecordSink>],
     observer: &mut dyn Observer,
 ) -> Result<RunSummary, CoordError> {
-    let base = plan.testbed.as_ref().and_then(|t| t.conditions);
-    let targets: Vec<LinkConditions> = match (&base, plan.conditions.is_empty()) {
+    let base = plan.settings.testbed.as_ref().and_then(|t| t.conditions);
+    let targets: Vec<LinkConditions> = match (&base, plan.settings.conditions.is_empty()) {
         (_, true) => Vec::new(),
-        (Some(base), false) => plan.conditions.iter().map(|c| c.apply_to(base)).collect(),
+        (Some(base), false) => plan
+            .settings
+            .conditions
+            .iter()
+            .map(|c| c.apply_to(base))
+            .collect(),
         (None, false) => {
             return Err(CoordError::Conditions(
                 "the testbed records no link conditions".into(),
@@ -246,7 +251,7 @@ impl RunState<'_, '_> {
                 started: SystemTime::now(),
             })
             .collect();
-        for (round, m) in schedule(group.members.len(), plan.method.reps) {
+        for (round, m) in schedule(group.members.len(), plan.settings.method.reps) {
             let member = group.members[m];
             let spec = &plan.points[member.point];
             if let Some(c) = member.condition {
@@ -260,7 +265,7 @@ impl RunState<'_, '_> {
                 None => Method {
                     reps: 1,
                     ci: None,
-                    ..plan.method
+                    ..plan.settings.method
                 },
                 // Later ones run the calibrated count on their new flow,
                 // after the runner's warm-up for a fixed count (a tenth of
@@ -268,7 +273,7 @@ impl RunState<'_, '_> {
                 Some(m) => Method {
                     reps: 1,
                     iterations: IterationPolicy::Fixed(m.iterations_per_rep),
-                    warmup: plan.method.warmup,
+                    warmup: plan.settings.method.warmup,
                     ci: None,
                 },
             };
@@ -330,8 +335,8 @@ mod tests {
             .iter()
             .map(|c| ConditionAxis::parse(c).expect("axis"))
             .collect();
-        p.conditions = cross(&axes).expect("cross");
-        p.interleave = interleave;
+        p.settings.conditions = cross(&axes).expect("cross");
+        p.settings.interleave = interleave;
         p
     }
 
@@ -458,9 +463,9 @@ mod tests {
         // On loopback, with a switch that only remembers: the run's own
         // logic, without a testbed or root.
         let mut p = plan(&["tcp"], &[1024], &["rate=1G,2G"], false);
-        p.method.iterations = IterationPolicy::Fixed(50);
+        p.settings.method.iterations = IterationPolicy::Fixed(50);
         let base = LinkConditions::plain(1500);
-        p.testbed = Some(crate::cluster::TestbedPath {
+        p.settings.testbed = Some(crate::cluster::TestbedPath {
             topology: "switch".into(),
             conditions: Some(base),
         });
@@ -499,7 +504,7 @@ mod tests {
     #[test]
     fn a_run_without_a_switch_is_refused_before_measuring() {
         let mut p = plan(&["tcp"], &[1024], &["rate=1G,2G"], false);
-        p.testbed = Some(crate::cluster::TestbedPath {
+        p.settings.testbed = Some(crate::cluster::TestbedPath {
             topology: "switch".into(),
             conditions: Some(LinkConditions::plain(1500)),
         });

@@ -15,7 +15,7 @@
 //! its repetitions, written as soon as it is known.
 
 use crate::coordinator::{open_session, CoordError, PointError};
-use crate::plan::{MethodSpec, Plan, PlanError, RunRequest, DEFAULT_REPS};
+use crate::plan::{bench_tests, Plan, PlanError, RunRequest};
 use crate::point_loop::{run_points, Observer};
 use crate::sink::RecordSink;
 use netgap_core::record::{RecordStats, ResultRecord};
@@ -71,24 +71,14 @@ impl LogpPlan {
     /// outputs as for a run, with logp's own default sizes and time budget;
     /// its tests are logp's.
     pub fn from_request(r: &RunRequest) -> Result<LogpPlan, PlanError> {
-        let m = &r.method;
-        let request = RunRequest {
-            tests: TESTS.iter().map(|t| t.to_string()).collect(),
-            method: MethodSpec {
-                sizes: Some(
-                    m.sizes
-                        .clone()
-                        .unwrap_or_else(|| DEFAULT_SIZES_BYTES.to_vec()),
-                ),
-                reps: Some(m.reps.unwrap_or(DEFAULT_REPS)),
-                rep_time: m
-                    .rep_time
-                    .or((m.iterations.is_none() && !m.paper).then_some(DEFAULT_REP_TIME)),
-                ..m.clone()
-            },
-            ..r.clone()
-        };
-        let mut run = Plan::point_to_point(&request, "logp")?;
+        let tests: Vec<String> = TESTS.iter().map(|t| t.to_string()).collect();
+        let mut run = Plan::point_to_point(
+            r,
+            &bench_tests(&tests)?,
+            &DEFAULT_SIZES_BYTES,
+            DEFAULT_REP_TIME,
+            "logp",
+        )?;
         let order = |s: &PointSpec| {
             (
                 s.transport.clone(),

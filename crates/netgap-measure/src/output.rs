@@ -89,9 +89,10 @@ pub(crate) fn table_row(r: &ResultRecord) -> String {
         None => String::new(),
     };
     // Multi-host points show the busiest client host and the server.
-    let group_cpu = (!r.hosts_cpu.is_empty()).then(|| {
+    let hosts_cpu = r.group.as_ref().map_or(&[][..], |g| &g.hosts_cpu[..]);
+    let group_cpu = (!hosts_cpu.is_empty()).then(|| {
         let pct = |role: &str, pick: fn(f64, f64) -> f64| {
-            r.hosts_cpu
+            hosts_cpu
                 .iter()
                 .filter(|h| h.role == role)
                 .map(|h| h.cpu.process_percent)
@@ -136,7 +137,7 @@ pub(crate) fn table_row(r: &ResultRecord) -> String {
             notes.push(c.join(" "));
         }
     }
-    if let Some(n) = r.clients {
+    if let Some(n) = r.group.as_ref().map(|g| g.clients) {
         notes.push(format!("clients={n}"));
     }
     if r.metric == "connections_per_s" {

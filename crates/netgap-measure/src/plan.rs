@@ -1,9 +1,12 @@
 //! From what the user asked for to what will be measured. A [`RunRequest`]
 //! is the typed input: the command line builds it from flags it has already
 //! parsed (sizes, durations, lists, addresses), the default battery builds it
-//! directly. [`Plan::from_request`] validates it (ranges, capabilities, flags
-//! that would have no effect) into the points, the method and the outputs,
-//! or fails with a [`PlanError`] naming the flag.
+//! directly. Every kind of run (point-to-point, sweep, logp, multi-host,
+//! MPI) validates its shared flags once into [`Settings`] (stacks, method,
+//! agent, outputs, conditions), each from its own raw request under the
+//! names of its own flags, and adds only what is its own: its tests, sizes
+//! and counts. [`Plan::from_request`] is the point-to-point run's; every
+//! check fails with a [`PlanError`] naming the flag.
 //!
 //! A field of the request that the user did not give is `None` (or empty),
 //! so a plan can tell a default from a choice and refuse a flag that does
@@ -29,11 +32,11 @@ pub const DEFAULT_PORT: u16 = 7100;
 /// Default repetitions per point (the seeds' method).
 pub(crate) const DEFAULT_REPS: u32 = 10;
 /// Default time budget of one repetition.
-pub(crate) const DEFAULT_REP_TIME: Duration = Duration::from_millis(100);
+pub const DEFAULT_REP_TIME: Duration = Duration::from_millis(100);
 /// Default data-path inactivity timeout.
 pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(3);
 /// Default message sizes of point-to-point runs, in bytes.
-pub(crate) const DEFAULT_SIZES_BYTES: [u64; 6] = [1, 64, 1024, 16 * 1024, 64 * 1024, 1024 * 1024];
+pub const DEFAULT_SIZES_BYTES: [u64; 6] = [1, 64, 1024, 16 * 1024, 64 * 1024, 1024 * 1024];
 /// Most repetitions per point.
 pub(crate) const MAX_REPS: u32 = 10_000;
 /// Iterations per repetition of `--paper` (the seeds' setting).
@@ -86,8 +89,6 @@ pub struct Target {
     pub hosts: Option<HostsArg>,
     /// `-6`: IPv6 loopback for the in-process agent.
     pub ipv6: bool,
-    /// `--client-hosts`: in-process client hosts of a multi-host run.
-    pub client_hosts: Option<u32>,
 }
 
 /// One transport option given, with its value.
@@ -208,6 +209,8 @@ pub struct MultiHostSpec {
     /// `--bidir`: every flow of a bandwidth test carries payload both ways
     /// at once (multistream, multirail).
     pub bidir: bool,
+    /// `--client-hosts`: in-process client hosts of a multi-host run.
+    pub client_hosts: Option<u32>,
     /// The workloads' own options given (`--trace zipf`), as (flag without
     /// dashes, value as typed; empty for a switch), in command-line order;
     /// the group plan parses them with their declarations
@@ -272,17 +275,59 @@ pub enum Peer {
     },
 }
 
-/// A validated run.
+/// A validated run: the settings its points share and the points.
 #[derive(Debug, Clone)]
 pub struct Plan {
     /// Points in measurement order.
     pub points: Vec<PointSpec>,
+    /// What every point shares: method, agent, outputs, conditions.
+    pub settings: Settings,
+}
+
+/// The transports, modes and options of a run, validated: each transport
+/// is available here and honours every option given.
+#[derive(Clone)]
+pub struct Stacks {
+    /// The transports, in the order given.
+    pub transports: Vec<&'static dyn transport::Transport>,
+    /// The completion modes, in the order given.
+    pub modes: Vec<Mode>,
+    /// The options as both ends apply them.
+    pub options: TransportOptions,
+}
+
+impl std::fmt::Debug for Stacks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<&str> = self.transports.iter().map(|t| t.name()).collect();
+        f.debug_struct("Stacks")
+            .field("transports", &names)
+            .field("modes", &self.modes)
+            .field("options", &self.options)
+            .finish()
+    }
+}
+
+/// What the points of every kind of run share (point-to-point, sweep,
+/// logp, multi-host, MPI), validated once from a command's raw request:
+/// each command adds only what is its own (its tests, sizes, counts).
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Transports, modes and options.
+    pub stacks: Stacks,
     /// Repetitions, iterations, warm-up.
     pub method: Method,
-    /// The agent.
-    pub peer: Peer,
+    /// The data path's inactivity timeout of every point, in ms.
+    pub io_timeout_ms: u32,
     /// CPU of the client role, if pinned.
     pub client_cpu: Option<u32>,
+    /// CPU of the server role, if pinned.
+    pub server_cpu: Option<u32>,
+    /// `--verify`: check every payload byte.
+    pub verify: bool,
+    /// The agent.
+    pub peer: Peer,
+    /// `--hosts`, loaded once.
+    pub hosts: Option<HostsSource>,
     /// JSON Lines output.
     pub json: Option<PathBuf>,
     /// CSV output.
@@ -303,6 +348,86 @@ pub struct Plan {
     /// `--interleave`: alternate the stacks' repetitions at each test and
     /// size.
     pub interleave: bool,
+}
+
+/// The flags every measuring command shares, borrowed from its own raw
+/// request: each command's request lends its fields here under the names
+/// its flags have, so an error names the flag the user typed.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Common<'a> {
+    /// Where the agents are.
+    pub target: &'a Target,
+    /// `--key`.
+    pub key_file: Option<&'a PathBuf>,
+    /// Transports, modes, options.
+    pub transport: &'a TransportChoice,
+    /// How many repetitions of what length, with the flags that gave them.
+    pub repetitions: Repetitions,
+    /// `--warmup`, iterations.
+    pub warmup: Option<u64>,
+    /// `--ci`.
+    pub ci: Option<CiSpec>,
+    /// `--ci-reps`.
+    pub ci_reps: Option<(u32, u32)>,
+    /// `--timeout`.
+    pub timeout: Option<Duration>,
+    /// `--pin`.
+    pub pin: Option<Pin>,
+    /// `--verify`.
+    pub verify: bool,
+    /// Results files and label.
+    pub outputs: &'a Outputs,
+    /// `--conditions`, `--interleave`.
+    pub interleaving: &'a Interleaving,
+}
+
+/// The repetitions of each point as one command's flags give them, each
+/// with its flag's name (`--reps`, or sweep's `--trials`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Repetitions {
+    /// Measured repetitions, and the flag.
+    pub reps: (u32, &'static str),
+    /// Iterations of each repetition.
+    pub iterations: Iterations,
+}
+
+/// The iterations of a repetition as a command's flags give them.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Iterations {
+    /// `--iterations N`.
+    Fixed(u64),
+    /// `--paper`: the seeds' fixed count and repetitions.
+    Paper,
+    /// A time budget, and the flag that gave it (`--rep-time`,
+    /// `--trial-time`).
+    Budget(Duration, &'static str),
+}
+
+impl Repetitions {
+    /// The repetitions of `netgap run` and `logp` from their method flags,
+    /// `default_rep_time` without `--iterations`, `--rep-time` or `--paper`.
+    pub(crate) fn of_method(m: &MethodSpec, default_rep_time: Duration) -> Repetitions {
+        let iterations = match (m.paper, m.iterations) {
+            (true, _) => Iterations::Paper,
+            (false, Some(n)) => Iterations::Fixed(n),
+            (false, None) => {
+                Iterations::Budget(m.rep_time.unwrap_or(default_rep_time), "--rep-time")
+            }
+        };
+        Repetitions {
+            reps: (m.reps.unwrap_or(DEFAULT_REPS), "--reps"),
+            iterations,
+        }
+    }
+}
+
+/// The sizes of a run's points, and the flag that gave them.
+#[derive(Debug, Clone)]
+pub(crate) struct Sizes {
+    /// Message sizes, in bytes, in order.
+    pub bytes: Vec<u64>,
+    /// The flag that gave them (`--sizes`; sweep's `--start/--end`).
+    pub flag: &'static str,
 }
 
 /// Why a request cannot be measured: one line naming the flag.
@@ -461,47 +586,6 @@ pub enum PlanError {
     },
 }
 
-impl PlanError {
-    /// The same error naming `to` where it named the flag `from`: a command
-    /// that spells a shared setting its own way (sweep's `--trials` for
-    /// `--reps`) reports its own flag.
-    pub fn rename_flag(self, from: &'static str, to: &'static str) -> PlanError {
-        let swap = |flag: &'static str| if flag == from { to } else { flag };
-        match self {
-            PlanError::Invalid {
-                flag,
-                value,
-                detail,
-            } => PlanError::Invalid {
-                flag: swap(flag),
-                value,
-                detail,
-            },
-            PlanError::SizeOutOfRange {
-                flag,
-                size_bytes,
-                max,
-            } => PlanError::SizeOutOfRange {
-                flag: swap(flag),
-                size_bytes,
-                max,
-            },
-            PlanError::TooLarge {
-                flag,
-                size,
-                transport,
-                max_bytes,
-            } => PlanError::TooLarge {
-                flag: swap(flag),
-                size,
-                transport,
-                max_bytes,
-            },
-            other => other,
-        }
-    }
-}
-
 /// A [`PlanError::NoEffect`].
 pub(crate) fn no_effect(flag: &str, what: &str, reason: impl Into<String>) -> PlanError {
     PlanError::NoEffect {
@@ -582,9 +666,12 @@ fn check_label(label: Option<&str>) -> Result<Option<String>, PlanError> {
 }
 
 /// The `--ci` target of a method; `None` without `--ci`.
-pub fn ci_target(m: &MethodSpec) -> Result<Option<CiTarget>, PlanError> {
-    let Some(ci) = m.ci else { return Ok(None) };
-    let (min, max) = m.ci_reps.unwrap_or(DEFAULT_CI_REPS);
+pub fn ci_target(
+    ci: Option<CiSpec>,
+    ci_reps: Option<(u32, u32)>,
+) -> Result<Option<CiTarget>, PlanError> {
+    let Some(ci) = ci else { return Ok(None) };
+    let (min, max) = ci_reps.unwrap_or(DEFAULT_CI_REPS);
     for n in [min, max] {
         if n > MAX_REPS {
             return Err(invalid(
@@ -621,7 +708,7 @@ pub(crate) fn refuse_group_flags(r: &RunRequest, what: &str) -> Result<(), PlanE
         ("--streams", m.streams.is_some()),
         ("--duration", m.duration.is_some()),
         ("--links", m.links.is_some()),
-        ("--client-hosts", r.target.client_hosts.is_some()),
+        ("--client-hosts", m.client_hosts.is_some()),
     ] {
         if given {
             return Err(no_effect(flag, what, reason));
@@ -670,6 +757,24 @@ pub(crate) fn transports_of(
         });
     }
     Ok(out)
+}
+
+/// The point-to-point tests named, looked up; at least one.
+pub(crate) fn bench_tests(names: &[String]) -> Result<Vec<&'static dyn bench::Test>, PlanError> {
+    let mut tests = Vec::new();
+    for name in names {
+        tests.push(bench::find(name).ok_or_else(|| PlanError::UnknownTest {
+            name: name.clone(),
+            available: bench::names(),
+        })?);
+    }
+    if tests.is_empty() {
+        return Err(PlanError::Empty {
+            what: "test",
+            hint: "see `netgap list`",
+        });
+    }
+    Ok(tests)
 }
 
 /// The options of a request as both ends apply them and results record
@@ -731,55 +836,289 @@ fn p2p_hosts(hosts: HostsSource) -> Result<(HostEntry, HostEntry, Option<PathBuf
     }
 }
 
-impl Plan {
-    /// Validates a run of point-to-point tests.
-    pub fn from_request(r: &RunRequest) -> Result<Plan, PlanError> {
-        Plan::point_to_point(r, &r.tests.join(","))
+impl RunRequest {
+    /// The shared flags of a run (and of logp, which takes the same flags),
+    /// with its repetitions at `default_rep_time` unless given.
+    pub(crate) fn common(&self, default_rep_time: Duration) -> Common<'_> {
+        let m = &self.method;
+        Common {
+            target: &self.target,
+            key_file: self.key_file.as_ref(),
+            transport: &self.transport,
+            repetitions: Repetitions::of_method(m, default_rep_time),
+            warmup: m.warmup,
+            ci: m.ci,
+            ci_reps: m.ci_reps,
+            timeout: m.timeout,
+            pin: m.pin,
+            verify: m.verify,
+            outputs: &self.outputs,
+            interleaving: &self.interleaving,
+        }
     }
 
-    /// Validates a point-to-point request: the flags of multi-host tests are
-    /// refused, naming `what` (the tests, or the command that measures
-    /// them).
-    pub(crate) fn point_to_point(r: &RunRequest, what: &str) -> Result<Plan, PlanError> {
-        refuse_group_flags(r, what)?;
-        let mut plan = Plan::build(r)?;
-        if let Some(h) = &r.target.hosts {
-            let source = h.load()?;
-            let label = source.label();
-            if let HostsSource::File(f) = &source {
-                plan.testbed = f.path_facts();
-            }
-            let (server, client, key_file) = p2p_hosts(source)?;
-            if let Some(t) = plan
-                .points
-                .iter()
-                .filter_map(|p| transport::find(&p.transport))
-                .find(|t| !t.capabilities().cross_host)
-            {
-                return Err(PlanError::SameHostOnly {
+    /// The sizes of point-to-point tests: `--sizes`, or `default`.
+    pub(crate) fn sizes(&self, default: &[u64]) -> Sizes {
+        Sizes {
+            bytes: self
+                .method
+                .sizes
+                .clone()
+                .unwrap_or_else(|| default.to_vec()),
+            flag: "--sizes",
+        }
+    }
+}
+
+impl Stacks {
+    /// The transports and options of a choice, looked up, available here
+    /// and honouring every option given.
+    fn validate(c: &TransportChoice) -> Result<Stacks, PlanError> {
+        let transports = transports_of(c)?;
+        if c.modes.is_empty() {
+            return Err(PlanError::Empty {
+                what: "mode",
+                hint: "use event or poll",
+            });
+        }
+        Ok(Stacks {
+            options: options_of(c, &transports)?,
+            transports,
+            modes: c.modes.clone(),
+        })
+    }
+
+    /// Refuses a size out of the range every test accepts or above what a
+    /// transport carries, naming the flag that gave it.
+    pub(crate) fn check_size(&self, size_bytes: u64, flag: &'static str) -> Result<(), PlanError> {
+        check_size(size_bytes).map_err(|_| PlanError::SizeOutOfRange {
+            flag,
+            size_bytes,
+            max: format_size(netgap_core::spec::MAX_SIZE_BYTES),
+        })?;
+        self.check_size_on(size_bytes, flag, self.transports.iter().copied())
+    }
+
+    /// Refuses a size above what one of `transports` carries.
+    pub(crate) fn check_size_on<'t>(
+        &self,
+        size_bytes: u64,
+        flag: &'static str,
+        transports: impl IntoIterator<Item = &'t dyn transport::Transport>,
+    ) -> Result<(), PlanError> {
+        for t in transports {
+            let max = t.max_message_bytes().unwrap_or(u64::MAX);
+            if size_bytes > max {
+                return Err(PlanError::TooLarge {
+                    flag,
+                    size: format_size(size_bytes),
                     transport: t.name().to_string(),
-                    peer: format!("--hosts {label}"),
+                    max_bytes: max,
                 });
             }
-            if plan.key_file.is_none() {
-                plan.key_file = key_file;
-            }
-            plan.peer = Peer::Hosts { server, client };
         }
-        plan.check_interleaving(r, what)?;
-        Ok(plan)
+        Ok(())
+    }
+}
+
+impl Settings {
+    /// Validates what every kind of run shares, once. `what` names the
+    /// tests or command in messages.
+    pub(crate) fn new(c: &Common<'_>, what: &str) -> Result<Settings, PlanError> {
+        let t = c.target;
+        if c.key_file.is_some() && t.peer.is_none() && t.hosts.is_none() {
+            return Err(PlanError::Needs {
+                flag: "--key",
+                needs: "--peer or --hosts",
+                reason: "in-process agents run without a key",
+            });
+        }
+        let stacks = Stacks::validate(c.transport)?;
+        let method = method_of(c)?;
+        let timeout = c.timeout.unwrap_or(DEFAULT_TIMEOUT);
+        if timeout < MIN_TIMEOUT
+            || timeout.as_millis() > u128::from(netgap_core::spec::MAX_IO_TIMEOUT_MS)
+        {
+            return Err(invalid(
+                "--timeout",
+                show(timeout),
+                "must be between 10ms and 10m",
+            ));
+        }
+        let (client_cpu, server_cpu) = match c.pin {
+            None => (None, None),
+            Some(p) => {
+                for cpu in [p.client_cpu, p.server_cpu] {
+                    if cpu > netgap_core::spec::MAX_CPU_INDEX {
+                        return Err(invalid(
+                            "--pin",
+                            format!("{},{}", p.client_cpu, p.server_cpu),
+                            format!("{cpu} is not a CPU number"),
+                        ));
+                    }
+                }
+                (Some(p.client_cpu), Some(p.server_cpu))
+            }
+        };
+        let label = check_label(c.outputs.label.as_deref())?;
+        let peer = match &t.peer {
+            None => Peer::Embedded { ipv6: t.ipv6 },
+            Some(p) => Peer::Remote {
+                label: p.label.clone(),
+                addr: p.addr.clone(),
+            },
+        };
+        if let Peer::Remote {
+            addr: ControlAddr::Tcp(addr),
+            label,
+        } = &peer
+        {
+            if !addr.ip().is_loopback() {
+                if let Some(t) = stacks
+                    .transports
+                    .iter()
+                    .find(|t| !t.capabilities().cross_host)
+                {
+                    return Err(PlanError::SameHostOnly {
+                        transport: t.name().to_string(),
+                        peer: label.clone(),
+                    });
+                }
+            }
+        }
+        let hosts = t.hosts.as_ref().map(HostsArg::load).transpose()?;
+        let testbed = match &hosts {
+            Some(HostsSource::File(f)) => f.path_facts(),
+            _ => None,
+        };
+        let mut settings = Settings {
+            stacks,
+            method,
+            io_timeout_ms: timeout.as_millis() as u32,
+            client_cpu,
+            server_cpu,
+            verify: c.verify,
+            peer,
+            hosts,
+            json: c.outputs.json.clone(),
+            csv: c.outputs.csv.clone(),
+            key_file: c.key_file.cloned(),
+            label,
+            testbed,
+            conditions: Vec::new(),
+            testbed_name: None,
+            interleave: false,
+        };
+        settings.check_interleaving(c, what)?;
+        Ok(settings)
     }
 
-    /// Validates `--conditions` and `--interleave` against the plan: the
-    /// conditions need a testbed whose hosts file records its links'
-    /// state, and neither goes with `--ci` (interleaving alternates a fixed
-    /// count of repetitions).
-    pub(crate) fn check_interleaving(
-        &mut self,
+    /// The points of `tests` at `sizes` over every stack, test-major, each
+    /// checked as the protocol will check it.
+    pub(crate) fn points(
+        &self,
+        tests: &[&'static dyn bench::Test],
+        sizes: &Sizes,
+    ) -> Result<Vec<PointSpec>, PlanError> {
+        for &s in &sizes.bytes {
+            self.stacks.check_size(s, sizes.flag)?;
+        }
+        let mut points = Vec::new();
+        for t in tests {
+            for tr in &self.stacks.transports {
+                for &mode in &self.stacks.modes {
+                    if !tr.capabilities().modes.contains(&mode) {
+                        return Err(PlanError::NoMode {
+                            transport: tr.name().to_string(),
+                            mode,
+                        });
+                    }
+                    for &size in &sizes.bytes {
+                        let point = self.point(t.name(), tr.name(), mode, size);
+                        point.validate()?;
+                        points.push(point);
+                    }
+                }
+            }
+        }
+        Ok(points)
+    }
+
+    /// The settings of a point-to-point run's request whose points have a
+    /// stack of their own (MPI's): `transport` stands for the request's
+    /// transports, modes and options. The flags of multi-host tests are
+    /// refused, naming `what`.
+    pub fn with_stack(
         r: &RunRequest,
+        transport: &TransportChoice,
         what: &str,
-    ) -> Result<(), PlanError> {
-        let i = &r.interleaving;
+    ) -> Result<Settings, PlanError> {
+        refuse_group_flags(r, what)?;
+        let c = Common {
+            transport,
+            ..r.common(DEFAULT_REP_TIME)
+        };
+        let mut settings = Settings::new(&c, what)?;
+        settings.place_point_to_point()?;
+        Ok(settings)
+    }
+
+    /// Refuses a size out of range or above what the stacks carry, naming
+    /// `--sizes`.
+    pub fn check_sizes(&self, sizes_bytes: &[u64]) -> Result<(), PlanError> {
+        for &s in sizes_bytes {
+            self.stacks.check_size(s, "--sizes")?;
+        }
+        Ok(())
+    }
+
+    /// With `--hosts`, the agent of a point-to-point run: the first host
+    /// serves, the client role runs here in the second host's network
+    /// namespace; every transport must cross hosts, and the hosts file's
+    /// key stands in for `--key`.
+    fn place_point_to_point(&mut self) -> Result<(), PlanError> {
+        let Some(source) = self.hosts.clone() else {
+            return Ok(());
+        };
+        let label = source.label();
+        let (server, client, key_file) = p2p_hosts(source)?;
+        if let Some(t) = self
+            .stacks
+            .transports
+            .iter()
+            .find(|t| !t.capabilities().cross_host)
+        {
+            return Err(PlanError::SameHostOnly {
+                transport: t.name().to_string(),
+                peer: format!("--hosts {label}"),
+            });
+        }
+        if self.key_file.is_none() {
+            self.key_file = key_file;
+        }
+        self.peer = Peer::Hosts { server, client };
+        Ok(())
+    }
+
+    /// One point of `test` with these settings.
+    pub fn point(&self, test: &str, transport: &str, mode: Mode, size: u64) -> PointSpec {
+        PointSpec {
+            test: test.to_string(),
+            transport: transport.to_string(),
+            mode,
+            size_bytes: size,
+            options: self.stacks.options.clone(),
+            server_cpu: self.server_cpu,
+            io_timeout_ms: self.io_timeout_ms,
+            verify: self.verify,
+        }
+    }
+
+    /// Validates `--conditions` and `--interleave`: the conditions need a
+    /// testbed whose hosts file records its links' state, and neither goes
+    /// with `--ci` (interleaving alternates a fixed count of repetitions).
+    fn check_interleaving(&mut self, c: &Common<'_>, what: &str) -> Result<(), PlanError> {
+        let i = c.interleaving;
         let conditions = cross(&i.conditions)?;
         if conditions.is_empty() && !i.interleave {
             return Ok(());
@@ -789,7 +1128,7 @@ impl Plan {
         } else {
             "--conditions"
         };
-        if r.method.ci.is_some() {
+        if c.ci.is_some() {
             return Err(no_effect(
                 "--ci",
                 &format!("{what} with {flag}"),
@@ -798,14 +1137,12 @@ impl Plan {
         }
         if !conditions.is_empty() {
             const WHY: &str = "conditions are set on netgap's testbed: give --hosts @testbed (or a testbed's hosts file) after `netgap testbed up`";
-            let Some(HostsArg::File { path, .. }) = &r.target.hosts else {
+            let (Some(HostsArg::File { path, .. }), Some(HostsSource::File(file))) =
+                (&c.target.hosts, &self.hosts)
+            else {
                 return Err(invalid("--conditions", what, WHY));
             };
-            let file = match r.target.hosts.as_ref().map(HostsArg::load).transpose()? {
-                Some(HostsSource::File(f)) => f,
-                _ => return Err(invalid("--conditions", what, WHY)),
-            };
-            let (Some(name), Some(tb)) = (file.testbed.clone(), self.testbed.clone()) else {
+            let (Some(name), Some(tb)) = (file.testbed.clone(), self.testbed.as_ref()) else {
                 return Err(invalid(
                     "--conditions",
                     path.display(),
@@ -823,9 +1160,10 @@ impl Plan {
         }
         if i.interleave {
             let stacks: std::collections::HashSet<(&str, Mode)> = self
-                .points
+                .stacks
+                .transports
                 .iter()
-                .map(|p| (p.transport.as_str(), p.mode))
+                .flat_map(|t| self.stacks.modes.iter().map(|&m| (t.name(), m)))
                 .collect();
             if stacks.len() < 2 {
                 return Err(no_effect(
@@ -838,229 +1176,6 @@ impl Plan {
         self.conditions = conditions;
         self.interleave = i.interleave;
         Ok(())
-    }
-
-    /// The checks every plan shares: tests, transports, modes, sizes, the
-    /// method, options and the agent. Flags of multi-host tests are left to
-    /// the caller.
-    pub(crate) fn build(r: &RunRequest) -> Result<Plan, PlanError> {
-        if r.key_file.is_some() && r.target.peer.is_none() && r.target.hosts.is_none() {
-            return Err(PlanError::Needs {
-                flag: "--key",
-                needs: "--peer or --hosts",
-                reason: "in-process agents run without a key",
-            });
-        }
-        let mut tests = Vec::new();
-        for name in &r.tests {
-            let t = bench::find(name).ok_or_else(|| PlanError::UnknownTest {
-                name: name.clone(),
-                available: bench::names(),
-            })?;
-            tests.push(t);
-        }
-        if tests.is_empty() {
-            return Err(PlanError::Empty {
-                what: "test",
-                hint: "see `netgap list`",
-            });
-        }
-        let transports = transports_of(&r.transport)?;
-        if r.transport.modes.is_empty() {
-            return Err(PlanError::Empty {
-                what: "mode",
-                hint: "use event or poll",
-            });
-        }
-        let m = &r.method;
-        let sizes = m
-            .sizes
-            .clone()
-            .unwrap_or_else(|| DEFAULT_SIZES_BYTES.to_vec());
-        for &s in &sizes {
-            check_size(s).map_err(|_| PlanError::SizeOutOfRange {
-                flag: "--sizes",
-                size_bytes: s,
-                max: format_size(netgap_core::spec::MAX_SIZE_BYTES),
-            })?;
-        }
-        for t in &transports {
-            let max = t.max_message_bytes().unwrap_or(u64::MAX);
-            if let Some(&s) = sizes.iter().find(|&&s| s > max) {
-                return Err(PlanError::TooLarge {
-                    flag: "--sizes",
-                    size: format_size(s),
-                    transport: t.name().to_string(),
-                    max_bytes: max,
-                });
-            }
-        }
-
-        let (reps, iterations) = if m.paper {
-            (DEFAULT_REPS, IterationPolicy::Fixed(PAPER_ITERATIONS))
-        } else {
-            let it = match (m.iterations, m.rep_time) {
-                (Some(n), _) => {
-                    if n == 0 || n > MAX_ITERATIONS {
-                        return Err(invalid(
-                            "--iterations",
-                            n,
-                            format!("must be between 1 and {MAX_ITERATIONS}"),
-                        ));
-                    }
-                    IterationPolicy::Fixed(n)
-                }
-                (None, rt) => {
-                    let d = rt.unwrap_or(DEFAULT_REP_TIME);
-                    if !(MIN_REP_TIME..=MAX_REP_TIME).contains(&d) {
-                        return Err(invalid(
-                            "--rep-time",
-                            show(d),
-                            "must be between 100us and 1h",
-                        ));
-                    }
-                    IterationPolicy::Budget(d)
-                }
-            };
-            (m.reps.unwrap_or(DEFAULT_REPS), it)
-        };
-        if reps == 0 || reps > MAX_REPS {
-            return Err(invalid(
-                "--reps",
-                reps,
-                format!("must be between 1 and {MAX_REPS}"),
-            ));
-        }
-        if let Some(w) = m.warmup {
-            if w > MAX_ITERATIONS {
-                return Err(invalid("--warmup", w, format!("at most {MAX_ITERATIONS}")));
-            }
-        }
-        let timeout = m.timeout.unwrap_or(DEFAULT_TIMEOUT);
-        if timeout < MIN_TIMEOUT
-            || timeout.as_millis() > u128::from(netgap_core::spec::MAX_IO_TIMEOUT_MS)
-        {
-            return Err(invalid(
-                "--timeout",
-                show(timeout),
-                "must be between 10ms and 10m",
-            ));
-        }
-        let options = options_of(&r.transport, &transports)?;
-        let (client_cpu, server_cpu) = match m.pin {
-            None => (None, None),
-            Some(p) => {
-                for cpu in [p.client_cpu, p.server_cpu] {
-                    if cpu > netgap_core::spec::MAX_CPU_INDEX {
-                        return Err(invalid(
-                            "--pin",
-                            format!("{},{}", p.client_cpu, p.server_cpu),
-                            format!("{cpu} is not a CPU number"),
-                        ));
-                    }
-                }
-                (Some(p.client_cpu), Some(p.server_cpu))
-            }
-        };
-        let ci = ci_target(m)?;
-        let label = check_label(r.outputs.label.as_deref())?;
-
-        let peer = match &r.target.peer {
-            None => Peer::Embedded {
-                ipv6: r.target.ipv6,
-            },
-            Some(p) => Peer::Remote {
-                label: p.label.clone(),
-                addr: p.addr.clone(),
-            },
-        };
-        if let Peer::Remote {
-            addr: ControlAddr::Tcp(addr),
-            label,
-        } = &peer
-        {
-            if !addr.ip().is_loopback() {
-                if let Some(t) = transports.iter().find(|t| !t.capabilities().cross_host) {
-                    return Err(PlanError::SameHostOnly {
-                        transport: t.name().to_string(),
-                        peer: label.clone(),
-                    });
-                }
-            }
-        }
-
-        let mut points = Vec::new();
-        for t in &tests {
-            for tr in &transports {
-                for &mode in &r.transport.modes {
-                    if !tr.capabilities().modes.contains(&mode) {
-                        return Err(PlanError::NoMode {
-                            transport: tr.name().to_string(),
-                            mode,
-                        });
-                    }
-                    for &size in &sizes {
-                        let point = PointSpec {
-                            test: t.name().to_string(),
-                            transport: tr.name().to_string(),
-                            mode,
-                            size_bytes: size,
-                            options: options.clone(),
-                            server_cpu,
-                            io_timeout_ms: timeout.as_millis() as u32,
-                            verify: m.verify,
-                        };
-                        point.validate()?;
-                        points.push(point);
-                    }
-                }
-            }
-        }
-        Ok(Plan {
-            points,
-            method: Method {
-                reps,
-                iterations,
-                warmup: m.warmup,
-                ci,
-            },
-            peer,
-            client_cpu,
-            json: r.outputs.json.clone(),
-            csv: r.outputs.csv.clone(),
-            key_file: r.key_file.clone(),
-            label,
-            testbed: None,
-            conditions: Vec::new(),
-            testbed_name: None,
-            interleave: false,
-        })
-    }
-
-    /// The default battery, plain `netgap`: the four point-to-point tests over
-    /// tcp and unix on loopback, sizes 1 B to 4 MiB in steps of 4, with a
-    /// short time budget so the whole battery runs in well under a minute.
-    pub fn battery(json: PathBuf) -> Plan {
-        let request = RunRequest {
-            transport: TransportChoice {
-                transports: vec!["tcp".into(), "unix".into()],
-                ..TransportChoice::default()
-            },
-            method: MethodSpec {
-                sizes: Some((0..12).map(|i| 1u64 << (2 * i)).collect()),
-                rep_time: Some(BATTERY_REP_TIME),
-                ..MethodSpec::default()
-            },
-            outputs: Outputs {
-                json: Some(json),
-                ..Outputs::default()
-            },
-            ..RunRequest::new(&BATTERY_TESTS)
-        };
-        // The battery's request is fixed and valid; a failure here is a bug
-        // in this function, caught by its unit test.
-        #[allow(clippy::expect_used, reason = "constant, unit-tested input")]
-        Plan::from_request(&request).expect("battery plan is valid")
     }
 
     /// Options as recorded in results.
@@ -1090,6 +1205,124 @@ impl Plan {
             interleaved: None,
             bidir: false,
         }
+    }
+}
+
+/// The method of the shared flags: repetitions and iterations checked
+/// under the names of the flags that gave them, the warm-up and `--ci`.
+fn method_of(c: &Common<'_>) -> Result<Method, PlanError> {
+    let r = c.repetitions;
+    let (reps, iterations) = match r.iterations {
+        Iterations::Paper => (DEFAULT_REPS, IterationPolicy::Fixed(PAPER_ITERATIONS)),
+        Iterations::Fixed(n) => {
+            if n == 0 || n > MAX_ITERATIONS {
+                return Err(invalid(
+                    "--iterations",
+                    n,
+                    format!("must be between 1 and {MAX_ITERATIONS}"),
+                ));
+            }
+            (r.reps.0, IterationPolicy::Fixed(n))
+        }
+        Iterations::Budget(d, flag) => {
+            if !(MIN_REP_TIME..=MAX_REP_TIME).contains(&d) {
+                return Err(invalid(flag, show(d), "must be between 100us and 1h"));
+            }
+            (r.reps.0, IterationPolicy::Budget(d))
+        }
+    };
+    if reps == 0 || reps > MAX_REPS {
+        return Err(invalid(
+            r.reps.1,
+            reps,
+            format!("must be between 1 and {MAX_REPS}"),
+        ));
+    }
+    if let Some(w) = c.warmup {
+        if w > MAX_ITERATIONS {
+            return Err(invalid("--warmup", w, format!("at most {MAX_ITERATIONS}")));
+        }
+    }
+    Ok(Method {
+        reps,
+        iterations,
+        warmup: c.warmup,
+        ci: ci_target(c.ci, c.ci_reps)?,
+    })
+}
+
+impl Plan {
+    /// Validates a run of point-to-point tests.
+    pub fn from_request(r: &RunRequest) -> Result<Plan, PlanError> {
+        let tests = bench_tests(&r.tests)?;
+        Plan::point_to_point(
+            r,
+            &tests,
+            &DEFAULT_SIZES_BYTES,
+            DEFAULT_REP_TIME,
+            &r.tests.join(","),
+        )
+    }
+
+    /// Validates a point-to-point run of `tests` from a request of `run`'s
+    /// flags, with the command's default sizes and time budget; the flags
+    /// of multi-host tests are refused, naming `what` (the tests, or the
+    /// command that measures them).
+    pub(crate) fn point_to_point(
+        r: &RunRequest,
+        tests: &[&'static dyn bench::Test],
+        default_sizes: &[u64],
+        default_rep_time: Duration,
+        what: &str,
+    ) -> Result<Plan, PlanError> {
+        refuse_group_flags(r, what)?;
+        Plan::of_settings(
+            &r.common(default_rep_time),
+            tests,
+            &r.sizes(default_sizes),
+            what,
+        )
+    }
+
+    /// Validates a point-to-point run of `tests` at `sizes` from a
+    /// command's shared flags: the settings, the agent of `--hosts`, the
+    /// points.
+    pub(crate) fn of_settings(
+        c: &Common<'_>,
+        tests: &[&'static dyn bench::Test],
+        sizes: &Sizes,
+        what: &str,
+    ) -> Result<Plan, PlanError> {
+        let mut settings = Settings::new(c, what)?;
+        let points = settings.points(tests, sizes)?;
+        settings.place_point_to_point()?;
+        Ok(Plan { points, settings })
+    }
+
+    /// The default battery, plain `netgap`: the four point-to-point tests over
+    /// tcp and unix on loopback, sizes 1 B to 4 MiB in steps of 4, with a
+    /// short time budget so the whole battery runs in well under a minute.
+    pub fn battery(json: PathBuf) -> Plan {
+        let request = RunRequest {
+            transport: TransportChoice {
+                transports: vec!["tcp".into(), "unix".into()],
+                ..TransportChoice::default()
+            },
+            method: MethodSpec {
+                sizes: Some((0..12).map(|i| 1u64 << (2 * i)).collect()),
+                rep_time: Some(BATTERY_REP_TIME),
+                ..MethodSpec::default()
+            },
+            outputs: Outputs {
+                json: Some(json),
+                ..Outputs::default()
+            },
+            ..RunRequest::new(&BATTERY_TESTS)
+        };
+        // The battery's request is fixed and valid; a failure here is a bug
+        // in this function, caught by its unit test.
+        #[allow(clippy::expect_used, reason = "constant, unit-tested input")]
+        Plan::from_request(&request).expect("battery plan is valid")
     }
 }
 
@@ -1151,10 +1384,10 @@ mod tests {
         });
         r.method.paper = true;
         let p = Plan::from_request(&r).expect("valid");
-        assert_eq!(p.client_cpu, Some(0));
+        assert_eq!(p.settings.client_cpu, Some(0));
         assert_eq!(p.points[0].server_cpu, Some(1));
         assert_eq!(
-            p.method.iterations,
+            p.settings.method.iterations,
             IterationPolicy::Fixed(PAPER_ITERATIONS)
         );
         r.method.pin = Some(Pin {
@@ -1203,10 +1436,10 @@ mod tests {
             }),
             ..MethodSpec::default()
         };
-        let t = ci_target(&m).expect("valid").expect("some");
+        let t = ci_target(m.ci, m.ci_reps).expect("valid").expect("some");
         assert_eq!((t.confidence_pct, t.half_width_pct), (99.0, 2.0));
         assert_eq!((t.min_reps, t.max_reps), DEFAULT_CI_REPS);
-        assert!(ci_target(&MethodSpec::default()).expect("valid").is_none());
+        assert!(ci_target(None, None).expect("valid").is_none());
         for (level, width, reps) in [
             (99.0, 2.0, (1, 30)),
             (100.0, 2.0, (3, 30)),
@@ -1219,7 +1452,10 @@ mod tests {
                 half_width_pct: width,
             });
             m.ci_reps = Some(reps);
-            assert!(ci_target(&m).is_err(), "{level} {width} {reps:?}");
+            assert!(
+                ci_target(m.ci, m.ci_reps).is_err(),
+                "{level} {width} {reps:?}"
+            );
         }
     }
 
@@ -1275,7 +1511,11 @@ mod tests {
         let mut r = req("pingpong");
         r.outputs.label = Some(" kernel 6.8 ".into());
         assert_eq!(
-            Plan::from_request(&r).expect("valid").label.as_deref(),
+            Plan::from_request(&r)
+                .expect("valid")
+                .settings
+                .label
+                .as_deref(),
             Some("kernel 6.8")
         );
         for bad in ["", "  ", "a\nb", &"x".repeat(MAX_LABEL_BYTES + 1)] {
@@ -1324,9 +1564,9 @@ mod tests {
         assert!(err(&r).contains("names no testbed"), "{}", err(&r));
         r.target.hosts = Some(testbed_file(dir.path(), true));
         let p = Plan::from_request(&r).expect("valid");
-        assert_eq!(p.conditions.len(), 4);
-        assert_eq!(p.testbed_name.as_deref(), Some("t"));
-        let tb = p.testbed.expect("testbed facts");
+        assert_eq!(p.settings.conditions.len(), 4);
+        assert_eq!(p.settings.testbed_name.as_deref(), Some("t"));
+        let tb = p.settings.testbed.expect("testbed facts");
         assert_eq!(tb.topology, "switch");
         assert_eq!(tb.conditions.map(|c| c.mtu_bytes), Some(1500));
         r.method.ci = Some(CiSpec {
@@ -1343,7 +1583,7 @@ mod tests {
         assert!(err(&r).starts_with("--interleave does not apply to pingpong"));
         r.transport.modes = vec![Mode::Event, Mode::Poll];
         let p = Plan::from_request(&r).expect("two modes are two stacks");
-        assert!(p.interleave && p.conditions.is_empty());
+        assert!(p.settings.interleave && p.settings.conditions.is_empty());
     }
 
     #[test]
@@ -1351,9 +1591,9 @@ mod tests {
         let p = Plan::from_request(&RunRequest::new(&["pingpong"])).expect("valid");
         let sizes: Vec<u64> = p.points.iter().map(|s| s.size_bytes).collect();
         assert_eq!(sizes, DEFAULT_SIZES_BYTES);
-        assert_eq!(p.method.reps, DEFAULT_REPS);
+        assert_eq!(p.settings.method.reps, DEFAULT_REPS);
         assert_eq!(
-            p.method.iterations,
+            p.settings.method.iterations,
             IterationPolicy::Budget(DEFAULT_REP_TIME)
         );
         assert_eq!(p.points[0].io_timeout_ms, 3000);

@@ -13,22 +13,26 @@
 //! of a transport ends at `--end` or after the first block that takes
 //! longer than `--max-block-time`.
 //!
-//! A [`SweepRequest`] is validated by building a `netgap run` [`Plan`] from
-//! it, so a sweep accepts exactly what a run accepts for the same transport;
-//! the run's own sizes and repetition flags are refused, since the sweep sets
-//! them from `--start`, `--end`, `--trials` and `--trial-time`.
+//! A [`SweepRequest`] validates into the same [`crate::plan::Settings`] as a
+//! run, so a sweep accepts what a run accepts for the same transport; it has
+//! no sizes or repetition flags of a run: it sets them from `--start`,
+//! `--end`, `--trials` and `--trial-time`, and errors name those.
 
 use crate::coordinator::{open_session, CoordError, PointError};
-use crate::plan::{invalid, no_effect, MethodSpec, Plan, PlanError, RunRequest};
+use crate::plan::{
+    invalid, CiSpec, Common, Interleaving, Iterations, Outputs, Pin, Plan, PlanError, Repetitions,
+    Sizes, Target, TransportChoice,
+};
 use crate::point_loop::{run_points, Observer};
 use crate::sink::RecordSink;
 use netgap_core::dropout::{split_trials, DropoutDetector, PointThroughput};
-use netgap_core::record::{RecordStats, ResultRecord};
+use netgap_core::record::{RecordStats, ResultRecord, SweepSection};
 use netgap_core::sizing::{sweep_sizes, Growth};
 use netgap_core::spec::PointSpec;
 use netgap_core::stats::{Summary, NOISY_CV};
 use netgap_core::units::format_size;
 use std::io::Write;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 /// The method, shown by `netgap sweep --help`.
@@ -67,9 +71,26 @@ pub struct SweepRequest {
     pub trials: u32,
     /// Longest block before a transport's sweep stops (`--max-block-time`).
     pub max_block_time: Duration,
-    /// Target, key, transports, method and outputs, as for a run; its
-    /// tests are the sweep's.
-    pub stack: RunRequest,
+    /// Where the agent is (`--peer`, `--hosts`, `-6`).
+    pub target: Target,
+    /// `--key`.
+    pub key_file: Option<PathBuf>,
+    /// Transports, modes, options.
+    pub transport: TransportChoice,
+    /// `--warmup`, iterations.
+    pub warmup: Option<u64>,
+    /// `--ci`: trials until the confidence target is met.
+    pub ci: Option<CiSpec>,
+    /// `--ci-reps MIN,MAX`, in trials.
+    pub ci_reps: Option<(u32, u32)>,
+    /// `--timeout`.
+    pub timeout: Option<Duration>,
+    /// `--pin`.
+    pub pin: Option<Pin>,
+    /// `--verify`.
+    pub verify: bool,
+    /// Results files and label.
+    pub outputs: Outputs,
 }
 
 /// Default `--start`, bytes.
@@ -97,7 +118,16 @@ impl SweepRequest {
             trial_time: DEFAULT_TRIAL_TIME,
             trials: DEFAULT_TRIALS,
             max_block_time: DEFAULT_MAX_BLOCK_TIME,
-            stack: RunRequest::default(),
+            target: Target::default(),
+            key_file: None,
+            transport: TransportChoice::default(),
+            warmup: None,
+            ci: None,
+            ci_reps: None,
+            timeout: None,
+            pin: None,
+            verify: false,
+            outputs: Outputs::default(),
         }
     }
 }
@@ -142,8 +172,7 @@ impl SweepKind {
     fn throughput_gbps(self, size_bytes: u64, rep_value: f64) -> f64 {
         match self {
             // The value is one-way latency in µs: a block per half round trip.
-            SweepKind::PingPong if rep_value > 0.0 => size_bytes as f64 * 8.0 / (rep_value * 1e3),
-            SweepKind::PingPong => 0.0,
+            SweepKind::PingPong => netgap_core::units::gbps(size_bytes as f64, rep_value * 1e3),
             SweepKind::Stream | SweepKind::Bidir => rep_value,
         }
     }
@@ -170,42 +199,15 @@ pub struct SweepPlan {
     pub max_block_time: Duration,
 }
 
-/// Refuses the run flags a sweep sets itself.
-fn refuse_run_method(m: &MethodSpec) -> Result<(), PlanError> {
-    for (flag, given, reason) in [
-        (
-            "--sizes",
-            m.sizes.is_some(),
-            "its sizes come from --start, --end, --factor and --perturbation",
-        ),
-        ("--reps", m.reps.is_some(), "give --trials instead"),
-        (
-            "--rep-time",
-            m.rep_time.is_some(),
-            "give --trial-time instead",
-        ),
-        (
-            "--iterations",
-            m.iterations.is_some(),
-            "each trial's repeat count adapts to --trial-time",
-        ),
-        (
-            "--paper",
-            m.paper,
-            "it measures --trials trials of --trial-time per size",
-        ),
-    ] {
-        if given {
-            return Err(no_effect(flag, "sweep", reason));
-        }
-    }
-    Ok(())
-}
+/// A sweep alternates no conditions or stacks.
+static NO_INTERLEAVING: Interleaving = Interleaving {
+    conditions: Vec::new(),
+    interleave: false,
+};
 
 impl SweepPlan {
     /// Validates a sweep.
     pub fn from_request(a: &SweepRequest) -> Result<SweepPlan, PlanError> {
-        refuse_run_method(&a.stack.method)?;
         let growth = match a.factor {
             None => Growth::NetPipe,
             Some(f) => Growth::Factor(f),
@@ -222,13 +224,6 @@ impl SweepPlan {
                     e.to_string(),
                 )
             })?;
-        if a.trials == 0 || a.trials > crate::plan::MAX_REPS {
-            return Err(invalid(
-                "--trials",
-                a.trials,
-                format!("must be between 1 and {}", crate::plan::MAX_REPS),
-            ));
-        }
         if a.max_block_time.is_zero() {
             return Err(invalid(
                 "--max-block-time",
@@ -236,28 +231,44 @@ impl SweepPlan {
                 "must be above zero",
             ));
         }
-        let run_request = RunRequest {
-            tests: vec![a.kind.test().to_string()],
-            method: MethodSpec {
-                sizes: Some(sizes),
-                reps: Some(a.trials),
-                rep_time: Some(a.trial_time),
-                ..a.stack.method.clone()
+        // The sweep's trials are the repetitions, its trial time their
+        // budget, under the sweep's own flag names.
+        let common = Common {
+            target: &a.target,
+            key_file: a.key_file.as_ref(),
+            transport: &a.transport,
+            repetitions: Repetitions {
+                reps: (a.trials, "--trials"),
+                iterations: Iterations::Budget(a.trial_time, "--trial-time"),
             },
-            ..a.stack.clone()
+            warmup: a.warmup,
+            ci: a.ci,
+            ci_reps: a.ci_reps,
+            timeout: a.timeout,
+            pin: a.pin,
+            verify: a.verify,
+            outputs: &a.outputs,
+            interleaving: &NO_INTERLEAVING,
         };
-        let run = Plan::point_to_point(&run_request, "sweep").map_err(|e| {
-            // Name the sweep's own flags where the run's would confuse.
-            e.rename_flag("--rep-time", "--trial-time")
-                .rename_flag("--reps", "--trials")
-                .rename_flag("--sizes", "--start/--end")
-        })?;
+        let sizes = Sizes {
+            bytes: sizes,
+            flag: "--start/--end",
+        };
+        let run = Plan::of_settings(&common, &[test_of(a.kind)?], &sizes, "sweep")?;
         Ok(SweepPlan {
             run,
             kind: a.kind,
             max_block_time: a.max_block_time,
         })
     }
+}
+
+/// The registered test that measures a sweep's blocks.
+fn test_of(kind: SweepKind) -> Result<&'static dyn crate::bench::Test, PlanError> {
+    crate::bench::find(kind.test()).ok_or_else(|| PlanError::UnknownTest {
+        name: kind.test().to_string(),
+        available: crate::bench::names(),
+    })
 }
 
 /// What a sweep found, per transport and mode.
@@ -293,15 +304,16 @@ pub(crate) fn table_row(r: &ResultRecord) -> String {
         })
         .unwrap_or_default();
     let trials = r.stats.as_ref().map(|s| s.reps.len()).unwrap_or(0);
+    let sweep = r.sweep.as_ref();
     let mut notes = Vec::new();
-    if let Some(d) = &r.dropout {
+    if let Some(d) = sweep.and_then(|s| s.dropout.as_ref()) {
         notes.push(format!(
             "DROPOUT -{:.1}% vs {}",
             d.depth_pct,
             format_size(d.reference_size_bytes)
         ));
     }
-    if let Some(u) = &r.unstable {
+    if let Some(u) = sweep.and_then(|s| s.unstable.as_ref()) {
         notes.push(format!("UNSTABLE {} of {} slow", u.slow_trials, u.trials));
     } else if r.stats.as_ref().is_some_and(|s| s.cv > NOISY_CV) {
         notes.push("noisy".into());
@@ -313,11 +325,11 @@ pub(crate) fn table_row(r: &ResultRecord) -> String {
         "{:<9}  {:<5}  {:<8}  {:>10}  {:>10}  {:>12}  {:>7}  {:>6}  {}",
         r.transport,
         r.mode.as_str(),
-        r.sweep_kind.as_deref().unwrap_or(""),
+        sweep.map_or("", |s| s.sweep_kind.as_str()),
         r.size_bytes,
         crate::output::fmt_num(r.value),
-        r.block_time_us
-            .map(crate::output::fmt_num)
+        sweep
+            .map(|s| crate::output::fmt_num(s.block_time_us))
             .unwrap_or_default(),
         ci,
         trials,
@@ -418,10 +430,16 @@ fn sweep_record(kind: SweepKind, mut base: ResultRecord) -> Result<ResultRecord,
     base.metric = "bandwidth_gbps".into();
     base.value = summary.value;
     base.stats = Some(RecordStats::from(&summary));
-    base.sweep_kind = Some(kind.as_str().into());
-    base.block_time_us = Some(kind.block_time_us(size, summary.value));
+    let block_time_us = kind.block_time_us(size, summary.value);
     // The trials' throughputs, diagnosed (not the raw block times').
-    Ok(base.diagnosed())
+    Ok(base
+        .with_sweep(SweepSection {
+            sweep_kind: kind.as_str().into(),
+            block_time_us,
+            dropout: None,
+            unstable: None,
+        })
+        .diagnosed())
 }
 
 /// What the dropout detector needs of a sweep record.
@@ -488,7 +506,9 @@ pub fn run_sweep(
             // no level to judge, nor to judge others by.
             let unstable = record.stats.as_ref().and_then(|s| split_trials(&s.reps));
             if let Some(u) = unstable {
-                record.unstable = Some(u);
+                if let Some(s) = &mut record.sweep {
+                    s.unstable = Some(u);
+                }
                 record.warnings.push(unstable_warning(spec.size_bytes, &u));
                 summary.unstable.push((
                     spec.transport.clone(),
@@ -526,8 +546,10 @@ pub fn run_sweep(
                     }
                 }
                 detector.keep(throughput_of(&record));
-                record.dropout = verdict;
-                if let Some(d) = record.dropout {
+                if let Some(s) = &mut record.sweep {
+                    s.dropout = verdict;
+                }
+                if let Some(d) = verdict {
                     record.warnings.push(dropout_warning(spec.size_bytes, &d));
                     summary.dropouts.push((
                         spec.transport.clone(),
@@ -537,7 +559,10 @@ pub fn run_sweep(
                     ));
                 }
             }
-            let block_us = record.block_time_us.unwrap_or(f64::INFINITY);
+            let block_us = record
+                .sweep
+                .as_ref()
+                .map_or(f64::INFINITY, |s| s.block_time_us);
             if block_us > plan.max_block_time.as_secs_f64() * 1e6 {
                 summary
                     .stopped_early
@@ -570,7 +595,7 @@ mod tests {
         assert_eq!(sizes.last(), Some(&(8 << 20)));
         assert!(sizes.contains(&((8 << 20) - 3)) && !sizes.contains(&((8 << 20) + 3)));
         assert!(p.run.points.iter().all(|s| s.test == "pingpong"));
-        assert_eq!(p.run.method.reps, DEFAULT_TRIALS);
+        assert_eq!(p.run.settings.method.reps, DEFAULT_TRIALS);
     }
 
     #[test]
@@ -589,7 +614,7 @@ mod tests {
             end_bytes: 1 << 20,
             ..SweepRequest::new()
         };
-        a.stack.transport.transports = vec!["udp".into()];
+        a.transport.transports = vec!["udp".into()];
         let e = err(&a);
         assert!(e.contains("udp") && e.starts_with("--start/--end"), "{e}");
         assert!(SweepPlan::from_request(&SweepRequest {
@@ -600,16 +625,17 @@ mod tests {
     }
 
     #[test]
-    fn run_flags_a_sweep_sets_itself_are_refused() {
-        let mut a = SweepRequest::new();
-        a.stack.method.reps = Some(3);
-        assert!(err(&a).starts_with("--reps does not apply to sweep: give --trials"));
-        let mut a = SweepRequest::new();
-        a.stack.method.sizes = Some(vec![1]);
-        assert!(err(&a).starts_with("--sizes does not apply to sweep"));
-        let mut a = SweepRequest::new();
-        a.stack.multi_host.clients = Some(vec![2]);
-        assert!(err(&a).starts_with("--clients does not apply to sweep"));
+    fn errors_name_the_sweeps_own_flags() {
+        let e = err(&SweepRequest {
+            trials: 0,
+            ..SweepRequest::new()
+        });
+        assert!(e.starts_with("--trials 0: must be between 1 and"), "{e}");
+        let e = err(&SweepRequest {
+            trial_time: Duration::from_secs(7200),
+            ..SweepRequest::new()
+        });
+        assert!(e.starts_with("--trial-time 2h"), "{e}");
     }
 
     #[test]

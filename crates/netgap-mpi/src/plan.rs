@@ -1,7 +1,8 @@
 //! A validated MPI run: the points, the method, and where the two ranks
 //! run (this machine's shared memory, or two hosts of netgap's testbed over
-//! its links). The method, sizes, outputs and conditions are checked by
-//! the same plan as every point-to-point test (`netgap_measure::plan`), so
+//! its links). The method, sizes, outputs and conditions are checked into
+//! the same settings as every point-to-point test's
+//! (`netgap_measure::plan::Settings`), so
 //! `--reps`, `--iterations`, `--rep-time`, `--warmup`, `--sizes`,
 //! `--label` and `--conditions` mean the same for MPI as for sockets.
 
@@ -9,15 +10,16 @@ use crate::kind::MpiTest;
 use crate::wire::{RankIterations, RankPlan, RankPoint, MAX_MPI_SIZE_BYTES};
 use netgap_core::spec::{Mode, PointSpec};
 use netgap_measure::cluster::HostEntry;
-use netgap_measure::plan::{Peer, Plan, PlanError, RunRequest, TransportChoice};
+use netgap_measure::plan::{
+    Peer, PlanError, RunRequest, Settings, TransportChoice, DEFAULT_SIZES_BYTES,
+};
 use netgap_measure::runner::IterationPolicy;
 
 /// A validated MPI run.
 #[derive(Debug, Clone)]
 pub struct MpiPlan {
-    /// The checked method, outputs, label, testbed and conditions (its
-    /// points are the socket counterparts and are not measured).
-    pub run: Plan,
+    /// The checked method, agent, outputs, label, testbed and conditions.
+    pub settings: Settings,
     /// The points, in order: the test and the spec its record describes
     /// (transport `mpi`).
     pub points: Vec<(MpiTest, PointSpec)>,
@@ -130,13 +132,18 @@ impl MpiPlan {
                 ));
             }
         }
-        let sub = RunRequest {
-            tests: tests.iter().map(|t| t.record_test().to_string()).collect(),
-            transport: TransportChoice::default(),
-            ..r.clone()
-        };
-        let run = Plan::from_request(&sub)?;
-        let hosts = match &run.peer {
+        let record_tests = tests.iter().map(|t| t.record_test()).collect::<Vec<_>>();
+        // The ranks' stack is MPI's own: the socket transports' flags are
+        // the socket tests'.
+        let settings =
+            Settings::with_stack(r, &TransportChoice::default(), &record_tests.join(","))?;
+        let sizes = r
+            .method
+            .sizes
+            .clone()
+            .unwrap_or_else(|| DEFAULT_SIZES_BYTES.to_vec());
+        settings.check_sizes(&sizes)?;
+        let hosts = match &settings.peer {
             Peer::Embedded { ipv6: false } => None,
             Peer::Embedded { ipv6: true } => {
                 return Err(no_effect("-6", "the ranks meet over shared memory"))
@@ -152,22 +159,20 @@ impl MpiPlan {
             }
             Peer::Remote { .. } => None,
         };
-        let points = run
-            .points
-            .iter()
-            .map(|p| {
-                // The sub-request's tests are exactly the record names of
-                // `tests`, which `find` maps back.
-                let test = MpiTest::find(&p.test).unwrap_or(MpiTest::Latency);
-                let spec = PointSpec {
-                    transport: "mpi".into(),
-                    mode: Mode::Poll,
-                    ..p.clone()
-                };
-                (test, spec)
-            })
-            .collect();
-        Ok(MpiPlan { run, points, hosts })
+        let mut points = Vec::new();
+        for &test in tests {
+            for &size in &sizes {
+                let spec = settings.point(test.record_test(), "mpi", Mode::Poll, size);
+                spec.validate()
+                    .map_err(|e| MpiPlanError::Plan(PlanError::Spec(e)))?;
+                points.push((test, spec));
+            }
+        }
+        Ok(MpiPlan {
+            settings,
+            points,
+            hosts,
+        })
     }
 
     /// What the ranks are told to run.
@@ -181,14 +186,14 @@ impl MpiPlan {
                     size_bytes: spec.size_bytes,
                 })
                 .collect(),
-            reps: self.run.method.reps,
-            iterations: match self.run.method.iterations {
+            reps: self.settings.method.reps,
+            iterations: match self.settings.method.iterations {
                 IterationPolicy::Fixed(n) => RankIterations::Fixed(n),
                 IterationPolicy::Budget(d) => {
                     RankIterations::BudgetUs(u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
                 }
             },
-            warmup: self.run.method.warmup,
+            warmup: self.settings.method.warmup,
         }
     }
 }

@@ -76,10 +76,10 @@ pub fn run_mpi(
     sinks: &mut [Box<dyn RecordSink>],
     observer: &mut dyn Observer,
 ) -> Result<usize, MpiRunError> {
-    let base = plan.run.testbed.as_ref().and_then(|t| t.conditions);
+    let base = plan.settings.testbed.as_ref().and_then(|t| t.conditions);
     let targets: Vec<Option<LinkConditions>> = match base {
-        Some(b) if !plan.run.conditions.is_empty() => plan
-            .run
+        Some(b) if !plan.settings.conditions.is_empty() => plan
+            .settings
             .conditions
             .iter()
             .map(|c| Some(c.apply_to(&b)))
@@ -176,7 +176,7 @@ fn one_job(
 /// The longest silence of rank 0 between two lines: a generous bound on
 /// one repetition, with its warm-up and calibration.
 fn line_timeout(plan: &MpiPlan) -> Duration {
-    match plan.run.method.iterations {
+    match plan.settings.method.iterations {
         IterationPolicy::Budget(d) => Duration::from_secs(30) + d.saturating_mul(20),
         IterationPolicy::Fixed(_) => Duration::from_secs(600),
     }
@@ -194,7 +194,7 @@ fn read_point(
     timeout: Duration,
     observer: &mut dyn Observer,
 ) -> Result<(Vec<Rep>, u64, LatencyHistogram), MpiRunError> {
-    let want = plan.run.method.reps;
+    let want = plan.settings.method.reps;
     let mut reps = Vec::with_capacity(want as usize);
     loop {
         match job.next(timeout)? {
@@ -339,21 +339,13 @@ fn build_record(
     let remote = CpuUsage::mean(&reps.iter().map(|r| r.3).collect::<Vec<_>>());
     // Payload moved either way, as the socket tests count it.
     let moved = tx.saturating_add(rx);
+    let cpu = CpuPair { local, remote };
     let service_demand_us_per_kib = match test {
         MpiTest::Latency => None,
-        _ => match (
-            local.service_demand_us_per_kib(moved),
-            remote.service_demand_us_per_kib(moved),
-        ) {
-            (Some(l), Some(r)) => Some(ServiceDemand {
-                local: l,
-                remote: r,
-            }),
-            _ => None,
-        },
+        _ => ServiceDemand::of(&cpu, moved),
     };
     let mut path = PathIdentity::from_ends(Some(&facts.rank0), Some(&facts.rank1));
-    if let Some(tb) = &plan.run.testbed {
+    if let Some(tb) = &plan.settings.testbed {
         let tb = netgap_measure::cluster::TestbedPath {
             conditions: conditions.or(tb.conditions),
             ..tb.clone()
@@ -372,7 +364,7 @@ fn build_record(
         spec.mode,
         &spec.options,
         path,
-        plan.run.label.clone(),
+        plan.settings.label.clone(),
     );
     stack
         .options
@@ -386,46 +378,44 @@ fn build_record(
     }
     stack.options.extend(crate::launch::mca_settings());
     stack.options.sort();
-    let mut options = plan.run.record_options(spec);
+    let mut options = plan.settings.record_options(spec);
     options.peer = match placement {
         Placement::Local => "mpirun: localhost (2 ranks)".into(),
         Placement::Testbed { rank0, rank1, .. } => {
             format!("mpirun: {} (rank 0), {} (rank 1)", rank0.name, rank1.name)
         }
     };
-    Ok(ResultRecord {
-        stats: Some(RecordStats::from(&summary)),
-        percentiles: match test {
-            MpiTest::Latency => hist.percentiles_us(0.5),
-            _ => None,
-        },
-        cpu: Some(CpuPair { local, remote }),
-        service_demand_us_per_kib,
-        // A budgeted repetition runs whole chunks until its time is spent,
-        // so counts differ a little; every repetition ran at least this many.
-        iterations_per_rep: reps.iter().map(|r| r.0).min(),
-        warmup_iterations: Some(warmup_iterations),
-        bytes: Some(ByteCounts {
-            client_tx: tx,
-            client_rx: rx,
-            server_tx: rx,
-            server_rx: tx,
-        }),
-        host: Some(facts.rank0.clone()),
-        peer_host: Some(facts.rank1.clone()),
-        options: Some(options),
-        stack: Some(stack),
-        ..ResultRecord::new(RecordHead {
-            test: spec.test.clone(),
-            transport: spec.transport.clone(),
-            mode: spec.mode,
-            size_bytes: spec.size_bytes,
-            metric: test.metric().into(),
-            value: summary.value,
-            time: rfc3339(started),
-        })
-    }
-    .diagnosed())
+    let mut record = ResultRecord::new(RecordHead {
+        test: spec.test.clone(),
+        transport: spec.transport.clone(),
+        mode: spec.mode,
+        size_bytes: spec.size_bytes,
+        metric: test.metric().into(),
+        value: summary.value,
+        time: rfc3339(started),
+    });
+    record.stats = Some(RecordStats::from(&summary));
+    record.percentiles = match test {
+        MpiTest::Latency => hist.percentiles_us(0.5),
+        _ => None,
+    };
+    record.cpu = Some(cpu);
+    record.service_demand_us_per_kib = service_demand_us_per_kib;
+    // A budgeted repetition runs whole chunks until its time is spent, so
+    // counts differ a little; every repetition ran at least this many.
+    record.iterations_per_rep = reps.iter().map(|r| r.0).min();
+    record.warmup_iterations = Some(warmup_iterations);
+    record.bytes = Some(ByteCounts {
+        client_tx: tx,
+        client_rx: rx,
+        server_tx: rx,
+        server_rx: tx,
+    });
+    record.host = Some(facts.rank0.clone());
+    record.peer_host = Some(facts.rank1.clone());
+    record.options = Some(options);
+    record.stack = Some(stack);
+    Ok(record.diagnosed())
 }
 
 #[cfg(test)]

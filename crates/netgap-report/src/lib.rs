@@ -173,7 +173,7 @@ impl Report {
         }
         let mut makers: Vec<String> = records
             .iter()
-            .map(|l| match &l.record.tool {
+            .map(|l| match l.record.tool() {
                 Some(t) => format!("{t} (imported by netgap {})", l.record.version),
                 None => format!("netgap {}", l.record.version),
             })

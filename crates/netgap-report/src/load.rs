@@ -222,7 +222,7 @@ impl Loaded {
     /// is drawn beside `netgap sweep`'s; its latency stays with `pingpong`.
     pub fn section(&self) -> String {
         let r = &self.record;
-        let netpipe_throughput = r.tool.as_deref() == Some("NPtcp") && r.metric == "bandwidth_gbps";
+        let netpipe_throughput = r.tool() == Some("NPtcp") && r.metric == "bandwidth_gbps";
         if netpipe_throughput {
             return "sweep (pingpong)".to_string();
         }

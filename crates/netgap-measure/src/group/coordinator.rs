@@ -867,10 +867,14 @@ impl GroupCoordinator {
 /// The key to prove to every agent: `--key FILE`, else the hosts file's
 /// `key_file` (a testbed names its own key there), else none.
 fn run_key(plan: &GroupPlan) -> Result<Option<Key>, GroupError> {
-    let path = plan.base.key_file.clone().or_else(|| match &plan.hosts {
-        HostsSource::File(f) => f.key_file.clone(),
-        _ => None,
-    });
+    let path = plan
+        .settings
+        .key_file
+        .clone()
+        .or_else(|| match &plan.hosts {
+            HostsSource::File(f) => f.key_file.clone(),
+            _ => None,
+        });
     Ok(path.map(|p| crate::auth::load_key(&p)).transpose()?)
 }
 

@@ -48,7 +48,7 @@ pub fn run_group_plan(
 }
 
 /// Runs a whole group plan once under each of its conditions
-/// (`plan.base.conditions`, from `--conditions`), one condition after
+/// (`plan.settings.conditions`, from `--conditions`), one condition after
 /// another: `switch` puts the testbed's links under the condition, the
 /// sessions are opened anew (so every host's facts are read under it) and
 /// every point is measured; each record's `stack.path` says the condition
@@ -73,7 +73,7 @@ pub fn run_group_plan_under(
     let mut guard = crate::conditions::ConditionGuard::new(switch, base);
     let mut done = 0;
     let mut result = Ok(());
-    for c in &plan.base.conditions {
+    for c in &plan.settings.conditions {
         let to = c.apply_to(&base);
         if let Err(e) = guard.switch_to(&to) {
             result = Err(GroupError::Point(format!("switching to {to}: {e}")));

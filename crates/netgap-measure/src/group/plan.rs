@@ -1,15 +1,15 @@
 //! From the flags of `netgap run` to the points of a multi-host run. The
-//! transport, mode, size and socket-option flags are validated by the
-//! point-to-point [`Plan`] (the same rules apply); this adds the hosts,
+//! transport, mode, size and socket-option flags are validated into the
+//! same [`Settings`] as a point-to-point run's (the same rules apply); this
+//! adds the hosts, each workload's sizes (its default without `--sizes`),
 //! client counts, streams, links and the window of each repetition.
 
 pub use crate::cluster::HostsSource;
-use crate::plan::{invalid, no_effect, show, Plan, PlanError, RunRequest};
+use crate::plan::{invalid, no_effect, show, PlanError, RunRequest, Settings, DEFAULT_REP_TIME};
 use crate::workload::options::{self as wopt, WorkloadArgs};
 use crate::workload::{CountFlag, Workload};
 use netgap_core::spec::PointSpec;
 use netgap_proto::group::{MAX_GROUP_DURATION_MS, MAX_GROUP_FLOWS};
-use std::path::PathBuf;
 use std::time::Duration;
 
 /// Default `--duration`.
@@ -71,19 +71,13 @@ pub struct GroupPlan {
     pub points: Vec<GroupPoint>,
     /// The hosts.
     pub hosts: HostsSource,
-    /// Repetitions per point.
-    pub reps: u32,
     /// Measured window of each repetition.
     pub duration: Duration,
     /// Uncounted warm-up before each window.
     pub warmup: Duration,
-    /// JSON Lines output.
-    pub json: Option<PathBuf>,
-    /// CSV output.
-    pub csv: Option<PathBuf>,
-    /// The point-to-point plan the shared flags validated into, for the
-    /// record's options.
-    pub base: Plan,
+    /// What the points share: repetitions, outputs, key, label, testbed,
+    /// conditions.
+    pub settings: Settings,
 }
 
 /// Whether every test named is a group test; `Err` if group and
@@ -254,7 +248,7 @@ fn refuse_ignored_flags(r: &RunRequest, tests: &[&'static dyn Workload]) -> Resu
             "only multistream runs parallel streams",
         ));
     }
-    if r.target.hosts.is_some() && r.target.client_hosts.is_some() {
+    if r.target.hosts.is_some() && r.multi_host.client_hosts.is_some() {
         return Err(no_effect(
             "--client-hosts",
             &what,
@@ -288,11 +282,13 @@ impl GroupPlan {
                 available: super::names(),
             })?);
         }
+        let what = r.tests.join(",");
+        crate::plan::refuse_interleaving(r, &what)?;
         refuse_ignored_flags(r, &tests)?;
         refuse_foreign_options(&tests, &r.multi_host.workload_options)?;
-        let hosts = match &r.target.hosts {
-            Some(h) => {
-                let hosts = h.load()?;
+        let settings = Settings::new(&r.common(DEFAULT_REP_TIME), &what)?;
+        let hosts = match &settings.hosts {
+            Some(hosts) => {
                 if hosts.hosts() < 2 {
                     return Err(invalid(
                         "--hosts",
@@ -300,10 +296,10 @@ impl GroupPlan {
                         "a multi-host run needs a server and at least one client host, e.g. 10.0.0.1,10.0.0.2",
                     ));
                 }
-                hosts
+                hosts.clone()
             }
             None => {
-                let client_hosts = r.target.client_hosts.unwrap_or(DEFAULT_CLIENT_HOSTS);
+                let client_hosts = r.multi_host.client_hosts.unwrap_or(DEFAULT_CLIENT_HOSTS);
                 if client_hosts == 0 || client_hosts > MAX_EMBEDDED_HOSTS {
                     return Err(invalid(
                         "--client-hosts",
@@ -334,22 +330,11 @@ impl GroupPlan {
             ));
         }
         let warmup = (duration / 5).min(MAX_WARMUP);
-        // Without --sizes each test takes its own default size below;
-        // meanwhile validate a size every transport carries.
-        let base_request = RunRequest {
-            tests: vec!["stream".into()],
-            method: crate::plan::MethodSpec {
-                sizes: Some(r.method.sizes.clone().unwrap_or_else(|| vec![1])),
-                ..r.method.clone()
-            },
-            ..r.clone()
-        };
-        let mut base = Plan::build(&base_request)?;
-        if let Some(HostsSource::File(f)) = r.target.hosts.as_ref().map(|h| h.load()).transpose()? {
-            base.testbed = f.path_facts();
+        if let Some(sizes) = &r.method.sizes {
+            for &size in sizes {
+                settings.stacks.check_size(size, "--sizes")?;
+            }
         }
-        // `--conditions`: the conditions, on a testbed that records them.
-        base.check_interleaving(r, &r.tests.join(","))?;
         if let HostsSource::Embedded { .. } = hosts {
             check_embedded_descriptors(&tests, r.multi_host.clients.as_deref())?;
         }
@@ -378,40 +363,48 @@ impl GroupPlan {
             let arg_points = workload_args(test, &r.multi_host.workload_options)?;
             let bidir = r.multi_host.bidir && test.takes_bidir();
             let mut seen = Vec::new();
-            for spec in &base.points {
-                let t = netgap_transport::find(&spec.transport).ok_or_else(|| {
-                    PlanError::UnknownTransport {
-                        name: spec.transport.clone(),
-                        available: netgap_transport::names(),
-                    }
-                })?;
-                test.check(spec, t)?;
-                let mut spec = spec.clone();
-                spec.test = test.name().to_string();
-                if r.method.sizes.is_none() {
-                    spec.size_bytes = test.default_size_bytes(t);
-                }
-                let key = (spec.transport.clone(), spec.mode, spec.size_bytes);
-                if seen.contains(&key) {
-                    continue;
-                }
-                seen.push(key);
-                for args in &arg_points {
-                    let mut params = test.params(&spec, args);
-                    if bidir {
-                        if let Some(o) = params.as_object_mut() {
-                            o.insert("bidir".into(), serde_json::Value::Bool(true));
-                        }
-                    }
-                    for &clients in &counts {
-                        points.push(GroupPoint {
-                            workload: test,
-                            spec: spec.clone(),
-                            clients,
-                            bidir,
-                            args: args.clone(),
-                            params: params.clone(),
+            let sizes_given = r.method.sizes.as_deref();
+            for &t in &settings.stacks.transports {
+                for &mode in &settings.stacks.modes {
+                    // Without --sizes, the workload's own size on this
+                    // transport, checked as a given one would be.
+                    if !t.capabilities().modes.contains(&mode) {
+                        return Err(PlanError::NoMode {
+                            transport: t.name().to_string(),
+                            mode,
                         });
+                    }
+                    let default_size = [test.default_size_bytes(t)];
+                    for &size in sizes_given.unwrap_or(&default_size) {
+                        let spec = settings.point(test.name(), t.name(), mode, size);
+                        spec.validate()?;
+                        test.check(&spec, t)?;
+                        if sizes_given.is_none() {
+                            settings.stacks.check_size_on(size, "--sizes", [t])?;
+                        }
+                        let key = (spec.transport.clone(), spec.mode, spec.size_bytes);
+                        if seen.contains(&key) {
+                            continue;
+                        }
+                        seen.push(key);
+                        for args in &arg_points {
+                            let mut params = test.params(&spec, args);
+                            if bidir {
+                                if let Some(o) = params.as_object_mut() {
+                                    o.insert("bidir".into(), serde_json::Value::Bool(true));
+                                }
+                            }
+                            for &clients in &counts {
+                                points.push(GroupPoint {
+                                    workload: test,
+                                    spec: spec.clone(),
+                                    clients,
+                                    bidir,
+                                    args: args.clone(),
+                                    params: params.clone(),
+                                });
+                            }
+                        }
                     }
                 }
             }
@@ -419,12 +412,9 @@ impl GroupPlan {
         Ok(GroupPlan {
             points,
             hosts,
-            reps: base.method.reps,
             duration,
             warmup,
-            json: r.outputs.json.clone(),
-            csv: r.outputs.csv.clone(),
-            base,
+            settings,
         })
     }
 }
@@ -433,6 +423,7 @@ impl GroupPlan {
 #[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
 mod tests {
     use super::*;
+    use crate::plan::Plan;
 
     fn err(r: &RunRequest) -> String {
         GroupPlan::from_request(r).unwrap_err().to_string()

@@ -13,8 +13,8 @@ use crate::workload::place::Placement;
 use crate::workload::Workload;
 use netgap_core::cpu::CpuUsage;
 use netgap_core::record::{
-    rfc3339, ByteCounts, DatagramCounts, FlowResult, HostCpu, LinkResult, RecordHead, RecordStats,
-    ResultRecord,
+    rfc3339, ByteCounts, DatagramCounts, FlowResult, GroupSection, HostCpu, LinkResult, RecordHead,
+    RecordStats, ResultRecord,
 };
 use netgap_core::stack::{PathIdentity, Stack};
 use netgap_core::stats::{LatencyHistogram, Percentiles, Summary};
@@ -298,7 +298,7 @@ pub(super) fn measure_point(
     let n = placement.flows as usize;
     let flow_hosts = placement.flow_hosts();
     let mut red = Reduction::new(&placement);
-    for rep in 0..plan.reps {
+    for rep in 0..plan.settings.method.reps {
         let r = coord.rep(point, &placement, plan)?;
         red.add_rep(workload, &placement, &r).map_err(|e| match e {
             ReduceError::UnknownFlow { host, flow } => {
@@ -366,7 +366,7 @@ pub(super) fn measure_point(
             facts: Some(coord.links[placement.roles[r].host].facts.clone()),
         })
         .collect();
-    let mut options = plan.base.record_options(&point.spec);
+    let mut options = plan.settings.record_options(&point.spec);
     options.peer = plan.hosts.label();
     options.iterations = None;
     options.rep_time_ms = Some(plan.duration.as_millis() as u64);
@@ -403,38 +403,38 @@ pub(super) fn measure_point(
     } {
         tb.fill(&mut path);
     }
-    Ok(ResultRecord {
-        stats: Some(RecordStats::from(&summary)),
-        percentiles: workload.percentiles(&hist),
-        bytes: Some(bytes),
-        datagrams,
-        host: Some(coord.local.clone()),
-        peer_host: Some(coord.links[first_server].facts.clone()),
-        options: Some(options),
-        clients: Some(n as u32),
+    let mut record = ResultRecord::new(RecordHead {
+        test: workload.name().into(),
+        transport: point.spec.transport.clone(),
+        mode: point.spec.mode,
+        size_bytes: point.spec.size_bytes,
+        metric: workload.metric().key().into(),
+        value: summary.value,
+        time: rfc3339(started),
+    })
+    .with_group(GroupSection {
+        clients: n as u32,
         client_hosts: Some(client_hosts as u32),
         flows: flow_results,
         hosts_cpu,
         links,
         app: app_result(point, &metrics, &services),
-        stack: Some(Stack::new(
-            &point.spec.transport,
-            point.spec.mode,
-            &point.spec.options,
-            path,
-            plan.base.label.clone(),
-        )),
-        ..ResultRecord::new(RecordHead {
-            test: workload.name().into(),
-            transport: point.spec.transport.clone(),
-            mode: point.spec.mode,
-            size_bytes: point.spec.size_bytes,
-            metric: workload.metric().key().into(),
-            value: summary.value,
-            time: rfc3339(started),
-        })
-    }
-    .diagnosed())
+    });
+    record.stats = Some(RecordStats::from(&summary));
+    record.percentiles = workload.percentiles(&hist);
+    record.bytes = Some(bytes);
+    record.datagrams = datagrams;
+    record.host = Some(coord.local.clone());
+    record.peer_host = Some(coord.links[first_server].facts.clone());
+    record.options = Some(options);
+    record.stack = Some(Stack::new(
+        &point.spec.transport,
+        point.spec.mode,
+        &point.spec.options,
+        path,
+        plan.settings.label.clone(),
+    ));
+    Ok(record.diagnosed())
 }
 
 #[cfg(test)]

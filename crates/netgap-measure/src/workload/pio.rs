@@ -247,8 +247,7 @@ impl Workload for Pio {
                 spec.transport
             )));
         }
-        // Without --sizes the plan checks a placeholder size of 1 before it
-        // takes the default; the smallest size is checked by each role.
+        // The smallest size is checked by each role.
         if spec.size_bytes > STRIPE_RANGE.1 {
             return Err(Refused(format!(
                 "pio: the size is the stripe unit: {} bytes is not between {} and {}",

@@ -238,8 +238,7 @@ impl Workload for Pipeline {
                 spec.transport
             )));
         }
-        // Without --sizes the plan checks a placeholder size of 1 before it
-        // takes the default; the smallest size is checked by each role.
+        // The smallest size is checked by each role.
         if spec.size_bytes > UOW_RANGE.1 {
             return Err(Refused(format!(
                 "pipeline: the size is the unit of work: {} bytes is not between {} and {}",

@@ -71,7 +71,8 @@ impl Importer for Iperf3 {
             transport: &protocol,
             size_bytes,
             metric: "bandwidth_gbps",
-            value: bps / 1e9,
+            // A second's bytes over a second.
+            value: netgap_core::units::gbps(bps / 8.0, 1e9),
             reps: (reps.len() >= 2).then_some(reps.as_slice()),
             percentiles: None,
             time: &time,
@@ -93,7 +94,8 @@ fn interval_gbps(doc: &Value) -> Vec<f64> {
         .filter_map(|s| {
             let secs = s.get("seconds")?.as_f64()?;
             let bps = s.get("bits_per_second")?.as_f64()?;
-            (secs.is_finite() && bps.is_finite()).then_some((secs, bps / 1e9))
+            (secs.is_finite() && bps.is_finite())
+                .then_some((secs, netgap_core::units::gbps(bps / 8.0, 1e9)))
         })
         .collect();
     let longest = sums.iter().map(|(s, _)| *s).fold(0.0, f64::max);

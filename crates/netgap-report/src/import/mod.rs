@@ -161,21 +161,20 @@ impl Imported<'_> {
             .reps
             .and_then(|r| Summary::from_reps(r).ok())
             .map(|s| RecordStats::from(&s));
-        ResultRecord {
-            stats,
-            percentiles: self.percentiles,
-            tool: Some(self.tool.to_string()),
-            ..ResultRecord::new(RecordHead {
-                test: self.test.to_string(),
-                transport: self.transport.to_string(),
-                // The peer tools here block in the kernel by default.
-                mode: Mode::Event,
-                size_bytes: self.size_bytes,
-                metric: self.metric.to_string(),
-                value: self.value,
-                time: self.time.to_string(),
-            })
-        }
+        let mut record = ResultRecord::new(RecordHead {
+            test: self.test.to_string(),
+            transport: self.transport.to_string(),
+            // The peer tools here block in the kernel by default.
+            mode: Mode::Event,
+            size_bytes: self.size_bytes,
+            metric: self.metric.to_string(),
+            value: self.value,
+            time: self.time.to_string(),
+        })
+        .imported_from(self.tool);
+        record.stats = stats;
+        record.percentiles = self.percentiles;
+        record
     }
 }
 
