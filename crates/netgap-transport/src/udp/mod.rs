@@ -78,6 +78,9 @@ use super::{
     Capabilities, DatagramStats, Flow, FlowConfig, FlowError, FlowMonitor, Listener, Receiver,
     Sender, Transport, TransportError,
 };
+#[cfg(test)]
+use crate::rto::RETRY_MIN;
+use crate::rto::{self, Hysteresis, RetryTimeout};
 use netgap_core::spec::{Mode, TransportOptions};
 use nix::sys::socket::MsgFlags;
 use nix::sys::time::TimeSpec;
@@ -92,21 +95,13 @@ use std::time::{Duration, Instant};
 
 const NAME: &str = "udp";
 
-/// Largest UDP payload of an IPv4 datagram, in bytes.
-pub(crate) const MAX_DATAGRAM_BYTES: usize = 65_507;
-/// Bytes of netgap's header in front of every datagram's payload.
-pub const HEADER_BYTES: usize = 24;
-/// Largest message the transport carries, in bytes: one datagram.
-pub const MAX_MESSAGE_BYTES: usize = MAX_DATAGRAM_BYTES - HEADER_BYTES;
-const _: () = assert!(MAX_MESSAGE_BYTES == netgap_core::datagram::MAX_MESSAGE_BYTES);
+pub mod wire;
+
+pub(crate) use wire::{Header, Kind, FLAG_RETRY};
+pub use wire::{HEADER_BYTES, MAX_MESSAGE_BYTES};
+
 /// How long a coordinator keeps sending its hello without an answer.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
-/// Retry timeout before any wait has been measured.
-pub(crate) const RETRY_INITIAL: Duration = Duration::from_millis(20);
-/// Shortest retry timeout.
-pub(crate) const RETRY_MIN: Duration = Duration::from_millis(2);
-/// Longest retry timeout, also the cap of the backoff.
-pub(crate) const RETRY_MAX: Duration = Duration::from_secs(1);
 /// Gaps remembered to tell a late datagram from a duplicate.
 pub const MAX_LOST_RANGES: usize = 1024;
 
@@ -124,107 +119,8 @@ const LISTEN_BATCH: usize = 64;
 /// Spins between deadline checks in poll mode (see stream_socket).
 const SPINS_PER_CLOCK_READ: u32 = 64;
 
-const MAGIC: [u8; 2] = *b"NG";
-const VERSION: u8 = 1;
-/// Flag: the sender waits for the receiver and asks for its last datagram.
-pub(crate) const FLAG_RETRY: u8 = 1;
-
 /// Kernel UDP datagrams.
 pub(crate) struct Udp;
-
-/// What a datagram is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Kind {
-    /// Coordinator to agent (flow engine client to server): please connect
-    /// to me. The engine's carries the session proof's hello.
-    Hello = 1,
-    /// Agent to coordinator (server to client): connected. The engine's
-    /// carries the session proof's answer.
-    HelloAck = 2,
-    /// A message.
-    Data = 3,
-    /// "I wait for you after a burst; my last data datagram is `seq`."
-    Probe = 4,
-    /// "Send your last datagram again: I have nothing from `seq` on."
-    Nack = 5,
-    /// Flow engine client to server: the session proof's confirmation
-    /// (see `flows::datagram`); the point-to-point path ignores it.
-    Confirm = 6,
-    /// Flow engine server to client: the confirmation verified and the
-    /// flow is registered.
-    ConfirmAck = 7,
-    /// "I am receiving: everything before `seq` arrived or was counted
-    /// lost." Sent by a receiving end at most every quarter of its
-    /// inactivity timeout while data arrives, so a sender that hears
-    /// nothing else (a one-way stream) can tell a stopped peer.
-    Ack = 8,
-}
-
-/// The header in front of every datagram, big-endian on the wire: magic
-/// (2 bytes), version, kind, flags, 3 reserved bytes, sequence number (8),
-/// stream offset of the payload in bytes (8).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Header {
-    pub(crate) kind: Kind,
-    pub(crate) flags: u8,
-    /// Data datagrams sent before this one in its direction.
-    pub(crate) seq: u64,
-    /// Payload bytes sent before this datagram's payload in its direction.
-    pub(crate) offset_bytes: u64,
-}
-
-impl Header {
-    pub(crate) fn control(kind: Kind) -> Header {
-        Header {
-            kind,
-            flags: 0,
-            seq: 0,
-            offset_bytes: 0,
-        }
-    }
-
-    pub(crate) fn encode(&self) -> [u8; HEADER_BYTES] {
-        let mut b = [0u8; HEADER_BYTES];
-        b[..2].copy_from_slice(&MAGIC);
-        b[2] = VERSION;
-        b[3] = self.kind as u8;
-        b[4] = self.flags;
-        b[8..16].copy_from_slice(&self.seq.to_be_bytes());
-        b[16..24].copy_from_slice(&self.offset_bytes.to_be_bytes());
-        b
-    }
-
-    /// The header at the start of `b`, or `None` for anything that is not
-    /// one of ours (too short, wrong magic, version or kind).
-    pub(crate) fn decode(b: &[u8]) -> Option<Header> {
-        let b: &[u8; HEADER_BYTES] = b.get(..HEADER_BYTES)?.try_into().ok()?;
-        if b[..2] != MAGIC || b[2] != VERSION {
-            return None;
-        }
-        let kind = match b[3] {
-            1 => Kind::Hello,
-            2 => Kind::HelloAck,
-            3 => Kind::Data,
-            4 => Kind::Probe,
-            5 => Kind::Nack,
-            6 => Kind::Confirm,
-            7 => Kind::ConfirmAck,
-            8 => Kind::Ack,
-            _ => return None,
-        };
-        let word = |i: usize| {
-            let mut w = [0u8; 8];
-            w.copy_from_slice(&b[i..i + 8]);
-            u64::from_be_bytes(w)
-        };
-        Some(Header {
-            kind,
-            flags: b[4],
-            seq: word(8),
-            offset_bytes: word(16),
-        })
-    }
-}
 
 /// [`DatagramStats`] as atomics, shared by the halves of a flow.
 #[derive(Default)]
@@ -291,10 +187,9 @@ struct RxState {
     overflow: Vec<u8>,
     /// Undelivered payload bytes in `overflow`.
     pending: std::ops::Range<usize>,
-    /// Smoothed wait of receive calls that needed no retry.
-    srtt: Option<Duration>,
-    /// Current retry timeout.
-    rto: Duration,
+    /// The retry timeout, from the waits of receive calls that needed no
+    /// retry.
+    rto: RetryTimeout,
     /// SO_RCVTIMEO currently set (event mode).
     rcv_timeout: Option<Duration>,
     /// When this end last told the peer it is receiving ([`Kind::Ack`]).
@@ -398,8 +293,7 @@ impl Shared {
                 hdr: [0u8; HEADER_BYTES],
                 overflow: vec![0u8; OVERFLOW_BYTES],
                 pending: 0..0,
-                srtt: None,
-                rto: RETRY_INITIAL,
+                rto: RetryTimeout::new(Hysteresis::Quarter),
                 rcv_timeout: None,
                 acked_at: None,
             }),
@@ -533,7 +427,7 @@ impl Shared {
                 return;
             };
             if Header::decode(&rx.hdr[..n])
-                .is_some_and(|h| h.kind == Kind::Data && h.seq >= rx.next_seq)
+                .is_ok_and(|h| h.kind == Kind::Data && h.seq >= rx.next_seq)
             {
                 return;
             }
@@ -606,13 +500,13 @@ impl Shared {
         if tx.last.len() < HEADER_BYTES || tx.next_seq <= from_seq {
             return;
         }
-        tx.last[4] = if retry { FLAG_RETRY } else { 0 };
+        tx.last[wire::FLAGS_AT] = if retry { FLAG_RETRY } else { 0 };
         let sent = nix::sys::socket::send(
             self.socket.as_raw_fd(),
             &tx.last,
             MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL,
         );
-        tx.last[4] = 0;
+        tx.last[wire::FLAGS_AT] = 0;
         if sent.is_ok() {
             bump(&self.counters.sent, 1);
             bump(&self.counters.retries, 1);
@@ -681,7 +575,7 @@ impl Shared {
     /// Accounts for a datagram of `total` bytes whose header is in
     /// `rx.hdr`, answering a peer that asked for a re-send.
     fn arrive(&self, rx: &mut RxState, total: usize) -> Result<Arrival, FlowError> {
-        let Some(h) = Header::decode(&rx.hdr[..total.min(HEADER_BYTES)]) else {
+        let Ok(h) = Header::decode(&rx.hdr[..total.min(HEADER_BYTES)]) else {
             return Ok(Arrival::Nothing);
         };
         self.heard.fetch_add(1, Ordering::Relaxed);
@@ -815,7 +709,7 @@ impl Shared {
         }
         let start = Instant::now();
         let deadline = start + self.io_timeout;
-        let mut interval = rx.rto;
+        let mut interval = rx.rto.get();
         let mut retry_at = start + interval;
         let mut retried = false;
         let mut wait = interval.min(self.io_timeout);
@@ -852,9 +746,9 @@ impl Shared {
                         if retried {
                             // Karn: a wait with re-sends is no sample; keep
                             // the backed-off timeout until a clean one.
-                            rx.rto = interval;
+                            rx.rto.back_off(interval);
                         } else {
-                            observe_wait(rx, start.elapsed());
+                            rx.rto.observe(start.elapsed());
                         }
                         if len > buf.len() {
                             rx.pending = 0..len - buf.len();
@@ -889,13 +783,13 @@ impl Shared {
             if now >= retry_at {
                 self.resend(true, 0);
                 retried = true;
-                interval = (interval * 2).min(RETRY_MAX);
+                interval = rto::backed_off(interval);
                 retry_at = now + interval;
             }
             if probe_at.is_some_and(|at| now >= at) {
                 probe_interval *= 2;
-                probe_at =
-                    (self.reprobe() && probe_interval <= rx.rto).then_some(now + probe_interval);
+                probe_at = (self.reprobe() && probe_interval <= rx.rto.get())
+                    .then_some(now + probe_interval);
             }
             wait = retry_at.min(deadline) - now;
         }
@@ -925,8 +819,8 @@ impl Shared {
             }
             if probe_at.is_some_and(|at| now >= at) {
                 probe_interval *= 2;
-                probe_at =
-                    (self.reprobe() && probe_interval <= rx.rto).then_some(now + probe_interval);
+                probe_at = (self.reprobe() && probe_interval <= rx.rto.get())
+                    .then_some(now + probe_interval);
             }
             let until = probe_at.map_or(deadline, |at| at.min(deadline));
             let mut fds = [
@@ -958,7 +852,7 @@ impl Shared {
                 Err(e) => return Err(flow_err(e.into(), self.io_timeout)),
             };
             if Header::decode(&rx.hdr[..n])
-                .is_some_and(|h| h.kind == Kind::Data && h.seq >= rx.next_seq)
+                .is_ok_and(|h| h.kind == Kind::Data && h.seq >= rx.next_seq)
             {
                 watch_data = false;
                 continue;
@@ -1002,21 +896,6 @@ fn take_lost(ranges: &mut VecDeque<(u64, u64)>, seq: u64) -> bool {
         }
     }
     true
-}
-
-/// Folds one receive wait into the retry timeout: four times the smoothed
-/// wait, within [`RETRY_MIN`]..[`RETRY_MAX`], changed only when it moves by
-/// more than a quarter (so event mode rarely resets SO_RCVTIMEO).
-fn observe_wait(rx: &mut RxState, sample: Duration) {
-    let srtt = match rx.srtt {
-        None => sample,
-        Some(s) => (s * 7 + sample) / 8,
-    };
-    rx.srtt = Some(srtt);
-    let target = (srtt * 4).clamp(RETRY_MIN, RETRY_MAX);
-    if target > rx.rto + rx.rto / 4 || target < rx.rto - rx.rto / 4 {
-        rx.rto = target;
-    }
 }
 
 impl FlowMonitor for Shared {
@@ -1189,7 +1068,7 @@ fn connect_flow(
         while knocked.elapsed() < HELLO_INTERVAL {
             match socket.recv(&mut buf) {
                 Ok(n) => {
-                    if Header::decode(&buf[..n]).is_some_and(|h| h.kind == Kind::HelloAck) {
+                    if Header::decode(&buf[..n]).is_ok_and(|h| h.kind == Kind::HelloAck) {
                         break 'knock;
                     }
                 }
@@ -1241,7 +1120,7 @@ impl UdpDataListener {
             })?;
             match self.socket.recv_from(&mut buf) {
                 Ok((n, from)) => {
-                    if Header::decode(&buf[..n]).is_some_and(|h| h.kind == Kind::Hello) {
+                    if Header::decode(&buf[..n]).is_ok_and(|h| h.kind == Kind::Hello) {
                         break from;
                     }
                 }
@@ -1360,7 +1239,7 @@ mod tests {
         let mut ack = [0u8; 64];
         let n = raw.recv(&mut ack).expect("hello-ack");
         assert_eq!(
-            Header::decode(&ack[..n]).map(|h| h.kind),
+            Header::decode(&ack[..n]).ok().map(|h| h.kind),
             Some(Kind::HelloAck)
         );
         (flow, raw)
@@ -1382,25 +1261,6 @@ mod tests {
     /// The next send of datagram `seq` from `flow` is lost on the way.
     fn drop_seq(flow: &UdpFlow, seq: u64) {
         flow.tx.0.drop_seq.store(seq, Ordering::Relaxed);
-    }
-
-    #[test]
-    fn header_round_trips_and_rejects_strangers() {
-        let h = Header {
-            kind: Kind::Data,
-            flags: FLAG_RETRY,
-            seq: 7,
-            offset_bytes: u64::MAX,
-        };
-        assert_eq!(Header::decode(&h.encode()), Some(h));
-        assert_eq!(Header::decode(&h.encode()[..HEADER_BYTES - 1]), None);
-        let mut b = h.encode();
-        b[0] = b'X';
-        assert_eq!(Header::decode(&b), None);
-        let mut b = h.encode();
-        b[3] = 9;
-        assert_eq!(Header::decode(&b), None);
-        assert_eq!(Header::decode(&[]), None);
     }
 
     #[test]
