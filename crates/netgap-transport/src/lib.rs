@@ -19,6 +19,7 @@ pub mod mptcp;
 pub mod netns;
 pub mod options;
 pub mod rate;
+pub mod rto;
 pub mod shm;
 mod sockdir;
 mod sockopt;

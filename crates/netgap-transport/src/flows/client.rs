@@ -12,13 +12,14 @@
 //! path) wait only for reads; their re-sends are due at deadlines kept in
 //! the worker's [`RetryQueue`], which sets how long the worker may sleep.
 
-use super::datagram::{self, DatagramClient, RetryQueue, RetryTimeout};
+use super::datagram::{self, DatagramClient, RetryQueue};
 use super::io::{Io, WorkerIo};
 use super::machine::{ConnectClient, MachineError, PingPongClient, Progress};
 use super::proof::ConnectorHandshake;
 use super::{
     limits, setup, ClientReport, ClientSpec, EngineConfig, EngineError, FlowOutcome, FlowWork,
 };
+use crate::rto::{self, Hysteresis, RetryTimeout};
 use netgap_core::spec::{Mode, TransportOptions};
 use netgap_core::stats::FlowHistogram;
 use netgap_proto::dataproof::DataToken;
@@ -176,7 +177,7 @@ pub(super) fn prepare(
             io,
             flows: Vec::with_capacity(spec.flows / workers_n + 1),
             retries: RetryQueue::default(),
-            rto: RetryTimeout::new(),
+            rto: RetryTimeout::new(Hysteresis::None),
         });
     }
     // Connections are opened paced, all before any flow is handed to a
@@ -1105,7 +1106,7 @@ fn resend_due(w: &mut Worker, now: Instant, ctx: &Ctx) -> Result<(), EngineError
         let at = if at <= now {
             m.resend(&mut Io::new(socket.as_fd(), &mut *w.io))
                 .map_err(|e| flow_failed(f.index, ctx, e))?;
-            *backoff = (*backoff * 2).min(crate::udp::RETRY_MAX);
+            *backoff = rto::backed_off(*backoff);
             let next = now + *backoff;
             *retry_at = Some(next);
             next

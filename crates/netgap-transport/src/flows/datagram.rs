@@ -40,18 +40,18 @@
 //!   of state per proven flow in a map capped at [`MAX_PEERS_PER_WORKER`]
 //!   and one datagram buffer per worker, and nothing per unproven sender.
 //!
-//! The retry timeout is the udp transport's rule, kept per worker (its
-//! flows share the server and the path): 20 ms until measured, then four
-//! times the smoothed round trip of exchanges that needed no re-send,
-//! within [`RETRY_MIN`]..[`RETRY_MAX`], and at least the backed-off wait
-//! of the last exchange that needed one (Karn) until a clean one.
+//! The retry timeout is the udp transport's rule ([`crate::rto`]), kept
+//! per worker (its flows share the server and the path): 20 ms until
+//! measured, then four times the smoothed round trip of exchanges that
+//! needed no re-send, within [`RETRY_MIN`]..[`RETRY_MAX`], and at least
+//! the backed-off wait of the last exchange that needed one (Karn) until a
+//! clean one.
 
 use super::machine::{MachineError, Moved, Progress};
 use super::{EngineError, ServerTotals};
-use crate::udp::{
-    Header, Kind, FLAG_RETRY, HEADER_BYTES, HELLO_INTERVAL, MAX_MESSAGE_BYTES, RETRY_INITIAL,
-    RETRY_MAX, RETRY_MIN,
-};
+#[cfg(doc)]
+use crate::rto::{RETRY_MAX, RETRY_MIN};
+use crate::udp::{Header, Kind, FLAG_RETRY, HEADER_BYTES, HELLO_INTERVAL, MAX_MESSAGE_BYTES};
 use crate::TransportError;
 use netgap_core::datagram::DatagramStats;
 use netgap_core::spec::{Mode, TransportOptions};
@@ -215,7 +215,7 @@ impl DatagramClient {
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(Progress::WantRead),
                 Err(e) => return Err(MachineError::Io(e)),
             };
-            let Some(h) = Header::decode(&self.buf[..n]) else {
+            let Ok(h) = Header::decode(&self.buf[..n]) else {
                 continue;
             };
             if h.kind != Kind::Data {
@@ -239,47 +239,6 @@ impl DatagramClient {
             return Ok(Progress::Done);
         }
         Ok(Progress::WantRead)
-    }
-}
-
-/// One worker's retry timeout: the udp transport's rule (see the module
-/// docs), learnt from the round trips of all the worker's flows.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct RetryTimeout {
-    srtt: Option<Duration>,
-    rto: Duration,
-}
-
-impl RetryTimeout {
-    /// Before any round trip: [`RETRY_INITIAL`].
-    pub fn new() -> RetryTimeout {
-        RetryTimeout {
-            srtt: None,
-            rto: RETRY_INITIAL,
-        }
-    }
-
-    /// The current retry timeout.
-    pub fn get(&self) -> Duration {
-        self.rto
-    }
-
-    /// Keeps at least `backoff`, the wait an exchange that needed re-sends
-    /// had reached (Karn): its round trip is no sample, and without this
-    /// only the exchanges faster than the timeout would teach it, so a
-    /// timeout below the real round trip would never grow.
-    pub fn back_off(&mut self, backoff: Duration) {
-        self.rto = self.rto.max(backoff).min(RETRY_MAX);
-    }
-
-    /// Folds in the round trip of an exchange that needed no re-send.
-    pub fn observe(&mut self, rtt: Duration) {
-        let srtt = match self.srtt {
-            None => rtt,
-            Some(s) => (s * 7 + rtt) / 8,
-        };
-        self.srtt = Some(srtt);
-        self.rto = (srtt * 4).clamp(RETRY_MIN, RETRY_MAX);
     }
 }
 
@@ -361,7 +320,7 @@ fn knock<T>(
             socket.set_read_timeout(Some(wait))?;
             match socket.recv(&mut buf) {
                 Ok(n) => {
-                    let Some(h) = Header::decode(&buf[..n]) else {
+                    let Ok(h) = Header::decode(&buf[..n]) else {
                         continue;
                     };
                     if let Some(t) = take(&h, &buf[HEADER_BYTES..n]) {
@@ -641,7 +600,7 @@ impl Server {
     /// Accounts for the `n`-byte datagram in `buf` from `from` and says
     /// what to send back. Never panics on what a peer sends.
     fn answer(&mut self, n: usize, from: SocketAddr) -> Answer {
-        let Some(h) = Header::decode(&self.buf[..n]) else {
+        let Ok(h) = Header::decode(&self.buf[..n]) else {
             self.totals.errors += 1;
             return Answer::None;
         };
@@ -878,27 +837,6 @@ mod tests {
         m.start(&mut io).unwrap();
         io.reads.push_back(data(0, 3));
         assert!(matches!(m.pump(&mut io), Err(MachineError::Unexpected)));
-    }
-
-    #[test]
-    fn the_retry_timeout_follows_clean_round_trips_within_bounds() {
-        let mut t = RetryTimeout::new();
-        assert_eq!(t.get(), RETRY_INITIAL);
-        t.observe(Duration::from_micros(10));
-        assert_eq!(t.get(), RETRY_MIN);
-        for _ in 0..100 {
-            t.observe(Duration::from_millis(100));
-        }
-        assert!(t.get() > Duration::from_millis(300) && t.get() <= Duration::from_millis(400));
-        t.observe(Duration::from_secs(60));
-        assert!(t.get() <= RETRY_MAX);
-        let mut t = RetryTimeout::new();
-        t.back_off(Duration::from_millis(80));
-        assert_eq!(t.get(), Duration::from_millis(80));
-        t.back_off(Duration::from_millis(40));
-        assert_eq!(t.get(), Duration::from_millis(80));
-        t.back_off(Duration::from_secs(9));
-        assert_eq!(t.get(), RETRY_MAX);
     }
 
     #[test]

@@ -521,7 +521,7 @@ fn a_lost_udp_datagram_is_sent_again_not_a_hang() {
     assert_eq!(d.datagrams_sent, server_data);
     // The first round trip waited out two retry timeouts, 20 ms then 40.
     let max_us = f.hist.percentiles_us(1.0).unwrap().max;
-    let two_timeouts_us = 3.0 * crate::udp::RETRY_INITIAL.as_micros() as f64;
+    let two_timeouts_us = 3.0 * crate::rto::RETRY_INITIAL.as_micros() as f64;
     assert!(max_us >= 0.99 * two_timeouts_us, "{max_us}");
 }
 

@@ -34,13 +34,15 @@
 //! which the peer sees as a duplicate and never delivers twice), and it
 //! ends a bulk burst whose tail was lost: the receiver learns of the last
 //! datagram from the re-send (or from the peer's answer to its own retry)
-//! and counts the gap before it. The retry timeout is 20 ms until measured,
-//! then four times the smoothed wait of receive calls that needed no retry,
-//! within 2 ms..1 s, and stays backed off after a wait that needed one
-//! (Karn). Event mode waits with SO_RCVTIMEO, which the kernel rounds up to
-//! its tick (about 8 ms for short timeouts where this was written). The
-//! inactivity timeout still ends a receive that makes no progress, so a
-//! silent peer is [`FlowError::TimedOut`], never a hang.
+//! and counts the gap before it. The retry timeout ([`crate::rto`], the
+//! flow engine's datagram flows follow the same rule) is 20 ms until
+//! measured, then four times the smoothed wait of receive calls that
+//! needed no retry, within 2 ms..1 s, and stays backed off after a wait
+//! that needed one (Karn); it moves only when the new value differs by
+//! more than a quarter. Event mode waits with SO_RCVTIMEO, which the
+//! kernel rounds up to its tick (about 8 ms for short timeouts where this
+//! was written). The inactivity timeout still ends a receive that makes no
+//! progress, so a silent peer is [`FlowError::TimedOut`], never a hang.
 //!
 //! Tails: a test that ends a burst says so ([`Sender::end_burst`]) and the
 //! flow sends a header-only probe naming its last datagram. Everything sent
@@ -67,6 +69,10 @@
 //! lost and, when they arrive, reordered, since they were not delivered in
 //! order.
 //!
+//! Code: the datagram layout is [`wire`] and the retry protocol
+//! [`reliable`], both plain code without sockets or a clock, tested
+//! there; this module holds the sockets and the waits that drive them.
+//!
 //! Multi-host runs: a flow can leave from a chosen local address (bound
 //! before the connect, [`Transport::connect_from`]), so multirail puts one
 //! on each link; the multi-client flow engine carries udp too (its datagram
@@ -78,11 +84,13 @@ use super::{
     Capabilities, DatagramStats, Flow, FlowConfig, FlowError, FlowMonitor, Listener, Receiver,
     Sender, Transport, TransportError,
 };
+#[cfg(test)]
+use crate::rto::RETRY_MIN;
+use crate::rto::{Hysteresis, RetryTimeout};
 use netgap_core::spec::{Mode, TransportOptions};
 use nix::sys::socket::MsgFlags;
 use nix::sys::time::TimeSpec;
 use socket2::{Domain, Protocol, SockAddr, SockRef, Socket, Type};
-use std::collections::VecDeque;
 use std::io::{self, IoSliceMut};
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
@@ -92,28 +100,18 @@ use std::time::{Duration, Instant};
 
 const NAME: &str = "udp";
 
-/// Largest UDP payload of an IPv4 datagram, in bytes.
-pub(crate) const MAX_DATAGRAM_BYTES: usize = 65_507;
-/// Bytes of netgap's header in front of every datagram's payload.
-pub const HEADER_BYTES: usize = 24;
-/// Largest message the transport carries, in bytes: one datagram.
-pub const MAX_MESSAGE_BYTES: usize = MAX_DATAGRAM_BYTES - HEADER_BYTES;
-const _: () = assert!(MAX_MESSAGE_BYTES == netgap_core::datagram::MAX_MESSAGE_BYTES);
+pub mod reliable;
+pub mod wire;
+
+use reliable::{
+    AckPacer, Answer, ProbeTimer, Receiving, RecvWait, SendCheck, Sending, SilenceWatch, Tick,
+};
+pub use reliable::{MAX_LOST_RANGES, PROBE_FIRST};
+pub(crate) use wire::{Header, Kind, FLAG_RETRY};
+pub use wire::{HEADER_BYTES, MAX_MESSAGE_BYTES};
+
 /// How long a coordinator keeps sending its hello without an answer.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
-/// Retry timeout before any wait has been measured.
-pub(crate) const RETRY_INITIAL: Duration = Duration::from_millis(20);
-/// Shortest retry timeout.
-pub(crate) const RETRY_MIN: Duration = Duration::from_millis(2);
-/// Longest retry timeout, also the cap of the backoff.
-pub(crate) const RETRY_MAX: Duration = Duration::from_secs(1);
-/// Gaps remembered to tell a late datagram from a duplicate.
-pub const MAX_LOST_RANGES: usize = 1024;
-
-/// First interval between probes while a burst's end is unconfirmed; it
-/// doubles up to the retry timeout.
-pub const PROBE_FIRST: Duration = Duration::from_micros(100);
-
 /// Interval between hellos while connecting.
 pub(crate) const HELLO_INTERVAL: Duration = Duration::from_millis(20);
 /// Bytes after the caller's buffer that catch the rest of a datagram; more
@@ -124,107 +122,8 @@ const LISTEN_BATCH: usize = 64;
 /// Spins between deadline checks in poll mode (see stream_socket).
 const SPINS_PER_CLOCK_READ: u32 = 64;
 
-const MAGIC: [u8; 2] = *b"NG";
-const VERSION: u8 = 1;
-/// Flag: the sender waits for the receiver and asks for its last datagram.
-pub(crate) const FLAG_RETRY: u8 = 1;
-
 /// Kernel UDP datagrams.
 pub(crate) struct Udp;
-
-/// What a datagram is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Kind {
-    /// Coordinator to agent (flow engine client to server): please connect
-    /// to me. The engine's carries the session proof's hello.
-    Hello = 1,
-    /// Agent to coordinator (server to client): connected. The engine's
-    /// carries the session proof's answer.
-    HelloAck = 2,
-    /// A message.
-    Data = 3,
-    /// "I wait for you after a burst; my last data datagram is `seq`."
-    Probe = 4,
-    /// "Send your last datagram again: I have nothing from `seq` on."
-    Nack = 5,
-    /// Flow engine client to server: the session proof's confirmation
-    /// (see `flows::datagram`); the point-to-point path ignores it.
-    Confirm = 6,
-    /// Flow engine server to client: the confirmation verified and the
-    /// flow is registered.
-    ConfirmAck = 7,
-    /// "I am receiving: everything before `seq` arrived or was counted
-    /// lost." Sent by a receiving end at most every quarter of its
-    /// inactivity timeout while data arrives, so a sender that hears
-    /// nothing else (a one-way stream) can tell a stopped peer.
-    Ack = 8,
-}
-
-/// The header in front of every datagram, big-endian on the wire: magic
-/// (2 bytes), version, kind, flags, 3 reserved bytes, sequence number (8),
-/// stream offset of the payload in bytes (8).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Header {
-    pub(crate) kind: Kind,
-    pub(crate) flags: u8,
-    /// Data datagrams sent before this one in its direction.
-    pub(crate) seq: u64,
-    /// Payload bytes sent before this datagram's payload in its direction.
-    pub(crate) offset_bytes: u64,
-}
-
-impl Header {
-    pub(crate) fn control(kind: Kind) -> Header {
-        Header {
-            kind,
-            flags: 0,
-            seq: 0,
-            offset_bytes: 0,
-        }
-    }
-
-    pub(crate) fn encode(&self) -> [u8; HEADER_BYTES] {
-        let mut b = [0u8; HEADER_BYTES];
-        b[..2].copy_from_slice(&MAGIC);
-        b[2] = VERSION;
-        b[3] = self.kind as u8;
-        b[4] = self.flags;
-        b[8..16].copy_from_slice(&self.seq.to_be_bytes());
-        b[16..24].copy_from_slice(&self.offset_bytes.to_be_bytes());
-        b
-    }
-
-    /// The header at the start of `b`, or `None` for anything that is not
-    /// one of ours (too short, wrong magic, version or kind).
-    pub(crate) fn decode(b: &[u8]) -> Option<Header> {
-        let b: &[u8; HEADER_BYTES] = b.get(..HEADER_BYTES)?.try_into().ok()?;
-        if b[..2] != MAGIC || b[2] != VERSION {
-            return None;
-        }
-        let kind = match b[3] {
-            1 => Kind::Hello,
-            2 => Kind::HelloAck,
-            3 => Kind::Data,
-            4 => Kind::Probe,
-            5 => Kind::Nack,
-            6 => Kind::Confirm,
-            7 => Kind::ConfirmAck,
-            8 => Kind::Ack,
-            _ => return None,
-        };
-        let word = |i: usize| {
-            let mut w = [0u8; 8];
-            w.copy_from_slice(&b[i..i + 8]);
-            u64::from_be_bytes(w)
-        };
-        Some(Header {
-            kind,
-            flags: b[4],
-            seq: word(8),
-            offset_bytes: word(16),
-        })
-    }
-}
 
 /// [`DatagramStats`] as atomics, shared by the halves of a flow.
 #[derive(Default)]
@@ -259,46 +158,32 @@ impl Counters {
 
 /// The sending direction's state.
 struct TxState {
-    /// Sequence number of the next data datagram.
-    next_seq: u64,
-    /// Stream offset of the next payload byte.
-    next_offset: u64,
+    /// The numbering of data datagrams.
+    seq: Sending,
     /// The last data datagram sent, header and payload, for re-sends; empty
     /// before the first.
     last: Vec<u8>,
-    /// When this end first sent data since it last heard from the peer.
-    quiet_since: Option<Instant>,
-    /// The count of the peer's datagrams ([`Shared::heard`]) when this end
-    /// last looked.
-    heard_seen: u64,
-    /// When this end next reads what the peer sent while only sending.
-    next_listen: Option<Instant>,
-    /// When this end last sent data.
-    last_send: Option<Instant>,
+    /// Whether the peer still answers a sender that only sends.
+    silence: SilenceWatch,
 }
 
 /// The receiving direction's state.
 struct RxState {
-    /// Sequence number of the next datagram to deliver.
-    next_seq: u64,
-    /// Stream offset of the next payload byte to deliver.
-    next_offset: u64,
-    /// Sequence ranges `[start, end)` counted lost, newest last.
-    lost_ranges: VecDeque<(u64, u64)>,
+    /// What arrived, what was lost and what comes next.
+    recv: Receiving,
     /// Where each datagram's header lands.
     hdr: [u8; HEADER_BYTES],
     /// Where a datagram's payload lands past the caller's buffer.
     overflow: Vec<u8>,
     /// Undelivered payload bytes in `overflow`.
     pending: std::ops::Range<usize>,
-    /// Smoothed wait of receive calls that needed no retry.
-    srtt: Option<Duration>,
-    /// Current retry timeout.
-    rto: Duration,
+    /// The retry timeout, from the waits of receive calls that needed no
+    /// retry.
+    rto: RetryTimeout,
     /// SO_RCVTIMEO currently set (event mode).
     rcv_timeout: Option<Duration>,
-    /// When this end last told the peer it is receiving ([`Kind::Ack`]).
-    acked_at: Option<Instant>,
+    /// When this end tells the peer it is receiving ([`Kind::Ack`]).
+    acks: AckPacer,
 }
 
 /// Everything the halves of a flow and its monitor share.
@@ -383,25 +268,18 @@ impl Shared {
             mode: config.mode,
             io_timeout: config.io_timeout,
             tx: Mutex::new(TxState {
-                next_seq: 0,
-                next_offset: 0,
+                seq: Sending::new(),
                 last: Vec::new(),
-                quiet_since: None,
-                heard_seen: 0,
-                next_listen: None,
-                last_send: None,
+                silence: SilenceWatch::new(config.io_timeout),
             }),
             rx: Mutex::new(RxState {
-                next_seq: 0,
-                next_offset: 0,
-                lost_ranges: VecDeque::new(),
+                recv: Receiving::new(),
                 hdr: [0u8; HEADER_BYTES],
                 overflow: vec![0u8; OVERFLOW_BYTES],
                 pending: 0..0,
-                srtt: None,
-                rto: RETRY_INITIAL,
+                rto: RetryTimeout::new(Hysteresis::Quarter),
                 rcv_timeout: None,
-                acked_at: None,
+                acks: AckPacer::new(config.io_timeout),
             }),
             counters: Counters::default(),
             heard: AtomicU64::new(0),
@@ -446,71 +324,39 @@ impl Shared {
             });
         }
         let mut tx = lock(&self.tx);
-        let header = Header {
-            kind: Kind::Data,
-            flags: 0,
-            seq: tx.next_seq,
-            offset_bytes: tx.next_offset,
-        };
+        let header = tx.seq.data_header();
         tx.last.clear();
         tx.last.extend_from_slice(&header.encode());
         tx.last.extend_from_slice(payload);
         #[cfg(test)]
         let dropped = self
             .drop_seq
-            .compare_exchange(tx.next_seq, u64::MAX, Ordering::Relaxed, Ordering::Relaxed)
+            .compare_exchange(header.seq, u64::MAX, Ordering::Relaxed, Ordering::Relaxed)
             .is_ok();
         #[cfg(not(test))]
         let dropped = false;
         if !dropped {
             self.send_datagram(&tx.last)?;
         }
-        tx.next_seq += 1;
-        tx.next_offset += payload.len() as u64;
+        tx.seq.sent(payload.len());
         bump(&self.counters.sent, 1);
         Ok(())
     }
 
     /// Whether the peer has said nothing for the whole inactivity timeout
-    /// while this end kept sending. A datagram socket's send never waits
-    /// on a stopped peer (the kernel drops what its queue cannot hold), so
-    /// a sender that receives nothing (a one-way stream) reads, every
-    /// eighth of the timeout once the peer has been quiet that long, what
-    /// the peer sent: a receiving peer acknowledges ([`Kind::Ack`]) every
-    /// quarter of the timeout while data arrives. A stopped peer is named
-    /// within about the timeout and a fifth of it, as a stream socket's
-    /// full buffer would.
+    /// while this end kept sending ([`SilenceWatch`]): a sender that
+    /// receives nothing (a one-way stream) reads now and then what the
+    /// peer sent, without waiting, to hear its acknowledgments.
     fn peer_silent(&self) -> bool {
         let now = Instant::now();
-        let listen_every = self.io_timeout / 8;
-        let mut tx = lock(&self.tx);
         let heard = self.heard.load(Ordering::Relaxed);
-        // The peer acknowledges only data that arrives: time this end
-        // spent not sending is no silence of the peer's.
-        let paused = tx
-            .last_send
-            .is_some_and(|t| now.duration_since(t) > listen_every);
-        tx.last_send = Some(now);
-        if heard != tx.heard_seen || paused {
-            tx.heard_seen = heard;
-            tx.quiet_since = None;
-        }
-        let since = *tx.quiet_since.get_or_insert(now);
-        let quiet = now.duration_since(since);
-        if quiet < listen_every || tx.next_listen.is_some_and(|at| now < at) {
+        let check = lock(&self.tx).silence.before_send(now, heard);
+        let SendCheck::Listen { quiet } = check else {
             return false;
-        }
-        tx.next_listen = Some(now + listen_every / 2);
-        drop(tx);
+        };
         self.listen_while_sending();
-        let mut tx = lock(&self.tx);
         let heard = self.heard.load(Ordering::Relaxed);
-        if heard != tx.heard_seen {
-            tx.heard_seen = heard;
-            tx.quiet_since = Some(now);
-            return false;
-        }
-        quiet >= self.io_timeout
+        lock(&self.tx).silence.after_listen(now, heard, quiet)
     }
 
     /// Reads, without waiting, what the peer sent that is not new data
@@ -532,9 +378,7 @@ impl Shared {
             let Ok(n) = peeked else {
                 return;
             };
-            if Header::decode(&rx.hdr[..n])
-                .is_some_and(|h| h.kind == Kind::Data && h.seq >= rx.next_seq)
-            {
+            if Header::decode(&rx.hdr[..n]).is_ok_and(|h| rx.recv.is_new_data(&h)) {
                 return;
             }
             // What is left is header-only or old: its header (and the
@@ -603,16 +447,16 @@ impl Shared {
         let Some(mut tx) = try_lock(&self.tx) else {
             return;
         };
-        if tx.last.len() < HEADER_BYTES || tx.next_seq <= from_seq {
+        if tx.last.len() < HEADER_BYTES || !tx.seq.resends(from_seq) {
             return;
         }
-        tx.last[4] = if retry { FLAG_RETRY } else { 0 };
+        tx.last[wire::FLAGS_AT] = if retry { FLAG_RETRY } else { 0 };
         let sent = nix::sys::socket::send(
             self.socket.as_raw_fd(),
             &tx.last,
             MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL,
         );
-        tx.last[4] = 0;
+        tx.last[wire::FLAGS_AT] = 0;
         if sent.is_ok() {
             bump(&self.counters.sent, 1);
             bump(&self.counters.retries, 1);
@@ -634,9 +478,9 @@ impl Shared {
     /// queue that dropped the tail).
     fn end_burst(&self) {
         let tx = lock(&self.tx);
-        if let Some(seq) = tx.next_seq.checked_sub(1) {
-            self.probe_seq.store(seq, Ordering::Relaxed);
-            self.send_probe(seq, tx.next_offset);
+        if let Some(probe) = tx.seq.probe() {
+            self.probe_seq.store(probe.seq, Ordering::Relaxed);
+            self.send_control(probe);
         }
     }
 
@@ -650,21 +494,14 @@ impl Shared {
         let Some(tx) = try_lock(&self.tx) else {
             return true;
         };
-        if tx.next_seq != seq.wrapping_add(1) {
+        if !tx.seq.still_ends_at(seq) {
             self.probe_seq.store(u64::MAX, Ordering::Relaxed);
             return false;
         }
-        self.send_probe(seq, tx.next_offset);
+        if let Some(probe) = tx.seq.probe() {
+            self.send_control(probe);
+        }
         true
-    }
-
-    fn send_probe(&self, seq: u64, end_offset_bytes: u64) {
-        self.send_control(Header {
-            kind: Kind::Probe,
-            flags: 0,
-            seq,
-            offset_bytes: end_offset_bytes,
-        });
     }
 
     /// Waits until the socket is readable or `t` passes: true if readable.
@@ -679,111 +516,48 @@ impl Shared {
     }
 
     /// Accounts for a datagram of `total` bytes whose header is in
-    /// `rx.hdr`, answering a peer that asked for a re-send.
+    /// `rx.hdr` ([`Receiving::on_datagram`]) and sends what it answers.
     fn arrive(&self, rx: &mut RxState, total: usize) -> Result<Arrival, FlowError> {
-        let Some(h) = Header::decode(&rx.hdr[..total.min(HEADER_BYTES)]) else {
+        let Ok(h) = Header::decode(&rx.hdr[..total.min(HEADER_BYTES)]) else {
             return Ok(Arrival::Nothing);
         };
         self.heard.fetch_add(1, Ordering::Relaxed);
-        let len = total - HEADER_BYTES;
-        match h.kind {
-            Kind::Hello => {
-                // The hello-ack was lost and the peer still knocks.
-                self.send_control(Header::control(Kind::HelloAck));
-                return Ok(Arrival::Nothing);
-            }
-            // The flow engine's proof is no part of this path; an
-            // acknowledgment only says the peer is alive (counted above).
-            Kind::HelloAck | Kind::Confirm | Kind::ConfirmAck | Kind::Ack => {
-                return Ok(Arrival::Nothing)
-            }
-            Kind::Probe => {
-                // Everything sent before the probe is ahead of it in the
-                // queue: what has not arrived by now was lost (or, on a real
-                // network, overtaken; it then arrives late).
-                if h.seq >= rx.next_seq {
-                    self.send_control(Header {
-                        kind: Kind::Nack,
-                        flags: 0,
-                        seq: rx.next_seq,
-                        offset_bytes: rx.next_offset,
-                    });
-                }
-                return Ok(Arrival::Nothing);
-            }
-            Kind::Nack => {
-                self.resend(false, h.seq);
-                return Ok(Arrival::Nothing);
-            }
-            Kind::Data => {}
+        if h.kind == Kind::Data {
+            bump(&self.counters.received, 1);
         }
-        bump(&self.counters.received, 1);
-        let arrival = if h.seq >= rx.next_seq {
-            let skipped = h.seq - rx.next_seq;
-            let lost_bytes = h.offset_bytes.checked_sub(rx.next_offset);
-            let end = h.offset_bytes.checked_add(len as u64);
-            let (Some(lost_bytes), Some(end)) = (lost_bytes, end) else {
-                return Err(protocol_err(format!(
-                    "datagram {} at offset {} bytes, expected at least {}",
-                    h.seq, h.offset_bytes, rx.next_offset
-                )));
-            };
-            if (skipped == 0) != (lost_bytes == 0) {
-                return Err(protocol_err(format!(
-                    "datagram {} at offset {} bytes after datagram {} ended at {}",
-                    h.seq,
-                    h.offset_bytes,
-                    rx.next_seq.wrapping_sub(1),
-                    rx.next_offset
-                )));
+        let a = rx
+            .recv
+            .on_datagram(&h, total - HEADER_BYTES)
+            .map_err(|e| protocol_err(e.to_string()))?;
+        let t = a.tally;
+        for (c, by) in [
+            (&self.counters.lost, t.lost),
+            (&self.counters.lost_bytes, t.lost_bytes),
+            (&self.counters.reordered, t.reordered),
+            (&self.counters.duplicates, t.duplicates),
+        ] {
+            if by > 0 {
+                bump(c, by);
             }
-            if skipped > 0 {
-                bump(&self.counters.lost, skipped);
-                bump(&self.counters.lost_bytes, lost_bytes);
-                rx.lost_ranges.push_back((rx.next_seq, h.seq));
-                if rx.lost_ranges.len() > MAX_LOST_RANGES {
-                    rx.lost_ranges.pop_front();
-                }
-            }
-            rx.next_seq = h.seq.saturating_add(1);
-            rx.next_offset = end;
-            if len == 0 {
-                Arrival::Nothing
-            } else {
-                Arrival::Data(len)
-            }
-        } else {
-            if take_lost(&mut rx.lost_ranges, h.seq) {
-                bump(&self.counters.reordered, 1);
-            } else {
-                bump(&self.counters.duplicates, 1);
-            }
-            Arrival::Nothing
-        };
-        if h.flags & FLAG_RETRY != 0 {
-            self.resend(false, 0);
         }
-        Ok(arrival)
+        match a.answer {
+            Answer::None => {}
+            Answer::Control(header) => self.send_control(header),
+            Answer::Resend { from_seq } => self.resend(false, from_seq),
+        }
+        Ok(match a.deliver_bytes {
+            0 => Arrival::Nothing,
+            len => Arrival::Data(len),
+        })
     }
 
     /// Tells the peer this end is receiving, if a quarter of the
     /// inactivity timeout has passed since it last did (see
     /// [`Shared::peer_silent`]).
     fn ack_if_due(&self, rx: &mut RxState) {
-        let now = Instant::now();
-        if rx
-            .acked_at
-            .is_some_and(|t| now.duration_since(t) < self.io_timeout / 4)
-        {
-            return;
+        if rx.acks.due(Instant::now()) {
+            self.send_control(rx.recv.ack());
         }
-        rx.acked_at = Some(now);
-        self.send_control(Header {
-            kind: Kind::Ack,
-            flags: 0,
-            seq: rx.next_seq,
-            offset_bytes: rx.next_offset,
-        });
     }
 
     /// Sets SO_RCVTIMEO to `t` unless it already is.
@@ -813,27 +587,19 @@ impl Shared {
             rx.pending.start += n;
             return Ok(n);
         }
-        let start = Instant::now();
-        let deadline = start + self.io_timeout;
-        let mut interval = rx.rto;
-        let mut retry_at = start + interval;
-        let mut retried = false;
-        let mut wait = interval.min(self.io_timeout);
-        let mut probe_interval = PROBE_FIRST;
-        let mut probe_at =
-            (self.probe_seq.load(Ordering::Relaxed) != u64::MAX).then_some(start + probe_interval);
+        let probing = self.probe_seq.load(Ordering::Relaxed) != u64::MAX;
+        let mut waiting = RecvWait::new(Instant::now(), self.io_timeout, rx.rto.get(), probing);
         let mut spins = 0u32;
         loop {
             let mut readable = true;
             if self.mode == Mode::Event {
-                match probe_at {
+                match waiting.wake_at() {
                     // Probes are due sooner than SO_RCVTIMEO's tick allows.
-                    Some(at) => {
-                        let until = at.min(retry_at).min(deadline);
+                    Some(until) => {
                         readable =
                             self.readable_within(until.saturating_duration_since(Instant::now()))?;
                     }
-                    None => self.set_rcv_timeout(rx, wait)?,
+                    None => self.set_rcv_timeout(rx, waiting.wait())?,
                 }
             }
             let got = if readable {
@@ -849,13 +615,7 @@ impl Shared {
             let check_clock = match got {
                 Ok(total) => match self.arrive(rx, total)? {
                     Arrival::Data(len) => {
-                        if retried {
-                            // Karn: a wait with re-sends is no sample; keep
-                            // the backed-off timeout until a clean one.
-                            rx.rto = interval;
-                        } else {
-                            observe_wait(rx, start.elapsed());
-                        }
+                        waiting.delivered(Instant::now(), &mut rx.rto);
                         if len > buf.len() {
                             rx.pending = 0..len - buf.len();
                         }
@@ -881,23 +641,22 @@ impl Shared {
             }
             self.check_aborted()?;
             let now = Instant::now();
-            if now >= deadline {
-                return Err(FlowError::TimedOut {
-                    timeout_ms: self.io_timeout.as_millis(),
-                });
+            match waiting.tick(now) {
+                Tick::TimedOut => {
+                    return Err(FlowError::TimedOut {
+                        timeout_ms: self.io_timeout.as_millis(),
+                    })
+                }
+                Tick::Wait { retry, probe } => {
+                    if retry {
+                        self.resend(true, 0);
+                    }
+                    if probe {
+                        let still = self.reprobe();
+                        waiting.probed(now, still, rx.rto.get());
+                    }
+                }
             }
-            if now >= retry_at {
-                self.resend(true, 0);
-                retried = true;
-                interval = (interval * 2).min(RETRY_MAX);
-                retry_at = now + interval;
-            }
-            if probe_at.is_some_and(|at| now >= at) {
-                probe_interval *= 2;
-                probe_at =
-                    (self.reprobe() && probe_interval <= rx.rto).then_some(now + probe_interval);
-            }
-            wait = retry_at.min(deadline) - now;
         }
     }
 
@@ -915,20 +674,17 @@ impl Shared {
         // run again: only the wake-up is worth waiting for.
         let mut watch_data = rx.pending.is_empty();
         // The peer may still wait for the tail of this end's last burst.
-        let mut probe_interval = PROBE_FIRST;
-        let mut probe_at =
-            (self.probe_seq.load(Ordering::Relaxed) != u64::MAX).then_some(start + probe_interval);
+        let mut probes = ProbeTimer::new(start, self.probe_seq.load(Ordering::Relaxed) != u64::MAX);
         loop {
             let now = Instant::now();
             if now >= deadline {
                 return Ok(());
             }
-            if probe_at.is_some_and(|at| now >= at) {
-                probe_interval *= 2;
-                probe_at =
-                    (self.reprobe() && probe_interval <= rx.rto).then_some(now + probe_interval);
+            if probes.due(now) {
+                let still = self.reprobe();
+                probes.probed(now, still, rx.rto.get());
             }
-            let until = probe_at.map_or(deadline, |at| at.min(deadline));
+            let until = probes.at().map_or(deadline, |at| at.min(deadline));
             let mut fds = [
                 PollFd::new(wake, PollFlags::POLLIN),
                 PollFd::new(self.socket.as_fd(), PollFlags::POLLIN),
@@ -957,9 +713,7 @@ impl Shared {
                 Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EINTR) => continue,
                 Err(e) => return Err(flow_err(e.into(), self.io_timeout)),
             };
-            if Header::decode(&rx.hdr[..n])
-                .is_some_and(|h| h.kind == Kind::Data && h.seq >= rx.next_seq)
-            {
+            if Header::decode(&rx.hdr[..n]).is_ok_and(|h| rx.recv.is_new_data(&h)) {
                 watch_data = false;
                 continue;
             }
@@ -978,44 +732,6 @@ impl Shared {
                 Err(e) => return Err(flow_err(e, self.io_timeout)),
             }
         }
-    }
-}
-
-/// Removes `seq` from the lost ranges; true if it was there.
-fn take_lost(ranges: &mut VecDeque<(u64, u64)>, seq: u64) -> bool {
-    let Some(i) = ranges.iter().position(|&(s, e)| s <= seq && seq < e) else {
-        return false;
-    };
-    let (s, e) = ranges[i];
-    match (seq == s, seq + 1 == e) {
-        (true, true) => {
-            ranges.remove(i);
-        }
-        (true, false) => ranges[i].0 = seq + 1,
-        (false, true) => ranges[i].1 = seq,
-        (false, false) => {
-            ranges[i].1 = seq;
-            ranges.insert(i + 1, (seq + 1, e));
-            if ranges.len() > MAX_LOST_RANGES {
-                ranges.pop_front();
-            }
-        }
-    }
-    true
-}
-
-/// Folds one receive wait into the retry timeout: four times the smoothed
-/// wait, within [`RETRY_MIN`]..[`RETRY_MAX`], changed only when it moves by
-/// more than a quarter (so event mode rarely resets SO_RCVTIMEO).
-fn observe_wait(rx: &mut RxState, sample: Duration) {
-    let srtt = match rx.srtt {
-        None => sample,
-        Some(s) => (s * 7 + sample) / 8,
-    };
-    rx.srtt = Some(srtt);
-    let target = (srtt * 4).clamp(RETRY_MIN, RETRY_MAX);
-    if target > rx.rto + rx.rto / 4 || target < rx.rto - rx.rto / 4 {
-        rx.rto = target;
     }
 }
 
@@ -1189,7 +905,7 @@ fn connect_flow(
         while knocked.elapsed() < HELLO_INTERVAL {
             match socket.recv(&mut buf) {
                 Ok(n) => {
-                    if Header::decode(&buf[..n]).is_some_and(|h| h.kind == Kind::HelloAck) {
+                    if Header::decode(&buf[..n]).is_ok_and(|h| h.kind == Kind::HelloAck) {
                         break 'knock;
                     }
                 }
@@ -1241,7 +957,7 @@ impl UdpDataListener {
             })?;
             match self.socket.recv_from(&mut buf) {
                 Ok((n, from)) => {
-                    if Header::decode(&buf[..n]).is_some_and(|h| h.kind == Kind::Hello) {
+                    if Header::decode(&buf[..n]).is_ok_and(|h| h.kind == Kind::Hello) {
                         break from;
                     }
                 }
@@ -1360,7 +1076,7 @@ mod tests {
         let mut ack = [0u8; 64];
         let n = raw.recv(&mut ack).expect("hello-ack");
         assert_eq!(
-            Header::decode(&ack[..n]).map(|h| h.kind),
+            Header::decode(&ack[..n]).ok().map(|h| h.kind),
             Some(Kind::HelloAck)
         );
         (flow, raw)
@@ -1382,25 +1098,6 @@ mod tests {
     /// The next send of datagram `seq` from `flow` is lost on the way.
     fn drop_seq(flow: &UdpFlow, seq: u64) {
         flow.tx.0.drop_seq.store(seq, Ordering::Relaxed);
-    }
-
-    #[test]
-    fn header_round_trips_and_rejects_strangers() {
-        let h = Header {
-            kind: Kind::Data,
-            flags: FLAG_RETRY,
-            seq: 7,
-            offset_bytes: u64::MAX,
-        };
-        assert_eq!(Header::decode(&h.encode()), Some(h));
-        assert_eq!(Header::decode(&h.encode()[..HEADER_BYTES - 1]), None);
-        let mut b = h.encode();
-        b[0] = b'X';
-        assert_eq!(Header::decode(&b), None);
-        let mut b = h.encode();
-        b[3] = 9;
-        assert_eq!(Header::decode(&b), None);
-        assert_eq!(Header::decode(&[]), None);
     }
 
     #[test]
@@ -1729,18 +1426,6 @@ mod tests {
         assert!(flow.split().1.recv_some(&mut b).is_err());
         send_raw(&raw, &data(5, u64::MAX), b"xy");
         assert!(flow.split().1.recv_some(&mut b).is_err());
-    }
-
-    #[test]
-    fn the_lost_set_splits_and_forgets() {
-        let mut r = VecDeque::from([(2u64, 6u64)]);
-        assert!(take_lost(&mut r, 4));
-        assert_eq!(r, [(2, 4), (5, 6)]);
-        assert!(take_lost(&mut r, 2) && take_lost(&mut r, 5));
-        assert_eq!(r, [(3, 4)]);
-        assert!(!take_lost(&mut r, 9));
-        assert!(take_lost(&mut r, 3));
-        assert!(r.is_empty());
     }
 
     #[test]
