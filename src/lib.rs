@@ -21,7 +21,7 @@ pub use netgap_core::{
 };
 pub use netgap_measure::{
     agent, auth, bench, cluster, conditions, confined, control, coordinator, group, hostlist,
-    interleave, logp, output, plan, preamble, runner, shard, sink, sweep, workload,
+    interleave, logp, output, plan, runner, shard, sink, sweep, workload,
 };
 pub use netgap_mpi as mpi;
 pub use netgap_proto as proto;
@@ -29,6 +29,6 @@ pub use netgap_proto::limits;
 pub use netgap_report as report;
 pub use netgap_report::{compare, import};
 pub use netgap_transport as transport;
-pub use netgap_transport::flows;
+pub use netgap_transport::{flows, preamble};
 
 pub mod testbed;

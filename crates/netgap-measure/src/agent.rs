@@ -872,7 +872,7 @@ pub(crate) enum OpenPointError {
     Session(#[from] netgap_proto::session::SessionError),
     /// No data connection proved it belongs to the session.
     #[error("data connection: {0}")]
-    Preamble(#[from] crate::preamble::PreambleError),
+    Preamble(#[from] netgap_transport::preamble::PreambleError),
     /// The control connection failed.
     #[error(transparent)]
     Control(#[from] ControlError),
@@ -896,7 +896,7 @@ fn accept_proven(
     let deadline = Instant::now() + ACCEPT_TIMEOUT;
     // Why the last connection was dropped: when no other comes, that says
     // more than the wait that ran out.
-    let mut dropped: Option<crate::preamble::PreambleError> = None;
+    let mut dropped: Option<netgap_transport::preamble::PreambleError> = None;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         let mut flow = match listener.accept(left.max(Duration::from_millis(1))) {
@@ -908,7 +908,7 @@ fn accept_proven(
                 })
             }
         };
-        match crate::preamble::listener(flow.as_mut(), token) {
+        match netgap_transport::preamble::listener(flow.as_mut(), token) {
             Ok(()) => return Ok(flow),
             Err(e) if Instant::now() >= deadline => return Err(e.into()),
             Err(e) => dropped = Some(e),

@@ -30,7 +30,6 @@ pub mod logp;
 pub mod output;
 pub mod plan;
 pub mod point_loop;
-pub mod preamble;
 pub mod runner;
 pub mod service;
 pub mod shard;

@@ -702,7 +702,8 @@ impl GroupCoordinator {
                 .any(|r| !self.links[r.host].host.peer_links.is_empty());
         let mut announced: Vec<Vec<String>> = vec![Vec::new(); placement.roles.len()];
         // One secret for the point: every flow between its roles proves it.
-        let token = crate::preamble::new_token().map_err(|e| GroupError::Point(e.to_string()))?;
+        let token = netgap_transport::preamble::new_token()
+            .map_err(|e| GroupError::Point(e.to_string()))?;
         for (r, role) in placement.roles.iter().enumerate() {
             let h = role.host;
             let mut spec = base.clone();

@@ -378,7 +378,7 @@ fn respond(
             }
         };
         // A stranger that cannot prove the token gets nothing.
-        if crate::preamble::listener(flow.as_mut(), token).is_err() {
+        if netgap_transport::preamble::listener(flow.as_mut(), token).is_err() {
             continue;
         }
         if flow.send_all(answer).is_ok() {
@@ -500,7 +500,7 @@ impl Asker {
                 }
                 .map_err(|e| format!("connecting to {}: {e}", src.addr))?;
                 connect_ns = elapsed_ns(t0);
-                crate::preamble::connector(flow.as_mut(), &self.token)
+                netgap_transport::preamble::connector(flow.as_mut(), &self.token)
                     .map_err(|e| format!("{}: {e}", src.addr))?;
                 let (_, rx) = flow.split();
                 let want = self.expect.len();

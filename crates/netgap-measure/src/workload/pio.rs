@@ -470,7 +470,10 @@ impl Workload for Pio {
         // A client's share of its role's phase: its bytes over the time of
         // its role's slowest client.
         FlowSample {
-            value: Some(crate::bench::gbps(report.window_bytes_rx, window_ns.max(1))),
+            value: Some(netgap_core::units::gbps(
+                report.window_bytes_rx as f64,
+                window_ns.max(1) as f64,
+            )),
             bytes_tx: report.bytes_tx,
             bytes_rx: report.bytes_rx,
             window_bytes: report.window_bytes_rx,
@@ -618,7 +621,7 @@ impl ReadyRole for ServerReady {
             handles.push(h);
         }
         let served = join_all(handles)?;
-        let window_ns = crate::bench::ns_since(t0);
+        let window_ns = netgap_core::units::ns_since(t0);
         let cpu = meter.stop(0);
         let sh = &self.shared;
         let written: u64 = served.iter().map(|s| s.written).sum();

@@ -687,7 +687,7 @@ impl ReadyRole for PipeReady {
         if let Some(e) = first_err {
             return Err(e);
         }
-        let window_ns = crate::bench::ns_since(t0);
+        let window_ns = netgap_core::units::ns_since(t0);
         let cpu = meter.stop(0);
         let mut metrics = BTreeMap::new();
         let mut hist = LatencyHistogram::new();
@@ -1021,7 +1021,7 @@ fn produce(
             kind: work::KIND_UOW,
             len: n as u32,
             seq,
-            sent_ns: crate::bench::ns_since(env.t0),
+            sent_ns: netgap_core::units::ns_since(env.t0),
             sum: work::checksum(data),
         };
         send_frame(out_tx[i].as_mut(), frame, data)?;
@@ -1029,7 +1029,7 @@ fn produce(
         done.bytes_tx += n as u64;
     }
     end_of_work(out_tx)?;
-    done.done_ns = crate::bench::ns_since(env.t0);
+    done.done_ns = netgap_core::units::ns_since(env.t0);
     Ok(done)
 }
 
@@ -1114,7 +1114,7 @@ fn pass_on(
                 return Err(PipeError(format!("UOW {} arrived twice", frame.seq)));
             }
             *slot = true;
-            hist.record_ns(crate::bench::ns_since(env.t0).saturating_sub(frame.sent_ns));
+            hist.record_ns(netgap_core::units::ns_since(env.t0).saturating_sub(frame.sent_ns));
         } else {
             work::transform(stage, &mut data);
             compute_for(env.compute);
@@ -1145,7 +1145,7 @@ fn pass_on(
     } else {
         end_of_work(out_tx)?;
     }
-    done.done_ns = crate::bench::ns_since(env.t0);
+    done.done_ns = netgap_core::units::ns_since(env.t0);
     Ok(done)
 }
 

@@ -39,7 +39,7 @@ pub struct RoleContext<'a> {
     /// on a silent peer.
     pub stop: &'a Stop,
     /// The point's data token: every flow proves it at connect or accept
-    /// ([`crate::preamble`]) before payload moves.
+    /// ([`netgap_transport::preamble`]) before payload moves.
     pub data_token: &'a netgap_proto::dataproof::DataToken,
     /// Whether this agent may start the real server programs it knows
     /// (nginx, Apache, gmond) for a workload: only when it was started
@@ -198,7 +198,7 @@ pub enum RoleError {
         /// The flow's index in the role.
         index: usize,
         /// Why.
-        source: crate::preamble::PreambleError,
+        source: netgap_transport::preamble::PreambleError,
     },
     /// A flow failed while running.
     #[error("flow {index}: {source}")]

@@ -135,7 +135,7 @@ pub(crate) fn dial(
     let mut flow = t
         .connect(config, target)
         .map_err(|source| RoleError::Open { index, source })?;
-    crate::preamble::connector(flow.as_mut(), token)
+    netgap_transport::preamble::connector(flow.as_mut(), token)
         .map_err(|source| RoleError::NotInSession { index, source })?;
     Ok(paced(flow, rate, t.capabilities().message_boundaries))
 }

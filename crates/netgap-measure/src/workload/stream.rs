@@ -126,7 +126,10 @@ pub fn sample(
         };
     }
     FlowSample {
-        value: Some(crate::bench::gbps(report.window_bytes_rx, window_ns)),
+        value: Some(netgap_core::units::gbps(
+            report.window_bytes_rx as f64,
+            window_ns as f64,
+        )),
         bytes_tx: report.bytes_tx,
         bytes_rx: report.bytes_rx,
         window_bytes: report.window_bytes_rx,
@@ -205,7 +208,7 @@ pub fn open(
                 }
                 .map_err(|source| RoleError::Open { index: i, source })?;
                 // No payload to an address that is not this point's server.
-                crate::preamble::connector(flow.as_mut(), ctx.data_token)
+                netgap_transport::preamble::connector(flow.as_mut(), ctx.data_token)
                     .map_err(|source| RoleError::NotInSession { index: i, source })?;
                 flows.push(flow);
             }
@@ -237,7 +240,7 @@ pub(crate) fn accept_proven(
         let mut flow = listener
             .accept(left.max(Duration::from_millis(1)))
             .map_err(|source| RoleError::Open { index, source })?;
-        match crate::preamble::listener(flow.as_mut(), token) {
+        match netgap_transport::preamble::listener(flow.as_mut(), token) {
             Ok(()) => return Ok(flow),
             Err(source) if Instant::now() >= deadline => {
                 return Err(RoleError::NotInSession { index, source })
@@ -346,7 +349,7 @@ impl ReadyRole for Streams {
         // Every sending thread reads the same payload: one buffer for the
         // role, not one per flow.
         let payload: Arc<[u8]> = if sends {
-            crate::bench::message_buffer(size).into()
+            netgap_transport::buffer::message_buffer(size).into()
         } else {
             Arc::from(Vec::new())
         };

@@ -327,7 +327,7 @@ impl Shared {
                     .flush()
                     .map_err(|e| PioError(format!("flushing {}: {e}", self.file.path.display())))?;
                 self.flush_ns
-                    .fetch_add(crate::bench::ns_since(t0), Ordering::Relaxed);
+                    .fetch_add(netgap_core::units::ns_since(t0), Ordering::Relaxed);
             }
             b.open[n] = true;
             self.released.notify_all();
@@ -422,7 +422,7 @@ pub fn serve(
                 let r = f.write_all_at(data, h.offset);
                 shared
                     .write_ns
-                    .fetch_add(crate::bench::ns_since(t0), Ordering::Relaxed);
+                    .fetch_add(netgap_core::units::ns_since(t0), Ordering::Relaxed);
                 if let Err(e) = r {
                     let _ = tx.send_all(&[wire::STATUS_FAILED]);
                     return Err(PioError(format!(
@@ -441,7 +441,7 @@ pub fn serve(
                 let r = f.read_exact_at(data, h.offset);
                 shared
                     .read_ns
-                    .fetch_add(crate::bench::ns_since(t0), Ordering::Relaxed);
+                    .fetch_add(netgap_core::units::ns_since(t0), Ordering::Relaxed);
                 if let Err(e) = r {
                     return Err(PioError(format!(
                         "reading {}: {e}",
@@ -460,7 +460,7 @@ pub fn serve(
                 };
                 shared
                     .flush_ns
-                    .fetch_add(crate::bench::ns_since(t0), Ordering::Relaxed);
+                    .fetch_add(netgap_core::units::ns_since(t0), Ordering::Relaxed);
                 if let Err(e) = r {
                     let _ = tx.send_all(&[wire::STATUS_FAILED]);
                     return Err(PioError(format!(

@@ -15,11 +15,11 @@
 //! the agent's server role and the bandwidth roles of multi-host workloads
 //! all go through here.
 
+use crate::{Flow, FlowError};
 use netgap_proto::dataproof::{
     ConnectorProof, DataProofError, DataToken, ListenerProof, ANSWER_BYTES, CONFIRM_BYTES,
     HELLO_BYTES, NONCE_BYTES, TOKEN_BYTES,
 };
-use netgap_transport::{Flow, FlowError};
 
 /// Why a data connection was refused before its payload.
 #[derive(Debug, thiserror::Error)]
@@ -38,14 +38,14 @@ pub enum PreambleError {
 
 fn nonce() -> Result<[u8; NONCE_BYTES], PreambleError> {
     let mut n = [0u8; NONCE_BYTES];
-    crate::auth::fill_random(&mut n).map_err(PreambleError::Random)?;
+    crate::random::fill_random(&mut n).map_err(PreambleError::Random)?;
     Ok(n)
 }
 
 /// A fresh token for one point, drawn by the coordinator.
 pub fn new_token() -> Result<DataToken, PreambleError> {
     let mut t = [0u8; TOKEN_BYTES];
-    crate::auth::fill_random(&mut t).map_err(PreambleError::Random)?;
+    crate::random::fill_random(&mut t).map_err(PreambleError::Random)?;
     Ok(DataToken::from_bytes(t))
 }
 
