@@ -163,4 +163,11 @@ mod tests {
         n.dedup();
         assert_eq!(n.len(), registry().len());
     }
+
+    #[test]
+    fn no_workload_shares_a_test_name() {
+        for w in netgap_workload::registry() {
+            assert!(find(w.name()).is_none(), "{}", w.name());
+        }
+    }
 }

@@ -10,8 +10,8 @@
 use super::wire::{self, Header};
 use super::PioError;
 use crate::confined::{relative_components, ConfinedError, Dir, STRIPE_PREFIX};
-use crate::workload::role::Stop;
-use crate::workload::staged::recv_patient;
+use crate::role::Stop;
+use crate::staged::recv_patient;
 use netgap_transport::{self as transport, FlowError};
 use std::fs::File;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
@@ -345,7 +345,7 @@ impl Shared {
             }
             b = self
                 .released
-                .wait_timeout(b, crate::workload::role::STOP_TICK)
+                .wait_timeout(b, crate::role::STOP_TICK)
                 .map_err(|_| poisoned())?
                 .0;
         }
@@ -488,7 +488,7 @@ mod tests {
         let io = Arc::new(Dir::open_operator(dir.path()).unwrap());
         let file = ServerFile::create(io, None, 0, false, 16384).unwrap();
         let shared = Shared::new(file, 4096, 16384, 1);
-        let (mut server, mut peer) = crate::workload::staged::flow_pair();
+        let (mut server, mut peer) = crate::staged::flow_pair();
         peer.send_all(requests).unwrap();
         let stop = Stop::new();
         let r = serve(

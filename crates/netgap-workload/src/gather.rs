@@ -805,7 +805,7 @@ impl ReadyRole for ClientRole {
 mod tests {
     use super::*;
 
-    use crate::workload::place::test_hosts as hosts;
+    use crate::place::test_hosts as hosts;
 
     #[test]
     fn every_other_host_answers_the_first() {

@@ -7,8 +7,8 @@
 use super::layout::{self, Piece};
 use super::wire::{self, Header};
 use super::PioError;
-use crate::workload::role::Stop;
-use crate::workload::staged::recv_patient;
+use crate::role::Stop;
+use crate::staged::recv_patient;
 use netgap_transport::{self as transport, FlowError};
 use std::sync::{Condvar, Mutex};
 use std::time::Instant;
@@ -78,7 +78,7 @@ impl Gate {
             }
             s = self
                 .cv
-                .wait_timeout(s, crate::workload::role::STOP_TICK)
+                .wait_timeout(s, crate::role::STOP_TICK)
                 .map_err(|_| poisoned())?
                 .0;
         }

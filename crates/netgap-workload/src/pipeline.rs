@@ -1154,7 +1154,7 @@ fn pass_on(
 mod tests {
     use super::*;
 
-    use crate::workload::place::test_hosts as hosts;
+    use crate::place::test_hosts as hosts;
 
     #[test]
     fn copies_go_round_the_hosts_or_all_on_the_first() {
@@ -1201,7 +1201,7 @@ mod tests {
 
     /// What a UOW reader hands its copy for `bytes` from upstream.
     fn read(bytes: &[u8]) -> Vec<Inbox> {
-        let (down, mut up) = crate::workload::staged::flow_pair();
+        let (down, mut up) = crate::staged::flow_pair();
         up.send_all(bytes).unwrap();
         drop(up);
         let (tx, rx) = mpsc::sync_channel(8);

@@ -831,7 +831,7 @@ impl ReadyRole for ClientRole {
 mod tests {
     use super::*;
 
-    use crate::workload::place::test_hosts as hosts;
+    use crate::place::test_hosts as hosts;
 
     #[test]
     fn servers_take_the_first_hosts_and_clients_the_rest() {

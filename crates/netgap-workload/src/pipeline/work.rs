@@ -86,7 +86,7 @@ pub fn transform(stage: u32, data: &mut [u8]) {
 
 /// The producer's UOW `seq` of a query of UOWs of `uow_bytes`.
 pub fn produce(seq: u64, uow_bytes: u64, buf: &mut [u8]) {
-    crate::workload::pio::layout::fill(buf, seq.wrapping_mul(uow_bytes), 0x5eed_da7a);
+    crate::pio::layout::fill(buf, seq.wrapping_mul(uow_bytes), 0x5eed_da7a);
 }
 
 /// What UOW `seq` must be after `filters` filter stages.

@@ -446,7 +446,7 @@ impl Running {
     pub fn wait_answering(
         &self,
         addr: SocketAddr,
-        stop: &crate::workload::role::Stop,
+        stop: &crate::role::Stop,
         extra_log: Option<&File>,
         mut probe: impl FnMut(SocketAddr) -> Result<(), String>,
     ) -> Result<(), ServiceError> {
