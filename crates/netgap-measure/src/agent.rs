@@ -188,7 +188,7 @@ impl Agent {
 
     /// Lets workloads start the real server programs netgap knows (nginx,
     /// Apache, gmond) on this host, each from a configuration the agent
-    /// writes itself into a directory of its own ([`netgap_workload::service`]).
+    /// writes itself into a directory of its own (`netgap_workload`'s services).
     pub fn allow_services(mut self) -> Agent {
         self.shared.services = true;
         self

@@ -4,7 +4,7 @@
 
 /// The client host of each client: `allot(clients, hosts)[i]` is the index
 /// of the host that runs client `i`. Empty when `hosts` is 0.
-pub fn allot(clients: u32, hosts: u32) -> Vec<u32> {
+pub(crate) fn allot(clients: u32, hosts: u32) -> Vec<u32> {
     if hosts == 0 {
         return Vec::new();
     }
@@ -13,7 +13,8 @@ pub fn allot(clients: u32, hosts: u32) -> Vec<u32> {
 
 /// Clients per host under [`allot`]: `counts(clients, hosts)[h]` clients run
 /// on host `h`.
-pub fn counts(clients: u32, hosts: u32) -> Vec<u32> {
+#[cfg(test)]
+fn counts(clients: u32, hosts: u32) -> Vec<u32> {
     let mut c = vec![0; hosts as usize];
     for h in allot(clients, hosts) {
         c[h as usize] += 1;

@@ -1,8 +1,8 @@
 //! Directories an agent writes in, confined to what it made itself.
 //!
 //! Everything an agent writes on its host (a service's configuration and
-//! documents, pio's stripes) goes through a [`Dir`]: a directory held open
-//! by its descriptor. A base directory ([`Dir::open_base`]) is opened once
+//! documents, pio's stripes) goes through a `Dir`: a directory held open
+//! by its descriptor. A base directory (`Dir::open_base`) is opened once
 //! by path without following a final symbolic link and checked on the
 //! descriptor (a directory, owned by the agent's user, writable by nobody
 //! else); below it the agent only ever makes *fresh* directories
@@ -79,7 +79,7 @@ fn io_at(what: &'static str, path: &Path) -> impl FnOnce(rustix::io::Errno) -> C
 
 /// Checks that `name` is one path component: not empty, not `.` or `..`,
 /// no `/` and no NUL, at most 255 bytes.
-pub fn check_name(name: &str) -> Result<&str, ConfinedError> {
+pub(crate) fn check_name(name: &str) -> Result<&str, ConfinedError> {
     let ok = !name.is_empty()
         && name != "."
         && name != ".."
@@ -96,7 +96,7 @@ pub fn check_name(name: &str) -> Result<&str, ConfinedError> {
 /// Splits a relative subdirectory (`a/b`) into its components, refusing an
 /// absolute path, `..`, `.` and empty components, and more than `most`
 /// components; one line naming what is wrong.
-pub fn relative_components(sub: &str, most: usize) -> Result<Vec<&str>, String> {
+pub(crate) fn relative_components(sub: &str, most: usize) -> Result<Vec<&str>, String> {
     if sub.starts_with('/') {
         return Err(format!(
             "{sub:?} is an absolute path; name a subdirectory relative to the agent's I/O directory (netgap serve --io-dir)"
@@ -128,7 +128,7 @@ fn euid() -> u32 {
 /// removed with everything in it when dropped; one it opened (a base, an
 /// existing subdirectory) is kept.
 #[derive(Debug)]
-pub struct Dir {
+pub(crate) struct Dir {
     fd: Arc<OwnedFd>,
     /// The path, for messages and for programs given a path to it.
     path: PathBuf,
@@ -210,7 +210,7 @@ impl Dir {
     /// Opens a directory the operator named (`--io-dir`): it must be a
     /// directory; its owner and mode are the operator's choice, since
     /// everything below it is made exclusively and without following links.
-    pub fn open_operator(path: &Path) -> Result<Dir, ConfinedError> {
+    pub(crate) fn open_operator(path: &Path) -> Result<Dir, ConfinedError> {
         let fd = rustix::fs::openat(
             rustix::fs::CWD,
             path,
@@ -227,19 +227,19 @@ impl Dir {
 
     /// The directory's path, for messages and for a program that is given
     /// it (never reopened by the agent).
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.path
     }
 
     /// The directory's descriptor.
-    pub fn fd(&self) -> BorrowedFd<'_> {
+    pub(crate) fn fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
     }
 
     /// Makes the fresh subdirectory `name` with `mode` (it must not exist),
     /// opens it without following a link and checks it is this user's
     /// directory; it is removed with everything in it when dropped.
-    pub fn fresh_subdir(&self, name: &str, mode: u32) -> Result<Dir, ConfinedError> {
+    pub(crate) fn fresh_subdir(&self, name: &str, mode: u32) -> Result<Dir, ConfinedError> {
         let name = check_name(name)?;
         let path = self.path.join(name);
         rustix::fs::mkdirat(&*self.fd, name, Mode::from_raw_mode(mode))
@@ -276,7 +276,7 @@ impl Dir {
 
     /// Opens the existing subdirectory `name` without following a link;
     /// it is kept when dropped.
-    pub fn open_subdir(&self, name: &str) -> Result<Dir, ConfinedError> {
+    pub(crate) fn open_subdir(&self, name: &str) -> Result<Dir, ConfinedError> {
         let name = check_name(name)?;
         let path = self.path.join(name);
         let fd = self.open_child_dir(name, &path)?;
@@ -308,7 +308,7 @@ impl Dir {
 
     /// Creates the file `name` (it must not exist, and a link of that name
     /// is not followed) with `mode`, open for reading and writing.
-    pub fn create_file(&self, name: &str, mode: u32) -> Result<File, ConfinedError> {
+    pub(crate) fn create_file(&self, name: &str, mode: u32) -> Result<File, ConfinedError> {
         let name = check_name(name)?;
         let path = self.path.join(name);
         let fd = rustix::fs::openat(
@@ -324,7 +324,12 @@ impl Dir {
     }
 
     /// Creates the file `name` with `mode` and writes `bytes` to it.
-    pub fn write_file(&self, name: &str, bytes: &[u8], mode: u32) -> Result<File, ConfinedError> {
+    pub(crate) fn write_file(
+        &self,
+        name: &str,
+        bytes: &[u8],
+        mode: u32,
+    ) -> Result<File, ConfinedError> {
         use std::io::Write;
         let mut f = self.create_file(name, mode)?;
         f.write_all(bytes).map_err(|source| ConfinedError::Io {
@@ -337,14 +342,14 @@ impl Dir {
 
     /// Removes the file `name` (a link of that name is removed, never
     /// followed).
-    pub fn remove_file(&self, name: &str) -> Result<(), ConfinedError> {
+    pub(crate) fn remove_file(&self, name: &str) -> Result<(), ConfinedError> {
         let name = check_name(name)?;
         rustix::fs::unlinkat(&*self.fd, name, AtFlags::empty())
             .map_err(io_at("removing", &self.path.join(name)))
     }
 
     /// Hands the directory to `uid`:`gid` (through its descriptor).
-    pub fn chown(&self, uid: u32, gid: u32) -> Result<(), ConfinedError> {
+    pub(crate) fn chown(&self, uid: u32, gid: u32) -> Result<(), ConfinedError> {
         rustix::fs::fchown(
             self.fd(),
             Some(rustix::fs::Uid::from_raw(uid)),
@@ -355,7 +360,7 @@ impl Dir {
 
     /// Free bytes for an unprivileged user and total bytes of the
     /// directory's file system.
-    pub fn space_bytes(&self) -> Result<(u64, u64), ConfinedError> {
+    pub(crate) fn space_bytes(&self) -> Result<(u64, u64), ConfinedError> {
         let s = rustix::fs::fstatvfs(self.fd())
             .map_err(io_at("reading the file system of", &self.path))?;
         Ok((
@@ -365,13 +370,13 @@ impl Dir {
     }
 
     /// Whether the directory is on tmpfs (its files live in memory).
-    pub fn on_tmpfs(&self) -> bool {
+    pub(crate) fn on_tmpfs(&self) -> bool {
         rustix::fs::fstatfs(self.fd()).is_ok_and(|s| s.f_type == libc::TMPFS_MAGIC)
     }
 
     /// The names of the directory's entries (not `.` and `..`) with
     /// whether each is a directory (never following a link).
-    pub fn entries(&self) -> Result<Vec<(String, bool)>, ConfinedError> {
+    pub(crate) fn entries(&self) -> Result<Vec<(String, bool)>, ConfinedError> {
         let mut out = Vec::new();
         for e in rustix::fs::Dir::read_from(self.fd()).map_err(io_at("listing", &self.path))? {
             let e = e.map_err(io_at("listing", &self.path))?;
@@ -388,7 +393,7 @@ impl Dir {
 
     /// Removes the entry `name` and, for a directory, everything in it,
     /// relative to this directory's descriptor and never following a link.
-    pub fn remove_all(&self, name: &str) -> Result<(), ConfinedError> {
+    pub(crate) fn remove_all(&self, name: &str) -> Result<(), ConfinedError> {
         let name = check_name(name)?;
         let c = std::ffi::CString::new(name)
             .map_err(|_| ConfinedError::BadName { name: name.into() })?;
@@ -400,7 +405,7 @@ impl Dir {
     }
 
     /// Keeps the directory when dropped (it is no longer removed).
-    pub fn keep(&mut self) {
+    pub(crate) fn keep(&mut self) {
         self.remove_from = None;
     }
 }
@@ -479,7 +484,7 @@ fn remove_at(dir: BorrowedFd<'_>, name: &CStr, depth: usize) -> rustix::io::Resu
 }
 
 /// Whether a process `pid` runs (or exists as another user's).
-pub fn pid_alive(pid: u32) -> bool {
+pub(crate) fn pid_alive(pid: u32) -> bool {
     let Ok(p) = i32::try_from(pid) else {
         return false;
     };
@@ -493,7 +498,7 @@ pub fn pid_alive(pid: u32) -> bool {
 }
 
 /// The pid a name `PREFIX<pid>-...` carries, if it has that form.
-pub fn pid_in_name(name: &str, prefix: &str) -> Option<u32> {
+pub(crate) fn pid_in_name(name: &str, prefix: &str) -> Option<u32> {
     name.strip_prefix(prefix)?.split('-').next()?.parse().ok()
 }
 
@@ -543,11 +548,6 @@ impl AgentDirs {
         }
     }
 
-    /// The base's path.
-    pub fn base_path(&self) -> &Path {
-        &self.base_path
-    }
-
     /// Puts pio's stripes under the operator's `dir` instead of the run
     /// directory, removing the stripes of agents that no longer run there.
     pub fn with_io_dir(mut self, dir: &Path) -> Result<AgentDirs, ConfinedError> {
@@ -586,7 +586,7 @@ impl AgentDirs {
     }
 
     /// The agent's run directory, made (0711) if nothing holds it now.
-    pub fn run_dir(&self) -> Result<Arc<Dir>, ConfinedError> {
+    pub(crate) fn run_dir(&self) -> Result<Arc<Dir>, ConfinedError> {
         self.open_base()?;
         let base = self
             .base
@@ -610,7 +610,7 @@ impl AgentDirs {
 
     /// The directory pio's stripes go under: `--io-dir`, else the run
     /// directory.
-    pub fn io_dir(&self) -> Result<Arc<Dir>, ConfinedError> {
+    pub(crate) fn io_dir(&self) -> Result<Arc<Dir>, ConfinedError> {
         match &self.io_dir {
             Some(d) => Ok(Arc::clone(d)),
             None => self.run_dir(),
@@ -620,7 +620,7 @@ impl AgentDirs {
 
 /// A name `PREFIX-<nonce>` not used before by this process (the nonce
 /// mixes the clock with a counter; `mkdirat` refuses one that exists).
-pub fn fresh_name(prefix: &str) -> String {
+pub(crate) fn fresh_name(prefix: &str) -> String {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -633,12 +633,12 @@ pub fn fresh_name(prefix: &str) -> String {
 }
 
 /// The prefix of pio's stripe files: `netgap-pio-<agentpid>-<n>`.
-pub const STRIPE_PREFIX: &str = "netgap-pio-";
+pub(crate) const STRIPE_PREFIX: &str = "netgap-pio-";
 
 /// Removes, in `dir` and its subdirectories (a few levels, never following
 /// a link), the stripe files of agents that no longer run. Returns how
 /// many were removed.
-pub fn sweep_stale_stripes(dir: &Dir, depth: usize) -> usize {
+pub(crate) fn sweep_stale_stripes(dir: &Dir, depth: usize) -> usize {
     let Ok(entries) = dir.entries() else {
         return 0;
     };

@@ -19,12 +19,12 @@ const NAME: &str = "connect";
 
 /// The `connect` workload.
 #[derive(Debug, Clone, Copy)]
-pub struct Connect;
+pub(crate) struct Connect;
 
 /// What every connection exchanges.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Params {
+pub(crate) struct Params {
     /// Request size, bytes.
     pub request_bytes: u64,
     /// Reply size, bytes.

@@ -49,12 +49,12 @@ pub(crate) const MAX_ENGINE_FLOWS: u32 = MAX_GROUP_FLOWS;
 /// its round trips spanned 1 ns to an hour), its report (about 100 bytes)
 /// and its share of the workers' event buffers. Measured: 8,000 flow pairs
 /// in one process added 0.65 KiB per pair.
-pub const ENGINE_PER_FLOW_BYTES: u64 = 8 * 1024;
+pub(crate) const ENGINE_PER_FLOW_BYTES: u64 = 8 * 1024;
 
 /// Memory an engine role of `spec` commits: one buffer of the largest
 /// message per flow (the engine's flows read and write through one) plus
 /// [`ENGINE_PER_FLOW_BYTES`].
-pub fn memory_bytes(spec: &GroupSpec) -> u64 {
+pub(crate) fn memory_bytes(spec: &GroupSpec) -> u64 {
     super::role::largest_message_bytes(spec)
         .saturating_add(ENGINE_PER_FLOW_BYTES)
         .saturating_mul(u64::from(spec.flows))
@@ -62,7 +62,11 @@ pub fn memory_bytes(spec: &GroupSpec) -> u64 {
 
 /// Refuses, at plan time, a point the engine cannot run: a transport with
 /// no engine data path, or options the engine does not honour.
-pub fn check(workload: &str, spec: &PointSpec, transport: &dyn Transport) -> Result<(), Refused> {
+pub(crate) fn check(
+    workload: &str,
+    spec: &PointSpec,
+    transport: &dyn Transport,
+) -> Result<(), Refused> {
     if transport.engine_path().is_none() {
         let carried: Vec<&str> = netgap_transport::registry()
             .iter()
@@ -87,7 +91,7 @@ pub fn check(workload: &str, spec: &PointSpec, transport: &dyn Transport) -> Res
 /// `value` from its round trips and the window, its bytes and its
 /// percentiles scaled by `scale` (0.5: one-way from round trips). A server
 /// reports no flows.
-pub fn sample(
+pub(crate) fn sample(
     side: GroupRole,
     report: &FlowReport,
     window_ns: u64,
@@ -138,7 +142,7 @@ fn config(
 
 /// Opens an engine role doing `work`; latencies are reported scaled by
 /// `scale` (0.5 turns round trips into one-way latency).
-pub fn open(
+pub(crate) fn open(
     workload: &'static str,
     work: FlowWork,
     scale: f64,
@@ -451,7 +455,7 @@ fn setup_metrics(
 /// exchange (`connection_time_us`, which also holds the session proof's
 /// round trip between handshake and request) and the setup's share of it
 /// (`setup_share_pct`).
-pub fn connection_times(
+pub(crate) fn connection_times(
     roles: &[(GroupRole, &std::collections::BTreeMap<String, f64>)],
 ) -> std::collections::BTreeMap<String, f64> {
     let sum = |k: &str| roles.iter().filter_map(|(_, m)| m.get(k)).sum::<f64>();

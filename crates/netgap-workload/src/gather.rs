@@ -63,12 +63,12 @@ static OPTIONS: &[&WorkloadOption] = &[&RESPONDER, &GATHER_MODE];
 
 /// The `gather` workload.
 #[derive(Debug, Clone, Copy)]
-pub struct Gather;
+pub(crate) struct Gather;
 
 /// What answers on every host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Responder {
+pub(crate) enum Responder {
     /// netgap's own responder.
     Builtin,
     /// Ganglia's gmond.
@@ -78,7 +78,7 @@ pub enum Responder {
 /// What every role of a `gather` point gets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Params {
+pub(crate) struct Params {
     /// What answers.
     pub responder: Responder,
     /// The built-in responder's answer, bytes.

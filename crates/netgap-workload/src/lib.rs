@@ -1,6 +1,6 @@
 //! Multi-host workloads: what runs across several hosts at once, on the
 //! agents of a group run. This crate holds the workloads and their roles,
-//! the real server programs some of them start ([`service`]), the agent's
+//! the real server programs some of them start (`service`), the agent's
 //! shards that carry a role past one process's limits ([`shard`]), and the
 //! agent's confined directories and tethered children ([`confined`],
 //! [`tether`]). It knows nothing of the coordinator, plans or sinks
@@ -28,32 +28,32 @@
 //!   group coordinator does the rest (statistics over repetitions, CPU of
 //!   every host, the record).
 //!
-//! The workloads of [`registry`] share two role implementations: [`stream`]
+//! The workloads of [`registry`] share two role implementations: `stream`
 //! (bandwidth, a thread per flow over any cross-host transport) and
-//! [`engine`] (request/response and connect-per-request flows, thousands per
+//! `engine` (request/response and connect-per-request flows, thousands per
 //! agent, on the flow engine over any transport with an engine data path).
 
-pub mod allot;
+mod allot;
 pub mod confined;
-pub mod connect;
-pub mod engine;
-pub mod fanin;
-pub mod fanout;
-pub mod gather;
-pub mod hotspot;
-pub mod multirail;
-pub mod multistream;
+mod connect;
+mod engine;
+mod fanin;
+mod fanout;
+mod gather;
+mod hotspot;
+mod multirail;
+mod multistream;
 pub mod options;
-pub mod pio;
-pub mod pipeline;
+mod pio;
+mod pipeline;
 pub mod place;
 pub mod role;
-pub mod service;
+mod service;
 pub mod shard;
-pub mod staged;
-pub mod stream;
+mod staged;
+mod stream;
 pub mod tether;
-pub mod web;
+mod web;
 
 use netgap_core::spec::PointSpec;
 use netgap_core::stats::{LatencyHistogram, Percentiles};
@@ -273,7 +273,7 @@ pub trait Workload: Sync {
     /// per-flow state), in bytes, computed before anything is allocated and
     /// checked against the agent's `--max-memory`. The default bounds a
     /// role whose every flow holds a send and a receive buffer of its
-    /// largest message ([`role::memory_bytes`]); a workload whose flows
+    /// largest message (`role::memory_bytes`); a workload whose flows
     /// share buffers says less.
     fn memory_bytes(&self, spec: &GroupSpec) -> u64 {
         role::memory_bytes(spec)

@@ -89,7 +89,7 @@ pub enum OptionValue {
 
 impl OptionValue {
     /// The value as a count or a size, if it is one.
-    pub fn as_u64(&self) -> Option<u64> {
+    pub(crate) fn as_u64(&self) -> Option<u64> {
         match self {
             OptionValue::Whole(n) => Some(*n),
             _ => None,
@@ -97,7 +97,7 @@ impl OptionValue {
     }
 
     /// The value as a decimal number (counts too), if it is one.
-    pub fn as_f64(&self) -> Option<f64> {
+    pub(crate) fn as_f64(&self) -> Option<f64> {
         match self {
             OptionValue::Number(x) => Some(*x),
             OptionValue::Whole(n) => Some(*n as f64),
@@ -106,7 +106,7 @@ impl OptionValue {
     }
 
     /// The value as a name or a path, if it is one.
-    pub fn as_str(&self) -> Option<&str> {
+    pub(crate) fn as_str(&self) -> Option<&str> {
         match self {
             OptionValue::Name(s) => Some(s),
             _ => None,
@@ -121,27 +121,27 @@ pub struct WorkloadArgs(pub BTreeMap<&'static str, OptionValue>);
 
 impl WorkloadArgs {
     /// The value of `flag`, if given.
-    pub fn get(&self, flag: &str) -> Option<&OptionValue> {
+    pub(crate) fn get(&self, flag: &str) -> Option<&OptionValue> {
         self.0.get(flag)
     }
 
     /// The name or path given for `flag`, if any.
-    pub fn str(&self, flag: &str) -> Option<&str> {
+    pub(crate) fn str(&self, flag: &str) -> Option<&str> {
         self.get(flag).and_then(OptionValue::as_str)
     }
 
     /// The count or size given for `flag`, if any.
-    pub fn u64(&self, flag: &str) -> Option<u64> {
+    pub(crate) fn u64(&self, flag: &str) -> Option<u64> {
         self.get(flag).and_then(OptionValue::as_u64)
     }
 
     /// The number (or count) given for `flag`, if any.
-    pub fn f64(&self, flag: &str) -> Option<f64> {
+    pub(crate) fn f64(&self, flag: &str) -> Option<f64> {
         self.get(flag).and_then(OptionValue::as_f64)
     }
 
     /// Whether the switch `flag` was given.
-    pub fn switch(&self, flag: &str) -> bool {
+    pub(crate) fn switch(&self, flag: &str) -> bool {
         matches!(self.get(flag), Some(OptionValue::Switch(true)))
     }
 

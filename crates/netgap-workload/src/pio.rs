@@ -19,10 +19,10 @@
 //! are in the record's `app.metrics`. The job runs to completion; the
 //! warm-up and `--duration` window of the repetition only bound it.
 
-pub mod client;
-pub mod layout;
-pub mod server;
-pub mod wire;
+pub(crate) mod client;
+pub(crate) mod layout;
+pub(crate) mod server;
+pub(crate) mod wire;
 
 use super::options::{OptionKind, WorkloadArgs, WorkloadOption};
 use super::place::{HostView, Placement, RolePlace, Staged};
@@ -44,7 +44,7 @@ use std::time::Instant;
 const NAME: &str = "pio";
 
 /// Most I/O servers of a point.
-pub const MAX_SERVERS: u64 = 16;
+pub(crate) const MAX_SERVERS: u64 = 16;
 /// Most clients of a point.
 const MAX_CLIENTS: u32 = 256;
 /// Largest logical file, bytes.
@@ -55,7 +55,7 @@ const STRIPE_RANGE: (u64, u64) = (512, 16 << 20);
 /// A failure of a pio role, one line.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
-pub struct PioError(pub String);
+pub(crate) struct PioError(pub String);
 
 impl From<PioError> for RoleError {
     fn from(e: PioError) -> RoleError {

@@ -21,8 +21,8 @@
 //! two roles is dialled by the one prepared later, whichever way its data
 //! moves.
 
-pub mod graph;
-pub mod work;
+pub(crate) mod graph;
+pub(crate) mod work;
 
 use super::options::{OptionKind, WorkloadArgs, WorkloadOption};
 use super::place::{HostView, Placement, RolePlace, Staged};
@@ -60,7 +60,7 @@ const UOW_RANGE: (u64, u64) = (64, 4 << 20);
 /// A failure of a pipeline role, one line.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
-pub struct PipeError(pub String);
+pub(crate) struct PipeError(pub String);
 
 impl From<PipeError> for RoleError {
     fn from(e: PipeError) -> RoleError {

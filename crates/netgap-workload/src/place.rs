@@ -7,9 +7,9 @@
 //! each flow leaves from when the transport can choose it.
 //!
 //! The shapes the built-in workloads share are here: one server and
-//! clients spread cyclically over the client hosts ([`spread`], with
-//! [`super::allot`]), every stream from one client host ([`streams`]), one
-//! flow per link ([`rails`]).
+//! clients spread cyclically over the client hosts (`spread`, with
+//! `super::allot`), every stream from one client host (`streams`), one
+//! flow per link (`rails`).
 
 use super::allot::clients_of;
 use super::Refused;
@@ -118,7 +118,7 @@ impl Placement {
 }
 
 /// Most roles of a staged placement.
-pub const MAX_STAGED_ROLES: usize = 64;
+pub(crate) const MAX_STAGED_ROLES: usize = 64;
 
 /// One role of a staged placement, as every role of it learns it.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -227,7 +227,7 @@ fn client(host: usize, flows: Vec<u32>) -> RolePlace {
 
 /// The first host serves; `clients` flows spread cyclically over the
 /// other hosts (client `i` on client host `i % client_hosts`).
-pub fn spread(clients: u32, hosts: &[HostView]) -> Result<Placement, Refused> {
+pub(crate) fn spread(clients: u32, hosts: &[HostView]) -> Result<Placement, Refused> {
     let client_hosts = hosts.len().saturating_sub(1) as u32;
     if client_hosts == 0 {
         return Err(Refused("no client host: give at least two hosts".into()));
@@ -248,7 +248,7 @@ pub fn spread(clients: u32, hosts: &[HostView]) -> Result<Placement, Refused> {
 
 /// The first host serves; every one of `streams` flows runs from the
 /// second host.
-pub fn streams(streams: u32, hosts: &[HostView]) -> Result<Placement, Refused> {
+pub(crate) fn streams(streams: u32, hosts: &[HostView]) -> Result<Placement, Refused> {
     if hosts.len() < 2 {
         return Err(Refused("no client host: give at least two hosts".into()));
     }
@@ -261,7 +261,7 @@ pub fn streams(streams: u32, hosts: &[HostView]) -> Result<Placement, Refused> {
 
 /// One flow per link between the second host and the first, each listening
 /// on the first host's end and leaving from the second host's end.
-pub fn rails(workload: &str, count: u32, hosts: &[HostView]) -> Result<Placement, Refused> {
+pub(crate) fn rails(workload: &str, count: u32, hosts: &[HostView]) -> Result<Placement, Refused> {
     let (Some(server_host), Some(client_host)) = (hosts.first(), hosts.get(1)) else {
         return Err(Refused("no client host: give at least two hosts".into()));
     };

@@ -43,7 +43,7 @@ pub struct RoleContext<'a> {
     pub data_token: &'a netgap_proto::dataproof::DataToken,
     /// Whether this agent may start the real server programs it knows
     /// (nginx, Apache, gmond) for a workload: only when it was started
-    /// with `--allow-services` ([`crate::service`]).
+    /// with `--allow-services` (`crate::service`).
     pub services: bool,
     /// Most connections one process of this agent holds, set when the
     /// agent started (never by a coordinator): a server role past it is
@@ -80,7 +80,7 @@ impl Stop {
     }
 
     /// Whether the signal was given.
-    pub fn is_set(&self) -> bool {
+    pub(crate) fn is_set(&self) -> bool {
         self.0.load(Ordering::Relaxed)
     }
 
@@ -91,7 +91,7 @@ impl Stop {
 
     /// Sleeps until `t` or until the signal, checking every
     /// [`STOP_TICK`]; `false` when stopped early.
-    pub fn sleep_until(&self, t: Instant) -> bool {
+    pub(crate) fn sleep_until(&self, t: Instant) -> bool {
         loop {
             if self.is_set() {
                 return false;
@@ -254,12 +254,12 @@ pub fn open(ctx: RoleContext<'_>) -> Result<Box<dyn OpenRole>, RoleError> {
 /// its socket's user-space state, its share of a worker or its own
 /// thread's touched stack, its latency histogram (an upper bound; the
 /// flow engine measures about 61 KiB per flow at 10,000 flows).
-pub const PER_FLOW_BYTES: u64 = 64 * 1024;
+pub(crate) const PER_FLOW_BYTES: u64 = 64 * 1024;
 
 /// The largest message a role's flows carry: the point's size, or any
 /// larger `*_bytes` size among the workload's parameters (a request and
 /// a reply of their own size).
-pub fn largest_message_bytes(spec: &GroupSpec) -> u64 {
+pub(crate) fn largest_message_bytes(spec: &GroupSpec) -> u64 {
     let params = spec.params.as_object().into_iter().flatten();
     params
         .filter(|(k, _)| k.ends_with("_bytes"))
@@ -270,7 +270,7 @@ pub fn largest_message_bytes(spec: &GroupSpec) -> u64 {
 /// Memory a role commits when every flow holds a send and a receive
 /// buffer of its largest message plus [`PER_FLOW_BYTES`]: the bound for a
 /// workload that does not say less ([`super::Workload::memory_bytes`]).
-pub fn memory_bytes(spec: &GroupSpec) -> u64 {
+pub(crate) fn memory_bytes(spec: &GroupSpec) -> u64 {
     largest_message_bytes(spec)
         .saturating_mul(2)
         .saturating_add(PER_FLOW_BYTES)
@@ -310,7 +310,7 @@ pub(crate) fn find_transport(
 }
 
 /// Picks entry `i` of a per-flow list of 0, 1 or `flows` entries.
-pub fn per_flow<T: Clone>(list: &[T], i: usize) -> Option<T> {
+pub(crate) fn per_flow<T: Clone>(list: &[T], i: usize) -> Option<T> {
     match list.len() {
         0 => None,
         1 => list.first().cloned(),

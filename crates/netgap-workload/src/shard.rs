@@ -3,14 +3,14 @@
 //! the agent cannot raise). The agent binds the listener once and starts
 //! shard processes that inherit it, the way a pre-forked server's workers
 //! share one listening socket: each shard is this binary again
-//! (`/proc/self/exe` with the hidden [`SUBCOMMAND`]), runs a
+//! (`/proc/self/exe` with the hidden `SUBCOMMAND`), runs a
 //! [`FlowServer`] on the inherited socket, and holds at most its cap of
 //! connections, so the kernel's accept queue hands the rest to the others.
 //!
 //! A shard takes its configuration over its stdin as one JSON line
-//! ([`ShardConfig`]: engine configuration, data token, cap), never from its
-//! arguments, and reports over its stdout ([`FromShard`]): that it serves,
-//! its counts of connections every [`STATUS_EVERY`], and at the end its
+//! (`ShardConfig`: engine configuration, data token, cap), never from its
+//! arguments, and reports over its stdout (`FromShard`): that it serves,
+//! its counts of connections every `STATUS_EVERY`, and at the end its
 //! [`ServerTotals`] and its own peak memory. It stops when the agent says
 //! so or closes its stdin, and dies with the thread that started it
 //! (`PR_SET_PDEATHSIG`), so no shard outlives its role, however the agent
@@ -34,22 +34,22 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// The hidden subcommand of the binary that runs one shard.
-pub const SUBCOMMAND: &str = "flow-shard";
+pub(crate) const SUBCOMMAND: &str = "flow-shard";
 /// Most shard processes one server role starts: past them a point is
 /// refused in one line, as a single process past its limit is.
-pub const MAX_SHARDS: u32 = 16;
+pub(crate) const MAX_SHARDS: u32 = 16;
 /// Most engine workers a shard runs.
-pub const MAX_SHARD_WORKERS: u32 = 64;
+pub(crate) const MAX_SHARD_WORKERS: u32 = 64;
 /// What one shard process commits besides its flows, in bytes, an upper
 /// bound: the binary's mapped and touched pages, its threads' stacks and
 /// the workers' event buffers (an idle agent is about 6 MiB resident).
-pub const SHARD_PROCESS_BYTES: u64 = 16 << 20;
+pub(crate) const SHARD_PROCESS_BYTES: u64 = 16 << 20;
 /// The descriptor a shard finds the shared listener on.
 const LISTENER_FD: RawFd = 3;
 /// Longest line either side sends: a configuration is a few hundred bytes.
 const MAX_LINE_BYTES: u64 = 64 * 1024;
 /// How often a shard reports its counts of connections.
-pub const STATUS_EVERY: Duration = Duration::from_millis(20);
+pub(crate) const STATUS_EVERY: Duration = Duration::from_millis(20);
 /// How long the agent waits for a shard to say it serves, or to report
 /// once told to stop (its drain is 100 ms; a busy host takes longer).
 const REPORT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -77,7 +77,7 @@ pub enum ShardError {
         soft: u64,
         /// Hard descriptor limit.
         hard: u64,
-        /// [`MAX_SHARDS`].
+        /// `MAX_SHARDS`.
         max: u32,
     },
     /// The system-wide count of open files would pass `fs.file-max`.
@@ -125,7 +125,7 @@ pub enum ShardError {
 /// What each flow of a shard does (the engine's [`FlowWork`], as it travels).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
-pub enum ShardWork {
+pub(crate) enum ShardWork {
     /// Pingpong round trips of `size_bytes` each way.
     PingPong {
         /// Message size, bytes.
@@ -161,7 +161,7 @@ impl From<FlowWork> for ShardWork {
 /// by [`ShardConfig::validate`] before use).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct ShardConfig {
+pub(crate) struct ShardConfig {
     /// The transport whose engine data path the flows use.
     pub transport: String,
     /// Engine workers.
@@ -187,7 +187,7 @@ pub struct ShardConfig {
 /// A shard's configuration, checked: what [`FlowServer::on_listener`]
 /// takes.
 #[derive(Debug, Clone)]
-pub struct ValidShard {
+pub(crate) struct ValidShard {
     /// The engine's configuration.
     pub cfg: EngineConfig,
     /// What each flow does.
@@ -199,7 +199,7 @@ pub struct ValidShard {
 impl ShardConfig {
     /// The configuration of a shard of a server with `cfg` doing `work`,
     /// holding at most `max_open` connections.
-    pub fn new(cfg: &EngineConfig, work: FlowWork, max_open: u64) -> ShardConfig {
+    pub(crate) fn new(cfg: &EngineConfig, work: FlowWork, max_open: u64) -> ShardConfig {
         ShardConfig {
             transport: cfg.path.name().to_string(),
             workers: u32::try_from(cfg.workers).unwrap_or(u32::MAX),
@@ -215,7 +215,7 @@ impl ShardConfig {
 
     /// The same configuration for one of `count` shards that share the
     /// agent's rate budget equally.
-    pub fn sharing_rate(mut self, count: u32) -> ShardConfig {
+    pub(crate) fn sharing_rate(mut self, count: u32) -> ShardConfig {
         self.rate_gbps = self.rate_gbps.map(|r| r / f64::from(count.max(1)));
         self
     }
@@ -224,7 +224,7 @@ impl ShardConfig {
     /// 1 to [`MAX_SHARD_WORKERS`] workers, an I/O timeout of 1 ms to an
     /// hour, a cap of at least one connection and message sizes that fit
     /// this host's words (the engine checks their own limits when it binds).
-    pub fn validate(&self) -> Result<ValidShard, ShardError> {
+    pub(crate) fn validate(&self) -> Result<ValidShard, ShardError> {
         let bad = |m: String| Err(ShardError::Config(m));
         let Some(t) = netgap_transport::find(&self.transport) else {
             return bad(format!("unknown transport {:?}", self.transport));
@@ -292,7 +292,7 @@ impl ShardConfig {
 /// What the agent tells a shard after its configuration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum ToShard {
+pub(crate) enum ToShard {
     /// Stop accepting, drain, report and exit.
     Stop,
 }
@@ -300,7 +300,7 @@ pub enum ToShard {
 /// A shard's [`ServerTotals`] as they travel.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct ShardTotals {
+pub(crate) struct ShardTotals {
     /// Payload bytes read from clients.
     pub bytes_rx: u64,
     /// Payload bytes written to clients.
@@ -330,7 +330,7 @@ impl From<&ServerTotals> for ShardTotals {
 
 impl ShardTotals {
     /// The totals as the engine keeps them.
-    pub fn to_server(self) -> ServerTotals {
+    pub(crate) fn to_server(self) -> ServerTotals {
         ServerTotals {
             bytes_rx: self.bytes_rx,
             bytes_tx: self.bytes_tx,
@@ -355,7 +355,7 @@ impl ShardTotals {
 /// What a shard tells the agent, one JSON line each.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
-pub enum FromShard {
+pub(crate) enum FromShard {
     /// Its server runs on the shared listener.
     Serving,
     /// Its connections so far and now.
@@ -406,7 +406,7 @@ fn write_line<T: Serialize>(w: &mut impl Write, msg: &T) -> std::io::Result<()> 
 
 /// How a server role of `flows` connections is served.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Processes {
+pub(crate) enum Processes {
     /// By the agent's own process, whose descriptor limit now holds them.
     One,
     /// By `count` shard processes holding at most `per_process`
@@ -426,7 +426,7 @@ pub enum Processes {
 /// processes as the hard limit (and `forced`) needs. Refuses in one line
 /// what [`MAX_SHARDS`] processes, or the system's `fs.file-max`, cannot
 /// hold.
-pub fn plan(flows: u64, workers: u64, forced: Option<u64>) -> Result<Processes, ShardError> {
+pub(crate) fn plan(flows: u64, workers: u64, forced: Option<u64>) -> Result<Processes, ShardError> {
     let needed = flows + workers + flows::limits::SPARE_FDS;
     if forced.is_none_or(|cap| flows <= cap) {
         match flows::ensure_fd_limit(needed) {
@@ -496,7 +496,7 @@ struct Shard {
 /// A server's shard processes, from the agent's side: started on one
 /// listener, counted while they serve, stopped and summed; dropped, it
 /// closes their stdin and kills and reaps what is left.
-pub struct ShardSet {
+pub(crate) struct ShardSet {
     local_addr: SocketAddr,
     shards: Vec<Shard>,
     /// Holds the shard processes: their parent thread (their
@@ -519,7 +519,7 @@ impl std::fmt::Debug for ShardSet {
 
 /// What a stopped [`ShardSet`] moved.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ShardsOutcome {
+pub(crate) struct ShardsOutcome {
     /// Every shard's totals, summed.
     pub totals: ServerTotals,
     /// The shards' peak resident memory, summed, KiB (those that could
@@ -532,7 +532,7 @@ pub struct ShardsOutcome {
 impl ShardSet {
     /// Binds `listener` already, and starts `count` shards of this binary
     /// on it, each with `config`; returns once every one serves.
-    pub fn start(
+    pub(crate) fn start(
         listener: TcpListener,
         config: &ShardConfig,
         count: u32,
@@ -542,7 +542,7 @@ impl ShardSet {
 
     /// [`ShardSet::start`] with the program to run as a shard (this binary,
     /// or one that has the [`SUBCOMMAND`]).
-    pub fn start_with(
+    pub(crate) fn start_with(
         exe: PathBuf,
         listener: TcpListener,
         config: &ShardConfig,
@@ -631,17 +631,17 @@ impl ShardSet {
     }
 
     /// The listener's address.
-    pub fn local_addr(&self) -> SocketAddr {
+    pub(crate) fn local_addr(&self) -> SocketAddr {
         self.local_addr
     }
 
     /// The shards' process ids.
-    pub fn pids(&self) -> &[u32] {
+    pub(crate) fn pids(&self) -> &[u32] {
         &self.pids
     }
 
     /// Connections the shards accepted so far, as last reported.
-    pub fn accepted_connections(&self) -> u64 {
+    pub(crate) fn accepted_connections(&self) -> u64 {
         self.shards
             .iter()
             .map(|s| s.counts.accepted.load(Ordering::Relaxed))
@@ -649,7 +649,7 @@ impl ShardSet {
     }
 
     /// Connections the shards hold open, as last reported.
-    pub fn open_connections(&self) -> u64 {
+    pub(crate) fn open_connections(&self) -> u64 {
         self.shards
             .iter()
             .map(|s| s.counts.open.load(Ordering::Relaxed))
@@ -658,7 +658,7 @@ impl ShardSet {
 
     /// Tells every shard to stop, waits for their reports (each drains
     /// its exchanges under way first) and sums them.
-    pub fn stop(mut self) -> Result<ShardsOutcome, ShardError> {
+    pub(crate) fn stop(mut self) -> Result<ShardsOutcome, ShardError> {
         for s in &mut self.shards {
             if let Some(mut stdin) = s.stdin.take() {
                 // A shard already gone shows in its report.
@@ -868,10 +868,10 @@ fn read_shard(
 
 // ------------------------------------------------------------- the shard
 
-/// Runs this process as a shard (the binary's hidden [`SUBCOMMAND`]):
+/// Runs this process as a shard (the binary's hidden `SUBCOMMAND`):
 /// reads its configuration from stdin, serves on the listener it inherited
 /// until told to stop or its stdin closes, and reports on stdout. A
-/// failure is reported as [`FromShard::Failed`] and returned.
+/// failure is reported as `FromShard::Failed` and returned.
 pub fn run_shard() -> Result<(), ShardError> {
     let mut out = std::io::stdout().lock();
     let result = serve_shard(&mut out);

@@ -28,7 +28,7 @@ pub(crate) const MAX_STREAM_FLOWS: u32 = 1024;
 
 /// Which way payload moves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Direction {
+pub(crate) enum Direction {
     /// Clients send, the server receives.
     ToServer,
     /// The server sends, clients receive.
@@ -57,7 +57,7 @@ impl Direction {
     /// ways when its parameters ask for it (`--bidir`), else `one_way`.
     /// Parameters that do not parse leave `one_way`; the role refuses them
     /// when it opens.
-    pub fn of(one_way: Direction, spec: &GroupSpec) -> Direction {
+    pub(crate) fn of(one_way: Direction, spec: &GroupSpec) -> Direction {
         serde_json::from_value::<StreamParams>(spec.params.clone())
             .map_or(one_way, |p| p.direction(one_way))
     }
@@ -87,7 +87,7 @@ impl StreamParams {
 /// buffer that all its flow threads read, a receiving end one receive
 /// buffer per flow (at most [`RECV_BUFFER_BYTES`]), and every flow its
 /// thread and state ([`super::role::PER_FLOW_BYTES`]).
-pub fn memory_bytes(direction: Direction, spec: &GroupSpec) -> u64 {
+pub(crate) fn memory_bytes(direction: Direction, spec: &GroupSpec) -> u64 {
     let flows = u64::from(spec.flows);
     let mut buffers = 0u64;
     if direction.sends(spec.role) {
@@ -113,7 +113,7 @@ pub(crate) fn default_size_bytes(transport: &dyn transport::Transport) -> u64 {
 /// the workload sends the other way is one end of a bidirectional flow
 /// (`--bidir`): it measures what it received too, and the flow's value is
 /// the sum of its ends'.
-pub fn sample(
+pub(crate) fn sample(
     direction: Direction,
     side: GroupRole,
     report: &FlowReport,
@@ -140,7 +140,7 @@ pub fn sample(
 /// Opens a bandwidth role: a server listens once per flow and accepts in
 /// the background, a client connects every flow (from its bind address
 /// when the spec names one).
-pub fn open(
+pub(crate) fn open(
     workload: &'static str,
     direction: Direction,
     ctx: RoleContext<'_>,
@@ -446,7 +446,7 @@ impl ReadyRole for Streams {
 /// size whatever the message size, so receivers need not hold a message
 /// each. A transport with message boundaries reads a whole message, at
 /// most its largest (64 KiB for the cross-host datagram transport).
-pub const RECV_BUFFER_BYTES: usize = 256 * 1024;
+pub(crate) const RECV_BUFFER_BYTES: usize = 256 * 1024;
 
 /// The receive buffer of a flow of `size_bytes` messages.
 fn recv_buffer_bytes(size_bytes: usize) -> usize {

@@ -39,7 +39,7 @@ const UNSHARE: &str = "/usr/bin/unshare";
 /// How the processes a program starts are tied to the process that
 /// started it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Confinement {
+pub(crate) enum Confinement {
     /// A PID namespace of its own (root).
     PidNamespace,
     /// A user namespace mapping the user to itself and a PID namespace in
@@ -51,18 +51,10 @@ pub enum Confinement {
 }
 
 impl Confinement {
-    /// A short name, for messages.
-    pub fn name(self) -> &'static str {
-        match self {
-            Confinement::PidNamespace => "a PID namespace",
-            Confinement::UserPidNamespace => "a user and PID namespace",
-            Confinement::ProcessGroup => "a process group",
-        }
-    }
-
     /// Whether every process the program starts ends with its starter,
     /// even when the starter is killed with SIGKILL.
-    pub fn covers_descendants(self) -> bool {
+    #[cfg(test)]
+    fn covers_descendants(self) -> bool {
         self != Confinement::ProcessGroup
     }
 
@@ -84,7 +76,7 @@ impl Confinement {
 
 /// What this host allows this process, found on the first call by running
 /// `unshare` with the flags it would use, and kept.
-pub fn confinement() -> Confinement {
+pub(crate) fn confinement() -> Confinement {
     static FOUND: OnceLock<Confinement> = OnceLock::new();
     *FOUND.get_or_init(|| {
         let wanted = if nix::unistd::geteuid().is_root() {
@@ -122,7 +114,7 @@ pub struct RunAs {
     pub gid: u32,
 }
 
-/// A command that runs `program` with `args` confined as [`confinement`]
+/// A command that runs `program` with `args` confined as `confinement`
 /// allows, as `run_as` when given (only root can give it), in a process
 /// group of its own whose id is the spawned process's pid.
 ///

@@ -11,8 +11,8 @@
 //! the files of a SPECweb99-like set by Zipf popularity (`--alpha
 //! 0.5,...,1.0` gives one point per exponent).
 
-pub mod client;
-pub mod fileset;
+pub(crate) mod client;
+pub(crate) mod fileset;
 
 use super::options::{OptionKind, WorkloadArgs, WorkloadOption};
 use super::place::{self, HostView, Placement};
@@ -58,7 +58,7 @@ const SERVER_GRACE: Duration = Duration::from_millis(500);
 /// Most client worker threads on one agent.
 const MAX_CLIENT_WORKERS: usize = 8;
 /// What one client commits, bytes, an upper bound: its connection's state
-/// (at most [`client::CONN_STATE_BYTES`], 512; 320 measured), its request
+/// (at most 512 bytes, which a unit test of `client` holds it to; 320 measured), its request
 /// (under 256: a GET line and a Host header), its latency histogram (a
 /// `FlowHistogram`: typically under 1 KiB, 4.6 KiB if its transactions
 /// spanned 1 ns to an hour) and its outcome and report (about 200):
@@ -148,12 +148,12 @@ static OPTIONS: &[&WorkloadOption] = &[
 
 /// The `web` workload.
 #[derive(Debug, Clone, Copy)]
-pub struct Web;
+pub(crate) struct Web;
 
 /// The server program.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Server {
+pub(crate) enum Server {
     /// nginx.
     Nginx,
     /// Apache httpd.
@@ -163,7 +163,7 @@ pub enum Server {
 /// The request trace.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Trace {
+pub(crate) enum Trace {
     /// Every request for one file.
     Single,
     /// Zipf popularity over a file set.
@@ -173,7 +173,7 @@ pub enum Trace {
 /// What every role of a `web` point gets.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Params {
+pub(crate) struct Params {
     /// The server program.
     pub server: Server,
     /// The trace.

@@ -14,10 +14,10 @@ use std::sync::{Condvar, Mutex};
 use std::time::Instant;
 
 /// Requests a client keeps in flight on each server flow.
-pub const IN_FLIGHT: usize = 8;
+pub(crate) const IN_FLIGHT: usize = 8;
 
 /// Where a client's threads wait for each other.
-pub struct Gate {
+pub(crate) struct Gate {
     threads: usize,
     state: Mutex<GateState>,
     cv: Condvar,
@@ -32,7 +32,7 @@ struct GateState {
 
 impl Gate {
     /// A gate for `threads` threads.
-    pub fn new(threads: usize) -> Gate {
+    pub(crate) fn new(threads: usize) -> Gate {
         Gate {
             threads,
             state: Mutex::new(GateState {
@@ -46,7 +46,7 @@ impl Gate {
     }
 
     /// Lets every waiting thread go for good: a sibling failed.
-    pub fn fail(&self) {
+    pub(crate) fn fail(&self) {
         if let Ok(mut s) = self.state.lock() {
             s.failed = true;
         }
@@ -54,7 +54,7 @@ impl Gate {
     }
 
     /// Waits until every thread has arrived; returns when the last did.
-    pub fn wait(&self, deadline: Instant, stop: &Stop) -> Result<Instant, PioError> {
+    pub(crate) fn wait(&self, deadline: Instant, stop: &Stop) -> Result<Instant, PioError> {
         let poisoned = || PioError("a client's gate was poisoned".into());
         let mut s = self.state.lock().map_err(|_| poisoned())?;
         s.arrived += 1;
@@ -88,7 +88,7 @@ impl Gate {
 
 /// What one server flow of a client did.
 #[derive(Debug, Default, Clone, Copy)]
-pub struct Moved {
+pub(crate) struct Moved {
     /// Bytes written.
     pub written: u64,
     /// Bytes read back and checked.
@@ -126,7 +126,7 @@ fn send(tx: &mut dyn transport::Sender, h: Header) -> Result<(), PioError> {
 }
 
 /// The job of one flow: the pieces of this client on this server.
-pub struct Job<'a> {
+pub(crate) struct Job<'a> {
     /// The flow to the server.
     pub flow: &'a mut dyn transport::Flow,
     /// This client's pieces on that server, in order.
@@ -146,7 +146,7 @@ pub struct Job<'a> {
 /// Runs a flow's job: barrier, writes, sync, barrier, reads checked
 /// against what was written, done. On failure the client's gate is failed
 /// so its other flows stop waiting.
-pub fn run(job: Job<'_>) -> Result<Moved, PioError> {
+pub(crate) fn run(job: Job<'_>) -> Result<Moved, PioError> {
     let gate = job.gate;
     let r = run_inner(job);
     if r.is_err() {

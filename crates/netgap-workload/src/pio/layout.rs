@@ -8,7 +8,7 @@
 /// `stripe_bytes`: stripe `k` is on server `k % servers` at local offset
 /// `(k / servers) * stripe_bytes`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Layout {
+pub(crate) struct Layout {
     /// Bytes of one stripe unit.
     pub stripe_bytes: u64,
     /// I/O servers the file is striped over.
@@ -17,7 +17,7 @@ pub struct Layout {
 
 /// One request to one server: a run of bytes inside one stripe unit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Piece {
+pub(crate) struct Piece {
     /// The server that holds it.
     pub server: u32,
     /// Its offset in that server's local file.
@@ -31,7 +31,7 @@ pub struct Piece {
 impl Layout {
     /// Appends the pieces of logical bytes `offset..offset + len`, split at
     /// stripe boundaries, to `out`.
-    pub fn pieces(&self, mut offset: u64, len: u64, out: &mut Vec<Piece>) {
+    pub(crate) fn pieces(&self, mut offset: u64, len: u64, out: &mut Vec<Piece>) {
         let end = offset.saturating_add(len);
         let servers = u64::from(self.servers.max(1));
         while offset < end {
@@ -50,7 +50,7 @@ impl Layout {
 
     /// The size a server's local file may reach for a logical file of
     /// `logical_bytes`: every server holds at most this much.
-    pub fn local_bytes(&self, logical_bytes: u64) -> u64 {
+    pub(crate) fn local_bytes(&self, logical_bytes: u64) -> u64 {
         let stripes = logical_bytes.div_ceil(self.stripe_bytes);
         stripes.div_ceil(u64::from(self.servers.max(1))) * self.stripe_bytes
     }
@@ -58,7 +58,7 @@ impl Layout {
 
 /// Which bytes each client writes and reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Pattern {
+pub(crate) enum Pattern {
     /// pvfs-test: client `r` of `n` moves block `j` at offset
     /// `(j * n + r) * block_bytes`, for `j` in `0..blocks`.
     Contiguous {
@@ -84,7 +84,7 @@ pub enum Pattern {
 impl Pattern {
     /// The runs `(logical offset, length)` client `r` of `n` moves, in
     /// order.
-    pub fn requests(&self, r: u32, n: u32) -> Vec<(u64, u64)> {
+    pub(crate) fn requests(&self, r: u32, n: u32) -> Vec<(u64, u64)> {
         let (r, n) = (u64::from(r), u64::from(n));
         match *self {
             Pattern::Contiguous {
@@ -107,7 +107,7 @@ impl Pattern {
     }
 
     /// Bytes of the logical file `n` clients make.
-    pub fn logical_bytes(&self, n: u32) -> u64 {
+    pub(crate) fn logical_bytes(&self, n: u32) -> u64 {
         let n = u64::from(n);
         match *self {
             Pattern::Contiguous {
@@ -137,7 +137,7 @@ fn mix(mut x: u64) -> u64 {
 }
 
 /// Fills `buf` with the file's contents at logical `offset` under `seed`.
-pub fn fill(buf: &mut [u8], offset: u64, seed: u64) {
+pub(crate) fn fill(buf: &mut [u8], offset: u64, seed: u64) {
     let mut pos = offset;
     let mut i = 0;
     while i < buf.len() {
@@ -156,7 +156,7 @@ pub fn fill(buf: &mut [u8], offset: u64, seed: u64) {
 /// bytes of each piece are stamped with its logical offset and the seed,
 /// so a byte changed, a piece misplaced or a stale file (another seed) is
 /// caught by one comparison.
-pub struct Contents {
+pub(crate) struct Contents {
     seed: u64,
     base: Vec<u8>,
 }
@@ -164,7 +164,7 @@ pub struct Contents {
 impl Contents {
     /// The contents under `seed` of a file striped in units of
     /// `stripe_bytes`.
-    pub fn new(seed: u64, stripe_bytes: usize) -> Contents {
+    pub(crate) fn new(seed: u64, stripe_bytes: usize) -> Contents {
         let mut base = vec![0u8; stripe_bytes.max(1)];
         fill(&mut base, 0, seed);
         Contents { seed, base }
@@ -172,7 +172,7 @@ impl Contents {
 
     /// The piece at logical `offset`, `buf.len()` bytes inside one stripe
     /// unit.
-    pub fn piece(&self, offset: u64, buf: &mut [u8]) {
+    pub(crate) fn piece(&self, offset: u64, buf: &mut [u8]) {
         let w = (offset % self.base.len() as u64) as usize;
         match self.base.get(w..w + buf.len()) {
             Some(src) => buf.copy_from_slice(src),
@@ -188,7 +188,12 @@ impl Contents {
     /// The logical offset of the first byte of `buf` (the piece read at
     /// `offset`) that differs from what was written, if any; `scratch` is
     /// at least as long as `buf`.
-    pub fn first_mismatch(&self, buf: &[u8], offset: u64, scratch: &mut [u8]) -> Option<u64> {
+    pub(crate) fn first_mismatch(
+        &self,
+        buf: &[u8],
+        offset: u64,
+        scratch: &mut [u8],
+    ) -> Option<u64> {
         let expected = &mut scratch[..buf.len()];
         self.piece(offset, expected);
         if buf == &expected[..] {

@@ -22,11 +22,11 @@ use std::sync::{Condvar, Mutex};
 use std::time::Instant;
 
 /// Alignment `O_DIRECT` asks of offsets, lengths and buffers here.
-pub const DIRECT_ALIGN: usize = 4096;
+pub(crate) const DIRECT_ALIGN: usize = 4096;
 
 /// How the server keeps the page cache out of its figures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CacheUse {
+pub(crate) enum CacheUse {
     /// Aligned requests bypass the cache (`O_DIRECT`); the rest is flushed
     /// and dropped at the barrier.
     Direct,
@@ -40,7 +40,7 @@ pub enum CacheUse {
 }
 
 /// The file that holds this server's stripes, and what removes it.
-pub struct ServerFile {
+pub(crate) struct ServerFile {
     /// The file, buffered.
     file: File,
     /// The same file opened with `O_DIRECT`, when the file system allows.
@@ -60,16 +60,16 @@ pub struct ServerFile {
 }
 
 /// Most components of a `--dir` subdirectory.
-pub const MAX_DIR_DEPTH: usize = 8;
+pub(crate) const MAX_DIR_DEPTH: usize = 8;
 
 /// Bytes a file system keeps free after the stripes are reserved: 5% of
 /// its size, at most 1 GiB.
-pub fn margin_bytes(total_bytes: u64) -> u64 {
+pub(crate) fn margin_bytes(total_bytes: u64) -> u64 {
     (total_bytes / 20).min(1 << 30)
 }
 
 /// `bytes` in binary units, for a message (`64 GiB`, `28 KiB`).
-pub fn human_bytes(bytes: u64) -> String {
+pub(crate) fn human_bytes(bytes: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
     let mut v = bytes as f64;
     let mut u = 0;
@@ -117,7 +117,7 @@ impl ServerFile {
     /// reserves it (`fallocate`), so a full disk fails here and not in the
     /// timed part; opens it for direct I/O when `bypass` and the file
     /// system allows. Only what it made is removed when dropped.
-    pub fn create(
+    pub(crate) fn create(
         io: Arc<Dir>,
         sub: Option<&str>,
         index: usize,
@@ -239,7 +239,7 @@ impl Drop for ServerFile {
 }
 
 /// A buffer of at least `len` bytes whose start is aligned for direct I/O.
-pub struct AlignedBuf {
+pub(crate) struct AlignedBuf {
     raw: Vec<u8>,
     start: usize,
     len: usize,
@@ -247,21 +247,21 @@ pub struct AlignedBuf {
 
 impl AlignedBuf {
     /// A zeroed buffer of `len` bytes.
-    pub fn new(len: usize) -> AlignedBuf {
+    pub(crate) fn new(len: usize) -> AlignedBuf {
         let raw = vec![0u8; len + DIRECT_ALIGN];
         let start = raw.as_ptr().align_offset(DIRECT_ALIGN).min(DIRECT_ALIGN);
         AlignedBuf { raw, start, len }
     }
 
     /// Its first `n` bytes (at most its length).
-    pub fn slice(&mut self, n: usize) -> &mut [u8] {
+    pub(crate) fn slice(&mut self, n: usize) -> &mut [u8] {
         let n = n.min(self.len);
         &mut self.raw[self.start..self.start + n]
     }
 }
 
 /// What the server's threads share.
-pub struct Shared {
+pub(crate) struct Shared {
     /// The stripes' file.
     pub file: ServerFile,
     /// Largest request, bytes (a stripe unit).
@@ -292,7 +292,12 @@ struct Barriers {
 
 impl Shared {
     /// State for a server of `clients` clients.
-    pub fn new(file: ServerFile, stripe_bytes: u64, limit_bytes: u64, clients: usize) -> Shared {
+    pub(crate) fn new(
+        file: ServerFile,
+        stripe_bytes: u64,
+        limit_bytes: u64,
+        clients: usize,
+    ) -> Shared {
         Shared {
             file,
             stripe_bytes,
@@ -307,7 +312,7 @@ impl Shared {
     }
 
     /// Wakes every waiting thread for good: a flow failed.
-    pub fn fail(&self) {
+    pub(crate) fn fail(&self) {
         if let Ok(mut b) = self.barriers.lock() {
             b.failed = true;
         }
@@ -355,7 +360,7 @@ impl Shared {
 
 /// What one client's flow moved at this server.
 #[derive(Debug, Default, Clone, Copy)]
-pub struct Served {
+pub(crate) struct Served {
     /// Bytes the client wrote here.
     pub written: u64,
     /// Bytes the client read from here.
@@ -369,7 +374,7 @@ fn flow_err(e: FlowError) -> PioError {
 }
 
 /// Serves one client's flow until it says it is done.
-pub fn serve(
+pub(crate) fn serve(
     flow: &mut dyn transport::Flow,
     shared: &Shared,
     deadline: Instant,

@@ -6,27 +6,27 @@
 
 /// Waits until every client has arrived at barrier `offset` (0: before the
 /// writes; 1: after them, when the server flushes its file).
-pub const OP_BARRIER: u8 = 1;
+pub(crate) const OP_BARRIER: u8 = 1;
 /// Writes `len` bytes at local `offset`; the bytes follow.
-pub const OP_WRITE: u8 = 2;
+pub(crate) const OP_WRITE: u8 = 2;
 /// Reads `len` bytes at local `offset`.
-pub const OP_READ: u8 = 3;
+pub(crate) const OP_READ: u8 = 3;
 /// Makes the file's data durable (`fdatasync`).
-pub const OP_SYNC: u8 = 4;
+pub(crate) const OP_SYNC: u8 = 4;
 /// The client is done; the server's flow ends.
-pub const OP_DONE: u8 = 5;
+pub(crate) const OP_DONE: u8 = 5;
 
 /// Bytes of a request header.
-pub const HEADER_BYTES: usize = 16;
+pub(crate) const HEADER_BYTES: usize = 16;
 
 /// The status byte of a request done.
-pub const STATUS_OK: u8 = 0;
+pub(crate) const STATUS_OK: u8 = 0;
 /// The status byte of a request the server refused or failed.
-pub const STATUS_FAILED: u8 = 1;
+pub(crate) const STATUS_FAILED: u8 = 1;
 
 /// One request header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Header {
+pub(crate) struct Header {
     /// One of the `OP_*` codes.
     pub op: u8,
     /// Bytes to write or read.
@@ -38,7 +38,7 @@ pub struct Header {
 
 impl Header {
     /// The header's bytes.
-    pub fn encode(&self) -> [u8; HEADER_BYTES] {
+    pub(crate) fn encode(&self) -> [u8; HEADER_BYTES] {
         let mut b = [0u8; HEADER_BYTES];
         b[0] = self.op;
         b[4..8].copy_from_slice(&self.len.to_le_bytes());
@@ -47,7 +47,7 @@ impl Header {
     }
 
     /// A header from its bytes; the caller range-checks the fields.
-    pub fn decode(b: &[u8; HEADER_BYTES]) -> Header {
+    pub(crate) fn decode(b: &[u8; HEADER_BYTES]) -> Header {
         let mut len = [0u8; 4];
         len.copy_from_slice(&b[4..8]);
         let mut offset = [0u8; 8];

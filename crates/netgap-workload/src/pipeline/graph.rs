@@ -10,7 +10,7 @@ use std::ops::Range;
 /// copies each, one consumer. Copies are numbered stage by stage from 0
 /// (the producer) to `total() - 1` (the consumer).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Graph {
+pub(crate) struct Graph {
     /// Filter stages between the producer and the consumer.
     pub filters: u32,
     /// Copies of each filter stage.
@@ -19,7 +19,7 @@ pub struct Graph {
 
 /// A stream between a copy of one stage and a copy of the next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Edge {
+pub(crate) struct Edge {
     /// The upstream copy.
     pub up: u32,
     /// The downstream copy.
@@ -28,17 +28,17 @@ pub struct Edge {
 
 impl Graph {
     /// Stages, producer and consumer included.
-    pub fn stages(&self) -> u32 {
+    pub(crate) fn stages(&self) -> u32 {
         self.filters + 2
     }
 
     /// Copies of the whole group.
-    pub fn total(&self) -> u32 {
+    pub(crate) fn total(&self) -> u32 {
         2 + self.filters * self.copies
     }
 
     /// The copies of `stage`.
-    pub fn copies_of(&self, stage: u32) -> Range<u32> {
+    pub(crate) fn copies_of(&self, stage: u32) -> Range<u32> {
         if stage == 0 {
             0..1
         } else if stage <= self.filters {
@@ -51,7 +51,7 @@ impl Graph {
     }
 
     /// The stage of `copy`.
-    pub fn stage_of(&self, copy: u32) -> u32 {
+    pub(crate) fn stage_of(&self, copy: u32) -> u32 {
         if copy == 0 {
             0
         } else if copy >= self.total() - 1 {
@@ -63,7 +63,7 @@ impl Graph {
 
     /// The name of `stage` in figures: `producer`, `filter1`..,
     /// `consumer`.
-    pub fn stage_name(&self, stage: u32) -> String {
+    pub(crate) fn stage_name(&self, stage: u32) -> String {
         match stage {
             0 => "producer".into(),
             s if s <= self.filters => format!("filter{s}"),
@@ -72,7 +72,7 @@ impl Graph {
     }
 
     /// Every stream, stage by stage, upstream copy by upstream copy.
-    pub fn edges(&self) -> Vec<Edge> {
+    pub(crate) fn edges(&self) -> Vec<Edge> {
         let mut out = Vec::new();
         for s in 0..self.stages() - 1 {
             for up in self.copies_of(s) {
@@ -87,7 +87,7 @@ impl Graph {
 
 /// How one role of a staged placement takes part in each stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RoleLinks {
+pub(crate) struct RoleLinks {
     /// Streams this role listens for (announced, in this order): both
     /// ends on different roles, this one prepared first.
     pub listens: Vec<usize>,
@@ -101,7 +101,7 @@ pub struct RoleLinks {
 
 /// The part role `me` plays in every stream, given the role of each copy
 /// (`role_of[copy]`).
-pub fn role_links(edges: &[Edge], role_of: &[usize], me: usize) -> RoleLinks {
+pub(crate) fn role_links(edges: &[Edge], role_of: &[usize], me: usize) -> RoleLinks {
     let mut links = RoleLinks {
         listens: Vec::new(),
         dials: Vec::new(),
@@ -131,7 +131,7 @@ pub fn role_links(edges: &[Edge], role_of: &[usize], me: usize) -> RoleLinks {
 
 /// Copy `i` on host `i % hosts` (cyclic), or every copy on the first
 /// host (co-located).
-pub fn host_of(copy: u32, hosts: usize, colocate: bool) -> usize {
+pub(crate) fn host_of(copy: u32, hosts: usize, colocate: bool) -> usize {
     if colocate || hosts == 0 {
         0
     } else {

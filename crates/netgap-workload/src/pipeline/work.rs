@@ -5,15 +5,15 @@
 //! consumer recompute what each UOW must be when it arrives.
 
 /// A frame carries a unit of work.
-pub const KIND_UOW: u8 = 1;
+pub(crate) const KIND_UOW: u8 = 1;
 /// A frame ends the query on its stream.
-pub const KIND_EOW: u8 = 2;
+pub(crate) const KIND_EOW: u8 = 2;
 /// Bytes of a frame header.
-pub const HEADER_BYTES: usize = 32;
+pub(crate) const HEADER_BYTES: usize = 32;
 
 /// The header of a frame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Frame {
+pub(crate) struct Frame {
     /// [`KIND_UOW`] or [`KIND_EOW`].
     pub kind: u8,
     /// Payload bytes that follow.
@@ -28,7 +28,7 @@ pub struct Frame {
 
 impl Frame {
     /// The header's bytes (little-endian).
-    pub fn encode(&self) -> [u8; HEADER_BYTES] {
+    pub(crate) fn encode(&self) -> [u8; HEADER_BYTES] {
         let mut b = [0u8; HEADER_BYTES];
         b[0] = self.kind;
         b[4..8].copy_from_slice(&self.len.to_le_bytes());
@@ -39,7 +39,7 @@ impl Frame {
     }
 
     /// A header from its bytes; the caller range-checks the fields.
-    pub fn decode(b: &[u8; HEADER_BYTES]) -> Frame {
+    pub(crate) fn decode(b: &[u8; HEADER_BYTES]) -> Frame {
         let u64_at = |i: usize| {
             let mut w = [0u8; 8];
             w.copy_from_slice(&b[i..i + 8]);
@@ -59,7 +59,7 @@ impl Frame {
 
 /// A checksum of every byte (Fletcher-style over 64-bit words, with the
 /// tail bytewise): cheap, and any changed, lost or moved byte changes it.
-pub fn checksum(data: &[u8]) -> u64 {
+pub(crate) fn checksum(data: &[u8]) -> u64 {
     let (mut a, mut b) = (0x1234_5678u64, 0u64);
     let mut chunks = data.chunks_exact(8);
     for c in &mut chunks {
@@ -77,7 +77,7 @@ pub fn checksum(data: &[u8]) -> u64 {
 
 /// Filter stage `stage`'s transform of every byte, in place: a bijection
 /// of each byte that differs from stage to stage.
-pub fn transform(stage: u32, data: &mut [u8]) {
+pub(crate) fn transform(stage: u32, data: &mut [u8]) {
     let key = (stage.wrapping_mul(17).wrapping_add(1) & 0xff) as u8;
     for x in data.iter_mut() {
         *x = x.wrapping_mul(3).wrapping_add(key);
@@ -85,12 +85,12 @@ pub fn transform(stage: u32, data: &mut [u8]) {
 }
 
 /// The producer's UOW `seq` of a query of UOWs of `uow_bytes`.
-pub fn produce(seq: u64, uow_bytes: u64, buf: &mut [u8]) {
+pub(crate) fn produce(seq: u64, uow_bytes: u64, buf: &mut [u8]) {
     crate::pio::layout::fill(buf, seq.wrapping_mul(uow_bytes), 0x5eed_da7a);
 }
 
 /// What UOW `seq` must be after `filters` filter stages.
-pub fn expected(seq: u64, uow_bytes: u64, filters: u32, buf: &mut [u8]) {
+pub(crate) fn expected(seq: u64, uow_bytes: u64, filters: u32, buf: &mut [u8]) {
     produce(seq, uow_bytes, buf);
     for s in 1..=filters {
         transform(s, buf);
@@ -98,7 +98,7 @@ pub fn expected(seq: u64, uow_bytes: u64, filters: u32, buf: &mut [u8]) {
 }
 
 /// The UOWs of a query of `data_bytes` and the length of UOW `seq`.
-pub fn uow_len(seq: u64, data_bytes: u64, uow_bytes: u64) -> u64 {
+pub(crate) fn uow_len(seq: u64, data_bytes: u64, uow_bytes: u64) -> u64 {
     data_bytes.saturating_sub(seq * uow_bytes).min(uow_bytes)
 }
 

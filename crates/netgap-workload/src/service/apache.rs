@@ -11,10 +11,10 @@ use std::net::SocketAddr;
 use std::path::Path;
 
 /// The service's name in records.
-pub const NAME: &str = "apache";
+pub(crate) const NAME: &str = "apache";
 
 /// Threads per child process of the event MPM.
-pub const THREADS_PER_CHILD: u32 = 64;
+pub(crate) const THREADS_PER_CHILD: u32 = 64;
 
 /// Where Debian keeps Apache's loadable modules.
 const MODULES: &str = "/usr/lib/apache2/modules";
@@ -23,7 +23,7 @@ const MODULES: &str = "/usr/lib/apache2/modules";
 /// `listen` with `children` processes of [`THREADS_PER_CHILD`] threads;
 /// `user` (the user and group names a root agent's services run as) is
 /// what its children switch to when it starts as root.
-pub fn config(
+pub(crate) fn config(
     dir: &Path,
     docroot: &Path,
     listen: SocketAddr,
@@ -73,7 +73,7 @@ DocumentRoot \"{root}\"
 /// Starts Apache serving `docroot` on `listen` with `children` processes,
 /// its error log `error.log` in `dir` (made by the caller with
 /// [`RunDir::service_file`]).
-pub fn start(
+pub(crate) fn start(
     dir: RunDir,
     docroot: &Path,
     listen: SocketAddr,

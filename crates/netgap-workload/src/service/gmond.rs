@@ -13,7 +13,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 /// The service's name in records.
-pub const NAME: &str = "gmond";
+pub(crate) const NAME: &str = "gmond";
 
 /// The metrics every gmond collects, each second: with the heartbeat and
 /// the host's own facts its answer is about 8 KiB, in the 2 to 10 KiB of
@@ -63,7 +63,7 @@ fn module_dir() -> Option<PathBuf> {
 /// The configuration netgap writes for gmond: host `host_name`, metrics by
 /// unicast to 127.0.0.1:`udp_port` and heard there only, XML on
 /// `tcp`; `user` (a root agent's service user) is who it switches to.
-pub fn config(
+pub(crate) fn config(
     modules: &Path,
     host_name: &str,
     udp_port: u16,
@@ -145,7 +145,7 @@ collection_group {{
 
 /// Starts gmond answering on `tcp`; returns once it runs (the caller
 /// waits until its answer names its host).
-pub fn start(dir: RunDir, tcp: SocketAddr) -> Result<Running, ServiceError> {
+pub(crate) fn start(dir: RunDir, tcp: SocketAddr) -> Result<Running, ServiceError> {
     let program = find_program("gmond", "ganglia-monitor", "--version")?;
     let modules = module_dir().ok_or(ServiceError::NotInstalled {
         program: "gmond's metric modules",
@@ -177,7 +177,7 @@ pub fn start(dir: RunDir, tcp: SocketAddr) -> Result<Running, ServiceError> {
 
 /// What one gmond answer says: the hosts it names and their metrics.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Answer {
+pub(crate) struct Answer {
     /// The `NAME` of every `HOST`, in order.
     pub hosts: Vec<String>,
     /// `METRIC` elements, all hosts.
@@ -189,7 +189,7 @@ const MAX_HOSTS: usize = 4096;
 
 /// Parses gmond's XML (`GANGLIA_XML` / `CLUSTER` / `HOST` / `METRIC`);
 /// never panics on any input.
-pub fn parse(xml: &[u8]) -> Result<Answer, String> {
+pub(crate) fn parse(xml: &[u8]) -> Result<Answer, String> {
     let mut reader = quick_xml::Reader::from_reader(xml);
     let mut answer = Answer::default();
     let mut root = false;

@@ -14,10 +14,10 @@
 //! group and removes the directory. A program that is not installed is one
 //! line naming the Debian package to install.
 
-pub mod apache;
-pub mod gmond;
-pub mod nginx;
-pub mod user;
+pub(crate) mod apache;
+pub(crate) mod gmond;
+pub(crate) mod nginx;
+pub(crate) mod user;
 
 use crate::confined::{AgentDirs, Dir};
 use netgap_core::record::ServiceRecord;
@@ -33,13 +33,13 @@ use std::time::{Duration, Instant};
 use user::ServiceUser;
 
 /// How long a started program may take to answer.
-pub const START_TIMEOUT: Duration = Duration::from_secs(15);
+pub(crate) const START_TIMEOUT: Duration = Duration::from_secs(15);
 /// How long a program may take to exit after SIGTERM before SIGKILL.
 const STOP_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Why a service could not be started.
 #[derive(Debug, thiserror::Error)]
-pub enum ServiceError {
+pub(crate) enum ServiceError {
     /// The agent was not started with `--allow-services`.
     #[error("this agent does not start server programs; start it with `netgap serve --allow-services` (a testbed's agents have it)")]
     NotAllowed,
@@ -98,7 +98,7 @@ fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> ServiceError {
 /// handed (`fchown` on the descriptor) to the [`ServiceUser`] the program
 /// runs as, mode 0700, so the program reads only what the agent wrote.
 #[derive(Debug)]
-pub struct RunDir {
+pub(crate) struct RunDir {
     dir: Dir,
     /// Who the program runs as: `None`, the agent's own user.
     user: Option<ServiceUser>,
@@ -109,7 +109,7 @@ pub struct RunDir {
 impl RunDir {
     /// Makes a new directory (0700) for `service` in the agent's run
     /// directory; it never reuses one that exists.
-    pub fn new(dirs: &AgentDirs, service: &str) -> Result<RunDir, ServiceError> {
+    pub(crate) fn new(dirs: &AgentDirs, service: &str) -> Result<RunDir, ServiceError> {
         let user = ServiceUser::for_agent().map_err(|e| ServiceError::Io {
             what: format!("choosing the user {service} runs as"),
             source: io::Error::other(e),
@@ -127,18 +127,19 @@ impl RunDir {
 
     /// The directory's path: for the program's command line and its
     /// configuration, never reopened by the agent.
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         self.dir.path()
     }
 
     /// The user the program runs as, when not the agent's own.
-    pub fn user(&self) -> Option<&ServiceUser> {
+    #[cfg(test)]
+    pub(crate) fn user(&self) -> Option<&ServiceUser> {
         self.user.as_ref()
     }
 
     /// The user and group names the program's configuration switches to,
     /// when the agent is root: ([`ServiceUser`]'s name, its group's name).
-    pub fn user_names(&self) -> Option<(String, String)> {
+    pub(crate) fn user_names(&self) -> Option<(String, String)> {
         let u = self.user.as_ref()?;
         let group = nix::unistd::Group::from_gid(nix::unistd::Gid::from_raw(u.gid))
             .ok()
@@ -149,7 +150,7 @@ impl RunDir {
 
     /// Writes `text` to the new file `name` in the directory, readable by
     /// all and owned by the agent.
-    pub fn write(&self, name: &str, text: &[u8]) -> Result<PathBuf, ServiceError> {
+    pub(crate) fn write(&self, name: &str, text: &[u8]) -> Result<PathBuf, ServiceError> {
         self.dir
             .write_file(name, text, 0o644)
             .map_err(confined_err)?;
@@ -158,7 +159,7 @@ impl RunDir {
 
     /// Makes the new subdirectory `name`, readable by all and owned by the
     /// agent, for files the agent writes into it.
-    pub fn subdir(&self, name: &str) -> Result<Dir, ServiceError> {
+    pub(crate) fn subdir(&self, name: &str) -> Result<Dir, ServiceError> {
         let mut d = self.dir.fresh_subdir(name, 0o755).map_err(confined_err)?;
         // It goes with the run directory.
         d.keep();
@@ -168,7 +169,7 @@ impl RunDir {
     /// Creates the new file `name` (0600) that the program writes to (its
     /// own log), owned by the user it runs as; the agent keeps the
     /// descriptor to read it.
-    pub fn service_file(&self, name: &str) -> Result<File, ServiceError> {
+    pub(crate) fn service_file(&self, name: &str) -> Result<File, ServiceError> {
         let f = self.dir.create_file(name, 0o600).map_err(confined_err)?;
         if let Some(u) = &self.user {
             rustix::fs::fchown(
@@ -190,7 +191,7 @@ impl RunDir {
 
     /// Creates the program's output log `NAME.log` (0600, the agent's): the
     /// program writes it through the descriptor it inherits.
-    pub fn log_file(&self, name: &str) -> Result<File, ServiceError> {
+    pub(crate) fn log_file(&self, name: &str) -> Result<File, ServiceError> {
         self.dir
             .create_file(&format!("{name}.log"), 0o600)
             .map_err(confined_err)
@@ -198,7 +199,7 @@ impl RunDir {
 
     /// Hands the directory to the user the program runs as, once the agent
     /// wrote everything in it; nothing to do when that is the agent's user.
-    pub fn hand_over(&self) -> Result<(), ServiceError> {
+    pub(crate) fn hand_over(&self) -> Result<(), ServiceError> {
         if let Some(u) = &self.user {
             self.dir.chown(u.uid, u.gid).map_err(confined_err)?;
         }
@@ -229,7 +230,7 @@ fn tail_of(file: &File) -> String {
 
 /// An installed program: its path and version line.
 #[derive(Debug, Clone)]
-pub struct Program {
+pub(crate) struct Program {
     /// Where it is.
     pub path: PathBuf,
     /// Its version line (`nginx version: nginx/1.22.1`).
@@ -238,7 +239,7 @@ pub struct Program {
 
 /// Finds `program` on the usual system paths and reads its version with
 /// `version_arg`; not found is one line naming `package`.
-pub fn find_program(
+pub(crate) fn find_program(
     program: &'static str,
     package: &'static str,
     version_arg: &str,
@@ -276,7 +277,7 @@ pub fn find_program(
 
 /// A TCP port on `ip` that nothing listens on now (the system picks it;
 /// the program binds it a moment later).
-pub fn free_tcp_port(ip: IpAddr) -> Result<u16, ServiceError> {
+pub(crate) fn free_tcp_port(ip: IpAddr) -> Result<u16, ServiceError> {
     let l = TcpListener::bind(SocketAddr::new(ip, 0))
         .map_err(io_err(format!("finding a free TCP port on {ip}")))?;
     l.local_addr()
@@ -285,7 +286,7 @@ pub fn free_tcp_port(ip: IpAddr) -> Result<u16, ServiceError> {
 }
 
 /// A UDP port on `ip` that nothing uses now.
-pub fn free_udp_port(ip: IpAddr) -> Result<u16, ServiceError> {
+pub(crate) fn free_udp_port(ip: IpAddr) -> Result<u16, ServiceError> {
     let s = UdpSocket::bind(SocketAddr::new(ip, 0))
         .map_err(io_err(format!("finding a free UDP port on {ip}")))?;
     s.local_addr()
@@ -294,7 +295,7 @@ pub fn free_udp_port(ip: IpAddr) -> Result<u16, ServiceError> {
 }
 
 /// This host's name as it knows itself (a testbed host's UTS name).
-pub fn host_name() -> String {
+pub(crate) fn host_name() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .ok()
         .map(|h| h.trim().chars().take(64).collect::<String>())
@@ -305,7 +306,7 @@ pub fn host_name() -> String {
 /// How to run a service's program: its path, its arguments, and the
 /// signal that stops it cleanly.
 #[derive(Debug, Clone)]
-pub struct Launch {
+pub(crate) struct Launch {
     /// The program.
     pub program: PathBuf,
     /// Its arguments.
@@ -318,7 +319,7 @@ pub struct Launch {
 
 /// A program running for a role. Dropping it stops its process group
 /// (SIGTERM, then SIGKILL) and removes its run directory.
-pub struct Running {
+pub(crate) struct Running {
     name: &'static str,
     /// The signal that asks the program to stop.
     stop_signal: libc::c_int,
@@ -354,7 +355,7 @@ impl Running {
     /// root, where the host allows it), so that when the agent ends, even
     /// killed, the kernel ends the program and every worker it started. A
     /// root agent's program runs as [`user::ServiceUser`].
-    pub fn spawn(
+    pub(crate) fn spawn(
         name: &'static str,
         launch: Launch,
         dir: RunDir,
@@ -414,22 +415,22 @@ impl Running {
     }
 
     /// What the record says of the program.
-    pub fn record(&self) -> &ServiceRecord {
+    pub(crate) fn record(&self) -> &ServiceRecord {
         &self.record
     }
 
     /// The record's facts, for what the workload prepared for the program.
-    pub fn facts_mut(&mut self) -> &mut std::collections::BTreeMap<String, String> {
+    pub(crate) fn facts_mut(&mut self) -> &mut std::collections::BTreeMap<String, String> {
         &mut self.record.facts
     }
 
     /// The run directory.
-    pub fn dir(&self) -> &Path {
+    pub(crate) fn dir(&self) -> &Path {
         self.dir.path()
     }
 
     /// The last lines of the program's log, for an error.
-    pub fn log_tail(&self) -> String {
+    pub(crate) fn log_tail(&self) -> String {
         let tail = tail_of(&self.log);
         if tail.is_empty() {
             "(nothing)".into()
@@ -443,7 +444,7 @@ impl Running {
     /// exits. `extra_log` is another log (the program's own, made with
     /// [`RunDir::service_file`]) to quote on failure, read through its
     /// descriptor.
-    pub fn wait_answering(
+    pub(crate) fn wait_answering(
         &self,
         addr: SocketAddr,
         stop: &crate::role::Stop,
@@ -520,7 +521,7 @@ impl Drop for Running {
 
 /// Sends an HTTP/1.1 GET of `path` to `addr` and checks for a 200 answer:
 /// the probe that says a web server is up.
-pub fn http_probe(addr: SocketAddr, path: &str) -> Result<(), String> {
+pub(crate) fn http_probe(addr: SocketAddr, path: &str) -> Result<(), String> {
     let mut s =
         TcpStream::connect_timeout(&addr, Duration::from_millis(500)).map_err(|e| e.to_string())?;
     s.set_read_timeout(Some(Duration::from_secs(2)))
@@ -544,7 +545,7 @@ pub fn http_probe(addr: SocketAddr, path: &str) -> Result<(), String> {
 }
 
 /// Reads everything `addr` sends until it closes, at most `max_bytes`.
-pub fn read_all(addr: SocketAddr, max_bytes: usize) -> Result<Vec<u8>, String> {
+pub(crate) fn read_all(addr: SocketAddr, max_bytes: usize) -> Result<Vec<u8>, String> {
     let s =
         TcpStream::connect_timeout(&addr, Duration::from_millis(500)).map_err(|e| e.to_string())?;
     s.set_read_timeout(Some(Duration::from_secs(2)))

@@ -12,7 +12,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 
 /// The service's name in records.
-pub const NAME: &str = "nginx";
+pub(crate) const NAME: &str = "nginx";
 
 /// Most files a worker holds open in its open-file cache (the config's
 /// `open_file_cache max`), each a descriptor; fewer when the file set is
@@ -30,7 +30,7 @@ const SPARE_CONNECTIONS: u64 = 256;
 
 /// How nginx is sized for a point.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Sizing {
+pub(crate) struct Sizing {
     /// Worker processes.
     pub workers: u32,
     /// `worker_connections`: the connections one worker may hold.
@@ -47,7 +47,7 @@ pub struct Sizing {
     "nginx cannot serve {clients} clients: {workers} worker processes would each need \
      {needed} file descriptors, over this host's limit of {limit}{hint}"
 )]
-pub struct TooManyClients {
+pub(crate) struct TooManyClients {
     /// Clients of the point.
     pub clients: u64,
     /// Workers at most.
@@ -69,7 +69,7 @@ pub struct TooManyClients {
 /// connections are the even share plus a quarter and
 /// 256 spare slots; its descriptors are those connections, its
 /// cached files and 256 spare.
-pub fn size(
+pub(crate) fn size(
     clients: u64,
     files: u64,
     workers: u32,
@@ -119,7 +119,7 @@ pub fn size(
 /// starves its backlog behind thousands of busy kept-alive clients (a
 /// client that connected in the first hundreds of milliseconds could
 /// wait seconds for its first response).
-pub fn config(
+pub(crate) fn config(
     dir: &Path,
     docroot: &Path,
     listen: SocketAddr,
@@ -175,7 +175,7 @@ http {{
 /// `sizing`, its error log `error.log` in `dir` (made by the caller with
 /// [`RunDir::service_file`], so a failure at start can be quoted); returns once it is running (the caller waits until it
 /// answers).
-pub fn start(
+pub(crate) fn start(
     dir: RunDir,
     docroot: &Path,
     listen: SocketAddr,

@@ -7,7 +7,7 @@
 
 /// Who a service runs as.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ServiceUser {
+pub(crate) struct ServiceUser {
     /// The user's name (`nobody`).
     pub name: String,
     /// Its user id.
@@ -17,13 +17,13 @@ pub struct ServiceUser {
 }
 
 /// The name of the user a root agent's services run as.
-pub const SERVICE_USER: &str = "nobody";
+pub(crate) const SERVICE_USER: &str = "nobody";
 
 impl ServiceUser {
     /// The user this agent's services run as: `Some` ([`SERVICE_USER`])
     /// when the agent runs as root, `None` (the agent's own user) when not.
     /// A root agent on a host with no such user is an error naming it.
-    pub fn for_agent() -> Result<Option<ServiceUser>, String> {
+    pub(crate) fn for_agent() -> Result<Option<ServiceUser>, String> {
         if !nix::unistd::geteuid().is_root() {
             return Ok(None);
         }

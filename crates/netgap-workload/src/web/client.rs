@@ -21,16 +21,17 @@ use std::time::{Duration, Instant};
 
 /// Bytes of a worker's receive buffer, which every connection of the
 /// worker reads into in turn; also the largest response head accepted.
-pub const BUF_BYTES: usize = 64 * 1024;
+pub(crate) const BUF_BYTES: usize = 64 * 1024;
 /// Most response headers parsed.
 const MAX_HEADERS: usize = 32;
 /// An upper bound of a connection's own state (`Conn`, without what it
 /// points to), bytes; a unit test holds it to that.
-pub const CONN_STATE_BYTES: u64 = 512;
+#[cfg(test)]
+const CONN_STATE_BYTES: u64 = 512;
 
 /// What the clients of one role do.
 #[derive(Debug, Clone)]
-pub struct ClientConfig {
+pub(crate) struct ClientConfig {
     /// The server's `IP:PORT`.
     pub target: SocketAddr,
     /// Local address each connection leaves from, if chosen.
@@ -58,7 +59,7 @@ pub struct ClientConfig {
 
 /// One client's results.
 #[derive(Debug, Clone)]
-pub struct ClientOutcome {
+pub(crate) struct ClientOutcome {
     /// The client's index in the role.
     pub index: u32,
     /// Transactions (a request and its full, checked response) completed
@@ -88,7 +89,7 @@ pub struct ClientOutcome {
 
 /// Why the clients could not run.
 #[derive(Debug, thiserror::Error)]
-pub enum ClientError {
+pub(crate) enum ClientError {
     /// A system call the workers need failed.
     #[error("{what}: {source}")]
     Sys {
@@ -497,7 +498,7 @@ impl Worker<'_> {
 /// `stop`): every client keeps one request outstanding; transactions that
 /// complete in the window are counted. Returns each client's outcome (in
 /// index order) and the window's length as timed, ns.
-pub fn run(
+pub(crate) fn run(
     cfg: &ClientConfig,
     warmup: Duration,
     duration: Duration,

@@ -17,18 +17,18 @@
 use sha2::{Digest, Sha256};
 
 /// Most files of a `zipf` file set: 40 SPECweb99 directories, 204 MiB.
-pub const MAX_FILES: u32 = 36 * 40;
+pub(crate) const MAX_FILES: u32 = 36 * 40;
 
 /// A generated file set.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FileSet {
+pub(crate) struct FileSet {
     seed: u64,
     /// Size of each file, bytes; file `i` is served as `/f{i}.bin`.
     sizes: Vec<u64>,
 }
 
 /// SplitMix64's finalizer: a well-mixed 64-bit value from any input.
-pub fn mix64(mut z: u64) -> u64 {
+pub(crate) fn mix64(mut z: u64) -> u64 {
     z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
@@ -36,7 +36,7 @@ pub fn mix64(mut z: u64) -> u64 {
 }
 
 /// Size of file `i` of the SPECweb99-like mix, bytes.
-pub fn mix_size_bytes(i: u32) -> u64 {
+pub(crate) fn mix_size_bytes(i: u32) -> u64 {
     let k = i % 36;
     let class = k / 9;
     let j = u64::from(k % 9);
@@ -45,7 +45,7 @@ pub fn mix_size_bytes(i: u32) -> u64 {
 
 impl FileSet {
     /// One file of `size_bytes`.
-    pub fn single(seed: u64, size_bytes: u64) -> FileSet {
+    pub(crate) fn single(seed: u64, size_bytes: u64) -> FileSet {
         FileSet {
             seed,
             sizes: vec![size_bytes],
@@ -53,7 +53,7 @@ impl FileSet {
     }
 
     /// `files` files of the SPECweb99-like mix.
-    pub fn mix(seed: u64, files: u32) -> FileSet {
+    pub(crate) fn mix(seed: u64, files: u32) -> FileSet {
         FileSet {
             seed,
             sizes: (0..files).map(mix_size_bytes).collect(),
@@ -61,32 +61,22 @@ impl FileSet {
     }
 
     /// Number of files.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.sizes.len()
     }
 
-    /// Whether the set has no file.
-    pub fn is_empty(&self) -> bool {
-        self.sizes.is_empty()
-    }
-
     /// Size of file `i`, bytes (0 past the set).
-    pub fn size_bytes(&self, i: usize) -> u64 {
+    pub(crate) fn size_bytes(&self, i: usize) -> u64 {
         self.sizes.get(i).copied().unwrap_or(0)
     }
 
     /// All files together, bytes.
-    pub fn total_bytes(&self) -> u64 {
+    pub(crate) fn total_bytes(&self) -> u64 {
         self.sizes.iter().sum()
     }
 
-    /// Largest file, bytes.
-    pub fn largest_bytes(&self) -> u64 {
-        self.sizes.iter().copied().max().unwrap_or(0)
-    }
-
     /// The URL path of file `i`.
-    pub fn url(i: usize) -> String {
+    pub(crate) fn url(i: usize) -> String {
         format!("/f{i}.bin")
     }
 
@@ -95,7 +85,7 @@ impl FileSet {
     }
 
     /// Fills `buf` with the content of file `i` from byte `offset`.
-    pub fn fill(&self, i: usize, offset: u64, buf: &mut [u8]) {
+    pub(crate) fn fill(&self, i: usize, offset: u64, buf: &mut [u8]) {
         let mut o = offset;
         let mut rest = buf;
         while !rest.is_empty() {
@@ -110,7 +100,7 @@ impl FileSet {
     }
 
     /// Whether `data` is the content of file `i` from byte `offset`.
-    pub fn matches(&self, i: usize, offset: u64, data: &[u8]) -> bool {
+    pub(crate) fn matches(&self, i: usize, offset: u64, data: &[u8]) -> bool {
         let mut o = offset;
         let mut rest = data;
         while !rest.is_empty() {
@@ -129,7 +119,7 @@ impl FileSet {
     /// Writes every file into `dir` (each made exclusively, relative to
     /// the directory's descriptor, readable by all) and returns the
     /// SHA-256 of the set: of each file's name and content, in order.
-    pub fn write(&self, dir: &crate::confined::Dir) -> std::io::Result<String> {
+    pub(crate) fn write(&self, dir: &crate::confined::Dir) -> std::io::Result<String> {
         use std::io::Write;
         let mut sha = Sha256::new();
         let mut buf = vec![0u8; 64 * 1024];
@@ -156,7 +146,7 @@ impl FileSet {
 
 /// Zipf popularity over a file set's files ranked by size (smallest first).
 #[derive(Debug, Clone)]
-pub struct Zipf {
+pub(crate) struct Zipf {
     /// Cumulative probability of each rank, rising to 1.
     cdf: Vec<f64>,
     /// The file at each rank.
@@ -165,7 +155,7 @@ pub struct Zipf {
 
 impl Zipf {
     /// Popularity with exponent `alpha` (0: uniform) over `set`.
-    pub fn new(set: &FileSet, alpha: f64) -> Zipf {
+    pub(crate) fn new(set: &FileSet, alpha: f64) -> Zipf {
         let mut files: Vec<usize> = (0..set.len()).collect();
         files.sort_by_key(|&i| (set.size_bytes(i), i));
         let weights: Vec<f64> = (1..=files.len())
@@ -184,7 +174,7 @@ impl Zipf {
     }
 
     /// The file asked for when the uniform draw is `u` in `[0, 1)`.
-    pub fn pick(&self, u: f64) -> usize {
+    pub(crate) fn pick(&self, u: f64) -> usize {
         let r = self.cdf.partition_point(|&c| c <= u);
         let r = r.min(self.files.len().saturating_sub(1));
         self.files.get(r).copied().unwrap_or(0)
