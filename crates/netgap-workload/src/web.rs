@@ -21,7 +21,7 @@ use super::role::{
     RoleError, RoleResult, Stop, PER_FLOW_BYTES,
 };
 use super::{CountFlag, FlowSample, GroupMetric, Refused, Workload};
-use crate::service::{self, apache, nginx, RunDir, Running};
+use crate::service::{self, RunDir, Running, WebServer, WebStart};
 use fileset::{FileSet, Zipf};
 use netgap_core::spec::{Mode, PointSpec};
 use netgap_core::stats::{LatencyHistogram, Percentiles};
@@ -30,7 +30,7 @@ use netgap_transport::Transport;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 const NAME: &str = "web";
@@ -48,10 +48,6 @@ const DEFAULT_FILES: u32 = 360;
 const DEFAULT_SEED: u64 = 1;
 /// Most worker processes (nginx) or children (Apache).
 const MAX_SERVER_WORKERS: u64 = 64;
-/// Most clients netgap's Apache configuration serves: its
-/// `MaxRequestWorkers` (children x threads) at the most children a run may
-/// ask for.
-const MAX_APACHE_CLIENTS: u64 = MAX_SERVER_WORKERS * apache::THREADS_PER_CHILD as u64;
 /// How long the server keeps serving after the window, so the clients'
 /// last requests finish before it stops.
 const SERVER_GRACE: Duration = Duration::from_millis(500);
@@ -68,13 +64,30 @@ const MAX_CLIENT_WORKERS: usize = 8;
 /// [`client::BUF_BYTES`] from a server that sends a huge head slowly).
 const CLIENT_BYTES: u64 = 6 * 1024;
 
-static SERVER: WorkloadOption = WorkloadOption {
-    flag: "server",
-    kind: OptionKind::Choice(&["nginx", "apache"]),
-    value_name: "NAME[,NAME]",
-    help: "web: the server program on the first host: nginx (Debian's nginx-light) or apache (apache2); a list gives one point per server [default: nginx]",
-    axis: true,
-};
+/// `--server`: its choices and help come from [`service::web_servers`].
+fn server_option() -> &'static WorkloadOption {
+    static NAMES: OnceLock<Vec<&'static str>> = OnceLock::new();
+    static HELP: OnceLock<String> = OnceLock::new();
+    static OPTION: OnceLock<WorkloadOption> = OnceLock::new();
+    OPTION.get_or_init(|| {
+        let servers = service::web_servers();
+        let names = NAMES.get_or_init(|| servers.iter().map(|s| s.name()).collect());
+        let helps: Vec<&str> = servers.iter().map(|s| s.help()).collect();
+        let default = names.first().copied().unwrap_or_default();
+        WorkloadOption {
+            flag: "server",
+            kind: OptionKind::Choice(names.as_slice()),
+            value_name: "NAME[,NAME]",
+            help: HELP.get_or_init(|| {
+                format!(
+                    "web: the server program on the first host: {}; a list gives one point per server [default: {default}]",
+                    helps.join(" or ")
+                )
+            }),
+            axis: true,
+        }
+    })
+}
 static TRACE: WorkloadOption = WorkloadOption {
     flag: "trace",
     kind: OptionKind::Choice(&["single", "zipf"]),
@@ -123,42 +136,54 @@ static PER_REQUEST: WorkloadOption = WorkloadOption {
     help: "web: open a new connection for every request (Connection: close) instead of keeping one alive per client",
     axis: false,
 };
-static SERVER_WORKERS: WorkloadOption = WorkloadOption {
-    flag: "server-workers",
-    kind: OptionKind::Count {
-        min: 1,
-        max: MAX_SERVER_WORKERS,
-    },
-    value_name: "N",
-    help: "web: nginx worker processes, or Apache children of 64 threads [default: one per CPU of the server host]",
-    axis: false,
-};
+/// `--server-workers`: its help names each server's workers
+/// ([`WebServer::workers_help`]).
+fn server_workers_option() -> &'static WorkloadOption {
+    static HELP: OnceLock<String> = OnceLock::new();
+    static OPTION: OnceLock<WorkloadOption> = OnceLock::new();
+    OPTION.get_or_init(|| {
+        let workers: Vec<&str> = service::web_servers()
+            .iter()
+            .map(|s| s.workers_help())
+            .collect();
+        WorkloadOption {
+            flag: "server-workers",
+            kind: OptionKind::Count {
+                min: 1,
+                max: MAX_SERVER_WORKERS,
+            },
+            value_name: "N",
+            help: HELP.get_or_init(|| {
+                format!(
+                    "web: {} [default: one per CPU of the server host]",
+                    workers.join(", or ")
+                )
+            }),
+            axis: false,
+        }
+    })
+}
 
 /// Every option of `web`.
-static OPTIONS: &[&WorkloadOption] = &[
-    &SERVER,
-    &TRACE,
-    &ALPHA,
-    &FILES,
-    &FILE_SEED,
-    &VERIFY_FRACTION,
-    &PER_REQUEST,
-    &SERVER_WORKERS,
-];
+fn all_options() -> &'static [&'static WorkloadOption] {
+    static OPTIONS: OnceLock<Vec<&'static WorkloadOption>> = OnceLock::new();
+    OPTIONS.get_or_init(|| {
+        vec![
+            server_option(),
+            &TRACE,
+            &ALPHA,
+            &FILES,
+            &FILE_SEED,
+            &VERIFY_FRACTION,
+            &PER_REQUEST,
+            server_workers_option(),
+        ]
+    })
+}
 
 /// The `web` workload.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Web;
-
-/// The server program.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub(crate) enum Server {
-    /// nginx.
-    Nginx,
-    /// Apache httpd.
-    Apache,
-}
 
 /// The request trace.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -174,8 +199,8 @@ pub(crate) enum Trace {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct Params {
-    /// The server program.
-    pub server: Server,
+    /// The server program: a name of [`service::web_servers`].
+    pub server: String,
     /// The trace.
     pub trace: Trace,
     /// The file's size for `single`, bytes.
@@ -291,14 +316,12 @@ impl Workload for Web {
     }
 
     fn options(&self) -> &'static [&'static WorkloadOption] {
-        OPTIONS
+        all_options()
     }
 
     fn params(&self, spec: &PointSpec, args: &WorkloadArgs) -> serde_json::Value {
-        let server = match args.str("server") {
-            Some("apache") => Server::Apache,
-            _ => Server::Nginx,
-        };
+        let default = service::web_servers().first().map_or("", |s| s.name());
+        let server = args.str("server").unwrap_or(default).to_string();
         let trace = match args.str("trace") {
             Some("zipf") => Trace::Zipf,
             _ => Trace::Single,
@@ -352,22 +375,22 @@ impl Workload for Web {
         place::spread(count, hosts)
     }
 
-    /// Refuses, before anything starts, more clients than netgap's Apache
-    /// configuration serves.
+    /// Refuses, before anything starts, more clients than the server's
+    /// configuration serves ([`WebServer::refuse_clients`]).
     fn place_point(
         &self,
         params: &serde_json::Value,
         count: u32,
         hosts: &[HostView],
     ) -> Result<Placement, Refused> {
-        let apache = params.get("server").and_then(|v| v.as_str()) == Some("apache");
-        if apache && u64::from(count) > MAX_APACHE_CLIENTS {
-            return Err(Refused(format!(
-                "{NAME}: Apache serves at most {MAX_APACHE_CLIENTS} clients here (its \
-                 MaxRequestWorkers: {MAX_SERVER_WORKERS} children of {} threads), not {count}; \
-                 use --server nginx for more",
-                apache::THREADS_PER_CHILD
-            )));
+        let server = params
+            .get("server")
+            .and_then(|v| v.as_str())
+            .and_then(service::web_server);
+        if let Some(detail) =
+            server.and_then(|s| s.refuse_clients(u64::from(count), MAX_SERVER_WORKERS))
+        {
+            return Err(Refused(format!("{NAME}: {detail}")));
         }
         self.place(count, hosts)
     }
@@ -439,10 +462,15 @@ fn open_server(p: &Params, ctx: &RoleContext<'_>) -> Result<Box<dyn OpenRole>, R
         .first()
         .copied()
         .unwrap_or(ctx.control_ip);
-    let name = match p.server {
-        Server::Nginx => nginx::NAME,
-        Server::Apache => apache::NAME,
-    };
+    let server: &dyn WebServer = service::web_server(&p.server).ok_or_else(|| {
+        let names: Vec<&str> = service::web_servers().iter().map(|s| s.name()).collect();
+        bad(format!(
+            "unknown server {:?}; netgap starts {}",
+            p.server,
+            names.join(", ")
+        ))
+    })?;
+    let name = server.name();
     let set = p.fileset();
     // The files may live in memory (a tmpfs): they count against the
     // agent's memory budget before one is written.
@@ -469,24 +497,18 @@ fn open_server(p: &Params, ctx: &RoleContext<'_>) -> Result<Box<dyn OpenRole>, R
     } else {
         p.server_workers
     };
-    let mut running = match p.server {
-        Server::Nginx => {
-            // The workers inherit this agent's hard descriptor limit.
-            let (_, hard) = netgap_transport::flows::limits::fd_limits().map_err(refused)?;
-            let sizing = nginx::size(
-                u64::from(ctx.spec.flows),
-                set.len() as u64,
-                workers,
-                p.server_workers != 0,
-                MAX_SERVER_WORKERS as u32,
-                hard,
-            )
-            .map_err(refused)?;
-            nginx::start(dir, www.path(), addr, &sizing)
-        }
-        Server::Apache => apache::start(dir, www.path(), addr, workers),
-    }
-    .map_err(refused)?;
+    let mut running = server
+        .start(WebStart {
+            dir,
+            docroot: www.path(),
+            listen: addr,
+            workers,
+            workers_fixed: p.server_workers != 0,
+            max_workers: MAX_SERVER_WORKERS as u32,
+            clients: u64::from(ctx.spec.flows),
+            files: set.len() as u64,
+        })
+        .map_err(refused)?;
     running
         .wait_answering(addr, ctx.stop, Some(&error_log), |a| {
             service::http_probe(a, &FileSet::url(0))
@@ -767,6 +789,7 @@ impl ReadyRole for ClientRole {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
 mod tests {
     use super::*;
 
@@ -774,5 +797,33 @@ mod tests {
     fn transactions_per_second_over_the_window() {
         assert!((per_second(500, 500_000_000) - 1000.0).abs() < 1e-9);
         assert_eq!(per_second(5, 0), 0.0);
+    }
+
+    #[test]
+    fn the_server_option_offers_every_registered_server() {
+        let names: Vec<&str> = service::web_servers().iter().map(|s| s.name()).collect();
+        assert_eq!(names, ["nginx", "apache"]);
+        assert!(matches!(server_option().kind, OptionKind::Choice(c) if c == names.as_slice()));
+        assert!(server_option().help.ends_with("[default: nginx]"));
+    }
+
+    #[test]
+    fn apache_past_its_request_workers_is_refused_in_one_line() {
+        let hosts: Vec<HostView> = (0..2)
+            .map(|i| HostView {
+                name: format!("h{i}"),
+                address: None,
+                rails: vec![],
+            })
+            .collect();
+        let apache = serde_json::json!({ "server": "apache" });
+        let e = Web.place_point(&apache, 4097, &hosts).unwrap_err();
+        assert_eq!(
+            e.0,
+            "web: Apache serves at most 4096 clients here (its MaxRequestWorkers: 64 children of 64 threads), not 4097; use --server nginx for more"
+        );
+        assert!(Web.place_point(&apache, 4096, &hosts).is_ok());
+        let nginx = serde_json::json!({ "server": "nginx" });
+        assert!(Web.place_point(&nginx, 4097, &hosts).is_ok());
     }
 }

@@ -5,13 +5,48 @@
 //! root its children switch to the unprivileged service user
 //! ([`super::user::ServiceUser`]), which owns that directory.
 
-use super::{find_program, Launch, RunDir, Running, ServiceError};
+use super::{find_program, Launch, RunDir, Running, ServiceError, WebServer, WebStart};
 use netgap_core::record::ServiceRecord;
 use std::net::SocketAddr;
 use std::path::Path;
 
 /// The service's name in records.
 pub(crate) const NAME: &str = "apache";
+
+/// Apache, in [`super::web_servers`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Apache;
+
+impl WebServer for Apache {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn help(&self) -> &'static str {
+        "apache (apache2)"
+    }
+
+    fn workers_help(&self) -> &'static str {
+        "Apache children of 64 threads"
+    }
+
+    /// Its `MaxRequestWorkers` (children x threads) at the most children
+    /// a run may ask for.
+    fn refuse_clients(&self, clients: u64, max_workers: u64) -> Option<String> {
+        let max_clients = max_workers * u64::from(THREADS_PER_CHILD);
+        (clients > max_clients).then(|| {
+            format!(
+                "Apache serves at most {max_clients} clients here (its \
+                 MaxRequestWorkers: {max_workers} children of {THREADS_PER_CHILD} threads), not {clients}; \
+                 use --server nginx for more"
+            )
+        })
+    }
+
+    fn start(&self, s: WebStart<'_>) -> Result<Running, ServiceError> {
+        start(s.dir, s.docroot, s.listen, s.workers)
+    }
+}
 
 /// Threads per child process of the event MPM.
 pub(crate) const THREADS_PER_CHILD: u32 = 64;

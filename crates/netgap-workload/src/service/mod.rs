@@ -13,6 +13,10 @@
 //! keeps it), waits until it answers, and on [`Running`]'s drop stops the
 //! group and removes the directory. A program that is not installed is one
 //! line naming the Debian package to install.
+//!
+//! A web server is one module implementing [`WebServer`] plus one line in
+//! [`web_servers`]: `web`'s `--server` choices, its help, the refusals of
+//! a server's own limits and the start all come from there.
 
 pub(crate) mod apache;
 pub(crate) mod gmond;
@@ -70,6 +74,10 @@ pub(crate) enum ServiceError {
         /// The end of its log.
         log: String,
     },
+    /// The program cannot serve the point as asked (a limit of the
+    /// host, or of its configuration).
+    #[error("{0}")]
+    Refused(String),
     /// The program did not answer in time.
     #[error("{name} did not answer on {addr} within {secs} s ({detail}); its log says: {log}")]
     NoAnswer {
@@ -84,6 +92,58 @@ pub(crate) enum ServiceError {
         /// The end of its log.
         log: String,
     },
+}
+
+/// What a web server is started with for one `web` point.
+#[derive(Debug)]
+pub(crate) struct WebStart<'a> {
+    /// Its fresh run directory (it holds the file set's directory too).
+    pub dir: RunDir,
+    /// The directory of the file set it serves.
+    pub docroot: &'a Path,
+    /// Where it listens.
+    pub listen: SocketAddr,
+    /// Worker processes (children) asked for, at least 1.
+    pub workers: u32,
+    /// Whether the run named the workers (`--server-workers`), so the
+    /// server may not add more.
+    pub workers_fixed: bool,
+    /// Most workers a run may ask for.
+    pub max_workers: u32,
+    /// Clients of the point.
+    pub clients: u64,
+    /// Files of the set.
+    pub files: u64,
+}
+
+/// A web server `web` can start on its first host.
+pub(crate) trait WebServer: Sync {
+    /// Its name on the command line (`--server`), on the wire and in
+    /// records.
+    fn name(&self) -> &'static str;
+    /// How `web --server`'s help names it (with its Debian package).
+    fn help(&self) -> &'static str;
+    /// How `web --server-workers`'s help names its workers.
+    fn workers_help(&self) -> &'static str;
+    /// Refuses, in one line without the workload's name, `clients` past
+    /// what its configuration serves with `max_workers` workers; `None`
+    /// when it serves them.
+    fn refuse_clients(&self, clients: u64, max_workers: u64) -> Option<String> {
+        let _ = (clients, max_workers);
+        None
+    }
+    /// Starts it; returns once it runs (not yet answering).
+    fn start(&self, start: WebStart<'_>) -> Result<Running, ServiceError>;
+}
+
+/// Every web server, the default first.
+pub(crate) fn web_servers() -> &'static [&'static dyn WebServer] {
+    &[&nginx::Nginx, &apache::Apache]
+}
+
+/// The web server called `name`, if there is one.
+pub(crate) fn web_server(name: &str) -> Option<&'static dyn WebServer> {
+    web_servers().iter().copied().find(|s| s.name() == name)
 }
 
 fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> ServiceError {

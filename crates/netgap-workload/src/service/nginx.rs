@@ -6,13 +6,47 @@
 //! on its own `reuseport` listening socket so the kernel spreads the
 //! connections over them.
 
-use super::{find_program, Launch, RunDir, Running, ServiceError};
+use super::{find_program, Launch, RunDir, Running, ServiceError, WebServer, WebStart};
 use netgap_core::record::ServiceRecord;
 use std::net::SocketAddr;
 use std::path::Path;
 
 /// The service's name in records.
 pub(crate) const NAME: &str = "nginx";
+
+/// nginx, in [`super::web_servers`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Nginx;
+
+impl WebServer for Nginx {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn help(&self) -> &'static str {
+        "nginx (Debian's nginx-light)"
+    }
+
+    fn workers_help(&self) -> &'static str {
+        "nginx worker processes"
+    }
+
+    fn start(&self, s: WebStart<'_>) -> Result<Running, ServiceError> {
+        // The workers inherit this agent's hard descriptor limit.
+        let (_, hard) = netgap_transport::flows::limits::fd_limits()
+            .map_err(|e| ServiceError::Refused(e.to_string()))?;
+        let sizing = size(
+            s.clients,
+            s.files,
+            s.workers,
+            s.workers_fixed,
+            s.max_workers,
+            hard,
+        )
+        .map_err(|e| ServiceError::Refused(e.to_string()))?;
+        start(s.dir, s.docroot, s.listen, &sizing)
+    }
+}
 
 /// Most files a worker holds open in its open-file cache (the config's
 /// `open_file_cache max`), each a descriptor; fewer when the file set is
