@@ -105,7 +105,12 @@ impl Workload for Connect {
         engine::connection_times(roles)
     }
 
-    fn place(&self, count: u32, hosts: &[HostView]) -> Result<Placement, Refused> {
+    fn place(
+        &self,
+        _params: &serde_json::Value,
+        count: u32,
+        hosts: &[HostView],
+    ) -> Result<Placement, Refused> {
         place::spread(count, hosts)
     }
 

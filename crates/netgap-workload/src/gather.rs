@@ -169,7 +169,12 @@ impl Workload for Gather {
 
     /// Every host but the first answers one flow; the first host's client
     /// reads them all.
-    fn place(&self, _count: u32, hosts: &[HostView]) -> Result<Placement, Refused> {
+    fn place(
+        &self,
+        _params: &serde_json::Value,
+        _count: u32,
+        hosts: &[HostView],
+    ) -> Result<Placement, Refused> {
         if hosts.len() < 2 {
             return Err(Refused(format!(
                 "{NAME}: no host to gather from: give at least two hosts"
@@ -809,13 +814,13 @@ mod tests {
 
     #[test]
     fn every_other_host_answers_the_first() {
-        let p = Gather.place(0, &hosts(4)).unwrap();
+        let p = Gather.place(&serde_json::json!({}), 0, &hosts(4)).unwrap();
         p.validate(4).unwrap();
         assert_eq!(p.roles.len(), 4);
         assert_eq!(p.roles[3].host, 0);
         assert_eq!(p.roles[3].flows, vec![0, 1, 2]);
         assert_eq!(p.roles[1].flows, vec![1]);
-        assert!(Gather.place(0, &hosts(1)).is_err());
+        assert!(Gather.place(&serde_json::json!({}), 0, &hosts(1)).is_err());
     }
 
     #[test]

@@ -60,7 +60,12 @@ impl Workload for Hotspot {
         engine::check(NAME, spec, transport)
     }
 
-    fn place(&self, count: u32, hosts: &[HostView]) -> Result<Placement, Refused> {
+    fn place(
+        &self,
+        _params: &serde_json::Value,
+        count: u32,
+        hosts: &[HostView],
+    ) -> Result<Placement, Refused> {
         place::spread(count, hosts)
     }
 

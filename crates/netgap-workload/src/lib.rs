@@ -229,44 +229,20 @@ pub trait Workload: Sync {
     }
 
     /// Places the roles of a point of `count` (clients, streams; for
-    /// [`CountFlag::Hosts`] the links to use, 0 for every link) on `hosts`.
-    fn place(&self, count: u32, hosts: &[HostView]) -> Result<Placement, Refused>;
-
-    /// Places the roles of a point whose shape its own options decide
-    /// (servers, stages): `params` are the point's ([`Workload::params`]).
-    /// By default the options do not matter: [`Workload::place`].
-    fn place_point(
+    /// [`CountFlag::Hosts`] the links to use, 0 for every link) on `hosts`;
+    /// `params` are the point's ([`Workload::params`]), for a workload
+    /// whose options decide its shape (servers, stages) or its limits.
+    fn place(
         &self,
         params: &serde_json::Value,
         count: u32,
         hosts: &[HostView],
-    ) -> Result<Placement, Refused> {
-        let _ = params;
-        self.place(count, hosts)
-    }
+    ) -> Result<Placement, Refused>;
 
-    /// Whether the placement is staged ([`place::Staged`]): roles are
-    /// prepared in order, every role listens for the roles after it and
-    /// is told the placement and the addresses of the roles before it, so
-    /// one role may accept from some roles and connect to several others
-    /// (a pipeline's filter stage; a client of several I/O servers). A
-    /// staged placement names no `connects_to`. Not staged by default.
-    fn staged(&self) -> bool {
-        false
-    }
-
-    /// A repetition's headline from its per-flow values and its figures
-    /// ([`Workload::metrics`], combined over roles): by default the
-    /// metric's combination of the values ([`GroupMetric::headline`]); a
-    /// workload whose headline is not one (all bytes over the slowest
-    /// client's time) computes it here. `None`: the repetition gave none.
-    fn headline(
-        &self,
-        values: &[f64],
-        metrics: &std::collections::BTreeMap<String, f64>,
-    ) -> Option<f64> {
-        let _ = metrics;
-        self.metric().headline(values)
+    /// The workload's staged part, for a workload whose placement is
+    /// staged ([`place::Staged`]); `None`, not staged, by default.
+    fn staged(&self) -> Option<&dyn StagedWorkload> {
+        None
     }
 
     /// Memory this agent's role of a point would commit (buffers, threads,
@@ -292,6 +268,39 @@ pub trait Workload: Sync {
     fn percentiles(&self, hist: &LatencyHistogram) -> Option<Percentiles> {
         let _ = hist;
         None
+    }
+}
+
+/// What a staged workload (pipeline, pio) adds to [`Workload`]. Its
+/// placement is staged ([`place::Staged`]): roles are prepared in order,
+/// every role listens for the roles after it and is told the placement
+/// and the addresses of the roles before it, so one role may accept from
+/// some roles and connect to several others (a pipeline's filter stage; a
+/// client of several I/O servers). A staged placement names no
+/// `connects_to`.
+pub trait StagedWorkload: Sync {
+    /// A repetition's headline from its figures ([`Workload::metrics`],
+    /// combined over roles), which is not a combination of per-flow
+    /// values (all bytes over the slowest client's time). `None`: the
+    /// repetition gave none.
+    fn headline(&self, metrics: &std::collections::BTreeMap<String, f64>) -> Option<f64>;
+}
+
+impl<'a> dyn Workload + 'a {
+    /// A repetition's headline from its per-flow values and its figures
+    /// ([`Workload::metrics`], combined over roles): a staged workload's
+    /// own ([`StagedWorkload::headline`]), else the metric's combination of
+    /// the values ([`GroupMetric::headline`]). `None`: the repetition gave
+    /// none.
+    pub fn headline(
+        &self,
+        values: &[f64],
+        metrics: &std::collections::BTreeMap<String, f64>,
+    ) -> Option<f64> {
+        match self.staged() {
+            Some(staged) => staged.headline(metrics),
+            None => self.metric().headline(values),
+        }
     }
 }
 

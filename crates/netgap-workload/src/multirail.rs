@@ -66,7 +66,12 @@ impl Workload for Multirail {
         true
     }
 
-    fn place(&self, count: u32, hosts: &[HostView]) -> Result<Placement, Refused> {
+    fn place(
+        &self,
+        _params: &serde_json::Value,
+        count: u32,
+        hosts: &[HostView],
+    ) -> Result<Placement, Refused> {
         place::rails(NAME, count, hosts)
     }
 

@@ -31,7 +31,7 @@ use super::role::{
     RoleResult, Stop, PER_FLOW_BYTES,
 };
 use super::staged::{self, Inbound};
-use super::{CountFlag, FlowSample, GroupMetric, Refused, Workload};
+use super::{CountFlag, FlowSample, GroupMetric, Refused, StagedWorkload, Workload};
 use layout::{Layout, Pattern, Piece};
 use netgap_core::spec::PointSpec;
 use netgap_proto::group::{FlowReport, GroupOutcome, GroupRole, GroupSpec};
@@ -214,6 +214,15 @@ impl PioParams {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Pio;
 
+impl StagedWorkload for Pio {
+    /// All bytes over the slowest client's time.
+    fn headline(&self, metrics: &BTreeMap<String, f64>) -> Option<f64> {
+        let bytes = metrics.get("headline_bytes")?;
+        let ms = metrics.get("headline_time_ms")?;
+        (*ms > 0.0).then(|| netgap_core::units::gbps(*bytes, ms * 1e6))
+    }
+}
+
 impl Workload for Pio {
     fn name(&self) -> &'static str {
         NAME
@@ -311,17 +320,7 @@ impl Workload for Pio {
         out
     }
 
-    fn headline(&self, _values: &[f64], metrics: &BTreeMap<String, f64>) -> Option<f64> {
-        let bytes = metrics.get("headline_bytes")?;
-        let ms = metrics.get("headline_time_ms")?;
-        (*ms > 0.0).then(|| netgap_core::units::gbps(*bytes, ms * 1e6))
-    }
-
-    fn place(&self, count: u32, hosts: &[HostView]) -> Result<Placement, Refused> {
-        place(1, count, hosts)
-    }
-
-    fn place_point(
+    fn place(
         &self,
         params: &serde_json::Value,
         count: u32,
@@ -334,8 +333,8 @@ impl Workload for Pio {
         place(servers as usize, count, hosts)
     }
 
-    fn staged(&self) -> bool {
-        true
+    fn staged(&self) -> Option<&dyn StagedWorkload> {
+        Some(self)
     }
 
     fn memory_bytes(&self, spec: &GroupSpec) -> u64 {
@@ -861,6 +860,6 @@ mod tests {
         ]);
         let m = Pio.metrics(&[(GroupRole::Client, &a), (GroupRole::Client, &b)], 0);
         // 2e9 bytes in 2 s: 8 Gbit/s.
-        assert_eq!(Pio.headline(&[], &m), Some(8.0));
+        assert_eq!((&Pio as &dyn Workload).headline(&[], &m), Some(8.0));
     }
 }

@@ -31,7 +31,7 @@ use super::role::{
     RoleResult, Stop, PER_FLOW_BYTES,
 };
 use super::staged::{self, recv_patient, Inbound};
-use super::{CountFlag, FlowSample, GroupMetric, Refused, Workload};
+use super::{CountFlag, FlowSample, GroupMetric, Refused, StagedWorkload, Workload};
 use graph::{Edge, Graph};
 use netgap_core::spec::PointSpec;
 use netgap_core::stats::{LatencyHistogram, Percentiles};
@@ -203,6 +203,13 @@ fn preset_bytes(preset: &str) -> u64 {
     }
 }
 
+impl StagedWorkload for Pipeline {
+    /// The query time the sink measured.
+    fn headline(&self, metrics: &BTreeMap<String, f64>) -> Option<f64> {
+        metrics.get("query_time_ms").copied().filter(|v| *v > 0.0)
+    }
+}
+
 impl Workload for Pipeline {
     fn name(&self) -> &'static str {
         NAME
@@ -299,22 +306,7 @@ impl Workload for Pipeline {
         out
     }
 
-    fn headline(&self, _values: &[f64], metrics: &BTreeMap<String, f64>) -> Option<f64> {
-        metrics.get("query_time_ms").copied().filter(|v| *v > 0.0)
-    }
-
-    fn place(&self, _count: u32, hosts: &[HostView]) -> Result<Placement, Refused> {
-        place(
-            Graph {
-                filters: 1,
-                copies: 1,
-            },
-            false,
-            hosts,
-        )
-    }
-
-    fn place_point(
+    fn place(
         &self,
         params: &serde_json::Value,
         _count: u32,
@@ -343,8 +335,8 @@ impl Workload for Pipeline {
         place_listed(graph, &p.place, hosts.len())
     }
 
-    fn staged(&self) -> bool {
-        true
+    fn staged(&self) -> Option<&dyn StagedWorkload> {
+        Some(self)
     }
 
     fn memory_bytes(&self, spec: &GroupSpec) -> u64 {
@@ -1254,6 +1246,6 @@ mod tests {
         ]);
         let m = Pipeline.metrics(&[(GroupRole::Server, &a), (GroupRole::Server, &b)], 0);
         assert_eq!(m.get("producer_uows_per_s"), Some(&200.0));
-        assert_eq!(Pipeline.headline(&[], &m), Some(500.0));
+        assert_eq!((&Pipeline as &dyn Workload).headline(&[], &m), Some(500.0));
     }
 }

@@ -649,6 +649,7 @@ impl super::Workload for StreamWorkload {
 
     fn place(
         &self,
+        _params: &serde_json::Value,
         count: u32,
         hosts: &[super::place::HostView],
     ) -> Result<super::place::Placement, super::Refused> {

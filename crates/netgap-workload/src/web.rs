@@ -371,13 +371,9 @@ impl Workload for Web {
         out
     }
 
-    fn place(&self, count: u32, hosts: &[HostView]) -> Result<Placement, Refused> {
-        place::spread(count, hosts)
-    }
-
     /// Refuses, before anything starts, more clients than the server's
     /// configuration serves ([`WebServer::refuse_clients`]).
-    fn place_point(
+    fn place(
         &self,
         params: &serde_json::Value,
         count: u32,
@@ -392,7 +388,7 @@ impl Workload for Web {
         {
             return Err(Refused(format!("{NAME}: {detail}")));
         }
-        self.place(count, hosts)
+        place::spread(count, hosts)
     }
 
     /// A client holds its state, request, histogram and report
@@ -817,13 +813,13 @@ mod tests {
             })
             .collect();
         let apache = serde_json::json!({ "server": "apache" });
-        let e = Web.place_point(&apache, 4097, &hosts).unwrap_err();
+        let e = Web.place(&apache, 4097, &hosts).unwrap_err();
         assert_eq!(
             e.0,
             "web: Apache serves at most 4096 clients here (its MaxRequestWorkers: 64 children of 64 threads), not 4097; use --server nginx for more"
         );
-        assert!(Web.place_point(&apache, 4096, &hosts).is_ok());
+        assert!(Web.place(&apache, 4096, &hosts).is_ok());
         let nginx = serde_json::json!({ "server": "nginx" });
-        assert!(Web.place_point(&nginx, 4097, &hosts).is_ok());
+        assert!(Web.place(&nginx, 4097, &hosts).is_ok());
     }
 }

@@ -499,10 +499,10 @@ pub(super) fn place(point: &GroupPoint, links: &[Link]) -> Result<Placement, Gro
         .collect();
     let placement = point
         .workload
-        .place_point(&point.params, point.clients, &hosts)
+        .place(&point.params, point.clients, &hosts)
         .and_then(|p| p.validate(hosts.len()).map(|()| p))
         .and_then(|p| {
-            if point.workload.staged() && p.roles.iter().any(|r| r.connects_to.is_some()) {
+            if point.workload.staged().is_some() && p.roles.iter().any(|r| r.connects_to.is_some()) {
                 return Err(netgap_workload::Refused(format!(
                     "{}: a staged placement names no server per role; its roles reach each other through the staged addresses",
                     point.workload.name()
@@ -692,7 +692,7 @@ impl GroupCoordinator {
             .roles
             .iter()
             .any(|r| r.connects_to.is_some() && vias[r.host].is_some());
-        let staged = point.workload.staged();
+        let staged = point.workload.staged().is_some();
         // A staged role reaches an earlier one over their own link on a
         // mesh: every staged role then listens on every address.
         let staged_mesh = staged
