@@ -394,7 +394,7 @@ fn next_request(
     idle: Duration,
 ) -> Result<Vec<u8>, ControlError> {
     let Some(monitor) = point.and_then(|p| p.monitor.as_ref()) else {
-        return recv_or_tell(conn, idle);
+        return conn.recv_or_tell(idle);
     };
     let t0 = Instant::now();
     // A broken flow shows in the next repetition; the wait goes on.
@@ -402,25 +402,9 @@ fn next_request(
     let left = idle
         .saturating_sub(t0.elapsed())
         .max(Duration::from_millis(1));
-    recv_or_tell(conn, left).map_err(|e| match e {
+    conn.recv_or_tell(left).map_err(|e| match e {
         ControlError::TimedOut(_) => ControlError::TimedOut(idle),
         other => other,
-    })
-}
-
-/// Receives one frame; a frame that breaks the framing (too large, empty,
-/// an overrun) is answered with one error line before the session ends, so
-/// the peer learns why it was closed.
-pub(crate) fn recv_or_tell(
-    conn: &mut ControlConn,
-    timeout: Duration,
-) -> Result<Vec<u8>, ControlError> {
-    conn.recv_payload(timeout).inspect_err(|e| {
-        if let ControlError::Codec(c) = e {
-            let _ = conn.send(&Reply::Error {
-                message: format!("bad control frame: {c}; closing the connection"),
-            });
-        }
     })
 }
 
@@ -438,7 +422,7 @@ fn first_request(
     let left = deadline
         .saturating_duration_since(Instant::now())
         .max(Duration::from_millis(1));
-    let first = recv_or_tell(conn, left)?;
+    let first = conn.recv_or_tell(left)?;
     if is_auth_frame(&first) {
         let message = match shared.key {
             Some(_) => crate::auth::ALREADY_PROVEN.to_string(),

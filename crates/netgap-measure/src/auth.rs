@@ -204,7 +204,7 @@ pub fn challenge(
         if left.is_zero() {
             return Err(ControlError::TimedOut(Duration::ZERO).into());
         }
-        let payload = crate::agent::recv_or_tell(conn, left)?;
+        let payload = conn.recv_or_tell(left)?;
         match hs.on_frame(&payload) {
             Ok(None) => started(),
             Ok(Some(proof)) => {

@@ -11,8 +11,8 @@
 //! keeps as its `datagrams`.
 
 use super::role::{
-    find_transport, metered_with, peak_rss_kib, window, OpenRole, ReadyRole, RoleContext,
-    RoleError, RoleResult, Stop,
+    find_transport, metered_with, window, OpenRole, ReadyRole, RoleContext, RoleError, RoleResult,
+    Stop,
 };
 use super::{FlowSample, Refused};
 use crate::shard;
@@ -20,6 +20,7 @@ use netgap_core::datagram::DatagramStats;
 use netgap_core::spec::PointSpec;
 use netgap_core::stats::LatencyHistogram;
 use netgap_proto::group::{FlowReport, GroupOutcome, GroupRole, GroupSpec, MAX_GROUP_FLOWS};
+use netgap_transport::cpu::peak_rss_kib;
 use netgap_transport::flows::{
     self, prepare_clients, ClientSpec, EngineConfig, FlowServer, FlowWork, PreparedClients,
 };

@@ -16,8 +16,8 @@
 use super::options::{OptionKind, WorkloadArgs, WorkloadOption};
 use super::place::{HostView, Placement, RolePlace};
 use super::role::{
-    find_transport, meter_window, metered, parse_params, peak_rss_kib, per_flow, window, OpenRole,
-    ReadyRole, RoleContext, RoleError, RoleResult, Stop, PER_FLOW_BYTES, STOP_TICK,
+    find_transport, meter_window, metered, parse_params, per_flow, window, OpenRole, ReadyRole,
+    RoleContext, RoleError, RoleResult, Stop, PER_FLOW_BYTES, STOP_TICK,
 };
 use super::web::fileset::mix64;
 use super::{CountFlag, FlowSample, GroupMetric, Refused, Workload};
@@ -26,6 +26,7 @@ use netgap_core::spec::PointSpec;
 use netgap_core::stats::{LatencyHistogram, Percentiles};
 use netgap_proto::dataproof::DataToken;
 use netgap_proto::group::{FlowReport, GroupOutcome, GroupRole, GroupSpec};
+use netgap_transport::cpu::peak_rss_kib;
 use netgap_transport::{FlowConfig, FlowError, Transport, TransportError};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};

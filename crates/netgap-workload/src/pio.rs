@@ -27,14 +27,15 @@ pub(crate) mod wire;
 use super::options::{OptionKind, WorkloadArgs, WorkloadOption};
 use super::place::{HostView, Placement, RolePlace, Staged};
 use super::role::{
-    find_transport, parse_params, peak_rss_kib, OpenRole, ReadyRole, RoleContext, RoleError,
-    RoleResult, Stop, PER_FLOW_BYTES,
+    find_transport, parse_params, OpenRole, ReadyRole, RoleContext, RoleError, RoleResult, Stop,
+    PER_FLOW_BYTES,
 };
 use super::staged::{self, Inbound};
 use super::{CountFlag, FlowSample, GroupMetric, Refused, StagedWorkload, Workload};
 use layout::{Layout, Pattern, Piece};
 use netgap_core::spec::PointSpec;
 use netgap_proto::group::{FlowReport, GroupOutcome, GroupRole, GroupSpec};
+use netgap_transport::cpu::peak_rss_kib;
 use netgap_transport::cpu::CpuMeter;
 use netgap_transport::{self as transport, FlowConfig, Transport};
 use std::collections::BTreeMap;

@@ -27,8 +27,8 @@ pub(crate) mod work;
 use super::options::{OptionKind, WorkloadArgs, WorkloadOption};
 use super::place::{HostView, Placement, RolePlace, Staged};
 use super::role::{
-    find_transport, parse_params, peak_rss_kib, OpenRole, ReadyRole, RoleContext, RoleError,
-    RoleResult, Stop, PER_FLOW_BYTES,
+    find_transport, parse_params, OpenRole, ReadyRole, RoleContext, RoleError, RoleResult, Stop,
+    PER_FLOW_BYTES,
 };
 use super::staged::{self, recv_patient, Inbound};
 use super::{CountFlag, FlowSample, GroupMetric, Refused, StagedWorkload, Workload};
@@ -36,6 +36,7 @@ use graph::{Edge, Graph};
 use netgap_core::spec::PointSpec;
 use netgap_core::stats::{LatencyHistogram, Percentiles};
 use netgap_proto::group::{FlowReport, GroupOutcome, GroupRole, GroupSpec};
+use netgap_transport::cpu::peak_rss_kib;
 use netgap_transport::cpu::CpuMeter;
 use netgap_transport::{self as transport, FlowConfig, FlowError, Transport};
 use std::collections::BTreeMap;

@@ -326,13 +326,6 @@ pub fn window(spec: &GroupSpec) -> (Duration, Duration) {
     )
 }
 
-/// Peak resident set size of this process (VmHWM), in KiB, if readable.
-pub fn peak_rss_kib() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    line.split_whitespace().nth(1)?.parse().ok()
-}
-
 /// CPU time of this whole process so far, in nanoseconds
 /// (`CLOCK_PROCESS_CPUTIME_ID`); 0 if unreadable.
 fn process_cpu_ns() -> u64 {

@@ -925,7 +925,7 @@ fn serve_shard(out: &mut impl Write) -> Result<(), ShardError> {
     let totals = server.stop()?;
     let done = FromShard::Done {
         totals: ShardTotals::from(&totals),
-        peak_rss_kib: crate::role::peak_rss_kib(),
+        peak_rss_kib: netgap_transport::cpu::peak_rss_kib(),
     };
     write_line(out, &done).map_err(io("reporting"))?;
     Ok(())

@@ -12,11 +12,12 @@
 //! each end measures what it received, and the flow is worth the sum.
 
 use super::role::{
-    find_transport, meter_window, peak_rss_kib, per_flow, window, OpenRole, ReadyRole, RoleContext,
-    RoleError, RoleResult, Stop, ACCEPT_TIMEOUT,
+    find_transport, meter_window, per_flow, window, OpenRole, ReadyRole, RoleContext, RoleError,
+    RoleResult, Stop, ACCEPT_TIMEOUT,
 };
 use super::FlowSample;
 use netgap_proto::group::{FlowReport, GroupOutcome, GroupRole, GroupSpec};
+use netgap_transport::cpu::peak_rss_kib;
 use netgap_transport::rate::{PacedFlow, RateBudget};
 use netgap_transport::{self as transport, FlowConfig, FlowError};
 use std::sync::Arc;

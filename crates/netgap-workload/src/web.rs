@@ -17,8 +17,8 @@ pub(crate) mod fileset;
 use super::options::{OptionKind, WorkloadArgs, WorkloadOption};
 use super::place::{self, HostView, Placement};
 use super::role::{
-    meter_window, metered, parse_params, peak_rss_kib, window, OpenRole, ReadyRole, RoleContext,
-    RoleError, RoleResult, Stop, PER_FLOW_BYTES,
+    meter_window, metered, parse_params, window, OpenRole, ReadyRole, RoleContext, RoleError,
+    RoleResult, Stop, PER_FLOW_BYTES,
 };
 use super::{CountFlag, FlowSample, GroupMetric, Refused, Workload};
 use crate::service::{self, RunDir, Running, WebServer, WebStart};
@@ -26,6 +26,7 @@ use fileset::{FileSet, Zipf};
 use netgap_core::spec::{Mode, PointSpec};
 use netgap_core::stats::{LatencyHistogram, Percentiles};
 use netgap_proto::group::{FlowReport, GroupOutcome, GroupRole, GroupSpec};
+use netgap_transport::cpu::peak_rss_kib;
 use netgap_transport::Transport;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
