@@ -10,8 +10,10 @@
 //!   machines, key proofs); no I/O, and it cannot import the transports.
 //! - `netgap-transport`: the transport trait, every transport, the
 //!   multi-client flow engine.
+//! - `netgap-workload`: the multi-host workloads, the real servers they
+//!   run, and the agent's shards.
 //! - `netgap-measure`: tests, the runner, plans, the coordinator and the
-//!   agent, multi-host tests, sweep and LogP.
+//!   agent, multi-host runs, sweep and LogP.
 //! - `netgap-report`: the report, compare, and import of peer tools' output.
 //!
 //! See `ARCHITECTURE.md` for the map.
@@ -20,8 +22,8 @@ pub use netgap_core::{
     datagram, dropout, files, host, record, sizing, spec, stats, text, units, VERSION,
 };
 pub use netgap_measure::{
-    agent, auth, bench, cluster, conditions, confined, control, coordinator, group, hostlist,
-    interleave, logp, output, plan, preamble, runner, shard, sink, sweep, workload,
+    agent, auth, bench, cluster, conditions, control, coordinator, group, hostlist, interleave,
+    logp, output, plan, runner, sink, sweep,
 };
 pub use netgap_mpi as mpi;
 pub use netgap_proto as proto;
@@ -29,6 +31,8 @@ pub use netgap_proto::limits;
 pub use netgap_report as report;
 pub use netgap_report::{compare, import};
 pub use netgap_transport as transport;
-pub use netgap_transport::flows;
+pub use netgap_transport::{flows, preamble};
+pub use netgap_workload as workload;
+pub use netgap_workload::{confined, shard};
 
 pub mod testbed;

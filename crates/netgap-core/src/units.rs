@@ -187,6 +187,11 @@ fn split_decimal(text: &str) -> Option<Decimal<'_>> {
     })
 }
 
+/// Nanoseconds since `t0`, saturating at `u64::MAX` (585 years).
+pub fn ns_since(t0: std::time::Instant) -> u64 {
+    u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX)
+}
+
 /// Payload rate in Gbit/s (10^9 bit/s) of `bytes` moved in `elapsed_ns`
 /// nanoseconds: bits per nanosecond; 0 when no time passed. The one place
 /// netgap turns bytes and time into Gbit/s.
@@ -446,6 +451,19 @@ mod tests {
     use proptest::prelude::*;
 
     const K: u64 = 1 << 10;
+
+    #[test]
+    fn gbps_is_bits_per_nanosecond() {
+        assert_eq!(gbps(1e9, 8e9), 1.0);
+        assert_eq!(gbps(1.0, 0.0), 0.0);
+    }
+
+    #[test]
+    fn ns_since_counts_forward() {
+        let t0 = std::time::Instant::now();
+        let a = ns_since(t0);
+        assert!(ns_since(t0) >= a);
+    }
     const M: u64 = 1 << 20;
     const G: u64 = 1 << 30;
 

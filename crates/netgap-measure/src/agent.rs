@@ -17,7 +17,6 @@ mod watchdog;
 use crate::admission::{RefusalLog, REFUSAL_LOG_INTERVAL};
 use crate::bench;
 use crate::control::{ControlAddr, ControlConn, ControlError, ControlStream};
-use crate::workload::role::{self, ReadyRole, RoleContext, RoleError, RoleResult, Stop};
 use netgap_core::spec::PointSpec;
 use netgap_core::text::escape_control;
 use netgap_proto::auth::{is_auth_frame, Key};
@@ -30,6 +29,7 @@ use netgap_proto::session::{AgentAction, AgentSession};
 use netgap_transport::cpu::CpuMeter;
 use netgap_transport::rate::{PacedFlow, RateBudget};
 use netgap_transport::{self as transport, DatagramStats, FlowConfig, FlowMonitor};
+use netgap_workload::role::{self, ReadyRole, RoleContext, RoleError, RoleResult, Stop};
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
 use std::os::fd::AsFd;
@@ -98,8 +98,8 @@ struct Shared {
     /// past it is spread over processes); `None`: the descriptor limit.
     flows_per_process: Option<u32>,
     /// The only directories the agent writes in: its run directory and
-    /// the one pio's stripes go under ([`crate::confined`]).
-    dirs: Arc<crate::confined::AgentDirs>,
+    /// the one pio's stripes go under ([`netgap_workload::confined`]).
+    dirs: Arc<netgap_workload::confined::AgentDirs>,
     /// The agent's highest data rate (`--max-rate`) as a budget every
     /// flow of every session charges, point-to-point and group alike.
     rate: Arc<RateBudget>,
@@ -157,8 +157,8 @@ impl Agent {
                 data_ip: None,
                 services: false,
                 flows_per_process: None,
-                dirs: Arc::new(crate::confined::AgentDirs::new(
-                    crate::confined::default_run_base(),
+                dirs: Arc::new(netgap_workload::confined::AgentDirs::new(
+                    netgap_workload::confined::default_run_base(),
                 )),
                 rate: Arc::new(RateBudget::new(AgentLimits::default().max_rate_gbps)),
             },
@@ -188,24 +188,24 @@ impl Agent {
 
     /// Lets workloads start the real server programs netgap knows (nginx,
     /// Apache, gmond) on this host, each from a configuration the agent
-    /// writes itself into a directory of its own ([`crate::service`]).
+    /// writes itself into a directory of its own (`netgap_workload`'s services).
     pub fn allow_services(mut self) -> Agent {
         self.shared.services = true;
         self
     }
 
     /// Writes only under `dirs` (default: a run directory under
-    /// [`crate::confined::default_run_base`], made when first needed).
+    /// [`netgap_workload::confined::default_run_base`], made when first needed).
     /// What a killed agent left there is removed when its base is opened
-    /// ([`crate::confined::AgentDirs::open_base`]).
-    pub fn with_dirs(mut self, dirs: crate::confined::AgentDirs) -> Agent {
+    /// ([`netgap_workload::confined::AgentDirs::open_base`]).
+    pub fn with_dirs(mut self, dirs: netgap_workload::confined::AgentDirs) -> Agent {
         self.shared.dirs = Arc::new(dirs);
         self
     }
 
     /// Spreads a flow-engine server role over processes past `flows`
     /// connections per process, even when the descriptor limit would hold
-    /// more ([`crate::shard`]); for tests of that path at small scale.
+    /// more ([`netgap_workload::shard`]); for tests of that path at small scale.
     pub fn with_flows_per_process(mut self, flows: u32) -> Agent {
         self.shared.flows_per_process = Some(flows.max(1));
         self
@@ -394,7 +394,7 @@ fn next_request(
     idle: Duration,
 ) -> Result<Vec<u8>, ControlError> {
     let Some(monitor) = point.and_then(|p| p.monitor.as_ref()) else {
-        return recv_or_tell(conn, idle);
+        return conn.recv_or_tell(idle);
     };
     let t0 = Instant::now();
     // A broken flow shows in the next repetition; the wait goes on.
@@ -402,25 +402,9 @@ fn next_request(
     let left = idle
         .saturating_sub(t0.elapsed())
         .max(Duration::from_millis(1));
-    recv_or_tell(conn, left).map_err(|e| match e {
+    conn.recv_or_tell(left).map_err(|e| match e {
         ControlError::TimedOut(_) => ControlError::TimedOut(idle),
         other => other,
-    })
-}
-
-/// Receives one frame; a frame that breaks the framing (too large, empty,
-/// an overrun) is answered with one error line before the session ends, so
-/// the peer learns why it was closed.
-pub(crate) fn recv_or_tell(
-    conn: &mut ControlConn,
-    timeout: Duration,
-) -> Result<Vec<u8>, ControlError> {
-    conn.recv_payload(timeout).inspect_err(|e| {
-        if let ControlError::Codec(c) = e {
-            let _ = conn.send(&Reply::Error {
-                message: format!("bad control frame: {c}; closing the connection"),
-            });
-        }
     })
 }
 
@@ -438,7 +422,7 @@ fn first_request(
     let left = deadline
         .saturating_duration_since(Instant::now())
         .max(Duration::from_millis(1));
-    let first = recv_or_tell(conn, left)?;
+    let first = conn.recv_or_tell(left)?;
     if is_auth_frame(&first) {
         let message = match shared.key {
             Some(_) => crate::auth::ALREADY_PROVEN.to_string(),
@@ -872,7 +856,7 @@ pub(crate) enum OpenPointError {
     Session(#[from] netgap_proto::session::SessionError),
     /// No data connection proved it belongs to the session.
     #[error("data connection: {0}")]
-    Preamble(#[from] crate::preamble::PreambleError),
+    Preamble(#[from] netgap_transport::preamble::PreambleError),
     /// The control connection failed.
     #[error(transparent)]
     Control(#[from] ControlError),
@@ -896,7 +880,7 @@ fn accept_proven(
     let deadline = Instant::now() + ACCEPT_TIMEOUT;
     // Why the last connection was dropped: when no other comes, that says
     // more than the wait that ran out.
-    let mut dropped: Option<crate::preamble::PreambleError> = None;
+    let mut dropped: Option<netgap_transport::preamble::PreambleError> = None;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         let mut flow = match listener.accept(left.max(Duration::from_millis(1))) {
@@ -908,7 +892,7 @@ fn accept_proven(
                 })
             }
         };
-        match crate::preamble::listener(flow.as_mut(), token) {
+        match netgap_transport::preamble::listener(flow.as_mut(), token) {
             Ok(()) => return Ok(flow),
             Err(e) if Instant::now() >= deadline => return Err(e.into()),
             Err(e) => dropped = Some(e),

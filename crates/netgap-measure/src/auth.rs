@@ -96,7 +96,7 @@ pub fn new_key_file(path: &Path) -> Result<(), KeyFileError> {
         source,
     };
     let mut bytes = [0u8; NEW_KEY_BYTES];
-    fill_random(&mut bytes).map_err(io_err)?;
+    netgap_transport::random::fill_random(&mut bytes).map_err(io_err)?;
     let mut f = OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -107,28 +107,9 @@ pub fn new_key_file(path: &Path) -> Result<(), KeyFileError> {
     f.sync_all().map_err(io_err)
 }
 
-/// Fills `buf` from the kernel's random source.
-pub(crate) fn fill_random(buf: &mut [u8]) -> io::Result<()> {
-    let mut filled = 0;
-    while filled < buf.len() {
-        let rest = &mut buf[filled..];
-        // SAFETY: the pointer and length describe the writable slice `rest`.
-        let n = unsafe { libc::getrandom(rest.as_mut_ptr().cast(), rest.len(), 0) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
-        filled += n as usize;
-    }
-    Ok(())
-}
-
 fn nonce() -> io::Result<[u8; NONCE_BYTES]> {
     let mut n = [0u8; NONCE_BYTES];
-    fill_random(&mut n)?;
+    netgap_transport::random::fill_random(&mut n)?;
     Ok(n)
 }
 
@@ -223,7 +204,7 @@ pub fn challenge(
         if left.is_zero() {
             return Err(ControlError::TimedOut(Duration::ZERO).into());
         }
-        let payload = crate::agent::recv_or_tell(conn, left)?;
+        let payload = conn.recv_or_tell(left)?;
         match hs.on_frame(&payload) {
             Ok(None) => started(),
             Ok(Some(proof)) => {

@@ -244,6 +244,20 @@ impl ControlConn {
             })
     }
 
+    /// The agent's receive: one frame's payload, waiting at most
+    /// `timeout`; a frame that breaks the framing (too large, empty, an
+    /// overrun) is answered with one error line before the session ends,
+    /// so the peer learns why it was closed.
+    pub(crate) fn recv_or_tell(&mut self, timeout: Duration) -> Result<Vec<u8>, ControlError> {
+        self.recv_payload(timeout).inspect_err(|e| {
+            if let ControlError::Codec(c) = e {
+                let _ = self.send(&netgap_proto::message::Reply::Error {
+                    message: format!("bad control frame: {c}; closing the connection"),
+                });
+            }
+        })
+    }
+
     /// Receives one frame's payload, waiting at most `timeout`.
     pub fn recv_payload(&mut self, timeout: Duration) -> Result<Vec<u8>, ControlError> {
         let deadline = Instant::now() + timeout;

@@ -121,7 +121,7 @@ pub enum PointError {
     /// The data connection's far end did not prove it belongs to the
     /// session, or no token could be drawn.
     #[error("data connection: {0}")]
-    Preamble(#[from] crate::preamble::PreambleError),
+    Preamble(#[from] netgap_transport::preamble::PreambleError),
     /// The agent refused or failed, in its own words.
     #[error("agent error: {0}")]
     Agent(String),
@@ -199,7 +199,7 @@ impl Coordinator {
             .ok_or_else(|| PointError::UnknownTransport(spec.transport.clone()))?;
         let size =
             usize::try_from(spec.size_bytes).map_err(|_| PointError::TooLarge(spec.size_bytes))?;
-        let token = crate::preamble::new_token()?;
+        let token = netgap_transport::preamble::new_token()?;
         let open = self.session.open(spec.clone(), token.clone());
         self.conn.send(&open)?;
         let reply = recv_reply(&mut self.conn, REPLY_TIMEOUT)?;
@@ -209,7 +209,7 @@ impl Coordinator {
         let mut flow = transport.connect(&config, &data_addr)?;
         // Whatever address the agent named, no payload goes there unless
         // it proves it is this session's end.
-        crate::preamble::connector(flow.as_mut(), &token)?;
+        netgap_transport::preamble::connector(flow.as_mut(), &token)?;
         let monitor = flow.monitor();
         // The agent answers once the proof's last message has reached it. A
         // flow whose own end resends what is lost (xdp) must be served

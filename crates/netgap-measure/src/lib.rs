@@ -1,6 +1,6 @@
 //! Measurement: what netgap measures and how. The point-to-point tests
 //! ([`bench`](mod@bench)) and the runner that times their repetitions
-//! ([`runner`]), the multi-host workloads ([`workload`]) and their runs ([`group`]), the validated plans
+//! ([`runner`]), the runs of the multi-host workloads of `netgap_workload` ([`group`]), the validated plans
 //! ([`plan`]), the coordinator and agent that put the control protocol on
 //! sockets ([`coordinator`], [`agent`], [`control`], [`auth`]), the sweep
 //! and LogP commands, and the sinks and table that each measured point goes
@@ -19,7 +19,6 @@ pub mod auth;
 pub mod bench;
 pub mod cluster;
 pub mod conditions;
-pub mod confined;
 pub mod control;
 pub mod coordinator;
 pub mod group;
@@ -30,13 +29,8 @@ pub mod logp;
 pub mod output;
 pub mod plan;
 pub mod point_loop;
-pub mod preamble;
 pub mod runner;
-pub mod service;
-pub mod shard;
 pub mod sink;
 pub mod sweep;
 #[cfg(test)]
 mod test_support;
-pub mod tether;
-pub mod workload;

@@ -214,7 +214,7 @@ pub struct MultiHostSpec {
     /// The workloads' own options given (`--trace zipf`), as (flag without
     /// dashes, value as typed; empty for a switch), in command-line order;
     /// the group plan parses them with their declarations
-    /// ([`crate::workload::options`]).
+    /// ([`netgap_workload::options`]).
     pub workload_options: Vec<(String, String)>,
 }
 
@@ -568,12 +568,12 @@ pub enum PlanError {
     /// Multi-host and point-to-point tests in one run.
     #[error(
         "multi-host tests ({}) cannot be mixed with point-to-point tests in one run",
-        crate::workload::names()
+        netgap_workload::names()
     )]
     MixedTests,
     /// A multi-host workload refuses the transport, mode or options.
     #[error(transparent)]
-    Workload(#[from] crate::workload::Refused),
+    Workload(#[from] netgap_workload::Refused),
     /// More in-process flows than this process may hold descriptors for.
     #[error("--clients {clients}: in-process agents hold both ends of every flow in this process, {needed} descriptors, but the limit is {limit}; run `netgap serve` on each host and give --hosts, or raise the hard limit (ulimit -Hn, /etc/security/limits.conf)")]
     Descriptors {
@@ -701,7 +701,7 @@ pub(crate) fn refuse_group_flags(r: &RunRequest, what: &str) -> Result<(), PlanE
     let m = &r.multi_host;
     let reason = format!(
         "it is a flag of multi-host tests ({})",
-        crate::workload::names()
+        netgap_workload::names()
     );
     for (flag, given) in [
         ("--clients", m.clients.is_some()),
@@ -715,7 +715,7 @@ pub(crate) fn refuse_group_flags(r: &RunRequest, what: &str) -> Result<(), PlanE
         }
     }
     if let Some((flag, _)) = m.workload_options.first() {
-        let takers = crate::workload::options::workloads_taking(flag).join(", ");
+        let takers = netgap_workload::options::workloads_taking(flag).join(", ");
         return Err(no_effect(
             &format!("--{flag}"),
             what,

@@ -11,7 +11,7 @@
 //! the testbed interface, so everything crosses the testbed's links.
 
 use crate::wire::{parse_line, RankLine, RankPlan, WireError, MAX_LINE_BYTES};
-use netgap_measure::tether;
+use netgap_workload::tether;
 use std::collections::VecDeque;
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Read};

@@ -1,5 +1,6 @@
 //! CPU cost of a measurement: system-wide busy percent from /proc/stat and
-//! the CPU time of netgap's own threads doing a role.
+//! the CPU time of netgap's own threads doing a role; and the process's
+//! peak memory ([`peak_rss_kib`]).
 //!
 //! One [`CpuMeter`] covers one measured interval (one repetition of a test
 //! role) on one host. It records (a) the busy share of all CPUs from the
@@ -138,6 +139,14 @@ pub(crate) fn parse_proc_stat_line(line: &str) -> Option<(u64, u64)> {
         .fold(0u64, |acc, v| acc.saturating_add(*v));
     let total = busy.saturating_add(idle).saturating_add(iowait);
     Some((busy, total))
+}
+
+/// Peak resident set size of this process (VmHWM), in KiB, if readable:
+/// the memory reading that goes with a role's CPU time.
+pub fn peak_rss_kib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// CPU time consumed so far by the calling thread, in nanoseconds

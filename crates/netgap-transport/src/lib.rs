@@ -12,12 +12,15 @@
 //! control protocol or of how results are reported.
 
 pub mod affinity;
+pub mod buffer;
 pub mod cpu;
 pub mod flows;
 pub mod host;
 pub mod mptcp;
 pub mod netns;
 pub mod options;
+pub mod preamble;
+pub mod random;
 pub mod rate;
 pub mod rto;
 pub mod shm;

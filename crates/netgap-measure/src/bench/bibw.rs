@@ -11,8 +11,9 @@
 //! stopped peer is named within one `--timeout` of the flow's silence.
 
 use super::payload::{recv_checked, PatternCursor};
-use super::{gbps, ClientRole, Metric, RepOutcome, RoleParams, ServerOutcome, ServerRole, Test};
+use super::{ClientRole, Metric, RepOutcome, RoleParams, ServerOutcome, ServerRole, Test};
 use netgap_core::stats::LatencyHistogram;
+use netgap_core::units::gbps;
 use netgap_transport::cpu::thread_cpu_ns;
 use netgap_transport::{AbortHandle, Flow, FlowError, Receiver, Sender};
 use std::sync::mpsc;
@@ -98,7 +99,7 @@ impl Side {
         let (done, from_sender) = mpsc::channel();
         let parts = SenderParts {
             tx,
-            buf: super::message_buffer(size_bytes),
+            buf: netgap_transport::buffer::message_buffer(size_bytes),
             pattern: PatternCursor::new(params.verify),
             abort: abort.clone(),
         };
@@ -175,11 +176,11 @@ impl ClientRole for Client {
     ) -> Result<RepOutcome, FlowError> {
         let t0 = Instant::now();
         let (helper_cpu_ns, lost) = self.0.exchange(iterations)?;
-        let elapsed_ns = super::ns_since(t0);
+        let elapsed_ns = netgap_core::units::ns_since(t0);
         let bytes = self.0.size_bytes * iterations;
         Ok(RepOutcome {
             elapsed_ns,
-            value: gbps(2 * bytes, elapsed_ns),
+            value: gbps((2 * bytes) as f64, elapsed_ns as f64),
             bytes_tx: bytes,
             bytes_rx: bytes.saturating_sub(lost),
             helper_cpu_ns,

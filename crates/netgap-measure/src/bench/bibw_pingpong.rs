@@ -3,8 +3,9 @@
 //! ping-pong bandwidth).
 
 use super::pingpong::{PingPongClient, PingPongServer};
-use super::{gbps, ClientRole, Metric, RepOutcome, RoleParams, ServerRole, Test};
+use super::{ClientRole, Metric, RepOutcome, RoleParams, ServerRole, Test};
 use netgap_core::stats::LatencyHistogram;
+use netgap_core::units::gbps;
 use netgap_transport::{Flow, FlowError};
 
 /// The bidirectional ping-pong bandwidth test.
@@ -22,7 +23,7 @@ impl ClientRole for Client {
         let bytes = self.0.size_bytes() * iterations;
         Ok(RepOutcome {
             elapsed_ns,
-            value: gbps(2 * bytes, elapsed_ns),
+            value: gbps((2 * bytes) as f64, elapsed_ns as f64),
             bytes_tx: bytes,
             bytes_rx: bytes,
             helper_cpu_ns: 0,

@@ -22,8 +22,9 @@
 
 use super::payload::PatternCursor;
 use super::pingpong::PingPongServer;
-use super::{ns_since, ClientRole, Metric, RepOutcome, RoleParams, ServerRole, Test};
+use super::{ClientRole, Metric, RepOutcome, RoleParams, ServerRole, Test};
 use netgap_core::stats::{self, LatencyHistogram};
+use netgap_core::units::ns_since;
 use netgap_transport::{Flow, FlowError, Receiver};
 use std::time::{Duration, Instant};
 
@@ -207,7 +208,7 @@ impl Test for LogpOverhead {
         params: RoleParams,
         mut flow: Box<dyn Flow>,
     ) -> Result<Box<dyn ClientRole>, FlowError> {
-        let mut buf = super::message_buffer(params.size_bytes);
+        let mut buf = netgap_transport::buffer::message_buffer(params.size_bytes);
         let rtt = probe_rtt(flow.as_mut(), &mut buf)?;
         Ok(Box::new(Client {
             which: self.0,
@@ -223,7 +224,7 @@ impl Test for LogpOverhead {
         params: RoleParams,
         mut flow: Box<dyn Flow>,
     ) -> Result<Box<dyn ServerRole>, FlowError> {
-        let mut buf = super::message_buffer(params.size_bytes);
+        let mut buf = netgap_transport::buffer::message_buffer(params.size_bytes);
         for _ in 0..PROBE_ROUND_TRIPS {
             flow.recv_exact(&mut buf)?;
             flow.send_all(&buf)?;

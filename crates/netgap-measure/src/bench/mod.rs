@@ -150,23 +150,6 @@ impl netgap_core::registry::Named for dyn Test {
     }
 }
 
-/// A message buffer of `size_bytes` filled with a fixed pattern, so pages are
-/// touched before timing starts.
-pub(crate) fn message_buffer(size_bytes: usize) -> Vec<u8> {
-    (0..size_bytes).map(|i| (i % 251) as u8).collect()
-}
-
-/// Nanoseconds since `t0`, saturating.
-pub(crate) fn ns_since(t0: std::time::Instant) -> u64 {
-    u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX)
-}
-
-/// Gbit/s (10^9 bit/s) for `bytes` moved in `elapsed_ns`
-/// ([`netgap_core::units::gbps`] for counts).
-pub fn gbps(bytes: u64, elapsed_ns: u64) -> f64 {
-    netgap_core::units::gbps(bytes as f64, elapsed_ns as f64)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -182,8 +165,9 @@ mod tests {
     }
 
     #[test]
-    fn gbps_is_bits_per_nanosecond() {
-        assert_eq!(gbps(1_000_000_000, 8_000_000_000), 1.0);
-        assert_eq!(gbps(1, 0), 0.0);
+    fn no_workload_shares_a_test_name() {
+        for w in netgap_workload::registry() {
+            assert!(find(w.name()).is_none(), "{}", w.name());
+        }
     }
 }

@@ -30,7 +30,7 @@ impl PingPongClient {
     pub fn new(params: RoleParams, flow: Box<dyn Flow>) -> Self {
         PingPongClient {
             flow,
-            buf: super::message_buffer(params.size_bytes),
+            buf: netgap_transport::buffer::message_buffer(params.size_bytes),
             tx: PatternCursor::new(params.verify),
             rx: PatternCursor::new(params.verify),
         }
@@ -69,7 +69,7 @@ impl PingPongServer {
     pub fn new(params: RoleParams, flow: Box<dyn Flow>) -> Self {
         PingPongServer {
             flow,
-            buf: super::message_buffer(params.size_bytes),
+            buf: netgap_transport::buffer::message_buffer(params.size_bytes),
             rx: PatternCursor::new(params.verify),
         }
     }

@@ -6,10 +6,9 @@
 //! in `setup`, by 1-byte round trips on the same flow.
 
 use super::payload::{recv_checked, PatternCursor};
-use super::{
-    gbps, ns_since, ClientRole, Metric, RepOutcome, RoleParams, ServerOutcome, ServerRole, Test,
-};
+use super::{ClientRole, Metric, RepOutcome, RoleParams, ServerOutcome, ServerRole, Test};
 use netgap_core::stats::{self, LatencyHistogram};
+use netgap_core::units::{gbps, ns_since};
 use netgap_transport::{Flow, FlowError};
 use std::time::Instant;
 
@@ -75,7 +74,7 @@ impl ClientRole for Client {
         let bytes = self.buf.len() as u64 * iterations;
         Ok(RepOutcome {
             elapsed_ns,
-            value: gbps(bytes, elapsed_ns),
+            value: gbps(bytes as f64, elapsed_ns as f64),
             bytes_tx: bytes,
             bytes_rx: 1,
             helper_cpu_ns: 0,
@@ -125,7 +124,7 @@ impl Test for Stream {
         let ack_one_way_ns = probe_ack_latency(flow.as_mut())?;
         Ok(Box::new(Client {
             flow,
-            buf: super::message_buffer(params.size_bytes),
+            buf: netgap_transport::buffer::message_buffer(params.size_bytes),
             ack_one_way_ns,
             tx: PatternCursor::new(params.verify),
         }))
@@ -138,7 +137,9 @@ impl Test for Stream {
         echo_ack_probe(flow.as_mut())?;
         Ok(Box::new(Server {
             flow,
-            buf: super::message_buffer(params.size_bytes.max(MIN_RECV_BUFFER_BYTES)),
+            buf: netgap_transport::buffer::message_buffer(
+                params.size_bytes.max(MIN_RECV_BUFFER_BYTES),
+            ),
             size_bytes: params.size_bytes as u64,
             rx: PatternCursor::new(params.verify),
         }))

@@ -1,6 +1,6 @@
 //! The group coordinator: connects to the agent of every host (or starts
 //! in-process agents on loopback), places each point's roles where its
-//! workload says ([`crate::workload::Workload::place`]), resolves the
+//! workload says ([`netgap_workload::Workload::place`]), resolves the
 //! addresses they listen on, connect to and leave from, prepares every
 //! role, starts all of them with one `group_go` each (the barrier), and
 //! gathers the per-flow reports into one
@@ -17,7 +17,6 @@ use crate::agent::Agent;
 use crate::control::{control_detail, ControlAddr, ControlConn, ControlError, ControlStream};
 use crate::handshake::{handshake, LinkError};
 use crate::point_loop::SinkError;
-use crate::workload::place::{HostView, Placement, Staged, StagedRole};
 use netgap_core::host::HostFacts;
 use netgap_core::stats::LatencyHistogram;
 use netgap_proto::auth::Key;
@@ -25,6 +24,7 @@ use netgap_proto::codec::{decode_reply, encode};
 use netgap_proto::group::{FlowReport, GroupOutcome, GroupRole, GroupSpec};
 use netgap_proto::message::{Reply, Request};
 use netgap_proto::session::{CoordinatorSession, GroupProgress};
+use netgap_workload::place::{HostView, Placement, Staged, StagedRole};
 use std::collections::VecDeque;
 use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -499,11 +499,11 @@ pub(super) fn place(point: &GroupPoint, links: &[Link]) -> Result<Placement, Gro
         .collect();
     let placement = point
         .workload
-        .place_point(&point.params, point.clients, &hosts)
+        .place(&point.params, point.clients, &hosts)
         .and_then(|p| p.validate(hosts.len()).map(|()| p))
         .and_then(|p| {
-            if point.workload.staged() && p.roles.iter().any(|r| r.connects_to.is_some()) {
-                return Err(crate::workload::Refused(format!(
+            if point.workload.staged().is_some() && p.roles.iter().any(|r| r.connects_to.is_some()) {
+                return Err(netgap_workload::Refused(format!(
                     "{}: a staged placement names no server per role; its roles reach each other through the staged addresses",
                     point.workload.name()
                 )));
@@ -692,7 +692,7 @@ impl GroupCoordinator {
             .roles
             .iter()
             .any(|r| r.connects_to.is_some() && vias[r.host].is_some());
-        let staged = point.workload.staged();
+        let staged = point.workload.staged().is_some();
         // A staged role reaches an earlier one over their own link on a
         // mesh: every staged role then listens on every address.
         let staged_mesh = staged
@@ -702,7 +702,8 @@ impl GroupCoordinator {
                 .any(|r| !self.links[r.host].host.peer_links.is_empty());
         let mut announced: Vec<Vec<String>> = vec![Vec::new(); placement.roles.len()];
         // One secret for the point: every flow between its roles proves it.
-        let token = crate::preamble::new_token().map_err(|e| GroupError::Point(e.to_string()))?;
+        let token = netgap_transport::preamble::new_token()
+            .map_err(|e| GroupError::Point(e.to_string()))?;
         for (r, role) in placement.roles.iter().enumerate() {
             let h = role.host;
             let mut spec = base.clone();
@@ -790,7 +791,7 @@ impl GroupCoordinator {
                 };
             }
         }
-        let prepare_timeout = crate::workload::role::ACCEPT_TIMEOUT + REPLY_TIMEOUT;
+        let prepare_timeout = netgap_workload::role::ACCEPT_TIMEOUT + REPLY_TIMEOUT;
         // Roles that only connect are ready first; a server is ready once
         // they have all connected. Staged roles both accept and connect:
         // the last one prepared connects last and is ready first.

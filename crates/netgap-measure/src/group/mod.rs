@@ -1,4 +1,4 @@
-//! Multi-host (group) runs: the workloads of [`crate::workload`] driven on
+//! Multi-host (group) runs: the workloads of [`netgap_workload`] driven on
 //! every host at once by one coordinator.
 //!
 //! A [`plan::GroupPlan`] lists the points; the [`coordinator`] connects to
@@ -9,13 +9,13 @@
 //! workload's own rules into one record per point.
 //!
 //! Nothing here names a workload: adding one is a module and a line in
-//! [`crate::workload::registry`].
+//! [`netgap_workload::registry`].
 
 pub mod coordinator;
 pub mod plan;
 pub mod summary;
 
-pub use crate::workload::{find, names, registry, GroupMetric};
+pub use netgap_workload::{find, names, registry, GroupMetric};
 
 use crate::point_loop::{run_points, Observer};
 use crate::sink::RecordSink;

@@ -6,10 +6,10 @@
 
 pub use crate::cluster::HostsSource;
 use crate::plan::{invalid, no_effect, show, PlanError, RunRequest, Settings, DEFAULT_REP_TIME};
-use crate::workload::options::{self as wopt, WorkloadArgs};
-use crate::workload::{CountFlag, Workload};
 use netgap_core::spec::PointSpec;
 use netgap_proto::group::{MAX_GROUP_DURATION_MS, MAX_GROUP_FLOWS};
+use netgap_workload::options::{self as wopt, WorkloadArgs};
+use netgap_workload::{CountFlag, Workload};
 use std::time::Duration;
 
 /// Default `--duration`.
@@ -127,7 +127,7 @@ fn workload_args(
             continue;
         };
         let values = wopt::parse(decl, raw)
-            .map_err(|e| PlanError::Workload(crate::workload::Refused(e.to_string())))?;
+            .map_err(|e| PlanError::Workload(netgap_workload::Refused(e.to_string())))?;
         parsed.push((*decl, values));
     }
     Ok(wopt::cross(&parsed))

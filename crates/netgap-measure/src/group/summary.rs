@@ -1,6 +1,6 @@
 //! From the agents' per-flow reports of each repetition to the point's
 //! [`ResultRecord`]: each report becomes its flow's value and bytes by the
-//! workload's own rule ([`crate::workload::Workload::sample`]); then the
+//! workload's own rule ([`netgap_workload::Workload::sample`]); then the
 //! aggregate headline with its statistics over repetitions, latency
 //! percentiles over every exchange of every repetition, each flow's
 //! percentiles pooled over its repetitions, per-link results and the CPU
@@ -9,8 +9,6 @@
 use super::coordinator::{place, GroupCoordinator, GroupError, RepResult};
 use super::plan::{GroupPlan, GroupPoint};
 use crate::coordinator::Observer;
-use crate::workload::place::Placement;
-use crate::workload::Workload;
 use netgap_core::cpu::CpuUsage;
 use netgap_core::record::{
     rfc3339, ByteCounts, DatagramCounts, FlowResult, GroupSection, HostCpu, LinkResult, RecordHead,
@@ -19,6 +17,8 @@ use netgap_core::record::{
 use netgap_core::stack::{PathIdentity, Stack};
 use netgap_core::stats::{LatencyHistogram, Percentiles, Summary};
 use netgap_proto::group::GroupRole;
+use netgap_workload::place::Placement;
+use netgap_workload::Workload;
 use std::time::SystemTime;
 
 /// Per-flow accumulation over repetitions.
@@ -441,8 +441,8 @@ pub(super) fn measure_point(
 #[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
 mod tests {
     use super::*;
-    use crate::workload::place::RolePlace;
     use netgap_proto::group::{FlowReport, GroupOutcome};
+    use netgap_workload::place::RolePlace;
 
     /// A hotspot point: one server on host 0, two client flows on host 1.
     fn placement() -> Placement {
@@ -516,7 +516,7 @@ mod tests {
 
     #[test]
     fn a_planted_slow_repetition_shows_in_per_flow_and_aggregate_p99() {
-        let hotspot = crate::workload::find("hotspot").unwrap();
+        let hotspot = netgap_workload::find("hotspot").unwrap();
         let placement = placement();
         let mut red = Reduction::new(&placement);
         // The slow repetition comes first, so the last alone would hide it;
@@ -564,7 +564,7 @@ mod tests {
 
     #[test]
     fn a_report_of_an_unknown_flow_names_its_host() {
-        let hotspot = crate::workload::find("hotspot").unwrap();
+        let hotspot = netgap_workload::find("hotspot").unwrap();
         let placement = placement();
         let mut red = Reduction::new(&placement);
         let mut r = rep(20.0, 10);

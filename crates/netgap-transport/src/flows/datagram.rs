@@ -370,7 +370,7 @@ pub(super) fn open_flow(
         }
         Some(token) => {
             let mut nonce = [0u8; NONCE_BYTES];
-            super::proof::fill_random(&mut nonce)?;
+            crate::random::fill_random(&mut nonce)?;
             let proof = DatagramConnectorProof::new(token.clone(), nonce);
             let hello = framed(Kind::Hello, &proof.hello());
             // An answer that fails the proof is remembered, not fatal: a
@@ -465,7 +465,7 @@ pub(super) fn serve(
     let proof = match token {
         Some(token) => {
             let mut secret = [0u8; DATAGRAM_SECRET_BYTES];
-            super::proof::fill_random(&mut secret).map_err(|source| EngineError::Sys {
+            crate::random::fill_random(&mut secret).map_err(|source| EngineError::Sys {
                 what: "drawing a udp flow server's secret".into(),
                 source,
             })?;

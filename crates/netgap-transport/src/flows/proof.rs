@@ -44,27 +44,8 @@ impl std::fmt::Display for ProofError {
 /// A fresh nonce from the kernel's random source.
 fn nonce() -> io::Result<[u8; NONCE_BYTES]> {
     let mut n = [0u8; NONCE_BYTES];
-    fill_random(&mut n)?;
+    crate::random::fill_random(&mut n)?;
     Ok(n)
-}
-
-/// Fills `buf` from the kernel's random source.
-pub(super) fn fill_random(buf: &mut [u8]) -> io::Result<()> {
-    let mut filled = 0;
-    while filled < buf.len() {
-        let rest = &mut buf[filled..];
-        // SAFETY: the pointer and length describe the writable slice `rest`.
-        let got = unsafe { libc::getrandom(rest.as_mut_ptr().cast(), rest.len(), 0) };
-        if got < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
-        filled += got as usize;
-    }
-    Ok(())
 }
 
 /// Writes `buf[*off..]` as far as the socket takes it; `false` if it

@@ -317,24 +317,12 @@ mod imp {
     /// Four bytes from the kernel's random source.
     fn random_u32() -> io::Result<u32> {
         let mut b = [0u8; 4];
-        let mut got = 0;
-        while got < b.len() {
-            let rest = &mut b[got..];
-            // SAFETY: getrandom writes at most `rest.len()` bytes into the
-            // live buffer `rest`.
-            let n = unsafe { libc::getrandom(rest.as_mut_ptr().cast(), rest.len(), 0) };
-            if n < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err(io::Error::new(
-                    e.kind(),
-                    format!("no random bytes for an initial sequence number: {e}"),
-                ));
-            }
-            got += n as usize;
-        }
+        crate::random::fill_random(&mut b).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("no random bytes for an initial sequence number: {e}"),
+            )
+        })?;
         Ok(u32::from_ne_bytes(b))
     }
 

@@ -1,0 +1,819 @@
+//! Directories an agent writes in, confined to what it made itself.
+//!
+//! Everything an agent writes on its host (a service's configuration and
+//! documents, pio's stripes) goes through a `Dir`: a directory held open
+//! by its descriptor. A base directory (`Dir::open_base`) is opened once
+//! by path without following a final symbolic link and checked on the
+//! descriptor (a directory, owned by the agent's user, writable by nobody
+//! else); below it the agent only ever makes *fresh* directories
+//! (`mkdirat`, which fails if the name exists) and files (`O_CREAT |
+//! O_EXCL | O_NOFOLLOW`), relative to the descriptor of the directory
+//! they are in, with names of one path component checked here. Nothing
+//! is resolved by path again: modes and owners change through descriptors
+//! (`fchmod`, `fchown`), and a directory is removed with everything in it
+//! by `unlinkat` relative to descriptors, never following a link, so a
+//! link another user (or a service running as another user) plants
+//! cannot turn a write, a mode change or a removal onto a file outside.
+//!
+//! The agent's own run directory is [`AgentDirs`]: a base (`--run-dir`,
+//! by default `/var/lib/netgap` as root, else `$XDG_RUNTIME_DIR/netgap` or
+//! `/tmp/netgap-<uid>`) with one `agent-<pid>-<nonce>` directory below it
+//! while something of the agent's is on disk. An agent removes at start
+//! what agents that no longer run left there.
+
+use std::ffi::CStr;
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+
+use rustix::fs::{AtFlags, Mode, OFlags};
+
+/// Deepest directory tree [`Dir`]'s removal descends into; what a service
+/// nested deeper stays (nothing netgap makes is half as deep).
+const MAX_REMOVE_DEPTH: usize = 64;
+
+/// A directory could not be used, one line naming it and why.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfinedError {
+    /// A base directory is not one this agent may write in.
+    #[error("refusing {path} as {what}: {reason}; {remedy}")]
+    Refused {
+        /// The directory.
+        path: PathBuf,
+        /// What it was to be (`the agent's run directory base`).
+        what: String,
+        /// Why not.
+        reason: String,
+        /// What to do instead.
+        remedy: String,
+    },
+    /// A name is not a single path component.
+    #[error("{name:?} is not a plain file name (one path component, not . or ..)")]
+    BadName {
+        /// The name given.
+        name: String,
+    },
+    /// A system call on a directory or file failed.
+    #[error("{what} {path}: {source}")]
+    Io {
+        /// What was being done (`making`, `opening`).
+        what: &'static str,
+        /// The file or directory.
+        path: PathBuf,
+        /// Why it failed.
+        source: io::Error,
+    },
+}
+
+fn io_at(what: &'static str, path: &Path) -> impl FnOnce(rustix::io::Errno) -> ConfinedError {
+    let path = path.to_path_buf();
+    move |e| ConfinedError::Io {
+        what,
+        path,
+        source: e.into(),
+    }
+}
+
+/// Checks that `name` is one path component: not empty, not `.` or `..`,
+/// no `/` and no NUL, at most 255 bytes.
+pub(crate) fn check_name(name: &str) -> Result<&str, ConfinedError> {
+    let ok = !name.is_empty()
+        && name != "."
+        && name != ".."
+        && !name.contains('/')
+        && !name.contains('\0')
+        && name.len() <= 255;
+    if ok {
+        Ok(name)
+    } else {
+        Err(ConfinedError::BadName { name: name.into() })
+    }
+}
+
+/// Splits a relative subdirectory (`a/b`) into its components, refusing an
+/// absolute path, `..`, `.` and empty components, and more than `most`
+/// components; one line naming what is wrong.
+pub(crate) fn relative_components(sub: &str, most: usize) -> Result<Vec<&str>, String> {
+    if sub.starts_with('/') {
+        return Err(format!(
+            "{sub:?} is an absolute path; name a subdirectory relative to the agent's I/O directory (netgap serve --io-dir)"
+        ));
+    }
+    let parts: Vec<&str> = sub.split('/').filter(|p| !p.is_empty()).collect();
+    if parts.is_empty() {
+        return Err(format!("{sub:?} names no subdirectory"));
+    }
+    if parts.len() > most {
+        return Err(format!("{sub:?} is deeper than {most} directories"));
+    }
+    for p in &parts {
+        if check_name(p).is_err() {
+            return Err(format!(
+                "{sub:?} has the component {p:?}; only plain names below the agent's I/O directory are allowed"
+            ));
+        }
+    }
+    Ok(parts)
+}
+
+/// The effective user id of this process.
+fn euid() -> u32 {
+    nix::unistd::geteuid().as_raw()
+}
+
+/// A directory held open by its descriptor. One the agent made (fresh) is
+/// removed with everything in it when dropped; one it opened (a base, an
+/// existing subdirectory) is kept.
+#[derive(Debug)]
+pub(crate) struct Dir {
+    fd: Arc<OwnedFd>,
+    /// The path, for messages and for programs given a path to it.
+    path: PathBuf,
+    /// The parent's descriptor and this directory's name in it, when the
+    /// agent made it and it goes on drop.
+    remove_from: Option<(Arc<OwnedFd>, String)>,
+}
+
+impl Dir {
+    /// Opens (making it `mode` first if missing, its parent must exist)
+    /// the base directory `path` for `what`, and checks on its descriptor
+    /// that it is a directory, not a symbolic link, owned by this
+    /// process's user and writable by nobody else. A refusal names the
+    /// path, the reason and `remedy`.
+    pub fn open_base(
+        path: &Path,
+        what: &str,
+        remedy: &str,
+        mode: u32,
+    ) -> Result<Dir, ConfinedError> {
+        let refuse = |reason: String| ConfinedError::Refused {
+            path: path.to_path_buf(),
+            what: what.into(),
+            reason,
+            remedy: remedy.into(),
+        };
+        if !path.is_absolute() {
+            return Err(refuse("it is not an absolute path".into()));
+        }
+        match rustix::fs::mkdirat(rustix::fs::CWD, path, Mode::from_raw_mode(mode)) {
+            Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+            Err(rustix::io::Errno::NOENT) => {
+                return Err(refuse("its parent directory does not exist".into()))
+            }
+            Err(e) => return Err(refuse(format!("it cannot be made: {}", io::Error::from(e)))),
+        }
+        let fd = rustix::fs::openat(
+            rustix::fs::CWD,
+            path,
+            OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::RDONLY,
+            Mode::empty(),
+        )
+        .map_err(|e| match e {
+            rustix::io::Errno::LOOP | rustix::io::Errno::NOTDIR => {
+                refuse(not_a_dir(rustix::fs::CWD, path).into())
+            }
+            e => refuse(format!("it cannot be opened: {}", io::Error::from(e))),
+        })?;
+        let st = rustix::fs::fstat(&fd)
+            .map_err(|e| refuse(format!("it cannot be read: {}", io::Error::from(e))))?;
+        let me = euid();
+        if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::Directory {
+            return Err(refuse("it is not a directory".into()));
+        }
+        if st.st_uid != me {
+            return Err(refuse(format!(
+                "it is owned by uid {}, not by this agent's user (uid {me})",
+                st.st_uid
+            )));
+        }
+        if st.st_mode & 0o022 != 0 {
+            return Err(refuse(format!(
+                "it is writable by {} (mode {:o})",
+                if st.st_mode & 0o002 != 0 {
+                    "every user"
+                } else {
+                    "its group"
+                },
+                st.st_mode & 0o7777
+            )));
+        }
+        Ok(Dir {
+            fd: Arc::new(fd),
+            path: path.to_path_buf(),
+            remove_from: None,
+        })
+    }
+
+    /// Opens a directory the operator named (`--io-dir`): it must be a
+    /// directory; its owner and mode are the operator's choice, since
+    /// everything below it is made exclusively and without following links.
+    pub(crate) fn open_operator(path: &Path) -> Result<Dir, ConfinedError> {
+        let fd = rustix::fs::openat(
+            rustix::fs::CWD,
+            path,
+            OFlags::DIRECTORY | OFlags::CLOEXEC | OFlags::RDONLY,
+            Mode::empty(),
+        )
+        .map_err(io_at("opening the directory", path))?;
+        Ok(Dir {
+            fd: Arc::new(fd),
+            path: path.to_path_buf(),
+            remove_from: None,
+        })
+    }
+
+    /// The directory's path, for messages and for a program that is given
+    /// it (never reopened by the agent).
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The directory's descriptor.
+    pub(crate) fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    /// Makes the fresh subdirectory `name` with `mode` (it must not exist),
+    /// opens it without following a link and checks it is this user's
+    /// directory; it is removed with everything in it when dropped.
+    pub(crate) fn fresh_subdir(&self, name: &str, mode: u32) -> Result<Dir, ConfinedError> {
+        let name = check_name(name)?;
+        let path = self.path.join(name);
+        rustix::fs::mkdirat(&*self.fd, name, Mode::from_raw_mode(mode))
+            .map_err(io_at("making", &path))?;
+        let fd = self.open_child_dir(name, &path);
+        let fd = match fd {
+            Ok(fd) => fd,
+            Err(e) => {
+                let _ = rustix::fs::unlinkat(&*self.fd, name, AtFlags::REMOVEDIR);
+                return Err(e);
+            }
+        };
+        let dir = Dir {
+            fd: Arc::new(fd),
+            path,
+            remove_from: Some((Arc::clone(&self.fd), name.to_string())),
+        };
+        let st = rustix::fs::fstat(dir.fd()).map_err(io_at("reading", &dir.path))?;
+        if st.st_uid != euid() {
+            return Err(ConfinedError::Io {
+                what: "checking",
+                path: dir.path.clone(),
+                source: io::Error::other(format!(
+                    "it is owned by uid {}, not by this agent",
+                    st.st_uid
+                )),
+            });
+        }
+        // The mode as asked, whatever the umask took away.
+        rustix::fs::fchmod(dir.fd(), Mode::from_raw_mode(mode))
+            .map_err(io_at("setting the mode of", &dir.path))?;
+        Ok(dir)
+    }
+
+    /// Opens the existing subdirectory `name` without following a link;
+    /// it is kept when dropped.
+    pub(crate) fn open_subdir(&self, name: &str) -> Result<Dir, ConfinedError> {
+        let name = check_name(name)?;
+        let path = self.path.join(name);
+        let fd = self.open_child_dir(name, &path)?;
+        Ok(Dir {
+            fd: Arc::new(fd),
+            path,
+            remove_from: None,
+        })
+    }
+
+    fn open_child_dir(&self, name: &str, path: &Path) -> Result<OwnedFd, ConfinedError> {
+        rustix::fs::openat(
+            &*self.fd,
+            name,
+            OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::RDONLY,
+            Mode::empty(),
+        )
+        .map_err(|e| ConfinedError::Io {
+            what: "opening the directory",
+            path: path.to_path_buf(),
+            source: match e {
+                rustix::io::Errno::LOOP | rustix::io::Errno::NOTDIR => {
+                    io::Error::other(not_a_dir(self.fd(), name))
+                }
+                e => e.into(),
+            },
+        })
+    }
+
+    /// Creates the file `name` (it must not exist, and a link of that name
+    /// is not followed) with `mode`, open for reading and writing.
+    pub(crate) fn create_file(&self, name: &str, mode: u32) -> Result<File, ConfinedError> {
+        let name = check_name(name)?;
+        let path = self.path.join(name);
+        let fd = rustix::fs::openat(
+            &*self.fd,
+            name,
+            OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::RDWR,
+            Mode::from_raw_mode(mode),
+        )
+        .map_err(io_at("creating", &path))?;
+        rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode))
+            .map_err(io_at("setting the mode of", &path))?;
+        Ok(File::from(fd))
+    }
+
+    /// Creates the file `name` with `mode` and writes `bytes` to it.
+    pub(crate) fn write_file(
+        &self,
+        name: &str,
+        bytes: &[u8],
+        mode: u32,
+    ) -> Result<File, ConfinedError> {
+        use std::io::Write;
+        let mut f = self.create_file(name, mode)?;
+        f.write_all(bytes).map_err(|source| ConfinedError::Io {
+            what: "writing",
+            path: self.path.join(name),
+            source,
+        })?;
+        Ok(f)
+    }
+
+    /// Removes the file `name` (a link of that name is removed, never
+    /// followed).
+    pub(crate) fn remove_file(&self, name: &str) -> Result<(), ConfinedError> {
+        let name = check_name(name)?;
+        rustix::fs::unlinkat(&*self.fd, name, AtFlags::empty())
+            .map_err(io_at("removing", &self.path.join(name)))
+    }
+
+    /// Hands the directory to `uid`:`gid` (through its descriptor).
+    pub(crate) fn chown(&self, uid: u32, gid: u32) -> Result<(), ConfinedError> {
+        rustix::fs::fchown(
+            self.fd(),
+            Some(rustix::fs::Uid::from_raw(uid)),
+            Some(rustix::fs::Gid::from_raw(gid)),
+        )
+        .map_err(io_at("handing over", &self.path))
+    }
+
+    /// Free bytes for an unprivileged user and total bytes of the
+    /// directory's file system.
+    pub(crate) fn space_bytes(&self) -> Result<(u64, u64), ConfinedError> {
+        let s = rustix::fs::fstatvfs(self.fd())
+            .map_err(io_at("reading the file system of", &self.path))?;
+        Ok((
+            s.f_bavail.saturating_mul(s.f_frsize),
+            s.f_blocks.saturating_mul(s.f_frsize),
+        ))
+    }
+
+    /// Whether the directory is on tmpfs (its files live in memory).
+    pub(crate) fn on_tmpfs(&self) -> bool {
+        rustix::fs::fstatfs(self.fd()).is_ok_and(|s| s.f_type == libc::TMPFS_MAGIC)
+    }
+
+    /// The names of the directory's entries (not `.` and `..`) with
+    /// whether each is a directory (never following a link).
+    pub(crate) fn entries(&self) -> Result<Vec<(String, bool)>, ConfinedError> {
+        let mut out = Vec::new();
+        for e in rustix::fs::Dir::read_from(self.fd()).map_err(io_at("listing", &self.path))? {
+            let e = e.map_err(io_at("listing", &self.path))?;
+            let name = e.file_name();
+            if name == c"." || name == c".." {
+                continue;
+            }
+            let Ok(name) = name.to_str() else { continue };
+            let is_dir = is_dir_at(self.fd(), e.file_name(), e.file_type());
+            out.push((name.to_string(), is_dir));
+        }
+        Ok(out)
+    }
+
+    /// Removes the entry `name` and, for a directory, everything in it,
+    /// relative to this directory's descriptor and never following a link.
+    pub(crate) fn remove_all(&self, name: &str) -> Result<(), ConfinedError> {
+        let name = check_name(name)?;
+        let c = std::ffi::CString::new(name)
+            .map_err(|_| ConfinedError::BadName { name: name.into() })?;
+        remove_at(self.fd(), &c, 0).map_err(|e| ConfinedError::Io {
+            what: "removing",
+            path: self.path.join(name),
+            source: e.into(),
+        })
+    }
+
+    /// Keeps the directory when dropped (it is no longer removed).
+    pub(crate) fn keep(&mut self) {
+        self.remove_from = None;
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        if let Some((parent, name)) = self.remove_from.take() {
+            if let Ok(c) = std::ffi::CString::new(name) {
+                let _ = remove_at(parent.as_fd(), &c, 0);
+            }
+        }
+    }
+}
+
+/// Why `name` in `dir`, which could not be opened as a directory without
+/// following a link, is not one.
+fn not_a_dir<P: rustix::path::Arg>(dir: impl AsFd, name: P) -> &'static str {
+    match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(st)
+            if rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Symlink =>
+        {
+            "it is a symbolic link"
+        }
+        _ => "it is not a directory",
+    }
+}
+
+/// Whether the entry `name` of `dir` is a directory: from its type in the
+/// listing, or (when the file system does not say) from `fstatat` without
+/// following a link.
+fn is_dir_at(dir: BorrowedFd<'_>, name: &CStr, t: rustix::fs::FileType) -> bool {
+    match t {
+        rustix::fs::FileType::Directory => true,
+        rustix::fs::FileType::Unknown => rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW)
+            .is_ok_and(|st| {
+                rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Directory
+            }),
+        _ => false,
+    }
+}
+
+/// Removes `name` in `dir`: a directory is opened without following a
+/// link, emptied relative to its own descriptor and removed; anything else
+/// (a link included) is unlinked.
+fn remove_at(dir: BorrowedFd<'_>, name: &CStr, depth: usize) -> rustix::io::Result<()> {
+    let sub = rustix::fs::openat(
+        dir,
+        name,
+        OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::RDONLY,
+        Mode::empty(),
+    );
+    match sub {
+        Ok(fd) => {
+            if depth < MAX_REMOVE_DEPTH {
+                let mut names = Vec::new();
+                for e in rustix::fs::Dir::read_from(&fd)?.flatten() {
+                    let n = e.file_name();
+                    if n != c"." && n != c".." {
+                        names.push(n.to_owned());
+                    }
+                }
+                for n in names {
+                    // An entry that cannot go leaves its directory, whose
+                    // removal then fails and is reported.
+                    let _ = remove_at(fd.as_fd(), &n, depth + 1);
+                }
+            }
+            drop(fd);
+            rustix::fs::unlinkat(dir, name, AtFlags::REMOVEDIR)
+        }
+        Err(rustix::io::Errno::NOTDIR | rustix::io::Errno::LOOP) => {
+            rustix::fs::unlinkat(dir, name, AtFlags::empty())
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Whether a process `pid` runs (or exists as another user's).
+pub(crate) fn pid_alive(pid: u32) -> bool {
+    let Ok(p) = i32::try_from(pid) else {
+        return false;
+    };
+    if p <= 0 {
+        return false;
+    }
+    !matches!(
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), None),
+        Err(nix::errno::Errno::ESRCH)
+    )
+}
+
+/// The pid a name `PREFIX<pid>-...` carries, if it has that form.
+pub(crate) fn pid_in_name(name: &str, prefix: &str) -> Option<u32> {
+    name.strip_prefix(prefix)?.split('-').next()?.parse().ok()
+}
+
+/// The default base of an agent's run directory: `/var/lib/netgap` as
+/// root; else `$XDG_RUNTIME_DIR/netgap` when that is set, or
+/// `/tmp/netgap-<uid>`.
+pub fn default_run_base() -> PathBuf {
+    let uid = euid();
+    if uid == 0 {
+        return PathBuf::from("/var/lib/netgap");
+    }
+    match std::env::var_os("XDG_RUNTIME_DIR") {
+        Some(d) if Path::new(&d).is_absolute() => Path::new(&d).join("netgap"),
+        _ => PathBuf::from(format!("/tmp/netgap-{uid}")),
+    }
+}
+
+/// The prefix of an agent's directory under the base.
+const AGENT_PREFIX: &str = "agent-";
+
+/// An agent's directories: its run directory (`agent-<pid>-<nonce>` under
+/// the base, made when first needed and removed when nothing of the
+/// agent's is in it any more) and the directory pio's stripes go under.
+#[derive(Debug)]
+pub struct AgentDirs {
+    base_path: PathBuf,
+    /// The base, opened and checked once; what dead agents left in it was
+    /// removed then.
+    base: Mutex<Option<Arc<Dir>>>,
+    /// The run directory while something holds it.
+    current: Mutex<Weak<Dir>>,
+    /// `--io-dir`, when the operator named one.
+    io_dir: Option<Arc<Dir>>,
+}
+
+/// What a refused run directory base tells the operator to do.
+const RUN_DIR_REMEDY: &str = "remove it or pass --run-dir DIR";
+
+impl AgentDirs {
+    /// Directories under `base` (nothing is opened yet).
+    pub fn new(base: PathBuf) -> AgentDirs {
+        AgentDirs {
+            base_path: base,
+            base: Mutex::new(None),
+            current: Mutex::new(Weak::new()),
+            io_dir: None,
+        }
+    }
+
+    /// Puts pio's stripes under the operator's `dir` instead of the run
+    /// directory, removing the stripes of agents that no longer run there.
+    pub fn with_io_dir(mut self, dir: &Path) -> Result<AgentDirs, ConfinedError> {
+        let d = Dir::open_operator(dir)?;
+        sweep_stale_stripes(&d, 0);
+        self.io_dir = Some(Arc::new(d));
+        Ok(self)
+    }
+
+    /// Opens and checks the base now (making it 0711 if missing) and
+    /// removes what agents that no longer run left in it; a refusal is one
+    /// line. Returns how many directories of dead agents were removed.
+    pub fn open_base(&self) -> Result<usize, ConfinedError> {
+        let mut slot = self.base.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.is_some() {
+            return Ok(0);
+        }
+        // 0711: others may pass through to a service's own directory
+        // (whose name they cannot list) but neither list nor write.
+        let base = Dir::open_base(
+            &self.base_path,
+            "the agent's run directory base",
+            RUN_DIR_REMEDY,
+            0o711,
+        )?;
+        let mut removed = 0;
+        for (name, _) in base.entries()? {
+            if let Some(pid) = pid_in_name(&name, AGENT_PREFIX) {
+                if !pid_alive(pid) && base.remove_all(&name).is_ok() {
+                    removed += 1;
+                }
+            }
+        }
+        *slot = Some(Arc::new(base));
+        Ok(removed)
+    }
+
+    /// The agent's run directory, made (0711) if nothing holds it now.
+    pub(crate) fn run_dir(&self) -> Result<Arc<Dir>, ConfinedError> {
+        self.open_base()?;
+        let base = self
+            .base
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .ok_or_else(|| ConfinedError::Io {
+                what: "opening",
+                path: self.base_path.clone(),
+                source: io::Error::other("the base is not open"),
+            })?;
+        let mut cur = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(d) = cur.upgrade() {
+            return Ok(d);
+        }
+        let name = fresh_name(&format!("{AGENT_PREFIX}{}", std::process::id()));
+        let dir = Arc::new(base.fresh_subdir(&name, 0o711)?);
+        *cur = Arc::downgrade(&dir);
+        Ok(dir)
+    }
+
+    /// The directory pio's stripes go under: `--io-dir`, else the run
+    /// directory.
+    pub(crate) fn io_dir(&self) -> Result<Arc<Dir>, ConfinedError> {
+        match &self.io_dir {
+            Some(d) => Ok(Arc::clone(d)),
+            None => self.run_dir(),
+        }
+    }
+}
+
+/// A name `PREFIX-<nonce>` not used before by this process (the nonce
+/// mixes the clock with a counter; `mkdirat` refuses one that exists).
+pub(crate) fn fresh_name(prefix: &str) -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    format!(
+        "{prefix}-{:x}{:x}",
+        nanos & 0xffff_ffff_ffff,
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// The prefix of pio's stripe files: `netgap-pio-<agentpid>-<n>`.
+pub(crate) const STRIPE_PREFIX: &str = "netgap-pio-";
+
+/// Removes, in `dir` and its subdirectories (a few levels, never following
+/// a link), the stripe files of agents that no longer run. Returns how
+/// many were removed.
+pub(crate) fn sweep_stale_stripes(dir: &Dir, depth: usize) -> usize {
+    let Ok(entries) = dir.entries() else {
+        return 0;
+    };
+    let mut removed = 0;
+    for (name, is_dir) in entries {
+        if is_dir {
+            if depth < 8 {
+                if let Ok(sub) = dir.open_subdir(&name) {
+                    removed += sweep_stale_stripes(&sub, depth + 1);
+                }
+            }
+        } else if let Some(pid) = pid_in_name(&name, STRIPE_PREFIX) {
+            if !pid_alive(pid) && dir.remove_file(&name).is_ok() {
+                removed += 1;
+            }
+        }
+    }
+    removed
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
+    fn base(t: &tempfile::TempDir) -> Dir {
+        let p = t.path().join("base");
+        Dir::open_base(&p, "a test base", "remove it", 0o700).unwrap()
+    }
+
+    #[test]
+    fn files_and_directories_are_made_exclusively() {
+        let t = tempfile::tempdir().unwrap();
+        let b = base(&t);
+        let d = b.fresh_subdir("d", 0o700).unwrap();
+        assert!(b.fresh_subdir("d", 0o700).is_err());
+        d.write_file("f", b"x", 0o600).unwrap();
+        let e = d.write_file("f", b"y", 0o600).unwrap_err().to_string();
+        assert!(e.contains("creating") && e.contains("/d/f"), "{e}");
+        assert_eq!(std::fs::read(d.path().join("f")).unwrap(), b"x");
+        let m = std::fs::metadata(d.path()).unwrap();
+        assert_eq!(m.permissions().mode() & 0o777, 0o700);
+    }
+
+    #[test]
+    fn names_are_single_components() {
+        for bad in ["", ".", "..", "a/b", "/etc", "a\0b"] {
+            assert!(check_name(bad).is_err(), "{bad:?}");
+        }
+        assert!(check_name("nginx.conf").is_ok());
+        assert!(relative_components("/etc", 8).is_err());
+        assert!(relative_components("../x", 8).is_err());
+        assert!(relative_components("a/./b", 8).is_err());
+        assert_eq!(relative_components("a//b/", 8).unwrap(), vec!["a", "b"]);
+    }
+
+    #[test]
+    fn a_symbolic_link_named_like_the_file_or_directory_is_not_followed() {
+        let t = tempfile::tempdir().unwrap();
+        let b = base(&t);
+        let target = t.path().join("secret");
+        std::fs::write(&target, b"keep").unwrap();
+        std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::os::unix::fs::symlink(&target, b.path().join("x.conf")).unwrap();
+        assert!(b.write_file("x.conf", b"overwritten", 0o644).is_err());
+        std::os::unix::fs::symlink(t.path(), b.path().join("sub")).unwrap();
+        assert!(b.open_subdir("sub").is_err());
+        assert_eq!(std::fs::read(&target).unwrap(), b"keep");
+        let m = std::fs::metadata(&target).unwrap();
+        assert_eq!(m.permissions().mode() & 0o777, 0o600);
+    }
+
+    #[test]
+    fn a_base_writable_by_others_or_a_link_is_refused_in_one_line() {
+        let t = tempfile::tempdir().unwrap();
+        let open = t.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let e = Dir::open_base(&open, "the base", "pass --run-dir DIR", 0o700)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(&open.display().to_string()) && e.contains("writable by every user"),
+            "{e}"
+        );
+        assert_eq!(e.lines().count(), 1);
+        let link = t.path().join("link");
+        let real = t.path().join("real");
+        std::fs::create_dir(&real).unwrap();
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        let e = Dir::open_base(&link, "the base", "pass --run-dir DIR", 0o700)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("symbolic link"), "{e}");
+        let missing = t.path().join("no/such");
+        let e = Dir::open_base(&missing, "the base", "x", 0o700)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("parent directory does not exist"), "{e}");
+    }
+
+    #[test]
+    fn a_base_owned_by_another_user_is_refused() {
+        if euid() != 0 {
+            return;
+        }
+        let t = tempfile::tempdir().unwrap();
+        let p = t.path().join("theirs");
+        std::fs::create_dir(&p).unwrap();
+        std::os::unix::fs::chown(&p, Some(65534), Some(65534)).unwrap();
+        let e = Dir::open_base(&p, "the base", "pass --run-dir DIR", 0o700)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("owned by uid 65534") && e.contains("(uid 0)"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn removal_does_not_follow_links_out_of_the_directory() {
+        let t = tempfile::tempdir().unwrap();
+        let outside = t.path().join("outside");
+        std::fs::create_dir(&outside).unwrap();
+        std::fs::write(outside.join("keep"), b"k").unwrap();
+        let b = base(&t);
+        let d = b.fresh_subdir("d", 0o700).unwrap();
+        let path = d.path().to_path_buf();
+        let inner = d.fresh_subdir("inner", 0o700).unwrap();
+        inner.write_file("f", b"f", 0o600).unwrap();
+        std::mem::forget(inner);
+        std::os::unix::fs::symlink(&outside, path.join("out")).unwrap();
+        std::os::unix::fs::symlink(outside.join("keep"), path.join("inner/keep-link")).unwrap();
+        drop(d);
+        assert!(!path.exists());
+        assert_eq!(std::fs::read(outside.join("keep")).unwrap(), b"k");
+        assert!(b.path().exists(), "the base is kept");
+    }
+
+    #[test]
+    fn an_agents_run_directory_goes_when_unused_and_dead_agents_directories_are_swept() {
+        let t = tempfile::tempdir().unwrap();
+        let base = t.path().join("runs");
+        std::fs::create_dir(&base).unwrap();
+        // What an agent that no longer runs left (pid 0 never names one;
+        // a pid past the kernel's maximum never runs).
+        let dead = base.join("agent-4194999-1");
+        std::fs::create_dir_all(dead.join("nginx-1")).unwrap();
+        std::fs::write(dead.join("nginx-1/nginx.conf"), b"x").unwrap();
+        let dirs = AgentDirs::new(base.clone());
+        let run = dirs.run_dir().unwrap();
+        assert!(!dead.exists());
+        let again = dirs.run_dir().unwrap();
+        assert_eq!(run.path(), again.path());
+        let md = std::fs::metadata(run.path()).unwrap();
+        assert_eq!(md.uid(), euid());
+        let path = run.path().to_path_buf();
+        drop((run, again));
+        assert!(!path.exists());
+        assert!(base.exists());
+    }
+
+    #[test]
+    fn stale_stripes_of_dead_agents_are_removed_and_live_ones_kept() {
+        let t = tempfile::tempdir().unwrap();
+        let io = t.path();
+        std::fs::create_dir(io.join("sub")).unwrap();
+        std::fs::write(io.join("sub/netgap-pio-4194999-0"), b"x").unwrap();
+        let mine = format!("netgap-pio-{}-0", std::process::id());
+        std::fs::write(io.join(&mine), b"x").unwrap();
+        std::fs::write(io.join("unrelated"), b"x").unwrap();
+        let d = Dir::open_operator(io).unwrap();
+        assert_eq!(sweep_stale_stripes(&d, 0), 1);
+        assert!(io.join(&mine).exists() && io.join("unrelated").exists());
+        assert!(!io.join("sub/netgap-pio-4194999-0").exists());
+    }
+}

@@ -1,0 +1,407 @@
+//! Multi-host workloads: what runs across several hosts at once, on the
+//! agents of a group run. This crate holds the workloads and their roles,
+//! the real server programs some of them start (`service`), the agent's
+//! shards that carry a role past one process's limits ([`shard`]), and the
+//! agent's confined directories and tethered children ([`confined`],
+//! [`tether`]). It knows nothing of the coordinator, plans or sinks
+//! (`netgap-measure` drives it).
+//!
+//! A workload
+//! is one module implementing [`Workload`] plus one line in [`registry`],
+//! and nothing else names it:
+//!
+//! - its **plan** part says which count it reads (`--clients`, `-P`, or the
+//!   links of the hosts), its default size, which transports, modes and
+//!   options it refuses (one line each), and the typed parameters that go
+//!   to the agents with every role ([`Workload::params`]);
+//! - its **placement** puts roles on hosts ([`Workload::place`]): server
+//!   roles that listen and announce their data addresses, client roles
+//!   whose flows connect to a server role, on as many server and client
+//!   hosts as it wants ([`place`] has the cyclic allotment and the shapes
+//!   the built-in workloads share);
+//! - its **agent** part opens a role on an agent ([`Workload::open`]): it
+//!   parses and checks its own parameters against the agent's limits, then
+//!   listens, accepts, connects (or, for a workload with a real server,
+//!   starts it) and runs after the coordinator's barrier ([`role`]);
+//! - its **reduction** turns each flow report into the flow's value and
+//!   bytes ([`Workload::sample`]) and picks the record's percentiles; the
+//!   group coordinator does the rest (statistics over repetitions, CPU of
+//!   every host, the record).
+//!
+//! The workloads of [`registry`] share two role implementations: `stream`
+//! (bandwidth, a thread per flow over any cross-host transport) and
+//! `engine` (request/response and connect-per-request flows, thousands per
+//! agent, on the flow engine over any transport with an engine data path).
+
+mod allot;
+pub mod confined;
+mod connect;
+mod engine;
+mod fanin;
+mod fanout;
+mod gather;
+mod hotspot;
+mod multirail;
+mod multistream;
+pub mod options;
+mod pio;
+mod pipeline;
+pub mod place;
+pub mod role;
+mod service;
+pub mod shard;
+mod staged;
+mod stream;
+pub mod tether;
+mod web;
+
+use netgap_core::spec::PointSpec;
+use netgap_core::stats::{LatencyHistogram, Percentiles};
+use netgap_proto::group::{FlowReport, GroupRole, GroupSpec};
+use netgap_transport::Transport;
+use place::{HostView, Placement};
+use role::{OpenRole, RoleContext, RoleError};
+
+/// The headline metric of a workload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GroupMetric {
+    /// Aggregate payload bandwidth received in the window, Gbit/s.
+    BandwidthGbps,
+    /// Mean one-way latency over all clients, µs.
+    LatencyUs,
+    /// Connections opened, used and closed per second, all clients together.
+    ConnectionsPerS,
+    /// A workload's own headline (`transactions_per_s`, `query_time_ms`):
+    /// its key, with the unit in the name, and how a repetition's per-flow
+    /// values combine into it.
+    Other {
+        /// The metric's key in results; a name ending in `_us`, `_ms` or
+        /// `_ns` is a time, where lower is better.
+        key: &'static str,
+        /// How the flows' values combine.
+        combine: Combine,
+    },
+}
+
+/// How a repetition's per-flow values combine into its headline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Combine {
+    /// Their sum (rates of concurrent flows).
+    Sum,
+    /// Their mean (each flow's time of the same job).
+    Mean,
+    /// The largest (the slowest flow's time of a job they share).
+    Max,
+}
+
+impl GroupMetric {
+    /// The metric's key in results.
+    pub fn key(self) -> &'static str {
+        match self {
+            GroupMetric::BandwidthGbps => "bandwidth_gbps",
+            GroupMetric::LatencyUs => "latency_us",
+            GroupMetric::ConnectionsPerS => "connections_per_s",
+            GroupMetric::Other { key, .. } => key,
+        }
+    }
+
+    /// A repetition's headline from its per-flow values: the sum (aggregate
+    /// bandwidth, connections per second) or the mean over clients
+    /// (latency). `None` if a client has no latency (no round trip in the
+    /// window).
+    pub fn headline(self, values: &[f64]) -> Option<f64> {
+        let combine = match self {
+            GroupMetric::BandwidthGbps | GroupMetric::ConnectionsPerS => Combine::Sum,
+            GroupMetric::LatencyUs => Combine::Mean,
+            GroupMetric::Other { combine, .. } => combine,
+        };
+        match combine {
+            Combine::Sum => Some(values.iter().sum()),
+            Combine::Mean | Combine::Max => {
+                if values.is_empty() || values.iter().any(|v| !v.is_finite()) {
+                    return None;
+                }
+                if combine == Combine::Max {
+                    return values.iter().copied().reduce(f64::max);
+                }
+                Some(values.iter().sum::<f64>() / values.len() as f64)
+            }
+        }
+    }
+}
+
+/// Which count of the run a workload's points are made for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CountFlag {
+    /// `--clients N`: clients spread over the client hosts.
+    Clients,
+    /// `-P N`: parallel streams.
+    Streams,
+    /// Neither: the hosts decide (one flow per link).
+    Hosts,
+}
+
+/// A refusal of a workload at plan or placement time: one line naming what
+/// cannot be done and what to change.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Refused(pub String);
+
+/// What one report says about its flow, for the reduction to records.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct FlowSample {
+    /// The flow's value in the workload's unit, when this end measures it.
+    pub value: Option<f64>,
+    /// Payload bytes the flow sent, as this end counts them.
+    pub bytes_tx: u64,
+    /// Payload bytes the flow received, as this end counts them.
+    pub bytes_rx: u64,
+    /// Payload bytes received inside the measured window (a link's bytes).
+    pub window_bytes: u64,
+    /// The flow's latency percentiles, when this end times it.
+    pub percentiles: Option<Percentiles>,
+}
+
+/// A multi-host workload. Implementations are unit structs listed once in
+/// [`registry`]; everything else finds them by name.
+pub trait Workload: Sync {
+    /// Name on the command line, in results and on the wire.
+    fn name(&self) -> &'static str;
+
+    /// One line for `netgap list`.
+    fn summary(&self) -> &'static str;
+
+    /// Headline metric.
+    fn metric(&self) -> GroupMetric;
+
+    /// Which count its points are made for.
+    fn count(&self) -> CountFlag;
+
+    /// Most flows one point may have.
+    fn max_flows(&self) -> u32;
+
+    /// Message size of a point when the run names none, in bytes.
+    fn default_size_bytes(&self, transport: &dyn Transport) -> u64;
+
+    /// Refuses, in one line, a point this workload cannot run as asked: a
+    /// transport, mode or option it cannot honour. Runs in the plan, before
+    /// any host is contacted.
+    fn check(&self, spec: &PointSpec, transport: &dyn Transport) -> Result<(), Refused>;
+
+    /// The workload's own options ([`options`]): flags the command line
+    /// offers for it, parsed and range-checked by the plan; none by
+    /// default.
+    fn options(&self) -> &'static [&'static options::WorkloadOption] {
+        &[]
+    }
+
+    /// The typed parameters every role of the point gets, as the JSON
+    /// object its own [`Workload::open`] parses, from the point and the
+    /// values of the workload's options for it; none by default.
+    fn params(&self, spec: &PointSpec, args: &options::WorkloadArgs) -> serde_json::Value {
+        let _ = (spec, args);
+        serde_json::Value::Object(serde_json::Map::new())
+    }
+
+    /// A repetition's figures besides the headline (`payload_gbps`,
+    /// `errors`, `connect_share_pct`), from what each role reported in its
+    /// outcome's `metrics`; the record holds their mean over repetitions.
+    /// By default each name is summed over the roles.
+    fn metrics(
+        &self,
+        roles: &[(GroupRole, &std::collections::BTreeMap<String, f64>)],
+        window_ns: u64,
+    ) -> std::collections::BTreeMap<String, f64> {
+        let _ = window_ns;
+        let mut out = std::collections::BTreeMap::new();
+        for (_, m) in roles {
+            for (k, v) in m.iter() {
+                *out.entry(k.clone()).or_insert(0.0) += v;
+            }
+        }
+        out
+    }
+
+    /// Whether its flows can carry payload both ways at once (`--bidir`,
+    /// which then arrives in its parameters as `"bidir": true`).
+    fn takes_bidir(&self) -> bool {
+        false
+    }
+
+    /// Places the roles of a point of `count` (clients, streams; for
+    /// [`CountFlag::Hosts`] the links to use, 0 for every link) on `hosts`;
+    /// `params` are the point's ([`Workload::params`]), for a workload
+    /// whose options decide its shape (servers, stages) or its limits.
+    fn place(
+        &self,
+        params: &serde_json::Value,
+        count: u32,
+        hosts: &[HostView],
+    ) -> Result<Placement, Refused>;
+
+    /// The workload's staged part, for a workload whose placement is
+    /// staged ([`place::Staged`]); `None`, not staged, by default.
+    fn staged(&self) -> Option<&dyn StagedWorkload> {
+        None
+    }
+
+    /// Memory this agent's role of a point would commit (buffers, threads,
+    /// per-flow state), in bytes, computed before anything is allocated and
+    /// checked against the agent's `--max-memory`. The default bounds a
+    /// role whose every flow holds a send and a receive buffer of its
+    /// largest message (`role::memory_bytes`); a workload whose flows
+    /// share buffers says less.
+    fn memory_bytes(&self, spec: &GroupSpec) -> u64 {
+        role::memory_bytes(spec)
+    }
+
+    /// Opens this agent's role of a point: parses and checks the
+    /// parameters, then listens or connects. Never panics on peer input.
+    fn open(&self, ctx: RoleContext<'_>) -> Result<Box<dyn OpenRole>, RoleError>;
+
+    /// What `report`, from a role on `side`, says about its flow over a
+    /// window of `window_ns`.
+    fn sample(&self, side: GroupRole, report: &FlowReport, window_ns: u64) -> FlowSample;
+
+    /// The record's percentiles from every client exchange of the point;
+    /// none by default.
+    fn percentiles(&self, hist: &LatencyHistogram) -> Option<Percentiles> {
+        let _ = hist;
+        None
+    }
+}
+
+/// What a staged workload (pipeline, pio) adds to [`Workload`]. Its
+/// placement is staged ([`place::Staged`]): roles are prepared in order,
+/// every role listens for the roles after it and is told the placement
+/// and the addresses of the roles before it, so one role may accept from
+/// some roles and connect to several others (a pipeline's filter stage; a
+/// client of several I/O servers). A staged placement names no
+/// `connects_to`.
+pub trait StagedWorkload: Sync {
+    /// A repetition's headline from its figures ([`Workload::metrics`],
+    /// combined over roles), which is not a combination of per-flow
+    /// values (all bytes over the slowest client's time). `None`: the
+    /// repetition gave none.
+    fn headline(&self, metrics: &std::collections::BTreeMap<String, f64>) -> Option<f64>;
+}
+
+impl<'a> dyn Workload + 'a {
+    /// A repetition's headline from its per-flow values and its figures
+    /// ([`Workload::metrics`], combined over roles): a staged workload's
+    /// own ([`StagedWorkload::headline`]), else the metric's combination of
+    /// the values ([`GroupMetric::headline`]). `None`: the repetition gave
+    /// none.
+    pub fn headline(
+        &self,
+        values: &[f64],
+        metrics: &std::collections::BTreeMap<String, f64>,
+    ) -> Option<f64> {
+        match self.staged() {
+            Some(staged) => staged.headline(metrics),
+            None => self.metric().headline(values),
+        }
+    }
+}
+
+/// Every workload, in the order `netgap list` shows them.
+pub fn registry() -> &'static [&'static dyn Workload] {
+    &[
+        &multistream::MULTISTREAM,
+        &hotspot::Hotspot,
+        &fanin::FANIN,
+        &fanout::FANOUT,
+        &connect::Connect,
+        &multirail::Multirail,
+        &web::Web,
+        &gather::Gather,
+        &pipeline::Pipeline,
+        &pio::Pio,
+    ]
+}
+
+/// The workload called `name`, if there is one.
+pub fn find(name: &str) -> Option<&'static dyn Workload> {
+    netgap_core::registry::find(registry(), name)
+}
+
+/// Names of all workloads, comma separated.
+pub fn names() -> String {
+    netgap_core::registry::names(registry())
+}
+
+impl netgap_core::registry::Named for dyn Workload {
+    fn name(&self) -> &'static str {
+        Workload::name(self)
+    }
+}
+
+/// Refuses a transport that cannot connect two hosts.
+pub(crate) fn check_cross_host(
+    workload: &str,
+    spec: &PointSpec,
+    transport: &dyn Transport,
+) -> Result<(), Refused> {
+    if !transport.capabilities().cross_host {
+        let cross: Vec<&str> = netgap_transport::registry()
+            .iter()
+            .filter(|t| t.capabilities().cross_host)
+            .map(|t| t.name())
+            .collect();
+        return Err(Refused(format!(
+            "{workload}: transport {} cannot cross hosts; use {}",
+            spec.transport,
+            cross.join(", ")
+        )));
+    }
+    if !transport.ip_port_addresses() {
+        return Err(Refused(format!(
+            "{workload}: transport {} is point-to-point only (its flows are not addressed by IP:PORT); run pingpong, stream, bibw or bibw-pingpong over it",
+            spec.transport
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_transport_without_ip_port_addresses_is_refused_in_one_line() {
+        use netgap_core::spec::{Mode, TransportOptions};
+        let mut spec = PointSpec {
+            test: "multistream".into(),
+            transport: "xdp".into(),
+            mode: Mode::Event,
+            size_bytes: 65536,
+            options: TransportOptions::default(),
+            server_cpu: None,
+            io_timeout_ms: 3000,
+            verify: false,
+        };
+        let e = check_cross_host("multistream", &spec, &netgap_transport::xdp::Xdp).unwrap_err();
+        assert!(e.0.contains("point-to-point only"), "{e}");
+        spec.transport = "tcp".into();
+        assert!(check_cross_host("multistream", &spec, &netgap_transport::tcp::Tcp).is_ok());
+    }
+
+    #[test]
+    fn names_are_unique_and_valid_wire_names() {
+        for w in registry() {
+            assert_eq!(find(w.name()).map(|f| f.name()), Some(w.name()));
+            netgap_core::spec::check_name("test", w.name()).expect("valid wire name");
+        }
+    }
+
+    #[test]
+    fn headline_sums_bandwidth_and_averages_latency() {
+        use GroupMetric::*;
+        assert_eq!(BandwidthGbps.headline(&[1.0, 2.0, 3.0]), Some(6.0));
+        assert_eq!(ConnectionsPerS.headline(&[10.0, 5.0]), Some(15.0));
+        assert_eq!(LatencyUs.headline(&[10.0, 20.0]), Some(15.0));
+        assert_eq!(LatencyUs.headline(&[10.0, f64::NAN]), None);
+        assert_eq!(LatencyUs.headline(&[]), None);
+    }
+}

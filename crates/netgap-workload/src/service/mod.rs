@@ -1,0 +1,670 @@
+//! Real server programs on a host: nginx, Apache httpd and gmond, started
+//! by an agent for a workload's role (`web`, `gather`) and stopped with it.
+//!
+//! An agent starts only the programs named here, and only when it was
+//! started with `--allow-services`: the wire carries a service's name from
+//! this fixed list and typed, range-checked parameters, never a command or
+//! a configuration. The agent writes each configuration itself into a
+//! fresh directory of its own ([`RunDir`], in the agent's run directory,
+//! every file made relative to the directory's descriptor and, as root,
+//! handed to the unprivileged [`ServiceUser`] the program runs as), runs the
+//! program in the foreground in a process group of its own (killed as a
+//! group, with `PR_SET_PDEATHSIG` so the program dies with the thread that
+//! keeps it), waits until it answers, and on [`Running`]'s drop stops the
+//! group and removes the directory. A program that is not installed is one
+//! line naming the Debian package to install.
+//!
+//! A web server is one module implementing [`WebServer`] plus one line in
+//! [`web_servers`]: `web`'s `--server` choices, its help, the refusals of
+//! a server's own limits and the start all come from there.
+
+pub(crate) mod apache;
+pub(crate) mod gmond;
+pub(crate) mod nginx;
+pub(crate) mod user;
+
+use crate::confined::{AgentDirs, Dir};
+use netgap_core::record::ServiceRecord;
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use user::ServiceUser;
+
+/// How long a started program may take to answer.
+pub(crate) const START_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long a program may take to exit after SIGTERM before SIGKILL.
+const STOP_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Why a service could not be started.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ServiceError {
+    /// The agent was not started with `--allow-services`.
+    #[error("this agent does not start server programs; start it with `netgap serve --allow-services` (a testbed's agents have it)")]
+    NotAllowed,
+    /// The program is not installed.
+    #[error("{program} is not installed on this host; install the Debian package {package} (apt-get install {package})")]
+    NotInstalled {
+        /// The program looked for.
+        program: &'static str,
+        /// The Debian package that has it.
+        package: &'static str,
+    },
+    /// A file or directory of the run could not be made, or a system call
+    /// failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// Why it failed.
+        source: io::Error,
+    },
+    /// The program exited before it answered.
+    #[error("{name} exited at start ({status}); its log says: {log}")]
+    Exited {
+        /// The service.
+        name: &'static str,
+        /// Its exit status.
+        status: String,
+        /// The end of its log.
+        log: String,
+    },
+    /// The program cannot serve the point as asked (a limit of the
+    /// host, or of its configuration).
+    #[error("{0}")]
+    Refused(String),
+    /// The program did not answer in time.
+    #[error("{name} did not answer on {addr} within {secs} s ({detail}); its log says: {log}")]
+    NoAnswer {
+        /// The service.
+        name: &'static str,
+        /// Where it was asked.
+        addr: SocketAddr,
+        /// The time allowed, s.
+        secs: u64,
+        /// The last failure.
+        detail: String,
+        /// The end of its log.
+        log: String,
+    },
+}
+
+/// What a web server is started with for one `web` point.
+#[derive(Debug)]
+pub(crate) struct WebStart<'a> {
+    /// Its fresh run directory (it holds the file set's directory too).
+    pub dir: RunDir,
+    /// The directory of the file set it serves.
+    pub docroot: &'a Path,
+    /// Where it listens.
+    pub listen: SocketAddr,
+    /// Worker processes (children) asked for, at least 1.
+    pub workers: u32,
+    /// Whether the run named the workers (`--server-workers`), so the
+    /// server may not add more.
+    pub workers_fixed: bool,
+    /// Most workers a run may ask for.
+    pub max_workers: u32,
+    /// Clients of the point.
+    pub clients: u64,
+    /// Files of the set.
+    pub files: u64,
+}
+
+/// A web server `web` can start on its first host.
+pub(crate) trait WebServer: Sync {
+    /// Its name on the command line (`--server`), on the wire and in
+    /// records.
+    fn name(&self) -> &'static str;
+    /// How `web --server`'s help names it (with its Debian package).
+    fn help(&self) -> &'static str;
+    /// How `web --server-workers`'s help names its workers.
+    fn workers_help(&self) -> &'static str;
+    /// Refuses, in one line without the workload's name, `clients` past
+    /// what its configuration serves with `max_workers` workers; `None`
+    /// when it serves them.
+    fn refuse_clients(&self, clients: u64, max_workers: u64) -> Option<String> {
+        let _ = (clients, max_workers);
+        None
+    }
+    /// Starts it; returns once it runs (not yet answering).
+    fn start(&self, start: WebStart<'_>) -> Result<Running, ServiceError>;
+}
+
+/// Every web server, the default first.
+pub(crate) fn web_servers() -> &'static [&'static dyn WebServer] {
+    &[&nginx::Nginx, &apache::Apache]
+}
+
+/// The web server called `name`, if there is one.
+pub(crate) fn web_server(name: &str) -> Option<&'static dyn WebServer> {
+    web_servers().iter().copied().find(|s| s.name() == name)
+}
+
+fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> ServiceError {
+    let what = what.into();
+    move |source| ServiceError::Io { what, source }
+}
+
+/// A fresh directory for one service of one role, in the agent's run
+/// directory ([`crate::confined::AgentDirs`]), removed with everything in
+/// it when dropped. The agent writes every file in it relative to the
+/// directory's descriptor; when the agent is root the directory is then
+/// handed (`fchown` on the descriptor) to the [`ServiceUser`] the program
+/// runs as, mode 0700, so the program reads only what the agent wrote.
+#[derive(Debug)]
+pub(crate) struct RunDir {
+    dir: Dir,
+    /// Who the program runs as: `None`, the agent's own user.
+    user: Option<ServiceUser>,
+    /// The agent's run directory, held while this one is in it.
+    _agent: Arc<Dir>,
+}
+
+impl RunDir {
+    /// Makes a new directory (0700) for `service` in the agent's run
+    /// directory; it never reuses one that exists.
+    pub(crate) fn new(dirs: &AgentDirs, service: &str) -> Result<RunDir, ServiceError> {
+        let user = ServiceUser::for_agent().map_err(|e| ServiceError::Io {
+            what: format!("choosing the user {service} runs as"),
+            source: io::Error::other(e),
+        })?;
+        let agent = dirs.run_dir().map_err(confined_err)?;
+        let dir = agent
+            .fresh_subdir(&crate::confined::fresh_name(service), 0o700)
+            .map_err(confined_err)?;
+        Ok(RunDir {
+            dir,
+            user,
+            _agent: agent,
+        })
+    }
+
+    /// The directory's path: for the program's command line and its
+    /// configuration, never reopened by the agent.
+    pub(crate) fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The user the program runs as, when not the agent's own.
+    #[cfg(test)]
+    pub(crate) fn user(&self) -> Option<&ServiceUser> {
+        self.user.as_ref()
+    }
+
+    /// The user and group names the program's configuration switches to,
+    /// when the agent is root: ([`ServiceUser`]'s name, its group's name).
+    pub(crate) fn user_names(&self) -> Option<(String, String)> {
+        let u = self.user.as_ref()?;
+        let group = nix::unistd::Group::from_gid(nix::unistd::Gid::from_raw(u.gid))
+            .ok()
+            .flatten()
+            .map_or_else(|| format!("#{}", u.gid), |g| g.name);
+        Some((u.name.clone(), group))
+    }
+
+    /// Writes `text` to the new file `name` in the directory, readable by
+    /// all and owned by the agent.
+    pub(crate) fn write(&self, name: &str, text: &[u8]) -> Result<PathBuf, ServiceError> {
+        self.dir
+            .write_file(name, text, 0o644)
+            .map_err(confined_err)?;
+        Ok(self.dir.path().join(name))
+    }
+
+    /// Makes the new subdirectory `name`, readable by all and owned by the
+    /// agent, for files the agent writes into it.
+    pub(crate) fn subdir(&self, name: &str) -> Result<Dir, ServiceError> {
+        let mut d = self.dir.fresh_subdir(name, 0o755).map_err(confined_err)?;
+        // It goes with the run directory.
+        d.keep();
+        Ok(d)
+    }
+
+    /// Creates the new file `name` (0600) that the program writes to (its
+    /// own log), owned by the user it runs as; the agent keeps the
+    /// descriptor to read it.
+    pub(crate) fn service_file(&self, name: &str) -> Result<File, ServiceError> {
+        let f = self.dir.create_file(name, 0o600).map_err(confined_err)?;
+        if let Some(u) = &self.user {
+            rustix::fs::fchown(
+                &f,
+                Some(rustix::fs::Uid::from_raw(u.uid)),
+                Some(rustix::fs::Gid::from_raw(u.gid)),
+            )
+            .map_err(|e| ServiceError::Io {
+                what: format!(
+                    "handing {} to {}",
+                    self.dir.path().join(name).display(),
+                    u.name
+                ),
+                source: e.into(),
+            })?;
+        }
+        Ok(f)
+    }
+
+    /// Creates the program's output log `NAME.log` (0600, the agent's): the
+    /// program writes it through the descriptor it inherits.
+    pub(crate) fn log_file(&self, name: &str) -> Result<File, ServiceError> {
+        self.dir
+            .create_file(&format!("{name}.log"), 0o600)
+            .map_err(confined_err)
+    }
+
+    /// Hands the directory to the user the program runs as, once the agent
+    /// wrote everything in it; nothing to do when that is the agent's user.
+    pub(crate) fn hand_over(&self) -> Result<(), ServiceError> {
+        if let Some(u) = &self.user {
+            self.dir.chown(u.uid, u.gid).map_err(confined_err)?;
+        }
+        Ok(())
+    }
+}
+
+fn confined_err(e: crate::confined::ConfinedError) -> ServiceError {
+    ServiceError::Io {
+        what: "the service's run directory".into(),
+        source: io::Error::other(e.to_string()),
+    }
+}
+
+/// The last non-empty lines of a log read through its descriptor (from
+/// its last 64 KiB), joined, for an error.
+fn tail_of(file: &File) -> String {
+    use std::os::unix::fs::FileExt;
+    const WINDOW: u64 = 64 * 1024;
+    let len = file.metadata().map_or(0, |m| m.len());
+    let start = len.saturating_sub(WINDOW);
+    let mut buf = vec![0u8; (len - start) as usize];
+    let n = file.read_at(&mut buf, start).unwrap_or(0);
+    let text = String::from_utf8_lossy(&buf[..n]);
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    lines[lines.len().saturating_sub(3)..].join(" | ")
+}
+
+/// An installed program: its path and version line.
+#[derive(Debug, Clone)]
+pub(crate) struct Program {
+    /// Where it is.
+    pub path: PathBuf,
+    /// Its version line (`nginx version: nginx/1.22.1`).
+    pub version: String,
+}
+
+/// Finds `program` on the usual system paths and reads its version with
+/// `version_arg`; not found is one line naming `package`.
+pub(crate) fn find_program(
+    program: &'static str,
+    package: &'static str,
+    version_arg: &str,
+) -> Result<Program, ServiceError> {
+    let mut dirs: Vec<PathBuf> = ["/usr/sbin", "/usr/bin", "/sbin", "/bin", "/usr/local/sbin"]
+        .iter()
+        .map(PathBuf::from)
+        .collect();
+    if let Some(path) = std::env::var_os("PATH") {
+        dirs.extend(std::env::split_paths(&path));
+    }
+    let path = dirs
+        .into_iter()
+        .map(|d| d.join(program))
+        .find(|p| {
+            std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+        .ok_or(ServiceError::NotInstalled { program, package })?;
+    let out = Command::new(&path)
+        .arg(version_arg)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(io_err(format!("running {} {version_arg}", path.display())))?;
+    let text = [out.stdout, out.stderr].concat();
+    let version = String::from_utf8_lossy(&text)
+        .lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .unwrap_or("unknown")
+        .chars()
+        .take(200)
+        .collect();
+    Ok(Program { path, version })
+}
+
+/// A TCP port on `ip` that nothing listens on now (the system picks it;
+/// the program binds it a moment later).
+pub(crate) fn free_tcp_port(ip: IpAddr) -> Result<u16, ServiceError> {
+    let l = TcpListener::bind(SocketAddr::new(ip, 0))
+        .map_err(io_err(format!("finding a free TCP port on {ip}")))?;
+    l.local_addr()
+        .map(|a| a.port())
+        .map_err(io_err("reading a free port"))
+}
+
+/// A UDP port on `ip` that nothing uses now.
+pub(crate) fn free_udp_port(ip: IpAddr) -> Result<u16, ServiceError> {
+    let s = UdpSocket::bind(SocketAddr::new(ip, 0))
+        .map_err(io_err(format!("finding a free UDP port on {ip}")))?;
+    s.local_addr()
+        .map(|a| a.port())
+        .map_err(io_err("reading a free port"))
+}
+
+/// This host's name as it knows itself (a testbed host's UTS name).
+pub(crate) fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().chars().take(64).collect::<String>())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".into())
+}
+
+/// How to run a service's program: its path, its arguments, and the
+/// signal that stops it cleanly.
+#[derive(Debug, Clone)]
+pub(crate) struct Launch {
+    /// The program.
+    pub program: PathBuf,
+    /// Its arguments.
+    pub args: Vec<std::ffi::OsString>,
+    /// SIGTERM for a program that shuts down on it; SIGKILL for one with
+    /// nothing to save (gmond), which as a namespace's first process would
+    /// ignore a signal it has no handler for.
+    pub stop_signal: libc::c_int,
+}
+
+/// A program running for a role. Dropping it stops its process group
+/// (SIGTERM, then SIGKILL) and removes its run directory.
+pub(crate) struct Running {
+    name: &'static str,
+    /// The signal that asks the program to stop.
+    stop_signal: libc::c_int,
+    /// The program's pid, which is also its process group's id.
+    pgid: i32,
+    /// The program's exit status, from the thread that keeps it.
+    exited: mpsc::Receiver<ExitStatus>,
+    /// What the record says of it.
+    record: ServiceRecord,
+    /// The program's log (its stdout and stderr) in the run directory,
+    /// read through this descriptor, never reopened by path.
+    log: File,
+    /// Removed after the program stopped.
+    dir: RunDir,
+}
+
+impl std::fmt::Debug for Running {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Running")
+            .field("name", &self.name)
+            .field("pgid", &self.pgid)
+            .field("dir", &self.dir)
+            .finish()
+    }
+}
+
+impl Running {
+    /// Starts `launch` (the program in the foreground, with its own
+    /// configuration from `dir`) in a process group of its own, its output
+    /// to a log in `dir`. The program is spawned from a thread that lives
+    /// as long as it does, confined as [`crate::tether`] says: in a PID
+    /// namespace of its own (as root; a user and PID namespace when not
+    /// root, where the host allows it), so that when the agent ends, even
+    /// killed, the kernel ends the program and every worker it started. A
+    /// root agent's program runs as [`user::ServiceUser`].
+    pub(crate) fn spawn(
+        name: &'static str,
+        launch: Launch,
+        dir: RunDir,
+        record: ServiceRecord,
+    ) -> Result<Running, ServiceError> {
+        let run_as = user::ServiceUser::for_agent()
+            .map_err(|e| ServiceError::Io {
+                what: format!("choosing the user {name} runs as"),
+                source: io::Error::other(e),
+            })?
+            .map(|u| crate::tether::RunAs {
+                uid: u.uid,
+                gid: u.gid,
+            });
+        let mut cmd = crate::tether::command(&launch.program, &launch.args, run_as);
+        let log = dir.log_file(name)?;
+        let out = log
+            .try_clone()
+            .map_err(io_err(format!("opening {name}'s log")))?;
+        let err = log
+            .try_clone()
+            .map_err(io_err(format!("opening {name}'s log")))?;
+        cmd.stdin(Stdio::null()).stdout(out).stderr(err);
+        cmd.current_dir(dir.path());
+        let (pid_tx, pid_rx) = mpsc::channel();
+        let (exit_tx, exited) = mpsc::channel();
+        std::thread::Builder::new()
+            .name(format!("{name} keeper"))
+            .spawn(move || match cmd.spawn() {
+                Ok(mut child) => {
+                    let _ = pid_tx.send(Ok(child.id()));
+                    if let Ok(status) = child.wait() {
+                        let _ = exit_tx.send(status);
+                    }
+                }
+                Err(e) => {
+                    let _ = pid_tx.send(Err(e));
+                }
+            })
+            .map_err(io_err(format!("starting the thread that keeps {name}")))?;
+        let pid = pid_rx
+            .recv()
+            .map_err(|_| ServiceError::Io {
+                what: format!("starting {name}"),
+                source: io::Error::other("the keeper thread ended"),
+            })?
+            .map_err(io_err(format!("starting {}", record.program)))?;
+        Ok(Running {
+            name,
+            stop_signal: launch.stop_signal,
+            pgid: i32::try_from(pid).unwrap_or(i32::MAX),
+            exited,
+            record,
+            log,
+            dir,
+        })
+    }
+
+    /// What the record says of the program.
+    pub(crate) fn record(&self) -> &ServiceRecord {
+        &self.record
+    }
+
+    /// The record's facts, for what the workload prepared for the program.
+    pub(crate) fn facts_mut(&mut self) -> &mut std::collections::BTreeMap<String, String> {
+        &mut self.record.facts
+    }
+
+    /// The run directory.
+    pub(crate) fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The last lines of the program's log, for an error.
+    pub(crate) fn log_tail(&self) -> String {
+        let tail = tail_of(&self.log);
+        if tail.is_empty() {
+            "(nothing)".into()
+        } else {
+            tail.chars().take(600).collect()
+        }
+    }
+
+    /// Waits until `probe` succeeds against `addr` (at most
+    /// [`START_TIMEOUT`], or until `stop`), failing early when the program
+    /// exits. `extra_log` is another log (the program's own, made with
+    /// [`RunDir::service_file`]) to quote on failure, read through its
+    /// descriptor.
+    pub(crate) fn wait_answering(
+        &self,
+        addr: SocketAddr,
+        stop: &crate::role::Stop,
+        extra_log: Option<&File>,
+        mut probe: impl FnMut(SocketAddr) -> Result<(), String>,
+    ) -> Result<(), ServiceError> {
+        let deadline = Instant::now() + START_TIMEOUT;
+        let log = |this: &Running| {
+            let mut t = this.log_tail();
+            if let Some(f) = extra_log {
+                if let Some(l) = tail_of(f).rsplit(" | ").next().filter(|l| !l.is_empty()) {
+                    t = format!("{t} | {}", l.chars().take(300).collect::<String>());
+                }
+            }
+            t
+        };
+        let mut last;
+        loop {
+            if let Ok(status) = self.exited.try_recv() {
+                return Err(ServiceError::Exited {
+                    name: self.name,
+                    status: status.to_string(),
+                    log: log(self),
+                });
+            }
+            match probe(addr) {
+                Ok(()) => return Ok(()),
+                Err(e) => last = e,
+            }
+            if Instant::now() >= deadline || stop.is_set() {
+                return Err(ServiceError::NoAnswer {
+                    name: self.name,
+                    addr,
+                    secs: START_TIMEOUT.as_secs(),
+                    detail: last,
+                    log: log(self),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn signal(&self, sig: libc::c_int) {
+        if self.pgid > 1 {
+            // SAFETY: killpg only sends a signal; the group is the one the
+            // program made for itself at start (its pid), so no other
+            // process group is named.
+            unsafe {
+                libc::killpg(self.pgid, sig);
+            }
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.signal(self.stop_signal);
+        let ended = self.exited.recv_timeout(STOP_TIMEOUT).is_ok();
+        // Workers the program left behind (or a program that did not
+        // stop) go with the whole group.
+        self.signal(libc::SIGKILL);
+        if !ended {
+            let _ = self.exited.recv_timeout(STOP_TIMEOUT);
+        }
+        // Give the group's last workers a moment to go before their files
+        // are removed.
+        let deadline = Instant::now() + STOP_TIMEOUT;
+        // SAFETY: kill with signal 0 only checks whether the group exists.
+        while unsafe { libc::killpg(self.pgid, 0) } == 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+/// Sends an HTTP/1.1 GET of `path` to `addr` and checks for a 200 answer:
+/// the probe that says a web server is up.
+pub(crate) fn http_probe(addr: SocketAddr, path: &str) -> Result<(), String> {
+    let mut s =
+        TcpStream::connect_timeout(&addr, Duration::from_millis(500)).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(Duration::from_secs(2)))
+        .map_err(|e| e.to_string())?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .map_err(|e| e.to_string())?;
+    let mut head = [0u8; 64];
+    let n = s.read(&mut head).map_err(|e| e.to_string())?;
+    let line = String::from_utf8_lossy(&head[..n]);
+    if line.starts_with("HTTP/1.1 200") || line.starts_with("HTTP/1.0 200") {
+        Ok(())
+    } else {
+        Err(format!(
+            "answered {:?}",
+            line.lines().next().unwrap_or_default()
+        ))
+    }
+}
+
+/// Reads everything `addr` sends until it closes, at most `max_bytes`.
+pub(crate) fn read_all(addr: SocketAddr, max_bytes: usize) -> Result<Vec<u8>, String> {
+    let s =
+        TcpStream::connect_timeout(&addr, Duration::from_millis(500)).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(Duration::from_secs(2)))
+        .map_err(|e| e.to_string())?;
+    let mut out = Vec::new();
+    s.take(max_bytes as u64)
+        .read_to_end(&mut out)
+        .map_err(|e| e.to_string())?;
+    Ok(out)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_program_is_one_line_naming_its_package() {
+        let e = find_program("netgap-no-such-server", "netgap-pkg", "-v").unwrap_err();
+        let line = e.to_string();
+        assert!(line.contains("apt-get install netgap-pkg"), "{line}");
+        assert_eq!(line.lines().count(), 1);
+    }
+
+    #[test]
+    fn a_run_directory_is_fresh_private_and_removed_with_everything_in_it() {
+        let t = tempfile::tempdir().unwrap();
+        let dirs = AgentDirs::new(t.path().join("runs"));
+        let a = RunDir::new(&dirs, "test").unwrap();
+        let b = RunDir::new(&dirs, "test").unwrap();
+        assert_ne!(a.path(), b.path());
+        let f = a.write("x.conf", b"x").unwrap();
+        assert!(a.write("x.conf", b"y").is_err(), "never overwritten");
+        let www = a.subdir("www").unwrap();
+        assert!(www.path().starts_with(a.path()));
+        let log = a.service_file("error.log").unwrap();
+        {
+            use std::io::Write;
+            (&log).write_all(b"first\n\nlast line\n").unwrap();
+        }
+        assert_eq!(tail_of(&log), "first | last line");
+        let mode = std::fs::metadata(a.path()).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o700);
+        a.hand_over().unwrap();
+        if let Some(u) = a.user() {
+            use std::os::unix::fs::MetadataExt;
+            let m = std::fs::metadata(a.path()).unwrap();
+            assert_eq!((m.uid(), m.gid()), (u.uid, u.gid));
+            assert_eq!(std::fs::metadata(&f).unwrap().uid(), 0, "the agent's");
+            assert!(a.user_names().is_some());
+        }
+        assert!(a.path().starts_with(t.path().join("runs")));
+        let path = a.path().to_path_buf();
+        drop((a, www));
+        assert!(!f.exists() && !path.exists());
+        assert!(b.path().exists());
+        let agent = b.path().parent().unwrap().to_path_buf();
+        drop(b);
+        // The agent's run directory goes with the last thing in it.
+        assert!(!agent.exists());
+    }
+}

@@ -1,0 +1,826 @@
+//! `web`: a real web server (nginx or Apache httpd) on the first host
+//! serves a generated file set to N closed-loop HTTP/1.1 clients spread
+//! cyclically over the other hosts (seed 001, section 4.3 and Figure 8).
+//! The headline is transactions per second, all clients together.
+//!
+//! The server role starts the server through its agent ([`crate::service`])
+//! after writing the file set ([`fileset`]) into the server's run
+//! directory; the client roles run netgap's own load generator
+//! ([`client`]). Traces: `single` asks every request for one file of the
+//! point's size (`-s 1K,4K,...` gives one point per size); `zipf` asks for
+//! the files of a SPECweb99-like set by Zipf popularity (`--alpha
+//! 0.5,...,1.0` gives one point per exponent).
+
+pub(crate) mod client;
+pub(crate) mod fileset;
+
+use super::options::{OptionKind, WorkloadArgs, WorkloadOption};
+use super::place::{self, HostView, Placement};
+use super::role::{
+    meter_window, metered, parse_params, window, OpenRole, ReadyRole, RoleContext, RoleError,
+    RoleResult, Stop, PER_FLOW_BYTES,
+};
+use super::{CountFlag, FlowSample, GroupMetric, Refused, Workload};
+use crate::service::{self, RunDir, Running, WebServer, WebStart};
+use fileset::{FileSet, Zipf};
+use netgap_core::spec::{Mode, PointSpec};
+use netgap_core::stats::{LatencyHistogram, Percentiles};
+use netgap_proto::group::{FlowReport, GroupOutcome, GroupRole, GroupSpec};
+use netgap_transport::cpu::peak_rss_kib;
+use netgap_transport::Transport;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+const NAME: &str = "web";
+
+/// Most clients of one point: a group's most flows. Each client host must
+/// hold its share in one process ([`open_clients`] refuses a share past
+/// its descriptor limit).
+const MAX_CLIENTS: u32 = netgap_proto::group::MAX_GROUP_FLOWS;
+/// Largest file of a `single` trace, bytes.
+const MAX_FILE_BYTES: u64 = 64 * 1024 * 1024;
+/// Files of a `zipf` set when the run names no count: one SPECweb99
+/// directory per 36 files.
+const DEFAULT_FILES: u32 = 360;
+/// Seed of the file set when the run names none.
+const DEFAULT_SEED: u64 = 1;
+/// Most worker processes (nginx) or children (Apache).
+const MAX_SERVER_WORKERS: u64 = 64;
+/// How long the server keeps serving after the window, so the clients'
+/// last requests finish before it stops.
+const SERVER_GRACE: Duration = Duration::from_millis(500);
+/// Most client worker threads on one agent.
+const MAX_CLIENT_WORKERS: usize = 8;
+/// What one client commits, bytes, an upper bound: its connection's state
+/// (at most 512 bytes, which a unit test of `client` holds it to; 320 measured), its request
+/// (under 256: a GET line and a Host header), its latency histogram (a
+/// `FlowHistogram`: typically under 1 KiB, 4.6 KiB if its transactions
+/// spanned 1 ns to an hour) and its outcome and report (about 200):
+/// 512 + 256 + 4,710 + 200 = 5,678, rounded up. The receive buffer is its
+/// worker's; a response head split across reads is copied until it is
+/// whole (a few hundred bytes from nginx or Apache; at most
+/// [`client::BUF_BYTES`] from a server that sends a huge head slowly).
+const CLIENT_BYTES: u64 = 6 * 1024;
+
+/// `--server`: its choices and help come from [`service::web_servers`].
+fn server_option() -> &'static WorkloadOption {
+    static NAMES: OnceLock<Vec<&'static str>> = OnceLock::new();
+    static HELP: OnceLock<String> = OnceLock::new();
+    static OPTION: OnceLock<WorkloadOption> = OnceLock::new();
+    OPTION.get_or_init(|| {
+        let servers = service::web_servers();
+        let names = NAMES.get_or_init(|| servers.iter().map(|s| s.name()).collect());
+        let helps: Vec<&str> = servers.iter().map(|s| s.help()).collect();
+        let default = names.first().copied().unwrap_or_default();
+        WorkloadOption {
+            flag: "server",
+            kind: OptionKind::Choice(names.as_slice()),
+            value_name: "NAME[,NAME]",
+            help: HELP.get_or_init(|| {
+                format!(
+                    "web: the server program on the first host: {}; a list gives one point per server [default: {default}]",
+                    helps.join(" or ")
+                )
+            }),
+            axis: true,
+        }
+    })
+}
+static TRACE: WorkloadOption = WorkloadOption {
+    flag: "trace",
+    kind: OptionKind::Choice(&["single", "zipf"]),
+    value_name: "NAME",
+    help: "web: single (every request for one file of the point's size, one point per -s size) or zipf (a generated file set by Zipf popularity) [default: single]",
+    axis: false,
+};
+static ALPHA: WorkloadOption = WorkloadOption {
+    flag: "alpha",
+    kind: OptionKind::Number { min: 0.0, max: 3.0 },
+    value_name: "A[,A...]",
+    help: "web --trace zipf: the Zipf exponent of file popularity (0: uniform); a list gives one point per exponent [default: 1.0]",
+    axis: true,
+};
+static FILES: WorkloadOption = WorkloadOption {
+    flag: "files",
+    kind: OptionKind::Count {
+        min: 1,
+        max: fileset::MAX_FILES as u64,
+    },
+    value_name: "N",
+    help: "web --trace zipf: files in the generated set (SPECweb99 classes, 36 per directory) [default: 360]",
+    axis: false,
+};
+static FILE_SEED: WorkloadOption = WorkloadOption {
+    flag: "file-seed",
+    kind: OptionKind::Count {
+        min: 0,
+        max: u32::MAX as u64,
+    },
+    value_name: "N",
+    help: "web: seed of the file set's content and of the clients' request sequences [default: 1]",
+    axis: false,
+};
+static VERIFY_FRACTION: WorkloadOption = WorkloadOption {
+    flag: "verify-fraction",
+    kind: OptionKind::Number { min: 0.0, max: 1.0 },
+    value_name: "F",
+    help: "web: share of response bodies compared byte for byte with the file set (every status and length is always checked) [default: 1]",
+    axis: false,
+};
+static PER_REQUEST: WorkloadOption = WorkloadOption {
+    flag: "connection-per-request",
+    kind: OptionKind::Switch,
+    value_name: "",
+    help: "web: open a new connection for every request (Connection: close) instead of keeping one alive per client",
+    axis: false,
+};
+/// `--server-workers`: its help names each server's workers
+/// ([`WebServer::workers_help`]).
+fn server_workers_option() -> &'static WorkloadOption {
+    static HELP: OnceLock<String> = OnceLock::new();
+    static OPTION: OnceLock<WorkloadOption> = OnceLock::new();
+    OPTION.get_or_init(|| {
+        let workers: Vec<&str> = service::web_servers()
+            .iter()
+            .map(|s| s.workers_help())
+            .collect();
+        WorkloadOption {
+            flag: "server-workers",
+            kind: OptionKind::Count {
+                min: 1,
+                max: MAX_SERVER_WORKERS,
+            },
+            value_name: "N",
+            help: HELP.get_or_init(|| {
+                format!(
+                    "web: {} [default: one per CPU of the server host]",
+                    workers.join(", or ")
+                )
+            }),
+            axis: false,
+        }
+    })
+}
+
+/// Every option of `web`.
+fn all_options() -> &'static [&'static WorkloadOption] {
+    static OPTIONS: OnceLock<Vec<&'static WorkloadOption>> = OnceLock::new();
+    OPTIONS.get_or_init(|| {
+        vec![
+            server_option(),
+            &TRACE,
+            &ALPHA,
+            &FILES,
+            &FILE_SEED,
+            &VERIFY_FRACTION,
+            &PER_REQUEST,
+            server_workers_option(),
+        ]
+    })
+}
+
+/// The `web` workload.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Web;
+
+/// The request trace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum Trace {
+    /// Every request for one file.
+    Single,
+    /// Zipf popularity over a file set.
+    Zipf,
+}
+
+/// What every role of a `web` point gets.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Params {
+    /// The server program: a name of [`service::web_servers`].
+    pub server: String,
+    /// The trace.
+    pub trace: Trace,
+    /// The file's size for `single`, bytes.
+    pub file_bytes: u64,
+    /// Files of the `zipf` set.
+    pub files: u32,
+    /// Zipf exponent.
+    pub alpha: f64,
+    /// Seed of the content and the request sequences.
+    pub seed: u64,
+    /// Share of bodies compared byte for byte, 0 to 1.
+    pub verify_fraction: f64,
+    /// A new connection per request.
+    pub connection_per_request: bool,
+    /// Server workers; 0: one per CPU of the server host.
+    pub server_workers: u32,
+}
+
+fn bad(detail: impl Into<String>) -> RoleError {
+    RoleError::Params {
+        workload: NAME,
+        detail: detail.into(),
+    }
+}
+
+impl Params {
+    /// Range-checks parameters from a peer; never panics.
+    fn check(&self, ctx: &RoleContext<'_>) -> Result<(), RoleError> {
+        if self.file_bytes == 0 || self.file_bytes > MAX_FILE_BYTES {
+            return Err(bad(format!(
+                "file_bytes {} is outside 1 to {MAX_FILE_BYTES}",
+                self.file_bytes
+            )));
+        }
+        ctx.limits.check_message_bytes(self.file_bytes)?;
+        if self.files == 0 || self.files > fileset::MAX_FILES {
+            return Err(bad(format!(
+                "files {} is outside 1 to {}",
+                self.files,
+                fileset::MAX_FILES
+            )));
+        }
+        if !(0.0..=3.0).contains(&self.alpha) {
+            return Err(bad("alpha is outside 0 to 3"));
+        }
+        if !(0.0..=1.0).contains(&self.verify_fraction) {
+            return Err(bad("verify_fraction is outside 0 to 1"));
+        }
+        if u64::from(self.server_workers) > MAX_SERVER_WORKERS {
+            return Err(bad(format!("server_workers is over {MAX_SERVER_WORKERS}")));
+        }
+        Ok(())
+    }
+
+    /// The point's file set.
+    fn fileset(&self) -> FileSet {
+        match self.trace {
+            Trace::Single => FileSet::single(self.seed, self.file_bytes),
+            Trace::Zipf => FileSet::mix(self.seed, self.files),
+        }
+    }
+}
+
+impl Workload for Web {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn summary(&self) -> &'static str {
+        "nginx or Apache on the first host, N closed-loop HTTP/1.1 clients; transactions/s"
+    }
+
+    fn metric(&self) -> GroupMetric {
+        GroupMetric::Other {
+            key: "transactions_per_s",
+            combine: super::Combine::Sum,
+        }
+    }
+
+    fn count(&self) -> CountFlag {
+        CountFlag::Clients
+    }
+
+    fn max_flows(&self) -> u32 {
+        MAX_CLIENTS
+    }
+
+    fn default_size_bytes(&self, _transport: &dyn Transport) -> u64 {
+        1024
+    }
+
+    /// A real web server speaks HTTP over the host's TCP: any other
+    /// transport, and socket options the server would not share, are
+    /// refused.
+    fn check(&self, spec: &PointSpec, _transport: &dyn Transport) -> Result<(), Refused> {
+        if spec.transport != "tcp" {
+            return Err(Refused(format!(
+                "{NAME} runs real web servers, which speak HTTP over the host's TCP; use -t tcp, not {}",
+                spec.transport
+            )));
+        }
+        if spec.options != netgap_core::spec::TransportOptions::default() {
+            return Err(Refused(format!(
+                "{NAME}: transport options apply to netgap's own flows, not to a real server's; drop them"
+            )));
+        }
+        if spec.size_bytes == 0 || spec.size_bytes > MAX_FILE_BYTES {
+            return Err(Refused(format!(
+                "{NAME}: file sizes must be between 1 byte and 64M"
+            )));
+        }
+        Ok(())
+    }
+
+    fn options(&self) -> &'static [&'static WorkloadOption] {
+        all_options()
+    }
+
+    fn params(&self, spec: &PointSpec, args: &WorkloadArgs) -> serde_json::Value {
+        let default = service::web_servers().first().map_or("", |s| s.name());
+        let server = args.str("server").unwrap_or(default).to_string();
+        let trace = match args.str("trace") {
+            Some("zipf") => Trace::Zipf,
+            _ => Trace::Single,
+        };
+        let u32_of = |flag: &str, default: u32| {
+            args.u64(flag)
+                .and_then(|n| u32::try_from(n).ok())
+                .unwrap_or(default)
+        };
+        serde_json::json!(Params {
+            server,
+            trace,
+            file_bytes: spec.size_bytes,
+            files: u32_of("files", DEFAULT_FILES),
+            alpha: args.f64("alpha").unwrap_or(1.0),
+            seed: args.u64("file-seed").unwrap_or(DEFAULT_SEED),
+            verify_fraction: args.f64("verify-fraction").unwrap_or(1.0),
+            connection_per_request: args.switch("connection-per-request"),
+            server_workers: u32_of("server-workers", 0),
+        })
+    }
+
+    fn metrics(
+        &self,
+        roles: &[(GroupRole, &BTreeMap<String, f64>)],
+        window_ns: u64,
+    ) -> BTreeMap<String, f64> {
+        let mut out = BTreeMap::new();
+        for (_, m) in roles {
+            for (k, v) in m.iter() {
+                *out.entry(k.clone()).or_insert(0.0) += v;
+            }
+        }
+        if let Some(&bytes) = out.get("payload_bytes") {
+            if window_ns > 0 {
+                out.insert(
+                    "payload_gbps".into(),
+                    netgap_core::units::gbps(bytes, window_ns as f64),
+                );
+            }
+        }
+        if let (Some(&v), Some(&c)) = (out.get("verified"), out.get("checked")) {
+            if c > 0.0 {
+                out.insert("verified_share".into(), v / c);
+            }
+        }
+        out
+    }
+
+    /// Refuses, before anything starts, more clients than the server's
+    /// configuration serves ([`WebServer::refuse_clients`]).
+    fn place(
+        &self,
+        params: &serde_json::Value,
+        count: u32,
+        hosts: &[HostView],
+    ) -> Result<Placement, Refused> {
+        let server = params
+            .get("server")
+            .and_then(|v| v.as_str())
+            .and_then(service::web_server);
+        if let Some(detail) =
+            server.and_then(|s| s.refuse_clients(u64::from(count), MAX_SERVER_WORKERS))
+        {
+            return Err(Refused(format!("{NAME}: {detail}")));
+        }
+        place::spread(count, hosts)
+    }
+
+    /// A client holds its state, request, histogram and report
+    /// (6 KiB, an upper bound); its worker's receive buffer is shared by the
+    /// worker's clients. The server role holds nothing per client (the
+    /// server program does).
+    fn memory_bytes(&self, spec: &GroupSpec) -> u64 {
+        match spec.role {
+            GroupRole::Server => PER_FLOW_BYTES,
+            GroupRole::Client => CLIENT_BYTES
+                .saturating_mul(u64::from(spec.flows))
+                .saturating_add((MAX_CLIENT_WORKERS * client::BUF_BYTES) as u64),
+        }
+    }
+
+    fn open(&self, ctx: RoleContext<'_>) -> Result<Box<dyn OpenRole>, RoleError> {
+        let p: Params = parse_params(NAME, ctx.spec)?;
+        p.check(&ctx)?;
+        match ctx.spec.role {
+            GroupRole::Server => open_server(&p, &ctx),
+            GroupRole::Client => open_clients(&p, &ctx),
+        }
+    }
+
+    fn sample(&self, side: GroupRole, report: &FlowReport, window_ns: u64) -> FlowSample {
+        if side == GroupRole::Server {
+            return FlowSample::default();
+        }
+        FlowSample {
+            value: Some(per_second(report.round_trips, window_ns)),
+            bytes_tx: report.bytes_tx,
+            bytes_rx: report.bytes_rx,
+            window_bytes: report.window_bytes_rx,
+            percentiles: report.percentiles.clone(),
+        }
+    }
+
+    fn percentiles(&self, hist: &LatencyHistogram) -> Option<Percentiles> {
+        hist.percentiles_us(1.0)
+    }
+}
+
+/// `count` events in `window_ns`, per second.
+fn per_second(count: u64, window_ns: u64) -> f64 {
+    if window_ns == 0 {
+        return 0.0;
+    }
+    count as f64 / (window_ns as f64 / 1e9)
+}
+
+fn refused(detail: impl std::fmt::Display) -> RoleError {
+    RoleError::Refused {
+        workload: NAME,
+        detail: detail.to_string(),
+    }
+}
+
+/// Writes the file set and starts the server on it; returns once it
+/// answers.
+fn open_server(p: &Params, ctx: &RoleContext<'_>) -> Result<Box<dyn OpenRole>, RoleError> {
+    if !ctx.services {
+        return Err(refused(service::ServiceError::NotAllowed));
+    }
+    let ip: IpAddr = ctx
+        .spec
+        .listen_ips
+        .first()
+        .copied()
+        .unwrap_or(ctx.control_ip);
+    let server: &dyn WebServer = service::web_server(&p.server).ok_or_else(|| {
+        let names: Vec<&str> = service::web_servers().iter().map(|s| s.name()).collect();
+        bad(format!(
+            "unknown server {:?}; netgap starts {}",
+            p.server,
+            names.join(", ")
+        ))
+    })?;
+    let name = server.name();
+    let set = p.fileset();
+    // The files may live in memory (a tmpfs): they count against the
+    // agent's memory budget before one is written.
+    ctx.limits.check_memory(
+        &format!("a web file set of {} files", set.len()),
+        set.total_bytes(),
+    )?;
+    let dir = RunDir::new(ctx.dirs, name).map_err(refused)?;
+    let www = dir.subdir("www").map_err(refused)?;
+    let sha = set.write(&www).map_err(|e| {
+        refused(format!(
+            "writing the file set into {}: {e}",
+            www.path().display()
+        ))
+    })?;
+    // The server's own log, which it opens by name; the agent reads it
+    // only through this descriptor.
+    let error_log = dir.service_file("error.log").map_err(refused)?;
+    let port = service::free_tcp_port(ip).map_err(refused)?;
+    let addr = SocketAddr::new(ip, port);
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
+    let workers = if p.server_workers == 0 {
+        cpus.clamp(1, MAX_SERVER_WORKERS as u32)
+    } else {
+        p.server_workers
+    };
+    let mut running = server
+        .start(WebStart {
+            dir,
+            docroot: www.path(),
+            listen: addr,
+            workers,
+            workers_fixed: p.server_workers != 0,
+            max_workers: MAX_SERVER_WORKERS as u32,
+            clients: u64::from(ctx.spec.flows),
+            files: set.len() as u64,
+        })
+        .map_err(refused)?;
+    running
+        .wait_answering(addr, ctx.stop, Some(&error_log), |a| {
+            service::http_probe(a, &FileSet::url(0))
+        })
+        .map_err(refused)?;
+    let facts = running.facts_mut();
+    facts.insert("fileset_files".into(), set.len().to_string());
+    facts.insert("fileset_bytes".into(), set.total_bytes().to_string());
+    facts.insert("fileset_sha256".into(), sha);
+    facts.insert("fileset_seed".into(), p.seed.to_string());
+    let (warmup, duration) = window(ctx.spec);
+    Ok(Box::new(ServerRole {
+        running,
+        addr,
+        warmup,
+        duration,
+        stop: ctx.stop.clone(),
+    }))
+}
+
+/// A web server running for the point.
+struct ServerRole {
+    running: Running,
+    addr: SocketAddr,
+    warmup: Duration,
+    duration: Duration,
+    stop: Stop,
+}
+
+impl OpenRole for ServerRole {
+    fn addrs(&self) -> Vec<String> {
+        vec![self.addr.to_string()]
+    }
+
+    fn ready(self: Box<Self>) -> Result<Box<dyn ReadyRole>, RoleError> {
+        Ok(self)
+    }
+}
+
+impl ReadyRole for ServerRole {
+    /// Serves through the window and a grace, then stops the server before
+    /// reporting, so its host's CPU in the window is the server's.
+    fn run(self: Box<Self>) -> Result<RoleResult, RoleError> {
+        let ServerRole {
+            running,
+            addr: _,
+            warmup,
+            duration,
+            stop,
+        } = *self;
+        let t0 = Instant::now();
+        let (cpu, _) = meter_window(t0 + warmup, t0 + warmup + duration, &stop);
+        stop.sleep_until(Instant::now() + SERVER_GRACE);
+        let mut running = running;
+        // The agent holds nothing per client; the server program's own
+        // peak is its host's memory for the clients.
+        if let Some(kib) = server_peak_rss_kib(running.dir()) {
+            running
+                .facts_mut()
+                .insert("peak_rss_kib".into(), kib.to_string());
+        }
+        let record = running.record().clone();
+        drop(running);
+        Ok(RoleResult {
+            flows: Vec::new(),
+            buckets: Vec::new(),
+            outcome: GroupOutcome {
+                window_ns: u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX),
+                cpu,
+                peak_rss_kib: peak_rss_kib(),
+                processes: None,
+                bytes_rx: 0,
+                bytes_tx: 0,
+                datagrams: None,
+                metrics: BTreeMap::new(),
+                services: vec![record],
+            },
+        })
+    }
+}
+
+/// The summed peak resident memory (VmHWM), KiB, of the server program's
+/// processes: those whose command line names its run directory `dir` (its
+/// main process, and the `unshare` wrapper that starts it) and every
+/// descendant of them (nginx's workers, Apache's children). Pages the
+/// processes share count once per process, so it bounds the program's
+/// memory from above. `None` if no such process is found.
+fn server_peak_rss_kib(dir: &std::path::Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let needle = dir.as_os_str().as_bytes();
+    if needle.is_empty() {
+        return None;
+    }
+    // (pid, parent, names the directory, VmHWM KiB) of every process.
+    let mut procs: Vec<(u32, u32, bool, u64)> = Vec::new();
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(status) = std::fs::read_to_string(entry.path().join("status")) else {
+            continue;
+        };
+        let field = |key: &str| -> Option<u64> {
+            let line = status.lines().find(|l| l.starts_with(key))?;
+            line.split_whitespace().nth(1)?.parse().ok()
+        };
+        let ppid = field("PPid:")
+            .and_then(|p| u32::try_from(p).ok())
+            .unwrap_or(0);
+        let hwm = field("VmHWM:").unwrap_or(0);
+        let names = std::fs::read(entry.path().join("cmdline"))
+            .is_ok_and(|c| c.windows(needle.len()).any(|w| w == needle));
+        procs.push((pid, ppid, names, hwm));
+    }
+    let mut ours: Vec<u32> = procs.iter().filter(|p| p.2).map(|p| p.0).collect();
+    if ours.is_empty() {
+        return None;
+    }
+    // Descendants, a generation per pass.
+    loop {
+        let before = ours.len();
+        for p in &procs {
+            if !ours.contains(&p.0) && ours.contains(&p.1) {
+                ours.push(p.0);
+            }
+        }
+        if ours.len() == before {
+            break;
+        }
+    }
+    Some(
+        procs
+            .iter()
+            .filter(|p| ours.contains(&p.0))
+            .map(|p| p.3)
+            .sum(),
+    )
+}
+
+/// Prepares this host's clients: nothing is connected before the barrier
+/// (a request's connection is part of a transaction when one is opened per
+/// request, and a kept-alive one opens with the first request).
+fn open_clients(p: &Params, ctx: &RoleContext<'_>) -> Result<Box<dyn OpenRole>, RoleError> {
+    let spec = ctx.spec;
+    let target = spec
+        .targets
+        .first()
+        .ok_or_else(|| refused("a client role needs a target"))?;
+    let target: SocketAddr = target
+        .parse()
+        .map_err(|_| bad(format!("the target {target:?} is not IP:PORT")))?;
+    let set = Arc::new(p.fileset());
+    let zipf = (p.trace == Trace::Zipf).then(|| Arc::new(Zipf::new(&set, p.alpha)));
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let workers = cpus.clamp(1, MAX_CLIENT_WORKERS);
+    // Every client is a descriptor of this one process, besides each
+    // worker's epoll and the agent's own: refuse a share it cannot open
+    // before any connects.
+    let fds = u64::from(spec.flows) + workers as u64 + netgap_transport::flows::limits::SPARE_FDS;
+    netgap_transport::flows::ensure_fd_limit(fds)
+        .map_err(|e| refused(format!("{} clients on this host: {e}", spec.flows)))?;
+    // Each client host draws its own request sequence.
+    let host_key = service::host_name()
+        .bytes()
+        .fold(0u64, |h, b| fileset::mix64(h ^ u64::from(b)));
+    let cfg = client::ClientConfig {
+        target,
+        bind_ip: spec.bind_ips.first().copied(),
+        flows: spec.flows as usize,
+        workers,
+        keepalive: !p.connection_per_request,
+        fileset: set,
+        zipf,
+        verify_fraction: p.verify_fraction,
+        seed: fileset::mix64(p.seed ^ host_key),
+        io_timeout: Duration::from_millis(u64::from(spec.point.io_timeout_ms.max(1))),
+        poll: spec.point.mode == Mode::Poll,
+    };
+    let (warmup, duration) = window(spec);
+    Ok(Box::new(ClientRole {
+        cfg,
+        warmup,
+        duration,
+        stop: ctx.stop.clone(),
+    }))
+}
+
+/// This host's clients, ready.
+struct ClientRole {
+    cfg: client::ClientConfig,
+    warmup: Duration,
+    duration: Duration,
+    stop: Stop,
+}
+
+impl OpenRole for ClientRole {
+    fn addrs(&self) -> Vec<String> {
+        Vec::new()
+    }
+
+    fn ready(self: Box<Self>) -> Result<Box<dyn ReadyRole>, RoleError> {
+        Ok(self)
+    }
+}
+
+impl ReadyRole for ClientRole {
+    fn run(self: Box<Self>) -> Result<RoleResult, RoleError> {
+        let ClientRole {
+            cfg,
+            warmup,
+            duration,
+            stop,
+        } = *self;
+        let flag = stop.flag();
+        let (cpu, ran) = metered(Instant::now(), warmup, duration, &stop, || {
+            client::run(&cfg, warmup, duration, &flag)
+        })?;
+        let (outcomes, window_ns) = ran.map_err(refused)?;
+        let mut hist = LatencyHistogram::new();
+        let mut flows = Vec::with_capacity(outcomes.len());
+        let mut m: BTreeMap<String, f64> = BTreeMap::new();
+        let (mut rx, mut tx) = (0, 0);
+        let mut last_error = None;
+        for o in &outcomes {
+            o.hist.merge_into(&mut hist);
+            rx += o.bytes_rx;
+            tx += o.bytes_tx;
+            for (k, v) in [
+                ("transactions", o.transactions),
+                ("payload_bytes", o.window_body_bytes),
+                ("errors", o.errors),
+                ("checked", o.checked),
+                ("verified", o.verified),
+                ("connections", o.connections),
+            ] {
+                *m.entry(k.into()).or_insert(0.0) += v as f64;
+            }
+            if o.last_error.is_some() {
+                last_error.clone_from(&o.last_error);
+            }
+            flows.push(FlowReport {
+                index: o.index,
+                bytes_tx: o.bytes_tx,
+                bytes_rx: o.bytes_rx,
+                window_bytes_rx: o.window_body_bytes,
+                round_trips: o.transactions,
+                percentiles: o.hist.percentiles_us(1.0),
+                errors: o.errors,
+            });
+        }
+        if !stop.is_set() && outcomes.iter().all(|o| o.transactions == 0) {
+            return Err(refused(format!(
+                "no client completed a transaction with {} in the window{}",
+                cfg.target,
+                last_error.map_or(String::new(), |e| format!(" (last error: {e})"))
+            )));
+        }
+        Ok(RoleResult {
+            flows,
+            buckets: hist.buckets(),
+            outcome: GroupOutcome {
+                window_ns,
+                cpu,
+                peak_rss_kib: peak_rss_kib(),
+                processes: None,
+                bytes_rx: rx,
+                bytes_tx: tx,
+                datagrams: None,
+                metrics: m,
+                services: Vec::new(),
+            },
+        })
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transactions_per_second_over_the_window() {
+        assert!((per_second(500, 500_000_000) - 1000.0).abs() < 1e-9);
+        assert_eq!(per_second(5, 0), 0.0);
+    }
+
+    #[test]
+    fn the_server_option_offers_every_registered_server() {
+        let names: Vec<&str> = service::web_servers().iter().map(|s| s.name()).collect();
+        assert_eq!(names, ["nginx", "apache"]);
+        assert!(matches!(server_option().kind, OptionKind::Choice(c) if c == names.as_slice()));
+        assert!(server_option().help.ends_with("[default: nginx]"));
+    }
+
+    #[test]
+    fn apache_past_its_request_workers_is_refused_in_one_line() {
+        let hosts: Vec<HostView> = (0..2)
+            .map(|i| HostView {
+                name: format!("h{i}"),
+                address: None,
+                rails: vec![],
+            })
+            .collect();
+        let apache = serde_json::json!({ "server": "apache" });
+        let e = Web.place(&apache, 4097, &hosts).unwrap_err();
+        assert_eq!(
+            e.0,
+            "web: Apache serves at most 4096 clients here (its MaxRequestWorkers: 64 children of 64 threads), not 4097; use --server nginx for more"
+        );
+        assert!(Web.place(&apache, 4096, &hosts).is_ok());
+        let nginx = serde_json::json!({ "server": "nginx" });
+        assert!(Web.place(&nginx, 4097, &hosts).is_ok());
+    }
+}
