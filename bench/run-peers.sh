@@ -16,7 +16,7 @@
 #   --report-only D  re-parse the raw outputs of an earlier run in D, print its table
 #
 # Environment:
-#   FLOOR_SRC        floor programs' sources (default ../shared/bench/floor)
+#   FLOOR_SRC        floor programs' sources (default bench/floor)
 #   PORT_BASE        first of 7 consecutive TCP ports used (default 17770)
 #
 # Placement: every server on CPU 1, every client on CPU 0 (taskset, and
@@ -25,7 +25,7 @@
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-FLOOR_SRC=${FLOOR_SRC:-$REPO/../shared/bench/floor}
+FLOOR_SRC=${FLOOR_SRC:-$REPO/bench/floor}
 PORT_BASE=${PORT_BASE:-17770}
 HOST=127.0.0.1
 CLIENT_CPU=0
@@ -383,7 +383,7 @@ done
 log "building floor programs in $OUT/floor"
 mkdir -p "$OUT/floor"
 cp "$FLOOR_SRC"/*.c "$FLOOR_SRC"/*.h "$FLOOR_SRC"/Makefile "$OUT/floor/"
-timeout 300 make -s -C "$OUT/floor" >"$OUT/floor-build.txt" 2>&1 || { cat "$OUT/floor-build.txt" >&2; exit 1; }
+timeout 300 make -s -C "$OUT/floor" nonxdp >"$OUT/floor-build.txt" 2>&1 || { cat "$OUT/floor-build.txt" >&2; exit 1; }
 FLOOR=$OUT/floor
 
 NETGAP=$REPO/target/release/netgap
