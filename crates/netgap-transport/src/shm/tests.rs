@@ -339,8 +339,16 @@ fn corrupt_peer_index_is_an_error_not_a_panic() {
     }
 }
 
+/// Sends one byte at a time until a send fails; the number of sends that
+/// went through first, or `None` if none failed within `most` sends.
+fn sends_before_failing(flow: &mut dyn Flow, most: u32) -> Option<u32> {
+    (0..most).find(|_| flow.send_all(b"x").is_err())
+}
+
 /// An abort from another thread wakes a receive that waits on a silent
-/// peer, fails every later call of this end, and ends the peer's wait.
+/// peer, fails this end's later calls (a call that need not wait looks at
+/// the abort every [`CALLS_PER_ABORT_CHECK`] calls), and ends the peer's
+/// wait.
 #[test]
 fn an_abort_ends_a_waiting_receive_and_the_peers_flow() {
     for mode in Mode::ALL {
@@ -350,21 +358,57 @@ fn an_abort_ends_a_waiting_receive_and_the_peers_flow() {
             let t0 = Instant::now();
             let mut buf = [0u8; 16];
             let got = server.recv_exact(&mut buf);
-            let later = server.send_all(b"x");
+            let later = sends_before_failing(server.as_mut(), CALLS_PER_ABORT_CHECK);
             (got, later, t0.elapsed())
         });
         std::thread::sleep(Duration::from_millis(100));
         abort.abort();
         let (got, later, took) = waiting.join().unwrap();
-        assert!(got.is_err() && later.is_err(), "{mode:?}");
+        assert!(got.is_err() && later.is_some(), "{mode:?}: {later:?}");
         assert!(took < Duration::from_secs(2), "{mode:?}: {took:?}");
-        // The peer sees the end instead of waiting its whole timeout.
+        // The peer sees the end instead of waiting its whole timeout,
+        // after the bytes the aborted end sent before it looked.
         let t0 = Instant::now();
-        let mut buf = [0u8; 16];
-        assert!(matches!(
-            client.recv_exact(&mut buf),
-            Err(FlowError::Closed)
-        ));
+        let mut buf = [0u8; 1];
+        let mut bytes = 0u32;
+        let end = loop {
+            match client.recv_exact(&mut buf) {
+                Ok(()) => bytes += 1,
+                Err(e) => break e,
+            }
+        };
+        assert!(matches!(end, FlowError::Closed), "{mode:?}: {end:?}");
+        assert_eq!(Some(bytes), later, "{mode:?}");
         assert!(t0.elapsed() < Duration::from_secs(2), "{mode:?}");
+    }
+}
+
+/// A flow whose data never waits (each byte sent is there before it is
+/// received) still ends within [`CALLS_PER_ABORT_CHECK`] calls of an abort,
+/// on both halves, and not before it.
+#[test]
+fn an_abort_ends_a_flow_whose_data_keeps_moving() {
+    for mode in Mode::ALL {
+        let (mut server, mut client) = pair(mode, Duration::from_secs(20));
+        let abort = server.abort_handle().expect("an shm flow can be aborted");
+        let mut buf = [0u8; 1];
+        for _ in 0..3 * CALLS_PER_ABORT_CHECK {
+            server.send_all(b"x").unwrap();
+            client.recv_exact(&mut buf).unwrap();
+            client.send_all(b"y").unwrap();
+            server.recv_exact(&mut buf).unwrap();
+        }
+        abort.abort();
+        let sent = sends_before_failing(server.as_mut(), CALLS_PER_ABORT_CHECK);
+        assert!(sent.is_some(), "{mode:?}: sends went on after the abort");
+        // Bytes the peer sent before it saw the end are still there, but
+        // the aborted receiver stops within the same number of calls.
+        for _ in 0..CALLS_PER_ABORT_CHECK {
+            if client.send_all(b"y").is_err() {
+                break;
+            }
+        }
+        let stopped = (0..CALLS_PER_ABORT_CHECK).any(|_| server.recv_exact(&mut buf).is_err());
+        assert!(stopped, "{mode:?}: receives went on after the abort");
     }
 }
