@@ -230,7 +230,9 @@ fn sweep_and_logp_help_document_the_method_and_its_limits() {
 fn ci_stops_at_the_target_or_says_it_was_missed() {
     let dir = tempfile::tempdir().expect("tempdir");
     let json = dir.path().join("ci.jsonl");
-    // A loose target: met within the repetition bounds.
+    // A loose target: met within the repetition bounds, which leave room
+    // for the outliers of a loaded machine (20 repetitions were not always
+    // enough on 2 busy CPUs).
     run_ok(
         netgap()
             .args([
@@ -241,7 +243,7 @@ fn ci_stops_at_the_target_or_says_it_was_missed() {
                 "--rep-time",
                 "2ms",
             ])
-            .args(["--ci", "90,50", "--ci-reps", "3,20", "--json"])
+            .args(["--ci", "90,50", "--ci-reps", "3,200", "--json"])
             .arg(&json),
     );
     // An impossible one: every point runs the maximum and misses.
@@ -262,7 +264,7 @@ fn ci_stops_at_the_target_or_says_it_was_missed() {
         );
         assert!(f(&ci["achieved_half_width_pct"]) <= 50.0);
         let n = r["stats"]["reps"].as_array().map_or(0, Vec::len);
-        assert!((3..=20).contains(&n), "{n}");
+        assert!((3..=200).contains(&n), "{n}");
     }
     let missed = &records[2];
     assert_eq!(missed["ci_target"]["met"], false, "{missed}");
