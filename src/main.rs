@@ -591,7 +591,12 @@ fn list() {
     println!();
     println!("MPI tests (mpirun, two ranks; records name test pingpong, stream, bibw over transport mpi):");
     for t in netgap::mpi::MpiTest::ALL {
-        println!("  {:<14} {:<15} {}", t.name(), t.metric(), t.summary());
+        println!(
+            "  {:<14} {:<15} {}",
+            t.name(),
+            t.metric().key(),
+            t.summary()
+        );
     }
     match netgap::mpi::availability() {
         Ok(()) => println!("  MPI: built in, mpirun found"),

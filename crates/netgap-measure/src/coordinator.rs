@@ -446,12 +446,16 @@ pub(crate) fn build_record(
     let test = bench::find(&spec.test).ok_or_else(|| PointError::UnknownTest(spec.test.clone()))?;
     // Bandwidth is of payload delivered: over a lossy transport the bytes
     // lost on the way do not count (as iperf3 reports the receiver's rate).
+    let bandwidth = test.metric() == Metric::BandwidthGbps;
     let values: Vec<f64> = m
         .reps
         .iter()
-        .map(|r| match test.metric() {
-            Metric::BandwidthGbps => r.client.value * delivered_fraction(r),
-            Metric::LatencyUs => r.client.value,
+        .map(|r| {
+            if bandwidth {
+                r.client.value * delivered_fraction(r)
+            } else {
+                r.client.value
+            }
         })
         .collect();
     let summary = Summary::from_reps(&values)?;
@@ -480,9 +484,10 @@ pub(crate) fn build_record(
     // All payload moved in either direction; stream's 1-byte acks included.
     let moved = bytes.client_tx + bytes.server_tx;
     let cpu = CpuPair { local, remote };
-    let service_demand_us_per_kib = match test.metric() {
-        Metric::BandwidthGbps => ServiceDemand::of(&cpu, moved),
-        Metric::LatencyUs => None,
+    let service_demand_us_per_kib = if bandwidth {
+        ServiceDemand::of(&cpu, moved)
+    } else {
+        None
     };
     let percentiles = if test.has_percentiles() {
         m.rtt_hist.percentiles_us(0.5)

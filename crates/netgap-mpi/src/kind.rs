@@ -42,11 +42,13 @@ impl MpiTest {
         }
     }
 
-    /// The headline metric's key.
-    pub fn metric(self) -> &'static str {
+    /// The headline metric.
+    pub fn metric(self) -> netgap_core::metric::Metric {
         match self {
-            MpiTest::Latency => "latency_us",
-            MpiTest::Bandwidth | MpiTest::Bidirectional => "bandwidth_gbps",
+            MpiTest::Latency => netgap_core::metric::Metric::LatencyUs,
+            MpiTest::Bandwidth | MpiTest::Bidirectional => {
+                netgap_core::metric::Metric::BandwidthGbps
+            }
         }
     }
 

@@ -390,7 +390,7 @@ fn build_record(
         transport: spec.transport.clone(),
         mode: spec.mode,
         size_bytes: spec.size_bytes,
-        metric: test.metric().into(),
+        metric: test.metric().key().into(),
         value: summary.value,
         time: rfc3339(started),
     });

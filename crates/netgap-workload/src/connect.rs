@@ -7,7 +7,8 @@
 
 use super::place::{self, HostView, Placement};
 use super::role::{parse_params, OpenRole, RoleContext, RoleError};
-use super::{engine, CountFlag, FlowSample, GroupMetric, Refused, Workload};
+use super::{engine, CountFlag, FlowSample, Refused, Workload};
+use netgap_core::metric::Metric;
 use netgap_core::spec::PointSpec;
 use netgap_core::stats::{LatencyHistogram, Percentiles};
 use netgap_proto::group::{FlowReport, GroupRole, GroupSpec};
@@ -48,8 +49,8 @@ impl Workload for Connect {
         "N clients open a connection, exchange one request and reply, close; connections/s"
     }
 
-    fn metric(&self) -> GroupMetric {
-        GroupMetric::ConnectionsPerS
+    fn metric(&self) -> Metric {
+        Metric::ConnectionsPerS
     }
 
     fn count(&self) -> CountFlag {

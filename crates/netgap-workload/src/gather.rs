@@ -20,8 +20,9 @@ use super::role::{
     RoleContext, RoleError, RoleResult, Stop, PER_FLOW_BYTES, STOP_TICK,
 };
 use super::web::fileset::mix64;
-use super::{CountFlag, FlowSample, GroupMetric, Refused, Workload};
+use super::{CountFlag, FlowSample, Refused, Workload};
 use crate::service::{self, gmond, RunDir, Running};
+use netgap_core::metric::Metric;
 use netgap_core::spec::PointSpec;
 use netgap_core::stats::{LatencyHistogram, Percentiles};
 use netgap_proto::dataproof::DataToken;
@@ -104,10 +105,10 @@ impl Workload for Gather {
         "one client connects to every other host, reads its whole answer (gmond XML or a built-in responder), disconnects; time per gather"
     }
 
-    fn metric(&self) -> GroupMetric {
-        GroupMetric::Other {
+    fn metric(&self) -> Metric {
+        Metric::Other {
             key: "gather_time_ms",
-            combine: super::Combine::Max,
+            combine: netgap_core::metric::Combine::Max,
         }
     }
 

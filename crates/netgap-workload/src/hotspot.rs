@@ -4,7 +4,8 @@
 
 use super::place::{self, HostView, Placement};
 use super::role::{parse_params, NoParams, OpenRole, RoleContext, RoleError};
-use super::{engine, CountFlag, FlowSample, GroupMetric, Refused, Workload};
+use super::{engine, CountFlag, FlowSample, Refused, Workload};
+use netgap_core::metric::Metric;
 use netgap_core::spec::PointSpec;
 use netgap_core::stats::{LatencyHistogram, Percentiles};
 use netgap_proto::group::{FlowReport, GroupRole, GroupSpec};
@@ -35,8 +36,8 @@ impl Workload for Hotspot {
         "N clients run pingpong against one server at once; mean and per-client latency"
     }
 
-    fn metric(&self) -> GroupMetric {
-        GroupMetric::LatencyUs
+    fn metric(&self) -> Metric {
+        Metric::LatencyUs
     }
 
     fn count(&self) -> CountFlag {

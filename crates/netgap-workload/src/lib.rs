@@ -55,80 +55,13 @@ mod stream;
 pub mod tether;
 mod web;
 
+use netgap_core::metric::Metric;
 use netgap_core::spec::PointSpec;
 use netgap_core::stats::{LatencyHistogram, Percentiles};
 use netgap_proto::group::{FlowReport, GroupRole, GroupSpec};
 use netgap_transport::Transport;
 use place::{HostView, Placement};
 use role::{OpenRole, RoleContext, RoleError};
-
-/// The headline metric of a workload.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum GroupMetric {
-    /// Aggregate payload bandwidth received in the window, Gbit/s.
-    BandwidthGbps,
-    /// Mean one-way latency over all clients, µs.
-    LatencyUs,
-    /// Connections opened, used and closed per second, all clients together.
-    ConnectionsPerS,
-    /// A workload's own headline (`transactions_per_s`, `query_time_ms`):
-    /// its key, with the unit in the name, and how a repetition's per-flow
-    /// values combine into it.
-    Other {
-        /// The metric's key in results; a name ending in `_us`, `_ms` or
-        /// `_ns` is a time, where lower is better.
-        key: &'static str,
-        /// How the flows' values combine.
-        combine: Combine,
-    },
-}
-
-/// How a repetition's per-flow values combine into its headline.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Combine {
-    /// Their sum (rates of concurrent flows).
-    Sum,
-    /// Their mean (each flow's time of the same job).
-    Mean,
-    /// The largest (the slowest flow's time of a job they share).
-    Max,
-}
-
-impl GroupMetric {
-    /// The metric's key in results.
-    pub fn key(self) -> &'static str {
-        match self {
-            GroupMetric::BandwidthGbps => "bandwidth_gbps",
-            GroupMetric::LatencyUs => "latency_us",
-            GroupMetric::ConnectionsPerS => "connections_per_s",
-            GroupMetric::Other { key, .. } => key,
-        }
-    }
-
-    /// A repetition's headline from its per-flow values: the sum (aggregate
-    /// bandwidth, connections per second) or the mean over clients
-    /// (latency). `None` if a client has no latency (no round trip in the
-    /// window).
-    pub fn headline(self, values: &[f64]) -> Option<f64> {
-        let combine = match self {
-            GroupMetric::BandwidthGbps | GroupMetric::ConnectionsPerS => Combine::Sum,
-            GroupMetric::LatencyUs => Combine::Mean,
-            GroupMetric::Other { combine, .. } => combine,
-        };
-        match combine {
-            Combine::Sum => Some(values.iter().sum()),
-            Combine::Mean | Combine::Max => {
-                if values.is_empty() || values.iter().any(|v| !v.is_finite()) {
-                    return None;
-                }
-                if combine == Combine::Max {
-                    return values.iter().copied().reduce(f64::max);
-                }
-                Some(values.iter().sum::<f64>() / values.len() as f64)
-            }
-        }
-    }
-}
 
 /// Which count of the run a workload's points are made for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -172,7 +105,7 @@ pub trait Workload: Sync {
     fn summary(&self) -> &'static str;
 
     /// Headline metric.
-    fn metric(&self) -> GroupMetric;
+    fn metric(&self) -> Metric;
 
     /// Which count its points are made for.
     fn count(&self) -> CountFlag;
@@ -290,7 +223,7 @@ impl<'a> dyn Workload + 'a {
     /// A repetition's headline from its per-flow values and its figures
     /// ([`Workload::metrics`], combined over roles): a staged workload's
     /// own ([`StagedWorkload::headline`]), else the metric's combination of
-    /// the values ([`GroupMetric::headline`]). `None`: the repetition gave
+    /// the values ([`Metric::headline`]). `None`: the repetition gave
     /// none.
     pub fn headline(
         &self,
@@ -393,15 +326,5 @@ mod tests {
             assert_eq!(find(w.name()).map(|f| f.name()), Some(w.name()));
             netgap_core::spec::check_name("test", w.name()).expect("valid wire name");
         }
-    }
-
-    #[test]
-    fn headline_sums_bandwidth_and_averages_latency() {
-        use GroupMetric::*;
-        assert_eq!(BandwidthGbps.headline(&[1.0, 2.0, 3.0]), Some(6.0));
-        assert_eq!(ConnectionsPerS.headline(&[10.0, 5.0]), Some(15.0));
-        assert_eq!(LatencyUs.headline(&[10.0, 20.0]), Some(15.0));
-        assert_eq!(LatencyUs.headline(&[10.0, f64::NAN]), None);
-        assert_eq!(LatencyUs.headline(&[]), None);
     }
 }

@@ -8,7 +8,8 @@
 use super::place::{self, HostView, Placement};
 use super::role::{parse_params, OpenRole, RoleContext, RoleError};
 use super::stream::{self, Direction, StreamParams};
-use super::{CountFlag, FlowSample, GroupMetric, Refused, Workload};
+use super::{CountFlag, FlowSample, Refused, Workload};
+use netgap_core::metric::Metric;
 use netgap_core::spec::PointSpec;
 use netgap_proto::group::{FlowReport, GroupRole, GroupSpec};
 use netgap_transport::Transport;
@@ -28,8 +29,8 @@ impl Workload for Multirail {
         "one client process streams over every link to the server at once; per-link bandwidth"
     }
 
-    fn metric(&self) -> GroupMetric {
-        GroupMetric::BandwidthGbps
+    fn metric(&self) -> Metric {
+        Metric::BandwidthGbps
     }
 
     fn count(&self) -> CountFlag {

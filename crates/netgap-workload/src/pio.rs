@@ -31,8 +31,9 @@ use super::role::{
     PER_FLOW_BYTES,
 };
 use super::staged::{self, Inbound};
-use super::{CountFlag, FlowSample, GroupMetric, Refused, StagedWorkload, Workload};
+use super::{CountFlag, FlowSample, Refused, StagedWorkload, Workload};
 use layout::{Layout, Pattern, Piece};
+use netgap_core::metric::Metric;
 use netgap_core::spec::PointSpec;
 use netgap_proto::group::{FlowReport, GroupOutcome, GroupRole, GroupSpec};
 use netgap_transport::cpu::peak_rss_kib;
@@ -233,8 +234,8 @@ impl Workload for Pio {
         "striped parallel file I/O (PVFS class): S servers, C clients, contiguous or tiled; write and read bandwidth, verified"
     }
 
-    fn metric(&self) -> GroupMetric {
-        GroupMetric::BandwidthGbps
+    fn metric(&self) -> Metric {
+        Metric::BandwidthGbps
     }
 
     fn count(&self) -> CountFlag {

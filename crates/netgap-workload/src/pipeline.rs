@@ -31,8 +31,9 @@ use super::role::{
     PER_FLOW_BYTES,
 };
 use super::staged::{self, recv_patient, Inbound};
-use super::{CountFlag, FlowSample, GroupMetric, Refused, StagedWorkload, Workload};
+use super::{CountFlag, FlowSample, Refused, StagedWorkload, Workload};
 use graph::{Edge, Graph};
+use netgap_core::metric::Metric;
 use netgap_core::spec::PointSpec;
 use netgap_core::stats::{LatencyHistogram, Percentiles};
 use netgap_proto::group::{FlowReport, GroupOutcome, GroupRole, GroupSpec};
@@ -220,10 +221,10 @@ impl Workload for Pipeline {
         "filter-stream pipeline (Data-Cutter class): producer, filter copies, consumer; query time, verified"
     }
 
-    fn metric(&self) -> GroupMetric {
-        GroupMetric::Other {
+    fn metric(&self) -> Metric {
+        Metric::Other {
             key: "query_time_ms",
-            combine: super::Combine::Max,
+            combine: netgap_core::metric::Combine::Max,
         }
     }
 

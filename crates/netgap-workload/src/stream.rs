@@ -624,8 +624,8 @@ impl super::Workload for StreamWorkload {
         self.summary
     }
 
-    fn metric(&self) -> super::GroupMetric {
-        super::GroupMetric::BandwidthGbps
+    fn metric(&self) -> netgap_core::metric::Metric {
+        netgap_core::metric::Metric::BandwidthGbps
     }
 
     fn count(&self) -> super::CountFlag {

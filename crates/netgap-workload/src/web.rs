@@ -20,9 +20,10 @@ use super::role::{
     meter_window, metered, parse_params, window, OpenRole, ReadyRole, RoleContext, RoleError,
     RoleResult, Stop, PER_FLOW_BYTES,
 };
-use super::{CountFlag, FlowSample, GroupMetric, Refused, Workload};
+use super::{CountFlag, FlowSample, Refused, Workload};
 use crate::service::{self, RunDir, Running, WebServer, WebStart};
 use fileset::{FileSet, Zipf};
+use netgap_core::metric::Metric;
 use netgap_core::spec::{Mode, PointSpec};
 use netgap_core::stats::{LatencyHistogram, Percentiles};
 use netgap_proto::group::{FlowReport, GroupOutcome, GroupRole, GroupSpec};
@@ -274,10 +275,10 @@ impl Workload for Web {
         "nginx or Apache on the first host, N closed-loop HTTP/1.1 clients; transactions/s"
     }
 
-    fn metric(&self) -> GroupMetric {
-        GroupMetric::Other {
+    fn metric(&self) -> Metric {
+        Metric::Other {
             key: "transactions_per_s",
-            combine: super::Combine::Sum,
+            combine: netgap_core::metric::Combine::Sum,
         }
     }
 

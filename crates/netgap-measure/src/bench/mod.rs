@@ -14,24 +14,7 @@ pub mod stream;
 use netgap_core::stats::LatencyHistogram;
 use netgap_transport::{DatagramStats, Flow, FlowError};
 
-/// The headline metric of a test, with its unit in the name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Metric {
-    /// One-way latency in microseconds (half the round trip).
-    LatencyUs,
-    /// Payload bandwidth in Gbit/s (10^9 bit/s).
-    BandwidthGbps,
-}
-
-impl Metric {
-    /// The metric's name as written in results (`latency_us`, ...).
-    pub fn key(self) -> &'static str {
-        match self {
-            Metric::LatencyUs => "latency_us",
-            Metric::BandwidthGbps => "bandwidth_gbps",
-        }
-    }
-}
+pub use netgap_core::metric::Metric;
 
 /// What one repetition of a client role measured.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]

@@ -15,7 +15,7 @@ pub mod coordinator;
 pub mod plan;
 pub mod summary;
 
-pub use netgap_workload::{find, names, registry, GroupMetric};
+pub use netgap_workload::{find, names, registry};
 
 use crate::point_loop::{run_points, Observer};
 use crate::sink::RecordSink;
