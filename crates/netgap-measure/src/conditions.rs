@@ -31,6 +31,40 @@ pub const MAX_DELAY_US: u64 = 10_000_000;
 pub const LOSS_PPM_ALL: u32 = 1_000_000;
 /// Most conditions one run may alternate between.
 pub const MAX_CONDITIONS: usize = 64;
+/// The rate limiter's smallest bucket, in bytes: one 64 KiB GSO packet and
+/// its headers. Measured on a 2-vCPU machine's veth at 1 Gbit/s (see
+/// BENCHMARKS.md, "shaper"), it is the smallest bucket that holds the rate
+/// within 2%; a smaller one costs the shaper a timer per few frames and
+/// falls below the rate, a larger one lets more through at memory speed
+/// after an idle moment.
+pub const SHAPER_BUCKET_MIN_BYTES: u64 = 65_536 + 128;
+
+/// The rate limiter's bucket for links of `mtu_bytes`, in bytes: one GSO
+/// packet and its headers, or two frames when a frame is larger.
+pub fn shaper_bucket_bytes(mtu_bytes: u32) -> u64 {
+    SHAPER_BUCKET_MIN_BYTES.max(2 * (u64::from(mtu_bytes) + 14))
+}
+
+/// What drops the added loss of a testbed's links.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LossMechanism {
+    /// The kernel's netem qdisc.
+    Netem,
+    /// A random-drop rule of nftables (`numgen random`), where the kernel
+    /// has no netem.
+    Nftables,
+}
+
+impl LossMechanism {
+    /// Its name in records and the hosts file.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LossMechanism::Netem => "netem",
+            LossMechanism::Nftables => "nftables",
+        }
+    }
+}
 
 /// The state of a testbed's links, the same on every link end (and bridge
 /// port): what `netgap testbed up` and `netgap testbed set` put in place.
@@ -43,15 +77,22 @@ pub struct LinkConditions {
     /// checksum) all on or all off; `None` leaves the kernel's defaults.
     #[serde(default)]
     pub offload: Option<bool>,
-    /// Rate limit in bit/s (a TBF on both ends of every link).
+    /// Rate limit in bit/s (a TBF at the shaping point toward each host).
     #[serde(default)]
     pub rate_bps: Option<u64>,
-    /// Added one-way delay per link end in microseconds (netem).
+    /// Added one-way delay per link direction in microseconds (netem).
     #[serde(default)]
     pub delay_us: Option<u64>,
-    /// Added loss per link end in parts per million (netem).
+    /// Added loss per link direction in parts per million.
     #[serde(default)]
     pub loss_ppm: Option<u32>,
+    /// The rate limiter's bucket in bytes ([`shaper_bucket_bytes`]), when a
+    /// rate is set; `None` in a hosts file from before it was recorded.
+    #[serde(default)]
+    pub bucket_bytes: Option<u64>,
+    /// What drops the loss, when a loss is set.
+    #[serde(default)]
+    pub loss_by: Option<LossMechanism>,
 }
 
 impl LinkConditions {
@@ -63,12 +104,26 @@ impl LinkConditions {
             rate_bps: None,
             delay_us: None,
             loss_ppm: None,
+            bucket_bytes: None,
+            loss_by: None,
         }
     }
 
-    /// Whether netem is needed (a delay or a loss).
+    /// These conditions as a shaper applies them: the bucket of the rule
+    /// ([`shaper_bucket_bytes`]) when a rate is set, and `loss_by` when a
+    /// loss is.
+    pub fn shaped_by(&self, loss_by: LossMechanism) -> LinkConditions {
+        LinkConditions {
+            bucket_bytes: self.rate_bps.map(|_| shaper_bucket_bytes(self.mtu_bytes)),
+            loss_by: self.loss_ppm.map(|_| loss_by),
+            ..*self
+        }
+    }
+
+    /// Whether netem is needed: a delay, or a loss netem drops.
     pub fn needs_netem(&self) -> bool {
-        self.delay_us.is_some() || self.loss_ppm.is_some()
+        self.delay_us.is_some()
+            || (self.loss_ppm.is_some() && self.loss_by != Some(LossMechanism::Nftables))
     }
 
     /// The root queueing discipline of every link end: `tbf`, `netem`,
@@ -97,6 +152,11 @@ impl LinkConditions {
         path.rate_bps = self.rate_bps;
         path.delay_us = self.delay_us;
         path.loss_ppm = self.loss_ppm;
+        path.loss_by = self
+            .loss_ppm
+            .and(self.loss_by)
+            .map(|m| m.as_str().to_string());
+        path.bucket_bytes = self.rate_bps.and(self.bucket_bytes);
         path.qdisc = Some(self.qdisc().into());
     }
 
@@ -144,8 +204,14 @@ impl fmt::Display for LinkConditions {
         if let Some(d) = self.delay_us {
             write!(f, ", delay {d} us")?;
         }
+        if let Some(b) = self.bucket_bytes.filter(|_| self.rate_bps.is_some()) {
+            write!(f, ", bucket {b} B")?;
+        }
         if let Some(l) = self.loss_ppm {
             write!(f, ", loss {}%", f64::from(l) / 10_000.0)?;
+            if let Some(m) = self.loss_by {
+                write!(f, " by {}", m.as_str())?;
+            }
         }
         write!(f, ", qdisc {}", self.qdisc())
     }
@@ -181,6 +247,10 @@ impl Condition {
             loss_ppm: self
                 .loss_ppm
                 .map_or(base.loss_ppm, |l| (l > 0).then_some(l)),
+            // How the shaper applies them is the testbed's to say
+            // ([`LinkConditions::shaped_by`]).
+            bucket_bytes: None,
+            loss_by: None,
         }
     }
 
@@ -727,6 +797,8 @@ mod tests {
             rate_bps: Some(1_000_000_000),
             delay_us: Some(1000),
             loss_ppm: None,
+            bucket_bytes: Some(65_664),
+            loss_by: None,
         };
         let c = Condition {
             mtu_bytes: Some(9000),
@@ -746,6 +818,36 @@ mod tests {
         assert_eq!(path.offload.as_deref(), Some("on"));
         assert_eq!(path.rate_bps, Some(1_000_000_000));
         assert_eq!(path.qdisc.as_deref(), Some("netem+tbf"));
+        assert_eq!(path.bucket_bytes, Some(65_664));
+        assert_eq!(path.loss_by, None);
+    }
+
+    #[test]
+    fn a_shaper_states_its_bucket_and_what_drops_the_loss() {
+        assert_eq!(shaper_bucket_bytes(1500), SHAPER_BUCKET_MIN_BYTES);
+        assert_eq!(shaper_bucket_bytes(65_535), 2 * (65_535 + 14));
+        let mut c = LinkConditions::plain(1500);
+        c.loss_ppm = Some(1000);
+        assert!(c.needs_netem());
+        let by_nft = c.shaped_by(LossMechanism::Nftables);
+        assert!(!by_nft.needs_netem());
+        assert_eq!(by_nft.qdisc(), "noqueue");
+        assert_eq!(by_nft.bucket_bytes, None, "no rate, no bucket");
+        c.rate_bps = Some(1_000_000_000);
+        let shaped = c.shaped_by(LossMechanism::Nftables);
+        assert_eq!(shaped.qdisc(), "tbf");
+        assert_eq!(shaped.bucket_bytes, Some(SHAPER_BUCKET_MIN_BYTES));
+        let mut path = PathIdentity::default();
+        shaped.fill_path(&mut path, "mesh");
+        assert_eq!(path.loss_by.as_deref(), Some("nftables"));
+        assert_eq!(path.bucket_bytes, Some(SHAPER_BUCKET_MIN_BYTES));
+        assert_eq!(
+            shaped.to_string(),
+            "MTU 1500, offload as the kernel set it, rate 1000000000 bit/s, bucket 65664 B, loss 0.1% by nftables, qdisc tbf"
+        );
+        let back: LinkConditions =
+            serde_json::from_str(&serde_json::to_string(&shaped).expect("json")).expect("parse");
+        assert_eq!(back, shaped);
     }
 
     #[test]
