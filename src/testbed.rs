@@ -37,8 +37,8 @@
 //! K between hosts I < J is its own subnet 10.(80+K).P.0/24, where P counts
 //! host pairs from 1; host I is .1 on interface `pJlK`, host J is .2 on
 //! `pIlK`. A rate limit is a TBF qdisc whose bucket is
-//! [`shaper_bucket_bytes`] (one GSO packet and its headers: the smallest
-//! that holds the rate, so little passes at memory speed after an idle
+//! [`shaper_bucket_bytes`] (two GSO packets and their headers: the smallest
+//! that held the rate here, so little passes at memory speed after an idle
 //! moment) and whose queue is [`TBF_LATENCY_MS`] long.
 //!
 //! Multipath TCP: on a mesh with several links per host pair, every host
@@ -1800,8 +1800,8 @@ mod tests {
 
     #[test]
     fn bursts_hold_a_gso_packet_and_netem_queues_hold_the_delay() {
-        assert_eq!(shaper_bucket_bytes(1500), 65_664);
-        assert_eq!(shaper_bucket_bytes(9000), 65_664);
+        assert_eq!(shaper_bucket_bytes(1500), 131_328);
+        assert_eq!(shaper_bucket_bytes(9000), 131_328);
         let mut c = LinkConditions::plain(1500);
         assert_eq!(netem_limit_packets(&c), NETEM_MIN_LIMIT);
         // 1 Gbit/s for 100 ms is 12.5 MB in flight, 8333 packets of 1500.

@@ -85,7 +85,7 @@ fn read_root_qdisc(ns: &str, dev: &str) -> Result<String, TestbedError> {
 }
 
 /// Every qdisc of `dev` in `ns`, one line each as `tc qdisc show` gives
-/// them (`tbf 1: root refcnt 2 rate 1Gbit burst 65664b lat 50ms`).
+/// them (`tbf 1: root refcnt 2 rate 1Gbit burst 131250b lat 50ms`).
 pub fn qdisc_lines(ns: &str, dev: &str) -> Result<Vec<String>, TestbedError> {
     let text = run("tc", &["-n", ns, "qdisc", "show", "dev", dev])?;
     Ok(text

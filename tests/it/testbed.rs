@@ -479,7 +479,7 @@ fn conditions_are_set_recorded_and_interleaved_in_one_run() {
     );
     assert!(
         out.contains(
-            "conditions: MTU 1500, offload on, rate 1000000000 bit/s, bucket 65664 B, qdisc tbf"
+            "conditions: MTU 1500, offload on, rate 1000000000 bit/s, bucket 131328 B, qdisc tbf"
         ),
         "{out}"
     );
