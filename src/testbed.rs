@@ -1451,8 +1451,9 @@ fn load_state(name: &str) -> Result<(Params, HostsFile), TestbedError> {
 }
 
 /// Puts the links of the running testbed `name` under `to` and records it
-/// in its hosts file and parameters. Its agents keep running.
-pub fn set_conditions(name: &str, to: &LinkConditions) -> Result<(), TestbedError> {
+/// in its hosts file and parameters; returns it as applied (the shaper's
+/// bucket, what drops a loss). Its agents keep running.
+pub fn set_conditions(name: &str, to: &LinkConditions) -> Result<LinkConditions, TestbedError> {
     let (params, mut hosts) = load_state(name)?;
     let from = hosts.conditions.unwrap_or_else(|| params.conditions());
     let to = &resolve(name, to)?;
@@ -1479,7 +1480,8 @@ pub fn set_conditions(name: &str, to: &LinkConditions) -> Result<(), TestbedErro
             l.rate_bps = to.rate_bps;
         }
     }
-    save_hosts(&hosts)
+    save_hosts(&hosts)?;
+    Ok(*to)
 }
 
 /// What a run found on a testbed's links when it opened its switch: the
@@ -1602,7 +1604,7 @@ impl TestbedSwitch {
 }
 
 impl ConditionSwitch for TestbedSwitch {
-    fn switch(&mut self, to: &LinkConditions) -> Result<(), SwitchFailure> {
+    fn switch(&mut self, to: &LinkConditions) -> Result<LinkConditions, SwitchFailure> {
         let mut held = HELD
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);

@@ -111,6 +111,16 @@ impl LinkConditions {
         }
     }
 
+    /// These conditions with the bucket of the rule when a rate is set, and
+    /// `loss_by` only while a loss is.
+    fn with_rule_bucket(self) -> LinkConditions {
+        LinkConditions {
+            bucket_bytes: self.rate_bps.map(|_| shaper_bucket_bytes(self.mtu_bytes)),
+            loss_by: self.loss_ppm.and(self.loss_by),
+            ..self
+        }
+    }
+
     /// These conditions as a shaper applies them: the bucket of the rule
     /// ([`shaper_bucket_bytes`]) when a rate is set, and `loss_by` when a
     /// loss is.
@@ -120,6 +130,14 @@ impl LinkConditions {
             loss_by: self.loss_ppm.map(|_| loss_by),
             ..*self
         }
+    }
+
+    /// Whether `other` sets the same keys (MTU, offload, rate, delay,
+    /// loss), however a shaper applies them.
+    pub fn same_setting(&self, other: &LinkConditions) -> bool {
+        let keys =
+            |c: &LinkConditions| (c.mtu_bytes, c.offload, c.rate_bps, c.delay_us, c.loss_ppm);
+        keys(self) == keys(other)
     }
 
     /// Whether netem is needed: a delay, or a loss netem drops.
@@ -249,11 +267,13 @@ impl Condition {
             loss_ppm: self
                 .loss_ppm
                 .map_or(base.loss_ppm, |l| (l > 0).then_some(l)),
-            // How the shaper applies them is the testbed's to say
-            // ([`LinkConditions::shaped_by`]).
+            // How the shaper applies them is the testbed's to say (a
+            // switch returns them applied); until then, the bucket of the
+            // rule and the mechanism that drops the base's loss, if any.
             bucket_bytes: None,
-            loss_by: None,
+            loss_by: base.loss_by,
         }
+        .with_rule_bucket()
     }
 
     /// Whether the condition sets no key.
@@ -625,8 +645,10 @@ pub type SwitchFailure = Box<dyn std::error::Error + Send + Sync + 'static>;
 /// repetitions and never changes a link itself.
 pub trait ConditionSwitch {
     /// Puts the links under `to` (the whole state, not a change), updating
-    /// whatever records the testbed's state (its hosts file).
-    fn switch(&mut self, to: &LinkConditions) -> Result<(), SwitchFailure>;
+    /// whatever records the testbed's state (its hosts file); returns them
+    /// as applied (the shaper's bucket and what drops a loss), for the
+    /// records measured under them.
+    fn switch(&mut self, to: &LinkConditions) -> Result<LinkConditions, SwitchFailure>;
 
     /// Puts the links back exactly as they were when the switch was opened
     /// (every link end's MTU, each offload feature as the kernel had it,
@@ -661,17 +683,17 @@ impl<'s> ConditionGuard<'s> {
     /// Puts the links under `to` unless they are already; whether they
     /// changed.
     pub fn switch_to(&mut self, to: &LinkConditions) -> Result<bool, SwitchFailure> {
-        if self.in_force == Some(*to) {
+        if self.in_force.is_some_and(|f| f.same_setting(to)) {
             return Ok(false);
         }
         self.touched = true;
         self.in_force = None;
-        self.switch.switch(to)?;
-        self.in_force = Some(*to);
+        self.in_force = Some(self.switch.switch(to)?);
         Ok(true)
     }
 
-    /// The conditions in force, `None` after a failed switch.
+    /// The conditions in force, as the switch applied them; `None` after a
+    /// failed switch.
     pub fn in_force(&self) -> Option<LinkConditions> {
         self.in_force
     }
@@ -848,6 +870,17 @@ mod tests {
             shaped.to_string(),
             "MTU 1500, offload as the kernel set it, rate 1000000000 bit/s, bucket 131328 B, loss 0.1% by nftables, qdisc tbf"
         );
+        // A condition applied to them keeps the mechanism of the loss and
+        // takes the bucket of the rule at its MTU.
+        let to = Condition {
+            mtu_bytes: Some(9000),
+            ..Condition::default()
+        }
+        .apply_to(&shaped);
+        assert_eq!(to.bucket_bytes, Some(shaper_bucket_bytes(9000)));
+        assert_eq!(to.loss_by, Some(LossMechanism::Nftables));
+        assert!(to.same_setting(&to.shaped_by(LossMechanism::Netem)));
+        assert!(!to.same_setting(&shaped));
         let back: LinkConditions =
             serde_json::from_str(&serde_json::to_string(&shaped).expect("json")).expect("parse");
         assert_eq!(back, shaped);
