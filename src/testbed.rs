@@ -7,12 +7,13 @@
 //! a testbed namespace with its peer moved straight into another one, so no
 //! interface of the machine's own namespace is ever created or touched.
 //!
-//! Names: namespaces are `ngtb-h1`, `ngtb-h2`, ... and `ngtb-sw` (the switch)
-//! for the default testbed, `ngtb-NAME-h1`, ... for one made with `--name
-//! NAME`. State lives in `/run/netgap/NAME/` (`/run/netgap/testbed/` by
-//! default): `hosts.json` (the [`HostsFile`] multi-host commands read with
-//! `--hosts @testbed`), `params.json`, the shared `key` (mode 0600), and
-//! per host the agent's control socket `hN.sock`, its `hN.pid` and `hN.log`.
+//! Names: namespaces are `ngtb-h1`, `ngtb-h2`, ..., `ngtb-sw` (the switch)
+//! and `ngtb-l0`, `ngtb-l1`, ... (a mesh's links) for the default testbed,
+//! `ngtb-NAME-h1`, ... for one made with `--name NAME`. State lives in
+//! `/run/netgap/NAME/` (`/run/netgap/testbed/` by default): `hosts.json`
+//! (the [`HostsFile`] multi-host commands read with `--hosts @testbed`),
+//! `params.json`, the shared `key` (mode 0600), and per host the agent's
+//! control socket `hN.sock`, its `hN.pid` and `hN.log`.
 //!
 //! Conditions: every link end (and bridge port) has the same MTU and
 //! offloads (`--offload on|off`: TSO, GSO, GRO, rx and tx checksum, switched
@@ -26,7 +27,9 @@
 //! root of that port, with the TBF of a rate limit as its child, so a
 //! packet is delayed (or dropped) first and then paced at the rate. Where
 //! the kernel has no netem, a loss is a random drop of nftables in the
-//! shaping namespace (table `bridge netgap`) and a delay is refused. `netgap testbed set`
+//! shaping namespace (table `bridge netgap`) and a delay is refused; what
+//! the kernel can apply is tried first in a scratch namespace
+//! (`ngtb-probe`), so a refusal changes nothing. `netgap testbed set`
 //! changes them on a running testbed without touching its agents, and
 //! rewrites the hosts file and `params.json` to match; a run with
 //! `--conditions` switches them through [`TestbedSwitch`]. Every host
