@@ -7,19 +7,29 @@
 //! a testbed namespace with its peer moved straight into another one, so no
 //! interface of the machine's own namespace is ever created or touched.
 //!
-//! Names: namespaces are `ngtb-h1`, `ngtb-h2`, ... and `ngtb-sw` (the switch)
-//! for the default testbed, `ngtb-NAME-h1`, ... for one made with `--name
-//! NAME`. State lives in `/run/netgap/NAME/` (`/run/netgap/testbed/` by
-//! default): `hosts.json` (the [`HostsFile`] multi-host commands read with
-//! `--hosts @testbed`), `params.json`, the shared `key` (mode 0600), and
-//! per host the agent's control socket `hN.sock`, its `hN.pid` and `hN.log`.
+//! Names: namespaces are `ngtb-h1`, `ngtb-h2`, ..., `ngtb-sw` (the switch)
+//! and `ngtb-l0`, `ngtb-l1`, ... (a mesh's links) for the default testbed,
+//! `ngtb-NAME-h1`, ... for one made with `--name NAME`. State lives in
+//! `/run/netgap/NAME/` (`/run/netgap/testbed/` by default): `hosts.json`
+//! (the [`HostsFile`] multi-host commands read with `--hosts @testbed`),
+//! `params.json`, the shared `key` (mode 0600), and per host the agent's
+//! control socket `hN.sock`, its `hN.pid` and `hN.log`.
 //!
-//! Conditions: every link end (and bridge port) has the same MTU, offloads
-//! (`--offload on|off`: TSO, GSO, GRO, rx and tx checksum, switched with
-//! the `SIOCETHTOOL` ioctl from a thread inside each namespace), rate limit,
-//! delay and loss. A delay or loss is a netem qdisc at the root of the link
-//! end, with the TBF of a rate limit as its child, so a packet is delayed
-//! (or dropped) first and then paced at the rate. `netgap testbed set`
+//! Conditions: every link end (and bridge port) has the same MTU and
+//! offloads (`--offload on|off`: TSO, GSO, GRO, rx and tx checksum, switched
+//! with the `SIOCETHTOOL` ioctl from a thread inside each namespace). Rate
+//! limit, delay and loss are applied in the network, not in a host's stack,
+//! so every stack's frames (AF_XDP's too, which skip the sender's qdiscs)
+//! pass the same shaper: on a switch at the bridge's port toward each host,
+//! on a mesh in the middle of each link, a namespace of the link's own
+//! (`ngtb-lK`) holding a bridge between two veths, one to each host, shaped
+//! on the egress toward each host. A delay or loss is a netem qdisc at the
+//! root of that port, with the TBF of a rate limit as its child, so a
+//! packet is delayed (or dropped) first and then paced at the rate. Where
+//! the kernel has no netem, a loss is a random drop of nftables in the
+//! shaping namespace (table `bridge netgap`) and a delay is refused; what
+//! the kernel can apply is tried first in a scratch namespace
+//! (`ngtb-probe`), so a refusal changes nothing. `netgap testbed set`
 //! changes them on a running testbed without touching its agents, and
 //! rewrites the hosts file and `params.json` to match; a run with
 //! `--conditions` switches them through [`TestbedSwitch`]. Every host
@@ -29,10 +39,10 @@
 //! Addresses: on a switch, host N is 10.77.0.N/24 on `eth0`. In a mesh, link
 //! K between hosts I < J is its own subnet 10.(80+K).P.0/24, where P counts
 //! host pairs from 1; host I is .1 on interface `pJlK`, host J is .2 on
-//! `pIlK`. Rate limits are a TBF qdisc on both ends of every link (on a
-//! switch: the host's `eth0` and its bridge port), with a burst of
-//! [`TBF_BURST_MS`] of traffic at the rate (at least [`TBF_MIN_BURST_BYTES`],
-//! so one full-size GSO packet fits) and a queue of [`TBF_LATENCY_MS`].
+//! `pIlK`. A rate limit is a TBF qdisc whose bucket is
+//! [`shaper_bucket_bytes`] (two GSO packets and their headers: the smallest
+//! that held the rate here, so little passes at memory speed after an idle
+//! moment) and whose queue is [`TBF_LATENCY_MS`] long.
 //!
 //! Multipath TCP: on a mesh with several links per host pair, every host
 //! has an MPTCP endpoint (`signal`) for each of its link addresses and path
@@ -47,9 +57,10 @@ mod mptcp;
 mod netns_ops;
 
 use netgap_measure::cluster::{HostEntry, HostsFile, LinkEntry, HOSTS_FILE_VERSION};
+pub use netgap_measure::conditions::shaper_bucket_bytes;
 use netgap_measure::conditions::{
     parse_delay_us, parse_loss_ppm, parse_mtu, parse_offload, parse_rate_bps, parse_rate_setting,
-    Condition, ConditionError, ConditionSwitch, LinkConditions, SwitchFailure,
+    Condition, ConditionError, ConditionSwitch, LinkConditions, LossMechanism, SwitchFailure,
 };
 use netgap_measure::control::ControlAddr;
 use serde::{Deserialize, Serialize};
@@ -88,10 +99,6 @@ pub const MAX_SWITCH_HOSTS: u32 = 250;
 pub const MAX_MESH_HOSTS: u32 = 22;
 /// Most parallel links per host pair in a mesh.
 pub const MAX_LINKS: u32 = 8;
-/// TBF burst, in milliseconds of traffic at the link's rate.
-pub const TBF_BURST_MS: u64 = 4;
-/// Smallest TBF burst in bytes: one 64 KiB GSO packet and headers.
-pub const TBF_MIN_BURST_BYTES: u64 = 70_000;
 /// TBF queue length, as the longest a packet may wait, in milliseconds.
 pub const TBF_LATENCY_MS: u64 = 50;
 /// Smallest netem queue, in packets (netem's own default).
@@ -114,14 +121,16 @@ fn ns_prefix(name: &str) -> String {
 }
 
 /// Whether `ns` is one of testbed `name`'s namespaces: the prefix then
-/// exactly `sw` or `h` and a number (so the default testbed never claims a
-/// named one's namespaces).
+/// exactly `sw`, `probe`, or `h` (a host) or `l` (a mesh link) and a
+/// number (so the default testbed never claims a named one's namespaces).
 fn is_own_netns(name: &str, ns: &str) -> bool {
+    let numbered = |rest: &str, tag: char| {
+        rest.strip_prefix(tag)
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    };
     match ns.strip_prefix(&ns_prefix(name)) {
-        Some("sw") => true,
-        Some(rest) => rest
-            .strip_prefix('h')
-            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())),
+        Some("sw" | "probe") => true,
+        Some(rest) => numbered(rest, 'h') || numbered(rest, 'l'),
         None => false,
     }
 }
@@ -169,7 +178,8 @@ pub struct UpArgs {
     /// MTU of every link, in bytes.
     #[arg(long, default_value_t = 1500)]
     pub mtu: u32,
-    /// Rate limit of every link in bit/s (e.g. 1G, 100M), a TBF on both ends.
+    /// Rate limit of every link in bit/s (e.g. 1G, 100M), a TBF in the
+    /// network toward each host.
     #[arg(long, value_name = "RATE")]
     pub rate: Option<String>,
     /// Segmentation, receive and checksum offloads (TSO, GSO, GRO, rx/tx
@@ -177,10 +187,11 @@ pub struct UpArgs {
     /// sets them].
     #[arg(long, value_name = "on|off", value_parser = parse_on_off)]
     pub offload: Option<bool>,
-    /// Added one-way delay of every link end (netem), e.g. 1ms.
+    /// Added one-way delay of every link (netem), e.g. 1ms.
     #[arg(long, value_name = "DUR")]
     pub delay: Option<String>,
-    /// Added loss of every link end in percent (netem), e.g. 0.1%.
+    /// Added loss of every link in percent (netem, or nftables where the
+    /// kernel has no netem), e.g. 0.1%.
     #[arg(long, value_name = "PCT")]
     pub loss: Option<String>,
     /// Testbed name.
@@ -292,6 +303,8 @@ impl Params {
             rate_bps: self.rate_bps,
             delay_us: self.delay_us,
             loss_ppm: self.loss_ppm,
+            bucket_bytes: None,
+            loss_by: None,
         }
     }
 
@@ -348,9 +361,13 @@ pub enum TestbedError {
     /// A thread could not enter a testbed namespace.
     #[error(transparent)]
     Netns(#[from] netgap_transport::netns::NetnsError),
-    /// The kernel has no netem qdisc.
-    #[error("--delay and --loss need the kernel's netem qdisc (sch_netem), which this kernel does not have")]
+    /// The kernel has no netem qdisc, and a delay was asked for.
+    #[error("a delay needs the kernel's netem qdisc (sch_netem), which this kernel does not have; nothing was changed")]
     NoNetem,
+    /// The kernel has neither netem nor nftables' bridge family, and a
+    /// loss was asked for.
+    #[error("a loss needs the kernel's netem qdisc or nftables (bridge family); this system has neither ({0}); nothing was changed")]
+    NoLoss(String),
     /// No testbed of that name is up.
     #[error("no testbed {0} is up (start one with `netgap testbed up --name {0}`)")]
     NotUp(String),
@@ -542,6 +559,8 @@ fn own_netns(name: &str) -> Result<Vec<String>, TestbedError> {
 
 /// One planned link end, for the hosts file and the build.
 struct LinkPlan {
+    /// Its number among all the testbed's links: its namespace is `lID`.
+    id: u32,
     a: u32,
     b: u32,
     index: u32,
@@ -560,6 +579,7 @@ fn mesh_links(p: &Params) -> Vec<LinkPlan> {
             for k in 0..p.links {
                 let net = 80 + k as u8;
                 out.push(LinkPlan {
+                    id: out.len() as u32,
                     a,
                     b,
                     index: k,
@@ -632,13 +652,6 @@ fn hosts_file(name: &str, p: &Params) -> HostsFile {
     }
 }
 
-/// The TBF burst for `rate_bps` and `mtu_bytes`, in bytes.
-pub fn tbf_burst_bytes(rate_bps: u64, mtu_bytes: u32) -> u64 {
-    (rate_bps / 8 * TBF_BURST_MS / 1000)
-        .max(TBF_MIN_BURST_BYTES)
-        .max(2 * u64::from(mtu_bytes))
-}
-
 /// The netem queue for `c`, in packets: twice what the link holds in
 /// flight over the delay, at the rate (or a fast veth's), in MTU-sized
 /// packets, so the queue never drops what the delay holds back.
@@ -651,9 +664,9 @@ fn netem_limit_packets(c: &LinkConditions) -> u64 {
         .clamp(NETEM_MIN_LIMIT, NETEM_MAX_LIMIT)
 }
 
-/// Puts link end `dev` of namespace `ns` under the shaping of `c`: no
-/// qdisc of netgap's, a TBF, a netem, or a netem with the TBF as its child.
-/// `fresh`: the end was just made and has no qdisc of netgap's yet.
+/// Puts shaping point `dev` of namespace `ns` under the qdiscs of `c`: none
+/// of netgap's, a TBF, a netem, or a netem with the TBF as its child.
+/// `fresh`: the port was just made and has no qdisc of netgap's yet.
 fn shape(ns: &str, dev: &str, c: &LinkConditions, fresh: bool) -> Result<(), TestbedError> {
     if !fresh {
         // Going back to veth's default; fails harmlessly when only the
@@ -665,7 +678,10 @@ fn shape(ns: &str, dev: &str, c: &LinkConditions, fresh: bool) -> Result<(), Tes
             return Ok(());
         };
         let rate = format!("{rate_bps}bit");
-        let burst = tbf_burst_bytes(rate_bps, c.mtu_bytes).to_string();
+        let burst = c
+            .bucket_bytes
+            .unwrap_or_else(|| shaper_bucket_bytes(c.mtu_bytes))
+            .to_string();
         let latency = format!("{TBF_LATENCY_MS}ms");
         let mut args = vec!["-n", ns, "qdisc", "add", "dev", dev];
         args.extend_from_slice(parent);
@@ -681,12 +697,63 @@ fn shape(ns: &str, dev: &str, c: &LinkConditions, fresh: bool) -> Result<(), Tes
         "-n", ns, "qdisc", "add", "dev", dev, "root", "handle", "1:", "netem", "limit", &limit,
         "delay", &delay,
     ];
-    let loss = c.loss_ppm.map(|l| format!("{}%", f64::from(l) / 10_000.0));
+    let loss = c
+        .loss_ppm
+        .filter(|_| c.loss_by != Some(LossMechanism::Nftables))
+        .map(|l| format!("{}%", f64::from(l) / 10_000.0));
     if let Some(loss) = &loss {
         args.extend_from_slice(&["loss", loss]);
     }
     run("tc", &args).map_err(netem_missing)?;
     tbf(&["parent", "1:1", "handle", "10:"])
+}
+
+/// The nftables table of netgap's own in a shaping namespace, which drops
+/// the loss where the kernel has no netem.
+const NFT_TABLE: &str = "netgap";
+
+/// Runs `nft` inside namespace `ns` with `args` (nft joins them into one
+/// command).
+fn nft(ns: &str, args: &[&str]) -> Result<String, TestbedError> {
+    let mut all = vec!["netns", "exec", ns, "nft"];
+    all.extend_from_slice(args);
+    ip(&all)
+}
+
+/// Puts the nftables loss of shaping namespace `ns` at `loss_ppm` (none:
+/// no table of netgap's): every frame the namespace's bridge forwards is
+/// dropped when a random number below a million falls under it, so each
+/// direction of a link loses that share once.
+fn nft_loss(ns: &str, loss_ppm: Option<u32>, fresh: bool) -> Result<(), TestbedError> {
+    if !fresh {
+        // Absent when no loss was set; that failure is harmless.
+        let _ = nft(ns, &["delete", "table", "bridge", NFT_TABLE]);
+    }
+    let Some(ppm) = loss_ppm else {
+        return Ok(());
+    };
+    nft(ns, &["add", "table", "bridge", NFT_TABLE])?;
+    nft(
+        ns,
+        &[
+            "add", "chain", "bridge", NFT_TABLE, "loss", "{", "type", "filter", "hook", "forward",
+            "priority", "0", ";", "}",
+        ],
+    )?;
+    let below = ppm.to_string();
+    nft(
+        ns,
+        &[
+            "add", "rule", "bridge", NFT_TABLE, "loss", "numgen", "random", "mod", "1000000", "<",
+            &below, "counter", "drop",
+        ],
+    )
+    .map(|_| ())
+}
+
+/// Whether shaping namespace `ns` has netgap's nftables loss table.
+fn has_nft_loss(ns: &str) -> bool {
+    nft(ns, &["list", "table", "bridge", NFT_TABLE]).is_ok()
 }
 
 /// A tc failure that means the kernel lacks netem, as [`TestbedError::NoNetem`].
@@ -699,21 +766,67 @@ fn netem_missing(e: TestbedError) -> TestbedError {
     }
 }
 
-/// Fails with [`TestbedError::NoNetem`] when namespace `ns`'s kernel has no
-/// netem, before anything is changed: a netem tried on its loopback.
-fn check_netem(ns: &str) -> Result<(), TestbedError> {
-    run(
-        "tc",
-        &[
-            "-n", ns, "qdisc", "add", "dev", "lo", "root", "handle", "1:", "netem",
-        ],
-    )
-    .map_err(netem_missing)?;
-    run("tc", &["-n", ns, "qdisc", "del", "dev", "lo", "root"]).map(|_| ())
+/// What this kernel can apply for a delay and a loss, tried in a scratch
+/// namespace of the testbed's (so a crash leaves nothing `down` misses)
+/// before anything of the testbed changes.
+struct KernelShapers {
+    netem: bool,
+    /// Why nftables cannot drop frames, if it cannot.
+    nft_missing: Option<String>,
 }
 
-/// Every link end of the testbed, `(namespace, interface)`: each host's
-/// end and, on a switch, its bridge port.
+fn probe_shapers(name: &str) -> Result<KernelShapers, TestbedError> {
+    let ns = format!("{}probe", ns_prefix(name));
+    // A probe namespace left by a crash.
+    let _ = ip(&["netns", "del", &ns]);
+    ip(&["netns", "add", &ns])?;
+    let netem = run(
+        "tc",
+        &[
+            "-n", &ns, "qdisc", "add", "dev", "lo", "root", "handle", "1:", "netem",
+        ],
+    )
+    .map_err(netem_missing);
+    let nft_missing = match nft(&ns, &["add", "table", "bridge", NFT_TABLE]) {
+        Ok(_) => None,
+        Err(e) => Some(e.to_string()),
+    };
+    let removed = ip(&["netns", "del", &ns]);
+    let netem = match netem {
+        Ok(_) => true,
+        Err(TestbedError::NoNetem) => false,
+        Err(e) => return Err(e),
+    };
+    removed?;
+    Ok(KernelShapers { netem, nft_missing })
+}
+
+/// `to` as this kernel applies it: the bucket of the rule and what drops
+/// the loss (netem where the kernel has it, else nftables). Refuses, before
+/// anything changes, a condition out of range or one this kernel cannot
+/// apply (a delay without netem, a loss with neither).
+fn resolve(name: &str, to: &LinkConditions) -> Result<LinkConditions, TestbedError> {
+    to.check().map_err(|e| TestbedError::Args(e.to_string()))?;
+    if to.delay_us.is_none() && to.loss_ppm.is_none() {
+        return Ok(to.shaped_by(LossMechanism::Netem));
+    }
+    let k = probe_shapers(name)?;
+    if k.netem {
+        return Ok(to.shaped_by(LossMechanism::Netem));
+    }
+    if to.delay_us.is_some() {
+        return Err(TestbedError::NoNetem);
+    }
+    match k.nft_missing {
+        None => Ok(to.shaped_by(LossMechanism::Nftables)),
+        Some(why) => Err(TestbedError::NoLoss(why)),
+    }
+}
+
+/// Every veth end of the testbed, `(namespace, interface)`: each host's
+/// end and the shaping point facing it (on a switch its bridge port, on a
+/// mesh the port of the link's own namespace). MTU and offloads are the
+/// same on all of them.
 fn link_ends(name: &str, p: &Params) -> Vec<(String, String)> {
     let prefix = ns_prefix(name);
     let mut ends = Vec::new();
@@ -726,80 +839,99 @@ fn link_ends(name: &str, p: &Params) -> Vec<(String, String)> {
         }
         Topology::Mesh => {
             for l in mesh_links(p) {
+                let mid = format!("{prefix}l{}", l.id);
                 ends.push((format!("{prefix}h{}", l.a), l.a_if));
+                ends.push((mid.clone(), format!("h{}", l.a)));
                 ends.push((format!("{prefix}h{}", l.b), l.b_if));
+                ends.push((mid, format!("h{}", l.b)));
             }
         }
     }
     ends
 }
 
-/// The bridge of a switch testbed, `(namespace, interface)`.
-fn bridge(name: &str, p: &Params) -> Option<(String, String)> {
-    (p.topology == Topology::Switch).then(|| (format!("{}sw", ns_prefix(name)), "br0".into()))
+/// The shaping points, `(namespace, interface)`: the ports in the network
+/// whose egress goes toward a host, where rate, delay and loss are applied.
+fn shaping_points(name: &str, p: &Params) -> Vec<(String, String)> {
+    let prefix = ns_prefix(name);
+    link_ends(name, p)
+        .into_iter()
+        .filter(|(ns, _)| !is_host_netns(&prefix, ns))
+        .collect()
 }
 
-/// Refuses conditions out of range, or that need a netem this kernel lacks,
-/// before anything changes.
-fn check_conditions(
-    name: &str,
-    p: &Params,
-    from: Option<&LinkConditions>,
-    to: &LinkConditions,
-) -> Result<(), TestbedError> {
-    to.check().map_err(|e| TestbedError::Args(e.to_string()))?;
-    if to.needs_netem() && from.is_none_or(|f| !f.needs_netem()) {
-        if let Some((ns, _)) = link_ends(name, p).first() {
-            check_netem(ns)?;
-        }
+/// Whether `ns` is a host's namespace (`PREFIXhN`).
+fn is_host_netns(prefix: &str, ns: &str) -> bool {
+    ns.strip_prefix(prefix)
+        .and_then(|r| r.strip_prefix('h'))
+        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// The bridges of the testbed, `(namespace, interface)`: the switch's, or
+/// on a mesh the one in each link's namespace.
+fn bridges(name: &str, p: &Params) -> Vec<(String, String)> {
+    let prefix = ns_prefix(name);
+    match p.topology {
+        Topology::Switch => vec![(format!("{prefix}sw"), "br0".into())],
+        Topology::Mesh => mesh_links(p)
+            .iter()
+            .map(|l| (format!("{prefix}l{}", l.id), "br0".into()))
+            .collect(),
     }
-    Ok(())
 }
 
-/// Puts every link of testbed `name` (built with `p`) under `to`; `from`
-/// is what they are under now, `None` right after they were made (with
-/// `to`'s MTU and no qdisc). Changes only what differs.
+/// Puts every link of testbed `name` (built with `p`) under `to` (as
+/// [`resolve`] gave it); `from` is what they are under now (resolved too),
+/// `None` right after they were made (with `to`'s MTU and no qdisc).
+/// Changes only what differs.
 fn condition_links(
     name: &str,
     p: &Params,
     from: Option<&LinkConditions>,
     to: &LinkConditions,
 ) -> Result<(), TestbedError> {
-    check_conditions(name, p, from, to)?;
     let ends = link_ends(name, p);
     let mtu_changed = from.is_some_and(|f| f.mtu_bytes != to.mtu_bytes);
     if mtu_changed {
         let mtu = to.mtu_bytes.to_string();
-        // The ports before the bridge: a bridge takes no MTU above its
+        // The ports before the bridges: a bridge takes no MTU above its
         // ports'.
-        for (ns, dev) in ends.iter().chain(bridge(name, p).iter()) {
+        for (ns, dev) in ends.iter().chain(bridges(name, p).iter()) {
             ip(&["-n", ns, "link", "set", "dev", dev, "mtu", &mtu])?;
         }
     }
-    let shaping = |c: &LinkConditions| (c.rate_bps, c.delay_us, c.loss_ppm);
-    // A TBF's burst follows the MTU, so an MTU change reshapes too.
-    let reshape = match from {
-        None => shaping(to) != (None, None, None),
-        Some(f) => shaping(f) != shaping(to) || (mtu_changed && to.rate_bps.is_some()),
+    let qdiscs = |c: &LinkConditions| (c.rate_bps, c.bucket_bytes, c.delay_us, c.needs_netem());
+    let netem_loss = |c: &LinkConditions| c.loss_ppm.filter(|_| c.needs_netem());
+    let nft_ppm = |c: &LinkConditions| {
+        c.loss_ppm
+            .filter(|_| c.loss_by == Some(LossMechanism::Nftables))
     };
+    // A TBF's bucket follows the MTU, so an MTU change reshapes too.
+    let reshape = match from {
+        None => qdiscs(to) != (None, None, None, false),
+        Some(f) => {
+            qdiscs(f) != qdiscs(to)
+                || netem_loss(f) != netem_loss(to)
+                || (mtu_changed && to.rate_bps.is_some())
+        }
+    };
+    let points = shaping_points(name, p);
     if reshape {
-        for (ns, dev) in &ends {
+        for (ns, dev) in &points {
             shape(ns, dev, to, from.is_none())?;
+        }
+    }
+    if from.and_then(nft_ppm) != nft_ppm(to) {
+        for (ns, _) in &bridges(name, p) {
+            nft_loss(ns, nft_ppm(to), from.is_none())?;
         }
     }
     match to.offload {
         Some(on) if from.is_none_or(|f| f.offload != Some(on)) => {
-            let mut by_ns: Vec<(String, Vec<String>)> = Vec::new();
             // The bridge ports are link ends; the bridge device itself
             // carries no test traffic (it has no address) and takes no
             // receive checksum setting.
-            for (ns, dev) in &ends {
-                match by_ns.iter_mut().find(|(n, _)| n == ns) {
-                    Some((_, devs)) => devs.push(dev.clone()),
-                    None => by_ns.push((ns.clone(), vec![dev.clone()])),
-                }
-            }
-            for (ns, devs) in &by_ns {
+            for (ns, devs) in &group_by_ns(&ends) {
                 netns_ops::set_offloads(ns, devs, on)?;
             }
         }
@@ -827,7 +959,23 @@ fn veth(a_ns: &str, a_if: &str, b_ns: &str, b_if: &str, mtu: &str) -> Result<(),
     Ok(())
 }
 
-fn build_network(name: &str, p: &Params, hosts: &HostsFile) -> Result<(), TestbedError> {
+/// Makes a namespace with its loopback up and a bridge `br0` of `mtu`.
+fn bridge_netns(ns: &str, mtu: &str) -> Result<(), TestbedError> {
+    ip(&["netns", "add", ns])?;
+    ip(&["-n", ns, "link", "set", "lo", "up"])?;
+    ip(&["-n", ns, "link", "add", "br0", "mtu", mtu, "type", "bridge"])?;
+    ip(&["-n", ns, "link", "set", "br0", "up"])?;
+    Ok(())
+}
+
+/// Builds the namespaces and links of testbed `name`, under the conditions
+/// `applied` (as [`resolve`] gave them).
+fn build_network(
+    name: &str,
+    p: &Params,
+    hosts: &HostsFile,
+    applied: &LinkConditions,
+) -> Result<(), TestbedError> {
     let prefix = ns_prefix(name);
     let mtu = p.mtu_bytes.to_string();
     for h in &hosts.hosts {
@@ -849,12 +997,7 @@ fn build_network(name: &str, p: &Params, hosts: &HostsFile) -> Result<(), Testbe
     match p.topology {
         Topology::Switch => {
             let sw = format!("{prefix}sw");
-            ip(&["netns", "add", &sw])?;
-            ip(&["-n", &sw, "link", "set", "lo", "up"])?;
-            ip(&[
-                "-n", &sw, "link", "add", "br0", "mtu", &mtu, "type", "bridge",
-            ])?;
-            ip(&["-n", &sw, "link", "set", "br0", "up"])?;
+            bridge_netns(&sw, &mtu)?;
             for (i, h) in hosts.hosts.iter().enumerate() {
                 let ns = h.netns.as_deref().unwrap_or_default();
                 let port = h.name.clone();
@@ -869,8 +1012,16 @@ fn build_network(name: &str, p: &Params, hosts: &HostsFile) -> Result<(), Testbe
             for l in mesh_links(p) {
                 let a_ns = format!("{prefix}h{}", l.a);
                 let b_ns = format!("{prefix}h{}", l.b);
-                veth(&a_ns, &l.a_if, &b_ns, &l.b_if, &mtu)?;
-                for (ns, dev, addr) in [(&a_ns, &l.a_if, l.a_ip), (&b_ns, &l.b_if, l.b_ip)] {
+                // The middle of the link: a bridge between a port toward
+                // each host, where the link is shaped.
+                let mid = format!("{prefix}l{}", l.id);
+                bridge_netns(&mid, &mtu)?;
+                for (ns, dev, addr, host) in
+                    [(&a_ns, &l.a_if, l.a_ip, l.a), (&b_ns, &l.b_if, l.b_ip, l.b)]
+                {
+                    let port = format!("h{host}");
+                    veth(ns, dev, &mid, &port, &mtu)?;
+                    ip(&["-n", &mid, "link", "set", &port, "master", "br0", "up"])?;
                     ip(&["-n", ns, "addr", "add", &format!("{addr}/24"), "dev", dev])?;
                     ip(&["-n", ns, "link", "set", dev, "up"])?;
                 }
@@ -883,7 +1034,7 @@ fn build_network(name: &str, p: &Params, hosts: &HostsFile) -> Result<(), Testbe
     // The kernel's own state of the links, before any condition touches
     // it: what "offload as the kernel set it" puts back.
     live::save_kernel(&state_dir(name), &live::read(&link_ends(name, p))?)?;
-    condition_links(name, p, None, &p.conditions())
+    condition_links(name, p, None, applied)
 }
 
 /// Starts the agent of host `h` in its namespace, detached (own session,
@@ -992,6 +1143,9 @@ pub fn up(args: &UpArgs) -> Result<(), TestbedError> {
     preflight()?;
     let name = &args.name.name;
     let params = args.params()?;
+    // A condition this kernel cannot apply is refused before an existing
+    // testbed is touched.
+    resolve(name, &params.conditions())?;
     let dir = state_dir(name);
     let existing: Option<Params> = read_state(&dir.join("params.json"))
         .ok()
@@ -1072,8 +1226,10 @@ fn build(name: &str, p: &Params) -> Result<(), TestbedError> {
         what: "making the testbed's key".into(),
         source: io::Error::other(e.to_string()),
     })?;
-    let hosts = hosts_file(name, p);
-    build_network(name, p, &hosts)?;
+    let mut hosts = hosts_file(name, p);
+    let applied = resolve(name, &p.conditions())?;
+    hosts.conditions = Some(applied);
+    build_network(name, p, &hosts, &applied)?;
     let mut pids = Vec::new();
     for h in &hosts.hosts {
         pids.push(start_agent(&dir, p, h)?);
@@ -1150,8 +1306,25 @@ pub fn status(args: &NameArgs) -> Result<(), TestbedError> {
         hosts.topology
     );
     if let Some(c) = conditions {
-        say!("conditions: {c} (per link end)");
+        say!("conditions: {c} (each direction of a link, shaped in the network)");
         if let Some(p) = &params {
+            for (ns, devs) in group_by_ns(&shaping_points(name, p)) {
+                let Some(dev) = devs.first() else { continue };
+                let qdiscs = match live::qdisc_lines(&ns, dev) {
+                    Ok(q) => q.join("; "),
+                    Err(e) => format!("not read ({e})"),
+                };
+                let nft = if has_nft_loss(&ns) {
+                    ", nftables loss table"
+                } else {
+                    ""
+                };
+                say!(
+                    "shaper {ns} ({} ports toward hosts: {}): {dev}: {qdiscs}{nft}",
+                    devs.len(),
+                    devs.join(",")
+                );
+            }
             match live_differences(name, p, &c) {
                 Ok(d) if d.is_empty() => {
                     say!("live links: as the hosts file says (read from the kernel)");
@@ -1200,6 +1373,18 @@ pub fn status(args: &NameArgs) -> Result<(), TestbedError> {
     Ok(())
 }
 
+/// `ends` grouped by namespace, in their order.
+fn group_by_ns(ends: &[(String, String)]) -> Vec<(String, Vec<String>)> {
+    let mut by_ns: Vec<(String, Vec<String>)> = Vec::new();
+    for (ns, dev) in ends {
+        match by_ns.iter_mut().find(|(n, _)| n == ns) {
+            Some((_, devs)) => devs.push(dev.clone()),
+            None => by_ns.push((ns.clone(), vec![dev.clone()])),
+        }
+    }
+    by_ns
+}
+
 /// Where the links of testbed `name` (built with `p`), read from the
 /// kernel, differ from `expected`, one line each.
 fn live_differences(
@@ -1210,7 +1395,19 @@ fn live_differences(
     preflight()?;
     let links = live::read(&link_ends(name, p))?;
     let kernel = live::load_kernel(&state_dir(name));
-    Ok(live::differences(&links, expected, kernel.as_deref()))
+    let points = shaping_points(name, p);
+    let mut out = live::differences(&links, expected, kernel.as_deref(), &points);
+    let want_nft = expected.loss_ppm.is_some() && expected.loss_by == Some(LossMechanism::Nftables);
+    for (ns, _) in bridges(name, p) {
+        if has_nft_loss(&ns) != want_nft {
+            out.push(format!(
+                "{ns}: nftables loss table {} (hosts file: {})",
+                if want_nft { "missing" } else { "present" },
+                if want_nft { "loss by nftables" } else { "none" }
+            ));
+        }
+    }
+    Ok(out)
 }
 
 /// Changes a running testbed's conditions (`netgap testbed set`): only the
@@ -1257,11 +1454,12 @@ fn load_state(name: &str) -> Result<(Params, HostsFile), TestbedError> {
 }
 
 /// Puts the links of the running testbed `name` under `to` and records it
-/// in its hosts file and parameters. Its agents keep running.
-pub fn set_conditions(name: &str, to: &LinkConditions) -> Result<(), TestbedError> {
+/// in its hosts file and parameters; returns it as applied (the shaper's
+/// bucket, what drops a loss). Its agents keep running.
+pub fn set_conditions(name: &str, to: &LinkConditions) -> Result<LinkConditions, TestbedError> {
     let (params, mut hosts) = load_state(name)?;
     let from = hosts.conditions.unwrap_or_else(|| params.conditions());
-    check_conditions(name, &params, Some(&from), to)?;
+    let to = &resolve(name, to)?;
     // Unknown while the links change: a failure halfway must not leave the
     // files claiming either state.
     hosts.conditions = None;
@@ -1285,7 +1483,8 @@ pub fn set_conditions(name: &str, to: &LinkConditions) -> Result<(), TestbedErro
             l.rate_bps = to.rate_bps;
         }
     }
-    save_hosts(&hosts)
+    save_hosts(&hosts)?;
+    Ok(*to)
 }
 
 /// What a run found on a testbed's links when it opened its switch: the
@@ -1408,7 +1607,7 @@ impl TestbedSwitch {
 }
 
 impl ConditionSwitch for TestbedSwitch {
-    fn switch(&mut self, to: &LinkConditions) -> Result<(), SwitchFailure> {
+    fn switch(&mut self, to: &LinkConditions) -> Result<LinkConditions, SwitchFailure> {
         let mut held = HELD
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -1553,6 +1752,9 @@ mod tests {
         assert!(is_own_netns("testbed", "ngtb-h1"));
         assert!(is_own_netns("testbed", "ngtb-sw"));
         assert!(is_own_netns("testbed", "ngtb-h12"));
+        assert!(is_own_netns("testbed", "ngtb-l12"));
+        assert!(is_own_netns("testbed", "ngtb-probe"));
+        assert!(!is_own_netns("testbed", "ngtb-l3-h1"));
         assert!(!is_own_netns("testbed", "ngtb-x-h1"));
         assert!(!is_own_netns("testbed", "ngtb-h"));
         assert!(!is_own_netns("testbed", "ngtb-h1x"));
@@ -1603,8 +1805,8 @@ mod tests {
 
     #[test]
     fn bursts_hold_a_gso_packet_and_netem_queues_hold_the_delay() {
-        assert_eq!(tbf_burst_bytes(1_000_000_000, 1500), 500_000);
-        assert_eq!(tbf_burst_bytes(10_000_000, 1500), TBF_MIN_BURST_BYTES);
+        assert_eq!(shaper_bucket_bytes(1500), 131_328);
+        assert_eq!(shaper_bucket_bytes(9000), 131_328);
         let mut c = LinkConditions::plain(1500);
         assert_eq!(netem_limit_packets(&c), NETEM_MIN_LIMIT);
         // 1 Gbit/s for 100 ms is 12.5 MB in flight, 8333 packets of 1500.
@@ -1617,7 +1819,7 @@ mod tests {
     }
 
     #[test]
-    fn every_link_end_and_bridge_port_is_conditioned() {
+    fn every_link_end_is_conditioned_and_shaped_in_the_network() {
         let ends = link_ends("t1", &params(Topology::Switch, 2, 1));
         let shown: Vec<String> = ends.iter().map(|(n, d)| format!("{n}/{d}")).collect();
         assert_eq!(
@@ -1630,12 +1832,34 @@ mod tests {
             ]
         );
         assert_eq!(
-            bridge("t1", &params(Topology::Switch, 2, 1)),
-            Some(("ngtb-t1-sw".into(), "br0".into()))
+            bridges("t1", &params(Topology::Switch, 2, 1)),
+            [("ngtb-t1-sw".to_string(), "br0".to_string())]
         );
-        let ends = link_ends("testbed", &params(Topology::Mesh, 3, 2));
-        assert_eq!(ends.len(), 3 * 2 * 2, "3 pairs, 2 links, 2 ends");
-        assert!(bridge("testbed", &params(Topology::Mesh, 3, 2)).is_none());
+        let shaped: Vec<String> = shaping_points("t1", &params(Topology::Switch, 2, 1))
+            .iter()
+            .map(|(n, d)| format!("{n}/{d}"))
+            .collect();
+        assert_eq!(shaped, ["ngtb-t1-sw/h1", "ngtb-t1-sw/h2"]);
+        let mesh = params(Topology::Mesh, 3, 2);
+        let ends = link_ends("testbed", &mesh);
+        assert_eq!(
+            ends.len(),
+            3 * 2 * 4,
+            "3 pairs, 2 links, 2 ends and 2 ports"
+        );
+        let shaped: Vec<String> = shaping_points("testbed", &mesh)
+            .iter()
+            .map(|(n, d)| format!("{n}/{d}"))
+            .collect();
+        assert_eq!(shaped.len(), 3 * 2 * 2);
+        assert_eq!(
+            shaped[..4],
+            ["ngtb-l0/h1", "ngtb-l0/h2", "ngtb-l1/h1", "ngtb-l1/h2"]
+        );
+        assert_eq!(bridges("testbed", &mesh).len(), 6, "one per link");
+        for (ns, _) in bridges("testbed", &mesh) {
+            assert!(is_own_netns("testbed", &ns), "{ns}");
+        }
     }
 
     #[test]

@@ -84,8 +84,20 @@ fn read_root_qdisc(ns: &str, dev: &str) -> Result<String, TestbedError> {
         .to_string())
 }
 
-/// The kind of root qdisc a link end has under `c`: netem at the root
-/// when there is a delay or loss, else the TBF, else veth's default.
+/// Every qdisc of `dev` in `ns`, one line each as `tc qdisc show` gives
+/// them (`tbf 1: root refcnt 2 rate 1Gbit burst 131250b lat 50ms`).
+pub fn qdisc_lines(ns: &str, dev: &str) -> Result<Vec<String>, TestbedError> {
+    let text = run("tc", &["-n", ns, "qdisc", "show", "dev", dev])?;
+    Ok(text
+        .lines()
+        .map(|l| l.trim().trim_start_matches("qdisc ").to_string())
+        .filter(|l| !l.is_empty())
+        .collect())
+}
+
+/// The kind of root qdisc a shaping point has under `c`: netem at the root
+/// when there is a delay or a loss netem drops, else the TBF, else veth's
+/// default.
 fn expected_root_qdisc(c: &LinkConditions) -> &'static str {
     match c.qdisc() {
         "netem+tbf" | "netem" => "netem",
@@ -114,11 +126,13 @@ pub fn load_kernel(dir: &Path) -> Option<Vec<EndState>> {
 
 /// Where the live state differs from `expected` (the hosts file's
 /// conditions; "offload as the kernel set it" read against `kernel`), one
-/// line each.
+/// line each. Only the `shaping` points carry netgap's qdiscs; every other
+/// end keeps veth's default.
 pub fn differences(
     live: &[EndState],
     expected: &LinkConditions,
     kernel: Option<&[EndState]>,
+    shaping: &[(String, String)],
 ) -> Vec<String> {
     let mut out = Vec::new();
     for end in live {
@@ -129,7 +143,14 @@ pub fn differences(
                 end.mtu_bytes, expected.mtu_bytes
             ));
         }
-        let want_qdisc = expected_root_qdisc(expected);
+        let shaped = shaping
+            .iter()
+            .any(|(ns, dev)| *ns == end.ns && *dev == end.dev);
+        let want_qdisc = if shaped {
+            expected_root_qdisc(expected)
+        } else {
+            "noqueue"
+        };
         if end.qdisc != want_qdisc {
             out.push(format!(
                 "{at}: root qdisc {} (hosts file: {want_qdisc})",
@@ -217,9 +238,10 @@ mod tests {
     fn differences_name_each_end_and_read_kernel_offloads_against_the_record() {
         let c = LinkConditions::plain(1500);
         let kernel = [end(1500, true, "noqueue")];
-        assert!(differences(&kernel, &c, Some(&kernel)).is_empty());
+        let shaping = [("ngtb-h1".to_string(), "eth0".to_string())];
+        assert!(differences(&kernel, &c, Some(&kernel), &shaping).is_empty());
         let live = [end(9000, false, "tbf")];
-        let d = differences(&live, &c, Some(&kernel));
+        let d = differences(&live, &c, Some(&kernel), &shaping);
         assert_eq!(d.len(), 3, "{d:?}");
         assert!(d[0].contains("ngtb-h1/eth0: MTU 9000 (hosts file: 1500)"));
         assert!(d[1].contains("root qdisc tbf (hosts file: noqueue)"));
@@ -231,6 +253,15 @@ mod tests {
         );
         let mut off = c;
         off.offload = Some(false);
-        assert!(differences(&[end(1500, false, "noqueue")], &off, None).is_empty());
+        assert!(differences(&[end(1500, false, "noqueue")], &off, None, &shaping).is_empty());
+        // An end that is not a shaping point keeps veth's default under a
+        // rate limit; a TBF there is a difference.
+        let mut rated = c;
+        rated.rate_bps = Some(1_000_000_000);
+        assert!(differences(&[end(1500, true, "noqueue")], &rated, None, &[]).is_empty());
+        assert_eq!(
+            differences(&[end(1500, true, "tbf")], &rated, None, &[]).len(),
+            1
+        );
     }
 }

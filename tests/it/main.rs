@@ -40,6 +40,7 @@ mod report_chromium;
 mod results_files;
 mod runner;
 mod scale;
+mod shaper;
 mod stopped_peer;
 mod sweep;
 mod testbed;

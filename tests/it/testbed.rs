@@ -118,19 +118,14 @@ fn a_four_host_switch_testbed_carries_traffic_and_goes_away() {
     assert_eq!(key_mode & 0o777, 0o600);
     assert_eq!(hosts.key_file.as_deref(), Some(&*tb.key()));
 
-    // MTU and TBF on both ends of each host's link.
+    // The MTU on each host's link; the TBF in the network, at the
+    // bridge's port toward the host, and none in the host's own stack.
     let link = sh("ip", &["-n", &tb.ns("h1"), "link", "show", "eth0"]);
     assert!(link.contains("mtu 9000"), "{link}");
-    for (ns, dev) in [
-        (tb.ns("h3"), "eth0".to_string()),
-        (tb.ns("sw"), "h3".into()),
-    ] {
-        let q = sh("tc", &["-n", &ns, "qdisc", "show", "dev", &dev]);
-        assert!(
-            q.contains("tbf") && q.contains("rate 2Gbit"),
-            "{ns} {dev}: {q}"
-        );
-    }
+    let q = sh("tc", &["-n", &tb.ns("sw"), "qdisc", "show", "dev", "h3"]);
+    assert!(q.contains("tbf") && q.contains("rate 2Gbit"), "{q}");
+    let q = sh("tc", &["-n", &tb.ns("h3"), "qdisc", "show", "dev", "eth0"]);
+    assert!(!q.contains("tbf"), "{q}");
 
     // Traffic from h2 to h1's agent crosses h2's link.
     let dir = tempfile::tempdir().expect("tempdir");
@@ -220,11 +215,27 @@ fn a_two_host_mesh_with_three_links_uses_each_link_and_down_cleans_a_crash() {
     for (k, l) in h1.links.iter().enumerate() {
         let back = h2.links_to("h1").find(|b| b.index == l.index).expect("end");
         assert_eq!((back.local, back.remote), (l.remote, l.local));
+        // Shaped in the middle of the link, toward each host; not in the
+        // hosts' stacks.
+        for toward in ["h1", "h2"] {
+            let q = sh(
+                "tc",
+                &[
+                    "-n",
+                    &tb.ns(&format!("l{k}")),
+                    "qdisc",
+                    "show",
+                    "dev",
+                    toward,
+                ],
+            );
+            assert!(q.contains("tbf") && q.contains("rate 1Gbit"), "{q}");
+        }
         let q = sh(
             "tc",
             &["-n", &tb.ns("h2"), "qdisc", "show", "dev", &back.ifname],
         );
-        assert!(q.contains("tbf") && q.contains("rate 1Gbit"), "{q}");
+        assert!(!q.contains("tbf"), "{q}");
 
         // An agent in h1 on this link's address (TCP, keyed: it is not
         // loopback), driven from h2.
@@ -300,7 +311,7 @@ fn a_two_host_mesh_with_three_links_uses_each_link_and_down_cleans_a_crash() {
         .expect("status"));
     assert!(status.contains("incomplete"), "{status}");
     let out = tb.down();
-    assert!(out.contains("2 namespaces"), "{out}");
+    assert!(out.contains("5 namespaces"), "2 hosts and 3 links: {out}");
     tb.assert_gone();
 }
 
@@ -467,7 +478,9 @@ fn conditions_are_set_recorded_and_interleaved_in_one_run() {
         &["--hosts", "2", "--rate", "1G", "--offload", "on"],
     );
     assert!(
-        out.contains("conditions: MTU 1500, offload on, rate 1000000000 bit/s, qdisc tbf"),
+        out.contains(
+            "conditions: MTU 1500, offload on, rate 1000000000 bit/s, bucket 131328 B, qdisc tbf"
+        ),
         "{out}"
     );
     let hosts = tb.hosts();
@@ -509,6 +522,8 @@ fn conditions_are_set_recorded_and_interleaved_in_one_run() {
         assert_eq!(path["topology"], "switch", "{path}");
         assert_eq!(path["rate_bps"], 1_000_000_000u64, "{path}");
         assert_eq!(path["qdisc"], "tbf", "{path}");
+        // The bucket the switch applied under each condition.
+        assert_eq!(path["bucket_bytes"], 131_328u64, "{path}");
         assert_eq!(r["stack"]["label"], "cond");
         assert_eq!(r["options"]["interleaved"]["with"], 4);
         assert_eq!(&r["options"]["interleaved"]["group"], group);
@@ -585,7 +600,7 @@ fn conditions_are_set_recorded_and_interleaved_in_one_run() {
         let link = sh("ip", &["-n", &ns, "link", "show", dev]);
         assert!(link.contains("mtu 9000"), "{ns} {dev}: {link}");
     }
-    let q = sh("tc", &["-n", &tb.ns("h2"), "qdisc", "show", "dev", "eth0"]);
+    let q = sh("tc", &["-n", &tb.ns("sw"), "qdisc", "show", "dev", "h2"]);
     assert!(!q.contains("tbf"), "{q}");
     let c = tb.hosts().conditions.expect("conditions");
     assert_eq!(
@@ -616,7 +631,7 @@ fn conditions_are_set_recorded_and_interleaved_in_one_run() {
         .output()
         .expect("set");
     if out.status.success() {
-        let q = sh("tc", &["-n", &tb.ns("h1"), "qdisc", "show", "dev", "eth0"]);
+        let q = sh("tc", &["-n", &tb.ns("sw"), "qdisc", "show", "dev", "h1"]);
         assert!(q.contains("netem") && q.contains("tbf"), "{q}");
         assert_eq!(tb.hosts().conditions.map(|c| c.qdisc()), Some("netem+tbf"));
     } else {

@@ -4,12 +4,13 @@
 //! hosts), then the same with 1% of the frames dropped on the link,
 //! still verified, with the retransmissions counted in the records.
 //!
-//! Loss: this kernel may lack netem (and tc's gact action), so the test
-//! drops frames with an nftables rule on the testbed's bridge (`numgen
-//! random mod 100 < 1 drop` in the bridge's forward hook), which every
-//! frame between two hosts crosses, raw Ethernet frames included; an
-//! AF_XDP socket's own transmissions bypass the sending host's qdiscs, so
-//! a loss at the link ends would not touch them.
+//! Loss: `netgap testbed set --loss 1%`, applied where the testbed shapes
+//! its links, in the switch's namespace (netem at the ports toward the
+//! hosts, or where the kernel lacks netem an nftables random drop in the
+//! bridge's forward hook), which every frame between two hosts crosses,
+//! raw Ethernet frames included: an AF_XDP socket's own transmissions
+//! bypass the sending host's qdiscs, so a loss in a host's stack would not
+//! touch them.
 //!
 //! A third test forges frames from the switch's namespace during a
 //! verified run (`forged_frames_from_the_switch_neither_corrupt_nor_end_a_flow`):
@@ -131,54 +132,44 @@ fn every_test_runs_over_xdp_between_two_hosts_verified_with_and_without_loss() {
     );
     check_records(&recs, tests.len(), 3);
 
-    // 1% of the frames crossing the bridge dropped, both ways.
-    let sw = tb.ns("sw");
-    let nft = |args: &[&str]| {
-        ok(Command::new("ip")
-            .args(["netns", "exec", &sw, "nft"])
-            .args(args)
-            .output()
-            .expect("nft"))
-    };
-    nft(&["add", "table", "bridge", "netgap_loss"]);
-    nft(&[
-        "add",
-        "chain",
-        "bridge",
-        "netgap_loss",
-        "lossy",
-        "{ type filter hook forward priority 0 ; }",
-    ]);
-    nft(&[
-        "add",
-        "rule",
-        "bridge",
-        "netgap_loss",
-        "lossy",
-        "numgen",
-        "random",
-        "mod",
-        "100",
-        "<",
-        "1",
-        "counter",
-        "drop",
-    ]);
+    // 1% of the frames crossing the bridge dropped, both ways, by the
+    // testbed's own loss (netem at the switch's ports, or nftables there
+    // where the kernel has no netem).
+    ok(netgap()
+        .args(["testbed", "set", "--name", "xdp2", "--loss", "1%"])
+        .output()
+        .expect("testbed set"));
+    let by = tb
+        .hosts()
+        .conditions
+        .and_then(|c| c.loss_by)
+        .expect("the loss's mechanism")
+        .as_str();
     let lossy = "pingpong,stream,bibw,bibw-pingpong";
     let recs = run_verified(&tb, lossy, "1,64K", &dir.path().join("lossy.jsonl"));
     check_records(&recs, 4, 2);
-    let ruleset = nft(&["list", "table", "bridge", "netgap_loss"]);
-    let dropped: u64 = ruleset
-        .split("packets ")
-        .nth(1)
-        .and_then(|s| s.split_whitespace().next())
-        .and_then(|s| s.parse().ok())
-        .expect("the rule's counter");
-    assert!(dropped > 0, "the bridge dropped nothing: {ruleset}");
+    for r in &recs {
+        assert_eq!(r["stack"]["path"]["loss_ppm"], 10_000, "{r}");
+        assert_eq!(r["stack"]["path"]["loss_by"], by, "{r}");
+    }
+    if by == "nftables" {
+        let ruleset = ok(Command::new("ip")
+            .args(["netns", "exec", &tb.ns("sw"), "nft"])
+            .args(["list", "table", "bridge", "netgap"])
+            .output()
+            .expect("nft"));
+        let dropped: u64 = ruleset
+            .split("packets ")
+            .nth(1)
+            .and_then(|s| s.split_whitespace().next())
+            .and_then(|s| s.parse().ok())
+            .expect("the rule's counter");
+        assert!(dropped > 0, "the bridge dropped nothing: {ruleset}");
+    }
     let resent: u64 = recs.iter().map(retries).sum();
     assert!(
         resent > 0,
-        "{dropped} frames dropped, but no retransmission was counted"
+        "1% of the frames dropped ({by}), but no retransmission was counted"
     );
     let _ = tb.down();
     tb.assert_gone();

@@ -67,9 +67,17 @@ pub struct PathIdentity {
     /// Added one-way delay in microseconds (netem), when set.
     #[serde(default)]
     pub delay_us: Option<u64>,
-    /// Added loss in parts per million (netem), when set.
+    /// Added loss in parts per million, when set.
     #[serde(default)]
     pub loss_ppm: Option<u32>,
+    /// What drops the added loss: `netem` or `nftables` (where the kernel
+    /// has no netem); `None` when no loss is added or it is unknown.
+    #[serde(default)]
+    pub loss_by: Option<String>,
+    /// The rate limiter's bucket in bytes: what may pass at memory speed
+    /// after an idle moment; `None` when no rate is set or it is unknown.
+    #[serde(default)]
+    pub bucket_bytes: Option<u64>,
     /// Queueing discipline of the data interface, when known.
     #[serde(default)]
     pub qdisc: Option<String>,

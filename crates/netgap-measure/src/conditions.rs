@@ -31,6 +31,42 @@ pub const MAX_DELAY_US: u64 = 10_000_000;
 pub const LOSS_PPM_ALL: u32 = 1_000_000;
 /// Most conditions one run may alternate between.
 pub const MAX_CONDITIONS: usize = 64;
+/// The rate limiter's smallest bucket, in bytes: two 64 KiB GSO packets
+/// and their headers. Measured on a shared 2-vCPU machine's veth at
+/// 1 Gbit/s (BENCHMARKS.md, "shaper"), it is the smallest bucket that held
+/// the rate within 2%: with one GSO packet's worth the shaper waits for its
+/// timer before every packet, and a late timer on a busy machine is time
+/// the link stands idle (0.87 to 0.91 of the rate); a larger one lets more
+/// through at memory speed after an idle moment.
+pub const SHAPER_BUCKET_MIN_BYTES: u64 = 2 * (65_536 + 128);
+
+/// The rate limiter's bucket for links of `mtu_bytes`, in bytes: two GSO
+/// packets and their headers, which holds two frames of any MTU a testbed
+/// takes (the `max` keeps that true should the minimum change).
+pub fn shaper_bucket_bytes(mtu_bytes: u32) -> u64 {
+    SHAPER_BUCKET_MIN_BYTES.max(2 * (u64::from(mtu_bytes) + 14))
+}
+
+/// What drops the added loss of a testbed's links.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LossMechanism {
+    /// The kernel's netem qdisc.
+    Netem,
+    /// A random-drop rule of nftables (`numgen random`), where the kernel
+    /// has no netem.
+    Nftables,
+}
+
+impl LossMechanism {
+    /// Its name in records and the hosts file.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LossMechanism::Netem => "netem",
+            LossMechanism::Nftables => "nftables",
+        }
+    }
+}
 
 /// The state of a testbed's links, the same on every link end (and bridge
 /// port): what `netgap testbed up` and `netgap testbed set` put in place.
@@ -43,15 +79,22 @@ pub struct LinkConditions {
     /// checksum) all on or all off; `None` leaves the kernel's defaults.
     #[serde(default)]
     pub offload: Option<bool>,
-    /// Rate limit in bit/s (a TBF on both ends of every link).
+    /// Rate limit in bit/s (a TBF at the shaping point toward each host).
     #[serde(default)]
     pub rate_bps: Option<u64>,
-    /// Added one-way delay per link end in microseconds (netem).
+    /// Added one-way delay per link direction in microseconds (netem).
     #[serde(default)]
     pub delay_us: Option<u64>,
-    /// Added loss per link end in parts per million (netem).
+    /// Added loss per link direction in parts per million.
     #[serde(default)]
     pub loss_ppm: Option<u32>,
+    /// The rate limiter's bucket in bytes ([`shaper_bucket_bytes`]), when a
+    /// rate is set; `None` in a hosts file from before it was recorded.
+    #[serde(default)]
+    pub bucket_bytes: Option<u64>,
+    /// What drops the loss, when a loss is set.
+    #[serde(default)]
+    pub loss_by: Option<LossMechanism>,
 }
 
 impl LinkConditions {
@@ -63,12 +106,44 @@ impl LinkConditions {
             rate_bps: None,
             delay_us: None,
             loss_ppm: None,
+            bucket_bytes: None,
+            loss_by: None,
         }
     }
 
-    /// Whether netem is needed (a delay or a loss).
+    /// These conditions with the bucket of the rule when a rate is set, and
+    /// `loss_by` only while a loss is.
+    fn with_rule_bucket(self) -> LinkConditions {
+        LinkConditions {
+            bucket_bytes: self.rate_bps.map(|_| shaper_bucket_bytes(self.mtu_bytes)),
+            loss_by: self.loss_ppm.and(self.loss_by),
+            ..self
+        }
+    }
+
+    /// These conditions as a shaper applies them: the bucket of the rule
+    /// ([`shaper_bucket_bytes`]) when a rate is set, and `loss_by` when a
+    /// loss is.
+    pub fn shaped_by(&self, loss_by: LossMechanism) -> LinkConditions {
+        LinkConditions {
+            bucket_bytes: self.rate_bps.map(|_| shaper_bucket_bytes(self.mtu_bytes)),
+            loss_by: self.loss_ppm.map(|_| loss_by),
+            ..*self
+        }
+    }
+
+    /// Whether `other` sets the same keys (MTU, offload, rate, delay,
+    /// loss), however a shaper applies them.
+    pub fn same_setting(&self, other: &LinkConditions) -> bool {
+        let keys =
+            |c: &LinkConditions| (c.mtu_bytes, c.offload, c.rate_bps, c.delay_us, c.loss_ppm);
+        keys(self) == keys(other)
+    }
+
+    /// Whether netem is needed: a delay, or a loss netem drops.
     pub fn needs_netem(&self) -> bool {
-        self.delay_us.is_some() || self.loss_ppm.is_some()
+        self.delay_us.is_some()
+            || (self.loss_ppm.is_some() && self.loss_by != Some(LossMechanism::Nftables))
     }
 
     /// The root queueing discipline of every link end: `tbf`, `netem`,
@@ -97,6 +172,11 @@ impl LinkConditions {
         path.rate_bps = self.rate_bps;
         path.delay_us = self.delay_us;
         path.loss_ppm = self.loss_ppm;
+        path.loss_by = self
+            .loss_ppm
+            .and(self.loss_by)
+            .map(|m| m.as_str().to_string());
+        path.bucket_bytes = self.rate_bps.and(self.bucket_bytes);
         path.qdisc = Some(self.qdisc().into());
     }
 
@@ -144,8 +224,14 @@ impl fmt::Display for LinkConditions {
         if let Some(d) = self.delay_us {
             write!(f, ", delay {d} us")?;
         }
+        if let Some(b) = self.bucket_bytes.filter(|_| self.rate_bps.is_some()) {
+            write!(f, ", bucket {b} B")?;
+        }
         if let Some(l) = self.loss_ppm {
             write!(f, ", loss {}%", f64::from(l) / 10_000.0)?;
+            if let Some(m) = self.loss_by {
+                write!(f, " by {}", m.as_str())?;
+            }
         }
         write!(f, ", qdisc {}", self.qdisc())
     }
@@ -181,7 +267,13 @@ impl Condition {
             loss_ppm: self
                 .loss_ppm
                 .map_or(base.loss_ppm, |l| (l > 0).then_some(l)),
+            // How the shaper applies them is the testbed's to say (a
+            // switch returns them applied); until then, the bucket of the
+            // rule and the mechanism that drops the base's loss, if any.
+            bucket_bytes: None,
+            loss_by: base.loss_by,
         }
+        .with_rule_bucket()
     }
 
     /// Whether the condition sets no key.
@@ -553,8 +645,10 @@ pub type SwitchFailure = Box<dyn std::error::Error + Send + Sync + 'static>;
 /// repetitions and never changes a link itself.
 pub trait ConditionSwitch {
     /// Puts the links under `to` (the whole state, not a change), updating
-    /// whatever records the testbed's state (its hosts file).
-    fn switch(&mut self, to: &LinkConditions) -> Result<(), SwitchFailure>;
+    /// whatever records the testbed's state (its hosts file); returns them
+    /// as applied (the shaper's bucket and what drops a loss), for the
+    /// records measured under them.
+    fn switch(&mut self, to: &LinkConditions) -> Result<LinkConditions, SwitchFailure>;
 
     /// Puts the links back exactly as they were when the switch was opened
     /// (every link end's MTU, each offload feature as the kernel had it,
@@ -589,17 +683,17 @@ impl<'s> ConditionGuard<'s> {
     /// Puts the links under `to` unless they are already; whether they
     /// changed.
     pub fn switch_to(&mut self, to: &LinkConditions) -> Result<bool, SwitchFailure> {
-        if self.in_force == Some(*to) {
+        if self.in_force.is_some_and(|f| f.same_setting(to)) {
             return Ok(false);
         }
         self.touched = true;
         self.in_force = None;
-        self.switch.switch(to)?;
-        self.in_force = Some(*to);
+        self.in_force = Some(self.switch.switch(to)?);
         Ok(true)
     }
 
-    /// The conditions in force, `None` after a failed switch.
+    /// The conditions in force, as the switch applied them; `None` after a
+    /// failed switch.
     pub fn in_force(&self) -> Option<LinkConditions> {
         self.in_force
     }
@@ -727,6 +821,8 @@ mod tests {
             rate_bps: Some(1_000_000_000),
             delay_us: Some(1000),
             loss_ppm: None,
+            bucket_bytes: Some(65_664),
+            loss_by: None,
         };
         let c = Condition {
             mtu_bytes: Some(9000),
@@ -746,6 +842,48 @@ mod tests {
         assert_eq!(path.offload.as_deref(), Some("on"));
         assert_eq!(path.rate_bps, Some(1_000_000_000));
         assert_eq!(path.qdisc.as_deref(), Some("netem+tbf"));
+        assert_eq!(path.bucket_bytes, Some(65_664));
+        assert_eq!(path.loss_by, None);
+    }
+
+    #[test]
+    fn a_shaper_states_its_bucket_and_what_drops_the_loss() {
+        assert_eq!(shaper_bucket_bytes(1500), SHAPER_BUCKET_MIN_BYTES);
+        // Two frames of the largest MTU fit in it too.
+        assert_eq!(shaper_bucket_bytes(MAX_MTU_BYTES), SHAPER_BUCKET_MIN_BYTES);
+        let mut c = LinkConditions::plain(1500);
+        c.loss_ppm = Some(1000);
+        assert!(c.needs_netem());
+        let by_nft = c.shaped_by(LossMechanism::Nftables);
+        assert!(!by_nft.needs_netem());
+        assert_eq!(by_nft.qdisc(), "noqueue");
+        assert_eq!(by_nft.bucket_bytes, None, "no rate, no bucket");
+        c.rate_bps = Some(1_000_000_000);
+        let shaped = c.shaped_by(LossMechanism::Nftables);
+        assert_eq!(shaped.qdisc(), "tbf");
+        assert_eq!(shaped.bucket_bytes, Some(SHAPER_BUCKET_MIN_BYTES));
+        let mut path = PathIdentity::default();
+        shaped.fill_path(&mut path, "mesh");
+        assert_eq!(path.loss_by.as_deref(), Some("nftables"));
+        assert_eq!(path.bucket_bytes, Some(SHAPER_BUCKET_MIN_BYTES));
+        assert_eq!(
+            shaped.to_string(),
+            "MTU 1500, offload as the kernel set it, rate 1000000000 bit/s, bucket 131328 B, loss 0.1% by nftables, qdisc tbf"
+        );
+        // A condition applied to them keeps the mechanism of the loss and
+        // takes the bucket of the rule at its MTU.
+        let to = Condition {
+            mtu_bytes: Some(9000),
+            ..Condition::default()
+        }
+        .apply_to(&shaped);
+        assert_eq!(to.bucket_bytes, Some(shaper_bucket_bytes(9000)));
+        assert_eq!(to.loss_by, Some(LossMechanism::Nftables));
+        assert!(to.same_setting(&to.shaped_by(LossMechanism::Netem)));
+        assert!(!to.same_setting(&shaped));
+        let back: LinkConditions =
+            serde_json::from_str(&serde_json::to_string(&shaped).expect("json")).expect("parse");
+        assert_eq!(back, shaped);
     }
 
     #[test]

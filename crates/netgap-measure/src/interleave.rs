@@ -213,7 +213,7 @@ impl RunState<'_, '_> {
     /// Puts the links under `to` unless they are already, and opens a new
     /// session under it.
     fn switch_to(&mut self, to: LinkConditions) -> Result<(), CoordError> {
-        if self.in_force == Some(to) {
+        if self.in_force.is_some_and(|f| f.same_setting(&to)) {
             return Ok(());
         }
         let Some(guard) = self.guard.as_mut() else {
@@ -230,7 +230,7 @@ impl RunState<'_, '_> {
         guard
             .switch_to(&to)
             .map_err(|e| CoordError::Conditions(format!("switching to {to}: {e}")))?;
-        self.in_force = Some(to);
+        self.in_force = guard.in_force();
         self.coord()?;
         Ok(())
     }
@@ -257,6 +257,10 @@ impl RunState<'_, '_> {
             if let Some(c) = member.condition {
                 let to = self.targets[c];
                 self.switch_to(to)?;
+                // The records say how the switch applied it.
+                if let Some(applied) = self.in_force {
+                    self.targets[c] = applied;
+                }
             }
             let g = &mut gathered[m];
             let method = match &g.measurement {
@@ -428,9 +432,12 @@ mod tests {
     struct Recorder(Vec<Option<LinkConditions>>);
 
     impl ConditionSwitch for Recorder {
-        fn switch(&mut self, to: &LinkConditions) -> Result<(), crate::conditions::SwitchFailure> {
+        fn switch(
+            &mut self,
+            to: &LinkConditions,
+        ) -> Result<LinkConditions, crate::conditions::SwitchFailure> {
             self.0.push(Some(*to));
-            Ok(())
+            Ok(*to)
         }
 
         fn restore(&mut self) -> Result<(), crate::conditions::SwitchFailure> {

@@ -81,7 +81,8 @@ pub fn run_group_plan_under(
         }
         let mut under = plan.clone();
         let mut f = file.clone();
-        f.conditions = Some(to);
+        // The records say how the switch applied it.
+        f.conditions = Some(guard.in_force().unwrap_or(to));
         under.hosts = crate::cluster::HostsSource::File(f);
         match run_group_plan(&under, sinks, observer) {
             Ok(n) => done += n,
