@@ -12,6 +12,7 @@ pub mod dropout;
 pub mod files;
 pub mod host;
 pub mod noise;
+pub mod physics;
 pub mod record;
 pub mod registry;
 pub mod sizing;
