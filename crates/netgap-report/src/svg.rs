@@ -100,6 +100,9 @@ pub struct Mark {
     pub y: f64,
     /// Short note drawn next to it.
     pub note: String,
+    /// A measurement fault (a result past its path's limit): drawn as a
+    /// hollow marker of its own instead of a point of the line.
+    pub fault: bool,
 }
 
 /// One line of a line plot.
@@ -504,6 +507,18 @@ fn line_svg(p: &LinePlot) -> String {
             .filter(|m| usable(&p.x, m.x) && usable(&p.y, m.y))
         {
             let (x, y) = (sx.at(m.x), sy.at(m.y));
+            if m.fault {
+                let _ = writeln!(
+                    out,
+                    "<rect class=\"fault\" x=\"{:.1}\" y=\"{:.1}\" width=\"12\" height=\"12\" fill=\"none\" stroke=\"{colour}\" stroke-width=\"2\" stroke-dasharray=\"3 2\"/>\
+                     <text x=\"{x:.1}\" y=\"{:.1}\" text-anchor=\"middle\" fill=\"#C00000\" font-size=\"11\">{}</text>",
+                    x - 6.0,
+                    y - 6.0,
+                    y - 11.0,
+                    escape(&m.note)
+                );
+                continue;
+            }
             let _ = writeln!(
                 out,
                 "<circle class=\"mark\" cx=\"{x:.1}\" cy=\"{y:.1}\" r=\"9\" fill=\"none\" stroke=\"#C00000\" stroke-width=\"2\"/>\
