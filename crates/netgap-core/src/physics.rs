@@ -197,8 +197,8 @@ impl WireModel {
 
     /// The least time in µs that `payload_bytes` of one message after an
     /// idle moment take on one shaper: the frames past the bucket at the
-    /// rate. Zero with no bucket known is not assumed: an unknown bucket
-    /// gives `None`.
+    /// rate. `None` when the bucket is unknown: the least time then is not
+    /// known either, and none is assumed.
     pub fn min_transfer_us(&self, payload_bytes: u64) -> Option<f64> {
         let per_shaper_bucket = self.bucket_bytes? / u64::from(self.shapers);
         let wire_bytes = payload_bytes as f64 / self.payload_share;
