@@ -496,6 +496,30 @@ mod tests {
     }
 
     #[test]
+    fn mpi_over_tcp_is_tcp_and_over_shared_memory_has_no_limit() {
+        let mpi = |btl: &str, test: &str| {
+            let mut stack = Stack::new(
+                "mpi",
+                Mode::Event,
+                &TransportOptions::default(),
+                shaped("switch", 1500, None),
+                None,
+            );
+            stack.options = vec![format!("btl={btl}"), "mca_btl=tcp,self".into()];
+            record(test, "mpi", 65536, "bandwidth_gbps", 0.9).with_stack(stack)
+        };
+        assert!(near(
+            limit(&mpi("tcp", "mpi-bw")).expect("limit"),
+            1448.0 / 1514.0
+        ));
+        assert!(near(
+            limit(&mpi("tcp", "mpi-bibw")).expect("limit"),
+            2.0 * 1448.0 / 1514.0
+        ));
+        assert_eq!(limit(&mpi("vader", "mpi-bw")), None);
+    }
+
+    #[test]
     fn an_unknown_path_has_no_limit() {
         let r = on(
             record("stream", "tcp", 65536, "bandwidth_gbps", 30.0),

@@ -676,6 +676,47 @@ mod tests {
     }
 
     #[test]
+    fn the_stack_brings_the_physics_section_with_its_limit_or_null() {
+        use crate::spec::TransportOptions;
+        use crate::stack::{PathIdentity, Stack};
+        let plain = serde_json::to_value(ResultRecord::new(head())).expect("encoded");
+        assert!(plain.get("physics").is_none(), "{plain}");
+        let stack = |path: PathIdentity| {
+            Stack::new("tcp", Mode::Event, &TransportOptions::default(), path, None)
+        };
+        let loopback = ResultRecord::new(head()).with_stack(stack(PathIdentity {
+            kind: Some("loopback".into()),
+            mtu_bytes: Some(65536),
+            ..PathIdentity::default()
+        }));
+        let json = serde_json::to_value(&loopback).expect("encoded");
+        assert_eq!(
+            json["physics"],
+            serde_json::json!({"payload_limit_gbps": null})
+        );
+        let shaped = ResultRecord::new(RecordHead {
+            test: "stream".into(),
+            value: 2.0,
+            ..head()
+        })
+        .with_stack(stack(PathIdentity {
+            kind: Some("testbed".into()),
+            mtu_bytes: Some(1500),
+            rate_bps: Some(1_000_000_000),
+            bucket_bytes: Some(65536),
+            ..PathIdentity::default()
+        }))
+        .diagnosed();
+        let json = serde_json::to_value(&shaped).expect("encoded");
+        assert_eq!(json["stack"]["path"]["bucket_bytes"], 65536);
+        assert_eq!(json["physics"]["fault"]["kind"], "above_payload_limit");
+        assert_eq!(json["physics"]["fault"]["value"], 2.0);
+        assert_eq!(shaped.warnings.len(), 1, "{:?}", shaped.warnings);
+        let back: ResultRecord = serde_json::from_value(json).expect("decoded");
+        assert_eq!(back, shaped);
+    }
+
+    #[test]
     fn a_clean_flow_has_no_note_and_a_lossy_one_says_how_lossy() {
         let clean = DatagramStats {
             datagrams_sent: 100,
