@@ -121,7 +121,7 @@ fn a_run_over_a_shaped_link_records_its_limit_and_stays_under_it_or_is_flagged()
     {
         return;
     }
-    let (tb, _) = Testbed::up("tphys", &["--hosts", "2", "--rate", "1G"]);
+    let (tb, _) = Testbed::up("tphys", &["--hosts", "3", "--rate", "1G"]);
     let dir = tempfile::tempdir().expect("tempdir");
     let json = dir.path().join("r.jsonl");
     let records = tb.run(
@@ -139,7 +139,19 @@ fn a_run_over_a_shaped_link_records_its_limit_and_stays_under_it_or_is_flagged()
         &json,
     );
     assert_eq!(records.len(), 4, "{records:#?}");
-    for r in &records {
+    // Fan-in from two client hosts over a switch: the server's one link.
+    let fanin = tb.run(
+        "fanin",
+        &["--clients", "2", "--reps", "2", "--duration", "300ms"],
+        &dir.path().join("fanin.jsonl"),
+    );
+    assert_eq!(fanin.len(), 1, "{fanin:#?}");
+    let fanin_limit = fanin[0]["physics"]["payload_limit_gbps"].as_f64();
+    assert!(
+        fanin_limit.is_some_and(|l| (l - TCP_LIMIT_GBPS).abs() < 1e-9),
+        "{fanin_limit:?}"
+    );
+    for r in records.iter().chain(&fanin) {
         let what = format!("{} {}", r["test"], r["transport"]);
         let limit = r["physics"]["payload_limit_gbps"]
             .as_f64()
