@@ -365,6 +365,15 @@ fn line_svg(p: &LinePlot) -> String {
         .filter(|(_, y)| usable(&p.y, *y))
         .collect();
     pts.extend(bars);
+    // A fault is drawn off its line, but inside the axes too.
+    let faults: Vec<(f64, f64)> = p
+        .series
+        .iter()
+        .flat_map(|s| s.marks.iter())
+        .filter(|m| m.fault && usable(&p.x, m.x) && usable(&p.y, m.y))
+        .map(|m| (m.x, m.y))
+        .collect();
+    pts.extend(faults);
     let mut out = String::new();
     let height = HEIGHT + LEGEND_ROW_HEIGHT * p.series.len() as f64;
     header(&mut out, &p.title, height);
@@ -666,6 +675,30 @@ mod tests {
         assert_eq!((lo, hi), (1.0, 4194304.0));
         let labels: Vec<&str> = t.iter().map(|(_, l)| l.as_str()).collect();
         assert_eq!(labels, ["1", "16", "256", "4K", "64K", "1M"]);
+    }
+
+    #[test]
+    fn a_fault_is_drawn_as_its_own_hollow_mark_even_alone() {
+        let p = Plot::Line(LinePlot {
+            title: "t".into(),
+            x: Axis::size(),
+            y: Axis::linear("y"),
+            series: vec![Series {
+                name: "a".into(),
+                marks: vec![Mark {
+                    x: 65536.0,
+                    y: 1.2,
+                    note: "fault".into(),
+                    fault: true,
+                }],
+                ..Series::default()
+            }],
+        });
+        let svg = p.to_svg();
+        assert!(!svg.contains("no points to plot"), "{svg}");
+        assert_eq!(svg.matches("class=\"fault\"").count(), 1, "{svg}");
+        // Only the legend's marker is a filled circle: the fault is none.
+        assert_eq!(svg.matches("<circle").count(), 1, "{svg}");
     }
 
     #[test]
