@@ -33,6 +33,7 @@ mod mpi;
 mod mpi_absent;
 mod mptcp;
 mod multihost;
+mod physics;
 mod pio;
 mod pipeline;
 mod report;

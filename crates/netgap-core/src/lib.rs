@@ -13,6 +13,7 @@ pub mod files;
 pub mod host;
 pub mod metric;
 pub mod noise;
+pub mod physics;
 pub mod record;
 pub mod registry;
 pub mod sizing;

@@ -272,6 +272,12 @@ pub struct ResultRecord {
     /// absent for other tests.
     #[serde(flatten, default, skip_serializing_if = "Option::is_none")]
     pub group: Option<GroupSection>,
+    /// What the wire allows on the record's path (its payload limit) and
+    /// whether the result passed it (a measurement fault); set with the
+    /// stack ([`ResultRecord::with_stack`]), absent for records without one
+    /// (see [`crate::physics`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub physics: Option<crate::physics::Physics>,
 }
 
 /// The section of an imported record.
@@ -381,7 +387,25 @@ impl ResultRecord {
             ci_target: None,
             stack: None,
             group: None,
+            physics: None,
         }
+    }
+
+    /// The record with its stack, and its path's physics
+    /// ([`crate::physics::assess`]): the payload limit of the stack on its
+    /// path for the record's test and links, and the fault when the result
+    /// passes it. Set the test, headline, repetitions, bytes and sections
+    /// first; [`ResultRecord::diagnosed`] judges the finished record again.
+    pub fn with_stack(mut self, stack: crate::stack::Stack) -> ResultRecord {
+        self.stack = Some(stack);
+        self.physics = crate::physics::assess(&self);
+        self
+    }
+
+    /// The measurement fault of the record, when its result passes what its
+    /// path allows.
+    pub fn fault(&self) -> Option<&crate::physics::Fault> {
+        self.physics.as_ref().and_then(|p| p.fault.as_ref())
     }
 
     /// The record as a peer tool's measurement, imported.
@@ -411,12 +435,21 @@ impl ResultRecord {
 
     /// The record with its warnings set from the diagnosis of its noise
     /// ([`crate::noise::diagnose_record`]), which reads the finished
-    /// record: its repetitions, CPU of every end and placement.
+    /// record: its repetitions, CPU of every end and placement; and its
+    /// physics judged again ([`crate::physics::assess`]), a fault adding its
+    /// sentence to the warnings.
     pub fn diagnosed(mut self) -> ResultRecord {
         self.warnings = crate::noise::diagnose_record(&self)
             .map(|d| d.sentence)
             .into_iter()
             .collect();
+        if self.stack.is_some() {
+            self.physics = crate::physics::assess(&self);
+        }
+        if let Some(f) = self.fault() {
+            let sentence = crate::physics::fault_sentence(&self, f);
+            self.warnings.push(sentence);
+        }
         self
     }
 }
@@ -640,6 +673,47 @@ mod tests {
         );
         let back: ResultRecord = serde_json::from_str(&text).expect("decoded");
         assert_eq!(back.tool(), Some("iperf3"));
+    }
+
+    #[test]
+    fn the_stack_brings_the_physics_section_with_its_limit_or_null() {
+        use crate::spec::TransportOptions;
+        use crate::stack::{PathIdentity, Stack};
+        let plain = serde_json::to_value(ResultRecord::new(head())).expect("encoded");
+        assert!(plain.get("physics").is_none(), "{plain}");
+        let stack = |path: PathIdentity| {
+            Stack::new("tcp", Mode::Event, &TransportOptions::default(), path, None)
+        };
+        let loopback = ResultRecord::new(head()).with_stack(stack(PathIdentity {
+            kind: Some("loopback".into()),
+            mtu_bytes: Some(65536),
+            ..PathIdentity::default()
+        }));
+        let json = serde_json::to_value(&loopback).expect("encoded");
+        assert_eq!(
+            json["physics"],
+            serde_json::json!({"payload_limit_gbps": null})
+        );
+        let shaped = ResultRecord::new(RecordHead {
+            test: "stream".into(),
+            value: 2.0,
+            ..head()
+        })
+        .with_stack(stack(PathIdentity {
+            kind: Some("testbed".into()),
+            mtu_bytes: Some(1500),
+            rate_bps: Some(1_000_000_000),
+            bucket_bytes: Some(65536),
+            ..PathIdentity::default()
+        }))
+        .diagnosed();
+        let json = serde_json::to_value(&shaped).expect("encoded");
+        assert_eq!(json["stack"]["path"]["bucket_bytes"], 65536);
+        assert_eq!(json["physics"]["fault"]["kind"], "above_payload_limit");
+        assert_eq!(json["physics"]["fault"]["value"], 2.0);
+        assert_eq!(shaped.warnings.len(), 1, "{:?}", shaped.warnings);
+        let back: ResultRecord = serde_json::from_value(json).expect("decoded");
+        assert_eq!(back, shaped);
     }
 
     #[test]

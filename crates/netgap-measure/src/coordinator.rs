@@ -515,17 +515,15 @@ pub(crate) fn build_record(
     record.peer_host = Some(peer_host.clone());
     record.options = Some(plan.settings.record_options(spec));
     record.ci_target = m.ci;
-    record.stack = Some(
-        Stack::new(
-            &spec.transport,
-            spec.mode,
-            &spec.options,
-            path_of(plan, host, peer_host, conditions),
-            plan.settings.label.clone(),
-        )
-        .with_choices(&m.path_choices),
-    );
-    Ok(record.diagnosed())
+    let stack = Stack::new(
+        &spec.transport,
+        spec.mode,
+        &spec.options,
+        path_of(plan, host, peer_host, conditions),
+        plan.settings.label.clone(),
+    )
+    .with_choices(&m.path_choices);
+    Ok(record.with_stack(stack).diagnosed())
 }
 
 /// Opens the control session of `plan`: starts the in-process agent on

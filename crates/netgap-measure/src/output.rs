@@ -145,8 +145,17 @@ pub(crate) fn table_row(r: &ResultRecord) -> String {
     } else if !matches!(r.metric.as_str(), "latency_us" | "bandwidth_gbps") {
         notes.push(format!("{} {}", r.metric, fmt_num(r.value)));
     }
-    if !r.warnings.is_empty() {
+    let fault_sentence = r
+        .fault()
+        .map(|f| netgap_core::physics::fault_sentence(r, f));
+    if r.warnings
+        .iter()
+        .any(|w| Some(w) != fault_sentence.as_ref())
+    {
         notes.push("noisy".into());
+    }
+    if let Some(f) = r.fault() {
+        notes.push(fault_note(f));
     }
     if let Some(d) = r.datagrams.as_ref().and_then(|d| d.note()) {
         notes.push(d);
@@ -168,6 +177,15 @@ pub(crate) fn table_row(r: &ResultRecord) -> String {
         cpu(|c| c.remote.process_percent, 1),
         note,
     ])
+}
+
+/// The table's note for a result past what its path allows, such as
+/// `FAULT: above payload limit 0.966 Gbit/s`.
+pub(crate) fn fault_note(f: &netgap_core::physics::Fault) -> String {
+    match f.kind.as_str() {
+        "faster_than_wire" => format!("FAULT: faster than the wire ({:.1} us)", f.limit),
+        _ => format!("FAULT: above payload limit {:.3} Gbit/s", f.limit),
+    }
 }
 
 /// A note for a point measured with `--ci` that missed its target, such as
@@ -326,9 +344,14 @@ impl Observer for TableObserver {
         // The noise warning of a record (whichever words it was written
         // with) is replaced by the diagnosis, so noisy points group by kind.
         let diagnosis = netgap_core::noise::diagnose_record(record);
+        // A fault's sentence names its point itself.
+        let fault_sentence = record
+            .fault()
+            .map(|f| netgap_core::physics::fault_sentence(record, f));
         for w in &record.warnings {
             match &diagnosis {
                 Some(d) if w == &d.sentence || w.starts_with(NOISE_PREFIX) => {}
+                _ if Some(w) == fault_sentence.as_ref() => self.warnings.push(w.clone()),
                 _ => self.warnings.push(format!("{point}: {w}")),
             }
         }
@@ -393,6 +416,41 @@ mod tests {
             ),
             "{}",
             w[2]
+        );
+    }
+
+    #[test]
+    fn a_point_above_its_payload_limit_is_a_fault_in_the_table_and_the_warnings() {
+        use netgap_core::spec::{Mode, TransportOptions};
+        use netgap_core::stack::{PathIdentity, Stack};
+        let mut r = crate::test_support::record(1.2);
+        r.test = "stream".into();
+        r.metric = "bandwidth_gbps".into();
+        r.size_bytes = 65536;
+        r.stats = Some(RecordStats::from(&Summary::from_reps(&QUIET).unwrap()));
+        let path = PathIdentity {
+            kind: Some("testbed".into()),
+            topology: Some("switch".into()),
+            mtu_bytes: Some(1500),
+            rate_bps: Some(1_000_000_000),
+            ..PathIdentity::default()
+        };
+        let stack = Stack::new("tcp", Mode::Event, &TransportOptions::default(), path, None);
+        let r = r.with_stack(stack).diagnosed();
+        let row = table_row(&r);
+        assert!(
+            row.contains("FAULT: above payload limit 0.966 Gbit/s"),
+            "{row}"
+        );
+        assert!(!row.contains("noisy"), "{row}");
+        let mut t = TableObserver::new(1);
+        t.point_done(&r);
+        let w = t.warnings();
+        assert_eq!(w.len(), 1, "{w:#?}");
+        assert!(
+            w[0].starts_with("stream over tcp, 65536 B: 1.200 Gbit/s is above the 0.966 Gbit/s"),
+            "{}",
+            w[0]
         );
     }
 

@@ -414,8 +414,7 @@ fn build_record(
     record.host = Some(facts.rank0.clone());
     record.peer_host = Some(facts.rank1.clone());
     record.options = Some(options);
-    record.stack = Some(stack);
-    Ok(record.diagnosed())
+    Ok(record.with_stack(stack).diagnosed())
 }
 
 #[cfg(test)]

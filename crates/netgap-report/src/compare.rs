@@ -29,7 +29,9 @@
 //! Points of one interleaved run (records sharing `interleaved.group`) saw
 //! the same drift, so the test alone decides. A point whose records carry
 //! no repetitions (imported from a tool that reports one number) cannot be
-//! tested and is never called better or worse. A *regression* is a `worse`
+//! tested and is never called better or worse, nor is a point whose
+//! record on either side passes what its path allows (a measurement fault,
+//! `netgap_core::physics`): its verdict is `fault`. A *regression* is a `worse`
 //! point whose change is larger than the threshold; the binary exits with
 //! [`REGRESSION_EXIT_CODE`] when there is at least one.
 
@@ -106,6 +108,9 @@ pub enum Verdict {
     WithinDrift,
     /// No repetitions on one side: not tested.
     Untested,
+    /// One side's result passes what its path allows (a measurement
+    /// fault): neither better nor worse.
+    Fault,
 }
 
 impl Verdict {
@@ -117,6 +122,7 @@ impl Verdict {
             Verdict::Same => "same",
             Verdict::WithinDrift => "within drift",
             Verdict::Untested => "untested",
+            Verdict::Fault => "fault",
         }
     }
 }
@@ -460,7 +466,9 @@ pub fn compare(
         };
         let inter = interleaved(m);
         let beyond_drift = inter || drift_allowance_pct.is_none_or(|a| change_pct.abs() > a);
+        let faulted = m.b.record.fault().is_some() || m.n.record.fault().is_some();
         let verdict = match p_value {
+            _ if faulted => Verdict::Fault,
             None => Verdict::Untested,
             Some(p) if p >= ALPHA || nv == bv => Verdict::Same,
             Some(_) if !beyond_drift => Verdict::WithinDrift,
@@ -480,6 +488,18 @@ pub fn compare(
         });
     }
     changes.sort_by(|a, b| a.key.cmp(&b.key).then_with(|| a.stack.cmp(&b.stack)));
+    let faulted: Vec<String> = changes
+        .iter()
+        .filter(|c| c.verdict == Verdict::Fault)
+        .map(Change::label)
+        .collect();
+    if !faulted.is_empty() {
+        warnings.push(format!(
+            "{} points are past what their path allows on one side (a measurement fault) and are neither better nor worse: {}.",
+            faulted.len(),
+            faulted.join(", ")
+        ));
+    }
     Ok(Comparison {
         changes,
         only_base,
@@ -534,6 +554,10 @@ pub fn render(c: &Comparison) -> String {
         let _ = writeln!(out, "only in new: {}", escape_control(k));
     }
     let count = |v: Verdict| c.changes.iter().filter(|ch| ch.verdict == v).count();
+    let faulted = match count(Verdict::Fault) {
+        0 => String::new(),
+        n => format!(", {n} faulted"),
+    };
     let drift = match c.drift_allowance_pct {
         Some(a) => format!(
             ", {} within the drift allowance of {a:.1}%",
@@ -543,7 +567,7 @@ pub fn render(c: &Comparison) -> String {
     };
     let _ = writeln!(
         out,
-        "{} points: {} better, {} worse, {} same, {} untested (Welch's t-test, p < {ALPHA}){drift}; {} regressions beyond {}%",
+        "{} points: {} better, {} worse, {} same, {} untested{faulted} (Welch's t-test, p < {ALPHA}){drift}; {} regressions beyond {}%",
         c.changes.len(),
         count(Verdict::Better),
         count(Verdict::Worse),

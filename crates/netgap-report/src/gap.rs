@@ -137,7 +137,9 @@ pub fn gap_table(recs: &[&Loaded], labels: &Labels, baseline: &Baseline) -> Vec<
         .collect();
     for l in recs {
         let r = &l.record;
-        if !r.value.is_finite() || r.value <= 0.0 {
+        // A measurement fault is no point to compare (the report's notes
+        // list it).
+        if !r.value.is_finite() || r.value <= 0.0 || r.fault().is_some() {
             continue;
         }
         let (size, band, x) = match l.extras.clients {

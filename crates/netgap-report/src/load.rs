@@ -172,7 +172,18 @@ impl Loaded {
         Loaded::new(record, extras, file, line)
     }
 
-    fn new(record: ResultRecord, extras: Extras, file: PathBuf, line: usize) -> Loaded {
+    fn new(mut record: ResultRecord, extras: Extras, file: PathBuf, line: usize) -> Loaded {
+        // Judged again by this netgap's model, so a record from an older
+        // netgap, or one edited, past its path's limit is a fault here too.
+        if record.stack.is_some() {
+            record.physics = netgap_core::physics::assess(&record);
+            if let Some(f) = record.fault() {
+                let sentence = netgap_core::physics::fault_sentence(&record, f);
+                if !record.warnings.contains(&sentence) {
+                    record.warnings.push(sentence);
+                }
+            }
+        }
         let stack = Stack::of_record(&record);
         Loaded {
             record,

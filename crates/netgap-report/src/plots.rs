@@ -59,6 +59,9 @@ struct Item {
     y: f64,
     ci: Option<(f64, f64)>,
     mark: Option<Mark>,
+    /// The record's result passes its path's limit: drawn as a fault, not
+    /// as a point of the line.
+    fault: bool,
 }
 
 impl Item {
@@ -70,6 +73,7 @@ impl Item {
             y,
             ci: None,
             mark: None,
+            fault: l.record.fault().is_some(),
         }
     }
 
@@ -87,11 +91,23 @@ fn series(items: Vec<Item>, labels: &Labels) -> Vec<Series> {
     type Pts = Vec<(f64, f64, Option<(f64, f64)>, Option<Mark>)>;
     type Order = ((SeriesKey, Mode), (usize, String));
     let mut by: BTreeMap<Order, (SeriesKey, Pts)> = BTreeMap::new();
+    let mut faults: BTreeMap<Order, Vec<Mark>> = BTreeMap::new();
     for it in items {
-        by.entry((it.key.order(), it.sub.clone()))
-            .or_insert_with(|| (it.key.clone(), Vec::new()))
-            .1
-            .push((it.x, it.y, it.ci, it.mark));
+        let order = (it.key.order(), it.sub.clone());
+        let entry = by
+            .entry(order.clone())
+            .or_insert_with(|| (it.key.clone(), Vec::new()));
+        // A faulted point is no point of its line: only its own mark.
+        if it.fault {
+            faults.entry(order).or_default().push(Mark {
+                x: it.x,
+                y: it.y,
+                note: "fault".into(),
+                fault: true,
+            });
+        } else {
+            entry.1.push((it.x, it.y, it.ci, it.mark));
+        }
     }
     let families: Vec<SeriesKey> = by
         .keys()
@@ -100,7 +116,9 @@ fn series(items: Vec<Item>, labels: &Labels) -> Vec<Series> {
         .into_iter()
         .collect();
     by.into_iter()
-        .map(|(((family, mode), (rank, sub)), (key, mut pts))| {
+        .map(|(order, (key, mut pts))| {
+            let fault_marks = faults.remove(&order).unwrap_or_default();
+            let ((family, mode), (rank, sub)) = order;
             pts.sort_by(|a, b| a.0.total_cmp(&b.0));
             pts.dedup_by(|later, earlier| {
                 if later.0 == earlier.0 {
@@ -120,7 +138,11 @@ fn series(items: Vec<Item>, labels: &Labels) -> Vec<Series> {
             Series {
                 name,
                 errors: pts.iter().map(|p| p.2).collect(),
-                marks: pts.iter().filter_map(|p| p.3.clone()).collect(),
+                marks: pts
+                    .iter()
+                    .filter_map(|p| p.3.clone())
+                    .chain(fault_marks)
+                    .collect(),
                 points: pts.iter().map(|p| (p.0, p.1)).collect(),
                 colour: families.iter().position(|f| *f == family).unwrap_or(0),
                 dash: mode_rank + 2 * rank,
@@ -138,6 +160,7 @@ fn y_values(series: &[Series]) -> Vec<f64> {
                 .iter()
                 .map(|p| p.1)
                 .chain(s.errors.iter().flatten().flat_map(|e| [e.0, e.1]))
+                .chain(s.marks.iter().filter(|m| m.fault).map(|m| m.y))
         })
         .collect()
 }
@@ -192,12 +215,13 @@ fn against_size(section: &str, metric: &str, recs: &[&Loaded], labels: &Labels) 
                 x,
                 y,
                 note: format!("dropout -{:.0}%", d.depth_pct),
+                fault: false,
             });
             it
         })
         .collect();
     let main = series(items, labels);
-    let dropouts = main.iter().any(|s| !s.marks.is_empty());
+    let dropouts = main.iter().any(|s| s.marks.iter().any(|m| !m.fault));
     let title = format!(
         "{section}: {} against size{}",
         metric_label(metric),

@@ -100,6 +100,9 @@ pub struct Mark {
     pub y: f64,
     /// Short note drawn next to it.
     pub note: String,
+    /// A measurement fault (a result past its path's limit): drawn as a
+    /// hollow marker of its own instead of a point of the line.
+    pub fault: bool,
 }
 
 /// One line of a line plot.
@@ -362,6 +365,15 @@ fn line_svg(p: &LinePlot) -> String {
         .filter(|(_, y)| usable(&p.y, *y))
         .collect();
     pts.extend(bars);
+    // A fault is drawn off its line, but inside the axes too.
+    let faults: Vec<(f64, f64)> = p
+        .series
+        .iter()
+        .flat_map(|s| s.marks.iter())
+        .filter(|m| m.fault && usable(&p.x, m.x) && usable(&p.y, m.y))
+        .map(|m| (m.x, m.y))
+        .collect();
+    pts.extend(faults);
     let mut out = String::new();
     let height = HEIGHT + LEGEND_ROW_HEIGHT * p.series.len() as f64;
     header(&mut out, &p.title, height);
@@ -504,6 +516,18 @@ fn line_svg(p: &LinePlot) -> String {
             .filter(|m| usable(&p.x, m.x) && usable(&p.y, m.y))
         {
             let (x, y) = (sx.at(m.x), sy.at(m.y));
+            if m.fault {
+                let _ = writeln!(
+                    out,
+                    "<rect class=\"fault\" x=\"{:.1}\" y=\"{:.1}\" width=\"12\" height=\"12\" fill=\"none\" stroke=\"{colour}\" stroke-width=\"2\" stroke-dasharray=\"3 2\"/>\
+                     <text x=\"{x:.1}\" y=\"{:.1}\" text-anchor=\"middle\" fill=\"#C00000\" font-size=\"11\">{}</text>",
+                    x - 6.0,
+                    y - 6.0,
+                    y - 11.0,
+                    escape(&m.note)
+                );
+                continue;
+            }
             let _ = writeln!(
                 out,
                 "<circle class=\"mark\" cx=\"{x:.1}\" cy=\"{y:.1}\" r=\"9\" fill=\"none\" stroke=\"#C00000\" stroke-width=\"2\"/>\
@@ -651,6 +675,30 @@ mod tests {
         assert_eq!((lo, hi), (1.0, 4194304.0));
         let labels: Vec<&str> = t.iter().map(|(_, l)| l.as_str()).collect();
         assert_eq!(labels, ["1", "16", "256", "4K", "64K", "1M"]);
+    }
+
+    #[test]
+    fn a_fault_is_drawn_as_its_own_hollow_mark_even_alone() {
+        let p = Plot::Line(LinePlot {
+            title: "t".into(),
+            x: Axis::size(),
+            y: Axis::linear("y"),
+            series: vec![Series {
+                name: "a".into(),
+                marks: vec![Mark {
+                    x: 65536.0,
+                    y: 1.2,
+                    note: "fault".into(),
+                    fault: true,
+                }],
+                ..Series::default()
+            }],
+        });
+        let svg = p.to_svg();
+        assert!(!svg.contains("no points to plot"), "{svg}");
+        assert_eq!(svg.matches("class=\"fault\"").count(), 1, "{svg}");
+        // Only the legend's marker is a filled circle: the fault is none.
+        assert_eq!(svg.matches("<circle").count(), 1, "{svg}");
     }
 
     #[test]

@@ -427,14 +427,14 @@ pub(super) fn measure_point(
     record.host = Some(coord.local.clone());
     record.peer_host = Some(coord.links[first_server].facts.clone());
     record.options = Some(options);
-    record.stack = Some(Stack::new(
+    let stack = Stack::new(
         &point.spec.transport,
         point.spec.mode,
         &point.spec.options,
         path,
         plan.settings.label.clone(),
-    ));
-    Ok(record.diagnosed())
+    );
+    Ok(record.with_stack(stack).diagnosed())
 }
 
 #[cfg(test)]

@@ -1,0 +1,640 @@
+//! What the wire allows: the payload a shaped path can carry, and the check
+//! of a record against it.
+//!
+//! A testbed link is held to `rate_bps` by a token bucket filter that
+//! counts every frame from its Ethernet header on (14 bytes, no preamble or
+//! FCS), so the payload a stack moves is the rate times the share of each
+//! frame that is payload, which depends on the stack's framing:
+//!
+//! - tcp (and `uring`, kernel TCP): MSS = MTU - 40 (IP and TCP headers) -
+//!   12 (the timestamp option), in a frame of MTU + 14 (1448 of 1514 at
+//!   MTU 1500);
+//! - mptcp: tcp's, less the DSS option every data segment carries (64-bit
+//!   data ack and mapping, 26 bytes padded to 28);
+//! - udp: one datagram per message, netgap's 24-byte header and the UDP
+//!   header after the message, IP-fragmented past the MTU (each fragment
+//!   its own IP header and frame), so the share depends on the message size;
+//! - xdp: raw Ethernet frames with netgap's own 36-byte header (fields and
+//!   the 8-byte authentication tag) after the Ethernet header;
+//! - MPI over its tcp transport (`btl=tcp`): tcp's;
+//! - unix, shm, loopback and shared memory: no link, no limit.
+//!
+//! Several links used at once (multirail, a multi-host point across a mesh)
+//! carry the sum of their limits; a bidirectional test carries twice the
+//! one-way limit, each direction having its own shaper. A multi-host point
+//! is bounded by the links between its server hosts and its client hosts:
+//! on a switch each host has one link, on a mesh each pair of hosts has one.
+//!
+//! A token bucket lets its bucket through at memory speed after an idle
+//! moment, so a result is judged against the model, not the rate alone:
+//! a window of `W` seconds carries at most the payload limit plus the
+//! bucket's payload over `W` (and at most the limit plus 1%, the
+//! measurement's own tolerance, whichever is larger), and a transfer of `B`
+//! bytes after an idle moment takes at least `(B - bucket) / rate` on the
+//! wire. A result past either is a measurement fault ([`Fault`]), never a
+//! clean point. A path whose rate, MTU or framing is unknown has no limit
+//! (`None`), never a guess.
+
+use crate::record::ResultRecord;
+use crate::stack::Stack;
+use serde::{Deserialize, Serialize};
+
+/// Ethernet header the shaper counts with every frame.
+pub const ETH_HEADER_BYTES: u64 = 14;
+/// IPv4 and TCP headers without options.
+const IP_TCP_HEADER_BYTES: u64 = 40;
+/// TCP timestamp option, padded (Linux enables timestamps by default).
+const TCP_TIMESTAMP_BYTES: u64 = 12;
+/// MPTCP DSS option with a 64-bit data ack and a 64-bit mapping, padded.
+const MPTCP_DSS_BYTES: u64 = 28;
+/// IPv4 header without options.
+const IP_HEADER_BYTES: u64 = 20;
+/// UDP header.
+const UDP_HEADER_BYTES: u64 = 8;
+/// netgap's own header on each udp datagram (`netgap_transport::udp`).
+pub const NETGAP_UDP_HEADER_BYTES: u64 = 24;
+/// netgap's own xdp frame header after the Ethernet header: its fields and
+/// the 8-byte authentication tag (`netgap_transport::xdp::reliable`).
+pub const NETGAP_XDP_HEADER_BYTES: u64 = 36;
+/// Tolerance of the plain limit: a bandwidth up to 1% above it is noise.
+pub const TOLERANCE: f64 = 0.01;
+
+/// How a stack puts payload into frames.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Framing {
+    /// Kernel TCP with timestamps.
+    Tcp,
+    /// Kernel MPTCP: TCP with the DSS option on every data segment.
+    Mptcp,
+    /// netgap's udp: one datagram per message.
+    Udp,
+    /// netgap's xdp: raw Ethernet frames with its own header.
+    Xdp,
+}
+
+impl Framing {
+    /// The framing of a stack's data, when it crosses a link netgap knows
+    /// the framing of; `None` for stacks with no link (unix, shm, shared
+    /// memory) or an unknown transport.
+    pub fn of(stack: &Stack) -> Option<Framing> {
+        match stack.transport.as_str() {
+            "tcp" | "uring" => Some(Framing::Tcp),
+            "mptcp" => Some(Framing::Mptcp),
+            "udp" => Some(Framing::Udp),
+            "xdp" => Some(Framing::Xdp),
+            "mpi" if stack.options.iter().any(|o| o == "btl=tcp") => Some(Framing::Tcp),
+            _ => None,
+        }
+    }
+
+    /// Payload bytes and frame bytes (as the shaper counts them) of a
+    /// message of `size_bytes` at `mtu_bytes`, for a long run of such
+    /// messages; `None` for an MTU too small for the headers.
+    pub fn payload_and_frame_bytes(self, mtu_bytes: u64, size_bytes: u64) -> Option<(u64, u64)> {
+        let per_segment = |overhead: u64| -> Option<(u64, u64)> {
+            let payload = mtu_bytes.checked_sub(overhead).filter(|&p| p > 0)?;
+            Some((payload, mtu_bytes + ETH_HEADER_BYTES))
+        };
+        match self {
+            Framing::Tcp => per_segment(IP_TCP_HEADER_BYTES + TCP_TIMESTAMP_BYTES),
+            Framing::Mptcp => {
+                per_segment(IP_TCP_HEADER_BYTES + TCP_TIMESTAMP_BYTES + MPTCP_DSS_BYTES)
+            }
+            Framing::Xdp => per_segment(NETGAP_XDP_HEADER_BYTES),
+            Framing::Udp => {
+                // One datagram per message; fragments carry a multiple of 8
+                // bytes of it, each in its own IP packet and frame.
+                let datagram = size_bytes.max(1) + NETGAP_UDP_HEADER_BYTES + UDP_HEADER_BYTES;
+                let per_fragment = (mtu_bytes.checked_sub(IP_HEADER_BYTES)? / 8) * 8;
+                if per_fragment == 0 {
+                    return None;
+                }
+                let fragments = datagram.div_ceil(per_fragment);
+                let frame = datagram + fragments * (IP_HEADER_BYTES + ETH_HEADER_BYTES);
+                Some((size_bytes.max(1), frame))
+            }
+        }
+    }
+}
+
+/// The wire model of one record's path: its payload limit and its bucket.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct WireModel {
+    /// Payload the path carries in Gbit/s (10^9 bit/s), all links and
+    /// directions the test uses together.
+    pub payload_limit_gbps: f64,
+    /// Share of the shaped bytes that is payload.
+    pub payload_share: f64,
+    /// One link's shaper rate in bit/s.
+    pub rate_bps: u64,
+    /// The buckets the test can drain at once (all links and directions),
+    /// in bytes as the shaper counts them, when the bucket is known.
+    pub bucket_bytes: Option<u64>,
+    /// Shapers the test's traffic passes at once (links times directions).
+    pub shapers: u32,
+}
+
+impl WireModel {
+    /// The model of one shaped link of `rate_bps` carrying `framing` at
+    /// `mtu_bytes` with messages of `size_bytes`, used `shapers` times at
+    /// once; `None` for an MTU too small for the headers or no shaper.
+    pub fn new(
+        framing: Framing,
+        rate_bps: u64,
+        mtu_bytes: u64,
+        size_bytes: u64,
+        bucket_bytes: Option<u64>,
+        shapers: u32,
+    ) -> Option<WireModel> {
+        if shapers == 0 || rate_bps == 0 {
+            return None;
+        }
+        let (payload, frame) = framing.payload_and_frame_bytes(mtu_bytes, size_bytes)?;
+        let payload_share = payload as f64 / frame as f64;
+        Some(WireModel {
+            payload_limit_gbps: rate_bps as f64 * payload_share * f64::from(shapers) / 1e9,
+            payload_share,
+            rate_bps,
+            bucket_bytes: bucket_bytes.map(|b| b * u64::from(shapers)),
+            shapers,
+        })
+    }
+
+    /// The model of a record's path, or `None` when its limit is unknown
+    /// (no stack, no rate, no MTU, a stack with no link, or a multi-host
+    /// placement whose links the record does not tell).
+    pub fn of_record(r: &ResultRecord) -> Option<WireModel> {
+        let stack = r.stack.as_ref()?;
+        let framing = Framing::of(stack)?;
+        let path = &stack.path;
+        let rate_bps = path.rate_bps?;
+        let mtu_bytes = u64::from(path.mtu_bytes?);
+        let links = links_used(r, stack)?;
+        let directions = if is_bidirectional(r) { 2 } else { 1 };
+        WireModel::new(
+            framing,
+            rate_bps,
+            mtu_bytes,
+            r.size_bytes,
+            path.bucket_bytes,
+            links * directions,
+        )
+    }
+
+    /// The most bandwidth (Gbit/s) a window of `window_s` seconds can show:
+    /// the limit plus 1%, or the limit plus the buckets' payload over the
+    /// window when that is more (the bucket passes at memory speed).
+    pub fn max_window_gbps(&self, window_s: Option<f64>) -> f64 {
+        let plain = self.payload_limit_gbps * (1.0 + TOLERANCE);
+        match (self.bucket_bytes, window_s) {
+            (Some(b), Some(w)) if w > 0.0 => {
+                let burst_gbps = b as f64 * self.payload_share * 8.0 / w / 1e9;
+                plain.max(self.payload_limit_gbps + burst_gbps)
+            }
+            _ => plain,
+        }
+    }
+
+    /// The least time in µs that `payload_bytes` of one message after an
+    /// idle moment take on one shaper: the frames past the bucket at the
+    /// rate. `None` when the bucket is unknown: the least time then is not
+    /// known either, and none is assumed.
+    pub fn min_transfer_us(&self, payload_bytes: u64) -> Option<f64> {
+        let per_shaper_bucket = self.bucket_bytes? / u64::from(self.shapers);
+        let wire_bytes = payload_bytes as f64 / self.payload_share;
+        let beyond = (wire_bytes - per_shaper_bucket as f64).max(0.0);
+        Some(beyond * 8.0 / self.rate_bps as f64 * 1e6)
+    }
+}
+
+/// Links the record's traffic crosses at once: a point-to-point test one,
+/// `multirail` the links it lists, a multi-host point the links between
+/// its server and client hosts.
+fn links_used(r: &ResultRecord, stack: &Stack) -> Option<u32> {
+    let Some(g) = &r.group else {
+        // mptcp on a mesh opens a subflow per link between the pair, and
+        // the record does not say how many there are.
+        let mesh = stack.path.topology.as_deref() == Some("mesh");
+        return (!(mesh && stack.transport == "mptcp")).then_some(1);
+    };
+    if !g.links.is_empty() {
+        return u32::try_from(g.links.len()).ok();
+    }
+    let count = |role: &str| -> Option<u32> {
+        let mut hosts: Vec<&str> = g
+            .hosts_cpu
+            .iter()
+            .filter(|h| h.role == role)
+            .map(|h| h.host.as_str())
+            .collect();
+        hosts.sort_unstable();
+        hosts.dedup();
+        u32::try_from(hosts.len()).ok().filter(|&n| n > 0)
+    };
+    let clients = g.client_hosts.or_else(|| count("client"))?;
+    let servers = count("server")?;
+    match stack.path.topology.as_deref() {
+        Some("switch") => Some(servers.min(clients)),
+        Some("mesh") if stack.transport != "mptcp" => Some(servers * clients),
+        _ => None,
+    }
+}
+
+/// Whether the test moves payload both ways at once over the path.
+fn is_bidirectional(r: &ResultRecord) -> bool {
+    matches!(r.test.as_str(), "bibw" | "bibw-pingpong" | "mpi-bibw")
+        || r.sweep.as_ref().is_some_and(|s| s.sweep_kind == "bidir")
+        || r.options.as_ref().is_some_and(|o| o.bidir)
+}
+
+/// Tests whose headline is the one-way time of one message of the
+/// record's size.
+fn is_one_way_message(r: &ResultRecord) -> bool {
+    r.metric == "latency_us" && matches!(r.test.as_str(), "pingpong" | "mpi-latency")
+}
+
+/// A result past what its path's model allows.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Fault {
+    /// `above_payload_limit` (a bandwidth above the model's most) or
+    /// `faster_than_wire` (a transfer faster than the model's least time).
+    pub kind: String,
+    /// The model's bound in the record's metric unit: the most Gbit/s, or
+    /// the least µs.
+    pub limit: f64,
+    /// The path's payload limit in Gbit/s.
+    pub limit_gbps: f64,
+    /// The record's value that passed the bound, in its metric unit.
+    pub value: f64,
+}
+
+/// The physics section of a record: its path's payload limit and, when a
+/// result passed its model, the fault.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Physics {
+    /// Payload the path carries in Gbit/s for the record's stack, test and
+    /// links; `null` when unknown (no shaped link, or facts missing).
+    pub payload_limit_gbps: Option<f64>,
+    /// Set when the record's result passes its model: a measurement fault.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fault: Option<Fault>,
+}
+
+/// The record's window in seconds for the bandwidth rule: a sweep block's
+/// time, or the payload of one repetition over the record's bandwidth.
+fn window_s(r: &ResultRecord) -> Option<f64> {
+    if let Some(s) = &r.sweep {
+        return (s.block_time_us > 0.0).then_some(s.block_time_us / 1e6);
+    }
+    let b = r.bytes.as_ref()?;
+    let reps = r.stats.as_ref().map(|s| s.reps.len()).filter(|&n| n > 0)?;
+    let per_rep_bits = (b.client_rx + b.server_rx) as f64 * 8.0 / reps as f64;
+    (r.value > 0.0).then(|| per_rep_bits / (r.value * 1e9))
+}
+
+/// The physics of a record: its limit and any fault. `None` for a record
+/// without a stack (imported, or older than stacks).
+pub fn assess(r: &ResultRecord) -> Option<Physics> {
+    r.stack.as_ref()?;
+    let Some(model) = WireModel::of_record(r) else {
+        return Some(Physics {
+            payload_limit_gbps: None,
+            fault: None,
+        });
+    };
+    let fault = if r.metric == "bandwidth_gbps" {
+        let most = model.max_window_gbps(window_s(r));
+        (r.value > most).then(|| Fault {
+            kind: "above_payload_limit".into(),
+            limit: most,
+            limit_gbps: model.payload_limit_gbps,
+            value: r.value,
+        })
+    } else if is_one_way_message(r) {
+        model.min_transfer_us(r.size_bytes).and_then(|least| {
+            (r.value < least * (1.0 - TOLERANCE)).then(|| Fault {
+                kind: "faster_than_wire".into(),
+                limit: least,
+                limit_gbps: model.payload_limit_gbps,
+                value: r.value,
+            })
+        })
+    } else {
+        None
+    };
+    Some(Physics {
+        payload_limit_gbps: Some(model.payload_limit_gbps),
+        fault,
+    })
+}
+
+/// One sentence naming the point and how it passed its model.
+pub fn fault_sentence(r: &ResultRecord, f: &Fault) -> String {
+    let point = format!("{} over {}, {} B", r.test, r.transport, r.size_bytes);
+    match f.kind.as_str() {
+        "faster_than_wire" => format!(
+            "{point}: {:.1} us one way is faster than the {:.1} us the shaped link needs for \
+             the message past its bucket: a measurement fault, not a result",
+            f.value, f.limit
+        ),
+        _ => format!(
+            "{point}: {:.3} Gbit/s is above the {:.3} Gbit/s its path can carry (payload \
+             limit {:.3} Gbit/s): a measurement fault, not a result",
+            f.value, f.limit, f.limit_gbps
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::{ByteCounts, GroupSection, HostCpu, RecordHead, RecordStats};
+    use crate::spec::{Mode, TransportOptions};
+    use crate::stack::PathIdentity;
+
+    const G: u64 = 1_000_000_000;
+
+    fn near(a: f64, b: f64) -> bool {
+        (a - b).abs() < 1e-9
+    }
+
+    fn record(test: &str, transport: &str, size: u64, metric: &str, value: f64) -> ResultRecord {
+        ResultRecord::new(RecordHead {
+            test: test.into(),
+            transport: transport.into(),
+            mode: Mode::Event,
+            size_bytes: size,
+            metric: metric.into(),
+            value,
+            time: "t".into(),
+        })
+    }
+
+    fn shaped(topology: &str, mtu: u32, bucket: Option<u64>) -> PathIdentity {
+        PathIdentity {
+            kind: Some("testbed".into()),
+            topology: Some(topology.into()),
+            mtu_bytes: Some(mtu),
+            rate_bps: Some(G),
+            bucket_bytes: bucket,
+            ..PathIdentity::default()
+        }
+    }
+
+    fn on(mut r: ResultRecord, path: PathIdentity) -> ResultRecord {
+        let t = r.transport.clone();
+        r = r.with_stack(Stack::new(
+            &t,
+            Mode::Event,
+            &TransportOptions::default(),
+            path,
+            None,
+        ));
+        r
+    }
+
+    fn limit(r: &ResultRecord) -> Option<f64> {
+        assess(r).and_then(|p| p.payload_limit_gbps)
+    }
+
+    #[test]
+    fn tcp_carries_1448_of_1514_at_mtu_1500_and_8948_of_9014_at_9000() {
+        let r = on(
+            record("stream", "tcp", 65536, "bandwidth_gbps", 0.9),
+            shaped("switch", 1500, None),
+        );
+        assert!(near(limit(&r).expect("limit"), 1448.0 / 1514.0));
+        let r = on(
+            record("stream", "tcp", 65536, "bandwidth_gbps", 0.9),
+            shaped("switch", 9000, None),
+        );
+        assert!(near(limit(&r).expect("limit"), 8948.0 / 9014.0));
+        let r = on(
+            record("stream", "mptcp", 65536, "bandwidth_gbps", 0.9),
+            shaped("switch", 1500, None),
+        );
+        assert!(near(limit(&r).expect("limit"), 1420.0 / 1514.0));
+    }
+
+    #[test]
+    fn udp_depends_on_the_message_and_xdp_on_its_own_header() {
+        // A datagram that fills a frame: 1448 payload + 24 + 8 + 20 + 14.
+        let r = on(
+            record("stream", "udp", 1448, "bandwidth_gbps", 0.9),
+            shaped("switch", 1500, None),
+        );
+        assert!(near(limit(&r).expect("limit"), 1448.0 / 1514.0));
+        // 64 KiB - 24 - 8 bytes of datagram in 45 fragments of 1480.
+        let (p, f) = Framing::Udp
+            .payload_and_frame_bytes(1500, 65000)
+            .expect("fits");
+        assert_eq!((p, f), (65000, 65000 + 32 + 44 * 34));
+        let r = on(
+            record("stream", "xdp", 65536, "bandwidth_gbps", 0.9),
+            shaped("switch", 1500, None),
+        );
+        assert!(near(limit(&r).expect("limit"), 1464.0 / 1514.0));
+        assert_eq!(Framing::Tcp.payload_and_frame_bytes(40, 1), None);
+    }
+
+    #[test]
+    fn links_and_directions_add_up() {
+        let mut r = record("multirail", "tcp", 65536, "bandwidth_gbps", 2.8);
+        let link = crate::record::LinkResult {
+            local: "a".into(),
+            remote: "b".into(),
+            bytes: 1,
+            bandwidth_gbps: 1.0,
+        };
+        r = r.with_group(GroupSection {
+            clients: 3,
+            client_hosts: Some(1),
+            flows: Vec::new(),
+            hosts_cpu: Vec::new(),
+            links: vec![link.clone(), link.clone(), link],
+            app: None,
+        });
+        let r = on(r, shaped("mesh", 1500, None));
+        assert!(near(limit(&r).expect("limit"), 3.0 * 1448.0 / 1514.0));
+
+        let r = on(
+            record("bibw", "tcp", 65536, "bandwidth_gbps", 1.9),
+            shaped("switch", 1500, None),
+        );
+        assert!(near(limit(&r).expect("limit"), 2.0 * 1448.0 / 1514.0));
+        assert!(assess(&r).and_then(|p| p.fault).is_none());
+
+        // Fan-in of three client hosts: the server's one link on a switch,
+        // one link per client on a mesh.
+        let host = |name: &str, role: &str| HostCpu {
+            host: name.into(),
+            role: role.into(),
+            cpu: crate::cpu::CpuUsage::default(),
+            peak_rss_kib: None,
+            processes: None,
+            facts: None,
+        };
+        let fan_in = || {
+            record("fan-in", "tcp", 65536, "bandwidth_gbps", 0.95).with_group(GroupSection {
+                clients: 3,
+                client_hosts: Some(3),
+                flows: Vec::new(),
+                hosts_cpu: vec![
+                    host("s", "server"),
+                    host("a", "client"),
+                    host("b", "client"),
+                    host("c", "client"),
+                ],
+                links: Vec::new(),
+                app: None,
+            })
+        };
+        let switch = on(fan_in(), shaped("switch", 1500, None));
+        assert!(near(limit(&switch).expect("limit"), 1448.0 / 1514.0));
+        let mesh = on(fan_in(), shaped("mesh", 1500, None));
+        assert!(near(limit(&mesh).expect("limit"), 3.0 * 1448.0 / 1514.0));
+    }
+
+    #[test]
+    fn mpi_over_tcp_is_tcp_and_over_shared_memory_has_no_limit() {
+        let mpi = |btl: &str, test: &str| {
+            let mut stack = Stack::new(
+                "mpi",
+                Mode::Event,
+                &TransportOptions::default(),
+                shaped("switch", 1500, None),
+                None,
+            );
+            stack.options = vec![format!("btl={btl}"), "mca_btl=tcp,self".into()];
+            record(test, "mpi", 65536, "bandwidth_gbps", 0.9).with_stack(stack)
+        };
+        assert!(near(
+            limit(&mpi("tcp", "mpi-bw")).expect("limit"),
+            1448.0 / 1514.0
+        ));
+        assert!(near(
+            limit(&mpi("tcp", "mpi-bibw")).expect("limit"),
+            2.0 * 1448.0 / 1514.0
+        ));
+        assert_eq!(limit(&mpi("vader", "mpi-bw")), None);
+    }
+
+    #[test]
+    fn an_unknown_path_has_no_limit() {
+        let r = on(
+            record("stream", "tcp", 65536, "bandwidth_gbps", 30.0),
+            PathIdentity {
+                kind: Some("loopback".into()),
+                mtu_bytes: Some(65536),
+                ..PathIdentity::default()
+            },
+        );
+        let p = assess(&r).expect("a stack");
+        assert_eq!(p.payload_limit_gbps, None);
+        assert_eq!(p.fault, None);
+        // No stack at all: no physics section.
+        assert_eq!(
+            assess(&record("stream", "tcp", 1, "bandwidth_gbps", 1.0)),
+            None
+        );
+        for t in ["unix", "shm"] {
+            let r = on(
+                record("stream", t, 65536, "bandwidth_gbps", 30.0),
+                shaped("switch", 1500, None),
+            );
+            assert_eq!(limit(&r), None, "{t}");
+        }
+        let r = on(
+            record("stream", "mptcp", 65536, "bandwidth_gbps", 2.0),
+            shaped("mesh", 1500, None),
+        );
+        assert_eq!(limit(&r), None);
+    }
+
+    #[test]
+    fn a_bandwidth_past_the_limit_plus_one_percent_or_the_bucket_is_a_fault() {
+        let stream = |value: f64, bytes_per_rep: u64, bucket: Option<u64>| {
+            let mut r = record("stream", "tcp", 65536, "bandwidth_gbps", value);
+            r.stats = Some(RecordStats {
+                min: value,
+                median: value,
+                max: value,
+                stdev: 0.0,
+                ci95_low: None,
+                ci95_high: None,
+                cv: 0.0,
+                reps: vec![value; 2],
+            });
+            r.bytes = Some(ByteCounts {
+                client_tx: 2 * bytes_per_rep,
+                client_rx: 0,
+                server_tx: 0,
+                server_rx: 2 * bytes_per_rep,
+            });
+            on(r, shaped("switch", 1500, bucket))
+        };
+        let l = 1448.0 / 1514.0;
+        assert_eq!(
+            assess(&stream(l * 1.005, 1 << 30, None)).and_then(|p| p.fault),
+            None
+        );
+        let f = assess(&stream(l * 1.02, 1 << 30, None))
+            .and_then(|p| p.fault)
+            .expect("fault");
+        assert_eq!(f.kind, "above_payload_limit");
+        assert!(near(f.limit, l * 1.01) && near(f.limit_gbps, l));
+        // 16 MiB with a 500 KB bucket: the window may show the bucket's
+        // share above the rate, and no more.
+        let bytes = 16 << 20;
+        let bucket = 500_000u64;
+        let w_at = |gbps: f64| bytes as f64 * 8.0 / (gbps * 1e9);
+        let most = |gbps: f64| l + bucket as f64 * l * 8.0 / w_at(gbps) / 1e9;
+        let v = 0.98;
+        assert!(v < most(v));
+        assert_eq!(
+            assess(&stream(v, bytes, Some(bucket))).and_then(|p| p.fault),
+            None
+        );
+        let v = 1.1;
+        assert!(v > most(v));
+        assert!(assess(&stream(v, bytes, Some(bucket)))
+            .and_then(|p| p.fault)
+            .is_some());
+    }
+
+    #[test]
+    fn a_message_faster_than_its_frames_past_the_bucket_is_a_fault() {
+        let mib = 1 << 20;
+        let ping = |us: f64, bucket: Option<u64>| {
+            on(
+                record("pingpong", "tcp", mib, "latency_us", us),
+                shaped("switch", 1500, bucket),
+            )
+        };
+        // 1 MiB at 1 Gbit/s, a 64 KiB bucket: (1 MiB * 1514/1448 - 64 KiB)
+        // * 8 / 1e9 s.
+        let least = (mib as f64 * 1514.0 / 1448.0 - 65536.0) * 8.0 / 1e3;
+        assert!((least - 8246.0).abs() < 1.0, "{least}");
+        assert_eq!(
+            assess(&ping(8400.0, Some(65536))).and_then(|p| p.fault),
+            None
+        );
+        let f = assess(&ping(5205.0, Some(65536)))
+            .and_then(|p| p.fault)
+            .expect("fault");
+        assert_eq!(f.kind, "faster_than_wire");
+        assert!(near(f.limit, least));
+        // Without the bucket the least time is not known: no verdict.
+        assert_eq!(assess(&ping(5205.0, None)).and_then(|p| p.fault), None);
+        // A sweep block's time is its window.
+        let mut r = record("sweep", "tcp", mib, "bandwidth_gbps", 1.9);
+        r = r.with_sweep(crate::record::SweepSection {
+            sweep_kind: "pingpong".into(),
+            block_time_us: mib as f64 * 8.0 / 1.9e3,
+            dropout: None,
+            unstable: None,
+        });
+        let r = on(r, shaped("switch", 1500, Some(65536)));
+        assert!(assess(&r).and_then(|p| p.fault).is_some());
+    }
+}
