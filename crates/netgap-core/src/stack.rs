@@ -81,9 +81,6 @@ pub struct PathIdentity {
     /// Queueing discipline of the data interface, when known.
     #[serde(default)]
     pub qdisc: Option<String>,
-    /// TBF bucket in bytes of the link's shaper, when shaped.
-    #[serde(default)]
-    pub bucket_bytes: Option<u64>,
 }
 
 impl PathIdentity {
