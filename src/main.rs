@@ -258,7 +258,12 @@ fn run(args: &RunFlags) -> Result<()> {
     let request = args.request();
     let (mpi_tests, rest) = netgap::mpi::plan::split_tests(&request.tests);
     if !mpi_tests.is_empty() {
-        return run_with_mpi(&request, &mpi_tests, rest);
+        return run_with_mpi(&request, &mpi_tests, &args.mpi.options(), rest);
+    }
+    if args.mpi.mpi_btl.is_some() {
+        return Err(anyhow!(
+            "--mpi-btl has no effect without an MPI test (mpi-latency, mpi-bw, mpi-bibw)"
+        ));
     }
     if netgap::group::plan::is_group_run(&request.tests)? {
         return execute(&Job::Group(GroupPlan::from_request(&request)?));
@@ -271,9 +276,16 @@ fn run(args: &RunFlags) -> Result<()> {
 fn run_with_mpi(
     request: &RunRequest,
     mpi_tests: &[netgap::mpi::MpiTest],
+    mpi: &netgap::mpi::plan::MpiOptions,
     rest: Vec<String>,
 ) -> Result<()> {
-    let mpi_plan = MpiPlan::from_request(request, mpi_tests, rest.is_empty())?;
+    let mpi_plan = MpiPlan::from_request(
+        request,
+        mpi_tests,
+        mpi,
+        netgap::mpi::launch::environment(),
+        rest.is_empty(),
+    )?;
     netgap::mpi::availability().map_err(|why| anyhow!("the MPI tests cannot run here: {why}"))?;
     if !rest.is_empty() {
         let sockets = RunRequest {

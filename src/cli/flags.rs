@@ -287,6 +287,29 @@ impl InterleaveFlags {
     }
 }
 
+/// The MPI tests' own flags (`run` only).
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "MPI tests")]
+pub struct MpiFlags {
+    /// The BTL two ranks on this machine meet over: vader (shared memory,
+    /// the default) or tcp (TCP over loopback, the path the socket tests
+    /// take). Across testbed hosts the ranks always use TCP.
+    #[arg(long, value_name = "BTL", value_parser = parse_local_btl)]
+    pub mpi_btl: Option<netgap::mpi::launch::LocalBtl>,
+}
+
+impl MpiFlags {
+    /// The typed options.
+    pub fn options(&self) -> netgap::mpi::plan::MpiOptions {
+        netgap::mpi::plan::MpiOptions { btl: self.mpi_btl }
+    }
+}
+
+fn parse_local_btl(s: &str) -> Result<netgap::mpi::launch::LocalBtl, String> {
+    netgap::mpi::launch::LocalBtl::by_name(s)
+        .ok_or_else(|| format!("{s:?} is not a BTL netgap runs MPI over; choose vader or tcp"))
+}
+
 fn parse_condition_axis(s: &str) -> Result<ConditionAxis, String> {
     ConditionAxis::parse(s).map_err(|e| e.to_string())
 }

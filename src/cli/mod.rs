@@ -5,7 +5,7 @@
 pub mod flags;
 
 use clap::{Parser, Subcommand};
-use flags::{InterleaveFlags, MultiHostFlags, OutputFlags, RepFlags, StackFlags};
+use flags::{InterleaveFlags, MpiFlags, MultiHostFlags, OutputFlags, RepFlags, StackFlags};
 use netgap::plan::DEFAULT_PORT;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -161,6 +161,8 @@ pub struct RunFlags {
     pub multi_host: MultiHostFlags,
     #[command(flatten)]
     pub interleave: InterleaveFlags,
+    #[command(flatten)]
+    pub mpi: MpiFlags,
 }
 
 impl RunFlags {

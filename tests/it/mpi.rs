@@ -7,7 +7,8 @@ use crate::common;
 
 use crate::common::testbed::Testbed;
 use crate::common::{
-    f, fails_with_one_line, has_whole_record, netgap, ok, read_records, system_ready,
+    f, fails_with_one_line, has_whole_record, netgap, ok, one_line_error, read_records,
+    system_ready,
 };
 use serde_json::Value;
 use std::process::Command;
@@ -110,12 +111,119 @@ fn mpi_tests_run_on_this_machine_over_shared_memory() {
     );
     for r in &records {
         check_mpi_record(r, 3);
-        assert!(stack_options(r).contains(&"btl=vader".to_string()));
+        // What Open MPI reported it used, and nothing it did not.
+        let opts = stack_options(r);
+        assert!(opts.contains(&"btl=vader".to_string()), "{opts:?}");
+        assert!(opts.contains(&"pml=ob1".to_string()), "{opts:?}");
+        assert!(!opts.iter().any(|o| o.starts_with("btl_if=")), "{opts:?}");
         assert_eq!(r["stack"]["path"]["kind"], "shared-memory");
     }
     // bibw moves as much each way.
     let b = &records[5]["bytes"];
     assert_eq!(b["client_tx"], b["client_rx"]);
+}
+
+/// `--mpi-btl tcp`: the ranks on this machine meet over TCP on loopback,
+/// the path the socket tests take, and the record says so.
+#[test]
+fn mpi_btl_tcp_runs_the_ranks_over_loopback_tcp() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json = dir.path().join("r.jsonl");
+    ok(netgap()
+        .args([
+            "run",
+            "pingpong,mpi-latency,mpi-bw",
+            "-t",
+            "tcp",
+            "-s",
+            "1K",
+        ])
+        .args(["--reps", "2", "--iterations", "20", "--mpi-btl", "tcp"])
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .expect("runs"));
+    let records = read_records(&json);
+    assert_eq!(records.len(), 3);
+    let (tcp, mpi): (Vec<&Value>, Vec<&Value>) =
+        records.iter().partition(|r| r["transport"] == "tcp");
+    for r in &mpi {
+        check_mpi_record(r, 2);
+        let opts = stack_options(r);
+        for want in ["btl=tcp", "btl_if=lo", "pml=ob1"] {
+            assert!(opts.contains(&want.to_string()), "{want}: {opts:?}");
+        }
+        assert_eq!(r["stack"]["path"]["kind"], "loopback");
+        assert_eq!(r["stack"]["path"]["kind"], tcp[0]["stack"]["path"]["kind"]);
+    }
+    fails_with_one_line(
+        &["run", "pingpong", "--mpi-btl", "tcp"],
+        "--mpi-btl has no effect without an MPI test",
+    );
+    fails_with_one_line(&["run", "mpi-bw", "--mpi-btl", "ib"], "choose vader or tcp");
+}
+
+/// An Open MPI parameter netgap sets itself cannot also come from the
+/// environment (mpirun's --mca would silently win): refused in one line
+/// naming it, before any job starts.
+#[test]
+fn an_environment_parameter_netgap_sets_is_refused_in_one_line() {
+    let out = netgap()
+        .args(["run", "mpi-latency", "-s", "1", "--reps", "2"])
+        .env("OMPI_MCA_btl", "tcp,self")
+        .output()
+        .expect("runs");
+    let stderr = one_line_error(&out, "OMPI_MCA_btl", "OMPI_MCA_btl=tcp,self is set");
+    assert!(stderr.contains("--mpi-btl tcp"), "{stderr}");
+    assert!(out.stdout.is_empty(), "nothing was measured");
+}
+
+/// Two ranks confined to one core spin against each other: the run warns
+/// with the remedy, and with that remedy in the environment (honoured and
+/// named in the record) it does not.
+#[test]
+fn spinning_ranks_on_one_core_are_warned_about_with_the_remedy() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let run = |json: &std::path::Path, env: Option<(&str, &str)>| {
+        let mut cmd = Command::new("taskset");
+        cmd.args(["-c", "0"]).arg(netgap().get_program());
+        cmd.args(["run", "mpi-latency", "-s", "1", "--reps", "2"])
+            .args(["--iterations", "20", "--json"])
+            .arg(json);
+        if let Some((k, v)) = env {
+            cmd.env(k, v);
+        }
+        let out = cmd.output().expect("taskset runs (util-linux)");
+        assert!(out.status.success(), "{out:?}");
+        (
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+            read_records(json),
+        )
+    };
+    let (stderr, records) = run(&dir.path().join("spin.jsonl"), None);
+    let warning = "2 MPI ranks spin on 1 core available to them";
+    assert!(stderr.contains(warning), "{stderr}");
+    assert!(
+        stderr.contains("OMPI_MCA_mpi_yield_when_idle=1"),
+        "{stderr}"
+    );
+    let recorded = records[0]["warnings"].as_array().expect("warnings");
+    assert!(
+        recorded
+            .iter()
+            .any(|w| w.as_str().is_some_and(|w| w.contains(warning))),
+        "{recorded:?}"
+    );
+    let (stderr, records) = run(
+        &dir.path().join("yield.jsonl"),
+        Some(("OMPI_MCA_mpi_yield_when_idle", "1")),
+    );
+    assert!(!stderr.contains(warning), "{stderr}");
+    let opts = stack_options(&records[0]);
+    assert!(
+        opts.contains(&"mca_mpi_yield_when_idle=1".to_string()),
+        "{opts:?}"
+    );
 }
 
 #[test]
@@ -201,6 +309,10 @@ fn mpi_runs_between_two_testbed_hosts_beside_raw_sockets() {
         assert_eq!(path["mtu_bytes"], 1500);
         let peer = r["options"]["peer"].as_str().expect("peer");
         assert!(peer.contains("h1") && peer.contains("h2"), "{peer}");
+        // The hosts the ranks ran on, by their testbed names.
+        assert_eq!(r["host"]["hostname"], "h1", "{r}");
+        assert_eq!(r["peer_host"]["hostname"], "h2", "{r}");
+        assert!(opts.contains(&"pml=ob1".to_string()), "{opts:?}");
     }
     // Sockets and MPI ran over the same path.
     assert_eq!(tcp[0]["stack"]["path"], mpi[0]["stack"]["path"]);

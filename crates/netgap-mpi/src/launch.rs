@@ -1,7 +1,7 @@
 //! Starting the two ranks with mpirun and reading rank 0's lines.
 //!
 //! On this machine the ranks meet over shared memory (Open MPI's `vader`
-//! BTL). On the testbed, mpirun itself runs inside rank 0's host (its
+//! BTL), or with `--mpi-btl tcp` over TCP on loopback. On the testbed, mpirun itself runs inside rank 0's host (its
 //! network namespace, and a UTS namespace named after the host so Open MPI
 //! tells the hosts apart), and reaches rank 1's host through a launch agent
 //! (`plm_rsh_agent`) that is netgap itself: `netgap mpi-agent HOST CMD...`
@@ -9,10 +9,17 @@
 //! `sh -c`. Both the MPI traffic (`btl tcp,self`, so shared memory cannot
 //! bypass the network) and mpirun's own out-of-band channel are pinned to
 //! the testbed interface, so everything crosses the testbed's links.
+//!
+//! netgap passes its own Open MPI parameters on mpirun's command line,
+//! which overrides the environment: an `OMPI_MCA_*` variable naming one of
+//! them is refused before the job starts, and every other is left to Open
+//! MPI and named in the record. The BTLs the ranks really used come from
+//! the library's own report (`btl_base_verbose`) on mpirun's standard
+//! error ([`Selection`]).
 
 use crate::wire::{parse_line, RankLine, RankPlan, WireError, MAX_LINE_BYTES};
 use netgap_workload::tether;
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Read};
 use std::net::IpAddr;
@@ -80,11 +87,41 @@ pub struct RankHost {
     pub address: IpAddr,
 }
 
+/// The BTL (Open MPI's byte transfer layer) two ranks on this machine are
+/// asked to meet over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LocalBtl {
+    /// Shared memory (`vader`), Open MPI's own choice on one host.
+    Vader,
+    /// TCP over loopback (`btl tcp,self`, `btl_tcp_if_include lo`), the
+    /// path the socket tests take on one host.
+    Tcp,
+}
+
+impl LocalBtl {
+    /// Its name, as `--mpi-btl` takes it and Open MPI calls it.
+    pub fn name(self) -> &'static str {
+        match self {
+            LocalBtl::Vader => "vader",
+            LocalBtl::Tcp => "tcp",
+        }
+    }
+
+    /// The BTL named `name` (`vader`, `sm` or `tcp`).
+    pub fn by_name(name: &str) -> Option<LocalBtl> {
+        match name {
+            "vader" | "sm" => Some(LocalBtl::Vader),
+            "tcp" => Some(LocalBtl::Tcp),
+            _ => None,
+        }
+    }
+}
+
 /// Where the two ranks run and what carries their messages.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Placement {
-    /// Both ranks on this machine, over shared memory.
-    Local,
+    /// Both ranks on this machine, over the BTL asked for.
+    Local(LocalBtl),
     /// Rank 0 on `rank0`, rank 1 on `rank1`, over TCP on `interface`.
     Testbed {
         /// Rank 0's host; mpirun runs there too.
@@ -98,19 +135,110 @@ pub enum Placement {
 }
 
 impl Placement {
-    /// The BTL (Open MPI's byte transfer layer) carrying rank traffic.
-    pub fn btl(&self) -> &'static str {
+    /// The Open MPI parameters netgap sets for the ranks at this
+    /// placement, in the order mpirun gets them; `scratch` is the job's
+    /// own directory. A parameter of this list set in the environment too
+    /// is refused ([`check_environment`]): mpirun's `--mca` would override
+    /// it without a word.
+    pub fn mca(&self, scratch: &str, exe: &str) -> Vec<(&'static str, String)> {
+        let mut v: Vec<(&'static str, String)> = vec![
+            // ob1 drives the BTLs named below; other PMLs (UCX) would
+            // choose their own path.
+            ("pml", "ob1".into()),
+            // In a PID namespace of its own mpirun has the same pid in
+            // every job, and Open MPI names a job's session files and
+            // shared memory after its host name and pid: each job gets a
+            // directory of its own for them, so that jobs side by side (on
+            // the same or same-named hosts) do not meet.
+            ("orte_tmpdir_base", scratch.into()),
+            ("btl_vader_backing_directory", scratch.into()),
+            // The library reports the BTL it chose for each peer (and at
+            // level 20 the interfaces TCP uses) on standard error, which
+            // the launch reads for the record's stack.
+            ("btl_base_verbose", SELECTION_VERBOSITY.into()),
+        ];
         match self {
-            Placement::Local => "vader",
-            Placement::Testbed { .. } => "tcp",
+            Placement::Local(LocalBtl::Vader) => v.push(("btl", "self,vader".into())),
+            Placement::Local(LocalBtl::Tcp) => {
+                v.push(("btl", "tcp,self".into()));
+                v.push(("btl_tcp_if_include", "lo".into()));
+            }
+            Placement::Testbed { interface, .. } => {
+                v.push(("btl", "tcp,self".into()));
+                v.push(("btl_tcp_if_include", interface.clone()));
+                v.push(("oob_tcp_if_include", interface.clone()));
+                v.push(("plm_rsh_agent", format!("{exe} mpi-agent")));
+            }
         }
+        v
     }
 
-    /// The interface MPI traffic is pinned to, if any.
-    pub fn interface(&self) -> Option<&str> {
-        match self {
-            Placement::Local => None,
-            Placement::Testbed { interface, .. } => Some(interface),
+    /// Whether both ranks run on this machine's own network stack.
+    pub fn is_local(&self) -> bool {
+        matches!(self, Placement::Local(_))
+    }
+}
+
+/// The verbosity of `btl_base_verbose` at which Open MPI names the BTL
+/// it uses for each peer (`mca: bml: Using tcp btl for send to ...`) and
+/// the interfaces its TCP BTL uses.
+const SELECTION_VERBOSITY: &str = "20";
+
+/// The names of the Open MPI parameters netgap sets itself at a placement
+/// (`testbed`: across testbed hosts; else on this machine over `btl`).
+pub fn netgap_mca_names(testbed: bool, btl: LocalBtl) -> Vec<&'static str> {
+    let placement = if testbed {
+        Placement::Testbed {
+            rank0: RankHost::placeholder(),
+            rank1: RankHost::placeholder(),
+            interface: String::new(),
+        }
+    } else {
+        Placement::Local(btl)
+    };
+    placement.mca("", "").into_iter().map(|(k, _)| k).collect()
+}
+
+/// Refuses, in one line naming it, an `OMPI_MCA_*` variable of `vars`
+/// that sets a parameter netgap sets itself (`names`): mpirun's own
+/// `--mca` takes precedence over the environment, so the user's value
+/// would be overridden silently. Every other `OMPI_MCA_*` is left to
+/// Open MPI, and the record names it ([`mca_settings`]).
+pub fn check_environment<I>(vars: I, names: &[&str]) -> Result<(), String>
+where
+    I: IntoIterator<Item = (String, String)>,
+{
+    let mut clashes: Vec<(String, String)> = vars
+        .into_iter()
+        .filter(|(k, _)| {
+            k.strip_prefix("OMPI_MCA_")
+                .is_some_and(|name| names.contains(&name))
+        })
+        .collect();
+    clashes.sort();
+    let Some((k, v)) = clashes.first() else {
+        return Ok(());
+    };
+    let name = k.trim_start_matches("OMPI_MCA_");
+    let remedy = match name {
+        "btl" | "btl_tcp_if_include" => {
+            "unset it; --mpi-btl tcp runs the ranks on this machine over TCP on loopback, and on the testbed they always use TCP on its links"
+        }
+        _ => "unset it",
+    };
+    Err(format!(
+        "{k}={} is set in the environment, but netgap sets the Open MPI parameter {name} for the ranks itself and would override it: {remedy}",
+        v.chars().take(100).collect::<String>()
+    ))
+}
+
+impl RankHost {
+    /// A host with no name or namespace, for listing parameter names.
+    fn placeholder() -> RankHost {
+        RankHost {
+            name: String::new(),
+            netns: String::new(),
+            address: IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
         }
     }
 }
@@ -149,43 +277,21 @@ pub fn mpirun_command(
 ) -> Command {
     let exe_s = exe.display().to_string();
     let mut mpirun: Vec<String> = vec!["mpirun".into(), "-np".into(), "2".into()];
-    let mca = |v: &mut Vec<String>, k: &str, val: &str| {
-        v.extend(["--mca".into(), k.into(), val.into()]);
-    };
     // Root may run MPI jobs only when it says so (the testbed needs root).
     if nix::unistd::geteuid().is_root() {
         mpirun.push("--allow-run-as-root".into());
     }
-    // ob1 drives the BTLs named below; other PMLs (UCX) would choose their
-    // own path.
-    mca(&mut mpirun, "pml", "ob1");
     mpirun.extend(["--bind-to".into(), "none".into()]);
-    // In a PID namespace of its own mpirun has the same pid in every job,
-    // and Open MPI names a job's session files and shared memory after its
-    // host name and pid: each job gets a directory of its own for them, so
-    // that jobs side by side (on the same or same-named hosts) do not meet.
     let scratch_s = scratch.display().to_string();
-    mca(&mut mpirun, "orte_tmpdir_base", &scratch_s);
-    mca(&mut mpirun, "btl_vader_backing_directory", &scratch_s);
+    for (k, val) in placement.mca(&scratch_s, &exe_s) {
+        mpirun.extend(["--mca".into(), k.into(), val]);
+    }
     match placement {
-        Placement::Local => {
-            mca(&mut mpirun, "btl", "self,vader");
-            mpirun.extend(["--host".into(), "localhost:2".into()]);
-        }
-        Placement::Testbed {
-            rank0,
-            rank1,
-            interface,
-        } => {
-            mca(&mut mpirun, "btl", "tcp,self");
-            mca(&mut mpirun, "btl_tcp_if_include", interface);
-            mca(&mut mpirun, "oob_tcp_if_include", interface);
-            mca(&mut mpirun, "plm_rsh_agent", &format!("{exe_s} mpi-agent"));
-            mpirun.extend([
-                "--host".into(),
-                format!("{}:1,{}:1", rank0.address, rank1.address),
-            ]);
-        }
+        Placement::Local(_) => mpirun.extend(["--host".into(), "localhost:2".into()]),
+        Placement::Testbed { rank0, rank1, .. } => mpirun.extend([
+            "--host".into(),
+            format!("{}:1,{}:1", rank0.address, rank1.address),
+        ]),
     }
     mpirun.push(exe_s.clone());
     mpirun.push("mpi-rank".into());
@@ -194,7 +300,7 @@ pub fn mpirun_command(
     // agent starts them as mpirun's descendants) ends with this process,
     // even when it is killed.
     let mut cmd = match placement {
-        Placement::Local => tether::command(Path::new(&mpirun[0]), &mpirun[1..], None),
+        Placement::Local(_) => tether::command(Path::new(&mpirun[0]), &mpirun[1..], None),
         Placement::Testbed { rank0, rank1, .. } => {
             let mut args: Vec<String> = vec![
                 "mpi-exec".into(),
@@ -221,6 +327,90 @@ pub fn mpirun_command(
     cmd
 }
 
+/// What Open MPI reported of its choices while the job started (with
+/// `btl_base_verbose`, on standard error): for each rank process, the BTLs
+/// it sends to its peer over and the nodes it names, and the interfaces
+/// its TCP BTL uses.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Selection {
+    /// Per reporting process (`HOST:PID`), the BTLs it uses to reach
+    /// another process (not `self`, which only reaches itself).
+    peer_btls: BTreeMap<String, BTreeSet<String>>,
+    /// The nodes the processes named as where their peers run.
+    nodes: BTreeSet<String>,
+    /// The interfaces the TCP BTL said it uses.
+    interfaces: BTreeSet<String>,
+}
+
+/// Most distinct names a [`Selection`] keeps of each kind (a job of two
+/// ranks reports a handful).
+const MAX_SELECTION_NAMES: usize = 16;
+
+impl Selection {
+    /// Takes in one line of mpirun's standard error; whether it was one of
+    /// the library's verbose reports (which are not errors to show).
+    pub fn take_line(&mut self, line: &str) -> bool {
+        let Some((proc_name, text)) = line
+            .strip_prefix('[')
+            .and_then(|rest| rest.split_once("] "))
+        else {
+            return false;
+        };
+        if let Some(rest) = text.strip_prefix("mca: bml: Using ") {
+            // `tcp btl for send to [[12345,1],1] on node h2`
+            let Some((btl, after)) = rest.split_once(" btl for send to ") else {
+                return true;
+            };
+            let node = after.split_once(" on node ").map(|(_, n)| n.trim());
+            if btl != "self" && self.peer_btls.len() < MAX_SELECTION_NAMES {
+                let set = self.peer_btls.entry(short(proc_name)).or_default();
+                if set.len() < MAX_SELECTION_NAMES {
+                    set.insert(short(btl));
+                }
+                if let Some(n) = node.filter(|_| self.nodes.len() < MAX_SELECTION_NAMES) {
+                    self.nodes.insert(short(n));
+                }
+            }
+            return true;
+        }
+        if let Some(rest) = text.strip_prefix("btl: tcp: Using interface: ") {
+            if self.interfaces.len() < MAX_SELECTION_NAMES {
+                self.interfaces.insert(short(rest.trim()));
+            }
+            return true;
+        }
+        ["mca: ", "select: ", "btl: ", "btl:", "check:select: "]
+            .iter()
+            .any(|p| text.starts_with(p))
+    }
+
+    /// How many processes named the BTL they reach their peer over.
+    pub fn ranks_reported(&self) -> usize {
+        self.peer_btls.len()
+    }
+
+    /// The BTLs the ranks used to reach each other, sorted.
+    pub fn btls(&self) -> Vec<String> {
+        let all: BTreeSet<&String> = self.peer_btls.values().flatten().collect();
+        all.into_iter().cloned().collect()
+    }
+
+    /// The nodes the ranks named as where their peers run, sorted.
+    pub fn nodes(&self) -> Vec<String> {
+        self.nodes.iter().cloned().collect()
+    }
+
+    /// The interfaces the TCP BTL used, sorted.
+    pub fn interfaces(&self) -> Vec<String> {
+        self.interfaces.iter().cloned().collect()
+    }
+}
+
+/// A name from the library's output, cut to a sane length.
+fn short(s: &str) -> String {
+    s.chars().take(64).collect()
+}
+
 /// A running mpirun job and rank 0's lines.
 pub struct Launch {
     child: Child,
@@ -228,6 +418,7 @@ pub struct Launch {
     scratch: PathBuf,
     lines: Receiver<Result<RankLine, WireError>>,
     stderr: Arc<Mutex<VecDeque<String>>>,
+    selection: Arc<Mutex<Selection>>,
 }
 
 impl Launch {
@@ -283,13 +474,19 @@ impl Launch {
                 }
             });
         }
+        let selection = Arc::new(Mutex::new(Selection::default()));
         if let Some(err) = child.stderr.take() {
             let tail = Arc::clone(&stderr);
+            let chosen = Arc::clone(&selection);
             std::thread::spawn(move || {
                 for line in BufReader::new(err).lines() {
                     let Ok(line) = line else { break };
                     let line = line.trim().to_string();
                     if line.is_empty() || line.chars().all(|c| c == '-') {
+                        continue;
+                    }
+                    let reported = chosen.lock().map(|mut s| s.take_line(&line));
+                    if reported.unwrap_or(false) {
                         continue;
                     }
                     if let Ok(mut t) = tail.lock() {
@@ -306,7 +503,22 @@ impl Launch {
             scratch,
             lines,
             stderr,
+            selection,
         })
+    }
+
+    /// What the library reported of its choices, once both ranks have
+    /// named the BTL they reach each other over or `wait` has passed (the
+    /// reports come on standard error, which may lag rank 0's lines).
+    pub fn selection(&self, wait: Duration) -> Selection {
+        let deadline = std::time::Instant::now() + wait;
+        loop {
+            let now = self.selection.lock().map(|s| s.clone()).unwrap_or_default();
+            if now.ranks_reported() >= 2 || std::time::Instant::now() >= deadline {
+                return now;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// The next line of rank 0, waiting at most `timeout`; a job that ends
@@ -507,7 +719,7 @@ const MAX_MCA_SETTINGS: usize = 32;
 /// change what MPI does (`mpi_yield_when_idle=1` lets an idle rank yield
 /// its core instead of spinning), so the record's stack names them.
 pub fn mca_settings() -> Vec<String> {
-    let mut v: Vec<String> = std::env::vars()
+    let mut v: Vec<String> = environment()
         .filter_map(|(k, val)| {
             let name = k.strip_prefix("OMPI_MCA_")?;
             Some(format!(
@@ -522,10 +734,96 @@ pub fn mca_settings() -> Vec<String> {
     v
 }
 
+/// This process's environment, which mpirun and the ranks inherit, with
+/// any name or value that is not UTF-8 read lossily (`std::env::vars`
+/// would panic on it).
+pub fn environment() -> impl Iterator<Item = (String, String)> {
+    std::env::vars_os().map(|(k, v)| {
+        (
+            k.to_string_lossy().into_owned(),
+            v.to_string_lossy().into_owned(),
+        )
+    })
+}
+
 /// Whether `mpirun` is on the PATH.
 pub fn mpirun_path() -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
     std::env::split_paths(&path)
         .map(|d| d.join("mpirun"))
         .find(|p| p.is_file())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_selection_is_what_the_library_reported() {
+        let mut s = Selection::default();
+        // Open MPI 4.1's own lines, as mpirun forwards them.
+        let lines = [
+            "[h1:2001] mca: base: components_open: found loaded component tcp",
+            "[h1:2001] btl: tcp: Using interface: eth0",
+            "[h1:2001] mca: bml: Using self btl for send to [[16247,1],0] on node h1",
+            "[h1:2001] mca: bml: Using tcp btl for send to [[16247,1],1] on node h2",
+            "[h2:2002] mca: bml: Using self btl for send to [[16247,1],1] on node h2",
+            "[h2:2002] mca: bml: Using tcp btl for send to [[16247,1],0] on node h1",
+        ];
+        assert!(lines.iter().all(|l| s.take_line(l)));
+        assert_eq!(s.ranks_reported(), 2);
+        assert_eq!(s.btls(), ["tcp"]);
+        assert_eq!(s.interfaces(), ["eth0"]);
+        assert_eq!(s.nodes(), ["h1", "h2"]);
+        // Anything else is mpirun's to say, and stays in the error's tail.
+        assert!(!s.take_line("ORTE was unable to reliably start one or more daemons."));
+        assert!(!s.take_line("[h1:2001] *** An error occurred in MPI_Init"));
+        assert_eq!(s.btls(), ["tcp"]);
+    }
+
+    #[test]
+    fn netgap_names_the_parameters_it_sets() {
+        let local = netgap_mca_names(false, LocalBtl::Vader);
+        assert!(local.contains(&"btl") && local.contains(&"pml"));
+        assert!(!local.contains(&"btl_tcp_if_include"));
+        assert!(netgap_mca_names(false, LocalBtl::Tcp).contains(&"btl_tcp_if_include"));
+        let testbed = netgap_mca_names(true, LocalBtl::Vader);
+        assert!(testbed.contains(&"oob_tcp_if_include") && testbed.contains(&"plm_rsh_agent"));
+        let env = |k: &str| vec![(k.to_string(), "x".to_string())];
+        assert!(check_environment(env("OMPI_MCA_pml"), &local)
+            .expect_err("refused")
+            .starts_with("OMPI_MCA_pml=x is set"));
+        assert_eq!(
+            check_environment(env("OMPI_MCA_mpi_yield_when_idle"), &local),
+            Ok(())
+        );
+        assert_eq!(check_environment(env("BTL"), &local), Ok(()));
+    }
+
+    #[test]
+    fn tcp_on_this_machine_is_pinned_to_loopback() {
+        let plan = RankPlan {
+            points: vec![crate::wire::RankPoint {
+                test: crate::kind::MpiTest::Latency,
+                size_bytes: 1,
+            }],
+            reps: 1,
+            iterations: crate::wire::RankIterations::Fixed(1),
+            warmup: None,
+        };
+        let cmd = mpirun_command(
+            Path::new("/bin/netgap"),
+            &plan,
+            &Placement::Local(LocalBtl::Tcp),
+            Path::new("/tmp/x"),
+        );
+        let args: Vec<String> = cmd
+            .get_args()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        let joined = args.join(" ");
+        assert!(joined.contains("--mca btl tcp,self"), "{joined}");
+        assert!(joined.contains("--mca btl_tcp_if_include lo"), "{joined}");
+        assert!(!joined.contains("vader,"), "{joined}");
+    }
 }

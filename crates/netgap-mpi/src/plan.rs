@@ -7,6 +7,7 @@
 //! `--label` and `--conditions` mean the same for MPI as for sockets.
 
 use crate::kind::MpiTest;
+use crate::launch::{check_environment, netgap_mca_names, LocalBtl};
 use crate::wire::{RankIterations, RankPlan, RankPoint, MAX_MPI_SIZE_BYTES};
 use netgap_core::spec::{Mode, PointSpec};
 use netgap_measure::cluster::HostEntry;
@@ -25,6 +26,16 @@ pub struct MpiPlan {
     pub points: Vec<(MpiTest, PointSpec)>,
     /// The testbed hosts of rank 0 and rank 1, or `None` for this machine.
     pub hosts: Option<(HostEntry, HostEntry)>,
+    /// The BTL the ranks meet over on this machine (across testbed hosts
+    /// they always use TCP).
+    pub local_btl: LocalBtl,
+}
+
+/// The MPI tests' own flags, as the command line gives them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MpiOptions {
+    /// `--mpi-btl`: the BTL the ranks use on this machine.
+    pub btl: Option<LocalBtl>,
 }
 
 /// Why an MPI run cannot be measured, in one line naming the flag.
@@ -52,6 +63,17 @@ pub enum MpiPlanError {
     /// The hosts are not two testbed hosts.
     #[error("--hosts: {0}")]
     Hosts(String),
+    /// `--mpi-btl` asks for what the placement cannot do.
+    #[error("--mpi-btl {btl}: {why}")]
+    Btl {
+        /// The BTL asked for.
+        btl: &'static str,
+        /// Why not.
+        why: &'static str,
+    },
+    /// The environment sets an Open MPI parameter netgap sets itself.
+    #[error("{0}")]
+    Environment(String),
 }
 
 /// Splits a run's test names into MPI tests and the rest, in order.
@@ -68,14 +90,21 @@ pub fn split_tests(names: &[String]) -> (Vec<MpiTest>, Vec<String>) {
 }
 
 impl MpiPlan {
-    /// Validates the MPI part of `r`: `tests` are its MPI tests; `alone`
-    /// says the run has no other tests, so that flags only other tests use
-    /// are refused rather than ignored.
-    pub fn from_request(
+    /// Validates the MPI part of `r`: `tests` are its MPI tests, `mpi`
+    /// their own flags, `env` the environment mpirun will see (its
+    /// `OMPI_MCA_*` variables are checked against the parameters netgap
+    /// sets); `alone` says the run has no other tests, so that flags only
+    /// other tests use are refused rather than ignored.
+    pub fn from_request<E>(
         r: &RunRequest,
         tests: &[MpiTest],
+        mpi: &MpiOptions,
+        env: E,
         alone: bool,
-    ) -> Result<MpiPlan, MpiPlanError> {
+    ) -> Result<MpiPlan, MpiPlanError>
+    where
+        E: IntoIterator<Item = (String, String)>,
+    {
         let names = tests.iter().map(|t| t.name()).collect::<Vec<_>>().join(",");
         let no_effect = |flag, why| MpiPlanError::NoEffect {
             flag,
@@ -159,6 +188,18 @@ impl MpiPlan {
             }
             Peer::Remote { .. } => None,
         };
+        let local_btl = match (mpi.btl, &hosts) {
+            (Some(LocalBtl::Vader), Some(_)) => {
+                return Err(MpiPlanError::Btl {
+                    btl: LocalBtl::Vader.name(),
+                    why: "shared memory does not cross hosts; across testbed hosts the ranks use TCP over the testbed's links",
+                })
+            }
+            (Some(b), _) => b,
+            (None, _) => LocalBtl::Vader,
+        };
+        check_environment(env, &netgap_mca_names(hosts.is_some(), local_btl))
+            .map_err(MpiPlanError::Environment)?;
         let mut points = Vec::new();
         for &test in tests {
             for &size in &sizes {
@@ -172,6 +213,7 @@ impl MpiPlan {
             settings,
             points,
             hosts,
+            local_btl,
         })
     }
 
@@ -202,6 +244,41 @@ impl MpiPlan {
 mod tests {
     use super::*;
 
+    fn no_env() -> Vec<(String, String)> {
+        Vec::new()
+    }
+
+    fn env(k: &str, v: &str) -> Vec<(String, String)> {
+        vec![(k.to_string(), v.to_string())]
+    }
+
+    #[test]
+    fn the_environment_cannot_set_what_netgap_sets() {
+        let tests = [MpiTest::Latency];
+        let r = req(&["mpi-latency"]);
+        let none = MpiOptions::default();
+        let e = MpiPlan::from_request(&r, &tests, &none, env("OMPI_MCA_btl", "tcp,self"), true)
+            .expect_err("refused");
+        let line = e.to_string();
+        assert!(line.starts_with("OMPI_MCA_btl=tcp,self is set"), "{line}");
+        assert!(
+            line.contains("--mpi-btl tcp") && !line.contains('\n'),
+            "{line}"
+        );
+        // btl_tcp_if_include is netgap's only when the ranks use TCP.
+        let tcp = MpiOptions {
+            btl: Some(LocalBtl::Tcp),
+        };
+        let lo = env("OMPI_MCA_btl_tcp_if_include", "eth0");
+        assert!(MpiPlan::from_request(&r, &tests, &none, lo.clone(), true).is_ok());
+        let e = MpiPlan::from_request(&r, &tests, &tcp, lo, true).expect_err("refused");
+        assert!(e.to_string().contains("btl_tcp_if_include"), "{e}");
+        // Parameters netgap leaves alone are Open MPI's to read.
+        let y = env("OMPI_MCA_mpi_yield_when_idle", "1");
+        let p = MpiPlan::from_request(&r, &tests, &tcp, y, true).expect("plan");
+        assert_eq!(p.local_btl, LocalBtl::Tcp);
+    }
+
     fn req(tests: &[&str]) -> RunRequest {
         let mut r = RunRequest::new(tests);
         r.method.sizes = Some(vec![1, 1024]);
@@ -217,7 +294,14 @@ mod tests {
         let (mpi, rest) = split_tests(&names);
         assert_eq!(mpi, vec![MpiTest::Latency, MpiTest::Bandwidth]);
         assert_eq!(rest, vec!["pingpong".to_string()]);
-        let p = MpiPlan::from_request(&req(&["mpi-latency", "mpi-bw"]), &mpi, true).expect("plan");
+        let p = MpiPlan::from_request(
+            &req(&["mpi-latency", "mpi-bw"]),
+            &mpi,
+            &MpiOptions::default(),
+            no_env(),
+            true,
+        )
+        .expect("plan");
         assert_eq!(p.points.len(), 4);
         assert!(p.points.iter().all(|(_, s)| s.transport == "mpi"));
         assert_eq!(p.points[0].1.test, "pingpong");
@@ -233,20 +317,23 @@ mod tests {
         let tests = [MpiTest::Latency];
         let mut r = req(&["mpi-latency"]);
         r.method.verify = true;
-        let e = MpiPlan::from_request(&r, &tests, true).expect_err("refused");
+        let e = MpiPlan::from_request(&r, &tests, &MpiOptions::default(), no_env(), true)
+            .expect_err("refused");
         assert!(e.to_string().starts_with("--verify has no effect"), "{e}");
         let mut r = req(&["mpi-latency"]);
         r.method.sizes = Some(vec![64 << 20]);
-        let e = MpiPlan::from_request(&r, &tests, true).expect_err("refused");
+        let e = MpiPlan::from_request(&r, &tests, &MpiOptions::default(), no_env(), true)
+            .expect_err("refused");
         assert!(e.to_string().contains("limit"), "{e}");
         let mut r = req(&["mpi-latency"]);
         r.transport.transports = vec!["unix".into()];
-        assert!(MpiPlan::from_request(&r, &tests, true).is_err());
+        assert!(MpiPlan::from_request(&r, &tests, &MpiOptions::default(), no_env(), true).is_err());
         // Beside socket tests, -t chooses their transports.
-        assert!(MpiPlan::from_request(&r, &tests, false).is_ok());
+        assert!(MpiPlan::from_request(&r, &tests, &MpiOptions::default(), no_env(), false).is_ok());
         let mut r = req(&["mpi-latency"]);
         r.method.reps = Some(0);
-        let e = MpiPlan::from_request(&r, &tests, true).expect_err("refused");
+        let e = MpiPlan::from_request(&r, &tests, &MpiOptions::default(), no_env(), true)
+            .expect_err("refused");
         assert!(e.to_string().contains("--reps"), "{e}");
     }
 }

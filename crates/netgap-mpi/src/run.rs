@@ -5,7 +5,7 @@
 //! transport and the interface it was pinned to.
 
 use crate::kind::MpiTest;
-use crate::launch::{interface_of, Launch, LaunchError, Placement, RankHost};
+use crate::launch::{interface_of, Launch, LaunchError, LocalBtl, Placement, RankHost, Selection};
 use crate::plan::MpiPlan;
 use crate::wire::RankLine;
 use netgap_core::cpu::CpuUsage;
@@ -65,7 +65,25 @@ pub enum MpiRunError {
 struct Hello {
     library: String,
     mpi_version: String,
+    /// The hosts rank 0 and rank 1 ran on (`MPI_Get_processor_name`).
+    processors: Vec<String>,
 }
+
+/// What one job reported about itself, for each of its records.
+struct JobReport {
+    hello: Hello,
+    /// What Open MPI said it selected.
+    selection: Selection,
+    /// Warnings every record of the job carries.
+    warnings: Vec<String>,
+}
+
+/// How long to wait, after rank 0's first line, for Open MPI's reports of
+/// its selection on standard error.
+const SELECTION_WAIT: Duration = Duration::from_secs(5);
+/// Ranks in every job, all on this machine (the testbed's hosts share
+/// its cores).
+const RANKS: usize = 2;
 
 /// Measures every point of `plan`, under each of its conditions in turn
 /// (switched through `switch`), writing each record to every sink the
@@ -136,12 +154,28 @@ fn one_job(
         RankLine::Hello {
             library,
             mpi_version,
-            ..
+            processors,
         } => Hello {
             library,
             mpi_version,
+            processors,
         },
         other => return Err(MpiRunError::Order(format!("{other:?} before hello"))),
+    };
+    let selection = job.selection(SELECTION_WAIT);
+    let mut warnings = Vec::new();
+    if selection.ranks_reported() == 0 {
+        warnings.push(
+            "the MPI library did not report the BTL it used (Open MPI's btl_base_verbose), so the record's stack names none"
+                .to_string(),
+        );
+    }
+    let yields = std::env::var("OMPI_MCA_mpi_yield_when_idle").ok();
+    warnings.extend(spin_warning(RANKS, cores_available(), yields.as_deref()));
+    let report = JobReport {
+        hello,
+        selection,
+        warnings,
     };
     let line_timeout = line_timeout(plan);
     let indexed: Vec<(usize, &(MpiTest, PointSpec))> = plan.points.iter().enumerate().collect();
@@ -155,7 +189,7 @@ fn one_job(
             let mut point = || -> Result<ResultRecord, MpiRunError> {
                 let (reps, warmup, hist) = read_point(&mut job, plan, index, line_timeout, obs)?;
                 build_record(
-                    plan, *test, spec, &reps, warmup, &hist, &hello, &placement, &facts,
+                    plan, *test, spec, &reps, warmup, &hist, &report, &placement, &facts,
                     conditions, started,
                 )
             };
@@ -242,7 +276,7 @@ fn placement_of(plan: &MpiPlan) -> Result<(Placement, Facts), MpiRunError> {
     let Some((h0, h1)) = &plan.hosts else {
         let local = netgap_transport::host::collect(Some(IpAddr::V4(Ipv4Addr::LOCALHOST)));
         return Ok((
-            Placement::Local,
+            Placement::Local(plan.local_btl),
             Facts {
                 rank0: local.clone(),
                 rank1: local,
@@ -318,7 +352,7 @@ fn build_record(
     reps: &[Rep],
     warmup_iterations: u64,
     hist: &LatencyHistogram,
-    hello: &Hello,
+    report: &JobReport,
     placement: &Placement,
     facts: &Facts,
     conditions: Option<LinkConditions>,
@@ -352,13 +386,14 @@ fn build_record(
         };
         tb.fill(&mut path);
     }
-    if matches!(placement, Placement::Local) {
+    if matches!(placement, Placement::Local(LocalBtl::Vader)) {
         // Shared memory: the ranks' bytes never reach an interface.
         path = PathIdentity {
             kind: Some("shared-memory".into()),
             ..PathIdentity::default()
         };
     }
+    let hello = &report.hello;
     let mut stack = Stack::new(
         "mpi",
         spec.mode,
@@ -372,15 +407,25 @@ fn build_record(
     stack
         .options
         .push(format!("mpi_standard={}", hello.mpi_version));
-    stack.options.push(format!("btl={}", placement.btl()));
-    if let Some(i) = placement.interface() {
-        stack.options.push(format!("btl_if={i}"));
+    // What the library said it used, never what it was asked for: the
+    // BTLs the ranks reached each other over (ob1's BML reports them, so
+    // the PML was ob1) and the interfaces its TCP BTL took.
+    let btls = report.selection.btls();
+    if !btls.is_empty() {
+        stack.options.push("pml=ob1".into());
+        stack.options.push(format!("btl={}", btls.join("+")));
+        let interfaces = report.selection.interfaces();
+        if btls.iter().any(|b| b == "tcp") && !interfaces.is_empty() {
+            stack
+                .options
+                .push(format!("btl_if={}", interfaces.join("+")));
+        }
     }
     stack.options.extend(crate::launch::mca_settings());
     stack.options.sort();
     let mut options = plan.settings.record_options(spec);
     options.peer = match placement {
-        Placement::Local => "mpirun: localhost (2 ranks)".into(),
+        Placement::Local(_) => "mpirun: localhost (2 ranks)".into(),
         Placement::Testbed { rank0, rank1, .. } => {
             format!("mpirun: {} (rank 0), {} (rank 1)", rank0.name, rank1.name)
         }
@@ -411,10 +456,54 @@ fn build_record(
         server_tx: rx,
         server_rx: tx,
     });
-    record.host = Some(facts.rank0.clone());
-    record.peer_host = Some(facts.rank1.clone());
+    // The hosts the ranks ran on, as MPI names them (on the testbed, each
+    // rank's UTS namespace carries its host's name).
+    let named = |facts: &HostFacts, rank: usize| {
+        let mut f = facts.clone();
+        if let Some(name) = hello.processors.get(rank).filter(|n| !n.is_empty()) {
+            f.hostname.clone_from(name);
+        }
+        f
+    };
+    record.host = Some(named(&facts.rank0, 0));
+    record.peer_host = Some(named(&facts.rank1, 1));
     record.options = Some(options);
-    Ok(record.with_stack(stack).diagnosed())
+    let mut record = record.with_stack(stack).diagnosed();
+    record.warnings.extend(report.warnings.iter().cloned());
+    Ok(record)
+}
+
+/// The cores this process (and so mpirun and the ranks, which inherit its
+/// affinity: they run with `--bind-to none`) may run on; at least 1.
+fn cores_available() -> usize {
+    use nix::sched::{sched_getaffinity, CpuSet};
+    match sched_getaffinity(nix::unistd::Pid::from_raw(0)) {
+        Ok(set) => (0..CpuSet::count())
+            .filter(|&i| set.is_set(i).unwrap_or(false))
+            .count()
+            .max(1),
+        Err(_) => std::thread::available_parallelism().map_or(1, usize::from),
+    }
+}
+
+/// A warning when `ranks` outnumber the `cores` they may run on and Open
+/// MPI's ranks spin while idle (they do unless `mpi_yield_when_idle`,
+/// here the value of `OMPI_MCA_mpi_yield_when_idle`, says yield): a
+/// spinning rank holds the core its peer needs to answer, so latency
+/// then measures the scheduler's time slice.
+fn spin_warning(ranks: usize, cores: usize, yield_when_idle: Option<&str>) -> Option<String> {
+    let yields = yield_when_idle.is_some_and(|v| {
+        matches!(
+            v.trim().to_ascii_lowercase().as_str(),
+            "1" | "true" | "yes" | "enabled"
+        )
+    });
+    (ranks > cores && !yields).then(|| {
+        let noun = if cores == 1 { "core" } else { "cores" };
+        format!(
+            "{ranks} MPI ranks spin on {cores} {noun} available to them: an idle rank busy-polls and holds the core its peer needs, so the results measure the scheduler; set OMPI_MCA_mpi_yield_when_idle=1 so idle ranks yield, or give them {ranks} cores"
+        )
+    })
 }
 
 #[cfg(test)]
@@ -428,5 +517,15 @@ mod tests {
             "Open MPI v4.1.4"
         );
         assert_eq!(library_short("MPICH Version: 4.0"), "MPICH Version: 4.0");
+    }
+
+    #[test]
+    fn ranks_that_outnumber_their_cores_are_warned_about_unless_they_yield() {
+        let w = spin_warning(2, 1, None).expect("warned");
+        assert!(w.contains("2 MPI ranks spin on 1 core"), "{w}");
+        assert!(w.contains("OMPI_MCA_mpi_yield_when_idle=1"), "{w}");
+        assert_eq!(spin_warning(2, 1, Some("1")), None);
+        assert!(spin_warning(2, 1, Some("0")).is_some());
+        assert_eq!(spin_warning(2, 2, None), None);
     }
 }
