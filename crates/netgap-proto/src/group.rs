@@ -214,7 +214,8 @@ pub struct FlowReport {
 pub struct GroupOutcome {
     /// Length of the measured window as this agent timed it, in ns.
     pub window_ns: u64,
-    /// CPU usage of the agent's host and process over the window.
+    /// CPU usage of the agent's host and process over the window (with a
+    /// server program's processes, for a role that runs one).
     pub cpu: CpuUsage,
     /// Peak resident set size of the agent process (VmHWM), in KiB, if known;
     /// with [`GroupOutcome::processes`], the sum over its processes.
