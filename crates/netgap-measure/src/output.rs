@@ -145,8 +145,22 @@ pub(crate) fn table_row(r: &ResultRecord) -> String {
     } else if !matches!(r.metric.as_str(), "latency_us" | "bandwidth_gbps") {
         notes.push(format!("{} {}", r.metric, fmt_num(r.value)));
     }
-    if !r.warnings.is_empty() {
+    if r.warnings
+        .iter()
+        .any(|w| !w.starts_with(crate::group::summary::FAILURE_PREFIX))
+    {
         notes.push("noisy".into());
+    }
+    // Failed transactions (mean per repetition, as the record keeps them)
+    // mark the point: its figures count only those that completed.
+    if let Some(e) = r
+        .group
+        .as_ref()
+        .and_then(|g| g.app.as_ref())
+        .and_then(|a| a.metrics.get("errors"))
+        .filter(|e| **e > 0.0)
+    {
+        notes.push(format!("errors={}", fmt_num(*e)));
     }
     if let Some(d) = r.datagrams.as_ref().and_then(|d| d.note()) {
         notes.push(d);

@@ -438,6 +438,7 @@ impl ReadyRole for ServerRole {
                 datagrams: None,
                 metrics: BTreeMap::new(),
                 services,
+                last_error: None,
             },
         })
     }
@@ -801,6 +802,7 @@ impl ReadyRole for ClientRole {
                 datagrams: None,
                 metrics: m,
                 services: Vec::new(),
+                last_error: None,
             },
         })
     }

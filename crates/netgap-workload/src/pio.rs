@@ -680,6 +680,7 @@ impl ReadyRole for ServerReady {
                 datagrams: None,
                 metrics,
                 services: Vec::new(),
+                last_error: None,
             },
         })
     }
@@ -820,6 +821,7 @@ impl ReadyRole for ClientRole {
                 datagrams: None,
                 metrics,
                 services: Vec::new(),
+                last_error: None,
             },
         })
     }

@@ -589,6 +589,7 @@ impl ReadyRole for ServerRole {
                 datagrams: None,
                 metrics: BTreeMap::new(),
                 services: vec![record],
+                last_error: None,
             },
         })
     }
@@ -787,6 +788,13 @@ impl ReadyRole for ClientRole {
                 datagrams: None,
                 metrics: m,
                 services: Vec::new(),
+                // Within what an outcome may carry, on a character's edge.
+                last_error: last_error.map(|e| {
+                    e.char_indices()
+                        .take_while(|(i, c)| i + c.len_utf8() <= 400)
+                        .map(|(_, c)| c)
+                        .collect()
+                }),
             },
         })
     }
