@@ -4,9 +4,9 @@
 //! error log, mutexes and runtime files are all in its run directory. As
 //! root its children switch to the unprivileged service user
 //! ([`super::user::ServiceUser`]), which owns that directory. It is sized
-//! to the clients ([`size`]): children, threads and `MaxRequestWorkers`
-//! give every closed-loop client a thread, up to Apache's documented
-//! limits.
+//! to the clients ([`size`]): its children's threads and
+//! `MaxRequestWorkers` give every closed-loop client a thread in whichever
+//! child takes its connection, up to Apache's documented limits.
 
 use super::{find_program, Launch, RunDir, Running, ServiceError, WebServer, WebStart};
 use netgap_core::record::ServiceRecord;
@@ -30,7 +30,7 @@ impl WebServer for Apache {
     }
 
     fn workers_help(&self) -> &'static str {
-        "Apache children (of 64 threads, more when the clients need them)"
+        "Apache children (each with a thread for every client, up to 20000)"
     }
 
     fn refuse_clients(&self, clients: u64, workers: u32) -> Option<String> {
@@ -92,23 +92,25 @@ pub(crate) struct TooManyClients {
 /// Sizes Apache for `clients` closed-loop clients, each of which keeps a
 /// request in progress and so holds a thread: request slots for the
 /// clients, a quarter more and a child's worth spare (a closed connection
-/// lingers in its slot a moment), in `children` processes (at least; more
-/// when not `fixed`, up to [`MAX_SERVER_LIMIT`]) of at least
-/// [`THREADS_PER_CHILD`] threads, more threads a child when the children
-/// are fewer than the slots need, up to [`MAX_THREAD_LIMIT`].
+/// lingers in its slot a moment). The kernel does not spread connections
+/// evenly over the children, and a child of the event MPM whose threads
+/// are all busy closes its kept-alive connections (which a closed-loop
+/// client, its next request on the way, sees fail); so each child gets
+/// threads for every slot (at least [`THREADS_PER_CHILD`]) up to
+/// [`MAX_THREAD_LIMIT`], and past that more children than `children`
+/// (unless `fixed`) up to [`MAX_SERVER_LIMIT`], so that together they hold
+/// every slot.
 pub(crate) fn size(clients: u64, children: u32, fixed: bool) -> Result<Sizing, TooManyClients> {
     let slots = clients + clients / 4 + u64::from(THREADS_PER_CHILD);
+    let threads = slots.clamp(u64::from(THREADS_PER_CHILD), u64::from(MAX_THREAD_LIMIT));
     let children = if fixed {
         children.max(1)
     } else {
-        let needed = slots.div_ceil(u64::from(THREADS_PER_CHILD));
-        u32::try_from(needed)
-            .unwrap_or(u32::MAX)
-            .clamp(children.max(1), MAX_SERVER_LIMIT.max(children))
+        let needed = u32::try_from(slots.div_ceil(threads)).unwrap_or(u32::MAX);
+        needed.min(MAX_SERVER_LIMIT).max(children.max(1))
     };
-    let threads = slots
-        .div_ceil(u64::from(children))
-        .max(u64::from(THREADS_PER_CHILD));
+    // Fixed children share the slots.
+    let threads = threads.max(slots.div_ceil(u64::from(children)));
     match u32::try_from(threads) {
         Ok(t) if t <= MAX_THREAD_LIMIT => Ok(Sizing {
             children,
@@ -235,23 +237,23 @@ mod tests {
 
     #[test]
     fn every_client_has_a_thread_within_the_documented_limits() {
-        // Two CPUs, 200 clients: more children of 64 threads.
+        // Two CPUs, 200 clients: each child can hold every client.
         let s = size(200, 2, false).unwrap();
         assert_eq!(
             s,
             Sizing {
-                children: 5,
-                threads_per_child: 64
+                children: 2,
+                threads_per_child: 314
             }
         );
-        assert!(s.max_request_workers() >= 250);
-        // Few clients keep the children asked for.
-        assert_eq!(size(10, 2, false).unwrap().children, 2);
-        // Children fixed by the run: more threads each.
+        assert_eq!(size(10, 2, false).unwrap().threads_per_child, 76);
         let f = size(1000, 2, true).unwrap();
-        assert_eq!((f.children, f.threads_per_child), (2, 657));
+        assert_eq!((f.children, f.threads_per_child), (2, 1314));
+        // Past the thread limit, more children hold the slots together.
         let most = size(100_000, 1, false).unwrap();
-        assert!(most.children <= MAX_SERVER_LIMIT && most.max_request_workers() >= 125_000);
+        assert_eq!((most.children, most.threads_per_child), (7, 20_000));
+        assert!(most.max_request_workers() >= 125_064);
+        // Fixed children that cannot hold them are refused.
         let e = size(100_000, 2, true).unwrap_err().to_string();
         assert!(
             e.contains("ThreadLimit") && e.contains("--server-workers"),
@@ -267,9 +269,9 @@ mod tests {
         for line in [
             "StartServers 2",
             "ServerLimit 2",
-            "ThreadsPerChild 657",
-            "ThreadLimit 657",
-            "MaxRequestWorkers 1314",
+            "ThreadsPerChild 1314",
+            "ThreadLimit 1314",
+            "MaxRequestWorkers 2628",
         ] {
             assert!(conf.lines().any(|l| l == line), "{line} in {conf}");
         }
