@@ -64,7 +64,11 @@ fn check_web(r: &Value, server: &str, clients: usize, names: &[String]) {
     let transactions = metric(r, "transactions");
     let checked = metric(r, "checked");
     assert!(transactions > 0.0, "{}", r["app"]);
-    assert!(checked >= transactions, "{}", r["app"]);
+    assert_eq!(
+        checked, transactions,
+        "the window's responses: {}",
+        r["app"]
+    );
     assert_eq!(metric(r, "verified"), checked, "every body verified");
     assert_eq!(metric(r, "errors"), 0.0, "{}", r["app"]);
     assert!(metric(r, "payload_gbps") > 0.0);
@@ -392,10 +396,200 @@ fn thousands_of_web_clients_over_two_hosts_get_every_response_checked() {
 
 #[test]
 fn more_clients_than_apache_serves_are_refused_in_one_line() {
+    let a = AgentProc::start_with("127.0.0.1", &["--allow-services"]);
+    let b = AgentProc::start("127.0.0.1");
+    let hosts = format!("{},{}", a.addr, b.addr);
     fails_with_one_line(
-        &["run", "web", "--server", "apache", "--clients", "5000"],
-        "MaxRequestWorkers",
+        &[
+            "run",
+            "web",
+            "--server",
+            "apache",
+            "--server-workers",
+            "1",
+            "--clients",
+            "16000",
+            "--hosts",
+            &hosts,
+        ],
+        "past the most its ThreadLimit may be (20000)",
     );
+}
+
+/// The server host's entry of `hosts_cpu`: on the first host, the server
+/// role, with CPU time at least `per_transaction_ns` a transaction of the
+/// window (the agent alone spends next to nothing serving; the server
+/// program's processes spend at least that on each request's system calls).
+fn check_server_cpu(r: &Value, server_host: &str, per_transaction_ns: f64) {
+    let cpu = r["hosts_cpu"].as_array().expect("hosts_cpu");
+    let servers: Vec<&Value> = cpu.iter().filter(|h| h["role"] == "server").collect();
+    assert_eq!(servers.len(), 1, "{cpu:?}");
+    let s = servers[0];
+    assert_eq!(s["host"].as_str(), Some(server_host), "{s}");
+    let cpu_ns = s["cpu"]["cpu_ns"].as_f64().expect("cpu_ns");
+    let wall_ns = s["cpu"]["wall_ns"].as_f64().expect("wall_ns");
+    let transactions = metric(r, "transactions");
+    eprintln!(
+        "{} on {server_host}: {:.1}% of a core, {cpu_ns} ns for {transactions} transactions",
+        r["app"]["options"]["server"], s["cpu"]["process_percent"]
+    );
+    assert!(
+        cpu_ns >= per_transaction_ns * transactions,
+        "{} ns of server CPU for {transactions} transactions: {s}",
+        cpu_ns
+    );
+    let pct = s["cpu"]["process_percent"]
+        .as_f64()
+        .expect("process_percent");
+    assert!(
+        (pct - 100.0 * cpu_ns / wall_ns).abs() < 1e-6 * pct.max(1.0),
+        "{s}"
+    );
+}
+
+#[test]
+fn the_servers_own_cpu_is_counted_and_apache_serves_more_clients_than_its_default_workers() {
+    let test =
+        "the_servers_own_cpu_is_counted_and_apache_serves_more_clients_than_its_default_workers";
+    if !system_ready(test) || !servers_ready(test) {
+        return;
+    }
+    let (tb, _) = Testbed::up("webcpu", &["--hosts", "3", "--topology", "switch"]);
+    let names: Vec<String> = tb.hosts().hosts.iter().map(|h| h.name.clone()).collect();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let recs = tb.run(
+        "web",
+        &[
+            "--server",
+            "nginx,apache",
+            "--clients",
+            "4",
+            "--reps",
+            "1",
+            "--duration",
+            "500ms",
+        ],
+        &dir.path().join("cpu.jsonl"),
+    );
+    assert_eq!(recs.len(), 2);
+    for r in &recs {
+        let server = r["app"]["options"]["server"].as_str().expect("server");
+        check_web(r, server, 4, &names);
+        check_server_cpu(r, &names[0], 2_000.0);
+    }
+    // Apache's default is a child of 64 threads per CPU; more clients than
+    // that are served with no error, its workers sized to them.
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let clients = 64 * cpus + 100;
+    let recs = tb.run(
+        "web",
+        &[
+            "--server",
+            "apache",
+            "--clients",
+            &clients.to_string(),
+            "--reps",
+            "1",
+            "--duration",
+            "1s",
+        ],
+        &dir.path().join("apache.jsonl"),
+    );
+    assert_eq!(recs.len(), 1);
+    let r = &recs[0];
+    check_web(r, "apache", clients, &names);
+    check_server_cpu(r, &names[0], 2_000.0);
+    let s = &r["app"]["services"][0];
+    assert!(s["workers"].as_u64() >= Some(clients as u64), "{s}");
+    let config = s["config"].as_str().expect("config");
+    let max: u64 = config
+        .lines()
+        .find_map(|l| l.strip_prefix("MaxRequestWorkers "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("MaxRequestWorkers in {config}"));
+    assert!(max >= clients as u64, "{config}");
+    tb.down();
+    tb.assert_gone();
+}
+
+/// A server killed in the middle of the window: the requests that fail
+/// after it mark the point (its `errors`, a warning with the last error,
+/// the table's note), and `checked` still counts the window's
+/// transactions only.
+#[test]
+fn a_point_whose_server_dies_mid_window_is_marked() {
+    let test = "a_point_whose_server_dies_mid_window_is_marked";
+    if !system_ready(test) || !servers_ready(test) {
+        return;
+    }
+    let server_agent = AgentProc::start_with("127.0.0.1", &["--allow-services"]);
+    let clients = AgentProc::start("127.0.0.1");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json = dir.path().join("r.jsonl");
+    // A 3 s window after a 0.6 s warm-up.
+    let run = netgap()
+        .args(["run", "web", "--server", "nginx", "--clients", "4"])
+        .args(["--reps", "1", "--duration", "3s", "--hosts"])
+        .arg(format!("{},{}", server_agent.addr, clients.addr))
+        .arg("--json")
+        .arg(&json)
+        .stdout(std::fs::File::create(dir.path().join("out")).expect("out"))
+        .stderr(std::fs::File::create(dir.path().join("err")).expect("err"))
+        .spawn()
+        .expect("netgap run");
+    let mut run = common::procs::Reaped(run);
+    let is_nginx = |c: &str| c.starts_with("nginx") || c.starts_with("/usr/sbin/nginx");
+    let t0 = Instant::now();
+    loop {
+        let tree = common::procs::descendants(server_agent.child.id());
+        if tree.iter().filter(|(_, _, c)| is_nginx(c)).count() >= 2 {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "nginx never started: {tree:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Well into the window: every nginx process of this agent goes.
+    std::thread::sleep(Duration::from_millis(1800));
+    for (pid, _, c) in common::procs::descendants(server_agent.child.id()) {
+        if is_nginx(&c) {
+            let _ = Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .status();
+        }
+    }
+    let status = run.0.wait().expect("netgap run ends");
+    let stdout = std::fs::read_to_string(dir.path().join("out")).expect("out");
+    let stderr = std::fs::read_to_string(dir.path().join("err")).expect("err");
+    assert!(status.success(), "{stdout}{stderr}");
+    let recs = read_records(&json);
+    assert_eq!(recs.len(), 1, "{stderr}");
+    let r = &recs[0];
+    assert!(metric(r, "errors") > 0.0, "{}", r["app"]);
+    assert!(metric(r, "transactions") > 0.0, "{}", r["app"]);
+    assert_eq!(
+        metric(r, "checked"),
+        metric(r, "transactions"),
+        "{}",
+        r["app"]
+    );
+    let warnings: Vec<&str> = r["warnings"]
+        .as_array()
+        .expect("warnings")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(
+        warnings
+            .iter()
+            .any(|w| w.starts_with("failed transactions: ") && w.contains("; last error: ")),
+        "{warnings:?}"
+    );
+    let all = format!("{stdout}{stderr}");
+    assert!(all.contains("errors="), "the table's note: {all}");
+    assert!(all.contains("failed transactions: "), "the warning: {all}");
 }
 
 /// Whether the unprivileged user may make a user namespace here (where it

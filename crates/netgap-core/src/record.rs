@@ -576,7 +576,9 @@ pub struct HostCpu {
     pub host: String,
     /// `server` or `client`.
     pub role: String,
-    /// System-wide busy % and the agent process's %.
+    /// System-wide busy % and the agent process's %; a role that runs a
+    /// server program (web's nginx or Apache) counts every process of the
+    /// program too.
     pub cpu: CpuUsage,
     /// Peak resident set size (VmHWM) of the agent process, KiB, when
     /// known. In-process agents (no `--hosts`) share the coordinator's

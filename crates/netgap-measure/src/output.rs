@@ -148,14 +148,24 @@ pub(crate) fn table_row(r: &ResultRecord) -> String {
     let fault_sentence = r
         .fault()
         .map(|f| netgap_core::physics::fault_sentence(r, f));
-    if r.warnings
-        .iter()
-        .any(|w| Some(w) != fault_sentence.as_ref())
-    {
+    if r.warnings.iter().any(|w| {
+        Some(w) != fault_sentence.as_ref() && !w.starts_with(crate::group::summary::FAILURE_PREFIX)
+    }) {
         notes.push("noisy".into());
     }
     if let Some(f) = r.fault() {
         notes.push(fault_note(f));
+    }
+    // Failed transactions (mean per repetition, as the record keeps them)
+    // mark the point: its figures count only those that completed.
+    if let Some(e) = r
+        .group
+        .as_ref()
+        .and_then(|g| g.app.as_ref())
+        .and_then(|a| a.metrics.get("errors"))
+        .filter(|e| **e > 0.0)
+    {
+        notes.push(format!("errors={}", fmt_num(*e)));
     }
     if let Some(d) = r.datagrams.as_ref().and_then(|d| d.note()) {
         notes.push(d);

@@ -417,6 +417,7 @@ mod tests {
                     }),
                     metrics: [("transactions".to_string(), 12.0)].into(),
                     services: Vec::new(),
+                    last_error: None,
                 },
             },
         ]

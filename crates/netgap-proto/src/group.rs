@@ -214,7 +214,8 @@ pub struct FlowReport {
 pub struct GroupOutcome {
     /// Length of the measured window as this agent timed it, in ns.
     pub window_ns: u64,
-    /// CPU usage of the agent's host and process over the window.
+    /// CPU usage of the agent's host and process over the window (with a
+    /// server program's processes, for a role that runs one).
     pub cpu: CpuUsage,
     /// Peak resident set size of the agent process (VmHWM), in KiB, if known;
     /// with [`GroupOutcome::processes`], the sum over its processes.
@@ -245,8 +246,15 @@ pub struct GroupOutcome {
     /// at most [`MAX_OUTCOME_SERVICES`]; empty for roles that start none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub services: Vec<netgap_core::record::ServiceRecord>,
+    /// The last failure of this role's transactions in the repetition (a
+    /// web client's refused connection or wrong status), at most
+    /// [`MAX_OUTCOME_ERROR_BYTES`]; absent when none failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
 }
 
+/// Longest last error one role's outcome may carry, bytes.
+pub const MAX_OUTCOME_ERROR_BYTES: usize = 512;
 /// Most processes one role's outcome may say it ran in.
 pub const MAX_OUTCOME_PROCESSES: u32 = 1024;
 /// Most services one role's outcome may name.
@@ -300,6 +308,16 @@ impl GroupOutcome {
             if !v.is_finite() {
                 return Err(range("metrics", format!("{name} is not a finite number")));
             }
+        }
+        if self
+            .last_error
+            .as_ref()
+            .is_some_and(|e| e.len() > MAX_OUTCOME_ERROR_BYTES)
+        {
+            return Err(range(
+                "last_error",
+                format!("longer than {MAX_OUTCOME_ERROR_BYTES} bytes"),
+            ));
         }
         if self.services.len() > MAX_OUTCOME_SERVICES {
             return Err(range(
@@ -428,6 +446,7 @@ mod tests {
             }),
             metrics: Default::default(),
             services: Vec::new(),
+            last_error: None,
         };
         assert!(outcome.validate().is_ok());
         outcome.datagrams = Some(DatagramStats {
@@ -451,6 +470,7 @@ mod tests {
             datagrams: None,
             metrics: [("connect_time_us".to_string(), 12.5)].into(),
             services: Vec::new(),
+            last_error: None,
         };
         assert!(outcome.validate().is_ok());
         outcome.metrics.insert("Bad Name".into(), 1.0);
@@ -461,6 +481,11 @@ mod tests {
             .map(|i| (format!("m{i}"), 1.0))
             .collect();
         assert_eq!(outcome.validate().unwrap_err().field, "metrics");
+        outcome.metrics = Default::default();
+        outcome.last_error = Some("e".repeat(MAX_OUTCOME_ERROR_BYTES));
+        assert!(outcome.validate().is_ok());
+        outcome.last_error = Some("e".repeat(MAX_OUTCOME_ERROR_BYTES + 1));
+        assert_eq!(outcome.validate().unwrap_err().field, "last_error");
     }
 
     #[test]
@@ -475,6 +500,7 @@ mod tests {
             datagrams: None,
             metrics: Default::default(),
             services: Vec::new(),
+            last_error: None,
         };
         assert!(outcome.validate().is_ok());
         for bad in [0, MAX_OUTCOME_PROCESSES + 1] {

@@ -1079,6 +1079,7 @@ mod tests {
             datagrams: None,
             metrics: Default::default(),
             services: Vec::new(),
+            last_error: None,
         };
         assert_eq!(wire_reply(&agent.group_alive().unwrap()), Reply::GroupAlive);
         assert_eq!(

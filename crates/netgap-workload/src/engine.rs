@@ -287,6 +287,7 @@ impl ReadyRole for Engine {
                 datagrams: ran.datagrams,
                 metrics: ran.metrics,
                 services: Vec::new(),
+                last_error: None,
             },
         })
     }

@@ -439,6 +439,7 @@ impl ReadyRole for ServerRole {
                 datagrams: None,
                 metrics: BTreeMap::new(),
                 services,
+                last_error: None,
             },
         })
     }
@@ -802,6 +803,7 @@ impl ReadyRole for ClientRole {
                 datagrams: None,
                 metrics: m,
                 services: Vec::new(),
+                last_error: None,
             },
         })
     }

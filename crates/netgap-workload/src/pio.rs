@@ -681,6 +681,7 @@ impl ReadyRole for ServerReady {
                 datagrams: None,
                 metrics,
                 services: Vec::new(),
+                last_error: None,
             },
         })
     }
@@ -821,6 +822,7 @@ impl ReadyRole for ClientRole {
                 datagrams: None,
                 metrics,
                 services: Vec::new(),
+                last_error: None,
             },
         })
     }

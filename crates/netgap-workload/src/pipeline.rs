@@ -719,6 +719,7 @@ impl ReadyRole for PipeReady {
                 datagrams: None,
                 metrics,
                 services: Vec::new(),
+                last_error: None,
             },
             flows,
         })

@@ -360,7 +360,7 @@ fn other_process_cpu_ns(pid: u32) -> u64 {
 /// utime plus stime of a `/proc/PID/stat` line, in clock ticks: the 14th
 /// and 15th fields, counted after the command name (which may hold spaces
 /// and parentheses, so it ends at the last `)`).
-fn stat_cpu_ticks(stat: &str) -> Option<u64> {
+pub(crate) fn stat_cpu_ticks(stat: &str) -> Option<u64> {
     let rest = &stat[stat.rfind(')')? + 1..];
     let mut fields = rest.split_whitespace().skip(11);
     let utime: u64 = fields.next()?.parse().ok()?;
@@ -420,11 +420,23 @@ fn meter_window_with(
     stop: &Stop,
     also: &[u32],
 ) -> (CpuUsage, u64) {
-    let cpu_ns = || {
+    meter_window_counting(window_start, end, stop, &|| {
         also.iter()
             .map(|&pid| other_process_cpu_ns(pid))
-            .fold(process_cpu_ns(), u64::saturating_add)
-    };
+            .fold(0, u64::saturating_add)
+    })
+}
+
+/// [`meter_window`], counting as the role's own the CPU time, ns, that
+/// `extra_ns` reads at each end of the window (a server program's
+/// processes, which the kernel accounts apart from the agent's).
+pub(crate) fn meter_window_counting(
+    window_start: Instant,
+    end: Instant,
+    stop: &Stop,
+    extra_ns: &dyn Fn() -> u64,
+) -> (CpuUsage, u64) {
+    let cpu_ns = || process_cpu_ns().saturating_add(extra_ns());
     stop.sleep_until(window_start);
     let meter = CpuMeter::start();
     let p0 = cpu_ns();

@@ -437,6 +437,7 @@ impl ReadyRole for Streams {
                 datagrams: None,
                 metrics: Default::default(),
                 services: Vec::new(),
+                last_error: None,
             },
             flows: reports,
         })

@@ -17,8 +17,8 @@ pub(crate) mod fileset;
 use super::options::{OptionKind, WorkloadArgs, WorkloadOption};
 use super::place::{self, HostView, Placement};
 use super::role::{
-    meter_window, metered, parse_params, window, OpenRole, ReadyRole, RoleContext, RoleError,
-    RoleResult, Stop, PER_FLOW_BYTES,
+    meter_window_counting, metered, parse_params, window, OpenRole, ReadyRole, RoleContext,
+    RoleError, RoleResult, Stop, PER_FLOW_BYTES,
 };
 use super::{CountFlag, FlowSample, Refused, Workload};
 use crate::service::{self, RunDir, Running, WebServer, WebStart};
@@ -385,9 +385,12 @@ impl Workload for Web {
             .get("server")
             .and_then(|v| v.as_str())
             .and_then(service::web_server);
-        if let Some(detail) =
-            server.and_then(|s| s.refuse_clients(u64::from(count), MAX_SERVER_WORKERS))
-        {
+        let workers = params
+            .get("server_workers")
+            .and_then(|v| v.as_u64())
+            .and_then(|w| u32::try_from(w).ok())
+            .unwrap_or(0);
+        if let Some(detail) = server.and_then(|s| s.refuse_clients(u64::from(count), workers)) {
             return Err(Refused(format!("{NAME}: {detail}")));
         }
         place::spread(count, hosts)
@@ -548,7 +551,9 @@ impl OpenRole for ServerRole {
 
 impl ReadyRole for ServerRole {
     /// Serves through the window and a grace, then stops the server before
-    /// reporting, so its host's CPU in the window is the server's.
+    /// reporting. The role's CPU in the window is the agent's and the
+    /// server program's: every process of it (nginx's master and workers,
+    /// Apache's children), from the kernel's accounting.
     fn run(self: Box<Self>) -> Result<RoleResult, RoleError> {
         let ServerRole {
             running,
@@ -558,7 +563,9 @@ impl ReadyRole for ServerRole {
             stop,
         } = *self;
         let t0 = Instant::now();
-        let (cpu, _) = meter_window(t0 + warmup, t0 + warmup + duration, &stop);
+        let (cpu, _) = meter_window_counting(t0 + warmup, t0 + warmup + duration, &stop, &|| {
+            running.cpu_ns()
+        });
         stop.sleep_until(Instant::now() + SERVER_GRACE);
         let mut running = running;
         // The agent holds nothing per client; the server program's own
@@ -583,6 +590,7 @@ impl ReadyRole for ServerRole {
                 datagrams: None,
                 metrics: BTreeMap::new(),
                 services: vec![record],
+                last_error: None,
             },
         })
     }
@@ -781,6 +789,13 @@ impl ReadyRole for ClientRole {
                 datagrams: None,
                 metrics: m,
                 services: Vec::new(),
+                // Within what an outcome may carry, on a character's edge.
+                last_error: last_error.map(|e| {
+                    e.char_indices()
+                        .take_while(|(i, c)| i + c.len_utf8() <= 400)
+                        .map(|(_, c)| c)
+                        .collect()
+                }),
             },
         })
     }
@@ -806,7 +821,7 @@ mod tests {
     }
 
     #[test]
-    fn apache_past_its_request_workers_is_refused_in_one_line() {
+    fn apache_is_sized_to_the_clients_and_refused_past_its_thread_limit_in_one_line() {
         let hosts: Vec<HostView> = (0..2)
             .map(|i| HostView {
                 name: format!("h{i}"),
@@ -814,14 +829,17 @@ mod tests {
                 rails: vec![],
             })
             .collect();
-        let apache = serde_json::json!({ "server": "apache" });
-        let e = Web.place(&apache, 4097, &hosts).unwrap_err();
+        let apache = serde_json::json!({ "server": "apache", "server_workers": 0 });
+        assert!(Web.place(&apache, 4097, &hosts).is_ok());
+        assert!(Web.place(&apache, MAX_CLIENTS, &hosts).is_ok());
+        let one_child = serde_json::json!({ "server": "apache", "server_workers": 1 });
+        assert!(Web.place(&one_child, 15_000, &hosts).is_ok());
+        let e = Web.place(&one_child, 16_000, &hosts).unwrap_err();
         assert_eq!(
             e.0,
-            "web: Apache serves at most 4096 clients here (its MaxRequestWorkers: 64 children of 64 threads), not 4097; use --server nginx for more"
+            "web: Apache cannot serve 16000 clients with 1 children: each would need 20064 threads, past the most its ThreadLimit may be (20000); ask for more children with --server-workers"
         );
-        assert!(Web.place(&apache, 4096, &hosts).is_ok());
-        let nginx = serde_json::json!({ "server": "nginx" });
-        assert!(Web.place(&nginx, 4097, &hosts).is_ok());
+        let nginx = serde_json::json!({ "server": "nginx", "server_workers": 1 });
+        assert!(Web.place(&nginx, 16_000, &hosts).is_ok());
     }
 }

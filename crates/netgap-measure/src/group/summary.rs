@@ -52,6 +52,8 @@ struct Reduction {
     /// The services the roles of the first repetition started, with the
     /// index of their host.
     services: Vec<(usize, netgap_core::record::ServiceRecord)>,
+    /// The last failure a role reported, of the latest repetition with one.
+    last_error: Option<String>,
 }
 
 /// Why a repetition's reports could not be reduced.
@@ -82,6 +84,7 @@ impl Reduction {
             datagrams: None,
             metrics: Vec::new(),
             services: Vec::new(),
+            last_error: None,
         }
     }
 
@@ -116,6 +119,9 @@ impl Reduction {
         for (role_index, reports, outcome) in &r.reports {
             let role = &placement.roles[*role_index];
             self.cpu[*role_index].push(outcome.cpu);
+            if let Some(e) = &outcome.last_error {
+                self.last_error = Some(e.clone());
+            }
             if role.side == GroupRole::Server {
                 self.bytes.server_tx += outcome.bytes_tx;
                 self.bytes.server_rx += outcome.bytes_rx;
@@ -319,6 +325,7 @@ pub(super) fn measure_point(
         datagrams,
         metrics,
         services,
+        last_error,
     } = red;
     // The run's name of each host, as its flows are named.
     let services: Vec<_> = services
@@ -434,7 +441,31 @@ pub(super) fn measure_point(
         path,
         plan.settings.label.clone(),
     );
-    Ok(record.with_stack(stack).diagnosed())
+    let mut record = record.with_stack(stack).diagnosed();
+    let failed: f64 = metrics.iter().filter_map(|m| m.get("errors")).sum();
+    if let Some(w) = failure_warning(failed, metrics.len(), last_error.as_deref()) {
+        record.warnings.push(w);
+    }
+    Ok(record)
+}
+
+/// How the warning of a point with failed transactions begins.
+pub(crate) const FAILURE_PREFIX: &str = "failed transactions: ";
+
+/// The warning of a point some of whose transactions failed (`failed` over
+/// `reps` repetitions, the last with `last_error`): its figures count only
+/// the transactions that completed, so it is no clean point. `None` when
+/// none failed.
+fn failure_warning(failed: f64, reps: usize, last_error: Option<&str>) -> Option<String> {
+    if failed <= 0.0 {
+        return None;
+    }
+    let last = last_error.map_or(String::new(), |e| {
+        format!("; last error: {}", netgap_core::text::escape_control(e))
+    });
+    Some(format!(
+        "{FAILURE_PREFIX}{failed:.0} over {reps} repetitions{last}"
+    ))
 }
 
 #[cfg(test)]
@@ -481,6 +512,7 @@ mod tests {
             datagrams: None,
             metrics: Default::default(),
             services: Vec::new(),
+            last_error: None,
         }
     }
 
@@ -512,6 +544,15 @@ mod tests {
             ],
             hist,
         }
+    }
+
+    #[test]
+    fn failed_transactions_are_a_warning_with_the_last_error() {
+        assert_eq!(failure_warning(0.0, 3, Some("x")), None);
+        assert_eq!(
+            failure_warning(7.0, 3, Some("status 404 for /f0\n")).unwrap(),
+            "failed transactions: 7 over 3 repetitions; last error: status 404 for /f0\\u{a}"
+        );
     }
 
     #[test]

@@ -126,10 +126,10 @@ pub(crate) trait WebServer: Sync {
     /// How `web --server-workers`'s help names its workers.
     fn workers_help(&self) -> &'static str;
     /// Refuses, in one line without the workload's name, `clients` past
-    /// what its configuration serves with `max_workers` workers; `None`
-    /// when it serves them.
-    fn refuse_clients(&self, clients: u64, max_workers: u64) -> Option<String> {
-        let _ = (clients, max_workers);
+    /// what its configuration can serve with `workers` workers (0: as many
+    /// as it sizes for the clients); `None` when it serves them.
+    fn refuse_clients(&self, clients: u64, workers: u32) -> Option<String> {
+        let _ = (clients, workers);
         None
     }
     /// Starts it; returns once it runs (not yet answering).
@@ -547,6 +547,13 @@ impl Running {
         }
     }
 
+    /// CPU time, ns, the kernel has accounted so far to the program's
+    /// processes ([`tree_cpu_ns`] from the process that started it): every
+    /// worker and child, whichever user they switched to.
+    pub(crate) fn cpu_ns(&self) -> u64 {
+        u32::try_from(self.pgid).map_or(0, tree_cpu_ns)
+    }
+
     fn signal(&self, sig: libc::c_int) {
         if self.pgid > 1 {
             // SAFETY: killpg only sends a signal; the group is the one the
@@ -577,6 +584,75 @@ impl Drop for Running {
             std::thread::sleep(Duration::from_millis(10));
         }
     }
+}
+
+/// One process as `/proc/PID/stat` describes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ProcStat {
+    pid: u32,
+    ppid: u32,
+    /// utime + stime + cutime + cstime, clock ticks: its own CPU and that
+    /// of the children it has reaped.
+    ticks: u64,
+}
+
+/// Parses a `/proc/PID/stat` line; the command name may hold spaces and
+/// parentheses, so the fields are counted after its last `)`.
+fn parse_stat(stat: &str) -> Option<ProcStat> {
+    let open = stat.find(" (")?;
+    let pid = stat[..open].trim().parse().ok()?;
+    let fields: Vec<&str> = stat[stat.rfind(')')? + 1..].split_whitespace().collect();
+    let num = |i: usize| -> Option<u64> { fields.get(i)?.parse().ok() };
+    // After the name: state, ppid, ..., utime (12th), stime, cutime, cstime.
+    let ticks = (11..=14).try_fold(0u64, |acc, i| Some(acc.saturating_add(num(i)?)))?;
+    Some(ProcStat {
+        pid,
+        ppid: u32::try_from(num(1)?).ok()?,
+        ticks,
+    })
+}
+
+/// The clock ticks of `root` and every descendant of it among `procs`.
+/// A live process's own time and what its reaped children left in its
+/// `cutime`/`cstime` together count a process that ended (an Apache child
+/// replaced, a worker restarted) once, in its parent.
+fn tree_ticks(procs: &[ProcStat], root: u32) -> u64 {
+    let mut ours = vec![root];
+    let mut next = 0;
+    while next < ours.len() {
+        let parent = ours[next];
+        ours.extend(procs.iter().filter(|p| p.ppid == parent).map(|p| p.pid));
+        next += 1;
+    }
+    procs
+        .iter()
+        .filter(|p| ours.contains(&p.pid))
+        .fold(0, |acc, p| acc.saturating_add(p.ticks))
+}
+
+/// CPU time, ns, of process `root` and every process it started, from
+/// the kernel's accounting in `/proc` (user and system time of each live
+/// process, and of the children each has reaped); 0 if none is found.
+pub(crate) fn tree_cpu_ns(root: u32) -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let ticks_per_s = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).unwrap_or(0);
+    if ticks_per_s == 0 || root == 0 {
+        return 0;
+    }
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    let procs: Vec<ProcStat> = dir
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_str()
+                .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .filter_map(|e| std::fs::read_to_string(e.path().join("stat")).ok())
+        .filter_map(|s| parse_stat(&s))
+        .collect();
+    tree_ticks(&procs, root).saturating_mul(1_000_000_000) / ticks_per_s
 }
 
 /// Sends an HTTP/1.1 GET of `path` to `addr` and checks for a 200 answer:
@@ -621,6 +697,55 @@ pub(crate) fn read_all(addr: SocketAddr, max_bytes: usize) -> Result<Vec<u8>, St
 #[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tree_counts_every_descendant_and_what_they_reaped_once() {
+        let stat = "42 (a (b) c) S 7 42 42 0 -1 4194560 100 0 0 0 7 5 3 1 20 0 1 0 9 1000 200";
+        assert_eq!(
+            parse_stat(stat),
+            Some(ProcStat {
+                pid: 42,
+                ppid: 7,
+                ticks: 16
+            })
+        );
+        assert_eq!(parse_stat("42 (x) S 1"), None);
+        let p = |pid, ppid, ticks| ProcStat { pid, ppid, ticks };
+        // 10 starts 11, which starts 12 and 13; 20 is someone else's.
+        let procs = [
+            p(10, 1, 1),
+            p(11, 10, 2),
+            p(12, 11, 4),
+            p(13, 11, 8),
+            p(20, 1, 100),
+            p(21, 20, 200),
+        ];
+        assert_eq!(tree_ticks(&procs, 10), 15);
+        assert_eq!(tree_ticks(&procs, 11), 14);
+        assert_eq!(tree_ticks(&procs, 99), 0);
+        // A shell that does nothing itself but wait for a busy child of
+        // its own, then sleep: its tree holds the child's CPU, live and
+        // once reaped.
+        let mut sh = std::process::Command::new("/bin/sh")
+            .args([
+                "-c",
+                "(i=0; while [ $i -lt 400000 ]; do i=$((i+1)); done); sleep 2",
+            ])
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut ns = 0;
+        while Instant::now() < deadline {
+            ns = tree_cpu_ns(sh.id());
+            if ns >= 50_000_000 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = sh.kill();
+        sh.wait().unwrap();
+        assert!(ns >= 50_000_000, "{ns} ns");
+    }
 
     #[test]
     fn a_missing_program_is_one_line_naming_its_package() {
