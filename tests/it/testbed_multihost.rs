@@ -9,7 +9,7 @@
 //! unless NETGAP_REQUIRE_SYSTEM_TESTS=1 (as in CI), where that is a failure.
 
 use crate::common::testbed::Testbed;
-use crate::common::{netgap, ok, read_records as records, system_ready, u};
+use crate::common::{has_whole_record, netgap, ok, read_records as records, system_ready, u};
 use serde_json::Value;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -423,7 +423,8 @@ fn a_killed_client_agent_mid_hotspot_is_named_and_points_are_kept() {
         .spawn()
         .expect("coordinator starts");
     let t0 = Instant::now();
-    while records(&json).is_empty() {
+    // Whole lines only: the coordinator may be writing the first one.
+    while !has_whole_record(&json) {
         if t0.elapsed() > Duration::from_secs(30) || coord.try_wait().expect("wait").is_some() {
             let _ = coord.kill();
             let _ = coord.wait();
