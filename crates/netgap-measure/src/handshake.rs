@@ -64,13 +64,26 @@ const ATTEMPTS: usize = 3;
 /// coordinator uses.
 pub fn handshake(addr: &ControlAddr, key: Option<&Key>) -> Result<AgentLink, LinkError> {
     let mut attempt = 1;
+    let started = std::time::Instant::now();
     loop {
         match handshake_once(addr, key) {
             Err(e) if attempt < ATTEMPTS && closed_before_any_answer(&e) => attempt += 1,
+            Err(LinkError::Session(SessionError::Busy)) if started.elapsed() < BUSY_GRACE => {
+                std::thread::sleep(BUSY_RETRY);
+            }
             done => return done,
         }
     }
 }
+
+/// How long a coordinator keeps asking an agent that says it is busy: an
+/// agent frees itself only once every thread of the session before has
+/// ended, a moment after that session's coordinator saw its last reply,
+/// so a run started right after another on the same agent waits this out;
+/// an agent busy with someone else's run is still named after it.
+const BUSY_GRACE: Duration = Duration::from_secs(3);
+/// The pause between two handshakes with a busy agent.
+const BUSY_RETRY: Duration = Duration::from_millis(50);
 
 /// Whether the agent closed the connection before answering anything
 /// (its answer would have been an error line or a welcome).
