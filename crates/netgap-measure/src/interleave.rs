@@ -38,7 +38,7 @@ use std::time::SystemTime;
 pub struct Member {
     /// Index of the point in [`Plan::points`].
     pub point: usize,
-    /// Index of the condition in [`Plan::conditions`]; `None` for a run
+    /// Index of the condition in [`Settings::conditions`](crate::plan::Settings::conditions); `None` for a run
     /// without conditions.
     pub condition: Option<usize>,
 }
