@@ -634,7 +634,7 @@ fn buffer_layout_of(b: BufferFlags) -> Result<(Option<u32>, u32), PlanError> {
         let of = if align.is_some() {
             "--align"
         } else {
-            "the page size (give --align for a larger one)"
+            "the page size; --align sets a larger one"
         };
         return Err(invalid(
             "--offset",
