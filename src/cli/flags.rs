@@ -14,8 +14,8 @@ use clap::{Arg, ArgAction, ArgMatches, Args, FromArgMatches};
 use netgap::cluster::HostsArg;
 use netgap::conditions::ConditionAxis;
 use netgap::plan::{
-    CiSpec, Interleaving, MethodSpec, MultiHostSpec, OptionSetting, Outputs, PeerAddr, Pin,
-    RunRequest, Target, TransportChoice,
+    BufferFlags, CiSpec, Interleaving, MethodSpec, MultiHostSpec, OptionSetting, Outputs, PeerAddr,
+    Pin, RunRequest, Target, TransportChoice,
 };
 use netgap::spec::Mode;
 use netgap::transport::options::{self as topt, OptionKind, OptionValue};
@@ -243,6 +243,24 @@ pub struct MethodFlags {
     /// Check every payload byte received against the pattern sent.
     #[arg(long)]
     pub verify: bool,
+    /// Message buffers' data starts on a boundary of BYTES, a power of two
+    /// (NetPIPE's -A) [default: the page size].
+    #[arg(long, value_name = "BYTES")]
+    pub align: Option<u64>,
+    /// Message buffers' data starts BYTES past the --align boundary, below
+    /// it (NetPIPE's -O) [default: 0].
+    #[arg(long, value_name = "BYTES")]
+    pub offset: Option<u64>,
+}
+
+impl MethodFlags {
+    /// `--align` and `--offset`, typed.
+    pub fn buffer(&self) -> BufferFlags {
+        BufferFlags {
+            align_bytes: self.align,
+            offset_bytes: self.offset,
+        }
+    }
 }
 
 /// Where results go.
@@ -459,6 +477,7 @@ impl StackFlags {
                 timeout: m.timeout,
                 pin: m.pin,
                 verify: m.verify,
+                buffer: m.buffer(),
             },
             outputs: self.outputs(),
             multi_host,

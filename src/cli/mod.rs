@@ -243,6 +243,7 @@ impl SweepFlags {
             timeout: m.timeout,
             pin: m.pin,
             verify: m.verify,
+            buffer: m.buffer(),
             outputs: self.stack.outputs(),
         }
     }

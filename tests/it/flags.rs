@@ -177,6 +177,26 @@ fn shared_point_to_point_cases() -> Vec<(&'static [&'static str], Expect)> {
         ),
         (&["--verify"], Records("/options/verify", true.into())),
         (
+            &["--offset", "16"],
+            Records("/options/transport/buffer_offset_bytes", 16.into()),
+        ),
+        (
+            &["--align", "64", "--offset", "8"],
+            Records("/options/transport/buffer_align_bytes", 64.into()),
+        ),
+        (
+            &["--align", "3000"],
+            Refused("--align 3000: must be a power of two"),
+        ),
+        (
+            &["--align", "64", "--offset", "64"],
+            Refused("--offset 64: must be below the alignment, 64 bytes"),
+        ),
+        (
+            &["--offset", "1000000"],
+            Refused("--offset 1000000: must be below the alignment"),
+        ),
+        (
             &["--ci", "90,50"],
             Records("/ci_target/confidence_pct", 90.0.into()),
         ),

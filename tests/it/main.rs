@@ -16,6 +16,7 @@ mod common;
 
 mod agent_log;
 mod auth;
+mod buffers;
 mod cli;
 mod compare;
 mod conformance;

@@ -78,6 +78,21 @@ pub struct TransportOptions {
     pub congestion: Option<String>,
     /// Kernel-side submission polling (IORING_SETUP_SQPOLL; uring only).
     pub sqpoll: bool,
+    /// Message buffers' data starts `buffer_offset_bytes` past a boundary of
+    /// this many bytes, a power of two (`--align`); `None` is the page.
+    /// Absent from older records and messages, and left out when `None`,
+    /// so default runs keep their earlier form.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub buffer_align_bytes: Option<u32>,
+    /// Bytes past the alignment boundary at which message buffers' data
+    /// starts (`--offset`), below the alignment; 0 by default and then left
+    /// out.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub buffer_offset_bytes: u32,
+}
+
+fn is_zero(v: &u32) -> bool {
+    *v == 0
 }
 
 impl Default for TransportOptions {
@@ -92,12 +107,21 @@ impl Default for TransportOptions {
             cork: false,
             congestion: None,
             sqpoll: false,
+            buffer_align_bytes: None,
+            buffer_offset_bytes: 0,
         }
     }
 }
 
 /// Longest busy-poll time a peer may ask for, in microseconds (1 s).
 pub const MAX_BUSY_POLL_US: u32 = 1_000_000;
+/// Largest message buffer alignment a run or a peer may ask for, in bytes
+/// (1 GiB, a huge page on every Linux architecture).
+pub const MAX_BUFFER_ALIGN_BYTES: u32 = 1 << 30;
+/// Largest message buffer offset when the alignment is the page, in bytes:
+/// below the largest Linux page (the agent checks it against its own page).
+pub const MAX_PAGE_OFFSET_BYTES: u32 = (1 << 16) - 1;
+
 /// Longest congestion control name, in bytes (the kernel's TCP_CA_NAME_MAX).
 pub const MAX_CONGESTION_NAME_BYTES: usize = 16;
 
@@ -168,6 +192,27 @@ pub fn check_size(size_bytes: u64) -> Result<(), RangeError> {
     Ok(())
 }
 
+/// Checks a message buffer layout: the alignment a power of two up to
+/// [`MAX_BUFFER_ALIGN_BYTES`], the offset below it (below
+/// [`MAX_PAGE_OFFSET_BYTES`] when the alignment is the page).
+pub fn check_buffer_layout(align_bytes: Option<u32>, offset_bytes: u32) -> Result<(), RangeError> {
+    match align_bytes {
+        Some(a) if !a.is_power_of_two() || a > MAX_BUFFER_ALIGN_BYTES => Err(range(
+            "buffer_align_bytes",
+            format!("{a} is not a power of two in 1..={MAX_BUFFER_ALIGN_BYTES}"),
+        )),
+        Some(a) if offset_bytes >= a => Err(range(
+            "buffer_offset_bytes",
+            format!("{offset_bytes} is not below the alignment of {a} bytes"),
+        )),
+        None if offset_bytes > MAX_PAGE_OFFSET_BYTES => Err(range(
+            "buffer_offset_bytes",
+            format!("{offset_bytes} > {MAX_PAGE_OFFSET_BYTES}"),
+        )),
+        _ => Ok(()),
+    }
+}
+
 impl PointSpec {
     /// Range-checks every field; never panics on peer input.
     pub fn validate(&self) -> Result<(), RangeError> {
@@ -201,6 +246,10 @@ impl PointSpec {
                 ));
             }
         }
+        check_buffer_layout(
+            self.options.buffer_align_bytes,
+            self.options.buffer_offset_bytes,
+        )?;
         if let Some(cpu) = self.server_cpu {
             if cpu > MAX_CPU_INDEX {
                 return Err(range("server_cpu", format!("{cpu} > {MAX_CPU_INDEX}")));
@@ -252,6 +301,16 @@ mod tests {
         let mut s = spec();
         s.options.sndbuf_bytes = Some(0);
         assert_eq!(s.validate().unwrap_err().field, "sndbuf_bytes");
+        let mut s = spec();
+        s.options.buffer_align_bytes = Some(48);
+        assert_eq!(s.validate().unwrap_err().field, "buffer_align_bytes");
+        let mut s = spec();
+        s.options.buffer_align_bytes = Some(64);
+        s.options.buffer_offset_bytes = 64;
+        assert_eq!(s.validate().unwrap_err().field, "buffer_offset_bytes");
+        let mut s = spec();
+        s.options.buffer_offset_bytes = MAX_PAGE_OFFSET_BYTES + 1;
+        assert_eq!(s.validate().unwrap_err().field, "buffer_offset_bytes");
         let mut s = spec();
         s.io_timeout_ms = 0;
         assert_eq!(s.validate().unwrap_err().field, "io_timeout_ms");

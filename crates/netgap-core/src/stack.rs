@@ -142,6 +142,12 @@ fn option_entries(o: &TransportOptions) -> Vec<String> {
     if let Some(c) = &o.congestion {
         v.push(format!("congestion={c}"));
     }
+    if let Some(a) = o.buffer_align_bytes {
+        v.push(format!("buffer_align_bytes={a}"));
+    }
+    if o.buffer_offset_bytes != 0 {
+        v.push(format!("buffer_offset_bytes={}", o.buffer_offset_bytes));
+    }
     v.sort();
     v
 }
@@ -414,6 +420,39 @@ mod tests {
         assert_eq!(
             s.describe(),
             "tcp, poll, 1 Gbit/s, delay 2.5 ms, loss 0.1%, no_nodelay sndbuf_bytes=524288, [run A]"
+        );
+    }
+
+    #[test]
+    fn a_buffer_layout_other_than_the_default_sets_stacks_apart() {
+        let default = Stack::new(
+            "tcp",
+            Mode::Event,
+            &TransportOptions::default(),
+            path(1500, "on"),
+            None,
+        );
+        assert!(default.options.is_empty());
+        let o = TransportOptions {
+            buffer_offset_bytes: 16,
+            ..TransportOptions::default()
+        };
+        let offset = Stack::new("tcp", Mode::Event, &o, path(1500, "on"), None);
+        assert_eq!(offset.options, ["buffer_offset_bytes=16"]);
+        let o = TransportOptions {
+            buffer_align_bytes: Some(64),
+            buffer_offset_bytes: 8,
+            ..TransportOptions::default()
+        };
+        let both = Stack::new("tcp", Mode::Event, &o, path(1500, "on"), None);
+        assert_eq!(
+            both.options,
+            ["buffer_align_bytes=64", "buffer_offset_bytes=8"]
+        );
+        assert_ne!(default, offset);
+        let json = serde_json::to_value(TransportOptions::default()).unwrap();
+        assert!(
+            json.get("buffer_align_bytes").is_none() && json.get("buffer_offset_bytes").is_none()
         );
     }
 

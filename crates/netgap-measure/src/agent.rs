@@ -838,6 +838,9 @@ pub(crate) enum OpenPointError {
     /// The message size does not fit in the agent's memory.
     #[error("size {0} bytes does not fit in memory")]
     TooLarge(u64),
+    /// The message buffers cannot be placed as the point asks on this host.
+    #[error("message buffers: {0}")]
+    Buffer(#[from] netgap_transport::buffer::LayoutError),
     /// The size exceeds what the transport carries in one message.
     #[error("{size} bytes is larger than the largest {transport} message, {max} bytes")]
     TooLargeFor {
@@ -965,6 +968,7 @@ fn open_point(
     }
     let size =
         usize::try_from(spec.size_bytes).map_err(|_| OpenPointError::TooLarge(spec.size_bytes))?;
+    let buffer = netgap_transport::buffer::BufferLayout::of_options(&spec.options)?;
     if let Some(max) = transport
         .max_message_bytes()
         .filter(|&m| spec.size_bytes > m)
@@ -996,6 +1000,7 @@ fn open_point(
             bench::RoleParams {
                 size_bytes: size,
                 verify: spec.verify,
+                buffer,
             },
             flow,
         )

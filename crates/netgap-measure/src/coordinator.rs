@@ -103,6 +103,9 @@ pub enum PointError {
     /// The message size does not fit in this host's memory.
     #[error("a message of {0} bytes does not fit in memory")]
     TooLarge(u64),
+    /// The message buffers cannot be placed as `--align`/`--offset` ask.
+    #[error("message buffers: {0}")]
+    Buffer(#[from] netgap_transport::buffer::LayoutError),
     /// The control connection failed.
     #[error("{}", control_detail(.0))]
     Control(#[from] ControlError),
@@ -199,6 +202,7 @@ impl Coordinator {
             .ok_or_else(|| PointError::UnknownTransport(spec.transport.clone()))?;
         let size =
             usize::try_from(spec.size_bytes).map_err(|_| PointError::TooLarge(spec.size_bytes))?;
+        let buffer = netgap_transport::buffer::BufferLayout::of_options(&spec.options)?;
         let token = netgap_transport::preamble::new_token()?;
         let open = self.session.open(spec.clone(), token.clone());
         self.conn.send(&open)?;
@@ -230,6 +234,7 @@ impl Coordinator {
                 RoleParams {
                     size_bytes: size,
                     verify: spec.verify,
+                    buffer,
                 },
                 flow,
             )

@@ -165,6 +165,19 @@ pub struct MethodSpec {
     pub pin: Option<Pin>,
     /// `--verify`.
     pub verify: bool,
+    /// `--align`, `--offset`.
+    pub buffer: BufferFlags,
+}
+
+/// Where each message buffer's data starts, as `--align` and `--offset`
+/// give it (NetPIPE's `-A` and `-O`); `None` leaves the default (data on a
+/// page boundary).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BufferFlags {
+    /// `--align BYTES`: a power of two.
+    pub align_bytes: Option<u64>,
+    /// `--offset BYTES`: below the alignment.
+    pub offset_bytes: Option<u64>,
 }
 
 /// Where results go, and what they are called.
@@ -375,6 +388,8 @@ pub(crate) struct Common<'a> {
     pub pin: Option<Pin>,
     /// `--verify`.
     pub verify: bool,
+    /// `--align`, `--offset`.
+    pub buffer: BufferFlags,
     /// Results files and label.
     pub outputs: &'a Outputs,
     /// `--conditions`, `--interleave`.
@@ -596,6 +611,40 @@ pub(crate) fn no_effect(flag: &str, what: &str, reason: impl Into<String>) -> Pl
 }
 
 /// A [`PlanError::Invalid`].
+/// `--align` and `--offset`, checked: the alignment a power of two up to
+/// 1 GiB, the offset below it (below this host's page without `--align`).
+/// An alignment equal to the default is still recorded: the user asked
+/// for it by name.
+fn buffer_layout_of(b: BufferFlags) -> Result<(Option<u32>, u32), PlanError> {
+    use netgap_core::spec::MAX_BUFFER_ALIGN_BYTES;
+    let align = match b.align_bytes {
+        None => None,
+        Some(a) if !a.is_power_of_two() || a > u64::from(MAX_BUFFER_ALIGN_BYTES) => {
+            return Err(invalid(
+                "--align",
+                a,
+                format!("must be a power of two from 1 to {MAX_BUFFER_ALIGN_BYTES} bytes"),
+            ))
+        }
+        Some(a) => Some(a as u32),
+    };
+    let limit = align.map_or(netgap_transport::buffer::page_bytes() as u64, u64::from);
+    let offset = b.offset_bytes.unwrap_or(0);
+    if offset >= limit {
+        let of = if align.is_some() {
+            "--align"
+        } else {
+            "the page size; --align sets a larger one"
+        };
+        return Err(invalid(
+            "--offset",
+            offset,
+            format!("must be below the alignment, {limit} bytes ({of})"),
+        ));
+    }
+    Ok((align, offset as u32))
+}
+
 pub(crate) fn invalid(
     flag: &'static str,
     value: impl ToString,
@@ -852,6 +901,7 @@ impl RunRequest {
             timeout: m.timeout,
             pin: m.pin,
             verify: m.verify,
+            buffer: m.buffer,
             outputs: &self.outputs,
             interleaving: &self.interleaving,
         }
@@ -933,7 +983,10 @@ impl Settings {
                 reason: "in-process agents run without a key",
             });
         }
-        let stacks = Stacks::validate(c.transport)?;
+        let mut stacks = Stacks::validate(c.transport)?;
+        let (align, offset) = buffer_layout_of(c.buffer)?;
+        stacks.options.buffer_align_bytes = align;
+        stacks.options.buffer_offset_bytes = offset;
         let method = method_of(c)?;
         let timeout = c.timeout.unwrap_or(DEFAULT_TIMEOUT);
         if timeout < MIN_TIMEOUT

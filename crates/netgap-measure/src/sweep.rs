@@ -89,6 +89,8 @@ pub struct SweepRequest {
     pub pin: Option<Pin>,
     /// `--verify`.
     pub verify: bool,
+    /// `--align`, `--offset`.
+    pub buffer: crate::plan::BufferFlags,
     /// Results files and label.
     pub outputs: Outputs,
 }
@@ -127,6 +129,7 @@ impl SweepRequest {
             timeout: None,
             pin: None,
             verify: false,
+            buffer: crate::plan::BufferFlags::default(),
             outputs: Outputs::default(),
         }
     }
@@ -247,6 +250,7 @@ impl SweepPlan {
             timeout: a.timeout,
             pin: a.pin,
             verify: a.verify,
+            buffer: a.buffer,
             outputs: &a.outputs,
             interleaving: &NO_INTERLEAVING,
         };

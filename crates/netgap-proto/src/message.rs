@@ -14,7 +14,9 @@ use serde::{Deserialize, Serialize};
 /// (`params`) instead of a fixed kind of work. Version 3: `open` and
 /// `group_prepare` carry the point's data token, which every data
 /// connection proves before payload moves ([`crate::dataproof`]).
-pub const PROTOCOL_VERSION: u32 = 3;
+/// Version 4: a point's transport options may carry its message buffers'
+/// alignment and offset (`buffer_align_bytes`, `buffer_offset_bytes`).
+pub const PROTOCOL_VERSION: u32 = 4;
 
 /// Which part of a point a repetition belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

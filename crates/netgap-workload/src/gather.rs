@@ -27,6 +27,7 @@ use netgap_core::spec::PointSpec;
 use netgap_core::stats::{LatencyHistogram, Percentiles};
 use netgap_proto::dataproof::DataToken;
 use netgap_proto::group::{FlowReport, GroupOutcome, GroupRole, GroupSpec};
+use netgap_transport::buffer::{AlignedBuffer, BufferLayout};
 use netgap_transport::cpu::peak_rss_kib;
 use netgap_transport::{FlowConfig, FlowError, Transport, TransportError};
 use serde::{Deserialize, Serialize};
@@ -287,7 +288,8 @@ enum Serving {
     /// netgap's responder: its listener, answered from a thread in `run`.
     Builtin {
         listener: Box<dyn netgap_transport::Listener>,
-        answer: Vec<u8>,
+        /// Sent from a message buffer placed as the point asks.
+        answer: AlignedBuffer,
         token: DataToken,
     },
 }
@@ -337,9 +339,13 @@ fn open_server(p: &Params, ctx: &RoleContext<'_>) -> Result<Box<dyn OpenRole>, R
                 .map_err(|source| RoleError::Open { index: 0, source })?;
             let addr = listener.addr();
             let size = usize::try_from(p.answer_bytes).map_err(|_| refused("answer too large"))?;
+            let layout = BufferLayout::of_options(&ctx.spec.point.options)
+                .map_err(|e| refused(format!("message buffers: {e}")))?;
+            let mut sent = AlignedBuffer::zeroed(size, layout);
+            sent.copy_from_slice(&answer(size as u64));
             let serving = Serving::Builtin {
                 listener,
-                answer: answer(size as u64),
+                answer: sent,
                 token: ctx.data_token.clone(),
             };
             (serving, addr)

@@ -710,6 +710,11 @@ impl ReadyRole for ClientRole {
         let deadline = staged::job_deadline(&c.spec, t0);
         let meter = CpuMeter::start();
         let stripe = usize::try_from(c.layout.stripe_bytes).unwrap_or(usize::MAX);
+        let buffer = netgap_transport::buffer::BufferLayout::of_options(&c.spec.point.options)
+            .map_err(|e| RoleError::Params {
+                workload: NAME,
+                detail: format!("message buffers: {e}"),
+            })?;
         // A fresh seed per repetition: a read can only match this
         // repetition's writes.
         let seed = {
@@ -749,6 +754,7 @@ impl ReadyRole for ClientRole {
                             gate: &gate,
                             contents: &contents,
                             stripe_bytes: stripe,
+                            buffer,
                             deadline,
                             stop: &stop,
                         })

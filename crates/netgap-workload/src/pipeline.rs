@@ -37,6 +37,7 @@ use netgap_core::metric::Metric;
 use netgap_core::spec::PointSpec;
 use netgap_core::stats::{LatencyHistogram, Percentiles};
 use netgap_proto::group::{FlowReport, GroupOutcome, GroupRole, GroupSpec};
+use netgap_transport::buffer::{AlignedBuffer, BufferLayout};
 use netgap_transport::cpu::peak_rss_kib;
 use netgap_transport::cpu::CpuMeter;
 use netgap_transport::{self as transport, FlowConfig, FlowError, Transport};
@@ -612,6 +613,8 @@ struct Env {
     t0: Instant,
     deadline: Instant,
     stop: Stop,
+    /// Where every UOW buffer's data starts (`--align`, `--offset`).
+    layout: BufferLayout,
 }
 
 impl Env {
@@ -644,6 +647,12 @@ impl ReadyRole for PipeReady {
             t0,
             deadline: staged::job_deadline(&self.spec, t0),
             stop: self.stop.clone(),
+            layout: BufferLayout::of_options(&self.spec.point.options).map_err(|e| {
+                RoleError::Params {
+                    workload: NAME,
+                    detail: format!("message buffers: {e}"),
+                }
+            })?,
         };
         let meter = CpuMeter::start();
         let mut handles = Vec::with_capacity(self.copies.len());
@@ -833,7 +842,7 @@ enum Inbox {
     Uow {
         from: usize,
         frame: Frame,
-        data: Vec<u8>,
+        data: AlignedBuffer,
     },
     Eow,
     Failed(String),
@@ -864,7 +873,7 @@ fn read_uows(
                             frame.seq, frame.len
                         )));
                     }
-                    let mut data = vec![0u8; frame.len as usize];
+                    let mut data = AlignedBuffer::zeroed(frame.len as usize, env.layout);
                     rx.recv_exact(&mut data).map_err(flow_err)?;
                     if tx.send(Inbox::Uow { from, frame, data }).is_err() {
                         return Ok(());
@@ -1003,7 +1012,10 @@ fn produce(
     env: &Env,
 ) -> Result<CopyDone, PipeError> {
     let mut done = CopyDone::default();
-    let mut buf = vec![0u8; usize::try_from(env.uow_bytes).unwrap_or(usize::MAX)];
+    let mut buf = AlignedBuffer::zeroed(
+        usize::try_from(env.uow_bytes).unwrap_or(usize::MAX),
+        env.layout,
+    );
     let mut next = 0;
     for seq in 0..env.uows() {
         let n = work::uow_len(seq, env.query_bytes, env.uow_bytes) as usize;
@@ -1049,7 +1061,10 @@ fn pass_on(
         Vec::new()
     };
     let mut hist = LatencyHistogram::new();
-    let mut expect = vec![0u8; usize::try_from(env.uow_bytes).unwrap_or(usize::MAX)];
+    let mut expect = AlignedBuffer::zeroed(
+        usize::try_from(env.uow_bytes).unwrap_or(usize::MAX),
+        env.layout,
+    );
     let mut open = in_tx.len();
     let mut next = 0;
     while open > 0 {
@@ -1095,7 +1110,7 @@ fn pass_on(
                 env.graph.filters,
                 &mut expect[..n],
             );
-            if data != expect[..n] {
+            if data[..] != expect[..n] {
                 return Err(PipeError(format!(
                     "UOW {} differs from the producer's data through every filter",
                     frame.seq
@@ -1190,6 +1205,7 @@ mod tests {
             t0: Instant::now(),
             deadline: Instant::now() + Duration::from_secs(2),
             stop: Stop::new(),
+            layout: BufferLayout::default(),
         }
     }
 

@@ -17,6 +17,7 @@ use super::role::{
 };
 use super::FlowSample;
 use netgap_proto::group::{FlowReport, GroupOutcome, GroupRole, GroupSpec};
+use netgap_transport::buffer::{AlignedBuffer, BufferLayout};
 use netgap_transport::cpu::peak_rss_kib;
 use netgap_transport::rate::{PacedFlow, RateBudget};
 use netgap_transport::{self as transport, FlowConfig, FlowError};
@@ -160,6 +161,10 @@ pub(crate) fn open(
         workload,
         detail: "the size does not fit in memory".into(),
     })?;
+    let layout = BufferLayout::of_options(&spec.point.options).map_err(|e| RoleError::Params {
+        workload,
+        detail: format!("message buffers: {e}"),
+    })?;
     let t = find_transport(&spec)?;
     let config = FlowConfig::from_spec(&spec.point);
     let pace = Pacing {
@@ -190,6 +195,7 @@ pub(crate) fn open(
                 spec,
                 direction,
                 size,
+                layout,
                 addrs,
                 accepts,
                 stop: ctx.stop.clone(),
@@ -217,6 +223,7 @@ pub(crate) fn open(
                 spec,
                 direction,
                 size,
+                layout,
                 flows,
                 stop: ctx.stop.clone(),
                 pace,
@@ -257,6 +264,7 @@ struct Accepting {
     spec: GroupSpec,
     direction: Direction,
     size: usize,
+    layout: BufferLayout,
     addrs: Vec<String>,
     accepts: Vec<Accept>,
     stop: Stop,
@@ -291,6 +299,7 @@ impl OpenRole for Accepting {
             spec: self.spec,
             direction: self.direction,
             size: self.size,
+            layout: self.layout,
             flows,
             stop: self.stop,
             pace: self.pace,
@@ -303,6 +312,8 @@ struct Streams {
     spec: GroupSpec,
     direction: Direction,
     size: usize,
+    /// Where every message buffer's data starts (`--align`, `--offset`).
+    layout: BufferLayout,
     flows: Vec<Box<dyn transport::Flow>>,
     /// The session's end: every flow thread stops at its next message.
     stop: Stop,
@@ -349,11 +360,11 @@ impl ReadyRole for Streams {
         let end = window_start + duration;
         // Every sending thread reads the same payload: one buffer for the
         // role, not one per flow.
-        let payload: Arc<[u8]> = if sends {
-            netgap_transport::buffer::message_buffer(size).into()
-        } else {
-            Arc::from(Vec::new())
-        };
+        let layout = self.layout;
+        let payload = Arc::new(netgap_transport::buffer::message_buffer(
+            if sends { size } else { 0 },
+            layout,
+        ));
         let recv_bytes = recv_buffer_bytes(size);
         let mut handles = Vec::with_capacity(self.flows.len());
         for (i, flow) in self.flows.into_iter().enumerate() {
@@ -371,11 +382,17 @@ impl ReadyRole for Streams {
                 .name(format!("flow {i}"))
                 .spawn(move || {
                     let counted = if both {
-                        both_ways_until(flow, payload, recv_bytes, (window_start, end), &stop)
+                        both_ways_until(
+                            flow,
+                            payload,
+                            (recv_bytes, layout),
+                            (window_start, end),
+                            &stop,
+                        )
                     } else if sends {
                         send_until(flow, &payload, end, &stop)
                     } else {
-                        recv_until(flow, recv_bytes, window_start, end, drain, &stop)
+                        recv_until(flow, (recv_bytes, layout), window_start, end, drain, &stop)
                     };
                     // A failed flow ends the role's window now (the stop
                     // is the role's own): the failure, a stopped peer's
@@ -478,8 +495,8 @@ fn send_until(
 /// peer.
 fn both_ways_until(
     flow: Box<dyn transport::Flow>,
-    payload: Arc<[u8]>,
-    buffer_bytes: usize,
+    payload: Arc<AlignedBuffer>,
+    (buffer_bytes, layout): (usize, BufferLayout),
     window: (Instant, Instant),
     stop: &Stop,
 ) -> Result<StreamCount, FlowError> {
@@ -498,7 +515,7 @@ fn both_ways_until(
             (r, tx)
         })
         .map_err(FlowError::Io)?;
-    let mut buf = vec![0u8; buffer_bytes];
+    let mut buf = AlignedBuffer::zeroed(buffer_bytes, layout);
     let mut count = StreamCount::default();
     let mut recv_result = Ok(());
     while !stop.is_set() && Instant::now() < end {
@@ -565,13 +582,13 @@ fn send_half_until(
 /// between `window_start` and `end`.
 fn recv_until(
     mut flow: Box<dyn transport::Flow>,
-    buffer_bytes: usize,
+    (buffer_bytes, layout): (usize, BufferLayout),
     window_start: Instant,
     end: Instant,
     drain: Duration,
     stop: &Stop,
 ) -> Result<StreamCount, FlowError> {
-    let mut buf = vec![0u8; buffer_bytes];
+    let mut buf = AlignedBuffer::zeroed(buffer_bytes, layout);
     let (_, rx) = flow.split();
     let mut count = StreamCount::default();
     while !stop.is_set() {

@@ -14,6 +14,7 @@ use super::payload::{recv_checked, PatternCursor};
 use super::{ClientRole, Metric, RepOutcome, RoleParams, ServerOutcome, ServerRole, Test};
 use netgap_core::stats::LatencyHistogram;
 use netgap_core::units::gbps;
+use netgap_transport::buffer::AlignedBuffer;
 use netgap_transport::cpu::thread_cpu_ns;
 use netgap_transport::{AbortHandle, Flow, FlowError, Receiver, Sender};
 use std::sync::mpsc;
@@ -29,7 +30,7 @@ const MIN_RECV_BUFFER_BYTES: usize = 256 * 1024;
 /// One end of a bibw point: a receiver here, a sender on a helper thread.
 struct Side {
     rx: Box<dyn Receiver>,
-    recv_buf: Vec<u8>,
+    recv_buf: AlignedBuffer,
     size_bytes: u64,
     rx_pattern: PatternCursor,
     /// Iteration counts for the sender thread; dropping it ends the thread.
@@ -46,7 +47,7 @@ struct Side {
 /// handle that ends the flow for the receiving thread when a send fails.
 struct SenderParts {
     tx: Box<dyn Sender>,
-    buf: Vec<u8>,
+    buf: AlignedBuffer,
     pattern: PatternCursor,
     abort: Option<AbortHandle>,
 }
@@ -99,7 +100,7 @@ impl Side {
         let (done, from_sender) = mpsc::channel();
         let parts = SenderParts {
             tx,
-            buf: netgap_transport::buffer::message_buffer(size_bytes),
+            buf: netgap_transport::buffer::message_buffer(size_bytes, params.buffer),
             pattern: PatternCursor::new(params.verify),
             abort: abort.clone(),
         };
@@ -109,7 +110,7 @@ impl Side {
             .map_err(FlowError::Io)?;
         Ok(Side {
             rx,
-            recv_buf: vec![0u8; size_bytes.max(MIN_RECV_BUFFER_BYTES)],
+            recv_buf: AlignedBuffer::zeroed(size_bytes.max(MIN_RECV_BUFFER_BYTES), params.buffer),
             size_bytes: size_bytes as u64,
             rx_pattern: PatternCursor::new(params.verify),
             to_sender: Some(to_sender),
@@ -230,6 +231,7 @@ impl Test for Bibw {
 mod tests {
     use super::*;
     use netgap_core::spec::{Mode, TransportOptions};
+    use netgap_transport::buffer::BufferLayout;
     use netgap_transport::FlowConfig;
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
@@ -273,6 +275,7 @@ mod tests {
         let params = RoleParams {
             size_bytes: 64 << 10,
             verify: false,
+            buffer: BufferLayout::default(),
         };
         let mut side = Side::new(params, flow).expect("side");
         let t0 = Instant::now();

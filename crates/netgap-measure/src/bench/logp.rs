@@ -25,6 +25,7 @@ use super::pingpong::PingPongServer;
 use super::{ClientRole, Metric, RepOutcome, RoleParams, ServerRole, Test};
 use netgap_core::stats::{self, LatencyHistogram};
 use netgap_core::units::ns_since;
+use netgap_transport::buffer::AlignedBuffer;
 use netgap_transport::{Flow, FlowError, Receiver};
 use std::time::{Duration, Instant};
 
@@ -68,7 +69,7 @@ pub(crate) const HALF_RTT: LogpOverhead = LogpOverhead(Overhead::HalfRoundTrip);
 struct Client {
     which: Overhead,
     flow: Box<dyn Flow>,
-    buf: Vec<u8>,
+    buf: AlignedBuffer,
     rtt: Duration,
     tx: PatternCursor,
     rx: PatternCursor,
@@ -208,7 +209,7 @@ impl Test for LogpOverhead {
         params: RoleParams,
         mut flow: Box<dyn Flow>,
     ) -> Result<Box<dyn ClientRole>, FlowError> {
-        let mut buf = netgap_transport::buffer::message_buffer(params.size_bytes);
+        let mut buf = netgap_transport::buffer::message_buffer(params.size_bytes, params.buffer);
         let rtt = probe_rtt(flow.as_mut(), &mut buf)?;
         Ok(Box::new(Client {
             which: self.0,
@@ -224,7 +225,7 @@ impl Test for LogpOverhead {
         params: RoleParams,
         mut flow: Box<dyn Flow>,
     ) -> Result<Box<dyn ServerRole>, FlowError> {
-        let mut buf = netgap_transport::buffer::message_buffer(params.size_bytes);
+        let mut buf = netgap_transport::buffer::message_buffer(params.size_bytes, params.buffer);
         for _ in 0..PROBE_ROUND_TRIPS {
             flow.recv_exact(&mut buf)?;
             flow.send_all(&buf)?;

@@ -49,6 +49,8 @@ pub struct RoleParams {
     pub size_bytes: usize,
     /// Fill and check every payload byte (`--verify`).
     pub verify: bool,
+    /// Where the message buffers' data starts (`--align`, `--offset`).
+    pub buffer: netgap_transport::buffer::BufferLayout,
 }
 
 /// The client side of a test for one point (one message size). It owns the

@@ -4,6 +4,7 @@
 use super::payload::PatternCursor;
 use super::{ClientRole, Metric, RepOutcome, RoleParams, ServerOutcome, ServerRole, Test};
 use netgap_core::stats::LatencyHistogram;
+use netgap_transport::buffer::AlignedBuffer;
 use netgap_transport::{Flow, FlowError};
 use std::time::Instant;
 
@@ -13,7 +14,7 @@ pub struct PingPong;
 /// Client side of a ping-pong: times every round trip.
 pub struct PingPongClient {
     flow: Box<dyn Flow>,
-    buf: Vec<u8>,
+    buf: AlignedBuffer,
     tx: PatternCursor,
     rx: PatternCursor,
 }
@@ -21,7 +22,7 @@ pub struct PingPongClient {
 /// Server side of a ping-pong: echoes every message.
 pub(crate) struct PingPongServer {
     flow: Box<dyn Flow>,
-    buf: Vec<u8>,
+    buf: AlignedBuffer,
     rx: PatternCursor,
 }
 
@@ -30,7 +31,7 @@ impl PingPongClient {
     pub fn new(params: RoleParams, flow: Box<dyn Flow>) -> Self {
         PingPongClient {
             flow,
-            buf: netgap_transport::buffer::message_buffer(params.size_bytes),
+            buf: netgap_transport::buffer::message_buffer(params.size_bytes, params.buffer),
             tx: PatternCursor::new(params.verify),
             rx: PatternCursor::new(params.verify),
         }
@@ -69,7 +70,7 @@ impl PingPongServer {
     pub fn new(params: RoleParams, flow: Box<dyn Flow>) -> Self {
         PingPongServer {
             flow,
-            buf: netgap_transport::buffer::message_buffer(params.size_bytes),
+            buf: netgap_transport::buffer::message_buffer(params.size_bytes, params.buffer),
             rx: PatternCursor::new(params.verify),
         }
     }

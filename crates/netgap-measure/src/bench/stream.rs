@@ -9,6 +9,7 @@ use super::payload::{recv_checked, PatternCursor};
 use super::{ClientRole, Metric, RepOutcome, RoleParams, ServerOutcome, ServerRole, Test};
 use netgap_core::stats::{self, LatencyHistogram};
 use netgap_core::units::{gbps, ns_since};
+use netgap_transport::buffer::AlignedBuffer;
 use netgap_transport::{Flow, FlowError};
 use std::time::Instant;
 
@@ -25,14 +26,14 @@ const MIN_RECV_BUFFER_BYTES: usize = 256 * 1024;
 
 struct Client {
     flow: Box<dyn Flow>,
-    buf: Vec<u8>,
+    buf: AlignedBuffer,
     ack_one_way_ns: u64,
     tx: PatternCursor,
 }
 
 struct Server {
     flow: Box<dyn Flow>,
-    buf: Vec<u8>,
+    buf: AlignedBuffer,
     size_bytes: u64,
     rx: PatternCursor,
 }
@@ -124,7 +125,7 @@ impl Test for Stream {
         let ack_one_way_ns = probe_ack_latency(flow.as_mut())?;
         Ok(Box::new(Client {
             flow,
-            buf: netgap_transport::buffer::message_buffer(params.size_bytes),
+            buf: netgap_transport::buffer::message_buffer(params.size_bytes, params.buffer),
             ack_one_way_ns,
             tx: PatternCursor::new(params.verify),
         }))
@@ -139,6 +140,7 @@ impl Test for Stream {
             flow,
             buf: netgap_transport::buffer::message_buffer(
                 params.size_bytes.max(MIN_RECV_BUFFER_BYTES),
+                params.buffer,
             ),
             size_bytes: params.size_bytes as u64,
             rx: PatternCursor::new(params.verify),

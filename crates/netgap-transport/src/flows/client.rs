@@ -188,6 +188,7 @@ pub(super) fn prepare(
         }
         _ => Vec::new().into_iter(),
     };
+    let layout = cfg.buffer_layout()?;
     let now = Instant::now();
     for i in 0..spec.flows {
         let index = i as u32;
@@ -215,7 +216,7 @@ pub(super) fn prepare(
                 (
                     Kind::Datagram {
                         socket,
-                        m: DatagramClient::new(size_bytes),
+                        m: DatagramClient::new(size_bytes, layout),
                         retry_at: None,
                         backoff: Duration::ZERO,
                         queued: false,
@@ -234,7 +235,7 @@ pub(super) fn prepare(
                 (
                     Kind::PingPong {
                         stream,
-                        m: PingPongClient::new(size_bytes),
+                        m: PingPongClient::new(size_bytes, layout),
                     },
                     Some(EpollFlags::EPOLLIN),
                 )
@@ -248,7 +249,7 @@ pub(super) fn prepare(
                     connecting: false,
                     proof: None,
                     timed: false,
-                    m: ConnectClient::new(request_bytes, reply_bytes),
+                    m: ConnectClient::new(request_bytes, reply_bytes, layout),
                 },
                 None,
             ),

@@ -49,6 +49,7 @@
 
 use super::machine::{MachineError, Moved, Progress};
 use super::{EngineError, ServerTotals};
+use crate::buffer::{AlignedBuffer, BufferLayout};
 #[cfg(doc)]
 use crate::rto::{RETRY_MAX, RETRY_MIN};
 use crate::udp::{Header, Kind, FLAG_RETRY, HEADER_BYTES, HELLO_INTERVAL, MAX_MESSAGE_BYTES};
@@ -104,7 +105,7 @@ pub(crate) struct DatagramClient {
     /// Header, message and one spare byte; requests go out of it and
     /// replies land in it. Invariant: `buf.len() == HEADER_BYTES + size + 1`
     /// with `size >= 1`, so a datagram that fills it is too long.
-    buf: Box<[u8]>,
+    buf: AlignedBuffer,
     /// Requests issued so far; the current one is `issued - 1`.
     issued: u64,
     /// Whether the current request waits for its reply.
@@ -119,9 +120,9 @@ pub(crate) struct DatagramClient {
 impl DatagramClient {
     /// A machine for `size_bytes`-byte requests and replies
     /// (`1..=MAX_MESSAGE_BYTES`, checked by the caller).
-    pub fn new(size_bytes: usize) -> DatagramClient {
+    pub fn new(size_bytes: usize, layout: BufferLayout) -> DatagramClient {
         let size = size_bytes.max(1);
-        let mut buf = vec![0u8; HEADER_BYTES + size + 1].into_boxed_slice();
+        let mut buf = AlignedBuffer::zeroed(HEADER_BYTES + size + 1, layout);
         // A recognisable payload makes captures readable; its value is not
         // checked.
         for (i, b) in buf[HEADER_BYTES..].iter_mut().enumerate() {
@@ -456,7 +457,7 @@ pub(super) fn bind(
 pub(super) fn serve(
     socket: &UdpSocket,
     epoll: &Epoll,
-    size_bytes: usize,
+    (size_bytes, layout): (usize, BufferLayout),
     (mode, token, rate): (Mode, Option<DataToken>, Option<&crate::rate::RateBudget>),
     stop: &AtomicBool,
 ) -> Result<ServerTotals, EngineError> {
@@ -473,7 +474,7 @@ pub(super) fn serve(
         }
         None => None,
     };
-    let mut server = Server::new(size_bytes, proof);
+    let mut server = Server::new(size_bytes, proof, layout);
     let mut events = [EpollEvent::empty(); 1];
     while !stop.load(Ordering::Relaxed) {
         super::io::wait_for_budget(rate, stop, Duration::from_millis(STOP_POLL_MS.into()));
@@ -506,7 +507,7 @@ pub(super) fn watch(epoll: &Epoll, socket: &UdpSocket) -> Result<(), EngineError
 /// A server worker's state: its flows' next sequence numbers and counts.
 struct Server {
     /// Header, message and one spare byte (see [`DatagramClient::buf`]).
-    buf: Box<[u8]>,
+    buf: AlignedBuffer,
     size_bytes: usize,
     /// Each flow's next new sequence number, by the flow's address; with a
     /// proof, only flows whose confirmation verified.
@@ -534,12 +535,16 @@ enum Answer {
 }
 
 impl Server {
-    fn new(size_bytes: usize, proof: Option<DatagramListenerProof>) -> Server {
+    fn new(
+        size_bytes: usize,
+        proof: Option<DatagramListenerProof>,
+        layout: BufferLayout,
+    ) -> Server {
         // Room for a proof's hello too, whatever the message size, and the
         // spare byte that shows a datagram too long.
         let room = size_bytes.max(1).max(DATAGRAM_HELLO_BYTES);
         Server {
-            buf: vec![0u8; HEADER_BYTES + room + 1].into_boxed_slice(),
+            buf: AlignedBuffer::zeroed(HEADER_BYTES + room + 1, layout),
             size_bytes: size_bytes.max(1),
             peers: HashMap::new(),
             proof,
@@ -757,7 +762,7 @@ mod tests {
 
     #[test]
     fn a_round_trip_is_one_datagram_each_way() {
-        let mut m = DatagramClient::new(3);
+        let mut m = DatagramClient::new(3, BufferLayout::default());
         let mut io = Script::default();
         m.start(&mut io).unwrap();
         assert_eq!(io.written.len(), 1);
@@ -781,7 +786,7 @@ mod tests {
 
     #[test]
     fn a_resend_repeats_the_request_and_a_late_reply_is_a_duplicate() {
-        let mut m = DatagramClient::new(1);
+        let mut m = DatagramClient::new(1, BufferLayout::default());
         let mut io = Script::default();
         m.start(&mut io).unwrap();
         m.resend(&mut io).unwrap();
@@ -806,7 +811,7 @@ mod tests {
 
     #[test]
     fn a_full_socket_buffer_drops_the_request_but_counts_its_bytes() {
-        let mut m = DatagramClient::new(2);
+        let mut m = DatagramClient::new(2, BufferLayout::default());
         let mut io = Script {
             full: true,
             ..Script::default()
@@ -820,7 +825,7 @@ mod tests {
 
     #[test]
     fn strangers_are_ignored_and_a_broken_server_is_an_error() {
-        let mut m = DatagramClient::new(2);
+        let mut m = DatagramClient::new(2, BufferLayout::default());
         let mut io = Script::default();
         m.start(&mut io).unwrap();
         io.reads.push_back(vec![]);
@@ -833,7 +838,7 @@ mod tests {
         io.reads.push_back(data(5, 2));
         assert!(matches!(m.pump(&mut io), Err(MachineError::Unexpected)));
         // The current request's reply with the wrong size.
-        let mut m = DatagramClient::new(2);
+        let mut m = DatagramClient::new(2, BufferLayout::default());
         m.start(&mut io).unwrap();
         io.reads.push_back(data(0, 3));
         assert!(matches!(m.pump(&mut io), Err(MachineError::Unexpected)));
@@ -860,7 +865,7 @@ mod tests {
 
     #[test]
     fn the_server_answers_each_request_and_counts_a_repeat_once() {
-        let mut s = Server::new(4, None);
+        let mut s = Server::new(4, None, BufferLayout::default());
         let a: SocketAddr = "10.0.0.1:5000".parse().unwrap();
         let b: SocketAddr = "10.0.0.1:5001".parse().unwrap();
         // Data before the hello is a stranger's.
@@ -907,6 +912,7 @@ mod tests {
                 token(t),
                 [9; DATAGRAM_SECRET_BYTES],
             )),
+            BufferLayout::default(),
         )
     }
 
@@ -1005,7 +1011,7 @@ mod tests {
         let t = s.totals();
         assert_eq!((t.strangers, t.connections_accepted, t.bytes_tx), (6, 0, 0));
         // A server without a token takes no confirmation either.
-        let mut plain = Server::new(4, None);
+        let mut plain = Server::new(4, None, BufferLayout::default());
         assert_eq!(
             arrive(&mut plain, &framed_vec(Kind::Confirm, &confirm), from),
             Answer::None
@@ -1015,7 +1021,7 @@ mod tests {
 
     #[test]
     fn the_server_keeps_state_for_a_bounded_number_of_peers() {
-        let mut s = Server::new(1, None);
+        let mut s = Server::new(1, None, BufferLayout::default());
         let hello = Header::control(Kind::Hello).encode();
         for i in 0..MAX_PEERS_PER_WORKER {
             let from = SocketAddr::new(

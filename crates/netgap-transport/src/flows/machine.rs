@@ -8,6 +8,7 @@
 //! never again, so a round trip allocates nothing.
 
 use super::io::Io;
+use crate::buffer::{AlignedBuffer, BufferLayout};
 use std::io::{self, ErrorKind, Read, Write};
 
 /// What a machine waits for after a `pump`.
@@ -91,7 +92,7 @@ pub(crate) struct Moved {
 #[derive(Debug)]
 pub(crate) struct PingPongClient {
     /// Invariant: `buf.len() >= 1` is the message size.
-    buf: Box<[u8]>,
+    buf: AlignedBuffer,
     /// Bytes of the current message already written (while `sending`) or
     /// read (otherwise).
     off: usize,
@@ -103,8 +104,8 @@ pub(crate) struct PingPongClient {
 
 impl PingPongClient {
     /// A machine for `size_bytes`-byte round trips (`size_bytes >= 1`).
-    pub fn new(size_bytes: usize) -> PingPongClient {
-        let mut buf = vec![0u8; size_bytes.max(1)].into_boxed_slice();
+    pub fn new(size_bytes: usize, layout: BufferLayout) -> PingPongClient {
+        let mut buf = AlignedBuffer::zeroed(size_bytes.max(1), layout);
         // A recognisable payload makes captures readable; its value is not
         // checked.
         for (i, b) in buf.iter_mut().enumerate() {
@@ -189,7 +190,7 @@ impl PingPongClient {
 /// `size` bytes in flight, until the client closes.
 #[derive(Debug)]
 pub(crate) struct EchoServer {
-    buf: Box<[u8]>,
+    buf: AlignedBuffer,
     /// Bytes of `buf[..len]` already written back; `len == 0` while reading.
     off: usize,
     len: usize,
@@ -198,9 +199,9 @@ pub(crate) struct EchoServer {
 
 impl EchoServer {
     /// An echo machine with a `size_bytes` buffer (`size_bytes >= 1`).
-    pub fn new(size_bytes: usize) -> EchoServer {
+    pub fn new(size_bytes: usize, layout: BufferLayout) -> EchoServer {
         EchoServer {
-            buf: vec![0u8; size_bytes.max(1)].into_boxed_slice(),
+            buf: AlignedBuffer::zeroed(size_bytes.max(1), layout),
             off: 0,
             len: 0,
             moved: Moved::default(),
@@ -286,7 +287,7 @@ enum ConnectPhase {
 pub(crate) struct ConnectClient {
     /// Invariant: `buf.len() >= 1`; requests and replies longer than the
     /// buffer go through it in pieces.
-    buf: Box<[u8]>,
+    buf: AlignedBuffer,
     request_bytes: usize,
     reply_bytes: usize,
     /// Bytes of the current phase done.
@@ -301,12 +302,14 @@ pub(crate) const CONNECT_BUF_MAX_BYTES: usize = 64 * 1024;
 
 impl ConnectClient {
     /// A machine for `request_bytes` out and `reply_bytes` back.
-    pub fn new(request_bytes: usize, reply_bytes: usize) -> ConnectClient {
+    pub fn new(request_bytes: usize, reply_bytes: usize, layout: BufferLayout) -> ConnectClient {
         let len = request_bytes
             .max(reply_bytes)
             .clamp(1, CONNECT_BUF_MAX_BYTES);
+        let mut buf = AlignedBuffer::zeroed(len, layout);
+        buf.fill(b'q');
         ConnectClient {
-            buf: vec![b'q'; len].into_boxed_slice(),
+            buf,
             request_bytes,
             reply_bytes,
             done: 0,
@@ -399,7 +402,7 @@ impl ConnectClient {
 /// server closes first).
 #[derive(Debug)]
 pub(crate) struct ConnectServer {
-    buf: Box<[u8]>,
+    buf: AlignedBuffer,
     request_bytes: usize,
     reply_bytes: usize,
     done: usize,
@@ -409,12 +412,14 @@ pub(crate) struct ConnectServer {
 
 impl ConnectServer {
     /// A machine expecting `request_bytes` and answering `reply_bytes`.
-    pub fn new(request_bytes: usize, reply_bytes: usize) -> ConnectServer {
+    pub fn new(request_bytes: usize, reply_bytes: usize, layout: BufferLayout) -> ConnectServer {
         let len = request_bytes
             .max(reply_bytes)
             .clamp(1, CONNECT_BUF_MAX_BYTES);
+        let mut buf = AlignedBuffer::zeroed(len, layout);
+        buf.fill(b'r');
         ConnectServer {
-            buf: vec![b'r'; len].into_boxed_slice(),
+            buf,
             request_bytes,
             reply_bytes,
             done: 0,
@@ -509,7 +514,7 @@ mod tests {
 
     #[test]
     fn pingpong_client_handles_partial_writes_and_reads() {
-        let mut m = PingPongClient::new(10);
+        let mut m = PingPongClient::new(10, BufferLayout::default());
         let mut io = Script {
             write_budget: 4,
             ..Script::default()
@@ -536,7 +541,7 @@ mod tests {
 
     #[test]
     fn pingpong_client_reports_peer_close_mid_round_trip() {
-        let mut m = PingPongClient::new(4);
+        let mut m = PingPongClient::new(4, BufferLayout::default());
         let mut io = Script {
             write_budget: 100,
             ..Script::default()
@@ -549,7 +554,7 @@ mod tests {
 
     #[test]
     fn idle_pingpong_client_treats_data_as_unexpected() {
-        let mut m = PingPongClient::new(4);
+        let mut m = PingPongClient::new(4, BufferLayout::default());
         let mut io = Script::default();
         assert_eq!(m.pump(&mut io).unwrap(), Progress::WantRead);
         io.reads.push_back(vec![1]);
@@ -558,7 +563,7 @@ mod tests {
 
     #[test]
     fn echo_server_echoes_in_pieces_and_finishes_on_eof() {
-        let mut m = EchoServer::new(4);
+        let mut m = EchoServer::new(4, BufferLayout::default());
         let mut io = Script {
             write_budget: 3,
             ..Script::default()
@@ -585,7 +590,7 @@ mod tests {
 
     #[test]
     fn connect_client_sends_request_reads_reply_then_waits_for_server_close() {
-        let mut m = ConnectClient::new(5, 3);
+        let mut m = ConnectClient::new(5, 3, BufferLayout::default());
         m.begin();
         let mut io = Script {
             write_budget: 2,
@@ -610,7 +615,7 @@ mod tests {
 
     #[test]
     fn connect_client_refuses_extra_reply_bytes() {
-        let mut m = ConnectClient::new(1, 2);
+        let mut m = ConnectClient::new(1, 2, BufferLayout::default());
         m.begin();
         let mut io = Script {
             write_budget: 100,
@@ -623,7 +628,7 @@ mod tests {
 
     #[test]
     fn connect_client_reports_close_before_reply() {
-        let mut m = ConnectClient::new(1, 2);
+        let mut m = ConnectClient::new(1, 2, BufferLayout::default());
         m.begin();
         let mut io = Script {
             write_budget: 100,
@@ -637,7 +642,7 @@ mod tests {
 
     #[test]
     fn connect_server_reads_request_then_writes_reply() {
-        let mut m = ConnectServer::new(3, 100_000);
+        let mut m = ConnectServer::new(3, 100_000, BufferLayout::default());
         let mut io = Script {
             write_budget: 70_000,
             ..Script::default()

@@ -52,6 +52,7 @@ pub use io::{DataPath, WorkerIo, DATAGRAMS, SYSCALLS};
 pub use limits::ensure_fd_limit;
 pub use server::{bind_listener, FlowServer};
 
+use crate::buffer::BufferLayout;
 use netgap_core::datagram::DatagramStats;
 use netgap_core::spec::{Mode, TransportOptions};
 use netgap_core::stats::FlowHistogram;
@@ -86,13 +87,19 @@ pub enum FlowWork {
 
 impl FlowWork {
     /// The server side of one flow of this work.
-    fn server_machine(&self) -> Box<dyn machine::ServerMachine> {
+    fn server_machine(&self, layout: BufferLayout) -> Box<dyn machine::ServerMachine> {
         match *self {
-            FlowWork::PingPong { size_bytes } => Box::new(machine::EchoServer::new(size_bytes)),
+            FlowWork::PingPong { size_bytes } => {
+                Box::new(machine::EchoServer::new(size_bytes, layout))
+            }
             FlowWork::Connect {
                 request_bytes,
                 reply_bytes,
-            } => Box::new(machine::ConnectServer::new(request_bytes, reply_bytes)),
+            } => Box::new(machine::ConnectServer::new(
+                request_bytes,
+                reply_bytes,
+                layout,
+            )),
         }
     }
 
@@ -180,8 +187,15 @@ impl EngineConfig {
         }
     }
 
+    /// Where every flow's buffers start (`--align`, `--offset`).
+    fn buffer_layout(&self) -> Result<BufferLayout, EngineError> {
+        BufferLayout::of_options(&self.options)
+            .map_err(|e| EngineError::Invalid(format!("message buffers: {e}")))
+    }
+
     fn validate(&self) -> Result<(), EngineError> {
         check_options(&self.options)?;
+        self.buffer_layout()?;
         if self.workers == 0 {
             return Err(EngineError::Invalid(
                 "the flow engine needs at least 1 worker".into(),

@@ -11,6 +11,7 @@ use super::io::{Io, WorkerIo};
 use super::machine::{Progress, ServerMachine};
 use super::proof::ListenerHandshake;
 use super::{limits, EngineConfig, EngineError, FlowWork, ServerTotals};
+use crate::buffer::BufferLayout;
 use netgap_core::spec::{Mode, TransportOptions};
 use netgap_proto::dataproof::DataToken;
 use nix::errno::Errno;
@@ -67,6 +68,8 @@ struct Conn {
 struct Ctx {
     transport: &'static str,
     work: FlowWork,
+    /// Where every flow's buffer starts.
+    layout: BufferLayout,
     mode: Mode,
     options: TransportOptions,
     token: Option<DataToken>,
@@ -181,6 +184,7 @@ fn start(
         accepted: Arc::clone(&accepted),
         transport: cfg.path.name(),
         work,
+        layout: cfg.buffer_layout()?,
         mode: cfg.mode,
         options: cfg.options.clone(),
         token: cfg.token.clone(),
@@ -285,11 +289,12 @@ fn bind_datagrams(
         datagram::watch(&epoll, &socket)?;
         let stop_flag = Arc::clone(&stop);
         let (mode, token, rate) = (cfg.mode, cfg.token.clone(), cfg.rate.clone());
+        let layout = cfg.buffer_layout()?;
         spawn_worker(w, &mut workers, &stop, move || {
             datagram::serve(
                 &socket,
                 &epoll,
-                size_bytes,
+                (size_bytes, layout),
                 (mode, token, rate.as_deref()),
                 &stop_flag,
             )
@@ -657,7 +662,7 @@ fn accept_one(
         w.conns[slot] = Some(Conn {
             stream,
             proof,
-            machine: ctx.work.server_machine(),
+            machine: ctx.work.server_machine(ctx.layout),
             interest: EpollFlags::EPOLLIN,
         });
         Some(Ok(slot))

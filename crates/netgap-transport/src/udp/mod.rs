@@ -84,6 +84,7 @@ use super::{
     Capabilities, DatagramStats, Flow, FlowConfig, FlowError, FlowMonitor, Listener, Receiver,
     Sender, Transport, TransportError,
 };
+use crate::buffer::{AlignedBuffer, BufferLayout};
 #[cfg(test)]
 use crate::rto::RETRY_MIN;
 use crate::rto::{Hysteresis, RetryTimeout};
@@ -160,9 +161,12 @@ impl Counters {
 struct TxState {
     /// The numbering of data datagrams.
     seq: Sending,
-    /// The last data datagram sent, header and payload, for re-sends; empty
-    /// before the first.
-    last: Vec<u8>,
+    /// The last data datagram sent, header and payload, in its first
+    /// `last_bytes`, for re-sends; every datagram is sent from it, so it is
+    /// a message buffer placed as the point asks.
+    last: AlignedBuffer,
+    /// Bytes of `last` in use; 0 before the first datagram.
+    last_bytes: usize,
     /// Whether the peer still answers a sender that only sends.
     silence: SilenceWatch,
 }
@@ -174,7 +178,7 @@ struct RxState {
     /// Where each datagram's header lands.
     hdr: [u8; HEADER_BYTES],
     /// Where a datagram's payload lands past the caller's buffer.
-    overflow: Vec<u8>,
+    overflow: AlignedBuffer,
     /// Undelivered payload bytes in `overflow`.
     pending: std::ops::Range<usize>,
     /// The retry timeout, from the waits of receive calls that needed no
@@ -256,6 +260,8 @@ enum Arrival {
 
 impl Shared {
     fn new(socket: UdpSocket, config: &FlowConfig) -> io::Result<Shared> {
+        let layout = BufferLayout::of_options(&config.options)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         match config.mode {
             Mode::Event => {
                 socket.set_nonblocking(false)?;
@@ -269,13 +275,14 @@ impl Shared {
             io_timeout: config.io_timeout,
             tx: Mutex::new(TxState {
                 seq: Sending::new(),
-                last: Vec::new(),
+                last: AlignedBuffer::zeroed(HEADER_BYTES + MAX_MESSAGE_BYTES, layout),
+                last_bytes: 0,
                 silence: SilenceWatch::new(config.io_timeout),
             }),
             rx: Mutex::new(RxState {
                 recv: Receiving::new(),
                 hdr: [0u8; HEADER_BYTES],
-                overflow: vec![0u8; OVERFLOW_BYTES],
+                overflow: AlignedBuffer::zeroed(OVERFLOW_BYTES, layout),
                 pending: 0..0,
                 rto: RetryTimeout::new(Hysteresis::Quarter),
                 rcv_timeout: None,
@@ -325,9 +332,10 @@ impl Shared {
         }
         let mut tx = lock(&self.tx);
         let header = tx.seq.data_header();
-        tx.last.clear();
-        tx.last.extend_from_slice(&header.encode());
-        tx.last.extend_from_slice(payload);
+        let n = HEADER_BYTES + payload.len();
+        tx.last[..HEADER_BYTES].copy_from_slice(&header.encode());
+        tx.last[HEADER_BYTES..n].copy_from_slice(payload);
+        tx.last_bytes = n;
         #[cfg(test)]
         let dropped = self
             .drop_seq
@@ -336,7 +344,7 @@ impl Shared {
         #[cfg(not(test))]
         let dropped = false;
         if !dropped {
-            self.send_datagram(&tx.last)?;
+            self.send_datagram(&tx.last[..n])?;
         }
         tx.seq.sent(payload.len());
         bump(&self.counters.sent, 1);
@@ -447,13 +455,14 @@ impl Shared {
         let Some(mut tx) = try_lock(&self.tx) else {
             return;
         };
-        if tx.last.len() < HEADER_BYTES || !tx.seq.resends(from_seq) {
+        let n = tx.last_bytes;
+        if n < HEADER_BYTES || !tx.seq.resends(from_seq) {
             return;
         }
         tx.last[wire::FLAGS_AT] = if retry { FLAG_RETRY } else { 0 };
         let sent = nix::sys::socket::send(
             self.socket.as_raw_fd(),
-            &tx.last,
+            &tx.last[..n],
             MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL,
         );
         tx.last[wire::FLAGS_AT] = 0;
@@ -837,7 +846,9 @@ pub(crate) fn new_socket(
 }
 
 fn into_flow(socket: UdpSocket, config: &FlowConfig) -> Result<UdpFlow, TransportError> {
-    let shared = Arc::new(Shared::new(socket, config).map_err(opt_err("O_NONBLOCK/SO_SNDTIMEO"))?);
+    let shared = Arc::new(
+        Shared::new(socket, config).map_err(opt_err("O_NONBLOCK/SO_SNDTIMEO, message buffers"))?,
+    );
     Ok(UdpFlow {
         tx: UdpSender(Arc::clone(&shared)),
         rx: UdpReceiver(shared),

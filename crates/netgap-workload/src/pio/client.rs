@@ -9,6 +9,7 @@ use super::wire::{self, Header};
 use super::PioError;
 use crate::role::Stop;
 use crate::staged::recv_patient;
+use netgap_transport::buffer::{AlignedBuffer, BufferLayout};
 use netgap_transport::{self as transport, FlowError};
 use std::sync::{Condvar, Mutex};
 use std::time::Instant;
@@ -137,6 +138,8 @@ pub(crate) struct Job<'a> {
     pub contents: &'a layout::Contents,
     /// Largest piece, bytes.
     pub stripe_bytes: usize,
+    /// Where the flow's buffers' data starts (`--align`, `--offset`).
+    pub buffer: BufferLayout,
     /// When the repetition's window ends.
     pub deadline: Instant,
     /// The session's end.
@@ -162,13 +165,14 @@ fn run_inner(job: Job<'_>) -> Result<Moved, PioError> {
         gate,
         contents,
         stripe_bytes,
+        buffer,
         deadline,
         stop,
     } = job;
     let (tx, rx) = flow.split();
     let mut moved = Moved::default();
-    let mut buf = vec![0u8; stripe_bytes];
-    let mut scratch = vec![0u8; stripe_bytes];
+    let mut buf = AlignedBuffer::zeroed(stripe_bytes, buffer);
+    let mut scratch = AlignedBuffer::zeroed(stripe_bytes, buffer);
     let barrier = |tx: &mut dyn transport::Sender,
                    rx: &mut dyn transport::Receiver,
                    n: u64|
