@@ -126,6 +126,12 @@ impl MpiPlan {
         if r.method.verify {
             return Err(no_effect("--verify", "MPI delivers the bytes it was given"));
         }
+        if r.method.buffer.align_bytes.is_some() || r.method.buffer.offset_bytes.is_some() {
+            return Err(no_effect(
+                "--align/--offset",
+                "the MPI ranks place their own buffers",
+            ));
+        }
         if r.interleaving.interleave {
             return Err(no_effect(
                 "--interleave",
@@ -320,6 +326,14 @@ mod tests {
         let e = MpiPlan::from_request(&r, &tests, &MpiOptions::default(), no_env(), true)
             .expect_err("refused");
         assert!(e.to_string().starts_with("--verify has no effect"), "{e}");
+        let mut r = req(&["mpi-latency"]);
+        r.method.buffer.offset_bytes = Some(16);
+        let e = MpiPlan::from_request(&r, &tests, &MpiOptions::default(), no_env(), true)
+            .expect_err("refused");
+        assert!(
+            e.to_string().starts_with("--align/--offset has no effect"),
+            "{e}"
+        );
         let mut r = req(&["mpi-latency"]);
         r.method.sizes = Some(vec![64 << 20]);
         let e = MpiPlan::from_request(&r, &tests, &MpiOptions::default(), no_env(), true)
