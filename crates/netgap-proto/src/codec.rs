@@ -331,11 +331,11 @@ mod tests {
             },
             Request::Close,
             Request::Bye,
-            Request::GroupPrepare {
-                spec: crate::group::sample_spec(crate::group::GroupRole::Client),
+            Request::WorkloadPrepare {
+                spec: crate::workload::sample_spec(crate::workload::WorkloadRole::Client),
                 data_token: test_token(),
             },
-            Request::GroupGo,
+            Request::WorkloadGo,
         ]
     }
 
@@ -381,13 +381,13 @@ mod tests {
             Reply::Error {
                 message: "unknown transport \"rdma\"".into(),
             },
-            Reply::GroupListening {
+            Reply::WorkloadListening {
                 addrs: vec!["10.0.0.2:40000".into(), "10.0.0.2:40001".into()],
             },
-            Reply::GroupReady,
-            Reply::GroupAlive,
-            Reply::GroupFlows {
-                flows: vec![crate::group::FlowReport {
+            Reply::WorkloadReady,
+            Reply::WorkloadAlive,
+            Reply::WorkloadFlows {
+                flows: vec![crate::workload::FlowReport {
                     index: 3,
                     bytes_tx: 10,
                     bytes_rx: 20,
@@ -397,11 +397,11 @@ mod tests {
                     errors: 0,
                 }],
             },
-            Reply::GroupBuckets {
+            Reply::WorkloadBuckets {
                 buckets: vec![[1000, 5], [2000, 1]],
             },
-            Reply::GroupFinished {
-                outcome: crate::group::GroupOutcome {
+            Reply::WorkloadFinished {
+                outcome: crate::workload::WorkloadOutcome {
                     window_ns: 1_000_000_000,
                     cpu: CpuUsage::default(),
                     peak_rss_kib: Some(12_000),

@@ -16,7 +16,7 @@ use super::role::{
     RoleResult, Stop, ACCEPT_TIMEOUT,
 };
 use super::FlowSample;
-use netgap_proto::group::{FlowReport, GroupOutcome, GroupRole, GroupSpec};
+use netgap_proto::workload::{FlowReport, WorkloadOutcome, WorkloadRole, WorkloadSpec};
 use netgap_transport::cpu::peak_rss_kib;
 use netgap_transport::rate::{PacedFlow, RateBudget};
 use netgap_transport::{self as transport, FlowConfig, FlowError};
@@ -40,17 +40,17 @@ pub(crate) enum Direction {
 
 impl Direction {
     /// Whether the role on `side` sends.
-    fn sends(self, side: GroupRole) -> bool {
+    fn sends(self, side: WorkloadRole) -> bool {
         matches!(
             (side, self),
-            (GroupRole::Client, Direction::ToServer)
-                | (GroupRole::Server, Direction::FromServer)
+            (WorkloadRole::Client, Direction::ToServer)
+                | (WorkloadRole::Server, Direction::FromServer)
                 | (_, Direction::Both)
         )
     }
 
     /// Whether the role on `side` receives.
-    fn receives(self, side: GroupRole) -> bool {
+    fn receives(self, side: WorkloadRole) -> bool {
         self == Direction::Both || !self.sends(side)
     }
 
@@ -58,7 +58,7 @@ impl Direction {
     /// ways when its parameters ask for it (`--bidir`), else `one_way`.
     /// Parameters that do not parse leave `one_way`; the role refuses them
     /// when it opens.
-    pub(crate) fn of(one_way: Direction, spec: &GroupSpec) -> Direction {
+    pub(crate) fn of(one_way: Direction, spec: &WorkloadSpec) -> Direction {
         serde_json::from_value::<StreamParams>(spec.params.clone())
             .map_or(one_way, |p| p.direction(one_way))
     }
@@ -88,7 +88,7 @@ impl StreamParams {
 /// buffer that all its flow threads read, a receiving end one receive
 /// buffer per flow (at most [`RECV_BUFFER_BYTES`]), and every flow its
 /// thread and state ([`super::role::PER_FLOW_BYTES`]).
-pub(crate) fn memory_bytes(direction: Direction, spec: &GroupSpec) -> u64 {
+pub(crate) fn memory_bytes(direction: Direction, spec: &WorkloadSpec) -> u64 {
     let flows = u64::from(spec.flows);
     let mut buffers = 0u64;
     if direction.sends(spec.role) {
@@ -116,7 +116,7 @@ pub(crate) fn default_size_bytes(transport: &dyn transport::Transport) -> u64 {
 /// the sum of its ends'.
 pub(crate) fn sample(
     direction: Direction,
-    side: GroupRole,
+    side: WorkloadRole,
     report: &FlowReport,
     window_ns: u64,
 ) -> FlowSample {
@@ -167,7 +167,7 @@ pub(crate) fn open(
         message_boundaries: t.capabilities().message_boundaries,
     };
     match spec.role {
-        GroupRole::Server => {
+        WorkloadRole::Server => {
             let ip = |i: usize| per_flow(&spec.listen_ips, i).unwrap_or(ctx.control_ip);
             let mut addrs = Vec::new();
             let mut accepts = Vec::new();
@@ -196,7 +196,7 @@ pub(crate) fn open(
                 pace,
             }))
         }
-        GroupRole::Client => {
+        WorkloadRole::Client => {
             let mut flows = Vec::with_capacity(spec.flows as usize);
             for i in 0..spec.flows as usize {
                 let target = per_flow(&spec.targets, i).ok_or(RoleError::Refused {
@@ -254,7 +254,7 @@ pub(crate) fn accept_proven(
 /// A server role whose listeners are open and whose flows are being
 /// accepted in the background.
 struct Accepting {
-    spec: GroupSpec,
+    spec: WorkloadSpec,
     direction: Direction,
     size: usize,
     addrs: Vec<String>,
@@ -300,7 +300,7 @@ impl OpenRole for Accepting {
 
 /// Every flow of a bandwidth role, connected.
 struct Streams {
-    spec: GroupSpec,
+    spec: WorkloadSpec,
     direction: Direction,
     size: usize,
     flows: Vec<Box<dyn transport::Flow>>,
@@ -427,7 +427,7 @@ impl ReadyRole for Streams {
         }
         Ok(RoleResult {
             buckets: Vec::new(),
-            outcome: GroupOutcome {
+            outcome: WorkloadOutcome {
                 window_ns,
                 cpu,
                 peak_rss_kib: peak_rss_kib(),
@@ -661,7 +661,7 @@ impl super::Workload for StreamWorkload {
         self.bidir
     }
 
-    fn memory_bytes(&self, spec: &GroupSpec) -> u64 {
+    fn memory_bytes(&self, spec: &WorkloadSpec) -> u64 {
         memory_bytes(Direction::of(self.direction, spec), spec)
     }
 
@@ -676,7 +676,7 @@ impl super::Workload for StreamWorkload {
         open(self.name, params.direction(self.direction), ctx)
     }
 
-    fn sample(&self, side: GroupRole, report: &FlowReport, window_ns: u64) -> FlowSample {
+    fn sample(&self, side: WorkloadRole, report: &FlowReport, window_ns: u64) -> FlowSample {
         sample(self.direction, side, report, window_ns)
     }
 }
@@ -700,7 +700,7 @@ mod tests {
     #[test]
     fn sending_flows_share_one_payload_and_receivers_read_in_bounded_chunks() {
         use netgap_core::spec::{Mode, PointSpec, TransportOptions};
-        let mut spec = GroupSpec {
+        let mut spec = WorkloadSpec {
             point: PointSpec {
                 test: "multistream".into(),
                 transport: "tcp".into(),
@@ -711,7 +711,7 @@ mod tests {
                 io_timeout_ms: 3000,
                 verify: false,
             },
-            role: GroupRole::Client,
+            role: WorkloadRole::Client,
             params: serde_json::json!({}),
             flows: 128,
             listen_ips: vec![],
@@ -728,7 +728,7 @@ mod tests {
             (16 << 20) + per_flow
         );
         // The server receives: 256 KiB per flow, whatever the message size.
-        spec.role = GroupRole::Server;
+        spec.role = WorkloadRole::Server;
         assert_eq!(
             memory_bytes(Direction::ToServer, &spec),
             128 * RECV_BUFFER_BYTES as u64 + per_flow
@@ -743,7 +743,7 @@ mod tests {
         // 1.25e9 bytes in 1 s is 10 Gbit/s.
         let s = sample(
             Direction::ToServer,
-            GroupRole::Server,
+            WorkloadRole::Server,
             &report(0, 1_250_000_000),
             second,
         );
@@ -751,14 +751,14 @@ mod tests {
         assert_eq!(s.window_bytes, 1_250_000_000);
         let s = sample(
             Direction::ToServer,
-            GroupRole::Client,
+            WorkloadRole::Client,
             &report(7, 0),
             second,
         );
         assert_eq!((s.value, s.bytes_tx), (None, 7));
         let s = sample(
             Direction::FromServer,
-            GroupRole::Server,
+            WorkloadRole::Server,
             &report(9, 0),
             second,
         );
