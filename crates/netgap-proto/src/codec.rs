@@ -680,6 +680,50 @@ mod tests {
         assert!(one_line(&"é".repeat(100), 11).len() <= 11);
     }
 
+    /// The wire name of a message: its tag, a string for a unit variant or
+    /// the one key of an object.
+    fn wire_name(v: serde_json::Value) -> String {
+        match v {
+            serde_json::Value::String(s) => s,
+            serde_json::Value::Object(m) => m.keys().next().cloned().unwrap_or_default(),
+            other => panic!("not a message: {other}"),
+        }
+    }
+
+    #[test]
+    fn workload_messages_keep_their_protocol_names() {
+        let mut names: Vec<String> = all_requests()
+            .into_iter()
+            .map(|m| wire_name(serde_json::to_value(m).unwrap()))
+            .chain(
+                all_replies()
+                    .into_iter()
+                    .map(|m| wire_name(serde_json::to_value(m).unwrap())),
+            )
+            .filter(|n| n.starts_with("group_") || n.starts_with("workload"))
+            .collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(
+            names,
+            [
+                "group_alive",
+                "group_buckets",
+                "group_finished",
+                "group_flows",
+                "group_go",
+                "group_listening",
+                "group_prepare",
+                "group_ready",
+            ]
+        );
+        // A frame recorded before the rename still decodes.
+        assert_eq!(
+            decode_request(br#""group_go""#).unwrap(),
+            Request::WorkloadGo
+        );
+    }
+
     proptest! {
         #[test]
         fn random_bytes_never_panic(
