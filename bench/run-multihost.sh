@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Multi-host tests on one machine: a server agent on 127.0.0.2 and three
+# Workloads on one machine: a server agent on 127.0.0.2 and three
 # client-host agents on 127.0.0.3..5, each its own `netgap serve` process
 # (so each reports its own CPU and peak memory), then hotspot 3..12 clients,
 # fan-in and fan-out 1..12 clients, multistream, multirail over 3 loopback

@@ -13,7 +13,7 @@
 //! - `netgap-workload`: the multi-host workloads, the real servers they
 //!   run, and the agent's shards.
 //! - `netgap-measure`: tests, the runner, plans, the coordinator and the
-//!   agent, multi-host runs, sweep and LogP.
+//!   agent, workload runs, sweep and LogP.
 //! - `netgap-report`: the report, compare, and import of peer tools' output.
 //!
 //! See `ARCHITECTURE.md` for the map.
@@ -22,8 +22,8 @@ pub use netgap_core::{
     datagram, dropout, files, host, record, sizing, spec, stats, text, units, VERSION,
 };
 pub use netgap_measure::{
-    agent, auth, bench, cluster, conditions, control, coordinator, group, hostlist, interleave,
-    logp, output, plan, runner, sink, sweep,
+    agent, auth, bench, cluster, conditions, control, coordinator, hostlist, interleave, logp,
+    output, plan, runner, sink, sweep, workload_run,
 };
 pub use netgap_mpi as mpi;
 pub use netgap_proto as proto;

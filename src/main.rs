@@ -12,7 +12,6 @@ use cli::{
 use netgap::agent::Agent;
 use netgap::control::ControlAddr;
 use netgap::coordinator::{run_plan, CoordError};
-use netgap::group::plan::GroupPlan;
 use netgap::logp::LogpPlan;
 use netgap::mpi::plan::MpiPlan;
 use netgap::output::TableObserver;
@@ -20,6 +19,7 @@ use netgap::plan::{Plan, RunRequest, Settings};
 use netgap::sink::{CsvSink, JsonlSink, RecordSink};
 use netgap::sweep::SweepPlan;
 use netgap::text::escape_control;
+use netgap::workload_run::plan::WorkloadPlan;
 use netgap::{bench, transport};
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -265,8 +265,8 @@ fn run(args: &RunFlags) -> Result<()> {
             "--mpi-btl has no effect without an MPI test (mpi-latency, mpi-bw, mpi-bibw)"
         ));
     }
-    if netgap::group::plan::is_group_run(&request.tests)? {
-        return execute(&Job::Group(GroupPlan::from_request(&request)?));
+    if netgap::workload_run::plan::is_workload_run(&request.tests)? {
+        return execute(&Job::Workload(WorkloadPlan::from_request(&request)?));
     }
     execute(&Job::Points(Plan::from_request(&request)?))
 }
@@ -292,9 +292,9 @@ fn run_with_mpi(
             tests: rest,
             ..request.clone()
         };
-        if netgap::group::plan::is_group_run(&sockets.tests)? {
+        if netgap::workload_run::plan::is_workload_run(&sockets.tests)? {
             return Err(anyhow!(
-                "MPI tests run beside point-to-point tests (pingpong, stream, bibw, ...), not beside multi-host tests; run those apart"
+                "MPI tests run beside point-to-point tests (pingpong, stream, bibw, ...), not beside workloads; run those apart"
             ));
         }
         execute(&Job::Points(Plan::from_request(&sockets)?))?;
@@ -329,8 +329,8 @@ fn mpi_rank(args: &cli::MpiRankArgs) -> Result<()> {
 enum Job {
     /// Point-to-point tests (`netgap run`, the default battery).
     Points(Plan),
-    /// Multi-host tests.
-    Group(GroupPlan),
+    /// Workloads.
+    Workload(WorkloadPlan),
     /// MPI tests.
     Mpi(MpiPlan),
     /// `netgap sweep`, with its own table on stdout.
@@ -344,7 +344,7 @@ impl Job {
     fn settings(&self) -> &Settings {
         match self {
             Job::Points(p) => &p.settings,
-            Job::Group(p) => &p.settings,
+            Job::Workload(p) => &p.settings,
             Job::Mpi(p) => &p.settings,
             Job::Sweep(p) => &p.run.settings,
             Job::Logp(p) => &p.run.settings,
@@ -367,11 +367,11 @@ impl Job {
             Job::Points(plan) => run_plan(plan, switch, sinks, table)
                 .map(|_| ())
                 .map_err(coord),
-            Job::Group(plan) => {
-                use netgap::group::{run_group_plan, run_group_plan_under};
+            Job::Workload(plan) => {
+                use netgap::workload_run::{run_workload_plan, run_workload_plan_under};
                 match switch {
-                    Some(s) => run_group_plan_under(plan, s, sinks, table),
-                    None => run_group_plan(plan, sinks, table),
+                    Some(s) => run_workload_plan_under(plan, s, sinks, table),
+                    None => run_workload_plan(plan, sinks, table),
                 }
                 .map(|_| ())
                 .map_err(|e| Failed::AtPoint(e.into()))
@@ -591,7 +591,7 @@ fn list() {
         );
     }
     println!();
-    println!("multi-host tests (--hosts, --clients, -P, --duration):");
+    println!("workloads (--hosts, --clients, -P, --duration):");
     for t in netgap::workload::registry() {
         println!(
             "  {:<14} {:<17} {}",

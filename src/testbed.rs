@@ -1055,11 +1055,11 @@ fn start_agent(dir: &Path, p: &Params, h: &HostEntry) -> Result<u32, TestbedErro
         .arg("--key")
         .arg(dir.join("key"))
         // The testbed's hosts are this machine's: its agents take the
-        // largest group point there is, so the scale of a run is the
+        // largest workload point there is, so the scale of a run is the
         // run's choice (each agent raises its descriptor limit as needed).
         .args([
             "--max-flows",
-            &netgap_proto::group::MAX_GROUP_FLOWS.to_string(),
+            &netgap_proto::workload::MAX_WORKLOAD_FLOWS.to_string(),
         ])
         .arg("--allow-services")
         .stdin(Stdio::null())

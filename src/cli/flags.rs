@@ -31,7 +31,7 @@ pub struct TargetFlags {
     /// `unix:PATH`; without it an agent runs in-process on loopback.
     #[arg(long, value_name = "HOST[:PORT]", value_parser = parse_peer)]
     pub peer: Option<PeerAddr>,
-    /// Multi-host tests: the hosts, `@FILE` (a hosts file), `@testbed` (the
+    /// Workloads: the hosts, `@FILE` (a hosts file), `@testbed` (the
     /// hosts file of `netgap testbed up`), `@slurm` (the nodes of
     /// SLURM_JOB_NODELIST), `@hostfile:FILE` (an Open MPI or MPICH
     /// hostfile) or `ADDR,ADDR,...` (agents' control addresses, IP[:PORT]
@@ -153,7 +153,7 @@ impl Args for TransportOptionFlags {
     }
 }
 
-/// `--sizes`' long help, with each multi-host test's own default size
+/// `--sizes`' long help, with each workload's own default size
 /// (over tcp) from the workload registry, so the list never goes stale.
 fn sizes_long_help() -> String {
     let mut by_size: Vec<(u64, Vec<&str>)> = Vec::new();
@@ -179,7 +179,7 @@ fn sizes_long_help() -> String {
         .collect();
     format!(
         "Message sizes: a list 1,64,1K, a range of powers of two 1..4M, or a range with a factor \
-         1..4M:x4 [default: 1,64,1K,16K,64K,1M; multi-host tests over tcp: {}]",
+         1..4M:x4 [default: 1,64,1K,16K,64K,1M; workloads over tcp: {}]",
         defaults.join("; ")
     )
 }
@@ -190,8 +190,8 @@ fn sizes_long_help() -> String {
 #[command(next_help_heading = "Method")]
 pub struct RepFlags {
     /// Message sizes: a list 1,64,1K, a range of powers of two 1..4M, or a
-    /// range with a factor 1..4M:x4 [default: 1,64,1K,16K,64K,1M; multi-host
-    /// tests: their own, see --help].
+    /// range with a factor 1..4M:x4 [default: 1,64,1K,16K,64K,1M;
+    /// workloads: their own, see --help].
     #[arg(
         long,
         short = 's',
@@ -332,9 +332,9 @@ fn parse_condition_axis(s: &str) -> Result<ConditionAxis, String> {
     ConditionAxis::parse(s).map_err(|e| e.to_string())
 }
 
-/// The flags of multi-host tests.
+/// The flags of workloads.
 #[derive(Debug, Clone, Args)]
-#[command(next_help_heading = "Multi-host tests")]
+#[command(next_help_heading = "Workloads")]
 pub struct MultiHostFlags {
     /// Concurrent clients, one point per count (e.g. 3,6,9,12) [default: one
     /// per client host].
@@ -370,7 +370,7 @@ pub struct MultiHostFlags {
 /// The workloads' own options, one flag per distinct declaration of
 /// `netgap::workload::options`, built with clap's builder API so a new
 /// option is declared in its workload and nowhere else. Values stay text
-/// here; the group plan parses them with their declarations.
+/// here; the workload plan parses them with their declarations.
 #[derive(Debug, Clone, Default)]
 pub struct WorkloadOptionFlags {
     /// (flag, value as typed; empty for a switch), in declaration order.

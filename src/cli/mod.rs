@@ -32,7 +32,7 @@ pub struct Cli {
     pub output: OutputFlags,
 }
 
-/// `run`'s one line of help, with the multi-host tests named from their
+/// `run`'s one line of help, with the workloads named from their
 /// registry, so the list never goes stale.
 fn run_about() -> String {
     let names: Vec<&str> = netgap::workload::registry()
@@ -40,15 +40,15 @@ fn run_about() -> String {
         .map(|w| w.name())
         .collect();
     format!(
-        "Measure tests over transports and sizes against an agent; multi-host tests ({}) drive the agents of several hosts (--hosts)",
+        "Measure tests over transports and sizes against an agent; workloads ({}) drive the agents of several hosts (--hosts)",
         names.join(", ")
     )
 }
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Measure tests over transports and sizes against an agent; multi-host
-    /// tests drive the agents of several hosts (--hosts).
+    /// Measure tests over transports and sizes against an agent;
+    /// workloads drive the agents of several hosts (--hosts).
     #[command(about = run_about())]
     Run(Box<RunFlags>),
     /// Run the agent that serves coordinators' tests.

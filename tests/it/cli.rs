@@ -390,7 +390,7 @@ fn run_help_gives_every_multi_host_tests_default_size_from_the_registry() {
 }
 
 /// The README lists the registries' entries by hand: every point-to-point
-/// test, multi-host test and transport is named there, and its synopsis of
+/// test, workload and transport is named there, and its synopsis of
 /// `netgap import` gives exactly the importers, in their order.
 #[test]
 fn the_readme_names_everything_the_registries_hold() {

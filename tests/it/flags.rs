@@ -378,7 +378,7 @@ fn every_flag_of_a_multi_host_run_changes_its_record_or_is_refused() {
         (&["--clients", "2"], Records("/clients", 2.into())),
         (&["--label", "x"], Records("/stack/label", "x".into())),
         (
-            // Multi-host runs take conditions on a testbed only.
+            // Workload runs take conditions on a testbed only.
             &["--conditions", "mtu=9000"],
             Refused("conditions are set on netgap's testbed"),
         ),

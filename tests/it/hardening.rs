@@ -212,7 +212,7 @@ fn framing_errors_get_a_one_line_reply_before_the_close() {
     }
 }
 
-/// Threads of process `pid` that belong to a group role: its flows, the
+/// Threads of process `pid` that belong to a workload role: its flows, the
 /// flow engine's workers, the role itself and its CPU meter.
 fn role_threads(pid: u32) -> Vec<String> {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
@@ -222,7 +222,7 @@ fn role_threads(pid: u32) -> Vec<String> {
         .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
         .map(|c| c.trim().to_string())
         .filter(|c| {
-            c.starts_with("flow") || c.starts_with("group role") || c.starts_with("cpu meter")
+            c.starts_with("flow") || c.starts_with("workload role") || c.starts_with("cpu meter")
         })
         .collect()
 }
@@ -291,7 +291,7 @@ fn peak_rss_kib(pid: u32) -> u64 {
 }
 
 #[test]
-fn a_group_request_past_the_memory_budget_is_refused_before_allocation() {
+fn a_workload_request_past_the_memory_budget_is_refused_before_allocation() {
     // 128 flows of 16 MiB: 4 GiB of buffers against the default 1 GiB.
     let agents = [Agent::start("127.0.0.2"), Agent::start("127.0.0.3")];
     let hosts = format!("{},{}", agents[0].addr, agents[1].addr);
@@ -365,8 +365,8 @@ fn client_role_aimed_at(
     size_bytes: u64,
     target: SocketAddr,
 ) -> (Result<Reply, netgap::proto::codec::CodecError>, Duration) {
-    use netgap::proto::group::{GroupRole, GroupSpec};
     use netgap::proto::session::CoordinatorSession;
+    use netgap::proto::workload::{WorkloadRole, WorkloadSpec};
     let addr = ControlAddr::parse(&agent.addr).expect("addr");
     let mut conn =
         ControlConn::new(addr.connect(Duration::from_secs(2)).expect("connect")).expect("conn");
@@ -376,7 +376,7 @@ fn client_role_aimed_at(
     session
         .on_welcome(welcome.expect("decodes"))
         .expect("welcome");
-    let spec = GroupSpec {
+    let spec = WorkloadSpec {
         point: netgap::spec::PointSpec {
             test: test.into(),
             transport: transport.into(),
@@ -387,7 +387,7 @@ fn client_role_aimed_at(
             io_timeout_ms: 500,
             verify: false,
         },
-        role: GroupRole::Client,
+        role: WorkloadRole::Client,
         params: serde_json::json!({}),
         flows: 2,
         listen_ips: vec![],
@@ -398,13 +398,13 @@ fn client_role_aimed_at(
         duration_ms: 2000,
     };
     let token = netgap::preamble::new_token().expect("token");
-    conn.send(&session.group_prepare(spec, token))
+    conn.send(&session.workload_prepare(spec, token))
         .expect("prepare");
     let started = Instant::now();
     // The agent says it is alive every second while it prepares.
     let reply = loop {
         let reply = decode_reply(&conn.recv_payload(Duration::from_secs(5)).expect("reply"));
-        if !matches!(reply, Ok(Reply::GroupAlive)) {
+        if !matches!(reply, Ok(Reply::WorkloadAlive)) {
             break reply;
         }
     };

@@ -75,7 +75,7 @@ fn a_bad_hostfile_is_refused_naming_its_line() {
     );
 }
 
-/// The agents of a hostfile's hosts serve a multi-host run: an Open MPI
+/// The agents of a hostfile's hosts serve a workload run: an Open MPI
 /// line and an MPICH line, with comments and blank lines between.
 #[test]
 fn a_hostfile_names_the_agents_of_a_run() {

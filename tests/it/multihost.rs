@@ -1,4 +1,4 @@
-//! Multi-host tests end to end: the real binary as coordinator against real
+//! Workloads end to end: the real binary as coordinator against real
 //! agents on loopback addresses 127.0.0.2..5 (and the in-process default),
 //! asserting on the JSON records: per-flow bytes, the cyclic allotment,
 //! per-link bytes of multirail, the engine workloads over every transport
@@ -265,7 +265,7 @@ fn in_process_hosts_run_without_any_agent() {
 }
 
 #[test]
-fn bad_group_flags_are_one_line_errors() {
+fn bad_workload_flags_are_one_line_errors() {
     for (args, want) in [
         (vec!["run", "fanin", "--clients", "0"], "--clients"),
         (vec!["run", "fanin", "--clients", "5000"], "--clients"),
@@ -288,7 +288,10 @@ fn bad_group_flags_are_one_line_errors() {
 
 /// Sends `spec` as a `group_prepare` to a fresh session of `agent` and
 /// returns the agent's answer.
-fn prepare_raw(agent: &AgentProc, spec: netgap::proto::group::GroupSpec) -> netgap::proto::Reply {
+fn prepare_raw(
+    agent: &AgentProc,
+    spec: netgap::proto::workload::WorkloadSpec,
+) -> netgap::proto::Reply {
     use netgap::control::ControlConn;
     use netgap::proto::{decode_reply, CoordinatorSession};
     // The previous session's end may still be releasing the agent.
@@ -310,7 +313,7 @@ fn prepare_raw(agent: &AgentProc, spec: netgap::proto::group::GroupSpec) -> netg
         }
     };
     let token = netgap::preamble::new_token().expect("a data token");
-    conn.send(&session.group_prepare(spec, token))
+    conn.send(&session.workload_prepare(spec, token))
         .expect("prepare sent");
     // An agent preparing a role says it is alive every second meanwhile;
     // the answer is the first other reply.
@@ -321,7 +324,7 @@ fn prepare_raw(agent: &AgentProc, spec: netgap::proto::group::GroupSpec) -> netg
                 .expect("an answer"),
         )
         .expect("answer decodes");
-        if reply != netgap::proto::Reply::GroupAlive {
+        if reply != netgap::proto::Reply::WorkloadAlive {
             return reply;
         }
     }
@@ -341,10 +344,10 @@ fn staged_pipeline(role: usize, peer: &str) -> serde_json::Value {
     })
 }
 
-fn raw_spec(target: &str) -> netgap::proto::group::GroupSpec {
-    use netgap::proto::group::{GroupRole, GroupSpec};
+fn raw_spec(target: &str) -> netgap::proto::workload::WorkloadSpec {
+    use netgap::proto::workload::{WorkloadRole, WorkloadSpec};
     use netgap::spec::{Mode, PointSpec, TransportOptions};
-    GroupSpec {
+    WorkloadSpec {
         point: PointSpec {
             test: "fanin".into(),
             transport: "tcp".into(),
@@ -355,7 +358,7 @@ fn raw_spec(target: &str) -> netgap::proto::group::GroupSpec {
             io_timeout_ms: 1000,
             verify: false,
         },
-        role: GroupRole::Client,
+        role: WorkloadRole::Client,
         params: serde_json::json!({}),
         flows: 1,
         listen_ips: vec![],
@@ -375,11 +378,11 @@ fn agent_refuses_parameters_past_its_limits_before_any_data_socket() {
     bait.set_nonblocking(true).expect("nonblocking");
     let target = bait.local_addr().expect("addr").to_string();
     let agent = AgentProc::start("127.0.0.3");
-    let cases: Vec<(netgap::proto::group::GroupSpec, &str)> = vec![
+    let cases: Vec<(netgap::proto::workload::WorkloadSpec, &str)> = vec![
         (
             {
                 let mut s = raw_spec(&target);
-                s.flows = netgap::proto::group::MAX_GROUP_FLOWS + 1;
+                s.flows = netgap::proto::workload::MAX_WORKLOAD_FLOWS + 1;
                 s
             },
             "flows",
@@ -387,7 +390,7 @@ fn agent_refuses_parameters_past_its_limits_before_any_data_socket() {
         (
             {
                 let mut s = raw_spec(&target);
-                s.duration_ms = netgap::proto::group::MAX_GROUP_DURATION_MS + 1;
+                s.duration_ms = netgap::proto::workload::MAX_WORKLOAD_DURATION_MS + 1;
                 s
             },
             "duration_ms",
@@ -434,7 +437,7 @@ fn agent_refuses_parameters_past_its_limits_before_any_data_socket() {
                 // a host of the session.
                 let mut s = raw_spec(&target);
                 s.point.test = "pipeline".into();
-                s.role = netgap::proto::group::GroupRole::Server;
+                s.role = netgap::proto::workload::WorkloadRole::Server;
                 s.targets = vec![];
                 s.params = staged_pipeline(1, "127.0.0.9:7");
                 s
@@ -446,7 +449,7 @@ fn agent_refuses_parameters_past_its_limits_before_any_data_socket() {
                 // Nor, without a key, off loopback.
                 let mut s = raw_spec(&target);
                 s.point.test = "pipeline".into();
-                s.role = netgap::proto::group::GroupRole::Server;
+                s.role = netgap::proto::workload::WorkloadRole::Server;
                 s.targets = vec![];
                 s.session_hosts.push("192.0.2.1".parse().expect("ip"));
                 s.params = staged_pipeline(1, "192.0.2.1:7");
@@ -474,7 +477,7 @@ fn agent_refuses_parameters_past_its_limits_before_any_data_socket() {
 }
 
 #[test]
-fn agent_refuses_group_roles_past_its_own_limits_before_any_data_socket() {
+fn agent_refuses_workload_roles_past_its_own_limits_before_any_data_socket() {
     use netgap::proto::Reply;
     let bait = std::net::TcpListener::bind("127.0.0.2:0").expect("bait listener");
     bait.set_nonblocking(true).expect("nonblocking");

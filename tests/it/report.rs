@@ -99,7 +99,7 @@ fn gap_table_snapshot() {
         assert_eq!(e.rows[0].ratio, 1.0);
         assert_eq!(e.rows.iter().filter(|r| r.best).count(), 1, "{e:?}");
     }
-    // Every test with two stacks has its table: multi-host tests (by
+    // Every test with two stacks has its table: workloads (by
     // clients), sweeps and LogP among them.
     for test in [
         "connect",

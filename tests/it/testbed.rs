@@ -687,7 +687,7 @@ fn every_kind_of_run_under_conditions_puts_the_links_back_as_the_kernel_had_them
     assert!(out.contains("live links: as the hosts file says"), "{out}");
     let before = offloads_of(&tb);
     let dir = tempfile::tempdir().expect("tempdir");
-    // A point-to-point run (interleaved) and a multi-host run, each under
+    // A point-to-point run (interleaved) and a workload run, each under
     // offload on and off.
     tb.run(
         "pingpong",
@@ -723,7 +723,7 @@ fn every_kind_of_run_under_conditions_puts_the_links_back_as_the_kernel_had_them
         ],
         &dir.path().join("m.jsonl"),
     );
-    assert_eq!(offloads_of(&tb), before, "after a multi-host run");
+    assert_eq!(offloads_of(&tb), before, "after a workload run");
     let status = || {
         ok(netgap()
             .args(["testbed", "status", "--name", "tkern"])

@@ -1,7 +1,7 @@
-//! The multi-host tests through a namespace testbed, end to end: `netgap
+//! The workloads through a namespace testbed, end to end: `netgap
 //! testbed up` builds the hosts and keyed agents, `netgap run ... --hosts
 //! @FILE` authenticates with the testbed's key (named in its hosts file)
-//! and runs every multi-host test across the namespaces, and `testbed down`
+//! and runs every workload across the namespaces, and `testbed down`
 //! leaves nothing behind. Each test has its own `--name`, so tests run side
 //! by side, and a guard takes its testbed down even when the test fails.
 //!

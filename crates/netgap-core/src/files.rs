@@ -33,7 +33,7 @@ pub struct Cap {
 
 impl Cap {
     /// A results file (`report`, `compare`): 1 GiB, thousands of
-    /// multi-host points of a few MiB each.
+    /// workload points of a few MiB each.
     pub const RESULTS: Cap = Cap {
         what: "a results file",
         max_bytes: 1 << 30,

@@ -303,7 +303,7 @@ impl NoiseContext {
     /// together), pinning and interleaving.
     pub fn of_record(record: &ResultRecord) -> NoiseContext {
         let options = record.options.as_ref();
-        let multi_host = record.group.is_some();
+        let multi_host = record.workload.is_some();
         let reps = options.map_or(0, |o| o.reps).max(1);
         let rep_ms = options
             .and_then(|o| o.rep_time_ms)
@@ -379,7 +379,7 @@ fn contention(record: &ResultRecord) -> Option<(String, f64)> {
             }
         }
     }
-    for h in record.group.iter().flat_map(|g| &g.hosts_cpu) {
+    for h in record.workload.iter().flat_map(|g| &g.hosts_cpu) {
         let cores = h.facts.as_ref().map_or(1, |f| f.cores);
         hosts.push((
             h.host.clone(),

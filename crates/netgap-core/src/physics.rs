@@ -19,9 +19,9 @@
 //! - MPI over its tcp transport (`btl=tcp`): tcp's;
 //! - unix, shm, loopback and shared memory: no link, no limit.
 //!
-//! Several links used at once (multirail, a multi-host point across a mesh)
+//! Several links used at once (multirail, a workload point across a mesh)
 //! carry the sum of their limits; a bidirectional test carries twice the
-//! one-way limit, each direction having its own shaper. A multi-host point
+//! one-way limit, each direction having its own shaper. A workload point
 //! is bounded by the links between its server hosts and its client hosts:
 //! on a switch each host has one link, on a mesh each pair of hosts has one.
 //!
@@ -208,10 +208,10 @@ impl WireModel {
 }
 
 /// Links the record's traffic crosses at once: a point-to-point test one,
-/// `multirail` the links it lists, a multi-host point the links between
+/// `multirail` the links it lists, a workload point the links between
 /// its server and client hosts.
 fn links_used(r: &ResultRecord, stack: &Stack) -> Option<u32> {
-    let Some(g) = &r.group else {
+    let Some(g) = &r.workload else {
         // mptcp on a mesh opens a subflow per link between the pair, and
         // the record does not say how many there are.
         let mesh = stack.path.topology.as_deref() == Some("mesh");
@@ -348,7 +348,7 @@ pub fn fault_sentence(r: &ResultRecord, f: &Fault) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::record::{ByteCounts, GroupSection, HostCpu, RecordHead, RecordStats};
+    use crate::record::{ByteCounts, HostCpu, RecordHead, RecordStats, WorkloadSection};
     use crate::spec::{Mode, TransportOptions};
     use crate::stack::PathIdentity;
 
@@ -446,7 +446,7 @@ mod tests {
             bytes: 1,
             bandwidth_gbps: 1.0,
         };
-        r = r.with_group(GroupSection {
+        r = r.with_workload(WorkloadSection {
             clients: 3,
             client_hosts: Some(1),
             flows: Vec::new(),
@@ -475,7 +475,7 @@ mod tests {
             facts: None,
         };
         let fan_in = || {
-            record("fan-in", "tcp", 65536, "bandwidth_gbps", 0.95).with_group(GroupSection {
+            record("fan-in", "tcp", 65536, "bandwidth_gbps", 0.95).with_workload(WorkloadSection {
                 clients: 3,
                 client_hosts: Some(3),
                 flows: Vec::new(),

@@ -268,10 +268,10 @@ pub struct ResultRecord {
     /// [`crate::stack::Stack::of_record`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stack: Option<crate::stack::Stack>,
-    /// A multi-host point's own fields (and an application workload's);
+    /// A workload point's own fields (and an application workload's);
     /// absent for other tests.
     #[serde(flatten, default, skip_serializing_if = "Option::is_none")]
-    pub group: Option<GroupSection>,
+    pub workload: Option<WorkloadSection>,
     /// What the wire allows on the record's path (its payload limit) and
     /// whether the result passed it (a measurement fault); set with the
     /// stack ([`ResultRecord::with_stack`]), absent for records without one
@@ -305,9 +305,9 @@ pub struct SweepSection {
     pub unstable: Option<Unstable>,
 }
 
-/// The section of a multi-host point.
+/// The section of a workload point.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct GroupSection {
+pub struct WorkloadSection {
     /// Concurrent clients of the point (streams for `multistream`, links
     /// for `multirail`).
     pub clients: u32,
@@ -386,7 +386,7 @@ impl ResultRecord {
             sweep: None,
             ci_target: None,
             stack: None,
-            group: None,
+            workload: None,
             physics: None,
         }
     }
@@ -422,9 +422,9 @@ impl ResultRecord {
         self
     }
 
-    /// The record as a multi-host point.
-    pub fn with_group(mut self, group: GroupSection) -> ResultRecord {
-        self.group = Some(group);
+    /// The record as a workload point.
+    pub fn with_workload(mut self, workload: WorkloadSection) -> ResultRecord {
+        self.workload = Some(workload);
         self
     }
 
@@ -543,7 +543,7 @@ pub struct CiOutcome {
     pub met: bool,
 }
 
-/// One flow of a multi-host point, summed (bytes) or averaged (value)
+/// One flow of a workload point, summed (bytes) or averaged (value)
 /// over the repetitions.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FlowResult {
@@ -568,7 +568,7 @@ pub struct FlowResult {
     pub percentiles: Option<Percentiles>,
 }
 
-/// CPU of one host of a multi-host point, averaged over the repetitions'
+/// CPU of one host of a workload point, averaged over the repetitions'
 /// measured windows.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct HostCpu {
@@ -651,7 +651,7 @@ mod tests {
             Some(sweep)
         );
 
-        let group = ResultRecord::new(head()).with_group(GroupSection {
+        let workload = ResultRecord::new(head()).with_workload(WorkloadSection {
             clients: 3,
             client_hosts: None,
             flows: Vec::new(),
@@ -659,12 +659,12 @@ mod tests {
             links: Vec::new(),
             app: None,
         });
-        let json = serde_json::to_value(&group).expect("encoded");
+        let json = serde_json::to_value(&workload).expect("encoded");
         assert_eq!(json["clients"], 3);
         assert!(json.get("client_hosts").is_none() && json.get("sweep_kind").is_none());
         assert_eq!(
             serde_json::from_value::<ResultRecord>(json).ok(),
-            Some(group)
+            Some(workload)
         );
 
         let imported = ResultRecord::new(head()).imported_from("iperf3");

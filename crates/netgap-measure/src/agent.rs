@@ -22,10 +22,10 @@ use netgap_core::text::escape_control;
 use netgap_proto::auth::{is_auth_frame, Key};
 use netgap_proto::codec::decode_request;
 use netgap_proto::dataproof::DataToken;
-use netgap_proto::group::GroupRole;
 use netgap_proto::limits::AgentLimits;
 use netgap_proto::message::{Reply, Request};
 use netgap_proto::session::{AgentAction, AgentSession};
+use netgap_proto::workload::WorkloadRole;
 use netgap_transport::cpu::CpuMeter;
 use netgap_transport::rate::{PacedFlow, RateBudget};
 use netgap_transport::{self as transport, DatagramStats, FlowConfig, FlowMonitor};
@@ -101,7 +101,7 @@ struct Shared {
     /// the one pio's stripes go under ([`netgap_workload::confined`]).
     dirs: Arc<netgap_workload::confined::AgentDirs>,
     /// The agent's highest data rate (`--max-rate`) as a budget every
-    /// flow of every session charges, point-to-point and group alike.
+    /// flow of every session charges, point-to-point and workload alike.
     rate: Arc<RateBudget>,
 }
 
@@ -469,7 +469,7 @@ fn run_session(
     let mut open_size_bytes = 0u64;
     // The data token of the point being opened or prepared.
     let mut token: Option<DataToken> = None;
-    let mut group: Option<(Box<dyn ReadyRole>, Stop, Duration)> = None;
+    let mut workload: Option<(Box<dyn ReadyRole>, Stop, Duration)> = None;
     let mut request = hello;
     loop {
         // Limits first: nothing past them reaches a data socket.
@@ -486,11 +486,11 @@ fn run_session(
             Request::Run { iterations, .. } => {
                 shared.limits.check_run(*iterations, open_size_bytes)
             }
-            Request::GroupPrepare { spec, data_token } => {
+            Request::WorkloadPrepare { spec, data_token } => {
                 token = Some(data_token.clone());
                 shared
                     .limits
-                    .check_group(spec)
+                    .check_workload(spec)
                     .and_then(|()| keyless_stays_on_loopback(shared.key.is_some(), spec))
             }
             _ => Ok(()),
@@ -509,7 +509,7 @@ fn run_session(
                 // coordinator that has read it may start the next session
                 // at once and finds the agent free.
                 drop(point.take());
-                drop(group.take());
+                drop(workload.take());
                 drop(claim.take());
                 conn.send(&r)?;
                 return Ok(());
@@ -567,7 +567,7 @@ fn run_session(
                     }
                 }
             }
-            AgentAction::PrepareGroup(spec) => {
+            AgentAction::PrepareWorkload(spec) => {
                 // A role of its own: a failing flow engine sets it too.
                 let stop = Stop::new();
                 let Some(token) = token.as_ref() else {
@@ -584,19 +584,19 @@ fn run_session(
                     dirs: &shared.dirs,
                     rate: &shared.rate,
                 };
-                group = prepare_group(&mut conn, &mut session, ctx)?
+                workload = prepare_workload(&mut conn, &mut session, ctx)?
                     .map(|role| (role, stop, role_deadline(&spec)));
             }
-            AgentAction::RunGroup => {
-                let outcome = match group.take() {
-                    Some(g) => run_group(&mut conn, &session, g, claim.clone())?,
+            AgentAction::RunWorkload => {
+                let outcome = match workload.take() {
+                    Some(g) => run_workload(&mut conn, &session, g, claim.clone())?,
                     None => Err(RoleError::NotPrepared),
                 };
                 let replies = match outcome {
                     Ok(r) => session
-                        .group_finished(r.flows, r.buckets, r.outcome)
+                        .workload_finished(r.flows, r.buckets, r.outcome)
                         .map_err(|e| SessionEnd::Refused(e.to_string()))?,
-                    Err(msg) => vec![session.failed(&format!("group role failed: {msg}"))],
+                    Err(msg) => vec![session.failed(&format!("workload role failed: {msg}"))],
                 };
                 for r in &replies {
                     conn.send(r)?;
@@ -618,20 +618,20 @@ fn run_session(
     }
 }
 
-/// Prepares a group role with the workload the point names: a server
+/// Prepares a workload role with the workload the point names: a server
 /// listens, announces its addresses and accepts every flow; a client
 /// connects its flows. A failure is answered with an error reply and leaves
 /// the session usable; only a broken control connection ends it.
-fn prepare_group(
+fn prepare_workload(
     conn: &mut ControlConn,
     session: &mut AgentSession,
     ctx: RoleContext<'_>,
 ) -> Result<Option<Box<dyn ReadyRole>>, SessionEnd> {
     let prepared = match alive_while(conn, session, || role::open(ctx))? {
         Ok(open) => {
-            if ctx.spec.role == GroupRole::Server {
+            if ctx.spec.role == WorkloadRole::Server {
                 let reply = session
-                    .group_listening(open.addrs())
+                    .workload_listening(open.addrs())
                     .map_err(|e| SessionEnd::Refused(e.to_string()))?;
                 conn.send(&reply)?;
             }
@@ -642,7 +642,7 @@ fn prepare_group(
     match prepared {
         Ok(p) => {
             let reply = session
-                .group_ready()
+                .workload_ready()
                 .map_err(|e| SessionEnd::Refused(e.to_string()))?;
             conn.send(&reply)?;
             Ok(Some(p))
@@ -654,16 +654,16 @@ fn prepare_group(
     }
 }
 
-/// Runs `work` (a step of preparing a group role: opening listeners,
+/// Runs `work` (a step of preparing a workload role: opening listeners,
 /// connecting thousands of flows) on its own thread while this one tells the
-/// coordinator every [`netgap_proto::message::GROUP_ALIVE_INTERVAL`] that the
+/// coordinator every [`netgap_proto::message::WORKLOAD_ALIVE_INTERVAL`] that the
 /// agent is alive, so a slow setup is told apart from a silent host.
 fn alive_while<T: Send>(
     conn: &mut ControlConn,
     session: &AgentSession,
     work: impl FnOnce() -> T + Send,
 ) -> Result<T, SessionEnd> {
-    use netgap_proto::message::GROUP_ALIVE_INTERVAL;
+    use netgap_proto::message::WORKLOAD_ALIVE_INTERVAL;
     use std::sync::mpsc;
     std::thread::scope(|scope| {
         let (tx, rx) = mpsc::channel();
@@ -671,17 +671,17 @@ fn alive_while<T: Send>(
             let _ = tx.send(work());
         });
         loop {
-            match rx.recv_timeout(GROUP_ALIVE_INTERVAL) {
+            match rx.recv_timeout(WORKLOAD_ALIVE_INTERVAL) {
                 Ok(result) => return Ok(result),
                 Err(mpsc::RecvTimeoutError::Timeout) => {
                     let alive = session
-                        .group_alive()
+                        .workload_alive()
                         .map_err(|e| SessionEnd::Refused(e.to_string()))?;
                     conn.send(&alive)?;
                 }
                 Err(mpsc::RecvTimeoutError::Disconnected) => {
                     return Err(SessionEnd::Refused(
-                        "preparing the group role panicked".into(),
+                        "preparing the workload role panicked".into(),
                     ))
                 }
             }
@@ -689,9 +689,9 @@ fn alive_while<T: Send>(
     })
 }
 
-/// How long past its warm-up and window a group role may run before the
+/// How long past its warm-up and window a workload role may run before the
 /// agent stops it: its receivers' drain (the I/O timeout) and a grace.
-fn role_deadline(spec: &netgap_proto::group::GroupSpec) -> Duration {
+fn role_deadline(spec: &netgap_proto::workload::WorkloadSpec) -> Duration {
     let (warmup, window) = role::window(spec);
     let drain = Duration::from_millis(u64::from(spec.point.io_timeout_ms));
     warmup + window + drain + ROLE_GRACE
@@ -705,7 +705,7 @@ const ROLE_GRACE: Duration = Duration::from_secs(2);
 /// may run before its flow is shut down.
 const REPETITION_GRACE: Duration = Duration::from_millis(500);
 
-/// Sets a role's stop signal when dropped: whichever way [`run_group`]
+/// Sets a role's stop signal when dropped: whichever way [`run_workload`]
 /// returns (the role done, the coordinator gone, the control connection
 /// broken), nothing of the role keeps running.
 struct StopOnDrop(Stop);
@@ -741,22 +741,22 @@ fn peer_gone(conn: &ControlConn) -> bool {
     }
 }
 
-/// Runs a prepared group role on its own thread, telling the coordinator
-/// every [`GROUP_ALIVE_INTERVAL`] that this agent is still alive. The role
+/// Runs a prepared workload role on its own thread, telling the coordinator
+/// every [`WORKLOAD_ALIVE_INTERVAL`] that this agent is still alive. The role
 /// stops when the coordinator goes away or when it overruns its deadline;
 /// its thread holds the busy claim until its flows are gone.
-fn run_group(
+fn run_workload(
     conn: &mut ControlConn,
     session: &AgentSession,
     (role, stop, deadline): (Box<dyn ReadyRole>, Stop, Duration),
     claim: Option<Arc<BusyClaim>>,
 ) -> Result<Result<RoleResult, RoleError>, SessionEnd> {
-    use netgap_proto::message::GROUP_ALIVE_INTERVAL;
+    use netgap_proto::message::WORKLOAD_ALIVE_INTERVAL;
     use std::sync::mpsc;
     let _stop_on_return = StopOnDrop(stop.clone());
     let (tx, rx) = mpsc::channel();
     let spawned = std::thread::Builder::new()
-        .name("group role".into())
+        .name("workload role".into())
         .spawn(move || {
             let _claim = claim;
             let _ = tx.send(role.run());
@@ -765,13 +765,13 @@ fn run_group(
         Ok(t) => t,
         Err(e) => {
             return Ok(Err(RoleError::Thread {
-                what: "the group role",
+                what: "the workload role",
                 source: e,
             }))
         }
     };
     let t0 = Instant::now();
-    let mut next_alive = t0 + GROUP_ALIVE_INTERVAL;
+    let mut next_alive = t0 + WORKLOAD_ALIVE_INTERVAL;
     loop {
         match rx.recv_timeout(role::STOP_TICK) {
             Ok(result) => {
@@ -790,16 +790,16 @@ fn run_group(
                     stop.set();
                 }
                 if Instant::now() >= next_alive {
-                    next_alive += GROUP_ALIVE_INTERVAL;
+                    next_alive += WORKLOAD_ALIVE_INTERVAL;
                     let alive = session
-                        .group_alive()
+                        .workload_alive()
                         .map_err(|e| SessionEnd::Refused(e.to_string()))?;
                     conn.send(&alive)?;
                 }
             }
             Err(mpsc::RecvTimeoutError::Disconnected) => {
                 return Ok(Err(RoleError::Panicked {
-                    what: "the group role".into(),
+                    what: "the workload role".into(),
                 }))
             }
         }
@@ -908,7 +908,7 @@ fn accept_proven(
 /// data stays on the host.
 fn keyless_stays_on_loopback(
     keyed: bool,
-    spec: &netgap_proto::group::GroupSpec,
+    spec: &netgap_proto::workload::WorkloadSpec,
 ) -> Result<(), netgap_proto::limits::LimitError> {
     if keyed {
         return Ok(());

@@ -1,4 +1,4 @@
-//! The hosts of a multi-host run: which agents there are, how to reach their
+//! The hosts of a workload run: which agents there are, how to reach their
 //! control listeners, and which data addresses and links each host has.
 //!
 //! `netgap testbed up` writes a [`HostsFile`]; multi-host commands read it

@@ -1,6 +1,6 @@
 //! Measurement: what netgap measures and how. The point-to-point tests
 //! ([`bench`](mod@bench)) and the runner that times their repetitions
-//! ([`runner`]), the runs of the multi-host workloads of `netgap_workload` ([`group`]), the validated plans
+//! ([`runner`]), the runs of the multi-host workloads of `netgap_workload` ([`workload_run`]), the validated plans
 //! ([`plan`]), the coordinator and agent that put the control protocol on
 //! sockets ([`coordinator`], [`agent`], [`control`], [`auth`]), the sweep
 //! and LogP commands, and the sinks and table that each measured point goes
@@ -21,7 +21,6 @@ pub mod cluster;
 pub mod conditions;
 pub mod control;
 pub mod coordinator;
-pub mod group;
 pub mod handshake;
 pub mod hostlist;
 pub mod interleave;
@@ -34,3 +33,4 @@ pub mod sink;
 pub mod sweep;
 #[cfg(test)]
 mod test_support;
+pub mod workload_run;

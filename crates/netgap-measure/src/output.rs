@@ -88,9 +88,9 @@ pub(crate) fn table_row(r: &ResultRecord) -> String {
             .map_or_else(|| "n/a".to_string(), |pct| format!("±{pct:.1}")),
         None => String::new(),
     };
-    // Multi-host points show the busiest client host and the server.
-    let hosts_cpu = r.group.as_ref().map_or(&[][..], |g| &g.hosts_cpu[..]);
-    let group_cpu = (!hosts_cpu.is_empty()).then(|| {
+    // Workload points show the busiest client host and the server.
+    let hosts_cpu = r.workload.as_ref().map_or(&[][..], |g| &g.hosts_cpu[..]);
+    let workload_cpu = (!hosts_cpu.is_empty()).then(|| {
         let pct = |role: &str, pick: fn(f64, f64) -> f64| {
             hosts_cpu
                 .iter()
@@ -103,7 +103,7 @@ pub(crate) fn table_row(r: &ResultRecord) -> String {
         (pct("client", f64::max), pct("server", f64::max))
     });
     let cpu = |f: fn(&netgap_core::record::CpuPair) -> f64, side: usize| {
-        if let Some((client, server)) = &group_cpu {
+        if let Some((client, server)) = &workload_cpu {
             return if side == 0 {
                 client.clone()
             } else {
@@ -137,7 +137,7 @@ pub(crate) fn table_row(r: &ResultRecord) -> String {
             notes.push(c.join(" "));
         }
     }
-    if let Some(n) = r.group.as_ref().map(|g| g.clients) {
+    if let Some(n) = r.workload.as_ref().map(|g| g.clients) {
         notes.push(format!("clients={n}"));
     }
     if r.metric == "connections_per_s" {
@@ -149,7 +149,8 @@ pub(crate) fn table_row(r: &ResultRecord) -> String {
         .fault()
         .map(|f| netgap_core::physics::fault_sentence(r, f));
     if r.warnings.iter().any(|w| {
-        Some(w) != fault_sentence.as_ref() && !w.starts_with(crate::group::summary::FAILURE_PREFIX)
+        Some(w) != fault_sentence.as_ref()
+            && !w.starts_with(crate::workload_run::summary::FAILURE_PREFIX)
     }) {
         notes.push("noisy".into());
     }
@@ -159,7 +160,7 @@ pub(crate) fn table_row(r: &ResultRecord) -> String {
     // Failed transactions (mean per repetition, as the record keeps them)
     // mark the point: its figures count only those that completed.
     if let Some(e) = r
-        .group
+        .workload
         .as_ref()
         .and_then(|g| g.app.as_ref())
         .and_then(|a| a.metrics.get("errors"))

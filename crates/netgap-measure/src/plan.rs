@@ -85,7 +85,7 @@ impl PeerAddr {
 pub struct Target {
     /// `--peer`: the agent of a point-to-point run.
     pub peer: Option<PeerAddr>,
-    /// `--hosts`: the agents of a multi-host run.
+    /// `--hosts`: the agents of a workload run.
     pub hosts: Option<HostsArg>,
     /// `-6`: IPv6 loopback for the in-process agent.
     pub ipv6: bool,
@@ -206,7 +206,7 @@ pub struct Interleaving {
     pub interleave: bool,
 }
 
-/// The flags of multi-host tests; `None` leaves the default.
+/// The flags of workloads; `None` leaves the default.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct MultiHostSpec {
     /// `--clients`: one point per count.
@@ -222,11 +222,11 @@ pub struct MultiHostSpec {
     /// `--bidir`: every flow of a bandwidth test carries payload both ways
     /// at once (multistream, multirail).
     pub bidir: bool,
-    /// `--client-hosts`: in-process client hosts of a multi-host run.
+    /// `--client-hosts`: in-process client hosts of a workload run.
     pub client_hosts: Option<u32>,
     /// The workloads' own options given (`--trace zipf`), as (flag without
     /// dashes, value as typed; empty for a switch), in command-line order;
-    /// the group plan parses them with their declarations
+    /// the workload plan parses them with their declarations
     /// ([`netgap_workload::options`]).
     pub workload_options: Vec<(String, String)>,
 }
@@ -246,7 +246,7 @@ pub struct RunRequest {
     pub method: MethodSpec,
     /// Results files.
     pub outputs: Outputs,
-    /// Flags of multi-host tests.
+    /// Flags of workloads.
     pub multi_host: MultiHostSpec,
     /// Conditions and stacks to alternate.
     pub interleaving: Interleaving,
@@ -582,7 +582,7 @@ pub enum PlanError {
     Hosts(#[from] HostsError),
     /// Multi-host and point-to-point tests in one run.
     #[error(
-        "multi-host tests ({}) cannot be mixed with point-to-point tests in one run",
+        "workloads ({}) cannot be mixed with point-to-point tests in one run",
         netgap_workload::names()
     )]
     MixedTests,
@@ -689,9 +689,9 @@ pub(crate) fn resolve_peer(s: &str) -> Result<SocketAddr, PlanError> {
         .ok_or_else(|| bad("the name resolves to no address".into()))
 }
 
-/// Refuses `--interleave` for `what` (multi-host tests), which do not
+/// Refuses `--interleave` for `what` (workloads), which do not
 /// alternate repetitions; their `--conditions` run every point under one
-/// condition after another ([`crate::group::run_group_plan_under`]).
+/// condition after another ([`crate::workload_run::run_workload_plan_under`]).
 pub fn refuse_interleaving(r: &RunRequest, what: &str) -> Result<(), PlanError> {
     let i = &r.interleaving;
     let reason = "only point-to-point tests alternate repetitions across stacks";
@@ -744,14 +744,11 @@ pub fn ci_target(
         })
 }
 
-/// Refuses the flags of multi-host tests in a point-to-point request: they
+/// Refuses the flags of workloads in a point-to-point request: they
 /// would change nothing. `what` names the tests or command in the message.
-pub(crate) fn refuse_group_flags(r: &RunRequest, what: &str) -> Result<(), PlanError> {
+pub(crate) fn refuse_workload_flags(r: &RunRequest, what: &str) -> Result<(), PlanError> {
     let m = &r.multi_host;
-    let reason = format!(
-        "it is a flag of multi-host tests ({})",
-        netgap_workload::names()
-    );
+    let reason = format!("it is a flag of workloads ({})", netgap_workload::names());
     for (flag, given) in [
         ("--clients", m.clients.is_some()),
         ("--streams", m.streams.is_some()),
@@ -1099,14 +1096,14 @@ impl Settings {
 
     /// The settings of a point-to-point run's request whose points have a
     /// stack of their own (MPI's): `transport` stands for the request's
-    /// transports, modes and options. The flags of multi-host tests are
+    /// transports, modes and options. The flags of workloads are
     /// refused, naming `what`.
     pub fn with_stack(
         r: &RunRequest,
         transport: &TransportChoice,
         what: &str,
     ) -> Result<Settings, PlanError> {
-        refuse_group_flags(r, what)?;
+        refuse_workload_flags(r, what)?;
         let c = Common {
             transport,
             ..r.common(DEFAULT_REP_TIME)
@@ -1319,7 +1316,7 @@ impl Plan {
 
     /// Validates a point-to-point run of `tests` from a request of `run`'s
     /// flags, with the command's default sizes and time budget; the flags
-    /// of multi-host tests are refused, naming `what` (the tests, or the
+    /// of workloads are refused, naming `what` (the tests, or the
     /// command that measures them).
     pub(crate) fn point_to_point(
         r: &RunRequest,
@@ -1328,7 +1325,7 @@ impl Plan {
         default_rep_time: Duration,
         what: &str,
     ) -> Result<Plan, PlanError> {
-        refuse_group_flags(r, what)?;
+        refuse_workload_flags(r, what)?;
         Plan::of_settings(
             &r.common(default_rep_time),
             tests,

@@ -2,9 +2,9 @@
 //! observer a point starts, measure it, write each record it gives to every
 //! sink the moment it exists, and tell the observer it is done.
 //!
-//! `run`, `sweep`, `logp` and the multi-host tests differ only in how they
+//! `run`, `sweep`, `logp` and the workloads differ only in how they
 //! measure a point (a sweep measures a suspect point again, LogP turns one
-//! measurement into one parameter, a multi-host point drives several
+//! measurement into one parameter, a workload point drives several
 //! agents); that is the closure they hand to [`run_points`]. Writing,
 //! observing and counting happen here once, so an interrupted run of any
 //! command keeps every record it measured.

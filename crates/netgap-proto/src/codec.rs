@@ -331,11 +331,11 @@ mod tests {
             },
             Request::Close,
             Request::Bye,
-            Request::GroupPrepare {
-                spec: crate::group::sample_spec(crate::group::GroupRole::Client),
+            Request::WorkloadPrepare {
+                spec: crate::workload::sample_spec(crate::workload::WorkloadRole::Client),
                 data_token: test_token(),
             },
-            Request::GroupGo,
+            Request::WorkloadGo,
         ]
     }
 
@@ -381,13 +381,13 @@ mod tests {
             Reply::Error {
                 message: "unknown transport \"rdma\"".into(),
             },
-            Reply::GroupListening {
+            Reply::WorkloadListening {
                 addrs: vec!["10.0.0.2:40000".into(), "10.0.0.2:40001".into()],
             },
-            Reply::GroupReady,
-            Reply::GroupAlive,
-            Reply::GroupFlows {
-                flows: vec![crate::group::FlowReport {
+            Reply::WorkloadReady,
+            Reply::WorkloadAlive,
+            Reply::WorkloadFlows {
+                flows: vec![crate::workload::FlowReport {
                     index: 3,
                     bytes_tx: 10,
                     bytes_rx: 20,
@@ -397,11 +397,11 @@ mod tests {
                     errors: 0,
                 }],
             },
-            Reply::GroupBuckets {
+            Reply::WorkloadBuckets {
                 buckets: vec![[1000, 5], [2000, 1]],
             },
-            Reply::GroupFinished {
-                outcome: crate::group::GroupOutcome {
+            Reply::WorkloadFinished {
+                outcome: crate::workload::WorkloadOutcome {
                     window_ns: 1_000_000_000,
                     cpu: CpuUsage::default(),
                     peak_rss_kib: Some(12_000),
@@ -679,6 +679,50 @@ mod tests {
         assert_eq!(one_line("abc", 3), "abc");
         assert_eq!(one_line("abcd", 2), "");
         assert!(one_line(&"é".repeat(100), 11).len() <= 11);
+    }
+
+    /// The wire name of a message: its tag, a string for a unit variant or
+    /// the one key of an object.
+    fn wire_name(v: serde_json::Value) -> String {
+        match v {
+            serde_json::Value::String(s) => s,
+            serde_json::Value::Object(m) => m.keys().next().cloned().unwrap_or_default(),
+            other => panic!("not a message: {other}"),
+        }
+    }
+
+    #[test]
+    fn workload_messages_keep_their_protocol_names() {
+        let mut names: Vec<String> = all_requests()
+            .into_iter()
+            .map(|m| wire_name(serde_json::to_value(m).unwrap()))
+            .chain(
+                all_replies()
+                    .into_iter()
+                    .map(|m| wire_name(serde_json::to_value(m).unwrap())),
+            )
+            .filter(|n| n.starts_with("group_") || n.starts_with("workload"))
+            .collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(
+            names,
+            [
+                "group_alive",
+                "group_buckets",
+                "group_finished",
+                "group_flows",
+                "group_go",
+                "group_listening",
+                "group_prepare",
+                "group_ready",
+            ]
+        );
+        // A frame recorded before the rename still decodes.
+        assert_eq!(
+            decode_request(br#""group_go""#).unwrap(),
+            Request::WorkloadGo
+        );
     }
 
     proptest! {

@@ -20,10 +20,10 @@
 pub mod auth;
 pub mod codec;
 pub mod dataproof;
-pub mod group;
 pub mod limits;
 pub mod message;
 pub mod session;
+pub mod workload;
 
 pub use codec::{
     decode_reply, decode_request, encode, CodecError, FrameDecoder, HEADER_BYTES,
@@ -31,6 +31,6 @@ pub use codec::{
 };
 pub use message::{Phase, Reply, Request, MAX_TEXT_BYTES, PROTOCOL_VERSION};
 pub use session::{
-    AgentAction, AgentSession, AgentState, CoordinatorSession, CoordinatorState, GroupProgress,
-    SessionError,
+    AgentAction, AgentSession, AgentState, CoordinatorSession, CoordinatorState, SessionError,
+    WorkloadProgress,
 };

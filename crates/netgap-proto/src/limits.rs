@@ -5,7 +5,7 @@
 //! any buffer, so a coordinator cannot make an agent flood a network or
 //! hold its memory past what its operator allowed.
 
-use crate::group::GroupSpec;
+use crate::workload::WorkloadSpec;
 use netgap_core::spec::{PointSpec, MAX_SIZE_BYTES};
 use std::time::Duration;
 
@@ -14,15 +14,15 @@ use std::time::Duration;
 pub struct AgentLimits {
     /// Most concurrent flows one session may open.
     pub max_flows: u32,
-    /// Longest one run (a repetition, or a timed group run) may take.
+    /// Longest one run (a repetition, or a timed workload run) may take.
     pub max_duration: Duration,
     /// The agent's highest data rate, in Gbit/s: everything its flows send
-    /// and receive, point-to-point and group roles alike, shares one
+    /// and receive, point-to-point and workload roles alike, shares one
     /// budget of this rate over time (the agent paces its flows to it).
     pub max_rate_gbps: f64,
     /// Largest message, in bytes.
     pub max_message_bytes: u64,
-    /// Most memory one request (a point, a group role) may commit: its
+    /// Most memory one request (a point, a workload role) may commit: its
     /// buffers, threads and per-flow state, in bytes, as estimated before
     /// anything is allocated.
     pub max_memory_bytes: u64,
@@ -177,10 +177,10 @@ impl AgentLimits {
         )
     }
 
-    /// Checks a group role: its flows, its warm-up plus window, and its
+    /// Checks a workload role: its flows, its warm-up plus window, and its
     /// message sizes. No rate is asked for: the agent paces the role's
     /// flows to its own highest rate.
-    pub fn check_group(&self, spec: &GroupSpec) -> Result<(), LimitError> {
+    pub fn check_workload(&self, spec: &WorkloadSpec) -> Result<(), LimitError> {
         self.check_flows(u64::from(spec.flows))?;
         let run_ms = u64::from(spec.warmup_ms) + u64::from(spec.duration_ms);
         self.check_duration(Duration::from_millis(run_ms))?;
@@ -278,8 +278,8 @@ mod tests {
     }
 
     #[test]
-    fn group_roles_are_checked_for_flows_window_and_message_sizes() {
-        use crate::group::GroupRole;
+    fn workload_roles_are_checked_for_flows_window_and_message_sizes() {
+        use crate::workload::WorkloadRole;
         use netgap_core::spec::{Mode, TransportOptions};
         let l = AgentLimits {
             max_flows: 4,
@@ -288,7 +288,7 @@ mod tests {
             max_message_bytes: 1024,
             max_memory_bytes: DEFAULT_MAX_MEMORY_BYTES,
         };
-        let spec = GroupSpec {
+        let spec = WorkloadSpec {
             point: PointSpec {
                 test: "connect".into(),
                 transport: "tcp".into(),
@@ -299,7 +299,7 @@ mod tests {
                 io_timeout_ms: 1000,
                 verify: false,
             },
-            role: GroupRole::Client,
+            role: WorkloadRole::Client,
             params: serde_json::json!({"request_bytes": 1, "reply_bytes": 1024}),
             flows: 4,
             listen_ips: vec![],
@@ -309,11 +309,11 @@ mod tests {
             warmup_ms: 200,
             duration_ms: 800,
         };
-        assert!(l.check_group(&spec).is_ok());
-        let with = |f: &dyn Fn(&mut GroupSpec)| {
+        assert!(l.check_workload(&spec).is_ok());
+        let with = |f: &dyn Fn(&mut WorkloadSpec)| {
             let mut s = spec.clone();
             f(&mut s);
-            l.check_group(&s)
+            l.check_workload(&s)
         };
         assert!(with(&|s| s.flows = 5).is_err_and(|e| e.0.contains("flows")));
         // The warm-up counts towards the run's length.

@@ -2,7 +2,9 @@
 //! turns them into frames, the session machines decide which may come when.
 
 use super::dataproof::DataToken;
-use super::group::{FlowReport, GroupOutcome, GroupSpec, BUCKETS_PER_CHUNK, FLOWS_PER_CHUNK};
+use super::workload::{
+    FlowReport, WorkloadOutcome, WorkloadSpec, BUCKETS_PER_CHUNK, FLOWS_PER_CHUNK,
+};
 use netgap_core::cpu::CpuUsage;
 use netgap_core::datagram::DatagramStats;
 use netgap_core::host::HostFacts;
@@ -10,7 +12,7 @@ use netgap_core::spec::{PointSpec, RangeError, MAX_ITERATIONS};
 use serde::{Deserialize, Serialize};
 
 /// Version of the control protocol; both ends must speak the same one.
-/// Version 2: a group role names its workload and carries its parameters
+/// Version 2: a workload role names its workload and carries its parameters
 /// (`params`) instead of a fixed kind of work. Version 3: `open` and
 /// `group_prepare` carry the point's data token, which every data
 /// connection proves before payload moves ([`crate::dataproof`]).
@@ -58,21 +60,25 @@ pub enum Request {
     Close,
     /// End of session.
     Bye,
-    /// Prepare this agent's role in a group point: a server opens its
-    /// listeners and answers [`Reply::GroupListening`], then
-    /// [`Reply::GroupReady`] once every flow is accepted; a client connects
-    /// its flows and answers [`Reply::GroupReady`].
-    GroupPrepare {
+    /// Prepare this agent's role in a workload point: a server opens its
+    /// listeners and answers [`Reply::WorkloadListening`], then
+    /// [`Reply::WorkloadReady`] once every flow is accepted; a client connects
+    /// its flows and answers [`Reply::WorkloadReady`].
+    // The wire keeps the names of protocol version 2 (`group_*`),
+    // so the frames of these messages are unchanged.
+    #[serde(rename = "group_prepare")]
+    WorkloadPrepare {
         /// The role and its flows.
-        spec: GroupSpec,
+        spec: WorkloadSpec,
         /// The secret every data connection of the point proves, the same
         /// for every role of the point.
         data_token: DataToken,
     },
     /// The barrier has passed: run every prepared flow for the warm-up and
-    /// the window, then answer with [`Reply::GroupFlows`] chunks,
-    /// [`Reply::GroupBuckets`] chunks and [`Reply::GroupFinished`].
-    GroupGo,
+    /// the window, then answer with [`Reply::WorkloadFlows`] chunks,
+    /// [`Reply::WorkloadBuckets`] chunks and [`Reply::WorkloadFinished`].
+    #[serde(rename = "group_go")]
+    WorkloadGo,
 }
 
 /// Messages an agent sends to the coordinator.
@@ -117,34 +123,40 @@ pub enum Reply {
     },
     /// The point's flow is closed.
     Closed,
-    /// The server role of a group point listens at these data addresses
+    /// The server role of a workload point listens at these data addresses
     /// (one per flow, or one for all).
-    GroupListening {
+    #[serde(rename = "group_listening")]
+    WorkloadListening {
         /// Transport-specific addresses.
         addrs: Vec<String>,
     },
-    /// Every flow of this agent's group role is prepared.
-    GroupReady,
-    /// Reports of some flows of the group repetition (at most
+    /// Every flow of this agent's workload role is prepared.
+    #[serde(rename = "group_ready")]
+    WorkloadReady,
+    /// Reports of some flows of the workload repetition (at most
     /// [`FLOWS_PER_CHUNK`]).
-    GroupFlows {
+    #[serde(rename = "group_flows")]
+    WorkloadFlows {
         /// Per-flow reports.
         flows: Vec<FlowReport>,
     },
     /// Some buckets of the agent's latency histogram over all its flows:
     /// `[value_ns, count]` pairs (at most [`BUCKETS_PER_CHUNK`]).
-    GroupBuckets {
+    #[serde(rename = "group_buckets")]
+    WorkloadBuckets {
         /// Histogram buckets.
         buckets: Vec<[u64; 2]>,
     },
-    /// The agent is still running its group role: sent every
-    /// [`GROUP_ALIVE_INTERVAL`] while it runs, so a silent agent is noticed
+    /// The agent is still running its workload role: sent every
+    /// [`WORKLOAD_ALIVE_INTERVAL`] while it runs, so a silent agent is noticed
     /// long before the repetition's results are due.
-    GroupAlive,
-    /// The group repetition is over; the flows are closed.
-    GroupFinished {
+    #[serde(rename = "group_alive")]
+    WorkloadAlive,
+    /// The workload repetition is over; the flows are closed.
+    #[serde(rename = "group_finished")]
+    WorkloadFinished {
         /// Window, CPU and memory of the agent.
-        outcome: GroupOutcome,
+        outcome: WorkloadOutcome,
     },
     /// The request could not be carried out; the session stays usable only
     /// if the error came before any flow was opened.
@@ -154,8 +166,8 @@ pub enum Reply {
     },
 }
 
-/// How often an agent running a group role says it is alive.
-pub const GROUP_ALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+/// How often an agent running a workload role says it is alive.
+pub const WORKLOAD_ALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Longest free-text field accepted in a message, in bytes.
 pub const MAX_TEXT_BYTES: usize = 1024;
@@ -185,8 +197,8 @@ impl Request {
                 }
                 Ok(())
             }
-            Request::GroupPrepare { spec, .. } => spec.validate(),
-            Request::Close | Request::Bye | Request::GroupGo => Ok(()),
+            Request::WorkloadPrepare { spec, .. } => spec.validate(),
+            Request::Close | Request::Bye | Request::WorkloadGo => Ok(()),
         }
     }
 }
@@ -216,16 +228,16 @@ impl Reply {
                 }
                 Ok(())
             }
-            Reply::GroupListening { addrs } => {
-                if addrs.len() > super::group::MAX_FLOW_ADDRS {
+            Reply::WorkloadListening { addrs } => {
+                if addrs.len() > super::workload::MAX_FLOW_ADDRS {
                     return Err(RangeError {
                         field: "addrs",
-                        detail: format!("more than {}", super::group::MAX_FLOW_ADDRS),
+                        detail: format!("more than {}", super::workload::MAX_FLOW_ADDRS),
                     });
                 }
                 addrs.iter().try_for_each(|a| text("addr", a))
             }
-            Reply::GroupFlows { flows } => {
+            Reply::WorkloadFlows { flows } => {
                 if flows.len() > FLOWS_PER_CHUNK {
                     return Err(RangeError {
                         field: "flows",
@@ -234,7 +246,7 @@ impl Reply {
                 }
                 flows.iter().try_for_each(FlowReport::validate)
             }
-            Reply::GroupBuckets { buckets } => {
+            Reply::WorkloadBuckets { buckets } => {
                 if buckets.len() > BUCKETS_PER_CHUNK {
                     return Err(RangeError {
                         field: "buckets",
@@ -243,13 +255,13 @@ impl Reply {
                 }
                 Ok(())
             }
-            Reply::GroupFinished { outcome } => outcome.validate(),
+            Reply::WorkloadFinished { outcome } => outcome.validate(),
             Reply::VersionMismatch { .. }
             | Reply::Busy
             | Reply::Accepted
             | Reply::Closed
-            | Reply::GroupReady
-            | Reply::GroupAlive => Ok(()),
+            | Reply::WorkloadReady
+            | Reply::WorkloadAlive => Ok(()),
         }
     }
 }

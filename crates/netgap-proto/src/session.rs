@@ -17,10 +17,10 @@
 
 use super::codec::one_line;
 use super::dataproof::DataToken;
-use super::group::{
-    FlowReport, GroupOutcome, GroupRole, GroupSpec, BUCKETS_PER_CHUNK, FLOWS_PER_CHUNK,
-};
 use super::message::{Phase, Reply, Request, MAX_TEXT_BYTES, PROTOCOL_VERSION};
+use super::workload::{
+    FlowReport, WorkloadOutcome, WorkloadRole, WorkloadSpec, BUCKETS_PER_CHUNK, FLOWS_PER_CHUNK,
+};
 use netgap_core::cpu::CpuUsage;
 use netgap_core::datagram::DatagramStats;
 use netgap_core::host::HostFacts;
@@ -37,8 +37,8 @@ impl Request {
             Request::Run { .. } => "run",
             Request::Close => "close",
             Request::Bye => "bye",
-            Request::GroupPrepare { .. } => "group_prepare",
-            Request::GroupGo => "group_go",
+            Request::WorkloadPrepare { .. } => "group_prepare",
+            Request::WorkloadGo => "group_go",
         }
     }
 }
@@ -57,12 +57,12 @@ impl Reply {
             Reply::Done { .. } => "done",
             Reply::Closed => "closed",
             Reply::Error { .. } => "error",
-            Reply::GroupListening { .. } => "group_listening",
-            Reply::GroupReady => "group_ready",
-            Reply::GroupFlows { .. } => "group_flows",
-            Reply::GroupBuckets { .. } => "group_buckets",
-            Reply::GroupFinished { .. } => "group_finished",
-            Reply::GroupAlive => "group_alive",
+            Reply::WorkloadListening { .. } => "group_listening",
+            Reply::WorkloadReady => "group_ready",
+            Reply::WorkloadFlows { .. } => "group_flows",
+            Reply::WorkloadBuckets { .. } => "group_buckets",
+            Reply::WorkloadFinished { .. } => "group_finished",
+            Reply::WorkloadAlive => "group_alive",
         }
     }
 }
@@ -135,17 +135,17 @@ pub enum AgentState {
     /// closes the connection.
     Closed,
     /// `group_prepare` received: the caller opens listeners or connects
-    /// flows and reports with [`AgentSession::group_listening`] (server) or
-    /// [`AgentSession::group_ready`].
-    GroupPreparing,
+    /// flows and reports with [`AgentSession::workload_listening`] (server) or
+    /// [`AgentSession::workload_ready`].
+    WorkloadPreparing,
     /// A server role announced its listeners and is accepting its flows;
-    /// the caller reports with [`AgentSession::group_ready`].
-    GroupListening,
-    /// The group role is prepared: waiting for `group_go` or `bye`.
-    GroupReady,
+    /// the caller reports with [`AgentSession::workload_ready`].
+    WorkloadListening,
+    /// The workload role is prepared: waiting for `group_go` or `bye`.
+    WorkloadReady,
     /// `group_go` received: the caller runs the flows and reports with
-    /// [`AgentSession::group_finished`].
-    GroupRunning,
+    /// [`AgentSession::workload_finished`].
+    WorkloadRunning,
 }
 
 impl AgentState {
@@ -160,10 +160,10 @@ impl AgentState {
             AgentState::Running => "running",
             AgentState::Closing => "closing",
             AgentState::Closed => "closed",
-            AgentState::GroupPreparing => "group_preparing",
-            AgentState::GroupListening => "group_listening",
-            AgentState::GroupReady => "group_ready",
-            AgentState::GroupRunning => "group_running",
+            AgentState::WorkloadPreparing => "group_preparing",
+            AgentState::WorkloadListening => "group_listening",
+            AgentState::WorkloadReady => "group_ready",
+            AgentState::WorkloadRunning => "group_running",
         }
     }
 }
@@ -198,15 +198,15 @@ pub enum AgentAction {
     /// Close the point's flow and listener, then call
     /// [`AgentSession::closed`], or [`AgentSession::failed`].
     ClosePoint,
-    /// Prepare a group role (already range-checked by the codec): a server
-    /// listens, calls [`AgentSession::group_listening`], accepts every flow
-    /// and calls [`AgentSession::group_ready`]; a client connects its flows
-    /// and calls [`AgentSession::group_ready`]. On failure call
+    /// Prepare a workload role (already range-checked by the codec): a server
+    /// listens, calls [`AgentSession::workload_listening`], accepts every flow
+    /// and calls [`AgentSession::workload_ready`]; a client connects its flows
+    /// and calls [`AgentSession::workload_ready`]. On failure call
     /// [`AgentSession::failed`].
-    PrepareGroup(GroupSpec),
-    /// Run the prepared group role, then call
-    /// [`AgentSession::group_finished`], or [`AgentSession::failed`].
-    RunGroup,
+    PrepareWorkload(WorkloadSpec),
+    /// Run the prepared workload role, then call
+    /// [`AgentSession::workload_finished`], or [`AgentSession::failed`].
+    RunWorkload,
 }
 
 /// The agent's end of one control connection.
@@ -288,11 +288,14 @@ impl AgentSession {
                 },
             ),
             (S::Open, Request::Close) => (S::Closing, AgentAction::ClosePoint),
-            (S::Idle, Request::GroupPrepare { spec, .. }) => {
-                (S::GroupPreparing, AgentAction::PrepareGroup(spec.clone()))
+            (S::Idle, Request::WorkloadPrepare { spec, .. }) => (
+                S::WorkloadPreparing,
+                AgentAction::PrepareWorkload(spec.clone()),
+            ),
+            (S::WorkloadReady, Request::WorkloadGo) => {
+                (S::WorkloadRunning, AgentAction::RunWorkload)
             }
-            (S::GroupReady, Request::GroupGo) => (S::GroupRunning, AgentAction::RunGroup),
-            (S::Idle | S::Listening | S::Open | S::GroupReady, Request::Bye) => {
+            (S::Idle | S::Listening | S::Open | S::WorkloadReady, Request::Bye) => {
                 (S::Closed, AgentAction::ReplyAndClose(Reply::Closed))
             }
             (state, req) => {
@@ -370,77 +373,81 @@ impl AgentSession {
         Ok(Reply::Closed)
     }
 
-    /// A group server role listens at `addrs` (one per flow or one for
-    /// all); returns [`Reply::GroupListening`]. Valid after
-    /// [`AgentAction::PrepareGroup`], else [`SessionError::Misuse`].
-    pub fn group_listening(&mut self, addrs: Vec<String>) -> Result<Reply, SessionError> {
+    /// A workload server role listens at `addrs` (one per flow or one for
+    /// all); returns [`Reply::WorkloadListening`]. Valid after
+    /// [`AgentAction::PrepareWorkload`], else [`SessionError::Misuse`].
+    pub fn workload_listening(&mut self, addrs: Vec<String>) -> Result<Reply, SessionError> {
         self.step(
-            AgentState::GroupPreparing,
-            AgentState::GroupListening,
+            AgentState::WorkloadPreparing,
+            AgentState::WorkloadListening,
             "group_listening",
         )?;
-        Ok(Reply::GroupListening { addrs })
+        Ok(Reply::WorkloadListening { addrs })
     }
 
-    /// Every flow of the group role is prepared; returns
-    /// [`Reply::GroupReady`]. Valid after [`AgentAction::PrepareGroup`]
-    /// (client) or [`AgentSession::group_listening`] (server).
-    pub fn group_ready(&mut self) -> Result<Reply, SessionError> {
+    /// Every flow of the workload role is prepared; returns
+    /// [`Reply::WorkloadReady`]. Valid after [`AgentAction::PrepareWorkload`]
+    /// (client) or [`AgentSession::workload_listening`] (server).
+    pub fn workload_ready(&mut self) -> Result<Reply, SessionError> {
         if !matches!(
             self.state,
-            AgentState::GroupPreparing | AgentState::GroupListening
+            AgentState::WorkloadPreparing | AgentState::WorkloadListening
         ) {
             return Err(SessionError::Misuse {
                 state: self.state.as_str(),
                 call: "group_ready",
             });
         }
-        self.state = AgentState::GroupReady;
-        Ok(Reply::GroupReady)
+        self.state = AgentState::WorkloadReady;
+        Ok(Reply::WorkloadReady)
     }
 
-    /// The group role is still being prepared or still running; returns
-    /// [`Reply::GroupAlive`] to send, so a coordinator can tell a slow setup
+    /// The workload role is still being prepared or still running; returns
+    /// [`Reply::WorkloadAlive`] to send, so a coordinator can tell a slow setup
     /// or a long run from a silent host. Valid after
-    /// [`AgentAction::PrepareGroup`] until the role is ready or failed, and
-    /// after [`AgentAction::RunGroup`] until
-    /// [`AgentSession::group_finished`], else [`SessionError::Misuse`].
-    pub fn group_alive(&self) -> Result<Reply, SessionError> {
+    /// [`AgentAction::PrepareWorkload`] until the role is ready or failed, and
+    /// after [`AgentAction::RunWorkload`] until
+    /// [`AgentSession::workload_finished`], else [`SessionError::Misuse`].
+    pub fn workload_alive(&self) -> Result<Reply, SessionError> {
         if !matches!(
             self.state,
-            AgentState::GroupRunning | AgentState::GroupPreparing
+            AgentState::WorkloadRunning | AgentState::WorkloadPreparing
         ) {
             return Err(SessionError::Misuse {
                 state: self.state.as_str(),
                 call: "group_alive",
             });
         }
-        Ok(Reply::GroupAlive)
+        Ok(Reply::WorkloadAlive)
     }
 
-    /// The group repetition is over: returns the replies to send in order,
+    /// The workload repetition is over: returns the replies to send in order,
     /// the flow reports and histogram buckets in chunks that fit a frame,
-    /// then [`Reply::GroupFinished`]; the session is idle again. Valid after
-    /// [`AgentAction::RunGroup`], else [`SessionError::Misuse`].
-    pub fn group_finished(
+    /// then [`Reply::WorkloadFinished`]; the session is idle again. Valid after
+    /// [`AgentAction::RunWorkload`], else [`SessionError::Misuse`].
+    pub fn workload_finished(
         &mut self,
         flows: Vec<FlowReport>,
         buckets: Vec<[u64; 2]>,
-        outcome: GroupOutcome,
+        outcome: WorkloadOutcome,
     ) -> Result<Vec<Reply>, SessionError> {
-        self.step(AgentState::GroupRunning, AgentState::Idle, "group_finished")?;
+        self.step(
+            AgentState::WorkloadRunning,
+            AgentState::Idle,
+            "group_finished",
+        )?;
         let mut replies: Vec<Reply> = flows
             .chunks(FLOWS_PER_CHUNK)
-            .map(|c| Reply::GroupFlows { flows: c.to_vec() })
+            .map(|c| Reply::WorkloadFlows { flows: c.to_vec() })
             .collect();
         replies.extend(
             buckets
                 .chunks(BUCKETS_PER_CHUNK)
-                .map(|c| Reply::GroupBuckets {
+                .map(|c| Reply::WorkloadBuckets {
                     buckets: c.to_vec(),
                 }),
         );
-        replies.push(Reply::GroupFinished { outcome });
+        replies.push(Reply::WorkloadFinished { outcome });
         Ok(replies)
     }
 
@@ -454,10 +461,10 @@ impl AgentSession {
         self.state = match self.state {
             AgentState::Opening
             | AgentState::Listening
-            | AgentState::GroupPreparing
-            | AgentState::GroupListening
-            | AgentState::GroupReady
-            | AgentState::GroupRunning => AgentState::Idle,
+            | AgentState::WorkloadPreparing
+            | AgentState::WorkloadListening
+            | AgentState::WorkloadReady
+            | AgentState::WorkloadRunning => AgentState::Idle,
             _ => AgentState::Closed,
         };
         Reply::Error {
@@ -468,7 +475,7 @@ impl AgentSession {
 
 /// One step of an agent's answer to `group_go`.
 #[derive(Debug, Clone, PartialEq)]
-pub enum GroupProgress {
+pub enum WorkloadProgress {
     /// Reports of some flows.
     Flows(Vec<FlowReport>),
     /// Some `[value_ns, count]` buckets of the agent's latency histogram.
@@ -476,7 +483,7 @@ pub enum GroupProgress {
     /// The agent is still running.
     Alive,
     /// The last reply: the repetition is over.
-    Finished(GroupOutcome),
+    Finished(WorkloadOutcome),
 }
 
 /// Where a coordinator session stands.
@@ -504,13 +511,13 @@ pub enum CoordinatorState {
     /// The session is over.
     Closed,
     /// `group_prepare` sent to a server role, waiting for `group_listening`.
-    AwaitGroupListening,
+    AwaitWorkloadListening,
     /// Waiting for `group_ready`.
-    AwaitGroupReady,
-    /// The agent's group role is prepared; `group_go` may be sent.
-    GroupReady,
+    AwaitWorkloadReady,
+    /// The agent's workload role is prepared; `group_go` may be sent.
+    WorkloadReady,
     /// `group_go` sent, waiting for the flow reports and `group_finished`.
-    AwaitGroupFinished,
+    AwaitWorkloadFinished,
 }
 
 impl CoordinatorState {
@@ -527,10 +534,10 @@ impl CoordinatorState {
             CoordinatorState::AwaitClosed => "await_closed",
             CoordinatorState::ByeSent => "bye_sent",
             CoordinatorState::Closed => "closed",
-            CoordinatorState::AwaitGroupListening => "await_group_listening",
-            CoordinatorState::AwaitGroupReady => "await_group_ready",
-            CoordinatorState::GroupReady => "group_ready",
-            CoordinatorState::AwaitGroupFinished => "await_group_finished",
+            CoordinatorState::AwaitWorkloadListening => "await_group_listening",
+            CoordinatorState::AwaitWorkloadReady => "await_group_ready",
+            CoordinatorState::WorkloadReady => "group_ready",
+            CoordinatorState::AwaitWorkloadFinished => "await_group_finished",
         }
     }
 }
@@ -626,9 +633,9 @@ impl CoordinatorSession {
                 self.state = match state {
                     CoordinatorState::AwaitListening
                     | CoordinatorState::AwaitAccepted
-                    | CoordinatorState::AwaitGroupListening
-                    | CoordinatorState::AwaitGroupReady
-                    | CoordinatorState::AwaitGroupFinished => CoordinatorState::Idle,
+                    | CoordinatorState::AwaitWorkloadListening
+                    | CoordinatorState::AwaitWorkloadReady
+                    | CoordinatorState::AwaitWorkloadFinished => CoordinatorState::Idle,
                     _ => CoordinatorState::Closed,
                 };
                 SessionError::Remote(one_line(message, MAX_TEXT_BYTES))
@@ -786,41 +793,44 @@ impl CoordinatorSession {
         }
     }
 
-    /// Asks the agent to prepare its role in a group point (the spec should
-    /// pass [`GroupSpec::validate`], or the agent refuses it). Valid when
-    /// idle. Then call [`CoordinatorSession::on_group_listening`] for a
-    /// server role, [`CoordinatorSession::on_group_ready`] for a client.
+    /// Asks the agent to prepare its role in a workload point (the spec should
+    /// pass [`WorkloadSpec::validate`], or the agent refuses it). Valid when
+    /// idle. Then call [`CoordinatorSession::on_workload_listening`] for a
+    /// server role, [`CoordinatorSession::on_workload_ready`] for a client.
     /// Every role of one point gets the same `data_token`.
-    pub fn group_prepare(&mut self, spec: GroupSpec, data_token: DataToken) -> Request {
+    pub fn workload_prepare(&mut self, spec: WorkloadSpec, data_token: DataToken) -> Request {
         let next = match spec.role {
-            GroupRole::Server => CoordinatorState::AwaitGroupListening,
-            GroupRole::Client => CoordinatorState::AwaitGroupReady,
+            WorkloadRole::Server => CoordinatorState::AwaitWorkloadListening,
+            WorkloadRole::Client => CoordinatorState::AwaitWorkloadReady,
         };
         self.sent(CoordinatorState::Idle, next, "group_prepare");
-        Request::GroupPrepare { spec, data_token }
+        Request::WorkloadPrepare { spec, data_token }
     }
 
     /// Checks a server role's answer to `group_prepare` and returns its
-    /// data addresses; then wait for [`CoordinatorSession::on_group_ready`].
+    /// data addresses; then wait for [`CoordinatorSession::on_workload_ready`].
     /// An agent error leaves the session idle.
-    pub fn on_group_listening(&mut self, reply: Reply) -> Result<Vec<String>, SessionError> {
-        self.due(CoordinatorState::AwaitGroupListening, "on_group_listening")?;
+    pub fn on_workload_listening(&mut self, reply: Reply) -> Result<Vec<String>, SessionError> {
+        self.due(
+            CoordinatorState::AwaitWorkloadListening,
+            "on_workload_listening",
+        )?;
         match reply {
-            Reply::GroupListening { addrs } => {
-                self.state = CoordinatorState::AwaitGroupReady;
+            Reply::WorkloadListening { addrs } => {
+                self.state = CoordinatorState::AwaitWorkloadReady;
                 Ok(addrs)
             }
             other => Err(self.reject(&other)),
         }
     }
 
-    /// Checks that the agent's group role is prepared. An agent error
+    /// Checks that the agent's workload role is prepared. An agent error
     /// leaves the session idle.
-    pub fn on_group_ready(&mut self, reply: Reply) -> Result<(), SessionError> {
-        self.due(CoordinatorState::AwaitGroupReady, "on_group_ready")?;
+    pub fn on_workload_ready(&mut self, reply: Reply) -> Result<(), SessionError> {
+        self.due(CoordinatorState::AwaitWorkloadReady, "on_workload_ready")?;
         match reply {
-            Reply::GroupReady => {
-                self.state = CoordinatorState::GroupReady;
+            Reply::WorkloadReady => {
+                self.state = CoordinatorState::WorkloadReady;
                 Ok(())
             }
             other => Err(self.reject(&other)),
@@ -828,29 +838,32 @@ impl CoordinatorSession {
     }
 
     /// The barrier: tells a prepared agent to run. Then call
-    /// [`CoordinatorSession::on_group_result`] until it returns
-    /// [`GroupProgress::Finished`].
-    pub fn group_go(&mut self) -> Request {
+    /// [`CoordinatorSession::on_workload_result`] until it returns
+    /// [`WorkloadProgress::Finished`].
+    pub fn workload_go(&mut self) -> Request {
         self.sent(
-            CoordinatorState::GroupReady,
-            CoordinatorState::AwaitGroupFinished,
+            CoordinatorState::WorkloadReady,
+            CoordinatorState::AwaitWorkloadFinished,
             "group_go",
         );
-        Request::GroupGo
+        Request::WorkloadGo
     }
 
     /// Checks one reply to `group_go`: flow reports and histogram chunks
     /// keep the session waiting, `group_finished` makes it idle again. An
     /// agent error leaves it idle too (the agent dropped its flows).
-    pub fn on_group_result(&mut self, reply: Reply) -> Result<GroupProgress, SessionError> {
-        self.due(CoordinatorState::AwaitGroupFinished, "on_group_result")?;
+    pub fn on_workload_result(&mut self, reply: Reply) -> Result<WorkloadProgress, SessionError> {
+        self.due(
+            CoordinatorState::AwaitWorkloadFinished,
+            "on_workload_result",
+        )?;
         match reply {
-            Reply::GroupFlows { flows } => Ok(GroupProgress::Flows(flows)),
-            Reply::GroupAlive => Ok(GroupProgress::Alive),
-            Reply::GroupBuckets { buckets } => Ok(GroupProgress::Buckets(buckets)),
-            Reply::GroupFinished { outcome } => {
+            Reply::WorkloadFlows { flows } => Ok(WorkloadProgress::Flows(flows)),
+            Reply::WorkloadAlive => Ok(WorkloadProgress::Alive),
+            Reply::WorkloadBuckets { buckets } => Ok(WorkloadProgress::Buckets(buckets)),
+            Reply::WorkloadFinished { outcome } => {
                 self.state = CoordinatorState::Idle;
-                Ok(GroupProgress::Finished(outcome))
+                Ok(WorkloadProgress::Finished(outcome))
             }
             other => Err(self.reject(&other)),
         }
@@ -1031,33 +1044,39 @@ mod tests {
     }
 
     #[test]
-    fn group_round_through_both_machines() {
-        use crate::group::{sample_spec, FlowReport, GroupOutcome, GroupRole};
+    fn workload_round_through_both_machines() {
+        use crate::workload::{sample_spec, FlowReport, WorkloadOutcome, WorkloadRole};
         let mut agent = AgentSession::new(host(), false);
         let mut coord = CoordinatorSession::new();
         handshake(&mut agent, &mut coord);
         // Server role: prepare, listening, ready.
-        let prep = wire_request(&coord.group_prepare(sample_spec(GroupRole::Server), test_token()));
-        let AgentAction::PrepareGroup(spec) = agent.on_request(&prep).unwrap() else {
-            panic!("expected PrepareGroup");
+        let prep =
+            wire_request(&coord.workload_prepare(sample_spec(WorkloadRole::Server), test_token()));
+        let AgentAction::PrepareWorkload(spec) = agent.on_request(&prep).unwrap() else {
+            panic!("expected PrepareWorkload");
         };
-        assert_eq!(spec.role, GroupRole::Server);
-        assert_eq!(agent.state(), AgentState::GroupPreparing);
-        let r = wire_reply(&agent.group_listening(vec!["127.0.0.1:9".into()]).unwrap());
-        assert_eq!(coord.on_group_listening(r).unwrap(), vec!["127.0.0.1:9"]);
+        assert_eq!(spec.role, WorkloadRole::Server);
+        assert_eq!(agent.state(), AgentState::WorkloadPreparing);
+        let r = wire_reply(
+            &agent
+                .workload_listening(vec!["127.0.0.1:9".into()])
+                .unwrap(),
+        );
+        assert_eq!(coord.on_workload_listening(r).unwrap(), vec!["127.0.0.1:9"]);
         // Go before ready is refused by the agent.
-        let early = agent.on_request(&Request::GroupGo);
+        let early = agent.on_request(&Request::WorkloadGo);
         assert!(early.is_err());
         let mut agent = AgentSession::new(host(), false);
         let mut coord = CoordinatorSession::new();
         handshake(&mut agent, &mut coord);
-        let prep = wire_request(&coord.group_prepare(sample_spec(GroupRole::Client), test_token()));
+        let prep =
+            wire_request(&coord.workload_prepare(sample_spec(WorkloadRole::Client), test_token()));
         agent.on_request(&prep).unwrap();
-        let r = wire_reply(&agent.group_ready().unwrap());
-        coord.on_group_ready(r).unwrap();
-        assert_eq!(coord.state(), CoordinatorState::GroupReady);
-        let go = wire_request(&coord.group_go());
-        assert_eq!(agent.on_request(&go).unwrap(), AgentAction::RunGroup);
+        let r = wire_reply(&agent.workload_ready().unwrap());
+        coord.on_workload_ready(r).unwrap();
+        assert_eq!(coord.state(), CoordinatorState::WorkloadReady);
+        let go = wire_request(&coord.workload_go());
+        assert_eq!(agent.on_request(&go).unwrap(), AgentAction::RunWorkload);
         let flows: Vec<FlowReport> = (0..300)
             .map(|i| FlowReport {
                 index: i,
@@ -1069,7 +1088,7 @@ mod tests {
                 errors: 0,
             })
             .collect();
-        let outcome = GroupOutcome {
+        let outcome = WorkloadOutcome {
             window_ns: 5,
             cpu: CpuUsage::default(),
             peak_rss_kib: None,
@@ -1081,23 +1100,26 @@ mod tests {
             services: Vec::new(),
             last_error: None,
         };
-        assert_eq!(wire_reply(&agent.group_alive().unwrap()), Reply::GroupAlive);
         assert_eq!(
-            coord.on_group_result(Reply::GroupAlive).unwrap(),
-            GroupProgress::Alive
+            wire_reply(&agent.workload_alive().unwrap()),
+            Reply::WorkloadAlive
+        );
+        assert_eq!(
+            coord.on_workload_result(Reply::WorkloadAlive).unwrap(),
+            WorkloadProgress::Alive
         );
         let replies = agent
-            .group_finished(flows, vec![[1, 1]; 1500], outcome.clone())
+            .workload_finished(flows, vec![[1, 1]; 1500], outcome.clone())
             .unwrap();
         // 300 flows in chunks of 128, 1500 buckets in chunks of 1024, end.
         assert_eq!(replies.len(), 3 + 2 + 1);
         assert_eq!(agent.state(), AgentState::Idle);
         let mut seen = 0;
         for r in replies {
-            match coord.on_group_result(wire_reply(&r)).unwrap() {
-                GroupProgress::Flows(f) => seen += f.len(),
-                GroupProgress::Buckets(_) | GroupProgress::Alive => {}
-                GroupProgress::Finished(o) => assert_eq!(o, outcome),
+            match coord.on_workload_result(wire_reply(&r)).unwrap() {
+                WorkloadProgress::Flows(f) => seen += f.len(),
+                WorkloadProgress::Buckets(_) | WorkloadProgress::Alive => {}
+                WorkloadProgress::Finished(o) => assert_eq!(o, outcome),
             }
         }
         assert_eq!(seen, 300);
@@ -1105,28 +1127,29 @@ mod tests {
     }
 
     #[test]
-    fn group_error_leaves_both_sessions_usable() {
-        use crate::group::{sample_spec, GroupRole};
+    fn workload_error_leaves_both_sessions_usable() {
+        use crate::workload::{sample_spec, WorkloadRole};
         let mut agent = AgentSession::new(host(), false);
         let mut coord = CoordinatorSession::new();
         handshake(&mut agent, &mut coord);
-        let prep = wire_request(&coord.group_prepare(sample_spec(GroupRole::Client), test_token()));
+        let prep =
+            wire_request(&coord.workload_prepare(sample_spec(WorkloadRole::Client), test_token()));
         agent.on_request(&prep).unwrap();
         let err = wire_reply(&agent.failed("cannot connect flow 0"));
         assert_eq!(agent.state(), AgentState::Idle);
         assert!(matches!(
-            coord.on_group_ready(err),
+            coord.on_workload_ready(err),
             Err(SessionError::Remote(m)) if m.contains("flow 0")
         ));
         assert_eq!(coord.state(), CoordinatorState::Idle);
     }
 
     #[test]
-    fn group_limits_are_refused_before_the_role_runs() {
-        use crate::group::{sample_spec, GroupRole, MAX_GROUP_FLOWS};
-        let mut spec = sample_spec(GroupRole::Client);
-        spec.flows = MAX_GROUP_FLOWS + 1;
-        let bytes = encode(&Request::GroupPrepare {
+    fn workload_limits_are_refused_before_the_role_runs() {
+        use crate::workload::{sample_spec, WorkloadRole, MAX_WORKLOAD_FLOWS};
+        let mut spec = sample_spec(WorkloadRole::Client);
+        spec.flows = MAX_WORKLOAD_FLOWS + 1;
+        let bytes = encode(&Request::WorkloadPrepare {
             spec,
             data_token: test_token(),
         })

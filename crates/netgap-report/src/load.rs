@@ -52,7 +52,7 @@ pub struct CiOutcome {
     pub met: bool,
 }
 
-/// CPU usage of one host of a multi-host point.
+/// CPU usage of one host of a workload point.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 pub struct HostCpu {
     /// Host name.
@@ -148,7 +148,7 @@ where
 pub struct Loaded {
     /// The record.
     pub record: ResultRecord,
-    /// Fields of sweep, LogP and multi-host tests.
+    /// Fields of sweep, LogP and workloads.
     pub extras: Extras,
     /// The file it was read from.
     pub file: PathBuf,
@@ -256,7 +256,7 @@ impl Loaded {
 }
 
 /// Longest line a results file may hold, in bytes: far above any record
-/// (a multi-host point with thousands of flows is a few MiB), and a bound
+/// (a workload point with thousands of flows is a few MiB), and a bound
 /// on what a file that is no results file (`/dev/zero`) makes us read.
 pub const MAX_LINE_BYTES: usize = 64 << 20;
 

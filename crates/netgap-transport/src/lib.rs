@@ -490,7 +490,7 @@ pub trait Transport: Sync {
         true
     }
 
-    /// Whether [`Transport::connect_from`] works: a multi-host run then
+    /// Whether [`Transport::connect_from`] works: a workload run then
     /// picks the link each flow takes by its local address.
     fn binds_local(&self) -> bool {
         false

@@ -11,7 +11,7 @@ use super::{engine, CountFlag, FlowSample, Refused, Workload};
 use netgap_core::metric::Metric;
 use netgap_core::spec::PointSpec;
 use netgap_core::stats::{LatencyHistogram, Percentiles};
-use netgap_proto::group::{FlowReport, GroupRole, GroupSpec};
+use netgap_proto::workload::{FlowReport, WorkloadRole, WorkloadSpec};
 use netgap_transport::flows::FlowWork;
 use netgap_transport::Transport;
 use serde::{Deserialize, Serialize};
@@ -61,7 +61,7 @@ impl Workload for Connect {
         engine::MAX_ENGINE_FLOWS
     }
 
-    fn memory_bytes(&self, spec: &GroupSpec) -> u64 {
+    fn memory_bytes(&self, spec: &WorkloadSpec) -> u64 {
         engine::memory_bytes(spec)
     }
 
@@ -100,7 +100,7 @@ impl Workload for Connect {
     /// client host's connections.
     fn metrics(
         &self,
-        roles: &[(GroupRole, &std::collections::BTreeMap<String, f64>)],
+        roles: &[(WorkloadRole, &std::collections::BTreeMap<String, f64>)],
         _window_ns: u64,
     ) -> std::collections::BTreeMap<String, f64> {
         engine::connection_times(roles)
@@ -135,7 +135,7 @@ impl Workload for Connect {
         engine::open(NAME, work, 1.0, ctx)
     }
 
-    fn sample(&self, side: GroupRole, report: &FlowReport, window_ns: u64) -> FlowSample {
+    fn sample(&self, side: WorkloadRole, report: &FlowReport, window_ns: u64) -> FlowSample {
         engine::sample(side, report, window_ns, connections_per_s)
     }
 

@@ -19,7 +19,9 @@ use crate::shard;
 use netgap_core::datagram::DatagramStats;
 use netgap_core::spec::PointSpec;
 use netgap_core::stats::LatencyHistogram;
-use netgap_proto::group::{FlowReport, GroupOutcome, GroupRole, GroupSpec, MAX_GROUP_FLOWS};
+use netgap_proto::workload::{
+    FlowReport, WorkloadOutcome, WorkloadRole, WorkloadSpec, MAX_WORKLOAD_FLOWS,
+};
 use netgap_transport::cpu::peak_rss_kib;
 use netgap_transport::flows::{
     self, prepare_clients, ClientSpec, EngineConfig, FlowServer, FlowWork, PreparedClients,
@@ -42,7 +44,7 @@ const SERVER_GRACE: Duration = Duration::from_millis(500);
 /// role past its grace stops.
 const SERVER_QUIET: Duration = Duration::from_millis(200);
 /// Most flows of an engine workload's point.
-pub(crate) const MAX_ENGINE_FLOWS: u32 = MAX_GROUP_FLOWS;
+pub(crate) const MAX_ENGINE_FLOWS: u32 = MAX_WORKLOAD_FLOWS;
 
 /// What one engine flow commits besides its message buffer, in bytes, an
 /// upper bound: its state machine and socket handle (about 200 bytes), its
@@ -55,7 +57,7 @@ pub(crate) const ENGINE_PER_FLOW_BYTES: u64 = 8 * 1024;
 /// Memory an engine role of `spec` commits: one buffer of the largest
 /// message per flow (the engine's flows read and write through one) plus
 /// [`ENGINE_PER_FLOW_BYTES`].
-pub(crate) fn memory_bytes(spec: &GroupSpec) -> u64 {
+pub(crate) fn memory_bytes(spec: &WorkloadSpec) -> u64 {
     super::role::largest_message_bytes(spec)
         .saturating_add(ENGINE_PER_FLOW_BYTES)
         .saturating_mul(u64::from(spec.flows))
@@ -93,12 +95,12 @@ pub(crate) fn check(
 /// percentiles scaled by `scale` (0.5: one-way from round trips). A server
 /// reports no flows.
 pub(crate) fn sample(
-    side: GroupRole,
+    side: WorkloadRole,
     report: &FlowReport,
     window_ns: u64,
     value: fn(u64, u64) -> f64,
 ) -> FlowSample {
-    if side == GroupRole::Server {
+    if side == WorkloadRole::Server {
         return FlowSample::default();
     }
     FlowSample {
@@ -114,7 +116,7 @@ pub(crate) fn sample(
 /// mode, options and I/O timeout, paced by the agent's `rate`.
 fn config(
     workload: &'static str,
-    spec: &GroupSpec,
+    spec: &WorkloadSpec,
     token: &netgap_proto::dataproof::DataToken,
     rate: &std::sync::Arc<netgap_transport::rate::RateBudget>,
 ) -> Result<EngineConfig, RoleError> {
@@ -153,7 +155,7 @@ pub(crate) fn open(
     let cfg = config(workload, spec, ctx.data_token, ctx.rate)?;
     let (warmup, duration) = window(spec);
     match spec.role {
-        GroupRole::Server => {
+        WorkloadRole::Server => {
             let ip: IpAddr = spec.listen_ips.first().copied().unwrap_or(ctx.control_ip);
             let io_timeout = cfg.io_timeout;
             // Every flow may be open here at once: past what this process's
@@ -196,7 +198,7 @@ pub(crate) fn open(
                 kind: Kind::Server(server, io_timeout),
             }))
         }
-        GroupRole::Client => {
+        WorkloadRole::Client => {
             let target = spec.targets.first().ok_or(RoleError::Refused {
                 workload,
                 detail: "a client role needs a target".into(),
@@ -276,7 +278,7 @@ impl ReadyRole for Engine {
         Ok(RoleResult {
             flows: ran.flows,
             buckets: ran.hist.buckets(),
-            outcome: GroupOutcome {
+            outcome: WorkloadOutcome {
                 window_ns: ran.window_ns,
                 cpu,
                 // The agent's own peak, plus its shards' when it has them.
@@ -458,7 +460,7 @@ fn setup_metrics(
 /// round trip between handshake and request) and the setup's share of it
 /// (`setup_share_pct`).
 pub(crate) fn connection_times(
-    roles: &[(GroupRole, &std::collections::BTreeMap<String, f64>)],
+    roles: &[(WorkloadRole, &std::collections::BTreeMap<String, f64>)],
 ) -> std::collections::BTreeMap<String, f64> {
     let sum = |k: &str| roles.iter().filter_map(|(_, m)| m.get(k)).sum::<f64>();
     let (setup, total, n) = (

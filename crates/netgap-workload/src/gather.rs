@@ -26,7 +26,7 @@ use netgap_core::metric::Metric;
 use netgap_core::spec::PointSpec;
 use netgap_core::stats::{LatencyHistogram, Percentiles};
 use netgap_proto::dataproof::DataToken;
-use netgap_proto::group::{FlowReport, GroupOutcome, GroupRole, GroupSpec};
+use netgap_proto::workload::{FlowReport, WorkloadOutcome, WorkloadRole, WorkloadSpec};
 use netgap_transport::buffer::{AlignedBuffer, BufferLayout};
 use netgap_transport::cpu::peak_rss_kib;
 use netgap_transport::{FlowConfig, FlowError, Transport, TransportError};
@@ -192,7 +192,7 @@ impl Workload for Gather {
         let mut roles: Vec<RolePlace> = (0..n)
             .map(|f| RolePlace {
                 host: f as usize + 1,
-                side: GroupRole::Server,
+                side: WorkloadRole::Server,
                 flows: vec![f],
                 connects_to: None,
                 listen_ips: None,
@@ -201,7 +201,7 @@ impl Workload for Gather {
             .collect();
         roles.push(RolePlace {
             host: 0,
-            side: GroupRole::Client,
+            side: WorkloadRole::Client,
             flows: (0..n).collect(),
             connects_to: Some(0),
             listen_ips: None,
@@ -215,7 +215,7 @@ impl Workload for Gather {
     }
 
     /// The client holds one answer buffer per host; a responder one answer.
-    fn memory_bytes(&self, spec: &GroupSpec) -> u64 {
+    fn memory_bytes(&self, spec: &WorkloadSpec) -> u64 {
         let answer = spec.point.size_bytes.max(MAX_GMOND_BYTES as u64);
         answer
             .saturating_add(PER_FLOW_BYTES)
@@ -243,15 +243,15 @@ impl Workload for Gather {
             ));
         }
         match ctx.spec.role {
-            GroupRole::Server => open_server(&p, &ctx),
-            GroupRole::Client => open_client(&p, &ctx),
+            WorkloadRole::Server => open_server(&p, &ctx),
+            WorkloadRole::Client => open_client(&p, &ctx),
         }
     }
 
     /// Every flow shares the gather's time: the client's window is the sum
     /// of the measured gathers' times, so window / gathers is their mean.
-    fn sample(&self, side: GroupRole, report: &FlowReport, window_ns: u64) -> FlowSample {
-        if side == GroupRole::Server {
+    fn sample(&self, side: WorkloadRole, report: &FlowReport, window_ns: u64) -> FlowSample {
+        if side == WorkloadRole::Server {
             return FlowSample::default();
         }
         let value = if report.round_trips == 0 {
@@ -435,7 +435,7 @@ impl ReadyRole for ServerRole {
         Ok(RoleResult {
             flows: Vec::new(),
             buckets: Vec::new(),
-            outcome: GroupOutcome {
+            outcome: WorkloadOutcome {
                 window_ns: u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX),
                 cpu,
                 peak_rss_kib: peak_rss_kib(),
@@ -797,7 +797,7 @@ impl ReadyRole for ClientRole {
         Ok(RoleResult {
             flows,
             buckets: totals.hist.buckets(),
-            outcome: GroupOutcome {
+            outcome: WorkloadOutcome {
                 // The measured gathers' time: the headline is this over
                 // their count (see `sample`).
                 window_ns: totals.gather_ns,
@@ -844,7 +844,7 @@ mod tests {
             percentiles: None,
             errors: 0,
         };
-        let s = Gather.sample(GroupRole::Client, &r, 8_000_000);
+        let s = Gather.sample(WorkloadRole::Client, &r, 8_000_000);
         assert_eq!(s.value, Some(2.0));
     }
 }

@@ -8,7 +8,7 @@ use super::{engine, CountFlag, FlowSample, Refused, Workload};
 use netgap_core::metric::Metric;
 use netgap_core::spec::PointSpec;
 use netgap_core::stats::{LatencyHistogram, Percentiles};
-use netgap_proto::group::{FlowReport, GroupRole, GroupSpec};
+use netgap_proto::workload::{FlowReport, WorkloadRole, WorkloadSpec};
 use netgap_transport::flows::FlowWork;
 use netgap_transport::Transport;
 
@@ -48,7 +48,7 @@ impl Workload for Hotspot {
         engine::MAX_ENGINE_FLOWS
     }
 
-    fn memory_bytes(&self, spec: &GroupSpec) -> u64 {
+    fn memory_bytes(&self, spec: &WorkloadSpec) -> u64 {
         engine::memory_bytes(spec)
     }
 
@@ -80,7 +80,7 @@ impl Workload for Hotspot {
         engine::open(NAME, FlowWork::PingPong { size_bytes }, 0.5, ctx)
     }
 
-    fn sample(&self, side: GroupRole, report: &FlowReport, window_ns: u64) -> FlowSample {
+    fn sample(&self, side: WorkloadRole, report: &FlowReport, window_ns: u64) -> FlowSample {
         engine::sample(side, report, window_ns, one_way_latency_us)
     }
 

@@ -1,5 +1,5 @@
 //! Multi-host workloads: what runs across several hosts at once, on the
-//! agents of a group run. This crate holds the workloads and their roles,
+//! agents of a workload run. This crate holds the workloads and their roles,
 //! the real server programs some of them start (`service`), the agent's
 //! shards that carry a role past one process's limits ([`shard`]), and the
 //! agent's confined directories and tethered children ([`confined`],
@@ -25,7 +25,7 @@
 //!   starts it) and runs after the coordinator's barrier ([`role`]);
 //! - its **reduction** turns each flow report into the flow's value and
 //!   bytes ([`Workload::sample`]) and picks the record's percentiles; the
-//!   group coordinator does the rest (statistics over repetitions, CPU of
+//!   workload coordinator does the rest (statistics over repetitions, CPU of
 //!   every host, the record).
 //!
 //! The workloads of [`registry`] share two role implementations: `stream`
@@ -58,7 +58,7 @@ mod web;
 use netgap_core::metric::Metric;
 use netgap_core::spec::PointSpec;
 use netgap_core::stats::{LatencyHistogram, Percentiles};
-use netgap_proto::group::{FlowReport, GroupRole, GroupSpec};
+use netgap_proto::workload::{FlowReport, WorkloadRole, WorkloadSpec};
 use netgap_transport::Transport;
 use place::{HostView, Placement};
 use role::{OpenRole, RoleContext, RoleError};
@@ -142,7 +142,7 @@ pub trait Workload: Sync {
     /// By default each name is summed over the roles.
     fn metrics(
         &self,
-        roles: &[(GroupRole, &std::collections::BTreeMap<String, f64>)],
+        roles: &[(WorkloadRole, &std::collections::BTreeMap<String, f64>)],
         window_ns: u64,
     ) -> std::collections::BTreeMap<String, f64> {
         let _ = window_ns;
@@ -184,7 +184,7 @@ pub trait Workload: Sync {
     /// role whose every flow holds a send and a receive buffer of its
     /// largest message (`role::memory_bytes`); a workload whose flows
     /// share buffers says less.
-    fn memory_bytes(&self, spec: &GroupSpec) -> u64 {
+    fn memory_bytes(&self, spec: &WorkloadSpec) -> u64 {
         role::memory_bytes(spec)
     }
 
@@ -194,7 +194,7 @@ pub trait Workload: Sync {
 
     /// What `report`, from a role on `side`, says about its flow over a
     /// window of `window_ns`.
-    fn sample(&self, side: GroupRole, report: &FlowReport, window_ns: u64) -> FlowSample;
+    fn sample(&self, side: WorkloadRole, report: &FlowReport, window_ns: u64) -> FlowSample;
 
     /// The record's percentiles from every client exchange of the point;
     /// none by default.

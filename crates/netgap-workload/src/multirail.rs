@@ -11,7 +11,7 @@ use super::stream::{self, Direction, StreamParams};
 use super::{CountFlag, FlowSample, Refused, Workload};
 use netgap_core::metric::Metric;
 use netgap_core::spec::PointSpec;
-use netgap_proto::group::{FlowReport, GroupRole, GroupSpec};
+use netgap_proto::workload::{FlowReport, WorkloadRole, WorkloadSpec};
 use netgap_transport::Transport;
 
 const NAME: &str = "multirail";
@@ -76,7 +76,7 @@ impl Workload for Multirail {
         place::rails(NAME, count, hosts)
     }
 
-    fn memory_bytes(&self, spec: &GroupSpec) -> u64 {
+    fn memory_bytes(&self, spec: &WorkloadSpec) -> u64 {
         stream::memory_bytes(Direction::of(Direction::ToServer, spec), spec)
     }
 
@@ -85,7 +85,7 @@ impl Workload for Multirail {
         stream::open(NAME, params.direction(Direction::ToServer), ctx)
     }
 
-    fn sample(&self, side: GroupRole, report: &FlowReport, window_ns: u64) -> FlowSample {
+    fn sample(&self, side: WorkloadRole, report: &FlowReport, window_ns: u64) -> FlowSample {
         stream::sample(Direction::ToServer, side, report, window_ns)
     }
 }

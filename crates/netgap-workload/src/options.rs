@@ -4,7 +4,7 @@
 //! A [`WorkloadOption`] is all netgap knows of one option: its flag, the
 //! type of its value, its help, and whether a list of values makes one point
 //! per value (an axis, like `--sizes`). The command line builds one flag per
-//! distinct flag of [`all`] and hands the values on as typed text; the group
+//! distinct flag of [`all`] and hands the values on as typed text; the workload
 //! plan parses them with the declaration ([`parse`]), refuses an option no
 //! chosen workload declares, crosses the axes into points, and gives each
 //! point's values ([`WorkloadArgs`]) to [`super::Workload::params`] and to

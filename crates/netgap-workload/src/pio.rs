@@ -35,7 +35,7 @@ use super::{CountFlag, FlowSample, Refused, StagedWorkload, Workload};
 use layout::{Layout, Pattern, Piece};
 use netgap_core::metric::Metric;
 use netgap_core::spec::PointSpec;
-use netgap_proto::group::{FlowReport, GroupOutcome, GroupRole, GroupSpec};
+use netgap_proto::workload::{FlowReport, WorkloadOutcome, WorkloadRole, WorkloadSpec};
 use netgap_transport::cpu::peak_rss_kib;
 use netgap_transport::cpu::CpuMeter;
 use netgap_transport::{self as transport, FlowConfig, Transport};
@@ -291,7 +291,7 @@ impl Workload for Pio {
 
     fn metrics(
         &self,
-        roles: &[(GroupRole, &BTreeMap<String, f64>)],
+        roles: &[(WorkloadRole, &BTreeMap<String, f64>)],
         _window_ns: u64,
     ) -> BTreeMap<String, f64> {
         let mut out = BTreeMap::new();
@@ -338,7 +338,7 @@ impl Workload for Pio {
         Some(self)
     }
 
-    fn memory_bytes(&self, spec: &GroupSpec) -> u64 {
+    fn memory_bytes(&self, spec: &WorkloadSpec) -> u64 {
         // A server holds a stripe per client flow; a client two stripes per
         // server flow of each of its clients.
         let servers = spec
@@ -365,7 +365,7 @@ impl Workload for Pio {
         let clients: u32 = s
             .roles
             .iter()
-            .filter(|r| r.side == GroupRole::Client)
+            .filter(|r| r.side == WorkloadRole::Client)
             .map(|r| r.flows.len() as u32)
             .sum();
         let pattern = params.check(ctx.spec.point.size_bytes, clients)?;
@@ -384,10 +384,10 @@ impl Workload for Pio {
         let shape_ok = s.roles.len() > servers
             && s.roles[..servers]
                 .iter()
-                .all(|r| r.side == GroupRole::Server)
+                .all(|r| r.side == WorkloadRole::Server)
             && s.roles[servers..]
                 .iter()
-                .all(|r| r.side == GroupRole::Client)
+                .all(|r| r.side == WorkloadRole::Client)
             && s.roles[servers..]
                 .iter()
                 .flat_map(|r| r.flows.iter())
@@ -463,8 +463,8 @@ impl Workload for Pio {
         }
     }
 
-    fn sample(&self, side: GroupRole, report: &FlowReport, window_ns: u64) -> FlowSample {
-        if side == GroupRole::Server {
+    fn sample(&self, side: WorkloadRole, report: &FlowReport, window_ns: u64) -> FlowSample {
+        if side == WorkloadRole::Server {
             return FlowSample::default();
         }
         // A client's share of its role's phase: its bytes over the time of
@@ -495,7 +495,7 @@ fn place(servers: usize, clients: u32, hosts: &[HostView]) -> Result<Placement, 
     let mut roles: Vec<RolePlace> = (0..servers)
         .map(|h| RolePlace {
             host: h,
-            side: GroupRole::Server,
+            side: WorkloadRole::Server,
             flows: (0..clients).collect(),
             connects_to: None,
             listen_ips: None,
@@ -507,7 +507,7 @@ fn place(servers: usize, clients: u32, hosts: &[HostView]) -> Result<Placement, 
         if !flows.is_empty() {
             roles.push(RolePlace {
                 host: servers + h as usize,
-                side: GroupRole::Client,
+                side: WorkloadRole::Client,
                 flows,
                 connects_to: None,
                 listen_ips: None,
@@ -524,7 +524,7 @@ fn place(servers: usize, clients: u32, hosts: &[HostView]) -> Result<Placement, 
 
 /// What every pio role keeps.
 struct Common {
-    spec: GroupSpec,
+    spec: WorkloadSpec,
     stop: Stop,
     layout: Layout,
     pattern: Pattern,
@@ -671,7 +671,7 @@ impl ReadyRole for ServerReady {
         Ok(RoleResult {
             flows,
             buckets: Vec::new(),
-            outcome: GroupOutcome {
+            outcome: WorkloadOutcome {
                 window_ns,
                 cpu,
                 peak_rss_kib: peak_rss_kib(),
@@ -818,7 +818,7 @@ impl ReadyRole for ClientRole {
         Ok(RoleResult {
             flows,
             buckets: Vec::new(),
-            outcome: GroupOutcome {
+            outcome: WorkloadOutcome {
                 window_ns: head_ns.max(1),
                 cpu,
                 peak_rss_kib: peak_rss_kib(),
@@ -846,7 +846,7 @@ mod tests {
         let p = place(3, 1, &hosts(4)).unwrap();
         p.validate(4).unwrap();
         assert_eq!(p.roles.len(), 4);
-        assert!(p.roles[..3].iter().all(|r| r.side == GroupRole::Server));
+        assert!(p.roles[..3].iter().all(|r| r.side == WorkloadRole::Server));
         assert_eq!(p.roles[3].host, 3);
         let p = place(1, 3, &hosts(4)).unwrap();
         assert_eq!(p.roles.len(), 4);
@@ -867,7 +867,7 @@ mod tests {
             ("headline_bytes".to_string(), 1e9),
             ("headline_time_ms".to_string(), 2000.0),
         ]);
-        let m = Pio.metrics(&[(GroupRole::Client, &a), (GroupRole::Client, &b)], 0);
+        let m = Pio.metrics(&[(WorkloadRole::Client, &a), (WorkloadRole::Client, &b)], 0);
         // 2e9 bytes in 2 s: 8 Gbit/s.
         assert_eq!((&Pio as &dyn Workload).headline(&[], &m), Some(8.0));
     }

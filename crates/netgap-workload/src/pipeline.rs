@@ -36,7 +36,7 @@ use graph::{Edge, Graph};
 use netgap_core::metric::Metric;
 use netgap_core::spec::PointSpec;
 use netgap_core::stats::{LatencyHistogram, Percentiles};
-use netgap_proto::group::{FlowReport, GroupOutcome, GroupRole, GroupSpec};
+use netgap_proto::workload::{FlowReport, WorkloadOutcome, WorkloadRole, WorkloadSpec};
 use netgap_transport::buffer::{AlignedBuffer, BufferLayout};
 use netgap_transport::cpu::peak_rss_kib;
 use netgap_transport::cpu::CpuMeter;
@@ -286,7 +286,7 @@ impl Workload for Pipeline {
 
     fn metrics(
         &self,
-        roles: &[(GroupRole, &BTreeMap<String, f64>)],
+        roles: &[(WorkloadRole, &BTreeMap<String, f64>)],
         _window_ns: u64,
     ) -> BTreeMap<String, f64> {
         let mut out: BTreeMap<String, f64> = BTreeMap::new();
@@ -341,7 +341,7 @@ impl Workload for Pipeline {
         Some(self)
     }
 
-    fn memory_bytes(&self, spec: &GroupSpec) -> u64 {
+    fn memory_bytes(&self, spec: &WorkloadSpec) -> u64 {
         // Each copy queues at most its credits on each inbound stream, and
         // holds two UOW buffers; every stream its state.
         let get = |k: &str| {
@@ -452,7 +452,7 @@ impl Workload for Pipeline {
         }))
     }
 
-    fn sample(&self, _side: GroupRole, report: &FlowReport, window_ns: u64) -> FlowSample {
+    fn sample(&self, _side: WorkloadRole, report: &FlowReport, window_ns: u64) -> FlowSample {
         // A copy's UOWs per second over its role's run.
         FlowSample {
             value: Some(report.round_trips as f64 / (window_ns.max(1) as f64 / 1e9)),
@@ -502,7 +502,7 @@ fn roles_of(per_host: Vec<Vec<u32>>, graph: Graph) -> Placement {
         .filter(|(_, f)| !f.is_empty())
         .map(|(host, flows)| RolePlace {
             host,
-            side: GroupRole::Server,
+            side: WorkloadRole::Server,
             flows,
             connects_to: None,
             listen_ips: None,
@@ -518,7 +518,7 @@ fn roles_of(per_host: Vec<Vec<u32>>, graph: Graph) -> Placement {
 
 /// A role whose listeners are open and whose dialled streams are connected.
 struct PipeOpen {
-    spec: GroupSpec,
+    spec: WorkloadSpec,
     stop: Stop,
     params: PipeParams,
     graph: Graph,
@@ -595,7 +595,7 @@ struct CopyEnds {
 }
 
 struct PipeReady {
-    spec: GroupSpec,
+    spec: WorkloadSpec,
     stop: Stop,
     params: PipeParams,
     graph: Graph,
@@ -718,7 +718,7 @@ impl ReadyRole for PipeReady {
         }
         Ok(RoleResult {
             buckets: hist.buckets(),
-            outcome: GroupOutcome {
+            outcome: WorkloadOutcome {
                 window_ns,
                 cpu,
                 peak_rss_kib: peak_rss_kib(),
@@ -1262,7 +1262,7 @@ mod tests {
             ("consumer_uows".to_string(), 100.0),
             ("query_time_ms".to_string(), 500.0),
         ]);
-        let m = Pipeline.metrics(&[(GroupRole::Server, &a), (GroupRole::Server, &b)], 0);
+        let m = Pipeline.metrics(&[(WorkloadRole::Server, &a), (WorkloadRole::Server, &b)], 0);
         assert_eq!(m.get("producer_uows_per_s"), Some(&200.0));
         assert_eq!((&Pipeline as &dyn Workload).headline(&[], &m), Some(500.0));
     }

@@ -13,7 +13,7 @@
 
 use super::allot::clients_of;
 use super::Refused;
-use netgap_proto::group::GroupRole;
+use netgap_proto::workload::WorkloadRole;
 use std::net::IpAddr;
 
 /// What a placement may know of a host of the run.
@@ -34,7 +34,7 @@ pub struct RolePlace {
     pub host: usize,
     /// A server listens and announces its data addresses; a client only
     /// connects.
-    pub side: GroupRole,
+    pub side: WorkloadRole,
     /// The global numbers of its flows, in the order the role numbers
     /// them; a server lists every flow it serves.
     pub flows: Vec<u32>,
@@ -87,7 +87,7 @@ impl Placement {
                 return Err(Refused(format!("role {i} has a flow past {}", self.flows)));
             }
             if let Some(s) = r.connects_to {
-                if s >= i || self.roles[s].side != GroupRole::Server {
+                if s >= i || self.roles[s].side != WorkloadRole::Server {
                     return Err(Refused(format!(
                         "role {i} connects to role {s}, which is not a server prepared before it"
                     )));
@@ -101,13 +101,13 @@ impl Placement {
     /// of the role that serves it).
     pub fn flow_hosts(&self) -> Vec<usize> {
         let mut host = vec![0; self.flows as usize];
-        for r in self.roles.iter().filter(|r| r.side == GroupRole::Server) {
+        for r in self.roles.iter().filter(|r| r.side == WorkloadRole::Server) {
             for &f in &r.flows {
                 host[f as usize] = r.host;
             }
         }
         // A client of a staged placement connects to no one server.
-        let opens = |r: &&RolePlace| r.connects_to.is_some() || r.side == GroupRole::Client;
+        let opens = |r: &&RolePlace| r.connects_to.is_some() || r.side == WorkloadRole::Client;
         for r in self.roles.iter().filter(opens) {
             for &f in &r.flows {
                 host[f as usize] = r.host;
@@ -126,7 +126,7 @@ pub(crate) const MAX_STAGED_ROLES: usize = 64;
 pub struct StagedRole {
     /// The side the placement gave it (every staged role listens on the
     /// wire; the side says which part of the workload it plays).
-    pub side: GroupRole,
+    pub side: WorkloadRole,
     /// Its global flow numbers.
     pub flows: Vec<u32>,
 }
@@ -174,7 +174,7 @@ impl Staged {
                 self.peers.len()
             ));
         }
-        let limit = netgap_proto::group::MAX_GROUP_FLOWS;
+        let limit = netgap_proto::workload::MAX_WORKLOAD_FLOWS;
         for r in &self.roles {
             if r.flows.len() > limit as usize || r.flows.iter().any(|&f| f >= limit) {
                 return Err(format!("a staged role has flows past {limit}"));
@@ -206,7 +206,7 @@ impl Staged {
 fn server(flows: u32) -> RolePlace {
     RolePlace {
         host: 0,
-        side: GroupRole::Server,
+        side: WorkloadRole::Server,
         flows: (0..flows).collect(),
         connects_to: None,
         listen_ips: None,
@@ -217,7 +217,7 @@ fn server(flows: u32) -> RolePlace {
 fn client(host: usize, flows: Vec<u32>) -> RolePlace {
     RolePlace {
         host,
-        side: GroupRole::Client,
+        side: WorkloadRole::Client,
         flows,
         connects_to: Some(0),
         listen_ips: None,
@@ -357,7 +357,7 @@ mod tests {
     fn staged_addresses_must_be_session_hosts_and_one_list_per_earlier_role() {
         let ip = |s: &str| s.parse::<IpAddr>().unwrap();
         let role = |flows: Vec<u32>| StagedRole {
-            side: GroupRole::Server,
+            side: WorkloadRole::Server,
             flows,
         };
         let mut s = Staged {

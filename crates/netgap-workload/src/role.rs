@@ -8,8 +8,8 @@
 //! past that is the workload's own code.
 
 use netgap_core::cpu::CpuUsage;
-use netgap_proto::group::{FlowReport, GroupOutcome, GroupSpec};
 use netgap_proto::limits::{AgentLimits, LimitError};
+use netgap_proto::workload::{FlowReport, WorkloadOutcome, WorkloadSpec};
 use netgap_transport::cpu::CpuMeter;
 use netgap_transport::flows::EngineError;
 use netgap_transport::{self as transport, FlowError, TransportError};
@@ -25,9 +25,9 @@ pub const ACCEPT_TIMEOUT: Duration = Duration::from_secs(10);
 /// What an agent gives a workload to open its role with.
 #[derive(Debug, Clone, Copy)]
 pub struct RoleContext<'a> {
-    /// The role, range-checked by [`GroupSpec::validate`] and by the
+    /// The role, range-checked by [`WorkloadSpec::validate`] and by the
     /// agent's limits on flows, window and the point's size.
-    pub spec: &'a GroupSpec,
+    pub spec: &'a WorkloadSpec,
     /// The address the control connection arrived on: where a server
     /// listens when the spec names no address.
     pub control_ip: IpAddr,
@@ -123,7 +123,7 @@ pub trait ReadyRole: Send {
     fn run(self: Box<Self>) -> Result<RoleResult, RoleError>;
 }
 
-/// What an agent reports after a group repetition.
+/// What an agent reports after a workload repetition.
 #[derive(Debug, Clone)]
 pub struct RoleResult {
     /// Per-flow reports, in the role's flow order.
@@ -131,14 +131,14 @@ pub struct RoleResult {
     /// `[value_ns, count]` buckets of the latency histogram of all flows.
     pub buckets: Vec<[u64; 2]>,
     /// Window, CPU and memory.
-    pub outcome: GroupOutcome,
+    pub outcome: WorkloadOutcome,
 }
 
 /// Why a role could not be opened or run: one line for the coordinator.
 #[derive(Debug, thiserror::Error)]
 pub enum RoleError {
-    /// A group run asked for before any role was prepared.
-    #[error("no group role is prepared")]
+    /// A workload run asked for before any role was prepared.
+    #[error("no workload role is prepared")]
     NotPrepared,
     /// The point names a workload this agent does not have.
     #[error("unknown workload {name:?} (this agent has: {known})")]
@@ -259,7 +259,7 @@ pub(crate) const PER_FLOW_BYTES: u64 = 64 * 1024;
 /// The largest message a role's flows carry: the point's size, or any
 /// larger `*_bytes` size among the workload's parameters (a request and
 /// a reply of their own size).
-pub(crate) fn largest_message_bytes(spec: &GroupSpec) -> u64 {
+pub(crate) fn largest_message_bytes(spec: &WorkloadSpec) -> u64 {
     let params = spec.params.as_object().into_iter().flatten();
     params
         .filter(|(k, _)| k.ends_with("_bytes"))
@@ -270,7 +270,7 @@ pub(crate) fn largest_message_bytes(spec: &GroupSpec) -> u64 {
 /// Memory a role commits when every flow holds a send and a receive
 /// buffer of its largest message plus [`PER_FLOW_BYTES`]: the bound for a
 /// workload that does not say less ([`super::Workload::memory_bytes`]).
-pub(crate) fn memory_bytes(spec: &GroupSpec) -> u64 {
+pub(crate) fn memory_bytes(spec: &WorkloadSpec) -> u64 {
     largest_message_bytes(spec)
         .saturating_mul(2)
         .saturating_add(PER_FLOW_BYTES)
@@ -281,7 +281,7 @@ pub(crate) fn memory_bytes(spec: &GroupSpec) -> u64 {
 /// refused by the type (`deny_unknown_fields`).
 pub(crate) fn parse_params<P: DeserializeOwned>(
     workload: &'static str,
-    spec: &GroupSpec,
+    spec: &WorkloadSpec,
 ) -> Result<P, RoleError> {
     P::deserialize(&spec.params).map_err(|e| RoleError::Params {
         workload,
@@ -296,7 +296,7 @@ pub(crate) struct NoParams {}
 
 /// The point's transport, available on this host.
 pub(crate) fn find_transport(
-    spec: &GroupSpec,
+    spec: &WorkloadSpec,
 ) -> Result<&'static dyn transport::Transport, RoleError> {
     let t = transport::find(&spec.point.transport).ok_or_else(|| RoleError::UnknownTransport {
         name: spec.point.transport.clone(),
@@ -319,7 +319,7 @@ pub(crate) fn per_flow<T: Clone>(list: &[T], i: usize) -> Option<T> {
 }
 
 /// The uncounted warm-up and the measured window of the spec.
-pub fn window(spec: &GroupSpec) -> (Duration, Duration) {
+pub fn window(spec: &WorkloadSpec) -> (Duration, Duration) {
     (
         Duration::from_millis(u64::from(spec.warmup_ms)),
         Duration::from_millis(u64::from(spec.duration_ms)),

@@ -167,7 +167,7 @@ pub(crate) fn recv_patient(
 
 /// Time a role may still wait for the job of its repetition: until its
 /// warm-up and window end, counted from `t0`.
-pub(crate) fn job_deadline(spec: &netgap_proto::group::GroupSpec, t0: Instant) -> Instant {
+pub(crate) fn job_deadline(spec: &netgap_proto::workload::WorkloadSpec, t0: Instant) -> Instant {
     let (warmup, window) = super::role::window(spec);
     t0 + warmup + window
 }

@@ -16,7 +16,7 @@ use super::role::{
     RoleResult, Stop, ACCEPT_TIMEOUT,
 };
 use super::FlowSample;
-use netgap_proto::group::{FlowReport, GroupOutcome, GroupRole, GroupSpec};
+use netgap_proto::workload::{FlowReport, WorkloadOutcome, WorkloadRole, WorkloadSpec};
 use netgap_transport::buffer::{AlignedBuffer, BufferLayout};
 use netgap_transport::cpu::peak_rss_kib;
 use netgap_transport::rate::{PacedFlow, RateBudget};
@@ -41,17 +41,17 @@ pub(crate) enum Direction {
 
 impl Direction {
     /// Whether the role on `side` sends.
-    fn sends(self, side: GroupRole) -> bool {
+    fn sends(self, side: WorkloadRole) -> bool {
         matches!(
             (side, self),
-            (GroupRole::Client, Direction::ToServer)
-                | (GroupRole::Server, Direction::FromServer)
+            (WorkloadRole::Client, Direction::ToServer)
+                | (WorkloadRole::Server, Direction::FromServer)
                 | (_, Direction::Both)
         )
     }
 
     /// Whether the role on `side` receives.
-    fn receives(self, side: GroupRole) -> bool {
+    fn receives(self, side: WorkloadRole) -> bool {
         self == Direction::Both || !self.sends(side)
     }
 
@@ -59,7 +59,7 @@ impl Direction {
     /// ways when its parameters ask for it (`--bidir`), else `one_way`.
     /// Parameters that do not parse leave `one_way`; the role refuses them
     /// when it opens.
-    pub(crate) fn of(one_way: Direction, spec: &GroupSpec) -> Direction {
+    pub(crate) fn of(one_way: Direction, spec: &WorkloadSpec) -> Direction {
         serde_json::from_value::<StreamParams>(spec.params.clone())
             .map_or(one_way, |p| p.direction(one_way))
     }
@@ -89,7 +89,7 @@ impl StreamParams {
 /// buffer that all its flow threads read, a receiving end one receive
 /// buffer per flow (at most [`RECV_BUFFER_BYTES`]), and every flow its
 /// thread and state ([`super::role::PER_FLOW_BYTES`]).
-pub(crate) fn memory_bytes(direction: Direction, spec: &GroupSpec) -> u64 {
+pub(crate) fn memory_bytes(direction: Direction, spec: &WorkloadSpec) -> u64 {
     let flows = u64::from(spec.flows);
     let mut buffers = 0u64;
     if direction.sends(spec.role) {
@@ -117,7 +117,7 @@ pub(crate) fn default_size_bytes(transport: &dyn transport::Transport) -> u64 {
 /// the sum of its ends'.
 pub(crate) fn sample(
     direction: Direction,
-    side: GroupRole,
+    side: WorkloadRole,
     report: &FlowReport,
     window_ns: u64,
 ) -> FlowSample {
@@ -172,7 +172,7 @@ pub(crate) fn open(
         message_boundaries: t.capabilities().message_boundaries,
     };
     match spec.role {
-        GroupRole::Server => {
+        WorkloadRole::Server => {
             let ip = |i: usize| per_flow(&spec.listen_ips, i).unwrap_or(ctx.control_ip);
             let mut addrs = Vec::new();
             let mut accepts = Vec::new();
@@ -202,7 +202,7 @@ pub(crate) fn open(
                 pace,
             }))
         }
-        GroupRole::Client => {
+        WorkloadRole::Client => {
             let mut flows = Vec::with_capacity(spec.flows as usize);
             for i in 0..spec.flows as usize {
                 let target = per_flow(&spec.targets, i).ok_or(RoleError::Refused {
@@ -261,7 +261,7 @@ pub(crate) fn accept_proven(
 /// A server role whose listeners are open and whose flows are being
 /// accepted in the background.
 struct Accepting {
-    spec: GroupSpec,
+    spec: WorkloadSpec,
     direction: Direction,
     size: usize,
     layout: BufferLayout,
@@ -309,7 +309,7 @@ impl OpenRole for Accepting {
 
 /// Every flow of a bandwidth role, connected.
 struct Streams {
-    spec: GroupSpec,
+    spec: WorkloadSpec,
     direction: Direction,
     size: usize,
     /// Where every message buffer's data starts (`--align`, `--offset`).
@@ -444,7 +444,7 @@ impl ReadyRole for Streams {
         }
         Ok(RoleResult {
             buckets: Vec::new(),
-            outcome: GroupOutcome {
+            outcome: WorkloadOutcome {
                 window_ns,
                 cpu,
                 peak_rss_kib: peak_rss_kib(),
@@ -679,7 +679,7 @@ impl super::Workload for StreamWorkload {
         self.bidir
     }
 
-    fn memory_bytes(&self, spec: &GroupSpec) -> u64 {
+    fn memory_bytes(&self, spec: &WorkloadSpec) -> u64 {
         memory_bytes(Direction::of(self.direction, spec), spec)
     }
 
@@ -694,7 +694,7 @@ impl super::Workload for StreamWorkload {
         open(self.name, params.direction(self.direction), ctx)
     }
 
-    fn sample(&self, side: GroupRole, report: &FlowReport, window_ns: u64) -> FlowSample {
+    fn sample(&self, side: WorkloadRole, report: &FlowReport, window_ns: u64) -> FlowSample {
         sample(self.direction, side, report, window_ns)
     }
 }
@@ -718,7 +718,7 @@ mod tests {
     #[test]
     fn sending_flows_share_one_payload_and_receivers_read_in_bounded_chunks() {
         use netgap_core::spec::{Mode, PointSpec, TransportOptions};
-        let mut spec = GroupSpec {
+        let mut spec = WorkloadSpec {
             point: PointSpec {
                 test: "multistream".into(),
                 transport: "tcp".into(),
@@ -729,7 +729,7 @@ mod tests {
                 io_timeout_ms: 3000,
                 verify: false,
             },
-            role: GroupRole::Client,
+            role: WorkloadRole::Client,
             params: serde_json::json!({}),
             flows: 128,
             listen_ips: vec![],
@@ -746,7 +746,7 @@ mod tests {
             (16 << 20) + per_flow
         );
         // The server receives: 256 KiB per flow, whatever the message size.
-        spec.role = GroupRole::Server;
+        spec.role = WorkloadRole::Server;
         assert_eq!(
             memory_bytes(Direction::ToServer, &spec),
             128 * RECV_BUFFER_BYTES as u64 + per_flow
@@ -761,7 +761,7 @@ mod tests {
         // 1.25e9 bytes in 1 s is 10 Gbit/s.
         let s = sample(
             Direction::ToServer,
-            GroupRole::Server,
+            WorkloadRole::Server,
             &report(0, 1_250_000_000),
             second,
         );
@@ -769,14 +769,14 @@ mod tests {
         assert_eq!(s.window_bytes, 1_250_000_000);
         let s = sample(
             Direction::ToServer,
-            GroupRole::Client,
+            WorkloadRole::Client,
             &report(7, 0),
             second,
         );
         assert_eq!((s.value, s.bytes_tx), (None, 7));
         let s = sample(
             Direction::FromServer,
-            GroupRole::Server,
+            WorkloadRole::Server,
             &report(9, 0),
             second,
         );

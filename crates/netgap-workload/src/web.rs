@@ -26,7 +26,7 @@ use fileset::{FileSet, Zipf};
 use netgap_core::metric::Metric;
 use netgap_core::spec::{Mode, PointSpec};
 use netgap_core::stats::{LatencyHistogram, Percentiles};
-use netgap_proto::group::{FlowReport, GroupOutcome, GroupRole, GroupSpec};
+use netgap_proto::workload::{FlowReport, WorkloadOutcome, WorkloadRole, WorkloadSpec};
 use netgap_transport::cpu::peak_rss_kib;
 use netgap_transport::Transport;
 use serde::{Deserialize, Serialize};
@@ -37,10 +37,10 @@ use std::time::{Duration, Instant};
 
 const NAME: &str = "web";
 
-/// Most clients of one point: a group's most flows. Each client host must
+/// Most clients of one point: a workload point's most flows. Each client host must
 /// hold its share in one process ([`open_clients`] refuses a share past
 /// its descriptor limit).
-const MAX_CLIENTS: u32 = netgap_proto::group::MAX_GROUP_FLOWS;
+const MAX_CLIENTS: u32 = netgap_proto::workload::MAX_WORKLOAD_FLOWS;
 /// Largest file of a `single` trace, bytes.
 const MAX_FILE_BYTES: u64 = 64 * 1024 * 1024;
 /// Files of a `zipf` set when the run names no count: one SPECweb99
@@ -348,7 +348,7 @@ impl Workload for Web {
 
     fn metrics(
         &self,
-        roles: &[(GroupRole, &BTreeMap<String, f64>)],
+        roles: &[(WorkloadRole, &BTreeMap<String, f64>)],
         window_ns: u64,
     ) -> BTreeMap<String, f64> {
         let mut out = BTreeMap::new();
@@ -400,10 +400,10 @@ impl Workload for Web {
     /// (6 KiB, an upper bound); its worker's receive buffer is shared by the
     /// worker's clients. The server role holds nothing per client (the
     /// server program does).
-    fn memory_bytes(&self, spec: &GroupSpec) -> u64 {
+    fn memory_bytes(&self, spec: &WorkloadSpec) -> u64 {
         match spec.role {
-            GroupRole::Server => PER_FLOW_BYTES,
-            GroupRole::Client => CLIENT_BYTES
+            WorkloadRole::Server => PER_FLOW_BYTES,
+            WorkloadRole::Client => CLIENT_BYTES
                 .saturating_mul(u64::from(spec.flows))
                 .saturating_add((MAX_CLIENT_WORKERS * client::BUF_BYTES) as u64),
         }
@@ -413,13 +413,13 @@ impl Workload for Web {
         let p: Params = parse_params(NAME, ctx.spec)?;
         p.check(&ctx)?;
         match ctx.spec.role {
-            GroupRole::Server => open_server(&p, &ctx),
-            GroupRole::Client => open_clients(&p, &ctx),
+            WorkloadRole::Server => open_server(&p, &ctx),
+            WorkloadRole::Client => open_clients(&p, &ctx),
         }
     }
 
-    fn sample(&self, side: GroupRole, report: &FlowReport, window_ns: u64) -> FlowSample {
-        if side == GroupRole::Server {
+    fn sample(&self, side: WorkloadRole, report: &FlowReport, window_ns: u64) -> FlowSample {
+        if side == WorkloadRole::Server {
             return FlowSample::default();
         }
         FlowSample {
@@ -580,7 +580,7 @@ impl ReadyRole for ServerRole {
         Ok(RoleResult {
             flows: Vec::new(),
             buckets: Vec::new(),
-            outcome: GroupOutcome {
+            outcome: WorkloadOutcome {
                 window_ns: u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX),
                 cpu,
                 peak_rss_kib: peak_rss_kib(),
@@ -779,7 +779,7 @@ impl ReadyRole for ClientRole {
         Ok(RoleResult {
             flows,
             buckets: hist.buckets(),
-            outcome: GroupOutcome {
+            outcome: WorkloadOutcome {
                 window_ns,
                 cpu,
                 peak_rss_kib: peak_rss_kib(),

@@ -73,7 +73,7 @@
 //! [`reliable`], both plain code without sockets or a clock, tested
 //! there; this module holds the sockets and the waits that drive them.
 //!
-//! Multi-host runs: a flow can leave from a chosen local address (bound
+//! Workload runs: a flow can leave from a chosen local address (bound
 //! before the connect, [`Transport::connect_from`]), so multirail puts one
 //! on each link; the multi-client flow engine carries udp too (its datagram
 //! path, `flows::datagram`), speaking this header for thousands of

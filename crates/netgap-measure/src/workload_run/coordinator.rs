@@ -1,4 +1,4 @@
-//! The group coordinator: connects to the agent of every host (or starts
+//! The workload coordinator: connects to the agent of every host (or starts
 //! in-process agents on loopback), places each point's roles where its
 //! workload says ([`netgap_workload::Workload::place`]), resolves the
 //! addresses they listen on, connect to and leave from, prepares every
@@ -12,7 +12,7 @@
 //! (its control connection closes) or goes silent (a deadline passes) and
 //! names it, whichever host it was waiting on.
 
-use super::plan::{GroupPlan, GroupPoint, HostsSource};
+use super::plan::{HostsSource, WorkloadPlan, WorkloadPoint};
 use crate::agent::Agent;
 use crate::control::{control_detail, ControlAddr, ControlConn, ControlError, ControlStream};
 use crate::handshake::{handshake, LinkError};
@@ -21,9 +21,9 @@ use netgap_core::host::HostFacts;
 use netgap_core::stats::LatencyHistogram;
 use netgap_proto::auth::Key;
 use netgap_proto::codec::{decode_reply, encode};
-use netgap_proto::group::{FlowReport, GroupOutcome, GroupRole, GroupSpec};
 use netgap_proto::message::{Reply, Request};
-use netgap_proto::session::{CoordinatorSession, GroupProgress};
+use netgap_proto::session::{CoordinatorSession, WorkloadProgress};
+use netgap_proto::workload::{FlowReport, WorkloadOutcome, WorkloadRole, WorkloadSpec};
 use netgap_workload::place::{HostView, Placement, Staged, StagedRole};
 use std::collections::VecDeque;
 use std::io::Write;
@@ -49,9 +49,9 @@ const PER_FLOW_REPORT_TIME: Duration = Duration::from_millis(1);
 /// dead host is the one to name.
 const FAILURE_GRACE: Duration = Duration::from_millis(300);
 
-/// Why a group run failed: one line naming the host when a host failed.
+/// Why a workload run failed: one line naming the host when a host failed.
 #[derive(Debug, thiserror::Error)]
-pub enum GroupError {
+pub enum WorkloadError {
     /// A host's agent failed, died or went silent.
     #[error("host {host} ({control}) failed: {detail}")]
     Host {
@@ -109,14 +109,14 @@ pub(super) struct Link {
 type Event = (usize, Result<Reply, ControlError>);
 
 /// Sessions with every host of a run.
-pub struct GroupCoordinator {
+pub struct WorkloadCoordinator {
     /// Sessions: the server's first, then the client hosts'.
     pub(super) links: Vec<Link>,
     events: mpsc::Receiver<Event>,
     lost: Vec<Option<String>>,
-    /// Hosts running a group role, with when each was last heard from.
+    /// Hosts running a workload role, with when each was last heard from.
     running: Vec<Option<Instant>>,
-    /// Hosts preparing a group role (between `group_prepare` and
+    /// Hosts preparing a workload role (between `group_prepare` and
     /// `group_ready`), with when each was last heard from or asked.
     setup: Vec<Option<Instant>>,
     /// How long a preparing host may say nothing: the point's I/O timeout,
@@ -128,7 +128,7 @@ pub struct GroupCoordinator {
     pub(super) local: HostFacts,
 }
 
-fn resolve_hosts(source: &HostsSource) -> Result<Vec<HostInfo>, GroupError> {
+fn resolve_hosts(source: &HostsSource) -> Result<Vec<HostInfo>, WorkloadError> {
     match source {
         HostsSource::File(f) => {
             let server = &f.hosts[0];
@@ -136,7 +136,7 @@ fn resolve_hosts(source: &HostsSource) -> Result<Vec<HostInfo>, GroupError> {
                 .iter()
                 .map(|h| {
                     let control = h.control_addr().ok_or_else(|| {
-                        GroupError::Point(format!("host {}: bad control address", h.name))
+                        WorkloadError::Point(format!("host {}: bad control address", h.name))
                     })?;
                     let rails: Vec<(IpAddr, IpAddr)> = h
                         .links_to(&server.name)
@@ -183,15 +183,15 @@ fn resolve_hosts(source: &HostsSource) -> Result<Vec<HostInfo>, GroupError> {
                 // The user runs these agents in this very process, so the
                 // servers a workload starts are this process's own children.
                 let agent = Agent::bind(SocketAddr::new(ip, 0))
-                    .map_err(|e| GroupError::Embedded(e.to_string()))?
+                    .map_err(|e| WorkloadError::Embedded(e.to_string()))?
                     .allow_services()
                     .quiet();
                 let addr = agent
                     .local_addr()
-                    .map_err(|e| GroupError::Embedded(e.to_string()))?;
+                    .map_err(|e| WorkloadError::Embedded(e.to_string()))?;
                 agent
                     .spawn()
-                    .map_err(|e| GroupError::Embedded(e.to_string()))?;
+                    .map_err(|e| WorkloadError::Embedded(e.to_string()))?;
                 // Loopback links: distinct address pairs 127.0.1.k (client
                 // side) and 127.0.2.k (server side).
                 let rails = if h == 1 {
@@ -220,15 +220,18 @@ fn resolve_hosts(source: &HostsSource) -> Result<Vec<HostInfo>, GroupError> {
     }
 }
 
-impl GroupCoordinator {
+impl WorkloadCoordinator {
     /// Connects to every host's agent, proves `key` to it when given (see
     /// [`crate::auth::prove`]) and shakes hands.
-    fn connect(hosts: Vec<HostInfo>, key: Option<&Key>) -> Result<GroupCoordinator, GroupError> {
+    fn connect(
+        hosts: Vec<HostInfo>,
+        key: Option<&Key>,
+    ) -> Result<WorkloadCoordinator, WorkloadError> {
         let (tx, rx) = mpsc::channel();
         let mut links = Vec::new();
         let mut local_ip = None;
         for (i, host) in hosts.into_iter().enumerate() {
-            let fail = |detail: String| GroupError::Host {
+            let fail = |detail: String| WorkloadError::Host {
                 host: host.name.clone(),
                 control: host.control.to_string(),
                 detail,
@@ -259,7 +262,7 @@ impl GroupCoordinator {
             });
         }
         let lost = vec![None; links.len()];
-        Ok(GroupCoordinator {
+        Ok(WorkloadCoordinator {
             running: vec![None; links.len()],
             setup: vec![None; links.len()],
             setup_limit: SILENCE_LIMIT,
@@ -271,16 +274,16 @@ impl GroupCoordinator {
     }
 
     /// The error naming host `i`.
-    pub(super) fn host_error(&self, i: usize, detail: String) -> GroupError {
-        GroupError::Host {
+    pub(super) fn host_error(&self, i: usize, detail: String) -> WorkloadError {
+        WorkloadError::Host {
             host: self.links[i].host.name.clone(),
             control: self.links[i].host.control.to_string(),
             detail,
         }
     }
 
-    fn send(&mut self, i: usize, req: &Request) -> Result<(), GroupError> {
-        let frame = encode(req).map_err(|e| GroupError::Point(e.to_string()))?;
+    fn send(&mut self, i: usize, req: &Request) -> Result<(), WorkloadError> {
+        let frame = encode(req).map_err(|e| WorkloadError::Point(e.to_string()))?;
         let w = &mut self.links[i].writer;
         let r = match w {
             ControlStream::Tcp(s) => s.set_write_timeout(Some(REPLY_TIMEOUT)),
@@ -297,7 +300,7 @@ impl GroupCoordinator {
 
     /// The failure to report once host `i` failed with `detail`: after a
     /// short grace, a host whose connection dropped is named first.
-    fn failure(&mut self, i: usize, detail: String) -> GroupError {
+    fn failure(&mut self, i: usize, detail: String) -> WorkloadError {
         let until = Instant::now() + FAILURE_GRACE;
         while let Ok((j, ev)) = self
             .events
@@ -313,7 +316,7 @@ impl GroupCoordinator {
         }
         // A stopped host stalls its peers' flows, which then fail too:
         // name the host that stopped answering, not the one that noticed.
-        let quiet = 2 * netgap_proto::message::GROUP_ALIVE_INTERVAL;
+        let quiet = 2 * netgap_proto::message::WORKLOAD_ALIVE_INTERVAL;
         if let Some(j) = self
             .running
             .iter()
@@ -331,7 +334,7 @@ impl GroupCoordinator {
 
     /// The next reply of host `i`, within `timeout`. A failure of any
     /// other host seen meanwhile fails at once, naming that host.
-    fn wait(&mut self, i: usize, timeout: Duration) -> Result<Reply, GroupError> {
+    fn wait(&mut self, i: usize, timeout: Duration) -> Result<Reply, WorkloadError> {
         if let Some(r) = self.links[i].pending.pop_front() {
             return Ok(r);
         }
@@ -371,7 +374,7 @@ impl GroupCoordinator {
                 // A host whose role is ready (or failed) has nothing more to
                 // say until it runs, though its reply may wait in `pending`
                 // while an earlier host is waited for.
-                Ok((j, Ok(Reply::GroupReady | Reply::Error { .. }))) => self.setup[*j] = None,
+                Ok((j, Ok(Reply::WorkloadReady | Reply::Error { .. }))) => self.setup[*j] = None,
                 Ok((j, Ok(_))) => {
                     if let Some(t) = self.setup[*j].as_mut() {
                         *t = Instant::now();
@@ -381,7 +384,7 @@ impl GroupCoordinator {
             }
             // An agent preparing its role says it is alive: liveness only,
             // not a reply the session expects.
-            if let Ok((j, Ok(Reply::GroupAlive))) = &event {
+            if let Ok((j, Ok(Reply::WorkloadAlive))) = &event {
                 if self.running[*j].is_none() && self.setup[*j].is_some() {
                     // The host waited on is still at work (a server
                     // writing its files, a real server starting): its
@@ -394,7 +397,7 @@ impl GroupCoordinator {
             }
             match &event {
                 // Done running: nothing more is due from it this repetition.
-                Ok((j, Ok(Reply::GroupFinished { .. }))) => self.running[*j] = None,
+                Ok((j, Ok(Reply::WorkloadFinished { .. }))) => self.running[*j] = None,
                 Ok((j, Ok(_))) => {
                     if let Some(t) = self.running[*j].as_mut() {
                         *t = Instant::now();
@@ -418,14 +421,14 @@ impl GroupCoordinator {
         }
     }
 
-    /// A host running a group role that has said nothing for longer than
+    /// A host running a workload role that has said nothing for longer than
     /// [`SILENCE_LIMIT`], if any.
     fn silent_host(&self) -> Option<usize> {
         first_silent(&self.running, SILENCE_LIMIT)
     }
 
-    /// A host preparing a group role that has said nothing for longer than
-    /// [`GroupCoordinator::setup_limit`].
+    /// A host preparing a workload role that has said nothing for longer than
+    /// [`WorkloadCoordinator::setup_limit`].
     fn silent_in_setup(&self) -> Option<usize> {
         first_silent(&self.setup, self.setup_limit)
     }
@@ -488,7 +491,7 @@ fn read_replies(i: usize, mut conn: ControlConn, tx: mpsc::Sender<Event>) {
 }
 
 /// Places the roles of `point` on the run's hosts, as its workload says.
-pub(super) fn place(point: &GroupPoint, links: &[Link]) -> Result<Placement, GroupError> {
+pub(super) fn place(point: &WorkloadPoint, links: &[Link]) -> Result<Placement, WorkloadError> {
     let hosts: Vec<HostView> = links
         .iter()
         .map(|l| HostView {
@@ -510,7 +513,7 @@ pub(super) fn place(point: &GroupPoint, links: &[Link]) -> Result<Placement, Gro
             }
             Ok(p)
         })
-        .map_err(|e| GroupError::Point(e.to_string()))?;
+        .map_err(|e| WorkloadError::Point(e.to_string()))?;
     Ok(placement)
 }
 
@@ -537,7 +540,7 @@ fn retarget(addr: &str, ip: IpAddr) -> String {
 /// What one repetition produced.
 pub(super) struct RepResult {
     /// Reports per role (index into the placement's roles).
-    pub(super) reports: Vec<(usize, Vec<FlowReport>, GroupOutcome)>,
+    pub(super) reports: Vec<(usize, Vec<FlowReport>, WorkloadOutcome)>,
     /// Latency histogram of every timed exchange, ns.
     pub(super) hist: LatencyHistogram,
 }
@@ -558,7 +561,7 @@ fn listener_for(addrs: &[String], server_flows: &[u32], flow: u32) -> Option<Str
 fn serving_role(placement: &Placement, client: usize, default: usize, flow: u32) -> usize {
     let serves = |i: &usize| {
         let r = &placement.roles[*i];
-        r.side == GroupRole::Server
+        r.side == WorkloadRole::Server
             && (r.flows.binary_search(&flow).is_ok() || r.flows.contains(&flow))
     };
     if serves(&default) {
@@ -575,7 +578,7 @@ fn compact<T: PartialEq>(mut list: Vec<T>) -> Vec<T> {
     list
 }
 
-impl GroupCoordinator {
+impl WorkloadCoordinator {
     fn session_hosts(&self) -> Vec<IpAddr> {
         let mut ips = Vec::new();
         for l in &self.links {
@@ -607,7 +610,7 @@ impl GroupCoordinator {
         placement: &Placement,
         r: usize,
         announced: &[Vec<String>],
-    ) -> Result<serde_json::Value, GroupError> {
+    ) -> Result<serde_json::Value, WorkloadError> {
         let h = placement.roles[r].host;
         let here = &self.links[h].host;
         let peers = (0..r)
@@ -636,13 +639,14 @@ impl GroupCoordinator {
             peers,
         };
         let mut params = params.clone();
-        let value = serde_json::to_value(&staged).map_err(|e| GroupError::Point(e.to_string()))?;
+        let value =
+            serde_json::to_value(&staged).map_err(|e| WorkloadError::Point(e.to_string()))?;
         match params.as_object_mut() {
             Some(map) => {
                 map.insert("staged".into(), value);
             }
             None => {
-                return Err(GroupError::Point(
+                return Err(WorkloadError::Point(
                     "a workload's parameters are not an object".into(),
                 ))
             }
@@ -656,19 +660,19 @@ impl GroupCoordinator {
     /// report.
     pub(super) fn rep(
         &mut self,
-        point: &GroupPoint,
+        point: &WorkloadPoint,
         placement: &Placement,
-        plan: &GroupPlan,
-    ) -> Result<RepResult, GroupError> {
+        plan: &WorkloadPlan,
+    ) -> Result<RepResult, WorkloadError> {
         let binds_local =
             netgap_transport::find(&point.spec.transport).is_some_and(|t| t.binds_local());
         // A repetition that failed may have left hosts marked as preparing.
         self.setup.iter_mut().for_each(|t| *t = None);
         self.setup_limit = Duration::from_millis(u64::from(point.spec.io_timeout_ms))
-            .max(2 * netgap_proto::message::GROUP_ALIVE_INTERVAL);
-        let base = GroupSpec {
+            .max(2 * netgap_proto::message::WORKLOAD_ALIVE_INTERVAL);
+        let base = WorkloadSpec {
             point: point.spec.clone(),
-            role: GroupRole::Server,
+            role: WorkloadRole::Server,
             params: point.params.clone(),
             flows: 0,
             listen_ips: Vec::new(),
@@ -703,7 +707,7 @@ impl GroupCoordinator {
         let mut announced: Vec<Vec<String>> = vec![Vec::new(); placement.roles.len()];
         // One secret for the point: every flow between its roles proves it.
         let token = netgap_transport::preamble::new_token()
-            .map_err(|e| GroupError::Point(e.to_string()))?;
+            .map_err(|e| WorkloadError::Point(e.to_string()))?;
         for (r, role) in placement.roles.iter().enumerate() {
             let h = role.host;
             let mut spec = base.clone();
@@ -711,7 +715,7 @@ impl GroupCoordinator {
             spec.flows = role.flows.len() as u32;
             spec.listen_ips = match &role.listen_ips {
                 Some(ips) => ips.clone(),
-                None if role.side != GroupRole::Server => Vec::new(),
+                None if role.side != WorkloadRole::Server => Vec::new(),
                 None if meshed => vec![IpAddr::V4(Ipv4Addr::UNSPECIFIED)],
                 None => self.links[h].host.address.into_iter().collect(),
             };
@@ -748,7 +752,7 @@ impl GroupCoordinator {
             if staged {
                 // Every staged role listens (for the roles after it) and
                 // learns the placement and the earlier roles' addresses.
-                spec.role = GroupRole::Server;
+                spec.role = WorkloadRole::Server;
                 spec.listen_ips = match &role.listen_ips {
                     Some(ips) => ips.clone(),
                     None if staged_mesh => vec![IpAddr::V4(Ipv4Addr::UNSPECIFIED)],
@@ -756,20 +760,20 @@ impl GroupCoordinator {
                 };
                 spec.params = self.staged_params(&point.params, placement, r, &announced)?;
             }
-            let req = self.links[h].session.group_prepare(spec, token.clone());
+            let req = self.links[h].session.workload_prepare(spec, token.clone());
             self.send(h, &req)?;
             self.setup[h] = Some(Instant::now());
             if staged {
                 let reply = self.wait(h, REPLY_TIMEOUT)?;
                 announced[r] = self.links[h]
                     .session
-                    .on_group_listening(reply)
+                    .on_workload_listening(reply)
                     .map_err(|e| self.host_error(h, e.to_string()))?;
-            } else if role.side == GroupRole::Server {
+            } else if role.side == WorkloadRole::Server {
                 let reply = self.wait(h, REPLY_TIMEOUT)?;
                 let addrs = self.links[h]
                     .session
-                    .on_group_listening(reply)
+                    .on_workload_listening(reply)
                     .map_err(|e| self.host_error(h, e.to_string()))?;
                 if addrs.len() != 1 && addrs.len() != role.flows.len() {
                     return Err(self.host_error(
@@ -799,7 +803,7 @@ impl GroupCoordinator {
         if staged {
             order.reverse();
         } else {
-            order.sort_by_key(|&r| placement.roles[r].side == GroupRole::Server);
+            order.sort_by_key(|&r| placement.roles[r].side == WorkloadRole::Server);
         }
         for &r in &order {
             let h = placement.roles[r].host;
@@ -807,7 +811,7 @@ impl GroupCoordinator {
             self.setup[h] = None;
             self.links[h]
                 .session
-                .on_group_ready(reply)
+                .on_workload_ready(reply)
                 .map_err(|e| self.host_error(h, e.to_string()))?;
         }
         // The barrier: every role is prepared; start them all, servers first.
@@ -819,7 +823,7 @@ impl GroupCoordinator {
         }
         for &r in &order {
             let h = placement.roles[r].host;
-            let go = self.links[h].session.group_go();
+            let go = self.links[h].session.workload_go();
             self.send(h, &go)?;
             self.running[h] = Some(Instant::now());
         }
@@ -843,17 +847,17 @@ impl GroupCoordinator {
                 let reply = self.wait(h, left.max(Duration::from_millis(1)))?;
                 let progress = self.links[h]
                     .session
-                    .on_group_result(reply)
+                    .on_workload_result(reply)
                     .map_err(|e| self.host_error(h, e.to_string()))?;
                 match progress {
-                    GroupProgress::Alive => {}
-                    GroupProgress::Flows(f) => reports.extend(f),
-                    GroupProgress::Buckets(b) => {
+                    WorkloadProgress::Alive => {}
+                    WorkloadProgress::Flows(f) => reports.extend(f),
+                    WorkloadProgress::Buckets(b) => {
                         for [v, n] in b {
                             result.hist.record_n_ns(v, n);
                         }
                     }
-                    GroupProgress::Finished(outcome) => {
+                    WorkloadProgress::Finished(outcome) => {
                         self.running[h] = None;
                         result.reports.push((r, reports, outcome));
                         break;
@@ -867,7 +871,7 @@ impl GroupCoordinator {
 
 /// The key to prove to every agent: `--key FILE`, else the hosts file's
 /// `key_file` (a testbed names its own key there), else none.
-fn run_key(plan: &GroupPlan) -> Result<Option<Key>, GroupError> {
+fn run_key(plan: &WorkloadPlan) -> Result<Option<Key>, WorkloadError> {
     let path = plan
         .settings
         .key_file
@@ -880,11 +884,11 @@ fn run_key(plan: &GroupPlan) -> Result<Option<Key>, GroupError> {
 }
 
 /// Connects to every host of `plan` with the run's key: the sessions a
-/// group run measures through.
-pub fn open(plan: &GroupPlan) -> Result<GroupCoordinator, GroupError> {
+/// workload run measures through.
+pub fn open(plan: &WorkloadPlan) -> Result<WorkloadCoordinator, WorkloadError> {
     let hosts = resolve_hosts(&plan.hosts)?;
     let key = run_key(plan)?;
-    GroupCoordinator::connect(hosts, key.as_ref())
+    WorkloadCoordinator::connect(hosts, key.as_ref())
 }
 
 #[cfg(test)]

@@ -1,15 +1,15 @@
-//! Control messages of multi-host (group) tests: what one agent is asked to
-//! do in a group point and what it reports back. Plain data with range
+//! Control messages of workloads: what one agent is asked to
+//! do in a workload point and what it reports back. Plain data with range
 //! checks, like [`super::message`]; the session machines in
 //! [`super::session`] decide when each may come.
 //!
-//! A group point runs one workload: its roles placed on agents, one role
+//! A workload point runs one workload: its roles placed on agents, one role
 //! per agent. The protocol knows a workload only by name (the point's
 //! `test`) and carries its parameters as a JSON object that the workload's
 //! own module parses and checks on the agent; an agent refuses a name it
 //! does not have. A server role listens and announces its data addresses
 //! (`group_listening`); any role may connect flows to the session's hosts.
-//! Each agent gets a [`GroupSpec`] (`group_prepare`), opens or
+//! Each agent gets a [`WorkloadSpec`] (`group_prepare`), opens or
 //! connects its flows and answers `group_ready`; the coordinator then sends
 //! `group_go` to every agent at once (the barrier), and each agent answers
 //! with its per-flow reports (`group_flows`, in chunks), its latency
@@ -22,15 +22,15 @@ use netgap_core::stats::Percentiles;
 use serde::{Deserialize, Serialize};
 use std::net::IpAddr;
 
-/// Most flows of one group point, and so of one agent's role in it: the
+/// Most flows of one workload point, and so of one agent's role in it: the
 /// server of 100,000 clients spread over several client hosts; anything
 /// larger is refused before any data socket opens. An agent's own
 /// `--max-flows` (10,000 by default) bounds what it accepts below this.
-pub const MAX_GROUP_FLOWS: u32 = 100_000;
+pub const MAX_WORKLOAD_FLOWS: u32 = 100_000;
 /// Longest measured window of one repetition, in milliseconds (10 minutes).
-pub const MAX_GROUP_DURATION_MS: u32 = 600_000;
+pub const MAX_WORKLOAD_DURATION_MS: u32 = 600_000;
 /// Longest uncounted warm-up before the window, in milliseconds.
-pub(crate) const MAX_GROUP_WARMUP_MS: u32 = 60_000;
+pub(crate) const MAX_WORKLOAD_WARMUP_MS: u32 = 60_000;
 /// Most addresses in the session's host list.
 pub(crate) const MAX_SESSION_HOSTS: usize = 1024;
 /// Most per-flow addresses (listeners, targets, binds) in one message; a
@@ -44,40 +44,40 @@ pub const BUCKETS_PER_CHUNK: usize = 1024;
 /// Most named figures one role reports in its outcome.
 pub const MAX_OUTCOME_METRICS: usize = 32;
 
-/// Which side of a group point an agent plays.
+/// Which side of a workload point an agent plays.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum GroupRole {
+pub enum WorkloadRole {
     /// Listens and serves every client flow.
     Server,
     /// Opens flows to the server.
     Client,
 }
 
-impl GroupRole {
+impl WorkloadRole {
     /// `server` or `client`, as written in results.
     pub fn as_str(self) -> &'static str {
         match self {
-            GroupRole::Server => "server",
-            GroupRole::Client => "client",
+            WorkloadRole::Server => "server",
+            WorkloadRole::Client => "client",
         }
     }
 }
 
-/// What one agent must do in a group point. Invariants (checked by
-/// [`GroupSpec::validate`]): `flows` in 1..=[`MAX_GROUP_FLOWS`], `duration_ms`
-/// in 1..=[`MAX_GROUP_DURATION_MS`], `params` a JSON object, a client has
+/// What one agent must do in a workload point. Invariants (checked by
+/// [`WorkloadSpec::validate`]): `flows` in 1..=[`MAX_WORKLOAD_FLOWS`], `duration_ms`
+/// in 1..=[`MAX_WORKLOAD_DURATION_MS`], `params` a JSON object, a client has
 /// targets, per-flow lists hold 0, 1 or `flows` entries, and every target's
 /// IP is in `session_hosts`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct GroupSpec {
+pub struct WorkloadSpec {
     /// Workload (its name is `test`), transport, mode, message size,
     /// options and inactivity timeout of the point (`server_cpu` and
     /// `verify` are not used).
     pub point: PointSpec,
     /// The role this agent plays.
-    pub role: GroupRole,
+    pub role: WorkloadRole,
     /// The workload's own parameters: a JSON object that only the
     /// workload's module reads (and checks) on the agent.
     #[serde(default = "empty_params")]
@@ -127,28 +127,28 @@ fn per_flow(field: &'static str, len: usize, flows: u32) -> Result<(), RangeErro
     Ok(())
 }
 
-impl GroupSpec {
+impl WorkloadSpec {
     /// Range-checks every field, including the agent's limits on flows and
     /// duration and the rule that a client targets only session hosts;
     /// never panics on peer input.
     pub fn validate(&self) -> Result<(), RangeError> {
         self.point.validate()?;
-        if self.flows == 0 || self.flows > MAX_GROUP_FLOWS {
+        if self.flows == 0 || self.flows > MAX_WORKLOAD_FLOWS {
             return Err(range(
                 "flows",
-                format!("{} not in 1..={MAX_GROUP_FLOWS}", self.flows),
+                format!("{} not in 1..={MAX_WORKLOAD_FLOWS}", self.flows),
             ));
         }
-        if self.duration_ms == 0 || self.duration_ms > MAX_GROUP_DURATION_MS {
+        if self.duration_ms == 0 || self.duration_ms > MAX_WORKLOAD_DURATION_MS {
             return Err(range(
                 "duration_ms",
-                format!("{} not in 1..={MAX_GROUP_DURATION_MS}", self.duration_ms),
+                format!("{} not in 1..={MAX_WORKLOAD_DURATION_MS}", self.duration_ms),
             ));
         }
-        if self.warmup_ms > MAX_GROUP_WARMUP_MS {
+        if self.warmup_ms > MAX_WORKLOAD_WARMUP_MS {
             return Err(range(
                 "warmup_ms",
-                format!("{} > {MAX_GROUP_WARMUP_MS}", self.warmup_ms),
+                format!("{} > {MAX_WORKLOAD_WARMUP_MS}", self.warmup_ms),
             ));
         }
         if self.session_hosts.len() > MAX_SESSION_HOSTS {
@@ -163,7 +163,7 @@ impl GroupSpec {
         if !self.params.is_object() {
             return Err(range("params", "not a JSON object"));
         }
-        if self.role == GroupRole::Client && self.targets.is_empty() {
+        if self.role == WorkloadRole::Client && self.targets.is_empty() {
             return Err(range("targets", "a client role needs a target"));
         }
         {
@@ -186,7 +186,7 @@ impl GroupSpec {
     }
 }
 
-/// What one flow did in a group repetition, as an agent reports it.
+/// What one flow did in a workload repetition, as an agent reports it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FlowReport {
@@ -211,14 +211,14 @@ pub struct FlowReport {
 /// The end of an agent's answer to `group_go`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct GroupOutcome {
+pub struct WorkloadOutcome {
     /// Length of the measured window as this agent timed it, in ns.
     pub window_ns: u64,
     /// CPU usage of the agent's host and process over the window (with a
     /// server program's processes, for a role that runs one).
     pub cpu: CpuUsage,
     /// Peak resident set size of the agent process (VmHWM), in KiB, if known;
-    /// with [`GroupOutcome::processes`], the sum over its processes.
+    /// with [`WorkloadOutcome::processes`], the sum over its processes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peak_rss_kib: Option<u64>,
     /// Processes the role ran in, the agent's included, when it was spread
@@ -279,7 +279,7 @@ impl FlowReport {
     }
 }
 
-impl GroupOutcome {
+impl WorkloadOutcome {
     /// Range-checks an outcome from a peer; never panics.
     pub fn validate(&self) -> Result<(), RangeError> {
         if !(self.cpu.system_busy_percent.is_finite() && self.cpu.process_percent.is_finite()) {
@@ -350,7 +350,7 @@ impl GroupOutcome {
 /// A valid spec for tests of the protocol.
 #[cfg(test)]
 #[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
-pub(crate) fn sample_spec(role: GroupRole) -> GroupSpec {
+pub(crate) fn sample_spec(role: WorkloadRole) -> WorkloadSpec {
     tests::spec(role)
 }
 
@@ -360,8 +360,8 @@ mod tests {
     use super::*;
     use netgap_core::spec::{Mode, TransportOptions};
 
-    pub(super) fn spec(role: GroupRole) -> GroupSpec {
-        GroupSpec {
+    pub(super) fn spec(role: WorkloadRole) -> WorkloadSpec {
+        WorkloadSpec {
             point: PointSpec {
                 test: "fanin".into(),
                 transport: "tcp".into(),
@@ -376,7 +376,7 @@ mod tests {
             params: empty_params(),
             flows: 2,
             listen_ips: vec![],
-            targets: if role == GroupRole::Client {
+            targets: if role == WorkloadRole::Client {
                 vec!["127.0.0.1:5000".into()]
             } else {
                 vec![]
@@ -390,21 +390,21 @@ mod tests {
 
     #[test]
     fn limits_are_checked() {
-        assert!(spec(GroupRole::Client).validate().is_ok());
-        let mut s = spec(GroupRole::Client);
-        s.flows = MAX_GROUP_FLOWS + 1;
+        assert!(spec(WorkloadRole::Client).validate().is_ok());
+        let mut s = spec(WorkloadRole::Client);
+        s.flows = MAX_WORKLOAD_FLOWS + 1;
         assert_eq!(s.validate().unwrap_err().field, "flows");
-        let mut s = spec(GroupRole::Server);
-        s.duration_ms = MAX_GROUP_DURATION_MS + 1;
+        let mut s = spec(WorkloadRole::Server);
+        s.duration_ms = MAX_WORKLOAD_DURATION_MS + 1;
         assert_eq!(s.validate().unwrap_err().field, "duration_ms");
-        let mut s = spec(GroupRole::Server);
+        let mut s = spec(WorkloadRole::Server);
         s.duration_ms = 0;
         assert_eq!(s.validate().unwrap_err().field, "duration_ms");
     }
 
     #[test]
     fn client_targets_only_session_hosts() {
-        let mut s = spec(GroupRole::Client);
+        let mut s = spec(WorkloadRole::Client);
         s.targets = vec!["10.9.9.9:80".into()];
         let e = s.validate().unwrap_err();
         assert_eq!(e.field, "targets");
@@ -413,17 +413,17 @@ mod tests {
 
     #[test]
     fn params_are_an_object_and_a_server_targets_only_session_hosts_too() {
-        let mut s = spec(GroupRole::Client);
+        let mut s = spec(WorkloadRole::Client);
         s.params = serde_json::json!([1, 2]);
         assert_eq!(s.validate().unwrap_err().field, "params");
-        let mut s = spec(GroupRole::Server);
+        let mut s = spec(WorkloadRole::Server);
         s.targets = vec!["10.9.9.9:80".into()];
         assert_eq!(s.validate().unwrap_err().field, "targets");
     }
 
     #[test]
     fn per_flow_lists_have_one_or_all() {
-        let mut s = spec(GroupRole::Client);
+        let mut s = spec(WorkloadRole::Client);
         s.targets = vec!["127.0.0.1:1".into(); 3];
         assert_eq!(s.validate().unwrap_err().field, "targets");
         s.targets = vec!["127.0.0.1:1".into(); 2];
@@ -432,7 +432,7 @@ mod tests {
 
     #[test]
     fn datagram_counts_that_break_their_invariants_are_refused() {
-        let mut outcome = GroupOutcome {
+        let mut outcome = WorkloadOutcome {
             window_ns: 1,
             cpu: CpuUsage::default(),
             peak_rss_kib: None,
@@ -460,7 +460,7 @@ mod tests {
 
     #[test]
     fn outcome_metrics_are_named_finite_and_few() {
-        let mut outcome = GroupOutcome {
+        let mut outcome = WorkloadOutcome {
             window_ns: 1,
             cpu: CpuUsage::default(),
             peak_rss_kib: None,
@@ -490,7 +490,7 @@ mod tests {
 
     #[test]
     fn an_outcome_runs_in_one_to_the_most_processes() {
-        let mut outcome = GroupOutcome {
+        let mut outcome = WorkloadOutcome {
             window_ns: 1,
             cpu: CpuUsage::default(),
             peak_rss_kib: Some(1024),

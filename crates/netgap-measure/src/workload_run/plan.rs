@@ -1,4 +1,4 @@
-//! From the flags of `netgap run` to the points of a multi-host run. The
+//! From the flags of `netgap run` to the points of a workload run. The
 //! transport, mode, size and socket-option flags are validated into the
 //! same [`Settings`] as a point-to-point run's (the same rules apply); this
 //! adds the hosts, each workload's sizes (its default without `--sizes`),
@@ -7,7 +7,7 @@
 pub use crate::cluster::HostsSource;
 use crate::plan::{invalid, no_effect, show, PlanError, RunRequest, Settings, DEFAULT_REP_TIME};
 use netgap_core::spec::PointSpec;
-use netgap_proto::group::{MAX_GROUP_DURATION_MS, MAX_GROUP_FLOWS};
+use netgap_proto::workload::{MAX_WORKLOAD_DURATION_MS, MAX_WORKLOAD_FLOWS};
 use netgap_workload::options::{self as wopt, WorkloadArgs};
 use netgap_workload::{CountFlag, Workload};
 use std::time::Duration;
@@ -32,9 +32,9 @@ const MAX_LINK_COUNT: u32 = 1024;
 /// Most in-process client hosts.
 pub(crate) const MAX_EMBEDDED_HOSTS: u32 = 64;
 
-/// One point of a group run.
+/// One point of a workload run.
 #[derive(Clone)]
-pub struct GroupPoint {
+pub struct WorkloadPoint {
     /// The workload.
     pub workload: &'static dyn Workload,
     /// Transport, mode, size, options, timeout (its `test` is the
@@ -51,9 +51,9 @@ pub struct GroupPoint {
     pub params: serde_json::Value,
 }
 
-impl std::fmt::Debug for GroupPoint {
+impl std::fmt::Debug for WorkloadPoint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GroupPoint")
+        f.debug_struct("WorkloadPoint")
             .field("workload", &self.workload.name())
             .field("spec", &self.spec)
             .field("clients", &self.clients)
@@ -64,11 +64,11 @@ impl std::fmt::Debug for GroupPoint {
     }
 }
 
-/// A validated group run.
+/// A validated workload run.
 #[derive(Debug, Clone)]
-pub struct GroupPlan {
+pub struct WorkloadPlan {
     /// Points in measurement order.
-    pub points: Vec<GroupPoint>,
+    pub points: Vec<WorkloadPoint>,
     /// The hosts.
     pub hosts: HostsSource,
     /// Measured window of each repetition.
@@ -80,14 +80,14 @@ pub struct GroupPlan {
     pub settings: Settings,
 }
 
-/// Whether every test named is a group test; `Err` if group and
+/// Whether every test named is a workload; `Err` if workloads and
 /// point-to-point tests are mixed.
-pub fn is_group_run(tests: &[String]) -> Result<bool, PlanError> {
-    let group = tests.iter().filter(|n| super::find(n).is_some()).count();
-    if group == 0 {
+pub fn is_workload_run(tests: &[String]) -> Result<bool, PlanError> {
+    let workloads = tests.iter().filter(|n| super::find(n).is_some()).count();
+    if workloads == 0 {
         return Ok(false);
     }
-    if group != tests.len() {
+    if workloads != tests.len() {
         return Err(PlanError::MixedTests);
     }
     Ok(true)
@@ -174,7 +174,7 @@ fn check_embedded_descriptors(
     if !tests.iter().any(|t| t.count() == CountFlag::Clients) {
         return Ok(());
     }
-    check_counts("--clients", counts, MAX_GROUP_FLOWS)?;
+    check_counts("--clients", counts, MAX_WORKLOAD_FLOWS)?;
     let most = counts.iter().copied().max().unwrap_or(0);
     let needed = 2 * u64::from(most) + SPARE_DESCRIPTORS;
     let Ok((_, hard)) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
@@ -191,18 +191,19 @@ fn check_embedded_descriptors(
     Ok(())
 }
 
-/// Refuses the flags a multi-host run would ignore: the point-to-point
+/// Refuses the flags a workload run would ignore: the point-to-point
 /// method (iterations, time budgets, confidence targets, placement, payload
 /// checks), `--peer` and `-6`, and flags of tests that are not asked for.
 fn refuse_ignored_flags(r: &RunRequest, tests: &[&'static dyn Workload]) -> Result<(), PlanError> {
     let what = r.tests.join(",");
     let m = &r.method;
-    let window = "each repetition of a multi-host test is a --duration window after a warm-up of a fifth of it";
+    let window =
+        "each repetition of a workload is a --duration window after a warm-up of a fifth of it";
     for (flag, given, reason) in [
         (
             "--peer",
             r.target.peer.is_some(),
-            "multi-host tests drive the agents of --hosts",
+            "workloads drive the agents of --hosts",
         ),
         (
             "-6",
@@ -216,7 +217,7 @@ fn refuse_ignored_flags(r: &RunRequest, tests: &[&'static dyn Workload]) -> Resu
         (
             "--ci",
             m.ci.is_some(),
-            "multi-host tests repeat each point --reps times",
+            "workloads repeat each point --reps times",
         ),
         (
             "--pin",
@@ -272,9 +273,9 @@ fn refuse_ignored_flags(r: &RunRequest, tests: &[&'static dyn Workload]) -> Resu
     Ok(())
 }
 
-impl GroupPlan {
-    /// Validates a run of group tests.
-    pub fn from_request(r: &RunRequest) -> Result<GroupPlan, PlanError> {
+impl WorkloadPlan {
+    /// Validates a run of workloads.
+    pub fn from_request(r: &RunRequest) -> Result<WorkloadPlan, PlanError> {
         let mut tests = Vec::new();
         for name in &r.tests {
             tests.push(super::find(name).ok_or_else(|| PlanError::UnknownTest {
@@ -293,7 +294,7 @@ impl GroupPlan {
                     return Err(invalid(
                         "--hosts",
                         hosts.label(),
-                        "a multi-host run needs a server and at least one client host, e.g. 10.0.0.1,10.0.0.2",
+                        "a workload run needs a server and at least one client host, e.g. 10.0.0.1,10.0.0.2",
                     ));
                 }
                 hosts.clone()
@@ -321,7 +322,7 @@ impl GroupPlan {
             }
         };
         let duration = r.multi_host.duration.unwrap_or(DEFAULT_DURATION);
-        let max = Duration::from_millis(u64::from(MAX_GROUP_DURATION_MS));
+        let max = Duration::from_millis(u64::from(MAX_WORKLOAD_DURATION_MS));
         if duration < MIN_DURATION || duration > max {
             return Err(invalid(
                 "--duration",
@@ -395,7 +396,7 @@ impl GroupPlan {
                                 }
                             }
                             for &clients in &counts {
-                                points.push(GroupPoint {
+                                points.push(WorkloadPoint {
                                     workload: test,
                                     spec: spec.clone(),
                                     clients,
@@ -409,7 +410,7 @@ impl GroupPlan {
                 }
             }
         }
-        Ok(GroupPlan {
+        Ok(WorkloadPlan {
             points,
             hosts,
             duration,
@@ -426,21 +427,21 @@ mod tests {
     use crate::plan::Plan;
 
     fn err(r: &RunRequest) -> String {
-        GroupPlan::from_request(r).unwrap_err().to_string()
+        WorkloadPlan::from_request(r).unwrap_err().to_string()
     }
 
     #[test]
     fn client_lists_make_one_point_each() {
         let mut r = RunRequest::new(&["fanin"]);
         r.multi_host.clients = Some(vec![3, 6, 9, 12]);
-        let p = GroupPlan::from_request(&r).unwrap();
+        let p = WorkloadPlan::from_request(&r).unwrap();
         let counts: Vec<u32> = p.points.iter().map(|p| p.clients).collect();
         assert_eq!(counts, vec![3, 6, 9, 12]);
         assert_eq!(p.points[0].spec.size_bytes, 64 * 1024);
         assert_eq!(p.points[0].spec.test, "fanin");
         // Sizes given apply to every test, even one equal to a default list.
         r.method.sizes = Some(crate::plan::DEFAULT_SIZES_BYTES.to_vec());
-        let p = GroupPlan::from_request(&r).unwrap();
+        let p = WorkloadPlan::from_request(&r).unwrap();
         assert_eq!(p.points.len(), 4 * 6);
     }
 
@@ -449,7 +450,7 @@ mod tests {
         let mut r = RunRequest::new(&["multirail", "multistream"]);
         r.multi_host.links = Some(vec![1, 2, 3]);
         r.multi_host.bidir = true;
-        let p = GroupPlan::from_request(&r).unwrap();
+        let p = WorkloadPlan::from_request(&r).unwrap();
         let rail: Vec<u32> = p
             .points
             .iter()
@@ -480,19 +481,19 @@ mod tests {
         );
         let mut r = RunRequest::new(&["hotspot", "multirail"]);
         r.transport.transports = vec!["udp".into()];
-        assert!(GroupPlan::from_request(&r).is_ok());
+        assert!(WorkloadPlan::from_request(&r).is_ok());
         let mut r = RunRequest::new(&["fanout"]);
         r.transport.transports = vec!["unix".into()];
         assert!(err(&r).contains("cannot cross hosts"));
         let mut r = RunRequest::new(&["fanin"]);
         r.multi_host.duration = Some(Duration::from_secs(7200));
         assert!(err(&r).contains("--duration 2h"));
-        assert!(is_group_run(&["fanin".into(), "pingpong".into()]).is_err());
-        assert!(!is_group_run(&["pingpong".into()]).unwrap());
+        assert!(is_workload_run(&["fanin".into(), "pingpong".into()]).is_err());
+        assert!(!is_workload_run(&["pingpong".into()]).unwrap());
     }
 
     #[test]
-    fn flags_a_group_run_ignores_are_refused() {
+    fn flags_a_workload_run_ignores_are_refused() {
         let mut r = RunRequest::new(&["fanin"]);
         r.multi_host.streams = Some(vec![2]);
         assert!(err(&r).starts_with("--streams does not apply to fanin"));
@@ -513,7 +514,7 @@ mod tests {
         assert!(err(&r).starts_with("--iterations does not apply"));
         let mut r = RunRequest::new(&["fanin", "multirail"]);
         r.multi_host.links = Some(vec![2]);
-        assert!(GroupPlan::from_request(&r).is_ok());
+        assert!(WorkloadPlan::from_request(&r).is_ok());
         let mut r = RunRequest::new(&["fanin"]);
         r.multi_host.workload_options = vec![("no-such".into(), "1".into())];
         assert!(err(&r).starts_with("--no-such does not apply to fanin"));

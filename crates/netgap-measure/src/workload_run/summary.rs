@@ -6,17 +6,17 @@
 //! percentiles pooled over its repetitions, per-link results and the CPU
 //! and peak memory of every host.
 
-use super::coordinator::{place, GroupCoordinator, GroupError, RepResult};
-use super::plan::{GroupPlan, GroupPoint};
+use super::coordinator::{place, RepResult, WorkloadCoordinator, WorkloadError};
+use super::plan::{WorkloadPlan, WorkloadPoint};
 use crate::coordinator::Observer;
 use netgap_core::cpu::CpuUsage;
 use netgap_core::record::{
-    rfc3339, ByteCounts, DatagramCounts, FlowResult, GroupSection, HostCpu, LinkResult, RecordHead,
-    RecordStats, ResultRecord,
+    rfc3339, ByteCounts, DatagramCounts, FlowResult, HostCpu, LinkResult, RecordHead, RecordStats,
+    ResultRecord, WorkloadSection,
 };
 use netgap_core::stack::{PathIdentity, Stack};
 use netgap_core::stats::{LatencyHistogram, Percentiles, Summary};
-use netgap_proto::group::GroupRole;
+use netgap_proto::workload::WorkloadRole;
 use netgap_workload::place::Placement;
 use netgap_workload::Workload;
 use std::time::SystemTime;
@@ -122,7 +122,7 @@ impl Reduction {
             if let Some(e) = &outcome.last_error {
                 self.last_error = Some(e.clone());
             }
-            if role.side == GroupRole::Server {
+            if role.side == WorkloadRole::Server {
                 self.bytes.server_tx += outcome.bytes_tx;
                 self.bytes.server_rx += outcome.bytes_rx;
             } else {
@@ -137,8 +137,8 @@ impl Reduction {
                     server: Default::default(),
                 });
                 let end = match role.side {
-                    GroupRole::Server => &mut sum.server,
-                    GroupRole::Client => &mut sum.client,
+                    WorkloadRole::Server => &mut sum.server,
+                    WorkloadRole::Client => &mut sum.client,
                 };
                 *end = end.plus(d);
             }
@@ -193,7 +193,7 @@ impl Reduction {
 /// mean over repetitions of each figure the workload reported; none for a
 /// workload with neither.
 fn app_result(
-    point: &GroupPoint,
+    point: &WorkloadPoint,
     reps: &[std::collections::BTreeMap<String, f64>],
     services: &[netgap_core::record::ServiceRecord],
 ) -> Option<netgap_core::record::AppResult> {
@@ -293,12 +293,12 @@ fn pooled_percentiles(parts: &[(Percentiles, u64)]) -> Option<Percentiles> {
 
 /// Measures every repetition of `point` and builds its record.
 pub(super) fn measure_point(
-    coord: &mut GroupCoordinator,
-    point: &GroupPoint,
-    plan: &GroupPlan,
+    coord: &mut WorkloadCoordinator,
+    point: &WorkloadPoint,
+    plan: &WorkloadPlan,
     started: SystemTime,
     observer: &mut dyn Observer,
-) -> Result<ResultRecord, GroupError> {
+) -> Result<ResultRecord, WorkloadError> {
     let workload = point.workload;
     let placement = place(point, &coord.links)?;
     let n = placement.flows as usize;
@@ -310,7 +310,7 @@ pub(super) fn measure_point(
             ReduceError::UnknownFlow { host, flow } => {
                 coord.host_error(host, format!("report of unknown flow {flow}"))
             }
-            ReduceError::Point(m) => GroupError::Point(m),
+            ReduceError::Point(m) => WorkloadError::Point(m),
         })?;
         observer.rep_done(rep);
     }
@@ -335,7 +335,8 @@ pub(super) fn measure_point(
             s
         })
         .collect();
-    let summary = Summary::from_reps(&rep_values).map_err(|e| GroupError::Point(e.to_string()))?;
+    let summary =
+        Summary::from_reps(&rep_values).map_err(|e| WorkloadError::Point(e.to_string()))?;
     let flow_results: Vec<FlowResult> = flows
         .iter()
         .enumerate()
@@ -383,7 +384,7 @@ pub(super) fn measure_point(
         let mut h: Vec<usize> = placement
             .roles
             .iter()
-            .filter(|r| r.side == GroupRole::Client)
+            .filter(|r| r.side == WorkloadRole::Client)
             .map(|r| r.host)
             .collect();
         h.sort_unstable();
@@ -393,12 +394,12 @@ pub(super) fn measure_point(
     let first_server = placement
         .roles
         .iter()
-        .find(|r| r.side == GroupRole::Server)
+        .find(|r| r.side == WorkloadRole::Server)
         .map_or(0, |r| r.host);
     let first_client = placement
         .roles
         .iter()
-        .find(|r| r.side == GroupRole::Client)
+        .find(|r| r.side == WorkloadRole::Client)
         .map_or(first_server, |r| r.host);
     let mut path = PathIdentity::from_ends(
         Some(&coord.links[first_client].facts),
@@ -419,7 +420,7 @@ pub(super) fn measure_point(
         value: summary.value,
         time: rfc3339(started),
     })
-    .with_group(GroupSection {
+    .with_workload(WorkloadSection {
         clients: n as u32,
         client_hosts: Some(client_hosts as u32),
         flows: flow_results,
@@ -472,7 +473,7 @@ fn failure_warning(failed: f64, reps: usize, last_error: Option<&str>) -> Option
 #[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
 mod tests {
     use super::*;
-    use netgap_proto::group::{FlowReport, GroupOutcome};
+    use netgap_proto::workload::{FlowReport, WorkloadOutcome};
     use netgap_workload::place::RolePlace;
 
     /// A hotspot point: one server on host 0, two client flows on host 1.
@@ -481,7 +482,7 @@ mod tests {
             roles: vec![
                 RolePlace {
                     host: 0,
-                    side: GroupRole::Server,
+                    side: WorkloadRole::Server,
                     flows: vec![0, 1],
                     connects_to: None,
                     listen_ips: None,
@@ -489,7 +490,7 @@ mod tests {
                 },
                 RolePlace {
                     host: 1,
-                    side: GroupRole::Client,
+                    side: WorkloadRole::Client,
                     flows: vec![0, 1],
                     connects_to: Some(0),
                     listen_ips: None,
@@ -501,8 +502,8 @@ mod tests {
         }
     }
 
-    fn outcome() -> GroupOutcome {
-        GroupOutcome {
+    fn outcome() -> WorkloadOutcome {
+        WorkloadOutcome {
             window_ns: 1_000_000_000,
             cpu: CpuUsage::default(),
             peak_rss_kib: None,

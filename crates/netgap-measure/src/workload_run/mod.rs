@@ -1,7 +1,7 @@
-//! Multi-host (group) runs: the workloads of [`netgap_workload`] driven on
+//! Workload runs: the workloads of [`netgap_workload`] driven on
 //! every host at once by one coordinator.
 //!
-//! A [`plan::GroupPlan`] lists the points; the [`coordinator`] connects to
+//! A [`plan::WorkloadPlan`] lists the points; the [`coordinator`] connects to
 //! every host's agent, asks the point's workload where its roles go,
 //! prepares them all (servers first, so their addresses are known to the
 //! roles that connect to them), starts every flow at once (a barrier) and
@@ -19,18 +19,18 @@ pub use netgap_workload::{find, names, registry};
 
 use crate::point_loop::{run_points, Observer};
 use crate::sink::RecordSink;
-use coordinator::GroupError;
-use plan::GroupPlan;
+use coordinator::WorkloadError;
+use plan::WorkloadPlan;
 use std::time::SystemTime;
 
-/// Runs a whole group plan, writing each record to every sink as soon as it
+/// Runs a whole workload plan, writing each record to every sink as soon as it
 /// is measured. On failure, every point measured before is already in the
 /// sinks.
-pub fn run_group_plan(
-    plan: &GroupPlan,
+pub fn run_workload_plan(
+    plan: &WorkloadPlan,
     sinks: &mut [Box<dyn RecordSink>],
     observer: &mut dyn Observer,
-) -> Result<usize, GroupError> {
+) -> Result<usize, WorkloadError> {
     let mut coord = coordinator::open(plan)?;
     let done = run_points(
         &plan.points,
@@ -47,26 +47,26 @@ pub fn run_group_plan(
     Ok(done)
 }
 
-/// Runs a whole group plan once under each of its conditions
+/// Runs a whole workload plan once under each of its conditions
 /// (`plan.settings.conditions`, from `--conditions`), one condition after
 /// another: `switch` puts the testbed's links under the condition, the
 /// sessions are opened anew (so every host's facts are read under it) and
 /// every point is measured; each record's `stack.path` says the condition
 /// it ran under. Afterwards the links go back exactly as they were, also
 /// after a failure.
-pub fn run_group_plan_under(
-    plan: &GroupPlan,
+pub fn run_workload_plan_under(
+    plan: &WorkloadPlan,
     switch: &mut dyn crate::conditions::ConditionSwitch,
     sinks: &mut [Box<dyn RecordSink>],
     observer: &mut dyn Observer,
-) -> Result<usize, GroupError> {
+) -> Result<usize, WorkloadError> {
     let crate::cluster::HostsSource::File(file) = &plan.hosts else {
-        return Err(GroupError::Point(
+        return Err(WorkloadError::Point(
             "--conditions needs a testbed's hosts file".into(),
         ));
     };
     let Some(base) = file.conditions else {
-        return Err(GroupError::Point(
+        return Err(WorkloadError::Point(
             "the testbed's hosts file records no link conditions; rebuild it with `netgap testbed up`".into(),
         ));
     };
@@ -76,7 +76,7 @@ pub fn run_group_plan_under(
     for c in &plan.settings.conditions {
         let to = c.apply_to(&base);
         if let Err(e) = guard.switch_to(&to) {
-            result = Err(GroupError::Point(format!("switching to {to}: {e}")));
+            result = Err(WorkloadError::Point(format!("switching to {to}: {e}")));
             break;
         }
         let mut under = plan.clone();
@@ -84,7 +84,7 @@ pub fn run_group_plan_under(
         // The records say how the switch applied it.
         f.conditions = Some(guard.in_force().unwrap_or(to));
         under.hosts = crate::cluster::HostsSource::File(f);
-        match run_group_plan(&under, sinks, observer) {
+        match run_workload_plan(&under, sinks, observer) {
             Ok(n) => done += n,
             Err(e) => {
                 result = Err(e);
@@ -94,6 +94,6 @@ pub fn run_group_plan_under(
     }
     let restored = guard
         .restore()
-        .map_err(|e| GroupError::Point(format!("putting the links back: {e}")));
+        .map_err(|e| WorkloadError::Point(format!("putting the links back: {e}")));
     result.and(restored).map(|()| done)
 }
