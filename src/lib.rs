@@ -23,7 +23,7 @@ pub use netgap_core::{
 };
 pub use netgap_measure::{
     agent, auth, bench, cluster, conditions, control, coordinator, hostlist, interleave, logp,
-    output, plan, runner, sink, sweep, workload_run,
+    output, plan, run, runner, sink, sweep, workload_run,
 };
 pub use netgap_mpi as mpi;
 pub use netgap_proto as proto;

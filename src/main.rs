@@ -11,11 +11,12 @@ use cli::{
 };
 use netgap::agent::Agent;
 use netgap::control::ControlAddr;
-use netgap::coordinator::{run_plan, CoordError};
+use netgap::coordinator::CoordError;
 use netgap::logp::LogpPlan;
 use netgap::mpi::plan::MpiPlan;
 use netgap::output::TableObserver;
 use netgap::plan::{Plan, RunRequest, Settings};
+use netgap::run::run_plan;
 use netgap::sink::{CsvSink, JsonlSink, RecordSink};
 use netgap::sweep::SweepPlan;
 use netgap::text::escape_control;

@@ -6,7 +6,7 @@
 use crate::agent::Agent;
 use crate::bench::{self, ClientRole, Metric, RepOutcome, RoleParams};
 use crate::cluster::TestbedPath;
-use crate::conditions::{ConditionSwitch, LinkConditions};
+use crate::conditions::LinkConditions;
 use crate::control::{control_detail, ControlAddr, ControlConn, ControlError};
 use crate::handshake::{handshake, LinkError};
 use crate::plan::{Peer, Plan};
@@ -598,20 +598,16 @@ pub struct RunSummary {
     pub points: usize,
 }
 
-/// Runs a whole plan against its agent, writing each record to every sink as
-/// soon as it is measured. On failure, every point measured before is
-/// already in the sinks. A plan with conditions needs `switch`, through
-/// which the run puts the testbed's links under each in turn (see
-/// [`crate::interleave`]); a plan that interleaves runs its groups' rounds.
-pub fn run_plan(
+/// Runs a plan's points one after another against its agent, each point
+/// whole before the next, writing each record to every sink as soon as it
+/// is measured. On failure, every point measured before is already in the
+/// sinks. [`crate::run::run_plan`] chooses between this and an
+/// interleaved run.
+pub(crate) fn run_in_order(
     plan: &Plan,
-    switch: Option<&mut dyn ConditionSwitch>,
     sinks: &mut [Box<dyn RecordSink>],
     observer: &mut dyn Observer,
 ) -> Result<RunSummary, CoordError> {
-    if plan.settings.interleave || !plan.settings.conditions.is_empty() {
-        return crate::interleave::run(plan, switch, sinks, observer);
-    }
     let mut coord = open_session(plan)?;
     let points = run_points(
         &plan.points,

@@ -481,7 +481,7 @@ mod tests {
         let mut sinks: Vec<Box<dyn RecordSink>> =
             vec![Box::new(Memory(kept.clone(), "mem".into()))];
         let summary =
-            crate::coordinator::run_plan(&p, Some(&mut rec), &mut sinks, &mut Quiet).expect("runs");
+            crate::run::run_plan(&p, Some(&mut rec), &mut sinks, &mut Quiet).expect("runs");
         assert_eq!(summary.points, 2, "one record per condition");
         let rates: Vec<Option<Option<u64>>> = rec.0.iter().map(|c| c.map(|c| c.rate_bps)).collect();
         // Round 0 forward (1G, 2G), round 1 backward (2G stays, 1G), round
@@ -515,7 +515,7 @@ mod tests {
             topology: "switch".into(),
             conditions: Some(LinkConditions::plain(1500)),
         });
-        let e = crate::coordinator::run_plan(&p, None, &mut [], &mut Quiet).expect_err("refused");
+        let e = crate::run::run_plan(&p, None, &mut [], &mut Quiet).expect_err("refused");
         assert!(e.to_string().contains("nothing to switch"), "{e}");
     }
 }

@@ -28,6 +28,7 @@ pub mod logp;
 pub mod output;
 pub mod plan;
 pub mod point_loop;
+pub mod run;
 pub mod runner;
 pub mod sink;
 pub mod sweep;
