@@ -433,6 +433,31 @@ pub struct Capabilities {
     pub options: &'static [&'static options::OptionDecl],
 }
 
+impl Capabilities {
+    /// A reliable byte stream that connects two hosts, in every completion
+    /// mode (tcp and the transports built on it), honouring `options`.
+    pub const fn cross_host_stream(
+        options: &'static [&'static options::OptionDecl],
+    ) -> Capabilities {
+        Capabilities {
+            reliable: true,
+            message_boundaries: false,
+            cross_host: true,
+            modes: &Mode::ALL,
+            options,
+        }
+    }
+
+    /// A reliable byte stream within one host, in every completion mode
+    /// (unix sockets, shared memory), honouring `options`.
+    pub const fn local_stream(options: &'static [&'static options::OptionDecl]) -> Capabilities {
+        Capabilities {
+            cross_host: false,
+            ..Capabilities::cross_host_stream(options)
+        }
+    }
+}
+
 /// Why a transport cannot be used on this host, in one line with the
 /// remedy where there is one (probed at run time: a kernel feature, a
 /// sandbox).

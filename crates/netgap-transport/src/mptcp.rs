@@ -16,7 +16,6 @@ use super::tcp::{
     CONGESTION, CORK, NO_NODELAY,
 };
 use super::{Capabilities, Flow, FlowConfig, Listener, Transport, TransportError, Unavailable};
-use netgap_core::spec::Mode;
 use socket2::{Domain, Protocol, Socket, Type};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener};
 use std::time::Duration;
@@ -105,13 +104,7 @@ impl Transport for Mptcp {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            reliable: true,
-            message_boundaries: false,
-            cross_host: true,
-            modes: &Mode::ALL,
-            options: OPTIONS,
-        }
+        Capabilities::cross_host_stream(OPTIONS)
     }
 
     fn availability(&self) -> Result<(), Unavailable> {
@@ -163,7 +156,7 @@ impl Transport for Mptcp {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use netgap_core::spec::TransportOptions;
+    use netgap_core::spec::{Mode, TransportOptions};
 
     #[test]
     fn a_flow_over_loopback_carries_bytes_both_ways() {

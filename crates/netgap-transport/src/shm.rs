@@ -535,13 +535,7 @@ impl Transport for Shm {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            reliable: true,
-            message_boundaries: false,
-            cross_host: false,
-            modes: &Mode::ALL,
-            options: &[],
-        }
+        Capabilities::local_stream(&[])
     }
 
     fn availability(&self) -> Result<(), Unavailable> {

@@ -14,7 +14,7 @@ use super::stream_socket::StreamFlow;
 use super::zerocopy::ZeroCopyFlow;
 use super::{Capabilities, Flow, FlowConfig, Listener, Transport, TransportError};
 use netgap_core::spec::{
-    check_name, Mode, TransportOptions, MAX_BUSY_POLL_US, MAX_CONGESTION_NAME_BYTES,
+    check_name, TransportOptions, MAX_BUSY_POLL_US, MAX_CONGESTION_NAME_BYTES,
 };
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
@@ -277,13 +277,7 @@ impl Transport for Tcp {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            reliable: true,
-            message_boundaries: false,
-            cross_host: true,
-            modes: &Mode::ALL,
-            options: OPTIONS,
-        }
+        Capabilities::cross_host_stream(OPTIONS)
     }
 
     fn listen(

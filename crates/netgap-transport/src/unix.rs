@@ -5,7 +5,7 @@
 use super::stream_socket::StreamFlow;
 use super::tcp::wait_readable;
 use super::{Capabilities, Flow, FlowConfig, Listener, Transport, TransportError};
-use netgap_core::spec::{Mode, TransportOptions};
+use netgap_core::spec::TransportOptions;
 use socket2::SockRef;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::time::Duration;
@@ -95,13 +95,7 @@ impl Transport for Unix {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            reliable: true,
-            message_boundaries: false,
-            cross_host: false,
-            modes: &Mode::ALL,
-            options: crate::options::SOCKET_BUFFERS,
-        }
+        Capabilities::local_stream(crate::options::SOCKET_BUFFERS)
     }
 
     fn listen(

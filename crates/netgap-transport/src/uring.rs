@@ -845,13 +845,7 @@ impl Transport for Uring {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            reliable: true,
-            message_boundaries: false,
-            cross_host: true,
-            modes: &Mode::ALL,
-            options: OPTIONS,
-        }
+        Capabilities::cross_host_stream(OPTIONS)
     }
 
     /// `Err` when io_uring is disabled, missing, refused by a sandbox or too

@@ -164,13 +164,7 @@ impl Transport for Xdp {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            reliable: true,
-            message_boundaries: false,
-            cross_host: true,
-            modes: &Mode::ALL,
-            options: &[],
-        }
+        Capabilities::cross_host_stream(&[])
     }
 
     fn availability(&self) -> Result<(), Unavailable> {
