@@ -39,7 +39,6 @@ mod flow;
 mod sys;
 
 use super::{Capabilities, Flow, FlowConfig, Listener, Transport, TransportError, Unavailable};
-use netgap_core::spec::Mode;
 use std::net::IpAddr;
 
 const NAME: &str = "xdp";
@@ -463,8 +462,8 @@ mod imp {
     /// A pause between two pumps while opening a flow.
     fn idle(config: &FlowConfig) {
         match config.mode {
-            Mode::Poll => std::hint::spin_loop(),
-            Mode::Event => std::thread::sleep(Duration::from_micros(100)),
+            netgap_core::spec::Mode::Poll => std::hint::spin_loop(),
+            netgap_core::spec::Mode::Event => std::thread::sleep(Duration::from_micros(100)),
         }
     }
 
