@@ -91,6 +91,18 @@ pub struct TransportOptions {
     pub buffer_offset_bytes: u32,
 }
 
+impl TransportOptions {
+    /// Bytes one message buffer may take beyond its data because of its
+    /// layout: the offset before the data and, for an alignment past the
+    /// page, what the allocator may set aside to reach that boundary. A
+    /// peer's `--align` and `--offset` count against the agent's memory
+    /// budget with this.
+    pub fn buffer_padding_bytes(&self) -> u64 {
+        u64::from(self.buffer_offset_bytes)
+            .saturating_add(self.buffer_align_bytes.map_or(0, u64::from))
+    }
+}
+
 fn is_zero(v: &u32) -> bool {
     *v == 0
 }

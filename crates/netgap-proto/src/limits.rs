@@ -38,9 +38,11 @@ pub const POINT_OVERHEAD_BYTES: u64 = 1 << 20;
 
 /// Memory a point-to-point point commits on the agent: a send and a
 /// receive buffer of the message size (the tests that send both ways hold
-/// both) and [`POINT_OVERHEAD_BYTES`].
+/// both), each with its layout's padding (`--align`, `--offset`), and
+/// [`POINT_OVERHEAD_BYTES`].
 pub fn point_memory_bytes(spec: &PointSpec) -> u64 {
     spec.size_bytes
+        .saturating_add(spec.options.buffer_padding_bytes())
         .saturating_mul(2)
         .saturating_add(POINT_OVERHEAD_BYTES)
 }
@@ -275,6 +277,40 @@ mod tests {
                 |e| e.0.contains("keeps 7.0 MiB per flow") && e.0.contains("--max-memory")
             )
         );
+    }
+
+    #[test]
+    fn a_buffer_layout_counts_against_the_budget() {
+        use netgap_core::spec::{Mode, TransportOptions};
+        // A peer's largest alignment and an offset just below it would
+        // have the agent reserve 2 GiB a buffer for a 1-byte message.
+        let spec = PointSpec {
+            test: "pingpong".into(),
+            transport: "tcp".into(),
+            mode: Mode::Event,
+            size_bytes: 1,
+            options: TransportOptions {
+                buffer_align_bytes: Some(1 << 30),
+                buffer_offset_bytes: (1 << 30) - 1,
+                ..TransportOptions::default()
+            },
+            server_cpu: None,
+            io_timeout_ms: 1000,
+            verify: false,
+        };
+        let l = AgentLimits::default();
+        assert!(l
+            .check_point(&spec, 0)
+            .is_err_and(|e| e.0.contains("--max-memory")));
+        let page = PointSpec {
+            options: TransportOptions {
+                buffer_align_bytes: Some(4096),
+                buffer_offset_bytes: 16,
+                ..TransportOptions::default()
+            },
+            ..spec
+        };
+        assert!(l.check_point(&page, 0).is_ok());
     }
 
     #[test]

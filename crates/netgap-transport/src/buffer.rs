@@ -74,6 +74,12 @@ pub enum LayoutError {
         /// The buffer's size.
         size_bytes: u64,
     },
+    /// The allocator had no memory for the buffer.
+    #[error("no memory for a buffer of {size_bytes} bytes")]
+    OutOfMemory {
+        /// The allocation's size.
+        size_bytes: u64,
+    },
 }
 
 impl BufferLayout {
@@ -164,9 +170,11 @@ impl AlignedBuffer {
         // SAFETY: `alloc` has a non-zero size (at least one byte of data)
         // and a power-of-two alignment, as Layout guarantees.
         let raw = unsafe { std::alloc::alloc_zeroed(alloc) };
-        let Some(base) = NonNull::new(raw) else {
-            std::alloc::handle_alloc_error(alloc)
-        };
+        // A failed allocation is an error the caller can refuse the point
+        // with, not an abort: a peer's layout must never end the agent.
+        let base = NonNull::new(raw).ok_or(LayoutError::OutOfMemory {
+            size_bytes: alloc.size() as u64,
+        })?;
         Ok(AlignedBuffer {
             base,
             alloc,

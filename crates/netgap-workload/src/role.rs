@@ -245,9 +245,21 @@ pub fn open(ctx: RoleContext<'_>) -> Result<Box<dyn OpenRole>, RoleError> {
             ctx.spec.flows,
             largest_message_bytes(ctx.spec)
         ),
-        workload.memory_bytes(ctx.spec),
+        workload
+            .memory_bytes(ctx.spec)
+            .saturating_add(buffer_padding_bytes(ctx.spec)),
     )?;
     workload.open(ctx)
+}
+
+/// What the layout of a role's message buffers (`--align`, `--offset`)
+/// adds to its memory: each flow's send and receive buffer padded.
+fn buffer_padding_bytes(spec: &WorkloadSpec) -> u64 {
+    spec.point
+        .options
+        .buffer_padding_bytes()
+        .saturating_mul(2)
+        .saturating_mul(u64::from(spec.flows.max(1)))
 }
 
 /// What one flow of a role commits besides its message buffers, in bytes:
