@@ -148,11 +148,23 @@ pub(crate) fn table_row(r: &ResultRecord) -> String {
     let fault_sentence = r
         .fault()
         .map(|f| netgap_core::physics::fault_sentence(r, f));
+    use crate::workload_run::summary::{FAILURE_PREFIX, WINDOW_PREFIX};
     if r.warnings.iter().any(|w| {
         Some(w) != fault_sentence.as_ref()
-            && !w.starts_with(crate::workload_run::summary::FAILURE_PREFIX)
+            && !w.starts_with(FAILURE_PREFIX)
+            && !w.starts_with(WINDOW_PREFIX)
     }) {
         notes.push("noisy".into());
+    }
+    // A repetition whose data path did not read through its window is a
+    // measurement fault, not noise.
+    let short = r
+        .warnings
+        .iter()
+        .filter(|w| w.starts_with(WINDOW_PREFIX))
+        .count();
+    if short > 0 {
+        notes.push(format!("FAULT: {short} short window(s)"));
     }
     if let Some(f) = r.fault() {
         notes.push(fault_note(f));

@@ -418,6 +418,7 @@ mod tests {
                     metrics: [("transactions".to_string(), 12.0)].into(),
                     services: Vec::new(),
                     last_error: None,
+                    data_window_ns: None,
                 },
             },
         ]

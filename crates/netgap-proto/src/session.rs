@@ -1099,6 +1099,7 @@ mod tests {
             metrics: Default::default(),
             services: Vec::new(),
             last_error: None,
+            data_window_ns: None,
         };
         assert_eq!(
             wire_reply(&agent.workload_alive().unwrap()),

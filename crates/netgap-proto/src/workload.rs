@@ -251,7 +251,19 @@ pub struct WorkloadOutcome {
     /// [`MAX_OUTCOME_ERROR_BYTES`]; absent when none failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
+    /// For a role that times its bytes against the window (a stream's
+    /// receiving end), the span, in ns, from the first to the last clock
+    /// read inside the window where bytes moved. A span short of
+    /// `window_ns` by more than [`WINDOW_TOLERANCE`] means the data path
+    /// was not reading for part of the window (a thread that woke late),
+    /// and the repetition is no clean point. Absent for other roles.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_window_ns: Option<u64>,
 }
+
+/// How far, as a share of the asked window, the data path's own span may
+/// fall short of it before a repetition is flagged (5%).
+pub const WINDOW_TOLERANCE: f64 = 0.05;
 
 /// Longest last error one role's outcome may carry, bytes.
 pub const MAX_OUTCOME_ERROR_BYTES: usize = 512;
@@ -317,6 +329,12 @@ impl WorkloadOutcome {
             return Err(range(
                 "last_error",
                 format!("longer than {MAX_OUTCOME_ERROR_BYTES} bytes"),
+            ));
+        }
+        if self.data_window_ns.is_some_and(|d| d > self.window_ns) {
+            return Err(range(
+                "data_window_ns",
+                format!("longer than the window of {} ns", self.window_ns),
             ));
         }
         if self.services.len() > MAX_OUTCOME_SERVICES {
@@ -447,6 +465,7 @@ mod tests {
             metrics: Default::default(),
             services: Vec::new(),
             last_error: None,
+            data_window_ns: None,
         };
         assert!(outcome.validate().is_ok());
         outcome.datagrams = Some(DatagramStats {
@@ -471,6 +490,7 @@ mod tests {
             metrics: [("connect_time_us".to_string(), 12.5)].into(),
             services: Vec::new(),
             last_error: None,
+            data_window_ns: None,
         };
         assert!(outcome.validate().is_ok());
         outcome.metrics.insert("Bad Name".into(), 1.0);
@@ -501,6 +521,7 @@ mod tests {
             metrics: Default::default(),
             services: Vec::new(),
             last_error: None,
+            data_window_ns: None,
         };
         assert!(outcome.validate().is_ok());
         for bad in [0, MAX_OUTCOME_PROCESSES + 1] {

@@ -290,6 +290,7 @@ impl ReadyRole for Engine {
                 metrics: ran.metrics,
                 services: Vec::new(),
                 last_error: None,
+                data_window_ns: None,
             },
         })
     }

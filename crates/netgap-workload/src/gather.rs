@@ -446,6 +446,7 @@ impl ReadyRole for ServerRole {
                 metrics: BTreeMap::new(),
                 services,
                 last_error: None,
+                data_window_ns: None,
             },
         })
     }
@@ -810,6 +811,7 @@ impl ReadyRole for ClientRole {
                 metrics: m,
                 services: Vec::new(),
                 last_error: None,
+                data_window_ns: None,
             },
         })
     }

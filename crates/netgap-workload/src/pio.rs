@@ -682,6 +682,7 @@ impl ReadyRole for ServerReady {
                 metrics,
                 services: Vec::new(),
                 last_error: None,
+                data_window_ns: None,
             },
         })
     }
@@ -829,6 +830,7 @@ impl ReadyRole for ClientRole {
                 metrics,
                 services: Vec::new(),
                 last_error: None,
+                data_window_ns: None,
             },
         })
     }

@@ -729,6 +729,7 @@ impl ReadyRole for PipeReady {
                 metrics,
                 services: Vec::new(),
                 last_error: None,
+                data_window_ns: None,
             },
             flows,
         })

@@ -346,6 +346,35 @@ struct StreamCount {
     bytes_tx: u64,
     bytes_rx: u64,
     window_bytes_rx: u64,
+    /// The first and the last clock read inside the window at which bytes
+    /// arrived: where the data path itself saw the window.
+    window_reads: Option<(Instant, Instant)>,
+}
+
+impl StreamCount {
+    /// Counts `n` bytes received at `now`: in the window's bytes when
+    /// `now` falls inside it.
+    fn received(&mut self, n: usize, now: Instant, (window_start, end): (Instant, Instant)) {
+        self.bytes_rx += n as u64;
+        if now >= window_start && now <= end {
+            self.window_bytes_rx += n as u64;
+            self.window_reads = Some(match self.window_reads {
+                Some((first, _)) => (first, now),
+                None => (now, now),
+            });
+        }
+    }
+}
+
+/// The span, in ns, from the earliest to the latest clock read inside the
+/// window at which any of `counts` received bytes; `None` when none
+/// received any in it.
+fn data_window_ns<'a>(counts: impl IntoIterator<Item = &'a StreamCount>) -> Option<u64> {
+    let (first, last) = counts
+        .into_iter()
+        .filter_map(|c| c.window_reads)
+        .reduce(|(f0, l0), (f1, l1)| (f0.min(f1), l0.max(l1)))?;
+    Some(u64::try_from(last.duration_since(first).as_nanos()).unwrap_or(u64::MAX))
 }
 
 impl ReadyRole for Streams {
@@ -411,7 +440,13 @@ impl ReadyRole for Streams {
                 })?;
             handles.push(h);
         }
-        let (cpu, window_ns) = meter_window(window_start, end, &self.stop);
+        // The CPU meter's thread times only the CPU: the window the bytes
+        // are counted in is the one the data path read the clock against,
+        // from the go barrier's clock read (`t0`), whenever the meter
+        // itself woke.
+        let (cpu, _) = meter_window(window_start, end, &self.stop);
+        let window_ns = u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX);
+        let mut counts = Vec::with_capacity(handles.len());
         let mut reports = Vec::with_capacity(handles.len());
         let mut first_err = None;
         for (index, h) in handles.into_iter().enumerate() {
@@ -420,15 +455,18 @@ impl ReadyRole for Streams {
                 Ok((Err(source), true)) => {
                     first_err = Some(RoleError::Flow { index, source });
                 }
-                Ok((Ok(c), _)) => reports.push(FlowReport {
-                    index: index as u32,
-                    bytes_tx: c.bytes_tx,
-                    bytes_rx: c.bytes_rx,
-                    window_bytes_rx: c.window_bytes_rx,
-                    round_trips: 0,
-                    percentiles: None,
-                    errors: 0,
-                }),
+                Ok((Ok(c), _)) => {
+                    counts.push(c);
+                    reports.push(FlowReport {
+                        index: index as u32,
+                        bytes_tx: c.bytes_tx,
+                        bytes_rx: c.bytes_rx,
+                        window_bytes_rx: c.window_bytes_rx,
+                        round_trips: 0,
+                        percentiles: None,
+                        errors: 0,
+                    });
+                }
                 Ok((Err(source), false)) => {
                     first_err.get_or_insert(RoleError::Flow { index, source });
                 }
@@ -455,6 +493,9 @@ impl ReadyRole for Streams {
                 metrics: Default::default(),
                 services: Vec::new(),
                 last_error: None,
+                // Only an end that receives times bytes against the window.
+                data_window_ns: (both || !sends)
+                    .then(|| data_window_ns(&counts).unwrap_or(0).min(window_ns)),
             },
             flows: reports,
         })
@@ -520,13 +561,7 @@ fn both_ways_until(
     let mut recv_result = Ok(());
     while !stop.is_set() && Instant::now() < end {
         match rx.recv_some(&mut buf) {
-            Ok(n) => {
-                count.bytes_rx += n as u64;
-                let now = Instant::now();
-                if now >= window_start && now <= end {
-                    count.window_bytes_rx += n as u64;
-                }
-            }
+            Ok(n) => count.received(n, Instant::now(), (window_start, end)),
             // The peer reached its window's end first and closed.
             Err(FlowError::Closed) => break,
             Err(FlowError::TimedOut { .. }) if Instant::now() >= end => break,
@@ -594,11 +629,8 @@ fn recv_until(
     while !stop.is_set() {
         match rx.recv_some(&mut buf) {
             Ok(n) => {
-                count.bytes_rx += n as u64;
                 let now = Instant::now();
-                if now >= window_start && now <= end {
-                    count.window_bytes_rx += n as u64;
-                }
+                count.received(n, now, (window_start, end));
                 if now > end + drain {
                     break;
                 }
@@ -713,6 +745,24 @@ mod tests {
             percentiles: None,
             errors: 0,
         }
+    }
+
+    #[test]
+    fn bytes_count_by_the_data_paths_clock_and_its_span_covers_every_flow() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let window = (t0 + ms(10), t0 + ms(110));
+        let mut a = StreamCount::default();
+        a.received(100, t0 + ms(5), window); // warm-up: not the window's
+        a.received(200, t0 + ms(12), window);
+        a.received(300, t0 + ms(60), window);
+        a.received(400, t0 + ms(111), window); // after the window
+        assert_eq!((a.bytes_rx, a.window_bytes_rx), (1000, 500));
+        let mut b = StreamCount::default();
+        b.received(50, t0 + ms(108), window);
+        // From a's first read in the window to b's last: 96 ms.
+        assert_eq!(data_window_ns([&a, &b]), Some(96_000_000));
+        assert_eq!(data_window_ns([&StreamCount::default()]), None);
     }
 
     #[test]

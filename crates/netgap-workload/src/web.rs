@@ -591,6 +591,7 @@ impl ReadyRole for ServerRole {
                 metrics: BTreeMap::new(),
                 services: vec![record],
                 last_error: None,
+                data_window_ns: None,
             },
         })
     }
@@ -796,6 +797,7 @@ impl ReadyRole for ClientRole {
                         .map(|(_, c)| c)
                         .collect()
                 }),
+                data_window_ns: None,
             },
         })
     }

@@ -16,7 +16,7 @@ use netgap_core::record::{
 };
 use netgap_core::stack::{PathIdentity, Stack};
 use netgap_core::stats::{LatencyHistogram, Percentiles, Summary};
-use netgap_proto::workload::WorkloadRole;
+use netgap_proto::workload::{WorkloadOutcome, WorkloadRole, WINDOW_TOLERANCE};
 use netgap_workload::place::Placement;
 use netgap_workload::Workload;
 use std::time::SystemTime;
@@ -54,6 +54,9 @@ struct Reduction {
     services: Vec<(usize, netgap_core::record::ServiceRecord)>,
     /// The last failure a role reported, of the latest repetition with one.
     last_error: Option<String>,
+    /// One sentence for each repetition whose data path did not read
+    /// through its window (see [`window_warning`]).
+    short_windows: Vec<String>,
 }
 
 /// Why a repetition's reports could not be reduced.
@@ -85,6 +88,7 @@ impl Reduction {
             metrics: Vec::new(),
             services: Vec::new(),
             last_error: None,
+            short_windows: Vec::new(),
         }
     }
 
@@ -116,8 +120,12 @@ impl Reduction {
                 .collect();
         }
         let mut per_flow_value = vec![f64::NAN; n];
+        let rep = self.rep_values.len();
         for (role_index, reports, outcome) in &r.reports {
             let role = &placement.roles[*role_index];
+            if let Some(w) = window_warning(rep, &coord_host(placement, *role_index), outcome) {
+                self.short_windows.push(w);
+            }
             self.cpu[*role_index].push(outcome.cpu);
             if let Some(e) = &outcome.last_error {
                 self.last_error = Some(e.clone());
@@ -326,6 +334,7 @@ pub(super) fn measure_point(
         metrics,
         services,
         last_error,
+        short_windows,
     } = red;
     // The run's name of each host, as its flows are named.
     let services: Vec<_> = services
@@ -447,7 +456,37 @@ pub(super) fn measure_point(
     if let Some(w) = failure_warning(failed, metrics.len(), last_error.as_deref()) {
         record.warnings.push(w);
     }
+    record.warnings.extend(short_windows);
     Ok(record)
+}
+
+/// How the warning of a repetition whose data path did not read through
+/// its window begins.
+pub(crate) const WINDOW_PREFIX: &str = "short window: ";
+
+/// The role's place in the warnings: `host N` as the placement numbers it.
+fn coord_host(placement: &Placement, role: usize) -> String {
+    format!("host {}", placement.roles[role].host)
+}
+
+/// The warning of a repetition (`rep`, from 0) in which a role's data path
+/// read the clock over less of the window than was asked, by more than
+/// [`WINDOW_TOLERANCE`]: its bytes were counted against the window's
+/// bounds, but the role was not reading for part of it (a thread that woke
+/// late, a descheduled receiver), so its rate is no clean point. `None`
+/// when the role does not time its bytes or read through the window.
+fn window_warning(rep: usize, host: &str, outcome: &WorkloadOutcome) -> Option<String> {
+    let data_ns = outcome.data_window_ns?;
+    let asked_ns = outcome.window_ns;
+    if asked_ns == 0 || (data_ns as f64) >= asked_ns as f64 * (1.0 - WINDOW_TOLERANCE) {
+        return None;
+    }
+    Some(format!(
+        "{WINDOW_PREFIX}repetition {} on {host}: the data path moved bytes over {:.1} ms of the {:.1} ms window",
+        rep + 1,
+        data_ns as f64 / 1e6,
+        asked_ns as f64 / 1e6
+    ))
 }
 
 /// How the warning of a point with failed transactions begins.
@@ -473,7 +512,7 @@ fn failure_warning(failed: f64, reps: usize, last_error: Option<&str>) -> Option
 #[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
 mod tests {
     use super::*;
-    use netgap_proto::workload::{FlowReport, WorkloadOutcome};
+    use netgap_proto::workload::FlowReport;
     use netgap_workload::place::RolePlace;
 
     /// A hotspot point: one server on host 0, two client flows on host 1.
@@ -514,6 +553,7 @@ mod tests {
             metrics: Default::default(),
             services: Vec::new(),
             last_error: None,
+            data_window_ns: None,
         }
     }
 
@@ -554,6 +594,26 @@ mod tests {
             failure_warning(7.0, 3, Some("status 404 for /f0\n")).unwrap(),
             "failed transactions: 7 over 3 repetitions; last error: status 404 for /f0\\u{a}"
         );
+    }
+
+    #[test]
+    fn a_window_the_data_path_did_not_read_through_is_a_warning() {
+        // The fan-in fault: a window whose receiving end moved bytes over
+        // 21 us of a 200 ms window (its threads woke late) names the
+        // repetition and the host; one within 5% of the window does not.
+        let mut o = outcome();
+        o.window_ns = 200_000_000;
+        o.data_window_ns = Some(21_300);
+        let w = window_warning(2, "host 1", &o).unwrap();
+        assert!(w.starts_with(WINDOW_PREFIX), "{w}");
+        assert!(w.contains("repetition 3 on host 1"), "{w}");
+        assert!(w.contains("0.0 ms of the 200.0 ms window"), "{w}");
+        o.data_window_ns = Some(191_000_000);
+        assert_eq!(window_warning(0, "host 1", &o), None);
+        o.data_window_ns = Some(189_000_000);
+        assert!(window_warning(0, "host 1", &o).is_some());
+        o.data_window_ns = None;
+        assert_eq!(window_warning(0, "host 1", &o), None);
     }
 
     #[test]
