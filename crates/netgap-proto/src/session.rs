@@ -483,7 +483,7 @@ pub enum WorkloadProgress {
     /// The agent is still running.
     Alive,
     /// The last reply: the repetition is over.
-    Finished(WorkloadOutcome),
+    Finished(Box<WorkloadOutcome>),
 }
 
 /// Where a coordinator session stands.
@@ -863,7 +863,7 @@ impl CoordinatorSession {
             Reply::WorkloadBuckets { buckets } => Ok(WorkloadProgress::Buckets(buckets)),
             Reply::WorkloadFinished { outcome } => {
                 self.state = CoordinatorState::Idle;
-                Ok(WorkloadProgress::Finished(outcome))
+                Ok(WorkloadProgress::Finished(Box::new(outcome)))
             }
             other => Err(self.reject(&other)),
         }
@@ -1120,7 +1120,7 @@ mod tests {
             match coord.on_workload_result(wire_reply(&r)).unwrap() {
                 WorkloadProgress::Flows(f) => seen += f.len(),
                 WorkloadProgress::Buckets(_) | WorkloadProgress::Alive => {}
-                WorkloadProgress::Finished(o) => assert_eq!(o, outcome),
+                WorkloadProgress::Finished(o) => assert_eq!(*o, outcome),
             }
         }
         assert_eq!(seen, 300);

@@ -859,7 +859,7 @@ impl WorkloadCoordinator {
                     }
                     WorkloadProgress::Finished(outcome) => {
                         self.running[h] = None;
-                        result.reports.push((r, reports, outcome));
+                        result.reports.push((r, reports, *outcome));
                         break;
                     }
                 }
