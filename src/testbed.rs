@@ -708,6 +708,57 @@ fn shape(ns: &str, dev: &str, c: &LinkConditions, fresh: bool) -> Result<(), Tes
     tbf(&["parent", "1:1", "handle", "10:"])
 }
 
+/// Holds what host port `port` of switch namespace `ns` sends into the
+/// switch to `c`'s rate: the port's ingress is redirected to an IFB device
+/// of its own (`u` and the port's name) whose TBF is the host's uplink, so
+/// a host sending to several others at once is held to its one link, as a
+/// NIC is, whatever stack made the frames (AF_XDP's skip the host's own
+/// qdiscs, not the switch's ingress). Only the rate: delay and loss stay
+/// once on the path, at the port toward the receiving host. Without a rate
+/// the redirect and the device go. `fresh`: the port was just made.
+fn shape_uplink(ns: &str, port: &str, c: &LinkConditions, fresh: bool) -> Result<(), TestbedError> {
+    let ifb = format!("u{port}");
+    if !fresh {
+        // Both fail harmlessly when the port had no uplink shaper.
+        let _ = run("tc", &["-n", ns, "qdisc", "del", "dev", port, "ingress"]);
+        let _ = ip(&["-n", ns, "link", "del", "dev", &ifb]);
+    }
+    if c.rate_bps.is_none() {
+        return Ok(());
+    }
+    ip(&["-n", ns, "link", "add", &ifb, "type", "ifb"])?;
+    ip(&[
+        "-n",
+        ns,
+        "link",
+        "set",
+        "dev",
+        &ifb,
+        "mtu",
+        &c.mtu_bytes.to_string(),
+        "up",
+    ])?;
+    run(
+        "tc",
+        &[
+            "-n", ns, "qdisc", "add", "dev", port, "handle", "ffff:", "ingress",
+        ],
+    )?;
+    run(
+        "tc",
+        &[
+            "-n", ns, "filter", "add", "dev", port, "parent", "ffff:", "protocol", "all", "u32",
+            "match", "u32", "0", "0", "action", "mirred", "egress", "redirect", "dev", &ifb,
+        ],
+    )?;
+    let rate_only = LinkConditions {
+        delay_us: None,
+        loss_ppm: None,
+        ..c.clone()
+    };
+    shape(ns, &ifb, &rate_only, true)
+}
+
 /// The nftables table of netgap's own in a shaping namespace, which drops
 /// the loss where the kernel has no netem.
 const NFT_TABLE: &str = "netgap";
@@ -919,6 +970,12 @@ fn condition_links(
     if reshape {
         for (ns, dev) in &points {
             shape(ns, dev, to, from.is_none())?;
+        }
+        if p.topology == Topology::Switch {
+            let sw = format!("{}sw", ns_prefix(name));
+            for h in 1..=p.hosts {
+                shape_uplink(&sw, &format!("h{h}"), to, from.is_none())?;
+            }
         }
     }
     if from.and_then(nft_ppm) != nft_ppm(to) {

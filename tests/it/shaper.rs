@@ -114,6 +114,29 @@ fn streams_of_every_stack_and_a_ping_pong_are_held_by_the_link() {
     tb.assert_gone();
 }
 
+/// On a switch a host's link holds what it sends as well as what it
+/// receives: one server streaming to two client hosts at once (fan-out)
+/// shares its one 1 Gbit/s uplink, though each client's port could take
+/// the rate by itself.
+#[test]
+fn a_host_sending_to_several_at_once_is_held_by_its_own_link() {
+    if !system_ready("a_host_sending_to_several_at_once_is_held_by_its_own_link") {
+        return;
+    }
+    let (tb, _) = Testbed::up("tshapeup", &["--hosts", "3", "--rate", "1G"]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let recs = tb.run(
+        "fanout",
+        &["--clients", "2", "--reps", "3", "--duration", "400ms"],
+        &dir.path().join("f.jsonl"),
+    );
+    assert_eq!(recs.len(), 1);
+    assert_eq!(recs[0]["client_hosts"], 2, "{}", recs[0]);
+    assert_within_limits(&recs);
+    let _ = tb.down();
+    tb.assert_gone();
+}
+
 /// xdp's frames skip the sending host's qdiscs; shaped in the network, the
 /// link holds them as it holds the kernel's.
 #[cfg(feature = "xdp")]
