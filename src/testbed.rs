@@ -754,7 +754,7 @@ fn shape_uplink(ns: &str, port: &str, c: &LinkConditions, fresh: bool) -> Result
     let rate_only = LinkConditions {
         delay_us: None,
         loss_ppm: None,
-        ..c.clone()
+        ..*c
     };
     shape(ns, &ifb, &rate_only, true)
 }
