@@ -47,11 +47,16 @@ step() { # what, command...
 # 1. A switch of four hosts, every port shaped.
 fresh --hosts 4 --rate "$rate"
 common=(--hosts "$hosts" --reps 5)
-step "pingpong 1 MiB" "$netgap" run pingpong -t tcp,udp,xdp,mptcp -s 1M "${common[@]}" -n 20
-step "stream 64 KiB" "$netgap" run stream -t tcp,udp,xdp,mptcp -s 64K "${common[@]}" --rep-time 1s
-step "bibw 64 KiB" "$netgap" run bibw -t tcp,udp,xdp,mptcp -s 64K "${common[@]}" --rep-time 1s
-step "bibw-pingpong 1 MiB" "$netgap" run bibw-pingpong -t tcp,udp,xdp,mptcp -s 1M "${common[@]}" -n 20
-step "sweep" "$netgap" sweep -t tcp --hosts "$hosts" --end 4M
+# udp carries at most 65,483 bytes a message: its points are at 60 KiB.
+for t in tcp,xdp,mptcp udp; do
+	big=1M mid=64K
+	if [ "$t" = udp ]; then big=60K mid=60K; fi
+	step "pingpong $big $t" "$netgap" run pingpong -t "$t" -s "$big" "${common[@]}" -n 20
+	step "stream $mid $t" "$netgap" run stream -t "$t" -s "$mid" "${common[@]}" --rep-time 1s
+	step "bibw $mid $t" "$netgap" run bibw -t "$t" -s "$mid" "${common[@]}" --rep-time 1s
+	step "bibw-pingpong $big $t" "$netgap" run bibw-pingpong -t "$t" -s "$big" "${common[@]}" -n 20
+done
+step "sweep" "$netgap" sweep -t tcp --hosts "$hosts" --start 64K --end 4M
 step "fan-in" "$netgap" run fanin --clients 3 "${common[@]}" --duration 1s
 step "pio 1S/3C" "$netgap" run pio --servers 1 --clients 3 --op write,read "${common[@]}"
 step "pio 3S/1C" "$netgap" run pio --servers 3 --clients 1 --op write,read "${common[@]}"
@@ -72,10 +77,10 @@ for line in open(sys.argv[1]):
     if any(w.startswith("short window") for w in r.get("warnings", [])):
         fault = (fault + " short_window").strip()
     unit = "us" if r["metric"] == "latency_us" else r["metric"]
-    app = ((r.get("workload") or {}).get("app") or {}).get("options", {})
+    app = (r.get("app") or {}).get("options", {})
     shape = ""
     if r["test"] == "pio":
-        shape = "%sS/%sC %s" % (app.get("servers", "?"), app.get("clients", "?"), app.get("op", ""))
+        shape = "%sS/%sC %s" % (app.get("servers", 1), r.get("client_hosts", "?"), app.get("op", ""))
     rows.append((r["test"] + (" " + shape if shape else ""), r["transport"], r["size_bytes"],
                  r["value"], unit, limit, fault))
 print("| test | stack | size, bytes | value | unit | limit, Gbit/s | value / limit | fault |")
