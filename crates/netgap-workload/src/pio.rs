@@ -547,12 +547,19 @@ impl OpenRole for ServerOpen {
 
     fn ready(self: Box<Self>) -> Result<Box<dyn ReadyRole>, RoleError> {
         let flows = self.inbound.join()?;
+        let buffer =
+            netgap_transport::buffer::BufferLayout::of_options(&self.common.spec.point.options)
+                .map_err(|e| RoleError::Params {
+                    workload: NAME,
+                    detail: format!("message buffers: {e}"),
+                })?;
         Ok(Box::new(ServerReady {
             shared: Arc::new(server::Shared::new(
                 self.file,
                 self.common.layout.stripe_bytes,
                 self.limit,
                 flows.len(),
+                buffer,
             )),
             common: self.common,
             flows,

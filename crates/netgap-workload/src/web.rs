@@ -697,6 +697,12 @@ fn open_clients(p: &Params, ctx: &RoleContext<'_>) -> Result<Box<dyn OpenRole>, 
         seed: fileset::mix64(p.seed ^ host_key),
         io_timeout: Duration::from_millis(u64::from(spec.point.io_timeout_ms.max(1))),
         poll: spec.point.mode == Mode::Poll,
+        buffer: netgap_transport::buffer::BufferLayout::of_options(&spec.point.options).map_err(
+            |e| RoleError::Params {
+                workload: "web",
+                detail: format!("message buffers: {e}"),
+            },
+        )?,
     };
     let (warmup, duration) = window(spec);
     Ok(Box::new(ClientRole {

@@ -12,6 +12,7 @@ use super::PioError;
 use crate::confined::{relative_components, ConfinedError, Dir, STRIPE_PREFIX};
 use crate::role::Stop;
 use crate::staged::recv_patient;
+use netgap_transport::buffer::{AlignedBuffer, BufferLayout};
 use netgap_transport::{self as transport, FlowError};
 use std::fs::File;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
@@ -238,28 +239,6 @@ impl Drop for ServerFile {
     }
 }
 
-/// A buffer of at least `len` bytes whose start is aligned for direct I/O.
-pub(crate) struct AlignedBuf {
-    raw: Vec<u8>,
-    start: usize,
-    len: usize,
-}
-
-impl AlignedBuf {
-    /// A zeroed buffer of `len` bytes.
-    pub(crate) fn new(len: usize) -> AlignedBuf {
-        let raw = vec![0u8; len + DIRECT_ALIGN];
-        let start = raw.as_ptr().align_offset(DIRECT_ALIGN).min(DIRECT_ALIGN);
-        AlignedBuf { raw, start, len }
-    }
-
-    /// Its first `n` bytes (at most its length).
-    pub(crate) fn slice(&mut self, n: usize) -> &mut [u8] {
-        let n = n.min(self.len);
-        &mut self.raw[self.start..self.start + n]
-    }
-}
-
 /// What the server's threads share.
 pub(crate) struct Shared {
     /// The stripes' file.
@@ -270,6 +249,10 @@ pub(crate) struct Shared {
     pub limit_bytes: u64,
     /// Clients that must arrive at a barrier.
     pub clients: usize,
+    /// Where each flow's request buffer starts (`--align`, `--offset`; a
+    /// page by default, which direct I/O needs too: a buffer off the page
+    /// is served through the page cache).
+    pub buffer: BufferLayout,
     /// Time in writes, ns.
     pub write_ns: AtomicU64,
     /// Time in reads, ns.
@@ -297,12 +280,14 @@ impl Shared {
         stripe_bytes: u64,
         limit_bytes: u64,
         clients: usize,
+        buffer: BufferLayout,
     ) -> Shared {
         Shared {
             file,
             stripe_bytes,
             limit_bytes,
             clients,
+            buffer,
             write_ns: AtomicU64::new(0),
             read_ns: AtomicU64::new(0),
             flush_ns: AtomicU64::new(0),
@@ -382,7 +367,7 @@ pub(crate) fn serve(
 ) -> Result<Served, PioError> {
     let (tx, rx) = flow.split();
     let stripe = usize::try_from(shared.stripe_bytes).unwrap_or(usize::MAX);
-    let mut buf = AlignedBuf::new(stripe);
+    let mut buf = AlignedBuffer::zeroed(stripe, shared.buffer);
     let mut served = Served::default();
     let mut next_barrier = 0u64;
     loop {
@@ -420,7 +405,7 @@ pub(crate) fn serve(
             }
             wire::OP_WRITE => {
                 in_file()?;
-                let data = buf.slice(len);
+                let data = &mut buf[..len.min(stripe)];
                 rx.recv_exact(data).map_err(flow_err)?;
                 let t0 = Instant::now();
                 let f = shared.file.handle(h.offset, len, data.as_ptr());
@@ -440,7 +425,7 @@ pub(crate) fn serve(
             }
             wire::OP_READ => {
                 in_file()?;
-                let data = buf.slice(len);
+                let data = &mut buf[..len.min(stripe)];
                 let t0 = Instant::now();
                 let f = shared.file.handle(h.offset, len, data.as_ptr());
                 let r = f.read_exact_at(data, h.offset);
@@ -492,7 +477,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let io = Arc::new(Dir::open_operator(dir.path()).unwrap());
         let file = ServerFile::create(io, None, 0, false, 16384).unwrap();
-        let shared = Shared::new(file, 4096, 16384, 1);
+        let shared = Shared::new(file, 4096, 16384, 1, BufferLayout::default());
         let (mut server, mut peer) = crate::staged::flow_pair();
         peer.send_all(requests).unwrap();
         let stop = Stop::new();

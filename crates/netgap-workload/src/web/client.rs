@@ -10,6 +10,7 @@
 
 use super::fileset::{mix64, FileSet, Zipf};
 use netgap_core::stats::FlowHistogram;
+use netgap_transport::buffer::{AlignedBuffer, BufferLayout};
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags};
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 use std::io::{ErrorKind, Read, Write};
@@ -55,6 +56,9 @@ pub(crate) struct ClientConfig {
     pub io_timeout: Duration,
     /// Spin on epoll instead of sleeping in it.
     pub poll: bool,
+    /// Where each worker's receive buffer starts (`--align`, `--offset`;
+    /// a page by default).
+    pub buffer: BufferLayout,
 }
 
 /// One client's results.
@@ -562,7 +566,7 @@ impl Worker<'_> {
     fn run(&self, indices: &[usize], stop: &AtomicBool) -> Vec<ClientOutcome> {
         // The one receive buffer of this worker's connections: each reads
         // into it in turn and keeps only what must outlive the read.
-        let mut buf = vec![0u8; BUF_BYTES];
+        let mut buf = AlignedBuffer::zeroed(BUF_BYTES, self.cfg.buffer);
         let mut conns: Vec<Conn> = indices
             .iter()
             .enumerate()
@@ -691,6 +695,7 @@ mod tests {
             seed: 1,
             io_timeout: Duration::from_secs(5),
             poll: false,
+            buffer: BufferLayout::default(),
         };
         let stop = AtomicBool::new(false);
         // A warm-up of a few responses, which the window's counts leave out.
