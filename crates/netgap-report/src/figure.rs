@@ -638,8 +638,9 @@ pub(crate) fn build(spec: &FigureSpec, recs: &[&Loaded]) -> Vec<Figure> {
         let mut keys: Vec<SeriesKey> = rec_of_key.keys().cloned().collect();
         keys.sort_by_key(SeriesKey::order);
         let dropouts = items.iter().any(|i| i.mark.is_some());
+        let (item_ix, cpu_ix) = (key_index(&items), key_index(&cpu));
         for (part, group) in split(&keys, spec.max_series) {
-            let in_group: Vec<&Item> = items.iter().filter(|i| group.contains(&i.key)).collect();
+            let in_group = of_group(&items, &item_ix, &group);
             let group_recs: Vec<&Loaded> = group
                 .iter()
                 .flat_map(|k| rec_of_key.get(k).into_iter().flatten().copied())
@@ -664,7 +665,7 @@ pub(crate) fn build(spec: &FigureSpec, recs: &[&Loaded]) -> Vec<Figure> {
                 series: main,
                 refs: references(&spec.reference, metric, &group_recs),
             })];
-            let cpu_group: Vec<&Item> = cpu.iter().filter(|i| group.contains(&i.key)).collect();
+            let cpu_group = of_group(&cpu, &cpu_ix, &group);
             if !cpu_group.is_empty() {
                 panels.push(Plot::Line(LinePlot {
                     title: format!(
@@ -687,6 +688,29 @@ pub(crate) fn build(spec: &FigureSpec, recs: &[&Loaded]) -> Vec<Figure> {
         }
     }
     out
+}
+
+/// The positions of each key's items.
+fn key_index(items: &[Item]) -> BTreeMap<&SeriesKey, Vec<usize>> {
+    let mut m: BTreeMap<&SeriesKey, Vec<usize>> = BTreeMap::new();
+    for (i, it) in items.iter().enumerate() {
+        m.entry(&it.key).or_default().push(i);
+    }
+    m
+}
+
+/// The items of `group`'s keys, in their order in `all`.
+fn of_group<'a>(
+    all: &'a [Item],
+    index: &BTreeMap<&SeriesKey, Vec<usize>>,
+    group: &[SeriesKey],
+) -> Vec<&'a Item> {
+    let mut v: Vec<usize> = group
+        .iter()
+        .flat_map(|k| index.get(k).into_iter().flatten().copied())
+        .collect();
+    v.sort_unstable();
+    v.into_iter().map(|i| &all[i]).collect()
 }
 
 /// The CPU items of a record: netgap's threads at the client and server
