@@ -162,6 +162,12 @@ impl XAxis {
                 ))
             }
             _ if self.is_count() => l.extras.clients.map(|c| XValue::Num(f64::from(c))),
+            // A zipf point run without `--alpha` ran the web workload's
+            // default exponent, 1.0.
+            XAxis::Alpha if app_option(l, "alpha").is_none() => {
+                let zipf = app_option(l, "trace").and_then(|v| v.as_str()) == Some("zipf");
+                zipf.then_some(XValue::Num(1.0))
+            }
             _ => {
                 let name = self.option()?;
                 app_option(l, name)
@@ -604,6 +610,11 @@ pub(crate) fn build(spec: &FigureSpec, recs: &[&Loaded]) -> Vec<Figure> {
             let mut k = SeriesKey::of(l);
             if let Some(o) = spec.x.option() {
                 k = k.without(o);
+                // A point at the option's default is kept apart from one
+                // that named the same value, which it may not have had.
+                if app_option(l, o).is_none() {
+                    k = k.with_entry(o, "default");
+                }
             }
             if !spec.x.is_size() && sizes.len() > 1 {
                 k = k.with_entry("size", &format_size(l.record.size_bytes));
