@@ -802,6 +802,46 @@ mod tests {
         assert_eq!(all.len(), keys.len(), "no series lost");
     }
 
+    /// A web zipf record with the options given, as a results file has it.
+    fn zipf(options: &str) -> ResultRecord {
+        let line = format!(
+            r#"{{"test":"web","transport":"tcp","mode":"event","size_bytes":1024,
+            "metric":"transactions_per_s","value":5000.0,"percentiles":null,
+            "service_demand_us_per_kib":null,"datagrams":null,"warnings":[],
+            "version":"0.1.0","time":"2026-11-22T08:00:00Z","clients":12,
+            "app":{{"options":{options}}}}}"#
+        );
+        serde_json::from_str(&line).expect("a record")
+    }
+
+    #[test]
+    fn a_zipf_point_without_alpha_is_drawn_at_the_default_apart_from_named_ones() {
+        let records = [
+            zipf(r#"{"trace":"zipf","alpha":0.8}"#),
+            zipf(r#"{"trace":"zipf","alpha":1.0}"#),
+            zipf(r#"{"trace":"zipf"}"#),
+        ];
+        let spec = FigureSpec {
+            cpu_beside: false,
+            ..FigureSpec::new("Figure 8b", XAxis::Alpha)
+        };
+        let figs = figures(&spec, &records);
+        assert_eq!(figs.len(), 1);
+        let Plot::Line(p) = &figs[0].panels[0] else {
+            panic!("a line plot")
+        };
+        let xs: Vec<Vec<f64>> = p
+            .series
+            .iter()
+            .map(|s| s.points.iter().map(|q| q.0).collect())
+            .collect();
+        assert_eq!(xs, [vec![1.0], vec![0.8, 1.0]], "{:?}", p.series);
+        assert!(p.series[0].name.contains("alpha=default"));
+        let svg = figure_svg(&spec, &records);
+        assert_eq!(svg.matches("<svg").count(), 1);
+        assert!(svg.contains("data-x-scale=\"linear\""));
+    }
+
     #[test]
     fn few_series_stay_in_one_plot() {
         let keys = vec![key("tcp", 1500), key("unix", 1500)];
