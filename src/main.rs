@@ -226,7 +226,10 @@ fn compare(args: &CompareArgs) -> Result<bool> {
 
 fn import(args: &ImportArgs) -> Result<()> {
     use std::io::Write;
-    let records = netgap::import::import_file(&args.format, &args.file, args.size)?;
+    let mut records = netgap::import::import_file(&args.format, &args.file, args.size)?;
+    if let Some(label) = &args.label {
+        netgap::import::label_records(&mut records, label);
+    }
     let mut text = String::new();
     for r in &records {
         text.push_str(&serde_json::to_string(r).context("encoding a record")?);

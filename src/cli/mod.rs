@@ -335,6 +335,22 @@ pub struct ImportArgs {
     /// ping-pong); K, M, G suffixes allowed.
     #[arg(long, value_name = "BYTES", value_parser = netgap::units::parse_size_bytes)]
     pub size: Option<u64>,
+    /// Name the stack of every imported record (`stack.label`), as `run
+    /// --label` does: two imports under different labels are two series.
+    #[arg(long, value_name = "TEXT", value_parser = import_label)]
+    pub label: Option<String>,
+}
+
+/// An import's `--label`: some text, on one line.
+fn import_label(text: &str) -> Result<String, String> {
+    let t = text.trim();
+    if t.is_empty() {
+        return Err("an empty label; name the series, e.g. --label \"kernel 6.8\"".into());
+    }
+    if t.chars().any(char::is_control) {
+        return Err("a label is one line of text, without control characters".into());
+    }
+    Ok(t.to_string())
 }
 
 #[derive(Debug, Subcommand)]

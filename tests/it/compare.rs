@@ -441,3 +441,27 @@ fn escape_bytes_in_a_label_are_printed_escaped() {
     assert!(out.contains("new\\u{1b}]0;owned\\u{7}\\u{9b}31m"), "{out}");
     assert!(out.contains("8 points:"), "{out}");
 }
+
+/// Points of one run that differ only in a workload's options (nginx and
+/// Apache, two alphas, read and write) are each matched with their own,
+/// never collapsed: a file compared with itself matches every record.
+#[test]
+fn points_that_differ_in_workload_options_are_matched_each_with_its_own() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/report/apps.jsonl");
+    let recs = netgap::report::load::load_files(&[path]).expect("fixture loads");
+    let c = netgap::compare::compare(
+        &recs,
+        &recs,
+        &netgap::compare::CompareOptions {
+            threshold_pct: 5.0,
+            ..Default::default()
+        },
+    )
+    .expect("compares");
+    assert_eq!(c.changes.len(), recs.len());
+    assert!(c.only_base.is_empty() && c.only_new.is_empty());
+    assert!(c
+        .changes
+        .iter()
+        .any(|ch| ch.label().contains("server=apache")));
+}

@@ -313,3 +313,61 @@ fn import_help_names_every_format_of_the_registry_with_what_it_reads() {
         );
     }
 }
+
+/// Two imports of the same NPtcp output under two `--label`s are two
+/// series of the report, with every record kept; an empty label is refused
+/// in one line.
+#[test]
+fn two_labelled_imports_are_two_series() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = dir.path().join("peers.jsonl");
+    for label in ["kernel A", "kernel B"] {
+        let o = common::netgap()
+            .args(["import", "netpipe", "--label", label])
+            .arg(fixture("import/nptcp.out"))
+            .arg("-o")
+            .arg(&out)
+            .output()
+            .expect("runs");
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    let lines = std::fs::read_to_string(&out).expect("records");
+    let labels: Vec<String> = lines
+        .lines()
+        .map(|l| {
+            let v: Value = serde_json::from_str(l).expect("json");
+            v["stack"]["label"].as_str().unwrap_or("").to_string()
+        })
+        .collect();
+    let n = labels.len();
+    assert_eq!(labels.iter().filter(|l| *l == "kernel A").count(), n / 2);
+    assert_eq!(labels.iter().filter(|l| *l == "kernel B").count(), n / 2);
+    let recs = netgap::report::load::load_files(std::slice::from_ref(&out)).expect("loads");
+    let report =
+        netgap::report::Report::build(&[out], &recs, &netgap::report::ReportOptions::default());
+    assert!(
+        !report
+            .warnings
+            .iter()
+            .any(|w| w.text.starts_with("The same point")),
+        "no record set aside: {:?}",
+        report.warnings
+    );
+    let latency = report
+        .plots()
+        .find(|p| p.title() == "pingpong: latency (µs, one-way) against size")
+        .expect("latency plot");
+    let netgap::report::svg::Plot::Line(latency) = latency else {
+        panic!("a line plot")
+    };
+    let names: Vec<&str> = latency.series.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(
+        names,
+        ["tcp [NPtcp], [kernel A]", "tcp [NPtcp], [kernel B]"]
+    );
+    let o = import(&["netpipe", "--label", " "], &fixture("import/nptcp.out"));
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("empty label"), "{err}");
+}

@@ -197,8 +197,8 @@ fn report_page_snapshot_and_structure() {
         "stream: service demand against size",
         "sweep (pingpong): bandwidth (Gbit/s of payload) against size, dropouts circled",
         "sweep (pingpong): signature graph (bandwidth (Gbit/s of payload) against block time)",
-        "multistream: bandwidth (Gbit/s of payload) against clients",
-        "multistream: CPU of server and client hosts against clients",
+        "multistream: bandwidth (Gbit/s of payload) against streams",
+        "multistream: CPU of server and client hosts against streams",
         "connect: connections per second against clients",
         "logp: LogP parameters (o_s, o_r, g, L) against size",
     ] {
@@ -269,8 +269,8 @@ fn several_stacks_of_one_test_are_several_series_labelled_by_what_differs() {
     }
     // shm at 400 Gbit/s against tcp at a few: the axis is logarithmic.
     assert!(bw.y.log, "bandwidth spans four decades on a linear axis");
-    // Poll is drawn beside event of the same stack: adjacent, one colour,
-    // another dash.
+    // Poll is drawn beside event of the same stack: adjacent, each series
+    // in a colour of its own.
     let at = |mode: &str| {
         names
             .iter()
@@ -283,8 +283,7 @@ fn several_stacks_of_one_test_are_several_series_labelled_by_what_differs() {
     };
     let (e, p) = (at("event"), at("poll"));
     assert_eq!(p, e + 1, "{names:?}");
-    assert_eq!(bw.series[e].colour, bw.series[p].colour);
-    assert_ne!(bw.series[e].dash, bw.series[p].dash);
+    assert_ne!(bw.series[e].colour, bw.series[p].colour);
     // Every point with a confidence interval carries its bar; the one with a
     // single repetition has none.
     let ping = plot(&report, "pingpong: latency (µs, one-way) against size");
@@ -367,7 +366,7 @@ fn a_point_measured_twice_is_drawn_once_and_warned_about() {
     let w = report
         .warnings
         .iter()
-        .find(|w| w.text.starts_with("The same point of the same stack"))
+        .find(|w| w.text.starts_with("The same point of the same series"))
         .expect("a warning about repeated points");
     assert_eq!(w.points.len(), n);
     let bw = plot(
@@ -445,12 +444,12 @@ fn every_series_has_its_own_marker_colour_and_dash() {
     for plot in report.plots() {
         let Plot::Line(p) = plot else { continue };
         // The look of a series: colour, dash and marker shape (the SVG
-        // writer gives series k marker k of its seven).
+        // writer gives series k marker k of its eight).
         let mut looks: Vec<(usize, usize, usize)> = p
             .series
             .iter()
             .enumerate()
-            .map(|(k, s)| (s.colour % 8, s.dash % 4, k % 7))
+            .map(|(k, s)| (s.colour % 8, s.dash % 4, k % 8))
             .collect();
         let n = looks.len();
         looks.sort();
@@ -557,4 +556,80 @@ fn a_peer_tool_with_other_sizes_is_compared_on_the_sizes_it_shares() {
         assert!(np.ratio.is_finite() && np.ratio > 0.0);
         assert_eq!(np.verdict, "no confidence interval");
     }
+}
+
+/// Application records of one run with several servers, Zipf alphas, pio
+/// shapes, operations and patterns, gather responders and modes, pipeline
+/// presets, pinned and unpinned points, two MTUs, and two NPtcp imports of
+/// the same file under two labels.
+const APPS: &str = "tests/fixtures/report/apps.jsonl";
+
+#[test]
+fn application_records_of_one_run_are_never_merged_or_dropped() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut recs = load::load_files(&[root.join(APPS)]).expect("fixture loads");
+    for r in &mut recs {
+        r.file = r.file.strip_prefix(root).expect("under root").to_path_buf();
+    }
+    let report = Report::build(&[PathBuf::from(APPS)], &recs, &ReportOptions::default());
+    assert!(
+        !report
+            .warnings
+            .iter()
+            .any(|w| w.text.starts_with("The same point")),
+        "no record set aside: {:?}",
+        report.warnings
+    );
+    // Every record is a point of a value plot (CPU plots aside), and the
+    // plots are listed with their axes and series.
+    let mut listing = String::new();
+    let mut plotted = 0;
+    for p in report.plots() {
+        let Plot::Line(p) = p else { continue };
+        if p.title.contains(": CPU of ") {
+            continue;
+        }
+        let scale = |a: &netgap::report::svg::Axis| {
+            if !a.categories.is_empty() {
+                format!("category {}", a.categories.join(" "))
+            } else if a.log {
+                "log".to_string()
+            } else {
+                "linear".to_string()
+            }
+        };
+        listing.push_str(&format!(
+            "{}\n  x: {} ({}), y: {}\n",
+            p.title,
+            p.x.label,
+            scale(&p.x),
+            scale(&p.y)
+        ));
+        let colours: std::collections::BTreeSet<usize> =
+            p.series.iter().map(|s| s.colour).collect();
+        assert_eq!(colours.len(), p.series.len(), "{}: a colour each", p.title);
+        for s in &p.series {
+            plotted += s.points.len() + s.marks.iter().filter(|m| m.fault).count();
+            listing.push_str(&format!("  {} points: {}\n", s.points.len(), s.name));
+        }
+        for r in &p.refs {
+            listing.push_str(&format!("  reference: {}\n", r.label));
+        }
+    }
+    assert_eq!(plotted, recs.len(), "{listing}");
+    snapshot("apps-series.txt", &listing);
+    // The web plots are against file size and alpha, never at "1K".
+    let alpha = plot(&report, "web: transactions per second against alpha");
+    assert_eq!(alpha.series.len(), 2);
+    assert!(alpha
+        .series
+        .iter()
+        .all(|s| s.points.iter().map(|p| p.0).eq([0.6, 0.8, 1.0])));
+    // The pio bandwidth plot draws the path's limit.
+    let pio = plot(
+        &report,
+        "pio: bandwidth (Gbit/s of payload) against servers/clients",
+    );
+    assert_eq!(pio.refs.len(), 1);
+    assert_eq!(pio.x.categories, ["1S/3C", "3S/1C"]);
 }

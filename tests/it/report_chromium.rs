@@ -2,7 +2,9 @@
 //! page written by `netgap report` with no console messages (the page has
 //! no script, so any message is an error: a failed load, a blocked request),
 //! its DOM holds every plot, the table of contents, confidence bars on the
-//! points and CPU panels beside the metrics, and a screenshot is kept in
+//! points, CPU panels beside the metrics, log axes where the values span
+//! decades, the path's limit drawn on a bandwidth plot, and a screenshot is
+//! kept in
 //! `target/test-output/report-chromium/` for a person to look at.
 //!
 //! Without chromium the test says why it skips, unless
@@ -117,6 +119,7 @@ fn the_report_opens_in_headless_chromium_with_every_plot() {
             "tests/fixtures/report/logp.jsonl",
             "tests/fixtures/report/multihost.jsonl",
             "tests/fixtures/report/stacks.jsonl",
+            "tests/fixtures/report/apps.jsonl",
         ])
         .arg(&peers)
         .output()
@@ -182,6 +185,36 @@ fn the_report_opens_in_headless_chromium_with_every_plot() {
         .unwrap_or("");
     assert!(before_cpu.contains("stream: bandwidth (Gbit/s of payload) against size"));
     assert!(stream_row.contains(" client\"") && stream_row.contains(" server\""));
+
+    // The figures' axes as the browser has them: the stream bandwidth plot
+    // (shm at 400 Gbit/s beside tcp at a few) is log against log size; the
+    // pio plot is against its shapes, with the path's payload limit drawn.
+    let figure_of = |caption: &str| -> &str {
+        dom_text
+            .split("<figure ")
+            .find(|f| f.contains(&format!(": {caption}</figcaption>")))
+            .unwrap_or_else(|| panic!("no figure {caption:?} in the DOM"))
+    };
+    let stream = figure_of("stream: bandwidth (Gbit/s of payload) against size");
+    assert!(
+        stream.contains("data-x-scale=\"log\" data-y-scale=\"log\""),
+        "stream bandwidth axes are not log/log"
+    );
+    let pio = figure_of("pio: bandwidth (Gbit/s of payload) against servers/clients");
+    assert!(pio.contains("data-x-scale=\"category\""), "pio x axis");
+    assert!(
+        pio.contains(">1S/3C</text>") && pio.contains(">3S/1C</text>"),
+        "pio shapes as categories"
+    );
+    let reference = pio
+        .split("<g class=\"reference\"")
+        .nth(1)
+        .expect("the path's limit on the pio bandwidth plot");
+    assert!(reference.contains("<line") && reference.contains("path limit"));
+    // Web against file size and alpha, never the zipf points at "1K".
+    figure_of("web: transactions per second against file size");
+    let alpha = figure_of("web: transactions per second against alpha");
+    assert!(alpha.contains(">0.6</text>") || alpha.contains(">0.8</text>"));
 
     let shot = dir.join("report.png");
     let _ = std::fs::remove_file(&shot);

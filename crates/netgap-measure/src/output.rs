@@ -115,31 +115,10 @@ pub(crate) fn table_row(r: &ResultRecord) -> String {
             .map(|c| format!("{:.0}", f(c)))
             .unwrap_or_default()
     };
-    let mut notes: Vec<String> = Vec::new();
-    // Rows of an interleaved comparison differ in their conditions, which
-    // the other columns do not show.
-    if let (Some(stack), Some(_)) = (
-        &r.stack,
-        r.options.as_ref().and_then(|o| o.interleaved.as_ref()),
-    ) {
-        let p = &stack.path;
-        let mut c = Vec::new();
-        if let Some(m) = p.mtu_bytes {
-            c.push(format!("mtu {m}"));
-        }
-        if let Some(o) = &p.offload {
-            c.push(format!("offload {o}"));
-        }
-        if let Some(q) = p.qdisc.as_deref().filter(|q| *q != "noqueue") {
-            c.push(q.to_string());
-        }
-        if !c.is_empty() {
-            notes.push(c.join(" "));
-        }
-    }
-    if let Some(n) = r.workload.as_ref().map(|g| g.clients) {
-        notes.push(format!("clients={n}"));
-    }
+    // What sets the row apart from the others of its run, which the other
+    // columns do not show: its conditions, the workload's own options and
+    // the count the workload is measured along.
+    let mut notes: Vec<String> = set_apart(r);
     if r.metric == "connections_per_s" {
         notes.push(format!("{} conn/s", fmt_num(r.value)));
     } else if !matches!(r.metric.as_str(), "latency_us" | "bandwidth_gbps") {
@@ -200,6 +179,83 @@ pub(crate) fn table_row(r: &ResultRecord) -> String {
         cpu(|c| c.remote.process_percent, 1),
         note,
     ])
+}
+
+/// What sets a row apart from the other rows of its run: the path's
+/// conditions (on a testbed, or when the run compared conditions), the
+/// workload's own options as the point ran them (`server=apache`,
+/// `alpha=0.8`, `op=read`, `pattern=tile`, `responder=gmond`,
+/// `preset=vm`; the server program it started when no option names it),
+/// and the count of the point by what it counts (`clients=12`,
+/// `streams=4`, `links=3`).
+pub(crate) fn set_apart(r: &ResultRecord) -> Vec<String> {
+    let mut notes = Vec::new();
+    let interleaved = r.options.as_ref().and_then(|o| o.interleaved.as_ref());
+    if let Some(stack) = &r.stack {
+        let p = &stack.path;
+        let conditioned = p.kind.as_deref() == Some("testbed")
+            || interleaved.is_some()
+            || p.rate_bps.is_some()
+            || p.delay_us.is_some()
+            || p.loss_ppm.is_some();
+        if conditioned {
+            let mut c = Vec::new();
+            if let Some(m) = p.mtu_bytes {
+                c.push(format!("mtu {m}"));
+            }
+            if let Some(o) = &p.offload {
+                c.push(format!("offload {o}"));
+            }
+            if let Some(rate) = p.rate_bps {
+                c.push(format!("{} Mbit/s", fmt_num(rate as f64 / 1e6)));
+            }
+            if let Some(d) = p.delay_us {
+                c.push(format!("delay {d} us"));
+            }
+            if let Some(l) = p.loss_ppm {
+                c.push(format!("loss {}%", fmt_num(f64::from(l) / 10_000.0)));
+            }
+            if let Some(q) = p.qdisc.as_deref().filter(|q| *q != "noqueue") {
+                c.push(q.to_string());
+            }
+            if !c.is_empty() {
+                notes.push(c.join(" "));
+            }
+        }
+    }
+    let Some(w) = r.workload.as_ref() else {
+        return notes;
+    };
+    if let Some(app) = &w.app {
+        for (name, value) in &app.options {
+            let v = match value {
+                serde_json::Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            notes.push(format!("{name}={v}"));
+        }
+        let named = ["server", "responder"]
+            .iter()
+            .any(|n| app.options.contains_key(*n));
+        let mut services: Vec<&str> = app.services.iter().map(|s| s.name.as_str()).collect();
+        services.sort_unstable();
+        services.dedup();
+        if !named && !services.is_empty() {
+            notes.push(format!("server={}", services.join("+")));
+        }
+    }
+    let count = match netgap_workload::registry()
+        .iter()
+        .find(|k| k.name() == r.test)
+        .map(|k| k.count())
+    {
+        Some(netgap_workload::CountFlag::Streams) => "streams",
+        Some(netgap_workload::CountFlag::Hosts) if !w.links.is_empty() => "links",
+        Some(netgap_workload::CountFlag::Hosts) => "hosts",
+        _ => "clients",
+    };
+    notes.push(format!("{count}={}", w.clients));
+    notes
 }
 
 /// The table's note for a result past what its path allows, such as
@@ -406,6 +462,93 @@ mod tests {
     const DRIFT: [f64; 8] = [10.0, 10.6, 11.1, 11.5, 12.2, 12.6, 13.1, 13.7];
     const TWO_GROUPS: [f64; 8] = [10.0, 13.0, 10.1, 13.1, 9.9, 12.9, 10.0, 13.0];
     const QUIET: [f64; 4] = [10.0, 10.1, 9.9, 10.0];
+
+    /// A workload point of `test` with `clients` and its own `options`,
+    /// run with the `services` named.
+    fn workload_point(
+        test: &str,
+        clients: u32,
+        options: serde_json::Value,
+        services: &[&str],
+    ) -> ResultRecord {
+        let mut r = crate::test_support::record(1000.0);
+        r.test = test.to_string();
+        r.metric = "transactions_per_s".into();
+        let app = netgap_core::record::AppResult {
+            options: options.as_object().cloned().unwrap_or_default(),
+            services: services
+                .iter()
+                .map(|s| netgap_core::record::ServiceRecord {
+                    name: s.to_string(),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        };
+        r.with_workload(netgap_core::record::WorkloadSection {
+            clients,
+            client_hosts: Some(3),
+            flows: Vec::new(),
+            hosts_cpu: Vec::new(),
+            links: Vec::new(),
+            app: Some(app),
+        })
+    }
+
+    #[test]
+    fn rows_of_a_run_show_what_sets_them_apart() {
+        // A Figure 8a-style run over a list of servers, and a zipf run.
+        let rows: Vec<String> = [
+            workload_point(
+                "web",
+                12,
+                serde_json::json!({"server": "nginx"}),
+                &["nginx"],
+            ),
+            workload_point(
+                "web",
+                12,
+                serde_json::json!({"server": "apache"}),
+                &["apache"],
+            ),
+            workload_point("web", 12, serde_json::json!({}), &["nginx"]),
+            workload_point(
+                "web",
+                12,
+                serde_json::json!({"trace": "zipf", "alpha": 0.8}),
+                &["nginx"],
+            ),
+        ]
+        .iter()
+        .map(table_row)
+        .collect();
+        let mut distinct = rows.clone();
+        distinct.sort();
+        distinct.dedup();
+        assert_eq!(distinct.len(), 3, "{rows:#?}");
+        assert!(rows[0].contains("server=nginx") && rows[0].contains("clients=12"));
+        assert!(rows[1].contains("server=apache"));
+        // No option named: the server it started.
+        assert!(rows[2].contains("server=nginx"));
+        assert!(rows[3].contains("alpha=0.8") && rows[3].contains("trace=zipf"));
+        let pio = table_row(&workload_point(
+            "pio",
+            3,
+            serde_json::json!({"servers": 1, "op": "read", "pattern": "tile"}),
+            &[],
+        ));
+        assert!(
+            pio.contains("op=read") && pio.contains("pattern=tile") && pio.contains("servers=1"),
+            "{pio}"
+        );
+        let streams = table_row(&workload_point(
+            "multistream",
+            4,
+            serde_json::json!({}),
+            &[],
+        ));
+        assert!(streams.contains("streams=4"), "{streams}");
+    }
 
     #[test]
     fn noisy_points_are_grouped_by_kind_with_their_count_and_points() {

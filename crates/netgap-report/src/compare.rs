@@ -2,9 +2,10 @@
 //! files, or between two stacks of one file, so a stack, kernel or
 //! condition change can be gated on it.
 //!
-//! Points are matched by test, size, metric, number of clients and stack
-//! ([`Stack::of_record`]); when a file holds a point twice the later record
-//! counts. `--base-stack` and `--new-stack` pick the stacks of each side
+//! Points are matched by test, size, metric, number of clients, the
+//! options that changed what they measured (a workload's own, pinning) and
+//! stack ([`Stack::of_record`]); a point a file holds twice is matched as
+//! its own (`repeat=2`). `--base-stack` and `--new-stack` pick the stacks of each side
 //! (every comma-separated term names a part of the stack: `MTU 9000`,
 //! `offload off`, `tcp/poll`, a label), which also compares two stacks of
 //! one file, as an interleaved A/B run makes. Stacks pair up when they are
@@ -65,6 +66,10 @@ pub struct PointKey {
     pub metric: String,
     /// Concurrent clients, for multi-client tests.
     pub clients: Option<u32>,
+    /// The options that changed what the point measured besides its stack
+    /// ([`Loaded::variant`]: `server=apache`, `alpha=0.8`, `pin=0/1`), so
+    /// points of nginx and Apache are matched each with its own.
+    pub variant: Vec<String>,
 }
 
 impl PointKey {
@@ -75,6 +80,7 @@ impl PointKey {
             size_bytes: r.size_bytes,
             metric: r.metric.clone(),
             clients: l.extras.clients,
+            variant: l.variant.clone(),
         }
     }
 
@@ -89,6 +95,9 @@ impl PointKey {
         );
         if let Some(c) = self.clients {
             let _ = write!(s, " x{c}");
+        }
+        for v in &self.variant {
+            let _ = write!(s, " {v}");
         }
         s
     }

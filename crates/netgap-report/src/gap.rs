@@ -399,7 +399,7 @@ pub(crate) fn conclusions(entries: &[GapEntry]) -> Vec<String> {
 }
 
 /// `2.10x the latency` style wording of a ratio to the reference.
-fn ratio_words(ratio: f64, metric: &str) -> String {
+pub(crate) fn ratio_words(ratio: f64, metric: &str) -> String {
     if lower_is_better(metric) {
         format!("at {ratio:.2}x")
     } else {

@@ -51,14 +51,8 @@ pub fn render(r: &Report) -> String {
         escape(&r.baseline)
     );
     contents(&mut o, r);
-    o.push_str("<h2 id=\"conclusions\">Each stack against the baseline</h2>\n<ul>\n");
-    if r.conclusions.is_empty() {
-        o.push_str("<li>Only one stack per test: nothing to compare.</li>\n");
-    }
-    for c in &r.conclusions {
-        let _ = writeln!(o, "<li>{}</li>", escape(c));
-    }
-    o.push_str("</ul>\n");
+    o.push_str("<h2 id=\"conclusions\">Each stack against the baseline</h2>\n");
+    summary_table(&mut o, r);
     let mut n = 0;
     for s in &r.sections {
         let id = anchor(&s.test);
@@ -90,6 +84,51 @@ pub fn render(r: &Report) -> String {
     warnings(&mut o, r);
     o.push_str("</body>\n</html>\n");
     o
+}
+
+/// Each stack against the baseline as one table: a row per test, metric,
+/// band and stack, with its ratio to the reference in words and whether
+/// the difference is real; the reference (the baseline, or the best where
+/// no baseline stack was measured) named in its own column.
+fn summary_table(o: &mut String, r: &Report) {
+    let entries: Vec<&GapEntry> = r
+        .sections
+        .iter()
+        .flat_map(|s| s.gap.iter())
+        .filter(|e| e.rows.len() > 1)
+        .collect();
+    if entries.is_empty() {
+        o.push_str("<p>Only one stack per test: nothing to compare.</p>\n");
+        return;
+    }
+    o.push_str("<table class=\"summary\">\n<tr><th>test</th><th>metric</th><th>band</th><th>against</th><th>stack</th><th>value against the reference</th><th>gap</th></tr>\n");
+    for e in entries {
+        let against = if e.against_baseline {
+            format!("baseline: {}", e.reference)
+        } else {
+            format!("best (no baseline here): {}", e.reference)
+        };
+        for row in e.rows.iter().skip(1) {
+            let ratio = if row.ratio.is_finite() {
+                super::gap::ratio_words(row.ratio, &e.metric)
+            } else {
+                "-".to_string()
+            };
+            let best = if row.best { " (best)" } else { "" };
+            let _ = writeln!(
+                o,
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"num\">{}</td><td>{}{best}</td></tr>",
+                escape(&e.test),
+                escape(&e.metric),
+                escape(e.band.as_str()),
+                escape(&against),
+                escape(&row.stack),
+                escape(&ratio),
+                escape(&row.verdict),
+            );
+        }
+    }
+    o.push_str("</table>\n");
 }
 
 fn contents(o: &mut String, r: &Report) {

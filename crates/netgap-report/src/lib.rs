@@ -6,6 +6,7 @@
 //! draws, [`html`] writes the page and [`png`] rasterizes for `--images`.
 
 pub mod compare;
+pub mod figure;
 pub mod gap;
 pub mod html;
 pub mod import;
@@ -159,7 +160,7 @@ impl Report {
             let labels = stacks::labels(&keys);
             sections.push(Section {
                 test: test.clone(),
-                figures: plots::figures(test, recs, &labels),
+                figures: plots::figures(test, recs),
                 gap: gap::gap_table(recs, &labels, &options.baseline),
             });
             all_labels.insert(test.clone(), labels);
@@ -343,7 +344,7 @@ fn warnings(
     }
     if !shadowed.is_empty() {
         groups.push(WarningGroup {
-            text: "The same point of the same stack appears more than once; plots and tables keep the later record. Give separate runs a --label to keep them apart.".into(),
+            text: "The same point of the same series (stack, hosts and workload options alike) appears in more than one file; plots and tables keep the later record and set the earlier one aside. Give separate runs a --label to keep them apart.".into(),
             points: shadowed,
         });
     }

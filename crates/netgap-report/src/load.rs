@@ -157,6 +157,56 @@ pub struct Loaded {
     /// What it measured over ([`Stack::of_record`]); two records belong to
     /// the same series exactly when their stacks (and hosts) are equal.
     pub stack: Stack,
+    /// Everything else that changes what the point measured, as sorted
+    /// `name=value` entries ([`variant_of`]); part of its series' identity.
+    pub variant: Vec<String>,
+}
+
+/// What a record's stack does not say but that changes what it measured,
+/// as sorted `name=value` entries: every option of the workload's own as
+/// the point ran it (`alpha=0.8`, `op=read`, `responder=gmond`), the server
+/// program it ran when no option names it (`server=nginx`), the CPUs the
+/// roles were pinned to (`pin=2/3`), and `bidir`. Read from the record's
+/// sections, never from a list of known options, so a workload's new
+/// option sets series apart without a change here.
+pub fn variant_of(r: &ResultRecord) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Some(app) = r.workload.as_ref().and_then(|w| w.app.as_ref()) {
+        for (name, value) in &app.options {
+            out.push(format!("{name}={}", value_text(value)));
+        }
+        let named = ["server", "responder"]
+            .iter()
+            .any(|n| app.options.contains_key(*n));
+        let mut services: Vec<&str> = app.services.iter().map(|s| s.name.as_str()).collect();
+        services.sort_unstable();
+        services.dedup();
+        if !named && !services.is_empty() {
+            out.push(format!("server={}", services.join("+")));
+        }
+    }
+    if let Some(o) = &r.options {
+        let p = o.placement;
+        if p.client_cpu.is_some() || p.server_cpu.is_some() {
+            let cpu = |c: Option<u32>| c.map_or_else(|| "-".to_string(), |c| c.to_string());
+            out.push(format!("pin={}/{}", cpu(p.client_cpu), cpu(p.server_cpu)));
+        }
+        if o.bidir {
+            out.push("bidir".to_string());
+        }
+    }
+    out.sort();
+    out
+}
+
+/// A JSON option value as a variant shows it: strings bare, numbers short.
+fn value_text(v: &serde_json::Value) -> String {
+    match v {
+        serde_json::Value::String(s) => s.clone(),
+        serde_json::Value::Bool(b) => b.to_string(),
+        serde_json::Value::Number(n) => n.to_string(),
+        other => other.to_string(),
+    }
 }
 
 impl Loaded {
@@ -185,12 +235,14 @@ impl Loaded {
             }
         }
         let stack = Stack::of_record(&record);
+        let variant = variant_of(&record);
         Loaded {
             record,
             extras,
             file,
             line,
             stack,
+            variant,
         }
     }
 
@@ -353,7 +405,40 @@ pub fn load_file_parts(path: &Path) -> Result<LoadedFile, LoadError> {
         out.records
             .push(Loaded::new(record, extras, path.to_path_buf(), n));
     }
+    mark_repeats(&mut out.records);
     Ok(out)
+}
+
+/// Records of one file that measured the same point of the same series
+/// (a run that listed a point twice) are all kept: the second and later
+/// get `repeat=N` in their variant, so they form series of their own
+/// instead of shadowing the first. Only records from different files can
+/// shadow each other.
+fn mark_repeats(records: &mut [Loaded]) {
+    let mut seen: std::collections::BTreeMap<String, u32> = std::collections::BTreeMap::new();
+    for l in records.iter_mut() {
+        let app = l
+            .record
+            .workload
+            .as_ref()
+            .map(|w| (w.clients, w.client_hosts));
+        let key = format!(
+            "{}|{:?}|{:?}|{:?}|{}|{}|{:?}",
+            l.section(),
+            l.stack,
+            l.hosts(),
+            l.variant,
+            l.record.metric,
+            l.record.size_bytes,
+            app
+        );
+        let n = seen.entry(key).or_default();
+        *n += 1;
+        if *n > 1 {
+            l.variant.push(format!("repeat={n}"));
+            l.variant.sort();
+        }
+    }
 }
 
 /// The intact records of a results file (see [`load_file_parts`]).

@@ -1,7 +1,10 @@
 //! Series identity for the report and `compare`: a series is one stack
-//! ([`Stack::of_record`]) on one pair of hosts, never a merge of several.
+//! ([`Stack::of_record`]) on one pair of hosts with one set of the options
+//! that change what is measured ([`Loaded::variant`]: the workload's own
+//! options, the server it ran, pinning), never a merge of several.
 //! Series shown together are labelled by what sets them apart
-//! ([`Stack::distinguishing_labels`], plus the hosts when they differ), and
+//! ([`Stack::distinguishing_labels`], then the variant entries and the
+//! hosts that differ), and
 //! a user names stacks on the command line by the parts of their
 //! description ([`StackSelector`]).
 
@@ -17,6 +20,9 @@ pub struct SeriesKey {
     pub stack: Stack,
     /// Where they ran (`node2 -> node1`), when the records say.
     pub hosts: Option<String>,
+    /// What else sets the points apart, as sorted `name=value` entries
+    /// ([`Loaded::variant`]): workload options, server, pinning.
+    pub variant: Vec<String>,
 }
 
 impl SeriesKey {
@@ -25,7 +31,25 @@ impl SeriesKey {
         SeriesKey {
             stack: l.stack.clone(),
             hosts: l.hosts(),
+            variant: l.variant.clone(),
         }
+    }
+
+    /// The key without its variant entry `name` (the figure's x axis, such
+    /// as `alpha`), so points along that axis form one series.
+    pub fn without(&self, name: &str) -> SeriesKey {
+        let mut k = self.clone();
+        k.variant.retain(|e| entry_name(e) != name);
+        k
+    }
+
+    /// The key with the entry `name=value` added (a dimension a figure
+    /// does not plot along, such as the size on a plot against clients).
+    pub fn with_entry(&self, name: &str, value: &str) -> SeriesKey {
+        let mut k = self.without(name);
+        k.variant.push(format!("{name}={value}"));
+        k.variant.sort();
+        k
     }
 
     /// The series with its completion mode set aside: poll and event of
@@ -43,9 +67,15 @@ impl SeriesKey {
     }
 }
 
-/// Labels for series shown together: by what sets their stacks apart, with
-/// ` @hosts` added when they ran on several known hosts. Distinct series
-/// never share a label.
+/// The name of a variant entry: `alpha` of `alpha=0.8`.
+pub fn entry_name(entry: &str) -> &str {
+    entry.split_once('=').map_or(entry, |(n, _)| n)
+}
+
+/// Labels for series shown together: by what sets their stacks apart, then
+/// the variant entries whose values differ between them (an entry one
+/// series lacks differs too), with ` @hosts` added when they ran on several
+/// known hosts. Distinct series never share a label.
 pub fn labels<'a>(keys: impl IntoIterator<Item = &'a SeriesKey>) -> BTreeMap<SeriesKey, String> {
     let keys: BTreeSet<&SeriesKey> = keys.into_iter().collect();
     let stacks: Vec<&Stack> = keys
@@ -62,9 +92,31 @@ pub fn labels<'a>(keys: impl IntoIterator<Item = &'a SeriesKey>) -> BTreeMap<Ser
     // Only known hosts count: an imported record, which names none, does
     // not make every netgap series say where it ran.
     let hosts: BTreeSet<&String> = keys.iter().filter_map(|k| k.hosts.as_ref()).collect();
-    keys.iter()
+    // Variant entries by name, and the names whose values differ.
+    let value_of = |k: &SeriesKey, n: &str| -> Option<String> {
+        k.variant.iter().find(|e| entry_name(e) == n).cloned()
+    };
+    let entry_names: BTreeSet<&str> = keys
+        .iter()
+        .flat_map(|k| k.variant.iter().map(|e| entry_name(e)))
+        .collect();
+    let varying: Vec<&str> = entry_names
+        .into_iter()
+        .filter(|n| {
+            let values: BTreeSet<Option<String>> = keys.iter().map(|k| value_of(k, n)).collect();
+            values.len() > 1
+        })
+        .collect();
+    let mut out: BTreeMap<SeriesKey, String> = keys
+        .iter()
         .map(|k| {
             let mut name = names.get(&k.stack).cloned().unwrap_or_default();
+            for n in &varying {
+                if let Some(e) = value_of(k, n) {
+                    name.push_str(", ");
+                    name.push_str(&e);
+                }
+            }
             if hosts.len() > 1 {
                 if let Some(h) = &k.hosts {
                     name.push_str(" @");
@@ -73,7 +125,19 @@ pub fn labels<'a>(keys: impl IntoIterator<Item = &'a SeriesKey>) -> BTreeMap<Ser
             }
             ((*k).clone(), name)
         })
-        .collect()
+        .collect();
+    // Keys that still share a label (an entry the set does not vary in
+    // alone, or a stack label fallback) show every entry.
+    let mut count: BTreeMap<String, usize> = BTreeMap::new();
+    for l in out.values() {
+        *count.entry(l.clone()).or_default() += 1;
+    }
+    for (k, l) in out.iter_mut() {
+        if count.get(l).copied().unwrap_or(0) > 1 && !k.variant.is_empty() {
+            *l = format!("{}, {}", k.stack.describe(), k.variant.join(", "));
+        }
+    }
+    out
 }
 
 /// The items of a stack's description (`tcp`, `event`, `MTU 9000`,
@@ -267,6 +331,7 @@ mod tests {
         let k = |mtu, hosts: &str| SeriesKey {
             stack: stack("tcp", Mode::Event, mtu, None),
             hosts: Some(hosts.into()),
+            variant: Vec::new(),
         };
         let (a, b) = (k(1500, "h1"), k(9000, "h1"));
         let l = labels([&a, &b]);
@@ -282,12 +347,35 @@ mod tests {
         let e = SeriesKey {
             stack: stack("tcp", Mode::Event, 1500, None),
             hosts: None,
+            variant: Vec::new(),
         };
         let p = SeriesKey {
             stack: stack("tcp", Mode::Poll, 1500, None),
             hosts: None,
+            variant: Vec::new(),
         };
         assert_eq!(e.family(), p.family());
         assert!(e.order() < p.order());
+    }
+
+    #[test]
+    fn labels_name_the_variant_entries_that_differ() {
+        let k = |v: &[&str]| SeriesKey {
+            stack: stack("tcp", Mode::Event, 1500, None),
+            hosts: None,
+            variant: v.iter().map(|s| s.to_string()).collect(),
+        };
+        let a = k(&["alpha=0.8", "server=nginx"]);
+        let b = k(&["alpha=0.8", "server=apache"]);
+        let c = k(&["alpha=0.8"]);
+        let l = labels([&a, &b, &c]);
+        assert_eq!(l[&a], "tcp, server=nginx");
+        assert_eq!(l[&b], "tcp, server=apache");
+        assert_eq!(l[&c], "tcp");
+        assert_eq!(a.without("alpha").variant, ["server=nginx"]);
+        assert_eq!(
+            c.with_entry("clients", "4").variant,
+            ["alpha=0.8", "clients=4"]
+        );
     }
 }

@@ -1,11 +1,15 @@
-//! The plot model and its SVG rendering: line plots with linear or log axes
-//! and bar charts, drawn by hand so the output is deterministic (the report's
-//! snapshot tests compare it byte for byte) and needs no fonts or network.
-//! Every series has a marker shape of its own and a colour and dash pattern
-//! its plot gives it (poll and event of one stack share a colour and differ
-//! in dash), so plots stay readable when printed in grey. A point's 95%
-//! confidence interval is drawn as a vertical bar with caps; the legend sits
-//! under the plot, one line per series, so long stack labels fit.
+//! The plot model and its SVG rendering: line plots with linear, log or
+//! category axes and bar charts, drawn by hand so the output is
+//! deterministic (the report's snapshot tests compare it byte for byte) and
+//! needs no fonts or network. Every series has a marker shape and a colour
+//! of its own (a plot holds at most eight series, see [`crate::figure`])
+//! and a dash pattern for what it shows of its stack (client, server, p99),
+//! so plots stay readable when printed in grey. A point's 95% confidence
+//! interval is drawn as a vertical bar with caps, clipped at the plot's
+//! edges: a bar never sets the range of a log axis nor turns it linear.
+//! Reference lines (the path's payload limit) are drawn across the plot.
+//! The legend sits under the plot, one line per series, so long stack
+//! labels fit.
 
 use std::fmt::Write as _;
 
@@ -30,7 +34,7 @@ const COLOURS: [&str; 8] = [
     "#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#F0E442",
 ];
 const DASHES: [&str; 4] = ["", "6 3", "2 3", "8 3 2 3"];
-const MARKERS: usize = 7;
+const MARKERS: usize = 8;
 
 /// One axis of a line plot.
 #[derive(Debug, Clone, PartialEq)]
@@ -41,6 +45,9 @@ pub struct Axis {
     pub log: bool,
     /// Values are sizes in bytes: ticks at powers of two with K/M/G labels.
     pub bytes: bool,
+    /// Named categories (`1S/3C`, `3S/1C`): value `i` is drawn at the
+    /// `i`-th name, evenly spaced; empty for a numeric axis.
+    pub categories: Vec<String>,
 }
 
 impl Axis {
@@ -50,6 +57,7 @@ impl Axis {
             label: label.to_string(),
             log: false,
             bytes: false,
+            categories: Vec::new(),
         }
     }
 
@@ -87,6 +95,23 @@ impl Axis {
             label: "message size (bytes; K = 1024)".to_string(),
             log: true,
             bytes: true,
+            categories: Vec::new(),
+        }
+    }
+
+    /// A logarithmic axis of sizes in bytes under `label`.
+    pub fn bytes(label: &str) -> Axis {
+        Axis {
+            label: label.to_string(),
+            ..Axis::size()
+        }
+    }
+
+    /// An axis of named categories, in the order given.
+    pub fn categories(label: &str, names: Vec<String>) -> Axis {
+        Axis {
+            categories: names,
+            ..Axis::linear(label)
         }
     }
 }
@@ -124,6 +149,15 @@ pub struct Series {
     pub dash: usize,
 }
 
+/// A horizontal line across a plot at a known value: what the path allows.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RefLine {
+    /// y in the y axis' unit.
+    pub y: f64,
+    /// What the line is (`path limit 9.49 Gbit/s`).
+    pub label: String,
+}
+
 /// A line plot: series of points against a common x axis.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LinePlot {
@@ -135,6 +169,8 @@ pub struct LinePlot {
     pub y: Axis,
     /// Lines, drawn in order.
     pub series: Vec<Series>,
+    /// Reference lines across the plot, drawn under the series.
+    pub refs: Vec<RefLine>,
 }
 
 /// A horizontal bar chart: one row per category, one bar per group in it.
@@ -222,6 +258,15 @@ impl Scale {
 
 /// Range and tick positions of an axis over data `lo..=hi`.
 fn ticks(axis: &Axis, lo: f64, hi: f64) -> (f64, f64, Vec<(f64, String)>) {
+    if !axis.categories.is_empty() {
+        let t = axis
+            .categories
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (i as f64, n.clone()))
+            .collect();
+        return (-0.5, axis.categories.len() as f64 - 0.5, t);
+    }
     if axis.bytes {
         let (a, b) = (
             lo.max(1.0).log2().floor(),
@@ -334,7 +379,7 @@ fn marker(out: &mut String, k: usize, x: f64, y: f64, colour: &str) {
             out,
             "<circle cx=\"{x:.1}\" cy=\"{y:.1}\" r=\"{r}\" fill=\"#ffffff\" stroke=\"{colour}\" stroke-width=\"2\"/>"
         ),
-        _ => writeln!(
+        6 => writeln!(
             out,
             "<path d=\"M{x:.1} {:.1}L{:.1} {:.1}L{:.1} {:.1}Z\" fill=\"#ffffff\" stroke=\"{colour}\" stroke-width=\"2\"/>",
             y + r + 1.0,
@@ -342,6 +387,14 @@ fn marker(out: &mut String, k: usize, x: f64, y: f64, colour: &str) {
             y - r,
             x - r - 1.0,
             y - r
+        ),
+        _ => writeln!(
+            out,
+            "<path d=\"M{:.1} {y:.1}H{:.1}M{x:.1} {:.1}V{:.1}\" stroke=\"{colour}\" stroke-width=\"2.6\"/>",
+            x - r - 1.0,
+            x + r + 1.0,
+            y - r - 1.0,
+            y + r + 1.0
         ),
     };
 }
@@ -354,17 +407,32 @@ fn line_svg(p: &LinePlot) -> String {
         .flat_map(|s| s.points.iter().copied())
         .filter(|(x, y)| usable(&p.x, *x) && usable(&p.y, *y))
         .collect();
-    // The axis reaches the ends of the confidence bars, so none is cut.
-    let bars: Vec<(f64, f64)> = p
-        .series
-        .iter()
-        .flat_map(|s| s.points.iter().zip(&s.errors))
-        .filter(|(pt, _)| usable(&p.x, pt.0) && usable(&p.y, pt.1))
-        .filter_map(|(pt, e)| e.map(|(lo, hi)| [(pt.0, lo), (pt.0, hi)]))
-        .flatten()
-        .filter(|(_, y)| usable(&p.y, *y))
-        .collect();
-    pts.extend(bars);
+    // A linear axis reaches the ends of the confidence bars, except below
+    // zero when every point is at or above it (a bar past zero is clipped
+    // there: a negative bandwidth or latency is no value). A log axis is
+    // set by the points alone and clips the bars at its edges, so a wide
+    // bar can neither stretch it over decades nor make it linear.
+    let floor_zero = pts.iter().all(|(_, y)| *y >= 0.0);
+    if !p.y.log {
+        let bars: Vec<(f64, f64)> = p
+            .series
+            .iter()
+            .flat_map(|s| s.points.iter().zip(&s.errors))
+            .filter(|(pt, _)| usable(&p.x, pt.0) && usable(&p.y, pt.1))
+            .filter_map(|(pt, e)| e.map(|(lo, hi)| [(pt.0, lo), (pt.0, hi)]))
+            .flatten()
+            .filter(|(_, y)| y.is_finite())
+            .map(|(x, y)| (x, if floor_zero { y.max(0.0) } else { y }))
+            .collect();
+        pts.extend(bars);
+    }
+    let x_any = pts.first().map_or(1.0, |p| p.0);
+    pts.extend(
+        p.refs
+            .iter()
+            .filter(|r| usable(&p.y, r.y))
+            .map(|r| (x_any, r.y)),
+    );
     // A fault is drawn off its line, but inside the axes too.
     let faults: Vec<(f64, f64)> = p
         .series
@@ -439,6 +507,24 @@ fn line_svg(p: &LinePlot) -> String {
     }
     let _ = writeln!(
         out,
+        "<g class=\"axes\" data-x-scale=\"{}\" data-y-scale=\"{}\"></g>",
+        scale_name(&p.x),
+        scale_name(&p.y)
+    );
+    for r in p.refs.iter().filter(|r| usable(&p.y, r.y)) {
+        let y = sy.at(r.y);
+        let _ = writeln!(
+            out,
+            "<g class=\"reference\" data-value=\"{}\"><line x1=\"{px0:.1}\" y1=\"{y:.1}\" x2=\"{px1:.1}\" y2=\"{y:.1}\" stroke=\"#C00000\" stroke-width=\"1.4\" stroke-dasharray=\"10 4\"/>\
+             <text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\" fill=\"#C00000\" font-size=\"11\">{}</text></g>",
+            tick_label(r.y),
+            px1 - 4.0,
+            y - 4.0,
+            escape(&r.label)
+        );
+    }
+    let _ = writeln!(
+        out,
         "<rect x=\"{px0:.1}\" y=\"{py1:.1}\" width=\"{:.1}\" height=\"{:.1}\" fill=\"none\" stroke=\"#333333\"/>\n\
          <text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text>\n\
          <text transform=\"translate(16 {:.1}) rotate(-90)\" text-anchor=\"middle\">{}</text>",
@@ -467,17 +553,19 @@ fn line_svg(p: &LinePlot) -> String {
             .filter(|(pt, _)| usable(&p.x, pt.0) && usable(&p.y, pt.1))
             .filter_map(|(pt, e)| {
                 let (lo, hi) = (*e)?;
-                // A bar whose low end a log axis cannot show runs to the floor.
+                // A bar is clipped at the plot's edges; a low end a log
+                // axis cannot show runs to the floor.
                 let lo = if usable(&p.y, lo) {
                     sy.at(lo).min(py0)
                 } else {
                     py0
                 };
                 let hi = if usable(&p.y, hi) {
-                    sy.at(hi).max(py1)
+                    sy.at(hi).max(py1).min(py0)
                 } else {
                     return None;
                 };
+                let lo = lo.max(py1);
                 Some((sx.at(pt.0), lo, hi))
             })
             .collect();
@@ -555,6 +643,18 @@ fn line_svg(p: &LinePlot) -> String {
     }
     out.push_str("</svg>\n");
     out
+}
+
+/// How an axis is scaled, as the page's figures state it for readers and
+/// tests: `log`, `linear` or `category`.
+fn scale_name(a: &Axis) -> &'static str {
+    if !a.categories.is_empty() {
+        "category"
+    } else if a.log {
+        "log"
+    } else {
+        "linear"
+    }
 }
 
 fn bars_svg(b: &BarChart) -> String {
@@ -693,12 +793,62 @@ mod tests {
                 }],
                 ..Series::default()
             }],
+            refs: Vec::new(),
         });
         let svg = p.to_svg();
         assert!(!svg.contains("no points to plot"), "{svg}");
         assert_eq!(svg.matches("class=\"fault\"").count(), 1, "{svg}");
         // Only the legend's marker is a filled circle: the fault is none.
         assert_eq!(svg.matches("<circle").count(), 1, "{svg}");
+    }
+
+    #[test]
+    fn a_bar_below_zero_neither_makes_a_log_axis_linear_nor_reaches_below_zero() {
+        let series = vec![Series {
+            name: "a".into(),
+            points: vec![(1.0, 6.7), (2.0, 5400.0)],
+            errors: vec![Some((-5000.0, 15000.0)), Some((5000.0, 5800.0))],
+            ..Series::default()
+        }];
+        let log = Plot::Line(LinePlot {
+            title: "t".into(),
+            x: Axis::size(),
+            y: Axis::log("y"),
+            series: series.clone(),
+            refs: vec![RefLine {
+                y: 100.0,
+                label: "limit".into(),
+            }],
+        })
+        .to_svg();
+        assert!(log.contains("data-y-scale=\"log\""), "{log}");
+        assert!(log.contains("class=\"reference\""), "{log}");
+        // The axis runs from the points' decades: 1 to 10000.
+        assert!(
+            log.contains(">10000</text>") && !log.contains(">-5000<"),
+            "{log}"
+        );
+        let linear = Plot::Line(LinePlot {
+            title: "t".into(),
+            x: Axis::size(),
+            y: Axis::linear("y"),
+            series,
+            refs: Vec::new(),
+        })
+        .to_svg();
+        assert!(!linear.contains(">-"), "no negative tick: {linear}");
+    }
+
+    #[test]
+    fn a_category_axis_names_each_category_once() {
+        let (lo, hi, t) = ticks(
+            &Axis::categories("shape", vec!["1S/3C".into(), "3S/1C".into()]),
+            0.0,
+            1.0,
+        );
+        assert_eq!((lo, hi), (-0.5, 1.5));
+        let labels: Vec<&str> = t.iter().map(|(_, l)| l.as_str()).collect();
+        assert_eq!(labels, ["1S/3C", "3S/1C"]);
     }
 
     #[test]
@@ -712,6 +862,7 @@ mod tests {
                 points: vec![(0.0, 1.0), (1.0, 2.0), (2.0, -1.0)],
                 ..Series::default()
             }],
+            refs: Vec::new(),
         });
         let svg = p.to_svg();
         assert_eq!(

@@ -142,6 +142,19 @@ pub fn import_file(
     Ok(records)
 }
 
+/// Labels imported records, as `--label` labels a run: the label is part of
+/// each record's stack, so two imports of the same tool under different
+/// labels are two series in a report instead of one merged line. The
+/// stack is the one a record without a stack would be read with
+/// ([`Stack::of_record`](netgap_core::stack::Stack::of_record)), labelled.
+pub fn label_records(records: &mut [ResultRecord], label: &str) {
+    for r in records.iter_mut() {
+        let mut stack = netgap_core::stack::Stack::of_record(r);
+        stack.label = Some(label.to_string());
+        r.stack = Some(stack);
+    }
+}
+
 /// The measured parts of one imported point; everything else stays empty.
 struct Imported<'a> {
     tool: &'a str,
