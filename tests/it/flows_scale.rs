@@ -207,7 +207,7 @@ fn client_child() {
     let clients = flows::prepare_clients(&spec, &cfg).unwrap();
     let prepared = t0.elapsed();
     let report = clients
-        .run(Duration::from_millis(200), Duration::from_secs(1))
+        .run(Duration::from_secs(1), Duration::from_secs(1))
         .unwrap();
     let totals = server.stop();
     let hwm_pingpong = status_kib("VmHWM:");
@@ -266,7 +266,7 @@ fn client_child() {
     };
     let clients = flows::prepare_clients(&spec, &cfg).unwrap();
     let report = clients
-        .run(Duration::from_millis(200), Duration::from_secs(1))
+        .run(Duration::from_secs(1), Duration::from_secs(1))
         .unwrap();
     let totals = server.stop();
     let hwm_connect = status_kib("VmHWM:");
@@ -318,7 +318,7 @@ fn client_child() {
     let clients = flows::prepare_clients(&spec, &udp_cfg).unwrap();
     let prepared = t0.elapsed();
     let report = clients
-        .run(Duration::from_millis(200), Duration::from_secs(1))
+        .run(Duration::from_secs(1), Duration::from_secs(1))
         .unwrap();
     let totals = server.stop();
     let hwm_udp = status_kib("VmHWM:");
