@@ -141,7 +141,6 @@ pub fn run(args: &StudyArgs) -> Result<()> {
             }
             match study::cannot_make(f, &offer) {
                 Some(why) => {
-                    eprintln!("netgap: study {} figure {}: skipped: {why}", s.id, f.id);
                     first_why.get_or_insert_with(|| format!("figure {}: {why}", f.id));
                     outcomes.insert(f.id.clone(), Outcome::Skipped(why));
                 }
@@ -154,6 +153,11 @@ pub fn run(args: &StudyArgs) -> Result<()> {
                 why: first_why.unwrap_or_default(),
             }
             .into());
+        }
+        for (id, o) in &outcomes {
+            if let Outcome::Skipped(why) = o {
+                eprintln!("netgap: study {} figure {id}: skipped: {why}", s.id);
+            }
         }
         let extra = |f: &study::data::Figure| study::common_args(&s.id, f, &hosts_text, &json);
         let runs = study::plan(&s, &chosen, budget, args.quick, &extra)?;
@@ -203,6 +207,7 @@ pub fn run(args: &StudyArgs) -> Result<()> {
                     );
                     outcome = Outcome::Failed(line);
                     failed += 1;
+                    wait_for_agents(&hosts_text);
                     break;
                 }
             }
@@ -235,6 +240,28 @@ pub fn run(args: &StudyArgs) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// How long a failed figure's agents get to finish its roles.
+const AGENTS_FREE_WITHIN: Duration = Duration::from_secs(20);
+
+/// After a failed figure, waits (up to [`AGENTS_FREE_WITHIN`]) until every
+/// agent of the hosts file takes a session again, so the failure's roles,
+/// still winding down on an agent, do not fail the next figure too.
+fn wait_for_agents(hosts: &str) {
+    let Ok(netgap::cluster::HostsSource::File(file)) =
+        netgap::cluster::HostsArg::parse(hosts).and_then(|a| a.load())
+    else {
+        return;
+    };
+    let t0 = std::time::Instant::now();
+    for h in &file.hosts {
+        while netgap::testbed::probe_agent(h, file.key_file.as_deref()).is_err()
+            && t0.elapsed() < AGENTS_FREE_WITHIN
+        {
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
 }
 
 /// Builds the testbed `study` needs, held until dropped.

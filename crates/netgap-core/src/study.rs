@@ -346,13 +346,15 @@ pub enum Attr {
     Responder,
     /// Sweep: ping-pong, stream or bidirectional.
     Kind,
-    /// The transport options set (`quickack`, `no-nodelay`, ...), or
+    /// The transport options set (`quickack`, `no_nodelay`, ...), or
     /// `defaults`.
     Options,
+    /// The record's metric (LogP's overheads, gap and latency).
+    Metric,
 }
 
 impl Attr {
-    const ALL: [(&'static str, Attr); 13] = [
+    const ALL: [(&'static str, Attr); 14] = [
         ("test", Attr::Test),
         ("transport", Attr::Transport),
         ("mode", Attr::Mode),
@@ -366,6 +368,7 @@ impl Attr {
         ("responder", Attr::Responder),
         ("kind", Attr::Kind),
         ("options", Attr::Options),
+        ("metric", Attr::Metric),
     ];
 
     /// Its name in a study file and in a series' label.
@@ -414,7 +417,9 @@ pub struct Figure {
     pub variants: Vec<Vec<String>>,
     /// The x-axis.
     pub x: XAxis,
-    /// The metric on y (`latency_us`, `bandwidth_gbps`, ...).
+    /// The metric on y (`latency_us`, `bandwidth_gbps`, ...), or `value`:
+    /// each record's headline, whatever its metric (LogP's parameters,
+    /// told apart by the `metric` series).
     pub y: String,
     /// What sets its series apart.
     pub series: Vec<Attr>,

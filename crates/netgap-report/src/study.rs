@@ -112,6 +112,7 @@ pub fn attr(rec: &Value, attr: Attr) -> Option<String> {
         Attr::Pattern => app("pattern"),
         Attr::Responder => app("responder"),
         Attr::Kind => field(rec, &["sweep_kind"]).and_then(text_of),
+        Attr::Metric => field(rec, &["metric"]).and_then(text_of),
         Attr::Options => {
             let opts: Vec<String> = field(rec, &["stack", "options"])
                 .and_then(Value::as_array)
@@ -160,14 +161,14 @@ fn x_of(rec: &Value, x: XAxis) -> Option<f64> {
 }
 
 /// A record's value of `metric` with its interval: the headline when it is
-/// the record's metric, else a field of its own (a sweep's block time) or
+/// the record's metric (or `metric` is `value`), else a field of its own (a sweep's block time) or
 /// an application metric; `dropouts` counts a flagged dropout as 1.
 fn y_of(rec: &Value, metric: &str) -> Option<(f64, Option<(f64, f64)>)> {
     if metric == "dropouts" {
         let has = field(rec, &["dropout"]).is_some_and(|d| !d.is_null());
         return Some((if has { 1.0 } else { 0.0 }, None));
     }
-    if field(rec, &["metric"]).and_then(Value::as_str) == Some(metric) {
+    if metric == "value" || field(rec, &["metric"]).and_then(Value::as_str) == Some(metric) {
         let v = field(rec, &["value"]).and_then(Value::as_f64)?;
         let lo = field(rec, &["stats", "ci95_low"]).and_then(Value::as_f64);
         let hi = field(rec, &["stats", "ci95_high"]).and_then(Value::as_f64);
@@ -470,6 +471,7 @@ fn unit_label(metric: &str) -> String {
         "query_time_ms" => "query time (ms)".into(),
         "gather_time_ms" => "gather time (ms)".into(),
         "block_time_us" => "block time (µs)".into(),
+        "value" => "µs".into(),
         m => m.replace('_', " "),
     }
 }
