@@ -39,9 +39,9 @@ const MAX_REP_MS: u64 = 2_000;
 /// What a repetition costs beyond its own time: a point-to-point
 /// repetition's flow, a workload's prepare/ready/go with every agent, a
 /// condition's switch of the testbed's links and fresh sessions.
-const P2P_OVERHEAD_MS: u64 = 5;
-const WORKLOAD_OVERHEAD_MS: u64 = 150;
-const CONDITION_OVERHEAD_MS: u64 = 200;
+const P2P_OVERHEAD_MS: u64 = 2;
+const WORKLOAD_OVERHEAD_MS: u64 = 700;
+const CONDITION_OVERHEAD_MS: u64 = 60;
 
 /// Why `netgap study` refuses to start; one line.
 #[derive(Debug, thiserror::Error)]
@@ -308,18 +308,31 @@ fn axis(l: &[u32], quick: bool) -> Vec<u32> {
     }
 }
 
+/// The figure's own flags; under `--quick` its quick flags replace the
+/// value of a flag it already has (`--alpha 0.4,1.0` for five alphas) and
+/// are added otherwise.
+fn flags_of(f: &Figure, quick: bool) -> Vec<String> {
+    let mut flags = f.flags.clone();
+    if !quick {
+        return flags;
+    }
+    let mut q = f.quick_flags.iter().peekable();
+    while let Some(flag) = q.next() {
+        let value = q.next_if(|v| !v.starts_with("--"));
+        match (flags.iter().position(|x| x == flag), value) {
+            (Some(i), Some(v)) if i + 1 < flags.len() => flags[i + 1] = v.clone(),
+            (_, v) => {
+                flags.push(flag.clone());
+                flags.extend(v.cloned());
+            }
+        }
+    }
+    flags
+}
+
 /// Points one variant of the figure measures, estimated from its lists.
 fn points_of(fig: &Figure, quick: bool, transports: usize) -> u64 {
-    let flags: Vec<String> = fig
-        .flags
-        .iter()
-        .chain(if quick {
-            fig.quick_flags.iter()
-        } else {
-            [].iter()
-        })
-        .cloned()
-        .collect();
+    let flags = flags_of(fig, quick);
     let sizes: u64 = match fig.command {
         FigureCommand::Sweep => {
             let bytes = |n: &str, d: u64| {
@@ -524,10 +537,7 @@ fn command_line(
             push("--rep-time", format!("{rep_ms}ms"));
         }
     }
-    a.extend(f.flags.iter().cloned());
-    if quick {
-        a.extend(f.quick_flags.iter().cloned());
-    }
+    a.extend(flags_of(f, quick));
     a.extend(variant.iter().cloned());
     if !f.conditions.is_empty() {
         a.push("--conditions".into());

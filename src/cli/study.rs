@@ -196,6 +196,7 @@ pub fn run(args: &StudyArgs) -> Result<()> {
                 rep_ms: r.rep_ms,
                 missing: r.missing.clone(),
             };
+            let t0 = std::time::Instant::now();
             for argv in &r.argv {
                 if let Err(e) = measure(argv) {
                     let line = crate::one_line(&e);
@@ -211,6 +212,12 @@ pub fn run(args: &StudyArgs) -> Result<()> {
                     break;
                 }
             }
+            eprintln!(
+                "netgap: study {} figure {}: done in {:.1?}",
+                p.study.id,
+                r.figure,
+                t0.elapsed()
+            );
             p.outcomes.insert(r.figure.clone(), outcome);
         }
         drop(testbed);

@@ -615,7 +615,13 @@ fn claim_rule(c: &Claim) -> String {
     }
 }
 
-fn claim_table(out: &mut String, study: &Study, fig: &Figure, records: &[Value]) {
+fn claim_table(
+    out: &mut String,
+    study: &Study,
+    fig: &Figure,
+    outcomes: &BTreeMap<String, Outcome>,
+    records: &[Value],
+) {
     let claims: Vec<&Claim> = study.claims_of(&fig.id).collect();
     if claims.is_empty() {
         out.push_str(
@@ -625,7 +631,17 @@ fn claim_table(out: &mut String, study: &Study, fig: &Figure, records: &[Value])
     }
     out.push_str("<table class=\"claims\"><tr><th>claim</th><th>published</th><th>measured (95% CI)</th><th>here</th></tr>\n");
     for c in claims {
-        let j = judge(study, c, records);
+        // A claim read from a figure that was not measured says why.
+        let unmeasured = c.from.iter().find_map(|f| match outcomes.get(f) {
+            Some(Outcome::Skipped(why)) => Some(format!("figure {f} was not measured: {why}")),
+            Some(Outcome::Failed(e)) => Some(format!("figure {f}'s run failed: {e}")),
+            Some(Outcome::NotAsked) => Some(format!("figure {f} was not asked for")),
+            _ => None,
+        });
+        let j = match unmeasured {
+            Some(why) if !matches!(c.test, ClaimTest::Unmeasurable(_)) => cannot(why),
+            _ => judge(study, c, records),
+        };
         let measured = match (j.measured, j.ci) {
             (Some(v), Some((lo, hi))) => {
                 format!("{} [{}, {}]", fmt_num(v), fmt_num(lo), fmt_num(hi))
@@ -732,7 +748,7 @@ pub fn render(runs: &[StudyRun<'_>], records: &[Value]) -> String {
                 }
             }
             out.push_str("</div>\n");
-            claim_table(&mut out, s, fig, records);
+            claim_table(&mut out, s, fig, &run.outcomes, records);
             out.push_str("</section>\n");
         }
     }
