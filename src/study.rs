@@ -157,6 +157,10 @@ pub struct HostsOffer {
     /// They are testbed hosts this process may switch the links of (root
     /// and a testbed's hosts file).
     pub conditions: bool,
+    /// The second host has a network namespace this process can enter
+    /// (root), where point-to-point tests, sweeps and LogP run their
+    /// client role.
+    pub client_netns: bool,
 }
 
 impl HostsOffer {
@@ -166,6 +170,7 @@ impl HostsOffer {
             hosts: study.testbed.hosts,
             links: study.testbed.links,
             conditions: true,
+            client_netns: true,
         }
     }
 
@@ -181,12 +186,14 @@ impl HostsOffer {
                     hosts: f.hosts.len() as u32,
                     links,
                     conditions: root && f.is_testbed(),
+                    client_netns: root && f.hosts.get(1).is_some_and(|h| h.netns.is_some()),
                 }
             }
             other => HostsOffer {
                 hosts: other.hosts(),
                 links: 1,
                 conditions: false,
+                client_netns: false,
             },
         })
     }
@@ -205,6 +212,15 @@ pub fn cannot_make(fig: &Figure, offer: &HostsOffer) -> Option<String> {
             "switches link conditions ({}), which needs root and testbed hosts",
             fig.conditions.join(" ")
         ));
+    }
+    let mpi = fig
+        .tests
+        .iter()
+        .any(|t| crate::mpi::MpiTest::by_name(t).is_some());
+    if !is_workload(fig) && !mpi && !offer.client_netns {
+        return Some(
+            "its point-to-point tests play the second host from here, which needs testbed hosts (a network namespace) and root; elsewhere run them with netgap run --peer on the client host".into(),
+        );
     }
     if let Some(max) = fig.links.iter().max() {
         if *max > offer.links {

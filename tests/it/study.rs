@@ -90,6 +90,25 @@ fn bad_input_is_refused_in_one_line_before_anything_runs() {
         &["study", "004", "--hosts", &at, "-o", out],
         "these hosts can make no figure of study 004",
     );
+    // Two plain hosts (no namespaces) can make workloads, but no sweep:
+    // a sweep plays the second host from here.
+    let two = dir.path().join("two.json");
+    std::fs::write(
+        &two,
+        r#"{"version":1,"topology":"list","hosts":[{"name":"a","control":"127.0.0.1:7100","address":"127.0.0.1"},{"name":"b","control":"127.0.0.1:7101","address":"127.0.0.1"}]}"#,
+    )
+    .expect("hosts file");
+    common::fails_with_one_line(
+        &[
+            "study",
+            "003",
+            "--hosts",
+            &format!("@{}", two.display()),
+            "-o",
+            out,
+        ],
+        "these hosts can make no figure of study 003",
+    );
     if system_ready("study::bad_input (budget)") {
         common::fails_with_one_line(
             &["study", "004", "--budget", "100ms", "-o", out],
@@ -98,8 +117,8 @@ fn bad_input_is_refused_in_one_line_before_anything_runs() {
     }
     assert_eq!(
         std::fs::read_dir(dir.path()).expect("dir").count(),
-        1,
-        "nothing was written but the hosts file"
+        2,
+        "nothing was written but the hosts files"
     );
 }
 

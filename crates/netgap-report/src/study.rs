@@ -554,6 +554,10 @@ fn figure_plot(fig: &Figure, recs: &[&Value]) -> Option<Plot> {
 /// CPU beside bandwidth: each series' client and server process CPU.
 fn cpu_plot(fig: &Figure, recs: &[&Value]) -> Option<Plot> {
     let mut lines = Vec::new();
+    // One colour per series, solid for the client, dashed for the server.
+    let names: Vec<String> = series_of(recs, &fig.series, fig.x, &fig.y)
+        .into_keys()
+        .collect();
     for (side, key) in [("client", "local"), ("server", "remote")] {
         let mut by: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
         for r in recs {
@@ -563,17 +567,16 @@ fn cpu_plot(fig: &Figure, recs: &[&Value]) -> Option<Plot> {
             ) else {
                 continue;
             };
-            by.entry(format!("{} {side}", series_name(r, &fig.series)))
+            by.entry(series_name(r, &fig.series))
                 .or_default()
                 .push((x, c));
         }
         for (name, mut pts) in by {
             pts.sort_by(|a, b| a.0.total_cmp(&b.0));
-            let k = lines.len();
             lines.push(Series {
-                name,
+                colour: names.iter().position(|n| *n == name).unwrap_or(0),
+                name: format!("{name} {side}"),
                 points: pts,
-                colour: k / 2,
                 dash: usize::from(side == "server"),
                 ..Series::default()
             });
