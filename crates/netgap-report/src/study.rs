@@ -612,7 +612,22 @@ fn fmt_expect(e: Expect) -> String {
 fn claim_rule(c: &Claim) -> String {
     match &c.test {
         ClaimTest::Ratio { expect, .. } => format!("ratio; {}", fmt_expect(*expect)),
-        ClaimTest::Trend { expect, .. } => format!("last over first; {}", fmt_expect(*expect)),
+        ClaimTest::Trend {
+            from_x,
+            to_x,
+            expect,
+            ..
+        } => {
+            let at = |x: &Option<f64>, end: &str| {
+                x.map_or(end.to_string(), |v| format!("x = {}", fmt_num(v)))
+            };
+            format!(
+                "value at {} over value at {}; {}",
+                at(to_x, "the last x"),
+                at(from_x, "the first x"),
+                fmt_expect(*expect)
+            )
+        }
         ClaimTest::Value { expect, .. } => format!("value; {}", fmt_expect(*expect)),
         ClaimTest::Unmeasurable(_) => String::new(),
     }
