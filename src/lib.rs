@@ -35,4 +35,5 @@ pub use netgap_transport::{flows, preamble};
 pub use netgap_workload as workload;
 pub use netgap_workload::{confined, shard};
 
+pub mod study;
 pub mod testbed;

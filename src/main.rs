@@ -70,6 +70,7 @@ fn main() -> ExitCode {
             list();
             Ok(())
         }
+        Some(Command::Study(args)) => cli::study::run(&args),
         Some(Command::Report(args)) => report(&args),
         Some(Command::Compare(args)) => match compare(&args) {
             Ok(true) => return ExitCode::from(netgap::compare::REGRESSION_EXIT_CODE),

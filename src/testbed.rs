@@ -1611,6 +1611,15 @@ fn restore_on_interrupt() -> Result<(), TestbedError> {
                         eprintln!("netgap: error: the links could not be put back: {e}");
                     }
                 }
+                let owned = OWNED
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                if let Some(name) = owned.as_ref() {
+                    eprintln!("netgap: interrupted: taking testbed {name} down");
+                    if let Err(e) = teardown(name, true) {
+                        eprintln!("netgap: error: testbed {name} could not be taken down: {e}");
+                    }
+                }
                 std::process::exit(130);
             })
             .map_err(|e| format!("starting the interrupt thread: {e}"))?;
@@ -1684,6 +1693,56 @@ impl ConditionSwitch for TestbedSwitch {
     }
 }
 
+/// The testbed a command built for itself and takes down when done
+/// ([`OwnedTestbed`]), for the interrupt handler.
+static OWNED: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+
+/// A testbed a command builds for its own run (`netgap study`): brought up
+/// with [`up`], and taken down when the guard is dropped (on success, on
+/// error) or on Ctrl-C, SIGTERM or SIGHUP, which take it down before the
+/// process exits.
+pub struct OwnedTestbed {
+    name: String,
+}
+
+impl OwnedTestbed {
+    /// Builds testbed `args.name` (taking down what an earlier, killed run
+    /// left under that name) and holds it.
+    pub fn up(args: &UpArgs) -> Result<OwnedTestbed, TestbedError> {
+        args.params()?;
+        preflight()?;
+        restore_on_interrupt()?;
+        let name = args.name.name.clone();
+        teardown(&name, true)?;
+        *OWNED
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(name.clone());
+        let guard = OwnedTestbed { name };
+        up(args)?;
+        Ok(guard)
+    }
+
+    /// Its hosts file.
+    pub fn hosts_file(&self) -> PathBuf {
+        state_dir(&self.name).join("hosts.json")
+    }
+}
+
+impl Drop for OwnedTestbed {
+    fn drop(&mut self) {
+        let mut owned = OWNED
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Err(e) = teardown(&self.name, true) {
+            eprintln!(
+                "netgap: error: testbed {} could not be taken down: {e}",
+                self.name
+            );
+        }
+        *owned = None;
+    }
+}
+
 /// Removes the testbed (`netgap testbed down`).
 pub fn down(args: &NameArgs) -> Result<(), TestbedError> {
     check_name(&args.name)?;
@@ -1720,6 +1779,10 @@ fn teardown(name: &str, quiet: bool) -> Result<(), TestbedError> {
     }
     pids.sort_unstable();
     pids.dedup();
+    // This process may have a thread in a host's namespace (a run that
+    // played a testbed host); it never stops itself.
+    let own = i32::try_from(std::process::id()).unwrap_or(-1);
+    pids.retain(|&p| p != own);
     stop_processes(&pids);
     let mut errors = Vec::new();
     for ns in &namespaces {

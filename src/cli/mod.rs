@@ -3,6 +3,7 @@
 //! in the library (`netgap::plan`).
 
 pub mod flags;
+pub mod study;
 
 use clap::{Parser, Subcommand};
 use flags::{InterleaveFlags, MpiFlags, MultiHostFlags, OutputFlags, RepFlags, StackFlags};
@@ -71,6 +72,10 @@ pub enum Command {
         mut_arg("rep_time", |a| a.help("Time budget of one repetition; the iteration count adapts to it [default: 50ms]"))
     )]
     Logp(Box<LogpFlags>),
+    /// Run a study's figures (000, 001, 002, 003, 004 or all) with its
+    /// method, on a testbed it builds (root) or on --hosts, into one
+    /// results file and a report that judges the study's claims.
+    Study(Box<study::StudyArgs>),
     /// Write an HTML report (plots, gap table, environment) of results files.
     Report(ReportArgs),
     /// Compare two results files point by point, or two stacks of one file

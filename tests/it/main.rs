@@ -44,6 +44,7 @@ mod runner;
 mod scale;
 mod shaper;
 mod stopped_peer;
+mod study;
 mod sweep;
 mod testbed;
 mod testbed_multihost;

@@ -20,6 +20,7 @@ pub mod sizing;
 pub mod spec;
 pub mod stack;
 pub mod stats;
+pub mod study;
 pub mod text;
 pub mod units;
 

@@ -14,6 +14,7 @@ pub mod load;
 pub mod plots;
 pub mod png;
 pub mod stacks;
+pub mod study;
 pub mod svg;
 
 use load::Loaded;

@@ -220,6 +220,19 @@ fn resolve_hosts(source: &HostsSource) -> Result<Vec<HostInfo>, WorkloadError> {
     }
 }
 
+/// A coordinator dropped without [`WorkloadCoordinator::bye`] (a failed
+/// point) shuts its control connections down: each reader thread holds a
+/// clone of its connection and would otherwise keep the session open, and
+/// the agent busy, for as long as this process lives (a `netgap study`
+/// that measures figure after figure).
+impl Drop for WorkloadCoordinator {
+    fn drop(&mut self) {
+        for link in &self.links {
+            let _ = link.writer.shutdown();
+        }
+    }
+}
+
 impl WorkloadCoordinator {
     /// Connects to every host's agent, proves `key` to it when given (see
     /// [`crate::auth::prove`]) and shakes hands.

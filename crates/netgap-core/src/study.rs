@@ -1,0 +1,920 @@
+//! A study as data: the paper it reproduces (cited), the figures it shows
+//! (each figure's netgap tests and options, its x-axis and series, the
+//! hosts it needs) and the claims it makes (the published number, where in
+//! the paper, and how to judge it from records). A study file is TOML; it
+//! is read into raw types that refuse unknown keys, then checked once into
+//! the validated [`Study`]. Whether each figure's tests exist is checked
+//! where the registries are (the `netgap` crate).
+
+use serde::Deserialize;
+use std::collections::BTreeMap;
+
+/// Why a study file was refused; one line naming the study and what failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StudyError {
+    /// Not TOML of the study schema (an unknown key, a missing one).
+    #[error("study file {file}: {message}")]
+    Syntax {
+        /// Which file.
+        file: String,
+        /// The parser's complaint, on one line.
+        message: String,
+    },
+    /// A value that parses but means nothing.
+    #[error("study {study}: {what}")]
+    Invalid {
+        /// The study's id.
+        study: String,
+        /// What is wrong, naming the figure or claim.
+        what: String,
+    },
+}
+
+/// The paper a study reproduces, cited as its text gives it.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Citation {
+    /// Authors, in the paper's order.
+    pub authors: Vec<String>,
+    /// Title.
+    pub title: String,
+    /// Where it appeared (journal, proceedings, slides, web page).
+    pub venue: String,
+    /// Year of publication, when known.
+    #[serde(default)]
+    pub year: Option<u16>,
+    /// What of the citation the text itself does not give, and so where
+    /// it comes from.
+    #[serde(default)]
+    pub note: Option<String>,
+}
+
+impl Citation {
+    /// "A, B and C. Title. Venue, year."
+    pub fn line(&self) -> String {
+        let authors = match self.authors.as_slice() {
+            [] => String::new(),
+            [one] => one.clone(),
+            [init @ .., last] => format!("{} and {last}", init.join(", ")),
+        };
+        match self.year {
+            Some(y) => format!("{authors}. {}. {}, {y}.", self.title, self.venue),
+            None => format!("{authors}. {}. {}.", self.title, self.venue),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawStudy {
+    id: String,
+    citation: Citation,
+    method: RawMethod,
+    testbed: RawTestbed,
+    #[serde(default)]
+    figure: Vec<RawFigure>,
+    #[serde(default)]
+    claim: Vec<RawClaim>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawMethod {
+    reps: u32,
+    drop_each_side: u32,
+    #[serde(default)]
+    iterations: Option<u64>,
+    text: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTestbed {
+    hosts: u32,
+    topology: String,
+    #[serde(default = "one")]
+    links: u32,
+    #[serde(default)]
+    rate: Option<String>,
+    text: String,
+}
+
+fn one() -> u32 {
+    1
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFigure {
+    id: String,
+    caption: String,
+    #[serde(default = "run")]
+    command: String,
+    tests: Vec<String>,
+    #[serde(default)]
+    transports: Vec<String>,
+    #[serde(default)]
+    modes: Vec<String>,
+    #[serde(default)]
+    sizes: Option<String>,
+    #[serde(default)]
+    conditions: Vec<String>,
+    #[serde(default)]
+    clients: Vec<u32>,
+    #[serde(default)]
+    streams: Vec<u32>,
+    #[serde(default)]
+    links: Vec<u32>,
+    #[serde(default)]
+    flags: Vec<String>,
+    #[serde(default)]
+    quick_flags: Vec<String>,
+    #[serde(default)]
+    quick_sizes: Option<String>,
+    #[serde(default)]
+    variants: Vec<Vec<String>>,
+    x: String,
+    y: String,
+    series: Vec<String>,
+    #[serde(default)]
+    cpu: bool,
+    hosts: u32,
+    #[serde(default)]
+    min_rep_ms: Option<u64>,
+    paper: String,
+    here: String,
+}
+
+fn run() -> String {
+    "run".into()
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawClaim {
+    figure: String,
+    #[serde(default)]
+    from: Vec<String>,
+    text: String,
+    published: String,
+    #[serde(rename = "where")]
+    where_: String,
+    kind: String,
+    #[serde(default)]
+    a: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    b: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    series: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    at: Option<String>,
+    #[serde(default)]
+    metric: Option<String>,
+    #[serde(default)]
+    above: Option<f64>,
+    #[serde(default)]
+    below: Option<f64>,
+    #[serde(default)]
+    tolerance_pct: Option<f64>,
+    #[serde(default, rename = "from_x")]
+    from_x: Option<String>,
+    #[serde(default, rename = "to_x")]
+    to_x: Option<String>,
+    #[serde(default)]
+    why: Option<String>,
+}
+
+/// A study, validated.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Study {
+    /// Its id, `000` .. `004`.
+    pub id: String,
+    /// The paper.
+    pub citation: Citation,
+    /// The paper's method.
+    pub method: StudyMethod,
+    /// The testbed that makes every figure of the study.
+    pub testbed: TestbedNeed,
+    /// Its figures, in the paper's order.
+    pub figures: Vec<Figure>,
+    /// Its claims.
+    pub claims: Vec<Claim>,
+}
+
+/// The paper's method: repetitions, how many of the highest and lowest
+/// are dropped, iterations per repetition.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StudyMethod {
+    /// Repetitions of every experiment.
+    pub reps: u32,
+    /// Highest and lowest values dropped (each).
+    pub drop_each_side: u32,
+    /// Iterations of one repetition, when the paper states them.
+    pub iterations: Option<u64>,
+    /// The method in the paper's words.
+    pub text: String,
+}
+
+/// How the hosts are wired.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Topology {
+    /// Every host on one switch.
+    Switch,
+    /// Direct links between the hosts.
+    Mesh,
+}
+
+/// The testbed a study's figures need.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TestbedNeed {
+    /// Hosts.
+    pub hosts: u32,
+    /// Wiring.
+    pub topology: Topology,
+    /// Links per host pair (mesh).
+    pub links: u32,
+    /// Link rate, as `netgap testbed up --rate` takes it.
+    pub rate: Option<String>,
+    /// The paper's testbed and what stands in for it.
+    pub text: String,
+}
+
+/// The netgap command a figure runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FigureCommand {
+    /// `netgap run`.
+    Run,
+    /// `netgap sweep`.
+    Sweep,
+    /// `netgap logp`.
+    Logp,
+}
+
+impl FigureCommand {
+    /// The subcommand's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            FigureCommand::Run => "run",
+            FigureCommand::Sweep => "sweep",
+            FigureCommand::Logp => "logp",
+        }
+    }
+}
+
+/// What a figure plots along x.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum XAxis {
+    /// Message size, bytes.
+    Size,
+    /// Concurrent clients.
+    Clients,
+    /// Parallel streams.
+    Streams,
+    /// Links used.
+    Links,
+    /// Web: the single file's size, bytes.
+    FileSize,
+    /// Web: the Zipf exponent.
+    Alpha,
+    /// Pipeline: the unit of work's size, bytes.
+    UnitBytes,
+    /// Gather: hosts asked.
+    Hosts,
+    /// Parallel I/O: servers and clients (1S/3C, 3S/1C).
+    Shape,
+}
+
+impl XAxis {
+    const ALL: [(&'static str, XAxis); 9] = [
+        ("size", XAxis::Size),
+        ("clients", XAxis::Clients),
+        ("streams", XAxis::Streams),
+        ("links", XAxis::Links),
+        ("file_size", XAxis::FileSize),
+        ("alpha", XAxis::Alpha),
+        ("unit_bytes", XAxis::UnitBytes),
+        ("hosts", XAxis::Hosts),
+        ("shape", XAxis::Shape),
+    ];
+
+    /// The axis's title in a plot.
+    pub fn title(self) -> &'static str {
+        match self {
+            XAxis::Size => "message size (bytes)",
+            XAxis::Clients => "clients",
+            XAxis::Streams => "streams",
+            XAxis::Links => "links",
+            XAxis::FileSize => "file size (bytes)",
+            XAxis::Alpha => "Zipf alpha",
+            XAxis::UnitBytes => "unit of work (bytes)",
+            XAxis::Hosts => "hosts",
+            XAxis::Shape => "servers/clients",
+        }
+    }
+
+    /// Whether its values are bytes (a log axis of powers of two).
+    pub fn is_bytes(self) -> bool {
+        matches!(self, XAxis::Size | XAxis::FileSize | XAxis::UnitBytes)
+    }
+}
+
+/// What sets one series of a figure apart from another; a record's value
+/// of it is read from the record (the report crate).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Attr {
+    /// The test.
+    Test,
+    /// The transport.
+    Transport,
+    /// The completion mode.
+    Mode,
+    /// The path's MTU.
+    Mtu,
+    /// The path's offloads.
+    Offload,
+    /// Web: the server program.
+    Server,
+    /// Web: the trace.
+    Trace,
+    /// Pipeline: the preset.
+    Preset,
+    /// Parallel I/O: the phase.
+    Op,
+    /// Parallel I/O: the access pattern.
+    Pattern,
+    /// Gather: what answers.
+    Responder,
+    /// Sweep: ping-pong, stream or bidirectional.
+    Kind,
+    /// The transport options set (`quickack`, `no_nodelay`, ...), or
+    /// `defaults`.
+    Options,
+    /// The record's metric (LogP's overheads, gap and latency).
+    Metric,
+}
+
+impl Attr {
+    const ALL: [(&'static str, Attr); 14] = [
+        ("test", Attr::Test),
+        ("transport", Attr::Transport),
+        ("mode", Attr::Mode),
+        ("mtu", Attr::Mtu),
+        ("offload", Attr::Offload),
+        ("server", Attr::Server),
+        ("trace", Attr::Trace),
+        ("preset", Attr::Preset),
+        ("op", Attr::Op),
+        ("pattern", Attr::Pattern),
+        ("responder", Attr::Responder),
+        ("kind", Attr::Kind),
+        ("options", Attr::Options),
+        ("metric", Attr::Metric),
+    ];
+
+    /// Its name in a study file and in a series' label.
+    pub fn name(self) -> &'static str {
+        Attr::ALL
+            .iter()
+            .find(|(_, a)| *a == self)
+            .map_or("?", |(n, _)| n)
+    }
+}
+
+/// A figure: the netgap run that makes it and how it is plotted.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Figure {
+    /// The paper's number, e.g. `3a`.
+    pub id: String,
+    /// The paper's caption.
+    pub caption: String,
+    /// The command.
+    pub command: FigureCommand,
+    /// Tests (point-to-point tests, workloads or MPI tests).
+    pub tests: Vec<String>,
+    /// Transports (`-t`); empty: the command's default.
+    pub transports: Vec<String>,
+    /// Completion modes (`--mode`); empty: the default.
+    pub modes: Vec<String>,
+    /// Sizes (`-s`) as the command line takes them.
+    pub sizes: Option<String>,
+    /// `--conditions` axes, `KEY=V,V` each.
+    pub conditions: Vec<String>,
+    /// `--clients`.
+    pub clients: Vec<u32>,
+    /// `-P`.
+    pub streams: Vec<u32>,
+    /// `--links`.
+    pub links: Vec<u32>,
+    /// Further flags, as the command line takes them.
+    pub flags: Vec<String>,
+    /// Flags added under `--quick` (a smaller data set).
+    pub quick_flags: Vec<String>,
+    /// Sizes under `--quick`, instead of `sizes`.
+    pub quick_sizes: Option<String>,
+    /// Runs that make the figure together, each with these flags added
+    /// (one run with none when empty): the study's series that one
+    /// command line cannot cross, such as a transport option on and off.
+    pub variants: Vec<Vec<String>>,
+    /// The x-axis.
+    pub x: XAxis,
+    /// The metric on y (`latency_us`, `bandwidth_gbps`, ...), or `value`:
+    /// each record's headline, whatever its metric (LogP's parameters,
+    /// told apart by the `metric` series).
+    pub y: String,
+    /// What sets its series apart.
+    pub series: Vec<Attr>,
+    /// CPU utilisation shown beside.
+    pub cpu: bool,
+    /// Hosts it needs.
+    pub hosts: u32,
+    /// The shortest repetition that measures anything (a workload's
+    /// window that holds one query), milliseconds.
+    pub min_rep_ms: Option<u64>,
+    /// What the paper's figure compares.
+    pub paper: String,
+    /// What stands in for it here.
+    pub here: String,
+}
+
+impl Figure {
+    /// Whether it switches link conditions (needs root on a testbed).
+    pub fn needs_conditions(&self) -> bool {
+        !self.conditions.is_empty()
+    }
+}
+
+/// Which records a claim reads: every attribute named must match.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Selector(pub Vec<(Attr, String)>);
+
+impl std::fmt::Display for Selector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let parts: Vec<String> = self
+            .0
+            .iter()
+            .map(|(a, v)| format!("{}={v}", a.name()))
+            .collect();
+        if parts.is_empty() {
+            f.write_str("every series")
+        } else {
+            f.write_str(&parts.join(" "))
+        }
+    }
+}
+
+/// Where along x a claim reads its series.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum At {
+    /// The largest x both series have.
+    Largest,
+    /// The smallest x both series have.
+    Smallest,
+    /// Each series' highest value ("maximum bandwidth").
+    Peak,
+    /// Each series' lowest value ("lowest latency").
+    Lowest,
+    /// This x.
+    X(f64),
+}
+
+/// What the measured figure must be for the claim to hold.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Expect {
+    /// Above this.
+    Above(f64),
+    /// Below this.
+    Below(f64),
+    /// Within `[lo, hi]`.
+    Between(f64, f64),
+}
+
+/// How a claim is evaluated from the records.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ClaimTest {
+    /// `a`'s value over `b`'s at `at`.
+    Ratio {
+        /// Numerator series.
+        a: Selector,
+        /// Denominator series.
+        b: Selector,
+        /// Where.
+        at: At,
+        /// What holds.
+        expect: Expect,
+    },
+    /// A series' value at one x over its value at another (by default
+    /// the last x over the first): growth, flatness, doubling.
+    Trend {
+        /// The series.
+        series: Selector,
+        /// The x of the denominator; `None`: the first.
+        from_x: Option<f64>,
+        /// The x of the numerator; `None`: the last.
+        to_x: Option<f64>,
+        /// What holds.
+        expect: Expect,
+    },
+    /// A series' value (or a metric of the application's) at `at`.
+    Value {
+        /// The series.
+        series: Selector,
+        /// Where.
+        at: At,
+        /// An application metric (`app.metrics`) instead of the headline.
+        metric: Option<String>,
+        /// What holds.
+        expect: Expect,
+    },
+    /// Cannot be measured with netgap; why.
+    Unmeasurable(String),
+}
+
+/// A claim of the paper.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Claim {
+    /// The figure it is shown under.
+    pub figure: String,
+    /// The figures whose records judge it (the figure itself unless the
+    /// claim compares two figures, such as MTU 1500 against 9000).
+    pub from: Vec<String>,
+    /// The claim, in words.
+    pub text: String,
+    /// The published figure.
+    pub published: String,
+    /// Where in the paper.
+    pub where_: String,
+    /// How it is judged.
+    pub test: ClaimTest,
+}
+
+impl Study {
+    /// Parses and checks a study file; `file` names it in errors.
+    pub fn parse(file: &str, text: &str) -> Result<Study, StudyError> {
+        let raw: RawStudy = toml::from_str(text).map_err(|e| StudyError::Syntax {
+            file: file.to_string(),
+            message: e.to_string().replace('\n', " "),
+        })?;
+        raw.validate()
+    }
+
+    /// The figure `id`.
+    pub fn figure(&self, id: &str) -> Option<&Figure> {
+        self.figures.iter().find(|f| f.id == id)
+    }
+
+    /// The claims judged from figure `id`.
+    pub fn claims_of<'a>(&'a self, id: &'a str) -> impl Iterator<Item = &'a Claim> + 'a {
+        self.claims.iter().filter(move |c| c.figure == id)
+    }
+}
+
+impl RawStudy {
+    fn validate(self) -> Result<Study, StudyError> {
+        let study = self.id.clone();
+        let bad = |what: String| StudyError::Invalid {
+            study: study.clone(),
+            what,
+        };
+        if self.id.len() != 3 || !self.id.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(bad(format!("id {:?}: want three digits", self.id)));
+        }
+        if self.citation.authors.is_empty() || self.citation.title.trim().is_empty() {
+            return Err(bad("the citation names no authors or no title".into()));
+        }
+        if self.method.reps <= 2 * self.method.drop_each_side {
+            return Err(bad(format!(
+                "method: {} repetitions leave none after dropping {} each side",
+                self.method.reps, self.method.drop_each_side
+            )));
+        }
+        let topology = match self.testbed.topology.as_str() {
+            "switch" => Topology::Switch,
+            "mesh" => Topology::Mesh,
+            t => return Err(bad(format!("testbed topology {t:?}: want switch or mesh"))),
+        };
+        if self.testbed.hosts < 2 || self.testbed.links == 0 {
+            return Err(bad("testbed: at least two hosts and one link".into()));
+        }
+        if self.figure.is_empty() {
+            return Err(bad("no figure".into()));
+        }
+        let mut figures: Vec<Figure> = Vec::new();
+        for f in self.figure {
+            let fig = f.validate().map_err(&bad)?;
+            if figures.iter().any(|g| g.id == fig.id) {
+                return Err(bad(format!("figure {} appears twice", fig.id)));
+            }
+            if fig.hosts > self.testbed.hosts {
+                return Err(bad(format!(
+                    "figure {} needs {} hosts, the study's testbed has {}",
+                    fig.id, fig.hosts, self.testbed.hosts
+                )));
+            }
+            figures.push(fig);
+        }
+        let mut claims = Vec::new();
+        for c in self.claim {
+            if let Some(f) = c.from.iter().find(|f| !figures.iter().any(|g| &g.id == *f)) {
+                return Err(bad(format!(
+                    "claim {:?} reads figure {f}, which the study does not have",
+                    c.text
+                )));
+            }
+            if !figures.iter().any(|f| f.id == c.figure) {
+                return Err(bad(format!(
+                    "claim {:?} refers to figure {}, which the study does not have",
+                    c.text, c.figure
+                )));
+            }
+            claims.push(c.validate().map_err(&bad)?);
+        }
+        Ok(Study {
+            id: self.id,
+            citation: self.citation,
+            method: StudyMethod {
+                reps: self.method.reps,
+                drop_each_side: self.method.drop_each_side,
+                iterations: self.method.iterations,
+                text: self.method.text,
+            },
+            testbed: TestbedNeed {
+                hosts: self.testbed.hosts,
+                topology,
+                links: self.testbed.links,
+                rate: self.testbed.rate,
+                text: self.testbed.text,
+            },
+            figures,
+            claims,
+        })
+    }
+}
+
+fn lookup<T: Copy>(table: &[(&str, T)], name: &str) -> Option<T> {
+    table.iter().find(|(n, _)| *n == name).map(|(_, v)| *v)
+}
+
+fn names<T>(table: &[(&str, T)]) -> String {
+    table.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
+}
+
+impl RawFigure {
+    fn validate(self) -> Result<Figure, String> {
+        let id = self.id.clone();
+        let command = match self.command.as_str() {
+            "run" => FigureCommand::Run,
+            "sweep" => FigureCommand::Sweep,
+            "logp" => FigureCommand::Logp,
+            c => {
+                return Err(format!(
+                    "figure {id}: command {c:?}: want run, sweep or logp"
+                ))
+            }
+        };
+        let x = lookup(&XAxis::ALL, &self.x).ok_or_else(|| {
+            format!(
+                "figure {id}: x-axis {:?}: want one of {}",
+                self.x,
+                names(&XAxis::ALL)
+            )
+        })?;
+        let series = self
+            .series
+            .iter()
+            .map(|s| {
+                lookup(&Attr::ALL, s).ok_or_else(|| {
+                    format!(
+                        "figure {id}: series {s:?}: want one of {}",
+                        names(&Attr::ALL)
+                    )
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        if self.tests.is_empty() && command == FigureCommand::Run {
+            return Err(format!("figure {id}: no test"));
+        }
+        if self.caption.trim().is_empty() {
+            return Err(format!("figure {id}: no caption"));
+        }
+        if self.hosts < 2 {
+            return Err(format!("figure {id}: a figure needs at least two hosts"));
+        }
+        for c in &self.conditions {
+            if !c.contains('=') {
+                return Err(format!("figure {id}: condition {c:?}: want KEY=V,V"));
+            }
+        }
+        Ok(Figure {
+            id: self.id,
+            caption: self.caption,
+            command,
+            tests: self.tests,
+            transports: self.transports,
+            modes: self.modes,
+            sizes: self.sizes,
+            conditions: self.conditions,
+            clients: self.clients,
+            streams: self.streams,
+            links: self.links,
+            flags: self.flags,
+            quick_flags: self.quick_flags,
+            quick_sizes: self.quick_sizes,
+            variants: self.variants,
+            x,
+            y: self.y,
+            series,
+            cpu: self.cpu,
+            hosts: self.hosts,
+            min_rep_ms: self.min_rep_ms,
+            paper: self.paper,
+            here: self.here,
+        })
+    }
+}
+
+fn selector(
+    what: &str,
+    claim: &str,
+    m: Option<BTreeMap<String, String>>,
+) -> Result<Selector, String> {
+    let m = m.ok_or_else(|| format!("claim {claim:?}: no {what}"))?;
+    m.into_iter()
+        .map(|(k, v)| {
+            lookup(&Attr::ALL, &k)
+                .map(|a| (a, v))
+                .ok_or_else(|| format!("claim {claim:?}: {what}: unknown attribute {k:?}"))
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map(Selector)
+}
+
+impl RawClaim {
+    fn at(&self) -> Result<At, String> {
+        self.at_text(self.at.as_deref())
+    }
+
+    fn x_value(&self, x: Option<&str>) -> Result<Option<f64>, String> {
+        match x {
+            None => Ok(None),
+            Some(_) => match self.at_text(x)? {
+                At::X(v) => Ok(Some(v)),
+                _ => Err(format!(
+                    "claim {:?}: from_x and to_x are x values",
+                    self.text
+                )),
+            },
+        }
+    }
+
+    fn at_text(&self, at: Option<&str>) -> Result<At, String> {
+        match at {
+            None | Some("largest") => Ok(At::Largest),
+            Some("smallest") => Ok(At::Smallest),
+            Some("peak") => Ok(At::Peak),
+            Some("lowest") => Ok(At::Lowest),
+            Some(x) => crate::units::parse_size_bytes(x)
+                .map(|b| At::X(b as f64))
+                .or_else(|_| x.parse::<f64>().map(At::X))
+                .map_err(|_| {
+                    format!(
+                        "claim {:?}: at {x:?}: want largest, smallest, peak, lowest or an x value",
+                        self.text
+                    )
+                }),
+        }
+    }
+
+    fn expect(&self) -> Result<Expect, String> {
+        match (self.above, self.below) {
+            (Some(a), Some(b)) if a < b => Ok(Expect::Between(a, b)),
+            (Some(a), None) => Ok(Expect::Above(a)),
+            (None, Some(b)) => Ok(Expect::Below(b)),
+            _ => Err(format!(
+                "claim {:?}: give above, below, or both with above < below",
+                self.text
+            )),
+        }
+    }
+
+    fn validate(self) -> Result<Claim, String> {
+        let text = self.text.clone();
+        let test = match self.kind.as_str() {
+            "ratio" => ClaimTest::Ratio {
+                a: selector("a", &text, self.a.clone())?,
+                b: selector("b", &text, self.b.clone())?,
+                at: self.at()?,
+                expect: self.expect()?,
+            },
+            "trend" => ClaimTest::Trend {
+                series: selector("series", &text, self.series.clone())?,
+                from_x: self.x_value(self.from_x.as_deref())?,
+                to_x: self.x_value(self.to_x.as_deref())?,
+                expect: match self.tolerance_pct {
+                    Some(t) if t > 0.0 && self.above.is_none() && self.below.is_none() => {
+                        Expect::Between(1.0 - t / 100.0, 1.0 + t / 100.0)
+                    }
+                    Some(_) => {
+                        return Err(format!(
+                            "claim {text:?}: tolerance_pct is a positive percent, without above or below"
+                        ))
+                    }
+                    None => self.expect()?,
+                },
+            },
+            "value" => ClaimTest::Value {
+                series: selector("series", &text, self.series.clone())?,
+                at: self.at()?,
+                metric: self.metric.clone(),
+                expect: self.expect()?,
+            },
+            "unmeasurable" => ClaimTest::Unmeasurable(
+                self.why
+                    .clone()
+                    .ok_or_else(|| format!("claim {text:?}: unmeasurable needs `why`"))?,
+            ),
+            k => {
+                return Err(format!(
+                    "claim {text:?}: kind {k:?}: want ratio, trend, value or unmeasurable"
+                ))
+            }
+        };
+        let from = if self.from.is_empty() {
+            vec![self.figure.clone()]
+        } else {
+            self.from.clone()
+        };
+        Ok(Claim {
+            from,
+            figure: self.figure,
+            text: self.text,
+            published: self.published,
+            where_: self.where_,
+            test,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = r#"
+id = "009"
+[citation]
+authors = ["A. Author", "B. Author"]
+title = "T"
+venue = "V"
+year = 2000
+[method]
+reps = 10
+drop_each_side = 1
+text = "10 runs"
+[testbed]
+hosts = 2
+topology = "switch"
+text = "two hosts"
+[[figure]]
+id = "1"
+caption = "Latency"
+tests = ["pingpong"]
+x = "size"
+y = "latency_us"
+series = ["transport"]
+hosts = 2
+paper = "p"
+here = "h"
+[[claim]]
+figure = "1"
+text = "tcp below udp"
+published = "x"
+where = "Fig 1"
+kind = "ratio"
+a = { transport = "tcp" }
+b = { transport = "udp" }
+below = 1.0
+"#;
+
+    #[test]
+    fn a_minimal_study_parses() {
+        let s = Study::parse("min", MINIMAL).expect("parses");
+        assert_eq!(s.figures[0].x, XAxis::Size);
+        assert_eq!(s.citation.line(), "A. Author and B. Author. T. V, 2000.");
+        assert!(matches!(
+            s.claims[0].test,
+            ClaimTest::Ratio {
+                expect: Expect::Below(_),
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn unknown_keys_and_dangling_claims_are_refused() {
+        let extra = MINIMAL.replace("hosts = 2\npaper", "hosts = 2\ncolour = 1\npaper");
+        let e = Study::parse("x", &extra).expect_err("unknown key");
+        assert!(e.to_string().contains("colour"), "{e}");
+        let dangling = MINIMAL.replace("figure = \"1\"\ntext", "figure = \"2\"\ntext");
+        let e = Study::parse("x", &dangling).expect_err("dangling");
+        assert!(e.to_string().contains("figure 2"), "{e}");
+    }
+}

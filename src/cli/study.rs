@@ -1,0 +1,359 @@
+//! `netgap study`: the glue that measures a study's figures. The library
+//! (`netgap::study`) turns each figure into the command lines of `netgap
+//! run`, `sweep` or `logp`; here they are parsed with the commands' own
+//! flags and measured by the same functions as those commands, into one
+//! results file, and the report is written from it.
+
+use super::Cli;
+use super::Command;
+use anyhow::{anyhow, Context, Result};
+use clap::Parser;
+use netgap::report::study::{Outcome, StudyRun};
+use netgap::study::{self, data::Study, FigureRun, HostsOffer};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// The budget of one study under `--quick`.
+const QUICK_BUDGET: Duration = Duration::from_secs(150);
+/// The budget of one study without `--quick` or `--budget`.
+const DEFAULT_BUDGET: Duration = Duration::from_secs(30 * 60);
+/// The name of the testbed a study builds.
+const TESTBED_NAME: &str = "study";
+
+/// Flags of `netgap study`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct StudyArgs {
+    /// The study: 000, 001, 002, 003, 004, or all.
+    #[arg(value_name = "ID|all")]
+    pub id: String,
+    /// Only these figures (of a single study), comma separated, e.g. 3a,5b.
+    #[arg(long, value_name = "FIG[,FIG...]", value_delimiter = ',')]
+    pub figures: Vec<String>,
+    /// A few minutes per study: fewer sizes, smaller data sets, a
+    /// budget of 150s per study unless --budget says otherwise.
+    #[arg(long)]
+    pub quick: bool,
+    /// Time to spread over each study's figures; repetition times are
+    /// scaled to it [default: 30m per study; 150s with --quick].
+    #[arg(long, value_name = "DUR", value_parser = netgap::units::parse_duration)]
+    pub budget: Option<Duration>,
+    /// The hosts to run on: @FILE (a hosts file), @testbed or @slurm;
+    /// figures the hosts cannot make are skipped with one line each.
+    /// Without it, as root, each study builds the testbed it needs and
+    /// takes it down afterwards.
+    #[arg(long, value_name = "@FILE|@slurm")]
+    pub hosts: Option<String>,
+    /// Directory of the results file and the report [default: .].
+    #[arg(short = 'o', long = "out", value_name = "DIR", default_value = ".")]
+    pub out: PathBuf,
+}
+
+/// One study ready to run: its figures, their runs, what was skipped.
+struct Prepared {
+    study: Study,
+    runs: Vec<FigureRun>,
+    outcomes: BTreeMap<String, Outcome>,
+}
+
+/// `netgap study`.
+pub fn run(args: &StudyArgs) -> Result<()> {
+    let studies = if args.id == "all" {
+        study::all()?
+    } else {
+        vec![study::load(&args.id)?]
+    };
+    if !args.figures.is_empty() && studies.len() > 1 {
+        return Err(anyhow!("--figures picks figures of one study, not of all"));
+    }
+    for f in &args.figures {
+        let s = &studies[0];
+        if s.figure(f).is_none() {
+            return Err(study::StudyCmdError::UnknownFigure {
+                study: s.id.clone(),
+                figure: f.clone(),
+                known: s
+                    .figures
+                    .iter()
+                    .map(|f| f.id.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            }
+            .into());
+        }
+    }
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    let hosts_arg = args
+        .hosts
+        .as_deref()
+        .map(|h| {
+            netgap::cluster::HostsArg::parse(h)
+                .with_context(|| format!("--hosts {h}"))
+                .and_then(|a| match a {
+                    netgap::cluster::HostsArg::Addrs(_) => Err(anyhow!(
+                        "--hosts {h}: give a hosts file (@FILE, @testbed) or @slurm"
+                    )),
+                    a => Ok(a),
+                })
+        })
+        .transpose()?;
+    if hosts_arg.is_none() && !root {
+        return Err(anyhow!(
+            "without --hosts, netgap study builds the testbed each study needs, which needs root; run it as root or give --hosts @FILE"
+        ));
+    }
+    let offer = hosts_arg
+        .as_ref()
+        .map(|a| HostsOffer::of(a, root))
+        .transpose()
+        .context("--hosts")?;
+    let budget = args.budget.unwrap_or(if args.quick {
+        QUICK_BUDGET
+    } else {
+        DEFAULT_BUDGET
+    });
+    std::fs::create_dir_all(&args.out).with_context(|| format!("making {}", args.out.display()))?;
+    let json = args.out.join(format!("netgap-study-{}.jsonl", args.id));
+    let html = args.out.join(format!("netgap-study-{}.html", args.id));
+    let hosts_text = args.hosts.clone().unwrap_or_else(|| {
+        format!(
+            "@{}",
+            netgap::cluster::state_dir(TESTBED_NAME)
+                .join("hosts.json")
+                .display()
+        )
+    });
+
+    // Everything is checked before anything runs: the figures the hosts
+    // can make, the budget, and every command line against the commands'
+    // own flags.
+    let mut prepared = Vec::new();
+    for s in studies {
+        let offer = offer.clone().unwrap_or_else(|| HostsOffer::testbed(&s));
+        let mut outcomes = BTreeMap::new();
+        let mut chosen = Vec::new();
+        let mut first_why = None;
+        for f in &s.figures {
+            if !args.figures.is_empty() && !args.figures.contains(&f.id) {
+                outcomes.insert(f.id.clone(), Outcome::NotAsked);
+                continue;
+            }
+            match study::cannot_make(f, &offer) {
+                Some(why) => {
+                    first_why.get_or_insert_with(|| format!("figure {}: {why}", f.id));
+                    outcomes.insert(f.id.clone(), Outcome::Skipped(why));
+                }
+                None => chosen.push(f),
+            }
+        }
+        if chosen.is_empty() {
+            return Err(study::StudyCmdError::NoFigure {
+                study: s.id.clone(),
+                why: first_why.unwrap_or_default(),
+            }
+            .into());
+        }
+        for (id, o) in &outcomes {
+            if let Outcome::Skipped(why) = o {
+                eprintln!("netgap: study {} figure {id}: skipped: {why}", s.id);
+            }
+        }
+        let extra = |f: &study::data::Figure| study::common_args(&s.id, f, &hosts_text, &json);
+        let runs = study::plan(&s, &chosen, budget, args.quick, &extra)?;
+        for r in &runs {
+            for argv in &r.argv {
+                parse(argv).with_context(|| {
+                    format!(
+                        "study {} figure {}: netgap {}",
+                        s.id,
+                        r.figure,
+                        argv.join(" ")
+                    )
+                })?;
+            }
+        }
+        prepared.push(Prepared {
+            study: s,
+            runs,
+            outcomes,
+        });
+    }
+
+    let mut failed = 0;
+    for p in &mut prepared {
+        let testbed = match hosts_arg {
+            Some(_) => None,
+            None => Some(build_testbed(&p.study)?),
+        };
+        for r in &p.runs {
+            eprintln!(
+                "netgap: study {} figure {}: {} points, {} repetitions of {} ms",
+                p.study.id, r.figure, r.points, r.reps, r.rep_ms
+            );
+            let mut outcome = Outcome::Ran {
+                reps: r.reps,
+                rep_ms: r.rep_ms,
+                missing: r.missing.clone(),
+            };
+            let t0 = std::time::Instant::now();
+            for argv in &r.argv {
+                if let Err(e) = measure(argv) {
+                    let line = crate::one_line(&e);
+                    eprintln!(
+                        "netgap: study {} figure {}: failed: {}",
+                        p.study.id,
+                        r.figure,
+                        netgap::text::escape_control(&line)
+                    );
+                    outcome = Outcome::Failed(line);
+                    failed += 1;
+                    wait_for_agents(&hosts_text);
+                    break;
+                }
+            }
+            eprintln!(
+                "netgap: study {} figure {}: done in {:.1?}",
+                p.study.id,
+                r.figure,
+                t0.elapsed()
+            );
+            p.outcomes.insert(r.figure.clone(), outcome);
+        }
+        drop(testbed);
+    }
+
+    let records = read_records(&json)?;
+    let runs: Vec<StudyRun<'_>> = prepared
+        .iter()
+        .map(|p| StudyRun {
+            study: &p.study,
+            outcomes: p.outcomes.clone(),
+            notes: vec![format!(
+                "Budget {} for the study{}; results in {}.",
+                humantime::format_duration(budget),
+                if args.quick { " (--quick)" } else { "" },
+                json.display()
+            )],
+        })
+        .collect();
+    std::fs::write(&html, netgap::report::study::render(&runs, &records))
+        .with_context(|| format!("writing {}", html.display()))?;
+    println!("results: {}", json.display());
+    println!("report: {}", html.display());
+    if failed > 0 {
+        return Err(anyhow!(
+            "{failed} figure run(s) failed; the report says which"
+        ));
+    }
+    Ok(())
+}
+
+/// How long a failed figure's agents get to finish its roles.
+const AGENTS_FREE_WITHIN: Duration = Duration::from_secs(20);
+
+/// After a failed figure, waits (up to [`AGENTS_FREE_WITHIN`]) until every
+/// agent of the hosts file takes a session again, so the failure's roles,
+/// still winding down on an agent, do not fail the next figure too.
+fn wait_for_agents(hosts: &str) {
+    let Ok(netgap::cluster::HostsSource::File(file)) =
+        netgap::cluster::HostsArg::parse(hosts).and_then(|a| a.load())
+    else {
+        return;
+    };
+    let t0 = std::time::Instant::now();
+    for h in &file.hosts {
+        while netgap::testbed::probe_agent(h, file.key_file.as_deref()).is_err()
+            && t0.elapsed() < AGENTS_FREE_WITHIN
+        {
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
+
+/// Builds the testbed `study` needs, held until dropped.
+fn build_testbed(study: &Study) -> Result<netgap::testbed::OwnedTestbed> {
+    use netgap::study::data::Topology;
+    let t = &study.testbed;
+    let args = netgap::testbed::UpArgs {
+        hosts: t.hosts,
+        topology: match t.topology {
+            Topology::Switch => netgap::testbed::Topology::Switch,
+            Topology::Mesh => netgap::testbed::Topology::Mesh,
+        },
+        links: t.links,
+        mtu: 1500,
+        rate: t.rate.clone(),
+        offload: None,
+        delay: None,
+        loss: None,
+        name: netgap::testbed::NameArgs {
+            name: TESTBED_NAME.into(),
+        },
+    };
+    eprintln!(
+        "netgap: study {}: building its testbed ({} hosts, {:?}{})",
+        study.id,
+        t.hosts,
+        t.topology,
+        t.rate
+            .as_deref()
+            .map(|r| format!(", links at {r}"))
+            .unwrap_or_default()
+    );
+    netgap::testbed::OwnedTestbed::up(&args)
+        .with_context(|| format!("building study {}'s testbed", study.id))
+}
+
+/// A figure's command line, parsed with netgap's own flags.
+fn parse(argv: &[String]) -> Result<Command> {
+    let cli =
+        Cli::try_parse_from(std::iter::once("netgap".to_string()).chain(argv.iter().cloned()))
+            .map_err(|e| {
+                anyhow!(e
+                    .to_string()
+                    .lines()
+                    .map(str::trim)
+                    .take_while(|l| !l.is_empty() && !l.starts_with("Usage:"))
+                    .collect::<Vec<_>>()
+                    .join(" "))
+            })?;
+    cli.command
+        .ok_or_else(|| anyhow!("a figure's command line names no command"))
+}
+
+/// Measures one command line through the command's own function, on a
+/// thread of its own: a run across testbed hosts moves its thread into the
+/// client host's network namespace, and the next figure, the next
+/// testbed's `ip` commands and the teardown must start from this one's.
+fn measure(argv: &[String]) -> Result<()> {
+    let command = parse(argv)?;
+    std::thread::scope(|scope| {
+        scope
+            .spawn(move || match command {
+                Command::Run(flags) => crate::run(&flags),
+                Command::Sweep(flags) => crate::sweep(&flags),
+                Command::Logp(flags) => crate::logp(&flags),
+                _ => Err(anyhow!("a figure runs run, sweep or logp")),
+            })
+            .join()
+            .unwrap_or_else(|_| Err(anyhow!("the figure's run panicked")))
+    })
+}
+
+/// The records of the results file (none if nothing was measured).
+fn read_records(path: &Path) -> Result<Vec<serde_json::Value>> {
+    if !path.exists() {
+        return Ok(Vec::new());
+    }
+    let text = netgap::files::read_to_string(path, netgap::files::Cap::RESULTS)
+        .with_context(|| format!("reading {}", path.display()))?;
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .enumerate()
+        .map(|(i, l)| {
+            serde_json::from_str(l)
+                .with_context(|| format!("{}:{}: not a record", path.display(), i + 1))
+        })
+        .collect()
+}

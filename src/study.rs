@@ -1,0 +1,577 @@
+//! `netgap study`: the studies netgap reproduces, each a data file
+//! (`studies/NNN.toml`, built into the binary) read into
+//! [`netgap_core::study::Study`]; checked here against the registries of
+//! tests and transports; and turned, for given hosts and a time budget,
+//! into the command lines of `netgap run`, `sweep` and `logp` that make
+//! each figure. The binary parses those command lines with its own flags
+//! and measures them through the same path as the commands themselves.
+
+use crate::cluster::{HostsArg, HostsSource};
+use netgap_core::study::{Figure, FigureCommand, Study, StudyError};
+use netgap_core::units::parse_size_list;
+use std::path::Path;
+use std::time::Duration;
+
+pub use netgap_core::study as data;
+
+/// The study files, by id.
+const FILES: [(&str, &str); 5] = [
+    ("000", include_str!("../studies/000.toml")),
+    ("001", include_str!("../studies/001.toml")),
+    ("002", include_str!("../studies/002.toml")),
+    ("003", include_str!("../studies/003.toml")),
+    ("004", include_str!("../studies/004.toml")),
+];
+
+/// Repetitions below which a point has nothing left after the highest and
+/// lowest are dropped.
+pub const MIN_REPS: u32 = 3;
+
+/// The shortest repetition of a point-to-point test or a sweep trial.
+const MIN_REP_MS: u64 = 2;
+/// The shortest window of a workload repetition: longer than TCP's 200 ms
+/// minimum retransmission timeout, so a flow that lost a segment at the
+/// bridge still moves bytes in it.
+const MIN_WINDOW_MS: u64 = 300;
+/// The longest repetition the budget is spread into (the study's 100,000
+/// iterations take well under this on a fast path).
+const MAX_REP_MS: u64 = 2_000;
+/// What a repetition costs beyond its own time: a point-to-point
+/// repetition's flow, a workload's prepare/ready/go with every agent, a
+/// condition's switch of the testbed's links and fresh sessions.
+const P2P_OVERHEAD_MS: u64 = 2;
+const WORKLOAD_OVERHEAD_MS: u64 = 700;
+const CONDITION_OVERHEAD_MS: u64 = 60;
+
+/// Why `netgap study` refuses to start; one line.
+#[derive(Debug, thiserror::Error)]
+pub enum StudyCmdError {
+    /// A study file is wrong (a bug in netgap's own files).
+    #[error(transparent)]
+    File(#[from] StudyError),
+    /// An id that is no study.
+    #[error("no study {0:?}; the studies are {ids}, or all", ids = ids().join(", "))]
+    UnknownStudy(String),
+    /// A figure no chosen study has.
+    #[error("study {study} has no figure {figure}; its figures are {known}")]
+    UnknownFigure {
+        /// The study.
+        study: String,
+        /// The figure asked for.
+        figure: String,
+        /// Its figures.
+        known: String,
+    },
+    /// A figure names a test or transport netgap does not have.
+    #[error("study {study} figure {figure}: {what}")]
+    UnknownName {
+        /// The study.
+        study: String,
+        /// The figure.
+        figure: String,
+        /// What is unknown.
+        what: String,
+    },
+    /// The budget cannot hold one repetition of every point.
+    #[error("--budget {given}: too small for one repetition of every point of {what}; give at least {need}")]
+    Budget {
+        /// The budget given.
+        given: String,
+        /// Which study (or all).
+        what: String,
+        /// The least that fits.
+        need: String,
+    },
+    /// No figure can be made on these hosts.
+    #[error("these hosts can make no figure of study {study}: {why}")]
+    NoFigure {
+        /// The study.
+        study: String,
+        /// Why not, figure by figure (the first reason).
+        why: String,
+    },
+}
+
+/// The ids of the studies.
+pub fn ids() -> Vec<&'static str> {
+    FILES.iter().map(|(id, _)| *id).collect()
+}
+
+/// Study `id`, parsed and checked.
+pub fn load(id: &str) -> Result<Study, StudyCmdError> {
+    let (_, text) = FILES
+        .iter()
+        .find(|(i, _)| *i == id)
+        .ok_or_else(|| StudyCmdError::UnknownStudy(id.to_string()))?;
+    let study = Study::parse(&format!("studies/{id}.toml"), text)?;
+    check_names(&study)?;
+    Ok(study)
+}
+
+/// Every study, in order.
+pub fn all() -> Result<Vec<Study>, StudyCmdError> {
+    ids().into_iter().map(load).collect()
+}
+
+/// Every figure's tests and transports are netgap's.
+pub fn check_names(study: &Study) -> Result<(), StudyCmdError> {
+    for f in &study.figures {
+        let bad = |what: String| StudyCmdError::UnknownName {
+            study: study.id.clone(),
+            figure: f.id.clone(),
+            what,
+        };
+        match f.command {
+            FigureCommand::Run => {
+                for t in &f.tests {
+                    let known = crate::bench::find(t).is_some()
+                        || crate::workload::find(t).is_some()
+                        || crate::mpi::MpiTest::by_name(t).is_some();
+                    if !known {
+                        return Err(bad(format!("no test {t:?} (see netgap list)")));
+                    }
+                }
+            }
+            FigureCommand::Sweep | FigureCommand::Logp => {
+                if !f.tests.is_empty() {
+                    return Err(bad(format!("{} takes no tests", f.command.name())));
+                }
+            }
+        }
+        for t in &f.transports {
+            if crate::transport::find(t).is_none() {
+                return Err(bad(format!("no transport {t:?}")));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// What the hosts of a run offer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostsOffer {
+    /// Hosts.
+    pub hosts: u32,
+    /// Links between the first two hosts.
+    pub links: u32,
+    /// They are testbed hosts this process may switch the links of (root
+    /// and a testbed's hosts file).
+    pub conditions: bool,
+    /// The second host has a network namespace this process can enter
+    /// (root), where point-to-point tests, sweeps and LogP run their
+    /// client role.
+    pub client_netns: bool,
+}
+
+impl HostsOffer {
+    /// What a study's own testbed offers.
+    pub fn testbed(study: &Study) -> HostsOffer {
+        HostsOffer {
+            hosts: study.testbed.hosts,
+            links: study.testbed.links,
+            conditions: true,
+            client_netns: true,
+        }
+    }
+
+    /// What `--hosts` offers.
+    pub fn of(arg: &HostsArg, root: bool) -> Result<HostsOffer, crate::cluster::HostsError> {
+        Ok(match arg.load()? {
+            HostsSource::File(f) => {
+                let links = match (f.hosts.first(), f.hosts.get(1)) {
+                    (Some(a), Some(b)) => (a.links_to(&b.name).count() as u32).max(1),
+                    _ => 1,
+                };
+                HostsOffer {
+                    hosts: f.hosts.len() as u32,
+                    links,
+                    conditions: root && f.is_testbed(),
+                    client_netns: root && f.hosts.get(1).is_some_and(|h| h.netns.is_some()),
+                }
+            }
+            other => HostsOffer {
+                hosts: other.hosts(),
+                links: 1,
+                conditions: false,
+                client_netns: false,
+            },
+        })
+    }
+}
+
+/// Why the hosts cannot make `fig`, if they cannot; one clause.
+pub fn cannot_make(fig: &Figure, offer: &HostsOffer) -> Option<String> {
+    if offer.hosts < fig.hosts {
+        return Some(format!(
+            "needs {} hosts, the hosts have {}",
+            fig.hosts, offer.hosts
+        ));
+    }
+    if fig.needs_conditions() && !offer.conditions {
+        return Some(format!(
+            "switches link conditions ({}), which needs root and testbed hosts",
+            fig.conditions.join(" ")
+        ));
+    }
+    let mpi = fig
+        .tests
+        .iter()
+        .any(|t| crate::mpi::MpiTest::by_name(t).is_some());
+    if !is_workload(fig) && !mpi && !offer.client_netns {
+        return Some(
+            "its point-to-point tests play the second host from here, which needs testbed hosts (a network namespace) and root; elsewhere run them with netgap run --peer on the client host".into(),
+        );
+    }
+    if let Some(max) = fig.links.iter().max() {
+        if *max > offer.links {
+            return Some(format!(
+                "needs {max} links between the first two hosts, they have {}",
+                offer.links
+            ));
+        }
+    }
+    if fig
+        .tests
+        .iter()
+        .any(|t| crate::mpi::MpiTest::by_name(t).is_some())
+    {
+        if let Err(why) = crate::mpi::availability() {
+            return Some(format!("MPI is not available: {why}"));
+        }
+    }
+    if !fig.transports.is_empty() && available_transports(fig).0.is_empty() {
+        return Some(format!(
+            "none of its stacks is available here ({})",
+            available_transports(fig).1.join("; ")
+        ));
+    }
+    None
+}
+
+/// The figure's transports this binary can run, and the others with why.
+pub fn available_transports(fig: &Figure) -> (Vec<String>, Vec<String>) {
+    let mut ok = Vec::new();
+    let mut missing = Vec::new();
+    for t in &fig.transports {
+        match crate::transport::find(t).map(|tr| tr.availability()) {
+            Some(Ok(())) => ok.push(t.clone()),
+            Some(Err(why)) => missing.push(format!("{t}: {}", why.0)),
+            None => missing.push(format!("{t}: unknown")),
+        }
+    }
+    (ok, missing)
+}
+
+/// Flags whose comma-separated value makes one point per item.
+const LIST_FLAGS: [&str; 9] = [
+    "--alpha",
+    "--op",
+    "--server",
+    "--preset",
+    "--pattern",
+    "--servers",
+    "--responder",
+    "--gather-mode",
+    "--copies",
+];
+
+fn flag_value<'a>(flags: &'a [String], name: &str) -> Option<&'a str> {
+    flags
+        .iter()
+        .position(|f| f == name)
+        .and_then(|i| flags.get(i + 1))
+        .map(String::as_str)
+}
+
+/// How a figure is measured: the command lines of its runs and their
+/// method.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FigureRun {
+    /// The figure.
+    pub figure: String,
+    /// One command line (without the program name) per variant.
+    pub argv: Vec<Vec<String>>,
+    /// Repetitions per point.
+    pub reps: u32,
+    /// Time of one repetition, ms.
+    pub rep_ms: u64,
+    /// Stacks left out, with why.
+    pub missing: Vec<String>,
+    /// Points it measures (all variants).
+    pub points: u64,
+}
+
+/// Whether the figure's tests are workloads (a repetition is a window).
+fn is_workload(fig: &Figure) -> bool {
+    fig.command == FigureCommand::Run
+        && fig.tests.iter().all(|t| crate::workload::find(t).is_some())
+}
+
+fn sizes_of(fig: &Figure, quick: bool) -> Option<&str> {
+    if quick {
+        fig.quick_sizes.as_deref().or(fig.sizes.as_deref())
+    } else {
+        fig.sizes.as_deref()
+    }
+}
+
+/// A count axis (clients, streams, links): whole, or under `--quick`
+/// only its two ends, which still show whether it rises or stays flat.
+fn axis(l: &[u32], quick: bool) -> Vec<u32> {
+    match l {
+        [first, .., last] if quick && l.len() > 2 => vec![*first, *last],
+        _ => l.to_vec(),
+    }
+}
+
+/// The figure's own flags; under `--quick` its quick flags replace the
+/// value of a flag it already has (`--alpha 0.4,1.0` for five alphas) and
+/// are added otherwise.
+fn flags_of(f: &Figure, quick: bool) -> Vec<String> {
+    let mut flags = f.flags.clone();
+    if !quick {
+        return flags;
+    }
+    let mut q = f.quick_flags.iter().peekable();
+    while let Some(flag) = q.next() {
+        let value = q.next_if(|v| !v.starts_with("--"));
+        match (flags.iter().position(|x| x == flag), value) {
+            (Some(i), Some(v)) if i + 1 < flags.len() => flags[i + 1] = v.clone(),
+            (_, v) => {
+                flags.push(flag.clone());
+                flags.extend(v.cloned());
+            }
+        }
+    }
+    flags
+}
+
+/// Points one variant of the figure measures, estimated from its lists.
+fn points_of(fig: &Figure, quick: bool, transports: usize) -> u64 {
+    let flags = flags_of(fig, quick);
+    let sizes: u64 = match fig.command {
+        FigureCommand::Sweep => {
+            let bytes = |n: &str, d: u64| {
+                flag_value(&flags, n)
+                    .and_then(|v| netgap_core::units::parse_size_bytes(v).ok())
+                    .unwrap_or(d)
+            };
+            let (start, end) = (bytes("--start", 1).max(1), bytes("--end", 8 << 20));
+            let octaves = (end as f64 / start as f64).log2().max(0.0) as u64;
+            let perturbed = flag_value(&flags, "--perturbation") != Some("0");
+            (2 * octaves + 1) * if perturbed { 3 } else { 1 }
+        }
+        _ => sizes_of(fig, quick)
+            .and_then(|s| parse_size_list(s).ok())
+            .map_or(1, |l| l.len() as u64),
+    };
+    let count = |l: &[u32]| (axis(l, quick).len() as u64).max(1);
+    let conditions: u64 = fig
+        .conditions
+        .iter()
+        .map(|c| {
+            c.split('=')
+                .nth(1)
+                .map_or(1, |v| v.split(',').count() as u64)
+        })
+        .product();
+    let lists: u64 = LIST_FLAGS
+        .iter()
+        .filter_map(|f| flag_value(&flags, f))
+        .map(|v| v.split(',').count() as u64)
+        .product();
+    let tests = match fig.command {
+        FigureCommand::Logp => 3,
+        _ => (fig.tests.len() as u64).max(1),
+    };
+    sizes
+        * (transports as u64).max(1)
+        * (fig.modes.len() as u64).max(1)
+        * conditions
+        * count(&fig.clients)
+        * count(&fig.streams)
+        * count(&fig.links)
+        * lists
+        * tests
+}
+
+/// The cost of one repetition beyond its own time, ms.
+fn overhead_ms(fig: &Figure) -> u64 {
+    let base = if is_workload(fig) {
+        WORKLOAD_OVERHEAD_MS
+    } else {
+        P2P_OVERHEAD_MS
+    };
+    base + if fig.needs_conditions() {
+        CONDITION_OVERHEAD_MS
+    } else {
+        0
+    }
+}
+
+/// The shortest repetition of the figure, ms.
+fn min_rep_ms(fig: &Figure) -> u64 {
+    let floor = if is_workload(fig) {
+        MIN_WINDOW_MS
+    } else {
+        MIN_REP_MS
+    };
+    fig.min_rep_ms.unwrap_or(floor).max(floor)
+}
+
+/// Spreads `budget` over `figures` (in equal shares of the points they
+/// measure, weighted by what each repetition costs) into each figure's
+/// repetitions and repetition time, and its command lines with `extra`
+/// (hosts, results file) added; refuses a budget that cannot hold
+/// [`MIN_REPS`] repetitions of every point.
+pub fn plan(
+    study: &Study,
+    figures: &[&Figure],
+    budget: Duration,
+    quick: bool,
+    extra: &dyn Fn(&Figure) -> Vec<String>,
+) -> Result<Vec<FigureRun>, StudyCmdError> {
+    let budget_ms = budget.as_millis() as u64;
+    let shape: Vec<(u64, u64, u64)> = figures
+        .iter()
+        .map(|f| {
+            let n = available_transports(f).0.len();
+            let variants = (f.variants.len() as u64).max(1);
+            (
+                points_of(f, quick, n) * variants,
+                min_rep_ms(f),
+                overhead_ms(f),
+            )
+        })
+        .collect();
+    let need_ms: u64 = shape
+        .iter()
+        .map(|(p, min, over)| p * u64::from(MIN_REPS) * (min + over))
+        .sum();
+    if budget_ms < need_ms {
+        return Err(StudyCmdError::Budget {
+            given: humantime::format_duration(budget).to_string(),
+            what: format!("study {}", study.id),
+            need: humantime::format_duration(Duration::from_secs(need_ms.div_ceil(1000)))
+                .to_string(),
+        });
+    }
+    let total_points: u64 = shape.iter().map(|(p, _, _)| *p).sum::<u64>().max(1);
+    let mut runs = Vec::new();
+    for (f, (points, min, over)) in figures.iter().zip(shape) {
+        // Each figure's share of the budget is its share of the points;
+        // each point's share goes to the study's repetitions, fewer (down
+        // to MIN_REPS) only when a repetition would be shorter than the
+        // figure can measure.
+        let share_ms = budget_ms * points / total_points;
+        let per_point = share_ms / points.max(1);
+        let mut reps = study.method.reps;
+        while reps > MIN_REPS && per_point / u64::from(reps) < min + over {
+            reps -= 1;
+        }
+        let rep_ms = (per_point / u64::from(reps))
+            .saturating_sub(over)
+            .clamp(min, MAX_REP_MS.max(min));
+        let (transports, missing) = available_transports(f);
+        let variants: Vec<Vec<String>> = if f.variants.is_empty() {
+            vec![Vec::new()]
+        } else {
+            f.variants.clone()
+        };
+        let argv = variants
+            .iter()
+            .map(|v| command_line(f, &transports, v, reps, rep_ms, quick, extra(f)))
+            .collect();
+        runs.push(FigureRun {
+            figure: f.id.clone(),
+            argv,
+            reps,
+            rep_ms,
+            missing,
+            points,
+        });
+    }
+    Ok(runs)
+}
+
+/// The command line of one variant of a figure.
+fn command_line(
+    f: &Figure,
+    transports: &[String],
+    variant: &[String],
+    reps: u32,
+    rep_ms: u64,
+    quick: bool,
+    extra: Vec<String>,
+) -> Vec<String> {
+    let mut a: Vec<String> = vec![f.command.name().to_string()];
+    if f.command == FigureCommand::Run {
+        a.push(f.tests.join(","));
+    }
+    let mut push = |flag: &str, v: String| {
+        a.push(flag.to_string());
+        a.push(v);
+    };
+    if !transports.is_empty() {
+        push("-t", transports.join(","));
+    }
+    if !f.modes.is_empty() {
+        push("--mode", f.modes.join(","));
+    }
+    if f.command != FigureCommand::Sweep {
+        if let Some(s) = sizes_of(f, quick) {
+            push("-s", s.to_string());
+        }
+    }
+    let list = |l: &[u32]| {
+        axis(l, quick)
+            .iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    if !f.clients.is_empty() {
+        push("--clients", list(&f.clients));
+    }
+    if !f.streams.is_empty() {
+        push("-P", list(&f.streams));
+    }
+    if !f.links.is_empty() {
+        push("--links", list(&f.links));
+    }
+    match f.command {
+        FigureCommand::Sweep => {
+            push("--trials", reps.to_string());
+            push("--trial-time", format!("{rep_ms}ms"));
+        }
+        _ if is_workload(f) => {
+            push("--reps", reps.to_string());
+            push("--duration", format!("{rep_ms}ms"));
+        }
+        _ => {
+            push("--reps", reps.to_string());
+            push("--rep-time", format!("{rep_ms}ms"));
+        }
+    }
+    a.extend(flags_of(f, quick));
+    a.extend(variant.iter().cloned());
+    if !f.conditions.is_empty() {
+        a.push("--conditions".into());
+        a.extend(f.conditions.iter().cloned());
+    }
+    a.extend(extra);
+    a
+}
+
+/// The arguments every figure's run takes: its hosts, its results file
+/// and the label that tags its records with the study and figure.
+pub fn common_args(study: &str, fig: &Figure, hosts: &str, json: &Path) -> Vec<String> {
+    vec![
+        "--hosts".into(),
+        hosts.to_string(),
+        "--json".into(),
+        json.display().to_string(),
+        "--label".into(),
+        crate::report::study::figure_label(study, &fig.id),
+    ]
+}

@@ -1,0 +1,188 @@
+//! `netgap study`: every study file parses into figures of netgap's own
+//! tests and claims of its own figures; bad input is refused in one line
+//! before anything runs; and a study measured on the testbed it builds
+//! (root) yields a report with every figure's section and claim table,
+//! and leaves no testbed behind.
+
+use crate::common;
+use crate::common::{netgap, ok, read_records, system_ready};
+use netgap::study;
+use std::process::Command;
+use std::time::Duration;
+
+#[test]
+fn every_study_file_parses_into_known_tests_and_claims_of_its_figures() {
+    let studies = study::all().expect("every study file is valid");
+    assert_eq!(
+        studies.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(),
+        study::ids()
+    );
+    for s in &studies {
+        assert!(!s.citation.authors.is_empty() && !s.citation.venue.is_empty());
+        assert_eq!(s.method.reps, 10, "study {}: the paper's 10 runs", s.id);
+        assert!(!s.claims.is_empty(), "study {} has claims", s.id);
+        for c in &s.claims {
+            for f in c.from.iter().chain([&c.figure]) {
+                assert!(s.figure(f).is_some(), "study {} claim {:?}", s.id, c.text);
+            }
+        }
+        for f in &s.figures {
+            assert!(!f.caption.is_empty() && f.hosts <= s.testbed.hosts);
+            // Every test is netgap's (load checks it; so does this).
+            for t in &f.tests {
+                assert!(
+                    netgap::bench::find(t).is_some()
+                        || netgap::workload::find(t).is_some()
+                        || netgap::mpi::MpiTest::by_name(t).is_some(),
+                    "study {} figure {}: {t}",
+                    s.id,
+                    f.id
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn the_budget_is_spread_into_repetitions_and_a_too_small_one_refused() {
+    let s = study::load("004").expect("004");
+    let figs: Vec<_> = s.figures.iter().collect();
+    let none = |_: &study::data::Figure| Vec::new();
+    let runs = study::plan(&s, &figs, Duration::from_secs(600), false, &none).expect("plan");
+    assert_eq!(runs.len(), s.figures.len());
+    for r in &runs {
+        assert_eq!(
+            r.reps, 10,
+            "a large budget keeps the study's 10 repetitions"
+        );
+        assert!(r
+            .argv
+            .iter()
+            .all(|a| a.contains(&"--reps".to_string()) || a.contains(&"--trials".to_string())));
+    }
+    let small = study::plan(&s, &figs, Duration::from_millis(100), true, &none)
+        .expect_err("100ms cannot hold a repetition of every point");
+    assert!(small.to_string().contains("too small"), "{small}");
+}
+
+#[test]
+fn bad_input_is_refused_in_one_line_before_anything_runs() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = dir.path().to_str().expect("utf-8");
+    common::fails_with_one_line(&["study", "009", "-o", out], "no study \"009\"");
+    common::fails_with_one_line(
+        &["study", "000", "--figures", "99", "-o", out],
+        "study 000 has no figure 99",
+    );
+    common::fails_with_one_line(
+        &["study", "all", "--figures", "3a", "-o", out],
+        "--figures picks figures of one study",
+    );
+    // One host can make no figure: every figure needs two.
+    let hosts = dir.path().join("one.json");
+    std::fs::write(
+        &hosts,
+        r#"{"version":1,"topology":"list","hosts":[{"name":"a","control":"127.0.0.1:7100","address":"127.0.0.1"}]}"#,
+    )
+    .expect("hosts file");
+    let at = format!("@{}", hosts.display());
+    common::fails_with_one_line(
+        &["study", "004", "--hosts", &at, "-o", out],
+        "these hosts can make no figure of study 004",
+    );
+    // Two plain hosts (no namespaces) can make workloads, but no sweep:
+    // a sweep plays the second host from here.
+    let two = dir.path().join("two.json");
+    std::fs::write(
+        &two,
+        r#"{"version":1,"topology":"list","hosts":[{"name":"a","control":"127.0.0.1:7100","address":"127.0.0.1"},{"name":"b","control":"127.0.0.1:7101","address":"127.0.0.1"}]}"#,
+    )
+    .expect("hosts file");
+    common::fails_with_one_line(
+        &[
+            "study",
+            "003",
+            "--hosts",
+            &format!("@{}", two.display()),
+            "-o",
+            out,
+        ],
+        "these hosts can make no figure of study 003",
+    );
+    if system_ready("study::bad_input (budget)") {
+        common::fails_with_one_line(
+            &["study", "004", "--budget", "100ms", "-o", out],
+            "--budget 100ms: too small",
+        );
+    }
+    assert_eq!(
+        std::fs::read_dir(dir.path()).expect("dir").count(),
+        2,
+        "nothing was written but the hosts files"
+    );
+}
+
+/// Text as the report escapes it.
+fn html_text(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+#[test]
+fn a_study_on_its_own_testbed_reports_every_figure_and_claim() {
+    if !system_ready("study::a_study_on_its_own_testbed") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = ok(netgap()
+        .args(["study", "004", "--quick", "--budget", "8s", "-o"])
+        .arg(dir.path())
+        .output()
+        .expect("netgap study"));
+    assert!(out.contains("report:"), "{out}");
+    let s = study::load("004").expect("004");
+    let html = std::fs::read_to_string(dir.path().join("netgap-study-004.html")).expect("report");
+    for f in &s.figures {
+        let title = format!("<h3>Figure {}: ", f.id);
+        let at = html
+            .find(&title)
+            .unwrap_or_else(|| panic!("no section {title}"));
+        let section = &html[at..];
+        let section = &section[..section.find("</section>").expect("section ends")];
+        assert!(section.contains("<svg"), "figure {} has a plot", f.id);
+        assert!(
+            section.contains("class=\"claims\""),
+            "figure {} has claims",
+            f.id
+        );
+        for c in s.claims_of(&f.id) {
+            assert!(
+                section.contains(&html_text(&c.text)),
+                "figure {}: claim {:?}",
+                f.id,
+                c.text
+            );
+        }
+    }
+    let records = read_records(&dir.path().join("netgap-study-004.jsonl"));
+    for f in &s.figures {
+        let label = netgap::report::study::figure_label("004", &f.id);
+        assert!(
+            records
+                .iter()
+                .any(|r| r["stack"]["label"] == label.as_str()),
+            "records of figure {}",
+            f.id
+        );
+    }
+    let list = ok(Command::new("ip")
+        .args(["netns", "list"])
+        .output()
+        .expect("ip netns"));
+    assert!(
+        !list.contains("ngtb-study-"),
+        "the study's testbed is down: {list}"
+    );
+}
