@@ -352,6 +352,17 @@ impl Job {
         }
     }
 
+    /// The sizes a transport of the job cannot carry, left out of its
+    /// points.
+    fn skipped(&self) -> &[netgap::plan::SkippedSizes] {
+        match self {
+            Job::Points(p) => &p.skipped,
+            Job::Sweep(p) => &p.run.skipped,
+            Job::Logp(p) => &p.run.skipped,
+            Job::Workload(_) | Job::Mpi(_) => &[],
+        }
+    }
+
     /// Measures the job into the sinks; the table observes the kinds of
     /// run that share it (sweep and logp print their own).
     fn measure(
@@ -397,6 +408,9 @@ impl Job {
 /// the file that keeps the points before it.
 fn execute(job: &Job) -> Result<()> {
     let settings = job.settings();
+    for s in job.skipped() {
+        eprintln!("netgap: note: {s}");
+    }
     let mut switch = match settings.testbed_name.as_deref() {
         Some(name) if !settings.conditions.is_empty() => Some(
             netgap::testbed::TestbedSwitch::open(name)

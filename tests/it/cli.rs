@@ -334,6 +334,47 @@ fn plain_netgap_runs_the_battery_and_writes_results() {
 }
 
 #[test]
+fn a_size_one_transport_cannot_carry_is_skipped_for_it_in_one_line() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json = dir.path().join("r.jsonl");
+    let out = run_ok(
+        netgap()
+            .args([
+                "run", "pingpong", "-t", "tcp,udp", "-s", "1,1M", "--reps", "2", "-n", "20",
+                "--json",
+            ])
+            .arg(&json),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let notes: Vec<&str> = stderr.lines().filter(|l| l.contains("skipping")).collect();
+    assert_eq!(notes.len(), 1, "{stderr}");
+    assert!(
+        notes[0].starts_with("netgap: note: udp carries at most ") && notes[0].ends_with("1M"),
+        "{stderr}"
+    );
+    let mut ran: Vec<(String, u64)> = read_records(&json)
+        .iter()
+        .map(|r| {
+            (
+                r["transport"].as_str().unwrap_or("").to_string(),
+                common::u(&r["size_bytes"]),
+            )
+        })
+        .collect();
+    ran.sort();
+    assert_eq!(
+        ran,
+        [
+            ("tcp".into(), 1),
+            ("tcp".into(), 1 << 20),
+            ("udp".into(), 1)
+        ]
+    );
+    // A size none of the run's transports carries is still refused.
+    fails_with_one_line(&["run", "pingpong", "-t", "udp", "-s", "1M"], "udp");
+}
+
+#[test]
 fn one_repetition_has_no_confidence_interval_not_a_zero_width_one() {
     let dir = tempfile::tempdir().expect("tempdir");
     let json = dir.path().join("r.jsonl");

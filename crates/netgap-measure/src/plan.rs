@@ -295,6 +295,48 @@ pub struct Plan {
     pub points: Vec<PointSpec>,
     /// What every point shares: method, agent, outputs, conditions.
     pub settings: Settings,
+    /// The sizes a transport of the run cannot carry, left out of its
+    /// points; the other transports measure them.
+    pub skipped: Vec<SkippedSizes>,
+}
+
+/// The sizes of a run over several transports that one of them cannot
+/// carry: left out of that transport's points, and said in one line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SkippedSizes {
+    /// The transport.
+    pub transport: String,
+    /// The largest message it carries, in bytes.
+    pub max_bytes: u64,
+    /// The sizes left out, in bytes, in the order given.
+    pub sizes_bytes: Vec<u64>,
+}
+
+impl std::fmt::Display for SkippedSizes {
+    /// `udp carries at most 65507 bytes a message: skipping 1M, 4M`; a
+    /// sweep's many sizes as their count and range.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        const LISTED: usize = 4;
+        let sizes = match (self.sizes_bytes.first(), self.sizes_bytes.last()) {
+            (Some(&first), Some(&last)) if self.sizes_bytes.len() > LISTED => format!(
+                "its {} sizes from {} to {}",
+                self.sizes_bytes.len(),
+                format_size(first),
+                format_size(last)
+            ),
+            _ => self
+                .sizes_bytes
+                .iter()
+                .map(|&s| format_size(s))
+                .collect::<Vec<_>>()
+                .join(", "),
+        };
+        write!(
+            f,
+            "{} carries at most {} bytes a message: skipping {sizes}",
+            self.transport, self.max_bytes
+        )
+    }
 }
 
 /// The transports, modes and options of a run, validated: each transport
@@ -1064,14 +1106,48 @@ impl Settings {
     }
 
     /// The points of `tests` at `sizes` over every stack, test-major, each
-    /// checked as the protocol will check it.
+    /// checked as the protocol will check it. A size that some transports
+    /// carry and others do not is left out of those others' points (and
+    /// listed in what is returned beside them); a size no transport of the
+    /// run carries is refused.
     pub(crate) fn points(
         &self,
         tests: &[&'static dyn bench::Test],
         sizes: &Sizes,
-    ) -> Result<Vec<PointSpec>, PlanError> {
+    ) -> Result<(Vec<PointSpec>, Vec<SkippedSizes>), PlanError> {
         for &s in &sizes.bytes {
-            self.stacks.check_size(s, sizes.flag)?;
+            check_size(s).map_err(|_| PlanError::SizeOutOfRange {
+                flag: sizes.flag,
+                size_bytes: s,
+                max: format_size(netgap_core::spec::MAX_SIZE_BYTES),
+            })?;
+            let carried = self
+                .stacks
+                .transports
+                .iter()
+                .any(|t| t.max_message_bytes().is_none_or(|max| s <= max));
+            if !carried {
+                self.stacks.check_size(s, sizes.flag)?;
+            }
+        }
+        let mut skipped: Vec<SkippedSizes> = Vec::new();
+        for tr in &self.stacks.transports {
+            let Some(max_bytes) = tr.max_message_bytes() else {
+                continue;
+            };
+            let over: Vec<u64> = sizes
+                .bytes
+                .iter()
+                .copied()
+                .filter(|&s| s > max_bytes)
+                .collect();
+            if !over.is_empty() {
+                skipped.push(SkippedSizes {
+                    transport: tr.name().to_string(),
+                    max_bytes,
+                    sizes_bytes: over,
+                });
+            }
         }
         let mut points = Vec::new();
         for t in tests {
@@ -1084,6 +1160,9 @@ impl Settings {
                         });
                     }
                     for &size in &sizes.bytes {
+                        if tr.max_message_bytes().is_some_and(|max| size > max) {
+                            continue;
+                        }
                         let point = self.point(t.name(), tr.name(), mode, size);
                         point.validate()?;
                         points.push(point);
@@ -1091,7 +1170,7 @@ impl Settings {
                 }
             }
         }
-        Ok(points)
+        Ok((points, skipped))
     }
 
     /// The settings of a point-to-point run's request whose points have a
@@ -1344,9 +1423,13 @@ impl Plan {
         what: &str,
     ) -> Result<Plan, PlanError> {
         let mut settings = Settings::new(c, what)?;
-        let points = settings.points(tests, sizes)?;
+        let (points, skipped) = settings.points(tests, sizes)?;
         settings.place_point_to_point()?;
-        Ok(Plan { points, settings })
+        Ok(Plan {
+            points,
+            settings,
+            skipped,
+        })
     }
 
     /// The default battery, plain `netgap`: the four point-to-point tests over
@@ -1395,6 +1478,35 @@ mod tests {
             decl: netgap_transport::options::find(flag).expect("declared"),
             value,
         }
+    }
+
+    #[test]
+    fn sizes_a_transport_cannot_carry_are_skipped_for_it_alone() {
+        let mut r = req("pingpong");
+        r.transport.transports = vec!["tcp".into(), "udp".into()];
+        r.method.sizes = Some(vec![1, 1 << 20]);
+        let p = Plan::from_request(&r).expect("valid");
+        let points: Vec<(&str, u64)> = p
+            .points
+            .iter()
+            .map(|s| (s.transport.as_str(), s.size_bytes))
+            .collect();
+        assert_eq!(points, [("tcp", 1), ("tcp", 1 << 20), ("udp", 1)]);
+        assert_eq!(p.skipped.len(), 1);
+        assert_eq!(p.skipped[0].transport, "udp");
+        assert_eq!(p.skipped[0].sizes_bytes, [1 << 20]);
+        assert!(
+            p.skipped[0].to_string().starts_with("udp carries at most ")
+                && p.skipped[0].to_string().ends_with(": skipping 1M"),
+            "{}",
+            p.skipped[0]
+        );
+        // A size no transport of the run carries is refused.
+        r.transport.transports = vec!["udp".into()];
+        assert!(err(&r).contains("larger than the largest message transport udp"));
+        // Nothing to skip: nothing said.
+        r.transport.transports = vec!["tcp".into(), "unix".into()];
+        assert!(Plan::from_request(&r).expect("valid").skipped.is_empty());
     }
 
     #[test]
@@ -1466,7 +1578,7 @@ mod tests {
     #[test]
     fn sizes_above_a_transports_largest_message_are_refused() {
         let mut r = req("pingpong");
-        r.transport.transports = vec!["tcp".into(), "udp".into()];
+        r.transport.transports = vec!["udp".into()];
         r.method.sizes = Some(vec![1, 60 * 1024]);
         assert!(Plan::from_request(&r).is_ok());
         r.method.sizes = Some(vec![1, 100 * 1024]);
