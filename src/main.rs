@@ -391,9 +391,11 @@ impl Job {
             Job::Mpi(plan) => netgap::mpi::run::run_mpi(plan, switch, sinks, table)
                 .map(|_| ())
                 .map_err(|e| Failed::AtPoint(e.into())),
-            Job::Sweep(plan) => netgap::sweep::run_sweep(plan, sinks, &mut std::io::stdout())
-                .map(|_| ())
-                .map_err(coord),
+            Job::Sweep(plan) => {
+                netgap::sweep::run_sweep(plan, switch, sinks, &mut std::io::stdout())
+                    .map(|_| ())
+                    .map_err(coord)
+            }
             Job::Logp(plan) => netgap::logp::run_logp(plan, sinks, &mut std::io::stdout())
                 .map(|_| ())
                 .map_err(coord),

@@ -212,6 +212,8 @@ pub struct SweepFlags {
     pub max_block_time: Duration,
     #[command(flatten)]
     pub stack: StackFlags,
+    #[command(flatten)]
+    pub interleave: InterleaveFlags,
 }
 
 impl SweepFlags {
@@ -245,6 +247,7 @@ impl SweepFlags {
             verify: m.verify,
             buffer: m.buffer(),
             outputs: self.stack.outputs(),
+            interleaving: self.interleave.spec(),
         }
     }
 }

@@ -1261,7 +1261,10 @@ impl Settings {
             return Err(no_effect(
                 "--ci",
                 &format!("{what} with {flag}"),
-                "interleaved repetitions alternate a fixed count; give --reps",
+                format!(
+                    "interleaved repetitions alternate a fixed count; give {}",
+                    c.repetitions.reps.1
+                ),
             ));
         }
         if !conditions.is_empty() {
