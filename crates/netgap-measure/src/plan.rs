@@ -48,12 +48,19 @@ const MAX_REP_TIME: Duration = Duration::from_secs(3600);
 /// Shortest `--timeout`.
 const MIN_TIMEOUT: Duration = Duration::from_millis(10);
 
-/// The tests of the default battery, in order: the point-to-point tests
-/// only (logp's overhead probes belong to their own command).
-pub(crate) const BATTERY_TESTS: [&str; 4] = ["pingpong", "stream", "bibw-pingpong", "bibw"];
-/// The default battery's time budget per repetition, short so the whole
-/// battery runs in well under a minute.
-const BATTERY_REP_TIME: Duration = Duration::from_millis(15);
+/// The tests of the main job, in order: latency and bandwidth, the two
+/// halves of the gap.
+pub const BATTERY_TESTS: [&str; 2] = ["pingpong", "stream"];
+/// The stacks the main job compares on loopback, the baseline (tcp)
+/// first: those of them available on this host.
+pub const BATTERY_TRANSPORTS: [&str; 5] = ["tcp", "unix", "shm", "uring", "udp"];
+/// The main job's sizes: small, medium and large messages (udp leaves out
+/// the largest).
+pub const BATTERY_SIZES_BYTES: [u64; 3] = [64, 16 << 10, 1 << 20];
+/// The main job's time budget per repetition: long enough that a
+/// repetition's figure is steady on a small shared machine, short enough
+/// that the job takes about a minute.
+const BATTERY_REP_TIME: Duration = Duration::from_millis(100);
 
 /// An agent's control address as given to `--peer`, resolved.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -1435,18 +1442,43 @@ impl Plan {
         })
     }
 
-    /// The default battery, plain `netgap`: the four point-to-point tests over
-    /// tcp and unix on loopback, sizes 1 B to 4 MiB in steps of 4, with a
-    /// short time budget so the whole battery runs in well under a minute.
-    pub fn battery(json: PathBuf) -> Plan {
+    /// The main job, plain `netgap`: pingpong and stream over the stacks
+    /// of [`BATTERY_TRANSPORTS`] available here, on loopback, their
+    /// repetitions interleaved at each test and size, the client and
+    /// server on two different CPUs when the process may use two.
+    /// `reps` overrides the repetitions (a shorter job).
+    pub fn battery(json: PathBuf, reps: Option<u32>) -> Result<Battery, PlanError> {
+        let mut transports = Vec::new();
+        let mut unavailable = Vec::new();
+        for name in BATTERY_TRANSPORTS {
+            match transport::find(name).map(|t| t.availability()) {
+                Some(Ok(())) => transports.push(name.to_string()),
+                Some(Err(why)) => unavailable.push((name.to_string(), why.0)),
+                None => unavailable.push((name.to_string(), "not built in".to_string())),
+            }
+        }
+        let cpus = netgap_transport::affinity::allowed_cpus();
+        let pin = match cpus.as_slice() {
+            [client, server, ..] => Some(Pin {
+                client_cpu: *client,
+                server_cpu: *server,
+            }),
+            _ => None,
+        };
         let request = RunRequest {
+            interleaving: Interleaving {
+                conditions: Vec::new(),
+                interleave: transports.len() > 1,
+            },
             transport: TransportChoice {
-                transports: vec!["tcp".into(), "unix".into()],
+                transports,
                 ..TransportChoice::default()
             },
             method: MethodSpec {
-                sizes: Some((0..12).map(|i| 1u64 << (2 * i)).collect()),
+                sizes: Some(BATTERY_SIZES_BYTES.to_vec()),
                 rep_time: Some(BATTERY_REP_TIME),
+                reps,
+                pin,
                 ..MethodSpec::default()
             },
             outputs: Outputs {
@@ -1455,11 +1487,20 @@ impl Plan {
             },
             ..RunRequest::new(&BATTERY_TESTS)
         };
-        // The battery's request is fixed and valid; a failure here is a bug
-        // in this function, caught by its unit test.
-        #[allow(clippy::expect_used, reason = "constant, unit-tested input")]
-        Plan::from_request(&request).expect("battery plan is valid")
+        Ok(Battery {
+            plan: Plan::from_request(&request)?,
+            unavailable,
+        })
     }
+}
+
+/// The main job's plan, and the stacks it leaves out.
+#[derive(Debug, Clone)]
+pub struct Battery {
+    /// The points.
+    pub plan: Plan,
+    /// The stacks of [`BATTERY_TRANSPORTS`] not available here, with why.
+    pub unavailable: Vec<(String, String)>,
 }
 
 #[cfg(test)]
@@ -1513,10 +1554,32 @@ mod tests {
     }
 
     #[test]
-    fn battery_covers_four_tests_two_transports_twelve_sizes() {
-        let p = Plan::battery(PathBuf::from("x.jsonl"));
-        assert_eq!(p.points.len(), 4 * 2 * 12);
-        assert_eq!(p.points.last().map(|s| s.size_bytes), Some(4 << 20));
+    fn the_main_job_interleaves_the_available_stacks_on_loopback() {
+        let b = Plan::battery(PathBuf::from("x.jsonl"), None).expect("valid");
+        let p = &b.plan;
+        let stacks: std::collections::BTreeSet<&str> =
+            p.points.iter().map(|s| s.transport.as_str()).collect();
+        assert_eq!(stacks.len() + b.unavailable.len(), BATTERY_TRANSPORTS.len());
+        assert!(
+            stacks.contains("tcp") && stacks.contains("unix"),
+            "{stacks:?}"
+        );
+        assert!(p.settings.interleave);
+        assert_eq!(p.settings.peer, Peer::Embedded { ipv6: false });
+        // udp leaves out the size it cannot carry, and says so.
+        assert!(!p
+            .points
+            .iter()
+            .any(|s| s.transport == "udp" && s.size_bytes > 65_536));
+        assert_eq!(p.skipped.len(), 1);
+        assert_eq!(p.skipped[0].transport, "udp");
+        // Pinned apart where the process may use two CPUs.
+        if netgap_transport::affinity::allowed_cpus().len() >= 2 {
+            assert!(p.settings.client_cpu.is_some());
+            assert_ne!(p.settings.client_cpu, p.settings.server_cpu);
+        }
+        let b = Plan::battery(PathBuf::from("x.jsonl"), Some(2)).expect("valid");
+        assert_eq!(b.plan.settings.method.reps, 2);
     }
 
     #[test]
