@@ -19,7 +19,7 @@ use netgap::plan::{Plan, RunRequest, Settings};
 use netgap::run::run_plan;
 use netgap::sink::{CsvSink, JsonlSink, RecordSink};
 use netgap::sweep::SweepPlan;
-use netgap::text::escape_control;
+use netgap::text::{escape_control, escape_control_lines};
 use netgap::workload_run::plan::WorkloadPlan;
 use netgap::{bench, transport};
 use std::net::{IpAddr, SocketAddr};
@@ -61,7 +61,7 @@ fn main() -> ExitCode {
         }
     };
     let outcome = match cli.command {
-        None => battery(cli.output.json, cli.output.csv, cli.output.label),
+        None => battery(cli.output.json, cli.output.csv, cli.output.label, cli.reps),
         Some(Command::Run(args)) => run(&args),
         Some(Command::Serve(args)) => serve(&args),
         Some(Command::Sweep(args)) => sweep(&args),
@@ -124,27 +124,70 @@ fn one_line(e: &anyhow::Error) -> String {
     line.replace('\n', " ")
 }
 
-fn battery(json: Option<PathBuf>, csv: Option<PathBuf>, label: Option<String>) -> Result<()> {
+fn battery(
+    json: Option<PathBuf>,
+    csv: Option<PathBuf>,
+    label: Option<String>,
+    reps: Option<u32>,
+) -> Result<()> {
     let json = json.unwrap_or_else(|| {
         let stamp = humantime::format_rfc3339_seconds(std::time::SystemTime::now())
             .to_string()
             .replace([':', '-'], "");
         PathBuf::from(format!("netgap-results-{stamp}.jsonl"))
     });
-    let mut plan = Plan::battery(json.clone());
+    let battery = Plan::battery(json.clone(), reps)?;
+    for (name, why) in &battery.unavailable {
+        eprintln!("netgap: note: skipping {name}: {}", escape_control(why));
+    }
+    let mut plan = battery.plan;
     plan.settings.csv = csv;
     plan.settings.label = label;
+    let mut stacks: Vec<&str> = Vec::new();
+    for p in &plan.points {
+        if !stacks.contains(&p.transport.as_str()) {
+            stacks.push(&p.transport);
+        }
+    }
+    let pinned = match (plan.settings.client_cpu, plan.settings.server_cpu) {
+        (Some(c), Some(s)) => format!(", client on CPU {c}, server on CPU {s}"),
+        _ => String::new(),
+    };
     eprintln!(
-        "netgap: default battery: {} points (pingpong, stream, bibw-pingpong, bibw over tcp and unix, 1 B to 4 MiB) on loopback",
-        plan.points.len()
+        "netgap: main job: {} points ({} over {} on loopback, interleaved{pinned})",
+        plan.points.len(),
+        netgap::plan::BATTERY_TESTS.join(" and "),
+        stacks.join(", ")
     );
     execute(&Job::Points(plan))?;
+    print!("{}", escape_control_lines(&gap_summary(&json)?));
     println!("results: {}", json.display());
     let html = json.with_extension("html");
     netgap::report::write_report(std::slice::from_ref(&json), &html, None)
         .with_context(|| format!("writing the report of {}", json.display()))?;
     println!("report: {}", html.display());
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        println!("next: `netgap study 000 --quick` runs a study's figures on a testbed it builds");
+    }
     Ok(())
+}
+
+/// Each stack of a results file against tcp, per test and size band, with
+/// whether each gap is real (Welch's t-test) or noise: the report's gap
+/// tables, as text.
+fn gap_summary(json: &std::path::Path) -> Result<String> {
+    let records = netgap::report::load::load_file(json)?;
+    let report = netgap::report::Report::build(
+        &[json.to_path_buf()],
+        &records,
+        &netgap::report::ReportOptions::default(),
+    );
+    let mut text = format!("\neach stack against {}:\n", report.baseline);
+    for s in &report.sections {
+        text.push_str(&netgap::report::gap::render_text(&s.gap));
+    }
+    Ok(text)
 }
 
 fn report(args: &ReportArgs) -> Result<()> {
@@ -332,7 +375,7 @@ fn mpi_rank(args: &cli::MpiRankArgs) -> Result<()> {
 
 /// What one measuring command runs, validated.
 enum Job {
-    /// Point-to-point tests (`netgap run`, the default battery).
+    /// Point-to-point tests (`netgap run`, the main job).
     Points(Plan),
     /// Workloads.
     Workload(WorkloadPlan),
@@ -353,6 +396,17 @@ impl Job {
             Job::Mpi(p) => &p.settings,
             Job::Sweep(p) => &p.run.settings,
             Job::Logp(p) => &p.run.settings,
+        }
+    }
+
+    /// The sizes a transport of the job cannot carry, left out of its
+    /// points.
+    fn skipped(&self) -> &[netgap::plan::SkippedSizes] {
+        match self {
+            Job::Points(p) => &p.skipped,
+            Job::Sweep(p) => &p.run.skipped,
+            Job::Logp(p) => &p.run.skipped,
+            Job::Workload(_) | Job::Mpi(_) => &[],
         }
     }
 
@@ -384,9 +438,11 @@ impl Job {
             Job::Mpi(plan) => netgap::mpi::run::run_mpi(plan, switch, sinks, table)
                 .map(|_| ())
                 .map_err(|e| Failed::AtPoint(e.into())),
-            Job::Sweep(plan) => netgap::sweep::run_sweep(plan, sinks, &mut std::io::stdout())
-                .map(|_| ())
-                .map_err(coord),
+            Job::Sweep(plan) => {
+                netgap::sweep::run_sweep(plan, switch, sinks, &mut std::io::stdout())
+                    .map(|_| ())
+                    .map_err(coord)
+            }
             Job::Logp(plan) => netgap::logp::run_logp(plan, sinks, &mut std::io::stdout())
                 .map(|_| ())
                 .map_err(coord),
@@ -401,6 +457,9 @@ impl Job {
 /// the file that keeps the points before it.
 fn execute(job: &Job) -> Result<()> {
     let settings = job.settings();
+    for s in job.skipped() {
+        eprintln!("netgap: note: {s}");
+    }
     let mut switch = match settings.testbed_name.as_deref() {
         Some(name) if !settings.conditions.is_empty() => Some(
             netgap::testbed::TestbedSwitch::open(name)

@@ -279,7 +279,7 @@ pub struct OutputFlags {
     pub label: Option<String>,
 }
 
-/// Conditions and stacks one run alternates between (`run` only).
+/// Conditions and stacks one run alternates between (`run`, `sweep`).
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "Interleaved comparison")]
 pub struct InterleaveFlags {
@@ -289,8 +289,9 @@ pub struct InterleaveFlags {
     /// e.g. --conditions mtu=1500,9000 offload=on,off. Needs root.
     #[arg(long, value_name = "KEY=V,V", num_args = 1.., value_parser = parse_condition_axis)]
     pub conditions: Vec<ConditionAxis>,
-    /// Alternate the repetitions of the run's stacks (-t and --mode lists)
-    /// at each test and size, so drift falls on every stack alike.
+    /// Alternate the repetitions (a sweep's trials) of the run's stacks (-t
+    /// and --mode lists) at each test and size, so drift falls on every
+    /// stack alike.
     #[arg(long)]
     pub interleave: bool,
 }

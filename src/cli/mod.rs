@@ -13,24 +13,29 @@ use std::time::Duration;
 
 /// netgap characterizes communication stacks and shows the gap between them.
 ///
-/// With no command, netgap runs its default battery on this machine: pingpong,
-/// stream, bibw-pingpong and bibw over tcp and unix on loopback, sizes 1 B to
-/// 4 MiB; it prints a table and writes a results file.
+/// With no command, netgap runs its main job on this machine: pingpong and
+/// stream over the stacks available on loopback (tcp, unix, shm, uring,
+/// udp), interleaved, client and server pinned apart; it prints a table and
+/// each stack against tcp, and writes a results file and its report.
 #[derive(Debug, Parser)]
 #[command(
     name = "netgap",
     version,
     about,
     long_about,
-    mut_arg("json", |a| a.help("Results file of the default battery (JSON Lines); default netgap-results-TIMESTAMP.jsonl in the current directory")),
-    mut_arg("csv", |a| a.help("Also write the default battery's results as CSV")),
-    mut_arg("label", |a| a.help("Name the default battery's stacks in its records (stack.label)"))
+    mut_arg("json", |a| a.help("Results file of the main job (JSON Lines); default netgap-results-TIMESTAMP.jsonl in the current directory")),
+    mut_arg("csv", |a| a.help("Also write the main job's results as CSV")),
+    mut_arg("label", |a| a.help("Name the main job's stacks in its records (stack.label)"))
 )]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Option<Command>,
     #[command(flatten)]
     pub output: OutputFlags,
+    /// Repetitions of each point of the main job (default 10); fewer make
+    /// it shorter.
+    #[arg(long, value_name = "N")]
+    pub reps: Option<u32>,
 }
 
 /// `run`'s one line of help, with the workloads named from their
@@ -217,6 +222,8 @@ pub struct SweepFlags {
     pub max_block_time: Duration,
     #[command(flatten)]
     pub stack: StackFlags,
+    #[command(flatten)]
+    pub interleave: InterleaveFlags,
 }
 
 impl SweepFlags {
@@ -250,6 +257,7 @@ impl SweepFlags {
             verify: m.verify,
             buffer: m.buffer(),
             outputs: self.stack.outputs(),
+            interleaving: self.interleave.spec(),
         }
     }
 }

@@ -326,3 +326,77 @@ fn bad_sweep_logp_and_ci_input_gets_one_clear_line() {
     );
     fails_with_one_line(&["run", "pingpong", "--ci-reps", "3,5"], "--ci");
 }
+
+#[test]
+fn a_sweep_interleaves_stacks_under_conditions_on_a_testbed() {
+    use crate::common::{system_ready, testbed::Testbed};
+    if !system_ready("a_sweep_interleaves_stacks_under_conditions_on_a_testbed") {
+        return;
+    }
+    let (tb, _) = Testbed::up("tswil", &["--hosts", "2"]);
+    let before = tb.hosts().conditions.expect("conditions recorded");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json = dir.path().join("s.jsonl");
+    let out = run_ok(
+        netgap()
+            .args([
+                "sweep",
+                "-t",
+                "tcp,udp",
+                "--interleave",
+                "--conditions",
+                "mtu=1500,9000",
+            ])
+            .args(["--start", "1K", "--end", "4K", "--perturbation", "0"])
+            .args([
+                "--trials",
+                "2",
+                "--trial-time",
+                "5ms",
+                "--hosts",
+                &tb.hosts_arg(),
+            ])
+            .arg("--json")
+            .arg(&json),
+    );
+    let records = read_records(&json);
+    // 1K, 1.5K, 2K, 3K, 4K, each over two stacks under two conditions.
+    assert_eq!(records.len(), 5 * 2 * 2);
+    let mut series = std::collections::BTreeMap::<(String, u64), Vec<u64>>::new();
+    for r in &records {
+        assert_eq!(r["test"], "sweep");
+        assert_eq!(r["options"]["interleaved"]["with"], 4, "{}", r["options"]);
+        assert_eq!(r["stats"]["reps"].as_array().map(Vec::len), Some(2));
+        let mtu = r["stack"]["path"]["mtu_bytes"]
+            .as_u64()
+            .expect("mtu in the path");
+        assert_eq!(r["host"]["mtu_bytes"].as_u64(), Some(mtu), "{}", r["host"]);
+        let transport = r["transport"].as_str().expect("transport").to_string();
+        series
+            .entry((transport, mtu))
+            .or_default()
+            .push(crate::common::u(&r["size_bytes"]));
+    }
+    // Four series, each with every size once, in increasing order.
+    assert_eq!(series.len(), 4, "{series:?}");
+    for sizes in series.values() {
+        assert_eq!(sizes, &[1024, 1536, 2048, 3072, 4096]);
+    }
+    // The table names each row's condition.
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout
+            .lines()
+            .next()
+            .is_some_and(|h| h.contains("condition")),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("mtu=9000") && stdout.contains("mtu=1500"),
+        "{stdout}"
+    );
+    // The sweep put the links back as it found them.
+    assert_eq!(tb.hosts().conditions, Some(before));
+    tb.down();
+    tb.assert_gone();
+}

@@ -115,39 +115,7 @@ pub(crate) fn run(
     sinks: &mut [Box<dyn RecordSink>],
     observer: &mut dyn Observer,
 ) -> Result<RunSummary, CoordError> {
-    let base = plan.settings.testbed.as_ref().and_then(|t| t.conditions);
-    let targets: Vec<LinkConditions> = match (&base, plan.settings.conditions.is_empty()) {
-        (_, true) => Vec::new(),
-        (Some(base), false) => plan
-            .settings
-            .conditions
-            .iter()
-            .map(|c| c.apply_to(base))
-            .collect(),
-        (None, false) => {
-            return Err(CoordError::Conditions(
-                "the testbed records no link conditions".into(),
-            ))
-        }
-    };
-    if !targets.is_empty() && switch.is_none() {
-        return Err(CoordError::Conditions(
-            "this run has conditions but nothing to switch them with".into(),
-        ));
-    }
-    let guard = match (switch, base) {
-        (Some(s), Some(base)) => Some(ConditionGuard::new(s, base)),
-        _ => None,
-    };
-    let mut state = RunState {
-        plan,
-        coord: None,
-        in_force: base,
-        targets,
-        run_id: run_id(),
-        guard,
-    };
-    state.coord()?;
+    let mut rounds = Rounds::open(plan, switch)?;
     // Each group with the spec its observer rows are named after.
     let groups: Vec<(usize, PointSpec, Group)> = groups(plan)
         .into_iter()
@@ -159,21 +127,92 @@ pub(crate) fn run(
         |(_, spec, _)| spec,
         sinks,
         observer,
-        |(index, _, group), observer| state.measure_group(group, *index, observer),
+        |(index, _, group), observer| -> Result<Vec<ResultRecord>, CoordError> {
+            let measured = rounds.measure_group(group, *index, observer)?;
+            Ok(measured.into_iter().map(|(_, r)| r).collect())
+        },
     );
-    if let Some(c) = state.coord.take() {
-        c.bye();
-    }
-    // Leave the testbed as the run found it, whatever happened.
-    let restored = match state.guard.take() {
-        Some(g) => g
-            .restore()
-            .map_err(|e| CoordError::Conditions(format!("putting the links back: {e}"))),
-        None => Ok(()),
-    };
+    let restored = rounds.finish();
     let points = outcome?;
     restored?;
     Ok(RunSummary { points })
+}
+
+/// The rounds of an interleaved plan's groups, measured one group at a
+/// time by whoever drives the run (a run's points, a sweep's sizes): the
+/// session, the conditions in force and the switch that holds the links.
+pub(crate) struct Rounds<'p, 's> {
+    state: RunState<'p, 's>,
+}
+
+impl<'p, 's> Rounds<'p, 's> {
+    /// Checks the plan's conditions against its testbed and opens the
+    /// session. `switch` must be given when the plan has conditions; once
+    /// it is held, [`Rounds::finish`] (or a drop) puts the links back.
+    pub(crate) fn open(
+        plan: &'p Plan,
+        switch: Option<&'s mut dyn ConditionSwitch>,
+    ) -> Result<Rounds<'p, 's>, CoordError> {
+        let base = plan.settings.testbed.as_ref().and_then(|t| t.conditions);
+        let targets: Vec<LinkConditions> = match (&base, plan.settings.conditions.is_empty()) {
+            (_, true) => Vec::new(),
+            (Some(base), false) => plan
+                .settings
+                .conditions
+                .iter()
+                .map(|c| c.apply_to(base))
+                .collect(),
+            (None, false) => {
+                return Err(CoordError::Conditions(
+                    "the testbed records no link conditions".into(),
+                ))
+            }
+        };
+        if !targets.is_empty() && switch.is_none() {
+            return Err(CoordError::Conditions(
+                "this run has conditions but nothing to switch them with".into(),
+            ));
+        }
+        let guard = match (switch, base) {
+            (Some(s), Some(base)) => Some(ConditionGuard::new(s, base)),
+            _ => None,
+        };
+        let mut state = RunState {
+            plan,
+            coord: None,
+            in_force: base,
+            targets,
+            run_id: run_id(),
+            guard,
+        };
+        state.coord()?;
+        Ok(Rounds { state })
+    }
+
+    /// Measures one group's rounds: each member's record, with the group
+    /// named by `index` in `options.interleaved`.
+    pub(crate) fn measure_group(
+        &mut self,
+        group: &Group,
+        index: usize,
+        observer: &mut dyn Observer,
+    ) -> Result<Vec<(Member, ResultRecord)>, CoordError> {
+        self.state.measure_group(group, index, observer)
+    }
+
+    /// Ends the session and puts the links back under the conditions they
+    /// had before the run.
+    pub(crate) fn finish(mut self) -> Result<(), CoordError> {
+        if let Some(c) = self.state.coord.take() {
+            c.bye();
+        }
+        match self.state.guard.take() {
+            Some(g) => g
+                .restore()
+                .map_err(|e| CoordError::Conditions(format!("putting the links back: {e}"))),
+            None => Ok(()),
+        }
+    }
 }
 
 /// A name for the run's groups no other run shares: the start time to the
@@ -240,7 +279,7 @@ impl RunState<'_, '_> {
         group: &Group,
         index: usize,
         observer: &mut dyn Observer,
-    ) -> Result<Vec<ResultRecord>, CoordError> {
+    ) -> Result<Vec<(Member, ResultRecord)>, CoordError> {
         let plan = self.plan;
         let mut gathered: Vec<Gathered> = group
             .members
@@ -317,7 +356,7 @@ impl RunState<'_, '_> {
                     with,
                 });
             }
-            records.push(record);
+            records.push((*member, record));
         }
         Ok(records)
     }

@@ -48,12 +48,19 @@ const MAX_REP_TIME: Duration = Duration::from_secs(3600);
 /// Shortest `--timeout`.
 const MIN_TIMEOUT: Duration = Duration::from_millis(10);
 
-/// The tests of the default battery, in order: the point-to-point tests
-/// only (logp's overhead probes belong to their own command).
-pub(crate) const BATTERY_TESTS: [&str; 4] = ["pingpong", "stream", "bibw-pingpong", "bibw"];
-/// The default battery's time budget per repetition, short so the whole
-/// battery runs in well under a minute.
-const BATTERY_REP_TIME: Duration = Duration::from_millis(15);
+/// The tests of the main job, in order: latency and bandwidth, the two
+/// halves of the gap.
+pub const BATTERY_TESTS: [&str; 2] = ["pingpong", "stream"];
+/// The stacks the main job compares on loopback, the baseline (tcp)
+/// first: those of them available on this host.
+pub const BATTERY_TRANSPORTS: [&str; 5] = ["tcp", "unix", "shm", "uring", "udp"];
+/// The main job's sizes: small, medium and large messages (udp leaves out
+/// the largest).
+pub const BATTERY_SIZES_BYTES: [u64; 3] = [64, 16 << 10, 1 << 20];
+/// The main job's time budget per repetition: long enough that a
+/// repetition's figure is steady on a small shared machine, short enough
+/// that the job takes about a minute.
+const BATTERY_REP_TIME: Duration = Duration::from_millis(100);
 
 /// An agent's control address as given to `--peer`, resolved.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -295,6 +302,48 @@ pub struct Plan {
     pub points: Vec<PointSpec>,
     /// What every point shares: method, agent, outputs, conditions.
     pub settings: Settings,
+    /// The sizes a transport of the run cannot carry, left out of its
+    /// points; the other transports measure them.
+    pub skipped: Vec<SkippedSizes>,
+}
+
+/// The sizes of a run over several transports that one of them cannot
+/// carry: left out of that transport's points, and said in one line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SkippedSizes {
+    /// The transport.
+    pub transport: String,
+    /// The largest message it carries, in bytes.
+    pub max_bytes: u64,
+    /// The sizes left out, in bytes, in the order given.
+    pub sizes_bytes: Vec<u64>,
+}
+
+impl std::fmt::Display for SkippedSizes {
+    /// `udp carries at most 65507 bytes a message: skipping 1M, 4M`; a
+    /// sweep's many sizes as their count and range.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        const LISTED: usize = 4;
+        let sizes = match (self.sizes_bytes.first(), self.sizes_bytes.last()) {
+            (Some(&first), Some(&last)) if self.sizes_bytes.len() > LISTED => format!(
+                "its {} sizes from {} to {}",
+                self.sizes_bytes.len(),
+                format_size(first),
+                format_size(last)
+            ),
+            _ => self
+                .sizes_bytes
+                .iter()
+                .map(|&s| format_size(s))
+                .collect::<Vec<_>>()
+                .join(", "),
+        };
+        write!(
+            f,
+            "{} carries at most {} bytes a message: skipping {sizes}",
+            self.transport, self.max_bytes
+        )
+    }
 }
 
 /// The transports, modes and options of a run, validated: each transport
@@ -1064,14 +1113,48 @@ impl Settings {
     }
 
     /// The points of `tests` at `sizes` over every stack, test-major, each
-    /// checked as the protocol will check it.
+    /// checked as the protocol will check it. A size that some transports
+    /// carry and others do not is left out of those others' points (and
+    /// listed in what is returned beside them); a size no transport of the
+    /// run carries is refused.
     pub(crate) fn points(
         &self,
         tests: &[&'static dyn bench::Test],
         sizes: &Sizes,
-    ) -> Result<Vec<PointSpec>, PlanError> {
+    ) -> Result<(Vec<PointSpec>, Vec<SkippedSizes>), PlanError> {
         for &s in &sizes.bytes {
-            self.stacks.check_size(s, sizes.flag)?;
+            check_size(s).map_err(|_| PlanError::SizeOutOfRange {
+                flag: sizes.flag,
+                size_bytes: s,
+                max: format_size(netgap_core::spec::MAX_SIZE_BYTES),
+            })?;
+            let carried = self
+                .stacks
+                .transports
+                .iter()
+                .any(|t| t.max_message_bytes().is_none_or(|max| s <= max));
+            if !carried {
+                self.stacks.check_size(s, sizes.flag)?;
+            }
+        }
+        let mut skipped: Vec<SkippedSizes> = Vec::new();
+        for tr in &self.stacks.transports {
+            let Some(max_bytes) = tr.max_message_bytes() else {
+                continue;
+            };
+            let over: Vec<u64> = sizes
+                .bytes
+                .iter()
+                .copied()
+                .filter(|&s| s > max_bytes)
+                .collect();
+            if !over.is_empty() {
+                skipped.push(SkippedSizes {
+                    transport: tr.name().to_string(),
+                    max_bytes,
+                    sizes_bytes: over,
+                });
+            }
         }
         let mut points = Vec::new();
         for t in tests {
@@ -1084,6 +1167,9 @@ impl Settings {
                         });
                     }
                     for &size in &sizes.bytes {
+                        if tr.max_message_bytes().is_some_and(|max| size > max) {
+                            continue;
+                        }
                         let point = self.point(t.name(), tr.name(), mode, size);
                         point.validate()?;
                         points.push(point);
@@ -1091,7 +1177,7 @@ impl Settings {
                 }
             }
         }
-        Ok(points)
+        Ok((points, skipped))
     }
 
     /// The settings of a point-to-point run's request whose points have a
@@ -1182,7 +1268,10 @@ impl Settings {
             return Err(no_effect(
                 "--ci",
                 &format!("{what} with {flag}"),
-                "interleaved repetitions alternate a fixed count; give --reps",
+                format!(
+                    "interleaved repetitions alternate a fixed count; give {}",
+                    c.repetitions.reps.1
+                ),
             ));
         }
         if !conditions.is_empty() {
@@ -1344,23 +1433,52 @@ impl Plan {
         what: &str,
     ) -> Result<Plan, PlanError> {
         let mut settings = Settings::new(c, what)?;
-        let points = settings.points(tests, sizes)?;
+        let (points, skipped) = settings.points(tests, sizes)?;
         settings.place_point_to_point()?;
-        Ok(Plan { points, settings })
+        Ok(Plan {
+            points,
+            settings,
+            skipped,
+        })
     }
 
-    /// The default battery, plain `netgap`: the four point-to-point tests over
-    /// tcp and unix on loopback, sizes 1 B to 4 MiB in steps of 4, with a
-    /// short time budget so the whole battery runs in well under a minute.
-    pub fn battery(json: PathBuf) -> Plan {
+    /// The main job, plain `netgap`: pingpong and stream over the stacks
+    /// of [`BATTERY_TRANSPORTS`] available here, on loopback, their
+    /// repetitions interleaved at each test and size, the client and
+    /// server on two different CPUs when the process may use two.
+    /// `reps` overrides the repetitions (a shorter job).
+    pub fn battery(json: PathBuf, reps: Option<u32>) -> Result<Battery, PlanError> {
+        let mut transports = Vec::new();
+        let mut unavailable = Vec::new();
+        for name in BATTERY_TRANSPORTS {
+            match transport::find(name).map(|t| t.availability()) {
+                Some(Ok(())) => transports.push(name.to_string()),
+                Some(Err(why)) => unavailable.push((name.to_string(), why.0)),
+                None => unavailable.push((name.to_string(), "not built in".to_string())),
+            }
+        }
+        let cpus = netgap_transport::affinity::allowed_cpus();
+        let pin = match cpus.as_slice() {
+            [client, server, ..] => Some(Pin {
+                client_cpu: *client,
+                server_cpu: *server,
+            }),
+            _ => None,
+        };
         let request = RunRequest {
+            interleaving: Interleaving {
+                conditions: Vec::new(),
+                interleave: transports.len() > 1,
+            },
             transport: TransportChoice {
-                transports: vec!["tcp".into(), "unix".into()],
+                transports,
                 ..TransportChoice::default()
             },
             method: MethodSpec {
-                sizes: Some((0..12).map(|i| 1u64 << (2 * i)).collect()),
+                sizes: Some(BATTERY_SIZES_BYTES.to_vec()),
                 rep_time: Some(BATTERY_REP_TIME),
+                reps,
+                pin,
                 ..MethodSpec::default()
             },
             outputs: Outputs {
@@ -1369,11 +1487,20 @@ impl Plan {
             },
             ..RunRequest::new(&BATTERY_TESTS)
         };
-        // The battery's request is fixed and valid; a failure here is a bug
-        // in this function, caught by its unit test.
-        #[allow(clippy::expect_used, reason = "constant, unit-tested input")]
-        Plan::from_request(&request).expect("battery plan is valid")
+        Ok(Battery {
+            plan: Plan::from_request(&request)?,
+            unavailable,
+        })
     }
+}
+
+/// The main job's plan, and the stacks it leaves out.
+#[derive(Debug, Clone)]
+pub struct Battery {
+    /// The points.
+    pub plan: Plan,
+    /// The stacks of [`BATTERY_TRANSPORTS`] not available here, with why.
+    pub unavailable: Vec<(String, String)>,
 }
 
 #[cfg(test)]
@@ -1398,10 +1525,61 @@ mod tests {
     }
 
     #[test]
-    fn battery_covers_four_tests_two_transports_twelve_sizes() {
-        let p = Plan::battery(PathBuf::from("x.jsonl"));
-        assert_eq!(p.points.len(), 4 * 2 * 12);
-        assert_eq!(p.points.last().map(|s| s.size_bytes), Some(4 << 20));
+    fn sizes_a_transport_cannot_carry_are_skipped_for_it_alone() {
+        let mut r = req("pingpong");
+        r.transport.transports = vec!["tcp".into(), "udp".into()];
+        r.method.sizes = Some(vec![1, 1 << 20]);
+        let p = Plan::from_request(&r).expect("valid");
+        let points: Vec<(&str, u64)> = p
+            .points
+            .iter()
+            .map(|s| (s.transport.as_str(), s.size_bytes))
+            .collect();
+        assert_eq!(points, [("tcp", 1), ("tcp", 1 << 20), ("udp", 1)]);
+        assert_eq!(p.skipped.len(), 1);
+        assert_eq!(p.skipped[0].transport, "udp");
+        assert_eq!(p.skipped[0].sizes_bytes, [1 << 20]);
+        assert!(
+            p.skipped[0].to_string().starts_with("udp carries at most ")
+                && p.skipped[0].to_string().ends_with(": skipping 1M"),
+            "{}",
+            p.skipped[0]
+        );
+        // A size no transport of the run carries is refused.
+        r.transport.transports = vec!["udp".into()];
+        assert!(err(&r).contains("larger than the largest message transport udp"));
+        // Nothing to skip: nothing said.
+        r.transport.transports = vec!["tcp".into(), "unix".into()];
+        assert!(Plan::from_request(&r).expect("valid").skipped.is_empty());
+    }
+
+    #[test]
+    fn the_main_job_interleaves_the_available_stacks_on_loopback() {
+        let b = Plan::battery(PathBuf::from("x.jsonl"), None).expect("valid");
+        let p = &b.plan;
+        let stacks: std::collections::BTreeSet<&str> =
+            p.points.iter().map(|s| s.transport.as_str()).collect();
+        assert_eq!(stacks.len() + b.unavailable.len(), BATTERY_TRANSPORTS.len());
+        assert!(
+            stacks.contains("tcp") && stacks.contains("unix"),
+            "{stacks:?}"
+        );
+        assert!(p.settings.interleave);
+        assert_eq!(p.settings.peer, Peer::Embedded { ipv6: false });
+        // udp leaves out the size it cannot carry, and says so.
+        assert!(!p
+            .points
+            .iter()
+            .any(|s| s.transport == "udp" && s.size_bytes > 65_536));
+        assert_eq!(p.skipped.len(), 1);
+        assert_eq!(p.skipped[0].transport, "udp");
+        // Pinned apart where the process may use two CPUs.
+        if netgap_transport::affinity::allowed_cpus().len() >= 2 {
+            assert!(p.settings.client_cpu.is_some());
+            assert_ne!(p.settings.client_cpu, p.settings.server_cpu);
+        }
+        let b = Plan::battery(PathBuf::from("x.jsonl"), Some(2)).expect("valid");
+        assert_eq!(b.plan.settings.method.reps, 2);
     }
 
     #[test]
@@ -1466,7 +1644,7 @@ mod tests {
     #[test]
     fn sizes_above_a_transports_largest_message_are_refused() {
         let mut r = req("pingpong");
-        r.transport.transports = vec!["tcp".into(), "udp".into()];
+        r.transport.transports = vec!["udp".into()];
         r.method.sizes = Some(vec![1, 60 * 1024]);
         assert!(Plan::from_request(&r).is_ok());
         r.method.sizes = Some(vec![1, 100 * 1024]);

@@ -17,8 +17,18 @@
 //! run, so a sweep accepts what a run accepts for the same transport; it has
 //! no sizes or repetition flags of a run: it sets them from `--start`,
 //! `--end`, `--trials` and `--trial-time`, and errors name those.
+//!
+//! With `--interleave` or `--conditions` the sweep measures each size as
+//! an interleaved run measures a point ([`crate::interleave`]): the trials
+//! of every stack (and under each condition) at that size alternate in
+//! rounds, through the same rounds and condition switch. Each stack under
+//! each condition is a series of its own (its record's path names the
+//! condition), with its own dropout judgement and its own stop at
+//! `--max-block-time`.
 
+use crate::conditions::{Condition, ConditionSwitch};
 use crate::coordinator::{open_session, CoordError, PointError};
+use crate::interleave::{self, Group, Member, Rounds};
 use crate::plan::{
     invalid, CiSpec, Common, Interleaving, Iterations, Outputs, Pin, Plan, PlanError, Repetitions,
     Sizes, Target, TransportChoice,
@@ -28,9 +38,11 @@ use crate::sink::RecordSink;
 use netgap_core::dropout::{split_trials, DropoutDetector, PointThroughput};
 use netgap_core::record::{RecordStats, ResultRecord, SweepSection};
 use netgap_core::sizing::{sweep_sizes, Growth};
+use netgap_core::spec::Mode;
 use netgap_core::spec::PointSpec;
 use netgap_core::stats::{Summary, NOISY_CV};
 use netgap_core::units::format_size;
+use std::collections::{HashMap, HashSet};
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -93,6 +105,10 @@ pub struct SweepRequest {
     pub buffer: crate::plan::BufferFlags,
     /// Results files and label.
     pub outputs: Outputs,
+    /// `--conditions`, `--interleave`: each size's trials alternated
+    /// between the conditions and stacks, as `netgap run` alternates its
+    /// repetitions.
+    pub interleaving: Interleaving,
 }
 
 /// Default `--start`, bytes.
@@ -131,6 +147,7 @@ impl SweepRequest {
             verify: false,
             buffer: crate::plan::BufferFlags::default(),
             outputs: Outputs::default(),
+            interleaving: Interleaving::default(),
         }
     }
 }
@@ -202,12 +219,6 @@ pub struct SweepPlan {
     pub max_block_time: Duration,
 }
 
-/// A sweep alternates no conditions or stacks.
-static NO_INTERLEAVING: Interleaving = Interleaving {
-    conditions: Vec::new(),
-    interleave: false,
-};
-
 impl SweepPlan {
     /// Validates a sweep.
     pub fn from_request(a: &SweepRequest) -> Result<SweepPlan, PlanError> {
@@ -252,7 +263,7 @@ impl SweepPlan {
             verify: a.verify,
             buffer: a.buffer,
             outputs: &a.outputs,
-            interleaving: &NO_INTERLEAVING,
+            interleaving: &a.interleaving,
         };
         let sizes = Sizes {
             bytes: sizes,
@@ -289,16 +300,34 @@ pub struct SweepSummary {
     pub stopped_early: Vec<(String, u64)>,
 }
 
-/// The sweep table's header.
-pub(crate) fn table_header() -> String {
-    format!(
-        "{:<9}  {:<5}  {:<8}  {:>10}  {:>10}  {:>12}  {:>7}  {:>6}  note",
-        "transport", "mode", "kind", "size_bytes", "gbps", "block_us", "ci95_%", "trials"
-    )
+/// The sweep table's header; a sweep under conditions has a column
+/// naming each row's.
+pub(crate) fn table_header(conditions: bool) -> String {
+    let line = format!(
+        "{:<9}  {:<5}  {}{:<8}  {:>10}  {:>10}  {:>12}  {:>7}  {:>6}  note",
+        "transport",
+        "mode",
+        if conditions {
+            format!("{:<CONDITION_WIDTH$}  ", "condition")
+        } else {
+            String::new()
+        },
+        "kind",
+        "size_bytes",
+        "gbps",
+        "block_us",
+        "ci95_%",
+        "trials"
+    );
+    line
 }
 
-/// The sweep table's row of a record.
-pub(crate) fn table_row(r: &ResultRecord) -> String {
+/// Width of the condition column.
+const CONDITION_WIDTH: usize = 18;
+
+/// The sweep table's row of a record; `condition` names the condition it
+/// was measured under, in a sweep that has them.
+pub(crate) fn table_row(r: &ResultRecord, condition: Option<&str>) -> String {
     let ci = r
         .stats
         .as_ref()
@@ -326,9 +355,10 @@ pub(crate) fn table_row(r: &ResultRecord) -> String {
         notes.push(n);
     }
     let line = format!(
-        "{:<9}  {:<5}  {:<8}  {:>10}  {:>10}  {:>12}  {:>7}  {:>6}  {}",
+        "{:<9}  {:<5}  {}{:<8}  {:>10}  {:>10}  {:>12}  {:>7}  {:>6}  {}",
         r.transport,
         r.mode.as_str(),
+        condition.map_or_else(String::new, |c| format!("{c:<CONDITION_WIDTH$}  ")),
         sweep.map_or("", |s| s.sweep_kind.as_str()),
         r.size_bytes,
         crate::output::fmt_num(r.value),
@@ -340,6 +370,39 @@ pub(crate) fn table_row(r: &ResultRecord) -> String {
         notes.join("; ")
     );
     line.trim_end().to_string()
+}
+
+/// The condition a record of a sweep under `conditions` was measured
+/// under, read from its path: the value of each key the conditions set
+/// (`mtu=9000 offload=off`), as the user typed the keys.
+fn condition_of(conditions: &[Condition], r: &ResultRecord) -> String {
+    let set = |key: fn(&Condition) -> bool| conditions.iter().any(key);
+    let path = r.stack.as_ref().map(|s| &s.path);
+    let mut parts = Vec::new();
+    if set(|c| c.mtu_bytes.is_some()) {
+        let mtu = path.and_then(|p| p.mtu_bytes);
+        parts.push(format!("mtu={}", mtu.map_or("?".into(), |m| m.to_string())));
+    }
+    if set(|c| c.offload.is_some()) {
+        let offload = path.and_then(|p| p.offload.clone());
+        parts.push(format!("offload={}", offload.unwrap_or_else(|| "?".into())));
+    }
+    if set(|c| c.rate_bps.is_some()) {
+        let rate = path.and_then(|p| p.rate_bps);
+        parts.push(format!(
+            "rate={}",
+            rate.map_or("none".into(), |r| r.to_string())
+        ));
+    }
+    if set(|c| c.delay_us.is_some()) {
+        let delay = path.and_then(|p| p.delay_us).unwrap_or(0);
+        parts.push(format!("delay={delay}us"));
+    }
+    if set(|c| c.loss_ppm.is_some()) {
+        let loss = path.and_then(|p| p.loss_ppm).unwrap_or(0);
+        parts.push(format!("loss={}%", f64::from(loss) / 10_000.0));
+    }
+    parts.join(" ")
 }
 
 /// The one-line summary that ends a sweep.
@@ -459,45 +522,165 @@ fn throughput_of(r: &ResultRecord) -> PointThroughput {
 /// Prints each sweep record's row as it is written.
 struct SweepTable<'a> {
     out: &'a mut dyn Write,
+    /// The sweep's conditions; empty for one under the conditions in force.
+    conditions: &'a [Condition],
 }
 
 impl Observer for SweepTable<'_> {
     fn point_done(&mut self, record: &ResultRecord) {
-        let _ = writeln!(self.out, "{}", table_row(record));
+        let condition =
+            (!self.conditions.is_empty()).then(|| condition_of(self.conditions, record));
+        let _ = writeln!(self.out, "{}", table_row(record, condition.as_deref()));
         let _ = self.out.flush();
+    }
+}
+
+/// One series of a sweep: a stack (transport, mode) under one condition
+/// (its index in the plan's conditions; `None` without conditions).
+type Series = (String, Mode, Option<usize>);
+
+/// The judgement of each series' points as they come, in increasing size:
+/// unstable trials, dropouts (measured again before the verdict), and the
+/// stop at `--max-block-time`.
+struct Judge<'p> {
+    plan: &'p SweepPlan,
+    detectors: HashMap<Series, DropoutDetector>,
+    stopped: HashSet<Series>,
+    summary: SweepSummary,
+}
+
+impl<'p> Judge<'p> {
+    fn new(plan: &'p SweepPlan) -> Judge<'p> {
+        Judge {
+            plan,
+            detectors: HashMap::new(),
+            stopped: HashSet::new(),
+            summary: SweepSummary::default(),
+        }
+    }
+
+    /// Whether the series stopped at `--max-block-time`.
+    fn stopped(&self, series: &Series) -> bool {
+        self.stopped.contains(series)
+    }
+
+    /// Judges the series' next point. `name` names the series in the
+    /// summary; `measure_once` measures a point of the series again (its
+    /// reference, or itself) when it looks like a dropout.
+    fn judge(
+        &mut self,
+        series: &Series,
+        name: &str,
+        spec: &PointSpec,
+        mut record: ResultRecord,
+        measure_once: &mut dyn FnMut(&PointSpec) -> Result<ResultRecord, CoordError>,
+    ) -> Result<ResultRecord, CoordError> {
+        let detector = self.detectors.entry(series.clone()).or_default();
+        // Trials in a slow and a fast group are an intermittent stall:
+        // no level to judge, nor to judge others by.
+        let unstable = record.stats.as_ref().and_then(|s| split_trials(&s.reps));
+        if let Some(u) = unstable {
+            if let Some(s) = &mut record.sweep {
+                s.unstable = Some(u);
+            }
+            record.warnings.push(unstable_warning(spec.size_bytes, &u));
+            self.summary.unstable.push((
+                name.to_string(),
+                spec.mode.to_string(),
+                spec.size_bytes,
+                u,
+            ));
+        } else {
+            let mut verdict = detector.assess(&throughput_of(&record));
+            if let Some(first) = verdict {
+                // A dip from a passing disturbance of the machine does
+                // not repeat, nor does a reference that was lucky; a
+                // stack's problem size does. Measure the reference and
+                // the point once more, judge against the reference's new
+                // figure and keep the better of the point's two.
+                let reference = self.plan.run.points.iter().find(|p| {
+                    p.transport == spec.transport
+                        && p.mode == spec.mode
+                        && p.size_bytes == first.reference_size_bytes
+                });
+                if let Some(reference) = reference {
+                    let again = measure_once(reference)?;
+                    detector.revise(throughput_of(&again));
+                }
+                let again = measure_once(spec)?;
+                if again.value > record.value {
+                    record = again;
+                }
+                verdict = detector.assess(&throughput_of(&record));
+                if verdict.is_none() {
+                    record.warnings.push(format!(
+                        "a first measurement fell {:.0}% below {} bytes, but measured again (with its reference) it did not: not a dropout",
+                        first.depth_pct, first.reference_size_bytes
+                    ));
+                }
+            }
+            detector.keep(throughput_of(&record));
+            if let Some(s) = &mut record.sweep {
+                s.dropout = verdict;
+            }
+            if let Some(d) = verdict {
+                record.warnings.push(dropout_warning(spec.size_bytes, &d));
+                self.summary.dropouts.push((
+                    name.to_string(),
+                    spec.mode.to_string(),
+                    spec.size_bytes,
+                    d,
+                ));
+            }
+        }
+        let block_us = record
+            .sweep
+            .as_ref()
+            .map_or(f64::INFINITY, |s| s.block_time_us);
+        if block_us > self.plan.max_block_time.as_secs_f64() * 1e6 {
+            self.summary
+                .stopped_early
+                .push((name.to_string(), spec.size_bytes));
+            self.stopped.insert(series.clone());
+        }
+        Ok(record)
     }
 }
 
 /// Runs a sweep, writing each record to the sinks and its row to `out` as
 /// soon as it is measured, and the summary line at the end. On failure,
-/// every point measured before is already in the sinks.
+/// every point measured before is already in the sinks. A sweep with
+/// conditions needs `switch`, through which its rounds put the testbed's
+/// links under each (see [`crate::interleave`]); the links go back to
+/// what they were however the sweep ends.
 pub fn run_sweep(
     plan: &SweepPlan,
+    switch: Option<&mut dyn ConditionSwitch>,
     sinks: &mut [Box<dyn RecordSink>],
     out: &mut dyn Write,
 ) -> Result<SweepSummary, CoordError> {
+    let settings = &plan.run.settings;
+    if settings.interleave || !settings.conditions.is_empty() {
+        return run_interleaved(plan, switch, sinks, out);
+    }
     let started_all = Instant::now();
     let mut coord = open_session(&plan.run)?;
-    let mut summary = SweepSummary::default();
-    let _ = writeln!(out, "{}", table_header());
-    let mut detector = DropoutDetector::new();
-    let mut group: Option<(String, netgap_core::spec::Mode)> = None;
-    let mut stopped: Option<(String, netgap_core::spec::Mode)> = None;
+    let _ = writeln!(out, "{}", table_header(false));
     let test = format!("sweep ({})", plan.kind.as_str());
-    let mut table = SweepTable { out: &mut *out };
-    summary.points = run_points(
+    let mut table = SweepTable {
+        out: &mut *out,
+        conditions: &[],
+    };
+    let mut judge = Judge::new(plan);
+    let points = run_points(
         &plan.run.points,
         |spec| spec,
         sinks,
         &mut table,
         |spec, _| -> Result<Vec<ResultRecord>, CoordError> {
-            let key = (spec.transport.clone(), spec.mode);
-            if stopped.as_ref() == Some(&key) {
+            let series: Series = (spec.transport.clone(), spec.mode, None);
+            if judge.stopped(&series) {
                 return Ok(Vec::new());
-            }
-            if group.as_ref() != Some(&key) {
-                detector = DropoutDetector::new();
-                group = Some(key.clone());
             }
             let mut measure_once = |spec: &PointSpec| -> Result<ResultRecord, CoordError> {
                 coord
@@ -505,81 +688,118 @@ pub fn run_sweep(
                     .and_then(|(_, base)| sweep_record(plan.kind, base))
                     .map_err(|detail| CoordError::point(spec, &test, detail))
             };
-            let mut record = measure_once(spec)?;
-            // Trials in a slow and a fast group are an intermittent stall:
-            // no level to judge, nor to judge others by.
-            let unstable = record.stats.as_ref().and_then(|s| split_trials(&s.reps));
-            if let Some(u) = unstable {
-                if let Some(s) = &mut record.sweep {
-                    s.unstable = Some(u);
-                }
-                record.warnings.push(unstable_warning(spec.size_bytes, &u));
-                summary.unstable.push((
-                    spec.transport.clone(),
-                    spec.mode.to_string(),
-                    spec.size_bytes,
-                    u,
-                ));
-            } else {
-                let mut verdict = detector.assess(&throughput_of(&record));
-                if let Some(first) = verdict {
-                    // A dip from a passing disturbance of the machine does
-                    // not repeat, nor does a reference that was lucky; a
-                    // stack's problem size does. Measure the reference and
-                    // the point once more, judge against the reference's new
-                    // figure and keep the better of the point's two.
-                    let reference = plan.run.points.iter().find(|p| {
-                        p.transport == spec.transport
-                            && p.mode == spec.mode
-                            && p.size_bytes == first.reference_size_bytes
-                    });
-                    if let Some(reference) = reference {
-                        let again = measure_once(reference)?;
-                        detector.revise(throughput_of(&again));
-                    }
-                    let again = measure_once(spec)?;
-                    if again.value > record.value {
-                        record = again;
-                    }
-                    verdict = detector.assess(&throughput_of(&record));
-                    if verdict.is_none() {
-                        record.warnings.push(format!(
-                            "a first measurement fell {:.0}% below {} bytes, but measured again (with its reference) it did not: not a dropout",
-                            first.depth_pct, first.reference_size_bytes
-                        ));
-                    }
-                }
-                detector.keep(throughput_of(&record));
-                if let Some(s) = &mut record.sweep {
-                    s.dropout = verdict;
-                }
-                if let Some(d) = verdict {
-                    record.warnings.push(dropout_warning(spec.size_bytes, &d));
-                    summary.dropouts.push((
-                        spec.transport.clone(),
-                        spec.mode.to_string(),
-                        spec.size_bytes,
-                        d,
-                    ));
-                }
-            }
-            let block_us = record
-                .sweep
-                .as_ref()
-                .map_or(f64::INFINITY, |s| s.block_time_us);
-            if block_us > plan.max_block_time.as_secs_f64() * 1e6 {
-                summary
-                    .stopped_early
-                    .push((spec.transport.clone(), spec.size_bytes));
-                stopped = Some(key);
-            }
+            let record = measure_once(spec)?;
+            let record = judge.judge(&series, &spec.transport, spec, record, &mut measure_once)?;
             Ok(vec![record])
         },
     )?;
     coord.bye();
+    let mut summary = judge.summary;
+    summary.points = points;
     let _ = writeln!(out, "{}", summary_line(&summary, started_all.elapsed()));
     Ok(summary)
 }
+
+/// A sweep whose sizes are measured in interleaved rounds: at each size,
+/// the trials of every stack (with `--interleave`) under each condition
+/// (with `--conditions`) alternate, through [`Rounds`]. A series that
+/// stopped at `--max-block-time` leaves the later rounds.
+fn run_interleaved(
+    plan: &SweepPlan,
+    switch: Option<&mut dyn ConditionSwitch>,
+    sinks: &mut [Box<dyn RecordSink>],
+    out: &mut dyn Write,
+) -> Result<SweepSummary, CoordError> {
+    let started_all = Instant::now();
+    let conditions = &plan.run.settings.conditions;
+    let mut rounds = Rounds::open(&plan.run, switch)?;
+    let _ = writeln!(out, "{}", table_header(!conditions.is_empty()));
+    let test = format!("sweep ({})", plan.kind.as_str());
+    let mut table = SweepTable {
+        out: &mut *out,
+        conditions,
+    };
+    let mut judge = Judge::new(plan);
+    let groups: Vec<(usize, PointSpec, Group)> = interleave::groups(&plan.run)
+        .into_iter()
+        .enumerate()
+        .map(|(i, g)| (i, plan.run.points[g.members[0].point].clone(), g))
+        .collect();
+    let series_of = |m: &Member| -> Series {
+        let p = &plan.run.points[m.point];
+        (p.transport.clone(), p.mode, m.condition)
+    };
+    let name_of = |m: &Member| -> String {
+        let p = &plan.run.points[m.point];
+        match m.condition.and_then(|c| conditions.get(c)) {
+            Some(c) => format!("{} {c}", p.transport),
+            None => p.transport.clone(),
+        }
+    };
+    let outcome = run_points(
+        &groups,
+        |(_, spec, _)| spec,
+        sinks,
+        &mut table,
+        |(index, _, group), observer| -> Result<Vec<ResultRecord>, CoordError> {
+            let members: Vec<Member> = group
+                .members
+                .iter()
+                .copied()
+                .filter(|m| !judge.stopped(&series_of(m)))
+                .collect();
+            if members.is_empty() {
+                return Ok(Vec::new());
+            }
+            let measured = rounds.measure_group(&Group { members }, *index, observer)?;
+            let mut records = Vec::with_capacity(measured.len());
+            for (member, base) in measured {
+                let spec = &plan.run.points[member.point];
+                let record = sweep_record(plan.kind, base)
+                    .map_err(|detail| CoordError::point(spec, &test, detail))?;
+                // A point measured again is measured alone, under the
+                // member's condition.
+                let mut measure_once = |again: &PointSpec| -> Result<ResultRecord, CoordError> {
+                    let point = plan
+                        .run
+                        .points
+                        .iter()
+                        .position(|p| p == again)
+                        .unwrap_or(member.point);
+                    let alone = Group {
+                        members: vec![Member {
+                            point,
+                            condition: member.condition,
+                        }],
+                    };
+                    let (_, base) = rounds
+                        .measure_group(&alone, *index, &mut Quiet)?
+                        .pop()
+                        .ok_or_else(|| CoordError::Conditions("no record measured".into()))?;
+                    sweep_record(plan.kind, base)
+                        .map_err(|detail| CoordError::point(again, &test, detail))
+                };
+                let series = series_of(&member);
+                let name = name_of(&member);
+                records.push(judge.judge(&series, &name, spec, record, &mut measure_once)?);
+            }
+            Ok(records)
+        },
+    );
+    let restored = rounds.finish();
+    let points = outcome?;
+    restored?;
+    let mut summary = judge.summary;
+    summary.points = points;
+    let _ = writeln!(out, "{}", summary_line(&summary, started_all.elapsed()));
+    Ok(summary)
+}
+
+/// An observer of the points a sweep measures again, which have no row of
+/// their own.
+struct Quiet;
+
+impl Observer for Quiet {}
 
 #[cfg(test)]
 mod tests {
@@ -640,6 +860,109 @@ mod tests {
             ..SweepRequest::new()
         });
         assert!(e.starts_with("--trial-time 2h"), "{e}");
+    }
+
+    /// A switch that takes every condition as asked and counts restores.
+    struct Recorder(Vec<Option<crate::conditions::LinkConditions>>);
+
+    impl ConditionSwitch for Recorder {
+        fn switch(
+            &mut self,
+            to: &crate::conditions::LinkConditions,
+        ) -> Result<crate::conditions::LinkConditions, crate::conditions::SwitchFailure> {
+            self.0.push(Some(*to));
+            Ok(*to)
+        }
+
+        fn restore(&mut self) -> Result<(), crate::conditions::SwitchFailure> {
+            self.0.push(None);
+            Ok(())
+        }
+    }
+
+    /// A sink that keeps the records where the test can read them.
+    struct Memory(
+        std::rc::Rc<std::cell::RefCell<Vec<ResultRecord>>>,
+        std::path::PathBuf,
+    );
+
+    impl RecordSink for Memory {
+        fn append(&mut self, record: &ResultRecord) -> std::io::Result<()> {
+            self.0.borrow_mut().push(record.clone());
+            Ok(())
+        }
+        fn path(&self) -> &std::path::Path {
+            &self.1
+        }
+    }
+
+    #[test]
+    fn an_interleaved_sweep_alternates_stacks_and_conditions_at_each_size() {
+        // On loopback, with a switch that only remembers: the sweep's own
+        // logic, without a testbed or root.
+        let mut a = SweepRequest {
+            start_bytes: 1024,
+            end_bytes: 2048,
+            perturbation_bytes: 0,
+            trials: 2,
+            trial_time: Duration::from_millis(2),
+            ..SweepRequest::new()
+        };
+        a.transport.transports = vec!["tcp".into(), "unix".into()];
+        a.interleaving.interleave = true;
+        let mut plan = SweepPlan::from_request(&a).expect("valid");
+        let axis = crate::conditions::ConditionAxis::parse("rate=1G,2G").expect("axis");
+        plan.run.settings.conditions = crate::conditions::cross(&[axis]).expect("cross");
+        plan.run.settings.testbed = Some(crate::cluster::TestbedPath {
+            topology: "switch".into(),
+            conditions: Some(crate::conditions::LinkConditions::plain(1500)),
+        });
+        let sizes = plan.run.points.len() / 2;
+        let kept = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+        let mut sinks: Vec<Box<dyn RecordSink>> =
+            vec![Box::new(Memory(kept.clone(), "mem".into()))];
+        let mut rec = Recorder(Vec::new());
+        let mut out = Vec::new();
+        let summary = run_sweep(&plan, Some(&mut rec), &mut sinks, &mut out).expect("runs");
+        let records = kept.borrow();
+        assert_eq!(summary.points, sizes * 4, "two stacks under two conditions");
+        assert_eq!(records.len(), summary.points);
+        // Each size's four members in one group, each a series of its own.
+        let mut series = HashSet::new();
+        for r in records.iter() {
+            assert_eq!(r.test, "sweep");
+            let i = r.options.as_ref().and_then(|o| o.interleaved.clone());
+            assert_eq!(i.map(|i| i.with), Some(4), "{r:?}");
+            let rate = r.stack.as_ref().and_then(|s| s.path.rate_bps);
+            series.insert((r.transport.clone(), rate, r.size_bytes));
+        }
+        assert_eq!(
+            series.len(),
+            records.len(),
+            "no two records of one series and size"
+        );
+        // The links went back when the sweep ended, and the table names
+        // each row's condition.
+        assert_eq!(rec.0.last(), Some(&None));
+        let table = String::from_utf8(out).expect("utf-8");
+        assert!(
+            table
+                .lines()
+                .next()
+                .is_some_and(|h| h.contains("condition")),
+            "{table}"
+        );
+        assert!(
+            table.contains("rate=1000000000") && table.contains("rate=2000000000"),
+            "{table}"
+        );
+        assert!(
+            table
+                .lines()
+                .last()
+                .is_some_and(|l| l.starts_with("sweep: ")),
+            "{table}"
+        );
     }
 
     #[test]

@@ -168,15 +168,17 @@ impl WorkloadSpec {
         }
         {
             for t in &self.targets {
-                let addr: std::net::SocketAddr = t
-                    .parse()
-                    .map_err(|_| range("targets", format!("{t:?} is not IP:PORT")))?;
-                if !self.session_hosts.contains(&addr.ip()) {
+                let ip = target_ip(t).ok_or_else(|| {
+                    range(
+                        "targets",
+                        format!("{t:?} is neither IP:PORT nor IP/MAC/FLOW"),
+                    )
+                })?;
+                if !self.session_hosts.contains(&ip) {
                     return Err(range(
                         "targets",
                         format!(
-                            "{} is not a host of this session; an agent sends test traffic only to the session's hosts",
-                            addr.ip()
+                            "{ip} is not a host of this session; an agent sends test traffic only to the session's hosts"
                         ),
                     ));
                 }
@@ -184,6 +186,27 @@ impl WorkloadSpec {
         }
         Ok(())
     }
+}
+
+/// The host a flow's target names: `IP:PORT`, or `IP/MAC/FLOW` (an xdp
+/// listener's address: frames go to the MAC on the interface that reaches
+/// the IP, so the IP is the host they are for). `None` for anything else.
+pub fn target_ip(target: &str) -> Option<std::net::IpAddr> {
+    if let Ok(a) = target.parse::<std::net::SocketAddr>() {
+        return Some(a.ip());
+    }
+    let mut parts = target.split('/');
+    let (Some(ip), Some(mac), Some(flow), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return None;
+    };
+    let mac_ok = mac.split(':').count() == 6
+        && mac
+            .split(':')
+            .all(|b| b.len() == 2 && b.chars().all(|c| c.is_ascii_hexdigit()));
+    let flow_ok = flow.parse::<u16>().is_ok_and(|f| f != 0);
+    (mac_ok && flow_ok).then(|| ip.parse().ok()).flatten()
 }
 
 /// What one flow did in a workload repetition, as an agent reports it.
@@ -427,6 +450,32 @@ mod tests {
         let e = s.validate().unwrap_err();
         assert_eq!(e.field, "targets");
         assert!(e.detail.contains("not a host of this session"), "{e}");
+    }
+
+    #[test]
+    fn an_xdp_target_names_its_host_and_is_held_to_the_session_too() {
+        assert_eq!(
+            target_ip("10.80.1.1/1e:cb:9a:b2:15:a2/64663"),
+            "10.80.1.1".parse().ok()
+        );
+        assert_eq!(target_ip("10.80.1.1:80"), "10.80.1.1".parse().ok());
+        for bad in [
+            "10.80.1.1/1e:cb:9a:b2:15/1",
+            "10.80.1.1/1e:cb:9a:b2:15:zz/1",
+            "10.80.1.1/1e:cb:9a:b2:15:a2/0",
+            "10.80.1.1/1e:cb:9a:b2:15:a2/1/2",
+            "host/1e:cb:9a:b2:15:a2/1",
+            "10.80.1.1",
+        ] {
+            assert_eq!(target_ip(bad), None, "{bad}");
+        }
+        let mut s = spec(WorkloadRole::Client);
+        s.targets = vec!["10.9.9.9/1e:cb:9a:b2:15:a2/7".into()];
+        let e = s.validate().unwrap_err();
+        assert!(e.detail.contains("not a host of this session"), "{e}");
+        s.targets = vec!["10.9.9.9/nonsense".into()];
+        let e = s.validate().unwrap_err();
+        assert!(e.detail.contains("neither IP:PORT nor IP/MAC/FLOW"), "{e}");
     }
 
     #[test]

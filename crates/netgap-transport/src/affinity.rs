@@ -2,7 +2,7 @@
 //! loopback latency by almost 2×, so the placement is chosen with `--pin` and
 //! recorded in every result.
 
-use nix::sched::{sched_setaffinity, CpuSet};
+use nix::sched::{sched_getaffinity, sched_setaffinity, CpuSet};
 use nix::unistd::Pid;
 
 /// Why a thread could not be pinned.
@@ -33,6 +33,18 @@ pub fn pin_current_thread(cpu: u32) -> Result<(), PinError> {
     })
 }
 
+/// The CPUs this process may run on, in increasing order; empty when the
+/// kernel does not say.
+pub fn allowed_cpus() -> Vec<u32> {
+    let Ok(set) = sched_getaffinity(Pid::from_raw(0)) else {
+        return Vec::new();
+    };
+    (0..CpuSet::count())
+        .filter(|&cpu| set.is_set(cpu).unwrap_or(false))
+        .filter_map(|cpu| u32::try_from(cpu).ok())
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -43,6 +55,13 @@ mod tests {
             .join()
             .expect("thread ran");
         assert!(e.unwrap_err().to_string().contains("CPU 4000"));
+    }
+
+    #[test]
+    fn this_process_may_run_on_some_cpu() {
+        let cpus = allowed_cpus();
+        assert!(!cpus.is_empty());
+        assert!(cpus.windows(2).all(|w| w[0] < w[1]), "{cpus:?}");
     }
 
     #[test]

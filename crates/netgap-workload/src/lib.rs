@@ -269,8 +269,28 @@ impl netgap_core::registry::Named for dyn Workload {
     }
 }
 
-/// Refuses a transport that cannot connect two hosts.
+/// Refuses a transport that cannot connect two hosts, or whose flows are
+/// not addressed by `IP:PORT` (the workloads that aim a flow at a host's
+/// address need that).
 pub(crate) fn check_cross_host(
+    workload: &str,
+    spec: &PointSpec,
+    transport: &dyn Transport,
+) -> Result<(), Refused> {
+    check_crosses_hosts(workload, spec, transport)?;
+    if !transport.ip_port_addresses() {
+        return Err(Refused(format!(
+            "{workload}: transport {} is point-to-point only (its flows are not addressed by IP:PORT); run pingpong, stream, bibw or bibw-pingpong over it",
+            spec.transport
+        )));
+    }
+    Ok(())
+}
+
+/// Refuses a transport that cannot connect two hosts. A workload whose
+/// clients dial only the addresses the servers announced (their listeners'
+/// own, whatever their form) needs no more.
+pub(crate) fn check_crosses_hosts(
     workload: &str,
     spec: &PointSpec,
     transport: &dyn Transport,
@@ -285,12 +305,6 @@ pub(crate) fn check_cross_host(
             "{workload}: transport {} cannot cross hosts; use {}",
             spec.transport,
             cross.join(", ")
-        )));
-    }
-    if !transport.ip_port_addresses() {
-        return Err(Refused(format!(
-            "{workload}: transport {} is point-to-point only (its flows are not addressed by IP:PORT); run pingpong, stream, bibw or bibw-pingpong over it",
-            spec.transport
         )));
     }
     Ok(())

@@ -3,7 +3,8 @@
 //! to its link's addresses; the headline is the aggregate bandwidth, with
 //! each link's bytes and bandwidth in the record (seed 004). With
 //! `--bidir` every flow sends both ways at once, as 004 measures
-//! aggregation, and `--links 1,2,3` makes one point per link count.
+//! aggregation, and `--links 1,2,3` makes one point per link count. Over
+//! `xdp` each flow is an AF_XDP socket on its own link's interface.
 
 use super::place::{self, HostView, Placement};
 use super::role::{parse_params, OpenRole, RoleContext, RoleError};
@@ -45,9 +46,11 @@ impl Workload for Multirail {
         stream::default_size_bytes(transport)
     }
 
-    /// Each flow must leave from its own link's address.
+    /// Each flow must leave from its own link's address. The clients dial
+    /// the addresses the server's listeners announced, one per link, so a
+    /// transport with addresses of its own (xdp's `IP/MAC/FLOW`) serves.
     fn check(&self, spec: &PointSpec, transport: &dyn Transport) -> Result<(), Refused> {
-        super::check_cross_host(NAME, spec, transport)?;
+        super::check_crosses_hosts(NAME, spec, transport)?;
         if !transport.binds_local() {
             let binding: Vec<&str> = netgap_transport::registry()
                 .iter()

@@ -102,12 +102,20 @@ pub(crate) fn recv_fd(sock: &UnixStream, hello: &[u8]) -> io::Result<OwnedFd> {
     let (n, truncated) = {
         let mut iov = [IoSliceMut::new(&mut got)];
         let mut space = nix::cmsg_space!([RawFd; 4]);
-        let msg = recvmsg::<()>(
-            sock.as_raw_fd(),
-            &mut iov,
-            Some(&mut space),
-            MsgFlags::MSG_CMSG_CLOEXEC,
-        )
+        // A signal delivered to this thread (a child ending, the
+        // terminal resized) interrupts the wait; nothing was received
+        // then, so it is waited for again.
+        let msg = loop {
+            match recvmsg::<()>(
+                sock.as_raw_fd(),
+                &mut iov,
+                Some(&mut space),
+                MsgFlags::MSG_CMSG_CLOEXEC,
+            ) {
+                Err(nix::errno::Errno::EINTR) => continue,
+                other => break other,
+            }
+        }
         .map_err(|e| {
             let e = io::Error::from(e);
             io::Error::new(e.kind(), format!("recvmsg(SCM_RIGHTS): {e}"))

@@ -205,7 +205,32 @@ impl Transport for Xdp {
             addr: addr.to_string(),
             source: std::io::Error::other(why.0),
         })?;
-        imp::connect(config, a)
+        imp::connect(config, a, None)
+    }
+
+    /// Each flow of a workload over several links (`multirail`) takes the
+    /// interface that holds its own link's address.
+    fn binds_local(&self) -> bool {
+        true
+    }
+
+    fn connect_from(
+        &self,
+        config: &FlowConfig,
+        addr: &str,
+        local_ip: IpAddr,
+    ) -> Result<Box<dyn Flow>, TransportError> {
+        let a = parse_addr(addr).map_err(|detail| TransportError::BadAddress {
+            transport: NAME,
+            addr: addr.to_string(),
+            detail,
+        })?;
+        probe().map_err(|why| TransportError::Connect {
+            transport: NAME,
+            addr: addr.to_string(),
+            source: std::io::Error::other(why.0),
+        })?;
+        imp::connect(config, a, Some(local_ip))
     }
 }
 
@@ -221,7 +246,11 @@ mod imp {
         })
     }
 
-    pub(super) fn connect(_: &FlowConfig, _: XdpAddr) -> Result<Box<dyn Flow>, TransportError> {
+    pub(super) fn connect(
+        _: &FlowConfig,
+        _: XdpAddr,
+        _: Option<IpAddr>,
+    ) -> Result<Box<dyn Flow>, TransportError> {
         Err(TransportError::Unsupported {
             transport: NAME,
             what: "run in a build without the xdp feature",
@@ -467,9 +496,14 @@ mod imp {
         }
     }
 
+    /// Opens a flow to `a` from the interface whose subnet holds its IP,
+    /// or, given `local_ip`, from the interface that holds that address
+    /// (a flow of a multi-link workload, on its own link), which must
+    /// reach `a` on its subnet.
     pub(super) fn connect(
         config: &FlowConfig,
         a: XdpAddr,
+        local_ip: Option<IpAddr>,
     ) -> Result<Box<dyn Flow>, TransportError> {
         let addr = a.to_string();
         let err = |source| TransportError::Connect {
@@ -477,7 +511,20 @@ mod imp {
             addr: addr.clone(),
             source,
         };
-        let ifc = find_iface(a.ip, false).map_err(err)?;
+        let ifc = match local_ip {
+            None => find_iface(a.ip, false).map_err(err)?,
+            Some(local) => {
+                let ifc = find_iface(local, true).map_err(err)?;
+                let reaching = find_iface(a.ip, false).map_err(err)?;
+                if reaching.name != ifc.name {
+                    return Err(err(io::Error::other(format!(
+                        "{local} is on {}, but {} is reached on {}: a flow's local address must be on the link to its target",
+                        ifc.name, a.ip, reaching.name
+                    ))));
+                }
+                ifc
+            }
+        };
         let mut ep = endpoint(&ifc).map_err(err)?;
         let peer = Peer {
             mac: a.mac,
