@@ -399,7 +399,7 @@ pub fn node_address() -> Result<NodeAddress, String> {
         [(ifname, ip)] => Ok(NodeAddress {
             ip: *ip,
             how: format!(
-                "the one address of this node that is not loopback ({ifname}; {name} resolves only to loopback, no default route)"
+                "the one address of this node that is not loopback, on {ifname}: {name} resolves only to loopback and there is no default route"
             ),
         }),
         [] => Err(format!(
