@@ -191,13 +191,18 @@ links() { # FILE
 
 echo "== sbatch --wait: agents by srun, netgap run --hosts @slurm:$port"
 "$netgap" key new "$work/key" >/dev/null
-mpi_tests=""
-[ "$do_mpi" = 1 ] && mpi_tests=",mpi-latency,mpi-bw"
+mpi_run=""
+if [ "$do_mpi" = 1 ]; then
+    # The MPI tests: mpirun, inside the allocation, starts rank 0 and rank
+    # 1 on the first two nodes (its daemons through srun).
+    mpi_run="\"$netgap\" run mpi-latency,mpi-bw --hosts @slurm --sizes 8,65536 --reps 2 --json \"$out/slurm-mpi.jsonl\""
+fi
 cat >"$work/job.sh" <<EOF
 #!/bin/bash
 set -euo pipefail
 srun --overlap --ntasks-per-node=1 "$netgap" serve --bind auto --port $port --key "$work/key" --allow-services &
-"$netgap" run multistream,hotspot,fanin,gather$mpi_tests --hosts @slurm:$port --key "$work/key" ${settings[*]} ${extra[*]} --json "$out/slurm.jsonl"
+"$netgap" run multistream,hotspot,fanin,gather --hosts @slurm:$port --key "$work/key" ${settings[*]} ${extra[*]} --json "$out/slurm.jsonl"
+$mpi_run
 EOF
 links "$out/links-slurm-before.json"
 in_h1 sbatch --wait --nodes="$hosts" --chdir="$work" --output="$out/slurm-job.out" "$work/job.sh" || {
@@ -241,6 +246,14 @@ EOF
     in_h1 env -u SLURM_CONF unshare --uts sh -c "hostname h1 && exec '$netgap' run multistream,hotspot,fanin,gather \
         --hosts '@hostfile:$work/hostfile:$port' --key '$work/key' ${settings[*]} ${extra[*]} \
         --json '$out/mpirun.jsonl'"
+    if [ "$do_mpi" = 1 ]; then
+        # The MPI tests on the hostfile's first two hosts: netgap's mpirun
+        # reaches h2 with the launch agent the user configures
+        # (OMPI_MCA_plm_rsh_agent; ssh by default).
+        in_h1 env -u SLURM_CONF OMPI_MCA_plm_rsh_agent="$work/rsh" unshare --uts sh -c \
+            "hostname h1 && exec '$netgap' run mpi-latency,mpi-bw --hosts '@hostfile:$work/hostfile' \
+            --sizes 8,65536 --reps 2 --json '$out/mpirun-mpi.jsonl'"
+    fi
     links "$out/links-mpirun-after.json"
     kill "$mpirun_pid"
     wait "$mpirun_pid" 2>/dev/null || true

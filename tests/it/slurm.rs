@@ -139,6 +139,29 @@ fn check_run(out: &Path, run: &str, peer: &str) {
     }
 }
 
+/// The MPI tests' records of one run: rank 0 on h1, rank 1 on h2, over
+/// TCP.
+fn check_mpi(out: &Path, run: &str) {
+    let records = read_records(&out.join(format!("{run}.jsonl")));
+    let tests: Vec<&str> = records
+        .iter()
+        .map(|r| r["test"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(tests, ["pingpong", "pingpong", "stream", "stream"], "{run}");
+    for r in &records {
+        assert_eq!(r["transport"], "mpi", "{run}");
+        assert_eq!(r["host"]["hostname"], "h1", "{run}");
+        assert_eq!(r["peer_host"]["hostname"], "h2", "{run}");
+        assert_eq!(
+            r["options"]["peer"], "mpirun: h1 (rank 0), h2 (rank 1)",
+            "{run}"
+        );
+        let stack = r["stack"]["options"].as_array().expect("stack options");
+        assert!(stack.iter().any(|o| o == "btl=tcp"), "{run}: {stack:?}");
+        assert!(common::f(&r["value"]) > 0.0, "{run}: {r}");
+    }
+}
+
 /// Nothing of the script is left: testbed namespaces, /etc/netns files,
 /// its temporary directory, daemons, agents.
 fn assert_all_gone(name: &str, port: u16, tmp: &Path) {
@@ -185,12 +208,18 @@ fn netgap_runs_on_a_real_slurm_cluster_and_under_mpirun() {
         return;
     }
     let mut flags = Vec::new();
+    // Built with MPI: the MPI tests run on the allocation's first two
+    // nodes too, and on the hostfile's.
+    let mpi = cfg!(feature = "mpi");
+    if mpi {
+        flags.push("--mpi");
+    }
     if !installed("mpirun") {
         common::skip(
             &format!("{TEST} (its mpirun part)"),
             "mpirun is not installed (apt-get install openmpi-bin)",
         );
-        flags.push("--no-mpirun");
+        flags = vec!["--no-mpirun"];
     }
     let dir = tempfile::tempdir().expect("tempdir");
     let (tmp, out) = (dir.path().join("tmp"), dir.path().join("out"));
@@ -212,8 +241,13 @@ fn netgap_runs_on_a_real_slurm_cluster_and_under_mpirun() {
         );
     }
     check_run(&out, "slurm", "slurm:h1,h2,h3");
-    if flags.is_empty() {
+    if !flags.contains(&"--no-mpirun") {
         check_run(&out, "mpirun", "hostfile:h1,h2,h3");
+    }
+    if flags.contains(&"--mpi") {
+        for run in ["slurm-mpi", "mpirun-mpi"] {
+            check_mpi(&out, run);
+        }
     }
     assert_all_gone(name, port, &tmp);
     eprintln!("{TEST}: the cluster and its runs took {:?}", t0.elapsed());
