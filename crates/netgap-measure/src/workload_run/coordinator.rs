@@ -155,14 +155,33 @@ fn wait_for_agents(
     let mut links: Vec<Option<crate::handshake::AgentLink>> = hosts.iter().map(|_| None).collect();
     let mut why: Vec<String> = vec![String::new(); hosts.len()];
     loop {
-        for (i, host) in hosts.iter().enumerate() {
-            if links[i].is_some() {
-                continue;
-            }
-            match handshake(&host.control, key) {
+        // Every node still silent is asked at once, so a round takes one
+        // connect timeout however many nodes are unreachable.
+        let round: Vec<(usize, Result<crate::handshake::AgentLink, LinkError>)> =
+            std::thread::scope(|scope| {
+                let asks: Vec<_> = hosts
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| links[*i].is_none())
+                    .map(|(i, host)| (i, scope.spawn(move || handshake(&host.control, key))))
+                    .collect();
+                asks.into_iter()
+                    .map(|(i, t)| {
+                        let r = t.join().unwrap_or_else(|_| {
+                            Err(LinkError::Connect(std::io::Error::other(
+                                "the handshake thread panicked",
+                            )))
+                        });
+                        (i, r)
+                    })
+                    .collect()
+            });
+        for (i, r) in round {
+            match r {
                 Ok(link) => links[i] = Some(link),
                 Err(LinkError::Connect(e)) if may_be_starting(&e) => why[i] = e.to_string(),
                 Err(e) => {
+                    let host = &hosts[i];
                     let fail = |detail: String| WorkloadError::Host {
                         host: host.name.clone(),
                         control: host.control.to_string(),
