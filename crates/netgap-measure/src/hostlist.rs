@@ -3,8 +3,12 @@
 //! hostfiles of Open MPI (`host slots=N`) and MPICH (`host:N`). Both expand
 //! to host names in order, each once; `--hosts @slurm` and `--hosts
 //! @hostfile:FILE` resolve them to the agents' control addresses (see
-//! `cluster::HostsArg`). Plain text in, names out: bad input is refused
-//! with one line saying where.
+//! `cluster::HostsArg`). The parsers are plain text in, names out: bad
+//! input is refused with one line saying where. The addresses are found
+//! here too ([`cluster_address`], [`node_address`]): a node's name
+//! resolved, else the `NodeAddr` Slurm knows it by (`scontrol`), else this
+//! node's own network, since many nodes resolve their own name to
+//! loopback.
 
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 
@@ -281,7 +285,7 @@ pub fn parse_scontrol_nodes(text: &str) -> Vec<(String, String)> {
 }
 
 /// The addresses `name` resolves to, IPv4 first, without loopback; and
-/// the loopback ones apart, for the message when there is nothing else.
+/// the loopback ones apart (for a name of this very machine).
 fn resolve_non_loopback(name: &str) -> Result<(Vec<IpAddr>, Vec<IpAddr>), String> {
     let all: Vec<IpAddr> = (name, 0)
         .to_socket_addrs()
