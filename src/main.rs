@@ -535,10 +535,11 @@ fn with_kept_points(e: anyhow::Error, sinks: &[Box<dyn RecordSink>]) -> anyhow::
 fn serve(args: &ServeArgs) -> Result<()> {
     let control = match ControlAddr::parse(&args.bind) {
         Some(a @ ControlAddr::Unix(_)) => a,
-        _ if args.bind == "auto" => ControlAddr::Tcp(SocketAddr::new(
-            netgap::hostlist::node_address().map_err(|e| anyhow!("--bind auto: {e}"))?,
-            args.port,
-        )),
+        _ if args.bind == "auto" => {
+            let a = netgap::hostlist::node_address().map_err(|e| anyhow!("--bind auto: {e}"))?;
+            println!("--bind auto: {} ({})", a.ip, a.how);
+            ControlAddr::Tcp(SocketAddr::new(a.ip, args.port))
+        }
         _ => {
             let ip: IpAddr = args
                 .bind

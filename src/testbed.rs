@@ -570,8 +570,13 @@ struct LinkPlan {
     b_ip: Ipv4Addr,
 }
 
+/// The links of a mesh testbed (none on a switch, whose host pairs may
+/// outnumber the subnets a mesh numbers them into).
 fn mesh_links(p: &Params) -> Vec<LinkPlan> {
     let mut out = Vec::new();
+    if p.topology != Topology::Mesh {
+        return out;
+    }
     let mut pair = 0u8;
     for a in 1..=p.hosts {
         for b in a + 1..=p.hosts {
@@ -1921,6 +1926,16 @@ mod tests {
         assert_eq!(addrs, ["10.77.0.1", "10.77.0.2", "10.77.0.3", "10.77.0.4"]);
         assert_eq!(f.hosts[0].control, "unix:/run/netgap/testbed/h1.sock");
         assert_eq!(f.key_file, Some(PathBuf::from("/run/netgap/testbed/key")));
+        // A switch has no mesh links to number, however many host pairs.
+        let big = hosts_file("testbed", &params(Topology::Switch, MAX_SWITCH_HOSTS, 1));
+        assert_eq!(big.check(), Ok(()));
+        assert_eq!(big.hosts.len(), MAX_SWITCH_HOSTS as usize);
+        assert!(big.hosts.iter().all(|h| h.links.is_empty()));
+        assert_eq!(big.hosts[249].address.to_string(), "10.77.0.250");
+        assert_eq!(
+            link_ends("testbed", &params(Topology::Switch, 64, 1)).len(),
+            128
+        );
     }
 
     #[test]

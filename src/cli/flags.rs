@@ -32,16 +32,21 @@ pub struct TargetFlags {
     #[arg(long, value_name = "HOST[:PORT]", value_parser = parse_peer)]
     pub peer: Option<PeerAddr>,
     /// Workloads: the hosts, `@FILE` (a hosts file), `@testbed` (the
-    /// hosts file of `netgap testbed up`), `@slurm` (the nodes of
-    /// SLURM_JOB_NODELIST), `@hostfile:FILE` (an Open MPI or MPICH
+    /// hosts file of `netgap testbed up`), `@slurm[:PORT]` (the nodes of
+    /// SLURM_JOB_NODELIST), `@hostfile:FILE[:PORT]` (an Open MPI or MPICH
     /// hostfile) or `ADDR,ADDR,...` (agents' control addresses, IP[:PORT]
-    /// or unix:PATH); agents of @slurm and @hostfile listen on port 7100
-    /// (`netgap serve --bind auto`); the first is the server,
+    /// or unix:PATH); agents of @slurm and @hostfile listen on PORT
+    /// (default 7100; `netgap serve --bind auto`) and the run waits for
+    /// them (--wait); the first is the server,
     /// the rest client hosts. Without it, in-process agents on loopback
     /// stand in for the hosts. A hosts file or hostfile must be a regular
     /// file of at most 16 MiB.
     #[arg(long, value_name = "@FILE|ADDR,...", value_parser = parse_hosts)]
     pub hosts: Option<HostsArg>,
+    /// How long to wait for the agents of `--hosts @slurm` or `@hostfile`
+    /// to answer, as a launcher starts them (default: --timeout).
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    pub wait: Option<Duration>,
     /// Use IPv6 loopback for the in-process agent.
     #[arg(long, short = '6')]
     pub ipv6: bool,
@@ -491,6 +496,7 @@ impl StackFlags {
         Target {
             peer: self.target.peer.clone(),
             hosts: self.target.hosts.clone(),
+            wait: self.target.wait,
             ipv6: self.target.ipv6,
         }
     }

@@ -11,8 +11,13 @@ use std::process::Stdio;
 
 /// `netgap serve --bind IP` on the default port 7100, killed on drop.
 fn agent_on_default_port(ip: &str) -> AgentProc {
+    agent_on_port(ip, 7100)
+}
+
+/// `netgap serve --bind IP --port PORT`, killed on drop.
+fn agent_on_port(ip: &str, port: u16) -> AgentProc {
     let mut child = netgap()
-        .args(["serve", "--bind", ip])
+        .args(["serve", "--bind", ip, "--port", &port.to_string()])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -21,9 +26,101 @@ fn agent_on_default_port(ip: &str) -> AgentProc {
     BufReader::new(child.stdout.take().expect("stdout"))
         .read_line(&mut line)
         .expect("agent prints its address");
-    let addr = format!("{ip}:7100");
+    let addr = format!("{ip}:{port}");
     assert!(line.contains(&addr), "{line}");
     AgentProc { child, addr }
+}
+
+/// A run on a launcher's hosts waits for agents that start after it (as
+/// `srun ... netgap serve &` followed at once by `netgap run` does), on the
+/// port named after the hostfile, and its records name the nodes.
+#[test]
+fn a_run_waits_for_the_agents_of_a_hostfile_on_its_port() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("hosts");
+    std::fs::write(&file, "127.0.14.5\n127.0.14.6 slots=1\n").expect("write");
+    let json = dir.path().join("r.jsonl");
+    let run = netgap()
+        .args(["run", "multistream", "--hosts"])
+        .arg(format!("@hostfile:{}:7151", file.display()))
+        .args(["-P", "1", "--reps", "1", "--duration", "100ms"])
+        .args(["--wait", "30s", "--json"])
+        .arg(&json)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run starts");
+    let mut run = common::procs::Reaped(run);
+    std::thread::sleep(std::time::Duration::from_millis(700));
+    let _server = agent_on_port("127.0.14.5", 7151);
+    let _client = agent_on_port("127.0.14.6", 7151);
+    let status = run.0.wait().expect("run ends");
+    let mut stderr = String::new();
+    if let Some(mut e) = run.0.stderr.take() {
+        std::io::Read::read_to_string(&mut e, &mut stderr).expect("stderr");
+    }
+    assert!(status.success(), "{stderr}");
+    let records = read_records(&json);
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0]["flows"][0]["host"], "127.0.14.6");
+    assert_eq!(
+        records[0]["options"]["peer"],
+        "hostfile:127.0.14.5,127.0.14.6"
+    );
+}
+
+/// A node whose agent never answers is named, with the others that did
+/// not, in one line once the wait is over; the node that answered is not.
+#[test]
+fn nodes_that_never_answer_are_named_in_one_line() {
+    let _server = agent_on_port("127.0.14.7", 7152);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("hosts");
+    std::fs::write(&file, "127.0.14.7\n127.0.14.8\n127.0.14.9\n").expect("write");
+    let arg = format!("@hostfile:{}:7152", file.display());
+    let t0 = std::time::Instant::now();
+    let e = common::one_line_error(
+        &netgap()
+            .args(["run", "multistream", "--hosts", &arg, "--wait", "600ms"])
+            .output()
+            .expect("runs"),
+        "a run with two silent nodes",
+        "no agent answered within 600ms on 127.0.14.8 (127.0.14.8:7152: Connection refused",
+    );
+    assert!(e.contains(", 127.0.14.9 (127.0.14.9:7152"), "{e}");
+    assert!(!e.contains("127.0.14.7 ("), "{e}");
+    assert!(t0.elapsed() >= std::time::Duration::from_millis(600));
+}
+
+/// Bad launcher input is refused in one line: a port out of range, a wait
+/// with hosts no launcher named, an allocation of one node.
+#[test]
+fn bad_launcher_input_is_refused_in_one_line() {
+    fails_with_one_line(
+        &["run", "multistream", "--hosts", "@slurm:65536"],
+        "port 65536 is out of range (1-65535)",
+    );
+    fails_with_one_line(
+        &["run", "multistream", "--hosts", "@hostfile:h:0"],
+        "port 0 is out of range",
+    );
+    fails_with_one_line(
+        &[
+            "run",
+            "multistream",
+            "--hosts",
+            "127.0.0.1,127.0.0.2",
+            "--wait",
+            "1s",
+        ],
+        "--wait",
+    );
+    let out = netgap()
+        .args(["run", "multistream", "--hosts", "@slurm:7153"])
+        .env("SLURM_JOB_NODELIST", "127.0.14.10")
+        .output()
+        .expect("runs");
+    common::one_line_error(&out, "one node", "the allocation has one node");
 }
 
 #[test]
@@ -102,10 +199,7 @@ fn a_hostfile_names_the_agents_of_a_run() {
     assert_eq!(records.len(), 1);
     let flows = records[0]["flows"].as_array().expect("flows");
     assert_eq!(flows.len(), 2);
-    assert!(
-        flows.iter().all(|f| f["host"] == "127.0.14.2:7100"),
-        "{flows:?}"
-    );
+    assert!(flows.iter().all(|f| f["host"] == "127.0.14.2"), "{flows:?}");
 }
 
 /// The nodes of a Slurm allocation, given as a compressed range, are the
@@ -125,7 +219,7 @@ fn the_slurm_allocation_names_the_agents_of_a_run() {
         .expect("runs"));
     let records = read_records(&json);
     assert_eq!(records.len(), 1);
-    assert_eq!(records[0]["flows"][0]["host"], "127.0.14.4:7100");
+    assert_eq!(records[0]["flows"][0]["host"], "127.0.14.4");
 }
 
 /// `serve --bind auto` listens on the address the node's name resolves to:
@@ -154,14 +248,18 @@ fn serve_bind_auto_listens_on_the_nodes_address() {
         .stderr(Stdio::null())
         .spawn()
         .expect("agent starts");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("agent prints its address");
+    let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+    let (mut chose, mut line) = (String::new(), String::new());
+    out.read_line(&mut chose).expect("agent says its choice");
+    out.read_line(&mut line).expect("agent prints its address");
     let agent = AgentProc {
         child,
         addr: "10.77.0.1:7100".into(),
     };
+    assert_eq!(
+        chose.trim_end(),
+        "--bind auto: 10.77.0.1 (the address of this node's name 10.77.0.1)"
+    );
     assert!(
         line.contains("listening on 10.77.0.1:7100 (key required)"),
         "{line}"

@@ -43,6 +43,8 @@ mod results_files;
 mod runner;
 mod scale;
 mod shaper;
+/// A real Slurm cluster on the testbed (slurm-wlm, munge) and mpirun.
+mod slurm;
 mod stopped_peer;
 mod study;
 mod sweep;

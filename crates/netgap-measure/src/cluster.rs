@@ -287,12 +287,20 @@ pub fn state_dir(name: &str) -> PathBuf {
 /// hosts of a cluster launcher (Slurm's allocation, an MPI hostfile).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum HostsArg {
-    /// `@slurm`: the nodes of the current Slurm allocation
-    /// (`SLURM_JOB_NODELIST`), each with an agent on the default port.
-    Slurm,
-    /// `@hostfile:FILE`: the hosts of an Open MPI or MPICH hostfile, each
-    /// with an agent on the default port.
-    Hostfile(PathBuf),
+    /// `@slurm[:PORT]`: the nodes of the current Slurm allocation
+    /// (`SLURM_JOB_NODELIST`), each with an agent on `port`.
+    Slurm {
+        /// The agents' control port (7100 unless named).
+        port: u16,
+    },
+    /// `@hostfile:FILE[:PORT]`: the hosts of an Open MPI or MPICH hostfile,
+    /// each with an agent on `port`.
+    Hostfile {
+        /// The hostfile.
+        path: PathBuf,
+        /// The agents' control port (7100 unless named).
+        port: u16,
+    },
     /// `@testbed` (the default testbed's hosts file) or `@PATH`.
     File {
         /// The hosts file.
@@ -306,31 +314,63 @@ pub enum HostsArg {
 }
 
 /// The agents' control port when `--hosts` names none.
-const DEFAULT_AGENT_PORT: u16 = 7100;
+pub const DEFAULT_AGENT_PORT: u16 = 7100;
+
+/// A launcher's port as written after its last `:`: 1 to 65535.
+fn parse_port(text: &str) -> Result<u16, String> {
+    match text.parse::<u32>() {
+        Ok(p) if (1..=u32::from(u16::MAX)).contains(&p) => Ok(p as u16),
+        Ok(p) => Err(format!("port {p} is out of range (1-65535)")),
+        Err(_) => Err(format!("{text:?} is not a port (1-65535)")),
+    }
+}
 
 impl HostsArg {
     /// Parses a `--hosts` argument: `@testbed` is the hosts file of the
     /// default testbed (`netgap testbed up`, see [`default_hosts_path`]),
-    /// `@slurm` the Slurm allocation, `@hostfile:FILE` an MPI hostfile,
-    /// `@PATH` the file at `PATH`, anything else a comma-separated list of
-    /// agents. Reads no file.
+    /// `@slurm[:PORT]` the Slurm allocation, `@hostfile:FILE[:PORT]` an MPI
+    /// hostfile (a trailing `:DIGITS` is the port), `@PATH` the file at
+    /// `PATH`, anything else a comma-separated list of agents. Reads no
+    /// file.
     pub fn parse(text: &str) -> Result<HostsArg, HostsError> {
         let bad = |detail: String| HostsError::Arg {
             arg: text.to_string(),
             detail,
         };
         if let Some(rest) = text.strip_prefix('@') {
+            if let Some(port) = rest.strip_prefix("slurm:") {
+                return Ok(HostsArg::Slurm {
+                    port: parse_port(port).map_err(bad)?,
+                });
+            }
+            if let Some(file) = rest.strip_prefix("hostfile:") {
+                let (path, port) = match file.rsplit_once(':') {
+                    Some((path, port))
+                        if !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) =>
+                    {
+                        (path, parse_port(port).map_err(bad)?)
+                    }
+                    _ => (file, DEFAULT_AGENT_PORT),
+                };
+                if path.is_empty() {
+                    return Err(bad("want @hostfile:FILE or @hostfile:FILE:PORT".into()));
+                }
+                return Ok(HostsArg::Hostfile {
+                    path: PathBuf::from(path),
+                    port,
+                });
+            }
             return match rest {
-                "" => Err(bad("want @testbed, @slurm, @hostfile:FILE or @FILE".into())),
-                "slurm" => Ok(HostsArg::Slurm),
-                "hostfile:" => Err(bad("want @hostfile:FILE".into())),
+                "" => Err(bad(
+                    "want @testbed, @slurm[:PORT], @hostfile:FILE[:PORT] or @FILE".into(),
+                )),
+                "slurm" => Ok(HostsArg::Slurm {
+                    port: DEFAULT_AGENT_PORT,
+                }),
                 "testbed" => Ok(HostsArg::File {
                     path: default_hosts_path(),
                     testbed: true,
                 }),
-                p if p.starts_with("hostfile:") => Ok(HostsArg::Hostfile(PathBuf::from(
-                    p.trim_start_matches("hostfile:"),
-                ))),
                 p => Ok(HostsArg::File {
                     path: PathBuf::from(p),
                     testbed: false,
@@ -357,12 +397,18 @@ impl HostsArg {
         Ok(HostsArg::Addrs(addrs))
     }
 
+    /// Whether the hosts are a launcher's (`@slurm`, `@hostfile`), whose
+    /// agents a run waits for.
+    pub fn is_launcher(&self) -> bool {
+        matches!(self, HostsArg::Slurm { .. } | HostsArg::Hostfile { .. })
+    }
+
     /// The hosts: reads and checks the file, expands the launcher's list
     /// and resolves its names, or takes the list as it is.
     pub fn load(&self) -> Result<HostsSource, HostsError> {
         match self {
             HostsArg::Addrs(a) => Ok(HostsSource::Addrs(a.clone())),
-            HostsArg::Slurm => {
+            HostsArg::Slurm { port } => {
                 let arg = |detail: String| HostsError::Arg {
                     arg: "@slurm".into(),
                     detail,
@@ -373,16 +419,16 @@ impl HostsArg {
                         arg("SLURM_JOB_NODELIST is not set (run inside a Slurm allocation: salloc, sbatch)".into())
                     })?;
                 let names = hostlist::expand_nodelist(&list).map_err(|e| arg(e.to_string()))?;
-                resolve_all(&names).map_err(arg)
+                resolve_all(Launcher::Slurm, &names, *port).map_err(arg)
             }
-            HostsArg::Hostfile(path) => {
+            HostsArg::Hostfile { path, port } => {
                 let text = files::read_to_string(path, Cap::HOSTS)?;
                 let parse = |detail: String| HostsError::Parse {
                     path: path.clone(),
                     detail,
                 };
                 let names = hostlist::parse_hostfile(&text).map_err(|e| parse(e.to_string()))?;
-                resolve_all(&names).map_err(parse)
+                resolve_all(Launcher::Hostfile, &names, *port).map_err(parse)
             }
             HostsArg::File { path, testbed } => match HostsFile::load(path) {
                 Err(HostsError::Read(e)) if *testbed && e.is_not_found() => {
@@ -394,13 +440,43 @@ impl HostsArg {
     }
 }
 
-/// The agents of launcher-named hosts, at the default port.
-fn resolve_all(names: &[String]) -> Result<HostsSource, String> {
-    names
+/// The agents of launcher-named hosts at `port`: each name resolved to the
+/// address other nodes reach it at (see [`hostlist::cluster_address`]).
+fn resolve_all(launcher: Launcher, names: &[String], port: u16) -> Result<HostsSource, String> {
+    let mut slurm = hostlist::SlurmNodes::default();
+    let nodes = names
         .iter()
-        .map(|n| hostlist::resolve(n, DEFAULT_AGENT_PORT).map(ControlAddr::Tcp))
-        .collect::<Result<Vec<_>, _>>()
-        .map(HostsSource::Addrs)
+        .map(|n| {
+            let ip = hostlist::cluster_address(n, &mut slurm)?;
+            Ok(ClusterNode {
+                name: n.clone(),
+                control: std::net::SocketAddr::new(ip, port),
+            })
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    Ok(HostsSource::Nodes {
+        launcher,
+        nodes,
+        wait: None,
+    })
+}
+
+/// Which launcher named the hosts of a [`HostsSource::Nodes`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Launcher {
+    /// `@slurm`.
+    Slurm,
+    /// `@hostfile`.
+    Hostfile,
+}
+
+/// One node of a launcher's list, with its agent's control address.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterNode {
+    /// The node's name as the launcher gives it.
+    pub name: String,
+    /// Its agent's control address.
+    pub control: std::net::SocketAddr,
 }
 
 /// Where the hosts of a run come from.
@@ -410,6 +486,17 @@ pub enum HostsSource {
     File(HostsFile),
     /// Agents' control addresses (`--hosts A,B,...`); the first is the server.
     Addrs(Vec<ControlAddr>),
+    /// The nodes of a launcher (`@slurm`, `@hostfile`), whose agents may
+    /// still be starting: a run waits for them.
+    Nodes {
+        /// Who named them.
+        launcher: Launcher,
+        /// The nodes, in the launcher's order; the first is the server.
+        nodes: Vec<ClusterNode>,
+        /// How long to wait for every agent to answer (`--wait`); `None`:
+        /// the run's `--timeout`.
+        wait: Option<std::time::Duration>,
+    },
     /// In-process agents on loopback: a server on 127.0.0.1 and
     /// `client_hosts` client hosts on 127.0.0.2, 127.0.0.3, ...
     Embedded {
@@ -426,6 +513,7 @@ impl HostsSource {
         match self {
             HostsSource::File(f) => f.hosts.len() as u32,
             HostsSource::Addrs(a) => a.len() as u32,
+            HostsSource::Nodes { nodes, .. } => nodes.len() as u32,
             HostsSource::Embedded { client_hosts, .. } => client_hosts + 1,
         }
     }
@@ -444,6 +532,20 @@ impl HostsSource {
                 .map(|a| a.to_string())
                 .collect::<Vec<_>>()
                 .join(","),
+            HostsSource::Nodes {
+                launcher, nodes, ..
+            } => format!(
+                "{}:{}",
+                match launcher {
+                    Launcher::Slurm => "slurm",
+                    Launcher::Hostfile => "hostfile",
+                },
+                nodes
+                    .iter()
+                    .map(|n| n.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
             HostsSource::Embedded { .. } => "embedded".into(),
         }
     }
@@ -529,6 +631,39 @@ mod tests {
         assert!(matches!(&list, HostsArg::Addrs(a) if a.len() == 2));
         assert_eq!(list.load().map(|h| h.hosts()).ok(), Some(2));
         assert!(HostsArg::parse("@").is_err());
+        assert_eq!(
+            HostsArg::parse("@slurm").ok(),
+            Some(HostsArg::Slurm { port: 7100 })
+        );
+        assert_eq!(
+            HostsArg::parse("@slurm:7101").ok(),
+            Some(HostsArg::Slurm { port: 7101 })
+        );
+        assert_eq!(
+            HostsArg::parse("@hostfile:/a:b/hosts:7200").ok(),
+            Some(HostsArg::Hostfile {
+                path: "/a:b/hosts".into(),
+                port: 7200
+            })
+        );
+        assert_eq!(
+            HostsArg::parse("@hostfile:hosts").ok(),
+            Some(HostsArg::Hostfile {
+                path: "hosts".into(),
+                port: 7100
+            })
+        );
+        for (bad, why) in [
+            ("@slurm:0", "out of range"),
+            ("@slurm:65536", "out of range"),
+            ("@slurm:", "not a port"),
+            ("@hostfile:h:99999", "out of range"),
+            ("@hostfile:", "want @hostfile:FILE"),
+            ("@hostfile::7100", "want @hostfile:FILE"),
+        ] {
+            let e = HostsArg::parse(bad).expect_err(bad).to_string();
+            assert!(e.contains(why) && !e.contains('\n'), "{bad}: {e}");
+        }
         assert!(HostsArg::parse("10.0.0.1,nowhere").is_err());
         assert!(HostsArg::parse("@/nonexistent/hosts.json")
             .expect("parses")

@@ -3,8 +3,12 @@
 //! hostfiles of Open MPI (`host slots=N`) and MPICH (`host:N`). Both expand
 //! to host names in order, each once; `--hosts @slurm` and `--hosts
 //! @hostfile:FILE` resolve them to the agents' control addresses (see
-//! `cluster::HostsArg`). Plain text in, names out: bad input is refused
-//! with one line saying where.
+//! `cluster::HostsArg`). The parsers are plain text in, names out: bad
+//! input is refused with one line saying where. The addresses are found
+//! here too ([`cluster_address`], [`node_address`]): a node's name
+//! resolved, else the `NodeAddr` Slurm knows it by (`scontrol`), else this
+//! node's own network, since many nodes resolve their own name to
+//! loopback.
 
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 
@@ -228,28 +232,227 @@ pub fn resolve(name: &str, port: u16) -> Result<SocketAddr, String> {
         .ok_or_else(|| format!("{name} has no address"))
 }
 
+/// The addresses of Slurm's nodes as its controller knows them (`NodeAddr`
+/// of `scontrol -o show node`), asked once and only inside an allocation
+/// or a job step, where a controller answers.
+#[derive(Debug, Default)]
+pub struct SlurmNodes {
+    /// `None` until asked; then each node's name and `NodeAddr`.
+    known: Option<Vec<(String, String)>>,
+}
+
+impl SlurmNodes {
+    /// Slurm's `NodeAddr` of node `name`, if Slurm is here and knows it.
+    pub fn node_addr(&mut self, name: &str) -> Option<String> {
+        let known = self.known.get_or_insert_with(|| {
+            let in_slurm = ["SLURM_JOB_ID", "SLURMD_NODENAME", "SLURM_CONF"]
+                .iter()
+                .any(|v| std::env::var_os(v).is_some());
+            if !in_slurm {
+                return Vec::new();
+            }
+            std::process::Command::new("scontrol")
+                .args(["-o", "show", "node"])
+                .stdin(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .output()
+                .ok()
+                .filter(|o| o.status.success())
+                .map(|o| parse_scontrol_nodes(&String::from_utf8_lossy(&o.stdout)))
+                .unwrap_or_default()
+        });
+        known
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, a)| a.clone())
+    }
+}
+
+/// Each node's name and `NodeAddr` from `scontrol -o show node` (one node
+/// a line, `KEY=VALUE` words).
+pub fn parse_scontrol_nodes(text: &str) -> Vec<(String, String)> {
+    text.lines()
+        .filter_map(|line| {
+            let word = |key: &str| {
+                line.split_whitespace()
+                    .find_map(|w| w.strip_prefix(key))
+                    .filter(|v| !v.is_empty() && !v.starts_with('('))
+                    .map(str::to_string)
+            };
+            Some((word("NodeName=")?, word("NodeAddr=")?))
+        })
+        .collect()
+}
+
+/// The addresses `name` resolves to, IPv4 first, without loopback; and
+/// the loopback ones apart (for a name of this very machine).
+fn resolve_non_loopback(name: &str) -> Result<(Vec<IpAddr>, Vec<IpAddr>), String> {
+    let all: Vec<IpAddr> = (name, 0)
+        .to_socket_addrs()
+        .map_err(|e| format!("cannot resolve {name}: {e}"))?
+        .map(|a| a.ip())
+        .collect();
+    let (mut out, lo): (Vec<IpAddr>, Vec<IpAddr>) =
+        all.into_iter().partition(|ip| !ip.is_loopback());
+    out.sort_by_key(|ip| !ip.is_ipv4());
+    Ok((out, lo))
+}
+
+/// The address other nodes reach node `name` at, for `--hosts @slurm` and
+/// `@hostfile`: the address itself; else what its name resolves to, if
+/// that is not loopback; else the `NodeAddr` Slurm knows it by; else, for
+/// this very node (its own name resolving to loopback, as Debian installs
+/// it), the address `netgap serve --bind auto` picks here
+/// ([`node_address`]); else, for another name of this machine
+/// (`localhost`), loopback.
+pub fn cluster_address(name: &str, slurm: &mut SlurmNodes) -> Result<IpAddr, String> {
+    if let Ok(ip) = name.parse::<IpAddr>() {
+        return Ok(ip);
+    }
+    let resolved = resolve_non_loopback(name);
+    if let Ok((good, _)) = &resolved {
+        if let Some(ip) = good.first() {
+            return Ok(*ip);
+        }
+    }
+    if let Some(addr) = slurm.node_addr(name) {
+        if let Ok(ip) = addr.parse::<IpAddr>() {
+            return Ok(ip);
+        }
+        if let Ok((good, _)) = resolve_non_loopback(&addr) {
+            if let Some(ip) = good.first() {
+                return Ok(*ip);
+            }
+        }
+    }
+    let own = nix::unistd::gethostname()
+        .ok()
+        .map(|h| h.to_string_lossy().into_owned());
+    let short = |n: &str| n.split('.').next().unwrap_or(n).to_string();
+    if own.as_deref().map(short) == Some(short(name)) {
+        return node_address()
+            .map(|a| a.ip)
+            .map_err(|e| format!("node {name} (this node): {e}"));
+    }
+    match resolved {
+        // Another name of this machine (`localhost`): its agent listens
+        // on loopback.
+        Ok((_, lo)) => lo
+            .iter()
+            .find(|ip| ip.is_ipv4())
+            .or_else(|| lo.first())
+            .copied()
+            .ok_or_else(|| format!("node {name} has no address")),
+        Err(e) => Err(format!("node {name}: {e}")),
+    }
+}
+
+/// The address `netgap serve --bind auto` chose, and how it found it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeAddress {
+    /// The address.
+    pub ip: IpAddr,
+    /// How it was found, for the line the agent prints.
+    pub how: String,
+}
+
 /// This node's own address, for an agent that listens where other nodes
-/// reach it (`netgap serve --bind auto` under srun or mpirun): the host
-/// name resolved to an address that is not loopback.
-pub fn node_address() -> Result<IpAddr, String> {
+/// reach it (`netgap serve --bind auto` under srun or mpirun), in order:
+/// the host name resolved to an address that is not loopback; the
+/// `NodeAddr` Slurm knows this node by (`SLURMD_NODENAME`, in a job step);
+/// the source address of the default route; the one address of this host
+/// that is not loopback. Many installations resolve the host's own name to
+/// 127.0.1.1, so the name alone is not enough.
+pub fn node_address() -> Result<NodeAddress, String> {
     let name = nix::unistd::gethostname()
         .map_err(|e| format!("reading the host name: {e}"))?
         .to_string_lossy()
         .into_owned();
-    let addrs: Vec<IpAddr> = (name.as_str(), 0)
-        .to_socket_addrs()
-        .map_err(|e| format!("cannot resolve this node's name {name}: {e}"))?
-        .map(|a| a.ip())
-        .filter(|ip| !ip.is_loopback())
-        .collect();
-    addrs
-        .iter()
-        .find(|ip| ip.is_ipv4())
-        .or_else(|| addrs.first())
-        .copied()
-        .ok_or_else(|| {
-            format!("this node's name {name} resolves only to loopback; give --bind ADDRESS")
-        })
+    let resolved = resolve_non_loopback(&name);
+    if let Ok((good, _)) = &resolved {
+        if let Some(ip) = good.first() {
+            return Ok(NodeAddress {
+                ip: *ip,
+                how: format!("the address of this node's name {name}"),
+            });
+        }
+    }
+    if let Ok(node) = std::env::var("SLURMD_NODENAME") {
+        if let Some(addr) = SlurmNodes::default().node_addr(&node) {
+            let ip = addr.parse::<IpAddr>().ok().or_else(|| {
+                resolve_non_loopback(&addr)
+                    .ok()
+                    .and_then(|(g, _)| g.first().copied())
+            });
+            if let Some(ip) = ip.filter(|ip| !ip.is_loopback()) {
+                return Ok(NodeAddress {
+                    ip,
+                    how: format!("Slurm's NodeAddr of node {node}"),
+                });
+            }
+        }
+    }
+    if let Some(ip) = default_route_source() {
+        return Ok(NodeAddress {
+            ip,
+            how: "the source address of the default route".into(),
+        });
+    }
+    let own = interface_addresses()?;
+    match own.as_slice() {
+        [(ifname, ip)] => Ok(NodeAddress {
+            ip: *ip,
+            how: format!(
+                "the one address of this node that is not loopback, on {ifname}: {name} resolves only to loopback and there is no default route"
+            ),
+        }),
+        [] => Err(format!(
+            "this node's name {name} resolves only to loopback and it has no other address; give --bind ADDRESS"
+        )),
+        many => Err(format!(
+            "this node's name {name} resolves only to loopback, there is no default route, and it has several addresses ({}); give --bind ADDRESS",
+            many.iter()
+                .map(|(i, ip)| format!("{ip} on {i}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
+    }
+}
+
+/// The local address of the default route: a UDP socket "connected" to a
+/// documentation address (RFC 5737) sends nothing but picks its route.
+fn default_route_source() -> Option<IpAddr> {
+    let sock = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
+    sock.connect("192.0.2.1:9").ok()?;
+    let ip = sock.local_addr().ok()?.ip();
+    (!ip.is_loopback() && !ip.is_unspecified()).then_some(ip)
+}
+
+/// This host's IPv4 addresses that are not loopback, on interfaces that
+/// are up, with their interface names.
+fn interface_addresses() -> Result<Vec<(String, IpAddr)>, String> {
+    use nix::net::if_::InterfaceFlags;
+    let addrs = nix::ifaddrs::getifaddrs().map_err(|e| format!("listing interfaces: {e}"))?;
+    let mut out: Vec<(String, IpAddr)> = Vec::new();
+    for a in addrs {
+        if !a.flags.contains(InterfaceFlags::IFF_UP)
+            || a.flags.contains(InterfaceFlags::IFF_LOOPBACK)
+        {
+            continue;
+        }
+        let Some(ip) = a
+            .address
+            .as_ref()
+            .and_then(|s| s.as_sockaddr_in())
+            .map(|s| IpAddr::V4(s.ip()))
+        else {
+            continue;
+        };
+        if !ip.is_loopback() && !out.iter().any(|(_, o)| *o == ip) {
+            out.push((a.interface_name.clone(), ip));
+        }
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -333,5 +536,25 @@ mod tests {
             Ok("127.0.0.1:7100".parse().expect("addr"))
         );
         assert!(resolve("localhost", 7100).is_ok_and(|a| a.ip().is_loopback()));
+        let mut slurm = SlurmNodes::default();
+        assert_eq!(
+            cluster_address("10.1.2.3", &mut slurm),
+            Ok("10.1.2.3".parse().expect("ip"))
+        );
+    }
+
+    #[test]
+    fn scontrol_lines_give_each_node_its_address() {
+        let text = "NodeName=h1 Arch=x86_64 CoresPerSocket=1 NodeAddr=10.77.0.1 NodeHostName=h1 OS=Linux 6.1 #1 SMP\n\
+                    NodeName=gpu02 NodeAddr=gpu02-ib State=IDLE\n\
+                    NodeName=odd State=DOWN\n\
+                    garbage\n";
+        assert_eq!(
+            parse_scontrol_nodes(text),
+            [
+                ("h1".to_string(), "10.77.0.1".to_string()),
+                ("gpu02".to_string(), "gpu02-ib".to_string())
+            ]
+        );
     }
 }

@@ -94,6 +94,9 @@ pub struct Target {
     pub peer: Option<PeerAddr>,
     /// `--hosts`: the agents of a workload run.
     pub hosts: Option<HostsArg>,
+    /// `--wait`: how long a run waits for the agents of `@slurm` or
+    /// `@hostfile` to answer (default: `--timeout`).
+    pub wait: Option<Duration>,
     /// `-6`: IPv6 loopback for the in-process agent.
     pub ipv6: bool,
 }
@@ -1085,7 +1088,19 @@ impl Settings {
                 }
             }
         }
-        let hosts = t.hosts.as_ref().map(HostsArg::load).transpose()?;
+        let mut hosts = t.hosts.as_ref().map(HostsArg::load).transpose()?;
+        if let Some(w) = t.wait {
+            match &mut hosts {
+                Some(HostsSource::Nodes { wait, .. }) => *wait = Some(w),
+                _ => {
+                    return Err(invalid(
+                        "--wait",
+                        humantime::format_duration(w),
+                        "only the agents of --hosts @slurm or @hostfile are waited for",
+                    ))
+                }
+            }
+        }
         let testbed = match &hosts {
             Some(HostsSource::File(f)) => f.path_facts(),
             _ => None,

@@ -132,6 +132,28 @@ pub enum Placement {
         /// `*_if_include` takes it.
         interface: String,
     },
+    /// Rank 0 on node `rank0`, rank 1 on node `rank1` of a cluster, over
+    /// TCP on the nodes' network; mpirun runs here and reaches the nodes
+    /// the cluster's way (srun inside a Slurm allocation, else its
+    /// configured launch agent, ssh by default).
+    Nodes {
+        /// Rank 0's node, as the launcher names it.
+        rank0: String,
+        /// Rank 1's node.
+        rank1: String,
+    },
+}
+
+/// Where the ranks run, for the names of the parameters netgap sets there
+/// ([`netgap_mca_names`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Where {
+    /// On this machine, over this BTL.
+    Local(LocalBtl),
+    /// On two testbed hosts.
+    Testbed,
+    /// On two nodes of a cluster.
+    Nodes,
 }
 
 impl Placement {
@@ -169,6 +191,10 @@ impl Placement {
                 v.push(("oob_tcp_if_include", interface.clone()));
                 v.push(("plm_rsh_agent", format!("{exe} mpi-agent")));
             }
+            // The nodes' own network, whichever interfaces Open MPI finds
+            // there (it leaves out loopback); how mpirun reaches the
+            // nodes is the cluster's.
+            Placement::Nodes { .. } => v.push(("btl", "tcp,self".into())),
         }
         v
     }
@@ -184,17 +210,20 @@ impl Placement {
 /// the interfaces its TCP BTL uses.
 const SELECTION_VERBOSITY: &str = "20";
 
-/// The names of the Open MPI parameters netgap sets itself at a placement
-/// (`testbed`: across testbed hosts; else on this machine over `btl`).
-pub fn netgap_mca_names(testbed: bool, btl: LocalBtl) -> Vec<&'static str> {
-    let placement = if testbed {
-        Placement::Testbed {
+/// The names of the Open MPI parameters netgap sets itself where the
+/// ranks run.
+pub fn netgap_mca_names(at: Where) -> Vec<&'static str> {
+    let placement = match at {
+        Where::Testbed => Placement::Testbed {
             rank0: RankHost::placeholder(),
             rank1: RankHost::placeholder(),
             interface: String::new(),
-        }
-    } else {
-        Placement::Local(btl)
+        },
+        Where::Nodes => Placement::Nodes {
+            rank0: String::new(),
+            rank1: String::new(),
+        },
+        Where::Local(btl) => Placement::Local(btl),
     };
     placement.mca("", "").into_iter().map(|(k, _)| k).collect()
 }
@@ -292,6 +321,9 @@ pub fn mpirun_command(
             "--host".into(),
             format!("{}:1,{}:1", rank0.address, rank1.address),
         ]),
+        Placement::Nodes { rank0, rank1 } => {
+            mpirun.extend(["--host".into(), format!("{rank0}:1,{rank1}:1")])
+        }
     }
     mpirun.push(exe_s.clone());
     mpirun.push("mpi-rank".into());
@@ -300,7 +332,9 @@ pub fn mpirun_command(
     // agent starts them as mpirun's descendants) ends with this process,
     // even when it is killed.
     let mut cmd = match placement {
-        Placement::Local(_) => tether::command(Path::new(&mpirun[0]), &mpirun[1..], None),
+        Placement::Local(_) | Placement::Nodes { .. } => {
+            tether::command(Path::new(&mpirun[0]), &mpirun[1..], None)
+        }
         Placement::Testbed { rank0, rank1, .. } => {
             let mut args: Vec<String> = vec![
                 "mpi-exec".into(),
@@ -783,11 +817,13 @@ mod tests {
 
     #[test]
     fn netgap_names_the_parameters_it_sets() {
-        let local = netgap_mca_names(false, LocalBtl::Vader);
+        let local = netgap_mca_names(Where::Local(LocalBtl::Vader));
         assert!(local.contains(&"btl") && local.contains(&"pml"));
         assert!(!local.contains(&"btl_tcp_if_include"));
-        assert!(netgap_mca_names(false, LocalBtl::Tcp).contains(&"btl_tcp_if_include"));
-        let testbed = netgap_mca_names(true, LocalBtl::Vader);
+        assert!(netgap_mca_names(Where::Local(LocalBtl::Tcp)).contains(&"btl_tcp_if_include"));
+        let nodes = netgap_mca_names(Where::Nodes);
+        assert!(nodes.contains(&"btl") && !nodes.contains(&"plm_rsh_agent"));
+        let testbed = netgap_mca_names(Where::Testbed);
         assert!(testbed.contains(&"oob_tcp_if_include") && testbed.contains(&"plm_rsh_agent"));
         let env = |k: &str| vec![(k.to_string(), "x".to_string())];
         assert!(check_environment(env("OMPI_MCA_pml"), &local)

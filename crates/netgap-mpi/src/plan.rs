@@ -7,10 +7,10 @@
 //! `--label` and `--conditions` mean the same for MPI as for sockets.
 
 use crate::kind::MpiTest;
-use crate::launch::{check_environment, netgap_mca_names, LocalBtl};
+use crate::launch::{check_environment, netgap_mca_names, LocalBtl, Where};
 use crate::wire::{RankIterations, RankPlan, RankPoint, MAX_MPI_SIZE_BYTES};
 use netgap_core::spec::{Mode, PointSpec};
-use netgap_measure::cluster::HostEntry;
+use netgap_measure::cluster::{ClusterNode, HostEntry, HostsArg, HostsSource};
 use netgap_measure::plan::{
     Peer, PlanError, RunRequest, Settings, TransportChoice, DEFAULT_SIZES_BYTES,
 };
@@ -26,6 +26,10 @@ pub struct MpiPlan {
     pub points: Vec<(MpiTest, PointSpec)>,
     /// The testbed hosts of rank 0 and rank 1, or `None` for this machine.
     pub hosts: Option<(HostEntry, HostEntry)>,
+    /// The first two nodes of a cluster launcher's hosts (`--hosts
+    /// @slurm`, `@hostfile`): rank 0 and rank 1 run there, started by
+    /// mpirun from here (through srun inside a Slurm allocation).
+    pub nodes: Option<(ClusterNode, ClusterNode)>,
     /// The BTL the ranks meet over on this machine (across testbed hosts
     /// they always use TCP).
     pub local_btl: LocalBtl,
@@ -159,14 +163,42 @@ impl MpiPlan {
         {
             return Err(MpiPlanError::TooLarge { size_bytes: s });
         }
+        // A launcher's nodes: mpirun starts the ranks on the first two, so
+        // the run itself has no agents to reach (nor to wait for).
+        let mut nodes = None;
+        let mut own = None;
         if let Some(h) = &r.target.hosts {
-            if !matches!(h, netgap_measure::cluster::HostsArg::File { .. }) {
-                return Err(MpiPlanError::Hosts(
-                    "MPI across hosts runs on netgap's testbed: give --hosts @testbed or a testbed's hosts file (on a cluster, start the ranks with your own mpirun)"
-                        .into(),
-                ));
+            match h {
+                HostsArg::File { .. } => {}
+                HostsArg::Slurm { .. } | HostsArg::Hostfile { .. } => {
+                    let source = h.load().map_err(|e| MpiPlanError::Plan(e.into()))?;
+                    let HostsSource::Nodes { nodes: list, .. } = &source else {
+                        return Err(MpiPlanError::Hosts(format!(
+                            "{} names no nodes",
+                            source.label()
+                        )));
+                    };
+                    let [n0, n1, ..] = list.as_slice() else {
+                        return Err(MpiPlanError::Hosts(format!(
+                            "{}: one node, and the MPI tests run rank 0 and rank 1 on two nodes (allocate two or more: sbatch -N 2)",
+                            source.label()
+                        )));
+                    };
+                    nodes = Some((n0.clone(), n1.clone()));
+                    let mut local = r.clone();
+                    local.target.hosts = None;
+                    local.target.wait = None;
+                    own = Some(local);
+                }
+                HostsArg::Addrs(_) => {
+                    return Err(MpiPlanError::Hosts(
+                        "MPI across hosts runs on netgap's testbed (--hosts @testbed) or on a cluster's nodes (--hosts @slurm, @hostfile:FILE), where mpirun starts the ranks; a list of agents names no place for them"
+                            .into(),
+                    ));
+                }
             }
         }
+        let r = own.as_ref().unwrap_or(r);
         let record_tests = tests.iter().map(|t| t.record_test()).collect::<Vec<_>>();
         // The ranks' stack is MPI's own: the socket transports' flags are
         // the socket tests'.
@@ -186,7 +218,7 @@ impl MpiPlan {
             Peer::Hosts { server, client } => {
                 if server.netns.is_none() {
                     return Err(MpiPlanError::Hosts(format!(
-                        "host {} has no network namespace; MPI across hosts runs on netgap's testbed (on a cluster, run the ranks with your own mpirun)",
+                        "host {} has no network namespace; MPI across hosts runs on netgap's testbed, or on a cluster's nodes with --hosts @slurm or @hostfile:FILE",
                         server.name
                     )));
                 }
@@ -194,18 +226,23 @@ impl MpiPlan {
             }
             Peer::Remote { .. } => None,
         };
-        let local_btl = match (mpi.btl, &hosts) {
-            (Some(LocalBtl::Vader), Some(_)) => {
+        let across = hosts.is_some() || nodes.is_some();
+        let local_btl = match (mpi.btl, across) {
+            (Some(LocalBtl::Vader), true) => {
                 return Err(MpiPlanError::Btl {
                     btl: LocalBtl::Vader.name(),
-                    why: "shared memory does not cross hosts; across testbed hosts the ranks use TCP over the testbed's links",
+                    why: "shared memory does not cross hosts; across hosts the ranks use TCP over the hosts' network",
                 })
             }
             (Some(b), _) => b,
             (None, _) => LocalBtl::Vader,
         };
-        check_environment(env, &netgap_mca_names(hosts.is_some(), local_btl))
-            .map_err(MpiPlanError::Environment)?;
+        let placed = match (&hosts, &nodes) {
+            (Some(_), _) => Where::Testbed,
+            (None, Some(_)) => Where::Nodes,
+            (None, None) => Where::Local(local_btl),
+        };
+        check_environment(env, &netgap_mca_names(placed)).map_err(MpiPlanError::Environment)?;
         let mut points = Vec::new();
         for &test in tests {
             for &size in &sizes {
@@ -219,6 +256,7 @@ impl MpiPlan {
             settings,
             points,
             hosts,
+            nodes,
             local_btl,
         })
     }
@@ -283,6 +321,44 @@ mod tests {
         let y = env("OMPI_MCA_mpi_yield_when_idle", "1");
         let p = MpiPlan::from_request(&r, &tests, &tcp, y, true).expect("plan");
         assert_eq!(p.local_btl, LocalBtl::Tcp);
+    }
+
+    #[test]
+    fn a_launchers_first_two_nodes_hold_the_ranks() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("hosts");
+        std::fs::write(&file, "127.0.0.1 slots=1\n127.0.0.2\n127.0.0.3\n").expect("write");
+        let tests = [MpiTest::Latency];
+        let none = MpiOptions::default();
+        let mut r = req(&["mpi-latency"]);
+        r.target.hosts =
+            Some(HostsArg::parse(&format!("@hostfile:{}:7300", file.display())).expect("parses"));
+        r.target.wait = Some(std::time::Duration::from_secs(5));
+        let p = MpiPlan::from_request(&r, &tests, &none, no_env(), true).expect("plan");
+        let (n0, n1) = p.nodes.expect("nodes");
+        assert_eq!(
+            (n0.name.as_str(), n1.name.as_str()),
+            ("127.0.0.1", "127.0.0.2")
+        );
+        assert!(p.hosts.is_none());
+        // Shared memory does not cross nodes; the launch agent is the
+        // user's to set.
+        let vader = MpiOptions {
+            btl: Some(LocalBtl::Vader),
+        };
+        assert!(MpiPlan::from_request(&r, &tests, &vader, no_env(), true).is_err());
+        let rsh = env("OMPI_MCA_plm_rsh_agent", "/usr/bin/ssh");
+        assert!(MpiPlan::from_request(&r, &tests, &none, rsh, true).is_ok());
+        let clash = env("OMPI_MCA_btl", "tcp,self");
+        assert!(MpiPlan::from_request(&r, &tests, &none, clash, true).is_err());
+
+        std::fs::write(&file, "127.0.0.1\n").expect("write");
+        let e = MpiPlan::from_request(&r, &tests, &none, no_env(), true).expect_err("one node");
+        assert!(e.to_string().contains("one node"), "{e}");
+        r.target.hosts = Some(HostsArg::parse("127.0.0.1,127.0.0.2").expect("parses"));
+        r.target.wait = None;
+        let e = MpiPlan::from_request(&r, &tests, &none, no_env(), true).expect_err("agents");
+        assert!(e.to_string().contains("@slurm"), "{e}");
     }
 
     fn req(tests: &[&str]) -> RunRequest {

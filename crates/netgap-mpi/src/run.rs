@@ -171,7 +171,10 @@ fn one_job(
         );
     }
     let yields = std::env::var("OMPI_MCA_mpi_yield_when_idle").ok();
-    warnings.extend(spin_warning(RANKS, cores_available(), yields.as_deref()));
+    // On a cluster's nodes each rank has a machine of its own.
+    if plan.nodes.is_none() {
+        warnings.extend(spin_warning(RANKS, cores_available(), yields.as_deref()));
+    }
     let report = JobReport {
         hello,
         selection,
@@ -273,6 +276,33 @@ struct Facts {
 /// Where the ranks run, with their hosts' facts read now (after any
 /// switch of conditions, so offloads and MTU are those in force).
 fn placement_of(plan: &MpiPlan) -> Result<(Placement, Facts), MpiRunError> {
+    if let Some((n0, n1)) = &plan.nodes {
+        // This machine's facts where it is rank 0's node (a batch script
+        // runs on the allocation's first node); of another node only its
+        // name, which the ranks report too.
+        let here = netgap_transport::host::collect(Some(n0.control.ip()));
+        let short = |n: &str| n.split('.').next().unwrap_or(n).to_string();
+        let named = |name: &str| HostFacts {
+            hostname: name.to_string(),
+            cores: 1,
+            ..HostFacts::default()
+        };
+        let rank0 = if short(&here.hostname) == short(&n0.name) {
+            here
+        } else {
+            named(&n0.name)
+        };
+        return Ok((
+            Placement::Nodes {
+                rank0: n0.name.clone(),
+                rank1: n1.name.clone(),
+            },
+            Facts {
+                rank0,
+                rank1: named(&n1.name),
+            },
+        ));
+    }
     let Some((h0, h1)) = &plan.hosts else {
         let local = netgap_transport::host::collect(Some(IpAddr::V4(Ipv4Addr::LOCALHOST)));
         return Ok((
@@ -415,7 +445,10 @@ fn build_record(
         stack.options.push("pml=ob1".into());
         stack.options.push(format!("btl={}", btls.join("+")));
         let interfaces = report.selection.interfaces();
-        if btls.iter().any(|b| b == "tcp") && !interfaces.is_empty() {
+        // Only an interface list netgap gave is what the TCP BTL used: on a
+        // cluster's nodes the library reports its exclusions the same way.
+        let pinned = !matches!(placement, Placement::Nodes { .. });
+        if pinned && btls.iter().any(|b| b == "tcp") && !interfaces.is_empty() {
             stack
                 .options
                 .push(format!("btl_if={}", interfaces.join("+")));
@@ -428,6 +461,9 @@ fn build_record(
         Placement::Local(_) => "mpirun: localhost (2 ranks)".into(),
         Placement::Testbed { rank0, rank1, .. } => {
             format!("mpirun: {} (rank 0), {} (rank 1)", rank0.name, rank1.name)
+        }
+        Placement::Nodes { rank0, rank1 } => {
+            format!("mpirun: {rank0} (rank 0), {rank1} (rank 1)")
         }
     };
     let mut record = ResultRecord::new(RecordHead {

@@ -452,10 +452,15 @@ pub(crate) fn meter_window_counting(
     stop.sleep_until(window_start);
     let meter = CpuMeter::start();
     let p0 = cpu_ns();
-    let t0 = Instant::now();
     stop.sleep_until(end);
     let mut cpu = meter.stop(0);
-    let window_ns = u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
+    // The flows count their window's bytes by the instants `window_start`
+    // and `end` (or until the stop), not by when this thread woke: on a
+    // busy host it may wake late, even past the end, and a window timed
+    // from then would divide the whole window's bytes by a moment.
+    let closed = Instant::now().min(end);
+    let window_ns = u64::try_from(closed.saturating_duration_since(window_start).as_nanos())
+        .unwrap_or(u64::MAX);
     cpu.cpu_ns = cpu_ns().saturating_sub(p0);
     cpu.process_percent = if cpu.wall_ns == 0 {
         0.0
@@ -469,6 +474,24 @@ pub(crate) fn meter_window_counting(
 #[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_window_is_timed_from_its_start_even_by_a_thread_that_wakes_late() {
+        // The window began 300 ms ago and ends in 50 ms, as for a meter
+        // thread scheduled late on a busy host.
+        let now = Instant::now();
+        let start = now.checked_sub(Duration::from_millis(300)).unwrap();
+        let (_, ns) = meter_window(start, now + Duration::from_millis(50), &Stop::new());
+        assert!((340_000_000..2_000_000_000).contains(&ns), "{ns}");
+        // Woken after the window ended: the window's own length.
+        let now = Instant::now();
+        let (_, ns) = meter_window(
+            now.checked_sub(Duration::from_millis(500)).unwrap(),
+            now.checked_sub(Duration::from_millis(200)).unwrap(),
+            &Stop::new(),
+        );
+        assert_eq!(ns, 300_000_000);
+    }
 
     #[test]
     fn cpu_ticks_are_read_past_a_command_name_with_spaces() {

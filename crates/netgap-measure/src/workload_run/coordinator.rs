@@ -74,6 +74,15 @@ pub enum WorkloadError {
     /// The key file is unusable.
     #[error(transparent)]
     Key(#[from] crate::auth::KeyFileError),
+    /// Agents of a launcher's nodes that never answered while the run
+    /// waited for them: each node, with the last reason.
+    #[error("no agent answered within {waited:?} on {} (start them with `srun --ntasks-per-node=1 netgap serve --bind auto`, or wait longer with --wait)", nodes.join(", "))]
+    NeverAnswered {
+        /// How long the run waited.
+        waited: Duration,
+        /// Each silent node, `NAME (ADDR: REASON)`.
+        nodes: Vec<String>,
+    },
 }
 
 /// One host of the run, resolved.
@@ -107,6 +116,100 @@ pub(super) struct Link {
 }
 
 type Event = (usize, Result<Reply, ControlError>);
+
+/// The failure of a handshake, named by `fail`.
+fn link_failure(e: LinkError, fail: &dyn Fn(String) -> WorkloadError) -> WorkloadError {
+    match e {
+        LinkError::KeyRequired => fail(format!("{e} (or a hosts file whose key_file names it)")),
+        e => fail(e.to_string()),
+    }
+}
+
+/// Whether an agent that refused a connection this way may still be
+/// starting: nothing listens yet, or its node is not reachable yet.
+fn may_be_starting(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind as K;
+    matches!(
+        e.kind(),
+        K::ConnectionRefused
+            | K::ConnectionReset
+            | K::TimedOut
+            | K::WouldBlock
+            | K::HostUnreachable
+            | K::NetworkUnreachable
+    )
+}
+
+/// How often a run asks agents that are not listening yet.
+const WAIT_RETRY: Duration = Duration::from_millis(100);
+
+/// Shakes hands with every host's agent, asking again those not listening
+/// yet until all answered or `wait` passed: the sessions, in host order,
+/// or every node that never answered, named in one error.
+fn wait_for_agents(
+    hosts: &[HostInfo],
+    key: Option<&Key>,
+    wait: Duration,
+) -> Result<Vec<Option<crate::handshake::AgentLink>>, WorkloadError> {
+    let deadline = Instant::now() + wait;
+    let mut links: Vec<Option<crate::handshake::AgentLink>> = hosts.iter().map(|_| None).collect();
+    let mut why: Vec<String> = vec![String::new(); hosts.len()];
+    loop {
+        // Every node still silent is asked at once, so a round takes one
+        // connect timeout however many nodes are unreachable.
+        let round: Vec<(usize, Result<crate::handshake::AgentLink, LinkError>)> =
+            std::thread::scope(|scope| {
+                let asks: Vec<_> = hosts
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| links[*i].is_none())
+                    .map(|(i, host)| (i, scope.spawn(move || handshake(&host.control, key))))
+                    .collect();
+                asks.into_iter()
+                    .map(|(i, t)| {
+                        let r = t.join().unwrap_or_else(|_| {
+                            Err(LinkError::Connect(std::io::Error::other(
+                                "the handshake thread panicked",
+                            )))
+                        });
+                        (i, r)
+                    })
+                    .collect()
+            });
+        for (i, r) in round {
+            match r {
+                Ok(link) => links[i] = Some(link),
+                Err(LinkError::Connect(e)) if may_be_starting(&e) => why[i] = e.to_string(),
+                Err(e) => {
+                    let host = &hosts[i];
+                    let fail = |detail: String| WorkloadError::Host {
+                        host: host.name.clone(),
+                        control: host.control.to_string(),
+                        detail,
+                    };
+                    return Err(link_failure(e, &fail));
+                }
+            }
+        }
+        if links.iter().all(Option::is_some) {
+            return Ok(links);
+        }
+        if Instant::now() >= deadline {
+            let nodes = hosts
+                .iter()
+                .zip(&links)
+                .zip(&why)
+                .filter(|((_, l), _)| l.is_none())
+                .map(|((h, _), w)| format!("{} ({}: {w})", h.name, h.control))
+                .collect();
+            return Err(WorkloadError::NeverAnswered {
+                waited: wait,
+                nodes,
+            });
+        }
+        std::thread::sleep(WAIT_RETRY.min(deadline.saturating_duration_since(Instant::now())));
+    }
+}
 
 /// Sessions with every host of a run.
 pub struct WorkloadCoordinator {
@@ -168,6 +271,17 @@ fn resolve_hosts(source: &HostsSource) -> Result<Vec<HostInfo>, WorkloadError> {
                     ControlAddr::Tcp(sa) => Some(sa.ip()),
                     ControlAddr::Unix(_) => None,
                 },
+                rails: Vec::new(),
+                via: None,
+                peer_links: Vec::new(),
+            })
+            .collect()),
+        HostsSource::Nodes { nodes, .. } => Ok(nodes
+            .iter()
+            .map(|n| HostInfo {
+                name: n.name.clone(),
+                control: ControlAddr::Tcp(n.control),
+                address: Some(n.control.ip()),
                 rails: Vec::new(),
                 via: None,
                 peer_links: Vec::new(),
@@ -235,26 +349,31 @@ impl Drop for WorkloadCoordinator {
 
 impl WorkloadCoordinator {
     /// Connects to every host's agent, proves `key` to it when given (see
-    /// [`crate::auth::prove`]) and shakes hands.
+    /// [`crate::auth::prove`]) and shakes hands. With `wait`, agents that
+    /// are not listening yet (a launcher still starting them) are asked
+    /// again until every one answers or `wait` has passed.
     fn connect(
         hosts: Vec<HostInfo>,
         key: Option<&Key>,
+        wait: Option<Duration>,
     ) -> Result<WorkloadCoordinator, WorkloadError> {
         let (tx, rx) = mpsc::channel();
         let mut links = Vec::new();
         let mut local_ip = None;
+        let mut early = match wait {
+            Some(w) => wait_for_agents(&hosts, key, w)?,
+            None => hosts.iter().map(|_| None).collect(),
+        };
         for (i, host) in hosts.into_iter().enumerate() {
             let fail = |detail: String| WorkloadError::Host {
                 host: host.name.clone(),
                 control: host.control.to_string(),
                 detail,
             };
-            let link = handshake(&host.control, key).map_err(|e| match e {
-                LinkError::KeyRequired => {
-                    fail(format!("{e} (or a hosts file whose key_file names it)"))
-                }
-                e => fail(e.to_string()),
-            })?;
+            let link = match early[i].take() {
+                Some(link) => link,
+                None => handshake(&host.control, key).map_err(|e| link_failure(e, &fail))?,
+            };
             local_ip = local_ip.or(link.local_ip);
             let writer = link
                 .conn
@@ -901,7 +1020,15 @@ fn run_key(plan: &WorkloadPlan) -> Result<Option<Key>, WorkloadError> {
 pub fn open(plan: &WorkloadPlan) -> Result<WorkloadCoordinator, WorkloadError> {
     let hosts = resolve_hosts(&plan.hosts)?;
     let key = run_key(plan)?;
-    WorkloadCoordinator::connect(hosts, key.as_ref())
+    // A launcher's agents may still be starting: wait for them up to
+    // `--wait`, else the run's `--timeout`.
+    let wait = match &plan.hosts {
+        HostsSource::Nodes { wait, .. } => Some(wait.unwrap_or(Duration::from_millis(u64::from(
+            plan.settings.io_timeout_ms,
+        )))),
+        _ => None,
+    };
+    WorkloadCoordinator::connect(hosts, key.as_ref(), wait)
 }
 
 #[cfg(test)]

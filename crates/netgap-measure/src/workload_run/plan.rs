@@ -291,11 +291,13 @@ impl WorkloadPlan {
         let hosts = match &settings.hosts {
             Some(hosts) => {
                 if hosts.hosts() < 2 {
-                    return Err(invalid(
-                        "--hosts",
-                        hosts.label(),
-                        "a workload run needs a server and at least one client host, e.g. 10.0.0.1,10.0.0.2",
-                    ));
+                    use crate::cluster::Launcher;
+                    let detail = match hosts {
+                        HostsSource::Nodes { launcher: Launcher::Slurm, .. } => "the allocation has one node, and a workload run needs a server and at least one client host (allocate two or more: sbatch -N 2)",
+                        HostsSource::Nodes { .. } => "the hostfile names one host, and a workload run needs a server and at least one client host",
+                        _ => "a workload run needs a server and at least one client host, e.g. 10.0.0.1,10.0.0.2",
+                    };
+                    return Err(invalid("--hosts", hosts.label(), detail));
                 }
                 hosts.clone()
             }
