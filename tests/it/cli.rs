@@ -507,13 +507,13 @@ fn run_help_gives_every_multi_host_tests_default_size_from_the_registry() {
     }
 }
 
-/// The README lists the registries' entries by hand: every point-to-point
+/// The guide lists the registries' entries by hand: every point-to-point
 /// test, workload and transport is named there, and its synopsis of
 /// `netgap import` gives exactly the importers, in their order.
 #[test]
-fn the_readme_names_everything_the_registries_hold() {
-    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
-        .expect("README.md");
+fn the_guide_names_everything_the_registries_hold() {
+    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("GUIDE.md"))
+        .expect("GUIDE.md");
     let names = netgap::bench::registry()
         .iter()
         .map(|t| t.name())
@@ -522,17 +522,17 @@ fn the_readme_names_everything_the_registries_hold() {
     for name in names {
         assert!(
             readme.contains(&format!("`{name}`")),
-            "README.md never names `{name}`"
+            "GUIDE.md never names `{name}`"
         );
     }
     let synopsis = readme
         .lines()
         .find_map(|l| l.strip_prefix("netgap import "))
         .and_then(|rest| rest.split_whitespace().next())
-        .expect("README.md has a synopsis of netgap import");
+        .expect("GUIDE.md has a synopsis of netgap import");
     assert_eq!(
         synopsis.split('|').collect::<Vec<_>>(),
         netgap::import::names(),
-        "README.md's netgap import synopsis"
+        "GUIDE.md's netgap import synopsis"
     );
 }
