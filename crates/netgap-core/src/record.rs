@@ -474,6 +474,34 @@ pub struct AppResult {
     pub services: Vec<ServiceRecord>,
 }
 
+impl AppResult {
+    /// What sets this point apart from others of its workload, as
+    /// `name=value` entries: every option as the point ran it (`alpha=0.8`,
+    /// `op=read`), and the server programs it ran when no option names
+    /// them (`server=nginx`). The table's notes and the report's series
+    /// both read it, so a new option sets points apart in each alike.
+    pub fn variant(&self) -> Vec<String> {
+        let mut out: Vec<String> = self
+            .options
+            .iter()
+            .map(|(name, value)| match value {
+                serde_json::Value::String(s) => format!("{name}={s}"),
+                other => format!("{name}={other}"),
+            })
+            .collect();
+        let named = ["server", "responder"]
+            .iter()
+            .any(|n| self.options.contains_key(*n));
+        let mut services: Vec<&str> = self.services.iter().map(|s| s.name.as_str()).collect();
+        services.sort_unstable();
+        services.dedup();
+        if !named && !services.is_empty() {
+            out.push(format!("server={}", services.join("+")));
+        }
+        out
+    }
+}
+
 /// A real server program a workload started on a host through its agent:
 /// what ran, where, and with which configuration, so a result says which
 /// server it measured.

@@ -227,22 +227,7 @@ pub(crate) fn set_apart(r: &ResultRecord) -> Vec<String> {
         return notes;
     };
     if let Some(app) = &w.app {
-        for (name, value) in &app.options {
-            let v = match value {
-                serde_json::Value::String(s) => s.clone(),
-                other => other.to_string(),
-            };
-            notes.push(format!("{name}={v}"));
-        }
-        let named = ["server", "responder"]
-            .iter()
-            .any(|n| app.options.contains_key(*n));
-        let mut services: Vec<&str> = app.services.iter().map(|s| s.name.as_str()).collect();
-        services.sort_unstable();
-        services.dedup();
-        if !named && !services.is_empty() {
-            notes.push(format!("server={}", services.join("+")));
-        }
+        notes.extend(app.variant());
     }
     let count = match netgap_workload::registry()
         .iter()

@@ -172,18 +172,7 @@ pub struct Loaded {
 pub fn variant_of(r: &ResultRecord) -> Vec<String> {
     let mut out = Vec::new();
     if let Some(app) = r.workload.as_ref().and_then(|w| w.app.as_ref()) {
-        for (name, value) in &app.options {
-            out.push(format!("{name}={}", value_text(value)));
-        }
-        let named = ["server", "responder"]
-            .iter()
-            .any(|n| app.options.contains_key(*n));
-        let mut services: Vec<&str> = app.services.iter().map(|s| s.name.as_str()).collect();
-        services.sort_unstable();
-        services.dedup();
-        if !named && !services.is_empty() {
-            out.push(format!("server={}", services.join("+")));
-        }
+        out.extend(app.variant());
     }
     if let Some(o) = &r.options {
         let p = o.placement;
@@ -197,16 +186,6 @@ pub fn variant_of(r: &ResultRecord) -> Vec<String> {
     }
     out.sort();
     out
-}
-
-/// A JSON option value as a variant shows it: strings bare, numbers short.
-fn value_text(v: &serde_json::Value) -> String {
-    match v {
-        serde_json::Value::String(s) => s.clone(),
-        serde_json::Value::Bool(b) => b.to_string(),
-        serde_json::Value::Number(n) => n.to_string(),
-        other => other.to_string(),
-    }
 }
 
 impl Loaded {
