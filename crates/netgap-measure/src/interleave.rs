@@ -363,7 +363,7 @@ impl RunState<'_, '_> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::conditions::{cross, ConditionAxis};
     use crate::plan::RunRequest;
@@ -468,7 +468,7 @@ mod tests {
 
     /// A switch that remembers what it was asked: the conditions of each
     /// switch, `None` for a restore.
-    struct Recorder(Vec<Option<LinkConditions>>);
+    pub(crate) struct Recorder(pub(crate) Vec<Option<LinkConditions>>);
 
     impl ConditionSwitch for Recorder {
         fn switch(
@@ -486,9 +486,9 @@ mod tests {
     }
 
     /// A sink that keeps the records where the test can read them.
-    struct Memory(
-        std::rc::Rc<std::cell::RefCell<Vec<ResultRecord>>>,
-        std::path::PathBuf,
+    pub(crate) struct Memory(
+        pub(crate) std::rc::Rc<std::cell::RefCell<Vec<ResultRecord>>>,
+        pub(crate) std::path::PathBuf,
     );
 
     impl RecordSink for Memory {
