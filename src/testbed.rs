@@ -1940,8 +1940,9 @@ mod tests {
 
     #[test]
     fn bursts_hold_a_gso_packet_and_netem_queues_hold_the_delay() {
-        assert_eq!(shaper_bucket_bytes(1500), 131_328);
-        assert_eq!(shaper_bucket_bytes(9000), 131_328);
+        assert_eq!(shaper_bucket_bytes(1500), 65_664);
+        assert_eq!(shaper_bucket_bytes(9000), 65_664);
+        assert_eq!(shaper_bucket_bytes(65_535), 2 * (65_535 + 14));
         let mut c = LinkConditions::plain(1500);
         assert_eq!(netem_limit_packets(&c), NETEM_MIN_LIMIT);
         // 1 Gbit/s for 100 ms is 12.5 MB in flight, 8333 packets of 1500.

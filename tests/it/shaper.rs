@@ -72,7 +72,7 @@ fn streams_of_every_stack_and_a_ping_pong_are_held_by_the_link() {
     }
     let (tb, _) = Testbed::up("tshape", &["--hosts", "2", "--rate", "1G"]);
     let dir = tempfile::tempdir().expect("tempdir");
-    // Long enough repetitions that the bucket (128 KiB, a millisecond at
+    // Long enough repetitions that the bucket (64 KiB, half a millisecond at
     // the rate) is under 1% of each.
     let recs = tb.run(
         "stream",
@@ -201,7 +201,7 @@ fn a_mesh_is_shaped_in_its_links_namespaces_with_loss_named_and_down_removes_the
     }
     assert!(out.contains("live links: as the hosts file says"), "{out}");
     let before = tb.hosts().conditions.expect("conditions");
-    assert_eq!(before.bucket_bytes, Some(131_328));
+    assert_eq!(before.bucket_bytes, Some(65_664));
 
     // A delay needs netem: where the kernel lacks it, one line and nothing
     // changed.
