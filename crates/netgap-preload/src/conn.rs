@@ -27,6 +27,11 @@ pub(crate) struct Conn {
     sent_bytes: AtomicU64,
     received_bytes: AtomicU64,
     doorbells_sent: AtomicU64,
+    /// The program's `TCP_NODELAY` and `TCP_CORK` values, recorded but
+    /// not applied: the kernel socket carries only doorbells, which must
+    /// go at once.
+    nodelay: AtomicBool,
+    cork: AtomicBool,
 }
 
 /// An `errno` value.
@@ -40,9 +45,53 @@ fn corrupt(fd: c_int) -> Errno {
     libc::EIO
 }
 
+/// Reads a boolean TCP option of the kernel socket.
+fn tcp_flag(fd: c_int, opt: c_int) -> bool {
+    let mut v: c_int = 0;
+    let mut len = std::mem::size_of::<c_int>() as libc::socklen_t;
+    // SAFETY: `v` is valid for writes of `len` bytes; getsockopt is not
+    // interposed.
+    let r = unsafe {
+        real::getsockopt()(
+            fd,
+            libc::IPPROTO_TCP,
+            opt,
+            std::ptr::from_mut(&mut v).cast(),
+            &mut len,
+        )
+    };
+    r == 0 && v != 0
+}
+
+/// Sets a boolean TCP option of the kernel socket.
+fn set_tcp_flag(fd: c_int, opt: c_int, on: bool) {
+    let v = c_int::from(on);
+    // SAFETY: `v` is valid for reads of its size; setsockopt is not
+    // interposed. A failure leaves the doorbells possibly delayed, not
+    // wrong.
+    unsafe {
+        real::setsockopt()(
+            fd,
+            libc::IPPROTO_TCP,
+            opt,
+            std::ptr::from_ref(&v).cast(),
+            std::mem::size_of::<c_int>() as libc::socklen_t,
+        )
+    };
+}
+
 impl Conn {
-    pub(crate) fn new(channel: Channel, role: Role, nonblocking: bool) -> Conn {
+    /// The connection on `fd` over `channel`; the kernel socket's Nagle
+    /// and cork are turned off (and the program's settings of them kept
+    /// for `getsockopt`).
+    pub(crate) fn new(fd: c_int, channel: Channel, role: Role, nonblocking: bool) -> Conn {
+        let nodelay = tcp_flag(fd, libc::TCP_NODELAY);
+        let cork = tcp_flag(fd, libc::TCP_CORK);
+        set_tcp_flag(fd, libc::TCP_CORK, false);
+        set_tcp_flag(fd, libc::TCP_NODELAY, true);
         Conn {
+            nodelay: AtomicBool::new(nodelay),
+            cork: AtomicBool::new(cork),
             channel,
             role,
             nonblocking: AtomicBool::new(nonblocking),
@@ -52,6 +101,26 @@ impl Conn {
             sent_bytes: AtomicU64::new(0),
             received_bytes: AtomicU64::new(0),
             doorbells_sent: AtomicU64::new(0),
+        }
+    }
+
+    /// The program sets a TCP option: `TCP_NODELAY` and `TCP_CORK` are
+    /// recorded only (true: handled here).
+    pub(crate) fn set_tcp_option(&self, opt: c_int, on: bool) -> bool {
+        match opt {
+            libc::TCP_NODELAY => self.nodelay.store(on, Ordering::Relaxed),
+            libc::TCP_CORK => self.cork.store(on, Ordering::Relaxed),
+            _ => return false,
+        }
+        true
+    }
+
+    /// The recorded value of `TCP_NODELAY` or `TCP_CORK`.
+    pub(crate) fn tcp_option(&self, opt: c_int) -> Option<bool> {
+        match opt {
+            libc::TCP_NODELAY => Some(self.nodelay.load(Ordering::Relaxed)),
+            libc::TCP_CORK => Some(self.cork.load(Ordering::Relaxed)),
+            _ => None,
         }
     }
 
@@ -74,6 +143,21 @@ impl Conn {
     /// epoll); returns whether data came meanwhile.
     pub(crate) fn arm_read(&self) -> bool {
         self.channel.want_data();
+        self.read_ready()
+    }
+
+    /// Whether the descriptor is really readable when the kernel socket
+    /// says so: doorbells with an empty ring are drained and the answer is
+    /// no (a program told "readable" must find data or the end of the
+    /// stream, or it may take the EAGAIN for an error).
+    pub(crate) fn settle(&self, fd: c_int) -> bool {
+        if self.read_ready() {
+            return true;
+        }
+        if self.drain(fd).is_err() {
+            // The socket's error: a read reports it.
+            return true;
+        }
         self.read_ready()
     }
 
@@ -349,7 +433,7 @@ fn tcp_bytes(fd: c_int) -> (u64, u64) {
     // SAFETY: `buf` is valid for writes of `len` bytes; getsockopt is not
     // interposed.
     let r = unsafe {
-        libc::getsockopt(
+        real::getsockopt()(
             fd,
             libc::IPPROTO_TCP,
             libc::TCP_INFO,

@@ -4,11 +4,13 @@
 //! is resolved first.
 //!
 //! Calls that need nothing of the library on a taken-over connection are
-//! not interposed: `socket`, `bind`, `setsockopt`, `getsockopt`,
-//! `getsockname`, `getpeername` and `shutdown` act on the kernel socket
-//! under the descriptor, which is the connection's real socket (options
-//! recorded by the kernel, addresses true, a shutdown's FIN seen by the
-//! peer after the bytes already in the ring). `fork` needs nothing either:
+//! not interposed: `socket`, `bind`, `getsockname`, `getpeername` and
+//! `shutdown` act on the kernel socket under the descriptor, which is the
+//! connection's real socket (addresses true, a shutdown's FIN seen by the
+//! peer after the bytes already in the ring). Socket options go to the
+//! kernel socket too, except `TCP_NODELAY` and `TCP_CORK`, which are
+//! recorded and not applied: the kernel socket then carries only
+//! doorbells, which must never wait for Nagle or a cork. `fork` needs nothing either:
 //! the channels are shared mappings the child inherits, and the rings keep
 //! no index in private memory.
 
@@ -702,9 +704,19 @@ pub unsafe extern "C" fn ioctl(fd: c_int, request: c_ulong, arg: c_ulong) -> c_i
     r
 }
 
+/// Milliseconds left of a poll-style timeout (negative: forever).
+fn left_ms(timeout: c_int, start: std::time::Instant) -> c_int {
+    if timeout < 0 {
+        return timeout;
+    }
+    let spent = c_int::try_from(start.elapsed().as_millis()).unwrap_or(c_int::MAX);
+    (timeout - spent).max(0)
+}
+
 /// `poll(2)`: a taken-over connection with data in its ring is readable
-/// whatever the kernel socket says; before sleeping, each announces the
-/// wait so its peer's next write sends a doorbell.
+/// whatever the kernel socket says, and one whose socket holds only
+/// doorbells is not; before sleeping, each announces the wait so its
+/// peer's next write sends a doorbell.
 ///
 /// # Safety
 ///
@@ -730,30 +742,45 @@ pub unsafe extern "C" fn poll(fds: *mut pollfd, nfds: nfds_t, timeout: c_int) ->
         // SAFETY: the program's own arguments, passed on.
         return unsafe { real::poll()(fds, nfds, timeout) };
     }
-    let mut ready: Vec<usize> = shm
-        .iter()
-        .filter(|(_, c)| c.read_ready())
-        .map(|(i, _)| *i)
-        .collect();
-    if ready.is_empty() {
-        ready = shm
+    let start = std::time::Instant::now();
+    loop {
+        let mut ready: Vec<usize> = shm
             .iter()
-            .filter(|(_, c)| c.arm_read())
+            .filter(|(_, c)| c.read_ready())
             .map(|(i, _)| *i)
             .collect();
+        if ready.is_empty() {
+            ready = shm
+                .iter()
+                .filter(|(_, c)| c.arm_read())
+                .map(|(i, _)| *i)
+                .collect();
+        }
+        let t = if ready.is_empty() {
+            left_ms(timeout, start)
+        } else {
+            0
+        };
+        // SAFETY: the program's own arguments, passed on.
+        let r = unsafe { real::poll()(fds, nfds, t) };
+        if r < 0 {
+            return r;
+        }
+        // SAFETY: as above; the real poll wrote only `revents`.
+        let set = unsafe { std::slice::from_raw_parts_mut(fds, nfds as usize) };
+        for (i, c) in &shm {
+            if set[*i].revents & libc::POLLIN != 0 && !c.settle(set[*i].fd) {
+                set[*i].revents &= !(libc::POLLIN | libc::POLLRDNORM);
+            }
+        }
+        for i in ready {
+            set[i].revents |= libc::POLLIN;
+        }
+        let n = set.iter().filter(|p| p.revents != 0).count() as c_int;
+        if n > 0 || t == 0 {
+            return n;
+        }
     }
-    let t = if ready.is_empty() { timeout } else { 0 };
-    // SAFETY: the program's own arguments, passed on.
-    let r = unsafe { real::poll()(fds, nfds, t) };
-    if r < 0 || ready.is_empty() {
-        return r;
-    }
-    // SAFETY: as above; the real poll wrote only `revents`.
-    let set = unsafe { std::slice::from_raw_parts_mut(fds, nfds as usize) };
-    for i in ready {
-        set[i].revents |= libc::POLLIN;
-    }
-    set.iter().filter(|p| p.revents != 0).count() as c_int
 }
 
 /// `select(2)`: as [`poll`] for the read set.
@@ -874,60 +901,105 @@ unsafe fn shm_epoll_wait(
     timeout: c_int,
     wait: impl Fn(c_int) -> c_int,
 ) -> c_int {
-    let shm: Vec<(Interest, Arc<Conn>)> = table::epoll_shm(epfd)
-        .into_iter()
-        .filter(|(i, _)| i.events & libc::EPOLLIN as u32 != 0)
-        .collect();
+    let shm = table::epoll_shm(epfd);
     if shm.is_empty() || events.is_null() || max <= 0 {
         return wait(timeout);
     }
-    let mut ready: Vec<Interest> = shm
-        .iter()
-        .filter(|(_, c)| c.read_ready())
-        .map(|(i, _)| *i)
-        .collect();
-    if ready.is_empty() {
-        ready = shm
+    let wants_in = |i: &Interest| i.events & libc::EPOLLIN as u32 != 0;
+    let start = std::time::Instant::now();
+    loop {
+        let mut ready: Vec<Interest> = shm
             .iter()
-            .filter(|(_, c)| c.arm_read())
-            .map(|(i, _)| *i)
+            .filter(|(_, i, c)| wants_in(i) && c.read_ready())
+            .map(|(_, i, _)| *i)
             .collect();
-    }
-    if ready.is_empty() {
-        return wait(timeout);
-    }
-    let n = wait(0);
-    if n < 0 {
-        return n;
-    }
-    let mut n = n as usize;
-    let max = max as usize;
-    for i in ready {
-        // SAFETY: `events` holds `max` entries; the first `n` were written
-        // by the kernel; entries are packed, so read and written unaligned.
-        unsafe {
-            let found = (0..n).find(|&k| std::ptr::read_unaligned(events.add(k)).u64 == i.data);
-            match found {
-                Some(k) => {
-                    let mut ev = std::ptr::read_unaligned(events.add(k));
-                    ev.events |= libc::EPOLLIN as u32;
-                    std::ptr::write_unaligned(events.add(k), ev);
-                }
-                None if n < max => {
-                    std::ptr::write_unaligned(
-                        events.add(n),
-                        epoll_event {
-                            events: libc::EPOLLIN as u32,
-                            u64: i.data,
-                        },
-                    );
-                    n += 1;
-                }
-                None => {}
-            }
+        if ready.is_empty() {
+            ready = shm
+                .iter()
+                .filter(|(_, i, c)| wants_in(i) && c.arm_read())
+                .map(|(_, i, _)| *i)
+                .collect();
+        }
+        let t = if ready.is_empty() {
+            left_ms(timeout, start)
+        } else {
+            0
+        };
+        let n = wait(t);
+        if n < 0 {
+            return n;
+        }
+        // SAFETY: `events` holds `max` entries, the first `n` written by the
+        // kernel.
+        let n = unsafe { settle_events(events, n as usize, max as usize, &shm, &ready) };
+        if n > 0 || t == 0 {
+            return n as c_int;
         }
     }
-    n as c_int
+}
+
+/// Corrects the kernel's `n` events for taken-over connections: readable
+/// only with data or the end in the ring (doorbells alone are drained and
+/// the event dropped if nothing else is left in it), and the ring-ready
+/// registrations `ready` added. Returns the new count.
+///
+/// # Safety
+///
+/// `events` valid for reads and writes of `max` entries, the first `n`
+/// initialised.
+unsafe fn settle_events(
+    events: *mut epoll_event,
+    n: usize,
+    max: usize,
+    shm: &[(c_int, Interest, Arc<Conn>)],
+    ready: &[Interest],
+) -> usize {
+    // Entries are packed structs: read and written unaligned, by value.
+    let get = |k: usize| {
+        // SAFETY: callers pass `k < max`, inside the program's array.
+        unsafe { std::ptr::read_unaligned(events.add(k)) }
+    };
+    let put = |k: usize, ev: epoll_event| {
+        // SAFETY: callers pass `k < max`, inside the program's array.
+        unsafe { std::ptr::write_unaligned(events.add(k), ev) }
+    };
+    let mut out = 0;
+    for k in 0..n {
+        let mut ev = get(k);
+        let data = ev.u64;
+        if ev.events & libc::EPOLLIN as u32 != 0 {
+            if let Some((fd, _, c)) = shm.iter().find(|(_, i, _)| i.data == data) {
+                if !c.settle(*fd) {
+                    ev.events &= !((libc::EPOLLIN | libc::EPOLLRDNORM) as u32);
+                }
+            }
+        }
+        if ev.events != 0 {
+            put(out, ev);
+            out += 1;
+        }
+    }
+    for i in ready {
+        match (0..out).find(|&k| get(k).u64 == i.data) {
+            Some(k) => {
+                let mut ev = get(k);
+                ev.events |= libc::EPOLLIN as u32;
+                put(k, ev);
+            }
+            None if out < max => {
+                put(
+                    out,
+                    epoll_event {
+                        events: libc::EPOLLIN as u32,
+                        u64: i.data,
+                    },
+                );
+                out += 1;
+            }
+            None => {}
+        }
+    }
+    out
 }
 
 /// `epoll_wait(2)`.
@@ -970,4 +1042,68 @@ pub unsafe extern "C" fn epoll_pwait(
             real::epoll_pwait()(epfd, events, max, t, sigmask)
         })
     }
+}
+
+/// `setsockopt(2)`: see the module's notes on `TCP_NODELAY` and `TCP_CORK`.
+///
+/// # Safety
+///
+/// As for the C library's `setsockopt`.
+#[no_mangle]
+pub unsafe extern "C" fn setsockopt(
+    fd: c_int,
+    level: c_int,
+    name: c_int,
+    value: *const c_void,
+    len: socklen_t,
+) -> c_int {
+    if level == libc::IPPROTO_TCP
+        && !value.is_null()
+        && len as usize >= std::mem::size_of::<c_int>()
+    {
+        if let Some(Entry::Shm(c)) = table::get(fd) {
+            // SAFETY: a non-null value of at least an int's size (the
+            // option's type), valid for reads per setsockopt's contract.
+            let on = unsafe { std::ptr::read_unaligned(value.cast::<c_int>()) } != 0;
+            if c.set_tcp_option(name, on) {
+                return 0;
+            }
+        }
+    }
+    // SAFETY: the program's own arguments, passed on.
+    unsafe { real::setsockopt()(fd, level, name, value, len) }
+}
+
+/// `getsockopt(2)`: the recorded `TCP_NODELAY` and `TCP_CORK` of a
+/// taken-over connection, the kernel's answer otherwise.
+///
+/// # Safety
+///
+/// As for the C library's `getsockopt`.
+#[no_mangle]
+pub unsafe extern "C" fn getsockopt(
+    fd: c_int,
+    level: c_int,
+    name: c_int,
+    value: *mut c_void,
+    len: *mut socklen_t,
+) -> c_int {
+    if level == libc::IPPROTO_TCP && !value.is_null() && !len.is_null() {
+        if let Some(Entry::Shm(c)) = table::get(fd) {
+            if let Some(on) = c.tcp_option(name) {
+                // SAFETY: `len` is valid (getsockopt's contract).
+                if (unsafe { *len } as usize) < std::mem::size_of::<c_int>() {
+                    return fail(libc::EINVAL) as c_int;
+                }
+                // SAFETY: `value` is valid for writes of `*len ≥ int` bytes.
+                unsafe {
+                    std::ptr::write_unaligned(value.cast::<c_int>(), c_int::from(on));
+                    *len = std::mem::size_of::<c_int>() as socklen_t;
+                }
+                return 0;
+            }
+        }
+    }
+    // SAFETY: the program's own arguments, passed on.
+    unsafe { real::getsockopt()(fd, level, name, value, len) }
 }

@@ -129,3 +129,9 @@ real_fn!(
 real_fn!(
     /// `epoll_pwait(2)`.
     epoll_pwait, fn(c_int, *mut epoll_event, c_int, c_int, *const libc::sigset_t) -> c_int);
+real_fn!(
+    /// `setsockopt(2)`.
+    setsockopt, fn(c_int, c_int, c_int, *const c_void, socklen_t) -> c_int);
+real_fn!(
+    /// `getsockopt(2)`.
+    getsockopt, fn(c_int, c_int, c_int, *mut c_void, *mut socklen_t) -> c_int);

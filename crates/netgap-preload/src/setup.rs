@@ -185,7 +185,7 @@ fn is_stream(fd: c_int) -> bool {
     let mut len = std::mem::size_of::<c_int>() as libc::socklen_t;
     // SAFETY: `t` is valid for writes of `len` bytes.
     let r = unsafe {
-        libc::getsockopt(
+        real::getsockopt()(
             fd,
             libc::SOL_SOCKET,
             libc::SO_TYPE,
@@ -395,7 +395,7 @@ pub(crate) fn connected(fd: c_int, port: u16, nonblocking: bool) {
         Ok(ch) => {
             table::set(
                 fd,
-                Entry::Shm(Arc::new(Conn::new(ch, Role::Connector, nonblocking))),
+                Entry::Shm(Arc::new(Conn::new(fd, ch, Role::Connector, nonblocking))),
             );
             log_line!("fd {fd}: connection to port {port} moved to shm");
         }
@@ -589,7 +589,7 @@ pub(crate) fn resolve(fd: c_int, p: &Arc<Pending>, writing: bool) -> Resolved {
     match outcome {
         Ok(ch) => {
             let nonblocking = !blocking;
-            let c = Arc::new(Conn::new(ch, Role::Listener, nonblocking));
+            let c = Arc::new(Conn::new(fd, ch, Role::Listener, nonblocking));
             table::resolve(p, Some(Entry::Shm(c.clone())));
             log_line!("fd {fd}: accepted connection moved to shm");
             Resolved::Shm(c)

@@ -134,7 +134,7 @@ pub(crate) fn epoll_forget(fd: c_int) {
 
 /// The registrations of `epfd` whose descriptor is a taken-over
 /// connection, with that connection.
-pub(crate) fn epoll_shm(epfd: c_int) -> Vec<(Interest, Arc<Conn>)> {
+pub(crate) fn epoll_shm(epfd: c_int) -> Vec<(c_int, Interest, Arc<Conn>)> {
     if ENTRIES.load(Ordering::Relaxed) == 0 {
         return Vec::new();
     }
@@ -148,7 +148,7 @@ pub(crate) fn epoll_shm(epfd: c_int) -> Vec<(Interest, Arc<Conn>)> {
     let t = TABLE.read().unwrap_or_else(|p| p.into_inner());
     regs.into_iter()
         .filter_map(|(fd, i)| match t.get(fd as usize) {
-            Some(Some(Entry::Shm(c))) => Some((i, c.clone())),
+            Some(Some(Entry::Shm(c))) => Some((fd, i, c.clone())),
             _ => None,
         })
         .collect()
