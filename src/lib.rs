@@ -36,3 +36,4 @@ pub use netgap_workload as workload;
 pub use netgap_workload::{confined, shard};
 
 pub mod testbed;
+pub mod wrap;
