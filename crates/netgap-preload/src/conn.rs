@@ -209,15 +209,20 @@ impl Conn {
     }
 
     /// Waits until the kernel socket has something to read (a doorbell or
-    /// its end), or a signal interrupts.
-    fn wait_readable(fd: c_int) -> Result<(), Errno> {
+    /// its end), a signal interrupts, or a bounded time passes: in a
+    /// program with two threads on one connection (one reading, one
+    /// writing) either may drain the doorbell meant for the other, so a
+    /// blocked call also looks at the ring again after 1, 2, 4 … 64 ms.
+    fn wait_readable(fd: c_int, round: &mut u32) -> Result<(), Errno> {
         let mut p = libc::pollfd {
             fd,
             events: libc::POLLIN,
             revents: 0,
         };
+        let ms: c_int = 1 << (*round).min(6);
+        *round += 1;
         // SAFETY: one valid pollfd.
-        let r = unsafe { real::poll()(&mut p, 1, -1) };
+        let r = unsafe { real::poll()(&mut p, 1, ms) };
         if r < 0 {
             return Err(errno());
         }
@@ -242,6 +247,7 @@ impl Conn {
         if want == 0 {
             return Ok(0);
         }
+        let mut round = 0;
         loop {
             {
                 let _g = self.read_lock.lock().unwrap_or_else(|p| p.into_inner());
@@ -271,7 +277,7 @@ impl Conn {
                     return Err(libc::EAGAIN);
                 }
             }
-            Self::wait_readable(fd)?;
+            Self::wait_readable(fd, &mut round)?;
         }
     }
 
@@ -351,6 +357,7 @@ impl Conn {
         dontwait: bool,
         mut put: impl FnMut(&Channel) -> Result<std::io::Result<Moved>, Corrupt>,
     ) -> Result<usize, Errno> {
+        let mut round = 0;
         loop {
             {
                 let _g = self.write_lock.lock().unwrap_or_else(|p| p.into_inner());
@@ -380,7 +387,7 @@ impl Conn {
                 }
                 self.drain(fd)?;
             }
-            Self::wait_readable(fd)?;
+            Self::wait_readable(fd, &mut round)?;
         }
     }
 
