@@ -6,14 +6,14 @@
 //! A taken-over connection stays a real kernel TCP socket under the same
 //! descriptor number: the program's epoll registrations, poll sets,
 //! socket options and addresses work unchanged. The connection is set up
-//! over that socket ([`setup`]), then its bytes move over a ring pair in a
-//! shared memfd ([`channel`]), while the socket carries only one-byte
+//! over that socket (`setup`), then its bytes move over a ring pair in a
+//! shared memfd (`channel`), while the socket carries only one-byte
 //! wake-ups and, at the end, the FIN or reset that tells the peer the
-//! connection closed ([`conn`]). The interposed C calls ([`interpose`])
-//! consult a per-process descriptor table ([`table`]).
+//! connection closed (`conn`). The interposed C calls (`interpose`)
+//! consult a per-process descriptor table (`table`).
 //!
 //! Whatever the library cannot serve stays on the kernel's TCP, with one
-//! line in the log ([`log`]: the file `NETGAP_PRELOAD_LOG` names, or
+//! line in the log (`log`: the file `NETGAP_PRELOAD_LOG` names, or
 //! standard error): a peer without the library, a peer on another host, a
 //! region that cannot be shared.
 
