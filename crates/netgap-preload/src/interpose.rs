@@ -464,10 +464,13 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
         unsafe { real::fcntl()(fd, libc::F_SETFL, (flags & !libc::O_NONBLOCK) as c_ulong) };
     }
     // SAFETY: the program's own arguments, passed on.
-    let r = unsafe { real::connect()(fd, addr, len) };
-    let e = errno();
+    let mut r = unsafe { real::connect()(fd, addr, len) };
+    let mut e = errno();
     if r == 0 {
-        setup::connected(fd, port, nonblocking);
+        if let Err(broken) = setup::connected(fd, port, nonblocking) {
+            r = -1;
+            e = broken;
+        }
     }
     if nonblocking {
         // SAFETY: restores the program's flags.

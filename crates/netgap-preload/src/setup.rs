@@ -385,11 +385,15 @@ fn ring_bytes() -> u32 {
 }
 
 /// The connector's side, on a freshly connected blocking socket whose
-/// destination has a beacon: the region, the hello, the answer.
-pub(crate) fn connected(fd: c_int, port: u16, nonblocking: bool) {
+/// destination has a beacon: the region, the hello, the answer. Err: the
+/// hello went out but no answer came back (the listener's program did not
+/// read in time, or it wrote first and gave up on the hello), so the byte
+/// stream is no longer the program's: the connection is shut down and
+/// `connect` fails with that errno rather than carry corrupt data.
+pub(crate) fn connected(fd: c_int, port: u16, nonblocking: bool) -> Result<(), Errno> {
     if !both_local(fd) {
         log_line!("fd {fd}: connection to port {port} stays on the kernel's TCP: the peer is not on this host");
-        return;
+        return Ok(());
     }
     match offer(fd) {
         Ok(ch) => {
@@ -398,15 +402,32 @@ pub(crate) fn connected(fd: c_int, port: u16, nonblocking: bool) {
                 Entry::Shm(Arc::new(Conn::new(fd, ch, Role::Connector, nonblocking))),
             );
             log_line!("fd {fd}: connection to port {port} moved to shm");
+            Ok(())
         }
-        Err(why) => {
-            log_line!("fd {fd}: connection to port {port} stays on the kernel's TCP: {why}")
+        Err(Offer::Kept(why)) => {
+            log_line!("fd {fd}: connection to port {port} stays on the kernel's TCP: {why}");
+            Ok(())
+        }
+        Err(Offer::Broken(why)) => {
+            log_line!("fd {fd}: connection to port {port} fails (ECONNRESET): {why}");
+            // SAFETY: a plain shutdown of the program's socket; `shutdown`
+            // is not interposed.
+            unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
+            Err(libc::ECONNRESET)
         }
     }
 }
 
+/// Why a connection was not moved.
+enum Offer {
+    /// The stream is intact: it stays on the kernel's TCP.
+    Kept(String),
+    /// The hello went out unanswered: the stream cannot be used.
+    Broken(String),
+}
+
 /// Makes the region, sends the hello and reads the answer.
-fn offer(fd: c_int) -> Result<Channel, String> {
+fn offer(fd: c_int) -> Result<Channel, Offer> {
     let ring = ring_bytes();
     let total = region_bytes(ring as usize);
     let name = c"netgap-preload";
@@ -414,7 +435,10 @@ fn offer(fd: c_int) -> Result<Channel, String> {
     let mfd =
         unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
     if mfd < 0 {
-        return Err(format!("memfd_create: {}", std::io::Error::last_os_error()));
+        return Err(Offer::Kept(format!(
+            "memfd_create: {}",
+            std::io::Error::last_os_error()
+        )));
     }
     struct Close(c_int);
     impl Drop for Close {
@@ -436,13 +460,13 @@ fn offer(fd: c_int) -> Result<Channel, String> {
             ) == 0
     };
     if !sized {
-        return Err(format!(
+        return Err(Offer::Kept(format!(
             "sizing the region: {}",
             std::io::Error::last_os_error()
-        ));
+        )));
     }
     let ch = Channel::map(mfd, ring as usize, Role::Connector)
-        .map_err(|e| format!("mapping the region: {e}"))?;
+        .map_err(|e| Offer::Kept(format!("mapping the region: {e}")))?;
     let hello = Hello {
         // SAFETY: getpid cannot fail.
         pid: unsafe { libc::getpid() }.cast_unsigned(),
@@ -450,44 +474,48 @@ fn offer(fd: c_int) -> Result<Channel, String> {
         ring_bytes: ring,
     };
     send_all(fd, &hello.encode()).map_err(|e| {
-        format!(
+        Offer::Broken(format!(
             "sending the hello: {}",
             std::io::Error::from_raw_os_error(e)
-        )
+        ))
     })?;
     let deadline = Instant::now() + ANSWER_WAIT;
     let mut buf = [0u8; ANSWER_BYTES];
     loop {
         match peek(fd, &mut buf) {
-            Ok(0) => return Err("the listener closed the connection before answering".into()),
-            Ok(n) if !could_be_answer(&buf[..n]) => return Err(
+            Ok(0) => {
+                return Err(Offer::Broken(
+                    "the listener closed the connection before answering".into(),
+                ))
+            }
+            Ok(n) if !could_be_answer(&buf[..n]) => return Err(Offer::Broken(
                 "the listener answered with its program's data (it gave up waiting for the hello)"
                     .into(),
-            ),
+            )),
             Ok(n) if n == ANSWER_BYTES => break,
             Ok(_) | Err(libc::EAGAIN) | Err(libc::EINTR) => {
                 if !wait_for(fd, libc::POLLIN, deadline) {
-                    return Err("no answer from the listener".into());
+                    return Err(Offer::Broken("no answer from the listener".into()));
                 }
                 if Instant::now() > deadline {
-                    return Err("no answer from the listener".into());
+                    return Err(Offer::Broken("no answer from the listener".into()));
                 }
                 // Part of the answer may be in: give the rest a moment.
                 std::thread::sleep(Duration::from_micros(50));
             }
             Err(e) => {
-                return Err(format!(
+                return Err(Offer::Broken(format!(
                     "reading the answer: {}",
                     std::io::Error::from_raw_os_error(e)
-                ))
+                )))
             }
         }
     }
     consume(fd, ANSWER_BYTES);
     match Answer::decode(&buf) {
         Ok(Answer::Accepted) => Ok(ch),
-        Ok(Answer::Refused(r)) => Err(format!("the listener refused: {r}")),
-        Err(e) => Err(format!("the listener's answer: {e}")),
+        Ok(Answer::Refused(r)) => Err(Offer::Kept(format!("the listener refused: {r}"))),
+        Err(e) => Err(Offer::Broken(format!("the listener's answer: {e}"))),
     }
 }
 
