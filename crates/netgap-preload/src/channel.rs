@@ -358,3 +358,98 @@ impl Channel {
         fence(Ordering::SeqCst);
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
+mod tests {
+    use super::*;
+
+    /// Both ends of a channel of 4 KiB rings in one memfd, as the connector
+    /// and the listener map it.
+    fn pair() -> (Channel, Channel) {
+        let cap = 4096;
+        // SAFETY: a NUL-terminated name and plain flags.
+        let fd = unsafe { libc::memfd_create(c"test".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(fd >= 0);
+        let len = region_bytes(cap) as libc::off_t;
+        // SAFETY: sizing our own memfd.
+        let sized = unsafe { libc::ftruncate(fd, len) };
+        assert_eq!(sized, 0);
+        let a = Channel::map(fd, cap, Role::Connector).unwrap();
+        let b = Channel::map(fd, cap, Role::Listener).unwrap();
+        // SAFETY: our own descriptor; the mappings keep the memory.
+        unsafe { libc::close(fd) };
+        (a, b)
+    }
+
+    fn iov(buf: &mut [u8]) -> [libc::iovec; 1] {
+        [libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        }]
+    }
+
+    #[test]
+    fn bytes_cross_the_wrap_in_order_and_a_full_ring_takes_no_more() {
+        let (a, b) = pair();
+        let mut sent = 0u8;
+        let mut got = 0u8;
+        // 3000-byte writes against a 4096-byte ring wrap on the second one.
+        for _ in 0..10 {
+            let mut out: Vec<u8> = (0..3000)
+                .map(|_| {
+                    sent = sent.wrapping_add(1);
+                    sent
+                })
+                .collect();
+            // SAFETY: `out` is valid for reads of its length.
+            let m = unsafe { a.write(&iov(&mut out)) }.unwrap();
+            assert_eq!(m.bytes, 3000);
+            let mut peeked = vec![0u8; 10];
+            // SAFETY: valid for writes.
+            let p = unsafe { b.read(&iov(&mut peeked), true) }.unwrap();
+            assert_eq!(p.bytes, 10);
+            let mut inb = vec![0u8; 3000];
+            // SAFETY: valid for writes.
+            let r = unsafe { b.read(&iov(&mut inb), false) }.unwrap();
+            assert_eq!(r.bytes, 3000);
+            assert_eq!(inb[..10], peeked[..]);
+            for x in inb {
+                got = got.wrapping_add(1);
+                assert_eq!(x, got);
+            }
+        }
+        let mut big = vec![7u8; 5000];
+        // SAFETY: valid for reads.
+        assert_eq!(unsafe { a.write(&iov(&mut big)) }.unwrap().bytes, 4096);
+        assert!(a.tx_full().unwrap());
+        // SAFETY: valid for reads.
+        assert_eq!(unsafe { a.write(&iov(&mut big)) }.unwrap().bytes, 0);
+        assert_eq!(b.readable().unwrap(), 4096);
+    }
+
+    #[test]
+    fn a_waiting_peer_is_woken_once() {
+        let (a, b) = pair();
+        let mut x = [1u8; 8];
+        // A fresh channel counts the peer as waiting for its first bytes.
+        // SAFETY: valid for reads.
+        assert!(unsafe { a.write(&iov(&mut x)) }.unwrap().wake_peer);
+        // SAFETY: valid for reads.
+        assert!(!unsafe { a.write(&iov(&mut x)) }.unwrap().wake_peer);
+        b.want_data();
+        // SAFETY: valid for reads.
+        assert!(unsafe { a.write(&iov(&mut x)) }.unwrap().wake_peer);
+    }
+
+    #[test]
+    fn an_impossible_index_from_the_peer_is_an_error() {
+        let (a, b) = pair();
+        // The peer claims more bytes than the ring holds.
+        a.tx.ctl().head.0.store(1 << 20, Ordering::Release);
+        assert!(b.readable().is_err());
+        let mut buf = [0u8; 16];
+        // SAFETY: valid for writes.
+        assert!(unsafe { b.read(&iov(&mut buf), false) }.is_err());
+    }
+}
