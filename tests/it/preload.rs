@@ -3,10 +3,10 @@
 //! binary's helper, blocking std sockets) both wrapped, every body
 //! verified, and the library's own counters showing the bytes moved over
 //! shared memory while the kernel TCP socket carried only the setup and
-//! the wake-ups; wrk against nginx, both wrapped; the fallback to the
-//! kernel's TCP with either end unwrapped; a server that forks after
-//! accept; nothing left mapped after a wrapped client is killed; and a
-//! wrap of a missing program refused in one line.
+//! the wake-ups; curl (poll) and wrk (epoll) against nginx, all wrapped;
+//! the fallback to the kernel's TCP with either end unwrapped; a server
+//! that forks after accept; nothing left mapped after a wrapped client is
+//! killed; and a wrap of a missing program refused in one line.
 //!
 //! Without nginx these tests print why and pass, unless
 //! NETGAP_REQUIRE_SYSTEM_TESTS=1 (as in CI), where that is a failure.
@@ -345,6 +345,40 @@ fn nginx_and_clients_over_shm_with_every_body_verified() {
         slog.contains("accepted connection stays on the kernel's TCP: the peer sent no hello"),
         "{slog}"
     );
+
+    // curl (its event loop on poll), wrapped: both files on one connection.
+    if Path::new("/usr/bin/curl").exists() {
+        let curl_log = dir.path().join("curl.log");
+        let (o1, o2) = (dir.path().join("o1"), dir.path().join("o2"));
+        let base = format!("http://127.0.0.1:{}", nginx.port);
+        let out = maybe_wrapped(
+            true,
+            Path::new("/usr/bin/curl"),
+            &[
+                "-sS",
+                &format!("{base}/f1k"),
+                &format!("{base}/f64k"),
+                "-o",
+                o1.to_str().expect("utf-8"),
+                "-o",
+                o2.to_str().expect("utf-8"),
+            ],
+            &curl_log,
+        )
+        .output()
+        .expect("curl runs");
+        assert!(out.status.success(), "{out:?}");
+        assert!(std::fs::read(&o1).ok() == std::fs::read(root.join("f1k")).ok());
+        assert!(std::fs::read(&o2).ok() == std::fs::read(root.join("f64k")).ok());
+        let clog = read(&curl_log);
+        assert_eq!(clog.matches("moved to shm").count(), 1, "{clog}");
+        assert!(counter(&clog, "shm_received_bytes") > 65536, "{clog}");
+    } else {
+        common::skip(
+            "curl against nginx, both wrapped",
+            "/usr/bin/curl is missing",
+        );
+    }
 
     // wrk, wrapped too, against the wrapped nginx.
     let sent_before = counter(&read(&server_log), "shm_sent_bytes");

@@ -726,9 +726,66 @@ fn left_ms(timeout: c_int, start: std::time::Instant) -> c_int {
 /// As for the C library's `poll`.
 #[no_mangle]
 pub unsafe extern "C" fn poll(fds: *mut pollfd, nfds: nfds_t, timeout: c_int) -> c_int {
+    // SAFETY: the program's own arguments; `wait` is the real poll on them.
+    unsafe { shm_poll(fds, nfds, timeout, |t| real::poll()(fds, nfds, t)) }
+}
+
+/// `ppoll(2)`: as [`poll`], the signal mask passed on.
+///
+/// # Safety
+///
+/// As for the C library's `ppoll`.
+#[no_mangle]
+pub unsafe extern "C" fn ppoll(
+    fds: *mut pollfd,
+    nfds: nfds_t,
+    timeout: *const libc::timespec,
+    sigmask: *const libc::sigset_t,
+) -> c_int {
+    let ms = if timeout.is_null() {
+        -1
+    } else {
+        // SAFETY: a non-null timeout is valid for reads (ppoll's contract).
+        let t = unsafe { *timeout };
+        let ms = t
+            .tv_sec
+            .saturating_mul(1000)
+            .saturating_add(t.tv_nsec.div_euclid(1_000_000));
+        c_int::try_from(ms.max(0)).unwrap_or(c_int::MAX)
+    };
+    // SAFETY: the program's own arguments; `wait` is the real ppoll on
+    // them with a timeout of `t` ms.
+    unsafe {
+        shm_poll(fds, nfds, ms, |t| {
+            if t < 0 {
+                real::ppoll()(fds, nfds, std::ptr::null(), sigmask)
+            } else if t == ms && !timeout.is_null() {
+                real::ppoll()(fds, nfds, timeout, sigmask)
+            } else {
+                let ts = libc::timespec {
+                    tv_sec: (t / 1000).into(),
+                    tv_nsec: libc::c_long::from(t % 1000) * 1_000_000,
+                };
+                real::ppoll()(fds, nfds, &ts, sigmask)
+            }
+        })
+    }
+}
+
+/// The shared body of `poll` and `ppoll`: `wait(timeout_ms)` is the real
+/// call on the program's set.
+///
+/// # Safety
+///
+/// `fds` null or valid for `nfds` entries.
+unsafe fn shm_poll(
+    fds: *mut pollfd,
+    nfds: nfds_t,
+    timeout: c_int,
+    wait: impl Fn(c_int) -> c_int,
+) -> c_int {
     if fds.is_null() || nfds == 0 {
-        // SAFETY: the program's own arguments, passed on.
-        return unsafe { real::poll()(fds, nfds, timeout) };
+        return wait(timeout);
     }
     // SAFETY: poll's contract: `fds` holds `nfds` valid entries.
     let set = unsafe { std::slice::from_raw_parts_mut(fds, nfds as usize) };
@@ -742,8 +799,7 @@ pub unsafe extern "C" fn poll(fds: *mut pollfd, nfds: nfds_t, timeout: c_int) ->
         })
         .collect();
     if shm.is_empty() {
-        // SAFETY: the program's own arguments, passed on.
-        return unsafe { real::poll()(fds, nfds, timeout) };
+        return wait(timeout);
     }
     let start = std::time::Instant::now();
     loop {
@@ -764,8 +820,7 @@ pub unsafe extern "C" fn poll(fds: *mut pollfd, nfds: nfds_t, timeout: c_int) ->
         } else {
             0
         };
-        // SAFETY: the program's own arguments, passed on.
-        let r = unsafe { real::poll()(fds, nfds, t) };
+        let r = wait(t);
         if r < 0 {
             return r;
         }

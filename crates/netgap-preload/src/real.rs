@@ -135,3 +135,6 @@ real_fn!(
 real_fn!(
     /// `getsockopt(2)`.
     getsockopt, fn(c_int, c_int, c_int, *mut c_void, *mut socklen_t) -> c_int);
+real_fn!(
+    /// `ppoll(2)`.
+    ppoll, fn(*mut pollfd, nfds_t, *const libc::timespec, *const libc::sigset_t) -> c_int);
