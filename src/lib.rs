@@ -37,3 +37,4 @@ pub use netgap_workload::{confined, shard};
 
 pub mod study;
 pub mod testbed;
+pub mod wrap;

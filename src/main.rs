@@ -91,6 +91,7 @@ fn main() -> ExitCode {
             &args.command
         ))),
         Some(Command::FlowShard) => netgap::shard::run_shard().map_err(Into::into),
+        Some(Command::Wrap(args)) => Err(netgap::wrap::exec(&args.transport, &args.command).into()),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,

@@ -111,6 +111,26 @@ pub enum Command {
     /// its configuration on stdin).
     #[command(name = "flow-shard", hide = true)]
     FlowShard,
+    /// Run PROGRAM under netgap's preload sockets library: its TCP
+    /// connections to programs on this host that run under it too move
+    /// onto shared memory (-t shm); other sockets stay on the kernel.
+    Wrap(WrapArgs),
+}
+
+/// Flags of `netgap wrap`.
+#[derive(Debug, clap::Args)]
+pub struct WrapArgs {
+    /// The stack to move connections to: shm (same host).
+    #[arg(short = 't', long = "transport", value_name = "STACK")]
+    pub transport: String,
+    /// The program and its arguments.
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "PROGRAM ARGS"
+    )]
+    pub command: Vec<std::ffi::OsString>,
 }
 
 /// Flags of `netgap mpi-rank`: the points both ranks run.

@@ -37,6 +37,7 @@ mod multihost;
 mod physics;
 mod pio;
 mod pipeline;
+mod preload;
 mod report;
 mod report_chromium;
 mod results_files;

@@ -22,6 +22,7 @@ pub mod codec;
 pub mod dataproof;
 pub mod limits;
 pub mod message;
+pub mod preload;
 pub mod session;
 pub mod workload;
 

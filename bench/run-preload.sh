@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# nginx serving 1 KiB and 64 KiB files to wrk on one host, side by side in
+# one run: kernel TCP over loopback against shm through the preload library
+# (both programs under libnetgap_preload.so, as `netgap wrap -t shm` runs
+# them). Prints, per file and stack, transactions per second and the CPU
+# time per transaction of nginx's one worker and of wrk (one thread).
+#
+# usage: bench/run-preload.sh [SECONDS] [CONNECTIONS]   (default 10 s, 16)
+# Needs nginx and wrk; run as root or as the user nginx runs as (a region is
+# only shared between processes of one user).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+secs=${1:-10}
+conns=${2:-16}
+nice cargo build --release --quiet -p netgap-preload
+lib=$PWD/target/release/libnetgap_preload.so
+dir=$(mktemp -d)
+trap 'kill "$(cat "$dir/nginx.pid" 2>/dev/null)" 2>/dev/null || true; sleep 0.5; rm -rf "$dir"' EXIT
+mkdir -p "$dir/root"
+head -c 1024 /dev/urandom >"$dir/root/1k"
+head -c 65536 /dev/urandom >"$dir/root/64k"
+user=""
+[ "$(id -u)" = 0 ] && user="user root root;"
+hz=$(getconf CLK_TCK)
+
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+
+start_nginx() { # $1: preload or empty
+    local port=$2
+    cat >"$dir/nginx.conf" <<CONF
+daemon on;
+$user
+worker_processes 1;
+pid $dir/nginx.pid;
+error_log $dir/error.log warn;
+events { worker_connections 1024; }
+http {
+    access_log off; sendfile on; tcp_nopush on; tcp_nodelay on;
+    keepalive_requests 100000000;
+    client_body_temp_path $dir/body; proxy_temp_path $dir/proxy;
+    fastcgi_temp_path $dir/fastcgi; uwsgi_temp_path $dir/uwsgi; scgi_temp_path $dir/scgi;
+    types { } default_type application/octet-stream;
+    server { listen 127.0.0.1:$port; root $dir/root; }
+}
+CONF
+    rm -f "$dir/nginx.pid"
+    env ${1:+LD_PRELOAD=$1} NETGAP_PRELOAD_LOG="$dir/preload.log" \
+        nginx -p "$dir" -c "$dir/nginx.conf" -e "$dir/error.log"
+    for _ in $(seq 100); do [ -s "$dir/nginx.pid" ] && break; sleep 0.05; done
+    sleep 0.3
+}
+
+stop_nginx() {
+    kill "$(cat "$dir/nginx.pid")"
+    for _ in $(seq 100); do [ -e "$dir/nginx.pid" ] || break; sleep 0.05; done
+}
+
+printf '%-5s %-22s %12s %16s %16s\n' file stack "trans/s" "nginx us/trans" "wrk us/trans"
+port=$((20000 + RANDOM % 20000))
+for file in 1k 64k; do
+    for stack in "kernel TCP (loopback)" "shm via preload"; do
+        pre=""
+        [ "$stack" = "shm via preload" ] && pre=$lib
+        port=$((port + 1))
+        start_nginx "$pre" "$port"
+        master=$(cat "$dir/nginx.pid")
+        worker=$(pgrep -P "$master" | head -1)
+        before=$(cpu_ticks "$worker")
+        out=$(env ${pre:+LD_PRELOAD=$pre} NETGAP_PRELOAD_LOG="$dir/preload.log" \
+            /usr/bin/time -f 'CPU %U %S' wrk -t1 -c"$conns" -d"${secs}s" "http://127.0.0.1:$port/$file" 2>&1)
+        after=$(cpu_ticks "$worker")
+        stop_nginx
+        if grep -q "Socket errors\|Non-2xx" <<<"$out"; then
+            echo "errors in the $stack run of $file:" >&2
+            echo "$out" >&2
+            exit 1
+        fi
+        reqs=$(awk '/requests in/ {print $1}' <<<"$out")
+        rate=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
+        wrk_s=$(awk '/^CPU/ {print $2 + $3}' <<<"$out")
+        awk -v f="$file" -v s="$stack" -v rate="$rate" -v reqs="$reqs" \
+            -v ng=$((after - before)) -v hz="$hz" -v w="$wrk_s" \
+            'BEGIN { printf "%-5s %-22s %12.0f %16.2f %16.2f\n", f, s, rate, ng / hz / reqs * 1e6, w / reqs * 1e6 }'
+    done
+done
+moved=$(grep -c "moved to shm" "$dir/preload.log" || true)
+kept=$(grep -c "kernel's TCP" "$dir/preload.log" || true)
+echo "preload log: $moved connection ends moved to shm, $kept kept on kernel TCP"

@@ -1,0 +1,455 @@
+//! The shared-memory channel of one taken-over connection: a memfd mapped
+//! by both ends holding two single-producer, single-consumer byte rings,
+//! one per direction, laid out as
+//!
+//! | offset | bytes | content |
+//! |---|---|---|
+//! | 0 | 4096 | header: magic, version, ring capacity |
+//! | 4096 | 4096 | control block of ring 0 (connector → listener) |
+//! | 8192 | 4096 | control block of ring 1 (listener → connector) |
+//! | 12288 | capacity | data of ring 0 |
+//! | 12288 + capacity | capacity | data of ring 1 |
+//!
+//! The ring follows netgap's `shm` transport: indices count bytes ever
+//! produced and consumed, each written by one side only, with `Release`
+//! stores after the copy and `Acquire` loads before it; every index read
+//! from the peer is checked (`tail ≤ head ≤ tail + capacity`) so a corrupt
+//! peer is an error, never an access outside the region. Unlike the
+//! transport, a side keeps no private copy of its own index: after `fork`
+//! the parent or the child may carry on with the connection, so the shared
+//! index is the only truth.
+//!
+//! Wake-ups: a side about to wait sets the ring's waiter word; the other
+//! side, after moving an index, clears it and sends one byte (a doorbell)
+//! over the connection's kernel TCP socket, which makes the waiter's
+//! descriptor readable to `poll` and `epoll` as the program expects.
+
+use std::io;
+use std::ptr::NonNull;
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+
+/// `b"NGPRSHM\0"` as a little-endian word: the region's first eight bytes.
+const REGION_MAGIC: u64 = u64::from_le_bytes(*b"NGPRSHM\0");
+/// Bytes of the header and of each control block.
+const PAGE_BYTES: usize = 4096;
+
+/// One word alone on two cache lines (adjacent-line prefetch).
+#[repr(C, align(128))]
+struct Line<T>(T);
+
+/// A ring's control block; all zeroes is an empty ring.
+#[repr(C)]
+struct RingCtl {
+    /// Bytes ever produced (written by the producer).
+    head: Line<AtomicU64>,
+    /// Bytes ever consumed (written by the consumer).
+    tail: Line<AtomicU64>,
+    /// Non-zero while the consumer waits for data.
+    data_waiter: Line<AtomicU32>,
+    /// Non-zero while the producer waits for space.
+    space_waiter: Line<AtomicU32>,
+}
+
+const _: () = assert!(std::mem::size_of::<RingCtl>() <= PAGE_BYTES);
+
+/// The region's first page.
+#[repr(C)]
+struct Header {
+    magic: AtomicU64,
+    version: AtomicU32,
+    _pad: AtomicU32,
+    capacity: AtomicU64,
+}
+
+/// Bytes of a region whose rings hold `capacity` bytes each.
+pub(crate) fn region_bytes(capacity: usize) -> usize {
+    3 * PAGE_BYTES + 2 * capacity
+}
+
+/// Which end of the connection this process is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Role {
+    /// Made the region and sent the hello (`connect`).
+    Connector,
+    /// Mapped the region named by a hello (`accept`).
+    Listener,
+}
+
+/// The peer broke the ring's invariants.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Corrupt;
+
+/// One direction's ring as seen from one end.
+struct Ring {
+    ctl: NonNull<RingCtl>,
+    data: NonNull<u8>,
+    capacity: u64,
+}
+
+impl Ring {
+    fn ctl(&self) -> &RingCtl {
+        // SAFETY: `ctl` points into the region, which stays mapped while the
+        // `Channel` owning this ring lives; the block holds only atomics.
+        unsafe { self.ctl.as_ref() }
+    }
+
+    /// Bytes in the ring and the consumer's index.
+    fn filled(&self) -> Result<(u64, u64), Corrupt> {
+        let c = self.ctl();
+        let tail = c.tail.0.load(Ordering::Acquire);
+        let head = c.head.0.load(Ordering::Acquire);
+        if head < tail || head - tail > self.capacity {
+            return Err(Corrupt);
+        }
+        Ok((head - tail, tail))
+    }
+
+    /// Copies `len` bytes between ring offset of index `at` and `buf`
+    /// (`into_ring` says which way), in at most two pieces.
+    ///
+    /// # Safety
+    ///
+    /// `buf` valid for `len` bytes in the direction used; `len ≤ capacity`.
+    unsafe fn copy(&self, at: u64, buf: *mut u8, len: usize, into_ring: bool) {
+        let cap = self.capacity as usize;
+        let off = (at & (self.capacity - 1)) as usize;
+        let first = len.min(cap - off);
+        let base = self.data.as_ptr();
+        // SAFETY: `off + first ≤ cap` and `len - first ≤ cap`, so both
+        // pieces lie in the data region; `buf` is valid per the contract;
+        // the ring and the program's buffer never overlap.
+        unsafe {
+            if into_ring {
+                std::ptr::copy_nonoverlapping(buf, base.add(off), first);
+                std::ptr::copy_nonoverlapping(buf.add(first), base, len - first);
+            } else {
+                std::ptr::copy_nonoverlapping(base.add(off), buf, first);
+                std::ptr::copy_nonoverlapping(base, buf.add(first), len - first);
+            }
+        }
+    }
+}
+
+/// Outcome of moving bytes through a ring.
+pub(crate) struct Moved {
+    /// Bytes moved.
+    pub(crate) bytes: usize,
+    /// The peer waits on this ring and must be sent a doorbell.
+    pub(crate) wake_peer: bool,
+}
+
+/// The mapped region and this end's two rings.
+pub(crate) struct Channel {
+    base: NonNull<u8>,
+    len: usize,
+    tx: Ring,
+    rx: Ring,
+}
+
+// SAFETY: the channel is addresses into a shared mapping; concurrent use is
+// through atomics and the ring protocol, and callers serialise each
+// direction with a lock (`conn::Conn`).
+unsafe impl Send for Channel {}
+// SAFETY: as above.
+unsafe impl Sync for Channel {}
+
+impl Drop for Channel {
+    fn drop(&mut self) {
+        // SAFETY: `base`/`len` are the mapping made in `map`, unmapped once.
+        unsafe { libc::munmap(self.base.as_ptr().cast(), self.len) };
+    }
+}
+
+impl Channel {
+    /// Maps the memfd `fd` of `capacity`-byte rings. The connector
+    /// (`role`) writes the header; the listener checks it.
+    pub(crate) fn map(fd: libc::c_int, capacity: usize, role: Role) -> io::Result<Channel> {
+        let len = region_bytes(capacity);
+        // SAFETY: a fresh shared mapping of `len` bytes of `fd`; the kernel
+        // picks the address. The caller checked the file is at least `len`.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let base =
+            NonNull::new(p.cast::<u8>()).ok_or_else(|| io::Error::other("mmap gave null"))?;
+        let at = |off: usize| {
+            // SAFETY: every offset used below is inside the `len`-byte map.
+            unsafe { NonNull::new_unchecked(base.as_ptr().add(off)) }
+        };
+        let ring = |i: usize| Ring {
+            ctl: at(PAGE_BYTES * (1 + i)).cast(),
+            data: at(3 * PAGE_BYTES + i * capacity),
+            capacity: capacity as u64,
+        };
+        let (tx, rx) = match role {
+            Role::Connector => (ring(0), ring(1)),
+            Role::Listener => (ring(1), ring(0)),
+        };
+        let ch = Channel { base, len, tx, rx };
+        // SAFETY: the header is the first page of the mapping, all atomics.
+        let header = unsafe { base.cast::<Header>().as_ref() };
+        match role {
+            Role::Connector => {
+                header.capacity.store(capacity as u64, Ordering::Relaxed);
+                header.version.store(
+                    u32::from(netgap_proto::preload::PRELOAD_VERSION),
+                    Ordering::Relaxed,
+                );
+                header.magic.store(REGION_MAGIC, Ordering::Release);
+                // A fresh program waits for data: the first bytes either way
+                // ring the doorbell, so a program that polls before it ever
+                // reads is woken.
+                ch.rx.ctl().data_waiter.0.store(1, Ordering::Relaxed);
+                ch.tx.ctl().data_waiter.0.store(1, Ordering::Release);
+            }
+            Role::Listener => {
+                let ok = header.magic.load(Ordering::Acquire) == REGION_MAGIC
+                    && header.version.load(Ordering::Relaxed)
+                        == u32::from(netgap_proto::preload::PRELOAD_VERSION)
+                    && header.capacity.load(Ordering::Relaxed) == capacity as u64;
+                if !ok {
+                    return Err(io::Error::other(
+                        "the shared region's header is not as announced",
+                    ));
+                }
+            }
+        }
+        Ok(ch)
+    }
+
+    /// Bytes waiting to be read.
+    pub(crate) fn readable(&self) -> Result<usize, Corrupt> {
+        self.rx.filled().map(|(n, _)| n as usize)
+    }
+
+    /// Whether the outgoing ring is full.
+    pub(crate) fn tx_full(&self) -> Result<bool, Corrupt> {
+        self.tx.filled().map(|(n, _)| n == self.tx.capacity)
+    }
+
+    /// Copies up to the iovecs' total out of the incoming ring; consumes
+    /// them unless `peek`.
+    ///
+    /// # Safety
+    ///
+    /// Every iovec must be valid for writes of its length.
+    pub(crate) unsafe fn read(&self, iov: &[libc::iovec], peek: bool) -> Result<Moved, Corrupt> {
+        let (filled, tail) = self.rx.filled()?;
+        let mut at = tail;
+        let mut left = filled;
+        for v in iov {
+            if left == 0 {
+                break;
+            }
+            let n = (v.iov_len as u64).min(left);
+            // SAFETY: the iovec is valid for `n ≤ iov_len` bytes (contract);
+            // `n ≤ filled ≤ capacity`.
+            unsafe { self.rx.copy(at, v.iov_base.cast(), n as usize, false) };
+            at += n;
+            left -= n;
+        }
+        let bytes = (at - tail) as usize;
+        if peek || bytes == 0 {
+            return Ok(Moved {
+                bytes,
+                wake_peer: false,
+            });
+        }
+        let c = self.rx.ctl();
+        c.tail.0.store(at, Ordering::Release);
+        fence(Ordering::SeqCst);
+        let wake_peer = c.space_waiter.0.load(Ordering::Relaxed) != 0
+            && c.space_waiter.0.swap(0, Ordering::AcqRel) != 0;
+        Ok(Moved { bytes, wake_peer })
+    }
+
+    /// Copies as much of the iovecs as fits into the outgoing ring and
+    /// publishes it.
+    ///
+    /// # Safety
+    ///
+    /// Every iovec must be valid for reads of its length.
+    pub(crate) unsafe fn write(&self, iov: &[libc::iovec]) -> Result<Moved, Corrupt> {
+        let (filled, _) = self.tx.filled()?;
+        let head = self.tx.ctl().head.0.load(Ordering::Relaxed);
+        let mut space = self.tx.capacity - filled;
+        let mut at = head;
+        for v in iov {
+            if space == 0 {
+                break;
+            }
+            let n = (v.iov_len as u64).min(space);
+            // SAFETY: the iovec is valid for reads of `n` bytes; `n ≤ space
+            // ≤ capacity`, and the bytes from `head` to `head + space` are
+            // free (the consumer is past them).
+            unsafe { self.tx.copy(at, v.iov_base.cast(), n as usize, true) };
+            at += n;
+            space -= n;
+        }
+        Ok(self.publish(head, at))
+    }
+
+    /// Fills the outgoing ring's free space directly with `fill` (which
+    /// gets one contiguous piece of at most `max` bytes and returns how
+    /// many it wrote), then publishes them: how `sendfile` reads a file
+    /// straight into the ring.
+    pub(crate) fn write_with(
+        &self,
+        max: usize,
+        fill: impl FnOnce(*mut u8, usize) -> io::Result<usize>,
+    ) -> Result<io::Result<Moved>, Corrupt> {
+        let (filled, _) = self.tx.filled()?;
+        let head = self.tx.ctl().head.0.load(Ordering::Relaxed);
+        let space = (self.tx.capacity - filled) as usize;
+        let off = (head & (self.tx.capacity - 1)) as usize;
+        let n = max.min(space).min(self.tx.capacity as usize - off);
+        if n == 0 {
+            return Ok(Ok(Moved {
+                bytes: 0,
+                wake_peer: false,
+            }));
+        }
+        // SAFETY: `off + n ≤ capacity`: the piece lies in the data region,
+        // and it is free space the consumer will not read before `publish`.
+        let dst = unsafe { self.tx.data.as_ptr().add(off) };
+        match fill(dst, n) {
+            Ok(k) => Ok(Ok(self.publish(head, head + k.min(n) as u64))),
+            Err(e) => Ok(Err(e)),
+        }
+    }
+
+    fn publish(&self, head: u64, at: u64) -> Moved {
+        let bytes = (at - head) as usize;
+        if bytes == 0 {
+            return Moved {
+                bytes,
+                wake_peer: false,
+            };
+        }
+        let c = self.tx.ctl();
+        c.head.0.store(at, Ordering::Release);
+        fence(Ordering::SeqCst);
+        let wake_peer = c.data_waiter.0.load(Ordering::Relaxed) != 0
+            && c.data_waiter.0.swap(0, Ordering::AcqRel) != 0;
+        Moved { bytes, wake_peer }
+    }
+
+    /// Announces that this end is about to wait for data; the caller must
+    /// check [`Channel::readable`] again afterwards.
+    pub(crate) fn want_data(&self) {
+        self.rx.ctl().data_waiter.0.store(1, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+    }
+
+    /// Announces that this end is about to wait for space; the caller must
+    /// check [`Channel::tx_full`] again afterwards.
+    pub(crate) fn want_space(&self) {
+        self.tx.ctl().space_waiter.0.store(1, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
+mod tests {
+    use super::*;
+
+    /// Both ends of a channel of 4 KiB rings in one memfd, as the connector
+    /// and the listener map it.
+    fn pair() -> (Channel, Channel) {
+        let cap = 4096;
+        // SAFETY: a NUL-terminated name and plain flags.
+        let fd = unsafe { libc::memfd_create(c"test".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(fd >= 0);
+        let len = region_bytes(cap) as libc::off_t;
+        // SAFETY: sizing our own memfd.
+        let sized = unsafe { libc::ftruncate(fd, len) };
+        assert_eq!(sized, 0);
+        let a = Channel::map(fd, cap, Role::Connector).unwrap();
+        let b = Channel::map(fd, cap, Role::Listener).unwrap();
+        // SAFETY: our own descriptor; the mappings keep the memory.
+        unsafe { libc::close(fd) };
+        (a, b)
+    }
+
+    fn iov(buf: &mut [u8]) -> [libc::iovec; 1] {
+        [libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        }]
+    }
+
+    #[test]
+    fn bytes_cross_the_wrap_in_order_and_a_full_ring_takes_no_more() {
+        let (a, b) = pair();
+        let mut sent = 0u8;
+        let mut got = 0u8;
+        // 3000-byte writes against a 4096-byte ring wrap on the second one.
+        for _ in 0..10 {
+            let mut out: Vec<u8> = (0..3000)
+                .map(|_| {
+                    sent = sent.wrapping_add(1);
+                    sent
+                })
+                .collect();
+            // SAFETY: `out` is valid for reads of its length.
+            let m = unsafe { a.write(&iov(&mut out)) }.unwrap();
+            assert_eq!(m.bytes, 3000);
+            let mut peeked = vec![0u8; 10];
+            // SAFETY: valid for writes.
+            let p = unsafe { b.read(&iov(&mut peeked), true) }.unwrap();
+            assert_eq!(p.bytes, 10);
+            let mut inb = vec![0u8; 3000];
+            // SAFETY: valid for writes.
+            let r = unsafe { b.read(&iov(&mut inb), false) }.unwrap();
+            assert_eq!(r.bytes, 3000);
+            assert_eq!(inb[..10], peeked[..]);
+            for x in inb {
+                got = got.wrapping_add(1);
+                assert_eq!(x, got);
+            }
+        }
+        let mut big = vec![7u8; 5000];
+        // SAFETY: valid for reads.
+        assert_eq!(unsafe { a.write(&iov(&mut big)) }.unwrap().bytes, 4096);
+        assert!(a.tx_full().unwrap());
+        // SAFETY: valid for reads.
+        assert_eq!(unsafe { a.write(&iov(&mut big)) }.unwrap().bytes, 0);
+        assert_eq!(b.readable().unwrap(), 4096);
+    }
+
+    #[test]
+    fn a_waiting_peer_is_woken_once() {
+        let (a, b) = pair();
+        let mut x = [1u8; 8];
+        // A fresh channel counts the peer as waiting for its first bytes.
+        // SAFETY: valid for reads.
+        assert!(unsafe { a.write(&iov(&mut x)) }.unwrap().wake_peer);
+        // SAFETY: valid for reads.
+        assert!(!unsafe { a.write(&iov(&mut x)) }.unwrap().wake_peer);
+        b.want_data();
+        // SAFETY: valid for reads.
+        assert!(unsafe { a.write(&iov(&mut x)) }.unwrap().wake_peer);
+    }
+
+    #[test]
+    fn an_impossible_index_from_the_peer_is_an_error() {
+        let (a, b) = pair();
+        // The peer claims more bytes than the ring holds.
+        a.tx.ctl().head.0.store(1 << 20, Ordering::Release);
+        assert!(b.readable().is_err());
+        let mut buf = [0u8; 16];
+        // SAFETY: valid for writes.
+        assert!(unsafe { b.read(&iov(&mut buf), false) }.is_err());
+    }
+}

@@ -1,0 +1,1167 @@
+//! The interposed calls. Each looks its descriptor up in the table: a
+//! descriptor the library does not hold goes straight to the C library; a
+//! taken-over connection's data moves through its channel; a pending one
+//! is resolved first.
+//!
+//! Calls that need nothing of the library on a taken-over connection are
+//! not interposed: `socket`, `bind`, `getsockname`, `getpeername` and
+//! `shutdown` act on the kernel socket under the descriptor, which is the
+//! connection's real socket (addresses true, a shutdown's FIN seen by the
+//! peer after the bytes already in the ring). Socket options go to the
+//! kernel socket too, except `TCP_NODELAY` and `TCP_CORK`, which are
+//! recorded and not applied: the kernel socket then carries only
+//! doorbells, which must never wait for Nagle or a cork. `fork` needs nothing either:
+//! the channels are shared mappings the child inherits, and the rings keep
+//! no index in private memory.
+
+use crate::conn::{errno, set_errno, Conn, Errno};
+use crate::log::log_line;
+use crate::real;
+use crate::setup::{self, Resolved};
+use crate::table::{self, Entry, Interest};
+use libc::{c_int, c_ulong, c_void, epoll_event, fd_set, iovec, msghdr, nfds_t, off_t, pollfd};
+use libc::{size_t, sockaddr, socklen_t, ssize_t, timeval};
+use std::sync::Arc;
+
+/// Where a data call on a descriptor goes.
+enum Route {
+    /// The kernel socket (or any other file).
+    Kernel,
+    /// The shared-memory channel.
+    Shm(Arc<Conn>),
+    /// A pending connection with nothing in yet, read without blocking.
+    Again,
+}
+
+fn route(fd: c_int, writing: bool) -> Route {
+    match table::get(fd) {
+        None | Some(Entry::Listener { .. }) => Route::Kernel,
+        Some(Entry::Shm(c)) => Route::Shm(c),
+        Some(Entry::Pending(p)) => match setup::resolve(fd, &p, writing) {
+            Resolved::Shm(c) => Route::Shm(c),
+            Resolved::Kernel => Route::Kernel,
+            Resolved::NotYet => Route::Again,
+        },
+    }
+}
+
+fn done(r: Result<usize, Errno>) -> ssize_t {
+    match r {
+        Ok(n) => n as ssize_t,
+        Err(e) => {
+            set_errno(e);
+            -1
+        }
+    }
+}
+
+fn fail(e: Errno) -> ssize_t {
+    set_errno(e);
+    -1
+}
+
+/// Receives on the channel honouring `MSG_WAITALL`; refuses `MSG_OOB`.
+///
+/// # Safety
+///
+/// Every iovec valid for writes of its length.
+unsafe fn shm_recv(c: &Conn, fd: c_int, iov: &[iovec], flags: c_int) -> ssize_t {
+    if flags & libc::MSG_OOB != 0 {
+        log_line!("fd {fd}: recv with MSG_OOB on a shm connection is not supported (EINVAL)");
+        return fail(libc::EINVAL);
+    }
+    if flags & libc::MSG_WAITALL == 0 || flags & libc::MSG_PEEK != 0 {
+        // SAFETY: the caller's contract.
+        return done(unsafe { c.recv(fd, iov, flags) });
+    }
+    let want: usize = iov.iter().map(|v| v.iov_len).sum();
+    let mut got = 0usize;
+    let mut rest: Vec<iovec> = iov.to_vec();
+    while got < want {
+        // SAFETY: `rest` are the caller's iovecs advanced past `got` bytes.
+        match unsafe { c.recv(fd, &rest, flags & !libc::MSG_WAITALL) } {
+            Ok(0) => break,
+            Ok(n) => {
+                got += n;
+                advance(&mut rest, n);
+            }
+            Err(e) if got == 0 => return fail(e),
+            Err(_) => break,
+        }
+    }
+    got as ssize_t
+}
+
+/// Drops the first `n` bytes from `iov`.
+fn advance(iov: &mut Vec<iovec>, mut n: usize) {
+    let mut first = 0;
+    while n > 0 && first < iov.len() {
+        let v = &mut iov[first];
+        if n >= v.iov_len {
+            n -= v.iov_len;
+            first += 1;
+        } else {
+            // SAFETY: `n < iov_len`, so the advanced base stays in the buffer.
+            v.iov_base = unsafe { v.iov_base.cast::<u8>().add(n) }.cast();
+            v.iov_len -= n;
+            n = 0;
+        }
+    }
+    iov.drain(..first);
+}
+
+fn shm_send(c: &Conn, fd: c_int, iov: &[iovec], flags: c_int) -> ssize_t {
+    if flags & libc::MSG_OOB != 0 {
+        log_line!("fd {fd}: send with MSG_OOB on a shm connection is not supported (EOPNOTSUPP)");
+        return fail(libc::EOPNOTSUPP);
+    }
+    // SAFETY: the iovecs come from the program's arguments, valid for
+    // reads of their lengths (the call's contract).
+    done(unsafe { c.send(fd, iov, flags) })
+}
+
+/// Builds the iovec list of a msghdr.
+///
+/// # Safety
+///
+/// `msg` valid, and its iov array valid for `msg_iovlen` entries.
+unsafe fn msg_iov<'a>(msg: *const msghdr) -> &'a [iovec] {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let m = &*msg;
+        if m.msg_iov.is_null() || m.msg_iovlen == 0 {
+            return &[];
+        }
+        std::slice::from_raw_parts(m.msg_iov, m.msg_iovlen)
+    }
+}
+
+/// `read(2)`.
+///
+/// # Safety
+///
+/// As for the C library's `read`.
+#[no_mangle]
+pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, count: size_t) -> ssize_t {
+    match route(fd, false) {
+        // SAFETY: the program's own arguments, passed on.
+        Route::Kernel => unsafe { real::read()(fd, buf, count) },
+        Route::Again => fail(libc::EAGAIN),
+        Route::Shm(c) => {
+            let iov = [iovec {
+                iov_base: buf,
+                iov_len: count,
+            }];
+            // SAFETY: `buf` is valid for writes of `count` bytes (read's
+            // contract).
+            unsafe { shm_recv(&c, fd, &iov, 0) }
+        }
+    }
+}
+
+/// `write(2)`.
+///
+/// # Safety
+///
+/// As for the C library's `write`.
+#[no_mangle]
+pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, count: size_t) -> ssize_t {
+    match route(fd, true) {
+        // SAFETY: the program's own arguments, passed on.
+        Route::Kernel | Route::Again => unsafe { real::write()(fd, buf, count) },
+        Route::Shm(c) => {
+            let iov = [iovec {
+                iov_base: buf.cast_mut(),
+                iov_len: count,
+            }];
+            shm_send(&c, fd, &iov, 0)
+        }
+    }
+}
+
+/// `readv(2)`.
+///
+/// # Safety
+///
+/// As for the C library's `readv`.
+#[no_mangle]
+pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, iovcnt: c_int) -> ssize_t {
+    match route(fd, false) {
+        // SAFETY: the program's own arguments, passed on.
+        Route::Kernel => unsafe { real::readv()(fd, iov, iovcnt) },
+        Route::Again => fail(libc::EAGAIN),
+        Route::Shm(c) => {
+            if iov.is_null() || iovcnt < 0 {
+                return fail(libc::EINVAL);
+            }
+            // SAFETY: readv's contract: `iov` holds `iovcnt` valid iovecs.
+            let v = unsafe { std::slice::from_raw_parts(iov, iovcnt as usize) };
+            // SAFETY: each iovec is valid for writes (readv's contract).
+            unsafe { shm_recv(&c, fd, v, 0) }
+        }
+    }
+}
+
+/// `writev(2)`.
+///
+/// # Safety
+///
+/// As for the C library's `writev`.
+#[no_mangle]
+pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, iovcnt: c_int) -> ssize_t {
+    match route(fd, true) {
+        // SAFETY: the program's own arguments, passed on.
+        Route::Kernel | Route::Again => unsafe { real::writev()(fd, iov, iovcnt) },
+        Route::Shm(c) => {
+            if iov.is_null() || iovcnt < 0 {
+                return fail(libc::EINVAL);
+            }
+            // SAFETY: writev's contract: `iov` holds `iovcnt` valid iovecs.
+            let v = unsafe { std::slice::from_raw_parts(iov, iovcnt as usize) };
+            shm_send(&c, fd, v, 0)
+        }
+    }
+}
+
+/// `recv(2)`.
+///
+/// # Safety
+///
+/// As for the C library's `recv`.
+#[no_mangle]
+pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, len: size_t, flags: c_int) -> ssize_t {
+    match route(fd, false) {
+        // SAFETY: the program's own arguments, passed on.
+        Route::Kernel => unsafe { real::recv()(fd, buf, len, flags) },
+        Route::Again => fail(libc::EAGAIN),
+        Route::Shm(c) => {
+            let iov = [iovec {
+                iov_base: buf,
+                iov_len: len,
+            }];
+            // SAFETY: `buf` is valid for writes of `len` bytes.
+            unsafe { shm_recv(&c, fd, &iov, flags) }
+        }
+    }
+}
+
+/// `send(2)`.
+///
+/// # Safety
+///
+/// As for the C library's `send`.
+#[no_mangle]
+pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, len: size_t, flags: c_int) -> ssize_t {
+    match route(fd, true) {
+        // SAFETY: the program's own arguments, passed on.
+        Route::Kernel | Route::Again => unsafe { real::send()(fd, buf, len, flags) },
+        Route::Shm(c) => {
+            let iov = [iovec {
+                iov_base: buf.cast_mut(),
+                iov_len: len,
+            }];
+            shm_send(&c, fd, &iov, flags)
+        }
+    }
+}
+
+/// `recvfrom(2)`: on a taken-over connection, as `recv` with no address.
+///
+/// # Safety
+///
+/// As for the C library's `recvfrom`.
+#[no_mangle]
+pub unsafe extern "C" fn recvfrom(
+    fd: c_int,
+    buf: *mut c_void,
+    len: size_t,
+    flags: c_int,
+    addr: *mut sockaddr,
+    addrlen: *mut socklen_t,
+) -> ssize_t {
+    match route(fd, false) {
+        // SAFETY: the program's own arguments, passed on.
+        Route::Kernel => unsafe { real::recvfrom()(fd, buf, len, flags, addr, addrlen) },
+        Route::Again => fail(libc::EAGAIN),
+        Route::Shm(c) => {
+            if !addrlen.is_null() {
+                // SAFETY: a non-null `addrlen` is valid for writes.
+                unsafe { *addrlen = 0 };
+            }
+            let iov = [iovec {
+                iov_base: buf,
+                iov_len: len,
+            }];
+            // SAFETY: `buf` is valid for writes of `len` bytes.
+            unsafe { shm_recv(&c, fd, &iov, flags) }
+        }
+    }
+}
+
+/// `sendto(2)`: on a taken-over connection, as `send` (a connected TCP
+/// socket ignores the address).
+///
+/// # Safety
+///
+/// As for the C library's `sendto`.
+#[no_mangle]
+pub unsafe extern "C" fn sendto(
+    fd: c_int,
+    buf: *const c_void,
+    len: size_t,
+    flags: c_int,
+    addr: *const sockaddr,
+    addrlen: socklen_t,
+) -> ssize_t {
+    match route(fd, true) {
+        // SAFETY: the program's own arguments, passed on.
+        Route::Kernel | Route::Again => unsafe {
+            real::sendto()(fd, buf, len, flags, addr, addrlen)
+        },
+        Route::Shm(c) => {
+            let iov = [iovec {
+                iov_base: buf.cast_mut(),
+                iov_len: len,
+            }];
+            shm_send(&c, fd, &iov, flags)
+        }
+    }
+}
+
+/// `recvmsg(2)`: data only (no address, no ancillary data on TCP).
+///
+/// # Safety
+///
+/// As for the C library's `recvmsg`.
+#[no_mangle]
+pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
+    match route(fd, false) {
+        // SAFETY: the program's own arguments, passed on.
+        Route::Kernel => unsafe { real::recvmsg()(fd, msg, flags) },
+        Route::Again => fail(libc::EAGAIN),
+        Route::Shm(c) => {
+            if msg.is_null() {
+                return fail(libc::EFAULT);
+            }
+            // SAFETY: recvmsg's contract: `msg` and its iovecs are valid.
+            unsafe {
+                (*msg).msg_namelen = 0;
+                (*msg).msg_controllen = 0;
+                (*msg).msg_flags = 0;
+                shm_recv(&c, fd, msg_iov(msg), flags)
+            }
+        }
+    }
+}
+
+/// `sendmsg(2)`: the data of the message (a TCP socket has no address and
+/// the library passes no ancillary data).
+///
+/// # Safety
+///
+/// As for the C library's `sendmsg`.
+#[no_mangle]
+pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
+    match route(fd, true) {
+        // SAFETY: the program's own arguments, passed on.
+        Route::Kernel | Route::Again => unsafe { real::sendmsg()(fd, msg, flags) },
+        Route::Shm(c) => {
+            if msg.is_null() {
+                return fail(libc::EFAULT);
+            }
+            // SAFETY: sendmsg's contract: `msg` and its iovecs are valid.
+            let (iov, control) = unsafe { (msg_iov(msg), (*msg).msg_controllen) };
+            if control != 0 {
+                log_line!(
+                    "fd {fd}: sendmsg with ancillary data on a shm connection: the data is dropped"
+                );
+            }
+            shm_send(&c, fd, iov, flags)
+        }
+    }
+}
+
+/// The shared body of `sendfile` and `sendfile64`.
+///
+/// # Safety
+///
+/// `offset` null or valid for reads and writes.
+unsafe fn shm_sendfile(
+    c: &Conn,
+    out: c_int,
+    in_fd: c_int,
+    offset: *mut off_t,
+    count: size_t,
+) -> ssize_t {
+    // SAFETY: a non-null `offset` is valid (sendfile's contract).
+    let off = unsafe { offset.as_mut() };
+    done(c.sendfile(out, in_fd, off, count))
+}
+
+/// `sendfile(2)`: on a taken-over connection, the file is read straight
+/// into the ring.
+///
+/// # Safety
+///
+/// As for the C library's `sendfile`.
+#[no_mangle]
+pub unsafe extern "C" fn sendfile(
+    out: c_int,
+    in_fd: c_int,
+    offset: *mut off_t,
+    count: size_t,
+) -> ssize_t {
+    match route(out, true) {
+        // SAFETY: the program's own arguments, passed on.
+        Route::Kernel | Route::Again => unsafe { real::sendfile()(out, in_fd, offset, count) },
+        // SAFETY: sendfile's contract on `offset`.
+        Route::Shm(c) => unsafe { shm_sendfile(&c, out, in_fd, offset, count) },
+    }
+}
+
+/// `sendfile64`: glibc's alias of `sendfile` for 64-bit offsets.
+///
+/// # Safety
+///
+/// As for the C library's `sendfile64`.
+#[no_mangle]
+pub unsafe extern "C" fn sendfile64(
+    out: c_int,
+    in_fd: c_int,
+    offset: *mut off_t,
+    count: size_t,
+) -> ssize_t {
+    match route(out, true) {
+        // SAFETY: the program's own arguments, passed on.
+        Route::Kernel | Route::Again => unsafe { real::sendfile64()(out, in_fd, offset, count) },
+        // SAFETY: sendfile's contract on `offset`.
+        Route::Shm(c) => unsafe { shm_sendfile(&c, out, in_fd, offset, count) },
+    }
+}
+
+/// `connect(2)`: to a local listener with the library, the connection is
+/// made (blocking, even on a non-blocking socket: on one host it takes
+/// microseconds) and offered the channel; otherwise untouched.
+///
+/// # Safety
+///
+/// As for the C library's `connect`.
+#[no_mangle]
+pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
+    let port = match table::get(fd) {
+        None => setup::candidate(fd, addr, len),
+        Some(_) => None,
+    };
+    let Some(port) = port else {
+        // SAFETY: the program's own arguments, passed on.
+        return unsafe { real::connect()(fd, addr, len) };
+    };
+    // SAFETY: plain fcntl calls on the program's descriptor.
+    let flags = unsafe { real::fcntl()(fd, libc::F_GETFL, 0) };
+    let nonblocking = flags >= 0 && flags & libc::O_NONBLOCK != 0;
+    if nonblocking {
+        // SAFETY: as above.
+        unsafe { real::fcntl()(fd, libc::F_SETFL, (flags & !libc::O_NONBLOCK) as c_ulong) };
+    }
+    // SAFETY: the program's own arguments, passed on.
+    let mut r = unsafe { real::connect()(fd, addr, len) };
+    let mut e = errno();
+    if r == 0 {
+        if let Err(broken) = setup::connected(fd, port, nonblocking) {
+            r = -1;
+            e = broken;
+        }
+    }
+    if nonblocking {
+        // SAFETY: restores the program's flags.
+        unsafe { real::fcntl()(fd, libc::F_SETFL, flags as c_ulong) };
+    }
+    set_errno(e);
+    r
+}
+
+/// `listen(2)`: a TCP listener also gets the library's beacon.
+///
+/// # Safety
+///
+/// As for the C library's `listen`.
+#[no_mangle]
+pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
+    // SAFETY: the program's own arguments, passed on.
+    let r = unsafe { real::listen()(fd, backlog) };
+    if r == 0 && table::get(fd).is_none() {
+        let e = errno();
+        setup::listening(fd);
+        set_errno(e);
+    }
+    r
+}
+
+fn after_accept(lfd: c_int, fd: c_int, flags: c_int) {
+    if fd >= 0 && matches!(table::get(lfd), Some(Entry::Listener { .. })) {
+        let e = errno();
+        setup::accepted(lfd, fd, flags & libc::SOCK_NONBLOCK != 0);
+        set_errno(e);
+    }
+}
+
+/// `accept(2)`.
+///
+/// # Safety
+///
+/// As for the C library's `accept`.
+#[no_mangle]
+pub unsafe extern "C" fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
+    // SAFETY: the program's own arguments, passed on.
+    let r = unsafe { real::accept()(fd, addr, len) };
+    after_accept(fd, r, 0);
+    r
+}
+
+/// `accept4(2)`.
+///
+/// # Safety
+///
+/// As for the C library's `accept4`.
+#[no_mangle]
+pub unsafe extern "C" fn accept4(
+    fd: c_int,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+    flags: c_int,
+) -> c_int {
+    // SAFETY: the program's own arguments, passed on.
+    let r = unsafe { real::accept4()(fd, addr, len, flags) };
+    after_accept(fd, r, flags);
+    r
+}
+
+/// Forgets `fd` (closed, or about to be replaced by `dup2`), logging a
+/// connection's counters when this was its last descriptor here.
+fn forget(fd: c_int) {
+    if let Some(Entry::Shm(c)) = table::take(fd) {
+        if !table::shared_elsewhere(&c) {
+            c.log_close(fd);
+        }
+    }
+    table::epoll_forget(fd);
+}
+
+/// `close(2)`.
+///
+/// # Safety
+///
+/// As for the C library's `close`.
+#[no_mangle]
+pub unsafe extern "C" fn close(fd: c_int) -> c_int {
+    forget(fd);
+    // SAFETY: the program's own argument, passed on.
+    unsafe { real::close()(fd) }
+}
+
+fn copy_entry(from: c_int, to: c_int) {
+    if to < 0 {
+        return;
+    }
+    if let Some(e) = table::get(from) {
+        table::set(to, e);
+    }
+}
+
+/// `dup(2)`: the copy is the same connection.
+///
+/// # Safety
+///
+/// As for the C library's `dup`.
+#[no_mangle]
+pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
+    // SAFETY: the program's own argument, passed on.
+    let r = unsafe { real::dup()(fd) };
+    copy_entry(fd, r);
+    r
+}
+
+/// `dup2(2)`.
+///
+/// # Safety
+///
+/// As for the C library's `dup2`.
+#[no_mangle]
+pub unsafe extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
+    // SAFETY: the program's own arguments, passed on.
+    let r = unsafe { real::dup2()(old, new) };
+    if r >= 0 && old != new {
+        forget(new);
+        copy_entry(old, new);
+    }
+    r
+}
+
+/// `dup3(2)`.
+///
+/// # Safety
+///
+/// As for the C library's `dup3`.
+#[no_mangle]
+pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
+    // SAFETY: the program's own arguments, passed on.
+    let r = unsafe { real::dup3()(old, new, flags) };
+    if r >= 0 {
+        forget(new);
+        copy_entry(old, new);
+    }
+    r
+}
+
+fn set_nonblocking(fd: c_int, on: bool) {
+    match table::get(fd) {
+        Some(Entry::Shm(c)) => c.set_nonblocking(on),
+        Some(Entry::Pending(p)) => p.set_nonblocking(on),
+        _ => {}
+    }
+}
+
+fn after_fcntl(fd: c_int, cmd: c_int, arg: c_ulong, r: c_int) {
+    if r < 0 {
+        return;
+    }
+    match cmd {
+        libc::F_SETFL => set_nonblocking(fd, arg as c_int & libc::O_NONBLOCK != 0),
+        libc::F_DUPFD | libc::F_DUPFD_CLOEXEC => copy_entry(fd, r),
+        _ => {}
+    }
+}
+
+/// `fcntl(2)`. Declared with one `unsigned long` argument where C has
+/// `...`: on the x86-64 and AArch64 Linux calling conventions a variadic
+/// integer or pointer argument travels in the same register as a fixed
+/// one, so the third argument (an int, a pointer, or nothing the command
+/// reads) is passed on unchanged.
+///
+/// # Safety
+///
+/// As for the C library's `fcntl`.
+#[no_mangle]
+pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
+    // SAFETY: the program's own arguments, passed on.
+    let r = unsafe { real::fcntl()(fd, cmd, arg) };
+    let e = errno();
+    after_fcntl(fd, cmd, arg, r);
+    set_errno(e);
+    r
+}
+
+/// `fcntl64`: glibc's name for `fcntl` in programs built with 64-bit file
+/// offsets (same argument passing as [`fcntl`]).
+///
+/// # Safety
+///
+/// As for the C library's `fcntl64`.
+#[no_mangle]
+pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
+    // SAFETY: the program's own arguments, passed on.
+    let r = unsafe { real::fcntl64()(fd, cmd, arg) };
+    let e = errno();
+    after_fcntl(fd, cmd, arg, r);
+    set_errno(e);
+    r
+}
+
+/// `ioctl(2)`: FIONREAD answers from the ring; FIONBIO is recorded (and
+/// set on the kernel socket). Declared with one `unsigned long` argument
+/// for the reason given at [`fcntl`].
+///
+/// # Safety
+///
+/// As for the C library's `ioctl`.
+#[no_mangle]
+pub unsafe extern "C" fn ioctl(fd: c_int, request: c_ulong, arg: c_ulong) -> c_int {
+    if request == libc::FIONREAD {
+        if let Route::Shm(c) = route(fd, false) {
+            return match c.readable(fd) {
+                Ok(n) => {
+                    let p = arg as *mut c_int;
+                    if p.is_null() {
+                        return fail(libc::EFAULT) as c_int;
+                    }
+                    // SAFETY: FIONREAD's argument is an int the caller
+                    // provides for writing.
+                    unsafe { *p = c_int::try_from(n).unwrap_or(c_int::MAX) };
+                    0
+                }
+                Err(e) => fail(e) as c_int,
+            };
+        }
+    }
+    // SAFETY: the program's own arguments, passed on.
+    let r = unsafe { real::ioctl()(fd, request, arg) };
+    if r == 0 && request == libc::FIONBIO {
+        let e = errno();
+        let p = arg as *const c_int;
+        // SAFETY: FIONBIO's argument is a readable int (the kernel just
+        // read it successfully).
+        let on = !p.is_null() && unsafe { *p } != 0;
+        set_nonblocking(fd, on);
+        set_errno(e);
+    }
+    r
+}
+
+/// Milliseconds left of a poll-style timeout (negative: forever).
+fn left_ms(timeout: c_int, start: std::time::Instant) -> c_int {
+    if timeout < 0 {
+        return timeout;
+    }
+    let spent = c_int::try_from(start.elapsed().as_millis()).unwrap_or(c_int::MAX);
+    (timeout - spent).max(0)
+}
+
+/// `poll(2)`: a taken-over connection with data in its ring is readable
+/// whatever the kernel socket says, and one whose socket holds only
+/// doorbells is not; before sleeping, each announces the wait so its
+/// peer's next write sends a doorbell.
+///
+/// # Safety
+///
+/// As for the C library's `poll`.
+#[no_mangle]
+pub unsafe extern "C" fn poll(fds: *mut pollfd, nfds: nfds_t, timeout: c_int) -> c_int {
+    // SAFETY: the program's own arguments; `wait` is the real poll on them.
+    unsafe { shm_poll(fds, nfds, timeout, |t| real::poll()(fds, nfds, t)) }
+}
+
+/// `ppoll(2)`: as [`poll`], the signal mask passed on.
+///
+/// # Safety
+///
+/// As for the C library's `ppoll`.
+#[no_mangle]
+pub unsafe extern "C" fn ppoll(
+    fds: *mut pollfd,
+    nfds: nfds_t,
+    timeout: *const libc::timespec,
+    sigmask: *const libc::sigset_t,
+) -> c_int {
+    let ms = if timeout.is_null() {
+        -1
+    } else {
+        // SAFETY: a non-null timeout is valid for reads (ppoll's contract).
+        let t = unsafe { *timeout };
+        let ms = t
+            .tv_sec
+            .saturating_mul(1000)
+            .saturating_add(t.tv_nsec.div_euclid(1_000_000));
+        c_int::try_from(ms.max(0)).unwrap_or(c_int::MAX)
+    };
+    // SAFETY: the program's own arguments; `wait` is the real ppoll on
+    // them with a timeout of `t` ms.
+    unsafe {
+        shm_poll(fds, nfds, ms, |t| {
+            if t < 0 {
+                real::ppoll()(fds, nfds, std::ptr::null(), sigmask)
+            } else if t == ms && !timeout.is_null() {
+                real::ppoll()(fds, nfds, timeout, sigmask)
+            } else {
+                let ts = libc::timespec {
+                    tv_sec: (t / 1000).into(),
+                    tv_nsec: libc::c_long::from(t % 1000) * 1_000_000,
+                };
+                real::ppoll()(fds, nfds, &ts, sigmask)
+            }
+        })
+    }
+}
+
+/// The shared body of `poll` and `ppoll`: `wait(timeout_ms)` is the real
+/// call on the program's set.
+///
+/// # Safety
+///
+/// `fds` null or valid for `nfds` entries.
+unsafe fn shm_poll(
+    fds: *mut pollfd,
+    nfds: nfds_t,
+    timeout: c_int,
+    wait: impl Fn(c_int) -> c_int,
+) -> c_int {
+    if fds.is_null() || nfds == 0 {
+        return wait(timeout);
+    }
+    // SAFETY: poll's contract: `fds` holds `nfds` valid entries.
+    let set = unsafe { std::slice::from_raw_parts_mut(fds, nfds as usize) };
+    let shm: Vec<(usize, Arc<Conn>)> = set
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| p.events & libc::POLLIN != 0)
+        .filter_map(|(i, p)| match table::get(p.fd) {
+            Some(Entry::Shm(c)) => Some((i, c)),
+            _ => None,
+        })
+        .collect();
+    if shm.is_empty() {
+        return wait(timeout);
+    }
+    let start = std::time::Instant::now();
+    loop {
+        let mut ready: Vec<usize> = shm
+            .iter()
+            .filter(|(_, c)| c.read_ready())
+            .map(|(i, _)| *i)
+            .collect();
+        if ready.is_empty() {
+            ready = shm
+                .iter()
+                .filter(|(_, c)| c.arm_read())
+                .map(|(i, _)| *i)
+                .collect();
+        }
+        let t = if ready.is_empty() {
+            left_ms(timeout, start)
+        } else {
+            0
+        };
+        let r = wait(t);
+        if r < 0 {
+            return r;
+        }
+        // SAFETY: as above; the real poll wrote only `revents`.
+        let set = unsafe { std::slice::from_raw_parts_mut(fds, nfds as usize) };
+        for (i, c) in &shm {
+            if set[*i].revents & libc::POLLIN != 0 && !c.settle(set[*i].fd) {
+                set[*i].revents &= !(libc::POLLIN | libc::POLLRDNORM);
+            }
+        }
+        for i in ready {
+            set[i].revents |= libc::POLLIN;
+        }
+        let n = set.iter().filter(|p| p.revents != 0).count() as c_int;
+        if n > 0 || t == 0 {
+            return n;
+        }
+    }
+}
+
+/// `select(2)`: as [`poll`] for the read set.
+///
+/// # Safety
+///
+/// As for the C library's `select`.
+#[no_mangle]
+pub unsafe extern "C" fn select(
+    nfds: c_int,
+    readfds: *mut fd_set,
+    writefds: *mut fd_set,
+    exceptfds: *mut fd_set,
+    timeout: *mut timeval,
+) -> c_int {
+    if readfds.is_null() || nfds <= 0 {
+        // SAFETY: the program's own arguments, passed on.
+        return unsafe { real::select()(nfds, readfds, writefds, exceptfds, timeout) };
+    }
+    let limit = nfds.min(libc::FD_SETSIZE as c_int);
+    let shm: Vec<(c_int, Arc<Conn>)> = (0..limit)
+        // SAFETY: `readfds` is a valid set and `fd < FD_SETSIZE`.
+        .filter(|&fd| unsafe { libc::FD_ISSET(fd, readfds) })
+        .filter_map(|fd| match table::get(fd) {
+            Some(Entry::Shm(c)) => Some((fd, c)),
+            _ => None,
+        })
+        .collect();
+    if shm.is_empty() {
+        // SAFETY: the program's own arguments, passed on.
+        return unsafe { real::select()(nfds, readfds, writefds, exceptfds, timeout) };
+    }
+    let mut ready: Vec<c_int> = shm
+        .iter()
+        .filter(|(_, c)| c.read_ready())
+        .map(|(fd, _)| *fd)
+        .collect();
+    if ready.is_empty() {
+        ready = shm
+            .iter()
+            .filter(|(_, c)| c.arm_read())
+            .map(|(fd, _)| *fd)
+            .collect();
+    }
+    if ready.is_empty() {
+        // SAFETY: the program's own arguments, passed on.
+        return unsafe { real::select()(nfds, readfds, writefds, exceptfds, timeout) };
+    }
+    let mut zero = timeval {
+        tv_sec: 0,
+        tv_usec: 0,
+    };
+    // SAFETY: the program's sets, with a zero timeout of our own.
+    let r = unsafe { real::select()(nfds, readfds, writefds, exceptfds, &mut zero) };
+    if r < 0 {
+        return r;
+    }
+    for fd in ready {
+        // SAFETY: `readfds` is valid and `fd < FD_SETSIZE`.
+        unsafe { libc::FD_SET(fd, readfds) };
+    }
+    let count = |s: *mut fd_set| -> c_int {
+        if s.is_null() {
+            return 0;
+        }
+        // SAFETY: a valid set, indices below FD_SETSIZE.
+        (0..limit)
+            .filter(|&fd| unsafe { libc::FD_ISSET(fd, s) })
+            .count() as c_int
+    };
+    count(readfds) + count(writefds) + count(exceptfds)
+}
+
+/// `epoll_ctl(2)`: registrations are recorded so [`epoll_wait`] can report
+/// taken-over connections with data in their rings.
+///
+/// # Safety
+///
+/// As for the C library's `epoll_ctl`.
+#[no_mangle]
+pub unsafe extern "C" fn epoll_ctl(
+    epfd: c_int,
+    op: c_int,
+    fd: c_int,
+    event: *mut epoll_event,
+) -> c_int {
+    // SAFETY: the program's own arguments, passed on.
+    let r = unsafe { real::epoll_ctl()(epfd, op, fd, event) };
+    if r == 0 {
+        let e = errno();
+        let interest = if event.is_null() {
+            None
+        } else {
+            // SAFETY: a non-null event is valid for reads (the kernel just
+            // read it); the struct is packed, so it is copied out whole.
+            let ev = unsafe { std::ptr::read_unaligned(event) };
+            Some(Interest {
+                events: ev.events,
+                data: ev.u64,
+            })
+        };
+        table::epoll_ctl(epfd, op, fd, interest);
+        set_errno(e);
+    }
+    r
+}
+
+/// The shared body of `epoll_wait` and `epoll_pwait`: `wait(timeout)` is
+/// the real call.
+///
+/// # Safety
+///
+/// `events` valid for writes of `max` entries.
+unsafe fn shm_epoll_wait(
+    epfd: c_int,
+    events: *mut epoll_event,
+    max: c_int,
+    timeout: c_int,
+    wait: impl Fn(c_int) -> c_int,
+) -> c_int {
+    let shm = table::epoll_shm(epfd);
+    if shm.is_empty() || events.is_null() || max <= 0 {
+        return wait(timeout);
+    }
+    let wants_in = |i: &Interest| i.events & libc::EPOLLIN as u32 != 0;
+    let start = std::time::Instant::now();
+    loop {
+        let mut ready: Vec<Interest> = shm
+            .iter()
+            .filter(|(_, i, c)| wants_in(i) && c.read_ready())
+            .map(|(_, i, _)| *i)
+            .collect();
+        if ready.is_empty() {
+            ready = shm
+                .iter()
+                .filter(|(_, i, c)| wants_in(i) && c.arm_read())
+                .map(|(_, i, _)| *i)
+                .collect();
+        }
+        let t = if ready.is_empty() {
+            left_ms(timeout, start)
+        } else {
+            0
+        };
+        let n = wait(t);
+        if n < 0 {
+            return n;
+        }
+        // SAFETY: `events` holds `max` entries, the first `n` written by the
+        // kernel.
+        let n = unsafe { settle_events(events, n as usize, max as usize, &shm, &ready) };
+        if n > 0 || t == 0 {
+            return n as c_int;
+        }
+    }
+}
+
+/// Corrects the kernel's `n` events for taken-over connections: readable
+/// only with data or the end in the ring (doorbells alone are drained and
+/// the event dropped if nothing else is left in it), and the ring-ready
+/// registrations `ready` added. Returns the new count.
+///
+/// # Safety
+///
+/// `events` valid for reads and writes of `max` entries, the first `n`
+/// initialised.
+unsafe fn settle_events(
+    events: *mut epoll_event,
+    n: usize,
+    max: usize,
+    shm: &[(c_int, Interest, Arc<Conn>)],
+    ready: &[Interest],
+) -> usize {
+    // Entries are packed structs: read and written unaligned, by value.
+    let get = |k: usize| {
+        // SAFETY: callers pass `k < max`, inside the program's array.
+        unsafe { std::ptr::read_unaligned(events.add(k)) }
+    };
+    let put = |k: usize, ev: epoll_event| {
+        // SAFETY: callers pass `k < max`, inside the program's array.
+        unsafe { std::ptr::write_unaligned(events.add(k), ev) }
+    };
+    let mut out = 0;
+    for k in 0..n {
+        let mut ev = get(k);
+        let data = ev.u64;
+        if ev.events & libc::EPOLLIN as u32 != 0 {
+            if let Some((fd, _, c)) = shm.iter().find(|(_, i, _)| i.data == data) {
+                if !c.settle(*fd) {
+                    ev.events &= !((libc::EPOLLIN | libc::EPOLLRDNORM) as u32);
+                }
+            }
+        }
+        if ev.events != 0 {
+            put(out, ev);
+            out += 1;
+        }
+    }
+    for i in ready {
+        match (0..out).find(|&k| get(k).u64 == i.data) {
+            Some(k) => {
+                let mut ev = get(k);
+                ev.events |= libc::EPOLLIN as u32;
+                put(k, ev);
+            }
+            None if out < max => {
+                put(
+                    out,
+                    epoll_event {
+                        events: libc::EPOLLIN as u32,
+                        u64: i.data,
+                    },
+                );
+                out += 1;
+            }
+            None => {}
+        }
+    }
+    out
+}
+
+/// `epoll_wait(2)`.
+///
+/// # Safety
+///
+/// As for the C library's `epoll_wait`.
+#[no_mangle]
+pub unsafe extern "C" fn epoll_wait(
+    epfd: c_int,
+    events: *mut epoll_event,
+    max: c_int,
+    timeout: c_int,
+) -> c_int {
+    // SAFETY: the program's own arguments, passed on; `events` holds `max`
+    // entries (epoll_wait's contract).
+    unsafe {
+        shm_epoll_wait(epfd, events, max, timeout, |t| {
+            real::epoll_wait()(epfd, events, max, t)
+        })
+    }
+}
+
+/// `epoll_pwait(2)`.
+///
+/// # Safety
+///
+/// As for the C library's `epoll_pwait`.
+#[no_mangle]
+pub unsafe extern "C" fn epoll_pwait(
+    epfd: c_int,
+    events: *mut epoll_event,
+    max: c_int,
+    timeout: c_int,
+    sigmask: *const libc::sigset_t,
+) -> c_int {
+    // SAFETY: as for epoll_wait.
+    unsafe {
+        shm_epoll_wait(epfd, events, max, timeout, |t| {
+            real::epoll_pwait()(epfd, events, max, t, sigmask)
+        })
+    }
+}
+
+/// `setsockopt(2)`: see the module's notes on `TCP_NODELAY` and `TCP_CORK`.
+///
+/// # Safety
+///
+/// As for the C library's `setsockopt`.
+#[no_mangle]
+pub unsafe extern "C" fn setsockopt(
+    fd: c_int,
+    level: c_int,
+    name: c_int,
+    value: *const c_void,
+    len: socklen_t,
+) -> c_int {
+    if level == libc::IPPROTO_TCP
+        && !value.is_null()
+        && len as usize >= std::mem::size_of::<c_int>()
+    {
+        if let Some(Entry::Shm(c)) = table::get(fd) {
+            // SAFETY: a non-null value of at least an int's size (the
+            // option's type), valid for reads per setsockopt's contract.
+            let on = unsafe { std::ptr::read_unaligned(value.cast::<c_int>()) } != 0;
+            if c.set_tcp_option(name, on) {
+                return 0;
+            }
+        }
+    }
+    // SAFETY: the program's own arguments, passed on.
+    unsafe { real::setsockopt()(fd, level, name, value, len) }
+}
+
+/// `getsockopt(2)`: the recorded `TCP_NODELAY` and `TCP_CORK` of a
+/// taken-over connection, the kernel's answer otherwise.
+///
+/// # Safety
+///
+/// As for the C library's `getsockopt`.
+#[no_mangle]
+pub unsafe extern "C" fn getsockopt(
+    fd: c_int,
+    level: c_int,
+    name: c_int,
+    value: *mut c_void,
+    len: *mut socklen_t,
+) -> c_int {
+    if level == libc::IPPROTO_TCP && !value.is_null() && !len.is_null() {
+        if let Some(Entry::Shm(c)) = table::get(fd) {
+            if let Some(on) = c.tcp_option(name) {
+                // SAFETY: `len` is valid (getsockopt's contract).
+                if (unsafe { *len } as usize) < std::mem::size_of::<c_int>() {
+                    return fail(libc::EINVAL) as c_int;
+                }
+                // SAFETY: `value` is valid for writes of `*len ≥ int` bytes.
+                unsafe {
+                    std::ptr::write_unaligned(value.cast::<c_int>(), c_int::from(on));
+                    *len = std::mem::size_of::<c_int>() as socklen_t;
+                }
+                return 0;
+            }
+        }
+    }
+    // SAFETY: the program's own arguments, passed on.
+    unsafe { real::getsockopt()(fd, level, name, value, len) }
+}

@@ -1,0 +1,62 @@
+//! `libnetgap_preload.so`: a sockets library preloaded into an unmodified
+//! program (`LD_PRELOAD`, or `netgap wrap -t shm -- PROGRAM ARGS`) that
+//! moves its TCP connections to peers on the same host onto shared-memory
+//! rings, and leaves every other descriptor to the kernel.
+//!
+//! A taken-over connection stays a real kernel TCP socket under the same
+//! descriptor number: the program's epoll registrations, poll sets,
+//! socket options and addresses work unchanged. The connection is set up
+//! over that socket (`setup`), then its bytes move over a ring pair in a
+//! shared memfd (`channel`), while the socket carries only one-byte
+//! wake-ups and, at the end, the FIN or reset that tells the peer the
+//! connection closed (`conn`). The interposed C calls (`interpose`)
+//! consult a per-process descriptor table (`table`).
+//!
+//! Whatever the library cannot serve stays on the kernel's TCP, with one
+//! line in the log (`log`: the file `NETGAP_PRELOAD_LOG` names, or
+//! standard error): a peer without the library, a peer on another host, a
+//! region that cannot be shared.
+
+mod channel;
+mod conn;
+pub mod interpose;
+mod log;
+mod real;
+mod setup;
+mod table;
+
+/// The library's settings, read from the environment when the library is
+/// loaded: programs such as nginx clear their environment in the worker
+/// processes they fork, which keep the library but not the variables.
+pub(crate) struct Settings {
+    /// `NETGAP_PRELOAD_LOG`: the log file, or standard error.
+    pub(crate) log_path: Option<std::ffi::CString>,
+    /// `NETGAP_PRELOAD_RING_BYTES`: bytes of each ring of a channel this
+    /// process makes.
+    pub(crate) ring_bytes: Option<u32>,
+}
+
+static SETTINGS: std::sync::OnceLock<Settings> = std::sync::OnceLock::new();
+
+/// The settings (read on first use if the loader did not run the
+/// constructor).
+pub(crate) fn settings() -> &'static Settings {
+    SETTINGS.get_or_init(|| Settings {
+        log_path: std::env::var_os("NETGAP_PRELOAD_LOG").and_then(|p| {
+            std::ffi::CString::new(std::os::unix::ffi::OsStringExt::into_vec(p)).ok()
+        }),
+        ring_bytes: std::env::var("NETGAP_PRELOAD_RING_BYTES")
+            .ok()
+            .and_then(|v| v.parse::<u32>().ok()),
+    })
+}
+
+extern "C" fn load() {
+    settings();
+}
+
+/// Runs [`load`] when the dynamic loader maps the library, before the
+/// program's `main`.
+#[used]
+#[link_section = ".init_array"]
+static LOAD: extern "C" fn() = load;

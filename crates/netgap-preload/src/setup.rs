@@ -1,0 +1,707 @@
+//! Moving a connection from the kernel's TCP onto a shared-memory channel.
+//!
+//! - A listener with the library announces itself with a beacon: an
+//!   abstract Unix socket bound to `netgap-preload.UID.PORT`, which lives
+//!   exactly as long as some process holds it (a killed program leaves
+//!   nothing behind) and is private to the network namespace, like the
+//!   port.
+//! - A connector with the library, connecting to a local address, looks for
+//!   the beacon; with none, the connection stays on the kernel's TCP and
+//!   the peer never sees a byte of the library. With one, after the TCP
+//!   connection is up it makes the region (a memfd, sealed against
+//!   shrinking), sends the hello naming it and waits for the answer.
+//! - The listener's side of an accepted connection is pending until the
+//!   program first reads or writes: the first bytes are peeked; a hello
+//!   moves it to the channel (the region opened through
+//!   `/proc/PID/fd/FD`, checked, mapped, then the descriptor closed, so
+//!   the memory disappears with the last mapping), anything else leaves it
+//!   on the kernel's TCP.
+
+use crate::channel::{region_bytes, Channel, Role};
+use crate::conn::{errno, Conn, Errno};
+use crate::log::log_line;
+use crate::real;
+use crate::table::{self, Entry};
+use libc::c_int;
+use netgap_proto::preload::{
+    could_be_answer, could_be_hello, Answer, Hello, Refusal, ANSWER_BYTES, HELLO_BYTES,
+};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Bytes of each ring unless `NETGAP_PRELOAD_RING_BYTES` says otherwise.
+const DEFAULT_RING_BYTES: u32 = 1 << 18;
+/// How long a connector waits for the listener's answer: the listener
+/// answers when its program first reads the connection, which a busy
+/// server may take a while to do.
+const ANSWER_WAIT: Duration = Duration::from_secs(10);
+/// How long a listener whose program writes before reading waits for a
+/// hello: a connector with the library sends it at once after connecting.
+const HELLO_WAIT: Duration = Duration::from_millis(200);
+
+/// A listener's presence beacon (its descriptor, closed with the
+/// listener).
+pub(crate) struct Beacon {
+    fd: c_int,
+}
+
+impl Drop for Beacon {
+    fn drop(&mut self) {
+        if self.fd >= 0 {
+            // SAFETY: the beacon's own descriptor, closed once.
+            unsafe { real::close()(self.fd) };
+        }
+    }
+}
+
+/// The abstract socket address of the beacon for `port`.
+fn beacon_addr(port: u16) -> (libc::sockaddr_un, libc::socklen_t) {
+    // SAFETY: getuid cannot fail.
+    let uid = unsafe { libc::getuid() };
+    let name = format!("netgap-preload.{uid}.{port}");
+    // SAFETY: all-zero bytes are a valid sockaddr_un.
+    let mut a: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    a.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    // sun_path[0] stays NUL: the abstract namespace.
+    for (d, s) in a.sun_path[1..].iter_mut().zip(name.bytes()) {
+        *d = s as libc::c_char;
+    }
+    let len = std::mem::size_of::<libc::sa_family_t>() + 1 + name.len();
+    (a, len as libc::socklen_t)
+}
+
+/// Binds a datagram socket to the beacon name of `port`: Ok(fd) if it was
+/// free, Err(errno) otherwise (EADDRINUSE: a beacon exists).
+fn bind_beacon(port: u16) -> Result<c_int, Errno> {
+    // SAFETY: plain socket creation; `socket` is not interposed.
+    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(errno());
+    }
+    let (a, len) = beacon_addr(port);
+    // SAFETY: `a` is a valid sockaddr_un of `len` bytes.
+    let r = unsafe { libc::bind(fd, std::ptr::from_ref(&a).cast(), len) };
+    if r != 0 {
+        let e = errno();
+        // SAFETY: our own descriptor.
+        unsafe { real::close()(fd) };
+        return Err(e);
+    }
+    Ok(fd)
+}
+
+/// The listener `fd` just started listening: make its beacon (or share the
+/// one another listener of the port made).
+pub(crate) fn listening(fd: c_int) {
+    let Some((family, port)) = local_port(fd) else {
+        return;
+    };
+    if family != libc::AF_INET && family != libc::AF_INET6 || !is_stream(fd) {
+        return;
+    }
+    let beacon = match bind_beacon(port) {
+        Ok(b) => Beacon { fd: b },
+        Err(libc::EADDRINUSE) => Beacon { fd: -1 },
+        Err(e) => {
+            log_line!(
+                "fd {fd}: listener on port {port} stays on the kernel's TCP: no beacon ({})",
+                std::io::Error::from_raw_os_error(e)
+            );
+            return;
+        }
+    };
+    table::set(
+        fd,
+        Entry::Listener {
+            _beacon: Arc::new(beacon),
+        },
+    );
+}
+
+/// Whether a listener with the library announces `port`.
+fn beacon_present(port: u16) -> bool {
+    match bind_beacon(port) {
+        Ok(fd) => {
+            // SAFETY: our own probe descriptor.
+            unsafe { real::close()(fd) };
+            false
+        }
+        Err(e) => e == libc::EADDRINUSE,
+    }
+}
+
+/// The family and port `fd` is bound to.
+fn local_port(fd: c_int) -> Option<(c_int, u16)> {
+    let (a, _) = sockname(fd, libc::getsockname)?;
+    Some((c_int::from(a.ss_family), port_of(&a)?))
+}
+
+type NameFn = unsafe extern "C" fn(c_int, *mut libc::sockaddr, *mut libc::socklen_t) -> c_int;
+
+fn sockname(fd: c_int, f: NameFn) -> Option<(libc::sockaddr_storage, libc::socklen_t)> {
+    // SAFETY: all-zero bytes are a valid sockaddr_storage.
+    let mut a: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    // SAFETY: `a` is valid for writes of `len` bytes.
+    let r = unsafe { f(fd, std::ptr::from_mut(&mut a).cast(), &mut len) };
+    (r == 0).then_some((a, len))
+}
+
+fn port_of(a: &libc::sockaddr_storage) -> Option<u16> {
+    match c_int::from(a.ss_family) {
+        libc::AF_INET => {
+            // SAFETY: the family says the storage holds a sockaddr_in.
+            let s = unsafe { &*std::ptr::from_ref(a).cast::<libc::sockaddr_in>() };
+            Some(u16::from_be(s.sin_port))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: the family says the storage holds a sockaddr_in6.
+            let s = unsafe { &*std::ptr::from_ref(a).cast::<libc::sockaddr_in6>() };
+            Some(u16::from_be(s.sin6_port))
+        }
+        _ => None,
+    }
+}
+
+fn ip_of(a: &libc::sockaddr_storage) -> Option<std::net::IpAddr> {
+    match c_int::from(a.ss_family) {
+        libc::AF_INET => {
+            // SAFETY: the family says the storage holds a sockaddr_in.
+            let s = unsafe { &*std::ptr::from_ref(a).cast::<libc::sockaddr_in>() };
+            Some(std::net::Ipv4Addr::from(u32::from_be(s.sin_addr.s_addr)).into())
+        }
+        libc::AF_INET6 => {
+            // SAFETY: the family says the storage holds a sockaddr_in6.
+            let s = unsafe { &*std::ptr::from_ref(a).cast::<libc::sockaddr_in6>() };
+            let ip = std::net::Ipv6Addr::from(s.sin6_addr.s6_addr);
+            Some(ip.to_ipv4_mapped().map_or(ip.into(), Into::into))
+        }
+        _ => None,
+    }
+}
+
+fn is_stream(fd: c_int) -> bool {
+    let mut t: c_int = 0;
+    let mut len = std::mem::size_of::<c_int>() as libc::socklen_t;
+    // SAFETY: `t` is valid for writes of `len` bytes.
+    let r = unsafe {
+        real::getsockopt()(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_TYPE,
+            std::ptr::from_mut(&mut t).cast(),
+            &mut len,
+        )
+    };
+    r == 0 && t == libc::SOCK_STREAM
+}
+
+/// The rule for taking a connection over: both ends on this host (the
+/// peer's address is loopback or the connection's own local address).
+fn both_local(fd: c_int) -> bool {
+    let (Some((l, _)), Some((p, _))) = (
+        sockname(fd, libc::getsockname),
+        sockname(fd, libc::getpeername),
+    ) else {
+        return false;
+    };
+    match (ip_of(&l), ip_of(&p)) {
+        (Some(l), Some(p)) => p.is_loopback() || l == p,
+        _ => false,
+    }
+}
+
+/// Whether `addr` (given to `connect`) may lead to a listener with the
+/// library: a TCP destination on this host whose port has a beacon.
+/// Returns the port if so.
+pub(crate) fn candidate(
+    fd: c_int,
+    addr: *const libc::sockaddr,
+    len: libc::socklen_t,
+) -> Option<u16> {
+    if addr.is_null() || (len as usize) < std::mem::size_of::<libc::sockaddr_in>() {
+        return None;
+    }
+    // SAFETY: `addr` is non-null and at least a sockaddr_in long (the
+    // program's argument to connect); only its family is read here.
+    let family = c_int::from(unsafe { (*addr).sa_family });
+    if family != libc::AF_INET && family != libc::AF_INET6 || !is_stream(fd) {
+        return None;
+    }
+    // SAFETY: all-zero bytes are a valid sockaddr_storage.
+    let mut a: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let n = (len as usize).min(std::mem::size_of::<libc::sockaddr_storage>());
+    // SAFETY: `addr` is valid for reads of `len` bytes, `a` for writes of
+    // `n ≤ len` bytes.
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            addr.cast::<u8>(),
+            std::ptr::from_mut(&mut a).cast::<u8>(),
+            n,
+        )
+    };
+    let port = port_of(&a)?;
+    let ip = ip_of(&a)?;
+    if !(ip.is_loopback() || is_local_ip(ip)) {
+        return None;
+    }
+    if !beacon_present(port) {
+        log_line!("fd {fd}: connection to port {port} stays on the kernel's TCP: no listener with the library there");
+        return None;
+    }
+    Some(port)
+}
+
+/// Whether `ip` is one of this host's addresses: a UDP socket can bind to
+/// it.
+fn is_local_ip(ip: std::net::IpAddr) -> bool {
+    let (family, storage, len) = match ip {
+        std::net::IpAddr::V4(v4) => {
+            // SAFETY: all-zero bytes are a valid sockaddr_storage.
+            let mut s: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+            // SAFETY: sockaddr_storage is large and aligned enough for a
+            // sockaddr_in.
+            let a = unsafe { &mut *std::ptr::from_mut(&mut s).cast::<libc::sockaddr_in>() };
+            a.sin_family = libc::AF_INET as libc::sa_family_t;
+            a.sin_addr.s_addr = u32::from(v4).to_be();
+            (libc::AF_INET, s, std::mem::size_of::<libc::sockaddr_in>())
+        }
+        std::net::IpAddr::V6(v6) => {
+            // SAFETY: all-zero bytes are a valid sockaddr_storage.
+            let mut s: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+            // SAFETY: as above, for a sockaddr_in6.
+            let a = unsafe { &mut *std::ptr::from_mut(&mut s).cast::<libc::sockaddr_in6>() };
+            a.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+            a.sin6_addr.s6_addr = v6.octets();
+            (libc::AF_INET6, s, std::mem::size_of::<libc::sockaddr_in6>())
+        }
+    };
+    // SAFETY: plain socket calls on a descriptor of our own, closed after.
+    unsafe {
+        let fd = libc::socket(family, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return false;
+        }
+        let r = libc::bind(
+            fd,
+            std::ptr::from_ref(&storage).cast(),
+            len as libc::socklen_t,
+        );
+        real::close()(fd);
+        r == 0
+    }
+}
+
+/// Sends all of `buf` on a connected socket (blocking the caller).
+fn send_all(fd: c_int, buf: &[u8]) -> Result<(), Errno> {
+    let mut off = 0;
+    let deadline = Instant::now() + ANSWER_WAIT;
+    while off < buf.len() {
+        // SAFETY: `buf[off..]` is valid for reads.
+        let r = unsafe {
+            real::send()(
+                fd,
+                buf[off..].as_ptr().cast(),
+                buf.len() - off,
+                libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
+            )
+        };
+        if r > 0 {
+            off += r as usize;
+            continue;
+        }
+        let e = errno();
+        if e == libc::EAGAIN || e == libc::EINTR {
+            if Instant::now() > deadline || !wait_for(fd, libc::POLLOUT, deadline) {
+                return Err(libc::ETIMEDOUT);
+            }
+            continue;
+        }
+        return Err(e);
+    }
+    Ok(())
+}
+
+/// Waits until `fd` shows `events` or `deadline` passes; false on timeout.
+fn wait_for(fd: c_int, events: i16, deadline: Instant) -> bool {
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return false;
+        }
+        let mut p = libc::pollfd {
+            fd,
+            events,
+            revents: 0,
+        };
+        let ms = c_int::try_from(left.as_millis().max(1)).unwrap_or(c_int::MAX);
+        // SAFETY: one valid pollfd.
+        let r = unsafe { real::poll()(&mut p, 1, ms) };
+        if r > 0 {
+            return true;
+        }
+        if r < 0 && errno() != libc::EINTR {
+            return false;
+        }
+    }
+}
+
+/// Peeks at up to `buf.len()` bytes without waiting; Ok(0) at end of file.
+fn peek(fd: c_int, buf: &mut [u8]) -> Result<usize, Errno> {
+    // SAFETY: `buf` is valid for writes of its length.
+    let r = unsafe {
+        real::recv()(
+            fd,
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    if r < 0 {
+        Err(errno())
+    } else {
+        Ok(r as usize)
+    }
+}
+
+/// Consumes `n` bytes already known to be in the socket.
+fn consume(fd: c_int, n: usize) {
+    let mut buf = [0u8; HELLO_BYTES];
+    let n = n.min(buf.len());
+    // SAFETY: `buf` is valid for writes of `n` bytes; the bytes were peeked,
+    // so the read does not block.
+    unsafe { real::recv()(fd, buf.as_mut_ptr().cast(), n, libc::MSG_DONTWAIT) };
+}
+
+fn ring_bytes() -> u32 {
+    crate::settings()
+        .ring_bytes
+        .filter(|v| {
+            v.is_power_of_two()
+                && (netgap_proto::preload::MIN_RING_BYTES..=netgap_proto::preload::MAX_RING_BYTES)
+                    .contains(v)
+        })
+        .unwrap_or(DEFAULT_RING_BYTES)
+}
+
+/// The connector's side, on a freshly connected blocking socket whose
+/// destination has a beacon: the region, the hello, the answer. Err: the
+/// hello went out but no answer came back (the listener's program did not
+/// read in time, or it wrote first and gave up on the hello), so the byte
+/// stream is no longer the program's: the connection is shut down and
+/// `connect` fails with that errno rather than carry corrupt data.
+pub(crate) fn connected(fd: c_int, port: u16, nonblocking: bool) -> Result<(), Errno> {
+    if !both_local(fd) {
+        log_line!("fd {fd}: connection to port {port} stays on the kernel's TCP: the peer is not on this host");
+        return Ok(());
+    }
+    match offer(fd) {
+        Ok(ch) => {
+            table::set(
+                fd,
+                Entry::Shm(Arc::new(Conn::new(fd, ch, Role::Connector, nonblocking))),
+            );
+            log_line!("fd {fd}: connection to port {port} moved to shm");
+            Ok(())
+        }
+        Err(Offer::Kept(why)) => {
+            log_line!("fd {fd}: connection to port {port} stays on the kernel's TCP: {why}");
+            Ok(())
+        }
+        Err(Offer::Broken(why)) => {
+            log_line!("fd {fd}: connection to port {port} fails (ECONNRESET): {why}");
+            // SAFETY: a plain shutdown of the program's socket; `shutdown`
+            // is not interposed.
+            unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
+            Err(libc::ECONNRESET)
+        }
+    }
+}
+
+/// Why a connection was not moved.
+enum Offer {
+    /// The stream is intact: it stays on the kernel's TCP.
+    Kept(String),
+    /// The hello went out unanswered: the stream cannot be used.
+    Broken(String),
+}
+
+/// Makes the region, sends the hello and reads the answer.
+fn offer(fd: c_int) -> Result<Channel, Offer> {
+    let ring = ring_bytes();
+    let total = region_bytes(ring as usize);
+    let name = c"netgap-preload";
+    // SAFETY: a NUL-terminated name and plain flags.
+    let mfd =
+        unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+    if mfd < 0 {
+        return Err(Offer::Kept(format!(
+            "memfd_create: {}",
+            std::io::Error::last_os_error()
+        )));
+    }
+    struct Close(c_int);
+    impl Drop for Close {
+        fn drop(&mut self) {
+            // SAFETY: the memfd made above, closed once: the listener has
+            // its own descriptor or mapping by now, and the mappings keep
+            // the memory.
+            unsafe { real::close()(self.0) };
+        }
+    }
+    let _close = Close(mfd);
+    // SAFETY: plain calls on our own memfd.
+    let sized = unsafe {
+        libc::ftruncate(mfd, total as libc::off_t) == 0
+            && libc::fcntl(
+                mfd,
+                libc::F_ADD_SEALS,
+                libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL,
+            ) == 0
+    };
+    if !sized {
+        return Err(Offer::Kept(format!(
+            "sizing the region: {}",
+            std::io::Error::last_os_error()
+        )));
+    }
+    let ch = Channel::map(mfd, ring as usize, Role::Connector)
+        .map_err(|e| Offer::Kept(format!("mapping the region: {e}")))?;
+    let hello = Hello {
+        // SAFETY: getpid cannot fail.
+        pid: unsafe { libc::getpid() }.cast_unsigned(),
+        fd: mfd.cast_unsigned(),
+        ring_bytes: ring,
+    };
+    send_all(fd, &hello.encode()).map_err(|e| {
+        Offer::Broken(format!(
+            "sending the hello: {}",
+            std::io::Error::from_raw_os_error(e)
+        ))
+    })?;
+    let deadline = Instant::now() + ANSWER_WAIT;
+    let mut buf = [0u8; ANSWER_BYTES];
+    loop {
+        match peek(fd, &mut buf) {
+            Ok(0) => {
+                return Err(Offer::Broken(
+                    "the listener closed the connection before answering".into(),
+                ))
+            }
+            Ok(n) if !could_be_answer(&buf[..n]) => return Err(Offer::Broken(
+                "the listener answered with its program's data (it gave up waiting for the hello)"
+                    .into(),
+            )),
+            Ok(n) if n == ANSWER_BYTES => break,
+            Ok(_) | Err(libc::EAGAIN) | Err(libc::EINTR) => {
+                if !wait_for(fd, libc::POLLIN, deadline) {
+                    return Err(Offer::Broken("no answer from the listener".into()));
+                }
+                if Instant::now() > deadline {
+                    return Err(Offer::Broken("no answer from the listener".into()));
+                }
+                // Part of the answer may be in: give the rest a moment.
+                std::thread::sleep(Duration::from_micros(50));
+            }
+            Err(e) => {
+                return Err(Offer::Broken(format!(
+                    "reading the answer: {}",
+                    std::io::Error::from_raw_os_error(e)
+                )))
+            }
+        }
+    }
+    consume(fd, ANSWER_BYTES);
+    match Answer::decode(&buf) {
+        Ok(Answer::Accepted) => Ok(ch),
+        Ok(Answer::Refused(r)) => Err(Offer::Kept(format!("the listener refused: {r}"))),
+        Err(e) => Err(Offer::Broken(format!("the listener's answer: {e}"))),
+    }
+}
+
+/// An accepted connection not yet resolved.
+pub(crate) struct Pending {
+    nonblocking: std::sync::atomic::AtomicBool,
+    /// Serialises resolution between threads.
+    lock: std::sync::Mutex<()>,
+}
+
+impl Pending {
+    pub(crate) fn set_nonblocking(&self, on: bool) {
+        self.nonblocking
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// The listener `lfd` accepted `fd`: it becomes pending if both ends are
+/// on this host.
+pub(crate) fn accepted(lfd: c_int, fd: c_int, nonblocking: bool) {
+    if !both_local(fd) {
+        log_line!("fd {fd} (accepted on fd {lfd}): stays on the kernel's TCP: the peer is not on this host");
+        return;
+    }
+    table::set(
+        fd,
+        Entry::Pending(Arc::new(Pending {
+            nonblocking: std::sync::atomic::AtomicBool::new(nonblocking),
+            lock: std::sync::Mutex::new(()),
+        })),
+    );
+}
+
+/// What a pending connection turned out to be.
+pub(crate) enum Resolved {
+    /// Moved to the channel.
+    Shm(Arc<Conn>),
+    /// Left on the kernel's TCP.
+    Kernel,
+    /// Nothing arrived yet (a read on a non-blocking descriptor should say
+    /// EAGAIN).
+    NotYet,
+}
+
+/// Looks at a pending connection's first bytes. `writing`: the program
+/// writes before it read anything, so a missing hello is waited for a
+/// little (then the connection stays on the kernel's TCP). A blocking
+/// reader waits for the first bytes.
+pub(crate) fn resolve(fd: c_int, p: &Arc<Pending>, writing: bool) -> Resolved {
+    let _g = p.lock.lock().unwrap_or_else(|e| e.into_inner());
+    // Another thread may have resolved it meanwhile.
+    match table::get(fd) {
+        Some(Entry::Pending(q)) if Arc::ptr_eq(p, &q) => {}
+        Some(Entry::Shm(c)) => return Resolved::Shm(c),
+        _ => return Resolved::Kernel,
+    }
+    let blocking = !p.nonblocking.load(std::sync::atomic::Ordering::Relaxed);
+    let start = Instant::now();
+    let mut buf = [0u8; HELLO_BYTES];
+    let r = loop {
+        match peek(fd, &mut buf) {
+            Ok(0) => break Err("the peer closed before sending anything".to_string()),
+            Ok(n) if !could_be_hello(&buf[..n]) => {
+                break Err("the peer sent no hello (no library there)".into())
+            }
+            Ok(n) if n == HELLO_BYTES => break Ok(()),
+            Ok(_) => {
+                // A part of a hello: the rest follows at once.
+                if start.elapsed() > ANSWER_WAIT {
+                    break Err("the peer sent only part of a hello".into());
+                }
+                wait_for(fd, libc::POLLIN, Instant::now() + Duration::from_millis(1));
+                std::thread::sleep(Duration::from_micros(50));
+            }
+            Err(libc::EAGAIN) | Err(libc::EINTR) => {
+                if writing {
+                    if start.elapsed() >= HELLO_WAIT {
+                        break Err("the program wrote before the peer sent anything".into());
+                    }
+                    wait_for(fd, libc::POLLIN, start + HELLO_WAIT);
+                } else if blocking {
+                    wait_for(fd, libc::POLLIN, Instant::now() + Duration::from_secs(3600));
+                } else {
+                    return Resolved::NotYet;
+                }
+            }
+            Err(e) => {
+                break Err(format!(
+                    "the socket failed: {}",
+                    std::io::Error::from_raw_os_error(e)
+                ))
+            }
+        }
+    };
+    let outcome = match r {
+        Ok(()) => take_hello(fd, &buf),
+        Err(why) => Err(why),
+    };
+    match outcome {
+        Ok(ch) => {
+            let nonblocking = !blocking;
+            let c = Arc::new(Conn::new(fd, ch, Role::Listener, nonblocking));
+            table::resolve(p, Some(Entry::Shm(c.clone())));
+            log_line!("fd {fd}: accepted connection moved to shm");
+            Resolved::Shm(c)
+        }
+        Err(why) => {
+            table::resolve(p, None);
+            log_line!("fd {fd}: accepted connection stays on the kernel's TCP: {why}");
+            Resolved::Kernel
+        }
+    }
+}
+
+/// Consumes and acts on a whole hello: opens, checks and maps the region,
+/// then answers.
+fn take_hello(fd: c_int, buf: &[u8; HELLO_BYTES]) -> Result<Channel, String> {
+    consume(fd, HELLO_BYTES);
+    let answer = |a: Answer| {
+        let _ = send_all(fd, &a.encode());
+    };
+    let hello = match Hello::decode(buf) {
+        Ok(h) => h,
+        Err(e) => {
+            answer(Answer::Refused(Refusal::BadHello));
+            return Err(format!("bad hello: {e}"));
+        }
+    };
+    match map_region(&hello) {
+        Ok(ch) => {
+            answer(Answer::Accepted);
+            Ok(ch)
+        }
+        Err((r, why)) => {
+            answer(Answer::Refused(r));
+            Err(why)
+        }
+    }
+}
+
+fn map_region(h: &Hello) -> Result<Channel, (Refusal, String)> {
+    let path = format!("/proc/{}/fd/{}\0", h.pid, h.fd);
+    // SAFETY: a NUL-terminated path; `open` is not interposed.
+    let rfd = unsafe { libc::open(path.as_ptr().cast(), libc::O_RDWR | libc::O_CLOEXEC) };
+    if rfd < 0 {
+        return Err((
+            Refusal::Unreachable,
+            format!(
+                "opening the region {}: {}",
+                path.trim_end_matches('\0'),
+                std::io::Error::last_os_error()
+            ),
+        ));
+    }
+    struct Close(c_int);
+    impl Drop for Close {
+        fn drop(&mut self) {
+            // SAFETY: the region descriptor opened above, closed once (the
+            // mapping keeps the memory).
+            unsafe { real::close()(self.0) };
+        }
+    }
+    let _close = Close(rfd);
+    // SAFETY: all-zero bytes are a valid stat; fstat fills it.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `st` is valid for writes.
+    let r = unsafe { libc::fstat(rfd, &mut st) };
+    // SAFETY: geteuid cannot fail.
+    let me = unsafe { libc::geteuid() };
+    // The seals keep the peer from shrinking the file under the mapping
+    // (which would turn an access into SIGBUS).
+    // SAFETY: a plain fcntl on our descriptor.
+    let seals = unsafe { libc::fcntl(rfd, libc::F_GET_SEALS) };
+    let total = region_bytes(h.ring_bytes as usize);
+    let ok = r == 0
+        && st.st_mode & libc::S_IFMT == libc::S_IFREG
+        && st.st_uid == me
+        && st.st_size == total as libc::off_t
+        && seals >= 0
+        && seals & libc::F_SEAL_SHRINK != 0;
+    if !ok {
+        return Err((
+            Refusal::BadRegion,
+            "the region is not a sealed file of this user of the announced size".into(),
+        ));
+    }
+    Channel::map(rfd, h.ring_bytes as usize, Role::Listener)
+        .map_err(|e| (Refusal::BadRegion, format!("mapping the region: {e}")))
+}

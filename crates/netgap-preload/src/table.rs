@@ -1,0 +1,155 @@
+//! The descriptor table: what the library knows about each of the
+//! program's descriptor numbers it took an interest in, and the epoll
+//! registrations of the program (so `epoll_wait` can report a taken-over
+//! connection whose ring holds data).
+//!
+//! A descriptor absent from the table is the kernel's alone and every call
+//! on it goes straight to the C library. The table is per process: after
+//! `fork` each process has its copy, which points at the same shared
+//! mappings.
+
+use crate::conn::Conn;
+use crate::setup::Pending;
+use libc::c_int;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+/// What a descriptor is to the library.
+#[derive(Clone)]
+pub(crate) enum Entry {
+    /// A listening TCP socket whose accepted connections may be taken
+    /// over; holds the presence beacon that tells connectors so.
+    Listener {
+        /// Kept open while the listener is.
+        _beacon: Arc<crate::setup::Beacon>,
+    },
+    /// An accepted connection whose first bytes (a hello or the program's
+    /// own data) have not been seen yet.
+    Pending(Arc<Pending>),
+    /// A connection on a shared-memory channel.
+    Shm(Arc<Conn>),
+}
+
+/// Descriptor number → entry.
+static TABLE: RwLock<Vec<Option<Entry>>> = RwLock::new(Vec::new());
+/// Entries in [`TABLE`]: zero lets every call skip the lock.
+static ENTRIES: AtomicUsize = AtomicUsize::new(0);
+
+/// The entry of `fd`, if any.
+pub(crate) fn get(fd: c_int) -> Option<Entry> {
+    if ENTRIES.load(Ordering::Relaxed) == 0 || fd < 0 {
+        return None;
+    }
+    let t = TABLE.read().unwrap_or_else(|p| p.into_inner());
+    t.get(fd as usize).cloned().flatten()
+}
+
+/// Sets the entry of `fd` (replacing any).
+pub(crate) fn set(fd: c_int, e: Entry) {
+    if fd < 0 {
+        return;
+    }
+    let mut t = TABLE.write().unwrap_or_else(|p| p.into_inner());
+    let i = fd as usize;
+    if t.len() <= i {
+        t.resize(i + 1, None);
+    }
+    if t[i].replace(e).is_none() {
+        ENTRIES.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Removes and returns the entry of `fd`.
+pub(crate) fn take(fd: c_int) -> Option<Entry> {
+    if ENTRIES.load(Ordering::Relaxed) == 0 || fd < 0 {
+        return None;
+    }
+    let mut t = TABLE.write().unwrap_or_else(|p| p.into_inner());
+    let e = t.get_mut(fd as usize).and_then(Option::take);
+    if e.is_some() {
+        ENTRIES.fetch_sub(1, Ordering::Relaxed);
+    }
+    e
+}
+
+/// Replaces every entry that is the pending connection `p` (the descriptor
+/// and its duplicates) with `to` (or removes them).
+pub(crate) fn resolve(p: &Arc<Pending>, to: Option<Entry>) {
+    let mut t = TABLE.write().unwrap_or_else(|p| p.into_inner());
+    for slot in t.iter_mut() {
+        if matches!(slot, Some(Entry::Pending(q)) if Arc::ptr_eq(p, q)) {
+            *slot = to.clone();
+            if to.is_none() {
+                ENTRIES.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// Whether another descriptor of this process holds the same connection.
+pub(crate) fn shared_elsewhere(c: &Arc<Conn>) -> bool {
+    let t = TABLE.read().unwrap_or_else(|p| p.into_inner());
+    t.iter()
+        .any(|s| matches!(s, Some(Entry::Shm(d)) if Arc::ptr_eq(c, d)))
+}
+
+/// One epoll registration: the events asked for and the program's data.
+#[derive(Clone, Copy)]
+pub(crate) struct Interest {
+    pub(crate) events: u32,
+    pub(crate) data: u64,
+}
+
+/// epoll descriptor → (descriptor → registration).
+static EPOLL: Mutex<Option<HashMap<c_int, HashMap<c_int, Interest>>>> = Mutex::new(None);
+
+/// Records an `epoll_ctl` that the kernel accepted.
+pub(crate) fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: Option<Interest>) {
+    let mut g = EPOLL.lock().unwrap_or_else(|p| p.into_inner());
+    let map = g.get_or_insert_with(HashMap::new);
+    match (op, ev) {
+        (libc::EPOLL_CTL_ADD | libc::EPOLL_CTL_MOD, Some(i)) => {
+            map.entry(epfd).or_default().insert(fd, i);
+        }
+        (libc::EPOLL_CTL_DEL, _) => {
+            if let Some(s) = map.get_mut(&epfd) {
+                s.remove(&fd);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Forgets `fd` as a registered descriptor and as an epoll instance.
+pub(crate) fn epoll_forget(fd: c_int) {
+    let mut g = EPOLL.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(map) = g.as_mut() {
+        map.remove(&fd);
+        for s in map.values_mut() {
+            s.remove(&fd);
+        }
+    }
+}
+
+/// The registrations of `epfd` whose descriptor is a taken-over
+/// connection, with that connection.
+pub(crate) fn epoll_shm(epfd: c_int) -> Vec<(c_int, Interest, Arc<Conn>)> {
+    if ENTRIES.load(Ordering::Relaxed) == 0 {
+        return Vec::new();
+    }
+    let regs: Vec<(c_int, Interest)> = {
+        let g = EPOLL.lock().unwrap_or_else(|p| p.into_inner());
+        match g.as_ref().and_then(|m| m.get(&epfd)) {
+            Some(s) => s.iter().map(|(&fd, &i)| (fd, i)).collect(),
+            None => return Vec::new(),
+        }
+    };
+    let t = TABLE.read().unwrap_or_else(|p| p.into_inner());
+    regs.into_iter()
+        .filter_map(|(fd, i)| match t.get(fd as usize) {
+            Some(Some(Entry::Shm(c))) => Some((fd, i, c.clone())),
+            _ => None,
+        })
+        .collect()
+}

@@ -1,0 +1,673 @@
+//! The preload sockets library (`netgap wrap -t shm`) with unmodified
+//! programs on one host: real nginx and an HTTP/1.1 client (this test
+//! binary's helper, blocking std sockets) both wrapped, every body
+//! verified, and the library's own counters showing the bytes moved over
+//! shared memory while the kernel TCP socket carried only the setup and
+//! the wake-ups; curl (poll) and wrk (epoll) against nginx, all wrapped;
+//! the fallback to the kernel's TCP with either end unwrapped; a server
+//! that forks after accept; nothing left mapped after a wrapped client is
+//! killed; and a wrap of a missing program refused in one line.
+//!
+//! Without nginx these tests print why and pass, unless
+//! NETGAP_REQUIRE_SYSTEM_TESTS=1 (as in CI), where that is a failure.
+
+use crate::common;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The preload library next to the netgap binary, brought up to date once
+/// per test process (a `cargo test --test it` builds only the root
+/// package's targets, not the library's `cdylib`).
+fn library() -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let netgap = common::netgap_path();
+            let dir = netgap.parent().expect("the binary's directory");
+            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+            let mut cmd = Command::new(cargo);
+            cmd.args(["build", "--quiet", "-p", "netgap-preload"]);
+            if dir.ends_with("release") {
+                cmd.arg("--release");
+            }
+            let st = cmd.status().expect("cargo runs");
+            assert!(st.success(), "building netgap-preload failed");
+            let lib = dir.join("libnetgap_preload.so");
+            assert!(lib.exists(), "{} after the build", lib.display());
+            lib
+        })
+        .clone()
+}
+
+/// Whether nginx is installed; fails when system tests are required.
+fn nginx_ready(test: &str) -> bool {
+    if Path::new("/usr/sbin/nginx").exists() {
+        true
+    } else {
+        common::skip(
+            test,
+            "/usr/sbin/nginx is missing (apt-get install nginx-light)",
+        );
+        false
+    }
+}
+
+/// A free loopback port (bound, then released).
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+/// `netgap wrap -t shm -- timeout PROGRAM ARGS` logging to `log`, or the
+/// program alone (under `timeout` too) when `wrapped` is false: a program
+/// that hangs is killed after five minutes, so a test fails instead of
+/// hanging.
+fn maybe_wrapped(wrapped: bool, program: &Path, args: &[&str], log: &Path) -> Command {
+    let mut cmd = if wrapped {
+        let mut c = common::netgap();
+        c.env("NETGAP_PRELOAD", library())
+            .args(["wrap", "-t", "shm", "--"]);
+        c
+    } else {
+        Command::new("timeout")
+    };
+    if wrapped {
+        cmd.arg("timeout");
+    }
+    cmd.args(["-s", "KILL", "300"]).arg(program).args(args);
+    cmd.env("NETGAP_PRELOAD_LOG", log);
+    cmd
+}
+
+/// A docroot with a 1 KiB and a 64 KiB file of pseudo-random bytes.
+fn docroot(dir: &Path) -> PathBuf {
+    let root = dir.join("root");
+    std::fs::create_dir_all(&root).expect("docroot");
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    for (name, len) in [("f1k", 1024usize), ("f64k", 65536)] {
+        let bytes: Vec<u8> = (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
+        std::fs::write(root.join(name), bytes).expect("a file");
+    }
+    root
+}
+
+/// Real nginx (two workers, sendfile, keep-alive) serving `root` on
+/// 127.0.0.1, wrapped or not, stopped on drop.
+struct Nginx {
+    child: Child,
+    port: u16,
+    dir: PathBuf,
+}
+
+impl Nginx {
+    fn start(dir: &Path, root: &Path, wrapped: bool, log: &Path) -> Nginx {
+        let port = free_port();
+        let run = dir.join(format!("nginx-{port}"));
+        std::fs::create_dir_all(&run).expect("run dir");
+        // SAFETY: geteuid cannot fail.
+        let user = if unsafe { libc::geteuid() } == 0 {
+            // The workers stay root like the client: a shared region is
+            // only opened by a process of the same user.
+            "user root root;\n"
+        } else {
+            ""
+        };
+        let d = run.display();
+        let conf = format!(
+            "daemon off;\n{user}master_process on;\nworker_processes 2;\npid {d}/nginx.pid;\n\
+             error_log {d}/error.log warn;\nevents {{ worker_connections 256; }}\n\
+             http {{\n access_log off;\n sendfile on;\n tcp_nopush on;\n tcp_nodelay on;\n\
+             keepalive_requests 100000;\n client_body_temp_path {d}/body;\n proxy_temp_path {d}/proxy;\n\
+             fastcgi_temp_path {d}/fastcgi;\n uwsgi_temp_path {d}/uwsgi;\n scgi_temp_path {d}/scgi;\n\
+             types {{ }}\n default_type application/octet-stream;\n\
+             server {{ listen 127.0.0.1:{port}; root {root}; }}\n}}\n",
+            root = root.display()
+        );
+        let conf_path = run.join("nginx.conf");
+        std::fs::write(&conf_path, conf).expect("nginx.conf");
+        let error_log = run.join("error.log");
+        let child = maybe_wrapped(
+            wrapped,
+            Path::new("/usr/sbin/nginx"),
+            &[
+                "-p",
+                run.to_str().expect("utf-8 path"),
+                "-e",
+                error_log.to_str().expect("utf-8 path"),
+                "-c",
+                conf_path.to_str().expect("utf-8 path"),
+            ],
+            log,
+        )
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("nginx starts");
+        let n = Nginx {
+            child,
+            port,
+            dir: run,
+        };
+        let t0 = Instant::now();
+        while !n.dir.join("nginx.pid").exists() || TcpStream::connect(("127.0.0.1", port)).is_err()
+        {
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "nginx did not come up: {}",
+                std::fs::read_to_string(n.dir.join("error.log")).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        n
+    }
+
+    /// The worker processes' ids.
+    fn workers(&self) -> Vec<u32> {
+        common::procs::descendants(self.child.id())
+            .iter()
+            .map(|p| p.0)
+            .collect()
+    }
+}
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        // SAFETY: a signal to our own child (nginx's master: wrap execs).
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_secs(10) {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The HTTP client helper (this binary, the ignored test `http_client`),
+/// wrapped or not: `conns` keep-alive connections of `requests` requests
+/// each, alternating the two files, every body compared with the file.
+/// Returns the bodies verified.
+fn run_client(wrapped: bool, port: u16, root: &Path, conns: u32, requests: u32, log: &Path) -> u64 {
+    let exe = std::env::current_exe().expect("the test binary");
+    let out = maybe_wrapped(
+        wrapped,
+        &exe,
+        &[
+            "preload::http_client",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ],
+        log,
+    )
+    .env("PRELOAD_TEST_PORT", port.to_string())
+    .env("PRELOAD_TEST_ROOT", root)
+    .env("PRELOAD_TEST_CONNS", conns.to_string())
+    .env("PRELOAD_TEST_REQUESTS", requests.to_string())
+    .output()
+    .expect("the client runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "client failed: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+        .lines()
+        .find_map(|l| l.split("verified bodies: ").nth(1))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no count in the client's output: {stdout}"))
+}
+
+#[test]
+#[ignore = "helper run in a child process by the preload tests"]
+fn http_client() {
+    let var = |k: &str| std::env::var(k).unwrap_or_else(|_| panic!("{k} is set"));
+    let port: u16 = var("PRELOAD_TEST_PORT").parse().expect("a port");
+    let root = PathBuf::from(var("PRELOAD_TEST_ROOT"));
+    let conns: u32 = var("PRELOAD_TEST_CONNS").parse().expect("a count");
+    let requests: u32 = var("PRELOAD_TEST_REQUESTS").parse().expect("a count");
+    let files: Vec<(&str, Vec<u8>)> = ["f1k", "f64k"]
+        .iter()
+        .map(|n| (*n, std::fs::read(root.join(n)).expect("a file")))
+        .collect();
+    let mut verified = 0u64;
+    for _ in 0..conns {
+        let s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+        let mut w = s.try_clone().expect("clone");
+        let mut r = BufReader::new(s);
+        for i in 0..requests {
+            let (name, want) = &files[i as usize % files.len()];
+            write!(w, "GET /{name} HTTP/1.1\r\nHost: t\r\n\r\n").expect("request");
+            let mut length = None;
+            let mut status = String::new();
+            r.read_line(&mut status).expect("status line");
+            assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+            loop {
+                let mut line = String::new();
+                r.read_line(&mut line).expect("header");
+                if line == "\r\n" {
+                    break;
+                }
+                if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                    length = v.trim().parse::<usize>().ok();
+                }
+            }
+            let mut body = vec![0u8; length.expect("a content length")];
+            r.read_exact(&mut body).expect("body");
+            assert!(body == *want, "body of /{name} differs");
+            verified += 1;
+        }
+    }
+    println!("verified bodies: {verified}");
+}
+
+/// Sums a counter over the library's close lines in `log`.
+fn counter(log: &str, name: &str) -> u64 {
+    log.lines()
+        .filter(|l| l.contains("shm connection closed"))
+        .filter_map(|l| {
+            l.split_whitespace()
+                .find_map(|w| w.strip_prefix(&format!("{name}=")))
+                .and_then(|v| v.parse::<u64>().ok())
+        })
+        .sum()
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_default()
+}
+
+#[test]
+fn nginx_and_clients_over_shm_with_every_body_verified() {
+    if !nginx_ready("nginx_and_clients_over_shm_with_every_body_verified") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = docroot(dir.path());
+    let server_log = dir.path().join("server.log");
+    let client_log = dir.path().join("client.log");
+    let nginx = Nginx::start(dir.path(), &root, true, &server_log);
+
+    // Both wrapped: 4 connections of 50 requests, half of them 64 KiB.
+    let verified = run_client(true, nginx.port, &root, 4, 50, &client_log);
+    assert_eq!(verified, 200);
+    let log = read(&client_log);
+    assert_eq!(
+        log.matches("moved to shm").count(),
+        4,
+        "every connection on shm: {log}"
+    );
+    let body_bytes = 100 * 1024 + 100 * 65536;
+    let shm_in = counter(&log, "shm_received_bytes");
+    let tcp_in = counter(&log, "kernel_tcp_received_bytes");
+    let tcp_out = counter(&log, "kernel_tcp_sent_bytes");
+    assert!(shm_in > body_bytes, "{shm_in} B over shm: {log}");
+    // The kernel socket carried only the setup (a 32-byte hello out, a
+    // 16-byte answer in) and one-byte doorbells: well under 1% of the bytes.
+    assert!(
+        (tcp_in + tcp_out) * 100 < shm_in,
+        "{tcp_in} B in and {tcp_out} B out over TCP against {shm_in} B over shm: {log}"
+    );
+    assert!(tcp_out >= 4 * 32 && tcp_in >= 4 * 16, "{log}");
+    let slog = read(&server_log);
+    assert!(
+        slog.matches("accepted connection moved to shm").count() >= 4,
+        "{slog}"
+    );
+
+    // The client unwrapped: the same answers over the kernel's TCP, and the
+    // server's log says why.
+    let plain_log = dir.path().join("plain.log");
+    assert_eq!(run_client(false, nginx.port, &root, 2, 20, &plain_log), 40);
+    assert!(
+        !plain_log.exists(),
+        "an unwrapped client has no library log"
+    );
+    let slog = read(&server_log);
+    assert!(
+        slog.contains("accepted connection stays on the kernel's TCP: the peer sent no hello"),
+        "{slog}"
+    );
+
+    // curl (its event loop on poll), wrapped: both files on one connection.
+    if Path::new("/usr/bin/curl").exists() {
+        let curl_log = dir.path().join("curl.log");
+        let (o1, o2) = (dir.path().join("o1"), dir.path().join("o2"));
+        let base = format!("http://127.0.0.1:{}", nginx.port);
+        let out = maybe_wrapped(
+            true,
+            Path::new("/usr/bin/curl"),
+            &[
+                "-sS",
+                &format!("{base}/f1k"),
+                &format!("{base}/f64k"),
+                "-o",
+                o1.to_str().expect("utf-8"),
+                "-o",
+                o2.to_str().expect("utf-8"),
+            ],
+            &curl_log,
+        )
+        .output()
+        .expect("curl runs");
+        assert!(out.status.success(), "{out:?}");
+        assert!(std::fs::read(&o1).ok() == std::fs::read(root.join("f1k")).ok());
+        assert!(std::fs::read(&o2).ok() == std::fs::read(root.join("f64k")).ok());
+        let clog = read(&curl_log);
+        assert_eq!(clog.matches("moved to shm").count(), 1, "{clog}");
+        assert!(counter(&clog, "shm_received_bytes") > 65536, "{clog}");
+    } else {
+        common::skip(
+            "curl against nginx, both wrapped",
+            "/usr/bin/curl is missing",
+        );
+    }
+
+    // wrk, wrapped too, against the wrapped nginx.
+    let sent_before = counter(&read(&server_log), "shm_sent_bytes");
+    if Path::new("/usr/bin/wrk").exists() {
+        let wrk_log = dir.path().join("wrk.log");
+        let url = format!("http://127.0.0.1:{}/f64k", nginx.port);
+        let out = maybe_wrapped(
+            true,
+            Path::new("/usr/bin/wrk"),
+            &["-t1", "-c4", "-d1s", &url],
+            &wrk_log,
+        )
+        .output()
+        .expect("wrk runs");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{text}");
+        assert!(text.contains("requests in"), "{text}");
+        assert!(!text.contains("Socket errors"), "{text}");
+        assert!(!text.contains("Non-2xx"), "{text}");
+        // wrk's four connections and the one it makes first to try the
+        // address.
+        let wlog = read(&wrk_log);
+        assert!(wlog.matches("moved to shm").count() >= 4, "{wlog}");
+        assert!(!wlog.contains("kernel's TCP"), "{wlog}");
+        // wrk exits without closing; nginx closes its ends and logs what
+        // they sent over shm.
+        let t0 = Instant::now();
+        while counter(&read(&server_log), "shm_sent_bytes") < sent_before + 65536 {
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "{}",
+                read(&server_log)
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    } else {
+        common::skip("wrk against nginx, both wrapped", "/usr/bin/wrk is missing");
+    }
+    drop(nginx);
+}
+
+#[test]
+fn a_wrapped_client_of_a_plain_nginx_stays_on_kernel_tcp() {
+    if !nginx_ready("a_wrapped_client_of_a_plain_nginx_stays_on_kernel_tcp") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = docroot(dir.path());
+    let server_log = dir.path().join("server.log");
+    let client_log = dir.path().join("client.log");
+    let nginx = Nginx::start(dir.path(), &root, false, &server_log);
+    assert_eq!(run_client(true, nginx.port, &root, 2, 20, &client_log), 40);
+    let log = read(&client_log);
+    assert_eq!(
+        log.matches("stays on the kernel's TCP: no listener with the library there")
+            .count(),
+        2,
+        "{log}"
+    );
+    assert!(!log.contains("moved to shm"), "{log}");
+    drop(nginx);
+}
+
+#[test]
+fn a_killed_client_leaves_nothing_behind() {
+    if !nginx_ready("a_killed_client_leaves_nothing_behind") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = docroot(dir.path());
+    let server_log = dir.path().join("server.log");
+    let client_log = dir.path().join("client.log");
+    let nginx = Nginx::start(dir.path(), &root, true, &server_log);
+    let exe = std::env::current_exe().expect("the test binary");
+    // A client that runs until killed: many requests on one connection.
+    let mut client = maybe_wrapped(
+        true,
+        &exe,
+        &[
+            "preload::http_client",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ],
+        &client_log,
+    )
+    .env("PRELOAD_TEST_PORT", nginx.port.to_string())
+    .env("PRELOAD_TEST_ROOT", &root)
+    .env("PRELOAD_TEST_CONNS", "1")
+    .env("PRELOAD_TEST_REQUESTS", "100000000")
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .expect("the client runs");
+    let mapped = |pids: &[u32]| -> Vec<u32> {
+        pids.iter()
+            .copied()
+            .filter(|p| read(Path::new(&format!("/proc/{p}/maps"))).contains("netgap-preload"))
+            .collect()
+    };
+    let workers = nginx.workers();
+    let t0 = Instant::now();
+    while mapped(&workers).is_empty() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "no worker mapped a region: {}",
+            read(&server_log)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    // The helper runs under `timeout`: kill it, then `timeout`.
+    for (pid, _, _) in common::procs::descendants(client.id()) {
+        // SAFETY: a signal to a process this test started.
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    }
+    client.kill().expect("kill the client");
+    client.wait().expect("reap the client");
+    // The worker sees the kernel socket's end, closes, and unmaps; no file
+    // names a region at any time.
+    let left = common::gone_within(Duration::from_secs(10), || mapped(&workers));
+    assert!(left.is_ok(), "still mapped in {left:?}");
+    let named: Vec<String> = std::fs::read_dir("/dev/shm")
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.contains("netgap-preload"))
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(named.is_empty(), "{named:?}");
+    // The server carries on.
+    assert_eq!(run_client(true, nginx.port, &root, 1, 4, &client_log), 4);
+    drop(nginx);
+}
+
+/// The echo pattern of the fork test.
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+#[test]
+#[ignore = "helper run in a child process by the preload tests"]
+fn fork_server() {
+    let port_file = PathBuf::from(std::env::var("PRELOAD_TEST_PORT_FILE").expect("set"));
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = l.local_addr().expect("addr").port();
+    std::fs::write(&port_file, port.to_string()).expect("port file");
+    let mut children = Vec::new();
+    for _ in 0..2 {
+        let (mut s, _) = l.accept().expect("accept");
+        // SAFETY: fork in a process whose other threads (the harness's
+        // main thread) hold no lock the child needs; the child only does
+        // socket I/O and exits with _exit.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork");
+        if pid == 0 {
+            let mut buf = vec![0u8; 65536];
+            let code = loop {
+                match s.read(&mut buf) {
+                    Ok(0) => break 0,
+                    Ok(n) => {
+                        if s.write_all(&buf[..n]).is_err() {
+                            break 1;
+                        }
+                    }
+                    Err(_) => break 1,
+                }
+            };
+            drop(s);
+            // SAFETY: ends the forked child without running the parent's
+            // exit handlers.
+            unsafe { libc::_exit(code) };
+        }
+        // The parent keeps accepting; its copy of the connection closes.
+        drop(s);
+        children.push(pid);
+    }
+    for pid in children {
+        let mut status = 0;
+        // SAFETY: waits for our own child.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
+    }
+    println!("served: 2");
+}
+
+#[test]
+#[ignore = "helper run in a child process by the preload tests"]
+fn echo_client() {
+    let port: u16 = std::env::var("PRELOAD_TEST_PORT")
+        .expect("set")
+        .parse()
+        .expect("a port");
+    for seed in 0..2u8 {
+        let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+        let want = pattern(1 << 20, seed);
+        let mut w = s.try_clone().expect("clone");
+        let sent = want.clone();
+        let writer = std::thread::spawn(move || {
+            for chunk in sent.chunks(10_000) {
+                w.write_all(chunk).expect("write");
+            }
+            w.shutdown(std::net::Shutdown::Write).expect("shutdown");
+        });
+        let mut got = Vec::new();
+        s.read_to_end(&mut got).expect("read");
+        writer.join().expect("writer");
+        assert!(
+            got == want,
+            "echo {seed} differs ({} bytes back)",
+            got.len()
+        );
+    }
+    println!("echoed: 2");
+}
+
+#[test]
+fn a_server_that_forks_after_accept_keeps_its_connections_on_shm() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let exe = std::env::current_exe().expect("the test binary");
+    let server_log = dir.path().join("server.log");
+    let client_log = dir.path().join("client.log");
+    let port_file = dir.path().join("port");
+    let args = |name: &'static str| {
+        vec![
+            name,
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ]
+    };
+    let server = maybe_wrapped(true, &exe, &args("preload::fork_server"), &server_log)
+        .env("PRELOAD_TEST_PORT_FILE", &port_file)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("server");
+    let t0 = Instant::now();
+    let port = loop {
+        if let Some(p) = std::fs::read_to_string(&port_file)
+            .ok()
+            .and_then(|s| s.parse::<u16>().ok())
+        {
+            break p;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(20), "no port");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let client = maybe_wrapped(true, &exe, &args("preload::echo_client"), &client_log)
+        .env("PRELOAD_TEST_PORT", port.to_string())
+        .output()
+        .expect("client");
+    let server = server.wait_with_output().expect("server ends");
+    let cout = String::from_utf8_lossy(&client.stdout);
+    let sout = String::from_utf8_lossy(&server.stdout);
+    assert!(
+        client.status.success() && cout.contains("echoed: 2"),
+        "{cout}"
+    );
+    assert!(
+        server.status.success() && sout.contains("served: 2"),
+        "{sout}"
+    );
+    let clog = read(&client_log);
+    assert_eq!(clog.matches("moved to shm").count(), 2, "{clog}");
+    // Each forked child echoed its megabyte over shm.
+    let slog = read(&server_log);
+    assert!(counter(&slog, "shm_sent_bytes") >= 2 << 20, "{slog}");
+    assert!(counter(&clog, "shm_received_bytes") >= 2 << 20, "{clog}");
+}
+
+#[test]
+fn a_wrap_of_a_missing_program_is_one_line() {
+    let out = common::netgap()
+        .env("NETGAP_PRELOAD", library())
+        .args(["wrap", "-t", "shm", "--", "/nonexistent/program", "x"])
+        .output()
+        .expect("netgap runs");
+    assert!(!out.status.success());
+    let err = common::one_line_error(&out, "wrap", "cannot run /nonexistent/program");
+    assert!(err.contains("No such file"), "{err}");
+    let out = common::netgap()
+        .args(["wrap", "-t", "udp", "--", "true"])
+        .output()
+        .expect("netgap runs");
+    common::one_line_error(&out, "wrap", "stack \"udp\" is not provided");
+}
