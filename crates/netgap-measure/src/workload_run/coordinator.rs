@@ -334,7 +334,7 @@ fn resolve_hosts(source: &HostsSource) -> Result<Vec<HostInfo>, WorkloadError> {
     }
 }
 
-/// A coordinator dropped without [`WorkloadCoordinator::bye`] (a failed
+/// A coordinator dropped without `WorkloadCoordinator::bye` (a failed
 /// point) shuts its control connections down: each reader thread holds a
 /// clone of its connection and would otherwise keep the session open, and
 /// the agent busy, for as long as this process lives (a `netgap study`
