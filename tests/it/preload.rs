@@ -529,7 +529,11 @@ fn fork_server() {
     let port_file = PathBuf::from(std::env::var("PRELOAD_TEST_PORT_FILE").expect("set"));
     let l = TcpListener::bind("127.0.0.1:0").expect("bind");
     let port = l.local_addr().expect("addr").port();
-    std::fs::write(&port_file, port.to_string()).expect("port file");
+    // Written whole, then renamed into place: the test polls the file and
+    // must never read a prefix of the number (`4` of `45678`) as the port.
+    let partial = port_file.with_extension("partial");
+    std::fs::write(&partial, port.to_string()).expect("port file");
+    std::fs::rename(&partial, &port_file).expect("port file in place");
     let mut children = Vec::new();
     for _ in 0..2 {
         let (mut s, _) = l.accept().expect("accept");
@@ -641,7 +645,8 @@ fn a_server_that_forks_after_accept_keeps_its_connections_on_shm() {
     let sout = String::from_utf8_lossy(&server.stdout);
     assert!(
         client.status.success() && cout.contains("echoed: 2"),
-        "{cout}"
+        "{cout}\n{}",
+        String::from_utf8_lossy(&client.stderr)
     );
     assert!(
         server.status.success() && sout.contains("served: 2"),
