@@ -8,22 +8,9 @@
 //! NETGAP_REQUIRE_SYSTEM_TESTS=1, where a missing testbed is a failure.
 
 use crate::common;
-use crate::common::testbed::Testbed;
+use crate::common::testbed::{link_bytes, Testbed};
 use crate::common::{netgap, ok, system_ready};
-use serde_json::Value;
 use std::process::Command;
-
-/// Bytes sent plus received by interface `dev` of namespace `ns`.
-fn link_bytes(ns: &str, dev: &str) -> u64 {
-    let out = ok(Command::new("ip")
-        .args(["-n", ns, "-s", "-j", "link", "show", "dev", dev])
-        .output()
-        .expect("ip -s link"));
-    let v: Value = serde_json::from_str(&out).expect("ip -j output");
-    let s = &v[0]["stats64"];
-    let n = |v: &Value| v.as_u64().expect("a byte count");
-    n(&s["tx"]["bytes"]) + n(&s["rx"]["bytes"])
-}
 
 #[test]
 fn one_mptcp_stream_over_a_three_link_mesh_uses_every_link() {

@@ -8,7 +8,7 @@
 //! Without root, `ip` or network namespaces these tests print why and pass,
 //! unless NETGAP_REQUIRE_SYSTEM_TESTS=1 (as in CI), where that is a failure.
 
-use crate::common::testbed::Testbed;
+use crate::common::testbed::{link_bytes, Testbed};
 use crate::common::{has_whole_record, netgap, ok, read_records as records, system_ready, u};
 use serde_json::Value;
 use std::process::{Command, Stdio};
@@ -16,18 +16,6 @@ use std::time::{Duration, Instant};
 
 fn flows(r: &Value) -> &Vec<Value> {
     r["flows"].as_array().expect("flows")
-}
-
-/// Bytes sent plus received by interface `dev` of namespace `ns`, from
-/// `ip -s link`.
-fn link_bytes(ns: &str, dev: &str) -> u64 {
-    let out = ok(Command::new("ip")
-        .args(["-n", ns, "-s", "-j", "link", "show", "dev", dev])
-        .output()
-        .expect("ip -s link"));
-    let v: Value = serde_json::from_str(&out).expect("ip -j output");
-    let s = &v[0]["stats64"];
-    u(&s["tx"]["bytes"]) + u(&s["rx"]["bytes"])
 }
 
 #[test]

@@ -28,7 +28,7 @@
 //! xdp::`); without root and namespaces it prints why and passes (with
 //! NETGAP_REQUIRE_SYSTEM_TESTS=1 a missing testbed is a failure, as in CI).
 
-use crate::common::testbed::Testbed;
+use crate::common::testbed::{link_bytes, Testbed};
 use crate::common::{netgap, ok, system_ready};
 use netgap::bench;
 use serde_json::Value;
@@ -477,17 +477,6 @@ fn forged_frames_from_the_switch_neither_corrupt_nor_end_a_flow() {
     }
     let _ = tb.down();
     tb.assert_gone();
-}
-
-/// Bytes sent and received by interface `dev` of namespace `ns`.
-fn link_bytes(ns: &str, dev: &str) -> u64 {
-    let out = ok(Command::new("ip")
-        .args(["-n", ns, "-s", "-j", "link", "show", "dev", dev])
-        .output()
-        .expect("ip -s link"));
-    let v: Value = serde_json::from_str(&out).expect("ip -j output");
-    let s = &v[0]["stats64"];
-    n(&s["tx"]["bytes"]) + n(&s["rx"]["bytes"])
 }
 
 #[test]

@@ -2,7 +2,7 @@
 //! the test's own `--name` (so tests run side by side), and taken down when
 //! the guard goes, even when the test fails.
 
-use super::{netgap, ok, read_records};
+use super::{netgap, ok, read_records, u};
 use netgap::cluster::HostsFile;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -107,4 +107,16 @@ impl Drop for Testbed {
             .args(["testbed", "down", "--name", &self.name])
             .output();
     }
+}
+
+/// Bytes sent plus received by interface `dev` of namespace `ns`, from
+/// `ip -s link`: what a testbed link really carried.
+pub fn link_bytes(ns: &str, dev: &str) -> u64 {
+    let out = ok(Command::new("ip")
+        .args(["-n", ns, "-s", "-j", "link", "show", "dev", dev])
+        .output()
+        .expect("ip -s link"));
+    let v: Value = serde_json::from_str(&out).expect("ip -j output");
+    let s = &v[0]["stats64"];
+    u(&s["tx"]["bytes"]) + u(&s["rx"]["bytes"])
 }
