@@ -44,7 +44,7 @@ pub struct StudyArgs {
     /// takes it down afterwards.
     #[arg(long, value_name = "@FILE|@slurm")]
     pub hosts: Option<String>,
-    /// Directory of the results file and the report [default: .].
+    /// Directory of the results file and the report.
     #[arg(short = 'o', long = "out", value_name = "DIR", default_value = ".")]
     pub out: PathBuf,
 }
