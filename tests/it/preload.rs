@@ -5,7 +5,8 @@
 //! shared memory while the kernel TCP socket carried only the setup and
 //! the wake-ups; curl (poll) and wrk (epoll) against nginx, all wrapped;
 //! the fallback to the kernel's TCP with either end unwrapped; a server
-//! that forks after accept; nothing left mapped after a wrapped client is
+//! that forks after accept; an Open MPI ping-pong over the tcp BTL with
+//! both ranks wrapped; nothing left mapped after a wrapped client is
 //! killed; and a wrap of a missing program refused in one line.
 //!
 //! Without nginx these tests print why and pass, unless
@@ -675,4 +676,91 @@ fn a_wrap_of_a_missing_program_is_one_line() {
         .output()
         .expect("netgap runs");
     common::one_line_error(&out, "wrap", "stack \"udp\" is not provided");
+}
+
+/// Whether `program` is on the PATH.
+fn on_path(program: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(program).is_file()))
+}
+
+#[test]
+fn an_open_mpi_ping_pong_over_the_tcp_btl_moves_to_shm() {
+    let test = "an_open_mpi_ping_pong_over_the_tcp_btl_moves_to_shm";
+    if !on_path("mpicc") || !on_path("mpirun") {
+        common::skip(
+            test,
+            "mpicc or mpirun is missing (apt-get install libopenmpi-dev openmpi-bin)",
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let src = dir.path().join("pingpong.c");
+    std::fs::write(&src, include_str!("preload_mpi_pingpong.c")).expect("source");
+    let exe = dir.path().join("pingpong");
+    let built = Command::new("mpicc")
+        .args(["-O2", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .output()
+        .expect("mpicc runs");
+    assert!(built.status.success(), "{built:?}");
+    let log = dir.path().join("mpi.log");
+    // Both ranks under the library; mpirun and its daemon stay plain (their
+    // own connections have no listener with the library, so they stay on
+    // the kernel's TCP). The tcp BTL on loopback only, ob1 over it.
+    let out = Command::new("timeout")
+        .args([
+            "-s",
+            "KILL",
+            "120",
+            "mpirun",
+            "--allow-run-as-root",
+            "--oversubscribe",
+        ])
+        .args([
+            "-np", "2", "--mca", "pml", "ob1", "--mca", "btl", "tcp,self",
+        ])
+        .args(["--mca", "btl_tcp_if_include", "lo"])
+        .arg("-x")
+        .arg(format!("LD_PRELOAD={}", library().display()))
+        .arg("-x")
+        .arg(format!("NETGAP_PRELOAD_LOG={}", log.display()))
+        .arg(&exe)
+        .arg("300")
+        .current_dir(dir.path())
+        .output()
+        .expect("mpirun runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let text = read(&log);
+    assert!(
+        out.status.success(),
+        "{stdout}{}\n{text}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // 300 round trips of 1 B and 1 KiB, 31 of 64 KiB and of 1 MiB.
+    assert!(
+        stdout.contains("verified round trips: 662 bad: 0"),
+        "{stdout}"
+    );
+    // Each rank connected to the other at once: every connection between
+    // the ranks that carried the ping-pong moved to shm, at both ends.
+    assert!(
+        text.matches("accepted connection moved to shm").count() >= 1,
+        "{text}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.contains("connection to port") && l.ends_with("moved to shm")),
+        "{text}"
+    );
+    assert!(!text.contains("fails"), "{text}");
+    let shm_in = counter(&text, "shm_received_bytes");
+    let tcp = counter(&text, "kernel_tcp_received_bytes") + counter(&text, "kernel_tcp_sent_bytes");
+    // Both ranks received 31 MiB and more each over shm.
+    assert!(shm_in > 2 * 31 * (1 << 20), "{shm_in} B over shm: {text}");
+    assert!(
+        tcp * 100 < shm_in,
+        "{tcp} B over the kernel's TCP against {shm_in} B over shm: {text}"
+    );
 }

@@ -344,6 +344,23 @@ impl Channel {
         Moved { bytes, wake_peer }
     }
 
+    /// Bytes written to the outgoing ring that the peer has not consumed.
+    pub(crate) fn unsent(&self) -> Result<usize, Corrupt> {
+        self.tx.filled().map(|(n, _)| n as usize)
+    }
+
+    /// Takes back everything in the outgoing ring (consuming it as the
+    /// peer would): for a peer that refused the channel and so never
+    /// mapped the region, these bytes must go over the kernel socket.
+    pub(crate) fn take_unsent(&self) -> Result<Vec<u8>, Corrupt> {
+        let (filled, tail) = self.tx.filled()?;
+        let mut out = vec![0u8; filled as usize];
+        // SAFETY: `out` is valid for writes of `filled ≤ capacity` bytes.
+        unsafe { self.tx.copy(tail, out.as_mut_ptr(), filled as usize, false) };
+        self.tx.ctl().tail.0.store(tail + filled, Ordering::Release);
+        Ok(out)
+    }
+
     /// Announces that this end is about to wait for data; the caller must
     /// check [`Channel::readable`] again afterwards.
     pub(crate) fn want_data(&self) {

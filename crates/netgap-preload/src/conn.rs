@@ -32,6 +32,30 @@ pub(crate) struct Conn {
     /// go at once.
     nodelay: AtomicBool,
     cork: AtomicBool,
+    /// The connector sent its hello and has not read the listener's
+    /// answer yet: its writes fill the ring but ring no doorbell (on a
+    /// refusal the kernel stream must hold only the program's bytes).
+    offered: AtomicBool,
+    /// While offered: the destination port (for the log) and the region's
+    /// memfd, kept open until the listener has opened it through `/proc`.
+    /// The lock serialises the reading of the answer.
+    offer: Mutex<Option<(u16, c_int)>>,
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        let offer = self.offer.get_mut().unwrap_or_else(|p| p.into_inner());
+        end_offer(offer);
+    }
+}
+
+/// Ends an offer: closes the region's memfd (the mappings keep the
+/// memory).
+pub(crate) fn end_offer(offer: &mut Option<(u16, c_int)>) {
+    if let Some((_, mfd)) = offer.take() {
+        // SAFETY: the memfd the offer owns, closed once (`take`).
+        unsafe { real::close()(mfd) };
+    }
 }
 
 /// An `errno` value.
@@ -101,7 +125,77 @@ impl Conn {
             sent_bytes: AtomicU64::new(0),
             received_bytes: AtomicU64::new(0),
             doorbells_sent: AtomicU64::new(0),
+            offered: AtomicBool::new(false),
+            offer: Mutex::new(None),
         }
+    }
+
+    /// A connector's connection whose hello to `port` went out and whose
+    /// answer is still to come (see [`Conn::offered`]).
+    pub(crate) fn new_offered(
+        fd: c_int,
+        channel: Channel,
+        nonblocking: bool,
+        port: u16,
+        region_fd: c_int,
+    ) -> Conn {
+        let c = Conn::new(fd, channel, Role::Connector, nonblocking);
+        c.offered.store(true, Ordering::SeqCst);
+        *c.offer.lock().unwrap_or_else(|p| p.into_inner()) = Some((port, region_fd));
+        c
+    }
+
+    /// Whether the listener's answer is still to be read.
+    pub(crate) fn offered(&self) -> bool {
+        self.offered.load(Ordering::Acquire)
+    }
+
+    /// Holds the offer's lock: `Some((port, region_fd))` while the answer is still to
+    /// be read; the caller reads it and ends the offer with
+    /// [`Conn::offer_accepted`] or [`Conn::offer_refused`].
+    pub(crate) fn offer_lock(&self) -> std::sync::MutexGuard<'_, Option<(u16, c_int)>> {
+        self.offer.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The listener took the channel: bytes the program wrote meanwhile
+    /// are in the ring, and one doorbell makes sure a listener already
+    /// waiting for them is woken.
+    pub(crate) fn offer_accepted(&self, fd: c_int, offer: &mut Option<(u16, c_int)>) {
+        end_offer(offer);
+        self.offered.store(false, Ordering::SeqCst);
+        // A writer publishes, then checks `offered` (both SeqCst): either
+        // it saw the offer over and rang itself, or its bytes are seen
+        // here.
+        if self.channel.unsent().map_or(true, |n| n > 0) {
+            self.ring(fd);
+        }
+    }
+
+    /// The listener refused the channel: what the program wrote into the
+    /// ring meanwhile is sent over the kernel socket (where the listener's
+    /// program will read it), and the kernel socket's TCP options are the
+    /// program's again. Err: the bytes could not be sent.
+    pub(crate) fn offer_refused(
+        &self,
+        fd: c_int,
+        offer: &mut Option<(u16, c_int)>,
+    ) -> Result<(), String> {
+        end_offer(offer);
+        let _w = self.write_lock.lock().unwrap_or_else(|p| p.into_inner());
+        self.offered.store(false, Ordering::SeqCst);
+        set_tcp_flag(fd, libc::TCP_NODELAY, self.nodelay.load(Ordering::Relaxed));
+        set_tcp_flag(fd, libc::TCP_CORK, self.cork.load(Ordering::Relaxed));
+        let bytes = self
+            .channel
+            .take_unsent()
+            .map_err(|Corrupt| "the ring was corrupt".to_string())?;
+        crate::setup::send_all(fd, &bytes).map_err(|e| {
+            format!(
+                "sending the {} bytes written before the answer: {}",
+                bytes.len(),
+                std::io::Error::from_raw_os_error(e)
+            )
+        })
     }
 
     /// The program sets a TCP option: `TCP_NODELAY` and `TCP_CORK` are
@@ -122,6 +216,11 @@ impl Conn {
             libc::TCP_CORK => Some(self.cork.load(Ordering::Relaxed)),
             _ => None,
         }
+    }
+
+    /// Whether the program asked for non-blocking I/O.
+    pub(crate) fn nonblocking(&self) -> bool {
+        self.nonblocking.load(Ordering::Relaxed)
     }
 
     /// Records the program's `O_NONBLOCK` choice.
@@ -161,8 +260,12 @@ impl Conn {
         self.read_ready()
     }
 
-    /// Sends one doorbell byte to the peer.
+    /// Sends one doorbell byte to the peer (none while offered: see
+    /// [`Conn::offer_accepted`]).
     fn ring(&self, fd: c_int) {
+        if self.offered.load(Ordering::SeqCst) {
+            return;
+        }
         let b = [1u8];
         // SAFETY: a one-byte buffer on the stack; a failure (the peer gone)
         // is seen by the next read or write as the socket's end or error.

@@ -34,8 +34,25 @@ enum Route {
 }
 
 fn route(fd: c_int, writing: bool) -> Route {
+    route_with(fd, writing, false)
+}
+
+/// As [`route`]; `dontwait`: a read must not wait for a connector's
+/// answer even on a blocking descriptor.
+fn route_with(fd: c_int, writing: bool, dontwait: bool) -> Route {
     match table::get(fd) {
         None | Some(Entry::Listener { .. }) => Route::Kernel,
+        Some(Entry::Shm(c)) if c.offered() => {
+            // Writes go into the ring before the answer (see
+            // `setup::connected`); a read needs the answer first.
+            let wait = !writing && !dontwait && !c.nonblocking();
+            match setup::finish_offer(fd, &c, wait) {
+                Resolved::Shm(c) => Route::Shm(c),
+                Resolved::Kernel => Route::Kernel,
+                Resolved::NotYet if writing => Route::Shm(c),
+                Resolved::NotYet => Route::Again,
+            }
+        }
         Some(Entry::Shm(c)) => Route::Shm(c),
         Some(Entry::Pending(p)) => match setup::resolve(fd, &p, writing) {
             Resolved::Shm(c) => Route::Shm(c),
@@ -230,7 +247,7 @@ pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, iovcnt: c_int) -> 
 /// As for the C library's `recv`.
 #[no_mangle]
 pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, len: size_t, flags: c_int) -> ssize_t {
-    match route(fd, false) {
+    match route_with(fd, false, flags & libc::MSG_DONTWAIT != 0) {
         // SAFETY: the program's own arguments, passed on.
         Route::Kernel => unsafe { real::recv()(fd, buf, len, flags) },
         Route::Again => fail(libc::EAGAIN),
@@ -279,7 +296,7 @@ pub unsafe extern "C" fn recvfrom(
     addr: *mut sockaddr,
     addrlen: *mut socklen_t,
 ) -> ssize_t {
-    match route(fd, false) {
+    match route_with(fd, false, flags & libc::MSG_DONTWAIT != 0) {
         // SAFETY: the program's own arguments, passed on.
         Route::Kernel => unsafe { real::recvfrom()(fd, buf, len, flags, addr, addrlen) },
         Route::Again => fail(libc::EAGAIN),
@@ -335,7 +352,7 @@ pub unsafe extern "C" fn sendto(
 /// As for the C library's `recvmsg`.
 #[no_mangle]
 pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
-    match route(fd, false) {
+    match route_with(fd, false, flags & libc::MSG_DONTWAIT != 0) {
         // SAFETY: the program's own arguments, passed on.
         Route::Kernel => unsafe { real::recvmsg()(fd, msg, flags) },
         Route::Again => fail(libc::EAGAIN),
@@ -677,7 +694,7 @@ pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn ioctl(fd: c_int, request: c_ulong, arg: c_ulong) -> c_int {
     if request == libc::FIONREAD {
-        if let Route::Shm(c) = route(fd, false) {
+        if let Route::Shm(c) = route_with(fd, false, true) {
             return match c.readable(fd) {
                 Ok(n) => {
                     let p = arg as *mut c_int;
@@ -705,6 +722,21 @@ pub unsafe extern "C" fn ioctl(fd: c_int, request: c_ulong, arg: c_ulong) -> c_i
         set_errno(e);
     }
     r
+}
+
+/// Whether a taken-over connection the kernel calls readable really is
+/// (see `Conn::settle`); a connector's offer is ended first if the answer
+/// is in.
+fn settle(fd: c_int, c: &Arc<Conn>) -> bool {
+    if !c.offered() {
+        return c.settle(fd);
+    }
+    match setup::finish_offer(fd, c, false) {
+        Resolved::Shm(c) => c.settle(fd),
+        // The program's own bytes (or the end) on the kernel socket.
+        Resolved::Kernel => true,
+        Resolved::NotYet => false,
+    }
 }
 
 /// Milliseconds left of a poll-style timeout (negative: forever).
@@ -827,7 +859,7 @@ unsafe fn shm_poll(
         // SAFETY: as above; the real poll wrote only `revents`.
         let set = unsafe { std::slice::from_raw_parts_mut(fds, nfds as usize) };
         for (i, c) in &shm {
-            if set[*i].revents & libc::POLLIN != 0 && !c.settle(set[*i].fd) {
+            if set[*i].revents & libc::POLLIN != 0 && !settle(set[*i].fd, c) {
                 set[*i].revents &= !(libc::POLLIN | libc::POLLRDNORM);
             }
         }
@@ -1027,7 +1059,7 @@ unsafe fn settle_events(
         let data = ev.u64;
         if ev.events & libc::EPOLLIN as u32 != 0 {
             if let Some((fd, _, c)) = shm.iter().find(|(_, i, _)| i.data == data) {
-                if !c.settle(*fd) {
+                if !settle(*fd, c) {
                     ev.events &= !((libc::EPOLLIN | libc::EPOLLRDNORM) as u32);
                 }
             }

@@ -293,7 +293,7 @@ fn is_local_ip(ip: std::net::IpAddr) -> bool {
 }
 
 /// Sends all of `buf` on a connected socket (blocking the caller).
-fn send_all(fd: c_int, buf: &[u8]) -> Result<(), Errno> {
+pub(crate) fn send_all(fd: c_int, buf: &[u8]) -> Result<(), Errno> {
     let mut off = 0;
     let deadline = Instant::now() + ANSWER_WAIT;
     while off < buf.len() {
@@ -384,10 +384,13 @@ fn ring_bytes() -> u32 {
         .unwrap_or(DEFAULT_RING_BYTES)
 }
 
-/// The connector's side, on a freshly connected blocking socket whose
-/// destination has a beacon: the region, the hello, the answer. Err: the
-/// hello went out but no answer came back (the listener's program did not
-/// read in time, or it wrote first and gave up on the hello), so the byte
+/// The connector's side, on a freshly connected socket whose destination
+/// has a beacon: the region and the hello. The answer is not waited for
+/// here: the listener answers when its program first reads, and two
+/// programs that connect to each other at once (Open MPI's ranks) would
+/// each wait for the other's answer before either accepts. The connection
+/// is offered (see [`finish_offer`]) until the program's first read or
+/// poll finds the answer. Err: the hello could not be sent, so the byte
 /// stream is no longer the program's: the connection is shut down and
 /// `connect` fails with that errno rather than carry corrupt data.
 pub(crate) fn connected(fd: c_int, port: u16, nonblocking: bool) -> Result<(), Errno> {
@@ -396,12 +399,9 @@ pub(crate) fn connected(fd: c_int, port: u16, nonblocking: bool) -> Result<(), E
         return Ok(());
     }
     match offer(fd) {
-        Ok(ch) => {
-            table::set(
-                fd,
-                Entry::Shm(Arc::new(Conn::new(fd, ch, Role::Connector, nonblocking))),
-            );
-            log_line!("fd {fd}: connection to port {port} moved to shm");
+        Ok((ch, mfd)) => {
+            let c = Conn::new_offered(fd, ch, nonblocking, port, mfd);
+            table::set(fd, Entry::Shm(Arc::new(c)));
             Ok(())
         }
         Err(Offer::Kept(why)) => {
@@ -426,8 +426,9 @@ enum Offer {
     Broken(String),
 }
 
-/// Makes the region, sends the hello and reads the answer.
-fn offer(fd: c_int) -> Result<Channel, Offer> {
+/// Makes the region and sends the hello; returns the channel and the
+/// region's memfd, which must stay open until the listener has answered.
+fn offer(fd: c_int) -> Result<(Channel, c_int), Offer> {
     let ring = ring_bytes();
     let total = region_bytes(ring as usize);
     let name = c"netgap-preload";
@@ -443,13 +444,14 @@ fn offer(fd: c_int) -> Result<Channel, Offer> {
     struct Close(c_int);
     impl Drop for Close {
         fn drop(&mut self) {
-            // SAFETY: the memfd made above, closed once: the listener has
-            // its own descriptor or mapping by now, and the mappings keep
-            // the memory.
-            unsafe { real::close()(self.0) };
+            if self.0 >= 0 {
+                // SAFETY: the memfd made above, closed once on a failure
+                // (the mapping keeps the memory).
+                unsafe { real::close()(self.0) };
+            }
         }
     }
-    let _close = Close(mfd);
+    let mut close = Close(mfd);
     // SAFETY: plain calls on our own memfd.
     let sized = unsafe {
         libc::ftruncate(mfd, total as libc::off_t) == 0
@@ -479,43 +481,109 @@ fn offer(fd: c_int) -> Result<Channel, Offer> {
             std::io::Error::from_raw_os_error(e)
         ))
     })?;
-    let deadline = Instant::now() + ANSWER_WAIT;
+    close.0 = -1;
+    Ok((ch, mfd))
+}
+
+/// The listener's answer as far as it arrived.
+enum Heard {
+    /// Not all of it yet.
+    NotYet,
+    /// The listener mapped the region.
+    Accepted,
+    /// The stream is intact, the listener refused.
+    Refused(String),
+    /// The stream cannot be used.
+    Broken(String),
+}
+
+/// Reads the answer if all of it is in, without waiting.
+fn hear(fd: c_int) -> Heard {
     let mut buf = [0u8; ANSWER_BYTES];
-    loop {
-        match peek(fd, &mut buf) {
-            Ok(0) => {
-                return Err(Offer::Broken(
-                    "the listener closed the connection before answering".into(),
-                ))
-            }
-            Ok(n) if !could_be_answer(&buf[..n]) => return Err(Offer::Broken(
-                "the listener answered with its program's data (it gave up waiting for the hello)"
-                    .into(),
-            )),
-            Ok(n) if n == ANSWER_BYTES => break,
-            Ok(_) | Err(libc::EAGAIN) | Err(libc::EINTR) => {
+    let heard = match peek(fd, &mut buf) {
+        Ok(0) => Heard::Broken("the listener closed the connection before answering".into()),
+        Ok(n) if !could_be_answer(&buf[..n]) => Heard::Broken(
+            "the listener answered with its program's data (it gave up waiting for the hello)"
+                .into(),
+        ),
+        Ok(n) if n == ANSWER_BYTES => match Answer::decode(&buf) {
+            Ok(Answer::Accepted) => Heard::Accepted,
+            Ok(Answer::Refused(r)) => Heard::Refused(format!("the listener refused: {r}")),
+            Err(e) => Heard::Broken(format!("the listener's answer: {e}")),
+        },
+        Ok(_) | Err(libc::EAGAIN) | Err(libc::EINTR) => return Heard::NotYet,
+        Err(e) => Heard::Broken(format!(
+            "reading the answer: {}",
+            std::io::Error::from_raw_os_error(e)
+        )),
+    };
+    if matches!(heard, Heard::Accepted | Heard::Refused(_)) {
+        consume(fd, ANSWER_BYTES);
+    }
+    heard
+}
+
+/// Ends the offer of the connector's connection `c` on `fd` if the answer
+/// is in (waiting for it up to the answer's time limit when `wait`):
+/// accepted, the connection is on shm; refused, what the program wrote
+/// meanwhile goes over the kernel socket and the connection stays there;
+/// broken (no answer in time, or the listener's program data instead), the
+/// connection is shut down, so the program sees its end rather than
+/// corrupt bytes.
+pub(crate) fn finish_offer(fd: c_int, c: &Arc<Conn>, wait: bool) -> Resolved {
+    let mut offer = c.offer_lock();
+    let Some((port, _)) = *offer else {
+        // Another thread ended it.
+        return match table::get(fd) {
+            Some(Entry::Shm(d)) if Arc::ptr_eq(c, &d) => Resolved::Shm(d),
+            _ => Resolved::Kernel,
+        };
+    };
+    let deadline = Instant::now() + ANSWER_WAIT;
+    let heard = loop {
+        match hear(fd) {
+            Heard::NotYet if !wait => return Resolved::NotYet,
+            Heard::NotYet => {
                 if !wait_for(fd, libc::POLLIN, deadline) {
-                    return Err(Offer::Broken("no answer from the listener".into()));
-                }
-                if Instant::now() > deadline {
-                    return Err(Offer::Broken("no answer from the listener".into()));
+                    break Heard::Broken("no answer from the listener".into());
                 }
                 // Part of the answer may be in: give the rest a moment.
                 std::thread::sleep(Duration::from_micros(50));
             }
-            Err(e) => {
-                return Err(Offer::Broken(format!(
-                    "reading the answer: {}",
-                    std::io::Error::from_raw_os_error(e)
-                )))
-            }
+            h => break h,
         }
-    }
-    consume(fd, ANSWER_BYTES);
-    match Answer::decode(&buf) {
-        Ok(Answer::Accepted) => Ok(ch),
-        Ok(Answer::Refused(r)) => Err(Offer::Kept(format!("the listener refused: {r}"))),
-        Err(e) => Err(Offer::Broken(format!("the listener's answer: {e}"))),
+    };
+    match heard {
+        Heard::Accepted => {
+            c.offer_accepted(fd, &mut offer);
+            log_line!("fd {fd}: connection to port {port} moved to shm");
+            Resolved::Shm(c.clone())
+        }
+        Heard::Refused(why) => {
+            let sent = c.offer_refused(fd, &mut offer);
+            table::resolve_conn(c);
+            match sent {
+                Ok(()) => {
+                    log_line!("fd {fd}: connection to port {port} stays on the kernel's TCP: {why}")
+                }
+                Err(e) => {
+                    log_line!("fd {fd}: connection to port {port} fails: {why}, then {e}");
+                    // SAFETY: a plain shutdown of the program's socket.
+                    unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
+                }
+            }
+            Resolved::Kernel
+        }
+        Heard::Broken(why) => {
+            crate::conn::end_offer(&mut offer);
+            table::resolve_conn(c);
+            log_line!("fd {fd}: connection to port {port} fails (shut down): {why}");
+            // SAFETY: a plain shutdown of the program's socket; `shutdown`
+            // is not interposed.
+            unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
+            Resolved::Kernel
+        }
+        Heard::NotYet => Resolved::NotYet,
     }
 }
 

@@ -87,6 +87,18 @@ pub(crate) fn resolve(p: &Arc<Pending>, to: Option<Entry>) {
     }
 }
 
+/// Removes every entry that is the connection `c` (the descriptor and its
+/// duplicates): it went back to the kernel's TCP.
+pub(crate) fn resolve_conn(c: &Arc<Conn>) {
+    let mut t = TABLE.write().unwrap_or_else(|p| p.into_inner());
+    for slot in t.iter_mut() {
+        if matches!(slot, Some(Entry::Shm(d)) if Arc::ptr_eq(c, d)) {
+            *slot = None;
+            ENTRIES.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
 /// Whether another descriptor of this process holds the same connection.
 pub(crate) fn shared_elsewhere(c: &Arc<Conn>) -> bool {
     let t = TABLE.read().unwrap_or_else(|p| p.into_inner());
