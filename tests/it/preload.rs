@@ -5,8 +5,9 @@
 //! shared memory while the kernel TCP socket carried only the setup and
 //! the wake-ups; curl (poll) and wrk (epoll) against nginx, all wrapped;
 //! the fallback to the kernel's TCP with either end unwrapped; a server
-//! that forks after accept; an Open MPI ping-pong over the tcp BTL with
-//! both ranks wrapped; nothing left mapped after a wrapped client is
+//! that forks after accept; Apache's event MPM serving wrapped clients of
+//! the user its children switch to; an Open MPI ping-pong over the tcp
+//! BTL with both ranks wrapped; nothing left mapped after a wrapped client is
 //! killed; and a wrap of a missing program refused in one line.
 //!
 //! Without nginx these tests print why and pass, unless
@@ -763,4 +764,237 @@ fn an_open_mpi_ping_pong_over_the_tcp_btl_moves_to_shm() {
         tcp * 100 < shm_in,
         "{tcp} B over the kernel's TCP against {shm_in} B over shm: {text}"
     );
+}
+
+/// `cmd` run as `nobody` when the test runs as root (as Apache's children
+/// do: a region is shared only between processes of one user), else as
+/// is.
+fn as_nobody(cmd: &Command) -> Command {
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        let mut c = Command::new(cmd.get_program());
+        c.args(cmd.get_args());
+        copy_env(cmd, &mut c);
+        return c;
+    }
+    let mut c = Command::new("setpriv");
+    c.args(["--reuid=nobody", "--regid=nogroup", "--clear-groups"])
+        .arg(cmd.get_program())
+        .args(cmd.get_args());
+    copy_env(cmd, &mut c);
+    c
+}
+
+/// The environment changes of `from` made on `to` too.
+fn copy_env(from: &Command, to: &mut Command) {
+    for (k, v) in from.get_envs() {
+        match v {
+            Some(v) => to.env(k, v),
+            None => to.env_remove(k),
+        };
+    }
+}
+
+/// Makes `path` readable (and a directory traversable) by every user.
+fn open_to_all(path: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+}
+
+#[test]
+fn apache_event_mpm_serves_wrapped_clients_over_shm() {
+    let test = "apache_event_mpm_serves_wrapped_clients_over_shm";
+    let modules = Path::new("/usr/lib/apache2/modules/mod_mpm_event.so");
+    if !Path::new("/usr/sbin/apache2").exists() || !modules.exists() {
+        common::skip(
+            test,
+            "apache2 (with the event MPM) is missing (apt-get install apache2)",
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    open_to_all(dir.path(), 0o755);
+    let root = docroot(dir.path());
+    open_to_all(&root, 0o755);
+    for f in ["f1k", "f64k"] {
+        open_to_all(&root.join(f), 0o644);
+    }
+    let run = dir.path().join("run");
+    std::fs::create_dir_all(&run).expect("run dir");
+    let server_log = dir.path().join("server.log");
+    let client_log = dir.path().join("client.log");
+    for l in [&server_log, &client_log] {
+        std::fs::write(l, "").expect("log");
+        // Written by the children after they switch user.
+        open_to_all(l, 0o666);
+    }
+    let port = free_port();
+    // SAFETY: geteuid cannot fail.
+    let user = if unsafe { libc::geteuid() } == 0 {
+        "User nobody\nGroup nogroup\n"
+    } else {
+        ""
+    };
+    let d = run.display();
+    let conf = format!(
+        "ServerRoot \"{d}\"\nServerName netgap\n\
+         LoadModule mpm_event_module /usr/lib/apache2/modules/mod_mpm_event.so\n\
+         LoadModule authz_core_module /usr/lib/apache2/modules/mod_authz_core.so\n\
+         PidFile \"{d}/httpd.pid\"\nDefaultRuntimeDir \"{d}\"\nMutex file:{d} default\n\
+         ErrorLog \"{d}/error.log\"\nLogLevel warn\nListen 127.0.0.1:{port}\n{user}\
+         KeepAlive On\nMaxKeepAliveRequests 0\nEnableSendfile On\n\
+         StartServers 2\nServerLimit 2\nThreadsPerChild 16\nThreadLimit 16\n\
+         MinSpareThreads 8\nMaxSpareThreads 32\nMaxRequestWorkers 32\n\
+         DocumentRoot \"{r}\"\n<Directory \"{r}\">\n Require all granted\n</Directory>\n",
+        r = root.display()
+    );
+    let conf_path = run.join("httpd.conf");
+    std::fs::write(&conf_path, conf).expect("httpd.conf");
+    let mut apache = maybe_wrapped(
+        true,
+        Path::new("/usr/sbin/apache2"),
+        &[
+            "-f",
+            conf_path.to_str().expect("utf-8 path"),
+            "-DFOREGROUND",
+        ],
+        &server_log,
+    )
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .expect("apache starts");
+    struct Stop<'a>(&'a mut Child, PathBuf);
+    impl Drop for Stop<'_> {
+        fn drop(&mut self) {
+            // Apache's parent (under `timeout`) stops its children on
+            // SIGTERM.
+            if let Ok(pid) = read(&self.1).trim().parse::<i32>() {
+                // SAFETY: a signal to the server this test started.
+                unsafe { libc::kill(pid, libc::SIGTERM) };
+            }
+            let t0 = Instant::now();
+            while t0.elapsed() < Duration::from_secs(10) {
+                if let Ok(Some(_)) = self.0.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            for (pid, _, _) in common::procs::descendants(self.0.id()) {
+                // SAFETY: a signal to a process this test started.
+                unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            }
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let pid_file = run.join("httpd.pid");
+    let stop = Stop(&mut apache, pid_file.clone());
+    let t0 = Instant::now();
+    // Up when it listens and both children have switched user (each then
+    // announces the listener under its new user).
+    while !pid_file.exists()
+        || TcpStream::connect(("127.0.0.1", port)).is_err()
+        || common::procs::descendants(stop.0.id()).len() < 3
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "apache did not come up: {}",
+            read(&run.join("error.log"))
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+
+    // The HTTP client helper, wrapped, as the children's user: 4
+    // connections of 50 requests, every body compared with its file.
+    let exe = std::env::current_exe().expect("the test binary");
+    let mut client = maybe_wrapped(
+        true,
+        &exe,
+        &[
+            "preload::http_client",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ],
+        &client_log,
+    );
+    client
+        .env("PRELOAD_TEST_PORT", port.to_string())
+        .env("PRELOAD_TEST_ROOT", &root)
+        .env("PRELOAD_TEST_CONNS", "4")
+        .env("PRELOAD_TEST_REQUESTS", "50");
+    let out = as_nobody(&client).output().expect("the client runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("verified bodies: 200"),
+        "{stdout}{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        read(&client_log)
+    );
+    let log = read(&client_log);
+    assert_eq!(
+        log.matches("moved to shm").count(),
+        4,
+        "every connection on shm: {log}"
+    );
+    let shm_in = counter(&log, "shm_received_bytes");
+    let tcp = counter(&log, "kernel_tcp_received_bytes") + counter(&log, "kernel_tcp_sent_bytes");
+    assert!(
+        shm_in > 100 * 1024 + 100 * 65536,
+        "{shm_in} B over shm: {log}"
+    );
+    assert!(
+        tcp * 100 < shm_in,
+        "{tcp} B over the kernel's TCP against {shm_in} B over shm: {log}"
+    );
+
+    // curl (poll), wrapped, as the children's user: both files on one
+    // connection.
+    if Path::new("/usr/bin/curl").exists() {
+        let curl_log = dir.path().join("curl.log");
+        std::fs::write(&curl_log, "").expect("log");
+        open_to_all(&curl_log, 0o666);
+        let outdir = dir.path().join("out");
+        std::fs::create_dir_all(&outdir).expect("out dir");
+        open_to_all(&outdir, 0o777);
+        let (o1, o2) = (outdir.join("o1"), outdir.join("o2"));
+        let base = format!("http://127.0.0.1:{port}");
+        let curl = maybe_wrapped(
+            true,
+            Path::new("/usr/bin/curl"),
+            &[
+                "-sS",
+                &format!("{base}/f1k"),
+                &format!("{base}/f64k"),
+                "-o",
+                o1.to_str().expect("utf-8"),
+                "-o",
+                o2.to_str().expect("utf-8"),
+            ],
+            &curl_log,
+        );
+        let out = as_nobody(&curl).output().expect("curl runs");
+        assert!(out.status.success(), "{out:?}");
+        assert!(std::fs::read(&o1).ok() == std::fs::read(root.join("f1k")).ok());
+        assert!(std::fs::read(&o2).ok() == std::fs::read(root.join("f64k")).ok());
+        let clog = read(&curl_log);
+        assert_eq!(clog.matches("moved to shm").count(), 1, "{clog}");
+    }
+    let slog = read(&server_log);
+    assert!(
+        slog.matches("accepted connection moved to shm").count() >= 4,
+        "{slog}"
+    );
+    // Only the test's own probes (connected and closed at once) stayed on
+    // the kernel's TCP.
+    assert!(
+        slog.lines()
+            .filter(|l| l.contains("stays on the kernel's TCP") || l.contains("fails"))
+            .all(|l| l.ends_with("the peer closed before sending anything")),
+        "{slog}"
+    );
+    drop(stop);
 }

@@ -514,6 +514,59 @@ pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
     r
 }
 
+/// After the process changed its user: each listener announces itself
+/// again under the new user's beacon name, since only a connector of that
+/// user can share a region with it (a server that listens as root and
+/// serves as another user, as Apache's children do). The old beacon is
+/// closed here (the process that kept the old user keeps its own).
+fn user_changed(r: c_int) -> c_int {
+    if r == 0 {
+        let e = errno();
+        for fd in table::listeners() {
+            setup::listening(fd);
+        }
+        set_errno(e);
+    }
+    r
+}
+
+/// `setuid(2)`: see [`user_changed`].
+///
+/// # Safety
+///
+/// As for the C library's `setuid`.
+#[no_mangle]
+pub unsafe extern "C" fn setuid(uid: libc::uid_t) -> c_int {
+    // SAFETY: the program's own argument, passed on.
+    user_changed(unsafe { real::setuid()(uid) })
+}
+
+/// `setreuid(2)`: see [`user_changed`].
+///
+/// # Safety
+///
+/// As for the C library's `setreuid`.
+#[no_mangle]
+pub unsafe extern "C" fn setreuid(ruid: libc::uid_t, euid: libc::uid_t) -> c_int {
+    // SAFETY: the program's own arguments, passed on.
+    user_changed(unsafe { real::setreuid()(ruid, euid) })
+}
+
+/// `setresuid(2)`: see [`user_changed`].
+///
+/// # Safety
+///
+/// As for the C library's `setresuid`.
+#[no_mangle]
+pub unsafe extern "C" fn setresuid(
+    ruid: libc::uid_t,
+    euid: libc::uid_t,
+    suid: libc::uid_t,
+) -> c_int {
+    // SAFETY: the program's own arguments, passed on.
+    user_changed(unsafe { real::setresuid()(ruid, euid, suid) })
+}
+
 fn after_accept(lfd: c_int, fd: c_int, flags: c_int) {
     if fd >= 0 && matches!(table::get(lfd), Some(Entry::Listener { .. })) {
         let e = errno();

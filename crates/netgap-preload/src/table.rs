@@ -99,6 +99,19 @@ pub(crate) fn resolve_conn(c: &Arc<Conn>) {
     }
 }
 
+/// The descriptors that are listeners.
+pub(crate) fn listeners() -> Vec<c_int> {
+    if ENTRIES.load(Ordering::Relaxed) == 0 {
+        return Vec::new();
+    }
+    let t = TABLE.read().unwrap_or_else(|p| p.into_inner());
+    t.iter()
+        .enumerate()
+        .filter(|(_, s)| matches!(s, Some(Entry::Listener { .. })))
+        .filter_map(|(fd, _)| c_int::try_from(fd).ok())
+        .collect()
+}
+
 /// Whether another descriptor of this process holds the same connection.
 pub(crate) fn shared_elsewhere(c: &Arc<Conn>) -> bool {
     let t = TABLE.read().unwrap_or_else(|p| p.into_inner());
