@@ -7,7 +7,8 @@
 //! the fallback to the kernel's TCP with either end unwrapped; a server
 //! that forks after accept; Apache's event MPM serving wrapped clients of
 //! the user its children switch to; an Open MPI ping-pong over the tcp
-//! BTL with both ranks wrapped; nothing left mapped after a wrapped client is
+//! BTL with both ranks wrapped; a server that execs itself keeping a
+//! connection, which stays on shm in the new image; nothing left mapped after a wrapped client is
 //! killed; and a wrap of a missing program refused in one line.
 //!
 //! Without nginx these tests print why and pass, unless
@@ -997,4 +998,169 @@ fn apache_event_mpm_serves_wrapped_clients_over_shm() {
         "{slog}"
     );
     drop(stop);
+}
+
+#[test]
+#[ignore = "helper run in a child process by the preload tests"]
+fn exec_server() {
+    use std::os::fd::IntoRawFd;
+    use std::os::unix::process::CommandExt;
+    let port_file = PathBuf::from(std::env::var("PRELOAD_TEST_PORT_FILE").expect("set"));
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = l.local_addr().expect("addr").port();
+    let partial = port_file.with_extension("partial");
+    std::fs::write(&partial, port.to_string()).expect("port file");
+    std::fs::rename(&partial, &port_file).expect("port file in place");
+    let (mut s, _) = l.accept().expect("accept");
+    // The connection is on shm in this image before the exec.
+    let mut hello = [0u8; 5];
+    s.read_exact(&mut hello).expect("hello");
+    assert_eq!(&hello, b"hello");
+    s.write_all(b"ready").expect("ready");
+    drop(l);
+    let fd = s.into_raw_fd();
+    // SAFETY: clears close-on-exec on our own descriptor.
+    let r = unsafe { libc::fcntl(fd, libc::F_SETFD, 0) };
+    assert_eq!(r, 0);
+    let exe = std::env::current_exe().expect("the test binary");
+    let e = Command::new(exe)
+        .args([
+            "preload::exec_server_after",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+        ])
+        .arg("--test-threads=1")
+        .env("PRELOAD_TEST_FD", fd.to_string())
+        .exec();
+    panic!("exec: {e}");
+}
+
+#[test]
+#[ignore = "helper run in a child process by the preload tests"]
+fn exec_server_after() {
+    use std::os::fd::FromRawFd;
+    let fd: i32 = std::env::var("PRELOAD_TEST_FD")
+        .expect("set")
+        .parse()
+        .expect("a descriptor");
+    // SAFETY: the descriptor the image before the exec kept open for us.
+    let mut s = unsafe { TcpStream::from_raw_fd(fd) };
+    let mut buf = vec![0u8; 65536];
+    let mut echoed = 0usize;
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                s.write_all(&buf[..n]).expect("echo");
+                echoed += n;
+            }
+            Err(e) => panic!("read after exec: {e}"),
+        }
+    }
+    println!("echoed after exec: {echoed}");
+}
+
+#[test]
+#[ignore = "helper run in a child process by the preload tests"]
+fn exec_client() {
+    let port: u16 = std::env::var("PRELOAD_TEST_PORT")
+        .expect("set")
+        .parse()
+        .expect("a port");
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    s.write_all(b"hello").expect("hello");
+    let mut ready = [0u8; 5];
+    s.read_exact(&mut ready).expect("ready");
+    assert_eq!(&ready, b"ready");
+    let want = pattern(1 << 20, 7);
+    let mut w = s.try_clone().expect("clone");
+    let sent = want.clone();
+    let writer = std::thread::spawn(move || {
+        for chunk in sent.chunks(10_000) {
+            w.write_all(chunk).expect("write");
+        }
+        w.shutdown(std::net::Shutdown::Write).expect("shutdown");
+    });
+    let mut got = Vec::new();
+    s.read_to_end(&mut got).expect("read");
+    writer.join().expect("writer");
+    assert!(got == want, "the echo differs ({} bytes back)", got.len());
+    println!("echoed: {}", got.len());
+}
+
+#[test]
+fn a_connection_kept_across_exec_stays_on_shm() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let exe = std::env::current_exe().expect("the test binary");
+    let server_log = dir.path().join("server.log");
+    let client_log = dir.path().join("client.log");
+    let port_file = dir.path().join("port");
+    let args = |name: &'static str| {
+        vec![
+            name,
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ]
+    };
+    let server = maybe_wrapped(true, &exe, &args("preload::exec_server"), &server_log)
+        .env("PRELOAD_TEST_PORT_FILE", &port_file)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("server");
+    let t0 = Instant::now();
+    let port = loop {
+        if let Some(p) = std::fs::read_to_string(&port_file)
+            .ok()
+            .and_then(|s| s.parse::<u16>().ok())
+        {
+            break p;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(20), "no port");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let client = maybe_wrapped(true, &exe, &args("preload::exec_client"), &client_log)
+        .env("PRELOAD_TEST_PORT", port.to_string())
+        .output()
+        .expect("client");
+    let server = server.wait_with_output().expect("server ends");
+    let cout = String::from_utf8_lossy(&client.stdout);
+    let sout = String::from_utf8_lossy(&server.stdout);
+    let slog = read(&server_log);
+    let clog = read(&client_log);
+    assert!(
+        client.status.success() && cout.contains("echoed: 1048576"),
+        "{cout}\n{}\n{clog}\n{slog}",
+        String::from_utf8_lossy(&client.stderr)
+    );
+    assert!(
+        server.status.success() && sout.contains("echoed after exec: 1048576"),
+        "{sout}\n{}\n{slog}",
+        String::from_utf8_lossy(&server.stderr)
+    );
+    assert_eq!(clog.matches("moved to shm").count(), 1, "{clog}");
+    assert_eq!(
+        slog.matches("accepted connection moved to shm").count(),
+        1,
+        "{slog}"
+    );
+    assert_eq!(
+        slog.matches("connection kept across exec, on shm again")
+            .count(),
+        1,
+        "{slog}"
+    );
+    // The megabyte went both ways over shm after the exec; the kernel
+    // socket carried the setup and doorbells only.
+    let shm_in = counter(&slog, "shm_received_bytes");
+    let tcp = counter(&slog, "kernel_tcp_received_bytes") + counter(&slog, "kernel_tcp_sent_bytes");
+    assert!(shm_in >= 1 << 20, "{slog}");
+    assert!(tcp * 100 < shm_in, "{tcp} B over TCP: {slog}");
+    assert!(
+        counter(&clog, "shm_received_bytes") >= (1 << 20) + 5,
+        "{clog}"
+    );
 }

@@ -4,7 +4,7 @@
 //!
 //! | offset | bytes | content |
 //! |---|---|---|
-//! | 0 | 4096 | header: magic, version, ring capacity |
+//! | 0 | 4096 | header: magic, version, ring capacity, each end's socket inode |
 //! | 4096 | 4096 | control block of ring 0 (connector → listener) |
 //! | 8192 | 4096 | control block of ring 1 (listener → connector) |
 //! | 12288 | capacity | data of ring 0 |
@@ -59,6 +59,49 @@ struct Header {
     version: AtomicU32,
     _pad: AtomicU32,
     capacity: AtomicU64,
+    /// Inode of the connector's kernel socket (0: not recorded).
+    connector_ino: AtomicU64,
+    /// Inode of the listener's kernel socket (0: not recorded).
+    listener_ino: AtomicU64,
+}
+
+/// What a region's header says, read through its file (see
+/// [`read_header`]).
+pub(crate) struct HeaderInfo {
+    /// Bytes of each ring.
+    pub(crate) capacity: usize,
+    /// Socket inodes of the connector's and the listener's end.
+    pub(crate) connector_ino: u64,
+    pub(crate) listener_ino: u64,
+}
+
+/// Reads the header of the region file `fd` without mapping it: None if
+/// it is not a region of this version.
+pub(crate) fn read_header(fd: libc::c_int) -> Option<HeaderInfo> {
+    let mut buf = [0u8; 40];
+    // SAFETY: `buf` is valid for writes of its length.
+    let r = unsafe { libc::pread(fd, buf.as_mut_ptr().cast(), buf.len(), 0) };
+    if r != buf.len() as isize {
+        return None;
+    }
+    let word = |at: usize| {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&buf[at..at + 8]);
+        u64::from_ne_bytes(w)
+    };
+    let version = u32::from_ne_bytes([buf[8], buf[9], buf[10], buf[11]]);
+    let capacity = word(16);
+    let ok = word(0) == REGION_MAGIC
+        && version == u32::from(netgap_proto::preload::PRELOAD_VERSION)
+        && capacity.is_power_of_two()
+        && (u64::from(netgap_proto::preload::MIN_RING_BYTES)
+            ..=u64::from(netgap_proto::preload::MAX_RING_BYTES))
+            .contains(&capacity);
+    ok.then(|| HeaderInfo {
+        capacity: capacity as usize,
+        connector_ino: word(24),
+        listener_ino: word(32),
+    })
 }
 
 /// Bytes of a region whose rings hold `capacity` bytes each.
@@ -164,6 +207,28 @@ impl Channel {
     /// Maps the memfd `fd` of `capacity`-byte rings. The connector
     /// (`role`) writes the header; the listener checks it.
     pub(crate) fn map(fd: libc::c_int, capacity: usize, role: Role) -> io::Result<Channel> {
+        Channel::map_as(fd, capacity, role, role == Role::Connector)
+    }
+
+    /// Maps the region `fd` again as `role` after an `exec` (the header and
+    /// the rings as they are).
+    pub(crate) fn reattach(fd: libc::c_int, capacity: usize, role: Role) -> io::Result<Channel> {
+        Channel::map_as(fd, capacity, role, false)
+    }
+
+    /// Records this end's socket inode in the header (for [`reattach`]).
+    ///
+    /// [`reattach`]: Channel::reattach
+    pub(crate) fn set_socket_ino(&self, role: Role, ino: u64) {
+        // SAFETY: the header is the first page of the mapping, all atomics.
+        let header = unsafe { self.base.cast::<Header>().as_ref() };
+        match role {
+            Role::Connector => header.connector_ino.store(ino, Ordering::Release),
+            Role::Listener => header.listener_ino.store(ino, Ordering::Release),
+        }
+    }
+
+    fn map_as(fd: libc::c_int, capacity: usize, role: Role, init: bool) -> io::Result<Channel> {
         let len = region_bytes(capacity);
         // SAFETY: a fresh shared mapping of `len` bytes of `fd`; the kernel
         // picks the address. The caller checked the file is at least `len`.
@@ -198,8 +263,8 @@ impl Channel {
         let ch = Channel { base, len, tx, rx };
         // SAFETY: the header is the first page of the mapping, all atomics.
         let header = unsafe { base.cast::<Header>().as_ref() };
-        match role {
-            Role::Connector => {
+        match init {
+            true => {
                 header.capacity.store(capacity as u64, Ordering::Relaxed);
                 header.version.store(
                     u32::from(netgap_proto::preload::PRELOAD_VERSION),
@@ -212,7 +277,7 @@ impl Channel {
                 ch.rx.ctl().data_waiter.0.store(1, Ordering::Relaxed);
                 ch.tx.ctl().data_waiter.0.store(1, Ordering::Release);
             }
-            Role::Listener => {
+            false => {
                 let ok = header.magic.load(Ordering::Acquire) == REGION_MAGIC
                     && header.version.load(Ordering::Relaxed)
                         == u32::from(netgap_proto::preload::PRELOAD_VERSION)

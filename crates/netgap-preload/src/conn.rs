@@ -8,7 +8,7 @@ use crate::channel::{Channel, Corrupt, Moved, Role};
 use crate::log::log_line;
 use crate::real;
 use libc::c_int;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 /// A taken-over connection.
@@ -36,25 +36,26 @@ pub(crate) struct Conn {
     /// answer yet: its writes fill the ring but ring no doorbell (on a
     /// refusal the kernel stream must hold only the program's bytes).
     offered: AtomicBool,
-    /// While offered: the destination port (for the log) and the region's
-    /// memfd, kept open until the listener has opened it through `/proc`.
-    /// The lock serialises the reading of the answer.
-    offer: Mutex<Option<(u16, c_int)>>,
+    /// While offered: the destination port (for the log). The lock
+    /// serialises the reading of the answer.
+    offer: Mutex<Option<u16>>,
+    /// The region's file, kept open without close-on-exec for as long as
+    /// the connection lives: a program that keeps the connection's
+    /// descriptor across `exec` keeps this too, and the library in the new
+    /// image maps it again (`inherit`). -1 once closed (by the program,
+    /// which owns every descriptor number).
+    region_fd: AtomicI32,
 }
 
 impl Drop for Conn {
     fn drop(&mut self) {
-        let offer = self.offer.get_mut().unwrap_or_else(|p| p.into_inner());
-        end_offer(offer);
-    }
-}
-
-/// Ends an offer: closes the region's memfd (the mappings keep the
-/// memory).
-pub(crate) fn end_offer(offer: &mut Option<(u16, c_int)>) {
-    if let Some((_, mfd)) = offer.take() {
-        // SAFETY: the memfd the offer owns, closed once (`take`).
-        unsafe { real::close()(mfd) };
+        let fd = self.region_fd.swap(-1, Ordering::AcqRel);
+        if fd >= 0 {
+            crate::table::take(fd);
+            // SAFETY: the region file this connection owns, closed once
+            // (the swap); the mapping goes with the channel.
+            unsafe { real::close()(fd) };
+        }
     }
 }
 
@@ -108,7 +109,22 @@ impl Conn {
     /// The connection on `fd` over `channel`; the kernel socket's Nagle
     /// and cork are turned off (and the program's settings of them kept
     /// for `getsockopt`).
-    pub(crate) fn new(fd: c_int, channel: Channel, role: Role, nonblocking: bool) -> Conn {
+    ///
+    /// `region_fd` is the region's file, which the connection keeps (see
+    /// [`Conn::region_closed`]); its inode and the socket's are recorded
+    /// in the region for a program that execs with the descriptor.
+    pub(crate) fn new(
+        fd: c_int,
+        channel: Channel,
+        role: Role,
+        nonblocking: bool,
+        region_fd: c_int,
+    ) -> Conn {
+        channel.set_socket_ino(role, socket_ino(fd));
+        // SAFETY: a plain fcntl on the region file: it must survive exec
+        // with the socket (a failure leaves it closed on exec, so a
+        // program that execs loses the channel: see `inherit`).
+        unsafe { real::fcntl()(region_fd, libc::F_SETFD, 0) };
         let nodelay = tcp_flag(fd, libc::TCP_NODELAY);
         let cork = tcp_flag(fd, libc::TCP_CORK);
         set_tcp_flag(fd, libc::TCP_CORK, false);
@@ -127,7 +143,21 @@ impl Conn {
             doorbells_sent: AtomicU64::new(0),
             offered: AtomicBool::new(false),
             offer: Mutex::new(None),
+            region_fd: AtomicI32::new(region_fd),
         }
+    }
+
+    /// The region file's descriptor (-1 once closed).
+    pub(crate) fn region_fd(&self) -> c_int {
+        self.region_fd.load(Ordering::Acquire)
+    }
+
+    /// The program closed (or replaced) the region's descriptor number:
+    /// the connection no longer owns it.
+    pub(crate) fn region_closed(&self, fd: c_int) {
+        let _ = self
+            .region_fd
+            .compare_exchange(fd, -1, Ordering::AcqRel, Ordering::Relaxed);
     }
 
     /// A connector's connection whose hello to `port` went out and whose
@@ -139,9 +169,9 @@ impl Conn {
         port: u16,
         region_fd: c_int,
     ) -> Conn {
-        let c = Conn::new(fd, channel, Role::Connector, nonblocking);
+        let c = Conn::new(fd, channel, Role::Connector, nonblocking, region_fd);
         c.offered.store(true, Ordering::SeqCst);
-        *c.offer.lock().unwrap_or_else(|p| p.into_inner()) = Some((port, region_fd));
+        *c.offer.lock().unwrap_or_else(|p| p.into_inner()) = Some(port);
         c
     }
 
@@ -150,18 +180,18 @@ impl Conn {
         self.offered.load(Ordering::Acquire)
     }
 
-    /// Holds the offer's lock: `Some((port, region_fd))` while the answer is still to
+    /// Holds the offer's lock: `Some(port)` while the answer is still to
     /// be read; the caller reads it and ends the offer with
     /// [`Conn::offer_accepted`] or [`Conn::offer_refused`].
-    pub(crate) fn offer_lock(&self) -> std::sync::MutexGuard<'_, Option<(u16, c_int)>> {
+    pub(crate) fn offer_lock(&self) -> std::sync::MutexGuard<'_, Option<u16>> {
         self.offer.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The listener took the channel: bytes the program wrote meanwhile
     /// are in the ring, and one doorbell makes sure a listener already
     /// waiting for them is woken.
-    pub(crate) fn offer_accepted(&self, fd: c_int, offer: &mut Option<(u16, c_int)>) {
-        end_offer(offer);
+    pub(crate) fn offer_accepted(&self, fd: c_int, offer: &mut Option<u16>) {
+        *offer = None;
         self.offered.store(false, Ordering::SeqCst);
         // A writer publishes, then checks `offered` (both SeqCst): either
         // it saw the offer over and rang itself, or its bytes are seen
@@ -175,12 +205,8 @@ impl Conn {
     /// ring meanwhile is sent over the kernel socket (where the listener's
     /// program will read it), and the kernel socket's TCP options are the
     /// program's again. Err: the bytes could not be sent.
-    pub(crate) fn offer_refused(
-        &self,
-        fd: c_int,
-        offer: &mut Option<(u16, c_int)>,
-    ) -> Result<(), String> {
-        end_offer(offer);
+    pub(crate) fn offer_refused(&self, fd: c_int, offer: &mut Option<u16>) -> Result<(), String> {
+        *offer = None;
         let _w = self.write_lock.lock().unwrap_or_else(|p| p.into_inner());
         self.offered.store(false, Ordering::SeqCst);
         set_tcp_flag(fd, libc::TCP_NODELAY, self.nodelay.load(Ordering::Relaxed));
@@ -560,6 +586,19 @@ fn tcp_bytes(fd: c_int) -> (u64, u64) {
         u64::from_ne_bytes(w)
     };
     (word(120), word(128))
+}
+
+/// The inode of the socket `fd` (0 if unknown): the same in every process
+/// that holds the socket, before and after `exec`.
+pub(crate) fn socket_ino(fd: c_int) -> u64 {
+    // SAFETY: all-zero bytes are a valid stat; fstat fills it.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `st` is valid for writes.
+    if unsafe { libc::fstat(fd, &mut st) } == 0 {
+        st.st_ino
+    } else {
+        0
+    }
 }
 
 /// The calling thread's `errno`.

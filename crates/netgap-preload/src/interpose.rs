@@ -41,7 +41,7 @@ fn route(fd: c_int, writing: bool) -> Route {
 /// answer even on a blocking descriptor.
 fn route_with(fd: c_int, writing: bool, dontwait: bool) -> Route {
     match table::get(fd) {
-        None | Some(Entry::Listener { .. }) => Route::Kernel,
+        None | Some(Entry::Listener { .. } | Entry::Region(_)) => Route::Kernel,
         Some(Entry::Shm(c)) if c.offered() => {
             // Writes go into the ring before the answer (see
             // `setup::connected`); a read needs the answer first.
@@ -609,10 +609,14 @@ pub unsafe extern "C" fn accept4(
 /// Forgets `fd` (closed, or about to be replaced by `dup2`), logging a
 /// connection's counters when this was its last descriptor here.
 fn forget(fd: c_int) {
-    if let Some(Entry::Shm(c)) = table::take(fd) {
-        if !table::shared_elsewhere(&c) {
-            c.log_close(fd);
+    match table::take(fd) {
+        Some(Entry::Shm(c)) if !table::shared_elsewhere(&c) => c.log_close(fd),
+        Some(Entry::Region(c)) => {
+            if let Some(c) = c.upgrade() {
+                c.region_closed(fd);
+            }
         }
+        _ => {}
     }
     table::epoll_forget(fd);
 }

@@ -12,6 +12,11 @@
 //! connection closed (`conn`). The interposed C calls (`interpose`)
 //! consult a per-process descriptor table (`table`).
 //!
+//! A connection whose descriptor the program keeps across `exec` (close-on-
+//! exec cleared) keeps working on shm in the new image, which the library
+//! is loaded into again (`inherit`); a descriptor closed on exec closes
+//! the connection as usual.
+//!
 //! Whatever the library cannot serve stays on the kernel's TCP, with one
 //! line in the log (`log`: the file `NETGAP_PRELOAD_LOG` names, or
 //! standard error): a peer without the library, a peer on another host, a
@@ -19,6 +24,7 @@
 
 mod channel;
 mod conn;
+mod inherit;
 pub mod interpose;
 mod log;
 mod real;
@@ -53,6 +59,7 @@ pub(crate) fn settings() -> &'static Settings {
 
 extern "C" fn load() {
     settings();
+    inherit::adopt();
 }
 
 /// Runs [`load`] when the dynamic loader maps the library, before the

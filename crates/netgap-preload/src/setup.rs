@@ -400,8 +400,9 @@ pub(crate) fn connected(fd: c_int, port: u16, nonblocking: bool) -> Result<(), E
     }
     match offer(fd) {
         Ok((ch, mfd)) => {
-            let c = Conn::new_offered(fd, ch, nonblocking, port, mfd);
-            table::set(fd, Entry::Shm(Arc::new(c)));
+            let c = Arc::new(Conn::new_offered(fd, ch, nonblocking, port, mfd));
+            table::set_region(&c);
+            table::set(fd, Entry::Shm(c));
             Ok(())
         }
         Err(Offer::Kept(why)) => {
@@ -532,7 +533,7 @@ fn hear(fd: c_int) -> Heard {
 /// corrupt bytes.
 pub(crate) fn finish_offer(fd: c_int, c: &Arc<Conn>, wait: bool) -> Resolved {
     let mut offer = c.offer_lock();
-    let Some((port, _)) = *offer else {
+    let Some(port) = *offer else {
         // Another thread ended it.
         return match table::get(fd) {
             Some(Entry::Shm(d)) if Arc::ptr_eq(c, &d) => Resolved::Shm(d),
@@ -575,7 +576,7 @@ pub(crate) fn finish_offer(fd: c_int, c: &Arc<Conn>, wait: bool) -> Resolved {
             Resolved::Kernel
         }
         Heard::Broken(why) => {
-            crate::conn::end_offer(&mut offer);
+            *offer = None;
             table::resolve_conn(c);
             log_line!("fd {fd}: connection to port {port} fails (shut down): {why}");
             // SAFETY: a plain shutdown of the program's socket; `shutdown`
@@ -683,9 +684,10 @@ pub(crate) fn resolve(fd: c_int, p: &Arc<Pending>, writing: bool) -> Resolved {
         Err(why) => Err(why),
     };
     match outcome {
-        Ok(ch) => {
+        Ok((ch, rfd)) => {
             let nonblocking = !blocking;
-            let c = Arc::new(Conn::new(fd, ch, Role::Listener, nonblocking));
+            let c = Arc::new(Conn::new(fd, ch, Role::Listener, nonblocking, rfd));
+            table::set_region(&c);
             table::resolve(p, Some(Entry::Shm(c.clone())));
             log_line!("fd {fd}: accepted connection moved to shm");
             Resolved::Shm(c)
@@ -700,7 +702,7 @@ pub(crate) fn resolve(fd: c_int, p: &Arc<Pending>, writing: bool) -> Resolved {
 
 /// Consumes and acts on a whole hello: opens, checks and maps the region,
 /// then answers.
-fn take_hello(fd: c_int, buf: &[u8; HELLO_BYTES]) -> Result<Channel, String> {
+fn take_hello(fd: c_int, buf: &[u8; HELLO_BYTES]) -> Result<(Channel, c_int), String> {
     consume(fd, HELLO_BYTES);
     let answer = |a: Answer| {
         let _ = send_all(fd, &a.encode());
@@ -724,7 +726,9 @@ fn take_hello(fd: c_int, buf: &[u8; HELLO_BYTES]) -> Result<Channel, String> {
     }
 }
 
-fn map_region(h: &Hello) -> Result<Channel, (Refusal, String)> {
+/// Opens, checks and maps the region a hello names: the channel and the
+/// region's descriptor.
+fn map_region(h: &Hello) -> Result<(Channel, c_int), (Refusal, String)> {
     let path = format!("/proc/{}/fd/{}\0", h.pid, h.fd);
     // SAFETY: a NUL-terminated path; `open` is not interposed.
     let rfd = unsafe { libc::open(path.as_ptr().cast(), libc::O_RDWR | libc::O_CLOEXEC) };
@@ -741,12 +745,14 @@ fn map_region(h: &Hello) -> Result<Channel, (Refusal, String)> {
     struct Close(c_int);
     impl Drop for Close {
         fn drop(&mut self) {
-            // SAFETY: the region descriptor opened above, closed once (the
-            // mapping keeps the memory).
-            unsafe { real::close()(self.0) };
+            if self.0 >= 0 {
+                // SAFETY: the region descriptor opened above, closed once
+                // on a failure.
+                unsafe { real::close()(self.0) };
+            }
         }
     }
-    let _close = Close(rfd);
+    let mut close = Close(rfd);
     // SAFETY: all-zero bytes are a valid stat; fstat fills it.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: `st` is valid for writes.
@@ -770,6 +776,9 @@ fn map_region(h: &Hello) -> Result<Channel, (Refusal, String)> {
             "the region is not a sealed file of this user of the announced size".into(),
         ));
     }
-    Channel::map(rfd, h.ring_bytes as usize, Role::Listener)
-        .map_err(|e| (Refusal::BadRegion, format!("mapping the region: {e}")))
+    let ch = Channel::map(rfd, h.ring_bytes as usize, Role::Listener)
+        .map_err(|e| (Refusal::BadRegion, format!("mapping the region: {e}")))?;
+    // The connection keeps the file (see `Conn::new`).
+    close.0 = -1;
+    Ok((ch, rfd))
 }

@@ -13,7 +13,7 @@ use crate::setup::Pending;
 use libc::c_int;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 
 /// What a descriptor is to the library.
 #[derive(Clone)]
@@ -29,6 +29,9 @@ pub(crate) enum Entry {
     Pending(Arc<Pending>),
     /// A connection on a shared-memory channel.
     Shm(Arc<Conn>),
+    /// The region file a connection keeps open (see `Conn::new`): if the
+    /// program closes this number, the connection must not close it again.
+    Region(Weak<Conn>),
 }
 
 /// Descriptor number → entry.
@@ -55,9 +58,19 @@ pub(crate) fn set(fd: c_int, e: Entry) {
     if t.len() <= i {
         t.resize(i + 1, None);
     }
-    if t[i].replace(e).is_none() {
+    let old = t[i].replace(e);
+    if old.is_none() {
         ENTRIES.fetch_add(1, Ordering::Relaxed);
     }
+    // A connection dropped here takes its region's entry: not under the
+    // lock.
+    drop(t);
+    drop(old);
+}
+
+/// Records the region file of the connection `c`.
+pub(crate) fn set_region(c: &Arc<Conn>) {
+    set(c.region_fd(), Entry::Region(Arc::downgrade(c)));
 }
 
 /// Removes and returns the entry of `fd`.
@@ -97,6 +110,7 @@ pub(crate) fn resolve_conn(c: &Arc<Conn>) {
             ENTRIES.fetch_sub(1, Ordering::Relaxed);
         }
     }
+    // The caller's `c` keeps the connection alive past the lock.
 }
 
 /// The descriptors that are listeners.
