@@ -322,6 +322,9 @@ impl Conn {
                     libc::MSG_DONTWAIT,
                 )
             };
+            // Read on to EAGAIN even after a short read: a FIN behind the
+            // doorbells must be seen now, as an edge-triggered epoll
+            // (nginx) reports it only once.
             if r > 0 {
                 continue;
             }
@@ -335,27 +338,6 @@ impl Conn {
                 _ => Err(e),
             };
         }
-    }
-
-    /// Waits until the kernel socket has something to read (a doorbell or
-    /// its end), a signal interrupts, or a bounded time passes: in a
-    /// program with two threads on one connection (one reading, one
-    /// writing) either may drain the doorbell meant for the other, so a
-    /// blocked call also looks at the ring again after 1, 2, 4 … 64 ms.
-    fn wait_readable(fd: c_int, round: &mut u32) -> Result<(), Errno> {
-        let mut p = libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        let ms: c_int = 1 << (*round).min(6);
-        *round += 1;
-        // SAFETY: one valid pollfd.
-        let r = unsafe { real::poll()(&mut p, 1, ms) };
-        if r < 0 {
-            return Err(errno());
-        }
-        Ok(())
     }
 
     /// `recv` on the channel into `iov`: data if any, 0 at the end of the
@@ -377,9 +359,10 @@ impl Conn {
             return Ok(0);
         }
         let mut round = 0;
+        let mut spun = false;
         loop {
             {
-                let _g = self.read_lock.lock().unwrap_or_else(|p| p.into_inner());
+                let g = self.read_lock.lock().unwrap_or_else(|p| p.into_inner());
                 // SAFETY: the caller's contract.
                 let m = unsafe { self.channel.read(iov, peek) }.map_err(|Corrupt| corrupt(fd))?;
                 if m.bytes > 0 {
@@ -389,7 +372,51 @@ impl Conn {
                 if self.peer_eof.load(Ordering::Relaxed) {
                     return Ok(0);
                 }
+                let may_wait = !dontwait && !self.nonblocking.load(Ordering::Relaxed);
+                if may_wait && !spun {
+                    // Before announcing a wait (which costs the peer a
+                    // doorbell and this end a sleep), look at the ring a
+                    // little while: an answer a few microseconds away then
+                    // crosses with no system call at either end.
+                    spun = true;
+                    drop(g);
+                    spin_until(|| self.read_ready());
+                    continue;
+                }
+                if may_wait && round == 0 && !self.channel.peer_closing() {
+                    // A blocking reader sleeps on the ring's waiter word:
+                    // the writer's futex wake costs far less than a
+                    // doorbell and its wake-up. The kernel socket (for its
+                    // end) is looked at after each sleep that brought no
+                    // data, and before the first when the peer hinted it
+                    // is closing (see `Conn::closing`).
+                    let armed = self.channel.want_data_futex();
+                    if self.channel.readable().map_err(|Corrupt| corrupt(fd))? > 0 {
+                        continue;
+                    }
+                    drop(g);
+                    self.channel.sleep_data(armed, 1);
+                    round += 1;
+                    continue;
+                }
                 self.drain(fd)?;
+                if may_wait {
+                    if self.peer_eof.load(Ordering::Relaxed) {
+                        if self.channel.readable().map_err(|Corrupt| corrupt(fd))? > 0 {
+                            continue;
+                        }
+                        return Ok(0);
+                    }
+                    let armed = self.channel.want_data_futex();
+                    if self.channel.readable().map_err(|Corrupt| corrupt(fd))? > 0 {
+                        continue;
+                    }
+                    drop(g);
+                    let ms = 1u32 << round.min(6);
+                    round += 1;
+                    self.channel.sleep_data(armed, ms);
+                    continue;
+                }
                 self.channel.want_data();
                 if self.channel.readable().map_err(|Corrupt| corrupt(fd))? > 0 {
                     continue;
@@ -402,11 +429,9 @@ impl Conn {
                     }
                     return Ok(0);
                 }
-                if dontwait || self.nonblocking.load(Ordering::Relaxed) {
-                    return Err(libc::EAGAIN);
-                }
+                // Non-blocking: the program's poll or epoll waits.
+                return Err(libc::EAGAIN);
             }
-            Self::wait_readable(fd, &mut round)?;
         }
     }
 
@@ -489,7 +514,7 @@ impl Conn {
         let mut round = 0;
         loop {
             {
-                let _g = self.write_lock.lock().unwrap_or_else(|p| p.into_inner());
+                let g = self.write_lock.lock().unwrap_or_else(|p| p.into_inner());
                 let m = put(&self.channel)
                     .map_err(|Corrupt| corrupt(fd))?
                     .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
@@ -507,16 +532,27 @@ impl Conn {
                 if self.peer_gone(fd) {
                     return Err(libc::EPIPE);
                 }
+                if !dontwait && !self.nonblocking.load(Ordering::Relaxed) {
+                    // A blocking writer sleeps on the ring's waiter word
+                    // (see `Conn::recv`), looking at the peer's socket
+                    // between sleeps (`peer_gone` above).
+                    let armed = self.channel.want_space_futex();
+                    if !self.channel.tx_full().map_err(|Corrupt| corrupt(fd))? {
+                        continue;
+                    }
+                    drop(g);
+                    let ms = 1u32 << round.min(6);
+                    round += 1;
+                    self.channel.sleep_space(armed, ms);
+                    continue;
+                }
                 self.channel.want_space();
                 if !self.channel.tx_full().map_err(|Corrupt| corrupt(fd))? {
                     continue;
                 }
-                if dontwait || self.nonblocking.load(Ordering::Relaxed) {
-                    return Err(libc::EAGAIN);
-                }
-                self.drain(fd)?;
+                // Non-blocking: the program's poll or epoll waits.
+                return Err(libc::EAGAIN);
             }
-            Self::wait_readable(fd, &mut round)?;
         }
     }
 
@@ -540,6 +576,13 @@ impl Conn {
             self.ring(fd);
         }
         false
+    }
+
+    /// The program closed its last descriptor of the connection in this
+    /// process, or shut down its sending side: the peer's blocking
+    /// sleepers are woken to look at the kernel socket.
+    pub(crate) fn closing(&self) {
+        self.channel.wake_peer_sleepers();
     }
 
     /// One line with the connection's counters and what the kernel socket
@@ -598,6 +641,40 @@ pub(crate) fn socket_ino(fd: c_int) -> u64 {
         st.st_ino
     } else {
         0
+    }
+}
+
+/// How often a spinning reader gives up its CPU once (`sched_yield`): on
+/// a machine with more runnable threads than cores the peer it waits for
+/// may need that CPU to answer; with a core idle the call returns at once.
+const SPIN_YIELD_NS: u128 = 5_000;
+
+/// Spins until `ready` or the library's spin time (`NETGAP_PRELOAD_SPIN_US`)
+/// passes, reading the clock every few dozen looks and yielding the CPU
+/// every [`SPIN_YIELD_NS`]; returns the last answer of `ready`.
+pub(crate) fn spin_until(mut ready: impl FnMut() -> bool) -> bool {
+    let budget_ns = u128::from(crate::settings().spin_ns);
+    if budget_ns == 0 {
+        return ready();
+    }
+    let start = std::time::Instant::now();
+    let mut next_yield = SPIN_YIELD_NS;
+    loop {
+        for _ in 0..32 {
+            if ready() {
+                return true;
+            }
+            std::hint::spin_loop();
+        }
+        let spent = start.elapsed().as_nanos();
+        if spent >= budget_ns {
+            return ready();
+        }
+        if spent >= next_yield {
+            next_yield = spent + SPIN_YIELD_NS;
+            // SAFETY: sched_yield has no preconditions.
+            unsafe { libc::sched_yield() };
+        }
     }
 }
 

@@ -4,17 +4,18 @@
 //! is resolved first.
 //!
 //! Calls that need nothing of the library on a taken-over connection are
-//! not interposed: `socket`, `bind`, `getsockname`, `getpeername` and
-//! `shutdown` act on the kernel socket under the descriptor, which is the
-//! connection's real socket (addresses true, a shutdown's FIN seen by the
-//! peer after the bytes already in the ring). Socket options go to the
+//! not interposed: `socket`, `bind`, `getsockname` and `getpeername` act
+//! on the kernel socket under the descriptor, which is the connection's
+//! real socket. `shutdown` acts on it too (a FIN seen by the peer after
+//! the bytes already in the ring) and wakes the peer if it sleeps in a
+//! blocking read. Socket options go to the
 //! kernel socket too, except `TCP_NODELAY` and `TCP_CORK`, which are
 //! recorded and not applied: the kernel socket then carries only
 //! doorbells, which must never wait for Nagle or a cork. `fork` needs nothing either:
 //! the channels are shared mappings the child inherits, and the rings keep
 //! no index in private memory.
 
-use crate::conn::{errno, set_errno, Conn, Errno};
+use crate::conn::{errno, set_errno, spin_until, Conn, Errno};
 use crate::log::log_line;
 use crate::real;
 use crate::setup::{self, Resolved};
@@ -607,10 +608,17 @@ pub unsafe extern "C" fn accept4(
 }
 
 /// Forgets `fd` (closed, or about to be replaced by `dup2`), logging a
-/// connection's counters when this was its last descriptor here.
-fn forget(fd: c_int) {
+/// connection's counters when this was its last descriptor here; returns
+/// that connection, whose peer is to be told once the descriptor is
+/// closed ([`Conn::closing`]).
+#[must_use]
+fn forget(fd: c_int) -> Option<Arc<Conn>> {
+    let mut last = None;
     match table::take(fd) {
-        Some(Entry::Shm(c)) if !table::shared_elsewhere(&c) => c.log_close(fd),
+        Some(Entry::Shm(c)) if !table::shared_elsewhere(&c) => {
+            c.log_close(fd);
+            last = Some(c);
+        }
         Some(Entry::Region(c)) => {
             if let Some(c) = c.upgrade() {
                 c.region_closed(fd);
@@ -619,6 +627,7 @@ fn forget(fd: c_int) {
         _ => {}
     }
     table::epoll_forget(fd);
+    last
 }
 
 /// `close(2)`.
@@ -628,9 +637,35 @@ fn forget(fd: c_int) {
 /// As for the C library's `close`.
 #[no_mangle]
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
-    forget(fd);
+    let last = forget(fd);
     // SAFETY: the program's own argument, passed on.
-    unsafe { real::close()(fd) }
+    let r = unsafe { real::close()(fd) };
+    if let Some(c) = last {
+        let e = errno();
+        c.closing();
+        set_errno(e);
+    }
+    r
+}
+
+/// `shutdown(2)`: on a taken-over connection the peer's blocking sleepers
+/// are woken to see the FIN.
+///
+/// # Safety
+///
+/// As for the C library's `shutdown`.
+#[no_mangle]
+pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
+    // SAFETY: the program's own arguments, passed on.
+    let r = unsafe { real::shutdown()(fd, how) };
+    if r == 0 && how != libc::SHUT_RD {
+        if let Some(Entry::Shm(c)) = table::get(fd) {
+            let e = errno();
+            c.closing();
+            set_errno(e);
+        }
+    }
+    r
 }
 
 fn copy_entry(from: c_int, to: c_int) {
@@ -665,7 +700,9 @@ pub unsafe extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
     // SAFETY: the program's own arguments, passed on.
     let r = unsafe { real::dup2()(old, new) };
     if r >= 0 && old != new {
-        forget(new);
+        if let Some(c) = forget(new) {
+            c.closing();
+        }
         copy_entry(old, new);
     }
     r
@@ -681,7 +718,9 @@ pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
     // SAFETY: the program's own arguments, passed on.
     let r = unsafe { real::dup3()(old, new, flags) };
     if r >= 0 {
-        forget(new);
+        if let Some(c) = forget(new) {
+            c.closing();
+        }
         copy_entry(old, new);
     }
     r
@@ -891,7 +930,13 @@ unsafe fn shm_poll(
         return wait(timeout);
     }
     let start = std::time::Instant::now();
+    let mut spun = timeout == 0;
     loop {
+        if !spun {
+            // See `Conn::recv`: watch the rings a little before sleeping.
+            spun = true;
+            spin_until(|| shm.iter().any(|(_, c)| c.read_ready()));
+        }
         let mut ready: Vec<usize> = shm
             .iter()
             .filter(|(_, c)| c.read_ready())
@@ -1054,7 +1099,13 @@ unsafe fn shm_epoll_wait(
     }
     let wants_in = |i: &Interest| i.events & libc::EPOLLIN as u32 != 0;
     let start = std::time::Instant::now();
+    let mut spun = timeout == 0;
     loop {
+        if !spun {
+            // See `Conn::recv`: watch the rings a little before sleeping.
+            spun = true;
+            spin_until(|| shm.iter().any(|(_, i, c)| wants_in(i) && c.read_ready()));
+        }
         let mut ready: Vec<Interest> = shm
             .iter()
             .filter(|(_, i, c)| wants_in(i) && c.read_ready())

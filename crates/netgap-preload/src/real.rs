@@ -147,3 +147,6 @@ real_fn!(
 real_fn!(
     /// `setresuid(2)`.
     setresuid, fn(libc::uid_t, libc::uid_t, libc::uid_t) -> c_int);
+real_fn!(
+    /// `shutdown(2)`.
+    shutdown, fn(c_int, c_int) -> c_int);
