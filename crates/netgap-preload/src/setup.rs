@@ -1,7 +1,9 @@
 //! Moving a connection from the kernel's TCP onto a shared-memory channel.
 //!
 //! - A listener with the library announces itself with a beacon: an
-//!   abstract Unix socket bound to `netgap-preload.UID.PORT`, which lives
+//!   abstract Unix socket bound to `netgap-preload.UID.FAMILY.PORT`
+//!   (FAMILY 4 or 6: an IPv4 and an IPv6 listener may have the same port
+//!   number; a dual-stack IPv6 listener announces both), which lives
 //!   exactly as long as some process holds it (a killed program leaves
 //!   nothing behind) and is private to the network namespace, like the
 //!   port.
@@ -39,26 +41,27 @@ const ANSWER_WAIT: Duration = Duration::from_secs(10);
 /// hello: a connector with the library sends it at once after connecting.
 const HELLO_WAIT: Duration = Duration::from_millis(200);
 
-/// A listener's presence beacon (its descriptor, closed with the
-/// listener).
+/// A listener's presence beacons (their descriptors, -1 for a name
+/// another listener of the port holds; closed with the listener).
 pub(crate) struct Beacon {
-    fd: c_int,
+    fds: Vec<c_int>,
 }
 
 impl Drop for Beacon {
     fn drop(&mut self) {
-        if self.fd >= 0 {
+        for &fd in self.fds.iter().filter(|&&fd| fd >= 0) {
             // SAFETY: the beacon's own descriptor, closed once.
-            unsafe { real::close()(self.fd) };
+            unsafe { real::close()(fd) };
         }
     }
 }
 
-/// The abstract socket address of the beacon for `port`.
-fn beacon_addr(port: u16) -> (libc::sockaddr_un, libc::socklen_t) {
+/// The abstract socket address of the beacon for `port` of IP version
+/// `family` (4 or 6).
+fn beacon_addr(family: u8, port: u16) -> (libc::sockaddr_un, libc::socklen_t) {
     // SAFETY: getuid cannot fail.
     let uid = unsafe { libc::getuid() };
-    let name = format!("netgap-preload.{uid}.{port}");
+    let name = format!("netgap-preload.{uid}.{family}.{port}");
     // SAFETY: all-zero bytes are a valid sockaddr_un.
     let mut a: libc::sockaddr_un = unsafe { std::mem::zeroed() };
     a.sun_family = libc::AF_UNIX as libc::sa_family_t;
@@ -72,13 +75,13 @@ fn beacon_addr(port: u16) -> (libc::sockaddr_un, libc::socklen_t) {
 
 /// Binds a datagram socket to the beacon name of `port`: Ok(fd) if it was
 /// free, Err(errno) otherwise (EADDRINUSE: a beacon exists).
-fn bind_beacon(port: u16) -> Result<c_int, Errno> {
+fn bind_beacon(family: u8, port: u16) -> Result<c_int, Errno> {
     // SAFETY: plain socket creation; `socket` is not interposed.
     let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
     if fd < 0 {
         return Err(errno());
     }
-    let (a, len) = beacon_addr(port);
+    let (a, len) = beacon_addr(family, port);
     // SAFETY: `a` is a valid sockaddr_un of `len` bytes.
     let r = unsafe { libc::bind(fd, std::ptr::from_ref(&a).cast(), len) };
     if r != 0 {
@@ -99,17 +102,27 @@ pub(crate) fn listening(fd: c_int) {
     if family != libc::AF_INET && family != libc::AF_INET6 || !is_stream(fd) {
         return;
     }
-    let beacon = match bind_beacon(port) {
-        Ok(b) => Beacon { fd: b },
-        Err(libc::EADDRINUSE) => Beacon { fd: -1 },
-        Err(e) => {
-            log_line!(
-                "fd {fd}: listener on port {port} stays on the kernel's TCP: no beacon ({})",
-                std::io::Error::from_raw_os_error(e)
-            );
-            return;
-        }
+    let families: &[u8] = if family == libc::AF_INET {
+        &[4]
+    } else if v6_only(fd) {
+        &[6]
+    } else {
+        &[6, 4]
     };
+    let mut beacon = Beacon { fds: Vec::new() };
+    for &f in families {
+        match bind_beacon(f, port) {
+            Ok(b) => beacon.fds.push(b),
+            Err(libc::EADDRINUSE) => beacon.fds.push(-1),
+            Err(e) => {
+                log_line!(
+                    "fd {fd}: listener on port {port} stays on the kernel's TCP: no beacon ({})",
+                    std::io::Error::from_raw_os_error(e)
+                );
+                return;
+            }
+        }
+    }
     table::set(
         fd,
         Entry::Listener {
@@ -118,9 +131,27 @@ pub(crate) fn listening(fd: c_int) {
     );
 }
 
-/// Whether a listener with the library announces `port`.
-fn beacon_present(port: u16) -> bool {
-    match bind_beacon(port) {
+/// Whether an IPv6 socket takes IPv6 connections only.
+fn v6_only(fd: c_int) -> bool {
+    let mut v: c_int = 0;
+    let mut len = std::mem::size_of::<c_int>() as libc::socklen_t;
+    // SAFETY: `v` is valid for writes of `len` bytes.
+    let r = unsafe {
+        real::getsockopt()(
+            fd,
+            libc::IPPROTO_IPV6,
+            libc::IPV6_V6ONLY,
+            std::ptr::from_mut(&mut v).cast(),
+            &mut len,
+        )
+    };
+    r == 0 && v != 0
+}
+
+/// Whether a listener with the library announces `port` of IP version
+/// `family`.
+fn beacon_present(family: u8, port: u16) -> bool {
+    match bind_beacon(family, port) {
         Ok(fd) => {
             // SAFETY: our own probe descriptor.
             unsafe { real::close()(fd) };
@@ -245,7 +276,7 @@ pub(crate) fn candidate(
     if !(ip.is_loopback() || is_local_ip(ip)) {
         return None;
     }
-    if !beacon_present(port) {
+    if !beacon_present(if ip.is_ipv4() { 4 } else { 6 }, port) {
         log_line!("fd {fd}: connection to port {port} stays on the kernel's TCP: no listener with the library there");
         return None;
     }
