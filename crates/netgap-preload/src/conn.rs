@@ -654,9 +654,54 @@ const SPIN_YIELD_NS: u128 = 5_000;
 /// every [`SPIN_YIELD_NS`]; returns the last answer of `ready`.
 pub(crate) fn spin_until(mut ready: impl FnMut() -> bool) -> bool {
     let budget_ns = u128::from(crate::settings().spin_ns);
-    if budget_ns == 0 {
+    if budget_ns == 0 || !SPIN_GATE.open() {
         return ready();
     }
+    let ok = spin_for(budget_ns, &mut ready);
+    SPIN_GATE.record(ok);
+    ok
+}
+
+/// Whether spinning pays in this process: after [`SPIN_MISSES_TO_CLOSE`]
+/// spins in a row that ran out without the peer answering (on a machine
+/// with more runnable threads than cores the peer often cannot run while
+/// this end spins, and the spin only delays it), waits sleep at once, with
+/// one spin in [`SPIN_PROBE_EVERY`] to notice when spinning pays again.
+struct SpinGate {
+    misses: std::sync::atomic::AtomicU32,
+    skipped: std::sync::atomic::AtomicU32,
+}
+
+/// Failed spins in a row after which waits stop spinning.
+const SPIN_MISSES_TO_CLOSE: u32 = 4;
+/// While closed, one wait in this many spins.
+const SPIN_PROBE_EVERY: u32 = 64;
+
+static SPIN_GATE: SpinGate = SpinGate {
+    misses: std::sync::atomic::AtomicU32::new(0),
+    skipped: std::sync::atomic::AtomicU32::new(0),
+};
+
+impl SpinGate {
+    fn open(&self) -> bool {
+        if self.misses.load(Ordering::Relaxed) < SPIN_MISSES_TO_CLOSE {
+            return true;
+        }
+        self.skipped
+            .fetch_add(1, Ordering::Relaxed)
+            .is_multiple_of(SPIN_PROBE_EVERY)
+    }
+
+    fn record(&self, ok: bool) {
+        if ok {
+            self.misses.store(0, Ordering::Relaxed);
+        } else {
+            self.misses.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+fn spin_for(budget_ns: u128, ready: &mut impl FnMut() -> bool) -> bool {
     let start = std::time::Instant::now();
     let mut next_yield = SPIN_YIELD_NS;
     loop {
