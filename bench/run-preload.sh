@@ -9,11 +9,12 @@
 #
 # Then the library's own cost: a 1-byte request and response, netgap's
 # tcp pingpong under the library (`netgap wrap -t shm -- netgap run
-# pingpong -t tcp`, client and in-process agent both under it, and under
-# BASELINE_LIB if set) against netgap's own shm transport (event mode
-# sleeps on a futex, poll mode spins) and plain tcp, interleaved ROUNDS
-# times (default 3); prints each round's mean latency, the medians, and
-# what the library adds to the shm transport in event and in poll mode.
+# pingpong -t tcp`, client and in-process agent both under it; as it comes,
+# with NETGAP_PRELOAD_SPIN_US=0, and under BASELINE_LIB if set) against
+# netgap's own shm transport (event mode sleeps on a futex, poll mode
+# spins) and plain tcp, interleaved ROUNDS times (default 3); prints each
+# round's mean latency, the medians, and what the library adds: without
+# its spin to the shm transport's event mode, with it to its poll mode.
 #
 # usage: bench/run-preload.sh [SECONDS] [CONNECTIONS]   (default 10 s, 16)
 #        ROUNDS=3 REPS=5 REP_TIME=1s bench/run-preload.sh
@@ -109,12 +110,12 @@ echo "preload log: $moved connection ends moved to shm, $kept kept on kernel TCP
 
 echo
 echo "1-byte request/response: netgap pingpong -s 1, mean latency (us), $reps x $rep_time per run"
-printf '%-6s %10s %10s %10s %10s %10s %12s %12s\n' round "shm event" "shm poll" tcp preload baseline "pre-event" "pre-poll"
+printf '%-6s %10s %10s %10s %10s %10s %10s %10s %10s\n' round "shm event" "shm poll" tcp preload "no spin" baseline "nospin-ev" "pre-poll"
 lat() { awk '$1 == "pingpong" { print $5 }'; }
 pp_args=(run pingpong -s 1 --reps "$reps" --rep-time "$rep_time")
 ping() { "$netgap" "${pp_args[@]}" "$@" 2>/dev/null | lat; }
-wrapped() { # $1: the library
-    NETGAP_PRELOAD=$1 NETGAP_PRELOAD_LOG="$dir/pp.log" \
+wrapped() { # $1: the library; $2: NETGAP_PRELOAD_SPIN_US
+    NETGAP_PRELOAD=$1 NETGAP_PRELOAD_LOG="$dir/pp.log" NETGAP_PRELOAD_SPIN_US=$2 \
         "$netgap" wrap -t shm -- "$netgap" "${pp_args[@]}" -t tcp 2>/dev/null | lat
 }
 : >"$dir/pp.txt"
@@ -122,16 +123,17 @@ for r in $(seq "$rounds"); do
     ev=$(ping -t shm)
     po=$(ping -t shm --mode poll)
     tcp=$(ping -t tcp)
-    pre=$(wrapped "$lib")
+    pre=$(wrapped "$lib" 30)
+    nospin=$(wrapped "$lib" 0)
     base=0
-    [ -n "${BASELINE_LIB:-}" ] && base=$(wrapped "$BASELINE_LIB")
-    echo "$ev $po $tcp $pre $base" >>"$dir/pp.txt"
-    awk -v r="$r" -v a="$ev" -v b="$po" -v c="$tcp" -v d="$pre" -v e="$base" \
-        'BEGIN { printf "%-6s %10.2f %10.2f %10.2f %10.2f %10.2f %+12.2f %+12.2f\n", r, a, b, c, d, e, d - a, d - b }'
+    [ -n "${BASELINE_LIB:-}" ] && base=$(wrapped "$BASELINE_LIB" 30)
+    echo "$ev $po $tcp $pre $nospin $base" >>"$dir/pp.txt"
+    awk -v r="$r" -v a="$ev" -v b="$po" -v c="$tcp" -v d="$pre" -v e="$nospin" -v f="$base" \
+        'BEGIN { printf "%-6s %10.2f %10.2f %10.2f %10.2f %10.2f %10.2f %+10.2f %+10.2f\n", r, a, b, c, d, e, f, e - a, d - b }'
 done
 med() { sort -n -k"$1,$1" "$dir/pp.txt" | awk -v k="$1" '{ a[NR] = $k } END { print a[int((NR + 1) / 2)] }'; }
-awk -v a="$(med 1)" -v b="$(med 2)" -v c="$(med 3)" -v d="$(med 4)" -v e="$(med 5)" \
-    'BEGIN { printf "%-6s %10.2f %10.2f %10.2f %10.2f %10.2f %+12.2f %+12.2f\n", "median", a, b, c, d, e, d - a, d - b
-             printf "preload / shm event: %.2fx; preload / shm poll: %.2fx\n", d / a, d / b }'
+awk -v a="$(med 1)" -v b="$(med 2)" -v c="$(med 3)" -v d="$(med 4)" -v e="$(med 5)" -v f="$(med 6)" \
+    'BEGIN { printf "%-6s %10.2f %10.2f %10.2f %10.2f %10.2f %10.2f %+10.2f %+10.2f\n", "median", a, b, c, d, e, f, e - a, d - b
+             printf "preload (spin 0) / shm event: %.2fx; preload / shm poll: %.2fx\n", e / a, d / b }'
 moved=$(grep -c "moved to shm" "$dir/pp.log" || true)
 echo "ping-pong preload log: $moved connection ends moved to shm; load average: $(cut -d' ' -f1-3 /proc/loadavg)"
