@@ -4,16 +4,32 @@
 # (both programs under libnetgap_preload.so, as `netgap wrap -t shm` runs
 # them). Prints, per file and stack, transactions per second and the CPU
 # time per transaction of nginx's one worker and of wrk (one thread).
+# BASELINE_LIB=PATH adds a run under another build of the library (an
+# older one, to compare before and after a change in the same run).
+#
+# Then the library's own cost: a 1-byte request and response, netgap's
+# tcp pingpong under the library (`netgap wrap -t shm -- netgap run
+# pingpong -t tcp`, client and in-process agent both under it; as it comes,
+# with NETGAP_PRELOAD_SPIN_US=0, and under BASELINE_LIB if set) against
+# netgap's own shm transport (event mode sleeps on a futex, poll mode
+# spins) and plain tcp, interleaved ROUNDS times (default 3); prints each
+# round's mean latency, the medians, and what the library adds: without
+# its spin to the shm transport's event mode, with it to its poll mode.
 #
 # usage: bench/run-preload.sh [SECONDS] [CONNECTIONS]   (default 10 s, 16)
+#        ROUNDS=3 REPS=5 REP_TIME=1s bench/run-preload.sh
 # Needs nginx and wrk; run as root or as the user nginx runs as (a region is
 # only shared between processes of one user).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-10}
 conns=${2:-16}
-nice cargo build --release --quiet -p netgap-preload
+rounds=${ROUNDS:-3}
+reps=${REPS:-5}
+rep_time=${REP_TIME:-1s}
+nice cargo build --release --quiet -p netgap-preload -p netgap
 lib=$PWD/target/release/libnetgap_preload.so
+netgap=$PWD/target/release/netgap
 dir=$(mktemp -d)
 trap 'kill "$(cat "$dir/nginx.pid" 2>/dev/null)" 2>/dev/null || true; sleep 0.5; rm -rf "$dir"' EXIT
 mkdir -p "$dir/root"
@@ -58,9 +74,14 @@ stop_nginx() {
 printf '%-5s %-22s %12s %16s %16s\n' file stack "trans/s" "nginx us/trans" "wrk us/trans"
 port=$((20000 + RANDOM % 20000))
 for file in 1k 64k; do
-    for stack in "kernel TCP (loopback)" "shm via preload"; do
+    stacks=("kernel TCP (loopback)" "shm via preload")
+    [ -n "${BASELINE_LIB:-}" ] && stacks+=("preload, baseline")
+    for stack in "${stacks[@]}"; do
         pre=""
-        [ "$stack" = "shm via preload" ] && pre=$lib
+        case $stack in
+            "shm via preload") pre=$lib ;;
+            "preload, baseline") pre=$BASELINE_LIB ;;
+        esac
         port=$((port + 1))
         start_nginx "$pre" "$port"
         master=$(cat "$dir/nginx.pid")
@@ -86,3 +107,33 @@ done
 moved=$(grep -c "moved to shm" "$dir/preload.log" || true)
 kept=$(grep -c "kernel's TCP" "$dir/preload.log" || true)
 echo "preload log: $moved connection ends moved to shm, $kept kept on kernel TCP"
+
+echo
+echo "1-byte request/response: netgap pingpong -s 1, mean latency (us), $reps x $rep_time per run"
+printf '%-6s %10s %10s %10s %10s %10s %10s %10s %10s\n' round "shm event" "shm poll" tcp preload "no spin" baseline "nospin-ev" "pre-poll"
+lat() { awk '$1 == "pingpong" { print $5 }'; }
+pp_args=(run pingpong -s 1 --reps "$reps" --rep-time "$rep_time")
+ping() { "$netgap" "${pp_args[@]}" "$@" 2>/dev/null | lat; }
+wrapped() { # $1: the library; $2: NETGAP_PRELOAD_SPIN_US
+    NETGAP_PRELOAD=$1 NETGAP_PRELOAD_LOG="$dir/pp.log" NETGAP_PRELOAD_SPIN_US=$2 \
+        "$netgap" wrap -t shm -- "$netgap" "${pp_args[@]}" -t tcp 2>/dev/null | lat
+}
+: >"$dir/pp.txt"
+for r in $(seq "$rounds"); do
+    ev=$(ping -t shm)
+    po=$(ping -t shm --mode poll)
+    tcp=$(ping -t tcp)
+    pre=$(wrapped "$lib" 30)
+    nospin=$(wrapped "$lib" 0)
+    base=0
+    [ -n "${BASELINE_LIB:-}" ] && base=$(wrapped "$BASELINE_LIB" 30)
+    echo "$ev $po $tcp $pre $nospin $base" >>"$dir/pp.txt"
+    awk -v r="$r" -v a="$ev" -v b="$po" -v c="$tcp" -v d="$pre" -v e="$nospin" -v f="$base" \
+        'BEGIN { printf "%-6s %10.2f %10.2f %10.2f %10.2f %10.2f %10.2f %+10.2f %+10.2f\n", r, a, b, c, d, e, f, e - a, d - b }'
+done
+med() { sort -n -k"$1,$1" "$dir/pp.txt" | awk -v k="$1" '{ a[NR] = $k } END { print a[int((NR + 1) / 2)] }'; }
+awk -v a="$(med 1)" -v b="$(med 2)" -v c="$(med 3)" -v d="$(med 4)" -v e="$(med 5)" -v f="$(med 6)" \
+    'BEGIN { printf "%-6s %10.2f %10.2f %10.2f %10.2f %10.2f %10.2f %+10.2f %+10.2f\n", "median", a, b, c, d, e, f, e - a, d - b
+             printf "preload (spin 0) / shm event: %.2fx; preload / shm poll: %.2fx\n", e / a, d / b }'
+moved=$(grep -c "moved to shm" "$dir/pp.log" || true)
+echo "ping-pong preload log: $moved connection ends moved to shm; load average: $(cut -d' ' -f1-3 /proc/loadavg)"

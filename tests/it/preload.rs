@@ -5,7 +5,10 @@
 //! shared memory while the kernel TCP socket carried only the setup and
 //! the wake-ups; curl (poll) and wrk (epoll) against nginx, all wrapped;
 //! the fallback to the kernel's TCP with either end unwrapped; a server
-//! that forks after accept; nothing left mapped after a wrapped client is
+//! that forks after accept; Apache's event MPM serving wrapped clients of
+//! the user its children switch to; an Open MPI ping-pong over the tcp
+//! BTL with both ranks wrapped; a server that execs itself keeping a
+//! connection, which stays on shm in the new image; nothing left mapped after a wrapped client is
 //! killed; and a wrap of a missing program refused in one line.
 //!
 //! Without nginx these tests print why and pass, unless
@@ -675,4 +678,489 @@ fn a_wrap_of_a_missing_program_is_one_line() {
         .output()
         .expect("netgap runs");
     common::one_line_error(&out, "wrap", "stack \"udp\" is not provided");
+}
+
+/// Whether `program` is on the PATH.
+fn on_path(program: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(program).is_file()))
+}
+
+#[test]
+fn an_open_mpi_ping_pong_over_the_tcp_btl_moves_to_shm() {
+    let test = "an_open_mpi_ping_pong_over_the_tcp_btl_moves_to_shm";
+    if !on_path("mpicc") || !on_path("mpirun") {
+        common::skip(
+            test,
+            "mpicc or mpirun is missing (apt-get install libopenmpi-dev openmpi-bin)",
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let src = dir.path().join("pingpong.c");
+    std::fs::write(&src, include_str!("preload_mpi_pingpong.c")).expect("source");
+    let exe = dir.path().join("pingpong");
+    let built = Command::new("mpicc")
+        .args(["-O2", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .output()
+        .expect("mpicc runs");
+    assert!(built.status.success(), "{built:?}");
+    let log = dir.path().join("mpi.log");
+    // Both ranks under the library; mpirun and its daemon stay plain (their
+    // own connections have no listener with the library, so they stay on
+    // the kernel's TCP). The tcp BTL on loopback only, ob1 over it.
+    let out = Command::new("timeout")
+        .args([
+            "-s",
+            "KILL",
+            "120",
+            "mpirun",
+            "--allow-run-as-root",
+            "--oversubscribe",
+        ])
+        .args([
+            "-np", "2", "--mca", "pml", "ob1", "--mca", "btl", "tcp,self",
+        ])
+        .args(["--mca", "btl_tcp_if_include", "lo"])
+        .arg("-x")
+        .arg(format!("LD_PRELOAD={}", library().display()))
+        .arg("-x")
+        .arg(format!("NETGAP_PRELOAD_LOG={}", log.display()))
+        .arg(&exe)
+        .arg("300")
+        .current_dir(dir.path())
+        .output()
+        .expect("mpirun runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let text = read(&log);
+    assert!(
+        out.status.success(),
+        "{stdout}{}\n{text}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // 300 round trips of 1 B and 1 KiB, 31 of 64 KiB and of 1 MiB.
+    assert!(
+        stdout.contains("verified round trips: 662 bad: 0"),
+        "{stdout}"
+    );
+    // Each rank connected to the other at once: every connection between
+    // the ranks that carried the ping-pong moved to shm, at both ends.
+    assert!(
+        text.matches("accepted connection moved to shm").count() >= 1,
+        "{text}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.contains("connection to port") && l.ends_with("moved to shm")),
+        "{text}"
+    );
+    assert!(!text.contains("fails"), "{text}");
+    let shm_in = counter(&text, "shm_received_bytes");
+    let tcp = counter(&text, "kernel_tcp_received_bytes") + counter(&text, "kernel_tcp_sent_bytes");
+    // Both ranks received 31 MiB and more each over shm.
+    assert!(shm_in > 2 * 31 * (1 << 20), "{shm_in} B over shm: {text}");
+    assert!(
+        tcp * 100 < shm_in,
+        "{tcp} B over the kernel's TCP against {shm_in} B over shm: {text}"
+    );
+}
+
+/// `cmd` run as `nobody` when the test runs as root (as Apache's children
+/// do: a region is shared only between processes of one user), else as
+/// is.
+fn as_nobody(cmd: &Command) -> Command {
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        let mut c = Command::new(cmd.get_program());
+        c.args(cmd.get_args());
+        copy_env(cmd, &mut c);
+        return c;
+    }
+    let mut c = Command::new("setpriv");
+    c.args(["--reuid=nobody", "--regid=nogroup", "--clear-groups"])
+        .arg(cmd.get_program())
+        .args(cmd.get_args());
+    copy_env(cmd, &mut c);
+    c
+}
+
+/// The environment changes of `from` made on `to` too.
+fn copy_env(from: &Command, to: &mut Command) {
+    for (k, v) in from.get_envs() {
+        match v {
+            Some(v) => to.env(k, v),
+            None => to.env_remove(k),
+        };
+    }
+}
+
+/// Makes `path` readable (and a directory traversable) by every user.
+fn open_to_all(path: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+}
+
+#[test]
+fn apache_event_mpm_serves_wrapped_clients_over_shm() {
+    let test = "apache_event_mpm_serves_wrapped_clients_over_shm";
+    let modules = Path::new("/usr/lib/apache2/modules/mod_mpm_event.so");
+    if !Path::new("/usr/sbin/apache2").exists() || !modules.exists() {
+        common::skip(
+            test,
+            "apache2 (with the event MPM) is missing (apt-get install apache2)",
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    open_to_all(dir.path(), 0o755);
+    let root = docroot(dir.path());
+    open_to_all(&root, 0o755);
+    for f in ["f1k", "f64k"] {
+        open_to_all(&root.join(f), 0o644);
+    }
+    let run = dir.path().join("run");
+    std::fs::create_dir_all(&run).expect("run dir");
+    let server_log = dir.path().join("server.log");
+    let client_log = dir.path().join("client.log");
+    for l in [&server_log, &client_log] {
+        std::fs::write(l, "").expect("log");
+        // Written by the children after they switch user.
+        open_to_all(l, 0o666);
+    }
+    let port = free_port();
+    // SAFETY: geteuid cannot fail.
+    let user = if unsafe { libc::geteuid() } == 0 {
+        "User nobody\nGroup nogroup\n"
+    } else {
+        ""
+    };
+    let d = run.display();
+    let conf = format!(
+        "ServerRoot \"{d}\"\nServerName netgap\n\
+         LoadModule mpm_event_module /usr/lib/apache2/modules/mod_mpm_event.so\n\
+         LoadModule authz_core_module /usr/lib/apache2/modules/mod_authz_core.so\n\
+         PidFile \"{d}/httpd.pid\"\nDefaultRuntimeDir \"{d}\"\nMutex file:{d} default\n\
+         ErrorLog \"{d}/error.log\"\nLogLevel warn\nListen 127.0.0.1:{port}\n{user}\
+         KeepAlive On\nMaxKeepAliveRequests 0\nEnableSendfile On\n\
+         StartServers 2\nServerLimit 2\nThreadsPerChild 16\nThreadLimit 16\n\
+         MinSpareThreads 8\nMaxSpareThreads 32\nMaxRequestWorkers 32\n\
+         DocumentRoot \"{r}\"\n<Directory \"{r}\">\n Require all granted\n</Directory>\n",
+        r = root.display()
+    );
+    let conf_path = run.join("httpd.conf");
+    std::fs::write(&conf_path, conf).expect("httpd.conf");
+    let mut apache = maybe_wrapped(
+        true,
+        Path::new("/usr/sbin/apache2"),
+        &[
+            "-f",
+            conf_path.to_str().expect("utf-8 path"),
+            "-DFOREGROUND",
+        ],
+        &server_log,
+    )
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .expect("apache starts");
+    struct Stop<'a>(&'a mut Child, PathBuf);
+    impl Drop for Stop<'_> {
+        fn drop(&mut self) {
+            // Apache's parent (under `timeout`) stops its children on
+            // SIGTERM.
+            if let Ok(pid) = read(&self.1).trim().parse::<i32>() {
+                // SAFETY: a signal to the server this test started.
+                unsafe { libc::kill(pid, libc::SIGTERM) };
+            }
+            let t0 = Instant::now();
+            while t0.elapsed() < Duration::from_secs(10) {
+                if let Ok(Some(_)) = self.0.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            for (pid, _, _) in common::procs::descendants(self.0.id()) {
+                // SAFETY: a signal to a process this test started.
+                unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            }
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let pid_file = run.join("httpd.pid");
+    let stop = Stop(&mut apache, pid_file.clone());
+    let t0 = Instant::now();
+    // Up when it listens and both children have switched user (each then
+    // announces the listener under its new user).
+    while !pid_file.exists()
+        || TcpStream::connect(("127.0.0.1", port)).is_err()
+        || common::procs::descendants(stop.0.id()).len() < 3
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "apache did not come up: {}",
+            read(&run.join("error.log"))
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+
+    // The HTTP client helper, wrapped, as the children's user: 4
+    // connections of 50 requests, every body compared with its file.
+    let exe = std::env::current_exe().expect("the test binary");
+    let mut client = maybe_wrapped(
+        true,
+        &exe,
+        &[
+            "preload::http_client",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ],
+        &client_log,
+    );
+    client
+        .env("PRELOAD_TEST_PORT", port.to_string())
+        .env("PRELOAD_TEST_ROOT", &root)
+        .env("PRELOAD_TEST_CONNS", "4")
+        .env("PRELOAD_TEST_REQUESTS", "50");
+    let out = as_nobody(&client).output().expect("the client runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("verified bodies: 200"),
+        "{stdout}{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        read(&client_log)
+    );
+    let log = read(&client_log);
+    assert_eq!(
+        log.matches("moved to shm").count(),
+        4,
+        "every connection on shm: {log}"
+    );
+    let shm_in = counter(&log, "shm_received_bytes");
+    let tcp = counter(&log, "kernel_tcp_received_bytes") + counter(&log, "kernel_tcp_sent_bytes");
+    assert!(
+        shm_in > 100 * 1024 + 100 * 65536,
+        "{shm_in} B over shm: {log}"
+    );
+    assert!(
+        tcp * 100 < shm_in,
+        "{tcp} B over the kernel's TCP against {shm_in} B over shm: {log}"
+    );
+
+    // curl (poll), wrapped, as the children's user: both files on one
+    // connection.
+    if Path::new("/usr/bin/curl").exists() {
+        let curl_log = dir.path().join("curl.log");
+        std::fs::write(&curl_log, "").expect("log");
+        open_to_all(&curl_log, 0o666);
+        let outdir = dir.path().join("out");
+        std::fs::create_dir_all(&outdir).expect("out dir");
+        open_to_all(&outdir, 0o777);
+        let (o1, o2) = (outdir.join("o1"), outdir.join("o2"));
+        let base = format!("http://127.0.0.1:{port}");
+        let curl = maybe_wrapped(
+            true,
+            Path::new("/usr/bin/curl"),
+            &[
+                "-sS",
+                &format!("{base}/f1k"),
+                &format!("{base}/f64k"),
+                "-o",
+                o1.to_str().expect("utf-8"),
+                "-o",
+                o2.to_str().expect("utf-8"),
+            ],
+            &curl_log,
+        );
+        let out = as_nobody(&curl).output().expect("curl runs");
+        assert!(out.status.success(), "{out:?}");
+        assert!(std::fs::read(&o1).ok() == std::fs::read(root.join("f1k")).ok());
+        assert!(std::fs::read(&o2).ok() == std::fs::read(root.join("f64k")).ok());
+        let clog = read(&curl_log);
+        assert_eq!(clog.matches("moved to shm").count(), 1, "{clog}");
+    }
+    let slog = read(&server_log);
+    assert!(
+        slog.matches("accepted connection moved to shm").count() >= 4,
+        "{slog}"
+    );
+    // Only the test's own probes (connected and closed at once) stayed on
+    // the kernel's TCP.
+    assert!(
+        slog.lines()
+            .filter(|l| l.contains("stays on the kernel's TCP") || l.contains("fails"))
+            .all(|l| l.ends_with("the peer closed before sending anything")),
+        "{slog}"
+    );
+    drop(stop);
+}
+
+#[test]
+#[ignore = "helper run in a child process by the preload tests"]
+fn exec_server() {
+    use std::os::fd::IntoRawFd;
+    use std::os::unix::process::CommandExt;
+    let port_file = PathBuf::from(std::env::var("PRELOAD_TEST_PORT_FILE").expect("set"));
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = l.local_addr().expect("addr").port();
+    let partial = port_file.with_extension("partial");
+    std::fs::write(&partial, port.to_string()).expect("port file");
+    std::fs::rename(&partial, &port_file).expect("port file in place");
+    let (mut s, _) = l.accept().expect("accept");
+    // The connection is on shm in this image before the exec.
+    let mut hello = [0u8; 5];
+    s.read_exact(&mut hello).expect("hello");
+    assert_eq!(&hello, b"hello");
+    s.write_all(b"ready").expect("ready");
+    drop(l);
+    let fd = s.into_raw_fd();
+    // SAFETY: clears close-on-exec on our own descriptor.
+    let r = unsafe { libc::fcntl(fd, libc::F_SETFD, 0) };
+    assert_eq!(r, 0);
+    let exe = std::env::current_exe().expect("the test binary");
+    let e = Command::new(exe)
+        .args([
+            "preload::exec_server_after",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+        ])
+        .arg("--test-threads=1")
+        .env("PRELOAD_TEST_FD", fd.to_string())
+        .exec();
+    panic!("exec: {e}");
+}
+
+#[test]
+#[ignore = "helper run in a child process by the preload tests"]
+fn exec_server_after() {
+    use std::os::fd::FromRawFd;
+    let fd: i32 = std::env::var("PRELOAD_TEST_FD")
+        .expect("set")
+        .parse()
+        .expect("a descriptor");
+    // SAFETY: the descriptor the image before the exec kept open for us.
+    let mut s = unsafe { TcpStream::from_raw_fd(fd) };
+    let mut buf = vec![0u8; 65536];
+    let mut echoed = 0usize;
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                s.write_all(&buf[..n]).expect("echo");
+                echoed += n;
+            }
+            Err(e) => panic!("read after exec: {e}"),
+        }
+    }
+    println!("echoed after exec: {echoed}");
+}
+
+#[test]
+#[ignore = "helper run in a child process by the preload tests"]
+fn exec_client() {
+    let port: u16 = std::env::var("PRELOAD_TEST_PORT")
+        .expect("set")
+        .parse()
+        .expect("a port");
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    s.write_all(b"hello").expect("hello");
+    let mut ready = [0u8; 5];
+    s.read_exact(&mut ready).expect("ready");
+    assert_eq!(&ready, b"ready");
+    let want = pattern(1 << 20, 7);
+    let mut w = s.try_clone().expect("clone");
+    let sent = want.clone();
+    let writer = std::thread::spawn(move || {
+        for chunk in sent.chunks(10_000) {
+            w.write_all(chunk).expect("write");
+        }
+        w.shutdown(std::net::Shutdown::Write).expect("shutdown");
+    });
+    let mut got = Vec::new();
+    s.read_to_end(&mut got).expect("read");
+    writer.join().expect("writer");
+    assert!(got == want, "the echo differs ({} bytes back)", got.len());
+    println!("echoed: {}", got.len());
+}
+
+#[test]
+fn a_connection_kept_across_exec_stays_on_shm() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let exe = std::env::current_exe().expect("the test binary");
+    let server_log = dir.path().join("server.log");
+    let client_log = dir.path().join("client.log");
+    let port_file = dir.path().join("port");
+    let args = |name: &'static str| {
+        vec![
+            name,
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ]
+    };
+    let server = maybe_wrapped(true, &exe, &args("preload::exec_server"), &server_log)
+        .env("PRELOAD_TEST_PORT_FILE", &port_file)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("server");
+    let t0 = Instant::now();
+    let port = loop {
+        if let Some(p) = std::fs::read_to_string(&port_file)
+            .ok()
+            .and_then(|s| s.parse::<u16>().ok())
+        {
+            break p;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(20), "no port");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let client = maybe_wrapped(true, &exe, &args("preload::exec_client"), &client_log)
+        .env("PRELOAD_TEST_PORT", port.to_string())
+        .output()
+        .expect("client");
+    let server = server.wait_with_output().expect("server ends");
+    let cout = String::from_utf8_lossy(&client.stdout);
+    let sout = String::from_utf8_lossy(&server.stdout);
+    let slog = read(&server_log);
+    let clog = read(&client_log);
+    assert!(
+        client.status.success() && cout.contains("echoed: 1048576"),
+        "{cout}\n{}\n{clog}\n{slog}",
+        String::from_utf8_lossy(&client.stderr)
+    );
+    assert!(
+        server.status.success() && sout.contains("echoed after exec: 1048576"),
+        "{sout}\n{}\n{slog}",
+        String::from_utf8_lossy(&server.stderr)
+    );
+    assert_eq!(clog.matches("moved to shm").count(), 1, "{clog}");
+    assert_eq!(
+        slog.matches("accepted connection moved to shm").count(),
+        1,
+        "{slog}"
+    );
+    assert_eq!(
+        slog.matches("connection kept across exec, on shm again")
+            .count(),
+        1,
+        "{slog}"
+    );
+    // The megabyte went both ways over shm after the exec; the kernel
+    // socket carried the setup and doorbells only.
+    let shm_in = counter(&slog, "shm_received_bytes");
+    let tcp = counter(&slog, "kernel_tcp_received_bytes") + counter(&slog, "kernel_tcp_sent_bytes");
+    assert!(shm_in >= 1 << 20, "{slog}");
+    assert!(tcp * 100 < shm_in, "{tcp} B over TCP: {slog}");
+    assert!(
+        counter(&clog, "shm_received_bytes") >= (1 << 20) + 5,
+        "{clog}"
+    );
 }

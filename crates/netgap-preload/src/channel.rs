@@ -4,7 +4,7 @@
 //!
 //! | offset | bytes | content |
 //! |---|---|---|
-//! | 0 | 4096 | header: magic, version, ring capacity |
+//! | 0 | 4096 | header: magic, version, ring capacity, each end's socket inode |
 //! | 4096 | 4096 | control block of ring 0 (connector → listener) |
 //! | 8192 | 4096 | control block of ring 1 (listener → connector) |
 //! | 12288 | capacity | data of ring 0 |
@@ -22,7 +22,10 @@
 //! Wake-ups: a side about to wait sets the ring's waiter word; the other
 //! side, after moving an index, clears it and sends one byte (a doorbell)
 //! over the connection's kernel TCP socket, which makes the waiter's
-//! descriptor readable to `poll` and `epoll` as the program expects.
+//! descriptor readable to `poll` and `epoll` as the program expects. A
+//! reader first watches the ring for a short while (`conn::spin_until`),
+//! so a reply that comes within it crosses without a doorbell or a sleep;
+//! only a reader that really sleeps costs the writer a kernel call.
 
 use std::io;
 use std::ptr::NonNull;
@@ -44,10 +47,75 @@ struct RingCtl {
     head: Line<AtomicU64>,
     /// Bytes ever consumed (written by the consumer).
     tail: Line<AtomicU64>,
-    /// Non-zero while the consumer waits for data.
+    /// Non-zero while the consumer waits for data: [`WAIT_FD`] and/or
+    /// [`WAIT_FUTEX`]. Also the futex word a blocking consumer sleeps on.
     data_waiter: Line<AtomicU32>,
-    /// Non-zero while the producer waits for space.
+    /// Non-zero while the producer waits for space (as `data_waiter`).
     space_waiter: Line<AtomicU32>,
+    /// Set by the producer's end when one of its processes closes or shuts
+    /// down its sending side: a hint for a blocking consumer to look at
+    /// the kernel socket (for the FIN) before it sleeps. Only a hint: after
+    /// `fork` another process may still hold the connection.
+    closing: Line<AtomicU32>,
+}
+
+/// A waiter sleeps on the connection's descriptor (`poll`, `epoll`): it is
+/// woken by a doorbell byte on the kernel socket.
+const WAIT_FD: u32 = 1;
+/// A waiter sleeps on the waiter word itself (a blocking read or write):
+/// it is woken by `FUTEX_WAKE`, which costs far less than a doorbell.
+const WAIT_FUTEX: u32 = 2;
+
+/// Wakes every thread, in any process, sleeping on `word`.
+fn futex_wake(word: &AtomicU32) {
+    // SAFETY: FUTEX_WAKE on a valid, aligned word of a shared mapping
+    // (a shared futex: no FUTEX_PRIVATE_FLAG); it only reads the address.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAKE,
+            i32::MAX,
+            std::ptr::null::<libc::timespec>(),
+            std::ptr::null::<u32>(),
+            0u32,
+        )
+    };
+}
+
+/// Sleeps on `word` while it holds `expected`, at most `timeout_ms`.
+fn futex_wait(word: &AtomicU32, expected: u32, timeout_ms: u32) {
+    let ts = libc::timespec {
+        tv_sec: libc::time_t::from(timeout_ms / 1000),
+        tv_nsec: libc::c_long::from(timeout_ms % 1000) * 1_000_000,
+    };
+    // SAFETY: FUTEX_WAIT on a valid, aligned word of a shared mapping with
+    // a relative timeout on the stack; EAGAIN (the word changed), EINTR
+    // and ETIMEDOUT all send the caller back to look at the ring.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT,
+            expected,
+            &ts,
+            std::ptr::null::<u32>(),
+            0u32,
+        )
+    };
+}
+
+/// Clears a waiter word after the index it waits on moved: wakes futex
+/// sleepers at once and says whether a descriptor sleeper needs a doorbell.
+fn take_waiters(word: &AtomicU32) -> bool {
+    if word.load(Ordering::Relaxed) == 0 {
+        return false;
+    }
+    let old = word.swap(0, Ordering::AcqRel);
+    if old & WAIT_FUTEX != 0 {
+        futex_wake(word);
+    }
+    old & WAIT_FD != 0
 }
 
 const _: () = assert!(std::mem::size_of::<RingCtl>() <= PAGE_BYTES);
@@ -59,6 +127,49 @@ struct Header {
     version: AtomicU32,
     _pad: AtomicU32,
     capacity: AtomicU64,
+    /// Inode of the connector's kernel socket (0: not recorded).
+    connector_ino: AtomicU64,
+    /// Inode of the listener's kernel socket (0: not recorded).
+    listener_ino: AtomicU64,
+}
+
+/// What a region's header says, read through its file (see
+/// [`read_header`]).
+pub(crate) struct HeaderInfo {
+    /// Bytes of each ring.
+    pub(crate) capacity: usize,
+    /// Socket inodes of the connector's and the listener's end.
+    pub(crate) connector_ino: u64,
+    pub(crate) listener_ino: u64,
+}
+
+/// Reads the header of the region file `fd` without mapping it: None if
+/// it is not a region of this version.
+pub(crate) fn read_header(fd: libc::c_int) -> Option<HeaderInfo> {
+    let mut buf = [0u8; 40];
+    // SAFETY: `buf` is valid for writes of its length.
+    let r = unsafe { libc::pread(fd, buf.as_mut_ptr().cast(), buf.len(), 0) };
+    if r != buf.len() as isize {
+        return None;
+    }
+    let word = |at: usize| {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&buf[at..at + 8]);
+        u64::from_ne_bytes(w)
+    };
+    let version = u32::from_ne_bytes([buf[8], buf[9], buf[10], buf[11]]);
+    let capacity = word(16);
+    let ok = word(0) == REGION_MAGIC
+        && version == u32::from(netgap_proto::preload::PRELOAD_VERSION)
+        && capacity.is_power_of_two()
+        && (u64::from(netgap_proto::preload::MIN_RING_BYTES)
+            ..=u64::from(netgap_proto::preload::MAX_RING_BYTES))
+            .contains(&capacity);
+    ok.then(|| HeaderInfo {
+        capacity: capacity as usize,
+        connector_ino: word(24),
+        listener_ino: word(32),
+    })
 }
 
 /// Bytes of a region whose rings hold `capacity` bytes each.
@@ -164,6 +275,28 @@ impl Channel {
     /// Maps the memfd `fd` of `capacity`-byte rings. The connector
     /// (`role`) writes the header; the listener checks it.
     pub(crate) fn map(fd: libc::c_int, capacity: usize, role: Role) -> io::Result<Channel> {
+        Channel::map_as(fd, capacity, role, role == Role::Connector)
+    }
+
+    /// Maps the region `fd` again as `role` after an `exec` (the header and
+    /// the rings as they are).
+    pub(crate) fn reattach(fd: libc::c_int, capacity: usize, role: Role) -> io::Result<Channel> {
+        Channel::map_as(fd, capacity, role, false)
+    }
+
+    /// Records this end's socket inode in the header (for [`reattach`]).
+    ///
+    /// [`reattach`]: Channel::reattach
+    pub(crate) fn set_socket_ino(&self, role: Role, ino: u64) {
+        // SAFETY: the header is the first page of the mapping, all atomics.
+        let header = unsafe { self.base.cast::<Header>().as_ref() };
+        match role {
+            Role::Connector => header.connector_ino.store(ino, Ordering::Release),
+            Role::Listener => header.listener_ino.store(ino, Ordering::Release),
+        }
+    }
+
+    fn map_as(fd: libc::c_int, capacity: usize, role: Role, init: bool) -> io::Result<Channel> {
         let len = region_bytes(capacity);
         // SAFETY: a fresh shared mapping of `len` bytes of `fd`; the kernel
         // picks the address. The caller checked the file is at least `len`.
@@ -198,8 +331,8 @@ impl Channel {
         let ch = Channel { base, len, tx, rx };
         // SAFETY: the header is the first page of the mapping, all atomics.
         let header = unsafe { base.cast::<Header>().as_ref() };
-        match role {
-            Role::Connector => {
+        match init {
+            true => {
                 header.capacity.store(capacity as u64, Ordering::Relaxed);
                 header.version.store(
                     u32::from(netgap_proto::preload::PRELOAD_VERSION),
@@ -209,10 +342,10 @@ impl Channel {
                 // A fresh program waits for data: the first bytes either way
                 // ring the doorbell, so a program that polls before it ever
                 // reads is woken.
-                ch.rx.ctl().data_waiter.0.store(1, Ordering::Relaxed);
-                ch.tx.ctl().data_waiter.0.store(1, Ordering::Release);
+                ch.rx.ctl().data_waiter.0.store(WAIT_FD, Ordering::Relaxed);
+                ch.tx.ctl().data_waiter.0.store(WAIT_FD, Ordering::Release);
             }
-            Role::Listener => {
+            false => {
                 let ok = header.magic.load(Ordering::Acquire) == REGION_MAGIC
                     && header.version.load(Ordering::Relaxed)
                         == u32::from(netgap_proto::preload::PRELOAD_VERSION)
@@ -268,8 +401,7 @@ impl Channel {
         let c = self.rx.ctl();
         c.tail.0.store(at, Ordering::Release);
         fence(Ordering::SeqCst);
-        let wake_peer = c.space_waiter.0.load(Ordering::Relaxed) != 0
-            && c.space_waiter.0.swap(0, Ordering::AcqRel) != 0;
+        let wake_peer = take_waiters(&c.space_waiter.0);
         Ok(Moved { bytes, wake_peer })
     }
 
@@ -339,22 +471,102 @@ impl Channel {
         let c = self.tx.ctl();
         c.head.0.store(at, Ordering::Release);
         fence(Ordering::SeqCst);
-        let wake_peer = c.data_waiter.0.load(Ordering::Relaxed) != 0
-            && c.data_waiter.0.swap(0, Ordering::AcqRel) != 0;
+        let wake_peer = take_waiters(&c.data_waiter.0);
         Moved { bytes, wake_peer }
+    }
+
+    /// Bytes written to the outgoing ring that the peer has not consumed.
+    pub(crate) fn unsent(&self) -> Result<usize, Corrupt> {
+        self.tx.filled().map(|(n, _)| n as usize)
+    }
+
+    /// Takes back everything in the outgoing ring (consuming it as the
+    /// peer would): for a peer that refused the channel and so never
+    /// mapped the region, these bytes must go over the kernel socket.
+    pub(crate) fn take_unsent(&self) -> Result<Vec<u8>, Corrupt> {
+        let (filled, tail) = self.tx.filled()?;
+        let mut out = vec![0u8; filled as usize];
+        // SAFETY: `out` is valid for writes of `filled ≤ capacity` bytes.
+        unsafe { self.tx.copy(tail, out.as_mut_ptr(), filled as usize, false) };
+        self.tx.ctl().tail.0.store(tail + filled, Ordering::Release);
+        Ok(out)
     }
 
     /// Announces that this end is about to wait for data; the caller must
     /// check [`Channel::readable`] again afterwards.
     pub(crate) fn want_data(&self) {
-        self.rx.ctl().data_waiter.0.store(1, Ordering::Relaxed);
+        self.rx
+            .ctl()
+            .data_waiter
+            .0
+            .fetch_or(WAIT_FD, Ordering::Relaxed);
         fence(Ordering::SeqCst);
+    }
+
+    /// Announces a blocking wait for data; the caller checks
+    /// [`Channel::readable`] again, then calls [`Channel::sleep_data`]
+    /// with the value returned here.
+    pub(crate) fn want_data_futex(&self) -> u32 {
+        let v = self
+            .rx
+            .ctl()
+            .data_waiter
+            .0
+            .fetch_or(WAIT_FUTEX, Ordering::Relaxed)
+            | WAIT_FUTEX;
+        fence(Ordering::SeqCst);
+        v
+    }
+
+    /// Whether the peer said it may be closing (see `RingCtl::closing`).
+    pub(crate) fn peer_closing(&self) -> bool {
+        self.rx.ctl().closing.0.load(Ordering::Acquire) != 0
+    }
+
+    /// Sleeps until the peer publishes data (or `timeout_ms` passes).
+    pub(crate) fn sleep_data(&self, armed: u32, timeout_ms: u32) {
+        futex_wait(&self.rx.ctl().data_waiter.0, armed, timeout_ms);
+    }
+
+    /// Announces a blocking wait for space (as [`Channel::want_data_futex`]).
+    pub(crate) fn want_space_futex(&self) -> u32 {
+        let v = self
+            .tx
+            .ctl()
+            .space_waiter
+            .0
+            .fetch_or(WAIT_FUTEX, Ordering::Relaxed)
+            | WAIT_FUTEX;
+        fence(Ordering::SeqCst);
+        v
+    }
+
+    /// Sleeps until the peer consumes (or `timeout_ms` passes).
+    pub(crate) fn sleep_space(&self, armed: u32, timeout_ms: u32) {
+        futex_wait(&self.tx.ctl().space_waiter.0, armed, timeout_ms);
+    }
+
+    /// This end is closing or shut down its sending side: wakes the peer's
+    /// blocking sleepers on either ring, which then see the kernel
+    /// socket's end (a FIN does not wake a futex).
+    pub(crate) fn wake_peer_sleepers(&self) {
+        self.tx.ctl().closing.0.store(1, Ordering::Release);
+        fence(Ordering::SeqCst);
+        for w in [&self.tx.ctl().data_waiter.0, &self.rx.ctl().space_waiter.0] {
+            if w.load(Ordering::Acquire) & WAIT_FUTEX != 0 {
+                futex_wake(w);
+            }
+        }
     }
 
     /// Announces that this end is about to wait for space; the caller must
     /// check [`Channel::tx_full`] again afterwards.
     pub(crate) fn want_space(&self) {
-        self.tx.ctl().space_waiter.0.store(1, Ordering::Relaxed);
+        self.tx
+            .ctl()
+            .space_waiter
+            .0
+            .fetch_or(WAIT_FD, Ordering::Relaxed);
         fence(Ordering::SeqCst);
     }
 }
@@ -438,6 +650,29 @@ mod tests {
         // SAFETY: valid for reads.
         assert!(!unsafe { a.write(&iov(&mut x)) }.unwrap().wake_peer);
         b.want_data();
+        // SAFETY: valid for reads.
+        assert!(unsafe { a.write(&iov(&mut x)) }.unwrap().wake_peer);
+    }
+
+    #[test]
+    fn a_blocking_sleeper_is_woken_by_futex_and_costs_no_doorbell() {
+        let (a, b) = pair();
+        let mut x = [1u8; 8];
+        // The first bytes wake the fresh channel's descriptor waiter.
+        // SAFETY: valid for reads.
+        assert!(unsafe { a.write(&iov(&mut x)) }.unwrap().wake_peer);
+        let armed = b.want_data_futex();
+        assert_eq!(armed, WAIT_FUTEX);
+        // SAFETY: valid for reads.
+        assert!(!unsafe { a.write(&iov(&mut x)) }.unwrap().wake_peer);
+        // The writer cleared the word: a sleep on the armed value returns
+        // at once (the word changed) instead of waiting out the timeout.
+        let t0 = std::time::Instant::now();
+        b.sleep_data(armed, 5000);
+        assert!(t0.elapsed() < std::time::Duration::from_secs(2));
+        // Both kinds at once: a doorbell is still owed to the descriptor.
+        b.want_data();
+        b.want_data_futex();
         // SAFETY: valid for reads.
         assert!(unsafe { a.write(&iov(&mut x)) }.unwrap().wake_peer);
     }

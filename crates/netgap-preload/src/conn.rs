@@ -8,7 +8,7 @@ use crate::channel::{Channel, Corrupt, Moved, Role};
 use crate::log::log_line;
 use crate::real;
 use libc::c_int;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 /// A taken-over connection.
@@ -32,6 +32,31 @@ pub(crate) struct Conn {
     /// go at once.
     nodelay: AtomicBool,
     cork: AtomicBool,
+    /// The connector sent its hello and has not read the listener's
+    /// answer yet: its writes fill the ring but ring no doorbell (on a
+    /// refusal the kernel stream must hold only the program's bytes).
+    offered: AtomicBool,
+    /// While offered: the destination port (for the log). The lock
+    /// serialises the reading of the answer.
+    offer: Mutex<Option<u16>>,
+    /// The region's file, kept open without close-on-exec for as long as
+    /// the connection lives: a program that keeps the connection's
+    /// descriptor across `exec` keeps this too, and the library in the new
+    /// image maps it again (`inherit`). -1 once closed (by the program,
+    /// which owns every descriptor number).
+    region_fd: AtomicI32,
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        let fd = self.region_fd.swap(-1, Ordering::AcqRel);
+        if fd >= 0 {
+            crate::table::take(fd);
+            // SAFETY: the region file this connection owns, closed once
+            // (the swap); the mapping goes with the channel.
+            unsafe { real::close()(fd) };
+        }
+    }
 }
 
 /// An `errno` value.
@@ -84,7 +109,22 @@ impl Conn {
     /// The connection on `fd` over `channel`; the kernel socket's Nagle
     /// and cork are turned off (and the program's settings of them kept
     /// for `getsockopt`).
-    pub(crate) fn new(fd: c_int, channel: Channel, role: Role, nonblocking: bool) -> Conn {
+    ///
+    /// `region_fd` is the region's file, which the connection keeps (see
+    /// [`Conn::region_closed`]); its inode and the socket's are recorded
+    /// in the region for a program that execs with the descriptor.
+    pub(crate) fn new(
+        fd: c_int,
+        channel: Channel,
+        role: Role,
+        nonblocking: bool,
+        region_fd: c_int,
+    ) -> Conn {
+        channel.set_socket_ino(role, socket_ino(fd));
+        // SAFETY: a plain fcntl on the region file: it must survive exec
+        // with the socket (a failure leaves it closed on exec, so a
+        // program that execs loses the channel: see `inherit`).
+        unsafe { real::fcntl()(region_fd, libc::F_SETFD, 0) };
         let nodelay = tcp_flag(fd, libc::TCP_NODELAY);
         let cork = tcp_flag(fd, libc::TCP_CORK);
         set_tcp_flag(fd, libc::TCP_CORK, false);
@@ -101,7 +141,87 @@ impl Conn {
             sent_bytes: AtomicU64::new(0),
             received_bytes: AtomicU64::new(0),
             doorbells_sent: AtomicU64::new(0),
+            offered: AtomicBool::new(false),
+            offer: Mutex::new(None),
+            region_fd: AtomicI32::new(region_fd),
         }
+    }
+
+    /// The region file's descriptor (-1 once closed).
+    pub(crate) fn region_fd(&self) -> c_int {
+        self.region_fd.load(Ordering::Acquire)
+    }
+
+    /// The program closed (or replaced) the region's descriptor number:
+    /// the connection no longer owns it.
+    pub(crate) fn region_closed(&self, fd: c_int) {
+        let _ = self
+            .region_fd
+            .compare_exchange(fd, -1, Ordering::AcqRel, Ordering::Relaxed);
+    }
+
+    /// A connector's connection whose hello to `port` went out and whose
+    /// answer is still to come (see [`Conn::offered`]).
+    pub(crate) fn new_offered(
+        fd: c_int,
+        channel: Channel,
+        nonblocking: bool,
+        port: u16,
+        region_fd: c_int,
+    ) -> Conn {
+        let c = Conn::new(fd, channel, Role::Connector, nonblocking, region_fd);
+        c.offered.store(true, Ordering::SeqCst);
+        *c.offer.lock().unwrap_or_else(|p| p.into_inner()) = Some(port);
+        c
+    }
+
+    /// Whether the listener's answer is still to be read.
+    pub(crate) fn offered(&self) -> bool {
+        self.offered.load(Ordering::Acquire)
+    }
+
+    /// Holds the offer's lock: `Some(port)` while the answer is still to
+    /// be read; the caller reads it and ends the offer with
+    /// [`Conn::offer_accepted`] or [`Conn::offer_refused`].
+    pub(crate) fn offer_lock(&self) -> std::sync::MutexGuard<'_, Option<u16>> {
+        self.offer.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The listener took the channel: bytes the program wrote meanwhile
+    /// are in the ring, and one doorbell makes sure a listener already
+    /// waiting for them is woken.
+    pub(crate) fn offer_accepted(&self, fd: c_int, offer: &mut Option<u16>) {
+        *offer = None;
+        self.offered.store(false, Ordering::SeqCst);
+        // A writer publishes, then checks `offered` (both SeqCst): either
+        // it saw the offer over and rang itself, or its bytes are seen
+        // here.
+        if self.channel.unsent().map_or(true, |n| n > 0) {
+            self.ring(fd);
+        }
+    }
+
+    /// The listener refused the channel: what the program wrote into the
+    /// ring meanwhile is sent over the kernel socket (where the listener's
+    /// program will read it), and the kernel socket's TCP options are the
+    /// program's again. Err: the bytes could not be sent.
+    pub(crate) fn offer_refused(&self, fd: c_int, offer: &mut Option<u16>) -> Result<(), String> {
+        *offer = None;
+        let _w = self.write_lock.lock().unwrap_or_else(|p| p.into_inner());
+        self.offered.store(false, Ordering::SeqCst);
+        set_tcp_flag(fd, libc::TCP_NODELAY, self.nodelay.load(Ordering::Relaxed));
+        set_tcp_flag(fd, libc::TCP_CORK, self.cork.load(Ordering::Relaxed));
+        let bytes = self
+            .channel
+            .take_unsent()
+            .map_err(|Corrupt| "the ring was corrupt".to_string())?;
+        crate::setup::send_all(fd, &bytes).map_err(|e| {
+            format!(
+                "sending the {} bytes written before the answer: {}",
+                bytes.len(),
+                std::io::Error::from_raw_os_error(e)
+            )
+        })
     }
 
     /// The program sets a TCP option: `TCP_NODELAY` and `TCP_CORK` are
@@ -122,6 +242,11 @@ impl Conn {
             libc::TCP_CORK => Some(self.cork.load(Ordering::Relaxed)),
             _ => None,
         }
+    }
+
+    /// Whether the program asked for non-blocking I/O.
+    pub(crate) fn nonblocking(&self) -> bool {
+        self.nonblocking.load(Ordering::Relaxed)
     }
 
     /// Records the program's `O_NONBLOCK` choice.
@@ -161,8 +286,12 @@ impl Conn {
         self.read_ready()
     }
 
-    /// Sends one doorbell byte to the peer.
+    /// Sends one doorbell byte to the peer (none while offered: see
+    /// [`Conn::offer_accepted`]).
     fn ring(&self, fd: c_int) {
+        if self.offered.load(Ordering::SeqCst) {
+            return;
+        }
         let b = [1u8];
         // SAFETY: a one-byte buffer on the stack; a failure (the peer gone)
         // is seen by the next read or write as the socket's end or error.
@@ -193,6 +322,9 @@ impl Conn {
                     libc::MSG_DONTWAIT,
                 )
             };
+            // Read on to EAGAIN even after a short read: a FIN behind the
+            // doorbells must be seen now, as an edge-triggered epoll
+            // (nginx) reports it only once.
             if r > 0 {
                 continue;
             }
@@ -206,27 +338,6 @@ impl Conn {
                 _ => Err(e),
             };
         }
-    }
-
-    /// Waits until the kernel socket has something to read (a doorbell or
-    /// its end), a signal interrupts, or a bounded time passes: in a
-    /// program with two threads on one connection (one reading, one
-    /// writing) either may drain the doorbell meant for the other, so a
-    /// blocked call also looks at the ring again after 1, 2, 4 … 64 ms.
-    fn wait_readable(fd: c_int, round: &mut u32) -> Result<(), Errno> {
-        let mut p = libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        let ms: c_int = 1 << (*round).min(6);
-        *round += 1;
-        // SAFETY: one valid pollfd.
-        let r = unsafe { real::poll()(&mut p, 1, ms) };
-        if r < 0 {
-            return Err(errno());
-        }
-        Ok(())
     }
 
     /// `recv` on the channel into `iov`: data if any, 0 at the end of the
@@ -248,9 +359,10 @@ impl Conn {
             return Ok(0);
         }
         let mut round = 0;
+        let mut spun = false;
         loop {
             {
-                let _g = self.read_lock.lock().unwrap_or_else(|p| p.into_inner());
+                let g = self.read_lock.lock().unwrap_or_else(|p| p.into_inner());
                 // SAFETY: the caller's contract.
                 let m = unsafe { self.channel.read(iov, peek) }.map_err(|Corrupt| corrupt(fd))?;
                 if m.bytes > 0 {
@@ -260,7 +372,51 @@ impl Conn {
                 if self.peer_eof.load(Ordering::Relaxed) {
                     return Ok(0);
                 }
+                let may_wait = !dontwait && !self.nonblocking.load(Ordering::Relaxed);
+                if may_wait && !spun {
+                    // Before announcing a wait (which costs the peer a
+                    // doorbell and this end a sleep), look at the ring a
+                    // little while: an answer a few microseconds away then
+                    // crosses with no system call at either end.
+                    spun = true;
+                    drop(g);
+                    spin_until(|| self.read_ready());
+                    continue;
+                }
+                if may_wait && round == 0 && !self.channel.peer_closing() {
+                    // A blocking reader sleeps on the ring's waiter word:
+                    // the writer's futex wake costs far less than a
+                    // doorbell and its wake-up. The kernel socket (for its
+                    // end) is looked at after each sleep that brought no
+                    // data, and before the first when the peer hinted it
+                    // is closing (see `Conn::closing`).
+                    let armed = self.channel.want_data_futex();
+                    if self.channel.readable().map_err(|Corrupt| corrupt(fd))? > 0 {
+                        continue;
+                    }
+                    drop(g);
+                    self.channel.sleep_data(armed, 1);
+                    round += 1;
+                    continue;
+                }
                 self.drain(fd)?;
+                if may_wait {
+                    if self.peer_eof.load(Ordering::Relaxed) {
+                        if self.channel.readable().map_err(|Corrupt| corrupt(fd))? > 0 {
+                            continue;
+                        }
+                        return Ok(0);
+                    }
+                    let armed = self.channel.want_data_futex();
+                    if self.channel.readable().map_err(|Corrupt| corrupt(fd))? > 0 {
+                        continue;
+                    }
+                    drop(g);
+                    let ms = 1u32 << round.min(6);
+                    round += 1;
+                    self.channel.sleep_data(armed, ms);
+                    continue;
+                }
                 self.channel.want_data();
                 if self.channel.readable().map_err(|Corrupt| corrupt(fd))? > 0 {
                     continue;
@@ -273,11 +429,9 @@ impl Conn {
                     }
                     return Ok(0);
                 }
-                if dontwait || self.nonblocking.load(Ordering::Relaxed) {
-                    return Err(libc::EAGAIN);
-                }
+                // Non-blocking: the program's poll or epoll waits.
+                return Err(libc::EAGAIN);
             }
-            Self::wait_readable(fd, &mut round)?;
         }
     }
 
@@ -360,7 +514,7 @@ impl Conn {
         let mut round = 0;
         loop {
             {
-                let _g = self.write_lock.lock().unwrap_or_else(|p| p.into_inner());
+                let g = self.write_lock.lock().unwrap_or_else(|p| p.into_inner());
                 let m = put(&self.channel)
                     .map_err(|Corrupt| corrupt(fd))?
                     .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
@@ -378,16 +532,27 @@ impl Conn {
                 if self.peer_gone(fd) {
                     return Err(libc::EPIPE);
                 }
+                if !dontwait && !self.nonblocking.load(Ordering::Relaxed) {
+                    // A blocking writer sleeps on the ring's waiter word
+                    // (see `Conn::recv`), looking at the peer's socket
+                    // between sleeps (`peer_gone` above).
+                    let armed = self.channel.want_space_futex();
+                    if !self.channel.tx_full().map_err(|Corrupt| corrupt(fd))? {
+                        continue;
+                    }
+                    drop(g);
+                    let ms = 1u32 << round.min(6);
+                    round += 1;
+                    self.channel.sleep_space(armed, ms);
+                    continue;
+                }
                 self.channel.want_space();
                 if !self.channel.tx_full().map_err(|Corrupt| corrupt(fd))? {
                     continue;
                 }
-                if dontwait || self.nonblocking.load(Ordering::Relaxed) {
-                    return Err(libc::EAGAIN);
-                }
-                self.drain(fd)?;
+                // Non-blocking: the program's poll or epoll waits.
+                return Err(libc::EAGAIN);
             }
-            Self::wait_readable(fd, &mut round)?;
         }
     }
 
@@ -411,6 +576,13 @@ impl Conn {
             self.ring(fd);
         }
         false
+    }
+
+    /// The program closed its last descriptor of the connection in this
+    /// process, or shut down its sending side: the peer's blocking
+    /// sleepers are woken to look at the kernel socket.
+    pub(crate) fn closing(&self) {
+        self.channel.wake_peer_sleepers();
     }
 
     /// One line with the connection's counters and what the kernel socket
@@ -457,6 +629,98 @@ fn tcp_bytes(fd: c_int) -> (u64, u64) {
         u64::from_ne_bytes(w)
     };
     (word(120), word(128))
+}
+
+/// The inode of the socket `fd` (0 if unknown): the same in every process
+/// that holds the socket, before and after `exec`.
+pub(crate) fn socket_ino(fd: c_int) -> u64 {
+    // SAFETY: all-zero bytes are a valid stat; fstat fills it.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `st` is valid for writes.
+    if unsafe { libc::fstat(fd, &mut st) } == 0 {
+        st.st_ino
+    } else {
+        0
+    }
+}
+
+/// How often a spinning reader gives up its CPU once (`sched_yield`): on
+/// a machine with more runnable threads than cores the peer it waits for
+/// may need that CPU to answer; with a core idle the call returns at once.
+const SPIN_YIELD_NS: u128 = 5_000;
+
+/// Spins until `ready` or the library's spin time (`NETGAP_PRELOAD_SPIN_US`)
+/// passes, reading the clock every few dozen looks and yielding the CPU
+/// every [`SPIN_YIELD_NS`]; returns the last answer of `ready`.
+pub(crate) fn spin_until(mut ready: impl FnMut() -> bool) -> bool {
+    let budget_ns = u128::from(crate::settings().spin_ns);
+    if budget_ns == 0 || !SPIN_GATE.open() {
+        return ready();
+    }
+    let ok = spin_for(budget_ns, &mut ready);
+    SPIN_GATE.record(ok);
+    ok
+}
+
+/// Whether spinning pays in this process: after [`SPIN_MISSES_TO_CLOSE`]
+/// spins in a row that ran out without the peer answering (on a machine
+/// with more runnable threads than cores the peer often cannot run while
+/// this end spins, and the spin only delays it), waits sleep at once, with
+/// one spin in [`SPIN_PROBE_EVERY`] to notice when spinning pays again.
+struct SpinGate {
+    misses: std::sync::atomic::AtomicU32,
+    skipped: std::sync::atomic::AtomicU32,
+}
+
+/// Failed spins in a row after which waits stop spinning.
+const SPIN_MISSES_TO_CLOSE: u32 = 4;
+/// While closed, one wait in this many spins.
+const SPIN_PROBE_EVERY: u32 = 64;
+
+static SPIN_GATE: SpinGate = SpinGate {
+    misses: std::sync::atomic::AtomicU32::new(0),
+    skipped: std::sync::atomic::AtomicU32::new(0),
+};
+
+impl SpinGate {
+    fn open(&self) -> bool {
+        if self.misses.load(Ordering::Relaxed) < SPIN_MISSES_TO_CLOSE {
+            return true;
+        }
+        self.skipped
+            .fetch_add(1, Ordering::Relaxed)
+            .is_multiple_of(SPIN_PROBE_EVERY)
+    }
+
+    fn record(&self, ok: bool) {
+        if ok {
+            self.misses.store(0, Ordering::Relaxed);
+        } else {
+            self.misses.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+fn spin_for(budget_ns: u128, ready: &mut impl FnMut() -> bool) -> bool {
+    let start = std::time::Instant::now();
+    let mut next_yield = SPIN_YIELD_NS;
+    loop {
+        for _ in 0..32 {
+            if ready() {
+                return true;
+            }
+            std::hint::spin_loop();
+        }
+        let spent = start.elapsed().as_nanos();
+        if spent >= budget_ns {
+            return ready();
+        }
+        if spent >= next_yield {
+            next_yield = spent + SPIN_YIELD_NS;
+            // SAFETY: sched_yield has no preconditions.
+            unsafe { libc::sched_yield() };
+        }
+    }
 }
 
 /// The calling thread's `errno`.

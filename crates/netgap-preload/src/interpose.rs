@@ -4,17 +4,18 @@
 //! is resolved first.
 //!
 //! Calls that need nothing of the library on a taken-over connection are
-//! not interposed: `socket`, `bind`, `getsockname`, `getpeername` and
-//! `shutdown` act on the kernel socket under the descriptor, which is the
-//! connection's real socket (addresses true, a shutdown's FIN seen by the
-//! peer after the bytes already in the ring). Socket options go to the
+//! not interposed: `socket`, `bind`, `getsockname` and `getpeername` act
+//! on the kernel socket under the descriptor, which is the connection's
+//! real socket. `shutdown` acts on it too (a FIN seen by the peer after
+//! the bytes already in the ring) and wakes the peer if it sleeps in a
+//! blocking read. Socket options go to the
 //! kernel socket too, except `TCP_NODELAY` and `TCP_CORK`, which are
 //! recorded and not applied: the kernel socket then carries only
 //! doorbells, which must never wait for Nagle or a cork. `fork` needs nothing either:
 //! the channels are shared mappings the child inherits, and the rings keep
 //! no index in private memory.
 
-use crate::conn::{errno, set_errno, Conn, Errno};
+use crate::conn::{errno, set_errno, spin_until, Conn, Errno};
 use crate::log::log_line;
 use crate::real;
 use crate::setup::{self, Resolved};
@@ -34,8 +35,25 @@ enum Route {
 }
 
 fn route(fd: c_int, writing: bool) -> Route {
+    route_with(fd, writing, false)
+}
+
+/// As [`route`]; `dontwait`: a read must not wait for a connector's
+/// answer even on a blocking descriptor.
+fn route_with(fd: c_int, writing: bool, dontwait: bool) -> Route {
     match table::get(fd) {
-        None | Some(Entry::Listener { .. }) => Route::Kernel,
+        None | Some(Entry::Listener { .. } | Entry::Region(_)) => Route::Kernel,
+        Some(Entry::Shm(c)) if c.offered() => {
+            // Writes go into the ring before the answer (see
+            // `setup::connected`); a read needs the answer first.
+            let wait = !writing && !dontwait && !c.nonblocking();
+            match setup::finish_offer(fd, &c, wait) {
+                Resolved::Shm(c) => Route::Shm(c),
+                Resolved::Kernel => Route::Kernel,
+                Resolved::NotYet if writing => Route::Shm(c),
+                Resolved::NotYet => Route::Again,
+            }
+        }
         Some(Entry::Shm(c)) => Route::Shm(c),
         Some(Entry::Pending(p)) => match setup::resolve(fd, &p, writing) {
             Resolved::Shm(c) => Route::Shm(c),
@@ -230,7 +248,7 @@ pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, iovcnt: c_int) -> 
 /// As for the C library's `recv`.
 #[no_mangle]
 pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, len: size_t, flags: c_int) -> ssize_t {
-    match route(fd, false) {
+    match route_with(fd, false, flags & libc::MSG_DONTWAIT != 0) {
         // SAFETY: the program's own arguments, passed on.
         Route::Kernel => unsafe { real::recv()(fd, buf, len, flags) },
         Route::Again => fail(libc::EAGAIN),
@@ -279,7 +297,7 @@ pub unsafe extern "C" fn recvfrom(
     addr: *mut sockaddr,
     addrlen: *mut socklen_t,
 ) -> ssize_t {
-    match route(fd, false) {
+    match route_with(fd, false, flags & libc::MSG_DONTWAIT != 0) {
         // SAFETY: the program's own arguments, passed on.
         Route::Kernel => unsafe { real::recvfrom()(fd, buf, len, flags, addr, addrlen) },
         Route::Again => fail(libc::EAGAIN),
@@ -335,7 +353,7 @@ pub unsafe extern "C" fn sendto(
 /// As for the C library's `recvmsg`.
 #[no_mangle]
 pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
-    match route(fd, false) {
+    match route_with(fd, false, flags & libc::MSG_DONTWAIT != 0) {
         // SAFETY: the program's own arguments, passed on.
         Route::Kernel => unsafe { real::recvmsg()(fd, msg, flags) },
         Route::Again => fail(libc::EAGAIN),
@@ -497,6 +515,59 @@ pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
     r
 }
 
+/// After the process changed its user: each listener announces itself
+/// again under the new user's beacon name, since only a connector of that
+/// user can share a region with it (a server that listens as root and
+/// serves as another user, as Apache's children do). The old beacon is
+/// closed here (the process that kept the old user keeps its own).
+fn user_changed(r: c_int) -> c_int {
+    if r == 0 {
+        let e = errno();
+        for fd in table::listeners() {
+            setup::listening(fd);
+        }
+        set_errno(e);
+    }
+    r
+}
+
+/// `setuid(2)`: see [`user_changed`].
+///
+/// # Safety
+///
+/// As for the C library's `setuid`.
+#[no_mangle]
+pub unsafe extern "C" fn setuid(uid: libc::uid_t) -> c_int {
+    // SAFETY: the program's own argument, passed on.
+    user_changed(unsafe { real::setuid()(uid) })
+}
+
+/// `setreuid(2)`: see [`user_changed`].
+///
+/// # Safety
+///
+/// As for the C library's `setreuid`.
+#[no_mangle]
+pub unsafe extern "C" fn setreuid(ruid: libc::uid_t, euid: libc::uid_t) -> c_int {
+    // SAFETY: the program's own arguments, passed on.
+    user_changed(unsafe { real::setreuid()(ruid, euid) })
+}
+
+/// `setresuid(2)`: see [`user_changed`].
+///
+/// # Safety
+///
+/// As for the C library's `setresuid`.
+#[no_mangle]
+pub unsafe extern "C" fn setresuid(
+    ruid: libc::uid_t,
+    euid: libc::uid_t,
+    suid: libc::uid_t,
+) -> c_int {
+    // SAFETY: the program's own arguments, passed on.
+    user_changed(unsafe { real::setresuid()(ruid, euid, suid) })
+}
+
 fn after_accept(lfd: c_int, fd: c_int, flags: c_int) {
     if fd >= 0 && matches!(table::get(lfd), Some(Entry::Listener { .. })) {
         let e = errno();
@@ -537,14 +608,26 @@ pub unsafe extern "C" fn accept4(
 }
 
 /// Forgets `fd` (closed, or about to be replaced by `dup2`), logging a
-/// connection's counters when this was its last descriptor here.
-fn forget(fd: c_int) {
-    if let Some(Entry::Shm(c)) = table::take(fd) {
-        if !table::shared_elsewhere(&c) {
+/// connection's counters when this was its last descriptor here; returns
+/// that connection, whose peer is to be told once the descriptor is
+/// closed ([`Conn::closing`]).
+#[must_use]
+fn forget(fd: c_int) -> Option<Arc<Conn>> {
+    let mut last = None;
+    match table::take(fd) {
+        Some(Entry::Shm(c)) if !table::shared_elsewhere(&c) => {
             c.log_close(fd);
+            last = Some(c);
         }
+        Some(Entry::Region(c)) => {
+            if let Some(c) = c.upgrade() {
+                c.region_closed(fd);
+            }
+        }
+        _ => {}
     }
     table::epoll_forget(fd);
+    last
 }
 
 /// `close(2)`.
@@ -554,9 +637,35 @@ fn forget(fd: c_int) {
 /// As for the C library's `close`.
 #[no_mangle]
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
-    forget(fd);
+    let last = forget(fd);
     // SAFETY: the program's own argument, passed on.
-    unsafe { real::close()(fd) }
+    let r = unsafe { real::close()(fd) };
+    if let Some(c) = last {
+        let e = errno();
+        c.closing();
+        set_errno(e);
+    }
+    r
+}
+
+/// `shutdown(2)`: on a taken-over connection the peer's blocking sleepers
+/// are woken to see the FIN.
+///
+/// # Safety
+///
+/// As for the C library's `shutdown`.
+#[no_mangle]
+pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
+    // SAFETY: the program's own arguments, passed on.
+    let r = unsafe { real::shutdown()(fd, how) };
+    if r == 0 && how != libc::SHUT_RD {
+        if let Some(Entry::Shm(c)) = table::get(fd) {
+            let e = errno();
+            c.closing();
+            set_errno(e);
+        }
+    }
+    r
 }
 
 fn copy_entry(from: c_int, to: c_int) {
@@ -591,7 +700,9 @@ pub unsafe extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
     // SAFETY: the program's own arguments, passed on.
     let r = unsafe { real::dup2()(old, new) };
     if r >= 0 && old != new {
-        forget(new);
+        if let Some(c) = forget(new) {
+            c.closing();
+        }
         copy_entry(old, new);
     }
     r
@@ -607,7 +718,9 @@ pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
     // SAFETY: the program's own arguments, passed on.
     let r = unsafe { real::dup3()(old, new, flags) };
     if r >= 0 {
-        forget(new);
+        if let Some(c) = forget(new) {
+            c.closing();
+        }
         copy_entry(old, new);
     }
     r
@@ -677,7 +790,7 @@ pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn ioctl(fd: c_int, request: c_ulong, arg: c_ulong) -> c_int {
     if request == libc::FIONREAD {
-        if let Route::Shm(c) = route(fd, false) {
+        if let Route::Shm(c) = route_with(fd, false, true) {
             return match c.readable(fd) {
                 Ok(n) => {
                     let p = arg as *mut c_int;
@@ -705,6 +818,21 @@ pub unsafe extern "C" fn ioctl(fd: c_int, request: c_ulong, arg: c_ulong) -> c_i
         set_errno(e);
     }
     r
+}
+
+/// Whether a taken-over connection the kernel calls readable really is
+/// (see `Conn::settle`); a connector's offer is ended first if the answer
+/// is in.
+fn settle(fd: c_int, c: &Arc<Conn>) -> bool {
+    if !c.offered() {
+        return c.settle(fd);
+    }
+    match setup::finish_offer(fd, c, false) {
+        Resolved::Shm(c) => c.settle(fd),
+        // The program's own bytes (or the end) on the kernel socket.
+        Resolved::Kernel => true,
+        Resolved::NotYet => false,
+    }
 }
 
 /// Milliseconds left of a poll-style timeout (negative: forever).
@@ -802,7 +930,13 @@ unsafe fn shm_poll(
         return wait(timeout);
     }
     let start = std::time::Instant::now();
+    let mut spun = timeout == 0;
     loop {
+        if !spun {
+            // See `Conn::recv`: watch the rings a little before sleeping.
+            spun = true;
+            spin_until(|| shm.iter().any(|(_, c)| c.read_ready()));
+        }
         let mut ready: Vec<usize> = shm
             .iter()
             .filter(|(_, c)| c.read_ready())
@@ -827,7 +961,7 @@ unsafe fn shm_poll(
         // SAFETY: as above; the real poll wrote only `revents`.
         let set = unsafe { std::slice::from_raw_parts_mut(fds, nfds as usize) };
         for (i, c) in &shm {
-            if set[*i].revents & libc::POLLIN != 0 && !c.settle(set[*i].fd) {
+            if set[*i].revents & libc::POLLIN != 0 && !settle(set[*i].fd, c) {
                 set[*i].revents &= !(libc::POLLIN | libc::POLLRDNORM);
             }
         }
@@ -965,7 +1099,13 @@ unsafe fn shm_epoll_wait(
     }
     let wants_in = |i: &Interest| i.events & libc::EPOLLIN as u32 != 0;
     let start = std::time::Instant::now();
+    let mut spun = timeout == 0;
     loop {
+        if !spun {
+            // See `Conn::recv`: watch the rings a little before sleeping.
+            spun = true;
+            spin_until(|| shm.iter().any(|(_, i, c)| wants_in(i) && c.read_ready()));
+        }
         let mut ready: Vec<Interest> = shm
             .iter()
             .filter(|(_, i, c)| wants_in(i) && c.read_ready())
@@ -1027,7 +1167,7 @@ unsafe fn settle_events(
         let data = ev.u64;
         if ev.events & libc::EPOLLIN as u32 != 0 {
             if let Some((fd, _, c)) = shm.iter().find(|(_, i, _)| i.data == data) {
-                if !c.settle(*fd) {
+                if !settle(*fd, c) {
                     ev.events &= !((libc::EPOLLIN | libc::EPOLLRDNORM) as u32);
                 }
             }

@@ -12,6 +12,11 @@
 //! connection closed (`conn`). The interposed C calls (`interpose`)
 //! consult a per-process descriptor table (`table`).
 //!
+//! A connection whose descriptor the program keeps across `exec` (close-on-
+//! exec cleared) keeps working on shm in the new image, which the library
+//! is loaded into again (`inherit`); a descriptor closed on exec closes
+//! the connection as usual.
+//!
 //! Whatever the library cannot serve stays on the kernel's TCP, with one
 //! line in the log (`log`: the file `NETGAP_PRELOAD_LOG` names, or
 //! standard error): a peer without the library, a peer on another host, a
@@ -19,6 +24,7 @@
 
 mod channel;
 mod conn;
+mod inherit;
 pub mod interpose;
 mod log;
 mod real;
@@ -34,7 +40,17 @@ pub(crate) struct Settings {
     /// `NETGAP_PRELOAD_RING_BYTES`: bytes of each ring of a channel this
     /// process makes.
     pub(crate) ring_bytes: Option<u32>,
+    /// `NETGAP_PRELOAD_SPIN_US` (default [`DEFAULT_SPIN_US`]; 0: never):
+    /// how long a read or a poll about to sleep for a taken-over
+    /// connection first watches its ring, in nanoseconds.
+    pub(crate) spin_ns: u64,
 }
+
+/// Microseconds a reader watches the ring before it sleeps, unless
+/// `NETGAP_PRELOAD_SPIN_US` says otherwise: long enough for a peer on
+/// another core to answer a small request, short enough that an idle
+/// connection costs little CPU.
+const DEFAULT_SPIN_US: u64 = 30;
 
 static SETTINGS: std::sync::OnceLock<Settings> = std::sync::OnceLock::new();
 
@@ -48,11 +64,18 @@ pub(crate) fn settings() -> &'static Settings {
         ring_bytes: std::env::var("NETGAP_PRELOAD_RING_BYTES")
             .ok()
             .and_then(|v| v.parse::<u32>().ok()),
+        spin_ns: std::env::var("NETGAP_PRELOAD_SPIN_US")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(DEFAULT_SPIN_US)
+            .min(1_000_000)
+            * 1000,
     })
 }
 
 extern "C" fn load() {
     settings();
+    inherit::adopt();
 }
 
 /// Runs [`load`] when the dynamic loader maps the library, before the

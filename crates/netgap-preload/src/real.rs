@@ -138,3 +138,15 @@ real_fn!(
 real_fn!(
     /// `ppoll(2)`.
     ppoll, fn(*mut pollfd, nfds_t, *const libc::timespec, *const libc::sigset_t) -> c_int);
+real_fn!(
+    /// `setuid(2)`.
+    setuid, fn(libc::uid_t) -> c_int);
+real_fn!(
+    /// `setreuid(2)`.
+    setreuid, fn(libc::uid_t, libc::uid_t) -> c_int);
+real_fn!(
+    /// `setresuid(2)`.
+    setresuid, fn(libc::uid_t, libc::uid_t, libc::uid_t) -> c_int);
+real_fn!(
+    /// `shutdown(2)`.
+    shutdown, fn(c_int, c_int) -> c_int);

@@ -1,7 +1,9 @@
 //! Moving a connection from the kernel's TCP onto a shared-memory channel.
 //!
 //! - A listener with the library announces itself with a beacon: an
-//!   abstract Unix socket bound to `netgap-preload.UID.PORT`, which lives
+//!   abstract Unix socket bound to `netgap-preload.UID.FAMILY.PORT`
+//!   (FAMILY 4 or 6: an IPv4 and an IPv6 listener may have the same port
+//!   number; a dual-stack IPv6 listener announces both), which lives
 //!   exactly as long as some process holds it (a killed program leaves
 //!   nothing behind) and is private to the network namespace, like the
 //!   port.
@@ -39,26 +41,27 @@ const ANSWER_WAIT: Duration = Duration::from_secs(10);
 /// hello: a connector with the library sends it at once after connecting.
 const HELLO_WAIT: Duration = Duration::from_millis(200);
 
-/// A listener's presence beacon (its descriptor, closed with the
-/// listener).
+/// A listener's presence beacons (their descriptors, -1 for a name
+/// another listener of the port holds; closed with the listener).
 pub(crate) struct Beacon {
-    fd: c_int,
+    fds: Vec<c_int>,
 }
 
 impl Drop for Beacon {
     fn drop(&mut self) {
-        if self.fd >= 0 {
+        for &fd in self.fds.iter().filter(|&&fd| fd >= 0) {
             // SAFETY: the beacon's own descriptor, closed once.
-            unsafe { real::close()(self.fd) };
+            unsafe { real::close()(fd) };
         }
     }
 }
 
-/// The abstract socket address of the beacon for `port`.
-fn beacon_addr(port: u16) -> (libc::sockaddr_un, libc::socklen_t) {
+/// The abstract socket address of the beacon for `port` of IP version
+/// `family` (4 or 6).
+fn beacon_addr(family: u8, port: u16) -> (libc::sockaddr_un, libc::socklen_t) {
     // SAFETY: getuid cannot fail.
     let uid = unsafe { libc::getuid() };
-    let name = format!("netgap-preload.{uid}.{port}");
+    let name = format!("netgap-preload.{uid}.{family}.{port}");
     // SAFETY: all-zero bytes are a valid sockaddr_un.
     let mut a: libc::sockaddr_un = unsafe { std::mem::zeroed() };
     a.sun_family = libc::AF_UNIX as libc::sa_family_t;
@@ -72,13 +75,13 @@ fn beacon_addr(port: u16) -> (libc::sockaddr_un, libc::socklen_t) {
 
 /// Binds a datagram socket to the beacon name of `port`: Ok(fd) if it was
 /// free, Err(errno) otherwise (EADDRINUSE: a beacon exists).
-fn bind_beacon(port: u16) -> Result<c_int, Errno> {
+fn bind_beacon(family: u8, port: u16) -> Result<c_int, Errno> {
     // SAFETY: plain socket creation; `socket` is not interposed.
     let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
     if fd < 0 {
         return Err(errno());
     }
-    let (a, len) = beacon_addr(port);
+    let (a, len) = beacon_addr(family, port);
     // SAFETY: `a` is a valid sockaddr_un of `len` bytes.
     let r = unsafe { libc::bind(fd, std::ptr::from_ref(&a).cast(), len) };
     if r != 0 {
@@ -99,17 +102,27 @@ pub(crate) fn listening(fd: c_int) {
     if family != libc::AF_INET && family != libc::AF_INET6 || !is_stream(fd) {
         return;
     }
-    let beacon = match bind_beacon(port) {
-        Ok(b) => Beacon { fd: b },
-        Err(libc::EADDRINUSE) => Beacon { fd: -1 },
-        Err(e) => {
-            log_line!(
-                "fd {fd}: listener on port {port} stays on the kernel's TCP: no beacon ({})",
-                std::io::Error::from_raw_os_error(e)
-            );
-            return;
-        }
+    let families: &[u8] = if family == libc::AF_INET {
+        &[4]
+    } else if v6_only(fd) {
+        &[6]
+    } else {
+        &[6, 4]
     };
+    let mut beacon = Beacon { fds: Vec::new() };
+    for &f in families {
+        match bind_beacon(f, port) {
+            Ok(b) => beacon.fds.push(b),
+            Err(libc::EADDRINUSE) => beacon.fds.push(-1),
+            Err(e) => {
+                log_line!(
+                    "fd {fd}: listener on port {port} stays on the kernel's TCP: no beacon ({})",
+                    std::io::Error::from_raw_os_error(e)
+                );
+                return;
+            }
+        }
+    }
     table::set(
         fd,
         Entry::Listener {
@@ -118,9 +131,27 @@ pub(crate) fn listening(fd: c_int) {
     );
 }
 
-/// Whether a listener with the library announces `port`.
-fn beacon_present(port: u16) -> bool {
-    match bind_beacon(port) {
+/// Whether an IPv6 socket takes IPv6 connections only.
+fn v6_only(fd: c_int) -> bool {
+    let mut v: c_int = 0;
+    let mut len = std::mem::size_of::<c_int>() as libc::socklen_t;
+    // SAFETY: `v` is valid for writes of `len` bytes.
+    let r = unsafe {
+        real::getsockopt()(
+            fd,
+            libc::IPPROTO_IPV6,
+            libc::IPV6_V6ONLY,
+            std::ptr::from_mut(&mut v).cast(),
+            &mut len,
+        )
+    };
+    r == 0 && v != 0
+}
+
+/// Whether a listener with the library announces `port` of IP version
+/// `family`.
+fn beacon_present(family: u8, port: u16) -> bool {
+    match bind_beacon(family, port) {
         Ok(fd) => {
             // SAFETY: our own probe descriptor.
             unsafe { real::close()(fd) };
@@ -245,7 +276,7 @@ pub(crate) fn candidate(
     if !(ip.is_loopback() || is_local_ip(ip)) {
         return None;
     }
-    if !beacon_present(port) {
+    if !beacon_present(if ip.is_ipv4() { 4 } else { 6 }, port) {
         log_line!("fd {fd}: connection to port {port} stays on the kernel's TCP: no listener with the library there");
         return None;
     }
@@ -293,7 +324,7 @@ fn is_local_ip(ip: std::net::IpAddr) -> bool {
 }
 
 /// Sends all of `buf` on a connected socket (blocking the caller).
-fn send_all(fd: c_int, buf: &[u8]) -> Result<(), Errno> {
+pub(crate) fn send_all(fd: c_int, buf: &[u8]) -> Result<(), Errno> {
     let mut off = 0;
     let deadline = Instant::now() + ANSWER_WAIT;
     while off < buf.len() {
@@ -384,10 +415,13 @@ fn ring_bytes() -> u32 {
         .unwrap_or(DEFAULT_RING_BYTES)
 }
 
-/// The connector's side, on a freshly connected blocking socket whose
-/// destination has a beacon: the region, the hello, the answer. Err: the
-/// hello went out but no answer came back (the listener's program did not
-/// read in time, or it wrote first and gave up on the hello), so the byte
+/// The connector's side, on a freshly connected socket whose destination
+/// has a beacon: the region and the hello. The answer is not waited for
+/// here: the listener answers when its program first reads, and two
+/// programs that connect to each other at once (Open MPI's ranks) would
+/// each wait for the other's answer before either accepts. The connection
+/// is offered (see [`finish_offer`]) until the program's first read or
+/// poll finds the answer. Err: the hello could not be sent, so the byte
 /// stream is no longer the program's: the connection is shut down and
 /// `connect` fails with that errno rather than carry corrupt data.
 pub(crate) fn connected(fd: c_int, port: u16, nonblocking: bool) -> Result<(), Errno> {
@@ -396,12 +430,10 @@ pub(crate) fn connected(fd: c_int, port: u16, nonblocking: bool) -> Result<(), E
         return Ok(());
     }
     match offer(fd) {
-        Ok(ch) => {
-            table::set(
-                fd,
-                Entry::Shm(Arc::new(Conn::new(fd, ch, Role::Connector, nonblocking))),
-            );
-            log_line!("fd {fd}: connection to port {port} moved to shm");
+        Ok((ch, mfd)) => {
+            let c = Arc::new(Conn::new_offered(fd, ch, nonblocking, port, mfd));
+            table::set_region(&c);
+            table::set(fd, Entry::Shm(c));
             Ok(())
         }
         Err(Offer::Kept(why)) => {
@@ -426,8 +458,9 @@ enum Offer {
     Broken(String),
 }
 
-/// Makes the region, sends the hello and reads the answer.
-fn offer(fd: c_int) -> Result<Channel, Offer> {
+/// Makes the region and sends the hello; returns the channel and the
+/// region's memfd, which must stay open until the listener has answered.
+fn offer(fd: c_int) -> Result<(Channel, c_int), Offer> {
     let ring = ring_bytes();
     let total = region_bytes(ring as usize);
     let name = c"netgap-preload";
@@ -443,13 +476,14 @@ fn offer(fd: c_int) -> Result<Channel, Offer> {
     struct Close(c_int);
     impl Drop for Close {
         fn drop(&mut self) {
-            // SAFETY: the memfd made above, closed once: the listener has
-            // its own descriptor or mapping by now, and the mappings keep
-            // the memory.
-            unsafe { real::close()(self.0) };
+            if self.0 >= 0 {
+                // SAFETY: the memfd made above, closed once on a failure
+                // (the mapping keeps the memory).
+                unsafe { real::close()(self.0) };
+            }
         }
     }
-    let _close = Close(mfd);
+    let mut close = Close(mfd);
     // SAFETY: plain calls on our own memfd.
     let sized = unsafe {
         libc::ftruncate(mfd, total as libc::off_t) == 0
@@ -479,43 +513,109 @@ fn offer(fd: c_int) -> Result<Channel, Offer> {
             std::io::Error::from_raw_os_error(e)
         ))
     })?;
-    let deadline = Instant::now() + ANSWER_WAIT;
+    close.0 = -1;
+    Ok((ch, mfd))
+}
+
+/// The listener's answer as far as it arrived.
+enum Heard {
+    /// Not all of it yet.
+    NotYet,
+    /// The listener mapped the region.
+    Accepted,
+    /// The stream is intact, the listener refused.
+    Refused(String),
+    /// The stream cannot be used.
+    Broken(String),
+}
+
+/// Reads the answer if all of it is in, without waiting.
+fn hear(fd: c_int) -> Heard {
     let mut buf = [0u8; ANSWER_BYTES];
-    loop {
-        match peek(fd, &mut buf) {
-            Ok(0) => {
-                return Err(Offer::Broken(
-                    "the listener closed the connection before answering".into(),
-                ))
-            }
-            Ok(n) if !could_be_answer(&buf[..n]) => return Err(Offer::Broken(
-                "the listener answered with its program's data (it gave up waiting for the hello)"
-                    .into(),
-            )),
-            Ok(n) if n == ANSWER_BYTES => break,
-            Ok(_) | Err(libc::EAGAIN) | Err(libc::EINTR) => {
+    let heard = match peek(fd, &mut buf) {
+        Ok(0) => Heard::Broken("the listener closed the connection before answering".into()),
+        Ok(n) if !could_be_answer(&buf[..n]) => Heard::Broken(
+            "the listener answered with its program's data (it gave up waiting for the hello)"
+                .into(),
+        ),
+        Ok(n) if n == ANSWER_BYTES => match Answer::decode(&buf) {
+            Ok(Answer::Accepted) => Heard::Accepted,
+            Ok(Answer::Refused(r)) => Heard::Refused(format!("the listener refused: {r}")),
+            Err(e) => Heard::Broken(format!("the listener's answer: {e}")),
+        },
+        Ok(_) | Err(libc::EAGAIN) | Err(libc::EINTR) => return Heard::NotYet,
+        Err(e) => Heard::Broken(format!(
+            "reading the answer: {}",
+            std::io::Error::from_raw_os_error(e)
+        )),
+    };
+    if matches!(heard, Heard::Accepted | Heard::Refused(_)) {
+        consume(fd, ANSWER_BYTES);
+    }
+    heard
+}
+
+/// Ends the offer of the connector's connection `c` on `fd` if the answer
+/// is in (waiting for it up to the answer's time limit when `wait`):
+/// accepted, the connection is on shm; refused, what the program wrote
+/// meanwhile goes over the kernel socket and the connection stays there;
+/// broken (no answer in time, or the listener's program data instead), the
+/// connection is shut down, so the program sees its end rather than
+/// corrupt bytes.
+pub(crate) fn finish_offer(fd: c_int, c: &Arc<Conn>, wait: bool) -> Resolved {
+    let mut offer = c.offer_lock();
+    let Some(port) = *offer else {
+        // Another thread ended it.
+        return match table::get(fd) {
+            Some(Entry::Shm(d)) if Arc::ptr_eq(c, &d) => Resolved::Shm(d),
+            _ => Resolved::Kernel,
+        };
+    };
+    let deadline = Instant::now() + ANSWER_WAIT;
+    let heard = loop {
+        match hear(fd) {
+            Heard::NotYet if !wait => return Resolved::NotYet,
+            Heard::NotYet => {
                 if !wait_for(fd, libc::POLLIN, deadline) {
-                    return Err(Offer::Broken("no answer from the listener".into()));
-                }
-                if Instant::now() > deadline {
-                    return Err(Offer::Broken("no answer from the listener".into()));
+                    break Heard::Broken("no answer from the listener".into());
                 }
                 // Part of the answer may be in: give the rest a moment.
                 std::thread::sleep(Duration::from_micros(50));
             }
-            Err(e) => {
-                return Err(Offer::Broken(format!(
-                    "reading the answer: {}",
-                    std::io::Error::from_raw_os_error(e)
-                )))
-            }
+            h => break h,
         }
-    }
-    consume(fd, ANSWER_BYTES);
-    match Answer::decode(&buf) {
-        Ok(Answer::Accepted) => Ok(ch),
-        Ok(Answer::Refused(r)) => Err(Offer::Kept(format!("the listener refused: {r}"))),
-        Err(e) => Err(Offer::Broken(format!("the listener's answer: {e}"))),
+    };
+    match heard {
+        Heard::Accepted => {
+            c.offer_accepted(fd, &mut offer);
+            log_line!("fd {fd}: connection to port {port} moved to shm");
+            Resolved::Shm(c.clone())
+        }
+        Heard::Refused(why) => {
+            let sent = c.offer_refused(fd, &mut offer);
+            table::resolve_conn(c);
+            match sent {
+                Ok(()) => {
+                    log_line!("fd {fd}: connection to port {port} stays on the kernel's TCP: {why}")
+                }
+                Err(e) => {
+                    log_line!("fd {fd}: connection to port {port} fails: {why}, then {e}");
+                    // SAFETY: a plain shutdown of the program's socket.
+                    unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
+                }
+            }
+            Resolved::Kernel
+        }
+        Heard::Broken(why) => {
+            *offer = None;
+            table::resolve_conn(c);
+            log_line!("fd {fd}: connection to port {port} fails (shut down): {why}");
+            // SAFETY: a plain shutdown of the program's socket; `shutdown`
+            // is not interposed.
+            unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
+            Resolved::Kernel
+        }
+        Heard::NotYet => Resolved::NotYet,
     }
 }
 
@@ -615,9 +715,10 @@ pub(crate) fn resolve(fd: c_int, p: &Arc<Pending>, writing: bool) -> Resolved {
         Err(why) => Err(why),
     };
     match outcome {
-        Ok(ch) => {
+        Ok((ch, rfd)) => {
             let nonblocking = !blocking;
-            let c = Arc::new(Conn::new(fd, ch, Role::Listener, nonblocking));
+            let c = Arc::new(Conn::new(fd, ch, Role::Listener, nonblocking, rfd));
+            table::set_region(&c);
             table::resolve(p, Some(Entry::Shm(c.clone())));
             log_line!("fd {fd}: accepted connection moved to shm");
             Resolved::Shm(c)
@@ -632,7 +733,7 @@ pub(crate) fn resolve(fd: c_int, p: &Arc<Pending>, writing: bool) -> Resolved {
 
 /// Consumes and acts on a whole hello: opens, checks and maps the region,
 /// then answers.
-fn take_hello(fd: c_int, buf: &[u8; HELLO_BYTES]) -> Result<Channel, String> {
+fn take_hello(fd: c_int, buf: &[u8; HELLO_BYTES]) -> Result<(Channel, c_int), String> {
     consume(fd, HELLO_BYTES);
     let answer = |a: Answer| {
         let _ = send_all(fd, &a.encode());
@@ -656,7 +757,9 @@ fn take_hello(fd: c_int, buf: &[u8; HELLO_BYTES]) -> Result<Channel, String> {
     }
 }
 
-fn map_region(h: &Hello) -> Result<Channel, (Refusal, String)> {
+/// Opens, checks and maps the region a hello names: the channel and the
+/// region's descriptor.
+fn map_region(h: &Hello) -> Result<(Channel, c_int), (Refusal, String)> {
     let path = format!("/proc/{}/fd/{}\0", h.pid, h.fd);
     // SAFETY: a NUL-terminated path; `open` is not interposed.
     let rfd = unsafe { libc::open(path.as_ptr().cast(), libc::O_RDWR | libc::O_CLOEXEC) };
@@ -673,12 +776,14 @@ fn map_region(h: &Hello) -> Result<Channel, (Refusal, String)> {
     struct Close(c_int);
     impl Drop for Close {
         fn drop(&mut self) {
-            // SAFETY: the region descriptor opened above, closed once (the
-            // mapping keeps the memory).
-            unsafe { real::close()(self.0) };
+            if self.0 >= 0 {
+                // SAFETY: the region descriptor opened above, closed once
+                // on a failure.
+                unsafe { real::close()(self.0) };
+            }
         }
     }
-    let _close = Close(rfd);
+    let mut close = Close(rfd);
     // SAFETY: all-zero bytes are a valid stat; fstat fills it.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: `st` is valid for writes.
@@ -702,6 +807,9 @@ fn map_region(h: &Hello) -> Result<Channel, (Refusal, String)> {
             "the region is not a sealed file of this user of the announced size".into(),
         ));
     }
-    Channel::map(rfd, h.ring_bytes as usize, Role::Listener)
-        .map_err(|e| (Refusal::BadRegion, format!("mapping the region: {e}")))
+    let ch = Channel::map(rfd, h.ring_bytes as usize, Role::Listener)
+        .map_err(|e| (Refusal::BadRegion, format!("mapping the region: {e}")))?;
+    // The connection keeps the file (see `Conn::new`).
+    close.0 = -1;
+    Ok((ch, rfd))
 }

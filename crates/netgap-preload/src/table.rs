@@ -13,7 +13,7 @@ use crate::setup::Pending;
 use libc::c_int;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 
 /// What a descriptor is to the library.
 #[derive(Clone)]
@@ -29,6 +29,9 @@ pub(crate) enum Entry {
     Pending(Arc<Pending>),
     /// A connection on a shared-memory channel.
     Shm(Arc<Conn>),
+    /// The region file a connection keeps open (see `Conn::new`): if the
+    /// program closes this number, the connection must not close it again.
+    Region(Weak<Conn>),
 }
 
 /// Descriptor number → entry.
@@ -55,9 +58,19 @@ pub(crate) fn set(fd: c_int, e: Entry) {
     if t.len() <= i {
         t.resize(i + 1, None);
     }
-    if t[i].replace(e).is_none() {
+    let old = t[i].replace(e);
+    if old.is_none() {
         ENTRIES.fetch_add(1, Ordering::Relaxed);
     }
+    // A connection dropped here takes its region's entry: not under the
+    // lock.
+    drop(t);
+    drop(old);
+}
+
+/// Records the region file of the connection `c`.
+pub(crate) fn set_region(c: &Arc<Conn>) {
+    set(c.region_fd(), Entry::Region(Arc::downgrade(c)));
 }
 
 /// Removes and returns the entry of `fd`.
@@ -85,6 +98,32 @@ pub(crate) fn resolve(p: &Arc<Pending>, to: Option<Entry>) {
             }
         }
     }
+}
+
+/// Removes every entry that is the connection `c` (the descriptor and its
+/// duplicates): it went back to the kernel's TCP.
+pub(crate) fn resolve_conn(c: &Arc<Conn>) {
+    let mut t = TABLE.write().unwrap_or_else(|p| p.into_inner());
+    for slot in t.iter_mut() {
+        if matches!(slot, Some(Entry::Shm(d)) if Arc::ptr_eq(c, d)) {
+            *slot = None;
+            ENTRIES.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+    // The caller's `c` keeps the connection alive past the lock.
+}
+
+/// The descriptors that are listeners.
+pub(crate) fn listeners() -> Vec<c_int> {
+    if ENTRIES.load(Ordering::Relaxed) == 0 {
+        return Vec::new();
+    }
+    let t = TABLE.read().unwrap_or_else(|p| p.into_inner());
+    t.iter()
+        .enumerate()
+        .filter(|(_, s)| matches!(s, Some(Entry::Listener { .. })))
+        .filter_map(|(fd, _)| c_int::try_from(fd).ok())
+        .collect()
 }
 
 /// Whether another descriptor of this process holds the same connection.

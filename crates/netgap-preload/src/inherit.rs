@@ -1,0 +1,108 @@
+//! Connections kept across `exec`. A program may clear close-on-exec on a
+//! taken-over connection's descriptor and exec another image (a server
+//! that hands a connection to a handler it execs, inetd-style): the kernel
+//! socket survives, but the library's table and the mapping of the rings
+//! do not. The region's file does survive, since each connection keeps it
+//! open without close-on-exec (`Conn::new`), and the region's header names
+//! the inodes of both ends' sockets. So when the library is loaded into
+//! the new image, before the program's `main`, it looks at the descriptors
+//! it was given: each region file whose socket is among them is mapped
+//! again and the socket's descriptors (and their duplicates) are a
+//! connection on that channel once more, reading and writing where the
+//! old image left off. A region file whose socket did not survive (it was
+//! close-on-exec) is closed.
+//!
+//! An image that runs without the library (its environment cleared of
+//! `LD_PRELOAD`) cannot use the channel: its reads would see the doorbell
+//! bytes on the kernel socket. That is a limit of a preload library, as
+//! for a program that execs a static binary.
+
+use crate::channel::{read_header, Channel, Role};
+use crate::conn::Conn;
+use crate::log::log_line;
+use crate::real;
+use crate::table::{self, Entry};
+use libc::c_int;
+use std::sync::Arc;
+
+/// The name `/proc/self/fd` shows for a region's file.
+const REGION_LINK_PREFIX: &str = "/memfd:netgap-preload";
+
+/// Finds the connections this image inherited and takes them over again.
+pub(crate) fn adopt() {
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
+        return;
+    };
+    let mut regions: Vec<c_int> = Vec::new();
+    let mut sockets: Vec<(c_int, u64)> = Vec::new();
+    for e in dir.flatten() {
+        let Some(fd) = e.file_name().to_str().and_then(|n| n.parse::<c_int>().ok()) else {
+            continue;
+        };
+        let Ok(link) = std::fs::read_link(e.path()) else {
+            continue;
+        };
+        let link = link.to_string_lossy();
+        if link.starts_with(REGION_LINK_PREFIX) {
+            regions.push(fd);
+        } else if let Some(ino) = link
+            .strip_prefix("socket:[")
+            .and_then(|r| r.strip_suffix(']'))
+            .and_then(|n| n.parse::<u64>().ok())
+        {
+            sockets.push((fd, ino));
+        }
+    }
+    for rfd in regions {
+        adopt_region(rfd, &sockets);
+    }
+}
+
+/// Maps the region `rfd` again for the socket descriptors among `sockets`
+/// that are one of its ends, or closes it if none is.
+fn adopt_region(rfd: c_int, sockets: &[(c_int, u64)]) {
+    let Some(h) = read_header(rfd) else {
+        close(rfd);
+        return;
+    };
+    let mine = |ino: u64| -> Vec<c_int> {
+        sockets
+            .iter()
+            .filter(|&&(_, i)| ino != 0 && i == ino)
+            .map(|&(fd, _)| fd)
+            .collect()
+    };
+    let (role, fds) = match (mine(h.connector_ino), mine(h.listener_ino)) {
+        (c, _) if !c.is_empty() => (Role::Connector, c),
+        (_, l) if !l.is_empty() => (Role::Listener, l),
+        _ => {
+            close(rfd);
+            return;
+        }
+    };
+    let Some(&fd) = fds.first() else {
+        return;
+    };
+    let ch = match Channel::reattach(rfd, h.capacity, role) {
+        Ok(ch) => ch,
+        Err(e) => {
+            log_line!("fd {fd}: a connection kept across exec cannot use its shared region ({e}); its reads see the kernel socket");
+            close(rfd);
+            return;
+        }
+    };
+    // SAFETY: a plain fcntl on the inherited socket.
+    let flags = unsafe { real::fcntl()(fd, libc::F_GETFL, 0) };
+    let nonblocking = flags >= 0 && flags & libc::O_NONBLOCK != 0;
+    let c = Arc::new(Conn::new(fd, ch, role, nonblocking, rfd));
+    table::set_region(&c);
+    for &d in &fds {
+        table::set(d, Entry::Shm(c.clone()));
+    }
+    log_line!("fd {fd}: connection kept across exec, on shm again");
+}
+
+fn close(fd: c_int) {
+    // SAFETY: a region file this image inherited and does not use.
+    unsafe { real::close()(fd) };
+}
