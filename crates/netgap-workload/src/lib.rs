@@ -47,6 +47,7 @@ pub mod options;
 mod pio;
 mod pipeline;
 pub mod place;
+pub mod preload;
 pub mod role;
 mod service;
 pub mod shard;
