@@ -111,6 +111,10 @@ pub enum Command {
     /// its configuration on stdin).
     #[command(name = "flow-shard", hide = true)]
     FlowShard,
+    /// Internal: `web`'s load generator under the preload library (an
+    /// agent starts it with its job on stdin).
+    #[command(name = "web-load", hide = true)]
+    WebLoad,
     /// Run PROGRAM under netgap's preload sockets library: its TCP
     /// connections to programs on this host that run under it too move
     /// onto shared memory (-t shm); other sockets stay on the kernel.

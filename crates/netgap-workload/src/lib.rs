@@ -56,6 +56,8 @@ mod stream;
 pub mod tether;
 mod web;
 
+pub use web::run_load_child as run_web_load_child;
+
 use netgap_core::metric::Metric;
 use netgap_core::spec::PointSpec;
 use netgap_core::stats::{LatencyHistogram, Percentiles};

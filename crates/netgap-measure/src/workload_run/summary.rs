@@ -456,8 +456,25 @@ pub(super) fn measure_point(
     if let Some(w) = failure_warning(failed, metrics.len(), last_error.as_deref()) {
         record.warnings.push(w);
     }
+    if let Some(w) = preload_warning(&metrics) {
+        record.warnings.push(w);
+    }
     record.warnings.extend(short_windows);
     Ok(record)
+}
+
+/// The warning of a point run under the preload library some of whose
+/// connections stayed on the kernel's TCP (`preload_kernel_connections`
+/// of the repetitions' metrics): such a point is not all shm.
+fn preload_warning(metrics: &[std::collections::BTreeMap<String, f64>]) -> Option<String> {
+    let sum = |key: &str| -> f64 { metrics.iter().filter_map(|m| m.get(key)).sum() };
+    let kernel = sum("preload_kernel_connections");
+    (kernel > 0.0).then(|| {
+        format!(
+            "preload: {kernel} of {} connections stayed on the kernel's TCP instead of shm (the library's log says why)",
+            kernel + sum("preload_shm_connections")
+        )
+    })
 }
 
 /// How the warning of a repetition whose data path did not read through
