@@ -605,6 +605,22 @@ mod tests {
     }
 
     #[test]
+    fn connections_kept_on_the_kernel_under_the_preload_library_are_a_warning() {
+        let rep = |shm: f64, kernel: f64| {
+            std::collections::BTreeMap::from([
+                ("preload_shm_connections".to_string(), shm),
+                ("preload_kernel_connections".to_string(), kernel),
+            ])
+        };
+        assert_eq!(preload_warning(&[]), None);
+        assert_eq!(preload_warning(&[rep(3.0, 0.0), rep(3.0, 0.0)]), None);
+        assert_eq!(
+            preload_warning(&[rep(3.0, 0.0), rep(2.0, 1.0)]).unwrap(),
+            "preload: 1 of 6 connections stayed on the kernel's TCP instead of shm (the library's log says why)"
+        );
+    }
+
+    #[test]
     fn failed_transactions_are_a_warning_with_the_last_error() {
         assert_eq!(failure_warning(0.0, 3, Some("x")), None);
         assert_eq!(
