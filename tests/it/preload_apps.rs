@@ -153,3 +153,80 @@ fn web_over_shm_without_the_library_is_one_line() {
         "/nonexistent/libnetgap_preload.so",
     );
 }
+
+#[test]
+fn gather_with_gmond_and_the_gatherer_over_shm_reads_every_answer() {
+    let test = "gather_with_gmond_and_the_gatherer_over_shm_reads_every_answer";
+    if !common::system_ready(test) || !installed(test, "/usr/sbin/gmond", "ganglia-monitor") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json = dir.path().join("g.jsonl");
+    let out = netgap()
+        .args(["run", "gather", "-t", "shm", "--responder", "gmond"])
+        .args(["--reps", "1", "--duration", "1s", "--json"])
+        .arg(&json)
+        .env("NETGAP_PRELOAD", library())
+        .output()
+        .expect("netgap run");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}");
+    let recs = read_records(&json);
+    assert_eq!(recs.len(), 1, "{text}");
+    let r = &recs[0];
+    assert_eq!(r["transport"], "shm");
+    let gathers = metric(r, "gathers");
+    assert!(gathers > 0.0, "{}", r["app"]);
+    assert!(
+        metric(r, "xml_metrics") > 0.0,
+        "gmond's XML parsed: {}",
+        r["app"]
+    );
+    // Every exchange a connection of its own, every one on shm.
+    let hosts = metric(r, "hosts");
+    assert!(
+        metric(r, "preload_shm_connections") >= gathers * hosts,
+        "{}",
+        r["app"]
+    );
+    assert_eq!(metric(r, "preload_kernel_connections"), 0.0, "{}", r["app"]);
+    let shm = metric(r, "preload_shm_bytes");
+    let kernel = metric(r, "preload_kernel_tcp_bytes");
+    assert!(kernel < shm / 100.0, "kernel {kernel} of shm {shm} bytes");
+    assert!(
+        r["warnings"].as_array().is_none_or(Vec::is_empty),
+        "{}",
+        r["warnings"]
+    );
+    let pgrep = Command::new("pgrep")
+        .args([
+            "-f",
+            &format!("{} gather-load", common::netgap_path().display()),
+        ])
+        .output()
+        .expect("pgrep");
+    assert!(pgrep.stdout.is_empty(), "a gatherer still runs");
+}
+
+#[test]
+fn gather_over_shm_with_the_builtin_responder_is_one_line() {
+    let out = netgap()
+        .args([
+            "run",
+            "gather",
+            "-t",
+            "shm",
+            "--reps",
+            "1",
+            "--duration",
+            "100ms",
+        ])
+        .env("NETGAP_PRELOAD", library())
+        .output()
+        .expect("netgap run");
+    one_line_error(&out, "gather -t shm, builtin", "--responder gmond");
+}

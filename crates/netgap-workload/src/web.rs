@@ -873,16 +873,18 @@ pub fn run_load_child() -> Result<(), String> {
     Ok(())
 }
 
-/// Runs the clients in a child process under the preload library and
-/// waits for its report (killing it if the role is stopped); the counts
-/// of its library log come back as metrics.
-fn run_child(
+/// Runs `netgap COMMAND` (a role's clients) in a child process under the
+/// preload library, hands it `job` as JSON on standard input and waits
+/// for its report on standard output (killing it if the role is
+/// stopped); returns the report and what its library log says.
+pub(crate) fn run_child(
     library: &std::path::Path,
     dir: &RunDir,
-    job: &LoadJob,
+    command: &str,
+    job: &impl Serialize,
     stop: &Stop,
     pid_out: &std::sync::mpsc::Sender<u32>,
-) -> Result<(LoadReport, crate::preload::LogSummary), RoleError> {
+) -> Result<(Vec<u8>, crate::preload::LogSummary), RoleError> {
     use std::io::{Read as _, Write as _};
     use std::os::unix::fs::FileExt as _;
     let log = dir.service_file("preload.log").map_err(refused)?;
@@ -895,7 +897,7 @@ fn run_child(
             uid: u.uid,
             gid: u.gid,
         });
-    let mut cmd = crate::tether::command_in_group(&exe, &["web-load"], run_as);
+    let mut cmd = crate::tether::command_in_group(&exe, &[command], run_as);
     cmd.env("LD_PRELOAD", crate::preload::preload_value(library))
         .env("NETGAP_PRELOAD_LOG", dir.path().join("preload.log"))
         .stdin(std::process::Stdio::piped())
@@ -955,13 +957,11 @@ fn run_child(
                 .collect::<String>()
         )));
     }
-    let report: LoadReport = serde_json::from_slice(&out)
-        .map_err(|e| refused(format!("the load generator's report: {e}")))?;
     let len = log.metadata().map_or(0, |m| m.len()).min(16 << 20);
     let mut buf = vec![0u8; usize::try_from(len).unwrap_or(0)];
     let n = log.read_at(&mut buf, 0).unwrap_or(0);
     let summary = crate::preload::LogSummary::parse(&String::from_utf8_lossy(&buf[..n]));
-    Ok((report, summary))
+    Ok((out, summary))
 }
 
 impl OpenRole for ClientRole {
@@ -1028,11 +1028,13 @@ impl ReadyRole for ClientRole {
                         what: "the CPU meter",
                         source,
                     })?;
-                let ran = run_child(&library, &dir, &job, &stop, &pid_tx);
+                let ran = run_child(&library, &dir, "web-load", &job, &stop, &pid_tx);
                 let (cpu, _) = meter.join().map_err(|_| RoleError::Panicked {
                     what: "the CPU meter".into(),
                 })?;
-                let (report, log) = ran?;
+                let (out, log) = ran?;
+                let report: LoadReport = serde_json::from_slice(&out)
+                    .map_err(|e| refused(format!("the load generator's report: {e}")))?;
                 for (k, v) in [
                     ("preload_shm_connections", log.connected_shm),
                     (
