@@ -230,3 +230,55 @@ fn gather_over_shm_with_the_builtin_responder_is_one_line() {
         .expect("netgap run");
     one_line_error(&out, "gather -t shm, builtin", "--responder gmond");
 }
+
+/// `web -t shm` between two agents started on this host: the client
+/// agent's load generator runs as its child under the library; killed
+/// with SIGKILL mid-run, the agent takes it along within 2 s.
+#[test]
+fn a_killed_agent_takes_its_load_generator_with_it() {
+    let test = "a_killed_agent_takes_its_load_generator_with_it";
+    if !common::system_ready(test) || !installed(test, "/usr/sbin/nginx", "nginx-light") {
+        return;
+    }
+    // Both agents find the library next to their binary.
+    let _ = library();
+    let server = common::AgentProc::start_with("127.0.0.1", &["--allow-services"]);
+    let mut clients = common::AgentProc::start("127.0.0.1");
+    let _run = common::procs::Reaped(
+        netgap()
+            .args([
+                "run",
+                "web",
+                "-t",
+                "shm",
+                "--reps",
+                "1",
+                "--duration",
+                "30s",
+            ])
+            .args(["--clients", "2", "--hosts"])
+            .arg(format!("{},{}", server.addr, clients.addr))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("netgap run"),
+    );
+    let t0 = std::time::Instant::now();
+    let tree = loop {
+        let tree = common::procs::descendants(clients.child.id());
+        if tree.iter().any(|(_, _, c)| c.contains("web-load")) {
+            break tree;
+        }
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(20),
+            "the load generator never started: {tree:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    clients.child.kill().expect("SIGKILL the agent");
+    let _ = clients.child.wait();
+    let left = common::gone_within(std::time::Duration::from_secs(2), || {
+        common::procs::still_running(&tree)
+    });
+    assert_eq!(left, Ok(()), "the load generator outlived its agent");
+}
