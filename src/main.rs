@@ -91,6 +91,12 @@ fn main() -> ExitCode {
             &args.command
         ))),
         Some(Command::FlowShard) => netgap::shard::run_shard().map_err(Into::into),
+        Some(Command::GatherLoad) => {
+            netgap_workload::run_gather_child().map_err(|e| anyhow::anyhow!(e))
+        }
+        Some(Command::WebLoad) => {
+            netgap_workload::run_web_load_child().map_err(|e| anyhow::anyhow!(e))
+        }
         Some(Command::Wrap(args)) => Err(netgap::wrap::exec(&args.transport, &args.command).into()),
     };
     match outcome {

@@ -4,15 +4,11 @@
 
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
 use std::process::Command;
 use thiserror::Error;
 
-/// The library's file name.
-pub const LIBRARY_FILE: &str = "libnetgap_preload.so";
-/// Environment variable naming the library, overriding the search next to
-/// the netgap binary.
-pub const LIBRARY_ENV: &str = "NETGAP_PRELOAD";
+use netgap_workload::preload::preload_value;
+pub use netgap_workload::preload::{library_path, LIBRARY_ENV, LIBRARY_FILE};
 
 /// Why a program could not be wrapped.
 #[derive(Debug, Error)]
@@ -24,8 +20,8 @@ pub enum WrapError {
     #[error("wrap: no program given (netgap wrap -t shm -- PROGRAM ARGS)")]
     NoProgram,
     /// The library is not where it should be.
-    #[error("wrap: the preload library {} is missing (build it with `cargo build -p netgap-preload`, or set {LIBRARY_ENV})", .0.display())]
-    Missing(PathBuf),
+    #[error("wrap: {0}")]
+    Missing(#[from] netgap_workload::preload::LibraryMissing),
     /// The program could not be started.
     #[error("wrap: cannot run {program}: {source}")]
     Exec {
@@ -34,32 +30,6 @@ pub enum WrapError {
         /// What `execvp` said.
         source: std::io::Error,
     },
-}
-
-/// The library: `NETGAP_PRELOAD` if set, else next to the running binary.
-pub fn library_path() -> Result<PathBuf, WrapError> {
-    let path = match std::env::var_os(LIBRARY_ENV) {
-        Some(p) => PathBuf::from(p),
-        None => std::env::current_exe()
-            .ok()
-            .and_then(|exe| exe.parent().map(|d| d.join(LIBRARY_FILE)))
-            .unwrap_or_else(|| PathBuf::from(LIBRARY_FILE)),
-    };
-    if path.is_file() {
-        Ok(path)
-    } else {
-        Err(WrapError::Missing(path))
-    }
-}
-
-/// `LD_PRELOAD` with `library` first, keeping what was there.
-fn preload_value(library: &Path) -> OsString {
-    let mut v = OsString::from(library);
-    if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|o| !o.is_empty()) {
-        v.push(":");
-        v.push(old);
-    }
-    v
 }
 
 /// Replaces this process with `command` (program and arguments) under the
@@ -73,7 +43,7 @@ pub fn exec(stack: &str, command: &[OsString]) -> WrapError {
     };
     let library = match library_path() {
         Ok(l) => l,
-        Err(e) => return e,
+        Err(e) => return e.into(),
     };
     let source = Command::new(program)
         .args(args)

@@ -111,6 +111,14 @@ pub enum Command {
     /// its configuration on stdin).
     #[command(name = "flow-shard", hide = true)]
     FlowShard,
+    /// Internal: `web`'s load generator under the preload library (an
+    /// agent starts it with its job on stdin).
+    #[command(name = "web-load", hide = true)]
+    WebLoad,
+    /// Internal: `gather`'s gatherer under the preload library (an agent
+    /// starts it with its job on stdin).
+    #[command(name = "gather-load", hide = true)]
+    GatherLoad,
     /// Run PROGRAM under netgap's preload sockets library: its TCP
     /// connections to programs on this host that run under it too move
     /// onto shared memory (-t shm); other sockets stay on the kernel.

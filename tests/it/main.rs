@@ -38,6 +38,7 @@ mod physics;
 mod pio;
 mod pipeline;
 mod preload;
+mod preload_apps;
 mod report;
 mod report_chromium;
 mod results_files;

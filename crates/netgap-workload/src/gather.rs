@@ -88,6 +88,9 @@ pub(crate) struct Params {
     pub answer_bytes: u64,
     /// Ask every host at once.
     pub parallel: bool,
+    /// `-t shm`: gmond and the gatherer run under the preload library.
+    #[serde(default)]
+    pub preload: bool,
 }
 
 fn refused(detail: impl std::fmt::Display) -> RoleError {
@@ -128,6 +131,13 @@ impl Workload for Gather {
     /// The built-in responder needs a transport with connections that
     /// crosses hosts.
     fn check(&self, spec: &PointSpec, transport: &dyn Transport) -> Result<(), Refused> {
+        if spec.transport == "shm" {
+            // gmond over the preload library (the built-in responder is
+            // refused at placement, which sees the responder).
+            return crate::preload::library_path()
+                .map(|_| ())
+                .map_err(|e| Refused(format!("{NAME} -t shm: {e}")));
+        }
         super::check_cross_host(NAME, spec, transport)?;
         let connected = |t: &dyn Transport| {
             t.capabilities().cross_host
@@ -167,6 +177,7 @@ impl Workload for Gather {
             responder,
             answer_bytes: spec.size_bytes,
             parallel: args.str("gather-mode") == Some("parallel"),
+            preload: spec.transport == "shm",
         })
     }
 
@@ -174,10 +185,17 @@ impl Workload for Gather {
     /// reads them all.
     fn place(
         &self,
-        _params: &serde_json::Value,
+        params: &serde_json::Value,
         _count: u32,
         hosts: &[HostView],
     ) -> Result<Placement, Refused> {
+        if params.get("preload").and_then(serde_json::Value::as_bool) == Some(true)
+            && params.get("responder").and_then(serde_json::Value::as_str) != Some("gmond")
+        {
+            return Err(Refused(format!(
+                "{NAME} -t shm runs gmond and the gatherer under the preload library; add --responder gmond"
+            )));
+        }
         if hosts.len() < 2 {
             return Err(Refused(format!(
                 "{NAME}: no host to gather from: give at least two hosts"
@@ -237,7 +255,10 @@ impl Workload for Gather {
                 ctx.spec.flows
             )));
         }
-        if p.responder == Responder::Gmond && ctx.spec.point.transport != "tcp" {
+        if p.responder == Responder::Gmond
+            && ctx.spec.point.transport != "tcp"
+            && ctx.spec.point.transport != "shm"
+        {
             return Err(refused(
                 "gmond answers over the host's TCP only; use -t tcp",
             ));
@@ -315,7 +336,10 @@ fn open_server(p: &Params, ctx: &RoleContext<'_>) -> Result<Box<dyn OpenRole>, R
             if !ctx.services {
                 return Err(refused(service::ServiceError::NotAllowed));
             }
-            let dir = RunDir::new(ctx.dirs, gmond::NAME).map_err(refused)?;
+            let mut dir = RunDir::new(ctx.dirs, gmond::NAME).map_err(refused)?;
+            if p.preload {
+                dir.preload().map_err(refused)?;
+            }
             let port = service::free_tcp_port(ip).map_err(refused)?;
             let addr = SocketAddr::new(ip, port);
             let running = gmond::start(dir, addr).map_err(refused)?;
@@ -559,6 +583,143 @@ struct ClientRole {
     warmup: Duration,
     duration: Duration,
     stop: Stop,
+    /// Under the preload library: the library, the child's run directory
+    /// and its job.
+    child: Option<(std::path::PathBuf, RunDir, GatherJob)>,
+}
+
+/// What the agent hands its gatherer child (`netgap gather-load`) on
+/// standard input: gmond's hosts and how to ask them.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct GatherJob {
+    point: PointSpec,
+    token: DataToken,
+    sources: Vec<(String, Option<IpAddr>)>,
+    parallel: bool,
+    warmup_ns: u64,
+    duration_ns: u64,
+}
+
+/// What the gatherer child reports: its role's result.
+#[derive(Debug, Serialize, Deserialize)]
+struct GatherReport {
+    flows: Vec<FlowReport>,
+    buckets: Vec<[u64; 2]>,
+    outcome: WorkloadOutcome,
+}
+
+/// Gathers from gmond as `job` says and reports the result: the body of
+/// the hidden `netgap gather-load` command, which an agent starts under
+/// the preload library. Reads the job on standard input, writes one JSON
+/// report on standard output.
+pub fn run_gather_child() -> Result<(), String> {
+    let mut text = String::new();
+    std::io::stdin()
+        .take(16 << 20)
+        .read_to_string(&mut text)
+        .map_err(|e| format!("gather-load: reading the job: {e}"))?;
+    let job: GatherJob =
+        serde_json::from_str(&text).map_err(|e| format!("gather-load: the job: {e}"))?;
+    let transport = netgap_transport::find(&job.point.transport)
+        .ok_or_else(|| format!("gather-load: no transport {}", job.point.transport))?;
+    let role = ClientRole {
+        asker: Asker {
+            responder: Responder::Gmond,
+            transport,
+            cfg: FlowConfig::from_spec(&job.point),
+            token: job.token,
+            expect: std::sync::Arc::new(Vec::new()),
+        },
+        sources: job
+            .sources
+            .into_iter()
+            .map(|(addr, bind_ip)| Source { addr, bind_ip })
+            .collect(),
+        parallel: job.parallel,
+        warmup: Duration::from_nanos(job.warmup_ns),
+        duration: Duration::from_nanos(job.duration_ns),
+        stop: Stop::new(),
+        child: None,
+    };
+    let r = Box::new(role)
+        .run()
+        .map_err(|e| format!("gather-load: {e}"))?;
+    let report = GatherReport {
+        flows: r.flows,
+        buckets: r.buckets,
+        outcome: r.outcome,
+    };
+    let out =
+        serde_json::to_string(&report).map_err(|e| format!("gather-load: the report: {e}"))?;
+    println!("{out}");
+    Ok(())
+}
+
+/// Runs the gatherer in a child under the preload library: the child's
+/// result, with the CPU of the agent and the child over the window, and
+/// the library log's counts among its metrics.
+fn gather_in_child(
+    library: &std::path::Path,
+    dir: &RunDir,
+    job: &GatherJob,
+    stop: &Stop,
+) -> Result<RoleResult, RoleError> {
+    let (pid_tx, pid_rx) = mpsc::channel();
+    let t0 = Instant::now();
+    let (w0, w1) = (
+        t0 + Duration::from_nanos(job.warmup_ns),
+        t0 + Duration::from_nanos(job.warmup_ns.saturating_add(job.duration_ns)),
+    );
+    let pid = std::sync::Mutex::new((pid_rx, None::<u32>));
+    let extra = move || {
+        let mut p = pid
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if p.1.is_none() {
+            p.1 = p.0.try_recv().ok();
+        }
+        p.1.map_or(0, service::tree_cpu_ns)
+    };
+    let meter_stop = stop.clone();
+    let meter = std::thread::Builder::new()
+        .name("cpu meter".into())
+        .spawn(move || super::role::meter_window_counting(w0, w1, &meter_stop, &extra))
+        .map_err(|source| RoleError::Thread {
+            what: "the CPU meter",
+            source,
+        })?;
+    let ran = super::web::run_child(library, dir, "gather-load", job, stop, &pid_tx);
+    let (cpu, _) = meter.join().map_err(|_| RoleError::Panicked {
+        what: "the CPU meter".into(),
+    })?;
+    let (out, log) = ran?;
+    let mut report: GatherReport =
+        serde_json::from_slice(&out).map_err(|e| refused(format!("the gatherer's report: {e}")))?;
+    report.outcome.cpu = cpu;
+    let m = &mut report.outcome.metrics;
+    for (k, v) in [
+        ("preload_shm_connections", log.connected_shm),
+        (
+            "preload_kernel_connections",
+            log.connected_kernel + log.failed,
+        ),
+        (
+            "preload_shm_bytes",
+            log.shm_sent_bytes + log.shm_received_bytes,
+        ),
+        (
+            "preload_kernel_tcp_bytes",
+            log.kernel_tcp_sent_bytes + log.kernel_tcp_received_bytes,
+        ),
+    ] {
+        m.insert(k.into(), v as f64);
+    }
+    Ok(RoleResult {
+        flows: report.flows,
+        buckets: report.buckets,
+        outcome: report.outcome,
+    })
 }
 
 fn open_client(p: &Params, ctx: &RoleContext<'_>) -> Result<Box<dyn OpenRole>, RoleError> {
@@ -585,6 +746,24 @@ fn open_client(p: &Params, ctx: &RoleContext<'_>) -> Result<Box<dyn OpenRole>, R
         Responder::Gmond => Vec::new(),
     };
     let (warmup, duration) = window(spec);
+    let child = if p.preload {
+        let library = crate::preload::library_path().map_err(refused)?;
+        let dir = RunDir::new(ctx.dirs, "gather-load").map_err(refused)?;
+        let job = GatherJob {
+            point: spec.point.clone(),
+            token: ctx.data_token.clone(),
+            sources: sources
+                .iter()
+                .map(|s| (s.addr.clone(), s.bind_ip))
+                .collect(),
+            parallel: p.parallel,
+            warmup_ns: u64::try_from(warmup.as_nanos()).unwrap_or(u64::MAX),
+            duration_ns: u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX),
+        };
+        Some((library, dir, job))
+    } else {
+        None
+    };
     Ok(Box::new(ClientRole {
         asker: Asker {
             responder: p.responder,
@@ -598,6 +777,7 @@ fn open_client(p: &Params, ctx: &RoleContext<'_>) -> Result<Box<dyn OpenRole>, R
         warmup,
         duration,
         stop: ctx.stop.clone(),
+        child,
     }))
 }
 
@@ -645,7 +825,11 @@ impl ReadyRole for ClientRole {
             warmup,
             duration,
             stop,
+            child,
         } = *self;
+        if let Some((library, dir, job)) = child {
+            return gather_in_child(&library, &dir, &job, &stop);
+        }
         let n = sources.len();
         let t0 = Instant::now();
         let (w0, w1) = (t0 + warmup, t0 + warmup + duration);

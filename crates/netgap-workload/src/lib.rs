@@ -47,6 +47,7 @@ pub mod options;
 mod pio;
 mod pipeline;
 pub mod place;
+pub mod preload;
 pub mod role;
 mod service;
 pub mod shard;
@@ -54,6 +55,9 @@ mod staged;
 mod stream;
 pub mod tether;
 mod web;
+
+pub use gather::run_gather_child;
+pub use web::run_load_child as run_web_load_child;
 
 use netgap_core::metric::Metric;
 use netgap_core::spec::PointSpec;

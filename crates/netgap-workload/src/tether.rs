@@ -127,6 +127,23 @@ pub fn command<A: AsRef<OsStr>>(program: &Path, args: &[A], run_as: Option<RunAs
     command_as(confinement(), program, args, run_as)
 }
 
+/// A command that runs `program` with `args` in a process group of its
+/// own, as `run_as` when given, ended with the thread that spawns it
+/// (`PR_SET_PDEATHSIG`), but in this process's PID namespace: for a
+/// program that starts no processes of its own (netgap's load generator
+/// under the preload library) and must keep the pid its peers see. The
+/// library's setup names the connector by its pid, which the listener
+/// opens as `/proc/PID/fd/FD`; a pid in a namespace of its own would name
+/// another process there. The user is set before `exec`, so the program
+/// is dumpable (its peer of the same user may open its descriptors).
+pub fn command_in_group<A: AsRef<OsStr>>(
+    program: &Path,
+    args: &[A],
+    run_as: Option<RunAs>,
+) -> Command {
+    command_as(Confinement::ProcessGroup, program, args, run_as)
+}
+
 /// [`command`] with the confinement given.
 fn command_as<A: AsRef<OsStr>>(
     kind: Confinement,
@@ -235,6 +252,42 @@ mod tests {
         assert_eq!(
             argv(&command_as(Confinement::ProcessGroup, p, &["-c"], Some(u))),
             ["/usr/sbin/nginx", "-c"]
+        );
+    }
+
+    #[test]
+    fn a_program_in_a_group_keeps_this_pid_namespace_and_runs_as_the_user_given() {
+        let root = nix::unistd::geteuid().is_root();
+        let run_as = root.then_some(RunAs {
+            uid: 65534,
+            gid: 65534,
+        });
+        let out = std::thread::spawn(move || {
+            command_in_group(
+                Path::new("/bin/sh"),
+                &["-c", "id -u; readlink /proc/self/ns/pid"],
+                run_as,
+            )
+            .output()
+            .unwrap()
+        })
+        .join()
+        .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let mut lines = text.lines();
+        let uid = lines.next().unwrap().trim().to_string();
+        let expected = if root {
+            "65534".to_string()
+        } else {
+            nix::unistd::geteuid().as_raw().to_string()
+        };
+        assert_eq!(uid, expected, "{text}");
+        let own = std::fs::read_link("/proc/self/ns/pid").unwrap();
+        assert_eq!(
+            lines.next().unwrap().trim(),
+            own.to_string_lossy(),
+            "{text}"
         );
     }
 

@@ -298,11 +298,16 @@ impl Workload for Web {
     /// transport, and socket options the server would not share, are
     /// refused.
     fn check(&self, spec: &PointSpec, _transport: &dyn Transport) -> Result<(), Refused> {
-        if spec.transport != "tcp" {
-            return Err(Refused(format!(
-                "{NAME} runs real web servers, which speak HTTP over the host's TCP; use -t tcp, not {}",
-                spec.transport
-            )));
+        match spec.transport.as_str() {
+            "tcp" => {}
+            "shm" => {
+                crate::preload::library_path().map_err(|e| Refused(format!("{NAME} -t shm: {e}")))?;
+            }
+            other => {
+                return Err(Refused(format!(
+                    "{NAME} runs real web servers, which speak HTTP over the host's TCP (or over shm through the preload library on one host); use -t tcp or -t shm, not {other}"
+                )))
+            }
         }
         if spec.options != netgap_core::spec::TransportOptions::default() {
             return Err(Refused(format!(
@@ -479,7 +484,10 @@ fn open_server(p: &Params, ctx: &RoleContext<'_>) -> Result<Box<dyn OpenRole>, R
         &format!("a web file set of {} files", set.len()),
         set.total_bytes(),
     )?;
-    let dir = RunDir::new(ctx.dirs, name).map_err(refused)?;
+    let mut dir = RunDir::new(ctx.dirs, name).map_err(refused)?;
+    if ctx.spec.point.transport == "shm" {
+        dir.preload().map_err(refused)?;
+    }
     let www = dir.subdir("www").map_err(refused)?;
     let sha = set.write(&www).map_err(|e| {
         refused(format!(
@@ -705,11 +713,33 @@ fn open_clients(p: &Params, ctx: &RoleContext<'_>) -> Result<Box<dyn OpenRole>, 
         )?,
     };
     let (warmup, duration) = window(spec);
+    // Under the preload library the clients run in a child process of
+    // their own, started with the library, as the user the server runs as.
+    let child = if spec.point.transport == "shm" {
+        let library = crate::preload::library_path().map_err(refused)?;
+        let dir = RunDir::new(ctx.dirs, "web-load").map_err(refused)?;
+        let job = LoadJob {
+            params: p.clone(),
+            target,
+            bind_ip: cfg.bind_ip,
+            flows: spec.flows,
+            workers,
+            seed: cfg.seed,
+            io_timeout_ms: u64::try_from(cfg.io_timeout.as_millis()).unwrap_or(u64::MAX),
+            poll: cfg.poll,
+            warmup_ns: u64::try_from(warmup.as_nanos()).unwrap_or(u64::MAX),
+            duration_ns: u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX),
+        };
+        Some((library, dir, job))
+    } else {
+        None
+    };
     Ok(Box::new(ClientRole {
         cfg,
         warmup,
         duration,
         stop: ctx.stop.clone(),
+        child,
     }))
 }
 
@@ -719,6 +749,219 @@ struct ClientRole {
     warmup: Duration,
     duration: Duration,
     stop: Stop,
+    /// Under the preload library: the library, the child's run directory
+    /// and its job.
+    child: Option<(std::path::PathBuf, RunDir, LoadJob)>,
+}
+
+/// What the agent hands its load generator child (`netgap web-load`) on
+/// standard input.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct LoadJob {
+    params: Params,
+    target: SocketAddr,
+    bind_ip: Option<IpAddr>,
+    flows: u32,
+    workers: usize,
+    seed: u64,
+    io_timeout_ms: u64,
+    poll: bool,
+    warmup_ns: u64,
+    duration_ns: u64,
+}
+
+/// One client's results as a child reports them.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Reported {
+    index: u32,
+    transactions: u64,
+    window_body_bytes: u64,
+    bytes_tx: u64,
+    bytes_rx: u64,
+    errors: u64,
+    checked: u64,
+    verified: u64,
+    connections: u64,
+    percentiles: Option<Percentiles>,
+    last_error: Option<String>,
+}
+
+/// What the child writes on standard output when it is done.
+#[derive(Debug, Serialize, Deserialize)]
+struct LoadReport {
+    clients: Vec<Reported>,
+    /// The window's latencies, all clients: [`LatencyHistogram::buckets`].
+    buckets: Vec<[u64; 2]>,
+    window_ns: u64,
+}
+
+impl Reported {
+    fn of(o: &client::ClientOutcome) -> Reported {
+        Reported {
+            index: o.index,
+            transactions: o.transactions,
+            window_body_bytes: o.window_body_bytes,
+            bytes_tx: o.bytes_tx,
+            bytes_rx: o.bytes_rx,
+            errors: o.errors,
+            checked: o.checked,
+            verified: o.verified,
+            connections: o.connections,
+            percentiles: o.hist.percentiles_us(1.0),
+            last_error: o.last_error.clone(),
+        }
+    }
+}
+
+/// Runs clients as `job` says and reports them: the body of the hidden
+/// `netgap web-load` command, which an agent starts under the preload
+/// library. Reads the job on standard input, writes one JSON report on
+/// standard output.
+pub fn run_load_child() -> Result<(), String> {
+    use std::io::Read as _;
+    let mut text = String::new();
+    std::io::stdin()
+        .take(1 << 20)
+        .read_to_string(&mut text)
+        .map_err(|e| format!("web-load: reading the job: {e}"))?;
+    let job: LoadJob =
+        serde_json::from_str(&text).map_err(|e| format!("web-load: the job: {e}"))?;
+    let set = Arc::new(job.params.fileset());
+    let zipf =
+        (job.params.trace == Trace::Zipf).then(|| Arc::new(Zipf::new(&set, job.params.alpha)));
+    let cfg = client::ClientConfig {
+        target: job.target,
+        bind_ip: job.bind_ip,
+        flows: job.flows as usize,
+        workers: job.workers.clamp(1, MAX_CLIENT_WORKERS),
+        keepalive: !job.params.connection_per_request,
+        fileset: set,
+        zipf,
+        verify_fraction: job.params.verify_fraction,
+        seed: job.seed,
+        io_timeout: Duration::from_millis(job.io_timeout_ms.max(1)),
+        poll: job.poll,
+        buffer: netgap_transport::buffer::BufferLayout::of_options(
+            &netgap_core::spec::TransportOptions::default(),
+        )
+        .map_err(|e| format!("web-load: message buffers: {e}"))?,
+    };
+    netgap_transport::flows::ensure_fd_limit(
+        u64::from(job.flows) + cfg.workers as u64 + netgap_transport::flows::limits::SPARE_FDS,
+    )
+    .map_err(|e| format!("web-load: {} clients: {e}", job.flows))?;
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let (outcomes, window_ns) = client::run(
+        &cfg,
+        Duration::from_nanos(job.warmup_ns),
+        Duration::from_nanos(job.duration_ns),
+        &stop,
+    )
+    .map_err(|e| format!("web-load: {e}"))?;
+    let mut hist = LatencyHistogram::new();
+    for o in &outcomes {
+        o.hist.merge_into(&mut hist);
+    }
+    let report = LoadReport {
+        clients: outcomes.iter().map(Reported::of).collect(),
+        buckets: hist.buckets(),
+        window_ns,
+    };
+    let out = serde_json::to_string(&report).map_err(|e| format!("web-load: the report: {e}"))?;
+    println!("{out}");
+    Ok(())
+}
+
+/// Runs `netgap COMMAND` (a role's clients) in a child process under the
+/// preload library, hands it `job` as JSON on standard input and waits
+/// for its report on standard output (killing it if the role is
+/// stopped); returns the report and what its library log says.
+pub(crate) fn run_child(
+    library: &std::path::Path,
+    dir: &RunDir,
+    command: &str,
+    job: &impl Serialize,
+    stop: &Stop,
+    pid_out: &std::sync::mpsc::Sender<u32>,
+) -> Result<(Vec<u8>, crate::preload::LogSummary), RoleError> {
+    use std::io::{Read as _, Write as _};
+    use std::os::unix::fs::FileExt as _;
+    let log = dir.service_file("preload.log").map_err(refused)?;
+    dir.hand_over().map_err(refused)?;
+    let exe = std::env::current_exe()
+        .map_err(|e| refused(format!("finding netgap's own binary: {e}")))?;
+    let run_as = service::user::ServiceUser::for_agent()
+        .map_err(refused)?
+        .map(|u| crate::tether::RunAs {
+            uid: u.uid,
+            gid: u.gid,
+        });
+    let mut cmd = crate::tether::command_in_group(&exe, &[command], run_as);
+    cmd.env("LD_PRELOAD", crate::preload::preload_value(library))
+        .env("NETGAP_PRELOAD_LOG", dir.path().join("preload.log"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .current_dir(dir.path());
+    let mut child = cmd.spawn().map_err(|e| {
+        refused(format!(
+            "starting the load generator {}: {e}",
+            exe.display()
+        ))
+    })?;
+    let _ = pid_out.send(child.id());
+    let job_text = serde_json::to_vec(job).map_err(|e| refused(format!("the load job: {e}")))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin
+            .write_all(&job_text)
+            .map_err(|e| refused(format!("handing the load generator its job: {e}")))?;
+    }
+    let mut stdout = child.stdout.take();
+    let reader = std::thread::spawn(move || {
+        let mut out = Vec::new();
+        if let Some(s) = stdout.as_mut() {
+            let _ = s.take(64 << 20).read_to_end(&mut out);
+        }
+        out
+    });
+    let mut stderr = child.stderr.take();
+    let err_reader = std::thread::spawn(move || {
+        let mut out = Vec::new();
+        if let Some(s) = stderr.as_mut() {
+            let _ = s.take(64 << 10).read_to_end(&mut out);
+        }
+        out
+    });
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if stop.is_set() => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(refused("stopped"));
+            }
+            Ok(None) => std::thread::sleep(super::role::STOP_TICK),
+            Err(e) => return Err(refused(format!("waiting for the load generator: {e}"))),
+        }
+    };
+    let out = reader.join().unwrap_or_default();
+    let err = err_reader.join().unwrap_or_default();
+    if !status.success() {
+        let err = String::from_utf8_lossy(&err);
+        return Err(refused(format!(
+            "the load generator under the preload library failed ({status}): {}",
+            netgap_core::text::escape_control(err.trim())
+                .chars()
+                .take(400)
+                .collect::<String>()
+        )));
+    }
+    let len = log.metadata().map_or(0, |m| m.len()).min(16 << 20);
+    let mut buf = vec![0u8; usize::try_from(len).unwrap_or(0)];
+    let n = log.read_at(&mut buf, 0).unwrap_or(0);
+    let summary = crate::preload::LogSummary::parse(&String::from_utf8_lossy(&buf[..n]));
+    Ok((out, summary))
 }
 
 impl OpenRole for ClientRole {
@@ -738,19 +981,85 @@ impl ReadyRole for ClientRole {
             warmup,
             duration,
             stop,
+            child,
         } = *self;
         let flag = stop.flag();
-        let (cpu, ran) = metered(Instant::now(), warmup, duration, &stop, || {
-            client::run(&cfg, warmup, duration, &flag)
-        })?;
-        let (outcomes, window_ns) = ran.map_err(refused)?;
-        let mut hist = LatencyHistogram::new();
-        let mut flows = Vec::with_capacity(outcomes.len());
         let mut m: BTreeMap<String, f64> = BTreeMap::new();
+        let (cpu, outcomes, buckets, window_ns) = match child {
+            None => {
+                let (cpu, ran) = metered(Instant::now(), warmup, duration, &stop, || {
+                    client::run(&cfg, warmup, duration, &flag)
+                })?;
+                let (outcomes, window_ns) = ran.map_err(refused)?;
+                let mut hist = LatencyHistogram::new();
+                for o in &outcomes {
+                    o.hist.merge_into(&mut hist);
+                }
+                let reported: Vec<Reported> = outcomes.iter().map(Reported::of).collect();
+                (cpu, reported, hist.buckets(), window_ns)
+            }
+            Some((library, dir, job)) => {
+                let (pid_tx, pid_rx) = std::sync::mpsc::channel();
+                let t0 = Instant::now();
+                // The child's CPU counts as the role's own, from when its
+                // pid is known.
+                let pid = std::sync::Mutex::new((pid_rx, None::<u32>));
+                let extra = move || {
+                    let mut p = pid
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    if p.1.is_none() {
+                        p.1 = p.0.try_recv().ok();
+                    }
+                    p.1.map_or(0, service::tree_cpu_ns)
+                };
+                let meter_stop = stop.clone();
+                let meter = std::thread::Builder::new()
+                    .name("cpu meter".into())
+                    .spawn(move || {
+                        super::role::meter_window_counting(
+                            t0 + warmup,
+                            t0 + warmup + duration,
+                            &meter_stop,
+                            &extra,
+                        )
+                    })
+                    .map_err(|source| RoleError::Thread {
+                        what: "the CPU meter",
+                        source,
+                    })?;
+                let ran = run_child(&library, &dir, "web-load", &job, &stop, &pid_tx);
+                let (cpu, _) = meter.join().map_err(|_| RoleError::Panicked {
+                    what: "the CPU meter".into(),
+                })?;
+                let (out, log) = ran?;
+                let report: LoadReport = serde_json::from_slice(&out)
+                    .map_err(|e| refused(format!("the load generator's report: {e}")))?;
+                for (k, v) in [
+                    ("preload_shm_connections", log.connected_shm),
+                    (
+                        "preload_kernel_connections",
+                        log.connected_kernel + log.failed,
+                    ),
+                    (
+                        "preload_shm_bytes",
+                        log.shm_sent_bytes + log.shm_received_bytes,
+                    ),
+                    (
+                        "preload_kernel_tcp_bytes",
+                        log.kernel_tcp_sent_bytes + log.kernel_tcp_received_bytes,
+                    ),
+                ] {
+                    m.insert(k.into(), v as f64);
+                }
+                drop(dir);
+                (cpu, report.clients, report.buckets, report.window_ns)
+            }
+        };
+        let mut flows = Vec::with_capacity(outcomes.len());
         let (mut rx, mut tx) = (0, 0);
         let mut last_error = None;
         for o in &outcomes {
-            o.hist.merge_into(&mut hist);
             rx += o.bytes_rx;
             tx += o.bytes_tx;
             for (k, v) in [
@@ -772,7 +1081,7 @@ impl ReadyRole for ClientRole {
                 bytes_rx: o.bytes_rx,
                 window_bytes_rx: o.window_body_bytes,
                 round_trips: o.transactions,
-                percentiles: o.hist.percentiles_us(1.0),
+                percentiles: o.percentiles.clone(),
                 errors: o.errors,
             });
         }
@@ -785,7 +1094,7 @@ impl ReadyRole for ClientRole {
         }
         Ok(RoleResult {
             flows,
-            buckets: hist.buckets(),
+            buckets,
             outcome: WorkloadOutcome {
                 window_ns,
                 cpu,

@@ -456,8 +456,25 @@ pub(super) fn measure_point(
     if let Some(w) = failure_warning(failed, metrics.len(), last_error.as_deref()) {
         record.warnings.push(w);
     }
+    if let Some(w) = preload_warning(&metrics) {
+        record.warnings.push(w);
+    }
     record.warnings.extend(short_windows);
     Ok(record)
+}
+
+/// The warning of a point run under the preload library some of whose
+/// connections stayed on the kernel's TCP (`preload_kernel_connections`
+/// of the repetitions' metrics): such a point is not all shm.
+fn preload_warning(metrics: &[std::collections::BTreeMap<String, f64>]) -> Option<String> {
+    let sum = |key: &str| -> f64 { metrics.iter().filter_map(|m| m.get(key)).sum() };
+    let kernel = sum("preload_kernel_connections");
+    (kernel > 0.0).then(|| {
+        format!(
+            "preload: {kernel} of {} connections stayed on the kernel's TCP instead of shm (the library's log says why)",
+            kernel + sum("preload_shm_connections")
+        )
+    })
 }
 
 /// How the warning of a repetition whose data path did not read through
@@ -585,6 +602,22 @@ mod tests {
             ],
             hist,
         }
+    }
+
+    #[test]
+    fn connections_kept_on_the_kernel_under_the_preload_library_are_a_warning() {
+        let rep = |shm: f64, kernel: f64| {
+            std::collections::BTreeMap::from([
+                ("preload_shm_connections".to_string(), shm),
+                ("preload_kernel_connections".to_string(), kernel),
+            ])
+        };
+        assert_eq!(preload_warning(&[]), None);
+        assert_eq!(preload_warning(&[rep(3.0, 0.0), rep(3.0, 0.0)]), None);
+        assert_eq!(
+            preload_warning(&[rep(3.0, 0.0), rep(2.0, 1.0)]).unwrap(),
+            "preload: 1 of 6 connections stayed on the kernel's TCP instead of shm (the library's log says why)"
+        );
     }
 
     #[test]

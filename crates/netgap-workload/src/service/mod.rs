@@ -164,6 +164,8 @@ pub(crate) struct RunDir {
     user: Option<ServiceUser>,
     /// The agent's run directory, held while this one is in it.
     _agent: Arc<Dir>,
+    /// Environment the program starts with ([`RunDir::preload`]).
+    env: Vec<(std::ffi::OsString, std::ffi::OsString)>,
 }
 
 impl RunDir {
@@ -182,6 +184,7 @@ impl RunDir {
             dir,
             user,
             _agent: agent,
+            env: Vec::new(),
         })
     }
 
@@ -255,6 +258,23 @@ impl RunDir {
         self.dir
             .create_file(&format!("{name}.log"), 0o600)
             .map_err(confined_err)
+    }
+
+    /// Runs the program under netgap's preload sockets library: it starts
+    /// with `LD_PRELOAD` naming the library and the library's log in this
+    /// directory (`preload.log`, the program's user's). Refused in one line
+    /// when the library is missing.
+    pub(crate) fn preload(&mut self) -> Result<(), ServiceError> {
+        let library =
+            crate::preload::library_path().map_err(|e| ServiceError::Refused(e.to_string()))?;
+        self.service_file("preload.log")?;
+        self.env
+            .push(("LD_PRELOAD".into(), crate::preload::preload_value(&library)));
+        self.env.push((
+            "NETGAP_PRELOAD_LOG".into(),
+            self.dir.path().join("preload.log").into_os_string(),
+        ));
+        Ok(())
     }
 
     /// Hands the directory to the user the program runs as, once the agent
@@ -440,6 +460,7 @@ impl Running {
             .map_err(io_err(format!("opening {name}'s log")))?;
         cmd.stdin(Stdio::null()).stdout(out).stderr(err);
         cmd.current_dir(dir.path());
+        cmd.envs(dir.env.iter().map(|(k, v)| (k, v)));
         let (pid_tx, pid_rx) = mpsc::channel();
         let (exit_tx, exited) = mpsc::channel();
         std::thread::Builder::new()

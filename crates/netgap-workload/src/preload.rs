@@ -1,0 +1,200 @@
+//! Where netgap's preload sockets library (`libnetgap_preload.so`) is:
+//! `NETGAP_PRELOAD` if set, else next to the running netgap binary. One
+//! lookup for `netgap wrap` and for the workloads that run real programs
+//! under the library.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+/// The library's file name.
+pub const LIBRARY_FILE: &str = "libnetgap_preload.so";
+/// Environment variable naming the library, overriding the search next to
+/// the netgap binary.
+pub const LIBRARY_ENV: &str = "NETGAP_PRELOAD";
+
+/// The library is not where it should be.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the preload library {} is missing (build it with `cargo build -p netgap-preload`, or set {LIBRARY_ENV})", .0.display())]
+pub struct LibraryMissing(pub PathBuf);
+
+/// The library: `NETGAP_PRELOAD` if set, else next to the running binary;
+/// an error naming the path looked at when no file is there.
+pub fn library_path() -> Result<PathBuf, LibraryMissing> {
+    let path = match std::env::var_os(LIBRARY_ENV) {
+        Some(p) => PathBuf::from(p),
+        None => std::env::current_exe()
+            .ok()
+            .and_then(|exe| exe.parent().map(|d| d.join(LIBRARY_FILE)))
+            .unwrap_or_else(|| PathBuf::from(LIBRARY_FILE)),
+    };
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(LibraryMissing(path))
+    }
+}
+
+/// `LD_PRELOAD` with `library` first, keeping what this process's
+/// `LD_PRELOAD` held.
+pub fn preload_value(library: &Path) -> OsString {
+    let mut v = OsString::from(library);
+    if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|o| !o.is_empty()) {
+        v.push(":");
+        v.push(old);
+    }
+    v
+}
+
+/// What one process's preload log (`NETGAP_PRELOAD_LOG`) says of the
+/// connections it made and accepted: how many moved to shared memory, how
+/// many stayed on the kernel's TCP and why, and the bytes each carried.
+/// A run under the library reads its programs' logs into this, so a
+/// connection that fell back is counted, never passed off as shm.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LogSummary {
+    /// Connections this process made that moved to shm.
+    pub connected_shm: u64,
+    /// Connections this process made that stayed on the kernel's TCP.
+    pub connected_kernel: u64,
+    /// Connections this process accepted that moved to shm.
+    pub accepted_shm: u64,
+    /// Connections this process accepted that stayed on the kernel's TCP.
+    pub accepted_kernel: u64,
+    /// Connections whose setup failed (the program saw ECONNRESET).
+    pub failed: u64,
+    /// Why connections stayed on the kernel's TCP: each reason and how
+    /// many times it was given.
+    pub fallback_reasons: std::collections::BTreeMap<String, u64>,
+    /// Payload bytes the closed shm connections sent over their rings.
+    pub shm_sent_bytes: u64,
+    /// Payload bytes the closed shm connections received over their rings.
+    pub shm_received_bytes: u64,
+    /// Bytes the closed shm connections' kernel sockets sent (setup and
+    /// wake-ups).
+    pub kernel_tcp_sent_bytes: u64,
+    /// Bytes the closed shm connections' kernel sockets received.
+    pub kernel_tcp_received_bytes: u64,
+    /// Shm connections whose close was logged.
+    pub closed_shm: u64,
+}
+
+impl LogSummary {
+    /// Reads the library's log lines (`netgap-preload[PID]: ...`); lines
+    /// of other programs and lines it does not know are skipped.
+    pub fn parse(text: &str) -> LogSummary {
+        let mut s = LogSummary::default();
+        for line in text.lines() {
+            let Some(rest) = line
+                .strip_prefix("netgap-preload[")
+                .and_then(|r| r.split_once("]: "))
+                .map(|(_, r)| r)
+            else {
+                continue;
+            };
+            s.add(rest);
+        }
+        s
+    }
+
+    /// Connections that stayed on the kernel's TCP, either side.
+    pub fn kernel_connections(&self) -> u64 {
+        self.connected_kernel + self.accepted_kernel
+    }
+
+    fn add(&mut self, event: &str) {
+        // "fd N: ..." or "fd N (accepted on fd M): ..."
+        let Some((_, what)) = event.split_once(": ") else {
+            return;
+        };
+        const KEPT: &str = "stays on the kernel's TCP: ";
+        if let Some(counters) = what.strip_prefix("shm connection closed (") {
+            self.closed_shm += 1;
+            for field in counters.split_whitespace() {
+                let Some((k, v)) = field.split_once('=') else {
+                    continue;
+                };
+                let Ok(v) = v.parse::<u64>() else {
+                    continue;
+                };
+                let slot = match k {
+                    "shm_sent_bytes" => &mut self.shm_sent_bytes,
+                    "shm_received_bytes" => &mut self.shm_received_bytes,
+                    "kernel_tcp_sent_bytes" => &mut self.kernel_tcp_sent_bytes,
+                    "kernel_tcp_received_bytes" => &mut self.kernel_tcp_received_bytes,
+                    _ => continue,
+                };
+                *slot = slot.saturating_add(v);
+            }
+        } else if what == "accepted connection moved to shm" {
+            self.accepted_shm += 1;
+        } else if let Some(why) = what
+            .strip_prefix("accepted connection ")
+            .and_then(|w| w.strip_prefix(KEPT))
+        {
+            self.accepted_kernel += 1;
+            *self.fallback_reasons.entry(why.to_string()).or_insert(0) += 1;
+        } else if let Some(why) = what.strip_prefix(KEPT) {
+            // "fd N (accepted on fd M): stays on ..."
+            self.accepted_kernel += 1;
+            *self.fallback_reasons.entry(why.to_string()).or_insert(0) += 1;
+        } else if let Some(rest) = what.strip_prefix("connection to port ") {
+            let rest = rest.split_once(' ').map_or("", |(_, r)| r);
+            if rest == "moved to shm" {
+                self.connected_shm += 1;
+            } else if let Some(why) = rest.strip_prefix(KEPT) {
+                self.connected_kernel += 1;
+                *self.fallback_reasons.entry(why.to_string()).or_insert(0) += 1;
+            } else if rest.starts_with("fails ") {
+                self.failed += 1;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_log_counts_each_side_each_fallback_and_the_closed_connections_bytes() {
+        let log = "\
+netgap-preload[7]: fd 5: connection to port 8080 moved to shm
+netgap-preload[7]: fd 6: connection to port 8080 moved to shm
+netgap-preload[7]: fd 7: connection to port 8080 stays on the kernel's TCP: no listener with the library there
+netgap-preload[7]: fd 8: connection to port 8080 fails (ECONNRESET): no answer
+netgap-preload[9]: fd 11: accepted connection moved to shm
+netgap-preload[9]: fd 12: accepted connection stays on the kernel's TCP: the first bytes are no hello
+netgap-preload[9]: fd 13 (accepted on fd 4): stays on the kernel's TCP: the peer is not on this host
+netgap-preload[7]: fd 5: shm connection closed (connector): shm_sent_bytes=100 shm_received_bytes=2000 doorbells_sent=3 kernel_tcp_sent_bytes=40 kernel_tcp_received_bytes=8
+netgap-preload[9]: fd 11: shm connection closed (listener): shm_sent_bytes=2000 shm_received_bytes=100 doorbells_sent=2 kernel_tcp_sent_bytes=9 kernel_tcp_received_bytes=40
+nginx: something else
+netgap-preload[9]: fd 14: sendmsg with ancillary data on a shm connection: the data is dropped
+";
+        let s = LogSummary::parse(log);
+        assert_eq!((s.connected_shm, s.connected_kernel, s.failed), (2, 1, 1));
+        assert_eq!((s.accepted_shm, s.accepted_kernel), (1, 2));
+        assert_eq!(s.kernel_connections(), 3);
+        assert_eq!(s.closed_shm, 2);
+        assert_eq!((s.shm_sent_bytes, s.shm_received_bytes), (2100, 2100));
+        assert_eq!(
+            (s.kernel_tcp_sent_bytes, s.kernel_tcp_received_bytes),
+            (49, 48)
+        );
+        assert_eq!(
+            s.fallback_reasons.get("no listener with the library there"),
+            Some(&1)
+        );
+        assert_eq!(s.fallback_reasons.len(), 3);
+        assert_eq!(LogSummary::parse(""), LogSummary::default());
+    }
+
+    #[test]
+    fn a_missing_library_is_one_line_naming_the_path() {
+        let e = LibraryMissing(PathBuf::from("/nonexistent/libnetgap_preload.so"));
+        let line = e.to_string();
+        assert!(line.contains("/nonexistent/libnetgap_preload.so"), "{line}");
+        assert!(line.contains(LIBRARY_ENV), "{line}");
+        assert_eq!(line.lines().count(), 1);
+    }
+}
