@@ -282,6 +282,16 @@ pub(crate) fn check_cross_host(
     transport: &dyn Transport,
 ) -> Result<(), Refused> {
     check_crosses_hosts(workload, spec, transport)?;
+    check_ip_port(workload, spec, transport)
+}
+
+/// Refuses a transport whose flows are not addressed by `IP:PORT` (xdp's
+/// are point-to-point: a MAC and a flow id).
+pub(crate) fn check_ip_port(
+    workload: &str,
+    spec: &PointSpec,
+    transport: &dyn Transport,
+) -> Result<(), Refused> {
     if !transport.ip_port_addresses() {
         return Err(Refused(format!(
             "{workload}: transport {} is point-to-point only (its flows are not addressed by IP:PORT); run pingpong, stream, bibw or bibw-pingpong over it",
@@ -336,6 +346,18 @@ mod tests {
         assert!(e.0.contains("point-to-point only"), "{e}");
         spec.transport = "tcp".into();
         assert!(check_cross_host("multistream", &spec, &netgap_transport::tcp::Tcp).is_ok());
+        // The pipeline, which also runs co-located transports, refuses xdp
+        // before the run rather than failing on the agents.
+        spec.test = "pipeline".into();
+        spec.transport = "xdp".into();
+        let pipeline = find("pipeline").unwrap();
+        let e = pipeline
+            .check(&spec, &netgap_transport::xdp::Xdp)
+            .unwrap_err();
+        assert!(
+            e.0.contains("pipeline: transport xdp is point-to-point only"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -248,6 +248,12 @@ impl Workload for Pipeline {
                 spec.transport
             )));
         }
+        // A cross-host transport's streams are dialled at IP:PORT addresses
+        // between the copies; one that cannot be (xdp) fails on the agents
+        // otherwise, after the run has started.
+        if transport.capabilities().cross_host {
+            super::check_ip_port(NAME, spec, transport)?;
+        }
         // The smallest size is checked by each role.
         if spec.size_bytes > UOW_RANGE.1 {
             return Err(Refused(format!(
