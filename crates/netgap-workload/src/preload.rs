@@ -79,6 +79,27 @@ pub struct LogSummary {
 }
 
 impl LogSummary {
+    /// The counts a record carries in its application metrics: connections
+    /// moved to shm and kept on the kernel's TCP (setup failures count as
+    /// kept), and the bytes the rings and the kernel sockets carried.
+    pub fn record_metrics(&self) -> [(&'static str, f64); 4] {
+        [
+            ("preload_shm_connections", self.connected_shm as f64),
+            (
+                "preload_kernel_connections",
+                (self.connected_kernel + self.failed) as f64,
+            ),
+            (
+                "preload_shm_bytes",
+                (self.shm_sent_bytes + self.shm_received_bytes) as f64,
+            ),
+            (
+                "preload_kernel_tcp_bytes",
+                (self.kernel_tcp_sent_bytes + self.kernel_tcp_received_bytes) as f64,
+            ),
+        ]
+    }
+
     /// Reads the library's log lines (`netgap-preload[PID]: ...`); lines
     /// of other programs and lines it does not know are skipped.
     pub fn parse(text: &str) -> LogSummary {

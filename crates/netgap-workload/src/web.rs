@@ -1035,22 +1035,8 @@ impl ReadyRole for ClientRole {
                 let (out, log) = ran?;
                 let report: LoadReport = serde_json::from_slice(&out)
                     .map_err(|e| refused(format!("the load generator's report: {e}")))?;
-                for (k, v) in [
-                    ("preload_shm_connections", log.connected_shm),
-                    (
-                        "preload_kernel_connections",
-                        log.connected_kernel + log.failed,
-                    ),
-                    (
-                        "preload_shm_bytes",
-                        log.shm_sent_bytes + log.shm_received_bytes,
-                    ),
-                    (
-                        "preload_kernel_tcp_bytes",
-                        log.kernel_tcp_sent_bytes + log.kernel_tcp_received_bytes,
-                    ),
-                ] {
-                    m.insert(k.into(), v as f64);
+                for (k, v) in log.record_metrics() {
+                    m.insert(k.into(), v);
                 }
                 drop(dir);
                 (cpu, report.clients, report.buckets, report.window_ns)
