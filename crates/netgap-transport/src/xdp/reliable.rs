@@ -391,9 +391,25 @@ impl SendWindow {
     /// peer) at `now_ns`. An acknowledgment of frames never sent is ignored.
     pub fn on_ack(&mut self, ack: u32, credit: u32, sack: u64, now_ns: u64) -> AckOutcome {
         let mut out = AckOutcome::default();
+        self.on_ack_into(ack, credit, sack, now_ns, &mut out);
+        out
+    }
+
+    /// [`SendWindow::on_ack`], its outcome written into `out` (cleared
+    /// first), so a caller that keeps one allocates nothing per frame.
+    pub fn on_ack_into(
+        &mut self,
+        ack: u32,
+        credit: u32,
+        sack: u64,
+        now_ns: u64,
+        out: &mut AckOutcome,
+    ) {
+        out.freed.clear();
+        out.resend.clear();
         let una = self.inflight.front().map_or(self.next_seq, |f| f.seq);
         if !(seq_le(una, ack) && seq_le(ack, self.next_seq)) {
-            return out;
+            return;
         }
         let new_credit = clamp_credit(ack, credit);
         if seq_lt(self.credit, new_credit) {
@@ -420,7 +436,7 @@ impl SendWindow {
             self.backoff = 0;
         }
         if sack == 0 {
-            return out;
+            return;
         }
         for f in self.inflight.iter_mut() {
             let off = f.seq.wrapping_sub(ack);
@@ -435,7 +451,7 @@ impl SendWindow {
         // sent after it arrived was lost (the idea of RACK, RFC 8985), and
         // goes again; its new copy is judged against later arrivals only.
         let Some(delivered) = delivered_sent_ns else {
-            return out;
+            return;
         };
         for f in self.inflight.iter_mut() {
             if !f.sacked && f.sent_ns < delivered {
@@ -445,7 +461,6 @@ impl SendWindow {
                 out.resend.push(*f);
             }
         }
-        out
     }
 
     /// The frames whose retransmission timeout expired by `now_ns`, marked
