@@ -57,8 +57,9 @@ pub const HEADER_BYTES: usize = FIELDS_BYTES + TAG_BYTES;
 /// Bytes before a frame's payload.
 pub const FRAME_OVERHEAD_BYTES: usize = ETH_HEADER_BYTES + HEADER_BYTES;
 /// Version of the header layout (2: random initial sequence numbers and
-/// the authenticator).
-pub const VERSION: u8 = 2;
+/// the authenticator; 3: the authenticator is SipHash-2-4, not truncated
+/// HMAC-SHA256, same layout).
+pub const VERSION: u8 = 3;
 /// Frames a selective acknowledgment covers after the cumulative one.
 pub const SACK_FRAMES: u32 = 64;
 /// Most frames one end may have in flight, whatever the credit: bounds
@@ -964,6 +965,49 @@ mod tests {
         r.take_ack();
         r.on_frame(ACK_EVERY_FRAMES + 2, b"c", false, 3_000);
         assert!(r.ack_due(3_000), "a gap is told at once");
+    }
+
+    #[test]
+    fn a_ping_pong_needs_no_pure_acknowledgment_the_reply_carries_it() {
+        // Two ends, each a sender and a receiver; every message one frame.
+        let (a_isn, b_isn) = (0xffff_fff0u32, 77u32);
+        let mut a_send = SendWindow::new(a_isn, 64, 16);
+        let mut a_recv = RecvWindow::new(b_isn, 100, 10_000);
+        let mut b_send = SendWindow::new(b_isn, 64, 16);
+        let mut b_recv = RecvWindow::new(a_isn, 100, 10_000);
+        let mut out = AckOutcome::default();
+        let mut t = 1_000u64;
+        for i in 0..100u32 {
+            // A's ping, carrying A's acknowledgment of B's last pong.
+            let seq = a_send.push(i, t);
+            let (ack, credit, sack) = a_recv.take_ack();
+            assert_eq!(b_recv.on_frame(seq, b"p", false, t), Arrival::InOrder);
+            b_send.on_ack_into(ack, credit, sack, t, &mut out);
+            if i > 0 {
+                assert_eq!(
+                    out.freed,
+                    vec![1000 + i - 1],
+                    "the ping acknowledged the pong"
+                );
+            }
+            assert!(b_send.idle());
+            t += 1_000;
+            // B's pong, at once: its header carries the ping's
+            // acknowledgment, so B owes none on its own.
+            let seq = b_send.push(1000 + i, t);
+            let (ack, credit, sack) = b_recv.take_ack();
+            assert!(
+                !b_recv.ack_due(t + ACK_DELAY_NS),
+                "no pure acknowledgment owed"
+            );
+            assert_eq!(a_recv.on_frame(seq, b"q", false, t), Arrival::InOrder);
+            a_send.on_ack_into(ack, credit, sack, t, &mut out);
+            assert_eq!(out.freed, vec![i], "the pong acknowledged the ping");
+            assert!(out.resend.is_empty());
+            assert!(a_send.idle());
+            t += 1_000;
+        }
+        assert_eq!(a_send.retransmits + b_send.retransmits, 0);
     }
 
     /// Moves a byte stream from a sender to a receiver through a channel
