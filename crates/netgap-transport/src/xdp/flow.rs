@@ -41,8 +41,9 @@ use std::time::{Duration, Instant};
 
 /// Receive frames reaped per pump at most.
 const RX_BATCH: u32 = 64;
-/// Spins between yields of the CPU while polling.
-const SPINS_PER_YIELD: u32 = 64;
+/// Spins between yields of the CPU while polling: rare, since a frame
+/// that arrives during a yield (a system call) waits for it to return.
+const SPINS_PER_YIELD: u32 = 1024;
 /// Pumps that found nothing between clock reads: the timers they serve
 /// (retransmission, probe, delayed acknowledgment) are milliseconds and
 /// hundreds of microseconds long, a pump a fraction of a microsecond.
@@ -90,6 +91,10 @@ pub(crate) struct Endpoint {
     stats: DatagramStats,
     /// A waiter sleeps in poll() on the socket and must be rung.
     poller: bool,
+    /// Callers waiting on the condition variable (event mode): a pump
+    /// notifies only when there is one, since a notification is a system
+    /// call (a futex wake) even when nobody waits.
+    cv_waiters: u32,
     /// The peer's flow id seen in a SYN (server side, before accept).
     syn_from: Option<Peer>,
     /// The peer asked for the flow's end and nothing more will come.
@@ -157,6 +162,7 @@ impl Endpoint {
             t0: Instant::now(),
             stats: DatagramStats::default(),
             poller: false,
+            cv_waiters: 0,
             syn_from: None,
             fin_sent: false,
             fin_seq: None,
@@ -623,7 +629,9 @@ impl Shared {
     fn pump_clocked(&self, ep: &mut Endpoint, fresh_clock: bool) -> Result<bool, FlowError> {
         let got = ep.pump_clocked(fresh_clock)?;
         if got {
-            self.cv.notify_all();
+            if ep.cv_waiters > 0 {
+                self.cv.notify_all();
+            }
             if ep.poller {
                 self.ring();
             }
@@ -706,10 +714,12 @@ impl Shared {
                         .min(MAX_SLEEP)
                         .min(Duration::from_nanos(dl - now_ns));
                     if ep.poller {
-                        let _ = self
+                        ep.cv_waiters += 1;
+                        let (mut ep, _) = self
                             .cv
                             .wait_timeout(ep, sleep)
                             .unwrap_or_else(|e| e.into_inner());
+                        ep.cv_waiters -= 1;
                     } else {
                         ep.poller = true;
                         drop(ep);
