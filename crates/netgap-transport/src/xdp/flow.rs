@@ -114,6 +114,8 @@ pub(crate) struct Endpoint {
     now_cache_ns: u64,
     /// Pumps since the clock was last read.
     pumps_unclocked: u32,
+    /// The latest pump read the clock (`now_cache_ns` is fresh).
+    clock_read: bool,
     /// Scratch of the pump, kept so that it allocates nothing: slots
     /// completed or received, the bytes of the frames received and where
     /// each ends, and what an acknowledgment freed.
@@ -173,6 +175,7 @@ impl Endpoint {
             guard: Guard::new(),
             now_cache_ns: 0,
             pumps_unclocked: 0,
+            clock_read: false,
             scratch_slots: Vec::with_capacity(RX_BATCH as usize),
             scratch_frames: Vec::new(),
             scratch_ends: Vec::with_capacity(RX_BATCH as usize),
@@ -304,6 +307,18 @@ impl Endpoint {
     /// (else the timers see the time of an earlier pump): a poll-mode
     /// waiter's spins.
     fn pump_clocked(&mut self, fresh_clock: bool) -> Result<bool, FlowError> {
+        // Nothing on the rings, nothing to ring the bell for and the timers
+        // looked at lately: the pump would find nothing to do.
+        if !fresh_clock
+            && self.pumps_unclocked + 1 < PUMPS_PER_CLOCK_READ
+            && !self.tx_queued
+            && self.tx_outstanding == 0
+            && !self.xsk.anything_arrived()
+        {
+            self.pumps_unclocked += 1;
+            self.clock_read = false;
+            return Ok(false);
+        }
         let mut slots = std::mem::take(&mut self.scratch_slots);
         self.xsk.completed(u32::MAX, &mut slots);
         for &slot in &slots {
@@ -320,7 +335,10 @@ impl Endpoint {
         bytes.clear();
         ends.clear();
         self.xsk.receive(RX_BATCH, &mut slots, |frame| {
-            if reliable::parse(frame).is_ok() {
+            // Only netgap's frames are kept (parsed whole below, once).
+            if frame.len() >= FRAME_OVERHEAD_BYTES
+                && frame[12..14] == reliable::ETHERTYPE.to_be_bytes()
+            {
                 bytes.extend_from_slice(frame);
                 ends.push(bytes.len());
             }
@@ -339,7 +357,8 @@ impl Endpoint {
         // timed) and every few idle pumps (for the timers), not on every
         // spin of a poll-mode waiter.
         self.pumps_unclocked += 1;
-        if got || fresh_clock || self.pumps_unclocked >= PUMPS_PER_CLOCK_READ {
+        self.clock_read = got || fresh_clock || self.pumps_unclocked >= PUMPS_PER_CLOCK_READ;
+        if self.clock_read {
             self.now_cache_ns = self.now_ns();
             self.pumps_unclocked = 0;
         }
@@ -677,33 +696,50 @@ impl Shared {
         let timeout_ns = u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX);
         let mut deadline_ns: Option<u64> = None;
         let mut spins = 0u32;
+        let mut first = true;
         loop {
             let mut ep = self.lock();
-            // A fresh clock for the deadline's start and for every event-mode
-            // wake-up; a poll-mode spin may use a recent pump's.
-            let fresh = deadline_ns.is_none() || self.mode == Mode::Event;
-            let got = self.pump_clocked(&mut ep, fresh)?;
+            // The first try goes before any pump: a send that has credit,
+            // or a receive whose bytes are here, needs none.
+            if first {
+                first = false;
+                if let Some(v) = attempt(&mut ep)? {
+                    return Ok(v);
+                }
+            }
+            // A fresh clock for every event-mode wake-up; a poll-mode spin
+            // uses a recent pump's (the deadline starts at the first pump
+            // that read it).
+            let got = self.pump_clocked(&mut ep, self.mode == Mode::Event)?;
             if let Some(v) = attempt(&mut ep)? {
                 return Ok(v);
             }
-            let now_ns = ep.now_cache_ns;
             if got {
                 deadline_ns = None;
             }
-            let dl = *deadline_ns.get_or_insert(now_ns.saturating_add(timeout_ns));
+            let now_ns = ep.now_cache_ns;
+            let dl = match deadline_ns {
+                Some(dl) => dl,
+                None if ep.clock_read => *deadline_ns.insert(now_ns.saturating_add(timeout_ns)),
+                // Not started yet: spin on until a pump reads the clock.
+                None => u64::MAX,
+            };
             if now_ns >= dl {
                 return Err(FlowError::TimedOut {
                     timeout_ms: timeout.as_millis(),
                 });
             }
             match self.mode {
+                // No pause instruction between spins (as the C floor has
+                // none): under KVM a loop of pauses can exit to the
+                // hypervisor (pause-loop exiting), and each pause delays
+                // seeing the frame.
                 Mode::Poll => {
                     drop(ep);
                     spins += 1;
                     if spins.is_multiple_of(SPINS_PER_YIELD) {
                         std::thread::yield_now();
                     }
-                    std::hint::spin_loop();
                 }
                 // Frames still wait on the TX ring: ring again, not sleep.
                 Mode::Event if ep.tx_backlog() => drop(ep),

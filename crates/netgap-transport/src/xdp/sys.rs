@@ -134,6 +134,7 @@ extern "C" {
     fn netgap_xsk_needs_wakeup(r: *const Ring) -> c_int;
     fn netgap_xsk_cons_peek(r: *mut Ring, nb: u32, idx: *mut u32) -> u32;
     fn netgap_xsk_cons_release(r: *mut Ring, nb: u32);
+    fn netgap_xsk_cons_ready(r: *mut Ring) -> c_int;
     fn netgap_xsk_comp_addr(r: *const Ring, idx: u32) -> *const u64;
     fn netgap_xsk_rx_desc(r: *const Ring, idx: u32) -> *const XdpDesc;
     fn netgap_xdp_quiet();
@@ -415,6 +416,15 @@ impl Xsk {
         if n > 0 {
             // SAFETY: releases exactly the entries peeked above.
             unsafe { netgap_xsk_cons_release(&mut *self.rx, n) };
+        }
+    }
+
+    /// Whether a received frame or a completed transmission waits on its
+    /// ring: two loads, no system call.
+    pub(crate) fn anything_arrived(&mut self) -> bool {
+        // SAFETY: the RX and completion rings are live for `self`'s life.
+        unsafe {
+            netgap_xsk_cons_ready(&mut *self.rx) != 0 || netgap_xsk_cons_ready(&mut *self.comp) != 0
         }
     }
 
