@@ -543,13 +543,14 @@ impl Endpoint {
     /// bytes taken.
     fn send_some(&mut self, buf: &[u8]) -> Result<usize, FlowError> {
         let mut taken = 0;
+        // One clock read for the frames of one call: they go out together.
+        let now = self.now_ns();
         while taken < buf.len() && self.send.may_send() && !self.free_tx.is_empty() {
             let end = (taken + self.mss).min(buf.len());
             let seq = self.send.next_seq();
             let Some(slot) = self.post(Kind::Data, seq, &buf[taken..end], true) else {
                 break;
             };
-            let now = self.now_ns();
             self.send.push(slot, now);
             taken = end;
         }
