@@ -5,7 +5,7 @@
 #
 #   sudo bash bench/run-floor.sh [--quick] [--rounds R] [--wait-quiet S]
 #                                [--retry-disturbed N] [--no-testbed]
-#                                [--report-only DIR]
+#                                [--only GROUPS] [--report-only DIR]
 #
 #   --quick          one round, short runs: checks that the script works
 #   --rounds R       repeat the interleaved sequence R times (default 3)
@@ -13,6 +13,8 @@
 #   --retry-disturbed N  run a tool again (up to N times) when other work
 #                    took more than 5% of the CPUs while it ran
 #   --no-testbed     loopback figures only (no udp and xdp rows; no root)
+#   --only GROUPS    only these rows, a comma-separated list of tcp, shm,
+#                    udp and xdp (e.g. --only xdp,udp)
 #   --report-only D  re-parse an earlier run's raw outputs in D
 #
 # Figures (every tool pinned alike: servers on CPU 1, clients on CPU 0):
@@ -46,6 +48,7 @@ RETRY_DISTURBED=0
 TESTBED=1
 ROUNDS=""
 REPORT_ONLY=""
+ONLY=tcp,shm,udp,xdp
 while [ $# -gt 0 ]; do
 	case "$1" in
 	--quick) QUICK=1 ;;
@@ -54,11 +57,23 @@ while [ $# -gt 0 ]; do
 	--wait-quiet) WAIT_QUIET=${2:?--wait-quiet needs seconds}; shift ;;
 	--no-testbed) TESTBED=0 ;;
 	--report-only) REPORT_ONLY=${2:?--report-only needs a directory}; shift ;;
-	-h | --help) sed -n '2,34p' "$0"; exit 0 ;;
+	--only) ONLY=${2:?--only needs groups, e.g. xdp,udp}; shift ;;
+	-h | --help) sed -n '2,36p' "$0"; exit 0 ;;
 	*) echo "unknown option: $1" >&2; exit 2 ;;
 	esac
 	shift
 done
+
+for g in ${ONLY//,/ }; do
+	case "$g" in
+	tcp | shm | udp | xdp) ;;
+	*) echo "--only: unknown group '$g' (give tcp, shm, udp or xdp, comma-separated)" >&2; exit 2 ;;
+	esac
+done
+# want GROUP: whether --only kept GROUP's rows
+want() { [[ ",$ONLY," == *",$1,"* ]]; }
+# the udp and xdp rows are the only ones on the testbed
+want udp || want xdp || TESTBED=0
 
 # ---------------------------------------------------------------- parameters
 PP_SIZES=(1 65536)
@@ -266,7 +281,7 @@ CMDLOG=$OUT/commands.txt
 : >"$CMDLOG"
 . "$REPO/bench/lib/harness.sh"
 
-TB_NAME=floorbench
+TB_NAME=${TB_NAME:-floorbench} # another name lets two runs share the machine
 TB_UP=0
 NETGAP=$REPO/target/release/netgap
 testbed_down() {
@@ -281,8 +296,10 @@ trap 'cleanup; testbed_down; exit 130' INT
 trap 'cleanup; testbed_down; exit 143' TERM
 
 # ---------------------------------------------------------------- tools and builds
+PEERS=(iperf3 sockperf NPtcp qperf)
 need=()
-for t in iperf3 sockperf NPtcp qperf; do
+want tcp || PEERS=()
+for t in ${PEERS[@]+"${PEERS[@]}"}; do
 	command -v "$t" >/dev/null || need+=("$t")
 done
 if [ ${#need[@]} -gt 0 ]; then
@@ -557,24 +574,30 @@ for ((ROUND = 1; ROUND <= ROUNDS; ROUND++)); do
 	mkdir -p "$RAW"
 	echo "# round $ROUND" >>"$CMDLOG"
 	k=$((ROUND - 1))
-	for size in "${BW_SIZES[@]}"; do
-		for tool in $(rotate "$k" floor_stream netgap_stream iperf3 qperf_bw); do
-			run_phase "$tool" "$size"
+	if want tcp; then
+		for size in "${BW_SIZES[@]}"; do
+			for tool in $(rotate "$k" floor_stream netgap_stream iperf3 qperf_bw); do
+				run_phase "$tool" "$size"
+			done
 		done
-	done
-	run_phase nptcp_stream
-	for size in "${PP_SIZES[@]}"; do
-		for tool in $(rotate "$k" floor_pingpong netgap_pingpong sockperf qperf_lat); do
-			run_phase "$tool" "$size"
+		run_phase nptcp_stream
+		for size in "${PP_SIZES[@]}"; do
+			for tool in $(rotate "$k" floor_pingpong netgap_pingpong sockperf qperf_lat); do
+				run_phase "$tool" "$size"
+			done
 		done
-	done
-	run_phase nptcp_lat
-	for tool in $(rotate "$k" floor_shm netgap_shm); do
-		run_phase "$tool"
-	done
+		run_phase nptcp_lat
+	fi
+	if want shm; then
+		for tool in $(rotate "$k" floor_shm netgap_shm); do
+			run_phase "$tool"
+		done
+	fi
 	if [ "$TESTBED" = 1 ]; then
-		for pair in "floor_udp_pingpong netgap_udp_pingpong" "floor_udp_stream netgap_udp_stream" \
-			"floor_xdp_pingpong netgap_xdp_pingpong" "floor_xdp_stream netgap_xdp_stream"; do
+		pairs=()
+		want udp && pairs+=("floor_udp_pingpong netgap_udp_pingpong" "floor_udp_stream netgap_udp_stream")
+		want xdp && pairs+=("floor_xdp_pingpong netgap_xdp_pingpong" "floor_xdp_stream netgap_xdp_stream")
+		for pair in "${pairs[@]}"; do
 			# shellcheck disable=SC2086
 			for tool in $(rotate "$k" $pair); do
 				run_phase "$tool"

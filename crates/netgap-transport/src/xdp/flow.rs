@@ -28,7 +28,7 @@
 
 use super::auth::{End, FrameKeys, Guard, Side};
 use super::reliable::{
-    self, Arrival, Header, Kind, Mac, RecvWindow, SendWindow, FRAME_OVERHEAD_BYTES,
+    self, AckOutcome, Arrival, Header, Kind, Mac, RecvWindow, SendWindow, FRAME_OVERHEAD_BYTES,
 };
 use super::sys::Xsk;
 use crate::{DatagramStats, Flow, FlowError, FlowMonitor, Receiver, Sender};
@@ -41,8 +41,13 @@ use std::time::{Duration, Instant};
 
 /// Receive frames reaped per pump at most.
 const RX_BATCH: u32 = 64;
-/// Spins between clock reads while polling.
-const SPINS_PER_CLOCK_READ: u32 = 64;
+/// Spins between yields of the CPU while polling: rare, since a frame
+/// that arrives during a yield (a system call) waits for it to return.
+const SPINS_PER_YIELD: u32 = 1024;
+/// Pumps that found nothing between clock reads: the timers they serve
+/// (retransmission, probe, delayed acknowledgment) are milliseconds and
+/// hundreds of microseconds long, a pump a fraction of a microsecond.
+const PUMPS_PER_CLOCK_READ: u32 = 16;
 /// Longest sleep of an event-mode waiter before it pumps again.
 const MAX_SLEEP: Duration = Duration::from_millis(5);
 /// How long a closing flow keeps sending what is unacknowledged.
@@ -86,6 +91,10 @@ pub(crate) struct Endpoint {
     stats: DatagramStats,
     /// A waiter sleeps in poll() on the socket and must be rung.
     poller: bool,
+    /// Callers waiting on the condition variable (event mode): a pump
+    /// notifies only when there is one, since a notification is a system
+    /// call (a futex wake) even when nobody waits.
+    cv_waiters: u32,
     /// The peer's flow id seen in a SYN (server side, before accept).
     syn_from: Option<Peer>,
     /// The peer asked for the flow's end and nothing more will come.
@@ -101,6 +110,19 @@ pub(crate) struct Endpoint {
     window_bytes: usize,
     /// Seals what goes out and checks what comes in, once keyed.
     guard: Guard,
+    /// The clock as the latest pump read it, ns since `t0`.
+    now_cache_ns: u64,
+    /// Pumps since the clock was last read.
+    pumps_unclocked: u32,
+    /// The latest pump read the clock (`now_cache_ns` is fresh).
+    clock_read: bool,
+    /// Scratch of the pump, kept so that it allocates nothing: slots
+    /// completed or received, the bytes of the frames received and where
+    /// each ends, and what an acknowledgment freed.
+    scratch_slots: Vec<u32>,
+    scratch_frames: Vec<u8>,
+    scratch_ends: Vec<usize>,
+    scratch_ack: AckOutcome,
 }
 
 impl Endpoint {
@@ -142,6 +164,7 @@ impl Endpoint {
             t0: Instant::now(),
             stats: DatagramStats::default(),
             poller: false,
+            cv_waiters: 0,
             syn_from: None,
             fin_sent: false,
             fin_seq: None,
@@ -150,6 +173,13 @@ impl Endpoint {
             side: None,
             window_bytes,
             guard: Guard::new(),
+            now_cache_ns: 0,
+            pumps_unclocked: 0,
+            clock_read: false,
+            scratch_slots: Vec::with_capacity(RX_BATCH as usize),
+            scratch_frames: Vec::new(),
+            scratch_ends: Vec::with_capacity(RX_BATCH as usize),
+            scratch_ack: AckOutcome::default(),
         })
     }
 
@@ -269,18 +299,48 @@ impl Endpoint {
     /// One round of the endpoint: completions, receptions, timers,
     /// acknowledgments, the doorbell. Returns whether anything arrived.
     pub(crate) fn pump(&mut self) -> Result<bool, FlowError> {
-        for slot in self.xsk.completed(u32::MAX) {
+        self.pump_clocked(true)
+    }
+
+    /// [`Endpoint::pump`], reading the clock only when frames arrived or
+    /// `fresh_clock`, or after [`PUMPS_PER_CLOCK_READ`] pumps that did not
+    /// (else the timers see the time of an earlier pump): a poll-mode
+    /// waiter's spins.
+    fn pump_clocked(&mut self, fresh_clock: bool) -> Result<bool, FlowError> {
+        // Nothing on the rings, nothing to ring the bell for and the timers
+        // looked at lately: the pump would find nothing to do.
+        if !fresh_clock
+            && self.pumps_unclocked + 1 < PUMPS_PER_CLOCK_READ
+            && !self.tx_queued
+            && self.tx_outstanding == 0
+            && !self.xsk.anything_arrived()
+        {
+            self.pumps_unclocked += 1;
+            self.clock_read = false;
+            return Ok(false);
+        }
+        let mut slots = std::mem::take(&mut self.scratch_slots);
+        self.xsk.completed(u32::MAX, &mut slots);
+        for &slot in &slots {
             self.tx_outstanding = self.tx_outstanding.saturating_sub(1);
             if let Some(i) = self.tx_index(slot) {
                 self.tx_pending[i] = self.tx_pending[i].saturating_sub(1);
                 self.release_if_done(slot);
             }
         }
-        // Whole frames are kept: the authenticator covers the header too.
-        let mut frames: Vec<Vec<u8>> = Vec::new();
-        let slots = self.xsk.receive(RX_BATCH, |bytes| {
-            if reliable::parse(bytes).is_ok() {
-                frames.push(bytes.to_vec());
+        // Whole frames are copied out (the authenticator covers the header
+        // too), one after another into one kept buffer.
+        let mut bytes = std::mem::take(&mut self.scratch_frames);
+        let mut ends = std::mem::take(&mut self.scratch_ends);
+        bytes.clear();
+        ends.clear();
+        self.xsk.receive(RX_BATCH, &mut slots, |frame| {
+            // Only netgap's frames are kept (parsed whole below, once).
+            if frame.len() >= FRAME_OVERHEAD_BYTES
+                && frame[12..14] == reliable::ETHERTYPE.to_be_bytes()
+            {
+                bytes.extend_from_slice(frame);
+                ends.push(bytes.len());
             }
         });
         let got = !slots.is_empty();
@@ -292,12 +352,27 @@ impl Endpoint {
                 let _ = self.xsk.kick();
             }
         }
-        let now = self.now_ns();
-        for raw in frames {
-            if let Ok(p) = reliable::parse(&raw) {
-                self.on_frame(&p.header, p.src, p.payload, &raw, now);
+        self.scratch_slots = slots;
+        // The clock is read when frames arrived (their round trips are
+        // timed) and every few idle pumps (for the timers), not on every
+        // spin of a poll-mode waiter.
+        self.pumps_unclocked += 1;
+        self.clock_read = got || fresh_clock || self.pumps_unclocked >= PUMPS_PER_CLOCK_READ;
+        if self.clock_read {
+            self.now_cache_ns = self.now_ns();
+            self.pumps_unclocked = 0;
+        }
+        let now = self.now_cache_ns;
+        let mut start = 0;
+        for &end in &ends {
+            let raw = &bytes[start..end];
+            start = end;
+            if let Ok(p) = reliable::parse(raw) {
+                self.on_frame(&p.header, p.src, p.payload, raw, now);
             }
         }
+        self.scratch_frames = bytes;
+        self.scratch_ends = ends;
         if self.peer.is_some() {
             for f in self.send.due(now) {
                 self.resend(f.slot);
@@ -385,16 +460,19 @@ impl Endpoint {
             Kind::Probe => self.recv.on_probe(),
             Kind::Ack => {}
         }
-        let out = self.send.on_ack(h.ack, h.credit, h.sack, now);
-        for slot in out.freed {
+        let mut out = std::mem::take(&mut self.scratch_ack);
+        self.send
+            .on_ack_into(h.ack, h.credit, h.sack, now, &mut out);
+        for &slot in &out.freed {
             if let Some(i) = self.tx_index(slot) {
                 self.tx_release[i] = true;
                 self.release_if_done(slot);
             }
         }
-        for f in out.resend {
+        for f in &out.resend {
             self.resend(f.slot);
         }
+        self.scratch_ack = out;
     }
 
     /// Takes the peer's opening `h`: its initial sequence number, the
@@ -465,13 +543,14 @@ impl Endpoint {
     /// bytes taken.
     fn send_some(&mut self, buf: &[u8]) -> Result<usize, FlowError> {
         let mut taken = 0;
+        // One clock read for the frames of one call: they go out together.
+        let now = self.now_ns();
         while taken < buf.len() && self.send.may_send() && !self.free_tx.is_empty() {
             let end = (taken + self.mss).min(buf.len());
             let seq = self.send.next_seq();
             let Some(slot) = self.post(Kind::Data, seq, &buf[taken..end], true) else {
                 break;
             };
-            let now = self.now_ns();
             self.send.push(slot, now);
             taken = end;
         }
@@ -563,9 +642,16 @@ impl Shared {
 
     /// Pumps under the lock and wakes whoever waits if anything arrived.
     fn pump(&self, ep: &mut Endpoint) -> Result<bool, FlowError> {
-        let got = ep.pump()?;
+        self.pump_clocked(ep, true)
+    }
+
+    /// [`Shared::pump`], the clock read as [`Endpoint::pump_clocked`] says.
+    fn pump_clocked(&self, ep: &mut Endpoint, fresh_clock: bool) -> Result<bool, FlowError> {
+        let got = ep.pump_clocked(fresh_clock)?;
         if got {
-            self.cv.notify_all();
+            if ep.cv_waiters > 0 {
+                self.cv.notify_all();
+            }
             if ep.poller {
                 self.ring();
             }
@@ -606,32 +692,55 @@ impl Shared {
         timeout: Duration,
         mut attempt: impl FnMut(&mut Endpoint) -> Result<Option<T>, FlowError>,
     ) -> Result<T, FlowError> {
-        let mut deadline: Option<Instant> = None;
+        // The deadline is on the endpoint's clock as its pumps read it
+        // (every few spins), so waiting adds no clock read of its own.
+        let timeout_ns = u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX);
+        let mut deadline_ns: Option<u64> = None;
         let mut spins = 0u32;
+        let mut first = true;
         loop {
             let mut ep = self.lock();
-            let got = self.pump(&mut ep)?;
+            // The first try goes before any pump: a send that has credit,
+            // or a receive whose bytes are here, needs none.
+            if first {
+                first = false;
+                if let Some(v) = attempt(&mut ep)? {
+                    return Ok(v);
+                }
+            }
+            // A fresh clock for every event-mode wake-up; a poll-mode spin
+            // uses a recent pump's (the deadline starts at the first pump
+            // that read it).
+            let got = self.pump_clocked(&mut ep, self.mode == Mode::Event)?;
             if let Some(v) = attempt(&mut ep)? {
                 return Ok(v);
             }
-            let now = Instant::now();
             if got {
-                deadline = None;
+                deadline_ns = None;
             }
-            let dl = *deadline.get_or_insert(now + timeout);
-            if now >= dl {
+            let now_ns = ep.now_cache_ns;
+            let dl = match deadline_ns {
+                Some(dl) => dl,
+                None if ep.clock_read => *deadline_ns.insert(now_ns.saturating_add(timeout_ns)),
+                // Not started yet: spin on until a pump reads the clock.
+                None => u64::MAX,
+            };
+            if now_ns >= dl {
                 return Err(FlowError::TimedOut {
                     timeout_ms: timeout.as_millis(),
                 });
             }
             match self.mode {
+                // No pause instruction between spins (as the C floor has
+                // none): under KVM a loop of pauses can exit to the
+                // hypervisor (pause-loop exiting), and each pause delays
+                // seeing the frame.
                 Mode::Poll => {
                     drop(ep);
                     spins += 1;
-                    if spins.is_multiple_of(SPINS_PER_CLOCK_READ) {
+                    if spins.is_multiple_of(SPINS_PER_YIELD) {
                         std::thread::yield_now();
                     }
-                    std::hint::spin_loop();
                 }
                 // Frames still wait on the TX ring: ring again, not sleep.
                 Mode::Event if ep.tx_backlog() => drop(ep),
@@ -640,12 +749,14 @@ impl Shared {
                         .next_timer()
                         .unwrap_or(MAX_SLEEP)
                         .min(MAX_SLEEP)
-                        .min(dl - now);
+                        .min(Duration::from_nanos(dl - now_ns));
                     if ep.poller {
-                        let _ = self
+                        ep.cv_waiters += 1;
+                        let (mut ep, _) = self
                             .cv
                             .wait_timeout(ep, sleep)
                             .unwrap_or_else(|e| e.into_inner());
+                        ep.cv_waiters -= 1;
                     } else {
                         ep.poller = true;
                         drop(ep);

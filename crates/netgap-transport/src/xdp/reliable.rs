@@ -57,8 +57,9 @@ pub const HEADER_BYTES: usize = FIELDS_BYTES + TAG_BYTES;
 /// Bytes before a frame's payload.
 pub const FRAME_OVERHEAD_BYTES: usize = ETH_HEADER_BYTES + HEADER_BYTES;
 /// Version of the header layout (2: random initial sequence numbers and
-/// the authenticator).
-pub const VERSION: u8 = 2;
+/// the authenticator; 3: the authenticator is SipHash-2-4, not truncated
+/// HMAC-SHA256, same layout).
+pub const VERSION: u8 = 3;
 /// Frames a selective acknowledgment covers after the cumulative one.
 pub const SACK_FRAMES: u32 = 64;
 /// Most frames one end may have in flight, whatever the credit: bounds
@@ -391,9 +392,25 @@ impl SendWindow {
     /// peer) at `now_ns`. An acknowledgment of frames never sent is ignored.
     pub fn on_ack(&mut self, ack: u32, credit: u32, sack: u64, now_ns: u64) -> AckOutcome {
         let mut out = AckOutcome::default();
+        self.on_ack_into(ack, credit, sack, now_ns, &mut out);
+        out
+    }
+
+    /// [`SendWindow::on_ack`], its outcome written into `out` (cleared
+    /// first), so a caller that keeps one allocates nothing per frame.
+    pub fn on_ack_into(
+        &mut self,
+        ack: u32,
+        credit: u32,
+        sack: u64,
+        now_ns: u64,
+        out: &mut AckOutcome,
+    ) {
+        out.freed.clear();
+        out.resend.clear();
         let una = self.inflight.front().map_or(self.next_seq, |f| f.seq);
         if !(seq_le(una, ack) && seq_le(ack, self.next_seq)) {
-            return out;
+            return;
         }
         let new_credit = clamp_credit(ack, credit);
         if seq_lt(self.credit, new_credit) {
@@ -420,7 +437,7 @@ impl SendWindow {
             self.backoff = 0;
         }
         if sack == 0 {
-            return out;
+            return;
         }
         for f in self.inflight.iter_mut() {
             let off = f.seq.wrapping_sub(ack);
@@ -435,7 +452,7 @@ impl SendWindow {
         // sent after it arrived was lost (the idea of RACK, RFC 8985), and
         // goes again; its new copy is judged against later arrivals only.
         let Some(delivered) = delivered_sent_ns else {
-            return out;
+            return;
         };
         for f in self.inflight.iter_mut() {
             if !f.sacked && f.sent_ns < delivered {
@@ -445,7 +462,6 @@ impl SendWindow {
                 out.resend.push(*f);
             }
         }
-        out
     }
 
     /// The frames whose retransmission timeout expired by `now_ns`, marked
@@ -949,6 +965,49 @@ mod tests {
         r.take_ack();
         r.on_frame(ACK_EVERY_FRAMES + 2, b"c", false, 3_000);
         assert!(r.ack_due(3_000), "a gap is told at once");
+    }
+
+    #[test]
+    fn a_ping_pong_needs_no_pure_acknowledgment_the_reply_carries_it() {
+        // Two ends, each a sender and a receiver; every message one frame.
+        let (a_isn, b_isn) = (0xffff_fff0u32, 77u32);
+        let mut a_send = SendWindow::new(a_isn, 64, 16);
+        let mut a_recv = RecvWindow::new(b_isn, 100, 10_000);
+        let mut b_send = SendWindow::new(b_isn, 64, 16);
+        let mut b_recv = RecvWindow::new(a_isn, 100, 10_000);
+        let mut out = AckOutcome::default();
+        let mut t = 1_000u64;
+        for i in 0..100u32 {
+            // A's ping, carrying A's acknowledgment of B's last pong.
+            let seq = a_send.push(i, t);
+            let (ack, credit, sack) = a_recv.take_ack();
+            assert_eq!(b_recv.on_frame(seq, b"p", false, t), Arrival::InOrder);
+            b_send.on_ack_into(ack, credit, sack, t, &mut out);
+            if i > 0 {
+                assert_eq!(
+                    out.freed,
+                    vec![1000 + i - 1],
+                    "the ping acknowledged the pong"
+                );
+            }
+            assert!(b_send.idle());
+            t += 1_000;
+            // B's pong, at once: its header carries the ping's
+            // acknowledgment, so B owes none on its own.
+            let seq = b_send.push(1000 + i, t);
+            let (ack, credit, sack) = b_recv.take_ack();
+            assert!(
+                !b_recv.ack_due(t + ACK_DELAY_NS),
+                "no pure acknowledgment owed"
+            );
+            assert_eq!(a_recv.on_frame(seq, b"q", false, t), Arrival::InOrder);
+            a_send.on_ack_into(ack, credit, sack, t, &mut out);
+            assert_eq!(out.freed, vec![i], "the pong acknowledged the ping");
+            assert!(out.resend.is_empty());
+            assert!(a_send.idle());
+            t += 1_000;
+        }
+        assert_eq!(a_send.retransmits + b_send.retransmits, 0);
     }
 
     /// Moves a byte stream from a sender to a receiver through a channel

@@ -43,6 +43,14 @@ void netgap_xsk_cons_release(struct xsk_ring_cons *r, __u32 nb)
 	xsk_ring_cons__release(r, nb);
 }
 
+/* Whether a consumer ring holds an entry: one load of the producer index
+ * when the cached view is empty, no system call (a poll-mode waiter's
+ * cheap look before a whole pump). */
+int netgap_xsk_cons_ready(struct xsk_ring_cons *r)
+{
+	return xsk_cons_nb_avail(r, 1) > 0;
+}
+
 const __u64 *netgap_xsk_comp_addr(const struct xsk_ring_cons *r, __u32 idx)
 {
 	return xsk_ring_cons__comp_addr(r, idx);

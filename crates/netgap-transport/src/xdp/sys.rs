@@ -134,6 +134,7 @@ extern "C" {
     fn netgap_xsk_needs_wakeup(r: *const Ring) -> c_int;
     fn netgap_xsk_cons_peek(r: *mut Ring, nb: u32, idx: *mut u32) -> u32;
     fn netgap_xsk_cons_release(r: *mut Ring, nb: u32);
+    fn netgap_xsk_cons_ready(r: *mut Ring) -> c_int;
     fn netgap_xsk_comp_addr(r: *const Ring, idx: u32) -> *const u64;
     fn netgap_xsk_rx_desc(r: *const Ring, idx: u32) -> *const XdpDesc;
     fn netgap_xdp_quiet();
@@ -390,14 +391,16 @@ impl Xsk {
         slots.len()
     }
 
-    /// Takes up to `max` received frames, calling `f(slot, bytes)` for each
+    /// Takes up to `max` received frames, calling `f(bytes)` for each
     /// (bytes checked to lie in the frame), then gives the entries back to
-    /// the ring. Returns the slots, to be filled again.
-    pub(crate) fn receive(&mut self, max: u32, mut f: impl FnMut(&[u8])) -> Vec<u32> {
+    /// the ring. Puts their slots, to be filled again, in `slots` (cleared
+    /// first: the caller keeps one vector, so the hot path allocates
+    /// nothing).
+    pub(crate) fn receive(&mut self, max: u32, slots: &mut Vec<u32>, mut f: impl FnMut(&[u8])) {
+        slots.clear();
         let mut idx = 0u32;
         // SAFETY: the RX ring is live; `idx` is a live local.
         let n = unsafe { netgap_xsk_cons_peek(&mut *self.rx, max, &mut idx) };
-        let mut slots = Vec::with_capacity(n as usize);
         for i in 0..n {
             // SAFETY: `idx + i` is one of the `n` entries peeked above.
             let d = unsafe { &*netgap_xsk_rx_desc(&*self.rx, idx.wrapping_add(i)) };
@@ -414,16 +417,25 @@ impl Xsk {
             // SAFETY: releases exactly the entries peeked above.
             unsafe { netgap_xsk_cons_release(&mut *self.rx, n) };
         }
-        slots
     }
 
-    /// Takes up to `max` completed transmissions: the slots whose frames
-    /// the kernel has sent and no longer reads.
-    pub(crate) fn completed(&mut self, max: u32) -> Vec<u32> {
+    /// Whether a received frame or a completed transmission waits on its
+    /// ring: two loads, no system call.
+    pub(crate) fn anything_arrived(&mut self) -> bool {
+        // SAFETY: the RX and completion rings are live for `self`'s life.
+        unsafe {
+            netgap_xsk_cons_ready(&mut *self.rx) != 0 || netgap_xsk_cons_ready(&mut *self.comp) != 0
+        }
+    }
+
+    /// Takes up to `max` completed transmissions into `slots` (cleared
+    /// first): the slots whose frames the kernel has sent and no longer
+    /// reads.
+    pub(crate) fn completed(&mut self, max: u32, slots: &mut Vec<u32>) {
+        slots.clear();
         let mut idx = 0u32;
         // SAFETY: the completion ring is live; `idx` is a live local.
         let n = unsafe { netgap_xsk_cons_peek(&mut *self.comp, max, &mut idx) };
-        let mut slots = Vec::with_capacity(n as usize);
         for i in 0..n {
             // SAFETY: `idx + i` is one of the `n` entries peeked above.
             let addr = unsafe { *netgap_xsk_comp_addr(&*self.comp, idx.wrapping_add(i)) };
@@ -435,7 +447,6 @@ impl Xsk {
             // SAFETY: releases exactly the entries peeked above.
             unsafe { netgap_xsk_cons_release(&mut *self.comp, n) };
         }
-        slots
     }
 
     /// Queues frame `slot`'s first `len` bytes for sending; `false` when
