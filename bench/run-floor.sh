@@ -22,7 +22,7 @@
 #                  netgap, iperf3, qperf, NPtcp (streaming mode);
 #                  ping-pong at 1 B and 64 KiB: floor `pingpong`, netgap,
 #                  sockperf, qperf, NPtcp
-#   shm            poll ping-pong at 1 B and 64 B: floor `shm_pingpong`,
+#   shm            poll ping-pong at 1 B and 64 B: floor `shm_pingpong` (and its ring variant `-r`),
 #                  netgap -t shm --mode poll
 #   testbed link   (two namespace hosts of `netgap testbed up`, one
 #                  unshaped veth pair, MTU 1500): udp ping-pong 1 B and
@@ -200,6 +200,7 @@ for r in rounds:
     t = read(raw, "floor_shm.txt")
     for size, fig in SHM.items():
         got(fig, "floor", floor_rtt(t, "shm_pingpong", size), "floor_shm.txt")
+        got(fig, "ring floor", floor_rtt(read(raw, "floor_shm_ring.txt"), "shm_pingpong_ring", size), "floor_shm_ring.txt")
         got(fig, "netgap", netgap(read(raw, "netgap_shm.jsonl"), "latency_us", size), "netgap_shm.jsonl")
     got(UDP_PP, "floor", floor_rtt(read(raw, "floor_udp_pingpong.txt"), "udp_pingpong", 1), "floor_udp_pingpong.txt")
     got(UDP_PP, "netgap", netgap(read(raw, "netgap_udp_pingpong.jsonl"), "latency_us", 1), "netgap_udp_pingpong.jsonl")
@@ -212,7 +213,7 @@ for r in rounds:
     got(XDP_BW, "floor", float(m.group(1)) if m else None, "floor_xdp_stream.txt")
     got(XDP_BW, "netgap", netgap(read(raw, "netgap_xdp_stream.jsonl"), "bandwidth_gbps", 32768), "netgap_xdp_stream.jsonl")
 
-TOOLS = ["floor", "netgap", "iperf3", "sockperf", "qperf", "NPtcp"]
+TOOLS = ["floor", "ring floor", "netgap", "iperf3", "sockperf", "qperf", "NPtcp"]
 
 def fmt(v):
     return f"{v:.3f}" if v < 10 else f"{v:.1f}" if v < 1000 else f"{v:.0f}"
@@ -226,7 +227,13 @@ def cell(fig, tool):
         return text
     f = vals.get((fig, "floor"), {})
     ratios = [v[k] / f[k] for k in v if f.get(k)]
-    return text + (f" (**{statistics.median(ratios):.2f}**)" if ratios else "")
+    text += f" (**{statistics.median(ratios):.2f}**)" if ratios else ""
+    # a byte-stream transport against the floor that walks its buffer as a ring does
+    r = vals.get((fig, "ring floor"), {})
+    ring = [v[k] / r[k] for k in v if r.get(k)]
+    if tool == "netgap" and ring:
+        text += f"; **{statistics.median(ring):.2f}** of the ring floor"
+    return text
 
 lines = [f"Per tool: the value in each of {len(rounds)} round(s), in order, and in bold the median over rounds "
          "of tool / floor measured in the same round (µs rows: lower is better; Gbit/s rows: higher is better).", "",
@@ -496,6 +503,11 @@ phase_floor_shm() { # forks its second process onto CPU 1 itself
 		-a "$CLIENT_CPU" -b "$SERVER_CPU" -T 300 || true
 }
 
+phase_floor_shm_ring() { # the same, each message at the next offset, as a ring places it
+	run_limited floor_shm_ring 300 "$FLOOR/shm_pingpong" -r -m "$SHM_SIZES" -n "$SHM_ITERS" -w "$SHM_WARMUP" \
+		-a "$CLIENT_CPU" -b "$SERVER_CPU" -T 300 || true
+}
+
 phase_netgap_shm() {
 	local f=$RAW/netgap_shm.jsonl
 	rm -f "$f"; PHASE_FILES+=("$f")
@@ -589,7 +601,7 @@ for ((ROUND = 1; ROUND <= ROUNDS; ROUND++)); do
 		run_phase nptcp_lat
 	fi
 	if want shm; then
-		for tool in $(rotate "$k" floor_shm netgap_shm); do
+		for tool in $(rotate "$k" floor_shm floor_shm_ring netgap_shm); do
 			run_phase "$tool"
 		done
 	fi
