@@ -92,6 +92,7 @@ fn main() -> ExitCode {
         ))),
         Some(Command::FlowShard) => netgap::shard::run_shard().map_err(Into::into),
         Some(Command::Wrap(args)) => Err(netgap::wrap::exec(&args.transport, &args.command).into()),
+        Some(Command::Relay(args)) => netgap::relay::run(&args).map_err(Into::into),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,

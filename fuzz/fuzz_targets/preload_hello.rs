@@ -2,21 +2,27 @@
 //! arrive first on a connection, the listener's checks (`could_be_hello`,
 //! `Hello::decode`) and the connector's (`could_be_answer`,
 //! `Answer::decode`) never panic; a hello that decodes names a positive
-//! pid, a descriptor number and a power-of-two ring within the bounds, and
-//! encodes back to the same bytes; an answer that decodes encodes back to
-//! bytes that decode to it again.
+//! pid and a descriptor number (or, an "xdp via relay" hello, neither and
+//! a key) and a power-of-two ring within the bounds, and encodes back to
+//! the same bytes; an answer that decodes encodes back to bytes that
+//! decode to it again, and a relay's target in it is a valid one.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use netgap_proto::preload::{
-    could_be_answer, could_be_hello, Answer, Hello, HELLO_BYTES, MAX_RING_BYTES, MIN_RING_BYTES,
+    could_be_answer, could_be_hello, valid_target, Answer, Hello, HELLO_BYTES, MAX_RING_BYTES,
+    MIN_RING_BYTES,
 };
 
 fuzz_target!(|data: &[u8]| {
     let _ = could_be_hello(data);
     let _ = could_be_answer(data);
     if let Ok(h) = Hello::decode(data) {
-        assert!(h.pid > 0);
+        if h.relay_key.is_some() {
+            assert_eq!((h.pid, h.fd), (0, 0));
+        } else {
+            assert!(h.pid > 0);
+        }
         assert!(i32::try_from(h.fd).is_ok());
         assert!(h.ring_bytes.is_power_of_two());
         assert!((MIN_RING_BYTES..=MAX_RING_BYTES).contains(&h.ring_bytes));
@@ -24,6 +30,9 @@ fuzz_target!(|data: &[u8]| {
         assert!(could_be_hello(data));
     }
     if let Ok(a) = Answer::decode(data) {
+        if let Answer::Relay(t) = &a {
+            assert!(valid_target(t));
+        }
         assert_eq!(Answer::decode(&a.encode()), Ok(a));
     }
 });

@@ -32,6 +32,19 @@ pub(crate) struct Conn {
     /// go at once.
     nodelay: AtomicBool,
     cork: AtomicBool,
+    /// Through a relay (`relay`): the socket to the host's relay, which
+    /// takes the doorbells and sees the connection end when the last
+    /// process holding it closes it; -1 for shm.
+    bell: c_int,
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        if self.bell >= 0 {
+            // SAFETY: the relay socket this connection owns, closed once.
+            unsafe { real::close()(self.bell) };
+        }
+    }
 }
 
 /// An `errno` value.
@@ -101,7 +114,15 @@ impl Conn {
             sent_bytes: AtomicU64::new(0),
             received_bytes: AtomicU64::new(0),
             doorbells_sent: AtomicU64::new(0),
+            bell: -1,
         }
+    }
+
+    /// The connection goes through the host's relay, reached on `bell`
+    /// (which it now owns).
+    pub(crate) fn with_bell(mut self, bell: c_int) -> Conn {
+        self.bell = bell;
+        self
     }
 
     /// The program sets a TCP option: `TCP_NODELAY` and `TCP_CORK` are
@@ -161,8 +182,13 @@ impl Conn {
         self.read_ready()
     }
 
-    /// Sends one doorbell byte to the peer.
+    /// Sends one doorbell byte to the peer (or the relay).
     fn ring(&self, fd: c_int) {
+        self.ring_on(if self.bell >= 0 { self.bell } else { fd });
+    }
+
+    /// Sends one doorbell byte on `fd`.
+    fn ring_on(&self, fd: c_int) {
         let b = [1u8];
         // SAFETY: a one-byte buffer on the stack; a failure (the peer gone)
         // is seen by the next read or write as the socket's end or error.
@@ -408,7 +434,7 @@ impl Conn {
             return true;
         }
         if r > 0 && p.revents & libc::POLLRDHUP != 0 {
-            self.ring(fd);
+            self.ring_on(fd);
         }
         false
     }

@@ -22,6 +22,7 @@ mod conn;
 pub mod interpose;
 mod log;
 mod real;
+mod relay;
 mod setup;
 mod table;
 

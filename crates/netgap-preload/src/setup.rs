@@ -243,7 +243,7 @@ pub(crate) fn candidate(
     let port = port_of(&a)?;
     let ip = ip_of(&a)?;
     if !(ip.is_loopback() || is_local_ip(ip)) {
-        return None;
+        return crate::relay::candidate(fd, port);
     }
     if !beacon_present(port) {
         log_line!("fd {fd}: connection to port {port} stays on the kernel's TCP: no listener with the library there");
@@ -293,7 +293,7 @@ fn is_local_ip(ip: std::net::IpAddr) -> bool {
 }
 
 /// Sends all of `buf` on a connected socket (blocking the caller).
-fn send_all(fd: c_int, buf: &[u8]) -> Result<(), Errno> {
+pub(crate) fn send_all(fd: c_int, buf: &[u8]) -> Result<(), Errno> {
     let mut off = 0;
     let deadline = Instant::now() + ANSWER_WAIT;
     while off < buf.len() {
@@ -323,7 +323,7 @@ fn send_all(fd: c_int, buf: &[u8]) -> Result<(), Errno> {
 }
 
 /// Waits until `fd` shows `events` or `deadline` passes; false on timeout.
-fn wait_for(fd: c_int, events: i16, deadline: Instant) -> bool {
+pub(crate) fn wait_for(fd: c_int, events: i16, deadline: Instant) -> bool {
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
@@ -347,7 +347,7 @@ fn wait_for(fd: c_int, events: i16, deadline: Instant) -> bool {
 }
 
 /// Peeks at up to `buf.len()` bytes without waiting; Ok(0) at end of file.
-fn peek(fd: c_int, buf: &mut [u8]) -> Result<usize, Errno> {
+pub(crate) fn peek(fd: c_int, buf: &mut [u8]) -> Result<usize, Errno> {
     // SAFETY: `buf` is valid for writes of its length.
     let r = unsafe {
         real::recv()(
@@ -365,15 +365,15 @@ fn peek(fd: c_int, buf: &mut [u8]) -> Result<usize, Errno> {
 }
 
 /// Consumes `n` bytes already known to be in the socket.
-fn consume(fd: c_int, n: usize) {
-    let mut buf = [0u8; HELLO_BYTES];
+pub(crate) fn consume(fd: c_int, n: usize) {
+    let mut buf = [0u8; ANSWER_BYTES];
     let n = n.min(buf.len());
     // SAFETY: `buf` is valid for writes of `n` bytes; the bytes were peeked,
     // so the read does not block.
     unsafe { real::recv()(fd, buf.as_mut_ptr().cast(), n, libc::MSG_DONTWAIT) };
 }
 
-fn ring_bytes() -> u32 {
+pub(crate) fn ring_bytes() -> u32 {
     crate::settings()
         .ring_bytes
         .filter(|v| {
@@ -392,8 +392,7 @@ fn ring_bytes() -> u32 {
 /// `connect` fails with that errno rather than carry corrupt data.
 pub(crate) fn connected(fd: c_int, port: u16, nonblocking: bool) -> Result<(), Errno> {
     if !both_local(fd) {
-        log_line!("fd {fd}: connection to port {port} stays on the kernel's TCP: the peer is not on this host");
-        return Ok(());
+        return crate::relay::connected(fd, port, nonblocking);
     }
     match offer(fd) {
         Ok(ch) => {
@@ -419,37 +418,38 @@ pub(crate) fn connected(fd: c_int, port: u16, nonblocking: bool) -> Result<(), E
 }
 
 /// Why a connection was not moved.
-enum Offer {
+pub(crate) enum Offer {
     /// The stream is intact: it stays on the kernel's TCP.
     Kept(String),
     /// The hello went out unanswered: the stream cannot be used.
     Broken(String),
 }
 
-/// Makes the region, sends the hello and reads the answer.
-fn offer(fd: c_int) -> Result<Channel, Offer> {
-    let ring = ring_bytes();
+/// A region descriptor of this process, closed on drop: the mappings keep
+/// the memory.
+pub(crate) struct Region(pub(crate) c_int);
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        // SAFETY: the memfd made by `make_region`, closed once: the peer
+        // has its own descriptor or mapping by now, and the mappings keep
+        // the memory.
+        unsafe { real::close()(self.0) };
+    }
+}
+
+/// Makes a region of `ring`-byte rings (a memfd sealed against shrinking
+/// and growing) and maps it as its maker.
+pub(crate) fn make_region(ring: u32) -> Result<(Channel, Region), String> {
     let total = region_bytes(ring as usize);
     let name = c"netgap-preload";
     // SAFETY: a NUL-terminated name and plain flags.
     let mfd =
         unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
     if mfd < 0 {
-        return Err(Offer::Kept(format!(
-            "memfd_create: {}",
-            std::io::Error::last_os_error()
-        )));
+        return Err(format!("memfd_create: {}", std::io::Error::last_os_error()));
     }
-    struct Close(c_int);
-    impl Drop for Close {
-        fn drop(&mut self) {
-            // SAFETY: the memfd made above, closed once: the listener has
-            // its own descriptor or mapping by now, and the mappings keep
-            // the memory.
-            unsafe { real::close()(self.0) };
-        }
-    }
-    let _close = Close(mfd);
+    let region = Region(mfd);
     // SAFETY: plain calls on our own memfd.
     let sized = unsafe {
         libc::ftruncate(mfd, total as libc::off_t) == 0
@@ -460,18 +460,26 @@ fn offer(fd: c_int) -> Result<Channel, Offer> {
             ) == 0
     };
     if !sized {
-        return Err(Offer::Kept(format!(
+        return Err(format!(
             "sizing the region: {}",
             std::io::Error::last_os_error()
-        )));
+        ));
     }
     let ch = Channel::map(mfd, ring as usize, Role::Connector)
-        .map_err(|e| Offer::Kept(format!("mapping the region: {e}")))?;
+        .map_err(|e| format!("mapping the region: {e}"))?;
+    Ok((ch, region))
+}
+
+/// Makes the region, sends the hello and reads the answer.
+fn offer(fd: c_int) -> Result<Channel, Offer> {
+    let ring = ring_bytes();
+    let (ch, region) = make_region(ring).map_err(Offer::Kept)?;
     let hello = Hello {
         // SAFETY: getpid cannot fail.
         pid: unsafe { libc::getpid() }.cast_unsigned(),
-        fd: mfd.cast_unsigned(),
+        fd: region.0.cast_unsigned(),
         ring_bytes: ring,
+        relay_key: None,
     };
     send_all(fd, &hello.encode()).map_err(|e| {
         Offer::Broken(format!(
@@ -479,6 +487,17 @@ fn offer(fd: c_int) -> Result<Channel, Offer> {
             std::io::Error::from_raw_os_error(e)
         ))
     })?;
+    match read_answer(fd)? {
+        Answer::Accepted => Ok(ch),
+        Answer::Relay(_) => Err(Offer::Broken(
+            "the listener answered a shared-memory hello with a relay".into(),
+        )),
+        Answer::Refused(r) => Err(Offer::Kept(format!("the listener refused: {r}"))),
+    }
+}
+
+/// Reads the listener's answer to a hello just sent.
+pub(crate) fn read_answer(fd: c_int) -> Result<Answer, Offer> {
     let deadline = Instant::now() + ANSWER_WAIT;
     let mut buf = [0u8; ANSWER_BYTES];
     loop {
@@ -512,11 +531,7 @@ fn offer(fd: c_int) -> Result<Channel, Offer> {
         }
     }
     consume(fd, ANSWER_BYTES);
-    match Answer::decode(&buf) {
-        Ok(Answer::Accepted) => Ok(ch),
-        Ok(Answer::Refused(r)) => Err(Offer::Kept(format!("the listener refused: {r}"))),
-        Err(e) => Err(Offer::Broken(format!("the listener's answer: {e}"))),
-    }
+    Answer::decode(&buf).map_err(|e| Offer::Broken(format!("the listener's answer: {e}")))
 }
 
 /// An accepted connection not yet resolved.
@@ -536,8 +551,8 @@ impl Pending {
 /// The listener `lfd` accepted `fd`: it becomes pending if both ends are
 /// on this host.
 pub(crate) fn accepted(lfd: c_int, fd: c_int, nonblocking: bool) {
-    if !both_local(fd) {
-        log_line!("fd {fd} (accepted on fd {lfd}): stays on the kernel's TCP: the peer is not on this host");
+    if !both_local(fd) && !crate::relay::present() {
+        log_line!("fd {fd} (accepted on fd {lfd}): stays on the kernel's TCP: the peer is not on this host and no relay runs here");
         return;
     }
     table::set(
@@ -615,11 +630,16 @@ pub(crate) fn resolve(fd: c_int, p: &Arc<Pending>, writing: bool) -> Resolved {
         Err(why) => Err(why),
     };
     match outcome {
-        Ok(ch) => {
+        Ok((ch, bell)) => {
             let nonblocking = !blocking;
-            let c = Arc::new(Conn::new(fd, ch, Role::Listener, nonblocking));
+            let c = Arc::new(Conn::new(fd, ch, Role::Listener, nonblocking).with_bell(bell));
             table::resolve(p, Some(Entry::Shm(c.clone())));
-            log_line!("fd {fd}: accepted connection moved to shm");
+            let to = if bell >= 0 {
+                "xdp via the relay"
+            } else {
+                "shm"
+            };
+            log_line!("fd {fd}: accepted connection moved to {to}");
             Resolved::Shm(c)
         }
         Err(why) => {
@@ -630,9 +650,10 @@ pub(crate) fn resolve(fd: c_int, p: &Arc<Pending>, writing: bool) -> Resolved {
     }
 }
 
-/// Consumes and acts on a whole hello: opens, checks and maps the region,
-/// then answers.
-fn take_hello(fd: c_int, buf: &[u8; HELLO_BYTES]) -> Result<Channel, String> {
+/// Consumes and acts on a whole hello: opens, checks and maps the region
+/// (or has the relay take the connection: the relay's socket comes back,
+/// else -1), then answers.
+fn take_hello(fd: c_int, buf: &[u8; HELLO_BYTES]) -> Result<(Channel, c_int), String> {
     consume(fd, HELLO_BYTES);
     let answer = |a: Answer| {
         let _ = send_all(fd, &a.encode());
@@ -644,10 +665,22 @@ fn take_hello(fd: c_int, buf: &[u8; HELLO_BYTES]) -> Result<Channel, String> {
             return Err(format!("bad hello: {e}"));
         }
     };
+    if hello.relay_key.is_some() {
+        return match crate::relay::take_hello(fd, &hello) {
+            Ok((ch, bell, target)) => {
+                answer(Answer::Relay(target));
+                Ok((ch, bell))
+            }
+            Err((r, why)) => {
+                answer(Answer::Refused(r));
+                Err(why)
+            }
+        };
+    }
     match map_region(&hello) {
         Ok(ch) => {
             answer(Answer::Accepted);
-            Ok(ch)
+            Ok((ch, -1))
         }
         Err((r, why)) => {
             answer(Answer::Refused(r));
