@@ -654,7 +654,15 @@ mod imp {
         let s2 = Arc::clone(&shared);
         let incoming = std::thread::Builder::new()
             .name("relay-in".into())
-            .spawn(move || flow_to_ring(&s2, &mut *rx));
+            .spawn(move || {
+                let r = flow_to_ring(&s2, &mut *rx);
+                if r.is_err() {
+                    // The sending side stops at once, and both programs
+                    // see the reset.
+                    s2.reset();
+                }
+                r
+            });
         let out = ring_to_flow(&shared, client.as_raw_fd(), timeout);
         if let Err(e) = &out {
             log!("{who}: sending: {e}");

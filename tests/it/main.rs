@@ -38,6 +38,8 @@ mod physics;
 mod pio;
 mod pipeline;
 mod preload;
+#[cfg(feature = "xdp")]
+mod preload_xdp;
 mod report;
 mod report_chromium;
 mod results_files;

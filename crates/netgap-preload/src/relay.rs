@@ -70,7 +70,7 @@ fn open() -> Option<c_int> {
 }
 
 /// Whether a relay runs in this namespace.
-pub(crate) fn present() -> bool {
+fn present() -> bool {
     match open() {
         Some(fd) => {
             // SAFETY: the probe's own descriptor.

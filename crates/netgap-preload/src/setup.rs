@@ -548,13 +548,13 @@ impl Pending {
     }
 }
 
-/// The listener `lfd` accepted `fd`: it becomes pending if both ends are
-/// on this host.
+/// The listener `lfd` accepted `fd`: it becomes pending (resolved by its
+/// first bytes).
 pub(crate) fn accepted(lfd: c_int, fd: c_int, nonblocking: bool) {
-    if !both_local(fd) && !crate::relay::present() {
-        log_line!("fd {fd} (accepted on fd {lfd}): stays on the kernel's TCP: the peer is not on this host and no relay runs here");
-        return;
-    }
+    // A peer on another host may send a relay hello, which must be
+    // answered (a refusal when no relay runs here), so every accepted
+    // connection waits for its first bytes.
+    let _ = lfd;
     table::set(
         fd,
         Entry::Pending(Arc::new(Pending {
