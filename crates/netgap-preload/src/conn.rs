@@ -384,6 +384,7 @@ impl Conn {
         mut put: impl FnMut(&Channel) -> Result<std::io::Result<Moved>, Corrupt>,
     ) -> Result<usize, Errno> {
         let mut round = 0;
+        let mut had_room = false;
         loop {
             {
                 let _g = self.write_lock.lock().unwrap_or_else(|p| p.into_inner());
@@ -398,8 +399,16 @@ impl Conn {
                     return Ok(m.bytes);
                 }
                 if !self.channel.tx_full().map_err(|Corrupt| corrupt(fd))? {
-                    // Nothing to move (end of the input file).
-                    return Ok(0);
+                    // Room now: either the input file ended, or the ring
+                    // was full when `put` looked and the consumer made
+                    // room since. Only this side produces, so a second
+                    // `put` sees the room: nothing moved then is the end
+                    // of the input file.
+                    if had_room {
+                        return Ok(0);
+                    }
+                    had_room = true;
+                    continue;
                 }
                 if self.peer_gone(fd) {
                     return Err(libc::EPIPE);
