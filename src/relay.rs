@@ -37,7 +37,6 @@
 //! socket per queue means one relayed connection at a time per host (a
 //! second is refused and stays on the kernel's TCP).
 
-use std::time::Duration;
 use thiserror::Error;
 
 /// Flags of `netgap relay`.
@@ -72,11 +71,6 @@ pub enum RelayError {
     Listen(std::io::Error),
 }
 
-/// The keep-alive interval for a timeout.
-fn ping_every(timeout: Duration) -> Duration {
-    timeout / 3
-}
-
 /// Runs the relay in the foreground until killed.
 pub fn run(args: &RelayArgs) -> Result<(), RelayError> {
     if args.max_per_uid == 0 || args.max_total == 0 {
@@ -90,7 +84,6 @@ pub fn run(args: &RelayArgs) -> Result<(), RelayError> {
             args.timeout_ms
         )));
     }
-    let _ = ping_every(Duration::from_millis(args.timeout_ms));
     imp::run(args)
 }
 
@@ -117,12 +110,19 @@ mod imp {
     use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
     use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
     use std::sync::{Arc, Mutex};
-    use std::time::Instant;
+    use std::time::{Duration, Instant};
 
     /// The abstract socket the libraries reach.
     const SOCKET_NAME: &str = "netgap-relay";
     /// How long a client has to send its request.
     const REQUEST_WAIT: Duration = Duration::from_secs(5);
+    /// How long a reservation waits for the connection before to end.
+    const RESERVE_WAIT: Duration = Duration::from_millis(1000);
+    /// How long a listen waits for the connection before to end (the
+    /// program waits meanwhile).
+    const LISTEN_WAIT: Duration = Duration::from_millis(500);
+    /// How long a reservation waits for its connect.
+    const CONNECT_WAIT: Duration = Duration::from_secs(15);
     /// How long a listen waits for the other relay's flow.
     const ACCEPT_WAIT: Duration = Duration::from_secs(10);
     /// Largest data frame's payload.
@@ -133,6 +133,11 @@ mod imp {
     const KIND_BELL: u8 = 2;
     const KIND_END: u8 = 3;
     const KIND_PING: u8 = 4;
+
+    /// The keep-alive interval for a timeout.
+    fn ping_every(timeout: Duration) -> Duration {
+        timeout / 3
+    }
 
     macro_rules! log {
         ($($t:tt)*) => {
@@ -320,15 +325,19 @@ mod imp {
         tcp: OwnedFd,
     }
 
-    /// Reads one request; Ok(None): the client closed without one (a
-    /// library checking that the relay runs).
-    fn read_request(fd: RawFd) -> Result<Option<Request>, String> {
+    /// Reads one request and the descriptors beside it, waiting at most
+    /// `wait`; Ok(None): the client closed without one (a library checking
+    /// that the relay runs, or giving up a reservation).
+    fn read_request(
+        fd: RawFd,
+        wait: Duration,
+    ) -> Result<Option<(RelayRequest, Vec<OwnedFd>)>, String> {
         let mut p = libc::pollfd {
             fd,
             events: libc::POLLIN,
             revents: 0,
         };
-        let ms = REQUEST_WAIT.as_millis() as libc::c_int;
+        let ms = wait.as_millis() as libc::c_int;
         // SAFETY: one valid pollfd.
         if unsafe { libc::poll(&mut p, 1, ms) } <= 0 {
             return Err("no request in time".into());
@@ -379,6 +388,11 @@ mod imp {
         }
         let req =
             RelayRequest::decode(&buf[..n as usize]).map_err(|e| format!("bad request: {e}"))?;
+        Ok(Some((req, fds)))
+    }
+
+    /// A request that must come with the region and the TCP socket.
+    fn with_fds(req: RelayRequest, mut fds: Vec<OwnedFd>) -> Result<Request, String> {
         if fds.len() != 2 {
             return Err(format!(
                 "{} descriptors with the request, want 2",
@@ -387,16 +401,114 @@ mod imp {
         }
         let tcp = fds.pop().ok_or("no socket")?;
         let region = fds.pop().ok_or("no region")?;
-        Ok(Some(Request { req, region, tcp }))
+        Ok(Request { req, region, tcp })
+    }
+
+    /// One relayed connection at a time: a host's xdp socket holds its
+    /// interface's queue.
+    struct Gate {
+        busy: Mutex<bool>,
+        cv: std::sync::Condvar,
+    }
+
+    /// The gate, held until dropped.
+    struct Held<'a>(&'a Gate);
+
+    impl Drop for Held<'_> {
+        fn drop(&mut self) {
+            *self.0.busy.lock().unwrap_or_else(|e| e.into_inner()) = false;
+            self.0.cv.notify_one();
+        }
+    }
+
+    static GATE: Gate = Gate {
+        busy: Mutex::new(false),
+        cv: std::sync::Condvar::new(),
+    };
+
+    impl Gate {
+        /// Takes the gate, waiting at most `wait` for the connection
+        /// before to end.
+        fn take(&self, wait: Duration) -> Option<Held<'_>> {
+            let deadline = Instant::now() + wait;
+            let mut busy = self.busy.lock().unwrap_or_else(|e| e.into_inner());
+            while *busy {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return None;
+                }
+                busy = self
+                    .cv
+                    .wait_timeout(busy, left)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+            }
+            *busy = true;
+            Some(Held(self))
+        }
     }
 
     fn serve(client: OwnedFd, cred: Cred, slot: Slot, timeout: Duration) {
         let who = format!("uid {} (pid {})", cred.uid, cred.pid);
-        let r = match read_request(client.as_raw_fd()) {
+        let fd = client.as_raw_fd();
+        let busy = |what: &str| {
+            let why = format!("busy: one relayed connection at a time ({what})");
+            log!("{who}: refused: {why}");
+            reply(fd, &RelayReply::Refused(why));
+        };
+        let first = match read_request(fd, REQUEST_WAIT) {
             Ok(Some(r)) => r,
             Ok(None) => return,
             Err(why) => {
                 log!("{who}: dropped: {why}");
+                return;
+            }
+        };
+        let (r, _held) = match first {
+            (RelayRequest::Reserve { key, .. }, fds) if fds.is_empty() => {
+                let Some(held) = GATE.take(RESERVE_WAIT) else {
+                    return busy("reserve");
+                };
+                reply(fd, &RelayReply::Ok("reserved".into()));
+                // The connect follows once the listener answered the
+                // hello (which it may take a while to read).
+                let next = match read_request(fd, CONNECT_WAIT) {
+                    Ok(Some(r)) => r,
+                    Ok(None) => return,
+                    Err(why) => {
+                        log!("{who}: dropped: {why}");
+                        return;
+                    }
+                };
+                let r = match next {
+                    (req @ RelayRequest::Connect { key: k, .. }, fds) if k == key => {
+                        with_fds(req, fds)
+                    }
+                    _ => Err("after a reservation, anything but its connect".into()),
+                };
+                match r {
+                    Ok(r) => (r, held),
+                    Err(why) => {
+                        log!("{who}: dropped: {why}");
+                        return;
+                    }
+                }
+            }
+            (req @ (RelayRequest::Listen { .. } | RelayRequest::Connect { .. }), fds) => {
+                let r = match with_fds(req, fds) {
+                    Ok(r) => r,
+                    Err(why) => {
+                        log!("{who}: dropped: {why}");
+                        return;
+                    }
+                };
+                let Some(held) = GATE.take(LISTEN_WAIT) else {
+                    return busy("listen or connect");
+                };
+                (r, held)
+            }
+            (RelayRequest::Reserve { .. }, _) => {
+                log!("{who}: dropped: descriptors with a reservation");
                 return;
             }
         };
@@ -421,17 +533,17 @@ mod imp {
 
     fn ring_of(req: &RelayRequest) -> u32 {
         match req {
-            RelayRequest::Listen { ring_bytes, .. } | RelayRequest::Connect { ring_bytes, .. } => {
-                *ring_bytes
-            }
+            RelayRequest::Listen { ring_bytes, .. }
+            | RelayRequest::Reserve { ring_bytes, .. }
+            | RelayRequest::Connect { ring_bytes, .. } => *ring_bytes,
         }
     }
 
     fn key_of(req: &RelayRequest) -> FlowKey {
         match req {
-            RelayRequest::Listen { key, .. } | RelayRequest::Connect { key, .. } => {
-                FlowKey::from_bytes(*key)
-            }
+            RelayRequest::Listen { key, .. }
+            | RelayRequest::Reserve { key, .. }
+            | RelayRequest::Connect { key, .. } => FlowKey::from_bytes(*key),
         }
     }
 
@@ -447,6 +559,9 @@ mod imp {
         };
         let (tcp_local, tcp_peer) = tcp_addrs(r.tcp.as_raw_fd())?;
         let mut flow = match &r.req {
+            RelayRequest::Reserve { .. } => {
+                return Err("a reservation names no flow".into());
+            }
             RelayRequest::Listen { .. } => {
                 let ip = other_interface_ip(tcp_local)?;
                 let mut l = Xdp
@@ -455,8 +570,13 @@ mod imp {
                 let target = l.addr();
                 log!("{who}: listening for the flow of a connection from {tcp_peer} at {target}");
                 reply(client, &RelayReply::Ok(target));
-                l.accept(ACCEPT_WAIT)
-                    .map_err(|e| format!("xdp accept: {e}"))?
+                // The library has moved the connection here: a flow that
+                // never comes resets it, or the program would wait on its
+                // ring for ever.
+                l.accept(ACCEPT_WAIT).map_err(|e| {
+                    reset_tcp(r.tcp.as_raw_fd());
+                    format!("xdp accept: {e}")
+                })?
             }
             RelayRequest::Connect { target, .. } => {
                 let t = crate::transport::xdp::parse_addr(target)
@@ -473,8 +593,10 @@ mod imp {
                 f
             }
         };
-        flow.bind_session(&key_of(&r.req))
-            .map_err(|e| format!("keying the flow: {e}"))?;
+        flow.bind_session(&key_of(&r.req)).map_err(|e| {
+            reset_tcp(r.tcp.as_raw_fd());
+            format!("keying the flow: {e}")
+        })?;
         if matches!(r.req, RelayRequest::Connect { .. }) {
             reply(client, &RelayReply::Ok("-".into()));
         }
@@ -561,6 +683,11 @@ mod imp {
         bell_pending: AtomicBool,
         /// The connection broke: both threads stop.
         broken: AtomicBool,
+        /// The program closed its last descriptor of the connection (or
+        /// died): what still arrives for it is dropped, as the kernel
+        /// drops data for a closed socket.
+        program_gone: AtomicBool,
+        discarded_bytes: AtomicU64,
         relayed_out_bytes: AtomicU64,
         relayed_in_bytes: AtomicU64,
         bells_asked: AtomicU64,
@@ -621,19 +748,25 @@ mod imp {
             if self.broken.swap(true, Ordering::SeqCst) {
                 return;
             }
-            // SAFETY: all-zero bytes are a valid sockaddr; AF_UNSPEC
-            // disconnects a TCP socket, sending a reset.
-            let mut a: libc::sockaddr = unsafe { std::mem::zeroed() };
-            a.sa_family = libc::AF_UNSPEC as libc::sa_family_t;
-            // SAFETY: `a` is a valid sockaddr of its size.
-            unsafe {
-                libc::connect(
-                    self.tcp.as_raw_fd(),
-                    &raw const a,
-                    std::mem::size_of::<libc::sockaddr>() as libc::socklen_t,
-                )
-            };
+            reset_tcp(self.tcp.as_raw_fd());
         }
+    }
+
+    /// Resets the TCP connection on `fd` (shared with the program): both
+    /// programs see an error.
+    fn reset_tcp(fd: RawFd) {
+        // SAFETY: all-zero bytes are a valid sockaddr; AF_UNSPEC
+        // disconnects a TCP socket, sending a reset.
+        let mut a: libc::sockaddr = unsafe { std::mem::zeroed() };
+        a.sa_family = libc::AF_UNSPEC as libc::sa_family_t;
+        // SAFETY: `a` is a valid sockaddr of its size.
+        unsafe {
+            libc::connect(
+                fd,
+                &raw const a,
+                std::mem::size_of::<libc::sockaddr>() as libc::socklen_t,
+            )
+        };
     }
 
     fn pump(conn: Relayed, client: OwnedFd, who: &str, timeout: Duration) {
@@ -646,6 +779,8 @@ mod imp {
             tx: Mutex::new(tx),
             bell_pending: AtomicBool::new(false),
             broken: AtomicBool::new(false),
+            program_gone: AtomicBool::new(false),
+            discarded_bytes: AtomicU64::new(0),
             relayed_out_bytes: AtomicU64::new(0),
             relayed_in_bytes: AtomicU64::new(0),
             bells_asked: AtomicU64::new(0),
@@ -679,11 +814,12 @@ mod imp {
             shared.reset();
         }
         log!(
-            "{who}: connection {} after {} ms: relayed_out_bytes={} relayed_in_bytes={} bells_asked={} bells_rung={}",
+            "{who}: connection {} after {} ms: relayed_out_bytes={} relayed_in_bytes={} discarded_bytes={} bells_asked={} bells_rung={}",
             if out.is_ok() && inn.is_ok() { "closed" } else { "reset" },
             t0.elapsed().as_millis(),
             shared.relayed_out_bytes.load(Ordering::Relaxed),
             shared.relayed_in_bytes.load(Ordering::Relaxed),
+            shared.discarded_bytes.load(Ordering::Relaxed),
             shared.bells_asked.load(Ordering::Relaxed),
             shared.bells_rung.load(Ordering::Relaxed),
         );
@@ -789,6 +925,7 @@ mod imp {
                 // Every byte the program wrote was published before its
                 // close: one more pass sends them.
                 closing = true;
+                s.program_gone.store(true, Ordering::SeqCst);
             }
         }
     }
@@ -842,6 +979,11 @@ mod imp {
         while !data.is_empty() {
             if s.broken.load(Ordering::SeqCst) {
                 return Err("the connection broke".into());
+            }
+            if s.program_gone.load(Ordering::SeqCst) {
+                s.discarded_bytes
+                    .fetch_add(data.len() as u64, Ordering::Relaxed);
+                return Ok(());
             }
             let m = s
                 .ring

@@ -317,6 +317,70 @@ fn nginx_and_curl_across_hosts_through_the_relays_then_without_a_relay_on_kernel
         "{r_in:?} {r_out:?}"
     );
 
+    // wrk (epoll, keep-alive), wrapped too, over one connection.
+    if Path::new("/usr/bin/wrk").exists() {
+        let w_log = dir.path().join("wrk.log");
+        let out = wrapped(&cns, "/usr/bin/wrk", &["-t1", "-c1", "-d2s", &url], &w_log)
+            .output()
+            .expect("wrk runs");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{text}");
+        let requests: u64 = text
+            .lines()
+            .find_map(|l| {
+                l.trim()
+                    .split(" requests in")
+                    .next()
+                    .filter(|_| l.contains(" requests in"))
+            })
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no request count: {text}"));
+        assert!(requests > 0, "{text}");
+        eprintln!("wrk across hosts through the relays: {requests} requests of 1 MiB in 2 s");
+        assert!(
+            !text.contains("Socket errors") && !text.contains("Non-2xx"),
+            "{text}"
+        );
+        let wl = std::fs::read_to_string(&w_log).unwrap_or_default();
+        assert!(wl.contains("moved to xdp via the relay"), "{wl}");
+    } else {
+        common::skip("wrk across hosts", "/usr/bin/wrk is missing");
+    }
+
+    // A client that sends garbage is dropped with one line; the relay
+    // serves on.
+    let garbage = Command::new("ip")
+        .args(["netns", "exec", &sns, "python3", "-c"])
+        .arg("import socket; s=socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET); s.connect('\\0netgap-relay'); s.send(b'GET / HTTP/1.1' * 20); s.recv(10)")
+        .output()
+        .expect("python3 runs");
+    assert!(
+        garbage.status.success(),
+        "{}",
+        String::from_utf8_lossy(&garbage.stderr)
+    );
+    let t0 = Instant::now();
+    while !std::fs::read_to_string(&r2_log)
+        .unwrap_or_default()
+        .contains("dropped: ")
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "no line for the garbage"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (ok, err, _) = curl(&cns, &url, &body, &[], &c_log);
+    assert!(ok, "after the garbage: {err}");
+    assert_eq!(sha256(&body), want);
+    assert_eq!(
+        std::fs::read_to_string(&c_log)
+            .unwrap_or_default()
+            .matches("moved to xdp via the relay")
+            .count(),
+        4
+    );
+
     // No relay on the server's host: the same fetch stays on the
     // kernel's TCP, saying why, and still works.
     r2.stop(libc::SIGTERM);

@@ -92,15 +92,16 @@ pub(crate) fn candidate(fd: c_int, port: u16) -> Option<u16> {
     }
 }
 
-/// Sends `req` with the region and the TCP socket to the relay on `sock`
-/// and waits for its reply.
-fn ask(sock: c_int, req: &RelayRequest, region: c_int, tcp: c_int) -> Result<RelayReply, String> {
+/// Sends `req` (with the region and the TCP socket, if given) to the
+/// relay on `sock` and waits for its reply.
+fn ask(sock: c_int, req: &RelayRequest, fds: Option<[c_int; 2]>) -> Result<RelayReply, String> {
     let bytes = req.encode();
     let mut iov = libc::iovec {
         iov_base: bytes.as_ptr().cast_mut().cast(),
         iov_len: bytes.len(),
     };
-    let fds = [region, tcp];
+    let fds = fds.unwrap_or([-1, -1]);
+    let with_fds = fds[0] >= 0;
     // SAFETY: CMSG_SPACE is a pure size computation.
     let space = unsafe { libc::CMSG_SPACE(std::mem::size_of_val(&fds) as u32) } as usize;
     let mut control = vec![0u8; space];
@@ -108,24 +109,26 @@ fn ask(sock: c_int, req: &RelayRequest, region: c_int, tcp: c_int) -> Result<Rel
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
     msg.msg_iov = &mut iov;
     msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = space;
-    // SAFETY: `msg` points at `control`, large enough for one header with
-    // two descriptors (CMSG_SPACE above); the header and data pointers
-    // come from the CMSG macros over that buffer.
-    unsafe {
-        let c = libc::CMSG_FIRSTHDR(&msg);
-        (*c).cmsg_level = libc::SOL_SOCKET;
-        (*c).cmsg_type = libc::SCM_RIGHTS;
-        (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of_val(&fds) as u32) as usize;
-        std::ptr::copy_nonoverlapping(
-            fds.as_ptr().cast::<u8>(),
-            libc::CMSG_DATA(c),
-            std::mem::size_of_val(&fds),
-        );
+    if with_fds {
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = space;
+        // SAFETY: `msg` points at `control`, large enough for one header
+        // with two descriptors (CMSG_SPACE above); the header and data
+        // pointers come from the CMSG macros over that buffer.
+        unsafe {
+            let c = libc::CMSG_FIRSTHDR(&msg);
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = libc::SCM_RIGHTS;
+            (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of_val(&fds) as u32) as usize;
+            std::ptr::copy_nonoverlapping(
+                fds.as_ptr().cast::<u8>(),
+                libc::CMSG_DATA(c),
+                std::mem::size_of_val(&fds),
+            );
+        }
     }
-    // SAFETY: a complete msghdr over live buffers; sendmsg is not
-    // interposed for Unix sockets' sake here (a plain libc call).
+    // SAFETY: a complete msghdr over live buffers (a plain libc call, not
+    // interposed).
     let r = unsafe { libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL) };
     if r != bytes.len() as isize {
         return Err(format!(
@@ -210,6 +213,18 @@ impl Built {
     }
 }
 
+/// The relay socket, closed on drop unless taken by the connection.
+struct RelaySock(c_int);
+
+impl Drop for RelaySock {
+    fn drop(&mut self) {
+        if self.0 >= 0 {
+            // SAFETY: our own relay socket, closed once.
+            unsafe { real::close()(self.0) };
+        }
+    }
+}
+
 fn offer(fd: c_int) -> Result<Built, Offer> {
     let key = random_key().map_err(|e| {
         Offer::Kept(format!(
@@ -218,6 +233,23 @@ fn offer(fd: c_int) -> Result<Built, Offer> {
         ))
     })?;
     let ring = ring_bytes();
+    // The relay first, so a busy one leaves the connection on the
+    // kernel's TCP before the peer has seen anything.
+    let mut sock = RelaySock(open().ok_or_else(|| Offer::Kept("the relay went away".into()))?);
+    match ask(
+        sock.0,
+        &RelayRequest::Reserve {
+            ring_bytes: ring,
+            key,
+        },
+        None,
+    ) {
+        Ok(RelayReply::Ok(_)) => {}
+        Ok(RelayReply::Refused(why)) => {
+            return Err(Offer::Kept(format!("the relay here refused: {why}")))
+        }
+        Err(why) => return Err(Offer::Kept(why)),
+    }
     let hello = Hello {
         pid: 0,
         fd: 0,
@@ -242,23 +274,21 @@ fn offer(fd: c_int) -> Result<Built, Offer> {
     // From here the listener's side waits on its relay: a failure cannot
     // give the stream back.
     let (ch, region) = make_region(ring).map_err(Offer::Broken)?;
-    let sock = open().ok_or_else(|| Offer::Broken("the relay went away".into()))?;
     let req = RelayRequest::Connect {
         ring_bytes: ring,
         key,
         target: target.clone(),
     };
-    let fail = |why: String| {
-        // SAFETY: our own relay socket, closed once.
-        unsafe { real::close()(sock) };
-        Offer::Broken(why)
-    };
-    match ask(sock, &req, region.0, fd) {
-        Ok(RelayReply::Ok(_)) => Ok(Built { fd, ch, sock }),
-        Ok(RelayReply::Refused(why)) => Err(fail(format!(
+    match ask(sock.0, &req, Some([region.0, fd])) {
+        Ok(RelayReply::Ok(_)) => {
+            let s = sock.0;
+            sock.0 = -1;
+            Ok(Built { fd, ch, sock: s })
+        }
+        Ok(RelayReply::Refused(why)) => Err(Offer::Broken(format!(
             "the relay refused to connect to {target}: {why}"
         ))),
-        Err(why) => Err(fail(why)),
+        Err(why) => Err(Offer::Broken(why)),
     }
 }
 
@@ -284,7 +314,7 @@ pub(crate) fn take_hello(
         ring_bytes: hello.ring_bytes,
         key,
     };
-    match ask(sock, &req, region.0, fd) {
+    match ask(sock, &req, Some([region.0, fd])) {
         Ok(RelayReply::Ok(target)) if netgap_proto::preload::valid_target(&target) => {
             Ok((ch, sock, target))
         }

@@ -380,6 +380,15 @@ pub enum RelayRequest {
         /// The key from the connector's hello.
         key: [u8; RELAY_KEY_BYTES],
     },
+    /// Hold the relay for a connection about to be offered (the
+    /// connecting side, before its hello): refused at once when the relay
+    /// is busy, so the connection can still stay on the kernel's TCP.
+    Reserve {
+        /// Bytes of each ring of the region.
+        ring_bytes: u32,
+        /// The key this side drew for its hello.
+        key: [u8; RELAY_KEY_BYTES],
+    },
     /// Open the connection's xdp flow to `target` (the connecting side).
     Connect {
         /// Bytes of each ring of the region.
@@ -396,6 +405,9 @@ impl std::fmt::Debug for RelayRequest {
         match self {
             RelayRequest::Listen { ring_bytes, .. } => {
                 write!(f, "Listen {{ ring_bytes: {ring_bytes} }}")
+            }
+            RelayRequest::Reserve { ring_bytes, .. } => {
+                write!(f, "Reserve {{ ring_bytes: {ring_bytes} }}")
             }
             RelayRequest::Connect {
                 ring_bytes, target, ..
@@ -459,7 +471,7 @@ fn check_head(b: &[u8], magic: &[u8; 8]) -> Result<(), HelloError> {
 
 impl RelayRequest {
     /// The request's bytes: magic, version (u16), operation (u16: 1
-    /// listen, 2 connect), ring bytes (u32), key (32 bytes), the target's
+    /// listen, 2 connect, 3 reserve), ring bytes (u32), key (32 bytes), the target's
     /// length (u16), two zero bytes, the target (64 bytes, zero padded),
     /// zeros to 128.
     pub fn encode(&self) -> [u8; RELAY_REQUEST_BYTES] {
@@ -468,6 +480,7 @@ impl RelayRequest {
         b[8..10].copy_from_slice(&PRELOAD_VERSION.to_le_bytes());
         let (op, ring, key, target) = match self {
             RelayRequest::Listen { ring_bytes, key } => (1u16, *ring_bytes, key, ""),
+            RelayRequest::Reserve { ring_bytes, key } => (3u16, *ring_bytes, key, ""),
             RelayRequest::Connect {
                 ring_bytes,
                 key,
@@ -513,6 +526,7 @@ impl RelayRequest {
         let target = text_at(b, 48, 52)?;
         match u16_at(b, 10) {
             1 if target.is_empty() => Ok(RelayRequest::Listen { ring_bytes, key }),
+            3 if target.is_empty() => Ok(RelayRequest::Reserve { ring_bytes, key }),
             2 if valid_target(&target) => Ok(RelayRequest::Connect {
                 ring_bytes,
                 key,
