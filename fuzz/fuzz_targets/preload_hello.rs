@@ -5,13 +5,16 @@
 //! pid and a descriptor number (or, an "xdp via relay" hello, neither and
 //! a key) and a power-of-two ring within the bounds, and encodes back to
 //! the same bytes; an answer that decodes encodes back to bytes that
-//! decode to it again, and a relay's target in it is a valid one.
+//! decode to it again, and a relay's target in it is a valid one. The same
+//! bytes as a library's request to its relay (`RelayRequest::decode`, what
+//! `netgap relay` reads from any local client) and as a relay's reply: a
+//! request that decodes encodes back to the same bytes.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use netgap_proto::preload::{
-    could_be_answer, could_be_hello, valid_target, Answer, Hello, HELLO_BYTES, MAX_RING_BYTES,
-    MIN_RING_BYTES,
+    could_be_answer, could_be_hello, valid_target, Answer, Hello, RelayReply, RelayRequest,
+    HELLO_BYTES, MAX_RING_BYTES, MIN_RING_BYTES,
 };
 
 fuzz_target!(|data: &[u8]| {
@@ -34,5 +37,11 @@ fuzz_target!(|data: &[u8]| {
             assert!(valid_target(t));
         }
         assert_eq!(Answer::decode(&a.encode()), Ok(a));
+    }
+    if let Ok(r) = RelayRequest::decode(data) {
+        assert_eq!(&r.encode()[..], data);
+    }
+    if let Ok(r) = RelayReply::decode(data) {
+        assert_eq!(RelayReply::decode(&r.encode()), Ok(r));
     }
 });
