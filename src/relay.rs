@@ -1042,7 +1042,8 @@ mod imp {
     const PAGE_BYTES: usize = 4096;
     const REGION_MAGIC: u64 = u64::from_le_bytes(*b"NGPRSHM\0");
     /// Offsets in a control block: head, tail, data waiter, space waiter,
-    /// the producer's closing hint, each on its own 128-byte line.
+    /// the producer's closing hint, each on its own 128-byte line (the
+    /// library's `channel` tests pin the same values).
     const HEAD: usize = 0;
     const TAIL: usize = 128;
     const DATA_WAITER: usize = 256;
