@@ -625,15 +625,19 @@ impl Conn {
 
     /// One line with the connection's counters and what the kernel socket
     /// carried (the hello, the answer and the doorbells), when the
-    /// program closes its last descriptor of it.
+    /// program closes its last descriptor of it. A relayed connection's
+    /// line says "relayed" (its `shm_` counters are the ring it shares
+    /// with the relay), so a reader of the log never counts it as a
+    /// same-host shm connection.
     pub(crate) fn log_close(&self, fd: c_int) {
         let (tcp_out, tcp_in) = tcp_bytes(fd);
         let role = match self.role {
             Role::Connector => "connector",
             Role::Listener => "listener",
         };
+        let kind = if self.bell >= 0 { "relayed" } else { "shm" };
         log_line!(
-            "fd {fd}: shm connection closed ({role}): shm_sent_bytes={} shm_received_bytes={} doorbells_sent={} kernel_tcp_sent_bytes={tcp_out} kernel_tcp_received_bytes={tcp_in}",
+            "fd {fd}: {kind} connection closed ({role}): shm_sent_bytes={} shm_received_bytes={} doorbells_sent={} kernel_tcp_sent_bytes={tcp_out} kernel_tcp_received_bytes={tcp_in}",
             self.sent_bytes.load(Ordering::Relaxed),
             self.received_bytes.load(Ordering::Relaxed),
             self.doorbells_sent.load(Ordering::Relaxed),
