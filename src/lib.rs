@@ -35,6 +35,7 @@ pub use netgap_transport::{flows, preamble};
 pub use netgap_workload as workload;
 pub use netgap_workload::{confined, shard};
 
+pub mod relay;
 pub mod study;
 pub mod testbed;
 pub mod wrap;

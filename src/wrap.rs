@@ -1,6 +1,9 @@
 //! `netgap wrap`: runs a program with netgap's preload sockets library
 //! (`libnetgap_preload.so`), which moves the program's TCP connections to
-//! peers on this host that run the library too onto shared memory.
+//! peers on this host that run the library too onto shared memory, and
+//! (`-t xdp`) those to other hosts onto xdp through the hosts' relays
+//! (`netgap relay`): the same library, where the relay's presence
+//! decides.
 
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
@@ -14,7 +17,7 @@ pub use netgap_workload::preload::{library_path, LIBRARY_ENV, LIBRARY_FILE};
 #[derive(Debug, Error)]
 pub enum WrapError {
     /// A stack the library does not provide.
-    #[error("wrap: stack {0:?} is not provided by the preload library (it provides: shm)")]
+    #[error("wrap: stack {0:?} is not provided by the preload library (it provides: shm, xdp)")]
     Stack(String),
     /// No program given.
     #[error("wrap: no program given (netgap wrap -t shm -- PROGRAM ARGS)")]
@@ -35,8 +38,11 @@ pub enum WrapError {
 /// Replaces this process with `command` (program and arguments) under the
 /// library for `stack`; returns only on failure.
 pub fn exec(stack: &str, command: &[OsString]) -> WrapError {
-    if stack != "shm" {
+    if stack != "shm" && stack != "xdp" {
         return WrapError::Stack(stack.to_string());
+    }
+    if stack == "xdp" && !relay_present() {
+        eprintln!("netgap wrap: no relay runs in this network namespace (start `netgap relay`): connections to other hosts stay on the kernel's TCP");
     }
     let Some((program, args)) = command.split_first() else {
         return WrapError::NoProgram;
@@ -53,4 +59,24 @@ pub fn exec(stack: &str, command: &[OsString]) -> WrapError {
         program: program.to_string_lossy().into_owned(),
         source,
     }
+}
+
+/// Whether a relay (`netgap relay`) listens in this network namespace.
+pub fn relay_present() -> bool {
+    // The relay's socket is a SOCK_SEQPACKET one: a stream socket cannot
+    // connect to it.
+    use nix::sys::socket::{connect, socket, AddressFamily, SockFlag, SockType, UnixAddr};
+    use std::os::fd::AsRawFd;
+    let Ok(fd) = socket(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    ) else {
+        return false;
+    };
+    let Ok(a) = UnixAddr::new_abstract(b"netgap-relay") else {
+        return false;
+    };
+    connect(fd.as_raw_fd(), &a).is_ok()
 }

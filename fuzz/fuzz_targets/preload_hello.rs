@@ -2,28 +2,50 @@
 //! arrive first on a connection, the listener's checks (`could_be_hello`,
 //! `Hello::decode`) and the connector's (`could_be_answer`,
 //! `Answer::decode`) never panic; a hello that decodes names a positive
-//! pid, a descriptor number and a power-of-two ring within the bounds, and
-//! encodes back to the same bytes; an answer that decodes encodes back to
-//! bytes that decode to it again.
+//! pid and a descriptor number (or, an "xdp via relay" hello, neither and
+//! a key) and a power-of-two ring within the bounds, and encodes back to
+//! the same bytes; an answer that decodes encodes back to bytes that
+//! decode to it again, and a relay's target in it is a valid one. The same
+//! bytes as a library's request to its relay (`RelayRequest::decode`, what
+//! `netgap relay` reads from any local client) and as a relay's reply: a
+//! request that decodes encodes back to the same bytes.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use netgap_proto::preload::{
-    could_be_answer, could_be_hello, Answer, Hello, HELLO_BYTES, MAX_RING_BYTES, MIN_RING_BYTES,
+    answer_bytes, could_be_answer, could_be_hello, hello_bytes, valid_target, Answer, Hello,
+    RelayReply, RelayRequest, MAX_RING_BYTES, MIN_RING_BYTES,
 };
 
 fuzz_target!(|data: &[u8]| {
     let _ = could_be_hello(data);
     let _ = could_be_answer(data);
     if let Ok(h) = Hello::decode(data) {
-        assert!(h.pid > 0);
+        if h.relay_key.is_some() {
+            assert_eq!((h.pid, h.fd), (0, 0));
+        } else {
+            assert!(h.pid > 0);
+        }
         assert!(i32::try_from(h.fd).is_ok());
         assert!(h.ring_bytes.is_power_of_two());
         assert!((MIN_RING_BYTES..=MAX_RING_BYTES).contains(&h.ring_bytes));
-        assert_eq!(&h.encode()[..], &data[..HELLO_BYTES]);
+        let wire = h.encode();
+        assert_eq!(&wire[..], &data[..wire.len()]);
+        assert_eq!(hello_bytes(data), Some(wire.len()));
         assert!(could_be_hello(data));
     }
     if let Ok(a) = Answer::decode(data) {
-        assert_eq!(Answer::decode(&a.encode()), Ok(a));
+        if let Answer::Relay(t) = &a {
+            assert!(valid_target(t));
+        }
+        let wire = a.encode();
+        assert_eq!(answer_bytes(data), Some(wire.len()));
+        assert_eq!(Answer::decode(&wire), Ok(a));
+    }
+    if let Ok(r) = RelayRequest::decode(data) {
+        assert_eq!(&r.encode()[..], data);
+    }
+    if let Ok(r) = RelayReply::decode(data) {
+        assert_eq!(RelayReply::decode(&r.encode()), Ok(r));
     }
 });

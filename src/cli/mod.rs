@@ -121,14 +121,20 @@ pub enum Command {
     GatherLoad,
     /// Run PROGRAM under netgap's preload sockets library: its TCP
     /// connections to programs on this host that run under it too move
-    /// onto shared memory (-t shm); other sockets stay on the kernel.
+    /// onto shared memory (-t shm), those to other hosts onto xdp through
+    /// the hosts' relays (-t xdp); other sockets stay on the kernel.
     Wrap(WrapArgs),
+    /// Carry the preload library's connections to other hosts over xdp
+    /// (root; foreground; one per host network namespace; needs the xdp
+    /// feature).
+    Relay(netgap::relay::RelayArgs),
 }
 
 /// Flags of `netgap wrap`.
 #[derive(Debug, clap::Args)]
 pub struct WrapArgs {
-    /// The stack to move connections to: shm (same host).
+    /// The stack to move connections to: shm (same host) or xdp (other
+    /// hosts, through `netgap relay`).
     #[arg(short = 't', long = "transport", value_name = "STACK")]
     pub transport: String,
     /// The program and its arguments.

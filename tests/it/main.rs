@@ -39,6 +39,8 @@ mod pio;
 mod pipeline;
 mod preload;
 mod preload_apps;
+#[cfg(feature = "xdp")]
+mod preload_xdp;
 mod report;
 mod report_chromium;
 mod results_files;

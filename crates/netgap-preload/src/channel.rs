@@ -654,6 +654,25 @@ mod tests {
         assert!(unsafe { a.write(&iov(&mut x)) }.unwrap().wake_peer);
     }
 
+    /// `netgap relay` (src/relay.rs, `FarEnd`) maps regions with its own
+    /// copy of these offsets and waiter bits: a change here must change
+    /// it too.
+    #[test]
+    fn the_layout_is_the_one_netgap_relay_copies() {
+        use std::mem::offset_of;
+        assert_eq!(offset_of!(Header, magic), 0);
+        assert_eq!(offset_of!(Header, version), 8);
+        assert_eq!(offset_of!(Header, capacity), 16);
+        assert_eq!(offset_of!(RingCtl, head), 0);
+        assert_eq!(offset_of!(RingCtl, tail), 128);
+        assert_eq!(offset_of!(RingCtl, data_waiter), 256);
+        assert_eq!(offset_of!(RingCtl, space_waiter), 384);
+        assert_eq!(offset_of!(RingCtl, closing), 512);
+        assert_eq!((WAIT_FD, WAIT_FUTEX), (1, 2));
+        assert_eq!(PAGE_BYTES, 4096);
+        assert_eq!(region_bytes(4096), 3 * 4096 + 2 * 4096);
+    }
+
     #[test]
     fn a_blocking_sleeper_is_woken_by_futex_and_costs_no_doorbell() {
         let (a, b) = pair();

@@ -45,6 +45,13 @@ pub(crate) struct Conn {
     /// image maps it again (`inherit`). -1 once closed (by the program,
     /// which owns every descriptor number).
     region_fd: AtomicI32,
+    /// Through a relay (`relay`): the socket to the host's relay, which
+    /// takes the doorbells and sees the connection end when the last
+    /// process holding it closes it; -1 for shm. A relayed connection has
+    /// no region file of its own (`region_fd` is -1): it does not survive
+    /// `exec` (the bell is close-on-exec, so the relay sees the program
+    /// gone and ends the connection).
+    bell: c_int,
 }
 
 impl Drop for Conn {
@@ -55,6 +62,10 @@ impl Drop for Conn {
             // SAFETY: the region file this connection owns, closed once
             // (the swap); the mapping goes with the channel.
             unsafe { real::close()(fd) };
+        }
+        if self.bell >= 0 {
+            // SAFETY: the relay socket this connection owns, closed once.
+            unsafe { real::close()(self.bell) };
         }
     }
 }
@@ -112,7 +123,8 @@ impl Conn {
     ///
     /// `region_fd` is the region's file, which the connection keeps (see
     /// [`Conn::region_closed`]); its inode and the socket's are recorded
-    /// in the region for a program that execs with the descriptor.
+    /// in the region for a program that execs with the descriptor. -1: no
+    /// file kept (a relayed connection, which does not survive `exec`).
     pub(crate) fn new(
         fd: c_int,
         channel: Channel,
@@ -121,10 +133,12 @@ impl Conn {
         region_fd: c_int,
     ) -> Conn {
         channel.set_socket_ino(role, socket_ino(fd));
-        // SAFETY: a plain fcntl on the region file: it must survive exec
-        // with the socket (a failure leaves it closed on exec, so a
-        // program that execs loses the channel: see `inherit`).
-        unsafe { real::fcntl()(region_fd, libc::F_SETFD, 0) };
+        if region_fd >= 0 {
+            // SAFETY: a plain fcntl on the region file: it must survive
+            // exec with the socket (a failure leaves it closed on exec, so
+            // a program that execs loses the channel: see `inherit`).
+            unsafe { real::fcntl()(region_fd, libc::F_SETFD, 0) };
+        }
         let nodelay = tcp_flag(fd, libc::TCP_NODELAY);
         let cork = tcp_flag(fd, libc::TCP_CORK);
         set_tcp_flag(fd, libc::TCP_CORK, false);
@@ -144,7 +158,15 @@ impl Conn {
             offered: AtomicBool::new(false),
             offer: Mutex::new(None),
             region_fd: AtomicI32::new(region_fd),
+            bell: -1,
         }
+    }
+
+    /// The connection goes through the host's relay, reached on `bell`
+    /// (which it now owns).
+    pub(crate) fn with_bell(mut self, bell: c_int) -> Conn {
+        self.bell = bell;
+        self
     }
 
     /// The region file's descriptor (-1 once closed).
@@ -286,12 +308,17 @@ impl Conn {
         self.read_ready()
     }
 
-    /// Sends one doorbell byte to the peer (none while offered: see
-    /// [`Conn::offer_accepted`]).
+    /// Sends one doorbell byte to the peer, or to the relay for a relayed
+    /// connection (none while offered: see [`Conn::offer_accepted`]).
     fn ring(&self, fd: c_int) {
         if self.offered.load(Ordering::SeqCst) {
             return;
         }
+        self.ring_on(if self.bell >= 0 { self.bell } else { fd });
+    }
+
+    /// Sends one doorbell byte on `fd`.
+    fn ring_on(&self, fd: c_int) {
         let b = [1u8];
         // SAFETY: a one-byte buffer on the stack; a failure (the peer gone)
         // is seen by the next read or write as the socket's end or error.
@@ -512,6 +539,7 @@ impl Conn {
         mut put: impl FnMut(&Channel) -> Result<std::io::Result<Moved>, Corrupt>,
     ) -> Result<usize, Errno> {
         let mut round = 0;
+        let mut had_room = false;
         loop {
             {
                 let g = self.write_lock.lock().unwrap_or_else(|p| p.into_inner());
@@ -526,8 +554,16 @@ impl Conn {
                     return Ok(m.bytes);
                 }
                 if !self.channel.tx_full().map_err(|Corrupt| corrupt(fd))? {
-                    // Nothing to move (end of the input file).
-                    return Ok(0);
+                    // Room now: either the input file ended, or the ring
+                    // was full when `put` looked and the consumer made
+                    // room since. Only this side produces, so a second
+                    // `put` sees the room: nothing moved then is the end
+                    // of the input file.
+                    if had_room {
+                        return Ok(0);
+                    }
+                    had_room = true;
+                    continue;
                 }
                 if self.peer_gone(fd) {
                     return Err(libc::EPIPE);
@@ -572,8 +608,10 @@ impl Conn {
         if r > 0 && p.revents & (libc::POLLERR | libc::POLLHUP) != 0 {
             return true;
         }
-        if r > 0 && p.revents & libc::POLLRDHUP != 0 {
-            self.ring(fd);
+        // The probe goes on the kernel socket itself (not a relay's bell),
+        // and never while offered (see `Conn::offer_accepted`).
+        if r > 0 && p.revents & libc::POLLRDHUP != 0 && !self.offered.load(Ordering::SeqCst) {
+            self.ring_on(fd);
         }
         false
     }
@@ -587,15 +625,19 @@ impl Conn {
 
     /// One line with the connection's counters and what the kernel socket
     /// carried (the hello, the answer and the doorbells), when the
-    /// program closes its last descriptor of it.
+    /// program closes its last descriptor of it. A relayed connection's
+    /// line says "relayed" (its `shm_` counters are the ring it shares
+    /// with the relay), so a reader of the log never counts it as a
+    /// same-host shm connection.
     pub(crate) fn log_close(&self, fd: c_int) {
         let (tcp_out, tcp_in) = tcp_bytes(fd);
         let role = match self.role {
             Role::Connector => "connector",
             Role::Listener => "listener",
         };
+        let kind = if self.bell >= 0 { "relayed" } else { "shm" };
         log_line!(
-            "fd {fd}: shm connection closed ({role}): shm_sent_bytes={} shm_received_bytes={} doorbells_sent={} kernel_tcp_sent_bytes={tcp_out} kernel_tcp_received_bytes={tcp_in}",
+            "fd {fd}: {kind} connection closed ({role}): shm_sent_bytes={} shm_received_bytes={} doorbells_sent={} kernel_tcp_sent_bytes={tcp_out} kernel_tcp_received_bytes={tcp_in}",
             self.sent_bytes.load(Ordering::Relaxed),
             self.received_bytes.load(Ordering::Relaxed),
             self.doorbells_sent.load(Ordering::Relaxed),

@@ -531,7 +531,8 @@ fn user_changed(r: c_int) -> c_int {
     r
 }
 
-/// `setuid(2)`: see [`user_changed`].
+/// `setuid(2)`; on success each listener announces itself again under
+/// the new user (only a connector of that user can share its regions).
 ///
 /// # Safety
 ///
@@ -542,7 +543,8 @@ pub unsafe extern "C" fn setuid(uid: libc::uid_t) -> c_int {
     user_changed(unsafe { real::setuid()(uid) })
 }
 
-/// `setreuid(2)`: see [`user_changed`].
+/// `setreuid(2)`; on success the listeners are announced again, as for
+/// [`setuid`].
 ///
 /// # Safety
 ///
@@ -553,7 +555,8 @@ pub unsafe extern "C" fn setreuid(ruid: libc::uid_t, euid: libc::uid_t) -> c_int
     user_changed(unsafe { real::setreuid()(ruid, euid) })
 }
 
-/// `setresuid(2)`: see [`user_changed`].
+/// `setresuid(2)`; on success the listeners are announced again, as for
+/// [`setuid`].
 ///
 /// # Safety
 ///

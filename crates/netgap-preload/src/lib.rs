@@ -28,6 +28,7 @@ mod inherit;
 pub mod interpose;
 mod log;
 mod real;
+mod relay;
 mod setup;
 mod table;
 

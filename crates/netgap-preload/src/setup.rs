@@ -26,7 +26,8 @@ use crate::real;
 use crate::table::{self, Entry};
 use libc::c_int;
 use netgap_proto::preload::{
-    could_be_answer, could_be_hello, Answer, Hello, Refusal, ANSWER_BYTES, HELLO_BYTES,
+    answer_bytes, could_be_answer, could_be_hello, hello_bytes, Answer, Hello, Refusal,
+    ANSWER_BYTES, HELLO_BYTES,
 };
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -274,7 +275,7 @@ pub(crate) fn candidate(
     let port = port_of(&a)?;
     let ip = ip_of(&a)?;
     if !(ip.is_loopback() || is_local_ip(ip)) {
-        return None;
+        return crate::relay::candidate(fd, port);
     }
     if !beacon_present(if ip.is_ipv4() { 4 } else { 6 }, port) {
         log_line!("fd {fd}: connection to port {port} stays on the kernel's TCP: no listener with the library there");
@@ -354,7 +355,7 @@ pub(crate) fn send_all(fd: c_int, buf: &[u8]) -> Result<(), Errno> {
 }
 
 /// Waits until `fd` shows `events` or `deadline` passes; false on timeout.
-fn wait_for(fd: c_int, events: i16, deadline: Instant) -> bool {
+pub(crate) fn wait_for(fd: c_int, events: i16, deadline: Instant) -> bool {
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
@@ -378,7 +379,7 @@ fn wait_for(fd: c_int, events: i16, deadline: Instant) -> bool {
 }
 
 /// Peeks at up to `buf.len()` bytes without waiting; Ok(0) at end of file.
-fn peek(fd: c_int, buf: &mut [u8]) -> Result<usize, Errno> {
+pub(crate) fn peek(fd: c_int, buf: &mut [u8]) -> Result<usize, Errno> {
     // SAFETY: `buf` is valid for writes of its length.
     let r = unsafe {
         real::recv()(
@@ -396,15 +397,15 @@ fn peek(fd: c_int, buf: &mut [u8]) -> Result<usize, Errno> {
 }
 
 /// Consumes `n` bytes already known to be in the socket.
-fn consume(fd: c_int, n: usize) {
-    let mut buf = [0u8; HELLO_BYTES];
+pub(crate) fn consume(fd: c_int, n: usize) {
+    let mut buf = [0u8; ANSWER_BYTES];
     let n = n.min(buf.len());
     // SAFETY: `buf` is valid for writes of `n` bytes; the bytes were peeked,
     // so the read does not block.
     unsafe { real::recv()(fd, buf.as_mut_ptr().cast(), n, libc::MSG_DONTWAIT) };
 }
 
-fn ring_bytes() -> u32 {
+pub(crate) fn ring_bytes() -> u32 {
     crate::settings()
         .ring_bytes
         .filter(|v| {
@@ -424,10 +425,13 @@ fn ring_bytes() -> u32 {
 /// poll finds the answer. Err: the hello could not be sent, so the byte
 /// stream is no longer the program's: the connection is shut down and
 /// `connect` fails with that errno rather than carry corrupt data.
+///
+/// A peer on another host goes to `relay::connected`, which does wait in
+/// `connect` for the answer: the relays' xdp flow must be set up before
+/// any byte moves, and a relayed connection has no offered state.
 pub(crate) fn connected(fd: c_int, port: u16, nonblocking: bool) -> Result<(), Errno> {
     if !both_local(fd) {
-        log_line!("fd {fd}: connection to port {port} stays on the kernel's TCP: the peer is not on this host");
-        return Ok(());
+        return crate::relay::connected(fd, port, nonblocking);
     }
     match offer(fd) {
         Ok((ch, mfd)) => {
@@ -451,39 +455,47 @@ pub(crate) fn connected(fd: c_int, port: u16, nonblocking: bool) -> Result<(), E
 }
 
 /// Why a connection was not moved.
-enum Offer {
+pub(crate) enum Offer {
     /// The stream is intact: it stays on the kernel's TCP.
     Kept(String),
     /// The hello went out unanswered: the stream cannot be used.
     Broken(String),
 }
 
-/// Makes the region and sends the hello; returns the channel and the
-/// region's memfd, which must stay open until the listener has answered.
-fn offer(fd: c_int) -> Result<(Channel, c_int), Offer> {
-    let ring = ring_bytes();
+/// A region descriptor of this process, closed on drop: the mappings keep
+/// the memory.
+pub(crate) struct Region(pub(crate) c_int);
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        // SAFETY: the memfd made by `make_region`, closed once: the peer
+        // has its own descriptor or mapping by now, and the mappings keep
+        // the memory.
+        unsafe { real::close()(self.0) };
+    }
+}
+
+impl Region {
+    /// The descriptor, no longer closed on drop (the caller owns it).
+    pub(crate) fn into_raw(self) -> c_int {
+        let fd = self.0;
+        std::mem::forget(self);
+        fd
+    }
+}
+
+/// Makes a region of `ring`-byte rings (a memfd sealed against shrinking
+/// and growing) and maps it as its maker.
+pub(crate) fn make_region(ring: u32) -> Result<(Channel, Region), String> {
     let total = region_bytes(ring as usize);
     let name = c"netgap-preload";
     // SAFETY: a NUL-terminated name and plain flags.
     let mfd =
         unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
     if mfd < 0 {
-        return Err(Offer::Kept(format!(
-            "memfd_create: {}",
-            std::io::Error::last_os_error()
-        )));
+        return Err(format!("memfd_create: {}", std::io::Error::last_os_error()));
     }
-    struct Close(c_int);
-    impl Drop for Close {
-        fn drop(&mut self) {
-            if self.0 >= 0 {
-                // SAFETY: the memfd made above, closed once on a failure
-                // (the mapping keeps the memory).
-                unsafe { real::close()(self.0) };
-            }
-        }
-    }
-    let mut close = Close(mfd);
+    let region = Region(mfd);
     // SAFETY: plain calls on our own memfd.
     let sized = unsafe {
         libc::ftruncate(mfd, total as libc::off_t) == 0
@@ -494,18 +506,28 @@ fn offer(fd: c_int) -> Result<(Channel, c_int), Offer> {
             ) == 0
     };
     if !sized {
-        return Err(Offer::Kept(format!(
+        return Err(format!(
             "sizing the region: {}",
             std::io::Error::last_os_error()
-        )));
+        ));
     }
     let ch = Channel::map(mfd, ring as usize, Role::Connector)
-        .map_err(|e| Offer::Kept(format!("mapping the region: {e}")))?;
+        .map_err(|e| format!("mapping the region: {e}"))?;
+    Ok((ch, region))
+}
+
+/// Makes the region and sends the hello; returns the channel and the
+/// region's memfd, which must stay open until the listener has answered
+/// (and then stays with the connection: see `Conn::new`).
+fn offer(fd: c_int) -> Result<(Channel, c_int), Offer> {
+    let ring = ring_bytes();
+    let (ch, region) = make_region(ring).map_err(Offer::Kept)?;
     let hello = Hello {
         // SAFETY: getpid cannot fail.
         pid: unsafe { libc::getpid() }.cast_unsigned(),
-        fd: mfd.cast_unsigned(),
+        fd: region.0.cast_unsigned(),
         ring_bytes: ring,
+        relay_key: None,
     };
     send_all(fd, &hello.encode()).map_err(|e| {
         Offer::Broken(format!(
@@ -513,8 +535,7 @@ fn offer(fd: c_int) -> Result<(Channel, c_int), Offer> {
             std::io::Error::from_raw_os_error(e)
         ))
     })?;
-    close.0 = -1;
-    Ok((ch, mfd))
+    Ok((ch, region.into_raw()))
 }
 
 /// The listener's answer as far as it arrived.
@@ -529,30 +550,63 @@ enum Heard {
     Broken(String),
 }
 
-/// Reads the answer if all of it is in, without waiting.
-fn hear(fd: c_int) -> Heard {
+/// Reads the answer if all of it is in, without waiting: Ok(None) not
+/// yet, Ok(Some) the answer (consumed), Err the stream cannot be used.
+fn hear_answer(fd: c_int) -> Result<Option<Answer>, String> {
     let mut buf = [0u8; ANSWER_BYTES];
-    let heard = match peek(fd, &mut buf) {
-        Ok(0) => Heard::Broken("the listener closed the connection before answering".into()),
-        Ok(n) if !could_be_answer(&buf[..n]) => Heard::Broken(
+    match peek(fd, &mut buf) {
+        Ok(0) => Err("the listener closed the connection before answering".into()),
+        Ok(n) if !could_be_answer(&buf[..n]) => Err(
             "the listener answered with its program's data (it gave up waiting for the hello)"
                 .into(),
         ),
-        Ok(n) if n == ANSWER_BYTES => match Answer::decode(&buf) {
-            Ok(Answer::Accepted) => Heard::Accepted,
-            Ok(Answer::Refused(r)) => Heard::Refused(format!("the listener refused: {r}")),
-            Err(e) => Heard::Broken(format!("the listener's answer: {e}")),
-        },
-        Ok(_) | Err(libc::EAGAIN) | Err(libc::EINTR) => return Heard::NotYet,
-        Err(e) => Heard::Broken(format!(
+        Ok(n) if answer_bytes(&buf[..n]).is_some_and(|w| n >= w) => {
+            // Only the answer's own bytes: after a refusal the listener's
+            // program data may follow at once.
+            let w = answer_bytes(&buf[..n]).unwrap_or(ANSWER_BYTES);
+            let a = Answer::decode(&buf[..w]).map_err(|e| format!("the listener's answer: {e}"))?;
+            consume(fd, w);
+            Ok(Some(a))
+        }
+        Ok(_) | Err(libc::EAGAIN) | Err(libc::EINTR) => Ok(None),
+        Err(e) => Err(format!(
             "reading the answer: {}",
             std::io::Error::from_raw_os_error(e)
         )),
-    };
-    if matches!(heard, Heard::Accepted | Heard::Refused(_)) {
-        consume(fd, ANSWER_BYTES);
     }
-    heard
+}
+
+/// The answer to a shared-memory hello, as far as it arrived.
+fn hear(fd: c_int) -> Heard {
+    match hear_answer(fd) {
+        Ok(None) => Heard::NotYet,
+        Ok(Some(Answer::Accepted)) => Heard::Accepted,
+        Ok(Some(Answer::Refused(r))) => Heard::Refused(format!("the listener refused: {r}")),
+        Ok(Some(Answer::Relay(_))) => {
+            Heard::Broken("the listener answered a shared-memory hello with a relay".into())
+        }
+        Err(why) => Heard::Broken(why),
+    }
+}
+
+/// Waits for the listener's answer to a hello just sent (up to the
+/// answer's time limit): the relay path's connect waits for it, since the
+/// relays' flow must be set up before any data moves.
+pub(crate) fn read_answer(fd: c_int) -> Result<Answer, Offer> {
+    let deadline = Instant::now() + ANSWER_WAIT;
+    loop {
+        match hear_answer(fd) {
+            Ok(Some(a)) => return Ok(a),
+            Ok(None) => {
+                if !wait_for(fd, libc::POLLIN, deadline) {
+                    return Err(Offer::Broken("no answer from the listener".into()));
+                }
+                // Part of the answer may be in: give the rest a moment.
+                std::thread::sleep(Duration::from_micros(50));
+            }
+            Err(why) => return Err(Offer::Broken(why)),
+        }
+    }
 }
 
 /// Ends the offer of the connector's connection `c` on `fd` if the answer
@@ -633,13 +687,13 @@ impl Pending {
     }
 }
 
-/// The listener `lfd` accepted `fd`: it becomes pending if both ends are
-/// on this host.
+/// The listener `lfd` accepted `fd`: it becomes pending (resolved by its
+/// first bytes).
 pub(crate) fn accepted(lfd: c_int, fd: c_int, nonblocking: bool) {
-    if !both_local(fd) {
-        log_line!("fd {fd} (accepted on fd {lfd}): stays on the kernel's TCP: the peer is not on this host");
-        return;
-    }
+    // A peer on another host may send a relay hello, which must be
+    // answered (a refusal when no relay runs here), so every accepted
+    // connection waits for its first bytes.
+    let _ = lfd;
     table::set(
         fd,
         Entry::Pending(Arc::new(Pending {
@@ -681,7 +735,9 @@ pub(crate) fn resolve(fd: c_int, p: &Arc<Pending>, writing: bool) -> Resolved {
             Ok(n) if !could_be_hello(&buf[..n]) => {
                 break Err("the peer sent no hello (no library there)".into())
             }
-            Ok(n) if n == HELLO_BYTES => break Ok(()),
+            Ok(n) if hello_bytes(&buf[..n]).is_some_and(|w| n >= w) => {
+                break Ok(hello_bytes(&buf[..n]).unwrap_or(HELLO_BYTES))
+            }
             Ok(_) => {
                 // A part of a hello: the rest follows at once.
                 if start.elapsed() > ANSWER_WAIT {
@@ -711,16 +767,28 @@ pub(crate) fn resolve(fd: c_int, p: &Arc<Pending>, writing: bool) -> Resolved {
         }
     };
     let outcome = match r {
-        Ok(()) => take_hello(fd, &buf),
+        Ok(w) => take_hello(fd, &buf[..w]),
         Err(why) => Err(why),
     };
     match outcome {
-        Ok((ch, rfd)) => {
+        Ok(Taken {
+            ch,
+            region_fd,
+            bell,
+        }) => {
             let nonblocking = !blocking;
-            let c = Arc::new(Conn::new(fd, ch, Role::Listener, nonblocking, rfd));
-            table::set_region(&c);
+            let c =
+                Arc::new(Conn::new(fd, ch, Role::Listener, nonblocking, region_fd).with_bell(bell));
+            if region_fd >= 0 {
+                table::set_region(&c);
+            }
             table::resolve(p, Some(Entry::Shm(c.clone())));
-            log_line!("fd {fd}: accepted connection moved to shm");
+            let to = if bell >= 0 {
+                "xdp via the relay"
+            } else {
+                "shm"
+            };
+            log_line!("fd {fd}: accepted connection moved to {to}");
             Resolved::Shm(c)
         }
         Err(why) => {
@@ -731,10 +799,18 @@ pub(crate) fn resolve(fd: c_int, p: &Arc<Pending>, writing: bool) -> Resolved {
     }
 }
 
-/// Consumes and acts on a whole hello: opens, checks and maps the region,
-/// then answers.
-fn take_hello(fd: c_int, buf: &[u8; HELLO_BYTES]) -> Result<(Channel, c_int), String> {
-    consume(fd, HELLO_BYTES);
+/// A hello taken: the channel, and either the region's file (kept by the
+/// connection, see `Conn::new`) or the relay's socket (-1 for none).
+struct Taken {
+    ch: Channel,
+    region_fd: c_int,
+    bell: c_int,
+}
+
+/// Consumes and acts on a whole hello: opens, checks and maps the region
+/// (or has the relay take the connection), then answers.
+fn take_hello(fd: c_int, buf: &[u8]) -> Result<Taken, String> {
+    consume(fd, buf.len());
     let answer = |a: Answer| {
         let _ = send_all(fd, &a.encode());
     };
@@ -745,10 +821,30 @@ fn take_hello(fd: c_int, buf: &[u8; HELLO_BYTES]) -> Result<(Channel, c_int), St
             return Err(format!("bad hello: {e}"));
         }
     };
+    if hello.relay_key.is_some() {
+        return match crate::relay::take_hello(fd, &hello) {
+            Ok((ch, bell, target)) => {
+                answer(Answer::Relay(target));
+                Ok(Taken {
+                    ch,
+                    region_fd: -1,
+                    bell,
+                })
+            }
+            Err((r, why)) => {
+                answer(Answer::Refused(r));
+                Err(why)
+            }
+        };
+    }
     match map_region(&hello) {
-        Ok(ch) => {
+        Ok((ch, region_fd)) => {
             answer(Answer::Accepted);
-            Ok(ch)
+            Ok(Taken {
+                ch,
+                region_fd,
+                bell: -1,
+            })
         }
         Err((r, why)) => {
             answer(Answer::Refused(r));

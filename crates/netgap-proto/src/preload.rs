@@ -3,12 +3,23 @@
 //! connection to a listener that runs the library too, and the listener's
 //! answer. Both are fixed-size, little-endian records; this module only
 //! turns them into bytes and back, and refuses anything a peer could send
-//! that the library must not act on.
+//! that the library must not act on. A record's length follows from its
+//! first twelve bytes (the kind of a hello, the code of an answer): the
+//! same-host exchange stays as short as before the relay's fields came
+//! (32 and 16 bytes), since every connection pays it on the kernel socket.
 //!
 //! The hello names the shared region the connector made: a memfd, by the
 //! connector's process id and descriptor number, which the listener opens
 //! through `/proc/PID/fd/FD` (only a process of the same user may), and the
 //! capacity of each of the region's two rings.
+//!
+//! Across hosts (version 2), the hello says "xdp via relay" instead and
+//! carries a flow key the connector drew at random: each end shares its
+//! region with its own host's relay (`netgap relay`), the listener's relay
+//! listens for an xdp flow, and the answer names where (`IP/MAC/FLOW`);
+//! both relays key the flow with the hello's key. The key travels in the
+//! clear over the kernel's TCP connection: whoever can read that
+//! connection can forge the flow's frames.
 
 use thiserror::Error;
 
@@ -17,33 +28,71 @@ pub const HELLO_MAGIC: [u8; 8] = *b"NGPRELD\0";
 /// First eight bytes of an answer.
 pub const ANSWER_MAGIC: [u8; 8] = *b"NGPRELA\0";
 /// Version of the exchange and of the shared region's layout.
-pub const PRELOAD_VERSION: u16 = 1;
-/// Bytes of a hello on the wire.
-pub const HELLO_BYTES: usize = 32;
-/// Bytes of an answer on the wire.
-pub const ANSWER_BYTES: usize = 16;
+pub const PRELOAD_VERSION: u16 = 2;
+/// Bytes of the longest hello on the wire (a relay hello).
+pub const HELLO_BYTES: usize = 64;
+/// Bytes of a same-host hello on the wire.
+pub const SHM_HELLO_BYTES: usize = 32;
+/// Bytes of the longest answer on the wire (one naming a relay's target).
+pub const ANSWER_BYTES: usize = 80;
+/// Bytes of an answer that names no target.
+pub const SHORT_ANSWER_BYTES: usize = 16;
+/// Bytes that tell a record's length ([`hello_bytes`], [`answer_bytes`]).
+pub const LENGTH_PREFIX_BYTES: usize = 12;
+/// Bytes of the flow key a relay hello carries.
+pub const RELAY_KEY_BYTES: usize = 32;
+/// Longest xdp target (`IP/MAC/FLOW`) an answer carries.
+pub const MAX_TARGET_BYTES: usize = 64;
 /// Smallest ring capacity a hello may name (one page).
 pub const MIN_RING_BYTES: u32 = 4096;
 /// Largest ring capacity a hello may name (64 MiB).
 pub const MAX_RING_BYTES: u32 = 64 << 20;
 
-/// A connector's hello: where its shared region is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A connector's hello: where its shared region is (same host), or the
+/// key of an xdp flow through the hosts' relays (`relay_key`).
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub struct Hello {
-    /// The connector's process id.
+    /// The connector's process id (zero in a relay hello).
     pub pid: u32,
-    /// The memfd's descriptor number in that process.
+    /// The memfd's descriptor number in that process (zero in a relay
+    /// hello).
     pub fd: u32,
     /// Bytes of each ring's data region: a power of two between
     /// [`MIN_RING_BYTES`] and [`MAX_RING_BYTES`].
     pub ring_bytes: u32,
+    /// `Some`: "xdp via relay", with the key both relays bind the flow
+    /// with.
+    pub relay_key: Option<[u8; RELAY_KEY_BYTES]>,
 }
 
+impl std::fmt::Debug for Hello {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The key's bytes never appear in a log.
+        f.debug_struct("Hello")
+            .field("pid", &self.pid)
+            .field("fd", &self.fd)
+            .field("ring_bytes", &self.ring_bytes)
+            .field("relay", &self.relay_key.is_some())
+            .finish()
+    }
+}
+
+/// The kind field of a hello: a region on this host.
+const KIND_SHM: u16 = 0;
+/// The kind field of a hello: xdp through the hosts' relays.
+const KIND_RELAY: u16 = 1;
+/// The code of an answer naming the listener relay's xdp target.
+const CODE_RELAY: u16 = 100;
+
 /// The listener's answer to a hello.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Answer {
     /// The listener mapped the region: the connection moves to it.
     Accepted,
+    /// The listener's relay listens for the connection's xdp flow at this
+    /// target (`IP/MAC/FLOW`, printable ASCII, at most
+    /// [`MAX_TARGET_BYTES`]).
+    Relay(String),
     /// The listener could not use the region (the code says why, see
     /// [`Refusal`]); the connection stays on the kernel's TCP.
     Refused(Refusal),
@@ -58,6 +107,8 @@ pub enum Refusal {
     Unreachable,
     /// The region was not what the hello said (size, owner, header).
     BadRegion,
+    /// No relay runs on the listener's host, or it refused.
+    NoRelay,
     /// A code this version does not know.
     Other(u16),
 }
@@ -68,6 +119,7 @@ impl Refusal {
             Refusal::BadHello => 1,
             Refusal::Unreachable => 2,
             Refusal::BadRegion => 3,
+            Refusal::NoRelay => 4,
             Refusal::Other(c) => c,
         }
     }
@@ -77,6 +129,7 @@ impl Refusal {
             1 => Refusal::BadHello,
             2 => Refusal::Unreachable,
             3 => Refusal::BadRegion,
+            4 => Refusal::NoRelay,
             c => Refusal::Other(c),
         }
     }
@@ -88,6 +141,7 @@ impl std::fmt::Display for Refusal {
             Refusal::BadHello => f.write_str("the hello did not decode"),
             Refusal::Unreachable => f.write_str("the shared region could not be opened"),
             Refusal::BadRegion => f.write_str("the shared region is not as announced"),
+            Refusal::NoRelay => f.write_str("no relay on the listener's host took the connection"),
             Refusal::Other(c) => write!(f, "refusal code {c}"),
         }
     }
@@ -136,6 +190,32 @@ pub fn could_be_hello(bytes: &[u8]) -> bool {
     bytes[..n] == HELLO_MAGIC[..n]
 }
 
+/// The length of the hello that `prefix` starts, once it holds
+/// [`LENGTH_PREFIX_BYTES`] (None before): [`HELLO_BYTES`] for a relay
+/// hello, else [`SHM_HELLO_BYTES`].
+pub fn hello_bytes(prefix: &[u8]) -> Option<usize> {
+    (prefix.len() >= LENGTH_PREFIX_BYTES).then(|| {
+        if u16_at(prefix, 10) == KIND_RELAY {
+            HELLO_BYTES
+        } else {
+            SHM_HELLO_BYTES
+        }
+    })
+}
+
+/// The length of the answer that `prefix` starts, once it holds
+/// [`LENGTH_PREFIX_BYTES`] (None before): [`ANSWER_BYTES`] for one naming
+/// a relay's target, else [`SHORT_ANSWER_BYTES`].
+pub fn answer_bytes(prefix: &[u8]) -> Option<usize> {
+    (prefix.len() >= LENGTH_PREFIX_BYTES).then(|| {
+        if u16_at(prefix, 10) == CODE_RELAY {
+            ANSWER_BYTES
+        } else {
+            SHORT_ANSWER_BYTES
+        }
+    })
+}
+
 /// Whether `bytes` could be the start of an answer.
 pub fn could_be_answer(bytes: &[u8]) -> bool {
     let n = bytes.len().min(ANSWER_MAGIC.len());
@@ -143,23 +223,34 @@ pub fn could_be_answer(bytes: &[u8]) -> bool {
 }
 
 impl Hello {
-    /// The hello's bytes: magic, version (u16), flags (u16, zero), pid,
-    /// fd, ring bytes (u32 each), eight reserved zero bytes.
-    pub fn encode(&self) -> [u8; HELLO_BYTES] {
-        let mut b = [0u8; HELLO_BYTES];
+    /// The hello's bytes: magic, version (u16), kind (u16: 0 shm, 1 xdp
+    /// via relay), pid, fd, ring bytes (u32 each), eight reserved zero
+    /// bytes ([`SHM_HELLO_BYTES`] in all), then for a relay hello the
+    /// flow key (32 bytes).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = vec![0u8; HELLO_BYTES];
         b[..8].copy_from_slice(&HELLO_MAGIC);
         b[8..10].copy_from_slice(&PRELOAD_VERSION.to_le_bytes());
+        if let Some(key) = &self.relay_key {
+            b[10..12].copy_from_slice(&KIND_RELAY.to_le_bytes());
+            b[32..64].copy_from_slice(key);
+        }
         b[12..16].copy_from_slice(&self.pid.to_le_bytes());
         b[16..20].copy_from_slice(&self.fd.to_le_bytes());
         b[20..24].copy_from_slice(&self.ring_bytes.to_le_bytes());
+        if self.relay_key.is_none() {
+            b.truncate(SHM_HELLO_BYTES);
+        }
         b
     }
 
-    /// Decodes the first [`HELLO_BYTES`] of `bytes`, checking every field.
+    /// Decodes the hello at the start of `bytes` (its length from
+    /// [`hello_bytes`]), checking every field.
     pub fn decode(bytes: &[u8]) -> Result<Hello, HelloError> {
-        let b = bytes.get(..HELLO_BYTES).ok_or(HelloError::Short {
+        let want = hello_bytes(bytes).unwrap_or(SHM_HELLO_BYTES);
+        let b = bytes.get(..want).ok_or(HelloError::Short {
             got_bytes: bytes.len(),
-            want_bytes: HELLO_BYTES,
+            want_bytes: want,
         })?;
         if b[..8] != HELLO_MAGIC {
             return Err(HelloError::Magic);
@@ -168,23 +259,25 @@ impl Hello {
         if version != PRELOAD_VERSION {
             return Err(HelloError::Version(version));
         }
-        let flags = u16_at(b, 10);
-        if flags != 0 {
+        let kind = u16_at(b, 10);
+        if kind != KIND_SHM && kind != KIND_RELAY {
             return Err(HelloError::Field {
-                field: "flags",
-                value: u64::from(flags),
+                field: "kind",
+                value: u64::from(kind),
             });
         }
+        let relay = kind == KIND_RELAY;
         let pid = u32_at(b, 12);
-        // Process ids are positive and below 2^22 on Linux.
-        if pid == 0 || pid >= 1 << 22 {
+        // Process ids are positive and below 2^22 on Linux; a relay hello
+        // names no process.
+        if (relay && pid != 0) || (!relay && (pid == 0 || pid >= 1 << 22)) {
             return Err(HelloError::Field {
                 field: "pid",
                 value: u64::from(pid),
             });
         }
         let fd = u32_at(b, 16);
-        if fd > i32::MAX.cast_unsigned() {
+        if fd > i32::MAX.cast_unsigned() || (relay && fd != 0) {
             return Err(HelloError::Field {
                 field: "fd",
                 value: u64::from(fd),
@@ -198,40 +291,62 @@ impl Hello {
                 value: u64::from(ring_bytes),
             });
         }
-        if b[24..].iter().any(|&x| x != 0) {
+        if b[24..32].iter().any(|&x| x != 0) {
             return Err(HelloError::Field {
                 field: "reserved",
                 value: u64::from_le_bytes([b[24], b[25], b[26], b[27], b[28], b[29], b[30], b[31]]),
             });
         }
+        let relay_key = relay.then(|| {
+            let mut k = [0u8; RELAY_KEY_BYTES];
+            k.copy_from_slice(&b[32..64]);
+            k
+        });
         Ok(Hello {
             pid,
             fd,
             ring_bytes,
+            relay_key,
         })
     }
 }
 
 impl Answer {
-    /// The answer's bytes: magic, version (u16), refusal code (u16, zero
-    /// when accepted), four reserved zero bytes.
-    pub fn encode(&self) -> [u8; ANSWER_BYTES] {
-        let mut b = [0u8; ANSWER_BYTES];
+    /// The answer's bytes: magic, version (u16), code (u16: zero when
+    /// accepted, 100 for a relay's target, else the refusal), the target's
+    /// length (u16), two reserved zero bytes ([`SHORT_ANSWER_BYTES`] in
+    /// all), then for a relay's target the target (64 bytes, zero
+    /// padded). A target longer than [`MAX_TARGET_BYTES`] is cut (and
+    /// then fails to decode): the caller checks it with
+    /// [`valid_target`].
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = vec![0u8; ANSWER_BYTES];
         b[..8].copy_from_slice(&ANSWER_MAGIC);
         b[8..10].copy_from_slice(&PRELOAD_VERSION.to_le_bytes());
         let code = match self {
             Answer::Accepted => 0,
+            Answer::Relay(t) => {
+                let n = t.len().min(MAX_TARGET_BYTES);
+                b[12..14].copy_from_slice(&(n as u16).to_le_bytes());
+                b[16..16 + n].copy_from_slice(&t.as_bytes()[..n]);
+                CODE_RELAY
+            }
             Answer::Refused(r) => r.code(),
         };
         b[10..12].copy_from_slice(&code.to_le_bytes());
+        if code != CODE_RELAY {
+            b.truncate(SHORT_ANSWER_BYTES);
+        }
         b
     }
 
-    /// Decodes the first [`ANSWER_BYTES`] of `bytes`.
+    /// Decodes the answer at the start of `bytes` (its length from
+    /// [`answer_bytes`]).
     pub fn decode(bytes: &[u8]) -> Result<Answer, HelloError> {
-        let b = bytes.get(..ANSWER_BYTES).ok_or(HelloError::Short {
+        let want = answer_bytes(bytes).unwrap_or(SHORT_ANSWER_BYTES);
+        let b = bytes.get(..want).ok_or(HelloError::Short {
             got_bytes: bytes.len(),
-            want_bytes: ANSWER_BYTES,
+            want_bytes: want,
         })?;
         if b[..8] != ANSWER_MAGIC {
             return Err(HelloError::Magic);
@@ -240,10 +355,267 @@ impl Answer {
         if version != PRELOAD_VERSION {
             return Err(HelloError::Version(version));
         }
-        Ok(match u16_at(b, 10) {
+        let len = usize::from(u16_at(b, 12));
+        let code = u16_at(b, 10);
+        let target_ok = if code == CODE_RELAY {
+            (1..=MAX_TARGET_BYTES).contains(&len)
+        } else {
+            len == 0
+        };
+        if !target_ok
+            || b[14..16] != [0, 0]
+            || b[16 + len.min(MAX_TARGET_BYTES)..].iter().any(|&x| x != 0)
+        {
+            return Err(HelloError::Field {
+                field: "target_len",
+                value: len as u64,
+            });
+        }
+        Ok(match code {
             0 => Answer::Accepted,
+            CODE_RELAY => {
+                let t = &b[16..16 + len];
+                let t = std::str::from_utf8(t)
+                    .ok()
+                    .filter(|t| valid_target(t))
+                    .ok_or(HelloError::Field {
+                        field: "target",
+                        value: len as u64,
+                    })?;
+                Answer::Relay(t.to_string())
+            }
             c => Answer::Refused(Refusal::from_code(c)),
         })
+    }
+}
+
+/// Whether `t` can be an answer's xdp target: 1 to [`MAX_TARGET_BYTES`]
+/// bytes of ASCII letters, digits and `.:/`.
+pub fn valid_target(t: &str) -> bool {
+    (1..=MAX_TARGET_BYTES).contains(&t.len())
+        && t.bytes()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b':' | b'/'))
+}
+
+/// First eight bytes of a library's request to its host's relay.
+pub const RELAY_REQUEST_MAGIC: [u8; 8] = *b"NGRELAY\0";
+/// First eight bytes of a relay's reply.
+pub const RELAY_REPLY_MAGIC: [u8; 8] = *b"NGRELAYR";
+/// Bytes of a request to the relay (one datagram of its socket).
+pub const RELAY_REQUEST_BYTES: usize = 128;
+/// Bytes of a relay's reply.
+pub const RELAY_REPLY_BYTES: usize = 80;
+
+/// What a library asks its host's relay for one connection (the region's
+/// memfd and the connection's TCP socket travel beside it, as
+/// `SCM_RIGHTS`).
+#[derive(Clone, PartialEq, Eq)]
+pub enum RelayRequest {
+    /// Listen for the connection's xdp flow and say where (the accepting
+    /// side).
+    Listen {
+        /// Bytes of each ring of the region.
+        ring_bytes: u32,
+        /// The key from the connector's hello.
+        key: [u8; RELAY_KEY_BYTES],
+    },
+    /// Hold the relay for a connection about to be offered (the
+    /// connecting side, before its hello): refused at once when the relay
+    /// is busy, so the connection can still stay on the kernel's TCP.
+    Reserve {
+        /// Bytes of each ring of the region.
+        ring_bytes: u32,
+        /// The key this side drew for its hello.
+        key: [u8; RELAY_KEY_BYTES],
+    },
+    /// Open the connection's xdp flow to `target` (the connecting side).
+    Connect {
+        /// Bytes of each ring of the region.
+        ring_bytes: u32,
+        /// The key this side drew and sent in its hello.
+        key: [u8; RELAY_KEY_BYTES],
+        /// The listener relay's target, from the answer.
+        target: String,
+    },
+}
+
+impl std::fmt::Debug for RelayRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RelayRequest::Listen { ring_bytes, .. } => {
+                write!(f, "Listen {{ ring_bytes: {ring_bytes} }}")
+            }
+            RelayRequest::Reserve { ring_bytes, .. } => {
+                write!(f, "Reserve {{ ring_bytes: {ring_bytes} }}")
+            }
+            RelayRequest::Connect {
+                ring_bytes, target, ..
+            } => write!(
+                f,
+                "Connect {{ ring_bytes: {ring_bytes}, target: {target} }}"
+            ),
+        }
+    }
+}
+
+/// A relay's reply: the target it listens at (or `-` after a connect),
+/// or why it refused (printable ASCII, at most [`MAX_TARGET_BYTES`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RelayReply {
+    /// Done: the target a listen made, `-` for a connect.
+    Ok(String),
+    /// Refused, with the reason.
+    Refused(String),
+}
+
+/// Printable ASCII of `s`, cut to [`MAX_TARGET_BYTES`] (the rest of a
+/// reason is lost, never the framing).
+fn printable(s: &str) -> Vec<u8> {
+    s.bytes()
+        .map(|c| if (0x20..0x7f).contains(&c) { c } else { b'?' })
+        .take(MAX_TARGET_BYTES)
+        .collect()
+}
+
+fn text_at(b: &[u8], len_at: usize, text_at: usize) -> Result<String, HelloError> {
+    let len = usize::from(u16_at(b, len_at));
+    let field = HelloError::Field {
+        field: "text",
+        value: len as u64,
+    };
+    if len > MAX_TARGET_BYTES {
+        return Err(field);
+    }
+    let t = &b[text_at..text_at + len];
+    if t.iter().any(|c| !(0x20..0x7f).contains(c))
+        || b[text_at + len..text_at + MAX_TARGET_BYTES]
+            .iter()
+            .any(|&x| x != 0)
+    {
+        return Err(field);
+    }
+    Ok(String::from_utf8_lossy(t).into_owned())
+}
+
+fn check_head(b: &[u8], magic: &[u8; 8]) -> Result<(), HelloError> {
+    if b[..8] != *magic {
+        return Err(HelloError::Magic);
+    }
+    let version = u16_at(b, 8);
+    if version != PRELOAD_VERSION {
+        return Err(HelloError::Version(version));
+    }
+    Ok(())
+}
+
+impl RelayRequest {
+    /// The request's bytes: magic, version (u16), operation (u16: 1
+    /// listen, 2 connect, 3 reserve), ring bytes (u32), key (32 bytes), the target's
+    /// length (u16), two zero bytes, the target (64 bytes, zero padded),
+    /// zeros to 128.
+    pub fn encode(&self) -> [u8; RELAY_REQUEST_BYTES] {
+        let mut b = [0u8; RELAY_REQUEST_BYTES];
+        b[..8].copy_from_slice(&RELAY_REQUEST_MAGIC);
+        b[8..10].copy_from_slice(&PRELOAD_VERSION.to_le_bytes());
+        let (op, ring, key, target) = match self {
+            RelayRequest::Listen { ring_bytes, key } => (1u16, *ring_bytes, key, ""),
+            RelayRequest::Reserve { ring_bytes, key } => (3u16, *ring_bytes, key, ""),
+            RelayRequest::Connect {
+                ring_bytes,
+                key,
+                target,
+            } => (2u16, *ring_bytes, key, target.as_str()),
+        };
+        b[10..12].copy_from_slice(&op.to_le_bytes());
+        b[12..16].copy_from_slice(&ring.to_le_bytes());
+        b[16..48].copy_from_slice(key);
+        let t = printable(target);
+        b[48..50].copy_from_slice(&(t.len() as u16).to_le_bytes());
+        b[52..52 + t.len()].copy_from_slice(&t);
+        b
+    }
+
+    /// Decodes a request of exactly [`RELAY_REQUEST_BYTES`], checking
+    /// every field.
+    pub fn decode(bytes: &[u8]) -> Result<RelayRequest, HelloError> {
+        if bytes.len() != RELAY_REQUEST_BYTES {
+            return Err(HelloError::Short {
+                got_bytes: bytes.len(),
+                want_bytes: RELAY_REQUEST_BYTES,
+            });
+        }
+        let b = bytes;
+        check_head(b, &RELAY_REQUEST_MAGIC)?;
+        let ring_bytes = u32_at(b, 12);
+        if !ring_bytes.is_power_of_two() || !(MIN_RING_BYTES..=MAX_RING_BYTES).contains(&ring_bytes)
+        {
+            return Err(HelloError::Field {
+                field: "ring_bytes",
+                value: u64::from(ring_bytes),
+            });
+        }
+        let mut key = [0u8; RELAY_KEY_BYTES];
+        key.copy_from_slice(&b[16..48]);
+        if b[50..52] != [0, 0] || b[116..].iter().any(|&x| x != 0) {
+            return Err(HelloError::Field {
+                field: "reserved",
+                value: 1,
+            });
+        }
+        let target = text_at(b, 48, 52)?;
+        match u16_at(b, 10) {
+            1 if target.is_empty() => Ok(RelayRequest::Listen { ring_bytes, key }),
+            3 if target.is_empty() => Ok(RelayRequest::Reserve { ring_bytes, key }),
+            2 if valid_target(&target) => Ok(RelayRequest::Connect {
+                ring_bytes,
+                key,
+                target,
+            }),
+            op => Err(HelloError::Field {
+                field: "op",
+                value: u64::from(op),
+            }),
+        }
+    }
+}
+
+impl RelayReply {
+    /// The reply's bytes: magic, version (u16), code (u16: 0 done, 1
+    /// refused), the text's length (u16), two zero bytes, the text (64
+    /// bytes, zero padded).
+    pub fn encode(&self) -> [u8; RELAY_REPLY_BYTES] {
+        let mut b = [0u8; RELAY_REPLY_BYTES];
+        b[..8].copy_from_slice(&RELAY_REPLY_MAGIC);
+        b[8..10].copy_from_slice(&PRELOAD_VERSION.to_le_bytes());
+        let (code, text) = match self {
+            RelayReply::Ok(t) => (0u16, t),
+            RelayReply::Refused(t) => (1u16, t),
+        };
+        b[10..12].copy_from_slice(&code.to_le_bytes());
+        let t = printable(text);
+        b[12..14].copy_from_slice(&(t.len() as u16).to_le_bytes());
+        b[16..16 + t.len()].copy_from_slice(&t);
+        b
+    }
+
+    /// Decodes a reply of exactly [`RELAY_REPLY_BYTES`].
+    pub fn decode(bytes: &[u8]) -> Result<RelayReply, HelloError> {
+        if bytes.len() != RELAY_REPLY_BYTES {
+            return Err(HelloError::Short {
+                got_bytes: bytes.len(),
+                want_bytes: RELAY_REPLY_BYTES,
+            });
+        }
+        check_head(bytes, &RELAY_REPLY_MAGIC)?;
+        let text = text_at(bytes, 12, 16)?;
+        match u16_at(bytes, 10) {
+            0 => Ok(RelayReply::Ok(text)),
+            1 => Ok(RelayReply::Refused(text)),
+            c => Err(HelloError::Field {
+                field: "code",
+                value: u64::from(c),
+            }),
+        }
     }
 }
 
@@ -258,10 +630,24 @@ mod tests {
             pid: 4242,
             fd: 7,
             ring_bytes: 1 << 18,
+            relay_key: None,
         };
         assert_eq!(Hello::decode(&h.encode()).unwrap(), h);
+        let r = Hello {
+            pid: 0,
+            fd: 0,
+            ring_bytes: 1 << 18,
+            relay_key: Some([7u8; RELAY_KEY_BYTES]),
+        };
+        assert_eq!(Hello::decode(&r.encode()).unwrap(), r);
+        assert!(
+            !format!("{r:?}").contains("7, 7"),
+            "the key stays out of logs"
+        );
         for a in [
             Answer::Accepted,
+            Answer::Relay("10.0.1.2/02:00:00:00:01:02/4242".into()),
+            Answer::Refused(Refusal::NoRelay),
             Answer::Refused(Refusal::BadRegion),
             Answer::Refused(Refusal::Other(99)),
         ] {
@@ -275,6 +661,7 @@ mod tests {
             pid: 1,
             fd: 3,
             ring_bytes: 4096,
+            relay_key: None,
         }
         .encode();
         assert!(matches!(
@@ -282,13 +669,15 @@ mod tests {
             Err(HelloError::Short { .. })
         ));
         assert_eq!(
-            Hello::decode(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n....."),
+            Hello::decode(
+                b"GET / HTTP/1.1\r\nHost: x\r\n\r\n.....GET / HTTP/1.1\r\nHost: x\r\n\r\n....."
+            ),
             Err(HelloError::Magic)
         );
-        let mut b = good;
+        let mut b = good.clone();
         b[8] = 9;
         assert_eq!(Hello::decode(&b), Err(HelloError::Version(9)));
-        let mut b = good;
+        let mut b = good.clone();
         b[20..24].copy_from_slice(&5000u32.to_le_bytes());
         assert!(matches!(
             Hello::decode(&b),
@@ -297,7 +686,7 @@ mod tests {
                 ..
             })
         ));
-        let mut b = good;
+        let mut b = good.clone();
         b[31] = 1;
         assert!(matches!(
             Hello::decode(&b),
@@ -306,6 +695,45 @@ mod tests {
                 ..
             })
         ));
+        // The same-host exchange stays short; a relay hello naming a
+        // process is refused, and one cut at the shm length is short.
+        assert_eq!(good.len(), SHM_HELLO_BYTES);
+        assert_eq!(Answer::Accepted.encode().len(), SHORT_ANSWER_BYTES);
+        assert_eq!(hello_bytes(&good[..11]), None);
+        let mut b = good.clone();
+        b[10] = 1;
+        assert_eq!(hello_bytes(&b), Some(HELLO_BYTES));
+        assert!(matches!(Hello::decode(&b), Err(HelloError::Short { .. })));
+        b.resize(HELLO_BYTES, 0);
+        assert!(matches!(
+            Hello::decode(&b),
+            Err(HelloError::Field { field: "pid", .. })
+        ));
+        // An answer whose target is not printable or too long.
+        let mut a = Answer::Relay("10.0.0.1/x/1".into()).encode();
+        a[17] = b' ';
+        assert!(Answer::decode(&a).is_err());
+        let mut a = Answer::Relay("1".into()).encode();
+        a[12] = 65;
+        assert!(Answer::decode(&a).is_err());
+        let req = RelayRequest::Connect {
+            ring_bytes: 4096,
+            key: [3; RELAY_KEY_BYTES],
+            target: "10.0.0.1/02:00:00:00:00:01/7".into(),
+        };
+        assert_eq!(RelayRequest::decode(&req.encode()).unwrap(), req);
+        let mut bad = req.encode();
+        bad[10] = 1;
+        assert!(
+            RelayRequest::decode(&bad).is_err(),
+            "a listen names no target"
+        );
+        assert!(RelayRequest::decode(&req.encode()[..100]).is_err());
+        let r = RelayReply::Refused("busy: \u{e9}".into());
+        assert_eq!(
+            RelayReply::decode(&r.encode()).unwrap(),
+            RelayReply::Refused("busy: ??".into())
+        );
         assert!(could_be_hello(b"NGPR"));
         assert!(!could_be_hello(b"GET "));
         assert!(could_be_answer(&Answer::Accepted.encode()[..3]));

@@ -1,0 +1,327 @@
+//! Connections to other hosts, through the host's relay (`netgap relay`).
+//!
+//! An unprivileged program cannot open AF_XDP sockets, and one such socket
+//! per interface queue cannot serve many processes, so a root process per
+//! host, the relay, owns the xdp side: the library shares a region (the
+//! same ring pair as a same-host connection) with its host's relay, and
+//! the two hosts' relays carry the connection's bytes over one xdp
+//! reliable flow. The relay listens on the abstract Unix socket
+//! `netgap-relay`, private to the network namespace like the ports.
+//!
+//! - A connector whose destination is not on this host, with a relay
+//!   present, sends a hello saying "xdp via relay" with a random flow key
+//!   once the TCP connection is up, and reads the answer: a listener whose
+//!   host runs a relay answers the target its relay listens at; the
+//!   connector then hands its region and its TCP socket to its own relay,
+//!   which opens the flow to that target with the key.
+//! - A listener with the library takes such a hello by handing its region
+//!   and socket to its relay, which listens and says where.
+//!
+//! The ring's far end is the relay: the program's doorbells go to the
+//! relay's socket (`Conn::with_bell`), and the relay wakes the program by
+//! having the other host's relay send a byte on the TCP connection, the
+//! only thing that makes the program's descriptor readable. The relay
+//! also holds a duplicate of the TCP socket, so the kernel sends the FIN
+//! only once the relay has delivered every byte.
+//!
+//! No relay, or a refusal: the connection stays on the kernel's TCP, with
+//! one line in the log.
+
+use crate::channel::Role;
+use crate::conn::{errno, Conn, Errno};
+use crate::log::log_line;
+use crate::real;
+use crate::setup::{make_region, read_answer, ring_bytes, send_all, Offer};
+use crate::table::{self, Entry};
+use libc::c_int;
+use netgap_proto::preload::{
+    Answer, Hello, Refusal, RelayReply, RelayRequest, RELAY_KEY_BYTES, RELAY_REPLY_BYTES,
+};
+use std::sync::Arc;
+
+/// The relay's abstract socket name (without the leading NUL).
+pub const RELAY_SOCKET: &str = "netgap-relay";
+/// How long the library waits for its relay's reply (a connect opens an
+/// xdp flow, up to the transport's own 3 s, plus a busy queue's wait).
+const REPLY_WAIT_MS: c_int = 10_000;
+
+/// A connected socket to the relay, or None (no relay in this namespace).
+fn open() -> Option<c_int> {
+    // SAFETY: plain socket creation; `socket` is not interposed.
+    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: all-zero bytes are a valid sockaddr_un.
+    let mut a: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    a.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    for (d, s) in a.sun_path[1..].iter_mut().zip(RELAY_SOCKET.bytes()) {
+        *d = s as libc::c_char;
+    }
+    let len = std::mem::size_of::<libc::sa_family_t>() + 1 + RELAY_SOCKET.len();
+    // SAFETY: `a` is a valid sockaddr_un of `len` bytes; our own socket.
+    let r = unsafe { real::connect()(fd, std::ptr::from_ref(&a).cast(), len as libc::socklen_t) };
+    if r != 0 {
+        // SAFETY: our own descriptor.
+        unsafe { real::close()(fd) };
+        return None;
+    }
+    Some(fd)
+}
+
+/// Whether a relay runs in this namespace.
+fn present() -> bool {
+    match open() {
+        Some(fd) => {
+            // SAFETY: the probe's own descriptor.
+            unsafe { real::close()(fd) };
+            true
+        }
+        None => false,
+    }
+}
+
+/// A connection to `port` on another host: a candidate if a relay runs
+/// here.
+pub(crate) fn candidate(fd: c_int, port: u16) -> Option<u16> {
+    if present() {
+        Some(port)
+    } else {
+        log_line!("fd {fd}: connection to port {port} stays on the kernel's TCP: the peer is on another host and no relay runs here");
+        None
+    }
+}
+
+/// Sends `req` (with the region and the TCP socket, if given) to the
+/// relay on `sock` and waits for its reply.
+fn ask(sock: c_int, req: &RelayRequest, fds: Option<[c_int; 2]>) -> Result<RelayReply, String> {
+    let bytes = req.encode();
+    let mut iov = libc::iovec {
+        iov_base: bytes.as_ptr().cast_mut().cast(),
+        iov_len: bytes.len(),
+    };
+    let fds = fds.unwrap_or([-1, -1]);
+    let with_fds = fds[0] >= 0;
+    // SAFETY: CMSG_SPACE is a pure size computation.
+    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of_val(&fds) as u32) } as usize;
+    let mut control = vec![0u8; space];
+    // SAFETY: all-zero bytes are a valid msghdr.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    if with_fds {
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = space;
+        // SAFETY: `msg` points at `control`, large enough for one header
+        // with two descriptors (CMSG_SPACE above); the header and data
+        // pointers come from the CMSG macros over that buffer.
+        unsafe {
+            let c = libc::CMSG_FIRSTHDR(&msg);
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = libc::SCM_RIGHTS;
+            (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of_val(&fds) as u32) as usize;
+            std::ptr::copy_nonoverlapping(
+                fds.as_ptr().cast::<u8>(),
+                libc::CMSG_DATA(c),
+                std::mem::size_of_val(&fds),
+            );
+        }
+    }
+    // SAFETY: a complete msghdr over live buffers (a plain libc call, not
+    // interposed).
+    let r = unsafe { libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL) };
+    if r != bytes.len() as isize {
+        return Err(format!(
+            "sending the request to the relay: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    let mut p = libc::pollfd {
+        fd: sock,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    let n = unsafe { real::poll()(&mut p, 1, REPLY_WAIT_MS) };
+    if n <= 0 {
+        return Err("the relay did not reply in time".into());
+    }
+    let mut buf = [0u8; RELAY_REPLY_BYTES + 1];
+    // SAFETY: `buf` is valid for writes of its length.
+    let got = unsafe { real::recv()(sock, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+    if got <= 0 {
+        return Err("the relay closed without replying".into());
+    }
+    RelayReply::decode(&buf[..got as usize]).map_err(|e| format!("the relay's reply: {e}"))
+}
+
+/// Random bytes for a flow key.
+fn random_key() -> Result<[u8; RELAY_KEY_BYTES], Errno> {
+    let mut k = [0u8; RELAY_KEY_BYTES];
+    let mut off = 0;
+    while off < k.len() {
+        // SAFETY: `k[off..]` is valid for writes of its length.
+        let r = unsafe { libc::getrandom(k[off..].as_mut_ptr().cast(), k.len() - off, 0) };
+        if r < 0 {
+            let e = errno();
+            if e == libc::EINTR {
+                continue;
+            }
+            return Err(e);
+        }
+        off += r as usize;
+    }
+    Ok(k)
+}
+
+/// The connector's side of a connection to another host, on a freshly
+/// connected blocking socket: the relay hello, the answer, then the
+/// relay. Err: the hello went out and the connection cannot be given back
+/// to the program intact (see `setup::connected`).
+pub(crate) fn connected(fd: c_int, port: u16, nonblocking: bool) -> Result<(), Errno> {
+    match offer(fd) {
+        Ok(c) => {
+            table::set(fd, Entry::Shm(Arc::new(c.with_nonblocking(nonblocking))));
+            log_line!("fd {fd}: connection to port {port} moved to xdp via the relay");
+            Ok(())
+        }
+        Err(Offer::Kept(why)) => {
+            log_line!("fd {fd}: connection to port {port} stays on the kernel's TCP: {why}");
+            Ok(())
+        }
+        Err(Offer::Broken(why)) => {
+            log_line!("fd {fd}: connection to port {port} fails (ECONNRESET): {why}");
+            // SAFETY: a plain shutdown of the program's socket; `shutdown`
+            // is not interposed.
+            unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
+            Err(libc::ECONNRESET)
+        }
+    }
+}
+
+/// A connection built before its blocking mode is known.
+struct Built {
+    fd: c_int,
+    ch: crate::channel::Channel,
+    sock: c_int,
+}
+
+impl Built {
+    fn with_nonblocking(self, nonblocking: bool) -> Conn {
+        let Built { fd, ch, sock } = self;
+        Conn::new(fd, ch, Role::Connector, nonblocking, -1).with_bell(sock)
+    }
+}
+
+/// The relay socket, closed on drop unless taken by the connection.
+struct RelaySock(c_int);
+
+impl Drop for RelaySock {
+    fn drop(&mut self) {
+        if self.0 >= 0 {
+            // SAFETY: our own relay socket, closed once.
+            unsafe { real::close()(self.0) };
+        }
+    }
+}
+
+fn offer(fd: c_int) -> Result<Built, Offer> {
+    let key = random_key().map_err(|e| {
+        Offer::Kept(format!(
+            "no random bytes for a flow key: {}",
+            std::io::Error::from_raw_os_error(e)
+        ))
+    })?;
+    let ring = ring_bytes();
+    // The relay first, so a busy one leaves the connection on the
+    // kernel's TCP before the peer has seen anything.
+    let mut sock = RelaySock(open().ok_or_else(|| Offer::Kept("the relay went away".into()))?);
+    match ask(
+        sock.0,
+        &RelayRequest::Reserve {
+            ring_bytes: ring,
+            key,
+        },
+        None,
+    ) {
+        Ok(RelayReply::Ok(_)) => {}
+        Ok(RelayReply::Refused(why)) => {
+            return Err(Offer::Kept(format!("the relay here refused: {why}")))
+        }
+        Err(why) => return Err(Offer::Kept(why)),
+    }
+    let hello = Hello {
+        pid: 0,
+        fd: 0,
+        ring_bytes: ring,
+        relay_key: Some(key),
+    };
+    send_all(fd, &hello.encode()).map_err(|e| {
+        Offer::Broken(format!(
+            "sending the hello: {}",
+            std::io::Error::from_raw_os_error(e)
+        ))
+    })?;
+    let target = match read_answer(fd)? {
+        Answer::Relay(t) => t,
+        Answer::Accepted => {
+            return Err(Offer::Broken(
+                "the listener answered a relay hello as a shared-memory one".into(),
+            ))
+        }
+        Answer::Refused(r) => return Err(Offer::Kept(format!("the listener refused: {r}"))),
+    };
+    // From here the listener's side waits on its relay: a failure cannot
+    // give the stream back.
+    let (ch, region) = make_region(ring).map_err(Offer::Broken)?;
+    let req = RelayRequest::Connect {
+        ring_bytes: ring,
+        key,
+        target: target.clone(),
+    };
+    match ask(sock.0, &req, Some([region.0, fd])) {
+        Ok(RelayReply::Ok(_)) => {
+            let s = sock.0;
+            sock.0 = -1;
+            Ok(Built { fd, ch, sock: s })
+        }
+        Ok(RelayReply::Refused(why)) => Err(Offer::Broken(format!(
+            "the relay refused to connect to {target}: {why}"
+        ))),
+        Err(why) => Err(Offer::Broken(why)),
+    }
+}
+
+/// The listener's side of a relay hello: the region, the relay's listen,
+/// its target. Ok: the channel, the relay socket and the target to answer.
+pub(crate) fn take_hello(
+    fd: c_int,
+    hello: &Hello,
+) -> Result<(crate::channel::Channel, c_int, String), (Refusal, String)> {
+    let Some(key) = hello.relay_key else {
+        return Err((Refusal::BadHello, "not a relay hello".into()));
+    };
+    let Some(sock) = open() else {
+        return Err((Refusal::NoRelay, "no relay runs on this host".into()));
+    };
+    let fail = |why: String| {
+        // SAFETY: our own relay socket, closed once.
+        unsafe { real::close()(sock) };
+        (Refusal::NoRelay, why)
+    };
+    let (ch, region) = make_region(hello.ring_bytes).map_err(fail)?;
+    let req = RelayRequest::Listen {
+        ring_bytes: hello.ring_bytes,
+        key,
+    };
+    match ask(sock, &req, Some([region.0, fd])) {
+        Ok(RelayReply::Ok(target)) if netgap_proto::preload::valid_target(&target) => {
+            Ok((ch, sock, target))
+        }
+        Ok(RelayReply::Ok(target)) => Err(fail(format!(
+            "the relay named an invalid target {target:?}"
+        ))),
+        Ok(RelayReply::Refused(why)) => Err(fail(format!("the relay refused: {why}"))),
+        Err(why) => Err(fail(why)),
+    }
+}

@@ -1,0 +1,460 @@
+//! The preload library across hosts (`netgap wrap -t xdp`): on a two-host
+//! mesh testbed with two links (the TCP connection takes the first, the
+//! relays' xdp flow the second), a `netgap relay` in each host's
+//! namespace, real nginx wrapped on host 2 and curl wrapped on host 1:
+//! every 1 MiB body's sha256 verified, the library's logs saying each
+//! connection moved to xdp through the relay with the kernel TCP socket
+//! carrying under 1% of the payload, and the relays' counters showing the
+//! body crossed them; with no relay on the server's host the connection
+//! stays on the kernel's TCP and still works; a relay killed mid-transfer
+//! gives curl an error within the timeout, and once a relay runs again the
+//! next transfer goes through it (nothing was left holding the queue).
+//!
+//! Built only with the `xdp` feature; without root, namespaces or nginx
+//! and curl these tests print why and pass (with
+//! NETGAP_REQUIRE_SYSTEM_TESTS=1 that is a failure).
+
+use crate::common::testbed::Testbed;
+use crate::common::{self, netgap_path, system_ready};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The preload library next to the netgap binary, built once per test
+/// process (a `cargo test --test it` builds only the root package).
+fn library() -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let netgap = netgap_path();
+            let dir = netgap.parent().expect("the binary's directory");
+            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+            let mut cmd = Command::new(cargo);
+            cmd.args(["build", "--quiet", "-p", "netgap-preload"]);
+            if dir.ends_with("release") {
+                cmd.arg("--release");
+            }
+            assert!(cmd.status().expect("cargo runs").success());
+            let lib = dir.join("libnetgap_preload.so");
+            assert!(lib.exists(), "{} after the build", lib.display());
+            lib
+        })
+        .clone()
+}
+
+fn programs_ready(test: &str) -> bool {
+    for p in ["/usr/sbin/nginx", "/usr/bin/curl"] {
+        if !Path::new(p).exists() {
+            common::skip(test, &format!("{p} is missing"));
+            return false;
+        }
+    }
+    true
+}
+
+/// A child process stopped (TERM, then KILL) and reaped on drop.
+struct Guard(Child);
+
+impl Guard {
+    fn stop(&mut self, signal: i32) {
+        // SAFETY: a signal to our own child.
+        unsafe { libc::kill(self.0.id() as i32, signal) };
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_secs(10) {
+            if let Ok(Some(_)) = self.0.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        self.stop(libc::SIGTERM);
+    }
+}
+
+/// `netgap relay` in namespace `ns`, logging to `log`; up once its socket
+/// answers.
+fn relay(ns: &str, log: &Path) -> Guard {
+    let child = Command::new("ip")
+        .args(["netns", "exec", ns])
+        .arg(netgap_path())
+        .args(["relay", "--timeout-ms", "3000"])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log).expect("relay log"))
+        .spawn()
+        .expect("the relay starts");
+    let g = Guard(child);
+    let t0 = Instant::now();
+    while !std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .contains("listening on @netgap-relay")
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the relay did not come up: {}",
+            std::fs::read_to_string(log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    g
+}
+
+/// `ip netns exec NS netgap wrap -t xdp -- timeout -s KILL 300 PROGRAM
+/// ARGS`, logging the library to `log`.
+fn wrapped(ns: &str, program: &str, args: &[&str], log: &Path) -> Command {
+    let mut c = Command::new("ip");
+    c.args(["netns", "exec", ns])
+        .arg(netgap_path())
+        .args([
+            "wrap", "-t", "xdp", "--", "timeout", "-s", "KILL", "300", program,
+        ])
+        .args(args)
+        .env("NETGAP_PRELOAD", library())
+        .env("NETGAP_PRELOAD_LOG", log);
+    c
+}
+
+/// A docroot with `f1m` (1 MiB) and `f16m` (16 MiB) of pseudo-random
+/// bytes; the sha256 of `f1m`.
+fn docroot(dir: &Path) -> (PathBuf, String) {
+    let root = dir.join("root");
+    std::fs::create_dir_all(&root).expect("docroot");
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    for (name, len) in [("f1m", 1usize << 20), ("f16m", 16 << 20)] {
+        let bytes: Vec<u8> = (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
+        std::fs::write(root.join(name), bytes).expect("a file");
+    }
+    (root.clone(), sha256(&root.join("f1m")))
+}
+
+fn sha256(path: &Path) -> String {
+    let out = Command::new("sha256sum")
+        .arg(path)
+        .output()
+        .expect("sha256sum");
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .expect("a digest")
+        .to_string()
+}
+
+/// Wrapped nginx (two workers, sendfile, running as root like the relay's
+/// clients) on `ip:8080` in `ns`.
+fn nginx(ns: &str, ip: &str, dir: &Path, root: &Path, log: &Path) -> Guard {
+    let run = dir.join("nginx");
+    std::fs::create_dir_all(&run).expect("run dir");
+    let d = run.display();
+    let conf = format!(
+        "daemon off;\nuser root root;\nmaster_process on;\nworker_processes 2;\npid {d}/nginx.pid;\n\
+         error_log {d}/error.log warn;\nevents {{ worker_connections 64; }}\n\
+         http {{\n access_log off;\n sendfile on;\n tcp_nopush on;\n tcp_nodelay on;\n\
+         client_body_temp_path {d}/body;\n proxy_temp_path {d}/proxy;\n\
+         fastcgi_temp_path {d}/fastcgi;\n uwsgi_temp_path {d}/uwsgi;\n scgi_temp_path {d}/scgi;\n\
+         types {{ }}\n default_type application/octet-stream;\n\
+         server {{ listen {ip}:8080; root {root}; }}\n}}\n",
+        root = root.display()
+    );
+    let conf_path = run.join("nginx.conf");
+    std::fs::write(&conf_path, conf).expect("nginx.conf");
+    let err = run.join("error.log");
+    let child = wrapped(
+        ns,
+        "/usr/sbin/nginx",
+        &[
+            "-p",
+            run.to_str().expect("utf-8"),
+            "-e",
+            err.to_str().expect("utf-8"),
+            "-c",
+            conf_path.to_str().expect("utf-8"),
+        ],
+        log,
+    )
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .expect("nginx starts");
+    let g = Guard(child);
+    let t0 = Instant::now();
+    while !run.join("nginx.pid").exists() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "nginx did not come up: {}",
+            std::fs::read_to_string(&err).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    g
+}
+
+/// Wrapped curl in `ns` fetching `url` into `out`; its exit status and
+/// stderr, and how long it took.
+fn curl(ns: &str, url: &str, out: &Path, extra: &[&str], log: &Path) -> (bool, String, Duration) {
+    let t0 = Instant::now();
+    let mut args = vec![
+        "-sS",
+        "--max-time",
+        "60",
+        "-o",
+        out.to_str().expect("utf-8"),
+    ];
+    args.extend_from_slice(extra);
+    args.push(url);
+    let o = wrapped(ns, "/usr/bin/curl", &args, log)
+        .output()
+        .expect("curl runs");
+    (
+        o.status.success(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+        t0.elapsed(),
+    )
+}
+
+/// The `name=` values of the library's or the relay's log lines that
+/// contain `marker`.
+fn counters(log: &Path, marker: &str, name: &str) -> Vec<u64> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains(marker))
+        .filter_map(|l| {
+            l.split_whitespace()
+                .find_map(|w| w.strip_prefix(&format!("{name}=")))
+                .and_then(|v| v.parse().ok())
+        })
+        .collect()
+}
+
+/// The testbed, its two hosts' namespaces and the server's first-link
+/// address (the one the TCP connection takes).
+fn testbed(name: &str) -> (Testbed, String, String, String) {
+    let (tb, _) = Testbed::up(
+        name,
+        &["--hosts", "2", "--topology", "mesh", "--links", "2"],
+    );
+    let hosts = tb.hosts();
+    let (client, server) = (&hosts.hosts[0], &hosts.hosts[1]);
+    let ip = server.address.to_string();
+    let (c, s) = (tb.ns(&client.name), tb.ns(&server.name));
+    (tb, c, s, ip)
+}
+
+#[test]
+fn nginx_and_curl_across_hosts_through_the_relays_then_without_a_relay_on_kernel_tcp() {
+    let test = "nginx_and_curl_across_hosts_through_the_relays_then_without_a_relay_on_kernel_tcp";
+    if !system_ready(test) || !programs_ready(test) {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (root, want) = docroot(dir.path());
+    let (tb, cns, sns, ip) = testbed("pxdp1");
+    let (r1_log, r2_log) = (dir.path().join("relay1.log"), dir.path().join("relay2.log"));
+    let (s_log, c_log) = (dir.path().join("server.log"), dir.path().join("client.log"));
+    let r1 = relay(&cns, &r1_log);
+    let mut r2 = relay(&sns, &r2_log);
+    let server = nginx(&sns, &ip, dir.path(), &root, &s_log);
+    let url = format!("http://{ip}:8080/f1m");
+    let body = dir.path().join("body");
+    for i in 0..3 {
+        let (ok, err, _) = curl(&cns, &url, &body, &[], &c_log);
+        assert!(
+            ok,
+            "fetch {i}: {err}\n{}",
+            std::fs::read_to_string(&c_log).unwrap_or_default()
+        );
+        assert_eq!(sha256(&body), want, "fetch {i}: the body differs");
+    }
+    let client_log = std::fs::read_to_string(&c_log).unwrap_or_default();
+    assert_eq!(
+        client_log.matches("moved to xdp via the relay").count(),
+        3,
+        "{client_log}"
+    );
+    // The body crossed the relays, not the kernel's TCP: the library's
+    // counters at both ends, the relays' at both hosts.
+    let received = counters(&c_log, "(connector)", "shm_received_bytes");
+    let tcp_in = counters(&c_log, "(connector)", "kernel_tcp_received_bytes");
+    assert_eq!(received.len(), 3, "{client_log}");
+    for (r, t) in received.iter().zip(&tcp_in) {
+        assert!(*r > 1 << 20, "{client_log}");
+        assert!(
+            *t * 100 < 1 << 20,
+            "the TCP socket carried {t} bytes: {client_log}"
+        );
+    }
+    let tcp_out = counters(&s_log, "(listener)", "kernel_tcp_sent_bytes");
+    assert_eq!(
+        tcp_out.len(),
+        3,
+        "{}",
+        std::fs::read_to_string(&s_log).unwrap_or_default()
+    );
+    assert!(tcp_out.iter().all(|t| t * 100 < 1 << 20), "{tcp_out:?}");
+    let r_in = counters(&r1_log, "connection closed", "relayed_in_bytes");
+    let r_out = counters(&r2_log, "connection closed", "relayed_out_bytes");
+    assert_eq!(
+        r_in.len(),
+        3,
+        "{}",
+        std::fs::read_to_string(&r1_log).unwrap_or_default()
+    );
+    assert!(
+        r_in.iter().chain(&r_out).all(|b| *b > 1 << 20),
+        "{r_in:?} {r_out:?}"
+    );
+
+    // wrk (epoll, keep-alive), wrapped too, over one connection.
+    if Path::new("/usr/bin/wrk").exists() {
+        let w_log = dir.path().join("wrk.log");
+        let out = wrapped(&cns, "/usr/bin/wrk", &["-t1", "-c1", "-d2s", &url], &w_log)
+            .output()
+            .expect("wrk runs");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{text}");
+        let requests: u64 = text
+            .lines()
+            .find_map(|l| {
+                l.trim()
+                    .split(" requests in")
+                    .next()
+                    .filter(|_| l.contains(" requests in"))
+            })
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no request count: {text}"));
+        assert!(requests > 0, "{text}");
+        eprintln!("wrk across hosts through the relays: {requests} requests of 1 MiB in 2 s");
+        assert!(
+            !text.contains("Socket errors") && !text.contains("Non-2xx"),
+            "{text}"
+        );
+        let wl = std::fs::read_to_string(&w_log).unwrap_or_default();
+        assert!(wl.contains("moved to xdp via the relay"), "{wl}");
+    } else {
+        common::skip("wrk across hosts", "/usr/bin/wrk is missing");
+    }
+
+    // A client that sends garbage is dropped with one line; the relay
+    // serves on.
+    let garbage = Command::new("ip")
+        .args(["netns", "exec", &sns, "python3", "-c"])
+        .arg("import socket; s=socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET); s.connect('\\0netgap-relay'); s.send(b'GET / HTTP/1.1' * 20); s.recv(10)")
+        .output()
+        .expect("python3 runs");
+    assert!(
+        garbage.status.success(),
+        "{}",
+        String::from_utf8_lossy(&garbage.stderr)
+    );
+    let t0 = Instant::now();
+    while !std::fs::read_to_string(&r2_log)
+        .unwrap_or_default()
+        .contains("dropped: ")
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "no line for the garbage"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (ok, err, _) = curl(&cns, &url, &body, &[], &c_log);
+    assert!(ok, "after the garbage: {err}");
+    assert_eq!(sha256(&body), want);
+    assert_eq!(
+        std::fs::read_to_string(&c_log)
+            .unwrap_or_default()
+            .matches("moved to xdp via the relay")
+            .count(),
+        4
+    );
+
+    // No relay on the server's host: the same fetch stays on the
+    // kernel's TCP, saying why, and still works.
+    r2.stop(libc::SIGTERM);
+    let (ok, err, _) = curl(&cns, &url, &body, &[], &c_log);
+    assert!(ok, "{err}");
+    assert_eq!(sha256(&body), want);
+    let client_log = std::fs::read_to_string(&c_log).unwrap_or_default();
+    assert!(
+        client_log.contains("stays on the kernel's TCP: the listener refused: no relay"),
+        "{client_log}"
+    );
+    drop(server);
+    drop(r1);
+    drop(r2);
+    drop(tb);
+}
+
+#[test]
+fn a_relay_killed_mid_transfer_fails_the_transfer_in_time_and_leaves_nothing_behind() {
+    let test = "a_relay_killed_mid_transfer_fails_the_transfer_in_time_and_leaves_nothing_behind";
+    if !system_ready(test) || !programs_ready(test) {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (root, want) = docroot(dir.path());
+    let (tb, cns, sns, ip) = testbed("pxdp2");
+    let (r1_log, r2_log) = (dir.path().join("relay1.log"), dir.path().join("relay2.log"));
+    let (s_log, c_log) = (dir.path().join("server.log"), dir.path().join("client.log"));
+    let r1 = relay(&cns, &r1_log);
+    let mut r2 = relay(&sns, &r2_log);
+    let server = nginx(&sns, &ip, dir.path(), &root, &s_log);
+    let body = dir.path().join("body");
+    // 16 MiB at 2 MiB/s: the server's relay is killed after about 1.5 s.
+    let pid = r2.0.id() as i32;
+    let killer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(1500));
+        // SAFETY: a signal to the relay, our own child.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    });
+    let (ok, err, took) = curl(
+        &cns,
+        &format!("http://{ip}:8080/f16m"),
+        &body,
+        &["--limit-rate", "2M"],
+        &c_log,
+    );
+    killer.join().expect("the killer thread");
+    r2.stop(libc::SIGKILL);
+    assert!(!ok, "the transfer cannot complete without the relay");
+    // The relay's timeout is 3 s: the error comes well before curl's own
+    // 60 s limit.
+    assert!(took < Duration::from_secs(20), "curl took {took:?}: {err}");
+    assert!(
+        std::fs::read_to_string(&r1_log)
+            .unwrap_or_default()
+            .contains("connection reset"),
+        "{}",
+        std::fs::read_to_string(&r1_log).unwrap_or_default()
+    );
+    // Nothing held the queue or the connection: with a relay again, the
+    // next transfer goes through the relays.
+    let r2 = relay(&sns, &r2_log);
+    let (ok, err, _) = curl(&cns, &format!("http://{ip}:8080/f1m"), &body, &[], &c_log);
+    assert!(ok, "{err}");
+    assert_eq!(sha256(&body), want);
+    let client_log = std::fs::read_to_string(&c_log).unwrap_or_default();
+    assert_eq!(
+        client_log.matches("moved to xdp via the relay").count(),
+        2,
+        "{client_log}"
+    );
+    drop(server);
+    drop(r1);
+    drop(r2);
+    tb.down();
+    tb.assert_gone();
+}
