@@ -39,6 +39,14 @@ fn library() -> PathBuf {
 }
 
 /// Whether `program` is installed; fails when system tests are required.
+/// Held by each test that ends by checking that no load generator or
+/// gatherer of netgap still runs: tests of one binary run in parallel, and
+/// one test's check would otherwise see another's live child.
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    ONE.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 fn installed(test: &str, program: &str, package: &str) -> bool {
     if Path::new(program).exists() {
         return true;
@@ -55,6 +63,7 @@ fn installed(test: &str, program: &str, package: &str) -> bool {
 /// connection on shm, the kernel sockets under 1% of the bytes, no
 /// warning, nothing left running.
 fn web_over_shm(server: &str) {
+    let _one = one_at_a_time();
     let dir = tempfile::tempdir().expect("tempdir");
     let json = dir.path().join("r.jsonl");
     let out = netgap()
@@ -157,6 +166,7 @@ fn web_over_shm_without_the_library_is_one_line() {
 #[test]
 fn gather_with_gmond_and_the_gatherer_over_shm_reads_every_answer() {
     let test = "gather_with_gmond_and_the_gatherer_over_shm_reads_every_answer";
+    let _one = one_at_a_time();
     if !common::system_ready(test) || !installed(test, "/usr/sbin/gmond", "ganglia-monitor") {
         return;
     }
@@ -237,6 +247,7 @@ fn gather_over_shm_with_the_builtin_responder_is_one_line() {
 #[test]
 fn a_killed_agent_takes_its_load_generator_with_it() {
     let test = "a_killed_agent_takes_its_load_generator_with_it";
+    let _one = one_at_a_time();
     if !common::system_ready(test) || !installed(test, "/usr/sbin/nginx", "nginx-light") {
         return;
     }
