@@ -11,7 +11,7 @@ use std::process::Command;
 use thiserror::Error;
 
 use netgap_workload::preload::preload_value;
-pub use netgap_workload::preload::{library_path, LIBRARY_ENV, LIBRARY_FILE};
+pub use netgap_workload::preload::{library_path, relay_present, LIBRARY_ENV, LIBRARY_FILE};
 
 /// Why a program could not be wrapped.
 #[derive(Debug, Error)]
@@ -59,24 +59,4 @@ pub fn exec(stack: &str, command: &[OsString]) -> WrapError {
         program: program.to_string_lossy().into_owned(),
         source,
     }
-}
-
-/// Whether a relay (`netgap relay`) listens in this network namespace.
-pub fn relay_present() -> bool {
-    // The relay's socket is a SOCK_SEQPACKET one: a stream socket cannot
-    // connect to it.
-    use nix::sys::socket::{connect, socket, AddressFamily, SockFlag, SockType, UnixAddr};
-    use std::os::fd::AsRawFd;
-    let Ok(fd) = socket(
-        AddressFamily::Unix,
-        SockType::SeqPacket,
-        SockFlag::SOCK_CLOEXEC,
-        None,
-    ) else {
-        return false;
-    };
-    let Ok(a) = UnixAddr::new_abstract(b"netgap-relay") else {
-        return false;
-    };
-    connect(fd.as_raw_fd(), &a).is_ok()
 }

@@ -41,6 +41,8 @@ mod preload;
 mod preload_apps;
 #[cfg(feature = "xdp")]
 mod preload_xdp;
+#[cfg(feature = "xdp")]
+mod preload_xdp_runs;
 mod report;
 mod report_chromium;
 mod results_files;

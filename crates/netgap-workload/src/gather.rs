@@ -52,7 +52,7 @@ static RESPONDER: WorkloadOption = WorkloadOption {
     flag: "responder",
     kind: OptionKind::Choice(&["builtin", "gmond"]),
     value_name: "NAME[,NAME]",
-    help: "gather: what answers on every host: builtin (netgap's responder, the point's size over the chosen transport) or gmond (Debian's ganglia-monitor, over tcp); a list gives one point per responder [default: builtin]",
+    help: "gather: what answers on every host: builtin (netgap's responder, the point's size over the chosen transport) or gmond (Debian's ganglia-monitor, over tcp, or through the preload library over shm or xdp); a list gives one point per responder [default: builtin]",
     axis: true,
 };
 static GATHER_MODE: WorkloadOption = WorkloadOption {
@@ -131,12 +131,12 @@ impl Workload for Gather {
     /// The built-in responder needs a transport with connections that
     /// crosses hosts.
     fn check(&self, spec: &PointSpec, transport: &dyn Transport) -> Result<(), Refused> {
-        if spec.transport == "shm" {
+        if spec.transport == "shm" || spec.transport == "xdp" {
             // gmond over the preload library (the built-in responder is
             // refused at placement, which sees the responder).
             return crate::preload::library_path()
                 .map(|_| ())
-                .map_err(|e| Refused(format!("{NAME} -t shm: {e}")));
+                .map_err(|e| Refused(format!("{NAME} -t {}: {e}", spec.transport)));
         }
         super::check_cross_host(NAME, spec, transport)?;
         let connected = |t: &dyn Transport| {
@@ -177,7 +177,10 @@ impl Workload for Gather {
             responder,
             answer_bytes: spec.size_bytes,
             parallel: args.str("gather-mode") == Some("parallel"),
-            preload: spec.transport == "shm",
+            // gmond over the preload library: on one host over shm, across
+            // hosts over xdp through the hosts' relays (netgap's own
+            // responder, which aims at IP:PORT, is refused at placement).
+            preload: spec.transport == "shm" || spec.transport == "xdp",
         })
     }
 
@@ -193,7 +196,7 @@ impl Workload for Gather {
             && params.get("responder").and_then(serde_json::Value::as_str) != Some("gmond")
         {
             return Err(Refused(format!(
-                "{NAME} -t shm runs gmond and the gatherer under the preload library; add --responder gmond"
+                "{NAME} over shm or xdp runs gmond and the gatherer under the preload library (netgap's own responder is aimed at IP:PORT, which xdp's flows have not); add --responder gmond"
             )));
         }
         if hosts.len() < 2 {
@@ -255,12 +258,9 @@ impl Workload for Gather {
                 ctx.spec.flows
             )));
         }
-        if p.responder == Responder::Gmond
-            && ctx.spec.point.transport != "tcp"
-            && ctx.spec.point.transport != "shm"
-        {
+        if p.responder == Responder::Gmond && ctx.spec.point.transport != "tcp" && !p.preload {
             return Err(refused(
-                "gmond answers over the host's TCP only; use -t tcp",
+                "gmond answers over the host's TCP, or through the preload library over shm or xdp; use -t tcp, shm or xdp",
             ));
         }
         match ctx.spec.role {
@@ -304,8 +304,8 @@ fn answer(size: u64) -> Vec<u8> {
 
 /// A responder on one host.
 enum Serving {
-    /// gmond, running.
-    Gmond(Box<Running>),
+    /// gmond, running, and for `-t xdp` the host's relay.
+    Gmond(Box<Running>, Option<crate::preload::RelayGuard>),
     /// netgap's responder: its listener, answered from a thread in `run`.
     Builtin {
         listener: Box<dyn netgap_transport::Listener>,
@@ -340,6 +340,11 @@ fn open_server(p: &Params, ctx: &RoleContext<'_>) -> Result<Box<dyn OpenRole>, R
             if p.preload {
                 dir.preload().map_err(refused)?;
             }
+            let relay = if p.preload && ctx.spec.point.transport == "xdp" {
+                Some(super::web::relay_for(&dir, ctx.spec.flows)?)
+            } else {
+                None
+            };
             let port = service::free_tcp_port(ip).map_err(refused)?;
             let addr = SocketAddr::new(ip, port);
             let running = gmond::start(dir, addr).map_err(refused)?;
@@ -353,7 +358,7 @@ fn open_server(p: &Params, ctx: &RoleContext<'_>) -> Result<Box<dyn OpenRole>, R
                     Ok(())
                 })
                 .map_err(refused)?;
-            (Serving::Gmond(Box::new(running)), addr.to_string())
+            (Serving::Gmond(Box::new(running), relay), addr.to_string())
         }
         Responder::Builtin => {
             let t = find_transport(ctx.spec)?;
@@ -438,11 +443,12 @@ impl ReadyRole for ServerRole {
         let t0 = Instant::now();
         let end = t0 + warmup + duration + SERVER_GRACE;
         let (cpu, services, sent) = match serving {
-            Serving::Gmond(running) => {
+            Serving::Gmond(running, relay) => {
                 let (cpu, _) = meter_window(t0 + warmup, t0 + warmup + duration, &stop);
                 stop.sleep_until(end);
                 let record = running.record().clone();
                 drop(running);
+                drop(relay);
                 (cpu, vec![record], 0)
             }
             Serving::Builtin {
@@ -583,9 +589,19 @@ struct ClientRole {
     warmup: Duration,
     duration: Duration,
     stop: Stop,
-    /// Under the preload library: the library, the child's run directory
-    /// and its job.
-    child: Option<(std::path::PathBuf, RunDir, GatherJob)>,
+    /// Under the preload library: the library, the child's run directory,
+    /// its job, and for `-t xdp` the host's relay.
+    child: Option<GatherChild>,
+}
+
+/// The gatherer's child process under the preload library, to start.
+struct GatherChild {
+    library: std::path::PathBuf,
+    /// The child's run directory.
+    dir: RunDir,
+    job: GatherJob,
+    /// The host's relay, for `-t xdp`: its CPU counts as the gatherer's.
+    relay: Option<std::sync::Arc<crate::preload::RelayGuard>>,
 }
 
 /// What the agent hands its gatherer child (`netgap gather-load`) on
@@ -659,12 +675,14 @@ pub fn run_gather_child() -> Result<(), String> {
 /// Runs the gatherer in a child under the preload library: the child's
 /// result, with the CPU of the agent and the child over the window, and
 /// the library log's counts among its metrics.
-fn gather_in_child(
-    library: &std::path::Path,
-    dir: &RunDir,
-    job: &GatherJob,
-    stop: &Stop,
-) -> Result<RoleResult, RoleError> {
+fn gather_in_child(child: GatherChild, stop: &Stop) -> Result<RoleResult, RoleError> {
+    let GatherChild {
+        library,
+        dir,
+        job,
+        relay,
+    } = child;
+    let relay_cpu = relay.clone();
     let (pid_tx, pid_rx) = mpsc::channel();
     let t0 = Instant::now();
     let (w0, w1) = (
@@ -679,7 +697,7 @@ fn gather_in_child(
         if p.1.is_none() {
             p.1 = p.0.try_recv().ok();
         }
-        p.1.map_or(0, service::tree_cpu_ns)
+        p.1.map_or(0, service::tree_cpu_ns) + relay_cpu.as_ref().map_or(0, |r| r.cpu_ns())
     };
     let meter_stop = stop.clone();
     let meter = std::thread::Builder::new()
@@ -689,7 +707,7 @@ fn gather_in_child(
             what: "the CPU meter",
             source,
         })?;
-    let ran = super::web::run_child(library, dir, "gather-load", job, stop, &pid_tx);
+    let ran = super::web::run_child(&library, &dir, "gather-load", &job, stop, &pid_tx);
     let (cpu, _) = meter.join().map_err(|_| RoleError::Panicked {
         what: "the CPU meter".into(),
     })?;
@@ -701,6 +719,8 @@ fn gather_in_child(
     for (k, v) in log.record_metrics() {
         m.insert(k.into(), v);
     }
+    drop(dir);
+    drop(relay);
     Ok(RoleResult {
         flows: report.flows,
         buckets: report.buckets,
@@ -735,6 +755,13 @@ fn open_client(p: &Params, ctx: &RoleContext<'_>) -> Result<Box<dyn OpenRole>, R
     let child = if p.preload {
         let library = crate::preload::library_path().map_err(refused)?;
         let dir = RunDir::new(ctx.dirs, "gather-load").map_err(refused)?;
+        let relay = if spec.point.transport == "xdp" {
+            Some(std::sync::Arc::new(super::web::relay_for(
+                &dir, spec.flows,
+            )?))
+        } else {
+            None
+        };
         let job = GatherJob {
             point: spec.point.clone(),
             token: ctx.data_token.clone(),
@@ -746,7 +773,12 @@ fn open_client(p: &Params, ctx: &RoleContext<'_>) -> Result<Box<dyn OpenRole>, R
             warmup_ns: u64::try_from(warmup.as_nanos()).unwrap_or(u64::MAX),
             duration_ns: u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX),
         };
-        Some((library, dir, job))
+        Some(GatherChild {
+            library,
+            dir,
+            job,
+            relay,
+        })
     } else {
         None
     };
@@ -813,8 +845,8 @@ impl ReadyRole for ClientRole {
             stop,
             child,
         } = *self;
-        if let Some((library, dir, job)) = child {
-            return gather_in_child(&library, &dir, &job, &stop);
+        if let Some(child) = child {
+            return gather_in_child(child, &stop);
         }
         let n = sources.len();
         let t0 = Instant::now();

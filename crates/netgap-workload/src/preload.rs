@@ -45,6 +45,140 @@ pub fn preload_value(library: &Path) -> OsString {
     v
 }
 
+/// The abstract Unix socket a host's relay (`netgap relay`) listens on.
+pub const RELAY_SOCKET: &[u8] = b"netgap-relay";
+
+/// Whether a relay (`netgap relay`) listens in this network namespace.
+pub fn relay_present() -> bool {
+    // The relay's socket is a SOCK_SEQPACKET one: a stream socket cannot
+    // connect to it.
+    use nix::sys::socket::{connect, socket, AddressFamily, SockFlag, SockType, UnixAddr};
+    use std::os::fd::AsRawFd;
+    let Ok(fd) = socket(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    ) else {
+        return false;
+    };
+    let Ok(a) = UnixAddr::new_abstract(RELAY_SOCKET) else {
+        return false;
+    };
+    connect(fd.as_raw_fd(), &a).is_ok()
+}
+
+/// A relay a role started for its run (`-t xdp` under the library),
+/// stopped when dropped; or nothing, when one already ran.
+pub(crate) struct RelayGuard {
+    /// The relay's process group (its pid) and the thread that waits for
+    /// it (the relay dies with that thread: `PR_SET_PDEATHSIG`).
+    started: Option<(i32, std::thread::JoinHandle<()>)>,
+}
+
+impl RelayGuard {
+    /// CPU time, ns, the kernel has accounted so far to the relay this
+    /// guard started (0 for one that already ran: it is not the run's).
+    pub(crate) fn cpu_ns(&self) -> u64 {
+        self.started
+            .as_ref()
+            .and_then(|(pid, _)| u32::try_from(*pid).ok())
+            .map_or(0, crate::service::tree_cpu_ns)
+    }
+
+    /// Whether the relay was started for this run (its CPU is counted).
+    pub(crate) fn started(&self) -> bool {
+        self.started.is_some()
+    }
+}
+
+impl Drop for RelayGuard {
+    fn drop(&mut self) {
+        if let Some((pid, waiter)) = self.started.take() {
+            // SAFETY: a signal to the process group of the relay this
+            // guard started, still unreaped (its waiter holds it).
+            unsafe { libc::kill(-pid, libc::SIGTERM) };
+            let _ = waiter.join();
+        }
+    }
+}
+
+/// How long a started relay has to listen.
+const RELAY_START_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Makes sure a relay carries this network namespace's relayed
+/// connections for the role's run: the one that runs, or `netgap relay`
+/// (this binary) started as root with room for `connections` connections
+/// and its log in `log`, stopped when the guard drops. An error is one
+/// line (the relay's own, when it exits: no xdp in this build, not root).
+pub(crate) fn ensure_relay(
+    log: std::fs::File,
+    log_path: &Path,
+    connections: u32,
+) -> Result<RelayGuard, String> {
+    if relay_present() {
+        return Ok(RelayGuard { started: None });
+    }
+    let exe = std::env::current_exe().map_err(|e| format!("finding netgap's own binary: {e}"))?;
+    let cap = connections.clamp(16, 1024).to_string();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let waiter = std::thread::Builder::new()
+        .name("relay".into())
+        .spawn(move || {
+            let mut cmd = crate::tether::command_in_group(
+                &exe,
+                &["relay", "--max-per-uid", &cap, "--max-total", &cap],
+                None,
+            );
+            cmd.stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .stderr(log);
+            match cmd.spawn() {
+                Ok(mut child) => {
+                    let _ = tx.send(Ok(child.id() as i32));
+                    let _ = child.wait();
+                }
+                Err(e) => {
+                    let _ = tx.send(Err(format!("starting {} relay: {e}", exe.display())));
+                }
+            }
+        })
+        .map_err(|e| format!("a thread for the relay: {e}"))?;
+    let pid = match rx.recv() {
+        Ok(Ok(pid)) => pid,
+        Ok(Err(e)) => {
+            let _ = waiter.join();
+            return Err(e);
+        }
+        Err(_) => {
+            let _ = waiter.join();
+            return Err("the relay's thread ended".into());
+        }
+    };
+    let guard = RelayGuard {
+        started: Some((pid, waiter)),
+    };
+    let t0 = std::time::Instant::now();
+    while !relay_present() {
+        let gone = guard.started.as_ref().is_some_and(|(_, w)| w.is_finished());
+        if gone || t0.elapsed() > RELAY_START_WAIT {
+            let said = std::fs::read_to_string(log_path).unwrap_or_default();
+            let line = said.lines().last().unwrap_or("no word in its log").trim();
+            return Err(format!(
+                "the relay {}: {}",
+                if gone {
+                    "exited"
+                } else {
+                    "did not listen in time"
+                },
+                netgap_core::text::escape_control(line)
+            ));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    Ok(guard)
+}
+
 /// What one process's preload log (`NETGAP_PRELOAD_LOG`) says of the
 /// connections it made and accepted: how many moved to shared memory, how
 /// many stayed on the kernel's TCP and why, and the bytes each carried.
@@ -76,15 +210,28 @@ pub struct LogSummary {
     pub kernel_tcp_received_bytes: u64,
     /// Shm connections whose close was logged.
     pub closed_shm: u64,
+    /// Connections this process made that moved to xdp through the host's
+    /// relay.
+    pub connected_xdp: u64,
+    /// Connections this process accepted that moved to xdp through the
+    /// host's relay.
+    pub accepted_xdp: u64,
+    /// Payload bytes the closed relayed connections moved through their
+    /// rings to and from the relay, both ways.
+    pub xdp_bytes: u64,
+    /// Relayed connections whose close was logged.
+    pub closed_xdp: u64,
 }
 
 impl LogSummary {
     /// The counts a record carries in its application metrics: connections
     /// moved to shm and kept on the kernel's TCP (setup failures count as
     /// kept), and the bytes the rings and the kernel sockets carried.
-    pub fn record_metrics(&self) -> [(&'static str, f64); 4] {
+    pub fn record_metrics(&self) -> [(&'static str, f64); 6] {
         [
             ("preload_shm_connections", self.connected_shm as f64),
+            ("preload_xdp_connections", self.connected_xdp as f64),
+            ("preload_xdp_bytes", self.xdp_bytes as f64),
             (
                 "preload_kernel_connections",
                 (self.connected_kernel + self.failed) as f64,
@@ -128,7 +275,29 @@ impl LogSummary {
             return;
         };
         const KEPT: &str = "stays on the kernel's TCP: ";
-        if let Some(counters) = what.strip_prefix("shm connection closed (") {
+        const RELAYED: &str = "moved to xdp via the relay";
+        if let Some(counters) = what.strip_prefix("relayed connection closed (") {
+            // The ring counters of a relayed connection are what crossed
+            // the relay; its kernel socket's bytes are setup and wake-ups.
+            self.closed_xdp += 1;
+            for field in counters.split_whitespace() {
+                let Some((k, v)) = field.split_once('=') else {
+                    continue;
+                };
+                let Ok(v) = v.parse::<u64>() else {
+                    continue;
+                };
+                let slot = match k {
+                    "shm_sent_bytes" | "shm_received_bytes" => &mut self.xdp_bytes,
+                    "kernel_tcp_sent_bytes" => &mut self.kernel_tcp_sent_bytes,
+                    "kernel_tcp_received_bytes" => &mut self.kernel_tcp_received_bytes,
+                    _ => continue,
+                };
+                *slot = slot.saturating_add(v);
+            }
+        } else if what == format!("accepted connection {RELAYED}") {
+            self.accepted_xdp += 1;
+        } else if let Some(counters) = what.strip_prefix("shm connection closed (") {
             self.closed_shm += 1;
             for field in counters.split_whitespace() {
                 let Some((k, v)) = field.split_once('=') else {
@@ -162,6 +331,8 @@ impl LogSummary {
             let rest = rest.split_once(' ').map_or("", |(_, r)| r);
             if rest == "moved to shm" {
                 self.connected_shm += 1;
+            } else if rest == RELAYED {
+                self.connected_xdp += 1;
             } else if let Some(why) = rest.strip_prefix(KEPT) {
                 self.connected_kernel += 1;
                 *self.fallback_reasons.entry(why.to_string()).or_insert(0) += 1;
@@ -208,6 +379,23 @@ netgap-preload[9]: fd 14: sendmsg with ancillary data on a shm connection: the d
         );
         assert_eq!(s.fallback_reasons.len(), 3);
         assert_eq!(LogSummary::parse(""), LogSummary::default());
+    }
+
+    #[test]
+    fn relayed_connections_are_counted_as_xdp_never_as_shm() {
+        let log = "\
+netgap-preload[7]: fd 5: connection to port 80 moved to xdp via the relay
+netgap-preload[9]: fd 11: accepted connection moved to xdp via the relay
+netgap-preload[7]: fd 5: relayed connection closed (connector): shm_sent_bytes=100 shm_received_bytes=2000 doorbells_sent=3 kernel_tcp_sent_bytes=40 kernel_tcp_received_bytes=8
+";
+        let s = LogSummary::parse(log);
+        assert_eq!((s.connected_xdp, s.accepted_xdp, s.closed_xdp), (1, 1, 1));
+        assert_eq!((s.connected_shm, s.accepted_shm, s.closed_shm), (0, 0, 0));
+        assert_eq!((s.xdp_bytes, s.shm_sent_bytes), (2100, 0));
+        assert_eq!(s.kernel_tcp_sent_bytes, 40);
+        let m: std::collections::BTreeMap<_, _> = s.record_metrics().into_iter().collect();
+        assert_eq!(m["preload_xdp_connections"], 1.0);
+        assert_eq!(m["preload_shm_connections"], 0.0);
     }
 
     #[test]

@@ -300,12 +300,13 @@ impl Workload for Web {
     fn check(&self, spec: &PointSpec, _transport: &dyn Transport) -> Result<(), Refused> {
         match spec.transport.as_str() {
             "tcp" => {}
-            "shm" => {
-                crate::preload::library_path().map_err(|e| Refused(format!("{NAME} -t shm: {e}")))?;
+            stack @ ("shm" | "xdp") => {
+                crate::preload::library_path()
+                    .map_err(|e| Refused(format!("{NAME} -t {stack}: {e}")))?;
             }
             other => {
                 return Err(Refused(format!(
-                    "{NAME} runs real web servers, which speak HTTP over the host's TCP (or over shm through the preload library on one host); use -t tcp or -t shm, not {other}"
+                    "{NAME} runs real web servers, which speak HTTP over the host's TCP, or through the preload library over shm on one host or xdp across hosts; use -t tcp, shm or xdp, not {other}"
                 )))
             }
         }
@@ -485,9 +486,7 @@ fn open_server(p: &Params, ctx: &RoleContext<'_>) -> Result<Box<dyn OpenRole>, R
         set.total_bytes(),
     )?;
     let mut dir = RunDir::new(ctx.dirs, name).map_err(refused)?;
-    if ctx.spec.point.transport == "shm" {
-        dir.preload().map_err(refused)?;
-    }
+    let relay = preload_stack(ctx, &mut dir)?;
     let www = dir.subdir("www").map_err(refused)?;
     let sha = set.write(&www).map_err(|e| {
         refused(format!(
@@ -528,9 +527,21 @@ fn open_server(p: &Params, ctx: &RoleContext<'_>) -> Result<Box<dyn OpenRole>, R
     facts.insert("fileset_bytes".into(), set.total_bytes().to_string());
     facts.insert("fileset_sha256".into(), sha);
     facts.insert("fileset_seed".into(), p.seed.to_string());
+    if let Some(r) = &relay {
+        facts.insert(
+            "relay".into(),
+            if r.started() {
+                "started for the run; its CPU counts as the server's"
+            } else {
+                "already running; its CPU is not counted"
+            }
+            .into(),
+        );
+    }
     let (warmup, duration) = window(ctx.spec);
     Ok(Box::new(ServerRole {
         running,
+        relay,
         addr,
         warmup,
         duration,
@@ -538,9 +549,43 @@ fn open_server(p: &Params, ctx: &RoleContext<'_>) -> Result<Box<dyn OpenRole>, R
     }))
 }
 
+/// Under the preload library (`-t shm` or `-t xdp`): the server's
+/// environment gets the library, and across hosts the host's relay runs
+/// (started for the run, its log in `dir`, when none does).
+fn preload_stack(
+    ctx: &RoleContext<'_>,
+    dir: &mut RunDir,
+) -> Result<Option<crate::preload::RelayGuard>, RoleError> {
+    match ctx.spec.point.transport.as_str() {
+        "shm" => dir.preload().map_err(refused).map(|()| None),
+        "xdp" => {
+            dir.preload().map_err(refused)?;
+            relay_for(dir, ctx.spec.flows).map(Some)
+        }
+        _ => Ok(None),
+    }
+}
+
+/// The host's relay for a run over xdp through the library, its log
+/// (`relay.log`) in `dir`.
+pub(crate) fn relay_for(
+    dir: &RunDir,
+    connections: u32,
+) -> Result<crate::preload::RelayGuard, RoleError> {
+    let log = dir.service_file("relay.log").map_err(refused)?;
+    crate::preload::ensure_relay(
+        log,
+        &dir.path().join("relay.log"),
+        connections.saturating_mul(2),
+    )
+    .map_err(|e| refused(format!("-t xdp: {e}")))
+}
+
 /// A web server running for the point.
 struct ServerRole {
     running: Running,
+    /// The host's relay, for `-t xdp`: its CPU counts as the server's.
+    relay: Option<crate::preload::RelayGuard>,
     addr: SocketAddr,
     warmup: Duration,
     duration: Duration,
@@ -565,6 +610,7 @@ impl ReadyRole for ServerRole {
     fn run(self: Box<Self>) -> Result<RoleResult, RoleError> {
         let ServerRole {
             running,
+            relay,
             addr: _,
             warmup,
             duration,
@@ -572,7 +618,7 @@ impl ReadyRole for ServerRole {
         } = *self;
         let t0 = Instant::now();
         let (cpu, _) = meter_window_counting(t0 + warmup, t0 + warmup + duration, &stop, &|| {
-            running.cpu_ns()
+            running.cpu_ns() + relay.as_ref().map_or(0, |r| r.cpu_ns())
         });
         stop.sleep_until(Instant::now() + SERVER_GRACE);
         let mut running = running;
@@ -585,6 +631,7 @@ impl ReadyRole for ServerRole {
         }
         let record = running.record().clone();
         drop(running);
+        drop(relay);
         Ok(RoleResult {
             flows: Vec::new(),
             buckets: Vec::new(),
@@ -715,9 +762,14 @@ fn open_clients(p: &Params, ctx: &RoleContext<'_>) -> Result<Box<dyn OpenRole>, 
     let (warmup, duration) = window(spec);
     // Under the preload library the clients run in a child process of
     // their own, started with the library, as the user the server runs as.
-    let child = if spec.point.transport == "shm" {
+    let child = if matches!(spec.point.transport.as_str(), "shm" | "xdp") {
         let library = crate::preload::library_path().map_err(refused)?;
         let dir = RunDir::new(ctx.dirs, "web-load").map_err(refused)?;
+        let relay = if spec.point.transport == "xdp" {
+            Some(std::sync::Arc::new(relay_for(&dir, spec.flows)?))
+        } else {
+            None
+        };
         let job = LoadJob {
             params: p.clone(),
             target,
@@ -730,7 +782,12 @@ fn open_clients(p: &Params, ctx: &RoleContext<'_>) -> Result<Box<dyn OpenRole>, 
             warmup_ns: u64::try_from(warmup.as_nanos()).unwrap_or(u64::MAX),
             duration_ns: u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX),
         };
-        Some((library, dir, job))
+        Some(LoadChild {
+            library,
+            dir,
+            job,
+            relay,
+        })
     } else {
         None
     };
@@ -749,9 +806,19 @@ struct ClientRole {
     warmup: Duration,
     duration: Duration,
     stop: Stop,
-    /// Under the preload library: the library, the child's run directory
-    /// and its job.
-    child: Option<(std::path::PathBuf, RunDir, LoadJob)>,
+    /// Under the preload library: the load generator's child.
+    child: Option<LoadChild>,
+}
+
+/// The load generator's child process under the preload library, to
+/// start.
+struct LoadChild {
+    library: std::path::PathBuf,
+    /// The child's run directory.
+    dir: RunDir,
+    job: LoadJob,
+    /// The host's relay, for `-t xdp`: its CPU counts as the clients'.
+    relay: Option<std::sync::Arc<crate::preload::RelayGuard>>,
 }
 
 /// What the agent hands its load generator child (`netgap web-load`) on
@@ -998,8 +1065,14 @@ impl ReadyRole for ClientRole {
                 let reported: Vec<Reported> = outcomes.iter().map(Reported::of).collect();
                 (cpu, reported, hist.buckets(), window_ns)
             }
-            Some((library, dir, job)) => {
+            Some(LoadChild {
+                library,
+                dir,
+                job,
+                relay,
+            }) => {
                 let (pid_tx, pid_rx) = std::sync::mpsc::channel();
+                let relay_cpu = relay.clone();
                 let t0 = Instant::now();
                 // The child's CPU counts as the role's own, from when its
                 // pid is known.
@@ -1012,6 +1085,7 @@ impl ReadyRole for ClientRole {
                         p.1 = p.0.try_recv().ok();
                     }
                     p.1.map_or(0, service::tree_cpu_ns)
+                        + relay_cpu.as_ref().map_or(0, |r| r.cpu_ns())
                 };
                 let meter_stop = stop.clone();
                 let meter = std::thread::Builder::new()
@@ -1039,6 +1113,7 @@ impl ReadyRole for ClientRole {
                     m.insert(k.into(), v);
                 }
                 drop(dir);
+                drop(relay);
                 (cpu, report.clients, report.buckets, report.window_ns)
             }
         };

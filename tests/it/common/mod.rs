@@ -95,6 +95,28 @@ pub fn netgap_path() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_netgap"))
 }
 
+/// The preload library next to the netgap binary, built once per test
+/// process (a `cargo test --test it` builds only the root package).
+pub fn preload_library() -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let netgap = netgap_path();
+            let dir = netgap.parent().expect("the binary's directory");
+            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+            let mut cmd = std::process::Command::new(cargo);
+            cmd.args(["build", "--quiet", "-p", "netgap-preload"]);
+            if dir.ends_with("release") {
+                cmd.arg("--release");
+            }
+            assert!(cmd.status().expect("cargo runs").success());
+            let lib = dir.join("libnetgap_preload.so");
+            assert!(lib.exists(), "{} after the build", lib.display());
+            lib
+        })
+        .clone()
+}
+
 /// A new key file `name` in `dir`, made by `netgap key new`.
 pub fn new_key_file(dir: &Path, name: &str) -> PathBuf {
     let path = dir.join(name);

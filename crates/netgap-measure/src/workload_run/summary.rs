@@ -465,14 +465,25 @@ pub(super) fn measure_point(
 
 /// The warning of a point run under the preload library some of whose
 /// connections stayed on the kernel's TCP (`preload_kernel_connections`
-/// of the repetitions' metrics): such a point is not all shm.
+/// of the repetitions' metrics): such a point is not all the stack it
+/// names (shm on one host, xdp through the relays across hosts).
 fn preload_warning(metrics: &[std::collections::BTreeMap<String, f64>]) -> Option<String> {
     let sum = |key: &str| -> f64 { metrics.iter().filter_map(|m| m.get(key)).sum() };
     let kernel = sum("preload_kernel_connections");
+    let (shm, xdp) = (
+        sum("preload_shm_connections"),
+        sum("preload_xdp_connections"),
+    );
+    let stack = match (shm > 0.0, xdp > 0.0) {
+        (true, true) => "shm or xdp",
+        (true, false) => "shm",
+        (false, true) => "xdp",
+        (false, false) => "the library's stacks",
+    };
     (kernel > 0.0).then(|| {
         format!(
-            "preload: {kernel} of {} connections stayed on the kernel's TCP instead of shm (the library's log says why)",
-            kernel + sum("preload_shm_connections")
+            "preload: {kernel} of {} connections stayed on the kernel's TCP instead of {stack} (the library's log says why)",
+            kernel + shm + xdp
         )
     })
 }
@@ -617,6 +628,14 @@ mod tests {
         assert_eq!(
             preload_warning(&[rep(3.0, 0.0), rep(2.0, 1.0)]).unwrap(),
             "preload: 1 of 6 connections stayed on the kernel's TCP instead of shm (the library's log says why)"
+        );
+        let relayed = std::collections::BTreeMap::from([
+            ("preload_xdp_connections".to_string(), 4.0),
+            ("preload_kernel_connections".to_string(), 2.0),
+        ]);
+        assert_eq!(
+            preload_warning(&[relayed]).unwrap(),
+            "preload: 2 of 6 connections stayed on the kernel's TCP instead of xdp (the library's log says why)"
         );
     }
 
