@@ -21,30 +21,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// The preload library next to the netgap binary, brought up to date once
-/// per test process (a `cargo test --test it` builds only the root
-/// package's targets, not the library's `cdylib`).
-fn library() -> PathBuf {
-    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            let netgap = common::netgap_path();
-            let dir = netgap.parent().expect("the binary's directory");
-            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-            let mut cmd = Command::new(cargo);
-            cmd.args(["build", "--quiet", "-p", "netgap-preload"]);
-            if dir.ends_with("release") {
-                cmd.arg("--release");
-            }
-            let st = cmd.status().expect("cargo runs");
-            assert!(st.success(), "building netgap-preload failed");
-            let lib = dir.join("libnetgap_preload.so");
-            assert!(lib.exists(), "{} after the build", lib.display());
-            lib
-        })
-        .clone()
-}
-
 /// Whether nginx is installed; fails when system tests are required.
 fn nginx_ready(test: &str) -> bool {
     if Path::new("/usr/sbin/nginx").exists() {
@@ -73,7 +49,7 @@ fn free_port() -> u16 {
 fn maybe_wrapped(wrapped: bool, program: &Path, args: &[&str], log: &Path) -> Command {
     let mut cmd = if wrapped {
         let mut c = common::netgap();
-        c.env("NETGAP_PRELOAD", library())
+        c.env("NETGAP_PRELOAD", common::preload_library())
             .args(["wrap", "-t", "shm", "--"]);
         c
     } else {
@@ -666,7 +642,7 @@ fn a_server_that_forks_after_accept_keeps_its_connections_on_shm() {
 #[test]
 fn a_wrap_of_a_missing_program_is_one_line() {
     let out = common::netgap()
-        .env("NETGAP_PRELOAD", library())
+        .env("NETGAP_PRELOAD", common::preload_library())
         .args(["wrap", "-t", "shm", "--", "/nonexistent/program", "x"])
         .output()
         .expect("netgap runs");
@@ -725,7 +701,10 @@ fn an_open_mpi_ping_pong_over_the_tcp_btl_moves_to_shm() {
         ])
         .args(["--mca", "btl_tcp_if_include", "lo"])
         .arg("-x")
-        .arg(format!("LD_PRELOAD={}", library().display()))
+        .arg(format!(
+            "LD_PRELOAD={}",
+            common::preload_library().display()
+        ))
         .arg("-x")
         .arg(format!("NETGAP_PRELOAD_LOG={}", log.display()))
         .arg(&exe)

@@ -11,32 +11,8 @@
 use crate::common;
 use crate::common::{metric, netgap, one_line_error, read_records};
 use serde_json::Value;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
-
-/// The preload library next to the netgap binary, brought up to date once
-/// per test process (a `cargo test --test it` builds only the root
-/// package's targets, not the library's `cdylib`).
-fn library() -> PathBuf {
-    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            let netgap = common::netgap_path();
-            let dir = netgap.parent().expect("the binary's directory");
-            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-            let mut cmd = Command::new(cargo);
-            cmd.args(["build", "--quiet", "-p", "netgap-preload"]);
-            if dir.ends_with("release") {
-                cmd.arg("--release");
-            }
-            let st = cmd.status().expect("cargo runs");
-            assert!(st.success(), "building netgap-preload failed");
-            let lib = dir.join("libnetgap_preload.so");
-            assert!(lib.exists(), "{} after the build", lib.display());
-            lib
-        })
-        .clone()
-}
 
 /// Whether `program` is installed; fails when system tests are required.
 /// Held by each test that ends by checking that no load generator or
@@ -78,7 +54,7 @@ fn web_over_shm(server: &str) {
             "--json",
         ])
         .arg(&json)
-        .env("NETGAP_PRELOAD", library())
+        .env("NETGAP_PRELOAD", common::preload_library())
         .output()
         .expect("netgap run");
     let text = format!(
@@ -176,7 +152,7 @@ fn gather_with_gmond_and_the_gatherer_over_shm_reads_every_answer() {
         .args(["run", "gather", "-t", "shm", "--responder", "gmond"])
         .args(["--reps", "1", "--duration", "1s", "--json"])
         .arg(&json)
-        .env("NETGAP_PRELOAD", library())
+        .env("NETGAP_PRELOAD", common::preload_library())
         .output()
         .expect("netgap run");
     let text = format!(
@@ -235,7 +211,7 @@ fn gather_over_shm_with_the_builtin_responder_is_one_line() {
             "--duration",
             "100ms",
         ])
-        .env("NETGAP_PRELOAD", library())
+        .env("NETGAP_PRELOAD", common::preload_library())
         .output()
         .expect("netgap run");
     one_line_error(&out, "gather -t shm, builtin", "--responder gmond");
@@ -252,7 +228,7 @@ fn a_killed_agent_takes_its_load_generator_with_it() {
         return;
     }
     // Both agents find the library next to their binary.
-    let _ = library();
+    let _ = common::preload_library();
     let server = common::AgentProc::start_with("127.0.0.1", &["--allow-services"]);
     let mut clients = common::AgentProc::start("127.0.0.1");
     let _run = common::procs::Reaped(
