@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# nginx serving 1 KiB and 64 KiB files to netgap's load generator across
+# two testbed hosts, side by side in one run: kernel TCP against xdp
+# through the preload library and the hosts' relays (`netgap run web -t
+# tcp` and `-t xdp`: the same nginx, load generator, files and
+# connections; under xdp both programs run under libnetgap_preload.so and
+# each host's relay carries the connections over an AF_XDP flow on the
+# hosts' second link). Interleaved ROUNDS times (default 3); prints per
+# round, file and stack the transactions per second and the CPU time per
+# transaction of the server host's role (nginx, and under xdp its relay)
+# and of the client host's role (the load generator, and its relay), then
+# the medians and xdp's ratio to tcp.
+#
+# usage: sudo bench/run-preload-xdp.sh [SECONDS] [CONNECTIONS]   (default 3 s, 4)
+#        ROUNDS=3 PROFILE=release bench/run-preload-xdp.sh
+# Needs root, nginx, libxdp-dev and libbpf-dev (the xdp feature).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+secs=${1:-3}
+conns=${2:-4}
+rounds=${ROUNDS:-3}
+profile=${PROFILE:-release}   # PROFILE=debug: a quick check of the script
+if [ "$profile" = release ]; then
+    nice cargo build --release --quiet --features xdp -p netgap-preload -p netgap
+else
+    nice cargo build --quiet --features xdp -p netgap-preload -p netgap
+fi
+export NETGAP_PRELOAD=$PWD/target/$profile/libnetgap_preload.so
+netgap=$PWD/target/$profile/netgap
+tb=pxbench
+dir=$(mktemp -d)
+trap '"$netgap" testbed down --name "$tb" >/dev/null 2>&1 || true; rm -rf "$dir"' EXIT
+"$netgap" testbed down --name "$tb" >/dev/null 2>&1 || true
+"$netgap" testbed up --name "$tb" --hosts 2 --topology mesh --links 2 >/dev/null
+hosts="@/run/netgap/$tb/hosts.json"
+
+# One record: transactions/s, then the server's and the client's CPU
+# microseconds per transaction, then the connections relayed and kept.
+summarize() {
+    python3 - "$1" <<'PY'
+import json, sys
+r = [json.loads(l) for l in open(sys.argv[1])][-1]
+m = r["app"]["metrics"]
+n = m["transactions"]
+cpu = {c["role"]: c["cpu"]["cpu_ns"] for c in r["hosts_cpu"]}
+print(f'{r["value"]:.0f} {cpu.get("server", 0) / n / 1e3:.2f} {cpu.get("client", 0) / n / 1e3:.2f} '
+      f'{m.get("preload_xdp_connections", 0):.0f} {m.get("preload_kernel_connections", 0):.0f} {m["errors"]:.0f}')
+PY
+}
+
+printf '%-6s %-5s %-5s %12s %16s %16s %8s %6s\n' round file stack "trans/s" "server us/trans" "client us/trans" relayed errors
+: >"$dir/all.txt"
+for r in $(seq "$rounds"); do
+    for file in 1K 64K; do
+        for stack in tcp xdp; do
+            json="$dir/$r-$file-$stack.jsonl"
+            "$netgap" run web -t "$stack" --hosts "$hosts" -s "$file" --clients "$conns" \
+                --reps 1 --duration "${secs}s" --json "$json" >/dev/null
+            read -r rate srv cli relayed kept errors < <(summarize "$json")
+            if [ "$stack" = xdp ] && [ "$kept" != 0 ]; then
+                echo "round $r, $file: $kept connections stayed on the kernel's TCP" >&2
+                exit 1
+            fi
+            echo "$file $stack $rate $srv $cli" >>"$dir/all.txt"
+            printf '%-6s %-5s %-5s %12s %16s %16s %8s %6s\n' "$r" "$file" "$stack" "$rate" "$srv" "$cli" "$relayed" "$errors"
+        done
+        sleep 1
+    done
+done
+echo
+printf '%-5s %-5s %12s %16s %16s\n' file stack "median t/s" "server us/trans" "client us/trans"
+for file in 1K 64K; do
+    for stack in tcp xdp; do
+        awk -v f="$file" -v s="$stack" '$1 == f && $2 == s' "$dir/all.txt" >"$dir/sel.txt"
+        med() { sort -n -k"$1,$1" "$dir/sel.txt" | awk -v k="$1" '{ a[NR] = $k } END { print a[int((NR + 1) / 2)] }'; }
+        printf '%-5s %-5s %12s %16s %16s\n' "$file" "$stack" "$(med 3)" "$(med 4)" "$(med 5)"
+        echo "$file $stack $(med 3) $(med 4) $(med 5)" >>"$dir/med.txt"
+    done
+done
+awk '{ t[$1, $2] = $3; s[$1, $2] = $4; c[$1, $2] = $5 }
+     END { split("1K 64K", files, " ")
+           for (i = 1; i <= 2; i++) { f = files[i]
+               printf "%s: xdp / tcp transactions %.2fx, server CPU per transaction %.2fx, client %.2fx\n",
+                   f, t[f, "xdp"] / t[f, "tcp"], s[f, "xdp"] / s[f, "tcp"], c[f, "xdp"] / c[f, "tcp"] } }' "$dir/med.txt"
+echo "load average: $(cut -d' ' -f1-3 /proc/loadavg); machine: $(nproc) CPUs, $(uname -r)"
