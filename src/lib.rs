@@ -36,6 +36,7 @@ pub use netgap_workload as workload;
 pub use netgap_workload::{confined, shard};
 
 pub mod relay;
+pub mod relay_probe;
 pub mod study;
 pub mod testbed;
 pub mod wrap;

@@ -215,6 +215,9 @@ mod imp {
             return Err(RelayError::NotRoot);
         }
         let lfd = listen_socket().map_err(RelayError::Listen)?;
+        if let Err(why) = crate::relay_probe::spawn() {
+            log!("{why}");
+        }
         log!(
             "listening on @{SOCKET_NAME} (at most {} connections per uid, {} in all; timeout {} ms)",
             args.max_per_uid,

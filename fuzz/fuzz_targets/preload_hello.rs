@@ -8,13 +8,16 @@
 //! decode to it again, and a relay's target in it is a valid one. The same
 //! bytes as a library's request to its relay (`RelayRequest::decode`, what
 //! `netgap relay` reads from any local client) and as a relay's reply: a
-//! request that decodes encodes back to the same bytes.
+//! request that decodes encodes back to the same bytes. And as a UDP
+//! probe of another host's connector (`Probe::decode`, what a relay reads
+//! from the network) and its answer: each that decodes encodes back to the
+//! same bytes, a probe names IP version 4 or 6 and a port above 0.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use netgap_proto::preload::{
     answer_bytes, could_be_answer, could_be_hello, hello_bytes, valid_target, Answer, Hello,
-    RelayReply, RelayRequest, MAX_RING_BYTES, MIN_RING_BYTES,
+    Probe, ProbeAnswer, RelayReply, RelayRequest, MAX_RING_BYTES, MIN_RING_BYTES,
 };
 
 fuzz_target!(|data: &[u8]| {
@@ -47,5 +50,13 @@ fuzz_target!(|data: &[u8]| {
     }
     if let Ok(r) = RelayReply::decode(data) {
         assert_eq!(RelayReply::decode(&r.encode()), Ok(r));
+    }
+    if let Ok(p) = Probe::decode(data) {
+        assert!(p.family == 4 || p.family == 6);
+        assert!(p.port > 0);
+        assert_eq!(&p.encode()[..], data);
+    }
+    if let Ok(a) = ProbeAnswer::decode(data) {
+        assert_eq!(&a.encode()[..], data);
     }
 });

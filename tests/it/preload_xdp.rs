@@ -389,7 +389,7 @@ fn nginx_and_curl_across_hosts_through_the_relays_then_without_a_relay_on_kernel
     assert_eq!(sha256(&body), want);
     let client_log = std::fs::read_to_string(&c_log).unwrap_or_default();
     assert!(
-        client_log.contains("stays on the kernel's TCP: the listener refused: no relay"),
+        client_log.contains("stays on the kernel's TCP: no relay runs on the peer's host"),
         "{client_log}"
     );
     drop(server);

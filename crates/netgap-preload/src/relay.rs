@@ -9,7 +9,10 @@
 //! `netgap-relay`, private to the network namespace like the ports.
 //!
 //! - A connector whose destination is not on this host, with a relay
-//!   present, sends a hello saying "xdp via relay" with a random flow key
+//!   present, first asks the other host's relay (a UDP probe to its port
+//!   7472) whether a program under the library listens on the port; only
+//!   then, so a server without the library never reads a byte of it, it
+//!   sends a hello saying "xdp via relay" with a random flow key
 //!   once the TCP connection is up, and reads the answer: a listener whose
 //!   host runs a relay answers the target its relay listens at; the
 //!   connector then hands its region and its TCP socket to its own relay,
@@ -35,7 +38,8 @@ use crate::setup::{make_region, read_answer, ring_bytes, send_all, Offer};
 use crate::table::{self, Entry};
 use libc::c_int;
 use netgap_proto::preload::{
-    Answer, Hello, Refusal, RelayReply, RelayRequest, RELAY_KEY_BYTES, RELAY_REPLY_BYTES,
+    Answer, Hello, Probe, ProbeAnswer, Refusal, RelayReply, RelayRequest, PROBE_BYTES, PROBE_PORT,
+    RELAY_KEY_BYTES, RELAY_REPLY_BYTES,
 };
 use std::sync::Arc;
 
@@ -81,15 +85,140 @@ fn present() -> bool {
     }
 }
 
-/// A connection to `port` on another host: a candidate if a relay runs
-/// here.
-pub(crate) fn candidate(fd: c_int, port: u16) -> Option<u16> {
-    if present() {
-        Some(port)
-    } else {
+/// A connection to `port` of `dest` (the program's destination, another
+/// host): a candidate if a relay runs here and the other host's relay says
+/// a program under the library listens there. Otherwise no byte of the
+/// library goes to the peer: a server without it would read the hello as
+/// its own data.
+pub(crate) fn candidate(fd: c_int, dest: &libc::sockaddr_storage, port: u16) -> Option<u16> {
+    if !present() {
         log_line!("fd {fd}: connection to port {port} stays on the kernel's TCP: the peer is on another host and no relay runs here");
-        None
+        return None;
     }
+    match probe(dest, port) {
+        Ok(true) => Some(port),
+        Ok(false) => {
+            log_line!("fd {fd}: connection to port {port} stays on the kernel's TCP: no listener with the library there");
+            None
+        }
+        Err(why) => {
+            log_line!("fd {fd}: connection to port {port} stays on the kernel's TCP: {why}");
+            None
+        }
+    }
+}
+
+/// How long a connector waits for the other host's relay to answer its
+/// probe. A host without a relay refuses the datagram (ICMP), which ends
+/// the wait at once; this bounds the wait for a host that drops it.
+const PROBE_WAIT_MS: c_int = 250;
+
+/// Asks the relay of `dest`'s host (UDP, [`PROBE_PORT`]) whether a program
+/// under the library listens on `port` there.
+fn probe(dest: &libc::sockaddr_storage, port: u16) -> Result<bool, String> {
+    let mut to = *dest;
+    let (family, len) = match c_int::from(to.ss_family) {
+        libc::AF_INET => {
+            // SAFETY: the family says the storage holds a sockaddr_in.
+            let a = unsafe { &mut *std::ptr::from_mut(&mut to).cast::<libc::sockaddr_in>() };
+            a.sin_port = PROBE_PORT.to_be();
+            (4u8, std::mem::size_of::<libc::sockaddr_in>())
+        }
+        libc::AF_INET6 => {
+            // SAFETY: the family says the storage holds a sockaddr_in6.
+            let a = unsafe { &mut *std::ptr::from_mut(&mut to).cast::<libc::sockaddr_in6>() };
+            a.sin6_port = PROBE_PORT.to_be();
+            (6u8, std::mem::size_of::<libc::sockaddr_in6>())
+        }
+        _ => return Err("not an IP destination".into()),
+    };
+    let mut nonce = [0u8; 8];
+    // SAFETY: `nonce` is valid for writes of its length.
+    if unsafe { libc::getrandom(nonce.as_mut_ptr().cast(), nonce.len(), 0) } != nonce.len() as isize
+    {
+        return Err("no random bytes for the probe".into());
+    }
+    let query = Probe {
+        family,
+        port,
+        nonce,
+    }
+    .encode();
+    // SAFETY: plain socket creation; `socket` is not interposed.
+    let s = unsafe {
+        libc::socket(
+            c_int::from(to.ss_family),
+            libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
+            0,
+        )
+    };
+    if s < 0 {
+        return Err(format!(
+            "the probe's socket: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    let result = (|| {
+        // SAFETY: `to` is a valid socket address of `len` bytes; a UDP
+        // connect only fixes the peer, so the host's ICMP refusal comes
+        // back as ECONNREFUSED.
+        if unsafe { real::connect()(s, std::ptr::from_ref(&to).cast(), len as libc::socklen_t) }
+            != 0
+        {
+            return Err(format!("the probe: {}", std::io::Error::last_os_error()));
+        }
+        // SAFETY: `query` is valid for reads of its length.
+        let sent = unsafe { real::send()(s, query.as_ptr().cast(), query.len(), 0) };
+        if sent != query.len() as isize {
+            return Err(format!("the probe: {}", std::io::Error::last_os_error()));
+        }
+        let deadline =
+            std::time::Instant::now() + std::time::Duration::from_millis(PROBE_WAIT_MS as u64);
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let mut p = libc::pollfd {
+                fd: s,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd.
+            let n = unsafe { real::poll()(&mut p, 1, left.as_millis() as c_int) };
+            if n == 0 {
+                return Err(format!(
+                    "no relay answered on the peer's host within {PROBE_WAIT_MS} ms"
+                ));
+            }
+            if n < 0 && errno() != libc::EINTR {
+                return Err(format!("the probe: {}", std::io::Error::last_os_error()));
+            }
+            let mut buf = [0u8; PROBE_BYTES + 1];
+            // SAFETY: `buf` is valid for writes of its length.
+            let got =
+                unsafe { real::recv()(s, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+            if got < 0 {
+                let e = errno();
+                if e == libc::ECONNREFUSED {
+                    return Err("no relay runs on the peer's host".into());
+                }
+                if e != libc::EAGAIN && e != libc::EINTR {
+                    return Err(format!(
+                        "the probe: {}",
+                        std::io::Error::from_raw_os_error(e)
+                    ));
+                }
+                continue;
+            }
+            // Anything but the answer to this probe is ignored.
+            if let Ok(a) = ProbeAnswer::decode(&buf[..got as usize]) {
+                if a.nonce == nonce && a.port == port {
+                    return Ok(a.listening);
+                }
+            }
+        }
+    })();
+    // SAFETY: the probe's own descriptor.
+    unsafe { real::close()(s) };
+    result
 }
 
 /// Sends `req` (with the region and the TCP socket, if given) to the

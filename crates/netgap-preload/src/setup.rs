@@ -275,7 +275,7 @@ pub(crate) fn candidate(
     let port = port_of(&a)?;
     let ip = ip_of(&a)?;
     if !(ip.is_loopback() || is_local_ip(ip)) {
-        return crate::relay::candidate(fd, port);
+        return crate::relay::candidate(fd, &a, port);
     }
     if !beacon_present(if ip.is_ipv4() { 4 } else { 6 }, port) {
         log_line!("fd {fd}: connection to port {port} stays on the kernel's TCP: no listener with the library there");

@@ -619,10 +619,176 @@ impl RelayReply {
     }
 }
 
+/// The UDP port a relay answers probes on: whether a program under the
+/// library listens on a TCP port of its host.
+pub const PROBE_PORT: u16 = 7472;
+/// Magic of a probe.
+pub const PROBE_MAGIC: [u8; 8] = *b"NGPROBE\0";
+/// Magic of a probe's answer.
+pub const PROBE_ANSWER_MAGIC: [u8; 8] = *b"NGPROBEA";
+/// Bytes of a probe and of its answer (the same: an answer is never
+/// larger than what asked for it).
+pub const PROBE_BYTES: usize = 24;
+
+/// A connector's question to the relay of another host, before it sends a
+/// relay hello on a new connection (which a program without the library
+/// would read as its own data): does a program under the library listen
+/// on TCP port `port` of IP version `family` there?
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Probe {
+    /// 4 or 6.
+    pub family: u8,
+    /// The TCP port.
+    pub port: u16,
+    /// Random bytes the answer repeats (a stray or forged answer to
+    /// another probe is not taken).
+    pub nonce: [u8; 8],
+}
+
+/// The relay's answer to a [`Probe`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProbeAnswer {
+    /// The probe's port.
+    pub port: u16,
+    /// Whether a program under the library listens on it.
+    pub listening: bool,
+    /// The probe's nonce.
+    pub nonce: [u8; 8],
+}
+
+impl Probe {
+    /// The probe's bytes: magic, version (u16), family (u8), zero, port
+    /// (u16), two zero bytes, nonce (8 bytes).
+    pub fn encode(&self) -> [u8; PROBE_BYTES] {
+        let mut b = [0u8; PROBE_BYTES];
+        b[..8].copy_from_slice(&PROBE_MAGIC);
+        b[8..10].copy_from_slice(&PRELOAD_VERSION.to_le_bytes());
+        b[10] = self.family;
+        b[12..14].copy_from_slice(&self.port.to_le_bytes());
+        b[16..24].copy_from_slice(&self.nonce);
+        b
+    }
+
+    /// Decodes a probe of exactly [`PROBE_BYTES`].
+    pub fn decode(bytes: &[u8]) -> Result<Probe, HelloError> {
+        if bytes.len() != PROBE_BYTES {
+            return Err(HelloError::Short {
+                got_bytes: bytes.len(),
+                want_bytes: PROBE_BYTES,
+            });
+        }
+        check_head(bytes, &PROBE_MAGIC)?;
+        let family = bytes[10];
+        if family != 4 && family != 6 {
+            return Err(HelloError::Field {
+                field: "family",
+                value: u64::from(family),
+            });
+        }
+        let port = u16_at(bytes, 12);
+        if port == 0 {
+            return Err(HelloError::Field {
+                field: "port",
+                value: 0,
+            });
+        }
+        if bytes[11] != 0 || bytes[14..16] != [0, 0] {
+            return Err(HelloError::Field {
+                field: "padding",
+                value: 1,
+            });
+        }
+        let mut nonce = [0u8; 8];
+        nonce.copy_from_slice(&bytes[16..24]);
+        Ok(Probe {
+            family,
+            port,
+            nonce,
+        })
+    }
+}
+
+impl ProbeAnswer {
+    /// The answer's bytes: magic, version (u16), listening (u8: 0 or 1),
+    /// zero, port (u16), two zero bytes, nonce (8 bytes).
+    pub fn encode(&self) -> [u8; PROBE_BYTES] {
+        let mut b = [0u8; PROBE_BYTES];
+        b[..8].copy_from_slice(&PROBE_ANSWER_MAGIC);
+        b[8..10].copy_from_slice(&PRELOAD_VERSION.to_le_bytes());
+        b[10] = u8::from(self.listening);
+        b[12..14].copy_from_slice(&self.port.to_le_bytes());
+        b[16..24].copy_from_slice(&self.nonce);
+        b
+    }
+
+    /// Decodes an answer of exactly [`PROBE_BYTES`].
+    pub fn decode(bytes: &[u8]) -> Result<ProbeAnswer, HelloError> {
+        if bytes.len() != PROBE_BYTES {
+            return Err(HelloError::Short {
+                got_bytes: bytes.len(),
+                want_bytes: PROBE_BYTES,
+            });
+        }
+        check_head(bytes, &PROBE_ANSWER_MAGIC)?;
+        let listening = match bytes[10] {
+            0 => false,
+            1 => true,
+            v => {
+                return Err(HelloError::Field {
+                    field: "listening",
+                    value: u64::from(v),
+                })
+            }
+        };
+        if bytes[11] != 0 || bytes[14..16] != [0, 0] {
+            return Err(HelloError::Field {
+                field: "padding",
+                value: 1,
+            });
+        }
+        let mut nonce = [0u8; 8];
+        nonce.copy_from_slice(&bytes[16..24]);
+        Ok(ProbeAnswer {
+            port: u16_at(bytes, 12),
+            listening,
+            nonce,
+        })
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_probe_and_its_answer_round_trip_and_bad_ones_are_refused() {
+        let p = Probe {
+            family: 4,
+            port: 8080,
+            nonce: [9; 8],
+        };
+        assert_eq!(Probe::decode(&p.encode()).unwrap(), p);
+        let a = ProbeAnswer {
+            port: 8080,
+            listening: true,
+            nonce: [9; 8],
+        };
+        assert_eq!(ProbeAnswer::decode(&a.encode()).unwrap(), a);
+        // An answer is not a probe, nor the reverse.
+        assert_eq!(Probe::decode(&a.encode()), Err(HelloError::Magic));
+        assert_eq!(ProbeAnswer::decode(&p.encode()), Err(HelloError::Magic));
+        let mut b = p.encode();
+        b[10] = 5;
+        assert!(Probe::decode(&b).is_err());
+        let mut b = p.encode();
+        b[12..14].copy_from_slice(&0u16.to_le_bytes());
+        assert!(Probe::decode(&b).is_err());
+        assert!(Probe::decode(&p.encode()[..PROBE_BYTES - 1]).is_err());
+        let mut b = a.encode();
+        b[10] = 2;
+        assert!(ProbeAnswer::decode(&b).is_err());
+    }
 
     #[test]
     fn a_hello_and_an_answer_round_trip() {
