@@ -1938,6 +1938,45 @@ mod tests {
         );
     }
 
+    /// A switch with one link is built and described exactly as it was
+    /// before a switch could have more: studies and tests read its names,
+    /// addresses and hosts file.
+    #[test]
+    fn a_one_link_switch_keeps_its_hosts_file_names_and_ends() {
+        let p = params(Topology::Switch, 3, 1);
+        let json = serde_json::to_string(&hosts_file("t1", &p)).expect("serializes");
+        assert_eq!(
+            json,
+            concat!(
+                r#"{"version":1,"topology":"switch","key_file":"/run/netgap/t1/key","hosts":["#,
+                r#"{"name":"h1","control":"unix:/run/netgap/t1/h1.sock","address":"10.77.0.1","netns":"ngtb-t1-h1","links":[]},"#,
+                r#"{"name":"h2","control":"unix:/run/netgap/t1/h2.sock","address":"10.77.0.2","netns":"ngtb-t1-h2","links":[]},"#,
+                r#"{"name":"h3","control":"unix:/run/netgap/t1/h3.sock","address":"10.77.0.3","netns":"ngtb-t1-h3","links":[]}],"#,
+                r#""testbed":"t1","conditions":{"mtu_bytes":9000,"offload":null,"rate_bps":1000000000,"#,
+                r#""delay_us":null,"loss_ppm":null,"bucket_bytes":null,"loss_by":null}}"#
+            )
+        );
+        let shown = |v: Vec<(String, String)>| -> Vec<String> {
+            v.iter().map(|(n, d)| format!("{n}/{d}")).collect()
+        };
+        assert_eq!(
+            shown(link_ends("t1", &p)),
+            [
+                "ngtb-t1-h1/eth0",
+                "ngtb-t1-sw/h1",
+                "ngtb-t1-h2/eth0",
+                "ngtb-t1-sw/h2",
+                "ngtb-t1-h3/eth0",
+                "ngtb-t1-sw/h3"
+            ]
+        );
+        assert_eq!(shown(bridges("t1", &p)), ["ngtb-t1-sw/br0"]);
+        assert_eq!(
+            shown(shaping_points("t1", &p)),
+            ["ngtb-t1-sw/h1", "ngtb-t1-sw/h2", "ngtb-t1-sw/h3"]
+        );
+    }
+
     #[test]
     fn bursts_hold_a_gso_packet_and_netem_queues_hold_the_delay() {
         assert_eq!(shaper_bucket_bytes(1500), 65_664);
