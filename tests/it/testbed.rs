@@ -511,6 +511,79 @@ fn a_switch_with_two_links_reaches_every_host_on_both_and_down_finds_both_switch
     tb.assert_gone();
 }
 
+/// `web -t xdp` on a switch with two links: nginx's connection takes the
+/// first switch and the relays' xdp flow the second, so a study's shared
+/// switch stays while the preload library crosses hosts.
+#[cfg(feature = "xdp")]
+#[test]
+fn web_over_xdp_on_a_two_link_switch_relays_on_the_second_switch() {
+    let name = "web_over_xdp_on_a_two_link_switch_relays_on_the_second_switch";
+    if !system_ready(name) {
+        return;
+    }
+    if !Path::new("/usr/sbin/nginx").exists() {
+        common::skip(name, "/usr/sbin/nginx is missing");
+        return;
+    }
+    let (tb, _) = Testbed::up(
+        "tswx",
+        &["--hosts", "2", "--topology", "switch", "--links", "2"],
+    );
+    let sent = |dev: &str| -> u64 {
+        ["h1", "h2"]
+            .iter()
+            .map(|h| counters(&tb.ns(h), dev).0)
+            .sum()
+    };
+    let before = (sent("eth0"), sent("eth1"));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json = dir.path().join("web.jsonl");
+    let out = netgap()
+        .args([
+            "run",
+            "web",
+            "-t",
+            "xdp",
+            "--reps",
+            "1",
+            "--duration",
+            "1s",
+            "-s",
+            "64k",
+        ])
+        .args(["--hosts", &tb.hosts_arg(), "--json"])
+        .arg(&json)
+        .env("NETGAP_PRELOAD", common::preload_library())
+        .output()
+        .expect("netgap run");
+    ok(out);
+    let (eth0, eth1) = (sent("eth0") - before.0, sent("eth1") - before.1);
+    let recs = records(&json);
+    assert_eq!(recs.len(), 1);
+    let r = &recs[0];
+    let m = |k: &str| {
+        r["app"]["metrics"][k]
+            .as_f64()
+            .unwrap_or_else(|| panic!("{k}: {}", r["app"]))
+    };
+    assert_eq!(r["transport"], "xdp");
+    assert_eq!(m("verified_share"), 1.0, "{}", r["app"]);
+    assert!(m("preload_xdp_connections") >= 1.0, "{}", r["app"]);
+    assert_eq!(m("preload_kernel_connections"), 0.0, "{}", r["app"]);
+    let payload = m("payload_bytes") as u64;
+    assert!(payload > 0, "{}", r["app"]);
+    assert!(
+        eth1 >= payload,
+        "the second switch carried {eth1} bytes of {payload}"
+    );
+    assert!(
+        eth0 < payload / 10,
+        "the first switch carried {eth0} bytes of {payload}"
+    );
+    let _ = tb.down();
+    tb.assert_gone();
+}
+
 #[test]
 fn traffic_between_switch_hosts_runs_through_the_agents_sockets() {
     if !system_ready("traffic_between_switch_hosts_runs_through_the_agents_sockets") {
