@@ -273,9 +273,27 @@ fn wait_for_agents(hosts: &str) {
 
 /// Builds the testbed `study` needs, held until dropped.
 fn build_testbed(study: &Study) -> Result<netgap::testbed::OwnedTestbed> {
+    let t = &study.testbed;
+    let args = testbed_args(study);
+    eprintln!(
+        "netgap: study {}: building its testbed ({} hosts, {:?}{})",
+        study.id,
+        t.hosts,
+        t.topology,
+        t.rate
+            .as_deref()
+            .map(|r| format!(", links at {r}"))
+            .unwrap_or_default()
+    );
+    netgap::testbed::OwnedTestbed::up(&args)
+        .with_context(|| format!("building study {}'s testbed", study.id))
+}
+
+/// The `testbed up` flags of the testbed `study` needs.
+fn testbed_args(study: &Study) -> netgap::testbed::UpArgs {
     use netgap::study::data::Topology;
     let t = &study.testbed;
-    let args = netgap::testbed::UpArgs {
+    netgap::testbed::UpArgs {
         hosts: t.hosts,
         topology: match t.topology {
             Topology::Switch => netgap::testbed::Topology::Switch,
@@ -290,19 +308,7 @@ fn build_testbed(study: &Study) -> Result<netgap::testbed::OwnedTestbed> {
         name: netgap::testbed::NameArgs {
             name: TESTBED_NAME.into(),
         },
-    };
-    eprintln!(
-        "netgap: study {}: building its testbed ({} hosts, {:?}{})",
-        study.id,
-        t.hosts,
-        t.topology,
-        t.rate
-            .as_deref()
-            .map(|r| format!(", links at {r}"))
-            .unwrap_or_default()
-    );
-    netgap::testbed::OwnedTestbed::up(&args)
-        .with_context(|| format!("building study {}'s testbed", study.id))
+    }
 }
 
 /// A figure's command line, parsed with netgap's own flags.
