@@ -363,3 +363,55 @@ fn read_records(path: &Path) -> Result<Vec<serde_json::Value>> {
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A study whose testbed is `topology` with `links` links.
+    fn study_on(topology: &str, links: u32) -> Study {
+        let text = format!(
+            r#"
+id = "009"
+[citation]
+authors = ["A. Author"]
+title = "T"
+venue = "V"
+year = 2000
+[method]
+reps = 3
+drop_each_side = 0
+text = "3 runs"
+[testbed]
+hosts = 4
+topology = "{topology}"
+links = {links}
+text = "four hosts"
+[[figure]]
+id = "1"
+caption = "Latency"
+tests = ["pingpong"]
+x = "size"
+y = "latency_us"
+series = ["transport"]
+hosts = 2
+paper = "p"
+here = "h"
+"#
+        );
+        Study::parse("test", &text).expect("parses")
+    }
+
+    #[test]
+    fn a_study_testbed_on_a_switch_may_have_a_switch_per_link() {
+        let p = testbed_args(&study_on("switch", 2))
+            .params()
+            .expect("a switch with two links");
+        assert_eq!(
+            (p.hosts, p.topology, p.links),
+            (4, netgap::testbed::Topology::Switch, 2)
+        );
+        let p = testbed_args(&study_on("mesh", 3)).params().expect("a mesh");
+        assert_eq!((p.topology, p.links), (netgap::testbed::Topology::Mesh, 3));
+    }
+}
