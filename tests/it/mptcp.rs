@@ -1,6 +1,8 @@
-//! Multipath TCP across a mesh testbed: `netgap testbed up --topology mesh
-//! --links 3` gives every host an MPTCP endpoint per link, so one `mptcp`
-//! connection between two hosts opens a subflow on each link. The test runs
+//! Multipath TCP across a testbed with several links per host pair:
+//! `netgap testbed up --topology mesh --links 3` (or `--topology switch
+//! --links 2`, a switch per link) gives every host an MPTCP endpoint per
+//! link, so one `mptcp` connection between two hosts opens a subflow on
+//! each link. The test runs
 //! a verified stream over it and checks each link's interface counters.
 //!
 //! Without root, `ip` or network namespaces (or without MPTCP in the
@@ -49,6 +51,36 @@ fn one_mptcp_stream_over_a_three_link_mesh_uses_every_link() {
         .find(|w: &Vec<&str>| w.first() == Some(&"mptcp"))
         .expect("mptcp listed");
     assert_eq!(row.get(1), Some(&"yes"), "{list}");
+    let _ = tb.down();
+    tb.assert_gone();
+}
+
+#[test]
+fn one_mptcp_stream_over_a_two_link_switch_uses_both_switches() {
+    let test = "one_mptcp_stream_over_a_two_link_switch_uses_both_switches";
+    if !system_ready(test) {
+        return;
+    }
+    if !std::path::Path::new("/proc/sys/net/mptcp/enabled").exists() {
+        common::skip(test, "this kernel has no multipath TCP");
+        return;
+    }
+    // Three hosts: each host's address on a switch is announced once,
+    // however many hosts share it.
+    let (tb, _) = Testbed::up(
+        "mptcpsw",
+        &[
+            "--hosts",
+            "3",
+            "--topology",
+            "switch",
+            "--links",
+            "2",
+            "--rate",
+            "50M",
+        ],
+    );
+    stream_uses_every_link(&tb, 2);
     let _ = tb.down();
     tb.assert_gone();
 }
