@@ -16,37 +16,37 @@
 //! `params.json`, the shared `key` (mode 0600), and per host the agent's
 //! control socket `hN.sock`, its `hN.pid` and `hN.log`.
 //!
-//! Conditions: every link end (and bridge port) has the same MTU and
-//! offloads (`--offload on|off`: TSO, GSO, GRO, rx and tx checksum, switched
-//! with the `SIOCETHTOOL` ioctl from a thread inside each namespace). Rate
-//! limit, delay and loss are applied in the network, not in a host's stack,
-//! so every stack's frames (AF_XDP's too, which skip the sender's qdiscs)
-//! pass the same shaper: on a switch at the bridge's port toward each host
-//! (of every switch, when there is one per link), on a mesh in the middle of each link, a namespace of the link's own
-//! (`ngtb-lK`) holding a bridge between two veths, one to each host, shaped
-//! on the egress toward each host. A delay or loss is a netem qdisc at the
-//! root of that port, with the TBF of a rate limit as its child, so a
-//! packet is delayed (or dropped) first and then paced at the rate. Where
-//! the kernel has no netem, a loss is a random drop of nftables in the
-//! shaping namespace (table `bridge netgap`) and a delay is refused; what
-//! the kernel can apply is tried first in a scratch namespace
-//! (`ngtb-probe`), so a refusal changes nothing. `netgap testbed set`
-//! changes them on a running testbed without touching its agents, and
+//! Conditions: every link end (and bridge port) has the same MTU and offloads
+//! (`--offload on|off`: TSO, GSO, GRO, rx and tx checksum, switched with the
+//! `SIOCETHTOOL` ioctl from a thread inside each namespace). Rate limit,
+//! delay and loss are applied in the network, not in a host's stack, so every
+//! stack's frames (AF_XDP's too, which skip the sender's qdiscs) pass the
+//! same shaper: on a switch at the bridge's port toward each host (of every
+//! switch, when there is one per link), on a mesh in the middle of each link,
+//! a namespace of the link's own (`ngtb-lK`) holding a bridge between two
+//! veths, one to each host, shaped on the egress toward each host. A delay or
+//! loss is a netem qdisc at the root of that port, with the TBF of a rate
+//! limit as its child, so a packet is delayed (or dropped) first and then
+//! paced at the rate. Where the kernel has no netem, a loss is a random drop
+//! of nftables in the shaping namespace (table `bridge netgap`) and a delay
+//! is refused; what the kernel can apply is tried first in a scratch
+//! namespace (`ngtb-probe`), so a refusal changes nothing. `netgap testbed
+//! set` changes them on a running testbed without touching its agents, and
 //! rewrites the hosts file and `params.json` to match; a run with
 //! `--conditions` switches them through [`TestbedSwitch`]. Every host
-//! namespace has `net.ipv4.tcp_no_metrics_save` set, so a TCP connection
-//! does not start from what an earlier one (under other conditions) learnt.
+//! namespace has `net.ipv4.tcp_no_metrics_save` set, so a TCP connection does
+//! not start from what an earlier one (under other conditions) learnt.
 //!
 //! Addresses: on a switch, host N is 10.77.0.N/24 on `eth0`; with `--links
-//! K`, link k (from 0) is a switch of its own (namespace `swk`, `sw` for
-//! k = 0) and subnet 10.77.k.0/24, host N being 10.77.k.N on `ethk`, so no
-//! switch subnet meets a mesh's 10.80.0.0 and above. A switch with one link has no `links` in
-//! its hosts file (its hosts' `address` is the one path); with several,
-//! each host lists its K links to every other host as a mesh host does,
-//! link k to host M being `ethk` from 10.77.k.N to 10.77.k.M. In a mesh, link
-//! K between hosts I < J is its own subnet 10.(80+K).P.0/24, where P counts
-//! host pairs from 1; host I is .1 on interface `pJlK`, host J is .2 on
-//! `pIlK`. A rate limit is a TBF qdisc whose bucket is
+//! K`, link k (from 0) is a switch of its own (namespace `swk`; the first
+//! keeps `sw`) and subnet 10.77.k.0/24, host N being 10.77.k.N on `ethk`, so no switch
+//! subnet meets a mesh's 10.80.0.0 and above. A switch with one link has no
+//! `links` in its hosts file (its hosts' `address` is the one path); with
+//! several, each host lists its K links to every other host as a mesh host
+//! does, link k to host M being `ethk` from 10.77.k.N to 10.77.k.M. In a
+//! mesh, link K between hosts I < J is its own subnet 10.(80+K).P.0/24, where
+//! P counts host pairs from 1; host I is .1 on interface `pJlK`, host J is .2
+//! on `pIlK`. A rate limit is a TBF qdisc whose bucket is
 //! [`shaper_bucket_bytes`] (two GSO packets and their headers: the smallest
 //! that held the rate here, so little passes at memory speed after an idle
 //! moment) and whose queue is [`TBF_LATENCY_MS`] long.
