@@ -7,7 +7,8 @@
 //! a testbed namespace with its peer moved straight into another one, so no
 //! interface of the machine's own namespace is ever created or touched.
 //!
-//! Names: namespaces are `ngtb-h1`, `ngtb-h2`, ..., `ngtb-sw` (the switch)
+//! Names: namespaces are `ngtb-h1`, `ngtb-h2`, ..., `ngtb-sw` (the switch;
+//! with `--links K` also `ngtb-sw1`, `ngtb-sw2`, ..., a switch per link)
 //! and `ngtb-l0`, `ngtb-l1`, ... (a mesh's links) for the default testbed,
 //! `ngtb-NAME-h1`, ... for one made with `--name NAME`. State lives in
 //! `/run/netgap/NAME/` (`/run/netgap/testbed/` by default): `hosts.json`
@@ -15,39 +16,46 @@
 //! `params.json`, the shared `key` (mode 0600), and per host the agent's
 //! control socket `hN.sock`, its `hN.pid` and `hN.log`.
 //!
-//! Conditions: every link end (and bridge port) has the same MTU and
-//! offloads (`--offload on|off`: TSO, GSO, GRO, rx and tx checksum, switched
-//! with the `SIOCETHTOOL` ioctl from a thread inside each namespace). Rate
-//! limit, delay and loss are applied in the network, not in a host's stack,
-//! so every stack's frames (AF_XDP's too, which skip the sender's qdiscs)
-//! pass the same shaper: on a switch at the bridge's port toward each host,
-//! on a mesh in the middle of each link, a namespace of the link's own
-//! (`ngtb-lK`) holding a bridge between two veths, one to each host, shaped
-//! on the egress toward each host. A delay or loss is a netem qdisc at the
-//! root of that port, with the TBF of a rate limit as its child, so a
-//! packet is delayed (or dropped) first and then paced at the rate. Where
-//! the kernel has no netem, a loss is a random drop of nftables in the
-//! shaping namespace (table `bridge netgap`) and a delay is refused; what
-//! the kernel can apply is tried first in a scratch namespace
-//! (`ngtb-probe`), so a refusal changes nothing. `netgap testbed set`
-//! changes them on a running testbed without touching its agents, and
+//! Conditions: every link end (and bridge port) has the same MTU and offloads
+//! (`--offload on|off`: TSO, GSO, GRO, rx and tx checksum, switched with the
+//! `SIOCETHTOOL` ioctl from a thread inside each namespace). Rate limit,
+//! delay and loss are applied in the network, not in a host's stack, so every
+//! stack's frames (AF_XDP's too, which skip the sender's qdiscs) pass the
+//! same shaper: on a switch at the bridge's port toward each host (of every
+//! switch, when there is one per link), on a mesh in the middle of each link,
+//! a namespace of the link's own (`ngtb-lK`) holding a bridge between two
+//! veths, one to each host, shaped on the egress toward each host. A delay or
+//! loss is a netem qdisc at the root of that port, with the TBF of a rate
+//! limit as its child, so a packet is delayed (or dropped) first and then
+//! paced at the rate. Where the kernel has no netem, a loss is a random drop
+//! of nftables in the shaping namespace (table `bridge netgap`) and a delay
+//! is refused; what the kernel can apply is tried first in a scratch
+//! namespace (`ngtb-probe`), so a refusal changes nothing. `netgap testbed
+//! set` changes them on a running testbed without touching its agents, and
 //! rewrites the hosts file and `params.json` to match; a run with
 //! `--conditions` switches them through [`TestbedSwitch`]. Every host
-//! namespace has `net.ipv4.tcp_no_metrics_save` set, so a TCP connection
-//! does not start from what an earlier one (under other conditions) learnt.
+//! namespace has `net.ipv4.tcp_no_metrics_save` set, so a TCP connection does
+//! not start from what an earlier one (under other conditions) learnt.
 //!
-//! Addresses: on a switch, host N is 10.77.0.N/24 on `eth0`. In a mesh, link
-//! K between hosts I < J is its own subnet 10.(80+K).P.0/24, where P counts
-//! host pairs from 1; host I is .1 on interface `pJlK`, host J is .2 on
-//! `pIlK`. A rate limit is a TBF qdisc whose bucket is
+//! Addresses: on a switch, host N is 10.77.0.N/24 on `eth0`; with `--links
+//! K`, link k (from 0) is a switch of its own (namespace `swk`; the first
+//! keeps `sw`) and subnet 10.77.k.0/24, host N being 10.77.k.N on `ethk`, so no switch
+//! subnet meets a mesh's 10.80.0.0 and above. A switch with one link has no
+//! `links` in its hosts file (its hosts' `address` is the one path); with
+//! several, each host lists its K links to every other host as a mesh host
+//! does, link k to host M being `ethk` from 10.77.k.N to 10.77.k.M. In a
+//! mesh, link K between hosts I < J is its own subnet 10.(80+K).P.0/24, where
+//! P counts host pairs from 1; host I is .1 on interface `pJlK`, host J is .2
+//! on `pIlK`. A rate limit is a TBF qdisc whose bucket is
 //! [`shaper_bucket_bytes`] (two GSO packets and their headers: the smallest
 //! that held the rate here, so little passes at memory speed after an idle
 //! moment) and whose queue is [`TBF_LATENCY_MS`] long.
 //!
-//! Multipath TCP: on a mesh with several links per host pair, every host
-//! has an MPTCP endpoint (`signal`) for each of its link addresses and path
-//! manager limits of one extra subflow per extra link (`testbed/mptcp.rs`),
-//! so one `mptcp` connection between two hosts uses every link.
+//! Multipath TCP: on a mesh or switch with several links per host pair,
+//! every host has an MPTCP endpoint (`signal`) for each of its link
+//! addresses and path manager limits of one extra subflow per extra link
+//! (`testbed/mptcp.rs`), so one `mptcp` connection between two hosts uses
+//! every link.
 //!
 //! `down` finds what to remove from the namespaces' names and the state
 //! directory, not from memory, so it also cleans up after a crash.
@@ -97,8 +105,12 @@ pub const NETNS_PREFIX: &str = "ngtb-";
 pub const MAX_SWITCH_HOSTS: u32 = 250;
 /// Most hosts of a mesh testbed (host pairs must fit in 255 subnets).
 pub const MAX_MESH_HOSTS: u32 = 22;
-/// Most parallel links per host pair in a mesh.
+/// Most parallel links per host pair (a mesh's, or a switch's switches).
 pub const MAX_LINKS: u32 = 8;
+/// Most hosts of a switch testbed with more than one link: each host lists
+/// its links to every other in the hosts file, which at this many hosts
+/// and [`MAX_LINKS`] stays under the 16 MiB a hosts file may be.
+pub const MAX_MULTILINK_SWITCH_HOSTS: u32 = 64;
 /// TBF queue length, as the longest a packet may wait, in milliseconds.
 pub const TBF_LATENCY_MS: u64 = 50;
 /// Smallest netem queue, in packets (netem's own default).
@@ -121,16 +133,17 @@ fn ns_prefix(name: &str) -> String {
 }
 
 /// Whether `ns` is one of testbed `name`'s namespaces: the prefix then
-/// exactly `sw`, `probe`, or `h` (a host) or `l` (a mesh link) and a
-/// number (so the default testbed never claims a named one's namespaces).
+/// exactly `sw`, `probe`, or `h` (a host), `l` (a mesh link) or `sw` (a
+/// switch of a link after the first) and a number (so the default testbed
+/// never claims a named one's namespaces).
 fn is_own_netns(name: &str, ns: &str) -> bool {
-    let numbered = |rest: &str, tag: char| {
+    let numbered = |rest: &str, tag: &str| {
         rest.strip_prefix(tag)
             .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
     };
     match ns.strip_prefix(&ns_prefix(name)) {
         Some("sw" | "probe") => true,
-        Some(rest) => numbered(rest, 'h') || numbered(rest, 'l'),
+        Some(rest) => numbered(rest, "h") || numbered(rest, "l") || numbered(rest, "sw"),
         None => false,
     }
 }
@@ -172,7 +185,9 @@ pub struct UpArgs {
     /// How the hosts are wired.
     #[arg(long, value_enum, default_value = "switch")]
     pub topology: Topology,
-    /// Parallel links per host pair (mesh only), each its own subnet.
+    /// Parallel links per host pair, each its own subnet: on a mesh a link
+    /// per pair each, on a switch a switch each (`eth0`, `eth1`, ... on
+    /// every host).
     #[arg(long, default_value_t = 1)]
     pub links: u32,
     /// MTU of every link, in bytes.
@@ -275,7 +290,7 @@ pub struct Params {
     pub hosts: u32,
     /// Topology.
     pub topology: Topology,
-    /// Links per host pair (1 on a switch).
+    /// Links per host pair (on a switch, its switches).
     pub links: u32,
     /// MTU in bytes.
     pub mtu_bytes: u32,
@@ -462,8 +477,14 @@ impl UpArgs {
         if !(1..=MAX_LINKS).contains(&self.links) {
             return bad(format!("--links {}: want 1 to {MAX_LINKS}", self.links));
         }
-        if self.topology == Topology::Switch && self.links != 1 {
-            return bad("--links applies to --topology mesh only".into());
+        if self.topology == Topology::Switch
+            && self.links > 1
+            && self.hosts > MAX_MULTILINK_SWITCH_HOSTS
+        {
+            return bad(format!(
+                "--hosts {} --links {}: a switch testbed with more than one link has 2 to {MAX_MULTILINK_SWITCH_HOSTS} hosts",
+                self.hosts, self.links
+            ));
         }
         let mtu_bytes = flag("--mtu", parse_mtu(&self.mtu.to_string()))?;
         let rate_bps = self
@@ -599,8 +620,25 @@ fn mesh_links(p: &Params) -> Vec<LinkPlan> {
     out
 }
 
-fn switch_ip(host: u32) -> Ipv4Addr {
-    Ipv4Addr::new(10, 77, 0, host as u8)
+/// The address of host `host` on switch link `link`: 10.77.link.host.
+fn switch_ip(link: u32, host: u32) -> Ipv4Addr {
+    Ipv4Addr::new(10, 77, link as u8, host as u8)
+}
+
+/// The namespace of switch link `link` of a testbed with namespace prefix
+/// `prefix`: `sw` for the first (as before a switch could have more),
+/// `swK` for the others.
+fn switch_netns(prefix: &str, link: u32) -> String {
+    if link == 0 {
+        format!("{prefix}sw")
+    } else {
+        format!("{prefix}sw{link}")
+    }
+}
+
+/// A host's interface on switch link `link`.
+fn switch_if(link: u32) -> String {
+    format!("eth{link}")
 }
 
 /// The hosts file the testbed `name` with `p` is described by.
@@ -611,6 +649,23 @@ fn hosts_file(name: &str, p: &Params) -> HostsFile {
     let hosts = (1..=p.hosts)
         .map(|h| {
             let mut ends: Vec<LinkEntry> = Vec::new();
+            // One switch link: the host's address is the one path, and the
+            // hosts file stays as it always was.
+            if p.topology == Topology::Switch && p.links > 1 {
+                for peer in (1..=p.hosts).filter(|&o| o != h) {
+                    for k in 0..p.links {
+                        ends.push(LinkEntry {
+                            peer: format!("h{peer}"),
+                            index: k,
+                            local: IpAddr::V4(switch_ip(k, h)),
+                            remote: IpAddr::V4(switch_ip(k, peer)),
+                            ifname: switch_if(k),
+                            mtu_bytes: p.mtu_bytes,
+                            rate_bps: p.rate_bps,
+                        });
+                    }
+                }
+            }
             if p.topology == Topology::Mesh {
                 for l in &links {
                     let (peer, ifname, local, remote) = if l.a == h {
@@ -632,7 +687,7 @@ fn hosts_file(name: &str, p: &Params) -> HostsFile {
                 }
             }
             let address = match p.topology {
-                Topology::Switch => IpAddr::V4(switch_ip(h)),
+                Topology::Switch => IpAddr::V4(switch_ip(0, h)),
                 // Every mesh host has at least one link (2 hosts or more).
                 Topology::Mesh => ends
                     .first()
@@ -880,17 +935,20 @@ fn resolve(name: &str, to: &LinkConditions) -> Result<LinkConditions, TestbedErr
 }
 
 /// Every veth end of the testbed, `(namespace, interface)`: each host's
-/// end and the shaping point facing it (on a switch its bridge port, on a
-/// mesh the port of the link's own namespace). MTU and offloads are the
-/// same on all of them.
+/// end and the shaping point facing it (on a switch its bridge port, of
+/// each switch in turn, on a mesh the port of the link's own namespace).
+/// MTU and offloads are the same on all of them.
 fn link_ends(name: &str, p: &Params) -> Vec<(String, String)> {
     let prefix = ns_prefix(name);
     let mut ends = Vec::new();
     match p.topology {
         Topology::Switch => {
-            for h in 1..=p.hosts {
-                ends.push((format!("{prefix}h{h}"), "eth0".to_string()));
-                ends.push((format!("{prefix}sw"), format!("h{h}")));
+            for k in 0..p.links {
+                let sw = switch_netns(&prefix, k);
+                for h in 1..=p.hosts {
+                    ends.push((format!("{prefix}h{h}"), switch_if(k)));
+                    ends.push((sw.clone(), format!("h{h}")));
+                }
             }
         }
         Topology::Mesh => {
@@ -923,12 +981,14 @@ fn is_host_netns(prefix: &str, ns: &str) -> bool {
         .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
 }
 
-/// The bridges of the testbed, `(namespace, interface)`: the switch's, or
-/// on a mesh the one in each link's namespace.
+/// The bridges of the testbed, `(namespace, interface)`: each switch's,
+/// or on a mesh the one in each link's namespace.
 fn bridges(name: &str, p: &Params) -> Vec<(String, String)> {
     let prefix = ns_prefix(name);
     match p.topology {
-        Topology::Switch => vec![(format!("{prefix}sw"), "br0".into())],
+        Topology::Switch => (0..p.links)
+            .map(|k| (switch_netns(&prefix, k), "br0".into()))
+            .collect(),
         Topology::Mesh => mesh_links(p)
             .iter()
             .map(|l| (format!("{prefix}l{}", l.id), "br0".into()))
@@ -977,9 +1037,11 @@ fn condition_links(
             shape(ns, dev, to, from.is_none())?;
         }
         if p.topology == Topology::Switch {
-            let sw = format!("{}sw", ns_prefix(name));
-            for h in 1..=p.hosts {
-                shape_uplink(&sw, &format!("h{h}"), to, from.is_none())?;
+            for k in 0..p.links {
+                let sw = switch_netns(&ns_prefix(name), k);
+                for h in 1..=p.hosts {
+                    shape_uplink(&sw, &format!("h{h}"), to, from.is_none())?;
+                }
             }
         }
     }
@@ -1058,16 +1120,22 @@ fn build_network(
     }
     match p.topology {
         Topology::Switch => {
-            let sw = format!("{prefix}sw");
-            bridge_netns(&sw, &mtu)?;
-            for (i, h) in hosts.hosts.iter().enumerate() {
-                let ns = h.netns.as_deref().unwrap_or_default();
-                let port = h.name.clone();
-                veth(ns, "eth0", &sw, &port, &mtu)?;
-                ip(&["-n", &sw, "link", "set", &port, "master", "br0", "up"])?;
-                let addr = format!("{}/24", switch_ip(i as u32 + 1));
-                ip(&["-n", ns, "addr", "add", &addr, "dev", "eth0"])?;
-                ip(&["-n", ns, "link", "set", "eth0", "up"])?;
+            for k in 0..p.links {
+                let sw = switch_netns(&prefix, k);
+                let dev = switch_if(k);
+                bridge_netns(&sw, &mtu)?;
+                for (i, h) in hosts.hosts.iter().enumerate() {
+                    let ns = h.netns.as_deref().unwrap_or_default();
+                    let port = h.name.clone();
+                    veth(ns, &dev, &sw, &port, &mtu)?;
+                    ip(&["-n", &sw, "link", "set", &port, "master", "br0", "up"])?;
+                    let addr = format!("{}/24", switch_ip(k, i as u32 + 1));
+                    ip(&["-n", ns, "addr", "add", &addr, "dev", &dev])?;
+                    ip(&["-n", ns, "link", "set", &dev, "up"])?;
+                }
+            }
+            for h in &hosts.hosts {
+                mptcp::configure(h, p.links)?;
             }
         }
         Topology::Mesh => {
@@ -1879,6 +1947,12 @@ mod tests {
         assert!(is_own_netns("testbed", "ngtb-h12"));
         assert!(is_own_netns("testbed", "ngtb-l12"));
         assert!(is_own_netns("testbed", "ngtb-probe"));
+        assert!(is_own_netns("testbed", "ngtb-sw1"));
+        assert!(is_own_netns("testbed", "ngtb-sw7"));
+        assert!(is_own_netns("x", "ngtb-x-sw3"));
+        assert!(!is_own_netns("testbed", "ngtb-sw1-h1"));
+        assert!(!is_own_netns("testbed", "ngtb-swx"));
+        assert!(!is_own_netns("testbed", "ngtb-x-sw3"));
         assert!(!is_own_netns("testbed", "ngtb-l3-h1"));
         assert!(!is_own_netns("testbed", "ngtb-x-h1"));
         assert!(!is_own_netns("testbed", "ngtb-h"));
@@ -1935,6 +2009,148 @@ mod tests {
         assert_eq!(
             link_ends("testbed", &params(Topology::Switch, 64, 1)).len(),
             128
+        );
+    }
+
+    /// A switch with one link is built and described exactly as it was
+    /// before a switch could have more: studies and tests read its names,
+    /// addresses and hosts file.
+    #[test]
+    fn a_one_link_switch_keeps_its_hosts_file_names_and_ends() {
+        let p = params(Topology::Switch, 3, 1);
+        let json = serde_json::to_string(&hosts_file("t1", &p)).expect("serializes");
+        assert_eq!(
+            json,
+            concat!(
+                r#"{"version":1,"topology":"switch","key_file":"/run/netgap/t1/key","hosts":["#,
+                r#"{"name":"h1","control":"unix:/run/netgap/t1/h1.sock","address":"10.77.0.1","netns":"ngtb-t1-h1","links":[]},"#,
+                r#"{"name":"h2","control":"unix:/run/netgap/t1/h2.sock","address":"10.77.0.2","netns":"ngtb-t1-h2","links":[]},"#,
+                r#"{"name":"h3","control":"unix:/run/netgap/t1/h3.sock","address":"10.77.0.3","netns":"ngtb-t1-h3","links":[]}],"#,
+                r#""testbed":"t1","conditions":{"mtu_bytes":9000,"offload":null,"rate_bps":1000000000,"#,
+                r#""delay_us":null,"loss_ppm":null,"bucket_bytes":null,"loss_by":null}}"#
+            )
+        );
+        let shown = |v: Vec<(String, String)>| -> Vec<String> {
+            v.iter().map(|(n, d)| format!("{n}/{d}")).collect()
+        };
+        assert_eq!(
+            shown(link_ends("t1", &p)),
+            [
+                "ngtb-t1-h1/eth0",
+                "ngtb-t1-sw/h1",
+                "ngtb-t1-h2/eth0",
+                "ngtb-t1-sw/h2",
+                "ngtb-t1-h3/eth0",
+                "ngtb-t1-sw/h3"
+            ]
+        );
+        assert_eq!(shown(bridges("t1", &p)), ["ngtb-t1-sw/br0"]);
+        assert_eq!(
+            shown(shaping_points("t1", &p)),
+            ["ngtb-t1-sw/h1", "ngtb-t1-sw/h2", "ngtb-t1-sw/h3"]
+        );
+    }
+
+    #[test]
+    fn a_switch_with_two_links_is_two_switches_each_host_on_both() {
+        let p = params(Topology::Switch, 3, 2);
+        let f = hosts_file("t1", &p);
+        assert_eq!(f.check(), Ok(()));
+        let addrs: Vec<String> = f.hosts.iter().map(|h| h.address.to_string()).collect();
+        assert_eq!(addrs, ["10.77.0.1", "10.77.0.2", "10.77.0.3"]);
+        let h2 = &f.hosts[1];
+        let shown: Vec<String> = h2
+            .links
+            .iter()
+            .map(|l| {
+                format!(
+                    "{}#{} {} {}->{}",
+                    l.peer, l.index, l.ifname, l.local, l.remote
+                )
+            })
+            .collect();
+        assert_eq!(
+            shown,
+            [
+                "h1#0 eth0 10.77.0.2->10.77.0.1",
+                "h1#1 eth1 10.77.1.2->10.77.1.1",
+                "h3#0 eth0 10.77.0.2->10.77.0.3",
+                "h3#1 eth1 10.77.1.2->10.77.1.3",
+            ]
+        );
+        for h in &f.hosts {
+            assert_eq!(h.links.len(), 4, "{}: two peers, two links each", h.name);
+            for l in &h.links {
+                let peer = f.host(&l.peer).expect("peer");
+                let back = peer
+                    .links_to(&h.name)
+                    .find(|b| b.index == l.index)
+                    .expect("the other end");
+                assert_eq!((back.local, back.remote), (l.remote, l.local));
+                assert_eq!(back.ifname, l.ifname);
+                assert_eq!((l.mtu_bytes, l.rate_bps), (9000, Some(1_000_000_000)));
+            }
+        }
+        let shown = |v: Vec<(String, String)>| -> Vec<String> {
+            v.iter().map(|(n, d)| format!("{n}/{d}")).collect()
+        };
+        assert_eq!(
+            shown(link_ends("t1", &p)),
+            [
+                "ngtb-t1-h1/eth0",
+                "ngtb-t1-sw/h1",
+                "ngtb-t1-h2/eth0",
+                "ngtb-t1-sw/h2",
+                "ngtb-t1-h3/eth0",
+                "ngtb-t1-sw/h3",
+                "ngtb-t1-h1/eth1",
+                "ngtb-t1-sw1/h1",
+                "ngtb-t1-h2/eth1",
+                "ngtb-t1-sw1/h2",
+                "ngtb-t1-h3/eth1",
+                "ngtb-t1-sw1/h3",
+            ]
+        );
+        assert_eq!(
+            shown(bridges("t1", &p)),
+            ["ngtb-t1-sw/br0", "ngtb-t1-sw1/br0"]
+        );
+        assert_eq!(
+            shown(shaping_points("t1", &p)),
+            [
+                "ngtb-t1-sw/h1",
+                "ngtb-t1-sw/h2",
+                "ngtb-t1-sw/h3",
+                "ngtb-t1-sw1/h1",
+                "ngtb-t1-sw1/h2",
+                "ngtb-t1-sw1/h3",
+            ]
+        );
+        // `down` finds every switch by its name.
+        for (ns, _) in bridges("t1", &params(Topology::Switch, 2, MAX_LINKS)) {
+            assert!(is_own_netns("t1", &ns), "{ns}");
+        }
+        // The last switch's subnet is still 10.77's, below any mesh subnet.
+        let last = hosts_file("t1", &params(Topology::Switch, 2, MAX_LINKS));
+        let l = last.hosts[0].links.last().expect("a link");
+        assert_eq!(
+            (l.ifname.as_str(), l.local.to_string()),
+            ("eth7", "10.77.7.1".to_string())
+        );
+    }
+
+    #[test]
+    fn the_largest_multilink_switch_hosts_file_fits_what_a_hosts_file_may_be() {
+        let f = hosts_file(
+            "testbed",
+            &params(Topology::Switch, MAX_MULTILINK_SWITCH_HOSTS, MAX_LINKS),
+        );
+        assert_eq!(f.check(), Ok(()));
+        let text = serde_json::to_string_pretty(&f).expect("serializes");
+        assert!(
+            (text.len() as u64) < netgap_core::files::Cap::HOSTS.max_bytes,
+            "{} bytes",
+            text.len()
         );
     }
 
@@ -2047,7 +2263,20 @@ mod tests {
         };
         assert!(a.params().is_ok());
         a.links = 2;
-        assert!(a.params().is_err());
+        assert!(a.params().is_ok(), "a switch per link");
+        a.links = MAX_LINKS + 1;
+        assert!(a
+            .params()
+            .is_err_and(|e| e.to_string() == "--links 9: want 1 to 8"));
+        a.links = 2;
+        a.hosts = MAX_MULTILINK_SWITCH_HOSTS + 1;
+        assert!(a.params().is_err_and(|e| e
+            .to_string()
+            .starts_with("--hosts 65 --links 2: a switch testbed")));
+        a.links = 1;
+        assert!(a.params().is_ok(), "one switch takes more hosts");
+        a.hosts = 4;
+        a.links = 2;
         a.topology = Topology::Mesh;
         assert!(a.params().is_ok());
         a.hosts = 1;

@@ -273,9 +273,27 @@ fn wait_for_agents(hosts: &str) {
 
 /// Builds the testbed `study` needs, held until dropped.
 fn build_testbed(study: &Study) -> Result<netgap::testbed::OwnedTestbed> {
+    let t = &study.testbed;
+    let args = testbed_args(study);
+    eprintln!(
+        "netgap: study {}: building its testbed ({} hosts, {:?}{})",
+        study.id,
+        t.hosts,
+        t.topology,
+        t.rate
+            .as_deref()
+            .map(|r| format!(", links at {r}"))
+            .unwrap_or_default()
+    );
+    netgap::testbed::OwnedTestbed::up(&args)
+        .with_context(|| format!("building study {}'s testbed", study.id))
+}
+
+/// The `testbed up` flags of the testbed `study` needs.
+fn testbed_args(study: &Study) -> netgap::testbed::UpArgs {
     use netgap::study::data::Topology;
     let t = &study.testbed;
-    let args = netgap::testbed::UpArgs {
+    netgap::testbed::UpArgs {
         hosts: t.hosts,
         topology: match t.topology {
             Topology::Switch => netgap::testbed::Topology::Switch,
@@ -290,19 +308,7 @@ fn build_testbed(study: &Study) -> Result<netgap::testbed::OwnedTestbed> {
         name: netgap::testbed::NameArgs {
             name: TESTBED_NAME.into(),
         },
-    };
-    eprintln!(
-        "netgap: study {}: building its testbed ({} hosts, {:?}{})",
-        study.id,
-        t.hosts,
-        t.topology,
-        t.rate
-            .as_deref()
-            .map(|r| format!(", links at {r}"))
-            .unwrap_or_default()
-    );
-    netgap::testbed::OwnedTestbed::up(&args)
-        .with_context(|| format!("building study {}'s testbed", study.id))
+    }
 }
 
 /// A figure's command line, parsed with netgap's own flags.
@@ -356,4 +362,56 @@ fn read_records(path: &Path) -> Result<Vec<serde_json::Value>> {
                 .with_context(|| format!("{}:{}: not a record", path.display(), i + 1))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A study whose testbed is `topology` with `links` links.
+    fn study_on(topology: &str, links: u32) -> Study {
+        let text = format!(
+            r#"
+id = "009"
+[citation]
+authors = ["A. Author"]
+title = "T"
+venue = "V"
+year = 2000
+[method]
+reps = 3
+drop_each_side = 0
+text = "3 runs"
+[testbed]
+hosts = 4
+topology = "{topology}"
+links = {links}
+text = "four hosts"
+[[figure]]
+id = "1"
+caption = "Latency"
+tests = ["pingpong"]
+x = "size"
+y = "latency_us"
+series = ["transport"]
+hosts = 2
+paper = "p"
+here = "h"
+"#
+        );
+        Study::parse("test", &text).expect("parses")
+    }
+
+    #[test]
+    fn a_study_testbed_on_a_switch_may_have_a_switch_per_link() {
+        let p = testbed_args(&study_on("switch", 2))
+            .params()
+            .expect("a switch with two links");
+        assert_eq!(
+            (p.hosts, p.topology, p.links),
+            (4, netgap::testbed::Topology::Switch, 2)
+        );
+        let p = testbed_args(&study_on("mesh", 3)).params().expect("a mesh");
+        assert_eq!((p.topology, p.links), (netgap::testbed::Topology::Mesh, 3));
+    }
 }

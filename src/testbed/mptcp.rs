@@ -1,5 +1,6 @@
-//! Multipath TCP on a mesh testbed: every host announces the address of each
-//! of its link ends as an MPTCP endpoint (`ip mptcp endpoint add ADDR dev IF
+//! Multipath TCP on a testbed with several links per host pair (a mesh, or
+//! a switch with a switch per link): every host announces the address of
+//! each of its link ends as an MPTCP endpoint (`ip mptcp endpoint add ADDR dev IF
 //! signal port JOIN_PORT`) and accepts as many announced addresses as a host
 //! pair has extra links (`ip mptcp limits set`). A connection between two
 //! hosts then starts on one link; the server announces its addresses on the
@@ -28,8 +29,8 @@ pub(super) const JOIN_PORT: u16 = 7199;
 /// per connection (`MPTCP_PM_ADDR_MAX`).
 const KERNEL_MAX: u32 = 8;
 
-/// The `ip mptcp limits` values `(subflows, add_addr_accepted)` for a mesh
-/// with `links` links per host pair: one accepted address per link beyond
+/// The `ip mptcp limits` values `(subflows, add_addr_accepted)` for a
+/// testbed with `links` links per host pair: one accepted address per link beyond
 /// the first, and room for two subflows on each of those links (one each
 /// way), within the kernel's limit.
 pub(super) fn limits(links: u32) -> (u32, u32) {
@@ -42,8 +43,10 @@ pub(super) fn kernel_has_mptcp() -> bool {
     Path::new("/proc/sys/net/mptcp/enabled").exists()
 }
 
-/// Configures host `h`'s namespace for a mesh with `links` links per host
-/// pair. Does nothing when the kernel lacks MPTCP: TCP needs none of it.
+/// Configures host `h`'s namespace for a testbed with `links` links per
+/// host pair. Does nothing when the kernel lacks MPTCP: TCP needs none of
+/// it. On a switch a host's end of link k has one address toward every
+/// other host: it is announced once.
 pub(super) fn configure(h: &HostEntry, links: u32) -> Result<(), TestbedError> {
     if !kernel_has_mptcp() || links < 2 {
         return Ok(());
@@ -61,7 +64,12 @@ pub(super) fn configure(h: &HostEntry, links: u32) -> Result<(), TestbedError> {
         "add_addr_accepted",
         &accepted.to_string(),
     ])?;
+    let mut announced = Vec::new();
     for l in &h.links {
+        if announced.contains(&l.local) {
+            continue;
+        }
+        announced.push(l.local);
         let addr = l.local.to_string();
         ip(&[
             "-n",

@@ -1,6 +1,8 @@
-//! Multipath TCP across a mesh testbed: `netgap testbed up --topology mesh
-//! --links 3` gives every host an MPTCP endpoint per link, so one `mptcp`
-//! connection between two hosts opens a subflow on each link. The test runs
+//! Multipath TCP across a testbed with several links per host pair:
+//! `netgap testbed up --topology mesh --links 3` (or `--topology switch
+//! --links 2`, a switch per link) gives every host an MPTCP endpoint per
+//! link, so one `mptcp` connection between two hosts opens a subflow on
+//! each link. The test runs
 //! a verified stream over it and checks each link's interface counters.
 //!
 //! Without root, `ip` or network namespaces (or without MPTCP in the
@@ -14,14 +16,12 @@ use std::process::Command;
 
 #[test]
 fn one_mptcp_stream_over_a_three_link_mesh_uses_every_link() {
-    if !system_ready("one_mptcp_stream_over_a_three_link_mesh_uses_every_link") {
+    let test = "one_mptcp_stream_over_a_three_link_mesh_uses_every_link";
+    if !system_ready(test) {
         return;
     }
     if !std::path::Path::new("/proc/sys/net/mptcp/enabled").exists() {
-        common::skip(
-            "one_mptcp_stream_over_a_three_link_mesh_uses_every_link",
-            "this kernel has no multipath TCP",
-        );
+        common::skip(test, "this kernel has no multipath TCP");
         return;
     }
     let (tb, _) = Testbed::up(
@@ -40,6 +40,54 @@ fn one_mptcp_stream_over_a_three_link_mesh_uses_every_link() {
             "50M",
         ],
     );
+    stream_uses_every_link(&tb, 3);
+
+    // `netgap list` shows the transport as usable here.
+    let list = ok(netgap().arg("list").output().expect("list"));
+    let row: Vec<&str> = list
+        .lines()
+        .map(str::split_whitespace)
+        .map(Iterator::collect)
+        .find(|w: &Vec<&str>| w.first() == Some(&"mptcp"))
+        .expect("mptcp listed");
+    assert_eq!(row.get(1), Some(&"yes"), "{list}");
+    let _ = tb.down();
+    tb.assert_gone();
+}
+
+#[test]
+fn one_mptcp_stream_over_a_two_link_switch_uses_both_switches() {
+    let test = "one_mptcp_stream_over_a_two_link_switch_uses_both_switches";
+    if !system_ready(test) {
+        return;
+    }
+    if !std::path::Path::new("/proc/sys/net/mptcp/enabled").exists() {
+        common::skip(test, "this kernel has no multipath TCP");
+        return;
+    }
+    // Three hosts: each host's address on a switch is announced once,
+    // however many hosts share it.
+    let (tb, _) = Testbed::up(
+        "mptcpsw",
+        &[
+            "--hosts",
+            "3",
+            "--topology",
+            "switch",
+            "--links",
+            "2",
+            "--rate",
+            "50M",
+        ],
+    );
+    stream_uses_every_link(&tb, 2);
+    let _ = tb.down();
+    tb.assert_gone();
+}
+
+/// One verified `mptcp` stream from the second host of `tb` to the first
+/// moves data on each of their `links` links.
+fn stream_uses_every_link(tb: &Testbed, links: usize) {
     let hosts = tb.hosts();
     let client = &hosts.hosts[1];
     let server = &hosts.hosts[0];
@@ -49,7 +97,7 @@ fn one_mptcp_stream_over_a_three_link_mesh_uses_every_link() {
         .output()
         .expect("ip mptcp"));
     let rails: Vec<_> = client.links_to(&server.name).cloned().collect();
-    assert_eq!(rails.len(), 3);
+    assert_eq!(rails.len(), links);
     for l in &rails {
         assert!(
             endpoints.contains(&l.local.to_string()),
@@ -95,16 +143,4 @@ fn one_mptcp_stream_over_a_three_link_mesh_uses_every_link() {
             l.ifname
         );
     }
-
-    // `netgap list` shows the transport as usable here.
-    let list = ok(netgap().arg("list").output().expect("list"));
-    let row: Vec<&str> = list
-        .lines()
-        .map(str::split_whitespace)
-        .map(Iterator::collect)
-        .find(|w: &Vec<&str>| w.first() == Some(&"mptcp"))
-        .expect("mptcp listed");
-    assert_eq!(row.get(1), Some(&"yes"), "{list}");
-    let _ = tb.down();
-    tb.assert_gone();
 }

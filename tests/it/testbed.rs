@@ -10,6 +10,7 @@ use crate::common;
 use crate::common::testbed::Testbed;
 use crate::common::{netgap, netgap_path, ok, read_records as records, system_ready};
 use serde_json::Value;
+use std::net::{IpAddr, UdpSocket};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -312,6 +313,274 @@ fn a_two_host_mesh_with_three_links_uses_each_link_and_down_cleans_a_crash() {
     assert!(status.contains("incomplete"), "{status}");
     let out = tb.down();
     assert!(out.contains("5 namespaces"), "2 hosts and 3 links: {out}");
+    tb.assert_gone();
+}
+
+/// Sends one UDP datagram of `bytes` (never fragmented on the way) from
+/// `local` inside namespace `from_ns` to `remote` inside `to_ns`; the
+/// source address it arrived from, or why it did not arrive within 2 s.
+fn udp_across(
+    from_ns: &str,
+    local: IpAddr,
+    to_ns: &str,
+    remote: IpAddr,
+    bytes: usize,
+) -> Result<IpAddr, String> {
+    let (port_tx, port_rx) = std::sync::mpsc::channel();
+    std::thread::scope(|s| {
+        let receiver = s.spawn(move || -> Result<IpAddr, String> {
+            netgap_transport::netns::enter(to_ns).map_err(|e| e.to_string())?;
+            let sock = UdpSocket::bind((remote, 0)).map_err(|e| format!("bind {remote}: {e}"))?;
+            let port = sock.local_addr().map_err(|e| e.to_string())?.port();
+            let _ = port_tx.send(port);
+            sock.set_read_timeout(Some(Duration::from_secs(2)))
+                .map_err(|e| e.to_string())?;
+            let mut buf = vec![0u8; bytes + 1];
+            let (n, from) = sock
+                .recv_from(&mut buf)
+                .map_err(|e| format!("nothing from {local} at {remote}: {e}"))?;
+            if n != bytes {
+                return Err(format!("{n} bytes arrived of {bytes}"));
+            }
+            Ok(from.ip())
+        });
+        let sent = s
+            .spawn(move || -> Result<(), String> {
+                let port: u16 = port_rx.recv().map_err(|_| "no receiver".to_string())?;
+                netgap_transport::netns::enter(from_ns).map_err(|e| e.to_string())?;
+                let sock = UdpSocket::bind((local, 0)).map_err(|e| format!("bind {local}: {e}"))?;
+                let fd = std::os::fd::AsRawFd::as_raw_fd(&sock);
+                let mode: libc::c_int = libc::IP_PMTUDISC_DO;
+                // SAFETY: `mode` lives for the call and its size is passed.
+                let r = unsafe {
+                    libc::setsockopt(
+                        fd,
+                        libc::IPPROTO_IP,
+                        libc::IP_MTU_DISCOVER,
+                        (&raw const mode).cast(),
+                        std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                    )
+                };
+                assert_eq!(r, 0, "IP_MTU_DISCOVER");
+                sock.send_to(&vec![7u8; bytes], (remote, port))
+                    .map_err(|e| format!("send {local} -> {remote}: {e}"))?;
+                Ok(())
+            })
+            .join()
+            .expect("sender");
+        let got = receiver.join().expect("receiver");
+        sent.and(got)
+    })
+}
+
+/// MTU of `dev` in namespace `ns`.
+fn mtu_of(ns: &str, dev: &str) -> String {
+    let link = sh("ip", &["-n", ns, "-o", "link", "show", "dev", dev]);
+    link.split_whitespace()
+        .skip_while(|w| *w != "mtu")
+        .nth(1)
+        .expect("an MTU")
+        .to_string()
+}
+
+#[test]
+fn a_switch_with_two_links_reaches_every_host_on_both_and_down_finds_both_switches() {
+    let name = "a_switch_with_two_links_reaches_every_host_on_both_and_down_finds_both_switches";
+    if !system_ready(name) {
+        return;
+    }
+    let (tb, out) = Testbed::up(
+        "tswl",
+        &[
+            "--hosts",
+            "3",
+            "--topology",
+            "switch",
+            "--links",
+            "2",
+            "--rate",
+            "1G",
+        ],
+    );
+    assert_eq!(out.matches("agent answers").count(), 3, "{out}");
+    // `status` lists each host's links, as on a mesh.
+    assert!(
+        out.contains("link h2#1 eth1 10.77.1.1 -> 10.77.1.2"),
+        "{out}"
+    );
+    assert!(out.contains("live links: as the hosts file says"), "{out}");
+    let hosts = tb.hosts();
+    assert_eq!(hosts.topology, "switch");
+    for (i, h) in hosts.hosts.iter().enumerate() {
+        let n = i + 1;
+        // The first link is the one switch of a one-link testbed.
+        assert_eq!(h.address.to_string(), format!("10.77.0.{n}"));
+        assert_eq!(h.links.len(), 4, "{}: two peers, two links each", h.name);
+        for peer in hosts.hosts.iter().filter(|p| p.name != h.name) {
+            let rails: Vec<_> = h.links_to(&peer.name).collect();
+            assert_eq!(rails.len(), 2, "{} to {}", h.name, peer.name);
+            for (k, l) in rails.iter().enumerate() {
+                assert_eq!(l.index as usize, k);
+                assert_eq!(l.ifname, format!("eth{k}"));
+                assert_eq!(l.local.to_string(), format!("10.77.{k}.{n}"));
+                // Each host reaches each other on this link, leaving by its
+                // own interface.
+                let remote = l.remote.to_string();
+                let route = sh("ip", &["-n", &tb.ns(&h.name), "route", "get", &remote]);
+                assert!(route.contains(&format!("dev eth{k}")), "{route}");
+                let from = udp_across(&tb.ns(&h.name), l.local, &tb.ns(&peer.name), l.remote, 1400);
+                assert_eq!(from, Ok(l.local), "{} to {} on link {k}", h.name, peer.name);
+            }
+        }
+    }
+    // Each switch shapes its port toward each host; the second is a
+    // namespace of its own.
+    for sw in ["sw", "sw1"] {
+        for toward in ["h1", "h2", "h3"] {
+            let q = sh("tc", &["-n", &tb.ns(sw), "qdisc", "show", "dev", toward]);
+            assert!(
+                q.contains("tbf") && q.contains("rate 1Gbit"),
+                "{sw}/{toward}: {q}"
+            );
+        }
+    }
+    // Multipath TCP announces both of a host's addresses, once each.
+    if Path::new("/proc/sys/net/mptcp/enabled").exists() {
+        let eps = sh("ip", &["-n", &tb.ns("h2"), "mptcp", "endpoint", "show"]);
+        assert_eq!(eps.lines().count(), 2, "{eps}");
+        assert!(
+            eps.contains("10.77.0.2") && eps.contains("10.77.1.2"),
+            "{eps}"
+        );
+    }
+
+    // multirail reads the links of the hosts file: one flow on each switch.
+    let client = &hosts.hosts[1];
+    let rails: Vec<_> = client.links_to(&hosts.hosts[0].name).cloned().collect();
+    let before: Vec<(u64, u64)> = rails
+        .iter()
+        .map(|l| counters(&tb.ns(&client.name), &l.ifname))
+        .collect();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let recs = tb.run(
+        "multirail",
+        &["--reps", "1", "--duration", "300ms"],
+        &dir.path().join("mr.jsonl"),
+    );
+    let links = recs[0]["links"].as_array().expect("links");
+    assert_eq!(links.len(), 2, "{}", recs[0]);
+    for (k, (l, rail)) in links.iter().zip(&rails).enumerate() {
+        assert_eq!(l["local"], rail.local.to_string().as_str(), "{l}");
+        let payload = l["bytes"].as_u64().expect("bytes");
+        assert!(payload > 0, "link {k} carried nothing: {l}");
+        let moved = counters(&tb.ns(&client.name), &rail.ifname).0 - before[k].0;
+        assert!(moved >= payload, "eth{k} moved {moved} < payload {payload}");
+    }
+
+    // `set` changes every link alike: both of each host's interfaces and
+    // both switches' ports.
+    let out = ok(netgap()
+        .args(["testbed", "set", "--name", "tswl", "--mtu", "9000"])
+        .output()
+        .expect("set"));
+    assert!(out.contains("live links: as the hosts file says"), "{out}");
+    for h in ["h1", "h2", "h3"] {
+        for dev in ["eth0", "eth1"] {
+            assert_eq!(mtu_of(&tb.ns(h), dev), "9000", "{h}/{dev}");
+        }
+        for sw in ["sw", "sw1"] {
+            assert_eq!(mtu_of(&tb.ns(sw), h), "9000", "{sw}/{h}");
+        }
+    }
+    assert!(tb.hosts().hosts[0]
+        .links
+        .iter()
+        .all(|l| l.mtu_bytes == 9000));
+    // A jumbo frame crosses each switch unfragmented.
+    for k in 0..2 {
+        let ip = |n: u8| IpAddr::V4(std::net::Ipv4Addr::new(10, 77, k, n));
+        let from = udp_across(&tb.ns("h3"), ip(3), &tb.ns("h1"), ip(1), 8900);
+        assert_eq!(from, Ok(ip(3)), "a jumbo frame on link {k}");
+    }
+
+    // Without its hosts file (a crash halfway), `down` still finds every
+    // namespace by its name: three hosts and two switches.
+    std::fs::remove_file(tb.dir().join("hosts.json")).expect("rm");
+    let out = tb.down();
+    assert!(out.contains("5 namespaces"), "{out}");
+    tb.assert_gone();
+}
+
+/// `web -t xdp` on a switch with two links: nginx's connection takes the
+/// first switch and the relays' xdp flow the second, so a study's shared
+/// switch stays while the preload library crosses hosts.
+#[cfg(feature = "xdp")]
+#[test]
+fn web_over_xdp_on_a_two_link_switch_relays_on_the_second_switch() {
+    let name = "web_over_xdp_on_a_two_link_switch_relays_on_the_second_switch";
+    if !system_ready(name) {
+        return;
+    }
+    if !Path::new("/usr/sbin/nginx").exists() {
+        common::skip(name, "/usr/sbin/nginx is missing");
+        return;
+    }
+    let (tb, _) = Testbed::up(
+        "tswx",
+        &["--hosts", "2", "--topology", "switch", "--links", "2"],
+    );
+    let sent = |dev: &str| -> u64 {
+        ["h1", "h2"]
+            .iter()
+            .map(|h| counters(&tb.ns(h), dev).0)
+            .sum()
+    };
+    let before = (sent("eth0"), sent("eth1"));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json = dir.path().join("web.jsonl");
+    let out = netgap()
+        .args([
+            "run",
+            "web",
+            "-t",
+            "xdp",
+            "--reps",
+            "1",
+            "--duration",
+            "1s",
+            "-s",
+            "64k",
+        ])
+        .args(["--hosts", &tb.hosts_arg(), "--json"])
+        .arg(&json)
+        .env("NETGAP_PRELOAD", common::preload_library())
+        .output()
+        .expect("netgap run");
+    ok(out);
+    let (eth0, eth1) = (sent("eth0") - before.0, sent("eth1") - before.1);
+    let recs = records(&json);
+    assert_eq!(recs.len(), 1);
+    let r = &recs[0];
+    let m = |k: &str| {
+        r["app"]["metrics"][k]
+            .as_f64()
+            .unwrap_or_else(|| panic!("{k}: {}", r["app"]))
+    };
+    assert_eq!(r["transport"], "xdp");
+    assert_eq!(m("verified_share"), 1.0, "{}", r["app"]);
+    assert!(m("preload_xdp_connections") >= 1.0, "{}", r["app"]);
+    assert_eq!(m("preload_kernel_connections"), 0.0, "{}", r["app"]);
+    let payload = m("payload_bytes") as u64;
+    assert!(payload > 0, "{}", r["app"]);
+    assert!(
+        eth1 >= payload,
+        "the second switch carried {eth1} bytes of {payload}"
+    );
+    assert!(
+        eth0 < payload / 10,
+        "the first switch carried {eth0} bytes of {payload}"
+    );
+    let _ = tb.down();
     tb.assert_gone();
 }
 
