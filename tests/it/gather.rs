@@ -166,6 +166,6 @@ fn bad_gather_requests_are_refused_in_one_line() {
             "--reps",
             "1",
         ],
-        "gmond answers over the host's TCP only",
+        "gmond answers over the host's TCP, or through the preload library over shm or xdp",
     );
 }
