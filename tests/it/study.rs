@@ -186,3 +186,67 @@ fn a_study_on_its_own_testbed_reports_every_figure_and_claim() {
         "the study's testbed is down: {list}"
     );
 }
+
+/// Study 000's user-level row (Figure 13u): real gmond gathered over the
+/// kernel's TCP and over xdp through the preload library and the relays,
+/// on the study's own testbed with its second switch; both records are
+/// there, the xdp one with every connection relayed, and the claim is
+/// judged from them.
+#[cfg(feature = "xdp")]
+#[test]
+fn study_000_puts_gmond_over_xdp_beside_tcp_in_figure_13u() {
+    let test = "study_000_puts_gmond_over_xdp_beside_tcp_in_figure_13u";
+    if !system_ready(test) {
+        return;
+    }
+    if !std::path::Path::new("/usr/sbin/gmond").exists() {
+        common::skip(test, "/usr/sbin/gmond is missing");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = ok(netgap()
+        .args([
+            "study",
+            "000",
+            "--figures",
+            "13u",
+            "--quick",
+            "--budget",
+            "20s",
+            "-o",
+        ])
+        .arg(dir.path())
+        .env("NETGAP_PRELOAD", common::preload_library())
+        .output()
+        .expect("netgap study"));
+    let records = read_records(&dir.path().join("netgap-study-000.jsonl"));
+    let by = |t: &str| {
+        records
+            .iter()
+            .find(|r| r["transport"] == t)
+            .unwrap_or_else(|| panic!("no {t} record: {out}"))
+    };
+    let (tcp, xdp) = (by("tcp"), by("xdp"));
+    for r in [tcp, xdp] {
+        assert_eq!(r["test"], "gather");
+        assert!(r["value"].as_f64().is_some_and(|v| v > 0.0), "{r}");
+        assert!(r["app"]["metrics"]["xml_metrics"].as_f64() > Some(0.0));
+    }
+    let m = &xdp["app"]["metrics"];
+    assert!(m["preload_xdp_connections"].as_f64() > Some(0.0), "{m}");
+    assert_eq!(m["preload_kernel_connections"].as_f64(), Some(0.0), "{m}");
+    let html = std::fs::read_to_string(dir.path().join("netgap-study-000.html")).expect("report");
+    let at = html.find("<h3>Figure 13u: ").expect("the figure's section");
+    let section = &html[at..];
+    let section = &section[..section.find("</section>").expect("section ends")];
+    assert!(section.contains("<svg"), "a plot");
+    assert!(section.contains("transport=xdp"), "the claim compares xdp");
+    let list = ok(Command::new("ip")
+        .args(["netns", "list"])
+        .output()
+        .expect("ip netns"));
+    assert!(
+        !list.contains("ngtb-study-"),
+        "the study's testbed is down: {list}"
+    );
+}
