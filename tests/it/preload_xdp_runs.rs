@@ -5,7 +5,10 @@
 //! connection relayed (none left on the kernel's TCP), the payload on the
 //! relays rather than the kernel sockets, the relays the runs started
 //! gone afterwards, and netgap's own responder (aimed at IP:PORT) refused
-//! over xdp in one line.
+//! over xdp in one line. And a wrapped curl, with relays on both hosts,
+//! against a plain HTTP server without the library: the probe of the
+//! server's host keeps the connection on the kernel's TCP before any byte
+//! of the library is sent, and the body arrives intact.
 //!
 //! Built only with the `xdp` feature; without root, namespaces, nginx or
 //! gmond these tests print why and pass (with NETGAP_REQUIRE_SYSTEM_TESTS=1
@@ -172,4 +175,115 @@ fn nginx_and_gmond_serve_across_testbed_hosts_over_xdp_through_the_relays() {
 
     tb.down();
     tb.assert_gone();
+}
+
+/// A child stopped (TERM, then KILL) and reaped on drop.
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        // SAFETY: a signal to our own child.
+        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
+        let t0 = std::time::Instant::now();
+        while t0.elapsed() < std::time::Duration::from_secs(5) {
+            if let Ok(Some(_)) = self.0.try_wait() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `ip netns exec NS ARGS`, started.
+fn in_ns(ns: &str, args: &[&str], stderr: &Path) -> Child {
+    Child(
+        Command::new("ip")
+            .args(["netns", "exec", ns])
+            .args(args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(stderr).expect("a log"))
+            .spawn()
+            .expect("ip netns exec"),
+    )
+}
+
+#[test]
+fn a_wrapped_client_reaches_a_server_without_the_library_on_kernel_tcp_even_with_relays() {
+    let test =
+        "a_wrapped_client_reaches_a_server_without_the_library_on_kernel_tcp_even_with_relays";
+    if !system_ready(test) {
+        return;
+    }
+    for p in ["/usr/bin/python3", "/usr/bin/curl"] {
+        if !Path::new(p).exists() {
+            common::skip(test, &format!("{p} is missing"));
+            return;
+        }
+    }
+    let (tb, _) = Testbed::up(
+        "pxplain",
+        &["--hosts", "2", "--topology", "mesh", "--links", "2"],
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let netgap = common::netgap_path();
+    let netgap = netgap.to_str().expect("a path");
+    let (h1, h2) = (tb.ns("h1"), tb.ns("h2"));
+    let _r1 = in_ns(&h1, &[netgap, "relay"], &dir.path().join("r1.log"));
+    let _r2 = in_ns(&h2, &[netgap, "relay"], &dir.path().join("r2.log"));
+    // A plain HTTP server, not under the library, on the server's host.
+    let root = dir.path().join("root");
+    std::fs::create_dir(&root).expect("docroot");
+    let body: Vec<u8> = (0..200_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    std::fs::write(root.join("f"), &body).expect("a file");
+    let server_ip = tb.hosts().hosts[1].address.to_string();
+    let _server = in_ns(
+        &h2,
+        &[
+            "python3",
+            "-m",
+            "http.server",
+            "18080",
+            "--bind",
+            &server_ip,
+            "--directory",
+            root.to_str().expect("a path"),
+        ],
+        &dir.path().join("server.log"),
+    );
+    let url = format!("http://{server_ip}:18080/f");
+    let log = dir.path().join("client.log");
+    let out = dir.path().join("f.out");
+    let t0 = std::time::Instant::now();
+    let mut fetched = false;
+    while !fetched && t0.elapsed() < std::time::Duration::from_secs(10) {
+        let status = Command::new("ip")
+            .args(["netns", "exec", &h1, netgap, "wrap", "-t", "xdp", "--"])
+            .args(["curl", "-sf", "--max-time", "10", "-o"])
+            .arg(&out)
+            .arg(&url)
+            .env("NETGAP_PRELOAD", common::preload_library())
+            .env("NETGAP_PRELOAD_LOG", &log)
+            .status()
+            .expect("curl");
+        fetched = status.success();
+        if !fetched {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+    }
+    assert!(
+        fetched,
+        "{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    assert_eq!(std::fs::read(&out).expect("the body"), body);
+    let said = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        said.contains("stays on the kernel's TCP: no listener with the library there"),
+        "{said}"
+    );
+    assert!(!said.contains("moved to"), "{said}");
+    assert!(!said.contains("fails"), "{said}");
+    drop(tb);
 }
