@@ -9,11 +9,9 @@
 //! library hands it, per connection, the region it made (the ring pair of
 //! a same-host connection, in a sealed memfd) and a duplicate of the
 //! connection's TCP socket, and asks it either to listen for the
-//! connection's xdp flow (the accepting side: the reply is the target
-//! `IP/MAC/FLOW`) or to open one to a target (the connecting side). Both
-//! relays key the flow with the key the connector drew and sent in its
-//! hello over the TCP connection: whoever can read that connection can
-//! forge the flow's frames, as for xdp's own setup.
+//! connection (the accepting side: the reply is the target `IP/MAC/FLOW`
+//! the other relay reaches it at) or to carry it to a target (the
+//! connecting side).
 //!
 //! One xdp flow, the *link*, joins two hosts' relays and carries every
 //! relayed connection between them, multiplexed: an AF_XDP socket holds
@@ -958,8 +956,12 @@ mod imp {
             });
             hub.set(State::Up(Arc::clone(&link)));
             log!(
-                "link up: {} to {} (this end {})",
-                if my_bit == 0 { "accepted" } else { "connected" },
+                "link up: {} {} (this end {})",
+                if my_bit == 0 {
+                    "accepted from"
+                } else {
+                    "connected to"
+                },
                 link.peer_name,
                 link.local_name
             );
