@@ -90,7 +90,7 @@ pub struct RelayArgs {
     /// Most connections through the relay in all.
     #[arg(long, default_value_t = 64)]
     pub max_total: u32,
-    /// A flow with no frame from the other relay for this long is broken
+    /// A link with no frame from the other relay for this long is broken
     /// (the relays send a keep-alive every third of it), in milliseconds.
     #[arg(long, default_value_t = 5000)]
     pub timeout_ms: u64,
@@ -1083,7 +1083,9 @@ mod imp {
                 Ok(()) => Ok(conn),
                 Err(why) => {
                     self.unregister(conn.id);
-                    conn.reset(false);
+                    // A late OPEN_OK would leave the other relay's side
+                    // waiting for an end that never comes: RESET it.
+                    conn.reset(true);
                     Err(Some(why))
                 }
             }
