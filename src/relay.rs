@@ -2056,4 +2056,253 @@ mod imp {
             }
         }
     }
+
+    #[cfg(test)]
+    #[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
+    mod tests {
+        use super::*;
+        use crate::transport::FlowError;
+
+        /// A receiver that replays `bytes`, then says the flow closed.
+        struct Script(VecDeque<u8>);
+
+        impl Receiver for Script {
+            fn recv_some(&mut self, buf: &mut [u8]) -> Result<usize, FlowError> {
+                if self.0.is_empty() {
+                    return Err(FlowError::Closed);
+                }
+                let n = buf.len().min(self.0.len());
+                for (d, s) in buf.iter_mut().zip(self.0.drain(..n)) {
+                    *d = s;
+                }
+                Ok(n)
+            }
+        }
+
+        const RING_BYTES: usize = 4096;
+
+        /// A region as the library makes it: a sealed memfd with the
+        /// header, mapped as the relay maps it.
+        fn region() -> FarEnd {
+            // SAFETY: a NUL-terminated name and plain flags.
+            let fd = unsafe {
+                libc::memfd_create(c"t".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
+            };
+            assert!(fd >= 0);
+            // SAFETY: our own new descriptor.
+            let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+            let mut header = [0u8; 24];
+            header[..8].copy_from_slice(&REGION_MAGIC.to_le_bytes());
+            header[8..12].copy_from_slice(&u32::from(PRELOAD_VERSION).to_le_bytes());
+            header[16..24].copy_from_slice(&(RING_BYTES as u64).to_le_bytes());
+            // SAFETY: plain calls on our own memfd; `header` is valid for
+            // reads of its length.
+            unsafe {
+                assert_eq!(
+                    libc::ftruncate(
+                        fd.as_raw_fd(),
+                        (3 * PAGE_BYTES + 2 * RING_BYTES) as libc::off_t
+                    ),
+                    0
+                );
+                assert_eq!(
+                    libc::pwrite(fd.as_raw_fd(), header.as_ptr().cast(), header.len(), 0),
+                    24
+                );
+                assert_eq!(
+                    libc::fcntl(
+                        fd.as_raw_fd(),
+                        libc::F_ADD_SEALS,
+                        libc::F_SEAL_SHRINK | libc::F_SEAL_GROW
+                    ),
+                    0
+                );
+            }
+            FarEnd::map(fd.as_raw_fd(), RING_BYTES).unwrap()
+        }
+
+        /// Some descriptor standing for the TCP socket (a reset or a bell
+        /// on it fails harmlessly).
+        fn not_a_socket() -> OwnedFd {
+            std::fs::File::open("/dev/null").unwrap().into()
+        }
+
+        fn hub() -> Arc<Hub> {
+            Arc::new(Hub {
+                state: Mutex::new(State::Down),
+                cv: Condvar::new(),
+                pending: Mutex::new(HashMap::new()),
+                timeout: Duration::from_secs(1),
+            })
+        }
+
+        /// A link of the listening end (its ids have the top bit clear)
+        /// and what it sends.
+        fn link() -> (Arc<Link>, mpsc::Receiver<Out>) {
+            let (out, rx) = mpsc::channel();
+            let link = Arc::new(Link {
+                out,
+                local_name: "10.0.0.2/02:00:00:00:00:02/7".into(),
+                peer_name: "10.0.0.1/02:00:00:00:00:01/7".into(),
+                peer_ip: "10.0.0.1".parse().unwrap(),
+                flow_id: 7,
+                my_bit: 0,
+                next_id: AtomicU32::new(1),
+                conns: Mutex::new(Conns {
+                    map: HashMap::new(),
+                    idle_since: Instant::now(),
+                }),
+                closing: AtomicBool::new(false),
+                shut_once: AtomicBool::new(false),
+                why: Mutex::new(None),
+                live_threads: AtomicU32::new(2),
+                t0: Instant::now(),
+                conns_total: AtomicU64::new(0),
+                frames_in: AtomicU64::new(0),
+                frames_out: AtomicU64::new(0),
+                unknown_id_frames: AtomicU64::new(0),
+            });
+            (link, rx)
+        }
+
+        /// An open connection `id` on `link`.
+        fn conn(link: &Link, id: u32) -> Arc<Conn> {
+            let c = Arc::new(Conn::new(
+                id,
+                region(),
+                not_a_socket(),
+                link.out.clone(),
+                true,
+            ));
+            link.lock().map.insert(id, Arc::clone(&c));
+            c
+        }
+
+        fn script(frames: &[Vec<u8>]) -> Script {
+            Script(frames.iter().flatten().copied().collect())
+        }
+
+        /// The frames the link sent: (kind, id).
+        fn sent(rx: &mpsc::Receiver<Out>) -> Vec<(Kind, u32)> {
+            rx.try_iter()
+                .filter_map(|o| match o {
+                    Out::Frame(f) => {
+                        let h =
+                            frame::decode(&f[..frame::HEADER_BYTES].try_into().unwrap()).unwrap();
+                        Some((h.kind, h.id))
+                    }
+                    Out::Close => None,
+                })
+                .collect()
+        }
+
+        fn close() -> Vec<u8> {
+            frame::frame(Kind::LinkClose, 0, &[])
+        }
+
+        #[test]
+        fn frames_for_unknown_connections_are_counted_and_dropped() {
+            let (link, _rx) = link();
+            let c = conn(&link, 0x8000_0001);
+            let mut s = script(&[
+                frame::frame(Kind::Data, 0x8000_0009, b"late"),
+                frame::frame(Kind::Bell, 0x8000_0009, &[]),
+                frame::frame(Kind::End, 0x8000_0009, &[]),
+                frame::frame(Kind::Credit, 0x8000_0009, &100u32.to_le_bytes()),
+                frame::frame(Kind::Data, 0x8000_0001, b"hello"),
+                frame::frame(Kind::Ping, 0, &[]),
+                frame::frame(Kind::End, 0x8000_0001, &[]),
+                close(),
+            ]);
+            reader(&link, &hub(), &mut s).unwrap();
+            assert_eq!(link.unknown_id_frames.load(Ordering::Relaxed), 4);
+            let i = c.inbox();
+            assert_eq!(
+                i.chunks.iter().flatten().copied().collect::<Vec<u8>>(),
+                b"hello"
+            );
+            assert!(i.end);
+        }
+
+        #[test]
+        fn data_past_a_connections_credit_breaks_the_link() {
+            let (link, _rx) = link();
+            let _c = conn(&link, 0x8000_0001);
+            let chunk = vec![7u8; frame::CHUNK_BYTES];
+            let mut frames: Vec<Vec<u8>> = (0..frame::WINDOW_BYTES as usize / frame::CHUNK_BYTES)
+                .map(|_| frame::frame(Kind::Data, 0x8000_0001, &chunk))
+                .collect();
+            frames.push(frame::frame(Kind::Data, 0x8000_0001, b"x"));
+            let e = reader(&link, &hub(), &mut script(&frames)).unwrap_err();
+            assert!(e.contains("past the"), "{e}");
+        }
+
+        #[test]
+        fn credit_past_the_window_and_malformed_frames_break_the_link() {
+            let (link, _rx) = link();
+            let _c = conn(&link, 0x8000_0001);
+            let over = frame::frame(Kind::Credit, 0x8000_0001, &1u32.to_le_bytes());
+            let e = reader(&link, &hub(), &mut script(&[over])).unwrap_err();
+            assert!(e.contains("past the"), "{e}");
+            let mut bad = frame::frame(Kind::Bell, 0x8000_0001, &[]);
+            bad[1] = 9;
+            let e = reader(&link, &hub(), &mut script(&[bad])).unwrap_err();
+            assert!(e.contains("a bad frame"), "{e}");
+            let hello = frame::frame(Kind::LinkHello, 0, b"10.0.0.1/02:00:00:00:00:01/7");
+            let e = reader(&link, &hub(), &mut script(&[hello])).unwrap_err();
+            assert!(e.contains("second hello"), "{e}");
+            // The flow ending without LINK_CLOSE is a broken link.
+            assert!(reader(&link, &hub(), &mut script(&[])).is_err());
+        }
+
+        #[test]
+        fn an_open_takes_only_the_connection_waiting_with_its_key() {
+            let (link, rx) = link();
+            let hub = hub();
+            let (give, take) = mpsc::sync_channel(1);
+            hub.register(
+                [5u8; frame::KEY_BYTES],
+                Pending {
+                    ring: region(),
+                    tcp: not_a_socket(),
+                    give,
+                },
+            )
+            .unwrap();
+            let mut s = script(&[
+                frame::frame(Kind::Open, 0x8000_0001, &[6u8; frame::KEY_BYTES]),
+                frame::frame(Kind::Open, 0x8000_0002, &[5u8; frame::KEY_BYTES]),
+                close(),
+            ]);
+            reader(&link, &hub, &mut s).unwrap();
+            assert_eq!(
+                sent(&rx),
+                [
+                    (Kind::OpenRefused, 0x8000_0001),
+                    (Kind::OpenOk, 0x8000_0002)
+                ]
+            );
+            let (c, _) = take.try_recv().unwrap();
+            assert_eq!(c.id, 0x8000_0002);
+            assert!(hub.pending().is_empty());
+            // An OPEN with one of this end's own ids is a fault.
+            let own = frame::frame(Kind::Open, 3, &[5u8; frame::KEY_BYTES]);
+            let e = reader(&link, &hub, &mut script(&[own])).unwrap_err();
+            assert!(e.contains("an id of this end"), "{e}");
+        }
+
+        #[test]
+        fn a_broken_link_resets_every_connection_and_says_close() {
+            let (link, rx) = link();
+            let a = conn(&link, 0x8000_0001);
+            let b = conn(&link, 0x8000_0002);
+            link.shut("test");
+            assert!(a.broken() && b.broken());
+            assert!(link.closing() && link.idle());
+            assert!(matches!(rx.try_iter().last(), Some(Out::Close)));
+            // A second shut is a no-op.
+            link.shut("again");
+            assert_eq!(link.why.lock().unwrap().as_deref(), Some("test"));
+        }
+    }
 }
