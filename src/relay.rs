@@ -19,7 +19,7 @@
 //! to a third host while the link is up is refused; its library then
 //! resets it, the hellos having been exchanged). The link's states:
 //! down; opening (a listen waits for the other relay's flow, or a connect
-//! opens one; further requests wait for it, at most 5 s); up (one thread
+//! opens one; further requests wait for it, at most 4 s); up (one thread
 //! writes every frame, in order, from a queue, with a keep-alive when
 //! idle; one thread reads and dispatches frames by connection id and
 //! never waits on a program). A listen names this relay's end of the link
@@ -74,7 +74,10 @@
 //! queue goes to the relay), so a host needs a second link. Races the
 //! design leaves: a connection opening just as the other relay closes an
 //! idle link, or the first connections both ways at once while neither
-//! host has a link, fail (reset) instead of waiting.
+//! host has a link, fail (reset) instead of waiting; and a relay that
+//! restarts while the other still holds their link has its first
+//! connections to that host reset until the other relay's timeout
+//! breaks the old link.
 
 use thiserror::Error;
 
@@ -161,12 +164,16 @@ mod imp {
     const REQUEST_WAIT: Duration = Duration::from_secs(5);
     /// How long a reservation waits for its connect.
     const CONNECT_WAIT: Duration = Duration::from_secs(15);
-    /// How long a listen waits for the other relay's flow, and a
-    /// connection for the other relay's `OPEN` or its answer.
+    /// How long a listen waits for the other relay's flow, and then for
+    /// the other relay's `OPEN` naming its connection.
     const ACCEPT_WAIT: Duration = Duration::from_secs(10);
+    /// How long a connect waits for the answer to its `OPEN` (the other
+    /// relay answers at once from its receiving thread).
+    const OPEN_WAIT: Duration = Duration::from_secs(3);
     /// How long a request waits for the link while another request opens
-    /// or closes it (the library waits 10 s for its reply).
-    const STATE_WAIT: Duration = Duration::from_secs(5);
+    /// or closes it. A connect's reply comes within this, an xdp connect
+    /// (3 s at most) and `OPEN_WAIT`: the library waits 10 s for it.
+    const STATE_WAIT: Duration = Duration::from_secs(4);
     /// A link with no connection for this long closes, releasing the
     /// interface's queue.
     const LINGER: Duration = Duration::from_secs(2);
@@ -1079,7 +1086,7 @@ mod imp {
                 self.push(Kind::Open, id, &key);
                 conn
             };
-            match conn.wait_open(ACCEPT_WAIT) {
+            match conn.wait_open(OPEN_WAIT) {
                 Ok(()) => Ok(conn),
                 Err(why) => {
                     self.unregister(conn.id);
