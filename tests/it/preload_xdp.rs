@@ -11,8 +11,9 @@
 //! next transfer goes through it (nothing was left holding the queue);
 //! wrk with eight connections and eight curls at once all move to the
 //! relays over one link (no refusal, every body verified, the link's close
-//! line counting every connection), and a curl stopped mid-transfer
-//! stalls only its own connection: a second transfer completes meanwhile.
+//! line counting every connection), a curl stopped mid-transfer stalls
+//! only its own connection (a second transfer completes meanwhile), and
+//! once the idle link closed the next connection opens a new one.
 //!
 //! Built only with the `xdp` feature; without root, namespaces or nginx
 //! and curl these tests print why and pass (with
@@ -688,6 +689,15 @@ fn many_connections_at_once_share_one_link_and_a_stopped_reader_stalls_only_its_
         for l in text.lines().filter(|l| l.contains("link")) {
             eprintln!("{l}");
         }
+    }
+    // The closed link released the queue: the next connection opens a
+    // new one.
+    let (ok, err, _) = curl(&cns, &url, &b_body, &[], &b_log);
+    assert!(ok, "after the link closed: {err}");
+    assert_eq!(sha256(&b_body), want);
+    for log in [&r1_log, &r2_log] {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        assert_eq!(text.matches("link up").count(), 2, "{text}");
     }
     drop(a);
     drop(server);
