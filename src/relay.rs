@@ -9,23 +9,61 @@
 //! library hands it, per connection, the region it made (the ring pair of
 //! a same-host connection, in a sealed memfd) and a duplicate of the
 //! connection's TCP socket, and asks it either to listen for the
-//! connection's xdp flow (the accepting side: the reply is the target
-//! `IP/MAC/FLOW`) or to open one to a target (the connecting side). Both
-//! relays key the flow with the key the connector drew and sent in its
-//! hello over the TCP connection: whoever can read that connection can
-//! forge the flow's frames, as for xdp's own setup.
+//! connection (the accepting side: the reply is the target `IP/MAC/FLOW`
+//! the other relay reaches it at) or to carry it to a target (the
+//! connecting side).
 //!
-//! Then the relay pumps: the program's ring to the flow, the flow to the
-//! program's ring, in frames of its own (data, a wake-up request, the
-//! end, a keep-alive). The program's doorbells arrive on its socket to
+//! One xdp flow, the *link*, joins two hosts' relays and carries every
+//! relayed connection between them, multiplexed: an AF_XDP socket holds
+//! its interface's queue, so a host has one link at a time (a connection
+//! to a third host while the link is up is refused; its library then
+//! resets it, the hellos having been exchanged). The link's states:
+//! down; opening (a listen waits for the other relay's flow, or a connect
+//! opens one; further requests wait for it, at most 4 s); up (one thread
+//! writes every frame, in order, from a queue, with a keep-alive when
+//! idle; one thread reads and dispatches frames by connection id and
+//! never waits on a program). A listen names this relay's end of the link
+//! (`IP/MAC/FLOW`, the flow id being the listening end's, which both ends
+//! name; each end learns the other's from the `LINK_HELLO` that opens the
+//! link) and waits for the other relay's `OPEN` naming the connection's
+//! key; a connect to the link's peer sends `OPEN` {id, key} and waits for
+//! `OPEN_OK` (or `OPEN_REFUSED`: no connection waits with that key). Ids
+//! carry the opening end in their top bit, so they never collide. A
+//! connect to the other host's address with another flow id means the
+//! other relay listens anew (it lost the link): an idle link is then
+//! closed and reopened. A link with no connection for 2 s closes
+//! (`LINK_CLOSE` both ways, the socket released), so another host can
+//! use the queue; the next request opens a new one.
+//!
+//! Trust: the link is keyed (`bind_session`) with the key of the
+//! connection that opened it, drawn by that connector's library and sent
+//! in its hello over the TCP connection: whoever can read that
+//! connection can forge the link's frames, as for xdp's own setup. Every
+//! later connection is matched only by an `OPEN` naming its own key,
+//! which only a holder of the link's key can send and only a library
+//! that saw the connection's hello knows, so a program cannot take
+//! another's connection. The relays trust each other: a relay can open,
+//! feed and reset any connection whose key it was given.
+//!
+//! Per connection, the relay pumps the program's ring to the link and
+//! the link to the program's ring, in frames of 8-byte header (kind,
+//! zero, length, connection id; `frame`): data, a wake-up request, the
+//! end, credit, a reset. Flow control is per connection: each receiving
+//! relay grants 256 KiB at `OPEN`, queues what arrives (a sender past its
+//! credit breaks the link), and returns credit in batches as a thread per
+//! connection moves the queue into the program's ring; so a program that
+//! reads slowly stalls only its own connection, and memory is bounded by
+//! connections × 256 KiB. The program's doorbells arrive on its socket to
 //! the relay; the relay wakes its program by asking the other relay to
 //! send one byte on the TCP connection, the only thing that makes the
 //! program's descriptor readable. The end: the program's last close
 //! closes its relay socket; the relay sends what is left and an end
 //! frame; the other relay delivers everything, then shuts the receiving
 //! side of its TCP socket, which its program reads as the end of the
-//! stream. A broken flow (the other relay gone: no frame, not even a
-//! keep-alive, for the timeout) resets the TCP connection, which both
+//! stream. A connection whose program broke its ring is reset (`RESET`
+//! to the other relay), not the link. A broken link (the other relay
+//! gone: no frame, not even a keep-alive, for the timeout; or a
+//! malformed frame) resets every TCP connection on it, which the
 //! programs see as an error.
 //!
 //! Limits: clients are authenticated with `SO_PEERCRED` (uid recorded),
@@ -33,11 +71,18 @@
 //! fixed-size record, and a client that sends anything else is dropped
 //! with one log line. The xdp flow must not use the interface the TCP
 //! connection uses (while a flow is open, every frame of that interface's
-//! queue goes to the relay), so a host needs a second link; and one xdp
-//! socket per queue means one relayed connection at a time per host (a
-//! second is refused and stays on the kernel's TCP).
+//! queue goes to the relay), so a host needs a second link. Races the
+//! design leaves: a connection opening just as the other relay closes an
+//! idle link, or the first connections both ways at once while neither
+//! host has a link, fail (reset) instead of waiting; and a relay that
+//! restarts while the other still holds their link has its first
+//! connections to that host reset until the other relay's timeout
+//! breaks the old link.
 
 use thiserror::Error;
+
+#[cfg_attr(not(feature = "xdp"), allow(dead_code))]
+mod frame;
 
 /// Flags of `netgap relay`.
 #[derive(Debug, Clone, clap::Args)]
@@ -48,7 +93,7 @@ pub struct RelayArgs {
     /// Most connections through the relay in all.
     #[arg(long, default_value_t = 64)]
     pub max_total: u32,
-    /// A flow with no frame from the other relay for this long is broken
+    /// A link with no frame from the other relay for this long is broken
     /// (the relays send a keep-alive every third of it), in milliseconds.
     #[arg(long, default_value_t = 5000)]
     pub timeout_ms: u64,
@@ -98,41 +143,43 @@ mod imp {
 
 #[cfg(feature = "xdp")]
 mod imp {
+    use super::frame::{self, Inflow, Kind, Outflow};
     use super::*;
-    use crate::transport::xdp::Xdp;
-    use crate::transport::{Flow, FlowConfig, FlowError, Receiver, Sender, Transport};
+    use crate::transport::xdp::{parse_addr, Xdp, XdpAddr};
+    use crate::transport::{Flow, FlowConfig, Receiver, Sender, Transport};
     use netgap_core::spec::{Mode, TransportOptions};
     use netgap_proto::dataproof::FlowKey;
     use netgap_proto::preload::{RelayReply, RelayRequest, PRELOAD_VERSION, RELAY_REQUEST_BYTES};
-    use std::collections::HashMap;
+    use std::collections::{HashMap, VecDeque};
     use std::io;
     use std::net::IpAddr;
     use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
     use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
-    use std::sync::{Arc, Mutex};
+    use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard};
     use std::time::{Duration, Instant};
 
     /// The abstract socket the libraries reach.
     const SOCKET_NAME: &str = "netgap-relay";
     /// How long a client has to send its request.
     const REQUEST_WAIT: Duration = Duration::from_secs(5);
-    /// How long a reservation waits for the connection before to end.
-    const RESERVE_WAIT: Duration = Duration::from_millis(1000);
-    /// How long a listen waits for the connection before to end (the
-    /// program waits meanwhile).
-    const LISTEN_WAIT: Duration = Duration::from_millis(500);
     /// How long a reservation waits for its connect.
     const CONNECT_WAIT: Duration = Duration::from_secs(15);
-    /// How long a listen waits for the other relay's flow.
+    /// How long a listen waits for the other relay's flow, and then for
+    /// the other relay's `OPEN` naming its connection.
     const ACCEPT_WAIT: Duration = Duration::from_secs(10);
-    /// Largest data frame's payload.
-    const CHUNK_BYTES: usize = 16 * 1024;
-    /// Bytes of a frame header: kind, zero, payload length (u16).
-    const FRAME_HEADER_BYTES: usize = 4;
-    const KIND_DATA: u8 = 1;
-    const KIND_BELL: u8 = 2;
-    const KIND_END: u8 = 3;
-    const KIND_PING: u8 = 4;
+    /// How long a connect waits for the answer to its `OPEN` (the other
+    /// relay answers at once from its receiving thread).
+    const OPEN_WAIT: Duration = Duration::from_secs(3);
+    /// How long a request waits for the link while another request opens
+    /// or closes it. A connect's reply comes within this, an xdp connect
+    /// (3 s at most) and `OPEN_WAIT`: the library waits 10 s for it.
+    const STATE_WAIT: Duration = Duration::from_secs(4);
+    /// A link with no connection for this long closes, releasing the
+    /// interface's queue.
+    const LINGER: Duration = Duration::from_secs(2);
+    /// How often waiting threads look again (a broken connection, the
+    /// linger, the program's doorbells).
+    const TICK: Duration = Duration::from_millis(50);
 
     /// The keep-alive interval for a timeout.
     fn ping_every(timeout: Duration) -> Duration {
@@ -228,7 +275,12 @@ mod imp {
             per_uid: HashMap::new(),
             total: 0,
         }));
-        let timeout = Duration::from_millis(args.timeout_ms);
+        let hub = Arc::new(Hub {
+            state: Mutex::new(State::Down),
+            cv: Condvar::new(),
+            pending: Mutex::new(HashMap::new()),
+            timeout: Duration::from_millis(args.timeout_ms),
+        });
         loop {
             // SAFETY: accept on our listening socket; the result is checked
             // and owned at once.
@@ -279,9 +331,10 @@ mod imp {
                     uid: cred.uid,
                 }
             };
+            let hub = Arc::clone(&hub);
             let spawned = std::thread::Builder::new()
                 .name("relay-conn".into())
-                .spawn(move || serve(client, cred, slot, timeout));
+                .spawn(move || serve(&hub, client, cred, slot));
             if let Err(e) = spawned {
                 log!("no thread for a client: {e}");
             }
@@ -407,58 +460,112 @@ mod imp {
         Ok(Request { req, region, tcp })
     }
 
-    /// One relayed connection at a time: a host's xdp socket holds its
-    /// interface's queue.
-    struct Gate {
-        busy: Mutex<bool>,
-        cv: std::sync::Condvar,
+    /// What this relay's link is doing.
+    enum State {
+        /// No link: the next listen or connect opens one.
+        Down,
+        /// A request is opening the link (listening for the other relay's
+        /// flow, or connecting to it): the others wait for it.
+        Opening,
+        /// The link, until both its threads have ended (also while it
+        /// closes: requests then wait for `Down`).
+        Up(Arc<Link>),
     }
 
-    /// The gate, held until dropped.
-    struct Held<'a>(&'a Gate);
+    /// A listen waiting for the other relay's `OPEN` with its key.
+    struct Pending {
+        ring: FarEnd,
+        tcp: OwnedFd,
+        give: mpsc::SyncSender<(Arc<Conn>, Arc<Link>)>,
+    }
 
-    impl Drop for Held<'_> {
-        fn drop(&mut self) {
-            *self.0.busy.lock().unwrap_or_else(|e| e.into_inner()) = false;
-            self.0.cv.notify_one();
+    /// The relay's link and the listens waiting for their connection.
+    struct Hub {
+        state: Mutex<State>,
+        cv: Condvar,
+        pending: Mutex<HashMap<[u8; frame::KEY_BYTES], Pending>>,
+        timeout: Duration,
+    }
+
+    impl Hub {
+        fn lock(&self) -> MutexGuard<'_, State> {
+            self.state.lock().unwrap_or_else(|e| e.into_inner())
         }
-    }
 
-    static GATE: Gate = Gate {
-        busy: Mutex::new(false),
-        cv: std::sync::Condvar::new(),
-    };
+        fn set(&self, s: State) {
+            *self.lock() = s;
+            self.cv.notify_all();
+        }
 
-    impl Gate {
-        /// Takes the gate, waiting at most `wait` for the connection
-        /// before to end.
-        fn take(&self, wait: Duration) -> Option<Held<'_>> {
-            let deadline = Instant::now() + wait;
-            let mut busy = self.busy.lock().unwrap_or_else(|e| e.into_inner());
-            while *busy {
-                let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    return None;
-                }
-                busy = self
-                    .cv
-                    .wait_timeout(busy, left)
-                    .unwrap_or_else(|e| e.into_inner())
-                    .0;
+        /// Waits for a change of state until `deadline`; None: time is up.
+        fn wait<'a>(
+            &self,
+            g: MutexGuard<'a, State>,
+            deadline: Instant,
+        ) -> Option<MutexGuard<'a, State>> {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return None;
             }
-            *busy = true;
-            Some(Held(self))
+            Some(
+                self.cv
+                    .wait_timeout(g, left)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0,
+            )
+        }
+
+        fn pending(&self) -> MutexGuard<'_, HashMap<[u8; frame::KEY_BYTES], Pending>> {
+            self.pending.lock().unwrap_or_else(|e| e.into_inner())
+        }
+
+        /// Registers a listen's connection until the `OPEN` with its key.
+        fn register(&self, key: [u8; frame::KEY_BYTES], p: Pending) -> Result<(), String> {
+            let mut m = self.pending();
+            if m.contains_key(&key) {
+                return Err("a connection with the same key already waits".into());
+            }
+            m.insert(key, p);
+            Ok(())
+        }
+
+        /// Gives up a listen's connection if no `OPEN` took it: its TCP
+        /// connection is reset (the program waits on its ring otherwise).
+        /// False: an `OPEN` took it first.
+        fn abandon(&self, key: &[u8; frame::KEY_BYTES]) -> bool {
+            let Some(p) = self.pending().remove(key) else {
+                return false;
+            };
+            reset_tcp(p.tcp.as_raw_fd());
+            p.ring.closing();
+            true
         }
     }
 
-    fn serve(client: OwnedFd, cred: Cred, slot: Slot, timeout: Duration) {
+    /// A connection relayed on the link, with the link.
+    type Opened = (Arc<Conn>, Arc<Link>);
+
+    /// Why a request failed, and whether the library already has its
+    /// reply (then a refusal would only be noise on its doorbell socket).
+    struct Failed {
+        why: String,
+        replied: bool,
+    }
+
+    fn before(why: String) -> Failed {
+        Failed {
+            why,
+            replied: false,
+        }
+    }
+
+    fn after(why: String) -> Failed {
+        Failed { why, replied: true }
+    }
+
+    fn serve(hub: &Arc<Hub>, client: OwnedFd, cred: Cred, slot: Slot) {
         let who = format!("uid {} (pid {})", cred.uid, cred.pid);
         let fd = client.as_raw_fd();
-        let busy = |what: &str| {
-            let why = format!("busy: one relayed connection at a time ({what})");
-            log!("{who}: refused: {why}");
-            reply(fd, &RelayReply::Refused(why));
-        };
         let first = match read_request(fd, REQUEST_WAIT) {
             Ok(Some(r)) => r,
             Ok(None) => return,
@@ -467,71 +574,49 @@ mod imp {
                 return;
             }
         };
-        let (r, _held) = match first {
+        let r = match first {
             (RelayRequest::Reserve { key, .. }, fds) if fds.is_empty() => {
-                let Some(held) = GATE.take(RESERVE_WAIT) else {
-                    return busy("reserve");
-                };
+                // Every connection shares the link: a reservation only
+                // says the relay runs and has room under the limits.
                 reply(fd, &RelayReply::Ok("reserved".into()));
                 // The connect follows once the listener answered the
                 // hello (which it may take a while to read).
-                let next = match read_request(fd, CONNECT_WAIT) {
-                    Ok(Some(r)) => r,
-                    Ok(None) => return,
-                    Err(why) => {
-                        log!("{who}: dropped: {why}");
-                        return;
-                    }
-                };
-                let r = match next {
-                    (req @ RelayRequest::Connect { key: k, .. }, fds) if k == key => {
+                match read_request(fd, CONNECT_WAIT) {
+                    Ok(Some((req @ RelayRequest::Connect { key: k, .. }, fds))) if k == key => {
                         with_fds(req, fds)
                     }
-                    _ => Err("after a reservation, anything but its connect".into()),
-                };
-                match r {
-                    Ok(r) => (r, held),
-                    Err(why) => {
-                        log!("{who}: dropped: {why}");
-                        return;
-                    }
+                    Ok(Some(_)) => Err("after a reservation, anything but its connect".into()),
+                    Ok(None) => return,
+                    Err(why) => Err(why),
                 }
             }
             (req @ (RelayRequest::Listen { .. } | RelayRequest::Connect { .. }), fds) => {
-                let r = match with_fds(req, fds) {
-                    Ok(r) => r,
-                    Err(why) => {
-                        log!("{who}: dropped: {why}");
-                        return;
-                    }
-                };
-                let Some(held) = GATE.take(LISTEN_WAIT) else {
-                    return busy("listen or connect");
-                };
-                (r, held)
+                with_fds(req, fds)
             }
-            (RelayRequest::Reserve { .. }, _) => {
-                log!("{who}: dropped: descriptors with a reservation");
-                return;
-            }
+            (RelayRequest::Reserve { .. }, _) => Err("descriptors with a reservation".into()),
         };
-        let conn = match open(&r, timeout, client.as_raw_fd(), &who) {
-            Ok(c) => c,
+        let r = match r {
+            Ok(r) => r,
             Err(why) => {
-                log!("{who}: refused: {why}");
-                reply(client.as_raw_fd(), &RelayReply::Refused(why));
+                log!("{who}: dropped: {why}");
                 return;
             }
         };
-        pump(conn, client, &who, timeout);
+        let opened = match &r.req {
+            RelayRequest::Listen { .. } => listen(hub, r, fd, &who),
+            RelayRequest::Connect { .. } => connect(hub, r, fd, &who),
+            RelayRequest::Reserve { .. } => Err(before("a reservation names no flow".into())),
+        };
+        match opened {
+            Ok((conn, link)) => pump(&conn, &link, &client, &who),
+            Err(f) => {
+                log!("{who}: refused: {}", f.why);
+                if !f.replied {
+                    reply(fd, &RelayReply::Refused(f.why));
+                }
+            }
+        }
         drop(slot);
-    }
-
-    /// A relayed connection once its flow is open.
-    struct Relayed {
-        ring: FarEnd,
-        tcp: OwnedFd,
-        flow: Box<dyn Flow>,
     }
 
     fn ring_of(req: &RelayRequest) -> u32 {
@@ -542,72 +627,896 @@ mod imp {
         }
     }
 
-    fn key_of(req: &RelayRequest) -> FlowKey {
+    fn key_of(req: &RelayRequest) -> [u8; frame::KEY_BYTES] {
         match req {
             RelayRequest::Listen { key, .. }
             | RelayRequest::Reserve { key, .. }
-            | RelayRequest::Connect { key, .. } => FlowKey::from_bytes(*key),
+            | RelayRequest::Connect { key, .. } => *key,
         }
     }
 
-    /// Checks the descriptors, maps the region, opens and keys the flow.
-    fn open(r: &Request, timeout: Duration, client: RawFd, who: &str) -> Result<Relayed, String> {
-        let ring_bytes = ring_of(&r.req) as usize;
-        check_tcp(r.tcp.as_raw_fd())?;
-        let ring = FarEnd::map(r.region.as_raw_fd(), ring_bytes)?;
-        let config = FlowConfig {
+    fn flow_config(timeout: Duration) -> FlowConfig {
+        FlowConfig {
             mode: Mode::Event,
             options: TransportOptions::default(),
             io_timeout: timeout,
-        };
-        let (tcp_local, tcp_peer) = tcp_addrs(r.tcp.as_raw_fd())?;
-        let mut flow = match &r.req {
-            RelayRequest::Reserve { .. } => {
-                return Err("a reservation names no flow".into());
-            }
-            RelayRequest::Listen { .. } => {
-                let ip = other_interface_ip(tcp_local)?;
-                let mut l = Xdp
-                    .listen(&config, ip)
-                    .map_err(|e| format!("xdp listen: {e}"))?;
-                let target = l.addr();
-                log!("{who}: listening for the flow of a connection from {tcp_peer} at {target}");
-                reply(client, &RelayReply::Ok(target));
-                // The library has moved the connection here: a flow that
-                // never comes resets it, or the program would wait on its
-                // ring for ever.
-                l.accept(ACCEPT_WAIT).map_err(|e| {
-                    reset_tcp(r.tcp.as_raw_fd());
-                    format!("xdp accept: {e}")
-                })?
-            }
-            RelayRequest::Connect { target, .. } => {
-                let t = crate::transport::xdp::parse_addr(target)
-                    .map_err(|e| format!("target {target}: {e}"))?;
-                if t.ip == tcp_peer {
-                    return Err(format!(
-                        "target {target} is the TCP connection's own peer address: the flow would take that interface's frames"
-                    ));
-                }
-                let f = Xdp
-                    .connect(&config, target)
-                    .map_err(|e| format!("xdp connect to {target}: {e}"))?;
-                log!("{who}: flow open to {target} for a connection to {tcp_peer}");
-                f
-            }
-        };
-        flow.bind_session(&key_of(&r.req)).map_err(|e| {
-            reset_tcp(r.tcp.as_raw_fd());
-            format!("keying the flow: {e}")
-        })?;
-        if matches!(r.req, RelayRequest::Connect { .. }) {
-            reply(client, &RelayReply::Ok("-".into()));
         }
+    }
+
+    /// The program's ring and a duplicate of its TCP socket, checked.
+    fn take_parts(r: &Request) -> Result<(FarEnd, OwnedFd, IpAddr, IpAddr), String> {
+        check_tcp(r.tcp.as_raw_fd())?;
+        let ring = FarEnd::map(r.region.as_raw_fd(), ring_of(&r.req) as usize)?;
+        let (tcp_local, tcp_peer) = tcp_addrs(r.tcp.as_raw_fd())?;
         let tcp = r
             .tcp
             .try_clone()
             .map_err(|e| format!("keeping the TCP socket: {e}"))?;
-        Ok(Relayed { ring, tcp, flow })
+        Ok((ring, tcp, tcp_local, tcp_peer))
+    }
+
+    /// The accepting side: names this relay's end of the link (opening it
+    /// if it is down) and waits for the other relay's `OPEN` with the
+    /// connection's key.
+    fn listen(hub: &Arc<Hub>, r: Request, client: RawFd, who: &str) -> Result<Opened, Failed> {
+        let key = key_of(&r.req);
+        let (ring, tcp, tcp_local, tcp_peer) = take_parts(&r).map_err(before)?;
+        let (give, take) = mpsc::sync_channel(1);
+        let pending = Pending { ring, tcp, give };
+        let deadline = Instant::now() + STATE_WAIT;
+        let mut st = hub.lock();
+        loop {
+            match &*st {
+                State::Up(link) if !link.closing() => {
+                    let name = link.local_name.clone();
+                    link.touch();
+                    drop(st);
+                    hub.register(key, pending).map_err(before)?;
+                    reply(client, &RelayReply::Ok(name));
+                    break;
+                }
+                State::Down => {
+                    *st = State::Opening;
+                    drop(st);
+                    if let Err(f) =
+                        open_listening(hub, key, pending, tcp_local, tcp_peer, client, who)
+                    {
+                        hub.set(State::Down);
+                        return Err(f);
+                    }
+                    break;
+                }
+                _ => {
+                    st = hub
+                        .wait(st, deadline)
+                        .ok_or_else(|| before("the link did not come up in time".into()))?;
+                }
+            }
+        }
+        match take.recv_timeout(ACCEPT_WAIT) {
+            Ok(o) => Ok(o),
+            Err(mpsc::RecvTimeoutError::Timeout) if hub.abandon(&key) => Err(after(
+                "no OPEN for the connection from the other relay in time".into(),
+            )),
+            // An OPEN took it meanwhile: its connection is on the way.
+            Err(mpsc::RecvTimeoutError::Timeout) => take
+                .recv_timeout(Duration::from_secs(1))
+                .map_err(|_| after("the link closed as the connection opened".into())),
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                Err(after("the link closed before the connection opened".into()))
+            }
+        }
+    }
+
+    /// Opens the link as its accepting side: an xdp listen on the other
+    /// interface, the reply, the other relay's flow keyed with this
+    /// connection's key.
+    fn open_listening(
+        hub: &Arc<Hub>,
+        key: [u8; frame::KEY_BYTES],
+        pending: Pending,
+        tcp_local: IpAddr,
+        tcp_peer: IpAddr,
+        client: RawFd,
+        who: &str,
+    ) -> Result<(), Failed> {
+        let ip = other_interface_ip(tcp_local).map_err(before)?;
+        let mut l = Xdp
+            .listen(&flow_config(hub.timeout), ip)
+            .map_err(|e| before(format!("xdp listen: {e}")))?;
+        let name = l.addr();
+        let flow_id = parse_addr(&name).map_err(before)?.flow;
+        hub.register(key, pending).map_err(before)?;
+        log!("{who}: no link: listening for the other relay's flow at {name} (a connection from {tcp_peer})");
+        reply(client, &RelayReply::Ok(name.clone()));
+        let fail = |why: String| {
+            hub.abandon(&key);
+            after(why)
+        };
+        let mut flow = l
+            .accept(ACCEPT_WAIT)
+            .map_err(|e| fail(format!("xdp accept: {e}")))?;
+        drop(l);
+        flow.bind_session(&FlowKey::from_bytes(key))
+            .map_err(|e| fail(format!("keying the link: {e}")))?;
+        Link::start(hub, flow, name, 0, flow_id).map_err(fail)?;
+        Ok(())
+    }
+
+    /// The connecting side: opens the connection on the link to the
+    /// target's host (opening the link if it is down).
+    fn connect(hub: &Arc<Hub>, r: Request, client: RawFd, who: &str) -> Result<Opened, Failed> {
+        let RelayRequest::Connect { key, target, .. } = &r.req else {
+            return Err(before("not a connect".into()));
+        };
+        let t = parse_addr(target).map_err(|e| before(format!("target {target}: {e}")))?;
+        let (ring, tcp, _, tcp_peer) = take_parts(&r).map_err(before)?;
+        if t.ip == tcp_peer {
+            return Err(before(format!(
+                "target {target} is the TCP connection's own peer address: the flow would take that interface's frames"
+            )));
+        }
+        let mut parts = Some((ring, tcp));
+        let deadline = Instant::now() + STATE_WAIT;
+        let late = || before("the link did not come up in time".into());
+        loop {
+            let mut st = hub.lock();
+            let up = loop {
+                match &*st {
+                    State::Up(link) if !link.closing() => break Some(Arc::clone(link)),
+                    State::Down => {
+                        *st = State::Opening;
+                        break None;
+                    }
+                    _ => st = hub.wait(st, deadline).ok_or_else(late)?,
+                }
+            };
+            drop(st);
+            let link = match up {
+                Some(l) => l,
+                None => match open_connecting(hub, t, target, key, who) {
+                    Ok(l) => l,
+                    Err(why) => {
+                        hub.set(State::Down);
+                        return Err(before(why));
+                    }
+                },
+            };
+            if link.peer_ip != t.ip {
+                return Err(before(format!(
+                    "this host's link is to {} (one link per host: an xdp socket holds its interface's queue)",
+                    link.peer_name
+                )));
+            }
+            if link.flow_id != t.flow {
+                // The other relay listens on a new flow: it lost this
+                // link (restarted, or timed it out). An idle link is
+                // closed at once; one still carrying connections is
+                // left to its timeout rather than broken on one
+                // request's word.
+                if !link.idle() {
+                    return Err(before(format!(
+                        "the other relay listens at {target}, not on this host's link to it ({}): retry once that link times out",
+                        link.peer_name
+                    )));
+                }
+                link.shut("the other relay listens anew: the link is stale");
+            } else {
+                match link.open_conn(*key, &mut parts) {
+                    Ok(conn) => {
+                        reply(client, &RelayReply::Ok("-".into()));
+                        return Ok((conn, link));
+                    }
+                    Err(None) => {}
+                    Err(Some(why)) => return Err(before(why)),
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(late());
+            }
+        }
+    }
+
+    /// Opens the link as its connecting side, keyed with the connection's
+    /// key.
+    fn open_connecting(
+        hub: &Arc<Hub>,
+        t: XdpAddr,
+        target: &str,
+        key: &[u8; frame::KEY_BYTES],
+        who: &str,
+    ) -> Result<Arc<Link>, String> {
+        let mut flow = Xdp
+            .connect(&flow_config(hub.timeout), target)
+            .map_err(|e| format!("xdp connect to {target}: {e}"))?;
+        flow.bind_session(&FlowKey::from_bytes(*key))
+            .map_err(|e| format!("keying the link: {e}"))?;
+        let name = own_end(t)?;
+        log!("{who}: no link: connected to {target}");
+        Link::start(hub, flow, name, frame::CONNECTOR_BIT, t.flow)
+    }
+
+    /// This host's end of a link to `t`: the address and MAC of the
+    /// interface whose subnet holds `t.ip`, and the link's flow id.
+    fn own_end(t: XdpAddr) -> Result<String, String> {
+        let IpAddr::V4(want) = t.ip else {
+            return Err(format!("{}: xdp links are IPv4", t.ip));
+        };
+        let addrs: Vec<_> = nix::ifaddrs::getifaddrs()
+            .map_err(|e| format!("getifaddrs: {e}"))?
+            .collect();
+        let (name, ip) = addrs
+            .iter()
+            .find_map(|a| {
+                let addr = a.address.as_ref()?.as_sockaddr_in()?.ip();
+                let mask = u32::from(a.netmask.as_ref()?.as_sockaddr_in()?.ip());
+                (u32::from(addr) & mask == u32::from(want) & mask)
+                    .then(|| (a.interface_name.clone(), addr))
+            })
+            .ok_or_else(|| format!("no interface reaches {want}"))?;
+        let mac = addrs
+            .iter()
+            .filter(|a| a.interface_name == name)
+            .find_map(|a| a.address.as_ref()?.as_link_addr()?.addr())
+            .ok_or_else(|| format!("{name} has no MAC address"))?;
+        Ok(XdpAddr {
+            ip: IpAddr::V4(ip),
+            mac,
+            flow: t.flow,
+        }
+        .to_string())
+    }
+
+    /// What a link's writing thread sends.
+    enum Out {
+        /// A whole frame.
+        Frame(Vec<u8>),
+        /// Say `LINK_CLOSE` and stop.
+        Close,
+    }
+
+    /// The link's connections, and since when it has none.
+    struct Conns {
+        map: HashMap<u32, Arc<Conn>>,
+        idle_since: Instant,
+    }
+
+    /// One xdp flow to the other host's relay, carrying every relayed
+    /// connection between the two hosts.
+    struct Link {
+        /// To the writing thread (the only user of the flow's sender).
+        out: mpsc::Sender<Out>,
+        /// This relay's end, `IP/MAC/FLOW`: the target a listen names.
+        local_name: String,
+        /// The other relay's end, from its `LINK_HELLO`.
+        peer_name: String,
+        peer_ip: IpAddr,
+        /// The listening end's flow id: both ends name it.
+        flow_id: u16,
+        /// The id bit of the connections this end opens.
+        my_bit: u32,
+        next_id: AtomicU32,
+        conns: Mutex<Conns>,
+        /// No new connection: the link is closing or broken.
+        closing: AtomicBool,
+        shut_once: AtomicBool,
+        why: Mutex<Option<String>>,
+        live_threads: AtomicU32,
+        t0: Instant,
+        conns_total: AtomicU64,
+        frames_in: AtomicU64,
+        frames_out: AtomicU64,
+        unknown_id_frames: AtomicU64,
+    }
+
+    impl Link {
+        /// Says hello both ways on a keyed flow, then runs the link's
+        /// writing and receiving threads; the hub's state is `Up` with it.
+        fn start(
+            hub: &Arc<Hub>,
+            flow: Box<dyn Flow>,
+            local_name: String,
+            my_bit: u32,
+            flow_id: u16,
+        ) -> Result<Arc<Link>, String> {
+            let (mut tx, mut rx) = flow.into_halves();
+            tx.send_all(&frame::frame(Kind::LinkHello, 0, local_name.as_bytes()))
+                .map_err(|e| format!("the link's hello: {e}"))?;
+            let mut h = [0u8; frame::HEADER_BYTES];
+            rx.recv_exact(&mut h)
+                .map_err(|e| format!("the other relay's hello: {e}"))?;
+            let hd = frame::decode(&h).map_err(|e| format!("the other relay's hello: {e}"))?;
+            if hd.kind != Kind::LinkHello {
+                return Err(format!(
+                    "the other relay began with {:?}, not its hello",
+                    hd.kind
+                ));
+            }
+            let mut name = vec![0u8; hd.len];
+            rx.recv_exact(&mut name)
+                .map_err(|e| format!("the other relay's hello: {e}"))?;
+            let peer_name = String::from_utf8(name)
+                .ok()
+                .filter(|n| netgap_proto::preload::valid_target(n))
+                .ok_or("the other relay's hello names no valid address")?;
+            let peer = parse_addr(&peer_name)
+                .map_err(|e| format!("the other relay's hello: {peer_name}: {e}"))?;
+            let (out, out_rx) = mpsc::channel();
+            let link = Arc::new(Link {
+                out,
+                local_name,
+                peer_name,
+                peer_ip: peer.ip,
+                flow_id,
+                my_bit,
+                next_id: AtomicU32::new(1),
+                conns: Mutex::new(Conns {
+                    map: HashMap::new(),
+                    idle_since: Instant::now(),
+                }),
+                closing: AtomicBool::new(false),
+                shut_once: AtomicBool::new(false),
+                why: Mutex::new(None),
+                live_threads: AtomicU32::new(2),
+                t0: Instant::now(),
+                conns_total: AtomicU64::new(0),
+                frames_in: AtomicU64::new(0),
+                frames_out: AtomicU64::new(0),
+                unknown_id_frames: AtomicU64::new(0),
+            });
+            hub.set(State::Up(Arc::clone(&link)));
+            log!(
+                "link up: {} {} (this end {})",
+                if my_bit == 0 {
+                    "accepted from"
+                } else {
+                    "connected to"
+                },
+                link.peer_name,
+                link.local_name
+            );
+            let ping = ping_every(hub.timeout);
+            let (l, h) = (Arc::clone(&link), Arc::clone(hub));
+            let w = std::thread::Builder::new()
+                .name("relay-link-out".into())
+                .spawn(move || {
+                    if let Err(e) = writer(&l, tx, &out_rx, ping) {
+                        l.shut(&e);
+                    } else {
+                        l.shut("closed");
+                    }
+                    drop(out_rx);
+                    l.thread_done(&h);
+                });
+            if let Err(e) = w {
+                link.shut(&format!("no thread for the link: {e}"));
+                link.thread_done(hub);
+            }
+            let (l, h) = (Arc::clone(&link), Arc::clone(hub));
+            let r = std::thread::Builder::new()
+                .name("relay-link-in".into())
+                .spawn(move || {
+                    let why = match reader(&l, &h, &mut *rx) {
+                        Ok(()) => "closed by the other relay".to_string(),
+                        Err(e) => e,
+                    };
+                    l.shut(&why);
+                    drop(rx);
+                    l.thread_done(&h);
+                });
+            if let Err(e) = r {
+                link.shut(&format!("no thread for the link: {e}"));
+                link.thread_done(hub);
+            }
+            Ok(link)
+        }
+
+        fn closing(&self) -> bool {
+            self.closing.load(Ordering::SeqCst)
+        }
+
+        fn lock(&self) -> MutexGuard<'_, Conns> {
+            self.conns.lock().unwrap_or_else(|e| e.into_inner())
+        }
+
+        /// A connection is about to come: the linger starts again.
+        fn touch(&self) {
+            self.lock().idle_since = Instant::now();
+        }
+
+        fn idle(&self) -> bool {
+            self.lock().map.is_empty()
+        }
+
+        fn find(&self, id: u32) -> Option<Arc<Conn>> {
+            let c = self.lock().map.get(&id).cloned();
+            if c.is_none() {
+                self.unknown_id_frames.fetch_add(1, Ordering::Relaxed);
+            }
+            c
+        }
+
+        fn unregister(&self, id: u32) {
+            let mut c = self.lock();
+            if c.map.remove(&id).is_some() && c.map.is_empty() {
+                c.idle_since = Instant::now();
+            }
+        }
+
+        fn push(&self, kind: Kind, id: u32, payload: &[u8]) {
+            // A closed link's writer is gone: nothing more to say.
+            let _ = self.out.send(Out::Frame(frame::frame(kind, id, payload)));
+        }
+
+        /// Whether the link had no connection for the linger: then it
+        /// closes (no new connection on it from now).
+        fn linger_over(&self) -> bool {
+            let c = self.lock();
+            if c.map.is_empty() && c.idle_since.elapsed() >= LINGER {
+                self.closing.store(true, Ordering::SeqCst);
+                true
+            } else {
+                false
+            }
+        }
+
+        /// Opens a connection on the link: an id of this end, `OPEN` with
+        /// the key, then the other relay's answer. Err(None): the link is
+        /// closing (wait for the next); Err(Some): refused or broken.
+        fn open_conn(
+            self: &Arc<Self>,
+            key: [u8; frame::KEY_BYTES],
+            parts: &mut Option<(FarEnd, OwnedFd)>,
+        ) -> Result<Arc<Conn>, Option<String>> {
+            let conn = {
+                let mut c = self.lock();
+                if self.closing() {
+                    return Err(None);
+                }
+                let Some((ring, tcp)) = parts.take() else {
+                    return Err(Some("the connection is gone".into()));
+                };
+                let id = loop {
+                    let n = self.next_id.fetch_add(1, Ordering::Relaxed) & !frame::CONNECTOR_BIT;
+                    let id = n | self.my_bit;
+                    if n != 0 && !c.map.contains_key(&id) {
+                        break id;
+                    }
+                };
+                let conn = Arc::new(Conn::new(id, ring, tcp, self.out.clone(), false));
+                c.map.insert(id, Arc::clone(&conn));
+                self.conns_total.fetch_add(1, Ordering::Relaxed);
+                self.push(Kind::Open, id, &key);
+                conn
+            };
+            match conn.wait_open(OPEN_WAIT) {
+                Ok(()) => Ok(conn),
+                Err(why) => {
+                    self.unregister(conn.id);
+                    // A late OPEN_OK would leave the other relay's side
+                    // waiting for an end that never comes: RESET it.
+                    conn.reset(true);
+                    Err(Some(why))
+                }
+            }
+        }
+
+        /// The other relay's `OPEN`: the listen waiting with that key gets
+        /// its connection, or the other relay hears `OPEN_REFUSED`.
+        fn take_open(
+            self: &Arc<Self>,
+            hub: &Hub,
+            id: u32,
+            key: [u8; frame::KEY_BYTES],
+        ) -> Result<(), String> {
+            if id & frame::CONNECTOR_BIT == self.my_bit {
+                return Err(format!("an OPEN with an id of this end ({id:#x})"));
+            }
+            let Some(p) = hub.pending().remove(&key) else {
+                log!("link: an OPEN ({id:#x}) with a key no connection here waits with: refused");
+                self.push(Kind::OpenRefused, id, &[]);
+                return Ok(());
+            };
+            let mut c = self.lock();
+            if c.map.contains_key(&id) || self.closing() {
+                drop(c);
+                reset_tcp(p.tcp.as_raw_fd());
+                p.ring.closing();
+                if self.closing() {
+                    self.push(Kind::OpenRefused, id, &[]);
+                    return Ok(());
+                }
+                return Err(format!("an OPEN with an id in use ({id:#x})"));
+            }
+            let conn = Arc::new(Conn::new(id, p.ring, p.tcp, self.out.clone(), true));
+            c.map.insert(id, Arc::clone(&conn));
+            self.conns_total.fetch_add(1, Ordering::Relaxed);
+            drop(c);
+            self.push(Kind::OpenOk, id, &[]);
+            if p.give.send((Arc::clone(&conn), Arc::clone(self))).is_err() {
+                self.unregister(id);
+                conn.reset(true);
+            }
+            Ok(())
+        }
+
+        /// Stops the link (once): no new connection, every connection on
+        /// it reset, `LINK_CLOSE` to the other relay.
+        fn shut(&self, why: &str) {
+            let conns: Vec<Arc<Conn>> = {
+                let mut c = self.lock();
+                self.closing.store(true, Ordering::SeqCst);
+                if self.shut_once.swap(true, Ordering::SeqCst) {
+                    return;
+                }
+                self.why
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get_or_insert_with(|| why.to_string());
+                c.map.drain().map(|(_, v)| v).collect()
+            };
+            if !conns.is_empty() {
+                log!(
+                    "link to {}: {why}: resetting its {} connections",
+                    self.peer_name,
+                    conns.len()
+                );
+            }
+            for c in conns {
+                c.reset(false);
+            }
+            let _ = self.out.send(Out::Close);
+        }
+
+        /// One of the link's two threads ended; the last one (the flow is
+        /// released by now) puts the hub down.
+        fn thread_done(self: &Arc<Self>, hub: &Hub) {
+            if self.live_threads.fetch_sub(1, Ordering::SeqCst) != 1 {
+                return;
+            }
+            {
+                let mut st = hub.lock();
+                if matches!(&*st, State::Up(l) if Arc::ptr_eq(l, self)) {
+                    *st = State::Down;
+                }
+            }
+            hub.cv.notify_all();
+            let why = self
+                .why
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone()
+                .unwrap_or_default();
+            log!(
+                "link to {} closed after {} ms ({why}): connections={} frames_in={} frames_out={} unknown_id_frames={}",
+                self.peer_name,
+                self.t0.elapsed().as_millis(),
+                self.conns_total.load(Ordering::Relaxed),
+                self.frames_in.load(Ordering::Relaxed),
+                self.frames_out.load(Ordering::Relaxed),
+                self.unknown_id_frames.load(Ordering::Relaxed),
+            );
+        }
+    }
+
+    /// The link's writing thread: every frame in order, a keep-alive when
+    /// idle, the close after the linger.
+    fn writer(
+        link: &Link,
+        mut tx: Box<dyn Sender>,
+        rx: &mpsc::Receiver<Out>,
+        ping: Duration,
+    ) -> Result<(), String> {
+        let send = |tx: &mut Box<dyn Sender>, f: &[u8]| {
+            tx.send_all(f)
+                .map_err(|e| format!("sending to the other relay: {e}"))
+        };
+        let mut last_sent = Instant::now();
+        loop {
+            match rx.recv_timeout(TICK) {
+                Ok(Out::Frame(f)) => {
+                    send(&mut tx, &f)?;
+                    link.frames_out.fetch_add(1, Ordering::Relaxed);
+                    last_sent = Instant::now();
+                    continue;
+                }
+                Ok(Out::Close) | Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    let _ = tx.send_all(&frame::frame(Kind::LinkClose, 0, &[]));
+                    return Ok(());
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+            }
+            if link.linger_over() {
+                link.why
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get_or_insert_with(|| format!("no connection for {} ms", LINGER.as_millis()));
+                send(&mut tx, &frame::frame(Kind::LinkClose, 0, &[]))?;
+                return Ok(());
+            }
+            if last_sent.elapsed() >= ping {
+                send(&mut tx, &frame::frame(Kind::Ping, 0, &[]))?;
+                last_sent = Instant::now();
+            }
+        }
+    }
+
+    /// The link's receiving thread: every frame to its connection, never
+    /// waiting on a program (connections queue within their credit).
+    /// Ok: the other relay closed the link; Err: it broke.
+    fn reader(link: &Arc<Link>, hub: &Hub, rx: &mut dyn Receiver) -> Result<(), String> {
+        let recv = |rx: &mut dyn Receiver, buf: &mut [u8]| {
+            rx.recv_exact(buf)
+                .map_err(|e| format!("the other relay: {e}"))
+        };
+        let mut h = [0u8; frame::HEADER_BYTES];
+        loop {
+            recv(rx, &mut h)?;
+            let hd =
+                frame::decode(&h).map_err(|e| format!("a bad frame from the other relay: {e}"))?;
+            link.frames_in.fetch_add(1, Ordering::Relaxed);
+            let fault = |e: String| format!("connection {:#x}: {e}", hd.id);
+            match hd.kind {
+                Kind::Data => {
+                    let mut v = vec![0u8; hd.len];
+                    recv(rx, &mut v)?;
+                    if let Some(c) = link.find(hd.id) {
+                        c.arrive(v).map_err(|e| fault(e.to_string()))?;
+                    }
+                }
+                Kind::Bell => {
+                    if let Some(c) = link.find(hd.id) {
+                        c.ring_tcp();
+                    }
+                }
+                Kind::End => {
+                    if let Some(c) = link.find(hd.id) {
+                        c.end();
+                    }
+                }
+                Kind::Credit => {
+                    let mut b = [0u8; 4];
+                    recv(rx, &mut b)?;
+                    let n = frame::credit_of(b).map_err(|e| fault(e.to_string()))?;
+                    if let Some(c) = link.find(hd.id) {
+                        c.grant(n).map_err(|e| fault(e.to_string()))?;
+                    }
+                }
+                Kind::Open => {
+                    let mut key = [0u8; frame::KEY_BYTES];
+                    recv(rx, &mut key)?;
+                    link.take_open(hub, hd.id, key)?;
+                }
+                Kind::OpenOk | Kind::OpenRefused => {
+                    if hd.id & frame::CONNECTOR_BIT != link.my_bit {
+                        return Err(fault("an answer to an OPEN this end did not send".into()));
+                    }
+                    if let Some(c) = link.find(hd.id) {
+                        c.opened(hd.kind == Kind::OpenOk).map_err(fault)?;
+                    }
+                }
+                Kind::Reset => {
+                    if let Some(c) = link.find(hd.id) {
+                        c.reset(false);
+                    }
+                }
+                Kind::Ping => {}
+                Kind::LinkHello => return Err("a second hello from the other relay".into()),
+                Kind::LinkClose => return Ok(()),
+            }
+        }
+    }
+
+    /// Bytes from the other relay waiting for the program's ring.
+    struct Inbox {
+        chunks: VecDeque<Vec<u8>>,
+        flow: Inflow,
+        end: bool,
+    }
+
+    /// Where an opened connection stands.
+    #[derive(Clone, PartialEq, Eq)]
+    enum Opening {
+        Waiting,
+        Open,
+        Refused,
+    }
+
+    /// The sending side: credit, and the answer to this end's `OPEN`.
+    struct SendSide {
+        flow: Outflow,
+        open: Opening,
+    }
+
+    /// One relayed connection on the link.
+    struct Conn {
+        id: u32,
+        ring: FarEnd,
+        tcp: OwnedFd,
+        out: mpsc::Sender<Out>,
+        inbox: Mutex<Inbox>,
+        inbox_cv: Condvar,
+        send: Mutex<SendSide>,
+        send_cv: Condvar,
+        /// The connection broke: both threads stop.
+        broken: AtomicBool,
+        /// The program closed its last descriptor of the connection (or
+        /// died): what still arrives for it is dropped, as the kernel
+        /// drops data for a closed socket.
+        program_gone: AtomicBool,
+        discarded_bytes: AtomicU64,
+        relayed_out_bytes: AtomicU64,
+        relayed_in_bytes: AtomicU64,
+        bells_asked: AtomicU64,
+        bells_rung: AtomicU64,
+    }
+
+    impl Conn {
+        fn new(id: u32, ring: FarEnd, tcp: OwnedFd, out: mpsc::Sender<Out>, open: bool) -> Conn {
+            Conn {
+                id,
+                ring,
+                tcp,
+                out,
+                inbox: Mutex::new(Inbox {
+                    chunks: VecDeque::new(),
+                    flow: Inflow::default(),
+                    end: false,
+                }),
+                inbox_cv: Condvar::new(),
+                send: Mutex::new(SendSide {
+                    flow: Outflow::default(),
+                    open: if open {
+                        Opening::Open
+                    } else {
+                        Opening::Waiting
+                    },
+                }),
+                send_cv: Condvar::new(),
+                broken: AtomicBool::new(false),
+                program_gone: AtomicBool::new(false),
+                discarded_bytes: AtomicU64::new(0),
+                relayed_out_bytes: AtomicU64::new(0),
+                relayed_in_bytes: AtomicU64::new(0),
+                bells_asked: AtomicU64::new(0),
+                bells_rung: AtomicU64::new(0),
+            }
+        }
+
+        fn inbox(&self) -> MutexGuard<'_, Inbox> {
+            self.inbox.lock().unwrap_or_else(|e| e.into_inner())
+        }
+
+        fn sending(&self) -> MutexGuard<'_, SendSide> {
+            self.send.lock().unwrap_or_else(|e| e.into_inner())
+        }
+
+        fn push(&self, kind: Kind, payload: &[u8]) -> Result<(), String> {
+            self.out
+                .send(Out::Frame(frame::frame(kind, self.id, payload)))
+                .map_err(|_| "the link closed".to_string())
+        }
+
+        fn broken(&self) -> bool {
+            self.broken.load(Ordering::SeqCst)
+        }
+
+        /// `DATA` from the other relay, within the credit it had.
+        fn arrive(&self, v: Vec<u8>) -> Result<(), frame::CreditError> {
+            let mut i = self.inbox();
+            i.flow.arrive(v.len() as u32)?;
+            i.chunks.push_back(v);
+            self.inbox_cv.notify_one();
+            Ok(())
+        }
+
+        /// The other relay's `END`: after what is queued, the end.
+        fn end(&self) {
+            self.inbox().end = true;
+            self.inbox_cv.notify_one();
+        }
+
+        fn grant(&self, n: u32) -> Result<(), frame::CreditError> {
+            self.sending().flow.grant(n)?;
+            self.send_cv.notify_one();
+            Ok(())
+        }
+
+        /// The other relay's answer to this end's `OPEN`.
+        fn opened(&self, ok: bool) -> Result<(), String> {
+            let mut s = self.sending();
+            if s.open != Opening::Waiting {
+                return Err("a second answer to its OPEN".into());
+            }
+            s.open = if ok { Opening::Open } else { Opening::Refused };
+            self.send_cv.notify_all();
+            Ok(())
+        }
+
+        fn wait_open(&self, wait: Duration) -> Result<(), String> {
+            let deadline = Instant::now() + wait;
+            let mut s = self.sending();
+            loop {
+                match s.open {
+                    Opening::Open => return Ok(()),
+                    Opening::Refused => {
+                        return Err("the other relay has no connection waiting with its key".into())
+                    }
+                    Opening::Waiting => {}
+                }
+                if self.broken() {
+                    return Err("the link broke before the other relay answered".into());
+                }
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err("no answer to its OPEN from the other relay in time".into());
+                }
+                s = self
+                    .send_cv
+                    .wait_timeout(s, left.min(TICK))
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+            }
+        }
+
+        /// Waits a little for credit; the credit in hand.
+        fn credit(&self, wait: Option<Duration>) -> u32 {
+            let s = self.sending();
+            let s = match wait {
+                Some(w) if s.flow.credit_bytes() == 0 && !self.broken() => {
+                    self.send_cv
+                        .wait_timeout(s, w)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0
+                }
+                _ => s,
+            };
+            s.flow.credit_bytes()
+        }
+
+        /// Asks the other relay to wake this side's program.
+        fn ask_bell(&self) -> Result<(), String> {
+            self.bells_asked.fetch_add(1, Ordering::Relaxed);
+            self.push(Kind::Bell, &[])
+        }
+
+        /// Sends a byte on the TCP connection: the other host's program
+        /// wakes.
+        fn ring_tcp(&self) {
+            let b = [1u8];
+            // SAFETY: a one-byte buffer; a failure (the connection gone)
+            // shows up in the programs' own calls.
+            let r = unsafe {
+                libc::send(
+                    self.tcp.as_raw_fd(),
+                    b.as_ptr().cast(),
+                    1,
+                    libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+                )
+            };
+            if r == 1 {
+                self.bells_rung.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+
+        /// Resets the TCP connection (both programs see an error), once;
+        /// `tell_peer`: the break is this side's, so the other relay
+        /// resets its side too.
+        fn reset(&self, tell_peer: bool) {
+            if !self.broken.swap(true, Ordering::SeqCst) {
+                if tell_peer {
+                    let _ = self.push(Kind::Reset, &[]);
+                }
+                reset_tcp(self.tcp.as_raw_fd());
+                self.ring.closing();
+            }
+            // Under each lock, so a waiter between its check and its
+            // sleep cannot miss it.
+            drop(self.inbox());
+            self.inbox_cv.notify_all();
+            drop(self.sending());
+            self.send_cv.notify_all();
+        }
     }
 
     /// The descriptor must be a TCP stream socket.
@@ -676,86 +1585,6 @@ mod imp {
         })
     }
 
-    /// State both pumping threads share.
-    struct Shared {
-        ring: FarEnd,
-        tcp: OwnedFd,
-        tx: Mutex<Box<dyn Sender>>,
-        /// The program waits on its ring: the other relay must ring its
-        /// TCP socket.
-        bell_pending: AtomicBool,
-        /// The connection broke: both threads stop.
-        broken: AtomicBool,
-        /// The program closed its last descriptor of the connection (or
-        /// died): what still arrives for it is dropped, as the kernel
-        /// drops data for a closed socket.
-        program_gone: AtomicBool,
-        discarded_bytes: AtomicU64,
-        relayed_out_bytes: AtomicU64,
-        relayed_in_bytes: AtomicU64,
-        bells_asked: AtomicU64,
-        bells_rung: AtomicU64,
-    }
-
-    impl Shared {
-        fn send_frame(tx: &mut Box<dyn Sender>, kind: u8, payload: &[u8]) -> Result<(), FlowError> {
-            let mut h = [0u8; FRAME_HEADER_BYTES];
-            h[0] = kind;
-            h[2..4].copy_from_slice(&(payload.len() as u16).to_le_bytes());
-            tx.send_all(&h)?;
-            if !payload.is_empty() {
-                tx.send_all(payload)?;
-            }
-            Ok(())
-        }
-
-        /// Asks the other relay to wake this side's program: at once if the
-        /// sender is free, else by the thread that holds it.
-        fn ask_bell(&self) -> Result<(), FlowError> {
-            self.bell_pending.store(true, Ordering::SeqCst);
-            if let Ok(mut tx) = self.tx.try_lock() {
-                self.flush_bell(&mut tx)?;
-            }
-            Ok(())
-        }
-
-        fn flush_bell(&self, tx: &mut Box<dyn Sender>) -> Result<(), FlowError> {
-            if self.bell_pending.swap(false, Ordering::SeqCst) {
-                self.bells_asked.fetch_add(1, Ordering::Relaxed);
-                Self::send_frame(tx, KIND_BELL, &[])?;
-            }
-            Ok(())
-        }
-
-        /// Sends a byte on the TCP connection: the other host's program
-        /// wakes.
-        fn ring_tcp(&self) {
-            let b = [1u8];
-            // SAFETY: a one-byte buffer; a failure (the connection gone)
-            // shows up in the programs' own calls.
-            let r = unsafe {
-                libc::send(
-                    self.tcp.as_raw_fd(),
-                    b.as_ptr().cast(),
-                    1,
-                    libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-                )
-            };
-            if r == 1 {
-                self.bells_rung.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-
-        /// Resets the TCP connection: both programs see an error.
-        fn reset(&self) {
-            if self.broken.swap(true, Ordering::SeqCst) {
-                return;
-            }
-            reset_tcp(self.tcp.as_raw_fd());
-            self.ring.closing();
-        }
-    }
-
     /// Resets the TCP connection on `fd` (shared with the program): both
     /// programs see an error.
     fn reset_tcp(fd: RawFd) {
@@ -772,40 +1601,28 @@ mod imp {
             )
         };
     }
-
-    fn pump(conn: Relayed, client: OwnedFd, who: &str, timeout: Duration) {
+    fn pump(conn: &Arc<Conn>, link: &Link, client: &OwnedFd, who: &str) {
+        let who = format!("{who} [{:#x}]", conn.id);
         let t0 = Instant::now();
-        let Relayed { ring, tcp, flow } = conn;
-        let (tx, mut rx) = flow.into_halves();
-        let shared = Arc::new(Shared {
-            ring,
-            tcp,
-            tx: Mutex::new(tx),
-            bell_pending: AtomicBool::new(false),
-            broken: AtomicBool::new(false),
-            program_gone: AtomicBool::new(false),
-            discarded_bytes: AtomicU64::new(0),
-            relayed_out_bytes: AtomicU64::new(0),
-            relayed_in_bytes: AtomicU64::new(0),
-            bells_asked: AtomicU64::new(0),
-            bells_rung: AtomicU64::new(0),
-        });
-        let s2 = Arc::clone(&shared);
+        let c2 = Arc::clone(conn);
         let incoming = std::thread::Builder::new()
             .name("relay-in".into())
             .spawn(move || {
-                let r = flow_to_ring(&s2, &mut *rx);
+                let r = queue_to_ring(&c2);
                 if r.is_err() {
                     // The sending side stops at once, and both programs
                     // see the reset.
-                    s2.reset();
+                    c2.reset(true);
                 }
                 r
             });
-        let out = ring_to_flow(&shared, client.as_raw_fd(), timeout);
+        if incoming.is_err() {
+            conn.reset(true);
+        }
+        let out = ring_to_flow(conn, client.as_raw_fd());
         if let Err(e) = &out {
             log!("{who}: sending: {e}");
-            shared.reset();
+            conn.reset(true);
         }
         let inn = match incoming {
             Ok(h) => h
@@ -815,17 +1632,18 @@ mod imp {
         };
         if let Err(e) = &inn {
             log!("{who}: receiving: {e}");
-            shared.reset();
+            conn.reset(true);
         }
+        link.unregister(conn.id);
         log!(
             "{who}: connection {} after {} ms: relayed_out_bytes={} relayed_in_bytes={} discarded_bytes={} bells_asked={} bells_rung={}",
             if out.is_ok() && inn.is_ok() { "closed" } else { "reset" },
             t0.elapsed().as_millis(),
-            shared.relayed_out_bytes.load(Ordering::Relaxed),
-            shared.relayed_in_bytes.load(Ordering::Relaxed),
-            shared.discarded_bytes.load(Ordering::Relaxed),
-            shared.bells_asked.load(Ordering::Relaxed),
-            shared.bells_rung.load(Ordering::Relaxed),
+            conn.relayed_out_bytes.load(Ordering::Relaxed),
+            conn.relayed_in_bytes.load(Ordering::Relaxed),
+            conn.discarded_bytes.load(Ordering::Relaxed),
+            conn.bells_asked.load(Ordering::Relaxed),
+            conn.bells_rung.load(Ordering::Relaxed),
         );
     }
 
@@ -869,141 +1687,125 @@ mod imp {
         }
     }
 
-    /// The program's ring to the flow, until the program is done with the
-    /// connection (then what is left and the end frame) or the flow
-    /// breaks.
-    fn ring_to_flow(s: &Shared, client: RawFd, timeout: Duration) -> Result<(), String> {
-        let mut buf = vec![0u8; CHUNK_BYTES];
-        let ping = ping_every(timeout);
-        let mut last_sent = Instant::now();
+    /// The program's ring to the link, within the connection's credit,
+    /// until the program is done with the connection (then what is left
+    /// and `END`) or the connection breaks.
+    fn ring_to_flow(c: &Conn, client: RawFd) -> Result<(), String> {
+        let mut buf = vec![0u8; frame::CHUNK_BYTES];
         let mut closing = false;
+        let corrupt = |Corrupt| "the program's ring is corrupt".to_string();
         loop {
-            if s.broken.load(Ordering::SeqCst) {
+            if c.broken() {
                 return Err("the connection broke".into());
             }
-            let m = s
-                .ring
-                .read(&mut buf)
-                .map_err(|Corrupt| "the program's ring is corrupt")?;
-            if m.bytes > 0 {
-                let mut tx = s.tx.lock().unwrap_or_else(|e| e.into_inner());
-                Shared::send_frame(&mut tx, KIND_DATA, &buf[..m.bytes])
-                    .map_err(|e| e.to_string())?;
-                s.relayed_out_bytes
-                    .fetch_add(m.bytes as u64, Ordering::Relaxed);
-                if m.wake_peer {
-                    s.bell_pending.store(true, Ordering::SeqCst);
+            let credit = c.credit(None) as usize;
+            if credit > 0 {
+                let m = c
+                    .ring
+                    .read(&mut buf[..credit.min(frame::CHUNK_BYTES)])
+                    .map_err(corrupt)?;
+                if m.bytes > 0 {
+                    c.sending().flow.spend(m.bytes as u32);
+                    c.push(Kind::Data, &buf[..m.bytes])?;
+                    c.relayed_out_bytes
+                        .fetch_add(m.bytes as u64, Ordering::Relaxed);
+                    if m.wake_peer {
+                        c.ask_bell()?;
+                    }
+                    continue;
                 }
-                s.flush_bell(&mut tx).map_err(|e| e.to_string())?;
-                last_sent = Instant::now();
+            }
+            c.ring.want_data();
+            if c.ring.readable().map_err(corrupt)? > 0 {
+                if credit == 0 {
+                    // The other program reads slower: its relay's queue
+                    // is full. Only this connection waits.
+                    c.credit(Some(TICK));
+                }
                 continue;
             }
             if closing {
-                let mut tx = s.tx.lock().unwrap_or_else(|e| e.into_inner());
-                s.flush_bell(&mut tx).map_err(|e| e.to_string())?;
-                Shared::send_frame(&mut tx, KIND_END, &[]).map_err(|e| e.to_string())?;
+                // Every byte the program wrote was published before its
+                // close, and is sent.
+                c.push(Kind::End, &[])?;
                 return Ok(());
             }
-            if s.bell_pending.load(Ordering::SeqCst) {
-                let mut tx = s.tx.lock().unwrap_or_else(|e| e.into_inner());
-                s.flush_bell(&mut tx).map_err(|e| e.to_string())?;
-                last_sent = Instant::now();
-            }
-            if last_sent.elapsed() >= ping {
-                let mut tx = s.tx.lock().unwrap_or_else(|e| e.into_inner());
-                Shared::send_frame(&mut tx, KIND_PING, &[]).map_err(|e| e.to_string())?;
-                last_sent = Instant::now();
-            }
-            s.ring.want_data();
-            if s.ring
-                .readable()
-                .map_err(|Corrupt| "the program's ring is corrupt")?
-                > 0
-            {
-                continue;
-            }
-            let left = ping.saturating_sub(last_sent.elapsed());
-            // Also look at the sender's queue of bells now and then.
-            let ms = left.as_millis().clamp(1, 50) as libc::c_int;
-            if wait_client(client, ms).is_err() {
-                // Every byte the program wrote was published before its
-                // close: one more pass sends them.
+            if wait_client(client, TICK.as_millis() as libc::c_int).is_err() {
                 closing = true;
-                s.program_gone.store(true, Ordering::SeqCst);
+                c.program_gone.store(true, Ordering::SeqCst);
             }
         }
     }
 
-    /// The flow to the program's ring, until the other relay's end frame
-    /// (then the program reads the end of the stream) or the flow breaks.
-    fn flow_to_ring(s: &Shared, rx: &mut dyn Receiver) -> Result<(), String> {
-        let mut buf = vec![0u8; CHUNK_BYTES];
+    /// The connection's queue to the program's ring, returning credit as
+    /// bytes leave it, until the other relay's `END` (then the program
+    /// reads the end of the stream) or the connection breaks.
+    fn queue_to_ring(c: &Conn) -> Result<(), String> {
         loop {
-            let mut h = [0u8; FRAME_HEADER_BYTES];
-            match rx.recv_exact(&mut h) {
-                Ok(()) => {}
-                Err(e) => return Err(format!("the other relay: {e}")),
-            }
-            let len = usize::from(u16::from_le_bytes([h[2], h[3]]));
-            let kind = h[0];
-            let ok_len = match kind {
-                KIND_DATA => (1..=CHUNK_BYTES).contains(&len),
-                KIND_BELL | KIND_END | KIND_PING => len == 0,
-                _ => false,
+            let chunk = {
+                let mut i = c.inbox();
+                loop {
+                    if c.broken() {
+                        return Err("the connection broke".into());
+                    }
+                    if let Some(v) = i.chunks.pop_front() {
+                        break Some(v);
+                    }
+                    if i.end {
+                        break None;
+                    }
+                    i = c
+                        .inbox_cv
+                        .wait_timeout(i, TICK)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0;
+                }
             };
-            if !ok_len || h[1] != 0 {
-                return Err(format!(
-                    "a bad frame from the other relay (kind {kind}, {len} bytes)"
-                ));
-            }
-            match kind {
-                KIND_DATA => {
-                    rx.recv_exact(&mut buf[..len])
-                        .map_err(|e| format!("the other relay: {e}"))?;
-                    put_all(s, &buf[..len])?;
-                    s.relayed_in_bytes.fetch_add(len as u64, Ordering::Relaxed);
-                }
-                KIND_BELL => s.ring_tcp(),
-                KIND_PING => {}
-                _ => {
-                    // The end: everything is in the ring; the program reads
-                    // the end of the stream once it has read it.
-                    // SAFETY: a plain shutdown of our duplicate of the
-                    // connection's socket.
-                    unsafe { libc::shutdown(s.tcp.as_raw_fd(), libc::SHUT_RD) };
-                    s.ring.closing();
-                    return Ok(());
-                }
+            let Some(v) = chunk else {
+                // The end: everything is in the ring; the program reads
+                // the end of the stream once it has read it.
+                // SAFETY: a plain shutdown of our duplicate of the
+                // connection's socket.
+                unsafe { libc::shutdown(c.tcp.as_raw_fd(), libc::SHUT_RD) };
+                c.ring.closing();
+                return Ok(());
+            };
+            put_all(c, &v)?;
+            c.relayed_in_bytes
+                .fetch_add(v.len() as u64, Ordering::Relaxed);
+            let back = c.inbox().flow.moved(v.len() as u32);
+            if let Some(n) = back {
+                c.push(Kind::Credit, &n.to_le_bytes())?;
             }
         }
     }
 
     /// Puts all of `data` into the program's ring, waiting for room.
-    fn put_all(s: &Shared, mut data: &[u8]) -> Result<(), String> {
+    fn put_all(c: &Conn, mut data: &[u8]) -> Result<(), String> {
         let mut round = 0u32;
         while !data.is_empty() {
-            if s.broken.load(Ordering::SeqCst) {
+            if c.broken() {
                 return Err("the connection broke".into());
             }
-            if s.program_gone.load(Ordering::SeqCst) {
-                s.discarded_bytes
+            if c.program_gone.load(Ordering::SeqCst) {
+                c.discarded_bytes
                     .fetch_add(data.len() as u64, Ordering::Relaxed);
                 return Ok(());
             }
-            let m = s
+            let m = c
                 .ring
                 .write(data)
                 .map_err(|Corrupt| "the program's ring is corrupt")?;
             if m.wake_peer {
-                s.ask_bell().map_err(|e| e.to_string())?;
+                c.ask_bell()?;
             }
             if m.bytes > 0 {
                 data = &data[m.bytes..];
                 round = 0;
                 continue;
             }
-            // The program reads slower than the flow: look again after 1,
-            // 2, 4 … 16 ms (its doorbells go to the other thread).
+            // The program reads slower than the link: look again after
+            // 1, 2, 4 … 16 ms (its doorbells go to the other thread).
             std::thread::sleep(Duration::from_millis(1 << round.min(4)));
             round += 1;
         }
@@ -1262,6 +2064,255 @@ mod imp {
                     futex_wake(w);
                 }
             }
+        }
+    }
+
+    #[cfg(test)]
+    #[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
+    mod tests {
+        use super::*;
+        use crate::transport::FlowError;
+
+        /// A receiver that replays `bytes`, then says the flow closed.
+        struct Script(VecDeque<u8>);
+
+        impl Receiver for Script {
+            fn recv_some(&mut self, buf: &mut [u8]) -> Result<usize, FlowError> {
+                if self.0.is_empty() {
+                    return Err(FlowError::Closed);
+                }
+                let n = buf.len().min(self.0.len());
+                for (d, s) in buf.iter_mut().zip(self.0.drain(..n)) {
+                    *d = s;
+                }
+                Ok(n)
+            }
+        }
+
+        const RING_BYTES: usize = 4096;
+
+        /// A region as the library makes it: a sealed memfd with the
+        /// header, mapped as the relay maps it.
+        fn region() -> FarEnd {
+            // SAFETY: a NUL-terminated name and plain flags.
+            let fd = unsafe {
+                libc::memfd_create(c"t".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
+            };
+            assert!(fd >= 0);
+            // SAFETY: our own new descriptor.
+            let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+            let mut header = [0u8; 24];
+            header[..8].copy_from_slice(&REGION_MAGIC.to_le_bytes());
+            header[8..12].copy_from_slice(&u32::from(PRELOAD_VERSION).to_le_bytes());
+            header[16..24].copy_from_slice(&(RING_BYTES as u64).to_le_bytes());
+            // SAFETY: plain calls on our own memfd; `header` is valid for
+            // reads of its length.
+            unsafe {
+                assert_eq!(
+                    libc::ftruncate(
+                        fd.as_raw_fd(),
+                        (3 * PAGE_BYTES + 2 * RING_BYTES) as libc::off_t
+                    ),
+                    0
+                );
+                assert_eq!(
+                    libc::pwrite(fd.as_raw_fd(), header.as_ptr().cast(), header.len(), 0),
+                    24
+                );
+                assert_eq!(
+                    libc::fcntl(
+                        fd.as_raw_fd(),
+                        libc::F_ADD_SEALS,
+                        libc::F_SEAL_SHRINK | libc::F_SEAL_GROW
+                    ),
+                    0
+                );
+            }
+            FarEnd::map(fd.as_raw_fd(), RING_BYTES).unwrap()
+        }
+
+        /// Some descriptor standing for the TCP socket (a reset or a bell
+        /// on it fails harmlessly).
+        fn not_a_socket() -> OwnedFd {
+            std::fs::File::open("/dev/null").unwrap().into()
+        }
+
+        fn hub() -> Arc<Hub> {
+            Arc::new(Hub {
+                state: Mutex::new(State::Down),
+                cv: Condvar::new(),
+                pending: Mutex::new(HashMap::new()),
+                timeout: Duration::from_secs(1),
+            })
+        }
+
+        /// A link of the listening end (its ids have the top bit clear)
+        /// and what it sends.
+        fn link() -> (Arc<Link>, mpsc::Receiver<Out>) {
+            let (out, rx) = mpsc::channel();
+            let link = Arc::new(Link {
+                out,
+                local_name: "10.0.0.2/02:00:00:00:00:02/7".into(),
+                peer_name: "10.0.0.1/02:00:00:00:00:01/7".into(),
+                peer_ip: "10.0.0.1".parse().unwrap(),
+                flow_id: 7,
+                my_bit: 0,
+                next_id: AtomicU32::new(1),
+                conns: Mutex::new(Conns {
+                    map: HashMap::new(),
+                    idle_since: Instant::now(),
+                }),
+                closing: AtomicBool::new(false),
+                shut_once: AtomicBool::new(false),
+                why: Mutex::new(None),
+                live_threads: AtomicU32::new(2),
+                t0: Instant::now(),
+                conns_total: AtomicU64::new(0),
+                frames_in: AtomicU64::new(0),
+                frames_out: AtomicU64::new(0),
+                unknown_id_frames: AtomicU64::new(0),
+            });
+            (link, rx)
+        }
+
+        /// An open connection `id` on `link`.
+        fn conn(link: &Link, id: u32) -> Arc<Conn> {
+            let c = Arc::new(Conn::new(
+                id,
+                region(),
+                not_a_socket(),
+                link.out.clone(),
+                true,
+            ));
+            link.lock().map.insert(id, Arc::clone(&c));
+            c
+        }
+
+        fn script(frames: &[Vec<u8>]) -> Script {
+            Script(frames.iter().flatten().copied().collect())
+        }
+
+        /// The frames the link sent: (kind, id).
+        fn sent(rx: &mpsc::Receiver<Out>) -> Vec<(Kind, u32)> {
+            rx.try_iter()
+                .filter_map(|o| match o {
+                    Out::Frame(f) => {
+                        let h =
+                            frame::decode(&f[..frame::HEADER_BYTES].try_into().unwrap()).unwrap();
+                        Some((h.kind, h.id))
+                    }
+                    Out::Close => None,
+                })
+                .collect()
+        }
+
+        fn close() -> Vec<u8> {
+            frame::frame(Kind::LinkClose, 0, &[])
+        }
+
+        #[test]
+        fn frames_for_unknown_connections_are_counted_and_dropped() {
+            let (link, _rx) = link();
+            let c = conn(&link, 0x8000_0001);
+            let mut s = script(&[
+                frame::frame(Kind::Data, 0x8000_0009, b"late"),
+                frame::frame(Kind::Bell, 0x8000_0009, &[]),
+                frame::frame(Kind::End, 0x8000_0009, &[]),
+                frame::frame(Kind::Credit, 0x8000_0009, &100u32.to_le_bytes()),
+                frame::frame(Kind::Data, 0x8000_0001, b"hello"),
+                frame::frame(Kind::Ping, 0, &[]),
+                frame::frame(Kind::End, 0x8000_0001, &[]),
+                close(),
+            ]);
+            reader(&link, &hub(), &mut s).unwrap();
+            assert_eq!(link.unknown_id_frames.load(Ordering::Relaxed), 4);
+            let i = c.inbox();
+            assert_eq!(
+                i.chunks.iter().flatten().copied().collect::<Vec<u8>>(),
+                b"hello"
+            );
+            assert!(i.end);
+        }
+
+        #[test]
+        fn data_past_a_connections_credit_breaks_the_link() {
+            let (link, _rx) = link();
+            let _c = conn(&link, 0x8000_0001);
+            let chunk = vec![7u8; frame::CHUNK_BYTES];
+            let mut frames: Vec<Vec<u8>> = (0..frame::WINDOW_BYTES as usize / frame::CHUNK_BYTES)
+                .map(|_| frame::frame(Kind::Data, 0x8000_0001, &chunk))
+                .collect();
+            frames.push(frame::frame(Kind::Data, 0x8000_0001, b"x"));
+            let e = reader(&link, &hub(), &mut script(&frames)).unwrap_err();
+            assert!(e.contains("past the"), "{e}");
+        }
+
+        #[test]
+        fn credit_past_the_window_and_malformed_frames_break_the_link() {
+            let (link, _rx) = link();
+            let _c = conn(&link, 0x8000_0001);
+            let over = frame::frame(Kind::Credit, 0x8000_0001, &1u32.to_le_bytes());
+            let e = reader(&link, &hub(), &mut script(&[over])).unwrap_err();
+            assert!(e.contains("past the"), "{e}");
+            let mut bad = frame::frame(Kind::Bell, 0x8000_0001, &[]);
+            bad[1] = 9;
+            let e = reader(&link, &hub(), &mut script(&[bad])).unwrap_err();
+            assert!(e.contains("a bad frame"), "{e}");
+            let hello = frame::frame(Kind::LinkHello, 0, b"10.0.0.1/02:00:00:00:00:01/7");
+            let e = reader(&link, &hub(), &mut script(&[hello])).unwrap_err();
+            assert!(e.contains("second hello"), "{e}");
+            // The flow ending without LINK_CLOSE is a broken link.
+            assert!(reader(&link, &hub(), &mut script(&[])).is_err());
+        }
+
+        #[test]
+        fn an_open_takes_only_the_connection_waiting_with_its_key() {
+            let (link, rx) = link();
+            let hub = hub();
+            let (give, take) = mpsc::sync_channel(1);
+            hub.register(
+                [5u8; frame::KEY_BYTES],
+                Pending {
+                    ring: region(),
+                    tcp: not_a_socket(),
+                    give,
+                },
+            )
+            .unwrap();
+            let mut s = script(&[
+                frame::frame(Kind::Open, 0x8000_0001, &[6u8; frame::KEY_BYTES]),
+                frame::frame(Kind::Open, 0x8000_0002, &[5u8; frame::KEY_BYTES]),
+                close(),
+            ]);
+            reader(&link, &hub, &mut s).unwrap();
+            assert_eq!(
+                sent(&rx),
+                [
+                    (Kind::OpenRefused, 0x8000_0001),
+                    (Kind::OpenOk, 0x8000_0002)
+                ]
+            );
+            let (c, _) = take.try_recv().unwrap();
+            assert_eq!(c.id, 0x8000_0002);
+            assert!(hub.pending().is_empty());
+            // An OPEN with one of this end's own ids is a fault.
+            let own = frame::frame(Kind::Open, 3, &[5u8; frame::KEY_BYTES]);
+            let e = reader(&link, &hub, &mut script(&[own])).unwrap_err();
+            assert!(e.contains("an id of this end"), "{e}");
+        }
+
+        #[test]
+        fn a_broken_link_resets_every_connection_and_says_close() {
+            let (link, rx) = link();
+            let a = conn(&link, 0x8000_0001);
+            let b = conn(&link, 0x8000_0002);
+            link.shut("test");
+            assert!(a.broken() && b.broken());
+            assert!(link.closing() && link.idle());
+            assert!(matches!(rx.try_iter().last(), Some(Out::Close)));
+            // A second shut is a no-op.
+            link.shut("again");
+            assert_eq!(link.why.lock().unwrap().as_deref(), Some("test"));
         }
     }
 }

@@ -8,7 +8,12 @@
 //! body crossed them; with no relay on the server's host the connection
 //! stays on the kernel's TCP and still works; a relay killed mid-transfer
 //! gives curl an error within the timeout, and once a relay runs again the
-//! next transfer goes through it (nothing was left holding the queue).
+//! next transfer goes through it (nothing was left holding the queue);
+//! wrk with eight connections and eight curls at once all move to the
+//! relays over one link (no refusal, every body verified, the link's close
+//! line counting every connection), a curl stopped mid-transfer stalls
+//! only its own connection (a second transfer completes meanwhile), and
+//! once the idle link closed the next connection opens a new one.
 //!
 //! Built only with the `xdp` feature; without root, namespaces or nginx
 //! and curl these tests print why and pass (with
@@ -452,6 +457,249 @@ fn a_relay_killed_mid_transfer_fails_the_transfer_in_time_and_leaves_nothing_beh
         2,
         "{client_log}"
     );
+    drop(server);
+    drop(r1);
+    drop(r2);
+    tb.down();
+    tb.assert_gone();
+}
+
+/// The pid of the `curl` process under `root` (the wrapper's child
+/// chain: ip netns exec, netgap wrap, timeout, curl).
+fn curl_under(root: u32) -> Option<i32> {
+    let mut parent = std::collections::HashMap::new();
+    let mut comm = std::collections::HashMap::new();
+    for e in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+            continue;
+        };
+        // pid (comm) state ppid …: comm may hold spaces, so from the last ')'.
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+            continue;
+        };
+        let ppid = stat[close + 1..]
+            .split_whitespace()
+            .nth(1)
+            .and_then(|p| p.parse::<u32>().ok());
+        if let Some(ppid) = ppid {
+            parent.insert(pid, ppid);
+            comm.insert(pid, stat[open + 1..close].to_string());
+        }
+    }
+    comm.iter()
+        .filter(|(_, c)| c.as_str() == "curl")
+        .map(|(p, _)| *p)
+        .find(|p| {
+            let mut q = *p;
+            for _ in 0..8 {
+                match parent.get(&q) {
+                    Some(&pp) if pp == root => return true,
+                    Some(&pp) => q = pp,
+                    None => return false,
+                }
+            }
+            false
+        })
+        .map(|p| p as i32)
+}
+
+/// Waits up to 15 s for `log` to hold at least `n` lines with `marker`;
+/// the log.
+fn wait_lines(log: &Path, marker: &str, n: usize) -> String {
+    let t0 = Instant::now();
+    loop {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        if text.matches(marker).count() >= n || t0.elapsed() > Duration::from_secs(15) {
+            return text;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn many_connections_at_once_share_one_link_and_a_stopped_reader_stalls_only_its_own() {
+    let test = "many_connections_at_once_share_one_link_and_a_stopped_reader_stalls_only_its_own";
+    if !system_ready(test) || !programs_ready(test) {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (root, want) = docroot(dir.path());
+    let want16 = sha256(&root.join("f16m"));
+    let (tb, cns, sns, ip) = testbed("pxdp3");
+    let (r1_log, r2_log) = (dir.path().join("relay1.log"), dir.path().join("relay2.log"));
+    let s_log = dir.path().join("server.log");
+    let r1 = relay(&cns, &r1_log);
+    let r2 = relay(&sns, &r2_log);
+    let server = nginx(&sns, &ip, dir.path(), &root, &s_log);
+    let url = format!("http://{ip}:8080/f1m");
+
+    // wrk with eight connections at once (two threads, epoll,
+    // keep-alive): every connection moves to the relay, all on one link.
+    if Path::new("/usr/bin/wrk").exists() {
+        let w_log = dir.path().join("wrk.log");
+        let out = wrapped(&cns, "/usr/bin/wrk", &["-t2", "-c8", "-d3s", &url], &w_log)
+            .output()
+            .expect("wrk runs");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{text}");
+        assert!(
+            !text.contains("Socket errors") && !text.contains("Non-2xx"),
+            "{text}"
+        );
+        let wl = std::fs::read_to_string(&w_log).unwrap_or_default();
+        assert!(
+            wl.matches("moved to xdp via the relay").count() >= 8,
+            "{wl}"
+        );
+        assert!(!wl.contains("stays on the kernel's TCP"), "{wl}");
+        let l1 = wait_lines(&r1_log, "connection closed", 8);
+        assert!(l1.matches("connection closed").count() >= 8, "{l1}");
+        assert_eq!(l1.matches("link up").count(), 1, "{l1}");
+        let l2 = wait_lines(&r2_log, "connection closed", 8);
+        assert!(l2.matches("connection closed").count() >= 8, "{l2}");
+        assert_eq!(l2.matches("link up").count(), 1, "{l2}");
+        eprintln!(
+            "wrk -c8 across hosts through one relay link: {}",
+            text.lines()
+                .find(|l| l.contains(" requests in"))
+                .unwrap_or("")
+                .trim()
+        );
+    } else {
+        common::skip("wrk across hosts", "/usr/bin/wrk is missing");
+    }
+
+    // Eight curls at once: every body verified, every connection moved.
+    let fetches: Vec<_> = (0..8)
+        .map(|i| {
+            let (cns, url) = (cns.clone(), url.clone());
+            let body = dir.path().join(format!("body{i}"));
+            let log = dir.path().join(format!("curl{i}.log"));
+            std::thread::spawn(move || {
+                let (ok, err, _) = curl(&cns, &url, &body, &[], &log);
+                (ok, err, body, log)
+            })
+        })
+        .collect();
+    for f in fetches {
+        let (ok, err, body, log) = f.join().expect("a fetch thread");
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        assert!(ok, "{err}\n{text}");
+        assert_eq!(sha256(&body), want, "{}", body.display());
+        assert!(text.contains("moved to xdp via the relay"), "{text}");
+    }
+
+    // A reader stopped mid-transfer stalls only its own connection: a
+    // second transfer on the same link completes while the first is
+    // stopped, then the first completes too, both bodies intact.
+    let (a_body, a_log) = (dir.path().join("slow"), dir.path().join("slow.log"));
+    let a = wrapped(
+        &cns,
+        "/usr/bin/curl",
+        &[
+            "-sS",
+            "--max-time",
+            "120",
+            "--limit-rate",
+            "4M",
+            "-o",
+            a_body.to_str().expect("utf-8"),
+            &format!("http://{ip}:8080/f16m"),
+        ],
+        &a_log,
+    )
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .expect("curl starts");
+    let mut a = Guard(a);
+    let t0 = Instant::now();
+    let a_pid = loop {
+        let started = std::fs::metadata(&a_body).map_or(0, |m| m.len()) >= 1 << 20;
+        match curl_under(a.0.id()) {
+            Some(p) if started => break p,
+            _ => {}
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the slow transfer did not start: {}",
+            std::fs::read_to_string(&a_log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    // SAFETY: a signal to our own descendant.
+    unsafe { libc::kill(a_pid, libc::SIGSTOP) };
+    let stopped_at = std::fs::metadata(&a_body).map_or(0, |m| m.len());
+    let (b_body, b_log) = (dir.path().join("fast"), dir.path().join("fast.log"));
+    let (ok, err, took) = curl(
+        &cns,
+        &format!("http://{ip}:8080/f16m"),
+        &b_body,
+        &[],
+        &b_log,
+    );
+    let a_now = std::fs::metadata(&a_body).map_or(0, |m| m.len());
+    assert!(
+        a.0.try_wait().expect("try_wait").is_none(),
+        "the stopped transfer ended"
+    );
+    // SAFETY: as above.
+    unsafe { libc::kill(a_pid, libc::SIGCONT) };
+    assert!(ok, "the second transfer: {err}");
+    assert_eq!(sha256(&b_body), want16, "the second transfer's body");
+    assert_eq!(a_now, stopped_at, "the stopped curl wrote meanwhile");
+    eprintln!("16 MiB beside a stopped reader on the same link: {took:?}");
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(s) = a.0.try_wait().expect("try_wait") {
+            break s;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the resumed transfer did not finish"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(
+        status.success(),
+        "{}",
+        std::fs::read_to_string(&a_log).unwrap_or_default()
+    );
+    assert_eq!(sha256(&a_body), want16, "the resumed transfer's body");
+    for l in [&a_log, &b_log] {
+        let text = std::fs::read_to_string(l).unwrap_or_default();
+        assert!(text.contains("moved to xdp via the relay"), "{text}");
+    }
+
+    // No refusal anywhere; once idle the link closes, having carried
+    // every connection.
+    for log in [&r1_log, &r2_log] {
+        let text = wait_lines(log, " connections=", 1);
+        assert!(
+            !text.contains("busy") && !text.contains("refused"),
+            "{text}"
+        );
+        let carried: u64 = counters(log, " connections=", "connections").iter().sum();
+        let conns = text.matches("connection closed").count() as u64;
+        assert!(conns >= 10, "{text}");
+        assert_eq!(carried, conns, "{text}");
+        for l in text.lines().filter(|l| l.contains("link")) {
+            eprintln!("{l}");
+        }
+    }
+    // The closed link released the queue: the next connection opens a
+    // new one.
+    let (ok, err, _) = curl(&cns, &url, &b_body, &[], &b_log);
+    assert!(ok, "after the link closed: {err}");
+    assert_eq!(sha256(&b_body), want);
+    for log in [&r1_log, &r2_log] {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        assert_eq!(text.matches("link up").count(), 2, "{text}");
+    }
+    drop(a);
     drop(server);
     drop(r1);
     drop(r2);
