@@ -15,8 +15,9 @@
 //!
 //! One xdp flow, the *link*, joins two hosts' relays and carries every
 //! relayed connection between them, multiplexed: an AF_XDP socket holds
-//! its interface's queue, so a host has one link at a time (a connection
-//! to a third host while the link is up is refused; its library then
+//! its interface's queue, so a host has one link at a time: a connect to
+//! a third host closes the link if it carries no connection (a gatherer
+//! asking hosts in turn) and is refused otherwise (its library then
 //! resets it, the hellos having been exchanged). The link's states:
 //! down; opening (a listen waits for the other relay's flow, or a connect
 //! opens one; further requests wait for it, at most 4 s); up (one thread
@@ -783,12 +784,18 @@ mod imp {
                 },
             };
             if link.peer_ip != t.ip {
-                return Err(before(format!(
-                    "this host's link is to {} (one link per host: an xdp socket holds its interface's queue)",
-                    link.peer_name
-                )));
-            }
-            if link.flow_id != t.flow {
+                // One link per host (an xdp socket holds its interface's
+                // queue): an idle link gives way to a connection to
+                // another host (a gatherer asking hosts in turn); one
+                // carrying connections does not.
+                if !link.idle() {
+                    return Err(before(format!(
+                        "this host's link is to {} and carries connections (one link per host: an xdp socket holds its interface's queue)",
+                        link.peer_name
+                    )));
+                }
+                link.shut("a connection to another host: the idle link gives way");
+            } else if link.flow_id != t.flow {
                 // The other relay listens on a new flow: it lost this
                 // link (restarted, or timed it out). An idle link is
                 // closed at once; one still carrying connections is
