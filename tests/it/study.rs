@@ -48,7 +48,7 @@ fn the_budget_is_spread_into_repetitions_and_a_too_small_one_refused() {
     let s = study::load("004").expect("004");
     let figs: Vec<_> = s.figures.iter().collect();
     let none = |_: &study::data::Figure| Vec::new();
-    let runs = study::plan(&s, &figs, Duration::from_secs(600), false, &none).expect("plan");
+    let runs = study::plan(&s, &figs, Duration::from_secs(3600), false, &none).expect("plan");
     assert_eq!(runs.len(), s.figures.len());
     for r in &runs {
         assert_eq!(
@@ -130,14 +130,22 @@ fn html_text(s: &str) -> String {
         .replace('"', "&quot;")
 }
 
+/// Every study builds its testbed under one name (`study`): the tests
+/// that build one take turns.
+fn one_testbed_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    ONE.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 #[test]
 fn a_study_on_its_own_testbed_reports_every_figure_and_claim() {
+    let _one = one_testbed_at_a_time();
     if !system_ready("study::a_study_on_its_own_testbed") {
         return;
     }
     let dir = tempfile::tempdir().expect("tempdir");
     let out = ok(netgap()
-        .args(["study", "004", "--quick", "--budget", "8s", "-o"])
+        .args(["study", "004", "--quick", "--budget", "15s", "-o"])
         .arg(dir.path())
         .output()
         .expect("netgap study"));
@@ -196,6 +204,7 @@ fn a_study_on_its_own_testbed_reports_every_figure_and_claim() {
 #[test]
 fn study_000_puts_gmond_over_xdp_beside_tcp_in_figure_13u() {
     let test = "study_000_puts_gmond_over_xdp_beside_tcp_in_figure_13u";
+    let _one = one_testbed_at_a_time();
     if !system_ready(test) {
         return;
     }
