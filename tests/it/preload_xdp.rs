@@ -25,28 +25,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// The preload library next to the netgap binary, built once per test
-/// process (a `cargo test --test it` builds only the root package).
-fn library() -> PathBuf {
-    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            let netgap = netgap_path();
-            let dir = netgap.parent().expect("the binary's directory");
-            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-            let mut cmd = Command::new(cargo);
-            cmd.args(["build", "--quiet", "-p", "netgap-preload"]);
-            if dir.ends_with("release") {
-                cmd.arg("--release");
-            }
-            assert!(cmd.status().expect("cargo runs").success());
-            let lib = dir.join("libnetgap_preload.so");
-            assert!(lib.exists(), "{} after the build", lib.display());
-            lib
-        })
-        .clone()
-}
-
 fn programs_ready(test: &str) -> bool {
     for p in ["/usr/sbin/nginx", "/usr/bin/curl"] {
         if !Path::new(p).exists() {
@@ -119,7 +97,7 @@ fn wrapped(ns: &str, program: &str, args: &[&str], log: &Path) -> Command {
             "wrap", "-t", "xdp", "--", "timeout", "-s", "KILL", "300", program,
         ])
         .args(args)
-        .env("NETGAP_PRELOAD", library())
+        .env("NETGAP_PRELOAD", common::preload_library())
         .env("NETGAP_PRELOAD_LOG", log);
     c
 }

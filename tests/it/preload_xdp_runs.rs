@@ -15,16 +15,10 @@
 //! that is a failure).
 
 use crate::common::testbed::Testbed;
-use crate::common::{self, netgap, read_records, system_ready};
+use crate::common::{self, metric, netgap, read_records, system_ready};
 use serde_json::Value;
 use std::path::Path;
 use std::process::Command;
-
-fn metric(r: &Value, name: &str) -> f64 {
-    r["app"]["metrics"][name]
-        .as_f64()
-        .unwrap_or_else(|| panic!("metric {name} in {}", r["app"]))
-}
 
 /// The relays a run starts name their limits on the command line; a
 /// relay started by hand or by another test does not.

@@ -656,50 +656,60 @@ pub struct ProbeAnswer {
     pub nonce: [u8; 8],
 }
 
+/// A probe record's bytes: magic, version (u16), one byte of its own,
+/// zero, port (u16), two zero bytes, nonce (8 bytes).
+fn probe_record(magic: &[u8; 8], byte: u8, port: u16, nonce: &[u8; 8]) -> [u8; PROBE_BYTES] {
+    let mut b = [0u8; PROBE_BYTES];
+    b[..8].copy_from_slice(magic);
+    b[8..10].copy_from_slice(&PRELOAD_VERSION.to_le_bytes());
+    b[10] = byte;
+    b[12..14].copy_from_slice(&port.to_le_bytes());
+    b[16..24].copy_from_slice(nonce);
+    b
+}
+
+/// The fields of a probe record of exactly [`PROBE_BYTES`] with `magic`:
+/// its own byte, the port, the nonce.
+fn parse_probe_record(bytes: &[u8], magic: &[u8; 8]) -> Result<(u8, u16, [u8; 8]), HelloError> {
+    if bytes.len() != PROBE_BYTES {
+        return Err(HelloError::Short {
+            got_bytes: bytes.len(),
+            want_bytes: PROBE_BYTES,
+        });
+    }
+    check_head(bytes, magic)?;
+    if bytes[11] != 0 || bytes[14..16] != [0, 0] {
+        return Err(HelloError::Field {
+            field: "padding",
+            value: 1,
+        });
+    }
+    let mut nonce = [0u8; 8];
+    nonce.copy_from_slice(&bytes[16..24]);
+    Ok((bytes[10], u16_at(bytes, 12), nonce))
+}
+
 impl Probe {
-    /// The probe's bytes: magic, version (u16), family (u8), zero, port
-    /// (u16), two zero bytes, nonce (8 bytes).
+    /// The probe's bytes (its own byte: the family).
     pub fn encode(&self) -> [u8; PROBE_BYTES] {
-        let mut b = [0u8; PROBE_BYTES];
-        b[..8].copy_from_slice(&PROBE_MAGIC);
-        b[8..10].copy_from_slice(&PRELOAD_VERSION.to_le_bytes());
-        b[10] = self.family;
-        b[12..14].copy_from_slice(&self.port.to_le_bytes());
-        b[16..24].copy_from_slice(&self.nonce);
-        b
+        probe_record(&PROBE_MAGIC, self.family, self.port, &self.nonce)
     }
 
     /// Decodes a probe of exactly [`PROBE_BYTES`].
     pub fn decode(bytes: &[u8]) -> Result<Probe, HelloError> {
-        if bytes.len() != PROBE_BYTES {
-            return Err(HelloError::Short {
-                got_bytes: bytes.len(),
-                want_bytes: PROBE_BYTES,
-            });
-        }
-        check_head(bytes, &PROBE_MAGIC)?;
-        let family = bytes[10];
+        let (family, port, nonce) = parse_probe_record(bytes, &PROBE_MAGIC)?;
         if family != 4 && family != 6 {
             return Err(HelloError::Field {
                 field: "family",
                 value: u64::from(family),
             });
         }
-        let port = u16_at(bytes, 12);
         if port == 0 {
             return Err(HelloError::Field {
                 field: "port",
                 value: 0,
             });
         }
-        if bytes[11] != 0 || bytes[14..16] != [0, 0] {
-            return Err(HelloError::Field {
-                field: "padding",
-                value: 1,
-            });
-        }
-        let mut nonce = [0u8; 8];
-        nonce.copy_from_slice(&bytes[16..24]);
         Ok(Probe {
             family,
             port,
@@ -709,28 +719,20 @@ impl Probe {
 }
 
 impl ProbeAnswer {
-    /// The answer's bytes: magic, version (u16), listening (u8: 0 or 1),
-    /// zero, port (u16), two zero bytes, nonce (8 bytes).
+    /// The answer's bytes (its own byte: listening, 0 or 1).
     pub fn encode(&self) -> [u8; PROBE_BYTES] {
-        let mut b = [0u8; PROBE_BYTES];
-        b[..8].copy_from_slice(&PROBE_ANSWER_MAGIC);
-        b[8..10].copy_from_slice(&PRELOAD_VERSION.to_le_bytes());
-        b[10] = u8::from(self.listening);
-        b[12..14].copy_from_slice(&self.port.to_le_bytes());
-        b[16..24].copy_from_slice(&self.nonce);
-        b
+        probe_record(
+            &PROBE_ANSWER_MAGIC,
+            u8::from(self.listening),
+            self.port,
+            &self.nonce,
+        )
     }
 
     /// Decodes an answer of exactly [`PROBE_BYTES`].
     pub fn decode(bytes: &[u8]) -> Result<ProbeAnswer, HelloError> {
-        if bytes.len() != PROBE_BYTES {
-            return Err(HelloError::Short {
-                got_bytes: bytes.len(),
-                want_bytes: PROBE_BYTES,
-            });
-        }
-        check_head(bytes, &PROBE_ANSWER_MAGIC)?;
-        let listening = match bytes[10] {
+        let (listening, port, nonce) = parse_probe_record(bytes, &PROBE_ANSWER_MAGIC)?;
+        let listening = match listening {
             0 => false,
             1 => true,
             v => {
@@ -740,16 +742,8 @@ impl ProbeAnswer {
                 })
             }
         };
-        if bytes[11] != 0 || bytes[14..16] != [0, 0] {
-            return Err(HelloError::Field {
-                field: "padding",
-                value: 1,
-            });
-        }
-        let mut nonce = [0u8; 8];
-        nonce.copy_from_slice(&bytes[16..24]);
         Ok(ProbeAnswer {
-            port: u16_at(bytes, 12),
+            port,
             listening,
             nonce,
         })

@@ -276,10 +276,16 @@ impl LogSummary {
         };
         const KEPT: &str = "stays on the kernel's TCP: ";
         const RELAYED: &str = "moved to xdp via the relay";
-        if let Some(counters) = what.strip_prefix("relayed connection closed (") {
-            // The ring counters of a relayed connection are what crossed
-            // the relay; its kernel socket's bytes are setup and wake-ups.
-            self.closed_xdp += 1;
+        let relayed = what.strip_prefix("relayed connection closed (");
+        if let Some(counters) = relayed.or_else(|| what.strip_prefix("shm connection closed (")) {
+            // A relayed connection's ring counters are what crossed the
+            // relay; either's kernel socket bytes are setup and wake-ups.
+            let is_relayed = relayed.is_some();
+            if is_relayed {
+                self.closed_xdp += 1;
+            } else {
+                self.closed_shm += 1;
+            }
             for field in counters.split_whitespace() {
                 let Some((k, v)) = field.split_once('=') else {
                     continue;
@@ -287,34 +293,18 @@ impl LogSummary {
                 let Ok(v) = v.parse::<u64>() else {
                     continue;
                 };
-                let slot = match k {
-                    "shm_sent_bytes" | "shm_received_bytes" => &mut self.xdp_bytes,
-                    "kernel_tcp_sent_bytes" => &mut self.kernel_tcp_sent_bytes,
-                    "kernel_tcp_received_bytes" => &mut self.kernel_tcp_received_bytes,
+                let slot = match (k, is_relayed) {
+                    ("shm_sent_bytes" | "shm_received_bytes", true) => &mut self.xdp_bytes,
+                    ("shm_sent_bytes", false) => &mut self.shm_sent_bytes,
+                    ("shm_received_bytes", false) => &mut self.shm_received_bytes,
+                    ("kernel_tcp_sent_bytes", _) => &mut self.kernel_tcp_sent_bytes,
+                    ("kernel_tcp_received_bytes", _) => &mut self.kernel_tcp_received_bytes,
                     _ => continue,
                 };
                 *slot = slot.saturating_add(v);
             }
         } else if what == format!("accepted connection {RELAYED}") {
             self.accepted_xdp += 1;
-        } else if let Some(counters) = what.strip_prefix("shm connection closed (") {
-            self.closed_shm += 1;
-            for field in counters.split_whitespace() {
-                let Some((k, v)) = field.split_once('=') else {
-                    continue;
-                };
-                let Ok(v) = v.parse::<u64>() else {
-                    continue;
-                };
-                let slot = match k {
-                    "shm_sent_bytes" => &mut self.shm_sent_bytes,
-                    "shm_received_bytes" => &mut self.shm_received_bytes,
-                    "kernel_tcp_sent_bytes" => &mut self.kernel_tcp_sent_bytes,
-                    "kernel_tcp_received_bytes" => &mut self.kernel_tcp_received_bytes,
-                    _ => continue,
-                };
-                *slot = slot.saturating_add(v);
-            }
         } else if what == "accepted connection moved to shm" {
             self.accepted_shm += 1;
         } else if let Some(why) = what
