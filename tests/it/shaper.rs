@@ -125,9 +125,13 @@ fn a_host_sending_to_several_at_once_is_held_by_its_own_link() {
     }
     let (tb, _) = Testbed::up("tshapeup", &["--hosts", "3", "--rate", "1G"]);
     let dir = tempfile::tempdir().expect("tempdir");
+    // Each client host counts its own window, opened when its role
+    // starts: under load the two start some milliseconds apart, and the
+    // first counts a moment of the whole uplink. Windows of 2 s keep that
+    // under the 1% the check allows.
     let recs = tb.run(
         "fanout",
-        &["--clients", "2", "--reps", "3", "--duration", "400ms"],
+        &["--clients", "2", "--reps", "2", "--duration", "2s"],
         &dir.path().join("f.jsonl"),
     );
     assert_eq!(recs.len(), 1);
