@@ -365,7 +365,16 @@ fn a_sweep_interleaves_stacks_under_conditions_on_a_testbed() {
     let mut series = std::collections::BTreeMap::<(String, u64), Vec<u64>>::new();
     for r in &records {
         assert_eq!(r["test"], "sweep");
-        assert_eq!(r["options"]["interleaved"]["with"], 4, "{}", r["options"]);
+        // A point whose first measurement looked like a dropout (a
+        // disturbance of this shared machine) is measured again alone and
+        // says so; every other is one of its size's four.
+        let again = r["warnings"].as_array().is_some_and(|w| {
+            w.iter()
+                .any(|w| w.as_str().is_some_and(|w| w.contains("measured again")))
+        }) || !r["sweep"]["dropout"].is_null();
+        if !again {
+            assert_eq!(r["options"]["interleaved"]["with"], 4, "{}", r["options"]);
+        }
         assert_eq!(r["stats"]["reps"].as_array().map(Vec::len), Some(2));
         let mtu = r["stack"]["path"]["mtu_bytes"]
             .as_u64()
