@@ -222,6 +222,19 @@ fn counters(log: &Path, marker: &str, name: &str) -> Vec<u64> {
         .collect()
 }
 
+/// [`counters`] once the log has `n` of them, or after 5 s what it has: a
+/// relay logs a connection's close just after its program saw the end.
+fn counters_of(log: &Path, marker: &str, name: &str, n: usize) -> Vec<u64> {
+    let t0 = Instant::now();
+    loop {
+        let c = counters(log, marker, name);
+        if c.len() >= n || t0.elapsed() > Duration::from_secs(5) {
+            return c;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// The testbed, its two hosts' namespaces and the server's first-link
 /// address (the one the TCP connection takes).
 fn testbed(name: &str) -> (Testbed, String, String, String) {
@@ -279,7 +292,7 @@ fn nginx_and_curl_across_hosts_through_the_relays_then_without_a_relay_on_kernel
             "the TCP socket carried {t} bytes: {client_log}"
         );
     }
-    let tcp_out = counters(&s_log, "(listener)", "kernel_tcp_sent_bytes");
+    let tcp_out = counters_of(&s_log, "(listener)", "kernel_tcp_sent_bytes", 3);
     assert_eq!(
         tcp_out.len(),
         3,
@@ -287,8 +300,8 @@ fn nginx_and_curl_across_hosts_through_the_relays_then_without_a_relay_on_kernel
         std::fs::read_to_string(&s_log).unwrap_or_default()
     );
     assert!(tcp_out.iter().all(|t| t * 100 < 1 << 20), "{tcp_out:?}");
-    let r_in = counters(&r1_log, "connection closed", "relayed_in_bytes");
-    let r_out = counters(&r2_log, "connection closed", "relayed_out_bytes");
+    let r_in = counters_of(&r1_log, "connection closed", "relayed_in_bytes", 3);
+    let r_out = counters_of(&r2_log, "connection closed", "relayed_out_bytes", 3);
     assert_eq!(
         r_in.len(),
         3,
