@@ -11,8 +11,8 @@
 //!
 //! Limits: a probe is one datagram of exactly [`PROBE_BYTES`] and so is
 //! the answer (no amplification); `/proc/net/unix` is read at most every
-//! [`SCAN_EVERY`] and at most [`MAX_SCAN_BYTES`] of it; at most
-//! [`MAX_ANSWERS_PER_S`] answers a second, the rest dropped.
+//! 50 ms and at most 4 MiB of it; at most 5000 answers a second, the rest
+//! dropped.
 
 use netgap_proto::preload::{Probe, ProbeAnswer, PROBE_BYTES, PROBE_PORT};
 use std::collections::HashSet;
