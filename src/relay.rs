@@ -917,6 +917,40 @@ mod imp {
     }
 
     impl Link {
+        /// A link just up, with no connection yet, its two threads about
+        /// to start.
+        fn new(
+            out: mpsc::Sender<Out>,
+            local_name: String,
+            peer_name: String,
+            peer_ip: IpAddr,
+            flow_id: u16,
+            my_bit: u32,
+        ) -> Link {
+            Link {
+                out,
+                local_name,
+                peer_name,
+                peer_ip,
+                flow_id,
+                my_bit,
+                next_id: AtomicU32::new(1),
+                conns: Mutex::new(Conns {
+                    map: HashMap::new(),
+                    idle_since: Instant::now(),
+                }),
+                closing: AtomicBool::new(false),
+                shut_once: AtomicBool::new(false),
+                why: Mutex::new(None),
+                live_threads: AtomicU32::new(2),
+                t0: Instant::now(),
+                conns_total: AtomicU64::new(0),
+                frames_in: AtomicU64::new(0),
+                frames_out: AtomicU64::new(0),
+                unknown_id_frames: AtomicU64::new(0),
+            }
+        }
+
         /// Says hello both ways on a keyed flow, then runs the link's
         /// writing and receiving threads; the hub's state is `Up` with it.
         fn start(
@@ -949,28 +983,9 @@ mod imp {
             let peer = parse_addr(&peer_name)
                 .map_err(|e| format!("the other relay's hello: {peer_name}: {e}"))?;
             let (out, out_rx) = mpsc::channel();
-            let link = Arc::new(Link {
-                out,
-                local_name,
-                peer_name,
-                peer_ip: peer.ip,
-                flow_id,
-                my_bit,
-                next_id: AtomicU32::new(1),
-                conns: Mutex::new(Conns {
-                    map: HashMap::new(),
-                    idle_since: Instant::now(),
-                }),
-                closing: AtomicBool::new(false),
-                shut_once: AtomicBool::new(false),
-                why: Mutex::new(None),
-                live_threads: AtomicU32::new(2),
-                t0: Instant::now(),
-                conns_total: AtomicU64::new(0),
-                frames_in: AtomicU64::new(0),
-                frames_out: AtomicU64::new(0),
-                unknown_id_frames: AtomicU64::new(0),
-            });
+            let link = Arc::new(Link::new(
+                out, local_name, peer_name, peer.ip, flow_id, my_bit,
+            ));
             hub.set(State::Up(Arc::clone(&link)));
             log!(
                 "link up: {} {} (this end {})",
@@ -2157,28 +2172,14 @@ mod imp {
         /// and what it sends.
         fn link() -> (Arc<Link>, mpsc::Receiver<Out>) {
             let (out, rx) = mpsc::channel();
-            let link = Arc::new(Link {
+            let link = Arc::new(Link::new(
                 out,
-                local_name: "10.0.0.2/02:00:00:00:00:02/7".into(),
-                peer_name: "10.0.0.1/02:00:00:00:00:01/7".into(),
-                peer_ip: "10.0.0.1".parse().unwrap(),
-                flow_id: 7,
-                my_bit: 0,
-                next_id: AtomicU32::new(1),
-                conns: Mutex::new(Conns {
-                    map: HashMap::new(),
-                    idle_since: Instant::now(),
-                }),
-                closing: AtomicBool::new(false),
-                shut_once: AtomicBool::new(false),
-                why: Mutex::new(None),
-                live_threads: AtomicU32::new(2),
-                t0: Instant::now(),
-                conns_total: AtomicU64::new(0),
-                frames_in: AtomicU64::new(0),
-                frames_out: AtomicU64::new(0),
-                unknown_id_frames: AtomicU64::new(0),
-            });
+                "10.0.0.2/02:00:00:00:00:02/7".into(),
+                "10.0.0.1/02:00:00:00:00:01/7".into(),
+                "10.0.0.1".parse().unwrap(),
+                7,
+                0,
+            ));
             (link, rx)
         }
 
