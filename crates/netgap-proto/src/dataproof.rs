@@ -14,6 +14,10 @@
 //!    connector nonce ‖ listener nonce); the listener checks it
 //!    ([`ListenerProof::on_confirm`]) before its role starts.
 //!
+//! The answer and the confirmation end in zeros, so that each end sends
+//! [`PROOF_STREAM_BYTES`] in all and the payload keeps the stream's
+//! alignment.
+//!
 //! So an address that is not a netgap end of this point (a plain sink, a
 //! port of another service) gets a 20-byte nonce and never a payload
 //! byte, and a stranger connecting to a data listener is refused. The token
@@ -45,14 +49,34 @@ pub const TOKEN_BYTES: usize = 32;
 pub const NONCE_BYTES: usize = 16;
 /// Bytes of a data-proof tag (HMAC-SHA256).
 pub const TAG_BYTES: usize = 32;
-/// First bytes of the connector's hello and the listener's answer.
-const MAGIC: &[u8; 4] = b"NGD1";
+/// First bytes of the connector's hello and the listener's answer
+/// (version 2: the answer and the confirmation are padded, below).
+const MAGIC: &[u8; 4] = b"NGD2";
+/// Bytes each end sends in the proof, both ways alike: a whole number of
+/// cache-line pairs, so the payload after it starts where the byte stream
+/// started. A transport whose stream is a ring in memory (shm, the preload
+/// library's channels) places byte `i` of the stream at offset `i` of a
+/// page-aligned region, so with an odd-sized proof (52 bytes each way, as
+/// in version 1) every 64-byte message straddled two cache lines and cost
+/// two line transfers instead of one.
+pub const PROOF_STREAM_BYTES: usize = 128;
 /// Bytes of the connector's hello: magic and nonce.
 pub const HELLO_BYTES: usize = MAGIC.len() + NONCE_BYTES;
-/// Bytes of the listener's answer: magic, nonce and tag.
-pub const ANSWER_BYTES: usize = MAGIC.len() + NONCE_BYTES + TAG_BYTES;
-/// Bytes of the connector's confirmation: its tag.
-pub const CONFIRM_BYTES: usize = TAG_BYTES;
+/// Bytes of the listener's answer: magic, nonce and tag, then zeros up to
+/// [`PROOF_STREAM_BYTES`].
+pub const ANSWER_BYTES: usize = PROOF_STREAM_BYTES;
+/// Bytes of the connector's confirmation: its tag, then zeros up to
+/// [`PROOF_STREAM_BYTES`] with the hello.
+pub const CONFIRM_BYTES: usize = PROOF_STREAM_BYTES - HELLO_BYTES;
+/// Where the listener's tag ends in its answer; zeros follow.
+const ANSWER_TAG_END: usize = MAGIC.len() + NONCE_BYTES + TAG_BYTES;
+
+const _: () = assert!(ANSWER_TAG_END <= ANSWER_BYTES && TAG_BYTES <= CONFIRM_BYTES);
+
+/// Whether the padding after a message's fields is all zeros.
+fn zeros(padding: &[u8]) -> bool {
+    padding.iter().all(|&b| b == 0)
+}
 /// Domain separation of the listener's tag.
 pub const LISTENER_CONTEXT: &[u8] = b"netgap data v1: listener";
 /// Domain separation of the connector's tag.
@@ -192,16 +216,19 @@ impl ConnectorProof {
     /// Checks the listener's answer; the confirmation to send when it holds
     /// the token. Never panics.
     pub fn on_answer(&self, answer: &[u8]) -> Result<[u8; CONFIRM_BYTES], DataProofError> {
-        if answer.len() != ANSWER_BYTES || !answer.starts_with(MAGIC) {
+        if answer.len() != ANSWER_BYTES
+            || !answer.starts_with(MAGIC)
+            || !zeros(&answer[ANSWER_TAG_END..])
+        {
             return Err(DataProofError::NotNetgap);
         }
-        let (nonce, tag) = answer[MAGIC.len()..].split_at(NONCE_BYTES);
+        let (nonce, tag) = answer[MAGIC.len()..ANSWER_TAG_END].split_at(NONCE_BYTES);
         self.token
             .tag(LISTENER_CONTEXT, &self.nonce, nonce)
             .verify_slice(tag)
             .map_err(|_| DataProofError::WrongSession)?;
         let mut confirm = [0u8; CONFIRM_BYTES];
-        confirm.copy_from_slice(
+        confirm[..TAG_BYTES].copy_from_slice(
             &self
                 .token
                 .tag(CONNECTOR_CONTEXT, &self.nonce, nonce)
@@ -252,7 +279,7 @@ impl ListenerProof {
         let mut out = [0u8; ANSWER_BYTES];
         out[..MAGIC.len()].copy_from_slice(MAGIC);
         out[MAGIC.len()..MAGIC.len() + NONCE_BYTES].copy_from_slice(&self.nonce);
-        out[MAGIC.len() + NONCE_BYTES..].copy_from_slice(
+        out[MAGIC.len() + NONCE_BYTES..ANSWER_TAG_END].copy_from_slice(
             &self
                 .token
                 .tag(LISTENER_CONTEXT, &connector, &self.nonce)
@@ -266,12 +293,12 @@ impl ListenerProof {
     /// this point's token. Never panics.
     pub fn on_confirm(&self, confirm: &[u8]) -> Result<(), DataProofError> {
         let connector = self.connector.ok_or(DataProofError::NotNetgap)?;
-        if confirm.len() != CONFIRM_BYTES {
+        if confirm.len() != CONFIRM_BYTES || !zeros(&confirm[TAG_BYTES..]) {
             return Err(DataProofError::NotNetgap);
         }
         self.token
             .tag(CONNECTOR_CONTEXT, &connector, &self.nonce)
-            .verify_slice(confirm)
+            .verify_slice(&confirm[..TAG_BYTES])
             .map_err(|_| DataProofError::WrongSession)
     }
 
@@ -519,6 +546,24 @@ mod tests {
     }
 
     #[test]
+    fn each_way_the_proof_is_a_whole_number_of_line_pairs_padded_with_zeros() {
+        assert_eq!(HELLO_BYTES + CONFIRM_BYTES, PROOF_STREAM_BYTES);
+        assert_eq!(ANSWER_BYTES, PROOF_STREAM_BYTES);
+        assert_eq!(PROOF_STREAM_BYTES % 128, 0);
+        let c = ConnectorProof::new(token(1), [2; NONCE_BYTES]);
+        let mut l = ListenerProof::new(token(1), [3; NONCE_BYTES]);
+        let mut answer = l.on_hello(&c.hello()).unwrap();
+        let mut confirm = c.on_answer(&answer).unwrap();
+        assert!(zeros(&answer[ANSWER_TAG_END..]) && zeros(&confirm[TAG_BYTES..]));
+        assert_eq!(l.on_confirm(&confirm), Ok(()));
+        // A byte in the padding makes either message no proof.
+        confirm[CONFIRM_BYTES - 1] = 1;
+        assert_eq!(l.on_confirm(&confirm), Err(DataProofError::NotNetgap));
+        answer[ANSWER_BYTES - 1] = 1;
+        assert_eq!(c.on_answer(&answer), Err(DataProofError::NotNetgap));
+    }
+
+    #[test]
     fn both_ends_of_a_proven_connection_derive_one_flow_key_no_one_else_does() {
         let c = ConnectorProof::new(token(1), [2; NONCE_BYTES]);
         let mut l = ListenerProof::new(token(1), [3; NONCE_BYTES]);
@@ -534,8 +579,11 @@ mod tests {
         assert_eq!(format!("{key:?}"), "FlowKey(..)");
         // Not the token, and not a tag that crossed the wire.
         assert_ne!(key.bytes(), &[1; TOKEN_BYTES]);
-        assert_ne!(&key.bytes()[..], &answer[MAGIC.len() + NONCE_BYTES..]);
-        assert_ne!(&key.bytes()[..], &confirm[..]);
+        assert_ne!(
+            &key.bytes()[..],
+            &answer[MAGIC.len() + NONCE_BYTES..ANSWER_TAG_END]
+        );
+        assert_ne!(&key.bytes()[..], &confirm[..TAG_BYTES]);
         // No key from a forged confirmation or answer.
         assert_eq!(
             l.flow_key(&[0; CONFIRM_BYTES]),
