@@ -18,7 +18,11 @@
 //! its interface's queue, so a host has one link at a time: a connect to
 //! a third host closes the link if it carries no connection (a gatherer
 //! asking hosts in turn) and is refused otherwise (its library then
-//! resets it, the hellos having been exchanged). The link's states:
+//! resets it, the hellos having been exchanged). A listen for a
+//! connection whose TCP peer is not the address the link's first
+//! connection came from (another host) is treated alike: an idle link
+//! gives way, a busy one refuses, and the library keeps that connection
+//! on the kernel's TCP. The link's states:
 //! down; opening (a listen waits for the other relay's flow, or a connect
 //! opens one; further requests wait for it, at most 4 s); up (one thread
 //! writes every frame, in order, from a queue, with a keep-alive when
@@ -668,6 +672,24 @@ mod imp {
         let mut st = hub.lock();
         loop {
             match &*st {
+                State::Up(link) if !link.closing() && link.peer_tcp_ip != tcp_peer => {
+                    // One link per host: the connection comes from a host
+                    // this link does not reach. An idle link gives way (a
+                    // gatherer's hosts asked in turn); one carrying
+                    // connections does not, and the connection stays on
+                    // the kernel's TCP (the library answers its connector
+                    // with the refusal).
+                    if !link.idle() {
+                        return Err(before(format!(
+                            "a connection from {tcp_peer}, but this host's link is to {} (connections from {}) and carries connections (one link per host: an xdp socket holds its interface's queue)",
+                            link.peer_name, link.peer_tcp_ip
+                        )));
+                    }
+                    let link = Arc::clone(link);
+                    drop(st);
+                    link.shut("a connection from another host: the idle link gives way");
+                    st = hub.lock();
+                }
                 State::Up(link) if !link.closing() => {
                     let name = link.local_name.clone();
                     link.touch();
@@ -740,7 +762,7 @@ mod imp {
         drop(l);
         flow.bind_session(&FlowKey::from_bytes(key))
             .map_err(|e| fail(format!("keying the link: {e}")))?;
-        Link::start(hub, flow, name, 0, flow_id).map_err(fail)?;
+        Link::start(hub, flow, name, (0, flow_id), tcp_peer).map_err(fail)?;
         Ok(())
     }
 
@@ -775,7 +797,7 @@ mod imp {
             drop(st);
             let link = match up {
                 Some(l) => l,
-                None => match open_connecting(hub, t, target, key, who) {
+                None => match open_connecting(hub, t, target, key, tcp_peer, who) {
                     Ok(l) => l,
                     Err(why) => {
                         hub.set(State::Down);
@@ -831,6 +853,7 @@ mod imp {
         t: XdpAddr,
         target: &str,
         key: &[u8; frame::KEY_BYTES],
+        tcp_peer: IpAddr,
         who: &str,
     ) -> Result<Arc<Link>, String> {
         let mut flow = Xdp
@@ -840,7 +863,7 @@ mod imp {
             .map_err(|e| format!("keying the link: {e}"))?;
         let name = own_end(t)?;
         log!("{who}: no link: connected to {target}");
-        Link::start(hub, flow, name, frame::CONNECTOR_BIT, t.flow)
+        Link::start(hub, flow, name, (frame::CONNECTOR_BIT, t.flow), tcp_peer)
     }
 
     /// This host's end of a link to `t`: the address and MAC of the
@@ -898,6 +921,11 @@ mod imp {
         /// The other relay's end, from its `LINK_HELLO`.
         peer_name: String,
         peer_ip: IpAddr,
+        /// The TCP peer address of the connection that opened the link:
+        /// the other host as its programs' connections come from it. A
+        /// listen for a connection from any other address is not this
+        /// link's.
+        peer_tcp_ip: IpAddr,
         /// The listening end's flow id: both ends name it.
         flow_id: u16,
         /// The id bit of the connections this end opens.
@@ -923,7 +951,7 @@ mod imp {
             out: mpsc::Sender<Out>,
             local_name: String,
             peer_name: String,
-            peer_ip: IpAddr,
+            (peer_ip, peer_tcp_ip): (IpAddr, IpAddr),
             flow_id: u16,
             my_bit: u32,
         ) -> Link {
@@ -932,6 +960,7 @@ mod imp {
                 local_name,
                 peer_name,
                 peer_ip,
+                peer_tcp_ip,
                 flow_id,
                 my_bit,
                 next_id: AtomicU32::new(1),
@@ -957,8 +986,8 @@ mod imp {
             hub: &Arc<Hub>,
             flow: Box<dyn Flow>,
             local_name: String,
-            my_bit: u32,
-            flow_id: u16,
+            (my_bit, flow_id): (u32, u16),
+            peer_tcp_ip: IpAddr,
         ) -> Result<Arc<Link>, String> {
             let (mut tx, mut rx) = flow.into_halves();
             tx.send_all(&frame::frame(Kind::LinkHello, 0, local_name.as_bytes()))
@@ -984,7 +1013,12 @@ mod imp {
                 .map_err(|e| format!("the other relay's hello: {peer_name}: {e}"))?;
             let (out, out_rx) = mpsc::channel();
             let link = Arc::new(Link::new(
-                out, local_name, peer_name, peer.ip, flow_id, my_bit,
+                out,
+                local_name,
+                peer_name,
+                (peer.ip, peer_tcp_ip),
+                flow_id,
+                my_bit,
             ));
             hub.set(State::Up(Arc::clone(&link)));
             log!(
@@ -2176,7 +2210,7 @@ mod imp {
                 out,
                 "10.0.0.2/02:00:00:00:00:02/7".into(),
                 "10.0.0.1/02:00:00:00:00:01/7".into(),
-                "10.0.0.1".parse().unwrap(),
+                ("10.0.0.1".parse().unwrap(), "10.0.1.1".parse().unwrap()),
                 7,
                 0,
             ));

@@ -697,3 +697,125 @@ fn many_connections_at_once_share_one_link_and_a_stopped_reader_stalls_only_its_
     tb.down();
     tb.assert_gone();
 }
+
+/// A server host's relay holds one link at a time (its xdp socket holds
+/// the interface's queue): while the link to one client host carries a
+/// transfer, a connection from a third host is refused by the server's
+/// relay and stays on the kernel's TCP, its body intact; once the link is
+/// idle, it gives way and the third host's next connection moves to xdp.
+#[test]
+fn a_connection_from_a_third_host_stays_on_kernel_tcp_while_the_link_is_busy_then_takes_it_xdp() {
+    let test =
+        "a_connection_from_a_third_host_stays_on_kernel_tcp_while_the_link_is_busy_then_takes_it_xdp";
+    if !system_ready(test) || !programs_ready(test) {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (root, want) = docroot(dir.path());
+    let want16 = sha256(&root.join("f16m"));
+    let (tb, _) = Testbed::up(
+        "pxdp4",
+        &["--hosts", "3", "--topology", "switch", "--links", "2"],
+    );
+    let hosts = tb.hosts();
+    let ip = hosts.hosts[1].address.to_string();
+    let (ns1, sns, ns3) = (
+        tb.ns(&hosts.hosts[0].name),
+        tb.ns(&hosts.hosts[1].name),
+        tb.ns(&hosts.hosts[2].name),
+    );
+    let logs: Vec<PathBuf> = (1..=3)
+        .map(|i| dir.path().join(format!("relay{i}.log")))
+        .collect();
+    let relays = [
+        relay(&ns1, &logs[0]),
+        relay(&sns, &logs[1]),
+        relay(&ns3, &logs[2]),
+    ];
+    let s_log = dir.path().join("server.log");
+    let server = nginx(&sns, &ip, dir.path(), &root, &s_log);
+
+    // Host 1 holds the link with a slow 16 MiB transfer (about 4 s).
+    let (c1_log, c3_log) = (dir.path().join("c1.log"), dir.path().join("c3.log"));
+    let body16 = dir.path().join("body16");
+    let slow = wrapped(
+        &ns1,
+        "/usr/bin/curl",
+        &[
+            "-sS",
+            "--max-time",
+            "60",
+            "--limit-rate",
+            "4M",
+            "-o",
+            body16.to_str().expect("utf-8"),
+            &format!("http://{ip}:8080/f16m"),
+        ],
+        &c1_log,
+    )
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped())
+    .spawn()
+    .expect("curl starts");
+    let slow = Guard(slow);
+    let t0 = Instant::now();
+    while !std::fs::read_to_string(&c1_log)
+        .unwrap_or_default()
+        .contains("moved to xdp via the relay")
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the slow transfer did not move to xdp: {}",
+            std::fs::read_to_string(&c1_log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    // Host 3 meanwhile: refused by the server's relay, kept on the
+    // kernel's TCP, the body intact.
+    let url = format!("http://{ip}:8080/f1m");
+    let body = dir.path().join("body");
+    let (ok, err, _) = curl(&ns3, &url, &body, &[], &c3_log);
+    assert!(ok, "{err}");
+    assert_eq!(sha256(&body), want);
+    let c3 = std::fs::read_to_string(&c3_log).unwrap_or_default();
+    assert!(
+        c3.contains("stays on the kernel's TCP: the listener refused"),
+        "{c3}"
+    );
+    let r2 = std::fs::read_to_string(&logs[1]).unwrap_or_default();
+    assert!(
+        r2.contains("carries connections (one link per host"),
+        "{r2}"
+    );
+
+    // The slow transfer completes over its link, untouched.
+    let mut slow = slow;
+    let t0 = Instant::now();
+    let status = loop {
+        if let Ok(Some(s)) = slow.0.try_wait() {
+            break s;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the slow curl hangs"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "the slow transfer failed");
+    assert_eq!(sha256(&body16), want16);
+
+    // The link is idle now: it gives way to host 3, whose next
+    // connection moves to xdp.
+    let _ = counters_of(&logs[1], "connection closed", "relayed_out_bytes", 1);
+    let (ok, err, _) = curl(&ns3, &url, &body, &[], &c3_log);
+    assert!(ok, "{err}");
+    assert_eq!(sha256(&body), want);
+    let c3 = std::fs::read_to_string(&c3_log).unwrap_or_default();
+    assert_eq!(c3.matches("moved to xdp via the relay").count(), 1, "{c3}");
+    let r3 = wait_lines(&logs[2], "link up", 1);
+    assert!(r3.contains("link up"), "{r3}");
+    drop(server);
+    drop(relays);
+    drop(tb);
+}
