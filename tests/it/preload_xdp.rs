@@ -207,6 +207,31 @@ fn curl(ns: &str, url: &str, out: &Path, extra: &[&str], log: &Path) -> (bool, S
     )
 }
 
+/// Wrapped curl in `ns` fetching `f16m` from `ip` into `out` at 4 MB/s
+/// (about 4 s), in the background.
+fn slow_curl(ns: &str, ip: &str, out: &Path, log: &Path) -> Guard {
+    let child = wrapped(
+        ns,
+        "/usr/bin/curl",
+        &[
+            "-sS",
+            "--max-time",
+            "120",
+            "--limit-rate",
+            "4M",
+            "-o",
+            out.to_str().expect("utf-8"),
+            &format!("http://{ip}:8080/f16m"),
+        ],
+        log,
+    )
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .expect("curl starts");
+    Guard(child)
+}
+
 /// The `name=` values of the library's or the relay's log lines that
 /// contain `marker`.
 fn counters(log: &Path, marker: &str, name: &str) -> Vec<u64> {
@@ -587,26 +612,7 @@ fn many_connections_at_once_share_one_link_and_a_stopped_reader_stalls_only_its_
     // second transfer on the same link completes while the first is
     // stopped, then the first completes too, both bodies intact.
     let (a_body, a_log) = (dir.path().join("slow"), dir.path().join("slow.log"));
-    let a = wrapped(
-        &cns,
-        "/usr/bin/curl",
-        &[
-            "-sS",
-            "--max-time",
-            "120",
-            "--limit-rate",
-            "4M",
-            "-o",
-            a_body.to_str().expect("utf-8"),
-            &format!("http://{ip}:8080/f16m"),
-        ],
-        &a_log,
-    )
-    .stdout(Stdio::null())
-    .stderr(Stdio::null())
-    .spawn()
-    .expect("curl starts");
-    let mut a = Guard(a);
+    let mut a = slow_curl(&cns, &ip, &a_body, &a_log);
     let t0 = Instant::now();
     let a_pid = loop {
         let started = std::fs::metadata(&a_body).map_or(0, |m| m.len()) >= 1 << 20;
@@ -738,26 +744,7 @@ fn a_connection_from_a_third_host_stays_on_kernel_tcp_while_the_link_is_busy_the
     // Host 1 holds the link with a slow 16 MiB transfer (about 4 s).
     let (c1_log, c3_log) = (dir.path().join("c1.log"), dir.path().join("c3.log"));
     let body16 = dir.path().join("body16");
-    let slow = wrapped(
-        &ns1,
-        "/usr/bin/curl",
-        &[
-            "-sS",
-            "--max-time",
-            "60",
-            "--limit-rate",
-            "4M",
-            "-o",
-            body16.to_str().expect("utf-8"),
-            &format!("http://{ip}:8080/f16m"),
-        ],
-        &c1_log,
-    )
-    .stdout(Stdio::null())
-    .stderr(Stdio::piped())
-    .spawn()
-    .expect("curl starts");
-    let slow = Guard(slow);
+    let slow = slow_curl(&ns1, &ip, &body16, &c1_log);
     let t0 = Instant::now();
     while !std::fs::read_to_string(&c1_log)
         .unwrap_or_default()
