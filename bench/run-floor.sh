@@ -5,7 +5,8 @@
 #
 #   sudo bash bench/run-floor.sh [--quick] [--rounds R] [--wait-quiet S]
 #                                [--retry-disturbed N] [--no-testbed]
-#                                [--only GROUPS] [--report-only DIR]
+#                                [--only GROUPS] [--congestion CC]
+#                                [--report-only DIR]
 #
 #   --quick          one round, short runs: checks that the script works
 #   --rounds R       repeat the interleaved sequence R times (default 3)
@@ -15,6 +16,11 @@
 #   --no-testbed     loopback figures only (no udp and xdp rows; no root)
 #   --only GROUPS    only these rows, a comma-separated list of tcp, shm,
 #                    udp and xdp (e.g. --only xdp,udp)
+#   --congestion CC  the tcp streams under congestion control CC (e.g.
+#                    cubic) instead of the system's default: the floor
+#                    (-Z), netgap (--congestion) and iperf3 (-C); qperf and
+#                    NPtcp cannot choose one, so their stream rows are left
+#                    out
 #   --report-only D  re-parse an earlier run's raw outputs in D
 #
 # Figures (every tool pinned alike: servers on CPU 1, clients on CPU 0):
@@ -49,6 +55,7 @@ TESTBED=1
 ROUNDS=""
 REPORT_ONLY=""
 ONLY=tcp,shm,udp,xdp
+CONGESTION=""
 while [ $# -gt 0 ]; do
 	case "$1" in
 	--quick) QUICK=1 ;;
@@ -58,6 +65,7 @@ while [ $# -gt 0 ]; do
 	--no-testbed) TESTBED=0 ;;
 	--report-only) REPORT_ONLY=${2:?--report-only needs a directory}; shift ;;
 	--only) ONLY=${2:?--only needs groups, e.g. xdp,udp}; shift ;;
+	--congestion) CONGESTION=${2:?--congestion needs a name, e.g. cubic}; shift ;;
 	-h | --help) sed -n '2,36p' "$0"; exit 0 ;;
 	*) echo "unknown option: $1" >&2; exit 2 ;;
 	esac
@@ -70,6 +78,19 @@ for g in ${ONLY//,/ }; do
 	*) echo "--only: unknown group '$g' (give tcp, shm, udp or xdp, comma-separated)" >&2; exit 2 ;;
 	esac
 done
+if [ -n "$CONGESTION" ] && ! grep -qw "$CONGESTION" /proc/sys/net/ipv4/tcp_available_congestion_control; then
+	echo "--congestion: '$CONGESTION' is not available here ($(cat /proc/sys/net/ipv4/tcp_available_congestion_control))" >&2
+	exit 2
+fi
+# The stream tools' flags that choose the congestion control, when asked.
+CC_FLOOR=(); CC_NETGAP=(); CC_IPERF=()
+if [ -n "$CONGESTION" ]; then
+	CC_FLOOR=(-Z "$CONGESTION"); CC_NETGAP=(--congestion "$CONGESTION"); CC_IPERF=(-C "$CONGESTION")
+fi
+# qperf and NPtcp cannot choose a congestion control: their streams run
+# only under the system's.
+BW_TOOLS=(floor_stream netgap_stream iperf3 qperf_bw)
+[ -z "$CONGESTION" ] || BW_TOOLS=(floor_stream netgap_stream iperf3)
 # want GROUP: whether --only kept GROUP's rows
 want() { [[ ",$ONLY," == *",$1,"* ]]; }
 # the udp and xdp rows are the only ones on the testbed
@@ -351,7 +372,7 @@ NETGAP=$OUT/netgap
 	echo "hypervisor: $(lscpu | sed -n 's/^Hypervisor vendor: *//p' | head -1)"
 	echo "kernel: $(uname -r)"
 	echo "os: $(. /etc/os-release && echo "$PRETTY_NAME")"
-	echo "tcp congestion control: $(sysctl -n net.ipv4.tcp_congestion_control)"
+	echo "tcp congestion control: $(sysctl -n net.ipv4.tcp_congestion_control)${CONGESTION:+ (the streams of the floor, netgap and iperf3: $CONGESTION; qperf and NPtcp streams not run)}"
 	echo "placement: servers on CPU $SERVER_CPU, clients on CPU $CLIENT_CPU"
 	echo "load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
 	echo "cc: $(cc --version | head -1)"
@@ -457,7 +478,7 @@ phase_floor_stream() {
 		"$FLOOR/stream" -s -b "$HOST" -p "$P_STREAM" -l "$size" -T 120 || { FAILED+=("floor_stream_$size"); return; }
 	pid=$LAST_SERVER
 	client "floor_stream_$size" $((BW_SECS + 30)) "$FLOOR/stream" -c "$HOST" -p "$P_STREAM" \
-		-l "$size" -t "$((BW_SECS + 1))" -O 1 -T 120 || true
+		-l "$size" -t "$((BW_SECS + 1))" -O 1 -T 120 "${CC_FLOOR[@]}" || true
 	stop_server "$pid" 5
 }
 
@@ -465,14 +486,14 @@ phase_netgap_stream() {
 	local size=$1 f=$RAW/netgap_stream_$1.jsonl
 	rm -f "$f"; PHASE_FILES+=("$f")
 	run_limited "netgap_stream_$size" 300 "$NETGAP" run stream --transport tcp --sizes "$(size_label "$size")" \
-		--rep-time "$NG_REP_TIME" --reps "$NG_BW_REPS" --pin "$CLIENT_CPU,$SERVER_CPU" --json "$f" || true
+		--rep-time "$NG_REP_TIME" --reps "$NG_BW_REPS" --pin "$CLIENT_CPU,$SERVER_CPU" "${CC_NETGAP[@]}" --json "$f" || true
 }
 
 phase_iperf3() {
 	local size=$1 pid
 	start_server "iperf3_server_$size" 120 "$P_IPERF" iperf3 -s -1 -B "$HOST" -p "$P_IPERF" || { FAILED+=("iperf3_$size"); return; }
 	pid=$LAST_SERVER
-	client "iperf3_$size" $((BW_SECS + 40)) iperf3 -c "$HOST" -p "$P_IPERF" -l "$size" -t "$BW_SECS" -O 1 -J || true
+	client "iperf3_$size" $((BW_SECS + 40)) iperf3 -c "$HOST" -p "$P_IPERF" -l "$size" -t "$BW_SECS" -O 1 "${CC_IPERF[@]}" -J || true
 	stop_server "$pid" 5
 }
 
@@ -588,11 +609,11 @@ for ((ROUND = 1; ROUND <= ROUNDS; ROUND++)); do
 	k=$((ROUND - 1))
 	if want tcp; then
 		for size in "${BW_SIZES[@]}"; do
-			for tool in $(rotate "$k" floor_stream netgap_stream iperf3 qperf_bw); do
+			for tool in $(rotate "$k" "${BW_TOOLS[@]}"); do
 				run_phase "$tool" "$size"
 			done
 		done
-		run_phase nptcp_stream
+		[ -n "$CONGESTION" ] || run_phase nptcp_stream
 		for size in "${PP_SIZES[@]}"; do
 			for tool in $(rotate "$k" floor_pingpong netgap_pingpong sockperf qperf_lat); do
 				run_phase "$tool" "$size"
