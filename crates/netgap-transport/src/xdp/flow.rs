@@ -92,6 +92,9 @@ pub(crate) struct PortIo {
     /// sends a bounded batch per doorbell (32 in copy mode), so the bell
     /// rings again while any wait.
     tx_outstanding: u32,
+    /// Data frames each session may keep in flight: the buffers past the
+    /// control reserve, shared evenly (set when sessions come and go).
+    share: usize,
     t0: Instant,
     /// The clock as the latest pump read it, ns since `t0`.
     now_cache_ns: u64,
@@ -127,6 +130,7 @@ impl PortIo {
             tx_release: vec![false; tx_count as usize],
             tx_queued: false,
             tx_outstanding: 0,
+            share: (tx_count as usize).saturating_sub(CONTROL_RESERVE_FRAMES),
             t0: Instant::now(),
             now_cache_ns: 0,
             pumps_unclocked: 0,
@@ -526,15 +530,14 @@ impl Session {
     }
 
     /// Sends as much of `buf` as credit, buffers and this session's share
-    /// of them (`share` data frames in flight) allow; returns the bytes
-    /// taken.
-    fn send_some(&mut self, io: &mut PortIo, buf: &[u8], share: usize) -> Result<usize, FlowError> {
+    /// of them allow; returns the bytes taken.
+    fn send_some(&mut self, io: &mut PortIo, buf: &[u8]) -> Result<usize, FlowError> {
         let mut taken = 0;
         // One clock read for the frames of one call: they go out together.
         let now = io.now_ns();
         while taken < buf.len()
             && self.send.may_send()
-            && self.send.in_flight() < share
+            && self.send.in_flight() < io.share
             && io.free_tx.len() > CONTROL_RESERVE_FRAMES
         {
             let end = (taken + self.mss).min(buf.len());
@@ -608,10 +611,11 @@ pub(crate) struct PortState {
 }
 
 impl PortState {
-    /// Data frames each session may keep in flight now: the buffers past
-    /// the control reserve, shared evenly.
-    fn share(&self) -> usize {
-        self.io.tx_count().saturating_sub(CONTROL_RESERVE_FRAMES) / self.table.sessions().max(1)
+    /// Shares the transmit buffers past the control reserve evenly among
+    /// the sessions there are now.
+    fn reshare(&mut self) {
+        self.io.share = self.io.tx_count().saturating_sub(CONTROL_RESERVE_FRAMES)
+            / self.table.sessions().max(1);
     }
 
     fn new_session(&mut self) -> io::Result<Session> {
@@ -722,7 +726,9 @@ impl PortState {
         self.io.scratch_frames = bytes;
         self.io.scratch_ends = ends;
         // Half-open sessions nobody confirmed in time go.
-        drop(self.table.expire(now));
+        if !self.table.expire(now).is_empty() {
+            self.reshare();
+        }
         let io = &mut self.io;
         for slot in self.table.slots_mut() {
             let s = &mut slot.value;
@@ -765,6 +771,7 @@ impl PortState {
                 s.post(&mut self.io, Kind::SynAck, 0, &[], false);
                 self.table
                     .insert_accepted(id, listener, (src, h.src_flow), now, s);
+                self.reshare();
             }
             Route::Drop => {}
         }
@@ -867,6 +874,7 @@ impl Port {
         for s in st.table.unlisten(id) {
             st.table.remove(s);
         }
+        st.reshare();
     }
 
     /// The oldest session opened to listener `id`, if any, taken.
@@ -884,6 +892,7 @@ impl Port {
         s.syn_to = Some(peer);
         s.post(&mut st.io, Kind::Syn, 0, &[], false);
         st.table.insert(id, s);
+        st.reshare();
         st.io.flush()?;
         Ok(id)
     }
@@ -904,7 +913,9 @@ impl Port {
 
     /// Closes session `id` at once (a flow that never opened).
     pub(crate) fn remove(&self, id: u16) {
-        self.lock().table.remove(id);
+        let mut st = self.lock();
+        st.table.remove(id);
+        st.reshare();
     }
 }
 
@@ -954,7 +965,7 @@ impl Shared {
     pub(crate) fn wait_for<T>(
         &self,
         timeout: Duration,
-        mut attempt: impl FnMut(&mut PortIo, &mut Session, usize) -> Result<Option<T>, FlowError>,
+        mut attempt: impl FnMut(&mut PortIo, &mut Session) -> Result<Option<T>, FlowError>,
     ) -> Result<T, FlowError> {
         // The deadline is on the port's clock as its pumps read it (every
         // few spins), so waiting adds no clock read of its own.
@@ -969,10 +980,9 @@ impl Shared {
             // or a receive whose bytes are here, needs none.
             if first {
                 first = false;
-                let share = st.share();
                 let (io, s) = st.session(self.id)?;
                 seen_arrivals = s.arrivals;
-                if let Some(v) = attempt(io, s, share)? {
+                if let Some(v) = attempt(io, s)? {
                     return Ok(v);
                 }
             }
@@ -980,9 +990,8 @@ impl Shared {
             // uses a recent pump's (the deadline starts at the first pump
             // that read it).
             st.pump(self.mode == Mode::Event)?;
-            let share = st.share();
             let (io, s) = st.session(self.id)?;
-            if let Some(v) = attempt(io, s, share)? {
+            if let Some(v) = attempt(io, s)? {
                 return Ok(v);
             }
             if s.arrivals != seen_arrivals {
@@ -1115,8 +1124,8 @@ pub(crate) struct Half {
 impl Sender for Half {
     fn send_some(&mut self, buf: &[u8]) -> Result<usize, FlowError> {
         let timeout = self.shared.timeout;
-        self.shared.wait_for(timeout, |io, s, share| {
-            let n = s.send_some(io, buf, share)?;
+        self.shared.wait_for(timeout, |io, s| {
+            let n = s.send_some(io, buf)?;
             Ok((n > 0).then_some(n))
         })
     }
@@ -1125,7 +1134,7 @@ impl Sender for Half {
 impl Receiver for Half {
     fn recv_some(&mut self, buf: &mut [u8]) -> Result<usize, FlowError> {
         let timeout = self.shared.timeout;
-        self.shared.wait_for(timeout, |io, s, _| {
+        self.shared.wait_for(timeout, |io, s| {
             if s.recv.ready_bytes() > 0 {
                 let n = s.recv.read(buf);
                 let now = io.now_ns();
