@@ -360,7 +360,8 @@ impl Workload for Pio {
 
     fn open(&self, ctx: RoleContext<'_>) -> Result<Box<dyn OpenRole>, RoleError> {
         let params: PioParams = parse_params(NAME, ctx.spec)?;
-        let view = staged::view(NAME, params.staged.clone(), &ctx)?;
+        let t = find_transport(ctx.spec)?;
+        let view = staged::view(NAME, params.staged.clone(), &ctx, t)?;
         let s = &view.staged;
         let clients: u32 = s
             .roles
@@ -399,7 +400,6 @@ impl Workload for Pio {
             stripe_bytes: ctx.spec.point.size_bytes,
             servers: params.servers,
         };
-        let t = find_transport(ctx.spec)?;
         let config = FlowConfig::from_spec(&ctx.spec.point);
         let me = s.role;
         let common = Common {
@@ -451,7 +451,7 @@ impl Workload for Pio {
                     per_server.push(staged::dial(
                         t,
                         &config,
-                        &addr.to_string(),
+                        addr.as_str(),
                         ctx.data_token,
                         index,
                         ctx.rate,

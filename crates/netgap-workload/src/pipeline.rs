@@ -380,7 +380,8 @@ impl Workload for Pipeline {
             ))
             .into());
         }
-        let view = staged::view(NAME, params.staged.clone(), &ctx)?;
+        let t = find_transport(ctx.spec)?;
+        let view = staged::view(NAME, params.staged.clone(), &ctx, t)?;
         let s = &view.staged;
         // Every copy on exactly one role.
         let mut role_of = vec![usize::MAX; graph.total() as usize];
@@ -401,7 +402,6 @@ impl Workload for Pipeline {
         }
         let edges = graph.edges();
         let links = graph::role_links(&edges, &role_of, s.role);
-        let t = find_transport(ctx.spec)?;
         let config = FlowConfig::from_spec(&ctx.spec.point);
         let ip = ctx
             .spec
@@ -432,7 +432,7 @@ impl Workload for Pipeline {
             })?;
             dialed.push((
                 e,
-                staged::dial(t, &config, &addr.to_string(), ctx.data_token, k, ctx.rate)?,
+                staged::dial(t, &config, addr.as_str(), ctx.data_token, k, ctx.rate)?,
             ));
         }
         for (k, (&e, addr)) in links.internal.iter().zip(&internal.addrs).enumerate() {

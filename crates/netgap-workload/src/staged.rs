@@ -8,7 +8,7 @@ use super::place::Staged;
 use super::role::{RoleContext, RoleError};
 use netgap_transport::rate::{PacedFlow, RateBudget};
 use netgap_transport::{self as transport, FlowConfig, FlowError};
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -19,23 +19,25 @@ use std::time::Instant;
 pub(crate) struct StagedView {
     /// The placement as the coordinator sent it.
     pub(crate) staged: Staged,
-    /// The addresses of every earlier role, parsed and checked against the
-    /// session's hosts.
-    pub(crate) peers: Vec<Vec<SocketAddr>>,
+    /// The addresses of every earlier role, parsed by the point's
+    /// transport and checked against the session's hosts.
+    pub(crate) peers: Vec<Vec<transport::ListenAddr>>,
 }
 
-/// Checks the staged part of a role's parameters.
+/// Checks the staged part of a role's parameters, the earlier roles'
+/// addresses parsed by `t`, the point's transport.
 pub(crate) fn view(
     workload: &'static str,
     staged: Option<Staged>,
     ctx: &RoleContext<'_>,
+    t: &dyn transport::Transport,
 ) -> Result<StagedView, RoleError> {
     let staged = staged.ok_or(RoleError::Params {
         workload,
         detail: "no staged placement in the parameters".into(),
     })?;
     let peers = staged
-        .validate(ctx.spec.flows, &ctx.spec.session_hosts)
+        .validate(ctx.spec.flows, &ctx.spec.session_hosts, t)
         .map_err(|detail| RoleError::Params { workload, detail })?;
     Ok(StagedView { staged, peers })
 }

@@ -193,6 +193,11 @@ impl Transport for Xdp {
         ENDPOINT_MEMORY_BYTES
     }
 
+    fn parse_listen_addr(&self, addr: &str) -> Result<crate::ListenAddr, String> {
+        let a = parse_addr(addr).map_err(|e| format!("{addr:?}: {e}"))?;
+        Ok(crate::ListenAddr::new(a.ip, a.to_string()))
+    }
+
     fn listen(
         &self,
         config: &FlowConfig,
@@ -588,6 +593,9 @@ mod tests {
         let s = a.to_string();
         assert_eq!(s, "10.77.0.1/02:ab:00:10:ff:01/4660");
         assert_eq!(parse_addr(&s).unwrap(), a);
+        let l = Xdp.parse_listen_addr(&s).unwrap();
+        assert_eq!((l.ip(), l.as_str()), (a.ip, s.as_str()));
+        assert!(Xdp.parse_listen_addr("10.77.0.1:80").is_err());
         for bad in [
             "10.77.0.1:80",
             "10.77.0.1/02:ab:00:10:ff/1",
