@@ -251,7 +251,9 @@ impl Workload for Pio {
     }
 
     fn check(&self, spec: &PointSpec, transport: &dyn Transport) -> Result<(), Refused> {
-        super::check_cross_host(NAME, spec, transport)?;
+        // Clients dial only the addresses the servers announced, in the
+        // transport's own form (xdp's `IP/MAC/FLOW` too).
+        super::check_crosses_hosts(NAME, spec, transport)?;
         if !transport.capabilities().reliable {
             return Err(Refused(format!(
                 "pio: transport {} is not reliable; a file's bytes need every byte delivered",
@@ -423,12 +425,7 @@ impl Workload for Pio {
                 params.cache == "bypass",
                 limit,
             )?;
-            let ip = ctx
-                .spec
-                .listen_ips
-                .first()
-                .copied()
-                .unwrap_or(ctx.control_ip);
+            let ip = staged::listen_ip(NAME, &ctx, t)?;
             let inbound =
                 Inbound::listen(t, &config, ip, clients as usize, ctx.data_token, ctx.rate)?;
             Ok(Box::new(ServerOpen {

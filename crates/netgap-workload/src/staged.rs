@@ -42,6 +42,42 @@ pub(crate) fn view(
     Ok(StagedView { staged, peers })
 }
 
+/// The address a staged role listens on: the one the coordinator gave,
+/// else the control connection's. A transport bound to one interface (one
+/// that cannot run on loopback: xdp) cannot listen on every address, as
+/// the coordinator asks when hosts have links of their own: it takes this
+/// host's own address among the session's hosts instead (the lowest one an
+/// interface here holds, the host's data address on a testbed), which
+/// every host of a switch reaches.
+pub(crate) fn listen_ip(
+    workload: &'static str,
+    ctx: &RoleContext<'_>,
+    t: &dyn transport::Transport,
+) -> Result<IpAddr, RoleError> {
+    let ip = ctx
+        .spec
+        .listen_ips
+        .first()
+        .copied()
+        .unwrap_or(ctx.control_ip);
+    if !ip.is_unspecified() || t.runs_on_loopback() {
+        return Ok(ip);
+    }
+    // Binding succeeds only at an address an interface here holds.
+    ctx.spec
+        .session_hosts
+        .iter()
+        .copied()
+        .find(|h| !h.is_loopback() && std::net::UdpSocket::bind((*h, 0)).is_ok())
+        .ok_or_else(|| RoleError::Params {
+            workload,
+            detail: format!(
+                "transport {} listens on one interface, but no address of this host is among the session's hosts",
+                t.name()
+            ),
+        })
+}
+
 type Accept = JoinHandle<Result<Box<dyn transport::Flow>, RoleError>>;
 
 /// Listeners of a role, each accepting one flow in the background.
