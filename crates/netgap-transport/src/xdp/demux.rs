@@ -8,9 +8,10 @@
 //! session (its own id, drawn fresh, answers); anything else is dropped and
 //! counted. Nothing a peer sends can make the table grow without bound:
 //! sessions are capped ([`MAX_SESSIONS`]), and so are the sessions opened
-//! by a SYN that nothing has confirmed yet (half-open: neither accepted by
-//! the application nor followed by any frame of their peer but SYNs),
-//! which also expire ([`HALF_OPEN_TIMEOUT_NS`]).
+//! by a SYN that the application has not accepted yet (half-open), which
+//! also expire ([`HALF_OPEN_TIMEOUT_NS`]); the port gives them a small
+//! receive window until they are accepted, so a flood of forged openings
+//! holds little memory.
 
 use super::reliable::{Kind, Mac};
 use std::collections::VecDeque;
@@ -278,8 +279,8 @@ impl<T> Table<T> {
         Route::Drop
     }
 
-    /// The session at `i` heard from its peer (a frame besides a SYN): no
-    /// longer half-open.
+    /// The session at `i` is no longer half-open (the application took
+    /// it).
     pub fn confirmed(&mut self, i: usize) {
         if self.slots[i].half_open_since_ns.take().is_some() {
             self.half_open -= 1;
@@ -407,7 +408,7 @@ mod tests {
         }
         assert_eq!(t.drops().refused_syns, 995);
         assert_eq!(t.sessions(), 4);
-        // One hears from its peer: confirmed, room for one more.
+        // One is taken by the application: room for one more.
         let i = t.index(101).unwrap();
         t.confirmed(i);
         assert_eq!(t.half_open(), 3);

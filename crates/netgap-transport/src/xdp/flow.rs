@@ -61,6 +61,10 @@ const PUMPS_PER_CLOCK_READ: u32 = 16;
 const MAX_SLEEP: Duration = Duration::from_millis(5);
 /// How long a closing flow keeps sending what is unacknowledged.
 const LINGER: Duration = Duration::from_millis(300);
+/// Bytes a session opened by a SYN may hold unread until the application
+/// accepts it (then the port's full window): a flood of forged openings,
+/// capped at [`super::demux::MAX_HALF_OPEN`] sessions, holds little memory.
+const HALF_OPEN_WINDOW_BYTES: usize = 64 << 10;
 /// Transmit buffers only control frames (acknowledgments, openings,
 /// probes) may take: data never holds them, so every session can always
 /// acknowledge.
@@ -411,8 +415,7 @@ impl Session {
     }
 
     /// Takes frame `raw`, parsed as `h` from `src` with `payload`, routed
-    /// here. Returns whether it came from the open flow's peer and was
-    /// admitted, other than an opening (the session is confirmed).
+    /// here.
     fn on_frame(
         &mut self,
         io: &mut PortIo,
@@ -421,7 +424,7 @@ impl Session {
         payload: &[u8],
         raw: &[u8],
         now: u64,
-    ) -> bool {
+    ) {
         let Some(peer) = self.peer else {
             // The answer of the server this end asked, to this end's
             // opening (its initial sequence number echoed), from the
@@ -442,14 +445,14 @@ impl Session {
                 // before anything is sent, so it is not left half-open.
                 self.post(io, Kind::Ack, 0, &[], false);
             }
-            return false;
+            return;
         };
         if h.src_flow != peer.flow || src != peer.mac {
-            return false;
+            return;
         }
         if !self.guard.admit(raw) {
             // Not the peer's (or altered on the way): as if never arrived.
-            return false;
+            return;
         }
         match h.kind {
             Kind::Syn => {
@@ -458,9 +461,9 @@ impl Session {
                 if h.seq == self.peer_isn {
                     self.post(io, Kind::SynAck, 0, &[], false);
                 }
-                return false;
+                return;
             }
-            Kind::SynAck => return false,
+            Kind::SynAck => return,
             Kind::Data | Kind::Fin => {
                 self.stats.datagrams_received += 1;
                 let arrival = self.recv.on_frame(h.seq, payload, h.kind == Kind::Fin, now);
@@ -485,7 +488,6 @@ impl Session {
         }
         io.scratch_ack = out;
         self.woken = true;
-        true
     }
 
     /// Takes the peer's opening `h`: its initial sequence number, the
@@ -753,15 +755,14 @@ impl PortState {
         match self.table.route(src, h.kind, h.dst_flow, h.src_flow) {
             Route::Session(i) => {
                 let s = &mut self.table.slot_mut(i).value;
-                if s.on_frame(&mut self.io, h, src, payload, raw, now) {
-                    self.table.confirmed(i);
-                }
+                s.on_frame(&mut self.io, h, src, payload, raw, now);
             }
             Route::Open { listener } => {
                 let (Ok(id), Ok(mut s)) = (self.alloc_id(), self.new_session()) else {
                     return;
                 };
                 s.local_flow = id;
+                s.window_bytes = HALF_OPEN_WINDOW_BYTES.min(self.window_bytes);
                 s.opened(h);
                 s.peer = Some(Peer {
                     mac: src,
@@ -877,9 +878,18 @@ impl Port {
         st.reshare();
     }
 
-    /// The oldest session opened to listener `id`, if any, taken.
+    /// The oldest session opened to listener `id`, if any, taken: its
+    /// receive window grows to the port's full one (the next pump tells
+    /// the peer).
     pub(crate) fn accept(&self, id: u16) -> Option<u16> {
-        self.lock().table.accept(id)
+        let mut st = self.lock();
+        let sid = st.table.accept(id)?;
+        let full = st.window_bytes;
+        if let Ok((_, s)) = st.session(sid) {
+            s.window_bytes = full;
+            s.recv.grow_capacity(full);
+        }
+        Some(sid)
     }
 
     /// Opens a client session toward `peer` (its listening flow) and sends
