@@ -455,4 +455,47 @@ mod tests {
         t.unlisten(l);
         assert!(t.alloc_id(counter(0)).is_ok());
     }
+
+    #[test]
+    fn no_stream_of_frames_grows_the_table_past_its_caps() {
+        // Frames of every kind from a few hosts to a few ids, a listener's
+        // openings taken as the port takes them, the clock running: the
+        // table stays within its caps, and expiry empties what nobody
+        // accepted.
+        let mut t: Table<()> = Table::new(32, 8, 1000);
+        t.listen(5);
+        t.insert(6, ());
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let kinds = [
+            Kind::Syn,
+            Kind::SynAck,
+            Kind::Data,
+            Kind::Ack,
+            Kind::Probe,
+            Kind::Fin,
+        ];
+        for now in 0..20_000u64 {
+            let r = next();
+            let src: Mac = [2, 0, 0, 0, 0, (r % 3) as u8];
+            let kind = kinds[(r >> 8) as usize % kinds.len()];
+            let dst = [5, 6, 7, 0][(r >> 16) as usize % 4];
+            let src_flow = (r >> 24) as u16 % 64;
+            if let Route::Open { listener } = t.route(src, kind, dst, src_flow) {
+                let id = t.alloc_id(|| 0).unwrap();
+                t.insert_accepted(id, listener, (src, src_flow), now / 10, ());
+            }
+            assert!(t.open() <= 32 && t.half_open() <= 8, "{now}");
+            t.expire(now / 10);
+        }
+        let d = t.drops();
+        assert!(d.refused_syns > 0 && d.unknown_flow_frames > 0 && d.expired_half_open > 0);
+        t.expire(u64::MAX);
+        assert_eq!((t.sessions(), t.half_open()), (1, 0));
+    }
 }

@@ -537,6 +537,14 @@ mod imp {
                 ifc
             }
         };
+        if a.mac == ifc.mac {
+            // A frame sent on an interface leaves it; it does not come
+            // back to the same socket.
+            return Err(err(io::Error::other(format!(
+                "{addr} is on this host's own interface {}: xdp's two ends need two hosts",
+                ifc.name
+            ))));
+        }
         let port = port(&ifc).map_err(err)?;
         let peer = Peer {
             mac: a.mac,
