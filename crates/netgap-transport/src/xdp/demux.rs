@@ -257,8 +257,9 @@ impl<T> Table<T> {
         if let Some(i) = self.index(dst_flow) {
             return Route::Session(i);
         }
-        if kind == Kind::Syn && self.listeners.iter().any(|l| l.id == dst_flow) {
-            // A SYN again (its answer was lost): the session it opened.
+        if kind == Kind::Syn {
+            // A SYN again (its answer was lost): the session it opened,
+            // even once the listener is gone (taken, then closed).
             if let Some(i) = self
                 .slots
                 .iter()
@@ -266,6 +267,8 @@ impl<T> Table<T> {
             {
                 return Route::Session(i);
             }
+        }
+        if kind == Kind::Syn && self.listeners.iter().any(|l| l.id == dst_flow) {
             if src_flow == 0
                 || self.open() >= self.max_sessions
                 || self.half_open >= self.max_half_open
@@ -392,6 +395,12 @@ mod tests {
         assert_eq!(t.accept(8), Some(21));
         assert_eq!(t.accept(8), None);
         assert_eq!(t.half_open(), 0);
+        // The listener closes: an opening repeated still reaches the
+        // session it opened; a new one is for no flow.
+        assert!(t.unlisten(8).is_empty());
+        assert_eq!(t.route(A, Kind::Syn, 8, 1), Route::Session(0));
+        assert_eq!(t.route(A, Kind::Syn, 8, 3), Route::Drop);
+        assert_eq!(t.drops().unknown_flow_frames, 1);
     }
 
     #[test]
