@@ -60,3 +60,6 @@ mod web;
 /// Built with the `xdp` feature: `cargo test --features xdp --test it xdp::`.
 #[cfg(feature = "xdp")]
 mod xdp;
+/// Built with the `xdp` feature: the staged workloads over xdp.
+#[cfg(feature = "xdp")]
+mod xdp_staged;

@@ -259,3 +259,64 @@ fn study_000_puts_gmond_over_xdp_beside_tcp_in_figure_13u() {
         "the study's testbed is down: {list}"
     );
 }
+
+/// Study 000's user-level row of Figures 9a, 11 and 12: netgap's pipeline
+/// (three hosts) and striped I/O (four hosts) over xdp beside the kernel's
+/// stacks, on the study's own testbed; every figure has xdp records, the
+/// tile-against-contiguous claim is judged for each network, and the
+/// testbed goes.
+#[cfg(feature = "xdp")]
+#[test]
+fn study_000_puts_pipeline_and_pio_over_xdp_beside_tcp_in_figures_9a_11_12() {
+    let test = "study_000_puts_pipeline_and_pio_over_xdp_beside_tcp_in_figures_9a_11_12";
+    let _one = one_testbed_at_a_time();
+    if !system_ready(test) {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = ok(netgap()
+        .args([
+            "study",
+            "000",
+            "--figures",
+            "9a,11,12",
+            "--quick",
+            "--budget",
+            "171s",
+            "-o",
+        ])
+        .arg(dir.path())
+        .output()
+        .expect("netgap study"));
+    let records = read_records(&dir.path().join("netgap-study-000.jsonl"));
+    for (fig, test) in [("9a", "pipeline"), ("11", "pio"), ("12", "pio")] {
+        let label = netgap::report::study::figure_label("000", fig);
+        let of = |t: &str| {
+            records
+                .iter()
+                .filter(|r| r["stack"]["label"] == label.as_str() && r["transport"] == t)
+                .count()
+        };
+        assert!(of("tcp") > 0, "figure {fig}: no tcp records: {out}");
+        assert!(of("xdp") > 0, "figure {fig}: no xdp records: {out}");
+        assert!(records
+            .iter()
+            .filter(|r| r["stack"]["label"] == label.as_str())
+            .all(|r| r["test"] == test && r["value"].as_f64().is_some_and(|v| v > 0.0)));
+    }
+    let html = std::fs::read_to_string(dir.path().join("netgap-study-000.html")).expect("report");
+    let at = html.find("<h3>Figure 12: ").expect("the figure's section");
+    let section = &html[at..];
+    let section = &section[..section.find("</section>").expect("section ends")];
+    for t in ["transport=tcp: ", "transport=xdp: "] {
+        assert!(section.contains(t), "the claim is judged on {t}");
+    }
+    let list = ok(Command::new("ip")
+        .args(["netns", "list"])
+        .output()
+        .expect("ip netns"));
+    assert!(
+        !list.contains("ngtb-study-"),
+        "the study's testbed is down: {list}"
+    );
+}

@@ -465,6 +465,40 @@ impl Capabilities {
 #[error("{0}")]
 pub struct Unavailable(pub String);
 
+/// Where a listener is reached, as its transport names it, parsed once:
+/// the IP of the host it is on (which a multi-host workload checks
+/// against the session's hosts) and the text the transport's
+/// [`Transport::connect`] takes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListenAddr {
+    ip: std::net::IpAddr,
+    text: String,
+}
+
+impl ListenAddr {
+    /// An address of host `ip` written `text` (as the transport's parser
+    /// found it).
+    pub fn new(ip: std::net::IpAddr, text: String) -> ListenAddr {
+        ListenAddr { ip, text }
+    }
+
+    /// The listener's host.
+    pub fn ip(&self) -> std::net::IpAddr {
+        self.ip
+    }
+
+    /// The address as the transport's `connect` takes it.
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+}
+
+impl std::fmt::Display for ListenAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
 /// A way to move bytes; one module per transport, one line in [`registry`].
 pub trait Transport: Sync {
     /// Name used on the command line and in results.
@@ -507,12 +541,23 @@ pub trait Transport: Sync {
         true
     }
 
-    /// Whether its listeners' addresses are `IP:PORT`, as multi-host
-    /// workloads name their flows' targets; `false` for a transport with
-    /// addresses of its own (xdp's `IP/MAC/FLOW`), which runs the
-    /// point-to-point tests only.
+    /// Whether its listeners' addresses are `IP:PORT`, as the multi-host
+    /// workloads that compose their flows' targets themselves need;
+    /// `false` for a transport with addresses of its own (xdp's
+    /// `IP/MAC/FLOW`), which those workloads refuse. Workloads that dial
+    /// only what listeners announced take any form, through
+    /// [`Transport::parse_listen_addr`].
     fn ip_port_addresses(&self) -> bool {
         true
+    }
+
+    /// Parses what one of its listeners announced ([`Listener::addr`]):
+    /// `IP:PORT`, unless the transport has a form of its own.
+    fn parse_listen_addr(&self, addr: &str) -> Result<ListenAddr, String> {
+        let sa: std::net::SocketAddr = addr
+            .parse()
+            .map_err(|_| format!("{addr:?} is not IP:PORT"))?;
+        Ok(ListenAddr::new(sa.ip(), sa.to_string()))
     }
 
     /// Whether [`Transport::connect_from`] works: a workload run then

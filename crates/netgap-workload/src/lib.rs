@@ -286,7 +286,9 @@ pub(crate) fn check_cross_host(
 }
 
 /// Refuses a transport whose flows are not addressed by `IP:PORT` (xdp's
-/// are point-to-point: a MAC and a flow id).
+/// are `IP/MAC/FLOW`), for the workloads that compose `IP:PORT` targets
+/// themselves; the staged ones (`pipeline`, `pio`) take the transport's
+/// own form and do not call this.
 pub(crate) fn check_ip_port(
     workload: &str,
     spec: &PointSpec,
@@ -294,7 +296,7 @@ pub(crate) fn check_ip_port(
 ) -> Result<(), Refused> {
     if !transport.ip_port_addresses() {
         return Err(Refused(format!(
-            "{workload}: transport {} is point-to-point only (its flows are not addressed by IP:PORT); run pingpong, stream, bibw or bibw-pingpong over it",
+            "{workload}: transport {} has flows not addressed by IP:PORT; run pingpong, stream, bibw, bibw-pingpong, pipeline or pio over it",
             spec.transport
         )));
     }
@@ -343,21 +345,21 @@ mod tests {
             verify: false,
         };
         let e = check_cross_host("multistream", &spec, &netgap_transport::xdp::Xdp).unwrap_err();
-        assert!(e.0.contains("point-to-point only"), "{e}");
+        assert!(e.0.contains("not addressed by IP:PORT"), "{e}");
         spec.transport = "tcp".into();
         assert!(check_cross_host("multistream", &spec, &netgap_transport::tcp::Tcp).is_ok());
-        // The pipeline, which also runs co-located transports, refuses xdp
-        // before the run rather than failing on the agents.
-        spec.test = "pipeline".into();
+        // The staged workloads dial only what listeners announced, in the
+        // transport's own form: xdp passes their checks.
         spec.transport = "xdp".into();
-        let pipeline = find("pipeline").unwrap();
-        let e = pipeline
-            .check(&spec, &netgap_transport::xdp::Xdp)
-            .unwrap_err();
-        assert!(
-            e.0.contains("pipeline: transport xdp is point-to-point only"),
-            "{e}"
-        );
+        for (w, size) in [("pipeline", 16384), ("pio", 65536)] {
+            spec.test = w.into();
+            spec.size_bytes = size;
+            let workload = find(w).unwrap();
+            assert!(
+                workload.check(&spec, &netgap_transport::xdp::Xdp).is_ok(),
+                "{w}"
+            );
+        }
     }
 
     #[test]

@@ -251,7 +251,9 @@ impl Workload for Pio {
     }
 
     fn check(&self, spec: &PointSpec, transport: &dyn Transport) -> Result<(), Refused> {
-        super::check_cross_host(NAME, spec, transport)?;
+        // Clients dial only the addresses the servers announced, in the
+        // transport's own form (xdp's `IP/MAC/FLOW` too).
+        super::check_crosses_hosts(NAME, spec, transport)?;
         if !transport.capabilities().reliable {
             return Err(Refused(format!(
                 "pio: transport {} is not reliable; a file's bytes need every byte delivered",
@@ -360,7 +362,8 @@ impl Workload for Pio {
 
     fn open(&self, ctx: RoleContext<'_>) -> Result<Box<dyn OpenRole>, RoleError> {
         let params: PioParams = parse_params(NAME, ctx.spec)?;
-        let view = staged::view(NAME, params.staged.clone(), &ctx)?;
+        let t = find_transport(ctx.spec)?;
+        let view = staged::view(NAME, params.staged.clone(), &ctx, t)?;
         let s = &view.staged;
         let clients: u32 = s
             .roles
@@ -399,7 +402,6 @@ impl Workload for Pio {
             stripe_bytes: ctx.spec.point.size_bytes,
             servers: params.servers,
         };
-        let t = find_transport(ctx.spec)?;
         let config = FlowConfig::from_spec(&ctx.spec.point);
         let me = s.role;
         let common = Common {
@@ -423,12 +425,7 @@ impl Workload for Pio {
                 params.cache == "bypass",
                 limit,
             )?;
-            let ip = ctx
-                .spec
-                .listen_ips
-                .first()
-                .copied()
-                .unwrap_or(ctx.control_ip);
+            let ip = staged::listen_ip(NAME, &ctx, t)?;
             let inbound =
                 Inbound::listen(t, &config, ip, clients as usize, ctx.data_token, ctx.rate)?;
             Ok(Box::new(ServerOpen {
@@ -451,7 +448,7 @@ impl Workload for Pio {
                     per_server.push(staged::dial(
                         t,
                         &config,
-                        &addr.to_string(),
+                        addr.as_str(),
                         ctx.data_token,
                         index,
                         ctx.rate,

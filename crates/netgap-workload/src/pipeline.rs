@@ -248,12 +248,9 @@ impl Workload for Pipeline {
                 spec.transport
             )));
         }
-        // A cross-host transport's streams are dialled at IP:PORT addresses
-        // between the copies; one that cannot be (xdp) fails on the agents
-        // otherwise, after the run has started.
-        if transport.capabilities().cross_host {
-            super::check_ip_port(NAME, spec, transport)?;
-        }
+        // A cross-host transport's streams are dialled at the addresses
+        // the copies' listeners announced, in the transport's own form
+        // (xdp's `IP/MAC/FLOW` too), parsed by the transport.
         // The smallest size is checked by each role.
         if spec.size_bytes > UOW_RANGE.1 {
             return Err(Refused(format!(
@@ -380,7 +377,8 @@ impl Workload for Pipeline {
             ))
             .into());
         }
-        let view = staged::view(NAME, params.staged.clone(), &ctx)?;
+        let t = find_transport(ctx.spec)?;
+        let view = staged::view(NAME, params.staged.clone(), &ctx, t)?;
         let s = &view.staged;
         // Every copy on exactly one role.
         let mut role_of = vec![usize::MAX; graph.total() as usize];
@@ -401,14 +399,16 @@ impl Workload for Pipeline {
         }
         let edges = graph.edges();
         let links = graph::role_links(&edges, &role_of, s.role);
-        let t = find_transport(ctx.spec)?;
+        if !links.internal.is_empty() && !t.runs_on_loopback() {
+            return Err(PipeError(format!(
+                "transport {} cannot connect two copies on one host (its flows need two hosts): give a host per copy ({} hosts), or fewer copies",
+                ctx.spec.point.transport,
+                graph.total()
+            ))
+            .into());
+        }
         let config = FlowConfig::from_spec(&ctx.spec.point);
-        let ip = ctx
-            .spec
-            .listen_ips
-            .first()
-            .copied()
-            .unwrap_or(ctx.control_ip);
+        let ip = staged::listen_ip(NAME, &ctx, t)?;
         let listening = Inbound::listen(
             t,
             &config,
@@ -432,7 +432,7 @@ impl Workload for Pipeline {
             })?;
             dialed.push((
                 e,
-                staged::dial(t, &config, &addr.to_string(), ctx.data_token, k, ctx.rate)?,
+                staged::dial(t, &config, addr.as_str(), ctx.data_token, k, ctx.rate)?,
             ));
         }
         for (k, (&e, addr)) in links.internal.iter().zip(&internal.addrs).enumerate() {

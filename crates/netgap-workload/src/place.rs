@@ -14,6 +14,7 @@
 use super::allot::clients_of;
 use super::Refused;
 use netgap_proto::workload::WorkloadRole;
+use netgap_transport::{ListenAddr, Transport};
 use std::net::IpAddr;
 
 /// What a placement may know of a host of the run.
@@ -145,21 +146,23 @@ pub struct Staged {
     pub role: usize,
     /// Every role of the placement, in preparation order.
     pub roles: Vec<StagedRole>,
-    /// What each earlier role announced (`IP:PORT`, reachable from this
-    /// role's host), in the order it announced them.
+    /// What each earlier role announced (in its transport's address form,
+    /// `IP:PORT` for most, reachable from this role's host), in the order
+    /// it announced them.
     pub peers: Vec<Vec<String>>,
 }
 
 impl Staged {
     /// Range-checks what a peer sent: this role among the roles, one
-    /// address list per earlier role, flows in range, and every address a
-    /// host of the session (`session_hosts`), so no role is aimed
-    /// elsewhere.
+    /// address list per earlier role, flows in range, and every address
+    /// one of `transport`'s, on a host of the session (`session_hosts`), so
+    /// no role is aimed elsewhere.
     pub fn validate(
         &self,
         flows: u32,
         session_hosts: &[IpAddr],
-    ) -> Result<Vec<Vec<std::net::SocketAddr>>, String> {
+        transport: &dyn Transport,
+    ) -> Result<Vec<Vec<ListenAddr>>, String> {
         if self.roles.is_empty() || self.roles.len() > MAX_STAGED_ROLES {
             return Err(format!(
                 "{} staged roles (want 1 to {MAX_STAGED_ROLES})",
@@ -190,12 +193,11 @@ impl Staged {
             }
             let mut addrs = Vec::with_capacity(list.len());
             for a in list {
-                let sa: std::net::SocketAddr =
-                    a.parse().map_err(|_| format!("{a:?} is not IP:PORT"))?;
-                if !session_hosts.contains(&sa.ip()) {
-                    return Err(format!("{} is not a host of this session", sa.ip()));
+                let la = transport.parse_listen_addr(a)?;
+                if !session_hosts.contains(&la.ip()) {
+                    return Err(format!("{} is not a host of this session", la.ip()));
                 }
-                addrs.push(sa);
+                addrs.push(la);
             }
             out.push(addrs);
         }
@@ -366,18 +368,55 @@ mod tests {
             peers: vec![vec!["10.0.0.1:5000".into()]],
         };
         let hosts = [ip("10.0.0.1"), ip("10.0.0.2")];
-        let peers = s.validate(2, &hosts).unwrap();
-        assert_eq!(peers[0][0].port(), 5000);
+        let tcp = &netgap_transport::tcp::Tcp;
+        let peers = s.validate(2, &hosts, tcp).unwrap();
+        assert_eq!(peers[0][0].as_str(), "10.0.0.1:5000");
         // Not this role's flow count.
-        assert!(s.validate(3, &hosts).is_err());
+        assert!(s.validate(3, &hosts, tcp).is_err());
         // An address outside the session.
         s.peers[0][0] = "192.0.2.9:5000".into();
-        assert!(s.validate(2, &hosts).unwrap_err().contains("not a host"));
+        assert!(s
+            .validate(2, &hosts, tcp)
+            .unwrap_err()
+            .contains("not a host"));
         // Not one address list per earlier role.
         s.peers.clear();
-        assert!(s.validate(2, &hosts).is_err());
+        assert!(s.validate(2, &hosts, tcp).is_err());
         s.role = 7;
-        assert!(s.validate(2, &hosts).is_err());
+        assert!(s.validate(2, &hosts, tcp).is_err());
+    }
+
+    #[test]
+    fn staged_addresses_are_parsed_by_their_transport() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let role = |flows: Vec<u32>| StagedRole {
+            side: WorkloadRole::Server,
+            flows,
+        };
+        let xdp_addr = "10.0.0.1/02:00:00:00:00:01/77";
+        let mut s = Staged {
+            role: 1,
+            roles: vec![role(vec![0]), role(vec![1])],
+            peers: vec![vec![xdp_addr.into()]],
+        };
+        let hosts = [ip("10.0.0.1"), ip("10.0.0.2")];
+        let xdp = &netgap_transport::xdp::Xdp;
+        let peers = s.validate(1, &hosts, xdp).unwrap();
+        assert_eq!(
+            (peers[0][0].ip(), peers[0][0].as_str()),
+            (hosts[0], xdp_addr)
+        );
+        // Each transport takes its own form only.
+        let e = s
+            .validate(1, &hosts, &netgap_transport::tcp::Tcp)
+            .unwrap_err();
+        assert!(e.contains("not IP:PORT"), "{e}");
+        s.peers[0][0] = "10.0.0.1:5000".into();
+        assert!(s.validate(1, &hosts, xdp).is_err());
+        // Its IP is still checked against the session's hosts.
+        s.peers[0][0] = "192.0.2.9/02:00:00:00:00:01/77".into();
+        let e = s.validate(1, &hosts, xdp).unwrap_err();
+        assert!(e.contains("192.0.2.9 is not a host"), "{e}");
     }
 
     #[test]

@@ -8,7 +8,7 @@ use super::place::Staged;
 use super::role::{RoleContext, RoleError};
 use netgap_transport::rate::{PacedFlow, RateBudget};
 use netgap_transport::{self as transport, FlowConfig, FlowError};
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -19,25 +19,63 @@ use std::time::Instant;
 pub(crate) struct StagedView {
     /// The placement as the coordinator sent it.
     pub(crate) staged: Staged,
-    /// The addresses of every earlier role, parsed and checked against the
-    /// session's hosts.
-    pub(crate) peers: Vec<Vec<SocketAddr>>,
+    /// The addresses of every earlier role, parsed by the point's
+    /// transport and checked against the session's hosts.
+    pub(crate) peers: Vec<Vec<transport::ListenAddr>>,
 }
 
-/// Checks the staged part of a role's parameters.
+/// Checks the staged part of a role's parameters, the earlier roles'
+/// addresses parsed by `t`, the point's transport.
 pub(crate) fn view(
     workload: &'static str,
     staged: Option<Staged>,
     ctx: &RoleContext<'_>,
+    t: &dyn transport::Transport,
 ) -> Result<StagedView, RoleError> {
     let staged = staged.ok_or(RoleError::Params {
         workload,
         detail: "no staged placement in the parameters".into(),
     })?;
     let peers = staged
-        .validate(ctx.spec.flows, &ctx.spec.session_hosts)
+        .validate(ctx.spec.flows, &ctx.spec.session_hosts, t)
         .map_err(|detail| RoleError::Params { workload, detail })?;
     Ok(StagedView { staged, peers })
+}
+
+/// The address a staged role listens on: the one the coordinator gave,
+/// else the control connection's. A transport bound to one interface (one
+/// that cannot run on loopback: xdp) cannot listen on every address, as
+/// the coordinator asks when hosts have links of their own: it takes this
+/// host's own address among the session's hosts instead (the lowest one an
+/// interface here holds, the host's data address on a testbed), which
+/// every host of a switch reaches.
+pub(crate) fn listen_ip(
+    workload: &'static str,
+    ctx: &RoleContext<'_>,
+    t: &dyn transport::Transport,
+) -> Result<IpAddr, RoleError> {
+    let ip = ctx
+        .spec
+        .listen_ips
+        .first()
+        .copied()
+        .unwrap_or(ctx.control_ip);
+    if !ip.is_unspecified() || t.runs_on_loopback() {
+        return Ok(ip);
+    }
+    // Binding succeeds only at an address an interface here holds.
+    ctx.spec
+        .session_hosts
+        .iter()
+        .copied()
+        .find(|h| !h.is_loopback() && std::net::UdpSocket::bind((*h, 0)).is_ok())
+        .ok_or_else(|| RoleError::Params {
+            workload,
+            detail: format!(
+                "transport {} listens on one interface, but no address of this host is among the session's hosts",
+                t.name()
+            ),
+        })
 }
 
 type Accept = JoinHandle<Result<Box<dyn transport::Flow>, RoleError>>;

@@ -1,24 +1,32 @@
-//! The data path of the `xdp` transport: one endpoint (an AF_XDP socket
-//! with its UMEM, [`Xsk`]) driven by the reliable-delivery state machines
-//! of [`super::reliable`]. The application's threads do the work
-//! themselves, as in VIA: a send copies payload into UMEM frames, posts
-//! their descriptors on the TX ring and rings the doorbell; a receive
-//! reaps the RX ring. Each call also reaps completions, refills the fill
-//! ring, takes acknowledgments, resends what timed out and acknowledges
-//! what arrived (one "pump" of the endpoint, under one lock, so the two
-//! halves of a flow may run on two threads).
+//! The data path of the `xdp` transport: one *port* per interface and
+//! process (an AF_XDP socket with its UMEM, [`Xsk`]), shared by every xdp
+//! flow of the process on that interface, each flow a *session* on it
+//! driven by the reliable-delivery state machines of [`super::reliable`].
+//! Arrivals go to their session by destination flow id
+//! ([`super::demux`]). The application's threads do the work themselves,
+//! as in VIA: a send copies payload into UMEM frames, posts their
+//! descriptors on the TX ring and rings the doorbell; a receive reaps the
+//! RX ring. Each call also reaps completions, refills the fill ring, moves
+//! every session's arrivals into that session, takes acknowledgments,
+//! resends what timed out and acknowledges what arrived (one "pump" of the
+//! port, under the port's lock, so any flow's caller serves them all, and
+//! the two halves of a flow may run on two threads).
 //!
 //! Waiting: in `poll` mode a caller spins, pumping; in `event` mode one
-//! waiting caller sleeps in poll() on the socket (and on an eventfd the
-//! other half rings when its pump moved something this one waits for),
-//! any other waits on a condition variable, woken by every pump that made
-//! progress.
+//! waiting caller of a session sleeps in poll() on the socket (and on the
+//! session's eventfd, which a pump rings when it moved something the
+//! session waits for), any other waits on the session's condition
+//! variable, woken by every pump that moved something for it.
 //!
 //! UMEM layout: the first half of the frames are receive buffers (always
-//! on the fill ring or the RX ring), the second half transmit buffers. A
-//! data frame's buffer stays the sender's until the frame is acknowledged
-//! (so it can be sent again as it is) and the kernel has completed every
-//! send of it; a control frame's buffer is free once completed.
+//! on the fill ring or the RX ring), the second half transmit buffers,
+//! shared by the sessions: a session's data frames in flight are bounded
+//! by its share (the buffers left after a reserve for control frames,
+//! divided among the sessions), so one stream cannot starve the others'
+//! acknowledgments. A data frame's buffer stays the sender's until the
+//! frame is acknowledged (so it can be sent again as it is) and the kernel
+//! has completed every send of it; a control frame's buffer is free once
+//! completed.
 //!
 //! Authentication: each end draws its initial sequence number at random;
 //! once the session's data proof hands the flow its key
@@ -27,16 +35,17 @@
 //! one that does not is dropped and counted, and changes nothing.
 
 use super::auth::{End, FrameKeys, Guard, Side};
+use super::demux::{Route, Table};
 use super::reliable::{
     self, AckOutcome, Arrival, Header, Kind, Mac, RecvWindow, SendWindow, FRAME_OVERHEAD_BYTES,
 };
-use super::sys::Xsk;
+use super::sys::{Attach, Xsk};
 use crate::{DatagramStats, Flow, FlowError, FlowMonitor, Receiver, Sender};
 use netgap_core::spec::Mode;
 use netgap_proto::dataproof::FlowKey;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 /// Receive frames reaped per pump at most.
@@ -52,6 +61,14 @@ const PUMPS_PER_CLOCK_READ: u32 = 16;
 const MAX_SLEEP: Duration = Duration::from_millis(5);
 /// How long a closing flow keeps sending what is unacknowledged.
 const LINGER: Duration = Duration::from_millis(300);
+/// Bytes a session opened by a SYN may hold unread until the application
+/// accepts it (then the port's full window): a flood of forged openings,
+/// capped at [`super::demux::MAX_HALF_OPEN`] sessions, holds little memory.
+const HALF_OPEN_WINDOW_BYTES: usize = 64 << 10;
+/// Transmit buffers only control frames (acknowledgments, openings,
+/// probes) may take: data never holds them, so every session can always
+/// acknowledge.
+const CONTROL_RESERVE_FRAMES: usize = 64;
 
 /// The two ends' addresses of a flow.
 #[derive(Debug, Clone, Copy)]
@@ -62,17 +79,11 @@ pub(crate) struct Peer {
     pub flow: u16,
 }
 
-/// Everything of one endpoint, behind the flow's lock.
-pub(crate) struct Endpoint {
+/// The socket's side of a port: its rings, its transmit buffers, its
+/// clock, and the pump's scratch.
+pub(crate) struct PortIo {
     xsk: Xsk,
     local_mac: Mac,
-    local_flow: u16,
-    peer: Option<Peer>,
-    /// Payload bytes per frame this end sends: the smaller of its own and
-    /// the peer's largest.
-    mss: usize,
-    /// Payload bytes per frame this end takes.
-    recv_mss: usize,
     tx_first: u32,
     free_tx: Vec<u32>,
     /// Per transmit buffer: sends the kernel has not completed yet.
@@ -85,31 +96,10 @@ pub(crate) struct Endpoint {
     /// sends a bounded batch per doorbell (32 in copy mode), so the bell
     /// rings again while any wait.
     tx_outstanding: u32,
-    send: SendWindow,
-    recv: RecvWindow,
+    /// Data frames each session may keep in flight: the buffers past the
+    /// control reserve, shared evenly (set when sessions come and go).
+    share: usize,
     t0: Instant,
-    stats: DatagramStats,
-    /// A waiter sleeps in poll() on the socket and must be rung.
-    poller: bool,
-    /// Callers waiting on the condition variable (event mode): a pump
-    /// notifies only when there is one, since a notification is a system
-    /// call (a futex wake) even when nobody waits.
-    cv_waiters: u32,
-    /// The peer's flow id seen in a SYN (server side, before accept).
-    syn_from: Option<Peer>,
-    /// The peer asked for the flow's end and nothing more will come.
-    fin_sent: bool,
-    fin_seq: Option<u32>,
-    /// The initial sequence number of what this end sends.
-    isn: u32,
-    /// The peer's initial sequence number, from its opening.
-    peer_isn: u32,
-    /// Which end of the flow this is, once it is open.
-    side: Option<Side>,
-    /// Bytes the receiver holds unread.
-    window_bytes: usize,
-    /// Seals what goes out and checks what comes in, once keyed.
-    guard: Guard,
     /// The clock as the latest pump read it, ns since `t0`.
     now_cache_ns: u64,
     /// Pumps since the clock was last read.
@@ -125,54 +115,27 @@ pub(crate) struct Endpoint {
     scratch_ack: AckOutcome,
 }
 
-impl Endpoint {
-    /// An endpoint over `xsk` whose UMEM has `frames` frames, half for
-    /// receiving; frames carry at most `mss` payload bytes, the receiver
-    /// holds `window_bytes` unread, and what this end sends is numbered
-    /// from `isn` (drawn at random).
-    pub(crate) fn new(
-        mut xsk: Xsk,
-        frames: u32,
-        (local_mac, local_flow): (Mac, u16),
-        mss: usize,
-        window_bytes: usize,
-        isn: u32,
-    ) -> io::Result<Endpoint> {
+impl PortIo {
+    /// The socket side of a port over `xsk`, whose UMEM has `frames`
+    /// frames, half for receiving, on the interface of MAC `local_mac`.
+    pub(crate) fn new(mut xsk: Xsk, frames: u32, local_mac: Mac) -> io::Result<PortIo> {
         let rx_frames = frames / 2;
         let rx: Vec<u32> = (0..rx_frames).collect();
         if xsk.fill(&rx) != rx.len() {
             return Err(io::Error::other("the fill ring took no receive buffers"));
         }
         let tx_count = frames - rx_frames;
-        // Until the peer's opening names its initial sequence number.
-        let recv = RecvWindow::new(0, mss, window_bytes);
-        Ok(Endpoint {
+        Ok(PortIo {
             xsk,
             local_mac,
-            local_flow,
-            peer: None,
-            mss,
-            recv_mss: mss,
             tx_first: rx_frames,
             free_tx: (rx_frames..frames).rev().collect(),
             tx_pending: vec![0; tx_count as usize],
             tx_release: vec![false; tx_count as usize],
             tx_queued: false,
             tx_outstanding: 0,
-            send: SendWindow::new(isn, 0, tx_count / 2),
-            recv,
+            share: (tx_count as usize).saturating_sub(CONTROL_RESERVE_FRAMES),
             t0: Instant::now(),
-            stats: DatagramStats::default(),
-            poller: false,
-            cv_waiters: 0,
-            syn_from: None,
-            fin_sent: false,
-            fin_seq: None,
-            isn,
-            peer_isn: 0,
-            side: None,
-            window_bytes,
-            guard: Guard::new(),
             now_cache_ns: 0,
             pumps_unclocked: 0,
             clock_read: false,
@@ -187,28 +150,174 @@ impl Endpoint {
         u64::try_from(self.t0.elapsed().as_nanos()).unwrap_or(u64::MAX)
     }
 
-    /// This end's flow id.
-    pub(crate) fn local_flow(&self) -> u16 {
-        self.local_flow
-    }
-
-    /// Takes flow id `flow` (a listener's replacement endpoint keeps the
-    /// id it announced).
-    pub(crate) fn set_local_flow(&mut self, flow: u16) {
-        self.local_flow = flow;
-    }
-
     fn tx_index(&self, slot: u32) -> Option<usize> {
         let i = slot.checked_sub(self.tx_first)? as usize;
         (i < self.tx_pending.len()).then_some(i)
     }
 
+    fn release_if_done(&mut self, slot: u32) {
+        if let Some(i) = self.tx_index(slot) {
+            if self.tx_pending[i] == 0 && self.tx_release[i] {
+                self.tx_release[i] = false;
+                self.free_tx.push(slot);
+            }
+        }
+    }
+
+    fn flush(&mut self) -> Result<(), FlowError> {
+        if self.tx_queued || self.tx_outstanding > 0 {
+            self.tx_queued = false;
+            self.xsk.kick().map_err(FlowError::Io)?;
+        }
+        Ok(())
+    }
+
+    /// Frames still wait on the TX ring for the doorbell.
+    fn tx_backlog(&self) -> bool {
+        self.tx_outstanding > 0
+    }
+
+    /// Transmit buffers of the port.
+    fn tx_count(&self) -> usize {
+        self.tx_pending.len()
+    }
+}
+
+/// What wakes a session's waiters (event mode).
+pub(crate) struct Signal {
+    cv: Condvar,
+    bell: OwnedFd,
+}
+
+impl Signal {
+    fn new() -> io::Result<Arc<Signal>> {
+        // SAFETY: eventfd with no initial count and valid flags; the result
+        // is checked and owned at once.
+        let bell = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if bell < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Arc::new(Signal {
+            cv: Condvar::new(),
+            // SAFETY: `bell` is a new descriptor nothing else owns.
+            bell: unsafe { OwnedFd::from_raw_fd(bell) },
+        }))
+    }
+
+    fn ring(&self) {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a live local to our eventfd.
+        let _ = unsafe {
+            libc::write(
+                self.bell.as_raw_fd(),
+                (&raw const one).cast::<libc::c_void>(),
+                8,
+            )
+        };
+    }
+
+    fn drain(&self) {
+        let mut v: u64 = 0;
+        // SAFETY: reads 8 bytes into a live local from our non-blocking
+        // eventfd.
+        let _ = unsafe {
+            libc::read(
+                self.bell.as_raw_fd(),
+                (&raw mut v).cast::<libc::c_void>(),
+                8,
+            )
+        };
+    }
+}
+
+/// One flow's state on a port.
+pub(crate) struct Session {
+    local_flow: u16,
+    peer: Option<Peer>,
+    /// Payload bytes per frame this end sends: the smaller of its own and
+    /// the peer's largest.
+    mss: usize,
+    /// Payload bytes per frame this end takes.
+    recv_mss: usize,
+    send: SendWindow,
+    recv: RecvWindow,
+    stats: DatagramStats,
+    /// Frames moved into this session (a waiter sees progress).
+    arrivals: u64,
+    /// The latest pump moved something into it: its waiters are woken.
+    woken: bool,
+    /// A waiter sleeps in poll() on the socket and must be rung.
+    poller: bool,
+    /// Callers waiting on the condition variable (event mode): a pump
+    /// notifies only when there is one, since a notification is a system
+    /// call (a futex wake) even when nobody waits.
+    cv_waiters: u32,
+    signal: Arc<Signal>,
+    /// The server this end's opening went to (client side, until open).
+    syn_to: Option<Peer>,
+    /// This end said its stream ended.
+    fin_sent: bool,
+    /// The initial sequence number of what this end sends.
+    isn: u32,
+    /// The peer's initial sequence number, from its opening.
+    peer_isn: u32,
+    /// Which end of the flow this is, once it is open.
+    side: Option<Side>,
+    /// Bytes the receiver holds unread.
+    window_bytes: usize,
+    /// Data frames this end may keep in flight at most.
+    max_inflight: u32,
+    /// Seals what goes out and checks what comes in, once keyed.
+    guard: Guard,
+}
+
+impl Session {
+    fn new(
+        local_flow: u16,
+        mss: usize,
+        window_bytes: usize,
+        isn: u32,
+        tx_count: usize,
+    ) -> io::Result<Session> {
+        let max_inflight = send_buffers(tx_count);
+        Ok(Session {
+            local_flow,
+            peer: None,
+            mss,
+            recv_mss: mss,
+            send: SendWindow::new(isn, 0, max_inflight),
+            // Until the peer's opening names its initial sequence number.
+            recv: RecvWindow::new(0, mss, window_bytes),
+            stats: DatagramStats::default(),
+            arrivals: 0,
+            woken: false,
+            poller: false,
+            cv_waiters: 0,
+            signal: Signal::new()?,
+            syn_to: None,
+            fin_sent: false,
+            isn,
+            peer_isn: 0,
+            side: None,
+            window_bytes,
+            max_inflight,
+            guard: Guard::new(),
+        })
+    }
+
     /// Writes a frame of `kind` into a free transmit buffer and queues it;
     /// `None` when no buffer or ring entry is free. `keep` keeps the
     /// buffer after completion (a data frame, until acknowledged).
-    fn post(&mut self, kind: Kind, seq: u32, payload: &[u8], keep: bool) -> Option<u32> {
-        let peer = self.peer.or(self.syn_from)?;
-        let slot = self.free_tx.pop()?;
+    fn post(
+        &mut self,
+        io: &mut PortIo,
+        kind: Kind,
+        seq: u32,
+        payload: &[u8],
+        keep: bool,
+    ) -> Option<u32> {
+        let peer = self.peer.or(self.syn_to)?;
+        let slot = io.free_tx.pop()?;
         // An opening carries this end's initial sequence number, the
         // frames the peer may send (a span: the client does not know the
         // server's number yet) and the largest payload this end takes; the
@@ -239,20 +348,20 @@ impl Endpoint {
             credit,
             sack,
         };
-        let local = self.local_mac;
-        let frame = self.xsk.frame_mut(slot);
+        let local = io.local_mac;
+        let frame = io.xsk.frame_mut(slot);
         let len = reliable::write_headers(frame, &peer.mac, &local, &header);
         frame[FRAME_OVERHEAD_BYTES..len].copy_from_slice(payload);
         self.guard.seal(&mut frame[..len]);
-        let i = self.tx_index(slot)?;
-        self.tx_release[i] = !keep;
-        if !self.xsk.queue_tx(slot, len as u32) {
-            self.free_tx.push(slot);
+        let i = io.tx_index(slot)?;
+        io.tx_release[i] = !keep;
+        if !io.xsk.queue_tx(slot, len as u32) {
+            io.free_tx.push(slot);
             return None;
         }
-        self.tx_pending[i] = self.tx_pending[i].saturating_add(1);
-        self.tx_queued = true;
-        self.tx_outstanding += 1;
+        io.tx_pending[i] = io.tx_pending[i].saturating_add(1);
+        io.tx_queued = true;
+        io.tx_outstanding += 1;
         if matches!(kind, Kind::Data | Kind::Fin) {
             self.stats.datagrams_sent += 1;
         }
@@ -261,10 +370,10 @@ impl Endpoint {
 
     /// Sends a kept data frame's buffer again, as it is (its header's
     /// acknowledgment fields are refreshed).
-    fn resend(&mut self, slot: u32) {
-        let Some(i) = self.tx_index(slot) else { return };
+    fn resend(&mut self, io: &mut PortIo, slot: u32) {
+        let Some(i) = io.tx_index(slot) else { return };
         let (ack, credit, sack) = self.recv.take_ack();
-        let frame = self.xsk.frame_mut(slot);
+        let frame = io.xsk.frame_mut(slot);
         let Ok(parsed) = reliable::parse(frame) else {
             return;
         };
@@ -278,158 +387,63 @@ impl Endpoint {
         // Sealed again: the acknowledgment fields changed, and the flow
         // may have been keyed since the first send.
         self.guard.seal(&mut frame[..len]);
-        if self.xsk.queue_tx(slot, len as u32) {
-            self.tx_pending[i] = self.tx_pending[i].saturating_add(1);
-            self.tx_queued = true;
-            self.tx_outstanding += 1;
+        if io.xsk.queue_tx(slot, len as u32) {
+            io.tx_pending[i] = io.tx_pending[i].saturating_add(1);
+            io.tx_queued = true;
+            io.tx_outstanding += 1;
             self.stats.datagrams_sent += 1;
             self.stats.retries += 1;
         }
     }
 
-    fn release_if_done(&mut self, slot: u32) {
-        if let Some(i) = self.tx_index(slot) {
-            if self.tx_pending[i] == 0 && self.tx_release[i] {
-                self.tx_release[i] = false;
-                self.free_tx.push(slot);
-            }
-        }
-    }
-
-    /// One round of the endpoint: completions, receptions, timers,
-    /// acknowledgments, the doorbell. Returns whether anything arrived.
-    pub(crate) fn pump(&mut self) -> Result<bool, FlowError> {
-        self.pump_clocked(true)
-    }
-
-    /// [`Endpoint::pump`], reading the clock only when frames arrived or
-    /// `fresh_clock`, or after [`PUMPS_PER_CLOCK_READ`] pumps that did not
-    /// (else the timers see the time of an earlier pump): a poll-mode
-    /// waiter's spins.
-    fn pump_clocked(&mut self, fresh_clock: bool) -> Result<bool, FlowError> {
-        // Nothing on the rings, nothing to ring the bell for and the timers
-        // looked at lately: the pump would find nothing to do.
-        if !fresh_clock
-            && self.pumps_unclocked + 1 < PUMPS_PER_CLOCK_READ
-            && !self.tx_queued
-            && self.tx_outstanding == 0
-            && !self.xsk.anything_arrived()
-        {
-            self.pumps_unclocked += 1;
-            self.clock_read = false;
-            return Ok(false);
-        }
-        let mut slots = std::mem::take(&mut self.scratch_slots);
-        self.xsk.completed(u32::MAX, &mut slots);
-        for &slot in &slots {
-            self.tx_outstanding = self.tx_outstanding.saturating_sub(1);
-            if let Some(i) = self.tx_index(slot) {
-                self.tx_pending[i] = self.tx_pending[i].saturating_sub(1);
-                self.release_if_done(slot);
-            }
-        }
-        // Whole frames are copied out (the authenticator covers the header
-        // too), one after another into one kept buffer.
-        let mut bytes = std::mem::take(&mut self.scratch_frames);
-        let mut ends = std::mem::take(&mut self.scratch_ends);
-        bytes.clear();
-        ends.clear();
-        self.xsk.receive(RX_BATCH, &mut slots, |frame| {
-            // Only netgap's frames are kept (parsed whole below, once).
-            if frame.len() >= FRAME_OVERHEAD_BYTES
-                && frame[12..14] == reliable::ETHERTYPE.to_be_bytes()
-            {
-                bytes.extend_from_slice(frame);
-                ends.push(bytes.len());
-            }
-        });
-        let got = !slots.is_empty();
-        if got {
-            // Every receive buffer goes straight back: its bytes were
-            // copied out above.
-            self.xsk.fill(&slots);
-            if self.xsk.fill_needs_wakeup() {
-                let _ = self.xsk.kick();
-            }
-        }
-        self.scratch_slots = slots;
-        // The clock is read when frames arrived (their round trips are
-        // timed) and every few idle pumps (for the timers), not on every
-        // spin of a poll-mode waiter.
-        self.pumps_unclocked += 1;
-        self.clock_read = got || fresh_clock || self.pumps_unclocked >= PUMPS_PER_CLOCK_READ;
-        if self.clock_read {
-            self.now_cache_ns = self.now_ns();
-            self.pumps_unclocked = 0;
-        }
-        let now = self.now_cache_ns;
-        let mut start = 0;
-        for &end in &ends {
-            let raw = &bytes[start..end];
-            start = end;
-            if let Ok(p) = reliable::parse(raw) {
-                self.on_frame(&p.header, p.src, p.payload, raw, now);
-            }
-        }
-        self.scratch_frames = bytes;
-        self.scratch_ends = ends;
-        if self.peer.is_some() {
-            for f in self.send.due(now) {
-                self.resend(f.slot);
-            }
-            self.stats.retries = self.send.retransmits;
-            if self.send.probe_due(now) {
-                self.post(Kind::Probe, 0, &[], false);
-            }
-            if self.recv.ack_due(now) {
-                self.post(Kind::Ack, 0, &[], false);
-            }
-        }
-        self.flush()?;
-        Ok(got)
-    }
-
-    fn flush(&mut self) -> Result<(), FlowError> {
-        if self.tx_queued || self.tx_outstanding > 0 {
-            self.tx_queued = false;
-            self.xsk.kick().map_err(FlowError::Io)?;
-        }
-        Ok(())
-    }
-
-    /// Frames still wait on the TX ring for the doorbell.
-    fn tx_backlog(&self) -> bool {
-        self.tx_outstanding > 0
-    }
-
-    /// Takes frame `raw`, parsed as `h` from `src` with `payload`.
-    fn on_frame(&mut self, h: &Header, src: Mac, payload: &[u8], raw: &[u8], now: u64) {
-        if h.dst_flow != self.local_flow {
+    /// The session's timers at `now`: retransmissions, a probe, a delayed
+    /// acknowledgment.
+    fn on_timers(&mut self, io: &mut PortIo, now: u64) {
+        if self.peer.is_none() {
             return;
         }
+        for f in self.send.due(now) {
+            self.resend(io, f.slot);
+        }
+        self.stats.retries = self.send.retransmits;
+        if self.send.probe_due(now) {
+            self.post(io, Kind::Probe, 0, &[], false);
+        }
+        if self.recv.ack_due(now) {
+            self.post(io, Kind::Ack, 0, &[], false);
+        }
+    }
+
+    /// Takes frame `raw`, parsed as `h` from `src` with `payload`, routed
+    /// here.
+    fn on_frame(
+        &mut self,
+        io: &mut PortIo,
+        h: &Header,
+        src: Mac,
+        payload: &[u8],
+        raw: &[u8],
+        now: u64,
+    ) {
         let Some(peer) = self.peer else {
-            // Not connected yet: only the opening of a flow counts.
-            match h.kind {
-                Kind::Syn => {
-                    self.syn_from = Some(Peer {
-                        mac: src,
-                        flow: h.src_flow,
-                    });
-                    self.opened(h);
-                }
-                // The answer of the server this end asked, to this end's
-                // opening (its initial sequence number echoed).
-                Kind::SynAck
-                    if h.ack == self.isn
-                        && self
-                            .syn_from
-                            .is_some_and(|p| p.mac == src && p.flow == h.src_flow) =>
-                {
-                    self.opened(h);
-                    self.peer = self.syn_from;
-                    self.side = Some(Side::Client);
-                }
-                _ => {}
+            // The answer of the server this end asked, to this end's
+            // opening (its initial sequence number echoed), from the
+            // session it opened for this flow (its own flow id).
+            if h.kind == Kind::SynAck
+                && h.ack == self.isn
+                && h.src_flow != 0
+                && self.syn_to.is_some_and(|p| p.mac == src)
+            {
+                self.opened(h);
+                self.peer = Some(Peer {
+                    mac: src,
+                    flow: h.src_flow,
+                });
+                self.side = Some(Side::Client);
+                self.woken = true;
+                // The third leg: the server's session hears from this end
+                // before anything is sent, so it is not left half-open.
+                self.post(io, Kind::Ack, 0, &[], false);
             }
             return;
         };
@@ -445,7 +459,7 @@ impl Endpoint {
                 // Our SYN-ACK was lost: say it again (to the same opening
                 // only).
                 if h.seq == self.peer_isn {
-                    self.post(Kind::SynAck, 0, &[], false);
+                    self.post(io, Kind::SynAck, 0, &[], false);
                 }
                 return;
             }
@@ -460,40 +474,41 @@ impl Endpoint {
             Kind::Probe => self.recv.on_probe(),
             Kind::Ack => {}
         }
-        let mut out = std::mem::take(&mut self.scratch_ack);
+        let mut out = std::mem::take(&mut io.scratch_ack);
         self.send
             .on_ack_into(h.ack, h.credit, h.sack, now, &mut out);
         for &slot in &out.freed {
-            if let Some(i) = self.tx_index(slot) {
-                self.tx_release[i] = true;
-                self.release_if_done(slot);
+            if let Some(i) = io.tx_index(slot) {
+                io.tx_release[i] = true;
+                io.release_if_done(slot);
             }
         }
         for f in &out.resend {
-            self.resend(f.slot);
+            self.resend(io, f.slot);
         }
-        self.scratch_ack = out;
+        io.scratch_ack = out;
+        self.woken = true;
     }
 
     /// Takes the peer's opening `h`: its initial sequence number, the
     /// credit it gives and the payload it takes.
     fn opened(&mut self, h: &Header) {
         self.peer_isn = h.seq;
-        self.send = SendWindow::new(self.isn, h.credit, self.send_buffers());
+        self.send = SendWindow::new(self.isn, h.credit, self.max_inflight);
         self.recv = RecvWindow::new(h.seq, self.recv_mss, self.window_bytes);
         self.mss = peer_mss(u32::try_from(h.sack).unwrap_or(u32::MAX), self.recv_mss);
     }
 
     /// Keys the open flow with the proven connection's `key`: from now on
     /// every frame is sealed and every arrival must verify.
-    fn bind(&mut self, key: &FlowKey) -> Result<(), FlowError> {
+    fn bind(&mut self, local_mac: Mac, key: &FlowKey) -> Result<(), FlowError> {
         let (Some(peer), Some(side)) = (self.peer, self.side) else {
             return Err(FlowError::Io(io::Error::other(
                 "an xdp flow can be keyed only once it is open",
             )));
         };
         let local = End {
-            mac: self.local_mac,
+            mac: local_mac,
             flow: self.local_flow,
             isn: self.isn,
         };
@@ -511,79 +526,65 @@ impl Endpoint {
         Ok(())
     }
 
-    fn send_buffers(&self) -> u32 {
-        (self.tx_pending.len() / 2).max(1) as u32
-    }
-
-    /// Client side: sends (again) the flow's opening to `peer`.
-    pub(crate) fn syn(&mut self, peer: Peer) -> Result<(), FlowError> {
-        self.syn_from = Some(peer);
-        self.post(Kind::Syn, 0, &[], false);
-        self.flush()
-    }
-
-    /// Server side: the peer whose SYN arrived, if one did; accepts it.
-    pub(crate) fn accept_syn(&mut self) -> Result<bool, FlowError> {
-        let Some(p) = self.syn_from else {
-            return Ok(false);
-        };
-        self.peer = Some(p);
-        self.side = Some(Side::Server);
-        self.post(Kind::SynAck, 0, &[], false);
-        self.flush()?;
-        Ok(true)
-    }
-
     /// Whether the flow is open (the handshake is done).
-    pub(crate) fn connected(&self) -> bool {
+    fn connected(&self) -> bool {
         self.peer.is_some()
     }
 
-    /// Sends as much of `buf` as credit and buffers allow; returns the
-    /// bytes taken.
-    fn send_some(&mut self, buf: &[u8]) -> Result<usize, FlowError> {
+    /// Sends as much of `buf` as credit, buffers and this session's share
+    /// of them allow; returns the bytes taken.
+    fn send_some(&mut self, io: &mut PortIo, buf: &[u8]) -> Result<usize, FlowError> {
         let mut taken = 0;
         // One clock read for the frames of one call: they go out together.
-        let now = self.now_ns();
-        while taken < buf.len() && self.send.may_send() && !self.free_tx.is_empty() {
+        let now = io.now_ns();
+        while taken < buf.len()
+            && self.send.may_send()
+            && self.send.in_flight() < io.share
+            && io.free_tx.len() > CONTROL_RESERVE_FRAMES
+        {
             let end = (taken + self.mss).min(buf.len());
             let seq = self.send.next_seq();
-            let Some(slot) = self.post(Kind::Data, seq, &buf[taken..end], true) else {
+            let Some(slot) = self.post(io, Kind::Data, seq, &buf[taken..end], true) else {
                 break;
             };
             self.send.push(slot, now);
             taken = end;
         }
         if taken > 0 {
-            self.flush()?;
+            io.flush()?;
         }
         Ok(taken)
     }
 
     /// Sends the end of this end's stream once, when credit allows.
-    fn send_fin(&mut self) -> Result<(), FlowError> {
-        if self.fin_sent || !self.send.may_send() || self.free_tx.is_empty() {
+    fn send_fin(&mut self, io: &mut PortIo) -> Result<(), FlowError> {
+        if self.fin_sent || !self.send.may_send() || io.free_tx.is_empty() {
             return Ok(());
         }
         let seq = self.send.next_seq();
-        if let Some(slot) = self.post(Kind::Fin, seq, &[], true) {
-            let now = self.now_ns();
+        if let Some(slot) = self.post(io, Kind::Fin, seq, &[], true) {
+            let now = io.now_ns();
             self.send.push(slot, now);
             self.fin_sent = true;
-            self.fin_seq = Some(seq);
         }
-        self.flush()
+        io.flush()
     }
 
     /// When the next timer (a retransmission, a probe, a delayed
-    /// acknowledgment) falls due, as a duration from now.
-    fn next_timer(&self) -> Option<Duration> {
+    /// acknowledgment) falls due, as a duration from `now_ns`.
+    fn next_timer(&self, now_ns: u64) -> Option<Duration> {
         let at = match (self.send.next_deadline_ns(), self.recv.ack_deadline_ns()) {
             (Some(a), Some(b)) => a.min(b),
             (a, b) => a.or(b)?,
         };
-        Some(Duration::from_nanos(at.saturating_sub(self.now_ns())))
+        Some(Duration::from_nanos(at.saturating_sub(now_ns)))
     }
+}
+
+/// Data frames one session may keep in flight: at most half the transmit
+/// buffers (as one flow alone always had).
+fn send_buffers(tx_count: usize) -> u32 {
+    u32::try_from(tx_count / 2).unwrap_or(u32::MAX).max(1)
 }
 
 /// The payload per frame toward a peer that takes `theirs` (as its
@@ -599,129 +600,418 @@ fn frame_dst(frame: &[u8]) -> Mac {
     m
 }
 
-/// An endpoint shared by the two halves of a flow and its monitor.
-pub(crate) struct Shared {
-    ep: Mutex<Endpoint>,
-    cv: Condvar,
+/// Everything of a port behind its lock: the socket side and the sessions.
+pub(crate) struct PortState {
+    io: PortIo,
+    table: Table<Session>,
+    /// Payload bytes per frame a new session takes.
+    mss: usize,
+    /// Bytes a new session's receiver holds unread.
+    window_bytes: usize,
+    /// Where fresh flow ids and initial sequence numbers come from.
+    random: fn() -> io::Result<u32>,
+}
+
+impl PortState {
+    /// Shares the transmit buffers past the control reserve evenly among
+    /// the sessions there are now.
+    fn reshare(&mut self) {
+        self.io.share = self.io.tx_count().saturating_sub(CONTROL_RESERVE_FRAMES)
+            / self.table.sessions().max(1);
+    }
+
+    fn new_session(&mut self) -> io::Result<Session> {
+        let isn = (self.random)()?;
+        let tx = self.io.tx_count();
+        Session::new(0, self.mss, self.window_bytes, isn, tx)
+    }
+
+    /// A fresh flow id, or why there is none.
+    fn alloc_id(&mut self) -> io::Result<u16> {
+        let mut draw_failed = None;
+        let random = self.random;
+        let id = self.table.alloc_id(|| match random() {
+            Ok(v) => v as u16,
+            Err(e) => {
+                draw_failed = Some(e);
+                1
+            }
+        });
+        if let Some(e) = draw_failed {
+            return Err(e);
+        }
+        id.map_err(io::Error::other)
+    }
+
+    /// The session of flow `id` and the socket side.
+    fn session(&mut self, id: u16) -> Result<(&mut PortIo, &mut Session), FlowError> {
+        let i = self.table.index(id).ok_or_else(|| {
+            FlowError::Io(io::Error::other(format!(
+                "xdp flow {id} is no longer on its port (dropped as half-open)"
+            )))
+        })?;
+        Ok((&mut self.io, &mut self.table.slot_mut(i).value))
+    }
+
+    /// One round of the port: completions, receptions (each into its
+    /// session), timers, acknowledgments, the doorbell, then the waiters
+    /// of every session that got something are woken. The clock is read
+    /// only when frames arrived or `fresh_clock`, or after
+    /// [`PUMPS_PER_CLOCK_READ`] pumps that did not (else the timers see
+    /// the time of an earlier pump): a poll-mode waiter's spins.
+    fn pump(&mut self, fresh_clock: bool) -> Result<(), FlowError> {
+        let io = &mut self.io;
+        // Nothing on the rings, nothing to ring the bell for and the timers
+        // looked at lately: the pump would find nothing to do.
+        if !fresh_clock
+            && io.pumps_unclocked + 1 < PUMPS_PER_CLOCK_READ
+            && !io.tx_queued
+            && io.tx_outstanding == 0
+            && !io.xsk.anything_arrived()
+        {
+            io.pumps_unclocked += 1;
+            io.clock_read = false;
+            return Ok(());
+        }
+        let mut slots = std::mem::take(&mut io.scratch_slots);
+        io.xsk.completed(u32::MAX, &mut slots);
+        for &slot in &slots {
+            io.tx_outstanding = io.tx_outstanding.saturating_sub(1);
+            if let Some(i) = io.tx_index(slot) {
+                io.tx_pending[i] = io.tx_pending[i].saturating_sub(1);
+                io.release_if_done(slot);
+            }
+        }
+        // Whole frames are copied out (the authenticator covers the header
+        // too), one after another into one kept buffer.
+        let mut bytes = std::mem::take(&mut io.scratch_frames);
+        let mut ends = std::mem::take(&mut io.scratch_ends);
+        bytes.clear();
+        ends.clear();
+        io.xsk.receive(RX_BATCH, &mut slots, |frame| {
+            // Only netgap's frames are kept (parsed whole below, once).
+            if frame.len() >= FRAME_OVERHEAD_BYTES
+                && frame[12..14] == reliable::ETHERTYPE.to_be_bytes()
+            {
+                bytes.extend_from_slice(frame);
+                ends.push(bytes.len());
+            }
+        });
+        let got = !slots.is_empty();
+        if got {
+            // Every receive buffer goes straight back: its bytes were
+            // copied out above.
+            io.xsk.fill(&slots);
+            if io.xsk.fill_needs_wakeup() {
+                let _ = io.xsk.kick();
+            }
+        }
+        io.scratch_slots = slots;
+        // The clock is read when frames arrived (their round trips are
+        // timed) and every few idle pumps (for the timers), not on every
+        // spin of a poll-mode waiter.
+        io.pumps_unclocked += 1;
+        io.clock_read = got || fresh_clock || io.pumps_unclocked >= PUMPS_PER_CLOCK_READ;
+        if io.clock_read {
+            io.now_cache_ns = io.now_ns();
+            io.pumps_unclocked = 0;
+        }
+        let now = io.now_cache_ns;
+        let mut start = 0;
+        for &end in &ends {
+            let raw = &bytes[start..end];
+            start = end;
+            if let Ok(p) = reliable::parse(raw) {
+                self.route(&p.header, p.src, p.payload, raw, now);
+            }
+        }
+        self.io.scratch_frames = bytes;
+        self.io.scratch_ends = ends;
+        // Half-open sessions nobody confirmed in time go.
+        if !self.table.expire(now).is_empty() {
+            self.reshare();
+        }
+        let io = &mut self.io;
+        for slot in self.table.slots_mut() {
+            let s = &mut slot.value;
+            s.on_timers(io, now);
+            if s.woken {
+                s.woken = false;
+                s.arrivals += 1;
+                if s.cv_waiters > 0 {
+                    s.signal.cv.notify_all();
+                }
+                if s.poller {
+                    s.signal.ring();
+                }
+            }
+        }
+        self.io.flush()
+    }
+
+    /// Moves one arrival to its session, or opens one for a SYN to a
+    /// listener.
+    fn route(&mut self, h: &Header, src: Mac, payload: &[u8], raw: &[u8], now: u64) {
+        match self.table.route(src, h.kind, h.dst_flow, h.src_flow) {
+            Route::Session(i) => {
+                let s = &mut self.table.slot_mut(i).value;
+                s.on_frame(&mut self.io, h, src, payload, raw, now);
+            }
+            Route::Open { listener } => {
+                let (Ok(id), Ok(mut s)) = (self.alloc_id(), self.new_session()) else {
+                    return;
+                };
+                s.local_flow = id;
+                s.window_bytes = HALF_OPEN_WINDOW_BYTES.min(self.window_bytes);
+                s.opened(h);
+                s.peer = Some(Peer {
+                    mac: src,
+                    flow: h.src_flow,
+                });
+                s.side = Some(Side::Server);
+                s.post(&mut self.io, Kind::SynAck, 0, &[], false);
+                self.table
+                    .insert_accepted(id, listener, (src, h.src_flow), now, s);
+                self.reshare();
+            }
+            Route::Drop => {}
+        }
+    }
+}
+
+/// Which port: the interface's name in its network namespace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct PortKey {
+    /// The network namespace's inode (a process's threads may sit in
+    /// different ones: a coordinator entering a testbed host's).
+    pub netns: u64,
+    /// The interface's name.
+    pub ifname: String,
+}
+
+impl PortKey {
+    /// The key of `ifname` in this thread's network namespace.
+    pub(crate) fn here(ifname: &str) -> io::Result<PortKey> {
+        use std::os::unix::fs::MetadataExt;
+        let netns = std::fs::metadata("/proc/thread-self/ns/net")?.ino();
+        Ok(PortKey {
+            netns,
+            ifname: ifname.to_string(),
+        })
+    }
+}
+
+/// The ports of the process, by interface: made on first use, gone when
+/// their last flow or listener closes.
+static PORTS: Mutex<Vec<(PortKey, Weak<Port>)>> = Mutex::new(Vec::new());
+
+/// One AF_XDP socket shared by the process's xdp flows on an interface.
+pub(crate) struct Port {
+    st: Mutex<PortState>,
     fd: RawFd,
-    bell: OwnedFd,
+    attach: Attach,
+    key: PortKey,
+}
+
+impl Port {
+    /// The port of `key`, opened by `open` (the socket side, the payload
+    /// per frame and the receive window of its sessions) if there is none.
+    pub(crate) fn get(
+        key: PortKey,
+        open: impl FnOnce() -> io::Result<(PortIo, usize, usize)>,
+        random: fn() -> io::Result<u32>,
+    ) -> io::Result<Arc<Port>> {
+        let mut ports = PORTS.lock().unwrap_or_else(|e| e.into_inner());
+        ports.retain(|(_, w)| w.strong_count() > 0);
+        if let Some(p) = ports
+            .iter()
+            .find(|(k, _)| *k == key)
+            .and_then(|(_, w)| w.upgrade())
+        {
+            return Ok(p);
+        }
+        let (io, mss, window_bytes) = open()?;
+        let fd = io.xsk.fd();
+        let attach = io.xsk.attach();
+        let port = Arc::new(Port {
+            st: Mutex::new(PortState {
+                io,
+                table: Table::with_default_caps(),
+                mss,
+                window_bytes,
+                random,
+            }),
+            fd,
+            attach,
+            key: key.clone(),
+        });
+        ports.push((key, Arc::downgrade(&port)));
+        Ok(port)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, PortState> {
+        // A poisoned lock means a thread panicked mid-pump; the port's
+        // state is still memory-safe, and its flows fail on their own
+        // terms.
+        self.st.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Pumps the port once, reading the clock.
+    pub(crate) fn pump(&self) -> Result<(), FlowError> {
+        self.lock().pump(true)
+    }
+
+    /// Listens on a fresh flow id; returns it.
+    pub(crate) fn listen(&self) -> io::Result<u16> {
+        let mut st = self.lock();
+        let id = st.alloc_id()?;
+        st.table.listen(id);
+        Ok(id)
+    }
+
+    /// Stops listening on `id`; the sessions nobody accepted close.
+    pub(crate) fn unlisten(&self, id: u16) {
+        let mut st = self.lock();
+        for s in st.table.unlisten(id) {
+            st.table.remove(s);
+        }
+        st.reshare();
+    }
+
+    /// The oldest session opened to listener `id`, if any, taken: its
+    /// receive window grows to the port's full one (the next pump tells
+    /// the peer).
+    pub(crate) fn accept(&self, id: u16) -> Option<u16> {
+        let mut st = self.lock();
+        let sid = st.table.accept(id)?;
+        let full = st.window_bytes;
+        if let Ok((_, s)) = st.session(sid) {
+            s.window_bytes = full;
+            s.recv.grow_capacity(full);
+        }
+        Some(sid)
+    }
+
+    /// Opens a client session toward `peer` (its listening flow) and sends
+    /// its opening; returns its flow id.
+    pub(crate) fn open_session(&self, peer: Peer) -> Result<u16, FlowError> {
+        let mut st = self.lock();
+        let id = st.alloc_id().map_err(FlowError::Io)?;
+        let mut s = st.new_session().map_err(FlowError::Io)?;
+        s.local_flow = id;
+        s.syn_to = Some(peer);
+        s.post(&mut st.io, Kind::Syn, 0, &[], false);
+        st.table.insert(id, s);
+        st.reshare();
+        st.io.flush()?;
+        Ok(id)
+    }
+
+    /// Client side: sends session `id`'s opening again.
+    pub(crate) fn syn_again(&self, id: u16) -> Result<(), FlowError> {
+        let mut st = self.lock();
+        let (io, s) = st.session(id)?;
+        s.post(io, Kind::Syn, 0, &[], false);
+        io.flush()
+    }
+
+    /// Whether session `id` is open.
+    pub(crate) fn connected(&self, id: u16) -> bool {
+        let mut st = self.lock();
+        st.session(id).is_ok_and(|(_, s)| s.connected())
+    }
+
+    /// Closes session `id` at once (a flow that never opened).
+    pub(crate) fn remove(&self, id: u16) {
+        let mut st = self.lock();
+        st.table.remove(id);
+        st.reshare();
+    }
+}
+
+impl Drop for Port {
+    fn drop(&mut self) {
+        let mut ports = PORTS.lock().unwrap_or_else(|e| e.into_inner());
+        ports.retain(|(k, w)| !(*k == self.key && w.strong_count() == 0));
+    }
+}
+
+/// One flow: a session on a port, shared by the flow's two halves and its
+/// monitor.
+pub(crate) struct Shared {
+    port: Arc<Port>,
+    id: u16,
+    signal: Arc<Signal>,
     mode: Mode,
     timeout: Duration,
-    /// Where the endpoint's program is attached; fixed for its life.
-    attach: super::sys::Attach,
 }
 
 impl Shared {
-    /// Shares `ep` for a flow of `mode` with inactivity timeout `timeout`.
-    pub(crate) fn new(ep: Endpoint, mode: Mode, timeout: Duration) -> io::Result<Arc<Shared>> {
-        let fd = ep.xsk.fd();
-        let attach = ep.xsk.attach();
-        // SAFETY: eventfd with no initial count and valid flags; the result
-        // is checked and owned at once.
-        let bell = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        if bell < 0 {
-            return Err(io::Error::last_os_error());
-        }
+    /// The flow of session `id` on `port`, of `mode`, with inactivity
+    /// timeout `timeout`.
+    pub(crate) fn new(
+        port: Arc<Port>,
+        id: u16,
+        mode: Mode,
+        timeout: Duration,
+    ) -> Result<Arc<Shared>, FlowError> {
+        let signal = {
+            let mut st = port.lock();
+            let (_, s) = st.session(id)?;
+            Arc::clone(&s.signal)
+        };
         Ok(Arc::new(Shared {
-            ep: Mutex::new(ep),
-            cv: Condvar::new(),
-            fd,
-            // SAFETY: `bell` is a new descriptor nothing else owns.
-            bell: unsafe { OwnedFd::from_raw_fd(bell) },
+            port,
+            id,
+            signal,
             mode,
             timeout,
-            attach,
         }))
     }
 
-    fn lock(&self) -> MutexGuard<'_, Endpoint> {
-        // A poisoned lock means a thread panicked mid-pump; the endpoint's
-        // state is still memory-safe, and the flow fails on its own terms.
-        self.ep.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Pumps under the lock and wakes whoever waits if anything arrived.
-    fn pump(&self, ep: &mut Endpoint) -> Result<bool, FlowError> {
-        self.pump_clocked(ep, true)
-    }
-
-    /// [`Shared::pump`], the clock read as [`Endpoint::pump_clocked`] says.
-    fn pump_clocked(&self, ep: &mut Endpoint, fresh_clock: bool) -> Result<bool, FlowError> {
-        let got = ep.pump_clocked(fresh_clock)?;
-        if got {
-            if ep.cv_waiters > 0 {
-                self.cv.notify_all();
-            }
-            if ep.poller {
-                self.ring();
-            }
-        }
-        Ok(got)
-    }
-
-    fn ring(&self) {
-        let one: u64 = 1;
-        // SAFETY: writes 8 bytes from a live local to our eventfd.
-        let _ = unsafe {
-            libc::write(
-                self.bell.as_raw_fd(),
-                (&raw const one).cast::<libc::c_void>(),
-                8,
-            )
-        };
-    }
-
-    fn drain_bell(&self) {
-        let mut v: u64 = 0;
-        // SAFETY: reads 8 bytes into a live local from our non-blocking
-        // eventfd.
-        let _ = unsafe {
-            libc::read(
-                self.bell.as_raw_fd(),
-                (&raw mut v).cast::<libc::c_void>(),
-                8,
-            )
-        };
-    }
-
-    /// Runs `attempt` (under the lock, after a pump) until it returns
-    /// `Some`, waiting as the mode says; fails after `timeout` without
-    /// progress.
+    /// Runs `attempt` (under the port's lock, after a pump) until it
+    /// returns `Some`, waiting as the mode says; fails after `timeout`
+    /// without progress.
     pub(crate) fn wait_for<T>(
         &self,
         timeout: Duration,
-        mut attempt: impl FnMut(&mut Endpoint) -> Result<Option<T>, FlowError>,
+        mut attempt: impl FnMut(&mut PortIo, &mut Session) -> Result<Option<T>, FlowError>,
     ) -> Result<T, FlowError> {
-        // The deadline is on the endpoint's clock as its pumps read it
-        // (every few spins), so waiting adds no clock read of its own.
+        // The deadline is on the port's clock as its pumps read it (every
+        // few spins), so waiting adds no clock read of its own.
         let timeout_ns = u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX);
         let mut deadline_ns: Option<u64> = None;
         let mut spins = 0u32;
         let mut first = true;
+        let mut seen_arrivals = 0u64;
         loop {
-            let mut ep = self.lock();
+            let mut st = self.port.lock();
             // The first try goes before any pump: a send that has credit,
             // or a receive whose bytes are here, needs none.
             if first {
                 first = false;
-                if let Some(v) = attempt(&mut ep)? {
+                let (io, s) = st.session(self.id)?;
+                seen_arrivals = s.arrivals;
+                if let Some(v) = attempt(io, s)? {
                     return Ok(v);
                 }
             }
             // A fresh clock for every event-mode wake-up; a poll-mode spin
             // uses a recent pump's (the deadline starts at the first pump
             // that read it).
-            let got = self.pump_clocked(&mut ep, self.mode == Mode::Event)?;
-            if let Some(v) = attempt(&mut ep)? {
+            st.pump(self.mode == Mode::Event)?;
+            let (io, s) = st.session(self.id)?;
+            if let Some(v) = attempt(io, s)? {
                 return Ok(v);
             }
-            if got {
+            if s.arrivals != seen_arrivals {
+                seen_arrivals = s.arrivals;
                 deadline_ns = None;
             }
-            let now_ns = ep.now_cache_ns;
+            let now_ns = io.now_cache_ns;
             let dl = match deadline_ns {
                 Some(dl) => dl,
-                None if ep.clock_read => *deadline_ns.insert(now_ns.saturating_add(timeout_ns)),
+                None if io.clock_read => *deadline_ns.insert(now_ns.saturating_add(timeout_ns)),
                 // Not started yet: spin on until a pump reads the clock.
                 None => u64::MAX,
             };
@@ -736,49 +1026,55 @@ impl Shared {
                 // hypervisor (pause-loop exiting), and each pause delays
                 // seeing the frame.
                 Mode::Poll => {
-                    drop(ep);
+                    drop(st);
                     spins += 1;
                     if spins.is_multiple_of(SPINS_PER_YIELD) {
                         std::thread::yield_now();
                     }
                 }
                 // Frames still wait on the TX ring: ring again, not sleep.
-                Mode::Event if ep.tx_backlog() => drop(ep),
+                Mode::Event if io.tx_backlog() => drop(st),
                 Mode::Event => {
-                    let sleep = ep
-                        .next_timer()
+                    let sleep = s
+                        .next_timer(now_ns)
                         .unwrap_or(MAX_SLEEP)
                         .min(MAX_SLEEP)
                         .min(Duration::from_nanos(dl - now_ns));
-                    if ep.poller {
-                        ep.cv_waiters += 1;
-                        let (mut ep, _) = self
+                    if s.poller {
+                        s.cv_waiters += 1;
+                        let (mut st, _) = self
+                            .signal
                             .cv
-                            .wait_timeout(ep, sleep)
+                            .wait_timeout(st, sleep)
                             .unwrap_or_else(|e| e.into_inner());
-                        ep.cv_waiters -= 1;
+                        if let Ok((_, s)) = st.session(self.id) {
+                            s.cv_waiters -= 1;
+                        }
                     } else {
-                        ep.poller = true;
-                        drop(ep);
+                        s.poller = true;
+                        drop(st);
                         self.sleep_in_poll(sleep);
-                        self.lock().poller = false;
+                        if let Ok((_, s)) = self.port.lock().session(self.id) {
+                            s.poller = false;
+                        }
                     }
                 }
             }
         }
     }
 
-    /// Sleeps until a frame arrives, the other half rings, or `max` passes.
+    /// Sleeps until a frame arrives, a pump rings this session, or `max`
+    /// passes.
     fn sleep_in_poll(&self, max: Duration) {
         let ms = libc::c_int::try_from(max.as_millis().max(1)).unwrap_or(libc::c_int::MAX);
         let mut fds = [
             libc::pollfd {
-                fd: self.fd,
+                fd: self.port.fd,
                 events: libc::POLLIN,
                 revents: 0,
             },
             libc::pollfd {
-                fd: self.bell.as_raw_fd(),
+                fd: self.signal.bell.as_raw_fd(),
                 events: libc::POLLIN,
                 revents: 0,
             },
@@ -786,37 +1082,47 @@ impl Shared {
         // SAFETY: `fds` is a live array of two pollfd structs.
         let _ = unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
         if fds[1].revents != 0 {
-            self.drain_bell();
+            self.signal.drain();
         }
+    }
+
+    /// Pumps the port and reads this session's `f`.
+    fn with<T>(&self, f: impl FnOnce(&mut PortIo, &mut Session) -> T) -> Result<T, FlowError> {
+        let mut st = self.port.lock();
+        st.pump(true)?;
+        let (io, s) = st.session(self.id)?;
+        Ok(f(io, s))
     }
 }
 
 impl Drop for Shared {
     fn drop(&mut self) {
         // Linger: let what is unacknowledged arrive, then say the stream
-        // ended, so the peer's receive ends instead of timing out.
-        let shared_mode = self.mode;
-        let ep = self.ep.get_mut().unwrap_or_else(|e| e.into_inner());
-        if !ep.connected() {
-            return;
-        }
+        // ended, so the peer's receive ends instead of timing out. The
+        // port's lock is let go between pumps: its other flows go on.
         let t0 = Instant::now();
         while t0.elapsed() < LINGER {
-            if ep.pump().is_err() {
-                return;
-            }
-            if !ep.fin_sent {
-                if ep.send_fin().is_err() {
-                    return;
+            let done = self.with(|io, s| {
+                if !s.connected() {
+                    return Ok::<bool, FlowError>(true);
                 }
-            } else if ep.send.idle() {
-                break;
+                if !s.fin_sent {
+                    s.send_fin(io)?;
+                    Ok(false)
+                } else {
+                    Ok(s.send.idle())
+                }
+            });
+            match done {
+                Ok(Ok(false)) => {}
+                _ => break,
             }
-            match shared_mode {
+            match self.mode {
                 Mode::Poll => std::hint::spin_loop(),
                 Mode::Event => std::thread::sleep(Duration::from_micros(200)),
             }
         }
+        self.port.remove(self.id);
     }
 }
 
@@ -828,8 +1134,8 @@ pub(crate) struct Half {
 impl Sender for Half {
     fn send_some(&mut self, buf: &[u8]) -> Result<usize, FlowError> {
         let timeout = self.shared.timeout;
-        self.shared.wait_for(timeout, |ep| {
-            let n = ep.send_some(buf)?;
+        self.shared.wait_for(timeout, |io, s| {
+            let n = s.send_some(io, buf)?;
             Ok((n > 0).then_some(n))
         })
     }
@@ -838,19 +1144,19 @@ impl Sender for Half {
 impl Receiver for Half {
     fn recv_some(&mut self, buf: &mut [u8]) -> Result<usize, FlowError> {
         let timeout = self.shared.timeout;
-        self.shared.wait_for(timeout, |ep| {
-            if ep.recv.ready_bytes() > 0 {
-                let n = ep.recv.read(buf);
-                let now = ep.now_ns();
-                if ep.recv.ack_due(now) {
+        self.shared.wait_for(timeout, |io, s| {
+            if s.recv.ready_bytes() > 0 {
+                let n = s.recv.read(buf);
+                let now = io.now_ns();
+                if s.recv.ack_due(now) {
                     // Reading opened room: tell a sender waiting for
                     // credit.
-                    ep.post(Kind::Ack, 0, &[], false);
-                    ep.flush()?;
+                    s.post(io, Kind::Ack, 0, &[], false);
+                    io.flush()?;
                 }
                 return Ok(Some(n));
             }
-            if ep.recv.finished() {
+            if s.recv.finished() {
                 return Err(FlowError::Closed);
             }
             Ok(None)
@@ -858,9 +1164,7 @@ impl Receiver for Half {
     }
 
     fn ready_bytes(&self) -> Option<u64> {
-        let mut ep = self.shared.lock();
-        let _ = self.shared.pump(&mut ep);
-        Some(ep.recv.ready_bytes() as u64)
+        self.shared.with(|_, s| s.recv.ready_bytes() as u64).ok()
     }
 }
 
@@ -872,7 +1176,7 @@ pub(crate) struct XdpFlow {
 }
 
 impl XdpFlow {
-    /// The flow over a connected endpoint.
+    /// The flow over an open session.
     pub(crate) fn new(shared: Arc<Shared>) -> XdpFlow {
         XdpFlow {
             tx: Half {
@@ -904,27 +1208,33 @@ impl Flow for XdpFlow {
     fn path_choices(&self) -> Vec<String> {
         // Native and generic XDP are different paths through the kernel:
         // the generic hook runs after the socket buffer is built.
-        vec![format!("xdp_attach={}", self.shared.attach.name())]
+        vec![format!("xdp_attach={}", self.shared.port.attach.name())]
     }
 
     fn bind_session(&mut self, key: &FlowKey) -> Result<(), FlowError> {
-        self.shared.lock().bind(key)
+        let mut st = self.shared.port.lock();
+        let (io, s) = st.session(self.shared.id)?;
+        let mac = io.local_mac;
+        s.bind(mac, key)
     }
 }
 
 /// The counters and the idle upkeep of an xdp flow: its frames sent,
 /// received and sent again, and acknowledgments and retransmissions while
-/// the test is idle. Holds the endpoint weakly, so the flow still closes
-/// when the test drops it.
+/// the test is idle. Holds the flow weakly, so the flow still closes when
+/// the test drops it.
 struct Monitor {
-    shared: std::sync::Weak<Shared>,
+    shared: Weak<Shared>,
 }
 
 impl FlowMonitor for Monitor {
     fn datagram_stats(&self) -> DatagramStats {
         self.shared
             .upgrade()
-            .map(|s| s.lock().stats)
+            .and_then(|s| {
+                let mut st = s.port.lock();
+                st.session(s.id).ok().map(|(_, s)| s.stats)
+            })
             .unwrap_or_default()
     }
 
@@ -934,10 +1244,7 @@ impl FlowMonitor for Monitor {
         };
         let t0 = Instant::now();
         loop {
-            {
-                let mut ep = shared.lock();
-                shared.pump(&mut ep)?;
-            }
+            shared.port.pump()?;
             let left = max_wait.saturating_sub(t0.elapsed());
             if left.is_zero() {
                 return Ok(());
@@ -951,7 +1258,7 @@ impl FlowMonitor for Monitor {
                     revents: 0,
                 },
                 libc::pollfd {
-                    fd: shared.fd,
+                    fd: shared.port.fd,
                     events: libc::POLLIN,
                     revents: 0,
                 },

@@ -1,10 +1,15 @@
 //! `xdp`: user-level networking over AF_XDP, the modern form of VIA (seed
-//! 004's M-VIA row). The kernel leaves the data path: each flow endpoint
-//! owns a UMEM (registered memory) and its four rings (fill, completion,
-//! RX, TX: the descriptor and completion queues), posts descriptors and
-//! rings the doorbell (a `sendto` wake-up) itself, and reaps completions.
-//! The XDP program that steers frames to the socket is libxdp's default
-//! program, loaded by libxdp when the socket is made.
+//! 004's M-VIA row). The kernel leaves the data path: a process holds one
+//! *port* per interface (an AF_XDP socket with its UMEM, registered
+//! memory, and its four rings: fill, completion, RX, TX, the descriptor
+//! and completion queues), posts descriptors and rings the doorbell (a
+//! `sendto` wake-up) itself, and reaps completions. Every xdp flow of the
+//! process on that interface is a *session* on the port (`flow.rs`):
+//! frames carry both ends' flow ids, and arrivals go to their session by
+//! destination flow id ([`demux`], plain code), so one process holds many
+//! flows on one interface at once. The XDP program that steers frames to
+//! the socket is libxdp's default program, loaded by libxdp when the port
+//! is made; the port closes with its last flow or listener.
 //!
 //! Frames are raw Ethernet frames of netgap's own small protocol
 //! ([`reliable`], plain code): sequence numbers, acknowledgments,
@@ -16,11 +21,15 @@
 //! Addressing: the agent's listener binds the interface that holds the
 //! address the control connection arrived on and names itself
 //! `IP/MAC/FLOW`; the client binds the interface whose subnet holds that
-//! IP and sends to the MAC. Two hosts are needed: on one interface (or
-//! loopback) the two ends would share its queue. While a flow is open,
-//! every frame arriving on the interface's queue goes to the socket (the
-//! default program redirects the whole queue), so the control connection
-//! must not use that interface (a testbed's agents use Unix sockets).
+//! IP and sends to the MAC. A listener's SYN opens a session with a flow
+//! id of its own, which the answer names; the listener's id stays for the
+//! next client. Two hosts are needed: on one interface (or loopback) the
+//! two ends would share its queue, and one process's port holds an
+//! interface for the process (another process's socket cannot bind it
+//! meanwhile). While a port is open, every frame arriving on the
+//! interface's queue goes to the socket (the default program redirects the
+//! whole queue), so the control connection must not use that interface (a
+//! testbed's agents use Unix sockets).
 //!
 //! Mode: libxdp attaches its program in the driver (native XDP) when the
 //! driver allows, else at the generic hook; frames are always copied
@@ -31,6 +40,7 @@
 //! the transport is listed, unavailable, with the reason.
 
 pub mod auth;
+pub mod demux;
 pub mod reliable;
 
 #[cfg(feature = "xdp")]
@@ -134,21 +144,22 @@ fn probe() -> Result<(), Unavailable> {
     Ok(())
 }
 
-/// Frames of each endpoint's UMEM (half receive, half transmit).
+/// Frames of each port's UMEM (half receive, half transmit).
 const FRAMES: u32 = 4096;
 /// Bytes of a UMEM frame.
 const FRAME_BYTES: u32 = 4096;
 /// Entries of each ring.
 const RING_ENTRIES: u32 = 2048;
-/// Bytes the receiver holds unread (its credit).
+/// Bytes each session's receiver holds unread (its credit).
 const WINDOW_BYTES: usize = 4 << 20;
 /// Bytes of one ring entry at most (a completion or fill entry is a u64
 /// address; an RX or TX descriptor is 16 bytes).
 const RING_ENTRY_BYTES: u64 = 16;
 
-/// What one endpoint commits besides the point's message buffers: its UMEM
-/// (registered with the kernel, so resident for the flow's life), its four
-/// rings, and the receive window it may hold unread.
+/// What one flow commits besides the point's message buffers when it is
+/// alone on its port (as a point's flow is): the port's UMEM (registered
+/// with the kernel, so resident while the port is open), its four rings,
+/// and the receive window the flow may hold unread.
 const ENDPOINT_MEMORY_BYTES: u64 = FRAMES as u64 * FRAME_BYTES as u64
     + 4 * RING_ENTRIES as u64 * RING_ENTRY_BYTES
     + WINDOW_BYTES as u64;
@@ -180,6 +191,11 @@ impl Transport for Xdp {
 
     fn flow_memory_bytes(&self) -> u64 {
         ENDPOINT_MEMORY_BYTES
+    }
+
+    fn parse_listen_addr(&self, addr: &str) -> Result<crate::ListenAddr, String> {
+        let a = parse_addr(addr).map_err(|e| format!("{addr:?}: {e}"))?;
+        Ok(crate::ListenAddr::new(a.ip, a.to_string()))
     }
 
     fn listen(
@@ -260,12 +276,13 @@ mod imp {
 
 #[cfg(feature = "xdp")]
 mod imp {
-    //! The endpoints: interface lookup, UMEM shape, handshake.
-    use super::flow::{Endpoint, Peer, Shared, XdpFlow};
+    //! The ports and flows: interface lookup, UMEM shape, handshake.
+    use super::flow::{Peer, Port, PortIo, PortKey, Shared, XdpFlow};
     use super::reliable::{Mac, ETH_HEADER_BYTES, FRAME_OVERHEAD_BYTES};
     use super::sys::{Attach, Shape, Xsk};
     use super::*;
     use std::io;
+    use std::sync::Arc;
     use std::time::{Duration, Instant};
 
     /// How long a client tries to open a flow.
@@ -342,22 +359,15 @@ mod imp {
         crate::random::fill_random(&mut b).map_err(|e| {
             io::Error::new(
                 e.kind(),
-                format!("no random bytes for an initial sequence number: {e}"),
+                format!("no random bytes for a flow id or initial sequence number: {e}"),
             )
         })?;
         Ok(u32::from_ne_bytes(b))
     }
 
-    /// A fresh flow id and initial sequence number, both random, so a
-    /// host that does not see the flow's frames cannot guess them.
-    fn flow_id_and_isn() -> io::Result<(u16, u32)> {
-        let id = (random_u32()? as u16).max(1);
-        Ok((id, random_u32()?))
-    }
-
-    /// Opens an endpoint on `ifc`: native XDP first, the generic hook if
-    /// the driver refuses.
-    fn endpoint(ifc: &Iface) -> io::Result<Endpoint> {
+    /// The process's port on `ifc`, opened (native XDP first, the generic
+    /// hook if the driver refuses) if it has none.
+    fn port(ifc: &Iface) -> io::Result<Arc<Port>> {
         if ifc.mtu + ETH_HEADER_BYTES > FRAME_BYTES as usize {
             return Err(io::Error::other(format!(
                 "{} has MTU {}; xdp frames hold at most {} bytes",
@@ -366,14 +376,21 @@ mod imp {
                 FRAME_BYTES as usize - ETH_HEADER_BYTES
             )));
         }
+        let key = PortKey::here(&ifc.name)?;
+        Port::get(key, || open_port(ifc), random_u32)
+    }
+
+    /// Opens the socket of a port on `ifc`; returns it with the payload
+    /// per frame and the receive window of its sessions.
+    fn open_port(ifc: &Iface) -> io::Result<(PortIo, usize, usize)> {
         let shape = Shape {
             frames: FRAMES,
             frame_bytes: FRAME_BYTES,
             ring_entries: RING_ENTRIES,
         };
         // The kernel frees a closed socket's hold on the queue a little
-        // after the close (deferred work): a socket of the previous flow
-        // may still hold it, so a busy queue is waited for.
+        // after the close (deferred work): the socket of the port just
+        // closed may still hold it, so a busy queue is waited for.
         let t0 = Instant::now();
         let busy = |e: &io::Error| e.raw_os_error() == Some(libc::EBUSY);
         let xsk = loop {
@@ -392,20 +409,19 @@ mod imp {
             return Err(io::Error::new(
                 generic.kind(),
                 format!(
-                    "no XDP socket on {} queue 0 (native: {native}; generic: {generic}); is libxdp's default program installed (libxdp1), and is no other AF_XDP socket bound there?",
+                    "no XDP socket on {} queue 0 (native: {native}; generic: {generic}); is libxdp's default program installed (libxdp1), and is no other process's AF_XDP socket bound there?",
                     ifc.name
                 ),
             ));
         };
         let mss = ifc.mtu + ETH_HEADER_BYTES - FRAME_OVERHEAD_BYTES;
-        let (flow, isn) = flow_id_and_isn()?;
-        Endpoint::new(xsk, FRAMES, (ifc.mac, flow), mss, WINDOW_BYTES, isn)
+        Ok((PortIo::new(xsk, FRAMES, ifc.mac)?, mss, WINDOW_BYTES))
     }
 
     struct XdpListener {
         ip: IpAddr,
-        iface: Iface,
-        ep: Option<Endpoint>,
+        mac: Mac,
+        port: Arc<Port>,
         flow: u16,
         config: FlowConfig,
     }
@@ -424,26 +440,22 @@ mod imp {
             ))));
         }
         let ifc = find_iface(local_ip, true).map_err(err)?;
-        let ep = endpoint(&ifc).map_err(err)?;
-        let flow = ep_flow(&ep);
+        let port = port(&ifc).map_err(err)?;
+        let flow = port.listen().map_err(err)?;
         Ok(Box::new(XdpListener {
             ip: local_ip,
-            iface: ifc,
-            ep: Some(ep),
+            mac: ifc.mac,
+            port,
             flow,
             config: config.clone(),
         }))
-    }
-
-    fn ep_flow(ep: &Endpoint) -> u16 {
-        ep.local_flow()
     }
 
     impl Listener for XdpListener {
         fn addr(&self) -> String {
             XdpAddr {
                 ip: self.ip,
-                mac: self.iface.mac,
+                mac: self.mac,
                 flow: self.flow,
             }
             .to_string()
@@ -454,37 +466,36 @@ mod imp {
                 transport: NAME,
                 source,
             };
-            let mut ep = match self.ep.take() {
-                Some(ep) => ep,
-                // A stranger's flow took the endpoint: a new one, on the
-                // same flow id, for the next client.
-                None => {
-                    let mut ep = endpoint(&self.iface).map_err(err)?;
-                    ep.set_local_flow(self.flow);
-                    ep
-                }
-            };
             let t0 = Instant::now();
-            loop {
-                ep.pump()
+            let id = loop {
+                self.port
+                    .pump()
                     .map_err(|e| err(io::Error::other(e.to_string())))?;
-                if ep
-                    .accept_syn()
-                    .map_err(|e| err(io::Error::other(e.to_string())))?
-                {
-                    break;
+                if let Some(id) = self.port.accept(self.flow) {
+                    break id;
                 }
                 if t0.elapsed() >= timeout {
-                    self.ep = Some(ep);
                     return Err(TransportError::AcceptTimeout {
                         transport: NAME,
                         timeout_ms: timeout.as_millis(),
                     });
                 }
                 idle(&self.config);
-            }
-            let shared = Shared::new(ep, self.config.mode, self.config.io_timeout).map_err(err)?;
+            };
+            let shared = Shared::new(
+                Arc::clone(&self.port),
+                id,
+                self.config.mode,
+                self.config.io_timeout,
+            )
+            .map_err(|e| err(io::Error::other(e.to_string())))?;
             Ok(Box::new(XdpFlow::new(shared)))
+        }
+    }
+
+    impl Drop for XdpListener {
+        fn drop(&mut self) {
+            self.port.unlisten(self.flow);
         }
     }
 
@@ -511,6 +522,7 @@ mod imp {
             addr: addr.clone(),
             source,
         };
+        let flow_err = |e: crate::FlowError| err(io::Error::other(e.to_string()));
         let ifc = match local_ip {
             None => find_iface(a.ip, false).map_err(err)?,
             Some(local) => {
@@ -525,15 +537,32 @@ mod imp {
                 ifc
             }
         };
-        let mut ep = endpoint(&ifc).map_err(err)?;
+        if a.mac == ifc.mac {
+            // A frame sent on an interface leaves it; it does not come
+            // back to the same socket.
+            return Err(err(io::Error::other(format!(
+                "{addr} is on this host's own interface {}: xdp's two ends need two hosts",
+                ifc.name
+            ))));
+        }
+        let port = port(&ifc).map_err(err)?;
         let peer = Peer {
             mac: a.mac,
             flow: a.flow,
         };
+        let id = port.open_session(peer).map_err(flow_err)?;
         let t0 = Instant::now();
-        let mut last_syn: Option<Instant> = None;
-        while !ep.connected() {
+        let mut last_syn = Instant::now();
+        loop {
+            if let Err(e) = port.pump() {
+                port.remove(id);
+                return Err(flow_err(e));
+            }
+            if port.connected(id) {
+                break;
+            }
             if t0.elapsed() >= CONNECT_TIMEOUT {
+                port.remove(id);
                 return Err(err(io::Error::new(
                     io::ErrorKind::TimedOut,
                     format!(
@@ -543,16 +572,16 @@ mod imp {
                     ),
                 )));
             }
-            if last_syn.is_none_or(|t| t.elapsed() >= SYN_EVERY) {
-                ep.syn(peer)
-                    .map_err(|e| err(io::Error::other(e.to_string())))?;
-                last_syn = Some(Instant::now());
+            if last_syn.elapsed() >= SYN_EVERY {
+                if let Err(e) = port.syn_again(id) {
+                    port.remove(id);
+                    return Err(flow_err(e));
+                }
+                last_syn = Instant::now();
             }
-            ep.pump()
-                .map_err(|e| err(io::Error::other(e.to_string())))?;
             idle(config);
         }
-        let shared = Shared::new(ep, config.mode, config.io_timeout).map_err(err)?;
+        let shared = Shared::new(port, id, config.mode, config.io_timeout).map_err(flow_err)?;
         Ok(Box::new(XdpFlow::new(shared)))
     }
 }
@@ -572,6 +601,9 @@ mod tests {
         let s = a.to_string();
         assert_eq!(s, "10.77.0.1/02:ab:00:10:ff:01/4660");
         assert_eq!(parse_addr(&s).unwrap(), a);
+        let l = Xdp.parse_listen_addr(&s).unwrap();
+        assert_eq!((l.ip(), l.as_str()), (a.ip, s.as_str()));
+        assert!(Xdp.parse_listen_addr("10.77.0.1:80").is_err());
         for bad in [
             "10.77.0.1:80",
             "10.77.0.1/02:ab:00:10:ff/1",

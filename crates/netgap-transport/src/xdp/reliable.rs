@@ -718,6 +718,14 @@ impl RecvWindow {
         self.owed_since_ns.map(|t| t.saturating_add(ACK_DELAY_NS))
     }
 
+    /// Room for `capacity_bytes` not yet read, if that is more than there
+    /// is (a session the application took): the credit the next
+    /// acknowledgment carries grows with it. The room never shrinks, so
+    /// frames sent under an earlier credit still fit.
+    pub fn grow_capacity(&mut self, capacity_bytes: usize) {
+        self.capacity_bytes = self.capacity_bytes.max(capacity_bytes);
+    }
+
     /// A probe asked for the credit: the next acknowledgment goes at once.
     pub fn on_probe(&mut self) {
         self.ack_owed = true;
@@ -808,6 +816,19 @@ mod tests {
         let mut g = f;
         g[ETH_HEADER_BYTES + 1] = 99;
         assert_eq!(parse(&g), Err(FrameError::Kind(99)));
+    }
+
+    #[test]
+    fn a_grown_window_gives_more_credit_and_never_shrinks() {
+        let mut w = RecvWindow::new(100, 1000, 4000);
+        assert_eq!(w.credit_frames(), 4);
+        let _ = w.take_ack();
+        w.grow_capacity(64_000);
+        assert_eq!(w.credit_frames(), 64);
+        // Room opened: the new credit is told at once.
+        assert!(w.ack_due(0));
+        w.grow_capacity(1000);
+        assert_eq!(w.credit_frames(), 64);
     }
 
     #[test]

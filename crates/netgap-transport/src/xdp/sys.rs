@@ -170,7 +170,7 @@ impl Attach {
     }
 }
 
-/// The shape of an endpoint's UMEM and rings.
+/// The shape of a port's UMEM and rings.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Shape {
     /// Frames of the UMEM (a power of two).

@@ -1,0 +1,175 @@
+//! The staged workloads over the `xdp` transport across the hosts of a
+//! namespace testbed (four hosts on a switch, two links each, as study
+//! 000's): each agent's xdp flows on an interface share one AF_XDP socket
+//! of its process, each flow a session on it found by flow id.
+//!
+//! - `pipeline -t xdp` across three of the hosts (`--place 0,1,2`: the
+//!   producer, the filter and the consumer on three hosts) completes its
+//!   queries with every UOW checked by the consumer;
+//! - `pio -t xdp` writes and reads back striped files, every byte checked,
+//!   with one server and six clients (two clients on each client host: two
+//!   xdp flows between the same two hosts at once, on one socket at each
+//!   end) and with three servers and one client (one client's three flows
+//!   at once, one per server);
+//! - a pipeline that would join two copies on one host is refused in one
+//!   line (xdp's flows need two hosts);
+//! - the testbed leaves nothing behind.
+//!
+//! Built only with the `xdp` feature (`cargo test --features xdp --test it
+//! xdp`); without root and namespaces it prints why and passes (with
+//! NETGAP_REQUIRE_SYSTEM_TESTS=1 a missing testbed is a failure, as in CI).
+
+use crate::common::testbed::Testbed;
+use crate::common::{metric, netgap, one_line_error, system_ready, u};
+use serde_json::Value;
+
+/// Checks a pipeline record over xdp of `reps` queries of `query` bytes in
+/// UOWs of `uow` bytes, one copy per stage, the copies on `hosts`.
+fn check_pipeline(r: &Value, query: u64, uow: u64, hosts: &[&str]) {
+    assert_eq!(r["test"], "pipeline");
+    assert_eq!(r["transport"], "xdp", "the record names the transport");
+    let reps = r["stats"]["reps"].as_array().map_or(0, Vec::len) as u64;
+    assert!(reps >= 1, "{r}");
+    let uows = query.div_ceil(uow) as f64;
+    for stage in ["producer", "filter1", "consumer"] {
+        assert_eq!(metric(r, &format!("{stage}_uows")), uows, "{stage}");
+    }
+    // The consumer checked every byte of the query against the producer's
+    // data through the filter.
+    assert_eq!(metric(r, "verified_bytes") as u64, query);
+    assert!(metric(r, "query_time_ms") > 0.0, "{r}");
+    let flows = r["flows"].as_array().expect("flows");
+    assert_eq!(flows.len(), 3, "a copy per flow");
+    for (f, host) in flows.iter().zip(hosts) {
+        assert_eq!(f["host"], *host, "{f}");
+    }
+    let all = query * reps;
+    assert_eq!(u(&flows[0]["bytes_tx"]), all);
+    assert_eq!(u(&flows[1]["bytes_rx"]), all);
+    assert_eq!(u(&flows[1]["bytes_tx"]), all);
+    assert_eq!(u(&flows[2]["bytes_rx"]), all);
+}
+
+/// Checks a pio record over xdp: `clients` clients of `servers` servers
+/// each wrote and read back `per_client` bytes, checked, one flow per
+/// client and server; the clients on the hosts after the servers,
+/// cyclically.
+fn check_pio(r: &Value, servers: usize, clients: usize, per_client: u64, hosts: &[String]) {
+    assert_eq!(r["test"], "pio");
+    assert_eq!(r["transport"], "xdp", "the record names the transport");
+    let all = per_client * clients as u64;
+    assert!(r["value"].as_f64().expect("value") > 0.0, "{r}");
+    assert_eq!(metric(r, "write_bytes") as u64, all);
+    assert_eq!(metric(r, "read_bytes") as u64, all);
+    let per_server: u64 = (0..servers)
+        .map(|s| metric(r, &format!("server{s}_bytes")) as u64)
+        .sum();
+    assert_eq!(per_server, 2 * all, "{}", r["app"]);
+    let b = |k: &str| u(&r["bytes"][k]);
+    assert_eq!(b("client_tx"), all);
+    assert_eq!(b("server_rx"), all);
+    assert_eq!(b("server_tx"), all);
+    assert_eq!(b("client_rx"), all);
+    let flows = r["flows"].as_array().expect("flows");
+    assert_eq!(flows.len(), clients);
+    for (i, f) in flows.iter().enumerate() {
+        assert_eq!(
+            f["host"],
+            hosts[servers + i % (hosts.len() - servers)].as_str()
+        );
+        assert_eq!(u(&f["bytes_tx"]), per_client, "{f}");
+        assert_eq!(u(&f["bytes_rx"]), per_client, "{f}");
+    }
+}
+
+#[test]
+fn pipeline_and_pio_run_over_xdp_across_testbed_hosts_verified() {
+    if !system_ready("pipeline_and_pio_run_over_xdp_across_testbed_hosts_verified") {
+        return;
+    }
+    let (tb, _) = Testbed::up(
+        "xdpstg",
+        &["--hosts", "4", "--topology", "switch", "--links", "2"],
+    );
+    let hosts: Vec<String> = tb.hosts().hosts.iter().map(|h| h.name.clone()).collect();
+    let dir = tempfile::tempdir().expect("tempdir");
+
+    // The pipeline on three hosts: producer, filter, consumer.
+    let query = 2u64 << 20;
+    let recs = tb.run(
+        "pipeline",
+        &[
+            "-t",
+            "xdp",
+            "--place",
+            "0,1,2",
+            "--query-bytes",
+            "2M",
+            "-s",
+            "16K",
+            "--reps",
+            "2",
+            "--duration",
+            "20s",
+        ],
+        &dir.path().join("pipeline.jsonl"),
+    );
+    assert_eq!(recs.len(), 1);
+    let three: Vec<&str> = hosts[..3].iter().map(String::as_str).collect();
+    check_pipeline(&recs[0], query, 16 << 10, &three);
+
+    // Striped I/O: two clients per client host (two xdp flows between the
+    // same two hosts at once), then one client of three servers.
+    let data_arg = format!("pio-xdp-{}", std::process::id());
+    for (servers, clients) in [(1usize, 6usize), (3, 1)] {
+        let recs = tb.run(
+            "pio",
+            &[
+                "-t",
+                "xdp",
+                "--reps",
+                "1",
+                "--duration",
+                "20s",
+                "-s",
+                "64K",
+                "--block",
+                "256K",
+                "--blocks",
+                "4",
+                "--pattern",
+                "contiguous",
+                "--op",
+                "write,read",
+                "--dir",
+                &data_arg,
+                "--servers",
+                &servers.to_string(),
+                "--clients",
+                &clients.to_string(),
+            ],
+            &dir.path().join(format!("pio-{servers}s{clients}c.jsonl")),
+        );
+        assert_eq!(recs.len(), 2, "two ops");
+        for r in &recs {
+            check_pio(r, servers, clients, 4 * 256 * 1024, &hosts);
+        }
+    }
+
+    // Two copies on one host cannot be joined over xdp: refused in one
+    // line, not hung.
+    let out = netgap()
+        .args(["run", "pipeline", "-t", "xdp", "--place", "0,0,1"])
+        .args(["--hosts", &tb.hosts_arg()])
+        .args(["--query-bytes", "1M", "--reps", "1", "--duration", "10s"])
+        .output()
+        .expect("netgap run");
+    one_line_error(
+        &out,
+        "pipeline -t xdp --place 0,0,1",
+        "two copies on one host",
+    );
+
+    let _ = tb.down();
+    tb.assert_gone();
+}
