@@ -386,7 +386,9 @@ pub fn parse_size_list(s: &str) -> Result<Vec<u64>, UnitError> {
 
 /// Parses a duration: a whole or decimal number followed by an optional unit
 /// `ns`, `us` (or `µs`), `ms`, `s`, `m` (or `min`) or `h`; a bare number
-/// means seconds (`50ms`, `2s`, `1.5s`, `200us`, `1m`, `10`).
+/// means seconds (`50ms`, `2s`, `1.5s`, `200us`, `1m`, `10`). Several such
+/// parts, each with its unit, add up (`4m3s`, `1h 30m`, as netgap prints
+/// durations).
 ///
 /// Units are lower case; surrounding whitespace is ignored. The result is
 /// exact to the nanosecond, rounded down below that. Zero is returned as
@@ -396,7 +398,6 @@ pub fn parse_size_list(s: &str) -> Result<Vec<u64>, UnitError> {
 /// [`UnitError`] naming the text for an empty, negative, non-numeric or
 /// too-long duration, or an unknown unit.
 pub fn parse_duration(s: &str) -> Result<Duration, UnitError> {
-    const NS_PER_S: u128 = 1_000_000_000;
     let text = s.trim();
     if text.is_empty() {
         return Err(UnitError::EmptyDuration);
@@ -404,7 +405,46 @@ pub fn parse_duration(s: &str) -> Result<Duration, UnitError> {
     if text.starts_with('-') {
         return Err(UnitError::NegativeDuration { text: text.into() });
     }
-    let Some(decimal) = split_decimal(text) else {
+    let parts = duration_parts(text);
+    if parts.len() == 1 {
+        return parse_duration_part(text, text);
+    }
+    let mut total = Duration::ZERO;
+    for part in parts {
+        // Every part of a sum names its unit: "1h30" is no duration.
+        if split_decimal(part).is_some_and(|d| d.suffix.is_empty()) {
+            return Err(UnitError::InvalidDurationNumber { text: text.into() });
+        }
+        total = total
+            .checked_add(parse_duration_part(part, text)?)
+            .ok_or_else(|| UnitError::DurationOverflow { text: text.into() })?;
+    }
+    Ok(total)
+}
+
+/// The parts of a duration: a new part starts at a digit that follows a
+/// unit (`4m3s` is `4m` and `3s`; spaces between parts are dropped).
+fn duration_parts(text: &str) -> Vec<&str> {
+    let mut parts = Vec::new();
+    let (mut start, mut in_unit) = (0, false);
+    for (i, c) in text.char_indices() {
+        if c.is_ascii_digit() || c == '.' {
+            if in_unit {
+                parts.push(text[start..i].trim());
+                (start, in_unit) = (i, false);
+            }
+        } else if !c.is_whitespace() {
+            in_unit = true;
+        }
+    }
+    parts.push(text[start..].trim());
+    parts
+}
+
+/// One number and its unit of the duration `text` (errors name `text`).
+fn parse_duration_part(part: &str, text: &str) -> Result<Duration, UnitError> {
+    const NS_PER_S: u128 = 1_000_000_000;
+    let Some(decimal) = split_decimal(part) else {
         return Err(UnitError::InvalidDurationNumber { text: text.into() });
     };
     let unit_ns: u128 = match decimal.suffix {
@@ -740,6 +780,10 @@ mod tests {
             ("0.0000000019999999999999999999999", Duration::from_nanos(1)),
             ("0.1m", Duration::from_secs(6)),
             ("18446744073709551615", Duration::from_secs(u64::MAX)),
+            ("4m3s", Duration::from_secs(243)),
+            ("4m 3s", Duration::from_secs(243)),
+            ("1h 30m", Duration::from_secs(5400)),
+            ("1s500ms", Duration::from_millis(1500)),
         ];
         for &(text, want) in cases {
             assert_eq!(parse_duration(text), Ok(want), "{text}");
@@ -753,7 +797,9 @@ mod tests {
             parse_duration("-1s"),
             Err(UnitError::NegativeDuration { text: "-1s".into() })
         );
-        for text in ["s", "ms", "abc", ".5s", "1.s", "1.2.3s", "+1s"] {
+        for text in [
+            "s", "ms", "abc", ".5s", "1.s", "1.2.3s", "+1s", "1h30", "4m 3",
+        ] {
             assert_eq!(
                 parse_duration(text),
                 Err(UnitError::InvalidDurationNumber { text: text.into() }),
@@ -770,7 +816,18 @@ mod tests {
                 "{text}"
             );
         }
-        for text in ["18446744073709551616", "18446744073709551615m"] {
+        assert_eq!(
+            parse_duration("4m3x"),
+            Err(UnitError::UnknownDurationUnit {
+                text: "4m3x".into(),
+                unit: "x".into()
+            })
+        );
+        for text in [
+            "18446744073709551616",
+            "18446744073709551615m",
+            "18446744073709551615s 1s",
+        ] {
             assert_eq!(
                 parse_duration(text),
                 Err(UnitError::DurationOverflow { text: text.into() }),
