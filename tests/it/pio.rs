@@ -32,7 +32,13 @@ fn files_under(dir: &Path) -> Vec<String> {
 
 /// Checks one pio record of `clients` clients of `servers` servers that
 /// each moved `per_client` bytes each way.
-fn check_record(r: &Value, servers: usize, clients: usize, per_client: u64, hosts: &[String]) {
+pub(crate) fn check_record(
+    r: &Value,
+    servers: usize,
+    clients: usize,
+    per_client: u64,
+    hosts: &[String],
+) {
     let all = per_client * clients as u64;
     assert_eq!(r["test"], "pio");
     assert_eq!(r["metric"], "bandwidth_gbps");

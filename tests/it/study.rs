@@ -10,6 +10,56 @@ use netgap::study;
 use std::process::Command;
 use std::time::Duration;
 
+/// No namespace of a study's testbed is left.
+fn assert_study_testbed_gone() {
+    let list = ok(Command::new("ip")
+        .args(["netns", "list"])
+        .output()
+        .expect("ip netns"));
+    assert!(
+        !list.contains("ngtb-study-"),
+        "the study's testbed is down: {list}"
+    );
+}
+
+/// The report's section of figure `id`.
+#[cfg(feature = "xdp")]
+fn figure_section<'a>(html: &'a str, id: &str) -> &'a str {
+    let at = html
+        .find(&format!("<h3>Figure {id}: "))
+        .unwrap_or_else(|| panic!("figure {id}'s section"));
+    let section = &html[at..];
+    &section[..section.find("</section>").expect("section ends")]
+}
+
+/// `netgap study 000 --figures FIGURES --quick --budget BUDGET -o DIR`
+/// (the preload library named): its output, records and report.
+#[cfg(feature = "xdp")]
+fn study_000_quick(
+    figures: &str,
+    budget: &str,
+    dir: &std::path::Path,
+) -> (String, Vec<serde_json::Value>, String) {
+    let out = ok(netgap()
+        .args([
+            "study",
+            "000",
+            "--figures",
+            figures,
+            "--quick",
+            "--budget",
+            budget,
+            "-o",
+        ])
+        .arg(dir)
+        .env("NETGAP_PRELOAD", common::preload_library())
+        .output()
+        .expect("netgap study"));
+    let records = read_records(&dir.join("netgap-study-000.jsonl"));
+    let html = std::fs::read_to_string(dir.join("netgap-study-000.html")).expect("report");
+    (out, records, html)
+}
+
 #[test]
 fn every_study_file_parses_into_known_tests_and_claims_of_its_figures() {
     let studies = study::all().expect("every study file is valid");
@@ -185,14 +235,7 @@ fn a_study_on_its_own_testbed_reports_every_figure_and_claim() {
             f.id
         );
     }
-    let list = ok(Command::new("ip")
-        .args(["netns", "list"])
-        .output()
-        .expect("ip netns"));
-    assert!(
-        !list.contains("ngtb-study-"),
-        "the study's testbed is down: {list}"
-    );
+    assert_study_testbed_gone();
 }
 
 /// Study 000's user-level row (Figure 13u): real gmond gathered over the
@@ -213,22 +256,7 @@ fn study_000_puts_gmond_over_xdp_beside_tcp_in_figure_13u() {
         return;
     }
     let dir = tempfile::tempdir().expect("tempdir");
-    let out = ok(netgap()
-        .args([
-            "study",
-            "000",
-            "--figures",
-            "13u",
-            "--quick",
-            "--budget",
-            "20s",
-            "-o",
-        ])
-        .arg(dir.path())
-        .env("NETGAP_PRELOAD", common::preload_library())
-        .output()
-        .expect("netgap study"));
-    let records = read_records(&dir.path().join("netgap-study-000.jsonl"));
+    let (out, records, html) = study_000_quick("13u", "20s", dir.path());
     let by = |t: &str| {
         records
             .iter()
@@ -244,20 +272,10 @@ fn study_000_puts_gmond_over_xdp_beside_tcp_in_figure_13u() {
     let m = &xdp["app"]["metrics"];
     assert!(m["preload_xdp_connections"].as_f64() > Some(0.0), "{m}");
     assert_eq!(m["preload_kernel_connections"].as_f64(), Some(0.0), "{m}");
-    let html = std::fs::read_to_string(dir.path().join("netgap-study-000.html")).expect("report");
-    let at = html.find("<h3>Figure 13u: ").expect("the figure's section");
-    let section = &html[at..];
-    let section = &section[..section.find("</section>").expect("section ends")];
+    let section = figure_section(&html, "13u");
     assert!(section.contains("<svg"), "a plot");
     assert!(section.contains("transport=xdp"), "the claim compares xdp");
-    let list = ok(Command::new("ip")
-        .args(["netns", "list"])
-        .output()
-        .expect("ip netns"));
-    assert!(
-        !list.contains("ngtb-study-"),
-        "the study's testbed is down: {list}"
-    );
+    assert_study_testbed_gone();
 }
 
 /// Study 000's user-level row of Figures 9a, 11 and 12: netgap's pipeline
@@ -274,21 +292,7 @@ fn study_000_puts_pipeline_and_pio_over_xdp_beside_tcp_in_figures_9a_11_12() {
         return;
     }
     let dir = tempfile::tempdir().expect("tempdir");
-    let out = ok(netgap()
-        .args([
-            "study",
-            "000",
-            "--figures",
-            "9a,11,12",
-            "--quick",
-            "--budget",
-            "171s",
-            "-o",
-        ])
-        .arg(dir.path())
-        .output()
-        .expect("netgap study"));
-    let records = read_records(&dir.path().join("netgap-study-000.jsonl"));
+    let (out, records, html) = study_000_quick("9a,11,12", "171s", dir.path());
     for (fig, test) in [("9a", "pipeline"), ("11", "pio"), ("12", "pio")] {
         let label = netgap::report::study::figure_label("000", fig);
         let of = |t: &str| {
@@ -304,19 +308,9 @@ fn study_000_puts_pipeline_and_pio_over_xdp_beside_tcp_in_figures_9a_11_12() {
             .filter(|r| r["stack"]["label"] == label.as_str())
             .all(|r| r["test"] == test && r["value"].as_f64().is_some_and(|v| v > 0.0)));
     }
-    let html = std::fs::read_to_string(dir.path().join("netgap-study-000.html")).expect("report");
-    let at = html.find("<h3>Figure 12: ").expect("the figure's section");
-    let section = &html[at..];
-    let section = &section[..section.find("</section>").expect("section ends")];
+    let section = figure_section(&html, "12");
     for t in ["transport=tcp: ", "transport=xdp: "] {
         assert!(section.contains(t), "the claim is judged on {t}");
     }
-    let list = ok(Command::new("ip")
-        .args(["netns", "list"])
-        .output()
-        .expect("ip netns"));
-    assert!(
-        !list.contains("ngtb-study-"),
-        "the study's testbed is down: {list}"
-    );
+    assert_study_testbed_gone();
 }

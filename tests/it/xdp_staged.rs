@@ -50,36 +50,13 @@ fn check_pipeline(r: &Value, query: u64, uow: u64, hosts: &[&str]) {
     assert_eq!(u(&flows[2]["bytes_rx"]), all);
 }
 
-/// Checks a pio record over xdp: `clients` clients of `servers` servers
-/// each wrote and read back `per_client` bytes, checked, one flow per
-/// client and server; the clients on the hosts after the servers,
-/// cyclically.
+/// Checks a pio record over xdp as every pio record is checked
+/// (`clients` clients of `servers` servers each wrote and read back
+/// `per_client` bytes, checked, one flow per client, the clients on the
+/// hosts after the servers, cyclically), and that it names xdp.
 fn check_pio(r: &Value, servers: usize, clients: usize, per_client: u64, hosts: &[String]) {
-    assert_eq!(r["test"], "pio");
     assert_eq!(r["transport"], "xdp", "the record names the transport");
-    let all = per_client * clients as u64;
-    assert!(r["value"].as_f64().expect("value") > 0.0, "{r}");
-    assert_eq!(metric(r, "write_bytes") as u64, all);
-    assert_eq!(metric(r, "read_bytes") as u64, all);
-    let per_server: u64 = (0..servers)
-        .map(|s| metric(r, &format!("server{s}_bytes")) as u64)
-        .sum();
-    assert_eq!(per_server, 2 * all, "{}", r["app"]);
-    let b = |k: &str| u(&r["bytes"][k]);
-    assert_eq!(b("client_tx"), all);
-    assert_eq!(b("server_rx"), all);
-    assert_eq!(b("server_tx"), all);
-    assert_eq!(b("client_rx"), all);
-    let flows = r["flows"].as_array().expect("flows");
-    assert_eq!(flows.len(), clients);
-    for (i, f) in flows.iter().enumerate() {
-        assert_eq!(
-            f["host"],
-            hosts[servers + i % (hosts.len() - servers)].as_str()
-        );
-        assert_eq!(u(&f["bytes_tx"]), per_client, "{f}");
-        assert_eq!(u(&f["bytes_rx"]), per_client, "{f}");
-    }
+    crate::pio::check_record(r, servers, clients, per_client, hosts);
 }
 
 #[test]
