@@ -371,7 +371,7 @@ fn a_sweep_interleaves_stacks_under_conditions_on_a_testbed() {
         let again = r["warnings"].as_array().is_some_and(|w| {
             w.iter()
                 .any(|w| w.as_str().is_some_and(|w| w.contains("measured again")))
-        }) || !r["sweep"]["dropout"].is_null();
+        }) || !r["dropout"].is_null();
         if !again {
             assert_eq!(r["options"]["interleaved"]["with"], 4, "{}", r["options"]);
         }
