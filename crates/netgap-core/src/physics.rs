@@ -264,7 +264,10 @@ pub struct Fault {
     pub limit: f64,
     /// The path's payload limit in Gbit/s.
     pub limit_gbps: f64,
-    /// The record's value that passed the bound, in its metric unit.
+    /// The result that passed the bound, in the record's metric unit: the
+    /// record's value, or one of its repetitions when the value itself
+    /// stayed within (a repetition is a measurement of its own: one past
+    /// the wire is as much a fault as a mean past it).
     pub value: f64,
 }
 
@@ -302,21 +305,35 @@ pub fn assess(r: &ResultRecord) -> Option<Physics> {
             fault: None,
         });
     };
+    let reps = r.stats.as_ref().map_or(&[][..], |s| s.reps.as_slice());
     let fault = if r.metric == "bandwidth_gbps" {
         let most = model.max_window_gbps(window_s(r));
-        (r.value > most).then(|| Fault {
+        // The value when it passed; else the highest repetition, if it did.
+        let past = if r.value > most {
+            Some(r.value)
+        } else {
+            reps.iter().copied().filter(|&v| v > most).reduce(f64::max)
+        };
+        past.map(|value| Fault {
             kind: "above_payload_limit".into(),
             limit: most,
             limit_gbps: model.payload_limit_gbps,
-            value: r.value,
+            value,
         })
     } else if is_one_way_message(r) {
         model.min_transfer_us(r.size_bytes).and_then(|least| {
-            (r.value < least * (1.0 - TOLERANCE)).then(|| Fault {
+            let bound = least * (1.0 - TOLERANCE);
+            // The value when it passed; else the lowest repetition, if it did.
+            let past = if r.value < bound {
+                Some(r.value)
+            } else {
+                reps.iter().copied().filter(|&v| v < bound).reduce(f64::min)
+            };
+            past.map(|value| Fault {
                 kind: "faster_than_wire".into(),
                 limit: least,
                 limit_gbps: model.payload_limit_gbps,
-                value: r.value,
+                value,
             })
         })
     } else {
@@ -331,6 +348,12 @@ pub fn assess(r: &ResultRecord) -> Option<Physics> {
 /// One sentence naming the point and how it passed its model.
 pub fn fault_sentence(r: &ResultRecord, f: &Fault) -> String {
     let point = format!("{} over {}, {} B", r.test, r.transport, r.size_bytes);
+    // A repetition past the bound, the record's value within it.
+    let point = if f.value == r.value {
+        point
+    } else {
+        format!("{point}, a repetition")
+    };
     match f.kind.as_str() {
         "faster_than_wire" => format!(
             "{point}: {:.1} us one way is faster than the {:.1} us the shaped link needs for \
@@ -600,6 +623,20 @@ mod tests {
         assert!(assess(&stream(v, bytes, Some(bucket)))
             .and_then(|p| p.fault)
             .is_some());
+        // A mean within the limit whose one repetition passed it: the
+        // repetition is the fault, and the sentence says so.
+        let mut r = stream(l * 0.99, 1 << 30, None);
+        if let Some(s) = r.stats.as_mut() {
+            s.reps = vec![l * 0.96, l * 1.02];
+        }
+        let f = assess(&r).and_then(|p| p.fault).expect("fault");
+        assert_eq!(f.kind, "above_payload_limit");
+        assert!(near(f.value, l * 1.02), "{}", f.value);
+        assert!(fault_sentence(&r, &f).contains("a repetition"));
+        if let Some(s) = r.stats.as_mut() {
+            s.reps = vec![l * 0.98, l * 1.0];
+        }
+        assert_eq!(assess(&r).and_then(|p| p.fault), None);
     }
 
     #[test]
@@ -624,6 +661,20 @@ mod tests {
             .expect("fault");
         assert_eq!(f.kind, "faster_than_wire");
         assert!(near(f.limit, least));
+        // One repetition faster than the wire, the mean not.
+        let mut r = ping(8400.0, Some(65536));
+        r.stats = Some(RecordStats {
+            min: 5205.0,
+            median: 8400.0,
+            max: 11595.0,
+            stdev: 0.0,
+            ci95_low: None,
+            ci95_high: None,
+            cv: 0.0,
+            reps: vec![5205.0, 11595.0],
+        });
+        let f = assess(&r).and_then(|p| p.fault).expect("fault");
+        assert!(near(f.value, 5205.0), "{}", f.value);
         // Without the bucket the least time is not known: no verdict.
         assert_eq!(assess(&ping(5205.0, None)).and_then(|p| p.fault), None);
         // A sweep block's time is its window.
