@@ -34,6 +34,9 @@ use std::time::{Duration, Instant, SystemTime};
 
 /// How long a failed point waits for the agent's reason.
 const AGENT_REASON_WAIT: Duration = Duration::from_millis(300);
+/// How long the coordinator looks for the agent's reason after the data
+/// flow went silent (a reason already sent is there at once).
+const SILENT_REASON_WAIT: Duration = Duration::from_millis(20);
 /// How long the agent may take to answer a request that does no data work.
 const REPLY_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long after the client's end of a repetition the agent's answer may
@@ -264,17 +267,23 @@ impl Coordinator {
                 // When the agent refused a repetition (a limit, a failed
                 // role), the data flow breaks too; the agent's reason, sent
                 // just before, says more than the broken flow.
-                // A silent data flow means a silent agent: no reason will
-                // come, and waiting for one would only delay the error.
                 let silent = matches!(
                     &e,
                     runner::RunError::Flow(netgap_transport::FlowError::TimedOut { .. })
                         | runner::RunError::PeerSilent(_)
                 );
-                if silent {
-                    return Err(e.into());
-                }
-                if let Ok(payload) = self.conn.recv_payload(AGENT_REASON_WAIT) {
+                // A silent data flow mostly means a silent agent: no
+                // reason will come, and a long wait for one would only
+                // delay the error. But an agent that ended the point
+                // itself (its --max-duration) may have said so while its
+                // stopped role left the flow to stall: a glance at the
+                // control connection names that cause instead.
+                let wait = if silent {
+                    SILENT_REASON_WAIT
+                } else {
+                    AGENT_REASON_WAIT
+                };
+                if let Ok(payload) = self.conn.recv_payload(wait) {
                     if let Ok(Reply::Error { message }) = decode_reply(&payload) {
                         return Err(PointError::Agent(message));
                     }
