@@ -48,9 +48,13 @@ fn every_multi_host_test_runs_through_a_four_host_switch_testbed() {
     // move bytes in the window, so the window outlasts TCP's shortest
     // retransmission timeout (200 ms): four senders into one receiver can
     // lose a segment at the bridge, and that flow then waits out the RTO.
+    // Each host opens its own window when its role starts; under a full
+    // test run one host's start can lag the others' by more than a second
+    // (a fan-out client that then found the server's whole transfer in its
+    // warm-up), so the windows are 3 s.
     let recs = tb.run(
         "hotspot,fanin,fanout,connect",
-        &["--clients", "4", "--reps", "1", "--duration", "1s"],
+        &["--clients", "4", "--reps", "1", "--duration", "3s"],
         &dir.path().join("clients.jsonl"),
     );
     let tests: Vec<&str> = recs
