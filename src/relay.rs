@@ -14,20 +14,20 @@
 //! connecting side).
 //!
 //! One xdp flow, the *link*, joins two hosts' relays and carries every
-//! relayed connection between them, multiplexed: an AF_XDP socket holds
-//! its interface's queue, so a host has one link at a time: a connect to
-//! a third host closes the link if it carries no connection (a gatherer
-//! asking hosts in turn) and is refused otherwise (its library then
-//! resets it, the hellos having been exchanged). A listen for a
-//! connection whose TCP peer is not the address the link's first
-//! connection came from (another host) is treated alike: an idle link
-//! gives way, a busy one refuses, and the library keeps that connection
-//! on the kernel's TCP. The link's states:
-//! down; opening (a listen waits for the other relay's flow, or a connect
-//! opens one; further requests wait for it, at most 4 s); up (one thread
-//! writes every frame, in order, from a queue, with a keep-alive when
-//! idle; one thread reads and dispatches frames by connection id and
-//! never waits on a program). A listen names this relay's end of the link
+//! relayed connection between them, multiplexed. A relay holds a link to
+//! each host its programs talk to (at most `--max-links`), all of them
+//! sessions on the one AF_XDP socket its process holds on the interface
+//! (the xdp transport's port), found by the other host's TCP address: the
+//! peer address of the programs' connections, which both ends know
+//! before any link exists. A request that would open a link past the
+//! limit is refused, and the library keeps that connection on the
+//! kernel's TCP (a listen) or resets it (a connect, the hellos having
+//! been exchanged). A link's states:
+//! none; opening (a listen waits for the other relay's flow, or a connect
+//! opens one; further requests for that host wait for it, at most 4 s);
+//! up (one thread writes every frame, in order, from a queue, with a
+//! keep-alive when idle; one thread reads and dispatches frames by
+//! connection id and never waits on a program). A listen names this relay's end of the link
 //! (`IP/MAC/FLOW`, the flow id being the listening end's, which both ends
 //! name; each end learns the other's from the `LINK_HELLO` that opens the
 //! link) and waits for the other relay's `OPEN` naming the connection's
@@ -37,8 +37,8 @@
 //! connect to the other host's address with another flow id means the
 //! other relay listens anew (it lost the link): an idle link is then
 //! closed and reopened. A link with no connection for 2 s closes
-//! (`LINK_CLOSE` both ways, the socket released), so another host can
-//! use the queue; the next request opens a new one.
+//! (`LINK_CLOSE` both ways, its flow released); the next request opens a
+//! new one.
 //!
 //! Trust: the link is keyed (`bind_session`) with the key of the
 //! connection that opened it, drawn by that connector's library and sent
@@ -104,6 +104,11 @@ pub struct RelayArgs {
     /// Most connections through the relay in all.
     #[arg(long, default_value_t = 64)]
     pub max_total: u32,
+    /// Most links (other hosts' relays) held at once. Each is one flow on
+    /// the interface's xdp port, which holds at most 256 flows and
+    /// listeners.
+    #[arg(long, default_value_t = 64)]
+    pub max_links: u32,
     /// A link with no frame from the other relay for this long is broken
     /// (the relays send a keep-alive every third of it), in milliseconds.
     #[arg(long, default_value_t = 5000)]
@@ -127,12 +132,22 @@ pub enum RelayError {
     Listen(std::io::Error),
 }
 
+/// The most `--max-links` allows: half of the xdp port's flows, so that
+/// the listens opening links always find room beside the links.
+const MAX_LINKS: u32 = 128;
+
 /// Runs the relay in the foreground until killed.
 pub fn run(args: &RelayArgs) -> Result<(), RelayError> {
     if args.max_per_uid == 0 || args.max_total == 0 {
         return Err(RelayError::Flag(
             "--max-per-uid and --max-total must be at least 1".into(),
         ));
+    }
+    if !(1..=MAX_LINKS).contains(&args.max_links) {
+        return Err(RelayError::Flag(format!(
+            "--max-links {}: want 1 to {MAX_LINKS}",
+            args.max_links
+        )));
     }
     if !(300..=600_000).contains(&args.timeout_ms) {
         return Err(RelayError::Flag(format!(
@@ -185,8 +200,8 @@ mod imp {
     /// or closes it. A connect's reply comes within this, an xdp connect
     /// (3 s at most) and `OPEN_WAIT`: the library waits 10 s for it.
     const STATE_WAIT: Duration = Duration::from_secs(4);
-    /// A link with no connection for this long closes, releasing the
-    /// interface's queue.
+    /// A link with no connection for this long closes, releasing its
+    /// flow on the port.
     const LINGER: Duration = Duration::from_secs(2);
     /// How often waiting threads look again (a broken connection, the
     /// linger, the program's doorbells).
@@ -287,10 +302,11 @@ mod imp {
             total: 0,
         }));
         let hub = Arc::new(Hub {
-            state: Mutex::new(State::Down),
+            links: Mutex::new(HashMap::new()),
             cv: Condvar::new(),
             pending: Mutex::new(HashMap::new()),
             timeout: Duration::from_millis(args.timeout_ms),
+            max_links: args.max_links as usize,
         });
         loop {
             // SAFETY: accept on our listening socket; the result is checked
@@ -471,17 +487,22 @@ mod imp {
         Ok(Request { req, region, tcp })
     }
 
-    /// What this relay's link is doing.
+    /// What this relay's link to one other host is doing; a host with no
+    /// entry has no link, and the next listen or connect for it opens one.
     enum State {
-        /// No link: the next listen or connect opens one.
-        Down,
         /// A request is opening the link (listening for the other relay's
-        /// flow, or connecting to it): the others wait for it.
+        /// flow, or connecting to it): the others for that host wait for
+        /// it.
         Opening,
         /// The link, until both its threads have ended (also while it
-        /// closes: requests then wait for `Down`).
+        /// closes: requests then wait for its entry to go).
         Up(Arc<Link>),
     }
+
+    /// The links by the other host's TCP address: the peer address of
+    /// the programs' connections, which both ends of a connection know
+    /// before any link exists.
+    type Links = HashMap<IpAddr, State>;
 
     /// A listen waiting for the other relay's `OPEN` with its key.
     struct Pending {
@@ -490,30 +511,50 @@ mod imp {
         give: mpsc::SyncSender<(Arc<Conn>, Arc<Link>)>,
     }
 
-    /// The relay's link and the listens waiting for their connection.
+    /// The relay's links and the listens waiting for their connection.
     struct Hub {
-        state: Mutex<State>,
+        links: Mutex<Links>,
         cv: Condvar,
         pending: Mutex<HashMap<[u8; frame::KEY_BYTES], Pending>>,
         timeout: Duration,
+        max_links: usize,
     }
 
     impl Hub {
-        fn lock(&self) -> MutexGuard<'_, State> {
-            self.state.lock().unwrap_or_else(|e| e.into_inner())
+        fn lock(&self) -> MutexGuard<'_, Links> {
+            self.links.lock().unwrap_or_else(|e| e.into_inner())
         }
 
-        fn set(&self, s: State) {
-            *self.lock() = s;
+        /// Sets the state of the link to `peer` (None: it has none).
+        fn set(&self, peer: IpAddr, s: Option<State>) {
+            let mut m = self.lock();
+            match s {
+                Some(s) => m.insert(peer, s),
+                None => m.remove(&peer),
+            };
+            drop(m);
             self.cv.notify_all();
+        }
+
+        /// Marks the link to `peer`, which has none, as opening by the
+        /// caller, if the relay has room for one more.
+        fn claim(&self, m: &mut Links, peer: IpAddr) -> Result<(), String> {
+            if m.len() >= self.max_links {
+                return Err(format!(
+                    "{} links to other hosts are open or opening, the most this relay holds (--max-links)",
+                    m.len()
+                ));
+            }
+            m.insert(peer, State::Opening);
+            Ok(())
         }
 
         /// Waits for a change of state until `deadline`; None: time is up.
         fn wait<'a>(
             &self,
-            g: MutexGuard<'a, State>,
+            g: MutexGuard<'a, Links>,
             deadline: Instant,
-        ) -> Option<MutexGuard<'a, State>> {
+        ) -> Option<MutexGuard<'a, Links>> {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return None;
@@ -677,26 +718,8 @@ mod imp {
         let deadline = Instant::now() + STATE_WAIT;
         let mut st = hub.lock();
         loop {
-            match &*st {
-                State::Up(link) if !link.closing() && link.peer_tcp_ip != tcp_peer => {
-                    // One link per host: the connection comes from a host
-                    // this link does not reach. An idle link gives way (a
-                    // gatherer's hosts asked in turn); one carrying
-                    // connections does not, and the connection stays on
-                    // the kernel's TCP (the library answers its connector
-                    // with the refusal).
-                    if !link.idle() {
-                        return Err(before(format!(
-                            "a connection from {tcp_peer}, but this host's link is to {} (connections from {}) and carries connections (one link per host: an xdp socket holds its interface's queue)",
-                            link.peer_name, link.peer_tcp_ip
-                        )));
-                    }
-                    let link = Arc::clone(link);
-                    drop(st);
-                    link.shut("a connection from another host: the idle link gives way");
-                    st = hub.lock();
-                }
-                State::Up(link) if !link.closing() => {
+            match st.get(&tcp_peer) {
+                Some(State::Up(link)) if !link.closing() => {
                     let name = link.local_name.clone();
                     link.touch();
                     drop(st);
@@ -704,18 +727,18 @@ mod imp {
                     reply(client, &RelayReply::Ok(name));
                     break;
                 }
-                State::Down => {
-                    *st = State::Opening;
+                None => {
+                    hub.claim(&mut st, tcp_peer).map_err(before)?;
                     drop(st);
                     if let Err(f) =
                         open_listening(hub, key, pending, tcp_local, tcp_peer, client, who)
                     {
-                        hub.set(State::Down);
+                        hub.set(tcp_peer, None);
                         return Err(f);
                     }
                     break;
                 }
-                _ => {
+                Some(_) => {
                     st = hub
                         .wait(st, deadline)
                         .ok_or_else(|| before("the link did not come up in time".into()))?;
@@ -791,13 +814,13 @@ mod imp {
         loop {
             let mut st = hub.lock();
             let up = loop {
-                match &*st {
-                    State::Up(link) if !link.closing() => break Some(Arc::clone(link)),
-                    State::Down => {
-                        *st = State::Opening;
+                match st.get(&tcp_peer) {
+                    Some(State::Up(link)) if !link.closing() => break Some(Arc::clone(link)),
+                    None => {
+                        hub.claim(&mut st, tcp_peer).map_err(before)?;
                         break None;
                     }
-                    _ => st = hub.wait(st, deadline).ok_or_else(late)?,
+                    Some(_) => st = hub.wait(st, deadline).ok_or_else(late)?,
                 }
             };
             drop(st);
@@ -806,25 +829,14 @@ mod imp {
                 None => match open_connecting(hub, t, target, key, tcp_peer, who) {
                     Ok(l) => l,
                     Err(why) => {
-                        hub.set(State::Down);
+                        hub.set(tcp_peer, None);
                         return Err(before(why));
                     }
                 },
             };
-            if link.peer_ip != t.ip {
-                // One link per host (an xdp socket holds its interface's
-                // queue): an idle link gives way to a connection to
-                // another host (a gatherer asking hosts in turn); one
-                // carrying connections does not.
-                if !link.idle() {
-                    return Err(before(format!(
-                        "this host's link is to {} and carries connections (one link per host: an xdp socket holds its interface's queue)",
-                        link.peer_name
-                    )));
-                }
-                link.shut("a connection to another host: the idle link gives way");
-            } else if link.flow_id != t.flow {
-                // The other relay listens on a new flow: it lost this
+            if link.peer_ip != t.ip || link.flow_id != t.flow {
+                // The other relay listens on a new flow (or another
+                // interface): it lost this
                 // link (restarted, or timed it out). An idle link is
                 // closed at once; one still carrying connections is
                 // left to its timeout rather than broken on one
@@ -1026,7 +1038,7 @@ mod imp {
                 flow_id,
                 my_bit,
             ));
-            hub.set(State::Up(Arc::clone(&link)));
+            hub.set(peer_tcp_ip, Some(State::Up(Arc::clone(&link))));
             log!(
                 "link up: {} {} (this end {})",
                 if my_bit == 0 {
@@ -1238,8 +1250,8 @@ mod imp {
             }
             {
                 let mut st = hub.lock();
-                if matches!(&*st, State::Up(l) if Arc::ptr_eq(l, self)) {
-                    *st = State::Down;
+                if matches!(st.get(&self.peer_tcp_ip), Some(State::Up(l)) if Arc::ptr_eq(l, self)) {
+                    st.remove(&self.peer_tcp_ip);
                 }
             }
             hub.cv.notify_all();
@@ -2201,10 +2213,11 @@ mod imp {
 
         fn hub() -> Arc<Hub> {
             Arc::new(Hub {
-                state: Mutex::new(State::Down),
+                links: Mutex::new(HashMap::new()),
                 cv: Condvar::new(),
                 pending: Mutex::new(HashMap::new()),
                 timeout: Duration::from_secs(1),
+                max_links: 64,
             })
         }
 

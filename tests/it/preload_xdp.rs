@@ -13,7 +13,9 @@
 //! relays over one link (no refusal, every body verified, the link's close
 //! line counting every connection), a curl stopped mid-transfer stalls
 //! only its own connection (a second transfer completes meanwhile), and
-//! once the idle link closed the next connection opens a new one.
+//! once the idle link closed the next connection opens a new one; a
+//! server's relay carries two client hosts' connections on two links at
+//! once, and past its `--max-links` keeps a connection on the kernel's TCP.
 //!
 //! Built only with the `xdp` feature; without root, namespaces or nginx
 //! and curl these tests print why and pass (with
@@ -63,10 +65,16 @@ impl Drop for Guard {
 /// `netgap relay` in namespace `ns`, logging to `log`; up once its socket
 /// answers.
 fn relay(ns: &str, log: &Path) -> Guard {
+    relay_with(ns, log, &[])
+}
+
+/// [`relay`] with more flags.
+fn relay_with(ns: &str, log: &Path, flags: &[&str]) -> Guard {
     let child = Command::new("ip")
         .args(["netns", "exec", ns])
         .arg(netgap_path())
         .args(["relay", "--timeout-ms", "3000"])
+        .args(flags)
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(log).expect("relay log"))
         .spawn()
@@ -701,15 +709,47 @@ fn many_connections_at_once_share_one_link_and_a_stopped_reader_stalls_only_its_
     tb.assert_gone();
 }
 
-/// A server host's relay holds one link at a time (its xdp socket holds
-/// the interface's queue): while the link to one client host carries a
-/// transfer, a connection from a third host is refused by the server's
-/// relay and stays on the kernel's TCP, its body intact; once the link is
-/// idle, it gives way and the third host's next connection moves to xdp.
+/// Waits for the slow transfer logging to `log` to move to xdp.
+fn wait_moved(log: &Path) {
+    let t0 = Instant::now();
+    while !std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .contains("moved to xdp via the relay")
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the slow transfer did not move to xdp: {}",
+            std::fs::read_to_string(log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Waits for a slow transfer to finish; whether it succeeded.
+fn finished(mut slow: Guard) -> bool {
+    let t0 = Instant::now();
+    loop {
+        if let Ok(Some(s)) = slow.0.try_wait() {
+            return s.success();
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the slow curl hangs"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A server host's relay holds a link to each client host at once (all
+/// sessions on its one xdp socket): while the link to host 1 carries a
+/// slow transfer, host 3's connection moves to xdp on a second link, both
+/// bodies intact. With `--max-links 1`, host 3's connection is refused by
+/// the server's relay meanwhile and stays on the kernel's TCP, its body
+/// intact.
 #[test]
-fn a_connection_from_a_third_host_stays_on_kernel_tcp_while_the_link_is_busy_then_takes_it_xdp() {
+fn a_server_relay_holds_links_to_two_hosts_at_once_and_past_its_limit_keeps_kernel_tcp() {
     let test =
-        "a_connection_from_a_third_host_stays_on_kernel_tcp_while_the_link_is_busy_then_takes_it_xdp";
+        "a_server_relay_holds_links_to_two_hosts_at_once_and_past_its_limit_keeps_kernel_tcp";
     if !system_ready(test) || !programs_ready(test) {
         return;
     }
@@ -727,78 +767,54 @@ fn a_connection_from_a_third_host_stays_on_kernel_tcp_while_the_link_is_busy_the
         tb.ns(&hosts.hosts[1].name),
         tb.ns(&hosts.hosts[2].name),
     );
-    let logs: Vec<PathBuf> = (1..=3)
-        .map(|i| dir.path().join(format!("relay{i}.log")))
-        .collect();
+    let log = |name: &str| dir.path().join(name);
     let relays = [
-        relay(&ns1, &logs[0]),
-        relay(&sns, &logs[1]),
-        relay(&ns3, &logs[2]),
+        relay(&ns1, &log("relay1.log")),
+        relay(&ns3, &log("relay3.log")),
     ];
-    let s_log = dir.path().join("server.log");
-    let server = nginx(&sns, &ip, dir.path(), &root, &s_log);
-
-    // Host 1 holds the link with a slow 16 MiB transfer (about 4 s).
-    let (c1_log, c3_log) = (dir.path().join("c1.log"), dir.path().join("c3.log"));
-    let body16 = dir.path().join("body16");
-    let slow = slow_curl(&ns1, &ip, &body16, &c1_log);
-    let t0 = Instant::now();
-    while !std::fs::read_to_string(&c1_log)
-        .unwrap_or_default()
-        .contains("moved to xdp via the relay")
-    {
-        assert!(
-            t0.elapsed() < Duration::from_secs(20),
-            "the slow transfer did not move to xdp: {}",
-            std::fs::read_to_string(&c1_log).unwrap_or_default()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-
-    // Host 3 meanwhile: refused by the server's relay, kept on the
-    // kernel's TCP, the body intact.
+    let server_relay = relay(&sns, &log("relay2.log"));
+    let server = nginx(&sns, &ip, dir.path(), &root, &log("server.log"));
     let url = format!("http://{ip}:8080/f1m");
-    let body = dir.path().join("body");
-    let (ok, err, _) = curl(&ns3, &url, &body, &[], &c3_log);
+    let (body, body16) = (log("body"), log("body16"));
+
+    // Host 1 holds a link with a slow 16 MiB transfer (about 4 s); host
+    // 3's connection meanwhile takes a second link.
+    let slow = slow_curl(&ns1, &ip, &body16, &log("c1.log"));
+    wait_moved(&log("c1.log"));
+    let (ok, err, _) = curl(&ns3, &url, &body, &[], &log("c3.log"));
     assert!(ok, "{err}");
     assert_eq!(sha256(&body), want);
-    let c3 = std::fs::read_to_string(&c3_log).unwrap_or_default();
+    let c3 = std::fs::read_to_string(log("c3.log")).unwrap_or_default();
+    assert_eq!(c3.matches("moved to xdp via the relay").count(), 1, "{c3}");
+    let r2 = wait_lines(&log("relay2.log"), "link up", 2);
+    assert_eq!(r2.matches("link up").count(), 2, "{r2}");
+    assert!(!r2.contains("resetting"), "{r2}");
+    assert!(finished(slow), "the slow transfer failed");
+    assert_eq!(sha256(&body16), want16);
+
+    // The server's relay again, with room for one link. The client
+    // relays' links to the old one close first (idle, or its keep-alives
+    // gone).
+    drop(server_relay);
+    for r in ["relay1.log", "relay3.log"] {
+        let text = wait_lines(&log(r), "closed after", 1);
+        assert!(text.contains("closed after"), "{text}");
+    }
+    let _server_relay = relay_with(&sns, &log("relay2b.log"), &["--max-links", "1"]);
+    let slow = slow_curl(&ns1, &ip, &body16, &log("c1b.log"));
+    wait_moved(&log("c1b.log"));
+    let (ok, err, _) = curl(&ns3, &url, &body, &[], &log("c3b.log"));
+    assert!(ok, "{err}");
+    assert_eq!(sha256(&body), want);
+    let c3 = std::fs::read_to_string(log("c3b.log")).unwrap_or_default();
     assert!(
         c3.contains("stays on the kernel's TCP: the listener refused"),
         "{c3}"
     );
-    let r2 = std::fs::read_to_string(&logs[1]).unwrap_or_default();
-    assert!(
-        r2.contains("carries connections (one link per host"),
-        "{r2}"
-    );
-
-    // The slow transfer completes over its link, untouched.
-    let mut slow = slow;
-    let t0 = Instant::now();
-    let status = loop {
-        if let Ok(Some(s)) = slow.0.try_wait() {
-            break s;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "the slow curl hangs"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    assert!(status.success(), "the slow transfer failed");
+    let r2 = std::fs::read_to_string(log("relay2b.log")).unwrap_or_default();
+    assert!(r2.contains("(--max-links)"), "{r2}");
+    assert!(finished(slow), "the slow transfer failed");
     assert_eq!(sha256(&body16), want16);
-
-    // The link is idle now: it gives way to host 3, whose next
-    // connection moves to xdp.
-    let _ = counters_of(&logs[1], "connection closed", "relayed_out_bytes", 1);
-    let (ok, err, _) = curl(&ns3, &url, &body, &[], &c3_log);
-    assert!(ok, "{err}");
-    assert_eq!(sha256(&body), want);
-    let c3 = std::fs::read_to_string(&c3_log).unwrap_or_default();
-    assert_eq!(c3.matches("moved to xdp via the relay").count(), 1, "{c3}");
-    let r3 = wait_lines(&logs[2], "link up", 1);
-    assert!(r3.contains("link up"), "{r3}");
     drop(server);
     drop(relays);
     drop(tb);
