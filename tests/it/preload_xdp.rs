@@ -80,19 +80,27 @@ fn relay_with(ns: &str, log: &Path, flags: &[&str]) -> Guard {
         .spawn()
         .expect("the relay starts");
     let g = Guard(child);
+    await_text(
+        log,
+        "listening on @netgap-relay",
+        10,
+        "the relay did not come up",
+    );
+    g
+}
+
+/// Waits up to `secs` for `log` to contain `marker`, failing with `what`
+/// and the log.
+fn await_text(log: &Path, marker: &str, secs: u64, what: &str) {
     let t0 = Instant::now();
-    while !std::fs::read_to_string(log)
-        .unwrap_or_default()
-        .contains("listening on @netgap-relay")
-    {
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "the relay did not come up: {}",
-            std::fs::read_to_string(log).unwrap_or_default()
-        );
+    loop {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        if text.contains(marker) {
+            return;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(secs), "{what}: {text}");
         std::thread::sleep(Duration::from_millis(20));
     }
-    g
 }
 
 /// `ip netns exec NS netgap wrap -t xdp -- timeout -s KILL 300 PROGRAM
@@ -388,17 +396,7 @@ fn nginx_and_curl_across_hosts_through_the_relays_then_without_a_relay_on_kernel
         "{}",
         String::from_utf8_lossy(&garbage.stderr)
     );
-    let t0 = Instant::now();
-    while !std::fs::read_to_string(&r2_log)
-        .unwrap_or_default()
-        .contains("dropped: ")
-    {
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "no line for the garbage"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    await_text(&r2_log, "dropped: ", 10, "no line for the garbage");
     let (ok, err, _) = curl(&cns, &url, &body, &[], &c_log);
     assert!(ok, "after the garbage: {err}");
     assert_eq!(sha256(&body), want);
@@ -711,18 +709,12 @@ fn many_connections_at_once_share_one_link_and_a_stopped_reader_stalls_only_its_
 
 /// Waits for the slow transfer logging to `log` to move to xdp.
 fn wait_moved(log: &Path) {
-    let t0 = Instant::now();
-    while !std::fs::read_to_string(log)
-        .unwrap_or_default()
-        .contains("moved to xdp via the relay")
-    {
-        assert!(
-            t0.elapsed() < Duration::from_secs(20),
-            "the slow transfer did not move to xdp: {}",
-            std::fs::read_to_string(log).unwrap_or_default()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    await_text(
+        log,
+        "moved to xdp via the relay",
+        20,
+        "the slow transfer did not move to xdp",
+    );
 }
 
 /// Waits for a slow transfer to finish; whether it succeeded.
