@@ -54,9 +54,11 @@
 //! the link to the program's ring, in frames of 8-byte header (kind,
 //! zero, length, connection id; `frame`): data, a wake-up request, the
 //! end, credit, a reset. Flow control is per connection: each receiving
-//! relay grants 256 KiB at `OPEN`, queues what arrives (a sender past its
-//! credit breaks the link), and returns credit in batches as a thread per
-//! connection moves the queue into the program's ring; so a program that
+//! relay grants 256 KiB at `OPEN`, puts what arrives straight into the
+//! program's ring while nothing is queued and the ring has room (the ring
+//! never blocks), queues the rest (a sender past its credit breaks the
+//! link), and returns credit in batches as bytes reach the ring, a thread
+//! per connection moving the queue; so a program that
 //! reads slowly stalls only its own connection, and memory is bounded by
 //! connections × 256 KiB. The program's doorbells arrive on its socket to
 //! the relay; the relay wakes its program by asking the other relay to
@@ -1335,7 +1337,21 @@ mod imp {
                     let mut v = vec![0u8; hd.len];
                     recv(rx, &mut v)?;
                     if let Some(c) = link.find(hd.id) {
-                        c.arrive(v).map_err(|e| fault(e.to_string()))?;
+                        match c.arrive(v) {
+                            Ok(Some(n)) => {
+                                // A closed link's writer is gone; the
+                                // reader ends with the link anyway.
+                                let _ = c.push(Kind::Credit, &n.to_le_bytes());
+                            }
+                            Ok(None) => {}
+                            Err(ArriveError::Credit(e)) => return Err(fault(e.to_string())),
+                            Err(ArriveError::Corrupt) => {
+                                // The program broke its ring: its
+                                // connection is reset, not the link.
+                                c.reset(true);
+                            }
+                            Err(ArriveError::Closed) => {}
+                        }
                     }
                 }
                 Kind::Bell => {
@@ -1386,6 +1402,20 @@ mod imp {
         chunks: VecDeque<Vec<u8>>,
         flow: Inflow,
         end: bool,
+        /// The connection's receiving thread is putting a chunk it took
+        /// into the ring: the link's reader must queue, not write.
+        writing: bool,
+    }
+
+    /// Why a `DATA` frame could not be taken.
+    enum ArriveError {
+        /// Past the connection's credit: the other relay broke the
+        /// protocol, and the link breaks.
+        Credit(frame::CreditError),
+        /// The program's ring is corrupt: its connection is reset.
+        Corrupt,
+        /// The link closed meanwhile.
+        Closed,
     }
 
     /// Where an opened connection stands.
@@ -1436,6 +1466,7 @@ mod imp {
                     chunks: VecDeque::new(),
                     flow: Inflow::default(),
                     end: false,
+                    writing: false,
                 }),
                 inbox_cv: Condvar::new(),
                 send: Mutex::new(SendSide {
@@ -1475,13 +1506,43 @@ mod imp {
             self.broken.load(Ordering::SeqCst)
         }
 
-        /// `DATA` from the other relay, within the credit it had.
-        fn arrive(&self, v: Vec<u8>) -> Result<(), frame::CreditError> {
+        /// `DATA` from the other relay, within the credit it had. With
+        /// nothing queued before it, it goes straight into the program's
+        /// ring as far as the ring has room (the ring never blocks, so the
+        /// link's reader still never waits on a program), sparing a
+        /// thread's wake-up per message; the rest is queued for the
+        /// connection's receiving thread. Err: past the credit; Ok(Some):
+        /// credit to return.
+        fn arrive(&self, v: Vec<u8>) -> Result<Option<u32>, ArriveError> {
             let mut i = self.inbox();
-            i.flow.arrive(v.len() as u32)?;
-            i.chunks.push_back(v);
-            self.inbox_cv.notify_one();
-            Ok(())
+            i.flow.arrive(v.len() as u32).map_err(ArriveError::Credit)?;
+            let mut put = 0;
+            let mut back = None;
+            if i.chunks.is_empty() && !i.writing && !self.broken() {
+                if self.program_gone.load(Ordering::SeqCst) {
+                    // Counted as relayed and discarded, as `put_all` does.
+                    self.discarded_bytes
+                        .fetch_add(v.len() as u64, Ordering::Relaxed);
+                    self.relayed_in_bytes
+                        .fetch_add(v.len() as u64, Ordering::Relaxed);
+                    put = v.len();
+                } else {
+                    let m = self.ring.write(&v).map_err(|_| ArriveError::Corrupt)?;
+                    if m.wake_peer {
+                        self.ask_bell().map_err(|_| ArriveError::Closed)?;
+                    }
+                    self.relayed_in_bytes
+                        .fetch_add(m.bytes as u64, Ordering::Relaxed);
+                    put = m.bytes;
+                }
+                back = i.flow.moved(put as u32);
+            }
+            if put < v.len() {
+                i.chunks
+                    .push_back(if put == 0 { v } else { v[put..].to_vec() });
+                self.inbox_cv.notify_one();
+            }
+            Ok(back)
         }
 
         /// The other relay's `END`: after what is queued, the end.
@@ -1823,6 +1884,7 @@ mod imp {
                         return Err("the connection broke".into());
                     }
                     if let Some(v) = i.chunks.pop_front() {
+                        i.writing = true;
                         break Some(v);
                     }
                     if i.end {
@@ -1844,10 +1906,15 @@ mod imp {
                 c.ring.closing();
                 return Ok(());
             };
-            put_all(c, &v)?;
+            let put = put_all(c, &v);
+            let back = {
+                let mut i = c.inbox();
+                i.writing = false;
+                put?;
+                i.flow.moved(v.len() as u32)
+            };
             c.relayed_in_bytes
                 .fetch_add(v.len() as u64, Ordering::Relaxed);
-            let back = c.inbox().flow.moved(v.len() as u32);
             if let Some(n) = back {
                 c.push(Kind::Credit, &n.to_le_bytes())?;
             }
@@ -2287,12 +2354,41 @@ mod imp {
             ]);
             reader(&link, &hub(), &mut s).unwrap();
             assert_eq!(link.unknown_id_frames.load(Ordering::Relaxed), 4);
+            // Nothing was queued before it: straight into the ring.
+            assert_eq!(program_input(&c.ring), b"hello");
             let i = c.inbox();
-            assert_eq!(
-                i.chunks.iter().flatten().copied().collect::<Vec<u8>>(),
-                b"hello"
-            );
+            assert!(i.chunks.is_empty());
             assert!(i.end);
+        }
+
+        /// What the relay put in the program's ring (ring 1), unread.
+        fn program_input(r: &FarEnd) -> Vec<u8> {
+            let (n, tail) = r.filled(1).ok().unwrap();
+            (tail..tail + n)
+                // SAFETY: offsets within ring 1's data, inside the mapping.
+                .map(|k| unsafe { *r.data(1).add((k % r.capacity) as usize) })
+                .collect()
+        }
+
+        /// Data that finds the ring full queues behind what fills it, in
+        /// order; the reader never waits.
+        #[test]
+        fn data_past_the_rings_room_queues_in_order() {
+            let (link, _rx) = link();
+            let c = conn(&link, 0x8000_0001);
+            let a: Vec<u8> = (0..RING_BYTES + 100).map(|k| k as u8).collect();
+            let mut s = script(&[
+                frame::frame(Kind::Data, 0x8000_0001, &a),
+                frame::frame(Kind::Data, 0x8000_0001, b"next"),
+                close(),
+            ]);
+            reader(&link, &hub(), &mut s).unwrap();
+            assert_eq!(program_input(&c.ring), a[..RING_BYTES]);
+            let i = c.inbox();
+            let queued: Vec<u8> = i.chunks.iter().flatten().copied().collect();
+            assert_eq!(queued[..100], a[RING_BYTES..]);
+            assert_eq!(&queued[100..], b"next");
+            assert_eq!(i.flow.queued_bytes(), 104);
         }
 
         #[test]
@@ -2303,7 +2399,13 @@ mod imp {
             let mut frames: Vec<Vec<u8>> = (0..frame::WINDOW_BYTES as usize / frame::CHUNK_BYTES)
                 .map(|_| frame::frame(Kind::Data, 0x8000_0001, &chunk))
                 .collect();
-            frames.push(frame::frame(Kind::Data, 0x8000_0001, b"x"));
+            // The first chunk's first RING_BYTES went to the ring and are
+            // not queued: this is one byte past the window.
+            frames.push(frame::frame(
+                Kind::Data,
+                0x8000_0001,
+                &vec![7u8; RING_BYTES + 1],
+            ));
             let e = reader(&link, &hub(), &mut script(&frames)).unwrap_err();
             assert!(e.contains("past the"), "{e}");
         }
