@@ -61,9 +61,12 @@
 //! per connection moving the queue; so a program that
 //! reads slowly stalls only its own connection, and memory is bounded by
 //! connections × 256 KiB. The program's doorbells arrive on its socket to
-//! the relay; the relay wakes its program by asking the other relay to
-//! send one byte on the TCP connection, the only thing that makes the
-//! program's descriptor readable. The end: the program's last close
+//! the relay. The relay wakes a program waiting in an epoll with a byte on
+//! that same socket, which the library registers in the program's epoll
+//! beside the connection (with the program's data), on this host; a
+//! program waiting in poll or select is woken by asking the other relay
+//! to send one byte on the TCP connection, the only other thing that
+//! makes the program's descriptor readable. The end: the program's last close
 //! closes its relay socket; the relay sends what is left and an end
 //! frame; the other relay delivers everything, then shuts the receiving
 //! side of its TCP socket, which its program reads as the end of the
@@ -506,10 +509,18 @@ mod imp {
     /// before any link exists.
     type Links = HashMap<IpAddr, State>;
 
-    /// A listen waiting for the other relay's `OPEN` with its key.
-    struct Pending {
+    /// What the relay holds of one program's connection: the ring, a
+    /// duplicate of its TCP socket, and a duplicate of the client socket
+    /// (to wake the program on this host; see `WAIT_BELL`).
+    struct Ends {
         ring: FarEnd,
         tcp: OwnedFd,
+        client: OwnedFd,
+    }
+
+    /// A listen waiting for the other relay's `OPEN` with its key.
+    struct Pending {
+        ends: Ends,
         give: mpsc::SyncSender<(Arc<Conn>, Arc<Link>)>,
     }
 
@@ -590,8 +601,8 @@ mod imp {
             let Some(p) = self.pending().remove(key) else {
                 return false;
             };
-            reset_tcp(p.tcp.as_raw_fd());
-            p.ring.closing();
+            reset_tcp(p.ends.tcp.as_raw_fd());
+            p.ends.ring.closing();
             true
         }
     }
@@ -657,8 +668,8 @@ mod imp {
             }
         };
         let opened = match &r.req {
-            RelayRequest::Listen { .. } => listen(hub, r, fd, &who),
-            RelayRequest::Connect { .. } => connect(hub, r, fd, &who),
+            RelayRequest::Listen { .. } => listen(hub, r, &client, &who),
+            RelayRequest::Connect { .. } => connect(hub, r, &client, &who),
             RelayRequest::Reserve { .. } => Err(before("a reservation names no flow".into())),
         };
         match opened {
@@ -697,8 +708,9 @@ mod imp {
         }
     }
 
-    /// The program's ring and a duplicate of its TCP socket, checked.
-    fn take_parts(r: &Request) -> Result<(FarEnd, OwnedFd, IpAddr, IpAddr), String> {
+    /// The program's ring and duplicates of its TCP socket and of the
+    /// client socket, checked; the TCP connection's two addresses.
+    fn take_parts(r: &Request, client: &OwnedFd) -> Result<(Ends, IpAddr, IpAddr), String> {
         check_tcp(r.tcp.as_raw_fd())?;
         let ring = FarEnd::map(r.region.as_raw_fd(), ring_of(&r.req) as usize)?;
         let (tcp_local, tcp_peer) = tcp_addrs(r.tcp.as_raw_fd())?;
@@ -706,17 +718,26 @@ mod imp {
             .tcp
             .try_clone()
             .map_err(|e| format!("keeping the TCP socket: {e}"))?;
-        Ok((ring, tcp, tcp_local, tcp_peer))
+        let client = client
+            .try_clone()
+            .map_err(|e| format!("keeping the client socket: {e}"))?;
+        Ok((Ends { ring, tcp, client }, tcp_local, tcp_peer))
     }
 
     /// The accepting side: names this relay's end of the link (opening it
     /// if it is down) and waits for the other relay's `OPEN` with the
     /// connection's key.
-    fn listen(hub: &Arc<Hub>, r: Request, client: RawFd, who: &str) -> Result<Opened, Failed> {
+    fn listen(
+        hub: &Arc<Hub>,
+        r: Request,
+        client_sock: &OwnedFd,
+        who: &str,
+    ) -> Result<Opened, Failed> {
         let key = key_of(&r.req);
-        let (ring, tcp, tcp_local, tcp_peer) = take_parts(&r).map_err(before)?;
+        let (ends, tcp_local, tcp_peer) = take_parts(&r, client_sock).map_err(before)?;
+        let client = client_sock.as_raw_fd();
         let (give, take) = mpsc::sync_channel(1);
-        let pending = Pending { ring, tcp, give };
+        let pending = Pending { ends, give };
         let deadline = Instant::now() + STATE_WAIT;
         let mut st = hub.lock();
         loop {
@@ -799,18 +820,24 @@ mod imp {
 
     /// The connecting side: opens the connection on the link to the
     /// target's host (opening the link if it is down).
-    fn connect(hub: &Arc<Hub>, r: Request, client: RawFd, who: &str) -> Result<Opened, Failed> {
+    fn connect(
+        hub: &Arc<Hub>,
+        r: Request,
+        client_sock: &OwnedFd,
+        who: &str,
+    ) -> Result<Opened, Failed> {
         let RelayRequest::Connect { key, target, .. } = &r.req else {
             return Err(before("not a connect".into()));
         };
         let t = parse_addr(target).map_err(|e| before(format!("target {target}: {e}")))?;
-        let (ring, tcp, _, tcp_peer) = take_parts(&r).map_err(before)?;
+        let (ends, _, tcp_peer) = take_parts(&r, client_sock).map_err(before)?;
+        let client = client_sock.as_raw_fd();
         if t.ip == tcp_peer {
             return Err(before(format!(
                 "target {target} is the TCP connection's own peer address: the flow would take that interface's frames"
             )));
         }
-        let mut parts = Some((ring, tcp));
+        let mut parts = Some(ends);
         let deadline = Instant::now() + STATE_WAIT;
         let late = || before("the link did not come up in time".into());
         loop {
@@ -1142,14 +1169,14 @@ mod imp {
         fn open_conn(
             self: &Arc<Self>,
             key: [u8; frame::KEY_BYTES],
-            parts: &mut Option<(FarEnd, OwnedFd)>,
+            parts: &mut Option<Ends>,
         ) -> Result<Arc<Conn>, Option<String>> {
             let conn = {
                 let mut c = self.lock();
                 if self.closing() {
                     return Err(None);
                 }
-                let Some((ring, tcp)) = parts.take() else {
+                let Some(ends) = parts.take() else {
                     return Err(Some("the connection is gone".into()));
                 };
                 let id = loop {
@@ -1159,7 +1186,7 @@ mod imp {
                         break id;
                     }
                 };
-                let conn = Arc::new(Conn::new(id, ring, tcp, self.out.clone(), false));
+                let conn = Arc::new(Conn::new(id, ends, self.out.clone(), false));
                 c.map.insert(id, Arc::clone(&conn));
                 self.conns_total.fetch_add(1, Ordering::Relaxed);
                 self.push(Kind::Open, id, &key);
@@ -1196,15 +1223,15 @@ mod imp {
             let mut c = self.lock();
             if c.map.contains_key(&id) || self.closing() {
                 drop(c);
-                reset_tcp(p.tcp.as_raw_fd());
-                p.ring.closing();
+                reset_tcp(p.ends.tcp.as_raw_fd());
+                p.ends.ring.closing();
                 if self.closing() {
                     self.push(Kind::OpenRefused, id, &[]);
                     return Ok(());
                 }
                 return Err(format!("an OPEN with an id in use ({id:#x})"));
             }
-            let conn = Arc::new(Conn::new(id, p.ring, p.tcp, self.out.clone(), true));
+            let conn = Arc::new(Conn::new(id, p.ends, self.out.clone(), true));
             c.map.insert(id, Arc::clone(&conn));
             self.conns_total.fetch_add(1, Ordering::Relaxed);
             drop(c);
@@ -1437,6 +1464,9 @@ mod imp {
         id: u32,
         ring: FarEnd,
         tcp: OwnedFd,
+        /// The client socket: a byte on it wakes the program where it
+        /// waits in an epoll that watches it.
+        client: OwnedFd,
         out: mpsc::Sender<Out>,
         inbox: Mutex<Inbox>,
         inbox_cv: Condvar,
@@ -1453,14 +1483,18 @@ mod imp {
         relayed_in_bytes: AtomicU64,
         bells_asked: AtomicU64,
         bells_rung: AtomicU64,
+        /// Wake-ups sent on the client socket.
+        bells_here: AtomicU64,
     }
 
     impl Conn {
-        fn new(id: u32, ring: FarEnd, tcp: OwnedFd, out: mpsc::Sender<Out>, open: bool) -> Conn {
+        fn new(id: u32, ends: Ends, out: mpsc::Sender<Out>, open: bool) -> Conn {
+            let Ends { ring, tcp, client } = ends;
             Conn {
                 id,
                 ring,
                 tcp,
+                client,
                 out,
                 inbox: Mutex::new(Inbox {
                     chunks: VecDeque::new(),
@@ -1485,6 +1519,7 @@ mod imp {
                 relayed_in_bytes: AtomicU64::new(0),
                 bells_asked: AtomicU64::new(0),
                 bells_rung: AtomicU64::new(0),
+                bells_here: AtomicU64::new(0),
             }
         }
 
@@ -1528,9 +1563,7 @@ mod imp {
                     put = v.len();
                 } else {
                     let m = self.ring.write(&v).map_err(|_| ArriveError::Corrupt)?;
-                    if m.wake_peer {
-                        self.ask_bell().map_err(|_| ArriveError::Closed)?;
-                    }
+                    self.wake(&m).map_err(|_| ArriveError::Closed)?;
                     self.relayed_in_bytes
                         .fetch_add(m.bytes as u64, Ordering::Relaxed);
                     put = m.bytes;
@@ -1607,6 +1640,32 @@ mod imp {
                 _ => s,
             };
             s.flow.credit_bytes()
+        }
+
+        /// Wakes the program waiting for what `m` moved: on this host by a
+        /// byte on its client socket, and through the other relay by a
+        /// doorbell on the TCP connection, as its waiters asked.
+        fn wake(&self, m: &Moved) -> Result<(), String> {
+            if m.wake_here {
+                let b = [1u8];
+                // SAFETY: a one-byte buffer; a full socket is already
+                // readable, and a closed one means the program is gone.
+                let r = unsafe {
+                    libc::send(
+                        self.client.as_raw_fd(),
+                        b.as_ptr().cast(),
+                        1,
+                        libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+                    )
+                };
+                if r == 1 {
+                    self.bells_here.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            if m.wake_peer {
+                self.ask_bell()?;
+            }
+            Ok(())
         }
 
         /// Asks the other relay to wake this side's program.
@@ -1771,7 +1830,7 @@ mod imp {
         }
         link.unregister(conn.id);
         log!(
-            "{who}: connection {} after {} ms: relayed_out_bytes={} relayed_in_bytes={} discarded_bytes={} bells_asked={} bells_rung={}",
+            "{who}: connection {} after {} ms: relayed_out_bytes={} relayed_in_bytes={} discarded_bytes={} bells_asked={} bells_rung={} bells_here={}",
             if out.is_ok() && inn.is_ok() { "closed" } else { "reset" },
             t0.elapsed().as_millis(),
             conn.relayed_out_bytes.load(Ordering::Relaxed),
@@ -1779,6 +1838,7 @@ mod imp {
             conn.discarded_bytes.load(Ordering::Relaxed),
             conn.bells_asked.load(Ordering::Relaxed),
             conn.bells_rung.load(Ordering::Relaxed),
+            conn.bells_here.load(Ordering::Relaxed),
         );
     }
 
@@ -1844,9 +1904,7 @@ mod imp {
                     c.push(Kind::Data, &buf[..m.bytes])?;
                     c.relayed_out_bytes
                         .fetch_add(m.bytes as u64, Ordering::Relaxed);
-                    if m.wake_peer {
-                        c.ask_bell()?;
-                    }
+                    c.wake(&m)?;
                     continue;
                 }
             }
@@ -1937,9 +1995,7 @@ mod imp {
                 .ring
                 .write(data)
                 .map_err(|Corrupt| "the program's ring is corrupt")?;
-            if m.wake_peer {
-                c.ask_bell()?;
-            }
+            c.wake(&m)?;
             if m.bytes > 0 {
                 data = &data[m.bytes..];
                 round = 0;
@@ -1956,10 +2012,14 @@ mod imp {
     /// The program broke the ring's invariants.
     struct Corrupt;
 
-    /// Bytes moved and whether the program waits for them.
+    /// Bytes moved and how the program waiting for them is woken.
     struct Moved {
         bytes: usize,
+        /// By a doorbell on the TCP connection, which the other relay
+        /// sends.
         wake_peer: bool,
+        /// By a byte on its socket to this relay.
+        wake_here: bool,
     }
 
     /// The relay's end of a library's region (the layout of the library's
@@ -2000,6 +2060,10 @@ mod imp {
     /// (woken by `FUTEX_WAKE`).
     const WAIT_FD: u32 = 1;
     const WAIT_FUTEX: u32 = 2;
+    /// A waiter in an epoll where its relay socket (the client socket
+    /// here) is registered: a byte on that socket, from this relay, wakes
+    /// it, with no doorbell from the other host.
+    const WAIT_BELL: u32 = 4;
 
     /// Wakes every thread, in any process, asleep on `word`.
     fn futex_wake(word: &AtomicU32) {
@@ -2020,17 +2084,18 @@ mod imp {
     }
 
     /// Clears a waiter word after the index it waits on moved: wakes the
-    /// program's blocking sleepers at once and says whether a waiter in
-    /// poll or epoll needs a doorbell (as the library's channel does).
-    fn take_waiters(word: &AtomicU32) -> bool {
+    /// program's blocking sleepers at once and says which waiters in poll
+    /// or epoll need waking: by a doorbell on the TCP connection (as the
+    /// library's channel does), or by a byte on the client socket.
+    fn take_waiters(word: &AtomicU32) -> (bool, bool) {
         if word.load(Ordering::Relaxed) == 0 {
-            return false;
+            return (false, false);
         }
         let old = word.swap(0, Ordering::AcqRel);
         if old & WAIT_FUTEX != 0 {
             futex_wake(word);
         }
-        old & WAIT_FD != 0
+        (old & WAIT_FD != 0, old & WAIT_BELL != 0)
     }
 
     impl FarEnd {
@@ -2130,6 +2195,7 @@ mod imp {
                 return Ok(Moved {
                     bytes: 0,
                     wake_peer: false,
+                    wake_here: false,
                 });
             }
             let cap = self.capacity as usize;
@@ -2144,10 +2210,11 @@ mod imp {
             self.u64_at(Self::ctl(0, TAIL))
                 .store(tail + n as u64, Ordering::Release);
             fence(Ordering::SeqCst);
-            let wake_peer = take_waiters(self.u32_at(Self::ctl(0, SPACE_WAITER)));
+            let (wake_peer, wake_here) = take_waiters(self.u32_at(Self::ctl(0, SPACE_WAITER)));
             Ok(Moved {
                 bytes: n,
                 wake_peer,
+                wake_here,
             })
         }
 
@@ -2160,6 +2227,7 @@ mod imp {
                 return Ok(Moved {
                     bytes: 0,
                     wake_peer: false,
+                    wake_here: false,
                 });
             }
             let cap = self.capacity as usize;
@@ -2174,10 +2242,11 @@ mod imp {
             self.u64_at(Self::ctl(1, HEAD))
                 .store(head + n as u64, Ordering::Release);
             fence(Ordering::SeqCst);
-            let wake_peer = take_waiters(self.u32_at(Self::ctl(1, DATA_WAITER)));
+            let (wake_peer, wake_here) = take_waiters(self.u32_at(Self::ctl(1, DATA_WAITER)));
             Ok(Moved {
                 bytes: n,
                 wake_peer,
+                wake_here,
             })
         }
 
@@ -2278,6 +2347,15 @@ mod imp {
             std::fs::File::open("/dev/null").unwrap().into()
         }
 
+        /// A connection's ends: a ring and stand-ins for both sockets.
+        fn ends() -> Ends {
+            Ends {
+                ring: region(),
+                tcp: not_a_socket(),
+                client: not_a_socket(),
+            }
+        }
+
         fn hub() -> Arc<Hub> {
             Arc::new(Hub {
                 links: Mutex::new(HashMap::new()),
@@ -2305,13 +2383,7 @@ mod imp {
 
         /// An open connection `id` on `link`.
         fn conn(link: &Link, id: u32) -> Arc<Conn> {
-            let c = Arc::new(Conn::new(
-                id,
-                region(),
-                not_a_socket(),
-                link.out.clone(),
-                true,
-            ));
+            let c = Arc::new(Conn::new(id, ends(), link.out.clone(), true));
             link.lock().map.insert(id, Arc::clone(&c));
             c
         }
@@ -2433,15 +2505,8 @@ mod imp {
             let (link, rx) = link();
             let hub = hub();
             let (give, take) = mpsc::sync_channel(1);
-            hub.register(
-                [5u8; frame::KEY_BYTES],
-                Pending {
-                    ring: region(),
-                    tcp: not_a_socket(),
-                    give,
-                },
-            )
-            .unwrap();
+            hub.register([5u8; frame::KEY_BYTES], Pending { ends: ends(), give })
+                .unwrap();
             let mut s = script(&[
                 frame::frame(Kind::Open, 0x8000_0001, &[6u8; frame::KEY_BYTES]),
                 frame::frame(Kind::Open, 0x8000_0002, &[5u8; frame::KEY_BYTES]),

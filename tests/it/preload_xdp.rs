@@ -10,7 +10,8 @@
 //! gives curl an error within the timeout, and once a relay runs again the
 //! next transfer goes through it (nothing was left holding the queue);
 //! wrk with eight connections and eight curls at once all move to the
-//! relays over one link (no refusal, every body verified, the link's close
+//! relays over one link (nginx and wrk woken by their own host's relay
+//! on the relay socket the library registers in their epolls) (no refusal, every body verified, the link's close
 //! line counting every connection), a curl stopped mid-transfer stalls
 //! only its own connection (a second transfer completes meanwhile), and
 //! once the idle link closed the next connection opens a new one; a
@@ -564,11 +565,13 @@ fn many_connections_at_once_share_one_link_and_a_stopped_reader_stalls_only_its_
             .expect("wrk runs");
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(out.status.success(), "{text}");
+        let wl = std::fs::read_to_string(&w_log).unwrap_or_default();
         assert!(
             !text.contains("Socket errors") && !text.contains("Non-2xx"),
-            "{text}"
+            "{text}\nwrk's library: {wl}\nclient relay: {}\nserver relay: {}",
+            std::fs::read_to_string(&r1_log).unwrap_or_default(),
+            std::fs::read_to_string(&r2_log).unwrap_or_default()
         );
-        let wl = std::fs::read_to_string(&w_log).unwrap_or_default();
         assert!(
             wl.matches("moved to xdp via the relay").count() >= 8,
             "{wl}"
@@ -580,6 +583,18 @@ fn many_connections_at_once_share_one_link_and_a_stopped_reader_stalls_only_its_
         let l2 = wait_lines(&r2_log, "connection closed", 8);
         assert!(l2.matches("connection closed").count() >= 8, "{l2}");
         assert_eq!(l2.matches("link up").count(), 1, "{l2}");
+        // nginx and wrk wait in epoll, where the library registers each
+        // connection's relay socket: their relays wake them on their own
+        // host, not through the other relay's doorbell.
+        for (log, side) in [(&r1_log, "wrk"), (&r2_log, "nginx")] {
+            let here: u64 = counters(log, "connection closed", "bells_here")
+                .iter()
+                .sum();
+            assert!(
+                here > 0,
+                "{side}'s relay woke it on its own host none of the time"
+            );
+        }
         eprintln!(
             "wrk -c8 across hosts through one relay link: {}",
             text.lines()

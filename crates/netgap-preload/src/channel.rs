@@ -47,8 +47,9 @@ struct RingCtl {
     head: Line<AtomicU64>,
     /// Bytes ever consumed (written by the consumer).
     tail: Line<AtomicU64>,
-    /// Non-zero while the consumer waits for data: [`WAIT_FD`] and/or
-    /// [`WAIT_FUTEX`]. Also the futex word a blocking consumer sleeps on.
+    /// Non-zero while the consumer waits for data: [`WAIT_FD`],
+    /// [`WAIT_FUTEX`] and/or [`WAIT_BELL`]. Also the futex word a blocking
+    /// consumer sleeps on.
     data_waiter: Line<AtomicU32>,
     /// Non-zero while the producer waits for space (as `data_waiter`).
     space_waiter: Line<AtomicU32>,
@@ -65,6 +66,13 @@ const WAIT_FD: u32 = 1;
 /// A waiter sleeps on the waiter word itself (a blocking read or write):
 /// it is woken by `FUTEX_WAKE`, which costs far less than a doorbell.
 const WAIT_FUTEX: u32 = 2;
+
+/// A waiter sleeps in an epoll where the connection's socket to its relay
+/// is registered beside the connection (a relayed connection only): the
+/// relay wakes it with a byte on that socket, on this host, instead of
+/// asking the other host's relay for a doorbell on the TCP connection.
+/// Only the relay reads it: a same-host peer never sees it set.
+const WAIT_BELL: u32 = 4;
 
 /// Wakes every thread, in any process, sleeping on `word`.
 fn futex_wake(word: &AtomicU32) {
@@ -503,6 +511,18 @@ impl Channel {
         fence(Ordering::SeqCst);
     }
 
+    /// Announces a wait for data in an epoll that watches the relay
+    /// socket (see [`WAIT_BELL`]); the caller must check
+    /// [`Channel::readable`] again afterwards.
+    pub(crate) fn want_data_bell(&self) {
+        self.rx
+            .ctl()
+            .data_waiter
+            .0
+            .fetch_or(WAIT_BELL, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+    }
+
     /// Announces a blocking wait for data; the caller checks
     /// [`Channel::readable`] again, then calls [`Channel::sleep_data`]
     /// with the value returned here.
@@ -668,7 +688,7 @@ mod tests {
         assert_eq!(offset_of!(RingCtl, data_waiter), 256);
         assert_eq!(offset_of!(RingCtl, space_waiter), 384);
         assert_eq!(offset_of!(RingCtl, closing), 512);
-        assert_eq!((WAIT_FD, WAIT_FUTEX), (1, 2));
+        assert_eq!((WAIT_FD, WAIT_FUTEX, WAIT_BELL), (1, 2, 4));
         assert_eq!(PAGE_BYTES, 4096);
         assert_eq!(region_bytes(4096), 3 * 4096 + 2 * 4096);
     }

@@ -293,11 +293,46 @@ impl Conn {
         self.read_ready()
     }
 
+    /// The socket to the relay of a relayed connection (-1 for shm).
+    pub(crate) fn bell(&self) -> c_int {
+        self.bell
+    }
+
+    /// [`Conn::arm_read`] for a wait in an epoll where the relay socket is
+    /// registered beside the connection: the relay wakes it on this host.
+    pub(crate) fn arm_read_bell(&self) -> bool {
+        self.channel.want_data_bell();
+        self.read_ready()
+    }
+
+    /// Drains the bytes the relay sent on its socket to wake this end.
+    fn drain_bell(&self) {
+        let mut scratch = [0u8; 64];
+        loop {
+            // SAFETY: `scratch` is valid for writes of its length; the
+            // relay socket is this connection's own.
+            let r = unsafe {
+                real::recv()(
+                    self.bell,
+                    scratch.as_mut_ptr().cast(),
+                    scratch.len(),
+                    libc::MSG_DONTWAIT,
+                )
+            };
+            if r <= 0 {
+                return;
+            }
+        }
+    }
+
     /// Whether the descriptor is really readable when the kernel socket
     /// says so: doorbells with an empty ring are drained and the answer is
     /// no (a program told "readable" must find data or the end of the
     /// stream, or it may take the EAGAIN for an error).
     pub(crate) fn settle(&self, fd: c_int) -> bool {
+        if self.bell >= 0 {
+            self.drain_bell();
+        }
         if self.read_ready() {
             return true;
         }

@@ -617,7 +617,24 @@ pub unsafe extern "C" fn accept4(
 #[must_use]
 fn forget(fd: c_int) -> Option<Arc<Conn>> {
     let mut last = None;
-    match table::take(fd) {
+    let taken = table::take(fd);
+    let bell = match &taken {
+        Some(Entry::Shm(c)) => c.bell(),
+        _ => -1,
+    };
+    // The relay socket stays registered (with this descriptor's data)
+    // wherever it was beside `fd` while another descriptor keeps the
+    // connection: take it out, or its wake-ups would name a closed
+    // descriptor's data.
+    for epfd in table::epoll_forget(fd) {
+        if bell >= 0 {
+            let mut ev = epoll_event { events: 0, u64: 0 };
+            // SAFETY: a plain epoll_ctl on the program's epoll and the
+            // connection's own relay socket.
+            unsafe { real::epoll_ctl()(epfd, libc::EPOLL_CTL_DEL, bell, &mut ev) };
+        }
+    }
+    match taken {
         Some(Entry::Shm(c)) if !table::shared_elsewhere(&c) => {
             c.log_close(fd);
             last = Some(c);
@@ -629,7 +646,6 @@ fn forget(fd: c_int) -> Option<Arc<Conn>> {
         }
         _ => {}
     }
-    table::epoll_forget(fd);
     last
 }
 
@@ -1075,12 +1091,78 @@ pub unsafe extern "C" fn epoll_ctl(
             Some(Interest {
                 events: ev.events,
                 data: ev.u64,
+                bell: false,
             })
+        };
+        let interest = match interest {
+            _ if op == libc::EPOLL_CTL_DEL => {
+                register_bell(epfd, op, fd, 0, 0);
+                None
+            }
+            Some(i) => Some(Interest {
+                bell: register_bell(epfd, op, fd, i.events, i.data),
+                ..i
+            }),
+            None => None,
         };
         table::epoll_ctl(epfd, op, fd, interest);
         set_errno(e);
     }
     r
+}
+
+/// A connection registered in epolls before it moved to its relay (an
+/// accepted one is registered while its hello is still unread): its
+/// relay socket joins it in each, as `epoll_ctl` would have done.
+pub(crate) fn bell_joins_epolls(fd: c_int) {
+    let e = errno();
+    for (epfd, i) in table::epoll_regs_without_bell(fd) {
+        if register_bell(epfd, libc::EPOLL_CTL_ADD, fd, i.events, i.data) {
+            table::epoll_set_bell(epfd, fd);
+        }
+    }
+    set_errno(e);
+}
+
+/// Keeps a relayed connection's socket to its relay registered in `epfd`
+/// beside the connection's descriptor `fd`, with the program's data and
+/// read interest, so that the relay wakes a wait in that epoll with a
+/// byte on it, on this host (see `channel::WAIT_BELL`), instead of a
+/// doorbell from the other host. Returns whether it is registered; where
+/// it is not (not relayed, no read interest, or the socket already
+/// registered in that epoll for another descriptor of the connection), a
+/// wait falls back on the doorbell.
+fn register_bell(epfd: c_int, op: c_int, fd: c_int, events: u32, data: u64) -> bool {
+    let Some(Entry::Shm(c)) = table::get(fd) else {
+        return false;
+    };
+    let bell = c.bell();
+    if bell < 0 {
+        return false;
+    }
+    let flags = (libc::EPOLLET | libc::EPOLLONESHOT) as u32;
+    let mut ev = epoll_event {
+        events: libc::EPOLLIN as u32 | (events & flags),
+        u64: data,
+    };
+    let had = table::epoll_bell(epfd, fd);
+    let wants = op != libc::EPOLL_CTL_DEL && events & libc::EPOLLIN as u32 != 0;
+    // SAFETY: plain epoll_ctl calls on the program's epoll and the
+    // connection's own relay socket, with an event on the stack.
+    unsafe {
+        if !wants {
+            if had {
+                real::epoll_ctl()(epfd, libc::EPOLL_CTL_DEL, bell, &mut ev);
+            }
+            return false;
+        }
+        if had {
+            return real::epoll_ctl()(epfd, libc::EPOLL_CTL_MOD, bell, &mut ev) == 0;
+        }
+        // EEXIST: another descriptor of the connection holds it there,
+        // with its own data; this one falls back on the doorbell.
+        real::epoll_ctl()(epfd, libc::EPOLL_CTL_ADD, bell, &mut ev) == 0
+    }
 }
 
 /// The shared body of `epoll_wait` and `epoll_pwait`: `wait(timeout)` is
@@ -1117,7 +1199,14 @@ unsafe fn shm_epoll_wait(
         if ready.is_empty() {
             ready = shm
                 .iter()
-                .filter(|(_, i, c)| wants_in(i) && c.arm_read())
+                .filter(|(_, i, c)| {
+                    wants_in(i)
+                        && if i.bell {
+                            c.arm_read_bell()
+                        } else {
+                            c.arm_read()
+                        }
+                })
                 .map(|(_, i, _)| *i)
                 .collect();
         }
@@ -1165,14 +1254,32 @@ unsafe fn settle_events(
         unsafe { std::ptr::write_unaligned(events.add(k), ev) }
     };
     let mut out = 0;
+    // Outputs of relayed connections whose relay socket is registered
+    // beside them: a wait can bring an event from each with the same
+    // data, which must reach the program as one (a program told twice
+    // that a descriptor is readable reads it twice, and wrk takes the
+    // second read's EAGAIN for an error).
+    let mut belled: Vec<(u64, usize)> = Vec::new();
     for k in 0..n {
         let mut ev = get(k);
         let data = ev.u64;
+        let conn = shm.iter().find(|(_, i, _)| i.data == data);
         if ev.events & libc::EPOLLIN as u32 != 0 {
-            if let Some((fd, _, c)) = shm.iter().find(|(_, i, _)| i.data == data) {
+            if let Some((fd, _, c)) = conn {
                 if !settle(*fd, c) {
                     ev.events &= !((libc::EPOLLIN | libc::EPOLLRDNORM) as u32);
                 }
+            }
+        }
+        if let Some((_, i, _)) = conn.filter(|(_, i, _)| i.bell) {
+            if let Some(&(_, at)) = belled.iter().find(|(d, _)| *d == i.data) {
+                let mut first = get(at);
+                first.events |= ev.events;
+                put(at, first);
+                continue;
+            }
+            if ev.events != 0 {
+                belled.push((i.data, out));
             }
         }
         if ev.events != 0 {

@@ -21,9 +21,12 @@
 //!   and socket to its relay, which listens and says where.
 //!
 //! The ring's far end is the relay: the program's doorbells go to the
-//! relay's socket (`Conn::with_bell`), and the relay wakes the program by
-//! having the other host's relay send a byte on the TCP connection, the
-//! only thing that makes the program's descriptor readable. The relay
+//! relay's socket (`Conn::with_bell`). Where the program waits in an
+//! epoll, that socket is registered in it beside the connection, with the
+//! program's data (`interpose::register_bell`), and the relay wakes the
+//! program with a byte on it, on this host; a wait in poll or select is
+//! woken by the other host's relay sending a byte on the TCP connection,
+//! the only other thing that makes the program's descriptor readable. The relay
 //! also holds a duplicate of the TCP socket, so the kernel sends the FIN
 //! only once the relay has delivered every byte.
 //!
@@ -311,6 +314,7 @@ pub(crate) fn connected(fd: c_int, port: u16, nonblocking: bool) -> Result<(), E
     match offer(fd) {
         Ok(c) => {
             table::set(fd, Entry::Shm(Arc::new(c.with_nonblocking(nonblocking))));
+            crate::interpose::bell_joins_epolls(fd);
             log_line!("fd {fd}: connection to port {port} moved to xdp via the relay");
             Ok(())
         }

@@ -783,6 +783,9 @@ pub(crate) fn resolve(fd: c_int, p: &Arc<Pending>, writing: bool) -> Resolved {
                 table::set_region(&c);
             }
             table::resolve(p, Some(Entry::Shm(c.clone())));
+            if bell >= 0 {
+                crate::interpose::bell_joins_epolls(fd);
+            }
             let to = if bell >= 0 {
                 "xdp via the relay"
             } else {

@@ -138,6 +138,10 @@ pub(crate) fn shared_elsewhere(c: &Arc<Conn>) -> bool {
 pub(crate) struct Interest {
     pub(crate) events: u32,
     pub(crate) data: u64,
+    /// A relayed connection's socket to its relay is registered in the
+    /// same epoll with the same data, so the relay can wake a wait on it
+    /// from this host.
+    pub(crate) bell: bool,
 }
 
 /// epoll descriptor → (descriptor → registration).
@@ -160,15 +164,51 @@ pub(crate) fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: Option<Interest>)
     }
 }
 
-/// Forgets `fd` as a registered descriptor and as an epoll instance.
-pub(crate) fn epoll_forget(fd: c_int) {
+/// Whether the registration of `fd` in `epfd` has the relay socket beside
+/// it.
+pub(crate) fn epoll_bell(epfd: c_int, fd: c_int) -> bool {
+    let g = EPOLL.lock().unwrap_or_else(|p| p.into_inner());
+    g.as_ref()
+        .and_then(|m| m.get(&epfd))
+        .and_then(|s| s.get(&fd))
+        .is_some_and(|i| i.bell)
+}
+
+/// The epolls where `fd` is registered without the relay socket beside
+/// it, with the registration.
+pub(crate) fn epoll_regs_without_bell(fd: c_int) -> Vec<(c_int, Interest)> {
+    let g = EPOLL.lock().unwrap_or_else(|p| p.into_inner());
+    g.as_ref().map_or_else(Vec::new, |m| {
+        m.iter()
+            .filter_map(|(&epfd, s)| s.get(&fd).filter(|i| !i.bell).map(|&i| (epfd, i)))
+            .collect()
+    })
+}
+
+/// Notes that the relay socket is now registered beside `fd` in `epfd`.
+pub(crate) fn epoll_set_bell(epfd: c_int, fd: c_int) {
     let mut g = EPOLL.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(map) = g.as_mut() {
-        map.remove(&fd);
-        for s in map.values_mut() {
-            s.remove(&fd);
-        }
+    if let Some(i) = g
+        .as_mut()
+        .and_then(|m| m.get_mut(&epfd))
+        .and_then(|s| s.get_mut(&fd))
+    {
+        i.bell = true;
     }
+}
+
+/// Forgets `fd` as a registered descriptor and as an epoll instance;
+/// returns the epolls where its registration had the relay socket beside
+/// it.
+pub(crate) fn epoll_forget(fd: c_int) -> Vec<c_int> {
+    let mut g = EPOLL.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(map) = g.as_mut() else {
+        return Vec::new();
+    };
+    map.remove(&fd);
+    map.iter_mut()
+        .filter_map(|(&epfd, s)| s.remove(&fd).filter(|i| i.bell).map(|_| epfd))
+        .collect()
 }
 
 /// The registrations of `epfd` whose descriptor is a taken-over

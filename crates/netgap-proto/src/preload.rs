@@ -27,8 +27,9 @@ use thiserror::Error;
 pub const HELLO_MAGIC: [u8; 8] = *b"NGPRELD\0";
 /// First eight bytes of an answer.
 pub const ANSWER_MAGIC: [u8; 8] = *b"NGPRELA\0";
-/// Version of the exchange and of the shared region's layout.
-pub const PRELOAD_VERSION: u16 = 2;
+/// Version of the exchange and of the shared region's layout (3: a
+/// relayed connection's reader may wait to be woken on its relay socket).
+pub const PRELOAD_VERSION: u16 = 3;
 /// Bytes of the longest hello on the wire (a relay hello).
 pub const HELLO_BYTES: usize = 64;
 /// Bytes of a same-host hello on the wire.
