@@ -7,6 +7,14 @@
 # BASELINE_LIB=PATH adds a run under another build of the library (an
 # older one, to compare before and after a change in the same run).
 #
+# Then the same files from nginx to netgap's own load generator (`netgap
+# run web -t tcp,shm`, the generator and nginx both under the library for
+# shm; CONNECTIONS clients on one client host), ROUNDS times: transactions
+# per second and CPU microseconds per transaction at each end. The
+# generator compares VERIFY (default 0.01) of the bodies byte for byte,
+# as a share: at 1, comparing every 64 KiB body costs the generator about
+# as much as the transfer and the generator, not the stack, sets the pace.
+#
 # Then the library's own cost: a 1-byte request and response, netgap's
 # tcp pingpong under the library (`netgap wrap -t shm -- netgap run
 # pingpong -t tcp`, client and in-process agent both under it; as it comes,
@@ -107,6 +115,27 @@ done
 moved=$(grep -c "moved to shm" "$dir/preload.log" || true)
 kept=$(grep -c "kernel's TCP" "$dir/preload.log" || true)
 echo "preload log: $moved connection ends moved to shm, $kept kept on kernel TCP"
+
+echo
+verify=${VERIFY:-0.01}
+echo "nginx to netgap's load generator: $conns clients, ${secs} s x 3 per point, --verify-fraction $verify"
+printf '%-6s %-5s %-6s %12s %16s %16s\n' round file stack "trans/s" "server us/trans" "client us/trans"
+for r in $(seq "$rounds"); do
+    NETGAP_PRELOAD=$lib "$netgap" run web -t tcp,shm -s 1K,64K --server nginx --server-workers 1 \
+        --clients "$conns" --client-hosts 1 --reps 3 --duration "${secs}s" --verify-fraction "$verify" \
+        --json "$dir/web.jsonl" >/dev/null 2>"$dir/web.err" || { cat "$dir/web.err" >&2; exit 1; }
+done
+python3 - "$dir/web.jsonl" "$rounds" <<'PY'
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1])]
+per = len(recs) // int(sys.argv[2])
+for k, r in enumerate(recs):
+    tps = r["value"]
+    # each role's processes' share of one CPU over the window, in %
+    pct = {h["role"]: h["cpu"]["process_percent"] for h in r.get("hosts_cpu") or []}
+    us = lambda role: f"{pct[role] / 100 / tps * 1e6:16.2f}" if role in pct and tps else f"{'-':>16}"
+    print(f"{k // per + 1:<6} {r['size_bytes'] // 1024:>4}K {r['transport']:<6} {tps:12.0f} {us('server')} {us('client')}")
+PY
 
 echo
 echo "1-byte request/response: netgap pingpong -s 1, mean latency (us), $reps x $rep_time per run"
