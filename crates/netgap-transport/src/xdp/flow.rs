@@ -107,11 +107,12 @@ pub(crate) struct PortIo {
     /// The latest pump read the clock (`now_cache_ns` is fresh).
     clock_read: bool,
     /// Scratch of the pump, kept so that it allocates nothing: slots
-    /// completed or received, the bytes of the frames received and where
-    /// each ends, and what an acknowledgment freed.
+    /// completed or received, the bytes of the frames copied out, the
+    /// frames received in order (taken in place, or where each copied one
+    /// ends), and what an acknowledgment freed.
     scratch_slots: Vec<u32>,
     scratch_frames: Vec<u8>,
-    scratch_ends: Vec<usize>,
+    scratch_taken: Vec<Pending>,
     scratch_ack: AckOutcome,
 }
 
@@ -141,7 +142,7 @@ impl PortIo {
             clock_read: false,
             scratch_slots: Vec::with_capacity(RX_BATCH as usize),
             scratch_frames: Vec::new(),
-            scratch_ends: Vec::with_capacity(RX_BATCH as usize),
+            scratch_taken: Vec::with_capacity(RX_BATCH as usize),
             scratch_ack: AckOutcome::default(),
         })
     }
@@ -464,16 +465,26 @@ impl Session {
                 return;
             }
             Kind::SynAck => return,
-            Kind::Data | Kind::Fin => {
-                self.stats.datagrams_received += 1;
-                let arrival = self.recv.on_frame(h.seq, payload, h.kind == Kind::Fin, now);
-                if arrival == Arrival::Duplicate {
-                    self.stats.duplicates += 1;
-                }
-            }
+            Kind::Data | Kind::Fin => self.on_data(h, payload, now),
             Kind::Probe => self.recv.on_probe(),
             Kind::Ack => {}
         }
+        self.on_acknowledgment(io, h, now);
+    }
+
+    /// Takes the payload of an authenticated data or closing frame `h`.
+    fn on_data(&mut self, h: &Header, payload: &[u8], now: u64) {
+        self.stats.datagrams_received += 1;
+        let arrival = self.recv.on_frame(h.seq, payload, h.kind == Kind::Fin, now);
+        if arrival == Arrival::Duplicate {
+            self.stats.duplicates += 1;
+        }
+    }
+
+    /// Takes the acknowledgment fields of an authenticated frame `h` from
+    /// the peer: frees what they acknowledge, resends what they show lost,
+    /// and wakes the session's waiters.
+    fn on_acknowledgment(&mut self, io: &mut PortIo, h: &Header, now: u64) {
         let mut out = std::mem::take(&mut io.scratch_ack);
         self.send
             .on_ack_into(h.ack, h.credit, h.sack, now, &mut out);
@@ -581,6 +592,54 @@ impl Session {
     }
 }
 
+/// What the pump's first pass did with a frame received.
+enum Take {
+    /// Data for an open session, taken in place; its acknowledgment fields
+    /// wait for the second pass.
+    Taken,
+    /// Dropped: not from the session's peer, or not authentic.
+    Dropped,
+    /// Anything else: copied out whole for the second pass.
+    Later,
+}
+
+/// A frame received, in order of arrival, for the pump's second pass.
+#[derive(Clone, Copy)]
+pub(crate) enum Pending {
+    /// Data whose payload was taken in place: its header.
+    Taken(Header),
+    /// A frame copied out whole: where its bytes end in the pump's scratch.
+    Copied(usize),
+}
+
+/// The pump's first pass over frame `raw` (parsed as `p`) where it lies in
+/// the UMEM: a data or closing frame for an open session, from its peer and
+/// authentic, goes into the session's reassembly buffer at once (its one
+/// copy); one for the session from anyone else is dropped, as the second
+/// pass would drop it; everything else is left to the second pass.
+fn take_data(table: &mut Table<Session>, p: &reliable::Parsed<'_>, raw: &[u8], now: u64) -> Take {
+    let h = &p.header;
+    if !matches!(h.kind, Kind::Data | Kind::Fin) {
+        return Take::Later;
+    }
+    let Some(i) = table.index(h.dst_flow) else {
+        return Take::Later;
+    };
+    let s = &mut table.slot_mut(i).value;
+    let Some(peer) = s.peer else {
+        return Take::Later;
+    };
+    if h.src_flow != peer.flow || p.src != peer.mac {
+        return Take::Dropped;
+    }
+    if !s.guard.admit(raw) {
+        // Not the peer's (or altered on the way): as if never arrived.
+        return Take::Dropped;
+    }
+    s.on_data(h, p.payload, now);
+    Take::Taken
+}
+
 /// Data frames one session may keep in flight: at most half the transmit
 /// buffers (as one flow alone always had).
 fn send_buffers(tx_count: usize) -> u32 {
@@ -682,51 +741,79 @@ impl PortState {
                 io.release_if_done(slot);
             }
         }
-        // Whole frames are copied out (the authenticator covers the header
-        // too), one after another into one kept buffer.
+        // The clock is read when frames wait on the RX ring (their round
+        // trips are timed) and every few idle pumps (for the timers), not
+        // on every spin of a poll-mode waiter.
+        let arriving = io.xsk.rx_waiting();
+        io.pumps_unclocked += 1;
+        io.clock_read = arriving || fresh_clock || io.pumps_unclocked >= PUMPS_PER_CLOCK_READ;
+        if io.clock_read {
+            io.now_cache_ns = io.now_ns();
+            io.pumps_unclocked = 0;
+        }
+        let now = io.now_cache_ns;
+        // Data for an open session is taken where it lies in the UMEM:
+        // checked, authenticated and its payload copied once, into the
+        // session's reassembly buffer; its acknowledgment fields wait in
+        // `taken` for the second pass below, which needs the socket side
+        // (to free and resend transmit buffers). Every other frame
+        // (openings, acknowledgments, probes, frames for no open session)
+        // is copied out whole for that pass. Both passes keep the order of
+        // arrival.
         let mut bytes = std::mem::take(&mut io.scratch_frames);
-        let mut ends = std::mem::take(&mut io.scratch_ends);
+        let mut taken = std::mem::take(&mut io.scratch_taken);
         bytes.clear();
-        ends.clear();
+        taken.clear();
+        let table = &mut self.table;
         io.xsk.receive(RX_BATCH, &mut slots, |frame| {
-            // Only netgap's frames are kept (parsed whole below, once).
-            if frame.len() >= FRAME_OVERHEAD_BYTES
-                && frame[12..14] == reliable::ETHERTYPE.to_be_bytes()
+            // Only netgap's frames are looked at.
+            if frame.len() < FRAME_OVERHEAD_BYTES
+                || frame[12..14] != reliable::ETHERTYPE.to_be_bytes()
             {
-                bytes.extend_from_slice(frame);
-                ends.push(bytes.len());
+                return;
+            }
+            let Ok(p) = reliable::parse(frame) else {
+                return;
+            };
+            match take_data(table, &p, frame, now) {
+                Take::Taken => taken.push(Pending::Taken(p.header)),
+                Take::Dropped => {}
+                Take::Later => {
+                    bytes.extend_from_slice(frame);
+                    taken.push(Pending::Copied(bytes.len()));
+                }
             }
         });
         let got = !slots.is_empty();
         if got {
-            // Every receive buffer goes straight back: its bytes were
-            // copied out above.
+            // Every receive buffer goes straight back: what it held was
+            // taken or copied out above.
             io.xsk.fill(&slots);
             if io.xsk.fill_needs_wakeup() {
                 let _ = io.xsk.kick();
             }
         }
         io.scratch_slots = slots;
-        // The clock is read when frames arrived (their round trips are
-        // timed) and every few idle pumps (for the timers), not on every
-        // spin of a poll-mode waiter.
-        io.pumps_unclocked += 1;
-        io.clock_read = got || fresh_clock || io.pumps_unclocked >= PUMPS_PER_CLOCK_READ;
-        if io.clock_read {
-            io.now_cache_ns = io.now_ns();
-            io.pumps_unclocked = 0;
-        }
-        let now = io.now_cache_ns;
         let mut start = 0;
-        for &end in &ends {
-            let raw = &bytes[start..end];
-            start = end;
-            if let Ok(p) = reliable::parse(raw) {
-                self.route(&p.header, p.src, p.payload, raw, now);
+        for pending in &taken {
+            match *pending {
+                Pending::Taken(h) => {
+                    if let Some(i) = self.table.index(h.dst_flow) {
+                        let s = &mut self.table.slot_mut(i).value;
+                        s.on_acknowledgment(&mut self.io, &h, now);
+                    }
+                }
+                Pending::Copied(end) => {
+                    let raw = &bytes[start..end];
+                    start = end;
+                    if let Ok(p) = reliable::parse(raw) {
+                        self.route(&p.header, p.src, p.payload, raw, now);
+                    }
+                }
             }
         }
         self.io.scratch_frames = bytes;
-        self.io.scratch_ends = ends;
+        self.io.scratch_taken = taken;
         // Half-open sessions nobody confirmed in time go.
         if !self.table.expire(now).is_empty() {
             self.reshare();
@@ -1147,8 +1234,11 @@ impl Receiver for Half {
         self.shared.wait_for(timeout, |io, s| {
             if s.recv.ready_bytes() > 0 {
                 let n = s.recv.read(buf);
-                let now = io.now_ns();
-                if s.recv.ack_due(now) {
+                // The time of the latest pump that read the clock (the
+                // one that brought these bytes, or earlier): a delayed
+                // acknowledgment judged a little early waits for the
+                // next pump's timers, so no clock read is needed here.
+                if s.recv.ack_due(io.now_cache_ns) {
                     // Reading opened room: tell a sender waiting for
                     // credit.
                     s.post(io, Kind::Ack, 0, &[], false);
