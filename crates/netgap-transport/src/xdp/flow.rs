@@ -50,13 +50,19 @@ use std::time::{Duration, Instant};
 
 /// Receive frames reaped per pump at most.
 const RX_BATCH: u32 = 64;
+/// Receive buffers given back to the fill ring together. Filling reads the
+/// kernel's consumer index, which the other CPU writes on every arrival (a
+/// cache miss each time): in batches, one miss serves many buffers. The
+/// kernel keeps all but fewer than this many of the port's receive buffers
+/// meanwhile.
+const FILL_BATCH: usize = 32;
 /// Spins between yields of the CPU while polling: rare, since a frame
 /// that arrives during a yield (a system call) waits for it to return.
 const SPINS_PER_YIELD: u32 = 1024;
 /// Pumps that found nothing between clock reads: the timers they serve
 /// (retransmission, probe, delayed acknowledgment) are milliseconds and
 /// hundreds of microseconds long, a pump a fraction of a microsecond.
-const PUMPS_PER_CLOCK_READ: u32 = 16;
+const PUMPS_PER_CLOCK_READ: u32 = 64;
 /// Longest sleep of an event-mode waiter before it pumps again.
 const MAX_SLEEP: Duration = Duration::from_millis(5);
 /// How long a closing flow keeps sending what is unacknowledged.
@@ -111,6 +117,9 @@ pub(crate) struct PortIo {
     /// frames received in order (taken in place, or where each copied one
     /// ends), and what an acknowledgment freed.
     scratch_slots: Vec<u32>,
+    /// Receive buffers emptied and not yet given back (fewer than
+    /// [`FILL_BATCH`] after each pump).
+    fill_pending: Vec<u32>,
     scratch_frames: Vec<u8>,
     scratch_taken: Vec<Pending>,
     scratch_ack: AckOutcome,
@@ -141,6 +150,7 @@ impl PortIo {
             pumps_unclocked: 0,
             clock_read: false,
             scratch_slots: Vec::with_capacity(RX_BATCH as usize),
+            fill_pending: Vec::with_capacity(FILL_BATCH + RX_BATCH as usize),
             scratch_frames: Vec::new(),
             scratch_taken: Vec::with_capacity(RX_BATCH as usize),
             scratch_ack: AckOutcome::default(),
@@ -784,11 +794,13 @@ impl PortState {
                 }
             }
         });
-        let got = !slots.is_empty();
-        if got {
-            // Every receive buffer goes straight back: what it held was
-            // taken or copied out above.
-            io.xsk.fill(&slots);
+        // Every receive buffer goes back (what it held was taken or copied
+        // out above), a batch at a time.
+        io.fill_pending.extend_from_slice(&slots);
+        if io.fill_pending.len() >= FILL_BATCH {
+            if io.xsk.fill(&io.fill_pending) == io.fill_pending.len() {
+                io.fill_pending.clear();
+            }
             if io.xsk.fill_needs_wakeup() {
                 let _ = io.xsk.kick();
             }
