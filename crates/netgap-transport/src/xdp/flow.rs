@@ -76,6 +76,23 @@ const HALF_OPEN_WINDOW_BYTES: usize = 64 << 10;
 /// acknowledge.
 const CONTROL_RESERVE_FRAMES: usize = 64;
 
+/// The monotonic clock, ns: the clock `Instant` reads (CLOCK_MONOTONIC,
+/// through the vDSO), without its conversions through `Duration` and
+/// `u128`, since the data path reads it on every frame that arrives and
+/// every send.
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec into a live local; with
+    // CLOCK_MONOTONIC it cannot fail.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    let secs = u64::try_from(ts.tv_sec).unwrap_or(0);
+    let nanos = u64::try_from(ts.tv_nsec).unwrap_or(0);
+    secs.saturating_mul(1_000_000_000).saturating_add(nanos)
+}
+
 /// The two ends' addresses of a flow.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Peer {
@@ -105,8 +122,9 @@ pub(crate) struct PortIo {
     /// Data frames each session may keep in flight: the buffers past the
     /// control reserve, shared evenly (set when sessions come and go).
     share: usize,
-    t0: Instant,
-    /// The clock as the latest pump read it, ns since `t0`.
+    /// The monotonic clock when the port opened, ns.
+    t0_ns: u64,
+    /// The clock as the latest pump read it, ns since `t0_ns`.
     now_cache_ns: u64,
     /// Pumps since the clock was last read.
     pumps_unclocked: u32,
@@ -145,7 +163,7 @@ impl PortIo {
             tx_queued: false,
             tx_outstanding: 0,
             share: (tx_count as usize).saturating_sub(CONTROL_RESERVE_FRAMES),
-            t0: Instant::now(),
+            t0_ns: monotonic_ns(),
             now_cache_ns: 0,
             pumps_unclocked: 0,
             clock_read: false,
@@ -158,7 +176,7 @@ impl PortIo {
     }
 
     fn now_ns(&self) -> u64 {
-        u64::try_from(self.t0.elapsed().as_nanos()).unwrap_or(u64::MAX)
+        monotonic_ns().saturating_sub(self.t0_ns)
     }
 
     fn tx_index(&self, slot: u32) -> Option<usize> {
