@@ -6,11 +6,13 @@
 //! ([`super::demux`]). The application's threads do the work themselves,
 //! as in VIA: a send copies payload into UMEM frames, posts their
 //! descriptors on the TX ring and rings the doorbell; a receive reaps the
-//! RX ring. Each call also reaps completions, refills the fill ring, moves
-//! every session's arrivals into that session, takes acknowledgments,
-//! resends what timed out and acknowledges what arrived (one "pump" of the
-//! port, under the port's lock, so any flow's caller serves them all, and
-//! the two halves of a flow may run on two threads).
+//! RX ring. Each call also reaps completions, refills the fill ring (a
+//! batch at a time), moves every session's arrivals into that session (a
+//! data frame's payload straight from the UMEM into the session's
+//! reassembly buffer, its one copy), takes acknowledgments, resends what
+//! timed out and acknowledges what arrived (one "pump" of the port, under
+//! the port's lock, so any flow's caller serves them all, and the two
+//! halves of a flow may run on two threads).
 //!
 //! Waiting: in `poll` mode a caller spins, pumping; in `event` mode one
 //! waiting caller of a session sleeps in poll() on the socket (and on the
