@@ -23,6 +23,10 @@
 #                    out
 #   --report-only D  re-parse an earlier run's raw outputs in D
 #
+# NETGAP=PATH in the environment measures that netgap binary (built with
+# the xdp feature for the testbed rows) instead of building the tree's:
+# two builds alternated run by run, on the same script.
+#
 # Figures (every tool pinned alike: servers on CPU 1, clients on CPU 0):
 #   tcp loopback   stream at 64 KiB and 1 MiB writes: floor `stream`,
 #                  netgap, iperf3, qperf, NPtcp (streaming mode);
@@ -66,7 +70,7 @@ while [ $# -gt 0 ]; do
 	--report-only) REPORT_ONLY=${2:?--report-only needs a directory}; shift ;;
 	--only) ONLY=${2:?--only needs groups, e.g. xdp,udp}; shift ;;
 	--congestion) CONGESTION=${2:?--congestion needs a name, e.g. cubic}; shift ;;
-	-h | --help) sed -n '2,36p' "$0"; exit 0 ;;
+	-h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
 	*) echo "unknown option: $1" >&2; exit 2 ;;
 	esac
 	shift
@@ -311,6 +315,9 @@ CMDLOG=$OUT/commands.txt
 
 TB_NAME=${TB_NAME:-floorbench} # another name lets two runs share the machine
 TB_UP=0
+# a binary given in the environment (NETGAP=PATH), else the tree's build
+NETGAP_GIVEN=${NETGAP:-}
+[ -z "$NETGAP_GIVEN" ] || NETGAP_GIVEN=$(realpath "$NETGAP_GIVEN")
 NETGAP=$REPO/target/release/netgap
 testbed_down() {
 	if [ "$TB_UP" = 1 ]; then
@@ -353,12 +360,18 @@ target=all
 timeout 300 make -s -C "$OUT/floor" "$target" >"$OUT/floor-build.txt" 2>&1 || { cat "$OUT/floor-build.txt" >&2; exit 1; }
 FLOOR=$OUT/floor
 
-log "building netgap (cargo build --release --features xdp)"
-features=()
-[ "$TESTBED" = 1 ] && features=(--features xdp)
-if ! (cd "$REPO" && timeout 1800 cargo build --release ${features[@]+"${features[@]}"}) >"$OUT/cargo-build.txt" 2>&1; then
-	tail -20 "$OUT/cargo-build.txt" >&2
-	exit 1
+if [ -n "$NETGAP_GIVEN" ]; then
+	[ -x "$NETGAP_GIVEN" ] || { echo "NETGAP=$NETGAP_GIVEN is not an executable file" >&2; exit 2; }
+	log "measuring the given netgap binary $NETGAP_GIVEN (not building)"
+	NETGAP=$NETGAP_GIVEN
+else
+	log "building netgap (cargo build --release --features xdp)"
+	features=()
+	[ "$TESTBED" = 1 ] && features=(--features xdp)
+	if ! (cd "$REPO" && timeout 1800 cargo build --release ${features[@]+"${features[@]}"}) >"$OUT/cargo-build.txt" 2>&1; then
+		tail -20 "$OUT/cargo-build.txt" >&2
+		exit 1
+	fi
 fi
 # measure a copy, so that a rebuild during the run cannot change the binary
 cp "$NETGAP" "$OUT/netgap"

@@ -6,11 +6,13 @@
 //! ([`super::demux`]). The application's threads do the work themselves,
 //! as in VIA: a send copies payload into UMEM frames, posts their
 //! descriptors on the TX ring and rings the doorbell; a receive reaps the
-//! RX ring. Each call also reaps completions, refills the fill ring, moves
-//! every session's arrivals into that session, takes acknowledgments,
-//! resends what timed out and acknowledges what arrived (one "pump" of the
-//! port, under the port's lock, so any flow's caller serves them all, and
-//! the two halves of a flow may run on two threads).
+//! RX ring. Each call also reaps completions, refills the fill ring (a
+//! batch at a time), moves every session's arrivals into that session (a
+//! data frame's payload straight from the UMEM into the session's
+//! reassembly buffer, its one copy), takes acknowledgments, resends what
+//! timed out and acknowledges what arrived (one "pump" of the port, under
+//! the port's lock, so any flow's caller serves them all, and the two
+//! halves of a flow may run on two threads).
 //!
 //! Waiting: in `poll` mode a caller spins, pumping; in `event` mode one
 //! waiting caller of a session sleeps in poll() on the socket (and on the
@@ -50,13 +52,19 @@ use std::time::{Duration, Instant};
 
 /// Receive frames reaped per pump at most.
 const RX_BATCH: u32 = 64;
+/// Receive buffers given back to the fill ring together. Filling reads the
+/// kernel's consumer index, which the other CPU writes on every arrival (a
+/// cache miss each time): in batches, one miss serves many buffers. The
+/// kernel keeps all but fewer than this many of the port's receive buffers
+/// meanwhile.
+const FILL_BATCH: usize = 32;
 /// Spins between yields of the CPU while polling: rare, since a frame
 /// that arrives during a yield (a system call) waits for it to return.
 const SPINS_PER_YIELD: u32 = 1024;
 /// Pumps that found nothing between clock reads: the timers they serve
 /// (retransmission, probe, delayed acknowledgment) are milliseconds and
 /// hundreds of microseconds long, a pump a fraction of a microsecond.
-const PUMPS_PER_CLOCK_READ: u32 = 16;
+const PUMPS_PER_CLOCK_READ: u32 = 64;
 /// Longest sleep of an event-mode waiter before it pumps again.
 const MAX_SLEEP: Duration = Duration::from_millis(5);
 /// How long a closing flow keeps sending what is unacknowledged.
@@ -69,6 +77,23 @@ const HALF_OPEN_WINDOW_BYTES: usize = 64 << 10;
 /// probes) may take: data never holds them, so every session can always
 /// acknowledge.
 const CONTROL_RESERVE_FRAMES: usize = 64;
+
+/// The monotonic clock, ns: the clock `Instant` reads (CLOCK_MONOTONIC,
+/// through the vDSO), without its conversions through `Duration` and
+/// `u128`, since the data path reads it on every frame that arrives and
+/// every send.
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec into a live local; with
+    // CLOCK_MONOTONIC it cannot fail.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    let secs = u64::try_from(ts.tv_sec).unwrap_or(0);
+    let nanos = u64::try_from(ts.tv_nsec).unwrap_or(0);
+    secs.saturating_mul(1_000_000_000).saturating_add(nanos)
+}
 
 /// The two ends' addresses of a flow.
 #[derive(Debug, Clone, Copy)]
@@ -99,19 +124,24 @@ pub(crate) struct PortIo {
     /// Data frames each session may keep in flight: the buffers past the
     /// control reserve, shared evenly (set when sessions come and go).
     share: usize,
-    t0: Instant,
-    /// The clock as the latest pump read it, ns since `t0`.
+    /// The monotonic clock when the port opened, ns.
+    t0_ns: u64,
+    /// The clock as the latest pump read it, ns since `t0_ns`.
     now_cache_ns: u64,
     /// Pumps since the clock was last read.
     pumps_unclocked: u32,
     /// The latest pump read the clock (`now_cache_ns` is fresh).
     clock_read: bool,
     /// Scratch of the pump, kept so that it allocates nothing: slots
-    /// completed or received, the bytes of the frames received and where
-    /// each ends, and what an acknowledgment freed.
+    /// completed or received, the bytes of the frames copied out, the
+    /// frames received in order (taken in place, or where each copied one
+    /// ends), and what an acknowledgment freed.
     scratch_slots: Vec<u32>,
+    /// Receive buffers emptied and not yet given back (fewer than
+    /// [`FILL_BATCH`] after each pump).
+    fill_pending: Vec<u32>,
     scratch_frames: Vec<u8>,
-    scratch_ends: Vec<usize>,
+    scratch_taken: Vec<Pending>,
     scratch_ack: AckOutcome,
 }
 
@@ -135,19 +165,20 @@ impl PortIo {
             tx_queued: false,
             tx_outstanding: 0,
             share: (tx_count as usize).saturating_sub(CONTROL_RESERVE_FRAMES),
-            t0: Instant::now(),
+            t0_ns: monotonic_ns(),
             now_cache_ns: 0,
             pumps_unclocked: 0,
             clock_read: false,
             scratch_slots: Vec::with_capacity(RX_BATCH as usize),
+            fill_pending: Vec::with_capacity(FILL_BATCH + RX_BATCH as usize),
             scratch_frames: Vec::new(),
-            scratch_ends: Vec::with_capacity(RX_BATCH as usize),
+            scratch_taken: Vec::with_capacity(RX_BATCH as usize),
             scratch_ack: AckOutcome::default(),
         })
     }
 
     fn now_ns(&self) -> u64 {
-        u64::try_from(self.t0.elapsed().as_nanos()).unwrap_or(u64::MAX)
+        monotonic_ns().saturating_sub(self.t0_ns)
     }
 
     fn tx_index(&self, slot: u32) -> Option<usize> {
@@ -464,16 +495,26 @@ impl Session {
                 return;
             }
             Kind::SynAck => return,
-            Kind::Data | Kind::Fin => {
-                self.stats.datagrams_received += 1;
-                let arrival = self.recv.on_frame(h.seq, payload, h.kind == Kind::Fin, now);
-                if arrival == Arrival::Duplicate {
-                    self.stats.duplicates += 1;
-                }
-            }
+            Kind::Data | Kind::Fin => self.on_data(h, payload, now),
             Kind::Probe => self.recv.on_probe(),
             Kind::Ack => {}
         }
+        self.on_acknowledgment(io, h, now);
+    }
+
+    /// Takes the payload of an authenticated data or closing frame `h`.
+    fn on_data(&mut self, h: &Header, payload: &[u8], now: u64) {
+        self.stats.datagrams_received += 1;
+        let arrival = self.recv.on_frame(h.seq, payload, h.kind == Kind::Fin, now);
+        if arrival == Arrival::Duplicate {
+            self.stats.duplicates += 1;
+        }
+    }
+
+    /// Takes the acknowledgment fields of an authenticated frame `h` from
+    /// the peer: frees what they acknowledge, resends what they show lost,
+    /// and wakes the session's waiters.
+    fn on_acknowledgment(&mut self, io: &mut PortIo, h: &Header, now: u64) {
         let mut out = std::mem::take(&mut io.scratch_ack);
         self.send
             .on_ack_into(h.ack, h.credit, h.sack, now, &mut out);
@@ -581,6 +622,54 @@ impl Session {
     }
 }
 
+/// What the pump's first pass did with a frame received.
+enum Take {
+    /// Data for an open session, taken in place; its acknowledgment fields
+    /// wait for the second pass.
+    Taken,
+    /// Dropped: not from the session's peer, or not authentic.
+    Dropped,
+    /// Anything else: copied out whole for the second pass.
+    Later,
+}
+
+/// A frame received, in order of arrival, for the pump's second pass.
+#[derive(Clone, Copy)]
+pub(crate) enum Pending {
+    /// Data whose payload was taken in place: its header.
+    Taken(Header),
+    /// A frame copied out whole: where its bytes end in the pump's scratch.
+    Copied(usize),
+}
+
+/// The pump's first pass over frame `raw` (parsed as `p`) where it lies in
+/// the UMEM: a data or closing frame for an open session, from its peer and
+/// authentic, goes into the session's reassembly buffer at once (its one
+/// copy); one for the session from anyone else is dropped, as the second
+/// pass would drop it; everything else is left to the second pass.
+fn take_data(table: &mut Table<Session>, p: &reliable::Parsed<'_>, raw: &[u8], now: u64) -> Take {
+    let h = &p.header;
+    if !matches!(h.kind, Kind::Data | Kind::Fin) {
+        return Take::Later;
+    }
+    let Some(i) = table.index(h.dst_flow) else {
+        return Take::Later;
+    };
+    let s = &mut table.slot_mut(i).value;
+    let Some(peer) = s.peer else {
+        return Take::Later;
+    };
+    if h.src_flow != peer.flow || p.src != peer.mac {
+        return Take::Dropped;
+    }
+    if !s.guard.admit(raw) {
+        // Not the peer's (or altered on the way): as if never arrived.
+        return Take::Dropped;
+    }
+    s.on_data(h, p.payload, now);
+    Take::Taken
+}
+
 /// Data frames one session may keep in flight: at most half the transmit
 /// buffers (as one flow alone always had).
 fn send_buffers(tx_count: usize) -> u32 {
@@ -682,51 +771,81 @@ impl PortState {
                 io.release_if_done(slot);
             }
         }
-        // Whole frames are copied out (the authenticator covers the header
-        // too), one after another into one kept buffer.
-        let mut bytes = std::mem::take(&mut io.scratch_frames);
-        let mut ends = std::mem::take(&mut io.scratch_ends);
-        bytes.clear();
-        ends.clear();
-        io.xsk.receive(RX_BATCH, &mut slots, |frame| {
-            // Only netgap's frames are kept (parsed whole below, once).
-            if frame.len() >= FRAME_OVERHEAD_BYTES
-                && frame[12..14] == reliable::ETHERTYPE.to_be_bytes()
-            {
-                bytes.extend_from_slice(frame);
-                ends.push(bytes.len());
-            }
-        });
-        let got = !slots.is_empty();
-        if got {
-            // Every receive buffer goes straight back: its bytes were
-            // copied out above.
-            io.xsk.fill(&slots);
-            if io.xsk.fill_needs_wakeup() {
-                let _ = io.xsk.kick();
-            }
-        }
-        io.scratch_slots = slots;
-        // The clock is read when frames arrived (their round trips are
-        // timed) and every few idle pumps (for the timers), not on every
-        // spin of a poll-mode waiter.
+        // The clock is read when frames wait on the RX ring (their round
+        // trips are timed) and every few idle pumps (for the timers), not
+        // on every spin of a poll-mode waiter.
+        let arriving = io.xsk.rx_waiting();
         io.pumps_unclocked += 1;
-        io.clock_read = got || fresh_clock || io.pumps_unclocked >= PUMPS_PER_CLOCK_READ;
+        io.clock_read = arriving || fresh_clock || io.pumps_unclocked >= PUMPS_PER_CLOCK_READ;
         if io.clock_read {
             io.now_cache_ns = io.now_ns();
             io.pumps_unclocked = 0;
         }
         let now = io.now_cache_ns;
+        // Data for an open session is taken where it lies in the UMEM:
+        // checked, authenticated and its payload copied once, into the
+        // session's reassembly buffer; its acknowledgment fields wait in
+        // `taken` for the second pass below, which needs the socket side
+        // (to free and resend transmit buffers). Every other frame
+        // (openings, acknowledgments, probes, frames for no open session)
+        // is copied out whole for that pass. Both passes keep the order of
+        // arrival.
+        let mut bytes = std::mem::take(&mut io.scratch_frames);
+        let mut taken = std::mem::take(&mut io.scratch_taken);
+        bytes.clear();
+        taken.clear();
+        let table = &mut self.table;
+        io.xsk.receive(RX_BATCH, &mut slots, |frame| {
+            // Only netgap's frames are looked at.
+            if frame.len() < FRAME_OVERHEAD_BYTES
+                || frame[12..14] != reliable::ETHERTYPE.to_be_bytes()
+            {
+                return;
+            }
+            let Ok(p) = reliable::parse(frame) else {
+                return;
+            };
+            match take_data(table, &p, frame, now) {
+                Take::Taken => taken.push(Pending::Taken(p.header)),
+                Take::Dropped => {}
+                Take::Later => {
+                    bytes.extend_from_slice(frame);
+                    taken.push(Pending::Copied(bytes.len()));
+                }
+            }
+        });
+        // Every receive buffer goes back (what it held was taken or copied
+        // out above), a batch at a time.
+        io.fill_pending.extend_from_slice(&slots);
+        if io.fill_pending.len() >= FILL_BATCH {
+            if io.xsk.fill(&io.fill_pending) == io.fill_pending.len() {
+                io.fill_pending.clear();
+            }
+            if io.xsk.fill_needs_wakeup() {
+                let _ = io.xsk.kick();
+            }
+        }
+        io.scratch_slots = slots;
         let mut start = 0;
-        for &end in &ends {
-            let raw = &bytes[start..end];
-            start = end;
-            if let Ok(p) = reliable::parse(raw) {
-                self.route(&p.header, p.src, p.payload, raw, now);
+        for pending in &taken {
+            match *pending {
+                Pending::Taken(h) => {
+                    if let Some(i) = self.table.index(h.dst_flow) {
+                        let s = &mut self.table.slot_mut(i).value;
+                        s.on_acknowledgment(&mut self.io, &h, now);
+                    }
+                }
+                Pending::Copied(end) => {
+                    let raw = &bytes[start..end];
+                    start = end;
+                    if let Ok(p) = reliable::parse(raw) {
+                        self.route(&p.header, p.src, p.payload, raw, now);
+                    }
+                }
             }
         }
         self.io.scratch_frames = bytes;
-        self.io.scratch_ends = ends;
+        self.io.scratch_taken = taken;
         // Half-open sessions nobody confirmed in time go.
         if !self.table.expire(now).is_empty() {
             self.reshare();
@@ -1147,8 +1266,11 @@ impl Receiver for Half {
         self.shared.wait_for(timeout, |io, s| {
             if s.recv.ready_bytes() > 0 {
                 let n = s.recv.read(buf);
-                let now = io.now_ns();
-                if s.recv.ack_due(now) {
+                // The time of the latest pump that read the clock (the
+                // one that brought these bytes, or earlier): a delayed
+                // acknowledgment judged a little early waits for the
+                // next pump's timers, so no clock read is needed here.
+                if s.recv.ack_due(io.now_cache_ns) {
                     // Reading opened room: tell a sender waiting for
                     // credit.
                     s.post(io, Kind::Ack, 0, &[], false);

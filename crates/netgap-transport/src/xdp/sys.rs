@@ -419,6 +419,13 @@ impl Xsk {
         }
     }
 
+    /// Whether a received frame waits on the RX ring: one load, no system
+    /// call.
+    pub(crate) fn rx_waiting(&mut self) -> bool {
+        // SAFETY: the RX ring is live for `self`'s life.
+        unsafe { netgap_xsk_cons_ready(&mut *self.rx) != 0 }
+    }
+
     /// Whether a received frame or a completed transmission waits on its
     /// ring: two loads, no system call.
     pub(crate) fn anything_arrived(&mut self) -> bool {
