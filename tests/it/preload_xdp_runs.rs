@@ -20,14 +20,26 @@ use serde_json::Value;
 use std::path::Path;
 use std::process::Command;
 
-/// The relays a run starts name their limits on the command line; a
-/// relay started by hand or by another test does not.
-fn run_relays() -> String {
-    let out = Command::new("pgrep")
-        .args(["-af", "relay --max-per-uid"])
-        .output()
-        .expect("pgrep");
-    String::from_utf8_lossy(&out.stdout).into_owned()
+/// The relays left in the testbed's namespaces (a run's relays name their
+/// limits on the command line; a relay started by hand does not), each
+/// as its command line: relays elsewhere on the machine are not this
+/// test's.
+fn run_relays(tb: &Testbed) -> String {
+    let mut left = String::new();
+    for h in &tb.hosts().hosts {
+        let out = Command::new("ip")
+            .args(["netns", "pids", &tb.ns(&h.name)])
+            .output()
+            .expect("ip netns pids");
+        for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            if cmd.contains("relay --max-per-uid") {
+                left.push_str(&format!("{pid} {cmd}\n"));
+            }
+        }
+    }
+    left
 }
 
 /// `netgap run ARGS --hosts @TESTBED --json FILE`: its success, its
@@ -119,7 +131,7 @@ fn nginx_and_gmond_serve_across_testbed_hosts_over_xdp_through_the_relays() {
             "{facts}"
         );
     }
-    assert_eq!(run_relays(), "", "relays left after the web run");
+    assert_eq!(run_relays(&tb), "", "relays left after the web run");
 
     // gmond on the second host, the gatherer on the first.
     let json = dir.path().join("gather.jsonl");
@@ -157,7 +169,7 @@ fn nginx_and_gmond_serve_across_testbed_hosts_over_xdp_through_the_relays() {
         "{}",
         r["warnings"]
     );
-    assert_eq!(run_relays(), "", "relays left after the gather run");
+    assert_eq!(run_relays(&tb), "", "relays left after the gather run");
 
     // netgap's own responder is aimed at IP:PORT: refused over xdp.
     let json = dir.path().join("builtin.jsonl");
