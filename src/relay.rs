@@ -1646,21 +1646,10 @@ mod imp {
         /// byte on its client socket, and through the other relay by a
         /// doorbell on the TCP connection, as its waiters asked.
         fn wake(&self, m: &Moved) -> Result<(), String> {
-            if m.wake_here {
-                let b = [1u8];
-                // SAFETY: a one-byte buffer; a full socket is already
-                // readable, and a closed one means the program is gone.
-                let r = unsafe {
-                    libc::send(
-                        self.client.as_raw_fd(),
-                        b.as_ptr().cast(),
-                        1,
-                        libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-                    )
-                };
-                if r == 1 {
-                    self.bells_here.fetch_add(1, Ordering::Relaxed);
-                }
+            // A full client socket is already readable, and a closed one
+            // means the program is gone.
+            if m.wake_here && send_byte(self.client.as_raw_fd()) {
+                self.bells_here.fetch_add(1, Ordering::Relaxed);
             }
             if m.wake_peer {
                 self.ask_bell()?;
@@ -1677,18 +1666,9 @@ mod imp {
         /// Sends a byte on the TCP connection: the other host's program
         /// wakes.
         fn ring_tcp(&self) {
-            let b = [1u8];
-            // SAFETY: a one-byte buffer; a failure (the connection gone)
-            // shows up in the programs' own calls.
-            let r = unsafe {
-                libc::send(
-                    self.tcp.as_raw_fd(),
-                    b.as_ptr().cast(),
-                    1,
-                    libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-                )
-            };
-            if r == 1 {
+            // A failure (the connection gone) shows up in the programs'
+            // own calls.
+            if send_byte(self.tcp.as_raw_fd()) {
                 self.bells_rung.fetch_add(1, Ordering::Relaxed);
             }
         }
@@ -1711,6 +1691,21 @@ mod imp {
             drop(self.sending());
             self.send_cv.notify_all();
         }
+    }
+
+    /// Sends one wake-up byte on `fd` without waiting; whether it went.
+    fn send_byte(fd: RawFd) -> bool {
+        let b = [1u8];
+        // SAFETY: a one-byte buffer on the stack.
+        let r = unsafe {
+            libc::send(
+                fd,
+                b.as_ptr().cast(),
+                1,
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
+        r == 1
     }
 
     /// The descriptor must be a TCP stream socket.

@@ -113,6 +113,13 @@ fn futex_wait(word: &AtomicU32, expected: u32, timeout_ms: u32) {
     };
 }
 
+/// Sets waiter bit `bit` in `word`, ordered before the caller's next look
+/// at the ring.
+fn announce(word: &AtomicU32, bit: u32) {
+    word.fetch_or(bit, Ordering::Relaxed);
+    fence(Ordering::SeqCst);
+}
+
 /// Clears a waiter word after the index it waits on moved: wakes futex
 /// sleepers at once and says whether a descriptor sleeper needs a doorbell.
 fn take_waiters(word: &AtomicU32) -> bool {
@@ -503,24 +510,14 @@ impl Channel {
     /// Announces that this end is about to wait for data; the caller must
     /// check [`Channel::readable`] again afterwards.
     pub(crate) fn want_data(&self) {
-        self.rx
-            .ctl()
-            .data_waiter
-            .0
-            .fetch_or(WAIT_FD, Ordering::Relaxed);
-        fence(Ordering::SeqCst);
+        announce(&self.rx.ctl().data_waiter.0, WAIT_FD);
     }
 
     /// Announces a wait for data in an epoll that watches the relay
     /// socket (see [`WAIT_BELL`]); the caller must check
     /// [`Channel::readable`] again afterwards.
     pub(crate) fn want_data_bell(&self) {
-        self.rx
-            .ctl()
-            .data_waiter
-            .0
-            .fetch_or(WAIT_BELL, Ordering::Relaxed);
-        fence(Ordering::SeqCst);
+        announce(&self.rx.ctl().data_waiter.0, WAIT_BELL);
     }
 
     /// Announces a blocking wait for data; the caller checks
@@ -582,12 +579,7 @@ impl Channel {
     /// Announces that this end is about to wait for space; the caller must
     /// check [`Channel::tx_full`] again afterwards.
     pub(crate) fn want_space(&self) {
-        self.tx
-            .ctl()
-            .space_waiter
-            .0
-            .fetch_or(WAIT_FD, Ordering::Relaxed);
-        fence(Ordering::SeqCst);
+        announce(&self.tx.ctl().space_waiter.0, WAIT_FD);
     }
 }
 
