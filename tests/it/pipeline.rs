@@ -15,6 +15,13 @@ use serde_json::Value;
 /// through one filter stage of two copies, the copies on `hosts`
 /// (producer, the two filter copies, consumer), one query per repetition.
 fn check_query(r: &Value, query: u64, uow: u64, hosts: &[&str]) {
+    check_record(r, query, uow, 2, hosts);
+}
+
+/// Checks a record of a query of `query` bytes in UOWs of `uow` bytes
+/// through one filter stage of `copies` copies, the copies on `hosts`
+/// (producer, the filter copies, consumer), one query per repetition.
+pub(crate) fn check_record(r: &Value, query: u64, uow: u64, copies: usize, hosts: &[&str]) {
     let reps = r["stats"]["reps"].as_array().map_or(0, Vec::len) as u64;
     let uows = query.div_ceil(uow) as f64;
     assert_eq!(r["test"], "pipeline");
@@ -32,21 +39,22 @@ fn check_query(r: &Value, query: u64, uow: u64, hosts: &[&str]) {
     assert!(p["p50"].as_f64().expect("p50") >= 0.0, "{r}");
     assert!(p["max"].as_f64() >= p["p50"].as_f64(), "{p}");
     let flows = r["flows"].as_array().expect("flows");
-    assert_eq!(flows.len(), 4, "a copy per flow");
+    assert_eq!(flows.len(), copies + 2, "a copy per flow");
     for (f, host) in flows.iter().zip(hosts) {
         assert_eq!(f["host"], *host, "{f}");
     }
-    // The producer sends each query, the consumer receives it, and the two
+    // The producer sends each query, the consumer receives it, and the
     // filter copies share it by demand (bytes of every repetition).
     let all = query * reps;
     assert_eq!(u(&flows[0]["bytes_tx"]), all);
-    assert_eq!(u(&flows[3]["bytes_rx"]), all);
-    let filtered: u64 = flows[1..3].iter().map(|f| u(&f["bytes_rx"])).sum();
+    assert_eq!(u(&flows[copies + 1]["bytes_rx"]), all);
+    let filtered: u64 = flows[1..=copies].iter().map(|f| u(&f["bytes_rx"])).sum();
     assert_eq!(filtered, all);
-    let passed: u64 = flows[1..3].iter().map(|f| u(&f["bytes_tx"])).sum();
+    let passed: u64 = flows[1..=copies].iter().map(|f| u(&f["bytes_tx"])).sum();
     assert_eq!(passed, all);
-    let opts = &r["app"]["options"];
-    assert_eq!(opts["copies"], 2);
+    // The option is recorded when given; one copy is the default.
+    let recorded = r["app"]["options"]["copies"].as_u64().unwrap_or(1);
+    assert_eq!(recorded, copies as u64);
 }
 
 #[test]

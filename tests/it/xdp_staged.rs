@@ -20,34 +20,16 @@
 //! NETGAP_REQUIRE_SYSTEM_TESTS=1 a missing testbed is a failure, as in CI).
 
 use crate::common::testbed::Testbed;
-use crate::common::{metric, netgap, one_line_error, system_ready, u};
+use crate::common::{netgap, one_line_error, system_ready};
 use serde_json::Value;
 
-/// Checks a pipeline record over xdp of `reps` queries of `query` bytes in
-/// UOWs of `uow` bytes, one copy per stage, the copies on `hosts`.
+/// Checks a pipeline record over xdp as every pipeline record is checked
+/// (queries of `query` bytes in UOWs of `uow` bytes, every UOW through
+/// every stage and checked, one copy per stage on `hosts`), and that it
+/// names xdp.
 fn check_pipeline(r: &Value, query: u64, uow: u64, hosts: &[&str]) {
-    assert_eq!(r["test"], "pipeline");
     assert_eq!(r["transport"], "xdp", "the record names the transport");
-    let reps = r["stats"]["reps"].as_array().map_or(0, Vec::len) as u64;
-    assert!(reps >= 1, "{r}");
-    let uows = query.div_ceil(uow) as f64;
-    for stage in ["producer", "filter1", "consumer"] {
-        assert_eq!(metric(r, &format!("{stage}_uows")), uows, "{stage}");
-    }
-    // The consumer checked every byte of the query against the producer's
-    // data through the filter.
-    assert_eq!(metric(r, "verified_bytes") as u64, query);
-    assert!(metric(r, "query_time_ms") > 0.0, "{r}");
-    let flows = r["flows"].as_array().expect("flows");
-    assert_eq!(flows.len(), 3, "a copy per flow");
-    for (f, host) in flows.iter().zip(hosts) {
-        assert_eq!(f["host"], *host, "{f}");
-    }
-    let all = query * reps;
-    assert_eq!(u(&flows[0]["bytes_tx"]), all);
-    assert_eq!(u(&flows[1]["bytes_rx"]), all);
-    assert_eq!(u(&flows[1]["bytes_tx"]), all);
-    assert_eq!(u(&flows[2]["bytes_rx"]), all);
+    crate::pipeline::check_record(r, query, uow, 1, hosts);
 }
 
 /// Checks a pio record over xdp as every pio record is checked
