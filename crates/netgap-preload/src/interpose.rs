@@ -1082,7 +1082,11 @@ pub unsafe extern "C" fn epoll_ctl(
     let r = unsafe { real::epoll_ctl()(epfd, op, fd, event) };
     if r == 0 {
         let e = errno();
-        let interest = if event.is_null() {
+        let interest = if op == libc::EPOLL_CTL_DEL {
+            // Its relay socket leaves the epoll with it.
+            register_bell(epfd, op, fd, 0, 0);
+            None
+        } else if event.is_null() {
             None
         } else {
             // SAFETY: a non-null event is valid for reads (the kernel just
@@ -1091,19 +1095,8 @@ pub unsafe extern "C" fn epoll_ctl(
             Some(Interest {
                 events: ev.events,
                 data: ev.u64,
-                bell: false,
+                bell: register_bell(epfd, op, fd, ev.events, ev.u64),
             })
-        };
-        let interest = match interest {
-            _ if op == libc::EPOLL_CTL_DEL => {
-                register_bell(epfd, op, fd, 0, 0);
-                None
-            }
-            Some(i) => Some(Interest {
-                bell: register_bell(epfd, op, fd, i.events, i.data),
-                ..i
-            }),
-            None => None,
         };
         table::epoll_ctl(epfd, op, fd, interest);
         set_errno(e);
