@@ -185,7 +185,7 @@ mod imp {
     use std::io;
     use std::net::IpAddr;
     use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-    use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
+    use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
     use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard};
     use std::time::{Duration, Instant};
 
@@ -944,12 +944,106 @@ mod imp {
         .to_string())
     }
 
-    /// What a link's writing thread sends.
+    /// What a link's writing thread is given.
     enum Out {
-        /// A whole frame.
+        /// A whole frame to send.
         Frame(Vec<u8>),
         /// Say `LINK_CLOSE` and stop.
         Close,
+        /// A connection's thread could not send on the flow: the link is
+        /// broken.
+        Broken(String),
+    }
+
+    /// How a connection's frame leaves.
+    #[derive(Clone, Copy)]
+    enum Via {
+        /// On this thread when nothing waits in the writing thread's
+        /// queue, waiting for the flow's window if need be: one thread's
+        /// wake-up fewer per message. A connection's own threads.
+        Now,
+        /// Through the writing thread's queue, never waiting: the link's
+        /// receiving thread, which must not wait on the flow (the other
+        /// relay's window opens only as this end reads).
+        Queue,
+    }
+
+    /// The link's way out: every frame in order on the flow's one sending
+    /// half, sent by the thread that has it or queued for the writing
+    /// thread.
+    struct Outbox {
+        queue: mpsc::Sender<Out>,
+        /// Frames in `queue` not yet sent: while any waits, a frame sent
+        /// at once would overtake it (and a connection's `DATA` its own
+        /// earlier frames).
+        queued: AtomicUsize,
+        /// The flow's sending half while the writing thread runs (it takes
+        /// it when it ends, releasing the flow).
+        tx: Mutex<Option<Box<dyn Sender>>>,
+        frames_out: AtomicU64,
+    }
+
+    impl Outbox {
+        fn new(queue: mpsc::Sender<Out>, tx: Option<Box<dyn Sender>>) -> Outbox {
+            Outbox {
+                queue,
+                queued: AtomicUsize::new(0),
+                tx: Mutex::new(tx),
+                frames_out: AtomicU64::new(0),
+            }
+        }
+
+        fn sender(&self) -> MutexGuard<'_, Option<Box<dyn Sender>>> {
+            self.tx.lock().unwrap_or_else(|e| e.into_inner())
+        }
+
+        /// Sends frame `f` on the flow, whose sending half `tx` is locked.
+        fn put(&self, tx: &mut Option<Box<dyn Sender>>, f: &[u8]) -> Result<(), String> {
+            tx.as_mut()
+                .ok_or("the link closed")?
+                .send_all(f)
+                .map_err(|e| format!("sending to the other relay: {e}"))?;
+            self.frames_out.fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        }
+
+        /// Frame `f` leaves `via` that way.
+        fn send(&self, f: Vec<u8>, via: Via) -> Result<(), String> {
+            if let Via::Now = via {
+                let mut tx = self.sender();
+                // Checked under the lock the writing thread sends under,
+                // and counted down only once a queued frame is sent.
+                if self.queued.load(Ordering::SeqCst) == 0 {
+                    return self.put(&mut tx, &f).inspect_err(|e| {
+                        let _ = self.queue.send(Out::Broken(e.clone()));
+                    });
+                }
+            }
+            self.queued.fetch_add(1, Ordering::SeqCst);
+            self.queue.send(Out::Frame(f)).map_err(|_| {
+                self.queued.fetch_sub(1, Ordering::SeqCst);
+                "the link closed".to_string()
+            })
+        }
+
+        /// The writing thread's send of a frame from its queue.
+        fn send_queued(&self, f: &[u8]) -> Result<(), String> {
+            let mut tx = self.sender();
+            self.put(&mut tx, f)?;
+            self.queued.fetch_sub(1, Ordering::SeqCst);
+            Ok(())
+        }
+
+        /// The writing thread's own frame (a keep-alive, the close).
+        fn send_control(&self, kind: Kind) -> Result<(), String> {
+            self.put(&mut self.sender(), &frame::frame(kind, 0, &[]))
+        }
+
+        /// Tells the writing thread to say `LINK_CLOSE` and stop.
+        fn close(&self) {
+            // A closed link's writer is gone: nothing more to say.
+            let _ = self.queue.send(Out::Close);
+        }
     }
 
     /// The link's connections, and since when it has none.
@@ -961,8 +1055,7 @@ mod imp {
     /// One xdp flow to the other host's relay, carrying every relayed
     /// connection between the two hosts.
     struct Link {
-        /// To the writing thread (the only user of the flow's sender).
-        out: mpsc::Sender<Out>,
+        out: Arc<Outbox>,
         /// This relay's end, `IP/MAC/FLOW`: the target a listen names.
         local_name: String,
         /// The other relay's end, from its `LINK_HELLO`.
@@ -987,7 +1080,6 @@ mod imp {
         t0: Instant,
         conns_total: AtomicU64,
         frames_in: AtomicU64,
-        frames_out: AtomicU64,
         unknown_id_frames: AtomicU64,
     }
 
@@ -995,7 +1087,7 @@ mod imp {
         /// A link just up, with no connection yet, its two threads about
         /// to start.
         fn new(
-            out: mpsc::Sender<Out>,
+            out: Arc<Outbox>,
             local_name: String,
             peer_name: String,
             (peer_ip, peer_tcp_ip): (IpAddr, IpAddr),
@@ -1022,7 +1114,6 @@ mod imp {
                 t0: Instant::now(),
                 conns_total: AtomicU64::new(0),
                 frames_in: AtomicU64::new(0),
-                frames_out: AtomicU64::new(0),
                 unknown_id_frames: AtomicU64::new(0),
             }
         }
@@ -1060,7 +1151,7 @@ mod imp {
                 .map_err(|e| format!("the other relay's hello: {peer_name}: {e}"))?;
             let (out, out_rx) = mpsc::channel();
             let link = Arc::new(Link::new(
-                out,
+                Arc::new(Outbox::new(out, Some(tx))),
                 local_name,
                 peer_name,
                 (peer.ip, peer_tcp_ip),
@@ -1083,12 +1174,15 @@ mod imp {
             let w = std::thread::Builder::new()
                 .name("relay-link-out".into())
                 .spawn(move || {
-                    if let Err(e) = writer(&l, tx, &out_rx, ping) {
+                    if let Err(e) = writer(&l, &out_rx, ping) {
                         l.shut(&e);
                     } else {
                         l.shut("closed");
                     }
                     drop(out_rx);
+                    // The flow's sending half goes with the thread: later
+                    // sends fail.
+                    drop(l.out.sender().take());
                     l.thread_done(&h);
                 });
             if let Err(e) = w {
@@ -1146,9 +1240,10 @@ mod imp {
             }
         }
 
+        /// Queues a frame of the link's own (never waits).
         fn push(&self, kind: Kind, id: u32, payload: &[u8]) {
             // A closed link's writer is gone: nothing more to say.
-            let _ = self.out.send(Out::Frame(frame::frame(kind, id, payload)));
+            let _ = self.out.send(frame::frame(kind, id, payload), Via::Queue);
         }
 
         /// Whether the link had no connection for the linger: then it
@@ -1186,7 +1281,7 @@ mod imp {
                         break id;
                     }
                 };
-                let conn = Arc::new(Conn::new(id, ends, self.out.clone(), false));
+                let conn = Arc::new(Conn::new(id, ends, Arc::clone(&self.out), false));
                 c.map.insert(id, Arc::clone(&conn));
                 self.conns_total.fetch_add(1, Ordering::Relaxed);
                 self.push(Kind::Open, id, &key);
@@ -1231,7 +1326,7 @@ mod imp {
                 }
                 return Err(format!("an OPEN with an id in use ({id:#x})"));
             }
-            let conn = Arc::new(Conn::new(id, p.ends, self.out.clone(), true));
+            let conn = Arc::new(Conn::new(id, p.ends, Arc::clone(&self.out), true));
             c.map.insert(id, Arc::clone(&conn));
             self.conns_total.fetch_add(1, Ordering::Relaxed);
             drop(c);
@@ -1268,7 +1363,7 @@ mod imp {
             for c in conns {
                 c.reset(false);
             }
-            let _ = self.out.send(Out::Close);
+            self.out.close();
         }
 
         /// One of the link's two threads ended; the last one (the flow is
@@ -1296,35 +1391,28 @@ mod imp {
                 self.t0.elapsed().as_millis(),
                 self.conns_total.load(Ordering::Relaxed),
                 self.frames_in.load(Ordering::Relaxed),
-                self.frames_out.load(Ordering::Relaxed),
+                self.out.frames_out.load(Ordering::Relaxed),
                 self.unknown_id_frames.load(Ordering::Relaxed),
             );
         }
     }
 
-    /// The link's writing thread: every frame in order, a keep-alive when
-    /// idle, the close after the linger.
-    fn writer(
-        link: &Link,
-        mut tx: Box<dyn Sender>,
-        rx: &mpsc::Receiver<Out>,
-        ping: Duration,
-    ) -> Result<(), String> {
-        let send = |tx: &mut Box<dyn Sender>, f: &[u8]| {
-            tx.send_all(f)
-                .map_err(|e| format!("sending to the other relay: {e}"))
-        };
+    /// The link's writing thread: the frames queued for it in order, a
+    /// keep-alive when the link is idle, the close after the linger.
+    fn writer(link: &Link, rx: &mpsc::Receiver<Out>, ping: Duration) -> Result<(), String> {
+        let out = &link.out;
         let mut last_sent = Instant::now();
+        let mut frames_seen = 0;
         loop {
             match rx.recv_timeout(TICK) {
                 Ok(Out::Frame(f)) => {
-                    send(&mut tx, &f)?;
-                    link.frames_out.fetch_add(1, Ordering::Relaxed);
+                    out.send_queued(&f)?;
                     last_sent = Instant::now();
                     continue;
                 }
+                Ok(Out::Broken(e)) => return Err(e),
                 Ok(Out::Close) | Err(mpsc::RecvTimeoutError::Disconnected) => {
-                    let _ = tx.send_all(&frame::frame(Kind::LinkClose, 0, &[]));
+                    let _ = out.send_control(Kind::LinkClose);
                     return Ok(());
                 }
                 Err(mpsc::RecvTimeoutError::Timeout) => {}
@@ -1334,12 +1422,20 @@ mod imp {
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .get_or_insert_with(|| format!("no connection for {} ms", LINGER.as_millis()));
-                send(&mut tx, &frame::frame(Kind::LinkClose, 0, &[]))?;
+                out.send_control(Kind::LinkClose)?;
                 return Ok(());
             }
-            if last_sent.elapsed() >= ping {
-                send(&mut tx, &frame::frame(Kind::Ping, 0, &[]))?;
+            // What the connections' threads sent themselves keeps the
+            // link alive too.
+            let frames = out.frames_out.load(Ordering::Relaxed);
+            if frames != frames_seen {
+                frames_seen = frames;
                 last_sent = Instant::now();
+            }
+            if last_sent.elapsed() >= ping {
+                out.send_control(Kind::Ping)?;
+                last_sent = Instant::now();
+                frames_seen = out.frames_out.load(Ordering::Relaxed);
             }
         }
     }
@@ -1368,7 +1464,7 @@ mod imp {
                             Ok(Some(n)) => {
                                 // A closed link's writer is gone; the
                                 // reader ends with the link anyway.
-                                let _ = c.push(Kind::Credit, &n.to_le_bytes());
+                                let _ = c.push(Kind::Credit, &n.to_le_bytes(), Via::Queue);
                             }
                             Ok(None) => {}
                             Err(ArriveError::Credit(e)) => return Err(fault(e.to_string())),
@@ -1467,7 +1563,7 @@ mod imp {
         /// The client socket: a byte on it wakes the program where it
         /// waits in an epoll that watches it.
         client: OwnedFd,
-        out: mpsc::Sender<Out>,
+        out: Arc<Outbox>,
         inbox: Mutex<Inbox>,
         inbox_cv: Condvar,
         send: Mutex<SendSide>,
@@ -1488,7 +1584,7 @@ mod imp {
     }
 
     impl Conn {
-        fn new(id: u32, ends: Ends, out: mpsc::Sender<Out>, open: bool) -> Conn {
+        fn new(id: u32, ends: Ends, out: Arc<Outbox>, open: bool) -> Conn {
             let Ends { ring, tcp, client } = ends;
             Conn {
                 id,
@@ -1531,10 +1627,8 @@ mod imp {
             self.send.lock().unwrap_or_else(|e| e.into_inner())
         }
 
-        fn push(&self, kind: Kind, payload: &[u8]) -> Result<(), String> {
-            self.out
-                .send(Out::Frame(frame::frame(kind, self.id, payload)))
-                .map_err(|_| "the link closed".to_string())
+        fn push(&self, kind: Kind, payload: &[u8], via: Via) -> Result<(), String> {
+            self.out.send(frame::frame(kind, self.id, payload), via)
         }
 
         fn broken(&self) -> bool {
@@ -1563,7 +1657,8 @@ mod imp {
                     put = v.len();
                 } else {
                     let m = self.ring.write(&v).map_err(|_| ArriveError::Corrupt)?;
-                    self.wake(&m).map_err(|_| ArriveError::Closed)?;
+                    self.wake(&m, Via::Queue)
+                        .map_err(|_| ArriveError::Closed)?;
                     self.relayed_in_bytes
                         .fetch_add(m.bytes as u64, Ordering::Relaxed);
                     put = m.bytes;
@@ -1644,23 +1739,19 @@ mod imp {
 
         /// Wakes the program waiting for what `m` moved: on this host by a
         /// byte on its client socket, and through the other relay by a
-        /// doorbell on the TCP connection, as its waiters asked.
-        fn wake(&self, m: &Moved) -> Result<(), String> {
+        /// doorbell on the TCP connection, as its waiters asked (asked
+        /// `via` that way).
+        fn wake(&self, m: &Moved, via: Via) -> Result<(), String> {
             // A full client socket is already readable, and a closed one
             // means the program is gone.
             if m.wake_here && send_byte(self.client.as_raw_fd()) {
                 self.bells_here.fetch_add(1, Ordering::Relaxed);
             }
             if m.wake_peer {
-                self.ask_bell()?;
+                self.bells_asked.fetch_add(1, Ordering::Relaxed);
+                self.push(Kind::Bell, &[], via)?;
             }
             Ok(())
-        }
-
-        /// Asks the other relay to wake this side's program.
-        fn ask_bell(&self) -> Result<(), String> {
-            self.bells_asked.fetch_add(1, Ordering::Relaxed);
-            self.push(Kind::Bell, &[])
         }
 
         /// Sends a byte on the TCP connection: the other host's program
@@ -1679,7 +1770,7 @@ mod imp {
         fn reset(&self, tell_peer: bool) {
             if !self.broken.swap(true, Ordering::SeqCst) {
                 if tell_peer {
-                    let _ = self.push(Kind::Reset, &[]);
+                    let _ = self.push(Kind::Reset, &[], Via::Queue);
                 }
                 reset_tcp(self.tcp.as_raw_fd());
                 self.ring.closing();
@@ -1896,10 +1987,10 @@ mod imp {
                     .map_err(corrupt)?;
                 if m.bytes > 0 {
                     c.sending().flow.spend(m.bytes as u32);
-                    c.push(Kind::Data, &buf[..m.bytes])?;
+                    c.push(Kind::Data, &buf[..m.bytes], Via::Now)?;
                     c.relayed_out_bytes
                         .fetch_add(m.bytes as u64, Ordering::Relaxed);
-                    c.wake(&m)?;
+                    c.wake(&m, Via::Now)?;
                     continue;
                 }
             }
@@ -1915,7 +2006,7 @@ mod imp {
             if closing {
                 // Every byte the program wrote was published before its
                 // close, and is sent.
-                c.push(Kind::End, &[])?;
+                c.push(Kind::End, &[], Via::Now)?;
                 return Ok(());
             }
             if wait_client(client, TICK.as_millis() as libc::c_int).is_err() {
@@ -1969,7 +2060,7 @@ mod imp {
             c.relayed_in_bytes
                 .fetch_add(v.len() as u64, Ordering::Relaxed);
             if let Some(n) = back {
-                c.push(Kind::Credit, &n.to_le_bytes())?;
+                c.push(Kind::Credit, &n.to_le_bytes(), Via::Now)?;
             }
         }
     }
@@ -1990,7 +2081,7 @@ mod imp {
                 .ring
                 .write(data)
                 .map_err(|Corrupt| "the program's ring is corrupt")?;
-            c.wake(&m)?;
+            c.wake(&m, Via::Now)?;
             if m.bytes > 0 {
                 data = &data[m.bytes..];
                 round = 0;
@@ -2366,7 +2457,7 @@ mod imp {
         fn link() -> (Arc<Link>, mpsc::Receiver<Out>) {
             let (out, rx) = mpsc::channel();
             let link = Arc::new(Link::new(
-                out,
+                Arc::new(Outbox::new(out, None)),
                 "10.0.0.2/02:00:00:00:00:02/7".into(),
                 "10.0.0.1/02:00:00:00:00:01/7".into(),
                 ("10.0.0.1".parse().unwrap(), "10.0.1.1".parse().unwrap()),
@@ -2378,7 +2469,7 @@ mod imp {
 
         /// An open connection `id` on `link`.
         fn conn(link: &Link, id: u32) -> Arc<Conn> {
-            let c = Arc::new(Conn::new(id, ends(), link.out.clone(), true));
+            let c = Arc::new(Conn::new(id, ends(), Arc::clone(&link.out), true));
             link.lock().map.insert(id, Arc::clone(&c));
             c
         }
@@ -2396,7 +2487,7 @@ mod imp {
                             frame::decode(&f[..frame::HEADER_BYTES].try_into().unwrap()).unwrap();
                         Some((h.kind, h.id))
                     }
-                    Out::Close => None,
+                    Out::Close | Out::Broken(_) => None,
                 })
                 .collect()
         }
@@ -2522,6 +2613,46 @@ mod imp {
             let own = frame::frame(Kind::Open, 3, &[5u8; frame::KEY_BYTES]);
             let e = reader(&link, &hub, &mut script(&[own])).unwrap_err();
             assert!(e.contains("an id of this end"), "{e}");
+        }
+
+        /// A flow's sending half that keeps what it is given.
+        struct Wire(Arc<Mutex<Vec<u8>>>);
+
+        impl Sender for Wire {
+            fn send_some(&mut self, buf: &[u8]) -> Result<usize, crate::transport::FlowError> {
+                self.0.lock().unwrap().extend_from_slice(buf);
+                Ok(buf.len())
+            }
+        }
+
+        /// A connection's frame goes out on its own thread only when
+        /// nothing waits in the writing thread's queue: it never overtakes
+        /// a queued frame.
+        #[test]
+        fn a_frame_sent_at_once_never_overtakes_a_queued_one() {
+            let wire = Arc::new(Mutex::new(Vec::new()));
+            let (q, rx) = mpsc::channel();
+            let out = Outbox::new(q, Some(Box::new(Wire(Arc::clone(&wire)))));
+            let f = |id| frame::frame(Kind::Bell, id, &[]);
+            out.send(f(1), Via::Now).unwrap();
+            assert_eq!(*wire.lock().unwrap(), f(1));
+            // The receiving thread's frame waits for the writing thread;
+            // what a connection sends after it waits behind it.
+            out.send(f(2), Via::Queue).unwrap();
+            out.send(f(3), Via::Now).unwrap();
+            assert_eq!(*wire.lock().unwrap(), f(1));
+            for o in rx.try_iter() {
+                let Out::Frame(fr) = o else { panic!() };
+                out.send_queued(&fr).unwrap();
+            }
+            out.send(f(4), Via::Now).unwrap();
+            assert_eq!(*wire.lock().unwrap(), [f(1), f(2), f(3), f(4)].concat());
+            assert_eq!(out.frames_out.load(Ordering::Relaxed), 4);
+            // The writing thread gone with the flow's half: a send fails
+            // and says the link is broken.
+            drop(out.sender().take());
+            assert!(out.send(f(5), Via::Now).is_err());
+            assert!(matches!(rx.try_recv(), Ok(Out::Broken(_))));
         }
 
         #[test]
