@@ -25,9 +25,12 @@
 //! been exchanged). A link's states:
 //! none; opening (a listen waits for the other relay's flow, or a connect
 //! opens one; further requests for that host wait for it, at most 4 s);
-//! up (one thread writes every frame, in order, from a queue, with a
-//! keep-alive when idle; one thread reads and dispatches frames by
-//! connection id and never waits on a program). A listen names this relay's end of the link
+//! up (frames go out in order on the flow's one sending half: a
+//! connection's own thread sends its frame itself when nothing is queued,
+//! sparing a thread's wake-up per message; one thread sends what is
+//! queued, a keep-alive when idle, and the close; one thread reads and
+//! dispatches frames by connection id, never waits on a program nor on
+//! the flow, and queues what it sends). A listen names this relay's end of the link
 //! (`IP/MAC/FLOW`, the flow id being the listening end's, which both ends
 //! name; each end learns the other's from the `LINK_HELLO` that opens the
 //! link) and waits for the other relay's `OPEN` naming the connection's
@@ -1657,8 +1660,7 @@ mod imp {
                     put = v.len();
                 } else {
                     let m = self.ring.write(&v).map_err(|_| ArriveError::Corrupt)?;
-                    self.wake(&m, Via::Queue)
-                        .map_err(|_| ArriveError::Closed)?;
+                    self.wake(&m, Via::Queue).map_err(|_| ArriveError::Closed)?;
                     self.relayed_in_bytes
                         .fetch_add(m.bytes as u64, Ordering::Relaxed);
                     put = m.bytes;
