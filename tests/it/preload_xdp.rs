@@ -354,6 +354,49 @@ fn nginx_and_curl_across_hosts_through_the_relays_then_without_a_relay_on_kernel
         r_in.iter().chain(&r_out).all(|b| *b > 1 << 20),
         "{r_in:?} {r_out:?}"
     );
+    // curl waits in poll, where the library watches each connection's
+    // relay socket beside it: its relay wakes it on its own host, every
+    // connection.
+    let here = counters_of(&r1_log, "connection closed", "bells_here", 3);
+    assert!(
+        here.len() == 3 && here.iter().all(|n| *n > 0),
+        "curl's relay woke it on its own host: {here:?}\n{}",
+        std::fs::read_to_string(&r1_log).unwrap_or_default()
+    );
+    // A program waiting in select (python's `select.select`) likewise.
+    let py_log = dir.path().join("select.log");
+    let script = format!(
+        "import socket, select\n\
+         s = socket.create_connection(('{ip}', 8080))\n\
+         s.sendall(b'GET /f1m HTTP/1.0\\r\\n\\r\\n')\n\
+         n = 0\n\
+         while True:\n\
+         \x20   r, _, _ = select.select([s], [], [], 10)\n\
+         \x20   assert r, 'select timed out'\n\
+         \x20   b = s.recv(65536)\n\
+         \x20   if not b:\n\
+         \x20       break\n\
+         \x20   n += len(b)\n\
+         print(n)\n"
+    );
+    let out = wrapped(&cns, "/usr/bin/python3", &["-c", &script], &py_log)
+        .output()
+        .expect("python3 runs");
+    let got = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && got.trim().parse::<u64>().is_ok_and(|n| n > 1 << 20),
+        "{got}{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        std::fs::read_to_string(&py_log).unwrap_or_default()
+    );
+    let py = std::fs::read_to_string(&py_log).unwrap_or_default();
+    assert!(py.contains("moved to xdp via the relay"), "{py}");
+    let here = counters_of(&r1_log, "connection closed", "bells_here", 4);
+    assert!(
+        here.len() == 4 && here[3] > 0,
+        "the select waiter's relay woke it on its own host: {here:?}\n{}",
+        std::fs::read_to_string(&r1_log).unwrap_or_default()
+    );
 
     // wrk (epoll, keep-alive), wrapped too, over one connection.
     if Path::new("/usr/bin/wrk").exists() {

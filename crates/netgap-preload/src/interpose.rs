@@ -874,7 +874,7 @@ fn left_ms(timeout: c_int, start: std::time::Instant) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn poll(fds: *mut pollfd, nfds: nfds_t, timeout: c_int) -> c_int {
     // SAFETY: the program's own arguments; `wait` is the real poll on them.
-    unsafe { shm_poll(fds, nfds, timeout, |t| real::poll()(fds, nfds, t)) }
+    unsafe { shm_poll(fds, nfds, timeout, |f, n, t| real::poll()(f, n, t)) }
 }
 
 /// `ppoll(2)`: as [`poll`], the signal mask passed on.
@@ -903,24 +903,30 @@ pub unsafe extern "C" fn ppoll(
     // SAFETY: the program's own arguments; `wait` is the real ppoll on
     // them with a timeout of `t` ms.
     unsafe {
-        shm_poll(fds, nfds, ms, |t| {
+        shm_poll(fds, nfds, ms, |f, n, t| {
             if t < 0 {
-                real::ppoll()(fds, nfds, std::ptr::null(), sigmask)
+                real::ppoll()(f, n, std::ptr::null(), sigmask)
             } else if t == ms && !timeout.is_null() {
-                real::ppoll()(fds, nfds, timeout, sigmask)
+                real::ppoll()(f, n, timeout, sigmask)
             } else {
                 let ts = libc::timespec {
                     tv_sec: (t / 1000).into(),
                     tv_nsec: libc::c_long::from(t % 1000) * 1_000_000,
                 };
-                real::ppoll()(fds, nfds, &ts, sigmask)
+                real::ppoll()(f, n, &ts, sigmask)
             }
         })
     }
 }
 
-/// The shared body of `poll` and `ppoll`: `wait(timeout_ms)` is the real
-/// call on the program's set.
+/// The shared body of `poll` and `ppoll`: `wait(set, len, timeout_ms)` is
+/// the real call.
+///
+/// A relayed connection's socket to its relay is watched beside the
+/// connection (the set passed on is the program's with those sockets
+/// after it), so its relay wakes the wait with a byte on it, on this host,
+/// as for epoll, instead of asking the other host's relay for a doorbell
+/// on the TCP connection.
 ///
 /// # Safety
 ///
@@ -929,10 +935,10 @@ unsafe fn shm_poll(
     fds: *mut pollfd,
     nfds: nfds_t,
     timeout: c_int,
-    wait: impl Fn(c_int) -> c_int,
+    wait: impl Fn(*mut pollfd, nfds_t, c_int) -> c_int,
 ) -> c_int {
     if fds.is_null() || nfds == 0 {
-        return wait(timeout);
+        return wait(fds, nfds, timeout);
     }
     // SAFETY: poll's contract: `fds` holds `nfds` valid entries.
     let set = unsafe { std::slice::from_raw_parts_mut(fds, nfds as usize) };
@@ -946,8 +952,17 @@ unsafe fn shm_poll(
         })
         .collect();
     if shm.is_empty() {
-        return wait(timeout);
+        return wait(fds, nfds, timeout);
     }
+    // The relay sockets to watch: (the connection's place in `shm`, its
+    // socket to the relay).
+    let bells: Vec<(usize, c_int)> = shm
+        .iter()
+        .enumerate()
+        .filter(|(_, (_, c))| c.bell() >= 0)
+        .map(|(k, (_, c))| (k, c.bell()))
+        .collect();
+    let mut with_bells: Vec<pollfd> = Vec::new();
     let start = std::time::Instant::now();
     let mut spun = timeout == 0;
     loop {
@@ -964,7 +979,13 @@ unsafe fn shm_poll(
         if ready.is_empty() {
             ready = shm
                 .iter()
-                .filter(|(_, c)| c.arm_read())
+                .filter(|(_, c)| {
+                    if c.bell() >= 0 {
+                        c.arm_read_bell()
+                    } else {
+                        c.arm_read()
+                    }
+                })
                 .map(|(i, _)| *i)
                 .collect();
         }
@@ -973,12 +994,42 @@ unsafe fn shm_poll(
         } else {
             0
         };
-        let r = wait(t);
+        let r = if bells.is_empty() {
+            wait(fds, nfds, t)
+        } else {
+            // SAFETY: as above.
+            let set = unsafe { std::slice::from_raw_parts(fds, nfds as usize) };
+            with_bells.clear();
+            with_bells.extend_from_slice(set);
+            with_bells.extend(bells.iter().map(|&(_, bell)| pollfd {
+                fd: bell,
+                events: libc::POLLIN,
+                revents: 0,
+            }));
+            wait(with_bells.as_mut_ptr(), with_bells.len() as nfds_t, t)
+        };
         if r < 0 {
             return r;
         }
         // SAFETY: as above; the real poll wrote only `revents`.
         let set = unsafe { std::slice::from_raw_parts_mut(fds, nfds as usize) };
+        if !bells.is_empty() {
+            for (p, w) in set.iter_mut().zip(&with_bells) {
+                p.revents = w.revents;
+            }
+            for (k, &(shm_at, _)) in bells.iter().enumerate() {
+                let rung = with_bells[set.len() + k].revents;
+                let i = shm[shm_at].0;
+                if rung & libc::POLLIN != 0 {
+                    // A byte from the relay: `settle` below drains it and
+                    // says whether the ring has something.
+                    set[i].revents |= libc::POLLIN;
+                } else if rung != 0 {
+                    // The relay is gone, and the connection with it.
+                    set[i].revents |= libc::POLLHUP;
+                }
+            }
+        }
         for (i, c) in &shm {
             if set[*i].revents & libc::POLLIN != 0 && !settle(set[*i].fd, c) {
                 set[*i].revents &= !(libc::POLLIN | libc::POLLRDNORM);
@@ -1024,6 +1075,9 @@ pub unsafe extern "C" fn select(
         // SAFETY: the program's own arguments, passed on.
         return unsafe { real::select()(nfds, readfds, writefds, exceptfds, timeout) };
     }
+    // A relayed connection's socket to its relay is watched beside it (as
+    // in `poll`), where the set has room for it.
+    let has_bell = |c: &Conn| (0..libc::FD_SETSIZE as c_int).contains(&c.bell());
     let mut ready: Vec<c_int> = shm
         .iter()
         .filter(|(_, c)| c.read_ready())
@@ -1032,13 +1086,23 @@ pub unsafe extern "C" fn select(
     if ready.is_empty() {
         ready = shm
             .iter()
-            .filter(|(_, c)| c.arm_read())
+            .filter(|(_, c)| {
+                if has_bell(c) {
+                    c.arm_read_bell()
+                } else {
+                    c.arm_read()
+                }
+            })
             .map(|(fd, _)| *fd)
             .collect();
     }
     if ready.is_empty() {
-        // SAFETY: the program's own arguments, passed on.
-        return unsafe { real::select()(nfds, readfds, writefds, exceptfds, timeout) };
+        if !shm.iter().any(|(_, c)| has_bell(c)) {
+            // SAFETY: the program's own arguments, passed on.
+            return unsafe { real::select()(nfds, readfds, writefds, exceptfds, timeout) };
+        }
+        // SAFETY: the program's sets, valid (select's contract).
+        return unsafe { select_with_bells(nfds, (readfds, writefds, exceptfds), timeout, &shm) };
     }
     let mut zero = timeval {
         tv_sec: 0,
@@ -1053,16 +1117,112 @@ pub unsafe extern "C" fn select(
         // SAFETY: `readfds` is valid and `fd < FD_SETSIZE`.
         unsafe { libc::FD_SET(fd, readfds) };
     }
-    let count = |s: *mut fd_set| -> c_int {
-        if s.is_null() {
-            return 0;
-        }
+    // SAFETY: valid sets or null.
+    unsafe { fds_in(readfds, limit) + fds_in(writefds, limit) + fds_in(exceptfds, limit) }
+}
+
+/// The sets a `select` is given: read, write, exceptions.
+type FdSets = (*mut fd_set, *mut fd_set, *mut fd_set);
+
+/// Counts the descriptors below `limit` set in `s` (null: none).
+///
+/// # Safety
+///
+/// `s` null or a valid set.
+unsafe fn fds_in(s: *const fd_set, limit: c_int) -> c_int {
+    if s.is_null() {
+        return 0;
+    }
+    (0..limit.min(libc::FD_SETSIZE as c_int))
         // SAFETY: a valid set, indices below FD_SETSIZE.
-        (0..limit)
-            .filter(|&fd| unsafe { libc::FD_ISSET(fd, s) })
-            .count() as c_int
+        .filter(|&fd| unsafe { libc::FD_ISSET(fd, s) })
+        .count() as c_int
+}
+
+/// `select`'s sleep when the read set holds relayed connections: their
+/// relay sockets are watched too, and one that wakes marks its
+/// connection readable if its ring has something (else the wait goes on
+/// with what is left of the timeout, which Linux's select keeps
+/// updated).
+///
+/// # Safety
+///
+/// As for the C library's `select`; `sets.0` is not null.
+unsafe fn select_with_bells(
+    nfds: c_int,
+    (readfds, writefds, exceptfds): FdSets,
+    timeout: *mut timeval,
+    shm: &[(c_int, Arc<Conn>)],
+) -> c_int {
+    let bells: Vec<(c_int, &Arc<Conn>)> = shm
+        .iter()
+        .filter(|(_, c)| (0..libc::FD_SETSIZE as c_int).contains(&c.bell()))
+        .map(|(fd, c)| (*fd, c))
+        .collect();
+    let top = bells
+        .iter()
+        .map(|(_, c)| c.bell() + 1)
+        .fold(nfds, c_int::max);
+    // SAFETY: valid sets (the caller's contract), copied by value.
+    let (want_r, want_w, want_e) = unsafe {
+        (
+            *readfds,
+            (!writefds.is_null()).then(|| *writefds),
+            (!exceptfds.is_null()).then(|| *exceptfds),
+        )
     };
-    count(readfds) + count(writefds) + count(exceptfds)
+    loop {
+        let mut rs = want_r;
+        for (_, c) in &bells {
+            // SAFETY: `rs` is a set and the socket is below FD_SETSIZE.
+            unsafe { libc::FD_SET(c.bell(), &mut rs) };
+        }
+        // SAFETY: the program's write and exception sets, restored for
+        // each try; our own copy of its read set.
+        let r = unsafe {
+            if let Some(w) = want_w {
+                *writefds = w;
+            }
+            if let Some(e) = want_e {
+                *exceptfds = e;
+            }
+            real::select()(top, &mut rs, writefds, exceptfds, timeout)
+        };
+        if r < 0 {
+            return r;
+        }
+        for (fd, c) in &bells {
+            // SAFETY: as above.
+            if unsafe { libc::FD_ISSET(c.bell(), &rs) } {
+                // SAFETY: as above.
+                unsafe { libc::FD_CLR(c.bell(), &mut rs) };
+                if settle(*fd, c) {
+                    // SAFETY: `fd` is below FD_SETSIZE (it was in the set).
+                    unsafe { libc::FD_SET(*fd, &mut rs) };
+                }
+            }
+        }
+        // SAFETY: the program's read set, valid.
+        unsafe { *readfds = rs };
+        // SAFETY: valid sets or null.
+        let n = unsafe { fds_in(readfds, nfds) + fds_in(writefds, nfds) + fds_in(exceptfds, nfds) };
+        if n > 0 || r == 0 {
+            return n;
+        }
+        // Only a wake-up for nothing (a late one): arm and wait again.
+        let ready: Vec<c_int> = bells
+            .iter()
+            .filter(|(_, c)| c.arm_read_bell())
+            .map(|(fd, _)| *fd)
+            .collect();
+        if !ready.is_empty() {
+            for fd in &ready {
+                // SAFETY: as above.
+                unsafe { libc::FD_SET(*fd, readfds) };
+            }
+            return ready.len() as c_int;
+        }
+    }
 }
 
 /// `epoll_ctl(2)`: registrations are recorded so [`epoll_wait`] can report
