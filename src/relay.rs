@@ -66,10 +66,11 @@
 //! connections × 256 KiB. The program's doorbells arrive on its socket to
 //! the relay. The relay wakes a program waiting in an epoll with a byte on
 //! that same socket, which the library registers in the program's epoll
-//! beside the connection (with the program's data), on this host; a
-//! program waiting in poll or select is woken by asking the other relay
-//! to send one byte on the TCP connection, the only other thing that
-//! makes the program's descriptor readable. The end: the program's last close
+//! beside the connection (with the program's data) or adds to the set of
+//! its poll or select, on this host; where the library could not watch
+//! that socket, the program is woken by asking the other relay to send
+//! one byte on the TCP connection, the only other thing that makes the
+//! program's descriptor readable. The end: the program's last close
 //! closes its relay socket; the relay sends what is left and an end
 //! frame; the other relay delivers everything, then shuts the receiving
 //! side of its TCP socket, which its program reads as the end of the

@@ -24,9 +24,11 @@
 //! relay's socket (`Conn::with_bell`). Where the program waits in an
 //! epoll, that socket is registered in it beside the connection, with the
 //! program's data (`interpose::register_bell`), and the relay wakes the
-//! program with a byte on it, on this host; a wait in poll or select is
-//! woken by the other host's relay sending a byte on the TCP connection,
-//! the only other thing that makes the program's descriptor readable. The relay
+//! program with a byte on it, on this host; a wait in poll or select
+//! watches it too (`interpose::shm_poll`, `select_with_bells`). Where it
+//! cannot be watched, the wait is woken by the other host's relay sending
+//! a byte on the TCP connection, the only other thing that makes the
+//! program's descriptor readable. The relay
 //! also holds a duplicate of the TCP socket, so the kernel sends the FIN
 //! only once the relay has delivered every byte.
 //!
