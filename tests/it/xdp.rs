@@ -475,6 +475,13 @@ fn forged_frames_from_the_switch_neither_corrupt_nor_end_a_flow() {
     ] {
         assert!(n > 0, "no forged {what} frame went out: {forged:?}");
     }
+    // The records say the ports dropped frames while they ran: the forged
+    // ones that reached them.
+    let dropped: u64 = recs
+        .iter()
+        .map(|r| n(&r["datagrams"]["client"]["dropped"]) + n(&r["datagrams"]["server"]["dropped"]))
+        .sum();
+    assert!(dropped > 0, "no record counts a dropped frame");
     let _ = tb.down();
     tb.assert_gone();
 }

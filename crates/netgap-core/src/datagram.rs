@@ -31,6 +31,14 @@ pub struct DatagramStats {
     /// Re-sends this end made (after its retry timeout, or to answer a peer
     /// that asked); included in `datagrams_sent`.
     pub retries: u64,
+    /// Frames that reached this end's receiver and no flow took: the
+    /// kernel's drops on the way to an xdp socket (its receive ring full,
+    /// no buffer to fill), and the port's own (for no open session, from
+    /// the wrong peer, failing authentication). Counted for the whole
+    /// port: with several flows on one, each reports them all. Not among
+    /// `datagrams_received`.
+    #[serde(default)]
+    pub dropped: u64,
 }
 
 impl DatagramStats {
@@ -46,6 +54,7 @@ impl DatagramStats {
             reordered: self.reordered.saturating_sub(earlier.reordered),
             duplicates: self.duplicates.saturating_sub(earlier.duplicates),
             retries: self.retries.saturating_sub(earlier.retries),
+            dropped: self.dropped.saturating_sub(earlier.dropped),
         }
     }
 
@@ -61,6 +70,7 @@ impl DatagramStats {
             reordered: self.reordered.saturating_add(other.reordered),
             duplicates: self.duplicates.saturating_add(other.duplicates),
             retries: self.retries.saturating_add(other.retries),
+            dropped: self.dropped.saturating_add(other.dropped),
         }
     }
 

@@ -115,7 +115,7 @@ pub struct DatagramCounts {
 impl DatagramCounts {
     /// A short note for a table when anything went wrong on the wire, such as
     /// `lost 1.25% (40 dgrams), reordered 2, retries 3`; `None` when
-    /// nothing was lost, reordered, duplicated or re-sent. The loss rate is
+    /// nothing was lost, reordered, duplicated, re-sent or dropped. The loss rate is
     /// of the datagrams due for delivery at both ends.
     pub fn note(&self) -> Option<String> {
         let (c, s) = (&self.client, &self.server);
@@ -123,6 +123,7 @@ impl DatagramCounts {
         let reordered = c.reordered + s.reordered;
         let duplicates = c.duplicates + s.duplicates;
         let retries = c.retries + s.retries;
+        let dropped = c.dropped + s.dropped;
         let mut parts = Vec::new();
         if lost > 0 {
             let delivered = (c.datagrams_received + s.datagrams_received)
@@ -134,6 +135,7 @@ impl DatagramCounts {
             (reordered, "reordered"),
             (duplicates, "duplicates"),
             (retries, "retries"),
+            (dropped, "dropped"),
         ] {
             if n > 0 {
                 parts.push(format!("{what} {n}"));
@@ -768,12 +770,13 @@ mod tests {
                 lost: 5,
                 lost_bytes: 5 * 1024,
                 reordered: 1,
+                dropped: 3,
                 ..clean
             },
         };
         assert_eq!(
             lossy.note().as_deref(),
-            Some("lost 2.50% (5 dgrams), reordered 1, retries 2")
+            Some("lost 2.50% (5 dgrams), reordered 1, retries 2, dropped 3")
         );
     }
 }

@@ -375,6 +375,7 @@ mod tests {
                     reordered: 1,
                     duplicates: 0,
                     retries: 1,
+                    dropped: 4,
                 }),
             },
             Reply::Closed,

@@ -1376,6 +1376,7 @@ mod tests {
                 reordered: 1,
                 duplicates: 2,
                 retries: 3,
+                dropped: 5,
             });
             let reply = wire_reply(&agent.role_done(bytes, bytes, cpu, datagrams).unwrap());
             assert_eq!(

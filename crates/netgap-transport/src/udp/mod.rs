@@ -153,8 +153,31 @@ impl Counters {
             reordered: get(&self.reordered),
             duplicates: get(&self.duplicates),
             retries: get(&self.retries),
+            dropped: 0,
         }
     }
+}
+
+/// Datagrams the kernel dropped at `socket` since it opened (its receive
+/// buffer full): `SO_MEMINFO`'s drop count; `None` when the kernel does not
+/// say.
+fn kernel_drops(socket: &UdpSocket) -> Option<u64> {
+    // `SK_MEMINFO_DROPS` of linux/sock_diag.h: the ninth of the counters.
+    const SK_MEMINFO_DROPS: usize = 8;
+    let mut info = [0u32; 9];
+    let mut len = std::mem::size_of_val(&info) as libc::socklen_t;
+    // SAFETY: `info` is valid for writes of `len` bytes, and the kernel
+    // writes at most `len` of them.
+    let rc = unsafe {
+        libc::getsockopt(
+            std::os::fd::AsRawFd::as_raw_fd(socket),
+            libc::SOL_SOCKET,
+            libc::SO_MEMINFO,
+            info.as_mut_ptr().cast(),
+            &mut len,
+        )
+    };
+    (rc == 0 && len as usize > SK_MEMINFO_DROPS * 4).then(|| u64::from(info[SK_MEMINFO_DROPS]))
 }
 
 /// The sending direction's state.
@@ -746,7 +769,10 @@ impl Shared {
 
 impl FlowMonitor for Shared {
     fn datagram_stats(&self) -> DatagramStats {
-        self.counters.snapshot()
+        DatagramStats {
+            dropped: kernel_drops(&self.socket).unwrap_or(0),
+            ..self.counters.snapshot()
+        }
     }
 
     fn serve_idle(&self, wake: BorrowedFd<'_>, max_wait: Duration) -> Result<(), FlowError> {

@@ -143,6 +143,9 @@ pub(crate) struct PortIo {
     scratch_frames: Vec<u8>,
     scratch_taken: Vec<Pending>,
     scratch_ack: AckOutcome,
+    /// Frames for a session from anyone but its peer, or failing
+    /// authentication: dropped.
+    strays: u64,
 }
 
 impl PortIo {
@@ -174,6 +177,7 @@ impl PortIo {
             scratch_frames: Vec::new(),
             scratch_taken: Vec::with_capacity(RX_BATCH as usize),
             scratch_ack: AckOutcome::default(),
+            strays: 0,
         })
     }
 
@@ -478,11 +482,9 @@ impl Session {
             }
             return;
         };
-        if h.src_flow != peer.flow || src != peer.mac {
-            return;
-        }
-        if !self.guard.admit(raw) {
+        if h.src_flow != peer.flow || src != peer.mac || !self.guard.admit(raw) {
             // Not the peer's (or altered on the way): as if never arrived.
+            io.strays += 1;
             return;
         }
         match h.kind {
@@ -732,6 +734,18 @@ impl PortState {
         id.map_err(io::Error::other)
     }
 
+    /// Frames that reached the port and no session took, since it opened:
+    /// the kernel's drops, frames for no session, and frames for a session
+    /// from anyone but its peer or failing authentication.
+    fn dropped_frames(&self) -> u64 {
+        self.io
+            .xsk
+            .kernel_drops()
+            .unwrap_or(0)
+            .saturating_add(self.table.drops().unknown_flow_frames)
+            .saturating_add(self.io.strays)
+    }
+
     /// The session of flow `id` and the socket side.
     fn session(&mut self, id: u16) -> Result<(&mut PortIo, &mut Session), FlowError> {
         let i = self.table.index(id).ok_or_else(|| {
@@ -795,6 +809,7 @@ impl PortState {
         bytes.clear();
         taken.clear();
         let table = &mut self.table;
+        let mut strays = 0u64;
         io.xsk.receive(RX_BATCH, &mut slots, |frame| {
             // Only netgap's frames are looked at.
             if frame.len() < FRAME_OVERHEAD_BYTES
@@ -807,7 +822,7 @@ impl PortState {
             };
             match take_data(table, &p, frame, now) {
                 Take::Taken => taken.push(Pending::Taken(p.header)),
-                Take::Dropped => {}
+                Take::Dropped => strays += 1,
                 Take::Later => {
                     bytes.extend_from_slice(frame);
                     taken.push(Pending::Copied(bytes.len()));
@@ -826,6 +841,7 @@ impl PortState {
             }
         }
         io.scratch_slots = slots;
+        io.strays += strays;
         let mut start = 0;
         for pending in &taken {
             match *pending {
@@ -1355,7 +1371,10 @@ impl FlowMonitor for Monitor {
             .upgrade()
             .and_then(|s| {
                 let mut st = s.port.lock();
-                st.session(s.id).ok().map(|(_, s)| s.stats)
+                let dropped = st.dropped_frames();
+                st.session(s.id)
+                    .ok()
+                    .map(|(_, s)| DatagramStats { dropped, ..s.stats })
             })
             .unwrap_or_default()
     }

@@ -333,6 +333,35 @@ impl Xsk {
         self.fd
     }
 
+    /// Frames the kernel dropped on their way to this socket since it
+    /// opened (no buffer on the fill ring, or the receive ring full);
+    /// `None` when the kernel does not say.
+    pub(crate) fn kernel_drops(&self) -> Option<u64> {
+        // `struct xdp_statistics` of linux/if_xdp.h: rx_dropped,
+        // rx_invalid_descs, tx_invalid_descs, rx_ring_full, then two
+        // counters of the fill and TX rings being empty. A kernel older
+        // than the ring-full counter writes fewer bytes.
+        const XDP_STATISTICS: libc::c_int = 7;
+        let mut st = [0u64; 6];
+        let mut len = std::mem::size_of_val(&st) as libc::socklen_t;
+        // SAFETY: `st` is valid for writes of `len` bytes, and the kernel
+        // writes at most `len` of them.
+        let rc = unsafe {
+            libc::getsockopt(
+                self.fd,
+                libc::SOL_XDP,
+                XDP_STATISTICS,
+                st.as_mut_ptr().cast(),
+                &mut len,
+            )
+        };
+        if rc != 0 {
+            return None;
+        }
+        let ring_full = if len as usize >= 4 * 8 { st[3] } else { 0 };
+        Some(st[0].saturating_add(ring_full))
+    }
+
     /// Where libxdp attached the program that steers frames to it.
     pub(crate) fn attach(&self) -> Attach {
         self.attach
