@@ -491,6 +491,9 @@ pub(super) fn serve(
         }
         server.drain(socket, rate);
     }
+    // What the worker's socket turned away (its receive queue full): the
+    // first thing to overflow with many clients.
+    server.stats.dropped = crate::udp::kernel_drops(socket).unwrap_or(0);
     Ok(server.totals())
 }
 

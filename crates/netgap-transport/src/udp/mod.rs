@@ -161,7 +161,7 @@ impl Counters {
 /// Datagrams the kernel dropped at `socket` since it opened (its receive
 /// buffer full): `SO_MEMINFO`'s drop count; `None` when the kernel does not
 /// say.
-fn kernel_drops(socket: &UdpSocket) -> Option<u64> {
+pub(crate) fn kernel_drops(socket: &UdpSocket) -> Option<u64> {
     // `SK_MEMINFO_DROPS` of linux/sock_diag.h: the ninth of the counters.
     const SK_MEMINFO_DROPS: usize = 8;
     let mut info = [0u32; 9];
@@ -1086,6 +1086,24 @@ mod tests {
             options: TransportOptions::default(),
             io_timeout,
         }
+    }
+
+    /// A socket whose small receive buffer is never read turns datagrams
+    /// away, and says how many.
+    #[test]
+    fn the_kernels_drops_at_a_full_socket_are_counted() {
+        let rx = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind");
+        socket2::SockRef::from(&rx)
+            .set_recv_buffer_size(4096)
+            .expect("rcvbuf");
+        assert_eq!(kernel_drops(&rx), Some(0));
+        let tx = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind");
+        let to = rx.local_addr().expect("addr");
+        for _ in 0..200 {
+            tx.send_to(&[7u8; 1024], to).expect("send");
+        }
+        let dropped = kernel_drops(&rx).expect("the kernel says");
+        assert!(dropped > 100, "{dropped} of 200 turned away");
     }
 
     /// A connected pair: (coordinator end, agent end).
