@@ -11,8 +11,15 @@
 # and of the client host's role (the load generator, and its relay), then
 # the medians and xdp's ratio to tcp.
 #
+# Then, when sockperf is installed (LATENCY=0 skips it), a small request
+# and response across the two hosts: sockperf's TCP ping-pong (14-byte
+# messages, 3 s) over the kernel's TCP and under `netgap wrap -t xdp`
+# through a `netgap relay` in each host's namespace, with sockperf
+# waiting in epoll, poll and select (`-F`), beside netgap's own xdp and
+# tcp in event mode (`run pingpong -s 1`); one-way µs, ROUNDS rounds.
+#
 # usage: sudo bench/run-preload-xdp.sh [SECONDS] [CONNECTIONS]   (default 3 s, 4)
-#        ROUNDS=3 PROFILE=release bench/run-preload-xdp.sh
+#        ROUNDS=3 PROFILE=release LATENCY=1 bench/run-preload-xdp.sh
 # Needs root, nginx, libxdp-dev and libbpf-dev (the xdp feature).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -83,3 +90,68 @@ awk '{ t[$1, $2] = $3; s[$1, $2] = $4; c[$1, $2] = $5 }
                printf "%s: xdp / tcp transactions %.2fx, server CPU per transaction %.2fx, client %.2fx\n",
                    f, t[f, "xdp"] / t[f, "tcp"], s[f, "xdp"] / s[f, "tcp"], c[f, "xdp"] / c[f, "tcp"] } }' "$dir/med.txt"
 echo "load average: $(cut -d' ' -f1-3 /proc/loadavg); machine: $(nproc) CPUs, $(uname -r)"
+
+[ "${LATENCY:-1}" = 1 ] || exit 0
+if ! command -v sockperf >/dev/null; then
+    echo "sockperf is not installed: no latency rows"
+    exit 0
+fi
+# The hosts' namespaces and the server's address on the first link (the
+# TCP connection's; the relays' flow takes the second).
+read -r ns1 ns2 ip2 < <(python3 - "/run/netgap/$tb/hosts.json" <<'PY'
+import json, sys
+h = json.load(open(sys.argv[1]))["hosts"]
+print(h[0]["netns"], h[1]["netns"], h[1]["address"])
+PY
+)
+relays=()
+stop_relays() {
+    for p in ${relays[@]+"${relays[@]}"}; do kill "$p" 2>/dev/null || true; done
+    for p in ${relays[@]+"${relays[@]}"}; do wait "$p" 2>/dev/null || true; done
+    relays=()
+}
+trap 'stop_relays; "$netgap" testbed down --name "$tb" >/dev/null 2>&1 || true; rm -rf "$dir"' EXIT
+for ns in "$ns1" "$ns2"; do
+    ip netns exec "$ns" "$netgap" relay >>"$dir/relay-$ns.log" 2>&1 &
+    relays+=("$!")
+done
+sleep 0.5
+port=$((30000 + RANDOM % 10000))
+# One sockperf ping-pong: STACK (tcp or xdp), MUX (epoll, poll or select)
+# and the server's PORT (a fresh one each time: a closed server's port may
+# still be held); prints its mean one-way µs.
+sockperf_pp() {
+    local stack=$1 mux=$2 port=$3 wrap=() feed=$dir/feed args srv
+    echo "T:$ip2:$port" >"$feed"
+    if [ "$mux" = epoll ]; then args=(--tcp -i "$ip2" -p "$port"); else args=(-f "$feed" -F "$mux"); fi
+    [ "$stack" = tcp ] || wrap=("$netgap" wrap -t xdp --)
+    ip netns exec "$ns2" ${wrap[@]+"${wrap[@]}"} sockperf server "${args[@]}" >"$dir/sps.log" 2>&1 &
+    srv=$!
+    sleep 0.7
+    ip netns exec "$ns1" ${wrap[@]+"${wrap[@]}"} sockperf ping-pong "${args[@]}" -m 14 -t 3 2>&1 |
+        awk '/Summary: Latency is/ { for (i = 1; i <= NF; i++) if ($i == "is") print $(i + 1) }'
+    kill "$srv" 2>/dev/null || true
+    wait "$srv" 2>/dev/null || true
+}
+# netgap's own pingpong over STACK in event mode, 1 byte: mean one-way µs.
+netgap_pp() {
+    local json=$dir/pp-$1.jsonl
+    rm -f "$json"
+    "$netgap" run pingpong -t "$1" --mode event -s 1 --hosts "$hosts" --reps 3 --rep-time 1s \
+        --json "$json" >/dev/null 2>&1 || { echo "-"; return; }
+    python3 -c 'import json, sys; r = json.loads(open(sys.argv[1]).readline()); print(round(r["value"], 1))' "$json"
+}
+echo
+echo "a 14-byte request and response across the hosts, one-way µs (sockperf mean; netgap's event mode):"
+printf '%-6s %10s %10s %10s %12s %12s %12s\n' round "tcp" "xdp epoll" "xdp poll" "xdp select" "netgap xdp" "netgap tcp"
+for r in $(seq "$rounds"); do
+    row=()
+    for run in "tcp epoll" "xdp epoll" "xdp poll" "xdp select"; do
+        port=$((port + 1))
+        # shellcheck disable=SC2086 # stack and multiplexer, two words
+        row+=("$(sockperf_pp $run "$port")")
+    done
+    printf '%-6s %10s %10s %10s %12s %12s %12s\n' "$r" "${row[@]}" "$(netgap_pp xdp)" "$(netgap_pp tcp)"
+done
+stop_relays
+echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"
