@@ -1011,20 +1011,20 @@ mod imp {
             Ok(())
         }
 
-        /// Frame `f` leaves `via` that way.
-        fn send(&self, f: Vec<u8>, via: Via) -> Result<(), String> {
+        /// Frame `f` leaves `via` that way (copied only if queued).
+        fn send(&self, f: &[u8], via: Via) -> Result<(), String> {
             if let Via::Now = via {
                 let mut tx = self.sender();
                 // Checked under the lock the writing thread sends under,
                 // and counted down only once a queued frame is sent.
                 if self.queued.load(Ordering::SeqCst) == 0 {
-                    return self.put(&mut tx, &f).inspect_err(|e| {
+                    return self.put(&mut tx, f).inspect_err(|e| {
                         let _ = self.queue.send(Out::Broken(e.clone()));
                     });
                 }
             }
             self.queued.fetch_add(1, Ordering::SeqCst);
-            self.queue.send(Out::Frame(f)).map_err(|_| {
+            self.queue.send(Out::Frame(f.to_vec())).map_err(|_| {
                 self.queued.fetch_sub(1, Ordering::SeqCst);
                 "the link closed".to_string()
             })
@@ -1247,7 +1247,7 @@ mod imp {
         /// Queues a frame of the link's own (never waits).
         fn push(&self, kind: Kind, id: u32, payload: &[u8]) {
             // A closed link's writer is gone: nothing more to say.
-            let _ = self.out.send(frame::frame(kind, id, payload), Via::Queue);
+            let _ = self.out.send(&frame::frame(kind, id, payload), Via::Queue);
         }
 
         /// Whether the link had no connection for the linger: then it
@@ -1453,6 +1453,9 @@ mod imp {
                 .map_err(|e| format!("the other relay: {e}"))
         };
         let mut h = [0u8; frame::HEADER_BYTES];
+        // One buffer for every DATA payload (a frame's is at most a chunk):
+        // what the program's ring takes is copied once, from here.
+        let mut payload = vec![0u8; frame::CHUNK_BYTES];
         loop {
             recv(rx, &mut h)?;
             let hd =
@@ -1461,8 +1464,10 @@ mod imp {
             let fault = |e: String| format!("connection {:#x}: {e}", hd.id);
             match hd.kind {
                 Kind::Data => {
-                    let mut v = vec![0u8; hd.len];
-                    recv(rx, &mut v)?;
+                    let v = payload
+                        .get_mut(..hd.len)
+                        .ok_or_else(|| fault("DATA longer than a chunk".into()))?;
+                    recv(rx, v)?;
                     if let Some(c) = link.find(hd.id) {
                         match c.arrive(v) {
                             Ok(Some(n)) => {
@@ -1632,7 +1637,7 @@ mod imp {
         }
 
         fn push(&self, kind: Kind, payload: &[u8], via: Via) -> Result<(), String> {
-            self.out.send(frame::frame(kind, self.id, payload), via)
+            self.out.send(&frame::frame(kind, self.id, payload), via)
         }
 
         fn broken(&self) -> bool {
@@ -1646,7 +1651,7 @@ mod imp {
         /// thread's wake-up per message; the rest is queued for the
         /// connection's receiving thread. Err: past the credit; Ok(Some):
         /// credit to return.
-        fn arrive(&self, v: Vec<u8>) -> Result<Option<u32>, ArriveError> {
+        fn arrive(&self, v: &[u8]) -> Result<Option<u32>, ArriveError> {
             let mut i = self.inbox();
             i.flow.arrive(v.len() as u32).map_err(ArriveError::Credit)?;
             let mut put = 0;
@@ -1660,7 +1665,7 @@ mod imp {
                         .fetch_add(v.len() as u64, Ordering::Relaxed);
                     put = v.len();
                 } else {
-                    let m = self.ring.write(&v).map_err(|_| ArriveError::Corrupt)?;
+                    let m = self.ring.write(v).map_err(|_| ArriveError::Corrupt)?;
                     self.wake(&m, Via::Queue).map_err(|_| ArriveError::Closed)?;
                     self.relayed_in_bytes
                         .fetch_add(m.bytes as u64, Ordering::Relaxed);
@@ -1669,8 +1674,7 @@ mod imp {
                 back = i.flow.moved(put as u32);
             }
             if put < v.len() {
-                i.chunks
-                    .push_back(if put == 0 { v } else { v[put..].to_vec() });
+                i.chunks.push_back(v[put..].to_vec());
                 self.inbox_cv.notify_one();
             }
             Ok(back)
@@ -1975,7 +1979,9 @@ mod imp {
     /// until the program is done with the connection (then what is left
     /// and `END`) or the connection breaks.
     fn ring_to_flow(c: &Conn, client: RawFd) -> Result<(), String> {
-        let mut buf = vec![0u8; frame::CHUNK_BYTES];
+        // A DATA frame is built in place: the ring is read behind room for
+        // its header.
+        let mut buf = vec![0u8; frame::HEADER_BYTES + frame::CHUNK_BYTES];
         let mut closing = false;
         let corrupt = |Corrupt| "the program's ring is corrupt".to_string();
         loop {
@@ -1984,13 +1990,20 @@ mod imp {
             }
             let credit = c.credit(None) as usize;
             if credit > 0 {
+                let room = frame::HEADER_BYTES + credit.min(frame::CHUNK_BYTES);
                 let m = c
                     .ring
-                    .read(&mut buf[..credit.min(frame::CHUNK_BYTES)])
+                    .read(&mut buf[frame::HEADER_BYTES..room])
                     .map_err(corrupt)?;
                 if m.bytes > 0 {
                     c.sending().flow.spend(m.bytes as u32);
-                    c.push(Kind::Data, &buf[..m.bytes], Via::Now)?;
+                    buf[..frame::HEADER_BYTES].copy_from_slice(&frame::encode(
+                        Kind::Data,
+                        c.id,
+                        m.bytes,
+                    ));
+                    c.out
+                        .send(&buf[..frame::HEADER_BYTES + m.bytes], Via::Now)?;
                     c.relayed_out_bytes
                         .fetch_add(m.bytes as u64, Ordering::Relaxed);
                     c.wake(&m, Via::Now)?;
@@ -2637,24 +2650,24 @@ mod imp {
             let (q, rx) = mpsc::channel();
             let out = Outbox::new(q, Some(Box::new(Wire(Arc::clone(&wire)))));
             let f = |id| frame::frame(Kind::Bell, id, &[]);
-            out.send(f(1), Via::Now).unwrap();
+            out.send(&f(1), Via::Now).unwrap();
             assert_eq!(*wire.lock().unwrap(), f(1));
             // The receiving thread's frame waits for the writing thread;
             // what a connection sends after it waits behind it.
-            out.send(f(2), Via::Queue).unwrap();
-            out.send(f(3), Via::Now).unwrap();
+            out.send(&f(2), Via::Queue).unwrap();
+            out.send(&f(3), Via::Now).unwrap();
             assert_eq!(*wire.lock().unwrap(), f(1));
             for o in rx.try_iter() {
                 let Out::Frame(fr) = o else { panic!() };
                 out.send_queued(&fr).unwrap();
             }
-            out.send(f(4), Via::Now).unwrap();
+            out.send(&f(4), Via::Now).unwrap();
             assert_eq!(*wire.lock().unwrap(), [f(1), f(2), f(3), f(4)].concat());
             assert_eq!(out.frames_out.load(Ordering::Relaxed), 4);
             // The writing thread gone with the flow's half: a send fails
             // and says the link is broken.
             drop(out.sender().take());
-            assert!(out.send(f(5), Via::Now).is_err());
+            assert!(out.send(&f(5), Via::Now).is_err());
             assert!(matches!(rx.try_recv(), Ok(Out::Broken(_))));
         }
 
