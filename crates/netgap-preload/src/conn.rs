@@ -305,6 +305,16 @@ impl Conn {
         self.read_ready()
     }
 
+    /// [`Conn::arm_read_bell`] when the wait watches the relay socket,
+    /// else [`Conn::arm_read`].
+    pub(crate) fn arm_read_watched(&self, bell_watched: bool) -> bool {
+        if bell_watched {
+            self.arm_read_bell()
+        } else {
+            self.arm_read()
+        }
+    }
+
     /// Drains the bytes the relay sent on its socket to wake this end.
     fn drain_bell(&self) {
         let mut scratch = [0u8; 64];

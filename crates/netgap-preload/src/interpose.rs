@@ -979,13 +979,7 @@ unsafe fn shm_poll(
         if ready.is_empty() {
             ready = shm
                 .iter()
-                .filter(|(_, c)| {
-                    if c.bell() >= 0 {
-                        c.arm_read_bell()
-                    } else {
-                        c.arm_read()
-                    }
-                })
+                .filter(|(_, c)| c.arm_read_watched(c.bell() >= 0))
                 .map(|(i, _)| *i)
                 .collect();
         }
@@ -1075,9 +1069,6 @@ pub unsafe extern "C" fn select(
         // SAFETY: the program's own arguments, passed on.
         return unsafe { real::select()(nfds, readfds, writefds, exceptfds, timeout) };
     }
-    // A relayed connection's socket to its relay is watched beside it (as
-    // in `poll`), where the set has room for it.
-    let has_bell = |c: &Conn| (0..libc::FD_SETSIZE as c_int).contains(&c.bell());
     let mut ready: Vec<c_int> = shm
         .iter()
         .filter(|(_, c)| c.read_ready())
@@ -1086,18 +1077,12 @@ pub unsafe extern "C" fn select(
     if ready.is_empty() {
         ready = shm
             .iter()
-            .filter(|(_, c)| {
-                if has_bell(c) {
-                    c.arm_read_bell()
-                } else {
-                    c.arm_read()
-                }
-            })
+            .filter(|(_, c)| c.arm_read_watched(bell_fits_select(c)))
             .map(|(fd, _)| *fd)
             .collect();
     }
     if ready.is_empty() {
-        if !shm.iter().any(|(_, c)| has_bell(c)) {
+        if !shm.iter().any(|(_, c)| bell_fits_select(c)) {
             // SAFETY: the program's own arguments, passed on.
             return unsafe { real::select()(nfds, readfds, writefds, exceptfds, timeout) };
         }
@@ -1119,6 +1104,12 @@ pub unsafe extern "C" fn select(
     }
     // SAFETY: valid sets or null.
     unsafe { fds_in(readfds, limit) + fds_in(writefds, limit) + fds_in(exceptfds, limit) }
+}
+
+/// Whether a relayed connection's socket to its relay can be watched in a
+/// `select` beside it (as in `poll`): the set has room for its number.
+fn bell_fits_select(c: &Conn) -> bool {
+    (0..libc::FD_SETSIZE as c_int).contains(&c.bell())
 }
 
 /// The sets a `select` is given: read, write, exceptions.
@@ -1156,7 +1147,7 @@ unsafe fn select_with_bells(
 ) -> c_int {
     let bells: Vec<(c_int, &Arc<Conn>)> = shm
         .iter()
-        .filter(|(_, c)| (0..libc::FD_SETSIZE as c_int).contains(&c.bell()))
+        .filter(|(_, c)| bell_fits_select(c))
         .map(|(fd, c)| (*fd, c))
         .collect();
     let top = bells
@@ -1352,14 +1343,7 @@ unsafe fn shm_epoll_wait(
         if ready.is_empty() {
             ready = shm
                 .iter()
-                .filter(|(_, i, c)| {
-                    wants_in(i)
-                        && if i.bell {
-                            c.arm_read_bell()
-                        } else {
-                            c.arm_read()
-                        }
-                })
+                .filter(|(_, i, c)| wants_in(i) && c.arm_read_watched(i.bell))
                 .map(|(_, i, _)| *i)
                 .collect();
         }
