@@ -517,3 +517,71 @@ fn a_killed_coordinator_takes_its_mpi_job_with_it() {
     let dir = tempfile::tempdir().expect("tempdir");
     killed_coordinator_leaves_nothing(&[], &dir.path().join("r.jsonl"));
 }
+
+/// An mpirun that never gets the ranks started is stopped after the
+/// start-up wait, and a second one runs the points; every record says the
+/// first was stopped, and nothing of the first is left.
+#[test]
+fn a_start_that_stalls_is_stopped_and_launched_once_more() {
+    let real = std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+        .map(|d| d.join("mpirun"))
+        .find(|p| p.is_file())
+        .expect("mpirun on the PATH (apt-get install openmpi-bin)");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let bin = dir.path().join("bin");
+    std::fs::create_dir(&bin).expect("bin");
+    let mark = dir.path().join("stalled-once");
+    // The first launch sleeps where mpirun would start the ranks; the
+    // second is the real mpirun.
+    let script = format!(
+        "#!/bin/sh\nif [ ! -e '{}' ]; then : > '{}'; exec sleep 600; fi\nexec '{}' \"$@\"\n",
+        mark.display(),
+        mark.display(),
+        real.display()
+    );
+    let fake = bin.join("mpirun");
+    std::fs::write(&fake, script).expect("write");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let path = std::env::join_paths(std::iter::once(bin.clone()).chain(std::env::split_paths(
+        &std::env::var_os("PATH").unwrap_or_default(),
+    )))
+    .expect("PATH");
+    let json = dir.path().join("r.jsonl");
+    let t0 = std::time::Instant::now();
+    ok(netgap()
+        .env("PATH", path)
+        .args(["run", "mpi-latency", "-s", "1", "--reps", "2"])
+        .args(["--iterations", "20", "--json"])
+        .arg(&json)
+        .output()
+        .expect("runs"));
+    assert!(mark.exists(), "the first launch ran the stalling mpirun");
+    assert!(
+        t0.elapsed() >= std::time::Duration::from_secs(20),
+        "waited for the start"
+    );
+    let records = read_records(&json);
+    assert_eq!(records.len(), 1, "{records:?}");
+    let warned: Vec<&str> = records[0]["warnings"]
+        .as_array()
+        .expect("warnings")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(
+        warned
+            .iter()
+            .any(|w| w.contains("never started the ranks") && w.contains("0 of 2 ranks")),
+        "{warned:?}"
+    );
+    // The stalled launch's sleep went with its PID namespace.
+    let left = Command::new("pgrep")
+        .args(["-x", "-f", "sleep 600"])
+        .output()
+        .expect("pgrep");
+    assert!(
+        String::from_utf8_lossy(&left.stdout).trim().is_empty(),
+        "{left:?}"
+    );
+}

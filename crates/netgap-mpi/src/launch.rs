@@ -55,8 +55,14 @@ pub enum LaunchError {
         detail: String,
     },
     /// Rank 0 said nothing for too long.
-    #[error("rank 0 sent nothing for {0:?}; the job was stopped")]
-    Silent(Duration),
+    #[error("rank 0 sent nothing for {waited:?}; the job was stopped{detail}")]
+    Silent {
+        /// How long the launch waited.
+        waited: Duration,
+        /// How far the job had come and the end of mpirun's standard
+        /// error, after a semicolon.
+        detail: String,
+    },
     /// Rank 0 wrote a line that does not parse or is out of range.
     #[error(transparent)]
     Wire(#[from] WireError),
@@ -451,6 +457,8 @@ pub struct Launch {
     /// The job's own directory, removed when the job is over.
     scratch: PathBuf,
     lines: Receiver<Result<RankLine, WireError>>,
+    /// How many lines rank 0 has sent, named when the job falls silent.
+    lines_seen: usize,
     stderr: Arc<Mutex<VecDeque<String>>>,
     selection: Arc<Mutex<Selection>>,
 }
@@ -536,6 +544,7 @@ impl Launch {
             child,
             scratch,
             lines,
+            lines_seen: 0,
             stderr,
             selection,
         })
@@ -559,15 +568,15 @@ impl Launch {
     /// or falls silent is stopped and named.
     pub fn next(&mut self, timeout: Duration) -> Result<RankLine, LaunchError> {
         match self.lines.recv_timeout(timeout) {
-            Ok(Ok(line)) => Ok(line),
+            Ok(Ok(line)) => {
+                self.lines_seen += 1;
+                Ok(line)
+            }
             Ok(Err(e)) => {
                 self.stop();
                 Err(e.into())
             }
-            Err(RecvTimeoutError::Timeout) => {
-                self.stop();
-                Err(LaunchError::Silent(timeout))
-            }
+            Err(RecvTimeoutError::Timeout) => Err(self.silent(timeout)),
             Err(RecvTimeoutError::Disconnected) => Err(self.ended()),
         }
     }
@@ -581,12 +590,42 @@ impl Launch {
                 Ok(Some(s)) if s.success() => return Ok(()),
                 Ok(Some(_)) | Err(_) => return Err(self.ended()),
                 Ok(None) if std::time::Instant::now() >= deadline => {
-                    self.stop();
-                    return Err(LaunchError::Silent(timeout));
+                    return Err(self.silent(timeout));
                 }
                 Ok(None) => std::thread::sleep(Duration::from_millis(20)),
             }
         }
+    }
+
+    /// Stops a job that fell silent, naming how far it had come: whether
+    /// the ranks had got as far as choosing their BTLs (which they do
+    /// while starting, in `MPI_Init`), how many lines rank 0 had sent, and
+    /// the end of mpirun's standard error.
+    fn silent(&mut self, waited: Duration) -> LaunchError {
+        self.stop();
+        let started = self
+            .selection
+            .lock()
+            .map(|s| s.ranks_reported())
+            .unwrap_or(0);
+        let mut detail = format!(
+            "; {started} of 2 ranks had chosen a BTL, rank 0 had sent {} lines",
+            self.lines_seen
+        );
+        let said = self.stderr_tail();
+        if !said.is_empty() {
+            detail.push_str("; mpirun said: ");
+            detail.push_str(&said);
+        }
+        LaunchError::Silent { waited, detail }
+    }
+
+    /// The end of mpirun's standard error, its lines joined by ` | `.
+    fn stderr_tail(&self) -> String {
+        self.stderr
+            .lock()
+            .map(|t| t.iter().cloned().collect::<Vec<_>>().join(" | "))
+            .unwrap_or_default()
     }
 
     /// The job's end, with its status and the end of its standard error.
@@ -597,11 +636,7 @@ impl Launch {
         };
         // The stderr reader may still be draining the last lines.
         std::thread::sleep(Duration::from_millis(100));
-        let detail = self
-            .stderr
-            .lock()
-            .map(|t| t.iter().cloned().collect::<Vec<_>>().join(" | "))
-            .unwrap_or_default();
+        let detail = self.stderr_tail();
         LaunchError::Ended {
             status,
             detail: if detail.is_empty() {

@@ -23,8 +23,17 @@ use netgap_measure::sink::RecordSink;
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, SystemTime};
 
-/// How long mpirun may take to start both ranks.
-const START_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long mpirun may take to start both ranks on a cluster's nodes,
+/// which it reaches through the cluster's launcher (srun, ssh).
+const NODES_START_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long mpirun may take to start both ranks on this machine or on two
+/// testbed hosts, where it takes well under a second.
+const LOCAL_START_TIMEOUT: Duration = Duration::from_secs(20);
+/// How many times a job whose ranks never said hello is launched: Open
+/// MPI's start-up now and then stalls for good (seen once in tens of jobs
+/// across testbed hosts), and a second mpirun starts; no point was measured
+/// by the first, and the records say it was stopped.
+const START_ATTEMPTS: u32 = 2;
 /// How long mpirun may take to exit after the last point.
 const FINISH_TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -149,21 +158,14 @@ fn one_job(
 ) -> Result<usize, MpiRunError> {
     let (placement, facts) = placement_of(plan)?;
     let rank_plan = plan.rank_plan();
-    let mut job = Launch::start(&rank_plan, &placement)?;
-    let hello = match job.next(START_TIMEOUT)? {
-        RankLine::Hello {
-            library,
-            mpi_version,
-            processors,
-        } => Hello {
-            library,
-            mpi_version,
-            processors,
-        },
-        other => return Err(MpiRunError::Order(format!("{other:?} before hello"))),
-    };
+    let (mut job, hello, stalled) = start_job(&rank_plan, &placement)?;
     let selection = job.selection(SELECTION_WAIT);
     let mut warnings = Vec::new();
+    if let Some(why) = stalled {
+        warnings.push(format!(
+            "the first mpirun of this job never started the ranks ({why}); a second one ran the points"
+        ));
+    }
     if selection.ranks_reported() == 0 {
         warnings.push(
             "the MPI library did not report the BTL it used (Open MPI's btl_base_verbose), so the record's stack names none"
@@ -208,6 +210,44 @@ fn one_job(
     )?;
     job.finish(FINISH_TIMEOUT)?;
     Ok(written)
+}
+
+/// Launches the job and waits for rank 0's hello, launching it again
+/// (up to [`START_ATTEMPTS`] in all) when the ranks never get that far;
+/// the job, its hello, and why an earlier launch was stopped.
+fn start_job(
+    rank_plan: &crate::wire::RankPlan,
+    placement: &Placement,
+) -> Result<(Launch, Hello, Option<String>), MpiRunError> {
+    let timeout = match placement {
+        Placement::Nodes { .. } => NODES_START_TIMEOUT,
+        Placement::Local(_) | Placement::Testbed { .. } => LOCAL_START_TIMEOUT,
+    };
+    let mut stalled = None;
+    let mut attempt = 1;
+    loop {
+        let mut job = Launch::start(rank_plan, placement)?;
+        match job.next(timeout) {
+            Ok(RankLine::Hello {
+                library,
+                mpi_version,
+                processors,
+            }) => {
+                let hello = Hello {
+                    library,
+                    mpi_version,
+                    processors,
+                };
+                return Ok((job, hello, stalled));
+            }
+            Ok(other) => return Err(MpiRunError::Order(format!("{other:?} before hello"))),
+            Err(e @ LaunchError::Silent { .. }) if attempt < START_ATTEMPTS => {
+                stalled = Some(e.to_string());
+                attempt += 1;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
 }
 
 /// The longest silence of rank 0 between two lines: a generous bound on
