@@ -22,7 +22,10 @@
 //!
 //! A fourth runs `multirail` over xdp across a three-link mesh
 //! (`multirail_over_xdp_takes_each_link_of_a_mesh`): one AF_XDP flow per
-//! link, each on its own link's interface.
+//! link, each on its own link's interface. A fifth runs `multistream`,
+//! `fanin` and `fanout` over xdp across a shaped three-host mesh
+//! (`bandwidth_workloads_over_xdp_take_each_clients_link_of_a_mesh`): each
+//! client's frames on its own link, fan-in's limit the sum of two links.
 //!
 //! Built only with the `xdp` feature (`cargo test --features xdp --test it
 //! xdp::`); without root and namespaces it prints why and passes (with
@@ -526,6 +529,80 @@ fn multirail_over_xdp_takes_each_link_of_a_mesh() {
             moved >= payload,
             "link {k} ({}) moved {moved} bytes < payload {payload}",
             rail.ifname
+        );
+    }
+    let _ = tb.down();
+    tb.assert_gone();
+}
+
+/// multistream, fanin and fanout over xdp on a three-host mesh whose links
+/// are shaped: the server listens for each flow on its end of the link from
+/// that flow's client host, so every client's frames cross its own link,
+/// and fan-in's and fan-out's payload limit is the sum of two links (for
+/// xdp's framing), which no result passes.
+#[test]
+fn bandwidth_workloads_over_xdp_take_each_clients_link_of_a_mesh() {
+    if !system_ready("bandwidth_workloads_over_xdp_take_each_clients_link_of_a_mesh") {
+        return;
+    }
+    let (tb, _) = Testbed::up(
+        "xdpfan",
+        &["--hosts", "3", "--topology", "mesh", "--rate", "100M"],
+    );
+    let hosts = tb.hosts();
+    let server = &hosts.hosts[0];
+    let clients = &hosts.hosts[1..];
+    let link_of = |h: &netgap::cluster::HostEntry| {
+        h.links_to(&server.name)
+            .next()
+            .expect("a link to the server")
+            .clone()
+    };
+    let before: Vec<u64> = clients
+        .iter()
+        .map(|h| link_bytes(&tb.ns(&h.name), &link_of(h).ifname))
+        .collect();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let recs = tb.run(
+        "multistream,fanin,fanout",
+        &["-t", "xdp", "-P", "2", "--reps", "1", "--duration", "500ms"],
+        &dir.path().join("fan.jsonl"),
+    );
+    assert_eq!(recs.len(), 3, "{recs:?}");
+    let limit = |r: &Value| r["physics"]["payload_limit_gbps"].as_f64().expect("limit");
+    let one_link = limit(&recs[0]);
+    for r in &recs {
+        assert_eq!(r["transport"], "xdp", "{r}");
+        let (value, cap) = (r["value"].as_f64().expect("value"), limit(r));
+        // Past the limit only by a shaper's burst, and never a fault.
+        assert!(
+            value > 0.0 && value <= cap * 1.05,
+            "{} {value} past {cap}",
+            r["test"]
+        );
+        assert!(r["physics"].get("fault").is_none_or(Value::is_null), "{r}");
+    }
+    // One client host's two streams share its link; fan-in's and
+    // fan-out's two clients have a link each.
+    assert!(one_link < 0.1 && one_link > 0.09, "{one_link}");
+    for r in &recs[1..] {
+        let cap = limit(r);
+        assert!((cap - 2.0 * one_link).abs() < 1e-9, "{} {cap}", r["test"]);
+    }
+    // Each client host's link carried at least the payload its flows moved.
+    for (k, h) in clients.iter().enumerate() {
+        let payload: u64 = recs
+            .iter()
+            .flat_map(|r| r["flows"].as_array().expect("flows").iter())
+            .filter(|f| f["host"] == h.name.as_str())
+            .map(|f| n(&f["bytes_tx"]).max(n(&f["bytes_rx"])))
+            .sum();
+        assert!(payload > 0, "{} moved nothing", h.name);
+        let moved = link_bytes(&tb.ns(&h.name), &link_of(h).ifname) - before[k];
+        assert!(
+            moved >= payload,
+            "{}: link moved {moved} < payload {payload}",
+            h.name
         );
     }
     let _ = tb.down();

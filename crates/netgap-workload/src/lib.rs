@@ -287,8 +287,9 @@ pub(crate) fn check_cross_host(
 
 /// Refuses a transport whose flows are not addressed by `IP:PORT` (xdp's
 /// are `IP/MAC/FLOW`), for the workloads that compose `IP:PORT` targets
-/// themselves; the staged ones (`pipeline`, `pio`) take the transport's
-/// own form and do not call this.
+/// themselves (the flow engine's, `gather`); the bandwidth ones and the
+/// staged ones (`pipeline`, `pio`) dial what their listeners announced, in
+/// the transport's own form, and do not call this.
 pub(crate) fn check_ip_port(
     workload: &str,
     spec: &PointSpec,
@@ -296,7 +297,7 @@ pub(crate) fn check_ip_port(
 ) -> Result<(), Refused> {
     if !transport.ip_port_addresses() {
         return Err(Refused(format!(
-            "{workload}: transport {} has flows not addressed by IP:PORT; run pingpong, stream, bibw, bibw-pingpong, pipeline or pio over it",
+            "{workload}: transport {} has flows not addressed by IP:PORT; run pingpong, stream, bibw, bibw-pingpong, multistream, fanin, fanout, multirail, pipeline or pio over it",
             spec.transport
         )));
     }
@@ -344,14 +345,27 @@ mod tests {
             io_timeout_ms: 3000,
             verify: false,
         };
-        let e = check_cross_host("multistream", &spec, &netgap_transport::xdp::Xdp).unwrap_err();
-        assert!(e.0.contains("not addressed by IP:PORT"), "{e}");
+        for w in ["hotspot", "connect"] {
+            spec.test = w.into();
+            let e = find(w)
+                .unwrap()
+                .check(&spec, &netgap_transport::xdp::Xdp)
+                .unwrap_err();
+            assert!(e.0.contains("not addressed by IP:PORT"), "{w}: {e}");
+        }
         spec.transport = "tcp".into();
-        assert!(check_cross_host("multistream", &spec, &netgap_transport::tcp::Tcp).is_ok());
-        // The staged workloads dial only what listeners announced, in the
-        // transport's own form: xdp passes their checks.
+        assert!(check_cross_host("hotspot", &spec, &netgap_transport::tcp::Tcp).is_ok());
+        // The bandwidth and staged workloads dial only what listeners
+        // announced, in the transport's own form: xdp passes their checks.
         spec.transport = "xdp".into();
-        for (w, size) in [("pipeline", 16384), ("pio", 65536)] {
+        for (w, size) in [
+            ("multistream", 65536),
+            ("fanin", 65536),
+            ("fanout", 65536),
+            ("multirail", 65536),
+            ("pipeline", 16384),
+            ("pio", 65536),
+        ] {
             spec.test = w.into();
             spec.size_bytes = size;
             let workload = find(w).unwrap();

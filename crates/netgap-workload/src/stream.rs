@@ -695,7 +695,9 @@ impl super::Workload for StreamWorkload {
         spec: &netgap_core::spec::PointSpec,
         transport: &dyn transport::Transport,
     ) -> Result<(), super::Refused> {
-        super::check_cross_host(self.name, spec, transport)
+        // Each flow dials what its listener announced, in the transport's
+        // own form: xdp's `IP/MAC/FLOW` as well as `IP:PORT`.
+        super::check_crosses_hosts(self.name, spec, transport)
     }
 
     fn place(

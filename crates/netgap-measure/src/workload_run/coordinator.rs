@@ -711,6 +711,40 @@ fn compact<T: PartialEq>(mut list: Vec<T>) -> Vec<T> {
 }
 
 impl WorkloadCoordinator {
+    /// On a mesh, where server role `server` listens for each of its flows
+    /// when its transport cannot listen on every address: on its end of
+    /// the link from the host of the client role that opens the flow (its
+    /// own address when no link is known).
+    fn mesh_listen_ips(&self, placement: &Placement, server: usize) -> Vec<IpAddr> {
+        let host = placement.roles[server].host;
+        let name = &self.links[host].host.name;
+        let own = self.links[host]
+            .host
+            .address
+            .unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
+        placement.roles[server]
+            .flows
+            .iter()
+            .map(|&f| {
+                placement
+                    .roles
+                    .iter()
+                    .enumerate()
+                    .find(|(c, r)| {
+                        r.side == WorkloadRole::Client
+                            && r.flows.contains(&f)
+                            && r.connects_to
+                                .is_some_and(|d| serving_role(placement, *c, d, f) == server)
+                    })
+                    .and_then(|(_, r)| {
+                        let links = &self.links[r.host].host.peer_links;
+                        links.iter().find(|p| &p.0 == name).map(|p| p.2)
+                    })
+                    .unwrap_or(own)
+            })
+            .collect()
+    }
+
     fn session_hosts(&self) -> Vec<IpAddr> {
         let mut ips = Vec::new();
         for l in &self.links {
@@ -798,6 +832,10 @@ impl WorkloadCoordinator {
     ) -> Result<RepResult, WorkloadError> {
         let binds_local =
             netgap_transport::find(&point.spec.transport).is_some_and(|t| t.binds_local());
+        // A transport with addresses of its own (xdp's) listens on one
+        // interface, never on every address.
+        let own_form =
+            netgap_transport::find(&point.spec.transport).is_some_and(|t| !t.ip_port_addresses());
         // A repetition that failed may have left hosts marked as preparing.
         self.setup.iter_mut().for_each(|t| *t = None);
         self.setup_limit = Duration::from_millis(u64::from(point.spec.io_timeout_ms))
@@ -848,6 +886,7 @@ impl WorkloadCoordinator {
             spec.listen_ips = match &role.listen_ips {
                 Some(ips) => ips.clone(),
                 None if role.side != WorkloadRole::Server => Vec::new(),
+                None if meshed && own_form => compact(self.mesh_listen_ips(placement, r)),
                 None if meshed => vec![IpAddr::V4(Ipv4Addr::UNSPECIFIED)],
                 None => self.links[h].host.address.into_iter().collect(),
             };
