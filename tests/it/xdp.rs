@@ -25,7 +25,8 @@
 //! link, each on its own link's interface. A fifth runs `multistream`,
 //! `fanin` and `fanout` over xdp across a shaped three-host mesh
 //! (`bandwidth_workloads_over_xdp_take_each_clients_link_of_a_mesh`): each
-//! client's frames on its own link, fan-in's limit the sum of two links.
+//! client's frames on its own link, fan-in's limit the sum of two links;
+//! `pipeline` over xdp on that mesh is refused in one line.
 //!
 //! Built only with the `xdp` feature (`cargo test --features xdp --test it
 //! xdp::`); without root and namespaces it prints why and passes (with
@@ -605,6 +606,22 @@ fn bandwidth_workloads_over_xdp_take_each_clients_link_of_a_mesh() {
             h.name
         );
     }
+    // A staged workload's later stages reach an earlier one only over the
+    // link between them, which an xdp listener on one interface cannot
+    // serve for both: refused in one line, before any traffic.
+    crate::common::fails_with_one_line(
+        &[
+            "run",
+            "pipeline",
+            "-t",
+            "xdp",
+            "--hosts",
+            &tb.hosts_arg(),
+            "--reps",
+            "1",
+        ],
+        "needs a switch testbed",
+    );
     let _ = tb.down();
     tb.assert_gone();
 }

@@ -874,6 +874,12 @@ impl WorkloadCoordinator {
                 .roles
                 .iter()
                 .any(|r| !self.links[r.host].host.peer_links.is_empty());
+        if staged_mesh && own_form {
+            return Err(WorkloadError::Point(format!(
+                "{} over {} needs a switch testbed (--topology switch): on a mesh each stage reaches an earlier one over the link between them, and {} listens on one interface",
+                point.spec.test, point.spec.transport, point.spec.transport
+            )));
+        }
         let mut announced: Vec<Vec<String>> = vec![Vec::new(); placement.roles.len()];
         // One secret for the point: every flow between its roles proves it.
         let token = netgap_transport::preamble::new_token()
