@@ -1015,3 +1015,44 @@ fn silent_client_host_during_setup_is_named_within_the_timeout() {
         lines[0]
     );
 }
+
+/// A host that no point uses for longer than its agent's idle time (here
+/// 5 s, from `--max-duration 5s`) has its session ended by that agent: the
+/// run goes on, and the next point that needs the host opens a fresh one.
+#[test]
+fn a_host_left_idle_past_its_agents_idle_time_is_met_again_by_a_later_point() {
+    let agents: Vec<AgentProc> = (0..3)
+        .map(|i| AgentProc::start_with(&format!("127.0.0.{}", 2 + i), &["--max-duration", "5s"]))
+        .collect();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json = dir.path().join("r.jsonl");
+    let t0 = Instant::now();
+    // multistream uses the first two hosts only, for more than 5 s; fanin
+    // then needs all three.
+    run_ok(netgap().args([
+        "run",
+        "multistream,fanin",
+        "--hosts",
+        &hosts_arg(&agents),
+        "-P",
+        "1,2,3",
+        "--reps",
+        "3",
+        "--duration",
+        "500ms",
+        "--json",
+        json.to_str().expect("utf-8 path"),
+    ]));
+    let records = read_records(&json);
+    assert_eq!(records.len(), 4, "{records:?}");
+    assert!(t0.elapsed() > Duration::from_secs(6), "{:?}", t0.elapsed());
+    let fanin = &records[3];
+    assert_eq!(fanin["test"], "fanin");
+    let flows = fanin["flows"].as_array().expect("flows");
+    assert_eq!(flows.len(), 2, "{fanin}");
+    for f in flows {
+        assert!(u(&f["bytes_tx"]) > 0, "{f}");
+        assert_eq!(f["bytes_tx"], f["bytes_rx"], "{f}");
+    }
+    assert!(flows.iter().any(|f| f["host"] == agents[2].addr.as_str()));
+}

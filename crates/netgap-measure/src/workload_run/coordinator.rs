@@ -229,6 +229,15 @@ pub struct WorkloadCoordinator {
     setup_limit: Duration,
     /// Facts of this (the coordinator's) host.
     pub(super) local: HostFacts,
+    /// The hosts the current repetition places a role on: the end of any
+    /// other host's session fails nothing now (an agent ends a session it
+    /// heard nothing on for its idle time, as a host no point used for a
+    /// while), and the session is opened again when a point needs it.
+    active: Vec<bool>,
+    /// The key the sessions were opened with, for opening them again.
+    key: Option<Key>,
+    /// Where every session's reader sends its replies.
+    tx: mpsc::Sender<Event>,
 }
 
 fn resolve_hosts(source: &HostsSource) -> Result<Vec<HostInfo>, WorkloadError> {
@@ -398,11 +407,70 @@ impl WorkloadCoordinator {
             running: vec![None; links.len()],
             setup: vec![None; links.len()],
             setup_limit: SILENCE_LIMIT,
+            active: vec![true; links.len()],
+            key: key.cloned(),
+            tx,
             links,
             events: rx,
             lost,
             local: netgap_transport::host::collect(local_ip),
         })
+    }
+
+    /// Takes the replies and session ends already reported, without
+    /// waiting: a reply is kept for its host, an end recorded.
+    fn take_reported(&mut self) {
+        while let Ok((j, ev)) = self.events.try_recv() {
+            match ev {
+                Ok(r) => self.links[j].pending.push_back(r),
+                Err(e) => self.lost[j] = Some(control_detail(&e)),
+            }
+        }
+    }
+
+    /// Makes `hosts` the ones the coordinator now needs, opening a fresh
+    /// session with each of them whose session ended while no point used
+    /// it (its agent's idle time passed). Its reader had stopped with the
+    /// end it reported, so nothing of the old session reaches the new one.
+    fn use_hosts(&mut self, hosts: &[usize]) -> Result<(), WorkloadError> {
+        self.take_reported();
+        for (i, a) in self.active.iter_mut().enumerate() {
+            *a = hosts.contains(&i);
+        }
+        for &i in hosts {
+            if self.lost[i].is_none() {
+                continue;
+            }
+            let host = self.links[i].host.clone();
+            let fail = |detail: String| WorkloadError::Host {
+                host: host.name.clone(),
+                control: host.control.to_string(),
+                detail,
+            };
+            let link =
+                handshake(&host.control, self.key.as_ref()).map_err(|e| link_failure(e, &fail))?;
+            let writer = link
+                .conn
+                .try_clone_stream()
+                .map_err(|e| fail(e.to_string()))?;
+            let tx = self.tx.clone();
+            let conn = link.conn;
+            std::thread::Builder::new()
+                .name(format!("control {}", host.name))
+                .spawn(move || read_replies(i, conn, tx))
+                .map_err(|e| fail(format!("cannot start a reader thread: {e}")))?;
+            self.links[i] = Link {
+                host,
+                writer,
+                session: link.session,
+                facts: link.peer_host,
+                pending: VecDeque::new(),
+            };
+            self.lost[i] = None;
+            self.running[i] = None;
+            self.setup[i] = None;
+        }
+        Ok(())
     }
 
     /// The error naming host `i`.
@@ -442,7 +510,7 @@ impl WorkloadCoordinator {
                 self.lost[j] = Some(control_detail(&e));
             }
         }
-        if let Some(j) = self.lost.iter().position(Option::is_some) {
+        if let Some(j) = (0..self.lost.len()).find(|&j| self.active[j] && self.lost[j].is_some()) {
             let d = self.lost[j].clone().unwrap_or_default();
             return self.host_error(j, d);
         }
@@ -543,6 +611,9 @@ impl WorkloadCoordinator {
                     return Err(self.failure(j, format!("agent error: {message}")))
                 }
                 Ok((j, Ok(r))) => self.links[j].pending.push_back(r),
+                // A host this repetition does not use: its session is
+                // opened again when a point needs it.
+                Ok((j, Err(e))) if !self.active[j] => self.lost[j] = Some(control_detail(&e)),
                 Ok((j, Err(e))) => {
                     let detail = control_detail(&e);
                     self.lost[j] = Some(detail.clone());
@@ -830,6 +901,8 @@ impl WorkloadCoordinator {
         placement: &Placement,
         plan: &WorkloadPlan,
     ) -> Result<RepResult, WorkloadError> {
+        let hosts: Vec<usize> = placement.roles.iter().map(|r| r.host).collect();
+        self.use_hosts(&hosts)?;
         let binds_local =
             netgap_transport::find(&point.spec.transport).is_some_and(|t| t.binds_local());
         // A transport with addresses of its own (xdp's) listens on one
