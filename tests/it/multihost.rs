@@ -905,6 +905,28 @@ fn bandwidth_tests_run_over_every_transport_that_crosses_hosts() {
                 assert_eq!(f["bytes_tx"], f["bytes_rx"], "{f}");
             }
         }
+        // A datagram path's counters are in the record, its sender's
+        // datagrams beside what the receiver took and lost; a stream has
+        // none.
+        let d = &r["datagrams"];
+        if r["transport"] == "udp" {
+            let (sender, receiver) = if r["test"] == "fanin" {
+                (&d["client"], &d["server"])
+            } else {
+                (&d["server"], &d["client"])
+            };
+            assert!(u(&sender["datagrams_sent"]) > 0, "{r}");
+            assert!(u(&receiver["datagrams_received"]) > 0, "{r}");
+            assert!(
+                u(&receiver["datagrams_received"]) + u(&receiver["lost"])
+                    <= u(&sender["datagrams_sent"])
+                        + u(&receiver["duplicates"])
+                        + u(&receiver["reordered"]),
+                "{r}"
+            );
+        } else {
+            assert!(d.is_null(), "{r}");
+        }
     }
 }
 

@@ -574,6 +574,12 @@ fn bandwidth_workloads_over_xdp_take_each_clients_link_of_a_mesh() {
     let one_link = limit(&recs[0]);
     for r in &recs {
         assert_eq!(r["transport"], "xdp", "{r}");
+        // The frames each end sent and took are in the record.
+        let d = &r["datagrams"];
+        assert!(
+            n(&d["client"]["datagrams_sent"]) > 0 && n(&d["server"]["datagrams_sent"]) > 0,
+            "{r}"
+        );
         let (value, cap) = (r["value"].as_f64().expect("value"), limit(r));
         // Past the limit only by a shaper's burst, and never a fault.
         assert!(

@@ -256,8 +256,9 @@ pub struct WorkloadOutcome {
     #[serde(default)]
     pub bytes_tx: u64,
     /// Datagram counters of this agent's flows, all together, whole
-    /// repetition, when they are datagrams on the flow engine (hotspot
-    /// over udp); absent otherwise.
+    /// repetition, when they are datagrams (the flow engine's and the
+    /// bandwidth workloads' over udp, the bandwidth workloads' over xdp);
+    /// absent otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub datagrams: Option<DatagramStats>,
     /// A workload's own figures of this role's repetition, named with their

@@ -376,12 +376,51 @@ pub trait FlowMonitor: Send + Sync {
     /// The flow's counters since it connected.
     fn datagram_stats(&self) -> DatagramStats;
 
+    /// What the `dropped` of [`FlowMonitor::datagram_stats`] counts for,
+    /// when flows share it: flows with the same scope report the same
+    /// drops (xdp's are its port's), so a total counts them once. `None`:
+    /// the flow's own (a udp socket's).
+    fn drops_scope(&self) -> Option<u64> {
+        None
+    }
+
     /// While the test is idle, answers the peer's retries (and keeps asking
     /// whether the peer got this end's last burst) until `wake` is readable
     /// (the control connection has a message) or `max_wait` passes. Never
     /// delivers data: new data stays queued for the test. An error means the
     /// flow broke; the next repetition reports it.
     fn serve_idle(&self, wake: BorrowedFd<'_>, max_wait: Duration) -> Result<(), FlowError>;
+}
+
+/// The counters of several flows together (a workload role's): their
+/// sums, with the drops of each shared scope counted once; `None` for no
+/// flows.
+pub fn total_datagrams(monitors: &[Arc<dyn FlowMonitor>]) -> Option<DatagramStats> {
+    if monitors.is_empty() {
+        return None;
+    }
+    let mut total = DatagramStats::default();
+    let mut scopes: Vec<(u64, u64)> = Vec::new();
+    for m in monitors {
+        let d = m.datagram_stats();
+        let own = match m.drops_scope() {
+            None => d.dropped,
+            Some(scope) => match scopes.iter_mut().find(|(s, _)| *s == scope) {
+                // The same scope read later has counted at least as many.
+                Some((_, seen)) => {
+                    let more = d.dropped.saturating_sub(*seen);
+                    *seen = (*seen).max(d.dropped);
+                    more
+                }
+                None => {
+                    scopes.push((scope, d.dropped));
+                    d.dropped
+                }
+            },
+        };
+        total = total.plus(&DatagramStats { dropped: own, ..d });
+    }
+    Some(total)
 }
 
 /// Waits for the one flow of a point.
@@ -615,5 +654,52 @@ pub fn names() -> String {
 impl netgap_core::registry::Named for dyn Transport {
     fn name(&self) -> &'static str {
         Transport::name(self)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
+mod tests {
+    use super::*;
+
+    /// A monitor with fixed counters and drops scope.
+    struct Fixed(DatagramStats, Option<u64>);
+
+    impl FlowMonitor for Fixed {
+        fn datagram_stats(&self) -> DatagramStats {
+            self.0
+        }
+        fn drops_scope(&self) -> Option<u64> {
+            self.1
+        }
+        fn serve_idle(&self, _: BorrowedFd<'_>, _: Duration) -> Result<(), FlowError> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_total_sums_flows_and_counts_each_shared_scopes_drops_once() {
+        let d = |sent, dropped| DatagramStats {
+            datagrams_sent: sent,
+            retries: 1,
+            dropped,
+            ..DatagramStats::default()
+        };
+        let m = |s: DatagramStats, scope| Arc::new(Fixed(s, scope)) as Arc<dyn FlowMonitor>;
+        assert_eq!(total_datagrams(&[]), None);
+        let t = total_datagrams(&[
+            // Two flows of one port, the later read seeing two drops more.
+            m(d(10, 5), Some(3)),
+            m(d(20, 7), Some(3)),
+            // A flow of another port.
+            m(d(30, 1), Some(4)),
+            // Two flows with drops of their own.
+            m(d(1, 2), None),
+            m(d(2, 2), None),
+        ])
+        .unwrap();
+        assert_eq!(t.datagrams_sent, 63);
+        assert_eq!(t.retries, 5);
+        assert_eq!(t.dropped, 7 + 1 + 2 + 2);
     }
 }

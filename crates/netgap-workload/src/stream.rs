@@ -396,6 +396,10 @@ impl ReadyRole for Streams {
         ));
         let recv_bytes = recv_buffer_bytes(size);
         let mut handles = Vec::with_capacity(self.flows.len());
+        // A datagram path's counters (udp, xdp), read after the flows
+        // closed: the record says what was lost, sent again and dropped.
+        let monitors: Vec<Arc<dyn transport::FlowMonitor>> =
+            self.flows.iter().filter_map(|f| f.monitor()).collect();
         for (i, flow) in self.flows.into_iter().enumerate() {
             let stop = self.stop.clone();
             let payload = Arc::clone(&payload);
@@ -489,7 +493,7 @@ impl ReadyRole for Streams {
                 processes: None,
                 bytes_rx: reports.iter().map(|r| r.bytes_rx).sum(),
                 bytes_tx: reports.iter().map(|r| r.bytes_tx).sum(),
-                datagrams: None,
+                datagrams: transport::total_datagrams(&monitors),
                 metrics: Default::default(),
                 services: Vec::new(),
                 last_error: None,

@@ -1079,6 +1079,9 @@ pub(crate) struct Shared {
     signal: Arc<Signal>,
     mode: Mode,
     timeout: Duration,
+    /// The session's counters as it closed, for a monitor that outlives
+    /// the flow (a workload role totals its flows' after they closed).
+    closed: Arc<Mutex<Option<DatagramStats>>>,
 }
 
 impl Shared {
@@ -1101,7 +1104,17 @@ impl Shared {
             signal,
             mode,
             timeout,
+            closed: Arc::new(Mutex::new(None)),
         }))
+    }
+
+    /// The session's counters now, with the port's drops.
+    fn stats(&self) -> Option<DatagramStats> {
+        let mut st = self.port.lock();
+        let dropped = st.dropped_frames();
+        st.session(self.id)
+            .ok()
+            .map(|(_, s)| DatagramStats { dropped, ..s.stats })
     }
 
     /// Runs `attempt` (under the port's lock, after a pump) until it
@@ -1257,6 +1270,9 @@ impl Drop for Shared {
                 Mode::Event => std::thread::sleep(Duration::from_micros(200)),
             }
         }
+        if let Some(last) = self.stats() {
+            *self.closed.lock().unwrap_or_else(|e| e.into_inner()) = Some(last);
+        }
         self.port.remove(self.id);
     }
 }
@@ -1340,6 +1356,8 @@ impl Flow for XdpFlow {
     fn monitor(&self) -> Option<Arc<dyn FlowMonitor>> {
         Some(Arc::new(Monitor {
             shared: Arc::downgrade(&self.shared),
+            closed: Arc::clone(&self.shared.closed),
+            port: self.shared.port.fd,
         }))
     }
 
@@ -1363,20 +1381,23 @@ impl Flow for XdpFlow {
 /// the test drops it.
 struct Monitor {
     shared: Weak<Shared>,
+    /// The counters the session left when it closed.
+    closed: Arc<Mutex<Option<DatagramStats>>>,
+    /// The port's socket: its drops are every flow's on the port.
+    port: RawFd,
 }
 
 impl FlowMonitor for Monitor {
     fn datagram_stats(&self) -> DatagramStats {
         self.shared
             .upgrade()
-            .and_then(|s| {
-                let mut st = s.port.lock();
-                let dropped = st.dropped_frames();
-                st.session(s.id)
-                    .ok()
-                    .map(|(_, s)| DatagramStats { dropped, ..s.stats })
-            })
+            .and_then(|s| s.stats())
+            .or_else(|| *self.closed.lock().unwrap_or_else(|e| e.into_inner()))
             .unwrap_or_default()
+    }
+
+    fn drops_scope(&self) -> Option<u64> {
+        u64::try_from(self.port).ok()
     }
 
     fn serve_idle(&self, wake: BorrowedFd<'_>, max_wait: Duration) -> Result<(), FlowError> {
