@@ -563,12 +563,7 @@ fn a_start_that_stalls_is_stopped_and_launched_once_more() {
     );
     let records = read_records(&json);
     assert_eq!(records.len(), 1, "{records:?}");
-    let warned: Vec<&str> = records[0]["warnings"]
-        .as_array()
-        .expect("warnings")
-        .iter()
-        .filter_map(Value::as_str)
-        .collect();
+    let warned = common::warnings(&records[0]);
     assert!(
         warned
             .iter()

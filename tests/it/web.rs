@@ -578,12 +578,7 @@ fn a_point_whose_server_dies_mid_window_is_marked() {
         "{}",
         r["app"]
     );
-    let warnings: Vec<&str> = r["warnings"]
-        .as_array()
-        .expect("warnings")
-        .iter()
-        .filter_map(Value::as_str)
-        .collect();
+    let warnings = crate::common::warnings(r);
     assert!(
         warnings
             .iter()

@@ -263,3 +263,13 @@ pub fn gone_within<T>(
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }
+
+/// The warnings of record `r`.
+pub fn warnings(r: &serde_json::Value) -> Vec<&str> {
+    r["warnings"]
+        .as_array()
+        .expect("warnings")
+        .iter()
+        .filter_map(serde_json::Value::as_str)
+        .collect()
+}
