@@ -816,6 +816,25 @@ impl WorkloadCoordinator {
             .collect()
     }
 
+    /// Whether every role of a staged placement reaches every earlier
+    /// role's host at that host's own address, over a link of its own to
+    /// it: where a transport that listens on one interface (xdp) listens.
+    /// True on a switch, with one link or several (each host's own address
+    /// sits on the first); false on a mesh, whose links are per pair.
+    fn staged_hosts_meet(&self, placement: &Placement) -> bool {
+        placement.roles.iter().enumerate().all(|(r, role)| {
+            let here = &self.links[role.host].host;
+            placement.roles[..r].iter().all(|earlier| {
+                let there = &self.links[earlier.host].host;
+                there.address.is_some_and(|a| {
+                    here.peer_links
+                        .iter()
+                        .any(|(peer, _, remote)| *peer == there.name && *remote == a)
+                })
+            })
+        })
+    }
+
     fn session_hosts(&self) -> Vec<IpAddr> {
         let mut ips = Vec::new();
         for l in &self.links {
@@ -947,7 +966,7 @@ impl WorkloadCoordinator {
                 .roles
                 .iter()
                 .any(|r| !self.links[r.host].host.peer_links.is_empty());
-        if staged_mesh && own_form {
+        if staged_mesh && own_form && !self.staged_hosts_meet(placement) {
             return Err(WorkloadError::Point(format!(
                 "{} over {} needs a switch testbed (--topology switch): on a mesh each stage reaches an earlier one over the link between them, and {} listens on one interface",
                 point.spec.test, point.spec.transport, point.spec.transport
