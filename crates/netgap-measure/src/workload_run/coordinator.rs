@@ -117,6 +117,45 @@ pub(super) struct Link {
 
 type Event = (usize, Result<Reply, ControlError>);
 
+impl HostInfo {
+    /// The error naming this host.
+    fn error(&self, detail: String) -> WorkloadError {
+        WorkloadError::Host {
+            host: self.name.clone(),
+            control: self.control.to_string(),
+            detail,
+        }
+    }
+}
+
+impl Link {
+    /// The session of host `i` over the handshaken `link`, its replies read
+    /// by a thread of its own into `tx`.
+    fn start(
+        i: usize,
+        host: HostInfo,
+        link: crate::handshake::AgentLink,
+        tx: mpsc::Sender<Event>,
+    ) -> Result<Link, WorkloadError> {
+        let writer = link
+            .conn
+            .try_clone_stream()
+            .map_err(|e| host.error(e.to_string()))?;
+        let conn = link.conn;
+        std::thread::Builder::new()
+            .name(format!("control {}", host.name))
+            .spawn(move || read_replies(i, conn, tx))
+            .map_err(|e| host.error(format!("cannot start a reader thread: {e}")))?;
+        Ok(Link {
+            host,
+            writer,
+            session: link.session,
+            facts: link.peer_host,
+            pending: VecDeque::new(),
+        })
+    }
+}
+
 /// The failure of a handshake, named by `fail`.
 fn link_failure(e: LinkError, fail: &dyn Fn(String) -> WorkloadError) -> WorkloadError {
     match e {
@@ -182,12 +221,7 @@ fn wait_for_agents(
                 Err(LinkError::Connect(e)) if may_be_starting(&e) => why[i] = e.to_string(),
                 Err(e) => {
                     let host = &hosts[i];
-                    let fail = |detail: String| WorkloadError::Host {
-                        host: host.name.clone(),
-                        control: host.control.to_string(),
-                        detail,
-                    };
-                    return Err(link_failure(e, &fail));
+                    return Err(link_failure(e, &|detail| host.error(detail)));
                 }
             }
         }
@@ -374,33 +408,13 @@ impl WorkloadCoordinator {
             None => hosts.iter().map(|_| None).collect(),
         };
         for (i, host) in hosts.into_iter().enumerate() {
-            let fail = |detail: String| WorkloadError::Host {
-                host: host.name.clone(),
-                control: host.control.to_string(),
-                detail,
-            };
             let link = match early[i].take() {
                 Some(link) => link,
-                None => handshake(&host.control, key).map_err(|e| link_failure(e, &fail))?,
+                None => handshake(&host.control, key)
+                    .map_err(|e| link_failure(e, &|detail| host.error(detail)))?,
             };
             local_ip = local_ip.or(link.local_ip);
-            let writer = link
-                .conn
-                .try_clone_stream()
-                .map_err(|e| fail(e.to_string()))?;
-            let (conn, session, facts) = (link.conn, link.session, link.peer_host);
-            let tx = tx.clone();
-            std::thread::Builder::new()
-                .name(format!("control {}", host.name))
-                .spawn(move || read_replies(i, conn, tx))
-                .map_err(|e| fail(format!("cannot start a reader thread: {e}")))?;
-            links.push(Link {
-                host,
-                writer,
-                session,
-                facts,
-                pending: VecDeque::new(),
-            });
+            links.push(Link::start(i, host, link, tx.clone())?);
         }
         let lost = vec![None; links.len()];
         Ok(WorkloadCoordinator {
@@ -442,30 +456,9 @@ impl WorkloadCoordinator {
                 continue;
             }
             let host = self.links[i].host.clone();
-            let fail = |detail: String| WorkloadError::Host {
-                host: host.name.clone(),
-                control: host.control.to_string(),
-                detail,
-            };
-            let link =
-                handshake(&host.control, self.key.as_ref()).map_err(|e| link_failure(e, &fail))?;
-            let writer = link
-                .conn
-                .try_clone_stream()
-                .map_err(|e| fail(e.to_string()))?;
-            let tx = self.tx.clone();
-            let conn = link.conn;
-            std::thread::Builder::new()
-                .name(format!("control {}", host.name))
-                .spawn(move || read_replies(i, conn, tx))
-                .map_err(|e| fail(format!("cannot start a reader thread: {e}")))?;
-            self.links[i] = Link {
-                host,
-                writer,
-                session: link.session,
-                facts: link.peer_host,
-                pending: VecDeque::new(),
-            };
+            let link = handshake(&host.control, self.key.as_ref())
+                .map_err(|e| link_failure(e, &|detail| host.error(detail)))?;
+            self.links[i] = Link::start(i, host, link, self.tx.clone())?;
             self.lost[i] = None;
             self.running[i] = None;
             self.setup[i] = None;
@@ -475,11 +468,7 @@ impl WorkloadCoordinator {
 
     /// The error naming host `i`.
     pub(super) fn host_error(&self, i: usize, detail: String) -> WorkloadError {
-        WorkloadError::Host {
-            host: self.links[i].host.name.clone(),
-            control: self.links[i].host.control.to_string(),
-            detail,
-        }
+        self.links[i].host.error(detail)
     }
 
     fn send(&mut self, i: usize, req: &Request) -> Result<(), WorkloadError> {
