@@ -1180,8 +1180,17 @@ impl Shared {
                         std::thread::yield_now();
                     }
                 }
-                // Frames still wait on the TX ring: ring again, not sleep.
-                Mode::Event if io.tx_backlog() => drop(st),
+                // Frames still wait on the TX ring: ring again, not sleep,
+                // but let the other threads of the port run first: with
+                // several flows on one port, waiters that spun straight
+                // back to its lock took the CPU from the ones that had
+                // work (four streams from one host went from 4.2-4.8 to
+                // 5.4-6.1 Gbit/s; one stream and the event-mode ping-pong
+                // unchanged).
+                Mode::Event if io.tx_backlog() => {
+                    drop(st);
+                    std::thread::yield_now();
+                }
                 Mode::Event => {
                     let sleep = s
                         .next_timer(now_ns)
