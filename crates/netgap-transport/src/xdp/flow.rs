@@ -77,6 +77,9 @@ const HALF_OPEN_WINDOW_BYTES: usize = 64 << 10;
 /// probes) may take: data never holds them, so every session can always
 /// acknowledge.
 const CONTROL_RESERVE_FRAMES: usize = 64;
+/// Receive buffers no session's credit counts on: those the pump holds
+/// before it gives them back in a batch, and room for control frames.
+const RX_RESERVE_FRAMES: usize = FILL_BATCH + RX_BATCH as usize + 64;
 
 /// The monotonic clock, ns: the clock `Instant` reads (CLOCK_MONOTONIC,
 /// through the vDSO), without its conversions through `Duration` and
@@ -276,6 +279,9 @@ pub(crate) struct Session {
     recv_mss: usize,
     send: SendWindow,
     recv: RecvWindow,
+    /// Most frames this session's credit announces: its share of the
+    /// port's receive buffers (see [`PortState::reshare`]).
+    credit_cap: u32,
     stats: DatagramStats,
     /// Frames moved into this session (a waiter sees progress).
     arrivals: u64,
@@ -312,7 +318,7 @@ impl Session {
         mss: usize,
         window_bytes: usize,
         isn: u32,
-        tx_count: usize,
+        (tx_count, credit_cap): (usize, u32),
     ) -> io::Result<Session> {
         let max_inflight = send_buffers(tx_count);
         Ok(Session {
@@ -322,7 +328,8 @@ impl Session {
             recv_mss: mss,
             send: SendWindow::new(isn, 0, max_inflight),
             // Until the peer's opening names its initial sequence number.
-            recv: RecvWindow::new(0, mss, window_bytes),
+            recv: RecvWindow::capped(0, mss, window_bytes, credit_cap),
+            credit_cap,
             stats: DatagramStats::default(),
             arrivals: 0,
             woken: false,
@@ -538,7 +545,7 @@ impl Session {
     fn opened(&mut self, h: &Header) {
         self.peer_isn = h.seq;
         self.send = SendWindow::new(self.isn, h.credit, self.max_inflight);
-        self.recv = RecvWindow::new(h.seq, self.recv_mss, self.window_bytes);
+        self.recv = RecvWindow::capped(h.seq, self.recv_mss, self.window_bytes, self.credit_cap);
         self.mss = peer_mss(u32::try_from(h.sack).unwrap_or(u32::MAX), self.recv_mss);
     }
 
@@ -705,16 +712,35 @@ pub(crate) struct PortState {
 
 impl PortState {
     /// Shares the transmit buffers past the control reserve evenly among
-    /// the sessions there are now.
+    /// the sessions there are now, and the receive buffers too: each
+    /// session's credit lets its peer have at most its share in flight, so
+    /// that many senders into one port (a fan-in's server) cannot overrun
+    /// its receive ring while its pump is away, which the kernel answers by
+    /// dropping frames that must then be sent again.
     fn reshare(&mut self) {
-        self.io.share = self.io.tx_count().saturating_sub(CONTROL_RESERVE_FRAMES)
-            / self.table.sessions().max(1);
+        let sessions = self.table.sessions().max(1);
+        self.io.share = self.io.tx_count().saturating_sub(CONTROL_RESERVE_FRAMES) / sessions;
+        let cap = self.credit_cap(sessions);
+        for slot in self.table.slots_mut() {
+            slot.value.credit_cap = cap;
+            slot.value.recv.cap_credit(cap);
+        }
+    }
+
+    /// Each session's share of the receive buffers when there are
+    /// `sessions`, in frames.
+    fn credit_cap(&self, sessions: usize) -> u32 {
+        let share = (self.io.tx_first as usize).saturating_sub(RX_RESERVE_FRAMES) / sessions.max(1);
+        u32::try_from(share).unwrap_or(u32::MAX)
     }
 
     fn new_session(&mut self) -> io::Result<Session> {
         let isn = (self.random)()?;
         let tx = self.io.tx_count();
-        Session::new(0, self.mss, self.window_bytes, isn, tx)
+        // Capped for the sessions there will be with it, before its
+        // opening announces a credit.
+        let cap = self.credit_cap(self.table.sessions() + 1);
+        Session::new(0, self.mss, self.window_bytes, isn, (tx, cap))
     }
 
     /// A fresh flow id, or why there is none.

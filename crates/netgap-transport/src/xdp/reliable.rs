@@ -574,6 +574,10 @@ pub struct RecvWindow {
     owed_frames: u32,
     owed_since_ns: Option<u64>,
     credit_sent: u32,
+    /// Most frames one credit may announce past what was delivered in
+    /// order: the receiving port's share of its receive buffers, so that
+    /// the frames every sender may have in flight fit them together.
+    credit_cap_frames: u32,
 }
 
 impl RecvWindow {
@@ -581,6 +585,13 @@ impl RecvWindow {
     /// sequence number), with frames of at most `mss` payload bytes and
     /// room for `capacity_bytes` not yet read.
     pub fn new(isn: u32, mss: usize, capacity_bytes: usize) -> RecvWindow {
+        RecvWindow::capped(isn, mss, capacity_bytes, MAX_WINDOW_FRAMES)
+    }
+
+    /// A receiver as [`RecvWindow::new`] makes, whose credits announce at
+    /// most `cap_frames` past the next in-order frame from the first (see
+    /// [`RecvWindow::cap_credit`]).
+    pub fn capped(isn: u32, mss: usize, capacity_bytes: usize, cap_frames: u32) -> RecvWindow {
         let mss = mss.max(1);
         let mut w = RecvWindow {
             next: isn,
@@ -595,6 +606,7 @@ impl RecvWindow {
             owed_frames: 0,
             owed_since_ns: None,
             credit_sent: 0,
+            credit_cap_frames: cap_frames.clamp(1, MAX_WINDOW_FRAMES),
         };
         w.credit_sent = w.credit();
         w
@@ -613,8 +625,22 @@ impl RecvWindow {
             .saturating_sub(self.ready.len() + self.ahead_bytes);
         let frames = u32::try_from(free / self.mss)
             .unwrap_or(u32::MAX)
-            .min(MAX_WINDOW_FRAMES);
+            .min(self.credit_cap_frames);
         self.next.wrapping_add(frames)
+    }
+
+    /// Caps what a credit announces at `frames` past the next in-order
+    /// frame (at least one, at most [`MAX_WINDOW_FRAMES`]). A credit already
+    /// sent stays good: frames under it are still taken.
+    pub fn cap_credit(&mut self, frames: u32) {
+        self.credit_cap_frames = frames.clamp(1, MAX_WINDOW_FRAMES);
+    }
+
+    /// The frames a full credit announces: the room, or the cap if less.
+    fn window_frames(&self) -> u32 {
+        u32::try_from(self.capacity_bytes / self.mss)
+            .unwrap_or(u32::MAX)
+            .min(self.credit_cap_frames)
     }
 
     /// Takes a data (`fin` false) or closing frame of sequence `seq`,
@@ -708,7 +734,7 @@ impl RecvWindow {
         {
             return true;
         }
-        let window = (self.capacity_bytes / self.mss) as u32;
+        let window = self.window_frames();
         let opened = self.credit().wrapping_sub(self.credit_sent);
         !seq_lt(self.credit(), self.credit_sent) && opened >= (window / 4).max(1)
     }
@@ -869,6 +895,38 @@ mod tests {
         let mut buf = [0u8; 16];
         assert_eq!(r.read(&mut buf), 10);
         assert!(r.finished());
+    }
+
+    #[test]
+    fn a_capped_credit_announces_at_most_the_cap_and_keeps_what_was_sent() {
+        let mss = 1000;
+        let mut w = RecvWindow::new(100, mss, 100 * mss);
+        assert_eq!(w.credit(), 200);
+        w.cap_credit(10);
+        assert_eq!(w.credit(), 110);
+        // Frames under the credit announced before the cap are still
+        // taken.
+        assert_eq!(w.on_frame(150, &[0; 1000], false, 0), Arrival::Buffered);
+        w.cap_credit(0);
+        assert_eq!(w.credit_frames(), 1, "at least one frame");
+
+        // Capped from the first: the credit it starts with is the cap's,
+        // counted past the next in-order frame (the frames a sender may
+        // have on their way, whatever the reader has not read yet).
+        let mut w = RecvWindow::capped(0, mss, 100 * mss, 8);
+        assert_eq!(w.credit_frames(), 8);
+        assert_eq!(w.on_frame(8, &[0; 1000], false, 0), Arrival::OutOfWindow);
+        for seq in 0..8 {
+            assert_eq!(w.on_frame(seq, &[0; 1000], false, 0), Arrival::InOrder);
+        }
+        assert_eq!(w.take_ack().1, 16);
+        // Two more frames open a quarter of the capped window (8), far
+        // from a quarter of the room (100): an acknowledgment is due.
+        for seq in 8..10 {
+            assert_eq!(w.on_frame(seq, &[0; 1000], false, 0), Arrival::InOrder);
+        }
+        assert!(w.ack_due(0));
+        assert_eq!(w.take_ack().1, 18);
     }
 
     #[test]
