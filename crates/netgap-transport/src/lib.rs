@@ -400,26 +400,26 @@ pub fn total_datagrams(monitors: &[Arc<dyn FlowMonitor>]) -> Option<DatagramStat
         return None;
     }
     let mut total = DatagramStats::default();
+    // Each shared scope's drops, as the flow that read them last saw them
+    // (a later read has counted at least as many).
     let mut scopes: Vec<(u64, u64)> = Vec::new();
     for m in monitors {
         let d = m.datagram_stats();
         let own = match m.drops_scope() {
             None => d.dropped,
-            Some(scope) => match scopes.iter_mut().find(|(s, _)| *s == scope) {
-                // The same scope read later has counted at least as many.
-                Some((_, seen)) => {
-                    let more = d.dropped.saturating_sub(*seen);
-                    *seen = (*seen).max(d.dropped);
-                    more
+            Some(scope) => {
+                match scopes.iter_mut().find(|(s, _)| *s == scope) {
+                    Some((_, seen)) => *seen = (*seen).max(d.dropped),
+                    None => scopes.push((scope, d.dropped)),
                 }
-                None => {
-                    scopes.push((scope, d.dropped));
-                    d.dropped
-                }
-            },
+                0
+            }
         };
         total = total.plus(&DatagramStats { dropped: own, ..d });
     }
+    total.dropped = scopes
+        .iter()
+        .fold(total.dropped, |sum, (_, seen)| sum.saturating_add(*seen));
     Some(total)
 }
 

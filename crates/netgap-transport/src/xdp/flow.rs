@@ -279,9 +279,6 @@ pub(crate) struct Session {
     recv_mss: usize,
     send: SendWindow,
     recv: RecvWindow,
-    /// Most frames this session's credit announces: its share of the
-    /// port's receive buffers (see [`PortState::reshare`]).
-    credit_cap: u32,
     stats: DatagramStats,
     /// Frames moved into this session (a waiter sees progress).
     arrivals: u64,
@@ -329,7 +326,6 @@ impl Session {
             send: SendWindow::new(isn, 0, max_inflight),
             // Until the peer's opening names its initial sequence number.
             recv: RecvWindow::capped(0, mss, window_bytes, credit_cap),
-            credit_cap,
             stats: DatagramStats::default(),
             arrivals: 0,
             woken: false,
@@ -545,7 +541,10 @@ impl Session {
     fn opened(&mut self, h: &Header) {
         self.peer_isn = h.seq;
         self.send = SendWindow::new(self.isn, h.credit, self.max_inflight);
-        self.recv = RecvWindow::capped(h.seq, self.recv_mss, self.window_bytes, self.credit_cap);
+        // The cap is the port's share for this session (see
+        // `PortState::reshare`), kept across the new window.
+        let cap = self.recv.credit_cap_frames();
+        self.recv = RecvWindow::capped(h.seq, self.recv_mss, self.window_bytes, cap);
         self.mss = peer_mss(u32::try_from(h.sack).unwrap_or(u32::MAX), self.recv_mss);
     }
 
@@ -722,7 +721,6 @@ impl PortState {
         self.io.share = self.io.tx_count().saturating_sub(CONTROL_RESERVE_FRAMES) / sessions;
         let cap = self.credit_cap(sessions);
         for slot in self.table.slots_mut() {
-            slot.value.credit_cap = cap;
             slot.value.recv.cap_credit(cap);
         }
     }

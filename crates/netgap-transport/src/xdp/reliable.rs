@@ -636,6 +636,11 @@ impl RecvWindow {
         self.credit_cap_frames = frames.clamp(1, MAX_WINDOW_FRAMES);
     }
 
+    /// The cap [`RecvWindow::cap_credit`] set, in frames.
+    pub fn credit_cap_frames(&self) -> u32 {
+        self.credit_cap_frames
+    }
+
     /// The frames a full credit announces: the room, or the cap if less.
     fn window_frames(&self) -> u32 {
         u32::try_from(self.capacity_bytes / self.mss)
