@@ -302,6 +302,29 @@ fn check_bytes(
     }
 }
 
+/// The iterations that fill `budget`: trials growing by
+/// [`CALIBRATION_GROWTH`] until one fills [`CALIBRATION_FRACTION`] of it.
+fn calibrate(
+    d: &mut Driver<'_>,
+    budget: Duration,
+    scratch: &mut LatencyHistogram,
+    warmup_iterations: &mut u64,
+) -> Result<u64, RunError> {
+    let budget_ns = u64::try_from(budget.as_nanos()).unwrap_or(u64::MAX).max(1);
+    let target_ns = budget_ns / u64::from(CALIBRATION_FRACTION);
+    let mut trial = 1u64;
+    loop {
+        let m = d.rep(trial, Phase::Warmup, scratch)?;
+        *warmup_iterations += trial;
+        let elapsed_ns = m.client.elapsed_ns.max(1);
+        if elapsed_ns >= target_ns || trial >= MAX_ITERATIONS / CALIBRATION_GROWTH {
+            let per_iteration_ns = (elapsed_ns as f64 / trial as f64).max(1e-3);
+            return Ok(((budget_ns as f64 / per_iteration_ns) as u64).clamp(1, MAX_ITERATIONS));
+        }
+        trial *= CALIBRATION_GROWTH;
+    }
+}
+
 /// Measures one point: warm-up, calibration, then `method.reps` repetitions,
 /// or with a [`CiTarget`] as many as it needs (judged on the client role's
 /// per-repetition value). `on_rep` is called after each measured repetition
@@ -338,19 +361,7 @@ pub fn measure_point(
     let iterations_per_rep = match method.iterations {
         IterationPolicy::Fixed(n) => n,
         IterationPolicy::Budget(budget) => {
-            let budget_ns = u64::try_from(budget.as_nanos()).unwrap_or(u64::MAX).max(1);
-            let target_ns = budget_ns / u64::from(CALIBRATION_FRACTION);
-            let mut trial = 1u64;
-            loop {
-                let m = d.rep(trial, Phase::Warmup, &mut scratch)?;
-                warmup_iterations += trial;
-                let elapsed_ns = m.client.elapsed_ns.max(1);
-                if elapsed_ns >= target_ns || trial >= MAX_ITERATIONS / CALIBRATION_GROWTH {
-                    let per_iteration_ns = (elapsed_ns as f64 / trial as f64).max(1e-3);
-                    break ((budget_ns as f64 / per_iteration_ns) as u64).clamp(1, MAX_ITERATIONS);
-                }
-                trial *= CALIBRATION_GROWTH;
-            }
+            calibrate(&mut d, budget, &mut scratch, &mut warmup_iterations)?
         }
     };
 
