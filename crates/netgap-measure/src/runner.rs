@@ -304,6 +304,12 @@ fn check_bytes(
 
 /// The iterations that fill `budget`: trials growing by
 /// [`CALIBRATION_GROWTH`] until one fills [`CALIBRATION_FRACTION`] of it.
+/// That trial is run once more and the faster of the two sets the count:
+/// one stalled trial (a cold first transfer, a preempted thread on a busy
+/// machine) would otherwise make every repetition far shorter than the
+/// budget (a 20 ms budget whose single-iteration trial stalled for 20 ms
+/// gave repetitions of one iteration, a whole point in a second). A second
+/// trial that no longer fills the fraction was the stall: growth goes on.
 fn calibrate(
     d: &mut Driver<'_>,
     budget: Duration,
@@ -313,13 +319,22 @@ fn calibrate(
     let budget_ns = u64::try_from(budget.as_nanos()).unwrap_or(u64::MAX).max(1);
     let target_ns = budget_ns / u64::from(CALIBRATION_FRACTION);
     let mut trial = 1u64;
+    let mut timed = |d: &mut Driver<'_>, n: u64| -> Result<u64, RunError> {
+        let m = d.rep(n, Phase::Warmup, scratch)?;
+        *warmup_iterations += n;
+        Ok(m.client.elapsed_ns.max(1))
+    };
     loop {
-        let m = d.rep(trial, Phase::Warmup, scratch)?;
-        *warmup_iterations += trial;
-        let elapsed_ns = m.client.elapsed_ns.max(1);
-        if elapsed_ns >= target_ns || trial >= MAX_ITERATIONS / CALIBRATION_GROWTH {
-            let per_iteration_ns = (elapsed_ns as f64 / trial as f64).max(1e-3);
-            return Ok(((budget_ns as f64 / per_iteration_ns) as u64).clamp(1, MAX_ITERATIONS));
+        let mut elapsed_ns = timed(d, trial)?;
+        let last = trial >= MAX_ITERATIONS / CALIBRATION_GROWTH;
+        if elapsed_ns >= target_ns || last {
+            if !last {
+                elapsed_ns = elapsed_ns.min(timed(d, trial)?);
+            }
+            if elapsed_ns >= target_ns || last {
+                let per_iteration_ns = (elapsed_ns as f64 / trial as f64).max(1e-3);
+                return Ok(((budget_ns as f64 / per_iteration_ns) as u64).clamp(1, MAX_ITERATIONS));
+            }
         }
         trial *= CALIBRATION_GROWTH;
     }
@@ -464,5 +479,80 @@ mod tests {
             "{e:?}"
         );
         assert!(check_bytes("server to client", 10, u64::MAX, Some(1)).is_err());
+    }
+
+    /// A role whose repetitions take `per_iteration_ns` each, except the
+    /// ones listed in `stalls` (by call, from 0), which take `stall_ns`.
+    struct Scripted {
+        per_iteration_ns: u64,
+        stalls: Vec<usize>,
+        stall_ns: u64,
+        calls: usize,
+    }
+
+    impl ClientRole for Scripted {
+        fn run(
+            &mut self,
+            iterations: u64,
+            _rtt_hist: &mut LatencyHistogram,
+        ) -> Result<RepOutcome, FlowError> {
+            let elapsed_ns = if self.stalls.contains(&self.calls) {
+                self.stall_ns
+            } else {
+                iterations * self.per_iteration_ns
+            };
+            self.calls += 1;
+            Ok(RepOutcome {
+                elapsed_ns,
+                value: 1.0,
+                bytes_tx: 0,
+                bytes_rx: 0,
+                helper_cpu_ns: 0,
+            })
+        }
+    }
+
+    struct QuietPeer;
+
+    impl PeerControl for QuietPeer {
+        fn start(&mut self, _iterations: u64, _phase: Phase) -> Result<(), RunError> {
+            Ok(())
+        }
+        fn finish(&mut self) -> Result<ServerRep, RunError> {
+            Ok(ServerRep::default())
+        }
+    }
+
+    fn iterations_for_20ms(stalls: Vec<usize>) -> u64 {
+        let mut role = Scripted {
+            per_iteration_ns: 10_000,
+            stalls,
+            stall_ns: 30_000_000,
+            calls: 0,
+        };
+        let method = Method {
+            reps: 2,
+            iterations: IterationPolicy::Budget(Duration::from_millis(20)),
+            warmup: None,
+            ci: None,
+        };
+        measure_point(&mut role, &mut QuietPeer, &method, &mut |_| {})
+            .expect("measured")
+            .iterations_per_rep
+    }
+
+    #[test]
+    fn one_stalled_calibration_trial_does_not_shorten_the_repetitions() {
+        // 10 µs an iteration: 2,000 fill 20 ms.
+        assert_eq!(iterations_for_20ms(vec![]), 2000);
+        // The first trial (one iteration) stalls for 30 ms: alone it would
+        // give repetitions of one iteration.
+        assert_eq!(iterations_for_20ms(vec![0]), 2000);
+        // A stall in the trial that fills the fraction, or in its repeat,
+        // is outvoted by the other.
+        for call in 1..8 {
+            let n = iterations_for_20ms(vec![call]);
+            assert!((1800..=2000).contains(&n), "stall in call {call}: {n}");
+        }
     }
 }
