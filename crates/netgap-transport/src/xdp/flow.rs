@@ -47,6 +47,7 @@ use netgap_core::spec::Mode;
 use netgap_proto::dataproof::FlowKey;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
@@ -120,6 +121,9 @@ pub(crate) struct PortIo {
     /// data, or a control frame).
     tx_release: Vec<bool>,
     tx_queued: bool,
+    /// The doorbell is due: rung by the port's guard once it has let the
+    /// lock go (see [`PortGuard`]).
+    kick_wanted: bool,
     /// Frames on the TX ring whose sending has not completed: the kernel
     /// sends a bounded batch per doorbell (32 in copy mode), so the bell
     /// rings again while any wait.
@@ -169,6 +173,7 @@ impl PortIo {
             tx_pending: vec![0; tx_count as usize],
             tx_release: vec![false; tx_count as usize],
             tx_queued: false,
+            kick_wanted: false,
             tx_outstanding: 0,
             share: (tx_count as usize).saturating_sub(CONTROL_RESERVE_FRAMES),
             t0_ns: monotonic_ns(),
@@ -202,10 +207,14 @@ impl PortIo {
         }
     }
 
+    /// Asks for the doorbell: the port's guard rings it after letting
+    /// the lock go, so that the kernel's transmit (in copy mode the whole
+    /// delivery through the link, during the call) does not hold the port
+    /// from its other threads.
     fn flush(&mut self) -> Result<(), FlowError> {
         if self.tx_queued || self.tx_outstanding > 0 {
             self.tx_queued = false;
-            self.xsk.kick().map_err(FlowError::Io)?;
+            self.kick_wanted = true;
         }
         Ok(())
     }
@@ -968,8 +977,66 @@ static PORTS: Mutex<Vec<(PortKey, Weak<Port>)>> = Mutex::new(Vec::new());
 pub(crate) struct Port {
     st: Mutex<PortState>,
     fd: RawFd,
+    /// The error of the last doorbell rung without the lock (0: none),
+    /// for the next waiter to report.
+    kick_errno: AtomicI32,
     attach: Attach,
     key: PortKey,
+}
+
+/// The port's lock, held: when it lets the lock go it rings the doorbell
+/// the holder asked for ([`PortIo::flush`]).
+pub(crate) struct PortGuard<'a> {
+    st: Option<MutexGuard<'a, PortState>>,
+    port: &'a Port,
+}
+
+impl<'a> PortGuard<'a> {
+    /// The lock itself (for a condition variable's wait), with the
+    /// doorbell rung first if asked for: the frames go before the sleep.
+    fn into_inner(mut self) -> MutexGuard<'a, PortState> {
+        let mut st = self.st.take().expect("a held guard");
+        if std::mem::take(&mut st.io.kick_wanted) {
+            if let Err(e) = st.io.xsk.kick() {
+                self.record(&e);
+            }
+        }
+        st
+    }
+
+    fn record(&self, e: &io::Error) {
+        self.port
+            .kick_errno
+            .store(e.raw_os_error().unwrap_or(libc::EIO), Ordering::Relaxed);
+    }
+}
+
+impl std::ops::Deref for PortGuard<'_> {
+    type Target = PortState;
+    fn deref(&self) -> &PortState {
+        self.st.as_ref().expect("a held guard")
+    }
+}
+
+impl std::ops::DerefMut for PortGuard<'_> {
+    fn deref_mut(&mut self) -> &mut PortState {
+        self.st.as_mut().expect("a held guard")
+    }
+}
+
+impl Drop for PortGuard<'_> {
+    fn drop(&mut self) {
+        let Some(mut st) = self.st.take() else {
+            return;
+        };
+        let ring = std::mem::take(&mut st.io.kick_wanted) && st.io.xsk.tx_needs_wakeup();
+        drop(st);
+        if ring {
+            if let Err(e) = super::sys::ring_doorbell(self.port.fd) {
+                self.record(&e);
+            }
+        }
+    }
 }
 
 impl Port {
@@ -1001,6 +1068,7 @@ impl Port {
                 random,
             }),
             fd,
+            kick_errno: AtomicI32::new(0),
             attach,
             key: key.clone(),
         });
@@ -1008,11 +1076,22 @@ impl Port {
         Ok(port)
     }
 
-    fn lock(&self) -> MutexGuard<'_, PortState> {
+    fn lock(&self) -> PortGuard<'_> {
         // A poisoned lock means a thread panicked mid-pump; the port's
         // state is still memory-safe, and its flows fail on their own
         // terms.
-        self.st.lock().unwrap_or_else(|e| e.into_inner())
+        PortGuard {
+            st: Some(self.st.lock().unwrap_or_else(|e| e.into_inner())),
+            port: self,
+        }
+    }
+
+    /// The error of a doorbell rung without the lock, once.
+    fn kick_error(&self) -> Result<(), FlowError> {
+        match self.kick_errno.swap(0, Ordering::Relaxed) {
+            0 => Ok(()),
+            e => Err(FlowError::Io(io::Error::from_raw_os_error(e))),
+        }
     }
 
     /// Pumps the port once, reading the clock.
@@ -1157,6 +1236,7 @@ impl Shared {
         let mut first = true;
         let mut seen_arrivals = 0u64;
         loop {
+            self.port.kick_error()?;
             let mut st = self.port.lock();
             // The first try goes before any pump: a send that has credit,
             // or a receive whose bytes are here, needs none.
@@ -1226,7 +1306,7 @@ impl Shared {
                         let (mut st, _) = self
                             .signal
                             .cv
-                            .wait_timeout(st, sleep)
+                            .wait_timeout(st.into_inner(), sleep)
                             .unwrap_or_else(|e| e.into_inner());
                         if let Ok((_, s)) = st.session(self.id) {
                             s.cv_waiters -= 1;

@@ -508,24 +508,16 @@ impl Xsk {
     /// Rings the doorbell: tells the kernel the TX ring has frames (in
     /// copy mode the kernel sends them during this call).
     pub(crate) fn kick(&mut self) -> io::Result<()> {
+        if !self.tx_needs_wakeup() {
+            return Ok(());
+        }
+        ring_doorbell(self.fd)
+    }
+
+    /// Whether the kernel wants the doorbell to take the TX ring's frames.
+    pub(crate) fn tx_needs_wakeup(&self) -> bool {
         // SAFETY: the TX ring is live.
-        if unsafe { netgap_xsk_needs_wakeup(&*self.tx) } == 0 {
-            return Ok(());
-        }
-        // SAFETY: a zero-length sendto on the socket's descriptor, no
-        // buffer and no address, is AF_XDP's TX wake-up.
-        let rc =
-            unsafe { libc::sendto(self.fd, ptr::null(), 0, libc::MSG_DONTWAIT, ptr::null(), 0) };
-        if rc >= 0 {
-            return Ok(());
-        }
-        let e = io::Error::last_os_error();
-        match e.raw_os_error() {
-            // The kernel is busy or the completion ring is full: the frames
-            // stay queued and go with the next kick.
-            Some(libc::EAGAIN | libc::EBUSY | libc::ENOBUFS | libc::ENETDOWN) => Ok(()),
-            _ => Err(e),
-        }
+        unsafe { netgap_xsk_needs_wakeup(&*self.tx) != 0 }
     }
 
     /// Whether the kernel wants a wake-up to take the fill ring's frames.
@@ -562,5 +554,25 @@ impl Drop for Xsk {
                 unsafe { libc::close(fd) };
             }
         }
+    }
+}
+
+/// The TX doorbell of the AF_XDP socket `fd`: a zero-length `sendto`.
+/// Safe to ring without the port's lock (the kernel serializes a socket's
+/// transmits), so a sender that rings it after letting the lock go leaves
+/// the port to its other threads while the kernel sends.
+pub(crate) fn ring_doorbell(fd: RawFd) -> io::Result<()> {
+    // SAFETY: a zero-length sendto on the socket's descriptor, no buffer
+    // and no address, is AF_XDP's TX wake-up.
+    let rc = unsafe { libc::sendto(fd, ptr::null(), 0, libc::MSG_DONTWAIT, ptr::null(), 0) };
+    if rc >= 0 {
+        return Ok(());
+    }
+    let e = io::Error::last_os_error();
+    match e.raw_os_error() {
+        // The kernel is busy or the completion ring is full: the frames
+        // stay queued and go with the next kick.
+        Some(libc::EAGAIN | libc::EBUSY | libc::ENOBUFS | libc::ENETDOWN) => Ok(()),
+        _ => Err(e),
     }
 }
