@@ -4,7 +4,9 @@
 # fuzz/corpus/TARGET, then prints one line per target: executions, edges
 # covered (libFuzzer's "cov"), features ("ft") and peak memory. New inputs
 # go to a scratch directory, so the kept corpus stays small; pass --keep to
-# merge the new inputs that add coverage into it.
+# merge the new inputs that add coverage into it; --dev builds the targets
+# unoptimized (with debug assertions), in half the time: enough for a check
+# that every target runs on its corpus (CI), not for a long search.
 #
 # Needs cargo-fuzz (`cargo install cargo-fuzz --locked`); its sanitizer
 # flags are nightly features, which the stable toolchain accepts under
@@ -14,11 +16,13 @@ cd "$(dirname "$0")"
 
 secs=60
 keep=0
+dev=0
 only=()
 for arg in "$@"; do
     case "$arg" in
         --keep) keep=1 ;;
-        "" | -*) echo "usage: fuzz/run.sh [SECONDS] [--keep] [TARGET...]" >&2; exit 2 ;;
+        --dev) dev=1 ;;
+        "" | -*) echo "usage: fuzz/run.sh [SECONDS] [--keep] [--dev] [TARGET...]" >&2; exit 2 ;;
         *[!0-9]*) only+=("$arg") ;;
         *) secs=$arg ;;
     esac
@@ -32,8 +36,13 @@ export RUSTC_BOOTSTRAP=1
 
 # Built once: the runs below use these binaries, so editing the sources
 # meanwhile changes nothing.
-cargo fuzz build -O
-bin=target/x86_64-unknown-linux-gnu/release
+if [ "$dev" = 1 ]; then
+    cargo fuzz build --dev
+    bin=target/x86_64-unknown-linux-gnu/debug
+else
+    cargo fuzz build -O
+    bin=target/x86_64-unknown-linux-gnu/release
+fi
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
 printf '%-18s %12s %8s %8s %8s\n' target executions cov ft rss_mb
