@@ -36,7 +36,7 @@ pub mod ring;
 mod sys;
 
 use self::region::{Region, RingId};
-use self::ring::{Consumer, Producer, RingError};
+use self::ring::{low_half, Consumer, Producer, RingError};
 use super::{
     Capabilities, Flow, FlowConfig, FlowError, Listener, Receiver, Sender, Transport,
     TransportError, Unavailable,
@@ -46,7 +46,7 @@ use std::io;
 use std::net::Shutdown;
 use std::os::fd::AsFd;
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::sync::atomic::{fence, AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -257,11 +257,11 @@ impl ShmFlow {
 enum Attempt {
     /// This many bytes (at least 1) moved.
     Moved(usize),
-    /// Nothing could move; the futex word being waited on holds `expected`
-    /// until the peer makes room or data.
+    /// Nothing could move; the peer's index (and so the futex word, its low
+    /// half) holds `expected` until the peer makes room or data.
     Blocked {
-        /// Low 32 bits of the peer's index as last read.
-        expected: u32,
+        /// The peer's index as last read.
+        expected: u64,
     },
 }
 
@@ -313,23 +313,31 @@ impl Stall {
 }
 
 /// Waits until `attempt` moves bytes, per the flow's mode. `flag` is this
-/// side's "waiter is sleeping" flag and `word` the futex word `attempt`'s
-/// `expected` refers to.
+/// side's "waiter is sleeping" flag, `index` the peer's index that
+/// `attempt`'s `expected` refers to (and whose low half is the futex word),
+/// and `seen` its value when the caller's own attempt found nothing to move.
 fn wait_for(
     shared: &Shared,
     flag: &AtomicU32,
-    word: *const u32,
+    index: &AtomicU64,
+    mut seen: u64,
     mut attempt: impl FnMut() -> Result<Attempt, FlowError>,
 ) -> Result<usize, FlowError> {
     let mut stall = Stall::default();
     let failed = loop {
         match shared.mode {
             Mode::Poll => {
+                // Only the peer's index is watched, as the C floor watches
+                // its flag; the whole attempt (bounds checks, copy, its
+                // result) runs once the index has moved.
                 for _ in 0..SPINS_PER_CLOCK_READ {
-                    std::hint::spin_loop();
-                    if let Attempt::Moved(n) = attempt()? {
-                        return Ok(n);
+                    if index.load(Ordering::Relaxed) != seen {
+                        match attempt()? {
+                            Attempt::Moved(n) => return Ok(n),
+                            Attempt::Blocked { expected } => seen = expected,
+                        }
                     }
+                    std::hint::spin_loop();
                 }
             }
             Mode::Event => {
@@ -349,7 +357,8 @@ fn wait_for(
                     Attempt::Blocked { expected } => expected,
                 };
                 let left = stall.left(Instant::now(), shared.timeout);
-                let slept = sys::futex_wait(word, expected, left.min(SLEEP_SLICE));
+                let slept =
+                    sys::futex_wait(low_half(index), expected as u32, left.min(SLEEP_SLICE));
                 flag.store(0, Ordering::Relaxed);
                 slept.map_err(FlowError::Io)?;
                 if let Attempt::Moved(n) = attempt()? {
@@ -379,12 +388,12 @@ impl ShmSender {
     }
 }
 
-#[inline]
+#[inline(always)]
 fn attempt_send(ring: &mut Producer, shared: &Shared, buf: &[u8]) -> Result<Attempt, FlowError> {
     let n = ring.try_write(buf, MAX_COPY_BYTES).map_err(corrupt)?;
     if n == 0 {
         return Ok(Attempt::Blocked {
-            expected: ring.cached_tail() as u32,
+            expected: ring.cached_tail(),
         });
     }
     if shared.mode == Mode::Event {
@@ -399,7 +408,7 @@ fn attempt_send(ring: &mut Producer, shared: &Shared, buf: &[u8]) -> Result<Atte
     Ok(Attempt::Moved(n))
 }
 
-#[inline]
+#[inline(always)]
 fn attempt_recv(
     ring: &mut Consumer,
     shared: &Shared,
@@ -408,7 +417,7 @@ fn attempt_recv(
     let n = ring.try_read(buf, MAX_COPY_BYTES).map_err(corrupt)?;
     if n == 0 {
         return Ok(Attempt::Blocked {
-            expected: ring.cached_head() as u32,
+            expected: ring.cached_head(),
         });
     }
     if shared.mode == Mode::Event {
@@ -428,13 +437,14 @@ impl Sender for ShmSender {
             return Ok(0);
         }
         self.abort_check.tick(&self.shared)?;
-        if let Attempt::Moved(n) = self.attempt(buf)? {
-            return Ok(n);
-        }
+        let seen = match self.attempt(buf)? {
+            Attempt::Moved(n) => return Ok(n),
+            Attempt::Blocked { expected } => expected,
+        };
         let mem = *self.ring.mem();
         let ctl = mem.ctl();
         let (ring, shared) = (&mut self.ring, &*self.shared);
-        wait_for(shared, &ctl.space_waiter.0, ctl.tail_futex(), || {
+        wait_for(shared, &ctl.space_waiter.0, &ctl.tail.0, seen, || {
             attempt_send(ring, shared, buf)
         })
     }
@@ -447,13 +457,14 @@ impl Receiver for ShmReceiver {
             return Ok(0);
         }
         self.abort_check.tick(&self.shared)?;
-        if let Attempt::Moved(n) = attempt_recv(&mut self.ring, &self.shared, buf)? {
-            return Ok(n);
-        }
+        let seen = match attempt_recv(&mut self.ring, &self.shared, buf)? {
+            Attempt::Moved(n) => return Ok(n),
+            Attempt::Blocked { expected } => expected,
+        };
         let mem = *self.ring.mem();
         let ctl = mem.ctl();
         let (ring, shared) = (&mut self.ring, &*self.shared);
-        wait_for(shared, &ctl.data_waiter.0, ctl.head_futex(), || {
+        wait_for(shared, &ctl.data_waiter.0, &ctl.head.0, seen, || {
             attempt_recv(ring, shared, buf)
         })
     }
