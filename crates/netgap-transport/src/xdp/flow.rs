@@ -211,12 +211,11 @@ impl PortIo {
     /// the lock go, so that the kernel's transmit (in copy mode the whole
     /// delivery through the link, during the call) does not hold the port
     /// from its other threads.
-    fn flush(&mut self) -> Result<(), FlowError> {
+    fn flush(&mut self) {
         if self.tx_queued || self.tx_outstanding > 0 {
             self.tx_queued = false;
             self.kick_wanted = true;
         }
-        Ok(())
     }
 
     /// Frames still wait on the TX ring for the doorbell.
@@ -609,7 +608,7 @@ impl Session {
             taken = end;
         }
         if taken > 0 {
-            io.flush()?;
+            io.flush();
         }
         Ok(taken)
     }
@@ -625,7 +624,8 @@ impl Session {
             self.send.push(slot, now);
             self.fin_sent = true;
         }
-        io.flush()
+        io.flush();
+        Ok(())
     }
 
     /// When the next timer (a retransmission, a probe, a delayed
@@ -914,7 +914,8 @@ impl PortState {
                 }
             }
         }
-        self.io.flush()
+        self.io.flush();
+        Ok(())
     }
 
     /// Moves one arrival to its session, or opens one for a SYN to a
@@ -1141,7 +1142,7 @@ impl Port {
         s.post(&mut st.io, Kind::Syn, 0, &[], false);
         st.table.insert(id, s);
         st.reshare();
-        st.io.flush()?;
+        st.io.flush();
         Ok(id)
     }
 
@@ -1150,7 +1151,8 @@ impl Port {
         let mut st = self.lock();
         let (io, s) = st.session(id)?;
         s.post(io, Kind::Syn, 0, &[], false);
-        io.flush()
+        io.flush();
+        Ok(())
     }
 
     /// Whether session `id` is open.
@@ -1349,6 +1351,7 @@ impl Shared {
 
     /// Pumps the port and reads this session's `f`.
     fn with<T>(&self, f: impl FnOnce(&mut PortIo, &mut Session) -> T) -> Result<T, FlowError> {
+        self.port.kick_error()?;
         let mut st = self.port.lock();
         st.pump(true)?;
         let (io, s) = st.session(self.id)?;
@@ -1419,7 +1422,7 @@ impl Receiver for Half {
                     // Reading opened room: tell a sender waiting for
                     // credit.
                     s.post(io, Kind::Ack, 0, &[], false);
-                    io.flush()?;
+                    io.flush();
                 }
                 return Ok(Some(n));
             }
