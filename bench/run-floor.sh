@@ -32,9 +32,9 @@
 #                  netgap, iperf3, qperf, NPtcp (streaming mode);
 #                  ping-pong at 1 B and 64 KiB: floor `pingpong`, netgap,
 #                  sockperf, qperf, NPtcp
-#   shm            poll ping-pong at 1 B and 64 B: floor `shm_pingpong` (and its ring variant `-r`,
-#                  run just before and just after netgap, whose ratio is to their mean; a round
-#                  where they differ by more than 15% is left out of it), netgap -t shm --mode poll
+#   shm            poll ping-pong at 1 B and 64 B: floor `shm_pingpong` and its ring variant `-r`,
+#                  netgap -t shm --mode poll; five short runs of each per round, alternated, and
+#                  the round's value is each tool's median over its runs
 #   testbed link   (two namespace hosts of `netgap testbed up`, one
 #                  unshaped veth pair, MTU 1500): udp ping-pong 1 B and
 #                  stream of 1 KiB datagrams, floor `udp_pingpong` and
@@ -111,14 +111,14 @@ XDP_BW_MSG=32K   # netgap messages this large fill every frame
 if [ "$QUICK" = 1 ]; then
 	PP_ITERS=5000; PP_WARMUP=500
 	NG_ITERS=5000; NG_REPS=3
-	SHM_ITERS=100000; SHM_WARMUP=10000
+	SHM_ITERS=100000; SHM_WARMUP=10000; SHM_RUNS=1
 	LAT_SECS=1; NP_EXTRA=(-n 50)
 	BW_SECS=1; NG_REP_TIME=500ms; NG_BW_REPS=2
 	ROUNDS=${ROUNDS:-1}
 else
 	PP_ITERS=100000; PP_WARMUP=10000
 	NG_ITERS=100000; NG_REPS=5
-	SHM_ITERS=500000; SHM_WARMUP=50000 # short: the bracket must not outlast the CPUs' placement
+	SHM_ITERS=500000; SHM_WARMUP=50000; SHM_RUNS=5
 	LAT_SECS=5; NP_EXTRA=()
 	BW_SECS=5; NG_REP_TIME=1s; NG_BW_REPS=5
 	ROUNDS=${ROUNDS:-3}
@@ -142,11 +142,7 @@ import glob, json, os, re, statistics, sys
 out = sys.argv[1]
 vals = {}      # (figure, tool) -> {round: value}
 problems = []
-# shm rows: the ring floor runs just before and just after netgap; a round
-# where the two differ by more than this factor is left out of the ratio
-RING_MOVED = 1.15
-moved = []
-ring_moved = set()  # (figure, round)
+shm_runs = []  # each shm run's value, for the notes under the table
 
 def add(fig, tool, rnd, v):
     vals.setdefault((fig, tool), {})[rnd] = v
@@ -228,20 +224,22 @@ for r in rounds:
         lines = {int(f[0]): float(f[1]) * 1048576 / 1e9 for f in (l.split() for l in t.splitlines()) if len(f) >= 3}
         for size, fig in BW.items():
             got(fig, "NPtcp", lines.get(size), "nptcp_stream.out")
-    t = read(raw, "floor_shm.txt")
     for size, fig in SHM.items():
-        got(fig, "floor", floor_rtt(t, "shm_pingpong", size), "floor_shm.txt")
-        before = floor_rtt(read(raw, "floor_shm_ring.txt"), "shm_pingpong_ring", size)
-        after = floor_rtt(read(raw, "floor_shm_ring_after.txt"), "shm_pingpong_ring", size)
-        if before is not None and after is not None:
-            if max(before, after) > RING_MOVED * min(before, after):
-                moved.append(f"round {r}: {fig}: the ring floor moved from {before} to {after} µs "
-                             "around netgap's run; left out of the ratio")
-                ring_moved.add((fig, r))
-            add(fig, "ring floor", r, (before + after) / 2)
-        else:
-            got(fig, "ring floor", before, "floor_shm_ring.txt")
-        got(fig, "netgap", netgap(read(raw, "netgap_shm.jsonl"), "latency_us", size), "netgap_shm.jsonl")
+        for tool, stem, ext, parse in (
+            ("floor", "floor_shm", "txt", lambda t: floor_rtt(t, "shm_pingpong", size)),
+            ("ring floor", "floor_shm_ring", "txt", lambda t: floor_rtt(t, "shm_pingpong_ring", size)),
+            ("netgap", "netgap_shm", "jsonl", lambda t: netgap(t, "latency_us", size)),
+        ):
+            # runs of this round: STEM-N.EXT, or STEM.EXT from before there were several
+            files = sorted(glob.glob(os.path.join(raw, f"{stem}-*.{ext}")), key=lambda f: int(re.search(r"-(\d+)\.", f).group(1)))
+            files += glob.glob(os.path.join(raw, f"{stem}.{ext}"))
+            got_runs = [v for v in (parse(open(f, errors="replace").read()) for f in files) if v is not None]
+            if files and not got_runs:
+                problems.append(f"round {r}: {tool}, {fig}: no result in {stem}*.{ext}")
+            elif got_runs:
+                add(fig, tool, r, statistics.median(got_runs))
+                if len(got_runs) > 1:
+                    shm_runs.append(f"round {r}, {fig.split(',')[0]}, {tool}: " + " / ".join(f"{v:.3f}" for v in got_runs))
     got(UDP_PP, "floor", floor_rtt(read(raw, "floor_udp_pingpong.txt"), "udp_pingpong", 1), "floor_udp_pingpong.txt")
     got(UDP_PP, "netgap", netgap(read(raw, "netgap_udp_pingpong.jsonl"), "latency_us", 1), "netgap_udp_pingpong.jsonl")
     m = re.search(r"^udp_stream .*recv_gbps=([\d.]+)", read(raw, "floor_udp_stream.txt") or "", re.M)
@@ -270,7 +268,7 @@ def cell(fig, tool):
     text += f" (**{statistics.median(ratios):.2f}**)" if ratios else ""
     # a byte-stream transport against the floor that walks its buffer as a ring does
     r = vals.get((fig, "ring floor"), {})
-    ring = [v[k] / r[k] for k in v if r.get(k) and (fig, k) not in ring_moved]
+    ring = [v[k] / r[k] for k in v if r.get(k)]
     if tool == "netgap" and ring:
         text += f"; **{statistics.median(ring):.2f}** of the ring floor"
     return text
@@ -300,9 +298,9 @@ if os.path.exists(cmds):
         lines.append(f"CPU busy just before each tool started: median {statistics.median(busy):.0f}%, max {max(busy)}%")
     if reruns:
         lines.append(f"tools run again because other work disturbed them: {reruns}")
-if moved:
-    lines += ["", "The ring floor's value is the mean of its runs just before and just after netgap's. "
-              + "; ".join(moved) + "."]
+if shm_runs:
+    lines += ["", "shm rows: a round's value is each tool's median over its runs, which were (µs, in order):", ""]
+    lines += [f"- {x}" for x in shm_runs]
 if problems:
     lines += ["", "PROBLEMS: " + "; ".join(problems)]
 text = "\n".join(lines) + "\n"
@@ -551,24 +549,19 @@ phase_nptcp_stream() {
 }
 
 phase_floor_shm() { # forks its second process onto CPU 1 itself
-	run_limited floor_shm 300 "$FLOOR/shm_pingpong" -m "$SHM_SIZES" -n "$SHM_ITERS" -w "$SHM_WARMUP" \
+	run_limited "floor_shm-$SHM_RUN" 300 "$FLOOR/shm_pingpong" -m "$SHM_SIZES" -n "$SHM_ITERS" -w "$SHM_WARMUP" \
 		-a "$CLIENT_CPU" -b "$SERVER_CPU" -T 300 || true
 }
 
 phase_floor_shm_ring() { # the same, each message at the next offset, as a ring places it
-	run_limited floor_shm_ring 300 "$FLOOR/shm_pingpong" -r -m "$SHM_SIZES" -n "$SHM_ITERS" -w "$SHM_WARMUP" \
-		-a "$CLIENT_CPU" -b "$SERVER_CPU" -T 300 || true
-}
-
-phase_floor_shm_ring_after() { # the ring floor again right after netgap's run: the bracket around it
-	run_limited floor_shm_ring_after 300 "$FLOOR/shm_pingpong" -r -m "$SHM_SIZES" -n "$SHM_ITERS" -w "$SHM_WARMUP" \
+	run_limited "floor_shm_ring-$SHM_RUN" 300 "$FLOOR/shm_pingpong" -r -m "$SHM_SIZES" -n "$SHM_ITERS" -w "$SHM_WARMUP" \
 		-a "$CLIENT_CPU" -b "$SERVER_CPU" -T 300 || true
 }
 
 phase_netgap_shm() {
-	local f=$RAW/netgap_shm.jsonl
+	local f=$RAW/netgap_shm-$SHM_RUN.jsonl
 	rm -f "$f"; PHASE_FILES+=("$f")
-	run_limited netgap_shm 900 "$NETGAP" run pingpong --transport shm --mode poll --sizes "$SHM_SIZES" \
+	run_limited "netgap_shm-$SHM_RUN" 900 "$NETGAP" run pingpong --transport shm --mode poll --sizes "$SHM_SIZES" \
 		--iterations "$SHM_ITERS" --reps 3 --pin "$CLIENT_CPU,$SERVER_CPU" --json "$f" || true
 }
 
@@ -658,14 +651,15 @@ for ((ROUND = 1; ROUND <= ROUNDS; ROUND++)); do
 		run_phase nptcp_lat
 	fi
 	if want shm; then
-		# netgap's run between two of the ring floor's: the two CPUs' placement
-		# on the host moves a cache line's crossing between about 0.05 and 0.35
-		# µs within minutes, and a round whose bracket moved is left out
-		[ $((k % 2)) = 1 ] && run_phase floor_shm
-		run_phase floor_shm_ring
-		run_phase netgap_shm
-		run_phase floor_shm_ring_after
-		[ $((k % 2)) = 0 ] && run_phase floor_shm
+		# several short runs of each tool, alternated: how long a cache line
+		# takes to cross between the two CPUs changes from one run to the
+		# next (about 0.05, 0.1 or 0.35 µs on the AMD EPYC guest, even for two
+		# runs a second apart), and a round's value is the median of its runs
+		for ((SHM_RUN = 1; SHM_RUN <= SHM_RUNS; SHM_RUN++)); do
+			for tool in $(rotate $(((k + SHM_RUN) % 3)) floor_shm floor_shm_ring netgap_shm); do
+				run_phase "$tool"
+			done
+		done
 	fi
 	if [ "$TESTBED" = 1 ]; then
 		pairs=()
