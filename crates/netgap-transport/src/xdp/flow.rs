@@ -614,9 +614,9 @@ impl Session {
     }
 
     /// Sends the end of this end's stream once, when credit allows.
-    fn send_fin(&mut self, io: &mut PortIo) -> Result<(), FlowError> {
+    fn send_fin(&mut self, io: &mut PortIo) {
         if self.fin_sent || !self.send.may_send() || io.free_tx.is_empty() {
-            return Ok(());
+            return;
         }
         let seq = self.send.next_seq();
         if let Some(slot) = self.post(io, Kind::Fin, seq, &[], true) {
@@ -625,7 +625,6 @@ impl Session {
             self.fin_sent = true;
         }
         io.flush();
-        Ok(())
     }
 
     /// When the next timer (a retransmission, a probe, a delayed
@@ -795,7 +794,7 @@ impl PortState {
     /// only when frames arrived or `fresh_clock`, or after
     /// [`PUMPS_PER_CLOCK_READ`] pumps that did not (else the timers see
     /// the time of an earlier pump): a poll-mode waiter's spins.
-    fn pump(&mut self, fresh_clock: bool) -> Result<(), FlowError> {
+    fn pump(&mut self, fresh_clock: bool) {
         let io = &mut self.io;
         // Nothing on the rings, nothing to ring the bell for and the timers
         // looked at lately: the pump would find nothing to do.
@@ -807,7 +806,7 @@ impl PortState {
         {
             io.pumps_unclocked += 1;
             io.clock_read = false;
-            return Ok(());
+            return;
         }
         let mut slots = std::mem::take(&mut io.scratch_slots);
         io.xsk.completed(u32::MAX, &mut slots);
@@ -915,7 +914,6 @@ impl PortState {
             }
         }
         self.io.flush();
-        Ok(())
     }
 
     /// Moves one arrival to its session, or opens one for a SYN to a
@@ -1095,9 +1093,12 @@ impl Port {
         }
     }
 
-    /// Pumps the port once, reading the clock.
+    /// Pumps the port once, reading the clock; fails if a doorbell rung
+    /// without the lock (this pump's or an earlier one's) failed.
     pub(crate) fn pump(&self) -> Result<(), FlowError> {
-        self.lock().pump(true)
+        // The guard rings the doorbell as it goes, before the error is read.
+        self.lock().pump(true);
+        self.kick_error()
     }
 
     /// Listens on a fresh flow id; returns it.
@@ -1253,7 +1254,7 @@ impl Shared {
             // A fresh clock for every event-mode wake-up; a poll-mode spin
             // uses a recent pump's (the deadline starts at the first pump
             // that read it).
-            st.pump(self.mode == Mode::Event)?;
+            st.pump(self.mode == Mode::Event);
             let (io, s) = st.session(self.id)?;
             if let Some(v) = attempt(io, s)? {
                 return Ok(v);
@@ -1353,7 +1354,7 @@ impl Shared {
     fn with<T>(&self, f: impl FnOnce(&mut PortIo, &mut Session) -> T) -> Result<T, FlowError> {
         self.port.kick_error()?;
         let mut st = self.port.lock();
-        st.pump(true)?;
+        st.pump(true);
         let (io, s) = st.session(self.id)?;
         Ok(f(io, s))
     }
@@ -1368,18 +1369,17 @@ impl Drop for Shared {
         while t0.elapsed() < LINGER {
             let done = self.with(|io, s| {
                 if !s.connected() {
-                    return Ok::<bool, FlowError>(true);
+                    return true;
                 }
                 if !s.fin_sent {
-                    s.send_fin(io)?;
-                    Ok(false)
+                    s.send_fin(io);
+                    false
                 } else {
-                    Ok(s.send.idle())
+                    s.send.idle()
                 }
             });
-            match done {
-                Ok(Ok(false)) => {}
-                _ => break,
+            if !matches!(done, Ok(false)) {
+                break;
             }
             match self.mode {
                 Mode::Poll => std::hint::spin_loop(),
