@@ -231,7 +231,7 @@ for r in rounds:
             ("netgap", "netgap_shm", "jsonl", lambda t: netgap(t, "latency_us", size)),
         ):
             # runs of this round: STEM-N.EXT, or STEM.EXT from before there were several
-            files = sorted(glob.glob(os.path.join(raw, f"{stem}-*.{ext}")), key=lambda f: int(re.search(r"-(\d+)\.", f).group(1)))
+            files = sorted(glob.glob(os.path.join(raw, f"{stem}-*.{ext}")), key=lambda f: int(re.search(r"-(\d+)\.", os.path.basename(f)).group(1)))
             files += glob.glob(os.path.join(raw, f"{stem}.{ext}"))
             got_runs = [v for v in (parse(open(f, errors="replace").read()) for f in files) if v is not None]
             if files and not got_runs:
