@@ -54,6 +54,7 @@ pub fn exec(stack: &str, command: &[OsString]) -> WrapError {
     let source = Command::new(program)
         .args(args)
         .env("LD_PRELOAD", preload_value(&library))
+        .env(netgap_workload::preload::STACK_ENV, stack)
         .exec();
     WrapError::Exec {
         program: program.to_string_lossy().into_owned(),

@@ -39,6 +39,7 @@ mod pio;
 mod pipeline;
 mod preload;
 mod preload_apps;
+mod preload_conformance;
 #[cfg(feature = "xdp")]
 mod preload_xdp;
 #[cfg(feature = "xdp")]

@@ -120,19 +120,6 @@ fn announce(word: &AtomicU32, bit: u32) {
     fence(Ordering::SeqCst);
 }
 
-/// Clears a waiter word after the index it waits on moved: wakes futex
-/// sleepers at once and says whether a descriptor sleeper needs a doorbell.
-fn take_waiters(word: &AtomicU32) -> bool {
-    if word.load(Ordering::Relaxed) == 0 {
-        return false;
-    }
-    let old = word.swap(0, Ordering::AcqRel);
-    if old & WAIT_FUTEX != 0 {
-        futex_wake(word);
-    }
-    old & WAIT_FD != 0
-}
-
 const _: () = assert!(std::mem::size_of::<RingCtl>() <= PAGE_BYTES);
 
 /// The region's first page.
@@ -146,6 +133,38 @@ struct Header {
     connector_ino: AtomicU64,
     /// Inode of the listener's kernel socket (0: not recorded).
     listener_ino: AtomicU64,
+    /// Set once, by the listener that maps the region: a region handed
+    /// over again (for another connection) is refused.
+    joined: AtomicU32,
+    _pad2: AtomicU32,
+    /// How each end (connector, listener) ended its side: [`END_FIN`] once
+    /// a process of it closed the connection or shut down its sending
+    /// side, [`END_CLOSED`] once the process that alone held it closed it.
+    ends: [AtomicU32; 2],
+    /// Doorbells on their way to each end (connector, listener): counted
+    /// up before the ringing end takes the waiter bits, down once the
+    /// byte is sent, so an end about to close waits for those in flight
+    /// and drains them (a byte left unread on a closed socket makes the
+    /// kernel reset the connection).
+    ringing: [AtomicU32; 2],
+}
+
+/// An end closed or shut down its sending side: a reset its kernel
+/// socket sends afterwards is read as the end of the stream (such a reset
+/// comes from a wake-up byte that raced the close, not from the program).
+const END_FIN: u32 = 1;
+/// An end closed, in the one process that held it: what its peer writes
+/// from now on goes to the kernel socket, whose answer (a reset) is the
+/// kernel's own.
+const END_CLOSED: u32 = 2;
+
+/// How the peer ended its side, as its processes left it in the region.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct PeerEnd {
+    /// It closed or shut down its sending side.
+    pub(crate) fin: bool,
+    /// It closed, and no other process held it.
+    pub(crate) closed: bool,
 }
 
 /// What a region's header says, read through its file (see
@@ -195,10 +214,27 @@ pub(crate) fn region_bytes(capacity: usize) -> usize {
 /// Which end of the connection this process is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Role {
-    /// Made the region and sent the hello (`connect`).
+    /// Made the region, sent the hello and handed the region over
+    /// (`connect`).
     Connector,
-    /// Mapped the region named by a hello (`accept`).
+    /// Mapped the region handed over through the mailbox (`accept`).
     Listener,
+}
+
+impl Role {
+    fn index(self) -> usize {
+        match self {
+            Role::Connector => 0,
+            Role::Listener => 1,
+        }
+    }
+
+    fn peer(self) -> Role {
+        match self {
+            Role::Connector => Role::Listener,
+            Role::Listener => Role::Connector,
+        }
+    }
 }
 
 /// The peer broke the ring's invariants.
@@ -270,6 +306,7 @@ pub(crate) struct Channel {
     len: usize,
     tx: Ring,
     rx: Ring,
+    role: Role,
 }
 
 // SAFETY: the channel is addresses into a shared mapping; concurrent use is
@@ -299,10 +336,95 @@ impl Channel {
         Channel::map_as(fd, capacity, role, false)
     }
 
+    fn header(&self) -> &Header {
+        // SAFETY: the header is the first page of the mapping, all atomics.
+        unsafe { self.base.cast::<Header>().as_ref() }
+    }
+
+    /// The listener joins the region to its connection: false if another
+    /// listener did first (a region handed over twice).
+    pub(crate) fn join(&self) -> bool {
+        self.header()
+            .joined
+            .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// This end ended its side: `fin`, it shut down its sending side or
+    /// closed the connection in an orderly way (a reset that follows is a
+    /// doorbell's, read as the end of the stream); `closed`, it closed the
+    /// connection in the one process that held it (orderly or not).
+    pub(crate) fn mark_end(&self, fin: bool, closed: bool) {
+        let v = if fin { END_FIN } else { 0 } | if closed { END_CLOSED } else { 0 };
+        self.header().ends[self.role.index()].fetch_or(v, Ordering::SeqCst);
+    }
+
+    /// How the other end ended its side.
+    pub(crate) fn peer_end(&self) -> PeerEnd {
+        let v = self.header().ends[self.role.peer().index()].load(Ordering::Acquire);
+        PeerEnd {
+            fin: v & END_FIN != 0,
+            closed: v & END_CLOSED != 0,
+        }
+    }
+
+    /// The connector's socket inode, as its header says.
+    pub(crate) fn connector_ino(&self) -> u64 {
+        self.header().connector_ino.load(Ordering::Acquire)
+    }
+
+    /// Bytes of each ring.
+    pub(crate) fn capacity(&self) -> u32 {
+        self.rx.capacity as u32
+    }
+
+    /// This end is closing: it waits for nothing any more (its waiter
+    /// bits are cleared, so the peer rings no more doorbells), and returns
+    /// once the doorbells already on their way have been sent, for the
+    /// caller to drain them (waiting at most `limit`).
+    pub(crate) fn quiesce(&self, limit: std::time::Duration) {
+        self.rx.ctl().data_waiter.0.swap(0, Ordering::SeqCst);
+        self.tx.ctl().space_waiter.0.swap(0, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        let ringing = &self.header().ringing[self.role.index()];
+        let start = std::time::Instant::now();
+        while ringing.load(Ordering::SeqCst) != 0 && start.elapsed() < limit {
+            std::thread::yield_now();
+        }
+    }
+
+    /// Clears a waiter word after the index it waits on moved: wakes futex
+    /// sleepers at once and says whether a descriptor sleeper needs a
+    /// doorbell. If so, the doorbell is counted as on its way to the peer
+    /// until the caller says it went ([`Channel::rang`]).
+    fn take_waiters(&self, word: &AtomicU32) -> bool {
+        if word.load(Ordering::Relaxed) == 0 {
+            return false;
+        }
+        let ringing = &self.header().ringing[self.role.peer().index()];
+        ringing.fetch_add(1, Ordering::SeqCst);
+        let old = word.swap(0, Ordering::SeqCst);
+        if old & WAIT_FUTEX != 0 {
+            futex_wake(word);
+        }
+        if old & WAIT_FD != 0 {
+            return true;
+        }
+        ringing.fetch_sub(1, Ordering::SeqCst);
+        false
+    }
+
+    /// The doorbell a [`Moved`] asked for went (or failed): it is no
+    /// longer on its way.
+    pub(crate) fn rang(&self) {
+        self.header().ringing[self.role.peer().index()].fetch_sub(1, Ordering::SeqCst);
+    }
+
     /// Records this end's socket inode in the header (for [`reattach`]).
     ///
     /// [`reattach`]: Channel::reattach
-    pub(crate) fn set_socket_ino(&self, role: Role, ino: u64) {
+    pub(crate) fn set_socket_ino(&self, ino: u64) {
+        let role = self.role;
         // SAFETY: the header is the first page of the mapping, all atomics.
         let header = unsafe { self.base.cast::<Header>().as_ref() };
         match role {
@@ -343,7 +465,13 @@ impl Channel {
             Role::Connector => (ring(0), ring(1)),
             Role::Listener => (ring(1), ring(0)),
         };
-        let ch = Channel { base, len, tx, rx };
+        let ch = Channel {
+            base,
+            len,
+            tx,
+            rx,
+            role,
+        };
         // SAFETY: the header is the first page of the mapping, all atomics.
         let header = unsafe { base.cast::<Header>().as_ref() };
         match init {
@@ -416,7 +544,7 @@ impl Channel {
         let c = self.rx.ctl();
         c.tail.0.store(at, Ordering::Release);
         fence(Ordering::SeqCst);
-        let wake_peer = take_waiters(&c.space_waiter.0);
+        let wake_peer = self.take_waiters(&c.space_waiter.0);
         Ok(Moved { bytes, wake_peer })
     }
 
@@ -486,7 +614,7 @@ impl Channel {
         let c = self.tx.ctl();
         c.head.0.store(at, Ordering::Release);
         fence(Ordering::SeqCst);
-        let wake_peer = take_waiters(&c.data_waiter.0);
+        let wake_peer = self.take_waiters(&c.data_waiter.0);
         Moved { bytes, wake_peer }
     }
 
@@ -675,6 +803,9 @@ mod tests {
         assert_eq!(offset_of!(Header, magic), 0);
         assert_eq!(offset_of!(Header, version), 8);
         assert_eq!(offset_of!(Header, capacity), 16);
+        assert_eq!(offset_of!(Header, joined), 40);
+        assert_eq!(offset_of!(Header, ends), 48);
+        assert_eq!(offset_of!(Header, ringing), 56);
         assert_eq!(offset_of!(RingCtl, head), 0);
         assert_eq!(offset_of!(RingCtl, tail), 128);
         assert_eq!(offset_of!(RingCtl, data_waiter), 256);

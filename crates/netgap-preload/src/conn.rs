@@ -32,13 +32,27 @@ pub(crate) struct Conn {
     /// go at once.
     nodelay: AtomicBool,
     cork: AtomicBool,
-    /// The connector sent its hello and has not read the listener's
+    /// The connector sent its hello and has not read the listener's last
     /// answer yet: its writes fill the ring but ring no doorbell (on a
     /// refusal the kernel stream must hold only the program's bytes).
     offered: AtomicBool,
-    /// While offered: the destination port (for the log). The lock
-    /// serialises the reading of the answer.
-    offer: Mutex<Option<u16>>,
+    /// While offered: where the exchange stands. The lock serialises the
+    /// reading of the answers.
+    offer: Mutex<Option<crate::setup::Offer>>,
+    /// The program shut down its sending side: its writes fail with EPIPE.
+    wr_shut: AtomicBool,
+    /// The program shut down its receiving side: its reads end at what the
+    /// ring holds.
+    rd_shut: AtomicBool,
+    /// An error the kernel socket reported while the library drained it
+    /// (in a poll), kept for the program's next read, as the kernel keeps
+    /// it until a read takes it.
+    pending_err: AtomicI32,
+    /// The process forked while the connection lived: another process may
+    /// hold it, so this one's last close is not the kernel's.
+    shared: AtomicBool,
+    /// A corrupt peer was logged once already.
+    corrupt_logged: AtomicBool,
     /// The region's file, kept open without close-on-exec for as long as
     /// the connection lives: a program that keeps the connection's
     /// descriptor across `exec` keeps this too, and the library in the new
@@ -73,13 +87,8 @@ impl Drop for Conn {
 /// An `errno` value.
 pub(crate) type Errno = c_int;
 
-/// The library's `errno` for a corrupt peer.
-fn corrupt(fd: c_int) -> Errno {
-    log_line!(
-        "fd {fd}: the peer broke the shared ring's invariants; the connection fails with EIO"
-    );
-    libc::EIO
-}
+/// How long a closing end waits for doorbells already on their way to it.
+const QUIESCE_LIMIT: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// Reads a boolean TCP option of the kernel socket.
 fn tcp_flag(fd: c_int, opt: c_int) -> bool {
@@ -132,13 +141,7 @@ impl Conn {
         nonblocking: bool,
         region_fd: c_int,
     ) -> Conn {
-        channel.set_socket_ino(role, socket_ino(fd));
-        if region_fd >= 0 {
-            // SAFETY: a plain fcntl on the region file: it must survive
-            // exec with the socket (a failure leaves it closed on exec, so
-            // a program that execs loses the channel: see `inherit`).
-            unsafe { real::fcntl()(region_fd, libc::F_SETFD, 0) };
-        }
+        channel.set_socket_ino(socket_ino(fd));
         let nodelay = tcp_flag(fd, libc::TCP_NODELAY);
         let cork = tcp_flag(fd, libc::TCP_CORK);
         set_tcp_flag(fd, libc::TCP_CORK, false);
@@ -157,9 +160,32 @@ impl Conn {
             doorbells_sent: AtomicU64::new(0),
             offered: AtomicBool::new(false),
             offer: Mutex::new(None),
+            wr_shut: AtomicBool::new(false),
+            rd_shut: AtomicBool::new(false),
+            pending_err: AtomicI32::new(0),
+            shared: AtomicBool::new(false),
+            corrupt_logged: AtomicBool::new(false),
             region_fd: AtomicI32::new(region_fd),
             bell: -1,
         }
+    }
+
+    /// The library's `errno` for a corrupt peer, logged once per
+    /// connection (a peer that breaks the ring on every call must not
+    /// fill the log).
+    fn corrupt(&self, fd: c_int) -> Errno {
+        if !self.corrupt_logged.swap(true, Ordering::Relaxed) {
+            log_line!(
+                "fd {fd}: the peer broke the shared ring's invariants; the connection fails with EIO"
+            );
+        }
+        libc::EIO
+    }
+
+    /// Another process may hold the connection from now on (the process
+    /// forks, or the connection was kept across exec).
+    pub(crate) fn set_shared(&self) {
+        self.shared.store(true, Ordering::Relaxed);
     }
 
     /// The connection goes through the host's relay, reached on `bell`
@@ -182,18 +208,18 @@ impl Conn {
             .compare_exchange(fd, -1, Ordering::AcqRel, Ordering::Relaxed);
     }
 
-    /// A connector's connection whose hello to `port` went out and whose
-    /// answer is still to come (see [`Conn::offered`]).
+    /// A connector's connection whose hello went out and whose answers
+    /// are still to come (see [`Conn::offered`]).
     pub(crate) fn new_offered(
         fd: c_int,
         channel: Channel,
         nonblocking: bool,
-        port: u16,
+        offer: crate::setup::Offer,
         region_fd: c_int,
     ) -> Conn {
         let c = Conn::new(fd, channel, Role::Connector, nonblocking, region_fd);
         c.offered.store(true, Ordering::SeqCst);
-        *c.offer.lock().unwrap_or_else(|p| p.into_inner()) = Some(port);
+        *c.offer.lock().unwrap_or_else(|p| p.into_inner()) = Some(offer);
         c
     }
 
@@ -202,24 +228,29 @@ impl Conn {
         self.offered.load(Ordering::Acquire)
     }
 
-    /// Holds the offer's lock: `Some(port)` while the answer is still to
-    /// be read; the caller reads it and ends the offer with
-    /// [`Conn::offer_accepted`] or [`Conn::offer_refused`].
-    pub(crate) fn offer_lock(&self) -> std::sync::MutexGuard<'_, Option<u16>> {
+    /// Holds the offer's lock: `Some` while an answer is still to be
+    /// read; the caller reads it, sets the offer to None once it ends, and
+    /// ends it with [`Conn::offer_accepted`], [`Conn::offer_refused`] or
+    /// [`Conn::offer_dropped`].
+    pub(crate) fn offer_lock(&self) -> std::sync::MutexGuard<'_, Option<crate::setup::Offer>> {
         self.offer.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The offer broke: the connection is shut down, nothing is sent.
+    pub(crate) fn offer_dropped(&self) {
+        self.offered.store(false, Ordering::SeqCst);
     }
 
     /// The listener took the channel: bytes the program wrote meanwhile
     /// are in the ring, and one doorbell makes sure a listener already
     /// waiting for them is woken.
-    pub(crate) fn offer_accepted(&self, fd: c_int, offer: &mut Option<u16>) {
-        *offer = None;
+    pub(crate) fn offer_accepted(&self, fd: c_int) {
         self.offered.store(false, Ordering::SeqCst);
         // A writer publishes, then checks `offered` (both SeqCst): either
         // it saw the offer over and rang itself, or its bytes are seen
         // here.
         if self.channel.unsent().map_or(true, |n| n > 0) {
-            self.ring(fd);
+            self.ring_on(fd);
         }
     }
 
@@ -227,8 +258,7 @@ impl Conn {
     /// ring meanwhile is sent over the kernel socket (where the listener's
     /// program will read it), and the kernel socket's TCP options are the
     /// program's again. Err: the bytes could not be sent.
-    pub(crate) fn offer_refused(&self, fd: c_int, offer: &mut Option<u16>) -> Result<(), String> {
-        *offer = None;
+    pub(crate) fn offer_refused(&self, fd: c_int) -> Result<(), String> {
         let _w = self.write_lock.lock().unwrap_or_else(|p| p.into_inner());
         self.offered.store(false, Ordering::SeqCst);
         set_tcp_flag(fd, libc::TCP_NODELAY, self.nodelay.load(Ordering::Relaxed));
@@ -237,6 +267,9 @@ impl Conn {
             .channel
             .take_unsent()
             .map_err(|Corrupt| "the ring was corrupt".to_string())?;
+        if bytes.is_empty() {
+            return Ok(());
+        }
         crate::setup::send_all(fd, &bytes).map_err(|e| {
             format!(
                 "sending the {} bytes written before the answer: {}",
@@ -278,12 +311,34 @@ impl Conn {
 
     /// Bytes a read would return now (FIONREAD).
     pub(crate) fn readable(&self, fd: c_int) -> Result<usize, Errno> {
-        self.channel.readable().map_err(|Corrupt| corrupt(fd))
+        self.channel.readable().map_err(|Corrupt| self.corrupt(fd))
     }
 
-    /// Whether a reader would not block: data, or the end of the stream.
+    /// Whether a reader would not block: data, the end of the stream, or
+    /// an error to report.
     pub(crate) fn read_ready(&self) -> bool {
-        self.channel.readable().map_or(true, |n| n > 0) || self.peer_eof.load(Ordering::Relaxed)
+        self.channel.readable().map_or(true, |n| n > 0)
+            || self.peer_eof.load(Ordering::Relaxed)
+            || self.rd_shut.load(Ordering::Relaxed)
+            || self.pending_err.load(Ordering::Relaxed) != 0
+    }
+
+    /// The kernel socket's error kept from a drain, if any: it is the
+    /// program's to read once (as the kernel reports an error once).
+    fn take_err(&self) -> Option<Errno> {
+        if self.pending_err.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        match self.pending_err.swap(0, Ordering::AcqRel) {
+            0 => None,
+            e => Some(e),
+        }
+    }
+
+    /// Whether an error waits for the program's next read (a poll reports
+    /// it as POLLERR, as the kernel does until a read takes it).
+    pub(crate) fn has_error(&self) -> bool {
+        self.pending_err.load(Ordering::Relaxed) != 0
     }
 
     /// Announces a wait for data (before the program sleeps in poll or
@@ -346,10 +401,7 @@ impl Conn {
         if self.read_ready() {
             return true;
         }
-        if self.drain(fd).is_err() {
-            // The socket's error: a read reports it.
-            return true;
-        }
+        self.drain(fd);
         self.read_ready()
     }
 
@@ -377,12 +429,37 @@ impl Conn {
         };
         if r == 1 {
             self.doorbells_sent.fetch_add(1, Ordering::Relaxed);
+        } else if r < 0 && errno() == libc::ECONNRESET {
+            // The send took the socket's reset, which is the program's to
+            // read: it is kept for its next read.
+            let _ = self.pending_err.compare_exchange(
+                0,
+                libc::ECONNRESET,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            );
         }
     }
 
-    /// Drains doorbell bytes from the kernel socket; notes its end of file.
-    /// Err: the socket's error (a reset).
-    fn drain(&self, fd: c_int) -> Result<(), Errno> {
+    /// Drains doorbell bytes from the kernel socket; notes its end of file,
+    /// and keeps its error for the program's next read. A reset after the
+    /// peer closed or shut down its sending side is the end of the stream:
+    /// such a reset comes from a doorbell that raced the peer's close.
+    fn drain(&self, fd: c_int) {
+        if let Err(e) = self.drain_bytes(fd) {
+            if e == libc::ECONNRESET && self.channel.peer_end().fin {
+                self.peer_eof.store(true, Ordering::Relaxed);
+            } else {
+                let _ =
+                    self.pending_err
+                        .compare_exchange(0, e, Ordering::AcqRel, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Reads every byte waiting on the kernel socket; notes its end of
+    /// file. Err: the socket's error.
+    fn drain_bytes(&self, fd: c_int) -> Result<(), Errno> {
         let mut scratch = [0u8; 256];
         loop {
             // SAFETY: `scratch` is valid for writes of its length.
@@ -436,13 +513,17 @@ impl Conn {
             {
                 let g = self.read_lock.lock().unwrap_or_else(|p| p.into_inner());
                 // SAFETY: the caller's contract.
-                let m = unsafe { self.channel.read(iov, peek) }.map_err(|Corrupt| corrupt(fd))?;
+                let m =
+                    unsafe { self.channel.read(iov, peek) }.map_err(|Corrupt| self.corrupt(fd))?;
                 if m.bytes > 0 {
                     self.after_read(fd, &m, peek);
                     return Ok(m.bytes);
                 }
-                if self.peer_eof.load(Ordering::Relaxed) {
+                if self.peer_eof.load(Ordering::Relaxed) || self.rd_shut.load(Ordering::Relaxed) {
                     return Ok(0);
+                }
+                if let Some(e) = self.take_err() {
+                    return Err(e);
                 }
                 let may_wait = !dontwait && !self.nonblocking.load(Ordering::Relaxed);
                 if may_wait && !spun {
@@ -463,7 +544,12 @@ impl Conn {
                     // data, and before the first when the peer hinted it
                     // is closing (see `Conn::closing`).
                     let armed = self.channel.want_data_futex();
-                    if self.channel.readable().map_err(|Corrupt| corrupt(fd))? > 0 {
+                    if self
+                        .channel
+                        .readable()
+                        .map_err(|Corrupt| self.corrupt(fd))?
+                        > 0
+                    {
                         continue;
                     }
                     drop(g);
@@ -471,16 +557,29 @@ impl Conn {
                     round += 1;
                     continue;
                 }
-                self.drain(fd)?;
+                self.drain(fd);
+                if let Some(e) = self.take_err() {
+                    return Err(e);
+                }
                 if may_wait {
                     if self.peer_eof.load(Ordering::Relaxed) {
-                        if self.channel.readable().map_err(|Corrupt| corrupt(fd))? > 0 {
+                        if self
+                            .channel
+                            .readable()
+                            .map_err(|Corrupt| self.corrupt(fd))?
+                            > 0
+                        {
                             continue;
                         }
                         return Ok(0);
                     }
                     let armed = self.channel.want_data_futex();
-                    if self.channel.readable().map_err(|Corrupt| corrupt(fd))? > 0 {
+                    if self
+                        .channel
+                        .readable()
+                        .map_err(|Corrupt| self.corrupt(fd))?
+                        > 0
+                    {
                         continue;
                     }
                     drop(g);
@@ -490,13 +589,23 @@ impl Conn {
                     continue;
                 }
                 self.channel.want_data();
-                if self.channel.readable().map_err(|Corrupt| corrupt(fd))? > 0 {
+                if self
+                    .channel
+                    .readable()
+                    .map_err(|Corrupt| self.corrupt(fd))?
+                    > 0
+                {
                     continue;
                 }
                 if self.peer_eof.load(Ordering::Relaxed) {
                     // Everything the peer wrote before its FIN is in the
                     // ring already (published before the close).
-                    if self.channel.readable().map_err(|Corrupt| corrupt(fd))? > 0 {
+                    if self
+                        .channel
+                        .readable()
+                        .map_err(|Corrupt| self.corrupt(fd))?
+                        > 0
+                    {
                         continue;
                     }
                     return Ok(0);
@@ -512,8 +621,14 @@ impl Conn {
             self.received_bytes
                 .fetch_add(m.bytes as u64, Ordering::Relaxed);
         }
+        self.ring_moved(fd, m);
+    }
+
+    /// The doorbell a move asked for, if any.
+    fn ring_moved(&self, fd: c_int, m: &Moved) {
         if m.wake_peer {
             self.ring(fd);
+            self.channel.rang();
         }
     }
 
@@ -583,22 +698,23 @@ impl Conn {
         dontwait: bool,
         mut put: impl FnMut(&Channel) -> Result<std::io::Result<Moved>, Corrupt>,
     ) -> Result<usize, Errno> {
+        if self.wr_shut.load(Ordering::Relaxed) {
+            return Err(libc::EPIPE);
+        }
         let mut round = 0;
         let mut had_room = false;
         loop {
             {
                 let g = self.write_lock.lock().unwrap_or_else(|p| p.into_inner());
                 let m = put(&self.channel)
-                    .map_err(|Corrupt| corrupt(fd))?
+                    .map_err(|Corrupt| self.corrupt(fd))?
                     .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
                 if m.bytes > 0 {
                     self.sent_bytes.fetch_add(m.bytes as u64, Ordering::Relaxed);
-                    if m.wake_peer {
-                        self.ring(fd);
-                    }
+                    self.ring_moved(fd, &m);
                     return Ok(m.bytes);
                 }
-                if !self.channel.tx_full().map_err(|Corrupt| corrupt(fd))? {
+                if !self.channel.tx_full().map_err(|Corrupt| self.corrupt(fd))? {
                     // Room now: either the input file ended, or the ring
                     // was full when `put` looked and the consumer made
                     // room since. Only this side produces, so a second
@@ -618,7 +734,7 @@ impl Conn {
                     // (see `Conn::recv`), looking at the peer's socket
                     // between sleeps (`peer_gone` above).
                     let armed = self.channel.want_space_futex();
-                    if !self.channel.tx_full().map_err(|Corrupt| corrupt(fd))? {
+                    if !self.channel.tx_full().map_err(|Corrupt| self.corrupt(fd))? {
                         continue;
                     }
                     drop(g);
@@ -628,7 +744,7 @@ impl Conn {
                     continue;
                 }
                 self.channel.want_space();
-                if !self.channel.tx_full().map_err(|Corrupt| corrupt(fd))? {
+                if !self.channel.tx_full().map_err(|Corrupt| self.corrupt(fd))? {
                     continue;
                 }
                 // Non-blocking: the program's poll or epoll waits.
@@ -661,11 +777,68 @@ impl Conn {
         false
     }
 
-    /// The program closed its last descriptor of the connection in this
-    /// process, or shut down its sending side: the peer's blocking
-    /// sleepers are woken to look at the kernel socket.
-    pub(crate) fn closing(&self) {
+    /// The program closes its last descriptor `fd` of the connection in
+    /// this process (the caller then closes it), as the kernel would: a
+    /// ring left with unread bytes resets the connection; otherwise the
+    /// doorbells already sent to this end are drained first, so that none
+    /// is left unread on the socket (which makes the kernel send a reset
+    /// where the program's close sends a FIN). Where another process may
+    /// hold the connection (after a fork) it is its last close that counts:
+    /// this one only marks the side as ended for the peer. The peer's
+    /// blocking sleepers are woken to look at the kernel socket.
+    pub(crate) fn last_close(&self, fd: c_int) {
+        let shared = self.shared.load(Ordering::Relaxed);
+        if lingers_zero(fd) {
+            // The program asked for a reset: its peer reads one.
+            self.channel.mark_end(false, !shared);
+        } else if self.bell >= 0 || shared {
+            self.channel.mark_end(true, false);
+        } else if self.channel.readable().is_ok_and(|n| n > 0) {
+            abortive(fd);
+            self.channel.mark_end(false, true);
+        } else {
+            self.channel.mark_end(true, true);
+            self.channel.quiesce(QUIESCE_LIMIT);
+            let _ = self.drain_bytes(fd);
+        }
+    }
+
+    /// Wakes the peer's blocking sleepers to look at the kernel socket
+    /// (after this end's close: a FIN does not wake a futex).
+    pub(crate) fn wake_peer(&self) {
         self.channel.wake_peer_sleepers();
+    }
+
+    /// The program shut down the connection: its sending side (`how`
+    /// SHUT_WR or SHUT_RDWR) ends for the peer, its receiving side (SHUT_RD
+    /// or SHUT_RDWR) ends its reads.
+    pub(crate) fn shut(&self, how: c_int) {
+        if how == libc::SHUT_RD || how == libc::SHUT_RDWR {
+            self.rd_shut.store(true, Ordering::Relaxed);
+        }
+        if how == libc::SHUT_WR || how == libc::SHUT_RDWR {
+            self.wr_shut.store(true, Ordering::Relaxed);
+            self.channel.mark_end(true, false);
+            self.channel.wake_peer_sleepers();
+        }
+    }
+
+    /// Whether the peer closed the connection for good (in the one process
+    /// that held it) and the kernel socket shows its end: the program's
+    /// writes then go to the kernel socket, which answers them as the
+    /// kernel answers writes to a closed peer (a reset, then EPIPE).
+    pub(crate) fn peer_closed_for_writes(&self, fd: c_int) -> bool {
+        if !self.channel.peer_end().closed {
+            return false;
+        }
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLRDHUP,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd; a zero timeout never blocks.
+        let r = unsafe { real::poll()(&mut p, 1, 0) };
+        r > 0 && p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
     }
 
     /// One line with the connection's counters and what the kernel socket
@@ -688,6 +861,47 @@ impl Conn {
             self.doorbells_sent.load(Ordering::Relaxed),
         );
     }
+}
+
+/// Whether the program set a zero linger on the socket `fd` (its close
+/// then resets the connection).
+fn lingers_zero(fd: c_int) -> bool {
+    let mut l = libc::linger {
+        l_onoff: 0,
+        l_linger: 0,
+    };
+    let mut len = std::mem::size_of::<libc::linger>() as libc::socklen_t;
+    // SAFETY: `l` is valid for writes of `len` bytes.
+    let r = unsafe {
+        real::getsockopt()(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            std::ptr::from_mut(&mut l).cast(),
+            &mut len,
+        )
+    };
+    r == 0 && l.l_onoff != 0 && l.l_linger == 0
+}
+
+/// Makes the next close of the socket `fd` send a reset, as the kernel's
+/// close of a connection with unread bytes does.
+fn abortive(fd: c_int) {
+    let l = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: `l` is valid for reads of its size; setsockopt is not
+    // interposed for SOL_SOCKET options of the library's own.
+    unsafe {
+        real::setsockopt()(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            std::ptr::from_ref(&l).cast(),
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        )
+    };
 }
 
 /// The kernel socket's byte counters (`tcpi_bytes_acked`,

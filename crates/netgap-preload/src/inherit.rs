@@ -2,8 +2,9 @@
 //! taken-over connection's descriptor and exec another image (a server
 //! that hands a connection to a handler it execs, inetd-style): the kernel
 //! socket survives, but the library's table and the mapping of the rings
-//! do not. The region's file does survive, since each connection keeps it
-//! open without close-on-exec (`Conn::new`), and the region's header names
+//! do not. The region's file survives with it, since each connection keeps
+//! it with the close-on-exec flag of the connection's descriptors
+//! (`interpose::sync_cloexec`), and the region's header names
 //! the inodes of both ends' sockets. So when the library is loaded into
 //! the new image, before the program's `main`, it looks at the descriptors
 //! it was given: each region file whose socket is among them is mapped
@@ -95,6 +96,9 @@ fn adopt_region(rfd: c_int, sockets: &[(c_int, u64)]) {
     let flags = unsafe { real::fcntl()(fd, libc::F_GETFL, 0) };
     let nonblocking = flags >= 0 && flags & libc::O_NONBLOCK != 0;
     let c = Arc::new(Conn::new(fd, ch, role, nonblocking, rfd));
+    // The image before exec may have forked too: this process's close is
+    // not known to be the last.
+    c.set_shared();
     table::set_region(&c);
     for &d in &fds {
         table::set(d, Entry::Shm(c.clone()));

@@ -54,8 +54,11 @@ fn route_with(fd: c_int, writing: bool, dontwait: bool) -> Route {
                 Resolved::NotYet => Route::Again,
             }
         }
+        // A peer that closed for good gets the program's writes on the
+        // kernel socket, which answers them as the kernel does.
+        Some(Entry::Shm(c)) if writing && c.peer_closed_for_writes(fd) => Route::Kernel,
         Some(Entry::Shm(c)) => Route::Shm(c),
-        Some(Entry::Pending(p)) => match setup::resolve(fd, &p, writing) {
+        Some(Entry::Pending(p)) => match setup::resolve(fd, &p, writing, dontwait) {
             Resolved::Shm(c) => Route::Shm(c),
             Resolved::Kernel => Route::Kernel,
             Resolved::NotYet => Route::Again,
@@ -128,14 +131,43 @@ fn advance(iov: &mut Vec<iovec>, mut n: usize) {
     iov.drain(..first);
 }
 
+/// Sends on the channel as the kernel sends: a blocking send moves all
+/// of the buffers (the ring's capacity at a time), a non-blocking one as
+/// much as fits; EPIPE raises SIGPIPE unless the flags say not to.
 fn shm_send(c: &Conn, fd: c_int, iov: &[iovec], flags: c_int) -> ssize_t {
     if flags & libc::MSG_OOB != 0 {
         log_line!("fd {fd}: send with MSG_OOB on a shm connection is not supported (EOPNOTSUPP)");
         return fail(libc::EOPNOTSUPP);
     }
-    // SAFETY: the iovecs come from the program's arguments, valid for
-    // reads of their lengths (the call's contract).
-    done(unsafe { c.send(fd, iov, flags) })
+    let want: usize = iov.iter().map(|v| v.iov_len).sum();
+    let all = flags & libc::MSG_DONTWAIT == 0 && !c.nonblocking();
+    let mut sent = 0usize;
+    let mut rest: Vec<iovec> = iov.to_vec();
+    loop {
+        // SAFETY: `rest` are the program's iovecs advanced past `sent`
+        // bytes, valid for reads of their lengths (the call's contract).
+        match unsafe { c.send(fd, &rest, flags) } {
+            Ok(n) => {
+                sent += n;
+                if !all || sent >= want || n == 0 {
+                    return sent as ssize_t;
+                }
+                advance(&mut rest, n);
+            }
+            Err(e) if sent > 0 && e != libc::EPIPE => return sent as ssize_t,
+            Err(e) => {
+                if e == libc::EPIPE && flags & libc::MSG_NOSIGNAL == 0 {
+                    // SAFETY: raise has no preconditions; the kernel sends
+                    // the writing thread SIGPIPE on a broken connection.
+                    unsafe { libc::raise(libc::SIGPIPE) };
+                }
+                if sent > 0 {
+                    return sent as ssize_t;
+                }
+                return fail(e);
+            }
+        }
+    }
 }
 
 /// Builds the iovec list of a msghdr.
@@ -466,11 +498,11 @@ pub unsafe extern "C" fn sendfile64(
 /// As for the C library's `connect`.
 #[no_mangle]
 pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
-    let port = match table::get(fd) {
+    let cand = match table::get(fd) {
         None => setup::candidate(fd, addr, len),
         Some(_) => None,
     };
-    let Some(port) = port else {
+    let Some(cand) = cand else {
         // SAFETY: the program's own arguments, passed on.
         return unsafe { real::connect()(fd, addr, len) };
     };
@@ -485,7 +517,7 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
     let mut r = unsafe { real::connect()(fd, addr, len) };
     let mut e = errno();
     if r == 0 {
-        if let Err(broken) = setup::connected(fd, port, nonblocking) {
+        if let Err(broken) = setup::connected(fd, cand, nonblocking) {
             r = -1;
             e = broken;
         }
@@ -574,7 +606,7 @@ pub unsafe extern "C" fn setresuid(
 fn after_accept(lfd: c_int, fd: c_int, flags: c_int) {
     if fd >= 0 && matches!(table::get(lfd), Some(Entry::Listener { .. })) {
         let e = errno();
-        setup::accepted(lfd, fd, flags & libc::SOCK_NONBLOCK != 0);
+        setup::accepted(lfd, fd, flags);
         set_errno(e);
     }
 }
@@ -649,21 +681,32 @@ fn forget(fd: c_int) -> Option<Arc<Conn>> {
     last
 }
 
-/// `close(2)`.
+/// `close(2)`: the last descriptor of a taken-over connection in this
+/// process closes it as the kernel would (`Conn::last_close`).
 ///
 /// # Safety
 ///
 /// As for the C library's `close`.
 #[no_mangle]
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
+    let was = match table::get(fd) {
+        Some(Entry::Shm(c)) => Some(c),
+        _ => None,
+    };
     let last = forget(fd);
+    if let Some(c) = &last {
+        c.last_close(fd);
+    }
     // SAFETY: the program's own argument, passed on.
     let r = unsafe { real::close()(fd) };
+    let e = errno();
     if let Some(c) = last {
-        let e = errno();
-        c.closing();
-        set_errno(e);
+        c.wake_peer();
+    } else if let Some(c) = was {
+        // Another descriptor of the connection stays open here.
+        sync_cloexec(&c);
     }
+    set_errno(e);
     r
 }
 
@@ -677,10 +720,10 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
 pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
     // SAFETY: the program's own arguments, passed on.
     let r = unsafe { real::shutdown()(fd, how) };
-    if r == 0 && how != libc::SHUT_RD {
+    if r == 0 {
         if let Some(Entry::Shm(c)) = table::get(fd) {
             let e = errno();
-            c.closing();
+            c.shut(how);
             set_errno(e);
         }
     }
@@ -693,6 +736,50 @@ fn copy_entry(from: c_int, to: c_int) {
     }
     if let Some(e) = table::get(from) {
         table::set(to, e);
+    }
+    after_fd_change(to);
+}
+
+/// A descriptor of a taken-over connection was made, closed or had its
+/// close-on-exec flag changed: the connection's region follows the
+/// connection's descriptors (see [`sync_cloexec`]).
+fn after_fd_change(fd: c_int) {
+    if let Some(Entry::Shm(c)) = table::get(fd) {
+        let e = errno();
+        sync_cloexec(&c);
+        set_errno(e);
+    }
+}
+
+/// Gives the region file of `c` the close-on-exec flag its descriptors
+/// have: kept across exec only while some descriptor of the connection
+/// is (so the image after exec can take the connection over again, see
+/// `inherit`), closed on exec otherwise, so a program the process execs
+/// (a CGI, as another user) holds nothing of connections it was not
+/// given.
+pub(crate) fn sync_cloexec(c: &Arc<Conn>) {
+    let rfd = c.region_fd();
+    if rfd < 0 {
+        return;
+    }
+    let keep = table::descriptors_of(c).into_iter().any(|fd| {
+        // SAFETY: a plain fcntl on the program's descriptor.
+        let f = unsafe { real::fcntl()(fd, libc::F_GETFD, 0) };
+        f >= 0 && f & libc::FD_CLOEXEC == 0
+    });
+    // SAFETY: plain fcntl calls on the connection's own region file.
+    unsafe {
+        let f = real::fcntl()(rfd, libc::F_GETFD, 0);
+        if f >= 0 {
+            let want = if keep {
+                f & !libc::FD_CLOEXEC
+            } else {
+                f | libc::FD_CLOEXEC
+            };
+            if want != f {
+                real::fcntl()(rfd, libc::F_SETFD, want as c_ulong);
+            }
+        }
     }
 }
 
@@ -716,12 +803,16 @@ pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
 /// As for the C library's `dup2`.
 #[no_mangle]
 pub unsafe extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
+    let last = (old != new).then(|| forget(new)).flatten();
+    if let Some(c) = &last {
+        c.last_close(new);
+    }
     // SAFETY: the program's own arguments, passed on.
     let r = unsafe { real::dup2()(old, new) };
+    if let Some(c) = last {
+        c.wake_peer();
+    }
     if r >= 0 && old != new {
-        if let Some(c) = forget(new) {
-            c.closing();
-        }
         copy_entry(old, new);
     }
     r
@@ -734,12 +825,16 @@ pub unsafe extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
 /// As for the C library's `dup3`.
 #[no_mangle]
 pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
+    let last = (old != new).then(|| forget(new)).flatten();
+    if let Some(c) = &last {
+        c.last_close(new);
+    }
     // SAFETY: the program's own arguments, passed on.
     let r = unsafe { real::dup3()(old, new, flags) };
+    if let Some(c) = last {
+        c.wake_peer();
+    }
     if r >= 0 {
-        if let Some(c) = forget(new) {
-            c.closing();
-        }
         copy_entry(old, new);
     }
     r
@@ -760,6 +855,7 @@ fn after_fcntl(fd: c_int, cmd: c_int, arg: c_ulong, r: c_int) {
     match cmd {
         libc::F_SETFL => set_nonblocking(fd, arg as c_int & libc::O_NONBLOCK != 0),
         libc::F_DUPFD | libc::F_DUPFD_CLOEXEC => copy_entry(fd, r),
+        libc::F_SETFD => after_fd_change(fd),
         _ => {}
     }
 }
@@ -827,6 +923,9 @@ pub unsafe extern "C" fn ioctl(fd: c_int, request: c_ulong, arg: c_ulong) -> c_i
     }
     // SAFETY: the program's own arguments, passed on.
     let r = unsafe { real::ioctl()(fd, request, arg) };
+    if r == 0 && (request == libc::FIOCLEX || request == libc::FIONCLEX) {
+        after_fd_change(fd);
+    }
     if r == 0 && request == libc::FIONBIO {
         let e = errno();
         let p = arg as *const c_int;
@@ -849,6 +948,17 @@ fn settle(fd: c_int, c: &Arc<Conn>) -> bool {
     match setup::finish_offer(fd, c, false) {
         Resolved::Shm(c) => c.settle(fd),
         // The program's own bytes (or the end) on the kernel socket.
+        Resolved::Kernel => true,
+        Resolved::NotYet => false,
+    }
+}
+
+/// Whether an accepted connection still pending that the kernel calls
+/// readable really is: the exchange's records are taken first, and only
+/// the program's own bytes (or its connection's end on shm) count.
+fn settle_pending(fd: c_int, p: &Arc<setup::Pending>) -> bool {
+    match setup::resolve(fd, p, false, true) {
+        Resolved::Shm(c) => settle(fd, &c),
         Resolved::Kernel => true,
         Resolved::NotYet => false,
     }
@@ -942,6 +1052,20 @@ unsafe fn shm_poll(
     }
     // SAFETY: poll's contract: `fds` holds `nfds` valid entries.
     let set = unsafe { std::slice::from_raw_parts_mut(fds, nfds as usize) };
+    let pend: Vec<(usize, Arc<setup::Pending>)> = set
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| p.events & libc::POLLIN != 0)
+        .filter_map(|(i, p)| match table::get(p.fd) {
+            Some(Entry::Pending(q)) => Some((i, q)),
+            _ => None,
+        })
+        .collect();
+    for (i, p) in &pend {
+        // Records of the exchange already in are taken now (see
+        // `shm_epoll_wait`).
+        setup::resolve(set[*i].fd, p, false, true);
+    }
     let shm: Vec<(usize, Arc<Conn>)> = set
         .iter()
         .enumerate()
@@ -951,7 +1075,7 @@ unsafe fn shm_poll(
             _ => None,
         })
         .collect();
-    if shm.is_empty() {
+    if shm.is_empty() && pend.is_empty() {
         return wait(fds, nfds, timeout);
     }
     // The relay sockets to watch: (the connection's place in `shm`, its
@@ -966,7 +1090,7 @@ unsafe fn shm_poll(
     let start = std::time::Instant::now();
     let mut spun = timeout == 0;
     loop {
-        if !spun {
+        if !spun && !shm.is_empty() {
             // See `Conn::recv`: watch the rings a little before sleeping.
             spun = true;
             spin_until(|| shm.iter().any(|(_, c)| c.read_ready()));
@@ -1026,6 +1150,14 @@ unsafe fn shm_poll(
         }
         for (i, c) in &shm {
             if set[*i].revents & libc::POLLIN != 0 && !settle(set[*i].fd, c) {
+                set[*i].revents &= !(libc::POLLIN | libc::POLLRDNORM);
+            }
+            if c.has_error() {
+                set[*i].revents |= libc::POLLERR;
+            }
+        }
+        for (i, p) in &pend {
+            if set[*i].revents & libc::POLLIN != 0 && !settle_pending(set[*i].fd, p) {
                 set[*i].revents &= !(libc::POLLIN | libc::POLLRDNORM);
             }
         }
@@ -1322,15 +1454,21 @@ unsafe fn shm_epoll_wait(
     timeout: c_int,
     wait: impl Fn(c_int) -> c_int,
 ) -> c_int {
+    let pend = table::epoll_pending(epfd);
+    for (fd, _, p) in &pend {
+        // Records of the exchange already in are taken now, so a wait
+        // never wakes for bytes that are not the program's.
+        setup::resolve(*fd, p, false, true);
+    }
     let shm = table::epoll_shm(epfd);
-    if shm.is_empty() || events.is_null() || max <= 0 {
+    if (shm.is_empty() && pend.is_empty()) || events.is_null() || max <= 0 {
         return wait(timeout);
     }
     let wants_in = |i: &Interest| i.events & libc::EPOLLIN as u32 != 0;
     let start = std::time::Instant::now();
     let mut spun = timeout == 0;
     loop {
-        if !spun {
+        if !spun && !shm.is_empty() {
             // See `Conn::recv`: watch the rings a little before sleeping.
             spun = true;
             spin_until(|| shm.iter().any(|(_, i, c)| wants_in(i) && c.read_ready()));
@@ -1358,7 +1496,7 @@ unsafe fn shm_epoll_wait(
         }
         // SAFETY: `events` holds `max` entries, the first `n` written by the
         // kernel.
-        let n = unsafe { settle_events(events, n as usize, max as usize, &shm, &ready) };
+        let n = unsafe { settle_events(events, n as usize, max as usize, &shm, &pend, &ready) };
         if n > 0 || t == 0 {
             return n as c_int;
         }
@@ -1379,6 +1517,7 @@ unsafe fn settle_events(
     n: usize,
     max: usize,
     shm: &[(c_int, Interest, Arc<Conn>)],
+    pend: &[(c_int, Interest, Arc<setup::Pending>)],
     ready: &[Interest],
 ) -> usize {
     // Entries are packed structs: read and written unaligned, by value.
@@ -1406,6 +1545,15 @@ unsafe fn settle_events(
                 if !settle(*fd, c) {
                     ev.events &= !((libc::EPOLLIN | libc::EPOLLRDNORM) as u32);
                 }
+            } else if let Some((fd, _, p)) = pend.iter().find(|(_, i, _)| i.data == data) {
+                if !settle_pending(*fd, p) {
+                    ev.events &= !((libc::EPOLLIN | libc::EPOLLRDNORM) as u32);
+                }
+            }
+        }
+        if let Some((_, _, c)) = conn {
+            if c.has_error() {
+                ev.events |= libc::EPOLLERR as u32;
             }
         }
         if let Some((_, i, _)) = conn.filter(|(_, i, _)| i.bell) {

@@ -21,16 +21,39 @@
 //! line in the log (`log`: the file `NETGAP_PRELOAD_LOG` names, or
 //! standard error): a peer without the library, a peer on another host, a
 //! region that cannot be shared.
+//!
+//! The library runs inside other people's programs, often as root, and
+//! trusts nothing a peer sends: a region is handed over as a descriptor
+//! through a mailbox whose owner the kernel vouches for, never opened by a
+//! name or number from the wire; a beacon or a relay counts only once the
+//! kernel says whose it is (`beacon`, `relay`); and no program thread
+//! waits on another process's bytes longer than its own call would have
+//! (`setup`).
 
+mod beacon;
 mod channel;
 mod conn;
+mod diag;
 mod inherit;
 pub mod interpose;
 mod log;
 mod real;
+mod region;
 mod relay;
 mod setup;
 mod table;
+mod unix;
+
+/// The stacks the library provides (`NETGAP_PRELOAD_STACK`, which
+/// `netgap wrap -t STACK` sets).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stack {
+    /// Same-host connections on shared memory; nothing else is touched,
+    /// and the host's relay is never asked.
+    Shm,
+    /// Also connections to other hosts, through the host's relay.
+    Xdp,
+}
 
 /// The library's settings, read from the environment when the library is
 /// loaded: programs such as nginx clear their environment in the worker
@@ -45,6 +68,8 @@ pub(crate) struct Settings {
     /// how long a read or a poll about to sleep for a taken-over
     /// connection first watches its ring, in nanoseconds.
     pub(crate) spin_ns: u64,
+    /// `NETGAP_PRELOAD_STACK` (`shm` unless it says `xdp`).
+    pub(crate) stack: Stack,
 }
 
 /// Microseconds a reader watches the ring before it sleeps, unless
@@ -71,11 +96,26 @@ pub(crate) fn settings() -> &'static Settings {
             .unwrap_or(DEFAULT_SPIN_US)
             .min(1_000_000)
             * 1000,
+        stack: match std::env::var("NETGAP_PRELOAD_STACK").as_deref() {
+            Ok("xdp") => Stack::Xdp,
+            _ => Stack::Shm,
+        },
     })
+}
+
+/// Before `fork`: every connection may be held by two processes from now
+/// on (see `Conn::last_close`).
+extern "C" fn before_fork() {
+    for c in table::connections() {
+        c.set_shared();
+    }
 }
 
 extern "C" fn load() {
     settings();
+    // SAFETY: registering a handler with no preconditions; it runs in the
+    // parent before each fork and only marks connections.
+    unsafe { libc::pthread_atfork(Some(before_fork), None, None) };
     inherit::adopt();
 }
 

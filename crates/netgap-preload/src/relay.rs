@@ -39,13 +39,14 @@ use crate::channel::Role;
 use crate::conn::{errno, Conn, Errno};
 use crate::log::log_line;
 use crate::real;
-use crate::setup::{make_region, read_answer, ring_bytes, send_all, Offer};
+use crate::setup::{read_answer, ring_bytes, send_all, NotMoved};
 use crate::table::{self, Entry};
 use libc::c_int;
 use netgap_proto::preload::{
     Answer, Hello, Probe, ProbeAnswer, Refusal, RelayReply, RelayRequest, PROBE_BYTES, PROBE_PORT,
     RELAY_KEY_BYTES, RELAY_REPLY_BYTES,
 };
+use std::os::fd::{AsRawFd, IntoRawFd};
 use std::sync::Arc;
 
 /// The relay's abstract socket name (without the leading NUL).
@@ -54,40 +55,69 @@ pub const RELAY_SOCKET: &str = "netgap-relay";
 /// xdp flow, up to the transport's own 3 s, plus a busy queue's wait).
 const REPLY_WAIT_MS: c_int = 10_000;
 
-/// A connected socket to the relay, or None (no relay in this namespace).
-fn open() -> Option<c_int> {
-    // SAFETY: plain socket creation; `socket` is not interposed.
-    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return None;
+/// A connected socket to the relay (blocking: the library waits for its
+/// replies, bounded), or why not: the library asks the relay only under
+/// `-t xdp`, and only a relay the kernel says is root's (`SO_PEERCRED`):
+/// anyone can bind the name, and a squatter would be handed the
+/// program's connections.
+fn open() -> Result<c_int, String> {
+    if crate::settings().stack != crate::Stack::Xdp {
+        return Err("connections to other hosts move only under -t xdp".into());
     }
-    // SAFETY: all-zero bytes are a valid sockaddr_un.
-    let mut a: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-    a.sun_family = libc::AF_UNIX as libc::sa_family_t;
-    for (d, s) in a.sun_path[1..].iter_mut().zip(RELAY_SOCKET.bytes()) {
-        *d = s as libc::c_char;
+    let fd = crate::unix::seqpacket().map_err(|e| {
+        format!(
+            "no socket for the relay: {}",
+            std::io::Error::from_raw_os_error(e)
+        )
+    })?;
+    match crate::unix::connect_to(fd.as_raw_fd(), RELAY_SOCKET) {
+        Ok(()) => {}
+        Err(libc::ECONNREFUSED | libc::ENOENT) => {
+            crate::unix::close(fd);
+            return Err("no relay runs here".into());
+        }
+        Err(e) => {
+            crate::unix::close(fd);
+            return Err(format!(
+                "the relay @{RELAY_SOCKET}: {}",
+                std::io::Error::from_raw_os_error(e)
+            ));
+        }
     }
-    let len = std::mem::size_of::<libc::sa_family_t>() + 1 + RELAY_SOCKET.len();
-    // SAFETY: `a` is a valid sockaddr_un of `len` bytes; our own socket.
-    let r = unsafe { real::connect()(fd, std::ptr::from_ref(&a).cast(), len as libc::socklen_t) };
-    if r != 0 {
-        // SAFETY: our own descriptor.
-        unsafe { real::close()(fd) };
-        return None;
+    match crate::unix::peer_cred(fd.as_raw_fd()) {
+        Some(c) if c.uid == 0 => {}
+        Some(c) => {
+            crate::unix::close(fd);
+            return Err(format!(
+                "the relay @{RELAY_SOCKET} is uid {}'s (pid {}), not root's: a squatter",
+                c.uid, c.pid
+            ));
+        }
+        None => {
+            crate::unix::close(fd);
+            return Err(format!("the relay @{RELAY_SOCKET} has no credentials"));
+        }
     }
-    Some(fd)
+    let raw = fd.into_raw_fd();
+    // SAFETY: plain fcntl calls on our own socket: the replies are waited
+    // for with poll, the sends are small.
+    unsafe {
+        let fl = real::fcntl()(raw, libc::F_GETFL, 0);
+        real::fcntl()(
+            raw,
+            libc::F_SETFL,
+            (fl & !libc::O_NONBLOCK) as libc::c_ulong,
+        );
+    }
+    Ok(raw)
 }
 
-/// Whether a relay runs in this namespace.
-fn present() -> bool {
-    match open() {
-        Some(fd) => {
-            // SAFETY: the probe's own descriptor.
-            unsafe { real::close()(fd) };
-            true
-        }
-        None => false,
-    }
+/// Whether a relay of root's runs in this namespace (and may be asked).
+fn present() -> Result<(), String> {
+    let fd = open()?;
+    // SAFETY: the probe's own descriptor.
+    unsafe { real::close()(fd) };
+    Ok(())
 }
 
 /// A connection to `port` of `dest` (the program's destination, another
@@ -96,8 +126,10 @@ fn present() -> bool {
 /// library goes to the peer: a server without it would read the hello as
 /// its own data.
 pub(crate) fn candidate(fd: c_int, dest: &libc::sockaddr_storage, port: u16) -> Option<u16> {
-    if !present() {
-        log_line!("fd {fd}: connection to port {port} stays on the kernel's TCP: the peer is on another host and no relay runs here");
+    if let Err(why) = present() {
+        log_line!(
+            "fd {fd}: connection to port {port} stays on the kernel's TCP: the peer is on another host and {why}"
+        );
         return None;
     }
     match probe(dest, port) {
@@ -289,25 +321,6 @@ fn ask(sock: c_int, req: &RelayRequest, fds: Option<[c_int; 2]>) -> Result<Relay
     RelayReply::decode(&buf[..got as usize]).map_err(|e| format!("the relay's reply: {e}"))
 }
 
-/// Random bytes for a flow key.
-fn random_key() -> Result<[u8; RELAY_KEY_BYTES], Errno> {
-    let mut k = [0u8; RELAY_KEY_BYTES];
-    let mut off = 0;
-    while off < k.len() {
-        // SAFETY: `k[off..]` is valid for writes of its length.
-        let r = unsafe { libc::getrandom(k[off..].as_mut_ptr().cast(), k.len() - off, 0) };
-        if r < 0 {
-            let e = errno();
-            if e == libc::EINTR {
-                continue;
-            }
-            return Err(e);
-        }
-        off += r as usize;
-    }
-    Ok(k)
-}
-
 /// The connector's side of a connection to another host, on a freshly
 /// connected blocking socket: the relay hello, the answer, then the
 /// relay. Err: the hello went out and the connection cannot be given back
@@ -320,11 +333,11 @@ pub(crate) fn connected(fd: c_int, port: u16, nonblocking: bool) -> Result<(), E
             log_line!("fd {fd}: connection to port {port} moved to xdp via the relay");
             Ok(())
         }
-        Err(Offer::Kept(why)) => {
+        Err(NotMoved::Kept(why)) => {
             log_line!("fd {fd}: connection to port {port} stays on the kernel's TCP: {why}");
             Ok(())
         }
-        Err(Offer::Broken(why)) => {
+        Err(NotMoved::Broken(why)) => {
             log_line!("fd {fd}: connection to port {port} fails (ECONNRESET): {why}");
             // SAFETY: a plain shutdown of the program's socket; `shutdown`
             // is not interposed.
@@ -360,9 +373,9 @@ impl Drop for RelaySock {
     }
 }
 
-fn offer(fd: c_int) -> Result<Built, Offer> {
-    let key = random_key().map_err(|e| {
-        Offer::Kept(format!(
+fn offer(fd: c_int) -> Result<Built, NotMoved> {
+    let key = crate::unix::random::<RELAY_KEY_BYTES>().map_err(|e| {
+        NotMoved::Kept(format!(
             "no random bytes for a flow key: {}",
             std::io::Error::from_raw_os_error(e)
         ))
@@ -370,7 +383,7 @@ fn offer(fd: c_int) -> Result<Built, Offer> {
     let ring = ring_bytes();
     // The relay first, so a busy one leaves the connection on the
     // kernel's TCP before the peer has seen anything.
-    let mut sock = RelaySock(open().ok_or_else(|| Offer::Kept("the relay went away".into()))?);
+    let mut sock = RelaySock(open().map_err(NotMoved::Kept)?);
     match ask(
         sock.0,
         &RelayRequest::Reserve {
@@ -381,18 +394,16 @@ fn offer(fd: c_int) -> Result<Built, Offer> {
     ) {
         Ok(RelayReply::Ok(_)) => {}
         Ok(RelayReply::Refused(why)) => {
-            return Err(Offer::Kept(format!("the relay here refused: {why}")))
+            return Err(NotMoved::Kept(format!("the relay here refused: {why}")))
         }
-        Err(why) => return Err(Offer::Kept(why)),
+        Err(why) => return Err(NotMoved::Kept(why)),
     }
-    let hello = Hello {
-        pid: 0,
-        fd: 0,
+    let hello = Hello::Relay {
         ring_bytes: ring,
-        relay_key: Some(key),
+        key,
     };
     send_all(fd, &hello.encode()).map_err(|e| {
-        Offer::Broken(format!(
+        NotMoved::Broken(format!(
             "sending the hello: {}",
             std::io::Error::from_raw_os_error(e)
         ))
@@ -400,15 +411,15 @@ fn offer(fd: c_int) -> Result<Built, Offer> {
     let target = match read_answer(fd)? {
         Answer::Relay(t) => t,
         Answer::Accepted => {
-            return Err(Offer::Broken(
+            return Err(NotMoved::Broken(
                 "the listener answered a relay hello as a shared-memory one".into(),
             ))
         }
-        Answer::Refused(r) => return Err(Offer::Kept(format!("the listener refused: {r}"))),
+        Answer::Refused(r) => return Err(NotMoved::Kept(format!("the listener refused: {r}"))),
     };
     // From here the listener's side waits on its relay: a failure cannot
     // give the stream back.
-    let (ch, region) = make_region(ring).map_err(Offer::Broken)?;
+    let (ch, region) = crate::region::make(ring).map_err(NotMoved::Broken)?;
     let req = RelayRequest::Connect {
         ring_bytes: ring,
         key,
@@ -420,10 +431,10 @@ fn offer(fd: c_int) -> Result<Built, Offer> {
             sock.0 = -1;
             Ok(Built { fd, ch, sock: s })
         }
-        Ok(RelayReply::Refused(why)) => Err(Offer::Broken(format!(
+        Ok(RelayReply::Refused(why)) => Err(NotMoved::Broken(format!(
             "the relay refused to connect to {target}: {why}"
         ))),
-        Err(why) => Err(Offer::Broken(why)),
+        Err(why) => Err(NotMoved::Broken(why)),
     }
 }
 
@@ -433,22 +444,17 @@ pub(crate) fn take_hello(
     fd: c_int,
     hello: &Hello,
 ) -> Result<(crate::channel::Channel, c_int, String), (Refusal, String)> {
-    let Some(key) = hello.relay_key else {
+    let Hello::Relay { key, ring_bytes } = *hello else {
         return Err((Refusal::BadHello, "not a relay hello".into()));
     };
-    let Some(sock) = open() else {
-        return Err((Refusal::NoRelay, "no relay runs on this host".into()));
-    };
+    let sock = open().map_err(|why| (Refusal::NoRelay, why))?;
     let fail = |why: String| {
         // SAFETY: our own relay socket, closed once.
         unsafe { real::close()(sock) };
         (Refusal::NoRelay, why)
     };
-    let (ch, region) = make_region(hello.ring_bytes).map_err(fail)?;
-    let req = RelayRequest::Listen {
-        ring_bytes: hello.ring_bytes,
-        key,
-    };
+    let (ch, region) = crate::region::make(ring_bytes).map_err(fail)?;
+    let req = RelayRequest::Listen { ring_bytes, key };
     match ask(sock, &req, Some([region.0, fd])) {
         Ok(RelayReply::Ok(target)) if netgap_proto::preload::valid_target(&target) => {
             Ok((ch, sock, target))

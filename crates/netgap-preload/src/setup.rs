@@ -1,101 +1,66 @@
-//! Moving a connection from the kernel's TCP onto a shared-memory channel.
+//! Moving a connection from the kernel's TCP onto a shared-memory channel
+//! (the exchange itself is `netgap_proto::preload`'s; this module is its
+//! two ends on real sockets).
 //!
-//! - A listener with the library announces itself with a beacon: an
-//!   abstract Unix socket bound to `netgap-preload.UID.FAMILY.PORT`
-//!   (FAMILY 4 or 6: an IPv4 and an IPv6 listener may have the same port
-//!   number; a dual-stack IPv6 listener announces both), which lives
-//!   exactly as long as some process holds it (a killed program leaves
-//!   nothing behind) and is private to the network namespace, like the
-//!   port.
-//! - A connector with the library, connecting to a local address, looks for
-//!   the beacon; with none, the connection stays on the kernel's TCP and
-//!   the peer never sees a byte of the library. With one, after the TCP
-//!   connection is up it makes the region (a memfd, sealed against
-//!   shrinking), sends the hello naming it and waits for the answer.
-//! - The listener's side of an accepted connection is pending until the
-//!   program first reads or writes: the first bytes are peeked; a hello
-//!   moves it to the channel (the region opened through
-//!   `/proc/PID/fd/FD`, checked, mapped, then the descriptor closed, so
-//!   the memory disappears with the last mapping), anything else leaves it
-//!   on the kernel's TCP.
+//! - A listener announces itself with a beacon (`beacon`).
+//! - A connector to a local address first checks the port's beacon: with
+//!   none of its own user's, the connection stays on the kernel's TCP and
+//!   the peer never sees a byte of the library. With one, it makes the
+//!   region and binds the connection's mailbox, connects, and sends its
+//!   hello; its program's writes fill the ring meanwhile.
+//!   The connection is *offered* until the program's next read, write or
+//!   wait finds the answer ([`finish_offer`]).
+//! - The listener's side of an accepted connection is *pending* until its
+//!   program first reads, writes or waits for it ([`resolve`]): the first
+//!   bytes are peeked; a whole hello from a peer on this host moves it to
+//!   the channel, once the kernel has said who the connector is and the
+//!   region was taken from it and checked (`take_region`); anything else
+//!   (a part of a hello too: a connector sends it whole) is the program's
+//!   data on the kernel's TCP. Nothing here waits on a peer's bytes longer
+//!   than the program's own call would have: a non-blocking socket with
+//!   nothing in gets `EAGAIN`, a blocking one waits as a read would
+//!   (bounded by its receive timeout), and a program that writes before a
+//!   hello came commits its connection to the kernel's TCP at once (a hello
+//!   that comes after is dropped unanswered; its connector then sees the
+//!   program's data first and stays on TCP too).
+//! - Across hosts (`-t xdp` only), a peer's whole relay hello is taken the
+//!   same way, by the host's relay.
 
-use crate::channel::{region_bytes, Channel, Role};
+use crate::beacon;
+use crate::channel::Role;
 use crate::conn::{errno, Conn, Errno};
 use crate::log::log_line;
 use crate::real;
+use crate::region;
 use crate::table::{self, Entry};
+use crate::unix;
 use libc::c_int;
 use netgap_proto::preload::{
-    answer_bytes, could_be_answer, could_be_hello, hello_bytes, Answer, Hello, Refusal,
+    answer_bytes, could_be_answer, could_be_hello, hello_bytes, mailbox_name, Answer, Hello,
     ANSWER_BYTES, HELLO_BYTES,
 };
-use std::sync::Arc;
+use std::net::IpAddr;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Bytes of each ring unless `NETGAP_PRELOAD_RING_BYTES` says otherwise.
 const DEFAULT_RING_BYTES: u32 = 1 << 18;
 /// How long a connector waits for the listener's answer: the listener
-/// answers when its program first reads the connection, which a busy
-/// server may take a while to do.
+/// answers when its program first reads, which a busy server may take a
+/// while to do.
 const ANSWER_WAIT: Duration = Duration::from_secs(10);
-/// How long a listener whose program writes before reading waits for a
-/// hello: a connector with the library sends it at once after connecting.
-const HELLO_WAIT: Duration = Duration::from_millis(200);
+/// How long a listener whose program writes first waits for the hello of
+/// a connector the kernel says is there (its mailbox is bound): the
+/// connector sends it right after binding.
+const HELLO_WAIT: Duration = Duration::from_millis(20);
+/// Connections a mailbox holds: the listener's look, and room for a few
+/// others (anyone can connect to an abstract name; nothing of theirs is
+/// read).
+const MAILBOX_BACKLOG: c_int = 8;
 
-/// A listener's presence beacons (their descriptors, -1 for a name
-/// another listener of the port holds; closed with the listener).
-pub(crate) struct Beacon {
-    fds: Vec<c_int>,
-}
-
-impl Drop for Beacon {
-    fn drop(&mut self) {
-        for &fd in self.fds.iter().filter(|&&fd| fd >= 0) {
-            // SAFETY: the beacon's own descriptor, closed once.
-            unsafe { real::close()(fd) };
-        }
-    }
-}
-
-/// The abstract socket address of the beacon for `port` of IP version
-/// `family` (4 or 6).
-fn beacon_addr(family: u8, port: u16) -> (libc::sockaddr_un, libc::socklen_t) {
-    // SAFETY: getuid cannot fail.
-    let uid = unsafe { libc::getuid() };
-    let name = format!("netgap-preload.{uid}.{family}.{port}");
-    // SAFETY: all-zero bytes are a valid sockaddr_un.
-    let mut a: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-    a.sun_family = libc::AF_UNIX as libc::sa_family_t;
-    // sun_path[0] stays NUL: the abstract namespace.
-    for (d, s) in a.sun_path[1..].iter_mut().zip(name.bytes()) {
-        *d = s as libc::c_char;
-    }
-    let len = std::mem::size_of::<libc::sa_family_t>() + 1 + name.len();
-    (a, len as libc::socklen_t)
-}
-
-/// Binds a datagram socket to the beacon name of `port`: Ok(fd) if it was
-/// free, Err(errno) otherwise (EADDRINUSE: a beacon exists).
-fn bind_beacon(family: u8, port: u16) -> Result<c_int, Errno> {
-    // SAFETY: plain socket creation; `socket` is not interposed.
-    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return Err(errno());
-    }
-    let (a, len) = beacon_addr(family, port);
-    // SAFETY: `a` is a valid sockaddr_un of `len` bytes.
-    let r = unsafe { libc::bind(fd, std::ptr::from_ref(&a).cast(), len) };
-    if r != 0 {
-        let e = errno();
-        // SAFETY: our own descriptor.
-        unsafe { real::close()(fd) };
-        return Err(e);
-    }
-    Ok(fd)
-}
-
-/// The listener `fd` just started listening: make its beacon (or share the
-/// one another listener of the port made).
+/// The listener `fd` just started listening: it announces itself (or
+/// shares the beacon another listener of the port made).
 pub(crate) fn listening(fd: c_int) {
     let Some((family, port)) = local_port(fd) else {
         return;
@@ -110,26 +75,7 @@ pub(crate) fn listening(fd: c_int) {
     } else {
         &[6, 4]
     };
-    let mut beacon = Beacon { fds: Vec::new() };
-    for &f in families {
-        match bind_beacon(f, port) {
-            Ok(b) => beacon.fds.push(b),
-            Err(libc::EADDRINUSE) => beacon.fds.push(-1),
-            Err(e) => {
-                log_line!(
-                    "fd {fd}: listener on port {port} stays on the kernel's TCP: no beacon ({})",
-                    std::io::Error::from_raw_os_error(e)
-                );
-                return;
-            }
-        }
-    }
-    table::set(
-        fd,
-        Entry::Listener {
-            _beacon: Arc::new(beacon),
-        },
-    );
+    beacon::listening(fd, port, families);
 }
 
 /// Whether an IPv6 socket takes IPv6 connections only.
@@ -147,19 +93,6 @@ fn v6_only(fd: c_int) -> bool {
         )
     };
     r == 0 && v != 0
-}
-
-/// Whether a listener with the library announces `port` of IP version
-/// `family`.
-fn beacon_present(family: u8, port: u16) -> bool {
-    match bind_beacon(family, port) {
-        Ok(fd) => {
-            // SAFETY: our own probe descriptor.
-            unsafe { real::close()(fd) };
-            false
-        }
-        Err(e) => e == libc::EADDRINUSE,
-    }
 }
 
 /// The family and port `fd` is bound to.
@@ -195,7 +128,7 @@ fn port_of(a: &libc::sockaddr_storage) -> Option<u16> {
     }
 }
 
-fn ip_of(a: &libc::sockaddr_storage) -> Option<std::net::IpAddr> {
+fn ip_of(a: &libc::sockaddr_storage) -> Option<IpAddr> {
     match c_int::from(a.ss_family) {
         libc::AF_INET => {
             // SAFETY: the family says the storage holds a sockaddr_in.
@@ -212,7 +145,7 @@ fn ip_of(a: &libc::sockaddr_storage) -> Option<std::net::IpAddr> {
     }
 }
 
-fn is_stream(fd: c_int) -> bool {
+pub(crate) fn is_stream(fd: c_int) -> bool {
     let mut t: c_int = 0;
     let mut len = std::mem::size_of::<c_int>() as libc::socklen_t;
     // SAFETY: `t` is valid for writes of `len` bytes.
@@ -228,29 +161,31 @@ fn is_stream(fd: c_int) -> bool {
     r == 0 && t == libc::SOCK_STREAM
 }
 
-/// The rule for taking a connection over: both ends on this host (the
-/// peer's address is loopback or the connection's own local address).
-fn both_local(fd: c_int) -> bool {
-    let (Some((l, _)), Some((p, _))) = (
-        sockname(fd, libc::getsockname),
-        sockname(fd, libc::getpeername),
-    ) else {
-        return false;
-    };
-    match (ip_of(&l), ip_of(&p)) {
-        (Some(l), Some(p)) => p.is_loopback() || l == p,
-        _ => false,
-    }
+/// The connection's two ends as the kernel reports them: (this end, the
+/// peer), each an address and a port.
+pub(crate) type Ends = ((IpAddr, u16), (IpAddr, u16));
+
+fn ends(fd: c_int) -> Option<Ends> {
+    let (l, _) = sockname(fd, libc::getsockname)?;
+    let (p, _) = sockname(fd, libc::getpeername)?;
+    Some(((ip_of(&l)?, port_of(&l)?), (ip_of(&p)?, port_of(&p)?)))
+}
+
+/// Whether a connection with these ends has both on this host (the peer's
+/// address is loopback or the connection's own local address).
+fn both_local(e: &Ends) -> bool {
+    e.1 .0.is_loopback() || e.0 .0 == e.1 .0
 }
 
 /// Whether `addr` (given to `connect`) may lead to a listener with the
-/// library: a TCP destination on this host whose port has a beacon.
-/// Returns the port if so.
+/// library: a TCP destination on this host whose port has a beacon of
+/// this user that the kernel vouches for, or (`-t xdp`) one on another
+/// host (`relay::candidate`). Returns the port if so.
 pub(crate) fn candidate(
     fd: c_int,
     addr: *const libc::sockaddr,
     len: libc::socklen_t,
-) -> Option<u16> {
+) -> Option<Candidate> {
     if addr.is_null() || (len as usize) < std::mem::size_of::<libc::sockaddr_in>() {
         return None;
     }
@@ -275,20 +210,94 @@ pub(crate) fn candidate(
     let port = port_of(&a)?;
     let ip = ip_of(&a)?;
     if !(ip.is_loopback() || is_local_ip(ip)) {
-        return crate::relay::candidate(fd, &a, port);
+        return crate::relay::candidate(fd, &a, port).map(|port| Candidate { port, local: None });
     }
-    if !beacon_present(if ip.is_ipv4() { 4 } else { 6 }, port) {
-        log_line!("fd {fd}: connection to port {port} stays on the kernel's TCP: no listener with the library there");
-        return None;
+    match beacon::find(if ip.is_ipv4() { 4 } else { 6 }, port) {
+        // The region and the mailbox are made before the connection: the
+        // listener finds the mailbox as soon as it accepts, and the hello
+        // follows the connection's setup at once.
+        beacon::Found::Ours => match prepare(fd) {
+            Ok(local) => Some(Candidate {
+                port,
+                local: Some(local),
+            }),
+            Err(why) => {
+                log_line!("fd {fd}: connection to port {port} stays on the kernel's TCP: {why}");
+                None
+            }
+        },
+        beacon::Found::None => {
+            log_line!("fd {fd}: connection to port {port} stays on the kernel's TCP: no listener with the library there");
+            None
+        }
+        beacon::Found::Refused(why) => {
+            log_line!("fd {fd}: connection to port {port} stays on the kernel's TCP: {why}");
+            None
+        }
     }
-    Some(port)
+}
+
+/// A connection that may move: its destination port, and for a peer on
+/// this host what was made for it.
+pub(crate) struct Candidate {
+    pub(crate) port: u16,
+    local: Option<Local>,
+}
+
+/// What a connector to a peer on this host makes before it connects: the
+/// region and the connection's mailbox (closed on drop, as when the
+/// connection fails).
+struct Local {
+    ch: crate::channel::Channel,
+    region: region::Region,
+    mailbox: Mailbox,
+}
+
+/// A mailbox socket of the library's, closed on drop.
+struct Mailbox(Option<OwnedFd>);
+
+impl Drop for Mailbox {
+    fn drop(&mut self) {
+        if let Some(m) = self.0.take() {
+            unix::close(m);
+        }
+    }
+}
+
+/// Makes the region and binds the mailbox of the connection `fd` is about
+/// to make.
+fn prepare(fd: c_int) -> Result<Local, String> {
+    let (ch, region) = region::make(ring_bytes())?;
+    let ino = crate::conn::socket_ino(fd);
+    if ino == 0 {
+        return Err("the socket has no inode to name its mailbox by".into());
+    }
+    let m = unix::seqpacket().map_err(|err| {
+        format!(
+            "no mailbox socket: {}",
+            std::io::Error::from_raw_os_error(err)
+        )
+    })?;
+    let name = mailbox_name(ino);
+    if let Err(err) = unix::listen_at(m.as_raw_fd(), &name, MAILBOX_BACKLOG) {
+        unix::close(m);
+        return Err(format!(
+            "the connection's mailbox @{name}: {}",
+            std::io::Error::from_raw_os_error(err)
+        ));
+    }
+    Ok(Local {
+        ch,
+        region,
+        mailbox: Mailbox(Some(m)),
+    })
 }
 
 /// Whether `ip` is one of this host's addresses: a UDP socket can bind to
 /// it.
-fn is_local_ip(ip: std::net::IpAddr) -> bool {
+fn is_local_ip(ip: IpAddr) -> bool {
     let (family, storage, len) = match ip {
-        std::net::IpAddr::V4(v4) => {
+        IpAddr::V4(v4) => {
             // SAFETY: all-zero bytes are a valid sockaddr_storage.
             let mut s: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
             // SAFETY: sockaddr_storage is large and aligned enough for a
@@ -298,7 +307,7 @@ fn is_local_ip(ip: std::net::IpAddr) -> bool {
             a.sin_addr.s_addr = u32::from(v4).to_be();
             (libc::AF_INET, s, std::mem::size_of::<libc::sockaddr_in>())
         }
-        std::net::IpAddr::V6(v6) => {
+        IpAddr::V6(v6) => {
             // SAFETY: all-zero bytes are a valid sockaddr_storage.
             let mut s: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
             // SAFETY: as above, for a sockaddr_in6.
@@ -324,7 +333,9 @@ fn is_local_ip(ip: std::net::IpAddr) -> bool {
     }
 }
 
-/// Sends all of `buf` on a connected socket (blocking the caller).
+/// Sends all of `buf` on a connected socket, waiting for room at most
+/// [`ANSWER_WAIT`] (the setup's records are a few dozen bytes on a fresh
+/// connection: the wait is for a full send buffer, never a peer's bytes).
 pub(crate) fn send_all(fd: c_int, buf: &[u8]) -> Result<(), Errno> {
     let mut off = 0;
     let deadline = Instant::now() + ANSWER_WAIT;
@@ -378,6 +389,33 @@ pub(crate) fn wait_for(fd: c_int, events: i16, deadline: Instant) -> bool {
     }
 }
 
+/// When a blocking read of `fd` gives up: its receive timeout
+/// (`SO_RCVTIMEO`) from now, or far in the future without one.
+fn read_deadline(fd: c_int) -> Instant {
+    let mut tv = libc::timeval {
+        tv_sec: 0,
+        tv_usec: 0,
+    };
+    let mut len = std::mem::size_of::<libc::timeval>() as libc::socklen_t;
+    // SAFETY: `tv` is valid for writes of `len` bytes.
+    let r = unsafe {
+        real::getsockopt()(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            std::ptr::from_mut(&mut tv).cast(),
+            &mut len,
+        )
+    };
+    let far = Duration::from_secs(365 * 24 * 3600);
+    let t = if r == 0 && (tv.tv_sec > 0 || tv.tv_usec > 0) {
+        Duration::new(tv.tv_sec.max(0) as u64, (tv.tv_usec.max(0) as u32) * 1000)
+    } else {
+        far
+    };
+    Instant::now() + t
+}
+
 /// Peeks at up to `buf.len()` bytes without waiting; Ok(0) at end of file.
 pub(crate) fn peek(fd: c_int, buf: &mut [u8]) -> Result<usize, Errno> {
     // SAFETY: `buf` is valid for writes of its length.
@@ -416,237 +454,236 @@ pub(crate) fn ring_bytes() -> u32 {
         .unwrap_or(DEFAULT_RING_BYTES)
 }
 
-/// The connector's side, on a freshly connected socket whose destination
-/// has a beacon: the region and the hello. The answer is not waited for
-/// here: the listener answers when its program first reads, and two
-/// programs that connect to each other at once (Open MPI's ranks) would
-/// each wait for the other's answer before either accepts. The connection
-/// is offered (see [`finish_offer`]) until the program's first read or
-/// poll finds the answer. Err: the hello could not be sent, so the byte
-/// stream is no longer the program's: the connection is shut down and
-/// `connect` fails with that errno rather than carry corrupt data.
-///
-/// A peer on another host goes to `relay::connected`, which does wait in
-/// `connect` for the answer: the relays' xdp flow must be set up before
-/// any byte moves, and a relayed connection has no offered state.
-pub(crate) fn connected(fd: c_int, port: u16, nonblocking: bool) -> Result<(), Errno> {
-    if !both_local(fd) {
-        return crate::relay::connected(fd, port, nonblocking);
-    }
-    match offer(fd) {
-        Ok((ch, mfd)) => {
-            let c = Arc::new(Conn::new_offered(fd, ch, nonblocking, port, mfd));
-            table::set_region(&c);
-            table::set(fd, Entry::Shm(c));
-            Ok(())
-        }
-        Err(Offer::Kept(why)) => {
-            log_line!("fd {fd}: connection to port {port} stays on the kernel's TCP: {why}");
-            Ok(())
-        }
-        Err(Offer::Broken(why)) => {
-            log_line!("fd {fd}: connection to port {port} fails (ECONNRESET): {why}");
-            // SAFETY: a plain shutdown of the program's socket; `shutdown`
-            // is not interposed.
-            unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
-            Err(libc::ECONNRESET)
-        }
-    }
-}
-
 /// Why a connection was not moved.
-pub(crate) enum Offer {
+pub(crate) enum NotMoved {
     /// The stream is intact: it stays on the kernel's TCP.
     Kept(String),
-    /// The hello went out unanswered: the stream cannot be used.
+    /// The library's bytes went out and the stream cannot be given back
+    /// to the program intact.
     Broken(String),
 }
 
-/// A region descriptor of this process, closed on drop: the mappings keep
-/// the memory.
-pub(crate) struct Region(pub(crate) c_int);
+/// A connector's offer: the destination port (for the log) and the
+/// connection's mailbox, which the listener reads the connector's
+/// credentials from (closed with the offer).
+pub(crate) struct Offer {
+    pub(crate) port: u16,
+    mailbox: Option<OwnedFd>,
+}
 
-impl Drop for Region {
+impl Drop for Offer {
     fn drop(&mut self) {
-        // SAFETY: the memfd made by `make_region`, closed once: the peer
-        // has its own descriptor or mapping by now, and the mappings keep
-        // the memory.
-        unsafe { real::close()(self.0) };
+        if let Some(m) = self.mailbox.take() {
+            unix::close(m);
+        }
     }
 }
 
-impl Region {
-    /// The descriptor, no longer closed on drop (the caller owns it).
-    pub(crate) fn into_raw(self) -> c_int {
-        let fd = self.0;
-        std::mem::forget(self);
-        fd
-    }
-}
-
-/// Makes a region of `ring`-byte rings (a memfd sealed against shrinking
-/// and growing) and maps it as its maker.
-pub(crate) fn make_region(ring: u32) -> Result<(Channel, Region), String> {
-    let total = region_bytes(ring as usize);
-    let name = c"netgap-preload";
-    // SAFETY: a NUL-terminated name and plain flags.
-    let mfd =
-        unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
-    if mfd < 0 {
-        return Err(format!("memfd_create: {}", std::io::Error::last_os_error()));
-    }
-    let region = Region(mfd);
-    // SAFETY: plain calls on our own memfd.
-    let sized = unsafe {
-        libc::ftruncate(mfd, total as libc::off_t) == 0
-            && libc::fcntl(
-                mfd,
-                libc::F_ADD_SEALS,
-                libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL,
-            ) == 0
+/// The connector's side, on a freshly connected socket whose destination
+/// has a beacon of this user: the region, the mailbox, the hello. The
+/// answer is not waited for here: the listener answers when its program
+/// first reads, and two programs that connect to each other at once (Open
+/// MPI's ranks) would each wait for the other's answer before either
+/// accepts. Err: the hello could not be sent whole, so the byte stream is
+/// no longer the program's: the connection is shut down and `connect`
+/// fails with that errno rather than carry corrupt data.
+///
+/// A peer on another host goes to `relay::connected`, which does wait in
+/// `connect` for the answer: the relays' flow must be set up before any
+/// byte moves, and a relayed connection has no offered state.
+pub(crate) fn connected(fd: c_int, cand: Candidate, nonblocking: bool) -> Result<(), Errno> {
+    let port = cand.port;
+    let Some(e) = ends(fd) else {
+        return Ok(());
     };
-    if !sized {
-        return Err(format!(
-            "sizing the region: {}",
-            std::io::Error::last_os_error()
-        ));
+    if !both_local(&e) {
+        return crate::relay::connected(fd, port, nonblocking);
     }
-    let ch = Channel::map(mfd, ring as usize, Role::Connector)
-        .map_err(|e| format!("mapping the region: {e}"))?;
-    Ok((ch, region))
-}
-
-/// Makes the region and sends the hello; returns the channel and the
-/// region's memfd, which must stay open until the listener has answered
-/// (and then stays with the connection: see `Conn::new`).
-fn offer(fd: c_int) -> Result<(Channel, c_int), Offer> {
-    let ring = ring_bytes();
-    let (ch, region) = make_region(ring).map_err(Offer::Kept)?;
-    let hello = Hello {
-        // SAFETY: getpid cannot fail.
-        pid: unsafe { libc::getpid() }.cast_unsigned(),
-        fd: region.0.cast_unsigned(),
+    let Some(Local {
+        ch,
+        region,
+        mut mailbox,
+    }) = cand.local
+    else {
+        return Ok(());
+    };
+    let ring = ch.capacity();
+    let region_fd = region.into_raw();
+    // The connection records its socket's inode in the region's header,
+    // which the listener checks against the kernel's word before taking it.
+    let c = Arc::new(Conn::new_offered(
+        fd,
+        ch,
+        nonblocking,
+        Offer {
+            port,
+            mailbox: mailbox.0.take(),
+        },
+        region_fd,
+    ));
+    let hello = Hello::Shm {
         ring_bytes: ring,
-        relay_key: None,
+        region_fd: region_fd.cast_unsigned(),
     };
-    send_all(fd, &hello.encode()).map_err(|e| {
-        Offer::Broken(format!(
-            "sending the hello: {}",
-            std::io::Error::from_raw_os_error(e)
-        ))
-    })?;
-    Ok((ch, region.into_raw()))
+    if let Err(err) = send_all(fd, &hello.encode()) {
+        log_line!(
+            "fd {fd}: connection to port {port} fails (ECONNRESET): sending the hello: {}",
+            std::io::Error::from_raw_os_error(err)
+        );
+        c.offer_dropped();
+        // SAFETY: a plain shutdown of the program's socket; `shutdown` is
+        // interposed, so the real one is called.
+        unsafe { real::shutdown()(fd, libc::SHUT_RDWR) };
+        return Err(libc::ECONNRESET);
+    }
+    table::set(fd, Entry::Shm(c.clone()));
+    table::set_region(&c);
+    crate::interpose::sync_cloexec(&c);
+    Ok(())
 }
 
-/// The listener's answer as far as it arrived.
+/// What the first bytes from the listener are, as far as they arrived.
 enum Heard {
-    /// Not all of it yet.
+    /// Not all of the answer yet.
     NotYet,
-    /// The listener mapped the region.
-    Accepted,
-    /// The stream is intact, the listener refused.
-    Refused(String),
+    /// The whole answer (consumed).
+    Answer(Answer),
+    /// The listener's program data: it committed to the kernel's TCP
+    /// before it saw the hello, which it drops unanswered.
+    ProgramData,
+    /// The listener closed.
+    Eof,
     /// The stream cannot be used.
     Broken(String),
 }
 
-/// Reads the answer if all of it is in, without waiting: Ok(None) not
-/// yet, Ok(Some) the answer (consumed), Err the stream cannot be used.
-fn hear_answer(fd: c_int) -> Result<Option<Answer>, String> {
+/// Reads the listener's answer if all of it is in, without waiting.
+fn hear_answer(fd: c_int) -> Heard {
     let mut buf = [0u8; ANSWER_BYTES];
     match peek(fd, &mut buf) {
-        Ok(0) => Err("the listener closed the connection before answering".into()),
-        Ok(n) if !could_be_answer(&buf[..n]) => Err(
-            "the listener answered with its program's data (it gave up waiting for the hello)"
-                .into(),
-        ),
+        Ok(0) => Heard::Eof,
+        Ok(n) if !could_be_answer(&buf[..n]) => Heard::ProgramData,
         Ok(n) if answer_bytes(&buf[..n]).is_some_and(|w| n >= w) => {
-            // Only the answer's own bytes: after a refusal the listener's
-            // program data may follow at once.
+            // Only the answer's own bytes: program data may follow.
             let w = answer_bytes(&buf[..n]).unwrap_or(ANSWER_BYTES);
-            let a = Answer::decode(&buf[..w]).map_err(|e| format!("the listener's answer: {e}"))?;
-            consume(fd, w);
-            Ok(Some(a))
+            match Answer::decode(&buf[..w]) {
+                Ok(a) => {
+                    consume(fd, w);
+                    Heard::Answer(a)
+                }
+                Err(e) => Heard::Broken(format!("the listener's answer: {e}")),
+            }
         }
-        Ok(_) | Err(libc::EAGAIN) | Err(libc::EINTR) => Ok(None),
-        Err(e) => Err(format!(
+        Ok(_) | Err(libc::EAGAIN) | Err(libc::EINTR) => Heard::NotYet,
+        Err(e) => Heard::Broken(format!(
             "reading the answer: {}",
             std::io::Error::from_raw_os_error(e)
         )),
     }
 }
 
-/// The answer to a shared-memory hello, as far as it arrived.
-fn hear(fd: c_int) -> Heard {
-    match hear_answer(fd) {
-        Ok(None) => Heard::NotYet,
-        Ok(Some(Answer::Accepted)) => Heard::Accepted,
-        Ok(Some(Answer::Refused(r))) => Heard::Refused(format!("the listener refused: {r}")),
-        Ok(Some(Answer::Relay(_))) => {
-            Heard::Broken("the listener answered a shared-memory hello with a relay".into())
-        }
-        Err(why) => Heard::Broken(why),
-    }
-}
-
-/// Waits for the listener's answer to a hello just sent (up to the
+/// Waits for the listener's answer to a relay hello just sent (up to the
 /// answer's time limit): the relay path's connect waits for it, since the
-/// relays' flow must be set up before any data moves.
-pub(crate) fn read_answer(fd: c_int) -> Result<Answer, Offer> {
+/// relays' flow must be set up before any data moves. Program data first:
+/// the listener's program committed to the kernel's TCP before it saw the
+/// hello (which it drops); the connection stays there.
+pub(crate) fn read_answer(fd: c_int) -> Result<Answer, NotMoved> {
     let deadline = Instant::now() + ANSWER_WAIT;
     loop {
         match hear_answer(fd) {
-            Ok(Some(a)) => return Ok(a),
-            Ok(None) => {
+            Heard::Answer(a) => return Ok(a),
+            Heard::NotYet => {
                 if !wait_for(fd, libc::POLLIN, deadline) {
-                    return Err(Offer::Broken("no answer from the listener".into()));
+                    return Err(NotMoved::Broken("no answer from the listener".into()));
                 }
                 // Part of the answer may be in: give the rest a moment.
                 std::thread::sleep(Duration::from_micros(50));
             }
-            Err(why) => return Err(Offer::Broken(why)),
+            Heard::ProgramData => {
+                return Err(NotMoved::Kept(
+                    "the listener's program wrote before it saw the hello".into(),
+                ))
+            }
+            Heard::Eof => {
+                return Err(NotMoved::Kept(
+                    "the listener closed before answering".into(),
+                ))
+            }
+            Heard::Broken(why) => return Err(NotMoved::Broken(why)),
         }
     }
 }
 
+/// What a pending or offered connection turned out to be.
+pub(crate) enum Resolved {
+    /// Moved to the channel.
+    Shm(Arc<Conn>),
+    /// Left on the kernel's TCP.
+    Kernel,
+    /// Not yet known (a read on a non-blocking descriptor says EAGAIN).
+    NotYet,
+}
+
 /// Ends the offer of the connector's connection `c` on `fd` if the answer
 /// is in (waiting for it up to the answer's time limit when `wait`):
-/// accepted, the connection is on shm; refused, what the program wrote
-/// meanwhile goes over the kernel socket and the connection stays there;
-/// broken (no answer in time, or the listener's program data instead), the
-/// connection is shut down, so the program sees its end rather than
-/// corrupt bytes.
+/// accepted, the connection is on shm; refused, or the listener's program
+/// data first, what the program wrote meanwhile goes over the kernel
+/// socket and the connection stays there; broken (no answer in time, a
+/// bad one), the connection is shut down, so the program sees its end
+/// rather than corrupt bytes.
 pub(crate) fn finish_offer(fd: c_int, c: &Arc<Conn>, wait: bool) -> Resolved {
-    let mut offer = c.offer_lock();
-    let Some(port) = *offer else {
+    let mut guard = c.offer_lock();
+    let Some(offer) = guard.as_ref() else {
         // Another thread ended it.
         return match table::get(fd) {
             Some(Entry::Shm(d)) if Arc::ptr_eq(c, &d) => Resolved::Shm(d),
             _ => Resolved::Kernel,
         };
     };
+    let port = offer.port;
     let deadline = Instant::now() + ANSWER_WAIT;
-    let heard = loop {
-        match hear(fd) {
+    let end = loop {
+        match hear_answer(fd) {
             Heard::NotYet if !wait => return Resolved::NotYet,
             Heard::NotYet => {
                 if !wait_for(fd, libc::POLLIN, deadline) {
-                    break Heard::Broken("no answer from the listener".into());
+                    break Err(NotMoved::Broken("no answer from the listener".into()));
                 }
                 // Part of the answer may be in: give the rest a moment.
                 std::thread::sleep(Duration::from_micros(50));
             }
-            h => break h,
+            Heard::Answer(Answer::Accepted) => break Ok(()),
+            Heard::Answer(Answer::Refused(r)) => {
+                break Err(NotMoved::Kept(format!("the listener refused: {r}")))
+            }
+            Heard::Answer(Answer::Relay(_)) => {
+                break Err(NotMoved::Broken(
+                    "the listener answered a shared-memory hello with a relay".into(),
+                ))
+            }
+            Heard::ProgramData => {
+                break Err(NotMoved::Kept(
+                    "the listener's program wrote before it saw the hello".into(),
+                ))
+            }
+            Heard::Eof => {
+                break Err(NotMoved::Kept(
+                    "the listener closed before answering".into(),
+                ))
+            }
+            Heard::Broken(why) => break Err(NotMoved::Broken(why)),
         }
     };
-    match heard {
-        Heard::Accepted => {
-            c.offer_accepted(fd, &mut offer);
+    *guard = None;
+    drop(guard);
+    match end {
+        Ok(()) => {
+            c.offer_accepted(fd);
             log_line!("fd {fd}: connection to port {port} moved to shm");
             Resolved::Shm(c.clone())
         }
-        Heard::Refused(why) => {
-            let sent = c.offer_refused(fd, &mut offer);
+        Err(NotMoved::Kept(why)) => {
+            let sent = c.offer_refused(fd);
             table::resolve_conn(c);
             match sent {
                 Ok(()) => {
@@ -655,29 +692,47 @@ pub(crate) fn finish_offer(fd: c_int, c: &Arc<Conn>, wait: bool) -> Resolved {
                 Err(e) => {
                     log_line!("fd {fd}: connection to port {port} fails: {why}, then {e}");
                     // SAFETY: a plain shutdown of the program's socket.
-                    unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
+                    unsafe { real::shutdown()(fd, libc::SHUT_RDWR) };
                 }
             }
             Resolved::Kernel
         }
-        Heard::Broken(why) => {
-            *offer = None;
+        Err(NotMoved::Broken(why)) => {
+            c.offer_dropped();
             table::resolve_conn(c);
             log_line!("fd {fd}: connection to port {port} fails (shut down): {why}");
-            // SAFETY: a plain shutdown of the program's socket; `shutdown`
-            // is not interposed.
-            unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
+            // SAFETY: a plain shutdown of the program's socket.
+            unsafe { real::shutdown()(fd, libc::SHUT_RDWR) };
             Resolved::Kernel
         }
-        Heard::NotYet => Resolved::NotYet,
     }
+}
+
+/// Where an accepted connection stands.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Pend {
+    /// A peer on this host: a whole hello first is taken.
+    Local,
+    /// A peer on another host (`-t xdp`): a whole relay hello first is
+    /// taken.
+    Remote,
+    /// Left on the kernel's TCP before the peer said anything (the program
+    /// wrote first): a hello that comes first after all, from a connector
+    /// that raced, is dropped unanswered.
+    Watch {
+        /// The peer is on another host (a relay hello is dropped, else a
+        /// same-host one).
+        remote: bool,
+    },
 }
 
 /// An accepted connection not yet resolved.
 pub(crate) struct Pending {
     nonblocking: std::sync::atomic::AtomicBool,
-    /// Serialises resolution between threads.
-    lock: std::sync::Mutex<()>,
+    /// The stage; the lock serialises resolution between threads.
+    stage: Mutex<Pend>,
+    /// The connection's two ends (this one first).
+    ends: Ends,
 }
 
 impl Pending {
@@ -685,108 +740,238 @@ impl Pending {
         self.nonblocking
             .store(on, std::sync::atomic::Ordering::Relaxed);
     }
+
+    fn nonblocking(&self) -> bool {
+        self.nonblocking.load(std::sync::atomic::Ordering::Relaxed)
+    }
 }
 
-/// The listener `lfd` accepted `fd`: it becomes pending (resolved by its
-/// first bytes).
-pub(crate) fn accepted(lfd: c_int, fd: c_int, nonblocking: bool) {
-    // A peer on another host may send a relay hello, which must be
-    // answered (a refusal when no relay runs here), so every accepted
-    // connection waits for its first bytes.
-    let _ = lfd;
+/// The listener accepted `fd` (with `accept4`'s `flags`): a connection
+/// from a peer on this host, or (`-t xdp`) from another host, is pending
+/// until its first bytes; any other stays the kernel's alone.
+pub(crate) fn accepted(lfd: c_int, fd: c_int, flags: c_int) {
+    if let Some(Entry::Listener { beacon }) = table::get(lfd) {
+        beacon.drain();
+    }
+    let Some(e) = ends(fd) else {
+        return;
+    };
+    let stage = if both_local(&e) {
+        Pend::Local
+    } else if crate::settings().stack == crate::Stack::Xdp {
+        Pend::Remote
+    } else {
+        return;
+    };
     table::set(
         fd,
         Entry::Pending(Arc::new(Pending {
-            nonblocking: std::sync::atomic::AtomicBool::new(nonblocking),
-            lock: std::sync::Mutex::new(()),
+            nonblocking: std::sync::atomic::AtomicBool::new(flags & libc::SOCK_NONBLOCK != 0),
+            stage: Mutex::new(stage),
+            ends: e,
         })),
     );
 }
 
-/// What a pending connection turned out to be.
-pub(crate) enum Resolved {
-    /// Moved to the channel.
-    Shm(Arc<Conn>),
-    /// Left on the kernel's TCP.
-    Kernel,
-    /// Nothing arrived yet (a read on a non-blocking descriptor should say
-    /// EAGAIN).
-    NotYet,
+/// Whether the connection with ends `e` (this end first) has a mailbox of
+/// this process's user: its connector runs the library.
+fn mailbox_is_ours(e: &Ends) -> bool {
+    let Ok(sock) = crate::diag::tcp_socket(e.1, e.0) else {
+        return false;
+    };
+    let Ok(m) = unix::seqpacket() else {
+        return false;
+    };
+    let ours = unix::connect_to(m.as_raw_fd(), &mailbox_name(sock.inode)).is_ok()
+        && unix::peer_cred(m.as_raw_fd()).is_some_and(|c| c.uid == unix::euid());
+    unix::close(m);
+    ours
 }
 
-/// Looks at a pending connection's first bytes. `writing`: the program
-/// writes before it read anything, so a missing hello is waited for a
-/// little (then the connection stays on the kernel's TCP). A blocking
-/// reader waits for the first bytes.
-pub(crate) fn resolve(fd: c_int, p: &Arc<Pending>, writing: bool) -> Resolved {
-    let _g = p.lock.lock().unwrap_or_else(|e| e.into_inner());
+/// What the first bytes on a pending connection are, as far as they
+/// arrived.
+enum First {
+    /// A whole hello of this many bytes.
+    Hello(usize),
+    /// The program's data, or the end of the stream, or an error (what,
+    /// for the log): the connection is the kernel's.
+    NotHello(&'static str),
+    /// Nothing yet.
+    Nothing,
+}
+
+fn first_bytes(fd: c_int, buf: &mut [u8; HELLO_BYTES]) -> First {
+    match peek(fd, buf) {
+        Ok(0) => First::NotHello("the peer closed before sending anything"),
+        Ok(n) if could_be_hello(&buf[..n]) => match hello_bytes(&buf[..n]) {
+            Some(w) if n >= w => First::Hello(w),
+            // A part of a hello: a connector sends it whole, at once, so
+            // this is the program's data.
+            _ => First::NotHello("the peer sent a part of a hello, read as its data"),
+        },
+        Ok(_) => First::NotHello("the peer sent no hello"),
+        Err(libc::EAGAIN | libc::EINTR) => First::Nothing,
+        Err(_) => First::NotHello("the socket failed"),
+    }
+}
+
+/// Looks at a pending connection as the program reads it (`writing`:
+/// writes it; `dontwait`: a read that must not wait whatever the
+/// descriptor's mode), and resolves it if its first bytes allow.
+pub(crate) fn resolve(fd: c_int, p: &Arc<Pending>, writing: bool, dontwait: bool) -> Resolved {
+    let mut st = p.stage.lock().unwrap_or_else(|e| e.into_inner());
     // Another thread may have resolved it meanwhile.
     match table::get(fd) {
         Some(Entry::Pending(q)) if Arc::ptr_eq(p, &q) => {}
         Some(Entry::Shm(c)) => return Resolved::Shm(c),
         _ => return Resolved::Kernel,
     }
-    let blocking = !p.nonblocking.load(std::sync::atomic::Ordering::Relaxed);
-    let start = Instant::now();
+    let waits = !writing && !dontwait && !p.nonblocking();
+    let until = read_deadline(fd);
     let mut buf = [0u8; HELLO_BYTES];
-    let r = loop {
-        match peek(fd, &mut buf) {
-            Ok(0) => break Err("the peer closed before sending anything".to_string()),
-            Ok(n) if !could_be_hello(&buf[..n]) => {
-                break Err("the peer sent no hello (no library there)".into())
-            }
-            Ok(n) if hello_bytes(&buf[..n]).is_some_and(|w| n >= w) => {
-                break Ok(hello_bytes(&buf[..n]).unwrap_or(HELLO_BYTES))
-            }
-            Ok(_) => {
-                // A part of a hello: the rest follows at once.
-                if start.elapsed() > ANSWER_WAIT {
-                    break Err("the peer sent only part of a hello".into());
-                }
-                wait_for(fd, libc::POLLIN, Instant::now() + Duration::from_millis(1));
-                std::thread::sleep(Duration::from_micros(50));
-            }
-            Err(libc::EAGAIN) | Err(libc::EINTR) => {
-                if writing {
-                    if start.elapsed() >= HELLO_WAIT {
-                        break Err("the program wrote before the peer sent anything".into());
-                    }
-                    wait_for(fd, libc::POLLIN, start + HELLO_WAIT);
-                } else if blocking {
-                    wait_for(fd, libc::POLLIN, Instant::now() + Duration::from_secs(3600));
+    let mut waited = false;
+    loop {
+        let first = first_bytes(fd, &mut buf);
+        let done = match (*st, first) {
+            (Pend::Watch { .. }, First::NotHello(_)) => Done::Kernel(None),
+            (_, First::NotHello(why)) => Done::Kernel(Some(why)),
+            (Pend::Watch { remote }, First::Hello(w)) => {
+                let ours = match Hello::decode(&buf[..w]) {
+                    Ok(Hello::Relay { .. }) => remote,
+                    Ok(Hello::Shm { .. }) => !remote,
+                    Err(_) => false,
+                };
+                if ours {
+                    consume(fd, w);
+                    Done::Kernel(Some(
+                        "the program wrote before the peer's hello came (dropped)",
+                    ))
                 } else {
-                    return Resolved::NotYet;
+                    Done::Kernel(None)
                 }
             }
-            Err(e) => {
-                break Err(format!(
-                    "the socket failed: {}",
-                    std::io::Error::from_raw_os_error(e)
-                ))
+            (Pend::Local, First::Hello(w)) => match Hello::decode(&buf[..w]) {
+                Ok(Hello::Shm {
+                    ring_bytes,
+                    region_fd,
+                }) => {
+                    consume(fd, w);
+                    take_region(fd, &p.ends, ring_bytes, region_fd)
+                }
+                _ => Done::Kernel(Some("the peer's first bytes are no hello")),
+            },
+            (Pend::Remote, First::Hello(w)) => match Hello::decode(&buf[..w]) {
+                Ok(h @ Hello::Relay { .. }) => {
+                    consume(fd, w);
+                    take_relay_hello(fd, &h)
+                }
+                _ => Done::Kernel(Some("the peer's first bytes are no relay hello")),
+            },
+            (Pend::Watch { .. }, First::Nothing) if writing => return Resolved::Kernel,
+            (Pend::Local, First::Nothing) if writing && !waited && mailbox_is_ours(&p.ends) => {
+                // The program writes before the hello came, but the
+                // kernel says a connector of this user with the library is
+                // there (its mailbox): its hello follows within
+                // microseconds.
+                waited = true;
+                wait_for(fd, libc::POLLIN, Instant::now() + HELLO_WAIT);
+                continue;
             }
+            (Pend::Local | Pend::Remote, First::Nothing) if writing => {
+                // The program writes before the peer said anything: its
+                // bytes go on the kernel's TCP now.
+                log_line!("fd {fd}: accepted connection stays on the kernel's TCP: the program wrote before the peer sent anything");
+                *st = Pend::Watch {
+                    remote: *st == Pend::Remote,
+                };
+                return Resolved::Kernel;
+            }
+            (_, First::Nothing) => {
+                if waits && wait_for(fd, libc::POLLIN, until) {
+                    continue;
+                }
+                return Resolved::NotYet;
+            }
+        };
+        drop(st);
+        return finish_pending(fd, p, done);
+    }
+}
+
+/// How a pending connection ended.
+enum Done {
+    /// On shm (or through the relay).
+    Shm(Arc<Conn>),
+    /// The kernel's, and why (for the log; None: said already).
+    Kernel(Option<&'static str>),
+}
+
+/// Takes the region a local connector's hello announced, from the process
+/// the kernel says is the connector, checks and maps it, and answers.
+fn take_region(fd: c_int, e: &Ends, ring: u32, region_fd: u32) -> Done {
+    match region::take_from_peer(e, ring, region_fd) {
+        Ok((ch, region)) => {
+            if let Err(err) = send_all(fd, &Answer::Accepted.encode()) {
+                log_line!(
+                    "fd {fd}: accepted connection fails (shut down): answering: {}",
+                    std::io::Error::from_raw_os_error(err)
+                );
+                // SAFETY: a plain shutdown of the program's socket.
+                unsafe { real::shutdown()(fd, libc::SHUT_RDWR) };
+                return Done::Kernel(None);
+            }
+            Done::Shm(Arc::new(Conn::new(
+                fd,
+                ch,
+                Role::Listener,
+                false,
+                region.into_raw(),
+            )))
         }
-    };
-    let outcome = match r {
-        Ok(w) => take_hello(fd, &buf[..w]),
-        Err(why) => Err(why),
-    };
-    match outcome {
-        Ok(Taken {
-            ch,
-            region_fd,
-            bell,
-        }) => {
-            let nonblocking = !blocking;
-            let c =
-                Arc::new(Conn::new(fd, ch, Role::Listener, nonblocking, region_fd).with_bell(bell));
-            if region_fd >= 0 {
-                table::set_region(&c);
+        Err((r, why)) => {
+            log_line!("fd {fd}: accepted connection stays on the kernel's TCP: {why}");
+            let _ = send_all(fd, &Answer::Refused(r).encode());
+            Done::Kernel(None)
+        }
+    }
+}
+
+/// A peer on another host's relay hello: the host's relay takes the
+/// connection, or it stays on the kernel's TCP.
+fn take_relay_hello(fd: c_int, hello: &Hello) -> Done {
+    match crate::relay::take_hello(fd, hello) {
+        Ok((ch, bell, target)) => {
+            if send_all(fd, &Answer::Relay(target).encode()).is_err() {
+                // SAFETY: a plain shutdown of the program's socket.
+                unsafe { real::shutdown()(fd, libc::SHUT_RDWR) };
+                // SAFETY: the relay socket of ours, closed once.
+                unsafe { real::close()(bell) };
+                return Done::Kernel(None);
             }
+            Done::Shm(Arc::new(
+                Conn::new(fd, ch, Role::Listener, false, -1).with_bell(bell),
+            ))
+        }
+        Err((r, why)) => {
+            log_line!("fd {fd}: accepted connection stays on the kernel's TCP: {why}");
+            let _ = send_all(fd, &Answer::Refused(r).encode());
+            Done::Kernel(None)
+        }
+    }
+}
+
+/// Applies a pending connection's end to the table.
+fn finish_pending(fd: c_int, p: &Arc<Pending>, done: Done) -> Resolved {
+    match done {
+        Done::Shm(c) => {
+            c.set_nonblocking(p.nonblocking());
             table::resolve(p, Some(Entry::Shm(c.clone())));
-            if bell >= 0 {
-                crate::interpose::bell_joins_epolls(fd);
+            if c.region_fd() >= 0 {
+                table::set_region(&c);
+                crate::interpose::sync_cloexec(&c);
             }
-            let to = if bell >= 0 {
+            let to = if c.bell() >= 0 {
+                crate::interpose::bell_joins_epolls(fd);
                 "xdp via the relay"
             } else {
                 "shm"
@@ -794,121 +979,12 @@ pub(crate) fn resolve(fd: c_int, p: &Arc<Pending>, writing: bool) -> Resolved {
             log_line!("fd {fd}: accepted connection moved to {to}");
             Resolved::Shm(c)
         }
-        Err(why) => {
+        Done::Kernel(why) => {
+            if let Some(why) = why {
+                log_line!("fd {fd}: accepted connection stays on the kernel's TCP: {why}");
+            }
             table::resolve(p, None);
-            log_line!("fd {fd}: accepted connection stays on the kernel's TCP: {why}");
             Resolved::Kernel
         }
     }
-}
-
-/// A hello taken: the channel, and either the region's file (kept by the
-/// connection, see `Conn::new`) or the relay's socket (-1 for none).
-struct Taken {
-    ch: Channel,
-    region_fd: c_int,
-    bell: c_int,
-}
-
-/// Consumes and acts on a whole hello: opens, checks and maps the region
-/// (or has the relay take the connection), then answers.
-fn take_hello(fd: c_int, buf: &[u8]) -> Result<Taken, String> {
-    consume(fd, buf.len());
-    let answer = |a: Answer| {
-        let _ = send_all(fd, &a.encode());
-    };
-    let hello = match Hello::decode(buf) {
-        Ok(h) => h,
-        Err(e) => {
-            answer(Answer::Refused(Refusal::BadHello));
-            return Err(format!("bad hello: {e}"));
-        }
-    };
-    if hello.relay_key.is_some() {
-        return match crate::relay::take_hello(fd, &hello) {
-            Ok((ch, bell, target)) => {
-                answer(Answer::Relay(target));
-                Ok(Taken {
-                    ch,
-                    region_fd: -1,
-                    bell,
-                })
-            }
-            Err((r, why)) => {
-                answer(Answer::Refused(r));
-                Err(why)
-            }
-        };
-    }
-    match map_region(&hello) {
-        Ok((ch, region_fd)) => {
-            answer(Answer::Accepted);
-            Ok(Taken {
-                ch,
-                region_fd,
-                bell: -1,
-            })
-        }
-        Err((r, why)) => {
-            answer(Answer::Refused(r));
-            Err(why)
-        }
-    }
-}
-
-/// Opens, checks and maps the region a hello names: the channel and the
-/// region's descriptor.
-fn map_region(h: &Hello) -> Result<(Channel, c_int), (Refusal, String)> {
-    let path = format!("/proc/{}/fd/{}\0", h.pid, h.fd);
-    // SAFETY: a NUL-terminated path; `open` is not interposed.
-    let rfd = unsafe { libc::open(path.as_ptr().cast(), libc::O_RDWR | libc::O_CLOEXEC) };
-    if rfd < 0 {
-        return Err((
-            Refusal::Unreachable,
-            format!(
-                "opening the region {}: {}",
-                path.trim_end_matches('\0'),
-                std::io::Error::last_os_error()
-            ),
-        ));
-    }
-    struct Close(c_int);
-    impl Drop for Close {
-        fn drop(&mut self) {
-            if self.0 >= 0 {
-                // SAFETY: the region descriptor opened above, closed once
-                // on a failure.
-                unsafe { real::close()(self.0) };
-            }
-        }
-    }
-    let mut close = Close(rfd);
-    // SAFETY: all-zero bytes are a valid stat; fstat fills it.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: `st` is valid for writes.
-    let r = unsafe { libc::fstat(rfd, &mut st) };
-    // SAFETY: geteuid cannot fail.
-    let me = unsafe { libc::geteuid() };
-    // The seals keep the peer from shrinking the file under the mapping
-    // (which would turn an access into SIGBUS).
-    // SAFETY: a plain fcntl on our descriptor.
-    let seals = unsafe { libc::fcntl(rfd, libc::F_GET_SEALS) };
-    let total = region_bytes(h.ring_bytes as usize);
-    let ok = r == 0
-        && st.st_mode & libc::S_IFMT == libc::S_IFREG
-        && st.st_uid == me
-        && st.st_size == total as libc::off_t
-        && seals >= 0
-        && seals & libc::F_SEAL_SHRINK != 0;
-    if !ok {
-        return Err((
-            Refusal::BadRegion,
-            "the region is not a sealed file of this user of the announced size".into(),
-        ));
-    }
-    let ch = Channel::map(rfd, h.ring_bytes as usize, Role::Listener)
-        .map_err(|e| (Refusal::BadRegion, format!("mapping the region: {e}")))?;
-    // The connection keeps the file (see `Conn::new`).
-    close.0 = -1;
-    Ok((ch, rfd))
 }

@@ -21,8 +21,8 @@ pub(crate) enum Entry {
     /// A listening TCP socket whose accepted connections may be taken
     /// over; holds the presence beacon that tells connectors so.
     Listener {
-        /// Kept open while the listener is.
-        _beacon: Arc<crate::setup::Beacon>,
+        /// Kept open while the listener is; drained as it accepts.
+        beacon: Arc<crate::beacon::Beacon>,
     },
     /// An accepted connection whose first bytes (a hello or the program's
     /// own data) have not been seen yet.
@@ -126,6 +126,33 @@ pub(crate) fn listeners() -> Vec<c_int> {
         .collect()
 }
 
+/// The descriptors of this process that are the connection `c`.
+pub(crate) fn descriptors_of(c: &Arc<Conn>) -> Vec<c_int> {
+    let t = TABLE.read().unwrap_or_else(|p| p.into_inner());
+    t.iter()
+        .enumerate()
+        .filter(|(_, s)| matches!(s, Some(Entry::Shm(d)) if Arc::ptr_eq(c, d)))
+        .filter_map(|(fd, _)| c_int::try_from(fd).ok())
+        .collect()
+}
+
+/// Every taken-over connection of this process.
+pub(crate) fn connections() -> Vec<Arc<Conn>> {
+    if ENTRIES.load(Ordering::Relaxed) == 0 {
+        return Vec::new();
+    }
+    let t = TABLE.read().unwrap_or_else(|p| p.into_inner());
+    let mut out: Vec<Arc<Conn>> = Vec::new();
+    for s in t.iter() {
+        if let Some(Entry::Shm(c)) = s {
+            if !out.iter().any(|d| Arc::ptr_eq(c, d)) {
+                out.push(c.clone());
+            }
+        }
+    }
+    out
+}
+
 /// Whether another descriptor of this process holds the same connection.
 pub(crate) fn shared_elsewhere(c: &Arc<Conn>) -> bool {
     let t = TABLE.read().unwrap_or_else(|p| p.into_inner());
@@ -208,6 +235,28 @@ pub(crate) fn epoll_forget(fd: c_int) -> Vec<c_int> {
     map.remove(&fd);
     map.iter_mut()
         .filter_map(|(&epfd, s)| s.remove(&fd).filter(|i| i.bell).map(|_| epfd))
+        .collect()
+}
+
+/// The registrations of `epfd` whose descriptor is an accepted
+/// connection not yet resolved, with it.
+pub(crate) fn epoll_pending(epfd: c_int) -> Vec<(c_int, Interest, Arc<Pending>)> {
+    if ENTRIES.load(Ordering::Relaxed) == 0 {
+        return Vec::new();
+    }
+    let regs: Vec<(c_int, Interest)> = {
+        let g = EPOLL.lock().unwrap_or_else(|p| p.into_inner());
+        match g.as_ref().and_then(|m| m.get(&epfd)) {
+            Some(s) => s.iter().map(|(&fd, &i)| (fd, i)).collect(),
+            None => return Vec::new(),
+        }
+    };
+    let t = TABLE.read().unwrap_or_else(|p| p.into_inner());
+    regs.into_iter()
+        .filter_map(|(fd, i)| match t.get(fd as usize) {
+            Some(Some(Entry::Pending(p))) => Some((fd, i, p.clone())),
+            _ => None,
+        })
         .collect()
 }
 

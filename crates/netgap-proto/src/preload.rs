@@ -1,25 +1,38 @@
-//! The setup exchange of netgap's preload sockets library: the small
-//! versioned hello a connecting program sends over a fresh kernel TCP
-//! connection to a listener that runs the library too, and the listener's
-//! answer. Both are fixed-size, little-endian records; this module only
-//! turns them into bytes and back, and refuses anything a peer could send
-//! that the library must not act on. A record's length follows from its
-//! first twelve bytes (the kind of a hello, the code of an answer): the
-//! same-host exchange stays as short as before the relay's fields came
-//! (32 and 16 bytes), since every connection pays it on the kernel socket.
+//! The setup exchange of netgap's preload sockets library, as plain codecs
+//! (no I/O): the small fixed-size, little-endian records the library's two
+//! ends exchange over a fresh kernel TCP connection, and the names of the
+//! abstract Unix sockets they find each other by. Every decoder refuses
+//! anything a peer could send that the library must not act on.
 //!
-//! The hello names the shared region the connector made: a memfd, by the
-//! connector's process id and descriptor number, which the listener opens
-//! through `/proc/PID/fd/FD` (only a process of the same user may), and the
-//! capacity of each of the region's two rings.
+//! Same host (kind shm):
 //!
-//! Across hosts (version 2), the hello says "xdp via relay" instead and
-//! carries a flow key the connector drew at random: each end shares its
-//! region with its own host's relay (`netgap relay`), the listener's relay
-//! listens for an xdp flow, and the answer names where (`IP/MAC/FLOW`);
-//! both relays key the flow with the hello's key. The key travels in the
-//! clear over the kernel's TCP connection: whoever can read that
-//! connection can forge the flow's frames.
+//! 1. The listener announces its port with a *beacon*, a listening Unix
+//!    socket named [`beacon_name`] whose owner the kernel vouches for
+//!    (`SO_PEERCRED`); a connector checks it before anything goes on the
+//!    wire.
+//! 2. The connector makes the shared region (a sealed memfd), binds the
+//!    connection's *mailbox* (a listening Unix socket named after its TCP
+//!    socket's inode, [`mailbox_name`], which the listener learns from the
+//!    kernel), connects, and sends its [`Hello`].
+//! 3. The listener learns who the connector is from the kernel, not from
+//!    the hello: the mailbox's owner (`SO_PEERPIDFD`, `SO_PEERCRED`: a
+//!    process of the listener's own user) and the TCP peer's socket (the
+//!    kernel's socket diagnostics: its owner and inode). It takes the
+//!    region from that process (`pidfd_getfd`; the hello's descriptor
+//!    number only says which of that process's descriptors to look at),
+//!    checks it (a sealed memfd of the library's, of the listener's user,
+//!    of the announced size, whose header names the TCP peer's socket,
+//!    joined to no other connection), maps it and answers
+//!    [`Answer::Accepted`]; or refuses, and the connector sends what its
+//!    program wrote meanwhile over the kernel's TCP.
+//!
+//! Across hosts (kind relay), the hello carries a connection key the
+//! connector drew at random: each end shares its region with its own
+//! host's relay (`netgap relay`), the listener's relay listens for the
+//! connection and the answer names where (`IP/MAC/FLOW`); the relays match
+//! the connection by the key. The key travels in the clear over the
+//! kernel's TCP connection: it identifies a connection, it authenticates
+//! nothing (the relays' own key keys their link).
 
 use thiserror::Error;
 
@@ -27,20 +40,21 @@ use thiserror::Error;
 pub const HELLO_MAGIC: [u8; 8] = *b"NGPRELD\0";
 /// First eight bytes of an answer.
 pub const ANSWER_MAGIC: [u8; 8] = *b"NGPRELA\0";
-/// Version of the exchange and of the shared region's layout (3: a
-/// relayed connection's reader may wait to be woken on its relay socket).
-pub const PRELOAD_VERSION: u16 = 3;
+/// Version of the exchange and of the shared region's layout (4: the
+/// listener takes the region from the process the kernel says is the
+/// connector).
+pub const PRELOAD_VERSION: u16 = 4;
 /// Bytes of the longest hello on the wire (a relay hello).
-pub const HELLO_BYTES: usize = 64;
+pub const HELLO_BYTES: usize = 52;
 /// Bytes of a same-host hello on the wire.
-pub const SHM_HELLO_BYTES: usize = 32;
+pub const SHM_HELLO_BYTES: usize = 24;
 /// Bytes of the longest answer on the wire (one naming a relay's target).
 pub const ANSWER_BYTES: usize = 80;
-/// Bytes of an answer that names no target.
+/// Bytes of an answer that carries nothing but its code.
 pub const SHORT_ANSWER_BYTES: usize = 16;
 /// Bytes that tell a record's length ([`hello_bytes`], [`answer_bytes`]).
 pub const LENGTH_PREFIX_BYTES: usize = 12;
-/// Bytes of the flow key a relay hello carries.
+/// Bytes of the connection key a relay hello carries.
 pub const RELAY_KEY_BYTES: usize = 32;
 /// Longest xdp target (`IP/MAC/FLOW`) an answer carries.
 pub const MAX_TARGET_BYTES: usize = 64;
@@ -49,32 +63,71 @@ pub const MIN_RING_BYTES: u32 = 4096;
 /// Largest ring capacity a hello may name (64 MiB).
 pub const MAX_RING_BYTES: u32 = 64 << 20;
 
-/// A connector's hello: where its shared region is (same host), or the
-/// key of an xdp flow through the hosts' relays (`relay_key`).
+/// The abstract Unix socket name (without its leading NUL) of the beacon
+/// of a listener of user `uid` on TCP port `port` of IP version `family`
+/// (4 or 6).
+pub fn beacon_name(uid: u32, family: u8, port: u16) -> String {
+    format!("netgap-preload.{uid}.{family}.{port}")
+}
+
+/// The abstract Unix socket name (without its leading NUL) of the mailbox
+/// of the TCP connection whose connector's socket has inode
+/// `connector_socket_inode`: unique among the sockets of a host, known to
+/// the connector before it connects (`fstat` of its socket) and to the
+/// listener from the kernel (its socket diagnostics of the connection's
+/// other end), never from the wire.
+pub fn mailbox_name(connector_socket_inode: u64) -> String {
+    format!("netgap-preload.m.{connector_socket_inode:x}")
+}
+
+/// A connector's hello: same host ([`Hello::Shm`]), or through the hosts'
+/// relays ([`Hello::Relay`]).
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub struct Hello {
-    /// The connector's process id (zero in a relay hello).
-    pub pid: u32,
-    /// The memfd's descriptor number in that process (zero in a relay
-    /// hello).
-    pub fd: u32,
-    /// Bytes of each ring's data region: a power of two between
-    /// [`MIN_RING_BYTES`] and [`MAX_RING_BYTES`].
-    pub ring_bytes: u32,
-    /// `Some`: "xdp via relay", with the key both relays bind the flow
-    /// with.
-    pub relay_key: Option<[u8; RELAY_KEY_BYTES]>,
+pub enum Hello {
+    /// The connector's region is ready to be taken.
+    Shm {
+        /// Bytes of each ring's data region: a power of two between
+        /// [`MIN_RING_BYTES`] and [`MAX_RING_BYTES`].
+        ring_bytes: u32,
+        /// Which of the connector's descriptors is the region: a hint,
+        /// used only on the process the kernel says is the connector, and
+        /// only for what the kernel then says that descriptor is.
+        region_fd: u32,
+    },
+    /// "xdp via relay", with the key that names the connection to the
+    /// relays.
+    Relay {
+        /// As for [`Hello::Shm`].
+        ring_bytes: u32,
+        /// Random bytes the connector drew.
+        key: [u8; RELAY_KEY_BYTES],
+    },
 }
 
 impl std::fmt::Debug for Hello {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // The key's bytes never appear in a log.
-        f.debug_struct("Hello")
-            .field("pid", &self.pid)
-            .field("fd", &self.fd)
-            .field("ring_bytes", &self.ring_bytes)
-            .field("relay", &self.relay_key.is_some())
-            .finish()
+        match self {
+            Hello::Shm {
+                ring_bytes,
+                region_fd,
+            } => write!(
+                f,
+                "Hello::Shm {{ ring_bytes: {ring_bytes}, region_fd: {region_fd} }}"
+            ),
+            Hello::Relay { ring_bytes, .. } => {
+                write!(f, "Hello::Relay {{ ring_bytes: {ring_bytes} }}")
+            }
+        }
+    }
+}
+
+impl Hello {
+    /// Bytes of each ring the hello names.
+    pub fn ring_bytes(&self) -> u32 {
+        match self {
+            Hello::Shm { ring_bytes, .. } | Hello::Relay { ring_bytes, .. } => *ring_bytes,
+        }
     }
 }
 
@@ -94,8 +147,8 @@ pub enum Answer {
     /// target (`IP/MAC/FLOW`, printable ASCII, at most
     /// [`MAX_TARGET_BYTES`]).
     Relay(String),
-    /// The listener could not use the region (the code says why, see
-    /// [`Refusal`]); the connection stays on the kernel's TCP.
+    /// The listener will not take the connection over (the code says why,
+    /// see [`Refusal`]); it stays on the kernel's TCP.
     Refused(Refusal),
 }
 
@@ -104,12 +157,16 @@ pub enum Answer {
 pub enum Refusal {
     /// The hello did not decode.
     BadHello,
-    /// The region could not be opened (another user, a process gone).
+    /// The connector could not be reached (no mailbox, a process gone),
+    /// or the kernel would not let its region be taken.
     Unreachable,
-    /// The region was not what the hello said (size, owner, header).
+    /// The region was not what the hello said (size, owner, seals, a
+    /// region already joined to a connection).
     BadRegion,
     /// No relay runs on the listener's host, or it refused.
     NoRelay,
+    /// The connector is another user than the listener.
+    OtherUser,
     /// A code this version does not know.
     Other(u16),
 }
@@ -121,6 +178,7 @@ impl Refusal {
             Refusal::Unreachable => 2,
             Refusal::BadRegion => 3,
             Refusal::NoRelay => 4,
+            Refusal::OtherUser => 5,
             Refusal::Other(c) => c,
         }
     }
@@ -131,6 +189,7 @@ impl Refusal {
             2 => Refusal::Unreachable,
             3 => Refusal::BadRegion,
             4 => Refusal::NoRelay,
+            5 => Refusal::OtherUser,
             c => Refusal::Other(c),
         }
     }
@@ -140,15 +199,16 @@ impl std::fmt::Display for Refusal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Refusal::BadHello => f.write_str("the hello did not decode"),
-            Refusal::Unreachable => f.write_str("the shared region could not be opened"),
+            Refusal::Unreachable => f.write_str("the connector's region could not be taken"),
             Refusal::BadRegion => f.write_str("the shared region is not as announced"),
             Refusal::NoRelay => f.write_str("no relay on the listener's host took the connection"),
+            Refusal::OtherUser => f.write_str("the connector is another user"),
             Refusal::Other(c) => write!(f, "refusal code {c}"),
         }
     }
 }
 
-/// Why bytes are not a hello or an answer.
+/// Why bytes are not a record of the exchange.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum HelloError {
     /// Fewer bytes than a record.
@@ -166,7 +226,7 @@ pub enum HelloError {
     #[error("preload setup version {0} (this library speaks {PRELOAD_VERSION})")]
     Version(u16),
     /// A field outside what the exchange allows.
-    #[error("preload hello field {field} is {value}, outside what is allowed")]
+    #[error("preload setup field {field} is {value}, outside what is allowed")]
     Field {
         /// The field's name.
         field: &'static str,
@@ -184,8 +244,7 @@ fn u32_at(b: &[u8], at: usize) -> u32 {
 }
 
 /// Whether `bytes` could be the start of a hello (its magic's first
-/// bytes): a listener peeks at the first bytes of a connection to tell a
-/// connector with the library from one without.
+/// bytes).
 pub fn could_be_hello(bytes: &[u8]) -> bool {
     let n = bytes.len().min(HELLO_MAGIC.len());
     bytes[..n] == HELLO_MAGIC[..n]
@@ -205,15 +264,11 @@ pub fn hello_bytes(prefix: &[u8]) -> Option<usize> {
 }
 
 /// The length of the answer that `prefix` starts, once it holds
-/// [`LENGTH_PREFIX_BYTES`] (None before): [`ANSWER_BYTES`] for one naming
-/// a relay's target, else [`SHORT_ANSWER_BYTES`].
+/// [`LENGTH_PREFIX_BYTES`] (None before).
 pub fn answer_bytes(prefix: &[u8]) -> Option<usize> {
-    (prefix.len() >= LENGTH_PREFIX_BYTES).then(|| {
-        if u16_at(prefix, 10) == CODE_RELAY {
-            ANSWER_BYTES
-        } else {
-            SHORT_ANSWER_BYTES
-        }
+    (prefix.len() >= LENGTH_PREFIX_BYTES).then(|| match u16_at(prefix, 10) {
+        CODE_RELAY => ANSWER_BYTES,
+        _ => SHORT_ANSWER_BYTES,
     })
 }
 
@@ -223,24 +278,66 @@ pub fn could_be_answer(bytes: &[u8]) -> bool {
     bytes[..n] == ANSWER_MAGIC[..n]
 }
 
+fn ring_field(v: u32) -> Result<u32, HelloError> {
+    if v.is_power_of_two() && (MIN_RING_BYTES..=MAX_RING_BYTES).contains(&v) {
+        Ok(v)
+    } else {
+        Err(HelloError::Field {
+            field: "ring_bytes",
+            value: u64::from(v),
+        })
+    }
+}
+
+/// The start of a record: magic, version, and nothing but zeros in
+/// `zeros`.
+fn head(magic: &[u8; 8], code: u16) -> Vec<u8> {
+    let mut b = Vec::with_capacity(ANSWER_BYTES);
+    b.extend_from_slice(magic);
+    b.extend_from_slice(&PRELOAD_VERSION.to_le_bytes());
+    b.extend_from_slice(&code.to_le_bytes());
+    b
+}
+
+/// The first `want` bytes of `bytes`, if they are a record with `magic`
+/// of this version.
+fn record<'a>(bytes: &'a [u8], want: usize, magic: &[u8; 8]) -> Result<&'a [u8], HelloError> {
+    let b = bytes.get(..want).ok_or(HelloError::Short {
+        got_bytes: bytes.len(),
+        want_bytes: want,
+    })?;
+    check_head(b, magic)?;
+    Ok(b)
+}
+
+fn zeros(b: &[u8], field: &'static str) -> Result<(), HelloError> {
+    if b.iter().all(|&x| x == 0) {
+        Ok(())
+    } else {
+        Err(HelloError::Field { field, value: 1 })
+    }
+}
+
 impl Hello {
     /// The hello's bytes: magic, version (u16), kind (u16: 0 shm, 1 xdp
-    /// via relay), pid, fd, ring bytes (u32 each), eight reserved zero
-    /// bytes ([`SHM_HELLO_BYTES`] in all), then for a relay hello the
-    /// flow key (32 bytes).
+    /// via relay), ring bytes (u32), then for a same-host hello the
+    /// region's descriptor number (u32) and four zero bytes
+    /// ([`SHM_HELLO_BYTES`] in all), for a relay hello four zero bytes and
+    /// the connection key (32 bytes).
     pub fn encode(&self) -> Vec<u8> {
-        let mut b = vec![0u8; HELLO_BYTES];
-        b[..8].copy_from_slice(&HELLO_MAGIC);
-        b[8..10].copy_from_slice(&PRELOAD_VERSION.to_le_bytes());
-        if let Some(key) = &self.relay_key {
-            b[10..12].copy_from_slice(&KIND_RELAY.to_le_bytes());
-            b[32..64].copy_from_slice(key);
-        }
-        b[12..16].copy_from_slice(&self.pid.to_le_bytes());
-        b[16..20].copy_from_slice(&self.fd.to_le_bytes());
-        b[20..24].copy_from_slice(&self.ring_bytes.to_le_bytes());
-        if self.relay_key.is_none() {
-            b.truncate(SHM_HELLO_BYTES);
+        let (kind, ring, word) = match self {
+            Hello::Shm {
+                ring_bytes,
+                region_fd,
+            } => (KIND_SHM, *ring_bytes, *region_fd),
+            Hello::Relay { ring_bytes, .. } => (KIND_RELAY, *ring_bytes, 0),
+        };
+        let mut b = head(&HELLO_MAGIC, kind);
+        b.extend_from_slice(&ring.to_le_bytes());
+        b.extend_from_slice(&word.to_le_bytes());
+        match self {
+            Hello::Shm { .. } => b.extend_from_slice(&[0; 4]),
+            Hello::Relay { key, .. } => b.extend_from_slice(key),
         }
         b
     }
@@ -249,66 +346,34 @@ impl Hello {
     /// [`hello_bytes`]), checking every field.
     pub fn decode(bytes: &[u8]) -> Result<Hello, HelloError> {
         let want = hello_bytes(bytes).unwrap_or(SHM_HELLO_BYTES);
-        let b = bytes.get(..want).ok_or(HelloError::Short {
-            got_bytes: bytes.len(),
-            want_bytes: want,
-        })?;
-        if b[..8] != HELLO_MAGIC {
-            return Err(HelloError::Magic);
-        }
-        let version = u16_at(b, 8);
-        if version != PRELOAD_VERSION {
-            return Err(HelloError::Version(version));
-        }
-        let kind = u16_at(b, 10);
-        if kind != KIND_SHM && kind != KIND_RELAY {
-            return Err(HelloError::Field {
+        let b = record(bytes, want, &HELLO_MAGIC)?;
+        let ring_bytes = ring_field(u32_at(b, 12))?;
+        let word = u32_at(b, 16);
+        match u16_at(b, 10) {
+            KIND_SHM => {
+                zeros(&b[20..24], "reserved")?;
+                if word > i32::MAX.cast_unsigned() {
+                    return Err(HelloError::Field {
+                        field: "region_fd",
+                        value: u64::from(word),
+                    });
+                }
+                Ok(Hello::Shm {
+                    ring_bytes,
+                    region_fd: word,
+                })
+            }
+            KIND_RELAY => {
+                zeros(&b[16..20], "reserved")?;
+                let mut key = [0u8; RELAY_KEY_BYTES];
+                key.copy_from_slice(&b[20..52]);
+                Ok(Hello::Relay { ring_bytes, key })
+            }
+            kind => Err(HelloError::Field {
                 field: "kind",
                 value: u64::from(kind),
-            });
+            }),
         }
-        let relay = kind == KIND_RELAY;
-        let pid = u32_at(b, 12);
-        // Process ids are positive and below 2^22 on Linux; a relay hello
-        // names no process.
-        if (relay && pid != 0) || (!relay && (pid == 0 || pid >= 1 << 22)) {
-            return Err(HelloError::Field {
-                field: "pid",
-                value: u64::from(pid),
-            });
-        }
-        let fd = u32_at(b, 16);
-        if fd > i32::MAX.cast_unsigned() || (relay && fd != 0) {
-            return Err(HelloError::Field {
-                field: "fd",
-                value: u64::from(fd),
-            });
-        }
-        let ring_bytes = u32_at(b, 20);
-        if !ring_bytes.is_power_of_two() || !(MIN_RING_BYTES..=MAX_RING_BYTES).contains(&ring_bytes)
-        {
-            return Err(HelloError::Field {
-                field: "ring_bytes",
-                value: u64::from(ring_bytes),
-            });
-        }
-        if b[24..32].iter().any(|&x| x != 0) {
-            return Err(HelloError::Field {
-                field: "reserved",
-                value: u64::from_le_bytes([b[24], b[25], b[26], b[27], b[28], b[29], b[30], b[31]]),
-            });
-        }
-        let relay_key = relay.then(|| {
-            let mut k = [0u8; RELAY_KEY_BYTES];
-            k.copy_from_slice(&b[32..64]);
-            k
-        });
-        Ok(Hello {
-            pid,
-            fd,
-            ring_bytes,
-            relay_key,
-        })
     }
 }
 
@@ -316,27 +381,23 @@ impl Answer {
     /// The answer's bytes: magic, version (u16), code (u16: zero when
     /// accepted, 100 for a relay's target, else the refusal), the target's
     /// length (u16), two reserved zero bytes ([`SHORT_ANSWER_BYTES`] in
-    /// all), then for a relay's target the target (64 bytes, zero
-    /// padded). A target longer than [`MAX_TARGET_BYTES`] is cut (and
-    /// then fails to decode): the caller checks it with
+    /// all), then the target (64 bytes, zero padded) of an
+    /// [`Answer::Relay`]. A target longer than [`MAX_TARGET_BYTES`] is cut
+    /// (and then fails to decode): the caller checks it with
     /// [`valid_target`].
     pub fn encode(&self) -> Vec<u8> {
-        let mut b = vec![0u8; ANSWER_BYTES];
-        b[..8].copy_from_slice(&ANSWER_MAGIC);
-        b[8..10].copy_from_slice(&PRELOAD_VERSION.to_le_bytes());
         let code = match self {
             Answer::Accepted => 0,
-            Answer::Relay(t) => {
-                let n = t.len().min(MAX_TARGET_BYTES);
-                b[12..14].copy_from_slice(&(n as u16).to_le_bytes());
-                b[16..16 + n].copy_from_slice(&t.as_bytes()[..n]);
-                CODE_RELAY
-            }
+            Answer::Relay(_) => CODE_RELAY,
             Answer::Refused(r) => r.code(),
         };
-        b[10..12].copy_from_slice(&code.to_le_bytes());
-        if code != CODE_RELAY {
-            b.truncate(SHORT_ANSWER_BYTES);
+        let mut b = head(&ANSWER_MAGIC, code);
+        b.resize(SHORT_ANSWER_BYTES, 0);
+        if let Answer::Relay(t) = self {
+            let n = t.len().min(MAX_TARGET_BYTES);
+            b[12..14].copy_from_slice(&(n as u16).to_le_bytes());
+            b.extend_from_slice(&t.as_bytes()[..n]);
+            b.resize(ANSWER_BYTES, 0);
         }
         b
     }
@@ -345,17 +406,7 @@ impl Answer {
     /// [`answer_bytes`]).
     pub fn decode(bytes: &[u8]) -> Result<Answer, HelloError> {
         let want = answer_bytes(bytes).unwrap_or(SHORT_ANSWER_BYTES);
-        let b = bytes.get(..want).ok_or(HelloError::Short {
-            got_bytes: bytes.len(),
-            want_bytes: want,
-        })?;
-        if b[..8] != ANSWER_MAGIC {
-            return Err(HelloError::Magic);
-        }
-        let version = u16_at(b, 8);
-        if version != PRELOAD_VERSION {
-            return Err(HelloError::Version(version));
-        }
+        let b = record(bytes, want, &ANSWER_MAGIC)?;
         let len = usize::from(u16_at(b, 12));
         let code = u16_at(b, 10);
         let target_ok = if code == CODE_RELAY {
@@ -363,20 +414,18 @@ impl Answer {
         } else {
             len == 0
         };
-        if !target_ok
-            || b[14..16] != [0, 0]
-            || b[16 + len.min(MAX_TARGET_BYTES)..].iter().any(|&x| x != 0)
-        {
+        if !target_ok {
             return Err(HelloError::Field {
                 field: "target_len",
                 value: len as u64,
             });
         }
+        zeros(&b[14..16], "reserved")?;
         Ok(match code {
             0 => Answer::Accepted,
             CODE_RELAY => {
-                let t = &b[16..16 + len];
-                let t = std::str::from_utf8(t)
+                zeros(&b[16 + len..], "target_padding")?;
+                let t = std::str::from_utf8(&b[16..16 + len])
                     .ok()
                     .filter(|t| valid_target(t))
                     .ok_or(HelloError::Field {
@@ -787,19 +836,17 @@ mod tests {
 
     #[test]
     fn a_hello_and_an_answer_round_trip() {
-        let h = Hello {
-            pid: 4242,
-            fd: 7,
+        let h = Hello::Shm {
             ring_bytes: 1 << 18,
-            relay_key: None,
+            region_fd: 7,
         };
+        assert_eq!(h.encode().len(), SHM_HELLO_BYTES);
         assert_eq!(Hello::decode(&h.encode()).unwrap(), h);
-        let r = Hello {
-            pid: 0,
-            fd: 0,
+        let r = Hello::Relay {
             ring_bytes: 1 << 18,
-            relay_key: Some([7u8; RELAY_KEY_BYTES]),
+            key: [7u8; RELAY_KEY_BYTES],
         };
+        assert_eq!(r.encode().len(), HELLO_BYTES);
         assert_eq!(Hello::decode(&r.encode()).unwrap(), r);
         assert!(
             !format!("{r:?}").contains("7, 7"),
@@ -810,36 +857,36 @@ mod tests {
             Answer::Relay("10.0.1.2/02:00:00:00:01:02/4242".into()),
             Answer::Refused(Refusal::NoRelay),
             Answer::Refused(Refusal::BadRegion),
+            Answer::Refused(Refusal::OtherUser),
             Answer::Refused(Refusal::Other(99)),
         ] {
-            assert_eq!(Answer::decode(&a.encode()).unwrap(), a);
+            let wire = a.encode();
+            assert_eq!(answer_bytes(&wire), Some(wire.len()));
+            assert_eq!(Answer::decode(&wire).unwrap(), a);
         }
     }
 
     #[test]
-    fn bad_hellos_are_refused_by_field() {
-        let good = Hello {
-            pid: 1,
-            fd: 3,
+    fn bad_records_are_refused_by_field() {
+        let good = Hello::Shm {
             ring_bytes: 4096,
-            relay_key: None,
+            region_fd: 3,
         }
         .encode();
+        assert_eq!(good.len(), SHM_HELLO_BYTES);
         assert!(matches!(
             Hello::decode(&good[..10]),
             Err(HelloError::Short { .. })
         ));
         assert_eq!(
-            Hello::decode(
-                b"GET / HTTP/1.1\r\nHost: x\r\n\r\n.....GET / HTTP/1.1\r\nHost: x\r\n\r\n....."
-            ),
+            Hello::decode(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"),
             Err(HelloError::Magic)
         );
         let mut b = good.clone();
         b[8] = 9;
         assert_eq!(Hello::decode(&b), Err(HelloError::Version(9)));
         let mut b = good.clone();
-        b[20..24].copy_from_slice(&5000u32.to_le_bytes());
+        b[12..16].copy_from_slice(&5000u32.to_le_bytes());
         assert!(matches!(
             Hello::decode(&b),
             Err(HelloError::Field {
@@ -848,35 +895,43 @@ mod tests {
             })
         ));
         let mut b = good.clone();
-        b[31] = 1;
+        b[10] = 7;
         assert!(matches!(
             Hello::decode(&b),
-            Err(HelloError::Field {
-                field: "reserved",
-                ..
-            })
+            Err(HelloError::Field { field: "kind", .. })
         ));
-        // The same-host exchange stays short; a relay hello naming a
-        // process is refused, and one cut at the shm length is short.
-        assert_eq!(good.len(), SHM_HELLO_BYTES);
-        assert_eq!(Answer::Accepted.encode().len(), SHORT_ANSWER_BYTES);
+        // A relay hello cut at the same-host length is short.
         assert_eq!(hello_bytes(&good[..11]), None);
         let mut b = good.clone();
         b[10] = 1;
         assert_eq!(hello_bytes(&b), Some(HELLO_BYTES));
         assert!(matches!(Hello::decode(&b), Err(HelloError::Short { .. })));
-        b.resize(HELLO_BYTES, 0);
-        assert!(matches!(
-            Hello::decode(&b),
-            Err(HelloError::Field { field: "pid", .. })
-        ));
-        // An answer whose target is not printable or too long.
+        // An answer whose target is not printable or too long, or whose
+        // padding is not zero.
         let mut a = Answer::Relay("10.0.0.1/x/1".into()).encode();
         a[17] = b' ';
         assert!(Answer::decode(&a).is_err());
         let mut a = Answer::Relay("1".into()).encode();
         a[12] = 65;
         assert!(Answer::decode(&a).is_err());
+        let mut a = Answer::Relay("1".into()).encode();
+        a[40] = 1;
+        assert!(Answer::decode(&a).is_err());
+        let mut a = Answer::Accepted.encode();
+        a[12] = 1;
+        assert!(Answer::decode(&a).is_err());
+        let mut b = good.clone();
+        b[16..20].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(matches!(
+            Hello::decode(&b),
+            Err(HelloError::Field {
+                field: "region_fd",
+                ..
+            })
+        ));
+        let mut b = good.clone();
+        b[23] = 1;
+        assert!(Hello::decode(&b).is_err());
         let req = RelayRequest::Connect {
             ring_bytes: 4096,
             key: [3; RELAY_KEY_BYTES],
@@ -898,5 +953,14 @@ mod tests {
         assert!(could_be_hello(b"NGPR"));
         assert!(!could_be_hello(b"GET "));
         assert!(could_be_answer(&Answer::Accepted.encode()[..3]));
+    }
+
+    #[test]
+    fn names_fit_a_unix_socket_address() {
+        assert_eq!(beacon_name(0, 4, 8080), "netgap-preload.0.4.8080");
+        assert_eq!(mailbox_name(0x1234), "netgap-preload.m.1234");
+        // sun_path holds 108 bytes: a NUL, the name.
+        assert!(mailbox_name(u64::MAX).len() < 107);
+        assert!(beacon_name(u32::MAX, 6, u16::MAX).len() < 107);
     }
 }

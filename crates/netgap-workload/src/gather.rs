@@ -338,7 +338,7 @@ fn open_server(p: &Params, ctx: &RoleContext<'_>) -> Result<Box<dyn OpenRole>, R
             }
             let mut dir = RunDir::new(ctx.dirs, gmond::NAME).map_err(refused)?;
             if p.preload {
-                dir.preload().map_err(refused)?;
+                dir.preload(&ctx.spec.point.transport).map_err(refused)?;
             }
             let relay = if p.preload && ctx.spec.point.transport == "xdp" {
                 Some(super::web::relay_for(&dir, ctx.spec.flows)?)
@@ -597,6 +597,8 @@ struct ClientRole {
 /// The gatherer's child process under the preload library, to start.
 struct GatherChild {
     library: std::path::PathBuf,
+    /// The library's stack (`shm` or `xdp`).
+    stack: String,
     /// The child's run directory.
     dir: RunDir,
     job: GatherJob,
@@ -678,6 +680,7 @@ pub fn run_gather_child() -> Result<(), String> {
 fn gather_in_child(child: GatherChild, stop: &Stop) -> Result<RoleResult, RoleError> {
     let GatherChild {
         library,
+        stack,
         dir,
         job,
         relay,
@@ -707,7 +710,7 @@ fn gather_in_child(child: GatherChild, stop: &Stop) -> Result<RoleResult, RoleEr
             what: "the CPU meter",
             source,
         })?;
-    let ran = super::web::run_child(&library, &dir, "gather-load", &job, stop, &pid_tx);
+    let ran = super::web::run_child(&library, &stack, &dir, "gather-load", &job, stop, &pid_tx);
     let (cpu, _) = meter.join().map_err(|_| RoleError::Panicked {
         what: "the CPU meter".into(),
     })?;
@@ -775,6 +778,7 @@ fn open_client(p: &Params, ctx: &RoleContext<'_>) -> Result<Box<dyn OpenRole>, R
         };
         Some(GatherChild {
             library,
+            stack: spec.point.transport.clone(),
             dir,
             job,
             relay,

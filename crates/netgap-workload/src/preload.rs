@@ -34,6 +34,10 @@ pub fn library_path() -> Result<PathBuf, LibraryMissing> {
     }
 }
 
+/// Environment variable telling the library its stack (`shm`, or `xdp`:
+/// connections to other hosts through the host's relay too).
+pub const STACK_ENV: &str = "NETGAP_PRELOAD_STACK";
+
 /// `LD_PRELOAD` with `library` first, keeping what this process's
 /// `LD_PRELOAD` held.
 pub fn preload_value(library: &Path) -> OsString {

@@ -557,9 +557,9 @@ fn preload_stack(
     dir: &mut RunDir,
 ) -> Result<Option<crate::preload::RelayGuard>, RoleError> {
     match ctx.spec.point.transport.as_str() {
-        "shm" => dir.preload().map_err(refused).map(|()| None),
+        "shm" => dir.preload("shm").map_err(refused).map(|()| None),
         "xdp" => {
-            dir.preload().map_err(refused)?;
+            dir.preload("xdp").map_err(refused)?;
             relay_for(dir, ctx.spec.flows).map(Some)
         }
         _ => Ok(None),
@@ -784,6 +784,7 @@ fn open_clients(p: &Params, ctx: &RoleContext<'_>) -> Result<Box<dyn OpenRole>, 
         };
         Some(LoadChild {
             library,
+            stack: ctx.spec.point.transport.clone(),
             dir,
             job,
             relay,
@@ -814,6 +815,8 @@ struct ClientRole {
 /// start.
 struct LoadChild {
     library: std::path::PathBuf,
+    /// The library's stack (`shm` or `xdp`).
+    stack: String,
     /// The child's run directory.
     dir: RunDir,
     job: LoadJob,
@@ -946,6 +949,7 @@ pub fn run_load_child() -> Result<(), String> {
 /// stopped); returns the report and what its library log says.
 pub(crate) fn run_child(
     library: &std::path::Path,
+    stack: &str,
     dir: &RunDir,
     command: &str,
     job: &impl Serialize,
@@ -966,6 +970,7 @@ pub(crate) fn run_child(
         });
     let mut cmd = crate::tether::command_in_group(&exe, &[command], run_as);
     cmd.env("LD_PRELOAD", crate::preload::preload_value(library))
+        .env(crate::preload::STACK_ENV, stack)
         .env("NETGAP_PRELOAD_LOG", dir.path().join("preload.log"))
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
@@ -1067,6 +1072,7 @@ impl ReadyRole for ClientRole {
             }
             Some(LoadChild {
                 library,
+                stack,
                 dir,
                 job,
                 relay,
@@ -1102,7 +1108,7 @@ impl ReadyRole for ClientRole {
                         what: "the CPU meter",
                         source,
                     })?;
-                let ran = run_child(&library, &dir, "web-load", &job, &stop, &pid_tx);
+                let ran = run_child(&library, &stack, &dir, "web-load", &job, &stop, &pid_tx);
                 let (cpu, _) = meter.join().map_err(|_| RoleError::Panicked {
                     what: "the CPU meter".into(),
                 })?;

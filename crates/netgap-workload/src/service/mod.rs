@@ -260,16 +260,19 @@ impl RunDir {
             .map_err(confined_err)
     }
 
-    /// Runs the program under netgap's preload sockets library: it starts
-    /// with `LD_PRELOAD` naming the library and the library's log in this
-    /// directory (`preload.log`, the program's user's). Refused in one line
-    /// when the library is missing.
-    pub(crate) fn preload(&mut self) -> Result<(), ServiceError> {
+    /// Runs the program under netgap's preload sockets library for
+    /// `stack` (`shm`, or `xdp`: also through the host's relay): it starts
+    /// with `LD_PRELOAD` naming the library, the stack, and the library's
+    /// log in this directory (`preload.log`, the program's user's).
+    /// Refused in one line when the library is missing.
+    pub(crate) fn preload(&mut self, stack: &str) -> Result<(), ServiceError> {
         let library =
             crate::preload::library_path().map_err(|e| ServiceError::Refused(e.to_string()))?;
         self.service_file("preload.log")?;
         self.env
             .push(("LD_PRELOAD".into(), crate::preload::preload_value(&library)));
+        self.env
+            .push((crate::preload::STACK_ENV.into(), stack.into()));
         self.env.push((
             "NETGAP_PRELOAD_LOG".into(),
             self.dir.path().join("preload.log").into_os_string(),
