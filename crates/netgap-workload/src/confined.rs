@@ -127,8 +127,12 @@ fn euid() -> u32 {
 /// A directory held open by its descriptor. One the agent made (fresh) is
 /// removed with everything in it when dropped; one it opened (a base, an
 /// existing subdirectory) is kept.
+///
+/// Public so that other writers of files where another user could plant a
+/// link (a study's output directory, the testbeds' locks) make them the
+/// same way.
 #[derive(Debug)]
-pub(crate) struct Dir {
+pub struct Dir {
     fd: Arc<OwnedFd>,
     /// The path, for messages and for programs given a path to it.
     path: PathBuf,
@@ -227,12 +231,12 @@ impl Dir {
 
     /// The directory's path, for messages and for a program that is given
     /// it (never reopened by the agent).
-    pub(crate) fn path(&self) -> &Path {
+    pub fn path(&self) -> &Path {
         &self.path
     }
 
     /// The directory's descriptor.
-    pub(crate) fn fd(&self) -> BorrowedFd<'_> {
+    pub fn fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
     }
 
@@ -308,7 +312,7 @@ impl Dir {
 
     /// Creates the file `name` (it must not exist, and a link of that name
     /// is not followed) with `mode`, open for reading and writing.
-    pub(crate) fn create_file(&self, name: &str, mode: u32) -> Result<File, ConfinedError> {
+    pub fn create_file(&self, name: &str, mode: u32) -> Result<File, ConfinedError> {
         let name = check_name(name)?;
         let path = self.path.join(name);
         let fd = rustix::fs::openat(
@@ -324,7 +328,7 @@ impl Dir {
     }
 
     /// Creates the file `name` with `mode` and writes `bytes` to it.
-    pub(crate) fn write_file(
+    pub fn write_file(
         &self,
         name: &str,
         bytes: &[u8],
@@ -342,7 +346,7 @@ impl Dir {
 
     /// Removes the file `name` (a link of that name is removed, never
     /// followed).
-    pub(crate) fn remove_file(&self, name: &str) -> Result<(), ConfinedError> {
+    pub fn remove_file(&self, name: &str) -> Result<(), ConfinedError> {
         let name = check_name(name)?;
         rustix::fs::unlinkat(&*self.fd, name, AtFlags::empty())
             .map_err(io_at("removing", &self.path.join(name)))
