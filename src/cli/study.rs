@@ -180,11 +180,23 @@ pub fn run(args: &StudyArgs) -> Result<()> {
         });
     }
 
+    // The testbed the studies build is theirs from here to the end: a
+    // second study, or a `testbed up` or `down` by hand, is refused in one
+    // line instead of rebuilding or removing it under this one.
+    let command = format!("netgap study {}", args.id);
+    let _lock = match hosts_arg {
+        Some(_) => None,
+        None => Some(netgap::testbed::TestbedLock::acquire(
+            TESTBED_NAME,
+            &command,
+        )?),
+    };
+
     let mut failed = 0;
     for p in &mut prepared {
         let testbed = match hosts_arg {
             Some(_) => None,
-            None => Some(build_testbed(&p.study)?),
+            None => Some(build_testbed(&p.study, &command)?),
         };
         for r in &p.runs {
             eprintln!(
@@ -271,8 +283,8 @@ fn wait_for_agents(hosts: &str) {
     }
 }
 
-/// Builds the testbed `study` needs, held until dropped.
-fn build_testbed(study: &Study) -> Result<netgap::testbed::OwnedTestbed> {
+/// Builds the testbed `study` needs for `command`, held until dropped.
+fn build_testbed(study: &Study, command: &str) -> Result<netgap::testbed::OwnedTestbed> {
     let t = &study.testbed;
     let args = testbed_args(study);
     eprintln!(
@@ -285,7 +297,7 @@ fn build_testbed(study: &Study) -> Result<netgap::testbed::OwnedTestbed> {
             .map(|r| format!(", links at {r}"))
             .unwrap_or_default()
     );
-    netgap::testbed::OwnedTestbed::up(&args)
+    netgap::testbed::OwnedTestbed::up(&args, command)
         .with_context(|| format!("building study {}'s testbed", study.id))
 }
 

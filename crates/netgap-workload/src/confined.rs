@@ -327,13 +327,51 @@ impl Dir {
         Ok(File::from(fd))
     }
 
+    /// Opens the file `name` for reading and writing, creating it with
+    /// `mode` when missing, without following a link, and checks on its
+    /// descriptor that it is a regular file of this process's user with no
+    /// other link to it: a file that outlives the process and is opened
+    /// again by later ones (a lock).
+    pub fn open_own_file(&self, name: &str, mode: u32) -> Result<File, ConfinedError> {
+        let name = check_name(name)?;
+        let path = self.path.join(name);
+        let refuse = |reason: String| ConfinedError::Io {
+            what: "opening",
+            path: path.clone(),
+            source: io::Error::other(reason),
+        };
+        let fd = rustix::fs::openat(
+            &*self.fd,
+            name,
+            OFlags::CREATE | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::RDWR,
+            Mode::from_raw_mode(mode),
+        )
+        .map_err(|e| match e {
+            rustix::io::Errno::LOOP => refuse("it is a symbolic link".into()),
+            e => refuse(io::Error::from(e).to_string()),
+        })?;
+        let st = rustix::fs::fstat(&fd).map_err(io_at("reading", &path))?;
+        if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::RegularFile {
+            return Err(refuse("it is not a regular file".into()));
+        }
+        let me = euid();
+        if st.st_uid != me {
+            return Err(refuse(format!(
+                "it is owned by uid {}, not by this user (uid {me})",
+                st.st_uid
+            )));
+        }
+        if st.st_nlink != 1 {
+            return Err(refuse(format!(
+                "it has {} hard links (another name for the same file)",
+                st.st_nlink
+            )));
+        }
+        Ok(File::from(fd))
+    }
+
     /// Creates the file `name` with `mode` and writes `bytes` to it.
-    pub fn write_file(
-        &self,
-        name: &str,
-        bytes: &[u8],
-        mode: u32,
-    ) -> Result<File, ConfinedError> {
+    pub fn write_file(&self, name: &str, bytes: &[u8], mode: u32) -> Result<File, ConfinedError> {
         use std::io::Write;
         let mut f = self.create_file(name, mode)?;
         f.write_all(bytes).map_err(|source| ConfinedError::Io {
@@ -761,6 +799,29 @@ mod tests {
             e.contains("owned by uid 65534") && e.contains("(uid 0)"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn an_own_file_is_opened_again_but_never_through_a_link_or_another_name() {
+        let t = tempfile::tempdir().unwrap();
+        let b = base(&t);
+        let mut f = b.open_own_file("x.lock", 0o600).unwrap();
+        std::io::Write::write_all(&mut f, b"1").unwrap();
+        drop(f);
+        let f = b.open_own_file("x.lock", 0o600).unwrap();
+        assert_eq!(f.metadata().unwrap().len(), 1, "the same file, kept");
+        let target = t.path().join("secret");
+        std::fs::write(&target, b"keep").unwrap();
+        std::os::unix::fs::symlink(&target, b.path().join("link.lock")).unwrap();
+        let e = b.open_own_file("link.lock", 0o600).unwrap_err().to_string();
+        assert!(
+            e.contains("symbolic link") && e.contains("link.lock"),
+            "{e}"
+        );
+        std::fs::hard_link(&target, b.path().join("hard.lock")).unwrap();
+        let e = b.open_own_file("hard.lock", 0o600).unwrap_err().to_string();
+        assert!(e.contains("2 hard links"), "{e}");
+        assert_eq!(std::fs::read(&target).unwrap(), b"keep");
     }
 
     #[test]
