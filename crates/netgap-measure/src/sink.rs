@@ -36,6 +36,7 @@ pub struct OpenError {
 fn open_append(path: &Path) -> Result<File, OpenError> {
     OpenOptions::new()
         .create(true)
+        .read(true)
         .append(true)
         .open(path)
         .map_err(|source| OpenError {
@@ -47,12 +48,18 @@ fn open_append(path: &Path) -> Result<File, OpenError> {
 /// Opens `path` for appending and ends a torn last line (one without its
 /// line end) with one; the torn line's length in bytes, if there was one.
 fn open_whole(path: &Path) -> Result<(File, Option<u64>), OpenError> {
+    end_torn_line(open_append(path)?, path)
+}
+
+/// Ends the torn last line of `file`, open for reading and appending, with
+/// a line end; the file and the torn line's length in bytes, if there was
+/// one.
+fn end_torn_line(mut file: File, path: &Path) -> Result<(File, Option<u64>), OpenError> {
     let fail = |source| OpenError {
         path: path.to_path_buf(),
         source,
     };
-    let mut file = open_append(path)?;
-    let torn = torn_tail_bytes(path).map_err(fail)?;
+    let torn = torn_tail_bytes(&file).map_err(fail)?;
     if torn.is_some() {
         file.write_all(b"\n").map_err(fail)?;
     }
@@ -60,21 +67,27 @@ fn open_whole(path: &Path) -> Result<(File, Option<u64>), OpenError> {
 }
 
 /// The length of the file's last line when it lacks its line end; `None`
-/// for an empty file or one that ends with a line end. Reads only the tail.
-fn torn_tail_bytes(path: &Path) -> io::Result<Option<u64>> {
-    use std::io::{Read, Seek, SeekFrom};
+/// for an empty file or one that ends with a line end. Reads only the tail,
+/// through the descriptor (the file is never opened again by path).
+fn torn_tail_bytes(f: &File) -> io::Result<Option<u64>> {
+    use std::os::unix::fs::FileExt;
     /// How far back a torn line's start is looked for; a longer fragment is
     /// reported as this long.
     const TAIL_BYTES: u64 = 64 * 1024;
-    let mut f = File::open(path)?;
     let len = f.metadata()?.len();
     if len == 0 {
         return Ok(None);
     }
     let start = len.saturating_sub(TAIL_BYTES);
-    f.seek(SeekFrom::Start(start))?;
-    let mut tail = Vec::new();
-    f.take(TAIL_BYTES).read_to_end(&mut tail)?;
+    let mut tail = vec![0u8; (len - start) as usize];
+    let mut got = 0;
+    while got < tail.len() {
+        match f.read_at(&mut tail[got..], start + got as u64)? {
+            0 => break,
+            n => got += n,
+        }
+    }
+    tail.truncate(got);
     if tail.last() == Some(&b'\n') {
         return Ok(None);
     }
@@ -110,6 +123,27 @@ impl JsonlSink {
     /// Opens (creating or appending to) `path`.
     pub fn open(path: &Path) -> Result<JsonlSink, OpenError> {
         let (file, torn_bytes) = open_whole(path)?;
+        Ok(JsonlSink {
+            file,
+            path: path.to_path_buf(),
+            torn_bytes,
+        })
+    }
+
+    /// Appends to `file`, a results file the caller made and holds open
+    /// (a study's, made in its output directory without following a link),
+    /// named `path` in messages; the file is never opened again by path.
+    /// Its descriptor is switched to appending, so that its clones, one per
+    /// run into it, each write after the last record.
+    pub fn on_file(file: File, path: &Path) -> Result<JsonlSink, OpenError> {
+        let fail = |source: io::Error| OpenError {
+            path: path.to_path_buf(),
+            source,
+        };
+        let flags = rustix::fs::fcntl_getfl(&file).map_err(|e| fail(e.into()))?;
+        rustix::fs::fcntl_setfl(&file, flags | rustix::fs::OFlags::APPEND)
+            .map_err(|e| fail(e.into()))?;
+        let (file, torn_bytes) = end_torn_line(file, path)?;
         Ok(JsonlSink {
             file,
             path: path.to_path_buf(),
@@ -278,6 +312,35 @@ mod tests {
         // A file that ends cleanly has nothing torn.
         let sink = JsonlSink::open(&path).expect("open again");
         assert_eq!(sink.torn_bytes(), None);
+    }
+
+    #[test]
+    fn runs_on_a_held_file_append_after_each_other() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("held.jsonl");
+        // Made as a study makes it: read and write, not appending.
+        let held = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .expect("create");
+        for v in [1.0, 2.0] {
+            let mut sink =
+                JsonlSink::on_file(held.try_clone().expect("clone"), &path).expect("on file");
+            assert_eq!(sink.path(), path);
+            sink.append(&record(v)).expect("append");
+        }
+        let text = std::fs::read_to_string(&path).expect("read");
+        let values: Vec<f64> = text
+            .lines()
+            .map(|l| {
+                serde_json::from_str::<ResultRecord>(l)
+                    .expect("a record")
+                    .value
+            })
+            .collect();
+        assert_eq!(values, [1.0, 2.0]);
     }
 
     #[test]

@@ -15,6 +15,11 @@
 //! link another user (or a service running as another user) plants
 //! cannot turn a write, a mode change or a removal onto a file outside.
 //!
+//! The same [`Dir`] serves the commands that write where another user
+//! could plant a link: `netgap study` makes its results file and report in
+//! its `-o` directory this way, and the testbeds' locks are opened through
+//! it.
+//!
 //! The agent's own run directory is [`AgentDirs`]: a base (`--run-dir`,
 //! by default `/var/lib/netgap` as root, else `$XDG_RUNTIME_DIR/netgap` or
 //! `/tmp/netgap-<uid>`) with one `agent-<pid>-<nonce>` directory below it
@@ -189,7 +194,7 @@ impl Dir {
         }
         if st.st_uid != me {
             return Err(refuse(format!(
-                "it is owned by uid {}, not by this agent's user (uid {me})",
+                "it is owned by uid {}, not by the user netgap runs as (uid {me})",
                 st.st_uid
             )));
         }
