@@ -282,20 +282,15 @@ fn import(args: &ImportArgs) -> Result<()> {
     if let Some(label) = &args.label {
         netgap::import::label_records(&mut records, label);
     }
-    let mut text = String::new();
-    for r in &records {
-        text.push_str(&serde_json::to_string(r).context("encoding a record")?);
-        text.push('\n');
-    }
     match &args.output {
         Some(out) => {
-            let mut f = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(out)
-                .with_context(|| format!("opening {}", out.display()))?;
-            f.write_all(text.as_bytes())
-                .with_context(|| format!("writing {}", out.display()))?;
+            // Appended as a run appends: never through a link, each record
+            // whole or not at all.
+            let mut sink = JsonlSink::open(out)?;
+            for r in &records {
+                sink.append(r)
+                    .with_context(|| format!("writing {}", out.display()))?;
+            }
             eprintln!(
                 "netgap: imported {} records from {} into {}",
                 records.len(),
@@ -303,9 +298,16 @@ fn import(args: &ImportArgs) -> Result<()> {
                 out.display()
             );
         }
-        None => std::io::stdout()
-            .write_all(text.as_bytes())
-            .context("writing to standard output")?,
+        None => {
+            let mut text = String::new();
+            for r in &records {
+                text.push_str(&serde_json::to_string(r).context("encoding a record")?);
+                text.push('\n');
+            }
+            std::io::stdout()
+                .write_all(text.as_bytes())
+                .context("writing to standard output")?
+        }
     }
     Ok(())
 }
