@@ -228,3 +228,40 @@ fn results_files_are_not_appended_to_through_a_planted_link() {
     }
     assert_eq!(std::fs::read(&secret).expect("secret"), b"root's own\n");
 }
+
+/// `report -o FILE` and `--images DIR` wrote through a link at their names
+/// too; now each file is written new and renamed into place, so a link
+/// planted there is replaced and the file it named is untouched.
+#[test]
+fn a_report_is_not_written_through_a_planted_link() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json = dir.path().join("r.jsonl");
+    common::run_ok(
+        netgap()
+            .args(["run", "pingpong", "-s", "1", "--reps", "2", "-n", "20"])
+            .arg("--json")
+            .arg(&json),
+    );
+    let secret = dir.path().join("secret");
+    std::fs::write(&secret, b"root's own\n").expect("secret");
+    let html = dir.path().join("report.html");
+    std::os::unix::fs::symlink(&secret, &html).expect("link");
+    let images = dir.path().join("plots");
+    std::fs::create_dir(&images).expect("plots");
+    std::os::unix::fs::symlink(&secret, images.join("plot-01.svg")).expect("link");
+    common::run_ok(
+        netgap()
+            .arg("report")
+            .arg(&json)
+            .arg("-o")
+            .arg(&html)
+            .arg("--images")
+            .arg(&images),
+    );
+    assert_eq!(std::fs::read(&secret).expect("secret"), b"root's own\n");
+    for written in [html, images.join("plot-01.svg")] {
+        let meta = std::fs::symlink_metadata(&written).expect("written");
+        assert!(meta.file_type().is_file(), "{}", written.display());
+        assert!(meta.len() > 100, "{}", written.display());
+    }
+}
