@@ -62,10 +62,10 @@ fn main() -> ExitCode {
     };
     let outcome = match cli.command {
         None => battery(cli.output.json, cli.output.csv, cli.output.label, cli.reps),
-        Some(Command::Run(args)) => run(&args),
+        Some(Command::Run(args)) => run(&args, Results::Flags),
         Some(Command::Serve(args)) => serve(&args),
-        Some(Command::Sweep(args)) => sweep(&args),
-        Some(Command::Logp(args)) => logp(&args),
+        Some(Command::Sweep(args)) => sweep(&args, Results::Flags),
+        Some(Command::Logp(args)) => logp(&args, Results::Flags),
         Some(Command::List) => {
             list();
             Ok(())
@@ -167,7 +167,7 @@ fn battery(
         netgap::plan::BATTERY_TESTS.join(" and "),
         stacks.join(", ")
     );
-    execute(&Job::Points(plan))?;
+    execute(&Job::Points(plan), Results::Flags)?;
     print!("{}", escape_control_lines(&gap_summary(&json)?));
     println!("results: {}", json.display());
     let html = json.with_extension("html");
@@ -282,20 +282,15 @@ fn import(args: &ImportArgs) -> Result<()> {
     if let Some(label) = &args.label {
         netgap::import::label_records(&mut records, label);
     }
-    let mut text = String::new();
-    for r in &records {
-        text.push_str(&serde_json::to_string(r).context("encoding a record")?);
-        text.push('\n');
-    }
     match &args.output {
         Some(out) => {
-            let mut f = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(out)
-                .with_context(|| format!("opening {}", out.display()))?;
-            f.write_all(text.as_bytes())
-                .with_context(|| format!("writing {}", out.display()))?;
+            // Appended as a run appends: never through a link, each record
+            // whole or not at all.
+            let mut sink = JsonlSink::open(out)?;
+            for r in &records {
+                sink.append(r)
+                    .with_context(|| format!("writing {}", out.display()))?;
+            }
             eprintln!(
                 "netgap: imported {} records from {} into {}",
                 records.len(),
@@ -303,18 +298,42 @@ fn import(args: &ImportArgs) -> Result<()> {
                 out.display()
             );
         }
-        None => std::io::stdout()
-            .write_all(text.as_bytes())
-            .context("writing to standard output")?,
+        None => {
+            let mut text = String::new();
+            for r in &records {
+                text.push_str(&serde_json::to_string(r).context("encoding a record")?);
+                text.push('\n');
+            }
+            std::io::stdout()
+                .write_all(text.as_bytes())
+                .context("writing to standard output")?
+        }
     }
     Ok(())
 }
 
-fn run(args: &RunFlags) -> Result<()> {
+/// Where a measuring command's records go.
+#[derive(Clone, Copy)]
+enum Results<'a> {
+    /// The files its `--json` and `--csv` flags name, opened when it starts.
+    Flags,
+    /// In place of the file `--json` names, a results file the caller made
+    /// and holds open (a study's, in its output directory), written through
+    /// a clone of its descriptor and never opened again by path; `--csv`
+    /// as its flag says.
+    Held {
+        /// The file.
+        file: &'a std::fs::File,
+        /// Its path, for messages.
+        path: &'a std::path::Path,
+    },
+}
+
+fn run(args: &RunFlags, results: Results<'_>) -> Result<()> {
     let request = args.request();
     let (mpi_tests, rest) = netgap::mpi::plan::split_tests(&request.tests);
     if !mpi_tests.is_empty() {
-        return run_with_mpi(&request, &mpi_tests, &args.mpi.options(), rest);
+        return run_with_mpi(&request, &mpi_tests, &args.mpi.options(), rest, results);
     }
     if args.mpi.mpi_btl.is_some() {
         return Err(anyhow!(
@@ -322,9 +341,12 @@ fn run(args: &RunFlags) -> Result<()> {
         ));
     }
     if netgap::workload_run::plan::is_workload_run(&request.tests)? {
-        return execute(&Job::Workload(WorkloadPlan::from_request(&request)?));
+        return execute(
+            &Job::Workload(WorkloadPlan::from_request(&request)?),
+            results,
+        );
     }
-    execute(&Job::Points(Plan::from_request(&request)?))
+    execute(&Job::Points(Plan::from_request(&request)?), results)
 }
 
 /// A run with MPI tests: the socket tests first (when there are any), then
@@ -334,6 +356,7 @@ fn run_with_mpi(
     mpi_tests: &[netgap::mpi::MpiTest],
     mpi: &netgap::mpi::plan::MpiOptions,
     rest: Vec<String>,
+    results: Results<'_>,
 ) -> Result<()> {
     let mpi_plan = MpiPlan::from_request(
         request,
@@ -353,9 +376,9 @@ fn run_with_mpi(
                 "MPI tests run beside point-to-point tests (pingpong, stream, bibw, ...), not beside workloads; run those apart"
             ));
         }
-        execute(&Job::Points(Plan::from_request(&sockets)?))?;
+        execute(&Job::Points(Plan::from_request(&sockets)?), results)?;
     }
-    execute(&Job::Mpi(mpi_plan))
+    execute(&Job::Mpi(mpi_plan), results)
 }
 
 /// `netgap mpi-rank`: one rank of an MPI job.
@@ -463,7 +486,7 @@ impl Job {
 /// conditions, its results files opened, the job measured into them, then
 /// the table closed, its warnings said, and a failure at a point naming
 /// the file that keeps the points before it.
-fn execute(job: &Job) -> Result<()> {
+fn execute(job: &Job, results: Results<'_>) -> Result<()> {
     let settings = job.settings();
     for s in job.skipped() {
         eprintln!("netgap: note: {s}");
@@ -475,7 +498,7 @@ fn execute(job: &Job) -> Result<()> {
         ),
         _ => None,
     };
-    let mut sinks = open_sinks(settings.json.as_deref(), settings.csv.as_deref())?;
+    let mut sinks = open_sinks(settings.json.as_deref(), settings.csv.as_deref(), results)?;
     let mut table = TableObserver::new(settings.method.reps);
     let outcome = job.measure(
         switch
@@ -502,28 +525,40 @@ enum Failed {
     AtPoint(anyhow::Error),
 }
 
-fn sweep(args: &SweepFlags) -> Result<()> {
-    execute(&Job::Sweep(SweepPlan::from_request(&args.request())?))
+fn sweep(args: &SweepFlags, results: Results<'_>) -> Result<()> {
+    execute(
+        &Job::Sweep(SweepPlan::from_request(&args.request())?),
+        results,
+    )
 }
 
-fn logp(args: &LogpFlags) -> Result<()> {
+fn logp(args: &LogpFlags, results: Results<'_>) -> Result<()> {
     let plan = LogpPlan::from_request(&args.request())?;
     if plan.run.settings.client_cpu.is_none() {
         eprintln!(
             "netgap: note: without --pin the woken server may run on the client's CPU, and its work then lands in o_s; pin them apart, e.g. --pin 0,1"
         );
     }
-    execute(&Job::Logp(plan))
+    execute(&Job::Logp(plan), results)
 }
 
-/// The results files of a run: JSON Lines and CSV, each where asked.
+/// The results files of a run: JSON Lines and CSV, each where asked, or
+/// the held file in place of the JSON Lines file.
 fn open_sinks(
     json: Option<&std::path::Path>,
     csv: Option<&std::path::Path>,
+    results: Results<'_>,
 ) -> Result<Vec<Box<dyn RecordSink>>> {
     let mut sinks: Vec<Box<dyn RecordSink>> = Vec::new();
-    if let Some(p) = json {
-        sinks.push(Box::new(JsonlSink::open(p)?));
+    match (results, json) {
+        (Results::Held { file, path }, _) => {
+            let clone = file
+                .try_clone()
+                .with_context(|| format!("opening {}", path.display()))?;
+            sinks.push(Box::new(JsonlSink::on_file(clone, path)?));
+        }
+        (Results::Flags, Some(p)) => sinks.push(Box::new(JsonlSink::open(p)?)),
+        (Results::Flags, None) => {}
     }
     if let Some(p) = csv {
         sinks.push(Box::new(CsvSink::open(p)?));

@@ -59,10 +59,20 @@
 //!
 //! `down` finds what to remove from the namespaces' names and the state
 //! directory, not from memory, so it also cleans up after a crash.
+//!
+//! One command at a time changes a testbed: `up`, `set`, `down`, a run's
+//! [`TestbedSwitch`] and a study's [`OwnedTestbed`] hold its lock
+//! (`/run/netgap/NAME.lock`, [`TestbedLock`]) while they do, and a second
+//! one is refused in one line naming the holder, before it touches
+//! anything. The kernel releases the lock when its holder ends, however it
+//! ends.
 
 mod live;
+mod lock;
 mod mptcp;
 mod netns_ops;
+
+pub use lock::{Holder, TestbedLock};
 
 use netgap_measure::cluster::{HostEntry, HostsFile, LinkEntry, HOSTS_FILE_VERSION};
 pub use netgap_measure::conditions::shaper_bucket_bytes;
@@ -383,6 +393,17 @@ pub enum TestbedError {
     /// loss was asked for.
     #[error("a loss needs the kernel's netem qdisc or nftables (bridge family); this system has neither ({0}); nothing was changed")]
     NoLoss(String),
+    /// Another process holds the testbed ([`TestbedLock`]).
+    #[error("testbed {name} is in use by {}; nothing was changed: wait for it to end, or stop it", lock::holder_text(.holder))]
+    Busy {
+        /// The testbed.
+        name: String,
+        /// Who holds it, when its record could be read.
+        holder: Option<Holder>,
+    },
+    /// A directory or file of the testbeds' state could not be used safely.
+    #[error(transparent)]
+    Confined(#[from] netgap_workload::confined::ConfinedError),
     /// No testbed of that name is up.
     #[error("no testbed {0} is up (start one with `netgap testbed up --name {0}`)")]
     NotUp(String),
@@ -1273,6 +1294,7 @@ pub fn up(args: &UpArgs) -> Result<(), TestbedError> {
     preflight()?;
     let name = &args.name.name;
     let params = args.params()?;
+    let _lock = TestbedLock::acquire(name, "netgap testbed up")?;
     // A condition this kernel cannot apply is refused before an existing
     // testbed is touched.
     resolve(name, &params.conditions())?;
@@ -1548,6 +1570,7 @@ pub fn set(args: &SetArgs) -> Result<(), TestbedError> {
     let change = args.condition()?;
     preflight()?;
     let name = &args.name.name;
+    let _lock = TestbedLock::acquire(name, "netgap testbed set")?;
     let (_, hosts) = load_state(name)?;
     let from = hosts
         .conditions
@@ -1727,6 +1750,8 @@ fn restore_on_interrupt() -> Result<(), TestbedError> {
 /// interrupt while it holds the links) puts back exactly that.
 pub struct TestbedSwitch {
     found: Found,
+    /// The testbed's lock, held while the run may switch its links.
+    _lock: TestbedLock,
 }
 
 impl TestbedSwitch {
@@ -1734,6 +1759,7 @@ impl TestbedSwitch {
     pub fn open(name: &str) -> Result<TestbedSwitch, TestbedError> {
         check_name(name)?;
         preflight()?;
+        let lock = TestbedLock::acquire(name, "netgap run --conditions")?;
         let (params, hosts) = load_state(name)?;
         let found = Found {
             name: name.to_string(),
@@ -1741,7 +1767,7 @@ impl TestbedSwitch {
             links: live::read(&link_ends(name, &params))?,
         };
         restore_on_interrupt()?;
-        Ok(TestbedSwitch { found })
+        Ok(TestbedSwitch { found, _lock: lock })
     }
 }
 
@@ -1771,26 +1797,31 @@ impl ConditionSwitch for TestbedSwitch {
 static OWNED: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
 
 /// A testbed a command builds for its own run (`netgap study`): brought up
-/// with [`up`], and taken down when the guard is dropped (on success, on
-/// error) or on Ctrl-C, SIGTERM or SIGHUP, which take it down before the
-/// process exits.
+/// with [`up`] under the testbed's lock, and taken down when the guard is
+/// dropped (on success, on error) or on Ctrl-C, SIGTERM or SIGHUP, which
+/// take it down before the process exits. The lock is released after the
+/// teardown, so no other command builds the testbed while it goes.
 pub struct OwnedTestbed {
     name: String,
+    /// Dropped after [`Drop::drop`] has taken the testbed down.
+    _lock: TestbedLock,
 }
 
 impl OwnedTestbed {
-    /// Builds testbed `args.name` (taking down what an earlier, killed run
-    /// left under that name) and holds it.
-    pub fn up(args: &UpArgs) -> Result<OwnedTestbed, TestbedError> {
+    /// Builds testbed `args.name` for `command` (taking down what an
+    /// earlier, killed run left under that name) and holds it; refuses,
+    /// changing nothing, when another process holds the testbed.
+    pub fn up(args: &UpArgs, command: &str) -> Result<OwnedTestbed, TestbedError> {
         args.params()?;
         preflight()?;
-        restore_on_interrupt()?;
         let name = args.name.name.clone();
+        let lock = TestbedLock::acquire(&name, command)?;
+        restore_on_interrupt()?;
         teardown(&name, true)?;
         *OWNED
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(name.clone());
-        let guard = OwnedTestbed { name };
+        let guard = OwnedTestbed { name, _lock: lock };
         up(args)?;
         Ok(guard)
     }
@@ -1820,6 +1851,7 @@ impl Drop for OwnedTestbed {
 pub fn down(args: &NameArgs) -> Result<(), TestbedError> {
     check_name(&args.name)?;
     preflight()?;
+    let _lock = TestbedLock::acquire(&args.name, "netgap testbed down")?;
     teardown(&args.name, false)
 }
 

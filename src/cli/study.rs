@@ -11,6 +11,7 @@ use clap::Parser;
 use netgap::report::study::{Outcome, StudyRun};
 use netgap::study::{self, data::Study, FigureRun, HostsOffer};
 use std::collections::BTreeMap;
+use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -44,7 +45,9 @@ pub struct StudyArgs {
     /// takes it down afterwards.
     #[arg(long, value_name = "@FILE|@slurm")]
     pub hosts: Option<String>,
-    /// Directory of the results file and the report.
+    /// Directory of the results file and the report: one of yours that no
+    /// other user can write (made, mode 0700, if missing); a study writes
+    /// only new files there and refuses ones that exist.
     #[arg(short = 'o', long = "out", value_name = "DIR", default_value = ".")]
     pub out: PathBuf,
 }
@@ -113,9 +116,8 @@ pub fn run(args: &StudyArgs) -> Result<()> {
     } else {
         DEFAULT_BUDGET
     });
-    std::fs::create_dir_all(&args.out).with_context(|| format!("making {}", args.out.display()))?;
-    let json = args.out.join(format!("netgap-study-{}.jsonl", args.id));
-    let html = args.out.join(format!("netgap-study-{}.html", args.id));
+    let json = args.out.join(results_name(&args.id));
+    let html = args.out.join(report_name(&args.id));
     let hosts_text = args.hosts.clone().unwrap_or_else(|| {
         format!(
             "@{}",
@@ -154,11 +156,6 @@ pub fn run(args: &StudyArgs) -> Result<()> {
             }
             .into());
         }
-        for (id, o) in &outcomes {
-            if let Outcome::Skipped(why) = o {
-                eprintln!("netgap: study {} figure {id}: skipped: {why}", s.id);
-            }
-        }
         let extra = |f: &study::data::Figure| study::common_args(&s.id, f, &hosts_text, &json);
         let runs = study::plan(&s, &chosen, budget, args.quick, &extra)?;
         for r in &runs {
@@ -180,11 +177,33 @@ pub fn run(args: &StudyArgs) -> Result<()> {
         });
     }
 
+    // The testbed the studies build is theirs from here to the end: a
+    // second study, or a `testbed up` or `down` by hand, is refused in one
+    // line instead of rebuilding or removing it under this one.
+    let command = format!("netgap study {}", args.id);
+    let _lock = match hosts_arg {
+        Some(_) => None,
+        None => Some(netgap::testbed::TestbedLock::acquire(
+            TESTBED_NAME,
+            &command,
+        )?),
+    };
+    let out = Outputs::create(&args.out, &args.id)?;
+    // Said once nothing can be refused any more, so a refusal is the one
+    // line a refused study prints.
+    for p in &prepared {
+        for (id, o) in &p.outcomes {
+            if let Outcome::Skipped(why) = o {
+                eprintln!("netgap: study {} figure {id}: skipped: {why}", p.study.id);
+            }
+        }
+    }
+
     let mut failed = 0;
     for p in &mut prepared {
         let testbed = match hosts_arg {
             Some(_) => None,
-            None => Some(build_testbed(&p.study)?),
+            None => Some(build_testbed(&p.study, &command)?),
         };
         for r in &p.runs {
             eprintln!(
@@ -198,7 +217,7 @@ pub fn run(args: &StudyArgs) -> Result<()> {
             };
             let t0 = std::time::Instant::now();
             for argv in &r.argv {
-                if let Err(e) = measure(argv) {
+                if let Err(e) = measure(argv, &out.json, &json) {
                     let line = crate::one_line(&e);
                     eprintln!(
                         "netgap: study {} figure {}: failed: {}",
@@ -223,7 +242,7 @@ pub fn run(args: &StudyArgs) -> Result<()> {
         drop(testbed);
     }
 
-    let records = read_records(&json)?;
+    let records = read_records(&out.json, &json)?;
     let runs: Vec<StudyRun<'_>> = prepared
         .iter()
         .map(|p| StudyRun {
@@ -237,8 +256,12 @@ pub fn run(args: &StudyArgs) -> Result<()> {
             )],
         })
         .collect();
-    std::fs::write(&html, netgap::report::study::render(&runs, &records))
-        .with_context(|| format!("writing {}", html.display()))?;
+    {
+        use std::io::Write;
+        (&out.html)
+            .write_all(netgap::report::study::render(&runs, &records).as_bytes())
+            .with_context(|| format!("writing {}", html.display()))?;
+    }
     println!("results: {}", json.display());
     println!("report: {}", html.display());
     if failed > 0 {
@@ -247,6 +270,67 @@ pub fn run(args: &StudyArgs) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// The results file of study (or `all`) `id`.
+fn results_name(id: &str) -> String {
+    format!("netgap-study-{id}.jsonl")
+}
+
+/// The report of study (or `all`) `id`.
+fn report_name(id: &str) -> String {
+    format!("netgap-study-{id}.html")
+}
+
+/// What a study writes in its `-o` directory, made before anything runs:
+/// the directory, opened once and checked on its descriptor (this user's,
+/// writable by nobody else, not a link; made 0700 if missing), and in it
+/// the results file and the report, each created new (`O_CREAT | O_EXCL |
+/// O_NOFOLLOW`) relative to the directory's descriptor and written through
+/// the descriptor kept here. A link another user plants there, or a file
+/// already there, is refused in one line, and nothing is written through
+/// it.
+struct Outputs {
+    /// The results file.
+    json: File,
+    /// The report, written when the study ends.
+    html: File,
+}
+
+/// What to do about a refused output directory.
+const OUT_REMEDY: &str = "pass -o a directory of yours that no other user can write, or a new one";
+
+impl Outputs {
+    /// Opens `dir` and creates study `id`'s results file and report in it.
+    fn create(dir: &Path, id: &str) -> Result<Outputs> {
+        use netgap::confined::{ConfinedError, Dir};
+        let abs = std::path::absolute(dir).with_context(|| format!("-o {}", dir.display()))?;
+        let d = Dir::open_base(&abs, "a study's output directory", OUT_REMEDY, 0o700)?;
+        let create = |name: &str| {
+            d.create_file(name, 0o644).map_err(|e| match e {
+                ConfinedError::Io { source, .. }
+                    if source.kind() == std::io::ErrorKind::AlreadyExists =>
+                {
+                    anyhow!(
+                        "refusing {}: it exists (a study writes only files it makes new, and never through a link); remove it or pass -o another directory",
+                        dir.join(name).display()
+                    )
+                }
+                e => e.into(),
+            })
+        };
+        let json_name = results_name(id);
+        let json = create(&json_name)?;
+        let html = match create(&report_name(id)) {
+            Ok(f) => f,
+            Err(e) => {
+                // Only what this study made goes.
+                let _ = d.remove_file(&json_name);
+                return Err(e);
+            }
+        };
+        Ok(Outputs { json, html })
+    }
 }
 
 /// How long a failed figure's agents get to finish its roles.
@@ -271,8 +355,8 @@ fn wait_for_agents(hosts: &str) {
     }
 }
 
-/// Builds the testbed `study` needs, held until dropped.
-fn build_testbed(study: &Study) -> Result<netgap::testbed::OwnedTestbed> {
+/// Builds the testbed `study` needs for `command`, held until dropped.
+fn build_testbed(study: &Study, command: &str) -> Result<netgap::testbed::OwnedTestbed> {
     let t = &study.testbed;
     let args = testbed_args(study);
     eprintln!(
@@ -285,7 +369,7 @@ fn build_testbed(study: &Study) -> Result<netgap::testbed::OwnedTestbed> {
             .map(|r| format!(", links at {r}"))
             .unwrap_or_default()
     );
-    netgap::testbed::OwnedTestbed::up(&args)
+    netgap::testbed::OwnedTestbed::up(&args, command)
         .with_context(|| format!("building study {}'s testbed", study.id))
 }
 
@@ -332,14 +416,20 @@ fn parse(argv: &[String]) -> Result<Command> {
 /// thread of its own: a run across testbed hosts moves its thread into the
 /// client host's network namespace, and the next figure, the next
 /// testbed's `ip` commands and the teardown must start from this one's.
-fn measure(argv: &[String]) -> Result<()> {
+/// Its records go into `results` (held open since the study made it;
+/// `path` names it), not into a file opened again by its `--json` path.
+fn measure(argv: &[String], results: &File, path: &Path) -> Result<()> {
     let command = parse(argv)?;
+    let results = crate::Results::Held {
+        file: results,
+        path,
+    };
     std::thread::scope(|scope| {
         scope
             .spawn(move || match command {
-                Command::Run(flags) => crate::run(&flags),
-                Command::Sweep(flags) => crate::sweep(&flags),
-                Command::Logp(flags) => crate::logp(&flags),
+                Command::Run(flags) => crate::run(&flags, results),
+                Command::Sweep(flags) => crate::sweep(&flags, results),
+                Command::Logp(flags) => crate::logp(&flags, results),
                 _ => Err(anyhow!("a figure runs run, sweep or logp")),
             })
             .join()
@@ -347,13 +437,27 @@ fn measure(argv: &[String]) -> Result<()> {
     })
 }
 
-/// The records of the results file (none if nothing was measured).
-fn read_records(path: &Path) -> Result<Vec<serde_json::Value>> {
-    if !path.exists() {
-        return Ok(Vec::new());
+/// The records of the results file `file` (named `path`), read through its
+/// descriptor from the start.
+fn read_records(file: &File, path: &Path) -> Result<Vec<serde_json::Value>> {
+    use std::io::{Read, Seek};
+    let cap = netgap::files::Cap::RESULTS;
+    let reading = || format!("reading {}", path.display());
+    let mut f = file;
+    f.seek(std::io::SeekFrom::Start(0)).with_context(reading)?;
+    let mut bytes = Vec::new();
+    f.take(cap.max_bytes.saturating_add(1))
+        .read_to_end(&mut bytes)
+        .with_context(reading)?;
+    if bytes.len() as u64 > cap.max_bytes {
+        return Err(anyhow!(
+            "{}: past the {} bytes {} may be",
+            path.display(),
+            cap.max_bytes,
+            cap.what
+        ));
     }
-    let text = netgap::files::read_to_string(path, netgap::files::Cap::RESULTS)
-        .with_context(|| format!("reading {}", path.display()))?;
+    let text = String::from_utf8(bytes).with_context(|| format!("{}: not text", path.display()))?;
     text.lines()
         .filter(|l| !l.trim().is_empty())
         .enumerate()

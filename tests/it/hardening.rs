@@ -755,7 +755,7 @@ fn an_agent_refuses_a_run_directory_another_user_planted_and_touches_nothing_thr
         &["--allow-services", "--run-dir", planted_arg],
         &[
             &format!("refusing {planted_arg} as the agent's run directory base"),
-            "owned by uid 65534, not by this agent's user (uid 0)",
+            "owned by uid 65534, not by the user netgap runs as (uid 0)",
             "--run-dir DIR",
         ],
     );

@@ -172,3 +172,96 @@ fn a_fifo_or_a_results_file_past_the_cap_is_refused_at_once() {
     }
     assert!(!html.exists());
 }
+
+/// The bug `study -o` had, in the commands that append records to a file
+/// they are given (`run`, `sweep`, `logp` and the main job's `--json` and
+/// `--csv`, `import -o`): a link planted where they write (a shared
+/// directory) is not followed, nor is a second name of another file, and
+/// each is refused in one line before anything is measured; the file they
+/// name is untouched.
+#[test]
+fn results_files_are_not_appended_to_through_a_planted_link() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let secret = dir.path().join("secret");
+    std::fs::write(&secret, b"root's own\n").expect("secret");
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let link = dir.path().join("link");
+    std::os::unix::fs::symlink(&secret, &link).expect("link");
+    let hard = dir.path().join("hard");
+    std::fs::hard_link(&secret, &hard).expect("hard link");
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/import/nptcp.out");
+    for (file, why) in [(&link, "symbolic link"), (&hard, "2 hard links")] {
+        let run = |flag: &str| {
+            netgap()
+                .args([
+                    "run", "pingpong", "-s", "1", "--reps", "2", "-n", "20", flag,
+                ])
+                .arg(file)
+                .output()
+                .expect("netgap run")
+        };
+        let sweep = netgap()
+            .args(["sweep", "--end", "64", "--trials", "2", "--json"])
+            .arg(file)
+            .output()
+            .expect("netgap sweep");
+        let import = netgap()
+            .args(["import", "netpipe"])
+            .arg(&fixture)
+            .arg("-o")
+            .arg(file)
+            .output()
+            .expect("netgap import");
+        for (what, out) in [
+            ("run --json", run("--json")),
+            ("run --csv", run("--csv")),
+            ("sweep --json", sweep),
+            ("import -o", import),
+        ] {
+            let line = common::one_line_error(&out, what, why);
+            assert!(
+                line.contains(&file.display().to_string()) && line.contains("never through a link"),
+                "{what}: {line}"
+            );
+        }
+    }
+    assert_eq!(std::fs::read(&secret).expect("secret"), b"root's own\n");
+}
+
+/// `report -o FILE` and `--images DIR` wrote through a link at their names
+/// too; now each file is written new and renamed into place, so a link
+/// planted there is replaced and the file it named is untouched.
+#[test]
+fn a_report_is_not_written_through_a_planted_link() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json = dir.path().join("r.jsonl");
+    common::run_ok(
+        netgap()
+            .args(["run", "pingpong", "-s", "1", "--reps", "2", "-n", "20"])
+            .arg("--json")
+            .arg(&json),
+    );
+    let secret = dir.path().join("secret");
+    std::fs::write(&secret, b"root's own\n").expect("secret");
+    let html = dir.path().join("report.html");
+    std::os::unix::fs::symlink(&secret, &html).expect("link");
+    let images = dir.path().join("plots");
+    std::fs::create_dir(&images).expect("plots");
+    std::os::unix::fs::symlink(&secret, images.join("plot-01.svg")).expect("link");
+    common::run_ok(
+        netgap()
+            .arg("report")
+            .arg(&json)
+            .arg("-o")
+            .arg(&html)
+            .arg("--images")
+            .arg(&images),
+    );
+    assert_eq!(std::fs::read(&secret).expect("secret"), b"root's own\n");
+    for written in [html, images.join("plot-01.svg")] {
+        let meta = std::fs::symlink_metadata(&written).expect("written");
+        assert!(meta.file_type().is_file(), "{}", written.display());
+        assert!(meta.len() > 100, "{}", written.display());
+    }
+}

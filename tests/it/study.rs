@@ -7,8 +7,10 @@
 use crate::common;
 use crate::common::{netgap, ok, read_records, system_ready};
 use netgap::study;
-use std::process::Command;
-use std::time::Duration;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 /// No namespace of a study's testbed is left.
 fn assert_study_testbed_gone() {
@@ -172,6 +174,116 @@ fn bad_input_is_refused_in_one_line_before_anything_runs() {
     );
 }
 
+/// A hosts file of two plain agents (none runs): study 002 can make a
+/// figure on them, so a study gets past its checks to its output files.
+fn two_plain_hosts(dir: &Path) -> String {
+    let two = dir.join("two.json");
+    std::fs::write(
+        &two,
+        r#"{"version":1,"topology":"list","hosts":[{"name":"a","control":"127.0.0.1:9","address":"127.0.0.1"},{"name":"b","control":"127.0.0.1:9","address":"127.0.0.1"}]}"#,
+    )
+    .expect("hosts file");
+    format!("@{}", two.display())
+}
+
+/// `netgap study 002 --hosts HOSTS -o OUT` fails in one line holding
+/// `needle`.
+fn study_refused(hosts: &str, out: &Path, needle: &str) -> String {
+    common::one_line_error(
+        &netgap()
+            .args(["study", "002", "--hosts", hosts, "-o"])
+            .arg(out)
+            .output()
+            .expect("netgap study"),
+        &format!("study -o {}", out.display()),
+        needle,
+    )
+}
+
+/// The names in `dir`.
+fn names_in(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .expect("dir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+/// The bug: `study -o DIR` followed a link planted in DIR and wrote the
+/// report over the file it named (a root 0600 file), and appended its
+/// results to another. Now each file is made new without following a
+/// link, so a link (or any file) already there is refused in one line,
+/// the file it names is untouched, and nothing else is left in DIR.
+#[test]
+fn study_output_is_not_written_through_a_link_planted_in_its_directory() {
+    let t = tempfile::tempdir().expect("tempdir");
+    let hosts = two_plain_hosts(t.path());
+    let secret = t.path().join("secret");
+    std::fs::write(&secret, b"root's own").expect("secret");
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    for planted in ["netgap-study-002.jsonl", "netgap-study-002.html"] {
+        let out = t.path().join(format!("out-{planted}"));
+        std::fs::create_dir(&out).expect("out");
+        std::os::unix::fs::symlink(&secret, out.join(planted)).expect("link");
+        let line = study_refused(&hosts, &out, "it exists");
+        assert!(
+            line.contains(planted) && line.contains("never through a link"),
+            "{line}"
+        );
+        assert_eq!(names_in(&out), [planted], "nothing else was made");
+        assert_eq!(std::fs::read(&secret).expect("secret"), b"root's own");
+        let mode = std::fs::metadata(&secret)
+            .expect("secret")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+    // A results file already there is refused too, not appended to.
+    let out = t.path().join("out-kept");
+    std::fs::create_dir(&out).expect("out");
+    std::fs::write(out.join("netgap-study-002.jsonl"), b"kept\n").expect("old results");
+    study_refused(&hosts, &out, "netgap-study-002.jsonl: it exists");
+    assert_eq!(
+        std::fs::read(out.join("netgap-study-002.jsonl")).expect("kept"),
+        b"kept\n"
+    );
+}
+
+/// A study writes only in a directory of its user that no other user can
+/// write: one another user owns, one its group or everyone may write, and
+/// a link to a good one are refused in one line, nothing written in them.
+#[test]
+fn study_output_refuses_a_directory_another_user_owns_or_can_write() {
+    let t = tempfile::tempdir().expect("tempdir");
+    let hosts = two_plain_hosts(t.path());
+    for (mode, needle) in [
+        (0o777, "writable by every user"),
+        (0o1777, "writable by every user"),
+        (0o770, "writable by its group"),
+    ] {
+        let out = t.path().join(format!("mode-{mode:o}"));
+        std::fs::create_dir(&out).expect("out");
+        std::fs::set_permissions(&out, std::fs::Permissions::from_mode(mode)).expect("chmod");
+        let line = study_refused(&hosts, &out, needle);
+        assert!(line.contains("pass -o a directory of yours"), "{line}");
+        assert!(names_in(&out).is_empty(), "nothing was written");
+    }
+    let good = t.path().join("good");
+    std::fs::create_dir(&good).expect("good");
+    std::os::unix::fs::symlink(&good, t.path().join("link")).expect("link");
+    study_refused(&hosts, &t.path().join("link"), "it is a symbolic link");
+    assert!(names_in(&good).is_empty(), "nothing was written");
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        let theirs = t.path().join("theirs");
+        std::fs::create_dir(&theirs).expect("theirs");
+        std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).expect("chown");
+        study_refused(&hosts, &theirs, "owned by uid 65534");
+        assert!(names_in(&theirs).is_empty(), "nothing was written");
+    }
+}
+
 /// Text as the report escapes it.
 fn html_text(s: &str) -> String {
     s.replace('&', "&amp;")
@@ -187,21 +299,85 @@ fn one_testbed_at_a_time() -> std::sync::MutexGuard<'static, ()> {
     ONE.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// While study `first` runs on the testbed it built, a second study and
+/// `testbed down` or `up` of that testbed by hand are refused in one line
+/// naming it, and its testbed stays up (the first then ends well, which
+/// its caller checks). The bug: the second study took the first's testbed
+/// down and built its own.
+fn a_second_user_of_the_study_testbed_is_refused(first: &mut std::process::Child, tmp: &Path) {
+    let t0 = Instant::now();
+    let up = || {
+        ok(Command::new("ip")
+            .args(["netns", "list"])
+            .output()
+            .expect("ip netns"))
+        .contains("ngtb-study-h1")
+    };
+    while !up() {
+        assert!(
+            first.try_wait().expect("wait").is_none(),
+            "the first study ended before its testbed was up"
+        );
+        assert!(t0.elapsed() < Duration::from_secs(60), "no study testbed");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let named = format!(
+        "testbed study is in use by `netgap study 004` (pid {})",
+        first.id()
+    );
+    let second = tmp.join("second");
+    std::fs::create_dir(&second).expect("second");
+    for args in [
+        &["study", "004", "--quick", "--budget", "15s", "-o"][..],
+        &["testbed", "down", "--name", "study"],
+        &["testbed", "up", "--name", "study", "--hosts", "2"],
+    ] {
+        let mut cmd = netgap();
+        cmd.args(args);
+        if args[0] == "study" {
+            cmd.arg(&second);
+        }
+        let line =
+            common::one_line_error(&cmd.output().expect("runs"), &format!("{args:?}"), &named);
+        assert!(line.contains("nothing was changed"), "{line}");
+    }
+    assert!(
+        names_in(&second).is_empty(),
+        "the second study wrote nothing"
+    );
+    assert!(up(), "the first study's testbed is still up");
+}
+
 #[test]
 fn a_study_on_its_own_testbed_reports_every_figure_and_claim() {
     let _one = one_testbed_at_a_time();
     if !system_ready("study::a_study_on_its_own_testbed") {
         return;
     }
-    let dir = tempfile::tempdir().expect("tempdir");
-    let out = ok(netgap()
-        .args(["study", "004", "--quick", "--budget", "15s", "-o"])
-        .arg(dir.path())
-        .output()
-        .expect("netgap study"));
+    let t = tempfile::tempdir().expect("tempdir");
+    // A directory the study makes itself, mode 0700.
+    let dir = t.path().join("made");
+    let log = |name: &str| std::fs::File::create(t.path().join(name)).expect("log");
+    let mut first = common::procs::Reaped(
+        netgap()
+            .args(["study", "004", "--quick", "--budget", "15s", "-o"])
+            .arg(&dir)
+            .stdout(Stdio::from(log("stdout")))
+            .stderr(Stdio::from(log("stderr")))
+            .spawn()
+            .expect("netgap study"),
+    );
+    a_second_user_of_the_study_testbed_is_refused(&mut first.0, t.path());
+    let status = first.0.wait().expect("netgap study");
+    let read = |name: &str| std::fs::read_to_string(t.path().join(name)).expect("log");
+    let out = read("stdout");
+    assert!(status.success(), "{out}{}", read("stderr"));
     assert!(out.contains("report:"), "{out}");
+    let mode = std::fs::metadata(&dir).expect("made").permissions().mode();
+    assert_eq!(mode & 0o777, 0o700, "the study made its directory 0700");
+    let dir = dir.as_path();
     let s = study::load("004").expect("004");
-    let html = std::fs::read_to_string(dir.path().join("netgap-study-004.html")).expect("report");
+    let html = std::fs::read_to_string(dir.join("netgap-study-004.html")).expect("report");
     for f in &s.figures {
         let title = format!("<h3>Figure {}: ", f.id);
         let at = html
@@ -224,7 +400,7 @@ fn a_study_on_its_own_testbed_reports_every_figure_and_claim() {
             );
         }
     }
-    let records = read_records(&dir.path().join("netgap-study-004.jsonl"));
+    let records = read_records(&dir.join("netgap-study-004.jsonl"));
     for f in &s.figures {
         let label = netgap::report::study::figure_label("004", &f.id);
         assert!(

@@ -644,6 +644,85 @@ fn without_root_the_testbed_says_so_in_one_line() {
     assert!(!Path::new("/run/netgap/tnoroot").exists());
 }
 
+/// A testbed another process holds (a child of this test, holding the
+/// lock a study takes) is neither rebuilt, changed nor removed by hand:
+/// `up`, `set`, `down` and a run with `--conditions` are refused in one
+/// line naming the holder, and the testbed stays up. Once the holder is
+/// killed (SIGKILL: nothing of its own runs), `down` works.
+#[test]
+fn a_testbed_another_process_holds_is_refused_up_set_and_down_in_one_line() {
+    if !system_ready("a_testbed_another_process_holds_is_refused_up_set_and_down_in_one_line") {
+        return;
+    }
+    let (tb, _) = Testbed::up("tlock", &["--hosts", "2"]);
+    let mut holder = common::procs::Reaped(
+        common::child_test(module_path!(), "lock_holder_child")
+            .env("NETGAP_LOCK_CHILD", "tlock")
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("the holder"),
+    );
+    let out = holder.0.stdout.take().expect("its output");
+    let held = std::io::BufRead::lines(std::io::BufReader::new(out))
+        .map_while(Result::ok)
+        .any(|l| l.contains("HELD"));
+    assert!(held, "the child took the lock");
+    let named = format!(
+        "testbed tlock is in use by `netgap study 999` (pid {})",
+        holder.0.id()
+    );
+    let hosts = tb.hosts_arg();
+    for args in [
+        &["testbed", "down", "--name", "tlock"][..],
+        &["testbed", "up", "--name", "tlock", "--hosts", "3"],
+        &["testbed", "set", "--name", "tlock", "--mtu", "9000"],
+        &[
+            "run",
+            "pingpong",
+            "--hosts",
+            &hosts,
+            "--conditions",
+            "mtu=1500,9000",
+        ],
+    ] {
+        let line = common::one_line_error(
+            &netgap().args(args).output().expect("runs"),
+            &format!("{args:?}"),
+            &named,
+        );
+        assert!(line.contains("nothing was changed"), "{line}");
+    }
+    assert_eq!(tb.hosts().hosts.len(), 2, "the testbed was not rebuilt");
+    let status = ok(netgap()
+        .args(["testbed", "status", "--name", "tlock"])
+        .output()
+        .expect("status"));
+    assert_eq!(status.matches("agent answers").count(), 2, "{status}");
+    assert!(
+        !status.contains("9000"),
+        "its MTU was not changed: {status}"
+    );
+    holder.0.kill().expect("SIGKILL");
+    let _ = holder.0.wait();
+    let _ = tb.down();
+    tb.assert_gone();
+}
+
+/// Holds the lock of the testbed `NETGAP_LOCK_CHILD` names, as a study
+/// holds its testbed's, prints `HELD` and waits to be killed; does nothing
+/// when run directly.
+#[test]
+#[ignore = "helper run in a child process by the testbed lock test"]
+fn lock_holder_child() {
+    let Ok(name) = std::env::var("NETGAP_LOCK_CHILD") else {
+        return;
+    };
+    let _lock = netgap::testbed::TestbedLock::acquire(&name, "netgap study 999")
+        .expect("the testbed is free");
+    println!("HELD");
+    std::thread::sleep(Duration::from_secs(300));
+}
+
 #[test]
 fn point_to_point_tests_sweep_and_logp_run_between_testbed_hosts() {
     if !system_ready("point_to_point_tests_sweep_and_logp_run_between_testbed_hosts") {

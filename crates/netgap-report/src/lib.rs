@@ -461,9 +461,62 @@ pub struct Written {
     pub images: Vec<PathBuf>,
 }
 
+/// Writes `bytes` as the file `path`: first into a file made new beside it
+/// (`O_CREAT | O_EXCL`, which never follows a link), then renamed over
+/// `path`. A link at `path` (one another user planted in a shared
+/// directory) is replaced, never written through, so the file it names is
+/// untouched; and a reader sees the old file or the new one whole. In a
+/// sticky directory another user's file or link there is theirs to keep:
+/// the rename fails and says so.
+fn write_replacing(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let name = path
+        .file_name()
+        .ok_or_else(|| std::io::Error::other("it names no file"))?;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let mut attempts = 0;
+    let (tmp, mut file) = loop {
+        let tmp = dir.join(format!(
+            ".{}.{}-{nanos:x}-{}.new",
+            name.to_string_lossy(),
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)
+        {
+            Ok(f) => break (tmp, f),
+            // A name someone else took: the next one.
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && attempts < 100 => {
+                attempts += 1;
+            }
+            Err(e) => return Err(e),
+        }
+    };
+    let done = file
+        .write_all(bytes)
+        .and_then(|()| file.flush())
+        .and_then(|()| std::fs::rename(&tmp, path));
+    if done.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    done
+}
+
 /// Reads `inputs`, writes the HTML report to `out` and, with `images`, each
 /// plot as `plot-NN.svg` and `plot-NN.png` in that directory (created if
-/// missing), with the default options.
+/// missing), with the default options. Each file is written new and renamed
+/// into place, never through a link.
 pub fn write_report(
     inputs: &[PathBuf],
     out: &Path,
@@ -510,7 +563,7 @@ pub fn write_report_with(
         );
     }
     let write = |path: &Path, bytes: &[u8]| {
-        std::fs::write(path, bytes).map_err(|source| ReportError::Write {
+        write_replacing(path, bytes).map_err(|source| ReportError::Write {
             path: path.to_path_buf(),
             source,
         })
@@ -542,6 +595,30 @@ pub fn write_report_with(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_report_replaces_a_link_at_its_name_and_leaves_what_it_named() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let secret = dir.path().join("secret");
+        std::fs::write(&secret, b"keep").expect("secret");
+        let link = dir.path().join("report.html");
+        std::os::unix::fs::symlink(&secret, &link).expect("link");
+        write_replacing(&link, b"<html>").expect("written");
+        assert_eq!(std::fs::read(&secret).expect("secret"), b"keep");
+        let meta = std::fs::symlink_metadata(&link).expect("report");
+        assert!(meta.file_type().is_file(), "the link was replaced");
+        assert_eq!(std::fs::read(&link).expect("report"), b"<html>");
+        write_replacing(&link, b"<html>2").expect("again");
+        assert_eq!(std::fs::read(&link).expect("report"), b"<html>2");
+        let names: Vec<_> = std::fs::read_dir(dir.path()).expect("dir").collect();
+        assert_eq!(names.len(), 2, "no temporary file is left");
+        // A name that is a directory is an error, and nothing is left.
+        assert!(write_replacing(dir.path(), b"x").is_err());
+        let sub = dir.path().join("sub");
+        std::fs::create_dir(&sub).expect("sub");
+        assert!(write_replacing(&sub, b"x").is_err());
+        assert_eq!(std::fs::read_dir(dir.path()).expect("dir").count(), 3);
+    }
 
     #[test]
     fn warnings_of_one_kind_are_one_line_with_the_range_of_their_numbers() {

@@ -15,6 +15,11 @@
 //! link another user (or a service running as another user) plants
 //! cannot turn a write, a mode change or a removal onto a file outside.
 //!
+//! The same [`Dir`] serves the commands that write where another user
+//! could plant a link: `netgap study` makes its results file and report in
+//! its `-o` directory this way, and the testbeds' locks are opened through
+//! it.
+//!
 //! The agent's own run directory is [`AgentDirs`]: a base (`--run-dir`,
 //! by default `/var/lib/netgap` as root, else `$XDG_RUNTIME_DIR/netgap` or
 //! `/tmp/netgap-<uid>`) with one `agent-<pid>-<nonce>` directory below it
@@ -127,8 +132,12 @@ fn euid() -> u32 {
 /// A directory held open by its descriptor. One the agent made (fresh) is
 /// removed with everything in it when dropped; one it opened (a base, an
 /// existing subdirectory) is kept.
+///
+/// Public so that other writers of files where another user could plant a
+/// link (a study's output directory, the testbeds' locks) make them the
+/// same way.
 #[derive(Debug)]
-pub(crate) struct Dir {
+pub struct Dir {
     fd: Arc<OwnedFd>,
     /// The path, for messages and for programs given a path to it.
     path: PathBuf,
@@ -185,7 +194,7 @@ impl Dir {
         }
         if st.st_uid != me {
             return Err(refuse(format!(
-                "it is owned by uid {}, not by this agent's user (uid {me})",
+                "it is owned by uid {}, not by the user netgap runs as (uid {me})",
                 st.st_uid
             )));
         }
@@ -227,12 +236,12 @@ impl Dir {
 
     /// The directory's path, for messages and for a program that is given
     /// it (never reopened by the agent).
-    pub(crate) fn path(&self) -> &Path {
+    pub fn path(&self) -> &Path {
         &self.path
     }
 
     /// The directory's descriptor.
-    pub(crate) fn fd(&self) -> BorrowedFd<'_> {
+    pub fn fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
     }
 
@@ -308,7 +317,7 @@ impl Dir {
 
     /// Creates the file `name` (it must not exist, and a link of that name
     /// is not followed) with `mode`, open for reading and writing.
-    pub(crate) fn create_file(&self, name: &str, mode: u32) -> Result<File, ConfinedError> {
+    pub fn create_file(&self, name: &str, mode: u32) -> Result<File, ConfinedError> {
         let name = check_name(name)?;
         let path = self.path.join(name);
         let fd = rustix::fs::openat(
@@ -323,13 +332,51 @@ impl Dir {
         Ok(File::from(fd))
     }
 
+    /// Opens the file `name` for reading and writing, creating it with
+    /// `mode` when missing, without following a link, and checks on its
+    /// descriptor that it is a regular file of this process's user with no
+    /// other link to it: a file that outlives the process and is opened
+    /// again by later ones (a lock).
+    pub fn open_own_file(&self, name: &str, mode: u32) -> Result<File, ConfinedError> {
+        let name = check_name(name)?;
+        let path = self.path.join(name);
+        let refuse = |reason: String| ConfinedError::Io {
+            what: "opening",
+            path: path.clone(),
+            source: io::Error::other(reason),
+        };
+        let fd = rustix::fs::openat(
+            &*self.fd,
+            name,
+            OFlags::CREATE | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::RDWR,
+            Mode::from_raw_mode(mode),
+        )
+        .map_err(|e| match e {
+            rustix::io::Errno::LOOP => refuse("it is a symbolic link".into()),
+            e => refuse(io::Error::from(e).to_string()),
+        })?;
+        let st = rustix::fs::fstat(&fd).map_err(io_at("reading", &path))?;
+        if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::RegularFile {
+            return Err(refuse("it is not a regular file".into()));
+        }
+        let me = euid();
+        if st.st_uid != me {
+            return Err(refuse(format!(
+                "it is owned by uid {}, not by this user (uid {me})",
+                st.st_uid
+            )));
+        }
+        if st.st_nlink != 1 {
+            return Err(refuse(format!(
+                "it has {} hard links (another name for the same file)",
+                st.st_nlink
+            )));
+        }
+        Ok(File::from(fd))
+    }
+
     /// Creates the file `name` with `mode` and writes `bytes` to it.
-    pub(crate) fn write_file(
-        &self,
-        name: &str,
-        bytes: &[u8],
-        mode: u32,
-    ) -> Result<File, ConfinedError> {
+    pub fn write_file(&self, name: &str, bytes: &[u8], mode: u32) -> Result<File, ConfinedError> {
         use std::io::Write;
         let mut f = self.create_file(name, mode)?;
         f.write_all(bytes).map_err(|source| ConfinedError::Io {
@@ -342,7 +389,7 @@ impl Dir {
 
     /// Removes the file `name` (a link of that name is removed, never
     /// followed).
-    pub(crate) fn remove_file(&self, name: &str) -> Result<(), ConfinedError> {
+    pub fn remove_file(&self, name: &str) -> Result<(), ConfinedError> {
         let name = check_name(name)?;
         rustix::fs::unlinkat(&*self.fd, name, AtFlags::empty())
             .map_err(io_at("removing", &self.path.join(name)))
@@ -757,6 +804,29 @@ mod tests {
             e.contains("owned by uid 65534") && e.contains("(uid 0)"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn an_own_file_is_opened_again_but_never_through_a_link_or_another_name() {
+        let t = tempfile::tempdir().unwrap();
+        let b = base(&t);
+        let mut f = b.open_own_file("x.lock", 0o600).unwrap();
+        std::io::Write::write_all(&mut f, b"1").unwrap();
+        drop(f);
+        let f = b.open_own_file("x.lock", 0o600).unwrap();
+        assert_eq!(f.metadata().unwrap().len(), 1, "the same file, kept");
+        let target = t.path().join("secret");
+        std::fs::write(&target, b"keep").unwrap();
+        std::os::unix::fs::symlink(&target, b.path().join("link.lock")).unwrap();
+        let e = b.open_own_file("link.lock", 0o600).unwrap_err().to_string();
+        assert!(
+            e.contains("symbolic link") && e.contains("link.lock"),
+            "{e}"
+        );
+        std::fs::hard_link(&target, b.path().join("hard.lock")).unwrap();
+        let e = b.open_own_file("hard.lock", 0o600).unwrap_err().to_string();
+        assert!(e.contains("2 hard links"), "{e}");
+        assert_eq!(std::fs::read(&target).unwrap(), b"keep");
     }
 
     #[test]
