@@ -131,11 +131,11 @@ pub fn command<A: AsRef<OsStr>>(program: &Path, args: &[A], run_as: Option<RunAs
 /// own, as `run_as` when given, ended with the thread that spawns it
 /// (`PR_SET_PDEATHSIG`), but in this process's PID namespace: for a
 /// program that starts no processes of its own (netgap's load generator
-/// under the preload library) and must keep the pid its peers see. The
-/// library's setup names the connector by its pid, which the listener
-/// opens as `/proc/PID/fd/FD`; a pid in a namespace of its own would name
-/// another process there. The user is set before `exec`, so the program
-/// is dumpable (its peer of the same user may open its descriptors).
+/// under the preload library), whose peers must be allowed to take its
+/// descriptors: the library's listener takes the connector's region with
+/// `pidfd_getfd`, which the kernel allows only where it may trace the
+/// connector (a user namespace of the connector's own would forbid it).
+/// The user is set before `exec`, so the program is dumpable.
 pub fn command_in_group<A: AsRef<OsStr>>(
     program: &Path,
     args: &[A],
