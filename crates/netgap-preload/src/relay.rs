@@ -125,7 +125,7 @@ fn present() -> Result<(), String> {
 /// a program under the library listens there. Otherwise no byte of the
 /// library goes to the peer: a server without it would read the hello as
 /// its own data.
-pub(crate) fn candidate(fd: c_int, dest: &libc::sockaddr_storage, port: u16) -> Option<u16> {
+pub(crate) fn candidate(fd: c_int, dest: &libc::sockaddr_storage, port: u16) -> Option<Reserved> {
     if let Err(why) = present() {
         log_line!(
             "fd {fd}: connection to port {port} stays on the kernel's TCP: the peer is on another host and {why}"
@@ -133,7 +133,16 @@ pub(crate) fn candidate(fd: c_int, dest: &libc::sockaddr_storage, port: u16) -> 
         return None;
     }
     match probe(dest, port) {
-        Ok(true) => Some(port),
+        // The relay is reserved before the connection, so that the hello
+        // follows the connection's setup at once (a server that writes
+        // first commits to the kernel's TCP when no hello is there yet).
+        Ok(true) => match reserve() {
+            Ok(r) => Some(r),
+            Err(why) => {
+                log_line!("fd {fd}: connection to port {port} stays on the kernel's TCP: {why}");
+                None
+            }
+        },
         Ok(false) => {
             log_line!("fd {fd}: connection to port {port} stays on the kernel's TCP: no listener with the library there");
             None
@@ -325,8 +334,13 @@ fn ask(sock: c_int, req: &RelayRequest, fds: Option<[c_int; 2]>) -> Result<Relay
 /// connected blocking socket: the relay hello, the answer, then the
 /// relay. Err: the hello went out and the connection cannot be given back
 /// to the program intact (see `setup::connected`).
-pub(crate) fn connected(fd: c_int, port: u16, nonblocking: bool) -> Result<(), Errno> {
-    match offer(fd) {
+pub(crate) fn connected(
+    fd: c_int,
+    port: u16,
+    nonblocking: bool,
+    reserved: Reserved,
+) -> Result<(), Errno> {
+    match offer(fd, reserved) {
         Ok(c) => {
             table::set(fd, Entry::Shm(Arc::new(c.with_nonblocking(nonblocking))));
             crate::interpose::bell_joins_epolls(fd);
@@ -373,17 +387,26 @@ impl Drop for RelaySock {
     }
 }
 
-fn offer(fd: c_int) -> Result<Built, NotMoved> {
+/// This host's relay, held for a connection about to be made (its key
+/// and ring size drawn).
+pub(crate) struct Reserved {
+    key: [u8; RELAY_KEY_BYTES],
+    ring: u32,
+    sock: RelaySock,
+}
+
+/// Holds this host's relay for a connection: refused at once when the
+/// relay is busy, so the connection stays on the kernel's TCP before the
+/// peer has seen anything.
+fn reserve() -> Result<Reserved, String> {
     let key = crate::unix::random::<RELAY_KEY_BYTES>().map_err(|e| {
-        NotMoved::Kept(format!(
-            "no random bytes for a flow key: {}",
+        format!(
+            "no random bytes for a connection key: {}",
             std::io::Error::from_raw_os_error(e)
-        ))
+        )
     })?;
     let ring = ring_bytes();
-    // The relay first, so a busy one leaves the connection on the
-    // kernel's TCP before the peer has seen anything.
-    let mut sock = RelaySock(open().map_err(NotMoved::Kept)?);
+    let sock = RelaySock(open()?);
     match ask(
         sock.0,
         &RelayRequest::Reserve {
@@ -391,13 +414,18 @@ fn offer(fd: c_int) -> Result<Built, NotMoved> {
             key,
         },
         None,
-    ) {
-        Ok(RelayReply::Ok(_)) => {}
-        Ok(RelayReply::Refused(why)) => {
-            return Err(NotMoved::Kept(format!("the relay here refused: {why}")))
-        }
-        Err(why) => return Err(NotMoved::Kept(why)),
+    )? {
+        RelayReply::Ok(_) => Ok(Reserved { key, ring, sock }),
+        RelayReply::Refused(why) => Err(format!("the relay here refused: {why}")),
     }
+}
+
+fn offer(fd: c_int, reserved: Reserved) -> Result<Built, NotMoved> {
+    let Reserved {
+        key,
+        ring,
+        mut sock,
+    } = reserved;
     let hello = Hello::Relay {
         ring_bytes: ring,
         key,

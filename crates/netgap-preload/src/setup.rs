@@ -210,7 +210,11 @@ pub(crate) fn candidate(
     let port = port_of(&a)?;
     let ip = ip_of(&a)?;
     if !(ip.is_loopback() || is_local_ip(ip)) {
-        return crate::relay::candidate(fd, &a, port).map(|port| Candidate { port, local: None });
+        return crate::relay::candidate(fd, &a, port).map(|r| Candidate {
+            port,
+            local: None,
+            relay: Some(r),
+        });
     }
     match beacon::find(if ip.is_ipv4() { 4 } else { 6 }, port) {
         // The region and the mailbox are made before the connection: the
@@ -220,6 +224,7 @@ pub(crate) fn candidate(
             Ok(local) => Some(Candidate {
                 port,
                 local: Some(local),
+                relay: None,
             }),
             Err(why) => {
                 log_line!("fd {fd}: connection to port {port} stays on the kernel's TCP: {why}");
@@ -242,6 +247,7 @@ pub(crate) fn candidate(
 pub(crate) struct Candidate {
     pub(crate) port: u16,
     local: Option<Local>,
+    relay: Option<crate::relay::Reserved>,
 }
 
 /// What a connector to a peer on this host makes before it connects: the
@@ -497,7 +503,10 @@ pub(crate) fn connected(fd: c_int, cand: Candidate, nonblocking: bool) -> Result
         return Ok(());
     };
     if !both_local(&e) {
-        return crate::relay::connected(fd, port, nonblocking);
+        return match cand.relay {
+            Some(r) => crate::relay::connected(fd, port, nonblocking, r),
+            None => Ok(()),
+        };
     }
     let Some(Local {
         ch,
@@ -873,6 +882,16 @@ pub(crate) fn resolve(fd: c_int, p: &Arc<Pending>, writing: bool, dontwait: bool
                 // kernel says a connector of this user with the library is
                 // there (its mailbox): its hello follows within
                 // microseconds.
+                waited = true;
+                wait_for(fd, libc::POLLIN, Instant::now() + HELLO_WAIT);
+                continue;
+            }
+            (Pend::Remote, First::Nothing) if writing && !waited && !p.nonblocking() => {
+                // A program that writes first on a blocking socket (gmond)
+                // under -t xdp: a connector on another host sends its relay
+                // hello as soon as it is connected; it crosses the link in
+                // well under this bound. The wait holds only this
+                // connection's own blocking call.
                 waited = true;
                 wait_for(fd, libc::POLLIN, Instant::now() + HELLO_WAIT);
                 continue;
