@@ -55,8 +55,9 @@
 //!
 //! Per connection, the relay pumps the program's ring to the link and
 //! the link to the program's ring, in frames of 8-byte header (kind,
-//! zero, length, connection id; `frame`): data, a wake-up request, the
-//! end, credit, a reset. Flow control is per connection: each receiving
+//! zero, length, connection id; their codec and the credit accounting
+//! are `netgap_proto::relay`): data, a wake-up request, the end, credit,
+//! a reset. Flow control is per connection: each receiving
 //! relay grants 256 KiB at `OPEN`, puts what arrives straight into the
 //! program's ring while nothing is queued and the ring has room (the ring
 //! never blocks), queues the rest (a sender past its credit breaks the
@@ -94,15 +95,6 @@
 //! breaks the old link.
 
 use thiserror::Error;
-
-#[cfg_attr(
-    not(feature = "xdp"),
-    allow(
-        dead_code,
-        reason = "the frames are the relay's, which runs only with xdp; the codec and its tests build without it"
-    )
-)]
-mod frame;
 
 /// Flags of `netgap relay`.
 #[derive(Debug, Clone, clap::Args)]
@@ -178,13 +170,13 @@ mod imp {
 
 #[cfg(feature = "xdp")]
 mod imp {
-    use super::frame::{self, Inflow, Kind, Outflow};
     use super::*;
     use crate::transport::xdp::{parse_addr, Xdp, XdpAddr};
     use crate::transport::{Flow, FlowConfig, Receiver, Sender, Transport};
     use netgap_core::spec::{Mode, TransportOptions};
     use netgap_proto::dataproof::FlowKey;
     use netgap_proto::preload::{RelayReply, RelayRequest, PRELOAD_VERSION, RELAY_REQUEST_BYTES};
+    use netgap_proto::relay::{self as frame, Inflow, Kind, Outflow};
     use std::collections::{HashMap, VecDeque};
     use std::io;
     use std::net::IpAddr;
