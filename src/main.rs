@@ -617,6 +617,16 @@ fn serve(args: &ServeArgs) -> Result<()> {
         }
         agent = agent.with_data_ip(ip);
     }
+    if let Some(name) = &args.relay_interface {
+        let Some(key) = &key else {
+            return Err(anyhow!(
+                "--relay-interface needs --key: the relays' shared key is derived from the agents' key"
+            ));
+        };
+        let setup = netgap::workload::preload::RelaySetup::new(name, key)
+            .map_err(|e| anyhow!("--relay-interface: {e}"))?;
+        agent = agent.with_relay(setup);
+    }
     let keyed = key.is_some();
     if let Some(key) = key {
         agent = agent.with_key(key);

@@ -1174,6 +1174,26 @@ fn build_network(
     condition_links(name, p, None, applied)
 }
 
+/// The interface a host's relay takes for its xdp flows: its end of the
+/// links after the first, when that is one interface (every link 1 of a
+/// switch with `--links 2` or more, the one link 1 of a two-host mesh);
+/// None otherwise (one link: the relay would take the TCP connections'
+/// interface; a larger mesh: one interface per peer, no one to choose).
+fn relay_interface(h: &HostEntry) -> Option<String> {
+    let mut names: Vec<&str> = h
+        .links
+        .iter()
+        .filter(|l| l.index == 1)
+        .map(|l| l.ifname.as_str())
+        .collect();
+    names.sort_unstable();
+    names.dedup();
+    match names.as_slice() {
+        [one] => Some((*one).to_string()),
+        _ => None,
+    }
+}
+
 /// The permanent neighbour entries of the testbed's links after the
 /// first, per host namespace, as `ip -batch` lines, given each host's
 /// interfaces' MACs (`macs[(host, interface)]`). A relay opens a flow
@@ -1295,10 +1315,11 @@ fn start_agent(dir: &Path, p: &Params, h: &HostEntry) -> Result<u32, TestbedErro
             "--max-flows",
             &netgap_proto::workload::MAX_WORKLOAD_FLOWS.to_string(),
         ])
-        .arg("--allow-services")
-        .stdin(Stdio::null())
-        .stdout(log)
-        .stderr(log2);
+        .arg("--allow-services");
+    if let Some(dev) = relay_interface(h) {
+        cmd.args(["--relay-interface", &dev]);
+    }
+    cmd.stdin(Stdio::null()).stdout(log).stderr(log2);
     // The agent gets a UTS namespace of its own named after its host, so the
     // host facts it records (and every report's environment table) tell the
     // testbed's hosts apart.
@@ -2094,6 +2115,27 @@ mod tests {
             .map(|a| a.rsplit_once('.').map(|(n, _)| n.to_string()))
             .collect();
         assert_eq!(subnets.len(), 6, "each of 3 pairs x 2 links its own subnet");
+    }
+
+    #[test]
+    fn relays_take_the_second_link_where_it_is_one_interface() {
+        let on = |t, n, k| {
+            hosts_file("t", &params(t, n, k))
+                .hosts
+                .iter()
+                .map(relay_interface)
+                .collect::<Vec<_>>()
+        };
+        let s = |v: &str| Some(v.to_string());
+        assert_eq!(on(Topology::Mesh, 2, 2), [s("p2l1"), s("p1l1")]);
+        assert_eq!(
+            on(Topology::Switch, 3, 2),
+            [s("eth1"), s("eth1"), s("eth1")]
+        );
+        assert_eq!(on(Topology::Switch, 3, 1), [None, None, None]);
+        assert_eq!(on(Topology::Mesh, 2, 1), [None, None]);
+        // One interface per peer: none to choose.
+        assert_eq!(on(Topology::Mesh, 3, 2), [None, None, None]);
     }
 
     #[test]
