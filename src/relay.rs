@@ -98,10 +98,17 @@
 //!
 //! Limits: every request is one fixed-size record
 //! (`netgap_proto::preload::RelayRequest`) with exactly a sealed memfd of
-//! the announced size and a TCP socket; a client may hold at most
-//! `--max-per-uid` connections (`--max-total` in all), a relay at most
-//! `--max-links` links. Every refusal is a `RelayReply::Refused` with the
-//! reason and one log line. The xdp flow must not use the interface the TCP
+//! the announced size and a TCP socket; a client may make at most
+//! `--max-requests-per-uid` requests a second (every connection to the
+//! socket counts) and hold at most `--max-per-uid` connections
+//! (`--max-total` in all), a relay at most `--max-links` links. Every
+//! refusal is a `RelayReply::Refused` with the reason and one log line.
+//! The lines a client's requests cause are held to a few a second per
+//! uid (a burst of 20, then 5 a second), and what passes that is counted
+//! and said in one line (`limits`): a client sending garbage writes a
+//! few lines, never thousands. The lines of a connection the other relay
+//! accepted (its close, its counters) are written as they come; each
+//! needed a request. The xdp flow must not use the interface the TCP
 //! connection uses (while a flow is open, every frame of that
 //! interface's queue goes to the relay), so a host needs a second link.
 //! Races the design leaves: a connection opening just as the other relay
@@ -114,6 +121,14 @@
 use std::path::PathBuf;
 use thiserror::Error;
 
+#[cfg_attr(
+    not(feature = "xdp"),
+    allow(
+        dead_code,
+        reason = "the limits are the relay's, which runs only with xdp; they and their tests build without it"
+    )
+)]
+mod limits;
 #[cfg_attr(
     not(feature = "xdp"),
     allow(
@@ -146,6 +161,12 @@ pub struct RelayArgs {
     /// names the link.
     #[arg(long, value_name = "FILE")]
     pub key: Option<PathBuf>,
+    /// Requests one user's programs may make a second (and at once):
+    /// every connection to the relay's socket counts, a library's check
+    /// that the relay runs too (a relayed connection costs its connector
+    /// two).
+    #[arg(long, default_value_t = 1000)]
+    pub max_requests_per_uid: u32,
     /// Most connections one user's programs may have through the relay.
     #[arg(long, default_value_t = 16)]
     pub max_per_uid: u32,
@@ -225,6 +246,11 @@ pub fn run(args: &RelayArgs) -> Result<(), RelayError> {
             args.timeout_ms
         )));
     }
+    if args.max_requests_per_uid == 0 {
+        return Err(RelayError::Flag(
+            "--max-requests-per-uid must be at least 1".into(),
+        ));
+    }
     let Some(interface) = args.interface.clone() else {
         return Err(RelayError::Flag(
             "--interface NAME is required: the interface the relay's xdp flows take, never the one its programs' TCP connections use".into(),
@@ -263,6 +289,7 @@ mod imp {
 
 #[cfg(feature = "xdp")]
 mod imp {
+    use super::limits::{LogLimit, RequestRate, Verdict};
     use super::policy::{self, LinkId, SocketFacts, XdpInterface};
     use super::*;
     use crate::transport::xdp::{parse_addr, Xdp, XdpAddr};
@@ -311,6 +338,66 @@ mod imp {
         ($($t:tt)*) => {
             eprintln!("netgap relay: {}", format!($($t)*))
         };
+    }
+
+    /// The log lines a client's requests cause (refusals, drops, the
+    /// links they open), held to a few a second per uid
+    /// ([`LogLimit`]); what passes the limit is counted and said in one
+    /// line. Lines of connections the other relay accepted are written
+    /// as they come (each needed a request).
+    struct Journal {
+        limit: Mutex<LogLimit>,
+    }
+
+    impl Journal {
+        fn new() -> Arc<Journal> {
+            Arc::new(Journal {
+                limit: Mutex::new(LogLimit::default()),
+            })
+        }
+
+        /// Writes `line` (from a client of `uid`) if the uid's lines are
+        /// within the limit. Text a client chose is escaped before it
+        /// gets here.
+        fn client(&self, uid: u32, line: &str) {
+            let v = self
+                .limit
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .line(uid, Instant::now());
+            if let Verdict::Write(dropped) = v {
+                if let Some(d) = dropped {
+                    log!("{d}");
+                }
+                log!("{line}");
+            }
+        }
+
+        /// Says, about every second, the counts of lines not written
+        /// whose uid may write again (a client that stopped).
+        fn spawn_summaries(self: &Arc<Self>) {
+            let j = Arc::downgrade(self);
+            let spawned =
+                std::thread::Builder::new()
+                    .name("relay-log".into())
+                    .spawn(move || loop {
+                        std::thread::sleep(Duration::from_secs(1));
+                        let Some(j) = j.upgrade() else { return };
+                        let due = j
+                            .limit
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .due(Instant::now());
+                        for d in due {
+                            log!("{d}");
+                        }
+                    });
+            // Without the thread, a count still comes out with the uid's
+            // next line.
+            if let Err(e) = spawned {
+                log!("no thread for the log's counts: {e}");
+            }
+        }
     }
 
     /// Connections per uid and in all.
@@ -391,19 +478,22 @@ mod imp {
             log!("{why}");
         }
         log!(
-            "listening on @{SOCKET_NAME} for connections to {} over {} ({}/{}) (at most {} connections per uid, {} in all; timeout {} ms)",
+            "listening on @{SOCKET_NAME} for connections to {} over {} ({}/{}) (at most {} connections per uid, {} in all, {} requests a second per uid; timeout {} ms)",
             setup.served,
             iface.name,
             iface.ip,
             iface.prefix_len,
             args.max_per_uid,
             args.max_total,
+            args.max_requests_per_uid,
             args.timeout_ms
         );
         let counts = Arc::new(Mutex::new(Counts {
             per_uid: HashMap::new(),
             total: 0,
         }));
+        let journal = Journal::new();
+        journal.spawn_summaries();
         let hub = Arc::new(Hub {
             links: Mutex::new(HashMap::new()),
             cv: Condvar::new(),
@@ -413,7 +503,9 @@ mod imp {
             iface,
             served: setup.served,
             relay_key: setup.key,
+            journal,
         });
+        let mut rate = RequestRate::new(args.max_requests_per_uid);
         loop {
             // SAFETY: accept on our listening socket; the result is checked
             // and owned at once.
@@ -441,17 +533,34 @@ mod imp {
                 log!("a client without credentials: dropped");
                 continue;
             };
+            if !rate.admit(cred.uid, Instant::now()) {
+                hub.journal.client(
+                    cred.uid,
+                    &format!(
+                        "uid {} (pid {}): refused: more than {} requests a second (--max-requests-per-uid)",
+                        cred.uid, cred.pid, args.max_requests_per_uid
+                    ),
+                );
+                reply(
+                    client.as_raw_fd(),
+                    &RelayReply::Refused(format!(
+                        "more than {} requests a second",
+                        args.max_requests_per_uid
+                    )),
+                );
+                continue;
+            }
             let slot = {
                 let mut n = counts.lock().unwrap_or_else(|e| e.into_inner());
                 let mine = n.per_uid.get(&cred.uid).copied().unwrap_or(0);
                 if mine >= args.max_per_uid || n.total >= args.max_total {
                     drop(n);
-                    log!(
-                        "uid {} (pid {}): refused: connection limit ({} per uid, {} in all)",
+                    hub.journal.client(
                         cred.uid,
-                        cred.pid,
-                        args.max_per_uid,
-                        args.max_total
+                        &format!(
+                            "uid {} (pid {}): refused: connection limit ({} per uid, {} in all)",
+                            cred.uid, cred.pid, args.max_per_uid, args.max_total
+                        ),
                     );
                     reply(
                         client.as_raw_fd(),
@@ -641,6 +750,7 @@ mod imp {
         served: policy::Served,
         /// The relays' key (`--key`): every link's key derives from it.
         relay_key: netgap_proto::auth::Key,
+        journal: Arc<Journal>,
     }
 
     impl Hub {
@@ -746,9 +856,11 @@ mod imp {
     }
 
     impl Asker {
-        /// A line about this client's request.
-        fn say(&self, _hub: &Hub, what: &str) {
-            log!("{}: {what}", self.who);
+        /// A line about this client's request, within its uid's share of
+        /// the log.
+        fn say(&self, hub: &Hub, what: &str) {
+            hub.journal
+                .client(self.uid, &format!("{}: {what}", self.who));
         }
     }
 
@@ -2700,6 +2812,7 @@ mod imp {
                 },
                 served: policy::Served::parse(&["10.0.1.0/24".into()]).unwrap(),
                 relay_key: netgap_proto::auth::Key::from_bytes(vec![9; 32]).unwrap(),
+                journal: Journal::new(),
             })
         }
 
