@@ -506,6 +506,7 @@ mod imp {
             journal,
         });
         let mut rate = RequestRate::new(args.max_requests_per_uid);
+        let refuser = Refuser::spawn();
         loop {
             // SAFETY: accept on our listening socket; the result is checked
             // and owned at once.
@@ -541,12 +542,9 @@ mod imp {
                         cred.uid, cred.pid, args.max_requests_per_uid
                     ),
                 );
-                reply(
-                    client.as_raw_fd(),
-                    &RelayReply::Refused(format!(
-                        "more than {} requests a second",
-                        args.max_requests_per_uid
-                    )),
+                refuser.refuse(
+                    client,
+                    format!("more than {} requests a second", args.max_requests_per_uid),
                 );
                 continue;
             }
@@ -562,10 +560,7 @@ mod imp {
                             cred.uid, cred.pid, args.max_per_uid, args.max_total
                         ),
                     );
-                    reply(
-                        client.as_raw_fd(),
-                        &RelayReply::Refused("connection limit".into()),
-                    );
+                    refuser.refuse(client, "connection limit".into());
                     continue;
                 }
                 n.total += 1;
@@ -581,6 +576,59 @@ mod imp {
                 .spawn(move || serve(&hub, client, cred, slot));
             if let Err(e) = spawned {
                 log!("no thread for a client: {e}");
+            }
+        }
+    }
+
+    /// How long the refusing thread waits for a refused client's request.
+    const REFUSE_WAIT: Duration = Duration::from_millis(100);
+    /// Refused clients waiting for the refusing thread.
+    const REFUSALS_QUEUED: usize = 256;
+
+    /// The refusals made in the accepting loop, before a client has a
+    /// thread (past the requests a second, or the connection limits): one
+    /// thread reads each client's request (waiting at most
+    /// [`REFUSE_WAIT`]; its descriptors are closed) and only then replies
+    /// and closes, since a Unix socket closed with a message unread resets
+    /// its peer, which then never reads the reply. Past
+    /// [`REFUSALS_QUEUED`] waiting, a client gets its reply at once, and
+    /// may see its connection reset instead.
+    struct Refuser {
+        queue: Option<mpsc::SyncSender<(OwnedFd, String)>>,
+    }
+
+    impl Refuser {
+        fn spawn() -> Refuser {
+            let (tx, rx) = mpsc::sync_channel::<(OwnedFd, String)>(REFUSALS_QUEUED);
+            let spawned = std::thread::Builder::new()
+                .name("relay-refuse".into())
+                .spawn(move || {
+                    for (client, why) in rx {
+                        // Whatever came (or nothing in time), the reply
+                        // follows; the request is not looked at.
+                        let _ = read_request(client.as_raw_fd(), REFUSE_WAIT);
+                        reply(client.as_raw_fd(), &RelayReply::Refused(why));
+                    }
+                });
+            match spawned {
+                Ok(_) => Refuser { queue: Some(tx) },
+                Err(e) => {
+                    log!("no thread for refusals (each is replied at once): {e}");
+                    Refuser { queue: None }
+                }
+            }
+        }
+
+        /// Refuses `client` for `why` (its line is the caller's).
+        fn refuse(&self, client: OwnedFd, why: String) {
+            let queued = match &self.queue {
+                Some(q) => q.try_send((client, why)),
+                None => Err(mpsc::TrySendError::Full((client, why))),
+            };
+            if let Err(mpsc::TrySendError::Full((client, why)))
+            | Err(mpsc::TrySendError::Disconnected((client, why))) = queued
+            {
+                reply(client.as_raw_fd(), &RelayReply::Refused(why));
             }
         }
     }
