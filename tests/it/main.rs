@@ -42,6 +42,8 @@ mod preload_apps;
 #[cfg(feature = "xdp")]
 mod preload_xdp;
 #[cfg(feature = "xdp")]
+mod preload_xdp_hostile;
+#[cfg(feature = "xdp")]
 mod preload_xdp_runs;
 mod report;
 mod report_chromium;
