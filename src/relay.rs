@@ -106,9 +106,10 @@
 //! The lines a client's requests cause are held to a few a second per
 //! uid (a burst of 20, then 5 a second), and what passes that is counted
 //! and said in one line (`limits`): a client sending garbage writes a
-//! few lines, never thousands. The lines of a connection the other relay
-//! accepted (its close, its counters) are written as they come; each
-//! needed a request. The xdp flow must not use the interface the TCP
+//! few lines, never thousands; so are, per link, the lines of the other
+//! relay's `OPEN`s that no listen waits for. The lines of a connection
+//! the other relay accepted (its close, its counters) are written as
+//! they come; each needed a request. The xdp flow must not use the interface the TCP
 //! connection uses (while a flow is open, every frame of that
 //! interface's queue goes to the relay), so a host needs a second link.
 //! Races the design leaves: a connection opening just as the other relay
@@ -347,12 +348,17 @@ mod imp {
     /// as they come (each needed a request).
     struct Journal {
         limit: Mutex<LogLimit>,
+        /// The lines the other relay's requests cause on a link (an
+        /// `OPEN` no listen waits for), per link: the other relay's
+        /// programs' requests make them.
+        links: Mutex<LogLimit>,
     }
 
     impl Journal {
         fn new() -> Arc<Journal> {
             Arc::new(Journal {
-                limit: Mutex::new(LogLimit::default()),
+                limit: Mutex::new(LogLimit::new("uid")),
+                links: Mutex::new(LogLimit::new("link with flow")),
             })
         }
 
@@ -360,11 +366,20 @@ mod imp {
         /// within the limit. Text a client chose is escaped before it
         /// gets here.
         fn client(&self, uid: u32, line: &str) {
-            let v = self
-                .limit
+            Self::write(&self.limit, uid, line);
+        }
+
+        /// Writes `line` (about the link with flow id `flow`) if the
+        /// link's lines are within the limit.
+        fn link(&self, flow: u16, line: &str) {
+            Self::write(&self.links, u32::from(flow), line);
+        }
+
+        fn write(limit: &Mutex<LogLimit>, key: u32, line: &str) {
+            let v = limit
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .line(uid, Instant::now());
+                .line(key, Instant::now());
             if let Verdict::Write(dropped) = v {
                 if let Some(d) = dropped {
                     log!("{d}");
@@ -383,16 +398,17 @@ mod imp {
                     .spawn(move || loop {
                         std::thread::sleep(Duration::from_secs(1));
                         let Some(j) = j.upgrade() else { return };
-                        let due = j
-                            .limit
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .due(Instant::now());
-                        for d in due {
-                            log!("{d}");
+                        for limit in [&j.limit, &j.links] {
+                            let due = limit
+                                .lock()
+                                .unwrap_or_else(|e| e.into_inner())
+                                .due(Instant::now());
+                            for d in due {
+                                log!("{d}");
+                            }
                         }
                     });
-            // Without the thread, a count still comes out with the uid's
+            // Without the thread, a count still comes out with the key's
             // next line.
             if let Err(e) = spawned {
                 log!("no thread for the log's counts: {e}");
@@ -1652,7 +1668,13 @@ mod imp {
                 return Err(format!("an OPEN with an id of this end ({id:#x})"));
             }
             let Some(p) = hub.pending().remove(&key) else {
-                log!("link: an OPEN ({id:#x}) with a key no connection here waits with: refused");
+                hub.journal.link(
+                    self.flow_id,
+                    &format!(
+                        "link to {}: an OPEN ({id:#x}) with a key no connection here waits with: refused",
+                        self.peer_name
+                    ),
+                );
                 self.push(Kind::OpenRefused, id, &[]);
                 return Ok(());
             };

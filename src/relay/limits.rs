@@ -99,10 +99,12 @@ struct UidLog {
     since: Option<Instant>,
 }
 
-/// Lines not written for a uid, to say in one line.
+/// Lines not written for a uid (or another key), to say in one line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Dropped {
-    /// The client's uid.
+    /// What the key is (`uid`).
+    pub(crate) label: &'static str,
+    /// The client's uid (or the other key).
     pub(crate) uid: u32,
     /// Lines not written.
     pub(crate) lines: u64,
@@ -114,11 +116,13 @@ impl std::fmt::Display for Dropped {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "uid {}: {} more line{} not written in the last {} s (at most {LOG_LINES_PER_S} a second per uid)",
+            "{} {}: {} more line{} not written in the last {} s (at most {LOG_LINES_PER_S} a second per {})",
+            self.label,
             self.uid,
             self.lines,
             if self.lines == 1 { "" } else { "s" },
-            self.over.as_secs().max(1)
+            self.over.as_secs().max(1),
+            self.label
         )
     }
 }
@@ -132,16 +136,26 @@ pub(crate) enum Verdict {
     Drop,
 }
 
-/// Log lines per uid: [`LOG_BURST_LINES`] at once, [`LOG_LINES_PER_S`] a
-/// second after that; what passes the limit is counted and said in one
-/// line when the uid may write again ([`LogLimit::line`] or
-/// [`LogLimit::due`]).
-#[derive(Debug, Default)]
+/// Log lines per uid (or per another key, such as a link's):
+/// [`LOG_BURST_LINES`] at once, [`LOG_LINES_PER_S`] a second after that;
+/// what passes the limit is counted and said in one line when the uid may
+/// write again ([`LogLimit::line`] or [`LogLimit::due`]).
+#[derive(Debug)]
 pub(crate) struct LogLimit {
+    label: &'static str,
     uids: HashMap<u32, UidLog>,
 }
 
 impl LogLimit {
+    /// Lines held per key, which the lines counting the rest call
+    /// `label` (`uid`).
+    pub(crate) fn new(label: &'static str) -> LogLimit {
+        LogLimit {
+            label,
+            uids: HashMap::new(),
+        }
+    }
+
     /// Whether a line for `uid` is written at `now`.
     pub(crate) fn line(&mut self, uid: u32, now: Instant) -> Verdict {
         let (rate, burst) = (LOG_LINES_PER_S, LOG_BURST_LINES);
@@ -167,7 +181,7 @@ impl LogLimit {
             return Verdict::Drop;
         }
         u.bucket.tokens -= need;
-        Verdict::Write(take_dropped(uid, u, now))
+        Verdict::Write(take_dropped(self.label, uid, u, now))
     }
 
     /// The counts of lines not written that may be said now (their uid
@@ -176,7 +190,7 @@ impl LogLimit {
         let mut out = Vec::new();
         for (uid, u) in &mut self.uids {
             if u.dropped > 0 && u.bucket.take(LOG_LINES_PER_S, LOG_BURST_LINES, now) {
-                out.extend(take_dropped(*uid, u, now));
+                out.extend(take_dropped(self.label, *uid, u, now));
             }
         }
         out.sort_by_key(|d| d.uid);
@@ -184,10 +198,11 @@ impl LogLimit {
     }
 }
 
-fn take_dropped(uid: u32, u: &mut UidLog, now: Instant) -> Option<Dropped> {
+fn take_dropped(label: &'static str, uid: u32, u: &mut UidLog, now: Instant) -> Option<Dropped> {
     let since = u.since.take()?;
     let lines = std::mem::take(&mut u.dropped);
     Some(Dropped {
+        label,
         uid,
         lines,
         over: now.saturating_duration_since(since),
@@ -228,7 +243,7 @@ mod tests {
         // Once they are idle again, new uids take their place.
         assert!(r.admit(u32::MAX, t0 + Duration::from_secs(5)));
         assert_eq!(r.uids.len(), 1);
-        let mut l = LogLimit::default();
+        let mut l = LogLimit::new("uid");
         for uid in 0..(MAX_TRACKED_UIDS as u32 * 3) {
             let _ = l.line(uid, t0 + Duration::from_secs(u64::from(uid)));
         }
@@ -241,7 +256,7 @@ mod tests {
     #[test]
     fn a_flood_of_lines_is_a_burst_then_a_few_a_second_and_a_count() {
         let t0 = Instant::now();
-        let mut l = LogLimit::default();
+        let mut l = LogLimit::new("uid");
         let mut written = 0;
         for _ in 0..1000 {
             if let Verdict::Write(d) = l.line(65534, t0) {
@@ -258,6 +273,7 @@ mod tests {
         assert_eq!(
             due,
             vec![Dropped {
+                label: "uid",
                 uid: 65534,
                 lines: 1000 - u64::from(LOG_BURST_LINES),
                 over: Duration::from_secs(1),
@@ -280,7 +296,7 @@ mod tests {
     #[test]
     fn a_pending_count_comes_out_with_the_next_line_written() {
         let t0 = Instant::now();
-        let mut l = LogLimit::default();
+        let mut l = LogLimit::new("uid");
         for _ in 0..LOG_BURST_LINES + 3 {
             let _ = l.line(5, t0);
         }
@@ -288,6 +304,7 @@ mod tests {
         assert_eq!(
             l.line(5, t1),
             Verdict::Write(Some(Dropped {
+                label: "uid",
                 uid: 5,
                 lines: 3,
                 over: Duration::from_secs(2)
