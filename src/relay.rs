@@ -17,31 +17,30 @@
 //! relayed connection between them, multiplexed. A relay holds a link to
 //! each host its programs talk to (at most `--max-links`), all of them
 //! sessions on the one AF_XDP socket its process holds on its
-//! `--interface` (the xdp transport's port), found by the other host's
-//! TCP address: the peer address of the programs' connections, which
-//! both ends know before any link exists. A request that would open a link past the
-//! limit is refused, and the library keeps that connection on the
-//! kernel's TCP (a listen) or resets it (a connect, the hellos having
-//! been exchanged). A link's states:
-//! none; opening (a listen waits for the other relay's flow, or a connect
-//! opens one; further requests for that host wait for it, at most 4 s);
-//! up (frames go out in order on the flow's one sending half: a
-//! connection's own thread sends its frame itself when nothing is queued,
-//! sparing a thread's wake-up per message; one thread sends what is
-//! queued, a keep-alive when idle, and the close; one thread reads and
-//! dispatches frames by connection id, never waits on a program nor on
-//! the flow, and queues what it sends). A listen names this relay's end of the link
-//! (`IP/MAC/FLOW`, the flow id being the listening end's, which both ends
-//! name; each end learns the other's from the `LINK_HELLO` that opens the
-//! link) and waits for the other relay's `OPEN` naming the connection's
-//! key; a connect to the link's peer sends `OPEN` {id, key} and waits for
-//! `OPEN_OK` (or `OPEN_REFUSED`: no connection waits with that key). Ids
-//! carry the opening end in their top bit, so they never collide. A
-//! connect to the other host's address with another flow id means the
-//! other relay listens anew (it lost the link): an idle link is then
-//! closed and reopened. A link with no connection for 2 s closes
-//! (`LINK_CLOSE` both ways, its flow released); the next request opens a
-//! new one.
+//! `--interface` (the xdp transport's port), found by the other host's TCP
+//! address: the peer address of the programs' connections, which both ends
+//! know before any link exists. A request that would open a link past the
+//! limit is refused, and the library keeps that connection on the kernel's
+//! TCP (a listen) or resets it (a connect, the hellos having been
+//! exchanged). A link's states: none; opening (a listen waits for the
+//! other relay's flow, or a connect opens one; further requests for that
+//! host wait for it, at most 4 s); up (frames go out in order on the
+//! flow's one sending half: a connection's own thread sends its frame
+//! itself when nothing is queued, sparing a thread's wake-up per message;
+//! one thread sends what is queued, a keep-alive when idle, and the close;
+//! one thread reads and dispatches frames by connection id, never waits on
+//! a program nor on the flow, and queues what it sends). A listen names
+//! this relay's end of the link (`IP/MAC/FLOW`, the flow id being the
+//! listening end's, which both ends name; each end learns the other's from
+//! the `LINK_HELLO` that opens the link) and waits for the other relay's
+//! `OPEN` naming the connection's key; a connect to the link's peer sends
+//! `OPEN` {id, key} and waits for `OPEN_OK` (or `OPEN_REFUSED`: no
+//! connection waits with that key). Ids carry the opening end in their top
+//! bit, so they never collide. A connect to the other host's address with
+//! another flow id means the other relay listens anew (it lost the link):
+//! an idle link is then closed and reopened. A link with no connection for
+//! 2 s closes (`LINK_CLOSE` both ways, its flow released); the next
+//! request opens a new one.
 //!
 //! Trust: the relay acts only for what the asker owns, toward the hosts
 //! and over the interface it was started for; each rule is plain code
@@ -103,14 +102,14 @@
 //! socket counts) and hold at most `--max-per-uid` connections
 //! (`--max-total` in all), a relay at most `--max-links` links. Every
 //! refusal is a `RelayReply::Refused` with the reason and one log line.
-//! The lines a client's requests cause are held to a few a second per
-//! uid (a burst of 20, then 5 a second), and what passes that is counted
-//! and said in one line (`limits`): a client sending garbage writes a
-//! few lines, never thousands; so are, per link, the lines of the other
-//! relay's `OPEN`s that no listen waits for. The lines of a connection
-//! the other relay accepted (its close, its counters) are written as
-//! they come; each needed a request. The xdp flow must not use the interface the TCP
-//! connection uses (while a flow is open, every frame of that
+//! The lines a client's requests cause are held to a few a second per uid
+//! (a burst of 20, then 5 a second), and what passes that is counted and
+//! said in one line (`limits`): a client sending garbage writes a few
+//! lines, never thousands. The lines of the other relay's `OPEN`s that no
+//! listen waits for are held alike, per link. The lines of a connection
+//! the other relay accepted (its close, its counters) are written as they
+//! come; each needed a request. The xdp flow must not use the interface
+//! the TCP connection uses (while a flow is open, every frame of that
 //! interface's queue goes to the relay), so a host needs a second link.
 //! Races the design leaves: a connection opening just as the other relay
 //! closes an idle link, or the first connections both ways at once while
