@@ -362,8 +362,8 @@ mod imp {
         }
 
         /// Writes `line` (from a client of `uid`) if the uid's lines are
-        /// within the limit. Text a client chose is escaped before it
-        /// gets here.
+        /// within the limit. What a client wrote in it is printable ASCII
+        /// (the request's decoder refuses anything else).
         fn client(&self, uid: u32, line: &str) {
             Self::write(&self.limit, uid, line);
         }
