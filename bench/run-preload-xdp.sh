@@ -96,14 +96,17 @@ if ! command -v sockperf >/dev/null; then
     echo "sockperf is not installed: no latency rows"
     exit 0
 fi
-# The hosts' namespaces and the server's address on the first link (the
-# TCP connection's; the relays' flow takes the second).
-read -r ns1 ns2 ip2 < <(python3 - "/run/netgap/$tb/hosts.json" <<'PY'
+# The hosts' namespaces, their addresses on the first link (the TCP
+# connection's) and their interfaces on the second (the relays' flow's).
+read -r ns1 ns2 ip1 ip2 if1 if2 < <(python3 - "/run/netgap/$tb/hosts.json" <<'PY'
 import json, sys
 h = json.load(open(sys.argv[1]))["hosts"]
-print(h[0]["netns"], h[1]["netns"], h[1]["address"])
+second = [next(l["ifname"] for l in x["links"] if l["index"] == 1) for x in h[:2]]
+print(h[0]["netns"], h[1]["netns"], h[0]["address"], h[1]["address"], *second)
 PY
 )
+# The relays' shared key, fresh in this run's own directory.
+"$netgap" key new "$dir/relay.key" >/dev/null
 relays=()
 stop_relays() {
     for p in ${relays[@]+"${relays[@]}"}; do kill "$p" 2>/dev/null || true; done
@@ -111,8 +114,10 @@ stop_relays() {
     relays=()
 }
 trap 'stop_relays; "$netgap" testbed down --name "$tb" >/dev/null 2>&1 || true; rm -rf "$dir"' EXIT
-for ns in "$ns1" "$ns2"; do
-    ip netns exec "$ns" "$netgap" relay >>"$dir/relay-$ns.log" 2>&1 &
+for side in "$ns1 $if1 $ip2" "$ns2 $if2 $ip1"; do
+    read -r ns dev peer <<<"$side"
+    ip netns exec "$ns" "$netgap" relay --interface "$dev" --peers "$peer" --key "$dir/relay.key" \
+        >>"$dir/relay-$ns.log" 2>&1 &
     relays+=("$!")
 done
 sleep 0.5

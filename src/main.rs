@@ -618,6 +618,18 @@ fn serve(args: &ServeArgs) -> Result<()> {
         .as_deref()
         .map(netgap::auth::load_key)
         .transpose()?;
+    let relay = match (&args.relay_interface, &key) {
+        (None, _) => None,
+        (Some(_), None) => {
+            return Err(anyhow!(
+            "--relay-interface needs --key: the relays' shared key is derived from the agents' key"
+        ))
+        }
+        (Some(name), Some(key)) => Some(
+            netgap::workload::preload::RelaySetup::new(name, key)
+                .map_err(|e| anyhow!("--relay-interface: {e}"))?,
+        ),
+    };
     // The directories the agent writes in are checked (and what killed
     // agents left in them removed) before anything is written or bound.
     let run_base = match &args.run_dir {
@@ -651,6 +663,9 @@ fn serve(args: &ServeArgs) -> Result<()> {
             ));
         }
         agent = agent.with_data_ip(ip);
+    }
+    if let Some(relay) = relay {
+        agent = agent.with_relay(relay);
     }
     let keyed = key.is_some();
     if let Some(key) = key {

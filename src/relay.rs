@@ -16,47 +16,62 @@
 //! One xdp flow, the *link*, joins two hosts' relays and carries every
 //! relayed connection between them, multiplexed. A relay holds a link to
 //! each host its programs talk to (at most `--max-links`), all of them
-//! sessions on the one AF_XDP socket its process holds on the interface
-//! (the xdp transport's port), found by the other host's TCP address: the
-//! peer address of the programs' connections, which both ends know
-//! before any link exists. A request that would open a link past the
-//! limit is refused, and the library keeps that connection on the
-//! kernel's TCP (a listen) or resets it (a connect, the hellos having
-//! been exchanged). A link's states:
-//! none; opening (a listen waits for the other relay's flow, or a connect
-//! opens one; further requests for that host wait for it, at most 4 s);
-//! up (frames go out in order on the flow's one sending half: a
-//! connection's own thread sends its frame itself when nothing is queued,
-//! sparing a thread's wake-up per message; one thread sends what is
-//! queued, a keep-alive when idle, and the close; one thread reads and
-//! dispatches frames by connection id, never waits on a program nor on
-//! the flow, and queues what it sends). A listen names this relay's end of the link
-//! (`IP/MAC/FLOW`, the flow id being the listening end's, which both ends
-//! name; each end learns the other's from the `LINK_HELLO` that opens the
-//! link) and waits for the other relay's `OPEN` naming the connection's
-//! key; a connect to the link's peer sends `OPEN` {id, key} and waits for
-//! `OPEN_OK` (or `OPEN_REFUSED`: no connection waits with that key). Ids
-//! carry the opening end in their top bit, so they never collide. A
-//! connect to the other host's address with another flow id means the
-//! other relay listens anew (it lost the link): an idle link is then
-//! closed and reopened. A link with no connection for 2 s closes
-//! (`LINK_CLOSE` both ways, its flow released); the next request opens a
-//! new one.
+//! sessions on the one AF_XDP socket its process holds on its
+//! `--interface` (the xdp transport's port), found by the other host's TCP
+//! address: the peer address of the programs' connections, which both ends
+//! know before any link exists. A request that would open a link past the
+//! limit is refused, and the library keeps that connection on the kernel's
+//! TCP (a listen) or resets it (a connect, the hellos having been
+//! exchanged). A link's states: none; opening (a listen waits for the
+//! other relay's flow, or a connect opens one; further requests for that
+//! host wait for it, at most 4 s); up (frames go out in order on the
+//! flow's one sending half: a connection's own thread sends its frame
+//! itself when nothing is queued, sparing a thread's wake-up per message;
+//! one thread sends what is queued, a keep-alive when idle, and the close;
+//! one thread reads and dispatches frames by connection id, never waits on
+//! a program nor on the flow, and queues what it sends). A listen names
+//! this relay's end of the link (`IP/MAC/FLOW`, the flow id being the
+//! listening end's, which both ends name; each end learns the other's from
+//! the `LINK_HELLO` that opens the link) and waits for the other relay's
+//! `OPEN` naming the connection's key; a connect to the link's peer sends
+//! `OPEN` {id, key} and waits for `OPEN_OK` (or `OPEN_REFUSED`: no
+//! connection waits with that key). Ids carry the opening end in their top
+//! bit, so they never collide. A connect to the other host's address with
+//! another flow id means the other relay listens anew (it lost the link):
+//! an idle link is then closed and reopened. A link with no connection for
+//! 2 s closes (`LINK_CLOSE` both ways, its flow released); the next
+//! request opens a new one.
 //!
-//! Trust: the link is keyed (`bind_session`) with the key of the
-//! connection that opened it, drawn by that connector's library and sent
-//! in its hello over the TCP connection: whoever can read that
-//! connection can forge the link's frames, as for xdp's own setup. Every
-//! later connection is matched only by an `OPEN` naming its own key,
-//! which only a holder of the link's key can send and only a library
-//! that saw the connection's hello knows, so a program cannot take
-//! another's connection. The relays trust each other: a relay can open,
-//! feed and reset any connection whose key it was given.
+//! Trust: the relay acts only for what the asker owns, toward the hosts
+//! and over the interface it was started for; each rule is plain code
+//! (`policy`). The asker is its client's `SO_PEERCRED` uid. A request
+//! moves only a connected TCP socket and a region that are that user's
+//! (their owners by `fstat`: the user whose process made or accepted the
+//! socket, made the memfd; root acts for root only), whose peer is a
+//! host the relay serves (`--peers`, addresses or prefixes; never this
+//! host, never loopback), and whose connection does not run over the xdp
+//! interface. The xdp interface is `--interface`, never a guess: its
+//! IPv4 address is where the relay's xdp listens bind, and a connect's
+//! target must be on its subnet, at the MAC the kernel's neighbour table
+//! holds for the target's address on it (`/proc/net/arp`), so a program
+//! cannot aim the relay's frames at a made-up MAC or another link. A
+//! request that breaks a rule is refused before anything is mapped or
+//! attached. Each link is keyed (`bind_session`) from the relays' own key
+//! (`--key`, shared by the relays of a cluster) and what names the link
+//! (the listening end's `IP/MAC/FLOW` and the two hosts' TCP addresses:
+//! `policy::LinkId`), never from a connection's key, which a program
+//! draws and sends in the clear in its hello: only relays holding the key
+//! can open, feed or reset a link's connections. A connection's key
+//! matches an `OPEN` to the listen waiting with it, and nothing else, so
+//! a program cannot take another's connection. The relays trust each
+//! other: a relay can open, feed and reset any connection whose key it
+//! was given.
 //!
 //! Per connection, the relay pumps the program's ring to the link and
 //! the link to the program's ring, in frames of 8-byte header (kind,
-//! zero, length, connection id; `frame`): data, a wake-up request, the
-//! end, credit, a reset. Flow control is per connection: each receiving
+//! zero, length, connection id; their codec and the credit accounting
+//! are `netgap_proto::relay`): data, a wake-up request, the end, credit,
+//! a reset. Flow control is per connection: each receiving
 //! relay grants 256 KiB at `OPEN`, puts what arrives straight into the
 //! program's ring while nothing is queued and the ring has room (the ring
 //! never blocks), queues the rest (a sender past its credit breaks the
@@ -80,33 +95,78 @@
 //! malformed frame) resets every TCP connection on it, which the
 //! programs see as an error.
 //!
-//! Limits: clients are authenticated with `SO_PEERCRED` (uid recorded),
-//! connections are capped per uid and in total, every request is one
-//! fixed-size record, and a client that sends anything else is dropped
-//! with one log line. The xdp flow must not use the interface the TCP
-//! connection uses (while a flow is open, every frame of that interface's
-//! queue goes to the relay), so a host needs a second link. Races the
-//! design leaves: a connection opening just as the other relay closes an
-//! idle link, or the first connections both ways at once while neither
-//! host has a link, fail (reset) instead of waiting; and a relay that
-//! restarts while the other still holds their link has its first
-//! connections to that host reset until the other relay's timeout
-//! breaks the old link.
+//! Limits: every request is one fixed-size record
+//! (`netgap_proto::preload::RelayRequest`) with exactly a sealed memfd of
+//! the announced size and a TCP socket; a client may make at most
+//! `--max-requests-per-uid` requests a second (every connection to the
+//! socket counts) and hold at most `--max-per-uid` connections
+//! (`--max-total` in all), a relay at most `--max-links` links. Every
+//! refusal is a `RelayReply::Refused` with the reason and one log line.
+//! The lines a client's requests cause are held to a few a second per uid
+//! (a burst of 20, then 5 a second), and what passes that is counted and
+//! said in one line (`limits`): a client sending garbage writes a few
+//! lines, never thousands. The lines of the other relay's `OPEN`s that no
+//! listen waits for are held alike, per link. The lines of a connection
+//! the other relay accepted (its close, its counters) are written as they
+//! come; each needed a request. The xdp flow must not use the interface
+//! the TCP connection uses (while a flow is open, every frame of that
+//! interface's queue goes to the relay), so a host needs a second link.
+//! Races the design leaves: a connection opening just as the other relay
+//! closes an idle link, or the first connections both ways at once while
+//! neither host has a link, fail (reset) instead of waiting; and a relay
+//! that restarts while the other still holds their link has its first
+//! connections to that host reset until the other relay's timeout breaks
+//! the old link.
 
+use std::path::PathBuf;
 use thiserror::Error;
 
 #[cfg_attr(
     not(feature = "xdp"),
     allow(
         dead_code,
-        reason = "the frames are the relay's, which runs only with xdp; the codec and its tests build without it"
+        reason = "the limits are the relay's, which runs only with xdp; they and their tests build without it"
     )
 )]
-mod frame;
+mod limits;
+#[cfg_attr(
+    not(feature = "xdp"),
+    allow(
+        dead_code,
+        reason = "the rules are the relay's, which runs only with xdp; they and their tests build without it"
+    )
+)]
+mod policy;
 
 /// Flags of `netgap relay`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct RelayArgs {
+    /// The interface the relay's xdp flows take (required): its xdp
+    /// listens bind the interface's IPv4 address, and it opens flows only
+    /// to addresses on the interface's subnet, at the MAC the kernel's
+    /// neighbour table holds for each. Never the interface of the TCP
+    /// connections it carries: while a flow is open, every frame of the
+    /// interface's queue goes to the relay.
+    #[arg(long, value_name = "NAME")]
+    pub interface: Option<String>,
+    /// The hosts whose connections the relay carries (required): their
+    /// TCP addresses, each an address or a prefix, comma-separated
+    /// (`10.77.0.2,10.78.0.0/16`). A connection to any other host, to this
+    /// host or over loopback is refused.
+    #[arg(long, value_name = "IP[/LEN],...", value_delimiter = ',')]
+    pub peers: Vec<String>,
+    /// The relays' shared key (required): a key file as `netgap key new
+    /// FILE` makes it (mode 0600), the same for every relay its programs
+    /// reach. Each link between two relays is keyed from it and from what
+    /// names the link.
+    #[arg(long, value_name = "FILE")]
+    pub key: Option<PathBuf>,
+    /// Requests one user's programs may make a second (and at once):
+    /// every connection to the relay's socket counts, a library's check
+    /// that the relay runs too (a relayed connection costs its connector
+    /// two).
+    #[arg(long, default_value_t = 1000)]
+    pub max_requests_per_uid: u32,
     /// Most connections one user's programs may have through the relay.
     #[arg(long, default_value_t = 16)]
     pub max_per_uid: u32,
@@ -139,6 +199,28 @@ pub enum RelayError {
     /// The relay's socket.
     #[error("relay: cannot listen on @netgap-relay: {0} (is another relay running in this network namespace?)")]
     Listen(std::io::Error),
+    /// The key file.
+    #[error("relay: --key: {0}")]
+    Key(#[from] netgap_measure::auth::KeyFileError),
+    /// The interface of `--interface`.
+    #[error("relay: --interface {name}: {why}")]
+    Interface {
+        /// The interface named.
+        name: String,
+        /// What is wrong with it.
+        why: String,
+    },
+}
+
+/// The relay's flags, checked: what `imp::run` starts with.
+#[cfg_attr(
+    not(feature = "xdp"),
+    allow(dead_code, reason = "read only by the relay, which runs only with xdp")
+)]
+struct Setup {
+    interface: String,
+    served: policy::Served,
+    key: netgap_proto::auth::Key,
 }
 
 /// The most `--max-links` allows: half of the xdp port's flows, so that
@@ -164,27 +246,58 @@ pub fn run(args: &RelayArgs) -> Result<(), RelayError> {
             args.timeout_ms
         )));
     }
-    imp::run(args)
+    if args.max_requests_per_uid == 0 {
+        return Err(RelayError::Flag(
+            "--max-requests-per-uid must be at least 1".into(),
+        ));
+    }
+    let Some(interface) = args.interface.clone() else {
+        return Err(RelayError::Flag(
+            "--interface NAME is required: the interface the relay's xdp flows take, never the one its programs' TCP connections use".into(),
+        ));
+    };
+    if args.peers.is_empty() {
+        return Err(RelayError::Flag(
+            "--peers is required: the hosts whose connections the relay carries, addresses or prefixes of their TCP addresses (--peers 10.77.0.0/24)".into(),
+        ));
+    }
+    let served = policy::Served::parse(&args.peers).map_err(RelayError::Flag)?;
+    let Some(key_file) = &args.key else {
+        return Err(RelayError::Flag(
+            "--key FILE is required: the links between relays are keyed from it (make one with `netgap key new FILE` and give every relay the same)".into(),
+        ));
+    };
+    let key = netgap_measure::auth::load_key(key_file)?;
+    imp::run(
+        args,
+        Setup {
+            interface,
+            served,
+            key,
+        },
+    )
 }
 
 #[cfg(not(feature = "xdp"))]
 mod imp {
     use super::*;
 
-    pub(super) fn run(_: &RelayArgs) -> Result<(), RelayError> {
+    pub(super) fn run(_: &RelayArgs, _: Setup) -> Result<(), RelayError> {
         Err(RelayError::NoXdp)
     }
 }
 
 #[cfg(feature = "xdp")]
 mod imp {
-    use super::frame::{self, Inflow, Kind, Outflow};
+    use super::limits::{LogLimit, RequestRate, Verdict};
+    use super::policy::{self, LinkId, SocketFacts, XdpInterface};
     use super::*;
     use crate::transport::xdp::{parse_addr, Xdp, XdpAddr};
     use crate::transport::{Flow, FlowConfig, Receiver, Sender, Transport};
     use netgap_core::spec::{Mode, TransportOptions};
     use netgap_proto::dataproof::FlowKey;
     use netgap_proto::preload::{RelayReply, RelayRequest, PRELOAD_VERSION, RELAY_REQUEST_BYTES};
+    use netgap_proto::relay::{self as frame, Inflow, Kind, Outflow};
     use std::collections::{HashMap, VecDeque};
     use std::io;
     use std::net::IpAddr;
@@ -225,6 +338,81 @@ mod imp {
         ($($t:tt)*) => {
             eprintln!("netgap relay: {}", format!($($t)*))
         };
+    }
+
+    /// The log lines a client's requests cause (refusals, drops, the
+    /// links they open), held to a few a second per uid
+    /// ([`LogLimit`]); what passes the limit is counted and said in one
+    /// line. Lines of connections the other relay accepted are written
+    /// as they come (each needed a request).
+    struct Journal {
+        limit: Mutex<LogLimit>,
+        /// The lines the other relay's requests cause on a link (an
+        /// `OPEN` no listen waits for), per link: the other relay's
+        /// programs' requests make them.
+        links: Mutex<LogLimit>,
+    }
+
+    impl Journal {
+        fn new() -> Arc<Journal> {
+            Arc::new(Journal {
+                limit: Mutex::new(LogLimit::new("uid")),
+                links: Mutex::new(LogLimit::new("link with flow")),
+            })
+        }
+
+        /// Writes `line` (from a client of `uid`) if the uid's lines are
+        /// within the limit. What a client wrote in it is printable ASCII
+        /// (the request's decoder refuses anything else).
+        fn client(&self, uid: u32, line: &str) {
+            Self::write(&self.limit, uid, line);
+        }
+
+        /// Writes `line` (about the link with flow id `flow`) if the
+        /// link's lines are within the limit.
+        fn link(&self, flow: u16, line: &str) {
+            Self::write(&self.links, u32::from(flow), line);
+        }
+
+        fn write(limit: &Mutex<LogLimit>, key: u32, line: &str) {
+            let v = limit
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .line(key, Instant::now());
+            if let Verdict::Write(dropped) = v {
+                if let Some(d) = dropped {
+                    log!("{d}");
+                }
+                log!("{line}");
+            }
+        }
+
+        /// Says, about every second, the counts of lines not written
+        /// whose uid may write again (a client that stopped).
+        fn spawn_summaries(self: &Arc<Self>) {
+            let j = Arc::downgrade(self);
+            let spawned =
+                std::thread::Builder::new()
+                    .name("relay-log".into())
+                    .spawn(move || loop {
+                        std::thread::sleep(Duration::from_secs(1));
+                        let Some(j) = j.upgrade() else { return };
+                        for limit in [&j.limit, &j.links] {
+                            let due = limit
+                                .lock()
+                                .unwrap_or_else(|e| e.into_inner())
+                                .due(Instant::now());
+                            for d in due {
+                                log!("{d}");
+                            }
+                        }
+                    });
+            // Without the thread, a count still comes out with the key's
+            // next line.
+            if let Err(e) = spawned {
+                log!("no thread for the log's counts: {e}");
+            }
+        }
     }
 
     /// Connections per uid and in all.
@@ -291,32 +479,49 @@ mod imp {
         Ok(fd)
     }
 
-    pub(super) fn run(args: &RelayArgs) -> Result<(), RelayError> {
+    pub(super) fn run(args: &RelayArgs, setup: Setup) -> Result<(), RelayError> {
         // SAFETY: geteuid cannot fail.
         if unsafe { libc::geteuid() } != 0 {
             return Err(RelayError::NotRoot);
         }
+        let iface = read_interface(&setup.interface).map_err(|why| RelayError::Interface {
+            name: setup.interface.clone(),
+            why,
+        })?;
         let lfd = listen_socket().map_err(RelayError::Listen)?;
         if let Err(why) = crate::relay_probe::spawn() {
             log!("{why}");
         }
         log!(
-            "listening on @{SOCKET_NAME} (at most {} connections per uid, {} in all; timeout {} ms)",
+            "listening on @{SOCKET_NAME} for connections to {} over {} ({}/{}) (at most {} connections per uid, {} in all, {} requests a second per uid; timeout {} ms)",
+            setup.served,
+            iface.name,
+            iface.ip,
+            iface.prefix_len,
             args.max_per_uid,
             args.max_total,
+            args.max_requests_per_uid,
             args.timeout_ms
         );
         let counts = Arc::new(Mutex::new(Counts {
             per_uid: HashMap::new(),
             total: 0,
         }));
+        let journal = Journal::new();
+        journal.spawn_summaries();
         let hub = Arc::new(Hub {
             links: Mutex::new(HashMap::new()),
             cv: Condvar::new(),
             pending: Mutex::new(HashMap::new()),
             timeout: Duration::from_millis(args.timeout_ms),
             max_links: args.max_links as usize,
+            iface,
+            served: setup.served,
+            relay_key: setup.key,
+            journal,
         });
+        let mut rate = RequestRate::new(args.max_requests_per_uid);
+        let refuser = Refuser::spawn();
         loop {
             // SAFETY: accept on our listening socket; the result is checked
             // and owned at once.
@@ -339,25 +544,38 @@ mod imp {
             // SAFETY: a new descriptor nothing else owns.
             let client = unsafe { OwnedFd::from_raw_fd(c) };
             let Some(cred) = peer_cred(client.as_raw_fd()) else {
+                // The kernel always has a Unix socket's peer's
+                // credentials: this is not a client's doing.
                 log!("a client without credentials: dropped");
                 continue;
             };
+            if !rate.admit(cred.uid, Instant::now()) {
+                hub.journal.client(
+                    cred.uid,
+                    &format!(
+                        "uid {} (pid {}): refused: more than {} requests a second (--max-requests-per-uid)",
+                        cred.uid, cred.pid, args.max_requests_per_uid
+                    ),
+                );
+                refuser.refuse(
+                    client,
+                    format!("more than {} requests a second", args.max_requests_per_uid),
+                );
+                continue;
+            }
             let slot = {
                 let mut n = counts.lock().unwrap_or_else(|e| e.into_inner());
                 let mine = n.per_uid.get(&cred.uid).copied().unwrap_or(0);
                 if mine >= args.max_per_uid || n.total >= args.max_total {
                     drop(n);
-                    log!(
-                        "uid {} (pid {}): refused: connection limit ({} per uid, {} in all)",
+                    hub.journal.client(
                         cred.uid,
-                        cred.pid,
-                        args.max_per_uid,
-                        args.max_total
+                        &format!(
+                            "uid {} (pid {}): refused: connection limit ({} per uid, {} in all)",
+                            cred.uid, cred.pid, args.max_per_uid, args.max_total
+                        ),
                     );
-                    reply(
-                        client.as_raw_fd(),
-                        &RelayReply::Refused("connection limit".into()),
-                    );
+                    refuser.refuse(client, "connection limit".into());
                     continue;
                 }
                 n.total += 1;
@@ -373,6 +591,59 @@ mod imp {
                 .spawn(move || serve(&hub, client, cred, slot));
             if let Err(e) = spawned {
                 log!("no thread for a client: {e}");
+            }
+        }
+    }
+
+    /// How long the refusing thread waits for a refused client's request.
+    const REFUSE_WAIT: Duration = Duration::from_millis(100);
+    /// Refused clients waiting for the refusing thread.
+    const REFUSALS_QUEUED: usize = 256;
+
+    /// The refusals made in the accepting loop, before a client has a
+    /// thread (past the requests a second, or the connection limits): one
+    /// thread reads each client's request (waiting at most
+    /// [`REFUSE_WAIT`]; its descriptors are closed) and only then replies
+    /// and closes, since a Unix socket closed with a message unread resets
+    /// its peer, which then never reads the reply. Past
+    /// [`REFUSALS_QUEUED`] waiting, a client gets its reply at once, and
+    /// may see its connection reset instead.
+    struct Refuser {
+        queue: Option<mpsc::SyncSender<(OwnedFd, String)>>,
+    }
+
+    impl Refuser {
+        fn spawn() -> Refuser {
+            let (tx, rx) = mpsc::sync_channel::<(OwnedFd, String)>(REFUSALS_QUEUED);
+            let spawned = std::thread::Builder::new()
+                .name("relay-refuse".into())
+                .spawn(move || {
+                    for (client, why) in rx {
+                        // Whatever came (or nothing in time), the reply
+                        // follows; the request is not looked at.
+                        let _ = read_request(client.as_raw_fd(), REFUSE_WAIT);
+                        reply(client.as_raw_fd(), &RelayReply::Refused(why));
+                    }
+                });
+            match spawned {
+                Ok(_) => Refuser { queue: Some(tx) },
+                Err(e) => {
+                    log!("no thread for refusals (each is replied at once): {e}");
+                    Refuser { queue: None }
+                }
+            }
+        }
+
+        /// Refuses `client` for `why` (its line is the caller's).
+        fn refuse(&self, client: OwnedFd, why: String) {
+            let queued = match &self.queue {
+                Some(q) => q.try_send((client, why)),
+                None => Err(mpsc::TrySendError::Full((client, why))),
+            };
+            if let Err(mpsc::TrySendError::Full((client, why)))
+            | Err(mpsc::TrySendError::Disconnected((client, why))) = queued
+            {
+                reply(client.as_raw_fd(), &RelayReply::Refused(why));
             }
         }
     }
@@ -528,13 +799,21 @@ mod imp {
         give: mpsc::SyncSender<(Arc<Conn>, Arc<Link>)>,
     }
 
-    /// The relay's links and the listens waiting for their connection.
+    /// The relay's links and the listens waiting for their connection,
+    /// and what it was started for.
     struct Hub {
         links: Mutex<Links>,
         cv: Condvar,
         pending: Mutex<HashMap<[u8; frame::KEY_BYTES], Pending>>,
         timeout: Duration,
         max_links: usize,
+        /// The interface of its flows (`--interface`).
+        iface: XdpInterface,
+        /// The hosts it serves (`--peers`).
+        served: policy::Served,
+        /// The relays' key (`--key`): every link's key derives from it.
+        relay_key: netgap_proto::auth::Key,
+        journal: Arc<Journal>,
     }
 
     impl Hub {
@@ -632,16 +911,36 @@ mod imp {
         Failed { why, replied: true }
     }
 
+    /// The client a request came from: its uid, and how its lines name
+    /// it.
+    struct Asker {
+        uid: u32,
+        who: String,
+    }
+
+    impl Asker {
+        /// A line about this client's request, within its uid's share of
+        /// the log.
+        fn say(&self, hub: &Hub, what: &str) {
+            hub.journal
+                .client(self.uid, &format!("{}: {what}", self.who));
+        }
+    }
+
     fn serve(hub: &Arc<Hub>, client: OwnedFd, cred: Cred, slot: Slot) {
-        let who = format!("uid {} (pid {})", cred.uid, cred.pid);
+        let asker = Asker {
+            uid: cred.uid,
+            who: format!("uid {} (pid {})", cred.uid, cred.pid),
+        };
         let fd = client.as_raw_fd();
+        let refuse = |why: String| {
+            asker.say(hub, &format!("refused: {why}"));
+            reply(fd, &RelayReply::Refused(why));
+        };
         let first = match read_request(fd, REQUEST_WAIT) {
             Ok(Some(r)) => r,
             Ok(None) => return,
-            Err(why) => {
-                log!("{who}: dropped: {why}");
-                return;
-            }
+            Err(why) => return refuse(why),
         };
         let r = match first {
             (RelayRequest::Reserve { key, .. }, fds) if fds.is_empty() => {
@@ -666,24 +965,19 @@ mod imp {
         };
         let r = match r {
             Ok(r) => r,
-            Err(why) => {
-                log!("{who}: dropped: {why}");
-                return;
-            }
+            Err(why) => return refuse(why),
         };
         let opened = match &r.req {
-            RelayRequest::Listen { .. } => listen(hub, r, &client, &who),
-            RelayRequest::Connect { .. } => connect(hub, r, &client, &who),
+            RelayRequest::Listen { .. } => listen(hub, r, &client, &asker),
+            RelayRequest::Connect { .. } => connect(hub, r, &client, &asker),
             RelayRequest::Reserve { .. } => Err(before("a reservation names no flow".into())),
         };
         match opened {
-            Ok((conn, link)) => pump(&conn, &link, &client, &who),
-            Err(f) => {
-                log!("{who}: refused: {}", f.why);
-                if !f.replied {
-                    reply(fd, &RelayReply::Refused(f.why));
-                }
-            }
+            Ok((conn, link)) => pump(&conn, &link, &client, &asker.who),
+            // The library already has its reply: a refusal now would only
+            // be noise on its doorbell socket.
+            Err(f) if f.replied => asker.say(hub, &format!("refused: {}", f.why)),
+            Err(f) => refuse(f.why),
         }
         drop(slot);
     }
@@ -713,11 +1007,19 @@ mod imp {
     }
 
     /// The program's ring and duplicates of its TCP socket and of the
-    /// client socket, checked; the TCP connection's two addresses.
-    fn take_parts(r: &Request, client: &OwnedFd) -> Result<(Ends, IpAddr, IpAddr), String> {
-        check_tcp(r.tcp.as_raw_fd())?;
+    /// client socket, once the request passed the relay's rules
+    /// ([`policy::check_socket`]: the asker's own connected socket and
+    /// region, to a host it serves, not over the xdp interface); the TCP
+    /// connection's two addresses.
+    fn take_parts(
+        hub: &Hub,
+        r: &Request,
+        client: &OwnedFd,
+        uid: u32,
+    ) -> Result<(Ends, IpAddr, IpAddr), String> {
+        let facts = socket_facts(r)?;
+        policy::check_socket(uid, &facts, &hub.served, &hub.iface)?;
         let ring = FarEnd::map(r.region.as_raw_fd(), ring_of(&r.req) as usize)?;
-        let (tcp_local, tcp_peer) = tcp_addrs(r.tcp.as_raw_fd())?;
         let tcp = r
             .tcp
             .try_clone()
@@ -725,7 +1027,7 @@ mod imp {
         let client = client
             .try_clone()
             .map_err(|e| format!("keeping the client socket: {e}"))?;
-        Ok((Ends { ring, tcp, client }, tcp_local, tcp_peer))
+        Ok((Ends { ring, tcp, client }, facts.local, facts.peer))
     }
 
     /// The accepting side: names this relay's end of the link (opening it
@@ -735,10 +1037,11 @@ mod imp {
         hub: &Arc<Hub>,
         r: Request,
         client_sock: &OwnedFd,
-        who: &str,
+        asker: &Asker,
     ) -> Result<Opened, Failed> {
         let key = key_of(&r.req);
-        let (ends, tcp_local, tcp_peer) = take_parts(&r, client_sock).map_err(before)?;
+        let (ends, tcp_local, tcp_peer) =
+            take_parts(hub, &r, client_sock, asker.uid).map_err(before)?;
         let client = client_sock.as_raw_fd();
         let (give, take) = mpsc::sync_channel(1);
         let pending = Pending { ends, give };
@@ -757,9 +1060,9 @@ mod imp {
                 None => {
                     hub.claim(&mut st, tcp_peer).map_err(before)?;
                     drop(st);
-                    if let Err(f) =
-                        open_listening(hub, key, pending, tcp_local, tcp_peer, client, who)
-                    {
+                    let opened =
+                        open_listening(hub, &r.req, pending, (tcp_local, tcp_peer), client, asker);
+                    if let Err(f) = opened {
                         hub.set(tcp_peer, None);
                         return Err(f);
                     }
@@ -787,26 +1090,31 @@ mod imp {
         }
     }
 
-    /// Opens the link as its accepting side: an xdp listen on the other
-    /// interface, the reply, the other relay's flow keyed with this
-    /// connection's key.
+    /// Opens the link as its accepting side: an xdp listen on the relay's
+    /// interface, the reply, the other relay's flow keyed from the relay
+    /// key ([`LinkId::flow_key`]).
     fn open_listening(
         hub: &Arc<Hub>,
-        key: [u8; frame::KEY_BYTES],
+        req: &RelayRequest,
         pending: Pending,
-        tcp_local: IpAddr,
-        tcp_peer: IpAddr,
+        (tcp_local, tcp_peer): (IpAddr, IpAddr),
         client: RawFd,
-        who: &str,
+        asker: &Asker,
     ) -> Result<(), Failed> {
-        let ip = other_interface_ip(tcp_local).map_err(before)?;
+        let key = key_of(req);
         let mut l = Xdp
-            .listen(&flow_config(hub.timeout), ip)
+            .listen(&flow_config(hub.timeout), IpAddr::V4(hub.iface.ip))
             .map_err(|e| before(format!("xdp listen: {e}")))?;
         let name = l.addr();
-        let flow_id = parse_addr(&name).map_err(before)?.flow;
+        let own = parse_addr(&name).map_err(before)?;
+        let link_key = LinkId::of_request(req, &own, tcp_local, tcp_peer)
+            .map_err(before)?
+            .flow_key(&hub.relay_key);
         hub.register(key, pending).map_err(before)?;
-        log!("{who}: no link: listening for the other relay's flow at {name} (a connection from {tcp_peer})");
+        asker.say(
+            hub,
+            &format!("no link: listening for the other relay's flow at {name} (a connection from {tcp_peer})"),
+        );
         reply(client, &RelayReply::Ok(name.clone()));
         let fail = |why: String| {
             hub.abandon(&key);
@@ -816,31 +1124,37 @@ mod imp {
             .accept(ACCEPT_WAIT)
             .map_err(|e| fail(format!("xdp accept: {e}")))?;
         drop(l);
-        flow.bind_session(&FlowKey::from_bytes(key))
+        flow.bind_session(&FlowKey::from_bytes(link_key))
             .map_err(|e| fail(format!("keying the link: {e}")))?;
-        Link::start(hub, flow, name, (0, flow_id), tcp_peer).map_err(fail)?;
+        Link::start(hub, flow, name, (0, own.flow), tcp_peer).map_err(fail)?;
         Ok(())
     }
 
     /// The connecting side: opens the connection on the link to the
-    /// target's host (opening the link if it is down).
+    /// target's host (opening the link if it is down), once the target
+    /// passed the relay's rules ([`policy::check_target`]: on the
+    /// interface's subnet, at the neighbour table's MAC).
     fn connect(
         hub: &Arc<Hub>,
         r: Request,
         client_sock: &OwnedFd,
-        who: &str,
+        asker: &Asker,
     ) -> Result<Opened, Failed> {
         let RelayRequest::Connect { key, target, .. } = &r.req else {
             return Err(before("not a connect".into()));
         };
         let t = parse_addr(target).map_err(|e| before(format!("target {target}: {e}")))?;
-        let (ends, _, tcp_peer) = take_parts(&r, client_sock).map_err(before)?;
+        let (ends, tcp_local, tcp_peer) =
+            take_parts(hub, &r, client_sock, asker.uid).map_err(before)?;
         let client = client_sock.as_raw_fd();
         if t.ip == tcp_peer {
             return Err(before(format!(
                 "target {target} is the TCP connection's own peer address: the flow would take that interface's frames"
             )));
         }
+        policy::check_target(&t, &hub.iface, neighbour(t.ip, &hub.iface.name)).map_err(before)?;
+        let own = own_end(&hub.iface, t.flow);
+        let link_id = LinkId::of_request(&r.req, &own, tcp_local, tcp_peer).map_err(before)?;
         let mut parts = Some(ends);
         let deadline = Instant::now() + STATE_WAIT;
         let late = || before("the link did not come up in time".into());
@@ -859,7 +1173,7 @@ mod imp {
             drop(st);
             let link = match up {
                 Some(l) => l,
-                None => match open_connecting(hub, t, target, key, tcp_peer, who) {
+                None => match open_connecting(hub, t, target, &link_id, tcp_peer, asker) {
                     Ok(l) => l,
                     Err(why) => {
                         hub.set(tcp_peer, None);
@@ -897,55 +1211,93 @@ mod imp {
         }
     }
 
-    /// Opens the link as its connecting side, keyed with the connection's
-    /// key.
+    /// Opens the link as its connecting side, keyed from the relay key
+    /// ([`LinkId::flow_key`]).
     fn open_connecting(
         hub: &Arc<Hub>,
         t: XdpAddr,
         target: &str,
-        key: &[u8; frame::KEY_BYTES],
+        link_id: &LinkId,
         tcp_peer: IpAddr,
-        who: &str,
+        asker: &Asker,
     ) -> Result<Arc<Link>, String> {
         let mut flow = Xdp
             .connect(&flow_config(hub.timeout), target)
             .map_err(|e| format!("xdp connect to {target}: {e}"))?;
-        flow.bind_session(&FlowKey::from_bytes(*key))
+        flow.bind_session(&FlowKey::from_bytes(link_id.flow_key(&hub.relay_key)))
             .map_err(|e| format!("keying the link: {e}"))?;
-        let name = own_end(t)?;
-        log!("{who}: no link: connected to {target}");
+        let name = own_end(&hub.iface, t.flow).to_string();
+        asker.say(hub, &format!("no link: connected to {target}"));
         Link::start(hub, flow, name, (frame::CONNECTOR_BIT, t.flow), tcp_peer)
     }
 
-    /// This host's end of a link to `t`: the address and MAC of the
-    /// interface whose subnet holds `t.ip`, and the link's flow id.
-    fn own_end(t: XdpAddr) -> Result<String, String> {
-        let IpAddr::V4(want) = t.ip else {
-            return Err(format!("{}: xdp links are IPv4", t.ip));
-        };
+    /// This host's end of a link whose flow id is `flow`: the relay's
+    /// interface's address and MAC.
+    fn own_end(iface: &XdpInterface, flow: u16) -> XdpAddr {
+        XdpAddr {
+            ip: IpAddr::V4(iface.ip),
+            mac: iface.mac,
+            flow,
+        }
+    }
+
+    /// Reads the interface the relay was started for: it must exist, not
+    /// be loopback, and have a MAC and exactly one IPv4 address.
+    fn read_interface(name: &str) -> Result<XdpInterface, String> {
+        use nix::net::if_::InterfaceFlags;
         let addrs: Vec<_> = nix::ifaddrs::getifaddrs()
             .map_err(|e| format!("getifaddrs: {e}"))?
+            .filter(|a| a.interface_name == name)
             .collect();
-        let (name, ip) = addrs
+        if addrs.is_empty() {
+            return Err("no such interface in this network namespace".into());
+        }
+        if addrs
             .iter()
-            .find_map(|a| {
-                let addr = a.address.as_ref()?.as_sockaddr_in()?.ip();
+            .any(|a| a.flags.contains(InterfaceFlags::IFF_LOOPBACK))
+        {
+            return Err("a loopback interface carries no xdp flow to another host".into());
+        }
+        let v4: Vec<(std::net::Ipv4Addr, u8)> = addrs
+            .iter()
+            .filter_map(|a| {
+                let ip = a.address.as_ref()?.as_sockaddr_in()?.ip();
                 let mask = u32::from(a.netmask.as_ref()?.as_sockaddr_in()?.ip());
-                (u32::from(addr) & mask == u32::from(want) & mask)
-                    .then(|| (a.interface_name.clone(), addr))
+                let len = u8::try_from(mask.leading_ones()).ok()?;
+                Some((ip, len))
             })
-            .ok_or_else(|| format!("no interface reaches {want}"))?;
+            .collect();
+        let [(ip, prefix_len)] = v4.as_slice() else {
+            return Err(format!(
+                "has {} IPv4 addresses; the relay's flows need exactly one",
+                v4.len()
+            ));
+        };
         let mac = addrs
             .iter()
-            .filter(|a| a.interface_name == name)
             .find_map(|a| a.address.as_ref()?.as_link_addr()?.addr())
-            .ok_or_else(|| format!("{name} has no MAC address"))?;
-        Ok(XdpAddr {
-            ip: IpAddr::V4(ip),
+            .filter(|m| *m != [0; 6])
+            .ok_or("has no MAC address")?;
+        Ok(XdpInterface {
+            name: name.to_string(),
+            ip: *ip,
+            prefix_len: *prefix_len,
             mac,
-            flow: t.flow,
-        }
-        .to_string())
+        })
+    }
+
+    /// Most bytes of `/proc/net/arp` read (some 10 000 entries).
+    const MAX_ARP_BYTES: u64 = 1 << 20;
+
+    /// The MAC the kernel's neighbour table holds for `ip` on `dev`, if
+    /// it holds a complete entry.
+    fn neighbour(ip: IpAddr, dev: &str) -> Option<[u8; 6]> {
+        use std::io::Read;
+        let IpAddr::V4(ip) = ip else { return None };
+        let mut text = String::new();
+        let f = std::fs::File::open("/proc/net/arp").ok()?;
+        f.take(MAX_ARP_BYTES).read_to_string(&mut text).ok()?;
+        policy::neighbour_mac(&text, ip, dev)
     }
 
     /// What a link's writing thread is given.
@@ -1315,7 +1667,13 @@ mod imp {
                 return Err(format!("an OPEN with an id of this end ({id:#x})"));
             }
             let Some(p) = hub.pending().remove(&key) else {
-                log!("link: an OPEN ({id:#x}) with a key no connection here waits with: refused");
+                hub.journal.link(
+                    self.flow_id,
+                    &format!(
+                        "link to {}: an OPEN ({id:#x}) with a key no connection here waits with: refused",
+                        self.peer_name
+                    ),
+                );
                 self.push(Kind::OpenRefused, id, &[]);
                 return Ok(());
             };
@@ -1843,32 +2201,75 @@ mod imp {
         }
     }
 
-    /// An IPv4 address of this host on another interface than the one
-    /// holding `tcp_local` (the flow's frames must not take the TCP
-    /// connection's interface), not loopback.
-    fn other_interface_ip(tcp_local: IpAddr) -> Result<IpAddr, String> {
+    /// The owner of the file or socket `fd` (`fstat`: a socket's is the
+    /// user whose process made it, or accepted it).
+    fn owner(fd: RawFd) -> Result<u32, String> {
+        // SAFETY: all-zero bytes are a valid stat; fstat fills it.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: `st` is valid for writes.
+        if unsafe { libc::fstat(fd, &mut st) } != 0 {
+            return Err(format!("fstat: {}", io::Error::last_os_error()));
+        }
+        Ok(st.st_uid)
+    }
+
+    /// Whether the TCP socket `fd` is an established connection (the
+    /// first byte of `TCP_INFO` is the state).
+    fn established(fd: RawFd) -> bool {
+        let mut info = [0u8; 8];
+        let mut len = info.len() as libc::socklen_t;
+        // SAFETY: `info` is valid for writes of `len` bytes; the kernel
+        // copies at most that much of its `tcp_info`.
+        let r = unsafe {
+            libc::getsockopt(
+                fd,
+                libc::IPPROTO_TCP,
+                libc::TCP_INFO,
+                info.as_mut_ptr().cast(),
+                &mut len,
+            )
+        };
+        r == 0 && len >= 1 && info[0] == TCP_ESTABLISHED
+    }
+
+    /// `TCP_ESTABLISHED` of the kernel's TCP states (`include/net/tcp_states.h`).
+    const TCP_ESTABLISHED: u8 = 1;
+
+    /// What the relay's rules look at of a request's descriptors and of
+    /// this host ([`policy::check_socket`] decides).
+    fn socket_facts(r: &Request) -> Result<SocketFacts, String> {
+        let fd = r.tcp.as_raw_fd();
+        check_tcp(fd)?;
+        let socket_uid = owner(fd)?;
+        let region_uid = owner(r.region.as_raw_fd())?;
+        let unspecified = IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED);
+        let (established, (local, peer)) = match tcp_addrs(fd) {
+            Ok(a) => (established(fd), a),
+            Err(_) => (false, (unspecified, unspecified)),
+        };
         let addrs: Vec<_> = nix::ifaddrs::getifaddrs()
             .map_err(|e| format!("getifaddrs: {e}"))?
             .collect();
         let ip_of = |a: &nix::ifaddrs::InterfaceAddress| -> Option<IpAddr> {
-            a.address
-                .as_ref()?
-                .as_sockaddr_in()
-                .map(|s| IpAddr::V4(s.ip()))
+            let s = a.address.as_ref()?;
+            if let Some(v4) = s.as_sockaddr_in() {
+                return Some(IpAddr::V4(v4.ip()));
+            }
+            Some(IpAddr::V6(s.as_sockaddr_in6()?.ip()))
         };
-        let tcp_iface = addrs
+        let own_addrs: Vec<IpAddr> = addrs.iter().filter_map(ip_of).collect();
+        let local_interface = addrs
             .iter()
-            .find(|a| ip_of(a) == Some(tcp_local))
+            .find(|a| ip_of(a) == Some(local))
             .map(|a| a.interface_name.clone());
-        let mut found: Vec<(String, IpAddr)> = addrs
-            .iter()
-            .filter_map(|a| Some((a.interface_name.clone(), ip_of(a)?)))
-            .filter(|(name, ip)| !ip.is_loopback() && Some(name) != tcp_iface.as_ref())
-            .collect();
-        found.sort();
-        found.first().map(|(_, ip)| *ip).ok_or_else(|| {
-            "no interface besides the TCP connection's own for the flow (a host needs a second link)"
-                .into()
+        Ok(SocketFacts {
+            socket_uid,
+            region_uid,
+            established,
+            local,
+            peer,
+            local_interface,
+            own_addrs,
         })
     }
 
@@ -1935,6 +2336,9 @@ mod imp {
         );
     }
 
+    /// Most doorbell messages [`wait_client`] reads in one call.
+    const MAX_DOORBELLS_A_WAKE: usize = 64;
+
     /// Whether `fd` (the client socket) is readable within `ms`, and
     /// drains it; Err: the program closed its last descriptor of the
     /// connection (end of file or hang-up).
@@ -1950,7 +2354,10 @@ mod imp {
             return Ok(());
         }
         let mut scratch = [0u8; 256];
-        loop {
+        // The program's doorbells, at most a bounded number a call: a
+        // program flooding its socket wakes only its own connection's
+        // thread, which still looks at its ring between calls.
+        for _ in 0..MAX_DOORBELLS_A_WAKE {
             // SAFETY: `scratch` is valid for writes of its length.
             let n = unsafe {
                 libc::recv(
@@ -1973,6 +2380,7 @@ mod imp {
                 Err(())
             };
         }
+        Ok(())
     }
 
     /// The program's ring to the link, within the connection's credit,
@@ -2465,6 +2873,15 @@ mod imp {
                 pending: Mutex::new(HashMap::new()),
                 timeout: Duration::from_secs(1),
                 max_links: 64,
+                iface: XdpInterface {
+                    name: "eth1".into(),
+                    ip: "10.0.0.1".parse().unwrap(),
+                    prefix_len: 24,
+                    mac: [2, 0, 0, 0, 0, 1],
+                },
+                served: policy::Served::parse(&["10.0.1.0/24".into()]).unwrap(),
+                relay_key: netgap_proto::auth::Key::from_bytes(vec![9; 32]).unwrap(),
+                journal: Journal::new(),
             })
         }
 

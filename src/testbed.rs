@@ -46,10 +46,16 @@
 //! does, link k to host M being `ethk` from 10.77.k.N to 10.77.k.M. In a
 //! mesh, link K between hosts I < J is its own subnet 10.(80+K).P.0/24, where
 //! P counts host pairs from 1; host I is .1 on interface `pJlK`, host J is .2
-//! on `pIlK`. A rate limit is a TBF qdisc whose bucket is
-//! [`shaper_bucket_bytes`] (two GSO packets and their headers: the smallest
-//! that held the rate here, so little passes at memory speed after an idle
-//! moment) and whose queue is [`TBF_LATENCY_MS`] long.
+//! on `pIlK`. On every link after the first, each host's neighbour table
+//! holds a permanent entry (the MAC of the other end's interface) for
+//! every other host on it: a host's relay (`netgap relay`) opens xdp flows
+//! there only to the MAC its neighbour table holds, and while a relay's
+//! port is open every frame of its interface, ARP's too, goes to the
+//! relay, so the kernel could not resolve them. A rate limit is a TBF
+//! qdisc whose bucket is [`shaper_bucket_bytes`] (two GSO packets and
+//! their headers: the smallest that held the rate here, so little passes
+//! at memory speed after an idle moment) and whose queue is
+//! [`TBF_LATENCY_MS`] long.
 //!
 //! Multipath TCP: on a mesh or switch with several links per host pair,
 //! every host has an MPTCP endpoint (`signal`) for each of its link
@@ -1182,10 +1188,128 @@ fn build_network(
             }
         }
     }
+    set_neighbours(hosts)?;
     // The kernel's own state of the links, before any condition touches
     // it: what "offload as the kernel set it" puts back.
     live::save_kernel(&state_dir(name), &live::read(&link_ends(name, p))?)?;
     condition_links(name, p, None, applied)
+}
+
+/// The interface a host's relay takes for its xdp flows: its end of the
+/// links after the first, when that is one interface (every link 1 of a
+/// switch with `--links 2` or more, the one link 1 of a two-host mesh);
+/// None otherwise (one link: the relay would take the TCP connections'
+/// interface; a larger mesh: one interface per peer, no one to choose).
+fn relay_interface(h: &HostEntry) -> Option<String> {
+    let mut names: Vec<&str> = h
+        .links
+        .iter()
+        .filter(|l| l.index == 1)
+        .map(|l| l.ifname.as_str())
+        .collect();
+    names.sort_unstable();
+    names.dedup();
+    match names.as_slice() {
+        [one] => Some((*one).to_string()),
+        _ => None,
+    }
+}
+
+/// The permanent neighbour entries of the testbed's links after the
+/// first, per host namespace, as `ip -batch` lines, given each host's
+/// interfaces' MACs (`macs[(host, interface)]`). A relay opens a flow
+/// only to the MAC its host's neighbour table holds, and while a relay's
+/// xdp port is open its interface's frames (ARP too) go to the relay, so
+/// these links are never resolved by the kernel: the testbed states them.
+fn neighbour_lines(
+    hosts: &HostsFile,
+    macs: &std::collections::HashMap<(String, String), String>,
+) -> Vec<(String, Vec<String>)> {
+    let mut out = Vec::new();
+    for h in &hosts.hosts {
+        let Some(ns) = &h.netns else { continue };
+        let mut lines = Vec::new();
+        for l in h.links.iter().filter(|l| l.index >= 1) {
+            let peer_if = hosts
+                .host(&l.peer)
+                .and_then(|p| p.links_to(&h.name).find(|b| b.index == l.index))
+                .map(|b| b.ifname.clone());
+            let Some(mac) = peer_if.and_then(|i| macs.get(&(l.peer.clone(), i))) else {
+                continue;
+            };
+            lines.push(format!(
+                "neigh replace {} lladdr {mac} dev {} nud permanent",
+                l.remote, l.ifname
+            ));
+        }
+        if !lines.is_empty() {
+            out.push((ns.clone(), lines));
+        }
+    }
+    out
+}
+
+/// Writes [`neighbour_lines`] into the hosts' namespaces, reading each
+/// host's MACs first.
+fn set_neighbours(hosts: &HostsFile) -> Result<(), TestbedError> {
+    if hosts
+        .hosts
+        .iter()
+        .all(|h| h.links.iter().all(|l| l.index == 0))
+    {
+        return Ok(());
+    }
+    let mut macs = std::collections::HashMap::new();
+    for h in &hosts.hosts {
+        let Some(ns) = &h.netns else { continue };
+        let text = ip(&["-j", "-n", ns, "link", "show"])?;
+        let list: Vec<serde_json::Value> =
+            serde_json::from_str(&text).map_err(|e| TestbedError::Command {
+                cmd: format!("ip -j -n {ns} link show"),
+                detail: format!("unreadable output: {e}"),
+            })?;
+        for dev in list {
+            if let (Some(name), Some(mac)) = (dev["ifname"].as_str(), dev["address"].as_str()) {
+                macs.insert((h.name.clone(), name.to_string()), mac.to_string());
+            }
+        }
+    }
+    for (ns, lines) in neighbour_lines(hosts, &macs) {
+        ip_batch(&ns, &lines)?;
+    }
+    Ok(())
+}
+
+/// Runs `ip -n NS -batch -` with `lines` on its standard input.
+fn ip_batch(ns: &str, lines: &[String]) -> Result<(), TestbedError> {
+    use std::io::Write as _;
+    let cmd = format!("ip -n {ns} -batch - ({} lines)", lines.len());
+    let fail = |detail: String| TestbedError::Command {
+        cmd: cmd.clone(),
+        detail,
+    };
+    let mut child = Command::new("ip")
+        .args(["-n", ns, "-batch", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| fail(e.to_string()))?;
+    let mut text = lines.join("\n");
+    text.push('\n');
+    let written = child.stdin.take().map(|mut i| i.write_all(text.as_bytes()));
+    let out = child.wait_with_output().map_err(|e| fail(e.to_string()))?;
+    if let Some(Err(e)) = written {
+        return Err(fail(e.to_string()));
+    }
+    if !out.status.success() {
+        return Err(fail(
+            String::from_utf8_lossy(&out.stderr)
+                .trim()
+                .replace('\n', "; "),
+        ));
+    }
+    Ok(())
 }
 
 /// Starts the agent of host `h` in its namespace, detached (own session,
@@ -1212,10 +1336,11 @@ fn start_agent(dir: &Path, p: &Params, h: &HostEntry) -> Result<u32, TestbedErro
             "--max-flows",
             &netgap_proto::workload::MAX_WORKLOAD_FLOWS.to_string(),
         ])
-        .arg("--allow-services")
-        .stdin(Stdio::null())
-        .stdout(log)
-        .stderr(log2);
+        .arg("--allow-services");
+    if let Some(dev) = relay_interface(h) {
+        cmd.args(["--relay-interface", &dev]);
+    }
+    cmd.stdin(Stdio::null()).stdout(log).stderr(log2);
     // The agent gets a UTS namespace of its own named after its host, so the
     // host facts it records (and every report's environment table) tell the
     // testbed's hosts apart.
@@ -2022,6 +2147,83 @@ mod tests {
             .map(|a| a.rsplit_once('.').map(|(n, _)| n.to_string()))
             .collect();
         assert_eq!(subnets.len(), 6, "each of 3 pairs x 2 links its own subnet");
+    }
+
+    #[test]
+    fn relays_take_the_second_link_where_it_is_one_interface() {
+        let on = |t, n, k| {
+            hosts_file("t", &params(t, n, k))
+                .hosts
+                .iter()
+                .map(relay_interface)
+                .collect::<Vec<_>>()
+        };
+        let s = |v: &str| Some(v.to_string());
+        assert_eq!(on(Topology::Mesh, 2, 2), [s("p2l1"), s("p1l1")]);
+        assert_eq!(
+            on(Topology::Switch, 3, 2),
+            [s("eth1"), s("eth1"), s("eth1")]
+        );
+        assert_eq!(on(Topology::Switch, 3, 1), [None, None, None]);
+        assert_eq!(on(Topology::Mesh, 2, 1), [None, None]);
+        // One interface per peer: none to choose.
+        assert_eq!(on(Topology::Mesh, 3, 2), [None, None, None]);
+    }
+
+    #[test]
+    fn links_after_the_first_get_permanent_neighbours_with_the_peers_macs() {
+        let f = hosts_file("t", &params(Topology::Mesh, 2, 2));
+        let mut macs = std::collections::HashMap::new();
+        for (h, dev, mac) in [
+            ("h1", "p2l0", "02:00:00:00:01:00"),
+            ("h1", "p2l1", "02:00:00:00:01:01"),
+            ("h2", "p1l0", "02:00:00:00:02:00"),
+            ("h2", "p1l1", "02:00:00:00:02:01"),
+        ] {
+            macs.insert((h.to_string(), dev.to_string()), mac.to_string());
+        }
+        let lines = neighbour_lines(&f, &macs);
+        assert_eq!(
+            lines,
+            [
+                (
+                    "ngtb-t-h1".to_string(),
+                    vec![
+                        "neigh replace 10.81.1.2 lladdr 02:00:00:00:02:01 dev p2l1 nud permanent"
+                            .to_string()
+                    ]
+                ),
+                (
+                    "ngtb-t-h2".to_string(),
+                    vec![
+                        "neigh replace 10.81.1.1 lladdr 02:00:00:00:01:01 dev p1l1 nud permanent"
+                            .to_string()
+                    ]
+                ),
+            ]
+        );
+        // A switch with two links: every other host on eth1.
+        let f = hosts_file("t", &params(Topology::Switch, 3, 2));
+        let mut macs = std::collections::HashMap::new();
+        for h in 1..=3 {
+            for k in 0..2 {
+                macs.insert(
+                    (format!("h{h}"), format!("eth{k}")),
+                    format!("02:00:00:00:0{h}:0{k}"),
+                );
+            }
+        }
+        let lines = neighbour_lines(&f, &macs);
+        assert_eq!(lines.len(), 3);
+        assert_eq!(
+            lines[0].1,
+            [
+                "neigh replace 10.77.1.2 lladdr 02:00:00:00:02:01 dev eth1 nud permanent",
+                "neigh replace 10.77.1.3 lladdr 02:00:00:00:03:01 dev eth1 nud permanent"
+            ]
+        );
+        // One link: nothing.
+        assert!(neighbour_lines(&hosts_file("t", &params(Topology::Mesh, 2, 1)), &macs).is_empty());
     }
 
     #[test]

@@ -478,6 +478,12 @@ pub struct ServeArgs {
     /// removed from it at start.
     #[arg(long, value_name = "DIR")]
     pub io_dir: Option<PathBuf>,
+    /// The interface the host's relay takes for its xdp flows when a
+    /// `-t xdp` run under the preload library (web, gather) starts it:
+    /// never the one the runs' TCP connections use. Needs --key: the
+    /// relays' shared key is derived from it.
+    #[arg(long, value_name = "NAME")]
+    pub relay_interface: Option<String>,
     /// Most connections one process holds: a flow-engine server role past
     /// it is spread over processes even when the descriptor limit would
     /// hold it (internal: tests that path at small scale).

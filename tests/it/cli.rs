@@ -191,6 +191,72 @@ fn bad_input_gets_one_clear_line() {
     fails_with_one_line(&["serve", "--bind", "not-an-ip"], "not-an-ip");
 }
 
+/// A relay acts only for the interface, hosts and key it was started
+/// for: without any of them, or with one it cannot trust, it does not
+/// start, and says why in one line (before it needs root or xdp).
+#[test]
+fn a_relay_without_its_interface_peers_or_key_refuses_to_start_in_one_line() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let key = common::new_key_file(dir.path(), "relay.key");
+    let key = key.to_str().expect("utf-8");
+    fails_with_one_line(
+        &["relay", "--peers", "10.0.0.2", "--key", key],
+        "--interface NAME is required",
+    );
+    fails_with_one_line(
+        &["relay", "--interface", "eth1", "--key", key],
+        "--peers is required",
+    );
+    fails_with_one_line(
+        &["relay", "--interface", "eth1", "--peers", "10.0.0.2"],
+        "--key FILE is required",
+    );
+    fails_with_one_line(
+        &[
+            "relay",
+            "--interface",
+            "eth1",
+            "--peers",
+            "127.0.0.1",
+            "--key",
+            key,
+        ],
+        "never to a loopback",
+    );
+    fails_with_one_line(
+        &[
+            "relay",
+            "--interface",
+            "eth1",
+            "--peers",
+            "10.0.0.0/40",
+            "--key",
+            key,
+        ],
+        "a prefix length of 0 to 32",
+    );
+    let open = dir.path().join("open.key");
+    std::fs::copy(key, &open).expect("copy");
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    fails_with_one_line(
+        &[
+            "relay",
+            "--interface",
+            "eth1",
+            "--peers",
+            "10.0.0.2",
+            "--key",
+            open.to_str().expect("utf-8"),
+        ],
+        "readable by group or others",
+    );
+    fails_with_one_line(
+        &["serve", "--relay-interface", "eth1"],
+        "--relay-interface needs --key",
+    );
+}
+
 #[test]
 fn unreachable_peer_is_one_line() {
     // A port nobody listens on: bind one, note it, close it.

@@ -43,6 +43,8 @@ mod preload_conformance;
 #[cfg(feature = "xdp")]
 mod preload_xdp;
 #[cfg(feature = "xdp")]
+mod preload_xdp_hostile;
+#[cfg(feature = "xdp")]
 mod preload_xdp_runs;
 mod report;
 mod report_chromium;

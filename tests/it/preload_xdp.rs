@@ -63,18 +63,20 @@ impl Drop for Guard {
     }
 }
 
-/// `netgap relay` in namespace `ns`, logging to `log`; up once its socket
-/// answers.
-fn relay(ns: &str, log: &Path) -> Guard {
-    relay_with(ns, log, &[])
+/// `netgap relay` on `host` of `tb` (its interface: the host's end of the
+/// second link; the other hosts served; `key`, the relays' key), logging
+/// to `log`; up once its socket answers.
+fn relay(tb: &Testbed, host: &str, key: &Path, log: &Path) -> Guard {
+    relay_with(tb, host, key, log, &[])
 }
 
 /// [`relay`] with more flags.
-fn relay_with(ns: &str, log: &Path, flags: &[&str]) -> Guard {
+fn relay_with(tb: &Testbed, host: &str, key: &Path, log: &Path, flags: &[&str]) -> Guard {
     let child = Command::new("ip")
-        .args(["netns", "exec", ns])
+        .args(["netns", "exec", &tb.ns(host)])
         .arg(netgap_path())
-        .args(["relay", "--timeout-ms", "3000"])
+        .args(tb.relay_args(host, key))
+        .args(["--timeout-ms", "3000"])
         .args(flags)
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(log).expect("relay log"))
@@ -300,10 +302,11 @@ fn nginx_and_curl_across_hosts_through_the_relays_then_without_a_relay_on_kernel
     let dir = tempfile::tempdir().expect("tempdir");
     let (root, want) = docroot(dir.path());
     let (tb, cns, sns, ip) = testbed("pxdp1");
+    let key = common::new_key_file(dir.path(), "relay.key");
     let (r1_log, r2_log) = (dir.path().join("relay1.log"), dir.path().join("relay2.log"));
     let (s_log, c_log) = (dir.path().join("server.log"), dir.path().join("client.log"));
-    let r1 = relay(&cns, &r1_log);
-    let mut r2 = relay(&sns, &r2_log);
+    let r1 = relay(&tb, "h1", &key, &r1_log);
+    let mut r2 = relay(&tb, "h2", &key, &r2_log);
     let server = nginx(&sns, &ip, dir.path(), &root, &s_log);
     let url = format!("http://{ip}:8080/f1m");
     let body = dir.path().join("body");
@@ -428,7 +431,7 @@ fn nginx_and_curl_across_hosts_through_the_relays_then_without_a_relay_on_kernel
         common::skip("wrk across hosts", "/usr/bin/wrk is missing");
     }
 
-    // A client that sends garbage is dropped with one line; the relay
+    // A client that sends garbage is refused with one line; the relay
     // serves on.
     let garbage = Command::new("ip")
         .args(["netns", "exec", &sns, "python3", "-c"])
@@ -440,7 +443,12 @@ fn nginx_and_curl_across_hosts_through_the_relays_then_without_a_relay_on_kernel
         "{}",
         String::from_utf8_lossy(&garbage.stderr)
     );
-    await_text(&r2_log, "dropped: ", 10, "no line for the garbage");
+    await_text(
+        &r2_log,
+        "refused: a request or its descriptors were cut",
+        10,
+        "no line for the garbage",
+    );
     let (ok, err, _) = curl(&cns, &url, &body, &[], &c_log);
     assert!(ok, "after the garbage: {err}");
     assert_eq!(sha256(&body), want);
@@ -478,10 +486,11 @@ fn a_relay_killed_mid_transfer_fails_the_transfer_in_time_and_leaves_nothing_beh
     let dir = tempfile::tempdir().expect("tempdir");
     let (root, want) = docroot(dir.path());
     let (tb, cns, sns, ip) = testbed("pxdp2");
+    let key = common::new_key_file(dir.path(), "relay.key");
     let (r1_log, r2_log) = (dir.path().join("relay1.log"), dir.path().join("relay2.log"));
     let (s_log, c_log) = (dir.path().join("server.log"), dir.path().join("client.log"));
-    let r1 = relay(&cns, &r1_log);
-    let mut r2 = relay(&sns, &r2_log);
+    let r1 = relay(&tb, "h1", &key, &r1_log);
+    let mut r2 = relay(&tb, "h2", &key, &r2_log);
     let server = nginx(&sns, &ip, dir.path(), &root, &s_log);
     let body = dir.path().join("body");
     // 16 MiB at 2 MiB/s: the server's relay is killed after about 1.5 s.
@@ -510,7 +519,7 @@ fn a_relay_killed_mid_transfer_fails_the_transfer_in_time_and_leaves_nothing_beh
     assert!(r1_text.contains("connection reset"), "{r1_text}");
     // Nothing held the queue or the connection: with a relay again, the
     // next transfer goes through the relays.
-    let r2 = relay(&sns, &r2_log);
+    let r2 = relay(&tb, "h2", &key, &r2_log);
     let (ok, err, _) = curl(&cns, &format!("http://{ip}:8080/f1m"), &body, &[], &c_log);
     assert!(ok, "{err}");
     assert_eq!(sha256(&body), want);
@@ -592,10 +601,11 @@ fn many_connections_at_once_share_one_link_and_a_stopped_reader_stalls_only_its_
     let (root, want) = docroot(dir.path());
     let want16 = sha256(&root.join("f16m"));
     let (tb, cns, sns, ip) = testbed("pxdp3");
+    let key = common::new_key_file(dir.path(), "relay.key");
     let (r1_log, r2_log) = (dir.path().join("relay1.log"), dir.path().join("relay2.log"));
     let s_log = dir.path().join("server.log");
-    let r1 = relay(&cns, &r1_log);
-    let r2 = relay(&sns, &r2_log);
+    let r1 = relay(&tb, "h1", &key, &r1_log);
+    let r2 = relay(&tb, "h2", &key, &r2_log);
     let server = nginx(&sns, &ip, dir.path(), &root, &s_log);
     let url = format!("http://{ip}:8080/f1m");
 
@@ -818,11 +828,12 @@ fn a_server_relay_holds_links_to_two_hosts_at_once_and_past_its_limit_keeps_kern
         tb.ns(&hosts.hosts[2].name),
     );
     let log = |name: &str| dir.path().join(name);
+    let key = common::new_key_file(dir.path(), "relay.key");
     let relays = [
-        relay(&ns1, &log("relay1.log")),
-        relay(&ns3, &log("relay3.log")),
+        relay(&tb, "h1", &key, &log("relay1.log")),
+        relay(&tb, "h3", &key, &log("relay3.log")),
     ];
-    let server_relay = relay(&sns, &log("relay2.log"));
+    let server_relay = relay(&tb, "h2", &key, &log("relay2.log"));
     let server = nginx(&sns, &ip, dir.path(), &root, &log("server.log"));
     let url = format!("http://{ip}:8080/f1m");
     let (body, body16) = (log("body"), log("body16"));
@@ -850,7 +861,7 @@ fn a_server_relay_holds_links_to_two_hosts_at_once_and_past_its_limit_keeps_kern
         let text = wait_lines(&log(r), "closed after", 1);
         assert!(text.contains("closed after"), "{text}");
     }
-    let _server_relay = relay_with(&sns, &log("relay2b.log"), &["--max-links", "1"]);
+    let _server_relay = relay_with(&tb, "h2", &key, &log("relay2b.log"), &["--max-links", "1"]);
     let slow = slow_curl(&ns1, &ip, &body16, &log("c1b.log"));
     wait_moved(&log("c1b.log"));
     let (ok, err, _) = curl(&ns3, &url, &body, &[], &log("c3b.log"));

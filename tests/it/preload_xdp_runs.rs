@@ -236,8 +236,15 @@ fn a_wrapped_client_reaches_a_server_without_the_library_on_kernel_tcp_even_with
     let netgap = common::netgap_path();
     let netgap = netgap.to_str().expect("a path");
     let (h1, h2) = (tb.ns("h1"), tb.ns("h2"));
-    let _r1 = in_ns(&h1, &[netgap, "relay"], &dir.path().join("r1.log"));
-    let _r2 = in_ns(&h2, &[netgap, "relay"], &dir.path().join("r2.log"));
+    let key = common::new_key_file(dir.path(), "relay.key");
+    let relay = |host: &str, log: &str| {
+        let mut args = vec![netgap.to_string()];
+        args.extend(tb.relay_args(host, &key));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        in_ns(&tb.ns(host), &args, &dir.path().join(log))
+    };
+    let _r1 = relay("h1", "r1.log");
+    let _r2 = relay("h2", "r2.log");
     // A plain HTTP server, not under the library, on the server's host.
     let root = dir.path().join("root");
     std::fs::create_dir(&root).expect("docroot");

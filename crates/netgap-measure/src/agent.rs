@@ -103,6 +103,9 @@ struct Shared {
     /// The agent's highest data rate (`--max-rate`) as a budget every
     /// flow of every session charges, point-to-point and workload alike.
     rate: Arc<RateBudget>,
+    /// What the relays it starts for `-t xdp` runs take
+    /// (`--relay-interface`, and a key derived from its own).
+    relay: Option<netgap_workload::preload::RelaySetup>,
 }
 
 /// A bound agent, ready to serve.
@@ -161,6 +164,7 @@ impl Agent {
                     netgap_workload::confined::default_run_base(),
                 )),
                 rate: Arc::new(RateBudget::new(AgentLimits::default().max_rate_gbps)),
+                relay: None,
             },
             quiet: false,
         }
@@ -208,6 +212,13 @@ impl Agent {
     /// more ([`netgap_workload::shard`]); for tests of that path at small scale.
     pub fn with_flows_per_process(mut self, flows: u32) -> Agent {
         self.shared.flows_per_process = Some(flows.max(1));
+        self
+    }
+
+    /// Starts the host's relay, for a `-t xdp` run under the preload
+    /// library when none runs, on `setup`'s interface with its key.
+    pub fn with_relay(mut self, setup: netgap_workload::preload::RelaySetup) -> Agent {
+        self.shared.relay = Some(setup);
         self
     }
 
@@ -583,6 +594,7 @@ fn run_session(
                     flows_per_process: shared.flows_per_process,
                     dirs: &shared.dirs,
                     rate: &shared.rate,
+                    relay: shared.relay.as_ref(),
                 };
                 workload = prepare_workload(&mut conn, &mut session, ctx)?
                     .map(|role| (role, stop, role_deadline(&spec)));

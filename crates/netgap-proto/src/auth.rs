@@ -67,12 +67,33 @@ impl Key {
         Ok(Key(bytes))
     }
 
-    fn tag(&self, context: &[u8], agent_nonce: &[u8], coord_nonce: &[u8]) -> HmacSha256 {
+    /// A 32-byte key derived from this one for another use:
+    /// HMAC-SHA256(key, `context` ‖ each of `parts` after its length as
+    /// a u32, little-endian), so no two lists of parts give the same input.
+    /// A `context` of its own per use keeps a derived key from ever being
+    /// this key's tag of anything else (the handshake's contexts are
+    /// [`COORDINATOR_CONTEXT`] and [`AGENT_CONTEXT`]).
+    pub fn derive(&self, context: &[u8], parts: &[&[u8]]) -> [u8; 32] {
+        let mut mac = self.mac();
+        mac.update(context);
+        for p in parts {
+            // A part's length is far below 4 GiB (a name, an address).
+            mac.update(&u32::try_from(p.len()).unwrap_or(u32::MAX).to_le_bytes());
+            mac.update(p);
+        }
+        mac.finalize().into_bytes().into()
+    }
+
+    fn mac(&self) -> HmacSha256 {
         // HMAC takes a key of any length; `new_from_slice` cannot fail for it.
-        let mut mac = match HmacSha256::new_from_slice(&self.0) {
+        match HmacSha256::new_from_slice(&self.0) {
             Ok(m) => m,
             Err(_) => unreachable!("HMAC accepts keys of every length"),
-        };
+        }
+    }
+
+    fn tag(&self, context: &[u8], agent_nonce: &[u8], coord_nonce: &[u8]) -> HmacSha256 {
+        let mut mac = self.mac();
         mac.update(context);
         mac.update(agent_nonce);
         mac.update(coord_nonce);
@@ -393,6 +414,19 @@ mod tests {
 
     fn key(b: u8) -> Key {
         Key::from_bytes(vec![b; 32]).expect("key")
+    }
+
+    #[test]
+    fn derived_keys_differ_by_key_context_and_parts_and_never_collide_by_concatenation() {
+        let k = key(1);
+        let d = k.derive(b"ctx", &[b"ab", b"c"]);
+        assert_eq!(d, key(1).derive(b"ctx", &[b"ab", b"c"]));
+        assert_ne!(d, key(2).derive(b"ctx", &[b"ab", b"c"]));
+        assert_ne!(d, k.derive(b"ctx2", &[b"ab", b"c"]));
+        // The same bytes split otherwise are other parts.
+        assert_ne!(d, k.derive(b"ctx", &[b"a", b"bc"]));
+        assert_ne!(d, k.derive(b"ctx", &[b"abc"]));
+        assert_ne!(k.derive(b"ctx", &[]), k.derive(b"ctx", &[b""]));
     }
 
     /// Runs a handshake in memory; the agent's proof payload or its error.

@@ -23,6 +23,7 @@ pub mod dataproof;
 pub mod limits;
 pub mod message;
 pub mod preload;
+pub mod relay;
 pub mod session;
 pub mod workload;
 

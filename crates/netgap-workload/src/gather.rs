@@ -341,7 +341,7 @@ fn open_server(p: &Params, ctx: &RoleContext<'_>) -> Result<Box<dyn OpenRole>, R
                 dir.preload(&ctx.spec.point.transport).map_err(refused)?;
             }
             let relay = if p.preload && ctx.spec.point.transport == "xdp" {
-                Some(super::web::relay_for(&dir, ctx.spec.flows)?)
+                Some(super::web::relay_for(ctx, &dir, ctx.spec.flows)?)
             } else {
                 None
             };
@@ -760,7 +760,7 @@ fn open_client(p: &Params, ctx: &RoleContext<'_>) -> Result<Box<dyn OpenRole>, R
         let dir = RunDir::new(ctx.dirs, "gather-load").map_err(refused)?;
         let relay = if spec.point.transport == "xdp" {
             Some(std::sync::Arc::new(super::web::relay_for(
-                &dir, spec.flows,
+                ctx, &dir, spec.flows,
             )?))
         } else {
             None

@@ -72,6 +72,59 @@ pub fn relay_present() -> bool {
     connect(fd.as_raw_fd(), &a).is_ok()
 }
 
+/// Domain separation of the relays' key, derived from the agents' key.
+pub const RELAY_KEY_CONTEXT: &[u8] = b"netgap relay v1: the relays' key, from the agents' key";
+
+/// Bytes of the relays' key an agent derives.
+pub const RELAY_KEY_BYTES: usize = 32;
+
+/// What an agent gives the relays it starts for `-t xdp` runs
+/// (`netgap serve --relay-interface`): the interface their xdp flows take,
+/// and their shared key, derived from the agents' own key, so the relays
+/// of agents that share a key share theirs, while the agents' key itself
+/// never leaves the agent.
+#[derive(Clone)]
+pub struct RelaySetup {
+    interface: String,
+    key: [u8; RELAY_KEY_BYTES],
+}
+
+impl std::fmt::Debug for RelaySetup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The key's bytes never appear in a log.
+        f.debug_struct("RelaySetup")
+            .field("interface", &self.interface)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RelaySetup {
+    /// The setup for relays on `interface` (an interface name: 1 to 15
+    /// bytes, none of `/`, whitespace or control characters), their key
+    /// derived from `agent_key`.
+    pub fn new(interface: &str, agent_key: &netgap_proto::auth::Key) -> Result<RelaySetup, String> {
+        let ok = (1..16).contains(&interface.len())
+            && interface
+                .bytes()
+                .all(|b| b.is_ascii_graphic() && b != b'/' && b != b':');
+        if !ok {
+            return Err(format!(
+                "{:?} is not an interface name",
+                netgap_core::text::escape_control(interface)
+            ));
+        }
+        Ok(RelaySetup {
+            interface: interface.to_string(),
+            key: agent_key.derive(RELAY_KEY_CONTEXT, &[]),
+        })
+    }
+
+    /// The interface the relays' xdp flows take.
+    pub fn interface(&self) -> &str {
+        &self.interface
+    }
+}
+
 /// A relay a role started for its run (`-t xdp` under the library),
 /// stopped when dropped; or nothing, when one already ran.
 pub(crate) struct RelayGuard {
@@ -112,28 +165,64 @@ const RELAY_START_WAIT: std::time::Duration = std::time::Duration::from_secs(10)
 
 /// Makes sure a relay carries this network namespace's relayed
 /// connections for the role's run: the one that runs, or `netgap relay`
-/// (this binary) started as root with room for `connections` connections
-/// and its log in `log`, stopped when the guard drops. An error is one
-/// line (the relay's own, when it exits: no xdp in this build, not root).
+/// (this binary) started as root on the agent's relay interface, serving
+/// `peers` (the session's hosts), with room for `connections`
+/// connections and its log in `log`, stopped when the guard drops. Its key
+/// goes to it in a file made fresh (0600) in a directory of its own
+/// (0700) in the agent's run directory, removed once the relay listens
+/// (it read the key before). An error is one line (the relay's own, when
+/// it exits: no xdp in this build, not root, a bad interface).
 pub(crate) fn ensure_relay(
     log: std::fs::File,
     log_path: &Path,
     connections: u32,
+    relay: Option<&RelaySetup>,
+    peers: &[std::net::IpAddr],
+    dirs: &crate::confined::AgentDirs,
 ) -> Result<RelayGuard, String> {
     if relay_present() {
         return Ok(RelayGuard { started: None });
     }
+    let Some(setup) = relay else {
+        return Err("no relay runs on this host and this agent has no interface for one (start the agent with `netgap serve --relay-interface NAME --key FILE`; a testbed with --links 2 or more does)".into());
+    };
+    if peers.is_empty() {
+        return Err("the session names no host for the relay to serve".into());
+    }
+    let peers = peers
+        .iter()
+        .map(std::string::ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
+    let key_dir = dirs
+        .run_dir()
+        .and_then(|d| d.fresh_subdir(&crate::confined::fresh_name("relay-key"), 0o700))
+        .map_err(|e| format!("a directory for the relay's key: {e}"))?;
+    key_dir
+        .write_file("key", &setup.key, 0o600)
+        .map_err(|e| format!("the relay's key: {e}"))?;
+    let key_path = key_dir.path().join("key");
     let exe = std::env::current_exe().map_err(|e| format!("finding netgap's own binary: {e}"))?;
     let cap = connections.clamp(16, 1024).to_string();
+    let interface = setup.interface.clone();
     let (tx, rx) = std::sync::mpsc::channel();
     let waiter = std::thread::Builder::new()
         .name("relay".into())
         .spawn(move || {
-            let mut cmd = crate::tether::command_in_group(
-                &exe,
-                &["relay", "--max-per-uid", &cap, "--max-total", &cap],
-                None,
-            );
+            let args: [&std::ffi::OsStr; 11] = [
+                "relay".as_ref(),
+                "--max-per-uid".as_ref(),
+                cap.as_ref(),
+                "--max-total".as_ref(),
+                cap.as_ref(),
+                "--interface".as_ref(),
+                interface.as_ref(),
+                "--peers".as_ref(),
+                peers.as_ref(),
+                "--key".as_ref(),
+                key_path.as_os_str(),
+            ];
+            let mut cmd = crate::tether::command_in_group(&exe, &args, None);
             cmd.stdin(std::process::Stdio::null())
                 .stdout(std::process::Stdio::null())
                 .stderr(log);
@@ -180,6 +269,8 @@ pub(crate) fn ensure_relay(
         }
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
+    // The relay read its key before it listened.
+    drop(key_dir);
     Ok(guard)
 }
 

@@ -58,6 +58,10 @@ pub struct RoleContext<'a> {
     /// sends or receives is charged to it, shared with everything else
     /// the agent moves.
     pub rate: &'a std::sync::Arc<netgap_transport::rate::RateBudget>,
+    /// What the relays this agent starts for `-t xdp` runs need (its
+    /// `--relay-interface` and the key derived from its own), set when
+    /// the agent started (never by a coordinator); `None`: it starts none.
+    pub relay: Option<&'a crate::preload::RelaySetup>,
 }
 
 /// How often a role that waits checks its [`Stop`].

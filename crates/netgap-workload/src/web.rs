@@ -560,15 +560,16 @@ fn preload_stack(
         "shm" => dir.preload("shm").map_err(refused).map(|()| None),
         "xdp" => {
             dir.preload("xdp").map_err(refused)?;
-            relay_for(dir, ctx.spec.flows).map(Some)
+            relay_for(ctx, dir, ctx.spec.flows).map(Some)
         }
         _ => Ok(None),
     }
 }
 
 /// The host's relay for a run over xdp through the library, its log
-/// (`relay.log`) in `dir`.
+/// (`relay.log`) in `dir`, serving the session's hosts.
 pub(crate) fn relay_for(
+    ctx: &RoleContext<'_>,
     dir: &RunDir,
     connections: u32,
 ) -> Result<crate::preload::RelayGuard, RoleError> {
@@ -577,6 +578,9 @@ pub(crate) fn relay_for(
         log,
         &dir.path().join("relay.log"),
         connections.saturating_mul(2),
+        ctx.relay,
+        &ctx.spec.session_hosts,
+        ctx.dirs,
     )
     .map_err(|e| refused(format!("-t xdp: {e}")))
 }
@@ -766,7 +770,7 @@ fn open_clients(p: &Params, ctx: &RoleContext<'_>) -> Result<Box<dyn OpenRole>, 
         let library = crate::preload::library_path().map_err(refused)?;
         let dir = RunDir::new(ctx.dirs, "web-load").map_err(refused)?;
         let relay = if spec.point.transport == "xdp" {
-            Some(std::sync::Arc::new(relay_for(&dir, spec.flows)?))
+            Some(std::sync::Arc::new(relay_for(ctx, &dir, spec.flows)?))
         } else {
             None
         };

@@ -58,6 +58,37 @@ impl Testbed {
         self.dir().join("key")
     }
 
+    /// The arguments of `netgap relay` on `host` with the relays' key
+    /// file `key`: its interface (its end of the links after the first,
+    /// which the TCP connections between hosts do not take) and the other
+    /// hosts' addresses as the hosts it serves.
+    #[cfg(feature = "xdp")]
+    pub fn relay_args(&self, host: &str, key: &Path) -> Vec<String> {
+        let hosts = self.hosts();
+        let me = hosts.host(host).expect("the host is the testbed's");
+        let interface = me
+            .links
+            .iter()
+            .find(|l| l.index == 1)
+            .map(|l| l.ifname.clone())
+            .expect("a testbed with two links or more");
+        let peers: Vec<String> = hosts
+            .hosts
+            .iter()
+            .filter(|h| h.name != host)
+            .map(|h| h.address.to_string())
+            .collect();
+        vec![
+            "relay".into(),
+            "--interface".into(),
+            interface,
+            "--peers".into(),
+            peers.join(","),
+            "--key".into(),
+            key.display().to_string(),
+        ]
+    }
+
     /// `netgap run TESTS --hosts @FILE FLAGS --json JSON` from the root
     /// namespace; the records.
     pub fn run(&self, tests: &str, flags: &[&str], json: &Path) -> Vec<Value> {

@@ -1,5 +1,8 @@
-//! The frames two relays exchange over their link, and the per-connection
-//! credit accounting, as plain code (no I/O).
+//! The frames two hosts' relays (`netgap relay`) exchange over their link,
+//! and the per-connection credit accounting, as plain code (no I/O): the
+//! relay reads every frame's header through [`decode`] before it reads the
+//! payload, and checks every byte count against [`Inflow`] and
+//! [`Outflow`].
 //!
 //! A frame is an 8-byte header (kind u8, a zero byte, payload length u16
 //! little-endian, connection id u32 little-endian) and its payload. Link
@@ -10,25 +13,25 @@
 use thiserror::Error;
 
 /// Bytes of a frame header.
-pub(crate) const HEADER_BYTES: usize = 8;
+pub const HEADER_BYTES: usize = 8;
 /// Largest `DATA` payload.
-pub(crate) const CHUNK_BYTES: usize = 16 * 1024;
+pub const CHUNK_BYTES: usize = 16 * 1024;
 /// The credit a receiving relay grants each connection when it opens: the
 /// most bytes of it that may wait in the receiver's queue.
-pub(crate) const WINDOW_BYTES: u32 = 256 * 1024;
+pub const WINDOW_BYTES: u32 = 256 * 1024;
 /// The receiver returns credit in batches of at least this many bytes.
-pub(crate) const CREDIT_BATCH_BYTES: u32 = WINDOW_BYTES / 4;
+pub const CREDIT_BATCH_BYTES: u32 = WINDOW_BYTES / 4;
 /// Bytes of an `OPEN` payload: the connection's flow key.
-pub(crate) const KEY_BYTES: usize = 32;
+pub const KEY_BYTES: usize = 32;
 /// Longest `LINK_HELLO` payload: the sender's `IP/MAC/FLOW`.
-pub(crate) const MAX_NAME_BYTES: usize = 64;
+pub const MAX_NAME_BYTES: usize = 64;
 /// The id bit of connections opened by the end that connected the link
 /// (the listening end's connections have it clear).
-pub(crate) const CONNECTOR_BIT: u32 = 1 << 31;
+pub const CONNECTOR_BIT: u32 = 1 << 31;
 
 /// What a frame is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Kind {
+pub enum Kind {
     /// A connection's bytes.
     Data,
     /// Wake the program: send one byte on its TCP connection.
@@ -107,19 +110,19 @@ impl Kind {
 
 /// A checked frame header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Header {
+pub struct Header {
     /// What the frame is.
-    pub(crate) kind: Kind,
+    pub kind: Kind,
     /// Bytes of payload that follow.
-    pub(crate) len: usize,
+    pub len: usize,
     /// The connection (0 for a link frame).
-    pub(crate) id: u32,
+    pub id: u32,
 }
 
 /// A header or payload the other relay should never send: the link is
 /// broken.
 #[derive(Debug, Error, PartialEq, Eq)]
-pub(crate) enum FrameError {
+pub enum FrameError {
     /// A kind this relay does not know.
     #[error("unknown frame kind {0}")]
     Kind(u8),
@@ -158,7 +161,7 @@ pub(crate) enum FrameError {
 
 /// The header of a frame of `kind` for connection `id` with `len` bytes
 /// of payload.
-pub(crate) fn encode(kind: Kind, id: u32, len: usize) -> [u8; HEADER_BYTES] {
+pub fn encode(kind: Kind, id: u32, len: usize) -> [u8; HEADER_BYTES] {
     let mut h = [0u8; HEADER_BYTES];
     h[0] = kind.code();
     h[2..4].copy_from_slice(&(len.min(usize::from(u16::MAX)) as u16).to_le_bytes());
@@ -167,7 +170,7 @@ pub(crate) fn encode(kind: Kind, id: u32, len: usize) -> [u8; HEADER_BYTES] {
 }
 
 /// A whole frame: header and payload.
-pub(crate) fn frame(kind: Kind, id: u32, payload: &[u8]) -> Vec<u8> {
+pub fn frame(kind: Kind, id: u32, payload: &[u8]) -> Vec<u8> {
     let mut v = Vec::with_capacity(HEADER_BYTES + payload.len());
     v.extend_from_slice(&encode(kind, id, payload.len()));
     v.extend_from_slice(payload);
@@ -176,7 +179,7 @@ pub(crate) fn frame(kind: Kind, id: u32, payload: &[u8]) -> Vec<u8> {
 
 /// Checks a received header: a known kind, the reserved byte zero, a
 /// payload length the kind allows, id 0 exactly for link frames.
-pub(crate) fn decode(h: &[u8; HEADER_BYTES]) -> Result<Header, FrameError> {
+pub fn decode(h: &[u8; HEADER_BYTES]) -> Result<Header, FrameError> {
     let kind = Kind::from_code(h[0]).ok_or(FrameError::Kind(h[0]))?;
     if h[1] != 0 {
         return Err(FrameError::Reserved { kind, byte: h[1] });
@@ -199,7 +202,7 @@ pub(crate) fn decode(h: &[u8; HEADER_BYTES]) -> Result<Header, FrameError> {
 }
 
 /// The bytes a `CREDIT` payload returns.
-pub(crate) fn credit_of(payload: [u8; 4]) -> Result<u32, FrameError> {
+pub fn credit_of(payload: [u8; 4]) -> Result<u32, FrameError> {
     let n = u32::from_le_bytes(payload);
     if n == 0 || n > WINDOW_BYTES {
         return Err(FrameError::Credit(n));
@@ -209,7 +212,7 @@ pub(crate) fn credit_of(payload: [u8; 4]) -> Result<u32, FrameError> {
 
 /// More data or credit than the window allows: a protocol fault.
 #[derive(Debug, Error, PartialEq, Eq)]
-pub(crate) enum CreditError {
+pub enum CreditError {
     /// The sender sent past the credit it had.
     #[error("{arrived} bytes arrived with {queued} queued: past the {WINDOW_BYTES}-byte window")]
     Overrun {
@@ -235,14 +238,14 @@ pub(crate) enum CreditError {
 /// returned. Queued bytes never pass the window, since the sender holds
 /// the window less what it sent plus what came back.
 #[derive(Debug, Default)]
-pub(crate) struct Inflow {
+pub struct Inflow {
     queued_bytes: u32,
     unreturned_bytes: u32,
 }
 
 impl Inflow {
     /// `len` bytes arrived for the queue.
-    pub(crate) fn arrive(&mut self, len: u32) -> Result<(), CreditError> {
+    pub fn arrive(&mut self, len: u32) -> Result<(), CreditError> {
         match self.queued_bytes.checked_add(len) {
             Some(q) if q <= WINDOW_BYTES => {
                 self.queued_bytes = q;
@@ -257,7 +260,7 @@ impl Inflow {
 
     /// `n` queued bytes went to the program (or were discarded): the
     /// credit to return now, once a batch is due.
-    pub(crate) fn moved(&mut self, n: u32) -> Option<u32> {
+    pub fn moved(&mut self, n: u32) -> Option<u32> {
         let n = n.min(self.queued_bytes);
         self.queued_bytes -= n;
         self.unreturned_bytes += n;
@@ -269,15 +272,14 @@ impl Inflow {
     }
 
     /// Bytes waiting in the queue.
-    #[cfg(test)]
-    pub(crate) fn queued_bytes(&self) -> u32 {
+    pub fn queued_bytes(&self) -> u32 {
         self.queued_bytes
     }
 }
 
 /// The sending side's credit for one connection.
 #[derive(Debug)]
-pub(crate) struct Outflow {
+pub struct Outflow {
     credit_bytes: u32,
 }
 
@@ -291,17 +293,17 @@ impl Default for Outflow {
 
 impl Outflow {
     /// Bytes that may be sent now.
-    pub(crate) fn credit_bytes(&self) -> u32 {
+    pub fn credit_bytes(&self) -> u32 {
         self.credit_bytes
     }
 
     /// `n` bytes were sent (at most the credit).
-    pub(crate) fn spend(&mut self, n: u32) {
+    pub fn spend(&mut self, n: u32) {
         self.credit_bytes = self.credit_bytes.saturating_sub(n);
     }
 
     /// The receiver returned `n` bytes of credit.
-    pub(crate) fn grant(&mut self, n: u32) -> Result<(), CreditError> {
+    pub fn grant(&mut self, n: u32) -> Result<(), CreditError> {
         match self.credit_bytes.checked_add(n) {
             Some(c) if c <= WINDOW_BYTES => {
                 self.credit_bytes = c;
