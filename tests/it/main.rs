@@ -40,6 +40,7 @@ mod pipeline;
 mod preload;
 mod preload_apps;
 mod preload_conformance;
+mod preload_hostile;
 #[cfg(feature = "xdp")]
 mod preload_xdp;
 #[cfg(feature = "xdp")]

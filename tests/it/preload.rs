@@ -22,7 +22,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// Whether nginx is installed; fails when system tests are required.
-fn nginx_ready(test: &str) -> bool {
+pub(crate) fn nginx_ready(test: &str) -> bool {
     if Path::new("/usr/sbin/nginx").exists() {
         true
     } else {
@@ -64,7 +64,7 @@ fn maybe_wrapped(wrapped: bool, program: &Path, args: &[&str], log: &Path) -> Co
 }
 
 /// A docroot with a 1 KiB and a 64 KiB file of pseudo-random bytes.
-fn docroot(dir: &Path) -> PathBuf {
+pub(crate) fn docroot(dir: &Path) -> PathBuf {
     let root = dir.join("root");
     std::fs::create_dir_all(&root).expect("docroot");
     let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
@@ -82,16 +82,17 @@ fn docroot(dir: &Path) -> PathBuf {
     root
 }
 
-/// Real nginx (two workers, sendfile, keep-alive) serving `root` on
-/// 127.0.0.1, wrapped or not, stopped on drop.
-struct Nginx {
+/// Real nginx (two workers, sendfile, keep-alive, room for hundreds of
+/// idle connections a hostile test holds) serving `root` on 127.0.0.1,
+/// wrapped or not, stopped on drop.
+pub(crate) struct Nginx {
     child: Child,
-    port: u16,
+    pub(crate) port: u16,
     dir: PathBuf,
 }
 
 impl Nginx {
-    fn start(dir: &Path, root: &Path, wrapped: bool, log: &Path) -> Nginx {
+    pub(crate) fn start(dir: &Path, root: &Path, wrapped: bool, log: &Path) -> Nginx {
         let port = free_port();
         let run = dir.join(format!("nginx-{port}"));
         std::fs::create_dir_all(&run).expect("run dir");
@@ -106,7 +107,7 @@ impl Nginx {
         let d = run.display();
         let conf = format!(
             "daemon off;\n{user}master_process on;\nworker_processes 2;\npid {d}/nginx.pid;\n\
-             error_log {d}/error.log warn;\nevents {{ worker_connections 256; }}\n\
+             error_log {d}/error.log warn;\nevents {{ worker_connections 1024; }}\n\
              http {{\n access_log off;\n sendfile on;\n tcp_nopush on;\n tcp_nodelay on;\n\
              keepalive_requests 100000;\n client_body_temp_path {d}/body;\n proxy_temp_path {d}/proxy;\n\
              fastcgi_temp_path {d}/fastcgi;\n uwsgi_temp_path {d}/uwsgi;\n scgi_temp_path {d}/scgi;\n\
@@ -153,7 +154,7 @@ impl Nginx {
     }
 
     /// The worker processes' ids.
-    fn workers(&self) -> Vec<u32> {
+    pub(crate) fn workers(&self) -> Vec<u32> {
         common::procs::descendants(self.child.id())
             .iter()
             .map(|p| p.0)
@@ -181,7 +182,14 @@ impl Drop for Nginx {
 /// wrapped or not: `conns` keep-alive connections of `requests` requests
 /// each, alternating the two files, every body compared with the file.
 /// Returns the bodies verified.
-fn run_client(wrapped: bool, port: u16, root: &Path, conns: u32, requests: u32, log: &Path) -> u64 {
+pub(crate) fn run_client(
+    wrapped: bool,
+    port: u16,
+    root: &Path,
+    conns: u32,
+    requests: u32,
+    log: &Path,
+) -> u64 {
     let exe = std::env::current_exe().expect("the test binary");
     let out = maybe_wrapped(
         wrapped,
@@ -269,7 +277,7 @@ fn counter(log: &str, name: &str) -> u64 {
         .sum()
 }
 
-fn read(path: &Path) -> String {
+pub(crate) fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_default()
 }
 
@@ -495,8 +503,9 @@ fn a_killed_client_leaves_nothing_behind() {
     drop(nginx);
 }
 
-/// The echo pattern of the fork test.
-fn pattern(len: usize, seed: u8) -> Vec<u8> {
+/// The echo pattern of the fork test and of the echo clients of
+/// `preload_hostile`.
+pub(crate) fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
         .collect()
@@ -771,7 +780,7 @@ fn an_open_mpi_ping_pong_over_the_tcp_btl_moves_to_shm() {
 /// `cmd` run as `nobody` when the test runs as root (as Apache's children
 /// do: a region is shared only between processes of one user), else as
 /// is.
-fn as_nobody(cmd: &Command) -> Command {
+pub(crate) fn as_nobody(cmd: &Command) -> Command {
     // SAFETY: geteuid cannot fail.
     if unsafe { libc::geteuid() } != 0 {
         let mut c = Command::new(cmd.get_program());
@@ -788,7 +797,7 @@ fn as_nobody(cmd: &Command) -> Command {
 }
 
 /// The environment changes of `from` made on `to` too.
-fn copy_env(from: &Command, to: &mut Command) {
+pub(crate) fn copy_env(from: &Command, to: &mut Command) {
     for (k, v) in from.get_envs() {
         match v {
             Some(v) => to.env(k, v),
