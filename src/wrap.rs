@@ -42,7 +42,7 @@ pub fn exec(stack: &str, command: &[OsString]) -> WrapError {
         return WrapError::Stack(stack.to_string());
     }
     if stack == "xdp" && !relay_present() {
-        eprintln!("netgap wrap: no relay runs in this network namespace (start `netgap relay`): connections to other hosts stay on the kernel's TCP");
+        eprintln!("netgap wrap: no relay of root's runs in this network namespace (start `netgap relay`): connections to other hosts stay on the kernel's TCP");
     }
     let Some((program, args)) = command.split_first() else {
         return WrapError::NoProgram;

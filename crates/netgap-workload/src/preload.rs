@@ -52,11 +52,16 @@ pub fn preload_value(library: &Path) -> OsString {
 /// The abstract Unix socket a host's relay (`netgap relay`) listens on.
 pub const RELAY_SOCKET: &[u8] = b"netgap-relay";
 
-/// Whether a relay (`netgap relay`) listens in this network namespace.
+/// Whether a relay (`netgap relay`) of root's listens in this network
+/// namespace: anyone can bind its name, and the library uses only a relay
+/// the kernel says is root's (`SO_PEERCRED`), so a squatter counts as none.
 pub fn relay_present() -> bool {
     // The relay's socket is a SOCK_SEQPACKET one: a stream socket cannot
     // connect to it.
-    use nix::sys::socket::{connect, socket, AddressFamily, SockFlag, SockType, UnixAddr};
+    use nix::sys::socket::{
+        connect, getsockopt, socket, sockopt::PeerCredentials, AddressFamily, SockFlag, SockType,
+        UnixAddr,
+    };
     use std::os::fd::AsRawFd;
     let Ok(fd) = socket(
         AddressFamily::Unix,
@@ -70,6 +75,7 @@ pub fn relay_present() -> bool {
         return false;
     };
     connect(fd.as_raw_fd(), &a).is_ok()
+        && getsockopt(&fd, PeerCredentials).is_ok_and(|c| c.uid() == 0)
 }
 
 /// Domain separation of the relays' key, derived from the agents' key.
