@@ -142,17 +142,19 @@ fn shm_send(c: &Conn, fd: c_int, iov: &[iovec], flags: c_int) -> ssize_t {
     let want: usize = iov.iter().map(|v| v.iov_len).sum();
     let all = flags & libc::MSG_DONTWAIT == 0 && !c.nonblocking();
     let mut sent = 0usize;
-    let mut rest: Vec<iovec> = iov.to_vec();
+    // The program's iovecs, copied only once a send moved part of them.
+    let mut rest: Option<Vec<iovec>> = None;
     loop {
-        // SAFETY: `rest` are the program's iovecs advanced past `sent`
+        let now: &[iovec] = rest.as_deref().unwrap_or(iov);
+        // SAFETY: `now` are the program's iovecs advanced past `sent`
         // bytes, valid for reads of their lengths (the call's contract).
-        match unsafe { c.send(fd, &rest, flags) } {
+        match unsafe { c.send(fd, now, flags) } {
             Ok(n) => {
                 sent += n;
                 if !all || sent >= want || n == 0 {
                     return sent as ssize_t;
                 }
-                advance(&mut rest, n);
+                advance(rest.get_or_insert_with(|| iov.to_vec()), n);
             }
             Err(e) if sent > 0 && e != libc::EPIPE => return sent as ssize_t,
             Err(e) => {
@@ -1052,29 +1054,26 @@ unsafe fn shm_poll(
     }
     // SAFETY: poll's contract: `fds` holds `nfds` valid entries.
     let set = unsafe { std::slice::from_raw_parts_mut(fds, nfds as usize) };
-    let pend: Vec<(usize, Arc<setup::Pending>)> = set
-        .iter()
-        .enumerate()
-        .filter(|(_, p)| p.events & libc::POLLIN != 0)
-        .filter_map(|(i, p)| match table::get(p.fd) {
-            Some(Entry::Pending(q)) => Some((i, q)),
-            _ => None,
-        })
-        .collect();
-    for (i, p) in &pend {
-        // Records of the exchange already in are taken now (see
-        // `shm_epoll_wait`).
-        setup::resolve(set[*i].fd, p, false, true);
+    let mut shm: Vec<(usize, Arc<Conn>)> = Vec::new();
+    let mut pend: Vec<(usize, Arc<setup::Pending>)> = Vec::new();
+    for (i, p) in set.iter().enumerate() {
+        if p.events & libc::POLLIN == 0 {
+            continue;
+        }
+        match table::get(p.fd) {
+            Some(Entry::Shm(c)) => shm.push((i, c)),
+            Some(Entry::Pending(q)) => {
+                // Records of the exchange already in are taken now (see
+                // `shm_epoll_wait`).
+                match setup::resolve(p.fd, &q, false, true) {
+                    Resolved::Shm(c) => shm.push((i, c)),
+                    Resolved::NotYet => pend.push((i, q)),
+                    Resolved::Kernel => {}
+                }
+            }
+            _ => {}
+        }
     }
-    let shm: Vec<(usize, Arc<Conn>)> = set
-        .iter()
-        .enumerate()
-        .filter(|(_, p)| p.events & libc::POLLIN != 0)
-        .filter_map(|(i, p)| match table::get(p.fd) {
-            Some(Entry::Shm(c)) => Some((i, c)),
-            _ => None,
-        })
-        .collect();
     if shm.is_empty() && pend.is_empty() {
         return wait(fds, nfds, timeout);
     }
@@ -1454,13 +1453,15 @@ unsafe fn shm_epoll_wait(
     timeout: c_int,
     wait: impl Fn(c_int) -> c_int,
 ) -> c_int {
-    let pend = table::epoll_pending(epfd);
-    for (fd, _, p) in &pend {
-        // Records of the exchange already in are taken now, so a wait
-        // never wakes for bytes that are not the program's.
-        setup::resolve(*fd, p, false, true);
+    let (mut shm, pend) = table::epoll_entries(epfd);
+    if !pend.is_empty() {
+        for (fd, _, p) in &pend {
+            // Records of the exchange already in are taken now, so a wait
+            // never wakes for bytes that are not the program's.
+            setup::resolve(*fd, p, false, true);
+        }
+        shm = table::epoll_entries(epfd).0;
     }
-    let shm = table::epoll_shm(epfd);
     if (shm.is_empty() && pend.is_empty()) || events.is_null() || max <= 0 {
         return wait(timeout);
     }

@@ -238,46 +238,33 @@ pub(crate) fn epoll_forget(fd: c_int) -> Vec<c_int> {
         .collect()
 }
 
-/// The registrations of `epfd` whose descriptor is an accepted
-/// connection not yet resolved, with it.
-pub(crate) fn epoll_pending(epfd: c_int) -> Vec<(c_int, Interest, Arc<Pending>)> {
-    if ENTRIES.load(Ordering::Relaxed) == 0 {
-        return Vec::new();
-    }
-    let regs: Vec<(c_int, Interest)> = {
-        let g = EPOLL.lock().unwrap_or_else(|p| p.into_inner());
-        match g.as_ref().and_then(|m| m.get(&epfd)) {
-            Some(s) => s.iter().map(|(&fd, &i)| (fd, i)).collect(),
-            None => return Vec::new(),
-        }
-    };
-    let t = TABLE.read().unwrap_or_else(|p| p.into_inner());
-    regs.into_iter()
-        .filter_map(|(fd, i)| match t.get(fd as usize) {
-            Some(Some(Entry::Pending(p))) => Some((fd, i, p.clone())),
-            _ => None,
-        })
-        .collect()
-}
+/// The registrations of `epfd` whose descriptor the library holds: the
+/// taken-over connections, and the accepted ones not yet resolved, one
+/// pass over the registrations for both.
+pub(crate) type EpollEntries = (
+    Vec<(c_int, Interest, Arc<Conn>)>,
+    Vec<(c_int, Interest, Arc<Pending>)>,
+);
 
-/// The registrations of `epfd` whose descriptor is a taken-over
-/// connection, with that connection.
-pub(crate) fn epoll_shm(epfd: c_int) -> Vec<(c_int, Interest, Arc<Conn>)> {
+pub(crate) fn epoll_entries(epfd: c_int) -> EpollEntries {
     if ENTRIES.load(Ordering::Relaxed) == 0 {
-        return Vec::new();
+        return (Vec::new(), Vec::new());
     }
     let regs: Vec<(c_int, Interest)> = {
         let g = EPOLL.lock().unwrap_or_else(|p| p.into_inner());
         match g.as_ref().and_then(|m| m.get(&epfd)) {
             Some(s) => s.iter().map(|(&fd, &i)| (fd, i)).collect(),
-            None => return Vec::new(),
+            None => return (Vec::new(), Vec::new()),
         }
     };
     let t = TABLE.read().unwrap_or_else(|p| p.into_inner());
-    regs.into_iter()
-        .filter_map(|(fd, i)| match t.get(fd as usize) {
-            Some(Some(Entry::Shm(c))) => Some((fd, i, c.clone())),
-            _ => None,
-        })
-        .collect()
+    let (mut shm, mut pend) = (Vec::new(), Vec::new());
+    for (fd, i) in regs {
+        match t.get(fd as usize) {
+            Some(Some(Entry::Shm(c))) => shm.push((fd, i, c.clone())),
+            Some(Some(Entry::Pending(p))) => pend.push((fd, i, p.clone())),
+            _ => {}
+        }
+    }
+    (shm, pend)
 }
