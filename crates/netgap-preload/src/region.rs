@@ -81,6 +81,11 @@ pub(crate) fn take_from_peer(
 ) -> Result<(Channel, Region), (Refusal, String)> {
     let me = crate::unix::euid();
     let sock = crate::diag::tcp_socket(e.1, e.0).map_err(|why| (Refusal::Unreachable, why))?;
+    if sock.inode == 0 {
+        // The kernel keeps a closed socket's connection (an orphan) until
+        // its end is through: the connector is gone.
+        return Err((Refusal::Unreachable, "the connector closed its socket".into()));
+    }
     if sock.uid != me {
         return Err((
             Refusal::OtherUser,
