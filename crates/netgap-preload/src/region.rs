@@ -84,7 +84,10 @@ pub(crate) fn take_from_peer(
     if sock.inode == 0 {
         // The kernel keeps a closed socket's connection (an orphan) until
         // its end is through: the connector is gone.
-        return Err((Refusal::Unreachable, "the connector closed its socket".into()));
+        return Err((
+            Refusal::Unreachable,
+            "the connector closed its socket".into(),
+        ));
     }
     if sock.uid != me {
         return Err((
