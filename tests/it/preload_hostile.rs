@@ -391,6 +391,7 @@ fn two_hundred_partial_hellos_leave_other_clients_latency_within_twice_the_basel
             let m = median_latency(nginx.port, &small)
                 .unwrap_or_else(|e| panic!("{what} on {HELD_CONNECTIONS} connections: {e}"));
             medians.push(m);
+            eprintln!("{what}: median {m:?} against a baseline of {baseline:?}");
             if m <= budget {
                 break;
             }
