@@ -201,11 +201,13 @@ impl<'w> Rank<'w> {
                     [0, REP_START] => meter = Some(CpuMeter::start()),
                     [0, REP_END] => {
                         let u = meter.take().map(|m| m.stop(0)).unwrap_or_default();
+                        // No softirq share travels as NaN.
                         let report = [
                             u.system_busy_percent.to_bits(),
                             u.process_percent.to_bits(),
                             u.cpu_ns,
                             u.wall_ns,
+                            u.softirq_percent.unwrap_or(f64::NAN).to_bits(),
                         ];
                         self.peer.send_with_tag(&report[..], TAG_CPU);
                     }
@@ -258,13 +260,15 @@ impl<'w> Rank<'w> {
         }
         let mine = meter.stop(0);
         self.peer.send_with_tag(&[0, REP_END][..], TAG_CONTROL);
-        let mut report = [0u64; 4];
+        let mut report = [0u64; 5];
         self.peer.receive_into_with_tag(&mut report[..], TAG_CPU);
+        let softirq = f64::from_bits(report[4]);
         let theirs = CpuUsage {
             system_busy_percent: f64::from_bits(report[0]),
             process_percent: f64::from_bits(report[1]),
             cpu_ns: report[2],
             wall_ns: report[3],
+            softirq_percent: (!softirq.is_nan()).then_some(softirq),
         };
         (iterations, elapsed_ns, mine, theirs)
     }

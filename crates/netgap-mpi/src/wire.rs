@@ -297,10 +297,11 @@ pub fn parse_line(line: &str) -> Result<Option<RankLine>, WireError> {
                 return bad("repetition out of range");
             }
             let pct_ok = |p: f64| p.is_finite() && (0.0..=100_000.0).contains(&p);
-            if [cpu_rank0, cpu_rank1]
-                .iter()
-                .any(|c| !pct_ok(c.system_busy_percent) || !pct_ok(c.process_percent))
-            {
+            if [cpu_rank0, cpu_rank1].iter().any(|c| {
+                !pct_ok(c.system_busy_percent)
+                    || !pct_ok(c.process_percent)
+                    || c.softirq_percent.is_some_and(|s| !pct_ok(s))
+            }) {
                 return bad("CPU reading out of range");
             }
         }
@@ -377,6 +378,7 @@ mod tests {
             process_percent: 99.5,
             cpu_ns: 995,
             wall_ns: 1000,
+            softirq_percent: Some(12.5),
         };
         let line = RankLine::Rep {
             point: 1,

@@ -360,6 +360,7 @@ mod tests {
                     process_percent: 99.25,
                     cpu_ns: 123_456_789,
                     wall_ns: 1_000_000_000,
+                    softirq_percent: Some(3.5),
                 },
                 datagrams: None,
             },

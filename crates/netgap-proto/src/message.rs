@@ -18,7 +18,9 @@ use serde::{Deserialize, Serialize};
 /// connection proves before payload moves ([`crate::dataproof`]).
 /// Version 4: a point's transport options may carry its message buffers'
 /// alignment and offset (`buffer_align_bytes`, `buffer_offset_bytes`).
-pub const PROTOCOL_VERSION: u32 = 4;
+/// Version 5: a role's CPU reading carries the host's softirq share
+/// (`softirq_percent`).
+pub const PROTOCOL_VERSION: u32 = 5;
 
 /// Which part of a point a repetition belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -214,7 +216,7 @@ impl Reply {
             Reply::Listening { addr } => text("addr", addr),
             Reply::Error { message } => text("message", message),
             Reply::Done { cpu, datagrams, .. } => {
-                if !(cpu.system_busy_percent.is_finite() && cpu.process_percent.is_finite()) {
+                if !cpu.is_finite() {
                     return Err(RangeError {
                         field: "cpu",
                         detail: "not a finite number".into(),

@@ -1365,6 +1365,7 @@ mod tests {
                 process_percent: 50.0,
                 cpu_ns: 500,
                 wall_ns: 1000,
+                softirq_percent: Some(1.5),
             };
             let bytes = iterations * 4096;
             // An unreliable flow's counters travel too; a reliable one has none.

@@ -318,7 +318,7 @@ impl FlowReport {
 impl WorkloadOutcome {
     /// Range-checks an outcome from a peer; never panics.
     pub fn validate(&self) -> Result<(), RangeError> {
-        if !(self.cpu.system_busy_percent.is_finite() && self.cpu.process_percent.is_finite()) {
+        if !self.cpu.is_finite() {
             return Err(range("cpu", "not a finite number"));
         }
         if let Some(d) = &self.datagrams {

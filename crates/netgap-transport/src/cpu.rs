@@ -4,7 +4,10 @@
 //!
 //! One [`CpuMeter`] covers one measured interval (one repetition of a test
 //! role) on one host. It records (a) the busy share of all CPUs from the
-//! aggregate `cpu` line of `/proc/stat`, and (b) the CPU time of the threads
+//! aggregate `cpu` line of `/proc/stat`, and of it the share the kernel
+//! spent in softirq (its packet processing: on a testbed, the forwarding
+//! and shaping of every namespace on the machine, since they all share its
+//! CPUs; the time of `ksoftirqd` is counted there too), and (b) the CPU time of the threads
 //! doing the role: the calling thread's own CPU time
 //! (`CLOCK_THREAD_CPUTIME_ID`) plus what helper threads report through
 //! [`CpuMeter::stop`]. Measuring threads rather than the whole process is
@@ -29,8 +32,8 @@ const PROC_STAT_BUF_BYTES: usize = 256;
 /// debug assertion).
 #[derive(Debug, Clone)]
 pub struct CpuMeter {
-    /// Aggregate (busy, total) jiffies at start, if `/proc/stat` was readable.
-    start_jiffies: Option<(u64, u64)>,
+    /// Aggregate jiffies at start, if `/proc/stat` was readable.
+    start_jiffies: Option<Jiffies>,
     /// CPU time of the starting thread at start, in nanoseconds.
     start_thread_cpu_ns: u64,
     /// Wall-clock start of the interval.
@@ -56,9 +59,9 @@ impl CpuMeter {
     /// of the role, measured by those threads with [`thread_cpu_ns`].
     ///
     /// `system_busy_percent` is 0 when `/proc/stat` is unreadable or did not
-    /// advance (intervals shorter than one jiffy); `process_percent` is 0 when
-    /// no wall time elapsed. May be called more than once; each call measures
-    /// from [`CpuMeter::start`].
+    /// advance (intervals shorter than one jiffy), and `softirq_percent` is
+    /// then `None`; `process_percent` is 0 when no wall time elapsed. May be
+    /// called more than once; each call measures from [`CpuMeter::start`].
     pub fn stop(&self, extra_thread_cpu_ns: u64) -> CpuUsage {
         let wall_ns = u64::try_from(self.start_instant.elapsed().as_nanos()).unwrap_or(u64::MAX);
         let end_thread_cpu_ns = thread_cpu_ns();
@@ -76,34 +79,52 @@ impl CpuMeter {
         } else {
             100.0 * cpu_ns as f64 / wall_ns as f64
         };
-        let system_busy_percent = match (self.start_jiffies, end_jiffies) {
-            (Some(start), Some(end)) => busy_percent(start, end),
-            _ => 0.0,
+        let (system_busy_percent, softirq_percent) = match (self.start_jiffies, end_jiffies) {
+            (Some(start), Some(end)) => {
+                shares(start, end).map_or((0.0, None), |(b, s)| (b, Some(s)))
+            }
+            _ => (0.0, None),
         };
         CpuUsage {
             system_busy_percent,
             process_percent,
             cpu_ns,
             wall_ns,
+            softirq_percent,
         }
     }
 }
 
-/// Busy percent, 0..=100, between two (busy, total) jiffy readings; 0 when
-/// the total did not advance. Counters that went backwards (iowait can) count
-/// as no progress, and the result is clamped to 100.
-fn busy_percent(start: (u64, u64), end: (u64, u64)) -> f64 {
-    let busy = end.0.saturating_sub(start.0);
-    let total = end.1.saturating_sub(start.1);
-    if total == 0 {
-        return 0.0;
-    }
-    (100.0 * busy as f64 / total as f64).clamp(0.0, 100.0)
+/// The CPU time counters of one `cpu` line of `/proc/stat`, in jiffies.
+/// Invariant: `softirq <= busy <= total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Jiffies {
+    /// Busy time, softirq included.
+    pub busy: u64,
+    /// Time in softirq.
+    pub softirq: u64,
+    /// Busy, idle and iowait time.
+    pub total: u64,
 }
 
-/// Reads the aggregate line (the first) of `/proc/stat` as (busy, total)
-/// jiffies; `None` if it cannot be read or parsed.
-fn read_proc_stat_jiffies() -> Option<(u64, u64)> {
+/// The busy percent and the softirq percent, each 0..=100, between two
+/// readings; `None` when the total did not advance. Counters that went
+/// backwards (iowait can) count as no progress, and the results are
+/// clamped to 100, the softirq share to the busy one.
+fn shares(start: Jiffies, end: Jiffies) -> Option<(f64, f64)> {
+    let total = end.total.saturating_sub(start.total);
+    if total == 0 {
+        return None;
+    }
+    let pct =
+        |a: u64, b: u64| (100.0 * b.saturating_sub(a) as f64 / total as f64).clamp(0.0, 100.0);
+    let busy = pct(start.busy, end.busy);
+    Some((busy, pct(start.softirq, end.softirq).min(busy)))
+}
+
+/// Reads the aggregate line (the first) of `/proc/stat`; `None` if it
+/// cannot be read or parsed.
+fn read_proc_stat_jiffies() -> Option<Jiffies> {
     let file = std::fs::File::open(PROC_STAT).ok()?;
     let mut reader = std::io::BufReader::with_capacity(PROC_STAT_BUF_BYTES, file);
     let mut line = String::with_capacity(PROC_STAT_BUF_BYTES);
@@ -112,14 +133,13 @@ fn read_proc_stat_jiffies() -> Option<(u64, u64)> {
 }
 
 /// Parses a `cpu` line of `/proc/stat` (`cpu  user nice system idle iowait
-/// irq softirq steal guest guest_nice`, in jiffies) into (busy, total)
-/// jiffies, where busy = user + nice + system + irq + softirq + steal and
-/// total = busy + idle + iowait. Guest time is already part of user and nice,
-/// so it is not added again. Fields missing on old kernels count as 0; at
-/// least user, nice, system and idle must be present. `None` when the label
-/// does not start with `cpu` or a field is not a number. Invariant of the
-/// result: busy <= total.
-pub(crate) fn parse_proc_stat_line(line: &str) -> Option<(u64, u64)> {
+/// irq softirq steal guest guest_nice`, in jiffies), where busy = user +
+/// nice + system + irq + softirq + steal and total = busy + idle + iowait.
+/// Guest time is already part of user and nice, so it is not added again.
+/// Fields missing on old kernels count as 0; at least user, nice, system
+/// and idle must be present. `None` when the label does not start with
+/// `cpu` or a field is not a number.
+pub(crate) fn parse_proc_stat_line(line: &str) -> Option<Jiffies> {
     let mut fields = line.split_whitespace();
     if !fields.next()?.starts_with("cpu") {
         return None;
@@ -138,7 +158,11 @@ pub(crate) fn parse_proc_stat_line(line: &str) -> Option<(u64, u64)> {
         .iter()
         .fold(0u64, |acc, v| acc.saturating_add(*v));
     let total = busy.saturating_add(idle).saturating_add(iowait);
-    Some((busy, total))
+    Some(Jiffies {
+        busy,
+        softirq,
+        total,
+    })
 }
 
 /// Peak resident set size of this process (VmHWM), in KiB, if readable:
@@ -253,9 +277,16 @@ mod tests {
     fn parses_fixed_proc_stat_line() {
         let line = "cpu  6647 0 2565 232350 267 0 23 24 0 0\n";
         // busy = 6647 + 0 + 2565 + 0 + 23 + 24; total = busy + 232350 + 267.
-        assert_eq!(parse_proc_stat_line(line), Some((9259, 241_876)));
+        let j = |busy, softirq, total| {
+            Some(Jiffies {
+                busy,
+                softirq,
+                total,
+            })
+        };
+        assert_eq!(parse_proc_stat_line(line), j(9259, 23, 241_876));
         // Per-CPU lines and short old-kernel lines parse too.
-        assert_eq!(parse_proc_stat_line("cpu0 1 2 3 4"), Some((6, 10)));
+        assert_eq!(parse_proc_stat_line("cpu0 1 2 3 4"), j(6, 0, 10));
         assert_eq!(parse_proc_stat_line("intr 1 2 3 4"), None);
         assert_eq!(parse_proc_stat_line("cpu 1 2 3"), None);
         assert_eq!(parse_proc_stat_line("cpu 1 x 3 4"), None);
@@ -264,17 +295,24 @@ mod tests {
 
     #[test]
     fn reads_live_proc_stat() {
-        let (busy, total) = read_proc_stat_jiffies().expect("/proc/stat readable");
-        assert!(total > 0);
-        assert!(busy <= total);
+        let j = read_proc_stat_jiffies().expect("/proc/stat readable");
+        assert!(j.total > 0);
+        assert!(j.softirq <= j.busy && j.busy <= j.total, "{j:?}");
     }
 
     #[test]
-    fn busy_percent_edges() {
-        assert_eq!(busy_percent((10, 100), (10, 100)), 0.0);
-        assert_eq!(busy_percent((10, 100), (35, 200)), 25.0);
+    fn shares_edges() {
+        let j = |busy, softirq, total| Jiffies {
+            busy,
+            softirq,
+            total,
+        };
+        assert_eq!(shares(j(10, 1, 100), j(10, 1, 100)), None);
+        assert_eq!(shares(j(10, 1, 100), j(35, 11, 200)), Some((25.0, 10.0)));
         // A total that went backwards is no progress, not a huge number.
-        assert_eq!(busy_percent((10, 100), (20, 90)), 0.0);
-        assert_eq!(busy_percent((10, 100), (30, 110)), 100.0);
+        assert_eq!(shares(j(10, 1, 100), j(20, 2, 90)), None);
+        assert_eq!(shares(j(10, 1, 100), j(30, 40, 110)), Some((100.0, 100.0)));
+        // Counters that went backwards count as nothing.
+        assert_eq!(shares(j(10, 5, 100), j(20, 2, 200)), Some((10.0, 0.0)));
     }
 }
