@@ -11,6 +11,7 @@ pub mod datagram;
 pub mod dropout;
 pub mod files;
 pub mod host;
+pub mod load;
 pub mod metric;
 pub mod noise;
 pub mod physics;

@@ -6,15 +6,22 @@
 //! diagnosis looks first for a cause the record saw directly, then for a
 //! pattern in the repetitions:
 //!
-//! 1. **CPU contention**: some host of the point was busier, by
-//!    [`CONTENDED_BUSY_PERCENT`] of all its CPUs or more, than the point's
-//!    own threads make it (from `/proc/stat` over the point).
-//! 2. **Short repetitions**: fewer than [`SHORT_REP_ITERATIONS`] exchanges
+//! 1. **The emulator** (on a testbed): the testbed's forwarding and
+//!    shaping, the softirq share of the machine's CPUs, took
+//!    [`crate::load::FORWARDING_BOUND_PERCENT`] of them or more, and at
+//!    least as much as other work ([`CpuLoad::forwarding_named`]): the
+//!    emulator, not the links, bound the point, and a quieter host would
+//!    not help.
+//! 2. **CPU contention**: other work kept some host of the point busy, by
+//!    [`CONTENDED_BUSY_PERCENT`] of all its CPUs or more, beyond the
+//!    point's own threads and the kernel's packet processing (from
+//!    `/proc/stat` over the point; [`crate::load`]).
+//! 3. **Short repetitions**: fewer than [`SHORT_REP_ITERATIONS`] exchanges
 //!    (latency tests) or less than [`SHORT_REP_MS`] per repetition, so a
 //!    single scheduler tick or interrupt is a large share of one.
-//! 3. **Drift**: the repetitions follow a trend in time (a least-squares
+//! 4. **Drift**: the repetitions follow a trend in time (a least-squares
 //!    slope over the repetition index, significant at 95%).
-//! 4. **Two groups**: sorted, the repetitions fall into two groups of at
+//! 5. **Two groups**: sorted, the repetitions fall into two groups of at
 //!    least two each, the gap between them at least
 //!    [`TWO_GROUPS_GAP_SPREADS`] times the spread within them (the idea of
 //!    [`crate::dropout::split_trials`], for any noisy point).
@@ -22,6 +29,7 @@
 //! Otherwise the noise is unexplained and the remedy is more repetitions.
 //! Plain data in, plain data out: no I/O.
 
+use crate::load::{emulator_finding, CpuLoad, EMULATOR_REMEDY};
 use crate::record::ResultRecord;
 use crate::stats::{t_quantile, NOISY_CV};
 use serde::{Deserialize, Serialize};
@@ -30,8 +38,9 @@ use serde::{Deserialize, Serialize};
 pub const SHORT_REP_ITERATIONS: u64 = 100;
 /// A repetition shorter than this, in milliseconds, is short.
 pub const SHORT_REP_MS: f64 = 5.0;
-/// CPU busy beyond the point's own threads, in percent of all the host's
-/// CPUs, from which a host counts as contended.
+/// CPU busy beyond the point's own threads and the kernel's packet
+/// processing (other work), in percent of all the host's CPUs, from which a
+/// host counts as contended.
 pub const CONTENDED_BUSY_PERCENT: f64 = 20.0;
 /// How many within-group standard deviations the gap between two groups of
 /// repetitions must span.
@@ -41,6 +50,8 @@ pub const TWO_GROUPS_GAP_SPREADS: f64 = 4.0;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum NoiseKind {
+    /// The testbed's own forwarding kept its machine's CPUs busy.
+    Emulator,
     /// Another load kept a host of the point busy.
     CpuContention,
     /// Repetitions too short for their own timing.
@@ -57,6 +68,7 @@ impl NoiseKind {
     /// A few words naming the kind, for grouped warnings.
     pub fn title(self) -> &'static str {
         match self {
+            NoiseKind::Emulator => "the testbed's forwarding",
             NoiseKind::CpuContention => "CPU contention",
             NoiseKind::ShortRepetitions => "short repetitions",
             NoiseKind::Drift => "drift across repetitions",
@@ -74,9 +86,9 @@ pub struct NoiseContext {
     pub iterations_per_rep: Option<u64>,
     /// Length of one repetition in milliseconds, when known or estimable.
     pub rep_ms: Option<f64>,
-    /// The most contended host: its name and its CPU busy beyond the
-    /// point's own threads, in percent of all its CPUs.
-    pub contention: Option<(String, f64)>,
+    /// Where the CPUs of the point's busiest host went (on a testbed, of
+    /// the machine its hosts share).
+    pub cpu: Option<CpuLoad>,
     /// `--pin` placed both roles.
     pub pinned: bool,
     /// The repetitions alternated with other stacks' (`--interleave`).
@@ -209,14 +221,37 @@ pub fn diagnose(
         "repetitions vary by {}% (coefficient of variation)",
         pct(cv)
     );
-    let (kind, finding, remedy) = if let Some((host, busy)) = ctx
-        .contention
+    let contended = |l: &CpuLoad| l.other_percent >= CONTENDED_BUSY_PERCENT;
+    let (kind, finding, remedy) = if let Some((load, forwarding)) = ctx
+        .cpu
         .as_ref()
-        .filter(|(_, busy)| *busy >= CONTENDED_BUSY_PERCENT)
+        .filter(|l| l.forwarding_named())
+        .and_then(|l| Some((l, l.forwarding_percent()?)))
     {
+        let also = if contended(load) {
+            format!(" (and other work {:.0}%)", load.other_percent)
+        } else {
+            String::new()
+        };
+        (
+            NoiseKind::Emulator,
+            format!("while {}{also}", emulator_finding(forwarding)),
+            EMULATOR_REMEDY.to_string(),
+        )
+    } else if let Some(load) = ctx.cpu.as_ref().filter(|l| contended(l)) {
+        let also = match load.forwarding_percent() {
+            Some(f) if f >= crate::load::FORWARDING_BOUND_PERCENT => {
+                format!(" (and the testbed's forwarding {f:.0}%)")
+            }
+            _ => String::new(),
+        };
         (
             NoiseKind::CpuContention,
-            format!("while other work kept {busy:.0}% of {host}'s CPUs busy"),
+            format!(
+                "while other work kept {:.0}% of {} busy{also}",
+                load.other_percent,
+                load.whose_cpus()
+            ),
             "measure on a quieter host".to_string(),
         )
     } else if let Some(why) = short(ctx) {
@@ -298,9 +333,9 @@ fn short(ctx: &NoiseContext) -> Option<String> {
 impl NoiseContext {
     /// What `record` says around its repetitions: iterations, the length
     /// of a repetition (its time budget, or estimated from its iterations
-    /// and value), the most contended host (busy beyond the share of its
-    /// CPUs the point's own threads took; both ends on one host count
-    /// together), pinning and interleaving.
+    /// and value), where the CPUs of its busiest host went
+    /// ([`CpuLoad::of_record`]: both ends on one host, or every host of a
+    /// testbed, count together), pinning and interleaving.
     pub fn of_record(record: &ResultRecord) -> NoiseContext {
         let options = record.options.as_ref();
         let multi_host = record.workload.is_some();
@@ -327,7 +362,7 @@ impl NoiseContext {
                 .iterations_per_rep
                 .filter(|_| record.metric == "latency_us"),
             rep_ms,
-            contention: contention(record),
+            cpu: CpuLoad::of_record(record),
             pinned: options.is_some_and(|o| {
                 o.placement.client_cpu.is_some() && o.placement.server_cpu.is_some()
             }),
@@ -339,57 +374,6 @@ impl NoiseContext {
             },
         }
     }
-}
-
-/// The host of `record` with the most CPU busy beyond the point's own
-/// threads, in percent of all its CPUs.
-fn contention(record: &ResultRecord) -> Option<(String, f64)> {
-    let foreign = |busy: f64, own_percent_of_core: f64, cores: u32| {
-        busy - own_percent_of_core / f64::from(cores.max(1))
-    };
-    let mut hosts: Vec<(String, f64)> = Vec::new();
-    if let (Some(cpu), Some(host)) = (&record.cpu, &record.host) {
-        let peer = record.peer_host.as_ref();
-        let same_host = peer.is_none_or(|p| p.hostname == host.hostname);
-        if same_host {
-            let own = cpu.local.process_percent + cpu.remote.process_percent;
-            let busy = cpu
-                .local
-                .system_busy_percent
-                .max(cpu.remote.system_busy_percent);
-            hosts.push((host.hostname.clone(), foreign(busy, own, host.cores)));
-        } else {
-            hosts.push((
-                host.hostname.clone(),
-                foreign(
-                    cpu.local.system_busy_percent,
-                    cpu.local.process_percent,
-                    host.cores,
-                ),
-            ));
-            if let Some(p) = peer {
-                hosts.push((
-                    p.hostname.clone(),
-                    foreign(
-                        cpu.remote.system_busy_percent,
-                        cpu.remote.process_percent,
-                        p.cores,
-                    ),
-                ));
-            }
-        }
-    }
-    for h in record.workload.iter().flat_map(|g| &g.hosts_cpu) {
-        let cores = h.facts.as_ref().map_or(1, |f| f.cores);
-        hosts.push((
-            h.host.clone(),
-            foreign(h.cpu.system_busy_percent, h.cpu.process_percent, cores),
-        ));
-    }
-    hosts
-        .into_iter()
-        .filter(|(_, f)| f.is_finite())
-        .max_by(|a, b| a.1.total_cmp(&b.1))
 }
 
 /// The diagnosis of `record`'s noise from its own repetitions and what it
@@ -414,7 +398,7 @@ mod tests {
         NoiseContext {
             iterations_per_rep: Some(100_000),
             rep_ms: Some(1000.0),
-            contention: None,
+            cpu: None,
             pinned: false,
             interleaved: false,
             length_flag: "--rep-time",
@@ -484,18 +468,85 @@ mod tests {
         assert!(d.sentence.contains("--duration"), "{}", d.sentence);
     }
 
+    /// A host's load: `busy` of its CPUs, `own` and `softirq` of them,
+    /// the rest other work; on a testbed when `testbed`.
+    fn load(busy: f64, own: f64, softirq: f64, testbed: bool) -> CpuLoad {
+        CpuLoad {
+            hosts: vec!["h1".into()],
+            cores: 2,
+            busy_percent: busy,
+            own_percent: own,
+            softirq_percent: Some(softirq),
+            other_percent: (busy - own - softirq).max(0.0),
+            testbed,
+            bound_by: None,
+        }
+    }
+
     #[test]
     fn cpu_contention_is_diagnosed_and_comes_before_the_pattern() {
         let reps = [10.0, 10.6, 11.1, 11.5, 12.2, 12.6, 13.1, 13.7];
         let mut busy = ctx();
-        busy.contention = Some(("h1".into(), 45.0));
+        busy.cpu = Some(load(95.0, 45.0, 5.0, false));
         let d = run(&reps, &busy);
         assert_eq!(d.kind, NoiseKind::CpuContention);
         assert!(d.sentence.contains("45% of h1's CPUs"), "{}", d.sentence);
         assert!(d.sentence.contains("quieter host"), "{}", d.sentence);
         // Slight foreign load is not contention.
-        busy.contention = Some(("h1".into(), 5.0));
+        busy.cpu = Some(load(55.0, 45.0, 5.0, false));
         assert_eq!(run(&reps, &busy).kind, NoiseKind::Drift);
+        // Off a testbed the kernel's packet processing is the point's own
+        // stack at work, neither other work nor an emulator.
+        busy.cpu = Some(load(95.0, 45.0, 45.0, false));
+        assert_eq!(run(&reps, &busy).kind, NoiseKind::Drift);
+    }
+
+    #[test]
+    fn the_testbeds_forwarding_is_named_as_the_emulator_never_as_other_work() {
+        let reps = [10.0, 10.6, 11.1, 11.5, 12.2, 12.6, 13.1, 13.7];
+        let mut c = ctx();
+        // The issue's multirail: 99.9% busy, netgap's ends 63.5%, the
+        // rest the testbed's forwarding.
+        c.cpu = Some(load(99.9, 63.5, 33.0, true));
+        let d = run(&reps, &c);
+        assert_eq!(d.kind, NoiseKind::Emulator);
+        assert!(
+            d.sentence.contains(
+                "the testbed's forwarding used 33% of the CPUs: the emulator, not the links, \
+                 bound this point"
+            ),
+            "{}",
+            d.sentence
+        );
+        assert!(!d.sentence.contains("quieter host"), "{}", d.sentence);
+        assert!(!d.sentence.contains("other work"), "{}", d.sentence);
+        assert!(d.remedy.contains("--rate"), "{}", d.remedy);
+        // Forwarding and other work both past the bar: the larger names
+        // the kind, the other is said beside it.
+        c.cpu = Some(load(100.0, 20.0, 50.0, true));
+        let d = run(&reps, &c);
+        assert_eq!(d.kind, NoiseKind::Emulator);
+        assert!(
+            d.sentence.contains("(and other work 30%)"),
+            "{}",
+            d.sentence
+        );
+        // A busy loop beside the testbed: other work, with its remedy.
+        c.cpu = Some(load(100.0, 20.0, 25.0, true));
+        let d = run(&reps, &c);
+        assert_eq!(d.kind, NoiseKind::CpuContention);
+        assert!(
+            d.sentence.contains(
+                "other work kept 55% of the testbed machine's CPUs busy (and the testbed's \
+                 forwarding 25%)"
+            ),
+            "{}",
+            d.sentence
+        );
+        assert!(d.sentence.contains("quieter host"), "{}", d.sentence);
+        // Little of either: the pattern decides.
+        c.cpu = Some(load(60.0, 40.0, 10.0, true));
+        assert_eq!(run(&reps, &c).kind, NoiseKind::Drift);
     }
 
     #[test]
@@ -534,7 +585,8 @@ mod tests {
         assert_eq!(c.iterations_per_rep, Some(50));
         assert_eq!(c.rep_ms, Some(1.0));
         // Both ends on one 2-core host: 100% of a core of their own is 50%.
-        assert_eq!(c.contention, Some(("a".into(), 40.0)));
+        let cpu = c.cpu.as_ref().unwrap();
+        assert_eq!((cpu.own_percent, cpu.other_percent), (50.0, 40.0));
         assert!(!c.pinned);
         assert_eq!(c.length_flag, "--rep-time");
         // A bandwidth test's few iterations are bursts, not short ones.

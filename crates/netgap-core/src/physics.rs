@@ -34,7 +34,14 @@
 //! wire. A result past either is a measurement fault ([`Fault`]), never a
 //! clean point. A path whose rate, MTU or framing is unknown has no limit
 //! (`None`), never a guess.
+//!
+//! A result well below its limit is no fault, but something other than the
+//! links bound it. On a testbed that may be the emulator itself: its
+//! forwarding and shaping run on the same CPUs as the hosts' stacks, and
+//! when they fill them the links never get the chance to bind
+//! ([`emulator_bound`]).
 
+use crate::load::{emulator_finding, CpuLoad, EMULATOR_REMEDY};
 use crate::record::ResultRecord;
 use crate::stack::Stack;
 use serde::{Deserialize, Serialize};
@@ -368,6 +375,58 @@ pub fn fault_sentence(r: &ResultRecord, f: &Fault) -> String {
     }
 }
 
+/// The share of its payload limit below which a bandwidth did not reach
+/// its links' rate: past the shaper's own ripple (a few percent) and far
+/// enough below to ask what bound it.
+pub const BELOW_LIMIT_SHARE: f64 = 0.9;
+
+/// A bandwidth below its path's limit on a testbed whose forwarding filled
+/// the machine's CPUs: the emulator, not the links, bound it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EmulatorBound {
+    /// The record's bandwidth, Gbit/s.
+    pub value: f64,
+    /// The path's payload limit, Gbit/s.
+    pub limit_gbps: f64,
+    /// The testbed's forwarding, in percent of all the machine's CPUs.
+    pub forwarding_percent: f64,
+}
+
+/// Whether the emulator bound `r`, with the load of its machine `load`: a
+/// bandwidth under [`BELOW_LIMIT_SHARE`] of its payload limit, no fault,
+/// the machine saturated ([`CpuLoad::saturated`]) and the testbed's
+/// forwarding named ([`CpuLoad::forwarding_named`]). `None` otherwise
+/// (other metrics, no limit, off a testbed), never a guess.
+pub fn emulator_bound(r: &ResultRecord, load: &CpuLoad) -> Option<EmulatorBound> {
+    let physics = r.physics.as_ref().filter(|p| p.fault.is_none())?;
+    let limit_gbps = physics.payload_limit_gbps.filter(|l| *l > 0.0)?;
+    let below = r.metric == "bandwidth_gbps" && r.value < limit_gbps * BELOW_LIMIT_SHARE;
+    if !(below && load.saturated() && load.forwarding_named()) {
+        return None;
+    }
+    Some(EmulatorBound {
+        value: r.value,
+        limit_gbps,
+        forwarding_percent: load.forwarding_percent()?,
+    })
+}
+
+/// One sentence naming the point, how far below its limit it stayed and
+/// that the emulator bound it, with the remedy.
+pub fn bound_sentence(r: &ResultRecord, b: &EmulatorBound) -> String {
+    format!(
+        "{} over {}, {} B: {:.3} Gbit/s is {:.0}% of the {:.3} Gbit/s its path can carry while \
+         {}; {EMULATOR_REMEDY}",
+        r.test,
+        r.transport,
+        r.size_bytes,
+        b.value,
+        100.0 * b.value / b.limit_gbps,
+        b.limit_gbps,
+        emulator_finding(b.forwarding_percent)
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -637,6 +696,55 @@ mod tests {
             s.reps = vec![l * 0.98, l * 1.0];
         }
         assert_eq!(assess(&r).and_then(|p| p.fault), None);
+    }
+
+    #[test]
+    fn only_a_bandwidth_well_below_its_limit_on_a_machine_full_of_forwarding_is_emulator_bound() {
+        let load = |busy: f64, softirq: f64, testbed: bool| CpuLoad {
+            hosts: vec!["h1".into(), "h2".into()],
+            cores: 2,
+            busy_percent: busy,
+            own_percent: 50.0,
+            softirq_percent: Some(softirq),
+            other_percent: (busy - 50.0 - softirq).max(0.0),
+            testbed,
+            bound_by: None,
+        };
+        let stream = |v: f64| {
+            on(
+                record("stream", "tcp", 65536, "bandwidth_gbps", v),
+                shaped("mesh", 1500, None),
+            )
+        };
+        let l = 1448.0 / 1514.0;
+        let b = emulator_bound(&stream(0.5), &load(99.0, 45.0, true)).expect("bound");
+        assert!(near(b.limit_gbps, l) && b.value == 0.5 && b.forwarding_percent == 45.0);
+        assert!(
+            bound_sentence(&stream(0.5), &b).starts_with(
+                "stream over tcp, 65536 B: 0.500 Gbit/s is 52% of the 0.956 Gbit/s its path can \
+                 carry while the testbed's forwarding used 45% of the CPUs"
+            ),
+            "{}",
+            bound_sentence(&stream(0.5), &b)
+        );
+        // Near its limit, on CPUs to spare, off a testbed, with forwarding
+        // under the bar, or past the limit (a fault): not the emulator.
+        assert_eq!(emulator_bound(&stream(0.9), &load(99.0, 45.0, true)), None);
+        assert_eq!(emulator_bound(&stream(0.5), &load(80.0, 30.0, true)), None);
+        assert_eq!(emulator_bound(&stream(0.5), &load(99.0, 45.0, false)), None);
+        assert_eq!(emulator_bound(&stream(0.5), &load(99.0, 10.0, true)), None);
+        assert_eq!(emulator_bound(&stream(2.0), &load(99.0, 45.0, true)), None);
+        // A latency has no such verdict; a path without a limit neither.
+        let ping = on(
+            record("pingpong", "tcp", 64, "latency_us", 50.0),
+            shaped("mesh", 1500, None),
+        );
+        assert_eq!(emulator_bound(&ping, &load(99.0, 45.0, true)), None);
+        let unix = on(
+            record("stream", "unix", 65536, "bandwidth_gbps", 0.5),
+            shaped("mesh", 1500, None),
+        );
+        assert_eq!(emulator_bound(&unix, &load(99.0, 45.0, true)), None);
     }
 
     #[test]

@@ -280,6 +280,13 @@ pub struct ResultRecord {
     /// (see [`crate::physics`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub physics: Option<crate::physics::Physics>,
+    /// Where the CPUs of the point's busiest host (on a testbed, of its
+    /// machine) went: its own threads, the kernel's packet processing (the
+    /// testbed's forwarding) and other work, and what bound the point when
+    /// not its links; set by [`ResultRecord::diagnosed`], absent without
+    /// CPU readings (see [`crate::load`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_load: Option<crate::load::CpuLoad>,
 }
 
 /// The section of an imported record.
@@ -390,6 +397,7 @@ impl ResultRecord {
             stack: None,
             workload: None,
             physics: None,
+            cpu_load: None,
         }
     }
 
@@ -437,22 +445,47 @@ impl ResultRecord {
 
     /// The record with its warnings set from the diagnosis of its noise
     /// ([`crate::noise::diagnose_record`]), which reads the finished
-    /// record: its repetitions, CPU of every end and placement; and its
+    /// record: its repetitions, CPU of every end and placement; its
     /// physics judged again ([`crate::physics::assess`]), a fault adding its
-    /// sentence to the warnings.
+    /// sentence to the warnings; and the load of its CPUs
+    /// ([`crate::load::CpuLoad`]), naming the emulator as what bound the
+    /// point when the noise came from the testbed's forwarding or a
+    /// bandwidth below its limit did ([`crate::physics::emulator_bound`],
+    /// with its sentence).
     pub fn diagnosed(mut self) -> ResultRecord {
-        self.warnings = crate::noise::diagnose_record(&self)
-            .map(|d| d.sentence)
-            .into_iter()
-            .collect();
+        let noise = crate::noise::diagnose_record(&self);
         if self.stack.is_some() {
             self.physics = crate::physics::assess(&self);
+        }
+        let mut load = crate::load::CpuLoad::of_record(&self);
+        let bound = load
+            .as_ref()
+            .and_then(|l| crate::physics::emulator_bound(&self, l));
+        let noisy_by_emulator = noise
+            .as_ref()
+            .is_some_and(|d| d.kind == crate::noise::NoiseKind::Emulator);
+        if let Some(l) = load.as_mut() {
+            l.bound_by =
+                (noisy_by_emulator || bound.is_some()).then_some(crate::load::BoundBy::Emulator);
+        }
+        self.cpu_load = load;
+        self.warnings = noise.map(|d| d.sentence).into_iter().collect();
+        // A noisy point whose noise named the emulator says it once.
+        if let Some(b) = bound.filter(|_| !noisy_by_emulator) {
+            let sentence = crate::physics::bound_sentence(&self, &b);
+            self.warnings.push(sentence);
         }
         if let Some(f) = self.fault() {
             let sentence = crate::physics::fault_sentence(&self, f);
             self.warnings.push(sentence);
         }
         self
+    }
+
+    /// Whether the emulator, not the links, bound the point (its
+    /// [`crate::load::CpuLoad::bound_by`]).
+    pub fn emulator_bound(&self) -> bool {
+        self.cpu_load.as_ref().and_then(|l| l.bound_by) == Some(crate::load::BoundBy::Emulator)
     }
 }
 

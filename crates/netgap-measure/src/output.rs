@@ -124,16 +124,17 @@ pub(crate) fn table_row(r: &ResultRecord) -> String {
     } else if !matches!(r.metric.as_str(), "latency_us" | "bandwidth_gbps") {
         notes.push(format!("{} {}", r.metric, fmt_num(r.value)));
     }
-    let fault_sentence = r
-        .fault()
-        .map(|f| netgap_core::physics::fault_sentence(r, f));
+    let own_sentences = point_sentences(r);
     use crate::workload_run::summary::{FAILURE_PREFIX, WINDOW_PREFIX};
     if r.warnings.iter().any(|w| {
-        Some(w) != fault_sentence.as_ref()
+        !own_sentences.contains(w)
             && !w.starts_with(FAILURE_PREFIX)
             && !w.starts_with(WINDOW_PREFIX)
     }) {
         notes.push("noisy".into());
+    }
+    if let Some(note) = emulator_note(r) {
+        notes.push(note);
     }
     // A repetition whose data path did not read through its window is a
     // measurement fault, not noise.
@@ -241,6 +242,30 @@ pub(crate) fn set_apart(r: &ResultRecord) -> Vec<String> {
     };
     notes.push(format!("{count}={}", w.clients));
     notes
+}
+
+/// The warnings of a record that name their point themselves: a fault's
+/// sentence and that of a bandwidth the emulator held below its limit.
+fn point_sentences(r: &ResultRecord) -> Vec<String> {
+    let fault = r
+        .fault()
+        .map(|f| netgap_core::physics::fault_sentence(r, f));
+    let bound = r
+        .cpu_load
+        .as_ref()
+        .and_then(|l| netgap_core::physics::emulator_bound(r, l))
+        .map(|b| netgap_core::physics::bound_sentence(r, &b));
+    fault.into_iter().chain(bound).collect()
+}
+
+/// The table's note for a point the emulator bound, such as
+/// `emulator-bound: forwarding 44%`.
+pub(crate) fn emulator_note(r: &ResultRecord) -> Option<String> {
+    let load = r.cpu_load.as_ref().filter(|_| r.emulator_bound())?;
+    Some(match load.forwarding_percent() {
+        Some(f) => format!("emulator-bound: forwarding {f:.0}%"),
+        None => "emulator-bound".to_string(),
+    })
 }
 
 /// The table's note for a result past what its path allows, such as
@@ -408,14 +433,12 @@ impl Observer for TableObserver {
         // The noise warning of a record (whichever words it was written
         // with) is replaced by the diagnosis, so noisy points group by kind.
         let diagnosis = netgap_core::noise::diagnose_record(record);
-        // A fault's sentence names its point itself.
-        let fault_sentence = record
-            .fault()
-            .map(|f| netgap_core::physics::fault_sentence(record, f));
+        // A fault's sentence, and a bound one's, names its point itself.
+        let own_sentences = point_sentences(record);
         for w in &record.warnings {
             match &diagnosis {
                 Some(d) if w == &d.sentence || w.starts_with(NOISE_PREFIX) => {}
-                _ if Some(w) == fault_sentence.as_ref() => self.warnings.push(w.clone()),
+                _ if own_sentences.contains(w) => self.warnings.push(w.clone()),
                 _ => self.warnings.push(format!("{point}: {w}")),
             }
         }
@@ -603,6 +626,116 @@ mod tests {
             "{}",
             w[0]
         );
+    }
+
+    /// A stream record of `value` Gbit/s over a 1 Gbit/s testbed link at
+    /// MTU 1500 (limit 0.956 Gbit/s), with repetitions `reps`, both ends'
+    /// CPU readings (`busy`, `softirq`, each end's own percent of a core)
+    /// on a 2-CPU machine, diagnosed.
+    fn on_testbed(value: f64, reps: &[f64], busy: f64, softirq: f64, own: f64) -> ResultRecord {
+        use netgap_core::cpu::CpuUsage;
+        use netgap_core::host::HostFacts;
+        use netgap_core::record::CpuPair;
+        use netgap_core::spec::{Mode, TransportOptions};
+        use netgap_core::stack::{PathIdentity, Stack};
+        let mut r = crate::test_support::record(value);
+        r.test = "stream".into();
+        r.metric = "bandwidth_gbps".into();
+        r.size_bytes = 65536;
+        r.stats = Some(RecordStats::from(&Summary::from_reps(reps).unwrap()));
+        let usage = CpuUsage {
+            system_busy_percent: busy,
+            process_percent: own,
+            softirq_percent: Some(softirq),
+            ..CpuUsage::default()
+        };
+        r.cpu = Some(CpuPair {
+            local: usage,
+            remote: usage,
+        });
+        let facts = |name: &str| HostFacts {
+            hostname: name.into(),
+            cores: 2,
+            ..HostFacts::default()
+        };
+        r.host = Some(facts("h2"));
+        r.peer_host = Some(facts("h1"));
+        let path = PathIdentity {
+            kind: Some("testbed".into()),
+            topology: Some("mesh".into()),
+            mtu_bytes: Some(1500),
+            rate_bps: Some(1_000_000_000),
+            ..PathIdentity::default()
+        };
+        let stack = Stack::new("tcp", Mode::Event, &TransportOptions::default(), path, None);
+        r.with_stack(stack).diagnosed()
+    }
+
+    #[test]
+    fn a_quiet_point_held_below_its_limit_by_the_forwarding_names_the_emulator() {
+        // 0.5 of 0.956 Gbit/s, quiet, the machine full: a third of it
+        // forwarding, netgap's two ends 60% of a core each.
+        let r = on_testbed(0.5, &[0.5, 0.5, 0.501, 0.499], 99.0, 35.0, 60.0);
+        let load = r.cpu_load.as_ref().unwrap();
+        assert_eq!(load.bound_by, Some(netgap_core::load::BoundBy::Emulator));
+        let row = table_row(&r);
+        assert!(row.contains("emulator-bound: forwarding 35%"), "{row}");
+        assert!(!row.contains("noisy"), "{row}");
+        let mut t = TableObserver::new(1);
+        t.point_done(&r);
+        let w = t.warnings();
+        assert_eq!(w.len(), 1, "{w:#?}");
+        assert!(
+            w[0].starts_with(
+                "stream over tcp, 65536 B: 0.500 Gbit/s is 52% of the 0.956 Gbit/s its path can \
+                 carry while the testbed's forwarding used 35% of the CPUs: the emulator, not the \
+                 links, bound this point; lower the links' rate"
+            ),
+            "{}",
+            w[0]
+        );
+        assert!(!w[0].contains("quieter host"), "{}", w[0]);
+        // At its limit the links bound it, whatever the forwarding.
+        let r = on_testbed(0.95, &[0.95, 0.95, 0.951, 0.949], 99.0, 35.0, 60.0);
+        assert_eq!(r.cpu_load.as_ref().unwrap().bound_by, None);
+        assert!(r.warnings.is_empty(), "{:?}", r.warnings);
+        assert!(!table_row(&r).contains("emulator"));
+        // A machine with CPU to spare did not bind it.
+        let r = on_testbed(0.5, &[0.5, 0.5, 0.501, 0.499], 70.0, 35.0, 20.0);
+        assert_eq!(r.cpu_load.as_ref().unwrap().bound_by, None);
+    }
+
+    #[test]
+    fn a_noisy_point_says_the_emulator_once_and_busy_loops_are_other_work() {
+        let r = on_testbed(0.5, &DRIFT.map(|v| v / 20.0), 99.0, 35.0, 60.0);
+        assert_eq!(r.warnings.len(), 1, "{:?}", r.warnings);
+        assert!(
+            r.warnings[0].contains("forwarding used 35% of the CPUs: the emulator"),
+            "{}",
+            r.warnings[0]
+        );
+        let row = table_row(&r);
+        assert!(
+            row.contains("noisy; emulator-bound: forwarding 35%"),
+            "{row}"
+        );
+        let mut t = TableObserver::new(1);
+        t.point_done(&r);
+        assert!(
+            t.warnings()[0].starts_with("stream tcp event 64K: repetitions vary by"),
+            "{:?}",
+            t.warnings()
+        );
+        // A process spinning beside the testbed: other work, never the
+        // emulator.
+        let r = on_testbed(0.5, &DRIFT.map(|v| v / 20.0), 100.0, 5.0, 20.0);
+        assert_eq!(r.cpu_load.as_ref().unwrap().bound_by, None);
+        assert!(
+            r.warnings[0].contains("while other work kept 75% of the testbed machine's CPUs busy"),
+            "{}",
+            r.warnings[0]
+        );
+        assert!(!table_row(&r).contains("emulator"));
     }
 
     #[test]
