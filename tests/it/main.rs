@@ -20,6 +20,7 @@ mod buffers;
 mod cli;
 mod compare;
 mod conformance;
+mod emulator;
 mod flags;
 mod flows_scale;
 mod gather;
