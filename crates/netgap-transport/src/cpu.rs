@@ -58,9 +58,10 @@ impl CpuMeter {
     /// Ends the interval; `extra_thread_cpu_ns` is CPU time of helper threads
     /// of the role, measured by those threads with [`thread_cpu_ns`].
     ///
-    /// `system_busy_percent` is 0 when `/proc/stat` is unreadable or did not
-    /// advance (intervals shorter than one jiffy), and `softirq_percent` is
-    /// then `None`; `process_percent` is 0 when no wall time elapsed. May be
+    /// `system_busy_percent` and `softirq_percent` are 0 when `/proc/stat`
+    /// did not advance (intervals shorter than one jiffy); when it is
+    /// unreadable, busy is 0 and softirq `None`; `process_percent` is 0 when
+    /// no wall time elapsed. May be
     /// called more than once; each call measures from [`CpuMeter::start`].
     pub fn stop(&self, extra_thread_cpu_ns: u64) -> CpuUsage {
         let wall_ns = u64::try_from(self.start_instant.elapsed().as_nanos()).unwrap_or(u64::MAX);
@@ -80,8 +81,12 @@ impl CpuMeter {
             100.0 * cpu_ns as f64 / wall_ns as f64
         };
         let (system_busy_percent, softirq_percent) = match (self.start_jiffies, end_jiffies) {
+            // An interval shorter than a jiffy shows no time of either
+            // kind: 0 of both, as busy always was, so one short repetition
+            // does not take the softirq share from the mean of a point.
             (Some(start), Some(end)) => {
-                shares(start, end).map_or((0.0, None), |(b, s)| (b, Some(s)))
+                let (busy, softirq) = shares(start, end).unwrap_or((0.0, 0.0));
+                (busy, Some(softirq))
             }
             _ => (0.0, None),
         };
