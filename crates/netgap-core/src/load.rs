@@ -222,11 +222,13 @@ impl CpuLoad {
 }
 
 /// The words that name the emulator as what bound a point whose testbed
-/// forwarded with `forwarding_percent` of the machine's CPUs.
-pub fn emulator_finding(forwarding_percent: f64) -> String {
+/// forwarded with `forwarding_percent` of the machine's CPUs, with other
+/// work's share beside it when that is worth saying too.
+pub fn emulator_finding(forwarding_percent: f64, other_percent: Option<f64>) -> String {
+    let other = other_percent.map_or_else(String::new, |o| format!(" (other work {o:.0}%)"));
     format!(
-        "the testbed's forwarding used {forwarding_percent:.0}% of the CPUs: the emulator, not \
-         the links, bound this point"
+        "the testbed's forwarding used {forwarding_percent:.0}% of the CPUs{other}: the \
+         emulator, not the links, bound this point"
     )
 }
 

@@ -228,14 +228,10 @@ pub fn diagnose(
         .filter(|l| l.forwarding_named())
         .and_then(|l| Some((l, l.forwarding_percent()?)))
     {
-        let also = if contended(load) {
-            format!(" (and other work {:.0}%)", load.other_percent)
-        } else {
-            String::new()
-        };
+        let other = Some(load.other_percent).filter(|_| contended(load));
         (
             NoiseKind::Emulator,
-            format!("while {}{also}", emulator_finding(forwarding)),
+            format!("while {}", emulator_finding(forwarding, other)),
             EMULATOR_REMEDY.to_string(),
         )
     } else if let Some(load) = ctx.cpu.as_ref().filter(|l| contended(l)) {
@@ -527,7 +523,9 @@ mod tests {
         let d = run(&reps, &c);
         assert_eq!(d.kind, NoiseKind::Emulator);
         assert!(
-            d.sentence.contains("(and other work 30%)"),
+            d.sentence.contains(
+                "forwarding used 50% of the CPUs (other work 30%): the emulator, not the links"
+            ),
             "{}",
             d.sentence
         );

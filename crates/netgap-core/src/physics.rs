@@ -423,7 +423,7 @@ pub fn bound_sentence(r: &ResultRecord, b: &EmulatorBound) -> String {
         b.value,
         100.0 * b.value / b.limit_gbps,
         b.limit_gbps,
-        emulator_finding(b.forwarding_percent)
+        emulator_finding(b.forwarding_percent, None)
     )
 }
 
