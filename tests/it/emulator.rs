@@ -8,11 +8,12 @@
 //! Both situations run in one test, one after the other on one testbed, so
 //! the busy loop of the second never lands on the first. The checks are of
 //! attribution (which share the record names, and the words it uses),
-//! never of a speed. The shares a machine shows depend on what else runs:
-//! each situation is measured again, up to three times, until its figures
-//! show what it sets up (the forwarding past the other work; a noisy point
-//! beside the loop), and every record, whatever its figures, must name
-//! what they show.
+//! never of a speed. The shares a machine shows depend on what else runs
+//! (the softirq share is the machine's: another testbed's traffic counts
+//! as forwarding too): each situation is measured again, up to three
+//! times, until its figures show what it sets up (the forwarding past the
+//! other work; a noisy point beside the loop that names other work), and
+//! every record, whatever its figures, must name what they show.
 
 use crate::common::testbed::Testbed;
 use crate::common::{netgap, ok, read_records, system_ready, warnings};
@@ -31,11 +32,12 @@ const EMULATOR_WORDS: &str = "the emulator, not the links, bound this point";
 struct BusyLoop(Vec<Child>);
 
 impl BusyLoop {
-    /// One shell spinning in a loop per online CPU.
+    /// Two shells spinning in a loop per online CPU, so they outweigh
+    /// whatever else the machine runs.
     fn start() -> BusyLoop {
         let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
         BusyLoop(
-            (0..cpus)
+            (0..2 * cpus)
                 .map(|_| {
                     Command::new("sh")
                         .args(["-c", "while :; do :; done"])
@@ -161,12 +163,12 @@ fn the_testbeds_forwarding_is_named_as_the_emulator_and_a_busy_loop_as_other_wor
         );
     }
 
-    // 2. Beside a process spinning on every CPU, a ping-pong whose
+    // 2. Beside processes spinning on every CPU, a ping-pong whose
     // forwarding is light: the busy CPUs are other work.
     let busy = BusyLoop::start();
     let mut seen = Vec::new();
     let noisy = (0..ATTEMPTS).find_map(|_| {
-        let (_, err, recs) = run(
+        let (_, _, recs) = run(
             &tb,
             "pingpong",
             &["-s", "1K,64K", "--reps", "5", "--rep-time", "100ms"],
@@ -178,17 +180,16 @@ fn the_testbeds_forwarding_is_named_as_the_emulator_and_a_busy_loop_as_other_wor
             eprintln!("pingpong {}: {}", r["size_bytes"], r["cpu_load"]);
             seen.push(r["cpu_load"].to_string());
         }
-        recs.into_iter()
-            .find(|r| {
-                warnings(r)
-                    .iter()
-                    .any(|w| w.starts_with("repetitions vary"))
-            })
-            .map(|r| (err, r))
+        recs.into_iter().find(|r| {
+            warnings(r)
+                .iter()
+                .any(|w| w.starts_with("repetitions vary") && w.contains("other work kept"))
+        })
     });
     drop(busy);
-    let (err, r) = noisy
-        .unwrap_or_else(|| panic!("no noisy point beside the loop in {ATTEMPTS} runs: {seen:#?}"));
+    let r = noisy.unwrap_or_else(|| {
+        panic!("no noisy point named other work beside the loop in {ATTEMPTS} runs: {seen:#?}")
+    });
     let (forwarding, other) = (share(&r, "softirq_percent"), share(&r, "other_percent"));
     assert!(other >= 20.0 && other > forwarding, "{}", r["cpu_load"]);
     assert!(r["cpu_load"].get("bound_by").is_none(), "{}", r["cpu_load"]);
@@ -198,6 +199,6 @@ fn the_testbeds_forwarding_is_named_as_the_emulator_and_a_busy_loop_as_other_wor
         "{w}"
     );
     assert!(w.contains("measure on a quieter host"), "{w}");
-    assert!(!err.contains(EMULATOR_WORDS), "{err}");
+    assert!(!w.contains(EMULATOR_WORDS), "{w}");
     tb.down();
 }
