@@ -6,6 +6,10 @@
 //! buffer comes from an allocation aligned to the page, and its data starts
 //! `offset` bytes past an `align`-byte boundary (NetPIPE's `-A` and `-O`).
 //! By default the data starts on a page boundary.
+//!
+//! So a buffer takes at least a page ([`AlignedBuffer::footprint_bytes`]),
+//! whatever its size: what would hold one per flow by the thousand shares
+//! them instead, as the flow engine's workers do (`flows::buffers`).
 
 use netgap_core::spec::TransportOptions;
 use std::alloc::Layout;
