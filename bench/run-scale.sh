@@ -24,7 +24,8 @@
 # the script goes on.
 #
 # Results (JSON Lines per point, summary.md) go to OUT_DIR (default
-# scale-TIMESTAMP). Needs root.
+# scale-TIMESTAMP). The testbed is NAME (default scalebench), so a run
+# can stand beside another's testbed. Needs root.
 #
 # Usage: sudo bash bench/run-scale.sh [OUT_DIR]
 set -euo pipefail
@@ -57,7 +58,7 @@ for n in $counts; do [ "$n" -gt "$largest" ] && largest=$n; done
 client_hosts="${CLIENT_HOSTS:-$(( (largest + fit - 1) / fit ))}"
 [ "$client_hosts" -ge 2 ] || client_hosts=2
 
-name=scalebench
+name="${NAME:-scalebench}"
 hosts="@/run/netgap/$name/hosts.json"
 down() { "$netgap" testbed down --name "$name" >/dev/null 2>&1 || true; }
 trap down EXIT

@@ -6,6 +6,10 @@
 //! buffer comes from an allocation aligned to the page, and its data starts
 //! `offset` bytes past an `align`-byte boundary (NetPIPE's `-A` and `-O`).
 //! By default the data starts on a page boundary.
+//!
+//! So a buffer takes at least a page ([`AlignedBuffer::footprint_bytes`]),
+//! whatever its size: what would hold one per flow by the thousand shares
+//! them instead, as the flow engine's workers do (`flows::buffers`).
 
 use netgap_core::spec::TransportOptions;
 use std::alloc::Layout;
@@ -201,6 +205,21 @@ impl AlignedBuffer {
     pub fn data_addr(&self) -> usize {
         self.as_ptr() as usize
     }
+
+    /// The heap bytes this buffer takes, in whole units of its allocation's
+    /// alignment: the offset, the data and the rest of the last unit, which
+    /// the allocator's padding to the next boundary makes its own. At the
+    /// default layout that is whole pages, so a 1-byte buffer takes a page.
+    pub fn footprint_bytes(&self) -> usize {
+        // The allocation's size is at most isize::MAX and its alignment a
+        // power of two, so rounding up overflows only past usize::MAX,
+        // where saturating is the honest answer.
+        let align = self.alloc.align();
+        self.alloc
+            .size()
+            .checked_next_multiple_of(align)
+            .unwrap_or(usize::MAX)
+    }
 }
 
 impl Deref for AlignedBuffer {
@@ -316,6 +335,19 @@ mod tests {
         }
         let b = message_buffer(10, BufferLayout::new(None, 16).unwrap());
         assert_eq!(b.data_addr() % page_bytes(), 16);
+    }
+
+    #[test]
+    fn the_footprint_is_whole_alignment_units() {
+        let page = page_bytes();
+        let one = AlignedBuffer::zeroed(1, BufferLayout::default());
+        assert_eq!(one.footprint_bytes(), page);
+        let over = AlignedBuffer::zeroed(page + 1, BufferLayout::default());
+        assert_eq!(over.footprint_bytes(), 2 * page);
+        let offset = AlignedBuffer::zeroed(page - 16, BufferLayout::new(None, 16).unwrap());
+        assert_eq!(offset.footprint_bytes(), page);
+        let big = BufferLayout::new(Some(1 << 16), 0).unwrap();
+        assert_eq!(AlignedBuffer::zeroed(10, big).footprint_bytes(), 1 << 16);
     }
 
     #[test]

@@ -54,9 +54,11 @@ pub(crate) const MAX_ENGINE_FLOWS: u32 = MAX_WORKLOAD_FLOWS;
 /// in one process added 0.65 KiB per pair.
 pub(crate) const ENGINE_PER_FLOW_BYTES: u64 = 8 * 1024;
 
-/// Memory an engine role of `spec` commits: one buffer of the largest
-/// message per flow (the engine's flows read and write through one) plus
-/// [`ENGINE_PER_FLOW_BYTES`].
+/// Memory an engine role of `spec` commits, an upper bound: one buffer of
+/// the largest message per flow plus [`ENGINE_PER_FLOW_BYTES`]. The
+/// engine's flows read and write through their worker's buffers; one
+/// buffer per flow is what a server's flows hold if every echo is held
+/// back by its socket, each then keeping one of its own.
 pub(crate) fn memory_bytes(spec: &WorkloadSpec) -> u64 {
     super::role::largest_message_bytes(spec)
         .saturating_add(ENGINE_PER_FLOW_BYTES)

@@ -11,7 +11,11 @@
 //! Datagram flows (a [`DataPath::datagrams`](super::DataPath::datagrams)
 //! path) wait only for reads; their re-sends are due at deadlines kept in
 //! the worker's [`RetryQueue`], which sets how long the worker may sleep.
+//!
+//! A worker's flows send from and read into the worker's buffers
+//! ([`WorkerBuffers`]); a flow holds none of its own.
 
+use super::buffers::{BufferGauge, Side, WorkerBuffers};
 use super::datagram::{self, DatagramClient, RetryQueue};
 use super::io::{Io, WorkerIo};
 use super::machine::{ConnectClient, MachineError, PingPongClient, Progress};
@@ -55,13 +59,17 @@ pub struct PreparedClients {
     token: Option<DataToken>,
     rate: Option<Arc<crate::rate::RateBudget>>,
     workers: Vec<Worker>,
+    /// What the workers' buffers hold.
+    gauge: Arc<BufferGauge>,
 }
 
-/// One worker's flows, epoll instance and data path.
+/// One worker's flows, epoll instance, data path and message buffers.
 #[derive(Debug)]
 struct Worker {
     epoll: Epoll,
     io: Box<dyn WorkerIo>,
+    /// Every flow of the worker sends from and reads into these.
+    bufs: WorkerBuffers,
     flows: Vec<Flow>,
     /// When the datagram flows' re-sends are due (empty without them).
     retries: RetryQueue,
@@ -164,6 +172,7 @@ pub(super) fn prepare(
     limits::check_port_range(spec.flows as u64, limits::local_port_range(), spec.target)?;
 
     let workers_n = cfg.workers.min(spec.flows);
+    let gauge = Arc::new(BufferGauge::default());
     let mut workers = Vec::with_capacity(workers_n);
     for _ in 0..workers_n {
         let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)
@@ -175,6 +184,7 @@ pub(super) fn prepare(
         workers.push(Worker {
             epoll,
             io,
+            bufs: super::buffers::for_worker(spec.work, Side::Client, cfg, &gauge)?,
             flows: Vec::with_capacity(spec.flows / workers_n + 1),
             retries: RetryQueue::default(),
             rto: RetryTimeout::new(Hysteresis::None),
@@ -188,7 +198,6 @@ pub(super) fn prepare(
         }
         _ => Vec::new().into_iter(),
     };
-    let layout = cfg.buffer_layout()?;
     let now = Instant::now();
     for i in 0..spec.flows {
         let index = i as u32;
@@ -216,7 +225,7 @@ pub(super) fn prepare(
                 (
                     Kind::Datagram {
                         socket,
-                        m: DatagramClient::new(size_bytes, layout),
+                        m: DatagramClient::new(size_bytes),
                         retry_at: None,
                         backoff: Duration::ZERO,
                         queued: false,
@@ -235,7 +244,7 @@ pub(super) fn prepare(
                 (
                     Kind::PingPong {
                         stream,
-                        m: PingPongClient::new(size_bytes, layout),
+                        m: PingPongClient::new(size_bytes),
                     },
                     Some(EpollFlags::EPOLLIN),
                 )
@@ -249,7 +258,7 @@ pub(super) fn prepare(
                     connecting: false,
                     proof: None,
                     timed: false,
-                    m: ConnectClient::new(request_bytes, reply_bytes, layout),
+                    m: ConnectClient::new(request_bytes, reply_bytes),
                 },
                 None,
             ),
@@ -282,6 +291,7 @@ pub(super) fn prepare(
         token: cfg.token.clone(),
         rate: cfg.rate.clone(),
         workers,
+        gauge,
     })
 }
 
@@ -341,6 +351,13 @@ fn bind_address_no_port(socket: &Socket) {
 }
 
 impl PreparedClients {
+    /// The bytes its workers' message buffers take
+    /// ([`AlignedBuffer::footprint_bytes`](crate::buffer::AlignedBuffer::footprint_bytes)):
+    /// a set per worker, sized to the message, and nothing per flow.
+    pub fn buffer_bytes(&self) -> u64 {
+        self.gauge.held_bytes()
+    }
+
     /// Phase 2 (after the coordinator's barrier): runs every flow for
     /// `warmup` (not counted) then `duration` (the measured window), stops
     /// all flows together, and reports per flow. PingPong: any flow failing
@@ -372,6 +389,7 @@ impl PreparedClients {
             token,
             rate,
             workers,
+            gauge: _,
         } = self;
         let span = warmup
             .checked_add(duration)
@@ -666,7 +684,11 @@ fn begin(
         Kind::PingPong { .. } => {}
     }
     let Worker {
-        epoll, io, flows, ..
+        epoll,
+        io,
+        bufs,
+        flows,
+        ..
     } = w;
     let f = &mut flows[slot];
     f.t0 = now;
@@ -675,9 +697,9 @@ fn begin(
         return Ok(());
     };
     let progress = m
-        .start(&mut Io::new(stream.as_fd(), &mut **io))
+        .start(&mut Io::new(stream.as_fd(), &mut **io), bufs)
         .map_err(|e| flow_failed(f.index, ctx, e))?;
-    pingpong_advance(epoll, &mut **io, f, slot, progress, sched, ctx)
+    pingpong_advance(epoll, &mut **io, bufs, f, slot, progress, sched, ctx)
 }
 
 fn flow_failed(index: u32, ctx: &Ctx, e: MachineError) -> EngineError {
@@ -792,24 +814,33 @@ fn pingpong_ready(
     ctx: &Ctx,
 ) -> Result<(), EngineError> {
     let Worker {
-        epoll, io, flows, ..
+        epoll,
+        io,
+        bufs,
+        flows,
+        ..
     } = w;
     let f = &mut flows[slot];
     let Kind::PingPong { stream, m } = &mut f.kind else {
         return Ok(());
     };
     let progress = m
-        .pump(&mut Io::new(stream.as_fd(), &mut **io))
+        .pump(&mut Io::new(stream.as_fd(), &mut **io), bufs)
         .map_err(|e| flow_failed(f.index, ctx, e))?;
-    pingpong_advance(epoll, &mut **io, f, slot, progress, sched, ctx)
+    pingpong_advance(epoll, &mut **io, bufs, f, slot, progress, sched, ctx)
 }
 
 /// Acts on a pingpong flow's `progress`: records a finished round trip and
 /// starts the next one (which on a fast path may itself finish at once, so
 /// this loops), then sets the epoll interest to what the flow waits for.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the worker's parts a flow's progress touches, borrowed apart from its flows"
+)]
 fn pingpong_advance(
     epoll: &Epoll,
     io: &mut dyn WorkerIo,
+    bufs: &mut WorkerBuffers,
     f: &mut Flow,
     slot: usize,
     mut progress: Progress,
@@ -842,7 +873,7 @@ fn pingpong_advance(
                 }
                 f.t0 = now;
                 progress = m
-                    .start(&mut Io::new(stream.as_fd(), &mut *io))
+                    .start(&mut Io::new(stream.as_fd(), &mut *io), bufs)
                     .map_err(|e| flow_failed(f.index, ctx, e))?;
             }
         }
@@ -866,7 +897,11 @@ fn connect_ready(
     last_error: &mut Option<String>,
 ) -> Reopen {
     let Worker {
-        epoll, io, flows, ..
+        epoll,
+        io,
+        bufs,
+        flows,
+        ..
     } = w;
     let f = &mut flows[slot];
     let Kind::Connect {
@@ -921,11 +956,11 @@ fn connect_ready(
     f.last_progress = now;
     // No request before the far end proved it belongs to the session.
     let result = match proof.as_mut().map(|p| p.pump(&mut &*s)) {
-        None => m.pump(&mut Io::new(s.as_fd(), &mut **io)),
+        None => m.pump(&mut Io::new(s.as_fd(), &mut **io), bufs),
         Some(Ok(Progress::Done)) => {
             *proof = None;
             m.begin();
-            m.pump(&mut Io::new(s.as_fd(), &mut **io))
+            m.pump(&mut Io::new(s.as_fd(), &mut **io), bufs)
         }
         Some(Ok(waiting)) => Ok(waiting),
         Some(Err(e)) => {
@@ -994,6 +1029,7 @@ fn connect_ready(
 fn datagram_start(w: &mut Worker, slot: usize, now: Instant, ctx: &Ctx) -> Result<(), EngineError> {
     let Worker {
         io,
+        bufs,
         flows,
         retries,
         rto,
@@ -1012,7 +1048,7 @@ fn datagram_start(w: &mut Worker, slot: usize, now: Instant, ctx: &Ctx) -> Resul
     else {
         return Ok(());
     };
-    m.start(&mut Io::new(socket.as_fd(), &mut **io))
+    m.start(&mut Io::new(socket.as_fd(), &mut **io), bufs)
         .map_err(|e| flow_failed(f.index, ctx, e))?;
     *backoff = rto.get();
     let at = now + *backoff;
@@ -1036,6 +1072,7 @@ fn datagram_ready(
     let Worker {
         epoll,
         io,
+        bufs,
         flows,
         rto,
         ..
@@ -1052,7 +1089,7 @@ fn datagram_ready(
         return Ok(());
     };
     let progress = m
-        .pump(&mut Io::new(socket.as_fd(), &mut **io))
+        .pump(&mut Io::new(socket.as_fd(), &mut **io), bufs)
         .map_err(|e| flow_failed(f.index, ctx, e))?;
     if progress != Progress::Done {
         return Ok(());
@@ -1105,7 +1142,7 @@ fn resend_due(w: &mut Worker, now: Instant, ctx: &Ctx) -> Result<(), EngineError
             continue;
         };
         let at = if at <= now {
-            m.resend(&mut Io::new(socket.as_fd(), &mut *w.io))
+            m.resend(&mut Io::new(socket.as_fd(), &mut *w.io), &mut w.bufs)
                 .map_err(|e| flow_failed(f.index, ctx, e))?;
             *backoff = rto::backed_off(*backoff);
             let next = now + *backoff;

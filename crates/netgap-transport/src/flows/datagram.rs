@@ -35,10 +35,12 @@
 //!   the loss shows in the [`DatagramStats`] of both ends (a lost request
 //!   is a client retry the server never saw twice, a lost reply a server
 //!   duplicate).
-//! - **Memory**: a client flow holds one buffer of header, message and one
-//!   byte (which catches an oversized datagram); the server holds 8 bytes
-//!   of state per proven flow in a map capped at [`MAX_PEERS_PER_WORKER`]
-//!   and one datagram buffer per worker, and nothing per unproven sender.
+//! - **Memory**: a client flow holds no buffer: it sends from its worker's
+//!   send buffer (header and message) and reads into its receive buffer
+//!   (header, message and one byte, which catches an oversized datagram);
+//!   the server holds 8 bytes of state per proven flow in a map capped at
+//!   [`MAX_PEERS_PER_WORKER`] and one datagram buffer per worker, and
+//!   nothing per unproven sender.
 //!
 //! The retry timeout is the udp transport's rule ([`crate::rto`]), kept
 //! per worker (its flows share the server and the path): 20 ms until
@@ -47,9 +49,10 @@
 //! the backed-off wait of the last exchange that needed one (Karn) until a
 //! clean one.
 
+use super::buffers::{BufferGauge, CountedBuffer, WorkerBuffers};
 use super::machine::{MachineError, Moved, Progress};
 use super::{EngineError, ServerTotals};
-use crate::buffer::{AlignedBuffer, BufferLayout};
+use crate::buffer::{BufferLayout, LayoutError};
 #[cfg(doc)]
 use crate::rto::{RETRY_MAX, RETRY_MIN};
 use crate::udp::{Header, Kind, FLAG_RETRY, HEADER_BYTES, HELLO_INTERVAL, MAX_MESSAGE_BYTES};
@@ -68,6 +71,7 @@ use std::collections::{BinaryHeap, HashMap};
 use std::io::{self, ErrorKind, Read, Write};
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Flows one server worker keeps state for; datagrams from further peers
@@ -99,13 +103,14 @@ fn is_transient(e: &io::Error) -> bool {
 
 /// The client side of one datagram pingpong flow: send request `seq`,
 /// wait for its echo, repeat on [`DatagramClient::start`]; re-send on
-/// [`DatagramClient::resend`] while waiting.
+/// [`DatagramClient::resend`] while waiting. Requests go out of its
+/// worker's send buffer (`HEADER_BYTES + size` bytes, the header written
+/// before each send) and replies land in its receive buffer (one byte
+/// more, so a datagram that fills it is too long).
 #[derive(Debug)]
 pub(crate) struct DatagramClient {
-    /// Header, message and one spare byte; requests go out of it and
-    /// replies land in it. Invariant: `buf.len() == HEADER_BYTES + size + 1`
-    /// with `size >= 1`, so a datagram that fills it is too long.
-    buf: AlignedBuffer,
+    /// The message size; at least 1.
+    size: usize,
     /// Requests issued so far; the current one is `issued - 1`.
     issued: u64,
     /// Whether the current request waits for its reply.
@@ -120,16 +125,9 @@ pub(crate) struct DatagramClient {
 impl DatagramClient {
     /// A machine for `size_bytes`-byte requests and replies
     /// (`1..=MAX_MESSAGE_BYTES`, checked by the caller).
-    pub fn new(size_bytes: usize, layout: BufferLayout) -> DatagramClient {
-        let size = size_bytes.max(1);
-        let mut buf = AlignedBuffer::zeroed(HEADER_BYTES + size + 1, layout);
-        // A recognisable payload makes captures readable; its value is not
-        // checked.
-        for (i, b) in buf[HEADER_BYTES..].iter_mut().enumerate() {
-            *b = i as u8;
-        }
+    pub fn new(size_bytes: usize) -> DatagramClient {
         DatagramClient {
-            buf,
+            size: size_bytes.max(1),
             issued: 0,
             waiting: false,
             retried: false,
@@ -140,7 +138,7 @@ impl DatagramClient {
 
     /// The message size, bytes.
     pub fn size_bytes(&self) -> usize {
-        self.buf.len() - HEADER_BYTES - 1
+        self.size
     }
 
     /// Whether a request waits for its reply.
@@ -156,7 +154,12 @@ impl DatagramClient {
     /// Sends the current request's datagram, flagged RETRY when `retry`;
     /// true if the kernel took it. A full socket buffer drops it, as the
     /// network could: the retry timer sends it again.
-    fn send_current(&mut self, io: &mut impl Write, retry: bool) -> Result<bool, MachineError> {
+    fn send_current(
+        &mut self,
+        io: &mut impl Write,
+        bufs: &mut WorkerBuffers,
+        retry: bool,
+    ) -> Result<bool, MachineError> {
         let size = self.size_bytes() as u64;
         let seq = self.issued.saturating_sub(1);
         let header = Header {
@@ -165,9 +168,10 @@ impl DatagramClient {
             seq,
             offset_bytes: seq.saturating_mul(size),
         };
-        self.buf[..HEADER_BYTES].copy_from_slice(&header.encode());
-        let len = self.buf.len() - 1;
-        match io.write(&self.buf[..len]) {
+        let len = HEADER_BYTES + self.size;
+        let datagram = &mut bufs.send[..len];
+        datagram[..HEADER_BYTES].copy_from_slice(&header.encode());
+        match io.write(datagram) {
             Ok(n) if n == len => {
                 self.stats.datagrams_sent += 1;
                 Ok(true)
@@ -182,21 +186,29 @@ impl DatagramClient {
 
     /// Issues the next request. Its bytes count as sent whether or not
     /// this first datagram leaves (a re-send carries the same request).
-    pub fn start(&mut self, io: &mut impl Write) -> Result<(), MachineError> {
+    pub fn start(
+        &mut self,
+        io: &mut impl Write,
+        bufs: &mut WorkerBuffers,
+    ) -> Result<(), MachineError> {
         self.issued += 1;
         self.waiting = true;
         self.retried = false;
         self.moved.tx_bytes += self.size_bytes() as u64;
-        self.send_current(io, false).map(|_| ())
+        self.send_current(io, bufs, false).map(|_| ())
     }
 
     /// Sends the current request again, if it still waits.
-    pub fn resend(&mut self, io: &mut impl Write) -> Result<(), MachineError> {
+    pub fn resend(
+        &mut self,
+        io: &mut impl Write,
+        bufs: &mut WorkerBuffers,
+    ) -> Result<(), MachineError> {
         if !self.waiting {
             return Ok(());
         }
         self.retried = true;
-        if self.send_current(io, true)? {
+        if self.send_current(io, bufs, true)? {
             self.stats.retries += 1;
         }
         Ok(())
@@ -207,16 +219,21 @@ impl DatagramClient {
     /// are not netgap's are ignored; a data datagram from the future, or
     /// of the wrong size for the current request, is the server breaking
     /// the protocol.
-    pub fn pump(&mut self, io: &mut impl Read) -> Result<Progress, MachineError> {
+    pub fn pump(
+        &mut self,
+        io: &mut impl Read,
+        bufs: &mut WorkerBuffers,
+    ) -> Result<Progress, MachineError> {
         let size = self.size_bytes();
+        let buf = &mut bufs.recv[..HEADER_BYTES + size + 1];
         for _ in 0..BATCH {
-            let n = match io.read(&mut self.buf) {
+            let n = match io.read(buf) {
                 Ok(n) => n,
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(Progress::WantRead),
                 Err(e) => return Err(MachineError::Io(e)),
             };
-            let Ok(h) = Header::decode(&self.buf[..n]) else {
+            let Ok(h) = Header::decode(&buf[..n]) else {
                 continue;
             };
             if h.kind != Kind::Data {
@@ -457,7 +474,7 @@ pub(super) fn bind(
 pub(super) fn serve(
     socket: &UdpSocket,
     epoll: &Epoll,
-    (size_bytes, layout): (usize, BufferLayout),
+    (size_bytes, layout, gauge): (usize, BufferLayout, &Arc<BufferGauge>),
     (mode, token, rate): (Mode, Option<DataToken>, Option<&crate::rate::RateBudget>),
     stop: &AtomicBool,
 ) -> Result<ServerTotals, EngineError> {
@@ -474,7 +491,11 @@ pub(super) fn serve(
         }
         None => None,
     };
-    let mut server = Server::new(size_bytes, proof, layout);
+    let mut server =
+        Server::new(size_bytes, proof, layout, gauge).map_err(|e| EngineError::Sys {
+            what: "allocating a udp flow server's datagram buffer".into(),
+            source: io::Error::new(ErrorKind::OutOfMemory, e),
+        })?;
     let mut events = [EpollEvent::empty(); 1];
     while !stop.load(Ordering::Relaxed) {
         super::io::wait_for_budget(rate, stop, Duration::from_millis(STOP_POLL_MS.into()));
@@ -509,8 +530,9 @@ pub(super) fn watch(epoll: &Epoll, socket: &UdpSocket) -> Result<(), EngineError
 
 /// A server worker's state: its flows' next sequence numbers and counts.
 struct Server {
-    /// Header, message and one spare byte (see [`DatagramClient::buf`]).
-    buf: AlignedBuffer,
+    /// Header, message (or a proof's hello, if longer) and one spare byte,
+    /// which shows a datagram too long.
+    buf: CountedBuffer,
     size_bytes: usize,
     /// Each flow's next new sequence number, by the flow's address; with a
     /// proof, only flows whose confirmation verified.
@@ -542,19 +564,20 @@ impl Server {
         size_bytes: usize,
         proof: Option<DatagramListenerProof>,
         layout: BufferLayout,
-    ) -> Server {
+        gauge: &Arc<BufferGauge>,
+    ) -> Result<Server, LayoutError> {
         // Room for a proof's hello too, whatever the message size, and the
         // spare byte that shows a datagram too long.
         let room = size_bytes.max(1).max(DATAGRAM_HELLO_BYTES);
-        Server {
-            buf: AlignedBuffer::zeroed(HEADER_BYTES + room + 1, layout),
+        Ok(Server {
+            buf: CountedBuffer::new(HEADER_BYTES + room + 1, layout, gauge)?,
             size_bytes: size_bytes.max(1),
             peers: HashMap::new(),
             proof,
             reply: [0u8; HEADER_BYTES + DATAGRAM_ANSWER_BYTES],
             totals: ServerTotals::default(),
             stats: DatagramStats::default(),
-        }
+        })
     }
 
     fn totals(mut self) -> ServerTotals {
@@ -712,8 +735,23 @@ impl Server {
 #[cfg(test)]
 #[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
 mod tests {
+    use super::super::buffers::Side;
+    use super::super::FlowWork;
     use super::*;
     use std::collections::VecDeque;
+
+    /// A client worker's buffers for `size`-byte datagram flows.
+    fn client_bufs(size: usize) -> WorkerBuffers {
+        let work = FlowWork::PingPong { size_bytes: size };
+        let gauge = Arc::new(BufferGauge::default());
+        WorkerBuffers::for_work(work, Side::Client, true, BufferLayout::default(), &gauge).unwrap()
+    }
+
+    /// A server worker's state for `size`-byte messages.
+    fn server(size: usize, proof: Option<DatagramListenerProof>) -> Server {
+        let gauge = Arc::new(BufferGauge::default());
+        Server::new(size, proof, BufferLayout::default(), &gauge).unwrap()
+    }
 
     /// A scripted datagram socket: each read returns one queued datagram
     /// (an empty queue would block); writes are kept, or refused as a full
@@ -765,17 +803,18 @@ mod tests {
 
     #[test]
     fn a_round_trip_is_one_datagram_each_way() {
-        let mut m = DatagramClient::new(3, BufferLayout::default());
+        let mut m = DatagramClient::new(3);
+        let wb = &mut client_bufs(3);
         let mut io = Script::default();
-        m.start(&mut io).unwrap();
+        m.start(&mut io, wb).unwrap();
         assert_eq!(io.written.len(), 1);
         assert_eq!(io.written[0].len(), HEADER_BYTES + 3);
         assert_eq!(seq_of(&io.written[0]), 0);
-        assert_eq!(m.pump(&mut io).unwrap(), Progress::WantRead);
+        assert_eq!(m.pump(&mut io, wb).unwrap(), Progress::WantRead);
         io.reads.push_back(data(0, 3));
-        assert_eq!(m.pump(&mut io).unwrap(), Progress::Done);
+        assert_eq!(m.pump(&mut io, wb).unwrap(), Progress::Done);
         assert!(!m.waiting());
-        m.start(&mut io).unwrap();
+        m.start(&mut io, wb).unwrap();
         assert_eq!(seq_of(&io.written[1]), 1);
         assert_eq!(
             m.moved,
@@ -789,24 +828,25 @@ mod tests {
 
     #[test]
     fn a_resend_repeats_the_request_and_a_late_reply_is_a_duplicate() {
-        let mut m = DatagramClient::new(1, BufferLayout::default());
+        let mut m = DatagramClient::new(1);
+        let wb = &mut client_bufs(1);
         let mut io = Script::default();
-        m.start(&mut io).unwrap();
-        m.resend(&mut io).unwrap();
+        m.start(&mut io, wb).unwrap();
+        m.resend(&mut io, wb).unwrap();
         assert_eq!(io.written.len(), 2);
         assert_eq!(seq_of(&io.written[1]), 0);
         assert_eq!(Header::decode(&io.written[1]).unwrap().flags, FLAG_RETRY);
         // Both copies are answered: the first completes the round trip.
         io.reads.push_back(data(0, 1));
         io.reads.push_back(data(0, 1));
-        assert_eq!(m.pump(&mut io).unwrap(), Progress::Done);
+        assert_eq!(m.pump(&mut io, wb).unwrap(), Progress::Done);
         assert!(m.retried());
-        m.start(&mut io).unwrap();
+        m.start(&mut io, wb).unwrap();
         // The second answer to request 0 is not taken for request 1's.
-        assert_eq!(m.pump(&mut io).unwrap(), Progress::WantRead);
+        assert_eq!(m.pump(&mut io, wb).unwrap(), Progress::WantRead);
         assert!(m.waiting());
         io.reads.push_back(data(1, 1));
-        assert_eq!(m.pump(&mut io).unwrap(), Progress::Done);
+        assert_eq!(m.pump(&mut io, wb).unwrap(), Progress::Done);
         assert_eq!(m.stats.retries, 1);
         assert_eq!(m.stats.duplicates, 1);
         assert_eq!(m.moved.tx_bytes, m.moved.rx_bytes);
@@ -814,37 +854,39 @@ mod tests {
 
     #[test]
     fn a_full_socket_buffer_drops_the_request_but_counts_its_bytes() {
-        let mut m = DatagramClient::new(2, BufferLayout::default());
+        let mut m = DatagramClient::new(2);
+        let wb = &mut client_bufs(2);
         let mut io = Script {
             full: true,
             ..Script::default()
         };
-        m.start(&mut io).unwrap();
+        m.start(&mut io, wb).unwrap();
         assert_eq!((m.stats.datagrams_sent, m.moved.tx_bytes), (0, 2));
         io.full = false;
-        m.resend(&mut io).unwrap();
+        m.resend(&mut io, wb).unwrap();
         assert_eq!((m.stats.datagrams_sent, m.stats.retries), (1, 1));
     }
 
     #[test]
     fn strangers_are_ignored_and_a_broken_server_is_an_error() {
-        let mut m = DatagramClient::new(2, BufferLayout::default());
+        let mut m = DatagramClient::new(2);
+        let wb = &mut client_bufs(2);
         let mut io = Script::default();
-        m.start(&mut io).unwrap();
+        m.start(&mut io, wb).unwrap();
         io.reads.push_back(vec![]);
         io.reads.push_back(b"junk".to_vec());
         io.reads
             .push_back(Header::control(Kind::HelloAck).encode().to_vec());
-        assert_eq!(m.pump(&mut io).unwrap(), Progress::WantRead);
+        assert_eq!(m.pump(&mut io, wb).unwrap(), Progress::WantRead);
         assert_eq!(m.stats.datagrams_received, 0);
         // A reply to a request never sent.
         io.reads.push_back(data(5, 2));
-        assert!(matches!(m.pump(&mut io), Err(MachineError::Unexpected)));
+        assert!(matches!(m.pump(&mut io, wb), Err(MachineError::Unexpected)));
         // The current request's reply with the wrong size.
-        let mut m = DatagramClient::new(2, BufferLayout::default());
-        m.start(&mut io).unwrap();
+        let mut m = DatagramClient::new(2);
+        m.start(&mut io, wb).unwrap();
         io.reads.push_back(data(0, 3));
-        assert!(matches!(m.pump(&mut io), Err(MachineError::Unexpected)));
+        assert!(matches!(m.pump(&mut io, wb), Err(MachineError::Unexpected)));
     }
 
     #[test]
@@ -868,7 +910,7 @@ mod tests {
 
     #[test]
     fn the_server_answers_each_request_and_counts_a_repeat_once() {
-        let mut s = Server::new(4, None, BufferLayout::default());
+        let mut s = server(4, None);
         let a: SocketAddr = "10.0.0.1:5000".parse().unwrap();
         let b: SocketAddr = "10.0.0.1:5001".parse().unwrap();
         // Data before the hello is a stranger's.
@@ -909,13 +951,12 @@ mod tests {
 
     /// A server of 4-byte messages proving `token`.
     fn proven_server(t: u8) -> Server {
-        Server::new(
+        server(
             4,
             Some(DatagramListenerProof::new(
                 token(t),
                 [9; DATAGRAM_SECRET_BYTES],
             )),
-            BufferLayout::default(),
         )
     }
 
@@ -1014,7 +1055,7 @@ mod tests {
         let t = s.totals();
         assert_eq!((t.strangers, t.connections_accepted, t.bytes_tx), (6, 0, 0));
         // A server without a token takes no confirmation either.
-        let mut plain = Server::new(4, None, BufferLayout::default());
+        let mut plain = server(4, None);
         assert_eq!(
             arrive(&mut plain, &framed_vec(Kind::Confirm, &confirm), from),
             Answer::None
@@ -1024,7 +1065,7 @@ mod tests {
 
     #[test]
     fn the_server_keeps_state_for_a_bounded_number_of_peers() {
-        let mut s = Server::new(1, None, BufferLayout::default());
+        let mut s = server(1, None);
         let hello = Header::control(Kind::Hello).encode();
         for i in 0..MAX_PEERS_PER_WORKER {
             let from = SocketAddr::new(

@@ -4,11 +4,14 @@
 //! bytes as the socket takes without blocking and says what it waits for
 //! next ([`Progress`]), so partial reads and writes are handled in one
 //! place and tests drive the machines in memory with a scripted socket.
-//! Each machine owns one fixed buffer allocated when the flow is made and
-//! never again, so a round trip allocates nothing.
+//! A machine holds offsets and counters; it sends from and reads into its
+//! worker's buffers ([`WorkerBuffers`]), which the worker hands to the flow
+//! it pumps, so a flow holds no message bytes and a round trip allocates
+//! nothing. Only an echo the socket did not take whole gets a buffer of
+//! the flow's own, once, for the rest of the flow's life.
 
+use super::buffers::{connect_chunk_bytes, CountedBuffer, WorkerBuffers};
 use super::io::Io;
-use crate::buffer::{AlignedBuffer, BufferLayout};
 use std::io::{self, ErrorKind, Read, Write};
 
 /// What a machine waits for after a `pump`.
@@ -88,11 +91,13 @@ pub(crate) struct Moved {
 }
 
 /// The client side of one pingpong flow: send `size` bytes, read `size`
-/// bytes back, repeat on [`PingPongClient::start`].
+/// bytes back, repeat on [`PingPongClient::start`]. It sends from its
+/// worker's send buffer and reads into its receive buffer, both at least
+/// `size` bytes.
 #[derive(Debug)]
 pub(crate) struct PingPongClient {
-    /// Invariant: `buf.len() >= 1` is the message size.
-    buf: AlignedBuffer,
+    /// The message size; at least 1.
+    size: usize,
     /// Bytes of the current message already written (while `sending`) or
     /// read (otherwise).
     off: usize,
@@ -104,15 +109,9 @@ pub(crate) struct PingPongClient {
 
 impl PingPongClient {
     /// A machine for `size_bytes`-byte round trips (`size_bytes >= 1`).
-    pub fn new(size_bytes: usize, layout: BufferLayout) -> PingPongClient {
-        let mut buf = AlignedBuffer::zeroed(size_bytes.max(1), layout);
-        // A recognisable payload makes captures readable; its value is not
-        // checked.
-        for (i, b) in buf.iter_mut().enumerate() {
-            *b = i as u8;
-        }
+    pub fn new(size_bytes: usize) -> PingPongClient {
         PingPongClient {
-            buf,
+            size: size_bytes.max(1),
             off: 0,
             sending: false,
             busy: false,
@@ -122,7 +121,7 @@ impl PingPongClient {
 
     /// The message size, bytes.
     pub fn size_bytes(&self) -> usize {
-        self.buf.len()
+        self.size
     }
 
     /// Whether a round trip is under way (started and not yet `Done`).
@@ -131,17 +130,25 @@ impl PingPongClient {
     }
 
     /// Begins a round trip and moves what it can.
-    pub fn start(&mut self, io: &mut (impl Read + Write)) -> Result<Progress, MachineError> {
+    pub fn start(
+        &mut self,
+        io: &mut (impl Read + Write),
+        bufs: &mut WorkerBuffers,
+    ) -> Result<Progress, MachineError> {
         self.busy = true;
         self.sending = true;
         self.off = 0;
-        self.pump(io)
+        self.pump(io, bufs)
     }
 
     /// Moves bytes of the current round trip until the socket would block or
     /// the round trip completes. With no round trip under way, any readable
     /// byte or end of stream is the peer misbehaving or going away.
-    pub fn pump(&mut self, io: &mut (impl Read + Write)) -> Result<Progress, MachineError> {
+    pub fn pump(
+        &mut self,
+        io: &mut (impl Read + Write),
+        bufs: &mut WorkerBuffers,
+    ) -> Result<Progress, MachineError> {
         if !self.busy {
             let mut probe = [0u8; 1];
             return match read_some(io, &mut probe).map_err(MachineError::Io)? {
@@ -150,10 +157,10 @@ impl PingPongClient {
                 Some(_) => Err(MachineError::Unexpected),
             };
         }
-        let size = self.buf.len();
+        let size = self.size;
         loop {
             if self.sending {
-                match write_some(io, &self.buf[self.off..]).map_err(MachineError::Io)? {
+                match write_some(io, &bufs.send[self.off..size]).map_err(MachineError::Io)? {
                     None => return Ok(Progress::WantWrite),
                     Some(n) => {
                         self.off += n;
@@ -169,7 +176,9 @@ impl PingPongClient {
                     }
                 }
             } else {
-                match read_some(io, &mut self.buf[self.off..]).map_err(MachineError::Io)? {
+                // The reply's bytes are not looked at: where in the worker's
+                // buffer they land is of no matter.
+                match read_some(io, &mut bufs.recv[self.off..size]).map_err(MachineError::Io)? {
                     None => return Ok(Progress::WantRead),
                     Some(0) => return Err(MachineError::Closed),
                     Some(n) => {
@@ -188,42 +197,65 @@ impl PingPongClient {
 
 /// The server side of one pingpong flow: echo every byte back, at most
 /// `size` bytes in flight, until the client closes.
+///
+/// It reads into its worker's receive buffer and writes the bytes straight
+/// back from there. What the socket does not take at once is kept in a
+/// buffer of the flow's own (`size` bytes at the worker's layout, made the
+/// first time and kept), into which the flow then reads, so an echo held
+/// back is never overwritten by the worker's other flows.
 #[derive(Debug)]
 pub(crate) struct EchoServer {
-    buf: AlignedBuffer,
-    /// Bytes of `buf[..len]` already written back; `len == 0` while reading.
+    /// The message size; at least 1.
+    size: usize,
+    /// The flow's own buffer, once an echo had to wait for the socket.
+    own: Option<CountedBuffer>,
+    /// Bytes of `own[..len]` already written back; `len == 0` while reading.
     off: usize,
     len: usize,
     pub moved: Moved,
 }
 
 impl EchoServer {
-    /// An echo machine with a `size_bytes` buffer (`size_bytes >= 1`).
-    pub fn new(size_bytes: usize, layout: BufferLayout) -> EchoServer {
+    /// An echo machine for messages of `size_bytes` (`size_bytes >= 1`),
+    /// whose worker's receive buffer holds at least that.
+    pub fn new(size_bytes: usize) -> EchoServer {
         EchoServer {
-            buf: AlignedBuffer::zeroed(size_bytes.max(1), layout),
+            size: size_bytes.max(1),
+            own: None,
             off: 0,
             len: 0,
             moved: Moved::default(),
         }
     }
 
+    /// Whether the flow holds a buffer of its own.
+    #[cfg(test)]
+    pub fn holds_a_buffer(&self) -> bool {
+        self.own.is_some()
+    }
+
     /// Echoes until the socket would block. `Done` means the client closed
     /// the connection cleanly between messages.
-    pub fn pump(&mut self, io: &mut (impl Read + Write)) -> Result<Progress, MachineError> {
+    pub fn pump(
+        &mut self,
+        io: &mut (impl Read + Write),
+        bufs: &mut WorkerBuffers,
+    ) -> Result<Progress, MachineError> {
         loop {
-            if self.len == 0 {
-                match read_some(io, &mut self.buf).map_err(MachineError::Io)? {
-                    None => return Ok(Progress::WantRead),
-                    Some(0) => return Ok(Progress::Done),
-                    Some(n) => {
-                        self.moved.rx_bytes += n as u64;
-                        self.len = n;
-                        self.off = 0;
+            if let Some(own) = self.own.as_mut() {
+                if self.len == 0 {
+                    match read_some(io, &mut own[..self.size]).map_err(MachineError::Io)? {
+                        None => return Ok(Progress::WantRead),
+                        Some(0) => return Ok(Progress::Done),
+                        Some(n) => {
+                            self.moved.rx_bytes += n as u64;
+                            self.len = n;
+                            self.off = 0;
+                        }
                     }
+                    continue;
                 }
-            } else {
-                match write_some(io, &self.buf[self.off..self.len]).map_err(MachineError::Io)? {
+                match write_some(io, &own[self.off..self.len]).map_err(MachineError::Io)? {
                     None => return Ok(Progress::WantWrite),
                     Some(n) => {
                         self.moved.tx_bytes += n as u64;
@@ -236,7 +268,31 @@ impl EchoServer {
                         }
                     }
                 }
+                continue;
             }
+            let n = match read_some(io, &mut bufs.recv[..self.size]).map_err(MachineError::Io)? {
+                None => return Ok(Progress::WantRead),
+                Some(0) => return Ok(Progress::Done),
+                Some(n) => n,
+            };
+            self.moved.rx_bytes += n as u64;
+            let taken = write_some(io, &bufs.recv[..n])
+                .map_err(MachineError::Io)?
+                .unwrap_or(0);
+            self.moved.tx_bytes += taken as u64;
+            if taken == n {
+                // As above: nothing more can be there yet.
+                return Ok(Progress::WantRead);
+            }
+            // The rest must outlive this pump: the worker's buffer is the
+            // next flow's.
+            let mut own = bufs
+                .flow_buffer(self.size)
+                .map_err(|e| MachineError::Io(io::Error::new(ErrorKind::OutOfMemory, e)))?;
+            own[..n - taken].copy_from_slice(&bufs.recv[taken..n]);
+            self.own = Some(own);
+            self.off = 0;
+            self.len = n - taken;
         }
     }
 }
@@ -244,16 +300,21 @@ impl EchoServer {
 /// The server side of a flow, whatever its work: what a server worker
 /// pumps when the flow's socket is ready.
 pub(crate) trait ServerMachine: Send {
-    /// Moves bytes until the socket would block; `Done` means the caller
-    /// closes the connection now.
-    fn pump(&mut self, io: &mut Io<'_>) -> Result<Progress, MachineError>;
+    /// Moves bytes through the worker's `bufs` until the socket would
+    /// block; `Done` means the caller closes the connection now.
+    fn pump(&mut self, io: &mut Io<'_>, bufs: &mut WorkerBuffers)
+        -> Result<Progress, MachineError>;
     /// What the flow moved so far.
     fn moved(&self) -> Moved;
 }
 
 impl ServerMachine for EchoServer {
-    fn pump(&mut self, io: &mut Io<'_>) -> Result<Progress, MachineError> {
-        EchoServer::pump(self, io)
+    fn pump(
+        &mut self,
+        io: &mut Io<'_>,
+        bufs: &mut WorkerBuffers,
+    ) -> Result<Progress, MachineError> {
+        EchoServer::pump(self, io, bufs)
     }
     fn moved(&self) -> Moved {
         self.moved
@@ -261,8 +322,12 @@ impl ServerMachine for EchoServer {
 }
 
 impl ServerMachine for ConnectServer {
-    fn pump(&mut self, io: &mut Io<'_>) -> Result<Progress, MachineError> {
-        ConnectServer::pump(self, io)
+    fn pump(
+        &mut self,
+        io: &mut Io<'_>,
+        bufs: &mut WorkerBuffers,
+    ) -> Result<Progress, MachineError> {
+        ConnectServer::pump(self, io, bufs)
     }
     fn moved(&self) -> Moved {
         self.moved
@@ -285,9 +350,10 @@ enum ConnectPhase {
 /// `reply_received` says when the timed part (setup and exchange) ended.
 #[derive(Debug)]
 pub(crate) struct ConnectClient {
-    /// Invariant: `buf.len() >= 1`; requests and replies longer than the
-    /// buffer go through it in pieces.
-    buf: AlignedBuffer,
+    /// The most bytes one read or write moves: its worker's buffers hold at
+    /// least this (at least 1); requests and replies longer than it go in
+    /// pieces.
+    chunk: usize,
     request_bytes: usize,
     reply_bytes: usize,
     /// Bytes of the current phase done.
@@ -296,20 +362,11 @@ pub(crate) struct ConnectClient {
     pub moved: Moved,
 }
 
-/// The most a connect-mode buffer holds; longer requests and replies pass
-/// through it in pieces, so memory per flow stays bounded.
-pub(crate) const CONNECT_BUF_MAX_BYTES: usize = 64 * 1024;
-
 impl ConnectClient {
     /// A machine for `request_bytes` out and `reply_bytes` back.
-    pub fn new(request_bytes: usize, reply_bytes: usize, layout: BufferLayout) -> ConnectClient {
-        let len = request_bytes
-            .max(reply_bytes)
-            .clamp(1, CONNECT_BUF_MAX_BYTES);
-        let mut buf = AlignedBuffer::zeroed(len, layout);
-        buf.fill(b'q');
+    pub fn new(request_bytes: usize, reply_bytes: usize) -> ConnectClient {
         ConnectClient {
-            buf,
+            chunk: connect_chunk_bytes(request_bytes, reply_bytes),
             request_bytes,
             reply_bytes,
             done: 0,
@@ -342,12 +399,16 @@ impl ConnectClient {
 
     /// Moves bytes until the socket would block; `Done` once the server
     /// closed after the full reply.
-    pub fn pump(&mut self, io: &mut (impl Read + Write)) -> Result<Progress, MachineError> {
+    pub fn pump(
+        &mut self,
+        io: &mut (impl Read + Write),
+        bufs: &mut WorkerBuffers,
+    ) -> Result<Progress, MachineError> {
         loop {
             match self.phase {
                 ConnectPhase::Sending => {
-                    let want = (self.request_bytes - self.done).min(self.buf.len());
-                    match write_some(io, &self.buf[..want]).map_err(MachineError::Io)? {
+                    let want = (self.request_bytes - self.done).min(self.chunk);
+                    match write_some(io, &bufs.send[..want]).map_err(MachineError::Io)? {
                         None => return Ok(Progress::WantWrite),
                         Some(n) => {
                             self.done += n;
@@ -367,8 +428,8 @@ impl ConnectClient {
                     }
                 }
                 ConnectPhase::Receiving => {
-                    let want = (self.reply_bytes - self.done).min(self.buf.len());
-                    match read_some(io, &mut self.buf[..want]).map_err(MachineError::Io)? {
+                    let want = (self.reply_bytes - self.done).min(self.chunk);
+                    match read_some(io, &mut bufs.recv[..want]).map_err(MachineError::Io)? {
                         None => return Ok(Progress::WantRead),
                         Some(0) => return Err(MachineError::Closed),
                         Some(n) => {
@@ -402,7 +463,8 @@ impl ConnectClient {
 /// server closes first).
 #[derive(Debug)]
 pub(crate) struct ConnectServer {
-    buf: AlignedBuffer,
+    /// As [`ConnectClient`]'s.
+    chunk: usize,
     request_bytes: usize,
     reply_bytes: usize,
     done: usize,
@@ -412,14 +474,9 @@ pub(crate) struct ConnectServer {
 
 impl ConnectServer {
     /// A machine expecting `request_bytes` and answering `reply_bytes`.
-    pub fn new(request_bytes: usize, reply_bytes: usize, layout: BufferLayout) -> ConnectServer {
-        let len = request_bytes
-            .max(reply_bytes)
-            .clamp(1, CONNECT_BUF_MAX_BYTES);
-        let mut buf = AlignedBuffer::zeroed(len, layout);
-        buf.fill(b'r');
+    pub fn new(request_bytes: usize, reply_bytes: usize) -> ConnectServer {
         ConnectServer {
-            buf,
+            chunk: connect_chunk_bytes(request_bytes, reply_bytes),
             request_bytes,
             reply_bytes,
             done: 0,
@@ -429,11 +486,15 @@ impl ConnectServer {
     }
 
     /// Moves bytes until the socket would block or the reply is out.
-    pub fn pump(&mut self, io: &mut (impl Read + Write)) -> Result<Progress, MachineError> {
+    pub fn pump(
+        &mut self,
+        io: &mut (impl Read + Write),
+        bufs: &mut WorkerBuffers,
+    ) -> Result<Progress, MachineError> {
         loop {
             if !self.replying {
-                let want = (self.request_bytes - self.done).min(self.buf.len());
-                match read_some(io, &mut self.buf[..want]).map_err(MachineError::Io)? {
+                let want = (self.request_bytes - self.done).min(self.chunk);
+                match read_some(io, &mut bufs.recv[..want]).map_err(MachineError::Io)? {
                     None => return Ok(Progress::WantRead),
                     Some(0) => return Err(MachineError::Closed),
                     Some(n) => {
@@ -449,8 +510,8 @@ impl ConnectServer {
                 if self.done == self.reply_bytes {
                     return Ok(Progress::Done);
                 }
-                let want = (self.reply_bytes - self.done).min(self.buf.len());
-                match write_some(io, &self.buf[..want]).map_err(MachineError::Io)? {
+                let want = (self.reply_bytes - self.done).min(self.chunk);
+                match write_some(io, &bufs.send[..want]).map_err(MachineError::Io)? {
                     None => return Ok(Progress::WantWrite),
                     Some(n) => {
                         self.done += n;
@@ -465,8 +526,29 @@ impl ConnectServer {
 #[cfg(test)]
 #[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
 mod tests {
+    use super::super::buffers::{BufferGauge, Side};
+    use super::super::FlowWork;
     use super::*;
+    use crate::buffer::BufferLayout;
     use std::collections::VecDeque;
+    use std::sync::Arc;
+
+    /// A worker's buffers for `work` on `side`, at the default layout.
+    fn bufs(work: FlowWork, side: Side) -> WorkerBuffers {
+        let gauge = Arc::new(BufferGauge::default());
+        WorkerBuffers::for_work(work, side, false, BufferLayout::default(), &gauge).unwrap()
+    }
+
+    fn pingpong(size_bytes: usize) -> FlowWork {
+        FlowWork::PingPong { size_bytes }
+    }
+
+    fn connect(request_bytes: usize, reply_bytes: usize) -> FlowWork {
+        FlowWork::Connect {
+            request_bytes,
+            reply_bytes,
+        }
+    }
 
     /// A scripted socket: reads return the queued chunks (an empty queue
     /// would block, `Some(vec![])` is end of stream); writes accept at most
@@ -514,21 +596,22 @@ mod tests {
 
     #[test]
     fn pingpong_client_handles_partial_writes_and_reads() {
-        let mut m = PingPongClient::new(10, BufferLayout::default());
+        let mut m = PingPongClient::new(10);
+        let b = &mut bufs(pingpong(10), Side::Client);
         let mut io = Script {
             write_budget: 4,
             ..Script::default()
         };
-        assert_eq!(m.start(&mut io).unwrap(), Progress::WantWrite);
+        assert_eq!(m.start(&mut io, b).unwrap(), Progress::WantWrite);
         io.write_budget = 100;
-        assert_eq!(m.pump(&mut io).unwrap(), Progress::WantRead);
+        assert_eq!(m.pump(&mut io, b).unwrap(), Progress::WantRead);
         assert_eq!(io.written.len(), 10);
-        assert_eq!(m.pump(&mut io).unwrap(), Progress::WantRead);
+        assert_eq!(m.pump(&mut io, b).unwrap(), Progress::WantRead);
         io.reads.push_back(vec![0; 3]);
-        assert_eq!(m.pump(&mut io).unwrap(), Progress::WantRead);
+        assert_eq!(m.pump(&mut io, b).unwrap(), Progress::WantRead);
         assert!(m.busy());
         io.reads.push_back(vec![0; 7]);
-        assert_eq!(m.pump(&mut io).unwrap(), Progress::Done);
+        assert_eq!(m.pump(&mut io, b).unwrap(), Progress::Done);
         assert!(!m.busy());
         assert_eq!(
             m.moved,
@@ -541,44 +624,47 @@ mod tests {
 
     #[test]
     fn pingpong_client_reports_peer_close_mid_round_trip() {
-        let mut m = PingPongClient::new(4, BufferLayout::default());
+        let mut m = PingPongClient::new(4);
+        let b = &mut bufs(pingpong(4), Side::Client);
         let mut io = Script {
             write_budget: 100,
             ..Script::default()
         };
         io.reads.push_back(vec![0; 2]);
         io.eof = true;
-        assert_eq!(m.start(&mut io).unwrap(), Progress::WantRead);
-        assert!(matches!(m.pump(&mut io), Err(MachineError::Closed)));
+        assert_eq!(m.start(&mut io, b).unwrap(), Progress::WantRead);
+        assert!(matches!(m.pump(&mut io, b), Err(MachineError::Closed)));
     }
 
     #[test]
     fn idle_pingpong_client_treats_data_as_unexpected() {
-        let mut m = PingPongClient::new(4, BufferLayout::default());
+        let mut m = PingPongClient::new(4);
+        let b = &mut bufs(pingpong(4), Side::Client);
         let mut io = Script::default();
-        assert_eq!(m.pump(&mut io).unwrap(), Progress::WantRead);
+        assert_eq!(m.pump(&mut io, b).unwrap(), Progress::WantRead);
         io.reads.push_back(vec![1]);
-        assert!(matches!(m.pump(&mut io), Err(MachineError::Unexpected)));
+        assert!(matches!(m.pump(&mut io, b), Err(MachineError::Unexpected)));
     }
 
     #[test]
     fn echo_server_echoes_in_pieces_and_finishes_on_eof() {
-        let mut m = EchoServer::new(4, BufferLayout::default());
+        let mut m = EchoServer::new(4);
+        let b = &mut bufs(pingpong(4), Side::Server);
         let mut io = Script {
             write_budget: 3,
             ..Script::default()
         };
         io.reads.push_back(b"abcdef".to_vec());
         // Reads 4, can write 3 of them back.
-        assert_eq!(m.pump(&mut io).unwrap(), Progress::WantWrite);
+        assert_eq!(m.pump(&mut io, b).unwrap(), Progress::WantWrite);
         io.write_budget = 100;
         // The first 4 echoed; then the remaining 2 read and echoed.
-        assert_eq!(m.pump(&mut io).unwrap(), Progress::WantRead);
-        assert_eq!(m.pump(&mut io).unwrap(), Progress::WantRead);
-        assert_eq!(m.pump(&mut io).unwrap(), Progress::WantRead);
+        assert_eq!(m.pump(&mut io, b).unwrap(), Progress::WantRead);
+        assert_eq!(m.pump(&mut io, b).unwrap(), Progress::WantRead);
+        assert_eq!(m.pump(&mut io, b).unwrap(), Progress::WantRead);
         assert_eq!(io.written, b"abcdef");
         io.eof = true;
-        assert_eq!(m.pump(&mut io).unwrap(), Progress::Done);
+        assert_eq!(m.pump(&mut io, b).unwrap(), Progress::Done);
         assert_eq!(
             m.moved,
             Moved {
@@ -590,20 +676,21 @@ mod tests {
 
     #[test]
     fn connect_client_sends_request_reads_reply_then_waits_for_server_close() {
-        let mut m = ConnectClient::new(5, 3, BufferLayout::default());
+        let mut m = ConnectClient::new(5, 3);
+        let b = &mut bufs(connect(5, 3), Side::Client);
         m.begin();
         let mut io = Script {
             write_budget: 2,
             ..Script::default()
         };
-        assert_eq!(m.pump(&mut io).unwrap(), Progress::WantWrite);
+        assert_eq!(m.pump(&mut io, b).unwrap(), Progress::WantWrite);
         io.write_budget = 100;
-        assert_eq!(m.pump(&mut io).unwrap(), Progress::WantRead);
+        assert_eq!(m.pump(&mut io, b).unwrap(), Progress::WantRead);
         io.reads.push_back(vec![9; 3]);
-        assert_eq!(m.pump(&mut io).unwrap(), Progress::WantRead);
+        assert_eq!(m.pump(&mut io, b).unwrap(), Progress::WantRead);
         assert!(m.reply_received());
         io.eof = true;
-        assert_eq!(m.pump(&mut io).unwrap(), Progress::Done);
+        assert_eq!(m.pump(&mut io, b).unwrap(), Progress::Done);
         assert_eq!(
             m.moved,
             Moved {
@@ -615,49 +702,136 @@ mod tests {
 
     #[test]
     fn connect_client_refuses_extra_reply_bytes() {
-        let mut m = ConnectClient::new(1, 2, BufferLayout::default());
+        let mut m = ConnectClient::new(1, 2);
+        let b = &mut bufs(connect(1, 2), Side::Client);
         m.begin();
         let mut io = Script {
             write_budget: 100,
             ..Script::default()
         };
         io.reads.push_back(vec![0; 3]);
-        assert_eq!(m.pump(&mut io).unwrap(), Progress::WantRead);
-        assert!(matches!(m.pump(&mut io), Err(MachineError::Unexpected)));
+        assert_eq!(m.pump(&mut io, b).unwrap(), Progress::WantRead);
+        assert!(matches!(m.pump(&mut io, b), Err(MachineError::Unexpected)));
     }
 
     #[test]
     fn connect_client_reports_close_before_reply() {
-        let mut m = ConnectClient::new(1, 2, BufferLayout::default());
+        let mut m = ConnectClient::new(1, 2);
+        let b = &mut bufs(connect(1, 2), Side::Client);
         m.begin();
         let mut io = Script {
             write_budget: 100,
             eof: true,
             ..Script::default()
         };
-        assert_eq!(m.pump(&mut io).unwrap(), Progress::WantRead);
-        assert!(matches!(m.pump(&mut io), Err(MachineError::Closed)));
+        assert_eq!(m.pump(&mut io, b).unwrap(), Progress::WantRead);
+        assert!(matches!(m.pump(&mut io, b), Err(MachineError::Closed)));
         assert!(!m.reply_received());
     }
 
     #[test]
     fn connect_server_reads_request_then_writes_reply() {
-        let mut m = ConnectServer::new(3, 100_000, BufferLayout::default());
+        let mut m = ConnectServer::new(3, 100_000);
+        let b = &mut bufs(connect(3, 100_000), Side::Server);
         let mut io = Script {
             write_budget: 70_000,
             ..Script::default()
         };
         io.reads.push_back(vec![1; 2]);
-        assert_eq!(m.pump(&mut io).unwrap(), Progress::WantRead);
+        assert_eq!(m.pump(&mut io, b).unwrap(), Progress::WantRead);
         io.reads.push_back(vec![1; 1]);
-        assert_eq!(m.pump(&mut io).unwrap(), Progress::WantWrite);
+        assert_eq!(m.pump(&mut io, b).unwrap(), Progress::WantWrite);
         io.write_budget = 30_000;
-        assert_eq!(m.pump(&mut io).unwrap(), Progress::Done);
+        assert_eq!(m.pump(&mut io, b).unwrap(), Progress::Done);
         assert_eq!(
             m.moved,
             Moved {
                 tx_bytes: 100_000,
                 rx_bytes: 3
+            }
+        );
+    }
+
+    #[test]
+    fn pingpong_clients_sharing_a_worker_each_send_their_whole_message() {
+        let b = &mut bufs(pingpong(10), Side::Client);
+        let (mut a, mut c) = (PingPongClient::new(10), PingPongClient::new(10));
+        let mut io_a = Script {
+            write_budget: 3,
+            ..Script::default()
+        };
+        let mut io_c = Script {
+            write_budget: 100,
+            ..Script::default()
+        };
+        assert_eq!(a.start(&mut io_a, b).unwrap(), Progress::WantWrite);
+        assert_eq!(c.start(&mut io_c, b).unwrap(), Progress::WantRead);
+        // The other flow's reply lands in the worker's buffer meanwhile.
+        io_c.reads.push_back(vec![0xee; 10]);
+        assert_eq!(c.pump(&mut io_c, b).unwrap(), Progress::Done);
+        io_a.write_budget = 100;
+        assert_eq!(a.pump(&mut io_a, b).unwrap(), Progress::WantRead);
+        let pattern: Vec<u8> = (0..10).collect();
+        assert_eq!(io_a.written, pattern);
+        assert_eq!(io_c.written, pattern);
+    }
+
+    #[test]
+    fn an_echo_held_back_keeps_its_bytes_while_other_flows_use_the_worker_buffers() {
+        let gauge = Arc::new(BufferGauge::default());
+        let b = &mut WorkerBuffers::for_work(
+            pingpong(4),
+            Side::Server,
+            false,
+            BufferLayout::default(),
+            &gauge,
+        )
+        .unwrap();
+        let shared = gauge.held_bytes();
+        let (mut a, mut c) = (EchoServer::new(4), EchoServer::new(4));
+        let mut io_a = Script {
+            write_budget: 2,
+            ..Script::default()
+        };
+        io_a.reads.push_back(b"abcd".to_vec());
+        assert_eq!(a.pump(&mut io_a, b).unwrap(), Progress::WantWrite);
+        assert!(a.holds_a_buffer());
+        assert!(gauge.held_bytes() > shared);
+        // Another flow's echo goes through the worker's buffer whole.
+        let mut io_c = Script {
+            write_budget: 100,
+            ..Script::default()
+        };
+        io_c.reads.push_back(b"wxyz".to_vec());
+        assert_eq!(c.pump(&mut io_c, b).unwrap(), Progress::WantRead);
+        assert!(!c.holds_a_buffer());
+        assert_eq!(io_c.written, b"wxyz");
+        io_a.write_budget = 100;
+        assert_eq!(a.pump(&mut io_a, b).unwrap(), Progress::WantRead);
+        assert_eq!(io_a.written, b"abcd");
+        // The flow keeps its buffer and reads into it from then on.
+        io_a.reads.push_back(b"ef".to_vec());
+        assert_eq!(a.pump(&mut io_a, b).unwrap(), Progress::WantRead);
+        assert_eq!(io_a.written, b"abcdef");
+        drop(a);
+        assert_eq!(gauge.held_bytes(), shared);
+    }
+
+    #[test]
+    fn an_echo_the_socket_refuses_whole_is_kept_whole() {
+        let b = &mut bufs(pingpong(1), Side::Server);
+        let mut m = EchoServer::new(1);
+        let mut io = Script::default();
+        io.reads.push_back(b"x".to_vec());
+        assert_eq!(m.pump(&mut io, b).unwrap(), Progress::WantWrite);
+        io.write_budget = 1;
+        assert_eq!(m.pump(&mut io, b).unwrap(), Progress::WantRead);
+        assert_eq!(io.written, b"x");
+        assert_eq!(
+            m.moved,
+            Moved {
+                tx_bytes: 1,
+                rx_bytes: 1
             }
         );
     }

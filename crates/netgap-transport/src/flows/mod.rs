@@ -16,10 +16,14 @@
 //!   connect completing). Level triggering lets a worker stop pumping a flow
 //!   at any point without losing a wake-up.
 //! - Per-flow state machines (module `machine`) handle partial reads and writes
-//!   over non-blocking sockets with TCP_NODELAY; each flow has one buffer
-//!   of its message size (at most 64 KiB in connect mode) allocated when the
-//!   flow is made, so a round trip allocates nothing and memory is
-//!   proportional to flows × size. Per-flow latencies go to a
+//!   over non-blocking sockets with TCP_NODELAY. They hold offsets and
+//!   counters, not bytes: every flow of a worker sends from and reads into
+//!   the worker's buffers (module `buffers`: a send and a receive buffer of
+//!   the message size, at most 64 KiB in connect mode, at the point's
+//!   `--align`/`--offset` layout), made with the worker, so a round trip
+//!   allocates nothing and a 1-byte flow takes no page of its own. Only a
+//!   server flow whose echo the socket held back gets a buffer of its own
+//!   (its message size), which it keeps. Per-flow latencies go to a
 //!   [`FlowHistogram`] (log-linear, percentiles within 1.6%, a few hundred
 //!   bytes) so 100,000 of them stay small; the role's aggregate is their
 //!   merge into one full-precision histogram.
@@ -38,6 +42,7 @@
 //! numbers and retries, and the server answers every flow of a worker from
 //! one socket (module `datagram`); it carries no connect-mode work.
 
+mod buffers;
 mod client;
 mod datagram;
 pub mod io;
@@ -60,8 +65,9 @@ use netgap_proto::dataproof::DataToken;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-/// The largest pingpong message, in bytes: every flow holds a buffer of
-/// this size, so the cap keeps flows × size within reason.
+/// The largest pingpong message, in bytes: a server flow whose echo is
+/// held back keeps a buffer of this size, so the cap keeps flows × size
+/// within reason.
 pub(crate) const MAX_PINGPONG_SIZE_BYTES: usize = 16 * 1024 * 1024;
 
 /// What each flow does.
@@ -87,19 +93,13 @@ pub enum FlowWork {
 
 impl FlowWork {
     /// The server side of one flow of this work.
-    fn server_machine(&self, layout: BufferLayout) -> Box<dyn machine::ServerMachine> {
+    fn server_machine(&self) -> Box<dyn machine::ServerMachine> {
         match *self {
-            FlowWork::PingPong { size_bytes } => {
-                Box::new(machine::EchoServer::new(size_bytes, layout))
-            }
+            FlowWork::PingPong { size_bytes } => Box::new(machine::EchoServer::new(size_bytes)),
             FlowWork::Connect {
                 request_bytes,
                 reply_bytes,
-            } => Box::new(machine::ConnectServer::new(
-                request_bytes,
-                reply_bytes,
-                layout,
-            )),
+            } => Box::new(machine::ConnectServer::new(request_bytes, reply_bytes)),
         }
     }
 
@@ -187,7 +187,7 @@ impl EngineConfig {
         }
     }
 
-    /// Where every flow's buffers start (`--align`, `--offset`).
+    /// Where the workers' message buffers start (`--align`, `--offset`).
     fn buffer_layout(&self) -> Result<BufferLayout, EngineError> {
         BufferLayout::of_options(&self.options)
             .map_err(|e| EngineError::Invalid(format!("message buffers: {e}")))

@@ -5,13 +5,17 @@
 //! flows for their whole life without sharing anything with the others.
 //! On a datagram path each worker has a UDP socket on the one port instead
 //! and answers every flow the kernel steers to it (module `datagram`).
+//!
+//! A worker's flows read into and send from the worker's buffers
+//! ([`WorkerBuffers`]); only an echo the socket held back gets a buffer of
+//! its flow's own.
 
+use super::buffers::{BufferGauge, Side, WorkerBuffers};
 use super::datagram;
 use super::io::{Io, WorkerIo};
 use super::machine::{Progress, ServerMachine};
 use super::proof::ListenerHandshake;
 use super::{limits, EngineConfig, EngineError, FlowWork, ServerTotals};
-use crate::buffer::BufferLayout;
 use netgap_core::spec::{Mode, TransportOptions};
 use netgap_proto::dataproof::DataToken;
 use nix::errno::Errno;
@@ -50,6 +54,8 @@ pub struct FlowServer {
     open: Arc<AtomicUsize>,
     /// Connections accepted so far, all workers together.
     accepted: Arc<AtomicU64>,
+    /// What the workers' message buffers hold, and held at most.
+    gauge: Arc<BufferGauge>,
     workers: Vec<Worker>,
 }
 
@@ -68,8 +74,6 @@ struct Conn {
 struct Ctx {
     transport: &'static str,
     work: FlowWork,
-    /// Where every flow's buffer starts.
-    layout: BufferLayout,
     mode: Mode,
     options: TransportOptions,
     token: Option<DataToken>,
@@ -177,6 +181,7 @@ fn start(
     let stop = Arc::new(AtomicBool::new(false));
     let open = Arc::new(AtomicUsize::new(0));
     let accepted = Arc::new(AtomicU64::new(0));
+    let gauge = Arc::new(BufferGauge::default());
     let mut workers = Vec::with_capacity(cfg.workers);
     let ctx = Ctx {
         max_open,
@@ -184,7 +189,6 @@ fn start(
         accepted: Arc::clone(&accepted),
         transport: cfg.path.name(),
         work,
-        layout: cfg.buffer_layout()?,
         mode: cfg.mode,
         options: cfg.options.clone(),
         token: cfg.token.clone(),
@@ -201,10 +205,11 @@ fn start(
         epoll
             .add(&listener, EpollEvent::new(EpollFlags::EPOLLIN, LISTENER))
             .map_err(|e| sys("adding the listener to epoll", e))?;
+        let bufs = super::buffers::for_worker(work, Side::Server, cfg, &gauge)?;
         let stop_flag = Arc::clone(&stop);
         let ctx = ctx.clone();
         spawn_worker(w, &mut workers, &stop, move || {
-            serve(&listener, &epoll, io, &ctx, &stop_flag)
+            serve(&listener, &epoll, (io, bufs), &ctx, &stop_flag)
         })?;
     }
     Ok(FlowServer {
@@ -212,6 +217,7 @@ fn start(
         stop,
         open,
         accepted,
+        gauge,
         workers,
     })
 }
@@ -233,6 +239,14 @@ impl FlowServer {
     /// [`FlowServer::open_connections`], whether clients are still at work.
     pub fn accepted_connections(&self) -> u64 {
         self.accepted.load(Ordering::Relaxed)
+    }
+
+    /// The most bytes its workers' message buffers took at once so far
+    /// ([`AlignedBuffer::footprint_bytes`](crate::buffer::AlignedBuffer::footprint_bytes)):
+    /// a set per worker, sized to the message, and a buffer for each flow
+    /// whose echo the socket held back.
+    pub fn peak_buffer_bytes(&self) -> u64 {
+        self.gauge.peak_bytes()
     }
 
     /// Stops accepting, lets the exchanges under way finish for up to
@@ -282,6 +296,7 @@ fn bind_datagrams(
         .map_err(|source| EngineError::Bind { addr, source })?
         .unwrap_or(addr);
     let stop = Arc::new(AtomicBool::new(false));
+    let gauge = Arc::new(BufferGauge::default());
     let mut workers = Vec::with_capacity(sockets.len());
     for (w, socket) in sockets.into_iter().enumerate() {
         let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)
@@ -290,11 +305,12 @@ fn bind_datagrams(
         let stop_flag = Arc::clone(&stop);
         let (mode, token, rate) = (cfg.mode, cfg.token.clone(), cfg.rate.clone());
         let layout = cfg.buffer_layout()?;
+        let gauge = Arc::clone(&gauge);
         spawn_worker(w, &mut workers, &stop, move || {
             datagram::serve(
                 &socket,
                 &epoll,
-                (size_bytes, layout),
+                (size_bytes, layout, &gauge),
                 (mode, token, rate.as_deref()),
                 &stop_flag,
             )
@@ -305,6 +321,7 @@ fn bind_datagrams(
         stop,
         open: Arc::new(AtomicUsize::new(0)),
         accepted: Arc::new(AtomicU64::new(0)),
+        gauge,
         workers,
     })
 }
@@ -367,7 +384,7 @@ fn listen(
 fn serve(
     listener: &TcpListener,
     epoll: &Epoll,
-    mut io: Box<dyn WorkerIo>,
+    (mut io, mut bufs): (Box<dyn WorkerIo>, WorkerBuffers),
     ctx: &Ctx,
     stop: &AtomicBool,
 ) -> Result<ServerTotals, EngineError> {
@@ -384,6 +401,7 @@ fn serve(
         open: &ctx.open,
         epoll,
         io: &mut *io,
+        bufs: &mut bufs,
         conns: &mut conns,
         free: &mut free,
         totals: &mut totals,
@@ -467,6 +485,8 @@ struct WorkerState<'a> {
     open: &'a AtomicUsize,
     epoll: &'a Epoll,
     io: &'a mut dyn WorkerIo,
+    /// What every flow of the worker reads into and sends from.
+    bufs: &'a mut WorkerBuffers,
     conns: &'a mut Vec<Option<Conn>>,
     free: &'a mut Vec<usize>,
     totals: &'a mut ServerTotals,
@@ -496,7 +516,7 @@ fn service(w: &mut WorkerState<'_>, slot: usize) {
         Some(Err(())) => Err(()),
         None => conn
             .machine
-            .pump(&mut Io::new(conn.stream.as_fd(), &mut *w.io))
+            .pump(&mut Io::new(conn.stream.as_fd(), &mut *w.io), w.bufs)
             .map_err(|_| ()),
     };
     let next = match pumped {
@@ -662,7 +682,7 @@ fn accept_one(
         w.conns[slot] = Some(Conn {
             stream,
             proof,
-            machine: ctx.work.server_machine(ctx.layout),
+            machine: ctx.work.server_machine(),
             interest: EpollFlags::EPOLLIN,
         });
         Some(Ok(slot))

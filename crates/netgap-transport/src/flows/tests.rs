@@ -951,3 +951,102 @@ fn a_udp_flow_proves_the_session_through_loss_of_each_opening_datagram() {
     assert_eq!(totals.connections_accepted, 1);
     assert_eq!(totals.strangers, 0);
 }
+
+/// The regression of a 1-byte hotspot whose every flow took a page: the
+/// buffers of either side are a set per worker, whatever the flows, over
+/// tcp and udp and in connect mode too. (Each flow held a page-aligned
+/// buffer of its own, a page for a 1-byte message, 5.3 KiB per flow of a
+/// client agent's memory at 10,000 flows.)
+#[test]
+fn one_byte_hotspot_flows_take_no_page_each() {
+    const FLOWS: usize = 500;
+    const WORKERS: u64 = 2;
+    let page = crate::buffer::page_bytes() as u64;
+    let hotspot = FlowWork::PingPong { size_bytes: 1 };
+    let connect = FlowWork::Connect {
+        request_bytes: 16,
+        reply_bytes: 64,
+    };
+    let runs = [
+        ("tcp", hotspot, cfg(2, 5_000)),
+        ("udp", hotspot, udp_cfg(Mode::Event, 2, 5_000)),
+        ("connect", connect, cfg(2, 5_000)),
+    ];
+    for (name, work, c) in runs {
+        let server = FlowServer::bind(loopback(), work, c.clone()).unwrap();
+        let clients = prepare_clients(&spec(server.local_addr(), FLOWS, work), &c).unwrap();
+        let held = clients.buffer_bytes();
+        let report = clients
+            .run(Duration::from_millis(20), Duration::from_millis(300))
+            .unwrap();
+        let peak = server.peak_buffer_bytes();
+        server.stop().unwrap();
+        assert!(report.flows.iter().all(|f| f.bytes_tx > 0), "{name}");
+        // A send and a receive buffer per worker, a page each at the
+        // default layout.
+        assert!(
+            held > 0 && held <= 2 * WORKERS * page,
+            "{name}: {held} bytes"
+        );
+        // The server's are too; a flow whose echo a full socket held back
+        // would add one of its own, which a 1-byte echo all but never is.
+        assert!(
+            peak > 0 && peak < FLOWS as u64 * page / 8,
+            "{name}: {peak} bytes"
+        );
+    }
+}
+
+/// Echoes that full sockets held back, on flows of one server worker that
+/// share its buffers, come back byte for byte on every flow: what waits
+/// for the socket is in the flow's own buffer, not the worker's.
+#[test]
+fn held_back_echoes_come_back_intact_on_every_flow_of_a_worker() {
+    use std::io::{Read, Write};
+    const SIZE: usize = 1 << 20;
+    const FLOWS: usize = 4;
+    let work = FlowWork::PingPong { size_bytes: SIZE };
+    let mut c = cfg(1, 5_000);
+    // Small socket buffers, so an echo the client does not read yet cannot
+    // all leave.
+    c.options.sndbuf_bytes = Some(16 * 1024);
+    let server = FlowServer::bind(loopback(), work, c).unwrap();
+    let addr = server.local_addr();
+    let flows: Vec<_> = (0..FLOWS)
+        .map(|i| {
+            std::thread::spawn(move || {
+                let socket =
+                    socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
+                        .unwrap();
+                socket.set_recv_buffer_size(16 * 1024).unwrap();
+                socket.connect(&addr.into()).unwrap();
+                let stream: std::net::TcpStream = socket.into();
+                stream
+                    .set_read_timeout(Some(Duration::from_secs(10)))
+                    .unwrap();
+                let message: Vec<u8> = (0..SIZE).map(|j| ((j * 7 + i * 13) % 251) as u8).collect();
+                let mut writer = stream.try_clone().unwrap();
+                let sent = message.clone();
+                let w = std::thread::spawn(move || writer.write_all(&sent).unwrap());
+                // Read only once the server has had to hold echoes back.
+                std::thread::sleep(Duration::from_millis(200));
+                let mut back = vec![0u8; SIZE];
+                (&stream).read_exact(&mut back).unwrap();
+                w.join().unwrap();
+                back == message
+            })
+        })
+        .collect();
+    for (i, f) in flows.into_iter().enumerate() {
+        assert!(
+            f.join().unwrap(),
+            "flow {i}'s echo differs from what it sent"
+        );
+    }
+    let peak = server.peak_buffer_bytes();
+    let totals = server.stop().unwrap();
+    let all = (FLOWS * SIZE) as u64;
+    assert_eq!((totals.bytes_rx, totals.bytes_tx), (all, all));
+    // The worker's receive buffer and at least one flow's own.
+    assert!(peak >= 2 * SIZE as u64, "{peak} bytes");
+}
