@@ -2,7 +2,11 @@
 //! ([`RoleContext`]), the two steps of a role before the barrier
 //! ([`OpenRole`]: listening or connecting, then [`ReadyRole`]: every flow
 //! ready), what a role reports after its run ([`RoleResult`]), and why a
-//! role failed ([`RoleError`], one line for the coordinator).
+//! role failed ([`RoleError`], one line for the coordinator); and how a
+//! role's CPU is metered: its agent's process, every thread of it, and
+//! the processes the role started, between two `WindowEdge`s at the
+//! edges of the window in which its bytes moved (`metered`,
+//! `meter_window_counting`, or where a job's own parts begin and end).
 //!
 //! The agent finds the workload by the point's name ([`open`]); everything
 //! past that is the workload's own code.
