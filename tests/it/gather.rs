@@ -75,6 +75,16 @@ fn gather_reads_gmond_and_the_builtin_responder_on_every_host() {
         // Each gmond reports only itself: three hosts in three answers.
         assert_eq!(metric(r, "xml_hosts"), 3.0, "{}", r["app"]);
         assert!(metric(r, "xml_metrics") >= 3.0);
+        // Each answering host's CPU is gmond's, which builds an XML answer
+        // of its metrics for every gather (hundreds of microseconds each
+        // here), and its agent's, which alone spends a few microseconds a
+        // gather: at least 20 µs an answer, every gather of the window
+        // asking each host once.
+        let answering = r["hosts_cpu"].as_array().expect("hosts_cpu");
+        for h in answering.iter().filter(|h| h["role"] == "server") {
+            let cpu_ns = h["cpu"]["cpu_ns"].as_f64().expect("cpu_ns");
+            assert!(cpu_ns >= 20_000.0 * metric(r, "gathers"), "{h}");
+        }
         let services = r["app"]["services"].as_array().expect("services");
         let mut hosts: Vec<&str> = services
             .iter()

@@ -62,6 +62,7 @@ mod sweep;
 mod testbed;
 mod testbed_multihost;
 mod web;
+mod workload_cpu;
 /// Built with the `xdp` feature: `cargo test --features xdp --test it xdp::`.
 #[cfg(feature = "xdp")]
 mod xdp;

@@ -237,8 +237,11 @@ pub struct FlowReport {
 pub struct WorkloadOutcome {
     /// Length of the measured window as this agent timed it, in ns.
     pub window_ns: u64,
-    /// CPU usage of the agent's host and process over the window (with a
-    /// server program's processes, for a role that runs one).
+    /// CPU usage of the agent's host and of the role over the window in
+    /// which the role's bytes moved (the `--duration` window, or a job's
+    /// run or phase): the role's is the agent's process and the processes
+    /// the role started (shards, a server program, a load generator, a
+    /// relay); `cpu_ns` and `wall_ns` in ns.
     pub cpu: CpuUsage,
     /// Peak resident set size of the agent process (VmHWM), in KiB, if known;
     /// with [`WorkloadOutcome::processes`], the sum over its processes.

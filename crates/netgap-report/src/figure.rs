@@ -36,7 +36,7 @@
 //!   ([`Reference::PayloadLimit`]).
 
 use crate::load::Loaded;
-use crate::plots::{metric_label, Figure, CPU_LABEL};
+use crate::plots::{metric_label, Figure, CPU_LABEL, ROLE_CPU_LABEL};
 use crate::stacks::{self, SeriesKey};
 use crate::svg::{Axis, LinePlot, Mark, Plot, RefLine, Series};
 use netgap_core::record::ResultRecord;
@@ -678,11 +678,12 @@ pub(crate) fn build(spec: &FigureSpec, recs: &[&Loaded]) -> Vec<Figure> {
             })];
             let cpu_group = of_group(&cpu, &cpu_ix, &group);
             if !cpu_group.is_empty() {
+                let ends = group_recs.iter().any(|l| l.record.cpu.is_some());
                 panels.push(Plot::Line(LinePlot {
                     title: format!(
                         "{}: CPU of {} against {}{suffix}",
                         spec.title,
-                        if group_recs.iter().any(|l| l.record.cpu.is_some()) {
+                        if ends {
                             "both ends"
                         } else {
                             "server and client hosts"
@@ -690,7 +691,7 @@ pub(crate) fn build(spec: &FigureSpec, recs: &[&Loaded]) -> Vec<Figure> {
                         spec.x.name()
                     ),
                     x: spec.x.axis(categories.clone()),
-                    y: Axis::linear(CPU_LABEL),
+                    y: Axis::linear(if ends { CPU_LABEL } else { ROLE_CPU_LABEL }),
                     series: series(&cpu_group, &group),
                     refs: Vec::new(),
                 }));
@@ -726,7 +727,8 @@ fn of_group<'a>(
 
 /// The CPU items of a record: netgap's threads at the client and server
 /// ends of a point-to-point test, or the mean over the server and the
-/// client hosts of a workload point.
+/// client hosts of a workload point (each its role's agent and the
+/// processes the role started).
 fn cpu_items(key: &SeriesKey, l: &Loaded, x: f64) -> Vec<Item> {
     if let Some(c) = l.record.cpu {
         return vec![

@@ -52,6 +52,11 @@ pub(crate) fn metric_label(metric: &str) -> String {
 /// is answerable for, unlike the system-wide figure both ends share.
 pub(crate) const CPU_LABEL: &str = "CPU of netgap's threads (% of one core)";
 
+/// Label of a workload's CPU axis: each role's, that of its agent's
+/// process and of the processes the role started (a server program, a
+/// load generator), over the window in which the role's bytes moved.
+pub(crate) const ROLE_CPU_LABEL: &str = "CPU of each role's agent and processes (% of one core)";
+
 /// The x axes of a test's records, each with the records it plots: the
 /// axis the study draws the test against, chosen per record so that no
 /// record is left out (a web run's zipf points against alpha, its single

@@ -13,7 +13,9 @@
 //! [`CpuMeter::stop`]. Measuring threads rather than the whole process is
 //! deliberate: the coordinator and an in-process agent can share a process.
 //! Starting and stopping each cost one clock read and one short read of
-//! `/proc/stat`.
+//! `/proc/stat`. A window whose edges are read on other threads than the
+//! ones doing the work (a workload role's) is two [`HostMark`]s and the CPU
+//! time the role counted between them.
 
 use netgap_core::cpu::CpuUsage;
 use std::io::BufRead;
@@ -25,65 +27,53 @@ const PROC_STAT: &str = "/proc/stat";
 /// about 100 bytes, so one read normally suffices.
 const PROC_STAT_BUF_BYTES: usize = 256;
 
-/// Starts measuring on the calling thread.
-///
-/// Invariant: [`CpuMeter::stop`] is called on the thread that called
-/// [`CpuMeter::start`], since the thread CPU clock is per thread (checked by a
-/// debug assertion).
-#[derive(Debug, Clone)]
-pub struct CpuMeter {
-    /// Aggregate jiffies at start, if `/proc/stat` was readable.
-    start_jiffies: Option<Jiffies>,
-    /// CPU time of the starting thread at start, in nanoseconds.
-    start_thread_cpu_ns: u64,
-    /// Wall-clock start of the interval.
-    start_instant: Instant,
-    /// Thread that started the meter.
-    thread: std::thread::ThreadId,
+/// One edge of a measured window: the clock and the host's CPU counters
+/// (the aggregate line of `/proc/stat`) at one instant. A window's two
+/// edges may be read on different threads, so a mark holds no thread's
+/// own clock: the CPU time over the window comes with it to
+/// [`HostMark::usage_to`].
+#[derive(Debug, Clone, Copy)]
+pub struct HostMark {
+    /// Aggregate jiffies, if `/proc/stat` was readable.
+    jiffies: Option<Jiffies>,
+    /// When the mark was read.
+    at: Instant,
 }
 
-impl CpuMeter {
-    /// Starts measuring on the calling thread.
-    pub fn start() -> CpuMeter {
-        let start_jiffies = read_proc_stat_jiffies();
-        let start_thread_cpu_ns = thread_cpu_ns();
-        CpuMeter {
-            start_jiffies,
-            start_thread_cpu_ns,
-            start_instant: Instant::now(),
-            thread: std::thread::current().id(),
+impl HostMark {
+    /// Reads the clock and the host's counters now.
+    pub fn now() -> HostMark {
+        HostMark {
+            jiffies: read_proc_stat_jiffies(),
+            at: Instant::now(),
         }
     }
 
-    /// Ends the interval; `extra_thread_cpu_ns` is CPU time of helper threads
-    /// of the role, measured by those threads with [`thread_cpu_ns`].
+    /// When the mark was read.
+    pub fn at(&self) -> Instant {
+        self.at
+    }
+
+    /// The usage over the window from this mark to `end` (read later) of
+    /// a role whose threads and processes used `cpu_ns` of CPU time in it.
     ///
     /// `system_busy_percent` and `softirq_percent` are 0 when `/proc/stat`
-    /// did not advance (intervals shorter than one jiffy); when it is
-    /// unreadable, busy is 0 and softirq `None`; `process_percent` is 0 when
-    /// no wall time elapsed. May be
-    /// called more than once; each call measures from [`CpuMeter::start`].
-    pub fn stop(&self, extra_thread_cpu_ns: u64) -> CpuUsage {
-        let wall_ns = u64::try_from(self.start_instant.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        let end_thread_cpu_ns = thread_cpu_ns();
-        let end_jiffies = read_proc_stat_jiffies();
-        debug_assert_eq!(
-            self.thread,
-            std::thread::current().id(),
-            "CpuMeter stopped on a different thread than it was started on"
-        );
-        let cpu_ns = end_thread_cpu_ns
-            .saturating_sub(self.start_thread_cpu_ns)
-            .saturating_add(extra_thread_cpu_ns);
+    /// did not advance (windows shorter than one jiffy); when it was
+    /// unreadable, busy is 0 and softirq `None`; `process_percent` is 0
+    /// when no wall time elapsed; `end` before this mark is a window of no
+    /// time.
+    pub fn usage_to(&self, end: &HostMark, cpu_ns: u64) -> CpuUsage {
+        let wall_ns =
+            u64::try_from(end.at.saturating_duration_since(self.at).as_nanos()).unwrap_or(u64::MAX);
         let process_percent = if wall_ns == 0 {
             0.0
         } else {
             100.0 * cpu_ns as f64 / wall_ns as f64
         };
-        let (system_busy_percent, softirq_percent) = match (self.start_jiffies, end_jiffies) {
-            // An interval shorter than a jiffy shows no time of either
-            // kind: 0 of both, as busy always was, so one short repetition
-            // does not take the softirq share from the mean of a point.
+        let (system_busy_percent, softirq_percent) = match (self.jiffies, end.jiffies) {
+            // A window shorter than a jiffy shows no time of either kind: 0
+            // of both, as busy always was, so one short repetition does not
+            // take the softirq share from the mean of a point.
             (Some(start), Some(end)) => {
                 let (busy, softirq) = shares(start, end).unwrap_or((0.0, 0.0));
                 (busy, Some(softirq))
@@ -97,6 +87,52 @@ impl CpuMeter {
             wall_ns,
             softirq_percent,
         }
+    }
+}
+
+/// Starts measuring on the calling thread.
+///
+/// Invariant: [`CpuMeter::stop`] is called on the thread that called
+/// [`CpuMeter::start`], since the thread CPU clock is per thread (checked by a
+/// debug assertion).
+#[derive(Debug, Clone)]
+pub struct CpuMeter {
+    /// The host's counters and the clock at start.
+    start: HostMark,
+    /// CPU time of the starting thread at start, in nanoseconds.
+    start_thread_cpu_ns: u64,
+    /// Thread that started the meter.
+    thread: std::thread::ThreadId,
+}
+
+impl CpuMeter {
+    /// Starts measuring on the calling thread.
+    pub fn start() -> CpuMeter {
+        let start_thread_cpu_ns = thread_cpu_ns();
+        CpuMeter {
+            start: HostMark::now(),
+            start_thread_cpu_ns,
+            thread: std::thread::current().id(),
+        }
+    }
+
+    /// Ends the interval; `extra_thread_cpu_ns` is CPU time of helper threads
+    /// of the role, measured by those threads with [`thread_cpu_ns`].
+    ///
+    /// The shares as for [`HostMark::usage_to`]. May be called more than
+    /// once; each call measures from [`CpuMeter::start`].
+    pub fn stop(&self, extra_thread_cpu_ns: u64) -> CpuUsage {
+        let end = HostMark::now();
+        let end_thread_cpu_ns = thread_cpu_ns();
+        debug_assert_eq!(
+            self.thread,
+            std::thread::current().id(),
+            "CpuMeter stopped on a different thread than it was started on"
+        );
+        let cpu_ns = end_thread_cpu_ns
+            .saturating_sub(self.start_thread_cpu_ns)
+            .saturating_add(extra_thread_cpu_ns);
+        self.start.usage_to(&end, cpu_ns)
     }
 }
 
@@ -303,6 +339,22 @@ mod tests {
         let j = read_proc_stat_jiffies().expect("/proc/stat readable");
         assert!(j.total > 0);
         assert!(j.softirq <= j.busy && j.busy <= j.total, "{j:?}");
+    }
+
+    #[test]
+    fn a_window_between_marks_is_the_cpu_given_over_the_time_between_them() {
+        let start = HostMark::now();
+        std::thread::sleep(Duration::from_millis(20));
+        let end = HostMark::now();
+        let usage = start.usage_to(&end, 10_000_000);
+        assert!(usage.wall_ns >= 20_000_000, "{usage:?}");
+        assert_eq!(usage.cpu_ns, 10_000_000);
+        let want = 100.0 * 1e7 / usage.wall_ns as f64;
+        assert!((usage.process_percent - want).abs() < 1e-9, "{usage:?}");
+        assert!((0.0..=100.0).contains(&usage.system_busy_percent));
+        // Marks given the wrong way round are a window of no time.
+        let back = end.usage_to(&start, 10_000_000);
+        assert_eq!((back.wall_ns, back.process_percent), (0, 0.0));
     }
 
     #[test]

@@ -16,8 +16,8 @@
 use super::options::{OptionKind, WorkloadArgs, WorkloadOption};
 use super::place::{HostView, Placement, RolePlace};
 use super::role::{
-    find_transport, meter_window, metered, parse_params, per_flow, window, OpenRole, ReadyRole,
-    RoleContext, RoleError, RoleResult, Stop, PER_FLOW_BYTES, STOP_TICK,
+    find_transport, meter_window, meter_window_counting, metered, parse_params, per_flow, window,
+    OpenRole, ReadyRole, RoleContext, RoleError, RoleResult, Stop, PER_FLOW_BYTES, STOP_TICK,
 };
 use super::web::fileset::mix64;
 use super::{CountFlag, FlowSample, Refused, Workload};
@@ -444,7 +444,12 @@ impl ReadyRole for ServerRole {
         let end = t0 + warmup + duration + SERVER_GRACE;
         let (cpu, services, sent) = match serving {
             Serving::Gmond(running, relay) => {
-                let (cpu, _) = meter_window(t0 + warmup, t0 + warmup + duration, &stop);
+                // gmond answers the gathers (and the relay carries them
+                // under -t xdp): their processes' CPU is the role's.
+                let (cpu, _) =
+                    meter_window_counting(t0 + warmup, t0 + warmup + duration, &stop, &|| {
+                        running.cpu_ns() + relay.as_ref().map_or(0, |r| r.cpu_ns())
+                    });
                 stop.sleep_until(end);
                 let record = running.record().clone();
                 drop(running);

@@ -16,8 +16,12 @@
 //! drop them from the page cache (or write directly, [`server`]), the
 //! timed reads. The headline is the bandwidth of the `--op` phase: all
 //! clients' bytes over the slowest client's time; both phases' figures
-//! are in the record's `app.metrics`. The job runs to completion; the
-//! warm-up and `--duration` window of the repetition only bound it.
+//! are in the record's `app.metrics`. Each role's CPU is its agent's over
+//! the `--op` phase, read at the phase's edges (the gates and barriers
+//! that time it), so it is the CPU of the threads that moved the
+//! headline's bytes while they moved them; the CPU of both phases is in
+//! `app.metrics` too. The job runs to completion; the warm-up and
+//! `--duration` window of the repetition only bound it.
 
 pub(crate) mod client;
 pub(crate) mod layout;
@@ -28,7 +32,7 @@ use super::options::{OptionKind, WorkloadArgs, WorkloadOption};
 use super::place::{HostView, Placement, RolePlace, Staged};
 use super::role::{
     find_transport, parse_params, OpenRole, ReadyRole, RoleContext, RoleError, RoleResult, Stop,
-    PER_FLOW_BYTES,
+    WindowEdge, PER_FLOW_BYTES,
 };
 use super::staged::{self, Inbound};
 use super::{CountFlag, FlowSample, Refused, StagedWorkload, Workload};
@@ -37,7 +41,6 @@ use netgap_core::metric::Metric;
 use netgap_core::spec::PointSpec;
 use netgap_proto::workload::{FlowReport, WorkloadOutcome, WorkloadRole, WorkloadSpec};
 use netgap_transport::cpu::peak_rss_kib;
-use netgap_transport::cpu::CpuMeter;
 use netgap_transport::{self as transport, FlowConfig, Transport};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -602,9 +605,7 @@ fn join_all<T>(
 
 impl ReadyRole for ServerReady {
     fn run(self: Box<Self>) -> Result<RoleResult, RoleError> {
-        let t0 = Instant::now();
-        let deadline = staged::job_deadline(&self.common.spec, t0);
-        let meter = CpuMeter::start();
+        let deadline = staged::job_deadline(&self.common.spec, Instant::now());
         let mut handles = Vec::with_capacity(self.flows.len());
         for (i, mut flow) in self.flows.into_iter().enumerate() {
             let shared = Arc::clone(&self.shared);
@@ -625,9 +626,16 @@ impl ReadyRole for ServerReady {
             handles.push(h);
         }
         let served = join_all(handles)?;
-        let window_ns = netgap_core::units::ns_since(t0);
-        let cpu = meter.stop(0);
         let sh = &self.shared;
+        let phases = sh.phases().ok_or_else(|| {
+            PioError("a client was done before both phases; this is a bug in the client".into())
+        })?;
+        let head = if self.common.headline_read {
+            phases.read
+        } else {
+            phases.write
+        };
+        let cpu = head.0.usage_to(&head.1);
         let written: u64 = served.iter().map(|s| s.written).sum();
         let read: u64 = served.iter().map(|s| s.read).sum();
         let mut metrics = BTreeMap::new();
@@ -635,6 +643,12 @@ impl ReadyRole for ServerReady {
             format!("server{}_bytes", self.index),
             (written + read) as f64,
         );
+        for (key, (start, end)) in [
+            ("servers_write_cpu_ms", phases.write),
+            ("servers_read_cpu_ms", phases.read),
+        ] {
+            metrics.insert(key.into(), ms(start.usage_to(&end).cpu_ns));
+        }
         metrics.insert(
             "disk_write_ms".into(),
             ms(sh.write_ns.load(std::sync::atomic::Ordering::Relaxed)),
@@ -676,7 +690,7 @@ impl ReadyRole for ServerReady {
             flows,
             buckets: Vec::new(),
             outcome: WorkloadOutcome {
-                window_ns,
+                window_ns: phase_ns(head),
                 cpu,
                 peak_rss_kib: peak_rss_kib(),
                 processes: None,
@@ -713,7 +727,6 @@ impl ReadyRole for ClientRole {
         let c = &self.common;
         let t0 = Instant::now();
         let deadline = staged::job_deadline(&c.spec, t0);
-        let meter = CpuMeter::start();
         let stripe = usize::try_from(c.layout.stripe_bytes).unwrap_or(usize::MAX);
         let buffer = netgap_transport::buffer::BufferLayout::of_options(&c.spec.point.options)
             .map_err(|e| RoleError::Params {
@@ -785,16 +798,21 @@ impl ReadyRole for ClientRole {
         if let Some(e) = first_err {
             return Err(e);
         }
-        let cpu = meter.stop(0);
         let mut flows = Vec::with_capacity(moved.len());
         let (mut write_ns, mut read_ns, mut written, mut read) = (0u64, 0u64, 0u64, 0u64);
+        // Each phase of the role, from its first client's start to its
+        // last client's end.
+        let (mut write, mut read_phase): (Option<Phase>, Option<Phase>) = (None, None);
         for (i, m) in moved.iter().enumerate() {
             let w: u64 = m.iter().map(|x| x.written).sum();
             let r: u64 = m.iter().map(|x| x.read).sum();
-            let wn = m.iter().map(|x| x.write_ns).max().unwrap_or(0);
-            let rn = m.iter().map(|x| x.read_ns).max().unwrap_or(0);
-            write_ns = write_ns.max(wn);
-            read_ns = read_ns.max(rn);
+            // Every flow of a client passed the same gates.
+            if let Some(x) = m.first() {
+                write_ns = write_ns.max(phase_ns(x.write));
+                read_ns = read_ns.max(phase_ns(x.read_phase));
+                write = Some(span(write, x.write));
+                read_phase = Some(span(read_phase, x.read_phase));
+            }
             written += w;
             read += r;
             flows.push(FlowReport {
@@ -807,6 +825,14 @@ impl ReadyRole for ClientRole {
                 errors: 0,
             });
         }
+        let (Some(write), Some(read_phase)) = (write, read_phase) else {
+            return Err(PioError("a client role with no client".into()).into());
+        };
+        let cpu = if c.headline_read {
+            read_phase.0.usage_to(&read_phase.1)
+        } else {
+            write.0.usage_to(&write.1)
+        };
         let (head_bytes, head_ns) = if c.headline_read {
             (read, read_ns)
         } else {
@@ -819,6 +845,14 @@ impl ReadyRole for ClientRole {
             ("read_time_ms".to_string(), ms(read_ns)),
             ("headline_bytes".to_string(), head_bytes as f64),
             ("headline_time_ms".to_string(), ms(head_ns)),
+            (
+                "clients_write_cpu_ms".to_string(),
+                ms(write.0.usage_to(&write.1).cpu_ns),
+            ),
+            (
+                "clients_read_cpu_ms".to_string(),
+                ms(read_phase.0.usage_to(&read_phase.1).cpu_ns),
+            ),
         ]);
         Ok(RoleResult {
             flows,
@@ -837,6 +871,34 @@ impl ReadyRole for ClientRole {
                 data_window_ns: None,
             },
         })
+    }
+}
+
+/// A phase of the job, from its start to its end.
+pub(crate) type Phase = (WindowEdge, WindowEdge);
+
+/// The length of a phase, ns.
+fn phase_ns((start, end): Phase) -> u64 {
+    u64::try_from(end.at().saturating_duration_since(start.at()).as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// The span of `phase` and of `so_far` (the phases of a role's other
+/// clients): from the earlier start to the later end.
+fn span(so_far: Option<Phase>, phase: Phase) -> Phase {
+    match so_far {
+        None => phase,
+        Some((start, end)) => (
+            if phase.0.at() < start.at() {
+                phase.0
+            } else {
+                start
+            },
+            if phase.1.at() > end.at() {
+                phase.1
+            } else {
+                end
+            },
+        ),
     }
 }
 

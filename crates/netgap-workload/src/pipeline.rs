@@ -14,7 +14,9 @@
 //!
 //! One query per repetition; its time (from the barrier to the consumer's
 //! last end-of-work marker, timed by the consumer) is the headline; the
-//! warm-up and `--duration` only bound it. Copies are placed cyclically
+//! warm-up and `--duration` only bound it. Each role's CPU is its agent's
+//! over its run of the query, from before its copies start to after the
+//! last has ended: every copy's thread and its readers'. Copies are placed cyclically
 //! over the hosts (copy `i` on host `i % hosts`), or all on the first host
 //! (`--colocate`, and always for a transport that cannot cross hosts).
 //! The placement is staged ([`super::place::Staged`]): a stream between
@@ -28,7 +30,7 @@ use super::options::{OptionKind, WorkloadArgs, WorkloadOption};
 use super::place::{HostView, Placement, RolePlace, Staged};
 use super::role::{
     find_transport, parse_params, OpenRole, ReadyRole, RoleContext, RoleError, RoleResult, Stop,
-    PER_FLOW_BYTES,
+    WindowEdge, PER_FLOW_BYTES,
 };
 use super::staged::{self, recv_patient, Inbound};
 use super::{CountFlag, FlowSample, Refused, StagedWorkload, Workload};
@@ -39,7 +41,6 @@ use netgap_core::stats::{LatencyHistogram, Percentiles};
 use netgap_proto::workload::{FlowReport, WorkloadOutcome, WorkloadRole, WorkloadSpec};
 use netgap_transport::buffer::{AlignedBuffer, BufferLayout};
 use netgap_transport::cpu::peak_rss_kib;
-use netgap_transport::cpu::CpuMeter;
 use netgap_transport::{self as transport, FlowConfig, FlowError, Transport};
 use std::collections::BTreeMap;
 use std::sync::mpsc;
@@ -660,7 +661,10 @@ impl ReadyRole for PipeReady {
                 }
             })?,
         };
-        let meter = CpuMeter::start();
+        // The role's CPU is its agent's, every copy's threads and their
+        // readers', over the role's run: from before the copies start to
+        // after the last has ended.
+        let started = WindowEdge::now();
         let mut handles = Vec::with_capacity(self.copies.len());
         let mut names = Vec::with_capacity(self.copies.len());
         for ends in self.copies {
@@ -695,8 +699,10 @@ impl ReadyRole for PipeReady {
         if let Some(e) = first_err {
             return Err(e);
         }
-        let window_ns = netgap_core::units::ns_since(t0);
-        let cpu = meter.stop(0);
+        let ended = WindowEdge::now();
+        let window_ns =
+            u64::try_from(ended.at().saturating_duration_since(t0).as_nanos()).unwrap_or(u64::MAX);
+        let cpu = started.usage_to(&ended);
         let mut metrics = BTreeMap::new();
         let mut hist = LatencyHistogram::new();
         let mut flows = Vec::with_capacity(done.len());

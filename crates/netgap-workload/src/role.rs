@@ -2,7 +2,11 @@
 //! ([`RoleContext`]), the two steps of a role before the barrier
 //! ([`OpenRole`]: listening or connecting, then [`ReadyRole`]: every flow
 //! ready), what a role reports after its run ([`RoleResult`]), and why a
-//! role failed ([`RoleError`], one line for the coordinator).
+//! role failed ([`RoleError`], one line for the coordinator); and how a
+//! role's CPU is metered: its agent's process, every thread of it, and
+//! the processes the role started, between two `WindowEdge`s at the
+//! edges of the window in which its bytes moved (`metered`,
+//! `meter_window_counting`, or where a job's own parts begin and end).
 //!
 //! The agent finds the workload by the point's name ([`open`]); everything
 //! past that is the workload's own code.
@@ -10,7 +14,7 @@
 use netgap_core::cpu::CpuUsage;
 use netgap_proto::limits::{AgentLimits, LimitError};
 use netgap_proto::workload::{FlowReport, WorkloadOutcome, WorkloadSpec};
-use netgap_transport::cpu::CpuMeter;
+use netgap_transport::cpu::HostMark;
 use netgap_transport::flows::EngineError;
 use netgap_transport::{self as transport, FlowError, TransportError};
 use serde::de::DeserializeOwned;
@@ -443,6 +447,44 @@ fn meter_window_with(
     })
 }
 
+/// One edge of a role's window: the clock and the host's counters
+/// ([`HostMark`]) with the role's CPU time so far, ns: this agent
+/// process's (every thread of it, those that ended included) and what the
+/// caller counts besides (the processes the role started).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct WindowEdge {
+    host: HostMark,
+    cpu_ns: u64,
+}
+
+impl WindowEdge {
+    /// The edge now, the role's CPU time being this process's.
+    pub(crate) fn now() -> WindowEdge {
+        WindowEdge::counting(&|| 0)
+    }
+
+    /// The edge now, the role's CPU time being this process's and what
+    /// `extra_ns` reads.
+    pub(crate) fn counting(extra_ns: &dyn Fn() -> u64) -> WindowEdge {
+        let cpu_ns = process_cpu_ns().saturating_add(extra_ns());
+        WindowEdge {
+            host: HostMark::now(),
+            cpu_ns,
+        }
+    }
+
+    /// When the edge was read.
+    pub(crate) fn at(&self) -> Instant {
+        self.host.at()
+    }
+
+    /// The role's usage over the window from this edge to `end`.
+    pub(crate) fn usage_to(&self, end: &WindowEdge) -> CpuUsage {
+        self.host
+            .usage_to(&end.host, end.cpu_ns.saturating_sub(self.cpu_ns))
+    }
+}
+
 /// [`meter_window`], counting as the role's own the CPU time, ns, that
 /// `extra_ns` reads at each end of the window (a server program's
 /// processes, which the kernel accounts apart from the agent's).
@@ -452,26 +494,23 @@ pub(crate) fn meter_window_counting(
     stop: &Stop,
     extra_ns: &dyn Fn() -> u64,
 ) -> (CpuUsage, u64) {
-    let cpu_ns = || process_cpu_ns().saturating_add(extra_ns());
     stop.sleep_until(window_start);
-    let meter = CpuMeter::start();
-    let p0 = cpu_ns();
+    let opened = WindowEdge::counting(extra_ns);
     stop.sleep_until(end);
-    let mut cpu = meter.stop(0);
+    let closed = WindowEdge::counting(extra_ns);
     // The flows count their window's bytes by the instants `window_start`
     // and `end` (or until the stop), not by when this thread woke: on a
     // busy host it may wake late, even past the end, and a window timed
     // from then would divide the whole window's bytes by a moment.
-    let closed = Instant::now().min(end);
-    let window_ns = u64::try_from(closed.saturating_duration_since(window_start).as_nanos())
-        .unwrap_or(u64::MAX);
-    cpu.cpu_ns = cpu_ns().saturating_sub(p0);
-    cpu.process_percent = if cpu.wall_ns == 0 {
-        0.0
-    } else {
-        100.0 * cpu.cpu_ns as f64 / cpu.wall_ns as f64
-    };
-    (cpu, window_ns)
+    let window_ns = u64::try_from(
+        closed
+            .at()
+            .min(end)
+            .saturating_duration_since(window_start)
+            .as_nanos(),
+    )
+    .unwrap_or(u64::MAX);
+    (opened.usage_to(&closed), window_ns)
 }
 
 #[cfg(test)]

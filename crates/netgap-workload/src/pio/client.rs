@@ -2,12 +2,16 @@
 //! pieces that live on its server, a bounded number of requests in flight.
 //! The client's threads meet at a gate of their own after each server
 //! barrier and at the end of each phase, so the client's time of a phase
-//! runs from all its servers' barrier to its last server's answer.
+//! runs from all its servers' barrier to its last server's answer; the
+//! thread that opens the gate reads the phase's edge there
+//! ([`WindowEdge`]: the clock, the host's counters and the agent's CPU
+//! time), so the client's CPU of a phase is read at the same instants as
+//! its time.
 
 use super::layout::{self, Piece};
 use super::wire::{self, Header};
-use super::PioError;
-use crate::role::Stop;
+use super::{Phase, PioError};
+use crate::role::{Stop, WindowEdge};
 use crate::staged::recv_patient;
 use netgap_transport::buffer::{AlignedBuffer, BufferLayout};
 use netgap_transport::{self as transport, FlowError};
@@ -27,7 +31,7 @@ pub(crate) struct Gate {
 struct GateState {
     arrived: usize,
     generation: u64,
-    released_at: Instant,
+    released: WindowEdge,
     failed: bool,
 }
 
@@ -39,7 +43,7 @@ impl Gate {
             state: Mutex::new(GateState {
                 arrived: 0,
                 generation: 0,
-                released_at: Instant::now(),
+                released: WindowEdge::now(),
                 failed: false,
             }),
             cv: Condvar::new(),
@@ -54,17 +58,18 @@ impl Gate {
         self.cv.notify_all();
     }
 
-    /// Waits until every thread has arrived; returns when the last did.
-    pub(crate) fn wait(&self, deadline: Instant, stop: &Stop) -> Result<Instant, PioError> {
+    /// Waits until every thread has arrived; returns the edge the last
+    /// one read as it opened the gate.
+    pub(crate) fn wait(&self, deadline: Instant, stop: &Stop) -> Result<WindowEdge, PioError> {
         let poisoned = || PioError("a client's gate was poisoned".into());
         let mut s = self.state.lock().map_err(|_| poisoned())?;
         s.arrived += 1;
         if s.arrived == self.threads {
             s.arrived = 0;
             s.generation += 1;
-            s.released_at = Instant::now();
+            s.released = WindowEdge::now();
             self.cv.notify_all();
-            return Ok(s.released_at);
+            return Ok(s.released);
         }
         let generation = s.generation;
         while s.generation == generation {
@@ -83,12 +88,12 @@ impl Gate {
                 .map_err(|_| poisoned())?
                 .0;
         }
-        Ok(s.released_at)
+        Ok(s.released)
     }
 }
 
 /// What one server flow of a client did.
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Clone, Copy)]
 pub(crate) struct Moved {
     /// Bytes written.
     pub written: u64,
@@ -96,10 +101,13 @@ pub(crate) struct Moved {
     pub read: u64,
     /// Requests made.
     pub requests: u64,
-    /// The client's write phase, ns (the same on every flow of a client).
-    pub write_ns: u64,
-    /// The client's read phase, ns.
-    pub read_ns: u64,
+    /// The client's write phase, from the gate after the servers' first
+    /// barrier to the gate after the last sync (the same on every flow of
+    /// a client).
+    pub write: Phase,
+    /// The client's read phase, from the gate after the servers' second
+    /// barrier to the gate after the last read.
+    pub read_phase: Phase,
 }
 
 fn flow_err(e: FlowError) -> PioError {
@@ -170,7 +178,7 @@ fn run_inner(job: Job<'_>) -> Result<Moved, PioError> {
         stop,
     } = job;
     let (tx, rx) = flow.split();
-    let mut moved = Moved::default();
+    let (mut written, mut read, mut requests) = (0u64, 0u64, 0u64);
     let mut buf = AlignedBuffer::zeroed(stripe_bytes, buffer);
     let mut scratch = AlignedBuffer::zeroed(stripe_bytes, buffer);
     let barrier = |tx: &mut dyn transport::Sender,
@@ -213,8 +221,8 @@ fn run_inner(job: Job<'_>) -> Result<Moved, PioError> {
             },
         )?;
         tx.send_all(&buf[..n]).map_err(flow_err)?;
-        moved.written += n as u64;
-        moved.requests += 1;
+        written += n as u64;
+        requests += 1;
     }
     while acked < pieces.len() {
         status(rx, deadline, stop, "write")?;
@@ -230,7 +238,6 @@ fn run_inner(job: Job<'_>) -> Result<Moved, PioError> {
     )?;
     status(rx, deadline, stop, "sync")?;
     let t1 = gate.wait(deadline, stop)?;
-    moved.write_ns = u64::try_from(t1.duration_since(t0).as_nanos()).unwrap_or(u64::MAX);
 
     // Read phase, every byte checked.
     barrier(tx, rx, 1)?;
@@ -256,11 +263,10 @@ fn run_inner(job: Job<'_>) -> Result<Moved, PioError> {
                 "read back differs from what was written at logical offset {at}"
             )));
         }
-        moved.read += n as u64;
-        moved.requests += 1;
+        read += n as u64;
+        requests += 1;
     }
     let t3 = gate.wait(deadline, stop)?;
-    moved.read_ns = u64::try_from(t3.duration_since(t2).as_nanos()).unwrap_or(u64::MAX);
     send(
         tx,
         Header {
@@ -269,5 +275,11 @@ fn run_inner(job: Job<'_>) -> Result<Moved, PioError> {
             offset: 0,
         },
     )?;
-    Ok(moved)
+    Ok(Moved {
+        written,
+        read,
+        requests,
+        write: (t0, t1),
+        read_phase: (t2, t3),
+    })
 }

@@ -5,12 +5,16 @@
 //! requests where the file system takes it, else (and always at the
 //! barrier between writes and reads) `fdatasync` and
 //! `posix_fadvise(DONTNEED)`; on tmpfs the file *is* the page cache, which
-//! is recorded.
+//! is recorded. The server reads the edges of its phases ([`Phases`]) where
+//! its clients' requests mark them: the writes begin when the first barrier
+//! opens and end when the last client reaches the second (before the
+//! flush), the reads begin when the second opens and end at the last
+//! client's done.
 
 use super::wire::{self, Header};
-use super::PioError;
+use super::{Phase, PioError};
 use crate::confined::{relative_components, ConfinedError, Dir, STRIPE_PREFIX};
-use crate::role::Stop;
+use crate::role::{Stop, WindowEdge};
 use crate::staged::recv_patient;
 use netgap_transport::buffer::{AlignedBuffer, BufferLayout};
 use netgap_transport::{self as transport, FlowError};
@@ -271,6 +275,26 @@ struct Barriers {
     open: [bool; 2],
     /// A client's flow failed: nobody waits any more.
     failed: bool,
+    /// Clients that said they are done.
+    done: usize,
+    /// The edges read so far.
+    edges: PhaseEdges,
+}
+
+#[derive(Default)]
+struct PhaseEdges {
+    opened: [Option<WindowEdge>; 2],
+    writes_done: Option<WindowEdge>,
+    reads_done: Option<WindowEdge>,
+}
+
+/// The edges of a server's two phases, each from its start to its end.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Phases {
+    /// From the first barrier's opening to the last client at the second.
+    pub write: Phase,
+    /// From the second barrier's opening to the last client's done.
+    pub read: Phase,
 }
 
 impl Shared {
@@ -312,6 +336,8 @@ impl Shared {
         b.arrived[n] += 1;
         if b.arrived[n] == self.clients {
             if n == 1 {
+                // The writes end here; the flush is neither phase's.
+                b.edges.writes_done = Some(WindowEdge::now());
                 let t0 = Instant::now();
                 self.file
                     .flush()
@@ -320,6 +346,7 @@ impl Shared {
                     .fetch_add(netgap_core::units::ns_since(t0), Ordering::Relaxed);
             }
             b.open[n] = true;
+            b.edges.opened[n] = Some(WindowEdge::now());
             self.released.notify_all();
             return Ok(());
         }
@@ -340,6 +367,29 @@ impl Shared {
                 .0;
         }
         Ok(())
+    }
+
+    /// Counts a client done; the last one ends the reads.
+    fn done(&self) -> Result<(), PioError> {
+        let mut b = self
+            .barriers
+            .lock()
+            .map_err(|_| PioError("a barrier's lock was poisoned".into()))?;
+        b.done += 1;
+        if b.done == self.clients {
+            b.edges.reads_done = Some(WindowEdge::now());
+        }
+        Ok(())
+    }
+
+    /// The edges of both phases, once every client is done; `None` before.
+    pub(crate) fn phases(&self) -> Option<Phases> {
+        let b = self.barriers.lock().ok()?;
+        let e = &b.edges;
+        Some(Phases {
+            write: (e.opened[0]?, e.writes_done?),
+            read: (e.opened[1]?, e.reads_done?),
+        })
     }
 }
 
@@ -460,7 +510,10 @@ pub(crate) fn serve(
                 }
                 tx.send_all(&[wire::STATUS_OK]).map_err(flow_err)?;
             }
-            wire::OP_DONE => return Ok(served),
+            wire::OP_DONE => {
+                shared.done()?;
+                return Ok(served);
+            }
             op => return Err(PioError(format!("unknown request {op}"))),
         }
     }
@@ -474,6 +527,12 @@ mod tests {
 
     /// What a server of one client says to `requests` (raw bytes).
     fn serve_raw(requests: &[u8]) -> Result<Served, PioError> {
+        serve_phases(requests).0
+    }
+
+    /// What a server of one client says to `requests`, and the edges of
+    /// its phases then.
+    fn serve_phases(requests: &[u8]) -> (Result<Served, PioError>, Option<Phases>) {
         let dir = tempfile::tempdir().unwrap();
         let io = Arc::new(Dir::open_operator(dir.path()).unwrap());
         let file = ServerFile::create(io, None, 0, false, 16384).unwrap();
@@ -487,10 +546,11 @@ mod tests {
             Instant::now() + Duration::from_secs(2),
             &stop,
         );
+        let phases = shared.phases();
         drop(shared);
         // Only the file's own name was ever in the directory; it is gone.
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
-        r
+        (r, phases)
     }
 
     #[test]
@@ -580,7 +640,16 @@ mod tests {
         ok.extend(header(wire::OP_BARRIER, 0, 1));
         ok.extend(header(wire::OP_READ, 4, 8));
         ok.extend(header(wire::OP_DONE, 0, 0));
-        let s = serve_raw(&ok).unwrap();
+        let (s, phases) = serve_phases(&ok);
+        let s = s.unwrap();
         assert_eq!((s.written, s.read, s.requests), (4, 4, 6));
+        // The phases follow each other, as the requests marked them.
+        let p = phases.unwrap();
+        let at = [p.write.0, p.write.1, p.read.0, p.read.1].map(|e| e.at());
+        assert!(at.windows(2).all(|w| w[0] <= w[1]), "{at:?}");
+        // A client done before the barriers leaves no phases to report.
+        let (s, phases) = serve_phases(&header(wire::OP_DONE, 0, 0));
+        assert_eq!(s.unwrap().requests, 1);
+        assert!(phases.is_none());
     }
 }
