@@ -53,9 +53,9 @@
 //! port is open every frame of its interface, ARP's too, goes to the
 //! relay, so the kernel could not resolve them. A rate limit is a TBF
 //! qdisc whose bucket is [`shaper_bucket_bytes`] (two GSO packets and
-//! their headers: the smallest that held the rate here, so little passes
-//! at memory speed after an idle moment) and whose queue is
-//! [`TBF_LATENCY_MS`] long.
+//! their headers, or 840 µs of a faster rate: the smallest that held every
+//! rate here without the shaper's timer costing more CPU than the stacks
+//! it carries) and whose queue is [`TBF_LATENCY_MS`] long.
 //!
 //! Multipath TCP: on a mesh or switch with several links per host pair,
 //! every host has an MPTCP endpoint (`signal`) for each of its link
@@ -767,7 +767,7 @@ fn shape(ns: &str, dev: &str, c: &LinkConditions, fresh: bool) -> Result<(), Tes
         let rate = format!("{rate_bps}bit");
         let burst = c
             .bucket_bytes
-            .unwrap_or_else(|| shaper_bucket_bytes(c.mtu_bytes))
+            .unwrap_or_else(|| shaper_bucket_bytes(c.mtu_bytes, rate_bps))
             .to_string();
         let latency = format!("{TBF_LATENCY_MS}ms");
         let mut args = vec!["-n", ns, "qdisc", "add", "dev", dev];
@@ -2390,9 +2390,10 @@ mod tests {
 
     #[test]
     fn bursts_hold_a_gso_packet_and_netem_queues_hold_the_delay() {
-        assert_eq!(shaper_bucket_bytes(1500), 65_664);
-        assert_eq!(shaper_bucket_bytes(9000), 65_664);
-        assert_eq!(shaper_bucket_bytes(65_535), 2 * (65_535 + 14));
+        assert_eq!(shaper_bucket_bytes(1500, 1_000_000_000), 131_328);
+        assert_eq!(shaper_bucket_bytes(9000, 1_000_000_000), 131_328);
+        assert_eq!(shaper_bucket_bytes(65_535, 1_000_000_000), 131_328);
+        assert_eq!(shaper_bucket_bytes(9000, 10_000_000_000), 1_050_000);
         let mut c = LinkConditions::plain(1500);
         assert_eq!(netem_limit_packets(&c), NETEM_MIN_LIMIT);
         // 1 Gbit/s for 100 ms is 12.5 MB in flight, 8333 packets of 1500.

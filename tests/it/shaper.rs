@@ -217,7 +217,7 @@ fn a_mesh_is_shaped_in_its_links_namespaces_with_loss_named_and_down_removes_the
     }
     assert!(out.contains("live links: as the hosts file says"), "{out}");
     let before = tb.hosts().conditions.expect("conditions");
-    assert_eq!(before.bucket_bytes, Some(65_664));
+    assert_eq!(before.bucket_bytes, Some(131_328));
 
     // A delay needs netem: where the kernel lacks it, one line and nothing
     // changed.

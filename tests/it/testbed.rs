@@ -827,7 +827,7 @@ fn conditions_are_set_recorded_and_interleaved_in_one_run() {
     );
     assert!(
         out.contains(
-            "conditions: MTU 1500, offload on, rate 1000000000 bit/s, bucket 65664 B, qdisc tbf"
+            "conditions: MTU 1500, offload on, rate 1000000000 bit/s, bucket 131328 B, qdisc tbf"
         ),
         "{out}"
     );
@@ -871,7 +871,7 @@ fn conditions_are_set_recorded_and_interleaved_in_one_run() {
         assert_eq!(path["rate_bps"], 1_000_000_000u64, "{path}");
         assert_eq!(path["qdisc"], "tbf", "{path}");
         // The bucket the switch applied under each condition.
-        assert_eq!(path["bucket_bytes"], 65_664u64, "{path}");
+        assert_eq!(path["bucket_bytes"], 131_328u64, "{path}");
         assert_eq!(r["stack"]["label"], "cond");
         assert_eq!(r["options"]["interleaved"]["with"], 4);
         assert_eq!(&r["options"]["interleaved"]["group"], group);

@@ -31,22 +31,37 @@ pub const MAX_DELAY_US: u64 = 10_000_000;
 pub const LOSS_PPM_ALL: u32 = 1_000_000;
 /// Most conditions one run may alternate between.
 pub const MAX_CONDITIONS: usize = 64;
-/// The rate limiter's smallest bucket, in bytes: one 64 KiB GSO packet
-/// and its headers. Measured on a 2-vCPU machine's veth at 1 Gbit/s
-/// (BENCHMARKS.md, "shaper"), it held the rate within 2% (0.988 to 1.005
-/// of the payload limit) while the machine was quiet, and lets a 1 MiB
-/// transfer after an idle moment finish within about 5% of its wire time;
-/// a larger bucket lets more through at memory speed. The cost: on a busy
-/// machine the shaper waits for its timer before every packet, and a late
-/// timer is time the link stands idle (0.87 to 0.91 of the rate measured
-/// under load), which leaves a result under its limit, never over it.
-pub const SHAPER_BUCKET_MIN_BYTES: u64 = 65_536 + 128;
+/// The rate limiter's smallest bucket, in bytes: two 64 KiB GSO packets
+/// and their headers. With one (65,664 bytes) the rate held on a quiet
+/// machine, but the shaper waited for its timer before nearly every
+/// packet, and that cost the machine more than the stacks it carried: a
+/// stream at 1 Gbit/s took 52% of a 2-vCPU machine's CPUs against 4 to 5%
+/// with two, and three links at once kept it 98% busy (75% in softirq) and
+/// reached 2.11 to 2.24 of their 2.869 Gbit/s, against 2.866 to 2.869 with
+/// two (BENCHMARKS.md, "Shaper: the bucket per rate"). A larger bucket lets
+/// more through at memory speed after an idle moment, which the path's
+/// physics counts (`PathIdentity::bucket_bytes`).
+pub const SHAPER_BUCKET_MIN_BYTES: u64 = 2 * (65_536 + 128);
 
-/// The rate limiter's bucket for links of `mtu_bytes`, in bytes: a GSO
-/// packet and its headers, and at least two frames of the link's MTU (the
-/// largest MTUs a testbed takes need more than one GSO packet's worth).
-pub fn shaper_bucket_bytes(mtu_bytes: u32) -> u64 {
-    SHAPER_BUCKET_MIN_BYTES.max(2 * (u64::from(mtu_bytes) + 14))
+/// How long the rate limiter's bucket holds its link busy at its rate, at
+/// least, in microseconds: a timer that fires later than the bucket lasts
+/// leaves the link idle. Measured at 10 Gbit/s, where two GSO packets last
+/// 105 µs: 262,144 bytes held the rate within 2% at MTU 1500 but not at
+/// 9000 (0.974 to 0.98), 1 MiB (840 µs) held it at both, offloads on and
+/// off (0.970 to 0.998 of the payload limit); at 5 Gbit/s 262,144 bytes
+/// held it (0.998) where two GSO packets did not at MTU 9000 (0.897).
+pub const SHAPER_HOLD_US: u64 = 840;
+
+/// The rate limiter's bucket for links of `mtu_bytes` shaped to
+/// `rate_bps`, in bytes: [`SHAPER_BUCKET_MIN_BYTES`], at least two frames
+/// of the link's MTU (the largest MTUs a testbed takes need more), and at
+/// least [`SHAPER_HOLD_US`] of the rate (the faster links).
+pub fn shaper_bucket_bytes(mtu_bytes: u32, rate_bps: u64) -> u64 {
+    let hold = u64::try_from(u128::from(rate_bps) / 8 * u128::from(SHAPER_HOLD_US) / 1_000_000)
+        .unwrap_or(u64::MAX);
+    SHAPER_BUCKET_MIN_BYTES
+        .max(2 * (u64::from(mtu_bytes) + 14))
+        .max(hold)
 }
 
 /// What drops the added loss of a testbed's links.
@@ -117,7 +132,9 @@ impl LinkConditions {
     /// `loss_by` only while a loss is.
     fn with_rule_bucket(self) -> LinkConditions {
         LinkConditions {
-            bucket_bytes: self.rate_bps.map(|_| shaper_bucket_bytes(self.mtu_bytes)),
+            bucket_bytes: self
+                .rate_bps
+                .map(|r| shaper_bucket_bytes(self.mtu_bytes, r)),
             loss_by: self.loss_ppm.and(self.loss_by),
             ..self
         }
@@ -128,7 +145,9 @@ impl LinkConditions {
     /// loss is.
     pub fn shaped_by(&self, loss_by: LossMechanism) -> LinkConditions {
         LinkConditions {
-            bucket_bytes: self.rate_bps.map(|_| shaper_bucket_bytes(self.mtu_bytes)),
+            bucket_bytes: self
+                .rate_bps
+                .map(|r| shaper_bucket_bytes(self.mtu_bytes, r)),
             loss_by: self.loss_ppm.map(|_| loss_by),
             ..*self
         }
@@ -850,12 +869,25 @@ mod tests {
 
     #[test]
     fn a_shaper_states_its_bucket_and_what_drops_the_loss() {
-        assert_eq!(shaper_bucket_bytes(1500), SHAPER_BUCKET_MIN_BYTES);
-        // The largest MTU's links take two of their frames.
         assert_eq!(
-            shaper_bucket_bytes(MAX_MTU_BYTES),
-            2 * (u64::from(MAX_MTU_BYTES) + 14)
+            shaper_bucket_bytes(1500, 1_000_000_000),
+            SHAPER_BUCKET_MIN_BYTES
         );
+        assert_eq!(
+            shaper_bucket_bytes(9000, 100_000_000),
+            SHAPER_BUCKET_MIN_BYTES
+        );
+        // Two frames of the largest MTU fit the smallest bucket; a slow
+        // link with a larger MTU would take two of its frames.
+        assert!(2 * (u64::from(MAX_MTU_BYTES) + 14) <= SHAPER_BUCKET_MIN_BYTES);
+        assert_eq!(
+            shaper_bucket_bytes(MAX_MTU_BYTES, 1_000_000_000),
+            SHAPER_BUCKET_MIN_BYTES
+        );
+        // A fast link's bucket lasts SHAPER_HOLD_US at its rate.
+        assert_eq!(shaper_bucket_bytes(1500, 10_000_000_000), 1_050_000);
+        assert_eq!(shaper_bucket_bytes(9000, 5_000_000_000), 525_000);
+        assert_eq!(shaper_bucket_bytes(1500, MAX_RATE_BPS), 105_000_000);
         let mut c = LinkConditions::plain(1500);
         c.loss_ppm = Some(1000);
         assert!(c.needs_netem());
@@ -873,7 +905,7 @@ mod tests {
         assert_eq!(path.bucket_bytes, Some(SHAPER_BUCKET_MIN_BYTES));
         assert_eq!(
             shaped.to_string(),
-            "MTU 1500, offload as the kernel set it, rate 1000000000 bit/s, bucket 65664 B, loss 0.1% by nftables, qdisc tbf"
+            "MTU 1500, offload as the kernel set it, rate 1000000000 bit/s, bucket 131328 B, loss 0.1% by nftables, qdisc tbf"
         );
         // A condition applied to them keeps the mechanism of the loss and
         // takes the bucket of the rule at its MTU.
@@ -882,7 +914,10 @@ mod tests {
             ..Condition::default()
         }
         .apply_to(&shaped);
-        assert_eq!(to.bucket_bytes, Some(shaper_bucket_bytes(9000)));
+        assert_eq!(
+            to.bucket_bytes,
+            Some(shaper_bucket_bytes(9000, 1_000_000_000))
+        );
         assert_eq!(to.loss_by, Some(LossMechanism::Nftables));
         assert!(to.same_setting(&to.shaped_by(LossMechanism::Netem)));
         assert!(!to.same_setting(&shaped));
