@@ -199,6 +199,22 @@ impl HostsOffer {
     }
 }
 
+/// The shaped link directions a point of `fig` keeps busy at once at
+/// most: its most links (one without `--links`), both ways for a
+/// bidirectional test. On the studies' switches and meshes a workload's
+/// traffic to or from one host crosses that host's one link to each peer,
+/// so one link per direction is what it needs; a figure's links are named
+/// by its `links` axis.
+pub fn shapers_at_once(fig: &Figure) -> u32 {
+    let links = fig.links.iter().copied().max().unwrap_or(1).max(1);
+    let both_ways = fig.flags.iter().any(|f| f == "--bidir")
+        || fig
+            .tests
+            .iter()
+            .any(|t| matches!(t.as_str(), "bibw" | "bibw-pingpong" | "mpi-bibw"));
+    links * if both_ways { 2 } else { 1 }
+}
+
 /// Why the hosts cannot make `fig`, if they cannot; one clause.
 pub fn cannot_make(fig: &Figure, offer: &HostsOffer) -> Option<String> {
     if offer.hosts < fig.hosts {

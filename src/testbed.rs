@@ -73,6 +73,7 @@
 //! anything. The kernel releases the lock when its holder ends, however it
 //! ends.
 
+pub mod capacity;
 mod live;
 mod lock;
 mod mptcp;
@@ -80,7 +81,7 @@ mod netns_ops;
 
 pub use lock::{Holder, TestbedLock};
 
-use netgap_measure::cluster::{HostEntry, HostsFile, LinkEntry, HOSTS_FILE_VERSION};
+use netgap_measure::cluster::{Forwarding, HostEntry, HostsFile, LinkEntry, HOSTS_FILE_VERSION};
 pub use netgap_measure::conditions::shaper_bucket_bytes;
 use netgap_measure::conditions::{
     parse_delay_us, parse_loss_ppm, parse_mtu, parse_offload, parse_rate_bps, parse_rate_setting,
@@ -225,6 +226,11 @@ pub struct UpArgs {
     /// kernel has no netem), e.g. 0.1%.
     #[arg(long, value_name = "PCT")]
     pub loss: Option<String>,
+    /// What this machine forwards through the testbed's shapers, in bit/s
+    /// of payload (e.g. 8G), instead of calibrating it when the links are
+    /// first shaped: link rates and studies are held to it.
+    #[arg(long, value_name = "RATE")]
+    pub forwarding: Option<String>,
     /// Testbed name.
     #[command(flatten)]
     pub name: NameArgs,
@@ -323,6 +329,10 @@ pub struct Params {
     /// Added loss in parts per million.
     #[serde(default)]
     pub loss_ppm: Option<u32>,
+    /// What the machine forwards through the shapers, bit/s of payload,
+    /// when declared (`--forwarding`) rather than calibrated.
+    #[serde(default)]
+    pub forwarding_bps: Option<u64>,
 }
 
 impl Params {
@@ -358,6 +368,7 @@ impl Params {
             && self.topology == other.topology
             && self.links == other.links
             && self.agent_exe == other.agent_exe
+            && self.forwarding_bps == other.forwarding_bps
     }
 }
 
@@ -531,6 +542,11 @@ impl UpArgs {
             .map(|l| flag("--loss", parse_loss_ppm(l)))
             .transpose()?
             .filter(|&l| l > 0);
+        let forwarding_bps = self
+            .forwarding
+            .as_deref()
+            .map(|r| flag("--forwarding", parse_rate_bps(r)))
+            .transpose()?;
         let agent_exe = std::env::current_exe().map_err(io_err("finding netgap's own binary"))?;
         Ok(Params {
             hosts: self.hosts,
@@ -542,6 +558,7 @@ impl UpArgs {
             offload: self.offload,
             delay_us,
             loss_ppm,
+            forwarding_bps,
         })
     }
 }
@@ -736,6 +753,8 @@ fn hosts_file(name: &str, p: &Params) -> HostsFile {
         hosts,
         testbed: Some(name.to_string()),
         conditions: Some(p.conditions()),
+        forwarding: None,
+        rate_scaled_from_bps: None,
     }
 }
 
@@ -1416,9 +1435,39 @@ fn pid_alive(pid: u32) -> bool {
 /// Builds the testbed (`netgap testbed up`), or keeps one that is already up
 /// with the same parameters. Prints the hosts and addresses.
 pub fn up(args: &UpArgs) -> Result<(), TestbedError> {
+    up_as(args, RatePolicy::Refuse)
+}
+
+/// What `up` does with a link rate beyond what the machine carries
+/// ([`check_carried`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RatePolicy {
+    /// Refuse it in one line, leaving no testbed (or the earlier
+    /// conditions) behind: `netgap testbed up`.
+    Refuse,
+    /// Keep it: a study scales each figure's rate to what the machine
+    /// carries ([`scale_rate`]).
+    Scale,
+}
+
+/// Whether testbed `name`'s rate is one the machine carries.
+fn carried(name: &str) -> Result<(), TestbedError> {
+    let (params, hosts) = load_state(name)?;
+    let c = hosts.conditions.unwrap_or_else(|| params.conditions());
+    check_carried(&hosts, &c)
+}
+
+fn up_as(args: &UpArgs, policy: RatePolicy) -> Result<(), TestbedError> {
     preflight()?;
     let name = &args.name.name;
     let params = args.params()?;
+    // A declared machine refuses its rate before anything is built.
+    if let (Some(bps), RatePolicy::Refuse) = (params.forwarding_bps, policy) {
+        check_rate(
+            &capacity::declared(bps, params.mtu_bytes),
+            &params.conditions(),
+        )?;
+    }
     let _lock = TestbedLock::acquire(name, "netgap testbed up")?;
     // A condition this kernel cannot apply is refused before an existing
     // testbed is touched.
@@ -1457,7 +1506,16 @@ pub fn up(args: &UpArgs) -> Result<(), TestbedError> {
                 "testbed {name} is already up; changing its conditions to {}",
                 params.conditions()
             );
+            let before = load_state(name)?.1.conditions;
             set_conditions(name, &params.conditions())?;
+            if policy == RatePolicy::Refuse {
+                if let Err(e) = carried(name) {
+                    if let Some(b) = before {
+                        let _ = set_conditions(name, &b);
+                    }
+                    return Err(e);
+                }
+            }
             return status(&args.name);
         }
         let why = if let Some(d) = drift {
@@ -1482,6 +1540,13 @@ pub fn up(args: &UpArgs) -> Result<(), TestbedError> {
         teardown(name, true)?;
     }
     match build(name, &params) {
+        Ok(()) if policy == RatePolicy::Refuse => match carried(name) {
+            Ok(()) => status(&args.name),
+            Err(e) => {
+                let _ = teardown(name, true);
+                Err(e)
+            }
+        },
         Ok(()) => status(&args.name),
         Err(e) => {
             // Leave nothing half-built behind.
@@ -1518,6 +1583,11 @@ fn build(name: &str, p: &Params) -> Result<(), TestbedError> {
             log: dir.join(format!("{}.log", h.name)).display().to_string(),
         })?;
     }
+    hosts.forwarding = match p.forwarding_bps {
+        Some(bps) => Some(capacity::declared(bps, applied.mtu_bytes)),
+        None if applied.rate_bps.is_some() => Some(capacity::calibrate(name, p, &hosts, &applied)?),
+        None => None,
+    };
     let text = serde_json::to_string_pretty(p).map_err(|e| TestbedError::Io {
         what: "writing params.json".into(),
         source: io::Error::other(e),
@@ -1584,6 +1654,27 @@ pub fn status(args: &NameArgs) -> Result<(), TestbedError> {
     );
     if let Some(c) = conditions {
         say!("conditions: {c} (each direction of a link, shaped in the network)");
+        if let Some(f) = hosts.forwarding {
+            let how = if f.declared {
+                "declared with --forwarding".to_string()
+            } else {
+                format!(
+                    "{} kernel TCP streams at MTU {}, calibrated when first shaped",
+                    f.streams, f.mtu_bytes
+                )
+            };
+            say!(
+                "forwarding: this machine moves {:.1} Gbit/s through the testbed's shapers ({how}); a figure's links may sum to {:.0}% of it",
+                f.payload_gbps(),
+                100.0 * capacity::CARRY_SHARE
+            );
+        }
+        if let Some(from) = hosts.rate_scaled_from_bps {
+            say!(
+                "rate scaled from {} to what this machine carries for the figure running now",
+                capacity::rate_text(from)
+            );
+        }
         if let Some(p) = &params {
             for (ns, devs) in group_by_ns(&shaping_points(name, p)) {
                 let Some(dev) = devs.first() else { continue };
@@ -1701,7 +1792,14 @@ pub fn set(args: &SetArgs) -> Result<(), TestbedError> {
         .conditions
         .ok_or_else(|| TestbedError::Args(format!("testbed {name} records no conditions; rebuild it with `netgap testbed up --name {name}`")))?;
     let to = change.apply_to(&from);
+    // Refused before anything changes when the machine is calibrated; else
+    // once the first rate calibrated it, going back.
+    check_carried(&hosts, &to)?;
     set_conditions(name, &to)?;
+    if let Err(e) = carried(name) {
+        let _ = set_conditions(name, &from);
+        return Err(e);
+    }
     say!("testbed {name}: {change} set");
     status(&args.name)
 }
@@ -1754,15 +1852,105 @@ pub fn set_conditions(name: &str, to: &LinkConditions) -> Result<LinkConditions,
         source: io::Error::other(e),
     })?;
     std::fs::write(dir.join("params.json"), text + "\n").map_err(io_err("writing params.json"))?;
-    hosts.conditions = Some(*to);
     for h in &mut hosts.hosts {
         for l in &mut h.links {
             l.mtu_bytes = to.mtu_bytes;
             l.rate_bps = to.rate_bps;
         }
     }
+    // The first rate calibrates what the machine forwards: a testbed built
+    // unshaped had no need to.
+    if to.rate_bps.is_some() && hosts.forwarding.is_none() {
+        hosts.forwarding = Some(capacity::calibrate(name, &params, &hosts, to)?);
+    }
+    hosts.conditions = Some(*to);
     save_hosts(&hosts)?;
     Ok(*to)
+}
+
+/// Refuses a link rate beyond what the machine under testbed `hosts`
+/// carries through its shapers ([`capacity::carried_rate_bps`] of one
+/// link): one line naming the rate it carries. Nothing to refuse without a
+/// rate or a calibration.
+fn check_carried(hosts: &HostsFile, c: &LinkConditions) -> Result<(), TestbedError> {
+    match hosts.forwarding {
+        Some(f) => check_rate(&f, c),
+        None => Ok(()),
+    }
+}
+
+/// Refuses `c`'s link rate when one link at it takes more than a machine
+/// forwarding `f` carries.
+fn check_rate(f: &Forwarding, c: &LinkConditions) -> Result<(), TestbedError> {
+    let Some(rate_bps) = c.rate_bps else {
+        return Ok(());
+    };
+    let carried = capacity::carried_rate_bps(f, 1, c.mtu_bytes);
+    if rate_bps <= carried {
+        return Ok(());
+    }
+    Err(TestbedError::Args(format!(
+        "--rate {}: this machine forwards {:.1} Gbit/s through the testbed's shapers, and one link at that rate would take more than {:.0}% of \
+         it: the emulator, not the link, would bound what runs over it; give --rate {} or less",
+        capacity::rate_text(rate_bps),
+        f.payload_gbps(),
+        100.0 * capacity::CARRY_SHARE,
+        capacity::rate_text(carried)
+    )))
+}
+
+/// A figure's link rate scaled to what the machine carries.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Scaled {
+    /// The rate asked for, bit/s.
+    pub from_bps: u64,
+    /// The rate the links run at, bit/s.
+    pub to_bps: u64,
+    /// What the machine forwards through the shapers, Gbit/s of payload.
+    pub forwarding_gbps: f64,
+}
+
+/// Puts the links of testbed `name` at `asked_bps`, or, when `shapers`
+/// shaped link directions at once at that rate take more than the machine
+/// carries ([`capacity::carried_rate_bps`]), at the fastest rate it carries
+/// for them, recording the rate asked in the hosts file (and so in every
+/// record's path). `None` when the rate asked is carried, or the machine
+/// was not calibrated.
+pub fn scale_rate(
+    name: &str,
+    asked_bps: u64,
+    shapers: u32,
+) -> Result<Option<Scaled>, TestbedError> {
+    let (params, hosts) = load_state(name)?;
+    let c = hosts.conditions.unwrap_or_else(|| params.conditions());
+    let scaled = hosts.forwarding.and_then(|f| {
+        let carried = capacity::carried_rate_bps(&f, shapers, c.mtu_bytes);
+        (asked_bps > carried && carried > 0).then_some(Scaled {
+            from_bps: asked_bps,
+            to_bps: carried,
+            forwarding_gbps: f.payload_gbps(),
+        })
+    });
+    let rate_bps = scaled.map_or(asked_bps, |s| s.to_bps);
+    if c.rate_bps != Some(rate_bps) {
+        set_conditions(
+            name,
+            &LinkConditions {
+                rate_bps: Some(rate_bps),
+                bucket_bytes: None,
+                ..c
+            },
+        )?;
+    }
+    let (_, mut hosts) = load_state(name)?;
+    let from = scaled.map(|s| s.from_bps);
+    if hosts.rate_scaled_from_bps != from {
+        hosts.rate_scaled_from_bps = from;
+        hosts
+            .save(&state_dir(name).join("hosts.json"))
+            .map_err(io_err("writing hosts.json"))?;
+    }
+    Ok(scaled)
 }
 
 /// What a run found on a testbed's links when it opened its switch: the
@@ -1947,7 +2135,7 @@ impl OwnedTestbed {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(name.clone());
         let guard = OwnedTestbed { name, _lock: lock };
-        up(args)?;
+        up_as(args, RatePolicy::Scale)?;
         Ok(guard)
     }
 
@@ -2094,6 +2282,7 @@ mod tests {
             offload: None,
             delay_us: None,
             loss_ppm: None,
+            forwarding_bps: None,
         }
     }
 
@@ -2492,6 +2681,7 @@ mod tests {
             offload: None,
             delay: None,
             loss: None,
+            forwarding: None,
             name: NameArgs {
                 name: "testbed".into(),
             },
@@ -2522,5 +2712,33 @@ mod tests {
         a.name.name = "ok1".into();
         a.rate = Some("x".into());
         assert!(a.params().is_err());
+        a.rate = None;
+        a.forwarding = Some("lots".into());
+        assert!(a
+            .params()
+            .is_err_and(|e| e.to_string().starts_with("--forwarding")));
+    }
+
+    #[test]
+    fn a_rate_past_what_the_machine_carries_is_refused_naming_the_rate_it_carries() {
+        let c = LinkConditions {
+            rate_bps: Some(3_000_000_000),
+            ..LinkConditions::plain(1500)
+        };
+        let two = capacity::declared(2_000_000_000, 1500);
+        let e = check_rate(&two, &c).expect_err("3G past 2 Gbit/s");
+        let line = e.to_string();
+        assert!(
+            line.starts_with("--rate 3G: this machine forwards 2.0 Gbit/s"),
+            "{line}"
+        );
+        assert!(line.ends_with("give --rate 1.6G or less"), "{line}");
+        assert!(!line.contains('\n'));
+        let ten = capacity::declared(10_000_000_000, 1500);
+        assert!(check_rate(&ten, &c).is_ok());
+        assert!(
+            check_rate(&two, &LinkConditions::plain(1500)).is_ok(),
+            "no rate"
+        );
     }
 }

@@ -50,6 +50,12 @@ pub struct StudyArgs {
     /// only new files there and refuses ones that exist.
     #[arg(short = 'o', long = "out", value_name = "DIR", default_value = ".")]
     pub out: PathBuf,
+    /// What this machine forwards through the testbed's shapers, in bit/s
+    /// of payload (e.g. 8G), instead of calibrating it when the study
+    /// builds its testbed: a figure whose links at once would take more
+    /// than 80% of it runs at a lower link rate, and its records say so.
+    #[arg(long, value_name = "RATE")]
+    pub forwarding: Option<String>,
 }
 
 /// One study ready to run: its figures, their runs, what was skipped.
@@ -57,10 +63,20 @@ struct Prepared {
     study: Study,
     runs: Vec<FigureRun>,
     outcomes: BTreeMap<String, Outcome>,
+    /// One sentence per figure that ran at a scaled link rate.
+    scaled: Vec<String>,
 }
 
 /// `netgap study`.
 pub fn run(args: &StudyArgs) -> Result<()> {
+    if let Some(f) = &args.forwarding {
+        if args.hosts.is_some() {
+            return Err(anyhow!(
+                "--forwarding declares what the machine under the study's own testbed forwards; with --hosts the study builds none"
+            ));
+        }
+        netgap::conditions::parse_rate_bps(f).map_err(|e| anyhow!(e.for_flag("--forwarding")))?;
+    }
     let studies = if args.id == "all" {
         study::all()?
     } else {
@@ -174,6 +190,7 @@ pub fn run(args: &StudyArgs) -> Result<()> {
             study: s,
             runs,
             outcomes,
+            scaled: Vec::new(),
         });
     }
 
@@ -203,7 +220,11 @@ pub fn run(args: &StudyArgs) -> Result<()> {
     for p in &mut prepared {
         let testbed = match hosts_arg {
             Some(_) => None,
-            None => Some(build_testbed(&p.study, &command)?),
+            None => Some(build_testbed(
+                &p.study,
+                &command,
+                args.forwarding.as_deref(),
+            )?),
         };
         for r in &p.runs {
             eprintln!(
@@ -215,6 +236,12 @@ pub fn run(args: &StudyArgs) -> Result<()> {
                 rep_ms: r.rep_ms,
                 missing: r.missing.clone(),
             };
+            if testbed.is_some() {
+                if let Some(note) = scale_for(&p.study, &r.figure)? {
+                    eprintln!("netgap: study {} figure {}: {note}", p.study.id, r.figure);
+                    p.scaled.push(format!("Figure {}: {note}.", r.figure));
+                }
+            }
             let t0 = std::time::Instant::now();
             for argv in &r.argv {
                 if let Err(e) = measure(argv, &out.json, &json) {
@@ -248,12 +275,14 @@ pub fn run(args: &StudyArgs) -> Result<()> {
         .map(|p| StudyRun {
             study: &p.study,
             outcomes: p.outcomes.clone(),
-            notes: vec![format!(
+            notes: std::iter::once(format!(
                 "Budget {} for the study{}; results in {}.",
                 humantime::format_duration(budget),
                 if args.quick { " (--quick)" } else { "" },
                 json.display()
-            )],
+            ))
+            .chain(p.scaled.iter().cloned())
+            .collect(),
         })
         .collect();
     {
@@ -355,10 +384,45 @@ fn wait_for_agents(hosts: &str) {
     }
 }
 
+/// Puts the study's testbed links at the study's rate, or at the rate the
+/// machine carries for figure `figure` ([`netgap::testbed::scale_rate`]);
+/// the sentence saying so when it scaled.
+fn scale_for(study: &Study, figure: &str) -> Result<Option<String>> {
+    let (Some(rate), Some(fig)) = (study.testbed.rate.as_deref(), study.figure(figure)) else {
+        return Ok(None);
+    };
+    let asked = netgap::conditions::parse_rate_bps(rate)
+        .map_err(|e| anyhow!("study {}: rate {rate:?}: {e}", study.id))?;
+    let shapers = study::shapers_at_once(fig);
+    let scaled = netgap::testbed::scale_rate(TESTBED_NAME, asked, shapers).with_context(|| {
+        format!(
+            "study {} figure {figure}: setting its links' rate",
+            study.id
+        )
+    })?;
+    Ok(scaled.map(|s| {
+        use netgap::testbed::capacity::{rate_text, CARRY_SHARE};
+        format!(
+            "links at {} instead of the study's {}: {shapers} shaped link directions at once at {} \
+             would take more than {:.0}% of the {:.1} Gbit/s this machine forwards through the \
+             testbed's shapers (ratios between its points hold at any rate)",
+            rate_text(s.to_bps),
+            rate_text(s.from_bps),
+            rate_text(s.from_bps),
+            100.0 * CARRY_SHARE,
+            s.forwarding_gbps
+        )
+    }))
+}
+
 /// Builds the testbed `study` needs for `command`, held until dropped.
-fn build_testbed(study: &Study, command: &str) -> Result<netgap::testbed::OwnedTestbed> {
+fn build_testbed(
+    study: &Study,
+    command: &str,
+    forwarding: Option<&str>,
+) -> Result<netgap::testbed::OwnedTestbed> {
     let t = &study.testbed;
-    let args = testbed_args(study);
+    let args = testbed_args(study, forwarding);
     eprintln!(
         "netgap: study {}: building its testbed ({} hosts, {:?}{})",
         study.id,
@@ -373,8 +437,9 @@ fn build_testbed(study: &Study, command: &str) -> Result<netgap::testbed::OwnedT
         .with_context(|| format!("building study {}'s testbed", study.id))
 }
 
-/// The `testbed up` flags of the testbed `study` needs.
-fn testbed_args(study: &Study) -> netgap::testbed::UpArgs {
+/// The `testbed up` flags of the testbed `study` needs, on a machine that
+/// forwards `forwarding` when the user declared it.
+fn testbed_args(study: &Study, forwarding: Option<&str>) -> netgap::testbed::UpArgs {
     use netgap::study::data::Topology;
     let t = &study.testbed;
     netgap::testbed::UpArgs {
@@ -389,6 +454,7 @@ fn testbed_args(study: &Study) -> netgap::testbed::UpArgs {
         offload: None,
         delay: None,
         loss: None,
+        forwarding: forwarding.map(str::to_string),
         name: netgap::testbed::NameArgs {
             name: TESTBED_NAME.into(),
         },
@@ -508,14 +574,18 @@ here = "h"
 
     #[test]
     fn a_study_testbed_on_a_switch_may_have_a_switch_per_link() {
-        let p = testbed_args(&study_on("switch", 2))
+        let p = testbed_args(&study_on("switch", 2), None)
             .params()
             .expect("a switch with two links");
         assert_eq!(
             (p.hosts, p.topology, p.links),
             (4, netgap::testbed::Topology::Switch, 2)
         );
-        let p = testbed_args(&study_on("mesh", 3)).params().expect("a mesh");
+        let p = testbed_args(&study_on("mesh", 3), Some("3G"))
+            .params()
+            .expect("a mesh");
         assert_eq!((p.topology, p.links), (netgap::testbed::Topology::Mesh, 3));
+        // A declared machine goes to the testbed as it was given.
+        assert_eq!(p.forwarding_bps, Some(3_000_000_000));
     }
 }

@@ -23,6 +23,7 @@ mod conformance;
 mod emulator;
 mod flags;
 mod flows_scale;
+mod forwarding;
 mod gather;
 mod hardening;
 mod hostlists;

@@ -288,6 +288,65 @@ pub struct Physics {
     /// Set when the record's result passes its model: a measurement fault.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fault: Option<Fault>,
+    /// What the machine under the testbed forwards through its shapers,
+    /// Gbit/s of payload, set when the path's limit takes more than
+    /// [`FORWARDING_CARRY_SHARE`] of it: the links could not all be at
+    /// their rate at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub past_forwarding_gbps: Option<f64>,
+}
+
+/// The share of what the machine under a testbed forwards through its
+/// shapers that the links a point uses at once may take: the rest is left
+/// to the measured programs' own work, which the calibration's kernel
+/// streams do not have.
+pub const FORWARDING_CARRY_SHARE: f64 = 0.8;
+
+/// The machine's forwarding in Gbit/s when the path of `r`, whose payload
+/// limit is `limit_gbps`, takes more than [`FORWARDING_CARRY_SHARE`] of
+/// it; `None` when it does not, or the machine was not calibrated.
+fn past_forwarding(r: &ResultRecord, limit_gbps: f64) -> Option<f64> {
+    let mbps = r.stack.as_ref()?.path.forwarding_mbps?;
+    let forwarding_gbps = mbps as f64 / 1e3;
+    (limit_gbps > forwarding_gbps * FORWARDING_CARRY_SHARE).then_some(forwarding_gbps)
+}
+
+/// The fastest link rate, in bit/s, at which `shapers` shaped link
+/// directions at once carry tcp's payload (at `mtu_bytes`) within
+/// [`FORWARDING_CARRY_SHARE`] of a machine forwarding `forwarding_mbps`:
+/// rounded down to two significant digits, so that it reads as a rate a
+/// user would set.
+pub fn carried_rate_bps(forwarding_mbps: u64, shapers: u32, mtu_bytes: u32) -> u64 {
+    let share = Framing::Tcp
+        .payload_and_frame_bytes(u64::from(mtu_bytes), 65_536)
+        .map_or(1.0, |(p, f)| p as f64 / f as f64);
+    let raw =
+        forwarding_mbps as f64 * 1e6 * FORWARDING_CARRY_SHARE / (share * f64::from(shapers.max(1)));
+    round_down_two_digits(raw.max(0.0) as u64)
+}
+
+/// `v` with all but its two leading digits zeroed.
+fn round_down_two_digits(v: u64) -> u64 {
+    let mut scale = 1u64;
+    while v / scale >= 100 {
+        scale *= 10;
+    }
+    v / scale * scale
+}
+
+/// One sentence naming the point whose links take more than the machine
+/// under the testbed carries (its [`Physics::past_forwarding_gbps`]).
+pub fn past_forwarding_sentence(r: &ResultRecord, limit_gbps: f64, forwarding_gbps: f64) -> String {
+    format!(
+        "{} over {}, {} B: its links carry {limit_gbps:.3} Gbit/s at once, more than {:.0}% of \
+         the {forwarding_gbps:.1} Gbit/s this machine forwards through the testbed's shapers: \
+         the emulator, not the links, may bound this point; lower the links' rate (netgap \
+         testbed set --rate) or use fewer links at once",
+        r.test,
+        r.transport,
+        r.size_bytes,
+        100.0 * FORWARDING_CARRY_SHARE
+    )
 }
 
 /// The record's window in seconds for the bandwidth rule: a sweep block's
@@ -310,6 +369,7 @@ pub fn assess(r: &ResultRecord) -> Option<Physics> {
         return Some(Physics {
             payload_limit_gbps: None,
             fault: None,
+            past_forwarding_gbps: None,
         });
     };
     let reps = r.stats.as_ref().map_or(&[][..], |s| s.reps.as_slice());
@@ -349,6 +409,7 @@ pub fn assess(r: &ResultRecord) -> Option<Physics> {
     Some(Physics {
         payload_limit_gbps: Some(model.payload_limit_gbps),
         fault,
+        past_forwarding_gbps: past_forwarding(r, model.payload_limit_gbps),
     })
 }
 
@@ -696,6 +757,43 @@ mod tests {
             s.reps = vec![l * 0.98, l * 1.0];
         }
         assert_eq!(assess(&r).and_then(|p| p.fault), None);
+    }
+
+    #[test]
+    fn the_carried_rate_leaves_a_share_of_the_machine_and_reads_as_a_rate() {
+        // 10 Gbit/s forwarded, 80% of it over three links of tcp at 1500:
+        // 2.667 Gbit/s of payload each, 2.79 Gbit/s of line, down to 2.7G.
+        assert_eq!(carried_rate_bps(10_000, 3, 1500), 2_700_000_000);
+        assert_eq!(carried_rate_bps(10_000, 1, 1500), 8_300_000_000);
+        assert_eq!(carried_rate_bps(0, 3, 1500), 0);
+        assert_eq!(round_down_two_digits(123_456), 120_000);
+        assert_eq!(round_down_two_digits(99), 99);
+    }
+
+    #[test]
+    fn a_path_past_the_machines_forwarding_says_so() {
+        let mut path = shaped("mesh", 1500, Some(131_328));
+        path.forwarding_mbps = Some(2_000);
+        let one = on(
+            record("stream", "tcp", 65536, "bandwidth_gbps", 0.9),
+            path.clone(),
+        );
+        assert_eq!(assess(&one).and_then(|p| p.past_forwarding_gbps), None);
+        path.rate_bps = Some(3 * G);
+        let three = on(
+            record("stream", "tcp", 65536, "bandwidth_gbps", 0.9),
+            path.clone(),
+        );
+        let p = assess(&three).expect("physics");
+        assert_eq!(p.past_forwarding_gbps, Some(2.0));
+        let s = past_forwarding_sentence(&three, p.payload_limit_gbps.expect("limit"), 2.0);
+        assert!(
+            s.contains("2.869 Gbit/s at once") && s.contains("2.0 Gbit/s"),
+            "{s}"
+        );
+        path.forwarding_mbps = None;
+        let unknown = on(record("stream", "tcp", 65536, "bandwidth_gbps", 0.9), path);
+        assert_eq!(assess(&unknown).and_then(|p| p.past_forwarding_gbps), None);
     }
 
     #[test]

@@ -479,6 +479,14 @@ impl ResultRecord {
             let sentence = crate::physics::fault_sentence(&self, f);
             self.warnings.push(sentence);
         }
+        let past = self.physics.as_ref().and_then(|p| {
+            Some(crate::physics::past_forwarding_sentence(
+                &self,
+                p.payload_limit_gbps?,
+                p.past_forwarding_gbps?,
+            ))
+        });
+        self.warnings.extend(past);
         self
     }
 

@@ -81,6 +81,16 @@ pub struct PathIdentity {
     /// Queueing discipline of the data interface, when known.
     #[serde(default)]
     pub qdisc: Option<String>,
+    /// What the machine under a testbed forwards through its shapers, in
+    /// Mbit/s of payload (calibrated by `netgap testbed up`): links whose
+    /// limits sum past it cannot all be at their rate at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forwarding_mbps: Option<u64>,
+    /// The link rate a study asked for, in bit/s, when the links ran at
+    /// `rate_bps`, a lower rate the machine carries, because the figure's
+    /// links summed past what it forwards.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_scaled_from_bps: Option<u64>,
 }
 
 impl PathIdentity {

@@ -340,6 +340,23 @@ fn expand_range(item: &str, start: &str, rest: &str, out: &mut Vec<u64>) -> Resu
     Ok(())
 }
 
+/// A rate in bit/s as the CLI's rate flags take it: `2.5G`, `600M`,
+/// `40K`, or plain bit/s below a kilobit.
+pub fn rate_text(bps: u64) -> String {
+    let (unit, div) = match bps {
+        b if b >= 1_000_000_000 => ("G", 1e9),
+        b if b >= 1_000_000 => ("M", 1e6),
+        b if b >= 1_000 => ("K", 1e3),
+        _ => ("", 1.0),
+    };
+    let v = bps as f64 / div;
+    if (v - v.round()).abs() < 1e-9 {
+        format!("{}{unit}", v.round())
+    } else {
+        format!("{v}{unit}")
+    }
+}
+
 /// Parses the `--sizes` syntax into byte counts, sorted ascending without
 /// duplicates.
 ///
@@ -488,6 +505,15 @@ fn parse_duration_part(part: &str, text: &str) -> Result<Duration, UnitError> {
 #[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rates_read_as_the_rate_flags_take_them() {
+        assert_eq!(rate_text(2_700_000_000), "2.7G");
+        assert_eq!(rate_text(600_000_000), "600M");
+        assert_eq!(rate_text(10_000_000_000), "10G");
+        assert_eq!(rate_text(40_000), "40K");
+        assert_eq!(rate_text(999), "999");
+    }
     use proptest::prelude::*;
 
     const K: u64 = 1 << 10;

@@ -42,6 +42,46 @@ pub struct HostsFile {
     /// delay, loss; `netgap testbed set` keeps them current.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub conditions: Option<LinkConditions>,
+    /// What the machine under a testbed forwards through its shapers,
+    /// calibrated when the testbed was first shaped; absent without a rate
+    /// and for a hand-written file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forwarding: Option<Forwarding>,
+    /// The rate a study asked for, in bit/s, while its links run at a
+    /// lower one the machine carries (the figure's links summing past
+    /// [`Forwarding`]); absent when the links run at the rate asked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_scaled_from_bps: Option<u64>,
+}
+
+/// What the machine under a testbed forwards through its shapers: the
+/// payload of kernel TCP streams crossing the testbed's links at once, the
+/// shapers in place but set well above what the machine moves, so that
+/// only the machine's CPUs bound them. The testbed's hosts, forwarding and
+/// shaping all run on those CPUs: links whose rates sum past this cannot
+/// all be at their rate at once, whatever stack runs over them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Forwarding {
+    /// Payload moved, in Mbit/s (10^6 bit/s), the best of the calibration's
+    /// windows.
+    pub payload_mbps: u64,
+    /// The links' MTU during the calibration, in bytes.
+    pub mtu_bytes: u32,
+    /// Streams run at once (each direction of a link has its own shaper);
+    /// 0 when declared.
+    pub streams: u32,
+    /// Declared by the operator (`netgap testbed up --forwarding`), not
+    /// measured.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub declared: bool,
+}
+
+impl Forwarding {
+    /// The payload rate in Gbit/s.
+    pub fn payload_gbps(&self) -> f64 {
+        self.payload_mbps as f64 / 1e3
+    }
 }
 
 /// One host of the set.
@@ -230,6 +270,8 @@ impl HostsFile {
     pub fn path_facts(&self) -> Option<TestbedPath> {
         self.is_testbed().then(|| TestbedPath {
             topology: self.topology.clone(),
+            forwarding_mbps: self.forwarding.map(|f| f.payload_mbps),
+            rate_scaled_from_bps: self.rate_scaled_from_bps,
             conditions: self.conditions.or_else(|| {
                 // A testbed from before conditions were recorded: its links
                 // say the MTU and rate.
@@ -245,18 +287,26 @@ impl HostsFile {
 
 /// What a testbed's hosts file says about the path between its hosts, for
 /// the records' `stack.path`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct TestbedPath {
     /// `switch` or `mesh`.
     pub topology: String,
     /// The links' conditions, when the file records them.
     pub conditions: Option<LinkConditions>,
+    /// What the machine forwards through the testbed's shapers, in Mbit/s
+    /// of payload ([`Forwarding`]), when it was calibrated.
+    pub forwarding_mbps: Option<u64>,
+    /// The rate asked for, when the links run at a lower one the machine
+    /// carries ([`HostsFile::rate_scaled_from_bps`]).
+    pub rate_scaled_from_bps: Option<u64>,
 }
 
 impl TestbedPath {
     /// Adds the testbed's facts to a path built from the ends' host facts
     /// (see [`LinkConditions::fill_path`]).
     pub fn fill(&self, path: &mut netgap_core::stack::PathIdentity) {
+        path.forwarding_mbps = self.forwarding_mbps;
+        path.rate_scaled_from_bps = self.rate_scaled_from_bps;
         match &self.conditions {
             Some(c) => c.fill_path(path, &self.topology),
             None => {
@@ -598,6 +648,13 @@ mod tests {
             ],
             testbed: None,
             conditions: None,
+            forwarding: Some(Forwarding {
+                payload_mbps: 29_743,
+                mtu_bytes: 1500,
+                streams: 2,
+                declared: false,
+            }),
+            rate_scaled_from_bps: None,
         }
     }
 

@@ -514,6 +514,7 @@ pub(crate) mod tests {
         p.settings.testbed = Some(crate::cluster::TestbedPath {
             topology: "switch".into(),
             conditions: Some(base),
+            ..Default::default()
         });
         let mut rec = Recorder(Vec::new());
         let kept = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
@@ -553,6 +554,7 @@ pub(crate) mod tests {
         p.settings.testbed = Some(crate::cluster::TestbedPath {
             topology: "switch".into(),
             conditions: Some(LinkConditions::plain(1500)),
+            ..Default::default()
         });
         let e = crate::run::run_plan(&p, None, &mut [], &mut Quiet).expect_err("refused");
         assert!(e.to_string().contains("nothing to switch"), "{e}");

@@ -136,6 +136,9 @@ pub(crate) fn table_row(r: &ResultRecord) -> String {
     if let Some(note) = emulator_note(r) {
         notes.push(note);
     }
+    if let Some(f) = r.physics.as_ref().and_then(|p| p.past_forwarding_gbps) {
+        notes.push(format!("links past the machine ({f:.1} Gbit/s)"));
+    }
     // A repetition whose data path did not read through its window is a
     // measurement fault, not noise.
     let short = r
@@ -245,7 +248,8 @@ pub(crate) fn set_apart(r: &ResultRecord) -> Vec<String> {
 }
 
 /// The warnings of a record that name their point themselves: a fault's
-/// sentence and that of a bandwidth the emulator held below its limit.
+/// sentence, that of a bandwidth the emulator held below its limit and
+/// that of links past what the machine forwards.
 fn point_sentences(r: &ResultRecord) -> Vec<String> {
     let fault = r
         .fault()
@@ -255,7 +259,14 @@ fn point_sentences(r: &ResultRecord) -> Vec<String> {
         .as_ref()
         .and_then(|l| netgap_core::physics::emulator_bound(r, l))
         .map(|b| netgap_core::physics::bound_sentence(r, &b));
-    fault.into_iter().chain(bound).collect()
+    let past = r.physics.as_ref().and_then(|p| {
+        Some(netgap_core::physics::past_forwarding_sentence(
+            r,
+            p.payload_limit_gbps?,
+            p.past_forwarding_gbps?,
+        ))
+    });
+    fault.into_iter().chain(bound).chain(past).collect()
 }
 
 /// The table's note for a point the emulator bound, such as

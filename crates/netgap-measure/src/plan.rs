@@ -500,6 +500,31 @@ pub(crate) struct Sizes {
 /// Why a request cannot be measured: one line naming the flag.
 #[derive(Debug, thiserror::Error)]
 pub enum PlanError {
+    /// Links used at once whose limits sum past what the machine under the
+    /// testbed carries through its shapers.
+    #[error(
+        "--links {links}: {shapers} shaped link directions at {rate} carry {need_gbps:.2} Gbit/s \
+         of tcp payload at once, more than {share_pct:.0}% of the {forwarding_gbps:.1} Gbit/s \
+         this machine forwards through the testbed's shapers, so the emulator, not the links, \
+         would bound them; set the links to {carried} or less (netgap testbed set --rate \
+         {carried}) or use fewer links"
+    )]
+    PastForwarding {
+        /// Most links of a point.
+        links: u32,
+        /// Shaped link directions at once (links, twice with `--bidir`).
+        shapers: u32,
+        /// The links' rate, as the flags take it.
+        rate: String,
+        /// Their payload limit together, Gbit/s.
+        need_gbps: f64,
+        /// [`netgap_core::physics::FORWARDING_CARRY_SHARE`] in percent.
+        share_pct: f64,
+        /// What the machine forwards, Gbit/s.
+        forwarding_gbps: f64,
+        /// The fastest rate it carries for them, as the flags take it.
+        carried: String,
+    },
     /// A test name not in the registry.
     #[error("unknown test {name:?}; available: {available}")]
     UnknownTest {

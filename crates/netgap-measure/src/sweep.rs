@@ -884,6 +884,7 @@ mod tests {
         plan.run.settings.testbed = Some(crate::cluster::TestbedPath {
             topology: "switch".into(),
             conditions: Some(crate::conditions::LinkConditions::plain(1500)),
+            ..Default::default()
         });
         let sizes = plan.run.points.len() / 2;
         let kept = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));

@@ -93,6 +93,60 @@ pub fn is_workload_run(tests: &[String]) -> Result<bool, PlanError> {
     Ok(true)
 }
 
+/// Refuses points whose links (`--links`, or every link between the first
+/// two hosts) take more at once than the machine under the testbed
+/// carries through its shapers, before anything runs. Other points are
+/// judged on their record ([`netgap_core::physics::Physics::past_forwarding_gbps`]).
+fn check_forwarding(
+    points: &[WorkloadPoint],
+    hosts: &HostsSource,
+    settings: &Settings,
+) -> Result<(), PlanError> {
+    let Some(tb) = &settings.testbed else {
+        return Ok(());
+    };
+    let (Some(forwarding_mbps), Some(c)) = (tb.forwarding_mbps, tb.conditions) else {
+        return Ok(());
+    };
+    let Some(rate_bps) = c.rate_bps else {
+        return Ok(());
+    };
+    let all_links = match hosts {
+        HostsSource::File(f) => match (f.hosts.first(), f.hosts.get(1)) {
+            (Some(a), Some(b)) => u32::try_from(a.links_to(&b.name).count()).unwrap_or(1),
+            _ => 1,
+        },
+        _ => return Ok(()),
+    };
+    let links_at_once = points
+        .iter()
+        .filter(|p| p.workload.count() == CountFlag::Hosts)
+        .map(|p| {
+            let links = if p.clients == 0 { all_links } else { p.clients };
+            (links.max(1), links.max(1) * if p.bidir { 2 } else { 1 })
+        })
+        .max_by_key(|&(_, shapers)| shapers);
+    let Some((links, shapers)) = links_at_once else {
+        return Ok(());
+    };
+    let carried = netgap_core::physics::carried_rate_bps(forwarding_mbps, shapers, c.mtu_bytes);
+    if rate_bps <= carried {
+        return Ok(());
+    }
+    let share = netgap_core::physics::Framing::Tcp
+        .payload_and_frame_bytes(u64::from(c.mtu_bytes), 65_536)
+        .map_or(1.0, |(p, f)| p as f64 / f as f64);
+    Err(PlanError::PastForwarding {
+        links,
+        shapers,
+        rate: netgap_core::units::rate_text(rate_bps),
+        need_gbps: rate_bps as f64 * share * f64::from(shapers) / 1e9,
+        share_pct: 100.0 * netgap_core::physics::FORWARDING_CARRY_SHARE,
+        forwarding_gbps: forwarding_mbps as f64 / 1e3,
+        carried: netgap_core::units::rate_text(carried),
+    })
+}
+
 /// Checks a list of counts against 1..=`max`.
 fn check_counts(flag: &'static str, counts: &[u32], max: u32) -> Result<(), PlanError> {
     let list = || {
@@ -412,6 +466,7 @@ impl WorkloadPlan {
                 }
             }
         }
+        check_forwarding(&points, &hosts, &settings)?;
         Ok(WorkloadPlan {
             points,
             hosts,
