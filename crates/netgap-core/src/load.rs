@@ -15,6 +15,9 @@
 //! quieter host removes. The testbed's forwarding is no such work: a
 //! quieter host does not remove it, and when it fills the CPUs the
 //! emulator, not the links, binds the point ([`CpuLoad::forwarding_named`]).
+//! The other way round, a stream held well below its limit while the CPUs
+//! sat idle was held by the testbed's shaper
+//! ([`crate::physics::shaper_held`]).
 //!
 //! The shares may overlap: without the kernel's IRQ time accounting
 //! (`CONFIG_IRQ_TIME_ACCOUNTING`), the softirq a thread serves on its way
@@ -43,6 +46,9 @@ pub enum BoundBy {
     /// The testbed's own forwarding and shaping used the CPUs the point
     /// needed.
     Emulator,
+    /// The testbed's shaper held a stream below its limit while the CPUs
+    /// were idle: its bucket, not the stack, set the pace.
+    Shaper,
 }
 
 /// Where the CPUs of the point's busiest host went over its repetitions,
@@ -71,9 +77,10 @@ pub struct CpuLoad {
     /// share is the emulator's forwarding.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub testbed: bool,
-    /// Set when the point was bound by something other than its links
-    /// (by the noise diagnosis, or by the physics check of a bandwidth
-    /// below its limit, [`crate::physics::emulator_bound`]).
+    /// Set when something other than its links' rate bound the point (by
+    /// the noise diagnosis, or by the physics check of a
+    /// bandwidth below its limit, [`crate::physics::emulator_bound`] and
+    /// [`crate::physics::shaper_held`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bound_by: Option<BoundBy>,
 }
@@ -420,6 +427,11 @@ mod tests {
             serde_json::to_value(&bound).unwrap()["bound_by"],
             "emulator"
         );
+        let held = CpuLoad {
+            bound_by: Some(BoundBy::Shaper),
+            ..bound
+        };
+        assert_eq!(serde_json::to_value(&held).unwrap()["bound_by"], "shaper");
         // The same readings from real hosts: each host is judged on its
         // own, and nothing is forwarding.
         let real = CpuLoad::of_record(&on(r, "network")).unwrap();

@@ -39,7 +39,10 @@
 //! links bound it. On a testbed that may be the emulator itself: its
 //! forwarding and shaping run on the same CPUs as the hosts' stacks, and
 //! when they fill them the links never get the chance to bind
-//! ([`emulator_bound`]).
+//! ([`emulator_bound`]). Or it may be the shaper: a stream that keeps its
+//! link busy and stays well below the limit while the CPUs sat idle and
+//! no end was busy itself was held by the token bucket, its bucket too
+//! small for the rate, not by the stack ([`shaper_held`]).
 
 use crate::load::{emulator_finding, CpuLoad, EMULATOR_REMEDY};
 use crate::record::ResultRecord;
@@ -488,6 +491,139 @@ pub fn bound_sentence(r: &ResultRecord, b: &EmulatorBound) -> String {
     )
 }
 
+/// Busy share of all the machine's CPUs below which they count as idle
+/// for the shaper's verdict: on 2 CPUs, a whole CPU free, so neither the
+/// ends nor the forwarding waited for one.
+pub const SHAPER_IDLE_BUSY_PERCENT: f64 = 50.0;
+
+/// An end's own threads, in percent of one core, from which that end may
+/// be CPU-bound itself (a thread sending or receiving flat out), however
+/// idle the machine as a whole.
+pub const END_BUSY_PERCENT_OF_CORE: f64 = 80.0;
+
+/// Tests whose records keep their links busy: messages back to back until
+/// the window ends, so a bandwidth below the limit is not the time between
+/// messages. MPI's `mpi-bw` and `mpi-bibw` record as `stream` and `bibw`;
+/// the ping-pong bandwidths (`bibw-pingpong`, a sweep's) wait a round trip
+/// per message and are bound by it.
+const LINK_BUSY_TESTS: [&str; 6] = [
+    "stream",
+    "bibw",
+    "multistream",
+    "fanin",
+    "fanout",
+    "multirail",
+];
+
+/// The remedy for a point the shaper held. The testbed sets the bucket by
+/// its rule for the rate ([`crate::stack::PathIdentity::bucket_bytes`]),
+/// no flag does, so what tells the stack's own figure is the same link
+/// unshaped.
+pub const SHAPER_REMEDY: &str = "compare with the unshaped link (netgap testbed set --rate \
+     none) for what the stack reaches without it";
+
+/// A bandwidth below its path's limit on a stream that kept its shaped
+/// link busy while the CPUs were idle: the shaper, not the stack, held it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ShaperHeld {
+    /// The record's bandwidth, Gbit/s.
+    pub value: f64,
+    /// The path's payload limit, Gbit/s.
+    pub limit_gbps: f64,
+    /// Busy share of all the testbed machine's CPUs.
+    pub busy_percent: f64,
+    /// One link's bucket in bytes as the shaper counts them, when the
+    /// record knows it.
+    pub bucket_bytes: Option<u64>,
+}
+
+/// The highest share of one core an end's own threads used: both ends of
+/// a point, or every host of a workload point. `None` without a reading,
+/// or with one that is not finite.
+fn busiest_end_percent_of_core(r: &ResultRecord) -> Option<f64> {
+    let pair = r
+        .cpu
+        .iter()
+        .flat_map(|c| [c.local.process_percent, c.remote.process_percent]);
+    let hosts = r
+        .workload
+        .iter()
+        .flat_map(|g| &g.hosts_cpu)
+        .map(|h| h.cpu.process_percent);
+    let mut busiest: Option<f64> = None;
+    for p in pair.chain(hosts) {
+        if !p.is_finite() {
+            return None;
+        }
+        busiest = Some(busiest.map_or(p, |b| b.max(p)));
+    }
+    busiest
+}
+
+/// Whether the testbed's shaper held `r`, with the load of its machine
+/// `load`: a bandwidth under [`BELOW_LIMIT_SHARE`] of its payload limit,
+/// no fault, on a shaped testbed path with neither added delay nor loss
+/// (each binds a stream by itself) and no socket buffer the run set (a
+/// capped window does too), from a test that keeps its link busy
+/// (`stream`, `bibw`, `multistream`, `fanin`, `fanout`, `multirail`; no
+/// sweep, no ping-pong) with messages of at least the path's MTU (smaller
+/// ones are bound by their per-message cost), the machine under
+/// [`SHAPER_IDLE_BUSY_PERCENT`] busy and no end at
+/// [`END_BUSY_PERCENT_OF_CORE`] of a core or more. `None` otherwise, and
+/// without the readings to tell, never a guess.
+pub fn shaper_held(r: &ResultRecord, load: &CpuLoad) -> Option<ShaperHeld> {
+    let physics = r.physics.as_ref().filter(|p| p.fault.is_none())?;
+    let limit_gbps = physics.payload_limit_gbps.filter(|l| *l > 0.0)?;
+    let stack = r.stack.as_ref()?;
+    let path = &stack.path;
+    path.rate_bps?;
+    let mtu_bytes = u64::from(path.mtu_bytes?);
+    let plain_path = path.delay_us.unwrap_or(0) == 0 && path.loss_ppm.unwrap_or(0) == 0;
+    let autotuned_window = !stack
+        .options
+        .iter()
+        .any(|o| o.starts_with("sndbuf_bytes=") || o.starts_with("rcvbuf_bytes="));
+    let streaming = r.sweep.is_none()
+        && LINK_BUSY_TESTS.contains(&r.test.as_str())
+        && r.size_bytes >= mtu_bytes;
+    let below = r.metric == "bandwidth_gbps" && r.value < limit_gbps * BELOW_LIMIT_SHARE;
+    let idle = load.testbed
+        && load.busy_percent.is_finite()
+        && load.busy_percent < SHAPER_IDLE_BUSY_PERCENT;
+    if !(plain_path && autotuned_window && streaming && below && idle) {
+        return None;
+    }
+    if busiest_end_percent_of_core(r)? >= END_BUSY_PERCENT_OF_CORE {
+        return None;
+    }
+    Some(ShaperHeld {
+        value: r.value,
+        limit_gbps,
+        busy_percent: load.busy_percent,
+        bucket_bytes: path.bucket_bytes,
+    })
+}
+
+/// One sentence naming the point, how far below its limit it stayed on
+/// idle CPUs and that the shaper held it, with the remedy.
+pub fn held_sentence(r: &ResultRecord, h: &ShaperHeld) -> String {
+    let bucket = h
+        .bucket_bytes
+        .map_or_else(String::new, |b| format!(" (bucket {b} B)"));
+    format!(
+        "{} over {}, {} B: {:.3} Gbit/s is {:.0}% of the {:.3} Gbit/s its path can carry while \
+         the CPUs were {:.0}% busy: the testbed's shaper{bucket}, not the stack, held this \
+         point; {SHAPER_REMEDY}",
+        r.test,
+        r.transport,
+        r.size_bytes,
+        h.value,
+        100.0 * h.value / h.limit_gbps,
+        h.limit_gbps,
+        h.busy_percent,
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -843,6 +979,174 @@ mod tests {
             shaped("mesh", 1500, None),
         );
         assert_eq!(emulator_bound(&unix, &load(99.0, 45.0, true)), None);
+    }
+
+    #[test]
+    fn only_a_stream_well_below_its_limit_on_idle_cpus_and_quiet_ends_is_shaper_held() {
+        let load = |busy: f64| CpuLoad {
+            hosts: vec!["h1".into(), "h2".into()],
+            cores: 2,
+            busy_percent: busy,
+            own_percent: 25.0,
+            softirq_percent: Some(5.0),
+            other_percent: 0.0,
+            testbed: true,
+            bound_by: None,
+        };
+        let ends = |local: f64, remote: f64| crate::record::CpuPair {
+            local: crate::cpu::CpuUsage {
+                process_percent: local,
+                ..crate::cpu::CpuUsage::default()
+            },
+            remote: crate::cpu::CpuUsage {
+                process_percent: remote,
+                ..crate::cpu::CpuUsage::default()
+            },
+        };
+        let l = 1448.0 / 1514.0;
+        let point = |test: &str, size: u64, value: f64, path: PathIdentity| {
+            let mut r = record(test, "tcp", size, "bandwidth_gbps", value);
+            r.cpu = Some(ends(30.0, 20.0));
+            on(r, path)
+        };
+        let stream =
+            |value: f64| point("stream", 65536, value, shaped("switch", 1500, Some(65_664)));
+        let r = stream(0.7 * l);
+        let h = shaper_held(&r, &load(15.0)).expect("held");
+        assert!(near(h.limit_gbps, l) && near(h.value, 0.7 * l));
+        assert_eq!((h.busy_percent, h.bucket_bytes), (15.0, Some(65_664)));
+        assert_eq!(
+            held_sentence(&r, &h),
+            format!(
+                "stream over tcp, 65536 B: 0.669 Gbit/s is 70% of the 0.956 Gbit/s its path can \
+                 carry while the CPUs were 15% busy: the testbed's shaper (bucket 65664 B), not \
+                 the stack, held this point; {SHAPER_REMEDY}"
+            )
+        );
+        // Without the bucket in the record the sentence names none.
+        let r = point("stream", 65536, 0.7 * l, shaped("switch", 1500, None));
+        let h = shaper_held(&r, &load(15.0)).expect("held");
+        assert!(held_sentence(&r, &h).contains("the testbed's shaper, not the stack"));
+        // Every test that keeps its link busy; MPI's records as `stream`.
+        for test in ["bibw", "multistream", "fanin", "fanout"] {
+            let r = point(test, 65536, 0.5 * l, shaped("switch", 1500, None));
+            assert!(shaper_held(&r, &load(15.0)).is_some(), "{test}");
+        }
+
+        // A busy machine, a busy end, near the limit: not the shaper.
+        assert_eq!(shaper_held(&stream(0.7 * l), &load(60.0)), None);
+        let mut r = stream(0.7 * l);
+        r.cpu = Some(ends(30.0, 95.0));
+        assert_eq!(shaper_held(&r, &load(15.0)), None);
+        assert_eq!(shaper_held(&stream(0.95 * l), &load(15.0)), None);
+        // A workload host's agent busy on its own.
+        let mut r = point("multistream", 65536, 0.5 * l, shaped("switch", 1500, None));
+        r.cpu = None;
+        let host = |name: &str, role: &str, own: f64| HostCpu {
+            host: name.into(),
+            role: role.into(),
+            cpu: crate::cpu::CpuUsage {
+                process_percent: own,
+                ..crate::cpu::CpuUsage::default()
+            },
+            peak_rss_kib: None,
+            processes: None,
+            facts: None,
+        };
+        let mut r = r.with_workload(WorkloadSection {
+            clients: 4,
+            client_hosts: Some(1),
+            flows: Vec::new(),
+            hosts_cpu: vec![host("h1", "server", 40.0), host("h2", "client", 85.0)],
+            links: Vec::new(),
+            app: None,
+        });
+        assert_eq!(shaper_held(&r, &load(15.0)), None);
+        if let Some(g) = r.workload.as_mut() {
+            g.hosts_cpu[1].cpu.process_percent = 35.0;
+        }
+        assert!(shaper_held(&r, &load(15.0)).is_some());
+        // No reading of the ends: no verdict.
+        let mut r = stream(0.7 * l);
+        r.cpu = None;
+        assert_eq!(shaper_held(&r, &load(15.0)), None);
+        // Off a testbed, unshaped, or with delay, loss or a socket buffer
+        // set, something else may hold a stream.
+        let off = CpuLoad {
+            testbed: false,
+            ..load(15.0)
+        };
+        assert_eq!(shaper_held(&stream(0.7 * l), &off), None);
+        let unshaped = PathIdentity {
+            rate_bps: None,
+            ..shaped("switch", 1500, None)
+        };
+        let r = point("stream", 65536, 0.7 * l, unshaped);
+        assert_eq!(shaper_held(&r, &load(15.0)), None);
+        let delayed = PathIdentity {
+            delay_us: Some(1000),
+            ..shaped("switch", 1500, None)
+        };
+        let r = point("stream", 65536, 0.7 * l, delayed);
+        assert_eq!(shaper_held(&r, &load(15.0)), None);
+        let lossy = PathIdentity {
+            loss_ppm: Some(1000),
+            ..shaped("switch", 1500, None)
+        };
+        let r = point("stream", 65536, 0.7 * l, lossy);
+        assert_eq!(shaper_held(&r, &load(15.0)), None);
+        let mut r = record("stream", "tcp", 65536, "bandwidth_gbps", 0.7 * l);
+        r.cpu = Some(ends(30.0, 20.0));
+        let r = r.with_stack(Stack::new(
+            "tcp",
+            Mode::Event,
+            &TransportOptions {
+                rcvbuf_bytes: Some(65_536),
+                ..TransportOptions::default()
+            },
+            shaped("switch", 1500, None),
+            None,
+        ));
+        assert_eq!(shaper_held(&r, &load(15.0)), None);
+        // A ping-pong's bandwidth, a sweep's, a latency: bound by the
+        // round trip.
+        let r = point(
+            "bibw-pingpong",
+            65536,
+            0.5 * l,
+            shaped("switch", 1500, None),
+        );
+        assert_eq!(shaper_held(&r, &load(15.0)), None);
+        let mut r = record("pingpong", "tcp", 65536, "latency_us", 900.0);
+        r.cpu = Some(ends(30.0, 20.0));
+        let r = on(r, shaped("switch", 1500, None));
+        assert_eq!(shaper_held(&r, &load(15.0)), None);
+        for test in ["sweep", "stream"] {
+            let mut r = record(test, "tcp", 65536, "bandwidth_gbps", 0.5 * l);
+            r.cpu = Some(ends(30.0, 20.0));
+            r = r.with_sweep(crate::record::SweepSection {
+                sweep_kind: "stream".into(),
+                block_time_us: 65536.0 * 8.0 / (0.5 * l * 1e3),
+                dropout: None,
+                unstable: None,
+            });
+            let r = on(r, shaped("switch", 1500, None));
+            assert_eq!(shaper_held(&r, &load(15.0)), None, "{test}");
+        }
+        // Messages smaller than a frame: bound by their per-message cost.
+        let r = point("stream", 1024, 0.5 * l, shaped("switch", 1500, None));
+        assert_eq!(shaper_held(&r, &load(15.0)), None);
+        // A fault is no result to judge.
+        let mut r = stream(0.7 * l);
+        if let Some(p) = r.physics.as_mut() {
+            p.fault = Some(Fault {
+                kind: "above_payload_limit".into(),
+                limit: l * 1.01,
+                limit_gbps: l,
+                value: l * 1.2,
+            });
+        }
+        assert_eq!(shaper_held(&r, &load(15.0)), None);
     }
 
     #[test]

@@ -283,8 +283,9 @@ pub struct ResultRecord {
     /// Where the CPUs of the point's busiest host (on a testbed, of its
     /// machine) went: its own threads, the kernel's packet processing (the
     /// testbed's forwarding) and other work, and what bound the point when
-    /// not its links; set by [`ResultRecord::diagnosed`], absent without
-    /// CPU readings (see [`crate::load`]).
+    /// not its links (the emulator, or the shaper's bucket); set by
+    /// [`ResultRecord::diagnosed`], absent without CPU readings (see
+    /// [`crate::load`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_load: Option<crate::load::CpuLoad>,
 }
@@ -451,7 +452,9 @@ impl ResultRecord {
     /// ([`crate::load::CpuLoad`]), naming the emulator as what bound the
     /// point when the noise came from the testbed's forwarding or a
     /// bandwidth below its limit did ([`crate::physics::emulator_bound`],
-    /// with its sentence).
+    /// with its sentence), else the shaper when a stream stayed below its
+    /// limit on idle CPUs ([`crate::physics::shaper_held`], with its
+    /// sentence).
     pub fn diagnosed(mut self) -> ResultRecord {
         let noise = crate::noise::diagnose_record(&self);
         if self.stack.is_some() {
@@ -464,15 +467,28 @@ impl ResultRecord {
         let noisy_by_emulator = noise
             .as_ref()
             .is_some_and(|d| d.kind == crate::noise::NoiseKind::Emulator);
+        let by_emulator = noisy_by_emulator || bound.is_some();
+        // The emulator, when named, is the one finding.
+        let held = load
+            .as_ref()
+            .filter(|_| !by_emulator)
+            .and_then(|l| crate::physics::shaper_held(&self, l));
         if let Some(l) = load.as_mut() {
-            l.bound_by =
-                (noisy_by_emulator || bound.is_some()).then_some(crate::load::BoundBy::Emulator);
+            l.bound_by = if by_emulator {
+                Some(crate::load::BoundBy::Emulator)
+            } else {
+                held.map(|_| crate::load::BoundBy::Shaper)
+            };
         }
         self.cpu_load = load;
         self.warnings = noise.map(|d| d.sentence).into_iter().collect();
         // A noisy point whose noise named the emulator says it once.
         if let Some(b) = bound.filter(|_| !noisy_by_emulator) {
             let sentence = crate::physics::bound_sentence(&self, &b);
+            self.warnings.push(sentence);
+        }
+        if let Some(h) = held {
+            let sentence = crate::physics::held_sentence(&self, &h);
             self.warnings.push(sentence);
         }
         if let Some(f) = self.fault() {
@@ -494,6 +510,12 @@ impl ResultRecord {
     /// [`crate::load::CpuLoad::bound_by`]).
     pub fn emulator_bound(&self) -> bool {
         self.cpu_load.as_ref().and_then(|l| l.bound_by) == Some(crate::load::BoundBy::Emulator)
+    }
+
+    /// Whether the testbed's shaper, not the stack, held the point below
+    /// its limit (its [`crate::load::CpuLoad::bound_by`]).
+    pub fn shaper_held(&self) -> bool {
+        self.cpu_load.as_ref().and_then(|l| l.bound_by) == Some(crate::load::BoundBy::Shaper)
     }
 }
 

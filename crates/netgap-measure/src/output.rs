@@ -133,7 +133,7 @@ pub(crate) fn table_row(r: &ResultRecord) -> String {
     }) {
         notes.push("noisy".into());
     }
-    if let Some(note) = emulator_note(r) {
+    if let Some(note) = emulator_note(r).or_else(|| shaper_note(r)) {
         notes.push(note);
     }
     if let Some(f) = r.physics.as_ref().and_then(|p| p.past_forwarding_gbps) {
@@ -248,8 +248,8 @@ pub(crate) fn set_apart(r: &ResultRecord) -> Vec<String> {
 }
 
 /// The warnings of a record that name their point themselves: a fault's
-/// sentence, that of a bandwidth the emulator held below its limit and
-/// that of links past what the machine forwards.
+/// sentence, that of a bandwidth the emulator, or the shaper, held below
+/// its limit, and that of links past what the machine forwards.
 fn point_sentences(r: &ResultRecord) -> Vec<String> {
     let fault = r
         .fault()
@@ -259,6 +259,12 @@ fn point_sentences(r: &ResultRecord) -> Vec<String> {
         .as_ref()
         .and_then(|l| netgap_core::physics::emulator_bound(r, l))
         .map(|b| netgap_core::physics::bound_sentence(r, &b));
+    let held = r
+        .cpu_load
+        .as_ref()
+        .filter(|_| r.shaper_held())
+        .and_then(|l| netgap_core::physics::shaper_held(r, l))
+        .map(|h| netgap_core::physics::held_sentence(r, &h));
     let past = r.physics.as_ref().and_then(|p| {
         Some(netgap_core::physics::past_forwarding_sentence(
             r,
@@ -266,7 +272,12 @@ fn point_sentences(r: &ResultRecord) -> Vec<String> {
             p.past_forwarding_gbps?,
         ))
     });
-    fault.into_iter().chain(bound).chain(past).collect()
+    fault
+        .into_iter()
+        .chain(bound)
+        .chain(held)
+        .chain(past)
+        .collect()
 }
 
 /// The table's note for a point the emulator bound, such as
@@ -277,6 +288,13 @@ pub(crate) fn emulator_note(r: &ResultRecord) -> Option<String> {
         Some(f) => format!("emulator-bound: forwarding {f:.0}%"),
         None => "emulator-bound".to_string(),
     })
+}
+
+/// The table's note for a point the testbed's shaper held below its
+/// limit on idle CPUs, such as `shaper-held: CPUs 15% busy`.
+pub(crate) fn shaper_note(r: &ResultRecord) -> Option<String> {
+    let load = r.cpu_load.as_ref().filter(|_| r.shaper_held())?;
+    Some(format!("shaper-held: CPUs {:.0}% busy", load.busy_percent))
 }
 
 /// The table's note for a result past what its path allows, such as
@@ -713,6 +731,40 @@ mod tests {
         assert!(!table_row(&r).contains("emulator"));
         // A machine with CPU to spare did not bind it.
         let r = on_testbed(0.5, &[0.5, 0.5, 0.501, 0.499], 70.0, 35.0, 20.0);
+        assert_eq!(r.cpu_load.as_ref().unwrap().bound_by, None);
+    }
+
+    #[test]
+    fn a_quiet_stream_held_below_its_limit_on_idle_cpus_names_the_shaper() {
+        // 0.67 of 0.956 Gbit/s, quiet, the machine 15% busy, each end 30%
+        // of a core.
+        let r = on_testbed(0.67, &[0.67, 0.67, 0.671, 0.669], 15.0, 5.0, 30.0);
+        let load = r.cpu_load.as_ref().unwrap();
+        assert_eq!(load.bound_by, Some(netgap_core::load::BoundBy::Shaper));
+        assert!(r.shaper_held() && !r.emulator_bound());
+        assert_eq!(r.warnings.len(), 1, "{:?}", r.warnings);
+        let row = table_row(&r);
+        assert!(row.contains("; shaper-held: CPUs 15% busy"), "{row}");
+        assert!(!row.contains("noisy") && !row.contains("emulator"), "{row}");
+        let mut t = TableObserver::new(1);
+        t.point_done(&r);
+        let w = t.warnings();
+        assert_eq!(w.len(), 1, "{w:#?}");
+        assert!(
+            w[0].starts_with(
+                "stream over tcp, 65536 B: 0.670 Gbit/s is 70% of the 0.956 Gbit/s its path can \
+                 carry while the CPUs were 15% busy: the testbed's shaper, not the stack, held \
+                 this point; compare with the unshaped link (netgap testbed set --rate none)"
+            ),
+            "{}",
+            w[0]
+        );
+        // A busy end, or a busy machine: not the shaper.
+        let r = on_testbed(0.67, &[0.67, 0.67, 0.671, 0.669], 15.0, 5.0, 90.0);
+        assert_eq!(r.cpu_load.as_ref().unwrap().bound_by, None);
+        assert!(r.warnings.is_empty(), "{:?}", r.warnings);
+        assert!(!table_row(&r).contains("shaper"));
+        let r = on_testbed(0.67, &[0.67, 0.67, 0.671, 0.669], 60.0, 5.0, 30.0);
         assert_eq!(r.cpu_load.as_ref().unwrap().bound_by, None);
     }
 
