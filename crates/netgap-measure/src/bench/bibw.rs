@@ -41,6 +41,9 @@ struct Side {
     /// Ends the flow for both threads when either fails; `None` for a flow
     /// that cannot be ended from outside.
     abort: Option<AbortHandle>,
+    /// A reliable flow: every byte sent arrives, so the first message can
+    /// be waited for ([`Side::exchange`]).
+    reliable: bool,
 }
 
 /// The sender thread's own: its half, its buffer and pattern, and the
@@ -95,6 +98,7 @@ impl Side {
     fn new(params: RoleParams, flow: Box<dyn Flow>) -> Result<Side, FlowError> {
         let size_bytes = params.size_bytes;
         let abort = flow.abort_handle();
+        let reliable = flow.monitor().is_none();
         let (tx, rx) = flow.into_halves();
         let (to_sender, work) = mpsc::channel();
         let (done, from_sender) = mpsc::channel();
@@ -117,14 +121,43 @@ impl Side {
             from_sender,
             sender: Some(sender),
             abort,
+            reliable,
         })
     }
 
     /// Sends and receives `iterations` messages each way at once; returns the
     /// sending thread's CPU time in nanoseconds and the bytes an unreliable
     /// flow counted lost on the way in.
-    fn exchange(&mut self, iterations: u64) -> Result<(u64, u64), FlowError> {
+    /// One repetition: `iterations` messages each way. With `after_first`
+    /// (the server) the side sends only once the other side's first message
+    /// has come: the client's clock starts before it sends, so nothing the
+    /// server sends can wait in the client's receive buffer before the
+    /// client's clock starts and be counted as if the link had carried it
+    /// inside the window (with a receive buffer autotuned to megabytes, a
+    /// whole repetition's worth could). An unreliable flow, whose first
+    /// message may be lost, starts at once.
+    fn exchange(&mut self, iterations: u64, after_first: bool) -> Result<(u64, u64), FlowError> {
         let gone = || FlowError::Io(std::io::Error::other("bibw sender thread ended"));
+        let mut total = self.size_bytes * iterations;
+        let mut lost_first = 0;
+        if after_first && self.reliable && iterations > 0 {
+            let first = recv_checked(
+                self.rx.as_mut(),
+                self.size_bytes,
+                &mut self.recv_buf,
+                &mut self.rx_pattern,
+            );
+            match first {
+                Ok(lost) => lost_first = lost,
+                Err(e) => {
+                    if let Some(a) = &self.abort {
+                        a.abort();
+                    }
+                    return Err(e);
+                }
+            }
+            total -= self.size_bytes;
+        }
         self.to_sender
             .as_ref()
             .ok_or_else(gone)?
@@ -132,10 +165,11 @@ impl Side {
             .map_err(|_| gone())?;
         let received = recv_checked(
             self.rx.as_mut(),
-            self.size_bytes * iterations,
+            total,
             &mut self.recv_buf,
             &mut self.rx_pattern,
-        );
+        )
+        .map(|lost| lost + lost_first);
         if received.is_err() {
             // The sender may wait on the same silent peer: end its wait now.
             if let Some(a) = &self.abort {
@@ -176,7 +210,7 @@ impl ClientRole for Client {
         _rtt_hist: &mut LatencyHistogram,
     ) -> Result<RepOutcome, FlowError> {
         let t0 = Instant::now();
-        let (helper_cpu_ns, lost) = self.0.exchange(iterations)?;
+        let (helper_cpu_ns, lost) = self.0.exchange(iterations, false)?;
         let elapsed_ns = netgap_core::units::ns_since(t0);
         let bytes = self.0.size_bytes * iterations;
         Ok(RepOutcome {
@@ -191,7 +225,7 @@ impl ClientRole for Client {
 
 impl ServerRole for Server {
     fn run(&mut self, iterations: u64) -> Result<ServerOutcome, FlowError> {
-        let (helper_cpu_ns, lost) = self.0.exchange(iterations)?;
+        let (helper_cpu_ns, lost) = self.0.exchange(iterations, true)?;
         let bytes = self.0.size_bytes * iterations;
         Ok(ServerOutcome {
             bytes_rx: bytes.saturating_sub(lost),
@@ -279,7 +313,7 @@ mod tests {
         };
         let mut side = Side::new(params, flow).expect("side");
         let t0 = Instant::now();
-        let result = side.exchange(u64::MAX / (128 << 10));
+        let result = side.exchange(u64::MAX / (128 << 10), false);
         let took = t0.elapsed();
         draining.store(false, Ordering::Relaxed);
         drop(side);
