@@ -200,13 +200,47 @@ impl HostsOffer {
 }
 
 /// The shaped link directions a point of `fig` keeps busy at once at
-/// most: its most links (one without `--links`), both ways for a
-/// bidirectional test. On the studies' switches and meshes a workload's
-/// traffic to or from one host crosses that host's one link to each peer,
-/// so one link per direction is what it needs; a figure's links are named
-/// by its `links` axis.
-pub fn shapers_at_once(fig: &Figure) -> u32 {
-    let links = fig.links.iter().copied().max().unwrap_or(1).max(1);
+/// most, on `study`'s testbed, as the physics check counts a record's
+/// links: its most links (`links` axis), or for a workload with servers
+/// and clients the links between them (on a switch each host's one link,
+/// so the fewer of servers and clients; on a mesh a link per pair), else
+/// one; both ways for a bidirectional test.
+pub fn shapers_at_once(study: &Study, fig: &Figure) -> u32 {
+    let most = |flags: &[String], name: &str| -> Option<u32> {
+        let at = flags.iter().position(|f| f == name)?;
+        flags
+            .get(at + 1)?
+            .split(',')
+            .filter_map(|v| v.trim().parse::<u32>().ok())
+            .max()
+    };
+    let variants: Vec<Vec<String>> = if fig.variants.is_empty() {
+        vec![fig.flags.clone()]
+    } else {
+        fig.variants
+            .iter()
+            .map(|v| fig.flags.iter().chain(v).cloned().collect())
+            .collect()
+    };
+    let between = variants
+        .iter()
+        .filter_map(|flags| {
+            let (s, c) = (most(flags, "--servers")?, most(flags, "--clients")?);
+            Some(match study.testbed.topology {
+                crate::study::data::Topology::Switch => s.min(c),
+                crate::study::data::Topology::Mesh => s * c,
+            })
+        })
+        .max()
+        .unwrap_or(1);
+    let links = fig
+        .links
+        .iter()
+        .copied()
+        .max()
+        .unwrap_or(1)
+        .max(between)
+        .max(1);
     let both_ways = fig.flags.iter().any(|f| f == "--bidir")
         || fig
             .tests
@@ -590,4 +624,25 @@ pub fn common_args(study: &str, fig: &Figure, hosts: &str, json: &Path) -> Vec<S
         "--label".into(),
         crate::report::study::figure_label(study, &fig.id),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_figure_keeps_busy_the_links_its_records_are_judged_against() {
+        let s000 = load("000").expect("000");
+        let s004 = load("004").expect("004");
+        let fig = |s: &Study, id: &str| s.figure(id).expect("figure").clone();
+        // One link: a ping-pong; striped I/O of one server or one client on
+        // a switch.
+        assert_eq!(shapers_at_once(&s000, &fig(&s000, "3a")), 1);
+        assert_eq!(shapers_at_once(&s000, &fig(&s000, "11")), 1);
+        // Two servers and two clients on a switch: both servers' links.
+        assert_eq!(shapers_at_once(&s000, &fig(&s000, "12")), 2);
+        // Both ways over one link; three links both ways.
+        assert_eq!(shapers_at_once(&s004, &fig(&s004, "3")), 2);
+        assert_eq!(shapers_at_once(&s004, &fig(&s004, "5")), 6);
+    }
 }

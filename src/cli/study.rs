@@ -393,7 +393,7 @@ fn scale_for(study: &Study, figure: &str) -> Result<Option<String>> {
     };
     let asked = netgap::conditions::parse_rate_bps(rate)
         .map_err(|e| anyhow!("study {}: rate {rate:?}: {e}", study.id))?;
-    let shapers = study::shapers_at_once(fig);
+    let shapers = study::shapers_at_once(study, fig);
     let scaled = netgap::testbed::scale_rate(TESTBED_NAME, asked, shapers).with_context(|| {
         format!(
             "study {} figure {figure}: setting its links' rate",

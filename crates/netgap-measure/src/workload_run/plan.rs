@@ -93,9 +93,9 @@ pub fn is_workload_run(tests: &[String]) -> Result<bool, PlanError> {
     Ok(true)
 }
 
-/// Refuses points whose links (`--links`, or every link between the first
-/// two hosts) take more at once than the machine under the testbed
-/// carries through its shapers, before anything runs. Other points are
+/// Refuses points whose links (`--links`) take more at once than the
+/// machine under the testbed carries through its shapers, before anything
+/// runs. Other points are
 /// judged on their record ([`netgap_core::physics::Physics::past_forwarding_gbps`]).
 fn check_forwarding(
     points: &[WorkloadPoint],
@@ -111,20 +111,16 @@ fn check_forwarding(
     let Some(rate_bps) = c.rate_bps else {
         return Ok(());
     };
-    let all_links = match hosts {
-        HostsSource::File(f) => match (f.hosts.first(), f.hosts.get(1)) {
-            (Some(a), Some(b)) => u32::try_from(a.links_to(&b.name).count()).unwrap_or(1),
-            _ => 1,
-        },
-        _ => return Ok(()),
-    };
+    if !matches!(hosts, HostsSource::File(_)) {
+        return Ok(());
+    }
+    // Only a count `--links` named is a count of links: without it a
+    // workload counted in hosts (a pipeline's stages) uses what its
+    // placement gives it.
     let links_at_once = points
         .iter()
-        .filter(|p| p.workload.count() == CountFlag::Hosts)
-        .map(|p| {
-            let links = if p.clients == 0 { all_links } else { p.clients };
-            (links.max(1), links.max(1) * if p.bidir { 2 } else { 1 })
-        })
+        .filter(|p| p.workload.count() == CountFlag::Hosts && p.clients > 0)
+        .map(|p| (p.clients, p.clients * if p.bidir { 2 } else { 1 }))
         .max_by_key(|&(_, shapers)| shapers);
     let Some((links, shapers)) = links_at_once else {
         return Ok(());
