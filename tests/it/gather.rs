@@ -72,6 +72,8 @@ fn gather_reads_gmond_and_the_builtin_responder_on_every_host() {
     for (r, mode) in recs.iter().zip(["sequential", "parallel"]) {
         check_gather(r, 3);
         assert_eq!(r["app"]["options"]["gather-mode"], mode);
+        // gmond's connections carry no handshake of netgap's.
+        assert!(r["app"]["metrics"].get("handshake_time_us").is_none());
         // Each gmond reports only itself: three hosts in three answers.
         assert_eq!(metric(r, "xml_hosts"), 3.0, "{}", r["app"]);
         assert!(metric(r, "xml_metrics") >= 3.0);
@@ -124,6 +126,16 @@ fn gather_reads_gmond_and_the_builtin_responder_on_every_host() {
         check_gather(r, 3);
         assert_eq!(r["transport"], transport);
         assert_eq!(metric(r, "gather_bytes"), 3.0 * 4096.0);
+        // netgap's own handshake on each connection is timed apart and left
+        // out of the exchange, so the connect share is the stack's connect
+        // over what the program would see.
+        assert!(metric(r, "handshake_time_us") > 0.0, "{}", r["app"]);
+        let share = 100.0 * metric(r, "connect_time_us") / metric(r, "exchange_time_us");
+        assert!(
+            (metric(r, "connect_share_pct") - share).abs() < 1e-6 * share.max(1.0),
+            "{}",
+            r["app"]
+        );
         assert!(r["app"].get("services").is_none());
     }
     let recs = tb.run(
