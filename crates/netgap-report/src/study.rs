@@ -55,6 +55,9 @@ pub struct StudyRun<'a> {
 pub enum Verdict {
     /// The measured figure meets the claim, its confidence interval too.
     Holds,
+    /// The measured figure meets the claim, but has no interval to judge
+    /// it by (an application's own figure, a sum).
+    HoldsOnValue,
     /// The measured figure does not meet it; why (e.g. the interval spans
     /// the threshold).
     DoesNotHold(String),
@@ -319,8 +322,22 @@ fn ratio(a: &Point, b: &Point) -> (f64, Option<(f64, f64)>) {
     (r, ci)
 }
 
+/// Whether `value` with its 95% interval meets `expect`: past a threshold,
+/// or inside a band, with the whole interval; a value without an interval
+/// is judged on itself, and says so.
 fn verdict(value: f64, ci: Option<(f64, f64)>, expect: Expect) -> Verdict {
-    let (lo, hi) = ci.unwrap_or((value, value));
+    let Some((lo, hi)) = ci else {
+        let meets = match expect {
+            Expect::Above(t) => value > t,
+            Expect::Below(t) => value < t,
+            Expect::Between(a, b) => value >= a && value <= b,
+        };
+        return if meets {
+            Verdict::HoldsOnValue
+        } else {
+            Verdict::DoesNotHold(format!("{} (no interval)", missed(expect)))
+        };
+    };
     match expect {
         Expect::Above(t) if lo > t => Verdict::Holds,
         Expect::Above(t) if value > t => Verdict::DoesNotHold(format!(
@@ -328,18 +345,30 @@ fn verdict(value: f64, ci: Option<(f64, f64)>, expect: Expect) -> Verdict {
             fmt_num(t),
             fmt_num(lo)
         )),
-        Expect::Above(t) => Verdict::DoesNotHold(format!("not above {}", fmt_num(t))),
         Expect::Below(t) if hi < t => Verdict::Holds,
         Expect::Below(t) if value < t => Verdict::DoesNotHold(format!(
             "below {} but its interval reaches up to {}",
             fmt_num(t),
             fmt_num(hi)
         )),
-        Expect::Below(t) => Verdict::DoesNotHold(format!("not below {}", fmt_num(t))),
-        Expect::Between(a, b) if value >= a && value <= b => Verdict::Holds,
-        Expect::Between(a, b) => {
-            Verdict::DoesNotHold(format!("outside {} to {}", fmt_num(a), fmt_num(b)))
-        }
+        Expect::Between(a, b) if lo >= a && hi <= b => Verdict::Holds,
+        Expect::Between(a, b) if value >= a && value <= b => Verdict::DoesNotHold(format!(
+            "within {} to {} but its interval, {} to {}, is not",
+            fmt_num(a),
+            fmt_num(b),
+            fmt_num(lo),
+            fmt_num(hi)
+        )),
+        e => Verdict::DoesNotHold(missed(e)),
+    }
+}
+
+/// What a value that misses `expect` misses.
+fn missed(expect: Expect) -> String {
+    match expect {
+        Expect::Above(t) => format!("not above {}", fmt_num(t)),
+        Expect::Below(t) => format!("not below {}", fmt_num(t)),
+        Expect::Between(a, b) => format!("outside {} to {}", fmt_num(a), fmt_num(b)),
     }
 }
 
@@ -665,6 +694,10 @@ fn claim_table(
         };
         let (class, verdict) = match &j.verdict {
             Verdict::Holds => ("holds", "holds".to_string()),
+            Verdict::HoldsOnValue => (
+                "holds",
+                "holds on its value alone: it has no interval".to_string(),
+            ),
             Verdict::DoesNotHold(why) => ("fails", format!("does not hold: {why}")),
             Verdict::CannotMeasure(why) => ("na", format!("cannot be measured here: {why}")),
         };
@@ -776,10 +809,15 @@ mod tests {
     use serde_json::json;
 
     fn rec(fig: &str, offload: &str, size: u64, v: f64) -> Value {
+        rec_ci(fig, offload, size, v, 0.05)
+    }
+
+    /// A record whose 95% interval is `half` of its value either side.
+    fn rec_ci(fig: &str, offload: &str, size: u64, v: f64, half: f64) -> Value {
         json!({
             "test": "stream", "transport": "tcp", "mode": "event", "size_bytes": size,
             "metric": "bandwidth_gbps", "value": v,
-            "stats": {"ci95_low": v * 0.95, "ci95_high": v * 1.05},
+            "stats": {"ci95_low": v * (1.0 - half), "ci95_high": v * (1.0 + half)},
             "stack": {"label": figure_label("009", fig), "options": [],
                       "path": {"mtu_bytes": 1500, "offload": offload}}
         })
@@ -827,6 +865,14 @@ where = "Fig 1"
 kind = "trend"
 series = { offload = "off" }
 above = 1.0
+[[claim]]
+figure = "1"
+text = "flat"
+published = "-"
+where = "Fig 1"
+kind = "trend"
+series = { offload = "on" }
+tolerance_pct = 20.0
 "#;
 
     #[test]
@@ -850,6 +896,36 @@ above = 1.0
             matches!(none.verdict, Verdict::CannotMeasure(_)),
             "{none:?}"
         );
+    }
+
+    /// The bug: a band (`tolerance_pct`, or `above` with `below`) judged
+    /// the point value only, so a flat series held on noise.
+    #[test]
+    fn a_band_holds_only_when_the_whole_interval_is_inside_it() {
+        let s = Study::parse("t", STUDY).expect("study");
+        let flat = &s.claims[2];
+        let tight = [rec("1", "on", 1024, 4.0), rec("1", "on", 65536, 4.1)];
+        assert_eq!(judge(&s, flat, &tight).verdict, Verdict::Holds);
+        let noisy = [
+            rec_ci("1", "on", 1024, 4.0, 0.3),
+            rec_ci("1", "on", 65536, 4.1, 0.3),
+        ];
+        let j = judge(&s, flat, &noisy);
+        assert!(
+            matches!(&j.verdict, Verdict::DoesNotHold(w) if w.contains("its interval")),
+            "{j:?}"
+        );
+        let grown = [rec("1", "on", 1024, 4.0), rec("1", "on", 65536, 8.0)];
+        assert!(matches!(
+            judge(&s, flat, &grown).verdict,
+            Verdict::DoesNotHold(_)
+        ));
+        // Without an interval the value alone is judged, and says so.
+        let mut bare = tight.clone();
+        for r in &mut bare {
+            r["stats"] = json!({});
+        }
+        assert_eq!(judge(&s, flat, &bare).verdict, Verdict::HoldsOnValue);
     }
 
     #[test]
