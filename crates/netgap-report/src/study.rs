@@ -74,8 +74,8 @@ pub struct Judged {
     pub ci: Option<(f64, f64)>,
     /// What was compared, e.g. `offload=on 7.1 / offload=off 4.9 at 1M`.
     pub how: String,
-    /// The verdict.
-    pub verdict: Verdict,
+    /// Whether the measured figure goes the way the paper states.
+    pub direction: Verdict,
 }
 
 /// One point of a series: x, y and y's 95% interval.
@@ -377,7 +377,7 @@ fn cannot(why: String) -> Judged {
         measured: None,
         ci: None,
         how: String::new(),
-        verdict: Verdict::CannotMeasure(why),
+        direction: Verdict::CannotMeasure(why),
     }
 }
 
@@ -418,7 +418,7 @@ pub fn judge(study: &Study, claim: &Claim, records: &[Value]) -> Judged {
                     fmt_num(vb.y),
                     fmt_x(vb.x, x)
                 ),
-                verdict: verdict(r, ci, *expect),
+                direction: verdict(r, ci, *expect),
             }
         }
         ClaimTest::Trend {
@@ -454,7 +454,7 @@ pub fn judge(study: &Study, claim: &Claim, records: &[Value]) -> Judged {
                     fmt_num(from.y),
                     fmt_x(from.x, x)
                 ),
-                verdict: verdict(r, ci, *expect),
+                direction: verdict(r, ci, *expect),
             }
         }
         ClaimTest::Value {
@@ -486,7 +486,7 @@ pub fn judge(study: &Study, claim: &Claim, records: &[Value]) -> Judged {
                 measured: Some(p.y),
                 ci: p.ci,
                 how: format!("{series}: {metric}"),
-                verdict: verdict(p.y, p.ci, *expect),
+                direction: verdict(p.y, p.ci, *expect),
             }
         }
     }
@@ -692,7 +692,7 @@ fn claim_table(
             (Some(v), None) => format!("{} (no interval)", fmt_num(v)),
             _ => "—".into(),
         };
-        let (class, verdict) = match &j.verdict {
+        let (class, verdict) = match &j.direction {
             Verdict::Holds => ("holds", "holds".to_string()),
             Verdict::HoldsOnValue => (
                 "holds",
@@ -885,15 +885,15 @@ tolerance_pct = 20.0
             rec("1", "off", 65536, 4.0),
         ];
         let j = judge(&s, &s.claims[0], &recs);
-        assert_eq!(j.verdict, Verdict::Holds, "{j:?}");
+        assert_eq!(j.direction, Verdict::Holds, "{j:?}");
         assert!((j.measured.expect("measured") - 2.0).abs() < 1e-9);
         let (lo, hi) = j.ci.expect("ci");
         assert!(lo < 2.0 && hi > 2.0);
         let t = judge(&s, &s.claims[1], &recs);
-        assert_eq!(t.verdict, Verdict::Holds, "{t:?}");
+        assert_eq!(t.direction, Verdict::Holds, "{t:?}");
         let none = judge(&s, &s.claims[0], &recs[..2]);
         assert!(
-            matches!(none.verdict, Verdict::CannotMeasure(_)),
+            matches!(none.direction, Verdict::CannotMeasure(_)),
             "{none:?}"
         );
     }
@@ -905,19 +905,19 @@ tolerance_pct = 20.0
         let s = Study::parse("t", STUDY).expect("study");
         let flat = &s.claims[2];
         let tight = [rec("1", "on", 1024, 4.0), rec("1", "on", 65536, 4.1)];
-        assert_eq!(judge(&s, flat, &tight).verdict, Verdict::Holds);
+        assert_eq!(judge(&s, flat, &tight).direction, Verdict::Holds);
         let noisy = [
             rec_ci("1", "on", 1024, 4.0, 0.3),
             rec_ci("1", "on", 65536, 4.1, 0.3),
         ];
         let j = judge(&s, flat, &noisy);
         assert!(
-            matches!(&j.verdict, Verdict::DoesNotHold(w) if w.contains("its interval")),
+            matches!(&j.direction, Verdict::DoesNotHold(w) if w.contains("its interval")),
             "{j:?}"
         );
         let grown = [rec("1", "on", 1024, 4.0), rec("1", "on", 65536, 8.0)];
         assert!(matches!(
-            judge(&s, flat, &grown).verdict,
+            judge(&s, flat, &grown).direction,
             Verdict::DoesNotHold(_)
         ));
         // Without an interval the value alone is judged, and says so.
@@ -925,7 +925,7 @@ tolerance_pct = 20.0
         for r in &mut bare {
             r["stats"] = json!({});
         }
-        assert_eq!(judge(&s, flat, &bare).verdict, Verdict::HoldsOnValue);
+        assert_eq!(judge(&s, flat, &bare).direction, Verdict::HoldsOnValue);
     }
 
     #[test]
