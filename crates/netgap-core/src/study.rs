@@ -182,6 +182,12 @@ struct RawClaim {
     to_x: Option<String>,
     #[serde(default)]
     why: Option<String>,
+    #[serde(default)]
+    published_value: Option<f64>,
+    #[serde(default)]
+    size_tolerance_pct: Option<f64>,
+    #[serde(default)]
+    size_why: Option<String>,
 }
 
 /// A study, validated.
@@ -488,6 +494,40 @@ pub enum Expect {
     Between(f64, f64),
 }
 
+impl Expect {
+    /// Whether `v` meets it.
+    pub fn admits(self, v: f64) -> bool {
+        match self {
+            Expect::Above(t) => v > t,
+            Expect::Below(t) => v < t,
+            Expect::Between(a, b) => v >= a && v <= b,
+        }
+    }
+}
+
+/// The size of the effect a paper publishes and how near netgap's figure
+/// must come to it: the claim's size holds when netgap's 95% interval
+/// overlaps [`Size::band`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Size {
+    /// The paper's figure, in the unit of the claim's measured figure (a
+    /// ratio for ratio and trend claims); finite and positive.
+    pub published: f64,
+    /// How far from it, in percent of it, still counts as the same size;
+    /// above 0 and below 100.
+    pub tolerance_pct: f64,
+    /// Why that tolerance, in the study file's words.
+    pub why: String,
+}
+
+impl Size {
+    /// `[published × (1 − tolerance), published × (1 + tolerance)]`.
+    pub fn band(&self) -> (f64, f64) {
+        let t = self.tolerance_pct / 100.0;
+        (self.published * (1.0 - t), self.published * (1.0 + t))
+    }
+}
+
 /// How a claim is evaluated from the records.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ClaimTest {
@@ -543,8 +583,11 @@ pub struct Claim {
     pub published: String,
     /// Where in the paper.
     pub where_: String,
-    /// How it is judged.
+    /// How it is judged: the direction the paper states.
     pub test: ClaimTest,
+    /// The size of the effect the paper publishes, when it gives one;
+    /// `None`: the paper gives a direction only.
+    pub size: Option<Size>,
 }
 
 impl Study {
@@ -796,6 +839,58 @@ impl RawClaim {
         }
     }
 
+    /// The published size, all three keys or none, agreeing with the
+    /// claim's direction.
+    fn size(&self, test: &ClaimTest) -> Result<Option<Size>, String> {
+        let text = &self.text;
+        let (published, tolerance_pct, why) = match (
+            self.published_value,
+            self.size_tolerance_pct,
+            &self.size_why,
+        ) {
+            (None, None, None) => return Ok(None),
+            (Some(p), Some(t), Some(w)) => (p, t, w.trim()),
+            _ => return Err(format!(
+                "claim {text:?}: give published_value, size_tolerance_pct and size_why together"
+            )),
+        };
+        if !(published.is_finite() && published > 0.0) {
+            return Err(format!(
+                "claim {text:?}: published_value {published}: want a positive number"
+            ));
+        }
+        if !(tolerance_pct > 0.0 && tolerance_pct < 100.0) {
+            return Err(format!(
+                "claim {text:?}: size_tolerance_pct {tolerance_pct}: want a percent above 0 and below 100"
+            ));
+        }
+        if why.is_empty() {
+            return Err(format!(
+                "claim {text:?}: size_why is empty: say why the tolerance"
+            ));
+        }
+        let expect = match test {
+            ClaimTest::Ratio { expect, .. }
+            | ClaimTest::Trend { expect, .. }
+            | ClaimTest::Value { expect, .. } => *expect,
+            ClaimTest::Unmeasurable(_) => {
+                return Err(format!(
+                    "claim {text:?}: an unmeasurable claim has no size to judge; leave out published_value"
+                ))
+            }
+        };
+        if !expect.admits(published) {
+            return Err(format!(
+                "claim {text:?}: published_value {published} contradicts the claim's direction (above/below)"
+            ));
+        }
+        Ok(Some(Size {
+            published,
+            tolerance_pct,
+            why: why.to_string(),
+        }))
+    }
+
     fn validate(self) -> Result<Claim, String> {
         let text = self.text.clone();
         let test = match self.kind.as_str() {
@@ -838,6 +933,7 @@ impl RawClaim {
                 ))
             }
         };
+        let size = self.size(&test)?;
         let from = if self.from.is_empty() {
             vec![self.figure.clone()]
         } else {
@@ -850,6 +946,7 @@ impl RawClaim {
             published: self.published,
             where_: self.where_,
             test,
+            size,
         })
     }
 }
@@ -906,6 +1003,44 @@ below = 1.0
                 ..
             }
         ));
+    }
+
+    #[test]
+    fn a_published_size_is_read_with_its_tolerance_and_refused_when_incomplete_or_contrary() {
+        let sized = MINIMAL.replace(
+            "below = 1.0\n",
+            "below = 1.0\npublished_value = 0.86\nsize_tolerance_pct = 10\nsize_why = \"read off a figure\"\n",
+        );
+        let s = Study::parse("x", &sized).expect("parses");
+        let size = s.claims[0].size.as_ref().expect("a size");
+        let (lo, hi) = size.band();
+        assert!((lo - 0.774).abs() < 1e-9 && (hi - 0.946).abs() < 1e-9);
+        assert!(Study::parse("x", MINIMAL).expect("parses").claims[0]
+            .size
+            .is_none());
+        for (bad, needle) in [
+            (
+                sized.replace("size_why = \"read off a figure\"\n", ""),
+                "together",
+            ),
+            (
+                sized.replace("published_value = 0.86", "published_value = 1.5"),
+                "contradicts the claim's direction",
+            ),
+            (
+                sized.replace("size_tolerance_pct = 10", "size_tolerance_pct = 100"),
+                "below 100",
+            ),
+            (
+                sized.replace("published_value = 0.86", "published_value = -1"),
+                "positive",
+            ),
+            (sized.replace("\"read off a figure\"", "\" \""), "size_why"),
+        ] {
+            let e = Study::parse("x", &bad).expect_err(needle);
+            let line = e.to_string();
+            assert!(line.contains(needle) && !line.contains('\n'), "{line}");
+        }
     }
 
     #[test]

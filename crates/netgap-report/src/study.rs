@@ -3,13 +3,19 @@
 //! figure's own x-axis with one series per value of what the figure
 //! compares, and under each figure the study's claims judged from the
 //! records: the published figure, the measured one with its confidence
-//! interval, and whether the claim holds here.
+//! interval, and two verdicts, each judged with the interval: the
+//! claim's direction (the way the paper says the figure goes) and its
+//! size (netgap's interval against the paper's number, within the
+//! tolerance the study file states, or "the paper gives a direction
+//! only").
 //!
 //! It reads only records: each carries the study and figure in its label
 //! (`stack.label`, [`figure_label`]).
 
 use crate::svg::{escape, Axis, LinePlot, Plot, RefLine, Series};
-use netgap_core::study::{At, Attr, Claim, ClaimTest, Expect, Figure, Selector, Study, XAxis};
+use netgap_core::study::{
+    At, Attr, Claim, ClaimTest, Expect, Figure, Selector, Size, Study, XAxis,
+};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -65,6 +71,23 @@ pub enum Verdict {
     CannotMeasure(String),
 }
 
+/// The size of a claim as judged: netgap's 95% interval against the
+/// paper's figure within the study file's tolerance ([`Size::band`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum SizeVerdict {
+    /// The interval overlaps the band around the paper's figure.
+    Holds,
+    /// The whole interval lies outside the band; where.
+    DoesNotHold(String),
+    /// The measured figure has no interval to judge it by; where the value
+    /// lies.
+    NoInterval(String),
+    /// The paper gives a direction only.
+    DirectionOnly,
+    /// Nothing was measured to judge the size by.
+    NotJudged,
+}
+
 /// A judged claim: the measured figure, its interval, how it was read.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Judged {
@@ -76,6 +99,8 @@ pub struct Judged {
     pub how: String,
     /// Whether the measured figure goes the way the paper states.
     pub direction: Verdict,
+    /// Whether it is as large as the paper's.
+    pub size: SizeVerdict,
 }
 
 /// One point of a series: x, y and y's 95% interval.
@@ -274,6 +299,17 @@ fn fmt_num(v: f64) -> String {
     }
 }
 
+/// [`fmt_num`] without trailing zeros: a figure a study file gives, or a
+/// band made from one.
+fn fmt_trim(v: f64) -> String {
+    let s = fmt_num(v);
+    if s.contains('.') && !s.contains('e') {
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    } else {
+        s
+    }
+}
+
 fn fmt_x(v: f64, x: XAxis) -> String {
     if x.is_bytes() && v >= 1.0 {
         netgap_core::units::format_size(v as u64)
@@ -372,17 +408,66 @@ fn missed(expect: Expect) -> String {
     }
 }
 
+/// The size of a measured figure against the paper's: the 95% interval
+/// overlapping `size`'s band holds, the whole interval outside it does
+/// not, and a value without an interval is not judged.
+fn size_verdict(size: &Size, measured: Option<f64>, ci: Option<(f64, f64)>) -> SizeVerdict {
+    let Some(value) = measured else {
+        return SizeVerdict::NotJudged;
+    };
+    let (bl, bh) = size.band();
+    let band = format!("{} to {}", fmt_trim(bl), fmt_trim(bh));
+    let Some((lo, hi)) = ci else {
+        let place = if value < bl {
+            "below"
+        } else if value > bh {
+            "above"
+        } else {
+            "inside"
+        };
+        return SizeVerdict::NoInterval(format!("its value lies {place} {band}"));
+    };
+    if hi < bl {
+        SizeVerdict::DoesNotHold(format!(
+            "its interval, {} to {}, lies below {band}",
+            fmt_num(lo),
+            fmt_num(hi)
+        ))
+    } else if lo > bh {
+        SizeVerdict::DoesNotHold(format!(
+            "its interval, {} to {}, lies above {band}",
+            fmt_num(lo),
+            fmt_num(hi)
+        ))
+    } else {
+        SizeVerdict::Holds
+    }
+}
+
 fn cannot(why: String) -> Judged {
     Judged {
         measured: None,
         ci: None,
         how: String::new(),
         direction: Verdict::CannotMeasure(why),
+        size: SizeVerdict::NotJudged,
     }
 }
 
-/// Judges `claim` from the records of the figures it reads.
+/// Judges `claim` from the records of the figures it reads: its
+/// direction, and its size when the paper gives one.
 pub fn judge(study: &Study, claim: &Claim, records: &[Value]) -> Judged {
+    let mut j = judge_direction(study, claim, records);
+    j.size = match (&claim.size, &j.direction) {
+        (None, _) => SizeVerdict::DirectionOnly,
+        (Some(_), Verdict::CannotMeasure(_)) => SizeVerdict::NotJudged,
+        (Some(s), _) => size_verdict(s, j.measured, j.ci),
+    };
+    j
+}
+
+/// `claim`'s direction; its size is left to [`judge`].
+fn judge_direction(study: &Study, claim: &Claim, records: &[Value]) -> Judged {
     let Some(fig) = study.figure(&claim.figure) else {
         return cannot(format!("the study has no figure {}", claim.figure));
     };
@@ -419,6 +504,7 @@ pub fn judge(study: &Study, claim: &Claim, records: &[Value]) -> Judged {
                     fmt_x(vb.x, x)
                 ),
                 direction: verdict(r, ci, *expect),
+                size: SizeVerdict::NotJudged,
             }
         }
         ClaimTest::Trend {
@@ -455,6 +541,7 @@ pub fn judge(study: &Study, claim: &Claim, records: &[Value]) -> Judged {
                     fmt_x(from.x, x)
                 ),
                 direction: verdict(r, ci, *expect),
+                size: SizeVerdict::NotJudged,
             }
         }
         ClaimTest::Value {
@@ -487,6 +574,7 @@ pub fn judge(study: &Study, claim: &Claim, records: &[Value]) -> Judged {
                 ci: p.ci,
                 how: format!("{series}: {metric}"),
                 direction: verdict(p.y, p.ci, *expect),
+                size: SizeVerdict::NotJudged,
             }
         }
     }
@@ -658,6 +746,83 @@ fn claim_rule(c: &Claim) -> String {
     }
 }
 
+/// `claim` judged in a run: a claim read from a figure that was not
+/// measured says why instead.
+fn judged_in(
+    study: &Study,
+    claim: &Claim,
+    outcomes: &BTreeMap<String, Outcome>,
+    records: &[Value],
+) -> Judged {
+    let unmeasured = claim.from.iter().find_map(|f| match outcomes.get(f) {
+        Some(Outcome::Skipped(why)) => Some(format!("figure {f} was not measured: {why}")),
+        Some(Outcome::Failed(e)) => Some(format!("figure {f}'s run failed: {e}")),
+        Some(Outcome::NotAsked) => Some(format!("figure {f} was not asked for")),
+        _ => None,
+    });
+    match unmeasured {
+        Some(why) if !matches!(claim.test, ClaimTest::Unmeasurable(_)) => Judged {
+            size: if claim.size.is_some() {
+                SizeVerdict::NotJudged
+            } else {
+                SizeVerdict::DirectionOnly
+            },
+            ..cannot(why)
+        },
+        _ => judge(study, claim, records),
+    }
+}
+
+/// The measured figure with its interval, as a cell shows it.
+fn fmt_measured(j: &Judged) -> String {
+    match (j.measured, j.ci) {
+        (Some(v), Some((lo, hi))) => {
+            format!("{} [{}, {}]", fmt_num(v), fmt_num(lo), fmt_num(hi))
+        }
+        (Some(v), None) => format!("{} (no interval)", fmt_num(v)),
+        _ => "—".into(),
+    }
+}
+
+/// The direction verdict's class and words.
+fn direction_cell(v: &Verdict) -> (&'static str, String) {
+    match v {
+        Verdict::Holds => ("holds", "holds".to_string()),
+        Verdict::HoldsOnValue => (
+            "holds",
+            "holds on its value alone: it has no interval".to_string(),
+        ),
+        Verdict::DoesNotHold(why) => ("fails", format!("does not hold: {why}")),
+        Verdict::CannotMeasure(why) => ("na", format!("cannot be measured here: {why}")),
+    }
+}
+
+/// The size verdict's class, words and the tolerance it was judged with.
+fn size_cell(c: &Claim, v: &SizeVerdict) -> (&'static str, String, String) {
+    let tolerance = c.size.as_ref().map_or(String::new(), |s| {
+        let (lo, hi) = s.band();
+        format!(
+            "published {} ± {}% ({} to {}): {}",
+            fmt_trim(s.published),
+            fmt_trim(s.tolerance_pct),
+            fmt_trim(lo),
+            fmt_trim(hi),
+            s.why
+        )
+    });
+    let (class, words) = match v {
+        SizeVerdict::Holds => ("holds", "holds".to_string()),
+        SizeVerdict::DoesNotHold(why) => ("fails", format!("does not hold: {why}")),
+        SizeVerdict::NoInterval(where_) => (
+            "na",
+            format!("not judged: no interval to judge it by ({where_})"),
+        ),
+        SizeVerdict::DirectionOnly => ("na", "the paper gives a direction only".to_string()),
+        SizeVerdict::NotJudged => ("na", "not judged: nothing was measured".to_string()),
+    };
+    (class, words, tolerance)
+}
+
 fn claim_table(
     out: &mut String,
     study: &Study,
@@ -672,45 +837,23 @@ fn claim_table(
         );
         return;
     }
-    out.push_str("<table class=\"claims\"><tr><th>claim</th><th>published</th><th>measured (95% CI)</th><th>here</th></tr>\n");
+    out.push_str("<table class=\"claims\"><tr><th>claim</th><th>published</th><th>measured (95% CI)</th><th>direction</th><th>size</th></tr>\n");
     for c in claims {
-        // A claim read from a figure that was not measured says why.
-        let unmeasured = c.from.iter().find_map(|f| match outcomes.get(f) {
-            Some(Outcome::Skipped(why)) => Some(format!("figure {f} was not measured: {why}")),
-            Some(Outcome::Failed(e)) => Some(format!("figure {f}'s run failed: {e}")),
-            Some(Outcome::NotAsked) => Some(format!("figure {f} was not asked for")),
-            _ => None,
-        });
-        let j = match unmeasured {
-            Some(why) if !matches!(c.test, ClaimTest::Unmeasurable(_)) => cannot(why),
-            _ => judge(study, c, records),
-        };
-        let measured = match (j.measured, j.ci) {
-            (Some(v), Some((lo, hi))) => {
-                format!("{} [{}, {}]", fmt_num(v), fmt_num(lo), fmt_num(hi))
-            }
-            (Some(v), None) => format!("{} (no interval)", fmt_num(v)),
-            _ => "—".into(),
-        };
-        let (class, verdict) = match &j.direction {
-            Verdict::Holds => ("holds", "holds".to_string()),
-            Verdict::HoldsOnValue => (
-                "holds",
-                "holds on its value alone: it has no interval".to_string(),
-            ),
-            Verdict::DoesNotHold(why) => ("fails", format!("does not hold: {why}")),
-            Verdict::CannotMeasure(why) => ("na", format!("cannot be measured here: {why}")),
-        };
+        let j = judged_in(study, c, outcomes, records);
+        let (class, direction) = direction_cell(&j.direction);
+        let (size_class, size, tolerance) = size_cell(c, &j.size);
         let _ = writeln!(
             out,
-            "<tr class=\"{class}\"><td>{}<div class=\"rule\">{}</div></td><td>{}<div class=\"where\">{}</div></td><td>{}<div class=\"how\">{}</div></td><td>{}</td></tr>",
+            "<tr class=\"{class}\"><td>{}<div class=\"rule\">{}</div></td><td>{}<div class=\"where\">{}</div></td><td>{}<div class=\"how\">{}</div></td><td class=\"{class}\">{}</td><td class=\"{size_class}\">{}<div class=\"why\">{}</div></td></tr>",
             escape(&c.text),
             escape(&claim_rule(c)),
             escape(&c.published),
             escape(&c.where_),
-            escape(&measured),
+            escape(&fmt_measured(&j)),
             escape(&j.how),
-            escape(&verdict)
+            escape(&direction),
+            escape(&size),
+            escape(&tolerance)
         );
     }
     out.push_str("</table>\n");
@@ -720,8 +863,8 @@ const STYLE: &str = "body{font-family:sans-serif;max-width:1000px;margin:auto;pa
 section.figure{border-top:1px solid #ccc;margin-top:1.5em}\
 table.claims{border-collapse:collapse;width:100%;font-size:90%}\
 table.claims td,table.claims th{border:1px solid #ccc;padding:4px;vertical-align:top;text-align:left}\
-tr.holds td:last-child{background:#e3f4e3}tr.fails td:last-child{background:#fbe3e3}tr.na td:last-child{background:#eee}\
-.rule,.where,.how{color:#666;font-size:85%}.status{color:#444}.plots svg{max-width:100%;height:auto}";
+td.holds{background:#e3f4e3}td.fails{background:#fbe3e3}td.na{background:#eee}\
+.rule,.where,.how,.why{color:#666;font-size:85%}.status{color:#444}.plots svg{max-width:100%;height:auto}";
 
 /// The HTML report of the studies of one `netgap study` run over its
 /// records.
@@ -873,6 +1016,19 @@ where = "Fig 1"
 kind = "trend"
 series = { offload = "on" }
 tolerance_pct = 20.0
+[[claim]]
+figure = "1"
+text = "offload raises bandwidth by 52%"
+published = "7.6 / 5 Gbps = 1.52"
+where = "Fig 1"
+kind = "ratio"
+a = { offload = "on" }
+b = { offload = "off" }
+at = "peak"
+above = 1.0
+published_value = 1.52
+size_tolerance_pct = 17
+size_why = "half to one and a half times the paper's gain"
 "#;
 
     #[test]
@@ -928,6 +1084,60 @@ tolerance_pct = 20.0
         assert_eq!(judge(&s, flat, &bare).direction, Verdict::HoldsOnValue);
     }
 
+    /// The bug: a measured 1.01 showed as "holds" beside "published 1.52".
+    /// Now the size is judged apart: the interval against the published
+    /// figure's band.
+    #[test]
+    fn a_claim_has_a_direction_and_a_size_each_judged_with_the_interval() {
+        let s = Study::parse("t", STUDY).expect("study");
+        let sized = &s.claims[3];
+        let pair = |on: f64, half: f64| {
+            vec![
+                rec_ci("1", "on", 65536, on, half),
+                rec_ci("1", "off", 65536, 1.0, half),
+            ]
+        };
+        // Barely above: the direction holds, the size does not.
+        let small = judge(&s, sized, &pair(1.1, 0.01));
+        assert_eq!(small.direction, Verdict::Holds, "{small:?}");
+        assert!(
+            matches!(&small.size, SizeVerdict::DoesNotHold(w) if w.contains("below 1.262 to 1.778")),
+            "{small:?}"
+        );
+        // The paper's size: both hold.
+        let like = judge(&s, sized, &pair(1.5, 0.02));
+        assert_eq!(
+            (like.direction.clone(), like.size.clone()),
+            (Verdict::Holds, SizeVerdict::Holds)
+        );
+        // Far larger than the paper's: the size does not hold.
+        let large = judge(&s, sized, &pair(3.0, 0.02));
+        assert!(
+            matches!(&large.size, SizeVerdict::DoesNotHold(w) if w.contains("above")),
+            "{large:?}"
+        );
+        // An interval that reaches into the band is enough for the size.
+        let wide = judge(&s, sized, &pair(1.15, 0.08));
+        assert_eq!(wide.size, SizeVerdict::Holds, "{wide:?}");
+        // No interval: the size is not judged, and says where the value is.
+        let mut bare = pair(1.5, 0.0);
+        for r in &mut bare {
+            r["stats"] = json!({});
+        }
+        let j = judge(&s, sized, &bare);
+        assert!(
+            matches!(&j.size, SizeVerdict::NoInterval(w) if w.contains("inside")),
+            "{j:?}"
+        );
+        // Nothing measured: neither is judged.
+        let none = judge(&s, sized, &[]);
+        assert!(matches!(none.direction, Verdict::CannotMeasure(_)));
+        assert_eq!(none.size, SizeVerdict::NotJudged);
+        // Where the paper gives a direction only, the size says so.
+        let direction_only = judge(&s, &s.claims[0], &pair(1.5, 0.02));
+        assert_eq!(direction_only.size, SizeVerdict::DirectionOnly);
+    }
+
     #[test]
     fn the_report_has_a_section_and_a_claim_table_per_figure() {
         let s = Study::parse("t", STUDY).expect("study");
@@ -953,5 +1163,8 @@ tolerance_pct = 20.0
         assert!(html.contains("table class=\"claims\""));
         assert!(html.contains("<svg"));
         assert!(html.contains("offload=on"));
+        assert!(html.contains("<th>direction</th><th>size</th>"), "{html}");
+        assert!(html.contains("the paper gives a direction only"));
+        assert!(html.contains("published 1.52 ± 17% (1.262 to 1.778): half to one"));
     }
 }
