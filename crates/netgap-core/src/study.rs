@@ -169,6 +169,8 @@ struct RawClaim {
     #[serde(default)]
     at: Option<String>,
     #[serde(default)]
+    vs_at: Option<String>,
+    #[serde(default)]
     metric: Option<String>,
     #[serde(default)]
     above: Option<f64>,
@@ -565,8 +567,88 @@ pub enum ClaimTest {
         /// What holds.
         expect: Expect,
     },
+    /// How the ratio of two series changes along x: `a / b` at `at` over
+    /// `a / b` at `vs` ("the improvement is smaller at high alpha": above
+    /// 1 with `at` the smallest alpha and `vs` the largest).
+    RatioChange {
+        /// Numerator series.
+        a: Selector,
+        /// Denominator series.
+        b: Selector,
+        /// The x of the ratio on top: an x value, the smallest or the
+        /// largest x both series have.
+        at: At,
+        /// The x of the ratio below.
+        vs: At,
+        /// What holds.
+        expect: Expect,
+    },
+    /// Two series' trends compared: `a`'s value at `to_x` over its value
+    /// at `from_x`, over the same of `b` ("similar scalability": within a
+    /// tolerance of 1).
+    Trends {
+        /// The series on top.
+        a: Selector,
+        /// The series below.
+        b: Selector,
+        /// The x of each trend's start; `None`: the first x both have.
+        from_x: Option<f64>,
+        /// The x of each trend's end; `None`: the last x both have.
+        to_x: Option<f64>,
+        /// What holds.
+        expect: Expect,
+    },
+    /// Dropouts (sweep points NetPIPE's detector flagged: throughput
+    /// below that of a smaller block beyond the noise) in one curve and
+    /// none in another. Holds when `with` has at least one and `without`
+    /// has none; both must have been measured.
+    Dropouts {
+        /// The curve that shows dropouts.
+        with: Selector,
+        /// The curve free from them.
+        without: Selector,
+    },
+    /// A knee at `x`: the knee factor, the series' slope from `x` to its
+    /// last point over its slope from its first point to `x` (infinite
+    /// when it does not rise up to `x` but does past it, 0 when it does
+    /// not rise past `x`). `x` must be a measured point between the first
+    /// and the last.
+    Knee {
+        /// The series.
+        series: Selector,
+        /// Where the slope changes, on the figure's x-axis.
+        x: f64,
+        /// What the knee factor must be.
+        expect: Expect,
+    },
+    /// How many times the series falls as x grows (from one point to the
+    /// next, the whole of the next point's interval below the whole of
+    /// the previous one's).
+    Falls {
+        /// The series.
+        series: Selector,
+        /// What the count must be.
+        expect: Expect,
+    },
     /// Cannot be measured with netgap; why.
     Unmeasurable(String),
+}
+
+impl ClaimTest {
+    /// What the measured figure must be, for the kinds that judge one
+    /// figure against a threshold or band.
+    pub fn expect(&self) -> Option<Expect> {
+        match self {
+            ClaimTest::Ratio { expect, .. }
+            | ClaimTest::Trend { expect, .. }
+            | ClaimTest::Value { expect, .. }
+            | ClaimTest::RatioChange { expect, .. }
+            | ClaimTest::Trends { expect, .. }
+            | ClaimTest::Knee { expect, .. }
+            | ClaimTest::Falls { expect, .. } => Some(*expect),
+            ClaimTest::Dropouts { .. } | ClaimTest::Unmeasurable(_) => None,
+        }
+    }
 }
 
 /// A claim of the paper.
@@ -802,7 +884,7 @@ impl RawClaim {
             Some(_) => match self.at_text(x)? {
                 At::X(v) => Ok(Some(v)),
                 _ => Err(format!(
-                    "claim {:?}: from_x and to_x are x values",
+                    "claim {:?}: from_x, to_x and a knee's at are x values",
                     self.text
                 )),
             },
@@ -850,9 +932,11 @@ impl RawClaim {
         ) {
             (None, None, None) => return Ok(None),
             (Some(p), Some(t), Some(w)) => (p, t, w.trim()),
-            _ => return Err(format!(
+            _ => {
+                return Err(format!(
                 "claim {text:?}: give published_value, size_tolerance_pct and size_why together"
-            )),
+            ))
+            }
         };
         if !(published.is_finite() && published > 0.0) {
             return Err(format!(
@@ -870,14 +954,13 @@ impl RawClaim {
             ));
         }
         let expect = match test {
-            ClaimTest::Ratio { expect, .. }
-            | ClaimTest::Trend { expect, .. }
-            | ClaimTest::Value { expect, .. } => *expect,
-            ClaimTest::Unmeasurable(_) => {
+            ClaimTest::Falls { .. } | ClaimTest::Dropouts { .. } | ClaimTest::Unmeasurable(_) => {
                 return Err(format!(
-                    "claim {text:?}: an unmeasurable claim has no size to judge; leave out published_value"
+                    "claim {text:?}: a claim of kind {} has no size to judge; leave out published_value",
+                    self.kind
                 ))
             }
+            t => t.expect().ok_or_else(|| format!("claim {text:?}: no direction"))?,
         };
         if !expect.admits(published) {
             return Err(format!(
@@ -891,30 +974,115 @@ impl RawClaim {
         }))
     }
 
+    /// The optional keys this claim gives.
+    fn given(&self) -> Vec<&'static str> {
+        [
+            ("a", self.a.is_some()),
+            ("b", self.b.is_some()),
+            ("series", self.series.is_some()),
+            ("at", self.at.is_some()),
+            ("vs_at", self.vs_at.is_some()),
+            ("metric", self.metric.is_some()),
+            ("above", self.above.is_some()),
+            ("below", self.below.is_some()),
+            ("tolerance_pct", self.tolerance_pct.is_some()),
+            ("from_x", self.from_x.is_some()),
+            ("to_x", self.to_x.is_some()),
+            ("why", self.why.is_some()),
+            ("published_value", self.published_value.is_some()),
+            ("size_tolerance_pct", self.size_tolerance_pct.is_some()),
+            ("size_why", self.size_why.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(k, given)| given.then_some(k))
+        .collect()
+    }
+
+    /// `above`/`below`, or `tolerance_pct` for a band around 1 (no
+    /// change).
+    fn expect_or_band(&self) -> Result<Expect, String> {
+        match self.tolerance_pct {
+            Some(t) if t > 0.0 && t < 100.0 && self.above.is_none() && self.below.is_none() => {
+                Ok(Expect::Between(1.0 - t / 100.0, 1.0 + t / 100.0))
+            }
+            Some(_) => Err(format!(
+                "claim {:?}: tolerance_pct is a percent above 0 and below 100, without above or below",
+                self.text
+            )),
+            None => self.expect(),
+        }
+    }
+
+    /// `at` (or `vs_at`) of a kind that compares two x: an x value, the
+    /// smallest or the largest.
+    fn end(&self, key: &str, at: Option<&str>) -> Result<At, String> {
+        match self.at_text(at)? {
+            At::Peak | At::Lowest => Err(format!(
+                "claim {:?}: {key} of a ratio_change is an x value, smallest or largest",
+                self.text
+            )),
+            a => Ok(a),
+        }
+    }
+
     fn validate(self) -> Result<Claim, String> {
         let text = self.text.clone();
+        const SIZE: [&str; 3] = ["published_value", "size_tolerance_pct", "size_why"];
+        let unknown = |k: &str| {
+            format!(
+                "claim {text:?}: kind {k:?}: want ratio, trend, value, ratio_change, trends, knee, falls, dropouts or unmeasurable"
+            )
+        };
+        let takes: &[&str] = match self.kind.as_str() {
+            "ratio" => &["a", "b", "at", "above", "below", "tolerance_pct"],
+            "trend" => &[
+                "series",
+                "from_x",
+                "to_x",
+                "above",
+                "below",
+                "tolerance_pct",
+            ],
+            "trends" => &[
+                "a",
+                "b",
+                "from_x",
+                "to_x",
+                "above",
+                "below",
+                "tolerance_pct",
+            ],
+            "value" => &["series", "at", "metric", "above", "below"],
+            "ratio_change" => &["a", "b", "at", "vs_at", "above", "below", "tolerance_pct"],
+            "knee" => &["series", "at", "above", "below"],
+            "falls" => &["series", "above", "below"],
+            "dropouts" => &["a", "b"],
+            "unmeasurable" => &["why"],
+            k => return Err(unknown(k)),
+        };
+        let sized = !matches!(self.kind.as_str(), "falls" | "dropouts" | "unmeasurable");
+        if let Some(k) = self
+            .given()
+            .into_iter()
+            .find(|k| !(takes.contains(k) || (sized && SIZE.contains(k))))
+        {
+            return Err(format!(
+                "claim {text:?}: a claim of kind {} takes no {k}",
+                self.kind
+            ));
+        }
         let test = match self.kind.as_str() {
             "ratio" => ClaimTest::Ratio {
                 a: selector("a", &text, self.a.clone())?,
                 b: selector("b", &text, self.b.clone())?,
                 at: self.at()?,
-                expect: self.expect()?,
+                expect: self.expect_or_band()?,
             },
             "trend" => ClaimTest::Trend {
                 series: selector("series", &text, self.series.clone())?,
                 from_x: self.x_value(self.from_x.as_deref())?,
                 to_x: self.x_value(self.to_x.as_deref())?,
-                expect: match self.tolerance_pct {
-                    Some(t) if t > 0.0 && self.above.is_none() && self.below.is_none() => {
-                        Expect::Between(1.0 - t / 100.0, 1.0 + t / 100.0)
-                    }
-                    Some(_) => {
-                        return Err(format!(
-                            "claim {text:?}: tolerance_pct is a positive percent, without above or below"
-                        ))
-                    }
-                    None => self.expect()?,
-                },
+                expect: self.expect_or_band()?,
             },
             "value" => ClaimTest::Value {
                 series: selector("series", &text, self.series.clone())?,
@@ -922,16 +1090,50 @@ impl RawClaim {
                 metric: self.metric.clone(),
                 expect: self.expect()?,
             },
+            "ratio_change" => {
+                ClaimTest::RatioChange {
+                    a: selector("a", &text, self.a.clone())?,
+                    b: selector("b", &text, self.b.clone())?,
+                    at: self.end("at", self.at.as_deref())?,
+                    vs: self.end(
+                        "vs_at",
+                        Some(self.vs_at.as_deref().ok_or_else(|| {
+                            format!("claim {text:?}: a ratio_change needs vs_at")
+                        })?),
+                    )?,
+                    expect: self.expect_or_band()?,
+                }
+            }
+            "trends" => ClaimTest::Trends {
+                a: selector("a", &text, self.a.clone())?,
+                b: selector("b", &text, self.b.clone())?,
+                from_x: self.x_value(self.from_x.as_deref())?,
+                to_x: self.x_value(self.to_x.as_deref())?,
+                expect: self.expect_or_band()?,
+            },
+            "knee" => ClaimTest::Knee {
+                series: selector("series", &text, self.series.clone())?,
+                x: self
+                    .x_value(Some(self.at.as_deref().ok_or_else(|| {
+                        format!("claim {text:?}: a knee needs at, the x where the slope changes")
+                    })?))?
+                    .ok_or_else(|| format!("claim {text:?}: a knee's at is an x value"))?,
+                expect: self.expect()?,
+            },
+            "falls" => ClaimTest::Falls {
+                series: selector("series", &text, self.series.clone())?,
+                expect: self.expect()?,
+            },
+            "dropouts" => ClaimTest::Dropouts {
+                with: selector("a", &text, self.a.clone())?,
+                without: selector("b", &text, self.b.clone())?,
+            },
             "unmeasurable" => ClaimTest::Unmeasurable(
                 self.why
                     .clone()
                     .ok_or_else(|| format!("claim {text:?}: unmeasurable needs `why`"))?,
             ),
-            k => {
-                return Err(format!(
-                    "claim {text:?}: kind {k:?}: want ratio, trend, value or unmeasurable"
-                ))
-            }
+            k => return Err(unknown(k)),
         };
         let size = self.size(&test)?;
         let from = if self.from.is_empty() {
@@ -1040,6 +1242,78 @@ below = 1.0
             let e = Study::parse("x", &bad).expect_err(needle);
             let line = e.to_string();
             assert!(line.contains(needle) && !line.contains('\n'), "{line}");
+        }
+    }
+
+    /// MINIMAL with its claim's rule (from `kind` on) replaced by `rule`.
+    fn with_rule(rule: &str) -> String {
+        let at = MINIMAL.find("kind = ").expect("a kind");
+        format!("{}{rule}\n", &MINIMAL[..at])
+    }
+
+    #[test]
+    fn every_rule_kind_parses_with_its_keys() {
+        type Case = (&'static str, fn(&ClaimTest) -> bool);
+        let cases: [Case; 5] = [
+            (
+                "kind = \"ratio_change\"\na = { transport = \"tcp\" }\nb = { transport = \"udp\" }\nat = \"smallest\"\nvs_at = \"largest\"\nabove = 1.0",
+                |t: &ClaimTest| matches!(t, ClaimTest::RatioChange { at: At::Smallest, vs: At::Largest, .. }),
+            ),
+            (
+                "kind = \"trends\"\na = { transport = \"tcp\" }\nb = { transport = \"udp\" }\ntolerance_pct = 20",
+                |t: &ClaimTest| matches!(t, ClaimTest::Trends { expect: Expect::Between(..), .. }),
+            ),
+            (
+                "kind = \"dropouts\"\na = { transport = \"tcp\" }\nb = { transport = \"udp\" }",
+                |t: &ClaimTest| matches!(t, ClaimTest::Dropouts { .. }),
+            ),
+            (
+                "kind = \"knee\"\nseries = { transport = \"tcp\" }\nat = \"1K\"\nabove = 2.0",
+                |t: &ClaimTest| matches!(t, ClaimTest::Knee { x, .. } if *x == 1024.0),
+            ),
+            (
+                "kind = \"falls\"\nseries = { transport = \"tcp\" }\nabove = 0.5",
+                |t: &ClaimTest| matches!(t, ClaimTest::Falls { .. }),
+            ),
+        ];
+        for (rule, ok) in cases {
+            let s = Study::parse("x", &with_rule(rule)).unwrap_or_else(|e| panic!("{rule}: {e}"));
+            assert!(ok(&s.claims[0].test), "{rule}: {:?}", s.claims[0].test);
+        }
+    }
+
+    #[test]
+    fn a_rule_with_a_key_its_kind_does_not_read_is_refused_in_one_line() {
+        for (rule, needle) in [
+            (
+                "kind = \"trend\"\na = { transport = \"tcp\" }\nseries = { transport = \"tcp\" }\nabove = 1.0",
+                "kind trend takes no a",
+            ),
+            (
+                "kind = \"ratio_change\"\na = { transport = \"tcp\" }\nb = { transport = \"udp\" }\nabove = 1.0",
+                "needs vs_at",
+            ),
+            (
+                "kind = \"ratio_change\"\na = { transport = \"tcp\" }\nb = { transport = \"udp\" }\nat = \"peak\"\nvs_at = \"1K\"\nabove = 1.0",
+                "smallest or largest",
+            ),
+            (
+                "kind = \"knee\"\nseries = { transport = \"tcp\" }\nat = \"peak\"\nabove = 2.0",
+                "x values",
+            ),
+            (
+                "kind = \"dropouts\"\na = { transport = \"tcp\" }\nb = { transport = \"udp\" }\nbelow = 0.5",
+                "kind dropouts takes no below",
+            ),
+            (
+                "kind = \"falls\"\nseries = { transport = \"tcp\" }\nabove = 0.5\npublished_value = 2.0\nsize_tolerance_pct = 10\nsize_why = \"w\"",
+                "takes no published_value",
+            ),
+            ("kind = \"slope\"", "kind \"slope\": want ratio"),
+        ] {
+            let e = Study::parse("x", &with_rule(rule)).expect_err(rule);
+            let line = e.to_string();
+            assert!(line.contains(needle) && !line.contains('\n'), "{rule}: {line}");
         }
     }
 

@@ -202,6 +202,19 @@ fn y_of(rec: &Value, metric: &str) -> Option<(f64, Option<(f64, f64)>)> {
         let hi = field(rec, &["stats", "ci95_high"]).and_then(Value::as_f64);
         return Some((v, lo.zip(hi)));
     }
+    if metric == "block_time_us" {
+        // A sweep's block time is its size over its throughput: its
+        // interval is the throughput's, turned over.
+        let t = field(rec, &["block_time_us"]).and_then(Value::as_f64)?;
+        let v = field(rec, &["value"]).and_then(Value::as_f64);
+        let lo = field(rec, &["stats", "ci95_low"]).and_then(Value::as_f64);
+        let hi = field(rec, &["stats", "ci95_high"]).and_then(Value::as_f64);
+        let ci = match (v, lo, hi) {
+            (Some(v), Some(lo), Some(hi)) if lo > 0.0 && v > 0.0 => Some((t * v / hi, t * v / lo)),
+            _ => None,
+        };
+        return Some((t, ci));
+    }
     field(rec, &[metric])
         .and_then(Value::as_f64)
         .or_else(|| field(rec, &["app", "metrics", metric]).and_then(Value::as_f64))
@@ -288,7 +301,9 @@ fn pick(recs: &[&Value], sel: &Selector, x: XAxis, metric: &str) -> Result<Vec<P
 
 fn fmt_num(v: f64) -> String {
     let a = v.abs();
-    if a != 0.0 && !(0.01..1e6).contains(&a) {
+    if v.is_infinite() {
+        if v > 0.0 { "∞" } else { "−∞" }.to_string()
+    } else if a != 0.0 && !(0.01..1e6).contains(&a) {
         format!("{v:.3e}")
     } else if a >= 100.0 {
         format!("{v:.0}")
@@ -466,6 +481,79 @@ pub fn judge(study: &Study, claim: &Claim, records: &[Value]) -> Judged {
     j
 }
 
+/// A ratio as a point, to be divided again.
+fn as_point(r: (f64, Option<(f64, f64)>)) -> Point {
+    Point {
+        x: 0.0,
+        y: r.0,
+        ci: r.1,
+    }
+}
+
+/// The knee factor of a slope `above` past the knee over a slope `below`
+/// up to it: their quotient when the series rises up to the knee,
+/// infinite when it does not but rises past it, 0 when it does not rise
+/// past it. It grows with `above` and shrinks with `below`, so an interval
+/// of each bounds it.
+fn knee_factor(above: f64, below: f64) -> f64 {
+    if above <= 0.0 {
+        0.0
+    } else if below <= 0.0 {
+        f64::INFINITY
+    } else {
+        above / below
+    }
+}
+
+/// The places where `pts` falls from one point to the next: the x pairs,
+/// and whether every pair compared had intervals.
+fn falls_of(pts: &[Point]) -> (Vec<(f64, f64)>, bool) {
+    let mut places = Vec::new();
+    let mut all_intervals = true;
+    for w in pts.windows(2) {
+        let (p, q) = (w[0], w[1]);
+        let fell = match (p.ci, q.ci) {
+            (Some((p_lo, _)), Some((_, q_hi))) => q_hi < p_lo,
+            _ => {
+                all_intervals = false;
+                q.y < p.y
+            }
+        };
+        if fell {
+            places.push((p.x, q.x));
+        }
+    }
+    (places, all_intervals)
+}
+
+/// A list of x values, at most `n` of them shown.
+fn fmt_xs(xs: &[String], n: usize) -> String {
+    let mut s = xs.iter().take(n).cloned().collect::<Vec<_>>().join(", ");
+    if xs.len() > n {
+        let _ = write!(s, " and {} more", xs.len() - n);
+    }
+    s
+}
+
+/// The sweep points `sel` picks that NetPIPE's detector flagged as
+/// dropouts, and those it left unjudged as unstable, by x.
+fn dropouts_of(recs: &[&Value], sel: &Selector, x: XAxis) -> Result<(Vec<f64>, Vec<f64>), String> {
+    let picked: Vec<&&Value> = recs.iter().filter(|r| matches(r, sel)).collect();
+    if picked.is_empty() {
+        return Err(format!("no record of {sel} was measured here"));
+    }
+    let flagged = |key: &str| -> Vec<f64> {
+        let mut xs: Vec<f64> = picked
+            .iter()
+            .filter(|r| field(r, &[key]).is_some_and(|d| !d.is_null()))
+            .filter_map(|r| x_of(r, x))
+            .collect();
+        xs.sort_by(f64::total_cmp);
+        xs
+    };
+    Ok((flagged("dropout"), flagged("unstable")))
+}
+
 /// `claim`'s direction; its size is left to [`judge`].
 fn judge_direction(study: &Study, claim: &Claim, records: &[Value]) -> Judged {
     let Some(fig) = study.figure(&claim.figure) else {
@@ -479,6 +567,248 @@ fn judge_direction(study: &Study, claim: &Claim, records: &[Value]) -> Judged {
     let x = fig.x;
     match &claim.test {
         ClaimTest::Unmeasurable(why) => cannot(why.clone()),
+        ClaimTest::RatioChange {
+            a,
+            b,
+            at,
+            vs,
+            expect,
+        } => {
+            let (pa, pb) = match (pick(&recs, a, x, &fig.y), pick(&recs, b, x, &fig.y)) {
+                (Ok(pa), Ok(pb)) => (pa, pb),
+                (Err(e), _) | (_, Err(e)) => return cannot(e),
+            };
+            let common = common_x(&pa, &pb);
+            let ends = (
+                point_at(&pa, *at, &common),
+                point_at(&pb, *at, &common),
+                point_at(&pa, *vs, &common),
+                point_at(&pb, *vs, &common),
+            );
+            let (Some(a1), Some(b1), Some(a2), Some(b2)) = ends else {
+                return cannot(format!(
+                    "{a} and {b} do not both have the two x the claim compares (both have {})",
+                    fmt_xs(&common.iter().map(|v| fmt_x(*v, x)).collect::<Vec<_>>(), 8)
+                ));
+            };
+            if a1.x == a2.x || b1.x != a1.x || b2.x != a2.x {
+                return cannot(format!(
+                    "{a} and {b} have fewer than two x in common to compare"
+                ));
+            }
+            if b1.y == 0.0 || b2.y == 0.0 || a2.y == 0.0 {
+                return cannot(format!("{b} or {a} measured 0"));
+            }
+            let (r1, r2) = (ratio(&a1, &b1), ratio(&a2, &b2));
+            let (r, ci) = ratio(&as_point(r1), &as_point(r2));
+            Judged {
+                measured: Some(r),
+                ci,
+                how: format!(
+                    "{a} / {b}: {} at {} over {} at {}",
+                    fmt_num(r1.0),
+                    fmt_x(a1.x, x),
+                    fmt_num(r2.0),
+                    fmt_x(a2.x, x)
+                ),
+                direction: verdict(r, ci, *expect),
+                size: SizeVerdict::NotJudged,
+            }
+        }
+        ClaimTest::Trends {
+            a,
+            b,
+            from_x,
+            to_x,
+            expect,
+        } => {
+            let (pa, pb) = match (pick(&recs, a, x, &fig.y), pick(&recs, b, x, &fig.y)) {
+                (Ok(pa), Ok(pb)) => (pa, pb),
+                (Err(e), _) | (_, Err(e)) => return cannot(e),
+            };
+            let common = common_x(&pa, &pb);
+            let (Some(x0), Some(x1)) = (
+                from_x.or(common.first().copied()),
+                to_x.or(common.last().copied()),
+            ) else {
+                return cannot(format!("{a} and {b} have no x in common"));
+            };
+            let at = |pts: &[Point], v: f64| pts.iter().find(|p| p.x == v).copied();
+            let (Some(a0), Some(a1), Some(b0), Some(b1)) =
+                (at(&pa, x0), at(&pa, x1), at(&pb, x0), at(&pb, x1))
+            else {
+                return cannot(format!(
+                    "{a} and {b} do not both have x = {} and x = {} (both have {})",
+                    fmt_x(x0, x),
+                    fmt_x(x1, x),
+                    fmt_xs(&common.iter().map(|v| fmt_x(*v, x)).collect::<Vec<_>>(), 8)
+                ));
+            };
+            if x0 == x1 || a0.y == 0.0 || b0.y == 0.0 {
+                return cannot(format!(
+                    "{a} and {b} have too few points in common to show a trend here"
+                ));
+            }
+            let (ta, tb) = (ratio(&a1, &a0), ratio(&b1, &b0));
+            if tb.0 == 0.0 {
+                return cannot(format!("{b} measured 0 at x = {}", fmt_x(x1, x)));
+            }
+            let (r, ci) = ratio(&as_point(ta), &as_point(tb));
+            Judged {
+                measured: Some(r),
+                ci,
+                how: format!(
+                    "from {} to {}: {a} × {} / {b} × {}",
+                    fmt_x(x0, x),
+                    fmt_x(x1, x),
+                    fmt_num(ta.0),
+                    fmt_num(tb.0)
+                ),
+                direction: verdict(r, ci, *expect),
+                size: SizeVerdict::NotJudged,
+            }
+        }
+        ClaimTest::Dropouts { with, without } => {
+            let (w, wo) = match (dropouts_of(&recs, with, x), dropouts_of(&recs, without, x)) {
+                (Ok(w), Ok(wo)) => (w, wo),
+                (Err(e), _) | (_, Err(e)) => return cannot(e),
+            };
+            let list = |(drops, unstable): &(Vec<f64>, Vec<f64>)| {
+                let mut s = if drops.is_empty() {
+                    "no dropout".to_string()
+                } else {
+                    format!(
+                        "{} dropout{} (at {})",
+                        drops.len(),
+                        if drops.len() == 1 { "" } else { "s" },
+                        fmt_xs(&drops.iter().map(|v| fmt_x(*v, x)).collect::<Vec<_>>(), 6)
+                    )
+                };
+                if !unstable.is_empty() {
+                    let _ = write!(
+                        s,
+                        ", {} unstable point{} not judged",
+                        unstable.len(),
+                        if unstable.len() == 1 { "" } else { "s" }
+                    );
+                }
+                s
+            };
+            let how = format!("{with}: {}; {without}: {}", list(&w), list(&wo));
+            let direction = match (w.0.is_empty(), wo.0.is_empty()) {
+                (false, true) => Verdict::Holds,
+                (_, false) => Verdict::DoesNotHold(format!("{without} has dropouts too")),
+                (true, true) => Verdict::DoesNotHold(format!(
+                    "{with} has no dropout either: nothing here for the change to remove"
+                )),
+            };
+            Judged {
+                measured: None,
+                ci: None,
+                how,
+                direction,
+                size: SizeVerdict::NotJudged,
+            }
+        }
+        ClaimTest::Knee {
+            series,
+            x: k,
+            expect,
+        } => {
+            let pts = match pick(&recs, series, x, &fig.y) {
+                Ok(p) => p,
+                Err(e) => return cannot(e),
+            };
+            let (Some(first), Some(last)) = (pts.first().copied(), pts.last().copied()) else {
+                return cannot(format!("no record of {series} was measured here"));
+            };
+            let Some(knee) = pts.iter().find(|p| p.x == *k).copied() else {
+                return cannot(format!(
+                    "{series} has no point at x = {} (it has {})",
+                    fmt_x(*k, x),
+                    fmt_xs(&pts.iter().map(|p| fmt_x(p.x, x)).collect::<Vec<_>>(), 8)
+                ));
+            };
+            if !(first.x < knee.x && knee.x < last.x) {
+                return cannot(format!(
+                    "{series} needs points below and above x = {} to show a knee there",
+                    fmt_x(*k, x)
+                ));
+            }
+            let slope = |p: Point, q: Point| (q.y - p.y) / (q.x - p.x);
+            let factor = knee_factor(slope(knee, last), slope(first, knee));
+            // The interval: the shallowest rise past the knee over the
+            // steepest up to it, and the other way round.
+            let ci = match (first.ci, knee.ci, last.ci) {
+                (Some((f_lo, f_hi)), Some((k_lo, k_hi)), Some((l_lo, l_hi))) => {
+                    let below = |ky: f64, fy: f64| (ky - fy) / (knee.x - first.x);
+                    let above = |ly: f64, ky: f64| (ly - ky) / (last.x - knee.x);
+                    Some((
+                        knee_factor(above(l_lo, k_hi), below(k_hi, f_lo)),
+                        knee_factor(above(l_hi, k_lo), below(k_lo, f_hi)),
+                    ))
+                }
+                _ => None,
+            };
+            Judged {
+                measured: Some(factor),
+                ci,
+                how: format!(
+                    "{series}: slope {} per unit x from {} to {}, over {} from {} to {}",
+                    fmt_num(slope(knee, last)),
+                    fmt_x(knee.x, x),
+                    fmt_x(last.x, x),
+                    fmt_num(slope(first, knee)),
+                    fmt_x(first.x, x),
+                    fmt_x(knee.x, x)
+                ),
+                direction: verdict(factor, ci, *expect),
+                size: SizeVerdict::NotJudged,
+            }
+        }
+        ClaimTest::Falls { series, expect } => {
+            let pts = match pick(&recs, series, x, &fig.y) {
+                Ok(p) => p,
+                Err(e) => return cannot(e),
+            };
+            if pts.len() < 2 {
+                return cannot(format!(
+                    "{series} has too few points to show where it falls"
+                ));
+            }
+            let (places, all_intervals) = falls_of(&pts);
+            let count = places.len() as f64;
+            let shown: Vec<String> = places
+                .iter()
+                .map(|(p, q)| format!("{} to {}", fmt_x(*p, x), fmt_x(*q, x)))
+                .collect();
+            let mut how = format!(
+                "{series}: falls {} time{} over {} points",
+                places.len(),
+                if places.len() == 1 { "" } else { "s" },
+                pts.len()
+            );
+            if !shown.is_empty() {
+                let _ = write!(how, " ({})", fmt_xs(&shown, 6));
+            }
+            // A count of falls beyond both points' intervals is judged
+            // by the intervals; where a point had none, on values alone.
+            let direction = match verdict(count, None, *expect) {
+                Verdict::HoldsOnValue if all_intervals => Verdict::Holds,
+                Verdict::DoesNotHold(_) => Verdict::DoesNotHold(missed(*expect)),
+                v => v,
+            };
+            if !all_intervals {
+                how.push_str("; some points have no interval, so their falls are on values");
+            }
+            Judged {
+                measured: Some(count),
+                ci: None,
+                how,
+                direction,
+                size: SizeVerdict::NotJudged,
+            }
+        }
         ClaimTest::Ratio { a, b, at, expect } => {
             let (pa, pb) = match (pick(&recs, a, x, &fig.y), pick(&recs, b, x, &fig.y)) {
                 (Ok(pa), Ok(pb)) => (pa, pb),
@@ -722,7 +1052,19 @@ fn fmt_expect(e: Expect) -> String {
     }
 }
 
+fn fmt_at(at: At) -> String {
+    match at {
+        At::Largest => "the largest x".into(),
+        At::Smallest => "the smallest x".into(),
+        At::Peak => "each series' peak".into(),
+        At::Lowest => "each series' lowest".into(),
+        At::X(v) => format!("x = {}", fmt_num(v)),
+    }
+}
+
 fn claim_rule(c: &Claim) -> String {
+    let at =
+        |x: &Option<f64>, end: &str| x.map_or(end.to_string(), |v| format!("x = {}", fmt_num(v)));
     match &c.test {
         ClaimTest::Ratio { expect, .. } => format!("ratio; {}", fmt_expect(*expect)),
         ClaimTest::Trend {
@@ -730,18 +1072,47 @@ fn claim_rule(c: &Claim) -> String {
             to_x,
             expect,
             ..
-        } => {
-            let at = |x: &Option<f64>, end: &str| {
-                x.map_or(end.to_string(), |v| format!("x = {}", fmt_num(v)))
-            };
-            format!(
-                "value at {} over value at {}; {}",
-                at(to_x, "the last x"),
-                at(from_x, "the first x"),
-                fmt_expect(*expect)
-            )
-        }
+        } => format!(
+            "value at {} over value at {}; {}",
+            at(to_x, "the last x"),
+            at(from_x, "the first x"),
+            fmt_expect(*expect)
+        ),
         ClaimTest::Value { expect, .. } => format!("value; {}", fmt_expect(*expect)),
+        ClaimTest::RatioChange {
+            at: top,
+            vs,
+            expect,
+            ..
+        } => format!(
+            "ratio at {} over ratio at {}; {}",
+            fmt_at(*top),
+            fmt_at(*vs),
+            fmt_expect(*expect)
+        ),
+        ClaimTest::Trends {
+            from_x,
+            to_x,
+            expect,
+            ..
+        } => format!(
+            "one series' trend (value at {} over value at {}) over the other's; {}",
+            at(to_x, "the last x both have"),
+            at(from_x, "the first"),
+            fmt_expect(*expect)
+        ),
+        ClaimTest::Dropouts { with, without } => {
+            format!("dropouts in {with}, none in {without}")
+        }
+        ClaimTest::Knee { x, expect, .. } => format!(
+            "knee factor: the slope past x = {} over the slope up to it; {}",
+            fmt_num(*x),
+            fmt_expect(*expect)
+        ),
+        ClaimTest::Falls { expect, .. } => format!(
+            "times the series falls as x grows, beyond the intervals; {}",
+            fmt_expect(*expect)
+        ),
         ClaimTest::Unmeasurable(_) => String::new(),
     }
 }
@@ -780,6 +1151,8 @@ fn fmt_measured(j: &Judged) -> String {
             format!("{} [{}, {}]", fmt_num(v), fmt_num(lo), fmt_num(hi))
         }
         (Some(v), None) => format!("{} (no interval)", fmt_num(v)),
+        // A count of places (dropouts) is told in how it was read.
+        (None, _) if !j.how.is_empty() => String::new(),
         _ => "—".into(),
     }
 }
@@ -1136,6 +1509,360 @@ size_why = "half to one and a half times the paper's gain"
         // Where the paper gives a direction only, the size says so.
         let direction_only = judge(&s, &s.claims[0], &pair(1.5, 0.02));
         assert_eq!(direction_only.size, SizeVerdict::DirectionOnly);
+    }
+
+    /// A study of three figures for the rule kinds: two stacks against
+    /// size, a sweep with variants, and LogP's parameters.
+    const KINDS: &str = r#"
+id = "009"
+[citation]
+authors = ["A"]
+title = "T"
+venue = "V"
+[method]
+reps = 10
+drop_each_side = 1
+text = "m"
+[testbed]
+hosts = 2
+topology = "switch"
+text = "t"
+[[figure]]
+id = "1"
+caption = "Bandwidth"
+tests = ["stream"]
+x = "size"
+y = "bandwidth_gbps"
+series = ["offload"]
+hosts = 2
+paper = "p"
+here = "h"
+[[figure]]
+id = "2"
+caption = "Sweep"
+command = "sweep"
+tests = []
+flags = ["--no-nodelay"]
+variants = [[], ["--quickack"]]
+x = "size"
+y = "bandwidth_gbps"
+series = ["options"]
+hosts = 2
+paper = "p"
+here = "h"
+[[figure]]
+id = "3"
+caption = "Block time"
+command = "sweep"
+tests = []
+x = "size"
+y = "block_time_us"
+series = ["transport"]
+hosts = 2
+paper = "p"
+here = "h"
+[[figure]]
+id = "4"
+caption = "LogP"
+command = "logp"
+tests = []
+x = "size"
+y = "value"
+series = ["metric"]
+hosts = 2
+paper = "p"
+here = "h"
+[[claim]]
+figure = "1"
+text = "the gain is larger at small sizes"
+published = "-"
+where = "w"
+kind = "ratio_change"
+a = { offload = "on" }
+b = { offload = "off" }
+at = "smallest"
+vs_at = "largest"
+above = 1.0
+[[claim]]
+figure = "1"
+text = "similar scalability"
+published = "-"
+where = "w"
+kind = "trends"
+a = { offload = "on" }
+b = { offload = "off" }
+tolerance_pct = 20
+[[claim]]
+figure = "2"
+text = "quick acknowledgments remove the dropouts"
+published = "-"
+where = "w"
+kind = "dropouts"
+a = { options = "no_nodelay" }
+b = { options = "no_nodelay,quickack" }
+[[claim]]
+figure = "4"
+text = "the receive overhead has a knee at 1K"
+published = "-"
+where = "w"
+kind = "knee"
+series = { metric = "recv_overhead_us" }
+at = "1K"
+above = 2.0
+[[claim]]
+figure = "3"
+text = "block time falls somewhere as blocks grow"
+published = "-"
+where = "w"
+kind = "falls"
+series = { transport = "tcp" }
+above = 0.5
+"#;
+
+    /// A record of figure `fig` at `size` with `value` and an interval of
+    /// `half` of it either side, its attributes set by `extra`.
+    fn point(fig: &str, extra: Value, size: u64, v: f64, half: f64) -> Value {
+        let mut r = json!({
+            "test": "stream", "transport": "tcp", "mode": "event", "size_bytes": size,
+            "metric": "bandwidth_gbps", "value": v,
+            "stats": {"ci95_low": v * (1.0 - half), "ci95_high": v * (1.0 + half)},
+            "stack": {"label": figure_label("009", fig), "options": [],
+                      "path": {"mtu_bytes": 1500, "offload": "on"}}
+        });
+        if let (Some(r), Some(extra)) = (r.as_object_mut(), extra.as_object()) {
+            for (k, v) in extra {
+                r.insert(k.clone(), v.clone());
+            }
+        }
+        r
+    }
+
+    fn offload(on: bool) -> Value {
+        json!({"stack": {"label": figure_label("009", "1"), "options": [],
+                         "path": {"mtu_bytes": 1500, "offload": if on { "on" } else { "off" }}}})
+    }
+
+    /// Two series of figure 1 by offload, each `(size, value)`.
+    fn pairs(on: &[(u64, f64)], off: &[(u64, f64)], half: f64) -> Vec<Value> {
+        on.iter()
+            .map(|(x, v)| point("1", offload(true), *x, *v, half))
+            .chain(
+                off.iter()
+                    .map(|(x, v)| point("1", offload(false), *x, *v, half)),
+            )
+            .collect()
+    }
+
+    fn fails(j: &Judged) -> bool {
+        matches!(j.direction, Verdict::DoesNotHold(_))
+    }
+
+    #[test]
+    fn a_ratio_change_compares_the_ratio_at_one_x_with_that_at_another() {
+        let s = Study::parse("t", KINDS).expect("study");
+        let c = &s.claims[0];
+        let larger_small = pairs(
+            &[(1024, 4.0), (65536, 6.0)],
+            &[(1024, 2.0), (65536, 5.0)],
+            0.02,
+        );
+        let j = judge(&s, c, &larger_small);
+        assert_eq!(j.direction, Verdict::Holds, "{j:?}");
+        assert!((j.measured.expect("measured") - 2.0 / 1.2).abs() < 1e-9);
+        let larger_large = pairs(
+            &[(1024, 2.4), (65536, 10.0)],
+            &[(1024, 2.0), (65536, 5.0)],
+            0.02,
+        );
+        assert!(fails(&judge(&s, c, &larger_large)));
+        // The same gain at both ends, within the noise, does not hold.
+        let noisy = pairs(
+            &[(1024, 2.1), (65536, 10.0)],
+            &[(1024, 2.0), (65536, 10.0)],
+            0.1,
+        );
+        let j = judge(&s, c, &noisy);
+        assert!(fails(&j), "{j:?}");
+        // One series missing: cannot be measured, never holds.
+        let j = judge(&s, c, &larger_small[..2]);
+        assert!(matches!(j.direction, Verdict::CannotMeasure(_)), "{j:?}");
+    }
+
+    #[test]
+    fn two_trends_compared_hold_only_when_both_series_scale_alike() {
+        let s = Study::parse("t", KINDS).expect("study");
+        let c = &s.claims[1];
+        let alike = pairs(
+            &[(1024, 10.0), (4096, 15.0), (65536, 20.0)],
+            &[(1024, 12.0), (4096, 17.0), (65536, 24.0)],
+            0.02,
+        );
+        let j = judge(&s, c, &alike);
+        assert_eq!(j.direction, Verdict::Holds, "{j:?}");
+        assert!((j.measured.expect("measured") - 1.0).abs() < 1e-9);
+        let apart = pairs(
+            &[(1024, 10.0), (65536, 20.0)],
+            &[(1024, 12.0), (65536, 48.0)],
+            0.02,
+        );
+        let j = judge(&s, c, &apart);
+        assert!(fails(&j), "{j:?}");
+        assert!((j.measured.expect("measured") - 0.5).abs() < 1e-9);
+    }
+
+    fn sweep_point(options: &[&str], size: u64, dropout: bool) -> Value {
+        let mut r = point(
+            "2",
+            json!({"test": "sweep", "sweep_kind": "stream",
+                   "stack": {"label": figure_label("009", "2"), "options": options,
+                             "path": {"mtu_bytes": 1500}}}),
+            size,
+            0.5,
+            0.01,
+        );
+        if dropout {
+            r["dropout"] = json!({"below_size_bytes": size / 2});
+        }
+        r
+    }
+
+    /// The bug: 003 Figure 3 held when neither curve had a dropout.
+    #[test]
+    fn dropouts_hold_only_when_one_curve_has_them_and_the_other_has_none() {
+        let s = Study::parse("t", KINDS).expect("study");
+        let c = &s.claims[2];
+        let curves = |delayed: &[bool], quick: &[bool]| -> Vec<Value> {
+            let sizes = [1024u64, 2048, 4096];
+            sizes
+                .iter()
+                .zip(delayed)
+                .map(|(x, d)| sweep_point(&["no_nodelay"], *x, *d))
+                .chain(
+                    sizes
+                        .iter()
+                        .zip(quick)
+                        .map(|(x, d)| sweep_point(&["no_nodelay", "quickack"], *x, *d)),
+                )
+                .collect()
+        };
+        let j = judge(&s, c, &curves(&[false, true, false], &[false; 3]));
+        assert_eq!(j.direction, Verdict::Holds, "{j:?}");
+        assert!(j.how.contains("1 dropout (at 2K)"), "{}", j.how);
+        let j = judge(&s, c, &curves(&[false; 3], &[false; 3]));
+        assert!(
+            matches!(&j.direction, Verdict::DoesNotHold(w) if w.contains("no dropout either")),
+            "{j:?}"
+        );
+        let j = judge(&s, c, &curves(&[false, true, false], &[true, false, false]));
+        assert!(
+            matches!(&j.direction, Verdict::DoesNotHold(w) if w.contains("dropouts too")),
+            "{j:?}"
+        );
+        // The curve that must be free of them was not measured: never holds.
+        let only = curves(&[false, true, false], &[false; 3]);
+        let j = judge(&s, c, &only[..3]);
+        assert!(
+            matches!(&j.direction, Verdict::CannotMeasure(w) if w.contains("no_nodelay,quickack")),
+            "{j:?}"
+        );
+        assert_eq!(j.size, SizeVerdict::DirectionOnly);
+    }
+
+    fn logp(metric: &str, size: u64, v: f64) -> Value {
+        point(
+            "4",
+            json!({"test": "logp", "metric": metric,
+                   "stack": {"label": figure_label("009", "4"), "options": [], "path": {}}}),
+            size,
+            v,
+            0.01,
+        )
+    }
+
+    #[test]
+    fn a_knee_holds_when_the_slope_past_it_is_steeper_by_the_factor() {
+        let s = Study::parse("t", KINDS).expect("study");
+        let c = &s.claims[3];
+        let series = |ys: [f64; 3]| -> Vec<Value> {
+            [1u64, 1024, 65536]
+                .iter()
+                .zip(ys)
+                .map(|(x, y)| logp("recv_overhead_us", *x, y))
+                .chain([logp("send_overhead_us", 1024, 1.0)])
+                .collect()
+        };
+        let kneed = judge(&s, c, &series([1.0, 1.2, 60.0]));
+        assert_eq!(kneed.direction, Verdict::Holds, "{kneed:?}");
+        let (lo, hi) = kneed.ci.expect("interval");
+        assert!(lo > 2.0 && lo <= kneed.measured.expect("factor") && hi >= lo);
+        // A straight line has no knee.
+        let line = judge(
+            &s,
+            c,
+            &series([1.0, 1.0 + 1023.0 * 0.01, 1.0 + 65535.0 * 0.01]),
+        );
+        assert!(fails(&line), "{line:?}");
+        assert!((line.measured.expect("factor") - 1.0).abs() < 1e-6);
+        // Flat up to the knee and rising past it: an infinite factor.
+        let flat = judge(&s, c, &series([1.0, 1.0, 30.0]));
+        assert_eq!(flat.direction, Verdict::Holds, "{flat:?}");
+        assert_eq!(flat.measured, Some(f64::INFINITY));
+        // Flat past it too: no knee, whatever the noise.
+        let none = judge(&s, c, &series([1.0, 1.0, 1.0]));
+        assert!(fails(&none), "{none:?}");
+        // No point at the knee: cannot be measured.
+        let missing: Vec<Value> = [1u64, 4096, 65536]
+            .iter()
+            .map(|x| logp("recv_overhead_us", *x, 1.0))
+            .collect();
+        let j = judge(&s, c, &missing);
+        assert!(
+            matches!(&j.direction, Verdict::CannotMeasure(w) if w.contains("no point at x = 1K")),
+            "{j:?}"
+        );
+    }
+
+    fn block(size: u64, gbps: f64, half: f64) -> Value {
+        let mut r = point(
+            "3",
+            json!({"test": "sweep", "sweep_kind": "stream",
+                   "stack": {"label": figure_label("009", "3"), "options": [], "path": {}}}),
+            size,
+            gbps,
+            half,
+        );
+        r["block_time_us"] = json!(size as f64 * 8.0 / (gbps * 1e3));
+        r
+    }
+
+    #[test]
+    fn falls_count_only_drops_beyond_both_intervals() {
+        let s = Study::parse("t", KINDS).expect("study");
+        let c = &s.claims[4];
+        // Block time is size over throughput: a throughput that falls
+        // at 2K and rebounds at 3K makes the block time fall at 3K.
+        let dropped = [
+            block(1024, 0.5, 0.01),
+            block(2048, 0.1, 0.01),
+            block(3072, 0.9, 0.01),
+        ];
+        let j = judge(&s, c, &dropped);
+        assert_eq!(j.direction, Verdict::Holds, "{j:?}");
+        assert!(j.how.contains("2K to 3K"), "{}", j.how);
+        let rising = [
+            block(1024, 0.5, 0.01),
+            block(2048, 0.6, 0.01),
+            block(3072, 0.7, 0.01),
+        ];
+        assert!(fails(&judge(&s, c, &rising)));
+        // A fall within the noise is not counted.
+        let noisy = [
+            block(1024, 0.5, 0.3),
+            block(2048, 0.3, 0.3),
+            block(3072, 0.4, 0.3),
+        ];
+        let j = judge(&s, c, &noisy);
+        assert!(fails(&j), "{j:?}");
     }
 
     #[test]
