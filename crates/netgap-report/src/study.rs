@@ -899,11 +899,17 @@ fn judge_direction(study: &Study, claim: &Claim, records: &[Value]) -> Judged {
             let Some(p) = value else {
                 return cannot(format!("{series} has no point there"));
             };
+            let direction = match verdict(p.y, p.ci, *expect) {
+                // The detector flagged each dropout past its points'
+                // noise: the count is judged with it.
+                Verdict::HoldsOnValue if metric == "dropouts" => Verdict::Holds,
+                v => v,
+            };
             Judged {
                 measured: Some(p.y),
                 ci: p.ci,
                 how: format!("{series}: {metric}"),
-                direction: verdict(p.y, p.ci, *expect),
+                direction,
                 size: SizeVerdict::NotJudged,
             }
         }
@@ -1863,6 +1869,31 @@ above = 0.5
         ];
         let j = judge(&s, c, &noisy);
         assert!(fails(&j), "{j:?}");
+    }
+
+    #[test]
+    fn a_count_of_dropouts_is_judged_as_the_detector_flagged_them() {
+        let mut s = Study::parse("t", KINDS).expect("study");
+        s.claims[4].test = ClaimTest::Value {
+            series: Selector(vec![(Attr::Options, "no_nodelay".into())]),
+            at: At::Largest,
+            metric: Some("dropouts".into()),
+            expect: Expect::Above(0.5),
+        };
+        s.claims[4].figure = "2".into();
+        s.claims[4].from = vec!["2".into()];
+        let c = &s.claims[4];
+        let curve = |d: [bool; 3]| -> Vec<Value> {
+            [1024u64, 2048, 4096]
+                .iter()
+                .zip(d)
+                .map(|(x, d)| sweep_point(&["no_nodelay"], *x, d))
+                .collect()
+        };
+        let j = judge(&s, c, &curve([false, true, true]));
+        assert_eq!(j.direction, Verdict::Holds, "{j:?}");
+        assert_eq!(j.measured, Some(2.0));
+        assert!(fails(&judge(&s, c, &curve([false; 3]))));
     }
 
     #[test]
