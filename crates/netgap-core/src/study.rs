@@ -449,6 +449,112 @@ impl Figure {
     pub fn needs_conditions(&self) -> bool {
         !self.conditions.is_empty()
     }
+
+    /// The values of `flag`'s lists in the figure's flags, quick flags and
+    /// variants; `None` when none of them gives it.
+    fn flag_values(&self, flag: &str) -> Option<Vec<String>> {
+        let lists = [&self.flags, &self.quick_flags]
+            .into_iter()
+            .chain(self.variants.iter());
+        let mut out: Vec<String> = Vec::new();
+        let mut given = false;
+        for l in lists {
+            for w in l.windows(2) {
+                if w[0] == flag {
+                    given = true;
+                    out.extend(w[1].split(',').map(|v| v.trim().to_string()));
+                }
+            }
+        }
+        given.then_some(out)
+    }
+
+    /// The values of `attr` this figure's records can have, where its
+    /// declaration names them all: its tests, transports and modes, its
+    /// conditions (`mtu`, `offload`), and the flags that set a workload's
+    /// options (`--op`, `--pattern`, ...). `None` where the records take a
+    /// default the figure does not name (and for `options`, `kind` and
+    /// `metric`, which the measuring commands name).
+    pub fn values_of(&self, attr: Attr) -> Option<Vec<String>> {
+        let listed = |l: &[String]| (!l.is_empty()).then(|| l.to_vec());
+        let condition = |key: &str| {
+            self.conditions.iter().find_map(|c| {
+                let (k, v) = c.split_once('=')?;
+                (k.trim() == key).then(|| v.split(',').map(|v| v.trim().to_string()).collect())
+            })
+        };
+        match attr {
+            Attr::Test if self.command == FigureCommand::Run => listed(&self.tests),
+            Attr::Transport => listed(&self.transports),
+            Attr::Mode => listed(&self.modes),
+            Attr::Mtu => condition("mtu"),
+            Attr::Offload => condition("offload"),
+            Attr::Server => self.flag_values("--server"),
+            Attr::Trace => self.flag_values("--trace"),
+            Attr::Preset => self.flag_values("--preset"),
+            Attr::Op => self.flag_values("--op"),
+            Attr::Pattern => self.flag_values("--pattern"),
+            Attr::Responder => self.flag_values("--responder"),
+            _ => None,
+        }
+    }
+
+    /// The transport options the figure's flags and variants can set, by
+    /// the names records give them (`--no-nodelay` is `no_nodelay`; a
+    /// record's `sndbuf_bytes=...` is named by `--sndbuf`).
+    fn option_flags(&self) -> Vec<String> {
+        [&self.flags, &self.quick_flags]
+            .into_iter()
+            .chain(self.variants.iter())
+            .flatten()
+            .filter_map(|f| f.strip_prefix("--"))
+            .map(|f| f.replace('-', "_"))
+            .collect()
+    }
+
+    /// Whether a record of this figure can have the options `value` (a
+    /// comma-separated list of option names, `name=value` each, or
+    /// `defaults`).
+    fn admits_options(&self, value: &str) -> bool {
+        let flags = self.option_flags();
+        value == "defaults"
+            || value.split(',').all(|o| {
+                let name = o.split_once('=').map_or(o, |(n, _)| n).trim();
+                flags
+                    .iter()
+                    .any(|f| name == f || name.starts_with(&format!("{f}_")))
+            })
+    }
+
+    /// The x values the figure's declaration lists, where it lists them
+    /// all: its sizes (and quick sizes), clients, streams, links or
+    /// alphas. `None` for an axis whose values the measuring command
+    /// chooses (a sweep's sizes, hosts, shapes).
+    pub fn x_values(&self) -> Option<Vec<f64>> {
+        let counts = |l: &[u32]| (!l.is_empty()).then(|| l.iter().map(|v| f64::from(*v)).collect());
+        match self.x {
+            XAxis::Size | XAxis::FileSize | XAxis::UnitBytes => {
+                if self.command == FigureCommand::Sweep {
+                    return None;
+                }
+                let mut out = Vec::new();
+                for list in [&self.sizes, &self.quick_sizes].into_iter().flatten() {
+                    let sizes = crate::units::parse_size_list(list).ok()?;
+                    out.extend(sizes.into_iter().map(|b| b as f64));
+                }
+                (!out.is_empty()).then_some(out)
+            }
+            XAxis::Clients => counts(&self.clients),
+            XAxis::Streams => counts(&self.streams),
+            XAxis::Links => counts(&self.links),
+            XAxis::Alpha => self
+                .flag_values("--alpha")?
+                .iter()
+                .map(|a| a.parse::<f64>().ok())
+                .collect(),
+            XAxis::Hosts | XAxis::Shape => None,
+        }
+    }
 }
 
 /// Which records a claim reads: every attribute named must match.
@@ -672,6 +778,116 @@ pub struct Claim {
     pub size: Option<Size>,
 }
 
+impl Claim {
+    /// The series the claim picks, each under its key in the study file
+    /// (`a`, `b`, `series`).
+    pub fn selectors(&self) -> Vec<(&'static str, &Selector)> {
+        match &self.test {
+            ClaimTest::Ratio { a, b, .. }
+            | ClaimTest::RatioChange { a, b, .. }
+            | ClaimTest::Trends { a, b, .. } => vec![("a", a), ("b", b)],
+            ClaimTest::Dropouts { with, without } => vec![("a", with), ("b", without)],
+            ClaimTest::Trend { series, .. }
+            | ClaimTest::Value { series, .. }
+            | ClaimTest::Knee { series, .. }
+            | ClaimTest::Falls { series, .. } => vec![("series", series)],
+            ClaimTest::Unmeasurable(_) => Vec::new(),
+        }
+    }
+
+    /// The x values the claim reads by name (`at`, `vs_at`, `from_x`,
+    /// `to_x`), each of which its figures must measure for it to be
+    /// judged; a run that leaves one out (a `--quick` run keeps only the
+    /// ends of a count axis) cannot judge it.
+    pub fn x_values(&self) -> Vec<f64> {
+        let at = |a: &At| match a {
+            At::X(v) => Some(*v),
+            _ => None,
+        };
+        match &self.test {
+            ClaimTest::Ratio { at: a, .. } | ClaimTest::Value { at: a, .. } => {
+                at(a).into_iter().collect()
+            }
+            ClaimTest::RatioChange { at: a, vs, .. } => at(a).into_iter().chain(at(vs)).collect(),
+            ClaimTest::Trend { from_x, to_x, .. } | ClaimTest::Trends { from_x, to_x, .. } => {
+                from_x.iter().chain(to_x.iter()).copied().collect()
+            }
+            ClaimTest::Knee { x, .. } => vec![*x],
+            ClaimTest::Dropouts { .. } | ClaimTest::Falls { .. } | ClaimTest::Unmeasurable(_) => {
+                Vec::new()
+            }
+        }
+    }
+
+    /// Whether the claim's series and x values are ones its figures
+    /// measure, as far as their declarations name them; what is not, in
+    /// one line.
+    fn check_against(&self, figures: &[Figure]) -> Result<(), String> {
+        let from: Vec<&Figure> = figures
+            .iter()
+            .filter(|f| self.from.contains(&f.id))
+            .collect();
+        let names = from
+            .iter()
+            .map(|f| f.id.as_str())
+            .collect::<Vec<_>>()
+            .join(" and ");
+        let (figure_s, measure) = if from.len() == 1 {
+            ("figure", "measures")
+        } else {
+            ("figures", "measure")
+        };
+        for (key, sel) in self.selectors() {
+            for (attr, want) in &sel.0 {
+                if *attr == Attr::Options {
+                    if !from.iter().any(|f| f.admits_options(want)) {
+                        return Err(format!(
+                            "claim {:?}: {key}: options {want:?} are none that {figure_s} {names} set",
+                            self.text
+                        ));
+                    }
+                    continue;
+                }
+                let Some(known) = from
+                    .iter()
+                    .map(|f| f.values_of(*attr))
+                    .collect::<Option<Vec<Vec<String>>>>()
+                else {
+                    continue;
+                };
+                let known: Vec<String> = known.concat();
+                if !known.contains(want) {
+                    let mut listed = known.clone();
+                    listed.sort();
+                    listed.dedup();
+                    return Err(format!(
+                        "claim {:?}: {key}: {} {want:?} is not a value {figure_s} {names} {measure} ({})",
+                        self.text,
+                        attr.name(),
+                        listed.join(", ")
+                    ));
+                }
+            }
+        }
+        for x in self.x_values() {
+            let Some(known) = from
+                .iter()
+                .map(|f| f.x_values())
+                .collect::<Option<Vec<Vec<f64>>>>()
+            else {
+                continue;
+            };
+            if !known.concat().contains(&x) {
+                return Err(format!(
+                    "claim {:?}: x = {x} is not a point {figure_s} {names} {measure}",
+                    self.text
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 impl Study {
     /// Parses and checks a study file; `file` names it in errors.
     pub fn parse(file: &str, text: &str) -> Result<Study, StudyError> {
@@ -751,7 +967,9 @@ impl RawStudy {
                     c.text, c.figure
                 )));
             }
-            claims.push(c.validate().map_err(&bad)?);
+            let claim = c.validate().map_err(&bad)?;
+            claim.check_against(&figures).map_err(&bad)?;
+            claims.push(claim);
         }
         Ok(Study {
             id: self.id,
@@ -1315,6 +1533,75 @@ below = 1.0
             let line = e.to_string();
             assert!(line.contains(needle) && !line.contains('\n'), "{rule}: {line}");
         }
+    }
+
+    /// MINIMAL whose figure names its transports, sizes and offloads.
+    fn declared() -> String {
+        MINIMAL.replace(
+            "tests = [\"pingpong\"]\n",
+            "tests = [\"pingpong\"]\ntransports = [\"tcp\", \"udp\"]\nsizes = \"1,1K,64K\"\nconditions = [\"offload=on,off\"]\nflags = [\"--no-nodelay\", \"--sndbuf\", \"512K\"]\n",
+        )
+    }
+
+    #[test]
+    fn a_claim_naming_a_value_or_x_its_figure_does_not_measure_is_refused_in_one_line() {
+        let ok = Study::parse("x", &declared()).expect("parses");
+        assert_eq!(
+            ok.figures[0].values_of(Attr::Transport),
+            Some(vec!["tcp".to_string(), "udp".to_string()])
+        );
+        let with = |rule: &str| {
+            let text = declared();
+            let at = text.find("kind = ").expect("a kind");
+            format!("{}{rule}\n", &text[..at])
+        };
+        for (bad, needle) in [
+            (
+                declared().replace("b = { transport = \"udp\" }", "b = { transport = \"udpp\" }"),
+                "b: transport \"udpp\" is not a value figure 1 measures (tcp, udp)",
+            ),
+            (
+                with("kind = \"ratio\"\na = { offload = \"yes\" }\nb = { offload = \"off\" }\nabove = 1.0"),
+                "offload \"yes\"",
+            ),
+            (
+                with("kind = \"ratio\"\na = { options = \"quickack\" }\nb = { options = \"no_nodelay\" }\nabove = 1.0"),
+                "options \"quickack\"",
+            ),
+            (
+                with("kind = \"ratio\"\na = { transport = \"tcp\" }\nb = { transport = \"udp\" }\nat = \"4K\"\nabove = 1.0"),
+                "x = 4096 is not a point figure 1 measures",
+            ),
+            (
+                with("kind = \"trend\"\nseries = { transport = \"tcp\" }\nfrom_x = \"1\"\nto_x = \"2K\"\nabove = 1.0"),
+                "x = 2048",
+            ),
+        ] {
+            let e = Study::parse("x", &bad).expect_err(needle);
+            let line = e.to_string();
+            assert!(line.contains(needle) && !line.contains('\n'), "{line}");
+        }
+        // What the figure declares is accepted: an option it sets, with
+        // its value, and the defaults.
+        for good in [
+            "kind = \"ratio\"\na = { options = \"no_nodelay,sndbuf_bytes=524288\" }\nb = { options = \"defaults\" }\nat = \"64K\"\nabove = 1.0",
+            "kind = \"trend\"\nseries = { offload = \"on\", transport = \"tcp\" }\nfrom_x = \"1\"\nto_x = \"1K\"\nabove = 1.0",
+        ] {
+            Study::parse("x", &with(good)).unwrap_or_else(|e| panic!("{good}: {e}"));
+        }
+    }
+
+    #[test]
+    fn the_x_values_a_claim_reads_are_listed() {
+        let s = Study::parse(
+            "x",
+            &with_rule("kind = \"trend\"\nseries = { transport = \"tcp\" }\nfrom_x = \"1\"\nto_x = \"2\"\nabove = 1.0"),
+        )
+        .expect("parses");
+        assert_eq!(s.claims[0].x_values(), vec![1.0, 2.0]);
+        assert!(Study::parse("x", MINIMAL).expect("parses").claims[0]
+            .x_values()
+            .is_empty());
     }
 
     #[test]

@@ -293,10 +293,59 @@ fn pick(recs: &[&Value], sel: &Selector, x: XAxis, metric: &str) -> Result<Vec<P
         pts.push(Point { x: xv, y, ci });
     }
     if pts.is_empty() {
-        return Err(format!("no record of {sel} was measured here"));
+        return Err(no_record(recs, sel, metric));
     }
     pts.sort_by(|a, b| a.x.total_cmp(&b.x));
     Ok(pts)
+}
+
+/// Why `sel` picks no point of `recs`: the first attribute no record has
+/// the value of, with the values they do have; or that the records it
+/// picks carry no x or no `metric`.
+fn no_record(recs: &[&Value], sel: &Selector, metric: &str) -> String {
+    for (a, want) in &sel.0 {
+        let mut have: Vec<String> = recs.iter().filter_map(|r| attr(r, *a)).collect();
+        have.sort();
+        have.dedup();
+        if !have.contains(want) {
+            let name = a.name();
+            return if have.is_empty() {
+                format!("no record has {name}={want}: none names a {name}")
+            } else {
+                format!(
+                    "no record has {name}={want} (they have {name} {})",
+                    fmt_xs(&have, 8)
+                )
+            };
+        }
+    }
+    if recs.iter().any(|r| matches(r, sel)) {
+        format!("the records of {sel} carry no {metric} or no place on the figure's x-axis")
+    } else {
+        format!("no record has all of {sel} at once")
+    }
+}
+
+/// Why a series lacks the point at `want` a claim reads: the x it has,
+/// and when the figure lists `want`, that this run left it out.
+fn absent_x(fig: &Figure, what: &str, have: &[f64], want: f64) -> String {
+    let have: Vec<String> = have.iter().map(|v| fmt_x(*v, fig.x)).collect();
+    let mut s = format!(
+        "{what} has no point at x = {} (it has {})",
+        fmt_x(want, fig.x),
+        fmt_xs(&have, 8)
+    );
+    if fig.x_values().is_some_and(|l| l.contains(&want)) {
+        s.push_str(
+            "; the figure lists that x, but this run did not measure it (a --quick run measures only the ends of a count axis and the quick sizes)",
+        );
+    }
+    s
+}
+
+/// The x values of `pts`.
+fn xs(pts: &[Point]) -> Vec<f64> {
+    pts.iter().map(|p| p.x).collect()
 }
 
 fn fmt_num(v: f64) -> String {
@@ -328,6 +377,9 @@ fn fmt_trim(v: f64) -> String {
 fn fmt_x(v: f64, x: XAxis) -> String {
     if x.is_bytes() && v >= 1.0 {
         netgap_core::units::format_size(v as u64)
+    } else if v.fract() == 0.0 && v.abs() < 1e6 {
+        // Counts (clients, links) are whole.
+        format!("{v:.0}")
     } else {
         fmt_num(v)
     }
@@ -540,7 +592,7 @@ fn fmt_xs(xs: &[String], n: usize) -> String {
 fn dropouts_of(recs: &[&Value], sel: &Selector, x: XAxis) -> Result<(Vec<f64>, Vec<f64>), String> {
     let picked: Vec<&&Value> = recs.iter().filter(|r| matches(r, sel)).collect();
     if picked.is_empty() {
-        return Err(format!("no record of {sel} was measured here"));
+        return Err(no_record(recs, sel, "dropouts"));
     }
     let flagged = |key: &str| -> Vec<f64> {
         let mut xs: Vec<f64> = picked
@@ -565,6 +617,16 @@ fn judge_direction(study: &Study, claim: &Claim, records: &[Value]) -> Judged {
         .flat_map(|f| records_of(records, &study.id, f))
         .collect();
     let x = fig.x;
+    let figs = claim.from.join(" and ");
+    let figure_s = if claim.from.len() == 1 {
+        "figure"
+    } else {
+        "figures"
+    };
+    if recs.is_empty() && !matches!(claim.test, ClaimTest::Unmeasurable(_)) {
+        return cannot(format!("the results hold no record of {figure_s} {figs}"));
+    }
+    let missing = |why: String| cannot(format!("{figure_s} {figs}: {why}"));
     match &claim.test {
         ClaimTest::Unmeasurable(why) => cannot(why.clone()),
         ClaimTest::RatioChange {
@@ -576,7 +638,7 @@ fn judge_direction(study: &Study, claim: &Claim, records: &[Value]) -> Judged {
         } => {
             let (pa, pb) = match (pick(&recs, a, x, &fig.y), pick(&recs, b, x, &fig.y)) {
                 (Ok(pa), Ok(pb)) => (pa, pb),
-                (Err(e), _) | (_, Err(e)) => return cannot(e),
+                (Err(e), _) | (_, Err(e)) => return missing(e),
             };
             let common = common_x(&pa, &pb);
             let ends = (
@@ -586,18 +648,18 @@ fn judge_direction(study: &Study, claim: &Claim, records: &[Value]) -> Judged {
                 point_at(&pb, *vs, &common),
             );
             let (Some(a1), Some(b1), Some(a2), Some(b2)) = ends else {
-                return cannot(format!(
+                return missing(format!(
                     "{a} and {b} do not both have the two x the claim compares (both have {})",
                     fmt_xs(&common.iter().map(|v| fmt_x(*v, x)).collect::<Vec<_>>(), 8)
                 ));
             };
             if a1.x == a2.x || b1.x != a1.x || b2.x != a2.x {
-                return cannot(format!(
+                return missing(format!(
                     "{a} and {b} have fewer than two x in common to compare"
                 ));
             }
             if b1.y == 0.0 || b2.y == 0.0 || a2.y == 0.0 {
-                return cannot(format!("{b} or {a} measured 0"));
+                return missing(format!("{b} or {a} measured 0"));
             }
             let (r1, r2) = (ratio(&a1, &b1), ratio(&a2, &b2));
             let (r, ci) = ratio(&as_point(r1), &as_point(r2));
@@ -624,20 +686,20 @@ fn judge_direction(study: &Study, claim: &Claim, records: &[Value]) -> Judged {
         } => {
             let (pa, pb) = match (pick(&recs, a, x, &fig.y), pick(&recs, b, x, &fig.y)) {
                 (Ok(pa), Ok(pb)) => (pa, pb),
-                (Err(e), _) | (_, Err(e)) => return cannot(e),
+                (Err(e), _) | (_, Err(e)) => return missing(e),
             };
             let common = common_x(&pa, &pb);
             let (Some(x0), Some(x1)) = (
                 from_x.or(common.first().copied()),
                 to_x.or(common.last().copied()),
             ) else {
-                return cannot(format!("{a} and {b} have no x in common"));
+                return missing(format!("{a} and {b} have no x in common"));
             };
             let at = |pts: &[Point], v: f64| pts.iter().find(|p| p.x == v).copied();
             let (Some(a0), Some(a1), Some(b0), Some(b1)) =
                 (at(&pa, x0), at(&pa, x1), at(&pb, x0), at(&pb, x1))
             else {
-                return cannot(format!(
+                return missing(format!(
                     "{a} and {b} do not both have x = {} and x = {} (both have {})",
                     fmt_x(x0, x),
                     fmt_x(x1, x),
@@ -645,13 +707,13 @@ fn judge_direction(study: &Study, claim: &Claim, records: &[Value]) -> Judged {
                 ));
             };
             if x0 == x1 || a0.y == 0.0 || b0.y == 0.0 {
-                return cannot(format!(
+                return missing(format!(
                     "{a} and {b} have too few points in common to show a trend here"
                 ));
             }
             let (ta, tb) = (ratio(&a1, &a0), ratio(&b1, &b0));
             if tb.0 == 0.0 {
-                return cannot(format!("{b} measured 0 at x = {}", fmt_x(x1, x)));
+                return missing(format!("{b} measured 0 at x = {}", fmt_x(x1, x)));
             }
             let (r, ci) = ratio(&as_point(ta), &as_point(tb));
             Judged {
@@ -671,7 +733,7 @@ fn judge_direction(study: &Study, claim: &Claim, records: &[Value]) -> Judged {
         ClaimTest::Dropouts { with, without } => {
             let (w, wo) = match (dropouts_of(&recs, with, x), dropouts_of(&recs, without, x)) {
                 (Ok(w), Ok(wo)) => (w, wo),
-                (Err(e), _) | (_, Err(e)) => return cannot(e),
+                (Err(e), _) | (_, Err(e)) => return missing(e),
             };
             let list = |(drops, unstable): &(Vec<f64>, Vec<f64>)| {
                 let mut s = if drops.is_empty() {
@@ -717,20 +779,20 @@ fn judge_direction(study: &Study, claim: &Claim, records: &[Value]) -> Judged {
         } => {
             let pts = match pick(&recs, series, x, &fig.y) {
                 Ok(p) => p,
-                Err(e) => return cannot(e),
+                Err(e) => return missing(e),
             };
             let (Some(first), Some(last)) = (pts.first().copied(), pts.last().copied()) else {
-                return cannot(format!("no record of {series} was measured here"));
+                return missing(format!("no record of {series} was measured here"));
             };
             let Some(knee) = pts.iter().find(|p| p.x == *k).copied() else {
-                return cannot(format!(
+                return missing(format!(
                     "{series} has no point at x = {} (it has {})",
                     fmt_x(*k, x),
                     fmt_xs(&pts.iter().map(|p| fmt_x(p.x, x)).collect::<Vec<_>>(), 8)
                 ));
             };
             if !(first.x < knee.x && knee.x < last.x) {
-                return cannot(format!(
+                return missing(format!(
                     "{series} needs points below and above x = {} to show a knee there",
                     fmt_x(*k, x)
                 ));
@@ -769,10 +831,10 @@ fn judge_direction(study: &Study, claim: &Claim, records: &[Value]) -> Judged {
         ClaimTest::Falls { series, expect } => {
             let pts = match pick(&recs, series, x, &fig.y) {
                 Ok(p) => p,
-                Err(e) => return cannot(e),
+                Err(e) => return missing(e),
             };
             if pts.len() < 2 {
-                return cannot(format!(
+                return missing(format!(
                     "{series} has too few points to show where it falls"
                 ));
             }
@@ -812,15 +874,21 @@ fn judge_direction(study: &Study, claim: &Claim, records: &[Value]) -> Judged {
         ClaimTest::Ratio { a, b, at, expect } => {
             let (pa, pb) = match (pick(&recs, a, x, &fig.y), pick(&recs, b, x, &fig.y)) {
                 (Ok(pa), Ok(pb)) => (pa, pb),
-                (Err(e), _) | (_, Err(e)) => return cannot(e),
+                (Err(e), _) | (_, Err(e)) => return missing(e),
             };
             let common = common_x(&pa, &pb);
             let (Some(va), Some(vb)) = (point_at(&pa, *at, &common), point_at(&pb, *at, &common))
             else {
-                return cannot(format!("{a} and {b} have no point in common"));
+                return missing(match at {
+                    At::X(want) if !pa.iter().any(|p| p.x == *want) => {
+                        absent_x(fig, &a.to_string(), &xs(&pa), *want)
+                    }
+                    At::X(want) => absent_x(fig, &b.to_string(), &xs(&pb), *want),
+                    _ => format!("{a} and {b} have no point in common"),
+                });
             };
             if vb.y == 0.0 {
-                return cannot(format!("{b} measured 0"));
+                return missing(format!("{b} measured 0"));
             }
             let (r, ci) = ratio(&va, &vb);
             Judged {
@@ -845,7 +913,7 @@ fn judge_direction(study: &Study, claim: &Claim, records: &[Value]) -> Judged {
         } => {
             let pts = match pick(&recs, series, x, &fig.y) {
                 Ok(p) => p,
-                Err(e) => return cannot(e),
+                Err(e) => return missing(e),
             };
             let from = from_x.map_or(pts.first().copied(), |fx| {
                 pts.iter().find(|p| p.x == fx).copied()
@@ -854,10 +922,15 @@ fn judge_direction(study: &Study, claim: &Claim, records: &[Value]) -> Judged {
                 pts.iter().find(|p| p.x == tx).copied()
             });
             let (Some(from), Some(to)) = (from, to) else {
-                return cannot(format!("{series} lacks a point the claim reads"));
+                // Only an x the claim names can be missing.
+                let want = if from.is_none() { from_x } else { to_x };
+                return missing(match want {
+                    Some(want) => absent_x(fig, &series.to_string(), &xs(&pts), *want),
+                    None => format!("{series} has too few points to show a trend here"),
+                });
             };
             if pts.len() < 2 || from.x == to.x || from.y == 0.0 {
-                return cannot(format!("{series} has too few points to show a trend here"));
+                return missing(format!("{series} has too few points to show a trend here"));
             }
             let (r, ci) = ratio(&to, &from);
             Judged {
@@ -883,7 +956,7 @@ fn judge_direction(study: &Study, claim: &Claim, records: &[Value]) -> Judged {
             let metric = metric.as_deref().unwrap_or(&fig.y);
             let pts = match pick(&recs, series, x, metric) {
                 Ok(p) => p,
-                Err(e) => return cannot(e),
+                Err(e) => return missing(e),
             };
             let all: Vec<f64> = pts.iter().map(|p| p.x).collect();
             let value = if metric == "dropouts" {
@@ -897,7 +970,10 @@ fn judge_direction(study: &Study, claim: &Claim, records: &[Value]) -> Judged {
                 point_at(&pts, *at, &all)
             };
             let Some(p) = value else {
-                return cannot(format!("{series} has no point there"));
+                return missing(match at {
+                    At::X(want) => absent_x(fig, &series.to_string(), &all, *want),
+                    _ => format!("{series} has no point there"),
+                });
             };
             let direction = match verdict(p.y, p.ci, *expect) {
                 // The detector flagged each dropout past its points'
@@ -1894,6 +1970,60 @@ above = 0.5
         assert_eq!(j.direction, Verdict::Holds, "{j:?}");
         assert_eq!(j.measured, Some(2.0));
         assert!(fails(&judge(&s, c, &curve([false; 3]))));
+    }
+
+    /// The bug: 004's "two connections double one" said "transport=tcp
+    /// lacks a point the claim needs" after a `--quick` run that measured
+    /// links 1 and 3 only. Now it names the x it lacks, the x it has, and
+    /// why a run can leave a listed x out.
+    #[test]
+    fn a_claim_whose_x_was_not_measured_says_which_and_why() {
+        let text = STUDY.replace(
+            "x = \"size\"\ny = \"bandwidth_gbps\"\nseries = [\"offload\"]",
+            "links = [1, 2, 3]\nx = \"links\"\ny = \"bandwidth_gbps\"\nseries = [\"offload\"]",
+        );
+        let text = text.replace(
+            "series = { offload = \"off\" }\nabove = 1.0",
+            "series = { offload = \"off\" }\nfrom_x = \"1\"\nto_x = \"2\"\nabove = 1.8",
+        );
+        let s = Study::parse("t", &text).expect("study");
+        let rail = |links: usize, v: f64| {
+            let mut r = rec("1", "off", 65536, v);
+            r["links"] = json!(vec![json!({"bandwidth_gbps": v / links as f64}); links]);
+            r
+        };
+        let quick = [rail(1, 1.0), rail(3, 2.5)];
+        let j = judge(&s, &s.claims[1], &quick);
+        assert!(
+            matches!(&j.direction, Verdict::CannotMeasure(w)
+                if w.contains("offload=off has no point at x = 2 (it has 1, 3)")
+                    && w.contains("--quick")),
+            "{j:?}"
+        );
+        let full = [rail(1, 1.0), rail(2, 1.98), rail(3, 2.5)];
+        let j = judge(&s, &s.claims[1], &full);
+        assert_eq!(j.direction, Verdict::Holds, "{j:?}");
+    }
+
+    #[test]
+    fn a_claim_whose_records_are_missing_says_which_and_why_and_never_holds() {
+        let s = Study::parse("t", STUDY).expect("study");
+        let j = judge(&s, &s.claims[0], &[]);
+        assert!(
+            matches!(&j.direction, Verdict::CannotMeasure(w) if w.contains("no record of figure 1")),
+            "{j:?}"
+        );
+        let off_only = [rec("1", "off", 1024, 1.0), rec("1", "off", 65536, 4.0)];
+        let j = judge(&s, &s.claims[0], &off_only);
+        assert!(
+            matches!(&j.direction, Verdict::CannotMeasure(w)
+                if w.contains("figure 1: no record has offload=on (they have offload off)")),
+            "{j:?}"
+        );
+        let mut other = rec("1", "on", 1024, 1.0);
+        other["stack"]["label"] = json!(figure_label("009", "2"));
+        let j = judge(&s, &s.claims[0], &[other]);
+        assert!(matches!(j.direction, Verdict::CannotMeasure(_)), "{j:?}");
     }
 
     #[test]
