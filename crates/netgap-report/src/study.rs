@@ -1128,25 +1128,25 @@ fn cpu_plot(fig: &Figure, recs: &[&Value]) -> Option<Plot> {
 
 fn fmt_expect(e: Expect) -> String {
     match e {
-        Expect::Above(t) => format!("holds above {}", fmt_num(t)),
-        Expect::Below(t) => format!("holds below {}", fmt_num(t)),
-        Expect::Between(a, b) => format!("holds within {} to {}", fmt_num(a), fmt_num(b)),
+        Expect::Above(t) => format!("holds above {}", fmt_trim(t)),
+        Expect::Below(t) => format!("holds below {}", fmt_trim(t)),
+        Expect::Between(a, b) => format!("holds within {} to {}", fmt_trim(a), fmt_trim(b)),
     }
 }
 
-fn fmt_at(at: At) -> String {
+fn fmt_at(at: At, x: XAxis) -> String {
     match at {
         At::Largest => "the largest x".into(),
         At::Smallest => "the smallest x".into(),
         At::Peak => "each series' peak".into(),
         At::Lowest => "each series' lowest".into(),
-        At::X(v) => format!("x = {}", fmt_num(v)),
+        At::X(v) => format!("x = {}", fmt_x(v, x)),
     }
 }
 
-fn claim_rule(c: &Claim) -> String {
+fn claim_rule(c: &Claim, x: XAxis) -> String {
     let at =
-        |x: &Option<f64>, end: &str| x.map_or(end.to_string(), |v| format!("x = {}", fmt_num(v)));
+        |v: &Option<f64>, end: &str| v.map_or(end.to_string(), |v| format!("x = {}", fmt_x(v, x)));
     match &c.test {
         ClaimTest::Ratio { expect, .. } => format!("ratio; {}", fmt_expect(*expect)),
         ClaimTest::Trend {
@@ -1168,8 +1168,8 @@ fn claim_rule(c: &Claim) -> String {
             ..
         } => format!(
             "ratio at {} over ratio at {}; {}",
-            fmt_at(*top),
-            fmt_at(*vs),
+            fmt_at(*top, x),
+            fmt_at(*vs, x),
             fmt_expect(*expect)
         ),
         ClaimTest::Trends {
@@ -1186,9 +1186,9 @@ fn claim_rule(c: &Claim) -> String {
         ClaimTest::Dropouts { with, without } => {
             format!("dropouts in {with}, none in {without}")
         }
-        ClaimTest::Knee { x, expect, .. } => format!(
+        ClaimTest::Knee { x: k, expect, .. } => format!(
             "knee factor: the slope past x = {} over the slope up to it; {}",
-            fmt_num(*x),
+            fmt_x(*k, x),
             fmt_expect(*expect)
         ),
         ClaimTest::Falls { expect, .. } => format!(
@@ -1278,38 +1278,90 @@ fn size_cell(c: &Claim, v: &SizeVerdict) -> (&'static str, String, String) {
     (class, words, tolerance)
 }
 
-fn claim_table(
-    out: &mut String,
-    study: &Study,
-    fig: &Figure,
-    outcomes: &BTreeMap<String, Outcome>,
-    records: &[Value],
-) {
-    let claims: Vec<&Claim> = study.claims_of(&fig.id).collect();
+/// One claim's row: the claim and its rule, the paper's figure and where,
+/// netgap's with its interval and how it was read, the direction and the
+/// size with its tolerance; `figure` prefixes a cell linking to the
+/// figure's section.
+fn claim_row(out: &mut String, c: &Claim, x: XAxis, j: &Judged, figure: Option<&str>) {
+    let (class, direction) = direction_cell(&j.direction);
+    let (size_class, size, tolerance) = size_cell(c, &j.size);
+    let _ = write!(out, "<tr class=\"{class}\">");
+    if let Some(link) = figure {
+        let _ = write!(out, "<td>{link}</td>");
+    }
+    let _ = writeln!(
+        out,
+        "<td>{}<div class=\"rule\">{}</div></td><td>{}<div class=\"where\">{}</div></td><td>{}<div class=\"how\">{}</div></td><td class=\"{class}\">{}</td><td class=\"{size_class}\">{}<div class=\"why\">{}</div></td></tr>",
+        escape(&c.text),
+        escape(&claim_rule(c, x)),
+        escape(&c.published),
+        escape(&c.where_),
+        escape(&fmt_measured(j)),
+        escape(&j.how),
+        escape(&direction),
+        escape(&size),
+        escape(&tolerance)
+    );
+}
+
+const CLAIM_HEADS: &str =
+    "<th>claim</th><th>published</th><th>measured (95% CI)</th><th>direction</th><th>size</th>";
+
+/// The study's answer: every claim of the figures shown, judged, before
+/// the figures, with a line counting the verdicts.
+fn answer_table(out: &mut String, study: &Study, judged: &[(&Claim, Judged)]) {
+    let _ = writeln!(
+        out,
+        "<h3 id=\"answer-{sid}\">The study's answer</h3>",
+        sid = escape(&study.id)
+    );
+    if judged.is_empty() {
+        out.push_str("<p class=\"none\">No claim of the figures measured here.</p>\n");
+        return;
+    }
+    let count = |f: &dyn Fn(&Judged) -> bool| judged.iter().filter(|(_, j)| f(j)).count();
+    let held = count(&|j| matches!(j.direction, Verdict::Holds | Verdict::HoldsOnValue));
+    let failed = count(&|j| matches!(j.direction, Verdict::DoesNotHold(_)));
+    let sized = judged.iter().filter(|(c, _)| c.size.is_some()).count();
+    let size_held = count(&|j| j.size == SizeVerdict::Holds);
+    let size_failed = count(&|j| matches!(j.size, SizeVerdict::DoesNotHold(_)));
+    let _ = writeln!(
+        out,
+        "<p class=\"summary\">{} claims: the direction holds for {held}, does not hold for {failed}, and cannot be judged for {}. {sized} state the paper's size: it holds for {size_held}, does not hold for {size_failed}, and is not judged for {}.</p>",
+        judged.len(),
+        judged.len() - held - failed,
+        sized - size_held - size_failed
+    );
+    let _ = writeln!(
+        out,
+        "<table class=\"claims answer\"><tr><th>figure</th>{CLAIM_HEADS}</tr>"
+    );
+    for (c, j) in judged {
+        let link = format!(
+            "<a href=\"#fig-{}-{}\">{}</a>",
+            escape(&study.id),
+            escape(&c.figure),
+            escape(&c.figure)
+        );
+        let x = study.figure(&c.figure).map_or(XAxis::Size, |f| f.x);
+        claim_row(out, c, x, j, Some(&link));
+    }
+    out.push_str("</table>\n");
+}
+
+/// The claims of `fig` under its plot.
+fn claim_table(out: &mut String, fig: &Figure, judged: &[(&Claim, Judged)]) {
+    let claims: Vec<&(&Claim, Judged)> =
+        judged.iter().filter(|(c, _)| c.figure == fig.id).collect();
     if claims.is_empty() {
         out.push_str(
             "<p class=\"none\">The paper states no claim of its own on this figure.</p>\n",
         );
         return;
     }
-    out.push_str("<table class=\"claims\"><tr><th>claim</th><th>published</th><th>measured (95% CI)</th><th>direction</th><th>size</th></tr>\n");
-    for c in claims {
-        let j = judged_in(study, c, outcomes, records);
-        let (class, direction) = direction_cell(&j.direction);
-        let (size_class, size, tolerance) = size_cell(c, &j.size);
-        let _ = writeln!(
-            out,
-            "<tr class=\"{class}\"><td>{}<div class=\"rule\">{}</div></td><td>{}<div class=\"where\">{}</div></td><td>{}<div class=\"how\">{}</div></td><td class=\"{class}\">{}</td><td class=\"{size_class}\">{}<div class=\"why\">{}</div></td></tr>",
-            escape(&c.text),
-            escape(&claim_rule(c)),
-            escape(&c.published),
-            escape(&c.where_),
-            escape(&fmt_measured(&j)),
-            escape(&j.how),
-            escape(&direction),
-            escape(&size),
-            escape(&tolerance)
-        );
+    let _ = writeln!(out, "<table class=\"claims\"><tr>{CLAIM_HEADS}</tr>");
+    for (c, j) in claims {
+        claim_row(out, c, fig.x, j, None);
     }
     out.push_str("</table>\n");
 }
@@ -1319,6 +1371,7 @@ section.figure{border-top:1px solid #ccc;margin-top:1.5em}\
 table.claims{border-collapse:collapse;width:100%;font-size:90%}\
 table.claims td,table.claims th{border:1px solid #ccc;padding:4px;vertical-align:top;text-align:left}\
 td.holds{background:#e3f4e3}td.fails{background:#fbe3e3}td.na{background:#eee}\
+table.answer{margin-bottom:1em}.summary{font-weight:bold}\
 .rule,.where,.how,.why{color:#666;font-size:85%}.status{color:#444}.plots svg{max-width:100%;height:auto}";
 
 /// The HTML report of the studies of one `netgap study` run over its
@@ -1341,15 +1394,30 @@ pub fn render(runs: &[StudyRun<'_>], records: &[Value]) -> String {
         if let Some(note) = &s.citation.note {
             let _ = writeln!(out, "<p class=\"status\">{}</p>", escape(note));
         }
+        for n in &run.notes {
+            let _ = writeln!(out, "<p class=\"status\">{}</p>", escape(n));
+        }
+        // Every claim of the figures shown, judged once: the answer
+        // first, then each under its figure.
+        let shown = |f: &str| {
+            !matches!(
+                run.outcomes.get(f).unwrap_or(&Outcome::NotAsked),
+                Outcome::NotAsked
+            )
+        };
+        let judged: Vec<(&Claim, Judged)> = s
+            .claims
+            .iter()
+            .filter(|c| shown(&c.figure))
+            .map(|c| (c, judged_in(s, c, &run.outcomes, records)))
+            .collect();
+        answer_table(&mut out, s, &judged);
         let _ = writeln!(
             out,
             "<p><b>Method.</b> {}</p>\n<p><b>Testbed.</b> {}</p>",
             escape(&s.method.text),
             escape(&s.testbed.text)
         );
-        for n in &run.notes {
-            let _ = writeln!(out, "<p class=\"status\">{}</p>", escape(n));
-        }
         for fig in &s.figures {
             let outcome = run.outcomes.get(&fig.id).unwrap_or(&Outcome::NotAsked);
             if *outcome == Outcome::NotAsked {
@@ -1393,7 +1461,7 @@ pub fn render(runs: &[StudyRun<'_>], records: &[Value]) -> String {
                 }
             }
             out.push_str("</div>\n");
-            claim_table(&mut out, s, fig, &run.outcomes, records);
+            claim_table(&mut out, fig, &judged);
             out.push_str("</section>\n");
         }
     }
@@ -2052,6 +2120,28 @@ above = 0.5
         assert!(html.contains("<svg"));
         assert!(html.contains("offload=on"));
         assert!(html.contains("<th>direction</th><th>size</th>"), "{html}");
+        // The study's answer opens the study: every claim, before the
+        // figures, each linking to its figure.
+        let answer = html.find("The study's answer").expect("an answer");
+        let first_figure = html.find("<section class=\"figure\"").expect("a figure");
+        assert!(answer < first_figure, "the answer comes first");
+        let table = &html[answer..first_figure];
+        assert!(table.contains("table class=\"claims answer\""), "{table}");
+        for c in &s.claims {
+            assert_eq!(
+                table
+                    .matches(&format!("<td>{}<div", escape(&c.text)))
+                    .count(),
+                1,
+                "{}",
+                c.text
+            );
+        }
+        assert!(table.contains("<a href=\"#fig-009-1\">1</a>"), "{table}");
+        assert!(
+            table.contains("4 claims: the direction holds for"),
+            "{table}"
+        );
         assert!(html.contains("the paper gives a direction only"));
         assert!(html.contains("published 1.52 ± 17% (1.262 to 1.778): half to one"));
     }
