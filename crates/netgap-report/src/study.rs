@@ -1321,13 +1321,17 @@ fn answer_table(out: &mut String, study: &Study, judged: &[(&Claim, Judged)]) {
     }
     let count = |f: &dyn Fn(&Judged) -> bool| judged.iter().filter(|(_, j)| f(j)).count();
     let held = count(&|j| matches!(j.direction, Verdict::Holds | Verdict::HoldsOnValue));
+    let on_value = match count(&|j| j.direction == Verdict::HoldsOnValue) {
+        0 => String::new(),
+        n => format!(" ({n} on its value alone, without an interval)"),
+    };
     let failed = count(&|j| matches!(j.direction, Verdict::DoesNotHold(_)));
     let sized = judged.iter().filter(|(c, _)| c.size.is_some()).count();
     let size_held = count(&|j| j.size == SizeVerdict::Holds);
     let size_failed = count(&|j| matches!(j.size, SizeVerdict::DoesNotHold(_)));
     let _ = writeln!(
         out,
-        "<p class=\"summary\">{} claims: the direction holds for {held}, does not hold for {failed}, and cannot be judged for {}. {sized} state the paper's size: it holds for {size_held}, does not hold for {size_failed}, and is not judged for {}.</p>",
+        "<p class=\"summary\">{} claims: the direction holds for {held}{on_value}, does not hold for {failed}, and cannot be judged for {}. {sized} state the paper's size: it holds for {size_held}, does not hold for {size_failed}, and is not judged for {}.</p>",
         judged.len(),
         judged.len() - held - failed,
         sized - size_held - size_failed
