@@ -95,6 +95,60 @@ fn every_study_file_parses_into_known_tests_and_claims_of_its_figures() {
     }
 }
 
+/// A study file whose claim names a series value, an x, a figure or a
+/// rule kind that does not exist is refused in one line when it is read,
+/// before anything runs: each planted in study 004's own text.
+#[test]
+fn a_claim_naming_what_its_study_does_not_have_is_refused_in_one_line() {
+    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("studies/004.toml");
+    let text = std::fs::read_to_string(&file).expect("studies/004.toml");
+    study::data::Study::parse("004.toml", &text).expect("the file as it is parses");
+    for (from, to, needle) in [
+        (
+            "b = { transport = \"xdp\" }",
+            "b = { transport = \"xpd\" }",
+            "b: transport \"xpd\" is not a value figure 2 measures (tcp, xdp)",
+        ),
+        (
+            "a = { test = \"bibw\", transport = \"xdp\" }",
+            "a = { test = \"bibw-pp\", transport = \"xdp\" }",
+            "test \"bibw-pp\" is not a value figure 3 measures",
+        ),
+        (
+            "to_x = \"2\"",
+            "to_x = \"4\"",
+            "x = 4 is not a point figure 5 measures",
+        ),
+        (
+            "series = { metric = \"recv_overhead_us\" }\nat = \"1K\"",
+            "series = { metric = \"recv_overhead_us\" }\nat = \"2K\"",
+            "x = 2048 is not a point figure 4 measures",
+        ),
+        (
+            "kind = \"knee\"",
+            "kind = \"elbow\"",
+            "kind \"elbow\": want ratio",
+        ),
+        (
+            "figure = \"5\"\ntext = \"The aggregated bandwidth of two",
+            "figure = \"6\"\ntext = \"The aggregated bandwidth of two",
+            "which the study does not have",
+        ),
+        (
+            "series = { transport = \"tcp\" }\nfrom_x = \"1\"\nto_x = \"3\"",
+            "series = { transport = \"tcp\" }\nfrom_x = \"1\"\nto_x = \"3\"\nvs_at = \"1\"",
+            "a claim of kind trend takes no vs_at",
+        ),
+    ] {
+        assert!(text.contains(from), "004.toml has {from:?}");
+        let e =
+            study::data::Study::parse("004.toml", &text.replacen(from, to, 1)).expect_err(needle);
+        let line = e.to_string();
+        assert!(line.contains(needle), "{line}");
+        assert!(!line.contains('\n'), "one line: {line}");
+    }
+}
+
 #[test]
 fn the_budget_is_spread_into_repetitions_and_a_too_small_one_refused() {
     let s = study::load("004").expect("004");

@@ -169,6 +169,8 @@ struct RawClaim {
     #[serde(default)]
     at: Option<String>,
     #[serde(default)]
+    vs_at: Option<String>,
+    #[serde(default)]
     metric: Option<String>,
     #[serde(default)]
     above: Option<f64>,
@@ -182,6 +184,12 @@ struct RawClaim {
     to_x: Option<String>,
     #[serde(default)]
     why: Option<String>,
+    #[serde(default)]
+    published_value: Option<f64>,
+    #[serde(default)]
+    size_tolerance_pct: Option<f64>,
+    #[serde(default)]
+    size_why: Option<String>,
 }
 
 /// A study, validated.
@@ -441,6 +449,112 @@ impl Figure {
     pub fn needs_conditions(&self) -> bool {
         !self.conditions.is_empty()
     }
+
+    /// The values of `flag`'s lists in the figure's flags, quick flags and
+    /// variants; `None` when none of them gives it.
+    fn flag_values(&self, flag: &str) -> Option<Vec<String>> {
+        let lists = [&self.flags, &self.quick_flags]
+            .into_iter()
+            .chain(self.variants.iter());
+        let mut out: Vec<String> = Vec::new();
+        let mut given = false;
+        for l in lists {
+            for w in l.windows(2) {
+                if w[0] == flag {
+                    given = true;
+                    out.extend(w[1].split(',').map(|v| v.trim().to_string()));
+                }
+            }
+        }
+        given.then_some(out)
+    }
+
+    /// The values of `attr` this figure's records can have, where its
+    /// declaration names them all: its tests, transports and modes, its
+    /// conditions (`mtu`, `offload`), and the flags that set a workload's
+    /// options (`--op`, `--pattern`, ...). `None` where the records take a
+    /// default the figure does not name (and for `options`, `kind` and
+    /// `metric`, which the measuring commands name).
+    pub fn values_of(&self, attr: Attr) -> Option<Vec<String>> {
+        let listed = |l: &[String]| (!l.is_empty()).then(|| l.to_vec());
+        let condition = |key: &str| {
+            self.conditions.iter().find_map(|c| {
+                let (k, v) = c.split_once('=')?;
+                (k.trim() == key).then(|| v.split(',').map(|v| v.trim().to_string()).collect())
+            })
+        };
+        match attr {
+            Attr::Test if self.command == FigureCommand::Run => listed(&self.tests),
+            Attr::Transport => listed(&self.transports),
+            Attr::Mode => listed(&self.modes),
+            Attr::Mtu => condition("mtu"),
+            Attr::Offload => condition("offload"),
+            Attr::Server => self.flag_values("--server"),
+            Attr::Trace => self.flag_values("--trace"),
+            Attr::Preset => self.flag_values("--preset"),
+            Attr::Op => self.flag_values("--op"),
+            Attr::Pattern => self.flag_values("--pattern"),
+            Attr::Responder => self.flag_values("--responder"),
+            _ => None,
+        }
+    }
+
+    /// The transport options the figure's flags and variants can set, by
+    /// the names records give them (`--no-nodelay` is `no_nodelay`; a
+    /// record's `sndbuf_bytes=...` is named by `--sndbuf`).
+    fn option_flags(&self) -> Vec<String> {
+        [&self.flags, &self.quick_flags]
+            .into_iter()
+            .chain(self.variants.iter())
+            .flatten()
+            .filter_map(|f| f.strip_prefix("--"))
+            .map(|f| f.replace('-', "_"))
+            .collect()
+    }
+
+    /// Whether a record of this figure can have the options `value` (a
+    /// comma-separated list of option names, `name=value` each, or
+    /// `defaults`).
+    fn admits_options(&self, value: &str) -> bool {
+        let flags = self.option_flags();
+        value == "defaults"
+            || value.split(',').all(|o| {
+                let name = o.split_once('=').map_or(o, |(n, _)| n).trim();
+                flags
+                    .iter()
+                    .any(|f| name == f || name.starts_with(&format!("{f}_")))
+            })
+    }
+
+    /// The x values the figure's declaration lists, where it lists them
+    /// all: its sizes (and quick sizes), clients, streams, links or
+    /// alphas. `None` for an axis whose values the measuring command
+    /// chooses (a sweep's sizes, hosts, shapes).
+    pub fn x_values(&self) -> Option<Vec<f64>> {
+        let counts = |l: &[u32]| (!l.is_empty()).then(|| l.iter().map(|v| f64::from(*v)).collect());
+        match self.x {
+            XAxis::Size | XAxis::FileSize | XAxis::UnitBytes => {
+                if self.command == FigureCommand::Sweep {
+                    return None;
+                }
+                let mut out = Vec::new();
+                for list in [&self.sizes, &self.quick_sizes].into_iter().flatten() {
+                    let sizes = crate::units::parse_size_list(list).ok()?;
+                    out.extend(sizes.into_iter().map(|b| b as f64));
+                }
+                (!out.is_empty()).then_some(out)
+            }
+            XAxis::Clients => counts(&self.clients),
+            XAxis::Streams => counts(&self.streams),
+            XAxis::Links => counts(&self.links),
+            XAxis::Alpha => self
+                .flag_values("--alpha")?
+                .iter()
+                .map(|a| a.parse::<f64>().ok())
+                .collect(),
+            XAxis::Hosts | XAxis::Shape => None,
+        }
+    }
 }
 
 /// Which records a claim reads: every attribute named must match.
@@ -488,6 +602,40 @@ pub enum Expect {
     Between(f64, f64),
 }
 
+impl Expect {
+    /// Whether `v` meets it.
+    pub fn admits(self, v: f64) -> bool {
+        match self {
+            Expect::Above(t) => v > t,
+            Expect::Below(t) => v < t,
+            Expect::Between(a, b) => v >= a && v <= b,
+        }
+    }
+}
+
+/// The size of the effect a paper publishes and how near netgap's figure
+/// must come to it: the claim's size holds when netgap's 95% interval
+/// overlaps [`Size::band`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Size {
+    /// The paper's figure, in the unit of the claim's measured figure (a
+    /// ratio for ratio and trend claims); finite and positive.
+    pub published: f64,
+    /// How far from it, in percent of it, still counts as the same size;
+    /// above 0 and below 100.
+    pub tolerance_pct: f64,
+    /// Why that tolerance, in the study file's words.
+    pub why: String,
+}
+
+impl Size {
+    /// `[published × (1 − tolerance), published × (1 + tolerance)]`.
+    pub fn band(&self) -> (f64, f64) {
+        let t = self.tolerance_pct / 100.0;
+        (self.published * (1.0 - t), self.published * (1.0 + t))
+    }
+}
+
 /// How a claim is evaluated from the records.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ClaimTest {
@@ -525,8 +673,88 @@ pub enum ClaimTest {
         /// What holds.
         expect: Expect,
     },
+    /// How the ratio of two series changes along x: `a / b` at `at` over
+    /// `a / b` at `vs` ("the improvement is smaller at high alpha": above
+    /// 1 with `at` the smallest alpha and `vs` the largest).
+    RatioChange {
+        /// Numerator series.
+        a: Selector,
+        /// Denominator series.
+        b: Selector,
+        /// The x of the ratio on top: an x value, the smallest or the
+        /// largest x both series have.
+        at: At,
+        /// The x of the ratio below.
+        vs: At,
+        /// What holds.
+        expect: Expect,
+    },
+    /// Two series' trends compared: `a`'s value at `to_x` over its value
+    /// at `from_x`, over the same of `b` ("similar scalability": within a
+    /// tolerance of 1).
+    Trends {
+        /// The series on top.
+        a: Selector,
+        /// The series below.
+        b: Selector,
+        /// The x of each trend's start; `None`: the first x both have.
+        from_x: Option<f64>,
+        /// The x of each trend's end; `None`: the last x both have.
+        to_x: Option<f64>,
+        /// What holds.
+        expect: Expect,
+    },
+    /// Dropouts (sweep points NetPIPE's detector flagged: throughput
+    /// below that of a smaller block beyond the noise) in one curve and
+    /// none in another. Holds when `with` has at least one and `without`
+    /// has none; both must have been measured.
+    Dropouts {
+        /// The curve that shows dropouts.
+        with: Selector,
+        /// The curve free from them.
+        without: Selector,
+    },
+    /// A knee at `x`: the knee factor, the series' slope from `x` to its
+    /// last point over its slope from its first point to `x` (infinite
+    /// when it does not rise up to `x` but does past it, 0 when it does
+    /// not rise past `x`). `x` must be a measured point between the first
+    /// and the last.
+    Knee {
+        /// The series.
+        series: Selector,
+        /// Where the slope changes, on the figure's x-axis.
+        x: f64,
+        /// What the knee factor must be.
+        expect: Expect,
+    },
+    /// How many times the series falls as x grows (from one point to the
+    /// next, the whole of the next point's interval below the whole of
+    /// the previous one's).
+    Falls {
+        /// The series.
+        series: Selector,
+        /// What the count must be.
+        expect: Expect,
+    },
     /// Cannot be measured with netgap; why.
     Unmeasurable(String),
+}
+
+impl ClaimTest {
+    /// What the measured figure must be, for the kinds that judge one
+    /// figure against a threshold or band.
+    pub fn expect(&self) -> Option<Expect> {
+        match self {
+            ClaimTest::Ratio { expect, .. }
+            | ClaimTest::Trend { expect, .. }
+            | ClaimTest::Value { expect, .. }
+            | ClaimTest::RatioChange { expect, .. }
+            | ClaimTest::Trends { expect, .. }
+            | ClaimTest::Knee { expect, .. }
+            | ClaimTest::Falls { expect, .. } => Some(*expect),
+            ClaimTest::Dropouts { .. } | ClaimTest::Unmeasurable(_) => None,
+        }
+    }
 }
 
 /// A claim of the paper.
@@ -543,8 +771,121 @@ pub struct Claim {
     pub published: String,
     /// Where in the paper.
     pub where_: String,
-    /// How it is judged.
+    /// How it is judged: the direction the paper states.
     pub test: ClaimTest,
+    /// The size of the effect the paper publishes, when it gives one;
+    /// `None`: the paper gives a direction only.
+    pub size: Option<Size>,
+}
+
+impl Claim {
+    /// The series the claim picks, each under its key in the study file
+    /// (`a`, `b`, `series`).
+    pub fn selectors(&self) -> Vec<(&'static str, &Selector)> {
+        match &self.test {
+            ClaimTest::Ratio { a, b, .. }
+            | ClaimTest::RatioChange { a, b, .. }
+            | ClaimTest::Trends { a, b, .. } => vec![("a", a), ("b", b)],
+            ClaimTest::Dropouts { with, without } => vec![("a", with), ("b", without)],
+            ClaimTest::Trend { series, .. }
+            | ClaimTest::Value { series, .. }
+            | ClaimTest::Knee { series, .. }
+            | ClaimTest::Falls { series, .. } => vec![("series", series)],
+            ClaimTest::Unmeasurable(_) => Vec::new(),
+        }
+    }
+
+    /// The x values the claim reads by name (`at`, `vs_at`, `from_x`,
+    /// `to_x`), each of which its figures must measure for it to be
+    /// judged; a run that leaves one out (a `--quick` run keeps only the
+    /// ends of a count axis) cannot judge it.
+    pub fn x_values(&self) -> Vec<f64> {
+        let at = |a: &At| match a {
+            At::X(v) => Some(*v),
+            _ => None,
+        };
+        match &self.test {
+            ClaimTest::Ratio { at: a, .. } | ClaimTest::Value { at: a, .. } => {
+                at(a).into_iter().collect()
+            }
+            ClaimTest::RatioChange { at: a, vs, .. } => at(a).into_iter().chain(at(vs)).collect(),
+            ClaimTest::Trend { from_x, to_x, .. } | ClaimTest::Trends { from_x, to_x, .. } => {
+                from_x.iter().chain(to_x.iter()).copied().collect()
+            }
+            ClaimTest::Knee { x, .. } => vec![*x],
+            ClaimTest::Dropouts { .. } | ClaimTest::Falls { .. } | ClaimTest::Unmeasurable(_) => {
+                Vec::new()
+            }
+        }
+    }
+
+    /// Whether the claim's series and x values are ones its figures
+    /// measure, as far as their declarations name them; what is not, in
+    /// one line.
+    fn check_against(&self, figures: &[Figure]) -> Result<(), String> {
+        let from: Vec<&Figure> = figures
+            .iter()
+            .filter(|f| self.from.contains(&f.id))
+            .collect();
+        let names = from
+            .iter()
+            .map(|f| f.id.as_str())
+            .collect::<Vec<_>>()
+            .join(" and ");
+        let (figure_s, measure) = if from.len() == 1 {
+            ("figure", "measures")
+        } else {
+            ("figures", "measure")
+        };
+        for (key, sel) in self.selectors() {
+            for (attr, want) in &sel.0 {
+                if *attr == Attr::Options {
+                    if !from.iter().any(|f| f.admits_options(want)) {
+                        return Err(format!(
+                            "claim {:?}: {key}: options {want:?} are none that {figure_s} {names} set",
+                            self.text
+                        ));
+                    }
+                    continue;
+                }
+                let Some(known) = from
+                    .iter()
+                    .map(|f| f.values_of(*attr))
+                    .collect::<Option<Vec<Vec<String>>>>()
+                else {
+                    continue;
+                };
+                let known: Vec<String> = known.concat();
+                if !known.contains(want) {
+                    let mut listed = known.clone();
+                    listed.sort();
+                    listed.dedup();
+                    return Err(format!(
+                        "claim {:?}: {key}: {} {want:?} is not a value {figure_s} {names} {measure} ({})",
+                        self.text,
+                        attr.name(),
+                        listed.join(", ")
+                    ));
+                }
+            }
+        }
+        for x in self.x_values() {
+            let Some(known) = from
+                .iter()
+                .map(|f| f.x_values())
+                .collect::<Option<Vec<Vec<f64>>>>()
+            else {
+                continue;
+            };
+            if !known.concat().contains(&x) {
+                return Err(format!(
+                    "claim {:?}: x = {x} is not a point {figure_s} {names} {measure}",
+                    self.text
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Study {
@@ -626,7 +967,9 @@ impl RawStudy {
                     c.text, c.figure
                 )));
             }
-            claims.push(c.validate().map_err(&bad)?);
+            let claim = c.validate().map_err(&bad)?;
+            claim.check_against(&figures).map_err(&bad)?;
+            claims.push(claim);
         }
         Ok(Study {
             id: self.id,
@@ -759,7 +1102,7 @@ impl RawClaim {
             Some(_) => match self.at_text(x)? {
                 At::X(v) => Ok(Some(v)),
                 _ => Err(format!(
-                    "claim {:?}: from_x and to_x are x values",
+                    "claim {:?}: from_x, to_x and a knee's at are x values",
                     self.text
                 )),
             },
@@ -796,30 +1139,168 @@ impl RawClaim {
         }
     }
 
+    /// The published size, all three keys or none, agreeing with the
+    /// claim's direction.
+    fn size(&self, test: &ClaimTest) -> Result<Option<Size>, String> {
+        let text = &self.text;
+        let (published, tolerance_pct, why) = match (
+            self.published_value,
+            self.size_tolerance_pct,
+            &self.size_why,
+        ) {
+            (None, None, None) => return Ok(None),
+            (Some(p), Some(t), Some(w)) => (p, t, w.trim()),
+            _ => {
+                return Err(format!(
+                "claim {text:?}: give published_value, size_tolerance_pct and size_why together"
+            ))
+            }
+        };
+        if !(published.is_finite() && published > 0.0) {
+            return Err(format!(
+                "claim {text:?}: published_value {published}: want a positive number"
+            ));
+        }
+        if !(tolerance_pct > 0.0 && tolerance_pct < 100.0) {
+            return Err(format!(
+                "claim {text:?}: size_tolerance_pct {tolerance_pct}: want a percent above 0 and below 100"
+            ));
+        }
+        if why.is_empty() {
+            return Err(format!(
+                "claim {text:?}: size_why is empty: say why the tolerance"
+            ));
+        }
+        let expect = match test {
+            ClaimTest::Falls { .. } | ClaimTest::Dropouts { .. } | ClaimTest::Unmeasurable(_) => {
+                return Err(format!(
+                    "claim {text:?}: a claim of kind {} has no size to judge; leave out published_value",
+                    self.kind
+                ))
+            }
+            t => t.expect().ok_or_else(|| format!("claim {text:?}: no direction"))?,
+        };
+        if !expect.admits(published) {
+            return Err(format!(
+                "claim {text:?}: published_value {published} contradicts the claim's direction (above/below)"
+            ));
+        }
+        Ok(Some(Size {
+            published,
+            tolerance_pct,
+            why: why.to_string(),
+        }))
+    }
+
+    /// The optional keys this claim gives.
+    fn given(&self) -> Vec<&'static str> {
+        [
+            ("a", self.a.is_some()),
+            ("b", self.b.is_some()),
+            ("series", self.series.is_some()),
+            ("at", self.at.is_some()),
+            ("vs_at", self.vs_at.is_some()),
+            ("metric", self.metric.is_some()),
+            ("above", self.above.is_some()),
+            ("below", self.below.is_some()),
+            ("tolerance_pct", self.tolerance_pct.is_some()),
+            ("from_x", self.from_x.is_some()),
+            ("to_x", self.to_x.is_some()),
+            ("why", self.why.is_some()),
+            ("published_value", self.published_value.is_some()),
+            ("size_tolerance_pct", self.size_tolerance_pct.is_some()),
+            ("size_why", self.size_why.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(k, given)| given.then_some(k))
+        .collect()
+    }
+
+    /// `above`/`below`, or `tolerance_pct` for a band around 1 (no
+    /// change).
+    fn expect_or_band(&self) -> Result<Expect, String> {
+        match self.tolerance_pct {
+            Some(t) if t > 0.0 && t < 100.0 && self.above.is_none() && self.below.is_none() => {
+                Ok(Expect::Between(1.0 - t / 100.0, 1.0 + t / 100.0))
+            }
+            Some(_) => Err(format!(
+                "claim {:?}: tolerance_pct is a percent above 0 and below 100, without above or below",
+                self.text
+            )),
+            None => self.expect(),
+        }
+    }
+
+    /// `at` (or `vs_at`) of a kind that compares two x: an x value, the
+    /// smallest or the largest.
+    fn end(&self, key: &str, at: Option<&str>) -> Result<At, String> {
+        match self.at_text(at)? {
+            At::Peak | At::Lowest => Err(format!(
+                "claim {:?}: {key} of a ratio_change is an x value, smallest or largest",
+                self.text
+            )),
+            a => Ok(a),
+        }
+    }
+
     fn validate(self) -> Result<Claim, String> {
         let text = self.text.clone();
+        const SIZE: [&str; 3] = ["published_value", "size_tolerance_pct", "size_why"];
+        let unknown = |k: &str| {
+            format!(
+                "claim {text:?}: kind {k:?}: want ratio, trend, value, ratio_change, trends, knee, falls, dropouts or unmeasurable"
+            )
+        };
+        let takes: &[&str] = match self.kind.as_str() {
+            "ratio" => &["a", "b", "at", "above", "below", "tolerance_pct"],
+            "trend" => &[
+                "series",
+                "from_x",
+                "to_x",
+                "above",
+                "below",
+                "tolerance_pct",
+            ],
+            "trends" => &[
+                "a",
+                "b",
+                "from_x",
+                "to_x",
+                "above",
+                "below",
+                "tolerance_pct",
+            ],
+            "value" => &["series", "at", "metric", "above", "below"],
+            "ratio_change" => &["a", "b", "at", "vs_at", "above", "below", "tolerance_pct"],
+            "knee" => &["series", "at", "above", "below"],
+            "falls" => &["series", "above", "below"],
+            "dropouts" => &["a", "b"],
+            "unmeasurable" => &["why"],
+            k => return Err(unknown(k)),
+        };
+        let sized = !matches!(self.kind.as_str(), "falls" | "dropouts" | "unmeasurable");
+        if let Some(k) = self
+            .given()
+            .into_iter()
+            .find(|k| !(takes.contains(k) || (sized && SIZE.contains(k))))
+        {
+            return Err(format!(
+                "claim {text:?}: a claim of kind {} takes no {k}",
+                self.kind
+            ));
+        }
         let test = match self.kind.as_str() {
             "ratio" => ClaimTest::Ratio {
                 a: selector("a", &text, self.a.clone())?,
                 b: selector("b", &text, self.b.clone())?,
                 at: self.at()?,
-                expect: self.expect()?,
+                expect: self.expect_or_band()?,
             },
             "trend" => ClaimTest::Trend {
                 series: selector("series", &text, self.series.clone())?,
                 from_x: self.x_value(self.from_x.as_deref())?,
                 to_x: self.x_value(self.to_x.as_deref())?,
-                expect: match self.tolerance_pct {
-                    Some(t) if t > 0.0 && self.above.is_none() && self.below.is_none() => {
-                        Expect::Between(1.0 - t / 100.0, 1.0 + t / 100.0)
-                    }
-                    Some(_) => {
-                        return Err(format!(
-                            "claim {text:?}: tolerance_pct is a positive percent, without above or below"
-                        ))
-                    }
-                    None => self.expect()?,
-                },
+                expect: self.expect_or_band()?,
             },
             "value" => ClaimTest::Value {
                 series: selector("series", &text, self.series.clone())?,
@@ -827,17 +1308,52 @@ impl RawClaim {
                 metric: self.metric.clone(),
                 expect: self.expect()?,
             },
+            "ratio_change" => {
+                ClaimTest::RatioChange {
+                    a: selector("a", &text, self.a.clone())?,
+                    b: selector("b", &text, self.b.clone())?,
+                    at: self.end("at", self.at.as_deref())?,
+                    vs: self.end(
+                        "vs_at",
+                        Some(self.vs_at.as_deref().ok_or_else(|| {
+                            format!("claim {text:?}: a ratio_change needs vs_at")
+                        })?),
+                    )?,
+                    expect: self.expect_or_band()?,
+                }
+            }
+            "trends" => ClaimTest::Trends {
+                a: selector("a", &text, self.a.clone())?,
+                b: selector("b", &text, self.b.clone())?,
+                from_x: self.x_value(self.from_x.as_deref())?,
+                to_x: self.x_value(self.to_x.as_deref())?,
+                expect: self.expect_or_band()?,
+            },
+            "knee" => ClaimTest::Knee {
+                series: selector("series", &text, self.series.clone())?,
+                x: self
+                    .x_value(Some(self.at.as_deref().ok_or_else(|| {
+                        format!("claim {text:?}: a knee needs at, the x where the slope changes")
+                    })?))?
+                    .ok_or_else(|| format!("claim {text:?}: a knee's at is an x value"))?,
+                expect: self.expect()?,
+            },
+            "falls" => ClaimTest::Falls {
+                series: selector("series", &text, self.series.clone())?,
+                expect: self.expect()?,
+            },
+            "dropouts" => ClaimTest::Dropouts {
+                with: selector("a", &text, self.a.clone())?,
+                without: selector("b", &text, self.b.clone())?,
+            },
             "unmeasurable" => ClaimTest::Unmeasurable(
                 self.why
                     .clone()
                     .ok_or_else(|| format!("claim {text:?}: unmeasurable needs `why`"))?,
             ),
-            k => {
-                return Err(format!(
-                    "claim {text:?}: kind {k:?}: want ratio, trend, value or unmeasurable"
-                ))
-            }
+            k => return Err(unknown(k)),
         };
+        let size = self.size(&test)?;
         let from = if self.from.is_empty() {
             vec![self.figure.clone()]
         } else {
@@ -850,6 +1366,7 @@ impl RawClaim {
             published: self.published,
             where_: self.where_,
             test,
+            size,
         })
     }
 }
@@ -906,6 +1423,185 @@ below = 1.0
                 ..
             }
         ));
+    }
+
+    #[test]
+    fn a_published_size_is_read_with_its_tolerance_and_refused_when_incomplete_or_contrary() {
+        let sized = MINIMAL.replace(
+            "below = 1.0\n",
+            "below = 1.0\npublished_value = 0.86\nsize_tolerance_pct = 10\nsize_why = \"read off a figure\"\n",
+        );
+        let s = Study::parse("x", &sized).expect("parses");
+        let size = s.claims[0].size.as_ref().expect("a size");
+        let (lo, hi) = size.band();
+        assert!((lo - 0.774).abs() < 1e-9 && (hi - 0.946).abs() < 1e-9);
+        assert!(Study::parse("x", MINIMAL).expect("parses").claims[0]
+            .size
+            .is_none());
+        for (bad, needle) in [
+            (
+                sized.replace("size_why = \"read off a figure\"\n", ""),
+                "together",
+            ),
+            (
+                sized.replace("published_value = 0.86", "published_value = 1.5"),
+                "contradicts the claim's direction",
+            ),
+            (
+                sized.replace("size_tolerance_pct = 10", "size_tolerance_pct = 100"),
+                "below 100",
+            ),
+            (
+                sized.replace("published_value = 0.86", "published_value = -1"),
+                "positive",
+            ),
+            (sized.replace("\"read off a figure\"", "\" \""), "size_why"),
+        ] {
+            let e = Study::parse("x", &bad).expect_err(needle);
+            let line = e.to_string();
+            assert!(line.contains(needle) && !line.contains('\n'), "{line}");
+        }
+    }
+
+    /// MINIMAL with its claim's rule (from `kind` on) replaced by `rule`.
+    fn with_rule(rule: &str) -> String {
+        let at = MINIMAL.find("kind = ").expect("a kind");
+        format!("{}{rule}\n", &MINIMAL[..at])
+    }
+
+    #[test]
+    fn every_rule_kind_parses_with_its_keys() {
+        type Case = (&'static str, fn(&ClaimTest) -> bool);
+        let cases: [Case; 5] = [
+            (
+                "kind = \"ratio_change\"\na = { transport = \"tcp\" }\nb = { transport = \"udp\" }\nat = \"smallest\"\nvs_at = \"largest\"\nabove = 1.0",
+                |t: &ClaimTest| matches!(t, ClaimTest::RatioChange { at: At::Smallest, vs: At::Largest, .. }),
+            ),
+            (
+                "kind = \"trends\"\na = { transport = \"tcp\" }\nb = { transport = \"udp\" }\ntolerance_pct = 20",
+                |t: &ClaimTest| matches!(t, ClaimTest::Trends { expect: Expect::Between(..), .. }),
+            ),
+            (
+                "kind = \"dropouts\"\na = { transport = \"tcp\" }\nb = { transport = \"udp\" }",
+                |t: &ClaimTest| matches!(t, ClaimTest::Dropouts { .. }),
+            ),
+            (
+                "kind = \"knee\"\nseries = { transport = \"tcp\" }\nat = \"1K\"\nabove = 2.0",
+                |t: &ClaimTest| matches!(t, ClaimTest::Knee { x, .. } if *x == 1024.0),
+            ),
+            (
+                "kind = \"falls\"\nseries = { transport = \"tcp\" }\nabove = 0.5",
+                |t: &ClaimTest| matches!(t, ClaimTest::Falls { .. }),
+            ),
+        ];
+        for (rule, ok) in cases {
+            let s = Study::parse("x", &with_rule(rule)).unwrap_or_else(|e| panic!("{rule}: {e}"));
+            assert!(ok(&s.claims[0].test), "{rule}: {:?}", s.claims[0].test);
+        }
+    }
+
+    #[test]
+    fn a_rule_with_a_key_its_kind_does_not_read_is_refused_in_one_line() {
+        for (rule, needle) in [
+            (
+                "kind = \"trend\"\na = { transport = \"tcp\" }\nseries = { transport = \"tcp\" }\nabove = 1.0",
+                "kind trend takes no a",
+            ),
+            (
+                "kind = \"ratio_change\"\na = { transport = \"tcp\" }\nb = { transport = \"udp\" }\nabove = 1.0",
+                "needs vs_at",
+            ),
+            (
+                "kind = \"ratio_change\"\na = { transport = \"tcp\" }\nb = { transport = \"udp\" }\nat = \"peak\"\nvs_at = \"1K\"\nabove = 1.0",
+                "smallest or largest",
+            ),
+            (
+                "kind = \"knee\"\nseries = { transport = \"tcp\" }\nat = \"peak\"\nabove = 2.0",
+                "x values",
+            ),
+            (
+                "kind = \"dropouts\"\na = { transport = \"tcp\" }\nb = { transport = \"udp\" }\nbelow = 0.5",
+                "kind dropouts takes no below",
+            ),
+            (
+                "kind = \"falls\"\nseries = { transport = \"tcp\" }\nabove = 0.5\npublished_value = 2.0\nsize_tolerance_pct = 10\nsize_why = \"w\"",
+                "takes no published_value",
+            ),
+            ("kind = \"slope\"", "kind \"slope\": want ratio"),
+        ] {
+            let e = Study::parse("x", &with_rule(rule)).expect_err(rule);
+            let line = e.to_string();
+            assert!(line.contains(needle) && !line.contains('\n'), "{rule}: {line}");
+        }
+    }
+
+    /// MINIMAL whose figure names its transports, sizes and offloads.
+    fn declared() -> String {
+        MINIMAL.replace(
+            "tests = [\"pingpong\"]\n",
+            "tests = [\"pingpong\"]\ntransports = [\"tcp\", \"udp\"]\nsizes = \"1,1K,64K\"\nconditions = [\"offload=on,off\"]\nflags = [\"--no-nodelay\", \"--sndbuf\", \"512K\"]\n",
+        )
+    }
+
+    #[test]
+    fn a_claim_naming_a_value_or_x_its_figure_does_not_measure_is_refused_in_one_line() {
+        let ok = Study::parse("x", &declared()).expect("parses");
+        assert_eq!(
+            ok.figures[0].values_of(Attr::Transport),
+            Some(vec!["tcp".to_string(), "udp".to_string()])
+        );
+        let with = |rule: &str| {
+            let text = declared();
+            let at = text.find("kind = ").expect("a kind");
+            format!("{}{rule}\n", &text[..at])
+        };
+        for (bad, needle) in [
+            (
+                declared().replace("b = { transport = \"udp\" }", "b = { transport = \"udpp\" }"),
+                "b: transport \"udpp\" is not a value figure 1 measures (tcp, udp)",
+            ),
+            (
+                with("kind = \"ratio\"\na = { offload = \"yes\" }\nb = { offload = \"off\" }\nabove = 1.0"),
+                "offload \"yes\"",
+            ),
+            (
+                with("kind = \"ratio\"\na = { options = \"quickack\" }\nb = { options = \"no_nodelay\" }\nabove = 1.0"),
+                "options \"quickack\"",
+            ),
+            (
+                with("kind = \"ratio\"\na = { transport = \"tcp\" }\nb = { transport = \"udp\" }\nat = \"4K\"\nabove = 1.0"),
+                "x = 4096 is not a point figure 1 measures",
+            ),
+            (
+                with("kind = \"trend\"\nseries = { transport = \"tcp\" }\nfrom_x = \"1\"\nto_x = \"2K\"\nabove = 1.0"),
+                "x = 2048",
+            ),
+        ] {
+            let e = Study::parse("x", &bad).expect_err(needle);
+            let line = e.to_string();
+            assert!(line.contains(needle) && !line.contains('\n'), "{line}");
+        }
+        // What the figure declares is accepted: an option it sets, with
+        // its value, and the defaults.
+        for good in [
+            "kind = \"ratio\"\na = { options = \"no_nodelay,sndbuf_bytes=524288\" }\nb = { options = \"defaults\" }\nat = \"64K\"\nabove = 1.0",
+            "kind = \"trend\"\nseries = { offload = \"on\", transport = \"tcp\" }\nfrom_x = \"1\"\nto_x = \"1K\"\nabove = 1.0",
+        ] {
+            Study::parse("x", &with(good)).unwrap_or_else(|e| panic!("{good}: {e}"));
+        }
+    }
+
+    #[test]
+    fn the_x_values_a_claim_reads_are_listed() {
+        let s = Study::parse(
+            "x",
+            &with_rule("kind = \"trend\"\nseries = { transport = \"tcp\" }\nfrom_x = \"1\"\nto_x = \"2\"\nabove = 1.0"),
+        )
+        .expect("parses");
+        assert_eq!(s.claims[0].x_values(), vec![1.0, 2.0]);
+        assert!(Study::parse("x", MINIMAL).expect("parses").claims[0]
+            .x_values()
+            .is_empty());
     }
 
     #[test]

@@ -3,13 +3,19 @@
 //! figure's own x-axis with one series per value of what the figure
 //! compares, and under each figure the study's claims judged from the
 //! records: the published figure, the measured one with its confidence
-//! interval, and whether the claim holds here.
+//! interval, and two verdicts, each judged with the interval: the
+//! claim's direction (the way the paper says the figure goes) and its
+//! size (netgap's interval against the paper's number, within the
+//! tolerance the study file states, or "the paper gives a direction
+//! only").
 //!
 //! It reads only records: each carries the study and figure in its label
 //! (`stack.label`, [`figure_label`]).
 
 use crate::svg::{escape, Axis, LinePlot, Plot, RefLine, Series};
-use netgap_core::study::{At, Attr, Claim, ClaimTest, Expect, Figure, Selector, Study, XAxis};
+use netgap_core::study::{
+    At, Attr, Claim, ClaimTest, Expect, Figure, Selector, Size, Study, XAxis,
+};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -55,11 +61,31 @@ pub struct StudyRun<'a> {
 pub enum Verdict {
     /// The measured figure meets the claim, its confidence interval too.
     Holds,
+    /// The measured figure meets the claim, but has no interval to judge
+    /// it by (an application's own figure, a sum).
+    HoldsOnValue,
     /// The measured figure does not meet it; why (e.g. the interval spans
     /// the threshold).
     DoesNotHold(String),
     /// It cannot be judged from these records; why.
     CannotMeasure(String),
+}
+
+/// The size of a claim as judged: netgap's 95% interval against the
+/// paper's figure within the study file's tolerance ([`Size::band`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum SizeVerdict {
+    /// The interval overlaps the band around the paper's figure.
+    Holds,
+    /// The whole interval lies outside the band; where.
+    DoesNotHold(String),
+    /// The measured figure has no interval to judge it by; where the value
+    /// lies.
+    NoInterval(String),
+    /// The paper gives a direction only.
+    DirectionOnly,
+    /// Nothing was measured to judge the size by.
+    NotJudged,
 }
 
 /// A judged claim: the measured figure, its interval, how it was read.
@@ -71,8 +97,10 @@ pub struct Judged {
     pub ci: Option<(f64, f64)>,
     /// What was compared, e.g. `offload=on 7.1 / offload=off 4.9 at 1M`.
     pub how: String,
-    /// The verdict.
-    pub verdict: Verdict,
+    /// Whether the measured figure goes the way the paper states.
+    pub direction: Verdict,
+    /// Whether it is as large as the paper's.
+    pub size: SizeVerdict,
 }
 
 /// One point of a series: x, y and y's 95% interval.
@@ -174,6 +202,19 @@ fn y_of(rec: &Value, metric: &str) -> Option<(f64, Option<(f64, f64)>)> {
         let hi = field(rec, &["stats", "ci95_high"]).and_then(Value::as_f64);
         return Some((v, lo.zip(hi)));
     }
+    if metric == "block_time_us" {
+        // A sweep's block time is its size over its throughput: its
+        // interval is the throughput's, turned over.
+        let t = field(rec, &["block_time_us"]).and_then(Value::as_f64)?;
+        let v = field(rec, &["value"]).and_then(Value::as_f64);
+        let lo = field(rec, &["stats", "ci95_low"]).and_then(Value::as_f64);
+        let hi = field(rec, &["stats", "ci95_high"]).and_then(Value::as_f64);
+        let ci = match (v, lo, hi) {
+            (Some(v), Some(lo), Some(hi)) if lo > 0.0 && v > 0.0 => Some((t * v / hi, t * v / lo)),
+            _ => None,
+        };
+        return Some((t, ci));
+    }
     field(rec, &[metric])
         .and_then(Value::as_f64)
         .or_else(|| field(rec, &["app", "metrics", metric]).and_then(Value::as_f64))
@@ -252,15 +293,66 @@ fn pick(recs: &[&Value], sel: &Selector, x: XAxis, metric: &str) -> Result<Vec<P
         pts.push(Point { x: xv, y, ci });
     }
     if pts.is_empty() {
-        return Err(format!("no record of {sel} was measured here"));
+        return Err(no_record(recs, sel, metric));
     }
     pts.sort_by(|a, b| a.x.total_cmp(&b.x));
     Ok(pts)
 }
 
+/// Why `sel` picks no point of `recs`: the first attribute no record has
+/// the value of, with the values they do have; or that the records it
+/// picks carry no x or no `metric`.
+fn no_record(recs: &[&Value], sel: &Selector, metric: &str) -> String {
+    for (a, want) in &sel.0 {
+        let mut have: Vec<String> = recs.iter().filter_map(|r| attr(r, *a)).collect();
+        have.sort();
+        have.dedup();
+        if !have.contains(want) {
+            let name = a.name();
+            return if have.is_empty() {
+                format!("no record has {name}={want}: none names a {name}")
+            } else {
+                format!(
+                    "no record has {name}={want} (they have {name} {})",
+                    fmt_xs(&have, 8)
+                )
+            };
+        }
+    }
+    if recs.iter().any(|r| matches(r, sel)) {
+        format!("the records of {sel} carry no {metric} or no place on the figure's x-axis")
+    } else {
+        format!("no record has all of {sel} at once")
+    }
+}
+
+/// Why a series lacks the point at `want` a claim reads: the x it has,
+/// and when the figure lists `want`, that this run left it out.
+fn absent_x(fig: &Figure, what: &str, have: &[f64], want: f64) -> String {
+    let have: Vec<String> = have.iter().map(|v| fmt_x(*v, fig.x)).collect();
+    let mut s = format!(
+        "{what} has no point at x = {} (it has {})",
+        fmt_x(want, fig.x),
+        fmt_xs(&have, 8)
+    );
+    if fig.x_values().is_some_and(|l| l.contains(&want)) {
+        s.push_str(
+            "; the figure lists that x, but this run did not measure it (a --quick run measures only the ends of a count axis and the quick sizes)",
+        );
+    }
+    s
+}
+
+/// The x values of `pts`.
+fn xs(pts: &[Point]) -> Vec<f64> {
+    pts.iter().map(|p| p.x).collect()
+}
+
 fn fmt_num(v: f64) -> String {
     let a = v.abs();
-    if a != 0.0 && !(0.01..1e6).contains(&a) {
+    if v.is_infinite() {
+        if v > 0.0 { "∞" } else { "−∞" }.to_string()
+    } else if a != 0.0 && !(0.01..1e6).contains(&a) {
         format!("{v:.3e}")
     } else if a >= 100.0 {
         format!("{v:.0}")
@@ -271,9 +363,23 @@ fn fmt_num(v: f64) -> String {
     }
 }
 
+/// [`fmt_num`] without trailing zeros: a figure a study file gives, or a
+/// band made from one.
+fn fmt_trim(v: f64) -> String {
+    let s = fmt_num(v);
+    if s.contains('.') && !s.contains('e') {
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    } else {
+        s
+    }
+}
+
 fn fmt_x(v: f64, x: XAxis) -> String {
     if x.is_bytes() && v >= 1.0 {
         netgap_core::units::format_size(v as u64)
+    } else if v.fract() == 0.0 && v.abs() < 1e6 {
+        // Counts (clients, links) are whole.
+        format!("{v:.0}")
     } else {
         fmt_num(v)
     }
@@ -319,8 +425,22 @@ fn ratio(a: &Point, b: &Point) -> (f64, Option<(f64, f64)>) {
     (r, ci)
 }
 
+/// Whether `value` with its 95% interval meets `expect`: past a threshold,
+/// or inside a band, with the whole interval; a value without an interval
+/// is judged on itself, and says so.
 fn verdict(value: f64, ci: Option<(f64, f64)>, expect: Expect) -> Verdict {
-    let (lo, hi) = ci.unwrap_or((value, value));
+    let Some((lo, hi)) = ci else {
+        let meets = match expect {
+            Expect::Above(t) => value > t,
+            Expect::Below(t) => value < t,
+            Expect::Between(a, b) => value >= a && value <= b,
+        };
+        return if meets {
+            Verdict::HoldsOnValue
+        } else {
+            Verdict::DoesNotHold(format!("{} (no interval)", missed(expect)))
+        };
+    };
     match expect {
         Expect::Above(t) if lo > t => Verdict::Holds,
         Expect::Above(t) if value > t => Verdict::DoesNotHold(format!(
@@ -328,18 +448,66 @@ fn verdict(value: f64, ci: Option<(f64, f64)>, expect: Expect) -> Verdict {
             fmt_num(t),
             fmt_num(lo)
         )),
-        Expect::Above(t) => Verdict::DoesNotHold(format!("not above {}", fmt_num(t))),
         Expect::Below(t) if hi < t => Verdict::Holds,
         Expect::Below(t) if value < t => Verdict::DoesNotHold(format!(
             "below {} but its interval reaches up to {}",
             fmt_num(t),
             fmt_num(hi)
         )),
-        Expect::Below(t) => Verdict::DoesNotHold(format!("not below {}", fmt_num(t))),
-        Expect::Between(a, b) if value >= a && value <= b => Verdict::Holds,
-        Expect::Between(a, b) => {
-            Verdict::DoesNotHold(format!("outside {} to {}", fmt_num(a), fmt_num(b)))
-        }
+        Expect::Between(a, b) if lo >= a && hi <= b => Verdict::Holds,
+        Expect::Between(a, b) if value >= a && value <= b => Verdict::DoesNotHold(format!(
+            "within {} to {} but its interval, {} to {}, is not",
+            fmt_num(a),
+            fmt_num(b),
+            fmt_num(lo),
+            fmt_num(hi)
+        )),
+        e => Verdict::DoesNotHold(missed(e)),
+    }
+}
+
+/// What a value that misses `expect` misses.
+fn missed(expect: Expect) -> String {
+    match expect {
+        Expect::Above(t) => format!("not above {}", fmt_num(t)),
+        Expect::Below(t) => format!("not below {}", fmt_num(t)),
+        Expect::Between(a, b) => format!("outside {} to {}", fmt_num(a), fmt_num(b)),
+    }
+}
+
+/// The size of a measured figure against the paper's: the 95% interval
+/// overlapping `size`'s band holds, the whole interval outside it does
+/// not, and a value without an interval is not judged.
+fn size_verdict(size: &Size, measured: Option<f64>, ci: Option<(f64, f64)>) -> SizeVerdict {
+    let Some(value) = measured else {
+        return SizeVerdict::NotJudged;
+    };
+    let (bl, bh) = size.band();
+    let band = format!("{} to {}", fmt_trim(bl), fmt_trim(bh));
+    let Some((lo, hi)) = ci else {
+        let place = if value < bl {
+            "below"
+        } else if value > bh {
+            "above"
+        } else {
+            "inside"
+        };
+        return SizeVerdict::NoInterval(format!("its value lies {place} {band}"));
+    };
+    if hi < bl {
+        SizeVerdict::DoesNotHold(format!(
+            "its interval, {} to {}, lies below {band}",
+            fmt_num(lo),
+            fmt_num(hi)
+        ))
+    } else if lo > bh {
+        SizeVerdict::DoesNotHold(format!(
+            "its interval, {} to {}, lies above {band}",
+            fmt_num(lo),
+            fmt_num(hi)
+        ))
+    } else {
+        SizeVerdict::Holds
     }
 }
 
@@ -348,12 +516,98 @@ fn cannot(why: String) -> Judged {
         measured: None,
         ci: None,
         how: String::new(),
-        verdict: Verdict::CannotMeasure(why),
+        direction: Verdict::CannotMeasure(why),
+        size: SizeVerdict::NotJudged,
     }
 }
 
-/// Judges `claim` from the records of the figures it reads.
+/// Judges `claim` from the records of the figures it reads: its
+/// direction, and its size when the paper gives one.
 pub fn judge(study: &Study, claim: &Claim, records: &[Value]) -> Judged {
+    let mut j = judge_direction(study, claim, records);
+    j.size = match (&claim.size, &j.direction) {
+        (None, _) => SizeVerdict::DirectionOnly,
+        (Some(_), Verdict::CannotMeasure(_)) => SizeVerdict::NotJudged,
+        (Some(s), _) => size_verdict(s, j.measured, j.ci),
+    };
+    j
+}
+
+/// A ratio as a point, to be divided again.
+fn as_point(r: (f64, Option<(f64, f64)>)) -> Point {
+    Point {
+        x: 0.0,
+        y: r.0,
+        ci: r.1,
+    }
+}
+
+/// The knee factor of a slope `above` past the knee over a slope `below`
+/// up to it: their quotient when the series rises up to the knee,
+/// infinite when it does not but rises past it, 0 when it does not rise
+/// past it. It grows with `above` and shrinks with `below`, so an interval
+/// of each bounds it.
+fn knee_factor(above: f64, below: f64) -> f64 {
+    if above <= 0.0 {
+        0.0
+    } else if below <= 0.0 {
+        f64::INFINITY
+    } else {
+        above / below
+    }
+}
+
+/// The places where `pts` falls from one point to the next: the x pairs,
+/// and whether every pair compared had intervals.
+fn falls_of(pts: &[Point]) -> (Vec<(f64, f64)>, bool) {
+    let mut places = Vec::new();
+    let mut all_intervals = true;
+    for w in pts.windows(2) {
+        let (p, q) = (w[0], w[1]);
+        let fell = match (p.ci, q.ci) {
+            (Some((p_lo, _)), Some((_, q_hi))) => q_hi < p_lo,
+            _ => {
+                all_intervals = false;
+                q.y < p.y
+            }
+        };
+        if fell {
+            places.push((p.x, q.x));
+        }
+    }
+    (places, all_intervals)
+}
+
+/// A list of x values, at most `n` of them shown.
+fn fmt_xs(xs: &[String], n: usize) -> String {
+    let mut s = xs.iter().take(n).cloned().collect::<Vec<_>>().join(", ");
+    if xs.len() > n {
+        let _ = write!(s, " and {} more", xs.len() - n);
+    }
+    s
+}
+
+/// The sweep points `sel` picks that NetPIPE's detector flagged as
+/// dropouts, and those it left unjudged as unstable, by x.
+fn dropouts_of(recs: &[&Value], sel: &Selector, x: XAxis) -> Result<(Vec<f64>, Vec<f64>), String> {
+    let picked: Vec<&&Value> = recs.iter().filter(|r| matches(r, sel)).collect();
+    if picked.is_empty() {
+        return Err(no_record(recs, sel, "dropouts"));
+    }
+    let flagged = |key: &str| -> Vec<f64> {
+        let mut xs: Vec<f64> = picked
+            .iter()
+            .filter(|r| field(r, &[key]).is_some_and(|d| !d.is_null()))
+            .filter_map(|r| x_of(r, x))
+            .collect();
+        xs.sort_by(f64::total_cmp);
+        xs
+    };
+    Ok((flagged("dropout"), flagged("unstable")))
+}
+
+/// `claim`'s direction; its size is left to [`judge`].
+fn judge_direction(study: &Study, claim: &Claim, records: &[Value]) -> Judged {
     let Some(fig) = study.figure(&claim.figure) else {
         return cannot(format!("the study has no figure {}", claim.figure));
     };
@@ -363,20 +617,278 @@ pub fn judge(study: &Study, claim: &Claim, records: &[Value]) -> Judged {
         .flat_map(|f| records_of(records, &study.id, f))
         .collect();
     let x = fig.x;
+    let figs = claim.from.join(" and ");
+    let figure_s = if claim.from.len() == 1 {
+        "figure"
+    } else {
+        "figures"
+    };
+    if recs.is_empty() && !matches!(claim.test, ClaimTest::Unmeasurable(_)) {
+        return cannot(format!("the results hold no record of {figure_s} {figs}"));
+    }
+    let missing = |why: String| cannot(format!("{figure_s} {figs}: {why}"));
     match &claim.test {
         ClaimTest::Unmeasurable(why) => cannot(why.clone()),
+        ClaimTest::RatioChange {
+            a,
+            b,
+            at,
+            vs,
+            expect,
+        } => {
+            let (pa, pb) = match (pick(&recs, a, x, &fig.y), pick(&recs, b, x, &fig.y)) {
+                (Ok(pa), Ok(pb)) => (pa, pb),
+                (Err(e), _) | (_, Err(e)) => return missing(e),
+            };
+            let common = common_x(&pa, &pb);
+            let ends = (
+                point_at(&pa, *at, &common),
+                point_at(&pb, *at, &common),
+                point_at(&pa, *vs, &common),
+                point_at(&pb, *vs, &common),
+            );
+            let (Some(a1), Some(b1), Some(a2), Some(b2)) = ends else {
+                return missing(format!(
+                    "{a} and {b} do not both have the two x the claim compares (both have {})",
+                    fmt_xs(&common.iter().map(|v| fmt_x(*v, x)).collect::<Vec<_>>(), 8)
+                ));
+            };
+            if a1.x == a2.x || b1.x != a1.x || b2.x != a2.x {
+                return missing(format!(
+                    "{a} and {b} have fewer than two x in common to compare"
+                ));
+            }
+            if b1.y == 0.0 || b2.y == 0.0 || a2.y == 0.0 {
+                return missing(format!("{b} or {a} measured 0"));
+            }
+            let (r1, r2) = (ratio(&a1, &b1), ratio(&a2, &b2));
+            let (r, ci) = ratio(&as_point(r1), &as_point(r2));
+            Judged {
+                measured: Some(r),
+                ci,
+                how: format!(
+                    "{a} / {b}: {} at {} over {} at {}",
+                    fmt_num(r1.0),
+                    fmt_x(a1.x, x),
+                    fmt_num(r2.0),
+                    fmt_x(a2.x, x)
+                ),
+                direction: verdict(r, ci, *expect),
+                size: SizeVerdict::NotJudged,
+            }
+        }
+        ClaimTest::Trends {
+            a,
+            b,
+            from_x,
+            to_x,
+            expect,
+        } => {
+            let (pa, pb) = match (pick(&recs, a, x, &fig.y), pick(&recs, b, x, &fig.y)) {
+                (Ok(pa), Ok(pb)) => (pa, pb),
+                (Err(e), _) | (_, Err(e)) => return missing(e),
+            };
+            let common = common_x(&pa, &pb);
+            let (Some(x0), Some(x1)) = (
+                from_x.or(common.first().copied()),
+                to_x.or(common.last().copied()),
+            ) else {
+                return missing(format!("{a} and {b} have no x in common"));
+            };
+            let at = |pts: &[Point], v: f64| pts.iter().find(|p| p.x == v).copied();
+            let (Some(a0), Some(a1), Some(b0), Some(b1)) =
+                (at(&pa, x0), at(&pa, x1), at(&pb, x0), at(&pb, x1))
+            else {
+                return missing(format!(
+                    "{a} and {b} do not both have x = {} and x = {} (both have {})",
+                    fmt_x(x0, x),
+                    fmt_x(x1, x),
+                    fmt_xs(&common.iter().map(|v| fmt_x(*v, x)).collect::<Vec<_>>(), 8)
+                ));
+            };
+            if x0 == x1 || a0.y == 0.0 || b0.y == 0.0 {
+                return missing(format!(
+                    "{a} and {b} have too few points in common to show a trend here"
+                ));
+            }
+            let (ta, tb) = (ratio(&a1, &a0), ratio(&b1, &b0));
+            if tb.0 == 0.0 {
+                return missing(format!("{b} measured 0 at x = {}", fmt_x(x1, x)));
+            }
+            let (r, ci) = ratio(&as_point(ta), &as_point(tb));
+            Judged {
+                measured: Some(r),
+                ci,
+                how: format!(
+                    "from {} to {}: {a} × {} / {b} × {}",
+                    fmt_x(x0, x),
+                    fmt_x(x1, x),
+                    fmt_num(ta.0),
+                    fmt_num(tb.0)
+                ),
+                direction: verdict(r, ci, *expect),
+                size: SizeVerdict::NotJudged,
+            }
+        }
+        ClaimTest::Dropouts { with, without } => {
+            let (w, wo) = match (dropouts_of(&recs, with, x), dropouts_of(&recs, without, x)) {
+                (Ok(w), Ok(wo)) => (w, wo),
+                (Err(e), _) | (_, Err(e)) => return missing(e),
+            };
+            let list = |(drops, unstable): &(Vec<f64>, Vec<f64>)| {
+                let mut s = if drops.is_empty() {
+                    "no dropout".to_string()
+                } else {
+                    format!(
+                        "{} dropout{} (at {})",
+                        drops.len(),
+                        if drops.len() == 1 { "" } else { "s" },
+                        fmt_xs(&drops.iter().map(|v| fmt_x(*v, x)).collect::<Vec<_>>(), 6)
+                    )
+                };
+                if !unstable.is_empty() {
+                    let _ = write!(
+                        s,
+                        ", {} unstable point{} not judged",
+                        unstable.len(),
+                        if unstable.len() == 1 { "" } else { "s" }
+                    );
+                }
+                s
+            };
+            let how = format!("{with}: {}; {without}: {}", list(&w), list(&wo));
+            let direction = match (w.0.is_empty(), wo.0.is_empty()) {
+                (false, true) => Verdict::Holds,
+                (_, false) => Verdict::DoesNotHold(format!("{without} has dropouts too")),
+                (true, true) => Verdict::DoesNotHold(format!(
+                    "{with} has no dropout either: nothing here for the change to remove"
+                )),
+            };
+            Judged {
+                measured: None,
+                ci: None,
+                how,
+                direction,
+                size: SizeVerdict::NotJudged,
+            }
+        }
+        ClaimTest::Knee {
+            series,
+            x: k,
+            expect,
+        } => {
+            let pts = match pick(&recs, series, x, &fig.y) {
+                Ok(p) => p,
+                Err(e) => return missing(e),
+            };
+            let (Some(first), Some(last)) = (pts.first().copied(), pts.last().copied()) else {
+                return missing(format!("no record of {series} was measured here"));
+            };
+            let Some(knee) = pts.iter().find(|p| p.x == *k).copied() else {
+                return missing(format!(
+                    "{series} has no point at x = {} (it has {})",
+                    fmt_x(*k, x),
+                    fmt_xs(&pts.iter().map(|p| fmt_x(p.x, x)).collect::<Vec<_>>(), 8)
+                ));
+            };
+            if !(first.x < knee.x && knee.x < last.x) {
+                return missing(format!(
+                    "{series} needs points below and above x = {} to show a knee there",
+                    fmt_x(*k, x)
+                ));
+            }
+            let slope = |p: Point, q: Point| (q.y - p.y) / (q.x - p.x);
+            let factor = knee_factor(slope(knee, last), slope(first, knee));
+            // The interval: the shallowest rise past the knee over the
+            // steepest up to it, and the other way round.
+            let ci = match (first.ci, knee.ci, last.ci) {
+                (Some((f_lo, f_hi)), Some((k_lo, k_hi)), Some((l_lo, l_hi))) => {
+                    let below = |ky: f64, fy: f64| (ky - fy) / (knee.x - first.x);
+                    let above = |ly: f64, ky: f64| (ly - ky) / (last.x - knee.x);
+                    Some((
+                        knee_factor(above(l_lo, k_hi), below(k_hi, f_lo)),
+                        knee_factor(above(l_hi, k_lo), below(k_lo, f_hi)),
+                    ))
+                }
+                _ => None,
+            };
+            Judged {
+                measured: Some(factor),
+                ci,
+                how: format!(
+                    "{series}: slope {} per unit x from {} to {}, over {} from {} to {}",
+                    fmt_num(slope(knee, last)),
+                    fmt_x(knee.x, x),
+                    fmt_x(last.x, x),
+                    fmt_num(slope(first, knee)),
+                    fmt_x(first.x, x),
+                    fmt_x(knee.x, x)
+                ),
+                direction: verdict(factor, ci, *expect),
+                size: SizeVerdict::NotJudged,
+            }
+        }
+        ClaimTest::Falls { series, expect } => {
+            let pts = match pick(&recs, series, x, &fig.y) {
+                Ok(p) => p,
+                Err(e) => return missing(e),
+            };
+            if pts.len() < 2 {
+                return missing(format!(
+                    "{series} has too few points to show where it falls"
+                ));
+            }
+            let (places, all_intervals) = falls_of(&pts);
+            let count = places.len() as f64;
+            let shown: Vec<String> = places
+                .iter()
+                .map(|(p, q)| format!("{} to {}", fmt_x(*p, x), fmt_x(*q, x)))
+                .collect();
+            let mut how = format!(
+                "{series}: falls {} time{} over {} points",
+                places.len(),
+                if places.len() == 1 { "" } else { "s" },
+                pts.len()
+            );
+            if !shown.is_empty() {
+                let _ = write!(how, " ({})", fmt_xs(&shown, 6));
+            }
+            // A count of falls beyond both points' intervals is judged
+            // by the intervals; where a point had none, on values alone.
+            let direction = match verdict(count, None, *expect) {
+                Verdict::HoldsOnValue if all_intervals => Verdict::Holds,
+                Verdict::DoesNotHold(_) => Verdict::DoesNotHold(missed(*expect)),
+                v => v,
+            };
+            if !all_intervals {
+                how.push_str("; some points have no interval, so their falls are on values");
+            }
+            Judged {
+                measured: Some(count),
+                ci: None,
+                how,
+                direction,
+                size: SizeVerdict::NotJudged,
+            }
+        }
         ClaimTest::Ratio { a, b, at, expect } => {
             let (pa, pb) = match (pick(&recs, a, x, &fig.y), pick(&recs, b, x, &fig.y)) {
                 (Ok(pa), Ok(pb)) => (pa, pb),
-                (Err(e), _) | (_, Err(e)) => return cannot(e),
+                (Err(e), _) | (_, Err(e)) => return missing(e),
             };
             let common = common_x(&pa, &pb);
             let (Some(va), Some(vb)) = (point_at(&pa, *at, &common), point_at(&pb, *at, &common))
             else {
-                return cannot(format!("{a} and {b} have no point in common"));
+                return missing(match at {
+                    At::X(want) if !pa.iter().any(|p| p.x == *want) => {
+                        absent_x(fig, &a.to_string(), &xs(&pa), *want)
+                    }
+                    At::X(want) => absent_x(fig, &b.to_string(), &xs(&pb), *want),
+                    _ => format!("{a} and {b} have no point in common"),
+                });
             };
             if vb.y == 0.0 {
-                return cannot(format!("{b} measured 0"));
+                return missing(format!("{b} measured 0"));
             }
             let (r, ci) = ratio(&va, &vb);
             Judged {
@@ -389,7 +901,8 @@ pub fn judge(study: &Study, claim: &Claim, records: &[Value]) -> Judged {
                     fmt_num(vb.y),
                     fmt_x(vb.x, x)
                 ),
-                verdict: verdict(r, ci, *expect),
+                direction: verdict(r, ci, *expect),
+                size: SizeVerdict::NotJudged,
             }
         }
         ClaimTest::Trend {
@@ -400,7 +913,7 @@ pub fn judge(study: &Study, claim: &Claim, records: &[Value]) -> Judged {
         } => {
             let pts = match pick(&recs, series, x, &fig.y) {
                 Ok(p) => p,
-                Err(e) => return cannot(e),
+                Err(e) => return missing(e),
             };
             let from = from_x.map_or(pts.first().copied(), |fx| {
                 pts.iter().find(|p| p.x == fx).copied()
@@ -409,10 +922,15 @@ pub fn judge(study: &Study, claim: &Claim, records: &[Value]) -> Judged {
                 pts.iter().find(|p| p.x == tx).copied()
             });
             let (Some(from), Some(to)) = (from, to) else {
-                return cannot(format!("{series} lacks a point the claim reads"));
+                // Only an x the claim names can be missing.
+                let want = if from.is_none() { from_x } else { to_x };
+                return missing(match want {
+                    Some(want) => absent_x(fig, &series.to_string(), &xs(&pts), *want),
+                    None => format!("{series} has too few points to show a trend here"),
+                });
             };
             if pts.len() < 2 || from.x == to.x || from.y == 0.0 {
-                return cannot(format!("{series} has too few points to show a trend here"));
+                return missing(format!("{series} has too few points to show a trend here"));
             }
             let (r, ci) = ratio(&to, &from);
             Judged {
@@ -425,7 +943,8 @@ pub fn judge(study: &Study, claim: &Claim, records: &[Value]) -> Judged {
                     fmt_num(from.y),
                     fmt_x(from.x, x)
                 ),
-                verdict: verdict(r, ci, *expect),
+                direction: verdict(r, ci, *expect),
+                size: SizeVerdict::NotJudged,
             }
         }
         ClaimTest::Value {
@@ -437,7 +956,7 @@ pub fn judge(study: &Study, claim: &Claim, records: &[Value]) -> Judged {
             let metric = metric.as_deref().unwrap_or(&fig.y);
             let pts = match pick(&recs, series, x, metric) {
                 Ok(p) => p,
-                Err(e) => return cannot(e),
+                Err(e) => return missing(e),
             };
             let all: Vec<f64> = pts.iter().map(|p| p.x).collect();
             let value = if metric == "dropouts" {
@@ -451,13 +970,23 @@ pub fn judge(study: &Study, claim: &Claim, records: &[Value]) -> Judged {
                 point_at(&pts, *at, &all)
             };
             let Some(p) = value else {
-                return cannot(format!("{series} has no point there"));
+                return missing(match at {
+                    At::X(want) => absent_x(fig, &series.to_string(), &all, *want),
+                    _ => format!("{series} has no point there"),
+                });
+            };
+            let direction = match verdict(p.y, p.ci, *expect) {
+                // The detector flagged each dropout past its points'
+                // noise: the count is judged with it.
+                Verdict::HoldsOnValue if metric == "dropouts" => Verdict::Holds,
+                v => v,
             };
             Judged {
                 measured: Some(p.y),
                 ci: p.ci,
                 how: format!("{series}: {metric}"),
-                verdict: verdict(p.y, p.ci, *expect),
+                direction,
+                size: SizeVerdict::NotJudged,
             }
         }
     }
@@ -599,13 +1128,25 @@ fn cpu_plot(fig: &Figure, recs: &[&Value]) -> Option<Plot> {
 
 fn fmt_expect(e: Expect) -> String {
     match e {
-        Expect::Above(t) => format!("holds above {}", fmt_num(t)),
-        Expect::Below(t) => format!("holds below {}", fmt_num(t)),
-        Expect::Between(a, b) => format!("holds within {} to {}", fmt_num(a), fmt_num(b)),
+        Expect::Above(t) => format!("holds above {}", fmt_trim(t)),
+        Expect::Below(t) => format!("holds below {}", fmt_trim(t)),
+        Expect::Between(a, b) => format!("holds within {} to {}", fmt_trim(a), fmt_trim(b)),
     }
 }
 
-fn claim_rule(c: &Claim) -> String {
+fn fmt_at(at: At, x: XAxis) -> String {
+    match at {
+        At::Largest => "the largest x".into(),
+        At::Smallest => "the smallest x".into(),
+        At::Peak => "each series' peak".into(),
+        At::Lowest => "each series' lowest".into(),
+        At::X(v) => format!("x = {}", fmt_x(v, x)),
+    }
+}
+
+fn claim_rule(c: &Claim, x: XAxis) -> String {
+    let at =
+        |v: &Option<f64>, end: &str| v.map_or(end.to_string(), |v| format!("x = {}", fmt_x(v, x)));
     match &c.test {
         ClaimTest::Ratio { expect, .. } => format!("ratio; {}", fmt_expect(*expect)),
         ClaimTest::Trend {
@@ -613,72 +1154,218 @@ fn claim_rule(c: &Claim) -> String {
             to_x,
             expect,
             ..
-        } => {
-            let at = |x: &Option<f64>, end: &str| {
-                x.map_or(end.to_string(), |v| format!("x = {}", fmt_num(v)))
-            };
-            format!(
-                "value at {} over value at {}; {}",
-                at(to_x, "the last x"),
-                at(from_x, "the first x"),
-                fmt_expect(*expect)
-            )
-        }
+        } => format!(
+            "value at {} over value at {}; {}",
+            at(to_x, "the last x"),
+            at(from_x, "the first x"),
+            fmt_expect(*expect)
+        ),
         ClaimTest::Value { expect, .. } => format!("value; {}", fmt_expect(*expect)),
+        ClaimTest::RatioChange {
+            at: top,
+            vs,
+            expect,
+            ..
+        } => format!(
+            "ratio at {} over ratio at {}; {}",
+            fmt_at(*top, x),
+            fmt_at(*vs, x),
+            fmt_expect(*expect)
+        ),
+        ClaimTest::Trends {
+            from_x,
+            to_x,
+            expect,
+            ..
+        } => format!(
+            "one series' trend (value at {} over value at {}) over the other's; {}",
+            at(to_x, "the last x both have"),
+            at(from_x, "the first"),
+            fmt_expect(*expect)
+        ),
+        ClaimTest::Dropouts { with, without } => {
+            format!("dropouts in {with}, none in {without}")
+        }
+        ClaimTest::Knee { x: k, expect, .. } => format!(
+            "knee factor: the slope past x = {} over the slope up to it; {}",
+            fmt_x(*k, x),
+            fmt_expect(*expect)
+        ),
+        ClaimTest::Falls { expect, .. } => format!(
+            "times the series falls as x grows, beyond the intervals; {}",
+            fmt_expect(*expect)
+        ),
         ClaimTest::Unmeasurable(_) => String::new(),
     }
 }
 
-fn claim_table(
-    out: &mut String,
+/// `claim` judged in a run: a claim read from a figure that was not
+/// measured says why instead.
+fn judged_in(
     study: &Study,
-    fig: &Figure,
+    claim: &Claim,
     outcomes: &BTreeMap<String, Outcome>,
     records: &[Value],
-) {
-    let claims: Vec<&Claim> = study.claims_of(&fig.id).collect();
+) -> Judged {
+    let unmeasured = claim.from.iter().find_map(|f| match outcomes.get(f) {
+        Some(Outcome::Skipped(why)) => Some(format!("figure {f} was not measured: {why}")),
+        Some(Outcome::Failed(e)) => Some(format!("figure {f}'s run failed: {e}")),
+        Some(Outcome::NotAsked) => Some(format!("figure {f} was not asked for")),
+        _ => None,
+    });
+    match unmeasured {
+        Some(why) if !matches!(claim.test, ClaimTest::Unmeasurable(_)) => Judged {
+            size: if claim.size.is_some() {
+                SizeVerdict::NotJudged
+            } else {
+                SizeVerdict::DirectionOnly
+            },
+            ..cannot(why)
+        },
+        _ => judge(study, claim, records),
+    }
+}
+
+/// The measured figure with its interval, as a cell shows it.
+fn fmt_measured(j: &Judged) -> String {
+    match (j.measured, j.ci) {
+        (Some(v), Some((lo, hi))) => {
+            format!("{} [{}, {}]", fmt_num(v), fmt_num(lo), fmt_num(hi))
+        }
+        (Some(v), None) => format!("{} (no interval)", fmt_num(v)),
+        // A count of places (dropouts) is told in how it was read.
+        (None, _) if !j.how.is_empty() => String::new(),
+        _ => "—".into(),
+    }
+}
+
+/// The direction verdict's class and words.
+fn direction_cell(v: &Verdict) -> (&'static str, String) {
+    match v {
+        Verdict::Holds => ("holds", "holds".to_string()),
+        Verdict::HoldsOnValue => (
+            "holds",
+            "holds on its value alone: it has no interval".to_string(),
+        ),
+        Verdict::DoesNotHold(why) => ("fails", format!("does not hold: {why}")),
+        Verdict::CannotMeasure(why) => ("na", format!("cannot be measured here: {why}")),
+    }
+}
+
+/// The size verdict's class, words and the tolerance it was judged with.
+fn size_cell(c: &Claim, v: &SizeVerdict) -> (&'static str, String, String) {
+    let tolerance = c.size.as_ref().map_or(String::new(), |s| {
+        let (lo, hi) = s.band();
+        format!(
+            "published {} ± {}% ({} to {}): {}",
+            fmt_trim(s.published),
+            fmt_trim(s.tolerance_pct),
+            fmt_trim(lo),
+            fmt_trim(hi),
+            s.why
+        )
+    });
+    let (class, words) = match v {
+        SizeVerdict::Holds => ("holds", "holds".to_string()),
+        SizeVerdict::DoesNotHold(why) => ("fails", format!("does not hold: {why}")),
+        SizeVerdict::NoInterval(where_) => (
+            "na",
+            format!("not judged: no interval to judge it by ({where_})"),
+        ),
+        SizeVerdict::DirectionOnly => ("na", "the paper gives a direction only".to_string()),
+        SizeVerdict::NotJudged => ("na", "not judged: nothing was measured".to_string()),
+    };
+    (class, words, tolerance)
+}
+
+/// One claim's row: the claim and its rule, the paper's figure and where,
+/// netgap's with its interval and how it was read, the direction and the
+/// size with its tolerance; `figure` prefixes a cell linking to the
+/// figure's section.
+fn claim_row(out: &mut String, c: &Claim, x: XAxis, j: &Judged, figure: Option<&str>) {
+    let (class, direction) = direction_cell(&j.direction);
+    let (size_class, size, tolerance) = size_cell(c, &j.size);
+    let _ = write!(out, "<tr class=\"{class}\">");
+    if let Some(link) = figure {
+        let _ = write!(out, "<td>{link}</td>");
+    }
+    let _ = writeln!(
+        out,
+        "<td>{}<div class=\"rule\">{}</div></td><td>{}<div class=\"where\">{}</div></td><td>{}<div class=\"how\">{}</div></td><td class=\"{class}\">{}</td><td class=\"{size_class}\">{}<div class=\"why\">{}</div></td></tr>",
+        escape(&c.text),
+        escape(&claim_rule(c, x)),
+        escape(&c.published),
+        escape(&c.where_),
+        escape(&fmt_measured(j)),
+        escape(&j.how),
+        escape(&direction),
+        escape(&size),
+        escape(&tolerance)
+    );
+}
+
+const CLAIM_HEADS: &str =
+    "<th>claim</th><th>published</th><th>measured (95% CI)</th><th>direction</th><th>size</th>";
+
+/// The study's answer: every claim of the figures shown, judged, before
+/// the figures, with a line counting the verdicts.
+fn answer_table(out: &mut String, study: &Study, judged: &[(&Claim, Judged)]) {
+    let _ = writeln!(
+        out,
+        "<h3 id=\"answer-{sid}\">The study's answer</h3>",
+        sid = escape(&study.id)
+    );
+    if judged.is_empty() {
+        out.push_str("<p class=\"none\">No claim of the figures measured here.</p>\n");
+        return;
+    }
+    let count = |f: &dyn Fn(&Judged) -> bool| judged.iter().filter(|(_, j)| f(j)).count();
+    let held = count(&|j| matches!(j.direction, Verdict::Holds | Verdict::HoldsOnValue));
+    let on_value = match count(&|j| j.direction == Verdict::HoldsOnValue) {
+        0 => String::new(),
+        n => format!(" ({n} on its value alone, without an interval)"),
+    };
+    let failed = count(&|j| matches!(j.direction, Verdict::DoesNotHold(_)));
+    let sized = judged.iter().filter(|(c, _)| c.size.is_some()).count();
+    let size_held = count(&|j| j.size == SizeVerdict::Holds);
+    let size_failed = count(&|j| matches!(j.size, SizeVerdict::DoesNotHold(_)));
+    let _ = writeln!(
+        out,
+        "<p class=\"summary\">{} claims: the direction holds for {held}{on_value}, does not hold for {failed}, and cannot be judged for {}. {sized} state the paper's size: it holds for {size_held}, does not hold for {size_failed}, and is not judged for {}.</p>",
+        judged.len(),
+        judged.len() - held - failed,
+        sized - size_held - size_failed
+    );
+    let _ = writeln!(
+        out,
+        "<table class=\"claims answer\"><tr><th>figure</th>{CLAIM_HEADS}</tr>"
+    );
+    for (c, j) in judged {
+        let link = format!(
+            "<a href=\"#fig-{}-{}\">{}</a>",
+            escape(&study.id),
+            escape(&c.figure),
+            escape(&c.figure)
+        );
+        let x = study.figure(&c.figure).map_or(XAxis::Size, |f| f.x);
+        claim_row(out, c, x, j, Some(&link));
+    }
+    out.push_str("</table>\n");
+}
+
+/// The claims of `fig` under its plot.
+fn claim_table(out: &mut String, fig: &Figure, judged: &[(&Claim, Judged)]) {
+    let claims: Vec<&(&Claim, Judged)> =
+        judged.iter().filter(|(c, _)| c.figure == fig.id).collect();
     if claims.is_empty() {
         out.push_str(
             "<p class=\"none\">The paper states no claim of its own on this figure.</p>\n",
         );
         return;
     }
-    out.push_str("<table class=\"claims\"><tr><th>claim</th><th>published</th><th>measured (95% CI)</th><th>here</th></tr>\n");
-    for c in claims {
-        // A claim read from a figure that was not measured says why.
-        let unmeasured = c.from.iter().find_map(|f| match outcomes.get(f) {
-            Some(Outcome::Skipped(why)) => Some(format!("figure {f} was not measured: {why}")),
-            Some(Outcome::Failed(e)) => Some(format!("figure {f}'s run failed: {e}")),
-            Some(Outcome::NotAsked) => Some(format!("figure {f} was not asked for")),
-            _ => None,
-        });
-        let j = match unmeasured {
-            Some(why) if !matches!(c.test, ClaimTest::Unmeasurable(_)) => cannot(why),
-            _ => judge(study, c, records),
-        };
-        let measured = match (j.measured, j.ci) {
-            (Some(v), Some((lo, hi))) => {
-                format!("{} [{}, {}]", fmt_num(v), fmt_num(lo), fmt_num(hi))
-            }
-            (Some(v), None) => format!("{} (no interval)", fmt_num(v)),
-            _ => "—".into(),
-        };
-        let (class, verdict) = match &j.verdict {
-            Verdict::Holds => ("holds", "holds".to_string()),
-            Verdict::DoesNotHold(why) => ("fails", format!("does not hold: {why}")),
-            Verdict::CannotMeasure(why) => ("na", format!("cannot be measured here: {why}")),
-        };
-        let _ = writeln!(
-            out,
-            "<tr class=\"{class}\"><td>{}<div class=\"rule\">{}</div></td><td>{}<div class=\"where\">{}</div></td><td>{}<div class=\"how\">{}</div></td><td>{}</td></tr>",
-            escape(&c.text),
-            escape(&claim_rule(c)),
-            escape(&c.published),
-            escape(&c.where_),
-            escape(&measured),
-            escape(&j.how),
-            escape(&verdict)
-        );
+    let _ = writeln!(out, "<table class=\"claims\"><tr>{CLAIM_HEADS}</tr>");
+    for (c, j) in claims {
+        claim_row(out, c, fig.x, j, None);
     }
     out.push_str("</table>\n");
 }
@@ -687,8 +1374,9 @@ const STYLE: &str = "body{font-family:sans-serif;max-width:1000px;margin:auto;pa
 section.figure{border-top:1px solid #ccc;margin-top:1.5em}\
 table.claims{border-collapse:collapse;width:100%;font-size:90%}\
 table.claims td,table.claims th{border:1px solid #ccc;padding:4px;vertical-align:top;text-align:left}\
-tr.holds td:last-child{background:#e3f4e3}tr.fails td:last-child{background:#fbe3e3}tr.na td:last-child{background:#eee}\
-.rule,.where,.how{color:#666;font-size:85%}.status{color:#444}.plots svg{max-width:100%;height:auto}";
+td.holds{background:#e3f4e3}td.fails{background:#fbe3e3}td.na{background:#eee}\
+table.answer{margin-bottom:1em}.summary{font-weight:bold}\
+.rule,.where,.how,.why{color:#666;font-size:85%}.status{color:#444}.plots svg{max-width:100%;height:auto}";
 
 /// The HTML report of the studies of one `netgap study` run over its
 /// records.
@@ -710,15 +1398,30 @@ pub fn render(runs: &[StudyRun<'_>], records: &[Value]) -> String {
         if let Some(note) = &s.citation.note {
             let _ = writeln!(out, "<p class=\"status\">{}</p>", escape(note));
         }
+        for n in &run.notes {
+            let _ = writeln!(out, "<p class=\"status\">{}</p>", escape(n));
+        }
+        // Every claim of the figures shown, judged once: the answer
+        // first, then each under its figure.
+        let shown = |f: &str| {
+            !matches!(
+                run.outcomes.get(f).unwrap_or(&Outcome::NotAsked),
+                Outcome::NotAsked
+            )
+        };
+        let judged: Vec<(&Claim, Judged)> = s
+            .claims
+            .iter()
+            .filter(|c| shown(&c.figure))
+            .map(|c| (c, judged_in(s, c, &run.outcomes, records)))
+            .collect();
+        answer_table(&mut out, s, &judged);
         let _ = writeln!(
             out,
             "<p><b>Method.</b> {}</p>\n<p><b>Testbed.</b> {}</p>",
             escape(&s.method.text),
             escape(&s.testbed.text)
         );
-        for n in &run.notes {
-            let _ = writeln!(out, "<p class=\"status\">{}</p>", escape(n));
-        }
         for fig in &s.figures {
             let outcome = run.outcomes.get(&fig.id).unwrap_or(&Outcome::NotAsked);
             if *outcome == Outcome::NotAsked {
@@ -762,7 +1465,7 @@ pub fn render(runs: &[StudyRun<'_>], records: &[Value]) -> String {
                 }
             }
             out.push_str("</div>\n");
-            claim_table(&mut out, s, fig, &run.outcomes, records);
+            claim_table(&mut out, fig, &judged);
             out.push_str("</section>\n");
         }
     }
@@ -776,10 +1479,15 @@ mod tests {
     use serde_json::json;
 
     fn rec(fig: &str, offload: &str, size: u64, v: f64) -> Value {
+        rec_ci(fig, offload, size, v, 0.05)
+    }
+
+    /// A record whose 95% interval is `half` of its value either side.
+    fn rec_ci(fig: &str, offload: &str, size: u64, v: f64, half: f64) -> Value {
         json!({
             "test": "stream", "transport": "tcp", "mode": "event", "size_bytes": size,
             "metric": "bandwidth_gbps", "value": v,
-            "stats": {"ci95_low": v * 0.95, "ci95_high": v * 1.05},
+            "stats": {"ci95_low": v * (1.0 - half), "ci95_high": v * (1.0 + half)},
             "stack": {"label": figure_label("009", fig), "options": [],
                       "path": {"mtu_bytes": 1500, "offload": offload}}
         })
@@ -827,6 +1535,27 @@ where = "Fig 1"
 kind = "trend"
 series = { offload = "off" }
 above = 1.0
+[[claim]]
+figure = "1"
+text = "flat"
+published = "-"
+where = "Fig 1"
+kind = "trend"
+series = { offload = "on" }
+tolerance_pct = 20.0
+[[claim]]
+figure = "1"
+text = "offload raises bandwidth by 52%"
+published = "7.6 / 5 Gbps = 1.52"
+where = "Fig 1"
+kind = "ratio"
+a = { offload = "on" }
+b = { offload = "off" }
+at = "peak"
+above = 1.0
+published_value = 1.52
+size_tolerance_pct = 17
+size_why = "half to one and a half times the paper's gain"
 "#;
 
     #[test]
@@ -839,17 +1568,534 @@ above = 1.0
             rec("1", "off", 65536, 4.0),
         ];
         let j = judge(&s, &s.claims[0], &recs);
-        assert_eq!(j.verdict, Verdict::Holds, "{j:?}");
+        assert_eq!(j.direction, Verdict::Holds, "{j:?}");
         assert!((j.measured.expect("measured") - 2.0).abs() < 1e-9);
         let (lo, hi) = j.ci.expect("ci");
         assert!(lo < 2.0 && hi > 2.0);
         let t = judge(&s, &s.claims[1], &recs);
-        assert_eq!(t.verdict, Verdict::Holds, "{t:?}");
+        assert_eq!(t.direction, Verdict::Holds, "{t:?}");
         let none = judge(&s, &s.claims[0], &recs[..2]);
         assert!(
-            matches!(none.verdict, Verdict::CannotMeasure(_)),
+            matches!(none.direction, Verdict::CannotMeasure(_)),
             "{none:?}"
         );
+    }
+
+    /// The bug: a band (`tolerance_pct`, or `above` with `below`) judged
+    /// the point value only, so a flat series held on noise.
+    #[test]
+    fn a_band_holds_only_when_the_whole_interval_is_inside_it() {
+        let s = Study::parse("t", STUDY).expect("study");
+        let flat = &s.claims[2];
+        let tight = [rec("1", "on", 1024, 4.0), rec("1", "on", 65536, 4.1)];
+        assert_eq!(judge(&s, flat, &tight).direction, Verdict::Holds);
+        let noisy = [
+            rec_ci("1", "on", 1024, 4.0, 0.3),
+            rec_ci("1", "on", 65536, 4.1, 0.3),
+        ];
+        let j = judge(&s, flat, &noisy);
+        assert!(
+            matches!(&j.direction, Verdict::DoesNotHold(w) if w.contains("its interval")),
+            "{j:?}"
+        );
+        let grown = [rec("1", "on", 1024, 4.0), rec("1", "on", 65536, 8.0)];
+        assert!(matches!(
+            judge(&s, flat, &grown).direction,
+            Verdict::DoesNotHold(_)
+        ));
+        // Without an interval the value alone is judged, and says so.
+        let mut bare = tight.clone();
+        for r in &mut bare {
+            r["stats"] = json!({});
+        }
+        assert_eq!(judge(&s, flat, &bare).direction, Verdict::HoldsOnValue);
+    }
+
+    /// The bug: a measured 1.01 showed as "holds" beside "published 1.52".
+    /// Now the size is judged apart: the interval against the published
+    /// figure's band.
+    #[test]
+    fn a_claim_has_a_direction_and_a_size_each_judged_with_the_interval() {
+        let s = Study::parse("t", STUDY).expect("study");
+        let sized = &s.claims[3];
+        let pair = |on: f64, half: f64| {
+            vec![
+                rec_ci("1", "on", 65536, on, half),
+                rec_ci("1", "off", 65536, 1.0, half),
+            ]
+        };
+        // Barely above: the direction holds, the size does not.
+        let small = judge(&s, sized, &pair(1.1, 0.01));
+        assert_eq!(small.direction, Verdict::Holds, "{small:?}");
+        assert!(
+            matches!(&small.size, SizeVerdict::DoesNotHold(w) if w.contains("below 1.262 to 1.778")),
+            "{small:?}"
+        );
+        // The paper's size: both hold.
+        let like = judge(&s, sized, &pair(1.5, 0.02));
+        assert_eq!(
+            (like.direction.clone(), like.size.clone()),
+            (Verdict::Holds, SizeVerdict::Holds)
+        );
+        // Far larger than the paper's: the size does not hold.
+        let large = judge(&s, sized, &pair(3.0, 0.02));
+        assert!(
+            matches!(&large.size, SizeVerdict::DoesNotHold(w) if w.contains("above")),
+            "{large:?}"
+        );
+        // An interval that reaches into the band is enough for the size.
+        let wide = judge(&s, sized, &pair(1.15, 0.08));
+        assert_eq!(wide.size, SizeVerdict::Holds, "{wide:?}");
+        // No interval: the size is not judged, and says where the value is.
+        let mut bare = pair(1.5, 0.0);
+        for r in &mut bare {
+            r["stats"] = json!({});
+        }
+        let j = judge(&s, sized, &bare);
+        assert!(
+            matches!(&j.size, SizeVerdict::NoInterval(w) if w.contains("inside")),
+            "{j:?}"
+        );
+        // Nothing measured: neither is judged.
+        let none = judge(&s, sized, &[]);
+        assert!(matches!(none.direction, Verdict::CannotMeasure(_)));
+        assert_eq!(none.size, SizeVerdict::NotJudged);
+        // Where the paper gives a direction only, the size says so.
+        let direction_only = judge(&s, &s.claims[0], &pair(1.5, 0.02));
+        assert_eq!(direction_only.size, SizeVerdict::DirectionOnly);
+    }
+
+    /// A study of three figures for the rule kinds: two stacks against
+    /// size, a sweep with variants, and LogP's parameters.
+    const KINDS: &str = r#"
+id = "009"
+[citation]
+authors = ["A"]
+title = "T"
+venue = "V"
+[method]
+reps = 10
+drop_each_side = 1
+text = "m"
+[testbed]
+hosts = 2
+topology = "switch"
+text = "t"
+[[figure]]
+id = "1"
+caption = "Bandwidth"
+tests = ["stream"]
+x = "size"
+y = "bandwidth_gbps"
+series = ["offload"]
+hosts = 2
+paper = "p"
+here = "h"
+[[figure]]
+id = "2"
+caption = "Sweep"
+command = "sweep"
+tests = []
+flags = ["--no-nodelay"]
+variants = [[], ["--quickack"]]
+x = "size"
+y = "bandwidth_gbps"
+series = ["options"]
+hosts = 2
+paper = "p"
+here = "h"
+[[figure]]
+id = "3"
+caption = "Block time"
+command = "sweep"
+tests = []
+x = "size"
+y = "block_time_us"
+series = ["transport"]
+hosts = 2
+paper = "p"
+here = "h"
+[[figure]]
+id = "4"
+caption = "LogP"
+command = "logp"
+tests = []
+x = "size"
+y = "value"
+series = ["metric"]
+hosts = 2
+paper = "p"
+here = "h"
+[[claim]]
+figure = "1"
+text = "the gain is larger at small sizes"
+published = "-"
+where = "w"
+kind = "ratio_change"
+a = { offload = "on" }
+b = { offload = "off" }
+at = "smallest"
+vs_at = "largest"
+above = 1.0
+[[claim]]
+figure = "1"
+text = "similar scalability"
+published = "-"
+where = "w"
+kind = "trends"
+a = { offload = "on" }
+b = { offload = "off" }
+tolerance_pct = 20
+[[claim]]
+figure = "2"
+text = "quick acknowledgments remove the dropouts"
+published = "-"
+where = "w"
+kind = "dropouts"
+a = { options = "no_nodelay" }
+b = { options = "no_nodelay,quickack" }
+[[claim]]
+figure = "4"
+text = "the receive overhead has a knee at 1K"
+published = "-"
+where = "w"
+kind = "knee"
+series = { metric = "recv_overhead_us" }
+at = "1K"
+above = 2.0
+[[claim]]
+figure = "3"
+text = "block time falls somewhere as blocks grow"
+published = "-"
+where = "w"
+kind = "falls"
+series = { transport = "tcp" }
+above = 0.5
+"#;
+
+    /// A record of figure `fig` at `size` with `value` and an interval of
+    /// `half` of it either side, its attributes set by `extra`.
+    fn point(fig: &str, extra: Value, size: u64, v: f64, half: f64) -> Value {
+        let mut r = json!({
+            "test": "stream", "transport": "tcp", "mode": "event", "size_bytes": size,
+            "metric": "bandwidth_gbps", "value": v,
+            "stats": {"ci95_low": v * (1.0 - half), "ci95_high": v * (1.0 + half)},
+            "stack": {"label": figure_label("009", fig), "options": [],
+                      "path": {"mtu_bytes": 1500, "offload": "on"}}
+        });
+        if let (Some(r), Some(extra)) = (r.as_object_mut(), extra.as_object()) {
+            for (k, v) in extra {
+                r.insert(k.clone(), v.clone());
+            }
+        }
+        r
+    }
+
+    fn offload(on: bool) -> Value {
+        json!({"stack": {"label": figure_label("009", "1"), "options": [],
+                         "path": {"mtu_bytes": 1500, "offload": if on { "on" } else { "off" }}}})
+    }
+
+    /// Two series of figure 1 by offload, each `(size, value)`.
+    fn pairs(on: &[(u64, f64)], off: &[(u64, f64)], half: f64) -> Vec<Value> {
+        on.iter()
+            .map(|(x, v)| point("1", offload(true), *x, *v, half))
+            .chain(
+                off.iter()
+                    .map(|(x, v)| point("1", offload(false), *x, *v, half)),
+            )
+            .collect()
+    }
+
+    fn fails(j: &Judged) -> bool {
+        matches!(j.direction, Verdict::DoesNotHold(_))
+    }
+
+    #[test]
+    fn a_ratio_change_compares_the_ratio_at_one_x_with_that_at_another() {
+        let s = Study::parse("t", KINDS).expect("study");
+        let c = &s.claims[0];
+        let larger_small = pairs(
+            &[(1024, 4.0), (65536, 6.0)],
+            &[(1024, 2.0), (65536, 5.0)],
+            0.02,
+        );
+        let j = judge(&s, c, &larger_small);
+        assert_eq!(j.direction, Verdict::Holds, "{j:?}");
+        assert!((j.measured.expect("measured") - 2.0 / 1.2).abs() < 1e-9);
+        let larger_large = pairs(
+            &[(1024, 2.4), (65536, 10.0)],
+            &[(1024, 2.0), (65536, 5.0)],
+            0.02,
+        );
+        assert!(fails(&judge(&s, c, &larger_large)));
+        // The same gain at both ends, within the noise, does not hold.
+        let noisy = pairs(
+            &[(1024, 2.1), (65536, 10.0)],
+            &[(1024, 2.0), (65536, 10.0)],
+            0.1,
+        );
+        let j = judge(&s, c, &noisy);
+        assert!(fails(&j), "{j:?}");
+        // One series missing: cannot be measured, never holds.
+        let j = judge(&s, c, &larger_small[..2]);
+        assert!(matches!(j.direction, Verdict::CannotMeasure(_)), "{j:?}");
+    }
+
+    #[test]
+    fn two_trends_compared_hold_only_when_both_series_scale_alike() {
+        let s = Study::parse("t", KINDS).expect("study");
+        let c = &s.claims[1];
+        let alike = pairs(
+            &[(1024, 10.0), (4096, 15.0), (65536, 20.0)],
+            &[(1024, 12.0), (4096, 17.0), (65536, 24.0)],
+            0.02,
+        );
+        let j = judge(&s, c, &alike);
+        assert_eq!(j.direction, Verdict::Holds, "{j:?}");
+        assert!((j.measured.expect("measured") - 1.0).abs() < 1e-9);
+        let apart = pairs(
+            &[(1024, 10.0), (65536, 20.0)],
+            &[(1024, 12.0), (65536, 48.0)],
+            0.02,
+        );
+        let j = judge(&s, c, &apart);
+        assert!(fails(&j), "{j:?}");
+        assert!((j.measured.expect("measured") - 0.5).abs() < 1e-9);
+    }
+
+    fn sweep_point(options: &[&str], size: u64, dropout: bool) -> Value {
+        let mut r = point(
+            "2",
+            json!({"test": "sweep", "sweep_kind": "stream",
+                   "stack": {"label": figure_label("009", "2"), "options": options,
+                             "path": {"mtu_bytes": 1500}}}),
+            size,
+            0.5,
+            0.01,
+        );
+        if dropout {
+            r["dropout"] = json!({"below_size_bytes": size / 2});
+        }
+        r
+    }
+
+    /// The bug: 003 Figure 3 held when neither curve had a dropout.
+    #[test]
+    fn dropouts_hold_only_when_one_curve_has_them_and_the_other_has_none() {
+        let s = Study::parse("t", KINDS).expect("study");
+        let c = &s.claims[2];
+        let curves = |delayed: &[bool], quick: &[bool]| -> Vec<Value> {
+            let sizes = [1024u64, 2048, 4096];
+            sizes
+                .iter()
+                .zip(delayed)
+                .map(|(x, d)| sweep_point(&["no_nodelay"], *x, *d))
+                .chain(
+                    sizes
+                        .iter()
+                        .zip(quick)
+                        .map(|(x, d)| sweep_point(&["no_nodelay", "quickack"], *x, *d)),
+                )
+                .collect()
+        };
+        let j = judge(&s, c, &curves(&[false, true, false], &[false; 3]));
+        assert_eq!(j.direction, Verdict::Holds, "{j:?}");
+        assert!(j.how.contains("1 dropout (at 2K)"), "{}", j.how);
+        let j = judge(&s, c, &curves(&[false; 3], &[false; 3]));
+        assert!(
+            matches!(&j.direction, Verdict::DoesNotHold(w) if w.contains("no dropout either")),
+            "{j:?}"
+        );
+        let j = judge(&s, c, &curves(&[false, true, false], &[true, false, false]));
+        assert!(
+            matches!(&j.direction, Verdict::DoesNotHold(w) if w.contains("dropouts too")),
+            "{j:?}"
+        );
+        // The curve that must be free of them was not measured: never holds.
+        let only = curves(&[false, true, false], &[false; 3]);
+        let j = judge(&s, c, &only[..3]);
+        assert!(
+            matches!(&j.direction, Verdict::CannotMeasure(w) if w.contains("no_nodelay,quickack")),
+            "{j:?}"
+        );
+        assert_eq!(j.size, SizeVerdict::DirectionOnly);
+    }
+
+    fn logp(metric: &str, size: u64, v: f64) -> Value {
+        point(
+            "4",
+            json!({"test": "logp", "metric": metric,
+                   "stack": {"label": figure_label("009", "4"), "options": [], "path": {}}}),
+            size,
+            v,
+            0.01,
+        )
+    }
+
+    #[test]
+    fn a_knee_holds_when_the_slope_past_it_is_steeper_by_the_factor() {
+        let s = Study::parse("t", KINDS).expect("study");
+        let c = &s.claims[3];
+        let series = |ys: [f64; 3]| -> Vec<Value> {
+            [1u64, 1024, 65536]
+                .iter()
+                .zip(ys)
+                .map(|(x, y)| logp("recv_overhead_us", *x, y))
+                .chain([logp("send_overhead_us", 1024, 1.0)])
+                .collect()
+        };
+        let kneed = judge(&s, c, &series([1.0, 1.2, 60.0]));
+        assert_eq!(kneed.direction, Verdict::Holds, "{kneed:?}");
+        let (lo, hi) = kneed.ci.expect("interval");
+        assert!(lo > 2.0 && lo <= kneed.measured.expect("factor") && hi >= lo);
+        // A straight line has no knee.
+        let line = judge(
+            &s,
+            c,
+            &series([1.0, 1.0 + 1023.0 * 0.01, 1.0 + 65535.0 * 0.01]),
+        );
+        assert!(fails(&line), "{line:?}");
+        assert!((line.measured.expect("factor") - 1.0).abs() < 1e-6);
+        // Flat up to the knee and rising past it: an infinite factor.
+        let flat = judge(&s, c, &series([1.0, 1.0, 30.0]));
+        assert_eq!(flat.direction, Verdict::Holds, "{flat:?}");
+        assert_eq!(flat.measured, Some(f64::INFINITY));
+        // Flat past it too: no knee, whatever the noise.
+        let none = judge(&s, c, &series([1.0, 1.0, 1.0]));
+        assert!(fails(&none), "{none:?}");
+        // No point at the knee: cannot be measured.
+        let missing: Vec<Value> = [1u64, 4096, 65536]
+            .iter()
+            .map(|x| logp("recv_overhead_us", *x, 1.0))
+            .collect();
+        let j = judge(&s, c, &missing);
+        assert!(
+            matches!(&j.direction, Verdict::CannotMeasure(w) if w.contains("no point at x = 1K")),
+            "{j:?}"
+        );
+    }
+
+    fn block(size: u64, gbps: f64, half: f64) -> Value {
+        let mut r = point(
+            "3",
+            json!({"test": "sweep", "sweep_kind": "stream",
+                   "stack": {"label": figure_label("009", "3"), "options": [], "path": {}}}),
+            size,
+            gbps,
+            half,
+        );
+        r["block_time_us"] = json!(size as f64 * 8.0 / (gbps * 1e3));
+        r
+    }
+
+    #[test]
+    fn falls_count_only_drops_beyond_both_intervals() {
+        let s = Study::parse("t", KINDS).expect("study");
+        let c = &s.claims[4];
+        // Block time is size over throughput: a throughput that falls
+        // at 2K and rebounds at 3K makes the block time fall at 3K.
+        let dropped = [
+            block(1024, 0.5, 0.01),
+            block(2048, 0.1, 0.01),
+            block(3072, 0.9, 0.01),
+        ];
+        let j = judge(&s, c, &dropped);
+        assert_eq!(j.direction, Verdict::Holds, "{j:?}");
+        assert!(j.how.contains("2K to 3K"), "{}", j.how);
+        let rising = [
+            block(1024, 0.5, 0.01),
+            block(2048, 0.6, 0.01),
+            block(3072, 0.7, 0.01),
+        ];
+        assert!(fails(&judge(&s, c, &rising)));
+        // A fall within the noise is not counted.
+        let noisy = [
+            block(1024, 0.5, 0.3),
+            block(2048, 0.3, 0.3),
+            block(3072, 0.4, 0.3),
+        ];
+        let j = judge(&s, c, &noisy);
+        assert!(fails(&j), "{j:?}");
+    }
+
+    #[test]
+    fn a_count_of_dropouts_is_judged_as_the_detector_flagged_them() {
+        let mut s = Study::parse("t", KINDS).expect("study");
+        s.claims[4].test = ClaimTest::Value {
+            series: Selector(vec![(Attr::Options, "no_nodelay".into())]),
+            at: At::Largest,
+            metric: Some("dropouts".into()),
+            expect: Expect::Above(0.5),
+        };
+        s.claims[4].figure = "2".into();
+        s.claims[4].from = vec!["2".into()];
+        let c = &s.claims[4];
+        let curve = |d: [bool; 3]| -> Vec<Value> {
+            [1024u64, 2048, 4096]
+                .iter()
+                .zip(d)
+                .map(|(x, d)| sweep_point(&["no_nodelay"], *x, d))
+                .collect()
+        };
+        let j = judge(&s, c, &curve([false, true, true]));
+        assert_eq!(j.direction, Verdict::Holds, "{j:?}");
+        assert_eq!(j.measured, Some(2.0));
+        assert!(fails(&judge(&s, c, &curve([false; 3]))));
+    }
+
+    /// The bug: 004's "two connections double one" said "transport=tcp
+    /// lacks a point the claim needs" after a `--quick` run that measured
+    /// links 1 and 3 only. Now it names the x it lacks, the x it has, and
+    /// why a run can leave a listed x out.
+    #[test]
+    fn a_claim_whose_x_was_not_measured_says_which_and_why() {
+        let text = STUDY.replace(
+            "x = \"size\"\ny = \"bandwidth_gbps\"\nseries = [\"offload\"]",
+            "links = [1, 2, 3]\nx = \"links\"\ny = \"bandwidth_gbps\"\nseries = [\"offload\"]",
+        );
+        let text = text.replace(
+            "series = { offload = \"off\" }\nabove = 1.0",
+            "series = { offload = \"off\" }\nfrom_x = \"1\"\nto_x = \"2\"\nabove = 1.8",
+        );
+        let s = Study::parse("t", &text).expect("study");
+        let rail = |links: usize, v: f64| {
+            let mut r = rec("1", "off", 65536, v);
+            r["links"] = json!(vec![json!({"bandwidth_gbps": v / links as f64}); links]);
+            r
+        };
+        let quick = [rail(1, 1.0), rail(3, 2.5)];
+        let j = judge(&s, &s.claims[1], &quick);
+        assert!(
+            matches!(&j.direction, Verdict::CannotMeasure(w)
+                if w.contains("offload=off has no point at x = 2 (it has 1, 3)")
+                    && w.contains("--quick")),
+            "{j:?}"
+        );
+        let full = [rail(1, 1.0), rail(2, 1.98), rail(3, 2.5)];
+        let j = judge(&s, &s.claims[1], &full);
+        assert_eq!(j.direction, Verdict::Holds, "{j:?}");
+    }
+
+    #[test]
+    fn a_claim_whose_records_are_missing_says_which_and_why_and_never_holds() {
+        let s = Study::parse("t", STUDY).expect("study");
+        let j = judge(&s, &s.claims[0], &[]);
+        assert!(
+            matches!(&j.direction, Verdict::CannotMeasure(w) if w.contains("no record of figure 1")),
+            "{j:?}"
+        );
+        let off_only = [rec("1", "off", 1024, 1.0), rec("1", "off", 65536, 4.0)];
+        let j = judge(&s, &s.claims[0], &off_only);
+        assert!(
+            matches!(&j.direction, Verdict::CannotMeasure(w)
+                if w.contains("figure 1: no record has offload=on (they have offload off)")),
+            "{j:?}"
+        );
+        let mut other = rec("1", "on", 1024, 1.0);
+        other["stack"]["label"] = json!(figure_label("009", "2"));
+        let j = judge(&s, &s.claims[0], &[other]);
+        assert!(matches!(j.direction, Verdict::CannotMeasure(_)), "{j:?}");
     }
 
     #[test]
@@ -877,5 +2123,30 @@ above = 1.0
         assert!(html.contains("table class=\"claims\""));
         assert!(html.contains("<svg"));
         assert!(html.contains("offload=on"));
+        assert!(html.contains("<th>direction</th><th>size</th>"), "{html}");
+        // The study's answer opens the study: every claim, before the
+        // figures, each linking to its figure.
+        let answer = html.find("The study's answer").expect("an answer");
+        let first_figure = html.find("<section class=\"figure\"").expect("a figure");
+        assert!(answer < first_figure, "the answer comes first");
+        let table = &html[answer..first_figure];
+        assert!(table.contains("table class=\"claims answer\""), "{table}");
+        for c in &s.claims {
+            assert_eq!(
+                table
+                    .matches(&format!("<td>{}<div", escape(&c.text)))
+                    .count(),
+                1,
+                "{}",
+                c.text
+            );
+        }
+        assert!(table.contains("<a href=\"#fig-009-1\">1</a>"), "{table}");
+        assert!(
+            table.contains("4 claims: the direction holds for"),
+            "{table}"
+        );
+        assert!(html.contains("the paper gives a direction only"));
+        assert!(html.contains("published 1.52 ± 17% (1.262 to 1.778): half to one"));
     }
 }
