@@ -469,6 +469,44 @@ fn min_rep_ms(fig: &Figure) -> u64 {
     fig.min_rep_ms.unwrap_or(floor).max(floor)
 }
 
+/// What measuring one figure costs: its points and what one repetition of
+/// a point takes at the least.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Cost {
+    /// Points it measures (all variants, the stacks this build has).
+    points: u64,
+    /// The shortest repetition it can measure, ms.
+    min_rep_ms: u64,
+    /// What a repetition costs beyond its own time, ms.
+    overhead_ms: u64,
+}
+
+impl Cost {
+    fn of(f: &Figure, quick: bool) -> Cost {
+        let n = available_transports(f).0.len();
+        let variants = (f.variants.len() as u64).max(1);
+        Cost {
+            points: points_of(f, quick, n) * variants,
+            min_rep_ms: min_rep_ms(f),
+            overhead_ms: overhead_ms(f),
+        }
+    }
+
+    /// The least time the figure takes: [`MIN_REPS`] repetitions of its
+    /// shortest of every point, with their overhead, ms.
+    fn least_ms(&self) -> u64 {
+        self.points * u64::from(MIN_REPS) * (self.min_rep_ms + self.overhead_ms)
+    }
+}
+
+/// The least budget [`plan`] takes for `figures`: [`MIN_REPS`]
+/// repetitions of the shortest each figure can measure, with what each
+/// repetition costs beyond it, for every point, rounded up to a second.
+pub fn least_budget(figures: &[&Figure], quick: bool) -> Duration {
+    let ms: u64 = figures.iter().map(|f| Cost::of(f, quick).least_ms()).sum();
+    Duration::from_secs(ms.div_ceil(1000))
+}
+
 /// Spreads `budget` over `figures` (in equal shares of the points they
 /// measure, weighted by what each repetition costs) into each figure's
 /// repetitions and repetition time, and its command lines with `extra`
@@ -482,33 +520,23 @@ pub fn plan(
     extra: &dyn Fn(&Figure) -> Vec<String>,
 ) -> Result<Vec<FigureRun>, StudyCmdError> {
     let budget_ms = budget.as_millis() as u64;
-    let shape: Vec<(u64, u64, u64)> = figures
-        .iter()
-        .map(|f| {
-            let n = available_transports(f).0.len();
-            let variants = (f.variants.len() as u64).max(1);
-            (
-                points_of(f, quick, n) * variants,
-                min_rep_ms(f),
-                overhead_ms(f),
-            )
-        })
-        .collect();
-    let need_ms: u64 = shape
-        .iter()
-        .map(|(p, min, over)| p * u64::from(MIN_REPS) * (min + over))
-        .sum();
+    let shape: Vec<Cost> = figures.iter().map(|f| Cost::of(f, quick)).collect();
+    let need_ms: u64 = shape.iter().map(Cost::least_ms).sum();
     if budget_ms < need_ms {
         return Err(StudyCmdError::Budget {
             given: humantime::format_duration(budget).to_string(),
             what: format!("study {}", study.id),
-            need: humantime::format_duration(Duration::from_secs(need_ms.div_ceil(1000)))
-                .to_string(),
+            need: humantime::format_duration(least_budget(figures, quick)).to_string(),
         });
     }
-    let total_points: u64 = shape.iter().map(|(p, _, _)| *p).sum::<u64>().max(1);
+    let total_points: u64 = shape.iter().map(|c| c.points).sum::<u64>().max(1);
     let mut runs = Vec::new();
-    for (f, (points, min, over)) in figures.iter().zip(shape) {
+    for (f, cost) in figures.iter().zip(shape) {
+        let Cost {
+            points,
+            min_rep_ms: min,
+            overhead_ms: over,
+        } = cost;
         // Each figure's share of the budget is its share of the points;
         // each point's share goes to the study's repetitions, fewer (down
         // to MIN_REPS) only when a repetition would be shorter than the

@@ -683,6 +683,27 @@ fn claim_table(
     out.push_str("</table>\n");
 }
 
+/// The line under a figure's title that says what became of it: how it
+/// was measured, or why it was not.
+fn outcome_line(outcome: &Outcome) -> String {
+    match outcome {
+        Outcome::Ran {
+            reps,
+            rep_ms,
+            missing,
+        } => {
+            let mut t = format!("{reps} repetitions of {rep_ms} ms per point");
+            for m in missing {
+                let _ = write!(t, "; not measured: {m}");
+            }
+            t
+        }
+        Outcome::Skipped(why) => format!("not measured: {why}"),
+        Outcome::Failed(e) => format!("the run failed: {e}"),
+        Outcome::NotAsked => String::new(),
+    }
+}
+
 const STYLE: &str = "body{font-family:sans-serif;max-width:1000px;margin:auto;padding:1em}\
 section.figure{border-top:1px solid #ccc;margin-top:1.5em}\
 table.claims{border-collapse:collapse;width:100%;font-size:90%}\
@@ -733,23 +754,11 @@ pub fn render(runs: &[StudyRun<'_>], records: &[Value]) -> String {
                 sid = escape(&s.id),
                 fid = escape(&fig.id)
             );
-            let status = match outcome {
-                Outcome::Ran {
-                    reps,
-                    rep_ms,
-                    missing,
-                } => {
-                    let mut t = format!("{reps} repetitions of {rep_ms} ms per point");
-                    for m in missing {
-                        let _ = write!(t, "; not measured: {m}");
-                    }
-                    t
-                }
-                Outcome::Skipped(why) => format!("not measured: {why}"),
-                Outcome::Failed(e) => format!("the run failed: {e}"),
-                Outcome::NotAsked => String::new(),
-            };
-            let _ = writeln!(out, "<p class=\"status\">{}</p>", escape(&status));
+            let _ = writeln!(
+                out,
+                "<p class=\"status\">{}</p>",
+                escape(&outcome_line(outcome))
+            );
             let recs = records_of(records, &s.id, &fig.id);
             out.push_str("<div class=\"plots\">\n");
             match figure_plot(fig, &recs) {
