@@ -349,6 +349,9 @@ pub struct FigureRun {
     pub missing: Vec<String>,
     /// Points it measures (all variants).
     pub points: u64,
+    /// What the plan expects it to take: every point's repetitions with
+    /// what each costs beyond its own time, ms.
+    pub time_ms: u64,
 }
 
 /// Whether the figure's tests are workloads (a repetition is a window).
@@ -507,11 +510,13 @@ pub fn least_budget(figures: &[&Figure], quick: bool) -> Duration {
     Duration::from_secs(ms.div_ceil(1000))
 }
 
-/// Spreads `budget` over `figures` (in equal shares of the points they
-/// measure, weighted by what each repetition costs) into each figure's
-/// repetitions and repetition time, and its command lines with `extra`
-/// (hosts, results file) added; refuses a budget that cannot hold
-/// [`MIN_REPS`] repetitions of every point.
+/// Spreads `budget` over `figures` into each figure's repetitions and
+/// repetition time, and its command lines with `extra` (hosts, results
+/// file) added: every point gets [`MIN_REPS`] repetitions of the shortest
+/// its figure can measure, and the rest of the budget is shared equally
+/// among the points. Refuses a budget that cannot hold that least
+/// ([`least_budget`]). The figures' [`FigureRun::time_ms`] sum to at most
+/// the budget.
 pub fn plan(
     study: &Study,
     figures: &[&Figure],
@@ -537,12 +542,14 @@ pub fn plan(
             min_rep_ms: min,
             overhead_ms: over,
         } = cost;
-        // Each figure's share of the budget is its share of the points;
-        // each point's share goes to the study's repetitions, fewer (down
-        // to MIN_REPS) only when a repetition would be shorter than the
-        // figure can measure.
-        let share_ms = budget_ms * points / total_points;
-        let per_point = share_ms / points.max(1);
+        // Every point first gets the least it can be measured in (MIN_REPS
+        // repetitions of its shortest), and what the budget holds beyond
+        // the least is shared equally among all the points, so a figure
+        // of costly repetitions (a workload's) never takes more than its
+        // share. A point's share goes to the study's repetitions, fewer
+        // (down to MIN_REPS) only when a repetition would be shorter than
+        // the figure can measure.
+        let per_point = u64::from(MIN_REPS) * (min + over) + (budget_ms - need_ms) / total_points;
         let mut reps = study.method.reps;
         while reps > MIN_REPS && per_point / u64::from(reps) < min + over {
             reps -= 1;
@@ -567,6 +574,7 @@ pub fn plan(
             rep_ms,
             missing,
             points,
+            time_ms: points * u64::from(reps) * (rep_ms + over),
         });
     }
     Ok(runs)
@@ -672,5 +680,35 @@ mod tests {
         // Both ways over one link; three links both ways.
         assert_eq!(shapers_at_once(&s004, &fig(&s004, "3")), 2);
         assert_eq!(shapers_at_once(&s004, &fig(&s004, "5")), 6);
+    }
+
+    /// The bug: each figure got the same share per point whatever its
+    /// repetitions cost, so at a budget near the least a workload's
+    /// repetitions were held at their shortest beyond their share while
+    /// ping-pongs took long ones, and the study ran well past its budget.
+    #[test]
+    fn a_plan_stays_within_its_budget_and_gives_every_point_its_least() {
+        let none = |_: &Figure| Vec::new();
+        for s in all().expect("studies") {
+            let figs: Vec<&Figure> = s.figures.iter().collect();
+            for quick in [false, true] {
+                let least = least_budget(&figs, quick);
+                for budget in [least, least * 2, Duration::from_secs(30 * 60)] {
+                    let runs = plan(&s, &figs, budget, quick, &none).expect("plan");
+                    let total_ms: u64 = runs.iter().map(|r| r.time_ms).sum();
+                    assert!(
+                        total_ms <= budget.as_millis() as u64,
+                        "study {} (quick {quick}): {total_ms} ms planned in {budget:?}",
+                        s.id
+                    );
+                    for (r, f) in runs.iter().zip(&figs) {
+                        assert!((MIN_REPS..=s.method.reps).contains(&r.reps), "{r:?}");
+                        assert!(r.rep_ms >= min_rep_ms(f), "{r:?}");
+                    }
+                }
+                let short = least - Duration::from_secs(1);
+                assert!(plan(&s, &figs, short, quick, &none).is_err());
+            }
+        }
     }
 }
