@@ -228,8 +228,13 @@ pub fn run(args: &StudyArgs) -> Result<()> {
         };
         for r in &p.runs {
             eprintln!(
-                "netgap: study {} figure {}: {} points, {} repetitions of {} ms",
-                p.study.id, r.figure, r.points, r.reps, r.rep_ms
+                "netgap: study {} figure {}: {} points, {} repetitions of {} ms ({})",
+                p.study.id,
+                r.figure,
+                r.points,
+                r.reps,
+                r.rep_ms,
+                netgap::report::study::beside_paper(r.reps, &p.study.method)
             );
             let mut outcome = Outcome::Ran {
                 reps: r.reps,

@@ -9,7 +9,10 @@
 //! (`stack.label`, [`figure_label`]).
 
 use crate::svg::{escape, Axis, LinePlot, Plot, RefLine, Series};
-use netgap_core::study::{At, Attr, Claim, ClaimTest, Expect, Figure, Selector, Study, XAxis};
+use netgap_core::stats::DROPPED_EACH_SIDE;
+use netgap_core::study::{
+    At, Attr, Claim, ClaimTest, Expect, Figure, Selector, Study, StudyMethod, XAxis,
+};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -684,15 +687,18 @@ fn claim_table(
 }
 
 /// The line under a figure's title that says what became of it: how it
-/// was measured, or why it was not.
-fn outcome_line(outcome: &Outcome) -> String {
+/// was measured beside the paper's `method`, or why it was not.
+fn outcome_line(outcome: &Outcome, method: &StudyMethod) -> String {
     match outcome {
         Outcome::Ran {
             reps,
             rep_ms,
             missing,
         } => {
-            let mut t = format!("{reps} repetitions of {rep_ms} ms per point");
+            let mut t = format!(
+                "{reps} repetitions of {rep_ms} ms per point: {}",
+                beside_paper(*reps, method)
+            );
             for m in missing {
                 let _ = write!(t, "; not measured: {m}");
             }
@@ -702,6 +708,36 @@ fn outcome_line(outcome: &Outcome) -> String {
         Outcome::Failed(e) => format!("the run failed: {e}"),
         Outcome::NotAsked => String::new(),
     }
+}
+
+/// How `reps` repetitions of a figure's points stand beside the paper's
+/// `method`, one clause: the paper's count and how many it dropped at
+/// each end; when fewer ran (or run), that the budget has room for no more; and
+/// when the paper dropped other than netgap's headline does
+/// ([`DROPPED_EACH_SIDE`]), that netgap did not drop as it did.
+pub fn beside_paper(reps: u32, method: &StudyMethod) -> String {
+    let drop = method.drop_each_side;
+    let dropping = match drop {
+        0 => "dropping none".to_string(),
+        n => format!("dropping {n} each side"),
+    };
+    let mut t = if reps >= method.reps {
+        format!("the paper's {}, {dropping}", method.reps)
+    } else {
+        format!(
+            "the paper used {}, {dropping}; the budget has room for {reps}",
+            method.reps
+        )
+    };
+    if drop != DROPPED_EACH_SIDE {
+        let _ = write!(
+            t,
+            "; netgap's headline drops {DROPPED_EACH_SIDE} each side, not {drop}"
+        );
+    } else if reps >= method.reps {
+        t.push_str(", as netgap's headline does");
+    }
+    t
 }
 
 const STYLE: &str = "body{font-family:sans-serif;max-width:1000px;margin:auto;padding:1em}\
@@ -757,7 +793,7 @@ pub fn render(runs: &[StudyRun<'_>], records: &[Value]) -> String {
             let _ = writeln!(
                 out,
                 "<p class=\"status\">{}</p>",
-                escape(&outcome_line(outcome))
+                escape(&outcome_line(outcome, &s.method))
             );
             let recs = records_of(records, &s.id, &fig.id);
             out.push_str("<div class=\"plots\">\n");
@@ -886,5 +922,44 @@ above = 1.0
         assert!(html.contains("table class=\"claims\""));
         assert!(html.contains("<svg"));
         assert!(html.contains("offload=on"));
+        assert!(
+            html.contains("10 repetitions of 5 ms per point: the paper's 10, dropping 1 each side"),
+            "{html}"
+        );
+    }
+
+    #[test]
+    fn a_figure_says_how_its_repetitions_stand_beside_the_papers() {
+        let method = |reps, drop_each_side| StudyMethod {
+            reps,
+            drop_each_side,
+            iterations: None,
+            text: "m".into(),
+        };
+        let ran = |reps| Outcome::Ran {
+            reps,
+            rep_ms: 400,
+            missing: vec!["xdp: not built".into()],
+        };
+        assert_eq!(
+            outcome_line(&ran(3), &method(10, 1)),
+            "3 repetitions of 400 ms per point: the paper used 10, dropping 1 each side; \
+             the budget has room for 3; not measured: xdp: not built"
+        );
+        assert_eq!(
+            outcome_line(&ran(10), &method(10, 1)),
+            "10 repetitions of 400 ms per point: the paper's 10, dropping 1 each side, \
+             as netgap's headline does; not measured: xdp: not built"
+        );
+        // netgap's headline drops one at each end whatever the paper did.
+        assert_eq!(
+            beside_paper(10, &method(10, 2)),
+            "the paper's 10, dropping 2 each side; netgap's headline drops 1 each side, not 2"
+        );
+        assert_eq!(
+            beside_paper(5, &method(8, 0)),
+            "the paper used 8, dropping none; the budget has room for 5; \
+             netgap's headline drops 1 each side, not 0"
+        );
     }
 }
