@@ -73,7 +73,7 @@ pub enum StudyCmdError {
         what: String,
     },
     /// The budget cannot hold one repetition of every point.
-    #[error("--budget {given}: too small for one repetition of every point of {what}; give at least {need}")]
+    #[error("--budget {given}: too small for {MIN_REPS} repetitions of every point of {what}; give at least {need}")]
     Budget {
         /// The budget given.
         given: String,
@@ -510,6 +510,94 @@ pub fn least_budget(figures: &[&Figure], quick: bool) -> Duration {
     Duration::from_secs(ms.div_ceil(1000))
 }
 
+/// The budget of one study without `--quick` or `--budget`.
+pub const DEFAULT_BUDGET: Duration = Duration::from_secs(30 * 60);
+
+/// What `--quick` adds per point to the least its figures take, ms.
+/// [`plan`] shares it out equally: a point-to-point test's points then get
+/// the paper's 10 repetitions of about 13 ms instead of 3 of 2 ms, a
+/// workload's 3 windows about 50 ms longer than its shortest.
+pub const QUICK_EXTRA_MS: u64 = 150;
+
+/// A study's budget, and where it came from.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Budget {
+    /// Given with `--budget`.
+    Given(Duration),
+    /// Derived under `--quick` from the figures' own points
+    /// ([`Budget::quick`]).
+    Quick {
+        /// The budget.
+        total: Duration,
+        /// The least the figures take ([`least_budget`]).
+        least: Duration,
+        /// Their points.
+        points: u64,
+    },
+    /// [`DEFAULT_BUDGET`], without `--quick` or `--budget`.
+    Default,
+}
+
+impl Budget {
+    /// The budget of `figures`: `given` (`--budget`) when there is one;
+    /// else under `--quick` [`Budget::quick`]; else [`DEFAULT_BUDGET`].
+    pub fn of(given: Option<Duration>, quick: bool, figures: &[&Figure]) -> Budget {
+        match (given, quick) {
+            (Some(b), _) => Budget::Given(b),
+            (None, true) => Budget::quick(figures),
+            (None, false) => Budget::Default,
+        }
+    }
+
+    /// The budget `--quick` derives from `figures`' own points (the
+    /// quick sizes and axes, the stacks this build has): the least they
+    /// take ([`MIN_REPS`] repetitions of the shortest each figure can
+    /// measure, with what each repetition costs beyond it, for every
+    /// point) plus [`QUICK_EXTRA_MS`] a point, rounded up to a second.
+    /// Never below the least, so [`plan`] never refuses it.
+    pub fn quick(figures: &[&Figure]) -> Budget {
+        let costs: Vec<Cost> = figures.iter().map(|f| Cost::of(f, true)).collect();
+        let points: u64 = costs.iter().map(|c| c.points).sum();
+        let least_ms: u64 = costs.iter().map(Cost::least_ms).sum();
+        Budget::Quick {
+            total: Duration::from_secs((least_ms + QUICK_EXTRA_MS * points).div_ceil(1000)),
+            least: Duration::from_secs(least_ms.div_ceil(1000)),
+            points,
+        }
+    }
+
+    /// The time to spread.
+    pub fn duration(&self) -> Duration {
+        match *self {
+            Budget::Given(d) => d,
+            Budget::Quick { total, .. } => total,
+            Budget::Default => DEFAULT_BUDGET,
+        }
+    }
+
+    /// The budget and where it came from, for the plan and the report,
+    /// e.g. "4m 2s (--quick: the least its 89 points take, 3m 47s, and
+    /// 150 ms a point more)".
+    pub fn describe(&self) -> String {
+        let d = |d: Duration| humantime::format_duration(d).to_string();
+        match *self {
+            Budget::Given(b) => format!("{} (--budget)", d(b)),
+            Budget::Quick {
+                total,
+                least,
+                points,
+            } => format!(
+                "{} (--quick: the least its {points} points take, {} repetitions of each \
+                 figure's shortest, {}, and {QUICK_EXTRA_MS} ms a point more)",
+                d(total),
+                MIN_REPS,
+                d(least)
+            ),
+            Budget::Default => format!("{} (the default without --quick)", d(DEFAULT_BUDGET)),
+        }
+    }
+}
+
 /// Spreads `budget` over `figures` into each figure's repetitions and
 /// repetition time, and its command lines with `extra` (hosts, results
 /// file) added: every point gets [`MIN_REPS`] repetitions of the shortest
@@ -680,6 +768,40 @@ mod tests {
         // Both ways over one link; three links both ways.
         assert_eq!(shapers_at_once(&s004, &fig(&s004, "3")), 2);
         assert_eq!(shapers_at_once(&s004, &fig(&s004, "5")), 6);
+    }
+
+    /// The bug: `netgap study 000 --quick`, the first study a newcomer
+    /// runs, stopped at once: the fixed 150 s of `--quick` was below the
+    /// least its points take (3m 48s, and 5m 34s with the xdp stacks).
+    /// The budget `--quick` derives holds every study, whichever of its
+    /// figures are chosen, in every build.
+    #[test]
+    fn quick_derives_a_budget_every_study_and_figure_plans_in() {
+        let none = |_: &Figure| Vec::new();
+        for s in all().expect("studies") {
+            let every: Vec<&Figure> = s.figures.iter().collect();
+            let mut choices: Vec<Vec<&Figure>> = every.iter().map(|f| vec![*f]).collect();
+            choices.push(every);
+            for figs in choices {
+                let budget = Budget::of(None, true, &figs);
+                let Budget::Quick { total, least, .. } = budget else {
+                    panic!("--quick without --budget derives its budget: {budget:?}");
+                };
+                assert!(total >= least && least == least_budget(&figs, true));
+                let runs = plan(&s, &figs, total, true, &none).unwrap_or_else(|e| {
+                    panic!("study {}: {e}", s.id);
+                });
+                assert_eq!(runs.len(), figs.len());
+            }
+        }
+        let s = load("000").expect("000");
+        let figs: Vec<&Figure> = s.figures.iter().collect();
+        assert_eq!(
+            Budget::of(Some(Duration::from_secs(9)), true, &figs),
+            Budget::Given(Duration::from_secs(9)),
+            "--budget stands under --quick"
+        );
+        assert_eq!(Budget::of(None, false, &figs).duration(), DEFAULT_BUDGET);
     }
 
     /// The bug: each figure got the same share per point whatever its

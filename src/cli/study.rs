@@ -15,10 +15,6 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-/// The budget of one study under `--quick`.
-const QUICK_BUDGET: Duration = Duration::from_secs(150);
-/// The budget of one study without `--quick` or `--budget`.
-const DEFAULT_BUDGET: Duration = Duration::from_secs(30 * 60);
 /// The name of the testbed a study builds.
 const TESTBED_NAME: &str = "study";
 
@@ -31,12 +27,17 @@ pub struct StudyArgs {
     /// Only these figures (of a single study), comma separated, e.g. 3a,5b.
     #[arg(long, value_name = "FIG[,FIG...]", value_delimiter = ',')]
     pub figures: Vec<String>,
-    /// A few minutes per study: fewer sizes, smaller data sets, a
-    /// budget of 150s per study unless --budget says otherwise.
+    /// A few minutes per study: fewer sizes, the two ends of each
+    /// clients/streams/links axis, smaller data sets, and unless --budget
+    /// says otherwise a budget derived from the study's points: 3
+    /// repetitions of the shortest each figure can measure for every
+    /// point, and 150 ms a point more.
     #[arg(long)]
     pub quick: bool,
     /// Time to spread over each study's figures; repetition times are
-    /// scaled to it [default: 30m per study; 150s with --quick].
+    /// scaled to it, and one too small for 3 repetitions of every point is
+    /// refused [default: 30m per study; with --quick, derived from its
+    /// points].
     #[arg(long, value_name = "DUR", value_parser = netgap::units::parse_duration)]
     pub budget: Option<Duration>,
     /// The hosts to run on: @FILE (a hosts file), @testbed or @slurm;
@@ -61,6 +62,7 @@ pub struct StudyArgs {
 /// One study ready to run: its figures, their runs, what was skipped.
 struct Prepared {
     study: Study,
+    budget: study::Budget,
     runs: Vec<FigureRun>,
     outcomes: BTreeMap<String, Outcome>,
     /// One sentence per figure that ran at a scaled link rate.
@@ -127,11 +129,6 @@ pub fn run(args: &StudyArgs) -> Result<()> {
         .map(|a| HostsOffer::of(a, root))
         .transpose()
         .context("--hosts")?;
-    let budget = args.budget.unwrap_or(if args.quick {
-        QUICK_BUDGET
-    } else {
-        DEFAULT_BUDGET
-    });
     let json = args.out.join(results_name(&args.id));
     let html = args.out.join(report_name(&args.id));
     let hosts_text = args.hosts.clone().unwrap_or_else(|| {
@@ -173,7 +170,8 @@ pub fn run(args: &StudyArgs) -> Result<()> {
             .into());
         }
         let extra = |f: &study::data::Figure| study::common_args(&s.id, f, &hosts_text, &json);
-        let runs = study::plan(&s, &chosen, budget, args.quick, &extra)?;
+        let budget = study::Budget::of(args.budget, args.quick, &chosen);
+        let runs = study::plan(&s, &chosen, budget.duration(), args.quick, &extra)?;
         for r in &runs {
             for argv in &r.argv {
                 parse(argv).with_context(|| {
@@ -188,6 +186,7 @@ pub fn run(args: &StudyArgs) -> Result<()> {
         }
         prepared.push(Prepared {
             study: s,
+            budget,
             runs,
             outcomes,
             scaled: Vec::new(),
@@ -282,8 +281,11 @@ pub fn run(args: &StudyArgs) -> Result<()> {
             outcomes: p.outcomes.clone(),
             notes: std::iter::once(format!(
                 "Budget {} for the study{}; results in {}.",
-                humantime::format_duration(budget),
-                if args.quick { " (--quick)" } else { "" },
+                p.budget.describe(),
+                match p.budget {
+                    study::Budget::Given(_) if args.quick => ", with --quick's points",
+                    _ => "",
+                },
                 json.display()
             ))
             .chain(p.scaled.iter().cloned())
