@@ -668,6 +668,104 @@ pub fn plan(
     Ok(runs)
 }
 
+/// The hosts of a study's own testbed, which `netgap study` builds (as
+/// root) when it runs, in words.
+pub fn testbed_text(study: &Study) -> String {
+    let t = &study.testbed;
+    let wiring = match t.topology {
+        data::Topology::Switch if t.links > 1 => format!("on {} switches", t.links),
+        data::Topology::Switch => "on a switch".to_string(),
+        data::Topology::Mesh if t.links > 1 => format!("meshed by {} links a pair", t.links),
+        data::Topology::Mesh => "meshed".to_string(),
+    };
+    let rate = t
+        .rate
+        .as_deref()
+        .map(|r| format!(", links at {r}"))
+        .unwrap_or_default();
+    format!(
+        "its own testbed, built as root when it runs: {} hosts {wiring}{rate}",
+        t.hosts
+    )
+}
+
+/// What `netgap study --plan` prints of one study: where it runs
+/// (`hosts`), its budget, then every figure in the paper's order, either
+/// planned (points, repetitions beside the paper's, the time it takes and
+/// its command lines) or with why it would not run (`not_run`: figure id
+/// and reason), and what the planned figures take together.
+pub fn plan_text(
+    study: &Study,
+    budget: &Budget,
+    hosts: &str,
+    runs: &[FigureRun],
+    not_run: &[(String, String)],
+) -> String {
+    use std::fmt::Write as _;
+    // Whole seconds: the plan's times are estimates.
+    let d =
+        |ms: u64| humantime::format_duration(Duration::from_secs(ms.div_ceil(1000))).to_string();
+    let year = study
+        .citation
+        .year
+        .map(|y| format!(" ({y})"))
+        .unwrap_or_default();
+    let mut out = format!(
+        "study {}: {}{year}\n  hosts: {hosts}\n  budget: {}\n",
+        study.id,
+        study.citation.title,
+        budget.describe()
+    );
+    for f in &study.figures {
+        if let Some(r) = runs.iter().find(|r| r.figure == f.id) {
+            let _ = writeln!(
+                out,
+                "  figure {}: {} point{}, {} repetitions of {} ms ({}), about {}",
+                f.id,
+                r.points,
+                if r.points == 1 { "" } else { "s" },
+                r.reps,
+                r.rep_ms,
+                crate::report::study::beside_paper(r.reps, &study.method),
+                d(r.time_ms)
+            );
+            for m in &r.missing {
+                let _ = writeln!(out, "    not measured: {m}");
+            }
+            for argv in &r.argv {
+                let line: Vec<String> = argv.iter().map(|a| shell_word(a)).collect();
+                let _ = writeln!(out, "    netgap {}", line.join(" "));
+            }
+        } else if let Some((_, why)) = not_run.iter().find(|(id, _)| *id == f.id) {
+            let _ = writeln!(out, "  figure {}: skipped: {why}", f.id);
+        }
+    }
+    let time_ms: u64 = runs.iter().map(|r| r.time_ms).sum();
+    let _ = writeln!(
+        out,
+        "  {} of {} figures, about {} of the {} budget",
+        runs.len(),
+        study.figures.len(),
+        d(time_ms),
+        humantime::format_duration(budget.duration())
+    );
+    out
+}
+
+/// `word` as a shell reads it back: as it is when it holds only
+/// characters a shell leaves alone, else in single quotes.
+fn shell_word(word: &str) -> String {
+    let plain = !word.is_empty()
+        && word
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "@%+=:,./_-".contains(c));
+    if plain {
+        word.to_string()
+    } else {
+        format!("'{}'", word.replace('\'', "'\\''"))
+    }
+}
+
 /// The command line of one variant of a figure.
 fn command_line(
     f: &Figure,
@@ -768,6 +866,18 @@ mod tests {
         // Both ways over one link; three links both ways.
         assert_eq!(shapers_at_once(&s004, &fig(&s004, "3")), 2);
         assert_eq!(shapers_at_once(&s004, &fig(&s004, "5")), 6);
+    }
+
+    #[test]
+    fn a_planned_command_line_reads_back_in_a_shell() {
+        assert_eq!(shell_word("--rep-time"), "--rep-time");
+        assert_eq!(
+            shell_word("@/run/netgap/study/hosts.json"),
+            "@/run/netgap/study/hosts.json"
+        );
+        assert_eq!(shell_word("study 000 figure 3a"), "'study 000 figure 3a'");
+        assert_eq!(shell_word("it's"), "'it'\\''s'");
+        assert_eq!(shell_word(""), "''");
     }
 
     /// The bug: `netgap study 000 --quick`, the first study a newcomer

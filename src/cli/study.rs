@@ -57,6 +57,12 @@ pub struct StudyArgs {
     /// than 80% of it runs at a lower link rate, and its records say so.
     #[arg(long, value_name = "RATE")]
     pub forwarding: Option<String>,
+    /// Print what would run and run nothing: for each study its hosts and
+    /// budget, and for each figure its points, repetitions and their time
+    /// with its command lines, or why it would be skipped. Needs no root,
+    /// builds no testbed and writes no file.
+    #[arg(long)]
+    pub plan: bool,
 }
 
 /// One study ready to run: its figures, their runs, what was skipped.
@@ -119,7 +125,7 @@ pub fn run(args: &StudyArgs) -> Result<()> {
                 })
         })
         .transpose()?;
-    if hosts_arg.is_none() && !root {
+    if hosts_arg.is_none() && !root && !args.plan {
         return Err(anyhow!(
             "without --hosts, netgap study builds the testbed each study needs, which needs root; run it as root or give --hosts @FILE"
         ));
@@ -191,6 +197,11 @@ pub fn run(args: &StudyArgs) -> Result<()> {
             outcomes,
             scaled: Vec::new(),
         });
+    }
+
+    if args.plan {
+        print_plan(&prepared, args.hosts.as_deref());
+        return Ok(());
     }
 
     // The testbed the studies build is theirs from here to the end: a
@@ -306,6 +317,39 @@ pub fn run(args: &StudyArgs) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// Prints what `prepared` would run (`--plan`) on `hosts` (`--hosts`, or
+/// each study's own testbed).
+fn print_plan(prepared: &[Prepared], hosts: Option<&str>) {
+    let mut time_ms = 0;
+    for p in prepared {
+        let not_run: Vec<(String, String)> = p
+            .outcomes
+            .iter()
+            .filter_map(|(id, o)| match o {
+                Outcome::Skipped(why) => Some((id.clone(), why.clone())),
+                Outcome::NotAsked => Some((id.clone(), "not asked for (--figures)".into())),
+                _ => None,
+            })
+            .collect();
+        let hosts = match hosts {
+            Some(h) => format!("--hosts {h}"),
+            None => study::testbed_text(&p.study),
+        };
+        print!(
+            "{}",
+            study::plan_text(&p.study, &p.budget, &hosts, &p.runs, &not_run)
+        );
+        time_ms += p.runs.iter().map(|r| r.time_ms).sum::<u64>();
+    }
+    if prepared.len() > 1 {
+        println!(
+            "all: about {} for the {} studies, with each testbed's building on top",
+            humantime::format_duration(Duration::from_secs(time_ms.div_ceil(1000))),
+            prepared.len()
+        );
+    }
 }
 
 /// The results file of study (or `all`) `id`.
