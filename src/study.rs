@@ -691,8 +691,8 @@ pub fn testbed_text(study: &Study) -> String {
 
 /// What `netgap study --plan` prints of one study: where it runs
 /// (`hosts`), its budget, then every figure in the paper's order, either
-/// planned (points, repetitions beside the paper's, the time it takes and
-/// its command lines) or with why it would not run (`not_run`: figure id
+/// planned (points, repetitions beside the paper's, the time it takes, at
+/// most for a job run to completion, and its command lines) or with why it would not run (`not_run`: figure id
 /// and reason), and what the planned figures take together.
 pub fn plan_text(
     study: &Study,
@@ -720,13 +720,14 @@ pub fn plan_text(
         if let Some(r) = runs.iter().find(|r| r.figure == f.id) {
             let _ = writeln!(
                 out,
-                "  figure {}: {} point{}, {} repetitions of {} ms ({}), about {}",
+                "  figure {}: {} point{}, {} repetitions of {} ms ({}), {}about {}",
                 f.id,
                 r.points,
                 if r.points == 1 { "" } else { "s" },
                 r.reps,
                 r.rep_ms,
                 crate::report::study::beside_paper(r.reps, &study.method),
+                if ends_with_its_job(f) { "at most " } else { "" },
                 d(r.time_ms)
             );
             for m in &r.missing {
@@ -750,6 +751,17 @@ pub fn plan_text(
         humantime::format_duration(budget.duration())
     );
     out
+}
+
+/// Whether the figure's repetitions each run one job to completion
+/// (pipeline's query, pio's write and read), its window only their upper
+/// bound, so they often end sooner than planned.
+fn ends_with_its_job(fig: &Figure) -> bool {
+    is_workload(fig)
+        && fig
+            .tests
+            .iter()
+            .all(|t| crate::workload::find(t).is_some_and(|w| w.staged().is_some()))
 }
 
 /// `word` as a shell reads it back: as it is when it holds only
