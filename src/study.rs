@@ -515,7 +515,7 @@ pub const DEFAULT_BUDGET: Duration = Duration::from_secs(30 * 60);
 
 /// What `--quick` adds per point to the least its figures take, ms.
 /// [`plan`] shares it out equally: a point-to-point test's points then get
-/// the paper's 10 repetitions of about 13 ms instead of 3 of 2 ms, a
+/// the paper's 10 repetitions of about 15 ms instead of 3 of 2 ms, a
 /// workload's 3 windows about 50 ms longer than its shortest.
 pub const QUICK_EXTRA_MS: u64 = 150;
 
