@@ -73,7 +73,7 @@ pub enum StudyCmdError {
         what: String,
     },
     /// The budget cannot hold one repetition of every point.
-    #[error("--budget {given}: too small for one repetition of every point of {what}; give at least {need}")]
+    #[error("--budget {given}: too small for {MIN_REPS} repetitions of every point of {what}; give at least {need}")]
     Budget {
         /// The budget given.
         given: String,
@@ -349,6 +349,9 @@ pub struct FigureRun {
     pub missing: Vec<String>,
     /// Points it measures (all variants).
     pub points: u64,
+    /// What the plan expects it to take: every point's repetitions with
+    /// what each costs beyond its own time, ms.
+    pub time_ms: u64,
 }
 
 /// Whether the figure's tests are workloads (a repetition is a window).
@@ -469,11 +472,139 @@ fn min_rep_ms(fig: &Figure) -> u64 {
     fig.min_rep_ms.unwrap_or(floor).max(floor)
 }
 
-/// Spreads `budget` over `figures` (in equal shares of the points they
-/// measure, weighted by what each repetition costs) into each figure's
-/// repetitions and repetition time, and its command lines with `extra`
-/// (hosts, results file) added; refuses a budget that cannot hold
-/// [`MIN_REPS`] repetitions of every point.
+/// What measuring one figure costs: its points and what one repetition of
+/// a point takes at the least.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Cost {
+    /// Points it measures (all variants, the stacks this build has).
+    points: u64,
+    /// The shortest repetition it can measure, ms.
+    min_rep_ms: u64,
+    /// What a repetition costs beyond its own time, ms.
+    overhead_ms: u64,
+}
+
+impl Cost {
+    fn of(f: &Figure, quick: bool) -> Cost {
+        let n = available_transports(f).0.len();
+        let variants = (f.variants.len() as u64).max(1);
+        Cost {
+            points: points_of(f, quick, n) * variants,
+            min_rep_ms: min_rep_ms(f),
+            overhead_ms: overhead_ms(f),
+        }
+    }
+
+    /// The least time the figure takes: [`MIN_REPS`] repetitions of its
+    /// shortest of every point, with their overhead, ms.
+    fn least_ms(&self) -> u64 {
+        self.points * u64::from(MIN_REPS) * (self.min_rep_ms + self.overhead_ms)
+    }
+}
+
+/// The least budget [`plan`] takes for `figures`: [`MIN_REPS`]
+/// repetitions of the shortest each figure can measure, with what each
+/// repetition costs beyond it, for every point, rounded up to a second.
+pub fn least_budget(figures: &[&Figure], quick: bool) -> Duration {
+    let ms: u64 = figures.iter().map(|f| Cost::of(f, quick).least_ms()).sum();
+    Duration::from_secs(ms.div_ceil(1000))
+}
+
+/// The budget of one study without `--quick` or `--budget`.
+pub const DEFAULT_BUDGET: Duration = Duration::from_secs(30 * 60);
+
+/// What `--quick` adds per point to the least its figures take, ms.
+/// [`plan`] shares it out equally: a point-to-point test's points then get
+/// the paper's 10 repetitions of about 15 ms instead of 3 of 2 ms, a
+/// workload's 3 windows about 50 ms longer than its shortest.
+pub const QUICK_EXTRA_MS: u64 = 150;
+
+/// A study's budget, and where it came from.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Budget {
+    /// Given with `--budget`.
+    Given(Duration),
+    /// Derived under `--quick` from the figures' own points
+    /// ([`Budget::quick`]).
+    Quick {
+        /// The budget.
+        total: Duration,
+        /// The least the figures take ([`least_budget`]).
+        least: Duration,
+        /// Their points.
+        points: u64,
+    },
+    /// [`DEFAULT_BUDGET`], without `--quick` or `--budget`.
+    Default,
+}
+
+impl Budget {
+    /// The budget of `figures`: `given` (`--budget`) when there is one;
+    /// else under `--quick` [`Budget::quick`]; else [`DEFAULT_BUDGET`].
+    pub fn of(given: Option<Duration>, quick: bool, figures: &[&Figure]) -> Budget {
+        match (given, quick) {
+            (Some(b), _) => Budget::Given(b),
+            (None, true) => Budget::quick(figures),
+            (None, false) => Budget::Default,
+        }
+    }
+
+    /// The budget `--quick` derives from `figures`' own points (the
+    /// quick sizes and axes, the stacks this build has): the least they
+    /// take ([`MIN_REPS`] repetitions of the shortest each figure can
+    /// measure, with what each repetition costs beyond it, for every
+    /// point) plus [`QUICK_EXTRA_MS`] a point, rounded up to a second.
+    /// Never below the least, so [`plan`] never refuses it.
+    pub fn quick(figures: &[&Figure]) -> Budget {
+        let costs: Vec<Cost> = figures.iter().map(|f| Cost::of(f, true)).collect();
+        let points: u64 = costs.iter().map(|c| c.points).sum();
+        let least_ms: u64 = costs.iter().map(Cost::least_ms).sum();
+        Budget::Quick {
+            total: Duration::from_secs((least_ms + QUICK_EXTRA_MS * points).div_ceil(1000)),
+            least: Duration::from_secs(least_ms.div_ceil(1000)),
+            points,
+        }
+    }
+
+    /// The time to spread.
+    pub fn duration(&self) -> Duration {
+        match *self {
+            Budget::Given(d) => d,
+            Budget::Quick { total, .. } => total,
+            Budget::Default => DEFAULT_BUDGET,
+        }
+    }
+
+    /// The budget and where it came from, for the plan and the report,
+    /// e.g. "4m 2s (--quick: the least its 89 points take, 3m 47s, and
+    /// 150 ms a point more)".
+    pub fn describe(&self) -> String {
+        let d = |d: Duration| humantime::format_duration(d).to_string();
+        match *self {
+            Budget::Given(b) => format!("{} (--budget)", d(b)),
+            Budget::Quick {
+                total,
+                least,
+                points,
+            } => format!(
+                "{} (--quick: the least its {points} points take, {} repetitions of each \
+                 figure's shortest, {}, and {QUICK_EXTRA_MS} ms a point more)",
+                d(total),
+                MIN_REPS,
+                d(least)
+            ),
+            Budget::Default => format!("{} (the default without --quick)", d(DEFAULT_BUDGET)),
+        }
+    }
+}
+
+/// Spreads `budget` over `figures` into each figure's repetitions and
+/// repetition time, and its command lines with `extra` (hosts, results
+/// file) added: every point gets [`MIN_REPS`] repetitions of the shortest
+/// its figure can measure, and the rest of the budget is shared equally
+/// among the points. Refuses a budget that cannot hold that least
+/// ([`least_budget`]). The figures' [`FigureRun::time_ms`] sum to at most
+/// the budget.
 pub fn plan(
     study: &Study,
     figures: &[&Figure],
@@ -482,39 +613,31 @@ pub fn plan(
     extra: &dyn Fn(&Figure) -> Vec<String>,
 ) -> Result<Vec<FigureRun>, StudyCmdError> {
     let budget_ms = budget.as_millis() as u64;
-    let shape: Vec<(u64, u64, u64)> = figures
-        .iter()
-        .map(|f| {
-            let n = available_transports(f).0.len();
-            let variants = (f.variants.len() as u64).max(1);
-            (
-                points_of(f, quick, n) * variants,
-                min_rep_ms(f),
-                overhead_ms(f),
-            )
-        })
-        .collect();
-    let need_ms: u64 = shape
-        .iter()
-        .map(|(p, min, over)| p * u64::from(MIN_REPS) * (min + over))
-        .sum();
+    let shape: Vec<Cost> = figures.iter().map(|f| Cost::of(f, quick)).collect();
+    let need_ms: u64 = shape.iter().map(Cost::least_ms).sum();
     if budget_ms < need_ms {
         return Err(StudyCmdError::Budget {
             given: humantime::format_duration(budget).to_string(),
             what: format!("study {}", study.id),
-            need: humantime::format_duration(Duration::from_secs(need_ms.div_ceil(1000)))
-                .to_string(),
+            need: humantime::format_duration(least_budget(figures, quick)).to_string(),
         });
     }
-    let total_points: u64 = shape.iter().map(|(p, _, _)| *p).sum::<u64>().max(1);
+    let total_points: u64 = shape.iter().map(|c| c.points).sum::<u64>().max(1);
     let mut runs = Vec::new();
-    for (f, (points, min, over)) in figures.iter().zip(shape) {
-        // Each figure's share of the budget is its share of the points;
-        // each point's share goes to the study's repetitions, fewer (down
-        // to MIN_REPS) only when a repetition would be shorter than the
-        // figure can measure.
-        let share_ms = budget_ms * points / total_points;
-        let per_point = share_ms / points.max(1);
+    for (f, cost) in figures.iter().zip(shape) {
+        let Cost {
+            points,
+            min_rep_ms: min,
+            overhead_ms: over,
+        } = cost;
+        // Every point first gets the least it can be measured in (MIN_REPS
+        // repetitions of its shortest), and what the budget holds beyond
+        // the least is shared equally among all the points, so a figure
+        // of costly repetitions (a workload's) never takes more than its
+        // share. A point's share goes to the study's repetitions, fewer
+        // (down to MIN_REPS) only when a repetition would be shorter than
+        // the figure can measure.
+        let per_point = u64::from(MIN_REPS) * (min + over) + (budget_ms - need_ms) / total_points;
         let mut reps = study.method.reps;
         while reps > MIN_REPS && per_point / u64::from(reps) < min + over {
             reps -= 1;
@@ -539,9 +662,120 @@ pub fn plan(
             rep_ms,
             missing,
             points,
+            time_ms: points * u64::from(reps) * (rep_ms + over),
         });
     }
     Ok(runs)
+}
+
+/// The hosts of a study's own testbed, which `netgap study` builds (as
+/// root) when it runs, in words.
+pub fn testbed_text(study: &Study) -> String {
+    let t = &study.testbed;
+    let wiring = match t.topology {
+        data::Topology::Switch if t.links > 1 => format!("on {} switches", t.links),
+        data::Topology::Switch => "on a switch".to_string(),
+        data::Topology::Mesh if t.links > 1 => format!("meshed by {} links a pair", t.links),
+        data::Topology::Mesh => "meshed".to_string(),
+    };
+    let rate = t
+        .rate
+        .as_deref()
+        .map(|r| format!(", links at {r}"))
+        .unwrap_or_default();
+    format!(
+        "its own testbed, built as root when it runs: {} hosts {wiring}{rate}",
+        t.hosts
+    )
+}
+
+/// What `netgap study --plan` prints of one study: where it runs
+/// (`hosts`), its budget, then every figure in the paper's order, either
+/// planned (points, repetitions beside the paper's, the time it takes, at
+/// most for a job run to completion, and its command lines) or with why it would not run (`not_run`: figure id
+/// and reason), and what the planned figures take together.
+pub fn plan_text(
+    study: &Study,
+    budget: &Budget,
+    hosts: &str,
+    runs: &[FigureRun],
+    not_run: &[(String, String)],
+) -> String {
+    use std::fmt::Write as _;
+    // Whole seconds: the plan's times are estimates.
+    let d =
+        |ms: u64| humantime::format_duration(Duration::from_secs(ms.div_ceil(1000))).to_string();
+    let year = study
+        .citation
+        .year
+        .map(|y| format!(" ({y})"))
+        .unwrap_or_default();
+    let mut out = format!(
+        "study {}: {}{year}\n  hosts: {hosts}\n  budget: {}\n",
+        study.id,
+        study.citation.title,
+        budget.describe()
+    );
+    for f in &study.figures {
+        if let Some(r) = runs.iter().find(|r| r.figure == f.id) {
+            let _ = writeln!(
+                out,
+                "  figure {}: {} point{}, {} repetitions of {} ms ({}), {}about {}",
+                f.id,
+                r.points,
+                if r.points == 1 { "" } else { "s" },
+                r.reps,
+                r.rep_ms,
+                crate::report::study::beside_paper(r.reps, &study.method),
+                if ends_with_its_job(f) { "at most " } else { "" },
+                d(r.time_ms)
+            );
+            for m in &r.missing {
+                let _ = writeln!(out, "    not measured: {m}");
+            }
+            for argv in &r.argv {
+                let line: Vec<String> = argv.iter().map(|a| shell_word(a)).collect();
+                let _ = writeln!(out, "    netgap {}", line.join(" "));
+            }
+        } else if let Some((_, why)) = not_run.iter().find(|(id, _)| *id == f.id) {
+            let _ = writeln!(out, "  figure {}: skipped: {why}", f.id);
+        }
+    }
+    let time_ms: u64 = runs.iter().map(|r| r.time_ms).sum();
+    let _ = writeln!(
+        out,
+        "  {} of {} figures, about {} of the {} budget",
+        runs.len(),
+        study.figures.len(),
+        d(time_ms),
+        humantime::format_duration(budget.duration())
+    );
+    out
+}
+
+/// Whether the figure's repetitions each run one job to completion
+/// (pipeline's query, pio's write and read), its window only their upper
+/// bound, so they often end sooner than planned.
+fn ends_with_its_job(fig: &Figure) -> bool {
+    is_workload(fig)
+        && fig
+            .tests
+            .iter()
+            .all(|t| crate::workload::find(t).is_some_and(|w| w.staged().is_some()))
+}
+
+/// `word` as a shell reads it back: as it is when it holds only
+/// characters a shell leaves alone, else in single quotes.
+fn shell_word(word: &str) -> String {
+    let plain = !word.is_empty()
+        && word
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "@%+=:,./_-".contains(c));
+    if plain {
+        word.to_string()
+    } else {
+        format!("'{}'", word.replace('\'', "'\\''"))
+    }
 }
 
 /// The command line of one variant of a figure.
@@ -644,5 +878,81 @@ mod tests {
         // Both ways over one link; three links both ways.
         assert_eq!(shapers_at_once(&s004, &fig(&s004, "3")), 2);
         assert_eq!(shapers_at_once(&s004, &fig(&s004, "5")), 6);
+    }
+
+    #[test]
+    fn a_planned_command_line_reads_back_in_a_shell() {
+        assert_eq!(shell_word("--rep-time"), "--rep-time");
+        assert_eq!(
+            shell_word("@/run/netgap/study/hosts.json"),
+            "@/run/netgap/study/hosts.json"
+        );
+        assert_eq!(shell_word("study 000 figure 3a"), "'study 000 figure 3a'");
+        assert_eq!(shell_word("it's"), "'it'\\''s'");
+        assert_eq!(shell_word(""), "''");
+    }
+
+    /// The bug: `netgap study 000 --quick`, the first study a newcomer
+    /// runs, stopped at once: the fixed 150 s of `--quick` was below the
+    /// least its points take (3m 48s, and 5m 34s with the xdp stacks).
+    /// The budget `--quick` derives holds every study, whichever of its
+    /// figures are chosen, in every build.
+    #[test]
+    fn quick_derives_a_budget_every_study_and_figure_plans_in() {
+        let none = |_: &Figure| Vec::new();
+        for s in all().expect("studies") {
+            let every: Vec<&Figure> = s.figures.iter().collect();
+            let mut choices: Vec<Vec<&Figure>> = every.iter().map(|f| vec![*f]).collect();
+            choices.push(every);
+            for figs in choices {
+                let budget = Budget::of(None, true, &figs);
+                let Budget::Quick { total, least, .. } = budget else {
+                    panic!("--quick without --budget derives its budget: {budget:?}");
+                };
+                assert!(total >= least && least == least_budget(&figs, true));
+                let runs = plan(&s, &figs, total, true, &none).unwrap_or_else(|e| {
+                    panic!("study {}: {e}", s.id);
+                });
+                assert_eq!(runs.len(), figs.len());
+            }
+        }
+        let s = load("000").expect("000");
+        let figs: Vec<&Figure> = s.figures.iter().collect();
+        assert_eq!(
+            Budget::of(Some(Duration::from_secs(9)), true, &figs),
+            Budget::Given(Duration::from_secs(9)),
+            "--budget stands under --quick"
+        );
+        assert_eq!(Budget::of(None, false, &figs).duration(), DEFAULT_BUDGET);
+    }
+
+    /// The bug: each figure got the same share per point whatever its
+    /// repetitions cost, so at a budget near the least a workload's
+    /// repetitions were held at their shortest beyond their share while
+    /// ping-pongs took long ones, and the study ran well past its budget.
+    #[test]
+    fn a_plan_stays_within_its_budget_and_gives_every_point_its_least() {
+        let none = |_: &Figure| Vec::new();
+        for s in all().expect("studies") {
+            let figs: Vec<&Figure> = s.figures.iter().collect();
+            for quick in [false, true] {
+                let least = least_budget(&figs, quick);
+                for budget in [least, least * 2, Duration::from_secs(30 * 60)] {
+                    let runs = plan(&s, &figs, budget, quick, &none).expect("plan");
+                    let total_ms: u64 = runs.iter().map(|r| r.time_ms).sum();
+                    assert!(
+                        total_ms <= budget.as_millis() as u64,
+                        "study {} (quick {quick}): {total_ms} ms planned in {budget:?}",
+                        s.id
+                    );
+                    for (r, f) in runs.iter().zip(&figs) {
+                        assert!((MIN_REPS..=s.method.reps).contains(&r.reps), "{r:?}");
+                        assert!(r.rep_ms >= min_rep_ms(f), "{r:?}");
+                    }
+                }
+                let short = least - Duration::from_secs(1);
+                assert!(plan(&s, &figs, short, quick, &none).is_err());
+            }
+        }
     }
 }

@@ -15,10 +15,6 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-/// The budget of one study under `--quick`.
-const QUICK_BUDGET: Duration = Duration::from_secs(150);
-/// The budget of one study without `--quick` or `--budget`.
-const DEFAULT_BUDGET: Duration = Duration::from_secs(30 * 60);
 /// The name of the testbed a study builds.
 const TESTBED_NAME: &str = "study";
 
@@ -31,12 +27,17 @@ pub struct StudyArgs {
     /// Only these figures (of a single study), comma separated, e.g. 3a,5b.
     #[arg(long, value_name = "FIG[,FIG...]", value_delimiter = ',')]
     pub figures: Vec<String>,
-    /// A few minutes per study: fewer sizes, smaller data sets, a
-    /// budget of 150s per study unless --budget says otherwise.
+    /// A few minutes per study: fewer sizes, the two ends of each
+    /// clients/streams/links axis, smaller data sets, and unless --budget
+    /// says otherwise a budget derived from the study's points: 3
+    /// repetitions of the shortest each figure can measure for every
+    /// point, and 150 ms a point more.
     #[arg(long)]
     pub quick: bool,
     /// Time to spread over each study's figures; repetition times are
-    /// scaled to it [default: 30m per study; 150s with --quick].
+    /// scaled to it, and one too small for 3 repetitions of every point is
+    /// refused [default: 30m per study; with --quick, derived from its
+    /// points].
     #[arg(long, value_name = "DUR", value_parser = netgap::units::parse_duration)]
     pub budget: Option<Duration>,
     /// The hosts to run on: @FILE (a hosts file), @testbed or @slurm;
@@ -56,11 +57,18 @@ pub struct StudyArgs {
     /// than 80% of it runs at a lower link rate, and its records say so.
     #[arg(long, value_name = "RATE")]
     pub forwarding: Option<String>,
+    /// Print what would run and run nothing: for each study its hosts and
+    /// budget, and for each figure its points, repetitions and their time
+    /// with its command lines, or why it would be skipped. Needs no root,
+    /// builds no testbed and writes no file.
+    #[arg(long)]
+    pub plan: bool,
 }
 
 /// One study ready to run: its figures, their runs, what was skipped.
 struct Prepared {
     study: Study,
+    budget: study::Budget,
     runs: Vec<FigureRun>,
     outcomes: BTreeMap<String, Outcome>,
     /// One sentence per figure that ran at a scaled link rate.
@@ -117,7 +125,7 @@ pub fn run(args: &StudyArgs) -> Result<()> {
                 })
         })
         .transpose()?;
-    if hosts_arg.is_none() && !root {
+    if hosts_arg.is_none() && !root && !args.plan {
         return Err(anyhow!(
             "without --hosts, netgap study builds the testbed each study needs, which needs root; run it as root or give --hosts @FILE"
         ));
@@ -127,11 +135,6 @@ pub fn run(args: &StudyArgs) -> Result<()> {
         .map(|a| HostsOffer::of(a, root))
         .transpose()
         .context("--hosts")?;
-    let budget = args.budget.unwrap_or(if args.quick {
-        QUICK_BUDGET
-    } else {
-        DEFAULT_BUDGET
-    });
     let json = args.out.join(results_name(&args.id));
     let html = args.out.join(report_name(&args.id));
     let hosts_text = args.hosts.clone().unwrap_or_else(|| {
@@ -173,7 +176,8 @@ pub fn run(args: &StudyArgs) -> Result<()> {
             .into());
         }
         let extra = |f: &study::data::Figure| study::common_args(&s.id, f, &hosts_text, &json);
-        let runs = study::plan(&s, &chosen, budget, args.quick, &extra)?;
+        let budget = study::Budget::of(args.budget, args.quick, &chosen);
+        let runs = study::plan(&s, &chosen, budget.duration(), args.quick, &extra)?;
         for r in &runs {
             for argv in &r.argv {
                 parse(argv).with_context(|| {
@@ -188,10 +192,16 @@ pub fn run(args: &StudyArgs) -> Result<()> {
         }
         prepared.push(Prepared {
             study: s,
+            budget,
             runs,
             outcomes,
             scaled: Vec::new(),
         });
+    }
+
+    if args.plan {
+        print_plan(&prepared, args.hosts.as_deref());
+        return Ok(());
     }
 
     // The testbed the studies build is theirs from here to the end: a
@@ -228,8 +238,13 @@ pub fn run(args: &StudyArgs) -> Result<()> {
         };
         for r in &p.runs {
             eprintln!(
-                "netgap: study {} figure {}: {} points, {} repetitions of {} ms",
-                p.study.id, r.figure, r.points, r.reps, r.rep_ms
+                "netgap: study {} figure {}: {} points, {} repetitions of {} ms ({})",
+                p.study.id,
+                r.figure,
+                r.points,
+                r.reps,
+                r.rep_ms,
+                netgap::report::study::beside_paper(r.reps, &p.study.method)
             );
             let mut outcome = Outcome::Ran {
                 reps: r.reps,
@@ -277,8 +292,11 @@ pub fn run(args: &StudyArgs) -> Result<()> {
             outcomes: p.outcomes.clone(),
             notes: std::iter::once(format!(
                 "Budget {} for the study{}; results in {}.",
-                humantime::format_duration(budget),
-                if args.quick { " (--quick)" } else { "" },
+                p.budget.describe(),
+                match p.budget {
+                    study::Budget::Given(_) if args.quick => ", with --quick's points",
+                    _ => "",
+                },
                 json.display()
             ))
             .chain(p.scaled.iter().cloned())
@@ -299,6 +317,39 @@ pub fn run(args: &StudyArgs) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// Prints what `prepared` would run (`--plan`) on `hosts` (`--hosts`, or
+/// each study's own testbed).
+fn print_plan(prepared: &[Prepared], hosts: Option<&str>) {
+    let mut time_ms = 0;
+    for p in prepared {
+        let not_run: Vec<(String, String)> = p
+            .outcomes
+            .iter()
+            .filter_map(|(id, o)| match o {
+                Outcome::Skipped(why) => Some((id.clone(), why.clone())),
+                Outcome::NotAsked => Some((id.clone(), "not asked for (--figures)".into())),
+                _ => None,
+            })
+            .collect();
+        let hosts = match hosts {
+            Some(h) => format!("--hosts {h}"),
+            None => study::testbed_text(&p.study),
+        };
+        print!(
+            "{}",
+            study::plan_text(&p.study, &p.budget, &hosts, &p.runs, &not_run)
+        );
+        time_ms += p.runs.iter().map(|r| r.time_ms).sum::<u64>();
+    }
+    if prepared.len() > 1 {
+        println!(
+            "all: about {} for the {} studies, with each testbed's building on top",
+            humantime::format_duration(Duration::from_secs(time_ms.div_ceil(1000))),
+            prepared.len()
+        );
+    }
 }
 
 /// The results file of study (or `all`) `id`.

@@ -228,6 +228,145 @@ fn bad_input_is_refused_in_one_line_before_anything_runs() {
     );
 }
 
+/// `netgap study ID --quick --plan -o OUT` (OUT missing): it succeeds, and
+/// for each study of `ids` it states the budget `--quick` derives and
+/// lists every figure, planned (points, repetitions, their time and a
+/// command line) or skipped with why; OUT is not made. Its output.
+fn quick_plan_lists_every_figure(id: &str, ids: &[&str], out: &Path) -> String {
+    let text = ok(netgap()
+        .args(["study", id, "--quick", "--plan", "-o"])
+        .arg(out)
+        .output()
+        .expect("netgap study --plan"));
+    assert!(!out.exists(), "study {id} --plan made {}", out.display());
+    // A study's section runs from its "study ID: " line to the next.
+    let mut sections: Vec<String> = Vec::new();
+    for line in text.lines() {
+        match sections.last_mut() {
+            Some(s) if line.starts_with(' ') => {
+                s.push_str(line);
+                s.push('\n');
+            }
+            _ if line.starts_with("study ") => sections.push(format!("{line}\n")),
+            _ => {}
+        }
+    }
+    assert_eq!(sections.len(), ids.len(), "{text}");
+    for (sid, section) in ids.iter().zip(&sections) {
+        let s = study::load(sid).expect("study");
+        assert!(section.starts_with(&format!("study {sid}: ")), "{section}");
+        assert!(
+            section.contains("  budget: ") && section.contains("(--quick: the least its "),
+            "study {sid}: the derived budget: {section}"
+        );
+        for f in &s.figures {
+            let head = format!("  figure {}: ", f.id);
+            let line = section
+                .lines()
+                .find(|l| l.starts_with(&head))
+                .unwrap_or_else(|| panic!("study {sid} figure {}: {section}", f.id));
+            let rest = &line[head.len()..];
+            if let Some(why) = rest.strip_prefix("skipped: ") {
+                assert!(!why.trim().is_empty(), "{line}");
+            } else {
+                assert!(
+                    rest.contains(" repetitions of ") && rest.contains(" ms (the paper"),
+                    "{line}"
+                );
+                let label = netgap::report::study::figure_label(sid, &f.id);
+                assert!(section.contains(&format!("--label '{label}'")), "{section}");
+            }
+        }
+    }
+    text
+}
+
+/// The bug: `netgap study 000 --quick`, the command the main job names
+/// next, stopped at once ("--budget 2m 30s: too small ..."), as did `all`.
+/// Under `--quick` each study's budget now comes from its own points, so
+/// every study plans, in every build: CI runs this with `--features
+/// mpi,xdp` too, where more stacks make more points. The plans write
+/// nothing.
+#[test]
+fn plan_of_every_study_under_quick_lists_every_figure_and_writes_nothing() {
+    let t = tempfile::tempdir().expect("tempdir");
+    let all = quick_plan_lists_every_figure("all", &study::ids(), &t.path().join("all"));
+    assert!(
+        all.lines()
+            .last()
+            .is_some_and(|l| l.starts_with("all: about ")),
+        "{all}"
+    );
+    for id in study::ids() {
+        quick_plan_lists_every_figure(id, &[id], &t.path().join(id));
+    }
+    // A budget given stands, and one too small is still refused.
+    common::fails_with_one_line(
+        &["study", "000", "--quick", "--plan", "--budget", "2m30s"],
+        "--budget 2m 30s: too small for 3 repetitions of every point of study 000; give at least",
+    );
+    assert!(names_in(t.path()).is_empty(), "nothing was written");
+}
+
+/// `--plan` runs nothing: it needs no root (as root, it plans while the
+/// study's testbed is held by another and builds none), and writes
+/// nothing in its `-o` directory, even one only root may enter.
+#[test]
+fn plan_needs_no_root_and_builds_no_testbed() {
+    let t = tempfile::tempdir().expect("tempdir");
+    let out = t.path().join("out");
+    std::fs::create_dir(&out).expect("out");
+    let plan = |cmd: &mut Command| {
+        let text = ok(cmd
+            .args(["study", "004", "--plan", "-o"])
+            .arg(&out)
+            .output()
+            .expect("netgap study --plan"));
+        assert!(text.contains("  figure 5: "), "{text}");
+        assert!(names_in(&out).is_empty(), "--plan wrote nothing in -o");
+    };
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        plan(&mut netgap());
+        return;
+    }
+    // The study testbed's lock held here: a plan that built the testbed
+    // would be refused, and no other process builds it meanwhile.
+    let _one = one_testbed_at_a_time();
+    let t0 = Instant::now();
+    let _lock = loop {
+        match netgap::testbed::TestbedLock::acquire("study", "the --plan test") {
+            Ok(l) => break l,
+            Err(e) if t0.elapsed() > Duration::from_secs(300) => panic!("{e}"),
+            Err(_) => std::thread::sleep(Duration::from_secs(1)),
+        }
+    };
+    assert_study_testbed_gone();
+    plan(&mut netgap());
+    // As nobody, where the binary is within nobody's reach.
+    let mut as_nobody = netgap();
+    {
+        use std::os::unix::process::CommandExt;
+        as_nobody.uid(65534).gid(65534);
+    }
+    match as_nobody
+        .args(["study", "004", "--plan", "-o"])
+        .arg(&out)
+        .output()
+    {
+        Ok(o) => {
+            let text = ok(o);
+            assert!(text.contains("  figure 5: "), "{text}");
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            eprintln!("not run as nobody: the binary is out of its reach ({e})");
+        }
+        Err(e) => panic!("netgap study --plan as nobody: {e}"),
+    }
+    assert!(names_in(&out).is_empty(), "--plan wrote nothing in -o");
+    assert_study_testbed_gone();
+}
+
 /// A hosts file of two plain agents (none runs): study 002 can make a
 /// figure on them, so a study gets past its checks to its output files.
 fn two_plain_hosts(dir: &Path) -> String {

@@ -18,6 +18,11 @@ use statrs::distribution::{ContinuousCDF, Normal, StudentsT};
 /// not a percentage) above which a point is called noisy: 0.05, i.e. 5%.
 pub const NOISY_CV: f64 = 0.05;
 
+/// Repetitions the headline value drops at each end (the highest and the
+/// lowest) when there are at least `2 * DROPPED_EACH_SIDE + 1`; fixed,
+/// as the seeds' method is.
+pub const DROPPED_EACH_SIDE: u32 = 1;
+
 /// Why a set of repetitions could not be summarized.
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum StatsError {
@@ -142,8 +147,9 @@ fn mean_of_nonempty(values: &[f64]) -> f64 {
 
 /// Trimmed mean of ascending `sorted`, which must be non-empty.
 fn trimmed_mean_of_sorted(sorted: &[f64]) -> f64 {
-    if sorted.len() >= 3 {
-        mean_of_nonempty(&sorted[1..sorted.len() - 1])
+    let drop = DROPPED_EACH_SIDE as usize;
+    if sorted.len() > 2 * drop {
+        mean_of_nonempty(&sorted[drop..sorted.len() - drop])
     } else {
         mean_of_nonempty(sorted)
     }

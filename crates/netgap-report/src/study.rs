@@ -13,8 +13,9 @@
 //! (`stack.label`, [`figure_label`]).
 
 use crate::svg::{escape, Axis, LinePlot, Plot, RefLine, Series};
+use netgap_core::stats::DROPPED_EACH_SIDE;
 use netgap_core::study::{
-    At, Attr, Claim, ClaimTest, Expect, Figure, Selector, Size, Study, XAxis,
+    At, Attr, Claim, ClaimTest, Expect, Figure, Selector, Size, Study, StudyMethod, XAxis,
 };
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -1370,6 +1371,60 @@ fn claim_table(out: &mut String, fig: &Figure, judged: &[(&Claim, Judged)]) {
     out.push_str("</table>\n");
 }
 
+/// The line under a figure's title that says what became of it: how it
+/// was measured beside the paper's `method`, or why it was not.
+fn outcome_line(outcome: &Outcome, method: &StudyMethod) -> String {
+    match outcome {
+        Outcome::Ran {
+            reps,
+            rep_ms,
+            missing,
+        } => {
+            let mut t = format!(
+                "{reps} repetitions of {rep_ms} ms per point: {}",
+                beside_paper(*reps, method)
+            );
+            for m in missing {
+                let _ = write!(t, "; not measured: {m}");
+            }
+            t
+        }
+        Outcome::Skipped(why) => format!("not measured: {why}"),
+        Outcome::Failed(e) => format!("the run failed: {e}"),
+        Outcome::NotAsked => String::new(),
+    }
+}
+
+/// How `reps` repetitions of a figure's points stand beside the paper's
+/// `method`, one clause: the paper's count and how many it dropped at
+/// each end; when fewer ran (or run), that the budget has room for no more; and
+/// when the paper dropped other than netgap's headline does
+/// ([`DROPPED_EACH_SIDE`]), that netgap did not drop as it did.
+pub fn beside_paper(reps: u32, method: &StudyMethod) -> String {
+    let drop = method.drop_each_side;
+    let dropping = match drop {
+        0 => "dropping none".to_string(),
+        n => format!("dropping {n} each side"),
+    };
+    let mut t = if reps >= method.reps {
+        format!("the paper's {}, {dropping}", method.reps)
+    } else {
+        format!(
+            "the paper used {}, {dropping}; the budget has room for {reps}",
+            method.reps
+        )
+    };
+    if drop != DROPPED_EACH_SIDE {
+        let _ = write!(
+            t,
+            "; netgap's headline drops {DROPPED_EACH_SIDE} each side, not {drop}"
+        );
+    } else if reps >= method.reps {
+        t.push_str(", as netgap's headline does");
+    }
+    t
+}
+
 const STYLE: &str = "body{font-family:sans-serif;max-width:1000px;margin:auto;padding:1em}\
 section.figure{border-top:1px solid #ccc;margin-top:1.5em}\
 table.claims{border-collapse:collapse;width:100%;font-size:90%}\
@@ -1436,23 +1491,11 @@ pub fn render(runs: &[StudyRun<'_>], records: &[Value]) -> String {
                 sid = escape(&s.id),
                 fid = escape(&fig.id)
             );
-            let status = match outcome {
-                Outcome::Ran {
-                    reps,
-                    rep_ms,
-                    missing,
-                } => {
-                    let mut t = format!("{reps} repetitions of {rep_ms} ms per point");
-                    for m in missing {
-                        let _ = write!(t, "; not measured: {m}");
-                    }
-                    t
-                }
-                Outcome::Skipped(why) => format!("not measured: {why}"),
-                Outcome::Failed(e) => format!("the run failed: {e}"),
-                Outcome::NotAsked => String::new(),
-            };
-            let _ = writeln!(out, "<p class=\"status\">{}</p>", escape(&status));
+            let _ = writeln!(
+                out,
+                "<p class=\"status\">{}</p>",
+                escape(&outcome_line(outcome, &s.method))
+            );
             let recs = records_of(records, &s.id, &fig.id);
             out.push_str("<div class=\"plots\">\n");
             match figure_plot(fig, &recs) {
@@ -2148,5 +2191,44 @@ above = 0.5
         );
         assert!(html.contains("the paper gives a direction only"));
         assert!(html.contains("published 1.52 ± 17% (1.262 to 1.778): half to one"));
+        assert!(
+            html.contains("10 repetitions of 5 ms per point: the paper's 10, dropping 1 each side"),
+            "{html}"
+        );
+    }
+
+    #[test]
+    fn a_figure_says_how_its_repetitions_stand_beside_the_papers() {
+        let method = |reps, drop_each_side| StudyMethod {
+            reps,
+            drop_each_side,
+            iterations: None,
+            text: "m".into(),
+        };
+        let ran = |reps| Outcome::Ran {
+            reps,
+            rep_ms: 400,
+            missing: vec!["xdp: not built".into()],
+        };
+        assert_eq!(
+            outcome_line(&ran(3), &method(10, 1)),
+            "3 repetitions of 400 ms per point: the paper used 10, dropping 1 each side; \
+             the budget has room for 3; not measured: xdp: not built"
+        );
+        assert_eq!(
+            outcome_line(&ran(10), &method(10, 1)),
+            "10 repetitions of 400 ms per point: the paper's 10, dropping 1 each side, \
+             as netgap's headline does; not measured: xdp: not built"
+        );
+        // netgap's headline drops one at each end whatever the paper did.
+        assert_eq!(
+            beside_paper(10, &method(10, 2)),
+            "the paper's 10, dropping 2 each side; netgap's headline drops 1 each side, not 2"
+        );
+        assert_eq!(
+            beside_paper(5, &method(8, 0)),
+            "the paper used 8, dropping none; the budget has room for 5; \
+             netgap's headline drops 1 each side, not 0"
+        );
     }
 }
