@@ -368,11 +368,17 @@ fn sizes_of(fig: &Figure, quick: bool) -> Option<&str> {
     }
 }
 
-/// A count axis (clients, streams, links): whole, or under `--quick`
-/// only its two ends, which still show whether it rises or stays flat.
-fn axis(l: &[u32], quick: bool) -> Vec<u32> {
+/// A count axis (clients, streams, links) of `fig`: whole, or under
+/// `--quick` its two ends, which still show whether it rises or stays
+/// flat, and the counts a claim reads (004's two links, "two connections
+/// double one").
+fn axis(fig: &Figure, l: &[u32], quick: bool) -> Vec<u32> {
     match l {
-        [first, .., last] if quick && l.len() > 2 => vec![*first, *last],
+        [first, .., last] if quick && l.len() > 2 => l
+            .iter()
+            .copied()
+            .filter(|v| v == first || v == last || fig.claim_counts.contains(v))
+            .collect(),
         _ => l.to_vec(),
     }
 }
@@ -418,7 +424,7 @@ fn points_of(fig: &Figure, quick: bool, transports: usize) -> u64 {
             .and_then(|s| parse_size_list(s).ok())
             .map_or(1, |l| l.len() as u64),
     };
-    let count = |l: &[u32]| (axis(l, quick).len() as u64).max(1);
+    let count = |l: &[u32]| (axis(fig, l, quick).len() as u64).max(1);
     let conditions: u64 = fig
         .conditions
         .iter()
@@ -808,7 +814,7 @@ fn command_line(
         }
     }
     let list = |l: &[u32]| {
-        axis(l, quick)
+        axis(f, l, quick)
             .iter()
             .map(u32::to_string)
             .collect::<Vec<_>>()
@@ -878,6 +884,19 @@ mod tests {
         // Both ways over one link; three links both ways.
         assert_eq!(shapers_at_once(&s004, &fig(&s004, "3")), 2);
         assert_eq!(shapers_at_once(&s004, &fig(&s004, "5")), 6);
+    }
+
+    #[test]
+    fn a_quick_axis_keeps_its_ends_and_the_counts_a_claim_reads() {
+        let s004 = load("004").expect("004");
+        let fig5 = s004.figure("5").expect("figure 5");
+        // "Two connections double one" reads two links.
+        assert!(fig5.claim_counts.contains(&2), "{:?}", fig5.claim_counts);
+        assert_eq!(axis(fig5, &fig5.links, true), [1, 2, 3]);
+        let mut bare = fig5.clone();
+        bare.claim_counts.clear();
+        assert_eq!(axis(&bare, &[1, 2, 3, 4], true), [1, 4]);
+        assert_eq!(axis(&bare, &[1, 2, 3, 4], false), [1, 2, 3, 4]);
     }
 
     #[test]

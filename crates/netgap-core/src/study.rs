@@ -442,6 +442,10 @@ pub struct Figure {
     pub paper: String,
     /// What stands in for it here.
     pub here: String,
+    /// The counts along its clients, streams or links axis that a claim
+    /// reads ([`Claim::x_values`]): a `--quick` run, which keeps only the
+    /// ends of such an axis, keeps these too, so no claim loses its point.
+    pub claim_counts: Vec<u32>,
 }
 
 impl Figure {
@@ -971,6 +975,18 @@ impl RawStudy {
             claim.check_against(&figures).map_err(&bad)?;
             claims.push(claim);
         }
+        for fig in &mut figures {
+            let mut counts: Vec<u32> = claims
+                .iter()
+                .filter(|c| c.from.contains(&fig.id))
+                .flat_map(Claim::x_values)
+                .filter(|x| x.fract() == 0.0 && *x >= 1.0 && *x <= f64::from(u32::MAX))
+                .map(|x| x as u32)
+                .collect();
+            counts.sort_unstable();
+            counts.dedup();
+            fig.claim_counts = counts;
+        }
         Ok(Study {
             id: self.id,
             citation: self.citation,
@@ -1071,6 +1087,7 @@ impl RawFigure {
             min_rep_ms: self.min_rep_ms,
             paper: self.paper,
             here: self.here,
+            claim_counts: Vec::new(),
         })
     }
 }
