@@ -187,6 +187,8 @@ struct RawClaim {
     #[serde(default)]
     published_value: Option<f64>,
     #[serde(default)]
+    no_mechanism: Option<String>,
+    #[serde(default)]
     size_tolerance_pct: Option<f64>,
     #[serde(default)]
     size_why: Option<String>,
@@ -780,6 +782,11 @@ pub struct Claim {
     /// The size of the effect the paper publishes, when it gives one;
     /// `None`: the paper gives a direction only.
     pub size: Option<Size>,
+    /// Why the stand-in here lacks the mechanism the claim rests on (a
+    /// segmentation offload has nothing to do for a one-segment message;
+    /// the emulated links have no PCI bus): the claim is shown with this
+    /// sentence and not judged. `None`: the stand-in has it.
+    pub no_mechanism: Option<String>,
 }
 
 impl Claim {
@@ -1384,6 +1391,14 @@ impl RawClaim {
             where_: self.where_,
             test,
             size,
+            no_mechanism: match self.no_mechanism {
+                Some(why) if why.trim().is_empty() => {
+                    return Err(format!(
+                        "claim {text:?}: no_mechanism says why the stand-in lacks the claim's mechanism; it is empty"
+                    ))
+                }
+                m => m,
+            },
         })
     }
 }

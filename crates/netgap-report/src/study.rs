@@ -70,6 +70,9 @@ pub enum Verdict {
     DoesNotHold(String),
     /// It cannot be judged from these records; why.
     CannotMeasure(String),
+    /// The stand-in here lacks the mechanism the claim rests on; why
+    /// ([`Claim::no_mechanism`]). Not judged, whatever was measured.
+    NoMechanism(String),
 }
 
 /// The size of a claim as judged: netgap's 95% interval against the
@@ -526,6 +529,11 @@ fn cannot(why: String) -> Judged {
 /// direction, and its size when the paper gives one.
 pub fn judge(study: &Study, claim: &Claim, records: &[Value]) -> Judged {
     let mut j = judge_direction(study, claim, records);
+    if let Some(why) = &claim.no_mechanism {
+        j.direction = Verdict::NoMechanism(why.clone());
+        j.size = SizeVerdict::NotJudged;
+        return j;
+    }
     j.size = match (&claim.size, &j.direction) {
         (None, _) => SizeVerdict::DirectionOnly,
         (Some(_), Verdict::CannotMeasure(_)) => SizeVerdict::NotJudged,
@@ -1250,6 +1258,7 @@ fn direction_cell(v: &Verdict) -> (&'static str, String) {
         ),
         Verdict::DoesNotHold(why) => ("fails", format!("does not hold: {why}")),
         Verdict::CannotMeasure(why) => ("na", format!("cannot be measured here: {why}")),
+        Verdict::NoMechanism(why) => ("na", format!("no mechanism here: {why}")),
     }
 }
 
@@ -1622,6 +1631,59 @@ size_why = "half to one and a half times the paper's gain"
             matches!(none.direction, Verdict::CannotMeasure(_)),
             "{none:?}"
         );
+    }
+
+    /// A claim whose stand-in lacks its mechanism is shown with why and
+    /// not judged, whatever its records say; an empty reason is refused.
+    #[test]
+    fn a_claim_without_its_mechanism_here_is_not_judged() {
+        let text = STUDY.replacen(
+            "at = \"peak\"\nabove = 1.0\n",
+            "at = \"peak\"\nabove = 1.0\nno_mechanism = \"one segment: no offload has work to do\"\n",
+            1,
+        );
+        assert_ne!(text, STUDY, "the fixture's first claim changed");
+        let s = Study::parse("t", &text).expect("study");
+        let recs = vec![
+            rec("1", "on", 1024, 2.0),
+            rec("1", "on", 65536, 8.0),
+            rec("1", "off", 1024, 1.0),
+            rec("1", "off", 65536, 4.0),
+        ];
+        let j = judge(&s, &s.claims[0], &recs);
+        assert_eq!(
+            j.direction,
+            Verdict::NoMechanism("one segment: no offload has work to do".into())
+        );
+        assert_eq!(j.size, SizeVerdict::NotJudged);
+        assert!(j.measured.is_some(), "what was measured is still shown");
+        let outcomes = BTreeMap::from([(
+            "1".to_string(),
+            Outcome::Ran {
+                reps: 10,
+                rep_ms: 5,
+                missing: Vec::new(),
+            },
+        )]);
+        let html = render(
+            &[StudyRun {
+                study: &s,
+                outcomes,
+                notes: Vec::new(),
+            }],
+            &recs,
+        );
+        assert!(
+            html.contains("no mechanism here: one segment: no offload has work to do"),
+            "{html}"
+        );
+        let empty = STUDY.replacen(
+            "at = \"peak\"\nabove = 1.0\n",
+            "at = \"peak\"\nabove = 1.0\nno_mechanism = \" \"\n",
+            1,
+        );
+        let e = Study::parse("t", &empty).expect_err("empty reason");
+        assert!(e.to_string().contains("no_mechanism"), "{e}");
     }
 
     /// The bug: a band (`tolerance_pct`, or `above` with `below`) judged
