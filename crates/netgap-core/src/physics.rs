@@ -320,12 +320,19 @@ fn past_forwarding(r: &ResultRecord, limit_gbps: f64) -> Option<f64> {
 /// rounded down to two significant digits, so that it reads as a rate a
 /// user would set.
 pub fn carried_rate_bps(forwarding_mbps: u64, shapers: u32, mtu_bytes: u32) -> u64 {
-    let share = Framing::Tcp
-        .payload_and_frame_bytes(u64::from(mtu_bytes), 65_536)
-        .map_or(1.0, |(p, f)| p as f64 / f as f64);
+    let share = tcp_payload_share(mtu_bytes);
     let raw =
         forwarding_mbps as f64 * 1e6 * FORWARDING_CARRY_SHARE / (share * f64::from(shapers.max(1)));
     round_down_two_digits(raw.max(0.0) as u64)
+}
+
+/// The share of a shaped link's bytes that is tcp's payload at
+/// `mtu_bytes` (1 for an MTU too small for the headers: no share is
+/// guessed below the rate).
+pub fn tcp_payload_share(mtu_bytes: u32) -> f64 {
+    Framing::Tcp
+        .payload_and_frame_bytes(u64::from(mtu_bytes), 65_536)
+        .map_or(1.0, |(p, f)| p as f64 / f as f64)
 }
 
 /// `v` with all but its two leading digits zeroed.

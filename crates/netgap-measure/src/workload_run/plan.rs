@@ -129,9 +129,7 @@ fn check_forwarding(
     if rate_bps <= carried {
         return Ok(());
     }
-    let share = netgap_core::physics::Framing::Tcp
-        .payload_and_frame_bytes(u64::from(c.mtu_bytes), 65_536)
-        .map_or(1.0, |(p, f)| p as f64 / f as f64);
+    let share = netgap_core::physics::tcp_payload_share(c.mtu_bytes);
     Err(PlanError::PastForwarding {
         links,
         shapers,
