@@ -259,10 +259,19 @@ pub trait Flow: Send {
         self.split().1.recv_exact(buf)
     }
 
-    /// A handle that outlives the test's ownership of the flow, for an
-    /// unreliable flow; `None` for a reliable one.
+    /// A handle that outlives the test's ownership of the flow, for a
+    /// flow over datagrams whose counts (lost, sent again, dropped) the
+    /// record carries; `None` for a kernel byte stream.
     fn monitor(&self) -> Option<Arc<dyn FlowMonitor>> {
         None
+    }
+
+    /// Whether every byte sent arrives, in order: a test may then wait for
+    /// a peer's first message without the risk that it was lost. A flow
+    /// over datagrams is not, unless it delivers reliably on its own (xdp
+    /// sends again what was lost).
+    fn reliable(&self) -> bool {
+        self.monitor().is_none()
     }
 
     /// How this flow's data path was set up where the transport had a

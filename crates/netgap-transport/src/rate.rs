@@ -196,6 +196,8 @@ pub struct PacedFlow {
     rx: PacedReceiver,
     abort: Option<AbortHandle>,
     monitor: Option<Arc<dyn FlowMonitor>>,
+    /// The paced flow's own [`Flow::reliable`].
+    reliable: bool,
     path_choices: Vec<String>,
 }
 
@@ -211,6 +213,7 @@ impl PacedFlow {
             flag: Arc::clone(&aborted),
         })));
         let monitor = flow.monitor();
+        let reliable = flow.reliable();
         let path_choices = flow.path_choices();
         let chunk = if message_boundaries {
             usize::MAX
@@ -233,6 +236,7 @@ impl PacedFlow {
             rx: PacedReceiver { inner: rx, pace },
             abort,
             monitor,
+            reliable,
             path_choices,
         }
     }
@@ -345,6 +349,10 @@ impl Flow for PacedFlow {
 
     fn monitor(&self) -> Option<Arc<dyn FlowMonitor>> {
         self.monitor.clone()
+    }
+
+    fn reliable(&self) -> bool {
+        self.reliable
     }
 
     fn path_choices(&self) -> Vec<String> {

@@ -98,7 +98,7 @@ impl Side {
     fn new(params: RoleParams, flow: Box<dyn Flow>) -> Result<Side, FlowError> {
         let size_bytes = params.size_bytes;
         let abort = flow.abort_handle();
-        let reliable = flow.monitor().is_none();
+        let reliable = flow.reliable();
         let (tx, rx) = flow.into_halves();
         let (to_sender, work) = mpsc::channel();
         let (done, from_sender) = mpsc::channel();

@@ -1477,6 +1477,12 @@ impl Flow for XdpFlow {
         }))
     }
 
+    /// Frames lost on the way are sent again: every byte arrives, in
+    /// order, though the flow has datagram counts to report.
+    fn reliable(&self) -> bool {
+        true
+    }
+
     fn path_choices(&self) -> Vec<String> {
         // Native and generic XDP are different paths through the kernel:
         // the generic hook runs after the socket buffer is built.
