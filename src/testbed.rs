@@ -13,8 +13,16 @@
 //! `ngtb-NAME-h1`, ... for one made with `--name NAME`. State lives in
 //! `/run/netgap/NAME/` (`/run/netgap/testbed/` by default): `hosts.json`
 //! (the [`HostsFile`] multi-host commands read with `--hosts @testbed`),
-//! `params.json`, the shared `key` (mode 0600), and per host the agent's
-//! control socket `hN.sock`, its `hN.pid` and `hN.log`.
+//! `params.json`, the shared `key`, the kernel's own state of the links
+//! (`kernel-links.json`), and per host the agent's control socket
+//! `hN.sock`, its `hN.pid` and `hN.log`. The root and the testbed's
+//! directory are opened through [`Dir`] and checked to be root's, mode
+//! 0700 when netgap makes them, writable by nobody else and not links;
+//! one that is not is refused in one line before anything reads or
+//! changes the testbed. Every file is made relative to the directory's
+//! descriptor, mode 0600, with an exclusive create that follows no link;
+//! the hosts file and `params.json`, which `testbed set` rewrites while
+//! runs may read them, are replaced whole ([`Dir::replace_file`]).
 //!
 //! Conditions: every link end (and bridge port) has the same MTU and offloads
 //! (`--offload on|off`: TSO, GSO, GRO, rx and tx checksum, switched with the
@@ -88,10 +96,10 @@ use netgap_measure::conditions::{
     Condition, ConditionError, ConditionSwitch, LinkConditions, LossMechanism, SwitchFailure,
 };
 use netgap_measure::control::ControlAddr;
+use netgap_workload::confined::Dir;
 use serde::{Deserialize, Serialize};
 use std::io;
 use std::net::{IpAddr, Ipv4Addr};
-use std::os::unix::fs::DirBuilderExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -1145,6 +1153,7 @@ fn build_network(
     p: &Params,
     hosts: &HostsFile,
     applied: &LinkConditions,
+    dir: &Dir,
 ) -> Result<(), TestbedError> {
     let prefix = ns_prefix(name);
     let mtu = p.mtu_bytes.to_string();
@@ -1210,7 +1219,7 @@ fn build_network(
     set_neighbours(hosts)?;
     // The kernel's own state of the links, before any condition touches
     // it: what "offload as the kernel set it" puts back.
-    live::save_kernel(&state_dir(name), &live::read(&link_ends(name, p))?)?;
+    live::save_kernel(dir, &live::read(&link_ends(name, p))?)?;
     condition_links(name, p, None, applied)
 }
 
@@ -1333,10 +1342,9 @@ fn ip_batch(ns: &str, lines: &[String]) -> Result<(), TestbedError> {
 
 /// Starts the agent of host `h` in its namespace, detached (own session,
 /// output to its log), and records its pid.
-fn start_agent(dir: &Path, p: &Params, h: &HostEntry) -> Result<u32, TestbedError> {
-    let log_path = dir.join(format!("{}.log", h.name));
-    let log = std::fs::File::create(&log_path)
-        .map_err(io_err(format!("creating {}", log_path.display())))?;
+fn start_agent(dir: &Dir, p: &Params, h: &HostEntry) -> Result<u32, TestbedError> {
+    let log_path = dir.path().join(format!("{}.log", h.name));
+    let log = dir.create_file(&format!("{}.log", h.name), STATE_FILE_MODE)?;
     let log2 = log
         .try_clone()
         .map_err(io_err(format!("opening {}", log_path.display())))?;
@@ -1347,7 +1355,7 @@ fn start_agent(dir: &Path, p: &Params, h: &HostEntry) -> Result<u32, TestbedErro
         .args(["serve", "--bind", &h.control, "--data-bind"])
         .arg(h.address.to_string())
         .arg("--key")
-        .arg(dir.join("key"))
+        .arg(dir.path().join(KEY_FILE))
         // The testbed's hosts are this machine's: its agents take the
         // largest workload point there is, so the scale of a run is the
         // run's choice (each agent raises its descriptor limit as needed).
@@ -1387,9 +1395,11 @@ fn start_agent(dir: &Path, p: &Params, h: &HostEntry) -> Result<u32, TestbedErro
     // `ip netns exec` replaces itself with the agent: this pid is the agent.
     // The child is not waited for; it outlives `up` and init reaps it.
     drop(child);
-    let pid_path = dir.join(format!("{}.pid", h.name));
-    std::fs::write(&pid_path, format!("{pid}\n"))
-        .map_err(io_err(format!("writing {}", pid_path.display())))?;
+    dir.write_file(
+        &format!("{}.pid", h.name),
+        format!("{pid}\n").as_bytes(),
+        STATE_FILE_MODE,
+    )?;
     Ok(pid)
 }
 
@@ -1469,6 +1479,7 @@ fn up_as(args: &UpArgs, policy: RatePolicy) -> Result<(), TestbedError> {
         )?;
     }
     let _lock = TestbedLock::acquire(name, "netgap testbed up")?;
+    check_state(name)?;
     // A condition this kernel cannot apply is refused before an existing
     // testbed is touched.
     resolve(name, &params.conditions())?;
@@ -1557,21 +1568,16 @@ fn up_as(args: &UpArgs, policy: RatePolicy) -> Result<(), TestbedError> {
 }
 
 fn build(name: &str, p: &Params) -> Result<(), TestbedError> {
-    let dir = state_dir(name);
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(&dir)
-        .map_err(io_err(format!("creating {}", dir.display())))?;
-    let key_file = dir.join("key");
-    netgap_measure::auth::new_key_file(&key_file).map_err(|e| TestbedError::Io {
-        what: "making the testbed's key".into(),
-        source: io::Error::other(e.to_string()),
-    })?;
+    let dir = open_state(name)?;
+    let key_file =
+        netgap_measure::auth::new_key_in(&dir, KEY_FILE).map_err(|e| TestbedError::Io {
+            what: "making the testbed's key".into(),
+            source: io::Error::other(e.to_string()),
+        })?;
     let mut hosts = hosts_file(name, p);
     let applied = resolve(name, &p.conditions())?;
     hosts.conditions = Some(applied);
-    build_network(name, p, &hosts, &applied)?;
+    build_network(name, p, &hosts, &applied, &dir)?;
     let mut pids = Vec::new();
     for h in &hosts.hosts {
         pids.push(start_agent(&dir, p, h)?);
@@ -1580,7 +1586,11 @@ fn build(name: &str, p: &Params) -> Result<(), TestbedError> {
         wait_for_agent(h, &key_file, pid).map_err(|source| TestbedError::Agent {
             host: h.name.clone(),
             source: Box::new(source),
-            log: dir.join(format!("{}.log", h.name)).display().to_string(),
+            log: dir
+                .path()
+                .join(format!("{}.log", h.name))
+                .display()
+                .to_string(),
         })?;
     }
     hosts.forwarding = match p.forwarding_bps {
@@ -1588,15 +1598,9 @@ fn build(name: &str, p: &Params) -> Result<(), TestbedError> {
         None if applied.rate_bps.is_some() => Some(capacity::calibrate(name, p, &hosts, &applied)?),
         None => None,
     };
-    let text = serde_json::to_string_pretty(p).map_err(|e| TestbedError::Io {
-        what: "writing params.json".into(),
-        source: io::Error::other(e),
-    })?;
-    std::fs::write(dir.join("params.json"), text + "\n").map_err(io_err("writing params.json"))?;
+    save_params(&dir, p)?;
     // The hosts file last: its presence means the testbed is complete.
-    hosts
-        .save(&dir.join("hosts.json"))
-        .map_err(io_err("writing hosts.json"))
+    save_hosts(&dir, &hosts)
 }
 
 /// Whether testbed `name` is complete: hosts file, namespaces, live agents.
@@ -1637,6 +1641,7 @@ pub fn status(args: &NameArgs) -> Result<(), TestbedError> {
         }
         return Ok(());
     }
+    check_state(name)?;
     let hosts = HostsFile::load(&hosts_path).map_err(|e| TestbedError::Io {
         what: "reading the hosts file".into(),
         source: io::Error::other(e.to_string()),
@@ -1810,8 +1815,83 @@ fn read_state(path: &Path) -> Result<String, netgap_core::files::ReadError> {
     netgap_core::files::read_to_string(path, netgap_core::files::Cap::TESTBED_STATE)
 }
 
+/// The hosts file in a testbed's state directory.
+const HOSTS_FILE: &str = "hosts.json";
+/// The testbed's parameters in its state directory.
+const PARAMS_FILE: &str = "params.json";
+/// The shared key in a testbed's state directory.
+const KEY_FILE: &str = "key";
+/// The mode of every file the testbed writes in its state directory. The
+/// agents that read the key, and every command that reads the rest, run as
+/// root: nothing there is for other users to read.
+const STATE_FILE_MODE: u32 = 0o600;
+/// The mode of the state root and of each testbed's directory.
+const STATE_DIR_MODE: u32 = 0o700;
+/// How a refusal names the state root.
+const STATE_ROOT_WHAT: &str = "the testbeds' state directory";
+/// What a refused state directory tells the operator to do.
+const STATE_DIR_REMEDY: &str = "remove it; netgap makes it again, root's with mode 0700";
+
+/// The testbeds' state root (`/run/netgap`), made if missing, opened
+/// without following a link and checked to be root's and writable by
+/// nobody else.
+fn state_root() -> Result<Dir, TestbedError> {
+    Ok(Dir::open_base(
+        Path::new(STATE_ROOT),
+        STATE_ROOT_WHAT,
+        STATE_DIR_REMEDY,
+        STATE_DIR_MODE,
+    )?)
+}
+
+/// Testbed `name`'s state directory in the checked `root`, made if
+/// missing, opened relative to the root's descriptor and checked the same
+/// way: every file of the testbed is made relative to this one.
+fn state_in(root: &Dir, name: &str) -> Result<Dir, TestbedError> {
+    Ok(root.open_base_at(
+        name,
+        &format!("testbed {name}'s state directory"),
+        STATE_DIR_REMEDY,
+        STATE_DIR_MODE,
+    )?)
+}
+
+/// Testbed `name`'s state directory, opened and checked ([`state_in`]).
+fn open_state(name: &str) -> Result<Dir, TestbedError> {
+    state_in(&state_root()?, name)
+}
+
+/// Refuses, in one line and before anything reads or changes it, a state
+/// directory of testbed `name` that is not root's own (another user's, one
+/// others can write in, a link): its pid files would name the processes
+/// `down` stops, its hosts file the agents a run hands the key to. A
+/// missing one is no testbed's.
+fn check_state(name: &str) -> Result<(), TestbedError> {
+    match std::fs::symlink_metadata(state_dir(name)) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        _ => open_state(name).map(drop),
+    }
+}
+
+/// Writes `p` as the testbed's `params.json`, replacing the old one
+/// whole ([`Dir::replace_file`]).
+fn save_params(dir: &Dir, p: &Params) -> Result<(), TestbedError> {
+    let text = serde_json::to_string_pretty(p).map_err(|e| TestbedError::Io {
+        what: format!("writing {PARAMS_FILE}"),
+        source: io::Error::other(e),
+    })?;
+    dir.replace_file(PARAMS_FILE, (text + "\n").as_bytes(), STATE_FILE_MODE)?;
+    Ok(())
+}
+
+/// Writes `hosts` as the testbed's hosts file, replacing the old one whole.
+fn save_hosts(dir: &Dir, hosts: &HostsFile) -> Result<(), TestbedError> {
+    Ok(hosts.save(dir, HOSTS_FILE, STATE_FILE_MODE)?)
+}
+
 /// The parameters and hosts file of the running testbed `name`.
 fn load_state(name: &str) -> Result<(Params, HostsFile), TestbedError> {
+    check_state(name)?;
     let dir = state_dir(name);
     let text = match read_state(&dir.join("params.json")) {
         Ok(t) => t,
@@ -1839,19 +1919,11 @@ pub fn set_conditions(name: &str, to: &LinkConditions) -> Result<LinkConditions,
     // Unknown while the links change: a failure halfway must not leave the
     // files claiming either state.
     hosts.conditions = None;
-    let dir = state_dir(name);
-    let save_hosts = |h: &HostsFile| {
-        h.save(&dir.join("hosts.json"))
-            .map_err(io_err("writing hosts.json"))
-    };
-    save_hosts(&hosts)?;
+    let dir = open_state(name)?;
+    save_hosts(&dir, &hosts)?;
     condition_links(name, &params, Some(&from), to)?;
     let params = params.with_conditions(to);
-    let text = serde_json::to_string_pretty(&params).map_err(|e| TestbedError::Io {
-        what: "writing params.json".into(),
-        source: io::Error::other(e),
-    })?;
-    std::fs::write(dir.join("params.json"), text + "\n").map_err(io_err("writing params.json"))?;
+    save_params(&dir, &params)?;
     for h in &mut hosts.hosts {
         for l in &mut h.links {
             l.mtu_bytes = to.mtu_bytes;
@@ -1864,7 +1936,7 @@ pub fn set_conditions(name: &str, to: &LinkConditions) -> Result<LinkConditions,
         hosts.forwarding = Some(capacity::calibrate(name, &params, &hosts, to)?);
     }
     hosts.conditions = Some(*to);
-    save_hosts(&hosts)?;
+    save_hosts(&dir, &hosts)?;
     Ok(*to)
 }
 
@@ -1946,9 +2018,7 @@ pub fn scale_rate(
     let from = scaled.map(|s| s.from_bps);
     if hosts.rate_scaled_from_bps != from {
         hosts.rate_scaled_from_bps = from;
-        hosts
-            .save(&state_dir(name).join("hosts.json"))
-            .map_err(io_err("writing hosts.json"))?;
+        save_hosts(&open_state(name)?, &hosts)?;
     }
     Ok(scaled)
 }
@@ -2173,6 +2243,7 @@ pub fn down(args: &NameArgs) -> Result<(), TestbedError> {
 /// state directory. Works from what exists, so also after a crash.
 fn teardown(name: &str, quiet: bool) -> Result<(), TestbedError> {
     let dir = state_dir(name);
+    check_state(name)?;
     let mut pids: Vec<i32> = Vec::new();
     if let Ok(entries) = std::fs::read_dir(&dir) {
         for e in entries.flatten() {
@@ -2209,8 +2280,10 @@ fn teardown(name: &str, quiet: bool) -> Result<(), TestbedError> {
         }
     }
     if dir.exists() {
-        if let Err(e) = std::fs::remove_dir_all(&dir) {
-            errors.push(format!("removing {}: {e}", dir.display()));
+        // Relative to the root's descriptor, never following a link.
+        let removed = state_root().and_then(|root| root.remove_all(name).map_err(Into::into));
+        if let Err(e) = removed {
+            errors.push(e.to_string());
         }
     }
     if !quiet {

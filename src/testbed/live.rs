@@ -8,8 +8,9 @@
 //! touches it: "offload as the kernel set it" is that record, so a testbed
 //! switched to `offload=off` and back gets every feature back as it was.
 
-use super::{ip, netns_ops, run, TestbedError};
+use super::{ip, netns_ops, run, TestbedError, STATE_FILE_MODE};
 use netgap_measure::conditions::LinkConditions;
+use netgap_workload::confined::Dir;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -105,16 +106,15 @@ fn expected_root_qdisc(c: &LinkConditions) -> &'static str {
     }
 }
 
-/// Saves the kernel's own state of a fresh testbed's links in `dir`.
-pub fn save_kernel(dir: &Path, ends: &[EndState]) -> Result<(), TestbedError> {
+/// Saves the kernel's own state of a fresh testbed's links in its state
+/// directory `dir`, as a new file (once per build: the directory is new).
+pub fn save_kernel(dir: &Dir, ends: &[EndState]) -> Result<(), TestbedError> {
     let text = serde_json::to_string_pretty(ends).map_err(|e| TestbedError::Io {
         what: format!("writing {KERNEL_LINKS_FILE}"),
         source: std::io::Error::other(e),
     })?;
-    std::fs::write(dir.join(KERNEL_LINKS_FILE), text + "\n").map_err(|source| TestbedError::Io {
-        what: format!("writing {KERNEL_LINKS_FILE}"),
-        source,
-    })
+    dir.write_file(KERNEL_LINKS_FILE, (text + "\n").as_bytes(), STATE_FILE_MODE)?;
+    Ok(())
 }
 
 /// The kernel's own state of the links, as saved when the testbed was

@@ -24,7 +24,7 @@
 //! links through [`super::TestbedSwitch`] in the same process, take it
 //! again.
 
-use super::{check_name, pid_alive, TestbedError, STATE_ROOT};
+use super::{check_name, pid_alive, TestbedError, STATE_DIR_REMEDY, STATE_ROOT, STATE_ROOT_WHAT};
 use netgap_workload::confined::Dir;
 use nix::fcntl::{Flock, FlockArg};
 use std::fs::File;
@@ -134,12 +134,7 @@ impl TestbedLock {
             h.count += 1;
             return Ok(TestbedLock { key });
         }
-        let dir = Dir::open_base(
-            base,
-            "the testbeds' state directory",
-            "remove it; netgap makes it again, root's with mode 0700",
-            0o700,
-        )?;
+        let dir = Dir::open_base(base, STATE_ROOT_WHAT, STATE_DIR_REMEDY, 0o700)?;
         let lock = take(&dir, name, command)?;
         held.push(Held {
             key: key.clone(),

@@ -118,6 +118,30 @@ fn a_four_host_switch_testbed_carries_traffic_and_goes_away() {
         .mode();
     assert_eq!(key_mode & 0o777, 0o600);
     assert_eq!(hosts.key_file.as_deref(), Some(&*tb.key()));
+    // The state directory and every file netgap wrote in it are root's
+    // alone; the files replaced whole leave no `.new` behind.
+    let mode = |p: &Path| {
+        std::fs::symlink_metadata(p)
+            .expect("state")
+            .permissions()
+            .mode()
+            & 0o777
+    };
+    assert_eq!(mode(&tb.dir()), 0o700);
+    for f in [
+        "hosts.json",
+        "params.json",
+        "kernel-links.json",
+        "h1.log",
+        "h4.pid",
+    ] {
+        assert_eq!(mode(&tb.dir().join(f)), 0o600, "{f}");
+    }
+    let names: Vec<String> = std::fs::read_dir(tb.dir())
+        .expect("state")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(!names.iter().any(|n| n.ends_with(".new")), "{names:?}");
 
     // The MTU on each host's link; the TBF in the network, at the
     // bridge's port toward the host, and none in the host's own stack.
@@ -642,6 +666,116 @@ fn without_root_the_testbed_says_so_in_one_line() {
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     assert!(stderr.contains("needs root"), "{stderr}");
     assert!(!Path::new("/run/netgap/tnoroot").exists());
+}
+
+/// A testbed state directory netgap would not write in (another user's,
+/// one every user can write in, a link to elsewhere) is refused by `up`,
+/// `set`, `status` and `down` in one line naming it, before anything
+/// reads or changes it: nothing is built, and nothing in it, or where its
+/// link points, is written or removed.
+#[test]
+fn a_state_directory_another_user_owns_or_can_write_is_refused_in_one_line() {
+    let test = "a_state_directory_another_user_owns_or_can_write_is_refused_in_one_line";
+    if !system_ready(test) {
+        return;
+    }
+    /// Removes what the test planted, even when it fails.
+    struct Planted(std::path::PathBuf);
+    impl Drop for Planted {
+        fn drop(&mut self) {
+            match std::fs::symlink_metadata(&self.0) {
+                Ok(m) if m.is_dir() => {
+                    let _ = std::fs::remove_dir_all(&self.0);
+                }
+                Ok(_) => {
+                    let _ = std::fs::remove_file(&self.0);
+                }
+                Err(_) => {}
+            }
+            let _ = netgap()
+                .args(["testbed", "down", "--name", "tstate"])
+                .output();
+        }
+    }
+    // Nothing of an earlier run, and the state root made as netgap makes it.
+    ok(netgap()
+        .args(["testbed", "down", "--name", "tstate"])
+        .output()
+        .expect("down"));
+    let dir = Path::new("/run/netgap/tstate");
+    let elsewhere = tempfile::tempdir().expect("tempdir");
+    let plant = |what: &str| -> (Planted, std::path::PathBuf) {
+        let guard = Planted(dir.to_path_buf());
+        let files = if what == "link" {
+            std::os::unix::fs::symlink(elsewhere.path(), dir).expect("link");
+            elsewhere.path().to_path_buf()
+        } else {
+            std::fs::create_dir(dir).expect("dir");
+            if what == "theirs" {
+                std::os::unix::fs::chown(dir, Some(65534), Some(65534)).expect("chown");
+            } else {
+                std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777))
+                    .expect("chmod");
+            }
+            dir.to_path_buf()
+        };
+        // What another user would leave for the testbed to trust or to
+        // write through.
+        std::fs::write(files.join("hosts.json"), "planted").expect("hosts");
+        std::fs::write(files.join("params.json"), "planted").expect("params");
+        std::fs::write(files.join("h1.pid"), "1\n").expect("pid");
+        (guard, files)
+    };
+    for (what, needle) in [
+        (
+            "theirs",
+            "it is owned by uid 65534, not by the user netgap runs as (uid 0)",
+        ),
+        ("open", "it is writable by every user (mode 777)"),
+        ("link", "it is a symbolic link"),
+    ] {
+        let (guard, files) = plant(what);
+        let refusal = format!(
+            "refusing /run/netgap/tstate as testbed tstate's state directory: {needle}; remove it"
+        );
+        for args in [
+            &["testbed", "up", "--name", "tstate", "--hosts", "2"][..],
+            &["testbed", "set", "--name", "tstate", "--mtu", "9000"],
+            &["testbed", "status", "--name", "tstate"],
+            &["testbed", "down", "--name", "tstate"],
+        ] {
+            common::one_line_error(
+                &netgap().args(args).output().expect("runs"),
+                &format!("{what}: {args:?}"),
+                &refusal,
+            );
+        }
+        let mut names: Vec<String> = std::fs::read_dir(&files)
+            .expect("planted")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["h1.pid", "hosts.json", "params.json"], "{what}");
+        for f in ["hosts.json", "params.json"] {
+            assert_eq!(
+                std::fs::read_to_string(files.join(f)).expect("planted"),
+                "planted",
+                "{what}: {f}"
+            );
+        }
+        let list = sh("ip", &["netns", "list"]);
+        assert!(!list.contains("ngtb-tstate-"), "{what}: built: {list}");
+        drop(guard);
+        let _ = std::fs::remove_file(elsewhere.path().join("hosts.json"));
+        let _ = std::fs::remove_file(elsewhere.path().join("params.json"));
+        let _ = std::fs::remove_file(elsewhere.path().join("h1.pid"));
+    }
+    // Once it is gone, netgap makes it again, root's with mode 0700.
+    let (tb, _) = Testbed::up("tstate", &["--hosts", "2"]);
+    let m = std::fs::symlink_metadata(tb.dir()).expect("state");
+    assert!(m.is_dir() && m.permissions().mode() & 0o777 == 0o700);
+    let _ = tb.down();
+    tb.assert_gone();
 }
 
 /// A testbed another process holds (a child of this test, holding the

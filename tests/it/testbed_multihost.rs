@@ -140,7 +140,11 @@ fn every_multi_host_test_runs_through_a_four_host_switch_testbed() {
     let mut keyless = hosts.clone();
     let key = keyless.key_file.take().expect("key file");
     let keyless_path = dir.path().join("keyless.json");
-    keyless.save(&keyless_path).expect("hosts file written");
+    let out_dir = netgap::confined::Dir::open_base(dir.path(), "the test's directory", "x", 0o700)
+        .expect("the test's directory");
+    keyless
+        .save(&out_dir, "keyless.json", 0o600)
+        .expect("hosts file written");
     let hosts_arg = format!("@{}", keyless_path.display());
     let run = |extra: &[&str]| {
         netgap()

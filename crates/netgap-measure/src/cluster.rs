@@ -12,6 +12,7 @@ use crate::conditions::LinkConditions;
 use crate::control::ControlAddr;
 use crate::hostlist;
 use netgap_core::files::{self, Cap, ReadError};
+use netgap_workload::confined::{ConfinedError, Dir};
 use serde::{Deserialize, Serialize};
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
@@ -245,15 +246,20 @@ impl HostsFile {
         self.hosts.iter().find(|h| h.name == name)
     }
 
-    /// Writes the file (pretty JSON) through a temporary file renamed over
-    /// it, so a run that reads it while `testbed set` rewrites it sees the
-    /// old file or the new one, never half of one.
-    pub fn save(&self, path: &Path) -> std::io::Result<()> {
-        let text = serde_json::to_string_pretty(self).map_err(std::io::Error::other)?;
-        let mut tmp = path.as_os_str().to_owned();
-        tmp.push(".new");
-        std::fs::write(&tmp, text + "\n")?;
-        std::fs::rename(&tmp, path)
+    /// Writes the file (pretty JSON) as `name` in `dir` with `mode`,
+    /// through [`Dir::replace_file`]: a new file renamed over the old one
+    /// relative to the directory's descriptor, so a run that reads it
+    /// while `testbed set` rewrites it sees the old file or the new one,
+    /// never half of one, and a link planted at the name is replaced, not
+    /// written through.
+    pub fn save(&self, dir: &Dir, name: &str, mode: u32) -> Result<(), ConfinedError> {
+        let text = serde_json::to_string_pretty(self).map_err(|e| ConfinedError::Io {
+            what: "writing",
+            path: dir.path().join(name),
+            source: std::io::Error::other(e),
+        })?;
+        dir.replace_file(name, (text + "\n").as_bytes(), mode)?;
+        Ok(())
     }
 
     /// Whether the file describes one of netgap's namespace testbeds (it
@@ -674,7 +680,9 @@ mod tests {
     fn hosts_arguments_name_a_file_the_testbed_or_agents() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("hosts.json");
-        sample().save(&path).expect("save");
+        let confined =
+            Dir::open_base(dir.path(), "a test directory", "x", 0o700).expect("the directory");
+        sample().save(&confined, "hosts.json", 0o600).expect("save");
         let arg = HostsArg::parse(&format!("@{}", path.display())).expect("parses");
         assert!(matches!(arg.load(), Ok(HostsSource::File(f)) if f == sample()));
         assert_eq!(

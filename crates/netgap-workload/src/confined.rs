@@ -17,8 +17,10 @@
 //!
 //! The same [`Dir`] serves the commands that write where another user
 //! could plant a link: `netgap study` makes its results file and report in
-//! its `-o` directory this way, and the testbeds' locks are opened through
-//! it.
+//! its `-o` directory this way, and the testbeds' locks and state
+//! directories (`/run/netgap` and a directory per testbed in it, with the
+//! testbed's key, hosts file, parameters and its agents' logs and pids)
+//! are opened and written through it.
 //!
 //! The agent's own run directory is [`AgentDirs`]: a base (`--run-dir`,
 //! by default `/var/lib/netgap` as root, else `$XDG_RUNTIME_DIR/netgap` or
@@ -134,8 +136,8 @@ fn euid() -> u32 {
 /// existing subdirectory) is kept.
 ///
 /// Public so that other writers of files where another user could plant a
-/// link (a study's output directory, the testbeds' locks) make them the
-/// same way.
+/// link (a study's output directory, the testbeds' locks and state
+/// directories) make them the same way.
 #[derive(Debug)]
 pub struct Dir {
     fd: Arc<OwnedFd>,
@@ -158,62 +160,30 @@ impl Dir {
         remedy: &str,
         mode: u32,
     ) -> Result<Dir, ConfinedError> {
-        let refuse = |reason: String| ConfinedError::Refused {
-            path: path.to_path_buf(),
-            what: what.into(),
-            reason,
-            remedy: remedy.into(),
-        };
         if !path.is_absolute() {
-            return Err(refuse("it is not an absolute path".into()));
+            return Err(ConfinedError::Refused {
+                path: path.to_path_buf(),
+                what: what.into(),
+                reason: "it is not an absolute path".into(),
+                remedy: remedy.into(),
+            });
         }
-        match rustix::fs::mkdirat(rustix::fs::CWD, path, Mode::from_raw_mode(mode)) {
-            Ok(()) | Err(rustix::io::Errno::EXIST) => {}
-            Err(rustix::io::Errno::NOENT) => {
-                return Err(refuse("its parent directory does not exist".into()))
-            }
-            Err(e) => return Err(refuse(format!("it cannot be made: {}", io::Error::from(e)))),
-        }
-        let fd = rustix::fs::openat(
-            rustix::fs::CWD,
-            path,
-            OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::RDONLY,
-            Mode::empty(),
-        )
-        .map_err(|e| match e {
-            rustix::io::Errno::LOOP | rustix::io::Errno::NOTDIR => {
-                refuse(not_a_dir(rustix::fs::CWD, path).into())
-            }
-            e => refuse(format!("it cannot be opened: {}", io::Error::from(e))),
-        })?;
-        let st = rustix::fs::fstat(&fd)
-            .map_err(|e| refuse(format!("it cannot be read: {}", io::Error::from(e))))?;
-        let me = euid();
-        if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::Directory {
-            return Err(refuse("it is not a directory".into()));
-        }
-        if st.st_uid != me {
-            return Err(refuse(format!(
-                "it is owned by uid {}, not by the user netgap runs as (uid {me})",
-                st.st_uid
-            )));
-        }
-        if st.st_mode & 0o022 != 0 {
-            return Err(refuse(format!(
-                "it is writable by {} (mode {:o})",
-                if st.st_mode & 0o002 != 0 {
-                    "every user"
-                } else {
-                    "its group"
-                },
-                st.st_mode & 0o7777
-            )));
-        }
-        Ok(Dir {
-            fd: Arc::new(fd),
-            path: path.to_path_buf(),
-            remove_from: None,
-        })
+        open_checked(rustix::fs::CWD, path, path, what, remedy, mode)
+    }
+
+    /// [`Dir::open_base`] for the subdirectory `name` of this directory,
+    /// made if missing and opened relative to its descriptor, so no part
+    /// of its path is looked up again: a directory of this user's, not a
+    /// link, that nobody else can write in. It is kept when dropped.
+    pub fn open_base_at(
+        &self,
+        name: &str,
+        what: &str,
+        remedy: &str,
+        mode: u32,
+    ) -> Result<Dir, ConfinedError> {
+        let name = check_name(name)?;
+        open_checked(self.fd(), name, &self.path.join(name), what, remedy, mode)
     }
 
     /// Opens a directory the operator named (`--io-dir`): it must be a
@@ -387,6 +357,47 @@ impl Dir {
         Ok(f)
     }
 
+    /// Replaces the file `name` with one holding `bytes`, with `mode`: the
+    /// bytes go into `NAME.new`, made fresh (a `NAME.new` left by a writer
+    /// that died, file or link, is removed first, never followed) and
+    /// synced, and that file is renamed over `name` relative to this
+    /// directory's descriptor. A link at `name` is replaced, never written
+    /// through. The rename is atomic: a process that opens `name` while it
+    /// is replaced (a run reading a testbed's hosts file while `testbed
+    /// set` rewrites it) reads the old file or the new one whole, never
+    /// one cut short or half written. The `.new` name is fixed, so two
+    /// writers of one name at once must be kept apart by the caller (the
+    /// testbed's lock does): each would remove the other's. Returns the
+    /// new file, open for reading and writing.
+    pub fn replace_file(&self, name: &str, bytes: &[u8], mode: u32) -> Result<File, ConfinedError> {
+        let name = check_name(name)?;
+        let tmp = format!("{name}.new");
+        let tmp = check_name(&tmp)?;
+        match rustix::fs::unlinkat(&*self.fd, tmp, AtFlags::empty()) {
+            Ok(()) | Err(rustix::io::Errno::NOENT) => {}
+            Err(e) => return Err(io_at("removing", &self.path.join(tmp))(e)),
+        }
+        let mut file = self.create_file(tmp, mode)?;
+        let done = std::io::Write::write_all(&mut file, bytes)
+            .and_then(|()| file.sync_all())
+            .map_err(|source| ConfinedError::Io {
+                what: "writing",
+                path: self.path.join(tmp),
+                source,
+            })
+            .and_then(|()| {
+                rustix::fs::renameat(&*self.fd, tmp, &*self.fd, name)
+                    .map_err(io_at("renaming into place", &self.path.join(name)))
+            });
+        if let Err(e) = done {
+            // The file this call made goes; the one it was to replace
+            // stays as it was.
+            let _ = rustix::fs::unlinkat(&*self.fd, tmp, AtFlags::empty());
+            return Err(e);
+        }
+        Ok(file)
+    }
+
     /// Removes the file `name` (a link of that name is removed, never
     /// followed).
     pub fn remove_file(&self, name: &str) -> Result<(), ConfinedError> {
@@ -440,7 +451,7 @@ impl Dir {
 
     /// Removes the entry `name` and, for a directory, everything in it,
     /// relative to this directory's descriptor and never following a link.
-    pub(crate) fn remove_all(&self, name: &str) -> Result<(), ConfinedError> {
+    pub fn remove_all(&self, name: &str) -> Result<(), ConfinedError> {
         let name = check_name(name)?;
         let c = std::ffi::CString::new(name)
             .map_err(|_| ConfinedError::BadName { name: name.into() })?;
@@ -465,6 +476,71 @@ impl Drop for Dir {
             }
         }
     }
+}
+
+/// Makes `name` in `at` with `mode` if missing, opens it without
+/// following a link and checks on its descriptor that it is a directory of
+/// this process's user that nobody else can write in; `path` names it in a
+/// refusal.
+fn open_checked<P: rustix::path::Arg + Copy>(
+    at: BorrowedFd<'_>,
+    name: P,
+    path: &Path,
+    what: &str,
+    remedy: &str,
+    mode: u32,
+) -> Result<Dir, ConfinedError> {
+    let refuse = |reason: String| ConfinedError::Refused {
+        path: path.to_path_buf(),
+        what: what.into(),
+        reason,
+        remedy: remedy.into(),
+    };
+    match rustix::fs::mkdirat(at, name, Mode::from_raw_mode(mode)) {
+        Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+        Err(rustix::io::Errno::NOENT) => {
+            return Err(refuse("its parent directory does not exist".into()))
+        }
+        Err(e) => return Err(refuse(format!("it cannot be made: {}", io::Error::from(e)))),
+    }
+    let fd = rustix::fs::openat(
+        at,
+        name,
+        OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::RDONLY,
+        Mode::empty(),
+    )
+    .map_err(|e| match e {
+        rustix::io::Errno::LOOP | rustix::io::Errno::NOTDIR => refuse(not_a_dir(at, name).into()),
+        e => refuse(format!("it cannot be opened: {}", io::Error::from(e))),
+    })?;
+    let st = rustix::fs::fstat(&fd)
+        .map_err(|e| refuse(format!("it cannot be read: {}", io::Error::from(e))))?;
+    let me = euid();
+    if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::Directory {
+        return Err(refuse("it is not a directory".into()));
+    }
+    if st.st_uid != me {
+        return Err(refuse(format!(
+            "it is owned by uid {}, not by the user netgap runs as (uid {me})",
+            st.st_uid
+        )));
+    }
+    if st.st_mode & 0o022 != 0 {
+        return Err(refuse(format!(
+            "it is writable by {} (mode {:o})",
+            if st.st_mode & 0o002 != 0 {
+                "every user"
+            } else {
+                "its group"
+            },
+            st.st_mode & 0o7777
+        )));
+    }
+    Ok(Dir {
+        fd: Arc::new(fd),
+        path: path.to_path_buf(),
+        remove_from: None,
+    })
 }
 
 /// Why `name` in `dir`, which could not be opened as a directory without
@@ -760,6 +836,88 @@ mod tests {
     }
 
     #[test]
+    fn a_replaced_file_is_whole_and_a_planted_link_is_replaced_not_followed() {
+        let t = tempfile::tempdir().unwrap();
+        let b = base(&t);
+        b.replace_file("hosts.json", b"old", 0o600).unwrap();
+        let reader = std::fs::File::open(b.path().join("hosts.json")).unwrap();
+        b.replace_file("hosts.json", b"new", 0o600).unwrap();
+        // One opened before the rename keeps the old file, whole.
+        assert_eq!(std::io::read_to_string(reader).unwrap(), "old");
+        assert_eq!(std::fs::read(b.path().join("hosts.json")).unwrap(), b"new");
+        let m = std::fs::metadata(b.path().join("hosts.json")).unwrap();
+        assert_eq!(m.permissions().mode() & 0o777, 0o600);
+        assert!(!b.path().join("hosts.json.new").exists());
+
+        // Links another user planted at NAME.new and at NAME: the files
+        // they name keep their bytes and mode, and NAME is a file of ours.
+        let target = t.path().join("secret");
+        std::fs::write(&target, b"keep").unwrap();
+        std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let other = t.path().join("other");
+        std::fs::write(&other, b"keep too").unwrap();
+        std::os::unix::fs::symlink(&target, b.path().join("params.json.new")).unwrap();
+        std::os::unix::fs::symlink(&other, b.path().join("params.json")).unwrap();
+        b.replace_file("params.json", b"{}", 0o644).unwrap();
+        assert_eq!(std::fs::read(&target).unwrap(), b"keep");
+        assert_eq!(std::fs::read(&other).unwrap(), b"keep too");
+        let m = std::fs::metadata(&target).unwrap();
+        assert_eq!(m.permissions().mode() & 0o777, 0o600);
+        let m = std::fs::symlink_metadata(b.path().join("params.json")).unwrap();
+        assert!(m.file_type().is_file(), "the link was replaced");
+        assert_eq!(m.permissions().mode() & 0o777, 0o644);
+        assert_eq!(m.uid(), euid());
+        assert_eq!(std::fs::read(b.path().join("params.json")).unwrap(), b"{}");
+        assert!(std::fs::symlink_metadata(b.path().join("params.json.new")).is_err());
+
+        // A directory where the file goes is not replaced, and what was
+        // made for it goes.
+        std::fs::create_dir(b.path().join("d")).unwrap();
+        let e = b.replace_file("d", b"x", 0o600).unwrap_err().to_string();
+        assert!(e.contains("renaming into place") && e.contains("/d"), "{e}");
+        assert!(b.path().join("d").is_dir() && !b.path().join("d.new").exists());
+        assert!(b.replace_file("../x", b"x", 0o600).is_err());
+    }
+
+    #[test]
+    fn a_checked_subdirectory_is_made_or_refused_like_a_base() {
+        let t = tempfile::tempdir().unwrap();
+        let b = base(&t);
+        let d = b
+            .open_base_at("tb", "a test state directory", "remove it", 0o700)
+            .unwrap();
+        let m = std::fs::metadata(d.path()).unwrap();
+        assert_eq!(m.permissions().mode() & 0o777, 0o700);
+        drop(d);
+        assert!(b.path().join("tb").is_dir(), "kept when dropped");
+        assert!(
+            b.open_base_at("tb", "x", "x", 0o700).is_ok(),
+            "opened again"
+        );
+        let open = b.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let e = b
+            .open_base_at("open", "a test state directory", "remove it", 0o700)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            format!(
+                "refusing {} as a test state directory: it is writable by every user (mode 777); remove it",
+                open.display()
+            )
+        );
+        std::os::unix::fs::symlink(t.path(), b.path().join("link")).unwrap();
+        let e = b
+            .open_base_at("link", "x", "x", 0o700)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("symbolic link"), "{e}");
+        assert!(b.open_base_at("a/b", "x", "x", 0o700).is_err());
+    }
+
+    #[test]
     fn a_base_writable_by_others_or_a_link_is_refused_in_one_line() {
         let t = tempfile::tempdir().unwrap();
         let open = t.path().join("open");
@@ -798,6 +956,17 @@ mod tests {
         std::fs::create_dir(&p).unwrap();
         std::os::unix::fs::chown(&p, Some(65534), Some(65534)).unwrap();
         let e = Dir::open_base(&p, "the base", "pass --run-dir DIR", 0o700)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("owned by uid 65534") && e.contains("(uid 0)"),
+            "{e}"
+        );
+        let b = base(&t);
+        std::fs::create_dir(b.path().join("theirs")).unwrap();
+        std::os::unix::fs::chown(b.path().join("theirs"), Some(65534), Some(65534)).unwrap();
+        let e = b
+            .open_base_at("theirs", "the state", "remove it", 0o700)
             .unwrap_err()
             .to_string();
         assert!(
