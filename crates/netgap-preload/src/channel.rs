@@ -1,23 +1,10 @@
 //! The shared-memory channel of one taken-over connection: a memfd mapped
 //! by both ends holding two single-producer, single-consumer byte rings,
-//! one per direction, laid out as
-//!
-//! | offset | bytes | content |
-//! |---|---|---|
-//! | 0 | 4096 | header: magic, version, ring capacity, each end's socket inode |
-//! | 4096 | 4096 | control block of ring 0 (connector → listener) |
-//! | 8192 | 4096 | control block of ring 1 (listener → connector) |
-//! | 12288 | capacity | data of ring 0 |
-//! | 12288 + capacity | capacity | data of ring 1 |
-//!
-//! The ring follows netgap's `shm` transport: indices count bytes ever
-//! produced and consumed, each written by one side only, with `Release`
-//! stores after the copy and `Acquire` loads before it; every index read
-//! from the peer is checked (`tail ≤ head ≤ tail + capacity`) so a corrupt
-//! peer is an error, never an access outside the region. Unlike the
-//! transport, a side keeps no private copy of its own index: after `fork`
-//! the parent or the child may carry on with the connection, so the shared
-//! index is the only truth.
+//! one per direction, as `netgap_shm` lays a region out and moves bytes
+//! through it (its index discipline and wake rule). What this module adds
+//! is the connection's: the connector makes the region, the listener
+//! checks what it takes; each end records its socket's inode and how it
+//! ended its side in the header; and the doorbells.
 //!
 //! Wake-ups: a side about to wait sets the ring's waiter word; the other
 //! side, after moving an index, clears it and sends one byte (a doorbell)
@@ -25,11 +12,17 @@
 //! descriptor readable to `poll` and `epoll` as the program expects. A
 //! reader first watches the ring for a short while (`conn::spin_until`),
 //! so a reply that comes within it crosses without a doorbell or a sleep;
-//! only a reader that really sleeps costs the writer a kernel call.
+//! only a reader that really sleeps costs the writer a kernel call. A
+//! doorbell is counted as on its way (`Header::ringing`) before the waiter
+//! bits are taken, so an end that closes waits for those in flight.
 
+use netgap_shm::layout::{self as lay, HEADER_BYTES};
+use netgap_shm::wait as w;
+use netgap_shm::{Consumer, Expect, HeaderFields, Producer, Region, Waits};
 use std::io;
 use std::ptr::NonNull;
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
 
 /// `b"NGPRSHM\0"` as a little-endian word: the region's first eight bytes.
 const REGION_MAGIC: u64 = u64::from_le_bytes(*b"NGPRSHM\0");
@@ -178,31 +171,23 @@ pub(crate) struct HeaderInfo {
 }
 
 /// Reads the header of the region file `fd` without mapping it: None if
-/// it is not a region of this version.
+/// it is not a region of this layout for a connection of this library.
 pub(crate) fn read_header(fd: libc::c_int) -> Option<HeaderInfo> {
-    let mut buf = [0u8; 40];
+    let mut buf = [0u8; HEADER_BYTES];
     // SAFETY: `buf` is valid for writes of its length.
     let r = unsafe { libc::pread(fd, buf.as_mut_ptr().cast(), buf.len(), 0) };
     if r != buf.len() as isize {
         return None;
     }
-    let word = |at: usize| {
-        let mut w = [0u8; 8];
-        w.copy_from_slice(&buf[at..at + 8]);
-        u64::from_ne_bytes(w)
-    };
-    let version = u32::from_ne_bytes([buf[8], buf[9], buf[10], buf[11]]);
-    let capacity = word(16);
-    let ok = word(0) == REGION_MAGIC
-        && version == u32::from(netgap_proto::preload::PRELOAD_VERSION)
-        && capacity.is_power_of_two()
+    let h = HeaderFields::parse(&buf).ok()?;
+    let ok = h.waits == Waits::Sleep
         && (u64::from(netgap_proto::preload::MIN_RING_BYTES)
             ..=u64::from(netgap_proto::preload::MAX_RING_BYTES))
-            .contains(&capacity);
-    ok.then(|| HeaderInfo {
-        capacity: capacity as usize,
-        connector_ino: word(24),
-        listener_ino: word(32),
+            .contains(&h.capacity);
+    ok.then_some(HeaderInfo {
+        capacity: h.capacity as usize,
+        connector_ino: h.connector_ino,
+        listener_ino: h.listener_ino,
     })
 }
 
@@ -211,31 +196,10 @@ pub(crate) fn region_bytes(capacity: usize) -> usize {
     3 * PAGE_BYTES + 2 * capacity
 }
 
-/// Which end of the connection this process is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Role {
-    /// Made the region, sent the hello and handed the region over
-    /// (`connect`).
-    Connector,
-    /// Mapped the region handed over through the mailbox (`accept`).
-    Listener,
-}
-
-impl Role {
-    fn index(self) -> usize {
-        match self {
-            Role::Connector => 0,
-            Role::Listener => 1,
-        }
-    }
-
-    fn peer(self) -> Role {
-        match self {
-            Role::Connector => Role::Listener,
-            Role::Listener => Role::Connector,
-        }
-    }
-}
+/// Which end of the connection this process is: the connector made the
+/// region, sent the hello and handed the region over (`connect`); the
+/// listener mapped the region handed over through the mailbox (`accept`).
+pub(crate) use netgap_shm::Role;
 
 /// The peer broke the ring's invariants.
 #[derive(Debug, Clone, Copy)]
@@ -302,43 +266,61 @@ pub(crate) struct Moved {
 
 /// The mapped region and this end's two rings.
 pub(crate) struct Channel {
-    base: NonNull<u8>,
-    len: usize,
-    tx: Ring,
-    rx: Ring,
+    region: Region,
+    /// The producer of the outgoing ring.
+    tx: Producer,
+    /// The consumer of the incoming ring.
+    rx: Consumer,
     role: Role,
-}
-
-// SAFETY: the channel is addresses into a shared mapping; concurrent use is
-// through atomics and the ring protocol, and callers serialise each
-// direction with a lock (`conn::Conn`).
-unsafe impl Send for Channel {}
-// SAFETY: as above.
-unsafe impl Sync for Channel {}
-
-impl Drop for Channel {
-    fn drop(&mut self) {
-        // SAFETY: `base`/`len` are the mapping made in `map`, unmapped once.
-        unsafe { libc::munmap(self.base.as_ptr().cast(), self.len) };
-    }
 }
 
 impl Channel {
     /// Maps the memfd `fd` of `capacity`-byte rings. The connector
     /// (`role`) writes the header; the listener checks it.
     pub(crate) fn map(fd: libc::c_int, capacity: usize, role: Role) -> io::Result<Channel> {
-        Channel::map_as(fd, capacity, role, role == Role::Connector)
+        if role == Role::Listener {
+            return Channel::reattach(fd, capacity, role);
+        }
+        let region = Region::create(fd, capacity, Waits::Sleep, false)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        let ch = Channel::with(region, role);
+        // A fresh program waits for data: the first bytes either way ring
+        // the doorbell, so a program that polls before it ever reads is
+        // woken.
+        ch.rx.waiter().store(w::WAIT_FD, Ordering::Relaxed);
+        ch.tx
+            .ctl()
+            .data_waiter
+            .0
+            .store(w::WAIT_FD, Ordering::Release);
+        Ok(ch)
     }
 
-    /// Maps the region `fd` again as `role` after an `exec` (the header and
-    /// the rings as they are).
+    /// Maps the region `fd` as `role` and checks it (a listener's first
+    /// mapping, or either end's again after an `exec`: the header and the
+    /// rings as they are).
     pub(crate) fn reattach(fd: libc::c_int, capacity: usize, role: Role) -> io::Result<Channel> {
-        Channel::map_as(fd, capacity, role, false)
+        let expect = Expect {
+            capacity: Some(capacity),
+            waits: Waits::Sleep,
+        };
+        let region = Region::open(fd, &expect, false)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        Ok(Channel::with(region, role))
     }
 
-    fn header(&self) -> &Header {
-        // SAFETY: the header is the first page of the mapping, all atomics.
-        unsafe { self.base.cast::<Header>().as_ref() }
+    fn with(region: Region, role: Role) -> Channel {
+        let (tx, rx) = region.ends(role);
+        Channel {
+            region,
+            tx,
+            rx,
+            role,
+        }
+    }
+
+    fn header(&self) -> &lay::Header {
+        self.region.header()
     }
 
     /// The listener joins the region to its connection: false if another
@@ -355,7 +337,7 @@ impl Channel {
     /// doorbell's, read as the end of the stream); `closed`, it closed the
     /// connection in the one process that held it (orderly or not).
     pub(crate) fn mark_end(&self, fin: bool, closed: bool) {
-        let v = if fin { END_FIN } else { 0 } | if closed { END_CLOSED } else { 0 };
+        let v = if fin { lay::END_FIN } else { 0 } | if closed { lay::END_CLOSED } else { 0 };
         self.header().ends[self.role.index()].fetch_or(v, Ordering::SeqCst);
     }
 
@@ -363,8 +345,8 @@ impl Channel {
     pub(crate) fn peer_end(&self) -> PeerEnd {
         let v = self.header().ends[self.role.peer().index()].load(Ordering::Acquire);
         PeerEnd {
-            fin: v & END_FIN != 0,
-            closed: v & END_CLOSED != 0,
+            fin: v & lay::END_FIN != 0,
+            closed: v & lay::END_CLOSED != 0,
         }
     }
 
@@ -375,7 +357,7 @@ impl Channel {
 
     /// Bytes of each ring.
     pub(crate) fn capacity(&self) -> u32 {
-        self.rx.capacity as u32
+        self.region.capacity() as u32
     }
 
     /// This end is closing: it waits for nothing any more (its waiter
@@ -383,8 +365,8 @@ impl Channel {
     /// once the doorbells already on their way have been sent, for the
     /// caller to drain them (waiting at most `limit`).
     pub(crate) fn quiesce(&self, limit: std::time::Duration) {
-        self.rx.ctl().data_waiter.0.swap(0, Ordering::SeqCst);
-        self.tx.ctl().space_waiter.0.swap(0, Ordering::SeqCst);
+        self.rx.clear_waits();
+        self.tx.clear_waits();
         fence(Ordering::SeqCst);
         let ringing = &self.header().ringing[self.role.index()];
         let start = std::time::Instant::now();
@@ -393,124 +375,60 @@ impl Channel {
         }
     }
 
-    /// Clears a waiter word after the index it waits on moved: wakes futex
-    /// sleepers at once and says whether a descriptor sleeper needs a
-    /// doorbell. If so, the doorbell is counted as on its way to the peer
-    /// until the caller says it went ([`Channel::rang`]).
-    fn take_waiters(&self, word: &AtomicU32) -> bool {
-        if word.load(Ordering::Relaxed) == 0 {
-            return false;
+    /// Doorbells on their way to the peer.
+    #[inline]
+    fn ringing_peer(&self) -> &AtomicU32 {
+        &self.header().ringing[self.role.peer().index()]
+    }
+
+    /// Counts a doorbell as on its way to the peer, before the waiter bits
+    /// that ask for it are taken (so a closing peer waits for it).
+    #[inline]
+    fn count_doorbell(&self) {
+        self.ringing_peer().fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Whether the peer's waiters, as taken (futex sleepers already
+    /// woken), need a doorbell; a doorbell counted for waiters that needed
+    /// none is uncounted. If so, it stays counted as on its way until the
+    /// caller says it went ([`Channel::rang`]).
+    #[inline]
+    fn doorbell(&self, taken: Option<u32>) -> bool {
+        match taken {
+            None => false,
+            Some(old) if old & w::WAIT_FD != 0 => true,
+            Some(_) => {
+                self.ringing_peer().fetch_sub(1, Ordering::SeqCst);
+                false
+            }
         }
-        let ringing = &self.header().ringing[self.role.peer().index()];
-        ringing.fetch_add(1, Ordering::SeqCst);
-        let old = word.swap(0, Ordering::SeqCst);
-        if old & WAIT_FUTEX != 0 {
-            futex_wake(word);
-        }
-        if old & WAIT_FD != 0 {
-            return true;
-        }
-        ringing.fetch_sub(1, Ordering::SeqCst);
-        false
     }
 
     /// The doorbell a [`Moved`] asked for went (or failed): it is no
     /// longer on its way.
     pub(crate) fn rang(&self) {
-        self.header().ringing[self.role.peer().index()].fetch_sub(1, Ordering::SeqCst);
+        self.ringing_peer().fetch_sub(1, Ordering::SeqCst);
     }
 
     /// Records this end's socket inode in the header (for [`reattach`]).
     ///
     /// [`reattach`]: Channel::reattach
     pub(crate) fn set_socket_ino(&self, ino: u64) {
-        let role = self.role;
-        // SAFETY: the header is the first page of the mapping, all atomics.
-        let header = unsafe { self.base.cast::<Header>().as_ref() };
-        match role {
+        let header = self.header();
+        match self.role {
             Role::Connector => header.connector_ino.store(ino, Ordering::Release),
             Role::Listener => header.listener_ino.store(ino, Ordering::Release),
         }
     }
 
-    fn map_as(fd: libc::c_int, capacity: usize, role: Role, init: bool) -> io::Result<Channel> {
-        let len = region_bytes(capacity);
-        // SAFETY: a fresh shared mapping of `len` bytes of `fd`; the kernel
-        // picks the address. The caller checked the file is at least `len`.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        let base =
-            NonNull::new(p.cast::<u8>()).ok_or_else(|| io::Error::other("mmap gave null"))?;
-        let at = |off: usize| {
-            // SAFETY: every offset used below is inside the `len`-byte map.
-            unsafe { NonNull::new_unchecked(base.as_ptr().add(off)) }
-        };
-        let ring = |i: usize| Ring {
-            ctl: at(PAGE_BYTES * (1 + i)).cast(),
-            data: at(3 * PAGE_BYTES + i * capacity),
-            capacity: capacity as u64,
-        };
-        let (tx, rx) = match role {
-            Role::Connector => (ring(0), ring(1)),
-            Role::Listener => (ring(1), ring(0)),
-        };
-        let ch = Channel {
-            base,
-            len,
-            tx,
-            rx,
-            role,
-        };
-        // SAFETY: the header is the first page of the mapping, all atomics.
-        let header = unsafe { base.cast::<Header>().as_ref() };
-        match init {
-            true => {
-                header.capacity.store(capacity as u64, Ordering::Relaxed);
-                header.version.store(
-                    u32::from(netgap_proto::preload::PRELOAD_VERSION),
-                    Ordering::Relaxed,
-                );
-                header.magic.store(REGION_MAGIC, Ordering::Release);
-                // A fresh program waits for data: the first bytes either way
-                // ring the doorbell, so a program that polls before it ever
-                // reads is woken.
-                ch.rx.ctl().data_waiter.0.store(WAIT_FD, Ordering::Relaxed);
-                ch.tx.ctl().data_waiter.0.store(WAIT_FD, Ordering::Release);
-            }
-            false => {
-                let ok = header.magic.load(Ordering::Acquire) == REGION_MAGIC
-                    && header.version.load(Ordering::Relaxed)
-                        == u32::from(netgap_proto::preload::PRELOAD_VERSION)
-                    && header.capacity.load(Ordering::Relaxed) == capacity as u64;
-                if !ok {
-                    return Err(io::Error::other(
-                        "the shared region's header is not as announced",
-                    ));
-                }
-            }
-        }
-        Ok(ch)
-    }
-
     /// Bytes waiting to be read.
     pub(crate) fn readable(&self) -> Result<usize, Corrupt> {
-        self.rx.filled().map(|(n, _)| n as usize)
+        self.rx.available().map(|n| n as usize).map_err(|_| Corrupt)
     }
 
     /// Whether the outgoing ring is full.
     pub(crate) fn tx_full(&self) -> Result<bool, Corrupt> {
-        self.tx.filled().map(|(n, _)| n == self.tx.capacity)
+        self.tx.is_full().map_err(|_| Corrupt)
     }
 
     /// Copies up to the iovecs' total out of the incoming ring; consumes
@@ -519,32 +437,18 @@ impl Channel {
     /// # Safety
     ///
     /// Every iovec must be valid for writes of its length.
+    #[inline]
     pub(crate) unsafe fn read(&self, iov: &[libc::iovec], peek: bool) -> Result<Moved, Corrupt> {
-        let (filled, tail) = self.rx.filled()?;
-        let mut at = tail;
-        let mut left = filled;
-        for v in iov {
-            if left == 0 {
-                break;
-            }
-            let n = (v.iov_len as u64).min(left);
-            // SAFETY: the iovec is valid for `n ≤ iov_len` bytes (contract);
-            // `n ≤ filled ≤ capacity`.
-            unsafe { self.rx.copy(at, v.iov_base.cast(), n as usize, false) };
-            at += n;
-            left -= n;
-        }
-        let bytes = (at - tail) as usize;
+        // SAFETY: the caller's contract; the program's buffers are never
+        // inside the region, which only this library maps.
+        let bytes = unsafe { self.rx.read_iov(iov, peek) }.map_err(|_| Corrupt)?;
         if peek || bytes == 0 {
             return Ok(Moved {
                 bytes,
                 wake_peer: false,
             });
         }
-        let c = self.rx.ctl();
-        c.tail.0.store(at, Ordering::Release);
-        fence(Ordering::SeqCst);
-        let wake_peer = self.take_waiters(&c.space_waiter.0);
+        let wake_peer = self.doorbell(self.rx.take_peer_waiters(|| self.count_doorbell()));
         Ok(Moved { bytes, wake_peer })
     }
 
@@ -554,24 +458,11 @@ impl Channel {
     /// # Safety
     ///
     /// Every iovec must be valid for reads of its length.
+    #[inline]
     pub(crate) unsafe fn write(&self, iov: &[libc::iovec]) -> Result<Moved, Corrupt> {
-        let (filled, _) = self.tx.filled()?;
-        let head = self.tx.ctl().head.0.load(Ordering::Relaxed);
-        let mut space = self.tx.capacity - filled;
-        let mut at = head;
-        for v in iov {
-            if space == 0 {
-                break;
-            }
-            let n = (v.iov_len as u64).min(space);
-            // SAFETY: the iovec is valid for reads of `n` bytes; `n ≤ space
-            // ≤ capacity`, and the bytes from `head` to `head + space` are
-            // free (the consumer is past them).
-            unsafe { self.tx.copy(at, v.iov_base.cast(), n as usize, true) };
-            at += n;
-            space -= n;
-        }
-        Ok(self.publish(head, at))
+        // SAFETY: the caller's contract; as in `read`.
+        let bytes = unsafe { self.tx.write_iov(iov) }.map_err(|_| Corrupt)?;
+        Ok(self.published(bytes))
     }
 
     /// Fills the outgoing ring's free space directly with `fill` (which
@@ -583,131 +474,98 @@ impl Channel {
         max: usize,
         fill: impl FnOnce(*mut u8, usize) -> io::Result<usize>,
     ) -> Result<io::Result<Moved>, Corrupt> {
-        let (filled, _) = self.tx.filled()?;
-        let head = self.tx.ctl().head.0.load(Ordering::Relaxed);
-        let space = (self.tx.capacity - filled) as usize;
-        let off = (head & (self.tx.capacity - 1)) as usize;
-        let n = max.min(space).min(self.tx.capacity as usize - off);
-        if n == 0 {
-            return Ok(Ok(Moved {
-                bytes: 0,
-                wake_peer: false,
-            }));
-        }
-        // SAFETY: `off + n ≤ capacity`: the piece lies in the data region,
-        // and it is free space the consumer will not read before `publish`.
-        let dst = unsafe { self.tx.data.as_ptr().add(off) };
-        match fill(dst, n) {
-            Ok(k) => Ok(Ok(self.publish(head, head + k.min(n) as u64))),
-            Err(e) => Ok(Err(e)),
-        }
+        let done = self.tx.write_with(max, fill).map_err(|_| Corrupt)?;
+        Ok(done.map(|bytes| self.published(bytes)))
     }
 
-    fn publish(&self, head: u64, at: u64) -> Moved {
-        let bytes = (at - head) as usize;
+    /// After `bytes` were published: the consumer's waiters.
+    #[inline]
+    fn published(&self, bytes: usize) -> Moved {
         if bytes == 0 {
             return Moved {
                 bytes,
                 wake_peer: false,
             };
         }
-        let c = self.tx.ctl();
-        c.head.0.store(at, Ordering::Release);
-        fence(Ordering::SeqCst);
-        let wake_peer = self.take_waiters(&c.data_waiter.0);
+        let wake_peer = self.doorbell(self.tx.take_peer_waiters(|| self.count_doorbell()));
         Moved { bytes, wake_peer }
     }
 
     /// Bytes written to the outgoing ring that the peer has not consumed.
     pub(crate) fn unsent(&self) -> Result<usize, Corrupt> {
-        self.tx.filled().map(|(n, _)| n as usize)
+        self.tx
+            .unconsumed()
+            .map(|n| n as usize)
+            .map_err(|_| Corrupt)
     }
 
     /// Takes back everything in the outgoing ring (consuming it as the
     /// peer would): for a peer that refused the channel and so never
     /// mapped the region, these bytes must go over the kernel socket.
     pub(crate) fn take_unsent(&self) -> Result<Vec<u8>, Corrupt> {
-        let (filled, tail) = self.tx.filled()?;
-        let mut out = vec![0u8; filled as usize];
-        // SAFETY: `out` is valid for writes of `filled ≤ capacity` bytes.
-        unsafe { self.tx.copy(tail, out.as_mut_ptr(), filled as usize, false) };
-        self.tx.ctl().tail.0.store(tail + filled, Ordering::Release);
-        Ok(out)
+        self.tx.take_back().map_err(|_| Corrupt)
     }
 
     /// Announces that this end is about to wait for data; the caller must
     /// check [`Channel::readable`] again afterwards.
     pub(crate) fn want_data(&self) {
-        announce(&self.rx.ctl().data_waiter.0, WAIT_FD);
+        self.rx.arm(w::WAIT_FD);
     }
 
     /// Announces a wait for data in an epoll that watches the relay
-    /// socket (see [`WAIT_BELL`]); the caller must check
+    /// socket (see [`w::WAIT_BELL`]); the caller must check
     /// [`Channel::readable`] again afterwards.
     pub(crate) fn want_data_bell(&self) {
-        announce(&self.rx.ctl().data_waiter.0, WAIT_BELL);
+        self.rx.arm(w::WAIT_BELL);
     }
 
     /// Announces a blocking wait for data; the caller checks
     /// [`Channel::readable`] again, then calls [`Channel::sleep_data`]
     /// with the value returned here.
     pub(crate) fn want_data_futex(&self) -> u32 {
-        let v = self
-            .rx
-            .ctl()
-            .data_waiter
-            .0
-            .fetch_or(WAIT_FUTEX, Ordering::Relaxed)
-            | WAIT_FUTEX;
-        fence(Ordering::SeqCst);
-        v
+        self.rx.arm(w::WAIT_FUTEX)
     }
 
     /// Whether the peer said it may be closing (see `RingCtl::closing`).
     pub(crate) fn peer_closing(&self) -> bool {
-        self.rx.ctl().closing.0.load(Ordering::Acquire) != 0
+        self.rx.peer_closing()
     }
 
     /// Sleeps until the peer publishes data (or `timeout_ms` passes).
     pub(crate) fn sleep_data(&self, armed: u32, timeout_ms: u32) {
-        futex_wait(&self.rx.ctl().data_waiter.0, armed, timeout_ms);
+        // EAGAIN, EINTR and the timeout all send the caller back to look
+        // at the ring; no other error can come for a word of the region.
+        let _ = self
+            .rx
+            .sleep(armed, Duration::from_millis(u64::from(timeout_ms)));
     }
 
     /// Announces a blocking wait for space (as [`Channel::want_data_futex`]).
     pub(crate) fn want_space_futex(&self) -> u32 {
-        let v = self
-            .tx
-            .ctl()
-            .space_waiter
-            .0
-            .fetch_or(WAIT_FUTEX, Ordering::Relaxed)
-            | WAIT_FUTEX;
-        fence(Ordering::SeqCst);
-        v
+        self.tx.arm(w::WAIT_FUTEX)
     }
 
     /// Sleeps until the peer consumes (or `timeout_ms` passes).
     pub(crate) fn sleep_space(&self, armed: u32, timeout_ms: u32) {
-        futex_wait(&self.tx.ctl().space_waiter.0, armed, timeout_ms);
+        // As in `sleep_data`.
+        let _ = self
+            .tx
+            .sleep(armed, Duration::from_millis(u64::from(timeout_ms)));
     }
 
     /// This end is closing or shut down its sending side: wakes the peer's
     /// blocking sleepers on either ring, which then see the kernel
     /// socket's end (a FIN does not wake a futex).
     pub(crate) fn wake_peer_sleepers(&self) {
-        self.tx.ctl().closing.0.store(1, Ordering::Release);
-        fence(Ordering::SeqCst);
-        for w in [&self.tx.ctl().data_waiter.0, &self.rx.ctl().space_waiter.0] {
-            if w.load(Ordering::Acquire) & WAIT_FUTEX != 0 {
-                futex_wake(w);
-            }
-        }
+        self.tx.hint_closing();
+        self.tx.wake_peer_sleepers();
+        self.rx.wake_peer_sleepers();
     }
 
     /// Announces that this end is about to wait for space; the caller must
     /// check [`Channel::tx_full`] again afterwards.
     pub(crate) fn want_space(&self) {
-        announce(&self.tx.ctl().space_waiter.0, WAIT_FD);
+        self.tx.arm(w::WAIT_FD);
     }
 }
 
@@ -716,17 +574,25 @@ impl Channel {
 mod tests {
     use super::*;
 
-    /// Both ends of a channel of 4 KiB rings in one memfd, as the connector
-    /// and the listener map it.
+    /// Both ends of a channel of 4 KiB rings in one memfd, sealed as the
+    /// connector seals it, as the connector and the listener map it.
     fn pair() -> (Channel, Channel) {
         let cap = 4096;
         // SAFETY: a NUL-terminated name and plain flags.
-        let fd = unsafe { libc::memfd_create(c"test".as_ptr(), libc::MFD_CLOEXEC) };
+        let fd = unsafe {
+            libc::memfd_create(
+                c"test".as_ptr(),
+                libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+            )
+        };
         assert!(fd >= 0);
-        let len = region_bytes(cap) as libc::off_t;
-        // SAFETY: sizing our own memfd.
-        let sized = unsafe { libc::ftruncate(fd, len) };
-        assert_eq!(sized, 0);
+        let len = netgap_shm::region_bytes(cap) as libc::off_t;
+        // SAFETY: sizing and sealing our own memfd.
+        let sized = unsafe {
+            libc::ftruncate(fd, len) == 0
+                && libc::fcntl(fd, libc::F_ADD_SEALS, libc::F_SEAL_SHRINK) == 0
+        };
+        assert!(sized);
         let a = Channel::map(fd, cap, Role::Connector).unwrap();
         let b = Channel::map(fd, cap, Role::Listener).unwrap();
         // SAFETY: our own descriptor; the mappings keep the memory.

@@ -4,10 +4,11 @@
 //! the kernel says is the connector, checked before anything of it is
 //! mapped.
 
-use crate::channel::{region_bytes, Channel, Role};
+use crate::channel::{Channel, Role};
 use crate::real;
 use libc::c_int;
 use netgap_proto::preload::Refusal;
+use netgap_shm::region_bytes;
 use std::os::fd::{AsRawFd, OwnedFd};
 
 /// The memfd name every region carries (`/proc/self/fd` shows it as
