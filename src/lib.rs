@@ -15,6 +15,8 @@
 //! - `netgap-measure`: tests, the runner, plans, the coordinator and the
 //!   agent, workload runs, sweep and LogP.
 //! - `netgap-report`: the report, compare, and import of peer tools' output.
+//! - `netgap-shm`: the shared-memory channel of the preload library, the
+//!   relay and the `shm` transport.
 //!
 //! See `ARCHITECTURE.md` for the map.
 
@@ -30,6 +32,7 @@ pub use netgap_proto as proto;
 pub use netgap_proto::limits;
 pub use netgap_report as report;
 pub use netgap_report::{compare, import};
+pub use netgap_shm as shm;
 pub use netgap_transport as transport;
 pub use netgap_transport::{flows, preamble};
 pub use netgap_workload as workload;

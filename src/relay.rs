@@ -296,13 +296,15 @@ mod imp {
     use crate::transport::{Flow, FlowConfig, Receiver, Sender, Transport};
     use netgap_core::spec::{Mode, TransportOptions};
     use netgap_proto::dataproof::FlowKey;
-    use netgap_proto::preload::{RelayReply, RelayRequest, PRELOAD_VERSION, RELAY_REQUEST_BYTES};
+    use netgap_proto::preload::{RelayReply, RelayRequest, RELAY_REQUEST_BYTES};
     use netgap_proto::relay::{self as frame, Inflow, Kind, Outflow};
+    use netgap_shm::wait as shm_wait;
+    use netgap_shm::{Consumer, Expect, Producer, Region, Role, Waits};
     use std::collections::{HashMap, VecDeque};
     use std::io;
     use std::net::IpAddr;
     use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-    use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
     use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard};
     use std::time::{Duration, Instant};
 
@@ -2532,27 +2534,13 @@ mod imp {
         wake_here: bool,
     }
 
-    /// The relay's end of a library's region (the layout of the library's
-    /// `channel` module: a 4096-byte header, two 4096-byte control
-    /// blocks, the two rings' data): the relay consumes ring 0 (the
-    /// program's output) and produces ring 1.
+    /// The relay's end of a library's region (`netgap_shm`'s layout and
+    /// ring): as the region's listener, the relay consumes ring 0 (the
+    /// program's output) and produces ring 1 (its input). The ends keep
+    /// the mapping.
     struct FarEnd {
-        base: *mut u8,
-        len: usize,
-        capacity: u64,
-    }
-
-    // SAFETY: addresses into a shared mapping, used through atomics and
-    // the ring protocol; one thread consumes ring 0, one produces ring 1.
-    unsafe impl Send for FarEnd {}
-    // SAFETY: as above.
-    unsafe impl Sync for FarEnd {}
-
-    impl Drop for FarEnd {
-        fn drop(&mut self) {
-            // SAFETY: the mapping made in `map`, unmapped once.
-            unsafe { libc::munmap(self.base.cast(), self.len) };
-        }
+        rx: Consumer,
+        tx: Producer,
     }
 
     const PAGE_BYTES: usize = 4096;
@@ -2608,12 +2596,26 @@ mod imp {
         (old & WAIT_FD != 0, old & WAIT_BELL != 0)
     }
 
+    /// Bytes moved and the waiters `taken` after the move: a waiter in
+    /// poll or epoll is woken by a doorbell on the TCP connection (as the
+    /// library's channel does), one whose epoll watches its relay socket
+    /// by a byte on the client socket; `netgap_shm` already woke the
+    /// blocking sleepers.
+    fn moved(bytes: usize, taken: Option<u32>) -> Moved {
+        let bits = taken.unwrap_or(0);
+        Moved {
+            bytes,
+            wake_peer: bits & shm_wait::WAIT_FD != 0,
+            wake_here: bits & shm_wait::WAIT_BELL != 0,
+        }
+    }
+
     impl FarEnd {
         /// Checks the region (a memfd sealed against shrinking and
-        /// growing, of exactly the size its rings need, with the library's
-        /// header) and maps it.
+        /// growing, of exactly the size its rings need, with a header of
+        /// this layout for rings of `capacity`) and maps it.
         fn map(fd: RawFd, capacity: usize) -> Result<FarEnd, String> {
-            let len = 3 * PAGE_BYTES + 2 * capacity;
+            let len = netgap_shm::region_bytes(capacity);
             // SAFETY: all-zero bytes are a valid stat; fstat fills it.
             let mut st: libc::stat = unsafe { std::mem::zeroed() };
             // SAFETY: `st` is valid for writes.
@@ -2629,143 +2631,41 @@ mod imp {
             {
                 return Err("the region is not a sealed memfd of the announced size".into());
             }
-            // SAFETY: a fresh shared mapping of `len` bytes of a file that
-            // is exactly `len` bytes and cannot shrink.
-            let p = unsafe {
-                libc::mmap(
-                    std::ptr::null_mut(),
-                    len,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_SHARED,
-                    fd,
-                    0,
-                )
+            let expect = Expect {
+                capacity: Some(capacity),
+                waits: Waits::Sleep,
             };
-            if p == libc::MAP_FAILED {
-                return Err(format!(
-                    "mapping the region: {}",
-                    io::Error::last_os_error()
-                ));
-            }
-            let end = FarEnd {
-                base: p.cast(),
-                len,
-                capacity: capacity as u64,
-            };
-            let ok = end.u64_at(0).load(Ordering::Acquire) == REGION_MAGIC
-                && end.u32_at(8).load(Ordering::Relaxed) == u32::from(PRELOAD_VERSION)
-                && end.u64_at(16).load(Ordering::Relaxed) == capacity as u64;
-            if !ok {
-                return Err("the region's header is not as announced".into());
-            }
-            Ok(end)
-        }
-
-        fn u64_at(&self, off: usize) -> &AtomicU64 {
-            // SAFETY: every offset used is 8-aligned inside the first three
-            // pages of the mapping, which lives as long as `self`.
-            unsafe { &*self.base.add(off).cast::<AtomicU64>() }
-        }
-
-        fn u32_at(&self, off: usize) -> &AtomicU32 {
-            // SAFETY: as `u64_at`, 4-aligned.
-            unsafe { &*self.base.add(off).cast::<AtomicU32>() }
-        }
-
-        fn ctl(ring: usize, field: usize) -> usize {
-            PAGE_BYTES * (1 + ring) + field
-        }
-
-        fn data(&self, ring: usize) -> *mut u8 {
-            // SAFETY: the data regions lie inside the mapping.
-            unsafe {
-                self.base
-                    .add(3 * PAGE_BYTES + ring * self.capacity as usize)
-            }
-        }
-
-        fn filled(&self, ring: usize) -> Result<(u64, u64), Corrupt> {
-            let tail = self.u64_at(Self::ctl(ring, TAIL)).load(Ordering::Acquire);
-            let head = self.u64_at(Self::ctl(ring, HEAD)).load(Ordering::Acquire);
-            if head < tail || head - tail > self.capacity {
-                return Err(Corrupt);
-            }
-            Ok((head - tail, tail))
+            let region = Region::open(fd, &expect, false).map_err(|e| e.to_string())?;
+            let (tx, rx) = region.ends(Role::Listener);
+            Ok(FarEnd { rx, tx })
         }
 
         fn readable(&self) -> Result<usize, Corrupt> {
-            self.filled(0).map(|(n, _)| n as usize)
+            self.rx.available().map(|n| n as usize).map_err(|_| Corrupt)
         }
 
         /// Copies up to `buf.len()` bytes of the program's output out.
         fn read(&self, buf: &mut [u8]) -> Result<Moved, Corrupt> {
-            let (filled, tail) = self.filled(0)?;
-            let n = (buf.len() as u64).min(filled) as usize;
+            let n = self.rx.try_read(buf, usize::MAX).map_err(|_| Corrupt)?;
             if n == 0 {
-                return Ok(Moved {
-                    bytes: 0,
-                    wake_peer: false,
-                    wake_here: false,
-                });
+                return Ok(moved(0, None));
             }
-            let cap = self.capacity as usize;
-            let off = (tail & (self.capacity - 1)) as usize;
-            let first = n.min(cap - off);
-            // SAFETY: `off + first ≤ cap` and `n - first ≤ cap`: both
-            // pieces lie in ring 0's data; `buf` holds `n` bytes.
-            unsafe {
-                std::ptr::copy_nonoverlapping(self.data(0).add(off), buf.as_mut_ptr(), first);
-                std::ptr::copy_nonoverlapping(self.data(0), buf.as_mut_ptr().add(first), n - first);
-            }
-            self.u64_at(Self::ctl(0, TAIL))
-                .store(tail + n as u64, Ordering::Release);
-            fence(Ordering::SeqCst);
-            let (wake_peer, wake_here) = take_waiters(self.u32_at(Self::ctl(0, SPACE_WAITER)));
-            Ok(Moved {
-                bytes: n,
-                wake_peer,
-                wake_here,
-            })
+            Ok(moved(n, self.rx.take_peer_waiters(|| ())))
         }
 
         /// Copies as much of `data` as fits into the program's input.
         fn write(&self, data: &[u8]) -> Result<Moved, Corrupt> {
-            let (filled, _) = self.filled(1)?;
-            let head = self.u64_at(Self::ctl(1, HEAD)).load(Ordering::Relaxed);
-            let n = ((self.capacity - filled) as usize).min(data.len());
+            let n = self.tx.try_write(data, usize::MAX).map_err(|_| Corrupt)?;
             if n == 0 {
-                return Ok(Moved {
-                    bytes: 0,
-                    wake_peer: false,
-                    wake_here: false,
-                });
+                return Ok(moved(0, None));
             }
-            let cap = self.capacity as usize;
-            let off = (head & (self.capacity - 1)) as usize;
-            let first = n.min(cap - off);
-            // SAFETY: both pieces lie in ring 1's data and in free space
-            // the program will not read before the head moves.
-            unsafe {
-                std::ptr::copy_nonoverlapping(data.as_ptr(), self.data(1).add(off), first);
-                std::ptr::copy_nonoverlapping(data.as_ptr().add(first), self.data(1), n - first);
-            }
-            self.u64_at(Self::ctl(1, HEAD))
-                .store(head + n as u64, Ordering::Release);
-            fence(Ordering::SeqCst);
-            let (wake_peer, wake_here) = take_waiters(self.u32_at(Self::ctl(1, DATA_WAITER)));
-            Ok(Moved {
-                bytes: n,
-                wake_peer,
-                wake_here,
-            })
+            Ok(moved(n, self.tx.take_peer_waiters(|| ())))
         }
 
         /// Announces a wait for the program's output (the program's
         /// doorbell comes on the client socket).
         fn want_data(&self) {
-            self.u32_at(Self::ctl(0, DATA_WAITER))
-                .fetch_or(WAIT_FD, Ordering::Relaxed);
-            fence(Ordering::SeqCst);
+            self.rx.arm(shm_wait::WAIT_FD);
         }
 
         /// The far side ended or the connection broke: the closing hint on
@@ -2773,17 +2673,9 @@ mod imp {
         /// they look at the TCP socket (for its end or reset) at once
         /// instead of after their sleep's time limit.
         fn closing(&self) {
-            self.u32_at(Self::ctl(1, CLOSING))
-                .store(1, Ordering::Release);
-            fence(Ordering::SeqCst);
-            for w in [
-                self.u32_at(Self::ctl(1, DATA_WAITER)),
-                self.u32_at(Self::ctl(0, SPACE_WAITER)),
-            ] {
-                if w.load(Ordering::Acquire) & WAIT_FUTEX != 0 {
-                    futex_wake(w);
-                }
-            }
+            self.tx.hint_closing();
+            self.tx.wake_peer_sleepers();
+            self.rx.wake_peer_sleepers();
         }
     }
 
@@ -2821,23 +2713,26 @@ mod imp {
             assert!(fd >= 0);
             // SAFETY: our own new descriptor.
             let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-            let mut header = [0u8; 24];
-            header[..8].copy_from_slice(&REGION_MAGIC.to_le_bytes());
-            header[8..12].copy_from_slice(&u32::from(PRELOAD_VERSION).to_le_bytes());
-            header[16..24].copy_from_slice(&(RING_BYTES as u64).to_le_bytes());
+            let header = netgap_shm::HeaderFields {
+                waits: Waits::Sleep,
+                capacity: RING_BYTES as u64,
+                connector_ino: 0,
+                listener_ino: 0,
+            }
+            .to_bytes();
             // SAFETY: plain calls on our own memfd; `header` is valid for
             // reads of its length.
             unsafe {
                 assert_eq!(
                     libc::ftruncate(
                         fd.as_raw_fd(),
-                        (3 * PAGE_BYTES + 2 * RING_BYTES) as libc::off_t
+                        netgap_shm::region_bytes(RING_BYTES) as libc::off_t
                     ),
                     0
                 );
                 assert_eq!(
                     libc::pwrite(fd.as_raw_fd(), header.as_ptr().cast(), header.len(), 0),
-                    24
+                    header.len() as isize
                 );
                 assert_eq!(
                     libc::fcntl(
@@ -2952,13 +2847,10 @@ mod imp {
             assert!(i.end);
         }
 
-        /// What the relay put in the program's ring (ring 1), unread.
+        /// What the relay put in the program's ring (ring 1) and the
+        /// program has not read, taken as the program would read it.
         fn program_input(r: &FarEnd) -> Vec<u8> {
-            let (n, tail) = r.filled(1).ok().unwrap();
-            (tail..tail + n)
-                // SAFETY: offsets within ring 1's data, inside the mapping.
-                .map(|k| unsafe { *r.data(1).add((k % r.capacity) as usize) })
-                .collect()
+            r.tx.take_back().ok().unwrap()
         }
 
         /// Data that finds the ring full queues behind what fills it, in

@@ -41,8 +41,9 @@ use crate::preload::{as_nobody, copy_env, docroot, nginx_ready, pattern, read, r
 use libc::c_int;
 use netgap::proto::preload::{
     answer_bytes, beacon_name, mailbox_name, Answer, Hello, ANSWER_BYTES, MIN_RING_BYTES,
-    PRELOAD_VERSION, SHORT_ANSWER_BYTES,
+    SHORT_ANSWER_BYTES,
 };
+use netgap::shm::{region_bytes, HeaderFields, Waits};
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -665,10 +666,6 @@ fn hostile_connectors_against(mode: &str) {
 
 /// Ring bytes of the attacker's regions (the smallest a hello may name).
 const ATTACK_RING: u32 = MIN_RING_BYTES;
-/// The region's header magic (`channel.rs` of the library).
-const REGION_MAGIC: &[u8; 8] = b"NGPRSHM\0";
-/// Bytes of the region's header page and of each ring's control block.
-const PAGE_BYTES: usize = 4096;
 
 fn last_errno() -> c_int {
     std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
@@ -904,15 +901,17 @@ fn forge_region(connector_ino: u64, sealed: bool) -> OwnedFd {
         },
         "memfd_create",
     );
-    let total = 3 * PAGE_BYTES + 2 * ATTACK_RING as usize;
+    let total = region_bytes(ATTACK_RING as usize);
     // SAFETY: plain calls on our own memfd.
     let r = unsafe { libc::ftruncate(fd.as_raw_fd(), total as libc::off_t) };
     assert_eq!(r, 0, "ftruncate");
-    let mut h = [0u8; 40];
-    h[..8].copy_from_slice(REGION_MAGIC);
-    h[8..12].copy_from_slice(&u32::from(PRELOAD_VERSION).to_ne_bytes());
-    h[16..24].copy_from_slice(&u64::from(ATTACK_RING).to_ne_bytes());
-    h[24..32].copy_from_slice(&connector_ino.to_ne_bytes());
+    let h = HeaderFields {
+        waits: Waits::Sleep,
+        capacity: u64::from(ATTACK_RING),
+        connector_ino,
+        listener_ino: 0,
+    }
+    .to_bytes();
     // SAFETY: `h` is valid for reads of its length.
     let r = unsafe { libc::pwrite(fd.as_raw_fd(), h.as_ptr().cast(), h.len(), 0) };
     assert_eq!(r, h.len() as isize, "the header");
@@ -928,8 +927,9 @@ fn forge_region(connector_ino: u64, sealed: bool) -> OwnedFd {
 /// Rewrites the connector's socket inode in a region's header.
 fn rename_region(fd: RawFd, connector_ino: u64) {
     let b = connector_ino.to_ne_bytes();
+    let at = std::mem::offset_of!(netgap::shm::layout::Header, connector_ino) as libc::off_t;
     // SAFETY: `b` is valid for reads of its length.
-    let r = unsafe { libc::pwrite(fd, b.as_ptr().cast(), b.len(), 24) };
+    let r = unsafe { libc::pwrite(fd, b.as_ptr().cast(), b.len(), at) };
     assert_eq!(r, b.len() as isize, "the header");
 }
 

@@ -18,7 +18,8 @@
 
 use crate::common::testbed::Testbed;
 use crate::common::{self, netgap_path, system_ready};
-use netgap::proto::preload::{RelayReply, RelayRequest, PRELOAD_VERSION, RELAY_REPLY_BYTES};
+use netgap::proto::preload::{RelayReply, RelayRequest, RELAY_REPLY_BYTES};
+use netgap::shm::{region_bytes, HeaderFields, Waits};
 use std::io::Read;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -224,20 +225,23 @@ fn region() -> OwnedFd {
     assert!(fd >= 0, "memfd_create");
     // SAFETY: our own new descriptor.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    let mut header = [0u8; 24];
-    header[..8].copy_from_slice(b"NGPRSHM\0");
-    header[8..12].copy_from_slice(&u32::from(PRELOAD_VERSION).to_le_bytes());
-    header[16..24].copy_from_slice(&(RING as u64).to_le_bytes());
+    let header = HeaderFields {
+        waits: Waits::Sleep,
+        capacity: RING as u64,
+        connector_ino: 0,
+        listener_ino: 0,
+    }
+    .to_bytes();
     // SAFETY: plain calls on our own memfd; `header` is valid for reads
     // of its length.
     unsafe {
         assert_eq!(
-            libc::ftruncate(fd.as_raw_fd(), (3 * 4096 + 2 * RING) as libc::off_t),
+            libc::ftruncate(fd.as_raw_fd(), region_bytes(RING) as libc::off_t),
             0
         );
         assert_eq!(
             libc::pwrite(fd.as_raw_fd(), header.as_ptr().cast(), header.len(), 0),
-            24
+            header.len() as isize
         );
         assert_eq!(
             libc::fcntl(
