@@ -170,13 +170,15 @@ impl RingId {
     }
 }
 
-/// Which end of the region a process is.
+/// Which end of the region a process is, named after the connection it
+/// carries. Either end may be the region's maker: the preload library's
+/// connector makes it, the `shm` transport's listener does (before any
+/// peer comes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
-    /// Made the region (the preload library's `connect`, the `shm`
-    /// transport's listener, which makes it before any peer comes).
+    /// The end that connected.
     Connector,
-    /// Mapped a region made by the other end.
+    /// The end that accepted.
     Listener,
 }
 

@@ -4,13 +4,15 @@
 //! moves bytes through memory instead of the kernel.
 //!
 //! One flow is one sealed memfd mapped `MAP_SHARED` by both ends (see
-//! [`region`] for the layout) holding one single-producer, single-consumer
-//! byte ring per direction (see [`ring`]). Sending copies the caller's bytes
-//! into the ring and publishes the new producer index; receiving copies bytes
-//! out and publishes the new consumer index. A message larger than the ring
-//! streams through it: `send_some` takes what fits, `recv_some` returns what
-//! is there, so the flow is a reliable byte stream without message
-//! boundaries, like a stream socket.
+//! [`region`]) holding one single-producer, single-consumer byte ring per
+//! direction: netgap's one shared-memory channel (`netgap_shm`, whose docs
+//! give the layout, the index discipline and the wake rule, which the
+//! preload library and the relay share). Sending copies the caller's bytes
+//! into the ring and publishes the new producer index; receiving copies
+//! bytes out and publishes the new consumer index. A message larger than
+//! the ring streams through it: `send_some` takes what fits, `recv_some`
+//! returns what is there, so the flow is a reliable byte stream without
+//! message boundaries, like a stream socket.
 //!
 //! Rendezvous follows [`super::unix`]: the listener is a Unix stream socket
 //! file in the temporary directory (its path is the address), removed once
@@ -21,32 +23,35 @@
 //! without blocking, so a peer that exits or drops its flow is seen as
 //! [`FlowError::Closed`] instead of a wait that never ends.
 //!
-//! Waiting follows the flow's [`Mode`]. Poll mode makes no system call while
-//! data moves: it spins on the peer's index, reading the clock every
+//! Waiting follows the flow's [`Mode`], which the region's header records
+//! as its wait rule. Poll mode makes no system call while data moves: it
+//! spins on the peer's index, reading the clock every
 //! [`SPINS_PER_CLOCK_READ`] spins and checking liveness every
-//! [`LIVENESS_PERIOD`] without progress. Event mode sleeps on a futex placed
-//! on the low 32 bits of the index it waits for, in slices of at most
-//! [`SLEEP_SLICE`]; a per-ring "waiter is sleeping" flag lets the other side
-//! skip `FUTEX_WAKE` unless someone actually sleeps, so two busy sides make
-//! no system calls either. Event mode does not spin before sleeping: it is
-//! meant to show what blocking costs, and poll mode already shows spinning.
+//! [`LIVENESS_PERIOD`] without progress; its region is made for ends that
+//! never sleep, so a side that moved its index looks at no waiter word.
+//! Event mode sleeps on its ring's waiter word by the channel's wake rule
+//! (`WAIT_FUTEX`), in slices of at most [`SLEEP_SLICE`]; the other side
+//! makes `FUTEX_WAKE` only when the word says someone sleeps, so two busy
+//! sides make no system calls either. Event mode does not spin before
+//! sleeping: it is meant to show what blocking costs, and poll mode already
+//! shows spinning.
 
 pub mod region;
 pub mod ring;
 mod sys;
 
-use self::region::{Region, RingId};
-use self::ring::{low_half, Consumer, Producer, RingError};
 use super::{
     Capabilities, Flow, FlowConfig, FlowError, Listener, Receiver, Sender, Transport,
     TransportError, Unavailable,
 };
 use netgap_core::spec::Mode;
+use netgap_shm::wait::{self, WAIT_FUTEX};
+use netgap_shm::{Consumer, Producer, Region, RingError, RingId, Role};
 use std::io;
 use std::net::Shutdown;
 use std::os::fd::AsFd;
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -106,13 +111,6 @@ fn corrupt(e: RingError) -> FlowError {
     FlowError::Io(io::Error::new(io::ErrorKind::InvalidData, e))
 }
 
-/// Which end of the rendezvous a flow is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Role {
-    Listener,
-    Connector,
-}
-
 /// What both halves of a flow share: the mapping (the rings' memory) and
 /// the liveness socket. Dropped when the last half goes, which shuts the
 /// socket down (the peer's next liveness check sees it) and wakes any
@@ -152,9 +150,10 @@ impl Shared {
     /// looks at the flow's state at once.
     fn wake_all(&self) {
         for id in [RingId::ToConnector, RingId::ToListener] {
-            let mem = self.region.ring(id);
-            let _ = sys::futex_wake(mem.ctl().head_futex());
-            let _ = sys::futex_wake(mem.ctl().tail_futex());
+            let ctl = self.region.ctl(id);
+            // Words of the live region: a wake cannot fail.
+            let _ = wait::futex_wake(&ctl.data_waiter.0);
+            let _ = wait::futex_wake(&ctl.space_waiter.0);
         }
     }
 }
@@ -218,12 +217,10 @@ pub(crate) struct ShmFlow {
 }
 
 impl ShmFlow {
-    fn new(
-        region: Region,
-        socket: UnixStream,
-        role: Role,
-        config: &FlowConfig,
-    ) -> io::Result<ShmFlow> {
+    /// The flow of `role`'s end of `region` (checked when it was made or
+    /// opened).
+    fn new(region: Region, socket: UnixStream, role: Role, config: &FlowConfig) -> ShmFlow {
+        let (tx, rx) = region.ends(role);
         let shared = Arc::new(Shared {
             region,
             socket,
@@ -231,14 +228,7 @@ impl ShmFlow {
             timeout: config.io_timeout,
             aborted: AtomicBool::new(false),
         });
-        let (out, inc) = match role {
-            Role::Listener => (RingId::ToConnector, RingId::ToListener),
-            Role::Connector => (RingId::ToListener, RingId::ToConnector),
-        };
-        let bad = |e: RingError| io::Error::new(io::ErrorKind::InvalidData, e);
-        let tx = Producer::new(shared.region.ring(out)).map_err(bad)?;
-        let rx = Consumer::new(shared.region.ring(inc)).map_err(bad)?;
-        Ok(ShmFlow {
+        ShmFlow {
             tx: ShmSender {
                 ring: tx,
                 shared: Arc::clone(&shared),
@@ -249,7 +239,7 @@ impl ShmFlow {
                 shared,
                 abort_check: AbortCountdown::new(),
             },
-        })
+        }
     }
 }
 
@@ -257,8 +247,8 @@ impl ShmFlow {
 enum Attempt {
     /// This many bytes (at least 1) moved.
     Moved(usize),
-    /// Nothing could move; the peer's index (and so the futex word, its low
-    /// half) holds `expected` until the peer makes room or data.
+    /// Nothing could move; the peer's index holds `expected` until the
+    /// peer makes room or data.
     Blocked {
         /// The peer's index as last read.
         expected: u64,
@@ -312,13 +302,13 @@ impl Stall {
     }
 }
 
-/// Waits until `attempt` moves bytes, per the flow's mode. `flag` is this
-/// side's "waiter is sleeping" flag, `index` the peer's index that
-/// `attempt`'s `expected` refers to (and whose low half is the futex word),
-/// and `seen` its value when the caller's own attempt found nothing to move.
+/// Waits until `attempt` moves bytes, per the flow's mode. `waiter` is this
+/// side's waiter word (event mode sleeps on it), `index` the peer's index
+/// that `attempt`'s `expected` refers to (poll mode watches it), and `seen`
+/// its value when the caller's own attempt found nothing to move.
 fn wait_for(
     shared: &Shared,
-    flag: &AtomicU32,
+    waiter: &AtomicU32,
     index: &AtomicU64,
     mut seen: u64,
     mut attempt: impl FnMut() -> Result<Attempt, FlowError>,
@@ -341,25 +331,24 @@ fn wait_for(
                 }
             }
             Mode::Event => {
-                // Announce the sleep, then look once more: the fences on
-                // both sides guarantee that either this attempt sees the
-                // peer's update or the peer sees the flag and wakes us (and
-                // if the wake comes before we sleep, FUTEX_WAIT sees the
-                // word changed and returns at once).
-                flag.store(1, Ordering::Relaxed);
-                fence(Ordering::SeqCst);
+                // Announce the sleep, then look once more: by the wake
+                // rule either this attempt sees the peer's update or the
+                // peer sees the bit and wakes us (and if the wake comes
+                // before we sleep, it cleared the word, so FUTEX_WAIT sees
+                // the word changed and returns at once).
+                let armed = wait::arm(waiter, WAIT_FUTEX);
                 let first = attempt();
                 if !matches!(first, Ok(Attempt::Blocked { .. })) {
-                    flag.store(0, Ordering::Relaxed);
+                    wait::disarm(waiter, WAIT_FUTEX);
                 }
-                let expected = match first? {
-                    Attempt::Moved(n) => return Ok(n),
-                    Attempt::Blocked { expected } => expected,
-                };
+                if let Attempt::Moved(n) = first? {
+                    return Ok(n);
+                }
                 let left = stall.left(Instant::now(), shared.timeout);
-                let slept =
-                    sys::futex_wait(low_half(index), expected as u32, left.min(SLEEP_SLICE));
-                flag.store(0, Ordering::Relaxed);
+                let slept = wait::futex_wait(waiter, armed, left.min(SLEEP_SLICE));
+                // A sleep that ran out (or a signal): the peer need not
+                // wake this side on its next move.
+                wait::disarm(waiter, WAIT_FUTEX);
                 slept.map_err(FlowError::Io)?;
                 if let Attempt::Moved(n) = attempt()? {
                     return Ok(n);
@@ -380,16 +369,9 @@ fn wait_for(
     Err(failed)
 }
 
-impl ShmSender {
-    /// Copies what fits and, in event mode, wakes a sleeping consumer.
-    #[inline]
-    fn attempt(&mut self, buf: &[u8]) -> Result<Attempt, FlowError> {
-        attempt_send(&mut self.ring, &self.shared, buf)
-    }
-}
-
+/// Copies what fits and, in event mode, wakes a sleeping consumer.
 #[inline(always)]
-fn attempt_send(ring: &mut Producer, shared: &Shared, buf: &[u8]) -> Result<Attempt, FlowError> {
+fn attempt_send(ring: &Producer, shared: &Shared, buf: &[u8]) -> Result<Attempt, FlowError> {
     let n = ring.try_write(buf, MAX_COPY_BYTES).map_err(corrupt)?;
     if n == 0 {
         return Ok(Attempt::Blocked {
@@ -397,23 +379,16 @@ fn attempt_send(ring: &mut Producer, shared: &Shared, buf: &[u8]) -> Result<Atte
         });
     }
     if shared.mode == Mode::Event {
-        // Pairs with the consumer's fence between raising its flag and
-        // re-reading the producer index (see `wait_for`).
-        fence(Ordering::SeqCst);
-        let ctl = ring.mem().ctl();
-        if ctl.data_waiter.0.load(Ordering::Relaxed) != 0 {
-            sys::futex_wake(ctl.head_futex()).map_err(FlowError::Io)?;
-        }
+        // Fences, then wakes a consumer that armed its word (pairs with
+        // its fence between arming and looking again, see `wait_for`).
+        ring.take_peer_waiters(|| ());
     }
     Ok(Attempt::Moved(n))
 }
 
+/// Copies what there is and, in event mode, wakes a sleeping producer.
 #[inline(always)]
-fn attempt_recv(
-    ring: &mut Consumer,
-    shared: &Shared,
-    buf: &mut [u8],
-) -> Result<Attempt, FlowError> {
+fn attempt_recv(ring: &Consumer, shared: &Shared, buf: &mut [u8]) -> Result<Attempt, FlowError> {
     let n = ring.try_read(buf, MAX_COPY_BYTES).map_err(corrupt)?;
     if n == 0 {
         return Ok(Attempt::Blocked {
@@ -421,11 +396,7 @@ fn attempt_recv(
         });
     }
     if shared.mode == Mode::Event {
-        fence(Ordering::SeqCst);
-        let ctl = ring.mem().ctl();
-        if ctl.space_waiter.0.load(Ordering::Relaxed) != 0 {
-            sys::futex_wake(ctl.tail_futex()).map_err(FlowError::Io)?;
-        }
+        ring.take_peer_waiters(|| ());
     }
     Ok(Attempt::Moved(n))
 }
@@ -437,14 +408,12 @@ impl Sender for ShmSender {
             return Ok(0);
         }
         self.abort_check.tick(&self.shared)?;
-        let seen = match self.attempt(buf)? {
+        let (ring, shared) = (&self.ring, &*self.shared);
+        let seen = match attempt_send(ring, shared, buf)? {
             Attempt::Moved(n) => return Ok(n),
             Attempt::Blocked { expected } => expected,
         };
-        let mem = *self.ring.mem();
-        let ctl = mem.ctl();
-        let (ring, shared) = (&mut self.ring, &*self.shared);
-        wait_for(shared, &ctl.space_waiter.0, &ctl.tail.0, seen, || {
+        wait_for(shared, ring.waiter(), ring.peer_index(), seen, || {
             attempt_send(ring, shared, buf)
         })
     }
@@ -457,14 +426,12 @@ impl Receiver for ShmReceiver {
             return Ok(0);
         }
         self.abort_check.tick(&self.shared)?;
-        let seen = match attempt_recv(&mut self.ring, &self.shared, buf)? {
+        let (ring, shared) = (&self.ring, &*self.shared);
+        let seen = match attempt_recv(ring, shared, buf)? {
             Attempt::Moved(n) => return Ok(n),
             Attempt::Blocked { expected } => expected,
         };
-        let mem = *self.ring.mem();
-        let ctl = mem.ctl();
-        let (ring, shared) = (&mut self.ring, &*self.shared);
-        wait_for(shared, &ctl.data_waiter.0, &ctl.head.0, seen, || {
+        wait_for(shared, ring.waiter(), ring.peer_index(), seen, || {
             attempt_recv(ring, shared, buf)
         })
     }
@@ -530,8 +497,7 @@ impl Listener for ShmListener {
             .ok_or_else(|| listen_err(io::Error::other("shm listener lost its region")))?;
         sys::send_fd(&stream, memfd.as_fd(), HELLO).map_err(listen_err)?;
         drop(memfd);
-        let flow =
-            ShmFlow::new(region, stream, Role::Listener, &self.config).map_err(listen_err)?;
+        let flow = ShmFlow::new(region, stream, Role::Listener, &self.config);
         Ok(Box::new(flow))
     }
 }
@@ -566,7 +532,7 @@ impl Transport for Shm {
         config: &FlowConfig,
         _local_ip: std::net::IpAddr,
     ) -> Result<Box<dyn Listener>, TransportError> {
-        let pending = Region::create(RING_CAPACITY_BYTES, config.mode).map_err(listen_err)?;
+        let pending = region::create(RING_CAPACITY_BYTES, config.mode).map_err(listen_err)?;
         let path = crate::sockdir::SocketPath::new("shm").map_err(listen_err)?;
         let listener = UnixListener::bind(path.path()).map_err(|e| {
             listen_err(io::Error::new(
@@ -610,8 +576,8 @@ impl Transport for Shm {
                 source: e,
             })?;
         let fd = sys::recv_fd(&stream, HELLO).map_err(connect_err)?;
-        let region = Region::open(fd, config.mode).map_err(connect_err)?;
-        let flow = ShmFlow::new(region, stream, Role::Connector, config).map_err(connect_err)?;
+        let region = region::open(fd, config.mode).map_err(connect_err)?;
+        let flow = ShmFlow::new(region, stream, Role::Connector, config);
         Ok(Box::new(flow))
     }
 }
