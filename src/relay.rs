@@ -788,7 +788,7 @@ mod imp {
 
     /// What the relay holds of one program's connection: the ring, a
     /// duplicate of its TCP socket, and a duplicate of the client socket
-    /// (to wake the program on this host; see `WAIT_BELL`).
+    /// (to wake the program on this host; see `netgap_shm::wait::WAIT_BELL`).
     struct Ends {
         ring: FarEnd,
         tcp: OwnedFd,
@@ -2541,59 +2541,6 @@ mod imp {
     struct FarEnd {
         rx: Consumer,
         tx: Producer,
-    }
-
-    const PAGE_BYTES: usize = 4096;
-    const REGION_MAGIC: u64 = u64::from_le_bytes(*b"NGPRSHM\0");
-    /// Offsets in a control block: head, tail, data waiter, space waiter,
-    /// the producer's closing hint, each on its own 128-byte line (the
-    /// library's `channel` tests pin the same values).
-    const HEAD: usize = 0;
-    const TAIL: usize = 128;
-    const DATA_WAITER: usize = 256;
-    const SPACE_WAITER: usize = 384;
-    const CLOSING: usize = 512;
-    /// Waiter word bits: a waiter in poll or epoll (woken by a doorbell on
-    /// the TCP connection), a blocking waiter asleep on the word itself
-    /// (woken by `FUTEX_WAKE`).
-    const WAIT_FD: u32 = 1;
-    const WAIT_FUTEX: u32 = 2;
-    /// A waiter in an epoll where its relay socket (the client socket
-    /// here) is registered: a byte on that socket, from this relay, wakes
-    /// it, with no doorbell from the other host.
-    const WAIT_BELL: u32 = 4;
-
-    /// Wakes every thread, in any process, asleep on `word`.
-    fn futex_wake(word: &AtomicU32) {
-        // SAFETY: FUTEX_WAKE on a valid, aligned word of a shared mapping
-        // (a shared futex: the program's sleepers are in another process);
-        // it only reads the address.
-        unsafe {
-            libc::syscall(
-                libc::SYS_futex,
-                word.as_ptr(),
-                libc::FUTEX_WAKE,
-                i32::MAX,
-                std::ptr::null::<libc::timespec>(),
-                std::ptr::null::<u32>(),
-                0u32,
-            )
-        };
-    }
-
-    /// Clears a waiter word after the index it waits on moved: wakes the
-    /// program's blocking sleepers at once and says which waiters in poll
-    /// or epoll need waking: by a doorbell on the TCP connection (as the
-    /// library's channel does), or by a byte on the client socket.
-    fn take_waiters(word: &AtomicU32) -> (bool, bool) {
-        if word.load(Ordering::Relaxed) == 0 {
-            return (false, false);
-        }
-        let old = word.swap(0, Ordering::AcqRel);
-        if old & WAIT_FUTEX != 0 {
-            futex_wake(word);
-        }
-        (old & WAIT_FD != 0, old & WAIT_BELL != 0)
     }
 
     /// Bytes moved and the waiters `taken` after the move: a waiter in

@@ -20,136 +20,8 @@ use netgap_shm::layout::{self as lay, HEADER_BYTES};
 use netgap_shm::wait as w;
 use netgap_shm::{Consumer, Expect, HeaderFields, Producer, Region, Waits};
 use std::io;
-use std::ptr::NonNull;
-use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicU32, Ordering};
 use std::time::Duration;
-
-/// `b"NGPRSHM\0"` as a little-endian word: the region's first eight bytes.
-const REGION_MAGIC: u64 = u64::from_le_bytes(*b"NGPRSHM\0");
-/// Bytes of the header and of each control block.
-const PAGE_BYTES: usize = 4096;
-
-/// One word alone on two cache lines (adjacent-line prefetch).
-#[repr(C, align(128))]
-struct Line<T>(T);
-
-/// A ring's control block; all zeroes is an empty ring.
-#[repr(C)]
-struct RingCtl {
-    /// Bytes ever produced (written by the producer).
-    head: Line<AtomicU64>,
-    /// Bytes ever consumed (written by the consumer).
-    tail: Line<AtomicU64>,
-    /// Non-zero while the consumer waits for data: [`WAIT_FD`],
-    /// [`WAIT_FUTEX`] and/or [`WAIT_BELL`]. Also the futex word a blocking
-    /// consumer sleeps on.
-    data_waiter: Line<AtomicU32>,
-    /// Non-zero while the producer waits for space (as `data_waiter`).
-    space_waiter: Line<AtomicU32>,
-    /// Set by the producer's end when one of its processes closes or shuts
-    /// down its sending side: a hint for a blocking consumer to look at
-    /// the kernel socket (for the FIN) before it sleeps. Only a hint: after
-    /// `fork` another process may still hold the connection.
-    closing: Line<AtomicU32>,
-}
-
-/// A waiter sleeps on the connection's descriptor (`poll`, `epoll`): it is
-/// woken by a doorbell byte on the kernel socket.
-const WAIT_FD: u32 = 1;
-/// A waiter sleeps on the waiter word itself (a blocking read or write):
-/// it is woken by `FUTEX_WAKE`, which costs far less than a doorbell.
-const WAIT_FUTEX: u32 = 2;
-
-/// A waiter sleeps in an epoll where the connection's socket to its relay
-/// is registered beside the connection (a relayed connection only): the
-/// relay wakes it with a byte on that socket, on this host, instead of
-/// asking the other host's relay for a doorbell on the TCP connection.
-/// Only the relay reads it: a same-host peer never sees it set.
-const WAIT_BELL: u32 = 4;
-
-/// Wakes every thread, in any process, sleeping on `word`.
-fn futex_wake(word: &AtomicU32) {
-    // SAFETY: FUTEX_WAKE on a valid, aligned word of a shared mapping
-    // (a shared futex: no FUTEX_PRIVATE_FLAG); it only reads the address.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word.as_ptr(),
-            libc::FUTEX_WAKE,
-            i32::MAX,
-            std::ptr::null::<libc::timespec>(),
-            std::ptr::null::<u32>(),
-            0u32,
-        )
-    };
-}
-
-/// Sleeps on `word` while it holds `expected`, at most `timeout_ms`.
-fn futex_wait(word: &AtomicU32, expected: u32, timeout_ms: u32) {
-    let ts = libc::timespec {
-        tv_sec: libc::time_t::from(timeout_ms / 1000),
-        tv_nsec: libc::c_long::from(timeout_ms % 1000) * 1_000_000,
-    };
-    // SAFETY: FUTEX_WAIT on a valid, aligned word of a shared mapping with
-    // a relative timeout on the stack; EAGAIN (the word changed), EINTR
-    // and ETIMEDOUT all send the caller back to look at the ring.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word.as_ptr(),
-            libc::FUTEX_WAIT,
-            expected,
-            &ts,
-            std::ptr::null::<u32>(),
-            0u32,
-        )
-    };
-}
-
-/// Sets waiter bit `bit` in `word`, ordered before the caller's next look
-/// at the ring.
-fn announce(word: &AtomicU32, bit: u32) {
-    word.fetch_or(bit, Ordering::Relaxed);
-    fence(Ordering::SeqCst);
-}
-
-const _: () = assert!(std::mem::size_of::<RingCtl>() <= PAGE_BYTES);
-
-/// The region's first page.
-#[repr(C)]
-struct Header {
-    magic: AtomicU64,
-    version: AtomicU32,
-    _pad: AtomicU32,
-    capacity: AtomicU64,
-    /// Inode of the connector's kernel socket (0: not recorded).
-    connector_ino: AtomicU64,
-    /// Inode of the listener's kernel socket (0: not recorded).
-    listener_ino: AtomicU64,
-    /// Set once, by the listener that maps the region: a region handed
-    /// over again (for another connection) is refused.
-    joined: AtomicU32,
-    _pad2: AtomicU32,
-    /// How each end (connector, listener) ended its side: [`END_FIN`] once
-    /// a process of it closed the connection or shut down its sending
-    /// side, [`END_CLOSED`] once the process that alone held it closed it.
-    ends: [AtomicU32; 2],
-    /// Doorbells on their way to each end (connector, listener): counted
-    /// up before the ringing end takes the waiter bits, down once the
-    /// byte is sent, so an end about to close waits for those in flight
-    /// and drains them (a byte left unread on a closed socket makes the
-    /// kernel reset the connection).
-    ringing: [AtomicU32; 2],
-}
-
-/// An end closed or shut down its sending side: a reset its kernel
-/// socket sends afterwards is read as the end of the stream (such a reset
-/// comes from a wake-up byte that raced the close, not from the program).
-const END_FIN: u32 = 1;
-/// An end closed, in the one process that held it: what its peer writes
-/// from now on goes to the kernel socket, whose answer (a reset) is the
-/// kernel's own.
-const END_CLOSED: u32 = 2;
 
 /// How the peer ended its side, as its processes left it in the region.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -191,11 +63,6 @@ pub(crate) fn read_header(fd: libc::c_int) -> Option<HeaderInfo> {
     })
 }
 
-/// Bytes of a region whose rings hold `capacity` bytes each.
-pub(crate) fn region_bytes(capacity: usize) -> usize {
-    3 * PAGE_BYTES + 2 * capacity
-}
-
 /// Which end of the connection this process is: the connector made the
 /// region, sent the hello and handed the region over (`connect`); the
 /// listener mapped the region handed over through the mailbox (`accept`).
@@ -204,57 +71,6 @@ pub(crate) use netgap_shm::Role;
 /// The peer broke the ring's invariants.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Corrupt;
-
-/// One direction's ring as seen from one end.
-struct Ring {
-    ctl: NonNull<RingCtl>,
-    data: NonNull<u8>,
-    capacity: u64,
-}
-
-impl Ring {
-    fn ctl(&self) -> &RingCtl {
-        // SAFETY: `ctl` points into the region, which stays mapped while the
-        // `Channel` owning this ring lives; the block holds only atomics.
-        unsafe { self.ctl.as_ref() }
-    }
-
-    /// Bytes in the ring and the consumer's index.
-    fn filled(&self) -> Result<(u64, u64), Corrupt> {
-        let c = self.ctl();
-        let tail = c.tail.0.load(Ordering::Acquire);
-        let head = c.head.0.load(Ordering::Acquire);
-        if head < tail || head - tail > self.capacity {
-            return Err(Corrupt);
-        }
-        Ok((head - tail, tail))
-    }
-
-    /// Copies `len` bytes between ring offset of index `at` and `buf`
-    /// (`into_ring` says which way), in at most two pieces.
-    ///
-    /// # Safety
-    ///
-    /// `buf` valid for `len` bytes in the direction used; `len ≤ capacity`.
-    unsafe fn copy(&self, at: u64, buf: *mut u8, len: usize, into_ring: bool) {
-        let cap = self.capacity as usize;
-        let off = (at & (self.capacity - 1)) as usize;
-        let first = len.min(cap - off);
-        let base = self.data.as_ptr();
-        // SAFETY: `off + first ≤ cap` and `len - first ≤ cap`, so both
-        // pieces lie in the data region; `buf` is valid per the contract;
-        // the ring and the program's buffer never overlap.
-        unsafe {
-            if into_ring {
-                std::ptr::copy_nonoverlapping(buf, base.add(off), first);
-                std::ptr::copy_nonoverlapping(buf.add(first), base, len - first);
-            } else {
-                std::ptr::copy_nonoverlapping(base.add(off), buf, first);
-                std::ptr::copy_nonoverlapping(base, buf.add(first), len - first);
-            }
-        }
-    }
-}
 
 /// Outcome of moving bytes through a ring.
 pub(crate) struct Moved {
@@ -526,7 +342,7 @@ impl Channel {
         self.rx.arm(w::WAIT_FUTEX)
     }
 
-    /// Whether the peer said it may be closing (see `RingCtl::closing`).
+    /// Whether the peer said it may be closing (see `netgap_shm::layout::RingCtl::closing`).
     pub(crate) fn peer_closing(&self) -> bool {
         self.rx.peer_closing()
     }
@@ -660,28 +476,6 @@ mod tests {
         assert!(unsafe { a.write(&iov(&mut x)) }.unwrap().wake_peer);
     }
 
-    /// `netgap relay` (src/relay.rs, `FarEnd`) maps regions with its own
-    /// copy of these offsets and waiter bits: a change here must change
-    /// it too.
-    #[test]
-    fn the_layout_is_the_one_netgap_relay_copies() {
-        use std::mem::offset_of;
-        assert_eq!(offset_of!(Header, magic), 0);
-        assert_eq!(offset_of!(Header, version), 8);
-        assert_eq!(offset_of!(Header, capacity), 16);
-        assert_eq!(offset_of!(Header, joined), 40);
-        assert_eq!(offset_of!(Header, ends), 48);
-        assert_eq!(offset_of!(Header, ringing), 56);
-        assert_eq!(offset_of!(RingCtl, head), 0);
-        assert_eq!(offset_of!(RingCtl, tail), 128);
-        assert_eq!(offset_of!(RingCtl, data_waiter), 256);
-        assert_eq!(offset_of!(RingCtl, space_waiter), 384);
-        assert_eq!(offset_of!(RingCtl, closing), 512);
-        assert_eq!((WAIT_FD, WAIT_FUTEX, WAIT_BELL), (1, 2, 4));
-        assert_eq!(PAGE_BYTES, 4096);
-        assert_eq!(region_bytes(4096), 3 * 4096 + 2 * 4096);
-    }
-
     #[test]
     fn a_blocking_sleeper_is_woken_by_futex_and_costs_no_doorbell() {
         let (a, b) = pair();
@@ -690,7 +484,7 @@ mod tests {
         // SAFETY: valid for reads.
         assert!(unsafe { a.write(&iov(&mut x)) }.unwrap().wake_peer);
         let armed = b.want_data_futex();
-        assert_eq!(armed, WAIT_FUTEX);
+        assert_eq!(armed, w::WAIT_FUTEX);
         // SAFETY: valid for reads.
         assert!(!unsafe { a.write(&iov(&mut x)) }.unwrap().wake_peer);
         // The writer cleared the word: a sleep on the armed value returns

@@ -1402,7 +1402,7 @@ pub(crate) fn bell_joins_epolls(fd: c_int) {
 /// Keeps a relayed connection's socket to its relay registered in `epfd`
 /// beside the connection's descriptor `fd`, with the program's data and
 /// read interest, so that the relay wakes a wait in that epoll with a
-/// byte on it, on this host (see `channel::WAIT_BELL`), instead of a
+/// byte on it, on this host (see `netgap_shm::wait::WAIT_BELL`), instead of a
 /// doorbell from the other host. Returns whether it is registered; where
 /// it is not (not relayed, no read interest, or the socket already
 /// registered in that epoll for another descriptor of the connection), a

@@ -37,7 +37,6 @@
 //! shows spinning.
 
 pub mod region;
-pub mod ring;
 mod sys;
 
 use super::{

@@ -1,75 +1,15 @@
-//! The few system calls the `shm` transport makes, each wrapped so the rest
-//! of the module stays free of `unsafe`: futex wait and wake on a word of the
-//! shared mapping, passing the memfd over the rendezvous socket
-//! (SCM_RIGHTS), and non-blocking checks of that socket for the peer's
-//! hang-up. None of them is on the data path of a flow that makes progress.
+//! The few system calls the `shm` transport makes beyond the channel's own
+//! (`netgap_shm`: the mapping, futex wait and wake), each wrapped so the
+//! rest of the module stays free of `unsafe`: passing the memfd over the
+//! rendezvous socket (SCM_RIGHTS), and non-blocking checks of that socket
+//! for the peer's hang-up. None of them is on the data path of a flow that
+//! makes progress.
 
 use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
 use std::io::{self, IoSlice, IoSliceMut, Read};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
-
-/// Sleeps while the 32-bit word at `word` still holds `expected`, for at
-/// most `timeout`. Returns `Ok` when woken, when the word no longer holds
-/// `expected`, on a signal and on timeout alike: the caller re-checks
-/// whatever it waits for. The futex is a shared one (no
-/// `FUTEX_PRIVATE_FLAG`), so a waker in another process that maps the same
-/// file finds it.
-///
-/// `word` should point into a live shared mapping; a bad address is reported
-/// by the kernel as `EFAULT`, not undefined behaviour.
-pub(crate) fn futex_wait(word: *const u32, expected: u32, timeout: Duration) -> io::Result<()> {
-    let ts = libc::timespec {
-        tv_sec: libc::time_t::try_from(timeout.as_secs()).unwrap_or(libc::time_t::MAX),
-        tv_nsec: libc::c_long::from(timeout.subsec_nanos()),
-    };
-    // SAFETY: FUTEX_WAIT only reads the 4-byte word (the kernel checks the
-    // address and fails with EFAULT if it is not mapped) and reads `ts`,
-    // which lives on this stack frame for the whole call.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word,
-            libc::FUTEX_WAIT,
-            expected,
-            &ts as *const libc::timespec,
-            std::ptr::null::<u32>(),
-            0u32,
-        )
-    };
-    if r == 0 {
-        return Ok(());
-    }
-    let e = io::Error::last_os_error();
-    match e.raw_os_error() {
-        Some(libc::EAGAIN) | Some(libc::ETIMEDOUT) | Some(libc::EINTR) => Ok(()),
-        _ => Err(io::Error::new(e.kind(), format!("futex wait failed: {e}"))),
-    }
-}
-
-/// Wakes every thread, in any process, sleeping in [`futex_wait`] on the
-/// word at `word`.
-pub(crate) fn futex_wake(word: *const u32) -> io::Result<()> {
-    // SAFETY: FUTEX_WAKE does not access user memory beyond looking the
-    // address up (EFAULT if unmapped); the unused arguments are ignored.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word,
-            libc::FUTEX_WAKE,
-            i32::MAX,
-            std::ptr::null::<libc::timespec>(),
-            std::ptr::null::<u32>(),
-            0u32,
-        )
-    };
-    if r < 0 {
-        let e = io::Error::last_os_error();
-        return Err(io::Error::new(e.kind(), format!("futex wake failed: {e}")));
-    }
-    Ok(())
-}
 
 /// Sends `hello` with `fd` attached (SCM_RIGHTS) over `sock`.
 pub(crate) fn send_fd(sock: &UnixStream, fd: BorrowedFd<'_>, hello: &[u8]) -> io::Result<()> {
