@@ -79,10 +79,13 @@ pub enum Verdict {
 /// paper's figure within the study file's tolerance ([`Size::band`]).
 #[derive(Debug, Clone, PartialEq)]
 pub enum SizeVerdict {
-    /// The interval overlaps the band around the paper's figure.
+    /// The whole interval lies inside the band around the paper's figure.
     Holds,
     /// The whole interval lies outside the band; where.
     DoesNotHold(String),
+    /// The interval reaches both into the band and past it: the
+    /// measurement is too loose to say; where it reaches.
+    Undecided(String),
     /// The measured figure has no interval to judge it by; where the value
     /// lies.
     NoInterval(String),
@@ -479,9 +482,11 @@ fn missed(expect: Expect) -> String {
     }
 }
 
-/// The size of a measured figure against the paper's: the 95% interval
-/// overlapping `size`'s band holds, the whole interval outside it does
-/// not, and a value without an interval is not judged.
+/// The size of a measured figure against the paper's, judged as the
+/// direction is, by the whole 95% interval: inside `size`'s band it holds,
+/// wholly outside it it does not, and across an edge it is undecided (an
+/// interval wide enough to hold any size must not confirm the paper's); a
+/// value without an interval is not judged.
 fn size_verdict(size: &Size, measured: Option<f64>, ci: Option<(f64, f64)>) -> SizeVerdict {
     let Some(value) = measured else {
         return SizeVerdict::NotJudged;
@@ -510,8 +515,14 @@ fn size_verdict(size: &Size, measured: Option<f64>, ci: Option<(f64, f64)>) -> S
             fmt_num(lo),
             fmt_num(hi)
         ))
-    } else {
+    } else if lo >= bl && hi <= bh {
         SizeVerdict::Holds
+    } else {
+        SizeVerdict::Undecided(format!(
+            "its interval, {} to {}, reaches past {band}; more repetitions or a quieter host would narrow it",
+            fmt_num(lo),
+            fmt_num(hi)
+        ))
     }
 }
 
@@ -1278,6 +1289,7 @@ fn size_cell(c: &Claim, v: &SizeVerdict) -> (&'static str, String, String) {
     let (class, words) = match v {
         SizeVerdict::Holds => ("holds", "holds".to_string()),
         SizeVerdict::DoesNotHold(why) => ("fails", format!("does not hold: {why}")),
+        SizeVerdict::Undecided(why) => ("na", format!("undecided: {why}")),
         SizeVerdict::NoInterval(where_) => (
             "na",
             format!("not judged: no interval to judge it by ({where_})"),
@@ -1339,12 +1351,13 @@ fn answer_table(out: &mut String, study: &Study, judged: &[(&Claim, Judged)]) {
     let sized = judged.iter().filter(|(c, _)| c.size.is_some()).count();
     let size_held = count(&|j| j.size == SizeVerdict::Holds);
     let size_failed = count(&|j| matches!(j.size, SizeVerdict::DoesNotHold(_)));
+    let size_open = count(&|j| matches!(j.size, SizeVerdict::Undecided(_)));
     let _ = writeln!(
         out,
-        "<p class=\"summary\">{} claims: the direction holds for {held}{on_value}, does not hold for {failed}, and cannot be judged for {}. {sized} state the paper's size: it holds for {size_held}, does not hold for {size_failed}, and is not judged for {}.</p>",
+        "<p class=\"summary\">{} claims: the direction holds for {held}{on_value}, does not hold for {failed}, and cannot be judged for {}. {sized} state the paper's size: it holds for {size_held}, does not hold for {size_failed}, is undecided (the interval across the band's edge) for {size_open}, and is not judged for {}.</p>",
         judged.len(),
         judged.len() - held - failed,
-        sized - size_held - size_failed
+        sized - size_held - size_failed - size_open
     );
     let _ = writeln!(
         out,
@@ -1748,9 +1761,17 @@ size_why = "half to one and a half times the paper's gain"
             matches!(&large.size, SizeVerdict::DoesNotHold(w) if w.contains("above")),
             "{large:?}"
         );
-        // An interval that reaches into the band is enough for the size.
+        // An interval across the band's edge decides nothing: neither
+        // holds nor fails, and says where it reaches.
         let wide = judge(&s, sized, &pair(1.15, 0.08));
-        assert_eq!(wide.size, SizeVerdict::Holds, "{wide:?}");
+        assert!(
+            matches!(&wide.size, SizeVerdict::Undecided(w) if w.contains("reaches past 1.262 to 1.778")),
+            "{wide:?}"
+        );
+        // The bug: an interval wide enough to hold any size (34.3, from
+        // -66.8 to 135, against 0.31 to 0.59) was shown as holding.
+        let loose = judge(&s, sized, &pair(1.5, 2.0));
+        assert!(matches!(loose.size, SizeVerdict::Undecided(_)), "{loose:?}");
         // No interval: the size is not judged, and says where the value is.
         let mut bare = pair(1.5, 0.0);
         for r in &mut bare {
