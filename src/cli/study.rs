@@ -544,9 +544,9 @@ fn measure(argv: &[String], results: &File, path: &Path) -> Result<()> {
     std::thread::scope(|scope| {
         scope
             .spawn(move || match command {
-                Command::Run(flags) => crate::run(&flags, results),
-                Command::Sweep(flags) => crate::sweep(&flags, results),
-                Command::Logp(flags) => crate::logp(&flags, results),
+                Command::Run(flags) => crate::run(&flags.request(), &flags.mpi.options(), results),
+                Command::Sweep(flags) => crate::sweep(&flags.request(), results),
+                Command::Logp(flags) => crate::logp(&flags.request(), results),
                 _ => Err(anyhow!("a figure runs run, sweep or logp")),
             })
             .join()
