@@ -153,20 +153,28 @@ fn a_claim_naming_what_its_study_does_not_have_is_refused_in_one_line() {
 fn the_budget_is_spread_into_repetitions_and_a_too_small_one_refused() {
     let s = study::load("004").expect("004");
     let figs: Vec<_> = s.figures.iter().collect();
-    let none = |_: &study::data::Figure| Vec::new();
-    let runs = study::plan(&s, &figs, Duration::from_secs(3600), false, &none).expect("plan");
+    let to = study::Destination {
+        hosts: netgap::cluster::HostsArg::parse("@testbed").expect("hosts"),
+        json: "netgap-study-004.jsonl".into(),
+    };
+    let runs = study::plan(&s, &figs, Duration::from_secs(3600), false, &to).expect("plan");
     assert_eq!(runs.len(), s.figures.len());
     for r in &runs {
         assert_eq!(
             r.reps, 10,
             "a large budget keeps the study's 10 repetitions"
         );
-        assert!(r
-            .argv
-            .iter()
-            .all(|a| a.contains(&"--reps".to_string()) || a.contains(&"--trials".to_string())));
+        for run in &r.runs {
+            assert_eq!(run.reps, r.reps);
+            let argv = run.argv();
+            let reps = ["--reps", "--trials"].map(|flag| {
+                argv.windows(2)
+                    .any(|w| w[0] == flag && w[1] == r.reps.to_string())
+            });
+            assert!(reps.contains(&true), "{argv:?}");
+        }
     }
-    let small = study::plan(&s, &figs, Duration::from_millis(100), true, &none)
+    let small = study::plan(&s, &figs, Duration::from_millis(100), true, &to)
         .expect_err("100ms cannot hold a repetition of every point");
     assert!(small.to_string().contains("too small"), "{small}");
 }
