@@ -6,6 +6,8 @@
 
 use anyhow::{anyhow, Context, Result};
 use netgap::cluster::HostsArg;
+use netgap::record::ResultRecord;
+use netgap::report::load::LoadError;
 use netgap::report::study::{Outcome, StudyRun};
 use netgap::study::{self, data::Study, Destination, FigureRun, HostsOffer, Request};
 use std::collections::BTreeMap;
@@ -289,8 +291,10 @@ pub fn run(args: &StudyArgs) -> Result<()> {
         .collect();
     {
         use std::io::Write;
+        let report = netgap::report::study::render_records(&runs, &records)
+            .with_context(|| format!("rendering the report of {}", json.display()))?;
         (&out.html)
-            .write_all(netgap::report::study::render(&runs, &records).as_bytes())
+            .write_all(report.as_bytes())
             .with_context(|| format!("writing {}", html.display()))?;
     }
     println!("results: {}", json.display());
@@ -518,8 +522,9 @@ fn measure(request: &Request, results: &File, path: &Path) -> Result<()> {
 }
 
 /// The records of the results file `file` (named `path`), read through its
-/// descriptor from the start.
-fn read_records(file: &File, path: &Path) -> Result<Vec<serde_json::Value>> {
+/// descriptor from the start, typed; a line that is no record is refused
+/// in one line naming its number in the file.
+fn read_records(file: &File, path: &Path) -> Result<Vec<ResultRecord>> {
     use std::io::{Read, Seek};
     let cap = netgap::files::Cap::RESULTS;
     let reading = || format!("reading {}", path.display());
@@ -538,12 +543,21 @@ fn read_records(file: &File, path: &Path) -> Result<Vec<serde_json::Value>> {
         ));
     }
     let text = String::from_utf8(bytes).with_context(|| format!("{}: not text", path.display()))?;
+    records_of(&text, path).map_err(Into::into)
+}
+
+/// The records of `text`, the results file `path`'s lines; blank lines
+/// are skipped.
+fn records_of(text: &str, path: &Path) -> Result<Vec<ResultRecord>, LoadError> {
     text.lines()
-        .filter(|l| !l.trim().is_empty())
         .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
         .map(|(i, l)| {
-            serde_json::from_str(l)
-                .with_context(|| format!("{}:{}: not a record", path.display(), i + 1))
+            serde_json::from_str(l).map_err(|e| LoadError::BadLine {
+                path: path.to_path_buf(),
+                line: i + 1,
+                message: e.to_string(),
+            })
         })
         .collect()
 }
@@ -767,6 +781,34 @@ here = "h"
 "#
         );
         Study::parse("test", &text).expect("parses")
+    }
+
+    /// A study reads its records back typed, and a line that is none is
+    /// refused in one line naming the file's own line number (blank lines
+    /// counted).
+    #[test]
+    fn records_read_back_typed_and_a_bad_line_is_named_in_one_line() {
+        let path = Path::new("/out/netgap-study-004.jsonl");
+        let record = ResultRecord::new(netgap::record::RecordHead {
+            test: "pingpong".into(),
+            transport: "tcp".into(),
+            mode: netgap::spec::Mode::Event,
+            size_bytes: 64,
+            metric: "latency_us".into(),
+            value: 12.5,
+            time: "2024-01-01T00:00:00Z".into(),
+        });
+        let line = serde_json::to_string(&record).expect("a record writes");
+        let read = records_of(&format!("{line}\n\n{line}\n"), path).expect("two records");
+        assert_eq!(read, [record.clone(), record]);
+        let e = records_of(&format!("{line}\n\n{{\"test\": 3}}\n"), path)
+            .expect_err("not a record")
+            .to_string();
+        assert!(
+            e.starts_with("/out/netgap-study-004.jsonl:3: not a netgap result record: "),
+            "{e}"
+        );
+        assert!(!e.contains('\n'), "{e}");
     }
 
     #[test]

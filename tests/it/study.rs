@@ -179,6 +179,36 @@ fn the_budget_is_spread_into_repetitions_and_a_too_small_one_refused() {
     assert!(small.to_string().contains("too small"), "{small}");
 }
 
+/// A study reads its results file back as typed records and judges them
+/// as JSON again: every kind of record a study writes (point-to-point,
+/// sweep, LogP, a workload's) is, read typed and written again, the line
+/// it was written as, so nothing a claim reads is lost on the way.
+#[test]
+fn a_record_read_back_typed_is_the_json_it_was_written_as() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json = dir.path().join("r.jsonl");
+    let j = json.to_str().expect("utf-8");
+    for args in [
+        "run pingpong,stream -t tcp,unix -s 1,1K --reps 3 --rep-time 5ms",
+        "sweep --start 1 --end 64 --trials 3 --trial-time 5ms",
+        "logp -s 1 --reps 3 --rep-time 5ms",
+        "run multistream -P 1,2 --reps 3 --duration 300ms",
+    ] {
+        common::run_ok(netgap().args(args.split(' ')).args(["--json", j]));
+    }
+    let text = std::fs::read_to_string(&json).expect("results");
+    assert!(text.lines().count() >= 4, "{text}");
+    for line in text.lines() {
+        let written: serde_json::Value = serde_json::from_str(line).expect("json");
+        let typed: netgap::record::ResultRecord = serde_json::from_str(line).expect("a record");
+        assert_eq!(
+            serde_json::to_value(&typed).expect("writes"),
+            written,
+            "{line}"
+        );
+    }
+}
+
 #[test]
 fn bad_input_is_refused_in_one_line_before_anything_runs() {
     let dir = tempfile::tempdir().expect("tempdir");
