@@ -153,22 +153,60 @@ fn a_claim_naming_what_its_study_does_not_have_is_refused_in_one_line() {
 fn the_budget_is_spread_into_repetitions_and_a_too_small_one_refused() {
     let s = study::load("004").expect("004");
     let figs: Vec<_> = s.figures.iter().collect();
-    let none = |_: &study::data::Figure| Vec::new();
-    let runs = study::plan(&s, &figs, Duration::from_secs(3600), false, &none).expect("plan");
+    let to = study::Destination {
+        hosts: netgap::cluster::HostsArg::parse("@testbed").expect("hosts"),
+        json: "netgap-study-004.jsonl".into(),
+    };
+    let runs = study::plan(&s, &figs, Duration::from_secs(3600), false, &to).expect("plan");
     assert_eq!(runs.len(), s.figures.len());
     for r in &runs {
         assert_eq!(
             r.reps, 10,
             "a large budget keeps the study's 10 repetitions"
         );
-        assert!(r
-            .argv
-            .iter()
-            .all(|a| a.contains(&"--reps".to_string()) || a.contains(&"--trials".to_string())));
+        for run in &r.runs {
+            assert_eq!(run.reps, r.reps);
+            let argv = run.argv();
+            let reps = ["--reps", "--trials"].map(|flag| {
+                argv.windows(2)
+                    .any(|w| w[0] == flag && w[1] == r.reps.to_string())
+            });
+            assert!(reps.contains(&true), "{argv:?}");
+        }
     }
-    let small = study::plan(&s, &figs, Duration::from_millis(100), true, &none)
+    let small = study::plan(&s, &figs, Duration::from_millis(100), true, &to)
         .expect_err("100ms cannot hold a repetition of every point");
     assert!(small.to_string().contains("too small"), "{small}");
+}
+
+/// A study reads its results file back as typed records and judges them
+/// as JSON again: every kind of record a study writes (point-to-point,
+/// sweep, LogP, a workload's) is, read typed and written again, the line
+/// it was written as, so nothing a claim reads is lost on the way.
+#[test]
+fn a_record_read_back_typed_is_the_json_it_was_written_as() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json = dir.path().join("r.jsonl");
+    let j = json.to_str().expect("utf-8");
+    for args in [
+        "run pingpong,stream -t tcp,unix -s 1,1K --reps 3 --rep-time 5ms",
+        "sweep --start 1 --end 64 --trials 3 --trial-time 5ms",
+        "logp -s 1 --reps 3 --rep-time 5ms",
+        "run multistream -P 1,2 --reps 3 --duration 300ms",
+    ] {
+        common::run_ok(netgap().args(args.split(' ')).args(["--json", j]));
+    }
+    let text = std::fs::read_to_string(&json).expect("results");
+    assert!(text.lines().count() >= 4, "{text}");
+    for line in text.lines() {
+        let written: serde_json::Value = serde_json::from_str(line).expect("json");
+        let typed: netgap::record::ResultRecord = serde_json::from_str(line).expect("a record");
+        assert_eq!(
+            serde_json::to_value(&typed).expect("writes"),
+            written,
+            "{line}"
+        );
+    }
 }
 
 #[test]

@@ -621,6 +621,26 @@ impl ConditionAxis {
     }
 }
 
+impl fmt::Display for ConditionAxis {
+    /// `KEY=V1,V2,...`, as [`ConditionAxis::parse`] reads it back: each
+    /// value sets this key alone, so its [`Condition`]'s own text is
+    /// `KEY=VALUE`, and the values follow one `KEY=`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let prefix = format!("{}=", self.key);
+        let values: Vec<String> = self
+            .values
+            .iter()
+            .map(|c| {
+                let text = c.to_string();
+                text.strip_prefix(&prefix)
+                    .map(str::to_string)
+                    .unwrap_or(text)
+            })
+            .collect();
+        write!(f, "{prefix}{}", values.join(","))
+    }
+}
+
 /// The cross product of the axes, the first axis varying slowest:
 /// `mtu=1500,9000 offload=on,off` gives (1500, on), (1500, off), (9000,
 /// on), (9000, off). No axes give no conditions.
@@ -749,6 +769,23 @@ mod tests {
 
     fn axis(s: &str) -> ConditionAxis {
         ConditionAxis::parse(s).expect("parses")
+    }
+
+    #[test]
+    fn an_axis_reads_back_from_its_text() {
+        for text in [
+            "mtu=1500,9000",
+            "offload=on,off",
+            "rate=1G,none",
+            "rate=2500000",
+            "delay=0,250us,5ms",
+            "loss=0,0.1%,1%",
+        ] {
+            let a = axis(text);
+            assert_eq!(axis(&a.to_string()), a, "{text} as {a}");
+        }
+        assert_eq!(axis("offload=on,off").to_string(), "offload=on,off");
+        assert_eq!(axis("mtu= 1500 ,9000").to_string(), "mtu=1500,9000");
     }
 
     #[test]

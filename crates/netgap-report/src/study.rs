@@ -1538,6 +1538,21 @@ pub fn render(runs: &[StudyRun<'_>], records: &[Value]) -> String {
     out
 }
 
+/// [`render`] over typed records, as `netgap study` reads its own results
+/// file back: each record is judged as the JSON it was written as (the
+/// claims read records by their keys, so old and imported files judge
+/// alike). Fails only if a record cannot be written as JSON.
+pub fn render_records(
+    runs: &[StudyRun<'_>],
+    records: &[netgap_core::record::ResultRecord],
+) -> Result<String, serde_json::Error> {
+    let values = records
+        .iter()
+        .map(serde_json::to_value)
+        .collect::<Result<Vec<Value>, _>>()?;
+    Ok(render(runs, &values))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
