@@ -568,7 +568,21 @@ fn duration_text(d: Duration) -> String {
     }
 }
 
-impl StackFlag {
+/// A typed flag written back as the command line takes it.
+trait AsWords {
+    /// Appends the flag and its value, if it takes one.
+    fn words(&self, a: &mut Vec<String>);
+
+    /// The flag's name as [`AsWords::words`] writes it: one per flag,
+    /// however the study file spelt it (`-P`, `--streams`).
+    fn name(&self) -> String {
+        let mut w = Vec::new();
+        self.words(&mut w);
+        w.swap_remove(0)
+    }
+}
+
+impl AsWords for StackFlag {
     fn words(&self, a: &mut Vec<String>) {
         let (flag, value) = match self {
             StackFlag::Option(o) => (
@@ -595,17 +609,9 @@ impl StackFlag {
         a.push(flag);
         a.extend(value);
     }
-
-    /// The flag's name as [`Self::words`] writes it: one per flag,
-    /// however the study file spelt it (`-P`, `--streams`).
-    fn name(&self) -> String {
-        let mut w = Vec::new();
-        self.words(&mut w);
-        w.swap_remove(0)
-    }
 }
 
-impl RunFlag {
+impl AsWords for RunFlag {
     fn words(&self, a: &mut Vec<String>) {
         let (flag, value): (String, Option<String>) = match self {
             RunFlag::Stack(s) => return s.words(a),
@@ -625,17 +631,9 @@ impl RunFlag {
         a.push(flag);
         a.extend(value);
     }
-
-    /// The flag's name as [`Self::words`] writes it: one per flag,
-    /// however the study file spelt it (`-P`, `--streams`).
-    fn name(&self) -> String {
-        let mut w = Vec::new();
-        self.words(&mut w);
-        w.swap_remove(0)
-    }
 }
 
-impl SweepFlag {
+impl AsWords for SweepFlag {
     fn words(&self, a: &mut Vec<String>) {
         let (flag, value): (&str, Option<String>) = match self {
             SweepFlag::Stack(s) => return s.words(a),
@@ -650,14 +648,6 @@ impl SweepFlag {
         };
         a.push(flag.to_string());
         a.extend(value);
-    }
-
-    /// The flag's name as [`Self::words`] writes it: one per flag,
-    /// however the study file spelt it (`-P`, `--streams`).
-    fn name(&self) -> String {
-        let mut w = Vec::new();
-        self.words(&mut w);
-        w.swap_remove(0)
     }
 }
 
