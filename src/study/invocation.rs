@@ -263,6 +263,22 @@ struct Stack {
 }
 
 impl Stack {
+    /// The method of a run of `sizes` with these stack flags: `reps`
+    /// repetitions of `rep_time` each (none: the workload's own window).
+    fn method(&self, sizes: Option<Vec<u64>>, reps: u32, rep_time: Option<Duration>) -> MethodSpec {
+        MethodSpec {
+            sizes,
+            reps: Some(reps),
+            rep_time,
+            warmup: self.warmup,
+            timeout: self.timeout,
+            pin: self.pin,
+            verify: self.verify,
+            buffer: self.buffer,
+            ..MethodSpec::default()
+        }
+    }
+
     fn of<'a>(flags: impl Iterator<Item = &'a StackFlag>) -> Stack {
         let mut s = Stack::default();
         for f in flags {
@@ -362,18 +378,13 @@ impl Invocation {
                     tests: tests.clone(),
                     target,
                     key_file: None,
+                    // Before `transport`, which takes the stack's options.
+                    method: stack.method(
+                        sizes.clone(),
+                        self.reps,
+                        (!workload).then_some(self.rep_time),
+                    ),
                     transport: transport(stack.options),
-                    method: MethodSpec {
-                        sizes: sizes.clone(),
-                        reps: Some(self.reps),
-                        rep_time: (!workload).then_some(self.rep_time),
-                        warmup: stack.warmup,
-                        timeout: stack.timeout,
-                        pin: stack.pin,
-                        verify: stack.verify,
-                        buffer: stack.buffer,
-                        ..MethodSpec::default()
-                    },
                     outputs,
                     multi_host,
                     interleaving: interleaving(interleave),
@@ -421,18 +432,8 @@ impl Invocation {
                     tests: Vec::new(),
                     target,
                     key_file: None,
+                    method: stack.method(sizes.clone(), self.reps, Some(self.rep_time)),
                     transport: transport(stack.options),
-                    method: MethodSpec {
-                        sizes: sizes.clone(),
-                        reps: Some(self.reps),
-                        rep_time: Some(self.rep_time),
-                        warmup: stack.warmup,
-                        timeout: stack.timeout,
-                        pin: stack.pin,
-                        verify: stack.verify,
-                        buffer: stack.buffer,
-                        ..MethodSpec::default()
-                    },
                     outputs,
                     multi_host: MultiHostSpec::default(),
                     interleaving: Interleaving::default(),

@@ -2211,25 +2211,36 @@ above = 0.5
         r
     }
 
+    /// Throughput that falls at 2K and rebounds at 3K (so the block time
+    /// falls at 3K).
+    fn dropped_at_2k() -> [Value; 3] {
+        [
+            block(1024, 0.5, 0.01),
+            block(2048, 0.1, 0.01),
+            block(3072, 0.9, 0.01),
+        ]
+    }
+
+    /// Throughput that rises block by block.
+    fn rising_blocks() -> [Value; 3] {
+        [
+            block(1024, 0.5, 0.01),
+            block(2048, 0.6, 0.01),
+            block(3072, 0.7, 0.01),
+        ]
+    }
+
     #[test]
     fn falls_count_only_drops_beyond_both_intervals() {
         let s = Study::parse("t", KINDS).expect("study");
         let c = &s.claims[4];
         // Block time is size over throughput: a throughput that falls
         // at 2K and rebounds at 3K makes the block time fall at 3K.
-        let dropped = [
-            block(1024, 0.5, 0.01),
-            block(2048, 0.1, 0.01),
-            block(3072, 0.9, 0.01),
-        ];
+        let dropped = dropped_at_2k();
         let j = judge(&s, c, &dropped);
         assert_eq!(j.direction, Verdict::Holds, "{j:?}");
         assert!(j.how.contains("2K to 3K"), "{}", j.how);
-        let rising = [
-            block(1024, 0.5, 0.01),
-            block(2048, 0.6, 0.01),
-            block(3072, 0.7, 0.01),
-        ];
+        let rising = rising_blocks();
         assert!(fails(&judge(&s, c, &rising)));
         // A fall within the noise is not counted.
         let noisy = [
@@ -2264,20 +2275,12 @@ above = 0.5
         let c = &s.claims[4];
         // 3K after 2K: its throughput rebounds so far that it takes less
         // time than the smaller block.
-        let dropped = [
-            block(1024, 0.5, 0.01),
-            block(2048, 0.1, 0.01),
-            block(3072, 0.9, 0.01),
-        ];
+        let dropped = dropped_at_2k();
         let j = judge(&s, c, &dropped);
         assert_eq!(j.direction, Verdict::Holds, "{j:?}");
         assert!(j.how.contains("block time (µs) falls 1 time"), "{}", j.how);
         assert!(j.how.contains("2K to 3K"), "{}", j.how);
-        let rising = [
-            block(1024, 0.5, 0.01),
-            block(2048, 0.6, 0.01),
-            block(3072, 0.7, 0.01),
-        ];
+        let rising = rising_blocks();
         assert!(fails(&judge(&s, c, &rising)));
         // The plot's line goes from block to block: x goes back at 3K.
         let recs: Vec<&Value> = dropped.iter().collect();
