@@ -6,8 +6,7 @@ mod cli;
 use anyhow::{anyhow, Context, Result};
 use clap::Parser;
 use cli::{
-    Cli, Command, CompareArgs, ImportArgs, KeyCommand, LogpFlags, ReportArgs, RunFlags, ServeArgs,
-    SweepFlags, TestbedCommand,
+    Cli, Command, CompareArgs, ImportArgs, KeyCommand, ReportArgs, ServeArgs, TestbedCommand,
 };
 use netgap::agent::Agent;
 use netgap::control::ControlAddr;
@@ -18,7 +17,7 @@ use netgap::output::TableObserver;
 use netgap::plan::{Plan, RunRequest, Settings};
 use netgap::run::run_plan;
 use netgap::sink::{CsvSink, JsonlSink, RecordSink};
-use netgap::sweep::SweepPlan;
+use netgap::sweep::{SweepPlan, SweepRequest};
 use netgap::text::{escape_control, escape_control_lines};
 use netgap::workload_run::plan::WorkloadPlan;
 use netgap::{bench, transport};
@@ -62,10 +61,10 @@ fn main() -> ExitCode {
     };
     let outcome = match cli.command {
         None => battery(cli.output.json, cli.output.csv, cli.output.label, cli.reps),
-        Some(Command::Run(args)) => run(&args, Results::Flags),
+        Some(Command::Run(args)) => run(&args.request(), &args.mpi.options(), Results::Flags),
         Some(Command::Serve(args)) => serve(&args),
-        Some(Command::Sweep(args)) => sweep(&args, Results::Flags),
-        Some(Command::Logp(args)) => logp(&args, Results::Flags),
+        Some(Command::Sweep(args)) => sweep(&args.request(), Results::Flags),
+        Some(Command::Logp(args)) => logp(&args.request(), Results::Flags),
         Some(Command::List) => {
             list();
             Ok(())
@@ -329,24 +328,29 @@ enum Results<'a> {
     },
 }
 
-fn run(args: &RunFlags, results: Results<'_>) -> Result<()> {
-    let request = args.request();
+/// `netgap run` from its typed request, as its flags map to it or as a
+/// study plans it: the one function both measure through.
+fn run(
+    request: &RunRequest,
+    mpi: &netgap::mpi::plan::MpiOptions,
+    results: Results<'_>,
+) -> Result<()> {
     let (mpi_tests, rest) = netgap::mpi::plan::split_tests(&request.tests);
     if !mpi_tests.is_empty() {
-        return run_with_mpi(&request, &mpi_tests, &args.mpi.options(), rest, results);
+        return run_with_mpi(request, &mpi_tests, mpi, rest, results);
     }
-    if args.mpi.mpi_btl.is_some() {
+    if mpi.btl.is_some() {
         return Err(anyhow!(
             "--mpi-btl has no effect without an MPI test (mpi-latency, mpi-bw, mpi-bibw)"
         ));
     }
     if netgap::workload_run::plan::is_workload_run(&request.tests)? {
         return execute(
-            &Job::Workload(WorkloadPlan::from_request(&request)?),
+            &Job::Workload(WorkloadPlan::from_request(request)?),
             results,
         );
     }
-    execute(&Job::Points(Plan::from_request(&request)?), results)
+    execute(&Job::Points(Plan::from_request(request)?), results)
 }
 
 /// A run with MPI tests: the socket tests first (when there are any), then
@@ -525,15 +529,14 @@ enum Failed {
     AtPoint(anyhow::Error),
 }
 
-fn sweep(args: &SweepFlags, results: Results<'_>) -> Result<()> {
-    execute(
-        &Job::Sweep(SweepPlan::from_request(&args.request())?),
-        results,
-    )
+/// `netgap sweep` from its typed request.
+fn sweep(request: &SweepRequest, results: Results<'_>) -> Result<()> {
+    execute(&Job::Sweep(SweepPlan::from_request(request)?), results)
 }
 
-fn logp(args: &LogpFlags, results: Results<'_>) -> Result<()> {
-    let plan = LogpPlan::from_request(&args.request())?;
+/// `netgap logp` from its typed request.
+fn logp(request: &RunRequest, results: Results<'_>) -> Result<()> {
+    let plan = LogpPlan::from_request(request)?;
     if plan.run.settings.client_cpu.is_none() {
         eprintln!(
             "netgap: note: without --pin the woken server may run on the client's CPU, and its work then lands in o_s; pin them apart, e.g. --pin 0,1"

@@ -1,17 +1,26 @@
 //! `netgap study`: the studies netgap reproduces, each a data file
 //! (`studies/NNN.toml`, built into the binary) read into
 //! [`netgap_core::study::Study`]; checked here against the registries of
-//! tests and transports; and turned, for given hosts and a time budget,
-//! into the command lines of `netgap run`, `sweep` and `logp` that make
-//! each figure. The binary parses those command lines with its own flags
-//! and measures them through the same path as the commands themselves.
+//! tests, transports and the commands' flags; and turned, for given hosts
+//! and a time budget, into typed runs of `netgap run`, `sweep` and `logp`
+//! ([`Invocation`]), one per figure and variant. The binary measures each
+//! run's typed request through the same function as the command itself,
+//! and `--plan` prints each as the command line that measures it by hand.
+
+mod invocation;
 
 use crate::cluster::{HostsArg, HostsSource};
+use crate::conditions::ConditionAxis;
+use crate::spec::Mode;
 use netgap_core::study::{Figure, FigureCommand, Study, StudyError};
 use netgap_core::units::parse_size_list;
-use std::path::Path;
+use std::path::PathBuf;
 use std::time::Duration;
 
+pub use invocation::{
+    parse_flags, shell_word, Command, FlagError, Flags, Invocation, Request, RunFlag, StackFlag,
+    SweepFlag,
+};
 pub use netgap_core::study as data;
 
 /// The study files, by id.
@@ -72,6 +81,17 @@ pub enum StudyCmdError {
         /// What is unknown.
         what: String,
     },
+    /// A figure's flags are not ones its command takes (a bug in
+    /// netgap's own files).
+    #[error("study {study} figure {figure}: {source}")]
+    Flags {
+        /// The study.
+        study: String,
+        /// The figure.
+        figure: String,
+        /// What is wrong with them.
+        source: FlagError,
+    },
     /// The budget cannot hold one repetition of every point.
     #[error("--budget {given}: too small for {MIN_REPS} repetitions of every point of {what}; give at least {need}")]
     Budget {
@@ -105,6 +125,7 @@ pub fn load(id: &str) -> Result<Study, StudyCmdError> {
         .ok_or_else(|| StudyCmdError::UnknownStudy(id.to_string()))?;
     let study = Study::parse(&format!("studies/{id}.toml"), text)?;
     check_names(&study)?;
+    check_flags(&study)?;
     Ok(study)
 }
 
@@ -141,6 +162,24 @@ pub fn check_names(study: &Study) -> Result<(), StudyCmdError> {
         for t in &f.transports {
             if crate::transport::find(t).is_none() {
                 return Err(bad(format!("no transport {t:?}")));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Every figure's flags are its command's, with and without `--quick`,
+/// in each of its variants: a study whose runs could not be given to
+/// their commands is refused when it is read, before anything runs.
+pub fn check_flags(study: &Study) -> Result<(), StudyCmdError> {
+    for f in &study.figures {
+        for quick in [false, true] {
+            for variant in variants_of(f) {
+                parse_figure(f, quick, &variant).map_err(|source| StudyCmdError::Flags {
+                    study: study.id.clone(),
+                    figure: f.id.clone(),
+                    source,
+                })?;
             }
         }
     }
@@ -333,14 +372,13 @@ fn flag_value<'a>(flags: &'a [String], name: &str) -> Option<&'a str> {
         .map(String::as_str)
 }
 
-/// How a figure is measured: the command lines of its runs and their
-/// method.
+/// How a figure is measured: its runs and their method.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FigureRun {
     /// The figure.
     pub figure: String,
-    /// One command line (without the program name) per variant.
-    pub argv: Vec<Vec<String>>,
+    /// One run per variant.
+    pub runs: Vec<Invocation>,
     /// Repetitions per point.
     pub reps: u32,
     /// Time of one repetition, ms.
@@ -352,6 +390,16 @@ pub struct FigureRun {
     /// What the plan expects it to take: every point's repetitions with
     /// what each costs beyond its own time, ms.
     pub time_ms: u64,
+}
+
+/// Where a study's runs measure and what they write: the hosts every run
+/// is given (`--hosts`) and the results file the study made (`--json`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Destination {
+    /// The hosts.
+    pub hosts: HostsArg,
+    /// The results file.
+    pub json: PathBuf,
 }
 
 /// Whether the figure's tests are workloads (a repetition is a window).
@@ -605,8 +653,8 @@ impl Budget {
 }
 
 /// Spreads `budget` over `figures` into each figure's repetitions and
-/// repetition time, and its command lines with `extra` (hosts, results
-/// file) added: every point gets [`MIN_REPS`] repetitions of the shortest
+/// repetition time, and its typed runs on `to`'s hosts into its results
+/// file: every point gets [`MIN_REPS`] repetitions of the shortest
 /// its figure can measure, and the rest of the budget is shared equally
 /// among the points. Refuses a budget that cannot hold that least
 /// ([`least_budget`]). The figures' [`FigureRun::time_ms`] sum to at most
@@ -616,7 +664,7 @@ pub fn plan(
     figures: &[&Figure],
     budget: Duration,
     quick: bool,
-    extra: &dyn Fn(&Figure) -> Vec<String>,
+    to: &Destination,
 ) -> Result<Vec<FigureRun>, StudyCmdError> {
     let budget_ms = budget.as_millis() as u64;
     let shape: Vec<Cost> = figures.iter().map(|f| Cost::of(f, quick)).collect();
@@ -652,18 +700,31 @@ pub fn plan(
             .saturating_sub(over)
             .clamp(min, MAX_REP_MS.max(min));
         let (transports, missing) = available_transports(f);
-        let variants: Vec<Vec<String>> = if f.variants.is_empty() {
-            vec![Vec::new()]
-        } else {
-            f.variants.clone()
-        };
-        let argv = variants
+        let invocations = variants_of(f)
             .iter()
-            .map(|v| command_line(f, &transports, v, reps, rep_ms, quick, extra(f)))
-            .collect();
+            .map(|variant| {
+                let parsed =
+                    parse_figure(f, quick, variant).map_err(|source| StudyCmdError::Flags {
+                        study: study.id.clone(),
+                        figure: f.id.clone(),
+                        source,
+                    })?;
+                Ok(Invocation {
+                    command: parsed.command,
+                    transports: transports.clone(),
+                    modes: parsed.modes,
+                    reps,
+                    rep_time: Duration::from_millis(rep_ms),
+                    conditions: parsed.conditions,
+                    hosts: to.hosts.clone(),
+                    json: to.json.clone(),
+                    label: crate::report::study::figure_label(&study.id, &f.id),
+                })
+            })
+            .collect::<Result<Vec<_>, StudyCmdError>>()?;
         runs.push(FigureRun {
             figure: f.id.clone(),
-            argv,
+            runs: invocations,
             reps,
             rep_ms,
             missing,
@@ -739,9 +800,8 @@ pub fn plan_text(
             for m in &r.missing {
                 let _ = writeln!(out, "    not measured: {m}");
             }
-            for argv in &r.argv {
-                let line: Vec<String> = argv.iter().map(|a| shell_word(a)).collect();
-                let _ = writeln!(out, "    netgap {}", line.join(" "));
+            for run in &r.runs {
+                let _ = writeln!(out, "    {}", run.text());
             }
         } else if let Some((_, why)) = not_run.iter().find(|(id, _)| *id == f.id) {
             let _ = writeln!(out, "  figure {}: skipped: {why}", f.id);
@@ -770,105 +830,111 @@ fn ends_with_its_job(fig: &Figure) -> bool {
             .all(|t| crate::workload::find(t).is_some_and(|w| w.staged().is_some()))
 }
 
-/// `word` as a shell reads it back: as it is when it holds only
-/// characters a shell leaves alone, else in single quotes.
-fn shell_word(word: &str) -> String {
-    let plain = !word.is_empty()
-        && word
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "@%+=:,./_-".contains(c));
-    if plain {
-        word.to_string()
+/// The figure's variants' own flags: one run with none when it has no
+/// variants.
+fn variants_of(f: &Figure) -> Vec<Vec<String>> {
+    if f.variants.is_empty() {
+        vec![Vec::new()]
     } else {
-        format!("'{}'", word.replace('\'', "'\\''"))
+        f.variants.clone()
     }
 }
 
-/// The command line of one variant of a figure.
-fn command_line(
-    f: &Figure,
-    transports: &[String],
-    variant: &[String],
-    reps: u32,
-    rep_ms: u64,
-    quick: bool,
-    extra: Vec<String>,
-) -> Vec<String> {
-    let mut a: Vec<String> = vec![f.command.name().to_string()];
-    if f.command == FigureCommand::Run {
-        a.push(f.tests.join(","));
-    }
-    let mut push = |flag: &str, v: String| {
-        a.push(flag.to_string());
-        a.push(v);
-    };
-    if !transports.is_empty() {
-        push("-t", transports.join(","));
-    }
-    if !f.modes.is_empty() {
-        push("--mode", f.modes.join(","));
-    }
-    if f.command != FigureCommand::Sweep {
-        if let Some(s) = sizes_of(f, quick) {
-            push("-s", s.to_string());
-        }
-    }
-    let list = |l: &[u32]| {
-        axis(f, l, quick)
-            .iter()
-            .map(u32::to_string)
-            .collect::<Vec<_>>()
-            .join(",")
-    };
-    if !f.clients.is_empty() {
-        push("--clients", list(&f.clients));
-    }
-    if !f.streams.is_empty() {
-        push("-P", list(&f.streams));
-    }
-    if !f.links.is_empty() {
-        push("--links", list(&f.links));
-    }
-    match f.command {
-        FigureCommand::Sweep => {
-            push("--trials", reps.to_string());
-            push("--trial-time", format!("{rep_ms}ms"));
-        }
-        _ if is_workload(f) => {
-            push("--reps", reps.to_string());
-            push("--duration", format!("{rep_ms}ms"));
-        }
-        _ => {
-            push("--reps", reps.to_string());
-            push("--rep-time", format!("{rep_ms}ms"));
-        }
-    }
-    a.extend(flags_of(f, quick));
-    a.extend(variant.iter().cloned());
-    if !f.conditions.is_empty() {
-        a.push("--conditions".into());
-        a.extend(f.conditions.iter().cloned());
-    }
-    a.extend(extra);
-    a
+/// What a figure's run takes from the figure: its command with tests,
+/// sizes, count axes and further flags, its modes and its conditions.
+struct Parsed {
+    command: Command,
+    modes: Vec<Mode>,
+    conditions: Vec<ConditionAxis>,
 }
 
-/// The arguments every figure's run takes: its hosts, its results file
-/// and the label that tags its records with the study and figure.
-pub fn common_args(study: &str, fig: &Figure, hosts: &str, json: &Path) -> Vec<String> {
-    vec![
-        "--hosts".into(),
-        hosts.to_string(),
-        "--json".into(),
-        json.display().to_string(),
-        "--label".into(),
-        crate::report::study::figure_label(study, &fig.id),
+/// Reads the figure (under `--quick`, its quick sizes, axes and flags) and
+/// one `variant`'s flags as its command would: refuses what the command
+/// line would refuse, and a flag the planner sets itself.
+fn parse_figure(f: &Figure, quick: bool, variant: &[String]) -> Result<Parsed, FlagError> {
+    let bad = |flag: &str, value: &str, why: String| FlagError::BadValue {
+        flag: flag.to_string(),
+        value: value.to_string(),
+        why,
+    };
+    let modes = f
+        .modes
+        .iter()
+        .map(|m| {
+            Mode::by_name(m.trim()).ok_or_else(|| {
+                bad(
+                    "--mode",
+                    m,
+                    "not a completion mode; use event or poll".into(),
+                )
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let sizes = sizes_of(f, quick)
+        .map(|s| parse_size_list(s).map_err(|e| bad("-s", s, e.to_string())))
+        .transpose()?;
+    let conditions = f
+        .conditions
+        .iter()
+        .map(|c| ConditionAxis::parse(c).map_err(|e| bad("--conditions", c, e.to_string())))
+        .collect::<Result<Vec<_>, _>>()?;
+    let counts = |l: &[u32]| (!l.is_empty()).then(|| axis(f, l, quick));
+    let (clients, streams, links) = (counts(&f.clients), counts(&f.streams), counts(&f.links));
+    let taken: Vec<&str> = [
+        ("--clients", &clients),
+        ("-P", &streams),
+        ("--links", &links),
     ]
+    .iter()
+    .filter(|(_, axis)| axis.is_some())
+    .map(|(flag, _)| *flag)
+    .collect();
+    let words: Vec<String> = flags_of(f, quick)
+        .into_iter()
+        .chain(variant.iter().cloned())
+        .collect();
+    // Only `run` has count axes and only `run` and `sweep` conditions, as
+    // on the command line.
+    let not_for = |flag: &str| FlagError::Unknown {
+        flag: flag.to_string(),
+        command: f.command.name(),
+    };
+    let command = match parse_flags(f.command, &words, &taken)? {
+        Flags::Run(flags) => Command::Run {
+            tests: f.tests.clone(),
+            workload: is_workload(f),
+            sizes,
+            clients,
+            streams,
+            links,
+            flags,
+        },
+        Flags::Sweep(_) | Flags::Logp(_) if !taken.is_empty() => return Err(not_for(taken[0])),
+        Flags::Sweep(flags) => Command::Sweep { flags },
+        Flags::Logp(_) if !conditions.is_empty() => return Err(not_for("--conditions")),
+        Flags::Logp(flags) => Command::Logp { sizes, flags },
+    };
+    Ok(Parsed {
+        command,
+        modes,
+        conditions,
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The study testbed's hosts and a results file.
+    fn testbed_destination() -> Destination {
+        Destination {
+            hosts: HostsArg::File {
+                path: "/run/netgap/study/hosts.json".into(),
+                testbed: false,
+            },
+            json: "netgap-study-all.jsonl".into(),
+        }
+    }
 
     #[test]
     fn a_figure_keeps_busy_the_links_its_records_are_judged_against() {
@@ -899,18 +965,6 @@ mod tests {
         assert_eq!(axis(&bare, &[1, 2, 3, 4], false), [1, 2, 3, 4]);
     }
 
-    #[test]
-    fn a_planned_command_line_reads_back_in_a_shell() {
-        assert_eq!(shell_word("--rep-time"), "--rep-time");
-        assert_eq!(
-            shell_word("@/run/netgap/study/hosts.json"),
-            "@/run/netgap/study/hosts.json"
-        );
-        assert_eq!(shell_word("study 000 figure 3a"), "'study 000 figure 3a'");
-        assert_eq!(shell_word("it's"), "'it'\\''s'");
-        assert_eq!(shell_word(""), "''");
-    }
-
     /// The bug: `netgap study 000 --quick`, the first study a newcomer
     /// runs, stopped at once: the fixed 150 s of `--quick` was below the
     /// least its points take (3m 48s, and 5m 34s with the xdp stacks).
@@ -918,7 +972,7 @@ mod tests {
     /// figures are chosen, in every build.
     #[test]
     fn quick_derives_a_budget_every_study_and_figure_plans_in() {
-        let none = |_: &Figure| Vec::new();
+        let to = testbed_destination();
         for s in all().expect("studies") {
             let every: Vec<&Figure> = s.figures.iter().collect();
             let mut choices: Vec<Vec<&Figure>> = every.iter().map(|f| vec![*f]).collect();
@@ -929,7 +983,7 @@ mod tests {
                     panic!("--quick without --budget derives its budget: {budget:?}");
                 };
                 assert!(total >= least && least == least_budget(&figs, true));
-                let runs = plan(&s, &figs, total, true, &none).unwrap_or_else(|e| {
+                let runs = plan(&s, &figs, total, true, &to).unwrap_or_else(|e| {
                     panic!("study {}: {e}", s.id);
                 });
                 assert_eq!(runs.len(), figs.len());
@@ -951,13 +1005,13 @@ mod tests {
     /// ping-pongs took long ones, and the study ran well past its budget.
     #[test]
     fn a_plan_stays_within_its_budget_and_gives_every_point_its_least() {
-        let none = |_: &Figure| Vec::new();
+        let to = testbed_destination();
         for s in all().expect("studies") {
             let figs: Vec<&Figure> = s.figures.iter().collect();
             for quick in [false, true] {
                 let least = least_budget(&figs, quick);
                 for budget in [least, least * 2, Duration::from_secs(30 * 60)] {
-                    let runs = plan(&s, &figs, budget, quick, &none).expect("plan");
+                    let runs = plan(&s, &figs, budget, quick, &to).expect("plan");
                     let total_ms: u64 = runs.iter().map(|r| r.time_ms).sum();
                     assert!(
                         total_ms <= budget.as_millis() as u64,
@@ -970,7 +1024,7 @@ mod tests {
                     }
                 }
                 let short = least - Duration::from_secs(1);
-                assert!(plan(&s, &figs, short, quick, &none).is_err());
+                assert!(plan(&s, &figs, short, quick, &to).is_err());
             }
         }
     }

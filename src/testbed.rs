@@ -63,7 +63,9 @@
 //! qdisc whose bucket is [`shaper_bucket_bytes`] (two GSO packets and
 //! their headers, or 840 µs of a faster rate: the smallest that held every
 //! rate here without the shaper's timer costing more CPU than the stacks
-//! it carries) and whose queue is [`TBF_LATENCY_MS`] long.
+//! it carries; on a link slower than 1 Gbit/s 1.1 ms of its rate or two
+//! frames, so the bucket is not most of a short trial) and whose queue is
+//! [`TBF_LATENCY_MS`] long.
 //!
 //! Multipath TCP: on a mesh or switch with several links per host pair,
 //! every host has an MPTCP endpoint (`signal`) for each of its link

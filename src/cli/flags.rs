@@ -580,25 +580,12 @@ fn parse_hosts(s: &str) -> Result<HostsArg, String> {
 }
 
 fn parse_mode(s: &str) -> Result<Mode, String> {
-    match s.trim() {
-        "event" => Ok(Mode::Event),
-        "poll" => Ok(Mode::Poll),
-        other => Err(format!("unknown mode {other:?}; use event or poll")),
-    }
+    let name = s.trim();
+    Mode::by_name(name).ok_or_else(|| format!("unknown mode {name:?}; use event or poll"))
 }
 
 fn parse_counts(s: &str) -> Result<CountList, String> {
-    let mut out = Vec::new();
-    for part in s.split(',').map(str::trim).filter(|x| !x.is_empty()) {
-        out.push(
-            part.parse::<u32>()
-                .map_err(|_| format!("{part:?} is not a count"))?,
-        );
-    }
-    if out.is_empty() {
-        return Err("no count given".into());
-    }
-    Ok(CountList(out))
+    netgap::plan::parse_counts(s).map(CountList)
 }
 
 /// Two comma-separated items, as `A,B`.
@@ -632,20 +619,5 @@ fn parse_ci_reps(s: &str) -> Result<(u32, u32), String> {
 }
 
 fn parse_pin(s: &str) -> Result<Pin, String> {
-    let cpu = |c: &str| {
-        c.trim()
-            .parse::<u32>()
-            .map_err(|_| format!("{c:?} is not a CPU number"))
-    };
-    match s.split(',').collect::<Vec<_>>().as_slice() {
-        [c, s] => Ok(Pin {
-            client_cpu: cpu(c)?,
-            server_cpu: cpu(s)?,
-        }),
-        [c] => Ok(Pin {
-            client_cpu: cpu(c)?,
-            server_cpu: cpu(c)?,
-        }),
-        _ => Err("expected CLIENT_CPU,SERVER_CPU such as 0,1".into()),
-    }
+    Pin::parse(s)
 }

@@ -1,15 +1,15 @@
 //! `netgap study`: the glue that measures a study's figures. The library
-//! (`netgap::study`) turns each figure into the command lines of `netgap
-//! run`, `sweep` or `logp`; here they are parsed with the commands' own
-//! flags and measured by the same functions as those commands, into one
-//! results file, and the report is written from it.
+//! (`netgap::study`) turns each figure into typed runs of `netgap run`,
+//! `sweep` or `logp`; here each run's request is measured by the same
+//! function as the command's own, into one results file, whose records
+//! are read back typed for the report.
 
-use super::Cli;
-use super::Command;
 use anyhow::{anyhow, Context, Result};
-use clap::Parser;
+use netgap::cluster::HostsArg;
+use netgap::record::ResultRecord;
+use netgap::report::load::LoadError;
 use netgap::report::study::{Outcome, StudyRun};
-use netgap::study::{self, data::Study, FigureRun, HostsOffer};
+use netgap::study::{self, data::Study, Destination, FigureRun, HostsOffer, Request};
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -137,18 +137,17 @@ pub fn run(args: &StudyArgs) -> Result<()> {
         .context("--hosts")?;
     let json = args.out.join(results_name(&args.id));
     let html = args.out.join(report_name(&args.id));
-    let hosts_text = args.hosts.clone().unwrap_or_else(|| {
-        format!(
-            "@{}",
-            netgap::cluster::state_dir(TESTBED_NAME)
-                .join("hosts.json")
-                .display()
-        )
-    });
+    let to = Destination {
+        hosts: hosts_arg.clone().unwrap_or_else(|| HostsArg::File {
+            path: netgap::cluster::state_dir(TESTBED_NAME).join("hosts.json"),
+            testbed: false,
+        }),
+        json: json.clone(),
+    };
 
     // Everything is checked before anything runs: the figures the hosts
-    // can make, the budget, and every command line against the commands'
-    // own flags.
+    // can make and the budget (each figure's flags against its command's
+    // were checked when its study was read).
     let mut prepared = Vec::new();
     for s in studies {
         let offer = offer.clone().unwrap_or_else(|| HostsOffer::testbed(&s));
@@ -175,21 +174,8 @@ pub fn run(args: &StudyArgs) -> Result<()> {
             }
             .into());
         }
-        let extra = |f: &study::data::Figure| study::common_args(&s.id, f, &hosts_text, &json);
         let budget = study::Budget::of(args.budget, args.quick, &chosen);
-        let runs = study::plan(&s, &chosen, budget.duration(), args.quick, &extra)?;
-        for r in &runs {
-            for argv in &r.argv {
-                parse(argv).with_context(|| {
-                    format!(
-                        "study {} figure {}: netgap {}",
-                        s.id,
-                        r.figure,
-                        argv.join(" ")
-                    )
-                })?;
-            }
-        }
+        let runs = study::plan(&s, &chosen, budget.duration(), args.quick, &to)?;
         prepared.push(Prepared {
             study: s,
             budget,
@@ -258,8 +244,8 @@ pub fn run(args: &StudyArgs) -> Result<()> {
                 }
             }
             let t0 = std::time::Instant::now();
-            for argv in &r.argv {
-                if let Err(e) = measure(argv, &out.json, &json) {
+            for run in &r.runs {
+                if let Err(e) = measure(&run.request(), &out.json, &json) {
                     let line = crate::one_line(&e);
                     eprintln!(
                         "netgap: study {} figure {}: failed: {}",
@@ -269,7 +255,7 @@ pub fn run(args: &StudyArgs) -> Result<()> {
                     );
                     outcome = Outcome::Failed(line);
                     failed += 1;
-                    wait_for_agents(&hosts_text);
+                    wait_for_agents(&to.hosts);
                     break;
                 }
             }
@@ -305,8 +291,10 @@ pub fn run(args: &StudyArgs) -> Result<()> {
         .collect();
     {
         use std::io::Write;
+        let report = netgap::report::study::render_records(&runs, &records)
+            .with_context(|| format!("rendering the report of {}", json.display()))?;
         (&out.html)
-            .write_all(netgap::report::study::render(&runs, &records).as_bytes())
+            .write_all(report.as_bytes())
             .with_context(|| format!("writing {}", html.display()))?;
     }
     println!("results: {}", json.display());
@@ -419,10 +407,8 @@ const AGENTS_FREE_WITHIN: Duration = Duration::from_secs(20);
 /// After a failed figure, waits (up to [`AGENTS_FREE_WITHIN`]) until every
 /// agent of the hosts file takes a session again, so the failure's roles,
 /// still winding down on an agent, do not fail the next figure too.
-fn wait_for_agents(hosts: &str) {
-    let Ok(netgap::cluster::HostsSource::File(file)) =
-        netgap::cluster::HostsArg::parse(hosts).and_then(|a| a.load())
-    else {
+fn wait_for_agents(hosts: &HostsArg) {
+    let Ok(netgap::cluster::HostsSource::File(file)) = hosts.load() else {
         return;
     };
     let t0 = std::time::Instant::now();
@@ -512,42 +498,23 @@ fn testbed_args(study: &Study, forwarding: Option<&str>) -> netgap::testbed::UpA
     }
 }
 
-/// A figure's command line, parsed with netgap's own flags.
-fn parse(argv: &[String]) -> Result<Command> {
-    let cli =
-        Cli::try_parse_from(std::iter::once("netgap".to_string()).chain(argv.iter().cloned()))
-            .map_err(|e| {
-                anyhow!(e
-                    .to_string()
-                    .lines()
-                    .map(str::trim)
-                    .take_while(|l| !l.is_empty() && !l.starts_with("Usage:"))
-                    .collect::<Vec<_>>()
-                    .join(" "))
-            })?;
-    cli.command
-        .ok_or_else(|| anyhow!("a figure's command line names no command"))
-}
-
-/// Measures one command line through the command's own function, on a
+/// Measures one run of a figure through its command's own function, on a
 /// thread of its own: a run across testbed hosts moves its thread into the
 /// client host's network namespace, and the next figure, the next
 /// testbed's `ip` commands and the teardown must start from this one's.
 /// Its records go into `results` (held open since the study made it;
 /// `path` names it), not into a file opened again by its `--json` path.
-fn measure(argv: &[String], results: &File, path: &Path) -> Result<()> {
-    let command = parse(argv)?;
+fn measure(request: &Request, results: &File, path: &Path) -> Result<()> {
     let results = crate::Results::Held {
         file: results,
         path,
     };
     std::thread::scope(|scope| {
         scope
-            .spawn(move || match command {
-                Command::Run(flags) => crate::run(&flags, results),
-                Command::Sweep(flags) => crate::sweep(&flags, results),
-                Command::Logp(flags) => crate::logp(&flags, results),
-                _ => Err(anyhow!("a figure runs run, sweep or logp")),
+            .spawn(move || match request {
+                Request::Run { request, mpi } => crate::run(request, mpi, results),
+                Request::Sweep(request) => crate::sweep(request, results),
+                Request::Logp(request) => crate::logp(request, results),
             })
             .join()
             .unwrap_or_else(|_| Err(anyhow!("the figure's run panicked")))
@@ -555,8 +522,9 @@ fn measure(argv: &[String], results: &File, path: &Path) -> Result<()> {
 }
 
 /// The records of the results file `file` (named `path`), read through its
-/// descriptor from the start.
-fn read_records(file: &File, path: &Path) -> Result<Vec<serde_json::Value>> {
+/// descriptor from the start, typed; a line that is no record is refused
+/// in one line naming its number in the file.
+fn read_records(file: &File, path: &Path) -> Result<Vec<ResultRecord>> {
     use std::io::{Read, Seek};
     let cap = netgap::files::Cap::RESULTS;
     let reading = || format!("reading {}", path.display());
@@ -575,12 +543,21 @@ fn read_records(file: &File, path: &Path) -> Result<Vec<serde_json::Value>> {
         ));
     }
     let text = String::from_utf8(bytes).with_context(|| format!("{}: not text", path.display()))?;
+    records_of(&text, path).map_err(Into::into)
+}
+
+/// The records of `text`, the results file `path`'s lines; blank lines
+/// are skipped.
+fn records_of(text: &str, path: &Path) -> Result<Vec<ResultRecord>, LoadError> {
     text.lines()
-        .filter(|l| !l.trim().is_empty())
         .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
         .map(|(i, l)| {
-            serde_json::from_str(l)
-                .with_context(|| format!("{}:{}: not a record", path.display(), i + 1))
+            serde_json::from_str(l).map_err(|e| LoadError::BadLine {
+                path: path.to_path_buf(),
+                line: i + 1,
+                message: e.to_string(),
+            })
         })
         .collect()
 }
@@ -588,6 +565,189 @@ fn read_records(file: &File, path: &Path) -> Result<Vec<serde_json::Value>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cli::{Cli, Command};
+    use clap::Parser;
+
+    /// The words a shell reads from `line`, a line `--plan` prints: only
+    /// the quoting [`study::shell_word`] writes (single quotes, `'\''`
+    /// for a quote) is undone.
+    fn shell_words(line: &str) -> Vec<String> {
+        let mut words = Vec::new();
+        let (mut word, mut quoted, mut any) = (String::new(), false, false);
+        for c in line.chars() {
+            match c {
+                '\'' => {
+                    quoted = !quoted;
+                    any = true;
+                }
+                '\\' if !quoted => {}
+                ' ' if !quoted => {
+                    if any || !word.is_empty() {
+                        words.push(std::mem::take(&mut word));
+                    }
+                    any = false;
+                }
+                c => word.push(c),
+            }
+        }
+        if any || !word.is_empty() {
+            words.push(word);
+        }
+        words
+    }
+
+    /// What `line`, parsed with netgap's own flags, asks its command for.
+    fn parsed(line: &str) -> Request {
+        let cli = Cli::try_parse_from(shell_words(line)).unwrap_or_else(|e| panic!("{line}: {e}"));
+        match cli.command {
+            Some(Command::Run(f)) => Request::Run {
+                request: f.request(),
+                mpi: f.mpi.options(),
+            },
+            Some(Command::Sweep(f)) => Request::Sweep(f.request()),
+            Some(Command::Logp(f)) => Request::Logp(f.request()),
+            other => panic!("{line}: {other:?}"),
+        }
+    }
+
+    /// Every run `study`'s plan prints, with and without `--quick`, parsed
+    /// by clap, is the request the study measures: the line a user pastes
+    /// measures what the study measured. The runs, for a caller's checks.
+    fn printed_runs_parse_into_their_requests(
+        s: &Study,
+        to: &Destination,
+    ) -> Vec<study::Invocation> {
+        let figs: Vec<&study::data::Figure> = s.figures.iter().collect();
+        let mut all = Vec::new();
+        for quick in [false, true] {
+            let budget =
+                study::Budget::Given(study::least_budget(&figs, quick).max(study::DEFAULT_BUDGET));
+            let runs = study::plan(s, &figs, budget.duration(), quick, to)
+                .unwrap_or_else(|e| panic!("study {}: {e}", s.id));
+            let text = study::plan_text(s, &budget, "here", &runs, &[]);
+            let lines: Vec<&str> = text
+                .lines()
+                .filter_map(|l| l.strip_prefix("    netgap "))
+                .collect();
+            let planned: Vec<&study::Invocation> = runs.iter().flat_map(|r| &r.runs).collect();
+            assert_eq!(lines.len(), planned.len(), "{text}");
+            for (line, run) in lines.iter().zip(planned) {
+                let line = format!("netgap {line}");
+                assert_eq!(parsed(&line), run.request(), "{line}");
+                all.push(run.clone());
+            }
+        }
+        all
+    }
+
+    /// The guard that a study's typed runs and the command lines `--plan`
+    /// prints for them never drift apart: every study's every run, on its
+    /// own testbed and on hosts given as `--hosts` is, read back by clap.
+    #[test]
+    fn every_planned_run_parsed_by_clap_is_the_request_the_study_measures() {
+        for s in study::all().expect("studies") {
+            for hosts in ["@/run/netgap/study/hosts.json", "@testbed", "@slurm:7200"] {
+                let to = Destination {
+                    hosts: HostsArg::parse(hosts).expect("hosts"),
+                    json: PathBuf::from("./out dir/netgap-study-all.jsonl"),
+                };
+                printed_runs_parse_into_their_requests(&s, &to);
+            }
+        }
+    }
+
+    /// Every flag a figure may give, in every command that takes it,
+    /// reads back through clap as the study typed it.
+    #[test]
+    fn every_flag_a_figure_gives_parses_by_clap_as_the_study_typed_it() {
+        let figure = |id: &str, body: &str| {
+            format!(
+                "[[figure]]\nid = \"{id}\"\ncaption = \"c\"\ny = \"value\"\nseries = [\"transport\"]\n\
+                 hosts = 2\npaper = \"p\"\nhere = \"h\"\n{body}\n"
+            )
+        };
+        let text = [
+            "id = \"009\"\n[citation]\nauthors = [\"A\"]\ntitle = \"T\"\nvenue = \"V\"\n\
+             [method]\nreps = 10\ndrop_each_side = 1\ntext = \"t\"\n\
+             [testbed]\nhosts = 4\ntopology = \"switch\"\nlinks = 2\ntext = \"t\"\n"
+                .to_string(),
+            figure(
+                "p2p",
+                "tests = [\"pingpong\", \"stream\"]\ntransports = [\"tcp\", \"unix\"]\n\
+                 modes = [\"event\", \"poll\"]\nx = \"size\"\nsizes = \"1..4K\"\n\
+                 quick_sizes = \"1,1K\"\n\
+                 conditions = [\"mtu=1500,9000\", \"delay=0,250us\", \"loss=0,0.1%\", \"rate=1G\"]\n\
+                 flags = [\"--sndbuf=512K\", \"--no-nodelay\", \"--busy-poll\", \"50\", \
+                 \"--congestion\", \"bbr\", \"--pin\", \"0,1\", \"--warmup\", \"10\", \
+                 \"--timeout\", \"3s\", \"--verify\", \"--align\", \"64\", \"--offset\", \"8\", \
+                 \"--interleave\"]\n\
+                 variants = [[], [\"--quickack\", \"--rcvbuf\", \"1M\"]]",
+            ),
+            figure(
+                "web",
+                "tests = [\"web\"]\nx = \"clients\"\nclients = [3, 6, 9]\n\
+                 flags = [\"--server\", \"nginx\", \"--trace\", \"zipf\", \"--alpha\", \"0.4,1.0\", \
+                 \"--connection-per-request\", \"--files\", \"72\"]\n\
+                 quick_flags = [\"--files\", \"8\", \"--alpha\", \"1.0\"]",
+            ),
+            figure(
+                "pio",
+                "tests = [\"pio\"]\nx = \"size\"\nflags = [\"--op\", \"read,write\"]\n\
+                 variants = [[\"--servers\", \"1\", \"--clients\", \"3\"], [\"--servers\", \"3\", \"--clients\", \"1\"]]",
+            ),
+            figure(
+                "rail",
+                "tests = [\"multirail\"]\nx = \"links\"\nlinks = [1, 2]\nflags = [\"--bidir\"]",
+            ),
+            figure(
+                "streams",
+                "tests = [\"multistream\"]\nx = \"streams\"\nflags = [\"-P\", \"1,4\"]",
+            ),
+            figure(
+                "mpi",
+                "tests = [\"mpi-latency\"]\nx = \"size\"\nflags = [\"--mpi-btl\", \"tcp\"]",
+            ),
+            figure(
+                "sweep",
+                "command = \"sweep\"\ntests = []\nx = \"size\"\nconditions = [\"offload=on,off\"]\n\
+                 flags = [\"--start\", \"1K\", \"--end\", \"1M\", \"--factor\", \"1.5\", \
+                 \"--stream\", \"--max-block-time\", \"500ms\", \"--interleave\", \"--quickack\"]\n\
+                 quick_flags = [\"--perturbation\", \"0\"]",
+            ),
+            figure("bare-sweep", "command = \"sweep\"\ntests = []\nx = \"size\""),
+            figure(
+                "logp",
+                "command = \"logp\"\ntests = []\nx = \"size\"\nsizes = \"1,1K\"\n\
+                 flags = [\"--pin\", \"0\", \"--warmup\", \"5\", \"--sndbuf\", \"64K\"]",
+            ),
+        ]
+        .concat();
+        let s = Study::parse("test", &text).expect("parses");
+        study::check_names(&s).expect("names");
+        study::check_flags(&s).expect("flags");
+        let to = Destination {
+            hosts: HostsArg::parse("@testbed").expect("hosts"),
+            json: PathBuf::from("r.jsonl"),
+        };
+        let runs = printed_runs_parse_into_their_requests(&s, &to);
+        // Each flag made it onto a line (a flag lost on both sides would
+        // read back the same).
+        let lines: Vec<String> = runs.iter().map(|r| r.argv().join(" ")).collect();
+        for flag in [
+            "--sndbuf 512K", "--no-nodelay", "--busy-poll 50", "--congestion bbr", "--pin 0,1",
+            "--warmup 10", "--timeout 3000ms", "--verify", "--align 64", "--offset 8",
+            "--interleave", "--quickack --rcvbuf 1M", "-s 1,2,4,8,16,32,64,128,256,512,1K,2K,4K",
+            "--mode event,poll", "--conditions mtu=1500,9000 delay=0us,250us loss=0%,0.1% rate=1000000000",
+            "--server nginx --trace zipf --alpha 0.4,1.0 --connection-per-request --files 72",
+            "--alpha 1.0 --connection-per-request --files 8", "--clients 3,6,9", "--clients 3,9",
+            "--servers 3 --clients 1", "--links 1,2", "--bidir", "-P 1,4", "--mpi-btl tcp",
+            "--start 1K --end 1M --factor 1.5 --stream --max-block-time 500ms --interleave --quickack --perturbation 0",
+            "--conditions offload=on,off", "--pin 0,0 --warmup 5 --sndbuf 64K", "--duration ",
+            "--trial-time ",
+        ] {
+            assert!(lines.iter().any(|l| l.contains(flag)), "{flag}: {lines:#?}");
+        }
+    }
 
     /// A study whose testbed is `topology` with `links` links.
     fn study_on(topology: &str, links: u32) -> Study {
@@ -621,6 +781,34 @@ here = "h"
 "#
         );
         Study::parse("test", &text).expect("parses")
+    }
+
+    /// A study reads its records back typed, and a line that is none is
+    /// refused in one line naming the file's own line number (blank lines
+    /// counted).
+    #[test]
+    fn records_read_back_typed_and_a_bad_line_is_named_in_one_line() {
+        let path = Path::new("/out/netgap-study-004.jsonl");
+        let record = ResultRecord::new(netgap::record::RecordHead {
+            test: "pingpong".into(),
+            transport: "tcp".into(),
+            mode: netgap::spec::Mode::Event,
+            size_bytes: 64,
+            metric: "latency_us".into(),
+            value: 12.5,
+            time: "2024-01-01T00:00:00Z".into(),
+        });
+        let line = serde_json::to_string(&record).expect("a record writes");
+        let read = records_of(&format!("{line}\n\n{line}\n"), path).expect("two records");
+        assert_eq!(read, [record.clone(), record]);
+        let e = records_of(&format!("{line}\n\n{{\"test\": 3}}\n"), path)
+            .expect_err("not a record")
+            .to_string();
+        assert!(
+            e.starts_with("/out/netgap-study-004.jsonl:3: not a netgap result record: "),
+            "{e}"
+        );
+        assert!(!e.contains('\n'), "{e}");
     }
 
     #[test]

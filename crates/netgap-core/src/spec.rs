@@ -44,6 +44,11 @@ impl Mode {
             Mode::Poll => "poll",
         }
     }
+
+    /// The mode named `name` as [`Mode::as_str`] names it.
+    pub fn by_name(name: &str) -> Option<Mode> {
+        Mode::ALL.into_iter().find(|m| m.as_str() == name)
+    }
 }
 
 impl fmt::Display for Mode {

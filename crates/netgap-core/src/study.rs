@@ -292,10 +292,13 @@ pub enum XAxis {
     Hosts,
     /// Parallel I/O: servers and clients (1S/3C, 3S/1C).
     Shape,
+    /// Sweep: each block's transmission time, microseconds (NetPIPE's
+    /// signature graph: throughput against the time a block took).
+    BlockTime,
 }
 
 impl XAxis {
-    const ALL: [(&'static str, XAxis); 9] = [
+    const ALL: [(&'static str, XAxis); 10] = [
         ("size", XAxis::Size),
         ("clients", XAxis::Clients),
         ("streams", XAxis::Streams),
@@ -305,6 +308,7 @@ impl XAxis {
         ("unit_bytes", XAxis::UnitBytes),
         ("hosts", XAxis::Hosts),
         ("shape", XAxis::Shape),
+        ("block_time", XAxis::BlockTime),
     ];
 
     /// The axis's title in a plot.
@@ -319,6 +323,7 @@ impl XAxis {
             XAxis::UnitBytes => "unit of work (bytes)",
             XAxis::Hosts => "hosts",
             XAxis::Shape => "servers/clients",
+            XAxis::BlockTime => "block time (µs)",
         }
     }
 
@@ -361,10 +366,15 @@ pub enum Attr {
     Options,
     /// The record's metric (LogP's overheads, gap and latency).
     Metric,
+    /// The path's link rate, as the rate flags write it (`10M`, `1G`):
+    /// one series per `rate=` condition.
+    Rate,
+    /// Links used at once (`--links`), when a figure plots another x.
+    Links,
 }
 
 impl Attr {
-    const ALL: [(&'static str, Attr); 14] = [
+    const ALL: [(&'static str, Attr); 16] = [
         ("test", Attr::Test),
         ("transport", Attr::Transport),
         ("mode", Attr::Mode),
@@ -379,6 +389,8 @@ impl Attr {
         ("kind", Attr::Kind),
         ("options", Attr::Options),
         ("metric", Attr::Metric),
+        ("rate", Attr::Rate),
+        ("links", Attr::Links),
     ];
 
     /// Its name in a study file and in a series' label.
@@ -445,8 +457,9 @@ pub struct Figure {
     /// What stands in for it here.
     pub here: String,
     /// The counts along its clients, streams or links axis that a claim
-    /// reads ([`Claim::x_values`]): a `--quick` run, which keeps only the
-    /// ends of such an axis, keeps these too, so no claim loses its point.
+    /// reads ([`Claim::x_values`], or a link count its series name,
+    /// `links = "2"`): a `--quick` run, which keeps only the ends of such
+    /// an axis, keeps these too, so no claim loses its point.
     pub claim_counts: Vec<u32>,
 }
 
@@ -501,6 +514,10 @@ impl Figure {
             Attr::Op => self.flag_values("--op"),
             Attr::Pattern => self.flag_values("--pattern"),
             Attr::Responder => self.flag_values("--responder"),
+            Attr::Rate => condition("rate"),
+            Attr::Links => {
+                (!self.links.is_empty()).then(|| self.links.iter().map(u32::to_string).collect())
+            }
             _ => None,
         }
     }
@@ -558,7 +575,7 @@ impl Figure {
                 .iter()
                 .map(|a| a.parse::<f64>().ok())
                 .collect(),
-            XAxis::Hosts | XAxis::Shape => None,
+            XAxis::Hosts | XAxis::Shape | XAxis::BlockTime => None,
         }
     }
 }
@@ -653,6 +670,11 @@ pub enum ClaimTest {
         b: Selector,
         /// Where.
         at: At,
+        /// What both series are read in instead of the figure's y: an
+        /// application metric (`connect_time_us`) or a field of the record
+        /// by its path (`cpu.local.process_percent`, the CPU a bandwidth
+        /// figure shows beside it).
+        metric: Option<String>,
         /// What holds.
         expect: Expect,
     },
@@ -739,6 +761,11 @@ pub enum ClaimTest {
     Falls {
         /// The series.
         series: Selector,
+        /// What falls instead of the figure's y, read along the records'
+        /// message size whatever the figure's x: on NetPIPE's signature
+        /// graph (x the block time) a larger block that took less time
+        /// than the one before is a fall of `block_time_us` along size.
+        metric: Option<String>,
         /// What the count must be.
         expect: Expect,
     },
@@ -983,13 +1010,22 @@ impl RawStudy {
             claims.push(claim);
         }
         for fig in &mut figures {
-            let mut counts: Vec<u32> = claims
-                .iter()
-                .filter(|c| c.from.contains(&fig.id))
+            let mine = || claims.iter().filter(|c| c.from.contains(&fig.id));
+            let mut counts: Vec<u32> = mine()
                 .flat_map(Claim::x_values)
                 .filter(|x| x.fract() == 0.0 && *x >= 1.0 && *x <= f64::from(u32::MAX))
                 .map(|x| x as u32)
                 .collect();
+            // A figure plotted against size names its link counts in its
+            // series (`links = "2"`): those are kept as an x would be.
+            counts.extend(mine().flat_map(|c| {
+                c.selectors()
+                    .into_iter()
+                    .flat_map(|(_, sel)| sel.0.iter())
+                    .filter(|(a, _)| *a == Attr::Links)
+                    .filter_map(|(_, v)| v.parse::<u32>().ok())
+                    .collect::<Vec<_>>()
+            }));
             counts.sort_unstable();
             counts.dedup();
             fig.claim_counts = counts;
@@ -1276,7 +1312,7 @@ impl RawClaim {
             )
         };
         let takes: &[&str] = match self.kind.as_str() {
-            "ratio" => &["a", "b", "at", "above", "below", "tolerance_pct"],
+            "ratio" => &["a", "b", "at", "metric", "above", "below", "tolerance_pct"],
             "trend" => &[
                 "series",
                 "from_x",
@@ -1297,7 +1333,7 @@ impl RawClaim {
             "value" => &["series", "at", "metric", "above", "below"],
             "ratio_change" => &["a", "b", "at", "vs_at", "above", "below", "tolerance_pct"],
             "knee" => &["series", "at", "above", "below"],
-            "falls" => &["series", "above", "below"],
+            "falls" => &["series", "metric", "above", "below"],
             "dropouts" => &["a", "b"],
             "unmeasurable" => &["why"],
             k => return Err(unknown(k)),
@@ -1318,6 +1354,7 @@ impl RawClaim {
                 a: selector("a", &text, self.a.clone())?,
                 b: selector("b", &text, self.b.clone())?,
                 at: self.at()?,
+                metric: self.metric.clone(),
                 expect: self.expect_or_band()?,
             },
             "trend" => ClaimTest::Trend {
@@ -1364,6 +1401,7 @@ impl RawClaim {
             },
             "falls" => ClaimTest::Falls {
                 series: selector("series", &text, self.series.clone())?,
+                metric: self.metric.clone(),
                 expect: self.expect()?,
             },
             "dropouts" => ClaimTest::Dropouts {
@@ -1504,7 +1542,7 @@ below = 1.0
     #[test]
     fn every_rule_kind_parses_with_its_keys() {
         type Case = (&'static str, fn(&ClaimTest) -> bool);
-        let cases: [Case; 5] = [
+        let cases: [Case; 7] = [
             (
                 "kind = \"ratio_change\"\na = { transport = \"tcp\" }\nb = { transport = \"udp\" }\nat = \"smallest\"\nvs_at = \"largest\"\nabove = 1.0",
                 |t: &ClaimTest| matches!(t, ClaimTest::RatioChange { at: At::Smallest, vs: At::Largest, .. }),
@@ -1523,7 +1561,15 @@ below = 1.0
             ),
             (
                 "kind = \"falls\"\nseries = { transport = \"tcp\" }\nabove = 0.5",
-                |t: &ClaimTest| matches!(t, ClaimTest::Falls { .. }),
+                |t: &ClaimTest| matches!(t, ClaimTest::Falls { metric: None, .. }),
+            ),
+            (
+                "kind = \"falls\"\nseries = { transport = \"tcp\" }\nmetric = \"block_time_us\"\nabove = 0.5",
+                |t: &ClaimTest| matches!(t, ClaimTest::Falls { metric: Some(m), .. } if m == "block_time_us"),
+            ),
+            (
+                "kind = \"ratio\"\na = { transport = \"tcp\" }\nb = { transport = \"udp\" }\nat = \"largest\"\nmetric = \"cpu.local.process_percent\"\nbelow = 1.0",
+                |t: &ClaimTest| matches!(t, ClaimTest::Ratio { metric: Some(m), .. } if m == "cpu.local.process_percent"),
             ),
         ];
         for (rule, ok) in cases {
@@ -1634,6 +1680,50 @@ below = 1.0
         assert!(Study::parse("x", MINIMAL).expect("parses").claims[0]
             .x_values()
             .is_empty());
+    }
+
+    /// A figure of rates (`rate=` conditions) and of links plotted against
+    /// size names them as series; a claim naming a link count keeps it in
+    /// a `--quick` run as it keeps an x it reads, and one naming a rate or
+    /// a link count the figure does not measure is refused.
+    #[test]
+    fn rates_and_link_counts_are_series_a_claim_can_name() {
+        let text = MINIMAL
+            .replace(
+                "tests = [\"pingpong\"]\n",
+                "tests = [\"multirail\"]\nsizes = \"1K,64K\"\nlinks = [1, 2, 3]\nconditions = [\"rate=10M,1G\"]\n",
+            )
+            .replace("series = [\"transport\"]", "series = [\"links\", \"rate\"]")
+            .replace(
+                "a = { transport = \"tcp\" }\nb = { transport = \"udp\" }",
+                "a = { links = \"2\", rate = \"1G\" }\nb = { links = \"1\", rate = \"1G\" }",
+            );
+        let s = Study::parse("x", &text).expect("parses");
+        let fig = &s.figures[0];
+        assert_eq!(
+            fig.values_of(Attr::Rate),
+            Some(vec!["10M".to_string(), "1G".to_string()])
+        );
+        assert_eq!(
+            fig.values_of(Attr::Links),
+            Some(vec!["1".to_string(), "2".to_string(), "3".to_string()])
+        );
+        assert!(fig.claim_counts.contains(&2), "{:?}", fig.claim_counts);
+        for (from, to, needle) in [
+            (
+                "links = \"2\", rate",
+                "links = \"4\", rate",
+                "links \"4\" is not a value",
+            ),
+            (
+                "rate = \"1G\" }\nb",
+                "rate = \"100M\" }\nb",
+                "rate \"100M\" is not a value",
+            ),
+        ] {
+            let e = Study::parse("x", &text.replace(from, to)).expect_err(needle);
+            assert!(e.to_string().contains(needle), "{e}");
+        }
     }
 
     #[test]

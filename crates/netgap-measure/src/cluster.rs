@@ -369,6 +369,34 @@ pub enum HostsArg {
     Addrs(Vec<ControlAddr>),
 }
 
+impl std::fmt::Display for HostsArg {
+    /// The `--hosts` argument [`HostsArg::parse`] reads back as this one:
+    /// `@testbed`, `@slurm[:PORT]`, `@hostfile:FILE:PORT`, `@FILE` (a
+    /// relative file named like one of the others gets `./`) or the agents'
+    /// addresses.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HostsArg::Slurm { port } if *port == DEFAULT_AGENT_PORT => f.write_str("@slurm"),
+            HostsArg::Slurm { port } => write!(f, "@slurm:{port}"),
+            HostsArg::Hostfile { path, port } => {
+                write!(f, "@hostfile:{}:{port}", path.display())
+            }
+            HostsArg::File { testbed: true, .. } => f.write_str("@testbed"),
+            HostsArg::File { path, .. } => {
+                let text = path.display().to_string();
+                let taken = matches!(text.as_str(), "testbed" | "slurm")
+                    || text.starts_with("slurm:")
+                    || text.starts_with("hostfile:");
+                write!(f, "@{}{text}", if taken { "./" } else { "" })
+            }
+            HostsArg::Addrs(addrs) => {
+                let list: Vec<String> = addrs.iter().map(ToString::to_string).collect();
+                f.write_str(&list.join(","))
+            }
+        }
+    }
+}
+
 /// The agents' control port when `--hosts` names none.
 pub const DEFAULT_AGENT_PORT: u16 = 7100;
 
@@ -622,6 +650,35 @@ impl HostEntry {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_hosts_argument_reads_back_from_its_text() {
+        for text in [
+            "@testbed",
+            "@slurm",
+            "@slurm:7200",
+            "@hostfile:/etc/hosts.mpi:7100",
+            "@hostfile:hosts:7300",
+            "@/run/netgap/study/hosts.json",
+            "@./hosts.json",
+            "@./slurm",
+            "@./hostfile:x",
+            "127.0.0.1:7100,[::1]:7101,unix:/tmp/a.sock",
+        ] {
+            let arg = HostsArg::parse(text).expect("parses");
+            assert_eq!(arg.to_string(), text);
+            assert_eq!(HostsArg::parse(&arg.to_string()).expect("reads back"), arg);
+        }
+        // What the default fills in is written out.
+        assert_eq!(
+            HostsArg::parse("10.0.0.1").expect("parses").to_string(),
+            "10.0.0.1:7100"
+        );
+        assert_eq!(
+            HostsArg::parse("@hostfile:h").expect("parses").to_string(),
+            "@hostfile:h:7100"
+        );
+    }
 
     fn sample() -> HostsFile {
         HostsFile {

@@ -31,7 +31,7 @@ pub const MAX_DELAY_US: u64 = 10_000_000;
 pub const LOSS_PPM_ALL: u32 = 1_000_000;
 /// Most conditions one run may alternate between.
 pub const MAX_CONDITIONS: usize = 64;
-/// The rate limiter's smallest bucket, in bytes: two 64 KiB GSO packets
+/// The rate limiter's bucket at 1 Gbit/s, in bytes: two 64 KiB GSO packets
 /// and their headers. With one (65,664 bytes) the rate held on a quiet
 /// machine, but the shaper waited for its timer before nearly every
 /// packet, and that cost the machine more than the stacks it carried: a
@@ -41,7 +41,17 @@ pub const MAX_CONDITIONS: usize = 64;
 /// two (BENCHMARKS.md, "Shaper: the bucket per rate"). A larger bucket lets
 /// more through at memory speed after an idle moment, which the path's
 /// physics counts (`PathIdentity::bucket_bytes`).
-pub const SHAPER_BUCKET_MIN_BYTES: u64 = 2 * (65_536 + 128);
+pub const SHAPER_GSO_BUCKET_BYTES: u64 = 2 * (65_536 + 128);
+
+/// The longest the GSO bucket may last at a link's rate, in microseconds
+/// (two GSO packets last 1,051 µs at 1 Gbit/s). On a slower link two GSO
+/// packets would be most of what a short trial moves: 10.5 ms of a
+/// 100 Mbit/s link and 105 ms of a 10 Mbit/s one, so a NetPIPE block that
+/// fit the bucket crossed a "10 Mbit/s" link at 2.3 Gbit/s after every
+/// switch of the links. There the shaper's timer is cheap (a few hundred
+/// wakes a second), and TBF cuts a GSO packet larger than its bucket into
+/// the link's frames, so the bucket is what this lasts, or two frames.
+pub const SHAPER_GSO_HOLD_MAX_US: u64 = 1_100;
 
 /// How long the rate limiter's bucket holds its link busy at its rate, at
 /// least, in microseconds: a timer that fires later than the bucket lasts
@@ -53,15 +63,18 @@ pub const SHAPER_BUCKET_MIN_BYTES: u64 = 2 * (65_536 + 128);
 pub const SHAPER_HOLD_US: u64 = 840;
 
 /// The rate limiter's bucket for links of `mtu_bytes` shaped to
-/// `rate_bps`, in bytes: [`SHAPER_BUCKET_MIN_BYTES`], at least two frames
-/// of the link's MTU (the largest MTUs a testbed takes need more), and at
-/// least [`SHAPER_HOLD_US`] of the rate (the faster links).
+/// `rate_bps`, in bytes: [`SHAPER_GSO_BUCKET_BYTES`] or
+/// [`SHAPER_GSO_HOLD_MAX_US`] of the rate, whichever is less (slow links),
+/// at least two frames of the link's MTU, and at least [`SHAPER_HOLD_US`]
+/// of the rate (the faster links).
 pub fn shaper_bucket_bytes(mtu_bytes: u32, rate_bps: u64) -> u64 {
-    let hold = u64::try_from(u128::from(rate_bps) / 8 * u128::from(SHAPER_HOLD_US) / 1_000_000)
-        .unwrap_or(u64::MAX);
-    SHAPER_BUCKET_MIN_BYTES
+    let at_rate = |us: u64| {
+        u64::try_from(u128::from(rate_bps) / 8 * u128::from(us) / 1_000_000).unwrap_or(u64::MAX)
+    };
+    SHAPER_GSO_BUCKET_BYTES
+        .min(at_rate(SHAPER_GSO_HOLD_MAX_US))
         .max(2 * (u64::from(mtu_bytes) + 14))
-        .max(hold)
+        .max(at_rate(SHAPER_HOLD_US))
 }
 
 /// What drops the added loss of a testbed's links.
@@ -621,6 +634,26 @@ impl ConditionAxis {
     }
 }
 
+impl fmt::Display for ConditionAxis {
+    /// `KEY=V1,V2,...`, as [`ConditionAxis::parse`] reads it back: each
+    /// value sets this key alone, so its [`Condition`]'s own text is
+    /// `KEY=VALUE`, and the values follow one `KEY=`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let prefix = format!("{}=", self.key);
+        let values: Vec<String> = self
+            .values
+            .iter()
+            .map(|c| {
+                let text = c.to_string();
+                text.strip_prefix(&prefix)
+                    .map(str::to_string)
+                    .unwrap_or(text)
+            })
+            .collect();
+        write!(f, "{prefix}{}", values.join(","))
+    }
+}
+
 /// The cross product of the axes, the first axis varying slowest:
 /// `mtu=1500,9000 offload=on,off` gives (1500, on), (1500, off), (9000,
 /// on), (9000, off). No axes give no conditions.
@@ -752,6 +785,23 @@ mod tests {
     }
 
     #[test]
+    fn an_axis_reads_back_from_its_text() {
+        for text in [
+            "mtu=1500,9000",
+            "offload=on,off",
+            "rate=1G,none",
+            "rate=2500000",
+            "delay=0,250us,5ms",
+            "loss=0,0.1%,1%",
+        ] {
+            let a = axis(text);
+            assert_eq!(axis(&a.to_string()), a, "{text} as {a}");
+        }
+        assert_eq!(axis("offload=on,off").to_string(), "offload=on,off");
+        assert_eq!(axis("mtu= 1500 ,9000").to_string(), "mtu=1500,9000");
+    }
+
+    #[test]
     fn axes_parse_each_key() {
         let a = axis("mtu=1500,9000");
         assert_eq!(a.key, "mtu");
@@ -871,18 +921,22 @@ mod tests {
     fn a_shaper_states_its_bucket_and_what_drops_the_loss() {
         assert_eq!(
             shaper_bucket_bytes(1500, 1_000_000_000),
-            SHAPER_BUCKET_MIN_BYTES
+            SHAPER_GSO_BUCKET_BYTES
         );
-        assert_eq!(
-            shaper_bucket_bytes(9000, 100_000_000),
-            SHAPER_BUCKET_MIN_BYTES
-        );
-        // Two frames of the largest MTU fit the smallest bucket; a slow
-        // link with a larger MTU would take two of its frames.
-        assert!(2 * (u64::from(MAX_MTU_BYTES) + 14) <= SHAPER_BUCKET_MIN_BYTES);
+        // A slow link's bucket lasts SHAPER_GSO_HOLD_MAX_US at its rate,
+        // or holds two frames: 13,750 bytes at 100 Mbit/s, two 1,514-byte
+        // frames at 10 Mbit/s (1,375 bytes would last 1.1 ms), two jumbo
+        // frames at 10 Mbit/s and MTU 9000.
+        assert_eq!(shaper_bucket_bytes(1500, 100_000_000), 13_750);
+        assert_eq!(shaper_bucket_bytes(9000, 100_000_000), 18_028);
+        assert_eq!(shaper_bucket_bytes(1500, 10_000_000), 3_028);
+        assert_eq!(shaper_bucket_bytes(9000, 10_000_000), 18_028);
+        // Two frames of the largest MTU fit the GSO bucket, which holds
+        // from about 1 Gbit/s up.
+        assert!(2 * (u64::from(MAX_MTU_BYTES) + 14) <= SHAPER_GSO_BUCKET_BYTES);
         assert_eq!(
             shaper_bucket_bytes(MAX_MTU_BYTES, 1_000_000_000),
-            SHAPER_BUCKET_MIN_BYTES
+            SHAPER_GSO_BUCKET_BYTES
         );
         // A fast link's bucket lasts SHAPER_HOLD_US at its rate.
         assert_eq!(shaper_bucket_bytes(1500, 10_000_000_000), 1_050_000);
@@ -898,11 +952,11 @@ mod tests {
         c.rate_bps = Some(1_000_000_000);
         let shaped = c.shaped_by(LossMechanism::Nftables);
         assert_eq!(shaped.qdisc(), "tbf");
-        assert_eq!(shaped.bucket_bytes, Some(SHAPER_BUCKET_MIN_BYTES));
+        assert_eq!(shaped.bucket_bytes, Some(SHAPER_GSO_BUCKET_BYTES));
         let mut path = PathIdentity::default();
         shaped.fill_path(&mut path, "mesh");
         assert_eq!(path.loss_by.as_deref(), Some("nftables"));
-        assert_eq!(path.bucket_bytes, Some(SHAPER_BUCKET_MIN_BYTES));
+        assert_eq!(path.bucket_bytes, Some(SHAPER_GSO_BUCKET_BYTES));
         assert_eq!(
             shaped.to_string(),
             "MTU 1500, offload as the kernel set it, rate 1000000000 bit/s, bucket 131328 B, loss 0.1% by nftables, qdisc tbf"

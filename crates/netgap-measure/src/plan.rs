@@ -141,6 +141,45 @@ pub struct Pin {
     pub server_cpu: u32,
 }
 
+impl Pin {
+    /// Parses `--pin`'s value: `CLIENT_CPU,SERVER_CPU`, or one CPU for
+    /// both; the command line and a study's figures alike.
+    pub fn parse(text: &str) -> Result<Pin, String> {
+        let cpu = |c: &str| {
+            c.trim()
+                .parse::<u32>()
+                .map_err(|_| format!("{c:?} is not a CPU number"))
+        };
+        match text.split(',').collect::<Vec<_>>().as_slice() {
+            [c, s] => Ok(Pin {
+                client_cpu: cpu(c)?,
+                server_cpu: cpu(s)?,
+            }),
+            [c] => Ok(Pin {
+                client_cpu: cpu(c)?,
+                server_cpu: cpu(c)?,
+            }),
+            _ => Err("expected CLIENT_CPU,SERVER_CPU such as 0,1".into()),
+        }
+    }
+}
+
+/// Parses a list of counts, `N[,N...]` (`--clients`, `-P`, `--links`);
+/// empty items are dropped, and at least one count is given.
+pub fn parse_counts(text: &str) -> Result<Vec<u32>, String> {
+    let mut out = Vec::new();
+    for part in text.split(',').map(str::trim).filter(|x| !x.is_empty()) {
+        out.push(
+            part.parse::<u32>()
+                .map_err(|_| format!("{part:?} is not a count"))?,
+        );
+    }
+    if out.is_empty() {
+        return Err("no count given".into());
+    }
+    Ok(out)
+}
+
 /// `--ci LEVEL,WIDTH`, unchecked.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct CiSpec {

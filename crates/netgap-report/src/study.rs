@@ -79,10 +79,13 @@ pub enum Verdict {
 /// paper's figure within the study file's tolerance ([`Size::band`]).
 #[derive(Debug, Clone, PartialEq)]
 pub enum SizeVerdict {
-    /// The interval overlaps the band around the paper's figure.
+    /// The whole interval lies inside the band around the paper's figure.
     Holds,
     /// The whole interval lies outside the band; where.
     DoesNotHold(String),
+    /// The interval reaches both into the band and past it: the
+    /// measurement is too loose to say; where it reaches.
+    Undecided(String),
     /// The measured figure has no interval to judge it by; where the value
     /// lies.
     NoInterval(String),
@@ -145,6 +148,10 @@ pub fn attr(rec: &Value, attr: Attr) -> Option<String> {
         Attr::Responder => app("responder"),
         Attr::Kind => field(rec, &["sweep_kind"]).and_then(text_of),
         Attr::Metric => field(rec, &["metric"]).and_then(text_of),
+        Attr::Rate => field(rec, &["stack", "path", "rate_bps"])
+            .and_then(Value::as_u64)
+            .map(netgap_core::units::rate_text),
+        Attr::Links => x_of(rec, XAxis::Links).map(|n| format!("{n:.0}")),
         Attr::Options => {
             let opts: Vec<String> = field(rec, &["stack", "options"])
                 .and_then(Value::as_array)
@@ -189,12 +196,25 @@ fn x_of(rec: &Value, x: XAxis) -> Option<f64> {
         XAxis::Alpha => num(&["app", "options", "alpha"]),
         XAxis::Hosts => num(&["app", "metrics", "hosts"]).or_else(|| num(&["clients"])),
         XAxis::Shape => num(&["app", "options", "servers"]),
+        XAxis::BlockTime => num(&["block_time_us"]),
+    }
+}
+
+/// Where a record's point comes along its series: its x, except on NetPIPE's
+/// signature graph (x the block time), whose line follows the sweep from
+/// block to block, so a larger block that took less time than the one
+/// before shows as the curve doubling back.
+fn order_of(rec: &Value, x: XAxis) -> Option<f64> {
+    match x {
+        XAxis::BlockTime => x_of(rec, XAxis::Size),
+        _ => x_of(rec, x),
     }
 }
 
 /// A record's value of `metric` with its interval: the headline when it is
-/// the record's metric (or `metric` is `value`), else a field of its own (a sweep's block time) or
-/// an application metric; `dropouts` counts a flagged dropout as 1.
+/// the record's metric (or `metric` is `value`), else a field of its own (a sweep's block time),
+/// a field by its path (`cpu.local.process_percent`) or an application
+/// metric; `dropouts` counts a flagged dropout as 1.
 fn y_of(rec: &Value, metric: &str) -> Option<(f64, Option<(f64, f64)>)> {
     if metric == "dropouts" {
         let has = field(rec, &["dropout"]).is_some_and(|d| !d.is_null());
@@ -218,6 +238,10 @@ fn y_of(rec: &Value, metric: &str) -> Option<(f64, Option<(f64, f64)>)> {
             _ => None,
         };
         return Some((t, ci));
+    }
+    if metric.contains('.') {
+        let path: Vec<&str> = metric.split('.').collect();
+        return field(rec, &path).and_then(Value::as_f64).map(|v| (v, None));
     }
     field(rec, &[metric])
         .and_then(Value::as_f64)
@@ -259,19 +283,22 @@ fn series_of(
     x: XAxis,
     metric: &str,
 ) -> BTreeMap<String, Vec<Point>> {
-    let mut out: BTreeMap<String, Vec<Point>> = BTreeMap::new();
+    let mut out: BTreeMap<String, Vec<(f64, Point)>> = BTreeMap::new();
     for r in recs {
-        let (Some(xv), Some((y, ci))) = (x_of(r, x), y_of(r, metric)) else {
+        let (Some(xv), Some(order), Some((y, ci))) = (x_of(r, x), order_of(r, x), y_of(r, metric))
+        else {
             continue;
         };
         out.entry(series_name(r, attrs))
             .or_default()
-            .push(Point { x: xv, y, ci });
+            .push((order, Point { x: xv, y, ci }));
     }
-    for pts in out.values_mut() {
-        pts.sort_by(|a, b| a.x.total_cmp(&b.x));
-    }
-    out
+    out.into_iter()
+        .map(|(name, mut pts)| {
+            pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+            (name, pts.into_iter().map(|(_, p)| p).collect())
+        })
+        .collect()
 }
 
 fn matches(rec: &Value, sel: &Selector) -> bool {
@@ -479,9 +506,11 @@ fn missed(expect: Expect) -> String {
     }
 }
 
-/// The size of a measured figure against the paper's: the 95% interval
-/// overlapping `size`'s band holds, the whole interval outside it does
-/// not, and a value without an interval is not judged.
+/// The size of a measured figure against the paper's, judged as the
+/// direction is, by the whole 95% interval: inside `size`'s band it holds,
+/// wholly outside it it does not, and across an edge it is undecided (an
+/// interval wide enough to hold any size must not confirm the paper's); a
+/// value without an interval is not judged.
 fn size_verdict(size: &Size, measured: Option<f64>, ci: Option<(f64, f64)>) -> SizeVerdict {
     let Some(value) = measured else {
         return SizeVerdict::NotJudged;
@@ -510,8 +539,14 @@ fn size_verdict(size: &Size, measured: Option<f64>, ci: Option<(f64, f64)>) -> S
             fmt_num(lo),
             fmt_num(hi)
         ))
-    } else {
+    } else if lo >= bl && hi <= bh {
         SizeVerdict::Holds
+    } else {
+        SizeVerdict::Undecided(format!(
+            "its interval, {} to {}, reaches past {band}; more repetitions or a quieter host would narrow it",
+            fmt_num(lo),
+            fmt_num(hi)
+        ))
     }
 }
 
@@ -837,8 +872,18 @@ fn judge_direction(study: &Study, claim: &Claim, records: &[Value]) -> Judged {
                 size: SizeVerdict::NotJudged,
             }
         }
-        ClaimTest::Falls { series, expect } => {
-            let pts = match pick(&recs, series, x, &fig.y) {
+        ClaimTest::Falls {
+            series,
+            metric,
+            expect,
+        } => {
+            // Another metric than the figure's y falls along the block
+            // size, whatever the figure plots it against.
+            let (x, metric, what) = match metric {
+                Some(m) => (XAxis::Size, m.as_str(), format!(" {}", unit_label(m))),
+                None => (x, fig.y.as_str(), String::new()),
+            };
+            let pts = match pick(&recs, series, x, metric) {
                 Ok(p) => p,
                 Err(e) => return missing(e),
             };
@@ -854,7 +899,7 @@ fn judge_direction(study: &Study, claim: &Claim, records: &[Value]) -> Judged {
                 .map(|(p, q)| format!("{} to {}", fmt_x(*p, x), fmt_x(*q, x)))
                 .collect();
             let mut how = format!(
-                "{series}: falls {} time{} over {} points",
+                "{series}:{what} falls {} time{} over {} points",
                 places.len(),
                 if places.len() == 1 { "" } else { "s" },
                 pts.len()
@@ -880,8 +925,15 @@ fn judge_direction(study: &Study, claim: &Claim, records: &[Value]) -> Judged {
                 size: SizeVerdict::NotJudged,
             }
         }
-        ClaimTest::Ratio { a, b, at, expect } => {
-            let (pa, pb) = match (pick(&recs, a, x, &fig.y), pick(&recs, b, x, &fig.y)) {
+        ClaimTest::Ratio {
+            a,
+            b,
+            at,
+            metric,
+            expect,
+        } => {
+            let y = metric.as_deref().unwrap_or(&fig.y);
+            let (pa, pb) = match (pick(&recs, a, x, y), pick(&recs, b, x, y)) {
                 (Ok(pa), Ok(pb)) => (pa, pb),
                 (Err(e), _) | (_, Err(e)) => return missing(e),
             };
@@ -900,11 +952,14 @@ fn judge_direction(study: &Study, claim: &Claim, records: &[Value]) -> Judged {
                 return missing(format!("{b} measured 0"));
             }
             let (r, ci) = ratio(&va, &vb);
+            let of = metric
+                .as_deref()
+                .map_or(String::new(), |m| format!("{}, ", unit_label(m)));
             Judged {
                 measured: Some(r),
                 ci,
                 how: format!(
-                    "{a}: {} at {} / {b}: {} at {}",
+                    "{of}{a}: {} at {} / {b}: {} at {}",
                     fmt_num(va.y),
                     fmt_x(va.x, x),
                     fmt_num(vb.y),
@@ -1009,6 +1064,9 @@ fn unit_label(metric: &str) -> String {
         "query_time_ms" => "query time (ms)".into(),
         "gather_time_ms" => "gather time (ms)".into(),
         "block_time_us" => "block time (µs)".into(),
+        "connect_time_us" => "connection time (µs)".into(),
+        "cpu.local.process_percent" => "client CPU (% of one core)".into(),
+        "cpu.remote.process_percent" => "server CPU (% of one core)".into(),
         "value" => "µs".into(),
         m => m.replace('_', " "),
     }
@@ -1157,6 +1215,11 @@ fn claim_rule(c: &Claim, x: XAxis) -> String {
     let at =
         |v: &Option<f64>, end: &str| v.map_or(end.to_string(), |v| format!("x = {}", fmt_x(v, x)));
     match &c.test {
+        ClaimTest::Ratio {
+            metric: Some(m),
+            expect,
+            ..
+        } => format!("ratio of {}; {}", unit_label(m), fmt_expect(*expect)),
         ClaimTest::Ratio { expect, .. } => format!("ratio; {}", fmt_expect(*expect)),
         ClaimTest::Trend {
             from_x,
@@ -1200,6 +1263,15 @@ fn claim_rule(c: &Claim, x: XAxis) -> String {
             fmt_x(*k, x),
             fmt_expect(*expect)
         ),
+        ClaimTest::Falls {
+            metric: Some(m),
+            expect,
+            ..
+        } => format!(
+            "times the series' {} falls as the message size grows, beyond the intervals; {}",
+            unit_label(m),
+            fmt_expect(*expect)
+        ),
         ClaimTest::Falls { expect, .. } => format!(
             "times the series falls as x grows, beyond the intervals; {}",
             fmt_expect(*expect)
@@ -1209,7 +1281,8 @@ fn claim_rule(c: &Claim, x: XAxis) -> String {
 }
 
 /// `claim` judged in a run: a claim read from a figure that was not
-/// measured says why instead.
+/// measured, or from a stack its figure left out (`xdp` in a build
+/// without it), says why instead.
 fn judged_in(
     study: &Study,
     claim: &Claim,
@@ -1220,7 +1293,9 @@ fn judged_in(
         Some(Outcome::Skipped(why)) => Some(format!("figure {f} was not measured: {why}")),
         Some(Outcome::Failed(e)) => Some(format!("figure {f}'s run failed: {e}")),
         Some(Outcome::NotAsked) => Some(format!("figure {f} was not asked for")),
-        _ => None,
+        Some(Outcome::Ran { missing, .. }) => left_out(claim, missing)
+            .map(|(t, why)| format!("figure {f} did not measure {t}: {why}")),
+        None => None,
     });
     match unmeasured {
         Some(why) if !matches!(claim.test, ClaimTest::Unmeasurable(_)) => Judged {
@@ -1233,6 +1308,23 @@ fn judged_in(
         },
         _ => judge(study, claim, records),
     }
+}
+
+/// A transport `claim` reads that its figure's run left out, with why:
+/// `missing` lists them as `NAME: why` ([`Outcome::Ran`]).
+fn left_out<'a>(claim: &'a Claim, missing: &'a [String]) -> Option<(&'a str, &'a str)> {
+    claim
+        .selectors()
+        .into_iter()
+        .flat_map(|(_, sel)| sel.0.iter())
+        .filter(|(a, _)| *a == Attr::Transport)
+        .find_map(|(_, t)| {
+            missing.iter().find_map(|m| {
+                m.strip_prefix(t.as_str())
+                    .and_then(|rest| rest.strip_prefix(": "))
+                    .map(|why| (t.as_str(), why))
+            })
+        })
 }
 
 /// The measured figure with its interval, as a cell shows it.
@@ -1278,6 +1370,7 @@ fn size_cell(c: &Claim, v: &SizeVerdict) -> (&'static str, String, String) {
     let (class, words) = match v {
         SizeVerdict::Holds => ("holds", "holds".to_string()),
         SizeVerdict::DoesNotHold(why) => ("fails", format!("does not hold: {why}")),
+        SizeVerdict::Undecided(why) => ("na", format!("undecided: {why}")),
         SizeVerdict::NoInterval(where_) => (
             "na",
             format!("not judged: no interval to judge it by ({where_})"),
@@ -1339,12 +1432,13 @@ fn answer_table(out: &mut String, study: &Study, judged: &[(&Claim, Judged)]) {
     let sized = judged.iter().filter(|(c, _)| c.size.is_some()).count();
     let size_held = count(&|j| j.size == SizeVerdict::Holds);
     let size_failed = count(&|j| matches!(j.size, SizeVerdict::DoesNotHold(_)));
+    let size_open = count(&|j| matches!(j.size, SizeVerdict::Undecided(_)));
     let _ = writeln!(
         out,
-        "<p class=\"summary\">{} claims: the direction holds for {held}{on_value}, does not hold for {failed}, and cannot be judged for {}. {sized} state the paper's size: it holds for {size_held}, does not hold for {size_failed}, and is not judged for {}.</p>",
+        "<p class=\"summary\">{} claims: the direction holds for {held}{on_value}, does not hold for {failed}, and cannot be judged for {}. {sized} state the paper's size: it holds for {size_held}, does not hold for {size_failed}, is undecided (the interval across the band's edge) for {size_open}, and is not judged for {}.</p>",
         judged.len(),
         judged.len() - held - failed,
-        sized - size_held - size_failed
+        sized - size_held - size_failed - size_open
     );
     let _ = writeln!(
         out,
@@ -1523,6 +1617,21 @@ pub fn render(runs: &[StudyRun<'_>], records: &[Value]) -> String {
     }
     out.push_str("</body></html>\n");
     out
+}
+
+/// [`render`] over typed records, as `netgap study` reads its own results
+/// file back: each record is judged as the JSON it was written as (the
+/// claims read records by their keys, so old and imported files judge
+/// alike). Fails only if a record cannot be written as JSON.
+pub fn render_records(
+    runs: &[StudyRun<'_>],
+    records: &[netgap_core::record::ResultRecord],
+) -> Result<String, serde_json::Error> {
+    let values = records
+        .iter()
+        .map(serde_json::to_value)
+        .collect::<Result<Vec<Value>, _>>()?;
+    Ok(render(runs, &values))
 }
 
 #[cfg(test)]
@@ -1748,9 +1857,17 @@ size_why = "half to one and a half times the paper's gain"
             matches!(&large.size, SizeVerdict::DoesNotHold(w) if w.contains("above")),
             "{large:?}"
         );
-        // An interval that reaches into the band is enough for the size.
+        // An interval across the band's edge decides nothing: neither
+        // holds nor fails, and says where it reaches.
         let wide = judge(&s, sized, &pair(1.15, 0.08));
-        assert_eq!(wide.size, SizeVerdict::Holds, "{wide:?}");
+        assert!(
+            matches!(&wide.size, SizeVerdict::Undecided(w) if w.contains("reaches past 1.262 to 1.778")),
+            "{wide:?}"
+        );
+        // The bug: an interval wide enough to hold any size (34.3, from
+        // -66.8 to 135, against 0.31 to 0.59) was shown as holding.
+        let loose = judge(&s, sized, &pair(1.5, 2.0));
+        assert!(matches!(loose.size, SizeVerdict::Undecided(_)), "{loose:?}");
         // No interval: the size is not judged, and says where the value is.
         let mut bare = pair(1.5, 0.0);
         for r in &mut bare {
@@ -2094,25 +2211,36 @@ above = 0.5
         r
     }
 
+    /// Throughput that falls at 2K and rebounds at 3K (so the block time
+    /// falls at 3K).
+    fn dropped_at_2k() -> [Value; 3] {
+        [
+            block(1024, 0.5, 0.01),
+            block(2048, 0.1, 0.01),
+            block(3072, 0.9, 0.01),
+        ]
+    }
+
+    /// Throughput that rises block by block.
+    fn rising_blocks() -> [Value; 3] {
+        [
+            block(1024, 0.5, 0.01),
+            block(2048, 0.6, 0.01),
+            block(3072, 0.7, 0.01),
+        ]
+    }
+
     #[test]
     fn falls_count_only_drops_beyond_both_intervals() {
         let s = Study::parse("t", KINDS).expect("study");
         let c = &s.claims[4];
         // Block time is size over throughput: a throughput that falls
         // at 2K and rebounds at 3K makes the block time fall at 3K.
-        let dropped = [
-            block(1024, 0.5, 0.01),
-            block(2048, 0.1, 0.01),
-            block(3072, 0.9, 0.01),
-        ];
+        let dropped = dropped_at_2k();
         let j = judge(&s, c, &dropped);
         assert_eq!(j.direction, Verdict::Holds, "{j:?}");
         assert!(j.how.contains("2K to 3K"), "{}", j.how);
-        let rising = [
-            block(1024, 0.5, 0.01),
-            block(2048, 0.6, 0.01),
-            block(3072, 0.7, 0.01),
-        ];
+        let rising = rising_blocks();
         assert!(fails(&judge(&s, c, &rising)));
         // A fall within the noise is not counted.
         let noisy = [
@@ -2122,6 +2250,171 @@ above = 0.5
         ];
         let j = judge(&s, c, &noisy);
         assert!(fails(&j), "{j:?}");
+    }
+
+    /// NetPIPE's signature graph: throughput against the block time. Its
+    /// line follows the sweep from block to block, and a claim that the
+    /// block time falls as blocks grow reads it along the block size, so
+    /// a larger block that took less time is counted however the figure
+    /// is drawn.
+    #[test]
+    fn falls_of_a_metric_are_read_along_the_block_size_on_a_signature_graph() {
+        let text = KINDS
+            .replace(
+                "caption = \"Block time\"\ncommand = \"sweep\"\ntests = []\nx = \"size\"\ny = \"block_time_us\"",
+                "caption = \"Block time\"\ncommand = \"sweep\"\ntests = []\nx = \"block_time\"\ny = \"bandwidth_gbps\"",
+            )
+            .replace(
+                "series = { transport = \"tcp\" }\nabove = 0.5",
+                "series = { transport = \"tcp\" }\nmetric = \"block_time_us\"\nabove = 0.5",
+            );
+        assert_ne!(text, KINDS);
+        let s = Study::parse("t", &text).expect("study");
+        let fig = s.figure("3").expect("figure 3");
+        assert_eq!(fig.x, XAxis::BlockTime);
+        let c = &s.claims[4];
+        // 3K after 2K: its throughput rebounds so far that it takes less
+        // time than the smaller block.
+        let dropped = dropped_at_2k();
+        let j = judge(&s, c, &dropped);
+        assert_eq!(j.direction, Verdict::Holds, "{j:?}");
+        assert!(j.how.contains("block time (µs) falls 1 time"), "{}", j.how);
+        assert!(j.how.contains("2K to 3K"), "{}", j.how);
+        let rising = rising_blocks();
+        assert!(fails(&judge(&s, c, &rising)));
+        // The plot's line goes from block to block: x goes back at 3K.
+        let recs: Vec<&Value> = dropped.iter().collect();
+        let series = series_of(&recs, &[], XAxis::BlockTime, "bandwidth_gbps");
+        let xs: Vec<f64> = series["measured"].iter().map(|p| p.x).collect();
+        assert_eq!(xs.len(), 3);
+        assert!(xs[0] < xs[1] && xs[2] < xs[1], "{xs:?}");
+    }
+
+    /// A ratio of what a figure shows beside its y: the CPU of a bandwidth
+    /// figure, an application's own metric.
+    #[test]
+    fn a_ratio_reads_the_metric_it_names_instead_of_the_figures_y() {
+        let text = STUDY.replacen(
+            "at = \"peak\"\nabove = 1.0\n",
+            "at = \"largest\"\nmetric = \"cpu.local.process_percent\"\nbelow = 1.0\n",
+            1,
+        );
+        assert_ne!(text, STUDY);
+        let s = Study::parse("t", &text).expect("study");
+        let c = &s.claims[0];
+        let with_cpu = |on: f64, off: f64| -> Vec<Value> {
+            let mut recs = vec![
+                rec("1", "on", 1024, 2.0),
+                rec("1", "on", 65536, 8.0),
+                rec("1", "off", 1024, 1.0),
+                rec("1", "off", 65536, 4.0),
+            ];
+            for r in &mut recs {
+                let cpu = if r["stack"]["path"]["offload"] == "on" {
+                    on
+                } else {
+                    off
+                };
+                r["cpu"] = json!({"local": {"process_percent": cpu}});
+            }
+            recs
+        };
+        // The TOE's 38% against the host stack's 52%: the CPU, not the
+        // bandwidth (which is above 1), is read, and it has no interval.
+        let j = judge(&s, c, &with_cpu(38.0, 52.0));
+        assert_eq!(j.direction, Verdict::HoldsOnValue, "{j:?}");
+        assert!((j.measured.expect("measured") - 38.0 / 52.0).abs() < 1e-9);
+        assert!(
+            j.how.starts_with("client CPU (% of one core), "),
+            "{}",
+            j.how
+        );
+        assert!(fails(&judge(&s, c, &with_cpu(60.0, 52.0))));
+        // Records without it cannot judge it.
+        let none = judge(&s, c, &with_cpu(38.0, 52.0)[..0]);
+        assert!(matches!(none.direction, Verdict::CannotMeasure(_)));
+        let bare = [rec("1", "on", 1024, 2.0), rec("1", "off", 1024, 1.0)];
+        let j = judge(&s, c, &bare);
+        assert!(
+            matches!(&j.direction, Verdict::CannotMeasure(w) if w.contains("carry no cpu.local.process_percent")),
+            "{j:?}"
+        );
+        // An application metric, by its name.
+        let mut s = s;
+        if let ClaimTest::Ratio { metric, .. } = &mut s.claims[0].test {
+            *metric = Some("connect_time_us".into());
+        }
+        let mut recs = with_cpu(1.0, 1.0);
+        for r in &mut recs {
+            let t = if r["stack"]["path"]["offload"] == "on" {
+                60.0
+            } else {
+                1000.0
+            };
+            r["app"] = json!({"metrics": {"connect_time_us": t}});
+        }
+        let j = judge(&s, &s.claims[0], &recs);
+        assert_eq!(j.direction, Verdict::HoldsOnValue, "{j:?}");
+    }
+
+    #[test]
+    fn a_record_names_its_link_rate_and_its_links() {
+        let mut r = rec("1", "on", 1024, 1.0);
+        r["stack"]["path"]["rate_bps"] = json!(10_000_000u64);
+        r["links"] = json!([{"bytes": 1}, {"bytes": 1}]);
+        assert_eq!(attr(&r, Attr::Rate).as_deref(), Some("10M"));
+        assert_eq!(attr(&r, Attr::Links).as_deref(), Some("2"));
+        r["stack"]["path"]["rate_bps"] = json!(1_000_000_000u64);
+        assert_eq!(attr(&r, Attr::Rate).as_deref(), Some("1G"));
+    }
+
+    /// A claim on a stack this build does not have (xdp without the `xdp`
+    /// feature) says so, naming the stack and why, rather than that no
+    /// record has it.
+    #[test]
+    fn a_claim_on_a_stack_its_figure_left_out_says_which_and_why() {
+        let text = STUDY
+            .replace(
+                "tests = [\"stream\"]\n",
+                "tests = [\"stream\"]\ntransports = [\"tcp\", \"xdp\"]\n",
+            )
+            .replacen(
+                "a = { offload = \"on\" }\nb = { offload = \"off\" }",
+                "a = { transport = \"tcp\" }\nb = { transport = \"xdp\" }",
+                1,
+            );
+        let s = Study::parse("t", &text).expect("study");
+        let recs = vec![
+            rec("1", "on", 1024, 2.0),
+            rec("1", "on", 65536, 8.0),
+            rec("1", "off", 1024, 1.0),
+            rec("1", "off", 65536, 4.0),
+        ];
+        let why = "netgap was built without the xdp feature";
+        let ran = |missing: Vec<String>| {
+            BTreeMap::from([(
+                "1".to_string(),
+                Outcome::Ran {
+                    reps: 10,
+                    rep_ms: 5,
+                    missing,
+                },
+            )])
+        };
+        let j = judged_in(&s, &s.claims[0], &ran(vec![format!("xdp: {why}")]), &recs);
+        assert_eq!(
+            j.direction,
+            Verdict::CannotMeasure(format!("figure 1 did not measure xdp: {why}"))
+        );
+        // A claim of stacks the run had is judged from its records.
+        let j = judged_in(&s, &s.claims[1], &ran(vec![format!("xdp: {why}")]), &recs);
+        assert_eq!(j.direction, Verdict::Holds, "{j:?}");
+        // Without the note, the records alone say what is missing.
+        let j = judged_in(&s, &s.claims[0], &ran(Vec::new()), &recs[..2]);
+        assert!(
+            matches!(&j.direction, Verdict::CannotMeasure(w) if w.contains("no record has transport=xdp")),
+            "{j:?}"
+        );
     }
 
     #[test]
