@@ -21,7 +21,7 @@ fn every_transport_runs_every_test_in_every_mode_with_verified_payload() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut ran = 0;
     for t in transport::registry() {
-        if !t.runs_on_loopback() {
+        if !t.capabilities().runs_on_loopback {
             // Its matrix runs between two testbed hosts (the `xdp` module).
             eprintln!(
                 "conformance: skipping transport {}: it needs two hosts",

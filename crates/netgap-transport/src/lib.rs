@@ -479,6 +479,18 @@ pub struct Capabilities {
     /// [`options`]); the plan refuses any other option given, rather than
     /// record an option that had no effect.
     pub options: &'static [&'static options::OptionDecl],
+    /// Both ends may sit on one host (loopback); `false` for a transport
+    /// that needs an interface of its own at each end.
+    pub runs_on_loopback: bool,
+    /// Its listeners' addresses are `IP:PORT`, as the multi-host workloads
+    /// that compose their flows' targets themselves need; `false` for a
+    /// transport with addresses of its own (xdp's `IP/MAC/FLOW`), which
+    /// those workloads refuse. Workloads that dial only what listeners
+    /// announced take any form, through [`Transport::parse_listen_addr`].
+    pub ip_port_addresses: bool,
+    /// [`Transport::connect_from`] works: a workload run then picks the
+    /// link each flow takes by its local address.
+    pub binds_local: bool,
 }
 
 impl Capabilities {
@@ -493,6 +505,9 @@ impl Capabilities {
             cross_host: true,
             modes: &Mode::ALL,
             options,
+            runs_on_loopback: true,
+            ip_port_addresses: true,
+            binds_local: false,
         }
     }
 
@@ -583,22 +598,6 @@ pub trait Transport: Sync {
         0
     }
 
-    /// Whether both ends may sit on one host (loopback): `false` for a
-    /// transport that needs an interface of its own at each end.
-    fn runs_on_loopback(&self) -> bool {
-        true
-    }
-
-    /// Whether its listeners' addresses are `IP:PORT`, as the multi-host
-    /// workloads that compose their flows' targets themselves need;
-    /// `false` for a transport with addresses of its own (xdp's
-    /// `IP/MAC/FLOW`), which those workloads refuse. Workloads that dial
-    /// only what listeners announced take any form, through
-    /// [`Transport::parse_listen_addr`].
-    fn ip_port_addresses(&self) -> bool {
-        true
-    }
-
     /// Parses what one of its listeners announced ([`Listener::addr`]):
     /// `IP:PORT`, unless the transport has a form of its own.
     fn parse_listen_addr(&self, addr: &str) -> Result<ListenAddr, String> {
@@ -608,14 +607,8 @@ pub trait Transport: Sync {
         Ok(ListenAddr::new(sa.ip(), sa.to_string()))
     }
 
-    /// Whether [`Transport::connect_from`] works: a workload run then
-    /// picks the link each flow takes by its local address.
-    fn binds_local(&self) -> bool {
-        false
-    }
-
     /// Connects to `addr` from the local address `local_ip` (port chosen
-    /// by the system). Refused unless [`Transport::binds_local`].
+    /// by the system). Refused unless [`Capabilities::binds_local`].
     fn connect_from(
         &self,
         config: &FlowConfig,

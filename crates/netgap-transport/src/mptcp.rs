@@ -104,7 +104,10 @@ impl Transport for Mptcp {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::cross_host_stream(OPTIONS)
+        Capabilities {
+            binds_local: true,
+            ..Capabilities::cross_host_stream(OPTIONS)
+        }
     }
 
     fn availability(&self) -> Result<(), Unavailable> {
@@ -133,10 +136,6 @@ impl Transport for Mptcp {
             connect_stream(NAME, protocol(), &config.options, addr)?,
             config,
         )
-    }
-
-    fn binds_local(&self) -> bool {
-        true
     }
 
     fn connect_from(

@@ -277,7 +277,10 @@ impl Transport for Tcp {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::cross_host_stream(OPTIONS)
+        Capabilities {
+            binds_local: true,
+            ..Capabilities::cross_host_stream(OPTIONS)
+        }
     }
 
     fn listen(
@@ -297,10 +300,6 @@ impl Transport for Tcp {
             connect_stream(NAME, Protocol::TCP, &config.options, addr)?,
             config,
         )
-    }
-
-    fn binds_local(&self) -> bool {
-        true
     }
 
     fn connect_from(

@@ -845,7 +845,10 @@ impl Transport for Uring {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::cross_host_stream(OPTIONS)
+        Capabilities {
+            binds_local: true,
+            ..Capabilities::cross_host_stream(OPTIONS)
+        }
     }
 
     /// `Err` when io_uring is disabled, missing, refused by a sandbox or too
@@ -868,10 +871,6 @@ impl Transport for Uring {
     fn connect(&self, config: &FlowConfig, addr: &str) -> Result<Box<dyn Flow>, TransportError> {
         let stream = connect_stream(NAME, Protocol::TCP, &config.options, addr)?;
         Ok(Box::new(UringFlow::new(stream, config)?))
-    }
-
-    fn binds_local(&self) -> bool {
-        true
     }
 
     fn connect_from(

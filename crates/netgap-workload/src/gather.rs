@@ -550,7 +550,7 @@ impl Asker {
             }
             Responder::Builtin => {
                 let mut flow = match src.bind_ip {
-                    Some(ip) if self.transport.binds_local() => {
+                    Some(ip) if self.transport.capabilities().binds_local => {
                         self.transport.connect_from(&self.cfg, &src.addr, ip)
                     }
                     _ => self.transport.connect(&self.cfg, &src.addr),

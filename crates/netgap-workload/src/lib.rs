@@ -295,7 +295,7 @@ pub(crate) fn check_ip_port(
     spec: &PointSpec,
     transport: &dyn Transport,
 ) -> Result<(), Refused> {
-    if !transport.ip_port_addresses() {
+    if !transport.capabilities().ip_port_addresses {
         return Err(Refused(format!(
             "{workload}: transport {} has flows not addressed by IP:PORT; run pingpong, stream, bibw, bibw-pingpong, multistream, fanin, fanout, multirail, pipeline or pio over it",
             spec.transport

@@ -51,10 +51,10 @@ impl Workload for Multirail {
     /// transport with addresses of its own (xdp's `IP/MAC/FLOW`) serves.
     fn check(&self, spec: &PointSpec, transport: &dyn Transport) -> Result<(), Refused> {
         super::check_crosses_hosts(NAME, spec, transport)?;
-        if !transport.binds_local() {
+        if !transport.capabilities().binds_local {
             let binding: Vec<&str> = netgap_transport::registry()
                 .iter()
-                .filter(|t| t.binds_local())
+                .filter(|t| t.capabilities().binds_local)
                 .map(|t| t.name())
                 .collect();
             return Err(Refused(format!(

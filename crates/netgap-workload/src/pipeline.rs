@@ -400,7 +400,7 @@ impl Workload for Pipeline {
         }
         let edges = graph.edges();
         let links = graph::role_links(&edges, &role_of, s.role);
-        if !links.internal.is_empty() && !t.runs_on_loopback() {
+        if !links.internal.is_empty() && !t.capabilities().runs_on_loopback {
             return Err(PipeError(format!(
                 "transport {} cannot connect two copies on one host (its flows need two hosts): give a host per copy ({} hosts), or fewer copies",
                 ctx.spec.point.transport,

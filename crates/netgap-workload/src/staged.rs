@@ -60,7 +60,7 @@ pub(crate) fn listen_ip(
         .first()
         .copied()
         .unwrap_or(ctx.control_ip);
-    if !ip.is_unspecified() || t.runs_on_loopback() {
+    if !ip.is_unspecified() || t.capabilities().runs_on_loopback {
         return Ok(ip);
     }
     // Binding succeeds only at an address an interface here holds.

@@ -911,12 +911,12 @@ impl WorkloadCoordinator {
     ) -> Result<RepResult, WorkloadError> {
         let hosts: Vec<usize> = placement.roles.iter().map(|r| r.host).collect();
         self.use_hosts(&hosts)?;
-        let binds_local =
-            netgap_transport::find(&point.spec.transport).is_some_and(|t| t.binds_local());
+        let binds_local = netgap_transport::find(&point.spec.transport)
+            .is_some_and(|t| t.capabilities().binds_local);
         // A transport with addresses of its own (xdp's) listens on one
         // interface, never on every address.
-        let own_form =
-            netgap_transport::find(&point.spec.transport).is_some_and(|t| !t.ip_port_addresses());
+        let own_form = netgap_transport::find(&point.spec.transport)
+            .is_some_and(|t| !t.capabilities().ip_port_addresses);
         // A repetition that failed may have left hosts marked as preparing.
         self.setup.iter_mut().for_each(|t| *t = None);
         self.setup_limit = Duration::from_millis(u64::from(point.spec.io_timeout_ms))

@@ -1027,6 +1027,9 @@ impl Transport for Udp {
             cross_host: true,
             modes: &Mode::ALL,
             options: crate::options::SOCKET_BUFFERS,
+            runs_on_loopback: true,
+            ip_port_addresses: true,
+            binds_local: true,
         }
     }
 
@@ -1044,10 +1047,6 @@ impl Transport for Udp {
 
     fn connect(&self, config: &FlowConfig, addr: &str) -> Result<Box<dyn Flow>, TransportError> {
         Ok(Box::new(connect_flow(config, addr, None)?))
-    }
-
-    fn binds_local(&self) -> bool {
-        true
     }
 
     fn connect_from(
@@ -1490,7 +1489,7 @@ mod tests {
         let addr = listener.addr();
         let agent = std::thread::spawn(move || listener.accept_flow(Duration::from_secs(3)));
         let local = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 3));
-        assert!(Udp.binds_local());
+        assert!(Udp.capabilities().binds_local);
         let mut c = Udp.connect_from(&cfg, &addr, local).expect("connect");
         let s = agent.join().expect("join").expect("accept");
         let peer = s.tx.0.socket.peer_addr().expect("connected");

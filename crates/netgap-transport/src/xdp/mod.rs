@@ -174,19 +174,18 @@ impl Transport for Xdp {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::cross_host_stream(&[])
+        Capabilities {
+            runs_on_loopback: false,
+            ip_port_addresses: false,
+            // Each flow of a workload over several links (`multirail`)
+            // takes the interface that holds its own link's address.
+            binds_local: true,
+            ..Capabilities::cross_host_stream(&[])
+        }
     }
 
     fn availability(&self) -> Result<(), Unavailable> {
         probe()
-    }
-
-    fn runs_on_loopback(&self) -> bool {
-        false
-    }
-
-    fn ip_port_addresses(&self) -> bool {
-        false
     }
 
     fn flow_memory_bytes(&self) -> u64 {
@@ -222,12 +221,6 @@ impl Transport for Xdp {
             source: std::io::Error::other(why.0),
         })?;
         imp::connect(config, a, None)
-    }
-
-    /// Each flow of a workload over several links (`multirail`) takes the
-    /// interface that holds its own link's address.
-    fn binds_local(&self) -> bool {
-        true
     }
 
     fn connect_from(
