@@ -10,6 +10,7 @@ use std::os::unix::process::CommandExt;
 use std::process::Command;
 use thiserror::Error;
 
+use netgap_transport::Programs;
 use netgap_workload::preload::preload_value;
 pub use netgap_workload::preload::{library_path, relay_present, LIBRARY_ENV, LIBRARY_FILE};
 
@@ -17,8 +18,15 @@ pub use netgap_workload::preload::{library_path, relay_present, LIBRARY_ENV, LIB
 #[derive(Debug, Error)]
 pub enum WrapError {
     /// A stack the library does not provide.
-    #[error("wrap: stack {0:?} is not provided by the preload library (it provides: shm, xdp)")]
-    Stack(String),
+    #[error(
+        "wrap: stack {stack:?} is not provided by the preload library (it provides: {provided})"
+    )]
+    Stack {
+        /// The stack asked for.
+        stack: String,
+        /// The stacks it provides.
+        provided: String,
+    },
     /// No program given.
     #[error("wrap: no program given (netgap wrap -t shm -- PROGRAM ARGS)")]
     NoProgram,
@@ -38,10 +46,19 @@ pub enum WrapError {
 /// Replaces this process with `command` (program and arguments) under the
 /// library for `stack`; returns only on failure.
 pub fn exec(stack: &str, command: &[OsString]) -> WrapError {
-    if stack != "shm" && stack != "xdp" {
-        return WrapError::Stack(stack.to_string());
+    let programs = netgap_transport::programs(stack);
+    if !programs.under_library() {
+        let provided: Vec<&str> = netgap_transport::registry()
+            .iter()
+            .filter(|t| t.capabilities().programs.under_library())
+            .map(|t| t.name())
+            .collect();
+        return WrapError::Stack {
+            stack: stack.to_string(),
+            provided: provided.join(", "),
+        };
     }
-    if stack == "xdp" && !relay_present() {
+    if programs == Programs::LibraryWithRelay && !relay_present() {
         eprintln!("netgap wrap: no relay of root's runs in this network namespace (start `netgap relay`): connections to other hosts stay on the kernel's TCP");
     }
     let Some((program, args)) = command.split_first() else {

@@ -491,6 +491,33 @@ pub struct Capabilities {
     /// [`Transport::connect_from`] works: a workload run then picks the
     /// link each flow takes by its local address.
     pub binds_local: bool,
+    /// How unmodified programs (real servers, load generators) run over
+    /// it.
+    pub programs: Programs,
+}
+
+/// How unmodified programs (nginx, gmond, wrk) run over a transport: the
+/// workloads that start real programs, and `netgap wrap`, ask this rather
+/// than a transport's name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Programs {
+    /// They cannot: the transport is netgap's own.
+    No,
+    /// As they are, on the kernel's sockets.
+    Kernel,
+    /// Under netgap's sockets library (`netgap wrap`), between the
+    /// programs of one host.
+    Library,
+    /// Under netgap's sockets library, across hosts through each host's
+    /// relay (`netgap relay`), which holds the transport's side.
+    LibraryWithRelay,
+}
+
+impl Programs {
+    /// Whether programs run under netgap's sockets library.
+    pub fn under_library(self) -> bool {
+        matches!(self, Programs::Library | Programs::LibraryWithRelay)
+    }
 }
 
 impl Capabilities {
@@ -508,6 +535,7 @@ impl Capabilities {
             runs_on_loopback: true,
             ip_port_addresses: true,
             binds_local: false,
+            programs: Programs::No,
         }
     }
 
@@ -653,6 +681,27 @@ pub fn names() -> String {
     netgap_core::registry::names(registry())
 }
 
+/// How unmodified programs run over the transport called `name`
+/// ([`Programs::No`] for a name netgap does not know).
+pub fn programs(name: &str) -> Programs {
+    find(name).map_or(Programs::No, |t| t.capabilities().programs)
+}
+
+/// The transports unmodified programs run over, for error messages: "tcp,
+/// shm or xdp".
+pub fn program_transports() -> String {
+    let names: Vec<&str> = registry()
+        .iter()
+        .filter(|t| t.capabilities().programs != Programs::No)
+        .map(|t| t.name())
+        .collect();
+    match names.split_last() {
+        Some((last, [])) => (*last).to_string(),
+        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+        None => String::new(),
+    }
+}
+
 impl netgap_core::registry::Named for dyn Transport {
     fn name(&self) -> &'static str {
         Transport::name(self)
@@ -677,6 +726,17 @@ mod tests {
         fn serve_idle(&self, _: BorrowedFd<'_>, _: Duration) -> Result<(), FlowError> {
             Ok(())
         }
+    }
+
+    #[test]
+    fn programs_run_on_tcp_as_they_are_and_on_shm_and_xdp_under_the_library() {
+        assert_eq!(programs("tcp"), Programs::Kernel);
+        assert_eq!(programs("shm"), Programs::Library);
+        assert_eq!(programs("xdp"), Programs::LibraryWithRelay);
+        for other in ["udp", "uring", "unix", "mptcp", "no-such"] {
+            assert_eq!(programs(other), Programs::No, "{other}");
+        }
+        assert_eq!(program_transports(), "tcp, shm or xdp");
     }
 
     #[test]

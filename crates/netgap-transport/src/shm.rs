@@ -511,7 +511,10 @@ impl Transport for Shm {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::local_stream(&[])
+        Capabilities {
+            programs: crate::Programs::Library,
+            ..Capabilities::local_stream(&[])
+        }
     }
 
     fn availability(&self) -> Result<(), Unavailable> {

@@ -279,6 +279,7 @@ impl Transport for Tcp {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             binds_local: true,
+            programs: crate::Programs::Kernel,
             ..Capabilities::cross_host_stream(OPTIONS)
         }
     }

@@ -29,7 +29,7 @@ use netgap_proto::dataproof::DataToken;
 use netgap_proto::workload::{FlowReport, WorkloadOutcome, WorkloadRole, WorkloadSpec};
 use netgap_transport::buffer::{AlignedBuffer, BufferLayout};
 use netgap_transport::cpu::peak_rss_kib;
-use netgap_transport::{FlowConfig, FlowError, Transport, TransportError};
+use netgap_transport::{FlowConfig, FlowError, Programs, Transport, TransportError};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
@@ -131,7 +131,7 @@ impl Workload for Gather {
     /// The built-in responder needs a transport with connections that
     /// crosses hosts.
     fn check(&self, spec: &PointSpec, transport: &dyn Transport) -> Result<(), Refused> {
-        if spec.transport == "shm" || spec.transport == "xdp" {
+        if transport.capabilities().programs.under_library() {
             // gmond over the preload library (the built-in responder is
             // refused at placement, which sees the responder).
             return crate::preload::library_path()
@@ -180,7 +180,7 @@ impl Workload for Gather {
             // gmond over the preload library: on one host over shm, across
             // hosts over xdp through the hosts' relays (netgap's own
             // responder, which aims at IP:PORT, is refused at placement).
-            preload: spec.transport == "shm" || spec.transport == "xdp",
+            preload: netgap_transport::programs(&spec.transport).under_library(),
         })
     }
 
@@ -258,10 +258,13 @@ impl Workload for Gather {
                 ctx.spec.flows
             )));
         }
-        if p.responder == Responder::Gmond && ctx.spec.point.transport != "tcp" && !p.preload {
-            return Err(refused(
-                "gmond answers over the host's TCP, or through the preload library over shm or xdp; use -t tcp, shm or xdp",
-            ));
+        if p.responder == Responder::Gmond
+            && netgap_transport::programs(&ctx.spec.point.transport) == Programs::No
+        {
+            return Err(refused(format!(
+                "gmond answers over the host's TCP, or through the preload library over shm or xdp; use -t {}",
+                netgap_transport::program_transports()
+            )));
         }
         match ctx.spec.role {
             WorkloadRole::Server => open_server(&p, &ctx),
@@ -340,7 +343,10 @@ fn open_server(p: &Params, ctx: &RoleContext<'_>) -> Result<Box<dyn OpenRole>, R
             if p.preload {
                 dir.preload(&ctx.spec.point.transport).map_err(refused)?;
             }
-            let relay = if p.preload && ctx.spec.point.transport == "xdp" {
+            let relay = if p.preload
+                && netgap_transport::programs(&ctx.spec.point.transport)
+                    == Programs::LibraryWithRelay
+            {
                 Some(super::web::relay_for(ctx, &dir, ctx.spec.flows)?)
             } else {
                 None
@@ -772,13 +778,14 @@ fn open_client(p: &Params, ctx: &RoleContext<'_>) -> Result<Box<dyn OpenRole>, R
     let child = if p.preload {
         let library = crate::preload::library_path().map_err(refused)?;
         let dir = RunDir::new(ctx.dirs, "gather-load").map_err(refused)?;
-        let relay = if spec.point.transport == "xdp" {
-            Some(std::sync::Arc::new(super::web::relay_for(
-                ctx, &dir, spec.flows,
-            )?))
-        } else {
-            None
-        };
+        let relay =
+            if netgap_transport::programs(&spec.point.transport) == Programs::LibraryWithRelay {
+                Some(std::sync::Arc::new(super::web::relay_for(
+                    ctx, &dir, spec.flows,
+                )?))
+            } else {
+                None
+            };
         let job = GatherJob {
             point: spec.point.clone(),
             token: ctx.data_token.clone(),

@@ -28,7 +28,7 @@ use netgap_core::spec::{Mode, PointSpec};
 use netgap_core::stats::{LatencyHistogram, Percentiles};
 use netgap_proto::workload::{FlowReport, WorkloadOutcome, WorkloadRole, WorkloadSpec};
 use netgap_transport::cpu::peak_rss_kib;
-use netgap_transport::Transport;
+use netgap_transport::{Programs, Transport};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
@@ -297,16 +297,18 @@ impl Workload for Web {
     /// A real web server speaks HTTP over the host's TCP: any other
     /// transport, and socket options the server would not share, are
     /// refused.
-    fn check(&self, spec: &PointSpec, _transport: &dyn Transport) -> Result<(), Refused> {
-        match spec.transport.as_str() {
-            "tcp" => {}
-            stack @ ("shm" | "xdp") => {
+    fn check(&self, spec: &PointSpec, transport: &dyn Transport) -> Result<(), Refused> {
+        match transport.capabilities().programs {
+            Programs::Kernel => {}
+            Programs::Library | Programs::LibraryWithRelay => {
                 crate::preload::library_path()
-                    .map_err(|e| Refused(format!("{NAME} -t {stack}: {e}")))?;
+                    .map_err(|e| Refused(format!("{NAME} -t {}: {e}", spec.transport)))?;
             }
-            other => {
+            Programs::No => {
                 return Err(Refused(format!(
-                    "{NAME} runs real web servers, which speak HTTP over the host's TCP, or through the preload library over shm on one host or xdp across hosts; use -t tcp, shm or xdp, not {other}"
+                    "{NAME} runs real web servers, which speak HTTP over the host's TCP, or through the preload library over shm on one host or xdp across hosts; use -t {}, not {}",
+                    netgap_transport::program_transports(),
+                    spec.transport
                 )))
             }
         }
@@ -556,13 +558,14 @@ fn preload_stack(
     ctx: &RoleContext<'_>,
     dir: &mut RunDir,
 ) -> Result<Option<crate::preload::RelayGuard>, RoleError> {
-    match ctx.spec.point.transport.as_str() {
-        "shm" => dir.preload("shm").map_err(refused).map(|()| None),
-        "xdp" => {
-            dir.preload("xdp").map_err(refused)?;
+    let stack = ctx.spec.point.transport.as_str();
+    match netgap_transport::programs(stack) {
+        Programs::Library => dir.preload(stack).map_err(refused).map(|()| None),
+        Programs::LibraryWithRelay => {
+            dir.preload(stack).map_err(refused)?;
             relay_for(ctx, dir, ctx.spec.flows).map(Some)
         }
-        _ => Ok(None),
+        Programs::Kernel | Programs::No => Ok(None),
     }
 }
 
@@ -766,10 +769,11 @@ fn open_clients(p: &Params, ctx: &RoleContext<'_>) -> Result<Box<dyn OpenRole>, 
     let (warmup, duration) = window(spec);
     // Under the preload library the clients run in a child process of
     // their own, started with the library, as the user the server runs as.
-    let child = if matches!(spec.point.transport.as_str(), "shm" | "xdp") {
+    let programs = netgap_transport::programs(&spec.point.transport);
+    let child = if programs.under_library() {
         let library = crate::preload::library_path().map_err(refused)?;
         let dir = RunDir::new(ctx.dirs, "web-load").map_err(refused)?;
-        let relay = if spec.point.transport == "xdp" {
+        let relay = if programs == Programs::LibraryWithRelay {
             Some(std::sync::Arc::new(relay_for(ctx, &dir, spec.flows)?))
         } else {
             None

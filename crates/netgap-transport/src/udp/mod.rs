@@ -1030,6 +1030,7 @@ impl Transport for Udp {
             runs_on_loopback: true,
             ip_port_addresses: true,
             binds_local: true,
+            programs: crate::Programs::No,
         }
     }
 

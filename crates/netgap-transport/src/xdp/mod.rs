@@ -180,6 +180,9 @@ impl Transport for Xdp {
             // Each flow of a workload over several links (`multirail`)
             // takes the interface that holds its own link's address.
             binds_local: true,
+            // Programs under the sockets library reach other hosts'
+            // programs through their hosts' relays, over this transport.
+            programs: crate::Programs::LibraryWithRelay,
             ..Capabilities::cross_host_stream(&[])
         }
     }
