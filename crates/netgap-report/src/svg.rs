@@ -399,8 +399,15 @@ fn marker(out: &mut String, k: usize, x: f64, y: f64, colour: &str) {
     };
 }
 
-fn line_svg(p: &LinePlot) -> String {
-    let usable = |a: &Axis, v: f64| v.is_finite() && (!a.log || v > 0.0);
+/// Whether `v` can be drawn on axis `a` (a log axis has no place for 0
+/// and below).
+fn usable(a: &Axis, v: f64) -> bool {
+    v.is_finite() && (!a.log || v > 0.0)
+}
+
+/// Every point the axes must reach: the series' points, the ends of their
+/// confidence bars on a linear axis, the reference lines and the faults.
+fn extent(p: &LinePlot) -> Vec<(f64, f64)> {
     let mut pts: Vec<(f64, f64)> = p
         .series
         .iter()
@@ -442,49 +449,19 @@ fn line_svg(p: &LinePlot) -> String {
         .map(|m| (m.x, m.y))
         .collect();
     pts.extend(faults);
-    let mut out = String::new();
-    let height = HEIGHT + LEGEND_ROW_HEIGHT * p.series.len() as f64;
-    header(&mut out, &p.title, height);
-    if pts.is_empty() {
-        let _ = writeln!(
-            out,
-            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">no points to plot</text>\n</svg>",
-            WIDTH / 2.0,
-            HEIGHT / 2.0
-        );
-        return out;
-    }
-    let fold = |f: fn(f64, f64) -> f64, init: f64, sel: fn(&(f64, f64)) -> f64| {
-        pts.iter().map(sel).fold(init, f)
-    };
-    let (x_lo, x_hi) = (
-        fold(f64::min, f64::MAX, |p| p.0),
-        fold(f64::max, f64::MIN, |p| p.0),
-    );
-    let (y_lo, y_hi) = (
-        fold(f64::min, f64::MAX, |p| p.1),
-        fold(f64::max, f64::MIN, |p| p.1),
-    );
-    let (xa, xb, xt) = ticks(&p.x, x_lo, x_hi);
-    let (ya, yb, yt) = ticks(&p.y, y_lo, y_hi);
-    let (px0, px1) = (LEFT, WIDTH - RIGHT);
-    let (py0, py1) = (HEIGHT - BOTTOM, TOP);
-    let sx = Scale {
-        lo: xa,
-        hi: xb,
-        log: p.x.log,
-        p0: px0,
-        p1: px1,
-    };
-    let sy = Scale {
-        lo: ya,
-        hi: yb,
-        log: p.y.log,
-        p0: py0,
-        p1: py1,
-    };
+    pts
+}
+
+/// The plot's grid, ticks, reference lines, frame and axis labels.
+fn axes(
+    out: &mut String,
+    p: &LinePlot,
+    (sx, xt): (&Scale, &[(f64, String)]),
+    (sy, yt): (&Scale, &[(f64, String)]),
+) {
+    let (px0, px1, py0, py1) = (sx.p0, sx.p1, sy.p0, sy.p1);
     // Grid and ticks.
-    for (v, label) in &xt {
+    for (v, label) in xt {
         let x = sx.at(*v);
         let _ = writeln!(
             out,
@@ -494,7 +471,7 @@ fn line_svg(p: &LinePlot) -> String {
             escape(label)
         );
     }
-    for (v, label) in &yt {
+    for (v, label) in yt {
         let y = sy.at(*v);
         let _ = writeln!(
             out,
@@ -536,110 +513,162 @@ fn line_svg(p: &LinePlot) -> String {
         (py0 + py1) / 2.0,
         escape(&p.y.label)
     );
-    for (k, s) in p.series.iter().enumerate() {
-        let colour = COLOURS[s.colour % COLOURS.len()];
-        let dash = DASHES[s.dash % DASHES.len()];
-        let visible: Vec<(f64, f64)> = s
-            .points
+}
+
+/// Series `k`: its line, confidence bars, markers, marks and legend entry.
+fn series_svg(out: &mut String, p: &LinePlot, k: usize, s: &Series, sx: &Scale, sy: &Scale) {
+    let (py0, py1) = (sy.p0, sy.p1);
+    let colour = COLOURS[s.colour % COLOURS.len()];
+    let dash = DASHES[s.dash % DASHES.len()];
+    let visible: Vec<(f64, f64)> = s
+        .points
+        .iter()
+        .copied()
+        .filter(|(x, y)| usable(&p.x, *x) && usable(&p.y, *y))
+        .map(|(x, y)| (sx.at(x), sy.at(y)))
+        .collect();
+    let errors: Vec<(f64, f64, f64)> = s
+        .points
+        .iter()
+        .zip(&s.errors)
+        .filter(|(pt, _)| usable(&p.x, pt.0) && usable(&p.y, pt.1))
+        .filter_map(|(pt, e)| {
+            let (lo, hi) = (*e)?;
+            // A bar is clipped at the plot's edges; a low end a log
+            // axis cannot show runs to the floor.
+            let lo = if usable(&p.y, lo) {
+                sy.at(lo).min(py0)
+            } else {
+                py0
+            };
+            let hi = if usable(&p.y, hi) {
+                sy.at(hi).max(py1).min(py0)
+            } else {
+                return None;
+            };
+            let lo = lo.max(py1);
+            Some((sx.at(pt.0), lo, hi))
+        })
+        .collect();
+    let _ = writeln!(
+        out,
+        "<g class=\"series\" data-name=\"{}\">",
+        escape(&s.name)
+    );
+    if visible.len() > 1 {
+        let d: Vec<String> = visible
             .iter()
-            .copied()
-            .filter(|(x, y)| usable(&p.x, *x) && usable(&p.y, *y))
-            .map(|(x, y)| (sx.at(x), sy.at(y)))
-            .collect();
-        let errors: Vec<(f64, f64, f64)> = s
-            .points
-            .iter()
-            .zip(&s.errors)
-            .filter(|(pt, _)| usable(&p.x, pt.0) && usable(&p.y, pt.1))
-            .filter_map(|(pt, e)| {
-                let (lo, hi) = (*e)?;
-                // A bar is clipped at the plot's edges; a low end a log
-                // axis cannot show runs to the floor.
-                let lo = if usable(&p.y, lo) {
-                    sy.at(lo).min(py0)
-                } else {
-                    py0
-                };
-                let hi = if usable(&p.y, hi) {
-                    sy.at(hi).max(py1).min(py0)
-                } else {
-                    return None;
-                };
-                let lo = lo.max(py1);
-                Some((sx.at(pt.0), lo, hi))
-            })
+            .map(|(x, y)| format!("{x:.1},{y:.1}"))
             .collect();
         let _ = writeln!(
             out,
-            "<g class=\"series\" data-name=\"{}\">",
-            escape(&s.name)
+            "<polyline points=\"{}\" fill=\"none\" stroke=\"{colour}\" stroke-width=\"1.6\" stroke-dasharray=\"{dash}\"/>",
+            d.join(" ")
         );
-        if visible.len() > 1 {
-            let d: Vec<String> = visible
-                .iter()
-                .map(|(x, y)| format!("{x:.1},{y:.1}"))
-                .collect();
+    }
+    for (x, lo, hi) in &errors {
+        let _ = writeln!(
+            out,
+            "<path class=\"errorbar\" d=\"M{x:.1} {lo:.1}V{hi:.1}M{:.1} {lo:.1}H{:.1}M{:.1} {hi:.1}H{:.1}\" stroke=\"{colour}\" stroke-width=\"1.2\" fill=\"none\"/>",
+            x - 5.0,
+            x + 5.0,
+            x - 5.0,
+            x + 5.0
+        );
+    }
+    for (x, y) in &visible {
+        marker(out, k, *x, *y, colour);
+    }
+    for m in s
+        .marks
+        .iter()
+        .filter(|m| usable(&p.x, m.x) && usable(&p.y, m.y))
+    {
+        let (x, y) = (sx.at(m.x), sy.at(m.y));
+        if m.fault {
             let _ = writeln!(
                 out,
-                "<polyline points=\"{}\" fill=\"none\" stroke=\"{colour}\" stroke-width=\"1.6\" stroke-dasharray=\"{dash}\"/>",
-                d.join(" ")
-            );
-        }
-        for (x, lo, hi) in &errors {
-            let _ = writeln!(
-                out,
-                "<path class=\"errorbar\" d=\"M{x:.1} {lo:.1}V{hi:.1}M{:.1} {lo:.1}H{:.1}M{:.1} {hi:.1}H{:.1}\" stroke=\"{colour}\" stroke-width=\"1.2\" fill=\"none\"/>",
-                x - 5.0,
-                x + 5.0,
-                x - 5.0,
-                x + 5.0
-            );
-        }
-        for (x, y) in &visible {
-            marker(&mut out, k, *x, *y, colour);
-        }
-        for m in s
-            .marks
-            .iter()
-            .filter(|m| usable(&p.x, m.x) && usable(&p.y, m.y))
-        {
-            let (x, y) = (sx.at(m.x), sy.at(m.y));
-            if m.fault {
-                let _ = writeln!(
-                    out,
-                    "<rect class=\"fault\" x=\"{:.1}\" y=\"{:.1}\" width=\"12\" height=\"12\" fill=\"none\" stroke=\"{colour}\" stroke-width=\"2\" stroke-dasharray=\"3 2\"/>\
-                     <text x=\"{x:.1}\" y=\"{:.1}\" text-anchor=\"middle\" fill=\"#C00000\" font-size=\"11\">{}</text>",
-                    x - 6.0,
-                    y - 6.0,
-                    y - 11.0,
-                    escape(&m.note)
-                );
-                continue;
-            }
-            let _ = writeln!(
-                out,
-                "<circle class=\"mark\" cx=\"{x:.1}\" cy=\"{y:.1}\" r=\"9\" fill=\"none\" stroke=\"#C00000\" stroke-width=\"2\"/>\
+                "<rect class=\"fault\" x=\"{:.1}\" y=\"{:.1}\" width=\"12\" height=\"12\" fill=\"none\" stroke=\"{colour}\" stroke-width=\"2\" stroke-dasharray=\"3 2\"/>\
                  <text x=\"{x:.1}\" y=\"{:.1}\" text-anchor=\"middle\" fill=\"#C00000\" font-size=\"11\">{}</text>",
-                y - 13.0,
+                x - 6.0,
+                y - 6.0,
+                y - 11.0,
                 escape(&m.note)
             );
+            continue;
         }
-        // Legend entry, under the x axis label.
-        let ly = HEIGHT + 4.0 + LEGEND_ROW_HEIGHT * k as f64;
-        let lx = LEFT;
         let _ = writeln!(
             out,
-            "<line x1=\"{lx:.1}\" y1=\"{ly:.1}\" x2=\"{:.1}\" y2=\"{ly:.1}\" stroke=\"{colour}\" stroke-width=\"1.6\" stroke-dasharray=\"{dash}\"/>",
-            lx + 28.0
+            "<circle class=\"mark\" cx=\"{x:.1}\" cy=\"{y:.1}\" r=\"9\" fill=\"none\" stroke=\"#C00000\" stroke-width=\"2\"/>\
+             <text x=\"{x:.1}\" y=\"{:.1}\" text-anchor=\"middle\" fill=\"#C00000\" font-size=\"11\">{}</text>",
+            y - 13.0,
+            escape(&m.note)
         );
-        marker(&mut out, k, lx + 14.0, ly, colour);
+    }
+    // Legend entry, under the x axis label.
+    let ly = HEIGHT + 4.0 + LEGEND_ROW_HEIGHT * k as f64;
+    let lx = LEFT;
+    let _ = writeln!(
+        out,
+        "<line x1=\"{lx:.1}\" y1=\"{ly:.1}\" x2=\"{:.1}\" y2=\"{ly:.1}\" stroke=\"{colour}\" stroke-width=\"1.6\" stroke-dasharray=\"{dash}\"/>",
+        lx + 28.0
+    );
+    marker(out, k, lx + 14.0, ly, colour);
+    let _ = writeln!(
+        out,
+        "<text x=\"{:.1}\" y=\"{:.1}\">{}</text>\n</g>",
+        lx + 34.0,
+        ly + 4.0,
+        escape(&s.name)
+    );
+}
+
+fn line_svg(p: &LinePlot) -> String {
+    let pts = extent(p);
+    let mut out = String::new();
+    let height = HEIGHT + LEGEND_ROW_HEIGHT * p.series.len() as f64;
+    header(&mut out, &p.title, height);
+    if pts.is_empty() {
         let _ = writeln!(
             out,
-            "<text x=\"{:.1}\" y=\"{:.1}\">{}</text>\n</g>",
-            lx + 34.0,
-            ly + 4.0,
-            escape(&s.name)
+            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">no points to plot</text>\n</svg>",
+            WIDTH / 2.0,
+            HEIGHT / 2.0
         );
+        return out;
+    }
+    let fold = |f: fn(f64, f64) -> f64, init: f64, sel: fn(&(f64, f64)) -> f64| {
+        pts.iter().map(sel).fold(init, f)
+    };
+    let (x_lo, x_hi) = (
+        fold(f64::min, f64::MAX, |p| p.0),
+        fold(f64::max, f64::MIN, |p| p.0),
+    );
+    let (y_lo, y_hi) = (
+        fold(f64::min, f64::MAX, |p| p.1),
+        fold(f64::max, f64::MIN, |p| p.1),
+    );
+    let (xa, xb, xt) = ticks(&p.x, x_lo, x_hi);
+    let (ya, yb, yt) = ticks(&p.y, y_lo, y_hi);
+    let (px0, px1) = (LEFT, WIDTH - RIGHT);
+    let (py0, py1) = (HEIGHT - BOTTOM, TOP);
+    let sx = Scale {
+        lo: xa,
+        hi: xb,
+        log: p.x.log,
+        p0: px0,
+        p1: px1,
+    };
+    let sy = Scale {
+        lo: ya,
+        hi: yb,
+        log: p.y.log,
+        p0: py0,
+        p1: py1,
+    };
+    axes(&mut out, p, (&sx, &xt), (&sy, &yt));
+    for (k, s) in p.series.iter().enumerate() {
+        series_svg(&mut out, p, k, s, &sx, &sy);
     }
     out.push_str("</svg>\n");
     out
