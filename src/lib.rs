@@ -30,6 +30,7 @@ pub use netgap_measure::{
 pub use netgap_mpi as mpi;
 pub use netgap_proto as proto;
 pub use netgap_proto::limits;
+pub use netgap_relay as relay;
 pub use netgap_report as report;
 pub use netgap_report::{compare, import};
 pub use netgap_shm as shm;
@@ -38,8 +39,6 @@ pub use netgap_transport::{flows, preamble};
 pub use netgap_workload as workload;
 pub use netgap_workload::{confined, shard};
 
-pub mod relay;
-pub mod relay_probe;
 pub mod study;
 pub mod testbed;
 pub mod wrap;

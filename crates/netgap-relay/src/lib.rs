@@ -137,6 +137,7 @@ mod limits;
     )
 )]
 mod policy;
+pub mod probe;
 
 /// Flags of `netgap relay`.
 #[derive(Debug, Clone, clap::Args)]
@@ -292,14 +293,14 @@ mod imp {
     use super::limits::{LogLimit, RequestRate, Verdict};
     use super::policy::{self, LinkId, SocketFacts, XdpInterface};
     use super::*;
-    use crate::transport::xdp::{parse_addr, Xdp, XdpAddr};
-    use crate::transport::{Flow, FlowConfig, Receiver, Sender, Transport};
     use netgap_core::spec::{Mode, TransportOptions};
     use netgap_proto::dataproof::FlowKey;
     use netgap_proto::preload::{RelayReply, RelayRequest, RELAY_REQUEST_BYTES};
     use netgap_proto::relay::{self as frame, Inflow, Kind, Outflow};
     use netgap_shm::wait as shm_wait;
     use netgap_shm::{Consumer, Expect, Producer, Region, Role, Waits};
+    use netgap_transport::xdp::{parse_addr, Xdp, XdpAddr};
+    use netgap_transport::{Flow, FlowConfig, Receiver, Sender, Transport};
     use std::collections::{HashMap, VecDeque};
     use std::io;
     use std::net::IpAddr;
@@ -491,7 +492,7 @@ mod imp {
             why,
         })?;
         let lfd = listen_socket().map_err(RelayError::Listen)?;
-        if let Err(why) = crate::relay_probe::spawn() {
+        if let Err(why) = crate::probe::spawn() {
             log!("{why}");
         }
         log!(
@@ -2630,7 +2631,7 @@ mod imp {
     #[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
     mod tests {
         use super::*;
-        use crate::transport::FlowError;
+        use netgap_transport::FlowError;
 
         /// A receiver that replays `bytes`, then says the flow closed.
         struct Script(VecDeque<u8>);
@@ -2891,7 +2892,7 @@ mod imp {
         struct Wire(Arc<Mutex<Vec<u8>>>);
 
         impl Sender for Wire {
-            fn send_some(&mut self, buf: &[u8]) -> Result<usize, crate::transport::FlowError> {
+            fn send_some(&mut self, buf: &[u8]) -> Result<usize, netgap_transport::FlowError> {
                 self.0.lock().unwrap().extend_from_slice(buf);
                 Ok(buf.len())
             }
