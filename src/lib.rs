@@ -17,6 +17,10 @@
 //! - `netgap-report`: the report, compare, and import of peer tools' output.
 //! - `netgap-shm`: the shared-memory channel of the preload library, the
 //!   relay and the `shm` transport.
+//! - `netgap-relay`: `netgap relay`, the per-host root process that
+//!   carries the preload library's connections to other hosts over xdp
+//!   (its server, links, per-connection credit, limits and policy, and
+//!   its answer to other hosts' probes), as `netgap::relay`.
 //!
 //! See `ARCHITECTURE.md` for the map.
 

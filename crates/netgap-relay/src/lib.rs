@@ -118,95 +118,140 @@
 //! connections to that host reset until the other relay's timeout breaks
 //! the old link.
 
-use std::path::PathBuf;
+use netgap_proto::auth::Key;
+use std::time::Duration;
 use thiserror::Error;
 
-#[cfg_attr(
-    not(feature = "xdp"),
-    allow(
-        dead_code,
-        reason = "the limits are the relay's, which runs only with xdp; they and their tests build without it"
-    )
-)]
-mod limits;
-#[cfg_attr(
-    not(feature = "xdp"),
-    allow(
-        dead_code,
-        reason = "the rules are the relay's, which runs only with xdp; they and their tests build without it"
-    )
-)]
-mod policy;
-pub mod probe;
-
-// The relay's machinery, by seam: the Unix-socket server and its
-// clients' credentials (`server`), the link table and the requests that
-// open links (`hub`), one link and its threads (`link`) with its way out
+// The relay's parts, by seam: the Unix-socket server and its clients'
+// credentials (`server`), the link table and the requests that open
+// links (`hub`), one link and its threads (`link`) with its way out
 // (`outbox`), a connection's pumps and credit (`conn`), the program's
 // ring (`ring`), what is read of the host and of a request's descriptors
-// (`host`), and the log lines (`journal`).
-#[cfg(feature = "xdp")]
+// (`host`), the log lines (`journal`), and the plain rules (`policy`)
+// and limits (`limits`). All of it builds without the xdp feature, so
+// its tests run anywhere; only `run` needs it.
 #[macro_use]
 mod journal;
-#[cfg(feature = "xdp")]
 mod conn;
-#[cfg(feature = "xdp")]
 mod host;
-#[cfg(feature = "xdp")]
 mod hub;
-#[cfg(feature = "xdp")]
+mod limits;
 mod link;
-#[cfg(feature = "xdp")]
 mod outbox;
-#[cfg(feature = "xdp")]
+mod policy;
+mod probe;
 mod ring;
-#[cfg(feature = "xdp")]
 mod server;
 
-/// Flags of `netgap relay`.
-#[derive(Debug, Clone, clap::Args)]
-pub struct RelayArgs {
-    /// The interface the relay's xdp flows take (required): its xdp
+/// The relay's settings as the command line gives them, unchecked
+/// ([`RelayConfig::new`] checks them).
+#[derive(Debug, Clone)]
+pub struct RelayOptions {
+    /// The interface the relay's xdp flows take (`--interface`): its xdp
     /// listens bind the interface's IPv4 address, and it opens flows only
-    /// to addresses on the interface's subnet, at the MAC the kernel's
-    /// neighbour table holds for each. Never the interface of the TCP
-    /// connections it carries: while a flow is open, every frame of the
-    /// interface's queue goes to the relay.
-    #[arg(long, value_name = "NAME")]
+    /// to addresses on its subnet. Required.
     pub interface: Option<String>,
-    /// The hosts whose connections the relay carries (required): their
-    /// TCP addresses, each an address or a prefix, comma-separated
-    /// (`10.77.0.2,10.78.0.0/16`). A connection to any other host, to this
-    /// host or over loopback is refused.
-    #[arg(long, value_name = "IP[/LEN],...", value_delimiter = ',')]
+    /// The hosts whose connections the relay carries (`--peers`): their
+    /// TCP addresses, each an address or a prefix (`10.78.0.0/16`).
+    /// Required; never loopback.
     pub peers: Vec<String>,
-    /// The relays' shared key (required): a key file as `netgap key new
-    /// FILE` makes it (mode 0600), the same for every relay its programs
-    /// reach. Each link between two relays is keyed from it and from what
-    /// names the link.
-    #[arg(long, value_name = "FILE")]
-    pub key: Option<PathBuf>,
-    /// Requests one user's programs may make a second (and at once):
-    /// every connection to the relay's socket counts, a library's check
-    /// that the relay runs too (a relayed connection costs its connector
-    /// two).
-    #[arg(long, default_value_t = 1000)]
+    /// Requests one uid's programs may make a second, and at once
+    /// (`--max-requests-per-uid`); at least 1.
     pub max_requests_per_uid: u32,
-    /// Most connections one user's programs may have through the relay.
-    #[arg(long, default_value_t = 16)]
+    /// Most connections one uid's programs may have through the relay
+    /// (`--max-per-uid`); at least 1.
     pub max_per_uid: u32,
-    /// Most connections through the relay in all.
-    #[arg(long, default_value_t = 64)]
+    /// Most connections through the relay in all (`--max-total`); at
+    /// least 1.
     pub max_total: u32,
-    /// Most links (other hosts' relays) held at once. Each is one flow on
-    /// the interface's xdp port, which holds at most 256 flows and
-    /// listeners.
-    #[arg(long, default_value_t = 64)]
+    /// Most links (other hosts' relays) held at once (`--max-links`); 1
+    /// to [`MAX_LINKS`].
     pub max_links: u32,
     /// A link with no frame from the other relay for this long is broken
-    /// (the relays send a keep-alive every third of it), in milliseconds.
-    #[arg(long, default_value_t = 5000)]
+    /// (`--timeout-ms`), in milliseconds; 300 to 600 000.
     pub timeout_ms: u64,
+}
+
+/// What the relay runs with: checked settings and the relays' shared key.
+#[derive(Debug)]
+pub struct RelayConfig {
+    interface: String,
+    served: policy::Served,
+    key: Key,
+    max_requests_per_uid: u32,
+    max_per_uid: u32,
+    max_total: u32,
+    max_links: usize,
+    timeout: Duration,
+}
+
+/// The most links a relay holds (`--max-links`): half of the xdp port's
+/// flows, so that the listens opening links always find room beside the
+/// links.
+pub const MAX_LINKS: u32 = 128;
+
+/// The shortest and the longest link timeout, in milliseconds.
+const TIMEOUT_MS: std::ops::RangeInclusive<u64> = 300..=600_000;
+
+/// Settings the relay cannot run with; each message names the flag.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum ConfigError {
+    /// `--max-per-uid` or `--max-total` is 0.
+    #[error("relay: --max-per-uid and --max-total must be at least 1")]
+    NoConnections,
+    /// `--max-links` is out of range.
+    #[error("relay: --max-links {0}: want 1 to {MAX_LINKS}")]
+    MaxLinks(u32),
+    /// `--timeout-ms` is out of range.
+    #[error("relay: --timeout-ms {0}: want 300 to 600000")]
+    Timeout(u64),
+    /// `--max-requests-per-uid` is 0.
+    #[error("relay: --max-requests-per-uid must be at least 1")]
+    NoRequests,
+    /// No `--interface`.
+    #[error("relay: --interface NAME is required: the interface the relay's xdp flows take, never the one its programs' TCP connections use")]
+    NoInterface,
+    /// No `--peers`.
+    #[error("relay: --peers is required: the hosts whose connections the relay carries, addresses or prefixes of their TCP addresses (--peers 10.77.0.0/24)")]
+    NoPeers,
+    /// A `--peers` entry the relay cannot serve.
+    #[error("relay: {0}")]
+    Peers(String),
+}
+
+impl RelayConfig {
+    /// Checks `options` and takes the relays' shared key (`--key`, the
+    /// same for every relay its programs reach: each link is keyed from
+    /// it and from what names the link).
+    pub fn new(options: RelayOptions, key: Key) -> Result<RelayConfig, ConfigError> {
+        if options.max_per_uid == 0 || options.max_total == 0 {
+            return Err(ConfigError::NoConnections);
+        }
+        if !(1..=MAX_LINKS).contains(&options.max_links) {
+            return Err(ConfigError::MaxLinks(options.max_links));
+        }
+        if !TIMEOUT_MS.contains(&options.timeout_ms) {
+            return Err(ConfigError::Timeout(options.timeout_ms));
+        }
+        if options.max_requests_per_uid == 0 {
+            return Err(ConfigError::NoRequests);
+        }
+        let interface = options.interface.ok_or(ConfigError::NoInterface)?;
+        if options.peers.is_empty() {
+            return Err(ConfigError::NoPeers);
+        }
+        let served = policy::Served::parse(&options.peers).map_err(ConfigError::Peers)?;
+        Ok(RelayConfig {
+            interface,
+            served,
+            key,
+            max_requests_per_uid: options.max_requests_per_uid,
+            max_per_uid: options.max_per_uid,
+            max_total: options.max_total,
+            max_links: options.max_links as usize,
+            timeout: Duration::from_millis(options.timeout_ms),
+        })
+    }
 }
 
 /// Why the relay could not run.
@@ -218,15 +263,9 @@ pub enum RelayError {
     /// Not root.
     #[error("relay: must run as root (it opens AF_XDP sockets)")]
     NotRoot,
-    /// A bad flag.
-    #[error("relay: {0}")]
-    Flag(String),
     /// The relay's socket.
     #[error("relay: cannot listen on @netgap-relay: {0} (is another relay running in this network namespace?)")]
     Listen(std::io::Error),
-    /// The key file.
-    #[error("relay: --key: {0}")]
-    Key(#[from] netgap_measure::auth::KeyFileError),
     /// The interface of `--interface`.
     #[error("relay: --interface {name}: {why}")]
     Interface {
@@ -237,81 +276,68 @@ pub enum RelayError {
     },
 }
 
-/// The relay's flags, checked: what `imp::run` starts with.
-#[cfg_attr(
-    not(feature = "xdp"),
-    allow(dead_code, reason = "read only by the relay, which runs only with xdp")
-)]
-struct Setup {
-    interface: String,
-    served: policy::Served,
-    key: netgap_proto::auth::Key,
-}
-
-/// The most `--max-links` allows: half of the xdp port's flows, so that
-/// the listens opening links always find room beside the links.
-const MAX_LINKS: u32 = 128;
-
-/// Runs the relay in the foreground until killed.
-pub fn run(args: &RelayArgs) -> Result<(), RelayError> {
-    if args.max_per_uid == 0 || args.max_total == 0 {
-        return Err(RelayError::Flag(
-            "--max-per-uid and --max-total must be at least 1".into(),
-        ));
+/// Runs the relay in the foreground until killed; returns only when it
+/// cannot run.
+pub fn run(config: RelayConfig) -> Result<(), RelayError> {
+    if !cfg!(feature = "xdp") {
+        return Err(RelayError::NoXdp);
     }
-    if !(1..=MAX_LINKS).contains(&args.max_links) {
-        return Err(RelayError::Flag(format!(
-            "--max-links {}: want 1 to {MAX_LINKS}",
-            args.max_links
-        )));
-    }
-    if !(300..=600_000).contains(&args.timeout_ms) {
-        return Err(RelayError::Flag(format!(
-            "--timeout-ms {}: want 300 to 600000",
-            args.timeout_ms
-        )));
-    }
-    if args.max_requests_per_uid == 0 {
-        return Err(RelayError::Flag(
-            "--max-requests-per-uid must be at least 1".into(),
-        ));
-    }
-    let Some(interface) = args.interface.clone() else {
-        return Err(RelayError::Flag(
-            "--interface NAME is required: the interface the relay's xdp flows take, never the one its programs' TCP connections use".into(),
-        ));
-    };
-    if args.peers.is_empty() {
-        return Err(RelayError::Flag(
-            "--peers is required: the hosts whose connections the relay carries, addresses or prefixes of their TCP addresses (--peers 10.77.0.0/24)".into(),
-        ));
-    }
-    let served = policy::Served::parse(&args.peers).map_err(RelayError::Flag)?;
-    let Some(key_file) = &args.key else {
-        return Err(RelayError::Flag(
-            "--key FILE is required: the links between relays are keyed from it (make one with `netgap key new FILE` and give every relay the same)".into(),
-        ));
-    };
-    let key = netgap_measure::auth::load_key(key_file)?;
-    start(
-        args,
-        Setup {
-            interface,
-            served,
-            key,
-        },
-    )
+    server::run(config)
 }
 
 /// How often waiting threads look again (a broken connection, the
 /// linger, the program's doorbells).
-#[cfg(feature = "xdp")]
-pub(crate) const TICK: std::time::Duration = std::time::Duration::from_millis(50);
+const TICK: Duration = Duration::from_millis(50);
 
-#[cfg(feature = "xdp")]
-use server::run as start;
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
+mod tests {
+    use super::*;
 
-#[cfg(not(feature = "xdp"))]
-fn start(_: &RelayArgs, _: Setup) -> Result<(), RelayError> {
-    Err(RelayError::NoXdp)
+    fn options() -> RelayOptions {
+        RelayOptions {
+            interface: Some("eth1".into()),
+            peers: vec!["10.0.1.0/24".into()],
+            max_requests_per_uid: 1000,
+            max_per_uid: 16,
+            max_total: 64,
+            max_links: 64,
+            timeout_ms: 5000,
+        }
+    }
+
+    fn key() -> Key {
+        Key::from_bytes(vec![9; 32]).unwrap()
+    }
+
+    fn refused(change: impl FnOnce(&mut RelayOptions)) -> ConfigError {
+        let mut o = options();
+        change(&mut o);
+        RelayConfig::new(o, key()).unwrap_err()
+    }
+
+    #[test]
+    fn settings_out_of_range_are_refused_naming_the_flag() {
+        let c = RelayConfig::new(options(), key()).unwrap();
+        assert_eq!(c.timeout, Duration::from_secs(5));
+        assert_eq!(c.max_links, 64);
+        assert_eq!(refused(|o| o.max_total = 0), ConfigError::NoConnections);
+        assert_eq!(refused(|o| o.max_links = 0), ConfigError::MaxLinks(0));
+        assert_eq!(
+            refused(|o| o.max_links = MAX_LINKS + 1),
+            ConfigError::MaxLinks(MAX_LINKS + 1)
+        );
+        assert_eq!(refused(|o| o.timeout_ms = 299), ConfigError::Timeout(299));
+        assert_eq!(
+            refused(|o| o.max_requests_per_uid = 0),
+            ConfigError::NoRequests
+        );
+        assert_eq!(refused(|o| o.interface = None), ConfigError::NoInterface);
+        assert_eq!(refused(|o| o.peers.clear()), ConfigError::NoPeers);
+        let e = refused(|o| o.peers = vec!["127.0.0.1".into()]);
+        assert!(e.to_string().contains("never to a loopback"), "{e}");
+        assert!(refused(|o| o.max_links = 0)
+            .to_string()
+            .contains("--max-links 0"));
+    }
 }

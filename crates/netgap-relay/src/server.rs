@@ -10,7 +10,7 @@ use crate::host::read_interface;
 use crate::hub::{before, connect, listen, Asker, Hub};
 use crate::journal::Journal;
 use crate::limits::RequestRate;
-use crate::{RelayArgs, RelayError, Setup};
+use crate::{RelayConfig, RelayError};
 use netgap_proto::preload::{RelayReply, RelayRequest, RELAY_REQUEST_BYTES};
 use std::collections::HashMap;
 use std::io;
@@ -88,13 +88,13 @@ pub(crate) fn listen_socket() -> io::Result<OwnedFd> {
     Ok(fd)
 }
 
-pub(crate) fn run(args: &RelayArgs, setup: Setup) -> Result<(), RelayError> {
+pub(crate) fn run(config: RelayConfig) -> Result<(), RelayError> {
     // SAFETY: geteuid cannot fail.
     if unsafe { libc::geteuid() } != 0 {
         return Err(RelayError::NotRoot);
     }
-    let iface = read_interface(&setup.interface).map_err(|why| RelayError::Interface {
-        name: setup.interface.clone(),
+    let iface = read_interface(&config.interface).map_err(|why| RelayError::Interface {
+        name: config.interface.clone(),
         why,
     })?;
     let lfd = listen_socket().map_err(RelayError::Listen)?;
@@ -103,14 +103,14 @@ pub(crate) fn run(args: &RelayArgs, setup: Setup) -> Result<(), RelayError> {
     }
     log!(
         "listening on @{SOCKET_NAME} for connections to {} over {} ({}/{}) (at most {} connections per uid, {} in all, {} requests a second per uid; timeout {} ms)",
-        setup.served,
+        config.served,
         iface.name,
         iface.ip,
         iface.prefix_len,
-        args.max_per_uid,
-        args.max_total,
-        args.max_requests_per_uid,
-        args.timeout_ms
+        config.max_per_uid,
+        config.max_total,
+        config.max_requests_per_uid,
+        config.timeout.as_millis()
     );
     let counts = Arc::new(Mutex::new(Counts {
         per_uid: HashMap::new(),
@@ -122,14 +122,14 @@ pub(crate) fn run(args: &RelayArgs, setup: Setup) -> Result<(), RelayError> {
         links: Mutex::new(HashMap::new()),
         cv: Condvar::new(),
         pending: Mutex::new(HashMap::new()),
-        timeout: Duration::from_millis(args.timeout_ms),
-        max_links: args.max_links as usize,
+        timeout: config.timeout,
+        max_links: config.max_links,
         iface,
-        served: setup.served,
-        relay_key: setup.key,
+        served: config.served,
+        relay_key: config.key,
         journal,
     });
-    let mut rate = RequestRate::new(args.max_requests_per_uid);
+    let mut rate = RequestRate::new(config.max_requests_per_uid);
     let refuser = Refuser::spawn();
     loop {
         // SAFETY: accept on our listening socket; the result is checked
@@ -163,25 +163,28 @@ pub(crate) fn run(args: &RelayArgs, setup: Setup) -> Result<(), RelayError> {
                 cred.uid,
                 &format!(
                     "uid {} (pid {}): refused: more than {} requests a second (--max-requests-per-uid)",
-                    cred.uid, cred.pid, args.max_requests_per_uid
+                    cred.uid, cred.pid, config.max_requests_per_uid
                 ),
             );
             refuser.refuse(
                 client,
-                format!("more than {} requests a second", args.max_requests_per_uid),
+                format!(
+                    "more than {} requests a second",
+                    config.max_requests_per_uid
+                ),
             );
             continue;
         }
         let slot = {
             let mut n = counts.lock().unwrap_or_else(|e| e.into_inner());
             let mine = n.per_uid.get(&cred.uid).copied().unwrap_or(0);
-            if mine >= args.max_per_uid || n.total >= args.max_total {
+            if mine >= config.max_per_uid || n.total >= config.max_total {
                 drop(n);
                 hub.journal.client(
                     cred.uid,
                     &format!(
                         "uid {} (pid {}): refused: connection limit ({} per uid, {} in all)",
-                        cred.uid, cred.pid, args.max_per_uid, args.max_total
+                        cred.uid, cred.pid, config.max_per_uid, config.max_total
                     ),
                 );
                 refuser.refuse(client, "connection limit".into());
