@@ -3,29 +3,19 @@
 //! to send and the answer to its `OPEN`, the program's wake-ups, and the
 //! two pumps (the program's ring to the link, the queue to the ring).
 
+use crate::credit::{Inbox, Next, Opening, SendSide};
 use crate::host::{reset_tcp, send_byte};
 use crate::hub::Ends;
 use crate::link::Link;
 use crate::outbox::{Outbox, Via};
 use crate::ring::{Corrupt, FarEnd, Moved};
 use crate::TICK;
-use netgap_proto::relay::{self as frame, Inflow, Kind, Outflow};
-use std::collections::VecDeque;
+use netgap_proto::relay::{self as frame, Kind};
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
-
-/// Bytes from the other relay waiting for the program's ring.
-pub(crate) struct Inbox {
-    pub(crate) chunks: VecDeque<Vec<u8>>,
-    pub(crate) flow: Inflow,
-    pub(crate) end: bool,
-    /// The connection's receiving thread is putting a chunk it took
-    /// into the ring: the link's reader must queue, not write.
-    pub(crate) writing: bool,
-}
 
 /// Why a `DATA` frame could not be taken.
 pub(crate) enum ArriveError {
@@ -36,20 +26,6 @@ pub(crate) enum ArriveError {
     Corrupt,
     /// The link closed meanwhile.
     Closed,
-}
-
-/// Where an opened connection stands.
-#[derive(Clone, PartialEq, Eq)]
-pub(crate) enum Opening {
-    Waiting,
-    Open,
-    Refused,
-}
-
-/// The sending side: credit, and the answer to this end's `OPEN`.
-pub(crate) struct SendSide {
-    pub(crate) flow: Outflow,
-    pub(crate) open: Opening,
 }
 
 /// One relayed connection on the link.
@@ -89,21 +65,9 @@ impl Conn {
             tcp,
             client,
             out,
-            inbox: Mutex::new(Inbox {
-                chunks: VecDeque::new(),
-                flow: Inflow::default(),
-                end: false,
-                writing: false,
-            }),
+            inbox: Mutex::new(Inbox::default()),
             inbox_cv: Condvar::new(),
-            send: Mutex::new(SendSide {
-                flow: Outflow::default(),
-                open: if open {
-                    Opening::Open
-                } else {
-                    Opening::Waiting
-                },
-            }),
+            send: Mutex::new(SendSide::new(open)),
             send_cv: Condvar::new(),
             broken: AtomicBool::new(false),
             program_gone: AtomicBool::new(false),
@@ -141,10 +105,10 @@ impl Conn {
     /// credit to return.
     pub(crate) fn arrive(&self, v: &[u8]) -> Result<Option<u32>, ArriveError> {
         let mut i = self.inbox();
-        i.flow.arrive(v.len() as u32).map_err(ArriveError::Credit)?;
+        let direct = i.arrive(v.len() as u32).map_err(ArriveError::Credit)?;
         let mut put = 0;
         let mut back = None;
-        if i.chunks.is_empty() && !i.writing && !self.broken() {
+        if direct && !self.broken() {
             if self.program_gone.load(Ordering::SeqCst) {
                 // Counted as relayed and discarded, as `put_all` does.
                 self.discarded_bytes
@@ -159,10 +123,10 @@ impl Conn {
                     .fetch_add(m.bytes as u64, Ordering::Relaxed);
                 put = m.bytes;
             }
-            back = i.flow.moved(put as u32);
+            back = i.moved(put as u32);
         }
         if put < v.len() {
-            i.chunks.push_back(v[put..].to_vec());
+            i.queue(v[put..].to_vec());
             self.inbox_cv.notify_one();
         }
         Ok(back)
@@ -170,7 +134,7 @@ impl Conn {
 
     /// The other relay's `END`: after what is queued, the end.
     pub(crate) fn end(&self) {
-        self.inbox().end = true;
+        self.inbox().end();
         self.inbox_cv.notify_one();
     }
 
@@ -182,11 +146,7 @@ impl Conn {
 
     /// The other relay's answer to this end's `OPEN`.
     pub(crate) fn opened(&self, ok: bool) -> Result<(), String> {
-        let mut s = self.sending();
-        if s.open != Opening::Waiting {
-            return Err("a second answer to its OPEN".into());
-        }
-        s.open = if ok { Opening::Open } else { Opening::Refused };
+        self.sending().answer(ok)?;
         self.send_cv.notify_all();
         Ok(())
     }
@@ -441,12 +401,10 @@ pub(crate) fn queue_to_ring(c: &Conn) -> Result<(), String> {
                 if c.broken() {
                     return Err("the connection broke".into());
                 }
-                if let Some(v) = i.chunks.pop_front() {
-                    i.writing = true;
-                    break Some(v);
-                }
-                if i.end {
-                    break None;
+                match i.next() {
+                    Next::Chunk(v) => break Some(v),
+                    Next::End => break None,
+                    Next::Idle => {}
                 }
                 i = c
                     .inbox_cv
@@ -465,12 +423,8 @@ pub(crate) fn queue_to_ring(c: &Conn) -> Result<(), String> {
             return Ok(());
         };
         let put = put_all(c, &v);
-        let back = {
-            let mut i = c.inbox();
-            i.writing = false;
-            put?;
-            i.flow.moved(v.len() as u32)
-        };
+        let back = c.inbox().written(put.is_ok().then_some(v.len() as u32));
+        put?;
         c.relayed_in_bytes
             .fetch_add(v.len() as u64, Ordering::Relaxed);
         if let Some(n) = back {

@@ -10,6 +10,7 @@ use crate::link::Link;
 use crate::policy::{self, LinkId, XdpInterface};
 use crate::ring::FarEnd;
 use crate::server::{reply, Request};
+use crate::table::{LinkTable, Step};
 use netgap_core::spec::{Mode, TransportOptions};
 use netgap_proto::dataproof::FlowKey;
 use netgap_proto::preload::{RelayReply, RelayRequest};
@@ -31,23 +32,6 @@ pub(crate) const ACCEPT_WAIT: Duration = Duration::from_secs(10);
 /// (3 s at most) and `OPEN_WAIT`: the library waits 10 s for it.
 pub(crate) const STATE_WAIT: Duration = Duration::from_secs(4);
 
-/// What this relay's link to one other host is doing; a host with no
-/// entry has no link, and the next listen or connect for it opens one.
-pub(crate) enum State {
-    /// A request is opening the link (listening for the other relay's
-    /// flow, or connecting to it): the others for that host wait for
-    /// it.
-    Opening,
-    /// The link, until both its threads have ended (also while it
-    /// closes: requests then wait for its entry to go).
-    Up(Arc<Link>),
-}
-
-/// The links by the other host's TCP address: the peer address of
-/// the programs' connections, which both ends of a connection know
-/// before any link exists.
-pub(crate) type Links = HashMap<IpAddr, State>;
-
 /// What the relay holds of one program's connection: the ring, a
 /// duplicate of its TCP socket, and a duplicate of the client socket
 /// (to wake the program on this host; see `netgap_shm::wait::WAIT_BELL`).
@@ -66,11 +50,10 @@ pub(crate) struct Pending {
 /// The relay's links and the listens waiting for their connection,
 /// and what it was started for.
 pub(crate) struct Hub {
-    pub(crate) links: Mutex<Links>,
+    pub(crate) links: Mutex<LinkTable<Link>>,
     pub(crate) cv: Condvar,
     pub(crate) pending: Mutex<HashMap<[u8; frame::KEY_BYTES], Pending>>,
     pub(crate) timeout: Duration,
-    pub(crate) max_links: usize,
     /// The interface of its flows (`--interface`).
     pub(crate) iface: XdpInterface,
     /// The hosts it serves (`--peers`).
@@ -81,50 +64,56 @@ pub(crate) struct Hub {
 }
 
 impl Hub {
-    pub(crate) fn lock(&self) -> MutexGuard<'_, Links> {
+    fn lock(&self) -> MutexGuard<'_, LinkTable<Link>> {
         self.links.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Sets the state of the link to `peer` (None: it has none).
-    pub(crate) fn set(&self, peer: IpAddr, s: Option<State>) {
-        let mut m = self.lock();
-        match s {
-            Some(s) => m.insert(peer, s),
-            None => m.remove(&peer),
-        };
-        drop(m);
+    /// The link to `peer` to use (Some), or the caller's claim to open
+    /// it (None), waiting until `deadline` while another request opens
+    /// it or it closes.
+    pub(crate) fn enter(
+        &self,
+        peer: IpAddr,
+        deadline: Instant,
+    ) -> Result<Option<Arc<Link>>, String> {
+        let mut t = self.lock();
+        loop {
+            match t.enter(peer).map_err(|e| e.to_string())? {
+                Step::Use(link) => return Ok(Some(link)),
+                Step::Open => return Ok(None),
+                Step::Wait => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Err("the link did not come up in time".into());
+                    }
+                    t = self
+                        .cv
+                        .wait_timeout(t, left)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0;
+                }
+            }
+        }
+    }
+
+    /// The link to `peer`, which the caller claimed, is up.
+    pub(crate) fn up(&self, peer: IpAddr, link: Arc<Link>) {
+        self.lock().up(peer, link);
         self.cv.notify_all();
     }
 
-    /// Marks the link to `peer`, which has none, as opening by the
-    /// caller, if the relay has room for one more.
-    pub(crate) fn claim(&self, m: &mut Links, peer: IpAddr) -> Result<(), String> {
-        if m.len() >= self.max_links {
-            return Err(format!(
-                "{} links to other hosts are open or opening, the most this relay holds (--max-links)",
-                m.len()
-            ));
-        }
-        m.insert(peer, State::Opening);
-        Ok(())
+    /// The caller's claim on `peer` is given back: opening its link
+    /// failed.
+    pub(crate) fn forget(&self, peer: IpAddr) {
+        self.lock().forget(peer);
+        self.cv.notify_all();
     }
 
-    /// Waits for a change of state until `deadline`; None: time is up.
-    pub(crate) fn wait<'a>(
-        &self,
-        g: MutexGuard<'a, Links>,
-        deadline: Instant,
-    ) -> Option<MutexGuard<'a, Links>> {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return None;
-        }
-        Some(
-            self.cv
-                .wait_timeout(g, left)
-                .unwrap_or_else(|e| e.into_inner())
-                .0,
-        )
+    /// `link`'s threads ended: its entry goes (unless a newer link to
+    /// `peer` took it).
+    pub(crate) fn gone(&self, peer: IpAddr, link: &Arc<Link>) {
+        self.lock().gone(peer, link);
+        self.cv.notify_all();
     }
 
     pub(crate) fn pending(&self) -> MutexGuard<'_, HashMap<[u8; frame::KEY_BYTES], Pending>> {
@@ -255,32 +244,18 @@ pub(crate) fn listen(
     let (give, take) = mpsc::sync_channel(1);
     let pending = Pending { ends, give };
     let deadline = Instant::now() + STATE_WAIT;
-    let mut st = hub.lock();
-    loop {
-        match st.get(&tcp_peer) {
-            Some(State::Up(link)) if !link.closing() => {
-                let name = link.local_name.clone();
-                link.touch();
-                drop(st);
-                hub.register(key, pending).map_err(before)?;
-                reply(client, &RelayReply::Ok(name));
-                break;
-            }
-            None => {
-                hub.claim(&mut st, tcp_peer).map_err(before)?;
-                drop(st);
-                let opened =
-                    open_listening(hub, &r.req, pending, (tcp_local, tcp_peer), client, asker);
-                if let Err(f) = opened {
-                    hub.set(tcp_peer, None);
-                    return Err(f);
-                }
-                break;
-            }
-            Some(_) => {
-                st = hub
-                    .wait(st, deadline)
-                    .ok_or_else(|| before("the link did not come up in time".into()))?;
+    match hub.enter(tcp_peer, deadline).map_err(before)? {
+        Some(link) => {
+            let name = link.local_name.clone();
+            link.touch();
+            hub.register(key, pending).map_err(before)?;
+            reply(client, &RelayReply::Ok(name));
+        }
+        None => {
+            let opened = open_listening(hub, &r.req, pending, (tcp_local, tcp_peer), client, asker);
+            if let Err(f) = opened {
+                hub.forget(tcp_peer);
+                return Err(f);
             }
         }
     }
@@ -366,26 +341,14 @@ pub(crate) fn connect(
     let link_id = LinkId::of_request(&r.req, &own, tcp_local, tcp_peer).map_err(before)?;
     let mut parts = Some(ends);
     let deadline = Instant::now() + STATE_WAIT;
-    let late = || before("the link did not come up in time".into());
     loop {
-        let mut st = hub.lock();
-        let up = loop {
-            match st.get(&tcp_peer) {
-                Some(State::Up(link)) if !link.closing() => break Some(Arc::clone(link)),
-                None => {
-                    hub.claim(&mut st, tcp_peer).map_err(before)?;
-                    break None;
-                }
-                Some(_) => st = hub.wait(st, deadline).ok_or_else(late)?,
-            }
-        };
-        drop(st);
+        let up = hub.enter(tcp_peer, deadline).map_err(before)?;
         let link = match up {
             Some(l) => l,
             None => match open_connecting(hub, t, target, &link_id, tcp_peer, asker) {
                 Ok(l) => l,
                 Err(why) => {
-                    hub.set(tcp_peer, None);
+                    hub.forget(tcp_peer);
                     return Err(before(why));
                 }
             },
@@ -415,7 +378,7 @@ pub(crate) fn connect(
             }
         }
         if Instant::now() >= deadline {
-            return Err(late());
+            return Err(before("the link did not come up in time".into()));
         }
     }
 }

@@ -124,8 +124,9 @@ use thiserror::Error;
 
 // The relay's parts, by seam: the Unix-socket server and its clients'
 // credentials (`server`), the link table and the requests that open
-// links (`hub`), one link and its threads (`link`) with its way out
-// (`outbox`), a connection's pumps and credit (`conn`), the program's
+// links (`hub`) over the link table (`table`), one link and its threads (`link`) with its way out
+// (`outbox`), a connection's pumps (`conn`) and its flow control
+// (`credit`), the program's
 // ring (`ring`), what is read of the host and of a request's descriptors
 // (`host`), the log lines (`journal`), and the plain rules (`policy`)
 // and limits (`limits`). All of it builds without the xdp feature, so
@@ -133,6 +134,7 @@ use thiserror::Error;
 #[macro_use]
 mod journal;
 mod conn;
+mod credit;
 mod host;
 mod hub;
 mod limits;
@@ -142,6 +144,7 @@ mod policy;
 mod probe;
 mod ring;
 mod server;
+mod table;
 
 /// The relay's settings as the command line gives them, unchecked
 /// ([`RelayConfig::new`] checks them).

@@ -6,8 +6,9 @@
 
 use crate::conn::{ArriveError, Conn};
 use crate::host::reset_tcp;
-use crate::hub::{Ends, Hub, State};
+use crate::hub::{Ends, Hub};
 use crate::outbox::{Out, Outbox, Via};
+use crate::table::LinkState;
 use crate::TICK;
 use netgap_proto::relay::{self as frame, Kind};
 use netgap_transport::xdp::parse_addr;
@@ -144,7 +145,7 @@ impl Link {
             flow_id,
             my_bit,
         ));
-        hub.set(peer_tcp_ip, Some(State::Up(Arc::clone(&link))));
+        hub.up(peer_tcp_ip, Arc::clone(&link));
         log!(
             "link up: {} {} (this end {})",
             if my_bit == 0 {
@@ -364,13 +365,7 @@ impl Link {
         if self.live_threads.fetch_sub(1, Ordering::SeqCst) != 1 {
             return;
         }
-        {
-            let mut st = hub.lock();
-            if matches!(st.get(&self.peer_tcp_ip), Some(State::Up(l)) if Arc::ptr_eq(l, self)) {
-                st.remove(&self.peer_tcp_ip);
-            }
-        }
-        hub.cv.notify_all();
+        hub.gone(self.peer_tcp_ip, self);
         let why = self
             .why
             .lock()
@@ -386,6 +381,12 @@ impl Link {
             self.out.frames_out.load(Ordering::Relaxed),
             self.unknown_id_frames.load(Ordering::Relaxed),
         );
+    }
+}
+
+impl LinkState for Link {
+    fn closing(&self) -> bool {
+        Link::closing(self)
     }
 }
 

@@ -10,6 +10,7 @@ use crate::host::read_interface;
 use crate::hub::{before, connect, listen, Asker, Hub};
 use crate::journal::Journal;
 use crate::limits::RequestRate;
+use crate::table::LinkTable;
 use crate::{RelayConfig, RelayError};
 use netgap_proto::preload::{RelayReply, RelayRequest, RELAY_REQUEST_BYTES};
 use std::collections::HashMap;
@@ -25,16 +26,47 @@ pub(crate) const REQUEST_WAIT: Duration = Duration::from_secs(5);
 /// How long a reservation waits for its connect.
 pub(crate) const CONNECT_WAIT: Duration = Duration::from_secs(15);
 
-/// Connections per uid and in all.
+/// Connections per uid and in all, against the relay's limits
+/// (`--max-per-uid`, `--max-total`).
 pub(crate) struct Counts {
-    pub(crate) per_uid: HashMap<u32, u32>,
-    pub(crate) total: u32,
+    per_uid: HashMap<u32, u32>,
+    total: u32,
+    max_per_uid: u32,
+    max_total: u32,
+}
+
+impl Counts {
+    /// No connection yet, under these limits.
+    pub(crate) fn new(max_per_uid: u32, max_total: u32) -> Arc<Mutex<Counts>> {
+        Arc::new(Mutex::new(Counts {
+            per_uid: HashMap::new(),
+            total: 0,
+            max_per_uid,
+            max_total,
+        }))
+    }
+
+    /// A place for one more connection of `uid`, if both limits allow
+    /// it; it is given back when the slot drops.
+    pub(crate) fn take(counts: &Arc<Mutex<Counts>>, uid: u32) -> Option<Slot> {
+        let mut n = counts.lock().unwrap_or_else(|e| e.into_inner());
+        let mine = n.per_uid.get(&uid).copied().unwrap_or(0);
+        if mine >= n.max_per_uid || n.total >= n.max_total {
+            return None;
+        }
+        n.total += 1;
+        *n.per_uid.entry(uid).or_insert(0) += 1;
+        Some(Slot {
+            counts: Arc::clone(counts),
+            uid,
+        })
+    }
 }
 
 /// One connection's place in the counts, given back on drop.
 pub(crate) struct Slot {
-    pub(crate) counts: Arc<Mutex<Counts>>,
-    pub(crate) uid: u32,
+    counts: Arc<Mutex<Counts>>,
+    uid: u32,
 }
 
 impl Drop for Slot {
@@ -112,18 +144,14 @@ pub(crate) fn run(config: RelayConfig) -> Result<(), RelayError> {
         config.max_requests_per_uid,
         config.timeout.as_millis()
     );
-    let counts = Arc::new(Mutex::new(Counts {
-        per_uid: HashMap::new(),
-        total: 0,
-    }));
+    let counts = Counts::new(config.max_per_uid, config.max_total);
     let journal = Journal::new();
     journal.spawn_summaries();
     let hub = Arc::new(Hub {
-        links: Mutex::new(HashMap::new()),
+        links: Mutex::new(LinkTable::new(config.max_links)),
         cv: Condvar::new(),
         pending: Mutex::new(HashMap::new()),
         timeout: config.timeout,
-        max_links: config.max_links,
         iface,
         served: config.served,
         relay_key: config.key,
@@ -175,27 +203,16 @@ pub(crate) fn run(config: RelayConfig) -> Result<(), RelayError> {
             );
             continue;
         }
-        let slot = {
-            let mut n = counts.lock().unwrap_or_else(|e| e.into_inner());
-            let mine = n.per_uid.get(&cred.uid).copied().unwrap_or(0);
-            if mine >= config.max_per_uid || n.total >= config.max_total {
-                drop(n);
-                hub.journal.client(
-                    cred.uid,
-                    &format!(
-                        "uid {} (pid {}): refused: connection limit ({} per uid, {} in all)",
-                        cred.uid, cred.pid, config.max_per_uid, config.max_total
-                    ),
-                );
-                refuser.refuse(client, "connection limit".into());
-                continue;
-            }
-            n.total += 1;
-            *n.per_uid.entry(cred.uid).or_insert(0) += 1;
-            Slot {
-                counts: Arc::clone(&counts),
-                uid: cred.uid,
-            }
+        let Some(slot) = Counts::take(&counts, cred.uid) else {
+            hub.journal.client(
+                cred.uid,
+                &format!(
+                    "uid {} (pid {}): refused: connection limit ({} per uid, {} in all)",
+                    cred.uid, cred.pid, config.max_per_uid, config.max_total
+                ),
+            );
+            refuser.refuse(client, "connection limit".into());
+            continue;
         };
         let hub = Arc::clone(&hub);
         let spawned = std::thread::Builder::new()
@@ -431,4 +448,28 @@ pub(crate) fn serve(hub: &Arc<Hub>, client: OwnedFd, cred: Cred, slot: Slot) {
         Err(f) => refuse(f.why),
     }
     drop(slot);
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connections_are_held_to_both_limits_and_given_back_on_drop() {
+        let counts = Counts::new(2, 3);
+        let a1 = Counts::take(&counts, 1).unwrap();
+        let a2 = Counts::take(&counts, 1).unwrap();
+        // Past its own limit, one uid is refused; another is not.
+        assert!(Counts::take(&counts, 1).is_none());
+        let b1 = Counts::take(&counts, 2).unwrap();
+        // Past the limit in all, every uid is refused.
+        assert!(Counts::take(&counts, 3).is_none());
+        drop(a1);
+        let c1 = Counts::take(&counts, 3).unwrap();
+        drop((a2, b1, c1));
+        let n = counts.lock().unwrap();
+        assert_eq!(n.total, 0);
+        assert!(n.per_uid.is_empty());
+    }
 }

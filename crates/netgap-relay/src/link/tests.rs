@@ -3,6 +3,7 @@ use crate::hub::Pending;
 use crate::journal::Journal;
 use crate::policy::{self, XdpInterface};
 use crate::ring::FarEnd;
+use crate::table::LinkTable;
 use netgap_shm::Waits;
 use netgap_transport::{FlowError, Sender};
 use std::collections::{HashMap, VecDeque};
@@ -87,11 +88,10 @@ fn ends() -> Ends {
 
 fn hub() -> Arc<Hub> {
     Arc::new(Hub {
-        links: Mutex::new(HashMap::new()),
+        links: Mutex::new(LinkTable::new(64)),
         cv: Condvar::new(),
         pending: Mutex::new(HashMap::new()),
         timeout: Duration::from_secs(1),
-        max_links: 64,
         iface: XdpInterface {
             name: "eth1".into(),
             ip: "10.0.0.1".parse().unwrap(),
@@ -166,8 +166,8 @@ fn frames_for_unknown_connections_are_counted_and_dropped() {
     // Nothing was queued before it: straight into the ring.
     assert_eq!(program_input(&c.ring), b"hello");
     let i = c.inbox();
-    assert!(i.chunks.is_empty());
-    assert!(i.end);
+    assert_eq!(i.queued_bytes(), 0);
+    assert!(i.ended());
 }
 
 /// What the relay put in the program's ring (ring 1) and the
@@ -191,10 +191,10 @@ fn data_past_the_rings_room_queues_in_order() {
     reader(&link, &hub(), &mut s).unwrap();
     assert_eq!(program_input(&c.ring), a[..RING_BYTES]);
     let i = c.inbox();
-    let queued: Vec<u8> = i.chunks.iter().flatten().copied().collect();
+    let queued = i.queued();
     assert_eq!(queued[..100], a[RING_BYTES..]);
     assert_eq!(&queued[100..], b"next");
-    assert_eq!(i.flow.queued_bytes(), 104);
+    assert_eq!(i.queued_bytes(), 104);
 }
 
 #[test]
