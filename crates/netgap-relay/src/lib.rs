@@ -117,6 +117,15 @@
 //! that restarts while the other still holds their link has its first
 //! connections to that host reset until the other relay's timeout breaks
 //! the old link.
+//!
+//! This crate is the relay and nothing else: the `netgap` binary turns
+//! `netgap relay`'s flags into [`RelayOptions`], reads the key, and calls
+//! [`run`] with the [`RelayConfig`] they make. It sees the layers it
+//! carries bytes through (`netgap-proto`'s requests, frames and credit,
+//! `netgap-shm`'s regions, `netgap-transport`'s xdp flows) and nothing of
+//! the measurement crates or the binary. Everything but [`run`] builds
+//! without the `xdp` feature, so the link table, the flow control, the
+//! limits and the rules are tested anywhere, without root.
 
 use netgap_proto::auth::Key;
 use std::time::Duration;
