@@ -146,7 +146,7 @@ impl Conn {
 
     /// The other relay's answer to this end's `OPEN`.
     pub(crate) fn opened(&self, ok: bool) -> Result<(), String> {
-        self.sending().answer(ok)?;
+        self.sending().answer(ok).map_err(|e| e.to_string())?;
         self.send_cv.notify_all();
         Ok(())
     }

@@ -8,6 +8,7 @@
 
 use netgap_proto::relay::{CreditError, Inflow, Outflow};
 use std::collections::VecDeque;
+use thiserror::Error;
 
 /// Bytes from the other relay waiting for the program's ring.
 ///
@@ -115,6 +116,11 @@ pub(crate) enum Opening {
     Refused,
 }
 
+/// A second answer to one `OPEN`: the other relay broke the protocol.
+#[derive(Debug, Error, PartialEq, Eq)]
+#[error("a second answer to its OPEN")]
+pub(crate) struct SecondAnswer;
+
 /// The sending side: credit, and the answer to this end's `OPEN`.
 pub(crate) struct SendSide {
     pub(crate) flow: Outflow,
@@ -137,9 +143,9 @@ impl SendSide {
 
     /// The other relay's answer to this end's `OPEN`; a second answer
     /// is a fault.
-    pub(crate) fn answer(&mut self, ok: bool) -> Result<(), &'static str> {
+    pub(crate) fn answer(&mut self, ok: bool) -> Result<(), SecondAnswer> {
         if self.open != Opening::Waiting {
-            return Err("a second answer to its OPEN");
+            return Err(SecondAnswer);
         }
         self.open = if ok { Opening::Open } else { Opening::Refused };
         Ok(())
@@ -227,7 +233,7 @@ mod tests {
         assert_eq!(s.open, Opening::Waiting);
         s.answer(false).unwrap();
         assert_eq!(s.open, Opening::Refused);
-        assert!(s.answer(true).is_err());
+        assert_eq!(s.answer(true), Err(SecondAnswer));
         let mut theirs = SendSide::new(true);
         assert_eq!(theirs.flow.credit_bytes(), WINDOW_BYTES);
         assert!(theirs.answer(true).is_err());
