@@ -17,6 +17,10 @@
 //! - `netgap-report`: the report, compare, and import of peer tools' output.
 //! - `netgap-shm`: the shared-memory channel of the preload library, the
 //!   relay and the `shm` transport.
+//! - `netgap-relay`: `netgap relay`, the per-host root process that
+//!   carries the preload library's connections to other hosts over xdp
+//!   (its server, links, per-connection credit, limits and policy, and
+//!   its answer to other hosts' probes), as `netgap::relay`.
 //!
 //! See `ARCHITECTURE.md` for the map.
 
@@ -30,6 +34,7 @@ pub use netgap_measure::{
 pub use netgap_mpi as mpi;
 pub use netgap_proto as proto;
 pub use netgap_proto::limits;
+pub use netgap_relay as relay;
 pub use netgap_report as report;
 pub use netgap_report::{compare, import};
 pub use netgap_shm as shm;
@@ -38,8 +43,6 @@ pub use netgap_transport::{flows, preamble};
 pub use netgap_workload as workload;
 pub use netgap_workload::{confined, shard};
 
-pub mod relay;
-pub mod relay_probe;
 pub mod study;
 pub mod testbed;
 pub mod wrap;

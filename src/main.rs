@@ -97,7 +97,9 @@ fn main() -> ExitCode {
             netgap_workload::run_web_load_child().map_err(|e| anyhow::anyhow!(e))
         }
         Some(Command::Wrap(args)) => Err(netgap::wrap::exec(&args.transport, &args.command).into()),
-        Some(Command::Relay(args)) => netgap::relay::run(&args).map_err(Into::into),
+        Some(Command::Relay(args)) => args
+            .config()
+            .and_then(|config| netgap::relay::run(config).map_err(Into::into)),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,

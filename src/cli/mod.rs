@@ -3,6 +3,7 @@
 //! in the library (`netgap::plan`).
 
 pub mod flags;
+pub mod relay;
 pub mod study;
 
 use clap::{Parser, Subcommand};
@@ -127,7 +128,7 @@ pub enum Command {
     /// Carry the preload library's connections to other hosts over xdp
     /// (root; foreground; one per host network namespace; needs the xdp
     /// feature).
-    Relay(netgap::relay::RelayArgs),
+    Relay(relay::RelayArgs),
 }
 
 /// Flags of `netgap wrap`.

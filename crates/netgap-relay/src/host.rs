@@ -1,0 +1,209 @@
+//! What the relay reads of its host and of the descriptors a request
+//! brings (the interface its flows take, the neighbour table, a socket's
+//! owner, state and addresses), and what it does to a program's sockets
+//! (a wake-up byte, a reset).
+
+use crate::policy::{self, SocketFacts, XdpInterface};
+use crate::server::Request;
+use std::io;
+use std::net::IpAddr;
+use std::os::fd::{AsRawFd, RawFd};
+
+/// Reads the interface the relay was started for: it must exist, not
+/// be loopback, and have a MAC and exactly one IPv4 address.
+pub(crate) fn read_interface(name: &str) -> Result<XdpInterface, String> {
+    use nix::net::if_::InterfaceFlags;
+    let addrs: Vec<_> = nix::ifaddrs::getifaddrs()
+        .map_err(|e| format!("getifaddrs: {e}"))?
+        .filter(|a| a.interface_name == name)
+        .collect();
+    if addrs.is_empty() {
+        return Err("no such interface in this network namespace".into());
+    }
+    if addrs
+        .iter()
+        .any(|a| a.flags.contains(InterfaceFlags::IFF_LOOPBACK))
+    {
+        return Err("a loopback interface carries no xdp flow to another host".into());
+    }
+    let v4: Vec<(std::net::Ipv4Addr, u8)> = addrs
+        .iter()
+        .filter_map(|a| {
+            let ip = a.address.as_ref()?.as_sockaddr_in()?.ip();
+            let mask = u32::from(a.netmask.as_ref()?.as_sockaddr_in()?.ip());
+            let len = u8::try_from(mask.leading_ones()).ok()?;
+            Some((ip, len))
+        })
+        .collect();
+    let [(ip, prefix_len)] = v4.as_slice() else {
+        return Err(format!(
+            "has {} IPv4 addresses; the relay's flows need exactly one",
+            v4.len()
+        ));
+    };
+    let mac = addrs
+        .iter()
+        .find_map(|a| a.address.as_ref()?.as_link_addr()?.addr())
+        .filter(|m| *m != [0; 6])
+        .ok_or("has no MAC address")?;
+    Ok(XdpInterface {
+        name: name.to_string(),
+        ip: *ip,
+        prefix_len: *prefix_len,
+        mac,
+    })
+}
+
+/// Most bytes of `/proc/net/arp` read (some 10 000 entries).
+pub(crate) const MAX_ARP_BYTES: u64 = 1 << 20;
+
+/// The MAC the kernel's neighbour table holds for `ip` on `dev`, if
+/// it holds a complete entry.
+pub(crate) fn neighbour(ip: IpAddr, dev: &str) -> Option<[u8; 6]> {
+    use std::io::Read;
+    let IpAddr::V4(ip) = ip else { return None };
+    let mut text = String::new();
+    let f = std::fs::File::open("/proc/net/arp").ok()?;
+    f.take(MAX_ARP_BYTES).read_to_string(&mut text).ok()?;
+    policy::neighbour_mac(&text, ip, dev)
+}
+
+/// Sends one wake-up byte on `fd` without waiting; whether it went.
+pub(crate) fn send_byte(fd: RawFd) -> bool {
+    let b = [1u8];
+    // SAFETY: a one-byte buffer on the stack.
+    let r = unsafe {
+        libc::send(
+            fd,
+            b.as_ptr().cast(),
+            1,
+            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+        )
+    };
+    r == 1
+}
+
+/// The descriptor must be a TCP stream socket.
+pub(crate) fn check_tcp(fd: RawFd) -> Result<(), String> {
+    let opt = |name| {
+        let mut v: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: `v` is valid for writes of `len` bytes.
+        let r =
+            unsafe { libc::getsockopt(fd, libc::SOL_SOCKET, name, (&raw mut v).cast(), &mut len) };
+        (r == 0).then_some(v)
+    };
+    if opt(libc::SO_TYPE) != Some(libc::SOCK_STREAM)
+        || opt(libc::SO_PROTOCOL) != Some(libc::IPPROTO_TCP)
+    {
+        return Err("the connection's descriptor is not a TCP socket".into());
+    }
+    Ok(())
+}
+
+pub(crate) fn tcp_addrs(fd: RawFd) -> Result<(IpAddr, IpAddr), String> {
+    let local = nix::sys::socket::getsockname::<nix::sys::socket::SockaddrStorage>(fd)
+        .map_err(|e| format!("getsockname: {e}"))?;
+    let peer = nix::sys::socket::getpeername::<nix::sys::socket::SockaddrStorage>(fd)
+        .map_err(|e| format!("getpeername: {e}"))?;
+    let ip = |a: &nix::sys::socket::SockaddrStorage| -> Option<IpAddr> {
+        if let Some(v4) = a.as_sockaddr_in() {
+            return Some(IpAddr::V4(v4.ip()));
+        }
+        let v6 = a.as_sockaddr_in6()?.ip();
+        Some(v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4))
+    };
+    match (ip(&local), ip(&peer)) {
+        (Some(l), Some(p)) => Ok((l, p)),
+        _ => Err("the TCP socket is not an IP connection".into()),
+    }
+}
+
+/// The owner of the file or socket `fd` (`fstat`: a socket's is the
+/// user whose process made it, or accepted it).
+pub(crate) fn owner(fd: RawFd) -> Result<u32, String> {
+    // SAFETY: all-zero bytes are a valid stat; fstat fills it.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `st` is valid for writes.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return Err(format!("fstat: {}", io::Error::last_os_error()));
+    }
+    Ok(st.st_uid)
+}
+
+/// Whether the TCP socket `fd` is an established connection (the
+/// first byte of `TCP_INFO` is the state).
+pub(crate) fn established(fd: RawFd) -> bool {
+    let mut info = [0u8; 8];
+    let mut len = info.len() as libc::socklen_t;
+    // SAFETY: `info` is valid for writes of `len` bytes; the kernel
+    // copies at most that much of its `tcp_info`.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            info.as_mut_ptr().cast(),
+            &mut len,
+        )
+    };
+    r == 0 && len >= 1 && info[0] == TCP_ESTABLISHED
+}
+
+/// `TCP_ESTABLISHED` of the kernel's TCP states (`include/net/tcp_states.h`).
+pub(crate) const TCP_ESTABLISHED: u8 = 1;
+
+/// What the relay's rules look at of a request's descriptors and of
+/// this host ([`policy::check_socket`] decides).
+pub(crate) fn socket_facts(r: &Request) -> Result<SocketFacts, String> {
+    let fd = r.tcp.as_raw_fd();
+    check_tcp(fd)?;
+    let socket_uid = owner(fd)?;
+    let region_uid = owner(r.region.as_raw_fd())?;
+    let unspecified = IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED);
+    let (established, (local, peer)) = match tcp_addrs(fd) {
+        Ok(a) => (established(fd), a),
+        Err(_) => (false, (unspecified, unspecified)),
+    };
+    let addrs: Vec<_> = nix::ifaddrs::getifaddrs()
+        .map_err(|e| format!("getifaddrs: {e}"))?
+        .collect();
+    let ip_of = |a: &nix::ifaddrs::InterfaceAddress| -> Option<IpAddr> {
+        let s = a.address.as_ref()?;
+        if let Some(v4) = s.as_sockaddr_in() {
+            return Some(IpAddr::V4(v4.ip()));
+        }
+        Some(IpAddr::V6(s.as_sockaddr_in6()?.ip()))
+    };
+    let own_addrs: Vec<IpAddr> = addrs.iter().filter_map(ip_of).collect();
+    let local_interface = addrs
+        .iter()
+        .find(|a| ip_of(a) == Some(local))
+        .map(|a| a.interface_name.clone());
+    Ok(SocketFacts {
+        socket_uid,
+        region_uid,
+        established,
+        local,
+        peer,
+        local_interface,
+        own_addrs,
+    })
+}
+
+/// Resets the TCP connection on `fd` (shared with the program): both
+/// programs see an error.
+pub(crate) fn reset_tcp(fd: RawFd) {
+    // SAFETY: all-zero bytes are a valid sockaddr; AF_UNSPEC
+    // disconnects a TCP socket, sending a reset.
+    let mut a: libc::sockaddr = unsafe { std::mem::zeroed() };
+    a.sa_family = libc::AF_UNSPEC as libc::sa_family_t;
+    // SAFETY: `a` is a valid sockaddr of its size.
+    unsafe {
+        libc::connect(
+            fd,
+            &raw const a,
+            std::mem::size_of::<libc::sockaddr>() as libc::socklen_t,
+        )
+    };
+}
