@@ -468,7 +468,7 @@ pub enum AgentProbeError {
 pub enum Unhealthy {
     /// Its hosts file is missing or bad.
     #[error(transparent)]
-    Hosts(#[from] netgap_measure::cluster::HostsError),
+    Hosts(#[from] netgap_measure::cluster::HostsFileError),
     /// Its namespaces could not be listed.
     #[error(transparent)]
     Listing(#[from] TestbedError),
@@ -1886,9 +1886,17 @@ fn save_params(dir: &Dir, p: &Params) -> Result<(), TestbedError> {
     Ok(())
 }
 
-/// Writes `hosts` as the testbed's hosts file, replacing the old one whole.
+/// Writes `hosts` as the testbed's hosts file, replacing the old one
+/// whole ([`Dir::replace_file`]), so a run that reads it while `testbed
+/// set` rewrites it sees the old file or the new one, never half of one,
+/// and a link planted at the name is replaced, not written through.
 fn save_hosts(dir: &Dir, hosts: &HostsFile) -> Result<(), TestbedError> {
-    Ok(hosts.save(dir, HOSTS_FILE, STATE_FILE_MODE)?)
+    let text = hosts.to_text().map_err(|e| TestbedError::Io {
+        what: format!("writing {HOSTS_FILE}"),
+        source: io::Error::other(e),
+    })?;
+    dir.replace_file(HOSTS_FILE, text.as_bytes(), STATE_FILE_MODE)?;
+    Ok(())
 }
 
 /// The parameters and hosts file of the running testbed `name`.
