@@ -39,4 +39,5 @@ pub use netgap_workload::{confined, shard};
 pub mod relay;
 pub mod relay_probe;
 pub mod study;
+pub mod testbed_seams;
 pub mod wrap;

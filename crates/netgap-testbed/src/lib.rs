@@ -91,13 +91,11 @@ mod netns_ops;
 
 pub use lock::{Holder, TestbedLock};
 
-use netgap_measure::cluster::{Forwarding, HostEntry, HostsFile, LinkEntry, HOSTS_FILE_VERSION};
-pub use netgap_measure::conditions::shaper_bucket_bytes;
-use netgap_measure::conditions::{
-    parse_delay_us, parse_loss_ppm, parse_mtu, parse_offload, parse_rate_bps, parse_rate_setting,
-    Condition, ConditionError, ConditionSwitch, LinkConditions, LossMechanism, SwitchFailure,
+use netgap_core::hosts::{
+    ControlAddr, Forwarding, HostEntry, HostsFile, HostsFileError, LinkEntry, HOSTS_FILE_VERSION,
 };
-use netgap_measure::control::ControlAddr;
+pub use netgap_core::link::shaper_bucket_bytes;
+use netgap_core::link::{parse_mtu, Condition, ConditionError, LinkConditions, LossMechanism};
 use netgap_workload::confined::Dir;
 use serde::{Deserialize, Serialize};
 use std::io;
@@ -122,10 +120,12 @@ macro_rules! say {
     }};
 }
 
-pub use netgap_measure::cluster::{
+pub use netgap_core::hosts::{
     default_hosts_path, state_dir, DEFAULT_TESTBED as DEFAULT_NAME,
     TESTBED_STATE_ROOT as STATE_ROOT,
 };
+/// MTU of a testbed's links when `up` names none, in bytes.
+pub const DEFAULT_MTU_BYTES: u32 = 1500;
 /// Prefix of every testbed namespace.
 pub const NETNS_PREFIX: &str = "ngtb-";
 /// Most hosts of a switch testbed.
@@ -176,7 +176,7 @@ fn is_own_netns(name: &str, ns: &str) -> bool {
 }
 
 /// The topology of a testbed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Topology {
     /// Every host on one bridge, the bridge in a namespace of its own.
@@ -186,7 +186,8 @@ pub enum Topology {
 }
 
 impl Topology {
-    fn as_str(self) -> &'static str {
+    /// Its name, as the hosts file and `--topology` spell it.
+    pub fn as_str(self) -> &'static str {
         match self {
             Topology::Switch => "switch",
             Topology::Mesh => "mesh",
@@ -194,84 +195,60 @@ impl Topology {
     }
 }
 
-/// Which testbed (`status`, `down`).
-#[derive(Debug, Clone, clap::Args)]
-pub struct NameArgs {
-    /// Testbed name, so several can coexist (namespaces `ngtb-NAME-*`, state
-    /// in /run/netgap/NAME).
-    #[arg(long, default_value = DEFAULT_NAME)]
+/// What `up` is asked to build, as typed values; [`UpRequest::params`]
+/// validates it into the [`Params`] the testbed is built with.
+#[derive(Debug, Clone, PartialEq)]
+pub struct UpRequest {
+    /// Testbed name, so several can coexist (namespaces `ngtb-NAME-*`,
+    /// state in /run/netgap/NAME): 1 to 12 of `a-z0-9`.
     pub name: String,
-}
-
-/// Flags of `testbed up`.
-#[derive(Debug, Clone, clap::Args)]
-pub struct UpArgs {
     /// Number of hosts.
-    #[arg(long, default_value_t = 4)]
     pub hosts: u32,
     /// How the hosts are wired.
-    #[arg(long, value_enum, default_value = "switch")]
     pub topology: Topology,
     /// Parallel links per host pair, each its own subnet: on a mesh a link
-    /// per pair each, on a switch a switch each (`eth0`, `eth1`, ... on
-    /// every host).
-    #[arg(long, default_value_t = 1)]
+    /// per pair each, on a switch a switch each.
     pub links: u32,
     /// MTU of every link, in bytes.
-    #[arg(long, default_value_t = 1500)]
-    pub mtu: u32,
-    /// Rate limit of every link in bit/s (e.g. 1G, 100M), a TBF in the
-    /// network toward each host.
-    #[arg(long, value_name = "RATE")]
-    pub rate: Option<String>,
-    /// Segmentation, receive and checksum offloads (TSO, GSO, GRO, rx/tx
-    /// checksum) of every link end and bridge port [default: as the kernel
-    /// sets them].
-    #[arg(long, value_name = "on|off", value_parser = parse_on_off)]
-    pub offload: Option<bool>,
-    /// Added one-way delay of every link (netem), e.g. 1ms.
-    #[arg(long, value_name = "DUR")]
-    pub delay: Option<String>,
-    /// Added loss of every link in percent (netem, or nftables where the
-    /// kernel has no netem), e.g. 0.1%.
-    #[arg(long, value_name = "PCT")]
-    pub loss: Option<String>,
-    /// What this machine forwards through the testbed's shapers, in bit/s
-    /// of payload (e.g. 8G), instead of calibrating it when the links are
-    /// first shaped: link rates and studies are held to it.
-    #[arg(long, value_name = "RATE")]
-    pub forwarding: Option<String>,
-    /// Testbed name.
-    #[command(flatten)]
-    pub name: NameArgs,
-}
-
-/// Flags of `testbed set`: the conditions to change; the others stay.
-#[derive(Debug, Clone, clap::Args)]
-pub struct SetArgs {
-    /// MTU of every link, in bytes.
-    #[arg(long)]
-    pub mtu: Option<u32>,
+    pub mtu_bytes: u32,
+    /// Rate limit of every link in bit/s, a TBF in the network toward each
+    /// host.
+    pub rate_bps: Option<u64>,
     /// Segmentation, receive and checksum offloads of every link end and
-    /// bridge port.
-    #[arg(long, value_name = "on|off", value_parser = parse_on_off)]
+    /// bridge port all on or all off; `None`: as the kernel sets them.
     pub offload: Option<bool>,
-    /// Rate limit of every link in bit/s, or `none`.
-    #[arg(long, value_name = "RATE|none")]
-    pub rate: Option<String>,
-    /// Added one-way delay of every link end; 0 for none.
-    #[arg(long, value_name = "DUR")]
-    pub delay: Option<String>,
-    /// Added loss of every link end in percent; 0 for none.
-    #[arg(long, value_name = "PCT")]
-    pub loss: Option<String>,
-    /// Testbed name.
-    #[command(flatten)]
-    pub name: NameArgs,
+    /// Added one-way delay of every link, in microseconds; 0 is none.
+    pub delay_us: Option<u64>,
+    /// Added loss of every link, in parts per million; 0 is none.
+    pub loss_ppm: Option<u32>,
+    /// What this machine forwards through the testbed's shapers, in bit/s
+    /// of payload, declared instead of calibrated when the links are first
+    /// shaped.
+    pub forwarding_bps: Option<u64>,
 }
 
-fn parse_on_off(s: &str) -> Result<bool, String> {
-    parse_offload(s).map_err(|_| format!("{s:?}: want on or off"))
+/// What `set` is asked to change on a running testbed: the keys of
+/// `change` it sets; the others stay.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SetRequest {
+    /// Testbed name.
+    pub name: String,
+    /// The conditions to change.
+    pub change: Condition,
+}
+
+/// Why a probe found an agent not answering: the prober's own error,
+/// boxed, so the caller keeps its typed errors.
+pub type ProbeFailure = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// How the testbed asks whether one of its agents answers: connect to its
+/// control address with the testbed's key and shake hands. The handshake
+/// is the measurement layer's, which this crate does not see; the binary
+/// implements the probe over its coordinator.
+pub trait AgentProbe {
+    /// Whether the agent at `control` answers, proving `key_file`'s key
+    /// when one is given; returns within a few seconds.
+    fn probe(&self, control: &ControlAddr, key_file: Option<&Path>) -> Result<(), ProbeFailure>;
 }
 
 /// A condition flag's value, or the one-line error naming the flag.
@@ -279,31 +256,16 @@ fn flag<T>(flag: &str, r: Result<T, ConditionError>) -> Result<T, TestbedError> 
     r.map_err(|e| TestbedError::Args(e.for_flag(flag)))
 }
 
-impl SetArgs {
-    /// The condition the flags ask for.
-    pub fn condition(&self) -> Result<Condition, TestbedError> {
-        let c = Condition {
-            mtu_bytes: self
-                .mtu
-                .map(|m| flag("--mtu", parse_mtu(&m.to_string())))
-                .transpose()?,
-            offload: self.offload,
-            rate_bps: self
-                .rate
-                .as_deref()
-                .map(|r| flag("--rate", parse_rate_setting(r)))
-                .transpose()?,
-            delay_us: self
-                .delay
-                .as_deref()
-                .map(|d| flag("--delay", parse_delay_us(d)))
-                .transpose()?,
-            loss_ppm: self
-                .loss
-                .as_deref()
-                .map(|l| flag("--loss", parse_loss_ppm(l)))
-                .transpose()?,
-        };
+impl SetRequest {
+    /// The change, checked: at least one key, each in its range.
+    fn checked(&self) -> Result<Condition, TestbedError> {
+        let c = self.change;
+        if let Some(m) = c.mtu_bytes {
+            flag("--mtu", parse_mtu(&m.to_string()))?;
+        }
+        c.apply_to(&LinkConditions::plain(DEFAULT_MTU_BYTES))
+            .check()
+            .map_err(|e| TestbedError::Args(e.to_string()))?;
         if c.is_empty() {
             return Err(TestbedError::Args(
                 "testbed set: give at least one of --mtu, --offload, --rate, --delay, --loss"
@@ -452,12 +414,10 @@ pub enum AgentProbeError {
     /// The hosts file's control address does not parse.
     #[error("bad control address {0:?}")]
     BadAddress(String),
-    /// The testbed's key file is unusable.
+    /// The probe failed: the key file is unusable, or connecting or the
+    /// handshake failed.
     #[error(transparent)]
-    Key(#[from] netgap_measure::auth::KeyFileError),
-    /// Connecting or the handshake failed.
-    #[error(transparent)]
-    Coordinator(#[from] netgap_measure::coordinator::CoordError),
+    Failed(ProbeFailure),
     /// The agent's process is gone.
     #[error("it exited")]
     Exited,
@@ -468,7 +428,7 @@ pub enum AgentProbeError {
 pub enum Unhealthy {
     /// Its hosts file is missing or bad.
     #[error(transparent)]
-    Hosts(#[from] netgap_measure::cluster::HostsFileError),
+    Hosts(#[from] HostsFileError),
     /// Its namespaces could not be listed.
     #[error(transparent)]
     Listing(#[from] TestbedError),
@@ -506,10 +466,11 @@ fn check_name(name: &str) -> Result<(), TestbedError> {
     }
 }
 
-impl UpArgs {
-    /// Validates the flags into [`Params`].
+impl UpRequest {
+    /// Validates the request into [`Params`]; its refusals name the flag
+    /// of `netgap testbed up` that sets the value.
     pub fn params(&self) -> Result<Params, TestbedError> {
-        check_name(&self.name.name)?;
+        check_name(&self.name)?;
         let bad = |m: String| Err(TestbedError::Args(m));
         let max = match self.topology {
             Topology::Switch => MAX_SWITCH_HOSTS,
@@ -534,31 +495,22 @@ impl UpArgs {
                 self.hosts, self.links
             ));
         }
-        let mtu_bytes = flag("--mtu", parse_mtu(&self.mtu.to_string()))?;
-        let rate_bps = self
-            .rate
-            .as_deref()
-            .map(|r| flag("--rate", parse_rate_bps(r)))
-            .transpose()?;
-        let delay_us = self
-            .delay
-            .as_deref()
-            .map(|d| flag("--delay", parse_delay_us(d)))
-            .transpose()?
-            .filter(|&d| d > 0);
-        let loss_ppm = self
-            .loss
-            .as_deref()
-            .map(|l| flag("--loss", parse_loss_ppm(l)))
-            .transpose()?
-            .filter(|&l| l > 0);
-        let forwarding_bps = self
-            .forwarding
-            .as_deref()
-            .map(|r| flag("--forwarding", parse_rate_bps(r)))
-            .transpose()?;
+        let mtu_bytes = flag("--mtu", parse_mtu(&self.mtu_bytes.to_string()))?;
+        let delay_us = self.delay_us.filter(|&d| d > 0);
+        let loss_ppm = self.loss_ppm.filter(|&l| l > 0);
+        let rate_bps = self.rate_bps;
+        let forwarding_bps = self.forwarding_bps;
+        if let Some(bps) = forwarding_bps {
+            let forwarding = LinkConditions {
+                rate_bps: Some(bps),
+                ..LinkConditions::plain(mtu_bytes)
+            };
+            forwarding
+                .check()
+                .map_err(|e| TestbedError::Args(format!("--forwarding: {e}")))?;
+        }
         let agent_exe = std::env::current_exe().map_err(io_err("finding netgap's own binary"))?;
-        Ok(Params {
+        let params = Params {
             hosts: self.hosts,
             topology: self.topology,
             links: self.links,
@@ -569,7 +521,12 @@ impl UpArgs {
             delay_us,
             loss_ppm,
             forwarding_bps,
-        })
+        };
+        params
+            .conditions()
+            .check()
+            .map_err(|e| TestbedError::Args(e.to_string()))?;
+        Ok(params)
     }
 }
 
@@ -1407,23 +1364,31 @@ fn start_agent(dir: &Dir, p: &Params, h: &HostEntry) -> Result<u32, TestbedError
 
 /// Connects to a testbed agent with the key and shakes hands: whether it
 /// answers, or why not.
-pub fn probe_agent(h: &HostEntry, key_file: Option<&Path>) -> Result<(), AgentProbeError> {
+pub fn probe_agent(
+    h: &HostEntry,
+    key_file: Option<&Path>,
+    probe: &dyn AgentProbe,
+) -> Result<(), AgentProbeError> {
     let addr = h
         .control_addr()
         .ok_or_else(|| AgentProbeError::BadAddress(h.control.clone()))?;
-    let key = key_file.map(netgap_measure::auth::load_key).transpose()?;
-    let coord = netgap_measure::coordinator::Coordinator::connect(&addr, key.as_ref())?;
-    coord.bye();
-    Ok(())
+    probe
+        .probe(&addr, key_file)
+        .map_err(AgentProbeError::Failed)
 }
 
-fn wait_for_agent(h: &HostEntry, key_file: &Path, pid: u32) -> Result<(), AgentProbeError> {
+fn wait_for_agent(
+    h: &HostEntry,
+    key_file: &Path,
+    pid: u32,
+    probe: &dyn AgentProbe,
+) -> Result<(), AgentProbeError> {
     let t0 = Instant::now();
     loop {
         if !pid_alive(pid) {
             return Err(AgentProbeError::Exited);
         }
-        match probe_agent(h, Some(key_file)) {
+        match probe_agent(h, Some(key_file), probe) {
             Ok(()) => return Ok(()),
             Err(e) if t0.elapsed() > AGENT_START_TIMEOUT => return Err(e),
             Err(_) => std::thread::sleep(Duration::from_millis(50)),
@@ -1446,8 +1411,8 @@ fn pid_alive(pid: u32) -> bool {
 
 /// Builds the testbed (`netgap testbed up`), or keeps one that is already up
 /// with the same parameters. Prints the hosts and addresses.
-pub fn up(args: &UpArgs) -> Result<(), TestbedError> {
-    up_as(args, RatePolicy::Refuse)
+pub fn up(req: &UpRequest, probe: &dyn AgentProbe) -> Result<(), TestbedError> {
+    up_as(req, RatePolicy::Refuse, probe)
 }
 
 /// What `up` does with a link rate beyond what the machine carries
@@ -1469,10 +1434,10 @@ fn carried(name: &str) -> Result<(), TestbedError> {
     check_carried(&hosts, &c)
 }
 
-fn up_as(args: &UpArgs, policy: RatePolicy) -> Result<(), TestbedError> {
+fn up_as(req: &UpRequest, policy: RatePolicy, probe: &dyn AgentProbe) -> Result<(), TestbedError> {
     preflight()?;
-    let name = &args.name.name;
-    let params = args.params()?;
+    let name = &req.name;
+    let params = req.params()?;
     // A declared machine refuses its rate before anything is built.
     if let (Some(bps), RatePolicy::Refuse) = (params.forwarding_bps, policy) {
         check_rate(
@@ -1491,7 +1456,7 @@ fn up_as(args: &UpArgs, policy: RatePolicy) -> Result<(), TestbedError> {
         .and_then(|t| serde_json::from_str(&t).ok());
     let leftovers = own_netns(name)?;
     if let Some(old) = existing {
-        let healthy_now = healthy(name).is_ok();
+        let healthy_now = healthy(name, probe).is_ok();
         // The links as the kernel has them, against what the testbed's
         // files say: a testbed is kept only if they agree.
         let drift = if healthy_now {
@@ -1508,7 +1473,7 @@ fn up_as(args: &UpArgs, policy: RatePolicy) -> Result<(), TestbedError> {
         };
         if old == params && healthy_now && drift.is_none() {
             say!("testbed {name} is already up with these parameters; keeping it");
-            return status(&args.name);
+            return status(name, probe);
         }
         // A testbed built before netgap kept the kernel's own offloads
         // cannot get them back: it is rebuilt.
@@ -1529,7 +1494,7 @@ fn up_as(args: &UpArgs, policy: RatePolicy) -> Result<(), TestbedError> {
                     return Err(e);
                 }
             }
-            return status(&args.name);
+            return status(name, probe);
         }
         let why = if let Some(d) = drift {
             format!("its links are not as its hosts file says ({d})")
@@ -1538,7 +1503,7 @@ fn up_as(args: &UpArgs, policy: RatePolicy) -> Result<(), TestbedError> {
         } else if old != params {
             "its parameters differ".to_string()
         } else {
-            healthy(name)
+            healthy(name, probe)
                 .err()
                 .map(|e| e.to_string())
                 .unwrap_or_default()
@@ -1552,15 +1517,15 @@ fn up_as(args: &UpArgs, policy: RatePolicy) -> Result<(), TestbedError> {
         );
         teardown(name, true)?;
     }
-    match build(name, &params) {
+    match build(name, &params, probe) {
         Ok(()) if policy == RatePolicy::Refuse => match carried(name) {
-            Ok(()) => status(&args.name),
+            Ok(()) => status(name, probe),
             Err(e) => {
                 let _ = teardown(name, true);
                 Err(e)
             }
         },
-        Ok(()) => status(&args.name),
+        Ok(()) => status(name, probe),
         Err(e) => {
             // Leave nothing half-built behind.
             let _ = teardown(name, true);
@@ -1569,13 +1534,12 @@ fn up_as(args: &UpArgs, policy: RatePolicy) -> Result<(), TestbedError> {
     }
 }
 
-fn build(name: &str, p: &Params) -> Result<(), TestbedError> {
+fn build(name: &str, p: &Params, probe: &dyn AgentProbe) -> Result<(), TestbedError> {
     let dir = open_state(name)?;
-    let key_file =
-        netgap_measure::auth::new_key_in(&dir, KEY_FILE).map_err(|e| TestbedError::Io {
-            what: "making the testbed's key".into(),
-            source: io::Error::other(e.to_string()),
-        })?;
+    let key_file = new_key_in(&dir, KEY_FILE).map_err(|e| TestbedError::Io {
+        what: "making the testbed's key".into(),
+        source: io::Error::other(e.to_string()),
+    })?;
     let mut hosts = hosts_file(name, p);
     let applied = resolve(name, &p.conditions())?;
     hosts.conditions = Some(applied);
@@ -1585,7 +1549,7 @@ fn build(name: &str, p: &Params) -> Result<(), TestbedError> {
         pids.push(start_agent(&dir, p, h)?);
     }
     for (h, pid) in hosts.hosts.iter().zip(pids) {
-        wait_for_agent(h, &key_file, pid).map_err(|source| TestbedError::Agent {
+        wait_for_agent(h, &key_file, pid, probe).map_err(|source| TestbedError::Agent {
             host: h.name.clone(),
             source: Box::new(source),
             log: dir
@@ -1605,8 +1569,29 @@ fn build(name: &str, p: &Params) -> Result<(), TestbedError> {
     save_hosts(&dir, &hosts)
 }
 
+/// Bytes of the key `up` makes for a testbed's agents.
+const KEY_BYTES: usize = 32;
+
+/// Writes a new random key of [`KEY_BYTES`] bytes as the file `name` of
+/// `dir`, mode 0600, made fresh relative to the directory's descriptor (an
+/// existing file or a link of that name is refused, never followed);
+/// returns its path.
+fn new_key_in(dir: &Dir, name: &str) -> Result<PathBuf, netgap_workload::confined::ConfinedError> {
+    let path = dir.path().join(name);
+    let io_err = |what| {
+        let path = path.clone();
+        move |source| netgap_workload::confined::ConfinedError::Io { what, path, source }
+    };
+    let mut bytes = [0u8; KEY_BYTES];
+    netgap_transport::random::fill_random(&mut bytes)
+        .map_err(io_err("drawing random bytes for"))?;
+    let f = dir.write_file(name, &bytes, STATE_FILE_MODE)?;
+    f.sync_all().map_err(io_err("writing"))?;
+    Ok(path)
+}
+
 /// Whether testbed `name` is complete: hosts file, namespaces, live agents.
-fn healthy(name: &str) -> Result<(), Unhealthy> {
+fn healthy(name: &str, probe: &dyn AgentProbe) -> Result<(), Unhealthy> {
     let dir = state_dir(name);
     let hosts = HostsFile::load(&dir.join("hosts.json"))?;
     let present = own_netns(name)?;
@@ -1615,7 +1600,7 @@ fn healthy(name: &str) -> Result<(), Unhealthy> {
         if !present.contains(&ns) {
             return Err(Unhealthy::MissingNamespace(ns));
         }
-        probe_agent(h, hosts.key_file.as_deref()).map_err(|source| Unhealthy::Agent {
+        probe_agent(h, hosts.key_file.as_deref(), probe).map_err(|source| Unhealthy::Agent {
             host: h.name.clone(),
             source,
         })?;
@@ -1625,9 +1610,8 @@ fn healthy(name: &str) -> Result<(), Unhealthy> {
 
 /// Prints the testbed (`netgap testbed status`): hosts, addresses, links and
 /// whether each agent answers.
-pub fn status(args: &NameArgs) -> Result<(), TestbedError> {
-    check_name(&args.name)?;
-    let name = &args.name;
+pub fn status(name: &str, probe: &dyn AgentProbe) -> Result<(), TestbedError> {
+    check_name(name)?;
     let dir = state_dir(name);
     let hosts_path = dir.join("hosts.json");
     if !hosts_path.exists() {
@@ -1722,7 +1706,7 @@ pub fn status(args: &NameArgs) -> Result<(), TestbedError> {
         let pid = read_state(&dir.join(format!("{}.pid", h.name)))
             .ok()
             .and_then(|t| t.trim().parse::<u32>().ok());
-        let agent = match (pid, probe_agent(h, hosts.key_file.as_deref())) {
+        let agent = match (pid, probe_agent(h, hosts.key_file.as_deref(), probe)) {
             (_, Ok(())) => format!("agent answers (pid {})", pid.unwrap_or(0)),
             (Some(p), Err(e)) if pid_alive(p) => format!("agent pid {p} alive, not answering: {e}"),
             (_, Err(_)) => "agent DOWN".to_string(),
@@ -1788,11 +1772,11 @@ fn live_differences(
 /// Changes a running testbed's conditions (`netgap testbed set`): only the
 /// keys given, on every link end, without restarting its agents; then
 /// prints its status.
-pub fn set(args: &SetArgs) -> Result<(), TestbedError> {
-    check_name(&args.name.name)?;
-    let change = args.condition()?;
+pub fn set(req: &SetRequest, probe: &dyn AgentProbe) -> Result<(), TestbedError> {
+    check_name(&req.name)?;
+    let change = req.checked()?;
     preflight()?;
-    let name = &args.name.name;
+    let name = &req.name;
     let _lock = TestbedLock::acquire(name, "netgap testbed set")?;
     let (_, hosts) = load_state(name)?;
     let from = hosts
@@ -1808,7 +1792,7 @@ pub fn set(args: &SetArgs) -> Result<(), TestbedError> {
         return Err(e);
     }
     say!("testbed {name}: {change} set");
-    status(&args.name)
+    status(name, probe)
 }
 
 /// A file of the testbed's state directory, read as every file a user
@@ -2137,10 +2121,12 @@ fn restore_on_interrupt() -> Result<(), TestbedError> {
     .map_err(TestbedError::Args)
 }
 
-/// The [`ConditionSwitch`] of a running testbed: what a run with
-/// `--conditions` switches the links with, through [`set_conditions`]. It
-/// reads the links' live state when opened, and its restore (and an
-/// interrupt while it holds the links) puts back exactly that.
+/// The switch of a running testbed's conditions: what a run with
+/// `--conditions` switches the links with, through [`set_conditions`]
+/// (the binary hands it to the measurement crate as its
+/// `ConditionSwitch`). It reads the links' live state when opened, and its
+/// restore (and an interrupt while it holds the links) puts back exactly
+/// that.
 pub struct TestbedSwitch {
     found: Found,
     /// The testbed's lock, held while the run may switch its links.
@@ -2164,22 +2150,25 @@ impl TestbedSwitch {
     }
 }
 
-impl ConditionSwitch for TestbedSwitch {
-    fn switch(&mut self, to: &LinkConditions) -> Result<LinkConditions, SwitchFailure> {
+impl TestbedSwitch {
+    /// Puts every link under `to` (the whole state, not a change),
+    /// rewriting the hosts file; returns the conditions as applied (the
+    /// shaper's bucket and what drops a loss).
+    pub fn switch(&mut self, to: &LinkConditions) -> Result<LinkConditions, TestbedError> {
         let mut held = HELD
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         held.get_or_insert_with(|| self.found.clone());
-        set_conditions(&self.found.name, to).map_err(|e| Box::new(e) as SwitchFailure)
+        set_conditions(&self.found.name, to)
     }
 
-    fn restore(&mut self) -> Result<(), SwitchFailure> {
+    /// Puts the links back exactly as they were when the switch was
+    /// opened, whatever was switched since.
+    pub fn restore(&mut self) -> Result<(), TestbedError> {
         let mut held = HELD
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        self.found
-            .put_back()
-            .map_err(|e| Box::new(e) as SwitchFailure)?;
+        self.found.put_back()?;
         *held = None;
         Ok(())
     }
@@ -2201,13 +2190,17 @@ pub struct OwnedTestbed {
 }
 
 impl OwnedTestbed {
-    /// Builds testbed `args.name` for `command` (taking down what an
+    /// Builds testbed `req.name` for `command` (taking down what an
     /// earlier, killed run left under that name) and holds it; refuses,
     /// changing nothing, when another process holds the testbed.
-    pub fn up(args: &UpArgs, command: &str) -> Result<OwnedTestbed, TestbedError> {
-        args.params()?;
+    pub fn up(
+        req: &UpRequest,
+        command: &str,
+        probe: &dyn AgentProbe,
+    ) -> Result<OwnedTestbed, TestbedError> {
+        req.params()?;
         preflight()?;
-        let name = args.name.name.clone();
+        let name = req.name.clone();
         let lock = TestbedLock::acquire(&name, command)?;
         restore_on_interrupt()?;
         teardown(&name, true)?;
@@ -2215,7 +2208,7 @@ impl OwnedTestbed {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(name.clone());
         let guard = OwnedTestbed { name, _lock: lock };
-        up_as(args, RatePolicy::Scale)?;
+        up_as(req, RatePolicy::Scale, probe)?;
         Ok(guard)
     }
 
@@ -2241,11 +2234,11 @@ impl Drop for OwnedTestbed {
 }
 
 /// Removes the testbed (`netgap testbed down`).
-pub fn down(args: &NameArgs) -> Result<(), TestbedError> {
-    check_name(&args.name)?;
+pub fn down(name: &str) -> Result<(), TestbedError> {
+    check_name(name)?;
     preflight()?;
-    let _lock = TestbedLock::acquire(&args.name, "netgap testbed down")?;
-    teardown(&args.name, false)
+    let _lock = TestbedLock::acquire(name, "netgap testbed down")?;
+    teardown(name, false)
 }
 
 /// Stops the agents (their pid files, then any process left in a testbed
@@ -2723,51 +2716,43 @@ mod tests {
 
     #[test]
     fn set_takes_the_keys_given_and_refuses_nothing_or_nonsense() {
-        let mut a = SetArgs {
-            mtu: None,
-            offload: None,
-            rate: None,
-            delay: None,
-            loss: None,
-            name: NameArgs {
-                name: "testbed".into(),
-            },
+        let mut a = SetRequest {
+            name: "testbed".into(),
+            change: Condition::default(),
         };
         assert!(a
-            .condition()
+            .checked()
             .is_err_and(|e| e.to_string().contains("at least one")));
-        a.rate = Some("none".into());
-        a.offload = Some(false);
-        let c = a.condition().expect("valid");
+        a.change.rate_bps = Some(None);
+        a.change.offload = Some(false);
+        let c = a.checked().expect("valid");
         assert_eq!(
             (c.rate_bps, c.offload, c.mtu_bytes),
             (Some(None), Some(false), None)
         );
-        a.loss = Some("300%".into());
-        let e = a.condition().expect_err("bad loss").to_string();
-        assert_eq!(e, "--loss 300%: want 0% to 100%");
-        a.loss = None;
-        a.mtu = Some(10);
+        a.change.loss_ppm = Some(3_000_000);
+        let e = a.checked().expect_err("bad loss").to_string();
+        assert_eq!(e, "loss=3000000ppm: want 0% to 100%");
+        a.change.loss_ppm = None;
+        a.change.mtu_bytes = Some(10);
         assert!(a
-            .condition()
+            .checked()
             .is_err_and(|e| e.to_string().starts_with("--mtu 10")));
     }
 
     #[test]
-    fn bad_flags_are_refused_with_a_reason() {
-        let mut a = UpArgs {
+    fn bad_requests_are_refused_with_a_reason() {
+        let mut a = UpRequest {
+            name: "testbed".into(),
             hosts: 4,
             topology: Topology::Switch,
             links: 1,
-            mtu: 1500,
-            rate: None,
+            mtu_bytes: 1500,
+            rate_bps: None,
             offload: None,
-            delay: None,
-            loss: None,
-            forwarding: None,
-            name: NameArgs {
-                name: "testbed".into(),
-            },
+            delay_us: None,
+            loss_ppm: None,
+            forwarding_bps: None,
         };
         assert!(a.params().is_ok());
         a.links = 2;
@@ -2790,13 +2775,17 @@ mod tests {
         a.hosts = 1;
         assert!(a.params().is_err());
         a.hosts = 2;
-        a.name.name = "Bad/Name".into();
+        a.name = "Bad/Name".into();
         assert!(a.params().is_err());
-        a.name.name = "ok1".into();
-        a.rate = Some("x".into());
+        a.name = "ok1".into();
+        a.rate_bps = Some(1);
         assert!(a.params().is_err());
-        a.rate = None;
-        a.forwarding = Some("lots".into());
+        a.rate_bps = None;
+        a.delay_us = Some(0);
+        a.loss_ppm = Some(0);
+        let p = a.params().expect("valid");
+        assert_eq!((p.delay_us, p.loss_ppm), (None, None), "0 is none");
+        a.forwarding_bps = Some(1);
         assert!(a
             .params()
             .is_err_and(|e| e.to_string().starts_with("--forwarding")));
