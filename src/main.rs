@@ -18,7 +18,7 @@ use netgap::plan::{Plan, RunRequest, Settings};
 use netgap::run::run_plan;
 use netgap::sink::{CsvSink, JsonlSink, RecordSink};
 use netgap::sweep::{SweepPlan, SweepRequest};
-use netgap::testbed_seams::{CoordinatorProbe, Switch};
+use netgap::testbed_seams::Switch;
 use netgap::text::{escape_control, escape_control_lines};
 use netgap::workload_run::plan::WorkloadPlan;
 use netgap::{bench, transport};
@@ -700,12 +700,11 @@ fn new_key(file: &std::path::Path) -> Result<()> {
 
 fn testbed(cmd: &TestbedCommand) -> Result<()> {
     match cmd {
-        TestbedCommand::Up(args) => netgap::testbed::up(&args.request()?, &CoordinatorProbe)?,
-        TestbedCommand::Set(args) => netgap::testbed::set(&args.request()?, &CoordinatorProbe)?,
-        TestbedCommand::Status(args) => netgap::testbed::status(&args.name, &CoordinatorProbe)?,
-        TestbedCommand::Down(args) => netgap::testbed::down(&args.name)?,
+        TestbedCommand::Up(args) => cli::testbed::up(args),
+        TestbedCommand::Set(args) => cli::testbed::set(args),
+        TestbedCommand::Status(args) => cli::testbed::status(args),
+        TestbedCommand::Down(args) => cli::testbed::down(args),
     }
-    Ok(())
 }
 
 fn list() {

@@ -471,8 +471,13 @@ fn build_testbed(
             .map(|r| format!(", links at {r}"))
             .unwrap_or_default()
     );
-    netgap::testbed::OwnedTestbed::up(&request, command, &CoordinatorProbe)
-        .with_context(|| format!("building study {}'s testbed", study.id))
+    let (testbed, status) =
+        netgap::testbed::OwnedTestbed::up(&request, command, &CoordinatorProbe, &mut |n| {
+            super::testbed::print_note(&request.name, &n)
+        })
+        .with_context(|| format!("building study {}'s testbed", study.id))?;
+    super::testbed::print_status(&status);
+    Ok(testbed)
 }
 
 /// The `testbed up` request of the testbed `study` needs, on a machine

@@ -1,14 +1,20 @@
-//! The flags of `netgap testbed up|set|status|down`, and their mapping to
-//! the testbed crate's typed requests ([`netgap::testbed::UpRequest`],
-//! [`netgap::testbed::SetRequest`]). Every string flag is parsed here, by
-//! the parsers of `netgap_core::link`, and refused naming its flag.
+//! The flags of `netgap testbed up|set|status|down`, their mapping to the
+//! testbed crate's typed requests ([`netgap::testbed::UpRequest`],
+//! [`netgap::testbed::SetRequest`]), and the printing of what it returns.
+//! Every string flag is parsed here, by the parsers of `netgap_core::link`,
+//! and refused naming its flag.
 
 use anyhow::{anyhow, Result};
 use netgap::conditions::{
     parse_delay_us, parse_loss_ppm, parse_mtu, parse_offload, parse_rate_bps, parse_rate_setting,
     Condition, ConditionError,
 };
-use netgap::testbed::{SetRequest, Topology, UpRequest, DEFAULT_MTU_BYTES, DEFAULT_NAME};
+use netgap::testbed::capacity::{rate_text, CARRY_SHARE};
+use netgap::testbed::{
+    AgentState, LiveLinks, Removed, SetRequest, Status, Topology, UpNote, UpRequest,
+    DEFAULT_MTU_BYTES, DEFAULT_NAME,
+};
+use netgap::testbed_seams::CoordinatorProbe;
 
 /// `--topology`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -157,6 +163,181 @@ impl SetArgs {
             name: self.name.name.clone(),
             change,
         })
+    }
+}
+
+/// `netgap testbed up`.
+pub fn up(args: &UpArgs) -> Result<()> {
+    let request = args.request()?;
+    let name = request.name.clone();
+    let status = netgap::testbed::up(&request, &CoordinatorProbe, &mut |n| print_note(&name, &n))?;
+    print_status(&status);
+    Ok(())
+}
+
+/// `netgap testbed set`.
+pub fn set(args: &SetArgs) -> Result<()> {
+    let request = args.request()?;
+    let status = netgap::testbed::set(&request, &CoordinatorProbe)?;
+    say(format!("testbed {}: {} set", request.name, request.change));
+    print_status(&status);
+    Ok(())
+}
+
+/// `netgap testbed status`.
+pub fn status(args: &NameArgs) -> Result<()> {
+    print_status(&netgap::testbed::status(&args.name, &CoordinatorProbe)?);
+    Ok(())
+}
+
+/// `netgap testbed down`.
+pub fn down(args: &NameArgs) -> Result<()> {
+    let Removed {
+        namespaces,
+        processes,
+        state_dir_gone,
+    } = netgap::testbed::down(&args.name)?;
+    say(format!(
+        "testbed {} removed: {namespaces} namespaces, {processes} processes stopped{}",
+        args.name,
+        if state_dir_gone {
+            ", state directory gone"
+        } else {
+            ""
+        }
+    ));
+    Ok(())
+}
+
+/// Prints a line to stdout; a closed stdout (`| head`) is not an error
+/// worth failing a command that built or removed a testbed. A line may
+/// quote the hosts file (host names), which a user can edit: its control
+/// characters are escaped.
+fn say(line: impl std::fmt::Display) {
+    use std::io::Write as _;
+    let _ = writeln!(
+        std::io::stdout(),
+        "{}",
+        netgap::text::escape_control_lines(&line.to_string())
+    );
+}
+
+/// Says what `up` does to a testbed that exists, before it does it.
+pub fn print_note(name: &str, note: &UpNote) {
+    say(match note {
+        UpNote::Kept => format!("testbed {name} is already up with these parameters; keeping it"),
+        UpNote::Changing(c) => {
+            format!("testbed {name} is already up; changing its conditions to {c}")
+        }
+        UpNote::Rebuilding(why) => format!("rebuilding testbed {name}: {why}"),
+        UpNote::RemovingRemains { namespaces } => {
+            format!("removing the remains of an earlier testbed {name} ({namespaces} namespaces)")
+        }
+    });
+}
+
+/// Prints a testbed's status: hosts, addresses, links, conditions, the
+/// shapers and live links as the kernel has them, and each agent.
+pub fn print_status(status: &Status) {
+    let t = match status {
+        Status::NotUp { name } => return say(format!("no testbed {name} is up")),
+        Status::Incomplete { name, namespaces } => {
+            return say(format!(
+                "testbed {name} is incomplete (namespaces {} but no hosts file); run `netgap testbed down --name {name}`",
+                namespaces.join(", ")
+            ))
+        }
+        Status::Up(t) => t,
+    };
+    let hosts = &t.hosts;
+    say(format!(
+        "testbed {}: {} hosts, {}",
+        t.name,
+        hosts.hosts.len(),
+        hosts.topology
+    ));
+    if let Some(c) = t.conditions {
+        say(format!(
+            "conditions: {c} (each direction of a link, shaped in the network)"
+        ));
+        if let Some(f) = hosts.forwarding {
+            let how = if f.declared {
+                "declared with --forwarding".to_string()
+            } else {
+                format!(
+                    "{} kernel TCP streams at MTU {}, calibrated when first shaped",
+                    f.streams, f.mtu_bytes
+                )
+            };
+            say(format!(
+                "forwarding: this machine moves {:.1} Gbit/s through the testbed's shapers ({how}); a figure's links may sum to {:.0}% of it",
+                f.payload_gbps(),
+                100.0 * CARRY_SHARE
+            ));
+        }
+        if let Some(from) = hosts.rate_scaled_from_bps {
+            say(format!(
+                "rate scaled from {} to what this machine carries for the figure running now",
+                rate_text(from)
+            ));
+        }
+        for s in &t.shapers {
+            let qdiscs = match &s.qdiscs {
+                Ok(q) => q.join("; "),
+                Err(e) => format!("not read ({e})"),
+            };
+            let nft = if s.nft_loss {
+                ", nftables loss table"
+            } else {
+                ""
+            };
+            say(format!(
+                "shaper {} ({} ports toward hosts: {}): {}: {qdiscs}{nft}",
+                s.netns,
+                s.ports.len(),
+                s.ports.join(","),
+                s.ports.first().map(String::as_str).unwrap_or_default()
+            ));
+        }
+        match &t.live_links {
+            Some(LiveLinks::AsRecorded) => {
+                say("live links: as the hosts file says (read from the kernel)")
+            }
+            Some(LiveLinks::Differ(d)) => {
+                say("live links DIFFER from the hosts file (read from the kernel):");
+                for line in d {
+                    say(format!("  {line}"));
+                }
+            }
+            Some(LiveLinks::NotRead(e)) => say(format!("live links: not read ({e})")),
+            None => {}
+        }
+    }
+    say(format!("hosts file: {}", t.hosts_path.display()));
+    if let Some(k) = &hosts.key_file {
+        say(format!("key: {}", k.display()));
+    }
+    for (h, agent) in hosts.hosts.iter().zip(&t.agents) {
+        let agent = match agent {
+            AgentState::Answers { pid } => format!("agent answers (pid {})", pid.unwrap_or(0)),
+            AgentState::Silent { pid, why } => {
+                format!("agent pid {pid} alive, not answering: {why}")
+            }
+            AgentState::Down => "agent DOWN".to_string(),
+        };
+        say(format!(
+            "  {:<4} {:<16} {:<15} {:<24} {agent}",
+            h.name,
+            h.netns.as_deref().unwrap_or("-"),
+            h.address,
+            h.control
+        ));
+        for l in &h.links {
+            say(format!(
+                "       link {}#{} {} {} -> {}",
+                l.peer, l.index, l.ifname, l.local, l.remote
+            ));
+        }
     }
 }
 

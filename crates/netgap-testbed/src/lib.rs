@@ -105,21 +105,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// Prints a line to stdout; a closed stdout (`| head`) is not an error
-/// worth a panic in the middle of building or removing a testbed. A line
-/// may quote the hosts file (host names), which a user can edit: its
-/// control characters are escaped.
-macro_rules! say {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let _ = writeln!(
-            std::io::stdout(),
-            "{}",
-            netgap_core::text::escape_control_lines(&format!($($arg)*))
-        );
-    }};
-}
-
 pub use netgap_core::hosts::{
     default_hosts_path, state_dir, DEFAULT_TESTBED as DEFAULT_NAME,
     TESTBED_STATE_ROOT as STATE_ROOT,
@@ -1410,9 +1395,14 @@ fn pid_alive(pid: u32) -> bool {
 }
 
 /// Builds the testbed (`netgap testbed up`), or keeps one that is already up
-/// with the same parameters. Prints the hosts and addresses.
-pub fn up(req: &UpRequest, probe: &dyn AgentProbe) -> Result<(), TestbedError> {
-    up_as(req, RatePolicy::Refuse, probe)
+/// with the same parameters, saying through `notes` what it does to one
+/// that exists before it does it; returns the testbed's [`Status`].
+pub fn up(
+    req: &UpRequest,
+    probe: &dyn AgentProbe,
+    notes: &mut dyn FnMut(UpNote),
+) -> Result<Status, TestbedError> {
+    up_as(req, RatePolicy::Refuse, probe, notes)
 }
 
 /// What `up` does with a link rate beyond what the machine carries
@@ -1434,7 +1424,12 @@ fn carried(name: &str) -> Result<(), TestbedError> {
     check_carried(&hosts, &c)
 }
 
-fn up_as(req: &UpRequest, policy: RatePolicy, probe: &dyn AgentProbe) -> Result<(), TestbedError> {
+fn up_as(
+    req: &UpRequest,
+    policy: RatePolicy,
+    probe: &dyn AgentProbe,
+    notes: &mut dyn FnMut(UpNote),
+) -> Result<Status, TestbedError> {
     preflight()?;
     let name = &req.name;
     let params = req.params()?;
@@ -1472,7 +1467,7 @@ fn up_as(req: &UpRequest, policy: RatePolicy, probe: &dyn AgentProbe) -> Result<
             None
         };
         if old == params && healthy_now && drift.is_none() {
-            say!("testbed {name} is already up with these parameters; keeping it");
+            notes(UpNote::Kept);
             return status(name, probe);
         }
         // A testbed built before netgap kept the kernel's own offloads
@@ -1480,10 +1475,7 @@ fn up_as(req: &UpRequest, policy: RatePolicy, probe: &dyn AgentProbe) -> Result<
         let offloads_back =
             params.offload.is_none() && old.offload.is_some() && live::load_kernel(&dir).is_none();
         if old.same_build(&params) && healthy_now && !offloads_back && drift.is_none() {
-            say!(
-                "testbed {name} is already up; changing its conditions to {}",
-                params.conditions()
-            );
+            notes(UpNote::Changing(params.conditions()));
             let before = load_state(name)?.1.conditions;
             set_conditions(name, &params.conditions())?;
             if policy == RatePolicy::Refuse {
@@ -1508,27 +1500,26 @@ fn up_as(req: &UpRequest, policy: RatePolicy, probe: &dyn AgentProbe) -> Result<
                 .map(|e| e.to_string())
                 .unwrap_or_default()
         };
-        say!("rebuilding testbed {name}: {why}");
-        teardown(name, true)?;
+        notes(UpNote::Rebuilding(why));
+        teardown(name)?;
     } else if !leftovers.is_empty() || dir.exists() {
-        say!(
-            "removing the remains of an earlier testbed {name} ({} namespaces)",
-            leftovers.len()
-        );
-        teardown(name, true)?;
+        notes(UpNote::RemovingRemains {
+            namespaces: leftovers.len(),
+        });
+        teardown(name)?;
     }
     match build(name, &params, probe) {
         Ok(()) if policy == RatePolicy::Refuse => match carried(name) {
             Ok(()) => status(name, probe),
             Err(e) => {
-                let _ = teardown(name, true);
+                let _ = teardown(name);
                 Err(e)
             }
         },
         Ok(()) => status(name, probe),
         Err(e) => {
             // Leave nothing half-built behind.
-            let _ = teardown(name, true);
+            let _ = teardown(name);
             Err(e)
         }
     }
@@ -1608,24 +1599,25 @@ fn healthy(name: &str, probe: &dyn AgentProbe) -> Result<(), Unhealthy> {
     Ok(())
 }
 
-/// Prints the testbed (`netgap testbed status`): hosts, addresses, links and
+/// Reads the testbed (`netgap testbed status`): hosts, addresses, links and
 /// whether each agent answers.
-pub fn status(name: &str, probe: &dyn AgentProbe) -> Result<(), TestbedError> {
+pub fn status(name: &str, probe: &dyn AgentProbe) -> Result<Status, TestbedError> {
     check_name(name)?;
     let dir = state_dir(name);
     let hosts_path = dir.join("hosts.json");
     if !hosts_path.exists() {
         preflight()?;
-        let left = own_netns(name)?;
-        if left.is_empty() {
-            say!("no testbed {name} is up");
+        let namespaces = own_netns(name)?;
+        return Ok(if namespaces.is_empty() {
+            Status::NotUp {
+                name: name.to_string(),
+            }
         } else {
-            say!(
-                "testbed {name} is incomplete (namespaces {} but no hosts file); run `netgap testbed down --name {name}`",
-                left.join(", ")
-            );
-        }
-        return Ok(());
+            Status::Incomplete {
+                name: name.to_string(),
+                namespaces,
+            }
+        });
     }
     check_state(name)?;
     let hosts = HostsFile::load(&hosts_path).map_err(|e| TestbedError::Io {
@@ -1638,98 +1630,152 @@ pub fn status(name: &str, probe: &dyn AgentProbe) -> Result<(), TestbedError> {
     let conditions = hosts
         .conditions
         .or_else(|| params.as_ref().map(Params::conditions));
-    say!(
-        "testbed {name}: {} hosts, {}",
-        hosts.hosts.len(),
-        hosts.topology
-    );
-    if let Some(c) = conditions {
-        say!("conditions: {c} (each direction of a link, shaped in the network)");
-        if let Some(f) = hosts.forwarding {
-            let how = if f.declared {
-                "declared with --forwarding".to_string()
-            } else {
-                format!(
-                    "{} kernel TCP streams at MTU {}, calibrated when first shaped",
-                    f.streams, f.mtu_bytes
-                )
+    let mut shapers = Vec::new();
+    let mut live_links = None;
+    if let (Some(c), Some(p)) = (conditions, &params) {
+        for (ns, ports) in group_by_ns(&shaping_points(name, p)) {
+            let Some(dev) = ports.first().cloned() else {
+                continue;
             };
-            say!(
-                "forwarding: this machine moves {:.1} Gbit/s through the testbed's shapers ({how}); a figure's links may sum to {:.0}% of it",
-                f.payload_gbps(),
-                100.0 * capacity::CARRY_SHARE
-            );
+            shapers.push(Shaper {
+                qdiscs: live::qdisc_lines(&ns, &dev),
+                nft_loss: has_nft_loss(&ns),
+                netns: ns,
+                ports,
+            });
         }
-        if let Some(from) = hosts.rate_scaled_from_bps {
-            say!(
-                "rate scaled from {} to what this machine carries for the figure running now",
-                capacity::rate_text(from)
-            );
-        }
-        if let Some(p) = &params {
-            for (ns, devs) in group_by_ns(&shaping_points(name, p)) {
-                let Some(dev) = devs.first() else { continue };
-                let qdiscs = match live::qdisc_lines(&ns, dev) {
-                    Ok(q) => q.join("; "),
-                    Err(e) => format!("not read ({e})"),
-                };
-                let nft = if has_nft_loss(&ns) {
-                    ", nftables loss table"
-                } else {
-                    ""
-                };
-                say!(
-                    "shaper {ns} ({} ports toward hosts: {}): {dev}: {qdiscs}{nft}",
-                    devs.len(),
-                    devs.join(",")
-                );
+        live_links = Some(match live_differences(name, p, &c) {
+            Ok(d) if d.is_empty() => LiveLinks::AsRecorded,
+            Ok(d) => LiveLinks::Differ(d),
+            Err(e) => LiveLinks::NotRead(e),
+        });
+    }
+    let agents = hosts
+        .hosts
+        .iter()
+        .map(|h| {
+            let pid = read_state(&dir.join(format!("{}.pid", h.name)))
+                .ok()
+                .and_then(|t| t.trim().parse::<u32>().ok());
+            match (pid, probe_agent(h, hosts.key_file.as_deref(), probe)) {
+                (_, Ok(())) => AgentState::Answers { pid },
+                (Some(p), Err(e)) if pid_alive(p) => AgentState::Silent { pid: p, why: e },
+                (_, Err(_)) => AgentState::Down,
             }
-            match live_differences(name, p, &c) {
-                Ok(d) if d.is_empty() => {
-                    say!("live links: as the hosts file says (read from the kernel)");
-                }
-                Ok(d) => {
-                    say!("live links DIFFER from the hosts file (read from the kernel):");
-                    for line in d {
-                        say!("  {line}");
-                    }
-                }
-                Err(e) => say!("live links: not read ({e})"),
-            }
-        }
-    }
-    say!("hosts file: {}", hosts_path.display());
-    if let Some(k) = &hosts.key_file {
-        say!("key: {}", k.display());
-    }
-    for h in &hosts.hosts {
-        let pid = read_state(&dir.join(format!("{}.pid", h.name)))
-            .ok()
-            .and_then(|t| t.trim().parse::<u32>().ok());
-        let agent = match (pid, probe_agent(h, hosts.key_file.as_deref(), probe)) {
-            (_, Ok(())) => format!("agent answers (pid {})", pid.unwrap_or(0)),
-            (Some(p), Err(e)) if pid_alive(p) => format!("agent pid {p} alive, not answering: {e}"),
-            (_, Err(_)) => "agent DOWN".to_string(),
-        };
-        say!(
-            "  {:<4} {:<16} {:<15} {:<24} {agent}",
-            h.name,
-            h.netns.as_deref().unwrap_or("-"),
-            h.address,
-            h.control
-        );
-        for l in &h.links {
-            say!(
-                "       link {}#{} {} {} -> {}",
-                l.peer,
-                l.index,
-                l.ifname,
-                l.local,
-                l.remote
-            );
-        }
-    }
-    Ok(())
+        })
+        .collect();
+    Ok(Status::Up(Box::new(UpStatus {
+        name: name.to_string(),
+        hosts_path,
+        conditions,
+        shapers,
+        live_links,
+        agents,
+        hosts,
+    })))
+}
+
+/// What `status` found: no testbed, the remains of one, or a testbed up.
+#[derive(Debug)]
+pub enum Status {
+    /// Neither a hosts file nor a namespace of the testbed exists.
+    NotUp {
+        /// The testbed.
+        name: String,
+    },
+    /// Namespaces without a hosts file: a build or teardown that did not
+    /// finish; `down` removes them.
+    Incomplete {
+        /// The testbed.
+        name: String,
+        /// Its namespaces that exist.
+        namespaces: Vec<String>,
+    },
+    /// A testbed with a hosts file.
+    Up(Box<UpStatus>),
+}
+
+/// A testbed that is up, as its files record it and the kernel has it.
+#[derive(Debug)]
+pub struct UpStatus {
+    /// The testbed.
+    pub name: String,
+    /// Its hosts file, as read.
+    pub hosts: HostsFile,
+    /// Where the hosts file is.
+    pub hosts_path: PathBuf,
+    /// The links' conditions, from the hosts file (or, for a testbed from
+    /// before they were recorded there, its parameters).
+    pub conditions: Option<LinkConditions>,
+    /// Each shaping namespace's shapers as the kernel has them; empty
+    /// without conditions or parameters.
+    pub shapers: Vec<Shaper>,
+    /// The live links against the hosts file; `None` without conditions or
+    /// parameters.
+    pub live_links: Option<LiveLinks>,
+    /// Each host's agent, in the hosts file's order.
+    pub agents: Vec<AgentState>,
+}
+
+/// The shapers of one shaping namespace: its ports toward the hosts and
+/// the queueing disciplines of the first (every port has the same).
+#[derive(Debug)]
+pub struct Shaper {
+    /// The namespace.
+    pub netns: String,
+    /// Its ports toward the hosts.
+    pub ports: Vec<String>,
+    /// `tc qdisc show` of the first port, a line per qdisc, or why it was
+    /// not read.
+    pub qdiscs: Result<Vec<String>, TestbedError>,
+    /// Whether the namespace has the nftables loss table.
+    pub nft_loss: bool,
+}
+
+/// The links as the kernel has them, against the hosts file.
+#[derive(Debug)]
+pub enum LiveLinks {
+    /// As the hosts file says.
+    AsRecorded,
+    /// Where they differ, a line each.
+    Differ(Vec<String>),
+    /// They could not be read.
+    NotRead(TestbedError),
+}
+
+/// One host's agent.
+#[derive(Debug)]
+pub enum AgentState {
+    /// It answers the probe; its pid file's pid, when readable.
+    Answers {
+        /// The agent's pid.
+        pid: Option<u32>,
+    },
+    /// Its process lives but does not answer.
+    Silent {
+        /// The agent's pid.
+        pid: u32,
+        /// What the probe met.
+        why: AgentProbeError,
+    },
+    /// Its process is gone.
+    Down,
+}
+
+/// What `up` does to a testbed that exists, said before it does it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum UpNote {
+    /// It is up with the same parameters, and stays.
+    Kept,
+    /// It is up, built alike; only its conditions change, to these.
+    Changing(LinkConditions),
+    /// It is rebuilt, for this reason.
+    Rebuilding(String),
+    /// What an earlier testbed of the name left is removed first.
+    RemovingRemains {
+        /// Its namespaces.
+        namespaces: usize,
+    },
 }
 
 /// `ends` grouped by namespace, in their order.
@@ -1771,8 +1817,8 @@ fn live_differences(
 
 /// Changes a running testbed's conditions (`netgap testbed set`): only the
 /// keys given, on every link end, without restarting its agents; then
-/// prints its status.
-pub fn set(req: &SetRequest, probe: &dyn AgentProbe) -> Result<(), TestbedError> {
+/// returns its status.
+pub fn set(req: &SetRequest, probe: &dyn AgentProbe) -> Result<Status, TestbedError> {
     check_name(&req.name)?;
     let change = req.checked()?;
     preflight()?;
@@ -1791,7 +1837,6 @@ pub fn set(req: &SetRequest, probe: &dyn AgentProbe) -> Result<(), TestbedError>
         let _ = set_conditions(name, &from);
         return Err(e);
     }
-    say!("testbed {name}: {change} set");
     status(name, probe)
 }
 
@@ -2089,7 +2134,7 @@ fn restore_on_interrupt() -> Result<(), TestbedError> {
                     .unwrap_or_else(std::sync::PoisonError::into_inner);
                 if let Some(name) = owned.as_ref() {
                     eprintln!("netgap: interrupted: taking testbed {name} down");
-                    if let Err(e) = teardown(name, true) {
+                    if let Err(e) = teardown(name) {
                         eprintln!("netgap: error: testbed {name} could not be taken down: {e}");
                     }
                 }
@@ -2197,19 +2242,20 @@ impl OwnedTestbed {
         req: &UpRequest,
         command: &str,
         probe: &dyn AgentProbe,
-    ) -> Result<OwnedTestbed, TestbedError> {
+        notes: &mut dyn FnMut(UpNote),
+    ) -> Result<(OwnedTestbed, Status), TestbedError> {
         req.params()?;
         preflight()?;
         let name = req.name.clone();
         let lock = TestbedLock::acquire(&name, command)?;
         restore_on_interrupt()?;
-        teardown(&name, true)?;
+        teardown(&name)?;
         *OWNED
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(name.clone());
         let guard = OwnedTestbed { name, _lock: lock };
-        up_as(req, RatePolicy::Scale, probe)?;
-        Ok(guard)
+        let status = up_as(req, RatePolicy::Scale, probe, notes)?;
+        Ok((guard, status))
     }
 
     /// Its hosts file.
@@ -2223,7 +2269,7 @@ impl Drop for OwnedTestbed {
         let mut owned = OWNED
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Err(e) = teardown(&self.name, true) {
+        if let Err(e) = teardown(&self.name) {
             eprintln!(
                 "netgap: error: testbed {} could not be taken down: {e}",
                 self.name
@@ -2234,17 +2280,28 @@ impl Drop for OwnedTestbed {
 }
 
 /// Removes the testbed (`netgap testbed down`).
-pub fn down(name: &str) -> Result<(), TestbedError> {
+pub fn down(name: &str) -> Result<Removed, TestbedError> {
     check_name(name)?;
     preflight()?;
     let _lock = TestbedLock::acquire(name, "netgap testbed down")?;
-    teardown(name, false)
+    teardown(name)
+}
+
+/// What `down` removed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Removed {
+    /// Namespaces deleted.
+    pub namespaces: usize,
+    /// Processes stopped (agents, and anything else left in a namespace).
+    pub processes: usize,
+    /// Whether the state directory is gone.
+    pub state_dir_gone: bool,
 }
 
 /// Stops the agents (their pid files, then any process left in a testbed
 /// namespace), deletes the namespaces (which deletes their links) and the
 /// state directory. Works from what exists, so also after a crash.
-fn teardown(name: &str, quiet: bool) -> Result<(), TestbedError> {
+fn teardown(name: &str) -> Result<Removed, TestbedError> {
     let dir = state_dir(name);
     check_state(name)?;
     let mut pids: Vec<i32> = Vec::new();
@@ -2289,20 +2346,12 @@ fn teardown(name: &str, quiet: bool) -> Result<(), TestbedError> {
             errors.push(e.to_string());
         }
     }
-    if !quiet {
-        say!(
-            "testbed {name} removed: {} namespaces, {} processes stopped{}",
-            namespaces.len(),
-            pids.len(),
-            if dir.exists() {
-                ""
-            } else {
-                ", state directory gone"
-            }
-        );
-    }
     match errors.first() {
-        None => Ok(()),
+        None => Ok(Removed {
+            namespaces: namespaces.len(),
+            processes: pids.len(),
+            state_dir_gone: !dir.exists(),
+        }),
         Some(e) => Err(TestbedError::Command {
             cmd: "testbed down".into(),
             detail: e.clone(),
