@@ -1,6 +1,18 @@
-//! The virtual testbed (`netgap testbed up|status|down`): a cluster of hosts
-//! on this machine, each a Linux network namespace with a netgap agent, wired
-//! through a bridge (`switch`) or by point-to-point links (`mesh`).
+//! The virtual testbed (`netgap testbed up|set|status|down`): a cluster of
+//! hosts on this machine, each a Linux network namespace with a netgap
+//! agent, wired through a bridge (`switch`) or by point-to-point links
+//! (`mesh`).
+//!
+//! Its place: a layer crate beside the measurement crate, seeing neither
+//! it nor the command line. It holds its state in core's plain data
+//! (`netgap_core::hosts::HostsFile`, `netgap_core::link::LinkConditions`),
+//! takes typed requests ([`UpRequest`], [`SetRequest`], a testbed's name),
+//! returns typed results ([`Status`], [`Removed`], and [`UpNote`]s said
+//! before `up` changes a testbed that exists) and typed errors
+//! ([`TestbedError`]), and prints nothing but the lines of its interrupt
+//! handler. Whether an agent answers is asked through [`AgentProbe`],
+//! which the binary implements with the coordinator's handshake; the
+//! binary hands a run the [`TestbedSwitch`] as measure's `ConditionSwitch`.
 //!
 //! Everything is made with iproute2 (`ip`, `tc`) run as child processes, and
 //! only inside the testbed's own namespaces: each veth pair is created inside
@@ -70,7 +82,7 @@
 //! Multipath TCP: on a mesh or switch with several links per host pair,
 //! every host has an MPTCP endpoint (`signal`) for each of its link
 //! addresses and path manager limits of one extra subflow per extra link
-//! (`testbed/mptcp.rs`), so one `mptcp` connection between two hosts uses
+//! (`mptcp.rs`), so one `mptcp` connection between two hosts uses
 //! every link.
 //!
 //! `down` finds what to remove from the namespaces' names and the state
