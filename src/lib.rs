@@ -1,11 +1,13 @@
 //! netgap characterizes communication stacks and shows the gap between them.
 //!
-//! This crate is the edge: the `netgap` binary's commands and the testbed
-//! of network namespaces. The work lives in the layer crates, re-exported
-//! here under the names the rest of netgap uses:
+//! This crate is the edge: the `netgap` binary's commands, and where the
+//! testbed meets the measurement crate (`testbed_seams`). The work lives in
+//! the layer crates, re-exported here under the names the rest of netgap
+//! uses:
 //!
 //! - `netgap-core`: units, statistics, point specs, host facts, the result
-//!   model; plain data with no I/O.
+//!   model, the hosts file and the link conditions; plain data with no
+//!   I/O.
 //! - `netgap-proto`: the control protocol (codec, messages, session
 //!   machines, key proofs); no I/O, and it cannot import the transports.
 //! - `netgap-transport`: the transport trait, every transport, the
@@ -14,6 +16,10 @@
 //!   run, and the agent's shards.
 //! - `netgap-measure`: tests, the runner, plans, the coordinator and the
 //!   agent, workload runs, sweep and LogP.
+//! - `netgap-testbed`: the virtual cluster of network namespaces (links,
+//!   shapers, agents, its state and lock), behind typed requests; it sees
+//!   neither the measurement crate nor the command line.
+//! - `netgap-mpi`: the MPI tests and launching mpirun.
 //! - `netgap-report`: the report, compare, and import of peer tools' output.
 //! - `netgap-shm`: the shared-memory channel of the preload library, the
 //!   relay and the `shm` transport.
@@ -38,11 +44,12 @@ pub use netgap_relay as relay;
 pub use netgap_report as report;
 pub use netgap_report::{compare, import};
 pub use netgap_shm as shm;
+pub use netgap_testbed as testbed;
 pub use netgap_transport as transport;
 pub use netgap_transport::{flows, preamble};
 pub use netgap_workload as workload;
 pub use netgap_workload::{confined, shard};
 
 pub mod study;
-pub mod testbed;
+pub mod testbed_seams;
 pub mod wrap;

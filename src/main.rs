@@ -18,6 +18,7 @@ use netgap::plan::{Plan, RunRequest, Settings};
 use netgap::run::run_plan;
 use netgap::sink::{CsvSink, JsonlSink, RecordSink};
 use netgap::sweep::{SweepPlan, SweepRequest};
+use netgap::testbed_seams::Switch;
 use netgap::text::{escape_control, escape_control_lines};
 use netgap::workload_run::plan::WorkloadPlan;
 use netgap::{bench, transport};
@@ -500,6 +501,7 @@ fn execute(job: &Job, results: Results<'_>) -> Result<()> {
     let mut switch = match settings.testbed_name.as_deref() {
         Some(name) if !settings.conditions.is_empty() => Some(
             netgap::testbed::TestbedSwitch::open(name)
+                .map(Switch)
                 .with_context(|| format!("--conditions on testbed {name}"))?,
         ),
         _ => None,
@@ -700,12 +702,11 @@ fn new_key(file: &std::path::Path) -> Result<()> {
 
 fn testbed(cmd: &TestbedCommand) -> Result<()> {
     match cmd {
-        TestbedCommand::Up(args) => netgap::testbed::up(args)?,
-        TestbedCommand::Set(args) => netgap::testbed::set(args)?,
-        TestbedCommand::Status(args) => netgap::testbed::status(args)?,
-        TestbedCommand::Down(args) => netgap::testbed::down(args)?,
+        TestbedCommand::Up(args) => cli::testbed::up(args),
+        TestbedCommand::Set(args) => cli::testbed::set(args),
+        TestbedCommand::Status(args) => cli::testbed::status(args),
+        TestbedCommand::Down(args) => cli::testbed::down(args),
     }
-    Ok(())
 }
 
 fn list() {

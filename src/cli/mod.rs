@@ -5,6 +5,7 @@
 pub mod flags;
 pub mod relay;
 pub mod study;
+pub mod testbed;
 
 use clap::{Parser, Subcommand};
 use flags::{InterleaveFlags, MpiFlags, MultiHostFlags, OutputFlags, RepFlags, StackFlags};
@@ -404,15 +405,15 @@ fn import_label(text: &str) -> Result<String, String> {
 #[derive(Debug, Subcommand)]
 pub enum TestbedCommand {
     /// Create the namespaces, links and agents, and write the hosts file.
-    Up(netgap::testbed::UpArgs),
+    Up(testbed::UpArgs),
     /// Change a running testbed's conditions (MTU, offloads, rate, delay,
     /// loss) without restarting its agents.
-    Set(netgap::testbed::SetArgs),
+    Set(testbed::SetArgs),
     /// Show the hosts, addresses, links, conditions and whether each agent
     /// is alive.
-    Status(netgap::testbed::NameArgs),
+    Status(testbed::NameArgs),
     /// Remove everything the testbed made (also after a crash).
-    Down(netgap::testbed::NameArgs),
+    Down(testbed::NameArgs),
 }
 
 #[derive(Debug, Subcommand)]

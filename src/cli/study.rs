@@ -10,6 +10,7 @@ use netgap::record::ResultRecord;
 use netgap::report::load::LoadError;
 use netgap::report::study::{Outcome, StudyRun};
 use netgap::study::{self, data::Study, Destination, FigureRun, HostsOffer, Request};
+use netgap::testbed_seams::CoordinatorProbe;
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -413,7 +414,7 @@ fn wait_for_agents(hosts: &HostsArg) {
     };
     let t0 = std::time::Instant::now();
     for h in &file.hosts {
-        while netgap::testbed::probe_agent(h, file.key_file.as_deref()).is_err()
+        while netgap::testbed::probe_agent(h, file.key_file.as_deref(), &CoordinatorProbe).is_err()
             && t0.elapsed() < AGENTS_FREE_WITHIN
         {
             std::thread::sleep(Duration::from_millis(200));
@@ -459,7 +460,7 @@ fn build_testbed(
     forwarding: Option<&str>,
 ) -> Result<netgap::testbed::OwnedTestbed> {
     let t = &study.testbed;
-    let args = testbed_args(study, forwarding);
+    let request = testbed_request(study, forwarding)?;
     eprintln!(
         "netgap: study {}: building its testbed ({} hosts, {:?}{})",
         study.id,
@@ -470,32 +471,38 @@ fn build_testbed(
             .map(|r| format!(", links at {r}"))
             .unwrap_or_default()
     );
-    netgap::testbed::OwnedTestbed::up(&args, command)
-        .with_context(|| format!("building study {}'s testbed", study.id))
+    let (testbed, status) =
+        netgap::testbed::OwnedTestbed::up(&request, command, &CoordinatorProbe, &mut |n| {
+            super::testbed::print_note(&request.name, &n)
+        })
+        .with_context(|| format!("building study {}'s testbed", study.id))?;
+    super::testbed::print_status(&status);
+    Ok(testbed)
 }
 
-/// The `testbed up` flags of the testbed `study` needs, on a machine that
-/// forwards `forwarding` when the user declared it.
-fn testbed_args(study: &Study, forwarding: Option<&str>) -> netgap::testbed::UpArgs {
+/// The `testbed up` request of the testbed `study` needs, on a machine
+/// that forwards `forwarding` when the user declared it.
+fn testbed_request(study: &Study, forwarding: Option<&str>) -> Result<netgap::testbed::UpRequest> {
     use netgap::study::data::Topology;
     let t = &study.testbed;
-    netgap::testbed::UpArgs {
+    let rate = |flag: &str, r: &str| {
+        netgap::conditions::parse_rate_bps(r).map_err(|e| anyhow!(e.for_flag(flag)))
+    };
+    Ok(netgap::testbed::UpRequest {
+        name: TESTBED_NAME.into(),
         hosts: t.hosts,
         topology: match t.topology {
             Topology::Switch => netgap::testbed::Topology::Switch,
             Topology::Mesh => netgap::testbed::Topology::Mesh,
         },
         links: t.links,
-        mtu: 1500,
-        rate: t.rate.clone(),
+        mtu_bytes: netgap::testbed::DEFAULT_MTU_BYTES,
+        rate_bps: t.rate.as_deref().map(|r| rate("--rate", r)).transpose()?,
         offload: None,
-        delay: None,
-        loss: None,
-        forwarding: forwarding.map(str::to_string),
-        name: netgap::testbed::NameArgs {
-            name: TESTBED_NAME.into(),
-        },
-    }
+        delay_us: None,
+        loss_ppm: None,
+        forwarding_bps: forwarding.map(|f| rate("--forwarding", f)).transpose()?,
+    })
 }
 
 /// Measures one run of a figure through its command's own function, on a
@@ -813,14 +820,16 @@ here = "h"
 
     #[test]
     fn a_study_testbed_on_a_switch_may_have_a_switch_per_link() {
-        let p = testbed_args(&study_on("switch", 2), None)
+        let p = testbed_request(&study_on("switch", 2), None)
+            .expect("a request")
             .params()
             .expect("a switch with two links");
         assert_eq!(
             (p.hosts, p.topology, p.links),
             (4, netgap::testbed::Topology::Switch, 2)
         );
-        let p = testbed_args(&study_on("mesh", 3), Some("3G"))
+        let p = testbed_request(&study_on("mesh", 3), Some("3G"))
+            .expect("a request")
             .params()
             .expect("a mesh");
         assert_eq!((p.topology, p.links), (netgap::testbed::Topology::Mesh, 3));

@@ -4,7 +4,7 @@
 
 use crate::common;
 use crate::common::{netgap, new_key_file as key_file, AgentProc as Agent};
-use netgap::control::{ControlAddr, ControlConn};
+use netgap::control::{Connect, ControlAddr, ControlConn};
 use netgap::proto::auth::{AuthFrame, CoordinatorHandshake, Key};
 use netgap::proto::codec::decode_reply;
 use netgap::proto::message::Reply;

@@ -5,7 +5,7 @@
 
 use crate::common;
 use crate::common::{netgap, new_key_file as key_file, AgentProc as Agent};
-use netgap::control::{ControlAddr, ControlConn};
+use netgap::control::{Connect, ControlAddr, ControlConn};
 use netgap::coordinator::Coordinator;
 use netgap::proto::auth::{AuthFrame, Key};
 use netgap::proto::codec::decode_reply;

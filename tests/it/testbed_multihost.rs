@@ -142,8 +142,9 @@ fn every_multi_host_test_runs_through_a_four_host_switch_testbed() {
     let keyless_path = dir.path().join("keyless.json");
     let out_dir = netgap::confined::Dir::open_base(dir.path(), "the test's directory", "x", 0o700)
         .expect("the test's directory");
-    keyless
-        .save(&out_dir, "keyless.json", 0o600)
+    let text = keyless.to_text().expect("hosts file as JSON");
+    out_dir
+        .replace_file("keyless.json", text.as_bytes(), 0o600)
         .expect("hosts file written");
     let hosts_arg = format!("@{}", keyless_path.display());
     let run = |extra: &[&str]| {

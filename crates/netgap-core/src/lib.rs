@@ -11,6 +11,8 @@ pub mod datagram;
 pub mod dropout;
 pub mod files;
 pub mod host;
+pub mod hosts;
+pub mod link;
 pub mod load;
 pub mod metric;
 pub mod noise;

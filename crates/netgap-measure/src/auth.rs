@@ -107,27 +107,6 @@ pub fn new_key_file(path: &Path) -> Result<(), KeyFileError> {
     f.sync_all().map_err(io_err)
 }
 
-/// Writes a new random key of [`NEW_KEY_BYTES`] bytes as the file `name`
-/// of `dir`, mode 0600, made fresh relative to the directory's descriptor
-/// (an existing file or a link of that name is refused, never followed);
-/// returns its path.
-pub fn new_key_in(
-    dir: &netgap_workload::confined::Dir,
-    name: &str,
-) -> Result<PathBuf, netgap_workload::confined::ConfinedError> {
-    let path = dir.path().join(name);
-    let io_err = |what| {
-        let path = path.clone();
-        move |source| netgap_workload::confined::ConfinedError::Io { what, path, source }
-    };
-    let mut bytes = [0u8; NEW_KEY_BYTES];
-    netgap_transport::random::fill_random(&mut bytes)
-        .map_err(io_err("drawing random bytes for"))?;
-    let f = dir.write_file(name, &bytes, 0o600)?;
-    f.sync_all().map_err(io_err("writing"))?;
-    Ok(path)
-}
-
 fn nonce() -> io::Result<[u8; NONCE_BYTES]> {
     let mut n = [0u8; NONCE_BYTES];
     netgap_transport::random::fill_random(&mut n)?;

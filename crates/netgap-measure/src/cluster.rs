@@ -1,165 +1,25 @@
 //! The hosts of a workload run: which agents there are, how to reach their
 //! control listeners, and which data addresses and links each host has.
 //!
-//! `netgap testbed up` writes a [`HostsFile`]; multi-host commands read it
-//! with `--hosts @FILE` (or `--hosts @testbed` for the default testbed), or
-//! take a plain list of agent addresses (`--hosts 10.0.0.1,10.0.0.2:7200`)
-//! for a real cluster, or the hosts of the cluster's launcher (`--hosts
-//! @slurm`, `--hosts @hostfile:FILE`, expanded by [`hostlist`]): a
-//! [`HostsArg`], loaded into a [`HostsSource`].
+//! `netgap testbed up` writes a [`HostsFile`] (its data types live in
+//! [`netgap_core::hosts`] and are re-exported here); multi-host commands
+//! read it with `--hosts @FILE` (or `--hosts @testbed` for the default
+//! testbed), or take a plain list of agent addresses (`--hosts
+//! 10.0.0.1,10.0.0.2:7200`) for a real cluster, or the hosts of the
+//! cluster's launcher (`--hosts @slurm`, `--hosts @hostfile:FILE`,
+//! expanded by [`hostlist`]): a [`HostsArg`], loaded into a [`HostsSource`].
 
-use crate::conditions::LinkConditions;
 use crate::control::ControlAddr;
 use crate::hostlist;
 use netgap_core::files::{self, Cap, ReadError};
-use netgap_workload::confined::{ConfinedError, Dir};
-use serde::{Deserialize, Serialize};
 use std::net::IpAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-/// Version of the hosts file format this build reads and writes.
-pub const HOSTS_FILE_VERSION: u32 = 1;
-
-/// A set of hosts with agents, in order: by convention the first host is the
-/// server of a multi-client test and the rest are client hosts.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct HostsFile {
-    /// [`HOSTS_FILE_VERSION`].
-    pub version: u32,
-    /// `switch`, `mesh`, or `list` for a plain list of agents.
-    pub topology: String,
-    /// The shared key every agent of the set requires, if any.
-    #[serde(default)]
-    pub key_file: Option<PathBuf>,
-    /// The hosts, at least one.
-    pub hosts: Vec<HostEntry>,
-    /// The name of the testbed that wrote the file (`netgap testbed up
-    /// --name`); absent for a hand-written file and for testbeds made
-    /// before it was recorded.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub testbed: Option<String>,
-    /// The conditions of every link, for a testbed: MTU, offloads, rate,
-    /// delay, loss; `netgap testbed set` keeps them current.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub conditions: Option<LinkConditions>,
-    /// What the machine under a testbed forwards through its shapers,
-    /// calibrated when the testbed was first shaped; absent without a rate
-    /// and for a hand-written file.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub forwarding: Option<Forwarding>,
-    /// The rate a study asked for, in bit/s, while its links run at a
-    /// lower one the machine carries (the figure's links summing past
-    /// [`Forwarding`]); absent when the links run at the rate asked.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rate_scaled_from_bps: Option<u64>,
-}
-
-/// What the machine under a testbed forwards through its shapers: the
-/// payload of kernel TCP streams crossing the testbed's links at once, the
-/// shapers in place but set well above what the machine moves, so that
-/// only the machine's CPUs bound them. The testbed's hosts, forwarding and
-/// shaping all run on those CPUs: links whose rates sum past this cannot
-/// all be at their rate at once, whatever stack runs over them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Forwarding {
-    /// Payload moved, in Mbit/s (10^6 bit/s), the best of the calibration's
-    /// windows.
-    pub payload_mbps: u64,
-    /// The links' MTU during the calibration, in bytes.
-    pub mtu_bytes: u32,
-    /// Streams run at once (each direction of a link has its own shaper);
-    /// 0 when declared.
-    pub streams: u32,
-    /// Declared by the operator (`netgap testbed up --forwarding`), not
-    /// measured.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub declared: bool,
-}
-
-impl Forwarding {
-    /// The payload rate in Gbit/s.
-    pub fn payload_gbps(&self) -> f64 {
-        self.payload_mbps as f64 / 1e3
-    }
-}
-
-/// One host of the set.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct HostEntry {
-    /// Short unique name (`h1`, or the address for a plain list).
-    pub name: String,
-    /// The agent's control address: `IP:PORT` or `unix:PATH`.
-    pub control: String,
-    /// The address other hosts send test traffic to (over the switch, or the
-    /// first link of a mesh).
-    pub address: IpAddr,
-    /// The network namespace the host lives in, for a testbed host.
-    #[serde(default)]
-    pub netns: Option<String>,
-    /// Point-to-point links to other hosts (mesh topology), in link order.
-    #[serde(default)]
-    pub links: Vec<LinkEntry>,
-}
-
-/// One end of a point-to-point link between two hosts.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct LinkEntry {
-    /// Name of the host at the other end.
-    pub peer: String,
-    /// Index of the link among the links to `peer`, from 0.
-    pub index: u32,
-    /// This end's address.
-    pub local: IpAddr,
-    /// The other end's address.
-    pub remote: IpAddr,
-    /// This end's interface name inside the host's namespace.
-    pub ifname: String,
-    /// MTU of the link in bytes.
-    pub mtu_bytes: u32,
-    /// Rate limit of the link in bit/s, if shaped.
-    #[serde(default)]
-    pub rate_bps: Option<u64>,
-}
-
-/// What breaks an invariant of a [`HostsFile`].
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum HostsFileFault {
-    /// Another format version.
-    #[error("version {found} (this netgap reads version {HOSTS_FILE_VERSION})")]
-    Version {
-        /// The version the file states.
-        found: u32,
-    },
-    /// An empty host list.
-    #[error("no hosts")]
-    NoHosts,
-    /// Two hosts of one name.
-    #[error("host name {name:?} appears twice")]
-    DuplicateName {
-        /// The name.
-        name: String,
-    },
-    /// A control address that does not parse.
-    #[error("host {host}: bad control address {control:?} (want IP:PORT or unix:PATH)")]
-    BadControl {
-        /// The host.
-        host: String,
-        /// Its control address as written.
-        control: String,
-    },
-    /// A link to a host the file does not have.
-    #[error("host {host}: link to unknown host {peer:?}")]
-    UnknownLinkPeer {
-        /// The host.
-        host: String,
-        /// The unknown peer.
-        peer: String,
-    },
-}
+pub use netgap_core::hosts::{
+    default_hosts_path, state_dir, Forwarding, HostEntry, HostsFile, HostsFileError,
+    HostsFileFault, LinkEntry, TestbedPath, DEFAULT_TESTBED, HOSTS_FILE_VERSION,
+    TESTBED_STATE_ROOT,
+};
 
 /// Why a hosts file or list is unusable.
 #[derive(Debug, thiserror::Error)]
@@ -193,150 +53,13 @@ pub enum HostsError {
     },
 }
 
-impl HostsFile {
-    /// Reads and checks a hosts file.
-    pub fn load(path: &Path) -> Result<HostsFile, HostsError> {
-        let text = files::read_to_string(path, Cap::HOSTS)?;
-        let parse = |detail: String| HostsError::Parse {
-            path: path.to_path_buf(),
-            detail,
-        };
-        let file: HostsFile = serde_json::from_str(&text).map_err(|e| parse(e.to_string()))?;
-        file.check().map_err(|e| parse(e.to_string()))?;
-        Ok(file)
-    }
-
-    /// Checks the invariants: the version, at least one host, unique names,
-    /// parseable control addresses, links that name known hosts.
-    pub fn check(&self) -> Result<(), HostsFileFault> {
-        if self.version != HOSTS_FILE_VERSION {
-            return Err(HostsFileFault::Version {
-                found: self.version,
-            });
-        }
-        if self.hosts.is_empty() {
-            return Err(HostsFileFault::NoHosts);
-        }
-        for (i, h) in self.hosts.iter().enumerate() {
-            if self.hosts[..i].iter().any(|o| o.name == h.name) {
-                return Err(HostsFileFault::DuplicateName {
-                    name: h.name.clone(),
-                });
-            }
-        }
-        for h in &self.hosts {
-            if ControlAddr::parse(&h.control).is_none() {
-                return Err(HostsFileFault::BadControl {
-                    host: h.name.clone(),
-                    control: h.control.clone(),
-                });
-            }
-            if let Some(l) = h.links.iter().find(|l| self.host(&l.peer).is_none()) {
-                return Err(HostsFileFault::UnknownLinkPeer {
-                    host: h.name.clone(),
-                    peer: l.peer.clone(),
-                });
-            }
-        }
-        Ok(())
-    }
-
-    /// The host called `name`.
-    pub fn host(&self, name: &str) -> Option<&HostEntry> {
-        self.hosts.iter().find(|h| h.name == name)
-    }
-
-    /// Writes the file (pretty JSON) as `name` in `dir` with `mode`,
-    /// through [`Dir::replace_file`]: a new file renamed over the old one
-    /// relative to the directory's descriptor, so a run that reads it
-    /// while `testbed set` rewrites it sees the old file or the new one,
-    /// never half of one, and a link planted at the name is replaced, not
-    /// written through.
-    pub fn save(&self, dir: &Dir, name: &str, mode: u32) -> Result<(), ConfinedError> {
-        let text = serde_json::to_string_pretty(self).map_err(|e| ConfinedError::Io {
-            what: "writing",
-            path: dir.path().join(name),
-            source: std::io::Error::other(e),
-        })?;
-        dir.replace_file(name, (text + "\n").as_bytes(), mode)?;
-        Ok(())
-    }
-
-    /// Whether the file describes one of netgap's namespace testbeds (it
-    /// names one, or its hosts live in network namespaces of a switch or
-    /// mesh, as files of older testbeds do).
-    pub fn is_testbed(&self) -> bool {
-        self.testbed.is_some()
-            || (matches!(self.topology.as_str(), "switch" | "mesh")
-                && self.hosts.iter().all(|h| h.netns.is_some()))
-    }
-
-    /// What the file says about the path between its hosts: the testbed's
-    /// topology and link conditions, for a testbed; `None` otherwise.
-    pub fn path_facts(&self) -> Option<TestbedPath> {
-        self.is_testbed().then(|| TestbedPath {
-            topology: self.topology.clone(),
-            forwarding_mbps: self.forwarding.map(|f| f.payload_mbps),
-            rate_scaled_from_bps: self.rate_scaled_from_bps,
-            conditions: self.conditions.or_else(|| {
-                // A testbed from before conditions were recorded: its links
-                // say the MTU and rate.
-                let l = self.hosts.iter().flat_map(|h| h.links.first()).next()?;
-                Some(LinkConditions {
-                    rate_bps: l.rate_bps,
-                    ..LinkConditions::plain(l.mtu_bytes)
-                })
-            }),
-        })
-    }
-}
-
-/// What a testbed's hosts file says about the path between its hosts, for
-/// the records' `stack.path`.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct TestbedPath {
-    /// `switch` or `mesh`.
-    pub topology: String,
-    /// The links' conditions, when the file records them.
-    pub conditions: Option<LinkConditions>,
-    /// What the machine forwards through the testbed's shapers, in Mbit/s
-    /// of payload ([`Forwarding`]), when it was calibrated.
-    pub forwarding_mbps: Option<u64>,
-    /// The rate asked for, when the links run at a lower one the machine
-    /// carries ([`HostsFile::rate_scaled_from_bps`]).
-    pub rate_scaled_from_bps: Option<u64>,
-}
-
-impl TestbedPath {
-    /// Adds the testbed's facts to a path built from the ends' host facts
-    /// (see [`LinkConditions::fill_path`]).
-    pub fn fill(&self, path: &mut netgap_core::stack::PathIdentity) {
-        path.forwarding_mbps = self.forwarding_mbps;
-        path.rate_scaled_from_bps = self.rate_scaled_from_bps;
-        match &self.conditions {
-            Some(c) => c.fill_path(path, &self.topology),
-            None => {
-                path.kind = Some("testbed".into());
-                path.topology = Some(self.topology.clone());
-            }
+impl From<HostsFileError> for HostsError {
+    fn from(e: HostsFileError) -> HostsError {
+        match e {
+            HostsFileError::Read(e) => HostsError::Read(e),
+            HostsFileError::Parse { path, detail } => HostsError::Parse { path, detail },
         }
     }
-}
-
-/// Name of the default testbed, the one `--hosts @testbed` names.
-pub const DEFAULT_TESTBED: &str = "testbed";
-/// Where testbeds keep their state (pid files, keys, hosts file), one
-/// directory per testbed.
-pub const TESTBED_STATE_ROOT: &str = "/run/netgap";
-
-/// The hosts file of the default testbed, which `--hosts @testbed` names.
-pub fn default_hosts_path() -> PathBuf {
-    state_dir(DEFAULT_TESTBED).join("hosts.json")
-}
-
-/// The state directory of testbed `name`.
-pub fn state_dir(name: &str) -> PathBuf {
-    std::path::Path::new(TESTBED_STATE_ROOT).join(name)
 }
 
 /// What `--hosts` names, parsed: a hosts file, a list of agents, or the
@@ -515,10 +238,10 @@ impl HostsArg {
                 resolve_all(Launcher::Hostfile, &names, *port).map_err(parse)
             }
             HostsArg::File { path, testbed } => match HostsFile::load(path) {
-                Err(HostsError::Read(e)) if *testbed && e.is_not_found() => {
+                Err(HostsFileError::Read(e)) if *testbed && e.is_not_found() => {
                     Err(HostsError::NoTestbed { path: path.clone() })
                 }
-                other => other.map(HostsSource::File),
+                other => Ok(HostsSource::File(other?)),
             },
         }
     }
@@ -635,21 +358,10 @@ impl HostsSource {
     }
 }
 
-impl HostEntry {
-    /// The parsed control address; [`HostsFile::check`] guarantees it parses.
-    pub fn control_addr(&self) -> Option<ControlAddr> {
-        ControlAddr::parse(&self.control)
-    }
-
-    /// The links to `peer`, in index order.
-    pub fn links_to<'a>(&'a self, peer: &'a str) -> impl Iterator<Item = &'a LinkEntry> + 'a {
-        self.links.iter().filter(move |l| l.peer == peer)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use netgap_workload::confined::Dir;
 
     #[test]
     fn a_hosts_argument_reads_back_from_its_text() {
@@ -722,24 +434,15 @@ mod tests {
     }
 
     #[test]
-    fn a_hosts_file_round_trips_and_checks() {
-        let f = sample();
-        assert_eq!(f.check(), Ok(()));
-        let text = serde_json::to_string(&f).expect("json");
-        assert_eq!(
-            serde_json::from_str::<HostsFile>(&text).ok(),
-            Some(f.clone())
-        );
-        assert_eq!(f.hosts[0].links_to("h2").count(), 1);
-    }
-
-    #[test]
     fn hosts_arguments_name_a_file_the_testbed_or_agents() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("hosts.json");
         let confined =
             Dir::open_base(dir.path(), "a test directory", "x", 0o700).expect("the directory");
-        sample().save(&confined, "hosts.json", 0o600).expect("save");
+        let text = sample().to_text().expect("json");
+        confined
+            .replace_file("hosts.json", text.as_bytes(), 0o600)
+            .expect("save");
         let arg = HostsArg::parse(&format!("@{}", path.display())).expect("parses");
         assert!(matches!(arg.load(), Ok(HostsSource::File(f)) if f == sample()));
         assert_eq!(
@@ -791,25 +494,5 @@ mod tests {
             .expect("parses")
             .load()
             .is_err_and(|e| e.to_string().contains("/nonexistent/hosts.json")));
-    }
-
-    #[test]
-    fn bad_hosts_files_are_refused_with_a_reason() {
-        let mut f = sample();
-        f.hosts[1].name = "h1".into();
-        assert!(f.check().is_err_and(|e| e.to_string().contains("twice")));
-        let mut f = sample();
-        f.hosts[1].control = "nowhere".into();
-        assert!(f
-            .check()
-            .is_err_and(|e| e.to_string().contains("control address")));
-        let mut f = sample();
-        f.hosts[0].links[0].peer = "h9".into();
-        assert!(f
-            .check()
-            .is_err_and(|e| e.to_string().contains("unknown host")));
-        let mut f = sample();
-        f.version = 9;
-        assert!(f.check().is_err());
     }
 }

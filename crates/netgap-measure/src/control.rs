@@ -8,45 +8,23 @@
 
 use netgap_proto::codec::{encode, CodecError, FrameDecoder};
 use serde::Serialize;
-use std::fmt;
 use std::io::{self, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::TcpStream;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-/// Where an agent's control listener is.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ControlAddr {
-    /// A TCP address.
-    Tcp(SocketAddr),
-    /// A Unix-domain stream socket at this path.
-    Unix(PathBuf),
-}
+pub use netgap_core::hosts::ControlAddr;
 
-impl fmt::Display for ControlAddr {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ControlAddr::Tcp(a) => write!(f, "{a}"),
-            ControlAddr::Unix(p) => write!(f, "unix:{}", p.display()),
-        }
-    }
-}
-
-impl ControlAddr {
-    /// Parses `unix:PATH` or a literal `IP:PORT` (names are resolved by the
-    /// caller, which knows the default port).
-    pub fn parse(s: &str) -> Option<ControlAddr> {
-        match s.strip_prefix("unix:") {
-            Some(path) if !path.is_empty() => Some(ControlAddr::Unix(PathBuf::from(path))),
-            Some(_) => None,
-            None => s.parse().ok().map(ControlAddr::Tcp),
-        }
-    }
-
+/// Connecting to a [`ControlAddr`]: the socket side of the address, which
+/// is plain data in core.
+pub trait Connect {
     /// Connects, waiting at most `timeout` for a TCP handshake.
-    pub fn connect(&self, timeout: Duration) -> io::Result<ControlStream> {
+    fn connect(&self, timeout: Duration) -> io::Result<ControlStream>;
+}
+
+impl Connect for ControlAddr {
+    fn connect(&self, timeout: Duration) -> io::Result<ControlStream> {
         match self {
             ControlAddr::Tcp(a) => {
                 let s = TcpStream::connect_timeout(a, timeout)?;

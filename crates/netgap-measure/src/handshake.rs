@@ -2,7 +2,7 @@
 //! connect to its control address, prove the shared key when there is one
 //! ([`crate::auth::prove`]), then `Hello` and `Welcome`.
 
-use crate::control::{control_detail, ControlAddr, ControlConn, ControlError};
+use crate::control::{control_detail, Connect, ControlAddr, ControlConn, ControlError};
 use netgap_core::host::HostFacts;
 use netgap_proto::auth::{is_auth_frame, Key};
 use netgap_proto::codec::{decode_reply, CodecError};

@@ -9,7 +9,7 @@
 //! switched to `offload=off` and back gets every feature back as it was.
 
 use super::{ip, netns_ops, run, TestbedError, STATE_FILE_MODE};
-use netgap_measure::conditions::LinkConditions;
+use netgap_core::link::LinkConditions;
 use netgap_workload::confined::Dir;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;

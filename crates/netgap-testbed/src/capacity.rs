@@ -16,8 +16,8 @@
 //! machine lowers it, never raises it.
 
 use super::{condition_links, resolve, Params, TestbedError};
-use netgap_measure::cluster::{Forwarding, HostsFile};
-use netgap_measure::conditions::LinkConditions;
+use netgap_core::hosts::{Forwarding, HostsFile};
+use netgap_core::link::LinkConditions;
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -17,7 +17,7 @@
 //! subflow limit leaves room for a subflow each way on every extra link.
 
 use super::{ip, TestbedError};
-use netgap_measure::cluster::HostEntry;
+use netgap_core::hosts::HostEntry;
 use std::path::Path;
 
 /// The port every endpoint is announced with; the kernel listens on it, on

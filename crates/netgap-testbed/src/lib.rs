@@ -1,6 +1,18 @@
-//! The virtual testbed (`netgap testbed up|status|down`): a cluster of hosts
-//! on this machine, each a Linux network namespace with a netgap agent, wired
-//! through a bridge (`switch`) or by point-to-point links (`mesh`).
+//! The virtual testbed (`netgap testbed up|set|status|down`): a cluster of
+//! hosts on this machine, each a Linux network namespace with a netgap
+//! agent, wired through a bridge (`switch`) or by point-to-point links
+//! (`mesh`).
+//!
+//! Its place: a layer crate beside the measurement crate, seeing neither
+//! it nor the command line. It holds its state in core's plain data
+//! (`netgap_core::hosts::HostsFile`, `netgap_core::link::LinkConditions`),
+//! takes typed requests ([`UpRequest`], [`SetRequest`], a testbed's name),
+//! returns typed results ([`Status`], [`Removed`], and [`UpNote`]s said
+//! before `up` changes a testbed that exists) and typed errors
+//! ([`TestbedError`]), and prints nothing but the lines of its interrupt
+//! handler. Whether an agent answers is asked through [`AgentProbe`],
+//! which the binary implements with the coordinator's handshake; the
+//! binary hands a run the [`TestbedSwitch`] as measure's `ConditionSwitch`.
 //!
 //! Everything is made with iproute2 (`ip`, `tc`) run as child processes, and
 //! only inside the testbed's own namespaces: each veth pair is created inside
@@ -70,7 +82,7 @@
 //! Multipath TCP: on a mesh or switch with several links per host pair,
 //! every host has an MPTCP endpoint (`signal`) for each of its link
 //! addresses and path manager limits of one extra subflow per extra link
-//! (`testbed/mptcp.rs`), so one `mptcp` connection between two hosts uses
+//! (`mptcp.rs`), so one `mptcp` connection between two hosts uses
 //! every link.
 //!
 //! `down` finds what to remove from the namespaces' names and the state
@@ -91,13 +103,11 @@ mod netns_ops;
 
 pub use lock::{Holder, TestbedLock};
 
-use netgap_measure::cluster::{Forwarding, HostEntry, HostsFile, LinkEntry, HOSTS_FILE_VERSION};
-pub use netgap_measure::conditions::shaper_bucket_bytes;
-use netgap_measure::conditions::{
-    parse_delay_us, parse_loss_ppm, parse_mtu, parse_offload, parse_rate_bps, parse_rate_setting,
-    Condition, ConditionError, ConditionSwitch, LinkConditions, LossMechanism, SwitchFailure,
+use netgap_core::hosts::{
+    ControlAddr, Forwarding, HostEntry, HostsFile, HostsFileError, LinkEntry, HOSTS_FILE_VERSION,
 };
-use netgap_measure::control::ControlAddr;
+pub use netgap_core::link::shaper_bucket_bytes;
+use netgap_core::link::{parse_mtu, Condition, ConditionError, LinkConditions, LossMechanism};
 use netgap_workload::confined::Dir;
 use serde::{Deserialize, Serialize};
 use std::io;
@@ -107,25 +117,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// Prints a line to stdout; a closed stdout (`| head`) is not an error
-/// worth a panic in the middle of building or removing a testbed. A line
-/// may quote the hosts file (host names), which a user can edit: its
-/// control characters are escaped.
-macro_rules! say {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let _ = writeln!(
-            std::io::stdout(),
-            "{}",
-            netgap_core::text::escape_control_lines(&format!($($arg)*))
-        );
-    }};
-}
-
-pub use netgap_measure::cluster::{
+pub use netgap_core::hosts::{
     default_hosts_path, state_dir, DEFAULT_TESTBED as DEFAULT_NAME,
     TESTBED_STATE_ROOT as STATE_ROOT,
 };
+/// MTU of a testbed's links when `up` names none, in bytes.
+pub const DEFAULT_MTU_BYTES: u32 = 1500;
 /// Prefix of every testbed namespace.
 pub const NETNS_PREFIX: &str = "ngtb-";
 /// Most hosts of a switch testbed.
@@ -176,7 +173,7 @@ fn is_own_netns(name: &str, ns: &str) -> bool {
 }
 
 /// The topology of a testbed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Topology {
     /// Every host on one bridge, the bridge in a namespace of its own.
@@ -186,7 +183,8 @@ pub enum Topology {
 }
 
 impl Topology {
-    fn as_str(self) -> &'static str {
+    /// Its name, as the hosts file and `--topology` spell it.
+    pub fn as_str(self) -> &'static str {
         match self {
             Topology::Switch => "switch",
             Topology::Mesh => "mesh",
@@ -194,84 +192,60 @@ impl Topology {
     }
 }
 
-/// Which testbed (`status`, `down`).
-#[derive(Debug, Clone, clap::Args)]
-pub struct NameArgs {
-    /// Testbed name, so several can coexist (namespaces `ngtb-NAME-*`, state
-    /// in /run/netgap/NAME).
-    #[arg(long, default_value = DEFAULT_NAME)]
+/// What `up` is asked to build, as typed values; [`UpRequest::params`]
+/// validates it into the [`Params`] the testbed is built with.
+#[derive(Debug, Clone, PartialEq)]
+pub struct UpRequest {
+    /// Testbed name, so several can coexist (namespaces `ngtb-NAME-*`,
+    /// state in /run/netgap/NAME): 1 to 12 of `a-z0-9`.
     pub name: String,
-}
-
-/// Flags of `testbed up`.
-#[derive(Debug, Clone, clap::Args)]
-pub struct UpArgs {
     /// Number of hosts.
-    #[arg(long, default_value_t = 4)]
     pub hosts: u32,
     /// How the hosts are wired.
-    #[arg(long, value_enum, default_value = "switch")]
     pub topology: Topology,
     /// Parallel links per host pair, each its own subnet: on a mesh a link
-    /// per pair each, on a switch a switch each (`eth0`, `eth1`, ... on
-    /// every host).
-    #[arg(long, default_value_t = 1)]
+    /// per pair each, on a switch a switch each.
     pub links: u32,
     /// MTU of every link, in bytes.
-    #[arg(long, default_value_t = 1500)]
-    pub mtu: u32,
-    /// Rate limit of every link in bit/s (e.g. 1G, 100M), a TBF in the
-    /// network toward each host.
-    #[arg(long, value_name = "RATE")]
-    pub rate: Option<String>,
-    /// Segmentation, receive and checksum offloads (TSO, GSO, GRO, rx/tx
-    /// checksum) of every link end and bridge port [default: as the kernel
-    /// sets them].
-    #[arg(long, value_name = "on|off", value_parser = parse_on_off)]
-    pub offload: Option<bool>,
-    /// Added one-way delay of every link (netem), e.g. 1ms.
-    #[arg(long, value_name = "DUR")]
-    pub delay: Option<String>,
-    /// Added loss of every link in percent (netem, or nftables where the
-    /// kernel has no netem), e.g. 0.1%.
-    #[arg(long, value_name = "PCT")]
-    pub loss: Option<String>,
-    /// What this machine forwards through the testbed's shapers, in bit/s
-    /// of payload (e.g. 8G), instead of calibrating it when the links are
-    /// first shaped: link rates and studies are held to it.
-    #[arg(long, value_name = "RATE")]
-    pub forwarding: Option<String>,
-    /// Testbed name.
-    #[command(flatten)]
-    pub name: NameArgs,
-}
-
-/// Flags of `testbed set`: the conditions to change; the others stay.
-#[derive(Debug, Clone, clap::Args)]
-pub struct SetArgs {
-    /// MTU of every link, in bytes.
-    #[arg(long)]
-    pub mtu: Option<u32>,
+    pub mtu_bytes: u32,
+    /// Rate limit of every link in bit/s, a TBF in the network toward each
+    /// host.
+    pub rate_bps: Option<u64>,
     /// Segmentation, receive and checksum offloads of every link end and
-    /// bridge port.
-    #[arg(long, value_name = "on|off", value_parser = parse_on_off)]
+    /// bridge port all on or all off; `None`: as the kernel sets them.
     pub offload: Option<bool>,
-    /// Rate limit of every link in bit/s, or `none`.
-    #[arg(long, value_name = "RATE|none")]
-    pub rate: Option<String>,
-    /// Added one-way delay of every link end; 0 for none.
-    #[arg(long, value_name = "DUR")]
-    pub delay: Option<String>,
-    /// Added loss of every link end in percent; 0 for none.
-    #[arg(long, value_name = "PCT")]
-    pub loss: Option<String>,
-    /// Testbed name.
-    #[command(flatten)]
-    pub name: NameArgs,
+    /// Added one-way delay of every link, in microseconds; 0 is none.
+    pub delay_us: Option<u64>,
+    /// Added loss of every link, in parts per million; 0 is none.
+    pub loss_ppm: Option<u32>,
+    /// What this machine forwards through the testbed's shapers, in bit/s
+    /// of payload, declared instead of calibrated when the links are first
+    /// shaped.
+    pub forwarding_bps: Option<u64>,
 }
 
-fn parse_on_off(s: &str) -> Result<bool, String> {
-    parse_offload(s).map_err(|_| format!("{s:?}: want on or off"))
+/// What `set` is asked to change on a running testbed: the keys of
+/// `change` it sets; the others stay.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SetRequest {
+    /// Testbed name.
+    pub name: String,
+    /// The conditions to change.
+    pub change: Condition,
+}
+
+/// Why a probe found an agent not answering: the prober's own error,
+/// boxed, so the caller keeps its typed errors.
+pub type ProbeFailure = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// How the testbed asks whether one of its agents answers: connect to its
+/// control address with the testbed's key and shake hands. The handshake
+/// is the measurement layer's, which this crate does not see; the binary
+/// implements the probe over its coordinator.
+pub trait AgentProbe {
+    /// Whether the agent at `control` answers, proving `key_file`'s key
+    /// when one is given; returns within a few seconds.
+    fn probe(&self, control: &ControlAddr, key_file: Option<&Path>) -> Result<(), ProbeFailure>;
 }
 
 /// A condition flag's value, or the one-line error naming the flag.
@@ -279,31 +253,16 @@ fn flag<T>(flag: &str, r: Result<T, ConditionError>) -> Result<T, TestbedError> 
     r.map_err(|e| TestbedError::Args(e.for_flag(flag)))
 }
 
-impl SetArgs {
-    /// The condition the flags ask for.
-    pub fn condition(&self) -> Result<Condition, TestbedError> {
-        let c = Condition {
-            mtu_bytes: self
-                .mtu
-                .map(|m| flag("--mtu", parse_mtu(&m.to_string())))
-                .transpose()?,
-            offload: self.offload,
-            rate_bps: self
-                .rate
-                .as_deref()
-                .map(|r| flag("--rate", parse_rate_setting(r)))
-                .transpose()?,
-            delay_us: self
-                .delay
-                .as_deref()
-                .map(|d| flag("--delay", parse_delay_us(d)))
-                .transpose()?,
-            loss_ppm: self
-                .loss
-                .as_deref()
-                .map(|l| flag("--loss", parse_loss_ppm(l)))
-                .transpose()?,
-        };
+impl SetRequest {
+    /// The change, checked: at least one key, each in its range.
+    fn checked(&self) -> Result<Condition, TestbedError> {
+        let c = self.change;
+        if let Some(m) = c.mtu_bytes {
+            flag("--mtu", parse_mtu(&m.to_string()))?;
+        }
+        c.apply_to(&LinkConditions::plain(DEFAULT_MTU_BYTES))
+            .check()
+            .map_err(|e| TestbedError::Args(e.to_string()))?;
         if c.is_empty() {
             return Err(TestbedError::Args(
                 "testbed set: give at least one of --mtu, --offload, --rate, --delay, --loss"
@@ -452,12 +411,10 @@ pub enum AgentProbeError {
     /// The hosts file's control address does not parse.
     #[error("bad control address {0:?}")]
     BadAddress(String),
-    /// The testbed's key file is unusable.
+    /// The probe failed: the key file is unusable, or connecting or the
+    /// handshake failed.
     #[error(transparent)]
-    Key(#[from] netgap_measure::auth::KeyFileError),
-    /// Connecting or the handshake failed.
-    #[error(transparent)]
-    Coordinator(#[from] netgap_measure::coordinator::CoordError),
+    Failed(ProbeFailure),
     /// The agent's process is gone.
     #[error("it exited")]
     Exited,
@@ -468,7 +425,7 @@ pub enum AgentProbeError {
 pub enum Unhealthy {
     /// Its hosts file is missing or bad.
     #[error(transparent)]
-    Hosts(#[from] netgap_measure::cluster::HostsError),
+    Hosts(#[from] HostsFileError),
     /// Its namespaces could not be listed.
     #[error(transparent)]
     Listing(#[from] TestbedError),
@@ -506,10 +463,11 @@ fn check_name(name: &str) -> Result<(), TestbedError> {
     }
 }
 
-impl UpArgs {
-    /// Validates the flags into [`Params`].
+impl UpRequest {
+    /// Validates the request into [`Params`]; its refusals name the flag
+    /// of `netgap testbed up` that sets the value.
     pub fn params(&self) -> Result<Params, TestbedError> {
-        check_name(&self.name.name)?;
+        check_name(&self.name)?;
         let bad = |m: String| Err(TestbedError::Args(m));
         let max = match self.topology {
             Topology::Switch => MAX_SWITCH_HOSTS,
@@ -534,31 +492,22 @@ impl UpArgs {
                 self.hosts, self.links
             ));
         }
-        let mtu_bytes = flag("--mtu", parse_mtu(&self.mtu.to_string()))?;
-        let rate_bps = self
-            .rate
-            .as_deref()
-            .map(|r| flag("--rate", parse_rate_bps(r)))
-            .transpose()?;
-        let delay_us = self
-            .delay
-            .as_deref()
-            .map(|d| flag("--delay", parse_delay_us(d)))
-            .transpose()?
-            .filter(|&d| d > 0);
-        let loss_ppm = self
-            .loss
-            .as_deref()
-            .map(|l| flag("--loss", parse_loss_ppm(l)))
-            .transpose()?
-            .filter(|&l| l > 0);
-        let forwarding_bps = self
-            .forwarding
-            .as_deref()
-            .map(|r| flag("--forwarding", parse_rate_bps(r)))
-            .transpose()?;
+        let mtu_bytes = flag("--mtu", parse_mtu(&self.mtu_bytes.to_string()))?;
+        let delay_us = self.delay_us.filter(|&d| d > 0);
+        let loss_ppm = self.loss_ppm.filter(|&l| l > 0);
+        let rate_bps = self.rate_bps;
+        let forwarding_bps = self.forwarding_bps;
+        if let Some(bps) = forwarding_bps {
+            let forwarding = LinkConditions {
+                rate_bps: Some(bps),
+                ..LinkConditions::plain(mtu_bytes)
+            };
+            forwarding
+                .check()
+                .map_err(|e| TestbedError::Args(format!("--forwarding: {e}")))?;
+        }
         let agent_exe = std::env::current_exe().map_err(io_err("finding netgap's own binary"))?;
-        Ok(Params {
+        let params = Params {
             hosts: self.hosts,
             topology: self.topology,
             links: self.links,
@@ -569,7 +518,12 @@ impl UpArgs {
             delay_us,
             loss_ppm,
             forwarding_bps,
-        })
+        };
+        params
+            .conditions()
+            .check()
+            .map_err(|e| TestbedError::Args(e.to_string()))?;
+        Ok(params)
     }
 }
 
@@ -1407,23 +1361,31 @@ fn start_agent(dir: &Dir, p: &Params, h: &HostEntry) -> Result<u32, TestbedError
 
 /// Connects to a testbed agent with the key and shakes hands: whether it
 /// answers, or why not.
-pub fn probe_agent(h: &HostEntry, key_file: Option<&Path>) -> Result<(), AgentProbeError> {
+pub fn probe_agent(
+    h: &HostEntry,
+    key_file: Option<&Path>,
+    probe: &dyn AgentProbe,
+) -> Result<(), AgentProbeError> {
     let addr = h
         .control_addr()
         .ok_or_else(|| AgentProbeError::BadAddress(h.control.clone()))?;
-    let key = key_file.map(netgap_measure::auth::load_key).transpose()?;
-    let coord = netgap_measure::coordinator::Coordinator::connect(&addr, key.as_ref())?;
-    coord.bye();
-    Ok(())
+    probe
+        .probe(&addr, key_file)
+        .map_err(AgentProbeError::Failed)
 }
 
-fn wait_for_agent(h: &HostEntry, key_file: &Path, pid: u32) -> Result<(), AgentProbeError> {
+fn wait_for_agent(
+    h: &HostEntry,
+    key_file: &Path,
+    pid: u32,
+    probe: &dyn AgentProbe,
+) -> Result<(), AgentProbeError> {
     let t0 = Instant::now();
     loop {
         if !pid_alive(pid) {
             return Err(AgentProbeError::Exited);
         }
-        match probe_agent(h, Some(key_file)) {
+        match probe_agent(h, Some(key_file), probe) {
             Ok(()) => return Ok(()),
             Err(e) if t0.elapsed() > AGENT_START_TIMEOUT => return Err(e),
             Err(_) => std::thread::sleep(Duration::from_millis(50)),
@@ -1445,9 +1407,14 @@ fn pid_alive(pid: u32) -> bool {
 }
 
 /// Builds the testbed (`netgap testbed up`), or keeps one that is already up
-/// with the same parameters. Prints the hosts and addresses.
-pub fn up(args: &UpArgs) -> Result<(), TestbedError> {
-    up_as(args, RatePolicy::Refuse)
+/// with the same parameters, saying through `notes` what it does to one
+/// that exists before it does it; returns the testbed's [`Status`].
+pub fn up(
+    req: &UpRequest,
+    probe: &dyn AgentProbe,
+    notes: &mut dyn FnMut(UpNote),
+) -> Result<Status, TestbedError> {
+    up_as(req, RatePolicy::Refuse, probe, notes)
 }
 
 /// What `up` does with a link rate beyond what the machine carries
@@ -1469,10 +1436,15 @@ fn carried(name: &str) -> Result<(), TestbedError> {
     check_carried(&hosts, &c)
 }
 
-fn up_as(args: &UpArgs, policy: RatePolicy) -> Result<(), TestbedError> {
+fn up_as(
+    req: &UpRequest,
+    policy: RatePolicy,
+    probe: &dyn AgentProbe,
+    notes: &mut dyn FnMut(UpNote),
+) -> Result<Status, TestbedError> {
     preflight()?;
-    let name = &args.name.name;
-    let params = args.params()?;
+    let name = &req.name;
+    let params = req.params()?;
     // A declared machine refuses its rate before anything is built.
     if let (Some(bps), RatePolicy::Refuse) = (params.forwarding_bps, policy) {
         check_rate(
@@ -1491,7 +1463,7 @@ fn up_as(args: &UpArgs, policy: RatePolicy) -> Result<(), TestbedError> {
         .and_then(|t| serde_json::from_str(&t).ok());
     let leftovers = own_netns(name)?;
     if let Some(old) = existing {
-        let healthy_now = healthy(name).is_ok();
+        let healthy_now = healthy(name, probe).is_ok();
         // The links as the kernel has them, against what the testbed's
         // files say: a testbed is kept only if they agree.
         let drift = if healthy_now {
@@ -1507,18 +1479,15 @@ fn up_as(args: &UpArgs, policy: RatePolicy) -> Result<(), TestbedError> {
             None
         };
         if old == params && healthy_now && drift.is_none() {
-            say!("testbed {name} is already up with these parameters; keeping it");
-            return status(&args.name);
+            notes(UpNote::Kept);
+            return status(name, probe);
         }
         // A testbed built before netgap kept the kernel's own offloads
         // cannot get them back: it is rebuilt.
         let offloads_back =
             params.offload.is_none() && old.offload.is_some() && live::load_kernel(&dir).is_none();
         if old.same_build(&params) && healthy_now && !offloads_back && drift.is_none() {
-            say!(
-                "testbed {name} is already up; changing its conditions to {}",
-                params.conditions()
-            );
+            notes(UpNote::Changing(params.conditions()));
             let before = load_state(name)?.1.conditions;
             set_conditions(name, &params.conditions())?;
             if policy == RatePolicy::Refuse {
@@ -1529,7 +1498,7 @@ fn up_as(args: &UpArgs, policy: RatePolicy) -> Result<(), TestbedError> {
                     return Err(e);
                 }
             }
-            return status(&args.name);
+            return status(name, probe);
         }
         let why = if let Some(d) = drift {
             format!("its links are not as its hosts file says ({d})")
@@ -1538,44 +1507,42 @@ fn up_as(args: &UpArgs, policy: RatePolicy) -> Result<(), TestbedError> {
         } else if old != params {
             "its parameters differ".to_string()
         } else {
-            healthy(name)
+            healthy(name, probe)
                 .err()
                 .map(|e| e.to_string())
                 .unwrap_or_default()
         };
-        say!("rebuilding testbed {name}: {why}");
-        teardown(name, true)?;
+        notes(UpNote::Rebuilding(why));
+        teardown(name)?;
     } else if !leftovers.is_empty() || dir.exists() {
-        say!(
-            "removing the remains of an earlier testbed {name} ({} namespaces)",
-            leftovers.len()
-        );
-        teardown(name, true)?;
+        notes(UpNote::RemovingRemains {
+            namespaces: leftovers.len(),
+        });
+        teardown(name)?;
     }
-    match build(name, &params) {
+    match build(name, &params, probe) {
         Ok(()) if policy == RatePolicy::Refuse => match carried(name) {
-            Ok(()) => status(&args.name),
+            Ok(()) => status(name, probe),
             Err(e) => {
-                let _ = teardown(name, true);
+                let _ = teardown(name);
                 Err(e)
             }
         },
-        Ok(()) => status(&args.name),
+        Ok(()) => status(name, probe),
         Err(e) => {
             // Leave nothing half-built behind.
-            let _ = teardown(name, true);
+            let _ = teardown(name);
             Err(e)
         }
     }
 }
 
-fn build(name: &str, p: &Params) -> Result<(), TestbedError> {
+fn build(name: &str, p: &Params, probe: &dyn AgentProbe) -> Result<(), TestbedError> {
     let dir = open_state(name)?;
-    let key_file =
-        netgap_measure::auth::new_key_in(&dir, KEY_FILE).map_err(|e| TestbedError::Io {
-            what: "making the testbed's key".into(),
-            source: io::Error::other(e.to_string()),
-        })?;
+    let key_file = new_key_in(&dir, KEY_FILE).map_err(|e| TestbedError::Io {
+        what: "making the testbed's key".into(),
+        source: io::Error::other(e.to_string()),
+    })?;
     let mut hosts = hosts_file(name, p);
     let applied = resolve(name, &p.conditions())?;
     hosts.conditions = Some(applied);
@@ -1585,7 +1552,7 @@ fn build(name: &str, p: &Params) -> Result<(), TestbedError> {
         pids.push(start_agent(&dir, p, h)?);
     }
     for (h, pid) in hosts.hosts.iter().zip(pids) {
-        wait_for_agent(h, &key_file, pid).map_err(|source| TestbedError::Agent {
+        wait_for_agent(h, &key_file, pid, probe).map_err(|source| TestbedError::Agent {
             host: h.name.clone(),
             source: Box::new(source),
             log: dir
@@ -1605,8 +1572,29 @@ fn build(name: &str, p: &Params) -> Result<(), TestbedError> {
     save_hosts(&dir, &hosts)
 }
 
+/// Bytes of the key `up` makes for a testbed's agents.
+const KEY_BYTES: usize = 32;
+
+/// Writes a new random key of [`KEY_BYTES`] bytes as the file `name` of
+/// `dir`, mode 0600, made fresh relative to the directory's descriptor (an
+/// existing file or a link of that name is refused, never followed);
+/// returns its path.
+fn new_key_in(dir: &Dir, name: &str) -> Result<PathBuf, netgap_workload::confined::ConfinedError> {
+    let path = dir.path().join(name);
+    let io_err = |what| {
+        let path = path.clone();
+        move |source| netgap_workload::confined::ConfinedError::Io { what, path, source }
+    };
+    let mut bytes = [0u8; KEY_BYTES];
+    netgap_transport::random::fill_random(&mut bytes)
+        .map_err(io_err("drawing random bytes for"))?;
+    let f = dir.write_file(name, &bytes, STATE_FILE_MODE)?;
+    f.sync_all().map_err(io_err("writing"))?;
+    Ok(path)
+}
+
 /// Whether testbed `name` is complete: hosts file, namespaces, live agents.
-fn healthy(name: &str) -> Result<(), Unhealthy> {
+fn healthy(name: &str, probe: &dyn AgentProbe) -> Result<(), Unhealthy> {
     let dir = state_dir(name);
     let hosts = HostsFile::load(&dir.join("hosts.json"))?;
     let present = own_netns(name)?;
@@ -1615,7 +1603,7 @@ fn healthy(name: &str) -> Result<(), Unhealthy> {
         if !present.contains(&ns) {
             return Err(Unhealthy::MissingNamespace(ns));
         }
-        probe_agent(h, hosts.key_file.as_deref()).map_err(|source| Unhealthy::Agent {
+        probe_agent(h, hosts.key_file.as_deref(), probe).map_err(|source| Unhealthy::Agent {
             host: h.name.clone(),
             source,
         })?;
@@ -1623,25 +1611,25 @@ fn healthy(name: &str) -> Result<(), Unhealthy> {
     Ok(())
 }
 
-/// Prints the testbed (`netgap testbed status`): hosts, addresses, links and
+/// Reads the testbed (`netgap testbed status`): hosts, addresses, links and
 /// whether each agent answers.
-pub fn status(args: &NameArgs) -> Result<(), TestbedError> {
-    check_name(&args.name)?;
-    let name = &args.name;
+pub fn status(name: &str, probe: &dyn AgentProbe) -> Result<Status, TestbedError> {
+    check_name(name)?;
     let dir = state_dir(name);
     let hosts_path = dir.join("hosts.json");
     if !hosts_path.exists() {
         preflight()?;
-        let left = own_netns(name)?;
-        if left.is_empty() {
-            say!("no testbed {name} is up");
+        let namespaces = own_netns(name)?;
+        return Ok(if namespaces.is_empty() {
+            Status::NotUp {
+                name: name.to_string(),
+            }
         } else {
-            say!(
-                "testbed {name} is incomplete (namespaces {} but no hosts file); run `netgap testbed down --name {name}`",
-                left.join(", ")
-            );
-        }
-        return Ok(());
+            Status::Incomplete {
+                name: name.to_string(),
+                namespaces,
+            }
+        });
     }
     check_state(name)?;
     let hosts = HostsFile::load(&hosts_path).map_err(|e| TestbedError::Io {
@@ -1654,98 +1642,152 @@ pub fn status(args: &NameArgs) -> Result<(), TestbedError> {
     let conditions = hosts
         .conditions
         .or_else(|| params.as_ref().map(Params::conditions));
-    say!(
-        "testbed {name}: {} hosts, {}",
-        hosts.hosts.len(),
-        hosts.topology
-    );
-    if let Some(c) = conditions {
-        say!("conditions: {c} (each direction of a link, shaped in the network)");
-        if let Some(f) = hosts.forwarding {
-            let how = if f.declared {
-                "declared with --forwarding".to_string()
-            } else {
-                format!(
-                    "{} kernel TCP streams at MTU {}, calibrated when first shaped",
-                    f.streams, f.mtu_bytes
-                )
+    let mut shapers = Vec::new();
+    let mut live_links = None;
+    if let (Some(c), Some(p)) = (conditions, &params) {
+        for (ns, ports) in group_by_ns(&shaping_points(name, p)) {
+            let Some(dev) = ports.first().cloned() else {
+                continue;
             };
-            say!(
-                "forwarding: this machine moves {:.1} Gbit/s through the testbed's shapers ({how}); a figure's links may sum to {:.0}% of it",
-                f.payload_gbps(),
-                100.0 * capacity::CARRY_SHARE
-            );
+            shapers.push(Shaper {
+                qdiscs: live::qdisc_lines(&ns, &dev),
+                nft_loss: has_nft_loss(&ns),
+                netns: ns,
+                ports,
+            });
         }
-        if let Some(from) = hosts.rate_scaled_from_bps {
-            say!(
-                "rate scaled from {} to what this machine carries for the figure running now",
-                capacity::rate_text(from)
-            );
-        }
-        if let Some(p) = &params {
-            for (ns, devs) in group_by_ns(&shaping_points(name, p)) {
-                let Some(dev) = devs.first() else { continue };
-                let qdiscs = match live::qdisc_lines(&ns, dev) {
-                    Ok(q) => q.join("; "),
-                    Err(e) => format!("not read ({e})"),
-                };
-                let nft = if has_nft_loss(&ns) {
-                    ", nftables loss table"
-                } else {
-                    ""
-                };
-                say!(
-                    "shaper {ns} ({} ports toward hosts: {}): {dev}: {qdiscs}{nft}",
-                    devs.len(),
-                    devs.join(",")
-                );
+        live_links = Some(match live_differences(name, p, &c) {
+            Ok(d) if d.is_empty() => LiveLinks::AsRecorded,
+            Ok(d) => LiveLinks::Differ(d),
+            Err(e) => LiveLinks::NotRead(e),
+        });
+    }
+    let agents = hosts
+        .hosts
+        .iter()
+        .map(|h| {
+            let pid = read_state(&dir.join(format!("{}.pid", h.name)))
+                .ok()
+                .and_then(|t| t.trim().parse::<u32>().ok());
+            match (pid, probe_agent(h, hosts.key_file.as_deref(), probe)) {
+                (_, Ok(())) => AgentState::Answers { pid },
+                (Some(p), Err(e)) if pid_alive(p) => AgentState::Silent { pid: p, why: e },
+                (_, Err(_)) => AgentState::Down,
             }
-            match live_differences(name, p, &c) {
-                Ok(d) if d.is_empty() => {
-                    say!("live links: as the hosts file says (read from the kernel)");
-                }
-                Ok(d) => {
-                    say!("live links DIFFER from the hosts file (read from the kernel):");
-                    for line in d {
-                        say!("  {line}");
-                    }
-                }
-                Err(e) => say!("live links: not read ({e})"),
-            }
-        }
-    }
-    say!("hosts file: {}", hosts_path.display());
-    if let Some(k) = &hosts.key_file {
-        say!("key: {}", k.display());
-    }
-    for h in &hosts.hosts {
-        let pid = read_state(&dir.join(format!("{}.pid", h.name)))
-            .ok()
-            .and_then(|t| t.trim().parse::<u32>().ok());
-        let agent = match (pid, probe_agent(h, hosts.key_file.as_deref())) {
-            (_, Ok(())) => format!("agent answers (pid {})", pid.unwrap_or(0)),
-            (Some(p), Err(e)) if pid_alive(p) => format!("agent pid {p} alive, not answering: {e}"),
-            (_, Err(_)) => "agent DOWN".to_string(),
-        };
-        say!(
-            "  {:<4} {:<16} {:<15} {:<24} {agent}",
-            h.name,
-            h.netns.as_deref().unwrap_or("-"),
-            h.address,
-            h.control
-        );
-        for l in &h.links {
-            say!(
-                "       link {}#{} {} {} -> {}",
-                l.peer,
-                l.index,
-                l.ifname,
-                l.local,
-                l.remote
-            );
-        }
-    }
-    Ok(())
+        })
+        .collect();
+    Ok(Status::Up(Box::new(UpStatus {
+        name: name.to_string(),
+        hosts_path,
+        conditions,
+        shapers,
+        live_links,
+        agents,
+        hosts,
+    })))
+}
+
+/// What `status` found: no testbed, the remains of one, or a testbed up.
+#[derive(Debug)]
+pub enum Status {
+    /// Neither a hosts file nor a namespace of the testbed exists.
+    NotUp {
+        /// The testbed.
+        name: String,
+    },
+    /// Namespaces without a hosts file: a build or teardown that did not
+    /// finish; `down` removes them.
+    Incomplete {
+        /// The testbed.
+        name: String,
+        /// Its namespaces that exist.
+        namespaces: Vec<String>,
+    },
+    /// A testbed with a hosts file.
+    Up(Box<UpStatus>),
+}
+
+/// A testbed that is up, as its files record it and the kernel has it.
+#[derive(Debug)]
+pub struct UpStatus {
+    /// The testbed.
+    pub name: String,
+    /// Its hosts file, as read.
+    pub hosts: HostsFile,
+    /// Where the hosts file is.
+    pub hosts_path: PathBuf,
+    /// The links' conditions, from the hosts file (or, for a testbed from
+    /// before they were recorded there, its parameters).
+    pub conditions: Option<LinkConditions>,
+    /// Each shaping namespace's shapers as the kernel has them; empty
+    /// without conditions or parameters.
+    pub shapers: Vec<Shaper>,
+    /// The live links against the hosts file; `None` without conditions or
+    /// parameters.
+    pub live_links: Option<LiveLinks>,
+    /// Each host's agent, in the hosts file's order.
+    pub agents: Vec<AgentState>,
+}
+
+/// The shapers of one shaping namespace: its ports toward the hosts and
+/// the queueing disciplines of the first (every port has the same).
+#[derive(Debug)]
+pub struct Shaper {
+    /// The namespace.
+    pub netns: String,
+    /// Its ports toward the hosts.
+    pub ports: Vec<String>,
+    /// `tc qdisc show` of the first port, a line per qdisc, or why it was
+    /// not read.
+    pub qdiscs: Result<Vec<String>, TestbedError>,
+    /// Whether the namespace has the nftables loss table.
+    pub nft_loss: bool,
+}
+
+/// The links as the kernel has them, against the hosts file.
+#[derive(Debug)]
+pub enum LiveLinks {
+    /// As the hosts file says.
+    AsRecorded,
+    /// Where they differ, a line each.
+    Differ(Vec<String>),
+    /// They could not be read.
+    NotRead(TestbedError),
+}
+
+/// One host's agent.
+#[derive(Debug)]
+pub enum AgentState {
+    /// It answers the probe; its pid file's pid, when readable.
+    Answers {
+        /// The agent's pid.
+        pid: Option<u32>,
+    },
+    /// Its process lives but does not answer.
+    Silent {
+        /// The agent's pid.
+        pid: u32,
+        /// What the probe met.
+        why: AgentProbeError,
+    },
+    /// Its process is gone.
+    Down,
+}
+
+/// What `up` does to a testbed that exists, said before it does it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum UpNote {
+    /// It is up with the same parameters, and stays.
+    Kept,
+    /// It is up, built alike; only its conditions change, to these.
+    Changing(LinkConditions),
+    /// It is rebuilt, for this reason.
+    Rebuilding(String),
+    /// What an earlier testbed of the name left is removed first.
+    RemovingRemains {
+        /// Its namespaces.
+        namespaces: usize,
+    },
 }
 
 /// `ends` grouped by namespace, in their order.
@@ -1787,12 +1829,12 @@ fn live_differences(
 
 /// Changes a running testbed's conditions (`netgap testbed set`): only the
 /// keys given, on every link end, without restarting its agents; then
-/// prints its status.
-pub fn set(args: &SetArgs) -> Result<(), TestbedError> {
-    check_name(&args.name.name)?;
-    let change = args.condition()?;
+/// returns its status.
+pub fn set(req: &SetRequest, probe: &dyn AgentProbe) -> Result<Status, TestbedError> {
+    check_name(&req.name)?;
+    let change = req.checked()?;
     preflight()?;
-    let name = &args.name.name;
+    let name = &req.name;
     let _lock = TestbedLock::acquire(name, "netgap testbed set")?;
     let (_, hosts) = load_state(name)?;
     let from = hosts
@@ -1807,8 +1849,7 @@ pub fn set(args: &SetArgs) -> Result<(), TestbedError> {
         let _ = set_conditions(name, &from);
         return Err(e);
     }
-    say!("testbed {name}: {change} set");
-    status(&args.name)
+    status(name, probe)
 }
 
 /// A file of the testbed's state directory, read as every file a user
@@ -1886,9 +1927,17 @@ fn save_params(dir: &Dir, p: &Params) -> Result<(), TestbedError> {
     Ok(())
 }
 
-/// Writes `hosts` as the testbed's hosts file, replacing the old one whole.
+/// Writes `hosts` as the testbed's hosts file, replacing the old one
+/// whole ([`Dir::replace_file`]), so a run that reads it while `testbed
+/// set` rewrites it sees the old file or the new one, never half of one,
+/// and a link planted at the name is replaced, not written through.
 fn save_hosts(dir: &Dir, hosts: &HostsFile) -> Result<(), TestbedError> {
-    Ok(hosts.save(dir, HOSTS_FILE, STATE_FILE_MODE)?)
+    let text = hosts.to_text().map_err(|e| TestbedError::Io {
+        what: format!("writing {HOSTS_FILE}"),
+        source: io::Error::other(e),
+    })?;
+    dir.replace_file(HOSTS_FILE, text.as_bytes(), STATE_FILE_MODE)?;
+    Ok(())
 }
 
 /// The parameters and hosts file of the running testbed `name`.
@@ -2097,7 +2146,7 @@ fn restore_on_interrupt() -> Result<(), TestbedError> {
                     .unwrap_or_else(std::sync::PoisonError::into_inner);
                 if let Some(name) = owned.as_ref() {
                     eprintln!("netgap: interrupted: taking testbed {name} down");
-                    if let Err(e) = teardown(name, true) {
+                    if let Err(e) = teardown(name) {
                         eprintln!("netgap: error: testbed {name} could not be taken down: {e}");
                     }
                 }
@@ -2129,10 +2178,12 @@ fn restore_on_interrupt() -> Result<(), TestbedError> {
     .map_err(TestbedError::Args)
 }
 
-/// The [`ConditionSwitch`] of a running testbed: what a run with
-/// `--conditions` switches the links with, through [`set_conditions`]. It
-/// reads the links' live state when opened, and its restore (and an
-/// interrupt while it holds the links) puts back exactly that.
+/// The switch of a running testbed's conditions: what a run with
+/// `--conditions` switches the links with, through [`set_conditions`]
+/// (the binary hands it to the measurement crate as its
+/// `ConditionSwitch`). It reads the links' live state when opened, and its
+/// restore (and an interrupt while it holds the links) puts back exactly
+/// that.
 pub struct TestbedSwitch {
     found: Found,
     /// The testbed's lock, held while the run may switch its links.
@@ -2156,22 +2207,25 @@ impl TestbedSwitch {
     }
 }
 
-impl ConditionSwitch for TestbedSwitch {
-    fn switch(&mut self, to: &LinkConditions) -> Result<LinkConditions, SwitchFailure> {
+impl TestbedSwitch {
+    /// Puts every link under `to` (the whole state, not a change),
+    /// rewriting the hosts file; returns the conditions as applied (the
+    /// shaper's bucket and what drops a loss).
+    pub fn switch(&mut self, to: &LinkConditions) -> Result<LinkConditions, TestbedError> {
         let mut held = HELD
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         held.get_or_insert_with(|| self.found.clone());
-        set_conditions(&self.found.name, to).map_err(|e| Box::new(e) as SwitchFailure)
+        set_conditions(&self.found.name, to)
     }
 
-    fn restore(&mut self) -> Result<(), SwitchFailure> {
+    /// Puts the links back exactly as they were when the switch was
+    /// opened, whatever was switched since.
+    pub fn restore(&mut self) -> Result<(), TestbedError> {
         let mut held = HELD
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        self.found
-            .put_back()
-            .map_err(|e| Box::new(e) as SwitchFailure)?;
+        self.found.put_back()?;
         *held = None;
         Ok(())
     }
@@ -2193,22 +2247,27 @@ pub struct OwnedTestbed {
 }
 
 impl OwnedTestbed {
-    /// Builds testbed `args.name` for `command` (taking down what an
+    /// Builds testbed `req.name` for `command` (taking down what an
     /// earlier, killed run left under that name) and holds it; refuses,
     /// changing nothing, when another process holds the testbed.
-    pub fn up(args: &UpArgs, command: &str) -> Result<OwnedTestbed, TestbedError> {
-        args.params()?;
+    pub fn up(
+        req: &UpRequest,
+        command: &str,
+        probe: &dyn AgentProbe,
+        notes: &mut dyn FnMut(UpNote),
+    ) -> Result<(OwnedTestbed, Status), TestbedError> {
+        req.params()?;
         preflight()?;
-        let name = args.name.name.clone();
+        let name = req.name.clone();
         let lock = TestbedLock::acquire(&name, command)?;
         restore_on_interrupt()?;
-        teardown(&name, true)?;
+        teardown(&name)?;
         *OWNED
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(name.clone());
         let guard = OwnedTestbed { name, _lock: lock };
-        up_as(args, RatePolicy::Scale)?;
-        Ok(guard)
+        let status = up_as(req, RatePolicy::Scale, probe, notes)?;
+        Ok((guard, status))
     }
 
     /// Its hosts file.
@@ -2222,7 +2281,7 @@ impl Drop for OwnedTestbed {
         let mut owned = OWNED
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Err(e) = teardown(&self.name, true) {
+        if let Err(e) = teardown(&self.name) {
             eprintln!(
                 "netgap: error: testbed {} could not be taken down: {e}",
                 self.name
@@ -2233,17 +2292,28 @@ impl Drop for OwnedTestbed {
 }
 
 /// Removes the testbed (`netgap testbed down`).
-pub fn down(args: &NameArgs) -> Result<(), TestbedError> {
-    check_name(&args.name)?;
+pub fn down(name: &str) -> Result<Removed, TestbedError> {
+    check_name(name)?;
     preflight()?;
-    let _lock = TestbedLock::acquire(&args.name, "netgap testbed down")?;
-    teardown(&args.name, false)
+    let _lock = TestbedLock::acquire(name, "netgap testbed down")?;
+    teardown(name)
+}
+
+/// What `down` removed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Removed {
+    /// Namespaces deleted.
+    pub namespaces: usize,
+    /// Processes stopped (agents, and anything else left in a namespace).
+    pub processes: usize,
+    /// Whether the state directory is gone.
+    pub state_dir_gone: bool,
 }
 
 /// Stops the agents (their pid files, then any process left in a testbed
 /// namespace), deletes the namespaces (which deletes their links) and the
 /// state directory. Works from what exists, so also after a crash.
-fn teardown(name: &str, quiet: bool) -> Result<(), TestbedError> {
+fn teardown(name: &str) -> Result<Removed, TestbedError> {
     let dir = state_dir(name);
     check_state(name)?;
     let mut pids: Vec<i32> = Vec::new();
@@ -2288,20 +2358,12 @@ fn teardown(name: &str, quiet: bool) -> Result<(), TestbedError> {
             errors.push(e.to_string());
         }
     }
-    if !quiet {
-        say!(
-            "testbed {name} removed: {} namespaces, {} processes stopped{}",
-            namespaces.len(),
-            pids.len(),
-            if dir.exists() {
-                ""
-            } else {
-                ", state directory gone"
-            }
-        );
-    }
     match errors.first() {
-        None => Ok(()),
+        None => Ok(Removed {
+            namespaces: namespaces.len(),
+            processes: pids.len(),
+            state_dir_gone: !dir.exists(),
+        }),
         Some(e) => Err(TestbedError::Command {
             cmd: "testbed down".into(),
             detail: e.clone(),
@@ -2715,51 +2777,43 @@ mod tests {
 
     #[test]
     fn set_takes_the_keys_given_and_refuses_nothing_or_nonsense() {
-        let mut a = SetArgs {
-            mtu: None,
-            offload: None,
-            rate: None,
-            delay: None,
-            loss: None,
-            name: NameArgs {
-                name: "testbed".into(),
-            },
+        let mut a = SetRequest {
+            name: "testbed".into(),
+            change: Condition::default(),
         };
         assert!(a
-            .condition()
+            .checked()
             .is_err_and(|e| e.to_string().contains("at least one")));
-        a.rate = Some("none".into());
-        a.offload = Some(false);
-        let c = a.condition().expect("valid");
+        a.change.rate_bps = Some(None);
+        a.change.offload = Some(false);
+        let c = a.checked().expect("valid");
         assert_eq!(
             (c.rate_bps, c.offload, c.mtu_bytes),
             (Some(None), Some(false), None)
         );
-        a.loss = Some("300%".into());
-        let e = a.condition().expect_err("bad loss").to_string();
-        assert_eq!(e, "--loss 300%: want 0% to 100%");
-        a.loss = None;
-        a.mtu = Some(10);
+        a.change.loss_ppm = Some(3_000_000);
+        let e = a.checked().expect_err("bad loss").to_string();
+        assert_eq!(e, "loss=3000000ppm: want 0% to 100%");
+        a.change.loss_ppm = None;
+        a.change.mtu_bytes = Some(10);
         assert!(a
-            .condition()
+            .checked()
             .is_err_and(|e| e.to_string().starts_with("--mtu 10")));
     }
 
     #[test]
-    fn bad_flags_are_refused_with_a_reason() {
-        let mut a = UpArgs {
+    fn bad_requests_are_refused_with_a_reason() {
+        let mut a = UpRequest {
+            name: "testbed".into(),
             hosts: 4,
             topology: Topology::Switch,
             links: 1,
-            mtu: 1500,
-            rate: None,
+            mtu_bytes: 1500,
+            rate_bps: None,
             offload: None,
-            delay: None,
-            loss: None,
-            forwarding: None,
-            name: NameArgs {
-                name: "testbed".into(),
-            },
+            delay_us: None,
+            loss_ppm: None,
+            forwarding_bps: None,
         };
         assert!(a.params().is_ok());
         a.links = 2;
@@ -2782,13 +2836,17 @@ mod tests {
         a.hosts = 1;
         assert!(a.params().is_err());
         a.hosts = 2;
-        a.name.name = "Bad/Name".into();
+        a.name = "Bad/Name".into();
         assert!(a.params().is_err());
-        a.name.name = "ok1".into();
-        a.rate = Some("x".into());
+        a.name = "ok1".into();
+        a.rate_bps = Some(1);
         assert!(a.params().is_err());
-        a.rate = None;
-        a.forwarding = Some("lots".into());
+        a.rate_bps = None;
+        a.delay_us = Some(0);
+        a.loss_ppm = Some(0);
+        let p = a.params().expect("valid");
+        assert_eq!((p.delay_us, p.loss_ppm), (None, None), "0 is none");
+        a.forwarding_bps = Some(1);
         assert!(a
             .params()
             .is_err_and(|e| e.to_string().starts_with("--forwarding")));
