@@ -279,7 +279,7 @@ pub struct ResultRecord {
     /// stack ([`ResultRecord::with_stack`]), absent for records without one
     /// (see [`crate::physics`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub physics: Option<crate::physics::Physics>,
+    pub physics: Option<Physics>,
     /// Where the CPUs of the point's busiest host (on a testbed, of its
     /// machine) went: its own threads, the kernel's packet processing (the
     /// testbed's forwarding) and other work, and what bound the point when
@@ -287,7 +287,89 @@ pub struct ResultRecord {
     /// [`ResultRecord::diagnosed`], absent without CPU readings (see
     /// [`crate::load`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cpu_load: Option<crate::load::CpuLoad>,
+    pub cpu_load: Option<CpuLoad>,
+}
+
+/// A result past what its path's model allows.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Fault {
+    /// `above_payload_limit` (a bandwidth above the model's most) or
+    /// `faster_than_wire` (a transfer faster than the model's least time).
+    pub kind: String,
+    /// The model's bound in the record's metric unit: the most Gbit/s, or
+    /// the least µs.
+    pub limit: f64,
+    /// The path's payload limit in Gbit/s.
+    pub limit_gbps: f64,
+    /// The result that passed the bound, in the record's metric unit: the
+    /// record's value, or one of its repetitions when the value itself
+    /// stayed within (a repetition is a measurement of its own: one past
+    /// the wire is as much a fault as a mean past it).
+    pub value: f64,
+}
+
+/// The physics section of a record: its path's payload limit and, when a
+/// result passed its model, the fault.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Physics {
+    /// Payload the path carries in Gbit/s for the record's stack, test and
+    /// links; `null` when unknown (no shaped link, or facts missing).
+    pub payload_limit_gbps: Option<f64>,
+    /// Set when the record's result passes its model: a measurement fault.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fault: Option<Fault>,
+    /// What the machine under the testbed forwards through its shapers,
+    /// Gbit/s of payload, set when the path's limit takes more than
+    /// [`crate::physics::FORWARDING_CARRY_SHARE`] of it: the links could not all be at
+    /// their rate at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub past_forwarding_gbps: Option<f64>,
+}
+
+/// What bound a point other than its links.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BoundBy {
+    /// The testbed's own forwarding and shaping used the CPUs the point
+    /// needed.
+    Emulator,
+    /// The testbed's shaper held a stream below its limit while the CPUs
+    /// were idle: its bucket, not the stack, set the pace.
+    Shaper,
+}
+
+/// Where the CPUs of the point's busiest host went over its repetitions,
+/// in percent of all that host's CPUs (each 0..=100).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CpuLoad {
+    /// The hosts whose CPUs these are: one host, or on a testbed every
+    /// host of the point (they share the machine's CPUs).
+    pub hosts: Vec<String>,
+    /// Online CPUs of the host (or machine).
+    pub cores: u32,
+    /// Busy share of all its CPUs.
+    pub busy_percent: f64,
+    /// The point's own threads on it (every end there), as a share of all
+    /// its CPUs.
+    pub own_percent: f64,
+    /// The kernel's packet processing (softirq); on a testbed, its
+    /// forwarding and shaping. Absent when the readings have none (older
+    /// agents and records).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub softirq_percent: Option<f64>,
+    /// Other work: the busy share less the point's own and the softirq
+    /// share, never below 0.
+    pub other_percent: f64,
+    /// The hosts are a netgap testbed's, all on one machine: its softirq
+    /// share is the emulator's forwarding.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub testbed: bool,
+    /// Set when something other than its links' rate bound the point (by
+    /// the noise diagnosis, or by the physics check of a
+    /// bandwidth below its limit, [`crate::physics::emulator_bound`] and
+    /// [`crate::physics::shaper_held`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bound_by: Option<BoundBy>,
 }
 
 /// The section of an imported record.
@@ -415,7 +497,7 @@ impl ResultRecord {
 
     /// The measurement fault of the record, when its result passes what its
     /// path allows.
-    pub fn fault(&self) -> Option<&crate::physics::Fault> {
+    pub fn fault(&self) -> Option<&Fault> {
         self.physics.as_ref().and_then(|p| p.fault.as_ref())
     }
 
@@ -475,7 +557,7 @@ impl ResultRecord {
             .and_then(|l| crate::physics::shaper_held(&self, l));
         if let Some(l) = load.as_mut() {
             l.bound_by = if by_emulator {
-                Some(crate::load::BoundBy::Emulator)
+                Some(BoundBy::Emulator)
             } else {
                 held.map(|_| crate::load::BoundBy::Shaper)
             };
@@ -509,13 +591,13 @@ impl ResultRecord {
     /// Whether the emulator, not the links, bound the point (its
     /// [`crate::load::CpuLoad::bound_by`]).
     pub fn emulator_bound(&self) -> bool {
-        self.cpu_load.as_ref().and_then(|l| l.bound_by) == Some(crate::load::BoundBy::Emulator)
+        self.cpu_load.as_ref().and_then(|l| l.bound_by) == Some(BoundBy::Emulator)
     }
 
     /// Whether the testbed's shaper, not the stack, held the point below
     /// its limit (its [`crate::load::CpuLoad::bound_by`]).
     pub fn shaper_held(&self) -> bool {
-        self.cpu_load.as_ref().and_then(|l| l.bound_by) == Some(crate::load::BoundBy::Shaper)
+        self.cpu_load.as_ref().and_then(|l| l.bound_by) == Some(BoundBy::Shaper)
     }
 }
 
