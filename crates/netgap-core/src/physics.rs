@@ -641,6 +641,8 @@ mod tests {
             path,
             None,
         ));
+        // As the record's maker leaves it: judged by the model.
+        r.physics = assess(&r);
         r
     }
 
@@ -1069,7 +1071,7 @@ mod tests {
         assert_eq!(shaper_held(&r, &load(15.0)), None);
         let mut r = record("stream", "tcp", 65536, "bandwidth_gbps", 0.7 * l);
         r.cpu = Some(ends(30.0, 20.0));
-        let r = r.with_stack(Stack::new(
+        let mut r = r.with_stack(Stack::new(
             "tcp",
             Mode::Event,
             &TransportOptions {
@@ -1079,6 +1081,7 @@ mod tests {
             shaped("switch", 1500, None),
             None,
         ));
+        r.physics = assess(&r);
         assert_eq!(shaper_held(&r, &load(15.0)), None);
         // A ping-pong's bandwidth, a sweep's, a latency: bound by the
         // round trip.

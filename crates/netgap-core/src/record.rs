@@ -276,16 +276,16 @@ pub struct ResultRecord {
     pub workload: Option<WorkloadSection>,
     /// What the wire allows on the record's path (its payload limit) and
     /// whether the result passed it (a measurement fault); set with the
-    /// stack ([`ResultRecord::with_stack`]), absent for records without one
-    /// (see [`crate::physics`]).
+    /// stack when the finished record is diagnosed (the `physics` module's
+    /// model), absent for records without one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub physics: Option<Physics>,
     /// Where the CPUs of the point's busiest host (on a testbed, of its
     /// machine) went: its own threads, the kernel's packet processing (the
     /// testbed's forwarding) and other work, and what bound the point when
     /// not its links (the emulator, or the shaper's bucket); set by
-    /// [`ResultRecord::diagnosed`], absent without CPU readings (see
-    /// [`crate::load`]).
+    /// the diagnosis of the finished record (the `load` module), absent
+    /// without CPU readings.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_load: Option<CpuLoad>,
 }
@@ -320,8 +320,9 @@ pub struct Physics {
     pub fault: Option<Fault>,
     /// What the machine under the testbed forwards through its shapers,
     /// Gbit/s of payload, set when the path's limit takes more than
-    /// [`crate::physics::FORWARDING_CARRY_SHARE`] of it: the links could not all be at
-    /// their rate at once.
+    /// the share the physics model lets a point's links take of it
+    /// (`FORWARDING_CARRY_SHARE`): the links could not all be at their rate
+    /// at once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub past_forwarding_gbps: Option<f64>,
 }
@@ -366,8 +367,8 @@ pub struct CpuLoad {
     pub testbed: bool,
     /// Set when something other than its links' rate bound the point (by
     /// the noise diagnosis, or by the physics check of a
-    /// bandwidth below its limit, [`crate::physics::emulator_bound`] and
-    /// [`crate::physics::shaper_held`]).
+    /// bandwidth below its limit: the `physics` module's `emulator_bound`
+    /// and `shaper_held`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bound_by: Option<BoundBy>,
 }
@@ -484,14 +485,11 @@ impl ResultRecord {
         }
     }
 
-    /// The record with its stack, and its path's physics
-    /// ([`crate::physics::assess`]): the payload limit of the stack on its
-    /// path for the record's test and links, and the fault when the result
-    /// passes it. Set the test, headline, repetitions, bytes and sections
-    /// first; [`ResultRecord::diagnosed`] judges the finished record again.
+    /// The record with its stack. Its `physics` section, which depends on
+    /// the stack, is set when the finished record is diagnosed
+    /// (`netgap_core::diagnose::diagnose`).
     pub fn with_stack(mut self, stack: crate::stack::Stack) -> ResultRecord {
         self.stack = Some(stack);
-        self.physics = crate::physics::assess(&self);
         self
     }
 
@@ -526,76 +524,14 @@ impl ResultRecord {
         self.import.as_ref().map(|i| i.tool.as_str())
     }
 
-    /// The record with its warnings set from the diagnosis of its noise
-    /// ([`crate::noise::diagnose_record`]), which reads the finished
-    /// record: its repetitions, CPU of every end and placement; its
-    /// physics judged again ([`crate::physics::assess`]), a fault adding its
-    /// sentence to the warnings; and the load of its CPUs
-    /// ([`crate::load::CpuLoad`]), naming the emulator as what bound the
-    /// point when the noise came from the testbed's forwarding or a
-    /// bandwidth below its limit did ([`crate::physics::emulator_bound`],
-    /// with its sentence), else the shaper when a stream stayed below its
-    /// limit on idle CPUs ([`crate::physics::shaper_held`], with its
-    /// sentence).
-    pub fn diagnosed(mut self) -> ResultRecord {
-        let noise = crate::noise::diagnose_record(&self);
-        if self.stack.is_some() {
-            self.physics = crate::physics::assess(&self);
-        }
-        let mut load = crate::load::CpuLoad::of_record(&self);
-        let bound = load
-            .as_ref()
-            .and_then(|l| crate::physics::emulator_bound(&self, l));
-        let noisy_by_emulator = noise
-            .as_ref()
-            .is_some_and(|d| d.kind == crate::noise::NoiseKind::Emulator);
-        let by_emulator = noisy_by_emulator || bound.is_some();
-        // The emulator, when named, is the one finding.
-        let held = load
-            .as_ref()
-            .filter(|_| !by_emulator)
-            .and_then(|l| crate::physics::shaper_held(&self, l));
-        if let Some(l) = load.as_mut() {
-            l.bound_by = if by_emulator {
-                Some(BoundBy::Emulator)
-            } else {
-                held.map(|_| crate::load::BoundBy::Shaper)
-            };
-        }
-        self.cpu_load = load;
-        self.warnings = noise.map(|d| d.sentence).into_iter().collect();
-        // A noisy point whose noise named the emulator says it once.
-        if let Some(b) = bound.filter(|_| !noisy_by_emulator) {
-            let sentence = crate::physics::bound_sentence(&self, &b);
-            self.warnings.push(sentence);
-        }
-        if let Some(h) = held {
-            let sentence = crate::physics::held_sentence(&self, &h);
-            self.warnings.push(sentence);
-        }
-        if let Some(f) = self.fault() {
-            let sentence = crate::physics::fault_sentence(&self, f);
-            self.warnings.push(sentence);
-        }
-        let past = self.physics.as_ref().and_then(|p| {
-            Some(crate::physics::past_forwarding_sentence(
-                &self,
-                p.payload_limit_gbps?,
-                p.past_forwarding_gbps?,
-            ))
-        });
-        self.warnings.extend(past);
-        self
-    }
-
     /// Whether the emulator, not the links, bound the point (its
-    /// [`crate::load::CpuLoad::bound_by`]).
+    /// [`CpuLoad::bound_by`]).
     pub fn emulator_bound(&self) -> bool {
         self.cpu_load.as_ref().and_then(|l| l.bound_by) == Some(BoundBy::Emulator)
     }
 
     /// Whether the testbed's shaper, not the stack, held the point below
-    /// its limit (its [`crate::load::CpuLoad::bound_by`]).
+    /// its limit (its [`CpuLoad::bound_by`]).
     pub fn shaper_held(&self) -> bool {
         self.cpu_load.as_ref().and_then(|l| l.bound_by) == Some(BoundBy::Shaper)
     }
@@ -850,47 +786,6 @@ mod tests {
         );
         let back: ResultRecord = serde_json::from_str(&text).expect("decoded");
         assert_eq!(back.tool(), Some("iperf3"));
-    }
-
-    #[test]
-    fn the_stack_brings_the_physics_section_with_its_limit_or_null() {
-        use crate::spec::TransportOptions;
-        use crate::stack::{PathIdentity, Stack};
-        let plain = serde_json::to_value(ResultRecord::new(head())).expect("encoded");
-        assert!(plain.get("physics").is_none(), "{plain}");
-        let stack = |path: PathIdentity| {
-            Stack::new("tcp", Mode::Event, &TransportOptions::default(), path, None)
-        };
-        let loopback = ResultRecord::new(head()).with_stack(stack(PathIdentity {
-            kind: Some("loopback".into()),
-            mtu_bytes: Some(65536),
-            ..PathIdentity::default()
-        }));
-        let json = serde_json::to_value(&loopback).expect("encoded");
-        assert_eq!(
-            json["physics"],
-            serde_json::json!({"payload_limit_gbps": null})
-        );
-        let shaped = ResultRecord::new(RecordHead {
-            test: "stream".into(),
-            value: 2.0,
-            ..head()
-        })
-        .with_stack(stack(PathIdentity {
-            kind: Some("testbed".into()),
-            mtu_bytes: Some(1500),
-            rate_bps: Some(1_000_000_000),
-            bucket_bytes: Some(65536),
-            ..PathIdentity::default()
-        }))
-        .diagnosed();
-        let json = serde_json::to_value(&shaped).expect("encoded");
-        assert_eq!(json["stack"]["path"]["bucket_bytes"], 65536);
-        assert_eq!(json["physics"]["fault"]["kind"], "above_payload_limit");
-        assert_eq!(json["physics"]["fault"]["value"], 2.0);
-        assert_eq!(shaped.warnings.len(), 1, "{:?}", shaped.warnings);
-        let back: ResultRecord = serde_json::from_value(json).expect("decoded");
-        assert_eq!(back, shaped);
     }
 
     #[test]

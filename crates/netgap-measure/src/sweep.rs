@@ -35,6 +35,7 @@ use crate::plan::{
 };
 use crate::point_loop::{run_points, Observer};
 use crate::sink::RecordSink;
+use netgap_core::diagnose::diagnose;
 use netgap_core::dropout::{split_trials, DropoutDetector, PointThroughput};
 use netgap_core::record::{RecordStats, ResultRecord, SweepSection};
 use netgap_core::sizing::{sweep_sizes, Growth};
@@ -499,14 +500,14 @@ fn sweep_record(kind: SweepKind, mut base: ResultRecord) -> Result<ResultRecord,
     base.stats = Some(RecordStats::from(&summary));
     let block_time_us = kind.block_time_us(size, summary.value);
     // The trials' throughputs, diagnosed (not the raw block times').
-    Ok(base
-        .with_sweep(SweepSection {
-            sweep_kind: kind.as_str().into(),
-            block_time_us,
-            dropout: None,
-            unstable: None,
-        })
-        .diagnosed())
+    let mut record = base.with_sweep(SweepSection {
+        sweep_kind: kind.as_str().into(),
+        block_time_us,
+        dropout: None,
+        unstable: None,
+    });
+    diagnose(&mut record);
+    Ok(record)
 }
 
 /// What the dropout detector needs of a sweep record.
