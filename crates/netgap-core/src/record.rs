@@ -161,7 +161,9 @@ pub struct RecordOptions {
     pub peer: String,
     /// Transport options in force on both ends.
     pub transport: crate::spec::TransportOptions,
-    /// Every payload byte was checked against the sent pattern.
+    /// Every payload byte was checked against the sent pattern; absent
+    /// (false) in records made before `--verify` existed.
+    #[serde(default)]
     pub verify: bool,
     /// CPU placement of the roles.
     pub placement: Placement,
@@ -198,8 +200,10 @@ pub struct Interleaved {
     /// index).
     pub group: String,
     /// Members of the group (stacks or conditions alternated), this one
-    /// included.
-    pub with: u32,
+    /// included; `None` when the record does not say (read leniently: a
+    /// value of another shape reads as absent).
+    #[serde(default, deserialize_with = "lenient")]
+    pub with: Option<u32>,
 }
 
 /// One measured point.
@@ -218,8 +222,9 @@ pub struct ResultRecord {
     /// Headline: mean of the repetitions without the highest and lowest.
     pub value: f64,
     /// Spread of the repetitions; `null` when the tool that made the record
-    /// (an imported one) reported no repetitions.
-    #[serde(default)]
+    /// (an imported one) reported no repetitions. Read leniently: a section
+    /// of another shape reads as absent.
+    #[serde(default, deserialize_with = "lenient")]
     pub stats: Option<RecordStats>,
     /// Latency percentiles in microseconds (one-way), for latency tests.
     pub percentiles: Option<Percentiles>,
@@ -247,8 +252,9 @@ pub struct ResultRecord {
     /// Facts of the agent's host; `null` when unknown.
     #[serde(default)]
     pub peer_host: Option<HostFacts>,
-    /// Resolved options; `null` for records another tool made.
-    #[serde(default)]
+    /// Resolved options; `null` for records another tool made. Read from
+    /// the layout of every netgap version ([`RecordOptions`]).
+    #[serde(default, deserialize_with = "options_of_any_version")]
     pub options: Option<RecordOptions>,
     /// netgap version.
     pub version: String,
@@ -262,8 +268,13 @@ pub struct ResultRecord {
     #[serde(flatten, default, skip_serializing_if = "Option::is_none")]
     pub sweep: Option<SweepSection>,
     /// The confidence target of a point measured with `--ci`, and whether the
-    /// repetitions reached it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// repetitions reached it. Read leniently: one of another shape reads
+    /// as absent.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "lenient"
+    )]
     pub ci_target: Option<CiOutcome>,
     /// What the point measured over: transport, mode, options, path and
     /// label; absent in records made before it existed (see
@@ -288,6 +299,16 @@ pub struct ResultRecord {
     /// without CPU readings.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_load: Option<CpuLoad>,
+    /// An interleaving group named at the top level of the record, as
+    /// records edited by hand or made by scripts name it; netgap writes it
+    /// under `options` ([`RecordOptions::interleaved`]) and never here
+    /// ([`ResultRecord::interleaved_group`] reads either). Read leniently.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "lenient"
+    )]
+    pub interleaved: Option<Interleaved>,
 }
 
 /// A result past what its path's model allows.
@@ -373,6 +394,47 @@ pub struct CpuLoad {
     pub bound_by: Option<BoundBy>,
 }
 
+/// An optional field read leniently: a value of another shape (a field
+/// that a newer or older netgap, or a hand edit, writes differently) reads
+/// as absent, so a reader loses that one detail instead of refusing the
+/// whole record.
+fn lenient<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: serde::de::DeserializeOwned,
+{
+    let v = serde_json::Value::deserialize(d)?;
+    Ok(serde_json::from_value(v).ok())
+}
+
+/// The options of a record in the layout of any netgap version. The first
+/// records kept the socket options (`nodelay`, `sndbuf_bytes`,
+/// `rcvbuf_bytes`) beside the others, before they became the `transport`
+/// object; those read into it, every other transport option at its
+/// default, as those versions had no others.
+fn options_of_any_version<'de, D>(d: D) -> Result<Option<RecordOptions>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    use serde::de::Error;
+    let Some(mut v) = Option::<serde_json::Value>::deserialize(d)? else {
+        return Ok(None);
+    };
+    if let Some(o) = v.as_object_mut().filter(|o| !o.contains_key("transport")) {
+        let mut transport = serde_json::to_value(crate::spec::TransportOptions::default())
+            .map_err(D::Error::custom)?;
+        for key in ["nodelay", "sndbuf_bytes", "rcvbuf_bytes"] {
+            if let (Some(value), Some(t)) = (o.remove(key), transport.as_object_mut()) {
+                t.insert(key.to_string(), value);
+            }
+        }
+        o.insert("transport".to_string(), transport);
+    }
+    serde_json::from_value(v)
+        .map(Some)
+        .map_err(D::Error::custom)
+}
+
 /// The section of an imported record.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ImportSection {
@@ -389,8 +451,13 @@ pub struct SweepSection {
     /// NetPIPE's signature graph).
     pub block_time_us: f64,
     /// Set on a point whose throughput fell below that of a smaller size
-    /// by more than the measurement noise.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// by more than the measurement noise. Read leniently: one of another
+    /// shape reads as absent.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "lenient"
+    )]
     pub dropout: Option<Dropout>,
     /// Set on a point whose trials split into a slow and a fast group (an
     /// intermittent stall); such a point is not judged for a dropout.
@@ -482,6 +549,7 @@ impl ResultRecord {
             workload: None,
             physics: None,
             cpu_load: None,
+            interleaved: None,
         }
     }
 
@@ -522,6 +590,49 @@ impl ResultRecord {
     /// The peer tool of an imported record.
     pub fn tool(&self) -> Option<&str> {
         self.import.as_ref().map(|i| i.tool.as_str())
+    }
+
+    /// A sweep point's kind (`pingpong`, `stream`, `bidir`); `None` for
+    /// other tests.
+    pub fn sweep_kind(&self) -> Option<&str> {
+        self.sweep.as_ref().map(|s| s.sweep_kind.as_str())
+    }
+
+    /// A sweep point's block time in microseconds; `None` for other tests.
+    pub fn block_time_us(&self) -> Option<f64> {
+        self.sweep.as_ref().map(|s| s.block_time_us)
+    }
+
+    /// A sweep point's throughput dropout, when it has one.
+    pub fn dropout(&self) -> Option<&Dropout> {
+        self.sweep.as_ref().and_then(|s| s.dropout.as_ref())
+    }
+
+    /// A workload point's concurrent clients (streams, links); `None` for
+    /// other tests.
+    pub fn clients(&self) -> Option<u32> {
+        self.workload.as_ref().map(|w| w.clients)
+    }
+
+    /// The CPU of every host of a workload point; empty for other tests.
+    pub fn hosts_cpu(&self) -> &[HostCpu] {
+        self.workload
+            .as_ref()
+            .map_or(&[], |w| w.hosts_cpu.as_slice())
+    }
+
+    /// The interleaving group of the run that measured the point, if any:
+    /// the one under `options`, as netgap writes it, else one named at the
+    /// top level; never an empty name.
+    pub fn interleaved_group(&self) -> Option<&str> {
+        let from_options = self
+            .options
+            .as_ref()
+            .and_then(|o| o.interleaved.as_ref())
+            .map(|i| i.group.as_str());
+        from_options
+            .or_else(|| self.interleaved.as_ref().map(|i| i.group.as_str()))
+            .filter(|g| !g.is_empty())
     }
 
     /// Whether the emulator, not the links, bound the point (its
@@ -786,6 +897,70 @@ mod tests {
         );
         let back: ResultRecord = serde_json::from_str(&text).expect("decoded");
         assert_eq!(back.tool(), Some("iperf3"));
+    }
+
+    /// The first records kept the socket options beside the others; they
+    /// read into the `transport` object, every other option at its default.
+    #[test]
+    fn options_of_the_first_records_read_into_the_transport_object() {
+        let options: serde_json::Value = serde_json::json!({
+            "peer": "embedded", "nodelay": false, "sndbuf_bytes": 262144, "rcvbuf_bytes": null,
+            "placement": {"client_cpu": null, "server_cpu": 1}, "reps": 5, "iterations": 100,
+            "rep_time_ms": null, "warmup": 10, "io_timeout_ms": 3000
+        });
+        let mut json = serde_json::to_value(ResultRecord::new(head())).expect("encoded");
+        json["options"] = options;
+        let r: ResultRecord = serde_json::from_value(json).expect("decoded");
+        let o = r.options.expect("options");
+        assert!(!o.transport.nodelay && !o.verify);
+        assert_eq!(o.transport.sndbuf_bytes, Some(262144));
+        assert_eq!(
+            o.transport,
+            crate::spec::TransportOptions {
+                nodelay: false,
+                sndbuf_bytes: Some(262144),
+                ..crate::spec::TransportOptions::default()
+            }
+        );
+        assert_eq!(o.placement.server_cpu, Some(1));
+    }
+
+    /// What the report has always read leniently reads so in the record:
+    /// a field of another shape is absent, the rest of the record loads.
+    #[test]
+    fn fields_of_another_shape_read_as_absent_instead_of_failing_the_record() {
+        let mut json = serde_json::to_value(ResultRecord::new(head()).with_sweep(SweepSection {
+            sweep_kind: "stream".into(),
+            block_time_us: 2.5,
+            dropout: None,
+            unstable: None,
+        }))
+        .expect("encoded");
+        json["interleaved"] = serde_json::json!({"group": "g", "with": ["a", "b"]});
+        json["dropout"] = serde_json::json!({"depth": 3});
+        json["ci_target"] = serde_json::json!({"met": "no"});
+        json["stats"] = serde_json::json!({"ci95_low": null, "ci95_high": null, "reps": [1.0]});
+        let r: ResultRecord = serde_json::from_value(json).expect("loads");
+        assert_eq!(
+            r.interleaved,
+            Some(Interleaved {
+                group: "g".into(),
+                with: None
+            })
+        );
+        assert_eq!(r.interleaved_group(), Some("g"));
+        assert_eq!(r.sweep_kind(), Some("stream"));
+        assert_eq!(r.block_time_us(), Some(2.5));
+        assert_eq!(r.dropout(), None);
+        assert_eq!(r.ci_target, None);
+        assert_eq!(r.stats, None);
+        // Written back, the top-level group stays where it was read.
+        let again = serde_json::to_value(&r).expect("encoded");
+        assert_eq!(
+            again["interleaved"],
+            serde_json::json!({"group": "g", "with": null})
+        );
+        assert!(again.get("dropout").is_none(), "{again}");
     }
 
     #[test]

@@ -907,7 +907,7 @@ mod tests {
             let again = r.warnings.iter().any(|w| w.contains("measured again"))
                 || r.sweep.as_ref().is_some_and(|s| s.dropout.is_some());
             if !again {
-                assert_eq!(i.map(|i| i.with), Some(4), "{r:?}");
+                assert_eq!(i.and_then(|i| i.with), Some(4), "{r:?}");
             }
             let rate = r.stack.as_ref().and_then(|s| s.path.rate_bps);
             series.insert((r.transport.clone(), rate, r.size_bytes));
