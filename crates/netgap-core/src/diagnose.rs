@@ -79,6 +79,27 @@ pub fn diagnose(record: &mut ResultRecord) {
     record.warnings.extend(past);
 }
 
+/// Judges the physics of a record read back from a file again, by this
+/// netgap's model: for readers that set records of several versions side
+/// by side (the report, `compare`), so a record from an older netgap (one
+/// without a physics section), or one edited, past its path's limit is a
+/// fault there too. A fault adds its sentence to the warnings unless the
+/// record says it already. Nothing else is judged again: the record's own
+/// warnings and CPU load stand as its maker wrote them. A record without a
+/// stack is left as it is.
+pub fn reassess_physics(record: &mut ResultRecord) {
+    if record.stack.is_none() {
+        return;
+    }
+    record.physics = crate::physics::assess(record);
+    if let Some(f) = record.fault() {
+        let sentence = crate::physics::fault_sentence(record, f);
+        if !record.warnings.contains(&sentence) {
+            record.warnings.push(sentence);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,12 +1,10 @@
 //! Reading results files for the report and `compare`: every line is a
-//! [`ResultRecord`], plus the fields of tests that add their own (sweep,
-//! LogP, multi-host), read leniently so a file written by any netgap
-//! version, or imported from a peer tool, loads.
+//! [`ResultRecord`], read as the result model reads it (leniently, so a
+//! file written by any netgap version, or imported from a peer tool,
+//! loads); a line that is none is refused naming its file and line.
 
-use netgap_core::cpu::CpuUsage;
 use netgap_core::record::ResultRecord;
 use netgap_core::stack::Stack;
-use serde::Deserialize;
 use std::path::{Path, PathBuf};
 
 /// Why a results file could not be loaded; one line naming file and line.
@@ -28,128 +26,11 @@ pub enum LoadError {
     },
 }
 
-/// A sweep point's throughput dropout (NetPIPE's signature dip).
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-pub struct Dropout {
-    /// How far below the reference the throughput fell, percent.
-    pub depth_pct: f64,
-    /// Size of the reference point, bytes.
-    pub reference_size_bytes: u64,
-    /// Throughput at the reference point, in the record's metric unit.
-    pub reference_value: f64,
-}
-
-/// Whether a `--ci` target was met.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-pub struct CiOutcome {
-    /// Confidence level, percent.
-    pub confidence_pct: f64,
-    /// Target half-width, percent of the mean.
-    pub half_width_pct: f64,
-    /// Half-width reached, percent of the mean.
-    pub achieved_half_width_pct: f64,
-    /// The target was met.
-    pub met: bool,
-}
-
-/// CPU usage of one host of a workload point.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-pub struct HostCpu {
-    /// Host name.
-    pub host: String,
-    /// `server` or `client`.
-    pub role: String,
-    /// Its usage.
-    pub cpu: CpuUsage,
-}
-
-/// One flow of a multi-flow point.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-pub struct FlowResult {
-    /// Host the flow's client ran on.
-    pub host: String,
-    /// Flow number.
-    pub index: u32,
-    /// The flow's own headline value, in the record's metric unit.
-    pub value: f64,
-}
-
-/// The repetition statistics as the report reads them: only what it uses,
-/// each field optional, so records whose confidence interval is `null`
-/// (fewer than two repetitions) load as well as older ones.
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
-#[serde(default)]
-pub struct RepStats {
-    /// Lower end of the 95% confidence interval of the mean.
-    pub ci95_low: Option<f64>,
-    /// Upper end of the 95% confidence interval of the mean.
-    pub ci95_high: Option<f64>,
-    /// Each repetition's value.
-    pub reps: Vec<f64>,
-}
-
-/// A point measured in an interleaved run: its repetitions alternated with
-/// those of the other stacks of the same group, so drift fell on all alike.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-pub struct Interleaved {
-    /// The run's interleaving group; records sharing it were measured
-    /// together.
-    pub group: String,
-    /// How many stacks the point's repetitions alternated with; `None` when
-    /// the record does not say.
-    #[serde(default, deserialize_with = "lenient")]
-    pub with: Option<u32>,
-}
-
-/// Fields other tests add to a record; all optional.
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
-#[serde(default)]
-pub struct Extras {
-    /// Sweep flavour (`pingpong`, `stream`, `bidir`).
-    pub sweep_kind: Option<String>,
-    /// Time of one block transfer, µs (sweep).
-    pub block_time_us: Option<f64>,
-    /// A throughput dropout at this point (sweep).
-    #[serde(deserialize_with = "lenient")]
-    pub dropout: Option<Dropout>,
-    /// Outcome of a `--ci` target.
-    #[serde(deserialize_with = "lenient")]
-    pub ci_target: Option<CiOutcome>,
-    /// Concurrent clients, streams or links of the point.
-    pub clients: Option<u32>,
-    /// Hosts the clients ran on.
-    pub client_hosts: Option<u32>,
-    /// Per-flow results.
-    pub flows: Vec<FlowResult>,
-    /// CPU usage of every host.
-    pub hosts_cpu: Vec<HostCpu>,
-    /// Repetition statistics, read leniently.
-    #[serde(deserialize_with = "lenient")]
-    pub stats: Option<RepStats>,
-    /// Set when the point was measured in an interleaved run.
-    #[serde(deserialize_with = "lenient")]
-    pub interleaved: Option<Interleaved>,
-}
-
-/// An optional field read leniently: a value of another shape (a field a
-/// newer or older netgap writes differently) reads as absent, so the
-/// report loses that one detail instead of refusing the whole file.
-fn lenient<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
-where
-    D: serde::Deserializer<'de>,
-    T: serde::de::DeserializeOwned,
-{
-    let v = serde_json::Value::deserialize(d)?;
-    Ok(serde_json::from_value(v).ok())
-}
-
 /// One record as loaded, with where it came from.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Loaded {
     /// The record.
     pub record: ResultRecord,
-    /// Fields of sweep, LogP and workloads.
-    pub extras: Extras,
     /// The file it was read from.
     pub file: PathBuf,
     /// Its 1-based line in that file.
@@ -189,35 +70,19 @@ pub fn variant_of(r: &ResultRecord) -> Vec<String> {
 }
 
 impl Loaded {
-    /// A record that did not come from a file line (an import in memory):
-    /// its extra fields are read from the record itself.
+    /// A record that did not come from a file line (an import in memory).
     pub fn from_record(record: ResultRecord, file: PathBuf, line: usize) -> Loaded {
-        // Serializing a plain data record cannot fail; a default Extras
-        // would only lose optional fields.
-        let extras = serde_json::to_value(&record)
-            .ok()
-            .and_then(|v| serde_json::from_value(v).ok())
-            .unwrap_or_default();
-        Loaded::new(record, extras, file, line)
+        Loaded::new(record, file, line)
     }
 
-    fn new(mut record: ResultRecord, extras: Extras, file: PathBuf, line: usize) -> Loaded {
+    fn new(mut record: ResultRecord, file: PathBuf, line: usize) -> Loaded {
         // Judged again by this netgap's model, so a record from an older
         // netgap, or one edited, past its path's limit is a fault here too.
-        if record.stack.is_some() {
-            record.physics = netgap_core::physics::assess(&record);
-            if let Some(f) = record.fault() {
-                let sentence = netgap_core::physics::fault_sentence(&record, f);
-                if !record.warnings.contains(&sentence) {
-                    record.warnings.push(sentence);
-                }
-            }
-        }
+        netgap_core::diagnose::reassess_physics(&mut record);
         let stack = Stack::of_record(&record);
         let variant = variant_of(&record);
         Loaded {
             record,
-            extras,
             file,
             line,
             stack,
@@ -230,7 +95,7 @@ impl Loaded {
     /// `null` bound, or fewer than two repetitions (whose zero-width
     /// interval older records wrote would claim a certainty they lack).
     pub fn ci95(&self) -> Option<(f64, f64)> {
-        let s = self.extras.stats.as_ref()?;
+        let s = self.record.stats.as_ref()?;
         let (lo, hi) = (s.ci95_low?, s.ci95_high?);
         let enough = s.reps.len() >= 2 || (s.reps.is_empty() && lo < hi);
         (enough && lo.is_finite() && hi.is_finite() && lo <= hi).then_some((lo, hi))
@@ -238,24 +103,16 @@ impl Loaded {
 
     /// The repetitions' values; empty when the record has none.
     pub fn reps(&self) -> &[f64] {
-        self.extras
+        self.record
             .stats
             .as_ref()
             .map_or(&[], |s| s.reps.as_slice())
     }
 
-    /// The interleaving group of the run that measured the point, if any.
+    /// The interleaving group of the run that measured the point, if any
+    /// ([`ResultRecord::interleaved_group`]).
     pub fn interleaved_group(&self) -> Option<&str> {
-        // netgap writes it under `options`; a top-level one is read too.
-        let from_options = self
-            .record
-            .options
-            .as_ref()
-            .and_then(|o| o.interleaved.as_ref())
-            .map(|i| i.group.as_str());
-        from_options
-            .or_else(|| self.extras.interleaved.as_ref().map(|i| i.group.as_str()))
-            .filter(|g| !g.is_empty())
+        self.record.interleaved_group()
     }
 
     /// The test this record is shown with: its own test, with the sweep's
@@ -268,7 +125,7 @@ impl Loaded {
         if netpipe_throughput {
             return "sweep (pingpong)".to_string();
         }
-        match &self.extras.sweep_kind {
+        match r.sweep_kind() {
             Some(kind) => format!("{} ({kind})", r.test),
             None => r.test.clone(),
         }
@@ -380,9 +237,7 @@ pub fn load_file_parts(path: &Path) -> Result<LoadedFile, LoadError> {
             }
             Err(e) => return Err(bad(n, e.to_string())),
         };
-        let extras: Extras = serde_json::from_str(line).map_err(|e| bad(n, e.to_string()))?;
-        out.records
-            .push(Loaded::new(record, extras, path.to_path_buf(), n));
+        out.records.push(Loaded::new(record, path.to_path_buf(), n));
     }
     mark_repeats(&mut out.records);
     Ok(out)
@@ -475,23 +330,5 @@ mod tests {
             ),
             "{e}"
         );
-    }
-
-    #[test]
-    fn fields_of_another_shape_read_as_absent_instead_of_failing_the_file() {
-        let extras: Extras = serde_json::from_str(
-            r#"{"interleaved": {"group": "g", "with": ["a", "b"]}, "dropout": {"depth": 3},
-                "stats": {"ci95_low": null, "ci95_high": null, "reps": [1.0]}}"#,
-        )
-        .expect("loads");
-        assert_eq!(
-            extras.interleaved,
-            Some(Interleaved {
-                group: "g".into(),
-                with: None
-            })
-        );
-        assert_eq!(extras.dropout, None);
-        assert_eq!(extras.stats.and_then(|s| s.ci95_low), None);
     }
 }
