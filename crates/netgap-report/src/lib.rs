@@ -11,6 +11,7 @@ pub mod gap;
 pub mod html;
 pub mod import;
 pub mod load;
+pub mod loaded;
 pub mod plots;
 pub mod png;
 pub mod stacks;
