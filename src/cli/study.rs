@@ -292,8 +292,7 @@ pub fn run(args: &StudyArgs) -> Result<()> {
         .collect();
     {
         use std::io::Write;
-        let report = netgap::report::study::render_records(&runs, &records)
-            .with_context(|| format!("rendering the report of {}", json.display()))?;
+        let report = netgap::report::study::render(&runs, &records);
         (&out.html)
             .write_all(report.as_bytes())
             .with_context(|| format!("writing {}", html.display()))?;

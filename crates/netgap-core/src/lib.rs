@@ -8,6 +8,7 @@
 
 pub mod cpu;
 pub mod datagram;
+pub mod diagnose;
 pub mod dropout;
 pub mod files;
 pub mod host;

@@ -27,7 +27,8 @@
 //! blames it for what the point did. Plain data in, plain data out.
 
 use crate::record::ResultRecord;
-use serde::{Deserialize, Serialize};
+/// The load section of a record is part of the result model.
+pub use crate::record::{BoundBy, CpuLoad};
 
 /// The testbed's forwarding, in percent of all the machine's CPUs, from
 /// which it is named as what bound a point (when it is at least the other
@@ -38,52 +39,6 @@ pub const FORWARDING_BOUND_PERCENT: f64 = 20.0;
 /// Busy share of all CPUs from which a machine counts as saturated: no CPU
 /// left for the point's ends or its forwarding to go faster.
 pub const SATURATED_BUSY_PERCENT: f64 = 90.0;
-
-/// What bound a point other than its links.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum BoundBy {
-    /// The testbed's own forwarding and shaping used the CPUs the point
-    /// needed.
-    Emulator,
-    /// The testbed's shaper held a stream below its limit while the CPUs
-    /// were idle: its bucket, not the stack, set the pace.
-    Shaper,
-}
-
-/// Where the CPUs of the point's busiest host went over its repetitions,
-/// in percent of all that host's CPUs (each 0..=100).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct CpuLoad {
-    /// The hosts whose CPUs these are: one host, or on a testbed every
-    /// host of the point (they share the machine's CPUs).
-    pub hosts: Vec<String>,
-    /// Online CPUs of the host (or machine).
-    pub cores: u32,
-    /// Busy share of all its CPUs.
-    pub busy_percent: f64,
-    /// The point's own threads on it (every end there), as a share of all
-    /// its CPUs.
-    pub own_percent: f64,
-    /// The kernel's packet processing (softirq); on a testbed, its
-    /// forwarding and shaping. Absent when the readings have none (older
-    /// agents and records).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub softirq_percent: Option<f64>,
-    /// Other work: the busy share less the point's own and the softirq
-    /// share, never below 0.
-    pub other_percent: f64,
-    /// The hosts are a netgap testbed's, all on one machine: its softirq
-    /// share is the emulator's forwarding.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub testbed: bool,
-    /// Set when something other than its links' rate bound the point (by
-    /// the noise diagnosis, or by the physics check of a
-    /// bandwidth below its limit, [`crate::physics::emulator_bound`] and
-    /// [`crate::physics::shaper_held`]).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub bound_by: Option<BoundBy>,
-}
 
 /// One CPU reading of a host with the point's own threads on it (percent
 /// of one core, summed over the ends there).

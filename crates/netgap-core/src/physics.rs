@@ -46,8 +46,9 @@
 
 use crate::load::{emulator_finding, CpuLoad, EMULATOR_REMEDY};
 use crate::record::ResultRecord;
+/// The physics section of a record is part of the result model.
+pub use crate::record::{Fault, Physics};
 use crate::stack::Stack;
-use serde::{Deserialize, Serialize};
 
 /// Ethernet header the shaper counts with every frame.
 pub const ETH_HEADER_BYTES: u64 = 14;
@@ -261,42 +262,6 @@ fn is_bidirectional(r: &ResultRecord) -> bool {
 /// record's size.
 fn is_one_way_message(r: &ResultRecord) -> bool {
     r.metric == "latency_us" && matches!(r.test.as_str(), "pingpong" | "mpi-latency")
-}
-
-/// A result past what its path's model allows.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Fault {
-    /// `above_payload_limit` (a bandwidth above the model's most) or
-    /// `faster_than_wire` (a transfer faster than the model's least time).
-    pub kind: String,
-    /// The model's bound in the record's metric unit: the most Gbit/s, or
-    /// the least µs.
-    pub limit: f64,
-    /// The path's payload limit in Gbit/s.
-    pub limit_gbps: f64,
-    /// The result that passed the bound, in the record's metric unit: the
-    /// record's value, or one of its repetitions when the value itself
-    /// stayed within (a repetition is a measurement of its own: one past
-    /// the wire is as much a fault as a mean past it).
-    pub value: f64,
-}
-
-/// The physics section of a record: its path's payload limit and, when a
-/// result passed its model, the fault.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Physics {
-    /// Payload the path carries in Gbit/s for the record's stack, test and
-    /// links; `null` when unknown (no shaped link, or facts missing).
-    pub payload_limit_gbps: Option<f64>,
-    /// Set when the record's result passes its model: a measurement fault.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub fault: Option<Fault>,
-    /// What the machine under the testbed forwards through its shapers,
-    /// Gbit/s of payload, set when the path's limit takes more than
-    /// [`FORWARDING_CARRY_SHARE`] of it: the links could not all be at
-    /// their rate at once.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub past_forwarding_gbps: Option<f64>,
 }
 
 /// The share of what the machine under a testbed forwards through its
@@ -676,6 +641,8 @@ mod tests {
             path,
             None,
         ));
+        // As the record's maker leaves it: judged by the model.
+        r.physics = assess(&r);
         r
     }
 
@@ -1104,7 +1071,7 @@ mod tests {
         assert_eq!(shaper_held(&r, &load(15.0)), None);
         let mut r = record("stream", "tcp", 65536, "bandwidth_gbps", 0.7 * l);
         r.cpu = Some(ends(30.0, 20.0));
-        let r = r.with_stack(Stack::new(
+        let mut r = r.with_stack(Stack::new(
             "tcp",
             Mode::Event,
             &TransportOptions {
@@ -1114,6 +1081,7 @@ mod tests {
             shaped("switch", 1500, None),
             None,
         ));
+        r.physics = assess(&r);
         assert_eq!(shaper_held(&r, &load(15.0)), None);
         // A ping-pong's bandwidth, a sweep's, a latency: bound by the
         // round trip.

@@ -161,7 +161,9 @@ pub struct RecordOptions {
     pub peer: String,
     /// Transport options in force on both ends.
     pub transport: crate::spec::TransportOptions,
-    /// Every payload byte was checked against the sent pattern.
+    /// Every payload byte was checked against the sent pattern; absent
+    /// (false) in records made before `--verify` existed.
+    #[serde(default)]
     pub verify: bool,
     /// CPU placement of the roles.
     pub placement: Placement,
@@ -198,8 +200,10 @@ pub struct Interleaved {
     /// index).
     pub group: String,
     /// Members of the group (stacks or conditions alternated), this one
-    /// included.
-    pub with: u32,
+    /// included; `None` when the record does not say (read leniently: a
+    /// value of another shape reads as absent).
+    #[serde(default, deserialize_with = "lenient")]
+    pub with: Option<u32>,
 }
 
 /// One measured point.
@@ -218,8 +222,9 @@ pub struct ResultRecord {
     /// Headline: mean of the repetitions without the highest and lowest.
     pub value: f64,
     /// Spread of the repetitions; `null` when the tool that made the record
-    /// (an imported one) reported no repetitions.
-    #[serde(default)]
+    /// (an imported one) reported no repetitions. Read leniently: a section
+    /// of another shape reads as absent.
+    #[serde(default, deserialize_with = "lenient")]
     pub stats: Option<RecordStats>,
     /// Latency percentiles in microseconds (one-way), for latency tests.
     pub percentiles: Option<Percentiles>,
@@ -247,8 +252,9 @@ pub struct ResultRecord {
     /// Facts of the agent's host; `null` when unknown.
     #[serde(default)]
     pub peer_host: Option<HostFacts>,
-    /// Resolved options; `null` for records another tool made.
-    #[serde(default)]
+    /// Resolved options; `null` for records another tool made. Read from
+    /// the layout of every netgap version ([`RecordOptions`]).
+    #[serde(default, deserialize_with = "options_of_any_version")]
     pub options: Option<RecordOptions>,
     /// netgap version.
     pub version: String,
@@ -262,8 +268,13 @@ pub struct ResultRecord {
     #[serde(flatten, default, skip_serializing_if = "Option::is_none")]
     pub sweep: Option<SweepSection>,
     /// The confidence target of a point measured with `--ci`, and whether the
-    /// repetitions reached it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// repetitions reached it. Read leniently: one of another shape reads
+    /// as absent.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "lenient"
+    )]
     pub ci_target: Option<CiOutcome>,
     /// What the point measured over: transport, mode, options, path and
     /// label; absent in records made before it existed (see
@@ -276,18 +287,152 @@ pub struct ResultRecord {
     pub workload: Option<WorkloadSection>,
     /// What the wire allows on the record's path (its payload limit) and
     /// whether the result passed it (a measurement fault); set with the
-    /// stack ([`ResultRecord::with_stack`]), absent for records without one
-    /// (see [`crate::physics`]).
+    /// stack when the finished record is diagnosed (the `physics` module's
+    /// model), absent for records without one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub physics: Option<crate::physics::Physics>,
+    pub physics: Option<Physics>,
     /// Where the CPUs of the point's busiest host (on a testbed, of its
     /// machine) went: its own threads, the kernel's packet processing (the
     /// testbed's forwarding) and other work, and what bound the point when
     /// not its links (the emulator, or the shaper's bucket); set by
-    /// [`ResultRecord::diagnosed`], absent without CPU readings (see
-    /// [`crate::load`]).
+    /// the diagnosis of the finished record (the `load` module), absent
+    /// without CPU readings.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cpu_load: Option<crate::load::CpuLoad>,
+    pub cpu_load: Option<CpuLoad>,
+    /// An interleaving group named at the top level of the record, as
+    /// records edited by hand or made by scripts name it; netgap writes it
+    /// under `options` ([`RecordOptions::interleaved`]) and never here
+    /// ([`ResultRecord::interleaved_group`] reads either). Read leniently.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "lenient"
+    )]
+    pub interleaved: Option<Interleaved>,
+}
+
+/// A result past what its path's model allows.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Fault {
+    /// `above_payload_limit` (a bandwidth above the model's most) or
+    /// `faster_than_wire` (a transfer faster than the model's least time).
+    pub kind: String,
+    /// The model's bound in the record's metric unit: the most Gbit/s, or
+    /// the least µs.
+    pub limit: f64,
+    /// The path's payload limit in Gbit/s.
+    pub limit_gbps: f64,
+    /// The result that passed the bound, in the record's metric unit: the
+    /// record's value, or one of its repetitions when the value itself
+    /// stayed within (a repetition is a measurement of its own: one past
+    /// the wire is as much a fault as a mean past it).
+    pub value: f64,
+}
+
+/// The physics section of a record: its path's payload limit and, when a
+/// result passed its model, the fault.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Physics {
+    /// Payload the path carries in Gbit/s for the record's stack, test and
+    /// links; `null` when unknown (no shaped link, or facts missing).
+    pub payload_limit_gbps: Option<f64>,
+    /// Set when the record's result passes its model: a measurement fault.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fault: Option<Fault>,
+    /// What the machine under the testbed forwards through its shapers,
+    /// Gbit/s of payload, set when the path's limit takes more than
+    /// the share the physics model lets a point's links take of it
+    /// (`FORWARDING_CARRY_SHARE`): the links could not all be at their rate
+    /// at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub past_forwarding_gbps: Option<f64>,
+}
+
+/// What bound a point other than its links.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BoundBy {
+    /// The testbed's own forwarding and shaping used the CPUs the point
+    /// needed.
+    Emulator,
+    /// The testbed's shaper held a stream below its limit while the CPUs
+    /// were idle: its bucket, not the stack, set the pace.
+    Shaper,
+}
+
+/// Where the CPUs of the point's busiest host went over its repetitions,
+/// in percent of all that host's CPUs (each 0..=100).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CpuLoad {
+    /// The hosts whose CPUs these are: one host, or on a testbed every
+    /// host of the point (they share the machine's CPUs).
+    pub hosts: Vec<String>,
+    /// Online CPUs of the host (or machine).
+    pub cores: u32,
+    /// Busy share of all its CPUs.
+    pub busy_percent: f64,
+    /// The point's own threads on it (every end there), as a share of all
+    /// its CPUs.
+    pub own_percent: f64,
+    /// The kernel's packet processing (softirq); on a testbed, its
+    /// forwarding and shaping. Absent when the readings have none (older
+    /// agents and records).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub softirq_percent: Option<f64>,
+    /// Other work: the busy share less the point's own and the softirq
+    /// share, never below 0.
+    pub other_percent: f64,
+    /// The hosts are a netgap testbed's, all on one machine: its softirq
+    /// share is the emulator's forwarding.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub testbed: bool,
+    /// Set when something other than its links' rate bound the point (by
+    /// the noise diagnosis, or by the physics check of a
+    /// bandwidth below its limit: the `physics` module's `emulator_bound`
+    /// and `shaper_held`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bound_by: Option<BoundBy>,
+}
+
+/// An optional field read leniently: a value of another shape (a field
+/// that a newer or older netgap, or a hand edit, writes differently) reads
+/// as absent, so a reader loses that one detail instead of refusing the
+/// whole record.
+fn lenient<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: serde::de::DeserializeOwned,
+{
+    let v = serde_json::Value::deserialize(d)?;
+    Ok(serde_json::from_value(v).ok())
+}
+
+/// The options of a record in the layout of any netgap version. The first
+/// records kept the socket options (`nodelay`, `sndbuf_bytes`,
+/// `rcvbuf_bytes`) beside the others, before they became the `transport`
+/// object; those read into it, every other transport option at its
+/// default, as those versions had no others.
+fn options_of_any_version<'de, D>(d: D) -> Result<Option<RecordOptions>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    use serde::de::Error;
+    let Some(mut v) = Option::<serde_json::Value>::deserialize(d)? else {
+        return Ok(None);
+    };
+    if let Some(o) = v.as_object_mut().filter(|o| !o.contains_key("transport")) {
+        let mut transport = serde_json::to_value(crate::spec::TransportOptions::default())
+            .map_err(D::Error::custom)?;
+        for key in ["nodelay", "sndbuf_bytes", "rcvbuf_bytes"] {
+            if let (Some(value), Some(t)) = (o.remove(key), transport.as_object_mut()) {
+                t.insert(key.to_string(), value);
+            }
+        }
+        o.insert("transport".to_string(), transport);
+    }
+    serde_json::from_value(v)
+        .map(Some)
+        .map_err(D::Error::custom)
 }
 
 /// The section of an imported record.
@@ -306,8 +451,13 @@ pub struct SweepSection {
     /// NetPIPE's signature graph).
     pub block_time_us: f64,
     /// Set on a point whose throughput fell below that of a smaller size
-    /// by more than the measurement noise.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// by more than the measurement noise. Read leniently: one of another
+    /// shape reads as absent.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "lenient"
+    )]
     pub dropout: Option<Dropout>,
     /// Set on a point whose trials split into a slow and a fast group (an
     /// intermittent stall); such a point is not judged for a dropout.
@@ -399,23 +549,21 @@ impl ResultRecord {
             workload: None,
             physics: None,
             cpu_load: None,
+            interleaved: None,
         }
     }
 
-    /// The record with its stack, and its path's physics
-    /// ([`crate::physics::assess`]): the payload limit of the stack on its
-    /// path for the record's test and links, and the fault when the result
-    /// passes it. Set the test, headline, repetitions, bytes and sections
-    /// first; [`ResultRecord::diagnosed`] judges the finished record again.
+    /// The record with its stack. Its `physics` section, which depends on
+    /// the stack, is set when the finished record is diagnosed
+    /// (`netgap_core::diagnose::diagnose`).
     pub fn with_stack(mut self, stack: crate::stack::Stack) -> ResultRecord {
         self.stack = Some(stack);
-        self.physics = crate::physics::assess(&self);
         self
     }
 
     /// The measurement fault of the record, when its result passes what its
     /// path allows.
-    pub fn fault(&self) -> Option<&crate::physics::Fault> {
+    pub fn fault(&self) -> Option<&Fault> {
         self.physics.as_ref().and_then(|p| p.fault.as_ref())
     }
 
@@ -444,78 +592,59 @@ impl ResultRecord {
         self.import.as_ref().map(|i| i.tool.as_str())
     }
 
-    /// The record with its warnings set from the diagnosis of its noise
-    /// ([`crate::noise::diagnose_record`]), which reads the finished
-    /// record: its repetitions, CPU of every end and placement; its
-    /// physics judged again ([`crate::physics::assess`]), a fault adding its
-    /// sentence to the warnings; and the load of its CPUs
-    /// ([`crate::load::CpuLoad`]), naming the emulator as what bound the
-    /// point when the noise came from the testbed's forwarding or a
-    /// bandwidth below its limit did ([`crate::physics::emulator_bound`],
-    /// with its sentence), else the shaper when a stream stayed below its
-    /// limit on idle CPUs ([`crate::physics::shaper_held`], with its
-    /// sentence).
-    pub fn diagnosed(mut self) -> ResultRecord {
-        let noise = crate::noise::diagnose_record(&self);
-        if self.stack.is_some() {
-            self.physics = crate::physics::assess(&self);
-        }
-        let mut load = crate::load::CpuLoad::of_record(&self);
-        let bound = load
+    /// A sweep point's kind (`pingpong`, `stream`, `bidir`); `None` for
+    /// other tests.
+    pub fn sweep_kind(&self) -> Option<&str> {
+        self.sweep.as_ref().map(|s| s.sweep_kind.as_str())
+    }
+
+    /// A sweep point's block time in microseconds; `None` for other tests.
+    pub fn block_time_us(&self) -> Option<f64> {
+        self.sweep.as_ref().map(|s| s.block_time_us)
+    }
+
+    /// A sweep point's throughput dropout, when it has one.
+    pub fn dropout(&self) -> Option<&Dropout> {
+        self.sweep.as_ref().and_then(|s| s.dropout.as_ref())
+    }
+
+    /// A workload point's concurrent clients (streams, links); `None` for
+    /// other tests.
+    pub fn clients(&self) -> Option<u32> {
+        self.workload.as_ref().map(|w| w.clients)
+    }
+
+    /// The CPU of every host of a workload point; empty for other tests.
+    pub fn hosts_cpu(&self) -> &[HostCpu] {
+        self.workload
             .as_ref()
-            .and_then(|l| crate::physics::emulator_bound(&self, l));
-        let noisy_by_emulator = noise
+            .map_or(&[], |w| w.hosts_cpu.as_slice())
+    }
+
+    /// The interleaving group of the run that measured the point, if any:
+    /// the one under `options`, as netgap writes it, else one named at the
+    /// top level; never an empty name.
+    pub fn interleaved_group(&self) -> Option<&str> {
+        let from_options = self
+            .options
             .as_ref()
-            .is_some_and(|d| d.kind == crate::noise::NoiseKind::Emulator);
-        let by_emulator = noisy_by_emulator || bound.is_some();
-        // The emulator, when named, is the one finding.
-        let held = load
-            .as_ref()
-            .filter(|_| !by_emulator)
-            .and_then(|l| crate::physics::shaper_held(&self, l));
-        if let Some(l) = load.as_mut() {
-            l.bound_by = if by_emulator {
-                Some(crate::load::BoundBy::Emulator)
-            } else {
-                held.map(|_| crate::load::BoundBy::Shaper)
-            };
-        }
-        self.cpu_load = load;
-        self.warnings = noise.map(|d| d.sentence).into_iter().collect();
-        // A noisy point whose noise named the emulator says it once.
-        if let Some(b) = bound.filter(|_| !noisy_by_emulator) {
-            let sentence = crate::physics::bound_sentence(&self, &b);
-            self.warnings.push(sentence);
-        }
-        if let Some(h) = held {
-            let sentence = crate::physics::held_sentence(&self, &h);
-            self.warnings.push(sentence);
-        }
-        if let Some(f) = self.fault() {
-            let sentence = crate::physics::fault_sentence(&self, f);
-            self.warnings.push(sentence);
-        }
-        let past = self.physics.as_ref().and_then(|p| {
-            Some(crate::physics::past_forwarding_sentence(
-                &self,
-                p.payload_limit_gbps?,
-                p.past_forwarding_gbps?,
-            ))
-        });
-        self.warnings.extend(past);
-        self
+            .and_then(|o| o.interleaved.as_ref())
+            .map(|i| i.group.as_str());
+        from_options
+            .or_else(|| self.interleaved.as_ref().map(|i| i.group.as_str()))
+            .filter(|g| !g.is_empty())
     }
 
     /// Whether the emulator, not the links, bound the point (its
-    /// [`crate::load::CpuLoad::bound_by`]).
+    /// [`CpuLoad::bound_by`]).
     pub fn emulator_bound(&self) -> bool {
-        self.cpu_load.as_ref().and_then(|l| l.bound_by) == Some(crate::load::BoundBy::Emulator)
+        self.cpu_load.as_ref().and_then(|l| l.bound_by) == Some(BoundBy::Emulator)
     }
 
     /// Whether the testbed's shaper, not the stack, held the point below
-    /// its limit (its [`crate::load::CpuLoad::bound_by`]).
+    /// its limit (its [`CpuLoad::bound_by`]).
     pub fn shaper_held(&self) -> bool {
-        self.cpu_load.as_ref().and_then(|l| l.bound_by) == Some(crate::load::BoundBy::Shaper)
+        self.cpu_load.as_ref().and_then(|l| l.bound_by) == Some(BoundBy::Shaper)
     }
 }
 
@@ -770,45 +899,68 @@ mod tests {
         assert_eq!(back.tool(), Some("iperf3"));
     }
 
+    /// The first records kept the socket options beside the others; they
+    /// read into the `transport` object, every other option at its default.
     #[test]
-    fn the_stack_brings_the_physics_section_with_its_limit_or_null() {
-        use crate::spec::TransportOptions;
-        use crate::stack::{PathIdentity, Stack};
-        let plain = serde_json::to_value(ResultRecord::new(head())).expect("encoded");
-        assert!(plain.get("physics").is_none(), "{plain}");
-        let stack = |path: PathIdentity| {
-            Stack::new("tcp", Mode::Event, &TransportOptions::default(), path, None)
-        };
-        let loopback = ResultRecord::new(head()).with_stack(stack(PathIdentity {
-            kind: Some("loopback".into()),
-            mtu_bytes: Some(65536),
-            ..PathIdentity::default()
-        }));
-        let json = serde_json::to_value(&loopback).expect("encoded");
+    fn options_of_the_first_records_read_into_the_transport_object() {
+        let options: serde_json::Value = serde_json::json!({
+            "peer": "embedded", "nodelay": false, "sndbuf_bytes": 262144, "rcvbuf_bytes": null,
+            "placement": {"client_cpu": null, "server_cpu": 1}, "reps": 5, "iterations": 100,
+            "rep_time_ms": null, "warmup": 10, "io_timeout_ms": 3000
+        });
+        let mut json = serde_json::to_value(ResultRecord::new(head())).expect("encoded");
+        json["options"] = options;
+        let r: ResultRecord = serde_json::from_value(json).expect("decoded");
+        let o = r.options.expect("options");
+        assert!(!o.transport.nodelay && !o.verify);
+        assert_eq!(o.transport.sndbuf_bytes, Some(262144));
         assert_eq!(
-            json["physics"],
-            serde_json::json!({"payload_limit_gbps": null})
+            o.transport,
+            crate::spec::TransportOptions {
+                nodelay: false,
+                sndbuf_bytes: Some(262144),
+                ..crate::spec::TransportOptions::default()
+            }
         );
-        let shaped = ResultRecord::new(RecordHead {
-            test: "stream".into(),
-            value: 2.0,
-            ..head()
-        })
-        .with_stack(stack(PathIdentity {
-            kind: Some("testbed".into()),
-            mtu_bytes: Some(1500),
-            rate_bps: Some(1_000_000_000),
-            bucket_bytes: Some(65536),
-            ..PathIdentity::default()
+        assert_eq!(o.placement.server_cpu, Some(1));
+    }
+
+    /// What the report has always read leniently reads so in the record:
+    /// a field of another shape is absent, the rest of the record loads.
+    #[test]
+    fn fields_of_another_shape_read_as_absent_instead_of_failing_the_record() {
+        let mut json = serde_json::to_value(ResultRecord::new(head()).with_sweep(SweepSection {
+            sweep_kind: "stream".into(),
+            block_time_us: 2.5,
+            dropout: None,
+            unstable: None,
         }))
-        .diagnosed();
-        let json = serde_json::to_value(&shaped).expect("encoded");
-        assert_eq!(json["stack"]["path"]["bucket_bytes"], 65536);
-        assert_eq!(json["physics"]["fault"]["kind"], "above_payload_limit");
-        assert_eq!(json["physics"]["fault"]["value"], 2.0);
-        assert_eq!(shaped.warnings.len(), 1, "{:?}", shaped.warnings);
-        let back: ResultRecord = serde_json::from_value(json).expect("decoded");
-        assert_eq!(back, shaped);
+        .expect("encoded");
+        json["interleaved"] = serde_json::json!({"group": "g", "with": ["a", "b"]});
+        json["dropout"] = serde_json::json!({"depth": 3});
+        json["ci_target"] = serde_json::json!({"met": "no"});
+        json["stats"] = serde_json::json!({"ci95_low": null, "ci95_high": null, "reps": [1.0]});
+        let r: ResultRecord = serde_json::from_value(json).expect("loads");
+        assert_eq!(
+            r.interleaved,
+            Some(Interleaved {
+                group: "g".into(),
+                with: None
+            })
+        );
+        assert_eq!(r.interleaved_group(), Some("g"));
+        assert_eq!(r.sweep_kind(), Some("stream"));
+        assert_eq!(r.block_time_us(), Some(2.5));
+        assert_eq!(r.dropout(), None);
+        assert_eq!(r.ci_target, None);
+        assert_eq!(r.stats, None);
+        // Written back, the top-level group stays where it was read.
+        let again = serde_json::to_value(&r).expect("encoded");
+        assert_eq!(
+            again["interleaved"],
+            serde_json::json!({"group": "g", "with": null})
+        );
+        assert!(again.get("dropout").is_none(), "{again}");
     }
 
     #[test]

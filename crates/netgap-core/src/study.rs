@@ -6,6 +6,7 @@
 //! the validated [`Study`]. Whether each figure's tests exist is checked
 //! where the registries are (the `netgap` crate).
 
+use crate::record::ResultRecord;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 
@@ -439,10 +440,10 @@ pub struct Figure {
     pub variants: Vec<Vec<String>>,
     /// The x-axis.
     pub x: XAxis,
-    /// The metric on y (`latency_us`, `bandwidth_gbps`, ...), or `value`:
-    /// each record's headline, whatever its metric (LogP's parameters,
-    /// told apart by the `metric` series).
-    pub y: String,
+    /// The quantity on y: a metric (`latency_us`, `bandwidth_gbps`, ...),
+    /// or `value`: each record's headline, whatever its metric (LogP's
+    /// parameters, told apart by the `metric` series).
+    pub y: Quantity,
     /// What sets its series apart.
     pub series: Vec<Attr>,
     /// CPU utilisation shown beside.
@@ -674,7 +675,7 @@ pub enum ClaimTest {
         /// application metric (`connect_time_us`) or a field of the record
         /// by its path (`cpu.local.process_percent`, the CPU a bandwidth
         /// figure shows beside it).
-        metric: Option<String>,
+        metric: Option<Quantity>,
         /// What holds.
         expect: Expect,
     },
@@ -697,7 +698,7 @@ pub enum ClaimTest {
         /// Where.
         at: At,
         /// An application metric (`app.metrics`) instead of the headline.
-        metric: Option<String>,
+        metric: Option<Quantity>,
         /// What holds.
         expect: Expect,
     },
@@ -765,7 +766,7 @@ pub enum ClaimTest {
         /// message size whatever the figure's x: on NetPIPE's signature
         /// graph (x the block time) a larger block that took less time
         /// than the one before is a fall of `block_time_us` along size.
-        metric: Option<String>,
+        metric: Option<Quantity>,
         /// What the count must be.
         expect: Expect,
     },
@@ -1123,7 +1124,7 @@ impl RawFigure {
             quick_sizes: self.quick_sizes,
             variants: self.variants,
             x,
-            y: self.y,
+            y: Quantity::parse(&self.y).map_err(|e| format!("figure {id}: y {e}"))?,
             series,
             cpu: self.cpu,
             hosts: self.hosts,
@@ -1152,6 +1153,16 @@ fn selector(
 }
 
 impl RawClaim {
+    /// The claim's `metric`, when it names one: a quantity
+    /// ([`Quantity`]), or the claim is refused.
+    fn quantity(&self, text: &str) -> Result<Option<Quantity>, String> {
+        self.metric
+            .as_deref()
+            .map(Quantity::parse)
+            .transpose()
+            .map_err(|e| format!("claim {text:?}: metric {e}"))
+    }
+
     fn at(&self) -> Result<At, String> {
         self.at_text(self.at.as_deref())
     }
@@ -1354,7 +1365,7 @@ impl RawClaim {
                 a: selector("a", &text, self.a.clone())?,
                 b: selector("b", &text, self.b.clone())?,
                 at: self.at()?,
-                metric: self.metric.clone(),
+                metric: self.quantity(&text)?,
                 expect: self.expect_or_band()?,
             },
             "trend" => ClaimTest::Trend {
@@ -1366,7 +1377,7 @@ impl RawClaim {
             "value" => ClaimTest::Value {
                 series: selector("series", &text, self.series.clone())?,
                 at: self.at()?,
-                metric: self.metric.clone(),
+                metric: self.quantity(&text)?,
                 expect: self.expect()?,
             },
             "ratio_change" => {
@@ -1401,7 +1412,7 @@ impl RawClaim {
             },
             "falls" => ClaimTest::Falls {
                 series: selector("series", &text, self.series.clone())?,
-                metric: self.metric.clone(),
+                metric: self.quantity(&text)?,
                 expect: self.expect()?,
             },
             "dropouts" => ClaimTest::Dropouts {
@@ -1438,6 +1449,245 @@ impl RawClaim {
                 m => m,
             },
         })
+    }
+}
+
+/// What a figure reads on y, or a claim reads its series in, as the study
+/// file names it: parsed when the study loads (a name that is none of
+/// these is refused), and read from a record with [`Quantity::of`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Quantity {
+    /// `value`: each record's headline, whatever its metric (LogP's
+    /// parameters, told apart by the `metric` series).
+    Headline,
+    /// A metric by its key, the unit in the name (`latency_us`,
+    /// `connect_time_us`): the headline of a record whose metric it is,
+    /// else the application's figure of that name (`app.metrics`).
+    Metric(String),
+    /// `block_time_us`: a sweep point's block time, its interval the
+    /// throughput's turned over.
+    BlockTime,
+    /// `dropouts`: 1 for a point flagged as a dropout, else 0.
+    Dropouts,
+    /// `cpu.END.SHARE`: the CPU of one end, percent
+    /// (`cpu.local.process_percent`).
+    Cpu(CpuEnd, CpuShare),
+}
+
+/// One end of a point-to-point record's CPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CpuEnd {
+    /// The coordinator's end (`local`).
+    Local,
+    /// The agent's end (`remote`).
+    Remote,
+}
+
+/// A share of one end's CPU, percent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CpuShare {
+    /// The netgap process's, of one core (`process_percent`).
+    Process,
+    /// The host's busy share of all its CPUs (`system_busy_percent`).
+    SystemBusy,
+}
+
+/// Units a metric's key may end in.
+const METRIC_UNITS: [&str; 7] = ["_us", "_ms", "_ns", "_gbps", "_pct", "_percent", "_per_s"];
+
+impl Quantity {
+    /// The quantity the study file names `name`; `Err` says what it takes.
+    fn parse(name: &str) -> Result<Quantity, String> {
+        let cpu = |end: &str, share: &str| {
+            let end = match end {
+                "local" => CpuEnd::Local,
+                "remote" => CpuEnd::Remote,
+                _ => return None,
+            };
+            let share = match share {
+                "process_percent" => CpuShare::Process,
+                "system_busy_percent" => CpuShare::SystemBusy,
+                _ => return None,
+            };
+            Some(Quantity::Cpu(end, share))
+        };
+        let key = |n: &str| {
+            n.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+                && n.starts_with(|c: char| c.is_ascii_lowercase())
+                && METRIC_UNITS.iter().any(|u| n.ends_with(u))
+        };
+        let parts: Vec<&str> = name.split('.').collect();
+        let q = match parts.as_slice() {
+            ["value"] => Some(Quantity::Headline),
+            ["block_time_us"] => Some(Quantity::BlockTime),
+            ["dropouts"] => Some(Quantity::Dropouts),
+            ["cpu", end, share] => cpu(end, share),
+            [n] if key(n) => Some(Quantity::Metric((*n).to_string())),
+            _ => None,
+        };
+        q.ok_or_else(|| {
+            format!(
+                "{name:?} is no quantity: value, dropouts, block_time_us, \
+                 cpu.local|remote.process_percent|system_busy_percent, or a metric's key \
+                 with its unit ({})",
+                METRIC_UNITS.join(", ")
+            )
+        })
+    }
+
+    /// The quantity's name as the study file gives it.
+    pub fn name(&self) -> String {
+        match self {
+            Quantity::Headline => "value".into(),
+            Quantity::Metric(key) => key.clone(),
+            Quantity::BlockTime => "block_time_us".into(),
+            Quantity::Dropouts => "dropouts".into(),
+            Quantity::Cpu(end, share) => {
+                let end = match end {
+                    CpuEnd::Local => "local",
+                    CpuEnd::Remote => "remote",
+                };
+                let share = match share {
+                    CpuShare::Process => "process_percent",
+                    CpuShare::SystemBusy => "system_busy_percent",
+                };
+                format!("cpu.{end}.{share}")
+            }
+        }
+    }
+
+    /// `record`'s value of the quantity with its 95% interval, when it has
+    /// one; `None` when the record does not carry it.
+    pub fn of(&self, record: &ResultRecord) -> Option<(f64, Option<(f64, f64)>)> {
+        let interval = || {
+            let s = record.stats.as_ref()?;
+            s.ci95_low.zip(s.ci95_high)
+        };
+        match self {
+            Quantity::Dropouts => Some((if record.dropout().is_some() { 1.0 } else { 0.0 }, None)),
+            Quantity::Headline => Some((record.value, interval())),
+            Quantity::Metric(key) if *key == record.metric => Some((record.value, interval())),
+            Quantity::Metric(key) => record
+                .workload
+                .as_ref()
+                .and_then(|w| w.app.as_ref())
+                .and_then(|a| a.metrics.get(key))
+                .map(|v| (*v, None)),
+            Quantity::BlockTime => {
+                // A sweep's block time is its size over its throughput: its
+                // interval is the throughput's, turned over.
+                let t = record.block_time_us()?;
+                let v = record.value;
+                let ci = match interval() {
+                    Some((lo, hi)) if lo > 0.0 && v > 0.0 => Some((t * v / hi, t * v / lo)),
+                    _ => None,
+                };
+                Some((t, ci))
+            }
+            Quantity::Cpu(end, share) => {
+                let cpu = record.cpu.as_ref()?;
+                let usage = match end {
+                    CpuEnd::Local => &cpu.local,
+                    CpuEnd::Remote => &cpu.remote,
+                };
+                let v = match share {
+                    CpuShare::Process => usage.process_percent,
+                    CpuShare::SystemBusy => usage.system_busy_percent,
+                };
+                Some((v, None))
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for Quantity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.name())
+    }
+}
+
+/// A value of an application's option or figure as a series names it: a
+/// string as it is, a number as JSON writes it, a switch `on` or `off`.
+fn text_of(v: &serde_json::Value) -> Option<String> {
+    match v {
+        serde_json::Value::String(s) => Some(s.clone()),
+        serde_json::Value::Number(n) => Some(n.to_string()),
+        serde_json::Value::Bool(b) => Some(if *b { "on" } else { "off" }.to_string()),
+        _ => None,
+    }
+}
+
+/// An option of `record`'s application workload, as the point ran it.
+fn app_option<'a>(record: &'a ResultRecord, key: &str) -> Option<&'a serde_json::Value> {
+    record
+        .workload
+        .as_ref()
+        .and_then(|w| w.app.as_ref())
+        .and_then(|a| a.options.get(key))
+}
+
+impl Attr {
+    /// `record`'s value of the attribute, as a study file's selectors name
+    /// it; `None` when the record does not say.
+    pub fn of(self, record: &ResultRecord) -> Option<String> {
+        let app = |k: &str| app_option(record, k).and_then(text_of);
+        let path = record.stack.as_ref().map(|s| &s.path);
+        match self {
+            Attr::Test => Some(record.test.clone()),
+            Attr::Transport => Some(record.transport.clone()),
+            Attr::Mode => Some(record.mode.as_str().to_string()),
+            Attr::Mtu => path?.mtu_bytes.map(|m| m.to_string()),
+            Attr::Offload => path?.offload.clone(),
+            Attr::Server => app("server"),
+            Attr::Trace => app("trace"),
+            Attr::Preset => app("preset"),
+            Attr::Op => app("op"),
+            Attr::Pattern => app("pattern"),
+            Attr::Responder => app("responder"),
+            Attr::Kind => record.sweep_kind().map(str::to_string),
+            Attr::Metric => Some(record.metric.clone()),
+            Attr::Rate => path?.rate_bps.map(crate::units::rate_text),
+            Attr::Links => XAxis::Links.of(record).map(|n| format!("{n:.0}")),
+            Attr::Options => {
+                let opts = record
+                    .stack
+                    .as_ref()
+                    .map_or(&[][..], |s| s.options.as_slice());
+                Some(if opts.is_empty() {
+                    "defaults".to_string()
+                } else {
+                    opts.join(",")
+                })
+            }
+        }
+    }
+}
+
+impl XAxis {
+    /// `record`'s place on the axis; `None` when the record does not say.
+    pub fn of(self, record: &ResultRecord) -> Option<f64> {
+        let clients = || record.clients().map(f64::from);
+        let app_number = |k: &str| app_option(record, k).and_then(serde_json::Value::as_f64);
+        match self {
+            XAxis::Size | XAxis::FileSize | XAxis::UnitBytes => Some(record.size_bytes as f64),
+            XAxis::Clients | XAxis::Streams => clients(),
+            XAxis::Links => record
+                .workload
+                .as_ref()
+                .map(|w| w.links.len() as f64)
+                .filter(|n| *n > 0.0)
+                .or_else(clients),
+            XAxis::Alpha => app_number("alpha"),
+            XAxis::Hosts => record
+                .workload
+                .as_ref()
+                .and_then(|w| w.app.as_ref())
+                .and_then(|a| a.metrics.get("hosts").copied())
+                .or_else(clients),
+            XAxis::Shape => app_number("servers"),
+            XAxis::BlockTime => record.block_time_us(),
+        }
     }
 }
 
@@ -1565,11 +1815,11 @@ below = 1.0
             ),
             (
                 "kind = \"falls\"\nseries = { transport = \"tcp\" }\nmetric = \"block_time_us\"\nabove = 0.5",
-                |t: &ClaimTest| matches!(t, ClaimTest::Falls { metric: Some(m), .. } if m == "block_time_us"),
+                |t: &ClaimTest| matches!(t, ClaimTest::Falls { metric: Some(m), .. } if *m == Quantity::BlockTime),
             ),
             (
                 "kind = \"ratio\"\na = { transport = \"tcp\" }\nb = { transport = \"udp\" }\nat = \"largest\"\nmetric = \"cpu.local.process_percent\"\nbelow = 1.0",
-                |t: &ClaimTest| matches!(t, ClaimTest::Ratio { metric: Some(m), .. } if m == "cpu.local.process_percent"),
+                |t: &ClaimTest| matches!(t, ClaimTest::Ratio { metric: Some(m), .. } if *m == Quantity::Cpu(CpuEnd::Local, CpuShare::Process)),
             ),
         ];
         for (rule, ok) in cases {
@@ -1606,6 +1856,14 @@ below = 1.0
                 "takes no published_value",
             ),
             ("kind = \"slope\"", "kind \"slope\": want ratio"),
+            (
+                "kind = \"value\"\nseries = { transport = \"tcp\" }\nat = \"largest\"\nmetric = \"connect_time\"\nabove = 1.0",
+                "metric \"connect_time\" is no quantity",
+            ),
+            (
+                "kind = \"falls\"\nseries = { transport = \"tcp\" }\nmetric = \"cpu.local.busy\"\nabove = 0.5",
+                "metric \"cpu.local.busy\" is no quantity",
+            ),
         ] {
             let e = Study::parse("x", &with_rule(rule)).expect_err(rule);
             let line = e.to_string();
@@ -1723,6 +1981,104 @@ below = 1.0
         ] {
             let e = Study::parse("x", &text.replace(from, to)).expect_err(needle);
             assert!(e.to_string().contains(needle), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_figure_whose_y_is_no_quantity_is_refused_in_one_line() {
+        let bad = MINIMAL.replacen("y = \"latency_us\"", "y = \"latency\"", 1);
+        assert_ne!(bad, MINIMAL, "MINIMAL names its y");
+        let e = Study::parse("x", &bad).expect_err("no unit").to_string();
+        assert!(
+            e.contains("y \"latency\" is no quantity") && !e.contains('\n'),
+            "{e}"
+        );
+    }
+
+    /// Each quantity reads its own part of a record: the headline with its
+    /// interval, an application's figure, a sweep's block time with the
+    /// throughput's interval turned over, a flagged dropout, one end's CPU.
+    #[test]
+    fn quantities_read_their_part_of_a_record() {
+        use crate::cpu::CpuUsage;
+        use crate::record::{
+            AppResult, CpuPair, Dropout, RecordHead, RecordStats, SweepSection, WorkloadSection,
+        };
+        let mut r = ResultRecord::new(RecordHead {
+            test: "sweep".into(),
+            transport: "tcp".into(),
+            mode: crate::spec::Mode::Event,
+            size_bytes: 1000,
+            metric: "bandwidth_gbps".into(),
+            value: 2.0,
+            time: "t".into(),
+        });
+        r.stats = Some(RecordStats {
+            min: 1.0,
+            median: 2.0,
+            max: 3.0,
+            stdev: 0.5,
+            ci95_low: Some(1.0),
+            ci95_high: Some(4.0),
+            cv: 0.25,
+            reps: vec![1.0, 2.0, 3.0],
+        });
+        let q = |name: &str| Quantity::parse(name).expect(name);
+        assert_eq!(q("value").of(&r), Some((2.0, Some((1.0, 4.0)))));
+        assert_eq!(q("bandwidth_gbps").of(&r), Some((2.0, Some((1.0, 4.0)))));
+        assert_eq!(q("latency_us").of(&r), None);
+        assert_eq!(q("block_time_us").of(&r), None);
+        assert_eq!(q("dropouts").of(&r), Some((0.0, None)));
+        assert_eq!(q("cpu.remote.process_percent").of(&r), None);
+        r.sweep = Some(SweepSection {
+            sweep_kind: "stream".into(),
+            block_time_us: 4.0,
+            dropout: Some(Dropout {
+                depth_pct: 20.0,
+                reference_size_bytes: 500,
+                reference_value: 2.5,
+            }),
+            unstable: None,
+        });
+        assert_eq!(q("block_time_us").of(&r), Some((4.0, Some((2.0, 8.0)))));
+        assert_eq!(q("dropouts").of(&r), Some((1.0, None)));
+        let usage = |process_percent: f64| CpuUsage {
+            process_percent,
+            system_busy_percent: 50.0,
+            ..CpuUsage::default()
+        };
+        r.cpu = Some(CpuPair {
+            local: usage(30.0),
+            remote: usage(40.0),
+        });
+        assert_eq!(q("cpu.remote.process_percent").of(&r), Some((40.0, None)));
+        assert_eq!(
+            q("cpu.local.system_busy_percent").of(&r),
+            Some((50.0, None))
+        );
+        r.workload = Some(WorkloadSection {
+            clients: 4,
+            client_hosts: None,
+            flows: Vec::new(),
+            hosts_cpu: Vec::new(),
+            links: Vec::new(),
+            app: Some(AppResult {
+                metrics: [("connect_time_us".to_string(), 7.0)].into(),
+                ..AppResult::default()
+            }),
+        });
+        assert_eq!(q("connect_time_us").of(&r), Some((7.0, None)));
+        assert_eq!(XAxis::Clients.of(&r), Some(4.0));
+        assert_eq!(Attr::Kind.of(&r).as_deref(), Some("stream"));
+        assert_eq!(Attr::Options.of(&r).as_deref(), Some("defaults"));
+        for name in [
+            "value",
+            "dropouts",
+            "block_time_us",
+            "cpu.local.process_percent",
+            "query_time_ms",
+        ] {
+            assert_eq!(q(name).name(), name);
         }
     }
 

@@ -14,6 +14,7 @@ use crate::point_loop::{run_points, SinkError};
 use crate::runner::{self, PeerControl, PointMeasurement, RunError, ServerRep};
 use crate::sink::RecordSink;
 use netgap_core::cpu::CpuUsage;
+use netgap_core::diagnose::diagnose;
 use netgap_core::host::HostFacts;
 use netgap_core::record::{
     rfc3339, ByteCounts, CpuPair, DatagramCounts, RecordHead, RecordStats, ResultRecord,
@@ -537,7 +538,9 @@ pub(crate) fn build_record(
         plan.settings.label.clone(),
     )
     .with_choices(&m.path_choices);
-    Ok(record.with_stack(stack).diagnosed())
+    let mut record = record.with_stack(stack);
+    diagnose(&mut record);
+    Ok(record)
 }
 
 /// Opens the control session of `plan`: starts the in-process agent on

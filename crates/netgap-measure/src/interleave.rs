@@ -353,7 +353,7 @@ impl RunState<'_, '_> {
             if let Some(o) = record.options.as_mut() {
                 o.interleaved = Some(Interleaved {
                     group: format!("{}-{index}", self.run_id),
-                    with,
+                    with: Some(with),
                 });
             }
             records.push((*member, record));
@@ -542,7 +542,7 @@ pub(crate) mod tests {
             assert_eq!(r.warmup_iterations, Some(15));
             let i = r.options.as_ref().and_then(|o| o.interleaved.clone());
             let i = i.expect("interleaved");
-            assert_eq!(i.with, 2);
+            assert_eq!(i.with, Some(2));
             groups.push(i.group);
         }
         assert_eq!(groups[0], groups[1], "one group");

@@ -18,6 +18,7 @@ use crate::coordinator::{open_session, CoordError, PointError};
 use crate::plan::{bench_tests, Plan, PlanError, RunRequest};
 use crate::point_loop::{run_points, Observer};
 use crate::sink::RecordSink;
+use netgap_core::diagnose::diagnose;
 use netgap_core::record::{RecordStats, ResultRecord};
 use netgap_core::spec::PointSpec;
 use netgap_core::stats::Summary;
@@ -126,7 +127,8 @@ fn logp_record(
     base.percentiles = None;
     base.service_demand_us_per_kib = None;
     // The parameter's own repetitions, diagnosed (not the round trips').
-    Ok(base.diagnosed())
+    diagnose(&mut base);
+    Ok(base)
 }
 
 /// Microseconds per message of `size_bytes` at `gbps`.

@@ -483,8 +483,15 @@ impl Observer for TableObserver {
 #[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
 mod tests {
     use super::*;
+    use netgap_core::diagnose::diagnose;
     use netgap_core::record::RecordStats;
     use netgap_core::stats::Summary;
+
+    /// `r` as its builder leaves it: diagnosed.
+    fn diagnosed(mut r: ResultRecord) -> ResultRecord {
+        diagnose(&mut r);
+        r
+    }
 
     /// A pingpong point of `size_bytes` with repetitions `reps`, its
     /// warnings as the record builders write them.
@@ -493,7 +500,7 @@ mod tests {
         r.size_bytes = size_bytes;
         r.iterations_per_rep = Some(100_000);
         r.stats = Some(RecordStats::from(&Summary::from_reps(reps).unwrap()));
-        r.diagnosed()
+        diagnosed(r)
     }
 
     const DRIFT: [f64; 8] = [10.0, 10.6, 11.1, 11.5, 12.2, 12.6, 13.1, 13.7];
@@ -639,7 +646,7 @@ mod tests {
             ..PathIdentity::default()
         };
         let stack = Stack::new("tcp", Mode::Event, &TransportOptions::default(), path, None);
-        let r = r.with_stack(stack).diagnosed();
+        let r = diagnosed(r.with_stack(stack));
         let row = table_row(&r);
         assert!(
             row.contains("FAULT: above payload limit 0.966 Gbit/s"),
@@ -697,7 +704,7 @@ mod tests {
             ..PathIdentity::default()
         };
         let stack = Stack::new("tcp", Mode::Event, &TransportOptions::default(), path, None);
-        r.with_stack(stack).diagnosed()
+        diagnosed(r.with_stack(stack))
     }
 
     #[test]

@@ -35,6 +35,7 @@ use crate::plan::{
 };
 use crate::point_loop::{run_points, Observer};
 use crate::sink::RecordSink;
+use netgap_core::diagnose::diagnose;
 use netgap_core::dropout::{split_trials, DropoutDetector, PointThroughput};
 use netgap_core::record::{RecordStats, ResultRecord, SweepSection};
 use netgap_core::sizing::{sweep_sizes, Growth};
@@ -499,14 +500,14 @@ fn sweep_record(kind: SweepKind, mut base: ResultRecord) -> Result<ResultRecord,
     base.stats = Some(RecordStats::from(&summary));
     let block_time_us = kind.block_time_us(size, summary.value);
     // The trials' throughputs, diagnosed (not the raw block times').
-    Ok(base
-        .with_sweep(SweepSection {
-            sweep_kind: kind.as_str().into(),
-            block_time_us,
-            dropout: None,
-            unstable: None,
-        })
-        .diagnosed())
+    let mut record = base.with_sweep(SweepSection {
+        sweep_kind: kind.as_str().into(),
+        block_time_us,
+        dropout: None,
+        unstable: None,
+    });
+    diagnose(&mut record);
+    Ok(record)
 }
 
 /// What the dropout detector needs of a sweep record.
@@ -906,7 +907,7 @@ mod tests {
             let again = r.warnings.iter().any(|w| w.contains("measured again"))
                 || r.sweep.as_ref().is_some_and(|s| s.dropout.is_some());
             if !again {
-                assert_eq!(i.map(|i| i.with), Some(4), "{r:?}");
+                assert_eq!(i.and_then(|i| i.with), Some(4), "{r:?}");
             }
             let rate = r.stack.as_ref().and_then(|s| s.path.rate_bps);
             series.insert((r.transport.clone(), rate, r.size_bytes));

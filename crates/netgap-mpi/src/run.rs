@@ -9,6 +9,7 @@ use crate::launch::{interface_of, Launch, LaunchError, LocalBtl, Placement, Rank
 use crate::plan::MpiPlan;
 use crate::wire::RankLine;
 use netgap_core::cpu::CpuUsage;
+use netgap_core::diagnose::diagnose;
 use netgap_core::host::HostFacts;
 use netgap_core::record::{
     rfc3339, ByteCounts, CpuPair, RecordHead, RecordStats, ResultRecord, ServiceDemand,
@@ -544,7 +545,8 @@ fn build_record(
     record.host = Some(named(&facts.rank0, 0));
     record.peer_host = Some(named(&facts.rank1, 1));
     record.options = Some(options);
-    let mut record = record.with_stack(stack).diagnosed();
+    let mut record = record.with_stack(stack);
+    diagnose(&mut record);
     record.warnings.extend(report.warnings.iter().cloned());
     Ok(record)
 }

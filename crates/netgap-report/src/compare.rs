@@ -79,7 +79,7 @@ impl PointKey {
             test: l.section(),
             size_bytes: r.size_bytes,
             metric: r.metric.clone(),
-            clients: l.extras.clients,
+            clients: l.record.clients(),
             variant: l.variant.clone(),
         }
     }

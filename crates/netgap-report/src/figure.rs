@@ -155,13 +155,13 @@ impl XAxis {
                 let servers = app_option(l, "servers")
                     .and_then(|v| v.as_u64())
                     .unwrap_or(1);
-                let clients = u64::from(l.extras.clients?);
+                let clients = u64::from(l.record.clients()?);
                 Some(XValue::Cat(
                     format!("{servers}S/{clients}C"),
                     (servers, clients),
                 ))
             }
-            _ if self.is_count() => l.extras.clients.map(|c| XValue::Num(f64::from(c))),
+            _ if self.is_count() => l.record.clients().map(|c| XValue::Num(f64::from(c))),
             // A zipf point run without `--alpha` ran the web workload's
             // default exponent, 1.0.
             XAxis::Alpha if app_option(l, "alpha").is_none() => {
@@ -605,7 +605,7 @@ pub(crate) fn build(spec: &FigureSpec, recs: &[&Loaded]) -> Vec<Figure> {
             XValue::Cat(n, _) => categories.iter().position(|c| c == n).unwrap_or(0) as f64,
         };
         let sizes: BTreeSet<u64> = chosen.iter().map(|c| c.0.record.size_bytes).collect();
-        let counts: BTreeSet<Option<u32>> = chosen.iter().map(|c| c.0.extras.clients).collect();
+        let counts: BTreeSet<Option<u32>> = chosen.iter().map(|c| c.0.record.clients()).collect();
         let key_of = |l: &Loaded| {
             let mut k = SeriesKey::of(l);
             if let Some(o) = spec.x.option() {
@@ -620,7 +620,7 @@ pub(crate) fn build(spec: &FigureSpec, recs: &[&Loaded]) -> Vec<Figure> {
                 k = k.with_entry("size", &format_size(l.record.size_bytes));
             }
             if !spec.x.is_count() && counts.len() > 1 {
-                if let Some(c) = l.extras.clients {
+                if let Some(c) = l.record.clients() {
                     k = k.with_entry(count_name(&l.record.test), &c.to_string());
                 }
             }
@@ -634,7 +634,7 @@ pub(crate) fn build(spec: &FigureSpec, recs: &[&Loaded]) -> Vec<Figure> {
             let x = x_of(xv);
             let mut it = Item::new(key.clone(), l, x, *y);
             it.ci = *ci;
-            it.mark = l.extras.dropout.as_ref().map(|d| Mark {
+            it.mark = l.record.dropout().map(|d| Mark {
                 x,
                 y: *y,
                 note: format!("dropout -{:.0}%", d.depth_pct),
@@ -739,8 +739,8 @@ fn cpu_items(key: &SeriesKey, l: &Loaded, x: f64) -> Vec<Item> {
     let mut out = Vec::new();
     for (i, role) in ["server", "client"].into_iter().enumerate() {
         let v: Vec<f64> = l
-            .extras
-            .hosts_cpu
+            .record
+            .hosts_cpu()
             .iter()
             .filter(|h| h.role == role)
             .map(|h| h.cpu.process_percent)

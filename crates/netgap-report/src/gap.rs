@@ -132,7 +132,7 @@ pub fn gap_table(recs: &[&Loaded], labels: &Labels, baseline: &Baseline) -> Vec<
     let mut groups: BTreeMap<Group, BTreeMap<SeriesKey, Points>> = BTreeMap::new();
     let sizes_of_clients: BTreeSet<u64> = recs
         .iter()
-        .filter(|l| l.extras.clients.is_some())
+        .filter(|l| l.record.clients().is_some())
         .map(|l| l.record.size_bytes)
         .collect();
     for l in recs {
@@ -142,7 +142,7 @@ pub fn gap_table(recs: &[&Loaded], labels: &Labels, baseline: &Baseline) -> Vec<
         if !r.value.is_finite() || r.value <= 0.0 || r.fault().is_some() {
             continue;
         }
-        let (size, band, x) = match l.extras.clients {
+        let (size, band, x) = match l.record.clients() {
             Some(c) => (Some(r.size_bytes), Band::Clients, u64::from(c)),
             None => (None, Band::of(r.size_bytes), r.size_bytes),
         };

@@ -11,6 +11,7 @@ pub mod gap;
 pub mod html;
 pub mod import;
 pub mod load;
+pub mod loaded;
 pub mod plots;
 pub mod png;
 pub mod stacks;
@@ -297,7 +298,7 @@ fn warnings(
         for w in &r.warnings {
             found.push((w.clone(), point.clone()));
         }
-        if let Some(ci) = l.extras.ci_target.as_ref().filter(|c| !c.met) {
+        if let Some(ci) = l.record.ci_target.as_ref().filter(|c| !c.met) {
             found.push((
                 format!(
                     "the {}% confidence interval reached ±{:.1}%, not the ±{:.1}% asked for.",
@@ -306,7 +307,7 @@ fn warnings(
                 point.clone(),
             ));
         }
-        if let Some(d) = &l.extras.dropout {
+        if let Some(d) = l.record.dropout() {
             found.push((
                 format!(
                     "throughput drops {:.0}% below its value at {} ({:.3} {}).",
@@ -331,7 +332,7 @@ fn warnings(
             stacks::SeriesKey::of(l),
             l.record.metric.clone(),
             l.record.size_bytes,
-            l.extras.clients,
+            l.record.clients(),
         );
         if let Some(earlier) = seen.insert(key, l) {
             shadowed.push(format!(

@@ -62,7 +62,7 @@ pub(crate) const ROLE_CPU_LABEL: &str = "CPU of each role's agent and processes 
 /// record is left out (a web run's zipf points against alpha, its single
 /// trace points against file size).
 fn axes<'a>(recs: &[&'a Loaded]) -> Vec<(XAxis, Vec<&'a Loaded>)> {
-    if !recs.iter().any(|l| l.extras.clients.is_some()) {
+    if !recs.iter().any(|l| l.record.clients().is_some()) {
         return vec![(XAxis::MessageSize, recs.to_vec())];
     }
     let varies = |rs: &[&Loaded], f: fn(&Loaded) -> Option<u64>| {
@@ -86,7 +86,7 @@ fn axes<'a>(recs: &[&'a Loaded]) -> Vec<(XAxis, Vec<&'a Loaded>)> {
             "pio" => XAxis::PioShape,
             "multistream" => XAxis::Streams,
             "multirail" => XAxis::Links,
-            _ if l.extras.clients.is_none() => XAxis::MessageSize,
+            _ if l.record.clients().is_none() => XAxis::MessageSize,
             _ => XAxis::Clients,
         };
         put(x, l);
@@ -168,7 +168,7 @@ fn size_extras(section: &str, recs: &[&Loaded]) -> Vec<Figure> {
         let signature: Vec<Item> = recs
             .iter()
             .filter_map(|l| {
-                let t = l.extras.block_time_us?;
+                let t = l.record.block_time_us()?;
                 let mut it = Item::new(SeriesKey::of(l), l, t, l.record.value);
                 it.ci = l.ci95();
                 Some(it)

@@ -13,11 +13,12 @@
 //! (`stack.label`, [`figure_label`]).
 
 use crate::svg::{escape, Axis, LinePlot, Plot, RefLine, Series};
+use netgap_core::record::ResultRecord;
 use netgap_core::stats::DROPPED_EACH_SIDE;
 use netgap_core::study::{
-    At, Attr, Claim, ClaimTest, Expect, Figure, Selector, Size, Study, StudyMethod, XAxis,
+    At, Attr, Claim, ClaimTest, CpuEnd, CpuShare, Expect, Figure, Quantity, Selector, Size, Study,
+    StudyMethod, XAxis,
 };
-use serde_json::Value;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
@@ -118,138 +119,24 @@ struct Point {
     ci: Option<(f64, f64)>,
 }
 
-fn field<'a>(v: &'a Value, path: &[&str]) -> Option<&'a Value> {
-    path.iter().try_fold(v, |v, k| v.get(k))
-}
-
-fn text_of(v: &Value) -> Option<String> {
-    match v {
-        Value::String(s) => Some(s.clone()),
-        Value::Number(n) => Some(n.to_string()),
-        Value::Bool(b) => Some(if *b { "on" } else { "off" }.to_string()),
-        _ => None,
-    }
-}
-
-/// A record's value of `attr`, as a study file's selectors name it.
-pub fn attr(rec: &Value, attr: Attr) -> Option<String> {
-    let app = |k: &str| field(rec, &["app", "options", k]).and_then(text_of);
-    match attr {
-        Attr::Test => field(rec, &["test"]).and_then(text_of),
-        Attr::Transport => field(rec, &["transport"]).and_then(text_of),
-        Attr::Mode => field(rec, &["mode"]).and_then(text_of),
-        Attr::Mtu => field(rec, &["stack", "path", "mtu_bytes"]).and_then(text_of),
-        Attr::Offload => field(rec, &["stack", "path", "offload"]).and_then(text_of),
-        Attr::Server => app("server"),
-        Attr::Trace => app("trace"),
-        Attr::Preset => app("preset"),
-        Attr::Op => app("op"),
-        Attr::Pattern => app("pattern"),
-        Attr::Responder => app("responder"),
-        Attr::Kind => field(rec, &["sweep_kind"]).and_then(text_of),
-        Attr::Metric => field(rec, &["metric"]).and_then(text_of),
-        Attr::Rate => field(rec, &["stack", "path", "rate_bps"])
-            .and_then(Value::as_u64)
-            .map(netgap_core::units::rate_text),
-        Attr::Links => x_of(rec, XAxis::Links).map(|n| format!("{n:.0}")),
-        Attr::Options => {
-            let opts: Vec<String> = field(rec, &["stack", "options"])
-                .and_then(Value::as_array)
-                .map(|a| a.iter().filter_map(option_name).collect())
-                .unwrap_or_default();
-            Some(if opts.is_empty() {
-                "defaults".to_string()
-            } else {
-                opts.join(",")
-            })
-        }
-    }
-}
-
-/// A transport option of a record's stack: its name, with its value
-/// unless it is a switch.
-fn option_name(v: &Value) -> Option<String> {
-    match v {
-        Value::String(s) => Some(s.clone()),
-        Value::Object(o) => {
-            let name = o.get("name").and_then(text_of)?;
-            match o.get("value").and_then(text_of) {
-                Some(val) if val != "on" && val != "true" => Some(format!("{name}={val}")),
-                _ => Some(name),
-            }
-        }
-        _ => None,
-    }
-}
-
-/// A record's place on the figure's x-axis.
-fn x_of(rec: &Value, x: XAxis) -> Option<f64> {
-    let num = |p: &[&str]| field(rec, p).and_then(Value::as_f64);
-    match x {
-        XAxis::Size | XAxis::FileSize | XAxis::UnitBytes => num(&["size_bytes"]),
-        XAxis::Clients | XAxis::Streams => num(&["clients"]),
-        XAxis::Links => field(rec, &["links"])
-            .and_then(Value::as_array)
-            .map(|l| l.len() as f64)
-            .filter(|n| *n > 0.0)
-            .or_else(|| num(&["clients"])),
-        XAxis::Alpha => num(&["app", "options", "alpha"]),
-        XAxis::Hosts => num(&["app", "metrics", "hosts"]).or_else(|| num(&["clients"])),
-        XAxis::Shape => num(&["app", "options", "servers"]),
-        XAxis::BlockTime => num(&["block_time_us"]),
-    }
+/// A record's value of `attr`, as a study file's selectors name it
+/// ([`Attr::of`]).
+pub fn attr(rec: &ResultRecord, attr: Attr) -> Option<String> {
+    attr.of(rec)
 }
 
 /// Where a record's point comes along its series: its x, except on NetPIPE's
 /// signature graph (x the block time), whose line follows the sweep from
 /// block to block, so a larger block that took less time than the one
 /// before shows as the curve doubling back.
-fn order_of(rec: &Value, x: XAxis) -> Option<f64> {
+fn order_of(rec: &ResultRecord, x: XAxis) -> Option<f64> {
     match x {
-        XAxis::BlockTime => x_of(rec, XAxis::Size),
-        _ => x_of(rec, x),
+        XAxis::BlockTime => XAxis::Size.of(rec),
+        _ => x.of(rec),
     }
 }
 
-/// A record's value of `metric` with its interval: the headline when it is
-/// the record's metric (or `metric` is `value`), else a field of its own (a sweep's block time),
-/// a field by its path (`cpu.local.process_percent`) or an application
-/// metric; `dropouts` counts a flagged dropout as 1.
-fn y_of(rec: &Value, metric: &str) -> Option<(f64, Option<(f64, f64)>)> {
-    if metric == "dropouts" {
-        let has = field(rec, &["dropout"]).is_some_and(|d| !d.is_null());
-        return Some((if has { 1.0 } else { 0.0 }, None));
-    }
-    if metric == "value" || field(rec, &["metric"]).and_then(Value::as_str) == Some(metric) {
-        let v = field(rec, &["value"]).and_then(Value::as_f64)?;
-        let lo = field(rec, &["stats", "ci95_low"]).and_then(Value::as_f64);
-        let hi = field(rec, &["stats", "ci95_high"]).and_then(Value::as_f64);
-        return Some((v, lo.zip(hi)));
-    }
-    if metric == "block_time_us" {
-        // A sweep's block time is its size over its throughput: its
-        // interval is the throughput's, turned over.
-        let t = field(rec, &["block_time_us"]).and_then(Value::as_f64)?;
-        let v = field(rec, &["value"]).and_then(Value::as_f64);
-        let lo = field(rec, &["stats", "ci95_low"]).and_then(Value::as_f64);
-        let hi = field(rec, &["stats", "ci95_high"]).and_then(Value::as_f64);
-        let ci = match (v, lo, hi) {
-            (Some(v), Some(lo), Some(hi)) if lo > 0.0 && v > 0.0 => Some((t * v / hi, t * v / lo)),
-            _ => None,
-        };
-        return Some((t, ci));
-    }
-    if metric.contains('.') {
-        let path: Vec<&str> = metric.split('.').collect();
-        return field(rec, &path).and_then(Value::as_f64).map(|v| (v, None));
-    }
-    field(rec, &[metric])
-        .and_then(Value::as_f64)
-        .or_else(|| field(rec, &["app", "metrics", metric]).and_then(Value::as_f64))
-        .map(|v| (v, None))
-}
-
-fn series_name(rec: &Value, attrs: &[Attr]) -> String {
+fn series_name(rec: &ResultRecord, attrs: &[Attr]) -> String {
     if attrs.is_empty() {
         return "measured".to_string();
     }
@@ -267,26 +154,25 @@ fn series_name(rec: &Value, attrs: &[Attr]) -> String {
 }
 
 /// The records of a study's figure.
-fn records_of<'a>(records: &'a [Value], study: &str, figure: &str) -> Vec<&'a Value> {
+fn records_of<'a>(records: &'a [ResultRecord], study: &str, figure: &str) -> Vec<&'a ResultRecord> {
     let label = figure_label(study, figure);
     records
         .iter()
-        .filter(|r| field(r, &["stack", "label"]).and_then(Value::as_str) == Some(label.as_str()))
+        .filter(|r| r.stack.as_ref().and_then(|s| s.label.as_deref()) == Some(label.as_str()))
         .collect()
 }
 
 /// Series of `recs` by `attrs`, each sorted by x; records without x or y
 /// are left out.
 fn series_of(
-    recs: &[&Value],
+    recs: &[&ResultRecord],
     attrs: &[Attr],
     x: XAxis,
-    metric: &str,
+    metric: &Quantity,
 ) -> BTreeMap<String, Vec<Point>> {
     let mut out: BTreeMap<String, Vec<(f64, Point)>> = BTreeMap::new();
     for r in recs {
-        let (Some(xv), Some(order), Some((y, ci))) = (x_of(r, x), order_of(r, x), y_of(r, metric))
-        else {
+        let (Some(xv), Some(order), Some((y, ci))) = (x.of(r), order_of(r, x), metric.of(r)) else {
             continue;
         };
         out.entry(series_name(r, attrs))
@@ -301,7 +187,7 @@ fn series_of(
         .collect()
 }
 
-fn matches(rec: &Value, sel: &Selector) -> bool {
+fn matches(rec: &ResultRecord, sel: &Selector) -> bool {
     sel.0
         .iter()
         .all(|(a, want)| attr(rec, *a).as_deref() == Some(want.as_str()))
@@ -309,10 +195,15 @@ fn matches(rec: &Value, sel: &Selector) -> bool {
 
 /// The one series of `recs` that `sel` picks, by x; an error when it
 /// picks none or several points at one x.
-fn pick(recs: &[&Value], sel: &Selector, x: XAxis, metric: &str) -> Result<Vec<Point>, String> {
+fn pick(
+    recs: &[&ResultRecord],
+    sel: &Selector,
+    x: XAxis,
+    metric: &Quantity,
+) -> Result<Vec<Point>, String> {
     let mut pts: Vec<Point> = Vec::new();
     for r in recs.iter().filter(|r| matches(r, sel)) {
-        let (Some(xv), Some((y, ci))) = (x_of(r, x), y_of(r, metric)) else {
+        let (Some(xv), Some((y, ci))) = (x.of(r), metric.of(r)) else {
             continue;
         };
         if pts.iter().any(|p| p.x == xv) {
@@ -333,7 +224,7 @@ fn pick(recs: &[&Value], sel: &Selector, x: XAxis, metric: &str) -> Result<Vec<P
 /// Why `sel` picks no point of `recs`: the first attribute no record has
 /// the value of, with the values they do have; or that the records it
 /// picks carry no x or no `metric`.
-fn no_record(recs: &[&Value], sel: &Selector, metric: &str) -> String {
+fn no_record(recs: &[&ResultRecord], sel: &Selector, metric: &Quantity) -> String {
     for (a, want) in &sel.0 {
         let mut have: Vec<String> = recs.iter().filter_map(|r| attr(r, *a)).collect();
         have.sort();
@@ -562,7 +453,7 @@ fn cannot(why: String) -> Judged {
 
 /// Judges `claim` from the records of the figures it reads: its
 /// direction, and its size when the paper gives one.
-pub fn judge(study: &Study, claim: &Claim, records: &[Value]) -> Judged {
+pub fn judge(study: &Study, claim: &Claim, records: &[ResultRecord]) -> Judged {
     let mut j = judge_direction(study, claim, records);
     if let Some(why) = &claim.no_mechanism {
         j.direction = Verdict::NoMechanism(why.clone());
@@ -633,29 +524,35 @@ fn fmt_xs(xs: &[String], n: usize) -> String {
 
 /// The sweep points `sel` picks that NetPIPE's detector flagged as
 /// dropouts, and those it left unjudged as unstable, by x.
-fn dropouts_of(recs: &[&Value], sel: &Selector, x: XAxis) -> Result<(Vec<f64>, Vec<f64>), String> {
-    let picked: Vec<&&Value> = recs.iter().filter(|r| matches(r, sel)).collect();
+fn dropouts_of(
+    recs: &[&ResultRecord],
+    sel: &Selector,
+    x: XAxis,
+) -> Result<(Vec<f64>, Vec<f64>), String> {
+    let picked: Vec<&&ResultRecord> = recs.iter().filter(|r| matches(r, sel)).collect();
     if picked.is_empty() {
-        return Err(no_record(recs, sel, "dropouts"));
+        return Err(no_record(recs, sel, &Quantity::Dropouts));
     }
-    let flagged = |key: &str| -> Vec<f64> {
+    let flagged = |is: &dyn Fn(&ResultRecord) -> bool| -> Vec<f64> {
         let mut xs: Vec<f64> = picked
             .iter()
-            .filter(|r| field(r, &[key]).is_some_and(|d| !d.is_null()))
-            .filter_map(|r| x_of(r, x))
+            .filter(|r| is(r))
+            .filter_map(|r| x.of(r))
             .collect();
         xs.sort_by(f64::total_cmp);
         xs
     };
-    Ok((flagged("dropout"), flagged("unstable")))
+    let dropout = |r: &ResultRecord| r.dropout().is_some();
+    let unstable = |r: &ResultRecord| r.sweep.as_ref().is_some_and(|s| s.unstable.is_some());
+    Ok((flagged(&dropout), flagged(&unstable)))
 }
 
 /// `claim`'s direction; its size is left to [`judge`].
-fn judge_direction(study: &Study, claim: &Claim, records: &[Value]) -> Judged {
+fn judge_direction(study: &Study, claim: &Claim, records: &[ResultRecord]) -> Judged {
     let Some(fig) = study.figure(&claim.figure) else {
         return cannot(format!("the study has no figure {}", claim.figure));
     };
-    let recs: Vec<&Value> = claim
+    let recs: Vec<&ResultRecord> = claim
         .from
         .iter()
         .flat_map(|f| records_of(records, &study.id, f))
@@ -880,8 +777,8 @@ fn judge_direction(study: &Study, claim: &Claim, records: &[Value]) -> Judged {
             // Another metric than the figure's y falls along the block
             // size, whatever the figure plots it against.
             let (x, metric, what) = match metric {
-                Some(m) => (XAxis::Size, m.as_str(), format!(" {}", unit_label(m))),
-                None => (x, fig.y.as_str(), String::new()),
+                Some(m) => (XAxis::Size, m, format!(" {}", unit_label(m))),
+                None => (x, &fig.y, String::new()),
             };
             let pts = match pick(&recs, series, x, metric) {
                 Ok(p) => p,
@@ -932,7 +829,7 @@ fn judge_direction(study: &Study, claim: &Claim, records: &[Value]) -> Judged {
             metric,
             expect,
         } => {
-            let y = metric.as_deref().unwrap_or(&fig.y);
+            let y = metric.as_ref().unwrap_or(&fig.y);
             let (pa, pb) = match (pick(&recs, a, x, y), pick(&recs, b, x, y)) {
                 (Ok(pa), Ok(pb)) => (pa, pb),
                 (Err(e), _) | (_, Err(e)) => return missing(e),
@@ -953,7 +850,7 @@ fn judge_direction(study: &Study, claim: &Claim, records: &[Value]) -> Judged {
             }
             let (r, ci) = ratio(&va, &vb);
             let of = metric
-                .as_deref()
+                .as_ref()
                 .map_or(String::new(), |m| format!("{}, ", unit_label(m)));
             Judged {
                 measured: Some(r),
@@ -1017,13 +914,13 @@ fn judge_direction(study: &Study, claim: &Claim, records: &[Value]) -> Judged {
             metric,
             expect,
         } => {
-            let metric = metric.as_deref().unwrap_or(&fig.y);
+            let metric = metric.as_ref().unwrap_or(&fig.y);
             let pts = match pick(&recs, series, x, metric) {
                 Ok(p) => p,
                 Err(e) => return missing(e),
             };
             let all: Vec<f64> = pts.iter().map(|p| p.x).collect();
-            let value = if metric == "dropouts" {
+            let value = if *metric == Quantity::Dropouts {
                 // Counted over the whole series, not at one point.
                 Some(Point {
                     x: 0.0,
@@ -1042,7 +939,7 @@ fn judge_direction(study: &Study, claim: &Claim, records: &[Value]) -> Judged {
             let direction = match verdict(p.y, p.ci, *expect) {
                 // The detector flagged each dropout past its points'
                 // noise: the count is judged with it.
-                Verdict::HoldsOnValue if metric == "dropouts" => Verdict::Holds,
+                Verdict::HoldsOnValue if *metric == Quantity::Dropouts => Verdict::Holds,
                 v => v,
             };
             Judged {
@@ -1056,8 +953,8 @@ fn judge_direction(study: &Study, claim: &Claim, records: &[Value]) -> Judged {
     }
 }
 
-fn unit_label(metric: &str) -> String {
-    match metric {
+fn unit_label(metric: &Quantity) -> String {
+    match metric.name().as_str() {
         "latency_us" => "latency (µs)".into(),
         "bandwidth_gbps" => "bandwidth (Gbit/s)".into(),
         "transactions_per_s" => "transactions/s".into(),
@@ -1075,7 +972,7 @@ fn unit_label(metric: &str) -> String {
 /// The figure's plot: its series against its x-axis; a log axis where the
 /// values span more than a decade, interval bars clipped at the axis, and
 /// the path's payload limit drawn as a reference line.
-fn figure_plot(fig: &Figure, recs: &[&Value]) -> Option<Plot> {
+fn figure_plot(fig: &Figure, recs: &[&ResultRecord]) -> Option<Plot> {
     let series = series_of(recs, &fig.series, fig.x, &fig.y);
     if series.is_empty() {
         return None;
@@ -1121,10 +1018,10 @@ fn figure_plot(fig: &Figure, recs: &[&Value]) -> Option<Plot> {
     // draw it: a reference line at the largest limit of the figure's
     // records.
     let mut refs = Vec::new();
-    if fig.y == "bandwidth_gbps" {
+    if fig.y == Quantity::Metric("bandwidth_gbps".into()) {
         if let Some(l) = recs
             .iter()
-            .filter_map(|r| field(r, &["physics", "payload_limit_gbps"]).and_then(Value::as_f64))
+            .filter_map(|r| r.physics.as_ref()?.payload_limit_gbps)
             .fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.max(v))))
         {
             refs.push(RefLine {
@@ -1143,19 +1040,17 @@ fn figure_plot(fig: &Figure, recs: &[&Value]) -> Option<Plot> {
 }
 
 /// CPU beside bandwidth: each series' client and server process CPU.
-fn cpu_plot(fig: &Figure, recs: &[&Value]) -> Option<Plot> {
+fn cpu_plot(fig: &Figure, recs: &[&ResultRecord]) -> Option<Plot> {
     let mut lines = Vec::new();
     // One colour per series, solid for the client, dashed for the server.
     let names: Vec<String> = series_of(recs, &fig.series, fig.x, &fig.y)
         .into_keys()
         .collect();
-    for (side, key) in [("client", "local"), ("server", "remote")] {
+    for (side, end) in [("client", CpuEnd::Local), ("server", CpuEnd::Remote)] {
+        let cpu = Quantity::Cpu(end, CpuShare::Process);
         let mut by: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
         for r in recs {
-            let (Some(x), Some(c)) = (
-                x_of(r, fig.x),
-                field(r, &["cpu", key, "process_percent"]).and_then(Value::as_f64),
-            ) else {
+            let (Some(x), Some((c, _))) = (fig.x.of(r), cpu.of(r)) else {
                 continue;
             };
             by.entry(series_name(r, &fig.series))
@@ -1287,7 +1182,7 @@ fn judged_in(
     study: &Study,
     claim: &Claim,
     outcomes: &BTreeMap<String, Outcome>,
-    records: &[Value],
+    records: &[ResultRecord],
 ) -> Judged {
     let unmeasured = claim.from.iter().find_map(|f| match outcomes.get(f) {
         Some(Outcome::Skipped(why)) => Some(format!("figure {f} was not measured: {why}")),
@@ -1538,7 +1433,7 @@ table.answer{margin-bottom:1em}.summary{font-weight:bold}\
 
 /// The HTML report of the studies of one `netgap study` run over its
 /// records.
-pub fn render(runs: &[StudyRun<'_>], records: &[Value]) -> String {
+pub fn render(runs: &[StudyRun<'_>], records: &[ResultRecord]) -> String {
     let mut out = String::new();
     let _ = write!(
         out,
@@ -1619,39 +1514,105 @@ pub fn render(runs: &[StudyRun<'_>], records: &[Value]) -> String {
     out
 }
 
-/// [`render`] over typed records, as `netgap study` reads its own results
-/// file back: each record is judged as the JSON it was written as (the
-/// claims read records by their keys, so old and imported files judge
-/// alike). Fails only if a record cannot be written as JSON.
-pub fn render_records(
-    runs: &[StudyRun<'_>],
-    records: &[netgap_core::record::ResultRecord],
-) -> Result<String, serde_json::Error> {
-    let values = records
-        .iter()
-        .map(serde_json::to_value)
-        .collect::<Result<Vec<Value>, _>>()?;
-    Ok(render(runs, &values))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use netgap_core::cpu::CpuUsage;
+    use netgap_core::record::{
+        AppResult, CpuPair, Dropout, LinkResult, RecordHead, RecordStats, SweepSection,
+        WorkloadSection,
+    };
+    use netgap_core::spec::{Mode, TransportOptions};
+    use netgap_core::stack::{PathIdentity, Stack};
 
-    fn rec(fig: &str, offload: &str, size: u64, v: f64) -> Value {
+    /// A `stream` record over tcp of study 009's figure `fig` at `size`
+    /// bytes: its headline `v` Gbit/s with a 95% interval of `half` of it
+    /// either side, on a path that names nothing but what `path` sets.
+    fn record(fig: &str, path: PathIdentity, size: u64, v: f64, half: f64) -> ResultRecord {
+        let mut r = ResultRecord::new(RecordHead {
+            test: "stream".into(),
+            transport: "tcp".into(),
+            mode: Mode::Event,
+            size_bytes: size,
+            metric: "bandwidth_gbps".into(),
+            value: v,
+            time: "2026-01-01T00:00:00Z".into(),
+        });
+        r.stats = Some(RecordStats {
+            min: v,
+            median: v,
+            max: v,
+            stdev: 0.0,
+            ci95_low: Some(v * (1.0 - half)),
+            ci95_high: Some(v * (1.0 + half)),
+            cv: 0.0,
+            reps: Vec::new(),
+        });
+        let label = Some(figure_label("009", fig));
+        r.with_stack(Stack::new(
+            "tcp",
+            Mode::Event,
+            &TransportOptions::default(),
+            path,
+            label,
+        ))
+    }
+
+    /// A path at MTU 1500 with offload `offload`.
+    fn offloaded(offload: &str) -> PathIdentity {
+        PathIdentity {
+            mtu_bytes: Some(1500),
+            offload: Some(offload.into()),
+            ..PathIdentity::default()
+        }
+    }
+
+    fn rec(fig: &str, offload: &str, size: u64, v: f64) -> ResultRecord {
         rec_ci(fig, offload, size, v, 0.05)
     }
 
     /// A record whose 95% interval is `half` of its value either side.
-    fn rec_ci(fig: &str, offload: &str, size: u64, v: f64, half: f64) -> Value {
-        json!({
-            "test": "stream", "transport": "tcp", "mode": "event", "size_bytes": size,
-            "metric": "bandwidth_gbps", "value": v,
-            "stats": {"ci95_low": v * (1.0 - half), "ci95_high": v * (1.0 + half)},
-            "stack": {"label": figure_label("009", fig), "options": [],
-                      "path": {"mtu_bytes": 1500, "offload": offload}}
+    fn rec_ci(fig: &str, offload: &str, size: u64, v: f64, half: f64) -> ResultRecord {
+        record(fig, offloaded(offload), size, v, half)
+    }
+
+    /// The offload of `r`'s path.
+    fn offload_of(r: &ResultRecord) -> Option<&str> {
+        r.stack.as_ref().and_then(|s| s.path.offload.as_deref())
+    }
+
+    /// `r` as a workload point of `clients` (streams, links), with no
+    /// flows.
+    fn workload(r: &mut ResultRecord, clients: u32) -> &mut WorkloadSection {
+        r.workload.get_or_insert_with(|| WorkloadSection {
+            clients,
+            client_hosts: None,
+            flows: Vec::new(),
+            hosts_cpu: Vec::new(),
+            links: Vec::new(),
+            app: None,
         })
+    }
+
+    /// One link of a multirail point carrying `gbps`.
+    fn link(gbps: f64) -> LinkResult {
+        LinkResult {
+            local: "10.0.0.2".into(),
+            remote: "10.0.0.1".into(),
+            bytes: 1,
+            bandwidth_gbps: gbps,
+        }
+    }
+
+    /// A sweep section for `r`, its block time from its size and
+    /// headline.
+    fn sweep_of(r: &ResultRecord, dropout: Option<Dropout>) -> SweepSection {
+        SweepSection {
+            sweep_kind: "stream".into(),
+            block_time_us: r.size_bytes as f64 * 8.0 / (r.value * 1e3),
+            dropout,
+            unstable: None,
+        }
     }
 
     const STUDY: &str = r#"
@@ -1820,7 +1781,7 @@ size_why = "half to one and a half times the paper's gain"
         // Without an interval the value alone is judged, and says so.
         let mut bare = tight.clone();
         for r in &mut bare {
-            r["stats"] = json!({});
+            r.stats = None;
         }
         assert_eq!(judge(&s, flat, &bare).direction, Verdict::HoldsOnValue);
     }
@@ -1871,7 +1832,7 @@ size_why = "half to one and a half times the paper's gain"
         // No interval: the size is not judged, and says where the value is.
         let mut bare = pair(1.5, 0.0);
         for r in &mut bare {
-            r["stats"] = json!({});
+            r.stats = None;
         }
         let j = judge(&s, sized, &bare);
         assert!(
@@ -1995,37 +1956,11 @@ series = { transport = "tcp" }
 above = 0.5
 "#;
 
-    /// A record of figure `fig` at `size` with `value` and an interval of
-    /// `half` of it either side, its attributes set by `extra`.
-    fn point(fig: &str, extra: Value, size: u64, v: f64, half: f64) -> Value {
-        let mut r = json!({
-            "test": "stream", "transport": "tcp", "mode": "event", "size_bytes": size,
-            "metric": "bandwidth_gbps", "value": v,
-            "stats": {"ci95_low": v * (1.0 - half), "ci95_high": v * (1.0 + half)},
-            "stack": {"label": figure_label("009", fig), "options": [],
-                      "path": {"mtu_bytes": 1500, "offload": "on"}}
-        });
-        if let (Some(r), Some(extra)) = (r.as_object_mut(), extra.as_object()) {
-            for (k, v) in extra {
-                r.insert(k.clone(), v.clone());
-            }
-        }
-        r
-    }
-
-    fn offload(on: bool) -> Value {
-        json!({"stack": {"label": figure_label("009", "1"), "options": [],
-                         "path": {"mtu_bytes": 1500, "offload": if on { "on" } else { "off" }}}})
-    }
-
     /// Two series of figure 1 by offload, each `(size, value)`.
-    fn pairs(on: &[(u64, f64)], off: &[(u64, f64)], half: f64) -> Vec<Value> {
+    fn pairs(on: &[(u64, f64)], off: &[(u64, f64)], half: f64) -> Vec<ResultRecord> {
         on.iter()
-            .map(|(x, v)| point("1", offload(true), *x, *v, half))
-            .chain(
-                off.iter()
-                    .map(|(x, v)| point("1", offload(false), *x, *v, half)),
-            )
+            .map(|(x, v)| rec_ci("1", "on", *x, *v, half))
+            .chain(off.iter().map(|(x, v)| rec_ci("1", "off", *x, *v, half)))
             .collect()
     }
 
@@ -2086,19 +2021,22 @@ above = 0.5
         assert!((j.measured.expect("measured") - 0.5).abs() < 1e-9);
     }
 
-    fn sweep_point(options: &[&str], size: u64, dropout: bool) -> Value {
-        let mut r = point(
-            "2",
-            json!({"test": "sweep", "sweep_kind": "stream",
-                   "stack": {"label": figure_label("009", "2"), "options": options,
-                             "path": {"mtu_bytes": 1500}}}),
-            size,
-            0.5,
-            0.01,
-        );
-        if dropout {
-            r["dropout"] = json!({"below_size_bytes": size / 2});
+    fn sweep_point(options: &[&str], size: u64, dropout: bool) -> ResultRecord {
+        let path = PathIdentity {
+            mtu_bytes: Some(1500),
+            ..PathIdentity::default()
+        };
+        let mut r = record("2", path, size, 0.5, 0.01);
+        r.test = "sweep".into();
+        if let Some(s) = r.stack.as_mut() {
+            s.options = options.iter().map(|o| o.to_string()).collect();
         }
+        let dropout = dropout.then_some(Dropout {
+            depth_pct: 20.0,
+            reference_size_bytes: size / 2,
+            reference_value: 0.6,
+        });
+        r.sweep = Some(sweep_of(&r, dropout));
         r
     }
 
@@ -2107,7 +2045,7 @@ above = 0.5
     fn dropouts_hold_only_when_one_curve_has_them_and_the_other_has_none() {
         let s = Study::parse("t", KINDS).expect("study");
         let c = &s.claims[2];
-        let curves = |delayed: &[bool], quick: &[bool]| -> Vec<Value> {
+        let curves = |delayed: &[bool], quick: &[bool]| -> Vec<ResultRecord> {
             let sizes = [1024u64, 2048, 4096];
             sizes
                 .iter()
@@ -2144,22 +2082,18 @@ above = 0.5
         assert_eq!(j.size, SizeVerdict::DirectionOnly);
     }
 
-    fn logp(metric: &str, size: u64, v: f64) -> Value {
-        point(
-            "4",
-            json!({"test": "logp", "metric": metric,
-                   "stack": {"label": figure_label("009", "4"), "options": [], "path": {}}}),
-            size,
-            v,
-            0.01,
-        )
+    fn logp(metric: &str, size: u64, v: f64) -> ResultRecord {
+        let mut r = record("4", PathIdentity::default(), size, v, 0.01);
+        r.test = "logp".into();
+        r.metric = metric.into();
+        r
     }
 
     #[test]
     fn a_knee_holds_when_the_slope_past_it_is_steeper_by_the_factor() {
         let s = Study::parse("t", KINDS).expect("study");
         let c = &s.claims[3];
-        let series = |ys: [f64; 3]| -> Vec<Value> {
+        let series = |ys: [f64; 3]| -> Vec<ResultRecord> {
             [1u64, 1024, 65536]
                 .iter()
                 .zip(ys)
@@ -2187,7 +2121,7 @@ above = 0.5
         let none = judge(&s, c, &series([1.0, 1.0, 1.0]));
         assert!(fails(&none), "{none:?}");
         // No point at the knee: cannot be measured.
-        let missing: Vec<Value> = [1u64, 4096, 65536]
+        let missing: Vec<ResultRecord> = [1u64, 4096, 65536]
             .iter()
             .map(|x| logp("recv_overhead_us", *x, 1.0))
             .collect();
@@ -2198,22 +2132,16 @@ above = 0.5
         );
     }
 
-    fn block(size: u64, gbps: f64, half: f64) -> Value {
-        let mut r = point(
-            "3",
-            json!({"test": "sweep", "sweep_kind": "stream",
-                   "stack": {"label": figure_label("009", "3"), "options": [], "path": {}}}),
-            size,
-            gbps,
-            half,
-        );
-        r["block_time_us"] = json!(size as f64 * 8.0 / (gbps * 1e3));
+    fn block(size: u64, gbps: f64, half: f64) -> ResultRecord {
+        let mut r = record("3", PathIdentity::default(), size, gbps, half);
+        r.test = "sweep".into();
+        r.sweep = Some(sweep_of(&r, None));
         r
     }
 
     /// Throughput that falls at 2K and rebounds at 3K (so the block time
     /// falls at 3K).
-    fn dropped_at_2k() -> [Value; 3] {
+    fn dropped_at_2k() -> [ResultRecord; 3] {
         [
             block(1024, 0.5, 0.01),
             block(2048, 0.1, 0.01),
@@ -2222,7 +2150,7 @@ above = 0.5
     }
 
     /// Throughput that rises block by block.
-    fn rising_blocks() -> [Value; 3] {
+    fn rising_blocks() -> [ResultRecord; 3] {
         [
             block(1024, 0.5, 0.01),
             block(2048, 0.6, 0.01),
@@ -2283,8 +2211,9 @@ above = 0.5
         let rising = rising_blocks();
         assert!(fails(&judge(&s, c, &rising)));
         // The plot's line goes from block to block: x goes back at 3K.
-        let recs: Vec<&Value> = dropped.iter().collect();
-        let series = series_of(&recs, &[], XAxis::BlockTime, "bandwidth_gbps");
+        let recs: Vec<&ResultRecord> = dropped.iter().collect();
+        let bandwidth = Quantity::Metric("bandwidth_gbps".into());
+        let series = series_of(&recs, &[], XAxis::BlockTime, &bandwidth);
         let xs: Vec<f64> = series["measured"].iter().map(|p| p.x).collect();
         assert_eq!(xs.len(), 3);
         assert!(xs[0] < xs[1] && xs[2] < xs[1], "{xs:?}");
@@ -2302,7 +2231,7 @@ above = 0.5
         assert_ne!(text, STUDY);
         let s = Study::parse("t", &text).expect("study");
         let c = &s.claims[0];
-        let with_cpu = |on: f64, off: f64| -> Vec<Value> {
+        let with_cpu = |on: f64, off: f64| -> Vec<ResultRecord> {
             let mut recs = vec![
                 rec("1", "on", 1024, 2.0),
                 rec("1", "on", 65536, 8.0),
@@ -2310,12 +2239,14 @@ above = 0.5
                 rec("1", "off", 65536, 4.0),
             ];
             for r in &mut recs {
-                let cpu = if r["stack"]["path"]["offload"] == "on" {
-                    on
-                } else {
-                    off
-                };
-                r["cpu"] = json!({"local": {"process_percent": cpu}});
+                let cpu = if offload_of(r) == Some("on") { on } else { off };
+                r.cpu = Some(CpuPair {
+                    local: CpuUsage {
+                        process_percent: cpu,
+                        ..CpuUsage::default()
+                    },
+                    remote: CpuUsage::default(),
+                });
             }
             recs
         };
@@ -2342,16 +2273,19 @@ above = 0.5
         // An application metric, by its name.
         let mut s = s;
         if let ClaimTest::Ratio { metric, .. } = &mut s.claims[0].test {
-            *metric = Some("connect_time_us".into());
+            *metric = Some(Quantity::Metric("connect_time_us".into()));
         }
         let mut recs = with_cpu(1.0, 1.0);
         for r in &mut recs {
-            let t = if r["stack"]["path"]["offload"] == "on" {
+            let t = if offload_of(r) == Some("on") {
                 60.0
             } else {
                 1000.0
             };
-            r["app"] = json!({"metrics": {"connect_time_us": t}});
+            workload(r, 1).app = Some(AppResult {
+                metrics: [("connect_time_us".to_string(), t)].into(),
+                ..AppResult::default()
+            });
         }
         let j = judge(&s, &s.claims[0], &recs);
         assert_eq!(j.direction, Verdict::HoldsOnValue, "{j:?}");
@@ -2360,11 +2294,15 @@ above = 0.5
     #[test]
     fn a_record_names_its_link_rate_and_its_links() {
         let mut r = rec("1", "on", 1024, 1.0);
-        r["stack"]["path"]["rate_bps"] = json!(10_000_000u64);
-        r["links"] = json!([{"bytes": 1}, {"bytes": 1}]);
+        if let Some(s) = r.stack.as_mut() {
+            s.path.rate_bps = Some(10_000_000);
+        }
+        workload(&mut r, 2).links = vec![link(1.0); 2];
         assert_eq!(attr(&r, Attr::Rate).as_deref(), Some("10M"));
         assert_eq!(attr(&r, Attr::Links).as_deref(), Some("2"));
-        r["stack"]["path"]["rate_bps"] = json!(1_000_000_000u64);
+        if let Some(s) = r.stack.as_mut() {
+            s.path.rate_bps = Some(1_000_000_000);
+        }
         assert_eq!(attr(&r, Attr::Rate).as_deref(), Some("1G"));
     }
 
@@ -2423,13 +2361,13 @@ above = 0.5
         s.claims[4].test = ClaimTest::Value {
             series: Selector(vec![(Attr::Options, "no_nodelay".into())]),
             at: At::Largest,
-            metric: Some("dropouts".into()),
+            metric: Some(Quantity::Dropouts),
             expect: Expect::Above(0.5),
         };
         s.claims[4].figure = "2".into();
         s.claims[4].from = vec!["2".into()];
         let c = &s.claims[4];
-        let curve = |d: [bool; 3]| -> Vec<Value> {
+        let curve = |d: [bool; 3]| -> Vec<ResultRecord> {
             [1024u64, 2048, 4096]
                 .iter()
                 .zip(d)
@@ -2459,7 +2397,7 @@ above = 0.5
         let s = Study::parse("t", &text).expect("study");
         let rail = |links: usize, v: f64| {
             let mut r = rec("1", "off", 65536, v);
-            r["links"] = json!(vec![json!({"bandwidth_gbps": v / links as f64}); links]);
+            workload(&mut r, links as u32).links = vec![link(v / links as f64); links];
             r
         };
         let quick = [rail(1, 1.0), rail(3, 2.5)];
@@ -2491,7 +2429,9 @@ above = 0.5
             "{j:?}"
         );
         let mut other = rec("1", "on", 1024, 1.0);
-        other["stack"]["label"] = json!(figure_label("009", "2"));
+        if let Some(s) = other.stack.as_mut() {
+            s.label = Some(figure_label("009", "2"));
+        }
         let j = judge(&s, &s.claims[0], &[other]);
         assert!(matches!(j.direction, Verdict::CannotMeasure(_)), "{j:?}");
     }

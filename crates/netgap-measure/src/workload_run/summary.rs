@@ -10,6 +10,7 @@ use super::coordinator::{place, RepResult, WorkloadCoordinator, WorkloadError};
 use super::plan::{WorkloadPlan, WorkloadPoint};
 use crate::coordinator::Observer;
 use netgap_core::cpu::CpuUsage;
+use netgap_core::diagnose::diagnose;
 use netgap_core::record::{
     rfc3339, ByteCounts, DatagramCounts, FlowResult, HostCpu, LinkResult, RecordHead, RecordStats,
     ResultRecord, WorkloadSection,
@@ -451,7 +452,8 @@ pub(super) fn measure_point(
         path,
         plan.settings.label.clone(),
     );
-    let mut record = record.with_stack(stack).diagnosed();
+    let mut record = record.with_stack(stack);
+    diagnose(&mut record);
     let failed: f64 = metrics.iter().filter_map(|m| m.get("errors")).sum();
     if let Some(w) = failure_warning(failed, metrics.len(), last_error.as_deref()) {
         record.warnings.push(w);
