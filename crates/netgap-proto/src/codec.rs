@@ -336,6 +336,15 @@ mod tests {
                 data_token: test_token(),
             },
             Request::WorkloadGo,
+            Request::ClientOpen {
+                spec: spec(),
+                data_token: test_token(),
+                target: "10.0.0.1:40000".into(),
+            },
+            Request::ClientRun {
+                iterations: 500,
+                phase: Phase::Measure,
+            },
         ]
     }
 
@@ -421,6 +430,22 @@ mod tests {
                     services: Vec::new(),
                     last_error: None,
                     data_window_ns: None,
+                },
+            },
+            Reply::ClientConnected {
+                path_choices: vec!["zerocopy".into()],
+            },
+            Reply::ClientBuckets {
+                buckets: vec![[1500, 3], [9000, 1]],
+            },
+            Reply::ClientDone {
+                rep: crate::message::ClientRep {
+                    elapsed_ns: 2_000_000,
+                    value: 12.5,
+                    bytes_tx: 4096,
+                    bytes_rx: 4096,
+                    cpu: CpuUsage::default(),
+                    datagrams: None,
                 },
             },
         ]
@@ -654,6 +679,53 @@ mod tests {
             matches!(&err, CodecError::OutOfRange(r) if r.field == "datagrams"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn out_of_range_client_role_messages() {
+        let rep = crate::message::ClientRep {
+            elapsed_ns: 1,
+            value: f64::INFINITY,
+            bytes_tx: 0,
+            bytes_rx: 0,
+            cpu: CpuUsage::default(),
+            datagrams: None,
+        };
+        // Infinity is encoded as null and refused on the way back in; the
+        // check itself refuses it before it is sent.
+        assert!(decode_reply(&one_frame(&encode(&Reply::ClientDone { rep }).unwrap())).is_err());
+        assert!(rep.validate().is_err());
+        let many = Reply::ClientBuckets {
+            buckets: vec![[1, 1]; crate::workload::BUCKETS_PER_CHUNK + 1],
+        };
+        let err = decode_reply(&one_frame(&encode(&many).unwrap())).unwrap_err();
+        assert!(
+            matches!(&err, CodecError::OutOfRange(r) if r.field == "buckets"),
+            "{err}"
+        );
+        let choices = Reply::ClientConnected {
+            path_choices: vec!["c".into(); crate::message::MAX_PATH_CHOICES + 1],
+        };
+        let err = decode_reply(&one_frame(&encode(&choices).unwrap())).unwrap_err();
+        assert!(
+            matches!(&err, CodecError::OutOfRange(r) if r.field == "path_choices"),
+            "{err}"
+        );
+        let far = Request::ClientOpen {
+            spec: spec(),
+            data_token: test_token(),
+            target: "x".repeat(crate::message::MAX_TEXT_BYTES + 1),
+        };
+        let err = decode_request(&one_frame(&encode(&far).unwrap())).unwrap_err();
+        assert!(
+            matches!(&err, CodecError::OutOfRange(r) if r.field == "target"),
+            "{err}"
+        );
+        let none = Request::ClientRun {
+            iterations: 0,
+            phase: Phase::Measure,
+        };
+        assert!(decode_request(&one_frame(&encode(&none).unwrap())).is_err());
     }
 
     #[test]
