@@ -592,16 +592,16 @@ fn run_session(
                 let Some(p) = point.as_mut() else {
                     return Err(refuse(&mut conn, "no point is open".into()));
                 };
-                let limit = shared.limits.max_duration + REPETITION_GRACE;
-                if let Some(abort) = &p.abort {
-                    watchdog.arm(abort.clone(), limit);
-                }
                 let PointRole::Client(role) = &mut p.role else {
                     return Err(refuse(
                         &mut conn,
                         "this point's role is the server's".into(),
                     ));
                 };
+                let limit = shared.limits.max_duration + REPETITION_GRACE;
+                if let Some(abort) = &p.abort {
+                    watchdog.arm(abort.clone(), limit);
+                }
                 let ran = alive_while(&mut conn, &session, || {
                     // The role's own thread meters it: the meter reads the
                     // CPU clock of the thread that starts it.
