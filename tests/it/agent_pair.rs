@@ -4,7 +4,8 @@
 //! process enters neither host: h1's agent serves, h2's agent plays the
 //! client, and this process only coordinates. The records are those of a
 //! run from the client host: bytes both ways, h2 as the host and h1 as the
-//! peer, each with its own interface. A stopped agent, server or client,
+//! peer, each with its own interface; `sweep` and `logp` place their roles
+//! alike. A stopped agent, server or client,
 //! is named within the timeout, and every point measured before stays in
 //! the results file.
 //!
@@ -152,6 +153,36 @@ fn pingpong_and_stream_run_with_both_roles_on_agents() {
         "h2's link carried {} bytes, the points moved {moved}",
         after - before
     );
+    // A sweep and LogP take the same placement.
+    let json = dir.path().join("sweep.jsonl");
+    ok(netgap()
+        .args(["sweep", "--hosts", &hosts, "--key"])
+        .arg(&key)
+        .args(["--end", "64", "--json"])
+        .arg(&json)
+        .output()
+        .expect("sweep"));
+    let sweep = read_records(&json);
+    assert!(!sweep.is_empty());
+    for r in &sweep {
+        assert_eq!(r["test"], "sweep", "{r}");
+        assert_eq!(r["host"]["hostname"], "h2", "{r}");
+        assert_eq!(r["peer_host"]["hostname"], "h1", "{r}");
+    }
+    let json = dir.path().join("logp.jsonl");
+    ok(netgap()
+        .args(["logp", "--hosts", &hosts, "--key"])
+        .arg(&key)
+        .args(["--sizes", "1", "--reps", "3", "--json"])
+        .arg(&json)
+        .output()
+        .expect("logp"));
+    let logp = read_records(&json);
+    assert_eq!(logp.len(), 4, "o_s, o_r, g and L");
+    assert!(logp
+        .iter()
+        .all(|r| r["host"]["hostname"] == "h2" && r["peer_host"]["hostname"] == "h1"));
+
     // Without the key the keyed agents refuse, in one line.
     let out = netgap()
         .args([
