@@ -173,15 +173,18 @@ fn pingpong_and_stream_run_with_both_roles_on_agents() {
     ok(netgap()
         .args(["logp", "--hosts", &hosts, "--key"])
         .arg(&key)
-        .args(["--sizes", "1", "--reps", "3", "--json"])
+        .args(["--sizes", "1", "--reps", "3", "--pin", "1,0", "--json"])
         .arg(&json)
         .output()
         .expect("logp"));
     let logp = read_records(&json);
     assert_eq!(logp.len(), 4, "o_s, o_r, g and L");
-    assert!(logp
-        .iter()
-        .all(|r| r["host"]["hostname"] == "h2" && r["peer_host"]["hostname"] == "h1"));
+    for r in &logp {
+        assert_eq!(r["host"]["hostname"], "h2", "{r}");
+        assert_eq!(r["peer_host"]["hostname"], "h1", "{r}");
+        // The client's agent ran its role on the CPU asked for.
+        assert_eq!(r["options"]["placement"]["client_cpu"], 1, "{r}");
+    }
 
     // Without the key the keyed agents refuse, in one line.
     let out = netgap()

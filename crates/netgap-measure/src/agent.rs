@@ -394,6 +394,8 @@ struct OpenPoint {
     abort: Option<netgap_transport::AbortHandle>,
     monitor: Option<Arc<dyn FlowMonitor>>,
     reported: DatagramStats,
+    /// The CPU a client role's repetitions run on (`--pin`), if pinned.
+    cpu: Option<u32>,
 }
 
 impl OpenPoint {
@@ -512,6 +514,7 @@ fn run_session(
                 spec,
                 data_token,
                 target,
+                ..
             } => {
                 open_size_bytes = spec.size_bytes;
                 token = Some(data_token.clone());
@@ -570,13 +573,18 @@ fn run_session(
                     Err(e) => return Err(refuse(&mut conn, e.to_string())),
                 }
             }
-            AgentAction::OpenClient { spec, target } => {
+            AgentAction::OpenClient {
+                spec,
+                target,
+                client_cpu,
+            } => {
                 let Some(token) = token.as_ref() else {
                     return Err(refuse(&mut conn, "no data token".into()));
                 };
                 drop(point.take());
                 match open_client(&spec, &target, token, &shared.rate) {
-                    Ok((p, choices)) => {
+                    Ok((mut p, choices)) => {
+                        p.cpu = client_cpu;
                         let reply = session
                             .client_connected(choices)
                             .map_err(|e| SessionEnd::Refused(e.to_string()))?;
@@ -602,13 +610,19 @@ fn run_session(
                 if let Some(abort) = &p.abort {
                     watchdog.arm(abort.clone(), limit);
                 }
+                let cpu = p.cpu;
                 let ran = alive_while(&mut conn, &session, || {
+                    if let Some(cpu) = cpu {
+                        netgap_transport::affinity::pin_current_thread(cpu)
+                            .map_err(|e| format!("client placement: {e}"))?;
+                    }
                     // The role's own thread meters it: the meter reads the
                     // CPU clock of the thread that starts it.
                     let meter = CpuMeter::start();
                     let mut hist = netgap_core::stats::LatencyHistogram::new();
                     role.run(iterations, &mut hist)
                         .map(|out| (out, meter.stop(out.helper_cpu_ns), hist))
+                        .map_err(|e| e.to_string())
                 })?;
                 if watchdog.disarm() {
                     return Err(refuse(&mut conn, past_longest_run(shared)));
@@ -1155,6 +1169,7 @@ fn open_client(
         abort,
         monitor,
         reported,
+        cpu: None,
     };
     Ok((point, choices))
 }
@@ -1204,5 +1219,6 @@ fn open_point(
         abort,
         monitor,
         reported,
+        cpu: None,
     })
 }

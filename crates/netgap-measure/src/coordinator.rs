@@ -188,8 +188,12 @@ enum Ends {
         /// unspecified.
         agent_ip: IpAddr,
     },
-    /// Both roles on agents, the server's host first.
-    Agents(Box<WorkloadCoordinator>),
+    /// Both roles on agents, the server's host first; the client role on
+    /// CPU `client_cpu` of its host, when pinned.
+    Agents {
+        agents: Box<WorkloadCoordinator>,
+        client_cpu: Option<u32>,
+    },
 }
 
 impl Coordinator {
@@ -213,12 +217,13 @@ impl Coordinator {
 
     /// Connects to the agents of `hosts` (the server's host first, then the
     /// client's), proving `key` to each when given: a run whose two roles
-    /// both run on agents. `io_timeout_ms` bounds the wait for a
-    /// launcher's agents that are still starting when `hosts` sets no
-    /// wait of its own.
+    /// both run on agents, the client role on CPU `client_cpu` of its host
+    /// when given. `io_timeout_ms` bounds the wait for a launcher's agents
+    /// that are still starting when `hosts` sets no wait of its own.
     pub fn connect_agents(
         hosts: &crate::cluster::HostsSource,
         key: Option<&Key>,
+        client_cpu: Option<u32>,
         io_timeout_ms: u32,
     ) -> Result<Coordinator, CoordError> {
         let agents = crate::workload_run::coordinator::open_hosts(hosts, key, io_timeout_ms)
@@ -227,7 +232,10 @@ impl Coordinator {
             .pair_facts()
             .map_err(|e| CoordError::Agents(Box::new(e)))?;
         Ok(Coordinator {
-            ends: Ends::Agents(Box::new(agents)),
+            ends: Ends::Agents {
+                agents: Box::new(agents),
+                client_cpu,
+            },
             local_host,
             peer_host,
         })
@@ -257,8 +265,8 @@ impl Coordinator {
                 session,
                 agent_ip,
             } => measure_here(conn, session, *agent_ip, spec, method, on_rep),
-            Ends::Agents(agents) => agents
-                .measure_pair(spec, method, on_rep)
+            Ends::Agents { agents, client_cpu } => agents
+                .measure_pair(spec, method, *client_cpu, on_rep)
                 .map_err(|e| PointError::Placed(Box::new(e))),
         }
     }
@@ -299,7 +307,7 @@ impl Coordinator {
                 let _ = conn.send(&bye);
                 let _ = recv_reply(&mut conn, Duration::from_secs(2));
             }
-            Ends::Agents(agents) => agents.bye(),
+            Ends::Agents { agents, .. } => agents.bye(),
         }
     }
 }
@@ -635,10 +643,11 @@ pub(crate) fn open_session(plan: &Plan) -> Result<Coordinator, CoordError> {
     };
     let addr = match &plan.settings.peer {
         Peer::Agents { hosts } => {
-            // Neither role runs here: no placement of this thread.
+            // Neither role runs here: the client's agent places its role.
             return Coordinator::connect_agents(
                 hosts,
                 key()?.as_ref(),
+                plan.settings.client_cpu,
                 plan.settings.io_timeout_ms,
             );
         }

@@ -340,6 +340,13 @@ mod tests {
                 spec: spec(),
                 data_token: test_token(),
                 target: "10.0.0.1:40000".into(),
+                client_cpu: None,
+            },
+            Request::ClientOpen {
+                spec: spec(),
+                data_token: test_token(),
+                target: "10.0.0.1:40001".into(),
+                client_cpu: Some(2),
             },
             Request::ClientRun {
                 iterations: 500,
@@ -715,10 +722,22 @@ mod tests {
             spec: spec(),
             data_token: test_token(),
             target: "x".repeat(crate::message::MAX_TEXT_BYTES + 1),
+            client_cpu: None,
         };
         let err = decode_request(&one_frame(&encode(&far).unwrap())).unwrap_err();
         assert!(
             matches!(&err, CodecError::OutOfRange(r) if r.field == "target"),
+            "{err}"
+        );
+        let far_cpu = Request::ClientOpen {
+            spec: spec(),
+            data_token: test_token(),
+            target: "10.0.0.1:1".into(),
+            client_cpu: Some(netgap_core::spec::MAX_CPU_INDEX + 1),
+        };
+        let err = decode_request(&one_frame(&encode(&far_cpu).unwrap())).unwrap_err();
+        assert!(
+            matches!(&err, CodecError::OutOfRange(r) if r.field == "client_cpu"),
             "{err}"
         );
         let none = Request::ClientRun {

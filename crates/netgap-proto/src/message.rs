@@ -95,6 +95,11 @@ pub enum Request {
         /// The server role's data address (transport-specific, at most
         /// [`MAX_TEXT_BYTES`] bytes).
         target: String,
+        /// The CPU the client role runs on (`--pin`), at most
+        /// [`netgap_core::spec::MAX_CPU_INDEX`]; none: where the kernel
+        /// puts it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        client_cpu: Option<u32>,
     },
     /// Run one repetition of the client role, timing it and metering its
     /// CPU, then answer with [`Reply::ClientBuckets`] chunks (a latency
@@ -300,8 +305,19 @@ impl Request {
             Request::Open { spec, .. } => spec.validate(),
             Request::Run { iterations, .. } => iterations_in_range(*iterations),
             Request::WorkloadPrepare { spec, .. } => spec.validate(),
-            Request::ClientOpen { spec, target, .. } => {
+            Request::ClientOpen {
+                spec,
+                target,
+                client_cpu,
+                ..
+            } => {
                 spec.validate()?;
+                if let Some(cpu) = client_cpu.filter(|&c| c > netgap_core::spec::MAX_CPU_INDEX) {
+                    return Err(RangeError {
+                        field: "client_cpu",
+                        detail: format!("{cpu} > {}", netgap_core::spec::MAX_CPU_INDEX),
+                    });
+                }
                 text("target", target)
             }
             Request::ClientRun { iterations, .. } => iterations_in_range(*iterations),

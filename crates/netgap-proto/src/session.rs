@@ -239,6 +239,8 @@ pub enum AgentAction {
         spec: PointSpec,
         /// The server role's data address.
         target: String,
+        /// The CPU to run the client role on, if pinned.
+        client_cpu: Option<u32>,
     },
     /// Run the client role of the open point for `iterations` iterations
     /// (1..=[`netgap_core::spec::MAX_ITERATIONS`]), then call
@@ -330,11 +332,20 @@ impl AgentSession {
                 },
             ),
             (S::Open | S::ClientOpen, Request::Close) => (S::Closing, AgentAction::ClosePoint),
-            (S::Idle, Request::ClientOpen { spec, target, .. }) => (
+            (
+                S::Idle,
+                Request::ClientOpen {
+                    spec,
+                    target,
+                    client_cpu,
+                    ..
+                },
+            ) => (
                 S::ClientOpening,
                 AgentAction::OpenClient {
                     spec: spec.clone(),
                     target: target.clone(),
+                    client_cpu: *client_cpu,
                 },
             ),
             (S::ClientOpen, Request::ClientRun { iterations, phase }) => (
@@ -903,13 +914,15 @@ impl CoordinatorSession {
 
     /// Asks the agent to play the client role of `spec` (which should pass
     /// [`PointSpec::validate`], or the agent refuses it): to connect to
-    /// the server role at `target` and prove `data_token`. Valid when idle.
-    /// Then call [`CoordinatorSession::on_client_connected`].
+    /// the server role at `target` and prove `data_token`, running the
+    /// role on CPU `client_cpu` when given. Valid when idle. Then call
+    /// [`CoordinatorSession::on_client_connected`].
     pub fn client_open(
         &mut self,
         spec: PointSpec,
         data_token: DataToken,
         target: String,
+        client_cpu: Option<u32>,
     ) -> Request {
         self.sent(
             CoordinatorState::Idle,
@@ -920,6 +933,7 @@ impl CoordinatorSession {
             spec,
             data_token,
             target,
+            client_cpu,
         }
     }
 
@@ -1322,11 +1336,24 @@ mod tests {
         let mut agent = AgentSession::new(host(), false);
         let mut coord = CoordinatorSession::new();
         handshake(&mut agent, &mut coord);
-        let open = wire_request(&coord.client_open(spec(), test_token(), "10.0.0.1:40000".into()));
-        let AgentAction::OpenClient { spec: s, target } = agent.on_request(&open).unwrap() else {
+        let open = wire_request(&coord.client_open(
+            spec(),
+            test_token(),
+            "10.0.0.1:40000".into(),
+            Some(1),
+        ));
+        let AgentAction::OpenClient {
+            spec: s,
+            target,
+            client_cpu,
+        } = agent.on_request(&open).unwrap()
+        else {
             panic!("expected OpenClient");
         };
-        assert_eq!((s, target.as_str()), (spec(), "10.0.0.1:40000"));
+        assert_eq!(
+            (s, target.as_str(), client_cpu),
+            (spec(), "10.0.0.1:40000", Some(1))
+        );
         // A server role's run is refused while the client role opens.
         let mut early = agent.clone();
         assert!(early
@@ -1388,7 +1415,8 @@ mod tests {
         let mut agent = AgentSession::new(host(), false);
         let mut coord = CoordinatorSession::new();
         handshake(&mut agent, &mut coord);
-        let open = wire_request(&coord.client_open(spec(), test_token(), "10.0.0.1:1".into()));
+        let open =
+            wire_request(&coord.client_open(spec(), test_token(), "10.0.0.1:1".into(), None));
         agent.on_request(&open).unwrap();
         let err = wire_reply(&agent.failed("connection refused"));
         assert_eq!(agent.state(), AgentState::Idle);
@@ -1398,7 +1426,8 @@ mod tests {
         );
         assert_eq!(coord.state(), CoordinatorState::Idle);
         // A failed repetition closes both: the agent dropped the flow.
-        let open = wire_request(&coord.client_open(spec(), test_token(), "10.0.0.1:2".into()));
+        let open =
+            wire_request(&coord.client_open(spec(), test_token(), "10.0.0.1:2".into(), None));
         agent.on_request(&open).unwrap();
         coord
             .on_client_connected(wire_reply(&agent.client_connected(Vec::new()).unwrap()))

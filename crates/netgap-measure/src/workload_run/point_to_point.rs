@@ -51,13 +51,15 @@ impl WorkloadCoordinator {
     }
 
     /// Measures one point-to-point point with its server role on the first
-    /// host's agent and its client role on the second's; `on_rep` is
-    /// called after each measured repetition. A host that fails, dies or
-    /// goes silent is named in the error.
+    /// host's agent and its client role on the second's (on CPU
+    /// `client_cpu` there, when given); `on_rep` is called after each
+    /// measured repetition. A host that fails, dies or goes silent is
+    /// named in the error.
     pub(crate) fn measure_pair(
         &mut self,
         spec: &PointSpec,
         method: &Method,
+        client_cpu: Option<u32>,
         on_rep: &mut dyn FnMut(u32),
     ) -> Result<PointMeasurement, WorkloadError> {
         self.pair_facts()?;
@@ -80,7 +82,7 @@ impl WorkloadCoordinator {
         let io_timeout = Duration::from_millis(u64::from(spec.io_timeout_ms));
         let open = self.links[CLIENT]
             .session
-            .client_open(spec.clone(), token, target);
+            .client_open(spec.clone(), token, target, client_cpu);
         self.send(CLIENT, &open)?;
         let reply = self.wait(CLIENT, REPLY_TIMEOUT + io_timeout)?;
         let path_choices = self.links[CLIENT]
