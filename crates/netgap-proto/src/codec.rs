@@ -688,6 +688,27 @@ mod tests {
         );
     }
 
+    /// The `messages` fuzz target's seeds stay messages of this protocol:
+    /// each decodes as a request or a reply.
+    #[test]
+    fn the_fuzz_seeds_of_messages_decode() {
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/messages");
+        let mut seen = 0;
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let bytes = std::fs::read(&path).unwrap();
+            let request = decode_request(&bytes);
+            assert!(
+                request.is_ok() || decode_reply(&bytes).is_ok(),
+                "{} decodes as no message: {request:?}",
+                path.display()
+            );
+            seen += 1;
+        }
+        assert!(seen >= 14, "{seen} seeds");
+    }
+
     #[test]
     fn out_of_range_client_role_messages() {
         let rep = crate::message::ClientRep {
