@@ -91,6 +91,9 @@ fn stop_one(tb: &Testbed, hosts: &str, key: &Path, dir: &Path, host: &str) {
         assert!(t0.elapsed() < Duration::from_secs(30), "no point measured");
         std::thread::sleep(Duration::from_millis(20));
     }
+    // Into the next point's repetitions (a point takes its calibration and
+    // three of 50 ms), past the moment its roles open.
+    std::thread::sleep(Duration::from_millis(100));
     let pid = agent_pid(tb, host);
     kill(pid, Signal::SIGSTOP).expect("stop the agent");
     let stopped = Instant::now();

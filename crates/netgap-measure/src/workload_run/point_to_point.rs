@@ -36,6 +36,10 @@ const DONE_GRACE: Duration = Duration::from_millis(250);
 /// that is alive says at once that its flow broke too, so one that says
 /// nothing is the host that stopped, and is named.
 const OTHER_END_WAIT: Duration = Duration::from_millis(500);
+/// After the client role could not connect, how long the server's agent
+/// has to speak: it waits 5 s for the point's connection and then says
+/// why, so one silent past that has stopped.
+const ACCEPT_END_WAIT: Duration = Duration::from_secs(6);
 
 const TWO_HOSTS: &str =
     "a point-to-point test needs two hosts: the first serves, the second is the client";
@@ -85,10 +89,13 @@ impl WorkloadCoordinator {
             .client_open(spec.clone(), token, target, client_cpu);
         self.send(CLIENT, &open)?;
         let reply = self.wait(CLIENT, REPLY_TIMEOUT + io_timeout)?;
-        let path_choices = self.links[CLIENT]
-            .session
-            .on_client_connected(reply)
-            .map_err(|e| self.host_error(CLIENT, e.to_string()))?;
+        let path_choices = match self.links[CLIENT].session.on_client_connected(reply) {
+            Ok(choices) => choices,
+            // A server that stopped after announcing its listener leaves
+            // the client's proof unanswered: the client fails, the server
+            // is the host to name.
+            Err(e) => return Err(self.blame(CLIENT, SERVER, e.to_string(), ACCEPT_END_WAIT)),
+        };
         let reply = self.wait(SERVER, REPLY_TIMEOUT)?;
         self.links[SERVER]
             .session
@@ -121,17 +128,23 @@ impl WorkloadCoordinator {
     }
 
     /// The error to report after host `failed` failed with `detail`: the
-    /// other host is named instead when it stays silent for
-    /// [`OTHER_END_WAIT`] (stopped: its end of the flow went quiet and
-    /// made `failed`'s fail) or its session ends.
-    fn blame(&mut self, failed: usize, other: usize, detail: String) -> WorkloadError {
-        match self.next_from(&[other], OTHER_END_WAIT) {
+    /// other host is named instead when it stays silent for `within`
+    /// (stopped: its end of the flow went quiet and made `failed`'s fail)
+    /// or its session ends.
+    fn blame(
+        &mut self,
+        failed: usize,
+        other: usize,
+        detail: String,
+        within: Duration,
+    ) -> WorkloadError {
+        match self.next_from(&[other], within) {
             None => {
                 let name = self.links[failed].host.name.clone();
                 self.host_error(
                     other,
                     format!(
-                        "its agent went silent (nothing heard for {OTHER_END_WAIT:?} after host {name} failed: {detail})"
+                        "its agent went silent (nothing heard for {within:?} after host {name} failed: {detail})"
                     ),
                 )
             }
@@ -149,7 +162,7 @@ impl WorkloadCoordinator {
                 cpu,
                 datagrams,
             }),
-            Err(e) => Err(self.blame(SERVER, CLIENT, e.to_string())),
+            Err(e) => Err(self.blame(SERVER, CLIENT, e.to_string(), OTHER_END_WAIT)),
         }
     }
 
@@ -185,7 +198,9 @@ impl WorkloadCoordinator {
                             }
                         }
                         Ok(ClientProgress::Done(rep)) => break rep,
-                        Err(e) => return Err(self.blame(CLIENT, SERVER, e.to_string())),
+                        Err(e) => {
+                            return Err(self.blame(CLIENT, SERVER, e.to_string(), OTHER_END_WAIT))
+                        }
                     }
                 }
                 Some((CLIENT, Err(lost))) => return Err(self.host_error(CLIENT, lost)),
