@@ -18,19 +18,25 @@
 #   7. sbatch --wait a job on every node: srun starts `netgap serve --bind
 #      auto` on each node, and `netgap run ... --hosts @slurm:PORT` measures
 #      multistream, hotspot, fanin and gather across them (and, with MPI,
-#      mpi-latency and mpi-bw on the first two nodes).
+#      mpi-latency and mpi-bw on the first two nodes); then `netgap study
+#      STUDY --quick --hosts @slurm:PORT --key KEY` measures a study's
+#      figures there, its point-to-point tests with both roles on the
+#      first two nodes' agents (unless --no-study).
 #   8. mpirun, as a user without Slurm runs it: a hostfile of the testbed
 #      hosts, the agents started by mpirun, `--hosts @hostfile:FILE:PORT`.
 #   9. Everything is taken down (daemons, directories, /etc/netns files,
 #      the testbed), on success and on failure alike.
 #
 # Results: slurm.jsonl, mpirun.jsonl and links-*.json (each host's link
-# counters before and after each run) in OUT (default ./slurm-cluster-TIME).
+# counters before and after each run) in OUT (default ./slurm-cluster-TIME),
+# and the study's results file and report in OUT/study.
 #
 # Usage: bench/slurm-cluster.sh [--hosts N] [--name NAME] [--out DIR]
-#        [--port PORT] [--netgap PATH] [--no-mpirun] [--mpi]
+#        [--port PORT] [--netgap PATH] [--no-mpirun] [--mpi] [--no-study]
 #        [-- EXTRA RUN FLAGS]
-# NETGAP_SLURM_SETTINGS overrides the run's settings (default: short).
+# NETGAP_SLURM_SETTINGS overrides the run's settings (default: short);
+# NETGAP_SLURM_STUDY the study's arguments (default: 003 --figures 2,3,
+# its sweeps over kernel TCP).
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")/.." && pwd)"
@@ -40,6 +46,7 @@ out=""
 netgap=""
 do_mpirun=1
 do_mpi=0
+do_study=1
 port=7190
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -50,6 +57,7 @@ while [ $# -gt 0 ]; do
     --port) port="$2"; shift 2 ;;
     --no-mpirun) do_mpirun=0; shift ;;
     --mpi) do_mpi=1; shift ;;
+    --no-study) do_study=0; shift ;;
     --) shift; break ;;
     *) echo "slurm-cluster.sh: unknown argument $1" >&2; exit 2 ;;
     esac
@@ -67,6 +75,7 @@ out="${out:-slurm-cluster-$(date -u +%Y%m%dT%H%M%S)}"
 mkdir -p "$out"
 out="$(realpath "$out")"
 settings=(${NETGAP_SLURM_SETTINGS:---reps 1 --duration 300ms --clients 3 --wait 30s})
+study_args=(${NETGAP_SLURM_STUDY:-003 --figures 2,3})
 extra=("$@")
 
 for tool in ip munged slurmctld slurmd sbatch sinfo srun; do
@@ -197,12 +206,19 @@ if [ "$do_mpi" = 1 ]; then
     # 1 on the first two nodes (its daemons through srun).
     mpi_run="\"$netgap\" run mpi-latency,mpi-bw --hosts @slurm --sizes 8,65536 --reps 2 --json \"$out/slurm-mpi.jsonl\""
 fi
+study_run=""
+if [ "$do_study" = 1 ]; then
+    # A study on the allocation: its point-to-point figures with both roles
+    # on the first two nodes' agents, this job's step only coordinating.
+    study_run="\"$netgap\" study ${study_args[*]} --quick --hosts @slurm:$port --key \"$work/key\" -o \"$out/study\""
+fi
 cat >"$work/job.sh" <<EOF
 #!/bin/bash
 set -euo pipefail
 srun --overlap --ntasks-per-node=1 "$netgap" serve --bind auto --port $port --key "$work/key" --allow-services &
 "$netgap" run multistream,hotspot,fanin,gather --hosts @slurm:$port --key "$work/key" ${settings[*]} ${extra[*]} --json "$out/slurm.jsonl"
 $mpi_run
+$study_run
 EOF
 links "$out/links-slurm-before.json"
 in_h1 sbatch --wait --nodes="$hosts" --chdir="$work" --output="$out/slurm-job.out" "$work/job.sh" || {

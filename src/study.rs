@@ -196,10 +196,6 @@ pub struct HostsOffer {
     /// They are testbed hosts this process may switch the links of (root
     /// and a testbed's hosts file).
     pub conditions: bool,
-    /// The second host has a network namespace this process can enter
-    /// (root), where point-to-point tests, sweeps and LogP run their
-    /// client role.
-    pub client_netns: bool,
 }
 
 impl HostsOffer {
@@ -209,7 +205,6 @@ impl HostsOffer {
             hosts: study.testbed.hosts,
             links: study.testbed.links,
             conditions: true,
-            client_netns: true,
         }
     }
 
@@ -225,14 +220,12 @@ impl HostsOffer {
                     hosts: f.hosts.len() as u32,
                     links,
                     conditions: root && f.is_testbed(),
-                    client_netns: root && f.hosts.get(1).is_some_and(|h| h.netns.is_some()),
                 }
             }
             other => HostsOffer {
                 hosts: other.hosts(),
                 links: 1,
                 conditions: false,
-                client_netns: false,
             },
         })
     }
@@ -301,15 +294,6 @@ pub fn cannot_make(fig: &Figure, offer: &HostsOffer) -> Option<String> {
             "switches link conditions ({}), which needs root and testbed hosts",
             fig.conditions.join(" ")
         ));
-    }
-    let mpi = fig
-        .tests
-        .iter()
-        .any(|t| crate::mpi::MpiTest::by_name(t).is_some());
-    if !is_workload(fig) && !mpi && !offer.client_netns {
-        return Some(
-            "its point-to-point tests play the second host from here, which needs testbed hosts (a network namespace) and root; elsewhere run them with netgap run --peer on the client host".into(),
-        );
     }
     if let Some(max) = fig.links.iter().max() {
         if *max > offer.links {
@@ -393,11 +377,14 @@ pub struct FigureRun {
 }
 
 /// Where a study's runs measure and what they write: the hosts every run
-/// is given (`--hosts`) and the results file the study made (`--json`).
+/// is given (`--hosts`), the key of their agents (`--key`) and the results
+/// file the study made (`--json`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Destination {
     /// The hosts.
     pub hosts: HostsArg,
+    /// The shared key file of the hosts' agents, when given.
+    pub key_file: Option<PathBuf>,
     /// The results file.
     pub json: PathBuf,
 }
@@ -717,6 +704,7 @@ pub fn plan(
                     rep_time: Duration::from_millis(rep_ms),
                     conditions: parsed.conditions,
                     hosts: to.hosts.clone(),
+                    key_file: to.key_file.clone(),
                     json: to.json.clone(),
                     label: crate::report::study::figure_label(&study.id, &f.id),
                 })
@@ -932,6 +920,7 @@ mod tests {
                 path: "/run/netgap/study/hosts.json".into(),
                 testbed: false,
             },
+            key_file: None,
             json: "netgap-study-all.jsonl".into(),
         }
     }

@@ -41,12 +41,20 @@ pub struct StudyArgs {
     /// points].
     #[arg(long, value_name = "DUR", value_parser = netgap::units::parse_duration)]
     pub budget: Option<Duration>,
-    /// The hosts to run on: @FILE (a hosts file), @testbed or @slurm;
-    /// figures the hosts cannot make are skipped with one line each.
+    /// The hosts to run on: @FILE (a hosts file), @testbed, @slurm[:PORT],
+    /// @hostfile:FILE[:PORT] or agents' addresses A,B,...; the first host
+    /// serves, and a point-to-point test's client runs on the second
+    /// host's agent (or, as root on testbed hosts, here in its namespace).
+    /// Figures the hosts cannot make are skipped with one line each.
     /// Without it, as root, each study builds the testbed it needs and
     /// takes it down afterwards.
-    #[arg(long, value_name = "@FILE|@slurm")]
+    #[arg(long, value_name = "@FILE|@slurm[:PORT]|A,B")]
     pub hosts: Option<String>,
+    /// The shared key file of the hosts' agents (`netgap serve --key`),
+    /// given to every run of the study; a hosts file's own `key_file`
+    /// stands in for it.
+    #[arg(long, value_name = "FILE", requires = "hosts")]
+    pub key: Option<PathBuf>,
     /// Directory of the results file and the report: one of yours that no
     /// other user can write (made, mode 0700, if missing); a study writes
     /// only new files there and refuses ones that exist.
@@ -115,16 +123,7 @@ pub fn run(args: &StudyArgs) -> Result<()> {
     let hosts_arg = args
         .hosts
         .as_deref()
-        .map(|h| {
-            netgap::cluster::HostsArg::parse(h)
-                .with_context(|| format!("--hosts {h}"))
-                .and_then(|a| match a {
-                    netgap::cluster::HostsArg::Addrs(_) => Err(anyhow!(
-                        "--hosts {h}: give a hosts file (@FILE, @testbed) or @slurm"
-                    )),
-                    a => Ok(a),
-                })
-        })
+        .map(|h| netgap::cluster::HostsArg::parse(h).with_context(|| format!("--hosts {h}")))
         .transpose()?;
     if hosts_arg.is_none() && !root && !args.plan {
         return Err(anyhow!(
@@ -143,6 +142,7 @@ pub fn run(args: &StudyArgs) -> Result<()> {
             path: netgap::cluster::state_dir(TESTBED_NAME).join("hosts.json"),
             testbed: false,
         }),
+        key_file: args.key.clone(),
         json: json.clone(),
     };
 
@@ -256,7 +256,7 @@ pub fn run(args: &StudyArgs) -> Result<()> {
                     );
                     outcome = Outcome::Failed(line);
                     failed += 1;
-                    wait_for_agents(&to.hosts);
+                    wait_for_agents(&to.hosts, to.key_file.as_deref());
                     break;
                 }
             }
@@ -405,15 +405,17 @@ impl Outputs {
 const AGENTS_FREE_WITHIN: Duration = Duration::from_secs(20);
 
 /// After a failed figure, waits (up to [`AGENTS_FREE_WITHIN`]) until every
-/// agent of the hosts file takes a session again, so the failure's roles,
-/// still winding down on an agent, do not fail the next figure too.
-fn wait_for_agents(hosts: &HostsArg) {
+/// agent of the hosts file takes a session again (proving `key`, else the
+/// file's own), so the failure's roles, still winding down on an agent, do
+/// not fail the next figure too.
+fn wait_for_agents(hosts: &HostsArg, key: Option<&Path>) {
     let Ok(netgap::cluster::HostsSource::File(file)) = hosts.load() else {
         return;
     };
+    let key = key.or(file.key_file.as_deref());
     let t0 = std::time::Instant::now();
     for h in &file.hosts {
-        while netgap::testbed::probe_agent(h, file.key_file.as_deref(), &CoordinatorProbe).is_err()
+        while netgap::testbed::probe_agent(h, key, &CoordinatorProbe).is_err()
             && t0.elapsed() < AGENTS_FREE_WITHIN
         {
             std::thread::sleep(Duration::from_millis(200));
@@ -655,6 +657,10 @@ mod tests {
             for hosts in ["@/run/netgap/study/hosts.json", "@testbed", "@slurm:7200"] {
                 let to = Destination {
                     hosts: HostsArg::parse(hosts).expect("hosts"),
+                    // Agents started with a key, named in every run.
+                    key_file: hosts
+                        .starts_with("@slurm")
+                        .then(|| PathBuf::from("/home/me/netgap key")),
                     json: PathBuf::from("./out dir/netgap-study-all.jsonl"),
                 };
                 printed_runs_parse_into_their_requests(&s, &to);
@@ -733,6 +739,7 @@ mod tests {
         study::check_flags(&s).expect("flags");
         let to = Destination {
             hosts: HostsArg::parse("@testbed").expect("hosts"),
+            key_file: None,
             json: PathBuf::from("r.jsonl"),
         };
         let runs = printed_runs_parse_into_their_requests(&s, &to);

@@ -227,6 +227,8 @@ pub struct Invocation {
     pub conditions: Vec<ConditionAxis>,
     /// `--hosts`.
     pub hosts: HostsArg,
+    /// `--key`: the shared key file of the hosts' agents.
+    pub key_file: Option<PathBuf>,
     /// `--json`: the results file, named in the records' messages.
     pub json: PathBuf,
     /// `--label`: the study and figure, which the report finds records by.
@@ -377,7 +379,7 @@ impl Invocation {
                 let request = RunRequest {
                     tests: tests.clone(),
                     target,
-                    key_file: None,
+                    key_file: self.key_file.clone(),
                     // Before `transport`, which takes the stack's options.
                     method: stack.method(
                         sizes.clone(),
@@ -400,6 +402,7 @@ impl Invocation {
                     trial_time: self.rep_time,
                     trials: self.reps,
                     target,
+                    key_file: self.key_file.clone(),
                     transport: transport(stack.options),
                     warmup: stack.warmup,
                     timeout: stack.timeout,
@@ -431,7 +434,7 @@ impl Invocation {
                 Request::Logp(RunRequest {
                     tests: Vec::new(),
                     target,
-                    key_file: None,
+                    key_file: self.key_file.clone(),
                     method: stack.method(sizes.clone(), self.reps, Some(self.rep_time)),
                     transport: transport(stack.options),
                     outputs,
@@ -516,6 +519,9 @@ impl Invocation {
             a.extend(self.conditions.iter().map(ToString::to_string));
         }
         push(&mut a, "--hosts", self.hosts.to_string());
+        if let Some(k) = &self.key_file {
+            push(&mut a, "--key", k.display().to_string());
+        }
         push(&mut a, "--json", self.json.display().to_string());
         push(&mut a, "--label", self.label.clone());
         a

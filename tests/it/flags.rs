@@ -211,9 +211,10 @@ fn shared_point_to_point_cases() -> Vec<(&'static [&'static str], Expect)> {
             Refused("--label \"\": want 1 to 100 bytes"),
         ),
         (&["--key", "k"], Refused("--key needs --peer or --hosts")),
+        // One agent has no second host for the client role.
         (
-            &["--hosts", "127.0.0.1:1,127.0.0.1:2"],
-            Refused("inside the second host's network namespace"),
+            &["--hosts", "127.0.0.1:1"],
+            Refused("a point-to-point test needs two hosts"),
         ),
     ];
     if uring_available() {
@@ -503,9 +504,10 @@ fn hosts_lists_and_hosts_files_drive_real_agents() {
     ]);
     let records = fanin.run(&["--hosts", &at_file]).expect("runs");
     assert_eq!(records[0]["flows"][0]["host"], "h2");
-    // A point-to-point test runs its client in the second host's network
-    // namespace; hosts without one are refused, not measured on loopback.
-    // (the `testbed` module runs it between testbed hosts.)
+    // A point-to-point test over hosts this process cannot enter runs
+    // both roles on their agents: h1's serves, h2's plays the client
+    // (the `testbed` module runs the client in a testbed host's
+    // namespace, `agent_pair` both roles on testbed agents).
     let pingpong = Command {
         words: vec!["run", "pingpong"],
         tiny: vec![
@@ -515,10 +517,20 @@ fn hosts_lists_and_hosts_files_drive_real_agents() {
         ],
         dir: dir.path(),
     };
-    pingpong.walk(&[(
-        &["--hosts", &at_file],
-        Refused("its second host, h2, has no network namespace"),
-    )]);
+    pingpong.walk(&[
+        (
+            &["--hosts", &at_file],
+            Records("/options/peer", "agents: hosts-file".into()),
+        ),
+        (
+            &["--hosts", &list],
+            Records("/options/peer", format!("agents: {list}").into()),
+        ),
+    ]);
+    let records = pingpong.run(&["--hosts", &at_file]).expect("runs");
+    let b = &records[0]["bytes"];
+    assert_eq!(b["client_tx"], b["server_rx"], "{b}");
+    assert_eq!(b["server_tx"], b["client_rx"], "{b}");
 }
 
 #[test]

@@ -15,6 +15,7 @@
 mod common;
 
 mod agent_log;
+mod agent_pair;
 mod auth;
 mod buffers;
 mod cli;

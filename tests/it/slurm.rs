@@ -4,7 +4,10 @@
 //! after the node), waits for every node to be idle, and runs a batch job
 //! whose srun starts `netgap serve --bind auto` on every node and whose
 //! `netgap run --hosts @slurm:PORT` measures multistream, hotspot, fanin and
-//! gather across them; then the same with mpirun and a hostfile. This test
+//! gather across them, and `netgap study 003 --quick --hosts @slurm:PORT
+//! --key KEY` measures figures 2 and 3 (NetPIPE sweeps over kernel TCP)
+//! with both roles of each point on the first two nodes' agents; then the
+//! same with mpirun and a hostfile. This test
 //! checks what the script leaves: records naming the nodes, link counters
 //! showing the data crossed each node's testbed link, no agent after the
 //! job, and nothing at all after the script, on success and on failure.
@@ -162,6 +165,40 @@ fn check_mpi(out: &Path, run: &str) {
     }
 }
 
+/// The study the job ran: its point-to-point records, each with h2's agent
+/// as the client and h1's as the server and bytes both ways, and its
+/// report with the claims judged.
+fn check_study(out: &Path) {
+    let dir = out.join("study");
+    let records = read_records(&dir.join("netgap-study-003.jsonl"));
+    assert!(!records.is_empty(), "the study measured nothing");
+    for label in ["study 003 figure 2", "study 003 figure 3"] {
+        assert!(
+            records.iter().any(|r| r["stack"]["label"] == label),
+            "no record of {label}"
+        );
+    }
+    for r in &records {
+        assert_eq!(r["test"], "sweep", "{r}");
+        let test = r["test"].as_str().unwrap_or("");
+        assert_eq!(r["host"]["hostname"], "h2", "study {test}: {}", r["host"]);
+        assert_eq!(r["peer_host"]["hostname"], "h1", "study {test}");
+        assert_eq!(r["options"]["peer"], "agents: slurm:h1,h2", "study {test}");
+        let b = &r["bytes"];
+        assert!(
+            u(&b["client_tx"]) > 0 && u(&b["server_tx"]) > 0,
+            "{test}: {b}"
+        );
+        assert_eq!(u(&b["client_tx"]), u(&b["server_rx"]), "{test}: {b}");
+        assert_eq!(u(&b["server_tx"]), u(&b["client_rx"]), "{test}: {b}");
+    }
+    let report = std::fs::read_to_string(dir.join("netgap-study-003.html")).expect("report");
+    assert!(
+        report.contains("<table class=\"claims"),
+        "the report has no claim table"
+    );
+}
+
 /// Nothing of the script is left: testbed namespaces, /etc/netns files,
 /// its temporary directory, daemons, agents.
 fn assert_all_gone(name: &str, port: u16, tmp: &Path) {
@@ -241,6 +278,7 @@ fn netgap_runs_on_a_real_slurm_cluster_and_under_mpirun() {
         );
     }
     check_run(&out, "slurm", "slurm:h1,h2,h3");
+    check_study(&out);
     if !flags.contains(&"--no-mpirun") {
         check_run(&out, "mpirun", "hostfile:h1,h2,h3");
     }
@@ -259,7 +297,7 @@ fn netgap_runs_on_a_real_slurm_cluster_and_under_mpirun() {
         port,
         &tmp,
         &out,
-        &["--no-mpirun", "--", "--no-such-flag"],
+        &["--no-mpirun", "--no-study", "--", "--no-such-flag"],
     );
     assert!(!failed.status.success(), "{}", show(&failed));
     assert!(

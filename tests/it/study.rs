@@ -160,6 +160,7 @@ fn the_budget_is_spread_into_repetitions_and_a_too_small_one_refused() {
     let figs: Vec<_> = s.figures.iter().collect();
     let to = study::Destination {
         hosts: netgap::cluster::HostsArg::parse("@testbed").expect("hosts"),
+        key_file: None,
         json: "netgap-study-004.jsonl".into(),
     };
     let runs = study::plan(&s, &figs, Duration::from_secs(3600), false, &to).expect("plan");
@@ -239,25 +240,30 @@ fn bad_input_is_refused_in_one_line_before_anything_runs() {
         &["study", "004", "--hosts", &at, "-o", out],
         "these hosts can make no figure of study 004",
     );
-    // Two plain hosts (no namespaces) can make workloads, but no sweep:
-    // a sweep plays the second host from here.
+    // Two plain hosts (no namespaces) make point-to-point figures too
+    // (both roles on their agents, the key passed to every run), but no
+    // figure that switches link conditions: one line says why.
     let two = dir.path().join("two.json");
     std::fs::write(
         &two,
         r#"{"version":1,"topology":"list","hosts":[{"name":"a","control":"127.0.0.1:7100","address":"127.0.0.1"},{"name":"b","control":"127.0.0.1:7101","address":"127.0.0.1"}]}"#,
     )
     .expect("hosts file");
-    common::fails_with_one_line(
-        &[
-            "study",
-            "003",
-            "--hosts",
-            &format!("@{}", two.display()),
-            "-o",
-            out,
-        ],
-        "these hosts can make no figure of study 003",
+    let plan = ok(netgap()
+        .args(["study", "003", "--quick", "--plan", "--hosts"])
+        .arg(format!("@{}", two.display()))
+        .args(["--key", "/etc/netgap/key", "-o", out])
+        .output()
+        .expect("study --plan"));
+    assert!(
+        plan.contains("figure 1: skipped: switches link conditions (rate=10M,100M,1G), which needs root and testbed hosts"),
+        "{plan}"
     );
+    assert!(
+        plan.contains("  figure 2: ") && !plan.contains("figure 2: skipped"),
+        "{plan}"
+    );
+    assert!(plan.contains("--key /etc/netgap/key"), "{plan}");
     if system_ready("study::bad_input (budget)") {
         common::fails_with_one_line(
             &["study", "004", "--budget", "100ms", "-o", out],

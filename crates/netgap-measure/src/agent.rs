@@ -1,5 +1,8 @@
 //! The agent (`netgap serve`): accepts control sessions from coordinators and
-//! runs the server role of each point they open. One session at a time runs
+//! runs the server role of each point they open, or its client role when a
+//! coordinator places both roles of a point on agents (the client then
+//! connects to another agent's server role and reports what it timed). One
+//! session at a time runs
 //! tests; another coordinator gets an explicit "busy". A client that vanishes
 //! or sends garbage ends only its own session; the agent serves the next one.
 //!
@@ -373,16 +376,26 @@ impl Drop for BusyClaim {
     }
 }
 
-/// The point a session has open: its server role, which owns the flow, and
-/// for an unreliable flow its monitor with the counters last reported.
+/// The role a session plays in its open point; it owns the point's flow.
+enum PointRole {
+    /// The server role, run by `run`.
+    Server(Box<dyn bench::ServerRole>),
+    /// The client role, run and timed by `client_run`.
+    Client(Box<dyn bench::ClientRole>),
+}
+
+/// The point a session has open: its role, which owns the flow, and for an
+/// unreliable flow its monitor with the counters last reported.
 struct OpenPoint {
-    role: Box<dyn bench::ServerRole>,
+    role: PointRole,
     /// Ends the flow from the watchdog of a repetition that runs past the
     /// agent's longest run; `None` for a flow that cannot be ended from
     /// outside, whose repetitions end at their I/O timeout instead.
     abort: Option<netgap_transport::AbortHandle>,
     monitor: Option<Arc<dyn FlowMonitor>>,
     reported: DatagramStats,
+    /// The CPU a client role's repetitions run on (`--pin`), if pinned.
+    cpu: Option<u32>,
 }
 
 impl OpenPoint {
@@ -494,8 +507,23 @@ fn run_session(
                     netgap_transport::find(&spec.transport).map_or(0, |t| t.flow_memory_bytes());
                 shared.limits.check_point(spec, flow_bytes)
             }
-            Request::Run { iterations, .. } => {
+            Request::Run { iterations, .. } | Request::ClientRun { iterations, .. } => {
                 shared.limits.check_run(*iterations, open_size_bytes)
+            }
+            Request::ClientOpen {
+                spec,
+                data_token,
+                target,
+                ..
+            } => {
+                open_size_bytes = spec.size_bytes;
+                token = Some(data_token.clone());
+                let flow_bytes =
+                    netgap_transport::find(&spec.transport).map_or(0, |t| t.flow_memory_bytes());
+                shared
+                    .limits
+                    .check_point(spec, flow_bytes)
+                    .and_then(|()| keyless_targets_loopback(shared.key.is_some(), target))
             }
             Request::WorkloadPrepare { spec, data_token } => {
                 token = Some(data_token.clone());
@@ -545,24 +573,100 @@ fn run_session(
                     Err(e) => return Err(refuse(&mut conn, e.to_string())),
                 }
             }
+            AgentAction::OpenClient {
+                spec,
+                target,
+                client_cpu,
+            } => {
+                let Some(token) = token.as_ref() else {
+                    return Err(refuse(&mut conn, "no data token".into()));
+                };
+                drop(point.take());
+                match open_client(&spec, &target, token, &shared.rate) {
+                    Ok((mut p, choices)) => {
+                        p.cpu = client_cpu;
+                        let reply = session
+                            .client_connected(choices)
+                            .map_err(|e| SessionEnd::Refused(e.to_string()))?;
+                        conn.send(&reply)?;
+                        point = Some(p);
+                    }
+                    // Nothing of the point is open: the session stays
+                    // usable, as after a listener that could not open.
+                    Err(e) => conn.send(&session.failed(&e.to_string()))?,
+                }
+            }
+            AgentAction::RunClient { iterations, .. } => {
+                let Some(p) = point.as_mut() else {
+                    return Err(refuse(&mut conn, "no point is open".into()));
+                };
+                let PointRole::Client(role) = &mut p.role else {
+                    return Err(refuse(
+                        &mut conn,
+                        "this point's role is the server's".into(),
+                    ));
+                };
+                let limit = shared.limits.max_duration + REPETITION_GRACE;
+                if let Some(abort) = &p.abort {
+                    watchdog.arm(abort.clone(), limit);
+                }
+                let cpu = p.cpu;
+                let ran = alive_while(&mut conn, &session, || {
+                    if let Some(cpu) = cpu {
+                        netgap_transport::affinity::pin_current_thread(cpu)
+                            .map_err(|e| format!("client placement: {e}"))?;
+                    }
+                    // The role's own thread meters it: the meter reads the
+                    // CPU clock of the thread that starts it.
+                    let meter = CpuMeter::start();
+                    let mut hist = netgap_core::stats::LatencyHistogram::new();
+                    role.run(iterations, &mut hist)
+                        .map(|out| (out, meter.stop(out.helper_cpu_ns), hist))
+                        .map_err(|e| e.to_string())
+                })?;
+                if watchdog.disarm() {
+                    return Err(refuse(&mut conn, past_longest_run(shared)));
+                }
+                match ran {
+                    Ok((out, cpu, hist)) => {
+                        let rep = netgap_proto::message::ClientRep {
+                            elapsed_ns: out.elapsed_ns,
+                            value: out.value,
+                            bytes_tx: out.bytes_tx,
+                            bytes_rx: out.bytes_rx,
+                            cpu,
+                            datagrams: p.datagrams_since_report(),
+                        };
+                        let replies = session
+                            .client_done(rep, hist.buckets())
+                            .map_err(|e| SessionEnd::Refused(e.to_string()))?;
+                        for r in &replies {
+                            conn.send(r)?;
+                        }
+                    }
+                    Err(e) => {
+                        return Err(refuse(&mut conn, format!("client role failed: {e}")));
+                    }
+                }
+            }
             AgentAction::RunRole { iterations, .. } => {
                 let Some(p) = point.as_mut() else {
                     return Err(refuse(&mut conn, "no point is open".into()));
+                };
+                let PointRole::Server(role) = &mut p.role else {
+                    return Err(refuse(
+                        &mut conn,
+                        "this point's role is the client's".into(),
+                    ));
                 };
                 let meter = CpuMeter::start();
                 let limit = shared.limits.max_duration + REPETITION_GRACE;
                 if let Some(abort) = &p.abort {
                     watchdog.arm(abort.clone(), limit);
                 }
-                let ran = p.role.run(iterations);
+                let ran = role.run(iterations);
                 if watchdog.disarm() {
-                    return Err(refuse(
-                        &mut conn,
-                        format!(
-                            "refused by the agent's limits: the repetition ran past its longest run ({}); ask for fewer iterations or a shorter --rep-time",
-                            humantime::format_duration(shared.limits.max_duration)
-                        ),
-                    ));
+                    return Err(refuse(&mut conn, past_longest_run(shared)));
                 }
                 match ran {
                     Ok(out) => {
@@ -628,6 +732,14 @@ fn run_session(
             Err(e) => return Err(refuse(&mut conn, format!("bad message: {e}"))),
         };
     }
+}
+
+/// The refusal of a repetition the watchdog ended.
+fn past_longest_run(shared: &Shared) -> String {
+    format!(
+        "refused by the agent's limits: the repetition ran past its longest run ({}); ask for fewer iterations or a shorter --rep-time",
+        humantime::format_duration(shared.limits.max_duration)
+    )
 }
 
 /// Prepares a workload role with the workload the point names: a server
@@ -955,16 +1067,33 @@ fn keyless_stays_on_loopback(
     }
 }
 
-/// Opens the data listener for `spec`, tells the coordinator where it is,
-/// accepts the flow and runs the server role's setup over it, paced by the
-/// agent's `rate`. Errors are one line for the coordinator.
-fn open_point(
-    conn: &mut ControlConn,
-    session: &mut AgentSession,
+/// Refuses, on an agent without a key, a client role whose server is
+/// beyond loopback, as [`keyless_stays_on_loopback`] does a workload's.
+fn keyless_targets_loopback(
+    keyed: bool,
+    target: &str,
+) -> Result<(), netgap_proto::limits::LimitError> {
+    match target.parse::<SocketAddr>() {
+        Ok(a) if !keyed && !a.ip().is_loopback() => Err(netgap_proto::limits::LimitError(format!(
+            "{} is not a loopback address; an agent without --key keeps its data on loopback",
+            a.ip()
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// The test, transport and message buffers of `spec`, checked against
+/// this host: what either role of a point needs before a socket opens.
+fn point_parts(
     spec: &PointSpec,
-    (local_ip, token): (IpAddr, &DataToken),
-    rate: &Arc<RateBudget>,
-) -> Result<OpenPoint, OpenPointError> {
+) -> Result<
+    (
+        &'static dyn bench::Test,
+        &'static dyn transport::Transport,
+        bench::RoleParams,
+    ),
+    OpenPointError,
+> {
     let test =
         bench::find(&spec.test).ok_or_else(|| OpenPointError::UnknownTest(spec.test.clone()))?;
     let transport = transport::find(&spec.transport)
@@ -975,9 +1104,6 @@ fn open_point(
             name: spec.transport.clone(),
             why,
         })?;
-    if let Some(cpu) = spec.server_cpu {
-        netgap_transport::affinity::pin_current_thread(cpu)?;
-    }
     let size =
         usize::try_from(spec.size_bytes).map_err(|_| OpenPointError::TooLarge(spec.size_bytes))?;
     let buffer = netgap_transport::buffer::BufferLayout::of_options(&spec.options)?;
@@ -990,6 +1116,77 @@ fn open_point(
             transport: spec.transport.clone(),
             max,
         });
+    }
+    let params = bench::RoleParams {
+        size_bytes: size,
+        verify: spec.verify,
+        buffer,
+    };
+    Ok((test, transport, params))
+}
+
+/// Connects the client role's flow of `spec` to the server role another
+/// agent opened at `target`, proves `token` over it and sets the test's
+/// client role up, paced by the agent's `rate`: the open point and the
+/// transport's choices of its data path. Errors are one line for the
+/// coordinator.
+fn open_client(
+    spec: &PointSpec,
+    target: &str,
+    token: &DataToken,
+    rate: &Arc<RateBudget>,
+) -> Result<(OpenPoint, Vec<String>), OpenPointError> {
+    let (test, transport, params) = point_parts(spec)?;
+    let config = FlowConfig::from_spec(spec);
+    let mut flow = transport.connect(&config, target)?;
+    // Whatever address the coordinator named, no payload goes there
+    // unless it proves it is this point's server.
+    netgap_transport::preamble::connector(flow.as_mut(), token)?;
+    let choices: Vec<String> = flow
+        .path_choices()
+        .into_iter()
+        .take(netgap_proto::message::MAX_PATH_CHOICES)
+        .collect();
+    let flow: Box<dyn transport::Flow> = Box::new(PacedFlow::new(
+        flow,
+        Arc::clone(rate),
+        transport.capabilities().message_boundaries,
+    ));
+    let monitor = flow.monitor();
+    let abort = netgap_transport::abort_handle(flow.as_ref());
+    let role = test
+        .client(params, flow)
+        .map_err(|source| OpenPointError::Setup {
+            test: spec.test.clone(),
+            source,
+        })?;
+    let reported = monitor
+        .as_ref()
+        .map(|m| m.datagram_stats())
+        .unwrap_or_default();
+    let point = OpenPoint {
+        role: PointRole::Client(role),
+        abort,
+        monitor,
+        reported,
+        cpu: None,
+    };
+    Ok((point, choices))
+}
+
+/// Opens the data listener for `spec`, tells the coordinator where it is,
+/// accepts the flow and runs the server role's setup over it, paced by the
+/// agent's `rate`. Errors are one line for the coordinator.
+fn open_point(
+    conn: &mut ControlConn,
+    session: &mut AgentSession,
+    spec: &PointSpec,
+    (local_ip, token): (IpAddr, &DataToken),
+    rate: &Arc<RateBudget>,
+) -> Result<OpenPoint, OpenPointError> {
+    let (test, transport, params) = point_parts(spec)?;
+    if let Some(cpu) = spec.server_cpu {
+        netgap_transport::affinity::pin_current_thread(cpu)?;
     }
     let config = FlowConfig::from_spec(spec);
     let mut listener = transport.listen(&config, local_ip)?;
@@ -1008,14 +1205,7 @@ fn open_point(
     let monitor = flow.monitor();
     let abort = netgap_transport::abort_handle(flow.as_ref());
     let role = test
-        .server(
-            bench::RoleParams {
-                size_bytes: size,
-                verify: spec.verify,
-                buffer,
-            },
-            flow,
-        )
+        .server(params, flow)
         .map_err(|source| OpenPointError::Setup {
             test: spec.test.clone(),
             source,
@@ -1025,9 +1215,10 @@ fn open_point(
         .map(|m| m.datagram_stats())
         .unwrap_or_default();
     Ok(OpenPoint {
-        role,
+        role: PointRole::Server(role),
         abort,
         monitor,
         reported,
+        cpu: None,
     })
 }

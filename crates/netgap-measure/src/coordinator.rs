@@ -1,7 +1,11 @@
 //! The coordinator: the process the user runs. It connects to an agent (or
 //! starts one in-process on loopback), opens each point of a [`Plan`], drives
 //! the runner, turns each measurement into a [`ResultRecord`] and hands it to
-//! the sinks the moment it is measured.
+//! the sinks the moment it is measured. The client role runs in this
+//! process, or, when the plan's hosts are agents this process cannot play
+//! ([`Peer::Agents`]), on the second host's agent through the workload
+//! coordinator's sessions (`workload_run::point_to_point`), this process
+//! only coordinating.
 
 use crate::agent::Agent;
 use crate::bench::{self, ClientRole, Metric, RepOutcome, RoleParams};
@@ -13,6 +17,7 @@ use crate::plan::{Peer, Plan};
 use crate::point_loop::{run_points, SinkError};
 use crate::runner::{self, PeerControl, PointMeasurement, RunError, ServerRep};
 use crate::sink::RecordSink;
+use crate::workload_run::coordinator::{WorkloadCoordinator, WorkloadError};
 use netgap_core::cpu::CpuUsage;
 use netgap_core::diagnose::diagnose;
 use netgap_core::host::HostFacts;
@@ -93,6 +98,9 @@ pub enum CoordError {
     /// The testbed's conditions could not be switched or restored.
     #[error("conditions: {0}")]
     Conditions(String),
+    /// The agents of a point-to-point run's two hosts could not be reached.
+    #[error(transparent)]
+    Agents(Box<WorkloadError>),
 }
 
 /// Why one point could not be measured.
@@ -138,6 +146,10 @@ pub enum PointError {
     /// The repetitions could not be summarized.
     #[error(transparent)]
     Stats(#[from] netgap_core::stats::StatsError),
+    /// A host whose agent played one of the point's roles failed, died or
+    /// went silent, or the point could not be placed on them.
+    #[error(transparent)]
+    Placed(Box<WorkloadError>),
 }
 
 pub use crate::point_loop::Observer;
@@ -156,14 +168,33 @@ impl CoordError {
     }
 }
 
-/// A control session with one agent.
+/// The control sessions of a point-to-point run: with the agent that
+/// serves while this process plays the client, or with the two agents that
+/// play both roles.
 pub struct Coordinator {
-    conn: ControlConn,
-    session: CoordinatorSession,
-    /// The agent's IP address, for data addresses it reports unspecified.
-    agent_ip: IpAddr,
+    ends: Ends,
+    /// Facts of the client's host.
     local_host: HostFacts,
+    /// Facts of the server's host.
     peer_host: HostFacts,
+}
+
+/// Where a point's roles run.
+enum Ends {
+    /// The client role here, the server role on the agent of `conn`.
+    Here {
+        conn: ControlConn,
+        session: CoordinatorSession,
+        /// The agent's IP address, for data addresses it reports
+        /// unspecified.
+        agent_ip: IpAddr,
+    },
+    /// Both roles on agents, the server's host first; the client role on
+    /// CPU `client_cpu` of its host, when pinned.
+    Agents {
+        agents: Box<WorkloadCoordinator>,
+        client_cpu: Option<u32>,
+    },
 }
 
 impl Coordinator {
@@ -175,20 +206,49 @@ impl Coordinator {
             source,
         })?;
         Ok(Coordinator {
-            conn: link.conn,
-            session: link.session,
-            agent_ip: link.agent_ip.unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST)),
+            ends: Ends::Here {
+                conn: link.conn,
+                session: link.session,
+                agent_ip: link.agent_ip.unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST)),
+            },
             local_host: netgap_transport::host::collect(link.local_ip),
             peer_host: link.peer_host,
         })
     }
 
-    /// Facts of the agent's host, from the handshake.
+    /// Connects to the agents of `hosts` (the server's host first, then the
+    /// client's), proving `key` to each when given: a run whose two roles
+    /// both run on agents, the client role on CPU `client_cpu` of its host
+    /// when given. `io_timeout_ms` bounds the wait for a launcher's agents
+    /// that are still starting when `hosts` sets no wait of its own.
+    pub fn connect_agents(
+        hosts: &crate::cluster::HostsSource,
+        key: Option<&Key>,
+        client_cpu: Option<u32>,
+        io_timeout_ms: u32,
+    ) -> Result<Coordinator, CoordError> {
+        let agents = crate::workload_run::coordinator::open_hosts(hosts, key, io_timeout_ms)
+            .map_err(|e| CoordError::Agents(Box::new(e)))?;
+        let (local_host, peer_host) = agents
+            .pair_facts()
+            .map_err(|e| CoordError::Agents(Box::new(e)))?;
+        Ok(Coordinator {
+            ends: Ends::Agents {
+                agents: Box::new(agents),
+                client_cpu,
+            },
+            local_host,
+            peer_host,
+        })
+    }
+
+    /// Facts of the server's host, from its agent's handshake.
     pub fn peer_host(&self) -> &HostFacts {
         &self.peer_host
     }
 
-    /// Facts of this host.
+    /// Facts of the client's host: this host, or the agent's that plays
+    /// the client role.
     pub fn local_host(&self) -> &HostFacts {
         &self.local_host
     }
@@ -200,105 +260,16 @@ impl Coordinator {
         method: &runner::Method,
         on_rep: &mut dyn FnMut(u32),
     ) -> Result<PointMeasurement, PointError> {
-        let test =
-            bench::find(&spec.test).ok_or_else(|| PointError::UnknownTest(spec.test.clone()))?;
-        let transport = transport::find(&spec.transport)
-            .ok_or_else(|| PointError::UnknownTransport(spec.transport.clone()))?;
-        let size =
-            usize::try_from(spec.size_bytes).map_err(|_| PointError::TooLarge(spec.size_bytes))?;
-        let buffer = netgap_transport::buffer::BufferLayout::of_options(&spec.options)?;
-        let token = netgap_transport::preamble::new_token()?;
-        let open = self.session.open(spec.clone(), token.clone());
-        self.conn.send(&open)?;
-        let reply = recv_reply(&mut self.conn, REPLY_TIMEOUT)?;
-        let data_addr = self.session.on_listening(reply)?;
-        let data_addr = fix_unspecified(&data_addr, self.agent_ip);
-        let config = FlowConfig::from_spec(spec);
-        let mut flow = transport.connect(&config, &data_addr)?;
-        // Whatever address the agent named, no payload goes there unless
-        // it proves it is this session's end.
-        netgap_transport::preamble::connector(flow.as_mut(), &token)?;
-        let monitor = flow.monitor();
-        // The agent answers once the proof's last message has reached it. A
-        // flow whose own end resends what is lost (xdp) must be served
-        // meanwhile, or a lost confirmation is never sent again.
-        let mut wait = REPLY_TIMEOUT;
-        if let Some(m) = &monitor {
-            let t0 = Instant::now();
-            let _ = m.serve_idle(self.conn.stream().as_fd(), wait);
-            wait = wait
-                .saturating_sub(t0.elapsed())
-                .max(Duration::from_millis(1));
+        match &mut self.ends {
+            Ends::Here {
+                conn,
+                session,
+                agent_ip,
+            } => measure_here(conn, session, *agent_ip, spec, method, on_rep),
+            Ends::Agents { agents, client_cpu } => agents
+                .measure_pair(spec, method, *client_cpu, on_rep)
+                .map_err(|e| PointError::Placed(Box::new(e))),
         }
-        let reply = recv_reply(&mut self.conn, wait)?;
-        self.session.on_accepted(reply)?;
-        let path_choices = flow.path_choices();
-        let role = test
-            .client(
-                RoleParams {
-                    size_bytes: size,
-                    verify: spec.verify,
-                    buffer,
-                },
-                flow,
-            )
-            .map_err(PointError::Setup)?;
-        let mut role: Box<dyn ClientRole> = match &monitor {
-            Some(m) => Box::new(MonitoredRole {
-                role,
-                monitor: Arc::clone(m),
-            }),
-            None => role,
-        };
-        // The agent answers as soon as its end of the repetition is over,
-        // which follows the client's end by the time its queued bytes take
-        // to arrive: a short grace, so a stopped agent is named within
-        // --timeout of the last byte that moved.
-        let done_timeout = config.io_timeout + DONE_GRACE;
-        let mut peer = AgentControl {
-            conn: &mut self.conn,
-            session: &mut self.session,
-            done_timeout,
-            monitor,
-        };
-        let measured = runner::measure_point(role.as_mut(), &mut peer, method, on_rep);
-        let mut m = match measured {
-            Ok(m) => m,
-            Err(e) => {
-                // When the agent refused a repetition (a limit, a failed
-                // role), the data flow breaks too; the agent's reason, sent
-                // just before, says more than the broken flow.
-                let silent = matches!(
-                    &e,
-                    runner::RunError::Flow(netgap_transport::FlowError::TimedOut { .. })
-                        | runner::RunError::PeerSilent(_)
-                );
-                // A silent data flow mostly means a silent agent: no
-                // reason will come, and a long wait for one would only
-                // delay the error. But an agent that ended the point
-                // itself (its --max-duration) may have said so while its
-                // stopped role left the flow to stall: a glance at the
-                // control connection names that cause instead.
-                let wait = if silent {
-                    SILENT_REASON_WAIT
-                } else {
-                    AGENT_REASON_WAIT
-                };
-                if let Ok(payload) = self.conn.recv_payload(wait) {
-                    if let Ok(Reply::Error { message }) = decode_reply(&payload) {
-                        return Err(PointError::Agent(message));
-                    }
-                }
-                return Err(e.into());
-            }
-        };
-        drop(role);
-        let close = self.session.close();
-        self.conn.send(&close)?;
-        let reply = recv_reply(&mut self.conn, REPLY_TIMEOUT)?;
-        self.session.on_closed(reply)?;
-        m.path_choices = path_choices;
-        Ok(m)
     }
 
     /// Measures one point of `plan` and builds its record; `on_rep` is
@@ -326,11 +297,130 @@ impl Coordinator {
     /// Ends the session politely and waits, up to two seconds, for the
     /// agent's answer, which it sends once nothing of the session runs: a
     /// run started right after finds the agent free.
-    pub fn bye(mut self) {
-        let bye = self.session.bye();
-        let _ = self.conn.send(&bye);
-        let _ = recv_reply(&mut self.conn, Duration::from_secs(2));
+    pub fn bye(self) {
+        match self.ends {
+            Ends::Here {
+                mut conn,
+                mut session,
+                ..
+            } => {
+                let bye = session.bye();
+                let _ = conn.send(&bye);
+                let _ = recv_reply(&mut conn, Duration::from_secs(2));
+            }
+            Ends::Agents { agents, .. } => agents.bye(),
+        }
     }
+}
+
+/// Measures one point with the client role in this process and the
+/// server role on the agent of `conn`.
+fn measure_here(
+    conn: &mut ControlConn,
+    session: &mut CoordinatorSession,
+    agent_ip: IpAddr,
+    spec: &PointSpec,
+    method: &runner::Method,
+    on_rep: &mut dyn FnMut(u32),
+) -> Result<PointMeasurement, PointError> {
+    let test = bench::find(&spec.test).ok_or_else(|| PointError::UnknownTest(spec.test.clone()))?;
+    let transport = transport::find(&spec.transport)
+        .ok_or_else(|| PointError::UnknownTransport(spec.transport.clone()))?;
+    let size =
+        usize::try_from(spec.size_bytes).map_err(|_| PointError::TooLarge(spec.size_bytes))?;
+    let buffer = netgap_transport::buffer::BufferLayout::of_options(&spec.options)?;
+    let token = netgap_transport::preamble::new_token()?;
+    let open = session.open(spec.clone(), token.clone());
+    conn.send(&open)?;
+    let reply = recv_reply(conn, REPLY_TIMEOUT)?;
+    let data_addr = session.on_listening(reply)?;
+    let data_addr = fix_unspecified(&data_addr, agent_ip);
+    let config = FlowConfig::from_spec(spec);
+    let mut flow = transport.connect(&config, &data_addr)?;
+    // Whatever address the agent named, no payload goes there unless
+    // it proves it is this session's end.
+    netgap_transport::preamble::connector(flow.as_mut(), &token)?;
+    let monitor = flow.monitor();
+    // The agent answers once the proof's last message has reached it. A
+    // flow whose own end resends what is lost (xdp) must be served
+    // meanwhile, or a lost confirmation is never sent again.
+    let mut wait = REPLY_TIMEOUT;
+    if let Some(m) = &monitor {
+        let t0 = Instant::now();
+        let _ = m.serve_idle(conn.stream().as_fd(), wait);
+        wait = wait
+            .saturating_sub(t0.elapsed())
+            .max(Duration::from_millis(1));
+    }
+    let reply = recv_reply(conn, wait)?;
+    session.on_accepted(reply)?;
+    let path_choices = flow.path_choices();
+    let role = test
+        .client(
+            RoleParams {
+                size_bytes: size,
+                verify: spec.verify,
+                buffer,
+            },
+            flow,
+        )
+        .map_err(PointError::Setup)?;
+    let mut role: Box<dyn ClientRole> = match &monitor {
+        Some(m) => Box::new(MonitoredRole {
+            role,
+            monitor: Arc::clone(m),
+        }),
+        None => role,
+    };
+    // The agent answers as soon as its end of the repetition is over,
+    // which follows the client's end by the time its queued bytes take
+    // to arrive: a short grace, so a stopped agent is named within
+    // --timeout of the last byte that moved.
+    let done_timeout = config.io_timeout + DONE_GRACE;
+    let mut peer = AgentControl {
+        conn,
+        session,
+        done_timeout,
+        monitor,
+    };
+    let measured = runner::measure_point(role.as_mut(), &mut peer, method, on_rep);
+    let mut m = match measured {
+        Ok(m) => m,
+        Err(e) => {
+            // When the agent refused a repetition (a limit, a failed
+            // role), the data flow breaks too; the agent's reason, sent
+            // just before, says more than the broken flow.
+            let silent = matches!(
+                &e,
+                runner::RunError::Flow(netgap_transport::FlowError::TimedOut { .. })
+                    | runner::RunError::PeerSilent(_)
+            );
+            // A silent data flow mostly means a silent agent: no
+            // reason will come, and a long wait for one would only
+            // delay the error. But an agent that ended the point
+            // itself (its --max-duration) may have said so while its
+            // stopped role left the flow to stall: a glance at the
+            // control connection names that cause instead.
+            let wait = if silent {
+                SILENT_REASON_WAIT
+            } else {
+                AGENT_REASON_WAIT
+            };
+            if let Ok(payload) = conn.recv_payload(wait) {
+                if let Ok(Reply::Error { message }) = decode_reply(&payload) {
+                    return Err(PointError::Agent(message));
+                }
+            }
+            return Err(e.into());
+        }
+    };
+    drop(role);
+    let close = session.close();
+    conn.send(&close)?;
+    let reply = recv_reply(conn, REPLY_TIMEOUT)?;
+    session.on_closed(reply)?;
+    m.path_choices = path_choices;
+    Ok(m)
 }
 
 /// An agent bound to 0.0.0.0 or :: reports that address; connect to the
@@ -547,7 +637,23 @@ pub(crate) fn build_record(
 /// loopback when the plan has no remote peer, pins this thread when the
 /// plan places the client, and connects.
 pub(crate) fn open_session(plan: &Plan) -> Result<Coordinator, CoordError> {
+    let key = || {
+        plan.settings
+            .key_file
+            .as_deref()
+            .map(crate::auth::load_key)
+            .transpose()
+    };
     let addr = match &plan.settings.peer {
+        Peer::Agents { hosts } => {
+            // Neither role runs here: the client's agent places its role.
+            return Coordinator::connect_agents(
+                hosts,
+                key()?.as_ref(),
+                plan.settings.client_cpu,
+                plan.settings.io_timeout_ms,
+            );
+        }
         Peer::Remote { addr, .. } => addr.clone(),
         Peer::Hosts { server, client } => {
             let addr = server
@@ -587,13 +693,7 @@ pub(crate) fn open_session(plan: &Plan) -> Result<Coordinator, CoordError> {
         netgap_transport::affinity::pin_current_thread(cpu)
             .map_err(|e| CoordError::Embedded(format!("client placement: {e}")))?;
     }
-    let key = plan
-        .settings
-        .key_file
-        .as_deref()
-        .map(crate::auth::load_key)
-        .transpose()?;
-    let mut coord = Coordinator::connect(&addr, key.as_ref())?;
+    let mut coord = Coordinator::connect(&addr, key()?.as_ref())?;
     if let Peer::Hosts { client, .. } = &plan.settings.peer {
         // This process stands in for the client host: its facts are those of
         // the client's address in its namespace, under the host's name.

@@ -312,7 +312,7 @@ impl RunRequest {
 }
 
 /// Where the agent is.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub enum Peer {
     /// An agent started in this process on loopback.
     Embedded {
@@ -334,6 +334,14 @@ pub enum Peer {
         server: HostEntry,
         /// The client host; it has a network namespace.
         client: HostEntry,
+    },
+    /// The first two hosts of `--hosts` (a hosts file, a launcher's
+    /// nodes, a list of agents), neither of them this process: the first
+    /// host's agent plays the server role and the second host's the client
+    /// role, and this process only coordinates them.
+    Agents {
+        /// The two hosts, server first, from where `--hosts` named them.
+        hosts: HostsSource,
     },
 }
 
@@ -968,34 +976,79 @@ pub(crate) fn options_of(
     Ok(options)
 }
 
-/// The server and client hosts of a point-to-point run over `--hosts`, and
-/// the hosts file's key: the first two hosts, the second with a network
-/// namespace for the client role to run in.
-fn p2p_hosts(hosts: HostsSource) -> Result<(HostEntry, HostEntry, Option<PathBuf>), PlanError> {
-    const WHY: &str = "a point-to-point test runs its client here, inside the second host's network namespace: give a testbed's hosts file (@testbed), or run netgap on the client host with --peer SERVER";
-    let file = match hosts {
-        HostsSource::File(f) => f,
-        other => return Err(invalid("--hosts", other.label(), WHY)),
-    };
-    let label = "a hosts file";
-    match file.hosts.as_slice() {
-        [server, client, ..] if client.netns.is_some() => {
-            Ok((server.clone(), client.clone(), file.key_file.clone()))
-        }
-        [_, client, ..] => Err(invalid(
-            "--hosts",
-            label,
-            format!(
-                "its second host, {}, has no network namespace; {WHY}",
-                client.name
-            ),
-        )),
-        _ => Err(invalid(
-            "--hosts",
-            label,
-            "a point-to-point test needs two hosts: the first serves, the second is the client",
-        )),
+/// Where the two roles of a point-to-point run over `--hosts` go, and the
+/// hosts file's key: with a second host this process can enter (a
+/// network namespace, and `enter_netns`: root), the client role runs here
+/// in it; otherwise both roles run on the first two hosts' agents.
+fn p2p_hosts(hosts: HostsSource, enter_netns: bool) -> Result<(Peer, Option<PathBuf>), PlanError> {
+    const TWO: &str =
+        "a point-to-point test needs two hosts: the first serves, the second is the client";
+    if hosts.hosts() < 2 {
+        return Err(invalid("--hosts", hosts.label(), TWO));
     }
+    Ok(match hosts {
+        HostsSource::File(f) => match f.hosts.as_slice() {
+            [server, client, ..] if enter_netns && client.netns.is_some() => (
+                Peer::Hosts {
+                    server: server.clone(),
+                    client: client.clone(),
+                },
+                f.key_file.clone(),
+            ),
+            _ => {
+                let key = f.key_file.clone();
+                let mut two = f;
+                two.hosts.truncate(2);
+                (
+                    Peer::Agents {
+                        hosts: HostsSource::File(two),
+                    },
+                    key,
+                )
+            }
+        },
+        HostsSource::Addrs(mut a) => {
+            a.truncate(2);
+            (
+                Peer::Agents {
+                    hosts: HostsSource::Addrs(a),
+                },
+                None,
+            )
+        }
+        HostsSource::Nodes {
+            launcher,
+            mut nodes,
+            wait,
+        } => {
+            nodes.truncate(2);
+            (
+                Peer::Agents {
+                    hosts: HostsSource::Nodes {
+                        launcher,
+                        nodes,
+                        wait,
+                    },
+                },
+                None,
+            )
+        }
+        HostsSource::Embedded { .. } => (
+            Peer::Agents {
+                hosts: HostsSource::Embedded {
+                    client_hosts: 1,
+                    links: 1,
+                },
+            },
+            None,
+        ),
+    })
+}
+
+/// Whether this process may enter another network namespace (root).
+fn may_enter_netns() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
 }
 
 impl RunRequest {
@@ -1287,16 +1340,17 @@ impl Settings {
         Ok(())
     }
 
-    /// With `--hosts`, the agent of a point-to-point run: the first host
-    /// serves, the client role runs here in the second host's network
-    /// namespace; every transport must cross hosts, and the hosts file's
-    /// key stands in for `--key`.
+    /// With `--hosts`, the agents of a point-to-point run: the first host
+    /// serves; the client role runs here in the second host's network
+    /// namespace when this process can enter it, else on the second host's
+    /// agent ([`Peer::Agents`]). Every transport must cross hosts, and the
+    /// hosts file's key stands in for `--key`.
     fn place_point_to_point(&mut self) -> Result<(), PlanError> {
         let Some(source) = self.hosts.clone() else {
             return Ok(());
         };
         let label = source.label();
-        let (server, client, key_file) = p2p_hosts(source)?;
+        let (peer, key_file) = p2p_hosts(source, may_enter_netns())?;
         if let Some(t) = self
             .stacks
             .transports
@@ -1311,7 +1365,7 @@ impl Settings {
         if self.key_file.is_none() {
             self.key_file = key_file;
         }
-        self.peer = Peer::Hosts { server, client };
+        self.peer = peer;
         Ok(())
     }
 
@@ -1408,6 +1462,7 @@ impl Settings {
                 Peer::Embedded { ipv6: true } => "embedded-ipv6".into(),
                 Peer::Remote { addr, .. } => addr.to_string(),
                 Peer::Hosts { server, client } => format!("{} <- {}", server.name, client.name),
+                Peer::Agents { hosts } => format!("agents: {}", hosts.label()),
             },
             transport: spec.options.clone(),
             verify: spec.verify,
@@ -1644,7 +1699,11 @@ mod tests {
             "{stacks:?}"
         );
         assert!(p.settings.interleave);
-        assert_eq!(p.settings.peer, Peer::Embedded { ipv6: false });
+        assert!(
+            matches!(p.settings.peer, Peer::Embedded { ipv6: false }),
+            "{:?}",
+            p.settings.peer
+        );
         // udp leaves out the size it cannot carry, and says so.
         assert!(!p
             .points
@@ -1853,6 +1912,45 @@ mod tests {
             path,
             testbed: false,
         }
+    }
+
+    #[test]
+    fn a_point_to_point_run_plays_the_client_here_only_in_a_namespace_it_can_enter() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = testbed_file(dir.path(), false).load().expect("hosts");
+        let (peer, _) = p2p_hosts(file.clone(), true).expect("placed");
+        assert!(
+            matches!(peer, Peer::Hosts { ref client, .. } if client.name == "h2"),
+            "{peer:?}"
+        );
+        // Without the right to enter it, both roles go to the agents.
+        let (peer, _) = p2p_hosts(file, false).expect("placed");
+        let Peer::Agents {
+            hosts: HostsSource::File(f),
+        } = &peer
+        else {
+            panic!("{peer:?}");
+        };
+        let names: Vec<&str> = f.hosts.iter().map(|h| h.name.as_str()).collect();
+        assert_eq!(names, ["h1", "h2"]);
+        // A list of agents: its first two, whoever runs netgap.
+        let three = HostsArg::parse("127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103")
+            .and_then(|a| a.load())
+            .expect("list");
+        let (peer, key) = p2p_hosts(three, true).expect("placed");
+        assert!(key.is_none());
+        let Peer::Agents { hosts } = &peer else {
+            panic!("{peer:?}");
+        };
+        assert_eq!(hosts.label(), "127.0.0.1:7101,127.0.0.1:7102");
+        let one = HostsArg::parse("127.0.0.1:7101")
+            .and_then(|a| a.load())
+            .expect("list");
+        let e = p2p_hosts(one, true).err().map(|e| e.to_string());
+        assert!(
+            e.as_deref().is_some_and(|e| e.contains("needs two hosts")),
+            "{e:?}"
+        );
     }
 
     #[test]

@@ -150,6 +150,21 @@ pub struct ServerRep {
     pub datagrams: Option<DatagramStats>,
 }
 
+/// Both ends of a point, one repetition at a time: where the client role
+/// runs (in this process, or on an agent) is theirs to know; the runner
+/// only times, calibrates and checks what they report.
+pub trait PointEnds {
+    /// Runs one repetition of `iterations` iterations on both ends and
+    /// returns what each measured; a latency test's client round trips, in
+    /// nanoseconds, go into `hist`.
+    fn rep(
+        &mut self,
+        iterations: u64,
+        phase: Phase,
+        hist: &mut LatencyHistogram,
+    ) -> Result<RepMeasurement, RunError>;
+}
+
 /// Drives the peer's server role, one repetition at a time.
 pub trait PeerControl {
     /// Asks the peer to run its role for `iterations`; returns once asked.
@@ -234,14 +249,16 @@ const CALIBRATION_GROWTH: u64 = 4;
 /// Warm-up cap for fixed iteration counts.
 const MAX_DEFAULT_WARMUP: u64 = 10_000;
 
-struct Driver<'a> {
+/// The client role in this process, on this thread, and the peer's server
+/// role driven over its control channel.
+struct LocalEnds<'a> {
     role: &'a mut dyn ClientRole,
     peer: &'a mut dyn PeerControl,
     /// The role's datagram counters at the end of the last repetition.
     datagrams: Option<DatagramStats>,
 }
 
-impl Driver<'_> {
+impl PointEnds for LocalEnds<'_> {
     fn rep(
         &mut self,
         iterations: u64,
@@ -256,6 +273,33 @@ impl Driver<'_> {
         let now = self.role.datagram_stats();
         let client_datagrams = now.map(|n| n.since(&self.datagrams.unwrap_or_default()));
         self.datagrams = now;
+        Ok(RepMeasurement {
+            client,
+            client_cpu,
+            client_datagrams,
+            server,
+        })
+    }
+}
+
+struct Driver<'a> {
+    ends: &'a mut dyn PointEnds,
+}
+
+impl Driver<'_> {
+    fn rep(
+        &mut self,
+        iterations: u64,
+        phase: Phase,
+        hist: &mut LatencyHistogram,
+    ) -> Result<RepMeasurement, RunError> {
+        let m = self.ends.rep(iterations, phase, hist)?;
+        let RepMeasurement {
+            client,
+            client_datagrams,
+            server,
+            ..
+        } = m;
         let lost = |d: Option<DatagramStats>| d.map(|d| d.lost_bytes);
         check_bytes(
             "client to server",
@@ -269,12 +313,7 @@ impl Driver<'_> {
             client.bytes_rx,
             lost(client_datagrams),
         )?;
-        Ok(RepMeasurement {
-            client,
-            client_cpu,
-            client_datagrams,
-            server,
-        })
+        Ok(m)
     }
 }
 
@@ -351,11 +390,23 @@ pub fn measure_point(
     on_rep: &mut dyn FnMut(u32),
 ) -> Result<PointMeasurement, RunError> {
     let datagrams = role.datagram_stats();
-    let mut d = Driver {
+    let mut ends = LocalEnds {
         role,
         peer,
         datagrams,
     };
+    measure_ends(&mut ends, method, on_rep)
+}
+
+/// Measures one point as [`measure_point`] does, over `ends` wherever its
+/// roles run: warm-up, calibration and the repetitions, each checked for
+/// bytes lost or invented.
+pub fn measure_ends(
+    ends: &mut dyn PointEnds,
+    method: &Method,
+    on_rep: &mut dyn FnMut(u32),
+) -> Result<PointMeasurement, RunError> {
+    let mut d = Driver { ends };
     let mut scratch = LatencyHistogram::new();
     let mut warmup_iterations = 0u64;
 

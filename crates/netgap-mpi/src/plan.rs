@@ -225,6 +225,11 @@ impl MpiPlan {
                 Some((server.clone(), client.clone()))
             }
             Peer::Remote { .. } => None,
+            Peer::Agents { .. } => {
+                return Err(MpiPlanError::Hosts(
+                    "these hosts have no network namespaces this process can enter; MPI across hosts runs on netgap's testbed as root, or on a cluster's nodes with --hosts @slurm or @hostfile:FILE".into(),
+                ))
+            }
         };
         let across = hosts.is_some() || nodes.is_some();
         let local_btl = match (mpi.btl, across) {

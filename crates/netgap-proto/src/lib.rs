@@ -31,8 +31,8 @@ pub use codec::{
     decode_reply, decode_request, encode, CodecError, FrameDecoder, HEADER_BYTES,
     MAX_BUFFERED_BYTES, MAX_FRAME_BYTES,
 };
-pub use message::{Phase, Reply, Request, MAX_TEXT_BYTES, PROTOCOL_VERSION};
+pub use message::{ClientRep, Phase, Reply, Request, MAX_TEXT_BYTES, PROTOCOL_VERSION};
 pub use session::{
-    AgentAction, AgentSession, AgentState, CoordinatorSession, CoordinatorState, SessionError,
-    WorkloadProgress,
+    AgentAction, AgentSession, AgentState, ClientProgress, CoordinatorSession, CoordinatorState,
+    SessionError, WorkloadProgress,
 };

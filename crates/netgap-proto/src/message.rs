@@ -19,8 +19,10 @@ use serde::{Deserialize, Serialize};
 /// Version 4: a point's transport options may carry its message buffers'
 /// alignment and offset (`buffer_align_bytes`, `buffer_offset_bytes`).
 /// Version 5: a role's CPU reading carries the host's softirq share
-/// (`softirq_percent`).
-pub const PROTOCOL_VERSION: u32 = 5;
+/// (`softirq_percent`). Version 6: an agent may play a point's client role
+/// (`client_open`, `client_run`), so a point-to-point point runs between
+/// two agents while the coordinator only coordinates.
+pub const PROTOCOL_VERSION: u32 = 6;
 
 /// Which part of a point a repetition belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -81,7 +83,87 @@ pub enum Request {
     /// [`Reply::WorkloadBuckets`] chunks and [`Reply::WorkloadFinished`].
     #[serde(rename = "group_go")]
     WorkloadGo,
+    /// Play the client role of a point: connect one flow to the server
+    /// role another agent opened at `target`, prove `data_token` over it,
+    /// set up the test's client role and answer
+    /// [`Reply::ClientConnected`].
+    ClientOpen {
+        /// The point.
+        spec: PointSpec,
+        /// The secret the point's data connection proves.
+        data_token: DataToken,
+        /// The server role's data address (transport-specific, at most
+        /// [`MAX_TEXT_BYTES`] bytes).
+        target: String,
+        /// The CPU the client role runs on (`--pin`), at most
+        /// [`netgap_core::spec::MAX_CPU_INDEX`]; none: where the kernel
+        /// puts it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        client_cpu: Option<u32>,
+    },
+    /// Run one repetition of the client role, timing it and metering its
+    /// CPU, then answer with [`Reply::ClientBuckets`] chunks (a latency
+    /// test's round trips) and [`Reply::ClientDone`]; while it runs the
+    /// agent says [`Reply::WorkloadAlive`] every
+    /// [`WORKLOAD_ALIVE_INTERVAL`].
+    ClientRun {
+        /// Iterations in this repetition, 1..=[`MAX_ITERATIONS`].
+        iterations: u64,
+        /// Warm-up or measured.
+        phase: Phase,
+    },
 }
+
+/// What the client role measured in one repetition, as an agent playing it
+/// reports it: the same figures the runner takes from a client role that
+/// runs in the coordinator's own process.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClientRep {
+    /// Wall time of the repetition in nanoseconds, as the test defines it.
+    pub elapsed_ns: u64,
+    /// The repetition's headline value in the test's unit; finite.
+    pub value: f64,
+    /// Payload bytes the client sent.
+    pub bytes_tx: u64,
+    /// Payload bytes the client received.
+    pub bytes_rx: u64,
+    /// CPU usage of the client side over the repetition.
+    pub cpu: CpuUsage,
+    /// The client end's datagram counters over the repetition, for an
+    /// unreliable flow; absent for a reliable one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub datagrams: Option<DatagramStats>,
+}
+
+impl ClientRep {
+    /// Range-checks every field; never panics.
+    pub fn validate(&self) -> Result<(), RangeError> {
+        if !self.value.is_finite() {
+            return Err(RangeError {
+                field: "value",
+                detail: "not a finite number".into(),
+            });
+        }
+        if !self.cpu.is_finite() {
+            return Err(RangeError {
+                field: "cpu",
+                detail: "not a finite number".into(),
+            });
+        }
+        if let Some(d) = &self.datagrams {
+            d.validate().map_err(|e| RangeError {
+                field: "datagrams",
+                detail: e.to_string(),
+            })?;
+        }
+        Ok(())
+    }
+}
+
+/// Most choices an agent playing a client role reports of its flow's data
+/// path ([`Reply::ClientConnected`]).
+pub const MAX_PATH_CHOICES: usize = 32;
 
 /// Messages an agent sends to the coordinator.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -149,9 +231,10 @@ pub enum Reply {
         /// Histogram buckets.
         buckets: Vec<[u64; 2]>,
     },
-    /// The agent is still running its workload role: sent every
-    /// [`WORKLOAD_ALIVE_INTERVAL`] while it runs, so a silent agent is noticed
-    /// long before the repetition's results are due.
+    /// The agent is still running its role (a workload role, or a
+    /// point's client role): sent every [`WORKLOAD_ALIVE_INTERVAL`] while
+    /// it runs, so a silent agent is noticed long before the repetition's
+    /// results are due.
     #[serde(rename = "group_alive")]
     WorkloadAlive,
     /// The workload repetition is over; the flows are closed.
@@ -159,6 +242,25 @@ pub enum Reply {
     WorkloadFinished {
         /// Window, CPU and memory of the agent.
         outcome: WorkloadOutcome,
+    },
+    /// The client role's flow is connected and proven, and the role set
+    /// up over it.
+    ClientConnected {
+        /// Choices the transport made in setting up the flow's data path,
+        /// for the record's stack (at most [`MAX_PATH_CHOICES`], each at
+        /// most [`MAX_TEXT_BYTES`] bytes).
+        path_choices: Vec<String>,
+    },
+    /// Some buckets of the client role's round trips over the repetition:
+    /// `[value_ns, count]` pairs (at most [`BUCKETS_PER_CHUNK`]).
+    ClientBuckets {
+        /// Histogram buckets.
+        buckets: Vec<[u64; 2]>,
+    },
+    /// The client role finished a repetition.
+    ClientDone {
+        /// What it measured.
+        rep: ClientRep,
     },
     /// The request could not be carried out; the session stays usable only
     /// if the error came before any flow was opened.
@@ -168,7 +270,8 @@ pub enum Reply {
     },
 }
 
-/// How often an agent running a workload role says it is alive.
+/// How often an agent running a workload role or a client role says it is
+/// alive.
 pub const WORKLOAD_ALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Longest free-text field accepted in a message, in bytes.
@@ -184,22 +287,40 @@ fn text(field: &'static str, s: &str) -> Result<(), RangeError> {
     Ok(())
 }
 
+fn iterations_in_range(iterations: u64) -> Result<(), RangeError> {
+    if iterations == 0 || iterations > MAX_ITERATIONS {
+        return Err(RangeError {
+            field: "iterations",
+            detail: format!("{iterations} not in 1..={MAX_ITERATIONS}"),
+        });
+    }
+    Ok(())
+}
+
 impl Request {
     /// Range-checks every parameter; never panics.
     pub fn validate(&self) -> Result<(), RangeError> {
         match self {
             Request::Hello { version, .. } => text("version", version),
             Request::Open { spec, .. } => spec.validate(),
-            Request::Run { iterations, .. } => {
-                if *iterations == 0 || *iterations > MAX_ITERATIONS {
+            Request::Run { iterations, .. } => iterations_in_range(*iterations),
+            Request::WorkloadPrepare { spec, .. } => spec.validate(),
+            Request::ClientOpen {
+                spec,
+                target,
+                client_cpu,
+                ..
+            } => {
+                spec.validate()?;
+                if let Some(cpu) = client_cpu.filter(|&c| c > netgap_core::spec::MAX_CPU_INDEX) {
                     return Err(RangeError {
-                        field: "iterations",
-                        detail: format!("{iterations} not in 1..={MAX_ITERATIONS}"),
+                        field: "client_cpu",
+                        detail: format!("{cpu} > {}", netgap_core::spec::MAX_CPU_INDEX),
                     });
                 }
-                Ok(())
+                text("target", target)
             }
-            Request::WorkloadPrepare { spec, .. } => spec.validate(),
+            Request::ClientRun { iterations, .. } => iterations_in_range(*iterations),
             Request::Close | Request::Bye | Request::WorkloadGo => Ok(()),
         }
     }
@@ -258,6 +379,27 @@ impl Reply {
                 Ok(())
             }
             Reply::WorkloadFinished { outcome } => outcome.validate(),
+            Reply::ClientConnected { path_choices } => {
+                if path_choices.len() > MAX_PATH_CHOICES {
+                    return Err(RangeError {
+                        field: "path_choices",
+                        detail: format!("more than {MAX_PATH_CHOICES}"),
+                    });
+                }
+                path_choices
+                    .iter()
+                    .try_for_each(|c| text("path_choices", c))
+            }
+            Reply::ClientBuckets { buckets } => {
+                if buckets.len() > BUCKETS_PER_CHUNK {
+                    return Err(RangeError {
+                        field: "buckets",
+                        detail: format!("more than {BUCKETS_PER_CHUNK} in one chunk"),
+                    });
+                }
+                Ok(())
+            }
+            Reply::ClientDone { rep } => rep.validate(),
             Reply::VersionMismatch { .. }
             | Reply::Busy
             | Reply::Accepted

@@ -14,10 +14,17 @@
 //! `run` → `done` (any number of times), `close` → `closed`; finally `bye` →
 //! `closed`. A busy agent answers `hello` with `busy`, an agent speaking
 //! another protocol with `version_mismatch`; both then close the connection.
+//!
+//! An agent may play a point's client role instead, when a coordinator
+//! places the two roles of a point-to-point test on two agents:
+//! `client_open` → `client_connected` (after the server's agent announced
+//! its listener), then per repetition `client_run` → any number of
+//! `group_alive` and `client_buckets` → `client_done`, and `close` →
+//! `closed`.
 
 use super::codec::one_line;
 use super::dataproof::DataToken;
-use super::message::{Phase, Reply, Request, MAX_TEXT_BYTES, PROTOCOL_VERSION};
+use super::message::{ClientRep, Phase, Reply, Request, MAX_TEXT_BYTES, PROTOCOL_VERSION};
 use super::workload::{
     FlowReport, WorkloadOutcome, WorkloadRole, WorkloadSpec, BUCKETS_PER_CHUNK, FLOWS_PER_CHUNK,
 };
@@ -39,6 +46,8 @@ impl Request {
             Request::Bye => "bye",
             Request::WorkloadPrepare { .. } => "group_prepare",
             Request::WorkloadGo => "group_go",
+            Request::ClientOpen { .. } => "client_open",
+            Request::ClientRun { .. } => "client_run",
         }
     }
 }
@@ -63,6 +72,9 @@ impl Reply {
             Reply::WorkloadBuckets { .. } => "group_buckets",
             Reply::WorkloadFinished { .. } => "group_finished",
             Reply::WorkloadAlive => "group_alive",
+            Reply::ClientConnected { .. } => "client_connected",
+            Reply::ClientBuckets { .. } => "client_buckets",
+            Reply::ClientDone { .. } => "client_done",
         }
     }
 }
@@ -146,6 +158,15 @@ pub enum AgentState {
     /// `group_go` received: the caller runs the flows and reports with
     /// [`AgentSession::workload_finished`].
     WorkloadRunning,
+    /// `client_open` received: the caller connects the client role's flow
+    /// and reports with [`AgentSession::client_connected`].
+    ClientOpening,
+    /// The client role's flow is connected: waiting for `client_run`,
+    /// `close` or `bye`.
+    ClientOpen,
+    /// `client_run` received: the caller runs a repetition of the client
+    /// role and reports with [`AgentSession::client_done`].
+    ClientRunning,
 }
 
 impl AgentState {
@@ -164,6 +185,9 @@ impl AgentState {
             AgentState::WorkloadListening => "group_listening",
             AgentState::WorkloadReady => "group_ready",
             AgentState::WorkloadRunning => "group_running",
+            AgentState::ClientOpening => "client_opening",
+            AgentState::ClientOpen => "client_open",
+            AgentState::ClientRunning => "client_running",
         }
     }
 }
@@ -207,6 +231,26 @@ pub enum AgentAction {
     /// Run the prepared workload role, then call
     /// [`AgentSession::workload_finished`], or [`AgentSession::failed`].
     RunWorkload,
+    /// Connect a client role's flow for this point (already range-checked
+    /// by the codec) to `target`, then call
+    /// [`AgentSession::client_connected`], or [`AgentSession::failed`].
+    OpenClient {
+        /// The point.
+        spec: PointSpec,
+        /// The server role's data address.
+        target: String,
+        /// The CPU to run the client role on, if pinned.
+        client_cpu: Option<u32>,
+    },
+    /// Run the client role of the open point for `iterations` iterations
+    /// (1..=[`netgap_core::spec::MAX_ITERATIONS`]), then call
+    /// [`AgentSession::client_done`], or [`AgentSession::failed`].
+    RunClient {
+        /// Iterations in this repetition.
+        iterations: u64,
+        /// Warm-up or measured.
+        phase: Phase,
+    },
 }
 
 /// The agent's end of one control connection.
@@ -287,7 +331,30 @@ impl AgentSession {
                     phase: *phase,
                 },
             ),
-            (S::Open, Request::Close) => (S::Closing, AgentAction::ClosePoint),
+            (S::Open | S::ClientOpen, Request::Close) => (S::Closing, AgentAction::ClosePoint),
+            (
+                S::Idle,
+                Request::ClientOpen {
+                    spec,
+                    target,
+                    client_cpu,
+                    ..
+                },
+            ) => (
+                S::ClientOpening,
+                AgentAction::OpenClient {
+                    spec: spec.clone(),
+                    target: target.clone(),
+                    client_cpu: *client_cpu,
+                },
+            ),
+            (S::ClientOpen, Request::ClientRun { iterations, phase }) => (
+                S::ClientRunning,
+                AgentAction::RunClient {
+                    iterations: *iterations,
+                    phase: *phase,
+                },
+            ),
             (S::Idle, Request::WorkloadPrepare { spec, .. }) => (
                 S::WorkloadPreparing,
                 AgentAction::PrepareWorkload(spec.clone()),
@@ -295,7 +362,7 @@ impl AgentSession {
             (S::WorkloadReady, Request::WorkloadGo) => {
                 (S::WorkloadRunning, AgentAction::RunWorkload)
             }
-            (S::Idle | S::Listening | S::Open | S::WorkloadReady, Request::Bye) => {
+            (S::Idle | S::Listening | S::Open | S::WorkloadReady | S::ClientOpen, Request::Bye) => {
                 (S::Closed, AgentAction::ReplyAndClose(Reply::Closed))
             }
             (state, req) => {
@@ -365,6 +432,46 @@ impl AgentSession {
         })
     }
 
+    /// The caller connected the client role's flow and set the role up
+    /// over it; `path_choices` are the transport's choices of the data
+    /// path (at most [`crate::message::MAX_PATH_CHOICES`]). Returns
+    /// [`Reply::ClientConnected`]. Valid after [`AgentAction::OpenClient`],
+    /// else [`SessionError::Misuse`].
+    pub fn client_connected(&mut self, path_choices: Vec<String>) -> Result<Reply, SessionError> {
+        self.step(
+            AgentState::ClientOpening,
+            AgentState::ClientOpen,
+            "client_connected",
+        )?;
+        Ok(Reply::ClientConnected { path_choices })
+    }
+
+    /// The caller finished a repetition of the client role: `rep` is what
+    /// it measured (finite numbers, or the coordinator refuses the reply)
+    /// and `buckets` its round trips as `[value_ns, count]` pairs. Returns
+    /// the replies to send in order: the buckets in chunks that fit a
+    /// frame, then [`Reply::ClientDone`]. Valid after
+    /// [`AgentAction::RunClient`], else [`SessionError::Misuse`].
+    pub fn client_done(
+        &mut self,
+        rep: ClientRep,
+        buckets: Vec<[u64; 2]>,
+    ) -> Result<Vec<Reply>, SessionError> {
+        self.step(
+            AgentState::ClientRunning,
+            AgentState::ClientOpen,
+            "client_done",
+        )?;
+        let mut replies: Vec<Reply> = buckets
+            .chunks(BUCKETS_PER_CHUNK)
+            .map(|c| Reply::ClientBuckets {
+                buckets: c.to_vec(),
+            })
+            .collect();
+        replies.push(Reply::ClientDone { rep });
+        Ok(replies)
+    }
+
     /// The caller closed the point's flow; returns [`Reply::Closed`] and the
     /// session is idle again. Valid after [`AgentAction::ClosePoint`], else
     /// [`SessionError::Misuse`].
@@ -411,7 +518,7 @@ impl AgentSession {
     pub fn workload_alive(&self) -> Result<Reply, SessionError> {
         if !matches!(
             self.state,
-            AgentState::WorkloadRunning | AgentState::WorkloadPreparing
+            AgentState::WorkloadRunning | AgentState::WorkloadPreparing | AgentState::ClientRunning
         ) {
             return Err(SessionError::Misuse {
                 state: self.state.as_str(),
@@ -464,7 +571,8 @@ impl AgentSession {
             | AgentState::WorkloadPreparing
             | AgentState::WorkloadListening
             | AgentState::WorkloadReady
-            | AgentState::WorkloadRunning => AgentState::Idle,
+            | AgentState::WorkloadRunning
+            | AgentState::ClientOpening => AgentState::Idle,
             _ => AgentState::Closed,
         };
         Reply::Error {
@@ -484,6 +592,17 @@ pub enum WorkloadProgress {
     Alive,
     /// The last reply: the repetition is over.
     Finished(Box<WorkloadOutcome>),
+}
+
+/// One step of an agent's answer to `client_run`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ClientProgress {
+    /// Some `[value_ns, count]` buckets of the repetition's round trips.
+    Buckets(Vec<[u64; 2]>),
+    /// The agent is still running the repetition.
+    Alive,
+    /// The last reply: what the repetition measured.
+    Done(ClientRep),
 }
 
 /// Where a coordinator session stands.
@@ -518,6 +637,13 @@ pub enum CoordinatorState {
     WorkloadReady,
     /// `group_go` sent, waiting for the flow reports and `group_finished`.
     AwaitWorkloadFinished,
+    /// `client_open` sent, waiting for `client_connected`.
+    AwaitClientConnected,
+    /// The agent's client role is connected: `client_run` or `close` may
+    /// be sent.
+    ClientOpen,
+    /// `client_run` sent, waiting for `client_done`.
+    AwaitClientDone,
 }
 
 impl CoordinatorState {
@@ -538,6 +664,9 @@ impl CoordinatorState {
             CoordinatorState::AwaitWorkloadReady => "await_group_ready",
             CoordinatorState::WorkloadReady => "group_ready",
             CoordinatorState::AwaitWorkloadFinished => "await_group_finished",
+            CoordinatorState::AwaitClientConnected => "await_client_connected",
+            CoordinatorState::ClientOpen => "client_open",
+            CoordinatorState::AwaitClientDone => "await_client_done",
         }
     }
 }
@@ -635,7 +764,8 @@ impl CoordinatorSession {
                     | CoordinatorState::AwaitAccepted
                     | CoordinatorState::AwaitWorkloadListening
                     | CoordinatorState::AwaitWorkloadReady
-                    | CoordinatorState::AwaitWorkloadFinished => CoordinatorState::Idle,
+                    | CoordinatorState::AwaitWorkloadFinished
+                    | CoordinatorState::AwaitClientConnected => CoordinatorState::Idle,
                     _ => CoordinatorState::Closed,
                 };
                 SessionError::Remote(one_line(message, MAX_TEXT_BYTES))
@@ -770,15 +900,89 @@ impl CoordinatorSession {
         }
     }
 
-    /// Asks the agent to close the point's flow. Valid while a point is open.
+    /// Asks the agent to close the point's flow. Valid while a point is
+    /// open, with the agent playing its server role or its client role.
     /// Then call [`CoordinatorSession::on_closed`].
     pub fn close(&mut self) -> Request {
-        self.sent(
-            CoordinatorState::Open,
-            CoordinatorState::AwaitClosed,
-            "close",
-        );
+        let from = match self.state {
+            CoordinatorState::ClientOpen => CoordinatorState::ClientOpen,
+            _ => CoordinatorState::Open,
+        };
+        self.sent(from, CoordinatorState::AwaitClosed, "close");
         Request::Close
+    }
+
+    /// Asks the agent to play the client role of `spec` (which should pass
+    /// [`PointSpec::validate`], or the agent refuses it): to connect to
+    /// the server role at `target` and prove `data_token`, running the
+    /// role on CPU `client_cpu` when given. Valid when idle. Then call
+    /// [`CoordinatorSession::on_client_connected`].
+    pub fn client_open(
+        &mut self,
+        spec: PointSpec,
+        data_token: DataToken,
+        target: String,
+        client_cpu: Option<u32>,
+    ) -> Request {
+        self.sent(
+            CoordinatorState::Idle,
+            CoordinatorState::AwaitClientConnected,
+            "client_open",
+        );
+        Request::ClientOpen {
+            spec,
+            data_token,
+            target,
+            client_cpu,
+        }
+    }
+
+    /// Checks the answer to `client_open` and returns the transport's
+    /// choices of the flow's data path. An agent error here leaves the
+    /// session idle.
+    pub fn on_client_connected(&mut self, reply: Reply) -> Result<Vec<String>, SessionError> {
+        self.due(
+            CoordinatorState::AwaitClientConnected,
+            "on_client_connected",
+        )?;
+        match reply {
+            Reply::ClientConnected { path_choices } => {
+                self.state = CoordinatorState::ClientOpen;
+                Ok(path_choices)
+            }
+            other => Err(self.reject(&other)),
+        }
+    }
+
+    /// Asks the agent to run the client role for `iterations` iterations
+    /// (1..=[`netgap_core::spec::MAX_ITERATIONS`], or the agent refuses
+    /// them). Valid while its client role is open. Then call
+    /// [`CoordinatorSession::on_client_result`] until it returns
+    /// [`ClientProgress::Done`].
+    pub fn client_run(&mut self, iterations: u64, phase: Phase) -> Request {
+        self.sent(
+            CoordinatorState::ClientOpen,
+            CoordinatorState::AwaitClientDone,
+            "client_run",
+        );
+        Request::ClientRun { iterations, phase }
+    }
+
+    /// Checks one reply to `client_run`: liveness and histogram chunks
+    /// keep the session waiting, `client_done` ends the repetition with
+    /// the client role still open. An agent error closes the session (the
+    /// agent dropped the flow).
+    pub fn on_client_result(&mut self, reply: Reply) -> Result<ClientProgress, SessionError> {
+        self.due(CoordinatorState::AwaitClientDone, "on_client_result")?;
+        match reply {
+            Reply::WorkloadAlive => Ok(ClientProgress::Alive),
+            Reply::ClientBuckets { buckets } => Ok(ClientProgress::Buckets(buckets)),
+            Reply::ClientDone { rep } => {
+                self.state = CoordinatorState::ClientOpen;
+                Ok(ClientProgress::Done(rep))
+            }
+            other => Err(self.reject(&other)),
+        }
     }
 
     /// Checks the answer to `close`; the session is then idle.
@@ -1125,6 +1329,115 @@ mod tests {
         }
         assert_eq!(seen, 300);
         assert_eq!(coord.state(), CoordinatorState::Idle);
+    }
+
+    #[test]
+    fn client_role_round_through_both_machines() {
+        let mut agent = AgentSession::new(host(), false);
+        let mut coord = CoordinatorSession::new();
+        handshake(&mut agent, &mut coord);
+        let open = wire_request(&coord.client_open(
+            spec(),
+            test_token(),
+            "10.0.0.1:40000".into(),
+            Some(1),
+        ));
+        let AgentAction::OpenClient {
+            spec: s,
+            target,
+            client_cpu,
+        } = agent.on_request(&open).unwrap()
+        else {
+            panic!("expected OpenClient");
+        };
+        assert_eq!(
+            (s, target.as_str(), client_cpu),
+            (spec(), "10.0.0.1:40000", Some(1))
+        );
+        // A server role's run is refused while the client role opens.
+        let mut early = agent.clone();
+        assert!(early
+            .on_request(&Request::Run {
+                iterations: 1,
+                phase: Phase::Measure
+            })
+            .is_err());
+        let r = wire_reply(&agent.client_connected(vec!["gso".into()]).unwrap());
+        assert_eq!(coord.on_client_connected(r).unwrap(), vec!["gso"]);
+        assert_eq!(coord.state(), CoordinatorState::ClientOpen);
+        for _ in 0..2 {
+            let run = wire_request(&coord.client_run(10, Phase::Measure));
+            assert_eq!(
+                agent.on_request(&run).unwrap(),
+                AgentAction::RunClient {
+                    iterations: 10,
+                    phase: Phase::Measure
+                }
+            );
+            let alive = wire_reply(&agent.workload_alive().unwrap());
+            assert_eq!(
+                coord.on_client_result(alive).unwrap(),
+                ClientProgress::Alive
+            );
+            let rep = ClientRep {
+                elapsed_ns: 1000,
+                value: 2.5,
+                bytes_tx: 40,
+                bytes_rx: 40,
+                cpu: CpuUsage::default(),
+                datagrams: None,
+            };
+            let replies = agent.client_done(rep, vec![[7, 1]; 1500]).unwrap();
+            // 1500 buckets in chunks of 1024, then the end.
+            assert_eq!(replies.len(), 3);
+            let mut buckets = 0;
+            for r in replies {
+                match coord.on_client_result(wire_reply(&r)).unwrap() {
+                    ClientProgress::Buckets(b) => buckets += b.len(),
+                    ClientProgress::Alive => panic!("alive after the end"),
+                    ClientProgress::Done(d) => assert_eq!(d, rep),
+                }
+            }
+            assert_eq!(buckets, 1500);
+            assert_eq!(agent.state(), AgentState::ClientOpen);
+        }
+        let close = wire_request(&coord.close());
+        assert_eq!(agent.on_request(&close).unwrap(), AgentAction::ClosePoint);
+        coord
+            .on_closed(wire_reply(&agent.closed().unwrap()))
+            .unwrap();
+        assert_eq!(agent.state(), AgentState::Idle);
+        assert_eq!(coord.state(), CoordinatorState::Idle);
+    }
+
+    #[test]
+    fn a_client_role_that_cannot_connect_leaves_both_sessions_usable() {
+        let mut agent = AgentSession::new(host(), false);
+        let mut coord = CoordinatorSession::new();
+        handshake(&mut agent, &mut coord);
+        let open =
+            wire_request(&coord.client_open(spec(), test_token(), "10.0.0.1:1".into(), None));
+        agent.on_request(&open).unwrap();
+        let err = wire_reply(&agent.failed("connection refused"));
+        assert_eq!(agent.state(), AgentState::Idle);
+        assert_eq!(
+            coord.on_client_connected(err).unwrap_err(),
+            SessionError::Remote("connection refused".into())
+        );
+        assert_eq!(coord.state(), CoordinatorState::Idle);
+        // A failed repetition closes both: the agent dropped the flow.
+        let open =
+            wire_request(&coord.client_open(spec(), test_token(), "10.0.0.1:2".into(), None));
+        agent.on_request(&open).unwrap();
+        coord
+            .on_client_connected(wire_reply(&agent.client_connected(Vec::new()).unwrap()))
+            .unwrap();
+        let run = wire_request(&coord.client_run(1, Phase::Warmup));
+        agent.on_request(&run).unwrap();
+        let err = wire_reply(&agent.failed("no data moved"));
+        assert_eq!(agent.state(), AgentState::Closed);
+        assert!(coord.on_client_result(err).is_err());
+        assert_eq!(coord.state(), CoordinatorState::Closed);
     }
 
     #[test]

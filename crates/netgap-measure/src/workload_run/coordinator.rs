@@ -92,13 +92,13 @@ pub(super) struct HostInfo {
     pub(super) name: String,
     control: ControlAddr,
     /// Data address, when known (hosts file, in-process agents).
-    address: Option<IpAddr>,
+    pub(super) address: Option<IpAddr>,
     /// Link pairs (local, remote) to the server, for multirail.
     rails: Vec<(IpAddr, IpAddr)>,
     /// On a mesh, the first link (local, remote) to the server: the path
     /// every other test takes, as the server's own address may sit on
     /// another link's subnet.
-    via: Option<(IpAddr, IpAddr)>,
+    pub(super) via: Option<(IpAddr, IpAddr)>,
     /// On a mesh, the first link (peer host name, local, remote) to every
     /// other host: how a role of a staged placement reaches any earlier
     /// role, not only the first host's.
@@ -109,7 +109,7 @@ pub(super) struct HostInfo {
 pub(super) struct Link {
     pub(super) host: HostInfo,
     writer: ControlStream,
-    session: CoordinatorSession,
+    pub(super) session: CoordinatorSession,
     /// The agent's host facts, from its welcome.
     pub(super) facts: HostFacts,
     pending: VecDeque<Reply>,
@@ -446,7 +446,7 @@ impl WorkloadCoordinator {
     /// session with each of them whose session ended while no point used
     /// it (its agent's idle time passed). Its reader had stopped with the
     /// end it reported, so nothing of the old session reaches the new one.
-    fn use_hosts(&mut self, hosts: &[usize]) -> Result<(), WorkloadError> {
+    pub(super) fn use_hosts(&mut self, hosts: &[usize]) -> Result<(), WorkloadError> {
         self.take_reported();
         for (i, a) in self.active.iter_mut().enumerate() {
             *a = hosts.contains(&i);
@@ -471,7 +471,7 @@ impl WorkloadCoordinator {
         self.links[i].host.error(detail)
     }
 
-    fn send(&mut self, i: usize, req: &Request) -> Result<(), WorkloadError> {
+    pub(super) fn send(&mut self, i: usize, req: &Request) -> Result<(), WorkloadError> {
         let frame = encode(req).map_err(|e| WorkloadError::Point(e.to_string()))?;
         let w = &mut self.links[i].writer;
         let r = match w {
@@ -523,7 +523,7 @@ impl WorkloadCoordinator {
 
     /// The next reply of host `i`, within `timeout`. A failure of any
     /// other host seen meanwhile fails at once, naming that host.
-    fn wait(&mut self, i: usize, timeout: Duration) -> Result<Reply, WorkloadError> {
+    pub(super) fn wait(&mut self, i: usize, timeout: Duration) -> Result<Reply, WorkloadError> {
         if let Some(r) = self.links[i].pending.pop_front() {
             return Ok(r);
         }
@@ -613,6 +613,45 @@ impl WorkloadCoordinator {
         }
     }
 
+    /// The next word of any of `hosts` within `within`, without judging
+    /// it: a reply already kept for one of them first, else the next one
+    /// reported (`Err` with the detail when its session ended). `None`
+    /// when none of them said anything in time. Replies of other hosts are
+    /// kept for them, and the ends of their sessions recorded.
+    pub(super) fn next_from(
+        &mut self,
+        hosts: &[usize],
+        within: Duration,
+    ) -> Option<(usize, Result<Reply, String>)> {
+        for &i in hosts {
+            if let Some(r) = self.links.get_mut(i)?.pending.pop_front() {
+                return Some((i, Ok(r)));
+            }
+            if let Some(e) = self.lost.get(i)?.clone() {
+                return Some((i, Err(e)));
+            }
+        }
+        let deadline = Instant::now() + within;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return None;
+            }
+            match self.events.recv_timeout(left) {
+                Ok((j, Ok(r))) if hosts.contains(&j) => return Some((j, Ok(r))),
+                Ok((j, Ok(r))) => self.links[j].pending.push_back(r),
+                Ok((j, Err(e))) => {
+                    let detail = control_detail(&e);
+                    self.lost[j] = Some(detail.clone());
+                    if hosts.contains(&j) {
+                        return Some((j, Err(detail)));
+                    }
+                }
+                Err(_) => return None,
+            }
+        }
+    }
+
     /// A host running a workload role that has said nothing for longer than
     /// [`SILENCE_LIMIT`], if any.
     fn silent_host(&self) -> Option<usize> {
@@ -629,7 +668,7 @@ impl WorkloadCoordinator {
     /// agent to say it has closed: an agent answers only once nothing of
     /// the session runs, so a run started right after this one finds its
     /// agents free instead of busy.
-    pub(super) fn bye(mut self) {
+    pub(crate) fn bye(mut self) {
         let mut open: Vec<bool> = (0..self.links.len())
             .map(|i| {
                 let bye = self.links[i].session.bye();
@@ -711,7 +750,7 @@ pub(super) fn place(point: &WorkloadPoint, links: &[Link]) -> Result<Placement, 
 
 /// An IP:PORT an agent announced on an unspecified address, made
 /// reachable with the address its control connection used.
-fn fix_unspecified(addr: &str, host: &HostInfo) -> String {
+pub(super) fn fix_unspecified(addr: &str, host: &HostInfo) -> String {
     match (addr.parse::<SocketAddr>(), host.address) {
         (Ok(sa), Some(ip)) if sa.ip().is_unspecified() => {
             SocketAddr::new(ip, sa.port()).to_string()
@@ -722,7 +761,7 @@ fn fix_unspecified(addr: &str, host: &HostInfo) -> String {
 
 /// An IP:PORT a server announced on the unspecified address, made
 /// reachable at `ip` (the server's end of a client host's link).
-fn retarget(addr: &str, ip: IpAddr) -> String {
+pub(super) fn retarget(addr: &str, ip: IpAddr) -> String {
     match addr.parse::<SocketAddr>() {
         Ok(sa) if sa.ip().is_unspecified() => SocketAddr::new(ip, sa.port()).to_string(),
         _ => addr.to_string(),
@@ -1144,17 +1183,26 @@ fn run_key(plan: &WorkloadPlan) -> Result<Option<Key>, WorkloadError> {
 /// Connects to every host of `plan` with the run's key: the sessions a
 /// workload run measures through.
 pub fn open(plan: &WorkloadPlan) -> Result<WorkloadCoordinator, WorkloadError> {
-    let hosts = resolve_hosts(&plan.hosts)?;
     let key = run_key(plan)?;
-    // A launcher's agents may still be starting: wait for them up to
-    // `--wait`, else the run's `--timeout`.
-    let wait = match &plan.hosts {
-        HostsSource::Nodes { wait, .. } => Some(wait.unwrap_or(Duration::from_millis(u64::from(
-            plan.settings.io_timeout_ms,
-        )))),
+    open_hosts(&plan.hosts, key.as_ref(), plan.settings.io_timeout_ms)
+}
+
+/// Connects to every host of `hosts`, proving `key` to each agent when
+/// given. A launcher's agents may still be starting: the connection waits
+/// for them up to its `--wait`, else `io_timeout_ms`.
+pub(crate) fn open_hosts(
+    hosts: &HostsSource,
+    key: Option<&Key>,
+    io_timeout_ms: u32,
+) -> Result<WorkloadCoordinator, WorkloadError> {
+    let resolved = resolve_hosts(hosts)?;
+    let wait = match hosts {
+        HostsSource::Nodes { wait, .. } => {
+            Some(wait.unwrap_or(Duration::from_millis(u64::from(io_timeout_ms))))
+        }
         _ => None,
     };
-    WorkloadCoordinator::connect(hosts, key.as_ref(), wait)
+    WorkloadCoordinator::connect(resolved, key, wait)
 }
 
 #[cfg(test)]

@@ -13,6 +13,7 @@
 
 pub mod coordinator;
 pub mod plan;
+mod point_to_point;
 pub mod summary;
 
 pub use netgap_workload::{find, names, registry};
