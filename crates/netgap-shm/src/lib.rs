@@ -35,9 +35,13 @@
 //! `Release` store; the consumer loads `head` with `Acquire` before it
 //! copies out, and publishes `tail` the same way.
 //!
-//! An end reads its own index from the ring on every call, never from a
-//! private copy: after `fork` the parent or the child may carry on with a
-//! preload library's connection, so the shared index is the only truth.
+//! An end of the preload library or the relay reads its own index from the
+//! ring on every call, never from a private copy: after `fork` the parent
+//! or the child may carry on with a preload library's connection, so the
+//! shared index is the only truth. The `shm` transport, which never forks
+//! with its flows, keeps a private copy ([`OwnIndex::Private`]): loading
+//! one's own index while the peer spins on its line costs a cross-core
+//! transfer on some CPUs.
 //! The peer's index is cached in the end's own memory and read again only
 //! when the cache cannot satisfy the request, so a producer with room
 //! reads nothing the consumer wrote: a small message costs two cache-line
@@ -99,7 +103,7 @@ pub mod wait;
 
 pub use layout::{region_bytes, HeaderFields, RingId, Role, Waits};
 pub use region::{Expect, Region, RegionError};
-pub use ring::{Consumer, Producer, RingError};
+pub use ring::{Consumer, OwnIndex, Producer, RingError};
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]

@@ -13,7 +13,7 @@ use crate::layout::{
     HeaderFields, RingCtl, RingId, Role, Waits, LAYOUT_VERSION, MAGIC, MAX_CAPACITY_BYTES,
     MIN_CAPACITY_BYTES, PAGE_BYTES,
 };
-use crate::ring::{Consumer, Producer};
+use crate::ring::{Consumer, OwnIndex, Producer};
 use std::alloc::Layout;
 use std::fmt;
 use std::io;
@@ -492,25 +492,43 @@ impl Region {
         }
     }
 
-    /// The producing end of `ring`.
+    /// The producing end of `ring`, reading its own index from the ring.
     pub fn producer(&self, ring: RingId) -> Producer {
+        self.producer_with(ring, OwnIndex::InRing)
+    }
+
+    /// The producing end of `ring`, its own index kept as `own` says.
+    pub fn producer_with(&self, ring: RingId, own: OwnIndex) -> Producer {
         let (ctl, data) = self.ring(ring);
         // SAFETY: both lie in this region's memory, which the end keeps
         // (its `Arc`), and do not overlap (control pages, then data); the
         // capacity was checked to be a power of two within the bounds.
-        unsafe { Producer::new(ctl, data, self.capacity as u64, Arc::clone(&self.mem)) }
+        unsafe { Producer::new(ctl, data, self.capacity as u64, Arc::clone(&self.mem), own) }
     }
 
-    /// The consuming end of `ring`.
+    /// The consuming end of `ring`, reading its own index from the ring.
     pub fn consumer(&self, ring: RingId) -> Consumer {
+        self.consumer_with(ring, OwnIndex::InRing)
+    }
+
+    /// The consuming end of `ring`, its own index kept as `own` says.
+    pub fn consumer_with(&self, ring: RingId, own: OwnIndex) -> Consumer {
         let (ctl, data) = self.ring(ring);
-        // SAFETY: as in `producer`.
-        unsafe { Consumer::new(ctl, data, self.capacity as u64, Arc::clone(&self.mem)) }
+        // SAFETY: as in `producer_with`.
+        unsafe { Consumer::new(ctl, data, self.capacity as u64, Arc::clone(&self.mem), own) }
     }
 
     /// The ends of `role`: the producer of its outgoing ring and the
     /// consumer of its incoming one.
     pub fn ends(&self, role: Role) -> (Producer, Consumer) {
-        (self.producer(role.tx()), self.consumer(role.rx()))
+        self.ends_with(role, OwnIndex::InRing)
+    }
+
+    /// The ends of `role`, their own indices kept as `own` says.
+    pub fn ends_with(&self, role: Role, own: OwnIndex) -> (Producer, Consumer) {
+        (
+            self.producer_with(role.tx(), own),
+            self.consumer_with(role.rx(), own),
+        )
     }
 }

@@ -6,7 +6,7 @@ use crate::layout::{
     region_bytes, HeaderFields, RingId, Role, Waits, HEADER_BYTES, MAX_CAPACITY_BYTES, PAGE_BYTES,
 };
 use crate::region::{Expect, Region, RegionError};
-use crate::ring::RingError;
+use crate::ring::{OwnIndex, RingError};
 use crate::wait::{WAIT_FD, WAIT_FUTEX};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::Ordering;
@@ -110,6 +110,30 @@ fn bytes_cross_the_wrap_of_the_ring_in_order_and_partial_writes_take_what_fits()
     assert_eq!(rx.try_read(&mut rest, usize::MAX).unwrap(), 0);
     assert_eq!(rx.available().unwrap(), 0);
     assert_eq!(tx.unconsumed().unwrap(), 0);
+}
+
+#[test]
+fn ends_with_private_indices_write_them_through_to_the_ring() {
+    let (a, b) = pair(4096, Waits::Spin);
+    let (tx, _) = a.ends_with(Role::Connector, OwnIndex::Private);
+    let (_, rx) = b.ends_with(Role::Listener, OwnIndex::Private);
+    let (_, shared_rx) = b.ends(Role::Listener);
+    let mut got = Vec::new();
+    for round in 0..10 {
+        let msg = pattern(3000, round);
+        assert_eq!(tx.try_write(&msg, usize::MAX).unwrap(), 3000);
+        // The peer reads the index from the ring: it moved there too.
+        assert_eq!(shared_rx.available().unwrap(), 3000);
+        let mut buf = vec![0u8; 3000];
+        assert_eq!(rx.try_read(&mut buf, usize::MAX).unwrap(), 3000);
+        assert_eq!(buf, msg);
+        got.push(buf);
+    }
+    let ctl = a.ctl(RingId::ToListener);
+    assert_eq!(ctl.head.0.load(Ordering::Acquire), 30_000);
+    assert_eq!(ctl.tail.0.load(Ordering::Acquire), 30_000);
+    assert_eq!(tx.unconsumed().unwrap(), 0);
+    assert_eq!(got.len(), 10);
 }
 
 #[test]

@@ -45,7 +45,7 @@ use super::{
 };
 use netgap_core::spec::Mode;
 use netgap_shm::wait::{self, WAIT_FUTEX};
-use netgap_shm::{Consumer, Producer, Region, RingError, RingId, Role};
+use netgap_shm::{Consumer, OwnIndex, Producer, Region, RingError, RingId, Role};
 use std::io;
 use std::net::Shutdown;
 use std::os::fd::AsFd;
@@ -219,7 +219,10 @@ impl ShmFlow {
     /// The flow of `role`'s end of `region` (checked when it was made or
     /// opened).
     fn new(region: Region, socket: UnixStream, role: Role, config: &FlowConfig) -> ShmFlow {
-        let (tx, rx) = region.ends(role);
+        // No flow outlives a fork in the process that made it: each end
+        // keeps its own index privately (no load of a line the peer spins
+        // on).
+        let (tx, rx) = region.ends_with(role, OwnIndex::Private);
         let shared = Arc::new(Shared {
             region,
             socket,
