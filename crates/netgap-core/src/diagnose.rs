@@ -103,21 +103,10 @@ pub fn reassess_physics(record: &mut ResultRecord) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::record::tests::head;
     use crate::record::RecordHead;
     use crate::spec::{Mode, TransportOptions};
     use crate::stack::{PathIdentity, Stack};
-
-    fn head() -> RecordHead {
-        RecordHead {
-            test: "sweep".into(),
-            transport: "tcp".into(),
-            mode: Mode::Event,
-            size_bytes: 64,
-            metric: "bandwidth_gbps".into(),
-            value: 1.5,
-            time: "2026-01-01T00:00:00Z".into(),
-        }
-    }
 
     fn diagnosed(mut r: ResultRecord) -> ResultRecord {
         diagnose(&mut r);

@@ -833,10 +833,11 @@ pub struct LinkResult {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn head() -> RecordHead {
+    /// A record's head for tests (diagnosis's too).
+    pub(crate) fn head() -> RecordHead {
         RecordHead {
             test: "sweep".into(),
             transport: "tcp".into(),

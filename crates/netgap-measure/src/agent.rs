@@ -1147,31 +1147,51 @@ fn open_client(
         .into_iter()
         .take(netgap_proto::message::MAX_PATH_CHOICES)
         .collect();
-    let flow: Box<dyn transport::Flow> = Box::new(PacedFlow::new(
+    let flow = paced(flow, rate, transport);
+    let point = open_role(spec, flow, |flow| {
+        test.client(params, flow).map(PointRole::Client)
+    })?;
+    Ok((point, choices))
+}
+
+/// `flow`, with every byte the role moves counted against the agent's
+/// `rate` (--max-rate).
+fn paced(
+    flow: Box<dyn transport::Flow>,
+    rate: &Arc<RateBudget>,
+    transport: &dyn transport::Transport,
+) -> Box<dyn transport::Flow> {
+    Box::new(PacedFlow::new(
         flow,
         Arc::clone(rate),
         transport.capabilities().message_boundaries,
-    ));
+    ))
+}
+
+/// Sets `spec`'s role up over `flow` with `open`: the open point, with
+/// the flow's monitor, its abort handle and its datagram counts so far.
+fn open_role(
+    spec: &PointSpec,
+    flow: Box<dyn transport::Flow>,
+    open: impl FnOnce(Box<dyn transport::Flow>) -> Result<PointRole, transport::FlowError>,
+) -> Result<OpenPoint, OpenPointError> {
     let monitor = flow.monitor();
     let abort = netgap_transport::abort_handle(flow.as_ref());
-    let role = test
-        .client(params, flow)
-        .map_err(|source| OpenPointError::Setup {
-            test: spec.test.clone(),
-            source,
-        })?;
+    let role = open(flow).map_err(|source| OpenPointError::Setup {
+        test: spec.test.clone(),
+        source,
+    })?;
     let reported = monitor
         .as_ref()
         .map(|m| m.datagram_stats())
         .unwrap_or_default();
-    let point = OpenPoint {
-        role: PointRole::Client(role),
+    Ok(OpenPoint {
+        role,
         abort,
         monitor,
         reported,
         cpu: None,
-    };
-    Ok((point, choices))
+    })
 }
 
 /// Opens the data listener for `spec`, tells the coordinator where it is,
@@ -1194,31 +1214,10 @@ fn open_point(
     conn.send(&reply)?;
     let flow = accept_proven(listener.as_mut(), token)?;
     drop(listener);
-    // Every byte the role moves counts against --max-rate.
-    let flow: Box<dyn transport::Flow> = Box::new(PacedFlow::new(
-        flow,
-        Arc::clone(rate),
-        transport.capabilities().message_boundaries,
-    ));
+    let flow = paced(flow, rate, transport);
     let reply = session.accepted()?;
     conn.send(&reply)?;
-    let monitor = flow.monitor();
-    let abort = netgap_transport::abort_handle(flow.as_ref());
-    let role = test
-        .server(params, flow)
-        .map_err(|source| OpenPointError::Setup {
-            test: spec.test.clone(),
-            source,
-        })?;
-    let reported = monitor
-        .as_ref()
-        .map(|m| m.datagram_stats())
-        .unwrap_or_default();
-    Ok(OpenPoint {
-        role: PointRole::Server(role),
-        abort,
-        monitor,
-        reported,
-        cpu: None,
+    open_role(spec, flow, |flow| {
+        test.server(params, flow).map(PointRole::Server)
     })
 }

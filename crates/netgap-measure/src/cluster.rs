@@ -392,43 +392,22 @@ mod tests {
         );
     }
 
+    /// A hosts file of one agent (core's tests hold the file's own checks).
     fn sample() -> HostsFile {
         HostsFile {
             version: HOSTS_FILE_VERSION,
-            topology: "mesh".into(),
+            topology: "switch".into(),
             key_file: None,
-            hosts: vec![
-                HostEntry {
-                    name: "h1".into(),
-                    control: "unix:/tmp/h1.sock".into(),
-                    address: "10.0.0.1".parse().expect("ip"),
-                    netns: Some("netgap-h1".into()),
-                    links: vec![LinkEntry {
-                        peer: "h2".into(),
-                        index: 0,
-                        local: "10.0.0.1".parse().expect("ip"),
-                        remote: "10.0.0.2".parse().expect("ip"),
-                        ifname: "ng0".into(),
-                        mtu_bytes: 1500,
-                        rate_bps: Some(1_000_000_000),
-                    }],
-                },
-                HostEntry {
-                    name: "h2".into(),
-                    control: "127.0.0.1:7100".into(),
-                    address: "10.0.0.2".parse().expect("ip"),
-                    netns: None,
-                    links: vec![],
-                },
-            ],
+            hosts: vec![HostEntry {
+                name: "h1".into(),
+                control: "127.0.0.1:7100".into(),
+                address: "127.0.0.1".parse().expect("ip"),
+                netns: None,
+                links: vec![],
+            }],
             testbed: None,
             conditions: None,
-            forwarding: Some(Forwarding {
-                payload_mbps: 29_743,
-                mtu_bytes: 1500,
-                streams: 2,
-                declared: false,
-            }),
+            forwarding: None,
             rate_scaled_from_bps: None,
         }
     }
