@@ -12,6 +12,7 @@ mod invocation;
 use crate::cluster::{HostsArg, HostsSource};
 use crate::conditions::ConditionAxis;
 use crate::spec::Mode;
+use netgap_core::sizing::{sweep_sizes, Growth};
 use netgap_core::study::{Figure, FigureCommand, Study, StudyError};
 use netgap_core::units::parse_size_list;
 use std::path::PathBuf;
@@ -451,9 +452,15 @@ fn points_of(fig: &Figure, quick: bool, transports: usize) -> u64 {
                     .unwrap_or(d)
             };
             let (start, end) = (bytes("--start", 1).max(1), bytes("--end", 8 << 20));
-            let octaves = (end as f64 / start as f64).log2().max(0.0) as u64;
-            let perturbed = flag_value(&flags, "--perturbation") != Some("0");
-            (2 * octaves + 1) * if perturbed { 3 } else { 1 }
+            let growth = flag_value(&flags, "--factor")
+                .and_then(|v| v.parse::<f64>().ok())
+                .map_or(Growth::NetPipe, Growth::Factor);
+            let perturbation_bytes = flag_value(&flags, "--perturbation")
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(crate::sweep::DEFAULT_PERTURBATION_BYTES);
+            // The sizes the sweep's own plan makes (a bad range is the
+            // plan's to refuse, in one line, when the figure runs).
+            sweep_sizes(start, end, growth, perturbation_bytes).map_or(1, |s| s.len() as u64)
         }
         _ => sizes_of(fig, quick)
             .and_then(|s| parse_size_list(s).ok())
@@ -952,6 +959,21 @@ mod tests {
         bare.claim_counts.clear();
         assert_eq!(axis(&bare, &[1, 2, 3, 4], true), [1, 4]);
         assert_eq!(axis(&bare, &[1, 2, 3, 4], false), [1, 2, 3, 4]);
+    }
+
+    #[test]
+    fn a_sweeps_points_are_the_sizes_its_own_plan_makes() {
+        let s003 = load("003").expect("003");
+        // Figure 1, quick: --factor 2 from 1 B to 256 KiB without
+        // perturbation is 19 sizes, at each of three rates.
+        let fig1 = s003.figure("1").expect("figure 1");
+        let sizes = sweep_sizes(1, 256 << 10, Growth::Factor(2.0), 0).expect("sizes");
+        assert_eq!(sizes.len(), 19);
+        assert_eq!(points_of(fig1, true, 1), 19 * 3);
+        // Figure 2, quick: NetPIPE's sequence to 4 MiB, no perturbation.
+        let fig2 = s003.figure("2").expect("figure 2");
+        let netpipe = sweep_sizes(1, 4 << 20, Growth::NetPipe, 0).expect("sizes");
+        assert_eq!(points_of(fig2, true, 1), netpipe.len() as u64);
     }
 
     /// The bug: `netgap study 000 --quick`, the first study a newcomer
