@@ -8,6 +8,7 @@
 use super::place::{self, HostView, Placement};
 use super::role::{parse_params, OpenRole, RoleContext, RoleError};
 use super::{engine, CountFlag, FlowSample, Refused, Workload};
+use crate::About;
 use netgap_core::metric::Metric;
 use netgap_core::spec::PointSpec;
 use netgap_core::stats::{LatencyHistogram, Percentiles};
@@ -40,25 +41,19 @@ fn connections_per_s(connections: u64, window_ns: u64) -> f64 {
     connections as f64 / (window_ns as f64 / 1e9)
 }
 
+/// What `Connect` is, for `netgap list`, the plan and the command line.
+const ABOUT: About = About {
+    name: NAME,
+    summary: "N clients open a connection, exchange one request and reply, close; connections/s",
+    metric: Metric::ConnectionsPerS,
+    count: CountFlag::Clients,
+    max_flows: engine::MAX_ENGINE_FLOWS,
+    takes_bidir: false,
+};
+
 impl Workload for Connect {
-    fn name(&self) -> &'static str {
-        NAME
-    }
-
-    fn summary(&self) -> &'static str {
-        "N clients open a connection, exchange one request and reply, close; connections/s"
-    }
-
-    fn metric(&self) -> Metric {
-        Metric::ConnectionsPerS
-    }
-
-    fn count(&self) -> CountFlag {
-        CountFlag::Clients
-    }
-
-    fn max_flows(&self) -> u32 {
-        engine::MAX_ENGINE_FLOWS
+    fn about(&self) -> &About {
+        &ABOUT
     }
 
     fn memory_bytes(&self, spec: &WorkloadSpec) -> u64 {

@@ -8,10 +8,12 @@ use super::CountFlag;
 
 /// The `fanin` workload.
 pub(crate) const FANIN: StreamWorkload = StreamWorkload {
-    name: "fanin",
-    summary: "N clients stream to one server at once; aggregate and per-flow bandwidth",
+    about: StreamWorkload::about(
+        "fanin",
+        "N clients stream to one server at once; aggregate and per-flow bandwidth",
+        CountFlag::Clients,
+        false,
+    ),
     direction: Direction::ToServer,
-    count: CountFlag::Clients,
     place: place::spread,
-    bidir: false,
 };

@@ -8,10 +8,12 @@ use super::CountFlag;
 
 /// The `fanout` workload.
 pub(crate) const FANOUT: StreamWorkload = StreamWorkload {
-    name: "fanout",
-    summary: "one server streams to N clients at once; aggregate and per-flow bandwidth",
+    about: StreamWorkload::about(
+        "fanout",
+        "one server streams to N clients at once; aggregate and per-flow bandwidth",
+        CountFlag::Clients,
+        false,
+    ),
     direction: Direction::FromServer,
-    count: CountFlag::Clients,
     place: place::spread,
-    bidir: false,
 };

@@ -22,6 +22,7 @@ use super::role::{
 use super::web::fileset::mix64;
 use super::{CountFlag, FlowSample, Refused, Workload};
 use crate::service::{self, gmond, RunDir, Running};
+use crate::About;
 use netgap_core::metric::Metric;
 use netgap_core::spec::PointSpec;
 use netgap_core::stats::{LatencyHistogram, Percentiles};
@@ -100,28 +101,22 @@ fn refused(detail: impl std::fmt::Display) -> RoleError {
     }
 }
 
+/// What `Gather` is, for `netgap list`, the plan and the command line.
+const ABOUT: About = About {
+    name: NAME,
+    summary: "one client connects to every other host, reads its whole answer (gmond XML or a built-in responder), disconnects; time per gather",
+    metric: Metric::Other {
+        key: "gather_time_ms",
+        combine: netgap_core::metric::Combine::Max,
+    },
+    count: CountFlag::Hosts,
+    max_flows: MAX_SOURCES,
+    takes_bidir: false,
+};
+
 impl Workload for Gather {
-    fn name(&self) -> &'static str {
-        NAME
-    }
-
-    fn summary(&self) -> &'static str {
-        "one client connects to every other host, reads its whole answer (gmond XML or a built-in responder), disconnects; time per gather"
-    }
-
-    fn metric(&self) -> Metric {
-        Metric::Other {
-            key: "gather_time_ms",
-            combine: netgap_core::metric::Combine::Max,
-        }
-    }
-
-    fn count(&self) -> CountFlag {
-        CountFlag::Hosts
-    }
-
-    fn max_flows(&self) -> u32 {
-        MAX_SOURCES
+    fn about(&self) -> &About {
+        &ABOUT
     }
 
     fn default_size_bytes(&self, _transport: &dyn Transport) -> u64 {

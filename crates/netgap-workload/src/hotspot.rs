@@ -5,6 +5,7 @@
 use super::place::{self, HostView, Placement};
 use super::role::{parse_params, NoParams, OpenRole, RoleContext, RoleError};
 use super::{engine, CountFlag, FlowSample, Refused, Workload};
+use crate::About;
 use netgap_core::metric::Metric;
 use netgap_core::spec::PointSpec;
 use netgap_core::stats::{LatencyHistogram, Percentiles};
@@ -27,25 +28,19 @@ fn one_way_latency_us(round_trips: u64, window_ns: u64) -> f64 {
     window_ns as f64 / round_trips as f64 / 2.0 / 1000.0
 }
 
+/// What `Hotspot` is, for `netgap list`, the plan and the command line.
+const ABOUT: About = About {
+    name: NAME,
+    summary: "N clients run pingpong against one server at once; mean and per-client latency",
+    metric: Metric::LatencyUs,
+    count: CountFlag::Clients,
+    max_flows: engine::MAX_ENGINE_FLOWS,
+    takes_bidir: false,
+};
+
 impl Workload for Hotspot {
-    fn name(&self) -> &'static str {
-        NAME
-    }
-
-    fn summary(&self) -> &'static str {
-        "N clients run pingpong against one server at once; mean and per-client latency"
-    }
-
-    fn metric(&self) -> Metric {
-        Metric::LatencyUs
-    }
-
-    fn count(&self) -> CountFlag {
-        CountFlag::Clients
-    }
-
-    fn max_flows(&self) -> u32 {
-        engine::MAX_ENGINE_FLOWS
+    fn about(&self) -> &About {
+        &ABOUT
     }
 
     fn memory_bytes(&self, spec: &WorkloadSpec) -> u64 {

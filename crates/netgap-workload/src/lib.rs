@@ -99,23 +99,56 @@ pub struct FlowSample {
     pub percentiles: Option<Percentiles>,
 }
 
+/// What a workload is, as `netgap list`, the plan and the command line see
+/// it: one constant in its module.
+#[derive(Debug, Clone, Copy)]
+pub struct About {
+    /// Name on the command line, in results and on the wire.
+    pub name: &'static str,
+    /// One line for `netgap list`.
+    pub summary: &'static str,
+    /// Headline metric.
+    pub metric: Metric,
+    /// Which count its points are made for.
+    pub count: CountFlag,
+    /// Most flows one point may have.
+    pub max_flows: u32,
+    /// Whether its flows can carry payload both ways at once (`--bidir`,
+    /// which then arrives in its parameters as `"bidir": true`).
+    pub takes_bidir: bool,
+}
+
 /// A multi-host workload. Implementations are unit structs listed once in
 /// [`registry`]; everything else finds them by name.
 pub trait Workload: Sync {
+    /// What it is: name, summary, headline metric, count, flow limit,
+    /// `--bidir`.
+    fn about(&self) -> &About;
+
     /// Name on the command line, in results and on the wire.
-    fn name(&self) -> &'static str;
+    fn name(&self) -> &'static str {
+        self.about().name
+    }
 
     /// One line for `netgap list`.
-    fn summary(&self) -> &'static str;
+    fn summary(&self) -> &'static str {
+        self.about().summary
+    }
 
     /// Headline metric.
-    fn metric(&self) -> Metric;
+    fn metric(&self) -> Metric {
+        self.about().metric
+    }
 
     /// Which count its points are made for.
-    fn count(&self) -> CountFlag;
+    fn count(&self) -> CountFlag {
+        self.about().count
+    }
 
     /// Most flows one point may have.
-    fn max_flows(&self) -> u32;
+    fn max_flows(&self) -> u32 {
+        self.about().max_flows
+    }
 
     /// Message size of a point when the run names none, in bytes.
     fn default_size_bytes(&self, transport: &dyn Transport) -> u64;
@@ -159,10 +192,9 @@ pub trait Workload: Sync {
         out
     }
 
-    /// Whether its flows can carry payload both ways at once (`--bidir`,
-    /// which then arrives in its parameters as `"bidir": true`).
+    /// Whether its flows can carry payload both ways at once (`--bidir`).
     fn takes_bidir(&self) -> bool {
-        false
+        self.about().takes_bidir
     }
 
     /// Places the roles of a point of `count` (clients, streams; for

@@ -10,6 +10,7 @@ use super::place::{self, HostView, Placement};
 use super::role::{parse_params, OpenRole, RoleContext, RoleError};
 use super::stream::{self, Direction, StreamParams};
 use super::{CountFlag, FlowSample, Refused, Workload};
+use crate::About;
 use netgap_core::metric::Metric;
 use netgap_core::spec::PointSpec;
 use netgap_proto::workload::{FlowReport, WorkloadRole, WorkloadSpec};
@@ -21,25 +22,19 @@ const NAME: &str = "multirail";
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Multirail;
 
+/// What `Multirail` is, for `netgap list`, the plan and the command line.
+const ABOUT: About = About {
+    name: NAME,
+    summary: "one client process streams over every link to the server at once; per-link bandwidth",
+    metric: Metric::BandwidthGbps,
+    count: CountFlag::Hosts,
+    max_flows: stream::MAX_STREAM_FLOWS,
+    takes_bidir: true,
+};
+
 impl Workload for Multirail {
-    fn name(&self) -> &'static str {
-        NAME
-    }
-
-    fn summary(&self) -> &'static str {
-        "one client process streams over every link to the server at once; per-link bandwidth"
-    }
-
-    fn metric(&self) -> Metric {
-        Metric::BandwidthGbps
-    }
-
-    fn count(&self) -> CountFlag {
-        CountFlag::Hosts
-    }
-
-    fn max_flows(&self) -> u32 {
-        stream::MAX_STREAM_FLOWS
+    fn about(&self) -> &About {
+        &ABOUT
     }
 
     fn default_size_bytes(&self, transport: &dyn Transport) -> u64 {
@@ -64,10 +59,6 @@ impl Workload for Multirail {
             )));
         }
         Ok(())
-    }
-
-    fn takes_bidir(&self) -> bool {
-        true
     }
 
     fn place(

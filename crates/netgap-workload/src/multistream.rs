@@ -8,10 +8,12 @@ use super::CountFlag;
 
 /// The `multistream` workload.
 pub(crate) const MULTISTREAM: StreamWorkload = StreamWorkload {
-    name: "multistream",
-    summary: "-P N parallel streams from one client host to the server; aggregate bandwidth",
+    about: StreamWorkload::about(
+        "multistream",
+        "-P N parallel streams from one client host to the server; aggregate bandwidth",
+        CountFlag::Streams,
+        true,
+    ),
     direction: Direction::ToServer,
-    count: CountFlag::Streams,
     place: place::streams,
-    bidir: true,
 };

@@ -36,6 +36,7 @@ use super::role::{
 };
 use super::staged::{self, Inbound};
 use super::{CountFlag, FlowSample, Refused, StagedWorkload, Workload};
+use crate::About;
 use layout::{Layout, Pattern, Piece};
 use netgap_core::metric::Metric;
 use netgap_core::spec::PointSpec;
@@ -228,25 +229,19 @@ impl StagedWorkload for Pio {
     }
 }
 
+/// What `Pio` is, for `netgap list`, the plan and the command line.
+const ABOUT: About = About {
+    name: NAME,
+    summary: "striped parallel file I/O (PVFS class): S servers, C clients, contiguous or tiled; write and read bandwidth, verified",
+    metric: Metric::BandwidthGbps,
+    count: CountFlag::Clients,
+    max_flows: MAX_CLIENTS,
+    takes_bidir: false,
+};
+
 impl Workload for Pio {
-    fn name(&self) -> &'static str {
-        NAME
-    }
-
-    fn summary(&self) -> &'static str {
-        "striped parallel file I/O (PVFS class): S servers, C clients, contiguous or tiled; write and read bandwidth, verified"
-    }
-
-    fn metric(&self) -> Metric {
-        Metric::BandwidthGbps
-    }
-
-    fn count(&self) -> CountFlag {
-        CountFlag::Clients
-    }
-
-    fn max_flows(&self) -> u32 {
-        MAX_CLIENTS
+    fn about(&self) -> &About {
+        &ABOUT
     }
 
     fn default_size_bytes(&self, _transport: &dyn Transport) -> u64 {

@@ -34,6 +34,7 @@ use super::role::{
 };
 use super::staged::{self, recv_patient, Inbound};
 use super::{CountFlag, FlowSample, Refused, StagedWorkload, Workload};
+use crate::About;
 use graph::{Edge, Graph};
 use netgap_core::metric::Metric;
 use netgap_core::spec::PointSpec;
@@ -214,28 +215,22 @@ impl StagedWorkload for Pipeline {
     }
 }
 
+/// What `Pipeline` is, for `netgap list`, the plan and the command line.
+const ABOUT: About = About {
+    name: NAME,
+    summary: "filter-stream pipeline (Data-Cutter class): producer, filter copies, consumer; query time, verified",
+    metric: Metric::Other {
+        key: "query_time_ms",
+        combine: netgap_core::metric::Combine::Max,
+    },
+    count: CountFlag::Hosts,
+    max_flows: (2 + MAX_FILTERS * MAX_COPIES) as u32,
+    takes_bidir: false,
+};
+
 impl Workload for Pipeline {
-    fn name(&self) -> &'static str {
-        NAME
-    }
-
-    fn summary(&self) -> &'static str {
-        "filter-stream pipeline (Data-Cutter class): producer, filter copies, consumer; query time, verified"
-    }
-
-    fn metric(&self) -> Metric {
-        Metric::Other {
-            key: "query_time_ms",
-            combine: netgap_core::metric::Combine::Max,
-        }
-    }
-
-    fn count(&self) -> CountFlag {
-        CountFlag::Hosts
-    }
-
-    fn max_flows(&self) -> u32 {
-        (2 + MAX_FILTERS * MAX_COPIES) as u32
+    fn about(&self) -> &About {
+        &ABOUT
     }
 
     fn default_size_bytes(&self, _transport: &dyn Transport) -> u64 {

@@ -654,40 +654,39 @@ fn recv_until(
 /// how their flows are placed.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct StreamWorkload {
-    /// The workload's name.
-    pub(crate) name: &'static str,
-    /// One line for `netgap list`.
-    pub(crate) summary: &'static str,
+    /// What it is (its metric is bandwidth and its flow limit
+    /// [`MAX_STREAM_FLOWS`], as [`StreamWorkload::about`] makes them).
+    pub(crate) about: super::About,
     /// Which way the payload flows.
     pub(crate) direction: Direction,
-    /// The count it reads.
-    pub(crate) count: super::CountFlag,
     /// Where its flows go.
     pub(crate) place:
         fn(u32, &[super::place::HostView]) -> Result<super::place::Placement, super::Refused>,
-    /// Whether it takes `--bidir`.
-    pub(crate) bidir: bool,
+}
+
+impl StreamWorkload {
+    /// A bandwidth workload's [`super::About`]: `name`, `summary`, the
+    /// count it reads, whether it takes `--bidir`.
+    pub(crate) const fn about(
+        name: &'static str,
+        summary: &'static str,
+        count: super::CountFlag,
+        takes_bidir: bool,
+    ) -> super::About {
+        super::About {
+            name,
+            summary,
+            metric: netgap_core::metric::Metric::BandwidthGbps,
+            count,
+            max_flows: MAX_STREAM_FLOWS,
+            takes_bidir,
+        }
+    }
 }
 
 impl super::Workload for StreamWorkload {
-    fn name(&self) -> &'static str {
-        self.name
-    }
-
-    fn summary(&self) -> &'static str {
-        self.summary
-    }
-
-    fn metric(&self) -> netgap_core::metric::Metric {
-        netgap_core::metric::Metric::BandwidthGbps
-    }
-
-    fn count(&self) -> super::CountFlag {
-        self.count
-    }
-
-    fn max_flows(&self) -> u32 {
-        MAX_STREAM_FLOWS
+    fn about(&self) -> &super::About {
+        &self.about
     }
 
     fn default_size_bytes(&self, transport: &dyn transport::Transport) -> u64 {
@@ -701,7 +700,7 @@ impl super::Workload for StreamWorkload {
     ) -> Result<(), super::Refused> {
         // Each flow dials what its listener announced, in the transport's
         // own form: xdp's `IP/MAC/FLOW` as well as `IP:PORT`.
-        super::check_crosses_hosts(self.name, spec, transport)
+        super::check_crosses_hosts(self.about.name, spec, transport)
     }
 
     fn place(
@@ -713,23 +712,19 @@ impl super::Workload for StreamWorkload {
         (self.place)(count, hosts)
     }
 
-    fn takes_bidir(&self) -> bool {
-        self.bidir
-    }
-
     fn memory_bytes(&self, spec: &WorkloadSpec) -> u64 {
         memory_bytes(Direction::of(self.direction, spec), spec)
     }
 
     fn open(&self, ctx: RoleContext<'_>) -> Result<Box<dyn OpenRole>, RoleError> {
-        let params: StreamParams = super::role::parse_params(self.name, ctx.spec)?;
-        if params.bidir && !self.bidir {
+        let params: StreamParams = super::role::parse_params(self.about.name, ctx.spec)?;
+        if params.bidir && !self.about.takes_bidir {
             return Err(RoleError::Params {
-                workload: self.name,
+                workload: self.about.name,
                 detail: "it does not send both ways (--bidir)".into(),
             });
         }
-        open(self.name, params.direction(self.direction), ctx)
+        open(self.about.name, params.direction(self.direction), ctx)
     }
 
     fn sample(&self, side: WorkloadRole, report: &FlowReport, window_ns: u64) -> FlowSample {

@@ -22,6 +22,7 @@ use super::role::{
 };
 use super::{CountFlag, FlowSample, Refused, Workload};
 use crate::service::{self, RunDir, Running, WebServer, WebStart};
+use crate::About;
 use fileset::{FileSet, Zipf};
 use netgap_core::metric::Metric;
 use netgap_core::spec::{Mode, PointSpec};
@@ -266,28 +267,22 @@ impl Params {
     }
 }
 
+/// What `Web` is, for `netgap list`, the plan and the command line.
+const ABOUT: About = About {
+    name: NAME,
+    summary: "nginx or Apache on the first host, N closed-loop HTTP/1.1 clients; transactions/s",
+    metric: Metric::Other {
+        key: "transactions_per_s",
+        combine: netgap_core::metric::Combine::Sum,
+    },
+    count: CountFlag::Clients,
+    max_flows: MAX_CLIENTS,
+    takes_bidir: false,
+};
+
 impl Workload for Web {
-    fn name(&self) -> &'static str {
-        NAME
-    }
-
-    fn summary(&self) -> &'static str {
-        "nginx or Apache on the first host, N closed-loop HTTP/1.1 clients; transactions/s"
-    }
-
-    fn metric(&self) -> Metric {
-        Metric::Other {
-            key: "transactions_per_s",
-            combine: netgap_core::metric::Combine::Sum,
-        }
-    }
-
-    fn count(&self) -> CountFlag {
-        CountFlag::Clients
-    }
-
-    fn max_flows(&self) -> u32 {
-        MAX_CLIENTS
+    fn about(&self) -> &About {
+        &ABOUT
     }
 
     fn default_size_bytes(&self, _transport: &dyn Transport) -> u64 {
