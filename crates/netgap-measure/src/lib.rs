@@ -13,15 +13,9 @@
 //! `netgap_core::record::ResultRecord` written to every [`sink`] the moment
 //! it is measured.
 
-mod admission;
-pub mod agent;
-pub mod auth;
-pub mod bench;
 pub mod cluster;
 pub mod conditions;
-pub mod control;
 pub mod coordinator;
-pub mod handshake;
 pub mod hostlist;
 pub mod interleave;
 pub mod logp;
@@ -35,3 +29,8 @@ pub mod sweep;
 #[cfg(test)]
 mod test_support;
 pub mod workload_run;
+
+// The agent, its control connection and the tests' roles live in crates of
+// their own; their old paths here keep working.
+pub use netgap_agent::{agent, auth, control, handshake};
+pub use netgap_bench as bench;
