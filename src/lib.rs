@@ -14,8 +14,16 @@
 //!   multi-client flow engine.
 //! - `netgap-workload`: the multi-host workloads, the real servers they
 //!   run, and the agent's shards.
-//! - `netgap-measure`: tests, the runner, plans, the coordinator and the
-//!   agent, workload runs, sweep and LogP.
+//! - `netgap-bench`: the point-to-point tests, each a client role and a
+//!   server role over a flow; the agent plays them and the runner times
+//!   them.
+//! - `netgap-agent`: the agent and its control: control connections on
+//!   sockets, key proofs, the coordinator's side of the handshake,
+//!   admission, and the daemon that serves sessions.
+//! - `netgap-measure`: tests and plans: the runner, plans, the
+//!   coordinators, workload runs, sweep and LogP, interleaving, host lists,
+//!   sinks and the table (it re-exports the agent's modules and the tests
+//!   under their old paths).
 //! - `netgap-testbed`: the virtual cluster of network namespaces (links,
 //!   shapers, agents, its state and lock), behind typed requests; it sees
 //!   neither the measurement crate nor the command line.
@@ -30,12 +38,14 @@
 //!
 //! See `ARCHITECTURE.md` for the map.
 
+pub use netgap_agent::{agent, auth, control};
+pub use netgap_bench as bench;
 pub use netgap_core::{
     datagram, dropout, files, host, record, sizing, spec, stats, text, units, VERSION,
 };
 pub use netgap_measure::{
-    agent, auth, bench, cluster, conditions, control, coordinator, hostlist, interleave, logp,
-    output, plan, run, runner, sink, sweep, workload_run,
+    cluster, conditions, coordinator, hostlist, interleave, logp, output, plan, run, runner, sink,
+    sweep, workload_run,
 };
 pub use netgap_mpi as mpi;
 pub use netgap_proto as proto;

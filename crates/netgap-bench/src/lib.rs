@@ -1,6 +1,9 @@
-//! What is measured. Each test is one module with a client role and a server
-//! role that talk over a [`Flow`] and never know which transport carries it;
-//! the runner owns repetitions, warm-up and timing around them.
+//! The point-to-point tests: what is measured. Each test is one module with
+//! a client role and a server role that talk over a [`Flow`] and never know
+//! which transport carries it; the runner (`netgap_measure`) owns
+//! repetitions, warm-up and timing around them, and an agent
+//! (`netgap_agent`) plays either role for a coordinator. The crate sits
+//! below both so that neither needs the other for the roles.
 //!
 //! Adding a test is one new module here plus one line in [`registry`].
 

@@ -277,7 +277,7 @@ impl ControlConn {
 
 /// What a failed control exchange means to the user: a closed connection is
 /// most often an agent that died.
-pub(crate) fn control_detail(e: &ControlError) -> String {
+pub fn control_detail(e: &ControlError) -> String {
     match e {
         ControlError::Closed => "the agent closed the control connection (did it die?)".into(),
         other => other.to_string(),

@@ -18,8 +18,8 @@
 mod watchdog;
 
 use crate::admission::{RefusalLog, REFUSAL_LOG_INTERVAL};
-use crate::bench;
 use crate::control::{ControlAddr, ControlConn, ControlError, ControlStream};
+use netgap_bench as bench;
 use netgap_core::spec::PointSpec;
 use netgap_core::text::escape_control;
 use netgap_proto::auth::{is_auth_frame, Key};
