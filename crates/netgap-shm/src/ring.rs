@@ -176,7 +176,8 @@ pub struct Producer {
     mem: RingMem,
     /// Where this end's index is read from.
     own: OwnIndex,
-    /// The private copy of this end's index ([`OwnIndex::Private`]).
+    /// The private copy of this end's index, kept only when `own` is
+    /// [`OwnIndex::Private`].
     own_head: AtomicU64,
     /// The consumer's index as last read and checked: never ahead of the
     /// ring's (indices only grow), so room it shows is really free.
@@ -190,7 +191,8 @@ pub struct Consumer {
     mem: RingMem,
     /// Where this end's index is read from.
     own: OwnIndex,
-    /// The private copy of this end's index ([`OwnIndex::Private`]).
+    /// The private copy of this end's index, kept only when `own` is
+    /// [`OwnIndex::Private`].
     own_tail: AtomicU64,
     /// The producer's index as last read and checked: never ahead of the
     /// ring's, so bytes it shows are really there.
@@ -317,7 +319,9 @@ impl Producer {
     #[inline]
     fn publish(&self, head: u64, n: u64) {
         let head = head.wrapping_add(n);
-        self.own_head.store(head, Ordering::Relaxed);
+        if self.own == OwnIndex::Private {
+            self.own_head.store(head, Ordering::Relaxed);
+        }
         self.mem.ctl().head.0.store(head, Ordering::Release);
     }
 
@@ -584,7 +588,9 @@ impl Consumer {
     #[inline]
     fn release(&self, tail: u64, n: u64) {
         let tail = tail.wrapping_add(n);
-        self.own_tail.store(tail, Ordering::Relaxed);
+        if self.own == OwnIndex::Private {
+            self.own_tail.store(tail, Ordering::Relaxed);
+        }
         self.mem.ctl().tail.0.store(tail, Ordering::Release);
     }
 
