@@ -26,7 +26,7 @@ use std::time::Duration;
 /// Where the agents are.
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "Target")]
-pub struct TargetFlags {
+pub(crate) struct TargetFlags {
     /// Agent to drive, `HOST[:PORT]` (default port 7100), `[V6]:PORT` or
     /// `unix:PATH`; without it an agent runs in-process on loopback.
     #[arg(long, value_name = "HOST[:PORT]", value_parser = parse_peer)]
@@ -55,7 +55,7 @@ pub struct TargetFlags {
 /// The agents' shared key.
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "Target")]
-pub struct KeyFlags {
+pub(crate) struct KeyFlags {
     /// Shared key file of the agent (see `netgap key new`), or of every
     /// agent of `--hosts` (default: the hosts file's `key_file`).
     #[arg(long, value_name = "FILE")]
@@ -65,7 +65,7 @@ pub struct KeyFlags {
 /// Transports, modes and the transports' own options.
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "Transport")]
-pub struct TransportFlags {
+pub(crate) struct TransportFlags {
     /// Transports, comma separated (see `netgap list`).
     #[arg(
         long,
@@ -96,7 +96,7 @@ pub struct TransportFlags {
 /// `netgap::transport::options`, built with clap's builder API so a new
 /// option is declared in its transport and nowhere else.
 #[derive(Debug, Clone, Default)]
-pub struct TransportOptionFlags {
+pub(crate) struct TransportOptionFlags {
     /// The options given, in declaration order.
     pub given: Vec<OptionSetting>,
 }
@@ -193,7 +193,7 @@ fn sizes_long_help() -> String {
 /// them from its own flags).
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "Method")]
-pub struct RepFlags {
+pub(crate) struct RepFlags {
     /// Message sizes: a list 1,64,1K, a range of powers of two 1..4M, or a
     /// range with a factor 1..4M:x4 [default: 1,64,1K,16K,64K,1M;
     /// workloads: their own, see --help].
@@ -225,7 +225,7 @@ pub struct RepFlags {
 /// target.
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "Method")]
-pub struct MethodFlags {
+pub(crate) struct MethodFlags {
     /// Uncounted warm-up iterations before each point.
     #[arg(long, value_name = "N")]
     pub warmup: Option<u64>,
@@ -260,7 +260,7 @@ pub struct MethodFlags {
 
 impl MethodFlags {
     /// `--align` and `--offset`, typed.
-    pub fn buffer(&self) -> BufferFlags {
+    pub(crate) fn buffer(&self) -> BufferFlags {
         BufferFlags {
             align_bytes: self.align,
             offset_bytes: self.offset,
@@ -271,7 +271,7 @@ impl MethodFlags {
 /// Where results go.
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "Output")]
-pub struct OutputFlags {
+pub(crate) struct OutputFlags {
     /// Append one JSON line per measured point to FILE.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
@@ -287,7 +287,7 @@ pub struct OutputFlags {
 /// Conditions and stacks one run alternates between (`run`, `sweep`).
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "Interleaved comparison")]
-pub struct InterleaveFlags {
+pub(crate) struct InterleaveFlags {
     /// Measure every point under each condition of a testbed (--hosts
     /// @testbed), alternating the repetitions: one KEY=V1,V2,... per key
     /// (mtu, offload, rate, delay, loss); the run takes the cross product,
@@ -303,7 +303,7 @@ pub struct InterleaveFlags {
 
 impl InterleaveFlags {
     /// The typed request.
-    pub fn spec(&self) -> Interleaving {
+    pub(crate) fn spec(&self) -> Interleaving {
         Interleaving {
             conditions: self.conditions.clone(),
             interleave: self.interleave,
@@ -314,7 +314,7 @@ impl InterleaveFlags {
 /// The MPI tests' own flags (`run` only).
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "MPI tests")]
-pub struct MpiFlags {
+pub(crate) struct MpiFlags {
     /// The BTL two ranks on this machine meet over: vader (shared memory,
     /// the default) or tcp (TCP over loopback, the path the socket tests
     /// take). Across testbed hosts the ranks always use TCP.
@@ -324,7 +324,7 @@ pub struct MpiFlags {
 
 impl MpiFlags {
     /// The typed options.
-    pub fn options(&self) -> netgap::mpi::plan::MpiOptions {
+    pub(crate) fn options(&self) -> netgap::mpi::plan::MpiOptions {
         netgap::mpi::plan::MpiOptions { btl: self.mpi_btl }
     }
 }
@@ -341,7 +341,7 @@ fn parse_condition_axis(s: &str) -> Result<ConditionAxis, String> {
 /// The flags of workloads.
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "Workloads")]
-pub struct MultiHostFlags {
+pub(crate) struct MultiHostFlags {
     /// Concurrent clients, one point per count (e.g. 3,6,9,12) [default: one
     /// per client host].
     #[arg(long, value_name = "N[,N...]", value_parser = parse_counts)]
@@ -378,7 +378,7 @@ pub struct MultiHostFlags {
 /// option is declared in its workload and nowhere else. Values stay text
 /// here; the workload plan parses them with their declarations.
 #[derive(Debug, Clone, Default)]
-pub struct WorkloadOptionFlags {
+pub(crate) struct WorkloadOptionFlags {
     /// (flag, value as typed; empty for a switch), in declaration order.
     pub given: Vec<(String, String)>,
 }
@@ -437,7 +437,7 @@ impl Args for WorkloadOptionFlags {
 /// The groups every measuring command takes: target, key, transports,
 /// method, outputs.
 #[derive(Debug, Clone, Args)]
-pub struct StackFlags {
+pub(crate) struct StackFlags {
     #[allow(missing_docs, reason = "flattened: the flags carry their own help")]
     #[command(flatten)]
     pub target: TargetFlags,
@@ -459,7 +459,7 @@ impl StackFlags {
     /// The one step from the raw flags of `run` and `logp` to the library's
     /// typed request; `tests`, the sizes and repetitions and the multi-host
     /// flags come from the command.
-    pub fn request(
+    pub(crate) fn request(
         &self,
         tests: &[String],
         reps: &RepFlags,
@@ -492,7 +492,7 @@ impl StackFlags {
     }
 
     /// The typed target.
-    pub fn target(&self) -> Target {
+    pub(crate) fn target(&self) -> Target {
         Target {
             peer: self.target.peer.clone(),
             hosts: self.target.hosts.clone(),
@@ -502,7 +502,7 @@ impl StackFlags {
     }
 
     /// The typed transports, modes and options.
-    pub fn transport(&self) -> TransportChoice {
+    pub(crate) fn transport(&self) -> TransportChoice {
         TransportChoice {
             transports: self.transport.transport.0.clone(),
             modes: self.transport.mode.clone(),
@@ -511,7 +511,7 @@ impl StackFlags {
     }
 
     /// The typed outputs.
-    pub fn outputs(&self) -> Outputs {
+    pub(crate) fn outputs(&self) -> Outputs {
         Outputs {
             json: self.output.json.clone(),
             csv: self.output.csv.clone(),
@@ -522,7 +522,7 @@ impl StackFlags {
 
 impl MultiHostFlags {
     /// The typed multi-host flags.
-    pub fn spec(&self) -> MultiHostSpec {
+    pub(crate) fn spec(&self) -> MultiHostSpec {
         MultiHostSpec {
             clients: self.clients.as_ref().map(|c| c.0.clone()),
             streams: self.streams.as_ref().map(|c| c.0.clone()),
@@ -538,10 +538,10 @@ impl MultiHostFlags {
 /// A comma-separated list of names (tests, transports), empty items
 /// dropped; the registries judge the names.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NameList(pub Vec<String>);
+pub(crate) struct NameList(pub Vec<String>);
 
 /// Splits a comma-separated list of names.
-pub fn parse_names(s: &str) -> Result<NameList, String> {
+pub(crate) fn parse_names(s: &str) -> Result<NameList, String> {
     Ok(NameList(
         s.split(',')
             .map(str::trim)
@@ -553,12 +553,12 @@ pub fn parse_names(s: &str) -> Result<NameList, String> {
 
 /// Parsed `--sizes`, bytes (a newtype so clap takes the list as one value).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SizeList(pub Vec<u64>);
+pub(crate) struct SizeList(pub Vec<u64>);
 
 /// Parsed `--clients` or `--streams` (a newtype so clap takes the list as
 /// one value).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CountList(pub Vec<u32>);
+pub(crate) struct CountList(pub Vec<u32>);
 
 fn parse_sizes(s: &str) -> Result<SizeList, netgap::units::UnitError> {
     netgap::units::parse_size_list(s).map(SizeList)

@@ -2,10 +2,10 @@
 //! defined once, in the groups of [`flags`]; validation into a plan happens
 //! in the library (`netgap::plan`).
 
-pub mod flags;
-pub mod relay;
-pub mod study;
-pub mod testbed;
+pub(crate) mod flags;
+pub(crate) mod relay;
+pub(crate) mod study;
+pub(crate) mod testbed;
 
 use clap::{Parser, Subcommand};
 use flags::{InterleaveFlags, MpiFlags, MultiHostFlags, OutputFlags, RepFlags, StackFlags};
@@ -29,7 +29,7 @@ use std::time::Duration;
     mut_arg("csv", |a| a.help("Also write the main job's results as CSV")),
     mut_arg("label", |a| a.help("Name the main job's stacks in its records (stack.label)"))
 )]
-pub struct Cli {
+pub(crate) struct Cli {
     #[command(subcommand)]
     pub command: Option<Command>,
     #[command(flatten)]
@@ -54,7 +54,7 @@ fn run_about() -> String {
 }
 
 #[derive(Debug, Subcommand)]
-pub enum Command {
+pub(crate) enum Command {
     /// Measure tests over transports and sizes against an agent;
     /// workloads drive the agents of several hosts (--hosts).
     #[command(about = run_about())]
@@ -134,7 +134,7 @@ pub enum Command {
 
 /// Flags of `netgap wrap`.
 #[derive(Debug, clap::Args)]
-pub struct WrapArgs {
+pub(crate) struct WrapArgs {
     /// The stack to move connections to: shm (same host) or xdp (other
     /// hosts, through `netgap relay`).
     #[arg(short = 't', long = "transport", value_name = "STACK")]
@@ -151,7 +151,7 @@ pub struct WrapArgs {
 
 /// Flags of `netgap mpi-rank`: the points both ranks run.
 #[derive(Debug, clap::Args)]
-pub struct MpiRankArgs {
+pub(crate) struct MpiRankArgs {
     /// Points, `TEST:SIZE,...`.
     #[arg(long)]
     pub points: String,
@@ -171,7 +171,7 @@ pub struct MpiRankArgs {
 
 /// Flags of `netgap mpi-exec`.
 #[derive(Debug, clap::Args)]
-pub struct MpiExecArgs {
+pub(crate) struct MpiExecArgs {
     /// The network namespace to enter.
     #[arg(long)]
     pub netns: String,
@@ -185,7 +185,7 @@ pub struct MpiExecArgs {
 
 /// Arguments of `netgap mpi-agent`, as mpirun gives them.
 #[derive(Debug, clap::Args)]
-pub struct MpiAgentArgs {
+pub(crate) struct MpiAgentArgs {
     /// The host to start the command on.
     pub host: String,
     /// The command, run through `sh -c` as ssh would.
@@ -195,7 +195,7 @@ pub struct MpiAgentArgs {
 
 /// Flags of `netgap run`.
 #[derive(Debug, Clone, clap::Args)]
-pub struct RunFlags {
+pub(crate) struct RunFlags {
     /// Tests to run, comma separated (see `netgap list`).
     #[arg(value_name = "TEST[,TEST...]", value_parser = flags::parse_names)]
     pub tests: flags::NameList,
@@ -213,7 +213,7 @@ pub struct RunFlags {
 
 impl RunFlags {
     /// The typed request.
-    pub fn request(&self) -> netgap::plan::RunRequest {
+    pub(crate) fn request(&self) -> netgap::plan::RunRequest {
         netgap::plan::RunRequest {
             interleaving: self.interleave.spec(),
             ..self
@@ -225,7 +225,7 @@ impl RunFlags {
 
 /// Flags of `netgap sweep`.
 #[derive(Debug, Clone, clap::Args)]
-pub struct SweepFlags {
+pub(crate) struct SweepFlags {
     /// Smallest block size.
     #[arg(long, default_value = "1", value_name = "SIZE", value_parser = netgap::units::parse_size_bytes)]
     pub start: u64,
@@ -264,7 +264,7 @@ pub struct SweepFlags {
 
 impl SweepFlags {
     /// The typed request.
-    pub fn request(&self) -> netgap::sweep::SweepRequest {
+    pub(crate) fn request(&self) -> netgap::sweep::SweepRequest {
         use netgap::sweep::SweepKind;
         let m = &self.stack.method;
         netgap::sweep::SweepRequest {
@@ -300,7 +300,7 @@ impl SweepFlags {
 
 /// Flags of `netgap logp`.
 #[derive(Debug, Clone, clap::Args)]
-pub struct LogpFlags {
+pub(crate) struct LogpFlags {
     #[command(flatten)]
     pub stack: StackFlags,
     #[command(flatten)]
@@ -309,13 +309,13 @@ pub struct LogpFlags {
 
 impl LogpFlags {
     /// The typed request (its tests are logp's own).
-    pub fn request(&self) -> netgap::plan::RunRequest {
+    pub(crate) fn request(&self) -> netgap::plan::RunRequest {
         self.stack.request(&[], &self.reps, Default::default())
     }
 }
 
 #[derive(Debug, clap::Args)]
-pub struct ReportArgs {
+pub(crate) struct ReportArgs {
     /// Results files (JSON Lines, netgap's own or imported): regular files
     /// of at most 1 GiB each.
     #[arg(required = true, value_name = "RESULTS")]
@@ -334,7 +334,7 @@ pub struct ReportArgs {
 }
 
 #[derive(Debug, clap::Args)]
-pub struct CompareArgs {
+pub(crate) struct CompareArgs {
     /// The reference results file (a regular file of at most 1 GiB).
     pub base: PathBuf,
     /// The results file to judge against it (at most 1 GiB); without it,
@@ -371,7 +371,7 @@ fn import_format_help(long: bool) -> String {
 }
 
 #[derive(Debug, clap::Args)]
-pub struct ImportArgs {
+pub(crate) struct ImportArgs {
     /// The format of the peer tool's output (see `--help`).
     #[arg(help = import_format_help(false), long_help = import_format_help(true))]
     pub format: String,
@@ -403,7 +403,7 @@ fn import_label(text: &str) -> Result<String, String> {
 }
 
 #[derive(Debug, Subcommand)]
-pub enum TestbedCommand {
+pub(crate) enum TestbedCommand {
     /// Create the namespaces, links and agents, and write the hosts file.
     Up(testbed::UpArgs),
     /// Change a running testbed's conditions (MTU, offloads, rate, delay,
@@ -417,7 +417,7 @@ pub enum TestbedCommand {
 }
 
 #[derive(Debug, Subcommand)]
-pub enum KeyCommand {
+pub(crate) enum KeyCommand {
     /// Write a new random 32-byte key to FILE (mode 0600; never overwrites).
     New {
         /// The key file to create.
@@ -426,7 +426,7 @@ pub enum KeyCommand {
 }
 
 #[derive(Debug, clap::Args)]
-pub struct ServeArgs {
+pub(crate) struct ServeArgs {
     /// Address to listen on: an IP address (loopback unless told otherwise;
     /// any other needs --key), `auto` (this node's address, from its host
     /// name: one agent per node under srun or mpirun; needs --key) or

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 /// Flags of `netgap relay`.
 #[derive(Debug, Clone, clap::Args)]
-pub struct RelayArgs {
+pub(crate) struct RelayArgs {
     /// The interface the relay's xdp flows take (required): its xdp
     /// listens bind the interface's IPv4 address, and it opens flows only
     /// to addresses on the interface's subnet, at the MAC the kernel's
@@ -52,7 +52,7 @@ pub struct RelayArgs {
 
 impl RelayArgs {
     /// The relay's config: the flags checked, then the key file read.
-    pub fn config(&self) -> Result<RelayConfig> {
+    pub(crate) fn config(&self) -> Result<RelayConfig> {
         let options = RelayOptions {
             interface: self.interface.clone(),
             peers: self.peers.clone(),

@@ -21,7 +21,7 @@ const TESTBED_NAME: &str = "study";
 
 /// Flags of `netgap study`.
 #[derive(Debug, Clone, clap::Args)]
-pub struct StudyArgs {
+pub(crate) struct StudyArgs {
     /// The study: 000, 001, 002, 003, 004, or all.
     #[arg(value_name = "ID|all")]
     pub id: String,
@@ -85,7 +85,7 @@ struct Prepared {
 }
 
 /// `netgap study`.
-pub fn run(args: &StudyArgs) -> Result<()> {
+pub(crate) fn run(args: &StudyArgs) -> Result<()> {
     if let Some(f) = &args.forwarding {
         if args.hosts.is_some() {
             return Err(anyhow!(

@@ -36,7 +36,7 @@ impl From<TopologyArg> for Topology {
 
 /// Which testbed (`status`, `down`).
 #[derive(Debug, Clone, clap::Args)]
-pub struct NameArgs {
+pub(crate) struct NameArgs {
     /// Testbed name, so several can coexist (namespaces `ngtb-NAME-*`, state
     /// in /run/netgap/NAME).
     #[arg(long, default_value = DEFAULT_NAME)]
@@ -45,7 +45,7 @@ pub struct NameArgs {
 
 /// Flags of `testbed up`.
 #[derive(Debug, Clone, clap::Args)]
-pub struct UpArgs {
+pub(crate) struct UpArgs {
     /// Number of hosts.
     #[arg(long, default_value_t = 4)]
     pub hosts: u32,
@@ -88,7 +88,7 @@ pub struct UpArgs {
 
 /// Flags of `testbed set`: the conditions to change; the others stay.
 #[derive(Debug, Clone, clap::Args)]
-pub struct SetArgs {
+pub(crate) struct SetArgs {
     /// MTU of every link, in bytes.
     #[arg(long)]
     pub mtu: Option<u32>,
@@ -130,7 +130,7 @@ fn parsed<T>(
 
 impl UpArgs {
     /// The request the flags ask for; the testbed validates the rest.
-    pub fn request(&self) -> Result<UpRequest> {
+    pub(crate) fn request(&self) -> Result<UpRequest> {
         Ok(UpRequest {
             name: self.name.name.clone(),
             hosts: self.hosts,
@@ -148,7 +148,7 @@ impl UpArgs {
 
 impl SetArgs {
     /// The request the flags ask for: the condition they set.
-    pub fn request(&self) -> Result<SetRequest> {
+    pub(crate) fn request(&self) -> Result<SetRequest> {
         let change = Condition {
             mtu_bytes: self
                 .mtu
@@ -167,7 +167,7 @@ impl SetArgs {
 }
 
 /// `netgap testbed up`.
-pub fn up(args: &UpArgs) -> Result<()> {
+pub(crate) fn up(args: &UpArgs) -> Result<()> {
     let request = args.request()?;
     let name = request.name.clone();
     let status = netgap::testbed::up(&request, &CoordinatorProbe, &mut |n| print_note(&name, &n))?;
@@ -176,7 +176,7 @@ pub fn up(args: &UpArgs) -> Result<()> {
 }
 
 /// `netgap testbed set`.
-pub fn set(args: &SetArgs) -> Result<()> {
+pub(crate) fn set(args: &SetArgs) -> Result<()> {
     let request = args.request()?;
     let status = netgap::testbed::set(&request, &CoordinatorProbe)?;
     say(format!("testbed {}: {} set", request.name, request.change));
@@ -185,13 +185,13 @@ pub fn set(args: &SetArgs) -> Result<()> {
 }
 
 /// `netgap testbed status`.
-pub fn status(args: &NameArgs) -> Result<()> {
+pub(crate) fn status(args: &NameArgs) -> Result<()> {
     print_status(&netgap::testbed::status(&args.name, &CoordinatorProbe)?);
     Ok(())
 }
 
 /// `netgap testbed down`.
-pub fn down(args: &NameArgs) -> Result<()> {
+pub(crate) fn down(args: &NameArgs) -> Result<()> {
     let Removed {
         namespaces,
         processes,
@@ -223,7 +223,7 @@ fn say(line: impl std::fmt::Display) {
 }
 
 /// Says what `up` does to a testbed that exists, before it does it.
-pub fn print_note(name: &str, note: &UpNote) {
+pub(crate) fn print_note(name: &str, note: &UpNote) {
     say(match note {
         UpNote::Kept => format!("testbed {name} is already up with these parameters; keeping it"),
         UpNote::Changing(c) => {
@@ -238,7 +238,7 @@ pub fn print_note(name: &str, note: &UpNote) {
 
 /// Prints a testbed's status: hosts, addresses, links, conditions, the
 /// shapers and live links as the kernel has them, and each agent.
-pub fn print_status(status: &Status) {
+pub(crate) fn print_status(status: &Status) {
     let t = match status {
         Status::NotUp { name } => return say(format!("no testbed {name} is up")),
         Status::Incomplete { name, namespaces } => {

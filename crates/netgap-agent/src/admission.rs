@@ -26,10 +26,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 /// Most connections at once that have not proven themselves.
-pub const MAX_UNPROVEN: usize = 64;
+pub(crate) const MAX_UNPROVEN: usize = 64;
 /// Most unproven connections from one source address; a Unix-socket client
 /// counts as one source.
-pub const MAX_UNPROVEN_PER_SOURCE: usize = 32;
+pub(crate) const MAX_UNPROVEN_PER_SOURCE: usize = 32;
 
 /// Closes a connection from outside its thread (shutting its socket down
 /// wakes the thread's blocked read).
@@ -134,9 +134,9 @@ impl Drop for Ticket {
 }
 
 /// Shortest time between two summaries of refused connections.
-pub const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(10);
+pub(crate) const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(10);
 /// Most sources one summary names; the rest are counted.
-pub const REFUSAL_LOG_SOURCES: usize = 3;
+pub(crate) const REFUSAL_LOG_SOURCES: usize = 3;
 /// Longest reason quoted in a summary, in characters.
 const REFUSAL_REASON_CHARS: usize = 160;
 

@@ -32,7 +32,7 @@ pub(crate) struct PatternCursor {
 
 impl PatternCursor {
     /// A cursor at offset 0.
-    pub fn new(verify: bool) -> PatternCursor {
+    pub(crate) fn new(verify: bool) -> PatternCursor {
         PatternCursor {
             verify,
             offset_bytes: 0,
@@ -41,7 +41,7 @@ impl PatternCursor {
 
     /// Fills `buf` with the next bytes of the pattern (when verifying).
     #[inline]
-    pub fn fill(&mut self, buf: &mut [u8]) {
+    pub(crate) fn fill(&mut self, buf: &mut [u8]) {
         if self.verify {
             fill_pattern(buf, self.offset_bytes);
             self.offset_bytes += buf.len() as u64;
@@ -50,7 +50,7 @@ impl PatternCursor {
 
     /// Checks that `data` are the next bytes of the pattern (when verifying).
     #[inline]
-    pub fn check(&mut self, data: &[u8]) -> Result<(), FlowError> {
+    pub(crate) fn check(&mut self, data: &[u8]) -> Result<(), FlowError> {
         if !self.verify {
             return Ok(());
         }
@@ -72,7 +72,7 @@ impl PatternCursor {
     /// Moves past `bytes` that will never arrive (lost datagrams), so the
     /// bytes after them are checked against their own offsets.
     #[inline]
-    pub fn skip(&mut self, bytes: u64) {
+    pub(crate) fn skip(&mut self, bytes: u64) {
         if self.verify {
             self.offset_bytes += bytes;
         }

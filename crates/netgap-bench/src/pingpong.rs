@@ -67,7 +67,7 @@ impl PingPongClient {
 
 impl PingPongServer {
     /// A server for `params` over `flow`.
-    pub fn new(params: RoleParams, flow: Box<dyn Flow>) -> Self {
+    pub(crate) fn new(params: RoleParams, flow: Box<dyn Flow>) -> Self {
         PingPongServer {
             flow,
             buf: netgap_transport::buffer::message_buffer(params.size_bytes, params.buffer),

@@ -50,7 +50,7 @@ use std::os::fd::{AsRawFd, IntoRawFd};
 use std::sync::Arc;
 
 /// The relay's abstract socket name (without the leading NUL).
-pub const RELAY_SOCKET: &str = "netgap-relay";
+pub(crate) const RELAY_SOCKET: &str = "netgap-relay";
 /// How long the library waits for its relay's reply (a connect opens an
 /// xdp flow, up to the transport's own 3 s, plus a busy queue's wait).
 const REPLY_WAIT_MS: c_int = 10_000;

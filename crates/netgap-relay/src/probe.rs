@@ -34,7 +34,7 @@ const MAX_ANSWERS_PER_S: u32 = 5000;
 /// Starts answering probes on UDP port [`PROBE_PORT`] (IPv6 and IPv4),
 /// in a thread of its own; `Err` is one line saying why not (connectors
 /// on other hosts then keep the kernel's TCP, safely).
-pub fn spawn() -> Result<(), String> {
+pub(crate) fn spawn() -> Result<(), String> {
     let sock = UdpSocket::bind(("::", PROBE_PORT))
         .or_else(|_| UdpSocket::bind(("0.0.0.0", PROBE_PORT)))
         .map_err(|e| format!("cannot answer probes on UDP port {PROBE_PORT}: {e}"))?;

@@ -20,7 +20,7 @@ const KERNEL_LINKS_FILE: &str = "kernel-links.json";
 
 /// One link end (or bridge port) as the kernel has it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct EndState {
+pub(crate) struct EndState {
     /// Its namespace.
     pub ns: String,
     /// Its interface.
@@ -35,7 +35,7 @@ pub struct EndState {
 }
 
 /// Reads the state of every end of `ends` (`(namespace, interface)`).
-pub fn read(ends: &[(String, String)]) -> Result<Vec<EndState>, TestbedError> {
+pub(crate) fn read(ends: &[(String, String)]) -> Result<Vec<EndState>, TestbedError> {
     let mut by_ns: Vec<(String, Vec<String>)> = Vec::new();
     for (ns, dev) in ends {
         match by_ns.iter_mut().find(|(n, _)| n == ns) {
@@ -87,7 +87,7 @@ fn read_root_qdisc(ns: &str, dev: &str) -> Result<String, TestbedError> {
 
 /// Every qdisc of `dev` in `ns`, one line each as `tc qdisc show` gives
 /// them (`tbf 1: root refcnt 2 rate 1Gbit burst 131250b lat 50ms`).
-pub fn qdisc_lines(ns: &str, dev: &str) -> Result<Vec<String>, TestbedError> {
+pub(crate) fn qdisc_lines(ns: &str, dev: &str) -> Result<Vec<String>, TestbedError> {
     let text = run("tc", &["-n", ns, "qdisc", "show", "dev", dev])?;
     Ok(text
         .lines()
@@ -108,7 +108,7 @@ fn expected_root_qdisc(c: &LinkConditions) -> &'static str {
 
 /// Saves the kernel's own state of a fresh testbed's links in its state
 /// directory `dir`, as a new file (once per build: the directory is new).
-pub fn save_kernel(dir: &Dir, ends: &[EndState]) -> Result<(), TestbedError> {
+pub(crate) fn save_kernel(dir: &Dir, ends: &[EndState]) -> Result<(), TestbedError> {
     let text = serde_json::to_string_pretty(ends).map_err(|e| TestbedError::Io {
         what: format!("writing {KERNEL_LINKS_FILE}"),
         source: std::io::Error::other(e),
@@ -119,7 +119,7 @@ pub fn save_kernel(dir: &Dir, ends: &[EndState]) -> Result<(), TestbedError> {
 
 /// The kernel's own state of the links, as saved when the testbed was
 /// built; `None` for a testbed built before netgap saved it.
-pub fn load_kernel(dir: &Path) -> Option<Vec<EndState>> {
+pub(crate) fn load_kernel(dir: &Path) -> Option<Vec<EndState>> {
     let text = std::fs::read_to_string(dir.join(KERNEL_LINKS_FILE)).ok()?;
     serde_json::from_str(&text).ok()
 }
@@ -128,7 +128,7 @@ pub fn load_kernel(dir: &Path) -> Option<Vec<EndState>> {
 /// conditions; "offload as the kernel set it" read against `kernel`), one
 /// line each. Only the `shaping` points carry netgap's qdiscs; every other
 /// end keeps veth's default.
-pub fn differences(
+pub(crate) fn differences(
     live: &[EndState],
     expected: &LinkConditions,
     kernel: Option<&[EndState]>,
@@ -189,7 +189,7 @@ fn on_off(on: bool) -> &'static str {
 }
 
 /// Puts each end's offloads back to exactly what `kernel` recorded.
-pub fn restore_offloads(
+pub(crate) fn restore_offloads(
     ends: &[(String, String)],
     kernel: &[EndState],
 ) -> Result<(), TestbedError> {
@@ -206,7 +206,7 @@ pub fn restore_offloads(
 
 /// Puts the MTU and offloads of every end back to `snapshot` (what a run
 /// found), where the live state differs.
-pub fn restore_snapshot(snapshot: &[EndState]) -> Result<(), TestbedError> {
+pub(crate) fn restore_snapshot(snapshot: &[EndState]) -> Result<(), TestbedError> {
     let ends: Vec<(String, String)> = snapshot
         .iter()
         .map(|e| (e.ns.clone(), e.dev.clone()))

@@ -33,7 +33,7 @@ pub(crate) fn wait_slice(timeout: Duration) -> Duration {
 }
 
 /// One half of a stream-socket flow: a handle on the socket plus its mode.
-pub struct Half<S> {
+pub(crate) struct Half<S> {
     socket: S,
     mode: Mode,
     timeout: Duration,
@@ -179,12 +179,12 @@ stream_socket!(std::os::unix::net::UnixStream);
 
 impl<S: StreamSocket> StreamFlow<S> {
     /// The two halves, for wrappers that add per-message work.
-    pub fn into_parts(self) -> (Half<S>, Half<S>) {
+    pub(crate) fn into_parts(self) -> (Half<S>, Half<S>) {
         (self.tx, self.rx)
     }
 
     /// Wraps a connected socket, applying the mode and the timeout.
-    pub fn new(socket: S, mode: Mode, timeout: Duration) -> io::Result<StreamFlow<S>> {
+    pub(crate) fn new(socket: S, mode: Mode, timeout: Duration) -> io::Result<StreamFlow<S>> {
         match mode {
             Mode::Event => {
                 socket.set_nonblocking(false)?;
@@ -221,7 +221,7 @@ impl<S: StreamSocket> StreamFlow<S> {
 
 impl<S: StreamSocket> Half<S> {
     /// The socket under this half.
-    pub fn socket(&self) -> &S {
+    pub(crate) fn socket(&self) -> &S {
         &self.socket
     }
 
@@ -506,7 +506,7 @@ impl Receiver for QuickAckReceiver {
 
 impl StreamFlow<std::net::TcpStream> {
     /// Wraps the flow to cork each message and/or re-arm quick ACKs.
-    pub fn with_tcp_hooks(self, quickack: bool, cork: bool) -> TcpHookFlow {
+    pub(crate) fn with_tcp_hooks(self, quickack: bool, cork: bool) -> TcpHookFlow {
         TcpHookFlow {
             tx: CorkSender {
                 inner: self.tx,

@@ -784,7 +784,7 @@ impl UringFlow {
     /// Wraps a connected, blocking TCP stream (options already applied).
     /// With `sqpoll`, both rings share the process's kernel submission
     /// thread.
-    pub fn new(stream: TcpStream, config: &FlowConfig) -> Result<UringFlow, TransportError> {
+    pub(crate) fn new(stream: TcpStream, config: &FlowConfig) -> Result<UringFlow, TransportError> {
         let rx_socket = stream
             .try_clone()
             .map_err(|e| option_error("dup (second socket handle)", e))?;

@@ -36,7 +36,7 @@ pub(crate) struct ZeroCopySender {
 
 impl ZeroCopyFlow {
     /// Wraps a connected stream that has SO_ZEROCOPY set.
-    pub fn new(stream: TcpStream, config: &FlowConfig) -> io::Result<ZeroCopyFlow> {
+    pub(crate) fn new(stream: TcpStream, config: &FlowConfig) -> io::Result<ZeroCopyFlow> {
         let tx_stream = stream.try_clone()?;
         let (_, rx) = StreamFlow::new(stream, config.mode, config.io_timeout)?.into_parts();
         Ok(ZeroCopyFlow {

@@ -3,7 +3,7 @@
 
 /// Runs `cmd` to its end, which must come within `limit` (a read that
 /// blocks on a FIFO would never end): its output.
-pub fn output_within(
+pub(crate) fn output_within(
     cmd: &mut std::process::Command,
     limit: std::time::Duration,
 ) -> std::process::Output {
@@ -34,14 +34,14 @@ pub fn output_within(
 }
 
 /// A FIFO at `path`, with no writer.
-pub fn mkfifo(path: &std::path::Path) {
+pub(crate) fn mkfifo(path: &std::path::Path) {
     let c = std::ffi::CString::new(path.to_str().expect("UTF-8 path")).expect("no NUL");
     // SAFETY: `c` is a NUL-terminated path that lives across the call.
     assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
 }
 
 /// A sparse file of `len_bytes` at `path`: its length without its blocks.
-pub fn sparse(path: &std::path::Path, len_bytes: u64) {
+pub(crate) fn sparse(path: &std::path::Path, len_bytes: u64) {
     std::fs::File::create(path)
         .and_then(|f| f.set_len(len_bytes))
         .expect("sparse file");
@@ -49,7 +49,7 @@ pub fn sparse(path: &std::path::Path, len_bytes: u64) {
 
 /// Standard error of a failed command (exit status 1) that must be one
 /// line, no panic.
-pub fn one_error_line(out: &std::process::Output) -> String {
+pub(crate) fn one_error_line(out: &std::process::Output) -> String {
     assert_eq!(
         out.status.code(),
         Some(1),

@@ -8,19 +8,19 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 
-pub mod files;
-pub mod procs;
-pub mod testbed;
+pub(crate) mod files;
+pub(crate) mod procs;
+pub(crate) mod testbed;
 
 /// The `netgap` binary under test.
-pub fn netgap() -> Command {
+pub(crate) fn netgap() -> Command {
     Command::cargo_bin("netgap").expect("binary built")
 }
 
 /// The control address a `netgap serve` started with its stdout piped
 /// prints first ("netgap agent VERSION listening on ADDR[ (key
 /// required)]").
-pub fn agent_addr(child: &mut Child) -> String {
+pub(crate) fn agent_addr(child: &mut Child) -> String {
     let stdout = child.stdout.take().expect("stdout piped");
     let mut line = String::new();
     BufReader::new(stdout)
@@ -34,7 +34,7 @@ pub fn agent_addr(child: &mut Child) -> String {
 
 /// A `netgap serve` on an ephemeral port of a loopback address, killed on
 /// drop.
-pub struct AgentProc {
+pub(crate) struct AgentProc {
     pub child: Child,
     /// Its control address, as it printed it.
     pub addr: String,
@@ -42,12 +42,12 @@ pub struct AgentProc {
 
 impl AgentProc {
     /// An agent bound to `bind`.
-    pub fn start(bind: &str) -> AgentProc {
+    pub(crate) fn start(bind: &str) -> AgentProc {
         AgentProc::start_with(bind, &[])
     }
 
     /// An agent with extra `serve` flags (limits, a key).
-    pub fn start_with(bind: &str, flags: &[&str]) -> AgentProc {
+    pub(crate) fn start_with(bind: &str, flags: &[&str]) -> AgentProc {
         let mut child = netgap()
             .args(["serve", "--bind", bind, "--port", "0"])
             .args(flags)
@@ -60,7 +60,7 @@ impl AgentProc {
     }
 
     /// Kills the agent and reaps it.
-    pub fn kill(&mut self) {
+    pub(crate) fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -73,7 +73,7 @@ impl Drop for AgentProc {
 }
 
 /// Every record of a JSON Lines results file (none when it is missing).
-pub fn read_records(path: &Path) -> Vec<Value> {
+pub(crate) fn read_records(path: &Path) -> Vec<Value> {
     std::fs::read_to_string(path)
         .unwrap_or_default()
         .lines()
@@ -83,7 +83,7 @@ pub fn read_records(path: &Path) -> Vec<Value> {
 
 /// Whether a results file being written holds at least one whole record: a
 /// poll may catch the first line half written, which is not yet a record.
-pub fn has_whole_record(path: &Path) -> bool {
+pub(crate) fn has_whole_record(path: &Path) -> bool {
     std::fs::read_to_string(path)
         .unwrap_or_default()
         .contains('\n')
@@ -91,13 +91,13 @@ pub fn has_whole_record(path: &Path) -> bool {
 
 /// The path of the `netgap` binary under test, for commands run through
 /// another program (`ip netns exec`).
-pub fn netgap_path() -> PathBuf {
+pub(crate) fn netgap_path() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_netgap"))
 }
 
 /// The preload library next to the netgap binary, built once per test
 /// process (a `cargo test --test it` builds only the root package).
-pub fn preload_library() -> PathBuf {
+pub(crate) fn preload_library() -> PathBuf {
     static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     BUILT
         .get_or_init(|| {
@@ -118,7 +118,7 @@ pub fn preload_library() -> PathBuf {
 }
 
 /// A new key file `name` in `dir`, made by `netgap key new`.
-pub fn new_key_file(dir: &Path, name: &str) -> PathBuf {
+pub(crate) fn new_key_file(dir: &Path, name: &str) -> PathBuf {
     let path = dir.join(name);
     let out = netgap()
         .args(["key", "new"])
@@ -130,7 +130,7 @@ pub fn new_key_file(dir: &Path, name: &str) -> PathBuf {
 }
 
 /// Runs `cmd`, which must succeed; its output.
-pub fn run_ok(cmd: &mut Command) -> Output {
+pub(crate) fn run_ok(cmd: &mut Command) -> Output {
     let out = cmd.output().expect("runs");
     assert!(
         out.status.success(),
@@ -141,7 +141,7 @@ pub fn run_ok(cmd: &mut Command) -> Output {
 }
 
 /// The standard output of a command that must have succeeded.
-pub fn ok(out: Output) -> String {
+pub(crate) fn ok(out: Output) -> String {
     assert!(
         out.status.success(),
         "failed: {}\n{}",
@@ -153,14 +153,14 @@ pub fn ok(out: Output) -> String {
 
 /// Runs `netgap ARGS`, which must fail with one line on standard error
 /// that holds `needle`, and no panic.
-pub fn fails_with_one_line(args: &[&str], needle: &str) {
+pub(crate) fn fails_with_one_line(args: &[&str], needle: &str) {
     let out = netgap().args(args).output().expect("runs");
     one_line_error(&out, &format!("{args:?}"), needle);
 }
 
 /// The standard error of `what`, a command that must have failed with one
 /// line there that holds `needle`, and no panic.
-pub fn one_line_error(out: &Output, what: &str, needle: &str) -> String {
+pub(crate) fn one_line_error(out: &Output, what: &str, needle: &str) -> String {
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(!out.status.success(), "{what} should fail");
     assert_eq!(stderr.trim_end().lines().count(), 1, "{what}: {stderr}");
@@ -173,19 +173,19 @@ pub fn one_line_error(out: &Output, what: &str, needle: &str) -> String {
 }
 
 /// A record's field that must be an unsigned integer.
-pub fn u(v: &Value) -> u64 {
+pub(crate) fn u(v: &Value) -> u64 {
     v.as_u64()
         .unwrap_or_else(|| panic!("an unsigned number: {v}"))
 }
 
 /// A record's field that must be a number.
-pub fn f(v: &Value) -> f64 {
+pub(crate) fn f(v: &Value) -> f64 {
     v.as_f64().unwrap_or_else(|| panic!("a number: {v}"))
 }
 
 /// A workload's own figure `name` in a record (`app.metrics`), which must
 /// be there.
-pub fn metric(r: &Value, name: &str) -> f64 {
+pub(crate) fn metric(r: &Value, name: &str) -> f64 {
     r["app"]["metrics"][name]
         .as_f64()
         .unwrap_or_else(|| panic!("metric {name} in {}", r["app"]))
@@ -195,7 +195,7 @@ pub fn metric(r: &Value, name: &str) -> f64 {
 /// module at `module` (its `module_path!()`), with its output captured by
 /// nobody: for a test whose process must hold nothing of any other test
 /// (its memory measured), or a helper that plays another host.
-pub fn child_test(module: &str, name: &str) -> Command {
+pub(crate) fn child_test(module: &str, name: &str) -> Command {
     // Test names leave out the crate: `it::flows_scale` runs as
     // `flows_scale::NAME`.
     let path = module.split_once("::").map_or(module, |(_, rest)| rest);
@@ -212,7 +212,7 @@ pub fn child_test(module: &str, name: &str) -> Command {
 /// Whether the system can run a testbed (root, network namespaces,
 /// iproute2); if not, says why, and fails when system tests are required
 /// (`NETGAP_REQUIRE_SYSTEM_TESTS=1`, as CI sets it).
-pub fn system_ready(test: &str) -> bool {
+pub(crate) fn system_ready(test: &str) -> bool {
     // SAFETY: geteuid has no preconditions and cannot fail.
     let missing = if unsafe { libc::geteuid() } != 0 {
         Some("not root")
@@ -238,7 +238,7 @@ pub fn system_ready(test: &str) -> bool {
 /// requires the system tests (`NETGAP_REQUIRE_SYSTEM_TESTS=1`, as `.ci/run`
 /// sets it), fails it instead, so a sandbox short of something cannot pass
 /// with the test unrun. The one place a test decides that.
-pub fn skip(test: &str, why: &str) {
+pub(crate) fn skip(test: &str, why: &str) {
     if std::env::var("NETGAP_REQUIRE_SYSTEM_TESTS").as_deref() == Ok("1") {
         panic!("{test}: {why}, but NETGAP_REQUIRE_SYSTEM_TESTS=1");
     }
@@ -247,7 +247,7 @@ pub fn skip(test: &str, why: &str) {
 
 /// Polls `left` every 20 ms until it names nothing (processes, threads);
 /// what it still names after `within`, if anything.
-pub fn gone_within<T>(
+pub(crate) fn gone_within<T>(
     within: std::time::Duration,
     mut left: impl FnMut() -> Vec<T>,
 ) -> Result<(), Vec<T>> {
@@ -265,7 +265,7 @@ pub fn gone_within<T>(
 }
 
 /// The warnings of record `r`.
-pub fn warnings(r: &serde_json::Value) -> Vec<&str> {
+pub(crate) fn warnings(r: &serde_json::Value) -> Vec<&str> {
     r["warnings"]
         .as_array()
         .expect("warnings")

@@ -3,11 +3,11 @@
 
 /// One process: its pid, its start time (so that a reused pid is not
 /// taken for it) and its command line.
-pub type Proc = (u32, u64, String);
+pub(crate) type Proc = (u32, u64, String);
 
 /// The processes descended from `pid`, each with its start time (so a
 /// reused pid is not taken for it), its state and its command line.
-pub fn descendants(pid: u32) -> Vec<Proc> {
+pub(crate) fn descendants(pid: u32) -> Vec<Proc> {
     let mut all = Vec::new();
     for entry in std::fs::read_dir("/proc").expect("proc").flatten() {
         let Ok(p) = entry.file_name().to_string_lossy().parse::<u32>() else {
@@ -42,7 +42,7 @@ pub fn descendants(pid: u32) -> Vec<Proc> {
 }
 
 /// Those of `procs` that still run (a zombie has ended).
-pub fn still_running(procs: &[Proc]) -> Vec<Proc> {
+pub(crate) fn still_running(procs: &[Proc]) -> Vec<Proc> {
     procs
         .iter()
         .filter(|(p, start, _)| {
@@ -59,7 +59,7 @@ pub fn still_running(procs: &[Proc]) -> Vec<Proc> {
 
 /// A process of a test, killed and reaped when dropped (also when the test
 /// fails).
-pub struct Reaped(pub std::process::Child);
+pub(crate) struct Reaped(pub std::process::Child);
 
 impl Drop for Reaped {
     fn drop(&mut self) {

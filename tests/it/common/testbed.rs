@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// A testbed that is taken down when the guard goes, even on a panic.
-pub struct Testbed {
+pub(crate) struct Testbed {
     /// Its `--name`.
     pub name: String,
 }
@@ -17,7 +17,7 @@ pub struct Testbed {
 impl Testbed {
     /// Builds testbed `name` with `flags` (after taking down the leftovers
     /// of an earlier, killed run); the guard and what `up` printed.
-    pub fn up(name: &str, flags: &[&str]) -> (Testbed, String) {
+    pub(crate) fn up(name: &str, flags: &[&str]) -> (Testbed, String) {
         let tb = Testbed { name: name.into() };
         let _ = netgap().args(["testbed", "down", "--name", name]).output();
         let out = netgap()
@@ -29,32 +29,32 @@ impl Testbed {
     }
 
     /// Its state directory.
-    pub fn dir(&self) -> PathBuf {
+    pub(crate) fn dir(&self) -> PathBuf {
         PathBuf::from("/run/netgap").join(&self.name)
     }
 
     /// The network namespace of `host`.
-    pub fn ns(&self, host: &str) -> String {
+    pub(crate) fn ns(&self, host: &str) -> String {
         format!("ngtb-{}-{host}", self.name)
     }
 
     /// Its hosts file.
-    pub fn hosts_path(&self) -> PathBuf {
+    pub(crate) fn hosts_path(&self) -> PathBuf {
         self.dir().join("hosts.json")
     }
 
     /// `@FILE` for `--hosts`.
-    pub fn hosts_arg(&self) -> String {
+    pub(crate) fn hosts_arg(&self) -> String {
         format!("@{}", self.hosts_path().display())
     }
 
     /// Its hosts file, read.
-    pub fn hosts(&self) -> HostsFile {
+    pub(crate) fn hosts(&self) -> HostsFile {
         HostsFile::load(&self.hosts_path()).expect("hosts file")
     }
 
     /// Its agents' shared key.
-    pub fn key(&self) -> PathBuf {
+    pub(crate) fn key(&self) -> PathBuf {
         self.dir().join("key")
     }
 
@@ -63,7 +63,7 @@ impl Testbed {
     /// which the TCP connections between hosts do not take) and the other
     /// hosts' addresses as the hosts it serves.
     #[cfg(feature = "xdp")]
-    pub fn relay_args(&self, host: &str, key: &Path) -> Vec<String> {
+    pub(crate) fn relay_args(&self, host: &str, key: &Path) -> Vec<String> {
         let hosts = self.hosts();
         let me = hosts.host(host).expect("the host is the testbed's");
         let interface = me
@@ -91,7 +91,7 @@ impl Testbed {
 
     /// `netgap run TESTS --hosts @FILE FLAGS --json JSON` from the root
     /// namespace; the records.
-    pub fn run(&self, tests: &str, flags: &[&str], json: &Path) -> Vec<Value> {
+    pub(crate) fn run(&self, tests: &str, flags: &[&str], json: &Path) -> Vec<Value> {
         ok(netgap()
             .args(["run", tests, "--hosts", &self.hosts_arg()])
             .args(flags)
@@ -103,7 +103,7 @@ impl Testbed {
     }
 
     /// `netgap testbed down`; what it printed.
-    pub fn down(&self) -> String {
+    pub(crate) fn down(&self) -> String {
         ok(netgap()
             .args(["testbed", "down", "--name", &self.name])
             .output()
@@ -112,7 +112,7 @@ impl Testbed {
 
     /// Nothing of the testbed is left: namespaces (and so their links),
     /// processes, state.
-    pub fn assert_gone(&self) {
+    pub(crate) fn assert_gone(&self) {
         let prefix = format!("ngtb-{}-", self.name);
         let list = ok(Command::new("ip")
             .args(["netns", "list"])
@@ -142,7 +142,7 @@ impl Drop for Testbed {
 
 /// Bytes sent plus received by interface `dev` of namespace `ns`, from
 /// `ip -s link`: what a testbed link really carried.
-pub fn link_bytes(ns: &str, dev: &str) -> u64 {
+pub(crate) fn link_bytes(ns: &str, dev: &str) -> u64 {
     let out = ok(Command::new("ip")
         .args(["-n", ns, "-s", "-j", "link", "show", "dev", dev])
         .output()

@@ -9,7 +9,7 @@ use super::{number, size, ImportContext, Imported, Importer, ParseError};
 use netgap_core::record::ResultRecord;
 
 /// NetPIPE (`NPtcp`, `NPmpi`, ...) output file.
-pub struct NetPipe;
+pub(super) struct NetPipe;
 
 impl Importer for NetPipe {
     fn name(&self) -> &'static str {

@@ -55,12 +55,12 @@ impl BufferGauge {
     }
 
     /// Bytes held now.
-    pub fn held_bytes(&self) -> u64 {
+    pub(super) fn held_bytes(&self) -> u64 {
         self.held.load(Ordering::Relaxed)
     }
 
     /// The most bytes held at once so far.
-    pub fn peak_bytes(&self) -> u64 {
+    pub(super) fn peak_bytes(&self) -> u64 {
         self.peak.load(Ordering::Relaxed)
     }
 }
@@ -74,7 +74,7 @@ pub(crate) struct CountedBuffer {
 
 impl CountedBuffer {
     /// `len_bytes` zero bytes at `layout`, counted by `gauge`.
-    pub fn new(
+    pub(super) fn new(
         len_bytes: usize,
         layout: BufferLayout,
         gauge: &Arc<BufferGauge>,
@@ -153,7 +153,7 @@ impl WorkerBuffers {
     /// The buffers a worker on `side` of `work` needs (`datagrams`: over a
     /// datagram path, whose messages carry netgap's udp header), at
     /// `layout`, counted by `gauge`. Sizes were checked with the work.
-    pub fn for_work(
+    pub(super) fn for_work(
         work: FlowWork,
         side: Side,
         datagrams: bool,
@@ -204,7 +204,7 @@ impl WorkerBuffers {
 
     /// A send buffer of `send_bytes` and a receive buffer of `recv_bytes`,
     /// zeroed, at `layout`.
-    pub fn new(
+    pub(super) fn new(
         send_bytes: usize,
         recv_bytes: usize,
         layout: BufferLayout,
@@ -220,7 +220,7 @@ impl WorkerBuffers {
 
     /// A buffer of one flow's own, of `len_bytes` at the worker's layout,
     /// counted with the worker's.
-    pub fn flow_buffer(&self, len_bytes: usize) -> Result<CountedBuffer, LayoutError> {
+    pub(super) fn flow_buffer(&self, len_bytes: usize) -> Result<CountedBuffer, LayoutError> {
         CountedBuffer::new(len_bytes, self.layout, &self.gauge)
     }
 }

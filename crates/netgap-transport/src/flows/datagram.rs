@@ -77,7 +77,7 @@ use std::time::{Duration, Instant};
 /// Flows one server worker keeps state for; datagrams from further peers
 /// are counted as errors and not answered, so no sender can grow the
 /// server's memory past about 64 bytes times this.
-pub const MAX_PEERS_PER_WORKER: usize = 65_536;
+pub(super) const MAX_PEERS_PER_WORKER: usize = 65_536;
 /// Datagrams a worker handles per wake-up before it looks at its stop flag
 /// (server) or its other flows (client), so one busy socket cannot starve
 /// the rest.
@@ -125,7 +125,7 @@ pub(crate) struct DatagramClient {
 impl DatagramClient {
     /// A machine for `size_bytes`-byte requests and replies
     /// (`1..=MAX_MESSAGE_BYTES`, checked by the caller).
-    pub fn new(size_bytes: usize) -> DatagramClient {
+    pub(super) fn new(size_bytes: usize) -> DatagramClient {
         DatagramClient {
             size: size_bytes.max(1),
             issued: 0,
@@ -137,17 +137,17 @@ impl DatagramClient {
     }
 
     /// The message size, bytes.
-    pub fn size_bytes(&self) -> usize {
+    pub(super) fn size_bytes(&self) -> usize {
         self.size
     }
 
     /// Whether a request waits for its reply.
-    pub fn waiting(&self) -> bool {
+    pub(super) fn waiting(&self) -> bool {
         self.waiting
     }
 
     /// Whether the current (or last) request was re-sent.
-    pub fn retried(&self) -> bool {
+    pub(super) fn retried(&self) -> bool {
         self.retried
     }
 
@@ -186,7 +186,7 @@ impl DatagramClient {
 
     /// Issues the next request. Its bytes count as sent whether or not
     /// this first datagram leaves (a re-send carries the same request).
-    pub fn start(
+    pub(super) fn start(
         &mut self,
         io: &mut impl Write,
         bufs: &mut WorkerBuffers,
@@ -199,7 +199,7 @@ impl DatagramClient {
     }
 
     /// Sends the current request again, if it still waits.
-    pub fn resend(
+    pub(super) fn resend(
         &mut self,
         io: &mut impl Write,
         bufs: &mut WorkerBuffers,
@@ -219,7 +219,7 @@ impl DatagramClient {
     /// are not netgap's are ignored; a data datagram from the future, or
     /// of the wrong size for the current request, is the server breaking
     /// the protocol.
-    pub fn pump(
+    pub(super) fn pump(
         &mut self,
         io: &mut impl Read,
         bufs: &mut WorkerBuffers,
@@ -271,17 +271,17 @@ pub(crate) struct RetryQueue {
 
 impl RetryQueue {
     /// The earliest entry, if any.
-    pub fn next_due(&self) -> Option<Instant> {
+    pub(super) fn next_due(&self) -> Option<Instant> {
         self.heap.peek().map(|Reverse((at, _))| *at)
     }
 
     /// Queues `slot` at `at`.
-    pub fn push(&mut self, at: Instant, slot: usize) {
+    pub(super) fn push(&mut self, at: Instant, slot: usize) {
         self.heap.push(Reverse((at, slot)));
     }
 
     /// Takes the earliest entry if it is due at `now`.
-    pub fn pop_due(&mut self, now: Instant) -> Option<usize> {
+    pub(super) fn pop_due(&mut self, now: Instant) -> Option<usize> {
         match self.heap.peek() {
             Some(Reverse((at, _))) if *at <= now => self.heap.pop().map(|Reverse((_, s))| s),
             _ => None,

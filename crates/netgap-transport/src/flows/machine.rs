@@ -109,7 +109,7 @@ pub(crate) struct PingPongClient {
 
 impl PingPongClient {
     /// A machine for `size_bytes`-byte round trips (`size_bytes >= 1`).
-    pub fn new(size_bytes: usize) -> PingPongClient {
+    pub(super) fn new(size_bytes: usize) -> PingPongClient {
         PingPongClient {
             size: size_bytes.max(1),
             off: 0,
@@ -120,17 +120,17 @@ impl PingPongClient {
     }
 
     /// The message size, bytes.
-    pub fn size_bytes(&self) -> usize {
+    pub(super) fn size_bytes(&self) -> usize {
         self.size
     }
 
     /// Whether a round trip is under way (started and not yet `Done`).
-    pub fn busy(&self) -> bool {
+    pub(super) fn busy(&self) -> bool {
         self.busy
     }
 
     /// Begins a round trip and moves what it can.
-    pub fn start(
+    pub(super) fn start(
         &mut self,
         io: &mut (impl Read + Write),
         bufs: &mut WorkerBuffers,
@@ -144,7 +144,7 @@ impl PingPongClient {
     /// Moves bytes of the current round trip until the socket would block or
     /// the round trip completes. With no round trip under way, any readable
     /// byte or end of stream is the peer misbehaving or going away.
-    pub fn pump(
+    pub(super) fn pump(
         &mut self,
         io: &mut (impl Read + Write),
         bufs: &mut WorkerBuffers,
@@ -218,7 +218,7 @@ pub(crate) struct EchoServer {
 impl EchoServer {
     /// An echo machine for messages of `size_bytes` (`size_bytes >= 1`),
     /// whose worker's receive buffer holds at least that.
-    pub fn new(size_bytes: usize) -> EchoServer {
+    pub(super) fn new(size_bytes: usize) -> EchoServer {
         EchoServer {
             size: size_bytes.max(1),
             own: None,
@@ -230,13 +230,13 @@ impl EchoServer {
 
     /// Whether the flow holds a buffer of its own.
     #[cfg(test)]
-    pub fn holds_a_buffer(&self) -> bool {
+    pub(super) fn holds_a_buffer(&self) -> bool {
         self.own.is_some()
     }
 
     /// Echoes until the socket would block. `Done` means the client closed
     /// the connection cleanly between messages.
-    pub fn pump(
+    pub(super) fn pump(
         &mut self,
         io: &mut (impl Read + Write),
         bufs: &mut WorkerBuffers,
@@ -364,7 +364,7 @@ pub(crate) struct ConnectClient {
 
 impl ConnectClient {
     /// A machine for `request_bytes` out and `reply_bytes` back.
-    pub fn new(request_bytes: usize, reply_bytes: usize) -> ConnectClient {
+    pub(super) fn new(request_bytes: usize, reply_bytes: usize) -> ConnectClient {
         ConnectClient {
             chunk: connect_chunk_bytes(request_bytes, reply_bytes),
             request_bytes,
@@ -376,7 +376,7 @@ impl ConnectClient {
     }
 
     /// Resets for a new connection that has just been established.
-    pub fn begin(&mut self) {
+    pub(super) fn begin(&mut self) {
         self.done = 0;
         self.phase = if self.request_bytes > 0 {
             ConnectPhase::Sending
@@ -388,18 +388,18 @@ impl ConnectClient {
     }
 
     /// The request and reply sizes, bytes.
-    pub fn sizes_bytes(&self) -> (usize, usize) {
+    pub(super) fn sizes_bytes(&self) -> (usize, usize) {
         (self.request_bytes, self.reply_bytes)
     }
 
     /// Whether the whole reply has arrived (the end of the timed part).
-    pub fn reply_received(&self) -> bool {
+    pub(super) fn reply_received(&self) -> bool {
         matches!(self.phase, ConnectPhase::AwaitEof | ConnectPhase::Finished)
     }
 
     /// Moves bytes until the socket would block; `Done` once the server
     /// closed after the full reply.
-    pub fn pump(
+    pub(super) fn pump(
         &mut self,
         io: &mut (impl Read + Write),
         bufs: &mut WorkerBuffers,
@@ -474,7 +474,7 @@ pub(crate) struct ConnectServer {
 
 impl ConnectServer {
     /// A machine expecting `request_bytes` and answering `reply_bytes`.
-    pub fn new(request_bytes: usize, reply_bytes: usize) -> ConnectServer {
+    pub(super) fn new(request_bytes: usize, reply_bytes: usize) -> ConnectServer {
         ConnectServer {
             chunk: connect_chunk_bytes(request_bytes, reply_bytes),
             request_bytes,
@@ -486,7 +486,7 @@ impl ConnectServer {
     }
 
     /// Moves bytes until the socket would block or the reply is out.
-    pub fn pump(
+    pub(super) fn pump(
         &mut self,
         io: &mut (impl Read + Write),
         bufs: &mut WorkerBuffers,

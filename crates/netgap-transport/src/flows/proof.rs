@@ -103,7 +103,7 @@ pub(crate) struct ConnectorHandshake {
 
 impl ConnectorHandshake {
     /// A proof of `token` with a fresh nonce.
-    pub fn new(token: &DataToken) -> io::Result<ConnectorHandshake> {
+    pub(super) fn new(token: &DataToken) -> io::Result<ConnectorHandshake> {
         Ok(ConnectorHandshake {
             proof: ConnectorProof::new(token.clone(), nonce()?),
             stage: ConnectorStage::Hello { off: 0 },
@@ -112,7 +112,7 @@ impl ConnectorHandshake {
 
     /// Moves the proof on as far as the socket allows: `Done` once the far
     /// end proved the token and the confirmation is sent.
-    pub fn pump(&mut self, io: &mut (impl Read + Write)) -> Result<Progress, ProofError> {
+    pub(super) fn pump(&mut self, io: &mut (impl Read + Write)) -> Result<Progress, ProofError> {
         loop {
             match &mut self.stage {
                 ConnectorStage::Hello { off } => {
@@ -173,7 +173,7 @@ pub(crate) struct ListenerHandshake {
 
 impl ListenerHandshake {
     /// A proof of `token` with a fresh nonce.
-    pub fn new(token: &DataToken) -> io::Result<ListenerHandshake> {
+    pub(super) fn new(token: &DataToken) -> io::Result<ListenerHandshake> {
         Ok(ListenerHandshake {
             proof: ListenerProof::new(token.clone(), nonce()?),
             stage: ListenerStage::Hello {
@@ -185,7 +185,7 @@ impl ListenerHandshake {
 
     /// Moves the proof on as far as the socket allows: `Done` once the
     /// connector proved the token; any other answer is an error.
-    pub fn pump(&mut self, io: &mut (impl Read + Write)) -> Result<Progress, ProofError> {
+    pub(super) fn pump(&mut self, io: &mut (impl Read + Write)) -> Result<Progress, ProofError> {
         loop {
             match &mut self.stage {
                 ListenerStage::Hello { buf, off } => {

@@ -78,7 +78,7 @@ pub(crate) struct Pacer {
 impl Pacer {
     /// A pacer for `total` flows with at most `max_window` (at least 1) in
     /// setup at once.
-    pub fn new(total: usize, max_window: usize) -> Pacer {
+    pub(crate) fn new(total: usize, max_window: usize) -> Pacer {
         let max_window = max_window.max(1);
         Pacer {
             total,
@@ -95,18 +95,18 @@ impl Pacer {
 
     /// The window now.
     #[cfg(test)]
-    pub fn window(&self) -> usize {
+    pub(crate) fn window(&self) -> usize {
         self.window
     }
 
     /// Setups seen retransmitting so far.
     #[cfg(test)]
-    pub fn lost(&self) -> usize {
+    pub(crate) fn lost(&self) -> usize {
         self.lost
     }
 
     /// The next flow to open, if the window has room and flows are left.
-    pub fn next_to_open(&mut self) -> Option<usize> {
+    pub(crate) fn next_to_open(&mut self) -> Option<usize> {
         if self.in_flight >= self.window || self.next >= self.total {
             return None;
         }
@@ -119,7 +119,7 @@ impl Pacer {
     /// A setup (in flight or just finished) was seen retransmitting at
     /// `now`: the server's queues overflowed, so the window halves. Call it
     /// once per setup.
-    pub fn on_loss(&mut self, now: Instant) {
+    pub(crate) fn on_loss(&mut self, now: Instant) {
         self.lost += 1;
         self.clean = 0;
         self.threshold = (self.window / 2).max(MIN_WINDOW.min(self.max_window));
@@ -130,7 +130,7 @@ impl Pacer {
     /// A flow in setup finished it at `now`, `clean` if it never
     /// retransmitted: its place in the window is free, and a clean setup
     /// widens the window, by at most double in a [`GROWTH_EPOCH`].
-    pub fn finished(&mut self, clean: bool, now: Instant) {
+    pub(crate) fn finished(&mut self, clean: bool, now: Instant) {
         self.in_flight = self.in_flight.saturating_sub(1);
         if !clean {
             return;
@@ -155,12 +155,12 @@ impl Pacer {
 
     /// Flows in setup now.
     #[cfg(test)]
-    pub fn in_flight(&self) -> usize {
+    pub(crate) fn in_flight(&self) -> usize {
         self.in_flight
     }
 
     /// Whether every flow was opened and finished its setup.
-    pub fn all_done(&self) -> bool {
+    pub(crate) fn all_done(&self) -> bool {
         self.next >= self.total && self.in_flight == 0
     }
 }
