@@ -11,6 +11,7 @@ pub mod datagram;
 pub mod diagnose;
 pub mod dropout;
 pub mod files;
+pub mod framing;
 pub mod host;
 pub mod hosts;
 pub mod link;
