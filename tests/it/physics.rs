@@ -157,6 +157,9 @@ fn a_run_over_a_shaped_link_records_its_limit_and_stays_under_it_or_is_flagged()
             .as_f64()
             .unwrap_or_else(|| panic!("{what}: no limit in {r}"));
         assert_eq!(r["stack"]["path"]["rate_bps"], 1_000_000_000u64, "{what}");
+        // The framing the limit was found for is the one the transport
+        // declared, carried in the stack.
+        assert_eq!(r["stack"]["framing"], r["transport"], "{what}");
         if r["transport"] == "tcp" {
             assert!((limit - TCP_LIMIT_GBPS).abs() < 1e-9, "{what}: {limit}");
         } else {

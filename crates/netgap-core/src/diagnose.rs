@@ -119,6 +119,7 @@ mod tests {
         assert!(plain.get("physics").is_none(), "{plain}");
         let stack = |path: PathIdentity| {
             Stack::new("tcp", Mode::Event, &TransportOptions::default(), path, None)
+                .with_framing(Some(crate::framing::Framing::Tcp))
         };
         let loopback = diagnosed(ResultRecord::new(head()).with_stack(stack(PathIdentity {
             kind: Some("loopback".into()),

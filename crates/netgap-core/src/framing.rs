@@ -3,7 +3,7 @@
 //! physics of a record ([`crate::physics`]) reads to find a link's payload
 //! limit.
 
-use crate::stack::Stack;
+use serde::{Deserialize, Serialize};
 
 /// Ethernet header the shaper counts with every frame.
 pub const ETH_HEADER_BYTES: u64 = 14;
@@ -22,8 +22,12 @@ pub const NETGAP_UDP_HEADER_BYTES: u64 = 24;
 /// netgap's own xdp frame header after the Ethernet header: its fields and
 /// the 8-byte authentication tag (`netgap_transport::xdp::reliable`).
 pub const NETGAP_XDP_HEADER_BYTES: u64 = 36;
-/// How a stack puts payload into frames.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+
+/// How a stack puts payload into frames. A transport declares its own
+/// (`netgap_transport::Capabilities::framing`) and every record's stack
+/// carries it, so the physics of a record never reads a transport's name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Framing {
     /// Kernel TCP with timestamps.
     Tcp,
@@ -36,18 +40,27 @@ pub enum Framing {
 }
 
 impl Framing {
-    /// The framing of a stack's data, when it crosses a link netgap knows
-    /// the framing of; `None` for stacks with no link (unix, shm, shared
-    /// memory) or an unknown transport.
-    pub fn of(stack: &Stack) -> Option<Framing> {
-        match stack.transport.as_str() {
+    /// The framing of a stack in a record written before stacks carried
+    /// their framing, read from its transport's name and options as the
+    /// netgap that wrote it did; `None` for stacks with no link (unix, shm,
+    /// shared memory) or an unknown transport. Only old records and
+    /// imported results, which name a kernel stack, are read this way.
+    pub fn written_by_name(transport: &str, options: &[String]) -> Option<Framing> {
+        match transport {
             "tcp" | "uring" => Some(Framing::Tcp),
             "mptcp" => Some(Framing::Mptcp),
             "udp" => Some(Framing::Udp),
             "xdp" => Some(Framing::Xdp),
-            "mpi" if stack.options.iter().any(|o| o == "btl=tcp") => Some(Framing::Tcp),
+            "mpi" if options.iter().any(|o| o == "btl=tcp") => Some(Framing::Tcp),
             _ => None,
         }
+    }
+
+    /// Whether one connection spreads over every link between its two
+    /// hosts (MPTCP's subflows), so that the links it uses are not the one
+    /// link a path names.
+    pub fn spans_links(self) -> bool {
+        self == Framing::Mptcp
     }
 
     /// Payload bytes and frame bytes (as the shaper counts them) of a

@@ -104,7 +104,7 @@ impl WireModel {
     /// placement whose links the record does not tell).
     pub fn of_record(r: &ResultRecord) -> Option<WireModel> {
         let stack = r.stack.as_ref()?;
-        let framing = Framing::of(stack)?;
+        let framing = stack.framing?;
         let path = &stack.path;
         let rate_bps = path.rate_bps?;
         let mtu_bytes = u64::from(path.mtu_bytes?);
@@ -154,7 +154,8 @@ fn links_used(r: &ResultRecord, stack: &Stack) -> Option<u32> {
         // mptcp on a mesh opens a subflow per link between the pair, and
         // the record does not say how many there are.
         let mesh = stack.path.topology.as_deref() == Some("mesh");
-        return (!(mesh && stack.transport == "mptcp")).then_some(1);
+        let spans = stack.framing.is_some_and(Framing::spans_links);
+        return (!(mesh && spans)).then_some(1);
     };
     if !g.links.is_empty() {
         return u32::try_from(g.links.len()).ok();
@@ -174,7 +175,7 @@ fn links_used(r: &ResultRecord, stack: &Stack) -> Option<u32> {
     let servers = count("server")?;
     match stack.path.topology.as_deref() {
         Some("switch") => Some(servers.min(clients)),
-        Some("mesh") if stack.transport != "mptcp" => Some(servers * clients),
+        Some("mesh") if !stack.framing.is_some_and(Framing::spans_links) => Some(servers * clients),
         _ => None,
     }
 }
@@ -562,13 +563,11 @@ mod tests {
 
     fn on(mut r: ResultRecord, path: PathIdentity) -> ResultRecord {
         let t = r.transport.clone();
-        r = r.with_stack(Stack::new(
-            &t,
-            Mode::Event,
-            &TransportOptions::default(),
-            path,
-            None,
-        ));
+        let framing = Framing::written_by_name(&t, &[]);
+        r = r.with_stack(
+            Stack::new(&t, Mode::Event, &TransportOptions::default(), path, None)
+                .with_framing(framing),
+        );
         // As the record's maker leaves it: judged by the model.
         r.physics = assess(&r);
         r
@@ -687,6 +686,7 @@ mod tests {
                 None,
             );
             stack.options = vec![format!("btl={btl}"), "mca_btl=tcp,self".into()];
+            stack.framing = Framing::written_by_name("mpi", &stack.options);
             record(test, "mpi", 65536, "bandwidth_gbps", 0.9).with_stack(stack)
         };
         assert!(near(
@@ -999,16 +999,19 @@ mod tests {
         assert_eq!(shaper_held(&r, &load(15.0)), None);
         let mut r = record("stream", "tcp", 65536, "bandwidth_gbps", 0.7 * l);
         r.cpu = Some(ends(30.0, 20.0));
-        let mut r = r.with_stack(Stack::new(
-            "tcp",
-            Mode::Event,
-            &TransportOptions {
-                rcvbuf_bytes: Some(65_536),
-                ..TransportOptions::default()
-            },
-            shaped("switch", 1500, None),
-            None,
-        ));
+        let mut r = r.with_stack(
+            Stack::new(
+                "tcp",
+                Mode::Event,
+                &TransportOptions {
+                    rcvbuf_bytes: Some(65_536),
+                    ..TransportOptions::default()
+                },
+                shaped("switch", 1500, None),
+                None,
+            )
+            .with_framing(Some(Framing::Tcp)),
+        );
         r.physics = assess(&r);
         assert_eq!(shaper_held(&r, &load(15.0)), None);
         // A ping-pong's bandwidth, a sweep's, a latency: bound by the

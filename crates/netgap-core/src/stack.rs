@@ -10,6 +10,7 @@
 //! from a peer tool, [`Stack::of_record`] derives it from the fields they do
 //! have, so old results files group the same way.
 
+use crate::framing::Framing;
 use crate::host::{HostFacts, Offloads};
 use crate::record::ResultRecord;
 use crate::spec::{Mode, TransportOptions};
@@ -19,7 +20,7 @@ use std::fmt::Write as _;
 /// What a record measured over. Two records belong to the same series, and
 /// may be compared point by point, exactly when their stacks are equal.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(from = "StackFields")]
 pub struct Stack {
     /// Transport name (`tcp`, `unix`, ...), or what a peer tool measured.
     pub transport: String,
@@ -38,6 +39,57 @@ pub struct Stack {
     /// The peer tool that measured the record, for imported records.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool: Option<String>,
+    /// How the stack puts its payload into frames on a link, as its
+    /// transport declares; `null` for a stack with no link (unix, shm) or
+    /// whose framing is not known. Always written, so that a record without
+    /// the field is known to come from before it existed.
+    pub framing: Option<Framing>,
+}
+
+/// A stack as a results file holds it: [`Stack`]'s fields, with the
+/// framing absent in records written before stacks carried it.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StackFields {
+    transport: String,
+    mode: Mode,
+    #[serde(default)]
+    options: Vec<String>,
+    #[serde(default)]
+    path: PathIdentity,
+    #[serde(default)]
+    label: Option<String>,
+    #[serde(default)]
+    tool: Option<String>,
+    /// `None` when the field is absent; `Some(None)` for `null`.
+    #[serde(default, deserialize_with = "present")]
+    framing: Option<Option<Framing>>,
+}
+
+/// A field that is present, `null` included.
+fn present<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    T::deserialize(d).map(Some)
+}
+
+impl From<StackFields> for Stack {
+    fn from(f: StackFields) -> Stack {
+        let framing = f
+            .framing
+            .unwrap_or_else(|| Framing::written_by_name(&f.transport, &f.options));
+        Stack {
+            transport: f.transport,
+            mode: f.mode,
+            options: f.options,
+            path: f.path,
+            label: f.label,
+            tool: f.tool,
+            framing,
+        }
+    }
 }
 
 /// The path a record's traffic took, as far as it sets one stack apart from
@@ -179,7 +231,14 @@ impl Stack {
             path,
             label,
             tool: None,
+            framing: None,
         }
+    }
+
+    /// The stack with the framing its transport declares.
+    pub fn with_framing(mut self, framing: Option<Framing>) -> Stack {
+        self.framing = framing;
+        self
     }
 
     /// The stack with `choices` (`name=value`) the transport made in setting
@@ -206,6 +265,7 @@ impl Stack {
         Stack {
             transport: r.transport.clone(),
             mode: r.mode,
+            framing: Framing::written_by_name(&r.transport, &options),
             options,
             path: PathIdentity::from_ends(r.host.as_ref(), r.peer_host.as_ref()),
             label: None,
@@ -359,6 +419,40 @@ fn trim_float(x: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stack_carries_its_framing_and_an_older_one_is_read_by_its_name() {
+        let read = |json: &str| -> Stack { serde_json::from_str(json).expect("stack") };
+        // Declared: whatever the transport is called.
+        let s = read(r#"{"transport":"mine","mode":"event","framing":"xdp"}"#);
+        assert_eq!(s.framing, Some(Framing::Xdp));
+        // Declared as none: no name brings one back.
+        let s = read(r#"{"transport":"tcp","mode":"event","framing":null}"#);
+        assert_eq!(s.framing, None);
+        // Written before stacks carried it: as that netgap read the name.
+        let s = read(r#"{"transport":"mptcp","mode":"event"}"#);
+        assert_eq!(s.framing, Some(Framing::Mptcp));
+        let s = read(r#"{"transport":"unix","mode":"event"}"#);
+        assert_eq!(s.framing, None);
+        // Written out, it reads back the same, `null` included.
+        for framing in [None, Some(Framing::Udp)] {
+            let s = Stack::new(
+                "udp",
+                Mode::Event,
+                &TransportOptions::default(),
+                path(1500, "on"),
+                None,
+            )
+            .with_framing(framing);
+            let json = serde_json::to_string(&s).expect("encoded");
+            assert!(json.contains("\"framing\":"), "{json}");
+            assert_eq!(read(&json), s);
+        }
+        // A record of a stack that is not netgap's fails as before.
+        assert!(
+            serde_json::from_str::<Stack>(r#"{"transport":"tcp","mode":"event","x":1}"#).is_err()
+        );
+    }
 
     fn path(mtu: u32, offload: &str) -> PathIdentity {
         PathIdentity {

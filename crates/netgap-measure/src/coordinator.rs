@@ -627,7 +627,8 @@ pub(crate) fn build_record(
         path_of(plan, host, peer_host, conditions),
         plan.settings.label.clone(),
     )
-    .with_choices(&m.path_choices);
+    .with_choices(&m.path_choices)
+    .with_framing(transport::find(&spec.transport).and_then(|t| t.capabilities().framing));
     let mut record = record.with_stack(stack);
     diagnose(&mut record);
     Ok(record)

@@ -645,7 +645,8 @@ mod tests {
             rate_bps: Some(1_000_000_000),
             ..PathIdentity::default()
         };
-        let stack = Stack::new("tcp", Mode::Event, &TransportOptions::default(), path, None);
+        let stack = Stack::new("tcp", Mode::Event, &TransportOptions::default(), path, None)
+            .with_framing(Some(netgap_core::framing::Framing::Tcp));
         let r = diagnosed(r.with_stack(stack));
         let row = table_row(&r);
         assert!(
@@ -703,7 +704,8 @@ mod tests {
             rate_bps: Some(1_000_000_000),
             ..PathIdentity::default()
         };
-        let stack = Stack::new("tcp", Mode::Event, &TransportOptions::default(), path, None);
+        let stack = Stack::new("tcp", Mode::Event, &TransportOptions::default(), path, None)
+            .with_framing(Some(netgap_core::framing::Framing::Tcp));
         diagnosed(r.with_stack(stack))
     }
 

@@ -482,6 +482,11 @@ fn build_record(
     // BTLs the ranks reached each other over (ob1's BML reports them, so
     // the PML was ob1) and the interfaces its TCP BTL took.
     let btls = report.selection.btls();
+    // The ranks' bytes cross a link in kernel TCP's frames when TCP is the
+    // one transport (BTL) they reached each other over.
+    if btls.len() == 1 && btls.iter().all(|b| b == "tcp") {
+        stack.framing = Some(netgap_core::framing::Framing::Tcp);
+    }
     if !btls.is_empty() {
         stack.options.push("pml=ob1".into());
         stack.options.push(format!("btl={}", btls.join("+")));

@@ -478,6 +478,7 @@ fn path_text(path: &netgap_core::stack::PathIdentity) -> String {
         path: path.clone(),
         label: None,
         tool: None,
+        framing: None,
     };
     let d = probe.describe();
     // The description opens with the transport and the mode.

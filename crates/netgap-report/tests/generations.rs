@@ -152,12 +152,29 @@ fn assert_same_text(written: &str, line: &str) {
     }
 }
 
+/// Records written before stacks carried their framing read it from their
+/// transport's name, and judging them again gives the physics they hold.
+#[test]
+fn stacks_without_their_framing_are_judged_as_when_written() {
+    let recs = loads_and_renders("6-physics-and-cpu-load.jsonl", 2);
+    let text = std::fs::read_to_string(data("6-physics-and-cpu-load.jsonl")).expect("reads");
+    for (line, l) in text.lines().zip(&recs) {
+        assert!(!line.contains("\"framing\""));
+        assert_eq!(l.stack.framing, Some(netgap_core::framing::Framing::Tcp));
+        let read: ResultRecord = serde_json::from_str(line).expect("reads");
+        let mut again = read.clone();
+        diagnose(&mut again);
+        assert_eq!(again.physics, read.physics);
+        assert!(read.physics.is_some());
+    }
+}
+
 /// This netgap's own records come back byte for byte, and judging them
 /// again changes nothing: what a run writes is fixed by its measurements.
 #[test]
 fn records_of_this_version_come_back_byte_for_byte() {
-    let recs = loads_and_renders("6-physics-and-cpu-load.jsonl", 2);
-    let text = std::fs::read_to_string(data("6-physics-and-cpu-load.jsonl")).expect("reads");
+    let recs = loads_and_renders("7-stack-framing.jsonl", 2);
+    let text = std::fs::read_to_string(data("7-stack-framing.jsonl")).expect("reads");
     for (line, l) in text.lines().zip(&recs) {
         let written = serde_json::to_string(&l.record).expect("writes");
         assert_same_text(&written, line);

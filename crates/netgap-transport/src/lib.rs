@@ -34,6 +34,7 @@ pub mod uring;
 pub mod xdp;
 mod zerocopy;
 
+pub use netgap_core::framing::Framing;
 use netgap_core::spec::{Mode, PointSpec, TransportOptions};
 
 use std::io;
@@ -494,6 +495,10 @@ pub struct Capabilities {
     /// How unmodified programs (real servers, load generators) run over
     /// it.
     pub programs: Programs,
+    /// How it puts payload into frames on a link, which every record's
+    /// stack carries for the physics of its path; `None` for a transport
+    /// that crosses no link (one host's unix sockets, shared memory).
+    pub framing: Option<Framing>,
 }
 
 /// How unmodified programs (nginx, gmond, wrk) run over a transport: the
@@ -536,6 +541,7 @@ impl Capabilities {
             ip_port_addresses: true,
             binds_local: false,
             programs: Programs::No,
+            framing: None,
         }
     }
 

@@ -106,6 +106,7 @@ impl Transport for Mptcp {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             binds_local: true,
+            framing: Some(crate::Framing::Mptcp),
             ..Capabilities::cross_host_stream(OPTIONS)
         }
     }

@@ -280,6 +280,7 @@ impl Transport for Tcp {
         Capabilities {
             binds_local: true,
             programs: crate::Programs::Kernel,
+            framing: Some(crate::Framing::Tcp),
             ..Capabilities::cross_host_stream(OPTIONS)
         }
     }

@@ -847,6 +847,8 @@ impl Transport for Uring {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             binds_local: true,
+            // Kernel TCP under its sockets.
+            framing: Some(crate::Framing::Tcp),
             ..Capabilities::cross_host_stream(OPTIONS)
         }
     }

@@ -451,6 +451,9 @@ pub(super) fn measure_point(
         &point.spec.options,
         path,
         plan.settings.label.clone(),
+    )
+    .with_framing(
+        netgap_transport::find(&point.spec.transport).and_then(|t| t.capabilities().framing),
     );
     let mut record = record.with_stack(stack);
     diagnose(&mut record);

@@ -1031,6 +1031,7 @@ impl Transport for Udp {
             ip_port_addresses: true,
             binds_local: true,
             programs: crate::Programs::No,
+            framing: Some(crate::Framing::Udp),
         }
     }
 

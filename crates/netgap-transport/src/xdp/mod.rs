@@ -183,6 +183,7 @@ impl Transport for Xdp {
             // Programs under the sockets library reach other hosts'
             // programs through their hosts' relays, over this transport.
             programs: crate::Programs::LibraryWithRelay,
+            framing: Some(crate::Framing::Xdp),
             ..Capabilities::cross_host_stream(&[])
         }
     }
