@@ -246,7 +246,7 @@ impl Steering {
 /// 1.x returns `-errno`).
 fn bpf_fd(rc: c_int, what: &str) -> io::Result<OwnedFd> {
     if rc < 0 {
-        let e = io::Error::from_raw_os_error(-rc);
+        let e = io::Error::from_raw_os_error(rc.saturating_neg());
         return Err(io::Error::new(e.kind(), format!("{what}: {e}")));
     }
     // SAFETY: a non-negative return of a libbpf call that makes a
