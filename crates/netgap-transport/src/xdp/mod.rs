@@ -8,7 +8,7 @@
 //! frames carry both ends' flow ids, and arrivals go to their session by
 //! destination flow id ([`demux`], plain code), so one process holds many
 //! flows on one interface at once. The XDP program that steers frames to
-//! the socket is netgap's own ([`steer`]): it takes frames of netgap's
+//! the socket is netgap's own (`steer.rs`): it takes frames of netgap's
 //! EtherType and passes every other frame to the kernel, so the host's IP
 //! traffic on the interface (an agent's control connection, ARP) goes on
 //! while the port is open. It is attached through a BPF link when the port
