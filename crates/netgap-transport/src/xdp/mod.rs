@@ -38,8 +38,8 @@
 //! (`XDP_COPY`): veth has no zero-copy, and the measurement should be the
 //! same on any interface. The socket binds queue 0. The port changes
 //! nothing else of the interface (queues, offloads, MTU); native XDP on a
-//! veth makes the kernel turn off its peer's software segmentation while
-//! the program is attached, and restore it after.
+//! veth makes the kernel turn its peer's TCP segmentation offload off while
+//! the program is attached, and back on after.
 //!
 //! Built only with the `xdp` cargo feature (libxdp and libbpf); without it
 //! the transport is listed, unavailable, with the reason.
