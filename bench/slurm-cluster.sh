@@ -18,7 +18,10 @@
 #   7. sbatch --wait a job on every node: srun starts `netgap serve --bind
 #      auto` on each node, and `netgap run ... --hosts @slurm:PORT` measures
 #      multistream, hotspot, fanin and gather across them (and, with MPI,
-#      mpi-latency and mpi-bw on the first two nodes); then `netgap study
+#      mpi-latency and mpi-bw on the first two nodes; with --xdp, pingpong
+#      and stream over xdp and tcp with both roles on the first two nodes'
+#      agents, whose control connections share eth0 with the xdp flows);
+#      then `netgap study
 #      STUDY --quick --hosts @slurm:PORT --key KEY` measures a study's
 #      figures there, its point-to-point tests with both roles on the
 #      first two nodes' agents (unless --no-study).
@@ -27,12 +30,12 @@
 #   9. Everything is taken down (daemons, directories, /etc/netns files,
 #      the testbed), on success and on failure alike.
 #
-# Results: slurm.jsonl, mpirun.jsonl and links-*.json (each host's link
-# counters before and after each run) in OUT (default ./slurm-cluster-TIME),
+# Results: slurm.jsonl, slurm-xdp.jsonl (with --xdp), mpirun.jsonl and
+# links-*.json (each host's link counters before and after each run) in OUT (default ./slurm-cluster-TIME),
 # and the study's results file and report in OUT/study.
 #
 # Usage: bench/slurm-cluster.sh [--hosts N] [--name NAME] [--out DIR]
-#        [--port PORT] [--netgap PATH] [--no-mpirun] [--mpi] [--no-study]
+#        [--port PORT] [--netgap PATH] [--no-mpirun] [--mpi] [--xdp] [--no-study]
 #        [-- EXTRA RUN FLAGS]
 # NETGAP_SLURM_SETTINGS overrides the run's settings (default: short);
 # NETGAP_SLURM_STUDY the study's arguments (default: 003 --figures 2,3,
@@ -46,6 +49,7 @@ out=""
 netgap=""
 do_mpirun=1
 do_mpi=0
+do_xdp=0
 do_study=1
 port=7190
 while [ $# -gt 0 ]; do
@@ -57,6 +61,7 @@ while [ $# -gt 0 ]; do
     --port) port="$2"; shift 2 ;;
     --no-mpirun) do_mpirun=0; shift ;;
     --mpi) do_mpi=1; shift ;;
+    --xdp) do_xdp=1; shift ;;
     --no-study) do_study=0; shift ;;
     --) shift; break ;;
     *) echo "slurm-cluster.sh: unknown argument $1" >&2; exit 2 ;;
@@ -206,6 +211,13 @@ if [ "$do_mpi" = 1 ]; then
     # 1 on the first two nodes (its daemons through srun).
     mpi_run="\"$netgap\" run mpi-latency,mpi-bw --hosts @slurm --sizes 8,65536 --reps 2 --json \"$out/slurm-mpi.jsonl\""
 fi
+xdp_run=""
+if [ "$do_xdp" = 1 ]; then
+    # User-level networking through agents on one-interface nodes: the
+    # client role on the second node's agent, the server role on the
+    # first's, their xdp ports on the eth0 their control connections take.
+    xdp_run="\"$netgap\" run pingpong,stream -t xdp,tcp --hosts @slurm:$port --key \"$work/key\" --sizes 1,64K --reps 3 --rep-time 20ms --json \"$out/slurm-xdp.jsonl\""
+fi
 study_run=""
 if [ "$do_study" = 1 ]; then
     # A study on the allocation: its point-to-point figures with both roles
@@ -218,6 +230,7 @@ set -euo pipefail
 srun --overlap --ntasks-per-node=1 "$netgap" serve --bind auto --port $port --key "$work/key" --allow-services &
 "$netgap" run multistream,hotspot,fanin,gather --hosts @slurm:$port --key "$work/key" ${settings[*]} ${extra[*]} --json "$out/slurm.jsonl"
 $mpi_run
+$xdp_run
 $study_run
 EOF
 links "$out/links-slurm-before.json"

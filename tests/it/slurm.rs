@@ -6,8 +6,11 @@
 //! `netgap run --hosts @slurm:PORT` measures multistream, hotspot, fanin and
 //! gather across them, and `netgap study 003 --quick --hosts @slurm:PORT
 //! --key KEY` measures figures 2 and 3 (NetPIPE sweeps over kernel TCP)
-//! with both roles of each point on the first two nodes' agents; then the
-//! same with mpirun and a hostfile. This test
+//! with both roles of each point on the first two nodes' agents. Built
+//! with xdp, the job also runs pingpong and stream over xdp and tcp with
+//! both roles on the first two nodes' agents, whose control connections
+//! take the eth0 the xdp flows take (`--xdp`). Then the same with mpirun
+//! and a hostfile. This test
 //! checks what the script leaves: records naming the nodes, link counters
 //! showing the data crossed each node's testbed link, no agent after the
 //! job, and nothing at all after the script, on success and on failure.
@@ -199,6 +202,44 @@ fn check_study(out: &Path) {
     );
 }
 
+/// The point-to-point run over xdp and tcp through the first two nodes'
+/// agents (`--xdp`): every point measured, with h2's agent as the client
+/// and h1's as the server, bytes both ways, and a physics section (so the
+/// record was judged against its path).
+fn check_xdp(out: &Path) {
+    let records = read_records(&out.join("slurm-xdp.jsonl"));
+    let points: Vec<String> = records
+        .iter()
+        .map(|r| format!("{} {} {}", r["test"], r["transport"], r["size_bytes"]))
+        .collect();
+    assert_eq!(records.len(), 8, "{points:?}");
+    for test in ["pingpong", "stream"] {
+        assert_eq!(
+            records
+                .iter()
+                .filter(|r| r["test"] == test && r["transport"] == "xdp")
+                .count(),
+            2,
+            "{points:?}"
+        );
+    }
+    for (r, point) in records.iter().zip(&points) {
+        assert_eq!(r["host"]["hostname"], "h2", "{point}: {}", r["host"]);
+        assert_eq!(r["peer_host"]["hostname"], "h1", "{point}");
+        assert_eq!(r["host"]["interface"], "eth0", "{point}");
+        assert_eq!(r["options"]["peer"], "agents: slurm:h1,h2", "{point}");
+        assert!(r["physics"].is_object(), "{point}: {r}");
+        let b = &r["bytes"];
+        assert!(
+            u(&b["client_tx"]) > 0 && u(&b["server_tx"]) > 0,
+            "{point}: {b}"
+        );
+        assert_eq!(u(&b["client_tx"]), u(&b["server_rx"]), "{point}: {b}");
+        assert_eq!(u(&b["server_tx"]), u(&b["client_rx"]), "{point}: {b}");
+        assert!(common::f(&r["value"]) > 0.0, "{point}: {r}");
+    }
+}
+
 /// Nothing of the script is left: testbed namespaces, /etc/netns files,
 /// its temporary directory, daemons, agents.
 fn assert_all_gone(name: &str, port: u16, tmp: &Path) {
@@ -251,12 +292,18 @@ fn netgap_runs_on_a_real_slurm_cluster_and_under_mpirun() {
     if mpi {
         flags.push("--mpi");
     }
+    // Built with xdp: user-level networking through the agents too.
+    let xdp = cfg!(feature = "xdp");
+    if xdp {
+        flags.push("--xdp");
+    }
     if !installed("mpirun") {
         common::skip(
             &format!("{TEST} (its mpirun part)"),
             "mpirun is not installed (apt-get install openmpi-bin)",
         );
-        flags = vec!["--no-mpirun"];
+        flags.retain(|f| *f == "--xdp");
+        flags.push("--no-mpirun");
     }
     let dir = tempfile::tempdir().expect("tempdir");
     let (tmp, out) = (dir.path().join("tmp"), dir.path().join("out"));
@@ -279,6 +326,9 @@ fn netgap_runs_on_a_real_slurm_cluster_and_under_mpirun() {
     }
     check_run(&out, "slurm", "slurm:h1,h2,h3");
     check_study(&out);
+    if xdp {
+        check_xdp(&out);
+    }
     if !flags.contains(&"--no-mpirun") {
         check_run(&out, "mpirun", "hostfile:h1,h2,h3");
     }

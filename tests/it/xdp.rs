@@ -26,14 +26,18 @@
 //! `fanin` and `fanout` over xdp across a shaped three-host mesh
 //! (`bandwidth_workloads_over_xdp_take_each_clients_link_of_a_mesh`): each
 //! client's frames on its own link, fan-in's limit the sum of two links;
-//! `pipeline` over xdp on that mesh is refused in one line.
+//! `pipeline` over xdp on that mesh is refused in one line. A sixth
+//! (`xdp_runs_between_agents_whose_control_connections_share_its_interface`)
+//! runs pingpong and stream over xdp, then over tcp, between agents
+//! controlled over TCP on the one interface the xdp flows take, as on a
+//! cluster whose nodes have one interface.
 //!
 //! Built only with the `xdp` feature (`cargo test --features xdp --test it
 //! xdp::`); without root and namespaces it prints why and passes (with
 //! NETGAP_REQUIRE_SYSTEM_TESTS=1 a missing testbed is a failure, as in CI).
 
 use crate::common::testbed::{link_bytes, Testbed};
-use crate::common::{netgap, ok, system_ready};
+use crate::common::{netgap, ok, system_ready, AgentProc};
 use netgap::bench;
 use serde_json::Value;
 use std::process::Command;
@@ -630,4 +634,118 @@ fn bandwidth_workloads_over_xdp_take_each_clients_link_of_a_mesh() {
     );
     let _ = tb.down();
     tb.assert_gone();
+}
+
+/// `netgap serve` in testbed host `host`'s namespaces (its own UTS
+/// namespace named after it, as a cluster node's), listening on TCP on
+/// `addr`, the host's one interface; killed on drop.
+fn tcp_agent(tb: &Testbed, host: &str, addr: &str, key: &std::path::Path) -> AgentProc {
+    let mut child = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &tb.ns(host),
+            "unshare",
+            "--uts",
+            "sh",
+            "-c",
+        ])
+        .arg(format!(
+            "hostname {host} && exec \"$0\" serve --bind {addr} --port 0 --key \"$1\""
+        ))
+        .arg(crate::common::netgap_path())
+        .arg(key)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("agent starts");
+    let addr = crate::common::agent_addr(&mut child);
+    AgentProc { child, addr }
+}
+
+/// The bug this pins: libxdp's default program took every frame of the
+/// port's queue, TCP and ARP too, so a client agent whose control
+/// connection shared its interface with its xdp flows went silent
+/// ("its agent went silent (no answer within 8s)") and stayed deaf for
+/// its session's deadline. Here both agents are reached over TCP on
+/// `eth0`, the interface the flows take, and this process coordinates
+/// from h1's namespace, as a job step on a cluster's first node does: the
+/// xdp points are measured, the tcp points after them run over the same
+/// control connections, and no XDP program is left on either interface.
+#[test]
+fn xdp_runs_between_agents_whose_control_connections_share_its_interface() {
+    let name = "xdp_runs_between_agents_whose_control_connections_share_its_interface";
+    if !system_ready(name) {
+        return;
+    }
+    if let Err(why) = netgap::transport::find("xdp")
+        .expect("xdp is registered")
+        .availability()
+    {
+        crate::common::skip(name, &why.0);
+        return;
+    }
+    let (tb, _) = Testbed::up("txctl", &["--hosts", "2"]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let key = tb.key();
+    let mut file = tb.hosts();
+    let agents: Vec<AgentProc> = file
+        .hosts
+        .iter()
+        .map(|h| tcp_agent(&tb, &h.name, &h.address.to_string(), &key))
+        .collect();
+    for (h, a) in file.hosts.iter_mut().zip(&agents) {
+        h.control = a.addr.clone();
+        h.netns = None;
+    }
+    file.key_file = None;
+    let hosts = dir.path().join("agents.json");
+    std::fs::write(&hosts, serde_json::to_string(&file).expect("hosts file")).expect("written");
+    let json = dir.path().join("ctl.jsonl");
+    let out = Command::new("ip")
+        .args(["netns", "exec", &tb.ns("h1")])
+        .arg(crate::common::netgap_path())
+        .args(["run", "pingpong,stream", "-t", "xdp,tcp", "--hosts"])
+        .arg(format!("@{}", hosts.display()))
+        .arg("--key")
+        .arg(&key)
+        .args(["-s", "1,4K", "--reps", "2", "-n", "200", "--json"])
+        .arg(&json)
+        .output()
+        .expect("run");
+    ok(out);
+    let recs = crate::common::read_records(&json);
+    let got: Vec<(String, String)> = recs
+        .iter()
+        .map(|r| (r["test"].to_string(), r["transport"].to_string()))
+        .collect();
+    assert_eq!(recs.len(), 8, "{got:?}");
+    for r in &recs {
+        let t = format!("{} {} {}", r["test"], r["transport"], r["size_bytes"]);
+        assert_eq!(r["host"]["hostname"], "h2", "{t}");
+        assert_eq!(r["peer_host"]["hostname"], "h1", "{t}");
+        assert_eq!(r["host"]["interface"], "eth0", "{t}");
+        assert!(r["physics"].is_object(), "{t}: {r}");
+        let b = &r["bytes"];
+        assert!(n(&b["client_tx"]) > 0, "{t}: {b}");
+        assert_eq!(b["client_tx"], b["server_rx"], "{t}: {b}");
+        assert_eq!(b["server_tx"], b["client_rx"], "{t}: {b}");
+    }
+    assert_eq!(
+        recs.iter().filter(|r| r["transport"] == "xdp").count(),
+        4,
+        "{got:?}"
+    );
+    for host in ["h1", "h2"] {
+        let link = Command::new("ip")
+            .args(["-n", &tb.ns(host), "link", "show", "eth0"])
+            .output()
+            .expect("ip link");
+        let link = String::from_utf8_lossy(&link.stdout);
+        assert!(
+            !link.contains("prog/xdp") && !link.contains(" xdp"),
+            "{host}: {link}"
+        );
+    }
+    drop(agents);
 }

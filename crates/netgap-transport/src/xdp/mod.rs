@@ -8,8 +8,12 @@
 //! frames carry both ends' flow ids, and arrivals go to their session by
 //! destination flow id ([`demux`], plain code), so one process holds many
 //! flows on one interface at once. The XDP program that steers frames to
-//! the socket is libxdp's default program, loaded by libxdp when the port
-//! is made; the port closes with its last flow or listener.
+//! the socket is netgap's own (`steer.rs`): it takes frames of netgap's
+//! EtherType and passes every other frame to the kernel, so the host's IP
+//! traffic on the interface (an agent's control connection, ARP) goes on
+//! while the port is open. It is attached through a BPF link when the port
+//! is made and goes when the port closes with its last flow or listener,
+//! or when the process dies.
 //!
 //! Frames are raw Ethernet frames of netgap's own small protocol
 //! ([`reliable`], plain code): sequence numbers, acknowledgments,
@@ -25,16 +29,17 @@
 //! id of its own, which the answer names; the listener's id stays for the
 //! next client. Two hosts are needed: on one interface (or loopback) the
 //! two ends would share its queue, and one process's port holds an
-//! interface for the process (another process's socket cannot bind it
-//! meanwhile). While a port is open, every frame arriving on the
-//! interface's queue goes to the socket (the default program redirects the
-//! whole queue), so the control connection must not use that interface (a
-//! testbed's agents use Unix sockets).
+//! interface for the process (another process's socket or program cannot
+//! take it meanwhile). The control connection may share the interface
+//! with the flows: only netgap's frames go to the socket.
 //!
-//! Mode: libxdp attaches its program in the driver (native XDP) when the
+//! Mode: the program is attached in the driver (native XDP) when the
 //! driver allows, else at the generic hook; frames are always copied
 //! (`XDP_COPY`): veth has no zero-copy, and the measurement should be the
-//! same on any interface. The socket binds queue 0.
+//! same on any interface. The socket binds queue 0. The port changes
+//! nothing else of the interface (queues, offloads, MTU); native XDP on a
+//! veth makes the kernel turn its peer's TCP segmentation offload off while
+//! the program is attached, and back on after.
 //!
 //! Built only with the `xdp` cargo feature (libxdp and libbpf); without it
 //! the transport is listed, unavailable, with the reason.
@@ -42,6 +47,12 @@
 pub mod auth;
 pub mod demux;
 pub mod reliable;
+// Plain code, but only the port's setup uses it.
+#[cfg_attr(
+    not(feature = "xdp"),
+    allow(dead_code, reason = "loaded only with the xdp feature")
+)]
+mod steer;
 
 #[cfg(feature = "xdp")]
 mod flow;
@@ -170,7 +181,7 @@ impl Transport for Xdp {
     }
 
     fn summary(&self) -> &'static str {
-        "user-level networking over AF_XDP (UMEM, rings, libxdp's program; reliable delivery of its own; two hosts)"
+        "user-level networking over AF_XDP (UMEM, rings, a program that steers only its own frames; reliable delivery of its own; two hosts)"
     }
 
     fn capabilities(&self) -> Capabilities {
@@ -276,7 +287,7 @@ mod imp {
     //! The ports and flows: interface lookup, UMEM shape, handshake.
     use super::flow::{Peer, Port, PortIo, PortKey, Shared, XdpFlow};
     use super::reliable::{Mac, ETH_HEADER_BYTES, FRAME_OVERHEAD_BYTES};
-    use super::sys::{Attach, Shape, Xsk};
+    use super::sys::{Shape, Xsk};
     use super::*;
     use std::io;
     use std::sync::Arc;
@@ -389,27 +400,23 @@ mod imp {
         // after the close (deferred work): the socket of the port just
         // closed may still hold it, so a busy queue is waited for.
         let t0 = Instant::now();
-        let busy = |e: &io::Error| e.raw_os_error() == Some(libc::EBUSY);
+        let busy = |e: &io::Error| e.kind() == io::ErrorKind::ResourceBusy;
         let xsk = loop {
-            let native = match Xsk::open(&ifc.name, 0, shape, Attach::Native) {
+            match Xsk::open(&ifc.name, 0, shape) {
                 Ok(x) => break x,
-                Err(e) => e,
-            };
-            let generic = match Xsk::open(&ifc.name, 0, shape, Attach::Generic) {
-                Ok(x) => break x,
-                Err(e) => e,
-            };
-            if (busy(&native) || busy(&generic)) && t0.elapsed() < QUEUE_BUSY_WAIT {
-                std::thread::sleep(Duration::from_millis(5));
-                continue;
+                Err(e) if busy(&e) && t0.elapsed() < QUEUE_BUSY_WAIT => {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err(e) => {
+                    return Err(io::Error::new(
+                        e.kind(),
+                        format!(
+                            "no XDP socket on {} queue 0 ({e}); is no other process's AF_XDP socket or XDP program on it?",
+                            ifc.name
+                        ),
+                    ))
+                }
             }
-            return Err(io::Error::new(
-                generic.kind(),
-                format!(
-                    "no XDP socket on {} queue 0 (native: {native}; generic: {generic}); is libxdp's default program installed (libxdp1), and is no other process's AF_XDP socket bound there?",
-                    ifc.name
-                ),
-            ));
         };
         let mss = ifc.mtu + ETH_HEADER_BYTES - FRAME_OVERHEAD_BYTES;
         Ok((PortIo::new(xsk, FRAMES, ifc.mac)?, mss, WINDOW_BYTES))

@@ -7,6 +7,7 @@
 #include <xdp/libxdp.h>
 #include <xdp/xsk.h>
 #include <bpf/libbpf.h>
+#include <bpf/bpf.h>
 
 __u32 netgap_xsk_prod_reserve(struct xsk_ring_prod *r, __u32 nb, __u32 *idx)
 {
@@ -59,6 +60,18 @@ const __u64 *netgap_xsk_comp_addr(const struct xsk_ring_cons *r, __u32 idx)
 const struct xdp_desc *netgap_xsk_rx_desc(const struct xsk_ring_cons *r, __u32 idx)
 {
 	return xsk_ring_cons__rx_desc(r, idx);
+}
+
+/* Attaches XDP program `prog_fd` to interface `ifindex` in the mode of
+ * `xdp_flags` through a BPF link: the program stays while the link's
+ * descriptor is open and goes with it, the process's death included.
+ * Here because libbpf's options structure is versioned by its size, which
+ * LIBBPF_OPTS fills in for the libbpf built against. Returns the link's
+ * descriptor or -errno. */
+int netgap_xdp_link(int prog_fd, int ifindex, __u32 xdp_flags)
+{
+	LIBBPF_OPTS(bpf_link_create_opts, opts, .flags = xdp_flags);
+	return bpf_link_create(prog_fd, ifindex, BPF_XDP, &opts);
 }
 
 static int quiet_libxdp(enum libxdp_print_level level, const char *fmt, va_list args)

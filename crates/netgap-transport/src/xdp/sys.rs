@@ -1,18 +1,23 @@
-//! One AF_XDP socket with its own UMEM, through libxdp: the registered
-//! memory (an anonymous mapping cut into frames), its fill and completion
-//! rings, and the socket's RX and TX rings. `xsk_socket__create` also
-//! loads libxdp's default XDP program on the interface (or adds the socket
-//! to the one already there) and puts the socket in its map, so every frame
-//! arriving on the bound queue is steered to the socket; deleting the last
-//! socket unloads it. The ring operations are libxdp's own inline
-//! functions, given symbols by `shim.c`.
+//! One AF_XDP socket with its own UMEM, through libxdp and libbpf: the
+//! registered memory (an anonymous mapping cut into frames), its fill and
+//! completion rings, the socket's RX and TX rings, and the XDP program that
+//! steers netgap's frames to it ([`super::steer`]). libxdp makes the UMEM
+//! and the socket but is told not to load its default program, which would
+//! redirect every frame of the socket's queue, the host's IP traffic
+//! included; the socket goes into an `XSKMAP` of its own, and netgap's
+//! program, loaded with that map, is attached to the interface through a
+//! BPF link, so it goes when the socket does, or when the process dies.
+//! The ring operations are libxdp's own inline functions, given symbols by
+//! `shim.c`.
 
 use std::collections::BTreeSet;
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::io;
-use std::os::fd::RawFd;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::ptr;
 use std::sync::Mutex;
+
+use super::steer::{self, Insn};
 
 /// Serialises making and deleting sockets in this process, so the BPF
 /// descriptors that appear while one is made are that socket's.
@@ -126,6 +131,25 @@ extern "C" {
     fn xsk_umem__delete(umem: *mut XskUmem) -> c_int;
     fn xsk_socket__delete(xsk: *mut XskSocket);
     fn xsk_socket__fd(xsk: *const XskSocket) -> c_int;
+    fn xsk_socket__update_xskmap(xsk: *mut XskSocket, map_fd: c_int) -> c_int;
+
+    fn bpf_map_create(
+        map_type: c_int,
+        map_name: *const c_char,
+        key_size: u32,
+        value_size: u32,
+        max_entries: u32,
+        opts: *const c_void,
+    ) -> c_int;
+    fn bpf_prog_load(
+        prog_type: c_int,
+        prog_name: *const c_char,
+        license: *const c_char,
+        insns: *const Insn,
+        insn_cnt: usize,
+        opts: *const c_void,
+    ) -> c_int;
+    fn netgap_xdp_link(prog_fd: c_int, ifindex: c_int, xdp_flags: u32) -> c_int;
 
     fn netgap_xsk_prod_reserve(r: *mut Ring, nb: u32, idx: *mut u32) -> u32;
     fn netgap_xsk_prod_submit(r: *mut Ring, nb: u32);
@@ -140,6 +164,14 @@ extern "C" {
     fn netgap_xdp_quiet();
 }
 
+/// `BPF_MAP_TYPE_XSKMAP`: a map of AF_XDP sockets, keyed by queue.
+const BPF_MAP_TYPE_XSKMAP: c_int = 17;
+/// `BPF_PROG_TYPE_XDP`.
+const BPF_PROG_TYPE_XDP: c_int = 6;
+/// `XSK_LIBXDP_FLAGS__INHIBIT_PROG_LOAD`: libxdp binds the socket and
+/// loads no program; the caller steers frames to it.
+const XSK_LIBXDP_FLAGS_INHIBIT_PROG_LOAD: u32 = 1;
+
 /// `XDP_FLAGS_SKB_MODE`: the generic XDP hook, in the stack after the
 /// driver made an skb; works on every interface.
 const XDP_FLAGS_SKB_MODE: u32 = 1 << 1;
@@ -151,7 +183,7 @@ const XDP_COPY: u16 = 1 << 1;
 /// wake-up is needed.
 const XDP_USE_NEED_WAKEUP: u16 = 1 << 3;
 
-/// Where libxdp attaches its program.
+/// Where the steering program is attached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Attach {
     /// The driver's hook (native XDP).
@@ -168,6 +200,14 @@ impl Attach {
             Attach::Generic => "generic",
         }
     }
+
+    /// The mode's `XDP_FLAGS_*`.
+    fn flags(self) -> u32 {
+        match self {
+            Attach::Native => XDP_FLAGS_DRV_MODE,
+            Attach::Generic => XDP_FLAGS_SKB_MODE,
+        }
+    }
 }
 
 /// The shape of a port's UMEM and rings.
@@ -181,8 +221,131 @@ pub(crate) struct Shape {
     pub ring_entries: u32,
 }
 
+/// The program that steers netgap's frames to one socket, attached:
+/// dropping it detaches the program (the link is its only holder).
+struct Steering {
+    /// The BPF link that holds the program on the interface.
+    link: OwnedFd,
+    /// The loaded program ([`steer::program`]).
+    prog: OwnedFd,
+    /// The `XSKMAP` the program redirects into, holding the socket.
+    map: OwnedFd,
+    /// Where the link attached it.
+    attach: Attach,
+}
+
+impl Steering {
+    fn owns(&self, fd: RawFd) -> bool {
+        [&self.link, &self.prog, &self.map]
+            .iter()
+            .any(|o| o.as_raw_fd() == fd)
+    }
+}
+
+/// A descriptor a libbpf call returned, or the error it stands for (libbpf
+/// 1.x returns `-errno`).
+fn bpf_fd(rc: c_int, what: &str) -> io::Result<OwnedFd> {
+    if rc < 0 {
+        let e = io::Error::from_raw_os_error(rc.saturating_neg());
+        return Err(io::Error::new(e.kind(), format!("{what}: {e}")));
+    }
+    // SAFETY: a non-negative return of a libbpf call that makes a
+    // descriptor is a new descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(rc) })
+}
+
+/// Makes the `XSKMAP` for queues `0..=queue` and puts `socket` in it at
+/// `queue`, loads the steering program over it, and attaches that to
+/// interface `ifname` through a BPF link: at the driver's hook where the
+/// driver has one, else at the generic hook.
+///
+/// # Safety
+///
+/// `socket` is a live socket libxdp made and bound to `queue` of `ifname`.
+unsafe fn steer(ifname: &CString, queue: u32, socket: *mut XskSocket) -> io::Result<Steering> {
+    // SAFETY: `ifname` is NUL-terminated and alive for the call.
+    let ifindex = unsafe { libc::if_nametoindex(ifname.as_ptr()) };
+    let ifindex = c_int::try_from(ifindex)
+        .ok()
+        .filter(|&i| i > 0)
+        .ok_or_else(io::Error::last_os_error)?;
+    let key_bytes = std::mem::size_of::<u32>() as u32;
+    // SAFETY: a constant map name; no options (a null pointer is the
+    // defaults).
+    let map = bpf_fd(
+        unsafe {
+            bpf_map_create(
+                BPF_MAP_TYPE_XSKMAP,
+                c"netgap_xsks".as_ptr(),
+                key_bytes,
+                key_bytes,
+                queue.saturating_add(1),
+                ptr::null(),
+            )
+        },
+        "making the XSKMAP",
+    )?;
+    // SAFETY: `socket` is live (the caller's promise), the map is an
+    // XSKMAP with an entry for its queue.
+    let rc = unsafe { xsk_socket__update_xskmap(socket, map.as_raw_fd()) };
+    if rc != 0 {
+        let e = io::Error::from_raw_os_error(rc.saturating_abs());
+        return Err(io::Error::new(
+            e.kind(),
+            format!("putting the socket in its XSKMAP: {e}"),
+        ));
+    }
+    let insns = steer::program(map.as_raw_fd());
+    // SAFETY: `insns` is a live slice of `insns.len()` instructions laid
+    // out as `struct bpf_insn`; the names are NUL-terminated constants; no
+    // options.
+    let prog = bpf_fd(
+        unsafe {
+            bpf_prog_load(
+                BPF_PROG_TYPE_XDP,
+                c"netgap_steer".as_ptr(),
+                c"Dual MIT/GPL".as_ptr(),
+                insns.as_ptr(),
+                insns.len(),
+                ptr::null(),
+            )
+        },
+        "loading the XDP program",
+    )?;
+    let mut tried = Vec::new();
+    for attach in [Attach::Native, Attach::Generic] {
+        // SAFETY: plain descriptors and flags; the shim fills in libbpf's
+        // options structure for this libbpf.
+        let rc = unsafe { netgap_xdp_link(prog.as_raw_fd(), ifindex, attach.flags()) };
+        match bpf_fd(rc, attach.name()) {
+            Ok(link) => {
+                return Ok(Steering {
+                    link,
+                    prog,
+                    map,
+                    attach,
+                })
+            }
+            Err(e) => tried.push(e),
+        }
+    }
+    let kind = if tried
+        .iter()
+        .any(|e| e.kind() == io::ErrorKind::ResourceBusy)
+    {
+        io::ErrorKind::ResourceBusy
+    } else {
+        io::ErrorKind::Unsupported
+    };
+    let why: Vec<String> = tried.iter().map(ToString::to_string).collect();
+    Err(io::Error::new(
+        kind,
+        format!("attaching the XDP program ({})", why.join("; ")),
+    ))
+}
+
 /// One AF_XDP socket bound to one queue of one interface, with its own
-/// UMEM and four rings.
+/// UMEM and four rings, and the program that steers netgap's frames to it.
 pub(crate) struct Xsk {
     area: *mut u8,
     area_bytes: usize,
@@ -194,12 +357,12 @@ pub(crate) struct Xsk {
     tx: Box<Ring>,
     fd: RawFd,
     frame_bytes: u32,
-    /// Where libxdp attached the program that steers frames to it.
-    attach: Attach,
-    /// The BPF descriptors (program, maps) libxdp opened for this socket.
-    /// libxdp 1.3 leaves some open after deleting the socket; they are
-    /// closed then, or a long-lived agent would run out of descriptors
-    /// after some hundreds of flows.
+    /// The steering program, attached (None only while being made).
+    steering: Option<Steering>,
+    /// The BPF descriptors libxdp opened for this socket (not the
+    /// steering's own). libxdp 1.3 leaves some open after deleting the
+    /// socket; they are closed then, or a long-lived agent would run out
+    /// of descriptors after some hundreds of flows.
     bpf_fds: BTreeSet<RawFd>,
     /// Whether dropping takes [`LIFECYCLE`]: not while `open` holds it.
     lock_on_drop: bool,
@@ -212,20 +375,27 @@ unsafe impl Send for Xsk {}
 
 impl Xsk {
     /// Opens a socket on queue `queue` of `ifname` with a UMEM of `shape`,
-    /// attached as `attach`, in copy mode.
-    pub(crate) fn open(ifname: &str, queue: u32, shape: Shape, attach: Attach) -> io::Result<Xsk> {
+    /// in copy mode, and attaches the program that steers netgap's frames
+    /// to it (native XDP where the driver has it, else generic).
+    pub(crate) fn open(ifname: &str, queue: u32, shape: Shape) -> io::Result<Xsk> {
         let name = CString::new(ifname)
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "interface name"))?;
         let _serial = LIFECYCLE.lock().unwrap_or_else(|e| e.into_inner());
         let before = bpf_fds();
-        match Xsk::create(&name, queue, shape, attach) {
+        match Xsk::create(&name, queue, shape) {
             Ok(mut x) => {
-                x.bpf_fds = bpf_fds().difference(&before).copied().collect();
+                let steering = x.steering.as_ref();
+                x.bpf_fds = bpf_fds()
+                    .difference(&before)
+                    .copied()
+                    .filter(|&fd| !steering.is_some_and(|s| s.owns(fd)))
+                    .collect();
                 x.lock_on_drop = true;
                 Ok(x)
             }
             Err(e) => {
-                // What a failed attempt left open is libxdp's leftover too.
+                // What a failed attempt left open is libxdp's leftover too
+                // (the steering's own descriptors closed with it).
                 for fd in bpf_fds().difference(&before) {
                     // SAFETY: a BPF descriptor opened during the failed
                     // attempt, under the lock: nothing else owns it.
@@ -236,9 +406,10 @@ impl Xsk {
         }
     }
 
-    /// Makes the UMEM and the socket; the caller holds [`LIFECYCLE`] (a
-    /// half-made value dropped on failure does not take it again).
-    fn create(name: &CString, queue: u32, shape: Shape, attach: Attach) -> io::Result<Xsk> {
+    /// Makes the UMEM, the socket and its steering; the caller holds
+    /// [`LIFECYCLE`] (a half-made value dropped on failure does not take it
+    /// again).
+    fn create(name: &CString, queue: u32, shape: Shape) -> io::Result<Xsk> {
         let area_bytes = shape.frames as usize * shape.frame_bytes as usize;
         // SAFETY: quietens libxdp's and libbpf's printing; the calls only
         // swap a function pointer in each library.
@@ -269,7 +440,7 @@ impl Xsk {
             tx: Ring::empty(),
             fd: -1,
             frame_bytes: shape.frame_bytes,
-            attach,
+            steering: None,
             bpf_fds: BTreeSet::new(),
             lock_on_drop: false,
         };
@@ -294,16 +465,16 @@ impl Xsk {
             )
         };
         if rc != 0 {
-            return Err(io::Error::from_raw_os_error(-rc));
+            let e = io::Error::from_raw_os_error(-rc);
+            return Err(io::Error::new(e.kind(), format!("making the UMEM: {e}")));
         }
         let scfg = SocketConfig {
             rx_size: shape.ring_entries,
             tx_size: shape.ring_entries,
-            libxdp_flags: 0,
-            xdp_flags: match attach {
-                Attach::Native => XDP_FLAGS_DRV_MODE,
-                Attach::Generic => XDP_FLAGS_SKB_MODE,
-            },
+            // libxdp's own program would steer every frame of the queue
+            // here; `steer` attaches one that takes only netgap's.
+            libxdp_flags: XSK_LIBXDP_FLAGS_INHIBIT_PROG_LOAD,
+            xdp_flags: 0,
             bind_flags: XDP_COPY | XDP_USE_NEED_WAKEUP,
         };
         // SAFETY: `name` is a NUL-terminated string alive for the call; the
@@ -321,10 +492,16 @@ impl Xsk {
             )
         };
         if rc != 0 {
-            return Err(io::Error::from_raw_os_error(-rc));
+            let e = io::Error::from_raw_os_error(-rc);
+            return Err(io::Error::new(
+                e.kind(),
+                format!("binding the AF_XDP socket: {e}"),
+            ));
         }
         // SAFETY: the socket was created above and is live.
         x.fd = unsafe { xsk_socket__fd(x.socket) };
+        // SAFETY: the socket was created above, bound to `queue` of `name`.
+        x.steering = Some(unsafe { steer(name, queue, x.socket) }?);
         Ok(x)
     }
 
@@ -362,9 +539,9 @@ impl Xsk {
         Some(st[0].saturating_add(ring_full))
     }
 
-    /// Where libxdp attached the program that steers frames to it.
+    /// Where the program that steers frames to it is attached.
     pub(crate) fn attach(&self) -> Attach {
-        self.attach
+        self.steering.as_ref().map_or(Attach::Generic, |s| s.attach)
     }
 
     /// The UMEM bytes of frame `slot` (a whole frame).
@@ -532,6 +709,9 @@ impl Drop for Xsk {
         let _serial = self
             .lock_on_drop
             .then(|| LIFECYCLE.lock().unwrap_or_else(|e| e.into_inner()));
+        // The program goes first, so no frame is steered to a socket on
+        // its way out.
+        drop(self.steering.take());
         // SAFETY: each pointer is either null (not created) or was created
         // by libxdp above and is deleted once, socket before UMEM before the
         // memory they use.
@@ -574,5 +754,147 @@ pub(crate) fn ring_doorbell(fd: RawFd) -> io::Result<()> {
         // stay queued and go with the next kick.
         Some(libc::EAGAIN | libc::EBUSY | libc::ENOBUFS | libc::ENETDOWN) => Ok(()),
         _ => Err(e),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
+mod tests {
+    use super::*;
+    use std::process::Command;
+
+    extern "C" {
+        fn bpf_xdp_query_id(ifindex: c_int, flags: c_int, prog_id: *mut u32) -> c_int;
+        fn bpf_prog_get_fd_by_id(id: u32) -> c_int;
+    }
+
+    /// `union bpf_attr`'s `test` member, up to the fields used.
+    #[repr(C)]
+    #[derive(Default)]
+    struct TestRunAttr {
+        prog_fd: u32,
+        retval: u32,
+        data_size_in: u32,
+        data_size_out: u32,
+        data_in: u64,
+        data_out: u64,
+        repeat: u32,
+        duration: u32,
+    }
+
+    /// `BPF_PROG_TEST_RUN`.
+    const BPF_PROG_TEST_RUN: libc::c_long = 10;
+
+    /// The verdict of XDP program `prog` on `frame` (the kernel runs it
+    /// on a copy and does not send it anywhere).
+    fn verdict(prog: &OwnedFd, frame: &[u8]) -> u32 {
+        let mut out = vec![0u8; frame.len() + 256];
+        let mut attr = TestRunAttr {
+            prog_fd: prog.as_raw_fd() as u32,
+            data_size_in: frame.len() as u32,
+            data_size_out: out.len() as u32,
+            data_in: frame.as_ptr() as u64,
+            data_out: out.as_mut_ptr() as u64,
+            repeat: 1,
+            ..TestRunAttr::default()
+        };
+        // SAFETY: `attr` is a live `bpf_attr` prefix of its own size; the
+        // buffers it points to are alive and as long as it says.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_PROG_TEST_RUN,
+                &mut attr as *mut TestRunAttr,
+                std::mem::size_of::<TestRunAttr>(),
+            )
+        };
+        assert_eq!(rc, 0, "test run: {}", io::Error::last_os_error());
+        attr.retval
+    }
+
+    /// The program attached to interface `ifname` of this thread's
+    /// namespace, if any.
+    fn attached(ifname: &str) -> Option<OwnedFd> {
+        let name = CString::new(ifname).unwrap();
+        // SAFETY: a NUL-terminated name alive for the call.
+        let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) } as c_int;
+        assert!(ifindex > 0, "{ifname}");
+        let mut id = 0u32;
+        // SAFETY: `id` is a live u32 the call writes.
+        let rc = unsafe { bpf_xdp_query_id(ifindex, 0, &mut id) };
+        assert_eq!(rc, 0, "querying {ifname}'s XDP program");
+        // SAFETY: a program id the kernel just named.
+        (id != 0).then(|| bpf_fd(unsafe { bpf_prog_get_fd_by_id(id) }, "program").unwrap())
+    }
+
+    fn frame(ethertype: u16, len: usize) -> Vec<u8> {
+        let mut f = vec![0u8; len];
+        f[..6].copy_from_slice(&[0x02, 0, 0, 0, 0, 2]);
+        f[6..12].copy_from_slice(&[0x02, 0, 0, 0, 0, 1]);
+        f[12..14].copy_from_slice(&ethertype.to_be_bytes());
+        f
+    }
+
+    fn sh(args: &[&str]) {
+        let out = Command::new("ip").args(args).output().unwrap();
+        assert!(out.status.success(), "ip {args:?}: {out:?}");
+    }
+
+    /// The bug this pins: libxdp's default program sent every frame of
+    /// the socket's queue to the socket, so an agent whose control
+    /// connection shared the interface with its xdp flows went deaf (its
+    /// TCP segments, and ARP, went to netgap's demultiplexer, which drops
+    /// what is not its own) until the port closed, which the control
+    /// connection it could not hear should have told it to do. The program
+    /// on an interface with an open port must pass IP and ARP to the
+    /// kernel and take only netgap's frames; once the port closes, no
+    /// program is left on the interface.
+    #[test]
+    fn an_open_port_leaves_ip_and_arp_frames_to_the_kernel() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: AF_XDP sockets and XDP programs need root");
+            return;
+        }
+        // A network namespace of this test's thread alone, with a veth
+        // pair: nothing of the machine's is touched, and the namespace
+        // goes with the thread.
+        std::thread::spawn(|| {
+            // SAFETY: unshare of the calling thread's network namespace.
+            if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+                eprintln!(
+                    "skipped: no network namespace: {}",
+                    io::Error::last_os_error()
+                );
+                return;
+            }
+            sh(&[
+                "link", "add", "ngxa", "type", "veth", "peer", "name", "ngxb",
+            ]);
+            sh(&["link", "set", "ngxa", "up"]);
+            sh(&["link", "set", "ngxb", "up"]);
+            let shape = Shape {
+                frames: 64,
+                frame_bytes: 4096,
+                ring_entries: 32,
+            };
+            let xsk = Xsk::open("ngxa", 0, shape).unwrap();
+            let prog = attached("ngxa").expect("a program on the port's interface");
+            let ipv4 = frame(0x0800, 60);
+            let arp = frame(0x0806, 60);
+            let ipv6 = frame(0x86dd, 80);
+            for (what, f) in [("IPv4", &ipv4), ("ARP", &arp), ("IPv6", &ipv6)] {
+                assert_eq!(verdict(&prog, f), steer::XDP_PASS, "{what}");
+            }
+            let ours = frame(super::super::reliable::ETHERTYPE, 64);
+            assert_eq!(verdict(&prog, &ours), steer::XDP_REDIRECT, "netgap's frame");
+            drop(xsk);
+            assert!(
+                attached("ngxa").is_none(),
+                "a program left after the port closed"
+            );
+        })
+        .join()
+        .unwrap();
     }
 }
