@@ -225,7 +225,7 @@ fn judge_direction(study: &Study, claim: &Claim, records: &[ResultRecord]) -> Ju
         } => {
             let (pa, pb) = match (pick(&recs, a, x, &fig.y), pick(&recs, b, x, &fig.y)) {
                 (Ok(pa), Ok(pb)) => (pa, pb),
-                (Err(e), _) | (_, Err(e)) => return missing(e),
+                (Err(e), _) | (_, Err(e)) => return missing(e.to_string()),
             };
             let common = common_x(&pa, &pb);
             let ends = (
@@ -273,7 +273,7 @@ fn judge_direction(study: &Study, claim: &Claim, records: &[ResultRecord]) -> Ju
         } => {
             let (pa, pb) = match (pick(&recs, a, x, &fig.y), pick(&recs, b, x, &fig.y)) {
                 (Ok(pa), Ok(pb)) => (pa, pb),
-                (Err(e), _) | (_, Err(e)) => return missing(e),
+                (Err(e), _) | (_, Err(e)) => return missing(e.to_string()),
             };
             let common = common_x(&pa, &pb);
             let (Some(x0), Some(x1)) = (
@@ -320,7 +320,7 @@ fn judge_direction(study: &Study, claim: &Claim, records: &[ResultRecord]) -> Ju
         ClaimTest::Dropouts { with, without } => {
             let (w, wo) = match (dropouts_of(&recs, with, x), dropouts_of(&recs, without, x)) {
                 (Ok(w), Ok(wo)) => (w, wo),
-                (Err(e), _) | (_, Err(e)) => return missing(e),
+                (Err(e), _) | (_, Err(e)) => return missing(e.to_string()),
             };
             let list = |(drops, unstable): &(Vec<f64>, Vec<f64>)| {
                 let mut s = if drops.is_empty() {
@@ -366,7 +366,7 @@ fn judge_direction(study: &Study, claim: &Claim, records: &[ResultRecord]) -> Ju
         } => {
             let pts = match pick(&recs, series, x, &fig.y) {
                 Ok(p) => p,
-                Err(e) => return missing(e),
+                Err(e) => return missing(e.to_string()),
             };
             let (Some(first), Some(last)) = (pts.first().copied(), pts.last().copied()) else {
                 return missing(format!("no record of {series} was measured here"));
@@ -428,7 +428,7 @@ fn judge_direction(study: &Study, claim: &Claim, records: &[ResultRecord]) -> Ju
             };
             let pts = match pick(&recs, series, x, metric) {
                 Ok(p) => p,
-                Err(e) => return missing(e),
+                Err(e) => return missing(e.to_string()),
             };
             if pts.len() < 2 {
                 return missing(format!(
@@ -478,7 +478,7 @@ fn judge_direction(study: &Study, claim: &Claim, records: &[ResultRecord]) -> Ju
             let y = metric.as_ref().unwrap_or(&fig.y);
             let (pa, pb) = match (pick(&recs, a, x, y), pick(&recs, b, x, y)) {
                 (Ok(pa), Ok(pb)) => (pa, pb),
-                (Err(e), _) | (_, Err(e)) => return missing(e),
+                (Err(e), _) | (_, Err(e)) => return missing(e.to_string()),
             };
             let common = common_x(&pa, &pb);
             let (Some(va), Some(vb)) = (point_at(&pa, *at, &common), point_at(&pb, *at, &common))
@@ -520,7 +520,7 @@ fn judge_direction(study: &Study, claim: &Claim, records: &[ResultRecord]) -> Ju
         } => {
             let pts = match pick(&recs, series, x, &fig.y) {
                 Ok(p) => p,
-                Err(e) => return missing(e),
+                Err(e) => return missing(e.to_string()),
             };
             let from = from_x.map_or(pts.first().copied(), |fx| {
                 pts.iter().find(|p| p.x == fx).copied()
@@ -563,7 +563,7 @@ fn judge_direction(study: &Study, claim: &Claim, records: &[ResultRecord]) -> Ju
             let metric = metric.as_ref().unwrap_or(&fig.y);
             let pts = match pick(&recs, series, x, metric) {
                 Ok(p) => p,
-                Err(e) => return missing(e),
+                Err(e) => return missing(e.to_string()),
             };
             let all: Vec<f64> = pts.iter().map(|p| p.x).collect();
             let value = if *metric == Quantity::Dropouts {

@@ -16,6 +16,52 @@ pub(crate) struct Point {
     pub(crate) ci: Option<(f64, f64)>,
 }
 
+/// Why a claim's selector picks no series of a figure's records: the
+/// reason the claim cannot be judged, as its row says it.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub(crate) enum PickError {
+    /// Two records it picks sit at one x.
+    #[error("{selector} picks more than one series (two records at x = {})", fmt_num(*.x))]
+    SeveralSeries {
+        /// The selector.
+        selector: Selector,
+        /// The x both records sit at.
+        x: f64,
+    },
+    /// No record names the attribute at all.
+    #[error("no record has {attr}={want}: none names a {attr}")]
+    NoneNames {
+        /// The attribute's name.
+        attr: &'static str,
+        /// The value the selector wants.
+        want: String,
+    },
+    /// The records name the attribute, but none has the value wanted.
+    #[error("no record has {attr}={want} (they have {attr} {have})")]
+    OtherValues {
+        /// The attribute's name.
+        attr: &'static str,
+        /// The value the selector wants.
+        want: String,
+        /// The values the records have, a few of them.
+        have: String,
+    },
+    /// The records it picks lack the quantity or a place on the x-axis.
+    #[error("the records of {selector} carry no {metric} or no place on the figure's x-axis")]
+    NoValue {
+        /// The selector.
+        selector: Selector,
+        /// The quantity read.
+        metric: Quantity,
+    },
+    /// Each value it wants is there, but no record has them all.
+    #[error("no record has all of {selector} at once")]
+    NoCombination {
+        /// The selector.
+        selector: Selector,
+    },
+}
+
 /// A record's value of `attr`, as a study file's selectors name it
 /// ([`Attr::of`]).
 pub fn attr(rec: &ResultRecord, attr: Attr) -> Option<String> {
@@ -101,17 +147,17 @@ pub(crate) fn pick(
     sel: &Selector,
     x: XAxis,
     metric: &Quantity,
-) -> Result<Vec<Point>, String> {
+) -> Result<Vec<Point>, PickError> {
     let mut pts: Vec<Point> = Vec::new();
     for r in recs.iter().filter(|r| matches(r, sel)) {
         let (Some(xv), Some((y, ci))) = (x.of(r), metric.of(r)) else {
             continue;
         };
         if pts.iter().any(|p| p.x == xv) {
-            return Err(format!(
-                "{sel} picks more than one series (two records at x = {})",
-                fmt_num(xv)
-            ));
+            return Err(PickError::SeveralSeries {
+                selector: sel.clone(),
+                x: xv,
+            });
         }
         pts.push(Point { x: xv, y, ci });
     }
@@ -125,27 +171,34 @@ pub(crate) fn pick(
 /// Why `sel` picks no point of `recs`: the first attribute no record has
 /// the value of, with the values they do have; or that the records it
 /// picks carry no x or no `metric`.
-fn no_record(recs: &[&ResultRecord], sel: &Selector, metric: &Quantity) -> String {
+fn no_record(recs: &[&ResultRecord], sel: &Selector, metric: &Quantity) -> PickError {
     for (a, want) in &sel.0 {
         let mut have: Vec<String> = recs.iter().filter_map(|r| attr(r, *a)).collect();
         have.sort();
         have.dedup();
         if !have.contains(want) {
-            let name = a.name();
+            let attr = a.name();
+            let want = want.clone();
             return if have.is_empty() {
-                format!("no record has {name}={want}: none names a {name}")
+                PickError::NoneNames { attr, want }
             } else {
-                format!(
-                    "no record has {name}={want} (they have {name} {})",
-                    fmt_xs(&have, 8)
-                )
+                PickError::OtherValues {
+                    attr,
+                    want,
+                    have: fmt_xs(&have, 8),
+                }
             };
         }
     }
     if recs.iter().any(|r| matches(r, sel)) {
-        format!("the records of {sel} carry no {metric} or no place on the figure's x-axis")
+        PickError::NoValue {
+            selector: sel.clone(),
+            metric: metric.clone(),
+        }
     } else {
-        format!("no record has all of {sel} at once")
+        PickError::NoCombination {
+            selector: sel.clone(),
+        }
     }
 }
 
@@ -201,7 +254,7 @@ pub(crate) fn dropouts_of(
     recs: &[&ResultRecord],
     sel: &Selector,
     x: XAxis,
-) -> Result<(Vec<f64>, Vec<f64>), String> {
+) -> Result<(Vec<f64>, Vec<f64>), PickError> {
     let picked: Vec<&&ResultRecord> = recs.iter().filter(|r| matches(r, sel)).collect();
     if picked.is_empty() {
         return Err(no_record(recs, sel, &Quantity::Dropouts));
