@@ -4,10 +4,14 @@
 //! read from a figure that was not measured is not judged.
 
 use super::format::{fmt_num, fmt_trim, fmt_x, fmt_xs, unit_label};
-use super::series::{absent_x, common_x, dropouts_of, pick, point_at, records_of, xs, Point};
+use super::series::{
+    absent_x, common_x, dropouts_of, pick, point_at, records_of, xs, PickError, Point,
+};
 use super::{Judged, Outcome, SizeVerdict, Verdict};
 use netgap_core::record::ResultRecord;
-use netgap_core::study::{At, Attr, Claim, ClaimTest, Expect, Quantity, Size, Study, XAxis};
+use netgap_core::study::{
+    At, Attr, Claim, ClaimTest, Expect, Figure, Quantity, Selector, Size, Study, XAxis,
+};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
@@ -193,6 +197,43 @@ fn falls_of(pts: &[Point]) -> (Vec<(f64, f64)>, bool) {
     (places, all_intervals)
 }
 
+/// What every rule of a claim reads: the figure it is read on, the records
+/// of the figures it is read from, and those figures named, to open the
+/// reason a rule cannot judge.
+struct Reading<'a> {
+    fig: &'a Figure,
+    recs: Vec<&'a ResultRecord>,
+    /// `figure 2`, or `figures 2 and 3`.
+    figures: String,
+}
+
+impl Reading<'_> {
+    /// The figure's x-axis, which every rule reads along unless it names
+    /// its own.
+    fn x(&self) -> XAxis {
+        self.fig.x
+    }
+
+    /// The claim cannot be judged: these records lack what its rule reads.
+    fn missing(&self, why: String) -> Judged {
+        cannot(format!("{}: {why}", self.figures))
+    }
+
+    /// The two series `a` and `b` of `metric` a two-sided rule compares.
+    fn both(
+        &self,
+        a: &Selector,
+        b: &Selector,
+        x: XAxis,
+        metric: &Quantity,
+    ) -> Result<(Vec<Point>, Vec<Point>), PickError> {
+        Ok((
+            pick(&self.recs, a, x, metric)?,
+            pick(&self.recs, b, x, metric)?,
+        ))
+    }
+}
+
 /// `claim`'s direction; its size is left to [`judge`].
 fn judge_direction(study: &Study, claim: &Claim, records: &[ResultRecord]) -> Judged {
     let Some(fig) = study.figure(&claim.figure) else {
@@ -203,17 +244,16 @@ fn judge_direction(study: &Study, claim: &Claim, records: &[ResultRecord]) -> Ju
         .iter()
         .flat_map(|f| records_of(records, &study.id, f))
         .collect();
-    let x = fig.x;
-    let figs = claim.from.join(" and ");
     let figure_s = if claim.from.len() == 1 {
         "figure"
     } else {
         "figures"
     };
+    let figures = format!("{figure_s} {}", claim.from.join(" and "));
     if recs.is_empty() && !matches!(claim.test, ClaimTest::Unmeasurable(_)) {
-        return cannot(format!("the results hold no record of {figure_s} {figs}"));
+        return cannot(format!("the results hold no record of {figures}"));
     }
-    let missing = |why: String| cannot(format!("{figure_s} {figs}: {why}"));
+    let r = Reading { fig, recs, figures };
     match &claim.test {
         ClaimTest::Unmeasurable(why) => cannot(why.clone()),
         ClaimTest::RatioChange {
@@ -222,380 +262,462 @@ fn judge_direction(study: &Study, claim: &Claim, records: &[ResultRecord]) -> Ju
             at,
             vs,
             expect,
-        } => {
-            let (pa, pb) = match (pick(&recs, a, x, &fig.y), pick(&recs, b, x, &fig.y)) {
-                (Ok(pa), Ok(pb)) => (pa, pb),
-                (Err(e), _) | (_, Err(e)) => return missing(e.to_string()),
-            };
-            let common = common_x(&pa, &pb);
-            let ends = (
-                point_at(&pa, *at, &common),
-                point_at(&pb, *at, &common),
-                point_at(&pa, *vs, &common),
-                point_at(&pb, *vs, &common),
-            );
-            let (Some(a1), Some(b1), Some(a2), Some(b2)) = ends else {
-                return missing(format!(
-                    "{a} and {b} do not both have the two x the claim compares (both have {})",
-                    fmt_xs(&common.iter().map(|v| fmt_x(*v, x)).collect::<Vec<_>>(), 8)
-                ));
-            };
-            if a1.x == a2.x || b1.x != a1.x || b2.x != a2.x {
-                return missing(format!(
-                    "{a} and {b} have fewer than two x in common to compare"
-                ));
-            }
-            if b1.y == 0.0 || b2.y == 0.0 || a2.y == 0.0 {
-                return missing(format!("{b} or {a} measured 0"));
-            }
-            let (r1, r2) = (ratio(&a1, &b1), ratio(&a2, &b2));
-            let (r, ci) = ratio(&as_point(r1), &as_point(r2));
-            Judged {
-                measured: Some(r),
-                ci,
-                how: format!(
-                    "{a} / {b}: {} at {} over {} at {}",
-                    fmt_num(r1.0),
-                    fmt_x(a1.x, x),
-                    fmt_num(r2.0),
-                    fmt_x(a2.x, x)
-                ),
-                direction: verdict(r, ci, *expect),
-                size: SizeVerdict::NotJudged,
-            }
-        }
+        } => judge_ratio_change(&r, a, b, (*at, *vs), *expect),
         ClaimTest::Trends {
             a,
             b,
             from_x,
             to_x,
             expect,
-        } => {
-            let (pa, pb) = match (pick(&recs, a, x, &fig.y), pick(&recs, b, x, &fig.y)) {
-                (Ok(pa), Ok(pb)) => (pa, pb),
-                (Err(e), _) | (_, Err(e)) => return missing(e.to_string()),
-            };
-            let common = common_x(&pa, &pb);
-            let (Some(x0), Some(x1)) = (
-                from_x.or(common.first().copied()),
-                to_x.or(common.last().copied()),
-            ) else {
-                return missing(format!("{a} and {b} have no x in common"));
-            };
-            let at = |pts: &[Point], v: f64| pts.iter().find(|p| p.x == v).copied();
-            let (Some(a0), Some(a1), Some(b0), Some(b1)) =
-                (at(&pa, x0), at(&pa, x1), at(&pb, x0), at(&pb, x1))
-            else {
-                return missing(format!(
-                    "{a} and {b} do not both have x = {} and x = {} (both have {})",
-                    fmt_x(x0, x),
-                    fmt_x(x1, x),
-                    fmt_xs(&common.iter().map(|v| fmt_x(*v, x)).collect::<Vec<_>>(), 8)
-                ));
-            };
-            if x0 == x1 || a0.y == 0.0 || b0.y == 0.0 {
-                return missing(format!(
-                    "{a} and {b} have too few points in common to show a trend here"
-                ));
-            }
-            let (ta, tb) = (ratio(&a1, &a0), ratio(&b1, &b0));
-            if tb.0 == 0.0 {
-                return missing(format!("{b} measured 0 at x = {}", fmt_x(x1, x)));
-            }
-            let (r, ci) = ratio(&as_point(ta), &as_point(tb));
-            Judged {
-                measured: Some(r),
-                ci,
-                how: format!(
-                    "from {} to {}: {a} × {} / {b} × {}",
-                    fmt_x(x0, x),
-                    fmt_x(x1, x),
-                    fmt_num(ta.0),
-                    fmt_num(tb.0)
-                ),
-                direction: verdict(r, ci, *expect),
-                size: SizeVerdict::NotJudged,
-            }
-        }
-        ClaimTest::Dropouts { with, without } => {
-            let (w, wo) = match (dropouts_of(&recs, with, x), dropouts_of(&recs, without, x)) {
-                (Ok(w), Ok(wo)) => (w, wo),
-                (Err(e), _) | (_, Err(e)) => return missing(e.to_string()),
-            };
-            let list = |(drops, unstable): &(Vec<f64>, Vec<f64>)| {
-                let mut s = if drops.is_empty() {
-                    "no dropout".to_string()
-                } else {
-                    format!(
-                        "{} dropout{} (at {})",
-                        drops.len(),
-                        if drops.len() == 1 { "" } else { "s" },
-                        fmt_xs(&drops.iter().map(|v| fmt_x(*v, x)).collect::<Vec<_>>(), 6)
-                    )
-                };
-                if !unstable.is_empty() {
-                    let _ = write!(
-                        s,
-                        ", {} unstable point{} not judged",
-                        unstable.len(),
-                        if unstable.len() == 1 { "" } else { "s" }
-                    );
-                }
-                s
-            };
-            let how = format!("{with}: {}; {without}: {}", list(&w), list(&wo));
-            let direction = match (w.0.is_empty(), wo.0.is_empty()) {
-                (false, true) => Verdict::Holds,
-                (_, false) => Verdict::DoesNotHold(format!("{without} has dropouts too")),
-                (true, true) => Verdict::DoesNotHold(format!(
-                    "{with} has no dropout either: nothing here for the change to remove"
-                )),
-            };
-            Judged {
-                measured: None,
-                ci: None,
-                how,
-                direction,
-                size: SizeVerdict::NotJudged,
-            }
-        }
+        } => judge_trends(&r, a, b, (*from_x, *to_x), *expect),
+        ClaimTest::Dropouts { with, without } => judge_dropouts(&r, with, without),
         ClaimTest::Knee {
             series,
             x: k,
             expect,
-        } => {
-            let pts = match pick(&recs, series, x, &fig.y) {
-                Ok(p) => p,
-                Err(e) => return missing(e.to_string()),
-            };
-            let (Some(first), Some(last)) = (pts.first().copied(), pts.last().copied()) else {
-                return missing(format!("no record of {series} was measured here"));
-            };
-            let Some(knee) = pts.iter().find(|p| p.x == *k).copied() else {
-                return missing(format!(
-                    "{series} has no point at x = {} (it has {})",
-                    fmt_x(*k, x),
-                    fmt_xs(&pts.iter().map(|p| fmt_x(p.x, x)).collect::<Vec<_>>(), 8)
-                ));
-            };
-            if !(first.x < knee.x && knee.x < last.x) {
-                return missing(format!(
-                    "{series} needs points below and above x = {} to show a knee there",
-                    fmt_x(*k, x)
-                ));
-            }
-            let slope = |p: Point, q: Point| (q.y - p.y) / (q.x - p.x);
-            let factor = knee_factor(slope(knee, last), slope(first, knee));
-            // The interval: the shallowest rise past the knee over the
-            // steepest up to it, and the other way round.
-            let ci = match (first.ci, knee.ci, last.ci) {
-                (Some((f_lo, f_hi)), Some((k_lo, k_hi)), Some((l_lo, l_hi))) => {
-                    let below = |ky: f64, fy: f64| (ky - fy) / (knee.x - first.x);
-                    let above = |ly: f64, ky: f64| (ly - ky) / (last.x - knee.x);
-                    Some((
-                        knee_factor(above(l_lo, k_hi), below(k_hi, f_lo)),
-                        knee_factor(above(l_hi, k_lo), below(k_lo, f_hi)),
-                    ))
-                }
-                _ => None,
-            };
-            Judged {
-                measured: Some(factor),
-                ci,
-                how: format!(
-                    "{series}: slope {} per unit x from {} to {}, over {} from {} to {}",
-                    fmt_num(slope(knee, last)),
-                    fmt_x(knee.x, x),
-                    fmt_x(last.x, x),
-                    fmt_num(slope(first, knee)),
-                    fmt_x(first.x, x),
-                    fmt_x(knee.x, x)
-                ),
-                direction: verdict(factor, ci, *expect),
-                size: SizeVerdict::NotJudged,
-            }
-        }
+        } => judge_knee(&r, series, *k, *expect),
         ClaimTest::Falls {
             series,
             metric,
             expect,
-        } => {
-            // Another metric than the figure's y falls along the block
-            // size, whatever the figure plots it against.
-            let (x, metric, what) = match metric {
-                Some(m) => (XAxis::Size, m, format!(" {}", unit_label(m))),
-                None => (x, &fig.y, String::new()),
-            };
-            let pts = match pick(&recs, series, x, metric) {
-                Ok(p) => p,
-                Err(e) => return missing(e.to_string()),
-            };
-            if pts.len() < 2 {
-                return missing(format!(
-                    "{series} has too few points to show where it falls"
-                ));
-            }
-            let (places, all_intervals) = falls_of(&pts);
-            let count = places.len() as f64;
-            let shown: Vec<String> = places
-                .iter()
-                .map(|(p, q)| format!("{} to {}", fmt_x(*p, x), fmt_x(*q, x)))
-                .collect();
-            let mut how = format!(
-                "{series}:{what} falls {} time{} over {} points",
-                places.len(),
-                if places.len() == 1 { "" } else { "s" },
-                pts.len()
-            );
-            if !shown.is_empty() {
-                let _ = write!(how, " ({})", fmt_xs(&shown, 6));
-            }
-            // A count of falls beyond both points' intervals is judged
-            // by the intervals; where a point had none, on values alone.
-            let direction = match verdict(count, None, *expect) {
-                Verdict::HoldsOnValue if all_intervals => Verdict::Holds,
-                Verdict::DoesNotHold(_) => Verdict::DoesNotHold(missed(*expect)),
-                v => v,
-            };
-            if !all_intervals {
-                how.push_str("; some points have no interval, so their falls are on values");
-            }
-            Judged {
-                measured: Some(count),
-                ci: None,
-                how,
-                direction,
-                size: SizeVerdict::NotJudged,
-            }
-        }
+        } => judge_falls(&r, series, metric.as_ref(), *expect),
         ClaimTest::Ratio {
             a,
             b,
             at,
             metric,
             expect,
-        } => {
-            let y = metric.as_ref().unwrap_or(&fig.y);
-            let (pa, pb) = match (pick(&recs, a, x, y), pick(&recs, b, x, y)) {
-                (Ok(pa), Ok(pb)) => (pa, pb),
-                (Err(e), _) | (_, Err(e)) => return missing(e.to_string()),
-            };
-            let common = common_x(&pa, &pb);
-            let (Some(va), Some(vb)) = (point_at(&pa, *at, &common), point_at(&pb, *at, &common))
-            else {
-                return missing(match at {
-                    At::X(want) if !pa.iter().any(|p| p.x == *want) => {
-                        absent_x(fig, &a.to_string(), &xs(&pa), *want)
-                    }
-                    At::X(want) => absent_x(fig, &b.to_string(), &xs(&pb), *want),
-                    _ => format!("{a} and {b} have no point in common"),
-                });
-            };
-            if vb.y == 0.0 {
-                return missing(format!("{b} measured 0"));
-            }
-            let (r, ci) = ratio(&va, &vb);
-            let of = metric
-                .as_ref()
-                .map_or(String::new(), |m| format!("{}, ", unit_label(m)));
-            Judged {
-                measured: Some(r),
-                ci,
-                how: format!(
-                    "{of}{a}: {} at {} / {b}: {} at {}",
-                    fmt_num(va.y),
-                    fmt_x(va.x, x),
-                    fmt_num(vb.y),
-                    fmt_x(vb.x, x)
-                ),
-                direction: verdict(r, ci, *expect),
-                size: SizeVerdict::NotJudged,
-            }
-        }
+        } => judge_ratio(&r, a, b, *at, metric.as_ref(), *expect),
         ClaimTest::Trend {
             series,
             from_x,
             to_x,
             expect,
-        } => {
-            let pts = match pick(&recs, series, x, &fig.y) {
-                Ok(p) => p,
-                Err(e) => return missing(e.to_string()),
-            };
-            let from = from_x.map_or(pts.first().copied(), |fx| {
-                pts.iter().find(|p| p.x == fx).copied()
-            });
-            let to = to_x.map_or(pts.last().copied(), |tx| {
-                pts.iter().find(|p| p.x == tx).copied()
-            });
-            let (Some(from), Some(to)) = (from, to) else {
-                // Only an x the claim names can be missing.
-                let want = if from.is_none() { from_x } else { to_x };
-                return missing(match want {
-                    Some(want) => absent_x(fig, &series.to_string(), &xs(&pts), *want),
-                    None => format!("{series} has too few points to show a trend here"),
-                });
-            };
-            if pts.len() < 2 || from.x == to.x || from.y == 0.0 {
-                return missing(format!("{series} has too few points to show a trend here"));
-            }
-            let (r, ci) = ratio(&to, &from);
-            Judged {
-                measured: Some(r),
-                ci,
-                how: format!(
-                    "{series}: {} at {} / {} at {}",
-                    fmt_num(to.y),
-                    fmt_x(to.x, x),
-                    fmt_num(from.y),
-                    fmt_x(from.x, x)
-                ),
-                direction: verdict(r, ci, *expect),
-                size: SizeVerdict::NotJudged,
-            }
-        }
+        } => judge_trend(&r, series, (*from_x, *to_x), *expect),
         ClaimTest::Value {
             series,
             at,
             metric,
             expect,
-        } => {
-            let metric = metric.as_ref().unwrap_or(&fig.y);
-            let pts = match pick(&recs, series, x, metric) {
-                Ok(p) => p,
-                Err(e) => return missing(e.to_string()),
-            };
-            let all: Vec<f64> = pts.iter().map(|p| p.x).collect();
-            let value = if *metric == Quantity::Dropouts {
-                // Counted over the whole series, not at one point.
-                Some(Point {
-                    x: 0.0,
-                    y: pts.iter().map(|p| p.y).sum(),
-                    ci: None,
-                })
-            } else {
-                point_at(&pts, *at, &all)
-            };
-            let Some(p) = value else {
-                return missing(match at {
-                    At::X(want) => absent_x(fig, &series.to_string(), &all, *want),
-                    _ => format!("{series} has no point there"),
-                });
-            };
-            let direction = match verdict(p.y, p.ci, *expect) {
-                // The detector flagged each dropout past its points'
-                // noise: the count is judged with it.
-                Verdict::HoldsOnValue if *metric == Quantity::Dropouts => Verdict::Holds,
-                v => v,
-            };
-            Judged {
-                measured: Some(p.y),
-                ci: p.ci,
-                how: format!("{series}: {metric}"),
-                direction,
-                size: SizeVerdict::NotJudged,
+        } => judge_value(&r, series, *at, metric.as_ref(), *expect),
+    }
+}
+
+/// `ratio_change`: how the ratio of `a` to `b` at one x (`at.0`) stands
+/// against their ratio at another (`at.1`), both read at x the two series
+/// share.
+fn judge_ratio_change(
+    r: &Reading<'_>,
+    a: &Selector,
+    b: &Selector,
+    (at, vs): (At, At),
+    expect: Expect,
+) -> Judged {
+    let x = r.x();
+    let (pa, pb) = match r.both(a, b, x, &r.fig.y) {
+        Ok(both) => both,
+        Err(e) => return r.missing(e.to_string()),
+    };
+    let common = common_x(&pa, &pb);
+    let ends = (
+        point_at(&pa, at, &common),
+        point_at(&pb, at, &common),
+        point_at(&pa, vs, &common),
+        point_at(&pb, vs, &common),
+    );
+    let (Some(a1), Some(b1), Some(a2), Some(b2)) = ends else {
+        return r.missing(format!(
+            "{a} and {b} do not both have the two x the claim compares (both have {})",
+            fmt_xs(&common.iter().map(|v| fmt_x(*v, x)).collect::<Vec<_>>(), 8)
+        ));
+    };
+    if a1.x == a2.x || b1.x != a1.x || b2.x != a2.x {
+        return r.missing(format!(
+            "{a} and {b} have fewer than two x in common to compare"
+        ));
+    }
+    if b1.y == 0.0 || b2.y == 0.0 || a2.y == 0.0 {
+        return r.missing(format!("{b} or {a} measured 0"));
+    }
+    let (r1, r2) = (ratio(&a1, &b1), ratio(&a2, &b2));
+    let (value, ci) = ratio(&as_point(r1), &as_point(r2));
+    Judged {
+        measured: Some(value),
+        ci,
+        how: format!(
+            "{a} / {b}: {} at {} over {} at {}",
+            fmt_num(r1.0),
+            fmt_x(a1.x, x),
+            fmt_num(r2.0),
+            fmt_x(a2.x, x)
+        ),
+        direction: verdict(value, ci, expect),
+        size: SizeVerdict::NotJudged,
+    }
+}
+
+/// `trends`: how `a` grows from one x to another over how `b` grows
+/// between the same two x (the first and last both share, unless named).
+fn judge_trends(
+    r: &Reading<'_>,
+    a: &Selector,
+    b: &Selector,
+    (from_x, to_x): (Option<f64>, Option<f64>),
+    expect: Expect,
+) -> Judged {
+    let x = r.x();
+    let (pa, pb) = match r.both(a, b, x, &r.fig.y) {
+        Ok(both) => both,
+        Err(e) => return r.missing(e.to_string()),
+    };
+    let common = common_x(&pa, &pb);
+    let (Some(x0), Some(x1)) = (
+        from_x.or(common.first().copied()),
+        to_x.or(common.last().copied()),
+    ) else {
+        return r.missing(format!("{a} and {b} have no x in common"));
+    };
+    let at = |pts: &[Point], v: f64| pts.iter().find(|p| p.x == v).copied();
+    let (Some(a0), Some(a1), Some(b0), Some(b1)) =
+        (at(&pa, x0), at(&pa, x1), at(&pb, x0), at(&pb, x1))
+    else {
+        return r.missing(format!(
+            "{a} and {b} do not both have x = {} and x = {} (both have {})",
+            fmt_x(x0, x),
+            fmt_x(x1, x),
+            fmt_xs(&common.iter().map(|v| fmt_x(*v, x)).collect::<Vec<_>>(), 8)
+        ));
+    };
+    if x0 == x1 || a0.y == 0.0 || b0.y == 0.0 {
+        return r.missing(format!(
+            "{a} and {b} have too few points in common to show a trend here"
+        ));
+    }
+    let (ta, tb) = (ratio(&a1, &a0), ratio(&b1, &b0));
+    if tb.0 == 0.0 {
+        return r.missing(format!("{b} measured 0 at x = {}", fmt_x(x1, x)));
+    }
+    let (value, ci) = ratio(&as_point(ta), &as_point(tb));
+    Judged {
+        measured: Some(value),
+        ci,
+        how: format!(
+            "from {} to {}: {a} × {} / {b} × {}",
+            fmt_x(x0, x),
+            fmt_x(x1, x),
+            fmt_num(ta.0),
+            fmt_num(tb.0)
+        ),
+        direction: verdict(value, ci, expect),
+        size: SizeVerdict::NotJudged,
+    }
+}
+
+/// `dropouts`: the change removes NetPIPE's dropouts when the series
+/// `with` has some and `without` has none.
+fn judge_dropouts(r: &Reading<'_>, with: &Selector, without: &Selector) -> Judged {
+    let x = r.x();
+    let (w, wo) = match (
+        dropouts_of(&r.recs, with, x),
+        dropouts_of(&r.recs, without, x),
+    ) {
+        (Ok(w), Ok(wo)) => (w, wo),
+        (Err(e), _) | (_, Err(e)) => return r.missing(e.to_string()),
+    };
+    let how = format!(
+        "{with}: {}; {without}: {}",
+        dropout_list(&w, x),
+        dropout_list(&wo, x)
+    );
+    let direction = match (w.0.is_empty(), wo.0.is_empty()) {
+        (false, true) => Verdict::Holds,
+        (_, false) => Verdict::DoesNotHold(format!("{without} has dropouts too")),
+        (true, true) => Verdict::DoesNotHold(format!(
+            "{with} has no dropout either: nothing here for the change to remove"
+        )),
+    };
+    Judged {
+        measured: None,
+        ci: None,
+        how,
+        direction,
+        size: SizeVerdict::NotJudged,
+    }
+}
+
+/// A series' dropouts and unstable points ([`dropouts_of`]) in words:
+/// how many and where.
+fn dropout_list((drops, unstable): &(Vec<f64>, Vec<f64>), x: XAxis) -> String {
+    let mut s = if drops.is_empty() {
+        "no dropout".to_string()
+    } else {
+        format!(
+            "{} dropout{} (at {})",
+            drops.len(),
+            if drops.len() == 1 { "" } else { "s" },
+            fmt_xs(&drops.iter().map(|v| fmt_x(*v, x)).collect::<Vec<_>>(), 6)
+        )
+    };
+    if !unstable.is_empty() {
+        let _ = write!(
+            s,
+            ", {} unstable point{} not judged",
+            unstable.len(),
+            if unstable.len() == 1 { "" } else { "s" }
+        );
+    }
+    s
+}
+
+/// `knee`: how much steeper `series` rises past x = `k` than up to it.
+fn judge_knee(r: &Reading<'_>, series: &Selector, k: f64, expect: Expect) -> Judged {
+    let x = r.x();
+    let pts = match pick(&r.recs, series, x, &r.fig.y) {
+        Ok(p) => p,
+        Err(e) => return r.missing(e.to_string()),
+    };
+    let (Some(first), Some(last)) = (pts.first().copied(), pts.last().copied()) else {
+        return r.missing(format!("no record of {series} was measured here"));
+    };
+    let Some(knee) = pts.iter().find(|p| p.x == k).copied() else {
+        return r.missing(format!(
+            "{series} has no point at x = {} (it has {})",
+            fmt_x(k, x),
+            fmt_xs(&pts.iter().map(|p| fmt_x(p.x, x)).collect::<Vec<_>>(), 8)
+        ));
+    };
+    if !(first.x < knee.x && knee.x < last.x) {
+        return r.missing(format!(
+            "{series} needs points below and above x = {} to show a knee there",
+            fmt_x(k, x)
+        ));
+    }
+    let slope = |p: Point, q: Point| (q.y - p.y) / (q.x - p.x);
+    let factor = knee_factor(slope(knee, last), slope(first, knee));
+    let ci = knee_interval(first, knee, last);
+    Judged {
+        measured: Some(factor),
+        ci,
+        how: format!(
+            "{series}: slope {} per unit x from {} to {}, over {} from {} to {}",
+            fmt_num(slope(knee, last)),
+            fmt_x(knee.x, x),
+            fmt_x(last.x, x),
+            fmt_num(slope(first, knee)),
+            fmt_x(first.x, x),
+            fmt_x(knee.x, x)
+        ),
+        direction: verdict(factor, ci, expect),
+        size: SizeVerdict::NotJudged,
+    }
+}
+
+/// The interval of a knee factor: the shallowest rise past the knee over
+/// the steepest up to it, and the other way round; none unless all three
+/// points have intervals.
+fn knee_interval(first: Point, knee: Point, last: Point) -> Option<(f64, f64)> {
+    let ((f_lo, f_hi), (k_lo, k_hi), (l_lo, l_hi)) = (first.ci?, knee.ci?, last.ci?);
+    let below = |ky: f64, fy: f64| (ky - fy) / (knee.x - first.x);
+    let above = |ly: f64, ky: f64| (ly - ky) / (last.x - knee.x);
+    Some((
+        knee_factor(above(l_lo, k_hi), below(k_hi, f_lo)),
+        knee_factor(above(l_hi, k_lo), below(k_lo, f_hi)),
+    ))
+}
+
+/// `falls`: how many times `series` falls from one point to the next,
+/// beyond both points' intervals; along the block size when the claim
+/// names a metric of its own.
+fn judge_falls(
+    r: &Reading<'_>,
+    series: &Selector,
+    metric: Option<&Quantity>,
+    expect: Expect,
+) -> Judged {
+    // Another metric than the figure's y falls along the block size,
+    // whatever the figure plots it against.
+    let (x, metric, what) = match metric {
+        Some(m) => (XAxis::Size, m, format!(" {}", unit_label(m))),
+        None => (r.x(), &r.fig.y, String::new()),
+    };
+    let pts = match pick(&r.recs, series, x, metric) {
+        Ok(p) => p,
+        Err(e) => return r.missing(e.to_string()),
+    };
+    if pts.len() < 2 {
+        return r.missing(format!(
+            "{series} has too few points to show where it falls"
+        ));
+    }
+    let (places, all_intervals) = falls_of(&pts);
+    let count = places.len() as f64;
+    let shown: Vec<String> = places
+        .iter()
+        .map(|(p, q)| format!("{} to {}", fmt_x(*p, x), fmt_x(*q, x)))
+        .collect();
+    let mut how = format!(
+        "{series}:{what} falls {} time{} over {} points",
+        places.len(),
+        if places.len() == 1 { "" } else { "s" },
+        pts.len()
+    );
+    if !shown.is_empty() {
+        let _ = write!(how, " ({})", fmt_xs(&shown, 6));
+    }
+    // A count of falls beyond both points' intervals is judged by the
+    // intervals; where a point had none, on values alone.
+    let direction = match verdict(count, None, expect) {
+        Verdict::HoldsOnValue if all_intervals => Verdict::Holds,
+        Verdict::DoesNotHold(_) => Verdict::DoesNotHold(missed(expect)),
+        v => v,
+    };
+    if !all_intervals {
+        how.push_str("; some points have no interval, so their falls are on values");
+    }
+    Judged {
+        measured: Some(count),
+        ci: None,
+        how,
+        direction,
+        size: SizeVerdict::NotJudged,
+    }
+}
+
+/// `ratio`: `a` over `b` at one place (an x, the ends they share, each
+/// one's peak or lowest), of the figure's y or of the metric it names.
+fn judge_ratio(
+    r: &Reading<'_>,
+    a: &Selector,
+    b: &Selector,
+    at: At,
+    metric: Option<&Quantity>,
+    expect: Expect,
+) -> Judged {
+    let x = r.x();
+    let y = metric.unwrap_or(&r.fig.y);
+    let (pa, pb) = match r.both(a, b, x, y) {
+        Ok(both) => both,
+        Err(e) => return r.missing(e.to_string()),
+    };
+    let common = common_x(&pa, &pb);
+    let (Some(va), Some(vb)) = (point_at(&pa, at, &common), point_at(&pb, at, &common)) else {
+        return r.missing(match at {
+            At::X(want) if !pa.iter().any(|p| p.x == want) => {
+                absent_x(r.fig, &a.to_string(), &xs(&pa), want)
             }
-        }
+            At::X(want) => absent_x(r.fig, &b.to_string(), &xs(&pb), want),
+            _ => format!("{a} and {b} have no point in common"),
+        });
+    };
+    if vb.y == 0.0 {
+        return r.missing(format!("{b} measured 0"));
+    }
+    let (value, ci) = ratio(&va, &vb);
+    let of = metric.map_or(String::new(), |m| format!("{}, ", unit_label(m)));
+    Judged {
+        measured: Some(value),
+        ci,
+        how: format!(
+            "{of}{a}: {} at {} / {b}: {} at {}",
+            fmt_num(va.y),
+            fmt_x(va.x, x),
+            fmt_num(vb.y),
+            fmt_x(vb.x, x)
+        ),
+        direction: verdict(value, ci, expect),
+        size: SizeVerdict::NotJudged,
+    }
+}
+
+/// `trend`: `series` at one x over itself at another (its last and first,
+/// unless named).
+fn judge_trend(
+    r: &Reading<'_>,
+    series: &Selector,
+    (from_x, to_x): (Option<f64>, Option<f64>),
+    expect: Expect,
+) -> Judged {
+    let x = r.x();
+    let pts = match pick(&r.recs, series, x, &r.fig.y) {
+        Ok(p) => p,
+        Err(e) => return r.missing(e.to_string()),
+    };
+    let from = from_x.map_or(pts.first().copied(), |fx| {
+        pts.iter().find(|p| p.x == fx).copied()
+    });
+    let to = to_x.map_or(pts.last().copied(), |tx| {
+        pts.iter().find(|p| p.x == tx).copied()
+    });
+    let (Some(from), Some(to)) = (from, to) else {
+        // Only an x the claim names can be missing.
+        let want = if from.is_none() { from_x } else { to_x };
+        return r.missing(match want {
+            Some(want) => absent_x(r.fig, &series.to_string(), &xs(&pts), want),
+            None => format!("{series} has too few points to show a trend here"),
+        });
+    };
+    if pts.len() < 2 || from.x == to.x || from.y == 0.0 {
+        return r.missing(format!("{series} has too few points to show a trend here"));
+    }
+    let (value, ci) = ratio(&to, &from);
+    Judged {
+        measured: Some(value),
+        ci,
+        how: format!(
+            "{series}: {} at {} / {} at {}",
+            fmt_num(to.y),
+            fmt_x(to.x, x),
+            fmt_num(from.y),
+            fmt_x(from.x, x)
+        ),
+        direction: verdict(value, ci, expect),
+        size: SizeVerdict::NotJudged,
+    }
+}
+
+/// `value`: `series` itself at one place, of the figure's y or of the
+/// metric it names; a count of dropouts is summed over the whole series.
+fn judge_value(
+    r: &Reading<'_>,
+    series: &Selector,
+    at: At,
+    metric: Option<&Quantity>,
+    expect: Expect,
+) -> Judged {
+    let metric = metric.unwrap_or(&r.fig.y);
+    let pts = match pick(&r.recs, series, r.x(), metric) {
+        Ok(p) => p,
+        Err(e) => return r.missing(e.to_string()),
+    };
+    let all: Vec<f64> = pts.iter().map(|p| p.x).collect();
+    let value = if *metric == Quantity::Dropouts {
+        // Counted over the whole series, not at one point.
+        Some(Point {
+            x: 0.0,
+            y: pts.iter().map(|p| p.y).sum(),
+            ci: None,
+        })
+    } else {
+        point_at(&pts, at, &all)
+    };
+    let Some(p) = value else {
+        return r.missing(match at {
+            At::X(want) => absent_x(r.fig, &series.to_string(), &all, want),
+            _ => format!("{series} has no point there"),
+        });
+    };
+    let direction = match verdict(p.y, p.ci, expect) {
+        // The detector flagged each dropout past its points' noise: the
+        // count is judged with it.
+        Verdict::HoldsOnValue if *metric == Quantity::Dropouts => Verdict::Holds,
+        v => v,
+    };
+    Judged {
+        measured: Some(p.y),
+        ci: p.ci,
+        how: format!("{series}: {metric}"),
+        direction,
+        size: SizeVerdict::NotJudged,
     }
 }
 
