@@ -36,7 +36,6 @@
 //!   ([`Reference::PayloadLimit`]).
 
 use crate::load::Loaded;
-use crate::plots::{metric_label, Figure, CPU_LABEL, ROLE_CPU_LABEL};
 use crate::stacks::{self, SeriesKey};
 use crate::svg::{Axis, LinePlot, Mark, Plot, RefLine, Series};
 use netgap_core::record::ResultRecord;
@@ -48,6 +47,14 @@ use std::path::PathBuf;
 /// Most series one plot holds by default: more are split into several
 /// plots, so colours and markers stay distinct.
 pub const MAX_SERIES: usize = 8;
+
+/// Plots shown side by side: a metric and the CPU that went with it, or a
+/// single plot.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Figure {
+    /// The panels, left to right.
+    pub panels: Vec<Plot>,
+}
 
 /// What a figure plots along its x axis.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -552,6 +559,39 @@ fn short(v: f64) -> String {
         s
     }
 }
+
+/// A metric's axis label with its unit.
+pub(crate) fn metric_label(metric: &str) -> String {
+    match metric {
+        "latency_us" => "latency (µs, one-way)".into(),
+        "bandwidth_gbps" => "bandwidth (Gbit/s of payload)".into(),
+        "connections_per_s" => "connections per second".into(),
+        "send_overhead_us" => "send overhead o_s (µs)".into(),
+        "recv_overhead_us" => "receive overhead o_r (µs)".into(),
+        "gap_us" => "gap g (µs)".into(),
+        m if m.ends_with("_per_s") => {
+            format!(
+                "{} per second",
+                m.trim_end_matches("_per_s").replace('_', " ")
+            )
+        }
+        m => {
+            let unit = m.rsplit('_').next().unwrap_or("");
+            let name = m.strip_suffix(unit).unwrap_or(m).trim_end_matches('_');
+            format!("{} ({unit})", name.replace('_', " "))
+        }
+    }
+}
+
+/// Label of a CPU axis: the CPU time of netgap's own threads at each end,
+/// which on a shared machine (loopback, namespaces) is the part each end
+/// is answerable for, unlike the system-wide figure both ends share.
+pub(crate) const CPU_LABEL: &str = "CPU of netgap's threads (% of one core)";
+
+/// Label of a workload's CPU axis: each role's, that of its agent's
+/// process and of the processes the role started (a server program, a
+/// load generator), over the window in which the role's bytes moved.
+pub(crate) const ROLE_CPU_LABEL: &str = "CPU of each role's agent and processes (% of one core)";
 
 /// The name a record's count goes by: streams, links, hosts or clients.
 fn count_name(test: &str) -> &'static str {
