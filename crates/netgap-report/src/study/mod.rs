@@ -96,7 +96,8 @@ pub enum Verdict {
 }
 
 /// The size of a claim as judged: netgap's 95% interval against the
-/// paper's figure within the study file's tolerance ([`Size::band`]).
+/// paper's figure within the study file's tolerance
+/// ([`Size::band`](netgap_core::study::Size::band)).
 #[derive(Debug, Clone, PartialEq)]
 pub enum SizeVerdict {
     /// The whole interval lies inside the band around the paper's figure.
