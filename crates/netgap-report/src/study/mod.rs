@@ -24,9 +24,6 @@ mod plot;
 mod series;
 mod table;
 
-#[cfg(test)]
-mod fixtures;
-
 pub use judge::judge;
 pub use series::attr;
 
@@ -275,6 +272,9 @@ pub fn render(runs: &[StudyRun<'_>], records: &[ResultRecord]) -> String {
     out.push_str("</body></html>\n");
     out
 }
+
+#[cfg(test)]
+mod fixtures;
 
 #[cfg(test)]
 mod tests {
