@@ -337,25 +337,8 @@ pub fn compare(
     new: &[Loaded],
     opts: &CompareOptions,
 ) -> Result<Comparison, CompareError> {
-    let pick = |recs: &[Loaded],
-                sel: &Option<StackSelector>,
-                flag: &str|
-     -> Result<Vec<Loaded>, CompareError> {
-        let Some(sel) = sel else {
-            return Ok(recs.to_vec());
-        };
-        let picked: Vec<Loaded> = recs
-            .iter()
-            .filter(|l| sel.matches(&l.stack))
-            .cloned()
-            .collect();
-        if picked.is_empty() {
-            return Err(sel.no_match(flag, recs.iter().map(|l| &l.stack)).into());
-        }
-        Ok(picked)
-    };
-    let base = pick(base, &opts.base_stack, "--base-stack")?;
-    let new = pick(new, &opts.new_stack, "--new-stack")?;
+    let base = select(base, opts.base_stack.as_ref(), "--base-stack")?;
+    let new = select(new, opts.new_stack.as_ref(), "--new-stack")?;
     let stacks =
         |recs: &[Loaded]| -> BTreeSet<Stack> { recs.iter().map(|l| l.stack.clone()).collect() };
     let (sb, sn) = (stacks(&base), stacks(&new));
@@ -364,44 +347,151 @@ pub fn compare(
         return Err(CompareError::SameStack(names.join("; ")));
     }
     let pairs = pair_stacks(&sb, &sn, opts);
-    let shown: Vec<&Stack> = sb
+    let names = stack_names(&sb, &sn);
+    let (bi, ni) = (index(&base), index(&new));
+    let points = match_points(&bi, &ni, &pairs, &names);
+    if points.matched.is_empty() {
+        return Err(CompareError::Nothing);
+    }
+    let mut warnings: Vec<String> = pairs.iter().filter_map(|p| p.2.clone()).collect();
+    let drift_allowance_pct = drift_allowance(&points.matched, opts.threshold_pct);
+    if let Some(allowance) = drift_allowance_pct {
+        warnings.insert(0, drift_warning(&points.matched, allowance));
+    }
+    let mut changes: Vec<Change> = points
+        .matched
         .iter()
-        .chain(sn.iter())
+        .map(|m| judge_change(m, drift_allowance_pct, opts.threshold_pct))
+        .collect();
+    changes.sort_by(|a, b| a.key.cmp(&b.key).then_with(|| a.stack.cmp(&b.stack)));
+    warnings.extend(fault_warning(&changes));
+    Ok(Comparison {
+        changes,
+        only_base: points.only_base,
+        only_new: points.only_new,
+        threshold_pct: opts.threshold_pct,
+        drift_allowance_pct,
+        warnings,
+    })
+}
+
+/// The records of one side that `sel` (given as `flag`) picks; all of
+/// them without a selection.
+fn select(
+    recs: &[Loaded],
+    sel: Option<&StackSelector>,
+    flag: &str,
+) -> Result<Vec<Loaded>, CompareError> {
+    let Some(sel) = sel else {
+        return Ok(recs.to_vec());
+    };
+    let picked: Vec<Loaded> = recs
+        .iter()
+        .filter(|l| sel.matches(&l.stack))
+        .cloned()
+        .collect();
+    if picked.is_empty() {
+        return Err(sel.no_match(flag, recs.iter().map(|l| &l.stack)).into());
+    }
+    Ok(picked)
+}
+
+/// The name each stack of either side goes by in the table: what sets it
+/// apart from the others shown.
+struct StackNames<'a>(BTreeMap<&'a Stack, String>);
+
+impl StackNames<'_> {
+    /// The name of `s`; its whole description if it is not shown.
+    fn of(&self, s: &Stack) -> String {
+        self.0.get(s).cloned().unwrap_or_else(|| s.describe())
+    }
+}
+
+/// The names of the stacks of both sides.
+fn stack_names<'a>(base: &'a BTreeSet<Stack>, new: &'a BTreeSet<Stack>) -> StackNames<'a> {
+    let shown: Vec<&Stack> = base
+        .iter()
+        .chain(new.iter())
         .collect::<BTreeSet<_>>()
         .into_iter()
         .collect();
-    let names: BTreeMap<&Stack, String> = shown
-        .iter()
-        .copied()
-        .zip(Stack::distinguishing_labels(&shown))
-        .collect();
-    let name = |s: &Stack| names.get(s).cloned().unwrap_or_else(|| s.describe());
-    let index = |recs: &[Loaded]| -> BTreeMap<(Stack, PointKey), Loaded> {
-        recs.iter()
-            .map(|l| ((l.stack.clone(), PointKey::of(l)), l.clone()))
-            .collect()
-    };
-    let (bi, ni) = (index(&base), index(&new));
-    let mut warnings: Vec<String> = pairs.iter().filter_map(|p| p.2.clone()).collect();
-    struct Matched<'a> {
-        key: PointKey,
-        stack: String,
-        b: &'a Loaded,
-        n: &'a Loaded,
+    StackNames(
+        shown
+            .iter()
+            .copied()
+            .zip(Stack::distinguishing_labels(&shown))
+            .collect(),
+    )
+}
+
+/// One side's records by stack and point; a point a side holds twice
+/// keeps the later record.
+type Index = BTreeMap<(Stack, PointKey), Loaded>;
+
+/// One side's [`Index`].
+fn index(recs: &[Loaded]) -> Index {
+    recs.iter()
+        .map(|l| ((l.stack.clone(), PointKey::of(l)), l.clone()))
+        .collect()
+}
+
+/// A point both sides hold, on paired stacks.
+struct Matched<'a> {
+    key: PointKey,
+    /// The stacks as the table labels them.
+    stack: String,
+    b: &'a Loaded,
+    n: &'a Loaded,
+}
+
+impl Matched<'_> {
+    /// Both records come from one interleaved run.
+    fn interleaved(&self) -> bool {
+        match (self.b.interleaved_group(), self.n.interleaved_group()) {
+            (Some(a), Some(b)) => a == b,
+            _ => false,
+        }
     }
+
+    /// `(new - base) / base`, percent; 0 when the base is 0.
+    fn change_pct(&self) -> f64 {
+        let (bv, nv) = (self.b.record.value, self.n.record.value);
+        if bv == 0.0 {
+            0.0
+        } else {
+            100.0 * (nv - bv) / bv.abs()
+        }
+    }
+}
+
+/// The points of BASE matched with NEW's on the paired stacks, and those
+/// of either side left without a counterpart, as labels.
+struct Points<'a> {
+    matched: Vec<Matched<'a>>,
+    only_base: Vec<String>,
+    only_new: Vec<String>,
+}
+
+/// Matches BASE's points with NEW's on the stacks `pairs` pairs.
+fn match_points<'a>(
+    bi: &'a Index,
+    ni: &'a Index,
+    pairs: &Pairs,
+    names: &StackNames<'_>,
+) -> Points<'a> {
     let mut matched = Vec::new();
     let mut used_new: BTreeSet<(Stack, PointKey)> = BTreeSet::new();
     let mut only_base = Vec::new();
-    for ((stack, key), bl) in &bi {
+    for ((stack, key), bl) in bi {
         let counterpart = pairs.iter().find(|p| p.0 == *stack).map(|p| &p.1);
         let found = counterpart.and_then(|n| ni.get(&(n.clone(), key.clone())).map(|l| (n, l)));
         match found {
             Some((n, nl)) => {
                 used_new.insert((n.clone(), key.clone()));
                 let label = if n == stack {
-                    name(stack)
+                    names.of(stack)
                 } else {
-                    format!("{} -> {}", name(stack), name(n))
+                    format!("{} -> {}", names.of(stack), names.of(n))
                 };
                 matched.push(Matched {
                     key: key.clone(),
@@ -410,112 +500,112 @@ pub fn compare(
                     n: nl,
                 });
             }
-            None => only_base.push(key.label(&name(stack))),
+            None => only_base.push(key.label(&names.of(stack))),
         }
     }
     let only_new: Vec<String> = ni
         .keys()
         .filter(|k| !used_new.contains(*k))
-        .map(|(s, k)| k.label(&name(s)))
+        .map(|(s, k)| k.label(&names.of(s)))
         .collect();
-    if matched.is_empty() {
-        return Err(CompareError::Nothing);
+    Points {
+        matched,
+        only_base,
+        only_new,
     }
-    let interleaved = |m: &Matched| match (m.b.interleaved_group(), m.n.interleaved_group()) {
-        (Some(a), Some(b)) => a == b,
-        _ => false,
-    };
-    let change_of = |m: &Matched| {
-        let (bv, nv) = (m.b.record.value, m.n.record.value);
-        if bv == 0.0 {
-            0.0
-        } else {
-            100.0 * (nv - bv) / bv.abs()
-        }
-    };
-    let separate: Vec<f64> = matched
+}
+
+/// The absolute changes of the points that come from separate runs.
+fn separate_changes(matched: &[Matched<'_>]) -> Vec<f64> {
+    matched
         .iter()
-        .filter(|m| !interleaved(m))
-        .map(|m| change_of(m).abs())
+        .filter(|m| !m.interleaved())
+        .map(|m| m.change_pct().abs())
         .filter(|c| c.is_finite())
-        .collect();
-    let drift_allowance_pct = (!separate.is_empty()).then(|| {
+        .collect()
+}
+
+/// The drift allowance, percent, for the points of separate runs (see
+/// the module docs); `None` when every point came from one interleaved
+/// run.
+fn drift_allowance(matched: &[Matched<'_>], threshold_pct: f64) -> Option<f64> {
+    let separate = separate_changes(matched);
+    (!separate.is_empty()).then(|| {
         let median = netgap_core::stats::median(&separate).unwrap_or(0.0);
-        opts.threshold_pct.max(DRIFT_MEDIAN_FACTOR * median)
-    });
-    if let Some(allowance) = drift_allowance_pct {
-        let runs = if separate.len() == matched.len() {
-            "BASE and NEW come from separate runs".to_string()
-        } else {
-            format!(
-                "{} of the {} points come from separate runs",
-                separate.len(),
-                matched.len()
-            )
-        };
-        warnings.insert(
-            0,
-            format!(
-                "{runs}, so drift between the runs is not in Welch's test (it sees only the variance within each run); \
-                 a difference counts only beyond a drift allowance of {allowance:.1}% (the larger of --threshold and {DRIFT_MEDIAN_FACTOR} times \
-                 the median change over those {} points); measure the stacks in one interleaved run to compare them directly.",
-                separate.len()
-            ),
-        );
+        threshold_pct.max(DRIFT_MEDIAN_FACTOR * median)
+    })
+}
+
+/// The warning that points come from separate runs, with the allowance
+/// they are judged by.
+fn drift_warning(matched: &[Matched<'_>], allowance: f64) -> String {
+    let separate = separate_changes(matched);
+    let runs = if separate.len() == matched.len() {
+        "BASE and NEW come from separate runs".to_string()
+    } else {
+        format!(
+            "{} of the {} points come from separate runs",
+            separate.len(),
+            matched.len()
+        )
+    };
+    format!(
+        "{runs}, so drift between the runs is not in Welch's test (it sees only the variance within each run); \
+         a difference counts only beyond a drift allowance of {allowance:.1}% (the larger of --threshold and {DRIFT_MEDIAN_FACTOR} times \
+         the median change over those {} points); measure the stacks in one interleaved run to compare them directly.",
+        separate.len()
+    )
+}
+
+/// The verdict on one matched point: a fault, untested, the same, within
+/// the drift allowance, better or worse; and a regression when worse by
+/// more than the threshold.
+fn judge_change(m: &Matched<'_>, drift_allowance_pct: Option<f64>, threshold_pct: f64) -> Change {
+    let (bv, nv) = (m.b.record.value, m.n.record.value);
+    let change_pct = m.change_pct();
+    let p_value = welch_p_value(m.b.reps(), m.n.reps());
+    let improved = if lower_is_better(&m.key.metric) {
+        nv < bv
+    } else {
+        nv > bv
+    };
+    let inter = m.interleaved();
+    let beyond_drift = inter || drift_allowance_pct.is_none_or(|a| change_pct.abs() > a);
+    let faulted = m.b.record.fault().is_some() || m.n.record.fault().is_some();
+    let verdict = match p_value {
+        _ if faulted => Verdict::Fault,
+        None => Verdict::Untested,
+        Some(p) if p >= ALPHA || nv == bv => Verdict::Same,
+        Some(_) if !beyond_drift => Verdict::WithinDrift,
+        Some(_) if improved => Verdict::Better,
+        Some(_) => Verdict::Worse,
+    };
+    Change {
+        key: m.key.clone(),
+        stack: m.stack.clone(),
+        base: bv,
+        new: nv,
+        change_pct,
+        p_value,
+        interleaved: inter,
+        verdict,
+        regression: verdict == Verdict::Worse && change_pct.abs() > threshold_pct,
     }
-    let mut changes = Vec::new();
-    for m in &matched {
-        let (bv, nv) = (m.b.record.value, m.n.record.value);
-        let change_pct = change_of(m);
-        let p_value = welch_p_value(m.b.reps(), m.n.reps());
-        let improved = if lower_is_better(&m.key.metric) {
-            nv < bv
-        } else {
-            nv > bv
-        };
-        let inter = interleaved(m);
-        let beyond_drift = inter || drift_allowance_pct.is_none_or(|a| change_pct.abs() > a);
-        let faulted = m.b.record.fault().is_some() || m.n.record.fault().is_some();
-        let verdict = match p_value {
-            _ if faulted => Verdict::Fault,
-            None => Verdict::Untested,
-            Some(p) if p >= ALPHA || nv == bv => Verdict::Same,
-            Some(_) if !beyond_drift => Verdict::WithinDrift,
-            Some(_) if improved => Verdict::Better,
-            Some(_) => Verdict::Worse,
-        };
-        changes.push(Change {
-            key: m.key.clone(),
-            stack: m.stack.clone(),
-            base: bv,
-            new: nv,
-            change_pct,
-            p_value,
-            interleaved: inter,
-            verdict,
-            regression: verdict == Verdict::Worse && change_pct.abs() > opts.threshold_pct,
-        });
-    }
-    changes.sort_by(|a, b| a.key.cmp(&b.key).then_with(|| a.stack.cmp(&b.stack)));
+}
+
+/// The warning naming the points judged a fault, if any.
+fn fault_warning(changes: &[Change]) -> Option<String> {
     let faulted: Vec<String> = changes
         .iter()
         .filter(|c| c.verdict == Verdict::Fault)
         .map(Change::label)
         .collect();
-    if !faulted.is_empty() {
-        warnings.push(format!(
+    (!faulted.is_empty()).then(|| {
+        format!(
             "{} points are past what their path allows on one side (a measurement fault) and are neither better nor worse: {}.",
             faulted.len(),
             faulted.join(", ")
-        ));
-    }
-    Ok(Comparison {
-        changes,
-        only_base,
-        only_new,
-        threshold_pct: opts.threshold_pct,
-        drift_allowance_pct,
-        warnings,
+        )
     })
 }
 

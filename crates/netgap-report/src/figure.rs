@@ -36,7 +36,6 @@
 //!   ([`Reference::PayloadLimit`]).
 
 use crate::load::Loaded;
-use crate::plots::{metric_label, Figure, CPU_LABEL, ROLE_CPU_LABEL};
 use crate::stacks::{self, SeriesKey};
 use crate::svg::{Axis, LinePlot, Mark, Plot, RefLine, Series};
 use netgap_core::record::ResultRecord;
@@ -48,6 +47,14 @@ use std::path::PathBuf;
 /// Most series one plot holds by default: more are split into several
 /// plots, so colours and markers stay distinct.
 pub const MAX_SERIES: usize = 8;
+
+/// Plots shown side by side: a metric and the CPU that went with it, or a
+/// single plot.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Figure {
+    /// The panels, left to right.
+    pub panels: Vec<Plot>,
+}
 
 /// What a figure plots along its x axis.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -554,6 +561,39 @@ fn short(v: f64) -> String {
     }
 }
 
+/// A metric's axis label with its unit.
+pub(crate) fn metric_label(metric: &str) -> String {
+    match metric {
+        "latency_us" => "latency (µs, one-way)".into(),
+        "bandwidth_gbps" => "bandwidth (Gbit/s of payload)".into(),
+        "connections_per_s" => "connections per second".into(),
+        "send_overhead_us" => "send overhead o_s (µs)".into(),
+        "recv_overhead_us" => "receive overhead o_r (µs)".into(),
+        "gap_us" => "gap g (µs)".into(),
+        m if m.ends_with("_per_s") => {
+            format!(
+                "{} per second",
+                m.trim_end_matches("_per_s").replace('_', " ")
+            )
+        }
+        m => {
+            let unit = m.rsplit('_').next().unwrap_or("");
+            let name = m.strip_suffix(unit).unwrap_or(m).trim_end_matches('_');
+            format!("{} ({unit})", name.replace('_', " "))
+        }
+    }
+}
+
+/// Label of a CPU axis: the CPU time of netgap's own threads at each end,
+/// which on a shared machine (loopback, namespaces) is the part each end
+/// is answerable for, unlike the system-wide figure both ends share.
+pub(crate) const CPU_LABEL: &str = "CPU of netgap's threads (% of one core)";
+
+/// Label of a workload's CPU axis: each role's, that of its agent's
+/// process and of the processes the role started (a server program, a
+/// load generator), over the window in which the role's bytes moved.
+pub(crate) const ROLE_CPU_LABEL: &str = "CPU of each role's agent and processes (% of one core)";
+
 /// The name a record's count goes by: streams, links, hosts or clients.
 fn count_name(test: &str) -> &'static str {
     match test {
@@ -564,75 +604,120 @@ fn count_name(test: &str) -> &'static str {
     }
 }
 
-/// The figures of `spec` over `recs` (see [`figures`]).
+/// The figures of `spec` over `recs` (see [`figures`]): for each metric,
+/// the records that have it and an x, their series, and a figure per
+/// group of at most [`FigureSpec::max_series`] series.
 pub(crate) fn build(spec: &FigureSpec, recs: &[&Loaded]) -> Vec<Figure> {
-    let metrics: Vec<String> = if spec.metrics.is_empty() {
-        let mut m: Vec<String> = Vec::new();
-        for l in recs {
-            if !m.contains(&l.record.metric) {
-                m.push(l.record.metric.clone());
-            }
-        }
-        m
-    } else {
-        spec.metrics.clone()
-    };
     let mut out = Vec::new();
-    for metric in &metrics {
-        type Chosen<'a> = (&'a Loaded, XValue, f64, Option<(f64, f64)>);
-        let chosen: Vec<Chosen> = recs
-            .iter()
-            .filter_map(|l| {
-                let x = spec.x.value(l)?;
-                let (y, ci) = metric_value(l, metric)?;
-                Some((*l, x, y, ci))
-            })
-            .collect();
+    for metric in &metrics_of(spec, recs) {
+        let chosen = choose(spec, metric, recs);
         if chosen.is_empty() {
             continue;
         }
-        let mut categories: Vec<(u64, u64, String)> = chosen
-            .iter()
-            .filter_map(|c| match &c.1 {
-                XValue::Cat(n, (a, b)) => Some((*a, *b, n.clone())),
-                XValue::Num(_) => None,
-            })
-            .collect();
-        categories.sort();
-        categories.dedup();
-        let categories: Vec<String> = categories.into_iter().map(|c| c.2).collect();
-        let x_of = |v: &XValue| match v {
-            XValue::Num(x) => *x,
-            XValue::Cat(n, _) => categories.iter().position(|c| c == n).unwrap_or(0) as f64,
-        };
+        let plotted = Plotted::of(spec, &chosen);
+        for (part, group) in split(&plotted.keys, spec.max_series) {
+            out.push(plotted.figure(spec, metric, &part, &group));
+        }
+    }
+    out
+}
+
+/// The metrics `spec` plots: its own, or every headline metric of
+/// `recs` in the order they first come.
+fn metrics_of(spec: &FigureSpec, recs: &[&Loaded]) -> Vec<String> {
+    if !spec.metrics.is_empty() {
+        return spec.metrics.clone();
+    }
+    let mut m: Vec<String> = Vec::new();
+    for l in recs {
+        if !m.contains(&l.record.metric) {
+            m.push(l.record.metric.clone());
+        }
+    }
+    m
+}
+
+/// A record plotted: its place on the x axis, its value of the metric and
+/// the value's interval.
+type Chosen<'a> = (&'a Loaded, XValue, f64, Option<(f64, f64)>);
+
+/// The records of `recs` that have both an x and a value of `metric`.
+fn choose<'a>(spec: &FigureSpec, metric: &str, recs: &[&'a Loaded]) -> Vec<Chosen<'a>> {
+    recs.iter()
+        .filter_map(|l| {
+            let x = spec.x.value(l)?;
+            let (y, ci) = metric_value(l, metric)?;
+            Some((*l, x, y, ci))
+        })
+        .collect()
+}
+
+/// The categories of a categorical x axis (pio's shapes) in their order;
+/// empty on a numeric one.
+fn categories_of(chosen: &[Chosen<'_>]) -> Vec<String> {
+    let mut categories: Vec<(u64, u64, String)> = chosen
+        .iter()
+        .filter_map(|c| match &c.1 {
+            XValue::Cat(n, (a, b)) => Some((*a, *b, n.clone())),
+            XValue::Num(_) => None,
+        })
+        .collect();
+    categories.sort();
+    categories.dedup();
+    categories.into_iter().map(|c| c.2).collect()
+}
+
+/// The series a record belongs to on `spec`'s figure: its identity,
+/// without the option the x axis consumes, and with what the axis does
+/// not show but varies among the records (the size, the count).
+fn series_key(spec: &FigureSpec, l: &Loaded, sizes_vary: bool, counts_vary: bool) -> SeriesKey {
+    let mut k = SeriesKey::of(l);
+    if let Some(o) = spec.x.option() {
+        k = k.without(o);
+        // A point at the option's default is kept apart from one that
+        // named the same value, which it may not have had.
+        if app_option(l, o).is_none() {
+            k = k.with_entry(o, "default");
+        }
+    }
+    if !spec.x.is_size() && sizes_vary {
+        k = k.with_entry("size", &format_size(l.record.size_bytes));
+    }
+    if !spec.x.is_count() && counts_vary {
+        if let Some(c) = l.record.clients() {
+            k = k.with_entry(count_name(&l.record.test), &c.to_string());
+        }
+    }
+    k
+}
+
+/// One metric's points of a figure, by series, before they are split
+/// into plots: the value items, the CPU items beside them, the records of
+/// each series, and the series in order.
+struct Plotted<'a> {
+    categories: Vec<String>,
+    items: Vec<Item>,
+    cpu: Vec<Item>,
+    /// Positions of each series' items in `items` and in `cpu`.
+    item_ix: BTreeMap<SeriesKey, Vec<usize>>,
+    cpu_ix: BTreeMap<SeriesKey, Vec<usize>>,
+    rec_of_key: BTreeMap<SeriesKey, Vec<&'a Loaded>>,
+    keys: Vec<SeriesKey>,
+    /// Some point is a dropout, circled on the plot.
+    dropouts: bool,
+}
+
+impl<'a> Plotted<'a> {
+    fn of(spec: &FigureSpec, chosen: &[Chosen<'a>]) -> Plotted<'a> {
+        let categories = categories_of(chosen);
         let sizes: BTreeSet<u64> = chosen.iter().map(|c| c.0.record.size_bytes).collect();
         let counts: BTreeSet<Option<u32>> = chosen.iter().map(|c| c.0.record.clients()).collect();
-        let key_of = |l: &Loaded| {
-            let mut k = SeriesKey::of(l);
-            if let Some(o) = spec.x.option() {
-                k = k.without(o);
-                // A point at the option's default is kept apart from one
-                // that named the same value, which it may not have had.
-                if app_option(l, o).is_none() {
-                    k = k.with_entry(o, "default");
-                }
-            }
-            if !spec.x.is_size() && sizes.len() > 1 {
-                k = k.with_entry("size", &format_size(l.record.size_bytes));
-            }
-            if !spec.x.is_count() && counts.len() > 1 {
-                if let Some(c) = l.record.clients() {
-                    k = k.with_entry(count_name(&l.record.test), &c.to_string());
-                }
-            }
-            k
-        };
         let mut items = Vec::new();
         let mut cpu = Vec::new();
         let mut rec_of_key: BTreeMap<SeriesKey, Vec<&Loaded>> = BTreeMap::new();
-        for (l, xv, y, ci) in &chosen {
-            let key = key_of(l);
-            let x = x_of(xv);
+        for (l, xv, y, ci) in chosen {
+            let key = series_key(spec, l, sizes.len() > 1, counts.len() > 1);
+            let x = x_position(xv, &categories);
             let mut it = Item::new(key.clone(), l, x, *y);
             it.ci = *ci;
             it.mark = l.record.dropout().map(|d| Mark {
@@ -649,65 +734,89 @@ pub(crate) fn build(spec: &FigureSpec, recs: &[&Loaded]) -> Vec<Figure> {
         }
         let mut keys: Vec<SeriesKey> = rec_of_key.keys().cloned().collect();
         keys.sort_by_key(SeriesKey::order);
-        let dropouts = items.iter().any(|i| i.mark.is_some());
-        let (item_ix, cpu_ix) = (key_index(&items), key_index(&cpu));
-        for (part, group) in split(&keys, spec.max_series) {
-            let in_group = of_group(&items, &item_ix, &group);
-            let group_recs: Vec<&Loaded> = group
-                .iter()
-                .flat_map(|k| rec_of_key.get(k).into_iter().flatten().copied())
-                .collect();
-            let suffix = if part.is_empty() {
-                String::new()
-            } else {
-                format!(" ({part})")
-            };
-            let main = series(&in_group, &group);
-            let y_label = metric_label(metric);
-            let title = format!(
-                "{}: {y_label} against {}{}{suffix}",
-                spec.title,
-                spec.x.name(),
-                if dropouts { ", dropouts circled" } else { "" }
-            );
-            let mut panels = vec![Plot::Line(LinePlot {
-                title,
-                x: spec.x.axis(categories.clone()),
-                y: y_axis(&y_label, spec.y_scale, &main),
-                series: main,
-                refs: references(&spec.reference, metric, &group_recs),
-            })];
-            let cpu_group = of_group(&cpu, &cpu_ix, &group);
-            if !cpu_group.is_empty() {
-                let ends = group_recs.iter().any(|l| l.record.cpu.is_some());
-                panels.push(Plot::Line(LinePlot {
-                    title: format!(
-                        "{}: CPU of {} against {}{suffix}",
-                        spec.title,
-                        if ends {
-                            "both ends"
-                        } else {
-                            "server and client hosts"
-                        },
-                        spec.x.name()
-                    ),
-                    x: spec.x.axis(categories.clone()),
-                    y: Axis::linear(if ends { CPU_LABEL } else { ROLE_CPU_LABEL }),
-                    series: series(&cpu_group, &group),
-                    refs: Vec::new(),
-                }));
-            }
-            out.push(Figure { panels });
+        Plotted {
+            categories,
+            dropouts: items.iter().any(|i| i.mark.is_some()),
+            item_ix: key_index(&items),
+            cpu_ix: key_index(&cpu),
+            items,
+            cpu,
+            rec_of_key,
+            keys,
         }
     }
-    out
+
+    /// The figure of the series `group` (`part` says what they share,
+    /// when the series were split): the value plot of `metric`, and the
+    /// CPU beside it when the records have it.
+    fn figure(&self, spec: &FigureSpec, metric: &str, part: &str, group: &[SeriesKey]) -> Figure {
+        let in_group = of_group(&self.items, &self.item_ix, group);
+        let group_recs: Vec<&Loaded> = group
+            .iter()
+            .flat_map(|k| self.rec_of_key.get(k).into_iter().flatten().copied())
+            .collect();
+        let suffix = if part.is_empty() {
+            String::new()
+        } else {
+            format!(" ({part})")
+        };
+        let main = series(&in_group, group);
+        let y_label = metric_label(metric);
+        let title = format!(
+            "{}: {y_label} against {}{}{suffix}",
+            spec.title,
+            spec.x.name(),
+            if self.dropouts {
+                ", dropouts circled"
+            } else {
+                ""
+            }
+        );
+        let mut panels = vec![Plot::Line(LinePlot {
+            title,
+            x: spec.x.axis(self.categories.clone()),
+            y: y_axis(&y_label, spec.y_scale, &main),
+            series: main,
+            refs: references(&spec.reference, metric, &group_recs),
+        })];
+        let cpu_group = of_group(&self.cpu, &self.cpu_ix, group);
+        if !cpu_group.is_empty() {
+            let ends = group_recs.iter().any(|l| l.record.cpu.is_some());
+            panels.push(Plot::Line(LinePlot {
+                title: format!(
+                    "{}: CPU of {} against {}{suffix}",
+                    spec.title,
+                    if ends {
+                        "both ends"
+                    } else {
+                        "server and client hosts"
+                    },
+                    spec.x.name()
+                ),
+                x: spec.x.axis(self.categories.clone()),
+                y: Axis::linear(if ends { CPU_LABEL } else { ROLE_CPU_LABEL }),
+                series: series(&cpu_group, group),
+                refs: Vec::new(),
+            }));
+        }
+        Figure { panels }
+    }
+}
+
+/// Where a point sits on the x axis: its number, or its category's
+/// position.
+fn x_position(v: &XValue, categories: &[String]) -> f64 {
+    match v {
+        XValue::Num(x) => *x,
+        XValue::Cat(n, _) => categories.iter().position(|c| c == n).unwrap_or(0) as f64,
+    }
 }
 
 /// The positions of each key's items.
-fn key_index(items: &[Item]) -> BTreeMap<&SeriesKey, Vec<usize>> {
-    let mut m: BTreeMap<&SeriesKey, Vec<usize>> = BTreeMap::new();
+fn key_index(items: &[Item]) -> BTreeMap<SeriesKey, Vec<usize>> {
+    let mut m: BTreeMap<SeriesKey, Vec<usize>> = BTreeMap::new();
     for (i, it) in items.iter().enumerate() {
-        m.entry(&it.key).or_default().push(i);
+        m.entry(it.key.clone()).or_default().push(i);
     }
     m
 }
@@ -715,7 +824,7 @@ fn key_index(items: &[Item]) -> BTreeMap<&SeriesKey, Vec<usize>> {
 /// The items of `group`'s keys, in their order in `all`.
 fn of_group<'a>(
     all: &'a [Item],
-    index: &BTreeMap<&SeriesKey, Vec<usize>>,
+    index: &BTreeMap<SeriesKey, Vec<usize>>,
     group: &[SeriesKey],
 ) -> Vec<&'a Item> {
     let mut v: Vec<usize> = group

@@ -101,7 +101,7 @@ pub struct Section {
     /// The test as the report names it (`stream`, `sweep (pingpong)`).
     pub test: String,
     /// The figures, each one plot or a plot with its CPU beside it.
-    pub figures: Vec<plots::Figure>,
+    pub figures: Vec<figure::Figure>,
     /// The gap table: every stack against the baseline, per metric and band.
     pub gap: Vec<gap::GapEntry>,
 }

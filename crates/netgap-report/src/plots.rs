@@ -7,7 +7,7 @@
 //! (throughput against block time), latency percentiles and service
 //! demand; LogP's parameters share one plot.
 
-use super::figure::{self, FigureSpec, Item, XAxis, YScale};
+use super::figure::{self, metric_label, Figure, FigureSpec, Item, XAxis, YScale};
 use super::load::Loaded;
 use super::stacks::SeriesKey;
 use super::svg::{Axis, LinePlot, Plot};
@@ -15,47 +15,6 @@ use std::collections::{BTreeMap, BTreeSet};
 
 /// Labels of a test's series, from [`super::stacks::labels`].
 pub type Labels = BTreeMap<SeriesKey, String>;
-
-/// Plots shown side by side: a metric and the CPU that went with it, or a
-/// single plot.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Figure {
-    /// The panels, left to right.
-    pub panels: Vec<Plot>,
-}
-
-/// A metric's axis label with its unit.
-pub(crate) fn metric_label(metric: &str) -> String {
-    match metric {
-        "latency_us" => "latency (µs, one-way)".into(),
-        "bandwidth_gbps" => "bandwidth (Gbit/s of payload)".into(),
-        "connections_per_s" => "connections per second".into(),
-        "send_overhead_us" => "send overhead o_s (µs)".into(),
-        "recv_overhead_us" => "receive overhead o_r (µs)".into(),
-        "gap_us" => "gap g (µs)".into(),
-        m if m.ends_with("_per_s") => {
-            format!(
-                "{} per second",
-                m.trim_end_matches("_per_s").replace('_', " ")
-            )
-        }
-        m => {
-            let unit = m.rsplit('_').next().unwrap_or("");
-            let name = m.strip_suffix(unit).unwrap_or(m).trim_end_matches('_');
-            format!("{} ({unit})", name.replace('_', " "))
-        }
-    }
-}
-
-/// Label of a CPU axis: the CPU time of netgap's own threads at each end,
-/// which on a shared machine (loopback, namespaces) is the part each end
-/// is answerable for, unlike the system-wide figure both ends share.
-pub(crate) const CPU_LABEL: &str = "CPU of netgap's threads (% of one core)";
-
-/// Label of a workload's CPU axis: each role's, that of its agent's
-/// process and of the processes the role started (a server program, a
-/// load generator), over the window in which the role's bytes moved.
-pub(crate) const ROLE_CPU_LABEL: &str = "CPU of each role's agent and processes (% of one core)";
 
 /// The x axes of a test's records, each with the records it plots: the
 /// axis the study draws the test against, chosen per record so that no
