@@ -24,7 +24,10 @@
 //! links through [`super::TestbedSwitch`] in the same process, take it
 //! again.
 
-use super::{check_name, pid_alive, TestbedError, STATE_DIR_REMEDY, STATE_ROOT, STATE_ROOT_WHAT};
+use crate::agents::pid_alive;
+use crate::request::check_name;
+use crate::state::{STATE_DIR_REMEDY, STATE_ROOT_WHAT};
+use crate::{TestbedError, STATE_ROOT};
 use netgap_workload::confined::Dir;
 use nix::fcntl::{Flock, FlockArg};
 use std::fs::File;

@@ -5,7 +5,7 @@
 //! and the rest of the process stay where they are, and nothing needs
 //! `ethtool` installed.
 
-use super::TestbedError;
+use crate::TestbedError;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 /// `SIOCETHTOOL`, the ioctl behind `ethtool`.
