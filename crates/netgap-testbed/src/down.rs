@@ -6,12 +6,15 @@ use crate::request::check_name;
 use crate::state::{check_state, read_state, state_root};
 use crate::{state_dir, TestbedError, TestbedLock};
 
-/// Removes the testbed (`netgap testbed down`).
+/// Removes the testbed (`netgap testbed down`), and its lock file once
+/// everything else is gone.
 pub fn down(name: &str) -> Result<Removed, TestbedError> {
     check_name(name)?;
     preflight()?;
-    let _lock = TestbedLock::acquire(name, "netgap testbed down")?;
-    teardown(name)
+    let lock = TestbedLock::acquire(name, "netgap testbed down")?;
+    let removed = teardown(name)?;
+    lock.remove_file_on_release();
+    Ok(removed)
 }
 
 /// What `down` removed.

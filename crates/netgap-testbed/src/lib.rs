@@ -97,7 +97,10 @@
 //! (`/run/netgap/NAME.lock`, [`TestbedLock`]) while they do, and a second
 //! one is refused in one line naming the holder, before it touches
 //! anything. The kernel releases the lock when its holder ends, however it
-//! ends.
+//! ends. `down` (and a study's testbed when it goes) removes the lock file
+//! while it still holds the lock, and a taker checks that the file it
+//! locked is still the one the name names, so no testbed that is gone
+//! leaves its lock file behind and no two commands ever hold one.
 
 mod agents;
 pub mod capacity;

@@ -185,7 +185,7 @@ static OWNED: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
 pub struct OwnedTestbed {
     name: String,
     /// Dropped after [`Drop::drop`] has taken the testbed down.
-    _lock: TestbedLock,
+    lock: TestbedLock,
 }
 
 impl OwnedTestbed {
@@ -207,7 +207,7 @@ impl OwnedTestbed {
         *OWNED
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(name.clone());
-        let guard = OwnedTestbed { name, _lock: lock };
+        let guard = OwnedTestbed { name, lock };
         let status = up_as(req, RatePolicy::Scale, probe, notes)?;
         Ok((guard, status))
     }
@@ -223,11 +223,12 @@ impl Drop for OwnedTestbed {
         let mut owned = OWNED
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Err(e) = teardown(&self.name) {
-            eprintln!(
+        match teardown(&self.name) {
+            Ok(_) => self.lock.remove_file_on_release(),
+            Err(e) => eprintln!(
                 "netgap: error: testbed {} could not be taken down: {e}",
                 self.name
-            );
+            ),
         }
         *owned = None;
     }
