@@ -66,6 +66,38 @@ pub enum TestbedError {
         /// Its log file.
         log: String,
     },
+    /// The handler that puts a testbed back on an interrupt could not be
+    /// installed.
+    #[error(transparent)]
+    Interrupt(#[from] InterruptError),
+}
+
+/// Why the handler that puts a testbed back on Ctrl-C, SIGTERM or SIGHUP
+/// (its links' conditions, or a study's own testbed taken down) could not
+/// be installed. Kept once per process and handed to every later caller,
+/// so it is `Clone`.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum InterruptError {
+    /// The pipe the signal handler wakes the interrupt thread through.
+    #[error("making the interrupt pipe: {source}")]
+    Pipe {
+        /// Why it could not be made.
+        source: nix::errno::Errno,
+    },
+    /// The thread that puts the testbed back.
+    #[error("starting the interrupt thread: {source}")]
+    Thread {
+        /// Why it could not be started.
+        source: std::sync::Arc<io::Error>,
+    },
+    /// A signal's handler.
+    #[error("handling {signal}: {source}")]
+    Signal {
+        /// The signal.
+        signal: nix::sys::signal::Signal,
+        /// Why its handler could not be set.
+        source: nix::errno::Errno,
+    },
 }
 
 /// Why a testbed agent does not answer.

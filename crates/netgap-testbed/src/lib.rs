@@ -121,7 +121,7 @@ mod up;
 
 pub use agents::probe_agent;
 pub use down::{down, Removed};
-pub use error::{AgentProbeError, TestbedError, Unhealthy};
+pub use error::{AgentProbeError, InterruptError, TestbedError, Unhealthy};
 pub use lock::{Holder, TestbedLock};
 pub use request::{AgentProbe, Params, ProbeFailure, SetRequest, Topology, UpRequest};
 pub use shaping::{scale_rate, set, set_conditions, Scaled};

@@ -9,8 +9,8 @@ use crate::request::check_name;
 use crate::state::load_state;
 use crate::up::{up_as, RatePolicy};
 use crate::{
-    live, set_conditions, state_dir, AgentProbe, Status, TestbedError, TestbedLock, UpNote,
-    UpRequest,
+    live, set_conditions, state_dir, AgentProbe, InterruptError, Status, TestbedError, TestbedLock,
+    UpNote, UpRequest,
 };
 use netgap_core::link::LinkConditions;
 use std::io;
@@ -61,10 +61,10 @@ extern "C" fn on_interrupt(_signal: libc::c_int) {
 /// changed before the process exits (status 130). Installed once, when the
 /// first switch opens; until a run holds links, an interrupt only exits.
 fn restore_on_interrupt() -> Result<(), TestbedError> {
-    static ONCE: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
+    static ONCE: std::sync::OnceLock<Result<(), InterruptError>> = std::sync::OnceLock::new();
     ONCE.get_or_init(|| {
         let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
-            .map_err(|e| format!("making the interrupt pipe: {e}"))?;
+            .map_err(|source| InterruptError::Pipe { source })?;
         std::thread::Builder::new()
             .name("interrupt".into())
             .spawn(move || {
@@ -94,7 +94,9 @@ fn restore_on_interrupt() -> Result<(), TestbedError> {
                 }
                 std::process::exit(130);
             })
-            .map_err(|e| format!("starting the interrupt thread: {e}"))?;
+            .map_err(|e| InterruptError::Thread {
+                source: std::sync::Arc::new(e),
+            })?;
         WAKE_FD.store(
             std::os::fd::IntoRawFd::into_raw_fd(write),
             std::sync::atomic::Ordering::Relaxed,
@@ -111,13 +113,17 @@ fn restore_on_interrupt() -> Result<(), TestbedError> {
         ] {
             // SAFETY: the handler only loads an atomic and calls write(2),
             // both async-signal-safe.
-            unsafe { nix::sys::signal::sigaction(sig, &action) }
-                .map_err(|e| format!("handling {sig}: {e}"))?;
+            unsafe { nix::sys::signal::sigaction(sig, &action) }.map_err(|source| {
+                InterruptError::Signal {
+                    signal: sig,
+                    source,
+                }
+            })?;
         }
         Ok(())
     })
     .clone()
-    .map_err(TestbedError::Args)
+    .map_err(TestbedError::from)
 }
 
 /// The switch of a running testbed's conditions: what a run with
