@@ -118,8 +118,10 @@ impl Holder {
 }
 
 /// Takes the lock of testbed `name` in the base directory `dir` for this
-/// process, running `command`; or, when another open file description
-/// holds it, refuses with the holder it recorded.
+/// process, running `command`, opening the lock file again as long as the
+/// file it locked turns out to have been removed meanwhile; or, when
+/// another open file description holds it, refuses with the holder it
+/// recorded.
 fn take(dir: &Dir, name: &str, command: &str) -> Result<Flock<File>, TestbedError> {
     let file_name = lock_file_name(name);
     let path = dir.path().join(&file_name);
