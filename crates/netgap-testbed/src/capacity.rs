@@ -15,7 +15,8 @@
 //! after a warm-up is what the machine forwards; other work on a busy
 //! machine lowers it, never raises it.
 
-use super::{condition_links, resolve, Params, TestbedError};
+use crate::shaping::{condition_links, resolve};
+use crate::{Params, TestbedError};
 use netgap_core::hosts::{Forwarding, HostsFile};
 use netgap_core::link::LinkConditions;
 use std::io::{Read, Write};

@@ -8,7 +8,10 @@
 //! touches it: "offload as the kernel set it" is that record, so a testbed
 //! switched to `offload=off` and back gets every feature back as it was.
 
-use super::{ip, netns_ops, run, TestbedError, STATE_FILE_MODE};
+use crate::command::{ip, run};
+use crate::netns_ops;
+use crate::state::STATE_FILE_MODE;
+use crate::TestbedError;
 use netgap_core::link::LinkConditions;
 use netgap_workload::confined::Dir;
 use serde::{Deserialize, Serialize};

@@ -13,27 +13,84 @@
 //!
 //! The file is opened relative to a descriptor of `/run/netgap` checked to
 //! be root's and writable by nobody else, without following a link
-//! ([`netgap_workload::confined::Dir`]). It sits beside the testbed's
-//! state directory, not in it, because taking a testbed down removes that
-//! directory; and it stays when its holder is done, since removing a lock
-//! file that another process may have just opened would let two processes
-//! each hold a lock.
+//! ([`netgap_workload::confined::Dir`]), made fresh (an exclusive create,
+//! mode 0600) when missing, else checked to be a regular file of this
+//! user's with no other link. It sits beside the testbed's state
+//! directory, not in it, because taking a testbed down removes that
+//! directory.
+//!
+//! `down` removes the lock file too, and so does a study's own testbed
+//! when it goes ([`TestbedLock::remove_file_on_release`]): the file is
+//! unlinked while the lock is still held, then the lock is let go. A
+//! process that opened the file before it was unlinked and then waits for
+//! its lock would, once it has it, hold the lock of a file that nobody
+//! else will ever open again, while a newcomer makes a new file under the
+//! name and locks that: two holders. So a taker, once its `flock`
+//! succeeds, checks that the name still names the file it locked (its
+//! descriptor's device and inode against those of the name, not following
+//! a link) and, if not, lets go and starts again from the open.
 //!
 //! Within one process the lock is re-entrant: a study holds its testbed's
 //! lock for the whole study, and its figures' runs, which switch the
 //! links through [`super::TestbedSwitch`] in the same process, take it
 //! again.
 
-use super::{check_name, pid_alive, TestbedError, STATE_DIR_REMEDY, STATE_ROOT, STATE_ROOT_WHAT};
-use netgap_workload::confined::Dir;
-use nix::fcntl::{Flock, FlockArg};
+use crate::agents::pid_alive;
+use crate::request::check_name;
+use crate::state::{STATE_DIR_REMEDY, STATE_ROOT_WHAT};
+use crate::{TestbedError, STATE_ROOT};
+use netgap_workload::confined::{ConfinedError, Dir};
+use nix::fcntl::{AtFlags, Flock, FlockArg};
 use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::{Mutex, PoisonError};
 
 /// Longest holder record read back, in bytes.
 const MAX_RECORD_BYTES: usize = 512;
+
+/// How many times a taker opens the lock file again after finding that
+/// the file it locked had been removed. Each time means another command
+/// took the testbed and removed its lock file in the moment between this
+/// one's open and its lock; past this many, the testbed is busy.
+const MAX_TAKE_ATTEMPTS: usize = 64;
+
+/// Mode of a lock file: its holder's record is for root alone.
+const LOCK_FILE_MODE: u32 = 0o600;
+
+/// The lock file's name in its base directory.
+fn lock_file_name(name: &str) -> String {
+    format!("{name}.lock")
+}
+
+/// Opens the lock file `file_name` in `dir`: made fresh with an exclusive
+/// create when missing, else the one there, if it is a regular file of
+/// this user's with no other link; a link is never followed.
+fn open_lock_file(dir: &Dir, file_name: &str) -> Result<File, ConfinedError> {
+    match dir.create_file(file_name, LOCK_FILE_MODE) {
+        Err(ConfinedError::Io { source, .. }) if source.kind() == io::ErrorKind::AlreadyExists => {
+            dir.open_own_file(file_name, LOCK_FILE_MODE)
+        }
+        made => made,
+    }
+}
+
+/// Whether `file_name` in `dir` (not following a link) is still the file
+/// `file` has open: false when the name is gone or names another file.
+fn names_file(dir: &Dir, file_name: &str, file: &File) -> io::Result<bool> {
+    let held = nix::sys::stat::fstat(file.as_raw_fd())?;
+    match nix::sys::stat::fstatat(
+        Some(dir.fd().as_raw_fd()),
+        file_name,
+        AtFlags::AT_SYMLINK_NOFOLLOW,
+    ) {
+        Ok(now) => Ok(now.st_dev == held.st_dev && now.st_ino == held.st_ino),
+        Err(nix::errno::Errno::ENOENT) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
 
 /// Who holds a testbed's lock, as the holder recorded it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -61,26 +118,81 @@ impl Holder {
 }
 
 /// Takes the lock of testbed `name` in the base directory `dir` for this
-/// process, running `command`; or, when another open file description
-/// holds it, refuses with the holder it recorded.
+/// process, running `command`, opening the lock file again as long as the
+/// file it locked turns out to have been removed meanwhile; or, when
+/// another open file description holds it, refuses with the holder it
+/// recorded.
 fn take(dir: &Dir, name: &str, command: &str) -> Result<Flock<File>, TestbedError> {
-    let file = dir.open_own_file(&format!("{name}.lock"), 0o600)?;
-    let path = dir.path().join(format!("{name}.lock"));
-    match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
-        Ok(lock) => {
-            let record = Holder {
-                pid: std::process::id(),
-                command: command.to_string(),
+    let file_name = lock_file_name(name);
+    let path = dir.path().join(&file_name);
+    let mut refused = None;
+    for _ in 0..MAX_TAKE_ATTEMPTS {
+        match open_lock_file(dir, &file_name) {
+            Ok(file) => {
+                refused = None;
+                if let Some(lock) = lock_current(dir, name, file)? {
+                    return record_holder(lock, command, &path);
+                }
             }
-            .record();
-            lock.set_len(0)
-                .and_then(|()| lock.write_all_at(record.as_bytes(), 0))
-                .map_err(|source| TestbedError::Io {
-                    what: format!("writing {}", path.display()),
-                    source,
-                })?;
-            Ok(lock)
+            // A file a holder removed between this open and its checks
+            // has no link left, and is refused: the next open finds the
+            // name's new file. A refusal that stays is the answer.
+            Err(e) => refused = Some(e),
         }
+    }
+    Err(match refused {
+        Some(e) => e.into(),
+        None => TestbedError::Busy {
+            name: name.to_string(),
+            holder: None,
+        },
+    })
+}
+
+/// Locks `file`, opened as testbed `name`'s lock file in `dir`, without
+/// waiting: the lock; or `None` when the name no longer names that file,
+/// since a holder removed it after it was opened (the lock would guard
+/// nothing, and is let go: the caller opens again and finds the file the
+/// name names now); or, when another open file description holds it, a
+/// refusal with the holder it recorded.
+fn lock_current(dir: &Dir, name: &str, file: File) -> Result<Option<Flock<File>>, TestbedError> {
+    let file_name = lock_file_name(name);
+    let path = dir.path().join(&file_name);
+    let lock = lock_or_refuse(file, name, &path)?;
+    let current = names_file(dir, &file_name, &lock).map_err(|source| TestbedError::Io {
+        what: format!("checking {}", path.display()),
+        source,
+    })?;
+    Ok(current.then_some(lock))
+}
+
+/// Writes this process's holder record (running `command`) into the lock
+/// file it holds.
+fn record_holder(
+    lock: Flock<File>,
+    command: &str,
+    path: &Path,
+) -> Result<Flock<File>, TestbedError> {
+    let record = Holder {
+        pid: std::process::id(),
+        command: command.to_string(),
+    }
+    .record();
+    lock.set_len(0)
+        .and_then(|()| lock.write_all_at(record.as_bytes(), 0))
+        .map_err(|source| TestbedError::Io {
+            what: format!("writing {}", path.display()),
+            source,
+        })?;
+    Ok(lock)
+}
+
+/// Locks `file` (at `path`), the lock file of testbed `name`, without
+/// waiting; or, when another open file description holds it, refuses with
+/// the holder it recorded.
+fn lock_or_refuse(file: File, name: &str, path: &Path) -> Result<Flock<File>, TestbedError> {
+    match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+        Ok(lock) => Ok(lock),
         Err((file, nix::errno::Errno::EWOULDBLOCK)) => {
             let mut buf = vec![0u8; MAX_RECORD_BYTES];
             // A holder that has not written its record yet finds the file
@@ -104,8 +216,28 @@ fn take(dir: &Dir, name: &str, command: &str) -> Result<Flock<File>, TestbedErro
 struct Held {
     /// The lock file's base directory and the testbed's name.
     key: (std::path::PathBuf, String),
+    /// The base directory, which the lock file is removed from.
+    dir: Dir,
     lock: Flock<File>,
     count: usize,
+    /// Whether the lock file goes when the last holder lets go.
+    remove: bool,
+}
+
+impl Held {
+    /// Lets go of the lock: the record emptied, so the next refusal never
+    /// names a holder that was done, and the file removed first if asked
+    /// (while the lock is still held, and only if the name still names the
+    /// file locked). Dropping the lock then unlocks and closes the file.
+    fn release(self) {
+        let _ = self.lock.set_len(0);
+        if self.remove {
+            let file_name = lock_file_name(&self.key.1);
+            if names_file(&self.dir, &file_name, &self.lock).unwrap_or(false) {
+                let _ = self.dir.remove_file(&file_name);
+            }
+        }
+    }
 }
 
 /// The locks this process holds.
@@ -138,10 +270,24 @@ impl TestbedLock {
         let lock = take(&dir, name, command)?;
         held.push(Held {
             key: key.clone(),
+            dir,
             lock,
             count: 1,
+            remove: false,
         });
         Ok(TestbedLock { key })
+    }
+
+    /// Has the lock file removed when this process lets go of the lock
+    /// (the last [`TestbedLock`] of the testbed in this process dropped):
+    /// for a command that took the testbed down, which leaves nothing of
+    /// it behind. The file is unlinked while the lock is still held; a
+    /// process waiting to take it finds the name gone and makes a new one.
+    pub fn remove_file_on_release(&self) {
+        let mut held = HELD.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(h) = held.iter_mut().find(|h| h.key == self.key) {
+            h.remove = true;
+        }
     }
 }
 
@@ -151,11 +297,7 @@ impl Drop for TestbedLock {
         if let Some(i) = held.iter().position(|h| h.key == self.key) {
             held[i].count -= 1;
             if held[i].count == 0 {
-                let h = held.swap_remove(i);
-                // The record goes with the holder, so the next refusal
-                // never names a holder that was done. Dropping the lock
-                // then unlocks and closes the file.
-                let _ = h.lock.set_len(0);
+                held.swap_remove(i).release();
             }
         }
     }
@@ -255,6 +397,116 @@ mod tests {
             .to_string();
         assert!(e.contains("tb4.lock") && e.contains("symbolic link"), "{e}");
         assert_eq!(std::fs::read(&target).expect("target"), b"keep");
+    }
+
+    /// Lets go of `lock`, testbed `name`'s lock in `base`, as the last
+    /// holder of a process does; `remove` as after a `down`.
+    fn release(base: &Path, name: &str, lock: Flock<File>, remove: bool) {
+        Held {
+            key: (base.to_path_buf(), name.to_string()),
+            dir: Dir::open_base(base, "a test base", "x", 0o700).expect("base"),
+            lock,
+            count: 0,
+            remove,
+        }
+        .release();
+    }
+
+    /// The interleaving that would give two holders: a taker opens the
+    /// lock file, a `down` holding it removes it and lets go, a newcomer
+    /// makes and locks a new one, and only then does the first taker lock
+    /// the file it opened. It must find that file gone from the name.
+    #[test]
+    fn a_taker_that_opened_a_removed_lock_file_does_not_hold_the_lock() {
+        let t = tempfile::tempdir().expect("tempdir");
+        let base = base(&t);
+        let dir = Dir::open_base(&base, "a test base", "x", 0o700).expect("base");
+        let down = take(&dir, "tb6", "netgap testbed down").expect("free");
+        let opened = open_lock_file(&dir, "tb6.lock").expect("opened before the removal");
+        release(&base, "tb6", down, true);
+        let newcomer = take(&dir, "tb6", "netgap testbed up").expect("a new file");
+        assert!(
+            lock_current(&dir, "tb6", opened).expect("locks").is_none(),
+            "the removed file's lock is not the testbed's"
+        );
+        let e = take(&dir, "tb6", "netgap study 000").expect_err("the newcomer holds it");
+        assert!(
+            matches!(&e, TestbedError::Busy { holder: Some(h), .. } if h.command == "netgap testbed up"),
+            "{e:?}"
+        );
+        drop(newcomer);
+        drop(take(&dir, "tb6", "netgap study 000").expect("free again"));
+    }
+
+    /// Two takers and a remover (what `down` does: it takes the lock,
+    /// removes the file, lets go) race on one lock file, each taker
+    /// pausing between its open and its lock, where the race is: at no
+    /// moment do two of them hold the lock.
+    #[test]
+    fn two_takers_racing_a_remover_are_never_two_holders() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        const ROUNDS: usize = 2000;
+        let t = tempfile::tempdir().expect("tempdir");
+        let base = base(&t);
+        let dir = Dir::open_base(&base, "a test base", "x", 0o700).expect("base");
+        let holders = AtomicUsize::new(0);
+        let most = AtomicUsize::new(0);
+        let taken = AtomicUsize::new(0);
+        let attempt = |remove: bool| {
+            let lock = loop {
+                let Ok(file) = open_lock_file(&dir, "race.lock") else {
+                    continue; // removed between the open and its checks
+                };
+                std::thread::sleep(std::time::Duration::from_micros(20));
+                match lock_current(&dir, "race", file) {
+                    Ok(Some(lock)) => break lock,
+                    Ok(None) => continue,
+                    Err(TestbedError::Busy { .. }) => return,
+                    Err(e) => panic!("{e}"),
+                }
+            };
+            let n = holders.fetch_add(1, Ordering::SeqCst) + 1;
+            most.fetch_max(n, Ordering::SeqCst);
+            taken.fetch_add(1, Ordering::SeqCst);
+            std::thread::sleep(std::time::Duration::from_micros(50));
+            holders.fetch_sub(1, Ordering::SeqCst);
+            release(&base, "race", lock, remove);
+        };
+        std::thread::scope(|s| {
+            for remove in [false, false, true] {
+                s.spawn(move || (0..ROUNDS).for_each(|_| attempt(remove)));
+            }
+        });
+        assert_eq!(most.load(Ordering::SeqCst), 1, "two holders at once");
+        assert!(taken.load(Ordering::SeqCst) > 0, "nobody took the lock");
+    }
+
+    #[test]
+    fn down_removes_the_lock_file_and_the_next_taker_makes_a_new_one() {
+        let t = tempfile::tempdir().expect("tempdir");
+        let base = base(&t);
+        let path = base.join("tb5.lock");
+        let a = TestbedLock::acquire_in(&base, "tb5", "netgap testbed up").expect("free");
+        drop(a);
+        assert!(
+            path.exists(),
+            "a holder that did not take the testbed down keeps it"
+        );
+        let b = TestbedLock::acquire_in(&base, "tb5", "netgap study 000").expect("free");
+        let c = TestbedLock::acquire_in(&base, "tb5", "netgap testbed down").expect("re-entrant");
+        c.remove_file_on_release();
+        drop(c);
+        assert!(path.exists(), "removed only when the last holder lets go");
+        drop(b);
+        assert!(!path.exists(), "the last holder removed it");
+        let d = TestbedLock::acquire_in(&base, "tb5", "netgap testbed up").expect("free again");
+        let meta = std::fs::symlink_metadata(&path).expect("made again");
+        assert!(meta.is_file());
+        assert_eq!(
+            std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o777,
+            0o600
+        );
+        drop(d);
     }
 
     #[test]

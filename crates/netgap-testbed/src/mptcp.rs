@@ -16,7 +16,8 @@
 //! announced with [`JOIN_PORT`], where the kernel listens for joins, and the
 //! subflow limit leaves room for a subflow each way on every extra link.
 
-use super::{ip, TestbedError};
+use crate::command::ip;
+use crate::TestbedError;
 use netgap_core::hosts::HostEntry;
 use std::path::Path;
 

@@ -2,7 +2,11 @@
 //! `getifaddrs(3)`. [`collect`] never fails and leaves what it cannot read
 //! empty; what it returns always passes [`HostFacts::validate`]: over-long
 //! strings are cut to the limits and the core count is clamped into range.
+//! An interface's offloads are read through [`ethtool`].
 
+pub mod ethtool;
+
+use ethtool::Offload;
 use netgap_core::host::{
     truncate_utf8, HostFacts, Offloads, MAX_CORES, MAX_FACT_BYTES, MAX_SYSCTL_VALUE_BYTES,
     RECORDED_SYSCTLS,
@@ -59,75 +63,17 @@ pub fn collect(local_ip: Option<IpAddr>) -> HostFacts {
     }
 }
 
-/// `SIOCETHTOOL`, the ioctl behind `ethtool`.
-const SIOCETHTOOL: libc::c_ulong = 0x8946;
-/// The legacy ethtool commands that read one offload each (`ETHTOOL_G*`):
-/// every kernel netgap runs on answers them, also for veth and loopback.
-const ETHTOOL_GTSO: u32 = 0x1e;
-const ETHTOOL_GGSO: u32 = 0x23;
-const ETHTOOL_GGRO: u32 = 0x2b;
-const ETHTOOL_GRXCSUM: u32 = 0x14;
-const ETHTOOL_GTXCSUM: u32 = 0x16;
-
-/// `struct ethtool_value`: a command and its one value.
-#[repr(C)]
-struct EthtoolValue {
-    cmd: u32,
-    data: u32,
-}
-
-/// `struct ifreq` with its union used as `ifr_data`, padded to the
-/// kernel's size (a 16-byte name and a 24-byte union on 64-bit Linux).
-#[repr(C)]
-struct IfreqData {
-    name: [libc::c_char; libc::IFNAMSIZ],
-    data: *mut EthtoolValue,
-    _pad: [u8; 16],
-}
-
 /// The offloads of interface `name` in this thread's network namespace, as
 /// `ethtool -k` reports them; `None` when the interface cannot be asked.
 fn read_offloads(name: &str) -> Option<Offloads> {
-    let bytes = name.as_bytes();
-    if bytes.is_empty() || bytes.len() >= libc::IFNAMSIZ {
-        return None;
-    }
-    // SAFETY: socket has no memory preconditions; the descriptor is owned
-    // (and closed) by the OwnedFd below.
-    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return None;
-    }
-    // SAFETY: `fd` is a fresh descriptor nothing else owns.
-    let sock = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
-    let get = |cmd: u32| -> Option<bool> {
-        let mut value = EthtoolValue { cmd, data: 0 };
-        let mut req = IfreqData {
-            name: [0; libc::IFNAMSIZ],
-            data: &mut value,
-            _pad: [0; 16],
-        };
-        for (dst, &b) in req.name.iter_mut().zip(bytes) {
-            *dst = b as libc::c_char;
-        }
-        // SAFETY: `req` is a valid ifreq whose data pointer points at
-        // `value`, both alive for the call; SIOCETHTOOL with a G* command
-        // writes only `value.data`.
-        let rc = unsafe {
-            libc::ioctl(
-                std::os::fd::AsRawFd::as_raw_fd(&sock),
-                SIOCETHTOOL as _,
-                &mut req as *mut IfreqData,
-            )
-        };
-        (rc == 0).then_some(value.data != 0)
-    };
+    let sock = ethtool::EthtoolSocket::open().ok()?;
+    let get = |offload: Offload| sock.get(name, offload).ok();
     let o = Offloads {
-        tso: get(ETHTOOL_GTSO),
-        gso: get(ETHTOOL_GGSO),
-        gro: get(ETHTOOL_GGRO),
-        rx_checksum: get(ETHTOOL_GRXCSUM),
-        tx_checksum: get(ETHTOOL_GTXCSUM),
+        tso: get(Offload::Tso),
+        gso: get(Offload::Gso),
+        gro: get(Offload::Gro),
+        rx_checksum: get(Offload::RxChecksum),
+        tx_checksum: get(Offload::TxChecksum),
     };
     (o != Offloads::default()).then_some(o)
 }

@@ -111,7 +111,7 @@ impl Testbed {
     }
 
     /// Nothing of the testbed is left: namespaces (and so their links),
-    /// processes, state.
+    /// processes, state, its lock file.
     pub(crate) fn assert_gone(&self) {
         let prefix = format!("ngtb-{}-", self.name);
         let list = ok(Command::new("ip")
@@ -129,6 +129,8 @@ impl Testbed {
             String::from_utf8_lossy(&pgrep.stdout)
         );
         assert!(!self.dir().exists(), "state directory left");
+        let lock = PathBuf::from("/run/netgap").join(format!("{}.lock", self.name));
+        assert!(!lock.exists(), "lock file left: {}", lock.display());
     }
 }
 
