@@ -342,7 +342,11 @@ fn open_server(p: &Params, ctx: &RoleContext<'_>) -> Result<Box<dyn OpenRole>, R
                 && netgap_transport::programs(&ctx.spec.point.transport)
                     == Programs::LibraryWithRelay
             {
-                Some(super::web::relay_for(ctx, &dir, ctx.spec.flows)?)
+                Some(super::web::server_role::relay_for(
+                    ctx,
+                    &dir,
+                    ctx.spec.flows,
+                )?)
             } else {
                 None
             };
@@ -725,7 +729,15 @@ fn gather_in_child(child: GatherChild, stop: &Stop) -> Result<RoleResult, RoleEr
             what: "the CPU meter",
             source,
         })?;
-    let ran = super::web::run_child(&library, &stack, &dir, "gather-load", &job, stop, &pid_tx);
+    let ran = super::web::load_child::run_child(
+        &library,
+        &stack,
+        &dir,
+        "gather-load",
+        &job,
+        stop,
+        &pid_tx,
+    );
     let (cpu, _) = meter.join().map_err(|_| RoleError::Panicked {
         what: "the CPU meter".into(),
     })?;
@@ -775,7 +787,7 @@ fn open_client(p: &Params, ctx: &RoleContext<'_>) -> Result<Box<dyn OpenRole>, R
         let dir = RunDir::new(ctx.dirs, "gather-load").map_err(refused)?;
         let relay =
             if netgap_transport::programs(&spec.point.transport) == Programs::LibraryWithRelay {
-                Some(std::sync::Arc::new(super::web::relay_for(
+                Some(std::sync::Arc::new(super::web::server_role::relay_for(
                     ctx, &dir, spec.flows,
                 )?))
             } else {
