@@ -140,7 +140,7 @@ static PER_REQUEST: WorkloadOption = WorkloadOption {
     axis: false,
 };
 /// `--server-workers`: its help names each server's workers
-/// ([`WebServer::workers_help`]).
+/// ([`WebServer::workers_help`](service::WebServer::workers_help)).
 fn server_workers_option() -> &'static WorkloadOption {
     static HELP: OnceLock<String> = OnceLock::new();
     static OPTION: OnceLock<WorkloadOption> = OnceLock::new();
@@ -377,7 +377,7 @@ impl Workload for Web {
     }
 
     /// Refuses, before anything starts, more clients than the server's
-    /// configuration serves ([`WebServer::refuse_clients`]).
+    /// configuration serves ([`WebServer::refuse_clients`](service::WebServer::refuse_clients)).
     fn place(
         &self,
         params: &serde_json::Value,
