@@ -1,4 +1,4 @@
-//! The descriptor-relative system calls a [`Dir`](super::Dir) is built
+//! The descriptor-relative system calls a [`Dir`] is built
 //! on: opening a directory checked on its descriptor, and removing a tree
 //! without following a link out of it.
 
