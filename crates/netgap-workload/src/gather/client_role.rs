@@ -18,6 +18,7 @@ use crate::role::{
     RoleResult, Stop,
 };
 use crate::service::{gmond, RunDir};
+use netgap_core::cpu::CpuUsage;
 use netgap_core::stats::LatencyHistogram;
 use netgap_proto::workload::{FlowReport, WorkloadOutcome};
 use netgap_transport::cpu::peak_rss_kib;
@@ -145,11 +146,152 @@ pub(super) type Gathered = Result<Vec<Fetch>, String>;
 /// One host's exchange and its answer, or why it failed.
 pub(super) type HostAnswer = Result<(Fetch, Vec<u8>), String>;
 
+impl Totals {
+    /// Nothing measured yet from `n` hosts.
+    fn new(n: usize) -> Totals {
+        Totals {
+            per_host: (0..n)
+                .map(|_| (0, 0, 0, netgap_core::stats::FlowHistogram::new()))
+                .collect(),
+            hist: LatencyHistogram::new(),
+            bytes_rx: vec![0; n],
+            ..Totals::default()
+        }
+    }
+
+    /// Adds one full gather that ran over `(start, end)`: its bytes
+    /// always, its times when it lies wholly inside the window `(w0, w1)`.
+    fn add(
+        &mut self,
+        fetched: &[Fetch],
+        (start, end): (Instant, Instant),
+        (w0, w1): (Instant, Instant),
+    ) {
+        for (i, f) in fetched.iter().enumerate() {
+            self.bytes_rx[i] += f.bytes;
+        }
+        if start >= w0 && end <= w1 {
+            let ns = u64::try_from((end - start).as_nanos()).unwrap_or(u64::MAX);
+            self.gathers += 1;
+            self.gather_ns += ns;
+            self.hist.record_ns(ns);
+            for (i, f) in fetched.iter().enumerate() {
+                let h = &mut self.per_host[i];
+                h.0 += f.bytes;
+                h.1 += f.connect_ns;
+                h.2 += f.total_ns;
+                self.handshake_ns += f.handshake_ns;
+                h.3.record_ns(f.total_ns);
+            }
+        }
+    }
+
+    /// The role's result: one flow report per host, the role's CPU over
+    /// the window and its figures.
+    fn into_result(self, cpu: CpuUsage, metrics: BTreeMap<String, f64>) -> RoleResult {
+        let flows = self
+            .per_host
+            .iter()
+            .enumerate()
+            .map(|(i, h)| FlowReport {
+                index: i as u32,
+                bytes_tx: 0,
+                bytes_rx: self.bytes_rx[i],
+                window_bytes_rx: h.0,
+                round_trips: self.gathers,
+                percentiles: h.3.percentiles_us(1.0),
+                errors: 0,
+            })
+            .collect();
+        RoleResult {
+            flows,
+            buckets: self.hist.buckets(),
+            outcome: WorkloadOutcome {
+                // The measured gathers' time: the headline is this over
+                // their count (see `sample`).
+                window_ns: self.gather_ns,
+                cpu,
+                peak_rss_kib: peak_rss_kib(),
+                processes: None,
+                bytes_rx: self.bytes_rx.iter().sum(),
+                bytes_tx: 0,
+                datagrams: None,
+                metrics,
+                services: Vec::new(),
+                last_error: None,
+                data_window_ns: None,
+            },
+        }
+    }
+}
+
 /// Asks every host at once, from one thread per host that lives for the
 /// whole run, so a gather costs no thread start.
 pub(super) struct Parallel {
     go: Vec<mpsc::Sender<()>>,
     done: mpsc::Receiver<(usize, HostAnswer)>,
+}
+
+impl Parallel {
+    /// Starts a thread per host in `scope`, each asking its host once per
+    /// go it is given.
+    fn start<'scope>(
+        scope: &'scope std::thread::Scope<'scope, '_>,
+        asker: &Asker,
+        sources: &[Source],
+    ) -> Result<Parallel, String> {
+        let (done_tx, done) = mpsc::channel();
+        let mut go = Vec::with_capacity(sources.len());
+        for (i, src) in sources.iter().enumerate() {
+            let (tx, rx) = mpsc::channel::<()>();
+            go.push(tx);
+            let done_tx = done_tx.clone();
+            let asker = asker.clone();
+            let src = src.clone();
+            std::thread::Builder::new()
+                .name(format!("gather {i}"))
+                .spawn_scoped(scope, move || {
+                    let mut buf = Vec::new();
+                    while rx.recv().is_ok() {
+                        let r = asker.fetch(&src, &mut buf).map(|f| (f, buf.clone()));
+                        if done_tx.send((i, r)).is_err() {
+                            return;
+                        }
+                    }
+                })
+                .map_err(|e| format!("starting a gather thread: {e}"))?;
+        }
+        Ok(Parallel { go, done })
+    }
+
+    /// One full gather: every host asked at once, each answer kept in its
+    /// host's `bufs`; the first host's failure, if any.
+    fn gather(&self, bufs: &mut [Vec<u8>]) -> Gathered {
+        let n = self.go.len();
+        for g in &self.go {
+            g.send(())
+                .map_err(|_| "a gather thread ended".to_string())?;
+        }
+        let mut got = vec![Fetch::default(); n];
+        let mut first_err = None;
+        for _ in 0..n {
+            let (i, r) = self
+                .done
+                .recv()
+                .map_err(|_| "a gather thread ended".to_string())?;
+            match r {
+                Ok((f, b)) => {
+                    got[i] = f;
+                    bufs[i] = b;
+                }
+                Err(e) => first_err = first_err.or(Some(e)),
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(got),
+        }
+    }
 }
 
 impl ReadyRole for ClientRole {
@@ -178,174 +320,110 @@ impl ReadyRole for ClientRole {
                 source,
             })?;
         let mut bufs: Vec<Vec<u8>> = vec![Vec::new(); n];
-        let mut totals = Totals {
-            per_host: (0..n)
-                .map(|_| (0, 0, 0, netgap_core::stats::FlowHistogram::new()))
-                .collect(),
-            hist: LatencyHistogram::new(),
-            bytes_rx: vec![0; n],
-            ..Totals::default()
-        };
-        let result = std::thread::scope(|scope| -> Result<(), String> {
-            let par = if parallel {
-                let (done_tx, done) = mpsc::channel();
-                let mut go = Vec::with_capacity(n);
-                for (i, src) in sources.iter().enumerate() {
-                    let (tx, rx) = mpsc::channel::<()>();
-                    go.push(tx);
-                    let done_tx = done_tx.clone();
-                    let asker = asker.clone();
-                    let src = src.clone();
-                    std::thread::Builder::new()
-                        .name(format!("gather {i}"))
-                        .spawn_scoped(scope, move || {
-                            let mut buf = Vec::new();
-                            while rx.recv().is_ok() {
-                                let r = asker.fetch(&src, &mut buf).map(|f| (f, buf.clone()));
-                                if done_tx.send((i, r)).is_err() {
-                                    return;
-                                }
-                            }
-                        })
-                        .map_err(|e| format!("starting a gather thread: {e}"))?;
-                }
-                Some(Parallel { go, done })
-            } else {
-                None
-            };
-            while Instant::now() < w1 && !stop.is_set() {
-                let start = Instant::now();
-                let fetched: Gathered = match &par {
-                    None => sources
-                        .iter()
-                        .zip(bufs.iter_mut())
-                        .map(|(s, b)| asker.fetch(s, b))
-                        .collect(),
-                    Some(p) => {
-                        for g in &p.go {
-                            g.send(())
-                                .map_err(|_| "a gather thread ended".to_string())?;
-                        }
-                        let mut got = vec![Fetch::default(); n];
-                        let mut first_err = None;
-                        for _ in 0..n {
-                            let (i, r) = p
-                                .done
-                                .recv()
-                                .map_err(|_| "a gather thread ended".to_string())?;
-                            match r {
-                                Ok((f, b)) => {
-                                    got[i] = f;
-                                    bufs[i] = b;
-                                }
-                                Err(e) => first_err = first_err.or(Some(e)),
-                            }
-                        }
-                        match first_err {
-                            Some(e) => Err(e),
-                            None => Ok(got),
-                        }
-                    }
-                };
-                let end = Instant::now();
-                let fetched = fetched?;
-                for (i, f) in fetched.iter().enumerate() {
-                    totals.bytes_rx[i] += f.bytes;
-                }
-                if start >= w0 && end <= w1 {
-                    let ns = u64::try_from((end - start).as_nanos()).unwrap_or(u64::MAX);
-                    totals.gathers += 1;
-                    totals.gather_ns += ns;
-                    totals.hist.record_ns(ns);
-                    for (i, f) in fetched.iter().enumerate() {
-                        let h = &mut totals.per_host[i];
-                        h.0 += f.bytes;
-                        h.1 += f.connect_ns;
-                        h.2 += f.total_ns;
-                        totals.handshake_ns += f.handshake_ns;
-                        h.3.record_ns(f.total_ns);
-                    }
-                }
-            }
-            Ok(())
-        });
+        let mut totals = Totals::new(n);
+        let result = gather_over_window(
+            &asker,
+            &sources,
+            parallel,
+            (w0, w1),
+            &stop,
+            &mut bufs,
+            &mut totals,
+        );
         let (cpu, _) = meter.join().map_err(|_| RoleError::Panicked {
             what: "the CPU meter".into(),
         })?;
         result.map_err(refused)?;
-        let mut m: BTreeMap<String, f64> = BTreeMap::new();
-        if asker.responder == Responder::Gmond {
-            let mut names = BTreeSet::new();
-            let mut metrics = 0u64;
-            for (i, b) in bufs.iter().enumerate() {
-                let a = gmond::parse(b)
-                    .map_err(|e| refused(format!("{}'s gmond answer: {e}", sources[i].addr)))?;
-                metrics += u64::from(a.metrics);
-                names.extend(a.hosts);
-            }
-            m.insert("xml_hosts".into(), names.len() as f64);
-            m.insert("xml_metrics".into(), metrics as f64);
-        }
-        let g = totals.gathers.max(1) as f64;
-        let exchanges = g * n as f64;
-        let connect: u64 = totals.per_host.iter().map(|h| h.1).sum();
-        // The exchange as the program would see it: netgap's handshake out.
-        let total: u64 = totals
-            .per_host
-            .iter()
-            .map(|h| h.2)
-            .sum::<u64>()
-            .saturating_sub(totals.handshake_ns);
-        let bytes: u64 = totals.per_host.iter().map(|h| h.0).sum();
-        m.insert("gathers".into(), totals.gathers as f64);
-        m.insert("hosts".into(), n as f64);
-        m.insert("gather_bytes".into(), bytes as f64 / g);
-        m.insert("connect_time_us".into(), connect as f64 / exchanges / 1e3);
-        m.insert("exchange_time_us".into(), total as f64 / exchanges / 1e3);
-        if asker.responder == Responder::Builtin {
-            m.insert(
-                "handshake_time_us".into(),
-                totals.handshake_ns as f64 / exchanges / 1e3,
-            );
-        }
-        if total > 0 {
-            m.insert(
-                "connect_share_pct".into(),
-                100.0 * connect as f64 / total as f64,
-            );
-        }
-        let flows = totals
-            .per_host
-            .iter()
-            .enumerate()
-            .map(|(i, h)| FlowReport {
-                index: i as u32,
-                bytes_tx: 0,
-                bytes_rx: totals.bytes_rx[i],
-                window_bytes_rx: h.0,
-                round_trips: totals.gathers,
-                percentiles: h.3.percentiles_us(1.0),
-                errors: 0,
-            })
-            .collect();
-        Ok(RoleResult {
-            flows,
-            buckets: totals.hist.buckets(),
-            outcome: WorkloadOutcome {
-                // The measured gathers' time: the headline is this over
-                // their count (see `sample`).
-                window_ns: totals.gather_ns,
-                cpu,
-                peak_rss_kib: peak_rss_kib(),
-                processes: None,
-                bytes_rx: totals.bytes_rx.iter().sum(),
-                bytes_tx: 0,
-                datagrams: None,
-                metrics: m,
-                services: Vec::new(),
-                last_error: None,
-                data_window_ns: None,
-            },
-        })
+        let metrics = figures(&asker, &sources, &bufs, &totals)?;
+        Ok(totals.into_result(cpu, metrics))
     }
+}
+
+/// The measured phase: full gathers, one after another, until the window
+/// `(w0, w1)` ends or the role is stopped; every byte read is counted, and
+/// the gathers wholly inside the window are timed. `bufs` keeps each
+/// host's last answer.
+fn gather_over_window(
+    asker: &Asker,
+    sources: &[Source],
+    parallel: bool,
+    (w0, w1): (Instant, Instant),
+    stop: &Stop,
+    bufs: &mut [Vec<u8>],
+    totals: &mut Totals,
+) -> Result<(), String> {
+    std::thread::scope(|scope| -> Result<(), String> {
+        let par = if parallel {
+            Some(Parallel::start(scope, asker, sources)?)
+        } else {
+            None
+        };
+        while Instant::now() < w1 && !stop.is_set() {
+            let start = Instant::now();
+            let fetched: Gathered = match &par {
+                None => sources
+                    .iter()
+                    .zip(bufs.iter_mut())
+                    .map(|(s, b)| asker.fetch(s, b))
+                    .collect(),
+                Some(p) => p.gather(bufs),
+            };
+            let end = Instant::now();
+            totals.add(&fetched?, (start, end), (w0, w1));
+        }
+        Ok(())
+    })
+}
+
+/// The role's figures from its totals, and from the hosts' last answers
+/// when they are gmond's (which must parse).
+fn figures(
+    asker: &Asker,
+    sources: &[Source],
+    bufs: &[Vec<u8>],
+    totals: &Totals,
+) -> Result<BTreeMap<String, f64>, RoleError> {
+    let n = sources.len();
+    let mut m: BTreeMap<String, f64> = BTreeMap::new();
+    if asker.responder == Responder::Gmond {
+        let mut names = BTreeSet::new();
+        let mut metrics = 0u64;
+        for (i, b) in bufs.iter().enumerate() {
+            let a = gmond::parse(b)
+                .map_err(|e| refused(format!("{}'s gmond answer: {e}", sources[i].addr)))?;
+            metrics += u64::from(a.metrics);
+            names.extend(a.hosts);
+        }
+        m.insert("xml_hosts".into(), names.len() as f64);
+        m.insert("xml_metrics".into(), metrics as f64);
+    }
+    let g = totals.gathers.max(1) as f64;
+    let exchanges = g * n as f64;
+    let connect: u64 = totals.per_host.iter().map(|h| h.1).sum();
+    // The exchange as the program would see it: netgap's handshake out.
+    let total: u64 = totals
+        .per_host
+        .iter()
+        .map(|h| h.2)
+        .sum::<u64>()
+        .saturating_sub(totals.handshake_ns);
+    let bytes: u64 = totals.per_host.iter().map(|h| h.0).sum();
+    m.insert("gathers".into(), totals.gathers as f64);
+    m.insert("hosts".into(), n as f64);
+    m.insert("gather_bytes".into(), bytes as f64 / g);
+    m.insert("connect_time_us".into(), connect as f64 / exchanges / 1e3);
+    m.insert("exchange_time_us".into(), total as f64 / exchanges / 1e3);
+    if asker.responder == Responder::Builtin {
+        m.insert(
+            "handshake_time_us".into(),
+            totals.handshake_ns as f64 / exchanges / 1e3,
+        );
+    }
+    if total > 0 {
+        m.insert(
+            "connect_share_pct".into(),
+            100.0 * connect as f64 / total as f64,
+        );
+    }
+    Ok(m)
 }
