@@ -18,6 +18,7 @@ use super::Trace;
 use super::MAX_CLIENT_WORKERS;
 use crate::role::{metered, window, OpenRole, ReadyRole, RoleContext, RoleError, RoleResult, Stop};
 use crate::service::{self, RunDir};
+use netgap_core::cpu::CpuUsage;
 use netgap_core::spec::Mode;
 use netgap_core::stats::LatencyHistogram;
 use netgap_proto::workload::{FlowReport, WorkloadOutcome};
@@ -152,6 +153,19 @@ impl OpenRole for ClientRole {
     }
 }
 
+/// What a host's clients did over the window, wherever they ran.
+struct Ran {
+    /// The role's CPU over the window (the child's and the relay's
+    /// counted as its own).
+    cpu: CpuUsage,
+    clients: Vec<Reported>,
+    /// The window's latencies, all clients.
+    buckets: Vec<[u64; 2]>,
+    window_ns: u64,
+    /// The preload library's figures, when the clients ran under it.
+    metrics: BTreeMap<String, f64>,
+}
+
 impl ReadyRole for ClientRole {
     fn run(self: Box<Self>) -> Result<RoleResult, RoleError> {
         let ClientRole {
@@ -161,132 +175,175 @@ impl ReadyRole for ClientRole {
             stop,
             child,
         } = *self;
-        let flag = stop.flag();
-        let mut m: BTreeMap<String, f64> = BTreeMap::new();
-        let (cpu, outcomes, buckets, window_ns) = match child {
-            None => {
-                let (cpu, ran) = metered(Instant::now(), warmup, duration, &stop, || {
-                    client::run(&cfg, warmup, duration, &flag)
-                })?;
-                let (outcomes, window_ns) = ran.map_err(refused)?;
-                let mut hist = LatencyHistogram::new();
-                for o in &outcomes {
-                    o.hist.merge_into(&mut hist);
-                }
-                let reported: Vec<Reported> = outcomes.iter().map(Reported::of).collect();
-                (cpu, reported, hist.buckets(), window_ns)
-            }
-            Some(LoadChild {
-                library,
-                stack,
-                dir,
-                job,
-                relay,
-            }) => {
-                let (pid_tx, pid_rx) = std::sync::mpsc::channel();
-                let relay_cpu = relay.clone();
-                let t0 = Instant::now();
-                // The child's CPU counts as the role's own, from when its
-                // pid is known.
-                let pid = std::sync::Mutex::new((pid_rx, None::<u32>));
-                let extra = move || {
-                    let mut p = pid
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner);
-                    if p.1.is_none() {
-                        p.1 = p.0.try_recv().ok();
-                    }
-                    p.1.map_or(0, service::tree_cpu_ns)
-                        + relay_cpu.as_ref().map_or(0, |r| r.cpu_ns())
-                };
-                let meter_stop = stop.clone();
-                let meter = std::thread::Builder::new()
-                    .name("cpu meter".into())
-                    .spawn(move || {
-                        crate::role::meter_window_counting(
-                            t0 + warmup,
-                            t0 + warmup + duration,
-                            &meter_stop,
-                            &extra,
-                        )
-                    })
-                    .map_err(|source| RoleError::Thread {
-                        what: "the CPU meter",
-                        source,
-                    })?;
-                let ran = run_child(&library, &stack, &dir, "web-load", &job, &stop, &pid_tx);
-                let (cpu, _) = meter.join().map_err(|_| RoleError::Panicked {
-                    what: "the CPU meter".into(),
-                })?;
-                let (out, log) = ran?;
-                let report: LoadReport = serde_json::from_slice(&out)
-                    .map_err(|e| refused(format!("the load generator's report: {e}")))?;
-                for (k, v) in log.record_metrics() {
-                    m.insert(k.into(), v);
-                }
-                drop(dir);
-                drop(relay);
-                (cpu, report.clients, report.buckets, report.window_ns)
-            }
+        let ran = match child {
+            None => run_here(&cfg, warmup, duration, &stop)?,
+            Some(child) => run_in_child(child, warmup, duration, &stop)?,
         };
-        let mut flows = Vec::with_capacity(outcomes.len());
-        let (mut rx, mut tx) = (0, 0);
-        let mut last_error = None;
-        for o in &outcomes {
-            rx += o.bytes_rx;
-            tx += o.bytes_tx;
-            for (k, v) in [
-                ("transactions", o.transactions),
-                ("payload_bytes", o.window_body_bytes),
-                ("errors", o.errors),
-                ("checked", o.checked),
-                ("verified", o.verified),
-                ("connections", o.connections),
-            ] {
-                *m.entry(k.into()).or_insert(0.0) += v as f64;
-            }
-            if o.last_error.is_some() {
-                last_error.clone_from(&o.last_error);
-            }
-            flows.push(FlowReport {
-                index: o.index,
-                bytes_tx: o.bytes_tx,
-                bytes_rx: o.bytes_rx,
-                window_bytes_rx: o.window_body_bytes,
-                round_trips: o.transactions,
-                percentiles: o.percentiles.clone(),
-                errors: o.errors,
-            });
-        }
-        if !stop.is_set() && outcomes.iter().all(|o| o.transactions == 0) {
-            return Err(refused(format!(
-                "no client completed a transaction with {} in the window{}",
-                cfg.target,
-                last_error.map_or(String::new(), |e| format!(" (last error: {e})"))
-            )));
-        }
-        Ok(RoleResult {
-            flows,
-            buckets,
-            outcome: WorkloadOutcome {
-                window_ns,
-                cpu,
-                peak_rss_kib: peak_rss_kib(),
-                processes: None,
-                bytes_rx: rx,
-                bytes_tx: tx,
-                datagrams: None,
-                metrics: m,
-                services: Vec::new(),
-                // Within what an outcome may carry, on a character's edge.
-                last_error: last_error.map(|e| {
-                    e.char_indices()
-                        .take_while(|(i, c)| i + c.len_utf8() <= 400)
-                        .map(|(_, c)| c)
-                        .collect()
-                }),
-                data_window_ns: None,
-            },
-        })
+        summary(ran, &cfg.target, &stop)
     }
+}
+
+/// Runs the clients on worker threads of the agent.
+fn run_here(
+    cfg: &client::ClientConfig,
+    warmup: Duration,
+    duration: Duration,
+    stop: &Stop,
+) -> Result<Ran, RoleError> {
+    let flag = stop.flag();
+    let (cpu, ran) = metered(Instant::now(), warmup, duration, stop, || {
+        client::run(cfg, warmup, duration, &flag)
+    })?;
+    let (outcomes, window_ns) = ran.map_err(refused)?;
+    let mut hist = LatencyHistogram::new();
+    for o in &outcomes {
+        o.hist.merge_into(&mut hist);
+    }
+    let clients: Vec<Reported> = outcomes.iter().map(Reported::of).collect();
+    Ok(Ran {
+        cpu,
+        clients,
+        buckets: hist.buckets(),
+        window_ns,
+        metrics: BTreeMap::new(),
+    })
+}
+
+/// Runs the clients in the load generator's child under the preload
+/// library, metering its CPU (and the relay's) as the role's own.
+fn run_in_child(
+    child: LoadChild,
+    warmup: Duration,
+    duration: Duration,
+    stop: &Stop,
+) -> Result<Ran, RoleError> {
+    let LoadChild {
+        library,
+        stack,
+        dir,
+        job,
+        relay,
+    } = child;
+    let (pid_tx, pid_rx) = std::sync::mpsc::channel();
+    let relay_cpu = relay.clone();
+    let t0 = Instant::now();
+    // The child's CPU counts as the role's own, from when its
+    // pid is known.
+    let pid = std::sync::Mutex::new((pid_rx, None::<u32>));
+    let extra = move || {
+        let mut p = pid
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if p.1.is_none() {
+            p.1 = p.0.try_recv().ok();
+        }
+        p.1.map_or(0, service::tree_cpu_ns) + relay_cpu.as_ref().map_or(0, |r| r.cpu_ns())
+    };
+    let meter_stop = stop.clone();
+    let meter = std::thread::Builder::new()
+        .name("cpu meter".into())
+        .spawn(move || {
+            crate::role::meter_window_counting(
+                t0 + warmup,
+                t0 + warmup + duration,
+                &meter_stop,
+                &extra,
+            )
+        })
+        .map_err(|source| RoleError::Thread {
+            what: "the CPU meter",
+            source,
+        })?;
+    let ran = run_child(&library, &stack, &dir, "web-load", &job, stop, &pid_tx);
+    let (cpu, _) = meter.join().map_err(|_| RoleError::Panicked {
+        what: "the CPU meter".into(),
+    })?;
+    let (out, log) = ran?;
+    let report: LoadReport = serde_json::from_slice(&out)
+        .map_err(|e| refused(format!("the load generator's report: {e}")))?;
+    let mut metrics = BTreeMap::new();
+    for (k, v) in log.record_metrics() {
+        metrics.insert(k.into(), v);
+    }
+    drop(dir);
+    drop(relay);
+    Ok(Ran {
+        cpu,
+        clients: report.clients,
+        buckets: report.buckets,
+        window_ns: report.window_ns,
+        metrics,
+    })
+}
+
+/// The role's result from what its clients did: a flow report per
+/// client and the summed figures; refused when no client completed a
+/// transaction with `target` and the role was not stopped.
+fn summary(ran: Ran, target: &SocketAddr, stop: &Stop) -> Result<RoleResult, RoleError> {
+    let Ran {
+        cpu,
+        clients: outcomes,
+        buckets,
+        window_ns,
+        metrics: mut m,
+    } = ran;
+    let mut flows = Vec::with_capacity(outcomes.len());
+    let (mut rx, mut tx) = (0, 0);
+    let mut last_error = None;
+    for o in &outcomes {
+        rx += o.bytes_rx;
+        tx += o.bytes_tx;
+        for (k, v) in [
+            ("transactions", o.transactions),
+            ("payload_bytes", o.window_body_bytes),
+            ("errors", o.errors),
+            ("checked", o.checked),
+            ("verified", o.verified),
+            ("connections", o.connections),
+        ] {
+            *m.entry(k.into()).or_insert(0.0) += v as f64;
+        }
+        if o.last_error.is_some() {
+            last_error.clone_from(&o.last_error);
+        }
+        flows.push(FlowReport {
+            index: o.index,
+            bytes_tx: o.bytes_tx,
+            bytes_rx: o.bytes_rx,
+            window_bytes_rx: o.window_body_bytes,
+            round_trips: o.transactions,
+            percentiles: o.percentiles.clone(),
+            errors: o.errors,
+        });
+    }
+    if !stop.is_set() && outcomes.iter().all(|o| o.transactions == 0) {
+        return Err(refused(format!(
+            "no client completed a transaction with {} in the window{}",
+            target,
+            last_error.map_or(String::new(), |e| format!(" (last error: {e})"))
+        )));
+    }
+    Ok(RoleResult {
+        flows,
+        buckets,
+        outcome: WorkloadOutcome {
+            window_ns,
+            cpu,
+            peak_rss_kib: peak_rss_kib(),
+            processes: None,
+            bytes_rx: rx,
+            bytes_tx: tx,
+            datagrams: None,
+            metrics: m,
+            services: Vec::new(),
+            // Within what an outcome may carry, on a character's edge.
+            last_error: last_error.map(|e| {
+                e.char_indices()
+                    .take_while(|(i, c)| i + c.len_utf8() <= 400)
+                    .map(|(_, c)| c)
+                    .collect()
+            }),
+            data_window_ns: None,
+        },
+    })
 }
