@@ -108,27 +108,63 @@ pub(crate) fn check_name(name: &str) -> Result<&str, ConfinedError> {
     }
 }
 
+/// A relative subdirectory that cannot be used, one line naming it and
+/// what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum SubdirError {
+    /// It is an absolute path.
+    #[error("{sub:?} is an absolute path; name a subdirectory relative to the agent's I/O directory (netgap serve --io-dir)")]
+    Absolute {
+        /// The subdirectory given.
+        sub: String,
+    },
+    /// It has no component.
+    #[error("{sub:?} names no subdirectory")]
+    Empty {
+        /// The subdirectory given.
+        sub: String,
+    },
+    /// It has more components than allowed.
+    #[error("{sub:?} is deeper than {most} directories")]
+    TooDeep {
+        /// The subdirectory given.
+        sub: String,
+        /// Most components allowed.
+        most: usize,
+    },
+    /// A component is not a plain name (`..`, `.`).
+    #[error("{sub:?} has the component {part:?}; only plain names below the agent's I/O directory are allowed")]
+    BadComponent {
+        /// The subdirectory given.
+        sub: String,
+        /// The component refused.
+        part: String,
+    },
+}
+
 /// Splits a relative subdirectory (`a/b`) into its components, refusing an
 /// absolute path, `..`, `.` and empty components, and more than `most`
-/// components; one line naming what is wrong.
-pub(crate) fn relative_components(sub: &str, most: usize) -> Result<Vec<&str>, String> {
+/// components.
+pub(crate) fn relative_components(sub: &str, most: usize) -> Result<Vec<&str>, SubdirError> {
     if sub.starts_with('/') {
-        return Err(format!(
-            "{sub:?} is an absolute path; name a subdirectory relative to the agent's I/O directory (netgap serve --io-dir)"
-        ));
+        return Err(SubdirError::Absolute { sub: sub.into() });
     }
     let parts: Vec<&str> = sub.split('/').filter(|p| !p.is_empty()).collect();
     if parts.is_empty() {
-        return Err(format!("{sub:?} names no subdirectory"));
+        return Err(SubdirError::Empty { sub: sub.into() });
     }
     if parts.len() > most {
-        return Err(format!("{sub:?} is deeper than {most} directories"));
+        return Err(SubdirError::TooDeep {
+            sub: sub.into(),
+            most,
+        });
     }
     for p in &parts {
         if check_name(p).is_err() {
-            return Err(format!(
-                "{sub:?} has the component {p:?}; only plain names below the agent's I/O directory are allowed"
-            ));
+            return Err(SubdirError::BadComponent {
+                sub: sub.into(),
+                part: (*p).into(),
+            });
         }
     }
     Ok(parts)

@@ -91,7 +91,7 @@ pub(super) fn open_server(
                     let xml = service::read_all(a, MAX_GMOND_BYTES)?;
                     let answer = gmond::parse(&xml)?;
                     if answer.hosts.is_empty() || answer.metrics == 0 {
-                        return Err("its answer names no host with metrics yet".into());
+                        return Err(service::ProbeError::NoMetrics);
                     }
                     Ok(())
                 })
