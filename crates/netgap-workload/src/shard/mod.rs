@@ -27,6 +27,7 @@ pub(crate) use set::ShardSet;
 
 use netgap_transport::flows::{self, EngineError};
 use std::os::fd::RawFd;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// The hidden subcommand of the binary that runs one shard.
@@ -111,11 +112,37 @@ pub enum ShardError {
         /// Shards of the role.
         count: usize,
         /// What happened.
-        detail: String,
+        detail: ShardFailure,
     },
     /// The engine failed.
     #[error(transparent)]
     Engine(#[from] EngineError),
+}
+
+/// What went wrong with one shard process, as its agent saw it.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ShardFailure {
+    /// The thread that starts the shard processes ended before this one.
+    #[error("the thread starting it ended")]
+    StarterEnded,
+    /// Its stdout closed before its report.
+    #[error("ended without its report")]
+    Ended,
+    /// A line of its stdout could not be read.
+    #[error("unreadable report: {0}")]
+    Unreadable(Arc<std::io::Error>),
+    /// A line of its stdout is not one of its messages.
+    #[error("unreadable report: {0}")]
+    Garbled(Arc<serde_json::Error>),
+    /// It said it failed, and why.
+    #[error("{0}")]
+    Failed(String),
+    /// It did not say it serves within `REPORT_TIMEOUT`.
+    #[error("not serving within {0:?}")]
+    NotServing(Duration),
+    /// It sent no report within `REPORT_TIMEOUT` of being told to stop.
+    #[error("no report within {0:?} of being stopped")]
+    NoReport(Duration),
 }
 
 /// How a server role of `flows` connections is served.

@@ -9,6 +9,7 @@ use super::message::ShardConfig;
 use super::message::ShardTotals;
 use super::message::ToShard;
 use super::ShardError;
+use super::ShardFailure;
 use super::LISTENER_FD;
 use super::REPORT_TIMEOUT;
 use super::SUBCOMMAND;
@@ -31,7 +32,7 @@ pub(super) struct Counts {
 }
 
 /// What each shard's reader thread ends with.
-pub(super) type Report = Result<(ShardTotals, Option<u64>), String>;
+pub(super) type Report = Result<(ShardTotals, Option<u64>), ShardFailure>;
 
 /// One shard as the agent holds it.
 pub(super) struct Shard {
@@ -125,7 +126,7 @@ impl ShardSet {
                 .map_err(|_| ShardError::Shard {
                     index,
                     count: total,
-                    detail: "the thread starting it ended".into(),
+                    detail: ShardFailure::StarterEnded,
                 })?
                 .map_err(|source| ShardError::Io {
                     what: format!("starting server process {index} of {total}"),
@@ -166,7 +167,7 @@ impl ShardSet {
                 Err(_) => {
                     let detail = match set.shards[index].report.try_recv() {
                         Ok(Err(d)) => d,
-                        _ => format!("not serving within {REPORT_TIMEOUT:?}"),
+                        _ => ShardFailure::NotServing(REPORT_TIMEOUT),
                     };
                     return Err(ShardError::Shard {
                         index,
@@ -237,7 +238,7 @@ impl ShardSet {
                     first_err.get_or_insert(ShardError::Shard {
                         index,
                         count,
-                        detail: format!("no report within {REPORT_TIMEOUT:?} of being stopped"),
+                        detail: ShardFailure::NoReport(REPORT_TIMEOUT),
                     });
                 }
             }
@@ -380,15 +381,15 @@ pub(super) fn spawn_shard(exe: &std::path::Path, listener: &TcpListener) -> std:
 pub(super) fn read_shard(
     stdout: ChildStdout,
     counts: &Counts,
-    serving: &mpsc::Sender<Result<(), String>>,
+    serving: &mpsc::Sender<Result<(), ShardFailure>>,
     report: &mpsc::Sender<Report>,
 ) {
     let mut r = BufReader::new(stdout);
     let end: Report = loop {
         let line = match read_line(&mut r) {
             Ok(Some(l)) => l,
-            Ok(None) => break Err("ended without its report".into()),
-            Err(e) => break Err(format!("unreadable report: {e}")),
+            Ok(None) => break Err(ShardFailure::Ended),
+            Err(e) => break Err(ShardFailure::Unreadable(Arc::new(e))),
         };
         match serde_json::from_str::<FromShard>(&line) {
             Ok(FromShard::Serving) => {
@@ -403,10 +404,11 @@ pub(super) fn read_shard(
                 peak_rss_kib,
             }) => break Ok((totals, peak_rss_kib)),
             Ok(FromShard::Failed { message }) => {
-                let _ = serving.send(Err(message.clone()));
-                break Err(message);
+                let failure = ShardFailure::Failed(message);
+                let _ = serving.send(Err(failure.clone()));
+                break Err(failure);
             }
-            Err(e) => break Err(format!("unreadable report: {e}")),
+            Err(e) => break Err(ShardFailure::Garbled(Arc::new(e))),
         }
     };
     if let Err(e) = &end {
