@@ -4,6 +4,7 @@
 
 use super::fetch::Asker;
 use super::fetch::Fetch;
+use super::fetch::FetchError;
 use super::fetch::Source;
 use super::load_child::gather_in_child;
 use super::load_child::GatherChild;
@@ -126,6 +127,23 @@ impl OpenRole for ClientRole {
     }
 }
 
+/// Why the gathers stopped before the window's end.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum GatherError {
+    /// A host's answer could not be fetched.
+    #[error(transparent)]
+    Fetch(#[from] FetchError),
+    /// A thread asking one host could not start.
+    #[error("starting a gather thread: {source}")]
+    Thread {
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A thread asking one host ended before the gathers did.
+    #[error("a gather thread ended")]
+    ThreadEnded,
+}
+
 /// What the measured gathers add up to.
 #[derive(Default)]
 pub(super) struct Totals {
@@ -141,10 +159,10 @@ pub(super) struct Totals {
 }
 
 /// One gather: every host's fetch, in host order.
-pub(super) type Gathered = Result<Vec<Fetch>, String>;
+pub(super) type Gathered = Result<Vec<Fetch>, GatherError>;
 
 /// One host's exchange and its answer, or why it failed.
-pub(super) type HostAnswer = Result<(Fetch, Vec<u8>), String>;
+pub(super) type HostAnswer = Result<(Fetch, Vec<u8>), FetchError>;
 
 impl Totals {
     /// Nothing measured yet from `n` hosts.
@@ -239,7 +257,7 @@ impl Parallel {
         scope: &'scope std::thread::Scope<'scope, '_>,
         asker: &Asker,
         sources: &[Source],
-    ) -> Result<Parallel, String> {
+    ) -> Result<Parallel, GatherError> {
         let (done_tx, done) = mpsc::channel();
         let mut go = Vec::with_capacity(sources.len());
         for (i, src) in sources.iter().enumerate() {
@@ -259,7 +277,7 @@ impl Parallel {
                         }
                     }
                 })
-                .map_err(|e| format!("starting a gather thread: {e}"))?;
+                .map_err(|source| GatherError::Thread { source })?;
         }
         Ok(Parallel { go, done })
     }
@@ -269,16 +287,12 @@ impl Parallel {
     fn gather(&self, bufs: &mut [Vec<u8>]) -> Gathered {
         let n = self.go.len();
         for g in &self.go {
-            g.send(())
-                .map_err(|_| "a gather thread ended".to_string())?;
+            g.send(()).map_err(|_| GatherError::ThreadEnded)?;
         }
         let mut got = vec![Fetch::default(); n];
         let mut first_err = None;
         for _ in 0..n {
-            let (i, r) = self
-                .done
-                .recv()
-                .map_err(|_| "a gather thread ended".to_string())?;
+            let (i, r) = self.done.recv().map_err(|_| GatherError::ThreadEnded)?;
             match r {
                 Ok((f, b)) => {
                     got[i] = f;
@@ -288,7 +302,7 @@ impl Parallel {
             }
         }
         match first_err {
-            Some(e) => Err(e),
+            Some(e) => Err(e.into()),
             None => Ok(got),
         }
     }
@@ -351,8 +365,8 @@ fn gather_over_window(
     stop: &Stop,
     bufs: &mut [Vec<u8>],
     totals: &mut Totals,
-) -> Result<(), String> {
-    std::thread::scope(|scope| -> Result<(), String> {
+) -> Result<(), GatherError> {
+    std::thread::scope(|scope| -> Result<(), GatherError> {
         let par = if parallel {
             Some(Parallel::start(scope, asker, sources)?)
         } else {
@@ -364,7 +378,7 @@ fn gather_over_window(
                 None => sources
                     .iter()
                     .zip(bufs.iter_mut())
-                    .map(|(s, b)| asker.fetch(s, b))
+                    .map(|(s, b)| asker.fetch(s, b).map_err(GatherError::from))
                     .collect(),
                 Some(p) => p.gather(bufs),
             };

@@ -5,7 +5,8 @@
 use super::Responder;
 use super::MAX_GMOND_BYTES;
 use netgap_proto::dataproof::DataToken;
-use netgap_transport::{FlowConfig, FlowError, Transport};
+use netgap_transport::preamble::PreambleError;
+use netgap_transport::{FlowConfig, FlowError, Transport, TransportError};
 use std::io::Read;
 use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::time::Instant;
@@ -45,30 +46,107 @@ pub(super) struct Fetch {
     pub(super) bytes: u64,
 }
 
+/// Why one host's answer could not be fetched, one line naming the host.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum FetchError {
+    /// gmond's address does not parse.
+    #[error("bad address {addr}")]
+    BadAddress {
+        /// The address given.
+        addr: String,
+    },
+    /// Connecting to gmond failed.
+    #[error("connecting to {addr}: {source}")]
+    ConnectGmond {
+        /// gmond's address.
+        addr: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The connection's read timeout could not be set.
+    #[error(transparent)]
+    Timeout(std::io::Error),
+    /// Reading gmond's answer failed.
+    #[error("reading from {addr}: {source}")]
+    ReadGmond {
+        /// gmond's address.
+        addr: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// gmond's answer is not XML.
+    #[error("{addr} answered something other than XML")]
+    NotXml {
+        /// gmond's address.
+        addr: SocketAddr,
+    },
+    /// Connecting to the built-in responder failed.
+    #[error("connecting to {addr}: {source}")]
+    Connect {
+        /// The responder's address.
+        addr: String,
+        /// Why.
+        source: TransportError,
+    },
+    /// The data connection's preamble failed.
+    #[error("{addr}: {source}")]
+    Preamble {
+        /// The responder's address.
+        addr: String,
+        /// Why.
+        source: PreambleError,
+    },
+    /// The responder sent more than its answer.
+    #[error("{addr} answered more than {want} bytes")]
+    TooLong {
+        /// The responder's address.
+        addr: String,
+        /// The answer's bytes.
+        want: usize,
+    },
+    /// Reading the responder's answer failed.
+    #[error("reading from {addr}: {source}")]
+    Read {
+        /// The responder's address.
+        addr: String,
+        /// Why.
+        source: FlowError,
+    },
+    /// The responder's answer is not the one it was to send.
+    #[error("{addr} answered {have} bytes that are not the {want} it was to send")]
+    Wrong {
+        /// The responder's address.
+        addr: String,
+        /// Bytes it sent.
+        have: usize,
+        /// The answer's bytes.
+        want: usize,
+    },
+}
+
 impl Asker {
     /// Connects to `src`, reads its whole answer into `buf` until it
     /// closes, and disconnects.
-    pub(super) fn fetch(&self, src: &Source, buf: &mut Vec<u8>) -> Result<Fetch, String> {
+    pub(super) fn fetch(&self, src: &Source, buf: &mut Vec<u8>) -> Result<Fetch, FetchError> {
         buf.clear();
         let t0 = Instant::now();
         let connect_ns;
         let mut handshake_ns = 0;
         match self.responder {
             Responder::Gmond => {
-                let sa: SocketAddr = src
-                    .addr
-                    .parse()
-                    .map_err(|_| format!("bad address {}", src.addr))?;
+                let sa: SocketAddr = src.addr.parse().map_err(|_| FetchError::BadAddress {
+                    addr: src.addr.clone(),
+                })?;
                 let s = TcpStream::connect_timeout(&sa, self.cfg.io_timeout)
-                    .map_err(|e| format!("connecting to {sa}: {e}"))?;
+                    .map_err(|source| FetchError::ConnectGmond { addr: sa, source })?;
                 connect_ns = elapsed_ns(t0);
                 s.set_read_timeout(Some(self.cfg.io_timeout))
-                    .map_err(|e| e.to_string())?;
+                    .map_err(FetchError::Timeout)?;
                 s.take(MAX_GMOND_BYTES as u64)
                     .read_to_end(buf)
-                    .map_err(|e| format!("reading from {sa}: {e}"))?;
+                    .map_err(|source| FetchError::ReadGmond { addr: sa, source })?;
                 if !buf.starts_with(b"<?xml") {
-                    return Err(format!("{sa} answered something other than XML"));
+                    return Err(FetchError::NotXml { addr: sa });
                 }
             }
             Responder::Builtin => {
@@ -78,10 +156,17 @@ impl Asker {
                     }
                     _ => self.transport.connect(&self.cfg, &src.addr),
                 }
-                .map_err(|e| format!("connecting to {}: {e}", src.addr))?;
+                .map_err(|source| FetchError::Connect {
+                    addr: src.addr.clone(),
+                    source,
+                })?;
                 connect_ns = elapsed_ns(t0);
-                netgap_transport::preamble::connector(flow.as_mut(), &self.token)
-                    .map_err(|e| format!("{}: {e}", src.addr))?;
+                netgap_transport::preamble::connector(flow.as_mut(), &self.token).map_err(
+                    |source| FetchError::Preamble {
+                        addr: src.addr.clone(),
+                        source,
+                    },
+                )?;
                 handshake_ns = elapsed_ns(t0).saturating_sub(connect_ns);
                 let (_, rx) = flow.split();
                 let want = self.expect.len();
@@ -89,20 +174,29 @@ impl Asker {
                 let mut have = 0;
                 loop {
                     if have > want {
-                        return Err(format!("{} answered more than {want} bytes", src.addr));
+                        return Err(FetchError::TooLong {
+                            addr: src.addr.clone(),
+                            want,
+                        });
                     }
                     match rx.recv_some(&mut buf[have..]) {
                         Ok(n) => have += n,
                         Err(FlowError::Closed) => break,
-                        Err(e) => return Err(format!("reading from {}: {e}", src.addr)),
+                        Err(source) => {
+                            return Err(FetchError::Read {
+                                addr: src.addr.clone(),
+                                source,
+                            })
+                        }
                     }
                 }
                 buf.truncate(have);
                 if buf.as_slice() != self.expect.as_slice() {
-                    return Err(format!(
-                        "{} answered {have} bytes that are not the {want} it was to send",
-                        src.addr
-                    ));
+                    return Err(FetchError::Wrong {
+                        addr: src.addr.clone(),
+                        have,
+                        want,
+                    });
                 }
             }
         }

@@ -9,6 +9,7 @@ use super::refused;
 use super::Responder;
 use crate::role::{ReadyRole, RoleError, RoleResult, Stop};
 use crate::service::{self, RunDir};
+use crate::web::load_child::LoadChildError;
 use netgap_core::spec::PointSpec;
 use netgap_proto::dataproof::DataToken;
 use netgap_proto::workload::{FlowReport, WorkloadOutcome};
@@ -56,16 +57,24 @@ pub(super) struct GatherReport {
 /// the hidden `netgap gather-load` command, which an agent starts under
 /// the preload library. Reads the job on standard input, writes one JSON
 /// report on standard output.
-pub fn run_gather_child() -> Result<(), String> {
+pub fn run_gather_child() -> Result<(), LoadChildError> {
     let mut text = String::new();
     std::io::stdin()
         .take(16 << 20)
         .read_to_string(&mut text)
-        .map_err(|e| format!("gather-load: reading the job: {e}"))?;
-    let job: GatherJob =
-        serde_json::from_str(&text).map_err(|e| format!("gather-load: the job: {e}"))?;
-    let transport = netgap_transport::find(&job.point.transport)
-        .ok_or_else(|| format!("gather-load: no transport {}", job.point.transport))?;
+        .map_err(|source| LoadChildError::ReadJob {
+            command: "gather-load",
+            source,
+        })?;
+    let job: GatherJob = serde_json::from_str(&text).map_err(|source| LoadChildError::Job {
+        command: "gather-load",
+        source,
+    })?;
+    let transport = netgap_transport::find(&job.point.transport).ok_or_else(|| {
+        LoadChildError::NoTransport {
+            name: job.point.transport.clone(),
+        }
+    })?;
     let role = ClientRole {
         asker: Asker {
             responder: Responder::Gmond,
@@ -85,16 +94,16 @@ pub fn run_gather_child() -> Result<(), String> {
         stop: Stop::new(),
         child: None,
     };
-    let r = Box::new(role)
-        .run()
-        .map_err(|e| format!("gather-load: {e}"))?;
+    let r = Box::new(role).run().map_err(LoadChildError::Gather)?;
     let report = GatherReport {
         flows: r.flows,
         buckets: r.buckets,
         outcome: r.outcome,
     };
-    let out =
-        serde_json::to_string(&report).map_err(|e| format!("gather-load: the report: {e}"))?;
+    let out = serde_json::to_string(&report).map_err(|source| LoadChildError::Report {
+        command: "gather-load",
+        source,
+    })?;
     println!("{out}");
     Ok(())
 }

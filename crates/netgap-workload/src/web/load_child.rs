@@ -77,19 +77,77 @@ impl Reported {
     }
 }
 
+/// Why a load generator child (`netgap web-load`, `netgap gather-load`)
+/// failed, one line beginning with its command.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadChildError {
+    /// Its job could not be read from standard input.
+    #[error("{command}: reading the job: {source}")]
+    ReadJob {
+        /// The child's command.
+        command: &'static str,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// Its job does not parse.
+    #[error("{command}: the job: {source}")]
+    Job {
+        /// The child's command.
+        command: &'static str,
+        /// Why.
+        source: serde_json::Error,
+    },
+    /// Its report could not be written as JSON.
+    #[error("{command}: the report: {source}")]
+    Report {
+        /// The child's command.
+        command: &'static str,
+        /// Why.
+        source: serde_json::Error,
+    },
+    /// The job names a transport this build does not have.
+    #[error("gather-load: no transport {name}")]
+    NoTransport {
+        /// The transport named.
+        name: String,
+    },
+    /// The gatherer failed.
+    #[error("gather-load: {0}")]
+    Gather(RoleError),
+    /// The message buffers' layout is out of range.
+    #[error("web-load: message buffers: {0}")]
+    Buffers(netgap_transport::buffer::LayoutError),
+    /// The clients' descriptors do not fit the process's limit.
+    #[error("web-load: {flows} clients: {source}")]
+    Descriptors {
+        /// The job's clients.
+        flows: u32,
+        /// Why.
+        source: netgap_transport::flows::EngineError,
+    },
+    /// The clients failed.
+    #[error("web-load: {0}")]
+    Clients(client::ClientError),
+}
+
 /// Runs clients as `job` says and reports them: the body of the hidden
 /// `netgap web-load` command, which an agent starts under the preload
 /// library. Reads the job on standard input, writes one JSON report on
 /// standard output.
-pub fn run_load_child() -> Result<(), String> {
+pub fn run_load_child() -> Result<(), LoadChildError> {
     use std::io::Read as _;
     let mut text = String::new();
     std::io::stdin()
         .take(1 << 20)
         .read_to_string(&mut text)
-        .map_err(|e| format!("web-load: reading the job: {e}"))?;
-    let job: LoadJob =
-        serde_json::from_str(&text).map_err(|e| format!("web-load: the job: {e}"))?;
+        .map_err(|source| LoadChildError::ReadJob {
+            command: "web-load",
+            source,
+        })?;
+    let job: LoadJob = serde_json::from_str(&text).map_err(|source| LoadChildError::Job {
+        command: "web-load",
+        source,
+    })?;
     let set = Arc::new(job.params.fileset());
     let zipf =
         (job.params.trace == Trace::Zipf).then(|| Arc::new(Zipf::new(&set, job.params.alpha)));
@@ -108,12 +166,15 @@ pub fn run_load_child() -> Result<(), String> {
         buffer: netgap_transport::buffer::BufferLayout::of_options(
             &netgap_core::spec::TransportOptions::default(),
         )
-        .map_err(|e| format!("web-load: message buffers: {e}"))?,
+        .map_err(LoadChildError::Buffers)?,
     };
     netgap_transport::flows::ensure_fd_limit(
         u64::from(job.flows) + cfg.workers as u64 + netgap_transport::flows::limits::SPARE_FDS,
     )
-    .map_err(|e| format!("web-load: {} clients: {e}", job.flows))?;
+    .map_err(|source| LoadChildError::Descriptors {
+        flows: job.flows,
+        source,
+    })?;
     let stop = std::sync::atomic::AtomicBool::new(false);
     let (outcomes, window_ns) = client::run(
         &cfg,
@@ -121,7 +182,7 @@ pub fn run_load_child() -> Result<(), String> {
         Duration::from_nanos(job.duration_ns),
         &stop,
     )
-    .map_err(|e| format!("web-load: {e}"))?;
+    .map_err(LoadChildError::Clients)?;
     let mut hist = LatencyHistogram::new();
     for o in &outcomes {
         o.hist.merge_into(&mut hist);
@@ -131,7 +192,10 @@ pub fn run_load_child() -> Result<(), String> {
         buckets: hist.buckets(),
         window_ns,
     };
-    let out = serde_json::to_string(&report).map_err(|e| format!("web-load: the report: {e}"))?;
+    let out = serde_json::to_string(&report).map_err(|source| LoadChildError::Report {
+        command: "web-load",
+        source,
+    })?;
     println!("{out}");
     Ok(())
 }
