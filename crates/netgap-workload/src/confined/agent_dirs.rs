@@ -2,9 +2,7 @@
 //! process, removed when unused, and the directories and stripe files
 //! of dead agents swept.
 
-use super::euid;
-use super::ConfinedError;
-use super::Dir;
+use super::{euid, ConfinedError, Dir};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -44,7 +42,7 @@ pub fn default_run_base() -> PathBuf {
 }
 
 /// The prefix of an agent's directory under the base.
-pub(super) const AGENT_PREFIX: &str = "agent-";
+const AGENT_PREFIX: &str = "agent-";
 
 /// An agent's directories: its run directory (`agent-<pid>-<nonce>` under
 /// the base, made when first needed and removed when nothing of the
@@ -62,7 +60,7 @@ pub struct AgentDirs {
 }
 
 /// What a refused run directory base tells the operator to do.
-pub(super) const RUN_DIR_REMEDY: &str = "remove it or pass --run-dir DIR";
+const RUN_DIR_REMEDY: &str = "remove it or pass --run-dir DIR";
 
 impl AgentDirs {
     /// Directories under `base` (nothing is opened yet).

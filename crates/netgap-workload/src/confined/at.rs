@@ -2,10 +2,7 @@
 //! on: opening a directory checked on its descriptor, and removing a tree
 //! without following a link out of it.
 
-use super::euid;
-use super::ConfinedError;
-use super::Dir;
-use super::MAX_REMOVE_DEPTH;
+use super::{euid, ConfinedError, Dir, MAX_REMOVE_DEPTH};
 use rustix::fs::{AtFlags, Mode, OFlags};
 use std::ffi::CStr;
 use std::io;

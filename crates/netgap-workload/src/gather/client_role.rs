@@ -2,18 +2,10 @@
 //! gathers over the window (one host after another, or every host at
 //! once), and their times reduced to the role's outcome.
 
-use super::fetch::Asker;
-use super::fetch::Fetch;
-use super::fetch::FetchError;
-use super::fetch::Source;
-use super::load_child::gather_in_child;
-use super::load_child::GatherChild;
-use super::load_child::GatherJob;
-use super::refused;
+use super::fetch::{Asker, Fetch, FetchError, Source};
+use super::load_child::{gather_in_child, GatherChild, GatherJob};
 use super::server_role::answer;
-use super::Params;
-use super::Responder;
-use super::NAME;
+use super::{refused, Params, Responder, NAME};
 use crate::role::{
     find_transport, meter_window, per_flow, window, OpenRole, ReadyRole, RoleContext, RoleError,
     RoleResult, Stop,
@@ -146,7 +138,7 @@ pub(crate) enum GatherError {
 
 /// What the measured gathers add up to.
 #[derive(Default)]
-pub(super) struct Totals {
+struct Totals {
     gathers: u64,
     gather_ns: u64,
     /// Per host: exchanges' bytes, connect and total times.
@@ -159,10 +151,10 @@ pub(super) struct Totals {
 }
 
 /// One gather: every host's fetch, in host order.
-pub(super) type Gathered = Result<Vec<Fetch>, GatherError>;
+type Gathered = Result<Vec<Fetch>, GatherError>;
 
 /// One host's exchange and its answer, or why it failed.
-pub(super) type HostAnswer = Result<(Fetch, Vec<u8>), FetchError>;
+type HostAnswer = Result<(Fetch, Vec<u8>), FetchError>;
 
 impl Totals {
     /// Nothing measured yet from `n` hosts.
@@ -245,7 +237,7 @@ impl Totals {
 
 /// Asks every host at once, from one thread per host that lives for the
 /// whole run, so a gather costs no thread start.
-pub(super) struct Parallel {
+struct Parallel {
     go: Vec<mpsc::Sender<()>>,
     done: mpsc::Receiver<(usize, HostAnswer)>,
 }

@@ -2,8 +2,7 @@
 //! disconnect, timed in its parts (connection and transfer), over the
 //! point's transport or a plain TCP socket for gmond.
 
-use super::Responder;
-use super::MAX_GMOND_BYTES;
+use super::{Responder, MAX_GMOND_BYTES};
 use netgap_proto::dataproof::DataToken;
 use netgap_transport::preamble::PreambleError;
 use netgap_transport::{FlowConfig, FlowError, Transport, TransportError};
@@ -209,6 +208,6 @@ impl Asker {
     }
 }
 
-pub(super) fn elapsed_ns(t0: Instant) -> u64 {
+fn elapsed_ns(t0: Instant) -> u64 {
     u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX)
 }

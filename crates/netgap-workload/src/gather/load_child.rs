@@ -3,10 +3,8 @@
 //! and the agent's side that starts it and waits for it.
 
 use super::client_role::ClientRole;
-use super::fetch::Asker;
-use super::fetch::Source;
-use super::refused;
-use super::Responder;
+use super::fetch::{Asker, Source};
+use super::{refused, Responder};
 use crate::role::{ReadyRole, RoleError, RoleResult, Stop};
 use crate::service::{self, RunDir};
 use crate::web::load_child::LoadChildError;
@@ -47,7 +45,7 @@ pub(crate) struct GatherJob {
 
 /// What the gatherer child reports: its role's result.
 #[derive(Debug, Serialize, Deserialize)]
-pub(super) struct GatherReport {
+struct GatherReport {
     flows: Vec<FlowReport>,
     buckets: Vec<[u64; 2]>,
     outcome: WorkloadOutcome,

@@ -2,11 +2,7 @@
 //! the built-in responder answering every connection with the same
 //! regenerable bytes, kept serving over the window.
 
-use super::refused;
-use super::Params;
-use super::Responder;
-use super::MAX_GMOND_BYTES;
-use super::SERVER_GRACE;
+use super::{refused, Params, Responder, MAX_GMOND_BYTES, SERVER_GRACE};
 use crate::role::{
     find_transport, meter_window_counting, metered, window, OpenRole, ReadyRole, RoleContext,
     RoleError, RoleResult, Stop, STOP_TICK,
@@ -31,7 +27,7 @@ pub(super) fn answer(size: u64) -> Vec<u8> {
 }
 
 /// A responder on one host.
-pub(super) enum Serving {
+enum Serving {
     /// gmond, running, and for `-t xdp` the host's relay.
     Gmond(Box<Running>, Option<crate::preload::RelayGuard>),
     /// netgap's responder: its listener, answered from a thread in `run`.
@@ -43,7 +39,7 @@ pub(super) enum Serving {
     },
 }
 
-pub(super) struct ServerRole {
+struct ServerRole {
     serving: Serving,
     addr: String,
     warmup: Duration,
@@ -140,7 +136,7 @@ impl OpenRole for ServerRole {
 /// Answers every connection of the built-in responder until `end` or the
 /// stop: the connector proves the point's token, gets the answer, and the
 /// responder closes. Returns (connections answered, bytes sent).
-pub(super) fn respond(
+fn respond(
     listener: &mut dyn netgap_transport::Listener,
     answer: &[u8],
     token: &DataToken,

@@ -2,17 +2,8 @@
 //! the job's write and read phases run and checked, and their phases and
 //! bytes reduced to the role's outcome.
 
-use super::client;
-use super::join_all;
-use super::layout;
 use super::layout::Piece;
-use super::ms;
-use super::phase_ns;
-use super::span;
-use super::Common;
-use super::Phase;
-use super::PioError;
-use super::NAME;
+use super::{client, join_all, layout, ms, phase_ns, span, Common, Phase, PioError, NAME};
 use crate::role::{OpenRole, ReadyRole, RoleError, RoleResult};
 use crate::staged;
 use netgap_proto::workload::{FlowReport, WorkloadOutcome};

@@ -2,13 +2,7 @@
 //! stream storing and serving the stripes of its file over the job, and
 //! the phases and bytes reduced to the role's outcome.
 
-use super::join_all;
-use super::ms;
-use super::phase_ns;
-use super::server;
-use super::Common;
-use super::PioError;
-use super::NAME;
+use super::{join_all, ms, phase_ns, server, Common, PioError, NAME};
 use crate::role::{OpenRole, ReadyRole, RoleError, RoleResult};
 use crate::staged::{self, Inbound};
 use netgap_proto::workload::{FlowReport, WorkloadOutcome};
@@ -54,7 +48,7 @@ impl OpenRole for ServerOpen {
     }
 }
 
-pub(super) struct ServerReady {
+struct ServerReady {
     common: Common,
     shared: Arc<server::Shared>,
     flows: Vec<Box<dyn transport::Flow>>,

@@ -16,13 +16,13 @@ use std::time::{Duration, Instant};
 
 /// Credits of a copy's outbound streams: how many more UOWs each may
 /// carry now.
-pub(super) struct Credits {
+struct Credits {
     state: Mutex<CreditState>,
     cv: Condvar,
     max: u32,
 }
 
-pub(super) struct CreditState {
+struct CreditState {
     free: Vec<u32>,
     failed: Option<String>,
 }
@@ -98,7 +98,7 @@ impl Credits {
 
 /// Reads the credits a downstream copy returns on stream `i` until it
 /// closes the stream.
-pub(super) fn read_credits(
+fn read_credits(
     mut rx: Box<dyn transport::Receiver>,
     credits: &Credits,
     i: usize,
@@ -117,7 +117,7 @@ pub(super) fn read_credits(
 }
 
 /// What an inbound stream hands its copy.
-pub(super) enum Inbox {
+enum Inbox {
     Uow {
         from: usize,
         frame: Frame,
@@ -128,7 +128,7 @@ pub(super) enum Inbox {
 }
 
 /// Reads UOWs from inbound stream `from` until its end-of-work marker.
-pub(super) fn read_uows(
+fn read_uows(
     mut rx: Box<dyn transport::Receiver>,
     from: usize,
     tx: &mpsc::SyncSender<Inbox>,
@@ -168,7 +168,7 @@ pub(super) fn read_uows(
 }
 
 /// Spins for `d`: a filter's fixed compute time, as real CPU work.
-pub(super) fn compute_for(d: Duration) {
+fn compute_for(d: Duration) {
     let t = Instant::now();
     while t.elapsed() < d {
         std::hint::spin_loop();
@@ -261,11 +261,7 @@ pub(super) fn run_copy(ends: CopyEnds, env: &Env) -> Result<CopyDone, PipeError>
     }
 }
 
-pub(super) fn send_frame(
-    tx: &mut dyn transport::Sender,
-    frame: Frame,
-    data: &[u8],
-) -> Result<(), PipeError> {
+fn send_frame(tx: &mut dyn transport::Sender, frame: Frame, data: &[u8]) -> Result<(), PipeError> {
     tx.send_all(&frame.encode()).map_err(flow_err)?;
     if !data.is_empty() {
         tx.send_all(data).map_err(flow_err)?;
@@ -273,7 +269,7 @@ pub(super) fn send_frame(
     Ok(())
 }
 
-pub(super) fn end_of_work(out_tx: &mut [Box<dyn transport::Sender>]) -> Result<(), PipeError> {
+fn end_of_work(out_tx: &mut [Box<dyn transport::Sender>]) -> Result<(), PipeError> {
     let eow = Frame {
         kind: work::KIND_EOW,
         len: 0,
@@ -289,7 +285,7 @@ pub(super) fn end_of_work(out_tx: &mut [Box<dyn transport::Sender>]) -> Result<(
 
 /// The producer: every UOW of the query to whichever downstream copy has
 /// credit, then an end-of-work marker to each.
-pub(super) fn produce(
+fn produce(
     out_tx: &mut [Box<dyn transport::Sender>],
     credits: &Credits,
     env: &Env,
@@ -327,7 +323,7 @@ pub(super) fn produce(
 /// it must be (the consumer), passes it on to a downstream copy with
 /// credit, and returns the upstream stream's credit.
 #[allow(clippy::too_many_arguments, reason = "one copy's whole state")]
-pub(super) fn pass_on(
+fn pass_on(
     stage: u32,
     consumer: bool,
     irx: &mpsc::Receiver<Inbox>,

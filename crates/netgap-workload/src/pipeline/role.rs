@@ -93,7 +93,7 @@ pub(super) struct CopyEnds {
     pub(super) outbound: Vec<Box<dyn transport::Flow>>,
 }
 
-pub(super) struct PipeReady {
+struct PipeReady {
     spec: WorkloadSpec,
     stop: Stop,
     params: PipeParams,

@@ -1,14 +1,8 @@
 //! The shard's side: this binary run as a shard process, serving on the
 //! listener it inherited until the agent stops it or closes its stdin.
 
-use super::message::read_line;
-use super::message::write_line;
-use super::message::FromShard;
-use super::message::ShardConfig;
-use super::message::ShardTotals;
-use super::ShardError;
-use super::LISTENER_FD;
-use super::STATUS_EVERY;
+use super::message::{read_line, write_line, FromShard, ShardConfig, ShardTotals};
+use super::{ShardError, LISTENER_FD, STATUS_EVERY};
 use netgap_transport::flows::FlowServer;
 use std::io::{BufReader, Write};
 use std::net::TcpListener;
@@ -34,7 +28,7 @@ pub fn run_shard() -> Result<(), ShardError> {
     result
 }
 
-pub(super) fn serve_shard(out: &mut impl Write) -> Result<(), ShardError> {
+fn serve_shard(out: &mut impl Write) -> Result<(), ShardError> {
     let io = |what: &str| {
         let what = what.to_string();
         move |source| ShardError::Io { what, source }
@@ -81,7 +75,7 @@ pub(super) fn serve_shard(out: &mut impl Write) -> Result<(), ShardError> {
 
 /// Takes [`LISTENER_FD`] as the shared listener, once it is seen to be a
 /// listening TCP socket.
-pub(super) fn inherited_listener() -> Result<TcpListener, ShardError> {
+fn inherited_listener() -> Result<TcpListener, ShardError> {
     use nix::sys::socket::{getsockopt, sockopt};
     // SAFETY: fcntl(F_GETFD) only reads the descriptor's flags; it fails
     // (EBADF) when the descriptor is not open.

@@ -3,10 +3,7 @@
 //! before use), the agent's orders, and the shard's reports and totals on
 //! its stdout; lines are bounded.
 
-use super::ShardError;
-use super::MAX_IO_TIMEOUT_MS;
-use super::MAX_LINE_BYTES;
-use super::MAX_SHARD_WORKERS;
+use super::{ShardError, MAX_IO_TIMEOUT_MS, MAX_LINE_BYTES, MAX_SHARD_WORKERS};
 use netgap_core::spec::{Mode, TransportOptions};
 use netgap_proto::dataproof::DataToken;
 use netgap_transport::flows::{EngineConfig, FlowWork, ServerTotals};

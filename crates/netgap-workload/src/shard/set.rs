@@ -2,17 +2,8 @@
 //! inherited listener, kept and watched through their reports, stopped,
 //! and their totals summed into the role's.
 
-use super::message::read_line;
-use super::message::write_line;
-use super::message::FromShard;
-use super::message::ShardConfig;
-use super::message::ShardTotals;
-use super::message::ToShard;
-use super::ShardError;
-use super::ShardFailure;
-use super::LISTENER_FD;
-use super::REPORT_TIMEOUT;
-use super::SUBCOMMAND;
+use super::message::{read_line, write_line, FromShard, ShardConfig, ShardTotals, ToShard};
+use super::{ShardError, ShardFailure, LISTENER_FD, REPORT_TIMEOUT, SUBCOMMAND};
 use netgap_transport::flows::ServerTotals;
 use std::io::BufReader;
 use std::net::{SocketAddr, TcpListener};
@@ -26,13 +17,13 @@ use std::time::{Duration, Instant};
 
 /// Counts of one shard's connections, as its last status said.
 #[derive(Debug, Default)]
-pub(super) struct Counts {
+struct Counts {
     accepted: AtomicU64,
     open: AtomicU64,
 }
 
 /// What each shard's reader thread ends with.
-pub(super) type Report = Result<(ShardTotals, Option<u64>), ShardFailure>;
+type Report = Result<(ShardTotals, Option<u64>), ShardFailure>;
 
 /// One shard as the agent holds it.
 pub(super) struct Shard {
@@ -274,13 +265,13 @@ impl Drop for ShardSet {
 }
 
 /// A started shard: its pid and its pipes.
-pub(super) type Started = std::io::Result<(u32, ChildStdin, ChildStdout)>;
+type Started = std::io::Result<(u32, ChildStdin, ChildStdout)>;
 
 /// The keeper thread: starts the shards (so that their parent-death signal
 /// is tied to this thread, which lives as long as the set), hands their
 /// pipes over, waits for the set to end, then reaps them, killing those
 /// still running after a short grace.
-pub(super) fn keep(
+fn keep(
     exe: PathBuf,
     listener: TcpListener,
     count: u32,
@@ -332,7 +323,7 @@ pub(super) fn keep(
 /// Starts one shard: this binary with the [`SUBCOMMAND`], the listener at
 /// [`LISTENER_FD`], piped stdin and stdout, killed when its parent thread
 /// ends.
-pub(super) fn spawn_shard(exe: &std::path::Path, listener: &TcpListener) -> std::io::Result<Child> {
+fn spawn_shard(exe: &std::path::Path, listener: &TcpListener) -> std::io::Result<Child> {
     use std::os::unix::process::CommandExt;
     let fd = listener.as_raw_fd();
     // SAFETY: getpid has no preconditions.
@@ -378,7 +369,7 @@ pub(super) fn spawn_shard(exe: &std::path::Path, listener: &TcpListener) -> std:
 
 /// Reads a shard's lines: says when it serves (or why not), keeps its
 /// counts, and ends with its report.
-pub(super) fn read_shard(
+fn read_shard(
     stdout: ChildStdout,
     counts: &Counts,
     serving: &mpsc::Sender<Result<(), ShardFailure>>,

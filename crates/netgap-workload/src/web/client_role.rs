@@ -3,19 +3,10 @@
 //! child under the preload library), and their outcomes reduced to flow
 //! reports.
 
-use super::bad;
-use super::client;
-use super::fileset;
 use super::fileset::Zipf;
-use super::load_child::run_child;
-use super::load_child::LoadJob;
-use super::load_child::LoadReport;
-use super::load_child::Reported;
-use super::refused;
+use super::load_child::{run_child, LoadJob, LoadReport, Reported};
 use super::server_role::relay_for;
-use super::Params;
-use super::Trace;
-use super::MAX_CLIENT_WORKERS;
+use super::{bad, client, fileset, refused, Params, Trace, MAX_CLIENT_WORKERS};
 use crate::role::{metered, window, OpenRole, ReadyRole, RoleContext, RoleError, RoleResult, Stop};
 use crate::service::{self, RunDir};
 use netgap_core::cpu::CpuUsage;
@@ -121,7 +112,7 @@ pub(super) fn open_clients(
 }
 
 /// This host's clients, ready.
-pub(super) struct ClientRole {
+struct ClientRole {
     cfg: client::ClientConfig,
     warmup: Duration,
     duration: Duration,
@@ -132,7 +123,7 @@ pub(super) struct ClientRole {
 
 /// The load generator's child process under the preload library, to
 /// start.
-pub(super) struct LoadChild {
+struct LoadChild {
     library: std::path::PathBuf,
     /// The library's stack (`shm` or `xdp`).
     stack: String,

@@ -3,12 +3,8 @@
 //! and the agent's side that starts it under the preload library and
 //! waits for it.
 
-use super::client;
 use super::fileset::Zipf;
-use super::refused;
-use super::Params;
-use super::Trace;
-use super::MAX_CLIENT_WORKERS;
+use super::{client, refused, Params, Trace, MAX_CLIENT_WORKERS};
 use crate::role::{RoleError, Stop};
 use crate::service::{self, RunDir};
 use netgap_core::stats::{LatencyHistogram, Percentiles};

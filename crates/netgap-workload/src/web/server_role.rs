@@ -3,12 +3,8 @@
 //! and with the host's relay when the stack asks), kept serving over the
 //! window, and its processes' memory.
 
-use super::bad;
 use super::fileset::FileSet;
-use super::refused;
-use super::Params;
-use super::MAX_SERVER_WORKERS;
-use super::SERVER_GRACE;
+use super::{bad, refused, Params, MAX_SERVER_WORKERS, SERVER_GRACE};
 use crate::role::{
     meter_window_counting, window, OpenRole, ReadyRole, RoleContext, RoleError, RoleResult, Stop,
 };
@@ -118,7 +114,7 @@ pub(super) fn open_server(
 /// Under the preload library (`-t shm` or `-t xdp`): the server's
 /// environment gets the library, and across hosts the host's relay runs
 /// (started for the run, its log in `dir`, when none does).
-pub(super) fn preload_stack(
+fn preload_stack(
     ctx: &RoleContext<'_>,
     dir: &mut RunDir,
 ) -> Result<Option<crate::preload::RelayGuard>, RoleError> {
@@ -153,7 +149,7 @@ pub(crate) fn relay_for(
 }
 
 /// A web server running for the point.
-pub(super) struct ServerRole {
+struct ServerRole {
     running: Running,
     /// The host's relay, for `-t xdp`: its CPU counts as the server's.
     relay: Option<crate::preload::RelayGuard>,
@@ -229,7 +225,7 @@ impl ReadyRole for ServerRole {
 /// descendant of them (nginx's workers, Apache's children). Pages the
 /// processes share count once per process, so it bounds the program's
 /// memory from above. `None` if no such process is found.
-pub(super) fn server_peak_rss_kib(dir: &std::path::Path) -> Option<u64> {
+fn server_peak_rss_kib(dir: &std::path::Path) -> Option<u64> {
     use std::os::unix::ffi::OsStrExt;
     let needle = dir.as_os_str().as_bytes();
     if needle.is_empty() {
