@@ -56,8 +56,9 @@ mod stream;
 pub mod tether;
 mod web;
 
-pub use gather::run_gather_child;
-pub use web::run_load_child as run_web_load_child;
+pub use gather::load_child::run_gather_child;
+pub use web::load_child::run_load_child as run_web_load_child;
+pub use web::load_child::LoadChildError;
 
 use netgap_core::metric::Metric;
 use netgap_core::spec::PointSpec;

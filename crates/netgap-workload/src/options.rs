@@ -277,7 +277,7 @@ pub fn parse(decl: &'static WorkloadOption, raw: &str) -> Result<Vec<OptionValue
                 // Checked here so the run stops before it starts; each
                 // agent checks again what it is sent.
                 crate::confined::relative_components(item, crate::pio::server::MAX_DIR_DEPTH)
-                    .map_err(|e| err(item, e))?;
+                    .map_err(|e| err(item, e.to_string()))?;
                 OptionValue::Name(item.to_string())
             }
         };

@@ -152,6 +152,53 @@ pub struct Staged {
     pub peers: Vec<Vec<String>>,
 }
 
+/// A staged placement a peer sent that this role cannot take, one line
+/// naming what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StagedError {
+    /// No roles, or more than a point may have.
+    #[error("{roles} staged roles (want 1 to {MAX_STAGED_ROLES})")]
+    RoleCount {
+        /// Roles in the placement.
+        roles: usize,
+    },
+    /// This role is not among the roles, or the earlier roles' addresses
+    /// are not one list each.
+    #[error("role {role} of {roles} with {peers} earlier roles' addresses")]
+    NotThisRole {
+        /// This role's index.
+        role: usize,
+        /// Roles in the placement.
+        roles: usize,
+        /// Address lists sent.
+        peers: usize,
+    },
+    /// A role has more flows than a point may, or a flow past them.
+    #[error("a staged role has flows past {limit}")]
+    FlowsPast {
+        /// A point's most flows.
+        limit: u32,
+    },
+    /// This role's flows are not the point's.
+    #[error("this role's flows differ from the point's")]
+    FlowsDiffer,
+    /// An earlier role sent more addresses than a point has flows.
+    #[error("too many addresses of an earlier role")]
+    TooManyAddresses,
+    /// An address is not one of the transport's.
+    #[error("{reason}")]
+    Address {
+        /// The transport's reason.
+        reason: String,
+    },
+    /// An address is on a host outside the session.
+    #[error("{ip} is not a host of this session")]
+    NotInSession {
+        /// The address's IP.
+        ip: IpAddr,
+    },
+}
+
 impl Staged {
     /// Range-checks what a peer sent: this role among the roles, one
     /// address list per earlier role, flows in range, and every address
@@ -162,40 +209,40 @@ impl Staged {
         flows: u32,
         session_hosts: &[IpAddr],
         transport: &dyn Transport,
-    ) -> Result<Vec<Vec<ListenAddr>>, String> {
+    ) -> Result<Vec<Vec<ListenAddr>>, StagedError> {
         if self.roles.is_empty() || self.roles.len() > MAX_STAGED_ROLES {
-            return Err(format!(
-                "{} staged roles (want 1 to {MAX_STAGED_ROLES})",
-                self.roles.len()
-            ));
+            return Err(StagedError::RoleCount {
+                roles: self.roles.len(),
+            });
         }
         if self.role >= self.roles.len() || self.peers.len() != self.role {
-            return Err(format!(
-                "role {} of {} with {} earlier roles' addresses",
-                self.role,
-                self.roles.len(),
-                self.peers.len()
-            ));
+            return Err(StagedError::NotThisRole {
+                role: self.role,
+                roles: self.roles.len(),
+                peers: self.peers.len(),
+            });
         }
         let limit = netgap_proto::workload::MAX_WORKLOAD_FLOWS;
         for r in &self.roles {
             if r.flows.len() > limit as usize || r.flows.iter().any(|&f| f >= limit) {
-                return Err(format!("a staged role has flows past {limit}"));
+                return Err(StagedError::FlowsPast { limit });
             }
         }
         if self.roles[self.role].flows.len() != flows as usize {
-            return Err("this role's flows differ from the point's".into());
+            return Err(StagedError::FlowsDiffer);
         }
         let mut out = Vec::with_capacity(self.peers.len());
         for list in &self.peers {
             if list.len() > limit as usize {
-                return Err("too many addresses of an earlier role".into());
+                return Err(StagedError::TooManyAddresses);
             }
             let mut addrs = Vec::with_capacity(list.len());
             for a in list {
-                let la = transport.parse_listen_addr(a)?;
+                let la = transport
+                    .parse_listen_addr(a)
+                    .map_err(|reason| StagedError::Address { reason })?;
                 if !session_hosts.contains(&la.ip()) {
-                    return Err(format!("{} is not a host of this session", la.ip()));
+                    return Err(StagedError::NotInSession { ip: la.ip() });
                 }
                 addrs.push(la);
             }
@@ -378,6 +425,7 @@ mod tests {
         assert!(s
             .validate(2, &hosts, tcp)
             .unwrap_err()
+            .to_string()
             .contains("not a host"));
         // Not one address list per earlier role.
         s.peers.clear();
@@ -410,13 +458,13 @@ mod tests {
         let e = s
             .validate(1, &hosts, &netgap_transport::tcp::Tcp)
             .unwrap_err();
-        assert!(e.contains("not IP:PORT"), "{e}");
+        assert!(e.to_string().contains("not IP:PORT"), "{e}");
         s.peers[0][0] = "10.0.0.1:5000".into();
         assert!(s.validate(1, &hosts, xdp).is_err());
         // Its IP is still checked against the session's hosts.
         s.peers[0][0] = "192.0.2.9/02:00:00:00:00:01/77".into();
         let e = s.validate(1, &hosts, xdp).unwrap_err();
-        assert!(e.contains("192.0.2.9 is not a host"), "{e}");
+        assert!(e.to_string().contains("192.0.2.9 is not a host"), "{e}");
     }
 
     #[test]

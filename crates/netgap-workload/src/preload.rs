@@ -104,20 +104,88 @@ impl std::fmt::Debug for RelaySetup {
     }
 }
 
+/// Why a relay cannot be set up or started, one line (the relay's own
+/// last word when it exits: no xdp in this build, not root, a bad
+/// interface).
+#[derive(Debug, thiserror::Error)]
+pub enum RelayError {
+    /// `--relay-interface` is not an interface name.
+    #[error("{name:?} is not an interface name")]
+    BadInterface {
+        /// The name given, control characters escaped.
+        name: String,
+    },
+    /// No relay runs and the agent has no interface to start one on.
+    #[error("no relay runs on this host and this agent has no interface for one (start the agent with `netgap serve --relay-interface NAME --key FILE`; a testbed with --links 2 or more does)")]
+    NoInterface,
+    /// The session names no host for the relay to serve.
+    #[error("the session names no host for the relay to serve")]
+    NoPeers,
+    /// The directory for the relay's key could not be made.
+    #[error("a directory for the relay's key: {source}")]
+    KeyDir {
+        /// Why.
+        source: crate::confined::ConfinedError,
+    },
+    /// The relay's key could not be written.
+    #[error("the relay's key: {source}")]
+    Key {
+        /// Why.
+        source: crate::confined::ConfinedError,
+    },
+    /// netgap's own binary, which runs the relay, was not found.
+    #[error("finding netgap's own binary: {source}")]
+    OwnBinary {
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The thread that starts and waits for the relay could not start.
+    #[error("a thread for the relay: {source}")]
+    Thread {
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The relay's process could not start.
+    #[error("starting {exe} relay: {source}")]
+    Spawn {
+        /// The binary started.
+        exe: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The thread that starts the relay ended without a word.
+    #[error("the relay's thread ended")]
+    ThreadEnded,
+    /// The relay exited before it listened.
+    #[error("the relay exited: {said}")]
+    Exited {
+        /// The last line of its log, control characters escaped.
+        said: String,
+    },
+    /// The relay did not listen within `RELAY_START_WAIT`.
+    #[error("the relay did not listen in time: {said}")]
+    Late {
+        /// The last line of its log, control characters escaped.
+        said: String,
+    },
+}
+
 impl RelaySetup {
     /// The setup for relays on `interface` (an interface name: 1 to 15
     /// bytes, none of `/`, whitespace or control characters), their key
     /// derived from `agent_key`.
-    pub fn new(interface: &str, agent_key: &netgap_proto::auth::Key) -> Result<RelaySetup, String> {
+    pub fn new(
+        interface: &str,
+        agent_key: &netgap_proto::auth::Key,
+    ) -> Result<RelaySetup, RelayError> {
         let ok = (1..16).contains(&interface.len())
             && interface
                 .bytes()
                 .all(|b| b.is_ascii_graphic() && b != b'/' && b != b':');
         if !ok {
-            return Err(format!(
-                "{:?} is not an interface name",
-                netgap_core::text::escape_control(interface)
-            ));
+            return Err(RelayError::BadInterface {
+                name: netgap_core::text::escape_control(interface).into_owned(),
+            });
         }
         Ok(RelaySetup {
             interface: interface.to_string(),
@@ -185,15 +253,15 @@ pub(crate) fn ensure_relay(
     relay: Option<&RelaySetup>,
     peers: &[std::net::IpAddr],
     dirs: &crate::confined::AgentDirs,
-) -> Result<RelayGuard, String> {
+) -> Result<RelayGuard, RelayError> {
     if relay_present() {
         return Ok(RelayGuard { started: None });
     }
     let Some(setup) = relay else {
-        return Err("no relay runs on this host and this agent has no interface for one (start the agent with `netgap serve --relay-interface NAME --key FILE`; a testbed with --links 2 or more does)".into());
+        return Err(RelayError::NoInterface);
     };
     if peers.is_empty() {
-        return Err("the session names no host for the relay to serve".into());
+        return Err(RelayError::NoPeers);
     }
     let peers = peers
         .iter()
@@ -203,12 +271,12 @@ pub(crate) fn ensure_relay(
     let key_dir = dirs
         .run_dir()
         .and_then(|d| d.fresh_subdir(&crate::confined::fresh_name("relay-key"), 0o700))
-        .map_err(|e| format!("a directory for the relay's key: {e}"))?;
+        .map_err(|source| RelayError::KeyDir { source })?;
     key_dir
         .write_file("key", &setup.key, 0o600)
-        .map_err(|e| format!("the relay's key: {e}"))?;
+        .map_err(|source| RelayError::Key { source })?;
     let key_path = key_dir.path().join("key");
-    let exe = std::env::current_exe().map_err(|e| format!("finding netgap's own binary: {e}"))?;
+    let exe = std::env::current_exe().map_err(|source| RelayError::OwnBinary { source })?;
     let cap = connections.clamp(16, 1024).to_string();
     let interface = setup.interface.clone();
     let (tx, rx) = std::sync::mpsc::channel();
@@ -238,11 +306,14 @@ pub(crate) fn ensure_relay(
                     let _ = child.wait();
                 }
                 Err(e) => {
-                    let _ = tx.send(Err(format!("starting {} relay: {e}", exe.display())));
+                    let _ = tx.send(Err(RelayError::Spawn {
+                        exe: exe.clone(),
+                        source: e,
+                    }));
                 }
             }
         })
-        .map_err(|e| format!("a thread for the relay: {e}"))?;
+        .map_err(|source| RelayError::Thread { source })?;
     let pid = match rx.recv() {
         Ok(Ok(pid)) => pid,
         Ok(Err(e)) => {
@@ -251,7 +322,7 @@ pub(crate) fn ensure_relay(
         }
         Err(_) => {
             let _ = waiter.join();
-            return Err("the relay's thread ended".into());
+            return Err(RelayError::ThreadEnded);
         }
     };
     let guard = RelayGuard {
@@ -263,15 +334,12 @@ pub(crate) fn ensure_relay(
         if gone || t0.elapsed() > RELAY_START_WAIT {
             let said = std::fs::read_to_string(log_path).unwrap_or_default();
             let line = said.lines().last().unwrap_or("no word in its log").trim();
-            return Err(format!(
-                "the relay {}: {}",
-                if gone {
-                    "exited"
-                } else {
-                    "did not listen in time"
-                },
-                netgap_core::text::escape_control(line)
-            ));
+            let said = netgap_core::text::escape_control(line).into_owned();
+            return Err(if gone {
+                RelayError::Exited { said }
+            } else {
+                RelayError::Late { said }
+            });
         }
         std::thread::sleep(std::time::Duration::from_millis(10));
     }

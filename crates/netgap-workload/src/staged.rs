@@ -38,7 +38,10 @@ pub(crate) fn view(
     })?;
     let peers = staged
         .validate(ctx.spec.flows, &ctx.spec.session_hosts, t)
-        .map_err(|detail| RoleError::Params { workload, detail })?;
+        .map_err(|e| RoleError::Params {
+            workload,
+            detail: e.to_string(),
+        })?;
     Ok(StagedView { staged, peers })
 }
 

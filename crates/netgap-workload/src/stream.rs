@@ -382,7 +382,6 @@ impl ReadyRole for Streams {
         let (warmup, duration) = window(&self.spec);
         let sends = self.direction.sends(self.spec.role);
         let both = self.direction == Direction::Both;
-        let drain = Duration::from_millis(u64::from(self.spec.point.io_timeout_ms));
         let size = self.size;
         let t0 = Instant::now();
         let window_start = t0 + warmup;
@@ -390,11 +389,17 @@ impl ReadyRole for Streams {
         // Every sending thread reads the same payload: one buffer for the
         // role, not one per flow.
         let layout = self.layout;
-        let payload = Arc::new(netgap_transport::buffer::message_buffer(
-            if sends { size } else { 0 },
-            layout,
-        ));
-        let recv_bytes = recv_buffer_bytes(size);
+        let job = FlowJob {
+            both,
+            sends,
+            payload: Arc::new(netgap_transport::buffer::message_buffer(
+                if sends { size } else { 0 },
+                layout,
+            )),
+            recv: (recv_buffer_bytes(size), layout),
+            window: (window_start, end),
+            drain: Duration::from_millis(u64::from(self.spec.point.io_timeout_ms)),
+        };
         let mut handles = Vec::with_capacity(self.flows.len());
         // A datagram path's counters (udp, xdp), read after the flows
         // closed: the record says what was lost, sent again and dropped.
@@ -402,7 +407,7 @@ impl ReadyRole for Streams {
             self.flows.iter().filter_map(|f| f.monitor()).collect();
         for (i, flow) in self.flows.into_iter().enumerate() {
             let stop = self.stop.clone();
-            let payload = Arc::clone(&payload);
+            let job = job.clone();
             let flow: Box<dyn transport::Flow> = Box::new(
                 PacedFlow::new(
                     flow,
@@ -413,31 +418,7 @@ impl ReadyRole for Streams {
             );
             let h = std::thread::Builder::new()
                 .name(format!("flow {i}"))
-                .spawn(move || {
-                    let counted = if both {
-                        both_ways_until(
-                            flow,
-                            payload,
-                            (recv_bytes, layout),
-                            (window_start, end),
-                            &stop,
-                        )
-                    } else if sends {
-                        send_until(flow, &payload, end, &stop)
-                    } else {
-                        recv_until(flow, (recv_bytes, layout), window_start, end, drain, &stop)
-                    };
-                    // A failed flow ends the role's window now (the stop
-                    // is the role's own): the failure, a stopped peer's
-                    // timeout, is reported at once, not at the window's
-                    // end, and the other flows stop at their next message.
-                    // What fails after the stop is its consequence.
-                    let first = counted.is_err() && !stop.is_set();
-                    if first {
-                        stop.set();
-                    }
-                    (counted, first)
-                })
+                .spawn(move || job.run(flow, &stop))
                 .map_err(|source| RoleError::Thread {
                     what: "a flow thread",
                     source,
@@ -450,40 +431,7 @@ impl ReadyRole for Streams {
         // itself woke.
         let (cpu, _) = meter_window(window_start, end, &self.stop);
         let window_ns = u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX);
-        let mut counts = Vec::with_capacity(handles.len());
-        let mut reports = Vec::with_capacity(handles.len());
-        let mut first_err = None;
-        for (index, h) in handles.into_iter().enumerate() {
-            match h.join() {
-                // The flow whose failure stopped the others names it.
-                Ok((Err(source), true)) => {
-                    first_err = Some(RoleError::Flow { index, source });
-                }
-                Ok((Ok(c), _)) => {
-                    counts.push(c);
-                    reports.push(FlowReport {
-                        index: index as u32,
-                        bytes_tx: c.bytes_tx,
-                        bytes_rx: c.bytes_rx,
-                        window_bytes_rx: c.window_bytes_rx,
-                        round_trips: 0,
-                        percentiles: None,
-                        errors: 0,
-                    });
-                }
-                Ok((Err(source), false)) => {
-                    first_err.get_or_insert(RoleError::Flow { index, source });
-                }
-                Err(_) => {
-                    first_err.get_or_insert(RoleError::Panicked {
-                        what: format!("the thread of flow {index}"),
-                    });
-                }
-            }
-        }
-        if let Some(e) = first_err {
-            return Err(e);
-        }
+        let (counts, reports) = join_flows(handles)?;
         Ok(RoleResult {
             buckets: Vec::new(),
             outcome: WorkloadOutcome {
@@ -503,6 +451,102 @@ impl ReadyRole for Streams {
             },
             flows: reports,
         })
+    }
+}
+
+/// What every flow thread of a role does, over which window.
+#[derive(Clone)]
+struct FlowJob {
+    /// Payload both ways at once (`--bidir`).
+    both: bool,
+    /// This end sends (one way); else it receives.
+    sends: bool,
+    /// The role's one payload buffer, empty on a receiving end.
+    payload: Arc<AlignedBuffer>,
+    /// A receiving flow's buffer: its bytes and layout.
+    recv: (usize, BufferLayout),
+    /// The measured window: its start and end.
+    window: (Instant, Instant),
+    /// How long a receiver waits for the sender's last bytes after the
+    /// window.
+    drain: Duration,
+}
+
+impl FlowJob {
+    /// Moves bytes over `flow` until the window ends or the stop; whether
+    /// this flow's failure was the first, which stopped the others.
+    fn run(
+        &self,
+        flow: Box<dyn transport::Flow>,
+        stop: &Stop,
+    ) -> (Result<StreamCount, FlowError>, bool) {
+        let (window_start, end) = self.window;
+        let counted = if self.both {
+            both_ways_until(
+                flow,
+                Arc::clone(&self.payload),
+                self.recv,
+                self.window,
+                stop,
+            )
+        } else if self.sends {
+            send_until(flow, &self.payload, end, stop)
+        } else {
+            recv_until(flow, self.recv, window_start, end, self.drain, stop)
+        };
+        // A failed flow ends the role's window now (the stop is the
+        // role's own): the failure, a stopped peer's timeout, is reported
+        // at once, not at the window's end, and the other flows stop at
+        // their next message. What fails after the stop is its
+        // consequence.
+        let first = counted.is_err() && !stop.is_set();
+        if first {
+            stop.set();
+        }
+        (counted, first)
+    }
+}
+
+/// Waits for every flow thread: their counts and reports, in flow order,
+/// or the error of the flow whose failure stopped the others (else the
+/// first error).
+fn join_flows(
+    handles: Vec<JoinHandle<(Result<StreamCount, FlowError>, bool)>>,
+) -> Result<(Vec<StreamCount>, Vec<FlowReport>), RoleError> {
+    let mut counts = Vec::with_capacity(handles.len());
+    let mut reports = Vec::with_capacity(handles.len());
+    let mut first_err = None;
+    for (index, h) in handles.into_iter().enumerate() {
+        match h.join() {
+            // The flow whose failure stopped the others names it.
+            Ok((Err(source), true)) => {
+                first_err = Some(RoleError::Flow { index, source });
+            }
+            Ok((Ok(c), _)) => {
+                counts.push(c);
+                reports.push(FlowReport {
+                    index: index as u32,
+                    bytes_tx: c.bytes_tx,
+                    bytes_rx: c.bytes_rx,
+                    window_bytes_rx: c.window_bytes_rx,
+                    round_trips: 0,
+                    percentiles: None,
+                    errors: 0,
+                });
+            }
+            Ok((Err(source), false)) => {
+                first_err.get_or_insert(RoleError::Flow { index, source });
+            }
+            Err(_) => {
+                first_err.get_or_insert(RoleError::Panicked {
+                    what: format!("the thread of flow {index}"),
+                });
+            }
+        }
+    }
+    match first_err {
+        Some(e) => Err(e),
+        None => Ok((counts, reports)),
     }
 }
 

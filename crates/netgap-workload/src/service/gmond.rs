@@ -187,9 +187,38 @@ pub(crate) struct Answer {
 /// Most hosts one answer may name.
 const MAX_HOSTS: usize = 4096;
 
+/// Why an answer is not gmond's XML, one line.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum GmondError {
+    /// More hosts than an answer may name.
+    #[error("more than {MAX_HOSTS} hosts")]
+    TooManyHosts,
+    /// A HOST element's attributes do not parse.
+    #[error("{0}")]
+    Attribute(#[from] quick_xml::events::attributes::AttrError),
+    /// A HOST element has no NAME.
+    #[error("a HOST without NAME")]
+    NoName,
+    /// A host's NAME does not unescape.
+    #[error("{0}")]
+    Name(Box<quick_xml::Error>),
+    /// The document is not well-formed.
+    #[error("bad XML at byte {at}: {source}")]
+    Xml {
+        /// Where the reader stopped, bytes from the start.
+        at: u64,
+        /// Why (boxed: the reader's error is large, the answer's is
+        /// rare).
+        source: Box<quick_xml::Error>,
+    },
+    /// The document has no GANGLIA_XML element.
+    #[error("no GANGLIA_XML element")]
+    NoRoot,
+}
+
 /// Parses gmond's XML (`GANGLIA_XML` / `CLUSTER` / `HOST` / `METRIC`);
 /// never panics on any input.
-pub(crate) fn parse(xml: &[u8]) -> Result<Answer, String> {
+pub(crate) fn parse(xml: &[u8]) -> Result<Answer, GmondError> {
     let mut reader = quick_xml::Reader::from_reader(xml);
     let mut answer = Answer::default();
     let mut root = false;
@@ -199,13 +228,12 @@ pub(crate) fn parse(xml: &[u8]) -> Result<Answer, String> {
                 b"GANGLIA_XML" => root = true,
                 b"HOST" => {
                     if answer.hosts.len() >= MAX_HOSTS {
-                        return Err(format!("more than {MAX_HOSTS} hosts"));
+                        return Err(GmondError::TooManyHosts);
                     }
-                    let name = e
-                        .try_get_attribute("NAME")
-                        .map_err(|e| e.to_string())?
-                        .ok_or("a HOST without NAME")?;
-                    let name = name.unescape_value().map_err(|e| e.to_string())?;
+                    let name = e.try_get_attribute("NAME")?.ok_or(GmondError::NoName)?;
+                    let name = name
+                        .unescape_value()
+                        .map_err(|e| GmondError::Name(Box::new(e)))?;
                     answer.hosts.push(name.chars().take(256).collect());
                 }
                 b"METRIC" => answer.metrics = answer.metrics.saturating_add(1),
@@ -213,11 +241,16 @@ pub(crate) fn parse(xml: &[u8]) -> Result<Answer, String> {
             },
             Ok(Event::Eof) => break,
             Ok(_) => {}
-            Err(e) => return Err(format!("bad XML at byte {}: {e}", reader.buffer_position())),
+            Err(source) => {
+                return Err(GmondError::Xml {
+                    at: reader.buffer_position(),
+                    source: Box::new(source),
+                })
+            }
         }
     }
     if !root {
-        return Err("no GANGLIA_XML element".into());
+        return Err(GmondError::NoRoot);
     }
     Ok(answer)
 }

@@ -88,7 +88,7 @@ pub(crate) enum ServiceError {
         /// The time allowed, s.
         secs: u64,
         /// The last failure.
-        detail: String,
+        detail: ProbeError,
         /// The end of its log.
         log: String,
     },
@@ -533,7 +533,7 @@ impl Running {
         addr: SocketAddr,
         stop: &crate::role::Stop,
         extra_log: Option<&File>,
-        mut probe: impl FnMut(SocketAddr) -> Result<(), String>,
+        mut probe: impl FnMut(SocketAddr) -> Result<(), ProbeError>,
     ) -> Result<(), ServiceError> {
         let deadline = Instant::now() + START_TIMEOUT;
         let log = |this: &Running| {
@@ -679,41 +679,70 @@ pub(crate) fn tree_cpu_ns(root: u32) -> u64 {
     tree_ticks(&procs, root).saturating_mul(1_000_000_000) / ticks_per_s
 }
 
+/// Why one probe of a starting program failed; it is probed again until
+/// it answers or its start times out ([`ServiceError::NoAnswer`]).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ProbeError {
+    /// Connecting to it failed.
+    #[error(transparent)]
+    Connect(io::Error),
+    /// The connection's read timeout could not be set.
+    #[error(transparent)]
+    Timeout(io::Error),
+    /// Sending the request failed.
+    #[error(transparent)]
+    Send(io::Error),
+    /// Reading its answer failed.
+    #[error(transparent)]
+    Read(io::Error),
+    /// A web server answered, but not 200.
+    #[error("answered {line:?}")]
+    NotOk {
+        /// Its status line.
+        line: String,
+    },
+    /// gmond's answer is not its XML.
+    #[error(transparent)]
+    Gmond(#[from] gmond::GmondError),
+    /// gmond answers, but has no host with metrics yet.
+    #[error("its answer names no host with metrics yet")]
+    NoMetrics,
+}
+
 /// Sends an HTTP/1.1 GET of `path` to `addr` and checks for a 200 answer:
 /// the probe that says a web server is up.
-pub(crate) fn http_probe(addr: SocketAddr, path: &str) -> Result<(), String> {
-    let mut s =
-        TcpStream::connect_timeout(&addr, Duration::from_millis(500)).map_err(|e| e.to_string())?;
+pub(crate) fn http_probe(addr: SocketAddr, path: &str) -> Result<(), ProbeError> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(500))
+        .map_err(ProbeError::Connect)?;
     s.set_read_timeout(Some(Duration::from_secs(2)))
-        .map_err(|e| e.to_string())?;
+        .map_err(ProbeError::Timeout)?;
     write!(
         s,
         "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
     )
-    .map_err(|e| e.to_string())?;
+    .map_err(ProbeError::Send)?;
     let mut head = [0u8; 64];
-    let n = s.read(&mut head).map_err(|e| e.to_string())?;
+    let n = s.read(&mut head).map_err(ProbeError::Read)?;
     let line = String::from_utf8_lossy(&head[..n]);
     if line.starts_with("HTTP/1.1 200") || line.starts_with("HTTP/1.0 200") {
         Ok(())
     } else {
-        Err(format!(
-            "answered {:?}",
-            line.lines().next().unwrap_or_default()
-        ))
+        Err(ProbeError::NotOk {
+            line: line.lines().next().unwrap_or_default().to_string(),
+        })
     }
 }
 
 /// Reads everything `addr` sends until it closes, at most `max_bytes`.
-pub(crate) fn read_all(addr: SocketAddr, max_bytes: usize) -> Result<Vec<u8>, String> {
-    let s =
-        TcpStream::connect_timeout(&addr, Duration::from_millis(500)).map_err(|e| e.to_string())?;
+pub(crate) fn read_all(addr: SocketAddr, max_bytes: usize) -> Result<Vec<u8>, ProbeError> {
+    let s = TcpStream::connect_timeout(&addr, Duration::from_millis(500))
+        .map_err(ProbeError::Connect)?;
     s.set_read_timeout(Some(Duration::from_secs(2)))
-        .map_err(|e| e.to_string())?;
+        .map_err(ProbeError::Timeout)?;
     let mut out = Vec::new();
     s.take(max_bytes as u64)
         .read_to_end(&mut out)
-        .map_err(|e| e.to_string())?;
+        .map_err(ProbeError::Read)?;
     Ok(out)
 }
 

@@ -19,11 +19,30 @@ pub(crate) struct ServiceUser {
 /// The name of the user a root agent's services run as.
 pub(crate) const SERVICE_USER: &str = "nobody";
 
+/// Why a root agent has no user to run its services as.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum UserError {
+    /// The host has no such user.
+    #[error("this host has no user {name:?}, which a root agent runs its server programs as")]
+    Missing {
+        /// The user looked for ([`SERVICE_USER`]).
+        name: &'static str,
+    },
+    /// The user database could not be read.
+    #[error("looking up the user {name:?}: {source}")]
+    Lookup {
+        /// The user looked for ([`SERVICE_USER`]).
+        name: &'static str,
+        /// Why.
+        source: nix::Error,
+    },
+}
+
 impl ServiceUser {
     /// The user this agent's services run as: `Some` ([`SERVICE_USER`])
     /// when the agent runs as root, `None` (the agent's own user) when not.
     /// A root agent on a host with no such user is an error naming it.
-    pub(crate) fn for_agent() -> Result<Option<ServiceUser>, String> {
+    pub(crate) fn for_agent() -> Result<Option<ServiceUser>, UserError> {
         if !nix::unistd::geteuid().is_root() {
             return Ok(None);
         }
@@ -33,10 +52,11 @@ impl ServiceUser {
                 uid: u.uid.as_raw(),
                 gid: u.gid.as_raw(),
             })),
-            Ok(None) => Err(format!(
-                "this host has no user {SERVICE_USER:?}, which a root agent runs its server programs as"
-            )),
-            Err(e) => Err(format!("looking up the user {SERVICE_USER:?}: {e}")),
+            Ok(None) => Err(UserError::Missing { name: SERVICE_USER }),
+            Err(source) => Err(UserError::Lookup {
+                name: SERVICE_USER,
+                source,
+            }),
         }
     }
 }

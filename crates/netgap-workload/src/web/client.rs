@@ -93,7 +93,7 @@ pub(crate) struct ClientOutcome {
 
 /// Why the clients could not run.
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum ClientError {
+pub enum ClientError {
     /// A system call the workers need failed.
     #[error("{what}: {source}")]
     Sys {

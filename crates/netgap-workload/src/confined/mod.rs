@@ -28,13 +28,21 @@
 //! while something of the agent's is on disk. An agent removes at start
 //! what agents that no longer run left there.
 
-use std::ffi::CStr;
+mod agent_dirs;
+mod at;
+
+pub use agent_dirs::{default_run_base, AgentDirs};
+pub(crate) use agent_dirs::{fresh_name, STRIPE_PREFIX};
+
+use at::is_dir_at;
+use at::not_a_dir;
+use at::open_checked;
+use at::remove_at;
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::Arc;
 
 use rustix::fs::{AtFlags, Mode, OFlags};
 
@@ -100,27 +108,63 @@ pub(crate) fn check_name(name: &str) -> Result<&str, ConfinedError> {
     }
 }
 
+/// A relative subdirectory that cannot be used, one line naming it and
+/// what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum SubdirError {
+    /// It is an absolute path.
+    #[error("{sub:?} is an absolute path; name a subdirectory relative to the agent's I/O directory (netgap serve --io-dir)")]
+    Absolute {
+        /// The subdirectory given.
+        sub: String,
+    },
+    /// It has no component.
+    #[error("{sub:?} names no subdirectory")]
+    Empty {
+        /// The subdirectory given.
+        sub: String,
+    },
+    /// It has more components than allowed.
+    #[error("{sub:?} is deeper than {most} directories")]
+    TooDeep {
+        /// The subdirectory given.
+        sub: String,
+        /// Most components allowed.
+        most: usize,
+    },
+    /// A component is not a plain name (`..`, `.`).
+    #[error("{sub:?} has the component {part:?}; only plain names below the agent's I/O directory are allowed")]
+    BadComponent {
+        /// The subdirectory given.
+        sub: String,
+        /// The component refused.
+        part: String,
+    },
+}
+
 /// Splits a relative subdirectory (`a/b`) into its components, refusing an
 /// absolute path, `..`, `.` and empty components, and more than `most`
-/// components; one line naming what is wrong.
-pub(crate) fn relative_components(sub: &str, most: usize) -> Result<Vec<&str>, String> {
+/// components.
+pub(crate) fn relative_components(sub: &str, most: usize) -> Result<Vec<&str>, SubdirError> {
     if sub.starts_with('/') {
-        return Err(format!(
-            "{sub:?} is an absolute path; name a subdirectory relative to the agent's I/O directory (netgap serve --io-dir)"
-        ));
+        return Err(SubdirError::Absolute { sub: sub.into() });
     }
     let parts: Vec<&str> = sub.split('/').filter(|p| !p.is_empty()).collect();
     if parts.is_empty() {
-        return Err(format!("{sub:?} names no subdirectory"));
+        return Err(SubdirError::Empty { sub: sub.into() });
     }
     if parts.len() > most {
-        return Err(format!("{sub:?} is deeper than {most} directories"));
+        return Err(SubdirError::TooDeep {
+            sub: sub.into(),
+            most,
+        });
     }
     for p in &parts {
         if check_name(p).is_err() {
-            return Err(format!(
-                "{sub:?} has the component {p:?}; only plain names below the agent's I/O directory are allowed"
-            ));
+            return Err(SubdirError::BadComponent {
+                sub: sub.into(),
+                part: (*p).into(),
+            });
         }
     }
     Ok(parts)
@@ -478,310 +522,6 @@ impl Drop for Dir {
     }
 }
 
-/// Makes `name` in `at` with `mode` if missing, opens it without
-/// following a link and checks on its descriptor that it is a directory of
-/// this process's user that nobody else can write in; `path` names it in a
-/// refusal.
-fn open_checked<P: rustix::path::Arg + Copy>(
-    at: BorrowedFd<'_>,
-    name: P,
-    path: &Path,
-    what: &str,
-    remedy: &str,
-    mode: u32,
-) -> Result<Dir, ConfinedError> {
-    let refuse = |reason: String| ConfinedError::Refused {
-        path: path.to_path_buf(),
-        what: what.into(),
-        reason,
-        remedy: remedy.into(),
-    };
-    match rustix::fs::mkdirat(at, name, Mode::from_raw_mode(mode)) {
-        Ok(()) | Err(rustix::io::Errno::EXIST) => {}
-        Err(rustix::io::Errno::NOENT) => {
-            return Err(refuse("its parent directory does not exist".into()))
-        }
-        Err(e) => return Err(refuse(format!("it cannot be made: {}", io::Error::from(e)))),
-    }
-    let fd = rustix::fs::openat(
-        at,
-        name,
-        OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::RDONLY,
-        Mode::empty(),
-    )
-    .map_err(|e| match e {
-        rustix::io::Errno::LOOP | rustix::io::Errno::NOTDIR => refuse(not_a_dir(at, name).into()),
-        e => refuse(format!("it cannot be opened: {}", io::Error::from(e))),
-    })?;
-    let st = rustix::fs::fstat(&fd)
-        .map_err(|e| refuse(format!("it cannot be read: {}", io::Error::from(e))))?;
-    let me = euid();
-    if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::Directory {
-        return Err(refuse("it is not a directory".into()));
-    }
-    if st.st_uid != me {
-        return Err(refuse(format!(
-            "it is owned by uid {}, not by the user netgap runs as (uid {me})",
-            st.st_uid
-        )));
-    }
-    if st.st_mode & 0o022 != 0 {
-        return Err(refuse(format!(
-            "it is writable by {} (mode {:o})",
-            if st.st_mode & 0o002 != 0 {
-                "every user"
-            } else {
-                "its group"
-            },
-            st.st_mode & 0o7777
-        )));
-    }
-    Ok(Dir {
-        fd: Arc::new(fd),
-        path: path.to_path_buf(),
-        remove_from: None,
-    })
-}
-
-/// Why `name` in `dir`, which could not be opened as a directory without
-/// following a link, is not one.
-fn not_a_dir<P: rustix::path::Arg>(dir: impl AsFd, name: P) -> &'static str {
-    match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
-        Ok(st)
-            if rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Symlink =>
-        {
-            "it is a symbolic link"
-        }
-        _ => "it is not a directory",
-    }
-}
-
-/// Whether the entry `name` of `dir` is a directory: from its type in the
-/// listing, or (when the file system does not say) from `fstatat` without
-/// following a link.
-fn is_dir_at(dir: BorrowedFd<'_>, name: &CStr, t: rustix::fs::FileType) -> bool {
-    match t {
-        rustix::fs::FileType::Directory => true,
-        rustix::fs::FileType::Unknown => rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW)
-            .is_ok_and(|st| {
-                rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Directory
-            }),
-        _ => false,
-    }
-}
-
-/// Removes `name` in `dir`: a directory is opened without following a
-/// link, emptied relative to its own descriptor and removed; anything else
-/// (a link included) is unlinked.
-fn remove_at(dir: BorrowedFd<'_>, name: &CStr, depth: usize) -> rustix::io::Result<()> {
-    let sub = rustix::fs::openat(
-        dir,
-        name,
-        OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::RDONLY,
-        Mode::empty(),
-    );
-    match sub {
-        Ok(fd) => {
-            if depth < MAX_REMOVE_DEPTH {
-                let mut names = Vec::new();
-                for e in rustix::fs::Dir::read_from(&fd)?.flatten() {
-                    let n = e.file_name();
-                    if n != c"." && n != c".." {
-                        names.push(n.to_owned());
-                    }
-                }
-                for n in names {
-                    // An entry that cannot go leaves its directory, whose
-                    // removal then fails and is reported.
-                    let _ = remove_at(fd.as_fd(), &n, depth + 1);
-                }
-            }
-            drop(fd);
-            rustix::fs::unlinkat(dir, name, AtFlags::REMOVEDIR)
-        }
-        Err(rustix::io::Errno::NOTDIR | rustix::io::Errno::LOOP) => {
-            rustix::fs::unlinkat(dir, name, AtFlags::empty())
-        }
-        Err(e) => Err(e),
-    }
-}
-
-/// Whether a process `pid` runs (or exists as another user's).
-pub(crate) fn pid_alive(pid: u32) -> bool {
-    let Ok(p) = i32::try_from(pid) else {
-        return false;
-    };
-    if p <= 0 {
-        return false;
-    }
-    !matches!(
-        nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), None),
-        Err(nix::errno::Errno::ESRCH)
-    )
-}
-
-/// The pid a name `PREFIX<pid>-...` carries, if it has that form.
-pub(crate) fn pid_in_name(name: &str, prefix: &str) -> Option<u32> {
-    name.strip_prefix(prefix)?.split('-').next()?.parse().ok()
-}
-
-/// The default base of an agent's run directory: `/var/lib/netgap` as
-/// root; else `$XDG_RUNTIME_DIR/netgap` when that is set, or
-/// `/tmp/netgap-<uid>`.
-pub fn default_run_base() -> PathBuf {
-    let uid = euid();
-    if uid == 0 {
-        return PathBuf::from("/var/lib/netgap");
-    }
-    match std::env::var_os("XDG_RUNTIME_DIR") {
-        Some(d) if Path::new(&d).is_absolute() => Path::new(&d).join("netgap"),
-        _ => PathBuf::from(format!("/tmp/netgap-{uid}")),
-    }
-}
-
-/// The prefix of an agent's directory under the base.
-const AGENT_PREFIX: &str = "agent-";
-
-/// An agent's directories: its run directory (`agent-<pid>-<nonce>` under
-/// the base, made when first needed and removed when nothing of the
-/// agent's is in it any more) and the directory pio's stripes go under.
-#[derive(Debug)]
-pub struct AgentDirs {
-    base_path: PathBuf,
-    /// The base, opened and checked once; what dead agents left in it was
-    /// removed then.
-    base: Mutex<Option<Arc<Dir>>>,
-    /// The run directory while something holds it.
-    current: Mutex<Weak<Dir>>,
-    /// `--io-dir`, when the operator named one.
-    io_dir: Option<Arc<Dir>>,
-}
-
-/// What a refused run directory base tells the operator to do.
-const RUN_DIR_REMEDY: &str = "remove it or pass --run-dir DIR";
-
-impl AgentDirs {
-    /// Directories under `base` (nothing is opened yet).
-    pub fn new(base: PathBuf) -> AgentDirs {
-        AgentDirs {
-            base_path: base,
-            base: Mutex::new(None),
-            current: Mutex::new(Weak::new()),
-            io_dir: None,
-        }
-    }
-
-    /// Puts pio's stripes under the operator's `dir` instead of the run
-    /// directory, removing the stripes of agents that no longer run there.
-    pub fn with_io_dir(mut self, dir: &Path) -> Result<AgentDirs, ConfinedError> {
-        let d = Dir::open_operator(dir)?;
-        sweep_stale_stripes(&d, 0);
-        self.io_dir = Some(Arc::new(d));
-        Ok(self)
-    }
-
-    /// Opens and checks the base now (making it 0711 if missing) and
-    /// removes what agents that no longer run left in it; a refusal is one
-    /// line. Returns how many directories of dead agents were removed.
-    pub fn open_base(&self) -> Result<usize, ConfinedError> {
-        let mut slot = self.base.lock().unwrap_or_else(|p| p.into_inner());
-        if slot.is_some() {
-            return Ok(0);
-        }
-        // 0711: others may pass through to a service's own directory
-        // (whose name they cannot list) but neither list nor write.
-        let base = Dir::open_base(
-            &self.base_path,
-            "the agent's run directory base",
-            RUN_DIR_REMEDY,
-            0o711,
-        )?;
-        let mut removed = 0;
-        for (name, _) in base.entries()? {
-            if let Some(pid) = pid_in_name(&name, AGENT_PREFIX) {
-                if !pid_alive(pid) && base.remove_all(&name).is_ok() {
-                    removed += 1;
-                }
-            }
-        }
-        *slot = Some(Arc::new(base));
-        Ok(removed)
-    }
-
-    /// The agent's run directory, made (0711) if nothing holds it now.
-    pub(crate) fn run_dir(&self) -> Result<Arc<Dir>, ConfinedError> {
-        self.open_base()?;
-        let base = self
-            .base
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-            .ok_or_else(|| ConfinedError::Io {
-                what: "opening",
-                path: self.base_path.clone(),
-                source: io::Error::other("the base is not open"),
-            })?;
-        let mut cur = self.current.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(d) = cur.upgrade() {
-            return Ok(d);
-        }
-        let name = fresh_name(&format!("{AGENT_PREFIX}{}", std::process::id()));
-        let dir = Arc::new(base.fresh_subdir(&name, 0o711)?);
-        *cur = Arc::downgrade(&dir);
-        Ok(dir)
-    }
-
-    /// The directory pio's stripes go under: `--io-dir`, else the run
-    /// directory.
-    pub(crate) fn io_dir(&self) -> Result<Arc<Dir>, ConfinedError> {
-        match &self.io_dir {
-            Some(d) => Ok(Arc::clone(d)),
-            None => self.run_dir(),
-        }
-    }
-}
-
-/// A name `PREFIX-<nonce>` not used before by this process (the nonce
-/// mixes the clock with a counter; `mkdirat` refuses one that exists).
-pub(crate) fn fresh_name(prefix: &str) -> String {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
-    format!(
-        "{prefix}-{:x}{:x}",
-        nanos & 0xffff_ffff_ffff,
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
-/// The prefix of pio's stripe files: `netgap-pio-<agentpid>-<n>`.
-pub(crate) const STRIPE_PREFIX: &str = "netgap-pio-";
-
-/// Removes, in `dir` and its subdirectories (a few levels, never following
-/// a link), the stripe files of agents that no longer run. Returns how
-/// many were removed.
-pub(crate) fn sweep_stale_stripes(dir: &Dir, depth: usize) -> usize {
-    let Ok(entries) = dir.entries() else {
-        return 0;
-    };
-    let mut removed = 0;
-    for (name, is_dir) in entries {
-        if is_dir {
-            if depth < 8 {
-                if let Ok(sub) = dir.open_subdir(&name) {
-                    removed += sweep_stale_stripes(&sub, depth + 1);
-                }
-            }
-        } else if let Some(pid) = pid_in_name(&name, STRIPE_PREFIX) {
-            if !pid_alive(pid) && dir.remove_file(&name).is_ok() {
-                removed += 1;
-            }
-        }
-    }
-    removed
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
 mod tests {
@@ -1016,43 +756,5 @@ mod tests {
         assert!(!path.exists());
         assert_eq!(std::fs::read(outside.join("keep")).unwrap(), b"k");
         assert!(b.path().exists(), "the base is kept");
-    }
-
-    #[test]
-    fn an_agents_run_directory_goes_when_unused_and_dead_agents_directories_are_swept() {
-        let t = tempfile::tempdir().unwrap();
-        let base = t.path().join("runs");
-        std::fs::create_dir(&base).unwrap();
-        // What an agent that no longer runs left (pid 0 never names one;
-        // a pid past the kernel's maximum never runs).
-        let dead = base.join("agent-4194999-1");
-        std::fs::create_dir_all(dead.join("nginx-1")).unwrap();
-        std::fs::write(dead.join("nginx-1/nginx.conf"), b"x").unwrap();
-        let dirs = AgentDirs::new(base.clone());
-        let run = dirs.run_dir().unwrap();
-        assert!(!dead.exists());
-        let again = dirs.run_dir().unwrap();
-        assert_eq!(run.path(), again.path());
-        let md = std::fs::metadata(run.path()).unwrap();
-        assert_eq!(md.uid(), euid());
-        let path = run.path().to_path_buf();
-        drop((run, again));
-        assert!(!path.exists());
-        assert!(base.exists());
-    }
-
-    #[test]
-    fn stale_stripes_of_dead_agents_are_removed_and_live_ones_kept() {
-        let t = tempfile::tempdir().unwrap();
-        let io = t.path();
-        std::fs::create_dir(io.join("sub")).unwrap();
-        std::fs::write(io.join("sub/netgap-pio-4194999-0"), b"x").unwrap();
-        let mine = format!("netgap-pio-{}-0", std::process::id());
-        std::fs::write(io.join(&mine), b"x").unwrap();
-        std::fs::write(io.join("unrelated"), b"x").unwrap();
-        let d = Dir::open_operator(io).unwrap();
-        assert_eq!(sweep_stale_stripes(&d, 0), 1);
-        assert!(io.join(&mine).exists() && io.join("unrelated").exists());
-        assert!(!io.join("sub/netgap-pio-4194999-0").exists());
     }
 }

@@ -24,28 +24,29 @@
 //! `--duration` window of the repetition only bound it.
 
 pub(crate) mod client;
+mod client_role;
 pub(crate) mod layout;
 pub(crate) mod server;
+mod server_role;
 pub(crate) mod wire;
 
 use super::options::{OptionKind, WorkloadArgs, WorkloadOption};
 use super::place::{HostView, Placement, RolePlace, Staged};
 use super::role::{
-    find_transport, parse_params, OpenRole, ReadyRole, RoleContext, RoleError, RoleResult, Stop,
-    WindowEdge, PER_FLOW_BYTES,
+    find_transport, parse_params, OpenRole, RoleContext, RoleError, Stop, WindowEdge,
+    PER_FLOW_BYTES,
 };
 use super::staged::{self, Inbound};
 use super::{CountFlag, FlowSample, Refused, StagedWorkload, Workload};
 use crate::About;
-use layout::{Layout, Pattern, Piece};
+use client_role::ClientRole;
+use layout::{Layout, Pattern};
 use netgap_core::metric::Metric;
 use netgap_core::spec::PointSpec;
-use netgap_proto::workload::{FlowReport, WorkloadOutcome, WorkloadRole, WorkloadSpec};
-use netgap_transport::cpu::peak_rss_kib;
-use netgap_transport::{self as transport, FlowConfig, Transport};
+use netgap_proto::workload::{FlowReport, WorkloadRole, WorkloadSpec};
+use netgap_transport::{FlowConfig, Transport};
+use server_role::ServerOpen;
 use std::collections::BTreeMap;
-use std::sync::Arc;
-use std::time::Instant;
 
 const NAME: &str = "pio";
 
@@ -527,49 +528,6 @@ struct Common {
     headline_read: bool,
 }
 
-struct ServerOpen {
-    common: Common,
-    inbound: Inbound,
-    file: server::ServerFile,
-    limit: u64,
-    index: usize,
-}
-
-impl OpenRole for ServerOpen {
-    fn addrs(&self) -> Vec<String> {
-        self.inbound.addrs.clone()
-    }
-
-    fn ready(self: Box<Self>) -> Result<Box<dyn ReadyRole>, RoleError> {
-        let flows = self.inbound.join()?;
-        let buffer =
-            netgap_transport::buffer::BufferLayout::of_options(&self.common.spec.point.options)
-                .map_err(|e| RoleError::Params {
-                    workload: NAME,
-                    detail: format!("message buffers: {e}"),
-                })?;
-        Ok(Box::new(ServerReady {
-            shared: Arc::new(server::Shared::new(
-                self.file,
-                self.common.layout.stripe_bytes,
-                self.limit,
-                flows.len(),
-                buffer,
-            )),
-            common: self.common,
-            flows,
-            index: self.index,
-        }))
-    }
-}
-
-struct ServerReady {
-    common: Common,
-    shared: Arc<server::Shared>,
-    flows: Vec<Box<dyn transport::Flow>>,
-    index: usize,
-}
-
 fn ms(ns: u64) -> f64 {
     ns as f64 / 1e6
 }
@@ -595,277 +553,6 @@ fn join_all<T>(
     match first_err {
         Some(e) => Err(e),
         None => Ok(out),
-    }
-}
-
-impl ReadyRole for ServerReady {
-    fn run(self: Box<Self>) -> Result<RoleResult, RoleError> {
-        let deadline = staged::job_deadline(&self.common.spec, Instant::now());
-        let mut handles = Vec::with_capacity(self.flows.len());
-        for (i, mut flow) in self.flows.into_iter().enumerate() {
-            let shared = Arc::clone(&self.shared);
-            let stop = self.common.stop.clone();
-            let h = std::thread::Builder::new()
-                .name(format!("pio server {i}"))
-                .spawn(move || {
-                    let r = server::serve(flow.as_mut(), &shared, deadline, &stop);
-                    if r.is_err() {
-                        shared.fail();
-                    }
-                    r
-                })
-                .map_err(|source| RoleError::Thread {
-                    what: "a pio server thread",
-                    source,
-                })?;
-            handles.push(h);
-        }
-        let served = join_all(handles)?;
-        let sh = &self.shared;
-        let phases = sh.phases().ok_or_else(|| {
-            PioError("a client was done before both phases; this is a bug in the client".into())
-        })?;
-        let head = if self.common.headline_read {
-            phases.read
-        } else {
-            phases.write
-        };
-        let cpu = head.0.usage_to(&head.1);
-        let written: u64 = served.iter().map(|s| s.written).sum();
-        let read: u64 = served.iter().map(|s| s.read).sum();
-        let mut metrics = BTreeMap::new();
-        metrics.insert(
-            format!("server{}_bytes", self.index),
-            (written + read) as f64,
-        );
-        for (key, (start, end)) in [
-            ("servers_write_cpu_ms", phases.write),
-            ("servers_read_cpu_ms", phases.read),
-        ] {
-            metrics.insert(key.into(), ms(start.usage_to(&end).cpu_ns));
-        }
-        metrics.insert(
-            "disk_write_ms".into(),
-            ms(sh.write_ns.load(std::sync::atomic::Ordering::Relaxed)),
-        );
-        metrics.insert(
-            "disk_read_ms".into(),
-            ms(sh.read_ns.load(std::sync::atomic::Ordering::Relaxed)),
-        );
-        metrics.insert(
-            "disk_flush_ms".into(),
-            ms(sh.flush_ns.load(std::sync::atomic::Ordering::Relaxed)),
-        );
-        let cache = sh.file.cache;
-        for (key, on) in [
-            ("servers_direct_io", cache == server::CacheUse::Direct),
-            (
-                "servers_flushed",
-                matches!(cache, server::CacheUse::Direct | server::CacheUse::Flush),
-            ),
-            ("servers_on_tmpfs", cache == server::CacheUse::Memory),
-            ("servers_cache_kept", cache == server::CacheUse::Kept),
-        ] {
-            metrics.insert(key.into(), if on { 1.0 } else { 0.0 });
-        }
-        let flows = served
-            .iter()
-            .enumerate()
-            .map(|(i, s)| FlowReport {
-                index: i as u32,
-                bytes_tx: s.read,
-                bytes_rx: s.written,
-                window_bytes_rx: 0,
-                round_trips: s.requests,
-                percentiles: None,
-                errors: 0,
-            })
-            .collect();
-        Ok(RoleResult {
-            flows,
-            buckets: Vec::new(),
-            outcome: WorkloadOutcome {
-                window_ns: phase_ns(head),
-                cpu,
-                peak_rss_kib: peak_rss_kib(),
-                processes: None,
-                bytes_rx: written,
-                bytes_tx: read,
-                datagrams: None,
-                metrics,
-                services: Vec::new(),
-                last_error: None,
-                data_window_ns: None,
-            },
-        })
-    }
-}
-
-/// A client role: each client's flows to every server, in server order.
-struct ClientRole {
-    common: Common,
-    conns: Vec<(u32, Vec<Box<dyn transport::Flow>>)>,
-}
-
-impl OpenRole for ClientRole {
-    fn addrs(&self) -> Vec<String> {
-        Vec::new()
-    }
-
-    fn ready(self: Box<Self>) -> Result<Box<dyn ReadyRole>, RoleError> {
-        Ok(self)
-    }
-}
-
-impl ReadyRole for ClientRole {
-    fn run(self: Box<Self>) -> Result<RoleResult, RoleError> {
-        let c = &self.common;
-        let t0 = Instant::now();
-        let deadline = staged::job_deadline(&c.spec, t0);
-        let stripe = usize::try_from(c.layout.stripe_bytes).unwrap_or(usize::MAX);
-        let buffer = netgap_transport::buffer::BufferLayout::of_options(&c.spec.point.options)
-            .map_err(|e| RoleError::Params {
-                workload: NAME,
-                detail: format!("message buffers: {e}"),
-            })?;
-        // A fresh seed per repetition: a read can only match this
-        // repetition's writes.
-        let seed = {
-            use std::hash::{BuildHasher, Hasher};
-            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-            h.write_u128(t0.elapsed().as_nanos() ^ u128::from(std::process::id()));
-            h.finish()
-        };
-        let mut per_client = Vec::with_capacity(self.conns.len());
-        for (client, flows) in self.conns {
-            let mut pieces: Vec<Vec<Piece>> = vec![Vec::new(); flows.len()];
-            let mut all = Vec::new();
-            for (off, len) in c.pattern.requests(client, c.clients) {
-                c.layout.pieces(off, len, &mut all);
-            }
-            for p in all {
-                if let Some(list) = pieces.get_mut(p.server as usize) {
-                    list.push(p);
-                }
-            }
-            let gate = Arc::new(client::Gate::new(flows.len()));
-            let contents = Arc::new(layout::Contents::new(
-                seed ^ u64::from(client).wrapping_mul(0x9e37_79b9),
-                stripe,
-            ));
-            let mut handles = Vec::with_capacity(flows.len());
-            for (s, (mut flow, list)) in flows.into_iter().zip(pieces).enumerate() {
-                let gate = Arc::clone(&gate);
-                let stop = c.stop.clone();
-                let contents = Arc::clone(&contents);
-                let h = std::thread::Builder::new()
-                    .name(format!("pio client {client} server {s}"))
-                    .spawn(move || {
-                        client::run(client::Job {
-                            flow: flow.as_mut(),
-                            pieces: &list,
-                            gate: &gate,
-                            contents: &contents,
-                            stripe_bytes: stripe,
-                            buffer,
-                            deadline,
-                            stop: &stop,
-                        })
-                    })
-                    .map_err(|source| RoleError::Thread {
-                        what: "a pio client thread",
-                        source,
-                    })?;
-                handles.push(h);
-            }
-            per_client.push(handles);
-        }
-        let mut moved = Vec::with_capacity(per_client.len());
-        let mut first_err = None;
-        for handles in per_client {
-            match join_all(handles) {
-                Ok(m) => moved.push(m),
-                Err(e) => {
-                    first_err.get_or_insert(e);
-                }
-            }
-        }
-        if let Some(e) = first_err {
-            return Err(e);
-        }
-        let mut flows = Vec::with_capacity(moved.len());
-        let (mut write_ns, mut read_ns, mut written, mut read) = (0u64, 0u64, 0u64, 0u64);
-        // Each phase of the role, from its first client's start to its
-        // last client's end.
-        let (mut write, mut read_phase): (Option<Phase>, Option<Phase>) = (None, None);
-        for (i, m) in moved.iter().enumerate() {
-            let w: u64 = m.iter().map(|x| x.written).sum();
-            let r: u64 = m.iter().map(|x| x.read).sum();
-            // Every flow of a client passed the same gates.
-            if let Some(x) = m.first() {
-                write_ns = write_ns.max(phase_ns(x.write));
-                read_ns = read_ns.max(phase_ns(x.read_phase));
-                write = Some(span(write, x.write));
-                read_phase = Some(span(read_phase, x.read_phase));
-            }
-            written += w;
-            read += r;
-            flows.push(FlowReport {
-                index: i as u32,
-                bytes_tx: w,
-                bytes_rx: r,
-                window_bytes_rx: if c.headline_read { r } else { w },
-                round_trips: m.iter().map(|x| x.requests).sum(),
-                percentiles: None,
-                errors: 0,
-            });
-        }
-        let (Some(write), Some(read_phase)) = (write, read_phase) else {
-            return Err(PioError("a client role with no client".into()).into());
-        };
-        let cpu = if c.headline_read {
-            read_phase.0.usage_to(&read_phase.1)
-        } else {
-            write.0.usage_to(&write.1)
-        };
-        let (head_bytes, head_ns) = if c.headline_read {
-            (read, read_ns)
-        } else {
-            (written, write_ns)
-        };
-        let metrics = BTreeMap::from([
-            ("write_bytes".to_string(), written as f64),
-            ("read_bytes".to_string(), read as f64),
-            ("write_time_ms".to_string(), ms(write_ns)),
-            ("read_time_ms".to_string(), ms(read_ns)),
-            ("headline_bytes".to_string(), head_bytes as f64),
-            ("headline_time_ms".to_string(), ms(head_ns)),
-            (
-                "clients_write_cpu_ms".to_string(),
-                ms(write.0.usage_to(&write.1).cpu_ns),
-            ),
-            (
-                "clients_read_cpu_ms".to_string(),
-                ms(read_phase.0.usage_to(&read_phase.1).cpu_ns),
-            ),
-        ]);
-        Ok(RoleResult {
-            flows,
-            buckets: Vec::new(),
-            outcome: WorkloadOutcome {
-                window_ns: head_ns.max(1),
-                cpu,
-                peak_rss_kib: peak_rss_kib(),
-                processes: None,
-                bytes_rx: read,
-                bytes_tx: written,
-                datagrams: None,
-                metrics,
-                services: Vec::new(),
-                last_error: None,
-                data_window_ns: None,
-            },
-        })
     }
 }
 
