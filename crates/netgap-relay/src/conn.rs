@@ -5,8 +5,6 @@
 
 use crate::credit::{Inbox, Next, Opening, SendSide};
 use crate::host::{reset_tcp, send_byte};
-use crate::hub::Ends;
-use crate::link::Link;
 use crate::outbox::{Outbox, Via};
 use crate::ring::{Corrupt, FarEnd, Moved};
 use crate::TICK;
@@ -239,53 +237,6 @@ impl Conn {
     }
 }
 
-pub(crate) fn pump(conn: &Arc<Conn>, link: &Link, client: &OwnedFd, who: &str) {
-    let who = format!("{who} [{:#x}]", conn.id);
-    let t0 = Instant::now();
-    let c2 = Arc::clone(conn);
-    let incoming = std::thread::Builder::new()
-        .name("relay-in".into())
-        .spawn(move || {
-            let r = queue_to_ring(&c2);
-            if r.is_err() {
-                // The sending side stops at once, and both programs
-                // see the reset.
-                c2.reset(true);
-            }
-            r
-        });
-    if incoming.is_err() {
-        conn.reset(true);
-    }
-    let out = ring_to_flow(conn, client.as_raw_fd());
-    if let Err(e) = &out {
-        log!("{who}: sending: {e}");
-        conn.reset(true);
-    }
-    let inn = match incoming {
-        Ok(h) => h
-            .join()
-            .unwrap_or_else(|_| Err("the receiving thread panicked".into())),
-        Err(e) => Err(format!("no receiving thread: {e}")),
-    };
-    if let Err(e) = &inn {
-        log!("{who}: receiving: {e}");
-        conn.reset(true);
-    }
-    link.unregister(conn.id);
-    log!(
-        "{who}: connection {} after {} ms: relayed_out_bytes={} relayed_in_bytes={} discarded_bytes={} bells_asked={} bells_rung={} bells_here={}",
-        if out.is_ok() && inn.is_ok() { "closed" } else { "reset" },
-        t0.elapsed().as_millis(),
-        conn.relayed_out_bytes.load(Ordering::Relaxed),
-        conn.relayed_in_bytes.load(Ordering::Relaxed),
-        conn.discarded_bytes.load(Ordering::Relaxed),
-        conn.bells_asked.load(Ordering::Relaxed),
-        conn.bells_rung.load(Ordering::Relaxed),
-        conn.bells_here.load(Ordering::Relaxed),
-    );
-}
-
 /// Most doorbell messages [`wait_client`] reads in one call.
 pub(crate) const MAX_DOORBELLS_A_WAKE: usize = 64;
 
@@ -461,4 +412,13 @@ pub(crate) fn put_all(c: &Conn, mut data: &[u8]) -> Result<(), String> {
         round += 1;
     }
     Ok(())
+}
+
+/// What the relay holds of one program's connection: the ring, a
+/// duplicate of its TCP socket, and a duplicate of the client socket
+/// (to wake the program on this host; see `netgap_shm::wait::WAIT_BELL`).
+pub(crate) struct Ends {
+    pub(crate) ring: FarEnd,
+    pub(crate) tcp: OwnedFd,
+    pub(crate) client: OwnedFd,
 }

@@ -4,7 +4,7 @@
 //! (a wake-up byte, a reset).
 
 use crate::policy::{self, SocketFacts, XdpInterface};
-use crate::server::Request;
+use crate::request::Request;
 use std::io;
 use std::net::IpAddr;
 use std::os::fd::{AsRawFd, RawFd};

@@ -1,6 +1,8 @@
 use super::*;
-use crate::hub::Pending;
+use crate::conn::Ends;
 use crate::journal::Journal;
+use crate::link::Pending;
+use crate::outbox::Out;
 use crate::policy::{self, XdpInterface};
 use crate::ring::FarEnd;
 use crate::table::LinkTable;
