@@ -7,15 +7,45 @@
 use crate::conn::{ArriveError, Conn};
 use crate::host::reset_tcp;
 use crate::hub::Hub;
-use crate::link::{ping_every, writer, Link};
+use crate::link::{ping_every, writer, ConnFault, Link, LinkError};
 use crate::outbox::{Outbox, Via};
 use netgap_proto::relay::{self as frame, Kind};
 use netgap_transport::xdp::parse_addr;
-use netgap_transport::{Flow, Receiver};
+use netgap_transport::{Flow, FlowError, Receiver};
 use std::net::IpAddr;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc};
+use thiserror::Error;
+
+/// Why a link did not start: the hellos both ways failed or the other
+/// relay's was not one.
+#[derive(Debug, Error)]
+pub(crate) enum HelloError {
+    /// This end's hello could not be sent.
+    #[error("the link's hello: {0}")]
+    Send(FlowError),
+    /// The other relay's hello did not come.
+    #[error("the other relay's hello: {0}")]
+    Recv(FlowError),
+    /// The other relay's first header is no frame.
+    #[error("the other relay's hello: {0}")]
+    Frame(frame::FrameError),
+    /// The other relay began with another frame.
+    #[error("the other relay began with {0:?}, not its hello")]
+    NotHello(Kind),
+    /// The hello's name is no `IP/MAC/FLOW`.
+    #[error("the other relay's hello names no valid address")]
+    NoName,
+    /// The hello's name does not parse as an xdp address.
+    #[error("the other relay's hello: {name}: {why}")]
+    Addr {
+        /// The name the hello gave.
+        name: String,
+        /// Why it is no address.
+        why: String,
+    },
+}
 
 impl Link {
     /// Says hello both ways on a keyed flow, then runs the link's
@@ -26,29 +56,26 @@ impl Link {
         local_name: String,
         (my_bit, flow_id): (u32, u16),
         peer_tcp_ip: IpAddr,
-    ) -> Result<Arc<Link>, String> {
+    ) -> Result<Arc<Link>, HelloError> {
         let (mut tx, mut rx) = flow.into_halves();
         tx.send_all(&frame::frame(Kind::LinkHello, 0, local_name.as_bytes()))
-            .map_err(|e| format!("the link's hello: {e}"))?;
+            .map_err(HelloError::Send)?;
         let mut h = [0u8; frame::HEADER_BYTES];
-        rx.recv_exact(&mut h)
-            .map_err(|e| format!("the other relay's hello: {e}"))?;
-        let hd = frame::decode(&h).map_err(|e| format!("the other relay's hello: {e}"))?;
+        rx.recv_exact(&mut h).map_err(HelloError::Recv)?;
+        let hd = frame::decode(&h).map_err(HelloError::Frame)?;
         if hd.kind != Kind::LinkHello {
-            return Err(format!(
-                "the other relay began with {:?}, not its hello",
-                hd.kind
-            ));
+            return Err(HelloError::NotHello(hd.kind));
         }
         let mut name = vec![0u8; hd.len];
-        rx.recv_exact(&mut name)
-            .map_err(|e| format!("the other relay's hello: {e}"))?;
+        rx.recv_exact(&mut name).map_err(HelloError::Recv)?;
         let peer_name = String::from_utf8(name)
             .ok()
             .filter(|n| netgap_proto::preload::valid_target(n))
-            .ok_or("the other relay's hello names no valid address")?;
-        let peer = parse_addr(&peer_name)
-            .map_err(|e| format!("the other relay's hello: {peer_name}: {e}"))?;
+            .ok_or(HelloError::NoName)?;
+        let peer = parse_addr(&peer_name).map_err(|why| HelloError::Addr {
+            name: peer_name.clone(),
+            why,
+        })?;
         let (out, out_rx) = mpsc::channel();
         let link = Arc::new(Link::new(
             Arc::new(Outbox::new(out, Some(tx))),
@@ -75,7 +102,7 @@ impl Link {
             .name("relay-link-out".into())
             .spawn(move || {
                 if let Err(e) = writer(&l, &out_rx, ping) {
-                    l.shut(&e);
+                    l.shut(&e.to_string());
                 } else {
                     l.shut("closed");
                 }
@@ -95,7 +122,7 @@ impl Link {
             .spawn(move || {
                 let why = match reader(&l, &h, &mut *rx) {
                     Ok(()) => "closed by the other relay".to_string(),
-                    Err(e) => e,
+                    Err(e) => e.to_string(),
                 };
                 l.shut(&why);
                 drop(rx);
@@ -115,9 +142,9 @@ impl Link {
         hub: &Hub,
         id: u32,
         key: [u8; frame::KEY_BYTES],
-    ) -> Result<(), String> {
+    ) -> Result<(), LinkError> {
         if id & frame::CONNECTOR_BIT == self.my_bit {
-            return Err(format!("an OPEN with an id of this end ({id:#x})"));
+            return Err(LinkError::OwnId(id));
         }
         let Some(p) = hub.pending().remove(&key) else {
             hub.journal.link(
@@ -139,7 +166,7 @@ impl Link {
                 self.push(Kind::OpenRefused, id, &[]);
                 return Ok(());
             }
-            return Err(format!("an OPEN with an id in use ({id:#x})"));
+            return Err(LinkError::IdInUse(id));
         }
         let conn = Arc::new(Conn::new(id, p.ends, Arc::clone(&self.out), true));
         c.map.insert(id, Arc::clone(&conn));
@@ -181,25 +208,25 @@ impl Link {
 /// The link's receiving thread: every frame to its connection, never
 /// waiting on a program (connections queue within their credit).
 /// Ok: the other relay closed the link; Err: it broke.
-pub(crate) fn reader(link: &Arc<Link>, hub: &Hub, rx: &mut dyn Receiver) -> Result<(), String> {
-    let recv = |rx: &mut dyn Receiver, buf: &mut [u8]| {
-        rx.recv_exact(buf)
-            .map_err(|e| format!("the other relay: {e}"))
-    };
+pub(crate) fn reader(link: &Arc<Link>, hub: &Hub, rx: &mut dyn Receiver) -> Result<(), LinkError> {
+    let recv = |rx: &mut dyn Receiver, buf: &mut [u8]| rx.recv_exact(buf).map_err(LinkError::Recv);
     let mut h = [0u8; frame::HEADER_BYTES];
     // One buffer for every DATA payload (a frame's is at most a chunk):
     // what the program's ring takes is copied once, from here.
     let mut payload = vec![0u8; frame::CHUNK_BYTES];
     loop {
         recv(rx, &mut h)?;
-        let hd = frame::decode(&h).map_err(|e| format!("a bad frame from the other relay: {e}"))?;
+        let hd = frame::decode(&h).map_err(LinkError::BadFrame)?;
         link.frames_in.fetch_add(1, Ordering::Relaxed);
-        let fault = |e: String| format!("connection {:#x}: {e}", hd.id);
+        let fault = |e: ConnFault| LinkError::Conn {
+            id: hd.id,
+            fault: e,
+        };
         match hd.kind {
             Kind::Data => {
                 let v = payload
                     .get_mut(..hd.len)
-                    .ok_or_else(|| fault("DATA longer than a chunk".into()))?;
+                    .ok_or_else(|| fault(ConnFault::Long))?;
                 recv(rx, v)?;
                 if let Some(c) = link.find(hd.id) {
                     match c.arrive(v) {
@@ -209,7 +236,7 @@ pub(crate) fn reader(link: &Arc<Link>, hub: &Hub, rx: &mut dyn Receiver) -> Resu
                             let _ = c.push(Kind::Credit, &n.to_le_bytes(), Via::Queue);
                         }
                         Ok(None) => {}
-                        Err(ArriveError::Credit(e)) => return Err(fault(e.to_string())),
+                        Err(ArriveError::Credit(e)) => return Err(fault(e.into())),
                         Err(ArriveError::Corrupt) => {
                             // The program broke its ring: its
                             // connection is reset, not the link.
@@ -232,9 +259,9 @@ pub(crate) fn reader(link: &Arc<Link>, hub: &Hub, rx: &mut dyn Receiver) -> Resu
             Kind::Credit => {
                 let mut b = [0u8; 4];
                 recv(rx, &mut b)?;
-                let n = frame::credit_of(b).map_err(|e| fault(e.to_string()))?;
+                let n = frame::credit_of(b).map_err(|e| fault(e.into()))?;
                 if let Some(c) = link.find(hd.id) {
-                    c.grant(n).map_err(|e| fault(e.to_string()))?;
+                    c.grant(n).map_err(|e| fault(e.into()))?;
                 }
             }
             Kind::Open => {
@@ -244,10 +271,11 @@ pub(crate) fn reader(link: &Arc<Link>, hub: &Hub, rx: &mut dyn Receiver) -> Resu
             }
             Kind::OpenOk | Kind::OpenRefused => {
                 if hd.id & frame::CONNECTOR_BIT != link.my_bit {
-                    return Err(fault("an answer to an OPEN this end did not send".into()));
+                    return Err(fault(ConnFault::Unasked));
                 }
                 if let Some(c) = link.find(hd.id) {
-                    c.opened(hd.kind == Kind::OpenOk).map_err(fault)?;
+                    c.opened(hd.kind == Kind::OpenOk)
+                        .map_err(|e| fault(e.into()))?;
                 }
             }
             Kind::Reset => {
@@ -256,7 +284,7 @@ pub(crate) fn reader(link: &Arc<Link>, hub: &Hub, rx: &mut dyn Receiver) -> Resu
                 }
             }
             Kind::Ping => {}
-            Kind::LinkHello => return Err("a second hello from the other relay".into()),
+            Kind::LinkHello => return Err(LinkError::SecondHello),
             Kind::LinkClose => return Ok(()),
         }
     }

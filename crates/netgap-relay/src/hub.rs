@@ -14,6 +14,22 @@ use std::net::IpAddr;
 use std::os::fd::AsRawFd;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
+use thiserror::Error;
+
+/// Why a request gets no place on the link table.
+#[derive(Debug, Error)]
+pub(crate) enum HubError {
+    /// No room for another link.
+    #[error(transparent)]
+    Full(#[from] crate::table::Full),
+    /// Another request opened or closed the link for longer than the
+    /// wait.
+    #[error("the link did not come up in time")]
+    NotUp,
+    /// A listen with the same connection key already waits.
+    #[error("a connection with the same key already waits")]
+    KeyTaken,
+}
 
 /// The relay's links and the listens waiting for their connection,
 /// and what it was started for.
@@ -43,16 +59,16 @@ impl Hub {
         &self,
         peer: IpAddr,
         deadline: Instant,
-    ) -> Result<Option<Arc<Link>>, String> {
+    ) -> Result<Option<Arc<Link>>, HubError> {
         let mut t = self.lock();
         loop {
-            match t.enter(peer).map_err(|e| e.to_string())? {
+            match t.enter(peer)? {
                 Step::Use(link) => return Ok(Some(link)),
                 Step::Open => return Ok(None),
                 Step::Wait => {
                     let left = deadline.saturating_duration_since(Instant::now());
                     if left.is_zero() {
-                        return Err("the link did not come up in time".into());
+                        return Err(HubError::NotUp);
                     }
                     t = self
                         .cv
@@ -89,10 +105,10 @@ impl Hub {
     }
 
     /// Registers a listen's connection until the `OPEN` with its key.
-    pub(crate) fn register(&self, key: [u8; frame::KEY_BYTES], p: Pending) -> Result<(), String> {
+    pub(crate) fn register(&self, key: [u8; frame::KEY_BYTES], p: Pending) -> Result<(), HubError> {
         let mut m = self.pending();
         if m.contains_key(&key) {
-            return Err("a connection with the same key already waits".into());
+            return Err(HubError::KeyTaken);
         }
         m.insert(key, p);
         Ok(())

@@ -131,6 +131,9 @@ use netgap_proto::auth::Key;
 use std::time::Duration;
 use thiserror::Error;
 
+pub use host::InterfaceError;
+pub use policy::PeersError;
+
 // The relay's parts, by seam and in layers (a file takes only from those
 // below it): the Unix-socket server and its clients' credentials
 // (`server`) over the listen and connect requests (`open`), a link at
@@ -234,7 +237,7 @@ pub enum ConfigError {
     NoPeers,
     /// A `--peers` entry the relay cannot serve.
     #[error("relay: {0}")]
-    Peers(String),
+    Peers(PeersError),
 }
 
 impl RelayConfig {
@@ -290,7 +293,7 @@ pub enum RelayError {
         /// The interface named.
         name: String,
         /// What is wrong with it.
-        why: String,
+        why: InterfaceError,
     },
 }
 

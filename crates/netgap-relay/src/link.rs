@@ -4,16 +4,69 @@
 //! receiving thread, which dispatches frames by connection id and never
 //! waits on a program.
 
-use crate::conn::{Conn, Ends};
-use crate::outbox::{Out, Outbox, Via};
+use crate::conn::{AnswerError, Conn, Ends};
+use crate::credit::SecondAnswer;
+use crate::outbox::{Out, Outbox, SendError, Via};
 use crate::table::LinkState;
 use crate::TICK;
 use netgap_proto::relay::{self as frame, Kind};
+use netgap_transport::FlowError;
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
+use thiserror::Error;
+
+/// Why a link broke (its threads stop and every connection on it is
+/// reset).
+#[derive(Debug, Error)]
+pub(crate) enum LinkError {
+    /// The flow failed while reading: the other relay is gone.
+    #[error("the other relay: {0}")]
+    Recv(FlowError),
+    /// A header that is no frame.
+    #[error("a bad frame from the other relay: {0}")]
+    BadFrame(frame::FrameError),
+    /// A frame that breaks the protocol on one connection.
+    #[error("connection {id:#x}: {fault}")]
+    Conn {
+        /// The frame's connection id.
+        id: u32,
+        /// What the frame broke.
+        fault: ConnFault,
+    },
+    /// An `OPEN` with an id of this end's half.
+    #[error("an OPEN with an id of this end ({0:#x})")]
+    OwnId(u32),
+    /// An `OPEN` with the id of a connection on the link.
+    #[error("an OPEN with an id in use ({0:#x})")]
+    IdInUse(u32),
+    /// `LINK_HELLO` after the link's start.
+    #[error("a second hello from the other relay")]
+    SecondHello,
+}
+
+/// How one frame broke the protocol on its connection.
+#[derive(Debug, Error)]
+pub(crate) enum ConnFault {
+    /// A `DATA` payload past a chunk.
+    #[error("DATA longer than a chunk")]
+    Long,
+    /// Data past the connection's credit, or a credit frame past the
+    /// window.
+    #[error(transparent)]
+    Credit(#[from] frame::CreditError),
+    /// A credit frame's payload is out of range.
+    #[error(transparent)]
+    Frame(#[from] frame::FrameError),
+    /// A second answer to one `OPEN`.
+    #[error(transparent)]
+    Answer(#[from] SecondAnswer),
+    /// An answer to an `OPEN` of the other end's half.
+    #[error("an answer to an OPEN this end did not send")]
+    Unasked,
+}
 
 /// How long a connect waits for the answer to its `OPEN` (the other
 /// relay answers at once from its receiving thread).
@@ -157,14 +210,14 @@ impl Link {
         self: &Arc<Self>,
         key: [u8; frame::KEY_BYTES],
         parts: &mut Option<Ends>,
-    ) -> Result<Arc<Conn>, Option<String>> {
+    ) -> Result<Arc<Conn>, Option<AnswerError>> {
         let conn = {
             let mut c = self.lock();
             if self.closing() {
                 return Err(None);
             }
             let Some(ends) = parts.take() else {
-                return Err(Some("the connection is gone".into()));
+                return Err(Some(AnswerError::Gone));
             };
             let id = loop {
                 let n = self.next_id.fetch_add(1, Ordering::Relaxed) & !frame::CONNECTOR_BIT;
@@ -228,7 +281,11 @@ impl LinkState for Link {
 
 /// The link's writing thread: the frames queued for it in order, a
 /// keep-alive when the link is idle, the close after the linger.
-pub(crate) fn writer(link: &Link, rx: &mpsc::Receiver<Out>, ping: Duration) -> Result<(), String> {
+pub(crate) fn writer(
+    link: &Link,
+    rx: &mpsc::Receiver<Out>,
+    ping: Duration,
+) -> Result<(), SendError> {
     let out = &link.out;
     let mut last_sent = Instant::now();
     let mut frames_seen = 0;

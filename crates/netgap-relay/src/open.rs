@@ -2,23 +2,117 @@
 //! (the accepting side) and a connect, each opening the link when there
 //! is none, once the request passed the relay's rules.
 
-use crate::conn::{Conn, Ends};
-use crate::host::{neighbour, socket_facts};
-use crate::hub::Hub;
+use crate::carry::HelloError;
+use crate::conn::{AnswerError, Conn, Ends};
+use crate::host::{neighbour, socket_facts, SocketError};
+use crate::hub::{Hub, HubError};
 use crate::link::{Link, Pending};
-use crate::policy::{self, LinkId, XdpInterface};
+use crate::policy::{self, LinkId, LinkIdError, Refusal, TargetError, XdpInterface};
 use crate::request::{reply, Request};
 use crate::ring::FarEnd;
+use crate::ring::MapError;
 use netgap_core::spec::{Mode, TransportOptions};
 use netgap_proto::dataproof::FlowKey;
 use netgap_proto::preload::{RelayReply, RelayRequest};
 use netgap_proto::relay::{self as frame};
 use netgap_transport::xdp::{parse_addr, Xdp, XdpAddr};
-use netgap_transport::{FlowConfig, Transport};
+use netgap_transport::{FlowConfig, FlowError, Transport, TransportError};
 use std::net::IpAddr;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
+use thiserror::Error;
+
+/// Why a program's listen or connect was not carried; the refusal's
+/// text is this one line.
+#[derive(Debug, Error)]
+pub(crate) enum OpenError {
+    /// The request's descriptors could not be read.
+    #[error(transparent)]
+    Socket(#[from] SocketError),
+    /// The relay's rules refuse the request's socket.
+    #[error(transparent)]
+    Refused(#[from] Refusal),
+    /// The request's region is no region the relay maps.
+    #[error(transparent)]
+    Region(#[from] MapError),
+    /// No duplicate of the TCP socket.
+    #[error("keeping the TCP socket: {0}")]
+    KeepTcp(std::io::Error),
+    /// No duplicate of the client socket.
+    #[error("keeping the client socket: {0}")]
+    KeepClient(std::io::Error),
+    /// No place on the link table.
+    #[error(transparent)]
+    Hub(#[from] HubError),
+    /// The listen's wait for the other relay's `OPEN` ran out.
+    #[error("no OPEN for the connection from the other relay in time")]
+    NoOpen,
+    /// The link closed just as an `OPEN` took the listen.
+    #[error("the link closed as the connection opened")]
+    ClosedOpening,
+    /// The link closed while the listen waited.
+    #[error("the link closed before the connection opened")]
+    ClosedBefore,
+    /// No xdp listen for the link.
+    #[error("xdp listen: {0}")]
+    XdpListen(TransportError),
+    /// The xdp listen's own address does not parse.
+    #[error("{0}")]
+    OwnAddr(String),
+    /// The request names no link.
+    #[error(transparent)]
+    LinkId(#[from] LinkIdError),
+    /// The other relay's flow did not come.
+    #[error("xdp accept: {0}")]
+    XdpAccept(TransportError),
+    /// The link's flow could not be keyed.
+    #[error("keying the link: {0}")]
+    Keying(FlowError),
+    /// The link's hellos failed.
+    #[error(transparent)]
+    Hello(#[from] HelloError),
+    /// A connect's request was not a connect.
+    #[error("not a connect")]
+    NotConnect,
+    /// A reservation reached the link table.
+    #[error("a reservation names no flow")]
+    Reservation,
+    /// A connect's target does not parse.
+    #[error("target {target}: {why}")]
+    Target {
+        /// The target as the library sent it.
+        target: String,
+        /// Why it is no `IP/MAC/FLOW`.
+        why: String,
+    },
+    /// A connect's target is the TCP connection's own peer.
+    #[error("target {0} is the TCP connection's own peer address: the flow would take that interface's frames")]
+    OwnPeer(String),
+    /// The relay's rules refuse the target.
+    #[error(transparent)]
+    TargetRefused(#[from] TargetError),
+    /// The other relay listens at a new flow while this host's link to
+    /// it still carries connections.
+    #[error("the other relay listens at {target}, not on this host's link to it ({link}): retry once that link times out")]
+    Stale {
+        /// The target of the connect.
+        target: String,
+        /// The other end of the link this host holds.
+        link: String,
+    },
+    /// The other relay did not take the connection.
+    #[error(transparent)]
+    Answer(#[from] AnswerError),
+    /// No xdp flow to the target.
+    #[error("xdp connect to {target}: {why}")]
+    XdpConnect {
+        /// The target of the connect.
+        target: String,
+        /// Why the flow did not open.
+        why: TransportError,
+    },
+}
 
 /// How long a listen waits for the other relay's flow, and then for
 /// the other relay's `OPEN` naming its connection.
@@ -35,19 +129,22 @@ pub(crate) type Opened = (Arc<Conn>, Arc<Link>);
 /// Why a request failed, and whether the library already has its
 /// reply (then a refusal would only be noise on its doorbell socket).
 pub(crate) struct Failed {
-    pub(crate) why: String,
+    pub(crate) why: OpenError,
     pub(crate) replied: bool,
 }
 
-pub(crate) fn before(why: String) -> Failed {
+pub(crate) fn before(why: impl Into<OpenError>) -> Failed {
     Failed {
-        why,
+        why: why.into(),
         replied: false,
     }
 }
 
-pub(crate) fn after(why: String) -> Failed {
-    Failed { why, replied: true }
+pub(crate) fn after(why: impl Into<OpenError>) -> Failed {
+    Failed {
+        why: why.into(),
+        replied: true,
+    }
 }
 
 /// The client a request came from: its uid, and how its lines name
@@ -100,17 +197,12 @@ pub(crate) fn take_parts(
     r: &Request,
     client: &OwnedFd,
     uid: u32,
-) -> Result<(Ends, IpAddr, IpAddr), String> {
+) -> Result<(Ends, IpAddr, IpAddr), OpenError> {
     let facts = socket_facts(r)?;
     policy::check_socket(uid, &facts, &hub.served, &hub.iface)?;
     let ring = FarEnd::map(r.region.as_raw_fd(), ring_of(&r.req) as usize)?;
-    let tcp = r
-        .tcp
-        .try_clone()
-        .map_err(|e| format!("keeping the TCP socket: {e}"))?;
-    let client = client
-        .try_clone()
-        .map_err(|e| format!("keeping the client socket: {e}"))?;
+    let tcp = r.tcp.try_clone().map_err(OpenError::KeepTcp)?;
+    let client = client.try_clone().map_err(OpenError::KeepClient)?;
     Ok((Ends { ring, tcp, client }, facts.local, facts.peer))
 }
 
@@ -147,16 +239,12 @@ pub(crate) fn listen(
     }
     match take.recv_timeout(ACCEPT_WAIT) {
         Ok(o) => Ok(o),
-        Err(mpsc::RecvTimeoutError::Timeout) if hub.abandon(&key) => Err(after(
-            "no OPEN for the connection from the other relay in time".into(),
-        )),
+        Err(mpsc::RecvTimeoutError::Timeout) if hub.abandon(&key) => Err(after(OpenError::NoOpen)),
         // An OPEN took it meanwhile: its connection is on the way.
         Err(mpsc::RecvTimeoutError::Timeout) => take
             .recv_timeout(Duration::from_secs(1))
-            .map_err(|_| after("the link closed as the connection opened".into())),
-        Err(mpsc::RecvTimeoutError::Disconnected) => {
-            Err(after("the link closed before the connection opened".into()))
-        }
+            .map_err(|_| after(OpenError::ClosedOpening)),
+        Err(mpsc::RecvTimeoutError::Disconnected) => Err(after(OpenError::ClosedBefore)),
     }
 }
 
@@ -174,9 +262,9 @@ pub(crate) fn open_listening(
     let key = key_of(req);
     let mut l = Xdp
         .listen(&flow_config(hub.timeout), IpAddr::V4(hub.iface.ip))
-        .map_err(|e| before(format!("xdp listen: {e}")))?;
+        .map_err(|e| before(OpenError::XdpListen(e)))?;
     let name = l.addr();
-    let own = parse_addr(&name).map_err(before)?;
+    let own = parse_addr(&name).map_err(|e| before(OpenError::OwnAddr(e)))?;
     let link_key = LinkId::of_request(req, &own, tcp_local, tcp_peer)
         .map_err(before)?
         .flow_key(&hub.relay_key);
@@ -186,17 +274,17 @@ pub(crate) fn open_listening(
         &format!("no link: listening for the other relay's flow at {name} (a connection from {tcp_peer})"),
     );
     reply(client, &RelayReply::Ok(name.clone()));
-    let fail = |why: String| {
+    let fail = |why: OpenError| {
         hub.abandon(&key);
         after(why)
     };
     let mut flow = l
         .accept(ACCEPT_WAIT)
-        .map_err(|e| fail(format!("xdp accept: {e}")))?;
+        .map_err(|e| fail(OpenError::XdpAccept(e)))?;
     drop(l);
     flow.bind_session(&FlowKey::from_bytes(link_key))
-        .map_err(|e| fail(format!("keying the link: {e}")))?;
-    Link::start(hub, flow, name, (0, own.flow), tcp_peer).map_err(fail)?;
+        .map_err(|e| fail(OpenError::Keying(e)))?;
+    Link::start(hub, flow, name, (0, own.flow), tcp_peer).map_err(|e| fail(e.into()))?;
     Ok(())
 }
 
@@ -211,16 +299,19 @@ pub(crate) fn connect(
     asker: &Asker,
 ) -> Result<Opened, Failed> {
     let RelayRequest::Connect { key, target, .. } = &r.req else {
-        return Err(before("not a connect".into()));
+        return Err(before(OpenError::NotConnect));
     };
-    let t = parse_addr(target).map_err(|e| before(format!("target {target}: {e}")))?;
+    let t = parse_addr(target).map_err(|why| {
+        before(OpenError::Target {
+            target: target.clone(),
+            why,
+        })
+    })?;
     let (ends, tcp_local, tcp_peer) =
         take_parts(hub, &r, client_sock, asker.uid).map_err(before)?;
     let client = client_sock.as_raw_fd();
     if t.ip == tcp_peer {
-        return Err(before(format!(
-            "target {target} is the TCP connection's own peer address: the flow would take that interface's frames"
-        )));
+        return Err(before(OpenError::OwnPeer(target.clone())));
     }
     policy::check_target(&t, &hub.iface, neighbour(t.ip, &hub.iface.name)).map_err(before)?;
     let own = own_end(&hub.iface, t.flow);
@@ -247,10 +338,10 @@ pub(crate) fn connect(
             // left to its timeout rather than broken on one
             // request's word.
             if !link.idle() {
-                return Err(before(format!(
-                    "the other relay listens at {target}, not on this host's link to it ({}): retry once that link times out",
-                    link.peer_name
-                )));
+                return Err(before(OpenError::Stale {
+                    target: target.clone(),
+                    link: link.peer_name.clone(),
+                }));
             }
             link.shut("the other relay listens anew: the link is stale");
         } else {
@@ -264,7 +355,7 @@ pub(crate) fn connect(
             }
         }
         if Instant::now() >= deadline {
-            return Err(before("the link did not come up in time".into()));
+            return Err(before(HubError::NotUp));
         }
     }
 }
@@ -278,15 +369,24 @@ pub(crate) fn open_connecting(
     link_id: &LinkId,
     tcp_peer: IpAddr,
     asker: &Asker,
-) -> Result<Arc<Link>, String> {
+) -> Result<Arc<Link>, OpenError> {
     let mut flow = Xdp
         .connect(&flow_config(hub.timeout), target)
-        .map_err(|e| format!("xdp connect to {target}: {e}"))?;
+        .map_err(|why| OpenError::XdpConnect {
+            target: target.to_string(),
+            why,
+        })?;
     flow.bind_session(&FlowKey::from_bytes(link_id.flow_key(&hub.relay_key)))
-        .map_err(|e| format!("keying the link: {e}"))?;
+        .map_err(OpenError::Keying)?;
     let name = own_end(&hub.iface, t.flow).to_string();
     asker.say(hub, &format!("no link: connected to {target}"));
-    Link::start(hub, flow, name, (frame::CONNECTOR_BIT, t.flow), tcp_peer)
+    Ok(Link::start(
+        hub,
+        flow,
+        name,
+        (frame::CONNECTOR_BIT, t.flow),
+        tcp_peer,
+    )?)
 }
 
 /// This host's end of a link whose flow id is `flow`: the relay's

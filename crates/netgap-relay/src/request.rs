@@ -6,6 +6,34 @@ use netgap_proto::preload::{RelayReply, RelayRequest, RELAY_REQUEST_BYTES};
 use std::io;
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
+use thiserror::Error;
+
+/// Why a client's request is not taken; the refusal's text is this one
+/// line.
+#[derive(Debug, Error)]
+pub(crate) enum RequestError {
+    /// Nothing within the wait.
+    #[error("no request in time")]
+    Late,
+    /// The socket failed.
+    #[error("recvmsg: {0}")]
+    Recv(io::Error),
+    /// Longer than a request, or more descriptors than fit.
+    #[error("a request or its descriptors were cut")]
+    Cut,
+    /// Not a request.
+    #[error("bad request: {0}")]
+    Bad(netgap_proto::preload::HelloError),
+    /// A listen or connect without exactly the region and the socket.
+    #[error("{0} descriptors with the request, want 2")]
+    Descriptors(usize),
+    /// A reservation followed by anything but its own connect.
+    #[error("after a reservation, anything but its connect")]
+    NotItsConnect,
+    /// A reservation with descriptors.
+    #[error("descriptors with a reservation")]
+    ReserveWithDescriptors,
+}
 
 pub(crate) fn reply(fd: RawFd, r: &RelayReply) {
     let b = r.encode();
@@ -26,7 +54,7 @@ pub(crate) struct Request {
 pub(crate) fn read_request(
     fd: RawFd,
     wait: Duration,
-) -> Result<Option<(RelayRequest, Vec<OwnedFd>)>, String> {
+) -> Result<Option<(RelayRequest, Vec<OwnedFd>)>, RequestError> {
     let mut p = libc::pollfd {
         fd,
         events: libc::POLLIN,
@@ -35,7 +63,7 @@ pub(crate) fn read_request(
     let ms = wait.as_millis() as libc::c_int;
     // SAFETY: one valid pollfd.
     if unsafe { libc::poll(&mut p, 1, ms) } <= 0 {
-        return Err("no request in time".into());
+        return Err(RequestError::Late);
     }
     let mut buf = [0u8; RELAY_REQUEST_BYTES + 1];
     let mut iov = libc::iovec {
@@ -54,7 +82,7 @@ pub(crate) fn read_request(
     // SAFETY: a complete msghdr over live buffers.
     let n = unsafe { libc::recvmsg(fd, &mut msg, libc::MSG_CMSG_CLOEXEC | libc::MSG_DONTWAIT) };
     if n < 0 {
-        return Err(format!("recvmsg: {}", io::Error::last_os_error()));
+        return Err(RequestError::Recv(io::Error::last_os_error()));
     }
     // Every descriptor received is owned (and so closed) whatever
     // follows.
@@ -79,21 +107,15 @@ pub(crate) fn read_request(
         return Ok(None);
     }
     if msg.msg_flags & (libc::MSG_CTRUNC | libc::MSG_TRUNC) != 0 {
-        return Err("a request or its descriptors were cut".into());
+        return Err(RequestError::Cut);
     }
-    let req = RelayRequest::decode(&buf[..n as usize]).map_err(|e| format!("bad request: {e}"))?;
+    let req = RelayRequest::decode(&buf[..n as usize]).map_err(RequestError::Bad)?;
     Ok(Some((req, fds)))
 }
 
 /// A request that must come with the region and the TCP socket.
-pub(crate) fn with_fds(req: RelayRequest, mut fds: Vec<OwnedFd>) -> Result<Request, String> {
-    if fds.len() != 2 {
-        return Err(format!(
-            "{} descriptors with the request, want 2",
-            fds.len()
-        ));
-    }
-    let tcp = fds.pop().ok_or("no socket")?;
-    let region = fds.pop().ok_or("no region")?;
+pub(crate) fn with_fds(req: RelayRequest, fds: Vec<OwnedFd>) -> Result<Request, RequestError> {
+    let [region, tcp] =
+        <[OwnedFd; 2]>::try_from(fds).map_err(|fds| RequestError::Descriptors(fds.len()))?;
     Ok(Request { req, region, tcp })
 }

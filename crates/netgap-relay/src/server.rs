@@ -5,14 +5,14 @@
 //! that hands its request to the link table ([`crate::open`]) and then
 //! pumps its connection ([`crate::conn`]).
 
-use crate::conn::{queue_to_ring, ring_to_flow, Conn};
+use crate::conn::{queue_to_ring, ring_to_flow, Conn, PumpError};
 use crate::host::read_interface;
 use crate::hub::Hub;
 use crate::journal::Journal;
 use crate::limits::RequestRate;
 use crate::link::Link;
-use crate::open::{before, connect, listen, Asker};
-use crate::request::{read_request, reply, with_fds};
+use crate::open::{before, connect, listen, Asker, OpenError};
+use crate::request::{read_request, reply, with_fds, RequestError};
 use crate::table::LinkTable;
 use crate::{RelayConfig, RelayError};
 use netgap_proto::preload::{RelayReply, RelayRequest};
@@ -314,14 +314,14 @@ pub(crate) fn serve(hub: &Arc<Hub>, client: OwnedFd, cred: Cred, slot: Slot) {
         who: format!("uid {} (pid {})", cred.uid, cred.pid),
     };
     let fd = client.as_raw_fd();
-    let refuse = |why: String| {
+    let refuse = |why: &dyn std::fmt::Display| {
         asker.say(hub, &format!("refused: {why}"));
-        reply(fd, &RelayReply::Refused(why));
+        reply(fd, &RelayReply::Refused(why.to_string()));
     };
     let first = match read_request(fd, REQUEST_WAIT) {
         Ok(Some(r)) => r,
         Ok(None) => return,
-        Err(why) => return refuse(why),
+        Err(why) => return refuse(&why),
     };
     let r = match first {
         (RelayRequest::Reserve { key, .. }, fds) if fds.is_empty() => {
@@ -334,7 +334,7 @@ pub(crate) fn serve(hub: &Arc<Hub>, client: OwnedFd, cred: Cred, slot: Slot) {
                 Ok(Some((req @ RelayRequest::Connect { key: k, .. }, fds))) if k == key => {
                     with_fds(req, fds)
                 }
-                Ok(Some(_)) => Err("after a reservation, anything but its connect".into()),
+                Ok(Some(_)) => Err(RequestError::NotItsConnect),
                 Ok(None) => return,
                 Err(why) => Err(why),
             }
@@ -342,23 +342,23 @@ pub(crate) fn serve(hub: &Arc<Hub>, client: OwnedFd, cred: Cred, slot: Slot) {
         (req @ (RelayRequest::Listen { .. } | RelayRequest::Connect { .. }), fds) => {
             with_fds(req, fds)
         }
-        (RelayRequest::Reserve { .. }, _) => Err("descriptors with a reservation".into()),
+        (RelayRequest::Reserve { .. }, _) => Err(RequestError::ReserveWithDescriptors),
     };
     let r = match r {
         Ok(r) => r,
-        Err(why) => return refuse(why),
+        Err(why) => return refuse(&why),
     };
     let opened = match &r.req {
         RelayRequest::Listen { .. } => listen(hub, r, &client, &asker),
         RelayRequest::Connect { .. } => connect(hub, r, &client, &asker),
-        RelayRequest::Reserve { .. } => Err(before("a reservation names no flow".into())),
+        RelayRequest::Reserve { .. } => Err(before(OpenError::Reservation)),
     };
     match opened {
         Ok((conn, link)) => pump(&conn, &link, &client, &asker.who),
         // The library already has its reply: a refusal now would only
         // be noise on its doorbell socket.
         Err(f) if f.replied => asker.say(hub, &format!("refused: {}", f.why)),
-        Err(f) => refuse(f.why),
+        Err(f) => refuse(&f.why),
     }
     drop(slot);
 }
@@ -387,10 +387,8 @@ pub(crate) fn pump(conn: &Arc<Conn>, link: &Link, client: &OwnedFd, who: &str) {
         conn.reset(true);
     }
     let inn = match incoming {
-        Ok(h) => h
-            .join()
-            .unwrap_or_else(|_| Err("the receiving thread panicked".into())),
-        Err(e) => Err(format!("no receiving thread: {e}")),
+        Ok(h) => h.join().unwrap_or(Err(PumpError::Panicked)),
+        Err(e) => Err(PumpError::NoThread(e)),
     };
     if let Err(e) = &inn {
         log!("{who}: receiving: {e}");
