@@ -10,6 +10,7 @@ use crate::real;
 use libc::c_int;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::Mutex;
+use thiserror::Error;
 
 /// A taken-over connection.
 pub(crate) struct Conn {
@@ -86,6 +87,23 @@ impl Drop for Conn {
 
 /// An `errno` value.
 pub(crate) type Errno = c_int;
+
+/// Why the bytes a connector wrote before a refused offer did not go out
+/// on the kernel socket.
+#[derive(Debug, Error)]
+pub(crate) enum GiveBackError {
+    /// The ring they sat in was corrupt.
+    #[error("the ring was corrupt")]
+    Corrupt,
+    /// The kernel socket did not take them.
+    #[error("sending the {bytes} bytes written before the answer: {why}")]
+    Send {
+        /// How many bytes were to go.
+        bytes: usize,
+        /// The socket's error.
+        why: std::io::Error,
+    },
+}
 
 /// How long a closing end waits for doorbells already on their way to it.
 const QUIESCE_LIMIT: std::time::Duration = std::time::Duration::from_millis(20);
@@ -258,7 +276,7 @@ impl Conn {
     /// ring meanwhile is sent over the kernel socket (where the listener's
     /// program will read it), and the kernel socket's TCP options are the
     /// program's again. Err: the bytes could not be sent.
-    pub(crate) fn offer_refused(&self, fd: c_int) -> Result<(), String> {
+    pub(crate) fn offer_refused(&self, fd: c_int) -> Result<(), GiveBackError> {
         let _w = self.write_lock.lock().unwrap_or_else(|p| p.into_inner());
         self.offered.store(false, Ordering::SeqCst);
         set_tcp_flag(fd, libc::TCP_NODELAY, self.nodelay.load(Ordering::Relaxed));
@@ -266,16 +284,13 @@ impl Conn {
         let bytes = self
             .channel
             .take_unsent()
-            .map_err(|Corrupt| "the ring was corrupt".to_string())?;
+            .map_err(|Corrupt| GiveBackError::Corrupt)?;
         if bytes.is_empty() {
             return Ok(());
         }
-        crate::setup::send_all(fd, &bytes).map_err(|e| {
-            format!(
-                "sending the {} bytes written before the answer: {}",
-                bytes.len(),
-                std::io::Error::from_raw_os_error(e)
-            )
+        crate::setup::send_all(fd, &bytes).map_err(|e| GiveBackError::Send {
+            bytes: bytes.len(),
+            why: std::io::Error::from_raw_os_error(e),
         })
     }
 

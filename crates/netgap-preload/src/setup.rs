@@ -43,6 +43,7 @@ use std::net::IpAddr;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use thiserror::Error;
 
 /// Bytes of each ring unless `NETGAP_PRELOAD_RING_BYTES` says otherwise.
 const DEFAULT_RING_BYTES: u32 = 1 << 18;
@@ -270,27 +271,46 @@ impl Drop for Mailbox {
     }
 }
 
+/// Why a connector to a peer on this host could not make what its
+/// connection needs before it connects.
+#[derive(Debug, Error)]
+enum PrepareError {
+    /// No region.
+    #[error(transparent)]
+    Region(#[from] region::RegionError),
+    /// The socket has no inode.
+    #[error("the socket has no inode to name its mailbox by")]
+    NoInode,
+    /// No socket for the mailbox.
+    #[error("no mailbox socket: {0}")]
+    NoMailbox(std::io::Error),
+    /// The mailbox's name could not be bound.
+    #[error("the connection's mailbox @{name}: {why}")]
+    Mailbox {
+        /// The mailbox's abstract name.
+        name: String,
+        /// The bind's or listen's error.
+        why: std::io::Error,
+    },
+}
+
 /// Makes the region and binds the mailbox of the connection `fd` is about
 /// to make.
-fn prepare(fd: c_int) -> Result<Local, String> {
+fn prepare(fd: c_int) -> Result<Local, PrepareError> {
     let (ch, region) = region::make(ring_bytes())?;
     let ino = crate::conn::socket_ino(fd);
     if ino == 0 {
-        return Err("the socket has no inode to name its mailbox by".into());
+        return Err(PrepareError::NoInode);
     }
-    let m = unix::seqpacket().map_err(|err| {
-        format!(
-            "no mailbox socket: {}",
-            std::io::Error::from_raw_os_error(err)
-        )
-    })?;
+    let m = unix::seqpacket()
+        .map_err(|err| PrepareError::NoMailbox(std::io::Error::from_raw_os_error(err)))?;
     let name = mailbox_name(ino);
     if let Err(err) = unix::listen_at(m.as_raw_fd(), &name, MAILBOX_BACKLOG) {
         unix::close(m);
-        return Err(format!(
-            "the connection's mailbox @{name}: {}",
-            std::io::Error::from_raw_os_error(err)
-        ));
+        return Err(PrepareError::Mailbox {
+            name,
+            why: std::io::Error::from_raw_os_error(err),
+        });
     }
     Ok(Local {
         ch,
