@@ -2,7 +2,7 @@
 //! socket at the other end of a connection on this host, and which socket
 //! it is, as the kernel says it, never as the peer says it.
 
-use crate::conn::errno;
+use crate::errno::errno;
 use crate::real;
 use libc::c_int;
 use std::net::IpAddr;
@@ -174,6 +174,10 @@ fn parse(b: &[u8]) -> Result<Option<Owner>, DiagError> {
         inode: u64::from(word(m + 68)),
     }))
 }
+
+/// The connection's two ends as the kernel reports them: (this end, the
+/// peer), each an address and a port.
+pub(crate) type Ends = ((IpAddr, u16), (IpAddr, u16));
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]

@@ -15,8 +15,12 @@
 //! the channels are shared mappings the child inherits, and the rings keep
 //! no index in private memory.
 
-use crate::conn::{errno, set_errno, spin_until, Conn, Errno};
+use crate::bell::register_bell;
+use crate::conn::{spin_until, Conn};
+use crate::errno::{errno, set_errno, Errno};
+use crate::inherit::sync_cloexec;
 use crate::log::log_line;
+use crate::pending::Pending;
 use crate::real;
 use crate::setup::{self, Resolved};
 use crate::table::{self, Entry, Interest};
@@ -753,38 +757,6 @@ fn after_fd_change(fd: c_int) {
     }
 }
 
-/// Gives the region file of `c` the close-on-exec flag its descriptors
-/// have: kept across exec only while some descriptor of the connection
-/// is (so the image after exec can take the connection over again, see
-/// `inherit`), closed on exec otherwise, so a program the process execs
-/// (a CGI, as another user) holds nothing of connections it was not
-/// given.
-pub(crate) fn sync_cloexec(c: &Arc<Conn>) {
-    let rfd = c.region_fd();
-    if rfd < 0 {
-        return;
-    }
-    let keep = table::descriptors_of(c).into_iter().any(|fd| {
-        // SAFETY: a plain fcntl on the program's descriptor.
-        let f = unsafe { real::fcntl()(fd, libc::F_GETFD, 0) };
-        f >= 0 && f & libc::FD_CLOEXEC == 0
-    });
-    // SAFETY: plain fcntl calls on the connection's own region file.
-    unsafe {
-        let f = real::fcntl()(rfd, libc::F_GETFD, 0);
-        if f >= 0 {
-            let want = if keep {
-                f & !libc::FD_CLOEXEC
-            } else {
-                f | libc::FD_CLOEXEC
-            };
-            if want != f {
-                real::fcntl()(rfd, libc::F_SETFD, want as c_ulong);
-            }
-        }
-    }
-}
-
 /// `dup(2)`: the copy is the same connection.
 ///
 /// # Safety
@@ -958,7 +930,7 @@ fn settle(fd: c_int, c: &Arc<Conn>) -> bool {
 /// Whether an accepted connection still pending that the kernel calls
 /// readable really is: the exchange's records are taken first, and only
 /// the program's own bytes (or its connection's end on shm) count.
-fn settle_pending(fd: c_int, p: &Arc<setup::Pending>) -> bool {
+fn settle_pending(fd: c_int, p: &Arc<Pending>) -> bool {
     match setup::resolve(fd, p, false, true) {
         Resolved::Shm(c) => settle(fd, &c),
         Resolved::Kernel => true,
@@ -1055,7 +1027,7 @@ unsafe fn shm_poll(
     // SAFETY: poll's contract: `fds` holds `nfds` valid entries.
     let set = unsafe { std::slice::from_raw_parts_mut(fds, nfds as usize) };
     let mut shm: Vec<(usize, Arc<Conn>)> = Vec::new();
-    let mut pend: Vec<(usize, Arc<setup::Pending>)> = Vec::new();
+    let mut pend: Vec<(usize, Arc<Pending>)> = Vec::new();
     for (i, p) in set.iter().enumerate() {
         if p.events & libc::POLLIN == 0 {
             continue;
@@ -1386,60 +1358,6 @@ pub unsafe extern "C" fn epoll_ctl(
     r
 }
 
-/// A connection registered in epolls before it moved to its relay (an
-/// accepted one is registered while its hello is still unread): its
-/// relay socket joins it in each, as `epoll_ctl` would have done.
-pub(crate) fn bell_joins_epolls(fd: c_int) {
-    let e = errno();
-    for (epfd, i) in table::epoll_regs_without_bell(fd) {
-        if register_bell(epfd, libc::EPOLL_CTL_ADD, fd, i.events, i.data) {
-            table::epoll_set_bell(epfd, fd);
-        }
-    }
-    set_errno(e);
-}
-
-/// Keeps a relayed connection's socket to its relay registered in `epfd`
-/// beside the connection's descriptor `fd`, with the program's data and
-/// read interest, so that the relay wakes a wait in that epoll with a
-/// byte on it, on this host (see `netgap_shm::wait::WAIT_BELL`), instead of a
-/// doorbell from the other host. Returns whether it is registered; where
-/// it is not (not relayed, no read interest, or the socket already
-/// registered in that epoll for another descriptor of the connection), a
-/// wait falls back on the doorbell.
-fn register_bell(epfd: c_int, op: c_int, fd: c_int, events: u32, data: u64) -> bool {
-    let Some(Entry::Shm(c)) = table::get(fd) else {
-        return false;
-    };
-    let bell = c.bell();
-    if bell < 0 {
-        return false;
-    }
-    let flags = (libc::EPOLLET | libc::EPOLLONESHOT) as u32;
-    let mut ev = epoll_event {
-        events: libc::EPOLLIN as u32 | (events & flags),
-        u64: data,
-    };
-    let had = table::epoll_bell(epfd, fd);
-    let wants = op != libc::EPOLL_CTL_DEL && events & libc::EPOLLIN as u32 != 0;
-    // SAFETY: plain epoll_ctl calls on the program's epoll and the
-    // connection's own relay socket, with an event on the stack.
-    unsafe {
-        if !wants {
-            if had {
-                real::epoll_ctl()(epfd, libc::EPOLL_CTL_DEL, bell, &mut ev);
-            }
-            return false;
-        }
-        if had {
-            return real::epoll_ctl()(epfd, libc::EPOLL_CTL_MOD, bell, &mut ev) == 0;
-        }
-        // EEXIST: another descriptor of the connection holds it there,
-        // with its own data; this one falls back on the doorbell.
-        real::epoll_ctl()(epfd, libc::EPOLL_CTL_ADD, bell, &mut ev) == 0
-    }
-}
-
 /// The shared body of `epoll_wait` and `epoll_pwait`: `wait(timeout)` is
 /// the real call.
 ///
@@ -1518,7 +1436,7 @@ unsafe fn settle_events(
     n: usize,
     max: usize,
     shm: &[(c_int, Interest, Arc<Conn>)],
-    pend: &[(c_int, Interest, Arc<setup::Pending>)],
+    pend: &[(c_int, Interest, Arc<Pending>)],
     ready: &[Interest],
 ) -> usize {
     // Entries are packed structs: read and written unaligned, by value.

@@ -101,7 +101,7 @@ pub(crate) fn make(ring: u32) -> Result<(Channel, Region), RegionError> {
 /// nothing is opened) only if the kernel shows a memfd of the library's
 /// there. Nothing of another user's is ever taken.
 pub(crate) fn take_from_peer(
-    e: &crate::setup::Ends,
+    e: &crate::diag::Ends,
     ring: u32,
     region_fd: u32,
 ) -> Result<(Channel, Region), (Refusal, String)> {

@@ -36,10 +36,11 @@
 //! one line in the log.
 
 use crate::channel::Role;
-use crate::conn::{errno, Conn, Errno};
+use crate::conn::Conn;
+use crate::errno::{errno, Errno};
+use crate::exchange::{read_answer, ring_bytes, send_all, NotMoved};
 use crate::log::log_line;
 use crate::real;
-use crate::setup::{read_answer, ring_bytes, send_all, NotMoved};
 use crate::table::{self, Entry};
 use libc::c_int;
 use netgap_proto::preload::{
@@ -397,7 +398,7 @@ pub(crate) fn connected(
     match offer(fd, reserved) {
         Ok(c) => {
             table::set(fd, Entry::Shm(Arc::new(c.with_nonblocking(nonblocking))));
-            crate::interpose::bell_joins_epolls(fd);
+            crate::bell::bell_joins_epolls(fd);
             log_line!("fd {fd}: connection to port {port} moved to xdp via the relay");
             Ok(())
         }
