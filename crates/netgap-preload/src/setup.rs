@@ -75,7 +75,14 @@ pub(crate) fn listening(fd: c_int) {
     } else {
         &[6, 4]
     };
-    beacon::listening(fd, port, families);
+    if let Some(beacon) = beacon::listening(fd, port, families) {
+        table::set(
+            fd,
+            Entry::Listener {
+                beacon: Arc::new(beacon),
+            },
+        );
+    }
 }
 
 /// Whether an IPv6 socket takes IPv6 connections only.
