@@ -285,26 +285,7 @@ unsafe fn shm_poll(
     }
     // SAFETY: poll's contract: `fds` holds `nfds` valid entries.
     let set = unsafe { std::slice::from_raw_parts_mut(fds, nfds as usize) };
-    let mut shm: Vec<(usize, Arc<Conn>)> = Vec::new();
-    let mut pend: Vec<(usize, Arc<Pending>)> = Vec::new();
-    for (i, p) in set.iter().enumerate() {
-        if p.events & libc::POLLIN == 0 {
-            continue;
-        }
-        match table::get(p.fd) {
-            Some(Entry::Shm(c)) => shm.push((i, c)),
-            Some(Entry::Pending(q)) => {
-                // Records of the exchange already in are taken now (see
-                // `shm_epoll_wait`).
-                match setup::resolve(p.fd, &q, false, true) {
-                    Resolved::Shm(c) => shm.push((i, c)),
-                    Resolved::NotYet => pend.push((i, q)),
-                    Resolved::Kernel => {}
-                }
-            }
-            _ => {}
-        }
-    }
+    let (shm, pend) = read_watched(set);
     if shm.is_empty() && pend.is_empty() {
         return wait(fds, nfds, timeout);
     }
@@ -399,6 +380,37 @@ unsafe fn shm_poll(
             return n;
         }
     }
+}
+
+/// What entries of a poll set watch, with their places in the set.
+type Watched<T> = Vec<(usize, Arc<T>)>;
+
+/// The entries of a poll set that watch a taken-over connection for
+/// reading (with their places in the set), and those that watch a
+/// pending one still waiting for its first bytes; a pending one whose
+/// exchange is already in is resolved now.
+fn read_watched(set: &[pollfd]) -> (Watched<Conn>, Watched<Pending>) {
+    let mut shm: Vec<(usize, Arc<Conn>)> = Vec::new();
+    let mut pend: Vec<(usize, Arc<Pending>)> = Vec::new();
+    for (i, p) in set.iter().enumerate() {
+        if p.events & libc::POLLIN == 0 {
+            continue;
+        }
+        match table::get(p.fd) {
+            Some(Entry::Shm(c)) => shm.push((i, c)),
+            Some(Entry::Pending(q)) => {
+                // Records of the exchange already in are taken now (see
+                // `shm_epoll_wait`).
+                match setup::resolve(p.fd, &q, false, true) {
+                    Resolved::Shm(c) => shm.push((i, c)),
+                    Resolved::NotYet => pend.push((i, q)),
+                    Resolved::Kernel => {}
+                }
+            }
+            _ => {}
+        }
+    }
+    (shm, pend)
 }
 
 /// Counts the descriptors below `limit` set in `s` (null: none).
