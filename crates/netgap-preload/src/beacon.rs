@@ -19,12 +19,10 @@
 //! connection ([`drain`]), and closes them unread.
 
 use crate::log::log_line;
-use crate::table::{self, Entry};
 use crate::unix;
 use libc::c_int;
 use netgap_proto::preload::beacon_name;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::Arc;
 
 /// Probes a beacon's backlog holds: connectors probe once per connection
 /// and the listener drains them at each accept, so this only needs to
@@ -95,8 +93,9 @@ fn bind(family: u8, port: u16) -> Result<Option<OwnedFd>, c_int> {
 }
 
 /// The listener `fd` just started listening on `port` (of `families`):
-/// it announces itself.
-pub(crate) fn listening(fd: c_int, port: u16, families: &[u8]) {
+/// its beacon, which announces it for as long as it is held; None (and a
+/// line in the log) when one could not be bound.
+pub(crate) fn listening(fd: c_int, port: u16, families: &[u8]) -> Option<Beacon> {
     let mut beacon = Beacon { fds: Vec::new() };
     for &f in families {
         match bind(f, port) {
@@ -106,16 +105,11 @@ pub(crate) fn listening(fd: c_int, port: u16, families: &[u8]) {
                     "fd {fd}: listener on port {port} stays on the kernel's TCP: no beacon ({})",
                     std::io::Error::from_raw_os_error(e)
                 );
-                return;
+                return None;
             }
         }
     }
-    table::set(
-        fd,
-        Entry::Listener {
-            beacon: Arc::new(beacon),
-        },
-    );
+    Some(beacon)
 }
 
 /// What a connector found at a port's beacon.

@@ -5,11 +5,13 @@
 //! process holding the socket closes it or dies).
 
 use crate::channel::{Channel, Corrupt, Moved, Role};
+use crate::errno::{errno, Errno};
 use crate::log::log_line;
 use crate::real;
 use libc::c_int;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::Mutex;
+use thiserror::Error;
 
 /// A taken-over connection.
 pub(crate) struct Conn {
@@ -38,7 +40,7 @@ pub(crate) struct Conn {
     offered: AtomicBool,
     /// While offered: where the exchange stands. The lock serialises the
     /// reading of the answers.
-    offer: Mutex<Option<crate::setup::Offer>>,
+    offer: Mutex<Option<Offer>>,
     /// The program shut down its sending side: its writes fail with EPIPE.
     wr_shut: AtomicBool,
     /// The program shut down its receiving side: its reads end at what the
@@ -58,34 +60,32 @@ pub(crate) struct Conn {
     /// descriptor across `exec` keeps this too, and the library in the new
     /// image maps it again (`inherit`). -1 once closed (by the program,
     /// which owns every descriptor number).
-    region_fd: AtomicI32,
+    pub(crate) region_fd: AtomicI32,
     /// Through a relay (`relay`): the socket to the host's relay, which
     /// takes the doorbells and sees the connection end when the last
     /// process holding it closes it; -1 for shm. A relayed connection has
     /// no region file of its own (`region_fd` is -1): it does not survive
     /// `exec` (the bell is close-on-exec, so the relay sees the program
     /// gone and ends the connection).
-    bell: c_int,
+    pub(crate) bell: c_int,
 }
 
-impl Drop for Conn {
-    fn drop(&mut self) {
-        let fd = self.region_fd.swap(-1, Ordering::AcqRel);
-        if fd >= 0 {
-            crate::table::take(fd);
-            // SAFETY: the region file this connection owns, closed once
-            // (the swap); the mapping goes with the channel.
-            unsafe { real::close()(fd) };
-        }
-        if self.bell >= 0 {
-            // SAFETY: the relay socket this connection owns, closed once.
-            unsafe { real::close()(self.bell) };
-        }
-    }
+/// Why the bytes a connector wrote before a refused offer did not go out
+/// on the kernel socket.
+#[derive(Debug, Error)]
+pub(crate) enum GiveBackError {
+    /// The ring they sat in was corrupt.
+    #[error("the ring was corrupt")]
+    Corrupt,
+    /// The kernel socket did not take them.
+    #[error("sending the {bytes} bytes written before the answer: {why}")]
+    Send {
+        /// How many bytes were to go.
+        bytes: usize,
+        /// The socket's error.
+        why: std::io::Error,
+    },
 }
-
-/// An `errno` value.
-pub(crate) type Errno = c_int;
 
 /// How long a closing end waits for doorbells already on their way to it.
 const QUIESCE_LIMIT: std::time::Duration = std::time::Duration::from_millis(20);
@@ -214,7 +214,7 @@ impl Conn {
         fd: c_int,
         channel: Channel,
         nonblocking: bool,
-        offer: crate::setup::Offer,
+        offer: Offer,
         region_fd: c_int,
     ) -> Conn {
         let c = Conn::new(fd, channel, Role::Connector, nonblocking, region_fd);
@@ -232,7 +232,7 @@ impl Conn {
     /// read; the caller reads it, sets the offer to None once it ends, and
     /// ends it with [`Conn::offer_accepted`], [`Conn::offer_refused`] or
     /// [`Conn::offer_dropped`].
-    pub(crate) fn offer_lock(&self) -> std::sync::MutexGuard<'_, Option<crate::setup::Offer>> {
+    pub(crate) fn offer_lock(&self) -> std::sync::MutexGuard<'_, Option<Offer>> {
         self.offer.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -258,7 +258,7 @@ impl Conn {
     /// ring meanwhile is sent over the kernel socket (where the listener's
     /// program will read it), and the kernel socket's TCP options are the
     /// program's again. Err: the bytes could not be sent.
-    pub(crate) fn offer_refused(&self, fd: c_int) -> Result<(), String> {
+    pub(crate) fn offer_refused(&self, fd: c_int) -> Result<(), GiveBackError> {
         let _w = self.write_lock.lock().unwrap_or_else(|p| p.into_inner());
         self.offered.store(false, Ordering::SeqCst);
         set_tcp_flag(fd, libc::TCP_NODELAY, self.nodelay.load(Ordering::Relaxed));
@@ -266,16 +266,13 @@ impl Conn {
         let bytes = self
             .channel
             .take_unsent()
-            .map_err(|Corrupt| "the ring was corrupt".to_string())?;
+            .map_err(|Corrupt| GiveBackError::Corrupt)?;
         if bytes.is_empty() {
             return Ok(());
         }
-        crate::setup::send_all(fd, &bytes).map_err(|e| {
-            format!(
-                "sending the {} bytes written before the answer: {}",
-                bytes.len(),
-                std::io::Error::from_raw_os_error(e)
-            )
+        crate::exchange::send_all(fd, &bytes).map_err(|e| GiveBackError::Send {
+            bytes: bytes.len(),
+            why: std::io::Error::from_raw_os_error(e),
         })
     }
 
@@ -1024,15 +1021,18 @@ fn spin_for(budget_ns: u128, ready: &mut impl FnMut() -> bool) -> bool {
     }
 }
 
-/// The calling thread's `errno`.
-pub(crate) fn errno() -> Errno {
-    std::io::Error::last_os_error()
-        .raw_os_error()
-        .unwrap_or(libc::EIO)
+/// A connector's offer: the destination port (for the log) and the
+/// connection's mailbox, which the listener reads the connector's
+/// credentials from (closed with the offer).
+pub(crate) struct Offer {
+    pub(crate) port: u16,
+    pub(crate) mailbox: Option<std::os::fd::OwnedFd>,
 }
 
-/// Sets the calling thread's `errno`.
-pub(crate) fn set_errno(e: Errno) {
-    // SAFETY: __errno_location returns the calling thread's errno slot.
-    unsafe { *libc::__errno_location() = e };
+impl Drop for Offer {
+    fn drop(&mut self) {
+        if let Some(m) = self.mailbox.take() {
+            crate::unix::close(m);
+        }
+    }
 }

@@ -2,11 +2,12 @@
 //! socket at the other end of a connection on this host, and which socket
 //! it is, as the kernel says it, never as the peer says it.
 
-use crate::conn::errno;
+use crate::errno::errno;
 use crate::real;
 use libc::c_int;
 use std::net::IpAddr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use thiserror::Error;
 
 /// `SOCK_DIAG_BY_FAMILY`.
 const SOCK_DIAG_BY_FAMILY: u16 = 20;
@@ -16,6 +17,32 @@ const REQ_BYTES: usize = 56;
 const NLMSG_HDR_BYTES: usize = 16;
 /// Bytes of `struct inet_diag_msg`.
 const MSG_BYTES: usize = 72;
+
+/// Why the kernel's socket diagnostics named no owner.
+#[derive(Debug, Error)]
+pub(crate) enum DiagError {
+    /// The kernel has no such connection.
+    #[error("no such socket")]
+    NoSuchSocket,
+    /// No netlink socket for the diagnostics.
+    #[error("the kernel's socket diagnostics: {0}")]
+    Open(std::io::Error),
+    /// The question could not be sent.
+    #[error("asking the kernel's socket diagnostics: {0}")]
+    Ask(std::io::Error),
+    /// The answer could not be read.
+    #[error("reading the kernel's socket diagnostics: {0}")]
+    Read(std::io::Error),
+    /// An answer shorter than a netlink header.
+    #[error("a short answer from the kernel's socket diagnostics")]
+    Short,
+    /// The kernel answered with an error.
+    #[error("the kernel's socket diagnostics: {0}")]
+    Kernel(std::io::Error),
+    /// An answer of another kind, or too short for its kind.
+    #[error("an unexpected answer from the kernel's socket diagnostics")]
+    Unexpected,
+}
 
 /// What the kernel says of a TCP socket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,7 +55,7 @@ pub(crate) struct Owner {
 
 /// The TCP socket bound to `src` and connected to `dst` on this host
 /// (network namespace), as the kernel knows it.
-pub(crate) fn tcp_socket(src: (IpAddr, u16), dst: (IpAddr, u16)) -> Result<Owner, String> {
+pub(crate) fn tcp_socket(src: (IpAddr, u16), dst: (IpAddr, u16)) -> Result<Owner, DiagError> {
     // An IPv4 peer may sit on an IPv4 socket or, mapped, on an IPv6 one.
     let tries: Vec<(c_int, [u8; 16], [u8; 16])> = match (src.0, dst.0) {
         (IpAddr::V4(s), IpAddr::V4(d)) => vec![
@@ -41,7 +68,7 @@ pub(crate) fn tcp_socket(src: (IpAddr, u16), dst: (IpAddr, u16)) -> Result<Owner
         ],
         (s, d) => vec![(libc::AF_INET6, v6_of(s), v6_of(d))],
     };
-    let mut last = String::from("no such socket");
+    let mut last = DiagError::NoSuchSocket;
     for (family, s, d) in tries {
         match lookup(family, (s, src.1), (d, dst.1)) {
             Ok(Some(o)) => return Ok(o),
@@ -70,7 +97,7 @@ fn lookup(
     family: c_int,
     src: ([u8; 16], u16),
     dst: ([u8; 16], u16),
-) -> Result<Option<Owner>, String> {
+) -> Result<Option<Owner>, DiagError> {
     // SAFETY: plain socket creation, owned at once.
     let fd = unsafe {
         libc::socket(
@@ -80,10 +107,7 @@ fn lookup(
         )
     };
     if fd < 0 {
-        return Err(format!(
-            "the kernel's socket diagnostics: {}",
-            std::io::Error::last_os_error()
-        ));
+        return Err(DiagError::Open(std::io::Error::last_os_error()));
     }
     // SAFETY: a new descriptor nothing else owns; dropped with the C
     // library's close through `crate::unix::close`.
@@ -109,7 +133,7 @@ fn lookup(
     if sent != req.len() as isize {
         let e = std::io::Error::last_os_error();
         crate::unix::close(sock);
-        return Err(format!("asking the kernel's socket diagnostics: {e}"));
+        return Err(DiagError::Ask(e));
     }
     let mut buf = [0u8; 1024];
     let n = loop {
@@ -121,18 +145,15 @@ fn lookup(
     };
     crate::unix::close(sock);
     if n < 0 {
-        return Err(format!(
-            "reading the kernel's socket diagnostics: {}",
-            std::io::Error::last_os_error()
-        ));
+        return Err(DiagError::Read(std::io::Error::last_os_error()));
     }
     parse(&buf[..n as usize])
 }
 
 /// The owner in the kernel's answer; Ok(None) for "no such socket".
-fn parse(b: &[u8]) -> Result<Option<Owner>, String> {
+fn parse(b: &[u8]) -> Result<Option<Owner>, DiagError> {
     if b.len() < NLMSG_HDR_BYTES {
-        return Err("a short answer from the kernel's socket diagnostics".into());
+        return Err(DiagError::Short);
     }
     let word = |at: usize| u32::from_ne_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
     let kind = u16::from_ne_bytes([b[4], b[5]]);
@@ -141,14 +162,11 @@ fn parse(b: &[u8]) -> Result<Option<Owner>, String> {
         return if e == -libc::ENOENT || e == 0 {
             Ok(None)
         } else {
-            Err(format!(
-                "the kernel's socket diagnostics: {}",
-                std::io::Error::from_raw_os_error(-e)
-            ))
+            Err(DiagError::Kernel(std::io::Error::from_raw_os_error(-e)))
         };
     }
     if kind != SOCK_DIAG_BY_FAMILY || b.len() < NLMSG_HDR_BYTES + MSG_BYTES {
-        return Err("an unexpected answer from the kernel's socket diagnostics".into());
+        return Err(DiagError::Unexpected);
     }
     let m = NLMSG_HDR_BYTES;
     Ok(Some(Owner {
@@ -156,6 +174,10 @@ fn parse(b: &[u8]) -> Result<Option<Owner>, String> {
         inode: u64::from(word(m + 68)),
     }))
 }
+
+/// The connection's two ends as the kernel reports them: (this end, the
+/// peer), each an address and a port.
+pub(crate) type Ends = ((IpAddr, u16), (IpAddr, u16));
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]

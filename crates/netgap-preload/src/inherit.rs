@@ -23,7 +23,7 @@ use crate::conn::Conn;
 use crate::log::log_line;
 use crate::real;
 use crate::table::{self, Entry};
-use libc::c_int;
+use libc::{c_int, c_ulong};
 use std::sync::Arc;
 
 /// The name `/proc/self/fd` shows for a region's file.
@@ -109,4 +109,36 @@ fn adopt_region(rfd: c_int, sockets: &[(c_int, u64)]) {
 fn close(fd: c_int) {
     // SAFETY: a region file this image inherited and does not use.
     unsafe { real::close()(fd) };
+}
+
+/// Gives the region file of `c` the close-on-exec flag its descriptors
+/// have: kept across exec only while some descriptor of the connection
+/// is (so the image after exec can take the connection over again, see
+/// `inherit`), closed on exec otherwise, so a program the process execs
+/// (a CGI, as another user) holds nothing of connections it was not
+/// given.
+pub(crate) fn sync_cloexec(c: &Arc<Conn>) {
+    let rfd = c.region_fd();
+    if rfd < 0 {
+        return;
+    }
+    let keep = table::descriptors_of(c).into_iter().any(|fd| {
+        // SAFETY: a plain fcntl on the program's descriptor.
+        let f = unsafe { real::fcntl()(fd, libc::F_GETFD, 0) };
+        f >= 0 && f & libc::FD_CLOEXEC == 0
+    });
+    // SAFETY: plain fcntl calls on the connection's own region file.
+    unsafe {
+        let f = real::fcntl()(rfd, libc::F_GETFD, 0);
+        if f >= 0 {
+            let want = if keep {
+                f & !libc::FD_CLOEXEC
+            } else {
+                f | libc::FD_CLOEXEC
+            };
+            if want != f {
+                real::fcntl()(rfd, libc::F_SETFD, want as c_ulong);
+            }
+        }
+    }
 }

@@ -31,12 +31,16 @@
 //! (`setup`).
 
 mod beacon;
+mod bell;
 mod channel;
 mod conn;
 mod diag;
+mod errno;
+mod exchange;
 mod inherit;
 pub mod interpose;
 mod log;
+mod pending;
 mod real;
 mod region;
 mod relay;

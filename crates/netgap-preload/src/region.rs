@@ -10,6 +10,7 @@ use libc::c_int;
 use netgap_proto::preload::Refusal;
 use netgap_shm::region_bytes;
 use std::os::fd::{AsRawFd, OwnedFd};
+use thiserror::Error;
 
 /// The memfd name every region carries (`/proc/self/fd` shows it as
 /// `/memfd:netgap-preload (deleted)`).
@@ -39,14 +40,42 @@ impl Region {
     }
 }
 
+/// Why a region was not made, or one taken from the connector is not
+/// mapped.
+#[derive(Debug, Error)]
+pub(crate) enum RegionError {
+    /// No memfd.
+    #[error("memfd_create: {0}")]
+    Memfd(std::io::Error),
+    /// The memfd could not be sized or sealed.
+    #[error("sizing the region: {0}")]
+    Size(std::io::Error),
+    /// The rings could not be mapped (or the taken header is not this
+    /// layout's).
+    #[error("mapping the region: {0}")]
+    Map(std::io::Error),
+    /// The taken descriptor could not be looked at.
+    #[error("fstat: {0}")]
+    Fstat(std::io::Error),
+    /// The taken descriptor is no regular file.
+    #[error("the descriptor is not a regular file")]
+    NotFile,
+    /// The taken descriptor is no memfd of the library's name.
+    #[error("the descriptor is not a region of the library's (a memfd of its name)")]
+    NotOurs,
+    /// Another user's, unsealed, or of another size.
+    #[error("the region is not a sealed file of this user of the announced size")]
+    NotSealed,
+}
+
 /// Makes a region of `ring`-byte rings and maps it as its maker.
-pub(crate) fn make(ring: u32) -> Result<(Channel, Region), String> {
+pub(crate) fn make(ring: u32) -> Result<(Channel, Region), RegionError> {
     let total = region_bytes(ring as usize);
     // SAFETY: a NUL-terminated name and plain flags.
     let mfd =
         unsafe { libc::memfd_create(NAME.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
     if mfd < 0 {
-        return Err(format!("memfd_create: {}", std::io::Error::last_os_error()));
+        return Err(RegionError::Memfd(std::io::Error::last_os_error()));
     }
     let region = Region(mfd);
     // SAFETY: plain calls on our own memfd.
@@ -55,13 +84,9 @@ pub(crate) fn make(ring: u32) -> Result<(Channel, Region), String> {
             && libc::fcntl(mfd, libc::F_ADD_SEALS, SEALS) == 0
     };
     if !sized {
-        return Err(format!(
-            "sizing the region: {}",
-            std::io::Error::last_os_error()
-        ));
+        return Err(RegionError::Size(std::io::Error::last_os_error()));
     }
-    let ch = Channel::map(mfd, ring as usize, Role::Connector)
-        .map_err(|e| format!("mapping the region: {e}"))?;
+    let ch = Channel::map(mfd, ring as usize, Role::Connector).map_err(RegionError::Map)?;
     Ok((ch, region))
 }
 
@@ -76,12 +101,13 @@ pub(crate) fn make(ring: u32) -> Result<(Channel, Region), String> {
 /// nothing is opened) only if the kernel shows a memfd of the library's
 /// there. Nothing of another user's is ever taken.
 pub(crate) fn take_from_peer(
-    e: &crate::setup::Ends,
+    e: &crate::diag::Ends,
     ring: u32,
     region_fd: u32,
 ) -> Result<(Channel, Region), (Refusal, String)> {
     let me = crate::unix::euid();
-    let sock = crate::diag::tcp_socket(e.1, e.0).map_err(|why| (Refusal::Unreachable, why))?;
+    let sock =
+        crate::diag::tcp_socket(e.1, e.0).map_err(|why| (Refusal::Unreachable, why.to_string()))?;
     if sock.inode == 0 {
         // The kernel keeps a closed socket's connection (an orphan) until
         // its end is through: the connector is gone.
@@ -103,7 +129,7 @@ pub(crate) fn take_from_peer(
     let taken = take_fd(&pidfd, region_fd);
     crate::unix::close(pidfd);
     let fd = taken?;
-    let (ch, region) = take(fd, ring).map_err(|why| (Refusal::BadRegion, why))?;
+    let (ch, region) = take(fd, ring).map_err(|why| (Refusal::BadRegion, why.to_string()))?;
     if ch.connector_ino() != sock.inode {
         return Err((
             Refusal::BadRegion,
@@ -249,23 +275,23 @@ fn pid_of(pidfd: &OwnedFd) -> Option<i32> {
 /// exactly the size the rings need, with a header of this version.
 /// Returns the channel and the region's descriptor (which the connection
 /// keeps).
-fn take(fd: OwnedFd, ring: u32) -> Result<(Channel, Region), String> {
+fn take(fd: OwnedFd, ring: u32) -> Result<(Channel, Region), RegionError> {
     // SAFETY: all-zero bytes are a valid stat; fstat fills it.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: `st` is valid for writes.
     if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
-        return Err(format!("fstat: {}", std::io::Error::last_os_error()));
+        return Err(RegionError::Fstat(std::io::Error::last_os_error()));
     }
     if st.st_mode & libc::S_IFMT != libc::S_IFREG {
         crate::unix::dispose(fd);
-        return Err("the descriptor is not a regular file".into());
+        return Err(RegionError::NotFile);
     }
     let link = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
         .map(|l| l.to_string_lossy().into_owned())
         .unwrap_or_default();
     if !link.starts_with(LINK_PREFIX) {
         crate::unix::close(fd);
-        return Err("the descriptor is not a region of the library's (a memfd of its name)".into());
+        return Err(RegionError::NotOurs);
     }
     // SAFETY: a plain fcntl on the received descriptor.
     let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
@@ -276,10 +302,9 @@ fn take(fd: OwnedFd, ring: u32) -> Result<(Channel, Region), String> {
         || seals & SEALS != SEALS
     {
         crate::unix::close(fd);
-        return Err("the region is not a sealed file of this user of the announced size".into());
+        return Err(RegionError::NotSealed);
     }
     let region = Region(std::os::fd::IntoRawFd::into_raw_fd(fd));
-    let ch = Channel::map(region.0, ring as usize, Role::Listener)
-        .map_err(|e| format!("mapping the region: {e}"))?;
+    let ch = Channel::map(region.0, ring as usize, Role::Listener).map_err(RegionError::Map)?;
     Ok((ch, region))
 }

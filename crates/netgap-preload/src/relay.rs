@@ -36,10 +36,11 @@
 //! one line in the log.
 
 use crate::channel::Role;
-use crate::conn::{errno, Conn, Errno};
+use crate::conn::Conn;
+use crate::errno::{errno, Errno};
+use crate::exchange::{read_answer, ring_bytes, send_all, NotMoved};
 use crate::log::log_line;
 use crate::real;
-use crate::setup::{read_answer, ring_bytes, send_all, NotMoved};
 use crate::table::{self, Entry};
 use libc::c_int;
 use netgap_proto::preload::{
@@ -48,6 +49,78 @@ use netgap_proto::preload::{
 };
 use std::os::fd::{AsRawFd, IntoRawFd};
 use std::sync::Arc;
+use thiserror::Error;
+
+/// Why this host's relay cannot carry a connection (it stays on the
+/// kernel's TCP, or, once its hello went out, is reset).
+#[derive(Debug, Error)]
+pub(crate) enum RelayError {
+    /// The library runs under another stack than xdp.
+    #[error("connections to other hosts move only under -t xdp")]
+    NotXdp,
+    /// No socket to reach the relay.
+    #[error("no socket for the relay: {0}")]
+    NoSocket(std::io::Error),
+    /// Nothing listens at the relay's name.
+    #[error("no relay runs here")]
+    NoRelay,
+    /// The relay's socket could not be reached.
+    #[error("the relay @{RELAY_SOCKET}: {0}")]
+    Connect(std::io::Error),
+    /// Another user than root holds the relay's name.
+    #[error("the relay @{RELAY_SOCKET} is uid {uid}'s (pid {pid}), not root's: a squatter")]
+    Squatter {
+        /// The holder's uid.
+        uid: u32,
+        /// The holder's pid.
+        pid: i32,
+    },
+    /// The kernel gave no credentials of the relay.
+    #[error("the relay @{RELAY_SOCKET} has no credentials")]
+    NoCredentials,
+    /// The request could not be sent.
+    #[error("sending the request to the relay: {0}")]
+    Send(std::io::Error),
+    /// No reply within the wait.
+    #[error("the relay did not reply in time")]
+    Late,
+    /// The relay closed its socket.
+    #[error("the relay closed without replying")]
+    Closed,
+    /// Not a reply.
+    #[error("the relay's reply: {0}")]
+    Reply(netgap_proto::preload::HelloError),
+    /// No connection key.
+    #[error("no random bytes for a connection key: {0}")]
+    NoKey(std::io::Error),
+    /// The relay refused the reservation, with its reason.
+    #[error("the relay here refused: {0}")]
+    Refused(String),
+}
+
+/// Why the other host's relay did not say whether a program under the
+/// library listens there.
+#[derive(Debug, Error)]
+enum ProbeError {
+    /// The destination is no IP address.
+    #[error("not an IP destination")]
+    NotIp,
+    /// No nonce.
+    #[error("no random bytes for the probe")]
+    NoNonce,
+    /// No UDP socket.
+    #[error("the probe's socket: {0}")]
+    Socket(std::io::Error),
+    /// The probe could not be sent or its answer read.
+    #[error("the probe: {0}")]
+    Io(std::io::Error),
+    /// No answer within the wait.
+    #[error("no relay answered on the peer's host within {PROBE_WAIT_MS} ms")]
+    NoAnswer,
+    /// The other host refused the datagram: no relay there.
+    #[error("no relay runs on the peer's host")]
+    NoRelay,
+}
 
 /// The relay's abstract socket name (without the leading NUL).
 pub(crate) const RELAY_SOCKET: &str = "netgap-relay";
@@ -60,42 +133,35 @@ const REPLY_WAIT_MS: c_int = 10_000;
 /// `-t xdp`, and only a relay the kernel says is root's (`SO_PEERCRED`):
 /// anyone can bind the name, and a squatter would be handed the
 /// program's connections.
-fn open() -> Result<c_int, String> {
+fn open() -> Result<c_int, RelayError> {
     if crate::settings().stack != crate::Stack::Xdp {
-        return Err("connections to other hosts move only under -t xdp".into());
+        return Err(RelayError::NotXdp);
     }
-    let fd = crate::unix::seqpacket().map_err(|e| {
-        format!(
-            "no socket for the relay: {}",
-            std::io::Error::from_raw_os_error(e)
-        )
-    })?;
+    let fd = crate::unix::seqpacket()
+        .map_err(|e| RelayError::NoSocket(std::io::Error::from_raw_os_error(e)))?;
     match crate::unix::connect_to(fd.as_raw_fd(), RELAY_SOCKET) {
         Ok(()) => {}
         Err(libc::ECONNREFUSED | libc::ENOENT) => {
             crate::unix::close(fd);
-            return Err("no relay runs here".into());
+            return Err(RelayError::NoRelay);
         }
         Err(e) => {
             crate::unix::close(fd);
-            return Err(format!(
-                "the relay @{RELAY_SOCKET}: {}",
-                std::io::Error::from_raw_os_error(e)
-            ));
+            return Err(RelayError::Connect(std::io::Error::from_raw_os_error(e)));
         }
     }
     match crate::unix::peer_cred(fd.as_raw_fd()) {
         Some(c) if c.uid == 0 => {}
         Some(c) => {
             crate::unix::close(fd);
-            return Err(format!(
-                "the relay @{RELAY_SOCKET} is uid {}'s (pid {}), not root's: a squatter",
-                c.uid, c.pid
-            ));
+            return Err(RelayError::Squatter {
+                uid: c.uid,
+                pid: c.pid,
+            });
         }
         None => {
             crate::unix::close(fd);
-            return Err(format!("the relay @{RELAY_SOCKET} has no credentials"));
+            return Err(RelayError::NoCredentials);
         }
     }
     let raw = fd.into_raw_fd();
@@ -113,7 +179,7 @@ fn open() -> Result<c_int, String> {
 }
 
 /// Whether a relay of root's runs in this namespace (and may be asked).
-fn present() -> Result<(), String> {
+fn present() -> Result<(), RelayError> {
     let fd = open()?;
     // SAFETY: the probe's own descriptor.
     unsafe { real::close()(fd) };
@@ -161,7 +227,7 @@ const PROBE_WAIT_MS: c_int = 250;
 
 /// Asks the relay of `dest`'s host (UDP, [`PROBE_PORT`]) whether a program
 /// under the library listens on `port` there.
-fn probe(dest: &libc::sockaddr_storage, port: u16) -> Result<bool, String> {
+fn probe(dest: &libc::sockaddr_storage, port: u16) -> Result<bool, ProbeError> {
     let mut to = *dest;
     let (family, len) = match c_int::from(to.ss_family) {
         libc::AF_INET => {
@@ -176,13 +242,13 @@ fn probe(dest: &libc::sockaddr_storage, port: u16) -> Result<bool, String> {
             a.sin6_port = PROBE_PORT.to_be();
             (6u8, std::mem::size_of::<libc::sockaddr_in6>())
         }
-        _ => return Err("not an IP destination".into()),
+        _ => return Err(ProbeError::NotIp),
     };
     let mut nonce = [0u8; 8];
     // SAFETY: `nonce` is valid for writes of its length.
     if unsafe { libc::getrandom(nonce.as_mut_ptr().cast(), nonce.len(), 0) } != nonce.len() as isize
     {
-        return Err("no random bytes for the probe".into());
+        return Err(ProbeError::NoNonce);
     }
     let query = Probe {
         family,
@@ -199,10 +265,7 @@ fn probe(dest: &libc::sockaddr_storage, port: u16) -> Result<bool, String> {
         )
     };
     if s < 0 {
-        return Err(format!(
-            "the probe's socket: {}",
-            std::io::Error::last_os_error()
-        ));
+        return Err(ProbeError::Socket(std::io::Error::last_os_error()));
     }
     let result = (|| {
         // SAFETY: `to` is a valid socket address of `len` bytes; a UDP
@@ -211,12 +274,12 @@ fn probe(dest: &libc::sockaddr_storage, port: u16) -> Result<bool, String> {
         if unsafe { real::connect()(s, std::ptr::from_ref(&to).cast(), len as libc::socklen_t) }
             != 0
         {
-            return Err(format!("the probe: {}", std::io::Error::last_os_error()));
+            return Err(ProbeError::Io(std::io::Error::last_os_error()));
         }
         // SAFETY: `query` is valid for reads of its length.
         let sent = unsafe { real::send()(s, query.as_ptr().cast(), query.len(), 0) };
         if sent != query.len() as isize {
-            return Err(format!("the probe: {}", std::io::Error::last_os_error()));
+            return Err(ProbeError::Io(std::io::Error::last_os_error()));
         }
         let deadline =
             std::time::Instant::now() + std::time::Duration::from_millis(PROBE_WAIT_MS as u64);
@@ -230,12 +293,10 @@ fn probe(dest: &libc::sockaddr_storage, port: u16) -> Result<bool, String> {
             // SAFETY: one valid pollfd.
             let n = unsafe { real::poll()(&mut p, 1, left.as_millis() as c_int) };
             if n == 0 {
-                return Err(format!(
-                    "no relay answered on the peer's host within {PROBE_WAIT_MS} ms"
-                ));
+                return Err(ProbeError::NoAnswer);
             }
             if n < 0 && errno() != libc::EINTR {
-                return Err(format!("the probe: {}", std::io::Error::last_os_error()));
+                return Err(ProbeError::Io(std::io::Error::last_os_error()));
             }
             let mut buf = [0u8; PROBE_BYTES + 1];
             // SAFETY: `buf` is valid for writes of its length.
@@ -244,13 +305,10 @@ fn probe(dest: &libc::sockaddr_storage, port: u16) -> Result<bool, String> {
             if got < 0 {
                 let e = errno();
                 if e == libc::ECONNREFUSED {
-                    return Err("no relay runs on the peer's host".into());
+                    return Err(ProbeError::NoRelay);
                 }
                 if e != libc::EAGAIN && e != libc::EINTR {
-                    return Err(format!(
-                        "the probe: {}",
-                        std::io::Error::from_raw_os_error(e)
-                    ));
+                    return Err(ProbeError::Io(std::io::Error::from_raw_os_error(e)));
                 }
                 continue;
             }
@@ -269,7 +327,7 @@ fn probe(dest: &libc::sockaddr_storage, port: u16) -> Result<bool, String> {
 
 /// Sends `req` (with the region and the TCP socket, if given) to the
 /// relay on `sock` and waits for its reply.
-fn ask(sock: c_int, req: &RelayRequest, fds: Option<[c_int; 2]>) -> Result<RelayReply, String> {
+fn ask(sock: c_int, req: &RelayRequest, fds: Option<[c_int; 2]>) -> Result<RelayReply, RelayError> {
     let bytes = req.encode();
     let mut iov = libc::iovec {
         iov_base: bytes.as_ptr().cast_mut().cast(),
@@ -306,10 +364,7 @@ fn ask(sock: c_int, req: &RelayRequest, fds: Option<[c_int; 2]>) -> Result<Relay
     // interposed).
     let r = unsafe { libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL) };
     if r != bytes.len() as isize {
-        return Err(format!(
-            "sending the request to the relay: {}",
-            std::io::Error::last_os_error()
-        ));
+        return Err(RelayError::Send(std::io::Error::last_os_error()));
     }
     let mut p = libc::pollfd {
         fd: sock,
@@ -319,15 +374,15 @@ fn ask(sock: c_int, req: &RelayRequest, fds: Option<[c_int; 2]>) -> Result<Relay
     // SAFETY: one valid pollfd.
     let n = unsafe { real::poll()(&mut p, 1, REPLY_WAIT_MS) };
     if n <= 0 {
-        return Err("the relay did not reply in time".into());
+        return Err(RelayError::Late);
     }
     let mut buf = [0u8; RELAY_REPLY_BYTES + 1];
     // SAFETY: `buf` is valid for writes of its length.
     let got = unsafe { real::recv()(sock, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
     if got <= 0 {
-        return Err("the relay closed without replying".into());
+        return Err(RelayError::Closed);
     }
-    RelayReply::decode(&buf[..got as usize]).map_err(|e| format!("the relay's reply: {e}"))
+    RelayReply::decode(&buf[..got as usize]).map_err(RelayError::Reply)
 }
 
 /// The connector's side of a connection to another host, on a freshly
@@ -343,7 +398,7 @@ pub(crate) fn connected(
     match offer(fd, reserved) {
         Ok(c) => {
             table::set(fd, Entry::Shm(Arc::new(c.with_nonblocking(nonblocking))));
-            crate::interpose::bell_joins_epolls(fd);
+            crate::bell::bell_joins_epolls(fd);
             log_line!("fd {fd}: connection to port {port} moved to xdp via the relay");
             Ok(())
         }
@@ -398,13 +453,9 @@ pub(crate) struct Reserved {
 /// Holds this host's relay for a connection: refused at once when the
 /// relay is busy, so the connection stays on the kernel's TCP before the
 /// peer has seen anything.
-fn reserve() -> Result<Reserved, String> {
-    let key = crate::unix::random::<RELAY_KEY_BYTES>().map_err(|e| {
-        format!(
-            "no random bytes for a connection key: {}",
-            std::io::Error::from_raw_os_error(e)
-        )
-    })?;
+fn reserve() -> Result<Reserved, RelayError> {
+    let key = crate::unix::random::<RELAY_KEY_BYTES>()
+        .map_err(|e| RelayError::NoKey(std::io::Error::from_raw_os_error(e)))?;
     let ring = ring_bytes();
     let sock = RelaySock(open()?);
     match ask(
@@ -416,7 +467,7 @@ fn reserve() -> Result<Reserved, String> {
         None,
     )? {
         RelayReply::Ok(_) => Ok(Reserved { key, ring, sock }),
-        RelayReply::Refused(why) => Err(format!("the relay here refused: {why}")),
+        RelayReply::Refused(why) => Err(RelayError::Refused(why)),
     }
 }
 
@@ -447,7 +498,7 @@ fn offer(fd: c_int, reserved: Reserved) -> Result<Built, NotMoved> {
     };
     // From here the listener's side waits on its relay: a failure cannot
     // give the stream back.
-    let (ch, region) = crate::region::make(ring).map_err(NotMoved::Broken)?;
+    let (ch, region) = crate::region::make(ring).map_err(|e| NotMoved::Broken(e.to_string()))?;
     let req = RelayRequest::Connect {
         ring_bytes: ring,
         key,
@@ -462,7 +513,7 @@ fn offer(fd: c_int, reserved: Reserved) -> Result<Built, NotMoved> {
         Ok(RelayReply::Refused(why)) => Err(NotMoved::Broken(format!(
             "the relay refused to connect to {target}: {why}"
         ))),
-        Err(why) => Err(NotMoved::Broken(why)),
+        Err(why) => Err(NotMoved::Broken(why.to_string())),
     }
 }
 
@@ -475,13 +526,13 @@ pub(crate) fn take_hello(
     let Hello::Relay { key, ring_bytes } = *hello else {
         return Err((Refusal::BadHello, "not a relay hello".into()));
     };
-    let sock = open().map_err(|why| (Refusal::NoRelay, why))?;
+    let sock = open().map_err(|why| (Refusal::NoRelay, why.to_string()))?;
     let fail = |why: String| {
         // SAFETY: our own relay socket, closed once.
         unsafe { real::close()(sock) };
         (Refusal::NoRelay, why)
     };
-    let (ch, region) = crate::region::make(ring_bytes).map_err(fail)?;
+    let (ch, region) = crate::region::make(ring_bytes).map_err(|e| fail(e.to_string()))?;
     let req = RelayRequest::Listen { ring_bytes, key };
     match ask(sock, &req, Some([region.0, fd])) {
         Ok(RelayReply::Ok(target)) if netgap_proto::preload::valid_target(&target) => {
@@ -491,6 +542,6 @@ pub(crate) fn take_hello(
             "the relay named an invalid target {target:?}"
         ))),
         Ok(RelayReply::Refused(why)) => Err(fail(format!("the relay refused: {why}"))),
-        Err(why) => Err(fail(why)),
+        Err(why) => Err(fail(why.to_string())),
     }
 }

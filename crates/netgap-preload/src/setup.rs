@@ -28,28 +28,28 @@
 
 use crate::beacon;
 use crate::channel::Role;
-use crate::conn::{errno, Conn, Errno};
+use crate::conn::{Conn, Offer};
+use crate::diag::Ends;
+use crate::errno::Errno;
+use crate::exchange::{
+    consume, hear_answer, peek, ring_bytes, send_all, wait_for, Heard, NotMoved, ANSWER_WAIT,
+};
 use crate::log::log_line;
+use crate::pending::{Pend, Pending};
 use crate::real;
 use crate::region;
 use crate::table::{self, Entry};
 use crate::unix;
 use libc::c_int;
 use netgap_proto::preload::{
-    answer_bytes, could_be_answer, could_be_hello, hello_bytes, mailbox_name, Answer, Hello,
-    ANSWER_BYTES, HELLO_BYTES,
+    could_be_hello, hello_bytes, mailbox_name, Answer, Hello, HELLO_BYTES,
 };
 use std::net::IpAddr;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use thiserror::Error;
 
-/// Bytes of each ring unless `NETGAP_PRELOAD_RING_BYTES` says otherwise.
-const DEFAULT_RING_BYTES: u32 = 1 << 18;
-/// How long a connector waits for the listener's answer: the listener
-/// answers when its program first reads, which a busy server may take a
-/// while to do.
-const ANSWER_WAIT: Duration = Duration::from_secs(10);
 /// How long a listener whose program writes first waits for the hello of
 /// a connector the kernel says is there (its mailbox is bound): the
 /// connector sends it right after binding.
@@ -75,7 +75,14 @@ pub(crate) fn listening(fd: c_int) {
     } else {
         &[6, 4]
     };
-    beacon::listening(fd, port, families);
+    if let Some(beacon) = beacon::listening(fd, port, families) {
+        table::set(
+            fd,
+            Entry::Listener {
+                beacon: Arc::new(beacon),
+            },
+        );
+    }
 }
 
 /// Whether an IPv6 socket takes IPv6 connections only.
@@ -160,10 +167,6 @@ pub(crate) fn is_stream(fd: c_int) -> bool {
     };
     r == 0 && t == libc::SOCK_STREAM
 }
-
-/// The connection's two ends as the kernel reports them: (this end, the
-/// peer), each an address and a port.
-pub(crate) type Ends = ((IpAddr, u16), (IpAddr, u16));
 
 fn ends(fd: c_int) -> Option<Ends> {
     let (l, _) = sockname(fd, libc::getsockname)?;
@@ -270,27 +273,46 @@ impl Drop for Mailbox {
     }
 }
 
+/// Why a connector to a peer on this host could not make what its
+/// connection needs before it connects.
+#[derive(Debug, Error)]
+enum PrepareError {
+    /// No region.
+    #[error(transparent)]
+    Region(#[from] region::RegionError),
+    /// The socket has no inode.
+    #[error("the socket has no inode to name its mailbox by")]
+    NoInode,
+    /// No socket for the mailbox.
+    #[error("no mailbox socket: {0}")]
+    NoMailbox(std::io::Error),
+    /// The mailbox's name could not be bound.
+    #[error("the connection's mailbox @{name}: {why}")]
+    Mailbox {
+        /// The mailbox's abstract name.
+        name: String,
+        /// The bind's or listen's error.
+        why: std::io::Error,
+    },
+}
+
 /// Makes the region and binds the mailbox of the connection `fd` is about
 /// to make.
-fn prepare(fd: c_int) -> Result<Local, String> {
+fn prepare(fd: c_int) -> Result<Local, PrepareError> {
     let (ch, region) = region::make(ring_bytes())?;
     let ino = crate::conn::socket_ino(fd);
     if ino == 0 {
-        return Err("the socket has no inode to name its mailbox by".into());
+        return Err(PrepareError::NoInode);
     }
-    let m = unix::seqpacket().map_err(|err| {
-        format!(
-            "no mailbox socket: {}",
-            std::io::Error::from_raw_os_error(err)
-        )
-    })?;
+    let m = unix::seqpacket()
+        .map_err(|err| PrepareError::NoMailbox(std::io::Error::from_raw_os_error(err)))?;
     let name = mailbox_name(ino);
     if let Err(err) = unix::listen_at(m.as_raw_fd(), &name, MAILBOX_BACKLOG) {
         unix::close(m);
-        return Err(format!(
-            "the connection's mailbox @{name}: {}",
-            std::io::Error::from_raw_os_error(err)
-        ));
+        return Err(PrepareError::Mailbox {
+            name,
+            why: std::io::Error::from_raw_os_error(err),
+        });
     }
     Ok(Local {
         ch,
@@ -339,62 +361,6 @@ fn is_local_ip(ip: IpAddr) -> bool {
     }
 }
 
-/// Sends all of `buf` on a connected socket, waiting for room at most
-/// [`ANSWER_WAIT`] (the setup's records are a few dozen bytes on a fresh
-/// connection: the wait is for a full send buffer, never a peer's bytes).
-pub(crate) fn send_all(fd: c_int, buf: &[u8]) -> Result<(), Errno> {
-    let mut off = 0;
-    let deadline = Instant::now() + ANSWER_WAIT;
-    while off < buf.len() {
-        // SAFETY: `buf[off..]` is valid for reads.
-        let r = unsafe {
-            real::send()(
-                fd,
-                buf[off..].as_ptr().cast(),
-                buf.len() - off,
-                libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
-            )
-        };
-        if r > 0 {
-            off += r as usize;
-            continue;
-        }
-        let e = errno();
-        if e == libc::EAGAIN || e == libc::EINTR {
-            if Instant::now() > deadline || !wait_for(fd, libc::POLLOUT, deadline) {
-                return Err(libc::ETIMEDOUT);
-            }
-            continue;
-        }
-        return Err(e);
-    }
-    Ok(())
-}
-
-/// Waits until `fd` shows `events` or `deadline` passes; false on timeout.
-pub(crate) fn wait_for(fd: c_int, events: i16, deadline: Instant) -> bool {
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return false;
-        }
-        let mut p = libc::pollfd {
-            fd,
-            events,
-            revents: 0,
-        };
-        let ms = c_int::try_from(left.as_millis().max(1)).unwrap_or(c_int::MAX);
-        // SAFETY: one valid pollfd.
-        let r = unsafe { real::poll()(&mut p, 1, ms) };
-        if r > 0 {
-            return true;
-        }
-        if r < 0 && errno() != libc::EINTR {
-            return false;
-        }
-    }
-}
-
 /// When a blocking read of `fd` gives up: its receive timeout
 /// (`SO_RCVTIMEO`) from now, or far in the future without one.
 fn read_deadline(fd: c_int) -> Instant {
@@ -420,69 +386,6 @@ fn read_deadline(fd: c_int) -> Instant {
         far
     };
     Instant::now() + t
-}
-
-/// Peeks at up to `buf.len()` bytes without waiting; Ok(0) at end of file.
-pub(crate) fn peek(fd: c_int, buf: &mut [u8]) -> Result<usize, Errno> {
-    // SAFETY: `buf` is valid for writes of its length.
-    let r = unsafe {
-        real::recv()(
-            fd,
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-            libc::MSG_PEEK | libc::MSG_DONTWAIT,
-        )
-    };
-    if r < 0 {
-        Err(errno())
-    } else {
-        Ok(r as usize)
-    }
-}
-
-/// Consumes `n` bytes already known to be in the socket.
-pub(crate) fn consume(fd: c_int, n: usize) {
-    let mut buf = [0u8; ANSWER_BYTES];
-    let n = n.min(buf.len());
-    // SAFETY: `buf` is valid for writes of `n` bytes; the bytes were peeked,
-    // so the read does not block.
-    unsafe { real::recv()(fd, buf.as_mut_ptr().cast(), n, libc::MSG_DONTWAIT) };
-}
-
-pub(crate) fn ring_bytes() -> u32 {
-    crate::settings()
-        .ring_bytes
-        .filter(|v| {
-            v.is_power_of_two()
-                && (netgap_proto::preload::MIN_RING_BYTES..=netgap_proto::preload::MAX_RING_BYTES)
-                    .contains(v)
-        })
-        .unwrap_or(DEFAULT_RING_BYTES)
-}
-
-/// Why a connection was not moved.
-pub(crate) enum NotMoved {
-    /// The stream is intact: it stays on the kernel's TCP.
-    Kept(String),
-    /// The library's bytes went out and the stream cannot be given back
-    /// to the program intact.
-    Broken(String),
-}
-
-/// A connector's offer: the destination port (for the log) and the
-/// connection's mailbox, which the listener reads the connector's
-/// credentials from (closed with the offer).
-pub(crate) struct Offer {
-    pub(crate) port: u16,
-    mailbox: Option<OwnedFd>,
-}
-
-impl Drop for Offer {
-    fn drop(&mut self) {
-        if let Some(m) = self.mailbox.take() {
-            unix::close(m);
-        }
-    }
 }
 
 /// The connector's side, on a freshly connected socket whose destination
@@ -547,80 +450,8 @@ pub(crate) fn connected(fd: c_int, cand: Candidate, nonblocking: bool) -> Result
     }
     table::set(fd, Entry::Shm(c.clone()));
     table::set_region(&c);
-    crate::interpose::sync_cloexec(&c);
+    crate::inherit::sync_cloexec(&c);
     Ok(())
-}
-
-/// What the first bytes from the listener are, as far as they arrived.
-enum Heard {
-    /// Not all of the answer yet.
-    NotYet,
-    /// The whole answer (consumed).
-    Answer(Answer),
-    /// The listener's program data: it committed to the kernel's TCP
-    /// before it saw the hello, which it drops unanswered.
-    ProgramData,
-    /// The listener closed.
-    Eof,
-    /// The stream cannot be used.
-    Broken(String),
-}
-
-/// Reads the listener's answer if all of it is in, without waiting.
-fn hear_answer(fd: c_int) -> Heard {
-    let mut buf = [0u8; ANSWER_BYTES];
-    match peek(fd, &mut buf) {
-        Ok(0) => Heard::Eof,
-        Ok(n) if !could_be_answer(&buf[..n]) => Heard::ProgramData,
-        Ok(n) if answer_bytes(&buf[..n]).is_some_and(|w| n >= w) => {
-            // Only the answer's own bytes: program data may follow.
-            let w = answer_bytes(&buf[..n]).unwrap_or(ANSWER_BYTES);
-            match Answer::decode(&buf[..w]) {
-                Ok(a) => {
-                    consume(fd, w);
-                    Heard::Answer(a)
-                }
-                Err(e) => Heard::Broken(format!("the listener's answer: {e}")),
-            }
-        }
-        Ok(_) | Err(libc::EAGAIN) | Err(libc::EINTR) => Heard::NotYet,
-        Err(e) => Heard::Broken(format!(
-            "reading the answer: {}",
-            std::io::Error::from_raw_os_error(e)
-        )),
-    }
-}
-
-/// Waits for the listener's answer to a relay hello just sent (up to the
-/// answer's time limit): the relay path's connect waits for it, since the
-/// relays' flow must be set up before any data moves. Program data first:
-/// the listener's program committed to the kernel's TCP before it saw the
-/// hello (which it drops); the connection stays there.
-pub(crate) fn read_answer(fd: c_int) -> Result<Answer, NotMoved> {
-    let deadline = Instant::now() + ANSWER_WAIT;
-    loop {
-        match hear_answer(fd) {
-            Heard::Answer(a) => return Ok(a),
-            Heard::NotYet => {
-                if !wait_for(fd, libc::POLLIN, deadline) {
-                    return Err(NotMoved::Broken("no answer from the listener".into()));
-                }
-                // Part of the answer may be in: give the rest a moment.
-                std::thread::sleep(Duration::from_micros(50));
-            }
-            Heard::ProgramData => {
-                return Err(NotMoved::Kept(
-                    "the listener's program wrote before it saw the hello".into(),
-                ))
-            }
-            Heard::Eof => {
-                return Err(NotMoved::Kept(
-                    "the listener closed before answering".into(),
-                ))
-            }
-            Heard::Broken(why) => return Err(NotMoved::Broken(why)),
-        }
-    }
 }
 
 /// What a pending or offered connection turned out to be.
@@ -714,44 +545,6 @@ pub(crate) fn finish_offer(fd: c_int, c: &Arc<Conn>, wait: bool) -> Resolved {
             unsafe { real::shutdown()(fd, libc::SHUT_RDWR) };
             Resolved::Kernel
         }
-    }
-}
-
-/// Where an accepted connection stands.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Pend {
-    /// A peer on this host: a whole hello first is taken.
-    Local,
-    /// A peer on another host (`-t xdp`): a whole relay hello first is
-    /// taken.
-    Remote,
-    /// Left on the kernel's TCP before the peer said anything (the program
-    /// wrote first): a hello that comes first after all, from a connector
-    /// that raced, is dropped unanswered.
-    Watch {
-        /// The peer is on another host (a relay hello is dropped, else a
-        /// same-host one).
-        remote: bool,
-    },
-}
-
-/// An accepted connection not yet resolved.
-pub(crate) struct Pending {
-    nonblocking: std::sync::atomic::AtomicBool,
-    /// The stage; the lock serialises resolution between threads.
-    stage: Mutex<Pend>,
-    /// The connection's two ends (this one first).
-    ends: Ends,
-}
-
-impl Pending {
-    pub(crate) fn set_nonblocking(&self, on: bool) {
-        self.nonblocking
-            .store(on, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    fn nonblocking(&self) -> bool {
-        self.nonblocking.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 
@@ -987,10 +780,10 @@ fn finish_pending(fd: c_int, p: &Arc<Pending>, done: Done) -> Resolved {
             table::resolve(p, Some(Entry::Shm(c.clone())));
             if c.region_fd() >= 0 {
                 table::set_region(&c);
-                crate::interpose::sync_cloexec(&c);
+                crate::inherit::sync_cloexec(&c);
             }
             let to = if c.bell() >= 0 {
-                crate::interpose::bell_joins_epolls(fd);
+                crate::bell::bell_joins_epolls(fd);
                 "xdp via the relay"
             } else {
                 "shm"

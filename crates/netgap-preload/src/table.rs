@@ -9,7 +9,8 @@
 //! mappings.
 
 use crate::conn::Conn;
-use crate::setup::Pending;
+use crate::pending::Pending;
+use crate::real;
 use libc::c_int;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -267,4 +268,20 @@ pub(crate) fn epoll_entries(epfd: c_int) -> EpollEntries {
         }
     }
     (shm, pend)
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        let fd = self.region_fd.swap(-1, Ordering::AcqRel);
+        if fd >= 0 {
+            crate::table::take(fd);
+            // SAFETY: the region file this connection owns, closed once
+            // (the swap); the mapping goes with the channel.
+            unsafe { real::close()(fd) };
+        }
+        if self.bell >= 0 {
+            // SAFETY: the relay socket this connection owns, closed once.
+            unsafe { real::close()(self.bell) };
+        }
+    }
 }

@@ -10,7 +10,7 @@
 //! peer is checked first and anything received that is not asked for is
 //! disposed of without blocking, see [`dispose`]).
 
-use crate::conn::{errno, Errno};
+use crate::errno::{errno, Errno};
 use crate::real;
 use libc::c_int;
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};

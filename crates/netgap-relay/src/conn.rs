@@ -3,11 +3,9 @@
 //! to send and the answer to its `OPEN`, the program's wake-ups, and the
 //! two pumps (the program's ring to the link, the queue to the ring).
 
-use crate::credit::{Inbox, Next, Opening, SendSide};
+use crate::credit::{Inbox, Next, Opening, SecondAnswer, SendSide};
 use crate::host::{reset_tcp, send_byte};
-use crate::hub::Ends;
-use crate::link::Link;
-use crate::outbox::{Outbox, Via};
+use crate::outbox::{Outbox, SendError, Via};
 use crate::ring::{Corrupt, FarEnd, Moved};
 use crate::TICK;
 use netgap_proto::relay::{self as frame, Kind};
@@ -16,6 +14,45 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
+use thiserror::Error;
+
+/// Why the other relay's answer to this end's `OPEN` is not a yes.
+#[derive(Debug, Error)]
+pub(crate) enum AnswerError {
+    /// `OPEN_REFUSED`: no listen there waits with the key.
+    #[error("the other relay has no connection waiting with its key")]
+    Refused,
+    /// The link broke while the connection waited.
+    #[error("the link broke before the other relay answered")]
+    Broke,
+    /// No answer within the wait.
+    #[error("no answer to its OPEN from the other relay in time")]
+    Late,
+    /// The connection's descriptors were already taken by an earlier try.
+    #[error("the connection is gone")]
+    Gone,
+}
+
+/// Why a connection's pump stopped before the end of its stream.
+#[derive(Debug, Error)]
+pub(crate) enum PumpError {
+    /// The connection was reset (by the other relay, the link, or the
+    /// other pump).
+    #[error("the connection broke")]
+    Broken,
+    /// The program broke its ring's invariants.
+    #[error("the program's ring is corrupt")]
+    Corrupt,
+    /// A frame could not leave on the link.
+    #[error(transparent)]
+    Send(#[from] SendError),
+    /// The receiving thread panicked.
+    #[error("the receiving thread panicked")]
+    Panicked,
+    /// No thread for the receiving side.
+    #[error("no receiving thread: {0}")]
+    NoThread(io::Error),
+}
 
 /// Why a `DATA` frame could not be taken.
 pub(crate) enum ArriveError {
@@ -88,7 +125,7 @@ impl Conn {
         self.send.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub(crate) fn push(&self, kind: Kind, payload: &[u8], via: Via) -> Result<(), String> {
+    pub(crate) fn push(&self, kind: Kind, payload: &[u8], via: Via) -> Result<(), SendError> {
         self.out.send(&frame::frame(kind, self.id, payload), via)
     }
 
@@ -145,29 +182,27 @@ impl Conn {
     }
 
     /// The other relay's answer to this end's `OPEN`.
-    pub(crate) fn opened(&self, ok: bool) -> Result<(), String> {
-        self.sending().answer(ok).map_err(|e| e.to_string())?;
+    pub(crate) fn opened(&self, ok: bool) -> Result<(), SecondAnswer> {
+        self.sending().answer(ok)?;
         self.send_cv.notify_all();
         Ok(())
     }
 
-    pub(crate) fn wait_open(&self, wait: Duration) -> Result<(), String> {
+    pub(crate) fn wait_open(&self, wait: Duration) -> Result<(), AnswerError> {
         let deadline = Instant::now() + wait;
         let mut s = self.sending();
         loop {
             match s.open {
                 Opening::Open => return Ok(()),
-                Opening::Refused => {
-                    return Err("the other relay has no connection waiting with its key".into())
-                }
+                Opening::Refused => return Err(AnswerError::Refused),
                 Opening::Waiting => {}
             }
             if self.broken() {
-                return Err("the link broke before the other relay answered".into());
+                return Err(AnswerError::Broke);
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return Err("no answer to its OPEN from the other relay in time".into());
+                return Err(AnswerError::Late);
             }
             s = self
                 .send_cv
@@ -196,7 +231,7 @@ impl Conn {
     /// byte on its client socket, and through the other relay by a
     /// doorbell on the TCP connection, as its waiters asked (asked
     /// `via` that way).
-    pub(crate) fn wake(&self, m: &Moved, via: Via) -> Result<(), String> {
+    pub(crate) fn wake(&self, m: &Moved, via: Via) -> Result<(), SendError> {
         // A full client socket is already readable, and a closed one
         // means the program is gone.
         if m.wake_here && send_byte(self.client.as_raw_fd()) {
@@ -237,53 +272,6 @@ impl Conn {
         drop(self.sending());
         self.send_cv.notify_all();
     }
-}
-
-pub(crate) fn pump(conn: &Arc<Conn>, link: &Link, client: &OwnedFd, who: &str) {
-    let who = format!("{who} [{:#x}]", conn.id);
-    let t0 = Instant::now();
-    let c2 = Arc::clone(conn);
-    let incoming = std::thread::Builder::new()
-        .name("relay-in".into())
-        .spawn(move || {
-            let r = queue_to_ring(&c2);
-            if r.is_err() {
-                // The sending side stops at once, and both programs
-                // see the reset.
-                c2.reset(true);
-            }
-            r
-        });
-    if incoming.is_err() {
-        conn.reset(true);
-    }
-    let out = ring_to_flow(conn, client.as_raw_fd());
-    if let Err(e) = &out {
-        log!("{who}: sending: {e}");
-        conn.reset(true);
-    }
-    let inn = match incoming {
-        Ok(h) => h
-            .join()
-            .unwrap_or_else(|_| Err("the receiving thread panicked".into())),
-        Err(e) => Err(format!("no receiving thread: {e}")),
-    };
-    if let Err(e) = &inn {
-        log!("{who}: receiving: {e}");
-        conn.reset(true);
-    }
-    link.unregister(conn.id);
-    log!(
-        "{who}: connection {} after {} ms: relayed_out_bytes={} relayed_in_bytes={} discarded_bytes={} bells_asked={} bells_rung={} bells_here={}",
-        if out.is_ok() && inn.is_ok() { "closed" } else { "reset" },
-        t0.elapsed().as_millis(),
-        conn.relayed_out_bytes.load(Ordering::Relaxed),
-        conn.relayed_in_bytes.load(Ordering::Relaxed),
-        conn.discarded_bytes.load(Ordering::Relaxed),
-        conn.bells_asked.load(Ordering::Relaxed),
-        conn.bells_rung.load(Ordering::Relaxed),
-        conn.bells_here.load(Ordering::Relaxed),
-    );
 }
 
 /// Most doorbell messages [`wait_client`] reads in one call.
@@ -336,15 +324,15 @@ pub(crate) fn wait_client(fd: RawFd, ms: libc::c_int) -> Result<(), ()> {
 /// The program's ring to the link, within the connection's credit,
 /// until the program is done with the connection (then what is left
 /// and `END`) or the connection breaks.
-pub(crate) fn ring_to_flow(c: &Conn, client: RawFd) -> Result<(), String> {
+pub(crate) fn ring_to_flow(c: &Conn, client: RawFd) -> Result<(), PumpError> {
     // A DATA frame is built in place: the ring is read behind room for
     // its header.
     let mut buf = vec![0u8; frame::HEADER_BYTES + frame::CHUNK_BYTES];
     let mut closing = false;
-    let corrupt = |Corrupt| "the program's ring is corrupt".to_string();
+    let corrupt = |Corrupt| PumpError::Corrupt;
     loop {
         if c.broken() {
-            return Err("the connection broke".into());
+            return Err(PumpError::Broken);
         }
         let credit = c.credit(None) as usize;
         if credit > 0 {
@@ -393,13 +381,13 @@ pub(crate) fn ring_to_flow(c: &Conn, client: RawFd) -> Result<(), String> {
 /// The connection's queue to the program's ring, returning credit as
 /// bytes leave it, until the other relay's `END` (then the program
 /// reads the end of the stream) or the connection breaks.
-pub(crate) fn queue_to_ring(c: &Conn) -> Result<(), String> {
+pub(crate) fn queue_to_ring(c: &Conn) -> Result<(), PumpError> {
     loop {
         let chunk = {
             let mut i = c.inbox();
             loop {
                 if c.broken() {
-                    return Err("the connection broke".into());
+                    return Err(PumpError::Broken);
                 }
                 match i.next() {
                     Next::Chunk(v) => break Some(v),
@@ -434,21 +422,18 @@ pub(crate) fn queue_to_ring(c: &Conn) -> Result<(), String> {
 }
 
 /// Puts all of `data` into the program's ring, waiting for room.
-pub(crate) fn put_all(c: &Conn, mut data: &[u8]) -> Result<(), String> {
+pub(crate) fn put_all(c: &Conn, mut data: &[u8]) -> Result<(), PumpError> {
     let mut round = 0u32;
     while !data.is_empty() {
         if c.broken() {
-            return Err("the connection broke".into());
+            return Err(PumpError::Broken);
         }
         if c.program_gone.load(Ordering::SeqCst) {
             c.discarded_bytes
                 .fetch_add(data.len() as u64, Ordering::Relaxed);
             return Ok(());
         }
-        let m = c
-            .ring
-            .write(data)
-            .map_err(|Corrupt| "the program's ring is corrupt")?;
+        let m = c.ring.write(data).map_err(|Corrupt| PumpError::Corrupt)?;
         c.wake(&m, Via::Now)?;
         if m.bytes > 0 {
             data = &data[m.bytes..];
@@ -461,4 +446,13 @@ pub(crate) fn put_all(c: &Conn, mut data: &[u8]) -> Result<(), String> {
         round += 1;
     }
     Ok(())
+}
+
+/// What the relay holds of one program's connection: the ring, a
+/// duplicate of its TCP socket, and a duplicate of the client socket
+/// (to wake the program on this host; see `netgap_shm::wait::WAIT_BELL`).
+pub(crate) struct Ends {
+    pub(crate) ring: FarEnd,
+    pub(crate) tcp: OwnedFd,
+    pub(crate) client: OwnedFd,
 }

@@ -4,27 +4,71 @@
 //! (a wake-up byte, a reset).
 
 use crate::policy::{self, SocketFacts, XdpInterface};
-use crate::server::Request;
+use crate::request::Request;
 use std::io;
 use std::net::IpAddr;
 use std::os::fd::{AsRawFd, RawFd};
+use thiserror::Error;
+
+/// Why the relay cannot take `--interface` for its flows.
+#[derive(Debug, Error)]
+pub enum InterfaceError {
+    /// The host's interfaces could not be listed.
+    #[error("getifaddrs: {0}")]
+    List(nix::Error),
+    /// No interface of that name.
+    #[error("no such interface in this network namespace")]
+    Missing,
+    /// A loopback interface.
+    #[error("a loopback interface carries no xdp flow to another host")]
+    Loopback,
+    /// Not exactly one IPv4 address.
+    #[error("has {0} IPv4 addresses; the relay's flows need exactly one")]
+    Ipv4Count(usize),
+    /// No MAC address.
+    #[error("has no MAC address")]
+    NoMac,
+}
+
+/// What could not be read of a request's descriptors or of this host.
+#[derive(Debug, Error)]
+pub(crate) enum SocketError {
+    /// The connection's descriptor is no TCP stream socket.
+    #[error("the connection's descriptor is not a TCP socket")]
+    NotTcp,
+    /// The socket's own address.
+    #[error("getsockname: {0}")]
+    Sockname(nix::Error),
+    /// The socket's peer address.
+    #[error("getpeername: {0}")]
+    Peername(nix::Error),
+    /// A TCP socket whose addresses are not IP ones.
+    #[error("the TCP socket is not an IP connection")]
+    NotIp,
+    /// A descriptor's owner.
+    #[error("fstat: {0}")]
+    Fstat(io::Error),
+    /// The host's addresses.
+    #[error("getifaddrs: {0}")]
+    Interfaces(nix::Error),
+}
 
 /// Reads the interface the relay was started for: it must exist, not
 /// be loopback, and have a MAC and exactly one IPv4 address.
-pub(crate) fn read_interface(name: &str) -> Result<XdpInterface, String> {
+pub(crate) fn read_interface(name: &str) -> Result<XdpInterface, InterfaceError> {
     use nix::net::if_::InterfaceFlags;
     let addrs: Vec<_> = nix::ifaddrs::getifaddrs()
-        .map_err(|e| format!("getifaddrs: {e}"))?
+        .map_err(InterfaceError::List)?
         .filter(|a| a.interface_name == name)
         .collect();
     if addrs.is_empty() {
-        return Err("no such interface in this network namespace".into());
+        return Err(InterfaceError::Missing);
     }
     if addrs
         .iter()
         .any(|a| a.flags.contains(InterfaceFlags::IFF_LOOPBACK))
     {
-        return Err("a loopback interface carries no xdp flow to another host".into());
+        return Err(InterfaceError::Loopback);
     }
     let v4: Vec<(std::net::Ipv4Addr, u8)> = addrs
         .iter()
@@ -36,16 +80,13 @@ pub(crate) fn read_interface(name: &str) -> Result<XdpInterface, String> {
         })
         .collect();
     let [(ip, prefix_len)] = v4.as_slice() else {
-        return Err(format!(
-            "has {} IPv4 addresses; the relay's flows need exactly one",
-            v4.len()
-        ));
+        return Err(InterfaceError::Ipv4Count(v4.len()));
     };
     let mac = addrs
         .iter()
         .find_map(|a| a.address.as_ref()?.as_link_addr()?.addr())
         .filter(|m| *m != [0; 6])
-        .ok_or("has no MAC address")?;
+        .ok_or(InterfaceError::NoMac)?;
     Ok(XdpInterface {
         name: name.to_string(),
         ip: *ip,
@@ -84,7 +125,7 @@ pub(crate) fn send_byte(fd: RawFd) -> bool {
 }
 
 /// The descriptor must be a TCP stream socket.
-pub(crate) fn check_tcp(fd: RawFd) -> Result<(), String> {
+pub(crate) fn check_tcp(fd: RawFd) -> Result<(), SocketError> {
     let opt = |name| {
         let mut v: libc::c_int = 0;
         let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
@@ -96,16 +137,16 @@ pub(crate) fn check_tcp(fd: RawFd) -> Result<(), String> {
     if opt(libc::SO_TYPE) != Some(libc::SOCK_STREAM)
         || opt(libc::SO_PROTOCOL) != Some(libc::IPPROTO_TCP)
     {
-        return Err("the connection's descriptor is not a TCP socket".into());
+        return Err(SocketError::NotTcp);
     }
     Ok(())
 }
 
-pub(crate) fn tcp_addrs(fd: RawFd) -> Result<(IpAddr, IpAddr), String> {
+pub(crate) fn tcp_addrs(fd: RawFd) -> Result<(IpAddr, IpAddr), SocketError> {
     let local = nix::sys::socket::getsockname::<nix::sys::socket::SockaddrStorage>(fd)
-        .map_err(|e| format!("getsockname: {e}"))?;
+        .map_err(SocketError::Sockname)?;
     let peer = nix::sys::socket::getpeername::<nix::sys::socket::SockaddrStorage>(fd)
-        .map_err(|e| format!("getpeername: {e}"))?;
+        .map_err(SocketError::Peername)?;
     let ip = |a: &nix::sys::socket::SockaddrStorage| -> Option<IpAddr> {
         if let Some(v4) = a.as_sockaddr_in() {
             return Some(IpAddr::V4(v4.ip()));
@@ -115,18 +156,18 @@ pub(crate) fn tcp_addrs(fd: RawFd) -> Result<(IpAddr, IpAddr), String> {
     };
     match (ip(&local), ip(&peer)) {
         (Some(l), Some(p)) => Ok((l, p)),
-        _ => Err("the TCP socket is not an IP connection".into()),
+        _ => Err(SocketError::NotIp),
     }
 }
 
 /// The owner of the file or socket `fd` (`fstat`: a socket's is the
 /// user whose process made it, or accepted it).
-pub(crate) fn owner(fd: RawFd) -> Result<u32, String> {
+pub(crate) fn owner(fd: RawFd) -> Result<u32, SocketError> {
     // SAFETY: all-zero bytes are a valid stat; fstat fills it.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: `st` is valid for writes.
     if unsafe { libc::fstat(fd, &mut st) } != 0 {
-        return Err(format!("fstat: {}", io::Error::last_os_error()));
+        return Err(SocketError::Fstat(io::Error::last_os_error()));
     }
     Ok(st.st_uid)
 }
@@ -155,7 +196,7 @@ pub(crate) const TCP_ESTABLISHED: u8 = 1;
 
 /// What the relay's rules look at of a request's descriptors and of
 /// this host ([`policy::check_socket`] decides).
-pub(crate) fn socket_facts(r: &Request) -> Result<SocketFacts, String> {
+pub(crate) fn socket_facts(r: &Request) -> Result<SocketFacts, SocketError> {
     let fd = r.tcp.as_raw_fd();
     check_tcp(fd)?;
     let socket_uid = owner(fd)?;
@@ -166,7 +207,7 @@ pub(crate) fn socket_facts(r: &Request) -> Result<SocketFacts, String> {
         Err(_) => (false, (unspecified, unspecified)),
     };
     let addrs: Vec<_> = nix::ifaddrs::getifaddrs()
-        .map_err(|e| format!("getifaddrs: {e}"))?
+        .map_err(SocketError::Interfaces)?
         .collect();
     let ip_of = |a: &nix::ifaddrs::InterfaceAddress| -> Option<IpAddr> {
         let s = a.address.as_ref()?;

@@ -131,26 +131,35 @@ use netgap_proto::auth::Key;
 use std::time::Duration;
 use thiserror::Error;
 
-// The relay's parts, by seam: the Unix-socket server and its clients'
-// credentials (`server`), the link table and the requests that open
-// links (`hub`) over the link table (`table`), one link and its threads (`link`) with its way out
-// (`outbox`), a connection's pumps (`conn`) and its flow control
-// (`credit`), the program's
-// ring (`ring`), what is read of the host and of a request's descriptors
-// (`host`), the log lines (`journal`), and the plain rules (`policy`)
-// and limits (`limits`). All of it builds without the xdp feature, so
-// its tests run anywhere; only `run` needs it.
+pub use host::InterfaceError;
+pub use policy::PeersError;
+
+// The relay's parts, by seam and in layers (a file takes only from those
+// below it): the Unix-socket server and its clients' credentials
+// (`server`) over the listen and connect requests (`open`), a link at
+// work on the hub (`carry`: its hello, its receiving thread, the other
+// relay's `OPEN`) over the hub (`hub`: the link table, `table`, and the
+// listens waiting), one link (`link`) with its way out (`outbox`), a
+// connection's pumps (`conn`) and its flow control (`credit`), the
+// program's ring (`ring`), what is read of the host and of a request's
+// descriptors (`host`) and the request itself (`request`), the log lines
+// (`journal`), and the plain rules (`policy`) and limits (`limits`). All
+// of it builds without the xdp feature, so its tests run anywhere; only
+// `run` needs it.
 #[macro_use]
 mod journal;
+mod carry;
 mod conn;
 mod credit;
 mod host;
 mod hub;
 mod limits;
 mod link;
+mod open;
 mod outbox;
 mod policy;
 mod probe;
+mod request;
 mod ring;
 mod server;
 mod table;
@@ -228,7 +237,7 @@ pub enum ConfigError {
     NoPeers,
     /// A `--peers` entry the relay cannot serve.
     #[error("relay: {0}")]
-    Peers(String),
+    Peers(PeersError),
 }
 
 impl RelayConfig {
@@ -284,7 +293,7 @@ pub enum RelayError {
         /// The interface named.
         name: String,
         /// What is wrong with it.
-        why: String,
+        why: InterfaceError,
     },
 }
 

@@ -4,21 +4,69 @@
 //! receiving thread, which dispatches frames by connection id and never
 //! waits on a program.
 
-use crate::conn::{ArriveError, Conn};
-use crate::host::reset_tcp;
-use crate::hub::{Ends, Hub};
-use crate::outbox::{Out, Outbox, Via};
+use crate::conn::{AnswerError, Conn, Ends};
+use crate::credit::SecondAnswer;
+use crate::outbox::{Out, Outbox, SendError, Via};
 use crate::table::LinkState;
 use crate::TICK;
 use netgap_proto::relay::{self as frame, Kind};
-use netgap_transport::xdp::parse_addr;
-use netgap_transport::{Flow, Receiver};
+use netgap_transport::FlowError;
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
+use thiserror::Error;
+
+/// Why a link broke (its threads stop and every connection on it is
+/// reset).
+#[derive(Debug, Error)]
+pub(crate) enum LinkError {
+    /// The flow failed while reading: the other relay is gone.
+    #[error("the other relay: {0}")]
+    Recv(FlowError),
+    /// A header that is no frame.
+    #[error("a bad frame from the other relay: {0}")]
+    BadFrame(frame::FrameError),
+    /// A frame that breaks the protocol on one connection.
+    #[error("connection {id:#x}: {fault}")]
+    Conn {
+        /// The frame's connection id.
+        id: u32,
+        /// What the frame broke.
+        fault: ConnFault,
+    },
+    /// An `OPEN` with an id of this end's half.
+    #[error("an OPEN with an id of this end ({0:#x})")]
+    OwnId(u32),
+    /// An `OPEN` with the id of a connection on the link.
+    #[error("an OPEN with an id in use ({0:#x})")]
+    IdInUse(u32),
+    /// `LINK_HELLO` after the link's start.
+    #[error("a second hello from the other relay")]
+    SecondHello,
+}
+
+/// How one frame broke the protocol on its connection.
+#[derive(Debug, Error)]
+pub(crate) enum ConnFault {
+    /// A `DATA` payload past a chunk.
+    #[error("DATA longer than a chunk")]
+    Long,
+    /// Data past the connection's credit, or a credit frame past the
+    /// window.
+    #[error(transparent)]
+    Credit(#[from] frame::CreditError),
+    /// A credit frame's payload is out of range.
+    #[error(transparent)]
+    Frame(#[from] frame::FrameError),
+    /// A second answer to one `OPEN`.
+    #[error(transparent)]
+    Answer(#[from] SecondAnswer),
+    /// An answer to an `OPEN` of the other end's half.
+    #[error("an answer to an OPEN this end did not send")]
+    Unasked,
+}
 
 /// How long a connect waits for the answer to its `OPEN` (the other
 /// relay answers at once from its receiving thread).
@@ -105,96 +153,6 @@ impl Link {
         }
     }
 
-    /// Says hello both ways on a keyed flow, then runs the link's
-    /// writing and receiving threads; the hub's state is `Up` with it.
-    pub(crate) fn start(
-        hub: &Arc<Hub>,
-        flow: Box<dyn Flow>,
-        local_name: String,
-        (my_bit, flow_id): (u32, u16),
-        peer_tcp_ip: IpAddr,
-    ) -> Result<Arc<Link>, String> {
-        let (mut tx, mut rx) = flow.into_halves();
-        tx.send_all(&frame::frame(Kind::LinkHello, 0, local_name.as_bytes()))
-            .map_err(|e| format!("the link's hello: {e}"))?;
-        let mut h = [0u8; frame::HEADER_BYTES];
-        rx.recv_exact(&mut h)
-            .map_err(|e| format!("the other relay's hello: {e}"))?;
-        let hd = frame::decode(&h).map_err(|e| format!("the other relay's hello: {e}"))?;
-        if hd.kind != Kind::LinkHello {
-            return Err(format!(
-                "the other relay began with {:?}, not its hello",
-                hd.kind
-            ));
-        }
-        let mut name = vec![0u8; hd.len];
-        rx.recv_exact(&mut name)
-            .map_err(|e| format!("the other relay's hello: {e}"))?;
-        let peer_name = String::from_utf8(name)
-            .ok()
-            .filter(|n| netgap_proto::preload::valid_target(n))
-            .ok_or("the other relay's hello names no valid address")?;
-        let peer = parse_addr(&peer_name)
-            .map_err(|e| format!("the other relay's hello: {peer_name}: {e}"))?;
-        let (out, out_rx) = mpsc::channel();
-        let link = Arc::new(Link::new(
-            Arc::new(Outbox::new(out, Some(tx))),
-            local_name,
-            peer_name,
-            (peer.ip, peer_tcp_ip),
-            flow_id,
-            my_bit,
-        ));
-        hub.up(peer_tcp_ip, Arc::clone(&link));
-        log!(
-            "link up: {} {} (this end {})",
-            if my_bit == 0 {
-                "accepted from"
-            } else {
-                "connected to"
-            },
-            link.peer_name,
-            link.local_name
-        );
-        let ping = ping_every(hub.timeout);
-        let (l, h) = (Arc::clone(&link), Arc::clone(hub));
-        let w = std::thread::Builder::new()
-            .name("relay-link-out".into())
-            .spawn(move || {
-                if let Err(e) = writer(&l, &out_rx, ping) {
-                    l.shut(&e);
-                } else {
-                    l.shut("closed");
-                }
-                drop(out_rx);
-                // The flow's sending half goes with the thread: later
-                // sends fail.
-                drop(l.out.sender().take());
-                l.thread_done(&h);
-            });
-        if let Err(e) = w {
-            link.shut(&format!("no thread for the link: {e}"));
-            link.thread_done(hub);
-        }
-        let (l, h) = (Arc::clone(&link), Arc::clone(hub));
-        let r = std::thread::Builder::new()
-            .name("relay-link-in".into())
-            .spawn(move || {
-                let why = match reader(&l, &h, &mut *rx) {
-                    Ok(()) => "closed by the other relay".to_string(),
-                    Err(e) => e,
-                };
-                l.shut(&why);
-                drop(rx);
-                l.thread_done(&h);
-            });
-        if let Err(e) = r {
-            link.shut(&format!("no thread for the link: {e}"));
-            link.thread_done(hub);
-        }
-        Ok(link)
-    }
-
     pub(crate) fn closing(&self) -> bool {
         self.closing.load(Ordering::SeqCst)
     }
@@ -252,14 +210,14 @@ impl Link {
         self: &Arc<Self>,
         key: [u8; frame::KEY_BYTES],
         parts: &mut Option<Ends>,
-    ) -> Result<Arc<Conn>, Option<String>> {
+    ) -> Result<Arc<Conn>, Option<AnswerError>> {
         let conn = {
             let mut c = self.lock();
             if self.closing() {
                 return Err(None);
             }
             let Some(ends) = parts.take() else {
-                return Err(Some("the connection is gone".into()));
+                return Err(Some(AnswerError::Gone));
             };
             let id = loop {
                 let n = self.next_id.fetch_add(1, Ordering::Relaxed) & !frame::CONNECTOR_BIT;
@@ -284,51 +242,6 @@ impl Link {
                 Err(Some(why))
             }
         }
-    }
-
-    /// The other relay's `OPEN`: the listen waiting with that key gets
-    /// its connection, or the other relay hears `OPEN_REFUSED`.
-    pub(crate) fn take_open(
-        self: &Arc<Self>,
-        hub: &Hub,
-        id: u32,
-        key: [u8; frame::KEY_BYTES],
-    ) -> Result<(), String> {
-        if id & frame::CONNECTOR_BIT == self.my_bit {
-            return Err(format!("an OPEN with an id of this end ({id:#x})"));
-        }
-        let Some(p) = hub.pending().remove(&key) else {
-            hub.journal.link(
-                self.flow_id,
-                &format!(
-                    "link to {}: an OPEN ({id:#x}) with a key no connection here waits with: refused",
-                    self.peer_name
-                ),
-            );
-            self.push(Kind::OpenRefused, id, &[]);
-            return Ok(());
-        };
-        let mut c = self.lock();
-        if c.map.contains_key(&id) || self.closing() {
-            drop(c);
-            reset_tcp(p.ends.tcp.as_raw_fd());
-            p.ends.ring.closing();
-            if self.closing() {
-                self.push(Kind::OpenRefused, id, &[]);
-                return Ok(());
-            }
-            return Err(format!("an OPEN with an id in use ({id:#x})"));
-        }
-        let conn = Arc::new(Conn::new(id, p.ends, Arc::clone(&self.out), true));
-        c.map.insert(id, Arc::clone(&conn));
-        self.conns_total.fetch_add(1, Ordering::Relaxed);
-        drop(c);
-        self.push(Kind::OpenOk, id, &[]);
-        if p.give.send((Arc::clone(&conn), Arc::clone(self))).is_err() {
-            self.unregister(id);
-            conn.reset(true);
-        }
-        Ok(())
     }
 
     /// Stops the link (once): no new connection, every connection on
@@ -358,30 +271,6 @@ impl Link {
         }
         self.out.close();
     }
-
-    /// One of the link's two threads ended; the last one (the flow is
-    /// released by now) puts the hub down.
-    pub(crate) fn thread_done(self: &Arc<Self>, hub: &Hub) {
-        if self.live_threads.fetch_sub(1, Ordering::SeqCst) != 1 {
-            return;
-        }
-        hub.gone(self.peer_tcp_ip, self);
-        let why = self
-            .why
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-            .unwrap_or_default();
-        log!(
-            "link to {} closed after {} ms ({why}): connections={} frames_in={} frames_out={} unknown_id_frames={}",
-            self.peer_name,
-            self.t0.elapsed().as_millis(),
-            self.conns_total.load(Ordering::Relaxed),
-            self.frames_in.load(Ordering::Relaxed),
-            self.out.frames_out.load(Ordering::Relaxed),
-            self.unknown_id_frames.load(Ordering::Relaxed),
-        );
-    }
 }
 
 impl LinkState for Link {
@@ -392,7 +281,11 @@ impl LinkState for Link {
 
 /// The link's writing thread: the frames queued for it in order, a
 /// keep-alive when the link is idle, the close after the linger.
-pub(crate) fn writer(link: &Link, rx: &mpsc::Receiver<Out>, ping: Duration) -> Result<(), String> {
+pub(crate) fn writer(
+    link: &Link,
+    rx: &mpsc::Receiver<Out>,
+    ping: Duration,
+) -> Result<(), SendError> {
     let out = &link.out;
     let mut last_sent = Instant::now();
     let mut frames_seen = 0;
@@ -433,90 +326,8 @@ pub(crate) fn writer(link: &Link, rx: &mpsc::Receiver<Out>, ping: Duration) -> R
     }
 }
 
-/// The link's receiving thread: every frame to its connection, never
-/// waiting on a program (connections queue within their credit).
-/// Ok: the other relay closed the link; Err: it broke.
-pub(crate) fn reader(link: &Arc<Link>, hub: &Hub, rx: &mut dyn Receiver) -> Result<(), String> {
-    let recv = |rx: &mut dyn Receiver, buf: &mut [u8]| {
-        rx.recv_exact(buf)
-            .map_err(|e| format!("the other relay: {e}"))
-    };
-    let mut h = [0u8; frame::HEADER_BYTES];
-    // One buffer for every DATA payload (a frame's is at most a chunk):
-    // what the program's ring takes is copied once, from here.
-    let mut payload = vec![0u8; frame::CHUNK_BYTES];
-    loop {
-        recv(rx, &mut h)?;
-        let hd = frame::decode(&h).map_err(|e| format!("a bad frame from the other relay: {e}"))?;
-        link.frames_in.fetch_add(1, Ordering::Relaxed);
-        let fault = |e: String| format!("connection {:#x}: {e}", hd.id);
-        match hd.kind {
-            Kind::Data => {
-                let v = payload
-                    .get_mut(..hd.len)
-                    .ok_or_else(|| fault("DATA longer than a chunk".into()))?;
-                recv(rx, v)?;
-                if let Some(c) = link.find(hd.id) {
-                    match c.arrive(v) {
-                        Ok(Some(n)) => {
-                            // A closed link's writer is gone; the
-                            // reader ends with the link anyway.
-                            let _ = c.push(Kind::Credit, &n.to_le_bytes(), Via::Queue);
-                        }
-                        Ok(None) => {}
-                        Err(ArriveError::Credit(e)) => return Err(fault(e.to_string())),
-                        Err(ArriveError::Corrupt) => {
-                            // The program broke its ring: its
-                            // connection is reset, not the link.
-                            c.reset(true);
-                        }
-                        Err(ArriveError::Closed) => {}
-                    }
-                }
-            }
-            Kind::Bell => {
-                if let Some(c) = link.find(hd.id) {
-                    c.ring_tcp();
-                }
-            }
-            Kind::End => {
-                if let Some(c) = link.find(hd.id) {
-                    c.end();
-                }
-            }
-            Kind::Credit => {
-                let mut b = [0u8; 4];
-                recv(rx, &mut b)?;
-                let n = frame::credit_of(b).map_err(|e| fault(e.to_string()))?;
-                if let Some(c) = link.find(hd.id) {
-                    c.grant(n).map_err(|e| fault(e.to_string()))?;
-                }
-            }
-            Kind::Open => {
-                let mut key = [0u8; frame::KEY_BYTES];
-                recv(rx, &mut key)?;
-                link.take_open(hub, hd.id, key)?;
-            }
-            Kind::OpenOk | Kind::OpenRefused => {
-                if hd.id & frame::CONNECTOR_BIT != link.my_bit {
-                    return Err(fault("an answer to an OPEN this end did not send".into()));
-                }
-                if let Some(c) = link.find(hd.id) {
-                    c.opened(hd.kind == Kind::OpenOk).map_err(fault)?;
-                }
-            }
-            Kind::Reset => {
-                if let Some(c) = link.find(hd.id) {
-                    c.reset(false);
-                }
-            }
-            Kind::Ping => {}
-            Kind::LinkHello => return Err("a second hello from the other relay".into()),
-            Kind::LinkClose => return Ok(()),
-        }
-    }
+/// A listen waiting for the other relay's `OPEN` with its key.
+pub(crate) struct Pending {
+    pub(crate) ends: Ends,
+    pub(crate) give: mpsc::SyncSender<(Arc<Conn>, Arc<Link>)>,
 }
-
-#[cfg(test)]
-#[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
-mod tests;

@@ -3,9 +3,23 @@
 //! queued for the link's writing thread.
 
 use netgap_proto::relay::{self as frame, Kind};
-use netgap_transport::Sender;
+use netgap_transport::{FlowError, Sender};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{mpsc, Mutex, MutexGuard};
+use std::sync::{mpsc, Arc, Mutex, MutexGuard};
+use thiserror::Error;
+
+/// Why a frame could not leave on the link.
+#[derive(Debug, Clone, Error)]
+pub(crate) enum SendError {
+    /// The link's writing thread ended (and took the flow's sending half
+    /// with it).
+    #[error("the link closed")]
+    Closed,
+    /// The flow failed: the other relay is gone or the link broke. Shared,
+    /// so the writing thread hears of it as the sender does.
+    #[error("sending to the other relay: {0}")]
+    Flow(Arc<FlowError>),
+}
 
 /// What a link's writing thread is given.
 pub(crate) enum Out {
@@ -15,7 +29,7 @@ pub(crate) enum Out {
     Close,
     /// A connection's thread could not send on the flow: the link is
     /// broken.
-    Broken(String),
+    Broken(SendError),
 }
 
 /// How a connection's frame leaves.
@@ -61,17 +75,17 @@ impl Outbox {
     }
 
     /// Sends frame `f` on the flow, whose sending half `tx` is locked.
-    pub(crate) fn put(&self, tx: &mut Option<Box<dyn Sender>>, f: &[u8]) -> Result<(), String> {
+    pub(crate) fn put(&self, tx: &mut Option<Box<dyn Sender>>, f: &[u8]) -> Result<(), SendError> {
         tx.as_mut()
-            .ok_or("the link closed")?
+            .ok_or(SendError::Closed)?
             .send_all(f)
-            .map_err(|e| format!("sending to the other relay: {e}"))?;
+            .map_err(|e| SendError::Flow(Arc::new(e)))?;
         self.frames_out.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 
     /// Frame `f` leaves `via` that way (copied only if queued).
-    pub(crate) fn send(&self, f: &[u8], via: Via) -> Result<(), String> {
+    pub(crate) fn send(&self, f: &[u8], via: Via) -> Result<(), SendError> {
         if let Via::Now = via {
             let mut tx = self.sender();
             // Checked under the lock the writing thread sends under,
@@ -85,12 +99,12 @@ impl Outbox {
         self.queued.fetch_add(1, Ordering::SeqCst);
         self.queue.send(Out::Frame(f.to_vec())).map_err(|_| {
             self.queued.fetch_sub(1, Ordering::SeqCst);
-            "the link closed".to_string()
+            SendError::Closed
         })
     }
 
     /// The writing thread's send of a frame from its queue.
-    pub(crate) fn send_queued(&self, f: &[u8]) -> Result<(), String> {
+    pub(crate) fn send_queued(&self, f: &[u8]) -> Result<(), SendError> {
         let mut tx = self.sender();
         self.put(&mut tx, f)?;
         self.queued.fetch_sub(1, Ordering::SeqCst);
@@ -98,7 +112,7 @@ impl Outbox {
     }
 
     /// The writing thread's own frame (a keep-alive, the close).
-    pub(crate) fn send_control(&self, kind: Kind) -> Result<(), String> {
+    pub(crate) fn send_control(&self, kind: Kind) -> Result<(), SendError> {
         self.put(&mut self.sender(), &frame::frame(kind, 0, &[]))
     }
 

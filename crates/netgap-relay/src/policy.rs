@@ -18,6 +18,94 @@ use netgap_proto::auth::Key;
 use netgap_proto::preload::RelayRequest;
 use netgap_transport::xdp::{parse_addr, XdpAddr};
 use std::net::{IpAddr, Ipv4Addr};
+use thiserror::Error;
+
+/// A `--peers` list the relay cannot serve; each message names the entry.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum PeersError {
+    /// An entry that is neither an address nor a prefix.
+    #[error("--peers {0:?}: not an address or a prefix")]
+    NotAddress(String),
+    /// A prefix length past the address's bits.
+    #[error("--peers {entry:?}: a prefix length of 0 to {max}")]
+    PrefixLen {
+        /// The entry as given.
+        entry: String,
+        /// The address's bits (32 or 128).
+        max: u8,
+    },
+    /// Loopback, unspecified or multicast.
+    #[error("--peers {0:?}: a relay carries connections to other hosts, never to a loopback, unspecified or multicast address")]
+    NotAHost(String),
+    /// Only empty entries.
+    #[error("--peers names no host")]
+    Empty,
+}
+
+/// Why the relay does not act on a request's socket: one short line (the
+/// reply carries up to 64 characters of it).
+#[derive(Debug, Error, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// The TCP socket is another user's.
+    #[error("the socket is uid {0}'s, not the asker's")]
+    SocketOwner(u32),
+    /// The region is another user's.
+    #[error("the region is uid {0}'s, not the asker's")]
+    RegionOwner(u32),
+    /// Not an established TCP connection.
+    #[error("the socket is not a connected TCP connection")]
+    NotConnected,
+    /// The peer is loopback or unspecified.
+    #[error("the peer {0} is this host (loopback)")]
+    Loopback(IpAddr),
+    /// The peer is one of this host's addresses.
+    #[error("the peer {0} is this host")]
+    ThisHost(IpAddr),
+    /// The peer is no host of `--peers`.
+    #[error("the peer {0} is no host this relay serves")]
+    Unserved(IpAddr),
+    /// The connection runs over the relay's xdp interface.
+    #[error("the connection runs over {0}, the xdp interface")]
+    OverXdp(String),
+}
+
+/// Why a connect may not open a flow to its target.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub(crate) enum TargetError {
+    /// An IPv6 target.
+    #[error("target {0}: xdp links are IPv4")]
+    NotIpv4(IpAddr),
+    /// Off the interface's subnet, or the interface's own address.
+    #[error("target {ip} is not on {iface}'s subnet")]
+    OffSubnet {
+        /// The target's address.
+        ip: Ipv4Addr,
+        /// The relay's xdp interface.
+        iface: String,
+    },
+    /// Another MAC than the neighbour table's.
+    #[error("target {0}: not the MAC the neighbour table has")]
+    WrongMac(Ipv4Addr),
+    /// No complete neighbour entry.
+    #[error("target {0}: not in the neighbour table")]
+    NoNeighbour(Ipv4Addr),
+}
+
+/// Why a request names no link.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub(crate) enum LinkIdError {
+    /// A connect's target does not parse.
+    #[error("target {target}: {why}")]
+    Target {
+        /// The target as the library sent it.
+        target: String,
+        /// Why it is no `IP/MAC/FLOW`.
+        why: String,
+    },
+    /// A reservation.
+    #[error("a reservation names no link")]
+    Reservation,
+}
 
 /// Domain separation of a link's key, derived from the relay key.
 pub(crate) const LINK_KEY_CONTEXT: &[u8] = b"netgap relay v1: link key";
@@ -33,7 +121,7 @@ pub(crate) struct Served {
 impl Served {
     /// Parses `--peers` entries (`IP` or `IP/LEN`); Err: one line naming
     /// the entry.
-    pub(crate) fn parse(list: &[String]) -> Result<Served, String> {
+    pub(crate) fn parse(list: &[String]) -> Result<Served, PeersError> {
         let mut nets = Vec::new();
         for entry in list.iter().map(|e| e.trim()).filter(|e| !e.is_empty()) {
             let (ip, len) = match entry.split_once('/') {
@@ -42,25 +130,25 @@ impl Served {
             };
             let ip: IpAddr = ip
                 .parse()
-                .map_err(|_| format!("--peers {entry:?}: not an address or a prefix"))?;
+                .map_err(|_| PeersError::NotAddress(entry.to_string()))?;
             let ip = canonical(ip);
             let max = if ip.is_ipv4() { 32 } else { 128 };
-            let len =
-                match len {
-                    None => max,
-                    Some(l) => l.parse::<u8>().ok().filter(|l| *l <= max).ok_or_else(|| {
-                        format!("--peers {entry:?}: a prefix length of 0 to {max}")
-                    })?,
-                };
+            let len = match len {
+                None => max,
+                Some(l) => l.parse::<u8>().ok().filter(|l| *l <= max).ok_or_else(|| {
+                    PeersError::PrefixLen {
+                        entry: entry.to_string(),
+                        max,
+                    }
+                })?,
+            };
             if ip.is_loopback() || ip.is_multicast() || (ip.is_unspecified() && len == max) {
-                return Err(format!(
-                    "--peers {entry:?}: a relay carries connections to other hosts, never to a loopback, unspecified or multicast address"
-                ));
+                return Err(PeersError::NotAHost(entry.to_string()));
             }
             nets.push((ip, len));
         }
         if nets.is_empty() {
-            return Err("--peers names no host".into());
+            return Err(PeersError::Empty);
         }
         Ok(Served { nets })
     }
@@ -161,40 +249,31 @@ pub(crate) fn check_socket(
     s: &SocketFacts,
     served: &Served,
     iface: &XdpInterface,
-) -> Result<(), String> {
+) -> Result<(), Refusal> {
     if s.socket_uid != asker {
-        return Err(format!(
-            "the socket is uid {}'s, not the asker's",
-            s.socket_uid
-        ));
+        return Err(Refusal::SocketOwner(s.socket_uid));
     }
     if s.region_uid != asker {
-        return Err(format!(
-            "the region is uid {}'s, not the asker's",
-            s.region_uid
-        ));
+        return Err(Refusal::RegionOwner(s.region_uid));
     }
     if !s.established {
-        return Err("the socket is not a connected TCP connection".into());
+        return Err(Refusal::NotConnected);
     }
     let peer = canonical(s.peer);
     if peer.is_loopback() || peer.is_unspecified() {
-        return Err(format!("the peer {peer} is this host (loopback)"));
+        return Err(Refusal::Loopback(peer));
     }
     if peer == canonical(s.local) || s.own_addrs.iter().any(|a| canonical(*a) == peer) {
-        return Err(format!("the peer {peer} is this host"));
+        return Err(Refusal::ThisHost(peer));
     }
     if !served.contains(peer) {
-        return Err(format!("the peer {peer} is no host this relay serves"));
+        return Err(Refusal::Unserved(peer));
     }
     if s.local_interface.as_deref() == Some(iface.name.as_str())
         || IpAddr::V4(iface.ip) == canonical(s.local)
         || iface.on_subnet(peer)
     {
-        return Err(format!(
-            "the connection runs over {}, the xdp interface",
-            iface.name
-        ));
+        return Err(Refusal::OverXdp(iface.name.clone()));
     }
     Ok(())
 }
@@ -206,17 +285,20 @@ pub(crate) fn check_target(
     t: &XdpAddr,
     iface: &XdpInterface,
     neighbour: Option<[u8; 6]>,
-) -> Result<(), String> {
+) -> Result<(), TargetError> {
     let IpAddr::V4(ip) = canonical(t.ip) else {
-        return Err(format!("target {}: xdp links are IPv4", t.ip));
+        return Err(TargetError::NotIpv4(t.ip));
     };
     if !iface.on_subnet(IpAddr::V4(ip)) || ip == iface.ip {
-        return Err(format!("target {ip} is not on {}'s subnet", iface.name));
+        return Err(TargetError::OffSubnet {
+            ip,
+            iface: iface.name.clone(),
+        });
     }
     match neighbour {
         Some(mac) if mac == t.mac => Ok(()),
-        Some(_) => Err(format!("target {ip}: not the MAC the neighbour table has")),
-        None => Err(format!("target {ip}: not in the neighbour table")),
+        Some(_) => Err(TargetError::WrongMac(ip)),
+        None => Err(TargetError::NoNeighbour(ip)),
     }
 }
 
@@ -262,7 +344,7 @@ impl LinkId {
         own_end: &XdpAddr,
         tcp_local: IpAddr,
         tcp_peer: IpAddr,
-    ) -> Result<LinkId, String> {
+    ) -> Result<LinkId, LinkIdError> {
         match req {
             RelayRequest::Listen { .. } => Ok(LinkId {
                 listening_end: own_end.to_string(),
@@ -270,14 +352,17 @@ impl LinkId {
                 connecting_host: canonical(tcp_peer),
             }),
             RelayRequest::Connect { target, .. } => {
-                let t = parse_addr(target).map_err(|e| format!("target {target}: {e}"))?;
+                let t = parse_addr(target).map_err(|why| LinkIdError::Target {
+                    target: target.clone(),
+                    why,
+                })?;
                 Ok(LinkId {
                     listening_end: t.to_string(),
                     listening_host: canonical(tcp_peer),
                     connecting_host: canonical(tcp_local),
                 })
             }
-            RelayRequest::Reserve { .. } => Err("a reservation names no link".into()),
+            RelayRequest::Reserve { .. } => Err(LinkIdError::Reservation),
         }
     }
 
@@ -371,7 +456,7 @@ mod tests {
         assert_eq!(check_socket(1000, &facts(), &s, &iface()), Ok(()));
         // Another user's socket or region; root acts for root only.
         let e = check_socket(65534, &facts(), &s, &iface()).unwrap_err();
-        assert!(e.contains("uid 1000's"), "{e}");
+        assert!(e.to_string().contains("uid 1000's"), "{e}");
         let root = SocketFacts {
             socket_uid: 0,
             ..facts()
@@ -384,6 +469,7 @@ mod tests {
         };
         assert!(check_socket(1000, &theirs, &s, &iface())
             .unwrap_err()
+            .to_string()
             .contains("region"));
         let unconnected = SocketFacts {
             established: false,
@@ -406,18 +492,18 @@ mod tests {
             ("::ffff:127.0.0.1", "::ffff:127.0.0.1"),
         ] {
             let e = check_socket(1000, &with_peer(peer, local), &s, &iface()).unwrap_err();
-            assert!(e.contains("loopback"), "{e}");
+            assert!(e.to_string().contains("loopback"), "{e}");
         }
         // A served prefix holding this host's own address: still this host.
         let e = check_socket(1000, &with_peer("10.77.0.1", "10.77.0.1"), &s, &iface()).unwrap_err();
-        assert!(e.contains("is this host"), "{e}");
+        assert!(e.to_string().contains("is this host"), "{e}");
         let own = SocketFacts {
             peer: ip("10.77.1.1"),
             ..facts()
         };
         assert!(check_socket(1000, &own, &served(&["10.77.0.0/16"]), &iface()).is_err());
         let e = check_socket(1000, &with_peer("10.78.0.2", "10.77.0.1"), &s, &iface()).unwrap_err();
-        assert!(e.contains("no host this relay serves"), "{e}");
+        assert!(e.to_string().contains("no host this relay serves"), "{e}");
     }
 
     #[test]
@@ -430,7 +516,7 @@ mod tests {
             ..facts()
         };
         let e = check_socket(1000, &on_xdp, &s, &iface()).unwrap_err();
-        assert!(e.contains("eth1, the xdp interface"), "{e}");
+        assert!(e.to_string().contains("eth1, the xdp interface"), "{e}");
         // A peer on the xdp subnet, whichever local address.
         let via = SocketFacts {
             peer: ip("10.77.1.2"),
@@ -445,9 +531,10 @@ mod tests {
         let mac = Some([2, 0, 0, 0, 1, 2]);
         assert_eq!(check_target(&t, &iface(), mac), Ok(()));
         let e = check_target(&t, &iface(), Some([2, 0xde, 0xad, 0, 0, 1])).unwrap_err();
-        assert!(e.contains("not the MAC"), "{e}");
+        assert!(e.to_string().contains("not the MAC"), "{e}");
         assert!(check_target(&t, &iface(), None)
             .unwrap_err()
+            .to_string()
             .contains("not in the neighbour table"));
         for other in [
             "10.77.0.2/02:00:00:00:01:02/7",

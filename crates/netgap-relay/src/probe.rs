@@ -23,6 +23,18 @@ use std::collections::{HashMap, HashSet};
 use std::io::Read;
 use std::net::UdpSocket;
 use std::time::{Duration, Instant};
+use thiserror::Error;
+
+/// Why the relay does not answer probes.
+#[derive(Debug, Error)]
+pub(crate) enum ProbeError {
+    /// The probe port is taken (or not allowed).
+    #[error("cannot answer probes on UDP port {PROBE_PORT}: {0}")]
+    Bind(std::io::Error),
+    /// No thread for the answers.
+    #[error("no thread to answer probes: {0}")]
+    Thread(std::io::Error),
+}
 
 /// How old the listeners read from `/proc/net/unix` may be.
 const SCAN_EVERY: Duration = Duration::from_millis(50);
@@ -34,14 +46,14 @@ const MAX_ANSWERS_PER_S: u32 = 5000;
 /// Starts answering probes on UDP port [`PROBE_PORT`] (IPv6 and IPv4),
 /// in a thread of its own; `Err` is one line saying why not (connectors
 /// on other hosts then keep the kernel's TCP, safely).
-pub(crate) fn spawn() -> Result<(), String> {
+pub(crate) fn spawn() -> Result<(), ProbeError> {
     let sock = UdpSocket::bind(("::", PROBE_PORT))
         .or_else(|_| UdpSocket::bind(("0.0.0.0", PROBE_PORT)))
-        .map_err(|e| format!("cannot answer probes on UDP port {PROBE_PORT}: {e}"))?;
+        .map_err(ProbeError::Bind)?;
     std::thread::Builder::new()
         .name("relay-probe".into())
         .spawn(move || serve(&sock))
-        .map_err(|e| format!("no thread to answer probes: {e}"))?;
+        .map_err(ProbeError::Thread)?;
     Ok(())
 }
 

@@ -5,6 +5,19 @@
 use netgap_shm::wait as shm_wait;
 use netgap_shm::{Consumer, Expect, Producer, Region, Role, Waits};
 use std::os::fd::RawFd;
+use thiserror::Error;
+
+/// Why a request's region is not mapped.
+#[derive(Debug, Error)]
+pub(crate) enum MapError {
+    /// Not a memfd sealed against shrinking and growing, of the size the
+    /// rings need.
+    #[error("the region is not a sealed memfd of the announced size")]
+    NotSealed,
+    /// The region's header is not one of this layout.
+    #[error(transparent)]
+    Region(#[from] netgap_shm::RegionError),
+}
 
 /// The program broke the ring's invariants.
 pub(crate) struct Corrupt;
@@ -46,7 +59,7 @@ impl FarEnd {
     /// Checks the region (a memfd sealed against shrinking and
     /// growing, of exactly the size its rings need, with a header of
     /// this layout for rings of `capacity`) and maps it.
-    pub(crate) fn map(fd: RawFd, capacity: usize) -> Result<FarEnd, String> {
+    pub(crate) fn map(fd: RawFd, capacity: usize) -> Result<FarEnd, MapError> {
         let len = netgap_shm::region_bytes(capacity);
         // SAFETY: all-zero bytes are a valid stat; fstat fills it.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
@@ -61,13 +74,13 @@ impl FarEnd {
             || seals < 0
             || seals & sealed != sealed
         {
-            return Err("the region is not a sealed memfd of the announced size".into());
+            return Err(MapError::NotSealed);
         }
         let expect = Expect {
             capacity: Some(capacity),
             waits: Waits::Sleep,
         };
-        let region = Region::open(fd, &expect, false).map_err(|e| e.to_string())?;
+        let region = Region::open(fd, &expect, false)?;
         let (tx, rx) = region.ends(Role::Listener);
         Ok(FarEnd { rx, tx })
     }

@@ -2,20 +2,24 @@
 //! each client's `SO_PEERCRED` credentials, the requests a second and the
 //! connections per uid, the refusals, and one request with the
 //! descriptors beside it. Each admitted client gets a thread (`serve`)
-//! that hands its request to the link table ([`crate::hub`]) and then
+//! that hands its request to the link table ([`crate::open`]) and then
 //! pumps its connection ([`crate::conn`]).
 
-use crate::conn::pump;
+use crate::conn::{queue_to_ring, ring_to_flow, Conn, PumpError};
 use crate::host::read_interface;
-use crate::hub::{before, connect, listen, Asker, Hub};
+use crate::hub::Hub;
 use crate::journal::Journal;
 use crate::limits::RequestRate;
+use crate::link::Link;
+use crate::open::{before, connect, listen, Asker, OpenError};
+use crate::request::{read_request, reply, with_fds, RequestError};
 use crate::table::LinkTable;
 use crate::{RelayConfig, RelayError};
-use netgap_proto::preload::{RelayReply, RelayRequest, RELAY_REQUEST_BYTES};
+use netgap_proto::preload::{RelayReply, RelayRequest};
 use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -304,111 +308,20 @@ pub(crate) fn peer_cred(fd: RawFd) -> Option<Cred> {
     })
 }
 
-pub(crate) fn reply(fd: RawFd, r: &RelayReply) {
-    let b = r.encode();
-    // SAFETY: `b` is valid for reads of its length.
-    let _ = unsafe { libc::send(fd, b.as_ptr().cast(), b.len(), libc::MSG_NOSIGNAL) };
-}
-
-/// The request and its two descriptors (the region, the TCP socket).
-pub(crate) struct Request {
-    pub(crate) req: RelayRequest,
-    pub(crate) region: OwnedFd,
-    pub(crate) tcp: OwnedFd,
-}
-
-/// Reads one request and the descriptors beside it, waiting at most
-/// `wait`; Ok(None): the client closed without one (a library checking
-/// that the relay runs, or giving up a reservation).
-pub(crate) fn read_request(
-    fd: RawFd,
-    wait: Duration,
-) -> Result<Option<(RelayRequest, Vec<OwnedFd>)>, String> {
-    let mut p = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    let ms = wait.as_millis() as libc::c_int;
-    // SAFETY: one valid pollfd.
-    if unsafe { libc::poll(&mut p, 1, ms) } <= 0 {
-        return Err("no request in time".into());
-    }
-    let mut buf = [0u8; RELAY_REQUEST_BYTES + 1];
-    let mut iov = libc::iovec {
-        iov_base: buf.as_mut_ptr().cast(),
-        iov_len: buf.len(),
-    };
-    // Room for a few descriptors, so that too many are seen (and
-    // closed), not cut.
-    let mut control = [0u8; 128];
-    // SAFETY: all-zero bytes are a valid msghdr.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = control.len();
-    // SAFETY: a complete msghdr over live buffers.
-    let n = unsafe { libc::recvmsg(fd, &mut msg, libc::MSG_CMSG_CLOEXEC | libc::MSG_DONTWAIT) };
-    if n < 0 {
-        return Err(format!("recvmsg: {}", io::Error::last_os_error()));
-    }
-    // Every descriptor received is owned (and so closed) whatever
-    // follows.
-    let mut fds: Vec<OwnedFd> = Vec::new();
-    // SAFETY: walking the control buffer the kernel filled, with the
-    // CMSG macros over `msg`.
-    unsafe {
-        let mut c = libc::CMSG_FIRSTHDR(&msg);
-        while !c.is_null() {
-            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
-                let data = libc::CMSG_DATA(c);
-                let bytes = (*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
-                for i in 0..bytes / std::mem::size_of::<libc::c_int>() {
-                    let fd = std::ptr::read_unaligned(data.cast::<libc::c_int>().add(i));
-                    fds.push(OwnedFd::from_raw_fd(fd));
-                }
-            }
-            c = libc::CMSG_NXTHDR(&msg, c);
-        }
-    }
-    if n == 0 && fds.is_empty() {
-        return Ok(None);
-    }
-    if msg.msg_flags & (libc::MSG_CTRUNC | libc::MSG_TRUNC) != 0 {
-        return Err("a request or its descriptors were cut".into());
-    }
-    let req = RelayRequest::decode(&buf[..n as usize]).map_err(|e| format!("bad request: {e}"))?;
-    Ok(Some((req, fds)))
-}
-
-/// A request that must come with the region and the TCP socket.
-pub(crate) fn with_fds(req: RelayRequest, mut fds: Vec<OwnedFd>) -> Result<Request, String> {
-    if fds.len() != 2 {
-        return Err(format!(
-            "{} descriptors with the request, want 2",
-            fds.len()
-        ));
-    }
-    let tcp = fds.pop().ok_or("no socket")?;
-    let region = fds.pop().ok_or("no region")?;
-    Ok(Request { req, region, tcp })
-}
-
 pub(crate) fn serve(hub: &Arc<Hub>, client: OwnedFd, cred: Cred, slot: Slot) {
     let asker = Asker {
         uid: cred.uid,
         who: format!("uid {} (pid {})", cred.uid, cred.pid),
     };
     let fd = client.as_raw_fd();
-    let refuse = |why: String| {
+    let refuse = |why: &dyn std::fmt::Display| {
         asker.say(hub, &format!("refused: {why}"));
-        reply(fd, &RelayReply::Refused(why));
+        reply(fd, &RelayReply::Refused(why.to_string()));
     };
     let first = match read_request(fd, REQUEST_WAIT) {
         Ok(Some(r)) => r,
         Ok(None) => return,
-        Err(why) => return refuse(why),
+        Err(why) => return refuse(&why),
     };
     let r = match first {
         (RelayRequest::Reserve { key, .. }, fds) if fds.is_empty() => {
@@ -421,7 +334,7 @@ pub(crate) fn serve(hub: &Arc<Hub>, client: OwnedFd, cred: Cred, slot: Slot) {
                 Ok(Some((req @ RelayRequest::Connect { key: k, .. }, fds))) if k == key => {
                     with_fds(req, fds)
                 }
-                Ok(Some(_)) => Err("after a reservation, anything but its connect".into()),
+                Ok(Some(_)) => Err(RequestError::NotItsConnect),
                 Ok(None) => return,
                 Err(why) => Err(why),
             }
@@ -429,25 +342,70 @@ pub(crate) fn serve(hub: &Arc<Hub>, client: OwnedFd, cred: Cred, slot: Slot) {
         (req @ (RelayRequest::Listen { .. } | RelayRequest::Connect { .. }), fds) => {
             with_fds(req, fds)
         }
-        (RelayRequest::Reserve { .. }, _) => Err("descriptors with a reservation".into()),
+        (RelayRequest::Reserve { .. }, _) => Err(RequestError::ReserveWithDescriptors),
     };
     let r = match r {
         Ok(r) => r,
-        Err(why) => return refuse(why),
+        Err(why) => return refuse(&why),
     };
     let opened = match &r.req {
         RelayRequest::Listen { .. } => listen(hub, r, &client, &asker),
         RelayRequest::Connect { .. } => connect(hub, r, &client, &asker),
-        RelayRequest::Reserve { .. } => Err(before("a reservation names no flow".into())),
+        RelayRequest::Reserve { .. } => Err(before(OpenError::Reservation)),
     };
     match opened {
         Ok((conn, link)) => pump(&conn, &link, &client, &asker.who),
         // The library already has its reply: a refusal now would only
         // be noise on its doorbell socket.
         Err(f) if f.replied => asker.say(hub, &format!("refused: {}", f.why)),
-        Err(f) => refuse(f.why),
+        Err(f) => refuse(&f.why),
     }
     drop(slot);
+}
+
+pub(crate) fn pump(conn: &Arc<Conn>, link: &Link, client: &OwnedFd, who: &str) {
+    let who = format!("{who} [{:#x}]", conn.id);
+    let t0 = Instant::now();
+    let c2 = Arc::clone(conn);
+    let incoming = std::thread::Builder::new()
+        .name("relay-in".into())
+        .spawn(move || {
+            let r = queue_to_ring(&c2);
+            if r.is_err() {
+                // The sending side stops at once, and both programs
+                // see the reset.
+                c2.reset(true);
+            }
+            r
+        });
+    if incoming.is_err() {
+        conn.reset(true);
+    }
+    let out = ring_to_flow(conn, client.as_raw_fd());
+    if let Err(e) = &out {
+        log!("{who}: sending: {e}");
+        conn.reset(true);
+    }
+    let inn = match incoming {
+        Ok(h) => h.join().unwrap_or(Err(PumpError::Panicked)),
+        Err(e) => Err(PumpError::NoThread(e)),
+    };
+    if let Err(e) = &inn {
+        log!("{who}: receiving: {e}");
+        conn.reset(true);
+    }
+    link.unregister(conn.id);
+    log!(
+        "{who}: connection {} after {} ms: relayed_out_bytes={} relayed_in_bytes={} discarded_bytes={} bells_asked={} bells_rung={} bells_here={}",
+        if out.is_ok() && inn.is_ok() { "closed" } else { "reset" },
+        t0.elapsed().as_millis(),
+        conn.relayed_out_bytes.load(Ordering::Relaxed),
+        conn.relayed_in_bytes.load(Ordering::Relaxed),
+        conn.discarded_bytes.load(Ordering::Relaxed),
+        conn.bells_asked.load(Ordering::Relaxed),
+        conn.bells_rung.load(Ordering::Relaxed),
+        conn.bells_here.load(Ordering::Relaxed),
+    );
 }
 
 #[cfg(test)]

@@ -52,6 +52,8 @@ pub(crate) struct Full {
     links: usize,
 }
 
+impl std::error::Error for Full {}
+
 impl fmt::Display for Full {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(

@@ -1,0 +1,64 @@
+//! A relayed connection's socket to its relay in the program's epolls:
+//! registered beside the connection's descriptor, with the program's data
+//! and read interest, so that the relay wakes a wait in that epoll with a
+//! byte on it (see `netgap_shm::wait::WAIT_BELL`) instead of a doorbell
+//! from the other host.
+
+use crate::errno::{errno, set_errno};
+use crate::real;
+use crate::table::{self, Entry};
+use libc::{c_int, epoll_event};
+
+/// A connection registered in epolls before it moved to its relay (an
+/// accepted one is registered while its hello is still unread): its
+/// relay socket joins it in each, as `epoll_ctl` would have done.
+pub(crate) fn bell_joins_epolls(fd: c_int) {
+    let e = errno();
+    for (epfd, i) in table::epoll_regs_without_bell(fd) {
+        if register_bell(epfd, libc::EPOLL_CTL_ADD, fd, i.events, i.data) {
+            table::epoll_set_bell(epfd, fd);
+        }
+    }
+    set_errno(e);
+}
+
+/// Keeps a relayed connection's socket to its relay registered in `epfd`
+/// beside the connection's descriptor `fd`, with the program's data and
+/// read interest, so that the relay wakes a wait in that epoll with a
+/// byte on it, on this host (see `netgap_shm::wait::WAIT_BELL`), instead of a
+/// doorbell from the other host. Returns whether it is registered; where
+/// it is not (not relayed, no read interest, or the socket already
+/// registered in that epoll for another descriptor of the connection), a
+/// wait falls back on the doorbell.
+pub(crate) fn register_bell(epfd: c_int, op: c_int, fd: c_int, events: u32, data: u64) -> bool {
+    let Some(Entry::Shm(c)) = table::get(fd) else {
+        return false;
+    };
+    let bell = c.bell();
+    if bell < 0 {
+        return false;
+    }
+    let flags = (libc::EPOLLET | libc::EPOLLONESHOT) as u32;
+    let mut ev = epoll_event {
+        events: libc::EPOLLIN as u32 | (events & flags),
+        u64: data,
+    };
+    let had = table::epoll_bell(epfd, fd);
+    let wants = op != libc::EPOLL_CTL_DEL && events & libc::EPOLLIN as u32 != 0;
+    // SAFETY: plain epoll_ctl calls on the program's epoll and the
+    // connection's own relay socket, with an event on the stack.
+    unsafe {
+        if !wants {
+            if had {
+                real::epoll_ctl()(epfd, libc::EPOLL_CTL_DEL, bell, &mut ev);
+            }
+            return false;
+        }
+        if had {
+            return real::epoll_ctl()(epfd, libc::EPOLL_CTL_MOD, bell, &mut ev) == 0;
+        }
+        // EEXIST: another descriptor of the connection holds it there,
+        // with its own data; this one falls back on the doorbell.
+        real::epoll_ctl()(epfd, libc::EPOLL_CTL_ADD, bell, &mut ev) == 0
+    }
+}

@@ -1,0 +1,421 @@
+//! The data calls: `read`, `write` and their vector, `recv`/`send`,
+//! `msg` and `sendfile` forms, routed by the descriptor's entry: straight
+//! to the C library, through a taken-over connection's channel, or after
+//! resolving a pending connection.
+
+use super::{done, fail, route, route_with, Route};
+use crate::conn::Conn;
+use crate::log::log_line;
+use crate::real;
+use libc::{c_int, c_void, iovec, msghdr, off_t};
+use libc::{size_t, sockaddr, socklen_t, ssize_t};
+
+/// Drops the first `n` bytes from `iov`.
+fn advance(iov: &mut Vec<iovec>, mut n: usize) {
+    let mut first = 0;
+    while n > 0 && first < iov.len() {
+        let v = &mut iov[first];
+        if n >= v.iov_len {
+            n -= v.iov_len;
+            first += 1;
+        } else {
+            // SAFETY: `n < iov_len`, so the advanced base stays in the buffer.
+            v.iov_base = unsafe { v.iov_base.cast::<u8>().add(n) }.cast();
+            v.iov_len -= n;
+            n = 0;
+        }
+    }
+    iov.drain(..first);
+}
+
+/// Sends on the channel as the kernel sends: a blocking send moves all
+/// of the buffers (the ring's capacity at a time), a non-blocking one as
+/// much as fits; EPIPE raises SIGPIPE unless the flags say not to.
+fn shm_send(c: &Conn, fd: c_int, iov: &[iovec], flags: c_int) -> ssize_t {
+    if flags & libc::MSG_OOB != 0 {
+        log_line!("fd {fd}: send with MSG_OOB on a shm connection is not supported (EOPNOTSUPP)");
+        return fail(libc::EOPNOTSUPP);
+    }
+    let want: usize = iov.iter().map(|v| v.iov_len).sum();
+    let all = flags & libc::MSG_DONTWAIT == 0 && !c.nonblocking();
+    let mut sent = 0usize;
+    // The program's iovecs, copied only once a send moved part of them.
+    let mut rest: Option<Vec<iovec>> = None;
+    loop {
+        let now: &[iovec] = rest.as_deref().unwrap_or(iov);
+        // SAFETY: `now` are the program's iovecs advanced past `sent`
+        // bytes, valid for reads of their lengths (the call's contract).
+        match unsafe { c.send(fd, now, flags) } {
+            Ok(n) => {
+                sent += n;
+                if !all || sent >= want || n == 0 {
+                    return sent as ssize_t;
+                }
+                advance(rest.get_or_insert_with(|| iov.to_vec()), n);
+            }
+            Err(e) if sent > 0 && e != libc::EPIPE => return sent as ssize_t,
+            Err(e) => {
+                if e == libc::EPIPE && flags & libc::MSG_NOSIGNAL == 0 {
+                    // SAFETY: raise has no preconditions; the kernel sends
+                    // the writing thread SIGPIPE on a broken connection.
+                    unsafe { libc::raise(libc::SIGPIPE) };
+                }
+                if sent > 0 {
+                    return sent as ssize_t;
+                }
+                return fail(e);
+            }
+        }
+    }
+}
+
+/// `read(2)`.
+///
+/// # Safety
+///
+/// As for the C library's `read`.
+#[no_mangle]
+pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, count: size_t) -> ssize_t {
+    match route(fd, false) {
+        // SAFETY: the program's own arguments, passed on.
+        Route::Kernel => unsafe { real::read()(fd, buf, count) },
+        Route::Again => fail(libc::EAGAIN),
+        Route::Shm(c) => {
+            let iov = [iovec {
+                iov_base: buf,
+                iov_len: count,
+            }];
+            // SAFETY: `buf` is valid for writes of `count` bytes (read's
+            // contract).
+            unsafe { shm_recv(&c, fd, &iov, 0) }
+        }
+    }
+}
+
+/// `write(2)`.
+///
+/// # Safety
+///
+/// As for the C library's `write`.
+#[no_mangle]
+pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, count: size_t) -> ssize_t {
+    match route(fd, true) {
+        // SAFETY: the program's own arguments, passed on.
+        Route::Kernel | Route::Again => unsafe { real::write()(fd, buf, count) },
+        Route::Shm(c) => {
+            let iov = [iovec {
+                iov_base: buf.cast_mut(),
+                iov_len: count,
+            }];
+            shm_send(&c, fd, &iov, 0)
+        }
+    }
+}
+
+/// `readv(2)`.
+///
+/// # Safety
+///
+/// As for the C library's `readv`.
+#[no_mangle]
+pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, iovcnt: c_int) -> ssize_t {
+    match route(fd, false) {
+        // SAFETY: the program's own arguments, passed on.
+        Route::Kernel => unsafe { real::readv()(fd, iov, iovcnt) },
+        Route::Again => fail(libc::EAGAIN),
+        Route::Shm(c) => {
+            if iov.is_null() || iovcnt < 0 {
+                return fail(libc::EINVAL);
+            }
+            // SAFETY: readv's contract: `iov` holds `iovcnt` valid iovecs.
+            let v = unsafe { std::slice::from_raw_parts(iov, iovcnt as usize) };
+            // SAFETY: each iovec is valid for writes (readv's contract).
+            unsafe { shm_recv(&c, fd, v, 0) }
+        }
+    }
+}
+
+/// `writev(2)`.
+///
+/// # Safety
+///
+/// As for the C library's `writev`.
+#[no_mangle]
+pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, iovcnt: c_int) -> ssize_t {
+    match route(fd, true) {
+        // SAFETY: the program's own arguments, passed on.
+        Route::Kernel | Route::Again => unsafe { real::writev()(fd, iov, iovcnt) },
+        Route::Shm(c) => {
+            if iov.is_null() || iovcnt < 0 {
+                return fail(libc::EINVAL);
+            }
+            // SAFETY: writev's contract: `iov` holds `iovcnt` valid iovecs.
+            let v = unsafe { std::slice::from_raw_parts(iov, iovcnt as usize) };
+            shm_send(&c, fd, v, 0)
+        }
+    }
+}
+
+/// `recv(2)`.
+///
+/// # Safety
+///
+/// As for the C library's `recv`.
+#[no_mangle]
+pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, len: size_t, flags: c_int) -> ssize_t {
+    match route_with(fd, false, flags & libc::MSG_DONTWAIT != 0) {
+        // SAFETY: the program's own arguments, passed on.
+        Route::Kernel => unsafe { real::recv()(fd, buf, len, flags) },
+        Route::Again => fail(libc::EAGAIN),
+        Route::Shm(c) => {
+            let iov = [iovec {
+                iov_base: buf,
+                iov_len: len,
+            }];
+            // SAFETY: `buf` is valid for writes of `len` bytes.
+            unsafe { shm_recv(&c, fd, &iov, flags) }
+        }
+    }
+}
+
+/// `send(2)`.
+///
+/// # Safety
+///
+/// As for the C library's `send`.
+#[no_mangle]
+pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, len: size_t, flags: c_int) -> ssize_t {
+    match route(fd, true) {
+        // SAFETY: the program's own arguments, passed on.
+        Route::Kernel | Route::Again => unsafe { real::send()(fd, buf, len, flags) },
+        Route::Shm(c) => {
+            let iov = [iovec {
+                iov_base: buf.cast_mut(),
+                iov_len: len,
+            }];
+            shm_send(&c, fd, &iov, flags)
+        }
+    }
+}
+
+/// `recvfrom(2)`: on a taken-over connection, as `recv` with no address.
+///
+/// # Safety
+///
+/// As for the C library's `recvfrom`.
+#[no_mangle]
+pub unsafe extern "C" fn recvfrom(
+    fd: c_int,
+    buf: *mut c_void,
+    len: size_t,
+    flags: c_int,
+    addr: *mut sockaddr,
+    addrlen: *mut socklen_t,
+) -> ssize_t {
+    match route_with(fd, false, flags & libc::MSG_DONTWAIT != 0) {
+        // SAFETY: the program's own arguments, passed on.
+        Route::Kernel => unsafe { real::recvfrom()(fd, buf, len, flags, addr, addrlen) },
+        Route::Again => fail(libc::EAGAIN),
+        Route::Shm(c) => {
+            if !addrlen.is_null() {
+                // SAFETY: a non-null `addrlen` is valid for writes.
+                unsafe { *addrlen = 0 };
+            }
+            let iov = [iovec {
+                iov_base: buf,
+                iov_len: len,
+            }];
+            // SAFETY: `buf` is valid for writes of `len` bytes.
+            unsafe { shm_recv(&c, fd, &iov, flags) }
+        }
+    }
+}
+
+/// `sendto(2)`: on a taken-over connection, as `send` (a connected TCP
+/// socket ignores the address).
+///
+/// # Safety
+///
+/// As for the C library's `sendto`.
+#[no_mangle]
+pub unsafe extern "C" fn sendto(
+    fd: c_int,
+    buf: *const c_void,
+    len: size_t,
+    flags: c_int,
+    addr: *const sockaddr,
+    addrlen: socklen_t,
+) -> ssize_t {
+    match route(fd, true) {
+        // SAFETY: the program's own arguments, passed on.
+        Route::Kernel | Route::Again => unsafe {
+            real::sendto()(fd, buf, len, flags, addr, addrlen)
+        },
+        Route::Shm(c) => {
+            let iov = [iovec {
+                iov_base: buf.cast_mut(),
+                iov_len: len,
+            }];
+            shm_send(&c, fd, &iov, flags)
+        }
+    }
+}
+
+/// `recvmsg(2)`: data only (no address, no ancillary data on TCP).
+///
+/// # Safety
+///
+/// As for the C library's `recvmsg`.
+#[no_mangle]
+pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
+    match route_with(fd, false, flags & libc::MSG_DONTWAIT != 0) {
+        // SAFETY: the program's own arguments, passed on.
+        Route::Kernel => unsafe { real::recvmsg()(fd, msg, flags) },
+        Route::Again => fail(libc::EAGAIN),
+        Route::Shm(c) => {
+            if msg.is_null() {
+                return fail(libc::EFAULT);
+            }
+            // SAFETY: recvmsg's contract: `msg` and its iovecs are valid.
+            unsafe {
+                (*msg).msg_namelen = 0;
+                (*msg).msg_controllen = 0;
+                (*msg).msg_flags = 0;
+                shm_recv(&c, fd, msg_iov(msg), flags)
+            }
+        }
+    }
+}
+
+/// `sendmsg(2)`: the data of the message (a TCP socket has no address and
+/// the library passes no ancillary data).
+///
+/// # Safety
+///
+/// As for the C library's `sendmsg`.
+#[no_mangle]
+pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
+    match route(fd, true) {
+        // SAFETY: the program's own arguments, passed on.
+        Route::Kernel | Route::Again => unsafe { real::sendmsg()(fd, msg, flags) },
+        Route::Shm(c) => {
+            if msg.is_null() {
+                return fail(libc::EFAULT);
+            }
+            // SAFETY: sendmsg's contract: `msg` and its iovecs are valid.
+            let (iov, control) = unsafe { (msg_iov(msg), (*msg).msg_controllen) };
+            if control != 0 {
+                log_line!(
+                    "fd {fd}: sendmsg with ancillary data on a shm connection: the data is dropped"
+                );
+            }
+            shm_send(&c, fd, iov, flags)
+        }
+    }
+}
+
+/// `sendfile(2)`: on a taken-over connection, the file is read straight
+/// into the ring.
+///
+/// # Safety
+///
+/// As for the C library's `sendfile`.
+#[no_mangle]
+pub unsafe extern "C" fn sendfile(
+    out: c_int,
+    in_fd: c_int,
+    offset: *mut off_t,
+    count: size_t,
+) -> ssize_t {
+    match route(out, true) {
+        // SAFETY: the program's own arguments, passed on.
+        Route::Kernel | Route::Again => unsafe { real::sendfile()(out, in_fd, offset, count) },
+        // SAFETY: sendfile's contract on `offset`.
+        Route::Shm(c) => unsafe { shm_sendfile(&c, out, in_fd, offset, count) },
+    }
+}
+
+/// `sendfile64`: glibc's alias of `sendfile` for 64-bit offsets.
+///
+/// # Safety
+///
+/// As for the C library's `sendfile64`.
+#[no_mangle]
+pub unsafe extern "C" fn sendfile64(
+    out: c_int,
+    in_fd: c_int,
+    offset: *mut off_t,
+    count: size_t,
+) -> ssize_t {
+    match route(out, true) {
+        // SAFETY: the program's own arguments, passed on.
+        Route::Kernel | Route::Again => unsafe { real::sendfile64()(out, in_fd, offset, count) },
+        // SAFETY: sendfile's contract on `offset`.
+        Route::Shm(c) => unsafe { shm_sendfile(&c, out, in_fd, offset, count) },
+    }
+}
+
+/// Receives on the channel honouring `MSG_WAITALL`; refuses `MSG_OOB`.
+///
+/// # Safety
+///
+/// Every iovec valid for writes of its length.
+unsafe fn shm_recv(c: &Conn, fd: c_int, iov: &[iovec], flags: c_int) -> ssize_t {
+    if flags & libc::MSG_OOB != 0 {
+        log_line!("fd {fd}: recv with MSG_OOB on a shm connection is not supported (EINVAL)");
+        return fail(libc::EINVAL);
+    }
+    if flags & libc::MSG_WAITALL == 0 || flags & libc::MSG_PEEK != 0 {
+        // SAFETY: the caller's contract.
+        return done(unsafe { c.recv(fd, iov, flags) });
+    }
+    let want: usize = iov.iter().map(|v| v.iov_len).sum();
+    let mut got = 0usize;
+    let mut rest: Vec<iovec> = iov.to_vec();
+    while got < want {
+        // SAFETY: `rest` are the caller's iovecs advanced past `got` bytes.
+        match unsafe { c.recv(fd, &rest, flags & !libc::MSG_WAITALL) } {
+            Ok(0) => break,
+            Ok(n) => {
+                got += n;
+                advance(&mut rest, n);
+            }
+            Err(e) if got == 0 => return fail(e),
+            Err(_) => break,
+        }
+    }
+    got as ssize_t
+}
+
+/// Builds the iovec list of a msghdr.
+///
+/// # Safety
+///
+/// `msg` valid, and its iov array valid for `msg_iovlen` entries.
+unsafe fn msg_iov<'a>(msg: *const msghdr) -> &'a [iovec] {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let m = &*msg;
+        if m.msg_iov.is_null() || m.msg_iovlen == 0 {
+            return &[];
+        }
+        std::slice::from_raw_parts(m.msg_iov, m.msg_iovlen)
+    }
+}
+
+/// The shared body of `sendfile` and `sendfile64`.
+///
+/// # Safety
+///
+/// `offset` null or valid for reads and writes.
+unsafe fn shm_sendfile(
+    c: &Conn,
+    out: c_int,
+    in_fd: c_int,
+    offset: *mut off_t,
+    count: size_t,
+) -> ssize_t {
+    // SAFETY: a non-null `offset` is valid (sendfile's contract).
+    let off = unsafe { offset.as_mut() };
+    done(c.sendfile(out, in_fd, off, count))
+}
