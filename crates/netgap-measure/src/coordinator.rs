@@ -2,8 +2,9 @@
 //! starts one in-process on loopback), opens each point of a [`Plan`], drives
 //! the runner, turns each measurement into a [`ResultRecord`] and hands it to
 //! the sinks the moment it is measured. The client role runs in this
-//! process, or, when the plan's hosts are agents this process cannot play
-//! ([`Peer::Agents`]), on the second host's agent through the workload
+//! process beside one agent (the in-process one, or `--peer`), or, over
+//! `--hosts` ([`Peer::Agents`]: a testbed's hosts, a launcher's nodes, a
+//! list of agents), on the second host's agent through the workload
 //! coordinator's sessions (`workload_run::point_to_point`), this process
 //! only coordinating.
 
@@ -81,17 +82,6 @@ pub enum CoordError {
     /// The in-process agent could not start.
     #[error("cannot start the in-process agent: {0}")]
     Embedded(String),
-    /// A host of the hosts file has a control address that does not parse.
-    #[error("host {host}: bad control address {control:?}")]
-    HostAddress {
-        /// The host.
-        host: String,
-        /// Its control address as written.
-        control: String,
-    },
-    /// The client host's network namespace could not be entered.
-    #[error(transparent)]
-    Netns(#[from] netgap_transport::netns::NetnsError),
     /// The key file is unusable.
     #[error("{0}")]
     Key(#[from] crate::auth::KeyFileError),
@@ -655,21 +645,6 @@ pub(crate) fn open_session(plan: &Plan) -> Result<Coordinator, CoordError> {
             );
         }
         Peer::Remote { addr, .. } => addr.clone(),
-        Peer::Hosts { server, client } => {
-            let addr = server
-                .control_addr()
-                .ok_or_else(|| CoordError::HostAddress {
-                    host: server.name.clone(),
-                    control: server.control.clone(),
-                })?;
-            // The client role's flows start in the client host's network
-            // namespace; the control connection is a Unix socket or reaches
-            // the server from there.
-            if let Some(ns) = &client.netns {
-                netgap_transport::netns::enter(ns)?;
-            }
-            addr
-        }
         Peer::Embedded { ipv6 } => {
             let ip: IpAddr = if *ipv6 {
                 Ipv6Addr::LOCALHOST.into()
@@ -693,14 +668,7 @@ pub(crate) fn open_session(plan: &Plan) -> Result<Coordinator, CoordError> {
         netgap_transport::affinity::pin_current_thread(cpu)
             .map_err(|e| CoordError::Embedded(format!("client placement: {e}")))?;
     }
-    let mut coord = Coordinator::connect(&addr, key()?.as_ref())?;
-    if let Peer::Hosts { client, .. } = &plan.settings.peer {
-        // This process stands in for the client host: its facts are those of
-        // the client's address in its namespace, under the host's name.
-        coord.local_host = netgap_transport::host::collect(Some(client.address));
-        coord.local_host.hostname = client.name.clone();
-    }
-    Ok(coord)
+    Coordinator::connect(&addr, key()?.as_ref())
 }
 
 /// What a run did.

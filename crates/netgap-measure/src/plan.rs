@@ -13,7 +13,7 @@
 //! nothing for what is asked.
 
 use crate::bench;
-use crate::cluster::{HostEntry, HostsArg, HostsError, HostsSource, TestbedPath};
+use crate::cluster::{HostsArg, HostsError, HostsSource, TestbedPath};
 use crate::conditions::{cross, Condition, ConditionAxis, ConditionError};
 use crate::control::ControlAddr;
 use crate::runner::{CiTarget, IterationPolicy, Method, DEFAULT_CI_REPS};
@@ -326,19 +326,10 @@ pub enum Peer {
         /// Resolved control address.
         addr: ControlAddr,
     },
-    /// The first two hosts of a hosts file (`--hosts`): the first host's
-    /// agent serves, and the client role runs here in the second host's
-    /// network namespace, so the traffic crosses the path between them.
-    Hosts {
-        /// The serving host.
-        server: HostEntry,
-        /// The client host; it has a network namespace.
-        client: HostEntry,
-    },
-    /// The first two hosts of `--hosts` (a hosts file, a launcher's
-    /// nodes, a list of agents), neither of them this process: the first
-    /// host's agent plays the server role and the second host's the client
-    /// role, and this process only coordinates them.
+    /// The first two hosts of `--hosts` (a hosts file, a testbed's among
+    /// them, a launcher's nodes, a list of agents), neither of them this
+    /// process: the first host's agent plays the server role and the second
+    /// host's the client role, and this process only coordinates them.
     Agents {
         /// The two hosts, server first, from where `--hosts` named them.
         hosts: HostsSource,
@@ -977,36 +968,26 @@ pub(crate) fn options_of(
 }
 
 /// Where the two roles of a point-to-point run over `--hosts` go, and the
-/// hosts file's key: with a second host this process can enter (a
-/// network namespace, and `enter_netns`: root), the client role runs here
-/// in it; otherwise both roles run on the first two hosts' agents.
-fn p2p_hosts(hosts: HostsSource, enter_netns: bool) -> Result<(Peer, Option<PathBuf>), PlanError> {
+/// hosts file's key: on the first two hosts' agents, the first serving,
+/// whatever the hosts are (a testbed's namespaces too: the testbed starts an
+/// agent in each).
+fn p2p_hosts(hosts: HostsSource) -> Result<(Peer, Option<PathBuf>), PlanError> {
     const TWO: &str =
         "a point-to-point test needs two hosts: the first serves, the second is the client";
     if hosts.hosts() < 2 {
         return Err(invalid("--hosts", hosts.label(), TWO));
     }
     Ok(match hosts {
-        HostsSource::File(f) => match f.hosts.as_slice() {
-            [server, client, ..] if enter_netns && client.netns.is_some() => (
-                Peer::Hosts {
-                    server: server.clone(),
-                    client: client.clone(),
+        HostsSource::File(mut f) => {
+            let key = f.key_file.clone();
+            f.hosts.truncate(2);
+            (
+                Peer::Agents {
+                    hosts: HostsSource::File(f),
                 },
-                f.key_file.clone(),
-            ),
-            _ => {
-                let key = f.key_file.clone();
-                let mut two = f;
-                two.hosts.truncate(2);
-                (
-                    Peer::Agents {
-                        hosts: HostsSource::File(two),
-                    },
-                    key,
-                )
-            }
-        },
+                key,
+            )
+        }
         HostsSource::Addrs(mut a) => {
             a.truncate(2);
             (
@@ -1043,12 +1024,6 @@ fn p2p_hosts(hosts: HostsSource, enter_netns: bool) -> Result<(Peer, Option<Path
             None,
         ),
     })
-}
-
-/// Whether this process may enter another network namespace (root).
-fn may_enter_netns() -> bool {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() == 0 }
 }
 
 impl RunRequest {
@@ -1340,17 +1315,16 @@ impl Settings {
         Ok(())
     }
 
-    /// With `--hosts`, the agents of a point-to-point run: the first host
-    /// serves; the client role runs here in the second host's network
-    /// namespace when this process can enter it, else on the second host's
-    /// agent ([`Peer::Agents`]). Every transport must cross hosts, and the
-    /// hosts file's key stands in for `--key`.
+    /// With `--hosts`, the agents of a point-to-point run
+    /// ([`Peer::Agents`]): the first host's serves, the second host's plays
+    /// the client. Every transport must cross hosts, and the hosts file's
+    /// key stands in for `--key`.
     fn place_point_to_point(&mut self) -> Result<(), PlanError> {
         let Some(source) = self.hosts.clone() else {
             return Ok(());
         };
         let label = source.label();
-        let (peer, key_file) = p2p_hosts(source, may_enter_netns())?;
+        let (peer, key_file) = p2p_hosts(source)?;
         if let Some(t) = self
             .stacks
             .transports
@@ -1461,7 +1435,6 @@ impl Settings {
                 Peer::Embedded { ipv6: false } => "embedded".into(),
                 Peer::Embedded { ipv6: true } => "embedded-ipv6".into(),
                 Peer::Remote { addr, .. } => addr.to_string(),
-                Peer::Hosts { server, client } => format!("{} <- {}", server.name, client.name),
                 Peer::Agents { hosts } => format!("agents: {}", hosts.label()),
             },
             transport: spec.options.clone(),
@@ -1915,16 +1888,12 @@ mod tests {
     }
 
     #[test]
-    fn a_point_to_point_run_plays_the_client_here_only_in_a_namespace_it_can_enter() {
+    fn a_point_to_point_run_over_hosts_places_both_roles_on_the_first_two_agents() {
         let dir = tempfile::tempdir().expect("tempdir");
+        // A testbed's hosts, namespaces and all: their agents play both
+        // roles, whoever runs netgap.
         let file = testbed_file(dir.path(), false).load().expect("hosts");
-        let (peer, _) = p2p_hosts(file.clone(), true).expect("placed");
-        assert!(
-            matches!(peer, Peer::Hosts { ref client, .. } if client.name == "h2"),
-            "{peer:?}"
-        );
-        // Without the right to enter it, both roles go to the agents.
-        let (peer, _) = p2p_hosts(file, false).expect("placed");
+        let (peer, _) = p2p_hosts(file).expect("placed");
         let Peer::Agents {
             hosts: HostsSource::File(f),
         } = &peer
@@ -1933,11 +1902,11 @@ mod tests {
         };
         let names: Vec<&str> = f.hosts.iter().map(|h| h.name.as_str()).collect();
         assert_eq!(names, ["h1", "h2"]);
-        // A list of agents: its first two, whoever runs netgap.
+        // A list of agents: its first two.
         let three = HostsArg::parse("127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103")
             .and_then(|a| a.load())
             .expect("list");
-        let (peer, key) = p2p_hosts(three, true).expect("placed");
+        let (peer, key) = p2p_hosts(three).expect("placed");
         assert!(key.is_none());
         let Peer::Agents { hosts } = &peer else {
             panic!("{peer:?}");
@@ -1946,7 +1915,7 @@ mod tests {
         let one = HostsArg::parse("127.0.0.1:7101")
             .and_then(|a| a.load())
             .expect("list");
-        let e = p2p_hosts(one, true).err().map(|e| e.to_string());
+        let e = p2p_hosts(one).err().map(|e| e.to_string());
         assert!(
             e.as_deref().is_some_and(|e| e.contains("needs two hosts")),
             "{e:?}"

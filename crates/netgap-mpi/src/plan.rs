@@ -215,21 +215,11 @@ impl MpiPlan {
             Peer::Embedded { ipv6: true } => {
                 return Err(no_effect("-6", "the ranks meet over shared memory"))
             }
-            Peer::Hosts { server, client } => {
-                if server.netns.is_none() {
-                    return Err(MpiPlanError::Hosts(format!(
-                        "host {} has no network namespace; MPI across hosts runs on netgap's testbed, or on a cluster's nodes with --hosts @slurm or @hostfile:FILE",
-                        server.name
-                    )));
-                }
-                Some((server.clone(), client.clone()))
-            }
             Peer::Remote { .. } => None,
-            Peer::Agents { .. } => {
-                return Err(MpiPlanError::Hosts(
-                    "these hosts have no network namespaces this process can enter; MPI across hosts runs on netgap's testbed as root, or on a cluster's nodes with --hosts @slurm or @hostfile:FILE".into(),
-                ))
-            }
+            // The socket tests of the run go to the two hosts' agents;
+            // mpirun starts the ranks in their namespaces itself, from the
+            // hosts file's first two entries.
+            Peer::Agents { hosts } => Some(testbed_pair(hosts)?),
         };
         let across = hosts.is_some() || nodes.is_some();
         let local_btl = match (mpi.btl, across) {
@@ -287,6 +277,39 @@ impl MpiPlan {
             warmup: self.settings.method.warmup,
         }
     }
+}
+
+/// The hosts of rank 0 and rank 1 on netgap's testbed: the first two
+/// entries of a hosts file whose client host has a network namespace this
+/// process may enter (root), the first host's namespace too.
+fn testbed_pair(hosts: &HostsSource) -> Result<(HostEntry, HostEntry), MpiPlanError> {
+    let pair = match hosts {
+        HostsSource::File(f) => match f.hosts.as_slice() {
+            [server, client, ..] if may_enter_netns() && client.netns.is_some() => {
+                Some((server, client))
+            }
+            _ => None,
+        },
+        _ => None,
+    };
+    let Some((server, client)) = pair else {
+        return Err(MpiPlanError::Hosts(
+            "these hosts have no network namespaces this process can enter; MPI across hosts runs on netgap's testbed as root, or on a cluster's nodes with --hosts @slurm or @hostfile:FILE".into(),
+        ));
+    };
+    if server.netns.is_none() {
+        return Err(MpiPlanError::Hosts(format!(
+            "host {} has no network namespace; MPI across hosts runs on netgap's testbed, or on a cluster's nodes with --hosts @slurm or @hostfile:FILE",
+            server.name
+        )));
+    }
+    Ok((server.clone(), client.clone()))
+}
+
+/// Whether this process may enter another network namespace (root).
+fn may_enter_netns() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
 }
 
 #[cfg(test)]
