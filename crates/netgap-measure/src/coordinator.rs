@@ -79,9 +79,16 @@ pub enum CoordError {
     /// A results file could not be written.
     #[error(transparent)]
     Sink(#[from] SinkError),
-    /// The in-process agent could not start.
+    /// The in-process agent could not listen.
     #[error("cannot start the in-process agent: {0}")]
-    Embedded(String),
+    EmbeddedBind(#[source] crate::agent::BindError),
+    /// The in-process agent's address or thread could not be had.
+    #[error("cannot start the in-process agent: {0}")]
+    EmbeddedIo(#[source] std::io::Error),
+    /// This thread, which plays the client role, could not be pinned to
+    /// the client's CPU.
+    #[error("cannot start the in-process agent: client placement: {0}")]
+    ClientPlacement(#[source] netgap_transport::affinity::PinError),
     /// The key file is unusable.
     #[error("{0}")]
     Key(#[from] crate::auth::KeyFileError),
@@ -652,21 +659,16 @@ pub(crate) fn open_session(plan: &Plan) -> Result<Coordinator, CoordError> {
                 Ipv4Addr::LOCALHOST.into()
             };
             let agent = Agent::bind(SocketAddr::new(ip, 0))
-                .map_err(|e| CoordError::Embedded(e.to_string()))?
+                .map_err(CoordError::EmbeddedBind)?
                 .quiet();
-            let addr = agent
-                .local_addr()
-                .map_err(|e| CoordError::Embedded(e.to_string()))?;
+            let addr = agent.local_addr().map_err(CoordError::EmbeddedIo)?;
             let addr = ControlAddr::Tcp(addr);
-            agent
-                .spawn()
-                .map_err(|e| CoordError::Embedded(e.to_string()))?;
+            agent.spawn().map_err(CoordError::EmbeddedIo)?;
             addr
         }
     };
     if let Some(cpu) = plan.settings.client_cpu {
-        netgap_transport::affinity::pin_current_thread(cpu)
-            .map_err(|e| CoordError::Embedded(format!("client placement: {e}")))?;
+        netgap_transport::affinity::pin_current_thread(cpu).map_err(CoordError::ClientPlacement)?;
     }
     Coordinator::connect(&addr, key()?.as_ref())
 }

@@ -198,6 +198,7 @@ pub(crate) fn no_effect(flag: &str, what: &str, reason: impl Into<String>) -> Pl
     }
 }
 
+/// A [`PlanError::Invalid`].
 pub(crate) fn invalid(
     flag: &'static str,
     value: impl ToString,

@@ -30,8 +30,9 @@ pub(crate) use error::{invalid, no_effect, show};
 pub(crate) use peer::resolve_peer;
 pub use peer::Peer;
 pub use request::{
-    parse_counts, BufferFlags, CiSpec, Interleaving, MethodSpec, MultiHostSpec, OptionSetting,
-    Outputs, PeerAddr, Pin, RunRequest, Target, TransportChoice, MAX_LABEL_BYTES,
+    parse_counts, BufferFlags, CiSpec, CountsError, Interleaving, MethodSpec, MultiHostSpec,
+    OptionSetting, Outputs, PeerAddr, Pin, PinError, RunRequest, Target, TransportChoice,
+    MAX_LABEL_BYTES,
 };
 pub(crate) use request::{Common, Iterations, Repetitions, Sizes};
 pub(crate) use settings::refuse_workload_flags;

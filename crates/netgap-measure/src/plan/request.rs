@@ -91,14 +91,25 @@ pub struct Pin {
     pub server_cpu: u32,
 }
 
+/// Why a `--pin` value does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PinError {
+    /// An item that is not a number.
+    #[error("{0:?} is not a CPU number")]
+    NotACpu(String),
+    /// Neither one CPU nor two.
+    #[error("expected CLIENT_CPU,SERVER_CPU such as 0,1")]
+    Shape,
+}
+
 impl Pin {
     /// Parses `--pin`'s value: `CLIENT_CPU,SERVER_CPU`, or one CPU for
     /// both; the command line and a study's figures alike.
-    pub fn parse(text: &str) -> Result<Pin, String> {
+    pub fn parse(text: &str) -> Result<Pin, PinError> {
         let cpu = |c: &str| {
             c.trim()
                 .parse::<u32>()
-                .map_err(|_| format!("{c:?} is not a CPU number"))
+                .map_err(|_| PinError::NotACpu(c.to_string()))
         };
         match text.split(',').collect::<Vec<_>>().as_slice() {
             [c, s] => Ok(Pin {
@@ -109,23 +120,34 @@ impl Pin {
                 client_cpu: cpu(c)?,
                 server_cpu: cpu(c)?,
             }),
-            _ => Err("expected CLIENT_CPU,SERVER_CPU such as 0,1".into()),
+            _ => Err(PinError::Shape),
         }
     }
 }
 
+/// Why a list of counts does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CountsError {
+    /// An item that is not a count.
+    #[error("{0:?} is not a count")]
+    NotACount(String),
+    /// Nothing but commas and blanks.
+    #[error("no count given")]
+    Empty,
+}
+
 /// Parses a list of counts, `N[,N...]` (`--clients`, `-P`, `--links`);
 /// empty items are dropped, and at least one count is given.
-pub fn parse_counts(text: &str) -> Result<Vec<u32>, String> {
+pub fn parse_counts(text: &str) -> Result<Vec<u32>, CountsError> {
     let mut out = Vec::new();
     for part in text.split(',').map(str::trim).filter(|x| !x.is_empty()) {
         out.push(
             part.parse::<u32>()
-                .map_err(|_| format!("{part:?} is not a count"))?,
+                .map_err(|_| CountsError::NotACount(part.to_string()))?,
         );
     }
     if out.is_empty() {
-        return Err("no count given".into());
+        return Err(CountsError::Empty);
     }
     Ok(out)
 }

@@ -82,7 +82,6 @@ impl Stacks {
     }
 }
 
-/// A [`PlanError::Invalid`].
 /// `--align` and `--offset`, checked: the alignment a power of two up to
 /// 1 GiB, the offset below it (below this host's page without `--align`).
 /// An alignment equal to the default is still recorded: the user asked

@@ -366,3 +366,16 @@ fn defaults_are_the_documented_ones() {
     assert_eq!(p.points[0].io_timeout_ms, 3000);
     assert_eq!(p.points[0].options, TransportOptions::default());
 }
+
+#[test]
+fn pins_and_counts_that_do_not_parse_name_their_cause() {
+    assert_eq!(Pin::parse(" a,1"), Err(PinError::NotACpu(" a".into())));
+    assert_eq!(Pin::parse("1,2,3"), Err(PinError::Shape));
+    assert_eq!(
+        Pin::parse("x").map_err(|e| e.to_string()),
+        Err("\"x\" is not a CPU number".to_string())
+    );
+    assert_eq!(parse_counts("1,x"), Err(CountsError::NotACount("x".into())));
+    assert_eq!(parse_counts(" , "), Err(CountsError::Empty));
+    assert_eq!(parse_counts("2, ,3"), Ok(vec![2, 3]));
+}
