@@ -92,9 +92,27 @@ pub enum CoordError {
     /// The key file is unusable.
     #[error("{0}")]
     Key(#[from] crate::auth::KeyFileError),
-    /// The testbed's conditions could not be switched or restored.
-    #[error("conditions: {0}")]
-    Conditions(String),
+    /// A run with conditions on a testbed whose hosts file records none of
+    /// its links' state.
+    #[error("conditions: the testbed records no link conditions")]
+    NoTestbedConditions,
+    /// A run with conditions and no switch to set them through.
+    #[error("conditions: this run has conditions but nothing to switch them with")]
+    NoSwitch,
+    /// The links could not be put under a condition.
+    #[error("conditions: switching to {to}: {source}")]
+    Switch {
+        /// The condition asked for.
+        to: LinkConditions,
+        /// What the switch said.
+        source: crate::conditions::SwitchFailure,
+    },
+    /// The links could not be put back as they were.
+    #[error("conditions: putting the links back: {0}")]
+    Restore(#[source] crate::conditions::SwitchFailure),
+    /// A point measured under a condition gave no record.
+    #[error("conditions: no record measured")]
+    NoRecord,
     /// The agents of a point-to-point run's two hosts could not be reached.
     #[error(transparent)]
     Agents(Box<WorkloadError>),
