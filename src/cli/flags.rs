@@ -585,7 +585,9 @@ fn parse_mode(s: &str) -> Result<Mode, String> {
 }
 
 fn parse_counts(s: &str) -> Result<CountList, String> {
-    netgap::plan::parse_counts(s).map(CountList)
+    netgap::plan::parse_counts(s)
+        .map(CountList)
+        .map_err(|e| e.to_string())
 }
 
 /// Two comma-separated items, as `A,B`.
@@ -619,5 +621,5 @@ fn parse_ci_reps(s: &str) -> Result<(u32, u32), String> {
 }
 
 fn parse_pin(s: &str) -> Result<Pin, String> {
-    Pin::parse(s)
+    Pin::parse(s).map_err(|e| e.to_string())
 }

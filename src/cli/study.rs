@@ -44,7 +44,7 @@ pub(crate) struct StudyArgs {
     /// The hosts to run on: @FILE (a hosts file), @testbed, @slurm[:PORT],
     /// @hostfile:FILE[:PORT] or agents' addresses A,B,...; the first host
     /// serves, and a point-to-point test's client runs on the second
-    /// host's agent (or, as root on testbed hosts, here in its namespace).
+    /// host's agent.
     /// Figures the hosts cannot make are skipped with one line each.
     /// Without it, as root, each study builds the testbed it needs and
     /// takes it down afterwards.
@@ -507,9 +507,10 @@ fn testbed_request(study: &Study, forwarding: Option<&str>) -> Result<netgap::te
 }
 
 /// Measures one run of a figure through its command's own function, on a
-/// thread of its own: a run across testbed hosts moves its thread into the
-/// client host's network namespace, and the next figure, the next
-/// testbed's `ip` commands and the teardown must start from this one's.
+/// thread of its own: a run whose client plays in this process pins its
+/// thread to the client's CPU (`--pin`), and the next figure, the next
+/// testbed's `ip` commands and the teardown must start from this one's
+/// thread as it was.
 /// Its records go into `results` (held open since the study made it;
 /// `path` names it), not into a file opened again by its `--json` path.
 fn measure(request: &Request, results: &File, path: &Path) -> Result<()> {

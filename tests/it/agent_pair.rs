@@ -1,8 +1,9 @@
 //! A point-to-point test with both roles on agents: `netgap run pingpong`
 //! and `stream` with `--hosts @FILE --key KEY` on a two-host testbed whose
-//! hosts file names only the agents (no network namespaces), so this
-//! process enters neither host: h1's agent serves, h2's agent plays the
-//! client, and this process only coordinates. The records are those of a
+//! hosts file names only the agents (no network namespaces), as a
+//! cluster's nodes are: h1's agent serves, h2's agent plays the client,
+//! and this process only coordinates (as it does over the testbed's own
+//! hosts file, the `testbed` module's runs). The records are those of a
 //! run from the client host: bytes both ways, h2 as the host and h1 as the
 //! peer, each with its own interface; `sweep` and `logp` place their roles
 //! alike. A stopped agent, server or client,

@@ -504,10 +504,9 @@ fn hosts_lists_and_hosts_files_drive_real_agents() {
     ]);
     let records = fanin.run(&["--hosts", &at_file]).expect("runs");
     assert_eq!(records[0]["flows"][0]["host"], "h2");
-    // A point-to-point test over hosts this process cannot enter runs
-    // both roles on their agents: h1's serves, h2's plays the client
-    // (the `testbed` module runs the client in a testbed host's
-    // namespace, `agent_pair` both roles on testbed agents).
+    // A point-to-point test over hosts runs both roles on their agents:
+    // h1's serves, h2's plays the client (the `testbed` and `agent_pair`
+    // modules do the same on a testbed's agents).
     let pingpong = Command {
         words: vec!["run", "pingpong"],
         tiny: vec![

@@ -866,7 +866,7 @@ fn point_to_point_tests_sweep_and_logp_run_between_testbed_hosts() {
     let hosts = format!("@{}", tb.dir().join("hosts.json").display());
     let dir = tempfile::tempdir().expect("tempdir");
 
-    // `run --hosts`: h1 serves, the client runs in h2's namespace, with the
+    // `run --hosts`: h1's agent serves, h2's plays the client, with the
     // hosts file's key; the traffic crosses h2's link.
     let json = dir.path().join("run.jsonl");
     let before = counters(&tb.ns("h2"), "eth0");
@@ -884,7 +884,7 @@ fn point_to_point_tests_sweep_and_logp_run_between_testbed_hosts() {
         assert_eq!(r["peer_host"]["hostname"], "h1", "{}", r["peer_host"]);
         assert_eq!(r["host"]["interface"], "eth0", "{}", r["host"]);
         assert_eq!(r["peer_host"]["interface"], "eth0", "{}", r["peer_host"]);
-        assert_eq!(r["options"]["peer"], "h1 <- h2");
+        assert_eq!(r["options"]["peer"], "agents: hosts-file");
         assert_eq!(bytes_of(r, "client_tx"), bytes_of(r, "server_rx"));
     }
     let sent: u64 = recs.iter().map(|r| bytes_of(r, "client_tx")).sum();

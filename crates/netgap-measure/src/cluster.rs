@@ -10,7 +10,7 @@
 //! expanded by [`hostlist`]): a [`HostsArg`], loaded into a [`HostsSource`].
 
 use crate::control::ControlAddr;
-use crate::hostlist;
+use crate::hostlist::{self, AddressError, HostListError};
 use netgap_core::files::{self, Cap, ReadError};
 use std::net::IpAddr;
 use std::path::PathBuf;
@@ -42,6 +42,46 @@ pub enum HostsError {
         arg: String,
         /// What is wrong.
         detail: String,
+    },
+    /// A launcher's port that is not one.
+    #[error("--hosts {arg}: {source}")]
+    Port {
+        /// As given.
+        arg: String,
+        /// What is wrong with the port.
+        source: PortError,
+    },
+    /// Slurm's node list that does not expand.
+    #[error("--hosts {arg}: {source}")]
+    NodeList {
+        /// As given (`@slurm`).
+        arg: String,
+        /// What is wrong with the list.
+        source: HostListError,
+    },
+    /// A launcher's node whose agent's address cannot be found.
+    #[error("--hosts {arg}: {source}")]
+    NodeAddress {
+        /// As given (`@slurm`).
+        arg: String,
+        /// Why the node has no address.
+        source: AddressError,
+    },
+    /// A hostfile that does not parse.
+    #[error("hosts file {path}: {source}")]
+    Hostfile {
+        /// The hostfile.
+        path: PathBuf,
+        /// Its line that does not parse.
+        source: HostListError,
+    },
+    /// A hostfile's host whose agent's address cannot be found.
+    #[error("hosts file {path}: {source}")]
+    HostfileAddress {
+        /// The hostfile.
+        path: PathBuf,
+        /// Why the host has no address.
+        source: AddressError,
     },
     /// The file is not a hosts file of this version.
     #[error("hosts file {path}: {detail}")]
@@ -123,12 +163,23 @@ impl std::fmt::Display for HostsArg {
 /// The agents' control port when `--hosts` names none.
 pub const DEFAULT_AGENT_PORT: u16 = 7100;
 
+/// Why a launcher's port is not one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PortError {
+    /// A number past the ports.
+    #[error("port {0} is out of range (1-65535)")]
+    OutOfRange(u32),
+    /// Not a number.
+    #[error("{0:?} is not a port (1-65535)")]
+    NotANumber(String),
+}
+
 /// A launcher's port as written after its last `:`: 1 to 65535.
-fn parse_port(text: &str) -> Result<u16, String> {
+fn parse_port(text: &str) -> Result<u16, PortError> {
     match text.parse::<u32>() {
         Ok(p) if (1..=u32::from(u16::MAX)).contains(&p) => Ok(p as u16),
-        Ok(p) => Err(format!("port {p} is out of range (1-65535)")),
-        Err(_) => Err(format!("{text:?} is not a port (1-65535)")),
+        Ok(p) => Err(PortError::OutOfRange(p)),
+        Err(_) => Err(PortError::NotANumber(text.to_string())),
     }
 }
 
@@ -144,10 +195,14 @@ impl HostsArg {
             arg: text.to_string(),
             detail,
         };
+        let bad_port = |source: PortError| HostsError::Port {
+            arg: text.to_string(),
+            source,
+        };
         if let Some(rest) = text.strip_prefix('@') {
             if let Some(port) = rest.strip_prefix("slurm:") {
                 return Ok(HostsArg::Slurm {
-                    port: parse_port(port).map_err(bad)?,
+                    port: parse_port(port).map_err(bad_port)?,
                 });
             }
             if let Some(file) = rest.strip_prefix("hostfile:") {
@@ -155,7 +210,7 @@ impl HostsArg {
                     Some((path, port))
                         if !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) =>
                     {
-                        (path, parse_port(port).map_err(bad)?)
+                        (path, parse_port(port).map_err(bad_port)?)
                     }
                     _ => (file, DEFAULT_AGENT_PORT),
                 };
@@ -225,17 +280,31 @@ impl HostsArg {
                     .map_err(|_| {
                         arg("SLURM_JOB_NODELIST is not set (run inside a Slurm allocation: salloc, sbatch)".into())
                     })?;
-                let names = hostlist::expand_nodelist(&list).map_err(|e| arg(e.to_string()))?;
-                resolve_all(Launcher::Slurm, &names, *port).map_err(arg)
+                let names =
+                    hostlist::expand_nodelist(&list).map_err(|source| HostsError::NodeList {
+                        arg: "@slurm".into(),
+                        source,
+                    })?;
+                resolve_all(Launcher::Slurm, &names, *port).map_err(|source| {
+                    HostsError::NodeAddress {
+                        arg: "@slurm".into(),
+                        source,
+                    }
+                })
             }
             HostsArg::Hostfile { path, port } => {
                 let text = files::read_to_string(path, Cap::HOSTS)?;
-                let parse = |detail: String| HostsError::Parse {
-                    path: path.clone(),
-                    detail,
-                };
-                let names = hostlist::parse_hostfile(&text).map_err(|e| parse(e.to_string()))?;
-                resolve_all(Launcher::Hostfile, &names, *port).map_err(parse)
+                let names =
+                    hostlist::parse_hostfile(&text).map_err(|source| HostsError::Hostfile {
+                        path: path.clone(),
+                        source,
+                    })?;
+                resolve_all(Launcher::Hostfile, &names, *port).map_err(|source| {
+                    HostsError::HostfileAddress {
+                        path: path.clone(),
+                        source,
+                    }
+                })
             }
             HostsArg::File { path, testbed } => match HostsFile::load(path) {
                 Err(HostsFileError::Read(e)) if *testbed && e.is_not_found() => {
@@ -249,7 +318,11 @@ impl HostsArg {
 
 /// The agents of launcher-named hosts at `port`: each name resolved to the
 /// address other nodes reach it at (see [`hostlist::cluster_address`]).
-fn resolve_all(launcher: Launcher, names: &[String], port: u16) -> Result<HostsSource, String> {
+fn resolve_all(
+    launcher: Launcher,
+    names: &[String],
+    port: u16,
+) -> Result<HostsSource, AddressError> {
     let mut slurm = hostlist::SlurmNodes::default();
     let nodes = names
         .iter()
@@ -260,7 +333,7 @@ fn resolve_all(launcher: Launcher, names: &[String], port: u16) -> Result<HostsS
                 control: std::net::SocketAddr::new(ip, port),
             })
         })
-        .collect::<Result<Vec<_>, String>>()?;
+        .collect::<Result<Vec<_>, AddressError>>()?;
     Ok(HostsSource::Nodes {
         launcher,
         nodes,

@@ -2,8 +2,9 @@
 //! starts one in-process on loopback), opens each point of a [`Plan`], drives
 //! the runner, turns each measurement into a [`ResultRecord`] and hands it to
 //! the sinks the moment it is measured. The client role runs in this
-//! process, or, when the plan's hosts are agents this process cannot play
-//! ([`Peer::Agents`]), on the second host's agent through the workload
+//! process beside one agent (the in-process one, or `--peer`), or, over
+//! `--hosts` ([`Peer::Agents`]: a testbed's hosts, a launcher's nodes, a
+//! list of agents), on the second host's agent through the workload
 //! coordinator's sessions (`workload_run::point_to_point`), this process
 //! only coordinating.
 
@@ -78,26 +79,40 @@ pub enum CoordError {
     /// A results file could not be written.
     #[error(transparent)]
     Sink(#[from] SinkError),
-    /// The in-process agent could not start.
+    /// The in-process agent could not listen.
     #[error("cannot start the in-process agent: {0}")]
-    Embedded(String),
-    /// A host of the hosts file has a control address that does not parse.
-    #[error("host {host}: bad control address {control:?}")]
-    HostAddress {
-        /// The host.
-        host: String,
-        /// Its control address as written.
-        control: String,
-    },
-    /// The client host's network namespace could not be entered.
-    #[error(transparent)]
-    Netns(#[from] netgap_transport::netns::NetnsError),
+    EmbeddedBind(#[source] crate::agent::BindError),
+    /// The in-process agent's address or thread could not be had.
+    #[error("cannot start the in-process agent: {0}")]
+    EmbeddedIo(#[source] std::io::Error),
+    /// This thread, which plays the client role, could not be pinned to
+    /// the client's CPU.
+    #[error("cannot start the in-process agent: client placement: {0}")]
+    ClientPlacement(#[source] netgap_transport::affinity::PinError),
     /// The key file is unusable.
     #[error("{0}")]
     Key(#[from] crate::auth::KeyFileError),
-    /// The testbed's conditions could not be switched or restored.
-    #[error("conditions: {0}")]
-    Conditions(String),
+    /// A run with conditions on a testbed whose hosts file records none of
+    /// its links' state.
+    #[error("conditions: the testbed records no link conditions")]
+    NoTestbedConditions,
+    /// A run with conditions and no switch to set them through.
+    #[error("conditions: this run has conditions but nothing to switch them with")]
+    NoSwitch,
+    /// The links could not be put under a condition.
+    #[error("conditions: switching to {to}: {source}")]
+    Switch {
+        /// The condition asked for.
+        to: LinkConditions,
+        /// What the switch said.
+        source: crate::conditions::SwitchFailure,
+    },
+    /// The links could not be put back as they were.
+    #[error("conditions: putting the links back: {0}")]
+    Restore(#[source] crate::conditions::SwitchFailure),
+    /// A point measured under a condition gave no record.
+    #[error("conditions: no record measured")]
+    NoRecord,
     /// The agents of a point-to-point run's two hosts could not be reached.
     #[error(transparent)]
     Agents(Box<WorkloadError>),
@@ -656,21 +671,6 @@ pub(crate) fn open_session(plan: &Plan) -> Result<Coordinator, CoordError> {
             );
         }
         Peer::Remote { addr, .. } => addr.clone(),
-        Peer::Hosts { server, client } => {
-            let addr = server
-                .control_addr()
-                .ok_or_else(|| CoordError::HostAddress {
-                    host: server.name.clone(),
-                    control: server.control.clone(),
-                })?;
-            // The client role's flows start in the client host's network
-            // namespace; the control connection is a Unix socket or reaches
-            // the server from there.
-            if let Some(ns) = &client.netns {
-                netgap_transport::netns::enter(ns)?;
-            }
-            addr
-        }
         Peer::Embedded { ipv6 } => {
             let ip: IpAddr = if *ipv6 {
                 Ipv6Addr::LOCALHOST.into()
@@ -678,30 +678,18 @@ pub(crate) fn open_session(plan: &Plan) -> Result<Coordinator, CoordError> {
                 Ipv4Addr::LOCALHOST.into()
             };
             let agent = Agent::bind(SocketAddr::new(ip, 0))
-                .map_err(|e| CoordError::Embedded(e.to_string()))?
+                .map_err(CoordError::EmbeddedBind)?
                 .quiet();
-            let addr = agent
-                .local_addr()
-                .map_err(|e| CoordError::Embedded(e.to_string()))?;
+            let addr = agent.local_addr().map_err(CoordError::EmbeddedIo)?;
             let addr = ControlAddr::Tcp(addr);
-            agent
-                .spawn()
-                .map_err(|e| CoordError::Embedded(e.to_string()))?;
+            agent.spawn().map_err(CoordError::EmbeddedIo)?;
             addr
         }
     };
     if let Some(cpu) = plan.settings.client_cpu {
-        netgap_transport::affinity::pin_current_thread(cpu)
-            .map_err(|e| CoordError::Embedded(format!("client placement: {e}")))?;
+        netgap_transport::affinity::pin_current_thread(cpu).map_err(CoordError::ClientPlacement)?;
     }
-    let mut coord = Coordinator::connect(&addr, key()?.as_ref())?;
-    if let Peer::Hosts { client, .. } = &plan.settings.peer {
-        // This process stands in for the client host: its facts are those of
-        // the client's address in its namespace, under the host's name.
-        coord.local_host = netgap_transport::host::collect(Some(client.address));
-        coord.local_host.hostname = client.name.clone();
-    }
-    Ok(coord)
+    Coordinator::connect(&addr, key()?.as_ref())
 }
 
 /// What a run did.

@@ -41,6 +41,73 @@ pub enum HostListError {
     Empty,
 }
 
+/// Why the address of a host or node cannot be found.
+#[derive(Debug, thiserror::Error)]
+pub enum AddressError {
+    /// The name does not resolve.
+    #[error("cannot resolve {name}: {source}")]
+    Resolve {
+        /// The name.
+        name: String,
+        /// The resolver's error.
+        source: std::io::Error,
+    },
+    /// The name resolves, to no address.
+    #[error("{name} has no address")]
+    NoAddress {
+        /// The name.
+        name: String,
+    },
+    /// A launcher's node, another name of this machine, that resolves to
+    /// no address.
+    #[error("node {name} has no address")]
+    NodeWithoutAddress {
+        /// The node's name.
+        name: String,
+    },
+    /// A launcher's node whose name gives no address other nodes reach.
+    #[error("node {name}: {source}")]
+    Node {
+        /// The node's name.
+        name: String,
+        /// Why its name gives none.
+        source: Box<AddressError>,
+    },
+    /// This very node, whose own address could not be found.
+    #[error("node {name} (this node): {source}")]
+    ThisNode {
+        /// The node's name.
+        name: String,
+        /// Why this node's address could not be found.
+        source: Box<AddressError>,
+    },
+    /// This host's name could not be read.
+    #[error("reading the host name: {0}")]
+    HostName(#[source] nix::errno::Errno),
+    /// This host's interfaces could not be listed.
+    #[error("listing interfaces: {0}")]
+    Interfaces(#[source] nix::errno::Errno),
+    /// This host's name resolves only to loopback, and it has no other
+    /// address.
+    #[error("this node's name {name} resolves only to loopback and it has no other address; give --bind ADDRESS")]
+    OnlyLoopback {
+        /// The host's name.
+        name: String,
+    },
+    /// This host's name resolves only to loopback, there is no default
+    /// route, and more than one address could be the node's.
+    #[error(
+        "this node's name {name} resolves only to loopback, there is no default route, and it has several addresses ({}); give --bind ADDRESS",
+        addresses.iter().map(|(i, ip)| format!("{ip} on {i}")).collect::<Vec<_>>().join(", ")
+    )]
+    Ambiguous {
+        /// The host's name.
+        name: String,
+        /// Each address, with its interface's name.
+        addresses: Vec<(String, IpAddr)>,
+    },
+}
+
 fn node_err(list: &str, detail: impl Into<String>) -> HostListError {
     HostListError::NodeList {
         list: list.to_string(),
@@ -216,20 +283,25 @@ pub fn parse_hostfile(text: &str) -> Result<Vec<String>, HostListError> {
 
 /// The address of host `name` at `port`: the name resolved (an IPv4
 /// address first), or the address itself.
-pub fn resolve(name: &str, port: u16) -> Result<SocketAddr, String> {
+pub fn resolve(name: &str, port: u16) -> Result<SocketAddr, AddressError> {
     if let Ok(ip) = name.parse::<IpAddr>() {
         return Ok(SocketAddr::new(ip, port));
     }
     let addrs: Vec<SocketAddr> = (name, port)
         .to_socket_addrs()
-        .map_err(|e| format!("cannot resolve {name}: {e}"))?
+        .map_err(|source| AddressError::Resolve {
+            name: name.to_string(),
+            source,
+        })?
         .collect();
     addrs
         .iter()
         .find(|a| a.is_ipv4())
         .or_else(|| addrs.first())
         .copied()
-        .ok_or_else(|| format!("{name} has no address"))
+        .ok_or_else(|| AddressError::NoAddress {
+            name: name.to_string(),
+        })
 }
 
 /// The addresses of Slurm's nodes as its controller knows them (`NodeAddr`
@@ -286,10 +358,13 @@ pub fn parse_scontrol_nodes(text: &str) -> Vec<(String, String)> {
 
 /// The addresses `name` resolves to, IPv4 first, without loopback; and
 /// the loopback ones apart (for a name of this very machine).
-fn resolve_non_loopback(name: &str) -> Result<(Vec<IpAddr>, Vec<IpAddr>), String> {
+fn resolve_non_loopback(name: &str) -> Result<(Vec<IpAddr>, Vec<IpAddr>), AddressError> {
     let all: Vec<IpAddr> = (name, 0)
         .to_socket_addrs()
-        .map_err(|e| format!("cannot resolve {name}: {e}"))?
+        .map_err(|source| AddressError::Resolve {
+            name: name.to_string(),
+            source,
+        })?
         .map(|a| a.ip())
         .collect();
     let (mut out, lo): (Vec<IpAddr>, Vec<IpAddr>) =
@@ -305,7 +380,7 @@ fn resolve_non_loopback(name: &str) -> Result<(Vec<IpAddr>, Vec<IpAddr>), String
 /// it), the address `netgap serve --bind auto` picks here
 /// ([`node_address`]); else, for another name of this machine
 /// (`localhost`), loopback.
-pub fn cluster_address(name: &str, slurm: &mut SlurmNodes) -> Result<IpAddr, String> {
+pub fn cluster_address(name: &str, slurm: &mut SlurmNodes) -> Result<IpAddr, AddressError> {
     if let Ok(ip) = name.parse::<IpAddr>() {
         return Ok(ip);
     }
@@ -332,7 +407,10 @@ pub fn cluster_address(name: &str, slurm: &mut SlurmNodes) -> Result<IpAddr, Str
     if own.as_deref().map(short) == Some(short(name)) {
         return node_address()
             .map(|a| a.ip)
-            .map_err(|e| format!("node {name} (this node): {e}"));
+            .map_err(|e| AddressError::ThisNode {
+                name: name.to_string(),
+                source: Box::new(e),
+            });
     }
     match resolved {
         // Another name of this machine (`localhost`): its agent listens
@@ -342,8 +420,13 @@ pub fn cluster_address(name: &str, slurm: &mut SlurmNodes) -> Result<IpAddr, Str
             .find(|ip| ip.is_ipv4())
             .or_else(|| lo.first())
             .copied()
-            .ok_or_else(|| format!("node {name} has no address")),
-        Err(e) => Err(format!("node {name}: {e}")),
+            .ok_or_else(|| AddressError::NodeWithoutAddress {
+                name: name.to_string(),
+            }),
+        Err(e) => Err(AddressError::Node {
+            name: name.to_string(),
+            source: Box::new(e),
+        }),
     }
 }
 
@@ -363,9 +446,9 @@ pub struct NodeAddress {
 /// the source address of the default route; the one address of this host
 /// that is not loopback. Many installations resolve the host's own name to
 /// 127.0.1.1, so the name alone is not enough.
-pub fn node_address() -> Result<NodeAddress, String> {
+pub fn node_address() -> Result<NodeAddress, AddressError> {
     let name = nix::unistd::gethostname()
-        .map_err(|e| format!("reading the host name: {e}"))?
+        .map_err(AddressError::HostName)?
         .to_string_lossy()
         .into_owned();
     let resolved = resolve_non_loopback(&name);
@@ -406,16 +489,11 @@ pub fn node_address() -> Result<NodeAddress, String> {
                 "the one address of this node that is not loopback, on {ifname}: {name} resolves only to loopback and there is no default route"
             ),
         }),
-        [] => Err(format!(
-            "this node's name {name} resolves only to loopback and it has no other address; give --bind ADDRESS"
-        )),
-        many => Err(format!(
-            "this node's name {name} resolves only to loopback, there is no default route, and it has several addresses ({}); give --bind ADDRESS",
-            many.iter()
-                .map(|(i, ip)| format!("{ip} on {i}"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        )),
+        [] => Err(AddressError::OnlyLoopback { name }),
+        many => Err(AddressError::Ambiguous {
+            name,
+            addresses: many.to_vec(),
+        }),
     }
 }
 
@@ -430,9 +508,9 @@ fn default_route_source() -> Option<IpAddr> {
 
 /// This host's IPv4 addresses that are not loopback, on interfaces that
 /// are up, with their interface names.
-fn interface_addresses() -> Result<Vec<(String, IpAddr)>, String> {
+fn interface_addresses() -> Result<Vec<(String, IpAddr)>, AddressError> {
     use nix::net::if_::InterfaceFlags;
-    let addrs = nix::ifaddrs::getifaddrs().map_err(|e| format!("listing interfaces: {e}"))?;
+    let addrs = nix::ifaddrs::getifaddrs().map_err(AddressError::Interfaces)?;
     let mut out: Vec<(String, IpAddr)> = Vec::new();
     for a in addrs {
         if !a.flags.contains(InterfaceFlags::IFF_UP)
@@ -532,15 +610,23 @@ mod tests {
     #[test]
     fn addresses_resolve_as_they_are() {
         assert_eq!(
-            resolve("127.0.0.1", 7100),
-            Ok("127.0.0.1:7100".parse().expect("addr"))
+            resolve("127.0.0.1", 7100).ok(),
+            Some("127.0.0.1:7100".parse().expect("addr"))
         );
         assert!(resolve("localhost", 7100).is_ok_and(|a| a.ip().is_loopback()));
         let mut slurm = SlurmNodes::default();
         assert_eq!(
-            cluster_address("10.1.2.3", &mut slurm),
-            Ok("10.1.2.3".parse().expect("ip"))
+            cluster_address("10.1.2.3", &mut slurm).ok(),
+            Some("10.1.2.3".parse().expect("ip"))
         );
+        let e = resolve("no such host.invalid", 7100).expect_err("does not resolve");
+        assert!(
+            matches!(&e, AddressError::Resolve { name, .. } if name == "no such host.invalid"),
+            "{e}"
+        );
+        assert!(e
+            .to_string()
+            .starts_with("cannot resolve no such host.invalid: "));
     }
 
     #[test]

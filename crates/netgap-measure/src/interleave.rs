@@ -162,16 +162,10 @@ impl<'p, 's> Rounds<'p, 's> {
                 .iter()
                 .map(|c| c.apply_to(base))
                 .collect(),
-            (None, false) => {
-                return Err(CoordError::Conditions(
-                    "the testbed records no link conditions".into(),
-                ))
-            }
+            (None, false) => return Err(CoordError::NoTestbedConditions),
         };
         if !targets.is_empty() && switch.is_none() {
-            return Err(CoordError::Conditions(
-                "this run has conditions but nothing to switch them with".into(),
-            ));
+            return Err(CoordError::NoSwitch);
         }
         let guard = match (switch, base) {
             (Some(s), Some(base)) => Some(ConditionGuard::new(s, base)),
@@ -207,9 +201,7 @@ impl<'p, 's> Rounds<'p, 's> {
             c.bye();
         }
         match self.state.guard.take() {
-            Some(g) => g
-                .restore()
-                .map_err(|e| CoordError::Conditions(format!("putting the links back: {e}"))),
+            Some(g) => g.restore().map_err(CoordError::Restore),
             None => Ok(()),
         }
     }
@@ -241,12 +233,10 @@ struct RunState<'p, 's> {
 
 impl RunState<'_, '_> {
     fn coord(&mut self) -> Result<&mut Coordinator, CoordError> {
-        if self.coord.is_none() {
-            self.coord = Some(open_session(self.plan)?);
+        match &mut self.coord {
+            Some(c) => Ok(c),
+            slot => Ok(slot.insert(open_session(self.plan)?)),
         }
-        self.coord
-            .as_mut()
-            .ok_or_else(|| CoordError::Conditions("no session".into()))
     }
 
     /// Puts the links under `to` unless they are already, and opens a new
@@ -256,9 +246,7 @@ impl RunState<'_, '_> {
             return Ok(());
         }
         let Some(guard) = self.guard.as_mut() else {
-            return Err(CoordError::Conditions(
-                "this run has conditions but nothing to switch them with".into(),
-            ));
+            return Err(CoordError::NoSwitch);
         };
         if let Some(c) = self.coord.take() {
             c.bye();
@@ -268,7 +256,7 @@ impl RunState<'_, '_> {
         self.in_force = None;
         guard
             .switch_to(&to)
-            .map_err(|e| CoordError::Conditions(format!("switching to {to}: {e}")))?;
+            .map_err(|source| CoordError::Switch { to, source })?;
         self.in_force = guard.in_force();
         self.coord()?;
         Ok(())

@@ -776,7 +776,7 @@ fn run_interleaved(
                     let (_, base) = rounds
                         .measure_group(&alone, *index, &mut Quiet)?
                         .pop()
-                        .ok_or_else(|| CoordError::Conditions("no record measured".into()))?;
+                        .ok_or(CoordError::NoRecord)?;
                     sweep_record(plan.kind, base)
                         .map_err(|detail| CoordError::point(again, &test, detail))
                 };

@@ -115,45 +115,7 @@ impl MpiPlan {
             tests: names.clone(),
             why,
         };
-        if r.target.peer.is_some() {
-            return Err(no_effect(
-                "--peer",
-                "mpirun starts both ranks; give --hosts @testbed to run them on two testbed hosts",
-            ));
-        }
-        if r.method.pin.is_some() {
-            return Err(no_effect("--pin", "mpirun places the ranks"));
-        }
-        if r.method.ci.is_some() {
-            return Err(no_effect("--ci", "give --reps"));
-        }
-        if r.method.verify {
-            return Err(no_effect("--verify", "MPI delivers the bytes it was given"));
-        }
-        if r.method.buffer.align_bytes.is_some() || r.method.buffer.offset_bytes.is_some() {
-            return Err(no_effect(
-                "--align/--offset",
-                "the MPI ranks place their own buffers",
-            ));
-        }
-        if r.interleaving.interleave {
-            return Err(no_effect(
-                "--interleave",
-                "MPI runs in its own job; --conditions measures it under each condition",
-            ));
-        }
-        if alone && !r.transport.options.is_empty() {
-            return Err(no_effect(
-                "transport options",
-                "they set the sockets of netgap's own transports",
-            ));
-        }
-        if alone && r.transport != TransportChoice::default() {
-            return Err(no_effect(
-                "-t/--mode",
-                "they choose the stacks of the socket tests; add e.g. pingpong,stream to the run to measure sockets beside MPI",
-            ));
-        }
+        refuse_socket_flags(r, &no_effect, alone)?;
         if let Some(&s) = r
             .method
             .sizes
@@ -165,39 +127,19 @@ impl MpiPlan {
         }
         // A launcher's nodes: mpirun starts the ranks on the first two, so
         // the run itself has no agents to reach (nor to wait for).
-        let mut nodes = None;
-        let mut own = None;
-        if let Some(h) = &r.target.hosts {
-            match h {
-                HostsArg::File { .. } => {}
-                HostsArg::Slurm { .. } | HostsArg::Hostfile { .. } => {
-                    let source = h.load().map_err(|e| MpiPlanError::Plan(e.into()))?;
-                    let HostsSource::Nodes { nodes: list, .. } = &source else {
-                        return Err(MpiPlanError::Hosts(format!(
-                            "{} names no nodes",
-                            source.label()
-                        )));
-                    };
-                    let [n0, n1, ..] = list.as_slice() else {
-                        return Err(MpiPlanError::Hosts(format!(
-                            "{}: one node, and the MPI tests run rank 0 and rank 1 on two nodes (allocate two or more: sbatch -N 2)",
-                            source.label()
-                        )));
-                    };
-                    nodes = Some((n0.clone(), n1.clone()));
-                    let mut local = r.clone();
-                    local.target.hosts = None;
-                    local.target.wait = None;
-                    own = Some(local);
-                }
-                HostsArg::Addrs(_) => {
-                    return Err(MpiPlanError::Hosts(
-                        "MPI across hosts runs on netgap's testbed (--hosts @testbed) or on a cluster's nodes (--hosts @slurm, @hostfile:FILE), where mpirun starts the ranks; a list of agents names no place for them"
-                            .into(),
-                    ));
-                }
-            }
-        }
+        let nodes = r
+            .target
+            .hosts
+            .as_ref()
+            .map(launcher_nodes)
+            .transpose()?
+            .flatten();
+        let own = nodes.is_some().then(|| {
+            let mut local = r.clone();
+            local.target.hosts = None;
+            local.target.wait = None;
+            local
+        });
         let r = own.as_ref().unwrap_or(r);
         let record_tests = tests.iter().map(|t| t.record_test()).collect::<Vec<_>>();
         // The ranks' stack is MPI's own: the socket transports' flags are
@@ -215,33 +157,14 @@ impl MpiPlan {
             Peer::Embedded { ipv6: true } => {
                 return Err(no_effect("-6", "the ranks meet over shared memory"))
             }
-            Peer::Hosts { server, client } => {
-                if server.netns.is_none() {
-                    return Err(MpiPlanError::Hosts(format!(
-                        "host {} has no network namespace; MPI across hosts runs on netgap's testbed, or on a cluster's nodes with --hosts @slurm or @hostfile:FILE",
-                        server.name
-                    )));
-                }
-                Some((server.clone(), client.clone()))
-            }
             Peer::Remote { .. } => None,
-            Peer::Agents { .. } => {
-                return Err(MpiPlanError::Hosts(
-                    "these hosts have no network namespaces this process can enter; MPI across hosts runs on netgap's testbed as root, or on a cluster's nodes with --hosts @slurm or @hostfile:FILE".into(),
-                ))
-            }
+            // The socket tests of the run go to the two hosts' agents;
+            // mpirun starts the ranks in their namespaces itself, from the
+            // hosts file's first two entries.
+            Peer::Agents { hosts } => Some(testbed_pair(hosts)?),
         };
         let across = hosts.is_some() || nodes.is_some();
-        let local_btl = match (mpi.btl, across) {
-            (Some(LocalBtl::Vader), true) => {
-                return Err(MpiPlanError::Btl {
-                    btl: LocalBtl::Vader.name(),
-                    why: "shared memory does not cross hosts; across hosts the ranks use TCP over the hosts' network",
-                })
-            }
-            (Some(b), _) => b,
-            (None, _) => LocalBtl::Vader,
-        };
+        let local_btl = local_btl(mpi.btl, across)?;
         let placed = match (&hosts, &nodes) {
             (Some(_), _) => Where::Testbed,
             (None, Some(_)) => Where::Nodes,
@@ -287,6 +210,132 @@ impl MpiPlan {
             warmup: self.settings.method.warmup,
         }
     }
+}
+
+/// Refuses the flags that mean nothing to the MPI ranks (`no_effect`
+/// names the tests in the error); with `alone`, also those only the socket
+/// tests beside them use.
+fn refuse_socket_flags(
+    r: &RunRequest,
+    no_effect: &dyn Fn(&'static str, &'static str) -> MpiPlanError,
+    alone: bool,
+) -> Result<(), MpiPlanError> {
+    if r.target.peer.is_some() {
+        return Err(no_effect(
+            "--peer",
+            "mpirun starts both ranks; give --hosts @testbed to run them on two testbed hosts",
+        ));
+    }
+    if r.method.pin.is_some() {
+        return Err(no_effect("--pin", "mpirun places the ranks"));
+    }
+    if r.method.ci.is_some() {
+        return Err(no_effect("--ci", "give --reps"));
+    }
+    if r.method.verify {
+        return Err(no_effect("--verify", "MPI delivers the bytes it was given"));
+    }
+    if r.method.buffer.align_bytes.is_some() || r.method.buffer.offset_bytes.is_some() {
+        return Err(no_effect(
+            "--align/--offset",
+            "the MPI ranks place their own buffers",
+        ));
+    }
+    if r.interleaving.interleave {
+        return Err(no_effect(
+            "--interleave",
+            "MPI runs in its own job; --conditions measures it under each condition",
+        ));
+    }
+    if alone && !r.transport.options.is_empty() {
+        return Err(no_effect(
+            "transport options",
+            "they set the sockets of netgap's own transports",
+        ));
+    }
+    if alone && r.transport != TransportChoice::default() {
+        return Err(no_effect(
+            "-t/--mode",
+            "they choose the stacks of the socket tests; add e.g. pingpong,stream to the run to measure sockets beside MPI",
+        ));
+    }
+    Ok(())
+}
+
+/// The first two nodes of a launcher's hosts (`@slurm`, `@hostfile`),
+/// where mpirun starts rank 0 and rank 1; `None` for a hosts file, whose
+/// testbed hosts the settings place. A list of agents names no place for
+/// ranks, and is refused.
+fn launcher_nodes(h: &HostsArg) -> Result<Option<(ClusterNode, ClusterNode)>, MpiPlanError> {
+    match h {
+        HostsArg::File { .. } => Ok(None),
+        HostsArg::Slurm { .. } | HostsArg::Hostfile { .. } => {
+            let source = h.load().map_err(|e| MpiPlanError::Plan(e.into()))?;
+            let HostsSource::Nodes { nodes: list, .. } = &source else {
+                return Err(MpiPlanError::Hosts(format!(
+                    "{} names no nodes",
+                    source.label()
+                )));
+            };
+            let [n0, n1, ..] = list.as_slice() else {
+                return Err(MpiPlanError::Hosts(format!(
+                    "{}: one node, and the MPI tests run rank 0 and rank 1 on two nodes (allocate two or more: sbatch -N 2)",
+                    source.label()
+                )));
+            };
+            Ok(Some((n0.clone(), n1.clone())))
+        }
+        HostsArg::Addrs(_) => Err(MpiPlanError::Hosts(
+            "MPI across hosts runs on netgap's testbed (--hosts @testbed) or on a cluster's nodes (--hosts @slurm, @hostfile:FILE), where mpirun starts the ranks; a list of agents names no place for them"
+                .into(),
+        )),
+    }
+}
+
+/// The BTL the ranks meet over on this machine: `--btl`, shared memory
+/// by default; shared memory asked for across hosts is refused.
+fn local_btl(btl: Option<LocalBtl>, across: bool) -> Result<LocalBtl, MpiPlanError> {
+    match (btl, across) {
+        (Some(LocalBtl::Vader), true) => Err(MpiPlanError::Btl {
+            btl: LocalBtl::Vader.name(),
+            why: "shared memory does not cross hosts; across hosts the ranks use TCP over the hosts' network",
+        }),
+        (Some(b), _) => Ok(b),
+        (None, _) => Ok(LocalBtl::Vader),
+    }
+}
+
+/// The hosts of rank 0 and rank 1 on netgap's testbed: the first two
+/// entries of a hosts file whose client host has a network namespace this
+/// process may enter (root), the first host's namespace too.
+fn testbed_pair(hosts: &HostsSource) -> Result<(HostEntry, HostEntry), MpiPlanError> {
+    let pair = match hosts {
+        HostsSource::File(f) => match f.hosts.as_slice() {
+            [server, client, ..] if may_enter_netns() && client.netns.is_some() => {
+                Some((server, client))
+            }
+            _ => None,
+        },
+        _ => None,
+    };
+    let Some((server, client)) = pair else {
+        return Err(MpiPlanError::Hosts(
+            "these hosts have no network namespaces this process can enter; MPI across hosts runs on netgap's testbed as root, or on a cluster's nodes with --hosts @slurm or @hostfile:FILE".into(),
+        ));
+    };
+    if server.netns.is_none() {
+        return Err(MpiPlanError::Hosts(format!(
+            "host {} has no network namespace; MPI across hosts runs on netgap's testbed, or on a cluster's nodes with --hosts @slurm or @hostfile:FILE",
+            server.name
+        )));
+    }
+    Ok((server.clone(), client.clone()))
+}
+
+/// Whether this process may enter another network namespace (root).
+fn may_enter_netns() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
 }
 
 #[cfg(test)]
