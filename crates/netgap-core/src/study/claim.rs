@@ -2,6 +2,7 @@
 //! paper says they show (its direction, and its size when it gives one),
 //! and whether what it names is something its figures measure.
 
+use super::error::{ClaimCause, ClaimError, FigureIds};
 use super::{Attr, Figure, Quantity};
 
 /// Which records a claim reads: every attribute named must match.
@@ -284,29 +285,28 @@ impl Claim {
     /// Whether the claim's series and x values are ones its figures
     /// measure, as far as their declarations name them; what is not, in
     /// one line.
-    pub(crate) fn check_against(&self, figures: &[Figure]) -> Result<(), String> {
+    pub(crate) fn check_against(&self, figures: &[Figure]) -> Result<(), ClaimError> {
+        self.check_measured(figures).map_err(|cause| ClaimError {
+            claim: self.text.clone(),
+            cause,
+        })
+    }
+
+    fn check_measured(&self, figures: &[Figure]) -> Result<(), ClaimCause> {
         let from: Vec<&Figure> = figures
             .iter()
             .filter(|f| self.from.contains(&f.id))
             .collect();
-        let names = from
-            .iter()
-            .map(|f| f.id.as_str())
-            .collect::<Vec<_>>()
-            .join(" and ");
-        let (figure_s, measure) = if from.len() == 1 {
-            ("figure", "measures")
-        } else {
-            ("figures", "measure")
-        };
+        let ids = || FigureIds(from.iter().map(|f| f.id.clone()).collect());
         for (key, sel) in self.selectors() {
             for (attr, want) in &sel.0 {
                 if *attr == Attr::Options {
                     if !from.iter().any(|f| f.admits_options(want)) {
-                        return Err(format!(
-                            "claim {:?}: {key}: options {want:?} are none that {figure_s} {names} set",
-                            self.text
-                        ));
+                        return Err(ClaimCause::OptionsNotSet {
+                            key,
+                            options: want.clone(),
+                            figures: ids(),
+                        });
                     }
                     continue;
                 }
@@ -317,17 +317,17 @@ impl Claim {
                 else {
                     continue;
                 };
-                let known: Vec<String> = known.concat();
+                let mut known: Vec<String> = known.concat();
                 if !known.contains(want) {
-                    let mut listed = known.clone();
-                    listed.sort();
-                    listed.dedup();
-                    return Err(format!(
-                        "claim {:?}: {key}: {} {want:?} is not a value {figure_s} {names} {measure} ({})",
-                        self.text,
-                        attr.name(),
-                        listed.join(", ")
-                    ));
+                    known.sort();
+                    known.dedup();
+                    return Err(ClaimCause::NotAValue {
+                        key,
+                        attr: *attr,
+                        value: want.clone(),
+                        figures: ids(),
+                        known,
+                    });
                 }
             }
         }
@@ -340,10 +340,7 @@ impl Claim {
                 continue;
             };
             if !known.concat().contains(&x) {
-                return Err(format!(
-                    "claim {:?}: x = {x} is not a point {figure_s} {names} {measure}",
-                    self.text
-                ));
+                return Err(ClaimCause::NotAPoint { x, figures: ids() });
             }
         }
         Ok(())

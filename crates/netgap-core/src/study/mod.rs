@@ -7,6 +7,7 @@
 //! where the registries are (the `netgap` crate).
 
 mod claim;
+mod error;
 mod figure;
 mod quantity;
 mod raw;
@@ -14,32 +15,15 @@ mod rules;
 mod validate;
 
 pub use claim::{At, Claim, ClaimTest, Expect, Selector, Size};
+pub use error::{
+    ClaimCause, ClaimError, FigureCause, FigureError, FigureIds, InvalidStudy, QuantityError,
+    StudyError,
+};
 pub use figure::{Attr, Figure, FigureCommand, XAxis};
 pub use quantity::{CpuEnd, CpuShare, Quantity};
 
 use raw::RawStudy;
 use serde::Deserialize;
-
-/// Why a study file was refused; one line naming the study and what failed.
-#[derive(Debug, thiserror::Error)]
-pub enum StudyError {
-    /// Not TOML of the study schema (an unknown key, a missing one).
-    #[error("study file {file}: {message}")]
-    Syntax {
-        /// Which file.
-        file: String,
-        /// The parser's complaint, on one line.
-        message: String,
-    },
-    /// A value that parses but means nothing.
-    #[error("study {study}: {what}")]
-    Invalid {
-        /// The study's id.
-        study: String,
-        /// What is wrong, naming the figure or claim.
-        what: String,
-    },
-}
 
 /// The paper a study reproduces, cited as its text gives it.
 #[derive(Debug, Clone, PartialEq, Deserialize)]

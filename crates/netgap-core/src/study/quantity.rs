@@ -1,6 +1,7 @@
 //! What a figure reads on y and a claim reads its series in, and how each
 //! is read from a record.
 
+use super::error::QuantityError;
 use crate::record::ResultRecord;
 
 /// What a figure reads on y, or a claim reads its series in, as the study
@@ -44,11 +45,12 @@ pub enum CpuShare {
 }
 
 /// Units a metric's key may end in.
-const METRIC_UNITS: [&str; 7] = ["_us", "_ms", "_ns", "_gbps", "_pct", "_percent", "_per_s"];
+pub(crate) const METRIC_UNITS: [&str; 7] =
+    ["_us", "_ms", "_ns", "_gbps", "_pct", "_percent", "_per_s"];
 
 impl Quantity {
     /// The quantity the study file names `name`; `Err` says what it takes.
-    pub(crate) fn parse(name: &str) -> Result<Quantity, String> {
+    pub(crate) fn parse(name: &str) -> Result<Quantity, QuantityError> {
         let cpu = |end: &str, share: &str| {
             let end = match end {
                 "local" => CpuEnd::Local,
@@ -77,13 +79,8 @@ impl Quantity {
             [n] if key(n) => Some(Quantity::Metric((*n).to_string())),
             _ => None,
         };
-        q.ok_or_else(|| {
-            format!(
-                "{name:?} is no quantity: value, dropouts, block_time_us, \
-                 cpu.local|remote.process_percent|system_busy_percent, or a metric's key \
-                 with its unit ({})",
-                METRIC_UNITS.join(", ")
-            )
+        q.ok_or_else(|| QuantityError {
+            name: name.to_string(),
         })
     }
 

@@ -1,56 +1,203 @@
 //! A claim's rules: which keys each kind of claim takes, and how its raw
 //! keys become the typed test, direction and size it is judged by.
 
+use super::error::{ClaimCause, ClaimError};
 use super::raw::RawClaim;
 use super::validate::lookup;
 use super::{At, Attr, Claim, ClaimTest, Expect, Quantity, Selector, Size};
 use std::collections::BTreeMap;
 
+/// The keys of a claim's published size; a kind that judges a size takes
+/// them beside its own.
+const SIZE_KEYS: [&str; 3] = ["published_value", "size_tolerance_pct", "size_why"];
+
+/// The optional keys a claim of `kind` reads (beside [`SIZE_KEYS`] where
+/// it judges a size).
+fn keys_of(kind: &str) -> Result<&'static [&'static str], ClaimCause> {
+    Ok(match kind {
+        "ratio" => &["a", "b", "at", "metric", "above", "below", "tolerance_pct"],
+        "trend" => &[
+            "series",
+            "from_x",
+            "to_x",
+            "above",
+            "below",
+            "tolerance_pct",
+        ],
+        "trends" => &[
+            "a",
+            "b",
+            "from_x",
+            "to_x",
+            "above",
+            "below",
+            "tolerance_pct",
+        ],
+        "value" => &["series", "at", "metric", "above", "below"],
+        "ratio_change" => &["a", "b", "at", "vs_at", "above", "below", "tolerance_pct"],
+        "knee" => &["series", "at", "above", "below"],
+        "falls" => &["series", "metric", "above", "below"],
+        "dropouts" => &["a", "b"],
+        "unmeasurable" => &["why"],
+        k => return Err(ClaimCause::UnknownKind(k.to_string())),
+    })
+}
+
+/// The series under key `key` (`a`, `b`, `series`), every attribute it
+/// names known.
 fn selector(
-    what: &str,
-    claim: &str,
-    m: Option<BTreeMap<String, String>>,
-) -> Result<Selector, String> {
-    let m = m.ok_or_else(|| format!("claim {claim:?}: no {what}"))?;
-    m.into_iter()
+    key: &'static str,
+    m: Option<&BTreeMap<String, String>>,
+) -> Result<Selector, ClaimCause> {
+    let m = m.ok_or(ClaimCause::NoSeries(key))?;
+    m.iter()
         .map(|(k, v)| {
-            lookup(&Attr::ALL, &k)
-                .map(|a| (a, v))
-                .ok_or_else(|| format!("claim {claim:?}: {what}: unknown attribute {k:?}"))
+            lookup(&Attr::ALL, k)
+                .map(|a| (a, v.clone()))
+                .ok_or_else(|| ClaimCause::UnknownAttribute {
+                    key,
+                    attr: k.clone(),
+                })
         })
         .collect::<Result<Vec<_>, _>>()
         .map(Selector)
 }
 
 impl RawClaim {
+    /// The validated claim, or what is wrong with it.
+    pub(crate) fn validate(self) -> Result<Claim, ClaimError> {
+        let claim = self.text.clone();
+        self.checked().map_err(|cause| ClaimError { claim, cause })
+    }
+
+    fn checked(self) -> Result<Claim, ClaimCause> {
+        self.check_keys()?;
+        let test = self.test()?;
+        let size = self.size(&test)?;
+        let from = if self.from.is_empty() {
+            vec![self.figure.clone()]
+        } else {
+            self.from.clone()
+        };
+        let no_mechanism = match self.no_mechanism {
+            Some(why) if why.trim().is_empty() => return Err(ClaimCause::EmptyNoMechanism),
+            m => m,
+        };
+        Ok(Claim {
+            from,
+            figure: self.figure,
+            text: self.text,
+            published: self.published,
+            where_: self.where_,
+            test,
+            size,
+            no_mechanism,
+        })
+    }
+
+    /// A known kind, given only keys it reads.
+    fn check_keys(&self) -> Result<(), ClaimCause> {
+        let takes = keys_of(&self.kind)?;
+        let sized = !matches!(self.kind.as_str(), "falls" | "dropouts" | "unmeasurable");
+        match self
+            .given()
+            .into_iter()
+            .find(|k| !(takes.contains(k) || (sized && SIZE_KEYS.contains(k))))
+        {
+            Some(key) => Err(ClaimCause::KeyNotTaken {
+                kind: self.kind.clone(),
+                key,
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// The test of the claim's kind, from the keys it reads.
+    fn test(&self) -> Result<ClaimTest, ClaimCause> {
+        Ok(match self.kind.as_str() {
+            "ratio" => ClaimTest::Ratio {
+                a: selector("a", self.a.as_ref())?,
+                b: selector("b", self.b.as_ref())?,
+                at: self.at()?,
+                metric: self.quantity()?,
+                expect: self.expect_or_band()?,
+            },
+            "trend" => ClaimTest::Trend {
+                series: selector("series", self.series.as_ref())?,
+                from_x: self.x_value(self.from_x.as_deref())?,
+                to_x: self.x_value(self.to_x.as_deref())?,
+                expect: self.expect_or_band()?,
+            },
+            "value" => ClaimTest::Value {
+                series: selector("series", self.series.as_ref())?,
+                at: self.at()?,
+                metric: self.quantity()?,
+                expect: self.expect()?,
+            },
+            "ratio_change" => ClaimTest::RatioChange {
+                a: selector("a", self.a.as_ref())?,
+                b: selector("b", self.b.as_ref())?,
+                at: self.end("at", self.at.as_deref())?,
+                vs: self.end(
+                    "vs_at",
+                    Some(self.vs_at.as_deref().ok_or(ClaimCause::NoVsAt)?),
+                )?,
+                expect: self.expect_or_band()?,
+            },
+            "trends" => ClaimTest::Trends {
+                a: selector("a", self.a.as_ref())?,
+                b: selector("b", self.b.as_ref())?,
+                from_x: self.x_value(self.from_x.as_deref())?,
+                to_x: self.x_value(self.to_x.as_deref())?,
+                expect: self.expect_or_band()?,
+            },
+            "knee" => ClaimTest::Knee {
+                series: selector("series", self.series.as_ref())?,
+                x: self.x_at(self.at.as_deref().ok_or(ClaimCause::KneeNoAt)?)?,
+                expect: self.expect()?,
+            },
+            "falls" => ClaimTest::Falls {
+                series: selector("series", self.series.as_ref())?,
+                metric: self.quantity()?,
+                expect: self.expect()?,
+            },
+            "dropouts" => ClaimTest::Dropouts {
+                with: selector("a", self.a.as_ref())?,
+                without: selector("b", self.b.as_ref())?,
+            },
+            "unmeasurable" => ClaimTest::Unmeasurable(self.why.clone().ok_or(ClaimCause::NoWhy)?),
+            k => return Err(ClaimCause::UnknownKind(k.to_string())),
+        })
+    }
+
     /// The claim's `metric`, when it names one: a quantity
     /// ([`Quantity`]), or the claim is refused.
-    fn quantity(&self, text: &str) -> Result<Option<Quantity>, String> {
+    fn quantity(&self) -> Result<Option<Quantity>, ClaimCause> {
         self.metric
             .as_deref()
             .map(Quantity::parse)
             .transpose()
-            .map_err(|e| format!("claim {text:?}: metric {e}"))
+            .map_err(ClaimCause::Metric)
     }
 
-    fn at(&self) -> Result<At, String> {
+    fn at(&self) -> Result<At, ClaimCause> {
         self.at_text(self.at.as_deref())
     }
 
-    fn x_value(&self, x: Option<&str>) -> Result<Option<f64>, String> {
-        match x {
-            None => Ok(None),
-            Some(_) => match self.at_text(x)? {
-                At::X(v) => Ok(Some(v)),
-                _ => Err(format!(
-                    "claim {:?}: from_x, to_x and a knee's at are x values",
-                    self.text
-                )),
-            },
+    /// `from_x` or `to_x`, when given: an x value.
+    fn x_value(&self, x: Option<&str>) -> Result<Option<f64>, ClaimCause> {
+        x.map(|x| self.x_at(x)).transpose()
+    }
+
+    /// `x`, which must name an x value (not `largest`, `peak`, ...).
+    fn x_at(&self, x: &str) -> Result<f64, ClaimCause> {
+        match self.at_text(Some(x))? {
+            At::X(v) => Ok(v),
+            _ => Err(ClaimCause::NotAnX),
         }
     }
 
-    fn at_text(&self, at: Option<&str>) -> Result<At, String> {
+    fn at_text(&self, at: Option<&str>) -> Result<At, ClaimCause> {
         match at {
             None | Some("largest") => Ok(At::Largest),
             Some("smallest") => Ok(At::Smallest),
@@ -59,31 +206,22 @@ impl RawClaim {
             Some(x) => crate::units::parse_size_bytes(x)
                 .map(|b| At::X(b as f64))
                 .or_else(|_| x.parse::<f64>().map(At::X))
-                .map_err(|_| {
-                    format!(
-                        "claim {:?}: at {x:?}: want largest, smallest, peak, lowest or an x value",
-                        self.text
-                    )
-                }),
+                .map_err(|_| ClaimCause::At(x.to_string())),
         }
     }
 
-    fn expect(&self) -> Result<Expect, String> {
+    fn expect(&self) -> Result<Expect, ClaimCause> {
         match (self.above, self.below) {
             (Some(a), Some(b)) if a < b => Ok(Expect::Between(a, b)),
             (Some(a), None) => Ok(Expect::Above(a)),
             (None, Some(b)) => Ok(Expect::Below(b)),
-            _ => Err(format!(
-                "claim {:?}: give above, below, or both with above < below",
-                self.text
-            )),
+            _ => Err(ClaimCause::Expect),
         }
     }
 
     /// The published size, all three keys or none, agreeing with the
     /// claim's direction.
-    fn size(&self, test: &ClaimTest) -> Result<Option<Size>, String> {
-        let text = &self.text;
+    fn size(&self, test: &ClaimTest) -> Result<Option<Size>, ClaimCause> {
         let (published, tolerance_pct, why) = match (
             self.published_value,
             self.size_tolerance_pct,
@@ -91,40 +229,25 @@ impl RawClaim {
         ) {
             (None, None, None) => return Ok(None),
             (Some(p), Some(t), Some(w)) => (p, t, w.trim()),
-            _ => {
-                return Err(format!(
-                "claim {text:?}: give published_value, size_tolerance_pct and size_why together"
-            ))
-            }
+            _ => return Err(ClaimCause::SizeIncomplete),
         };
         if !(published.is_finite() && published > 0.0) {
-            return Err(format!(
-                "claim {text:?}: published_value {published}: want a positive number"
-            ));
+            return Err(ClaimCause::SizeNotPositive(published));
         }
         if !(tolerance_pct > 0.0 && tolerance_pct < 100.0) {
-            return Err(format!(
-                "claim {text:?}: size_tolerance_pct {tolerance_pct}: want a percent above 0 and below 100"
-            ));
+            return Err(ClaimCause::SizeTolerance(tolerance_pct));
         }
         if why.is_empty() {
-            return Err(format!(
-                "claim {text:?}: size_why is empty: say why the tolerance"
-            ));
+            return Err(ClaimCause::SizeWhyEmpty);
         }
         let expect = match test {
             ClaimTest::Falls { .. } | ClaimTest::Dropouts { .. } | ClaimTest::Unmeasurable(_) => {
-                return Err(format!(
-                    "claim {text:?}: a claim of kind {} has no size to judge; leave out published_value",
-                    self.kind
-                ))
+                return Err(ClaimCause::SizeUnjudged(self.kind.clone()))
             }
-            t => t.expect().ok_or_else(|| format!("claim {text:?}: no direction"))?,
+            t => t.expect().ok_or(ClaimCause::NoDirection)?,
         };
         if !expect.admits(published) {
-            return Err(format!(
-                "claim {text:?}: published_value {published} contradicts the claim's direction (above/below)"
-            ));
+            return Err(ClaimCause::SizeContradicts(published));
         }
         Ok(Some(Size {
             published,
@@ -159,165 +282,22 @@ impl RawClaim {
 
     /// `above`/`below`, or `tolerance_pct` for a band around 1 (no
     /// change).
-    fn expect_or_band(&self) -> Result<Expect, String> {
+    fn expect_or_band(&self) -> Result<Expect, ClaimCause> {
         match self.tolerance_pct {
             Some(t) if t > 0.0 && t < 100.0 && self.above.is_none() && self.below.is_none() => {
                 Ok(Expect::Between(1.0 - t / 100.0, 1.0 + t / 100.0))
             }
-            Some(_) => Err(format!(
-                "claim {:?}: tolerance_pct is a percent above 0 and below 100, without above or below",
-                self.text
-            )),
+            Some(_) => Err(ClaimCause::Band),
             None => self.expect(),
         }
     }
 
     /// `at` (or `vs_at`) of a kind that compares two x: an x value, the
     /// smallest or the largest.
-    fn end(&self, key: &str, at: Option<&str>) -> Result<At, String> {
+    fn end(&self, key: &'static str, at: Option<&str>) -> Result<At, ClaimCause> {
         match self.at_text(at)? {
-            At::Peak | At::Lowest => Err(format!(
-                "claim {:?}: {key} of a ratio_change is an x value, smallest or largest",
-                self.text
-            )),
+            At::Peak | At::Lowest => Err(ClaimCause::EndNotX(key)),
             a => Ok(a),
         }
-    }
-
-    pub(crate) fn validate(self) -> Result<Claim, String> {
-        let text = self.text.clone();
-        const SIZE: [&str; 3] = ["published_value", "size_tolerance_pct", "size_why"];
-        let unknown = |k: &str| {
-            format!(
-                "claim {text:?}: kind {k:?}: want ratio, trend, value, ratio_change, trends, knee, falls, dropouts or unmeasurable"
-            )
-        };
-        let takes: &[&str] = match self.kind.as_str() {
-            "ratio" => &["a", "b", "at", "metric", "above", "below", "tolerance_pct"],
-            "trend" => &[
-                "series",
-                "from_x",
-                "to_x",
-                "above",
-                "below",
-                "tolerance_pct",
-            ],
-            "trends" => &[
-                "a",
-                "b",
-                "from_x",
-                "to_x",
-                "above",
-                "below",
-                "tolerance_pct",
-            ],
-            "value" => &["series", "at", "metric", "above", "below"],
-            "ratio_change" => &["a", "b", "at", "vs_at", "above", "below", "tolerance_pct"],
-            "knee" => &["series", "at", "above", "below"],
-            "falls" => &["series", "metric", "above", "below"],
-            "dropouts" => &["a", "b"],
-            "unmeasurable" => &["why"],
-            k => return Err(unknown(k)),
-        };
-        let sized = !matches!(self.kind.as_str(), "falls" | "dropouts" | "unmeasurable");
-        if let Some(k) = self
-            .given()
-            .into_iter()
-            .find(|k| !(takes.contains(k) || (sized && SIZE.contains(k))))
-        {
-            return Err(format!(
-                "claim {text:?}: a claim of kind {} takes no {k}",
-                self.kind
-            ));
-        }
-        let test = match self.kind.as_str() {
-            "ratio" => ClaimTest::Ratio {
-                a: selector("a", &text, self.a.clone())?,
-                b: selector("b", &text, self.b.clone())?,
-                at: self.at()?,
-                metric: self.quantity(&text)?,
-                expect: self.expect_or_band()?,
-            },
-            "trend" => ClaimTest::Trend {
-                series: selector("series", &text, self.series.clone())?,
-                from_x: self.x_value(self.from_x.as_deref())?,
-                to_x: self.x_value(self.to_x.as_deref())?,
-                expect: self.expect_or_band()?,
-            },
-            "value" => ClaimTest::Value {
-                series: selector("series", &text, self.series.clone())?,
-                at: self.at()?,
-                metric: self.quantity(&text)?,
-                expect: self.expect()?,
-            },
-            "ratio_change" => {
-                ClaimTest::RatioChange {
-                    a: selector("a", &text, self.a.clone())?,
-                    b: selector("b", &text, self.b.clone())?,
-                    at: self.end("at", self.at.as_deref())?,
-                    vs: self.end(
-                        "vs_at",
-                        Some(self.vs_at.as_deref().ok_or_else(|| {
-                            format!("claim {text:?}: a ratio_change needs vs_at")
-                        })?),
-                    )?,
-                    expect: self.expect_or_band()?,
-                }
-            }
-            "trends" => ClaimTest::Trends {
-                a: selector("a", &text, self.a.clone())?,
-                b: selector("b", &text, self.b.clone())?,
-                from_x: self.x_value(self.from_x.as_deref())?,
-                to_x: self.x_value(self.to_x.as_deref())?,
-                expect: self.expect_or_band()?,
-            },
-            "knee" => ClaimTest::Knee {
-                series: selector("series", &text, self.series.clone())?,
-                x: self
-                    .x_value(Some(self.at.as_deref().ok_or_else(|| {
-                        format!("claim {text:?}: a knee needs at, the x where the slope changes")
-                    })?))?
-                    .ok_or_else(|| format!("claim {text:?}: a knee's at is an x value"))?,
-                expect: self.expect()?,
-            },
-            "falls" => ClaimTest::Falls {
-                series: selector("series", &text, self.series.clone())?,
-                metric: self.quantity(&text)?,
-                expect: self.expect()?,
-            },
-            "dropouts" => ClaimTest::Dropouts {
-                with: selector("a", &text, self.a.clone())?,
-                without: selector("b", &text, self.b.clone())?,
-            },
-            "unmeasurable" => ClaimTest::Unmeasurable(
-                self.why
-                    .clone()
-                    .ok_or_else(|| format!("claim {text:?}: unmeasurable needs `why`"))?,
-            ),
-            k => return Err(unknown(k)),
-        };
-        let size = self.size(&test)?;
-        let from = if self.from.is_empty() {
-            vec![self.figure.clone()]
-        } else {
-            self.from.clone()
-        };
-        Ok(Claim {
-            from,
-            figure: self.figure,
-            text: self.text,
-            published: self.published,
-            where_: self.where_,
-            test,
-            size,
-            no_mechanism: match self.no_mechanism {
-                Some(why) if why.trim().is_empty() => {
-                    return Err(format!(
-                        "claim {text:?}: no_mechanism says why the stand-in lacks the claim's mechanism; it is empty"
-                    ))
-                }
-                m => m,
-            },
-        })
     }
 }

@@ -311,3 +311,38 @@ fn unknown_keys_and_dangling_claims_are_refused() {
     let e = Study::parse("x", &dangling).expect_err("dangling");
     assert!(e.to_string().contains("figure 2"), "{e}");
 }
+
+/// Each refusal is its own typed cause, under the study and the figure or
+/// claim it names, so a caller can tell them apart without reading text.
+#[test]
+fn refusals_are_typed_by_cause() {
+    let e = Study::parse("x", &with_rule("kind = \"ratio_change\"\na = { transport = \"tcp\" }\nb = { transport = \"udp\" }\nabove = 1.0"))
+        .expect_err("no vs_at");
+    assert!(
+        matches!(
+            &e,
+            StudyError::Invalid {
+                what: InvalidStudy::Claim(c),
+                ..
+            } if matches!(c.cause, ClaimCause::NoVsAt)
+        ),
+        "{e:?}"
+    );
+    let e = Study::parse("x", &MINIMAL.replacen("x = \"size\"", "x = \"colour\"", 1))
+        .expect_err("no such axis");
+    assert!(
+        matches!(
+            &e,
+            StudyError::Invalid {
+                what: InvalidStudy::Figure(f),
+                ..
+            } if matches!(f.cause, FigureCause::XAxis(_))
+        ),
+        "{e:?}"
+    );
+    assert_eq!(
+        e.to_string(),
+        "study 009: figure 1: x-axis \"colour\": want one of size, clients, streams, links, \
+         file_size, alpha, unit_bytes, hosts, shape, block_time"
+    );
+}
