@@ -540,16 +540,16 @@ fn testbed_request(study: &Study, forwarding: Option<&str>) -> Result<netgap::te
 /// Its records go into `results` (held open since the study made it;
 /// `path` names it), not into a file opened again by its `--json` path.
 fn measure(request: &Request, results: &File, path: &Path) -> Result<()> {
-    let results = crate::Results::Held {
+    let results = super::measure::Results::Held {
         file: results,
         path,
     };
     std::thread::scope(|scope| {
         scope
             .spawn(move || match request {
-                Request::Run { request, mpi } => crate::run(request, mpi, results),
-                Request::Sweep(request) => crate::sweep(request, results),
-                Request::Logp(request) => crate::logp(request, results),
+                Request::Run { request, mpi } => super::measure::run(request, mpi, results),
+                Request::Sweep(request) => super::measure::sweep(request, results),
+                Request::Logp(request) => super::measure::logp(request, results),
             })
             .join()
             .unwrap_or_else(|_| Err(anyhow!("the figure's run panicked")))
