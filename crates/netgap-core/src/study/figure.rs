@@ -213,9 +213,10 @@ pub struct Figure {
     /// What stands in for it here.
     pub here: String,
     /// The counts along its clients, streams or links axis that a claim
-    /// reads ([`Claim::x_values`], or a link count its series name,
-    /// `links = "2"`): a `--quick` run, which keeps only the ends of such
-    /// an axis, keeps these too, so no claim loses its point.
+    /// reads ([`Claim::x_values`](super::Claim::x_values), or a link
+    /// count its series name, `links = "2"`): a `--quick` run, which keeps
+    /// only the ends of such an axis, keeps these too, so no claim loses
+    /// its point.
     pub claim_counts: Vec<u32>,
 }
 
