@@ -993,6 +993,40 @@ mod tests {
         }
     }
 
+    /// Figures not asked for are left out, ones the hosts cannot make are
+    /// skipped with why, and hosts that can make none are refused with the
+    /// first figure's reason; a figure the study lacks is refused naming
+    /// the ones it has.
+    #[test]
+    fn figures_are_chosen_by_what_was_asked_and_what_the_hosts_make() {
+        let s = load("003").expect("003");
+        let offer = HostsOffer::testbed(&s);
+        let all = choose_figures(&s, &[], &offer).expect("every figure");
+        assert_eq!(all.figures.len(), s.figures.len());
+        assert!(all.outcomes.is_empty(), "{:?}", all.outcomes);
+        let two = choose_figures(&s, &["2".to_string()], &offer).expect("figure 2");
+        let ids: Vec<&str> = two.figures.iter().map(|f| f.id.as_str()).collect();
+        assert_eq!(ids, ["2"]);
+        assert_eq!(two.outcomes.get("1"), Some(&Outcome::NotAsked));
+        let no_conditions = HostsOffer {
+            conditions: false,
+            ..offer
+        };
+        let e = choose_figures(&s, &["1".to_string()], &no_conditions).expect_err("none left");
+        assert!(
+            e.to_string().starts_with(
+                "these hosts can make no figure of study 003: figure 1: switches link conditions"
+            ),
+            "{e}"
+        );
+        check_figures(&s, &["2".to_string()]).expect("figure 2 is one");
+        let e = check_figures(&s, &["9".to_string()]).expect_err("no figure 9");
+        assert_eq!(
+            e.to_string(),
+            "study 003 has no figure 9; its figures are 1, 2, 3"
+        );
+    }
+
     #[test]
     fn a_figure_keeps_busy_the_links_its_records_are_judged_against() {
         let s000 = load("000").expect("000");
