@@ -11,10 +11,12 @@ mod invocation;
 
 use crate::cluster::{HostsArg, HostsSource};
 use crate::conditions::ConditionAxis;
+use crate::report::study::Outcome;
 use crate::spec::Mode;
 use netgap_core::sizing::{sweep_sizes, Growth};
 use netgap_core::study::{Figure, FigureCommand, Study, StudyError};
 use netgap_core::units::parse_size_list;
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -280,6 +282,65 @@ pub fn shapers_at_once(study: &Study, fig: &Figure) -> u32 {
             .iter()
             .any(|t| matches!(t.as_str(), "bibw" | "bibw-pingpong" | "mpi-bibw"));
     links * if both_ways { 2 } else { 1 }
+}
+
+/// Refuses a figure `study` does not have among `asked` (`--figures`).
+pub fn check_figures(study: &Study, asked: &[String]) -> Result<(), StudyCmdError> {
+    match asked.iter().find(|f| study.figure(f).is_none()) {
+        Some(f) => Err(StudyCmdError::UnknownFigure {
+            study: study.id.clone(),
+            figure: f.clone(),
+            known: study
+                .figures
+                .iter()
+                .map(|f| f.id.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// The figures of a study a run makes, and what becomes of the others.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Chosen<'a> {
+    /// The figures to run, in the study's order.
+    pub figures: Vec<&'a Figure>,
+    /// The figures left out: not asked for, or skipped with why.
+    pub outcomes: BTreeMap<String, Outcome>,
+}
+
+/// The figures of `study` that `asked` names (every figure when empty)
+/// and the hosts (`offer`) can make; refused when the hosts can make none
+/// of them, with the first figure's reason.
+pub fn choose_figures<'a>(
+    study: &'a Study,
+    asked: &[String],
+    offer: &HostsOffer,
+) -> Result<Chosen<'a>, StudyCmdError> {
+    let mut outcomes = BTreeMap::new();
+    let mut figures = Vec::new();
+    let mut first_why = None;
+    for f in &study.figures {
+        if !asked.is_empty() && !asked.contains(&f.id) {
+            outcomes.insert(f.id.clone(), Outcome::NotAsked);
+            continue;
+        }
+        match cannot_make(f, offer) {
+            Some(why) => {
+                first_why.get_or_insert_with(|| format!("figure {}: {why}", f.id));
+                outcomes.insert(f.id.clone(), Outcome::Skipped(why));
+            }
+            None => figures.push(f),
+        }
+    }
+    if figures.is_empty() {
+        return Err(StudyCmdError::NoFigure {
+            study: study.id.clone(),
+            why: first_why.unwrap_or_default(),
+        });
+    }
+    Ok(Chosen { figures, outcomes })
 }
 
 /// Why the hosts cannot make `fig`, if they cannot; one clause.
@@ -930,6 +991,40 @@ mod tests {
             key_file: None,
             json: "netgap-study-all.jsonl".into(),
         }
+    }
+
+    /// Figures not asked for are left out, ones the hosts cannot make are
+    /// skipped with why, and hosts that can make none are refused with the
+    /// first figure's reason; a figure the study lacks is refused naming
+    /// the ones it has.
+    #[test]
+    fn figures_are_chosen_by_what_was_asked_and_what_the_hosts_make() {
+        let s = load("003").expect("003");
+        let offer = HostsOffer::testbed(&s);
+        let all = choose_figures(&s, &[], &offer).expect("every figure");
+        assert_eq!(all.figures.len(), s.figures.len());
+        assert!(all.outcomes.is_empty(), "{:?}", all.outcomes);
+        let two = choose_figures(&s, &["2".to_string()], &offer).expect("figure 2");
+        let ids: Vec<&str> = two.figures.iter().map(|f| f.id.as_str()).collect();
+        assert_eq!(ids, ["2"]);
+        assert_eq!(two.outcomes.get("1"), Some(&Outcome::NotAsked));
+        let no_conditions = HostsOffer {
+            conditions: false,
+            ..offer
+        };
+        let e = choose_figures(&s, &["1".to_string()], &no_conditions).expect_err("none left");
+        assert!(
+            e.to_string().starts_with(
+                "these hosts can make no figure of study 003: figure 1: switches link conditions"
+            ),
+            "{e}"
+        );
+        check_figures(&s, &["2".to_string()]).expect("figure 2 is one");
+        let e = check_figures(&s, &["9".to_string()]).expect_err("no figure 9");
+        assert_eq!(
+            e.to_string(),
+            "study 003 has no figure 9; its figures are 1, 2, 3"
+        );
     }
 
     #[test]

@@ -2,8 +2,13 @@
 //! defined once, in the groups of [`flags`]; validation into a plan happens
 //! in the library (`netgap::plan`).
 
+pub(crate) mod battery;
 pub(crate) mod flags;
+pub(crate) mod list;
+pub(crate) mod measure;
 pub(crate) mod relay;
+pub(crate) mod results;
+pub(crate) mod serve;
 pub(crate) mod study;
 pub(crate) mod testbed;
 

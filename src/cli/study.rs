@@ -84,108 +84,32 @@ struct Prepared {
     scaled: Vec<String>,
 }
 
+/// What the flags ask for, checked before anything runs: the studies,
+/// the hosts they run on (`--hosts`, or each study's own testbed) and
+/// where the records and the report go.
+struct Asked {
+    studies: Vec<Study>,
+    /// `--hosts`, parsed; `None`: each study builds its own testbed.
+    hosts: Option<HostsArg>,
+    /// What `--hosts` offers.
+    offer: Option<HostsOffer>,
+    /// Where every run measures and writes.
+    to: Destination,
+    /// The report's path.
+    html: PathBuf,
+}
+
 /// `netgap study`.
 pub(crate) fn run(args: &StudyArgs) -> Result<()> {
-    if let Some(f) = &args.forwarding {
-        if args.hosts.is_some() {
-            return Err(anyhow!(
-                "--forwarding declares what the machine under the study's own testbed forwards; with --hosts the study builds none"
-            ));
-        }
-        netgap::conditions::parse_rate_bps(f).map_err(|e| anyhow!(e.for_flag("--forwarding")))?;
-    }
-    let studies = if args.id == "all" {
-        study::all()?
-    } else {
-        vec![study::load(&args.id)?]
-    };
-    if !args.figures.is_empty() && studies.len() > 1 {
-        return Err(anyhow!("--figures picks figures of one study, not of all"));
-    }
-    for f in &args.figures {
-        let s = &studies[0];
-        if s.figure(f).is_none() {
-            return Err(study::StudyCmdError::UnknownFigure {
-                study: s.id.clone(),
-                figure: f.clone(),
-                known: s
-                    .figures
-                    .iter()
-                    .map(|f| f.id.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", "),
-            }
-            .into());
-        }
-    }
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let root = unsafe { libc::geteuid() } == 0;
-    let hosts_arg = args
-        .hosts
-        .as_deref()
-        .map(|h| netgap::cluster::HostsArg::parse(h).with_context(|| format!("--hosts {h}")))
-        .transpose()?;
-    if hosts_arg.is_none() && !root && !args.plan {
-        return Err(anyhow!(
-            "without --hosts, netgap study builds the testbed each study needs, which needs root; run it as root or give --hosts @FILE"
-        ));
-    }
-    let offer = hosts_arg
-        .as_ref()
-        .map(|a| HostsOffer::of(a, root))
-        .transpose()
-        .context("--hosts")?;
-    let json = args.out.join(results_name(&args.id));
-    let html = args.out.join(report_name(&args.id));
-    let to = Destination {
-        hosts: hosts_arg.clone().unwrap_or_else(|| HostsArg::File {
-            path: netgap::cluster::state_dir(TESTBED_NAME).join("hosts.json"),
-            testbed: false,
-        }),
-        key_file: args.key.clone(),
-        json: json.clone(),
-    };
-
+    let asked = asked(args)?;
     // Everything is checked before anything runs: the figures the hosts
     // can make and the budget (each figure's flags against its command's
     // were checked when its study was read).
-    let mut prepared = Vec::new();
-    for s in studies {
-        let offer = offer.clone().unwrap_or_else(|| HostsOffer::testbed(&s));
-        let mut outcomes = BTreeMap::new();
-        let mut chosen = Vec::new();
-        let mut first_why = None;
-        for f in &s.figures {
-            if !args.figures.is_empty() && !args.figures.contains(&f.id) {
-                outcomes.insert(f.id.clone(), Outcome::NotAsked);
-                continue;
-            }
-            match study::cannot_make(f, &offer) {
-                Some(why) => {
-                    first_why.get_or_insert_with(|| format!("figure {}: {why}", f.id));
-                    outcomes.insert(f.id.clone(), Outcome::Skipped(why));
-                }
-                None => chosen.push(f),
-            }
-        }
-        if chosen.is_empty() {
-            return Err(study::StudyCmdError::NoFigure {
-                study: s.id.clone(),
-                why: first_why.unwrap_or_default(),
-            }
-            .into());
-        }
-        let budget = study::Budget::of(args.budget, args.quick, &chosen);
-        let runs = study::plan(&s, &chosen, budget.duration(), args.quick, &to)?;
-        prepared.push(Prepared {
-            study: s,
-            budget,
-            runs,
-            outcomes,
-            scaled: Vec::new(),
-        });
-    }
-
+    let mut prepared = asked
+        .studies
+        .iter()
+        .map(|s| prepare(s.clone(), args, asked.offer.as_ref(), &asked.to))
+        .collect::<Result<Vec<_>>>()?;
     if args.plan {
         print_plan(&prepared, args.hosts.as_deref());
         return Ok(());
@@ -195,7 +119,7 @@ pub(crate) fn run(args: &StudyArgs) -> Result<()> {
     // second study, or a `testbed up` or `down` by hand, is refused in one
     // line instead of rebuilding or removing it under this one.
     let command = format!("netgap study {}", args.id);
-    let _lock = match hosts_arg {
+    let _lock = match asked.hosts {
         Some(_) => None,
         None => Some(netgap::testbed::TestbedLock::acquire(
             TESTBED_NAME,
@@ -215,7 +139,7 @@ pub(crate) fn run(args: &StudyArgs) -> Result<()> {
 
     let mut failed = 0;
     for p in &mut prepared {
-        let testbed = match hosts_arg {
+        let testbed = match asked.hosts {
             Some(_) => None,
             None => Some(build_testbed(
                 &p.study,
@@ -224,54 +148,165 @@ pub(crate) fn run(args: &StudyArgs) -> Result<()> {
             )?),
         };
         for r in &p.runs {
-            eprintln!(
-                "netgap: study {} figure {}: {} points, {} repetitions of {} ms ({})",
-                p.study.id,
-                r.figure,
-                r.points,
-                r.reps,
-                r.rep_ms,
-                netgap::report::study::beside_paper(r.reps, &p.study.method)
-            );
-            let mut outcome = Outcome::Ran {
-                reps: r.reps,
-                rep_ms: r.rep_ms,
-                missing: r.missing.clone(),
-            };
-            if testbed.is_some() {
-                if let Some(note) = scale_for(&p.study, &r.figure)? {
-                    eprintln!("netgap: study {} figure {}: {note}", p.study.id, r.figure);
-                    p.scaled.push(format!("Figure {}: {note}.", r.figure));
-                }
-            }
-            let t0 = std::time::Instant::now();
-            for run in &r.runs {
-                if let Err(e) = measure(&run.request(), &out.json, &json) {
-                    let line = crate::one_line(&e);
-                    eprintln!(
-                        "netgap: study {} figure {}: failed: {}",
-                        p.study.id,
-                        r.figure,
-                        netgap::text::escape_control(&line)
-                    );
-                    outcome = Outcome::Failed(line);
-                    failed += 1;
-                    wait_for_agents(&to.hosts, to.key_file.as_deref());
-                    break;
-                }
-            }
-            eprintln!(
-                "netgap: study {} figure {}: done in {:.1?}",
-                p.study.id,
-                r.figure,
-                t0.elapsed()
-            );
+            let on_testbed = testbed.is_some();
+            let outcome = measure_figure(&p.study, r, on_testbed, &mut p.scaled, &out, &asked.to)?;
+            failed += usize::from(matches!(outcome, Outcome::Failed(_)));
             p.outcomes.insert(r.figure.clone(), outcome);
         }
         drop(testbed);
     }
 
-    let records = read_records(&out.json, &json)?;
+    write_report(&prepared, args.quick, &out, &asked)?;
+    if failed > 0 {
+        return Err(anyhow!(
+            "{failed} figure run(s) failed; the report says which"
+        ));
+    }
+    Ok(())
+}
+
+/// The flags checked and resolved: `--forwarding` only for a testbed the
+/// study builds, the studies and `--figures` of one, `--hosts` parsed (or
+/// root, which builds the testbeds), and where the results go.
+fn asked(args: &StudyArgs) -> Result<Asked> {
+    if let Some(f) = &args.forwarding {
+        if args.hosts.is_some() {
+            return Err(anyhow!(
+                "--forwarding declares what the machine under the study's own testbed forwards; with --hosts the study builds none"
+            ));
+        }
+        netgap::conditions::parse_rate_bps(f).map_err(|e| anyhow!(e.for_flag("--forwarding")))?;
+    }
+    let studies = if args.id == "all" {
+        study::all()?
+    } else {
+        vec![study::load(&args.id)?]
+    };
+    if !args.figures.is_empty() && studies.len() > 1 {
+        return Err(anyhow!("--figures picks figures of one study, not of all"));
+    }
+    if let Some(s) = studies.first() {
+        study::check_figures(s, &args.figures)?;
+    }
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    let hosts = args
+        .hosts
+        .as_deref()
+        .map(|h| HostsArg::parse(h).with_context(|| format!("--hosts {h}")))
+        .transpose()?;
+    if hosts.is_none() && !root && !args.plan {
+        return Err(anyhow!(
+            "without --hosts, netgap study builds the testbed each study needs, which needs root; run it as root or give --hosts @FILE"
+        ));
+    }
+    let offer = hosts
+        .as_ref()
+        .map(|a| HostsOffer::of(a, root))
+        .transpose()
+        .context("--hosts")?;
+    let to = Destination {
+        hosts: hosts.clone().unwrap_or_else(|| HostsArg::File {
+            path: netgap::cluster::state_dir(TESTBED_NAME).join("hosts.json"),
+            testbed: false,
+        }),
+        key_file: args.key.clone(),
+        json: args.out.join(results_name(&args.id)),
+    };
+    Ok(Asked {
+        studies,
+        hosts,
+        offer,
+        to,
+        html: args.out.join(report_name(&args.id)),
+    })
+}
+
+/// Study `s` planned: the figures asked for that the hosts (`offer`, or
+/// its own testbed) can make, its budget, and their runs into `to`.
+fn prepare(
+    s: Study,
+    args: &StudyArgs,
+    offer: Option<&HostsOffer>,
+    to: &Destination,
+) -> Result<Prepared> {
+    let offer = offer.cloned().unwrap_or_else(|| HostsOffer::testbed(&s));
+    let chosen = study::choose_figures(&s, &args.figures, &offer)?;
+    let budget = study::Budget::of(args.budget, args.quick, &chosen.figures);
+    let runs = study::plan(&s, &chosen.figures, budget.duration(), args.quick, to)?;
+    let outcomes = chosen.outcomes;
+    Ok(Prepared {
+        study: s,
+        budget,
+        runs,
+        outcomes,
+        scaled: Vec::new(),
+    })
+}
+
+/// Measures figure run `r` of `study` into the study's results file,
+/// first putting the links of the study's own testbed (`on_testbed`) at
+/// the rate the figure can have (and saying so in `scaled`); what became
+/// of it. A failed run is said in one line, and the next figure waits
+/// until the agents are free.
+fn measure_figure(
+    study: &Study,
+    r: &FigureRun,
+    on_testbed: bool,
+    scaled: &mut Vec<String>,
+    out: &Outputs,
+    to: &Destination,
+) -> Result<Outcome> {
+    eprintln!(
+        "netgap: study {} figure {}: {} points, {} repetitions of {} ms ({})",
+        study.id,
+        r.figure,
+        r.points,
+        r.reps,
+        r.rep_ms,
+        netgap::report::study::beside_paper(r.reps, &study.method)
+    );
+    let mut outcome = Outcome::Ran {
+        reps: r.reps,
+        rep_ms: r.rep_ms,
+        missing: r.missing.clone(),
+    };
+    if on_testbed {
+        if let Some(note) = scale_for(study, &r.figure)? {
+            eprintln!("netgap: study {} figure {}: {note}", study.id, r.figure);
+            scaled.push(format!("Figure {}: {note}.", r.figure));
+        }
+    }
+    let t0 = std::time::Instant::now();
+    for run in &r.runs {
+        if let Err(e) = measure(&run.request(), &out.json, &to.json) {
+            let line = crate::one_line(&e);
+            eprintln!(
+                "netgap: study {} figure {}: failed: {}",
+                study.id,
+                r.figure,
+                netgap::text::escape_control(&line)
+            );
+            outcome = Outcome::Failed(line);
+            wait_for_agents(&to.hosts, to.key_file.as_deref());
+            break;
+        }
+    }
+    eprintln!(
+        "netgap: study {} figure {}: done in {:.1?}",
+        study.id,
+        r.figure,
+        t0.elapsed()
+    );
+    Ok(outcome)
+}
+
+/// Reads the study's records back and writes the report of `prepared`
+/// into `out`, then says where both are.
+fn write_report(prepared: &[Prepared], quick: bool, out: &Outputs, asked: &Asked) -> Result<()> {
+    use std::io::Write;
+    let json = &asked.to.json;
+    let records = read_records(&out.json, json)?;
     let runs: Vec<StudyRun<'_>> = prepared
         .iter()
         .map(|p| StudyRun {
@@ -281,7 +316,7 @@ pub(crate) fn run(args: &StudyArgs) -> Result<()> {
                 "Budget {} for the study{}; results in {}.",
                 p.budget.describe(),
                 match p.budget {
-                    study::Budget::Given(_) if args.quick => ", with --quick's points",
+                    study::Budget::Given(_) if quick => ", with --quick's points",
                     _ => "",
                 },
                 json.display()
@@ -290,20 +325,12 @@ pub(crate) fn run(args: &StudyArgs) -> Result<()> {
             .collect(),
         })
         .collect();
-    {
-        use std::io::Write;
-        let report = netgap::report::study::render(&runs, &records);
-        (&out.html)
-            .write_all(report.as_bytes())
-            .with_context(|| format!("writing {}", html.display()))?;
-    }
+    let report = netgap::report::study::render(&runs, &records);
+    (&out.html)
+        .write_all(report.as_bytes())
+        .with_context(|| format!("writing {}", asked.html.display()))?;
     println!("results: {}", json.display());
-    println!("report: {}", html.display());
-    if failed > 0 {
-        return Err(anyhow!(
-            "{failed} figure run(s) failed; the report says which"
-        ));
-    }
+    println!("report: {}", asked.html.display());
     Ok(())
 }
 
@@ -514,16 +541,16 @@ fn testbed_request(study: &Study, forwarding: Option<&str>) -> Result<netgap::te
 /// Its records go into `results` (held open since the study made it;
 /// `path` names it), not into a file opened again by its `--json` path.
 fn measure(request: &Request, results: &File, path: &Path) -> Result<()> {
-    let results = crate::Results::Held {
+    let results = super::measure::Results::Held {
         file: results,
         path,
     };
     std::thread::scope(|scope| {
         scope
             .spawn(move || match request {
-                Request::Run { request, mpi } => crate::run(request, mpi, results),
-                Request::Sweep(request) => crate::sweep(request, results),
-                Request::Logp(request) => crate::logp(request, results),
+                Request::Run { request, mpi } => super::measure::run(request, mpi, results),
+                Request::Sweep(request) => super::measure::sweep(request, results),
+                Request::Logp(request) => super::measure::logp(request, results),
             })
             .join()
             .unwrap_or_else(|_| Err(anyhow!("the figure's run panicked")))

@@ -307,33 +307,6 @@ impl Invocation {
     /// The typed request the command measures: what its flags map to when
     /// [`Invocation::argv`] is given on the command line.
     pub fn request(&self) -> Request {
-        let defaults = TransportChoice::default();
-        let transport = |options: Vec<OptionSetting>| TransportChoice {
-            transports: if self.transports.is_empty() {
-                defaults.transports.clone()
-            } else {
-                self.transports.clone()
-            },
-            modes: if self.modes.is_empty() {
-                defaults.modes.clone()
-            } else {
-                self.modes.clone()
-            },
-            options,
-        };
-        let target = Target {
-            hosts: Some(self.hosts.clone()),
-            ..Target::default()
-        };
-        let outputs = Outputs {
-            json: Some(self.json.clone()),
-            csv: None,
-            label: Some(self.label.clone()),
-        };
-        let interleaving = |interleave: bool| Interleaving {
-            conditions: self.conditions.clone(),
-            interleave,
-        };
         match &self.command {
             Command::Run {
                 tests,
@@ -344,104 +317,169 @@ impl Invocation {
                 links,
                 flags,
             } => {
-                let stack = Stack::of(flags.iter().filter_map(|f| match f {
-                    RunFlag::Stack(s) => Some(s),
-                    _ => None,
-                }));
-                let mut multi_host = MultiHostSpec {
+                let axes = MultiHostSpec {
                     clients: clients.clone(),
                     streams: streams.clone(),
                     duration: workload.then_some(self.rep_time),
                     links: links.clone(),
                     ..MultiHostSpec::default()
                 };
-                let mut mpi = MpiOptions::default();
-                let mut interleave = false;
-                for f in flags {
-                    match f {
-                        RunFlag::Stack(_) => {}
-                        RunFlag::Workload { flag, value } => multi_host
-                            .workload_options
-                            .push((flag.to_string(), value.clone())),
-                        RunFlag::Clients(c) => multi_host.clients = Some(c.clone()),
-                        RunFlag::Streams(c) => multi_host.streams = Some(c.clone()),
-                        RunFlag::Links(c) => multi_host.links = Some(c.clone()),
-                        RunFlag::Bidir => multi_host.bidir = true,
-                        RunFlag::MpiBtl(b) => mpi.btl = Some(*b),
-                        RunFlag::Interleave => interleave = true,
-                    }
-                }
-                // In the declarations' order, as the command line gives them.
-                let all = wopt::all();
-                multi_host
+                self.run_request(tests, *workload, sizes, axes, flags)
+            }
+            Command::Sweep { flags } => Request::Sweep(self.sweep_request(flags)),
+            Command::Logp { sizes, flags } => Request::Logp(self.logp_request(sizes, flags)),
+        }
+    }
+
+    /// `netgap run`'s request: `tests` at `sizes` over the figure's count
+    /// axes (`axes`), its further flags applied in the study file's order.
+    fn run_request(
+        &self,
+        tests: &[String],
+        workload: bool,
+        sizes: &Option<Vec<u64>>,
+        axes: MultiHostSpec,
+        flags: &[RunFlag],
+    ) -> Request {
+        let stack = Stack::of(flags.iter().filter_map(|f| match f {
+            RunFlag::Stack(s) => Some(s),
+            _ => None,
+        }));
+        let mut multi_host = axes;
+        let mut mpi = MpiOptions::default();
+        let mut interleave = false;
+        for f in flags {
+            match f {
+                RunFlag::Stack(_) => {}
+                RunFlag::Workload { flag, value } => multi_host
                     .workload_options
-                    .sort_by_key(|(flag, _)| all.iter().position(|d| d.flag == flag));
-                let request = RunRequest {
-                    tests: tests.clone(),
-                    target,
-                    key_file: self.key_file.clone(),
-                    // Before `transport`, which takes the stack's options.
-                    method: stack.method(
-                        sizes.clone(),
-                        self.reps,
-                        (!workload).then_some(self.rep_time),
-                    ),
-                    transport: transport(stack.options),
-                    outputs,
-                    multi_host,
-                    interleaving: interleaving(interleave),
-                };
-                Request::Run { request, mpi }
+                    .push((flag.to_string(), value.clone())),
+                RunFlag::Clients(c) => multi_host.clients = Some(c.clone()),
+                RunFlag::Streams(c) => multi_host.streams = Some(c.clone()),
+                RunFlag::Links(c) => multi_host.links = Some(c.clone()),
+                RunFlag::Bidir => multi_host.bidir = true,
+                RunFlag::MpiBtl(b) => mpi.btl = Some(*b),
+                RunFlag::Interleave => interleave = true,
             }
-            Command::Sweep { flags } => {
-                let stack = Stack::of(flags.iter().filter_map(|f| match f {
-                    SweepFlag::Stack(s) => Some(s),
-                    _ => None,
-                }));
-                let mut r = SweepRequest {
-                    trial_time: self.rep_time,
-                    trials: self.reps,
-                    target,
-                    key_file: self.key_file.clone(),
-                    transport: transport(stack.options),
-                    warmup: stack.warmup,
-                    timeout: stack.timeout,
-                    pin: stack.pin,
-                    verify: stack.verify,
-                    buffer: stack.buffer,
-                    outputs,
-                    ..SweepRequest::new()
-                };
-                let mut interleave = false;
-                for f in flags {
-                    match f {
-                        SweepFlag::Stack(_) => {}
-                        SweepFlag::Start(b) => r.start_bytes = *b,
-                        SweepFlag::End(b) => r.end_bytes = *b,
-                        SweepFlag::Factor(x) => r.factor = Some(*x),
-                        SweepFlag::Perturbation(b) => r.perturbation_bytes = *b,
-                        SweepFlag::Stream => r.kind = SweepKind::Stream,
-                        SweepFlag::Bidir => r.kind = SweepKind::Bidir,
-                        SweepFlag::MaxBlockTime(d) => r.max_block_time = *d,
-                        SweepFlag::Interleave => interleave = true,
-                    }
-                }
-                r.interleaving = interleaving(interleave);
-                Request::Sweep(r)
+        }
+        // In the declarations' order, as the command line gives them.
+        let all = wopt::all();
+        multi_host
+            .workload_options
+            .sort_by_key(|(flag, _)| all.iter().position(|d| d.flag == flag));
+        let request = RunRequest {
+            tests: tests.to_vec(),
+            target: self.target(),
+            key_file: self.key_file.clone(),
+            // Before `transport`, which takes the stack's options.
+            method: stack.method(
+                sizes.clone(),
+                self.reps,
+                (!workload).then_some(self.rep_time),
+            ),
+            transport: self.transport(stack.options),
+            outputs: self.outputs(),
+            multi_host,
+            interleaving: self.interleaving(interleave),
+        };
+        Request::Run { request, mpi }
+    }
+
+    /// `netgap sweep`'s request, its further flags applied in the study
+    /// file's order.
+    fn sweep_request(&self, flags: &[SweepFlag]) -> SweepRequest {
+        let stack = Stack::of(flags.iter().filter_map(|f| match f {
+            SweepFlag::Stack(s) => Some(s),
+            _ => None,
+        }));
+        let mut r = SweepRequest {
+            trial_time: self.rep_time,
+            trials: self.reps,
+            target: self.target(),
+            key_file: self.key_file.clone(),
+            transport: self.transport(stack.options),
+            warmup: stack.warmup,
+            timeout: stack.timeout,
+            pin: stack.pin,
+            verify: stack.verify,
+            buffer: stack.buffer,
+            outputs: self.outputs(),
+            ..SweepRequest::new()
+        };
+        let mut interleave = false;
+        for f in flags {
+            match f {
+                SweepFlag::Stack(_) => {}
+                SweepFlag::Start(b) => r.start_bytes = *b,
+                SweepFlag::End(b) => r.end_bytes = *b,
+                SweepFlag::Factor(x) => r.factor = Some(*x),
+                SweepFlag::Perturbation(b) => r.perturbation_bytes = *b,
+                SweepFlag::Stream => r.kind = SweepKind::Stream,
+                SweepFlag::Bidir => r.kind = SweepKind::Bidir,
+                SweepFlag::MaxBlockTime(d) => r.max_block_time = *d,
+                SweepFlag::Interleave => interleave = true,
             }
-            Command::Logp { sizes, flags } => {
-                let stack = Stack::of(flags.iter());
-                Request::Logp(RunRequest {
-                    tests: Vec::new(),
-                    target,
-                    key_file: self.key_file.clone(),
-                    method: stack.method(sizes.clone(), self.reps, Some(self.rep_time)),
-                    transport: transport(stack.options),
-                    outputs,
-                    multi_host: MultiHostSpec::default(),
-                    interleaving: Interleaving::default(),
-                })
-            }
+        }
+        r.interleaving = self.interleaving(interleave);
+        r
+    }
+
+    /// `netgap logp`'s request at `sizes`.
+    fn logp_request(&self, sizes: &Option<Vec<u64>>, flags: &[StackFlag]) -> RunRequest {
+        let stack = Stack::of(flags.iter());
+        RunRequest {
+            tests: Vec::new(),
+            target: self.target(),
+            key_file: self.key_file.clone(),
+            method: stack.method(sizes.clone(), self.reps, Some(self.rep_time)),
+            transport: self.transport(stack.options),
+            outputs: self.outputs(),
+            multi_host: MultiHostSpec::default(),
+            interleaving: Interleaving::default(),
+        }
+    }
+
+    /// `-t` and `--mode` (the command's defaults when the figure gives
+    /// none) with the stack's transport `options`.
+    fn transport(&self, options: Vec<OptionSetting>) -> TransportChoice {
+        let defaults = TransportChoice::default();
+        TransportChoice {
+            transports: if self.transports.is_empty() {
+                defaults.transports
+            } else {
+                self.transports.clone()
+            },
+            modes: if self.modes.is_empty() {
+                defaults.modes
+            } else {
+                self.modes.clone()
+            },
+            options,
+        }
+    }
+
+    /// `--hosts`.
+    fn target(&self) -> Target {
+        Target {
+            hosts: Some(self.hosts.clone()),
+            ..Target::default()
+        }
+    }
+
+    /// `--json` and `--label`.
+    fn outputs(&self) -> Outputs {
+        Outputs {
+            json: Some(self.json.clone()),
+            csv: None,
+            label: Some(self.label.clone()),
+        }
+    }
+
+    /// `--conditions`, interleaved when the figure says `--interleave`.
+    fn interleaving(&self, interleave: bool) -> Interleaving {
+        Interleaving {
+            conditions: self.conditions.clone(),
+            interleave,
         }
     }
 
