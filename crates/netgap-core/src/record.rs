@@ -832,6 +832,32 @@ pub struct LinkResult {
     pub bandwidth_gbps: f64,
 }
 
+/// A stack read off a record, here beside the record so that the stack's
+/// module needs nothing of the record's.
+impl crate::stack::Stack {
+    /// The record's stack: its `stack` field, or for records without one
+    /// (older netgap, imported results) what its other fields say.
+    pub fn of_record(r: &ResultRecord) -> crate::stack::Stack {
+        if let Some(s) = &r.stack {
+            return s.clone();
+        }
+        let options = r
+            .options
+            .as_ref()
+            .map(|o| crate::stack::option_entries(&o.transport))
+            .unwrap_or_default();
+        crate::stack::Stack {
+            transport: r.transport.clone(),
+            mode: r.mode,
+            framing: crate::framing::Framing::written_by_name(&r.transport, &options),
+            options,
+            path: crate::stack::PathIdentity::from_ends(r.host.as_ref(), r.peer_host.as_ref()),
+            label: None,
+            tool: r.tool().map(str::to_string),
+        }
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;

@@ -7,12 +7,12 @@
 //! that differ from the defaults, the path (kind, topology, MTU, offloads,
 //! link rate, queueing, delay, loss) and a user label. New records carry it
 //! in their `stack` field; for records made before it existed, or imported
-//! from a peer tool, [`Stack::of_record`] derives it from the fields they do
+//! from a peer tool, [`Stack::of_record`] (beside the record, in
+//! [`crate::record`]) derives it from the fields they do
 //! have, so old results files group the same way.
 
 use crate::framing::Framing;
 use crate::host::{HostFacts, Offloads};
-use crate::record::ResultRecord;
 use crate::spec::{Mode, TransportOptions};
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
@@ -175,7 +175,7 @@ impl PathIdentity {
 }
 
 /// A transport option that differs from its default, as a stack names it.
-fn option_entries(o: &TransportOptions) -> Vec<String> {
+pub(crate) fn option_entries(o: &TransportOptions) -> Vec<String> {
     let d = TransportOptions::default();
     let mut v = Vec::new();
     let mut flag = |name: &str, on: bool, default: bool| {
@@ -249,28 +249,6 @@ impl Stack {
         self.options.sort();
         self.options.dedup();
         self
-    }
-
-    /// The record's stack: its `stack` field, or for records without one
-    /// (older netgap, imported results) what its other fields say.
-    pub fn of_record(r: &ResultRecord) -> Stack {
-        if let Some(s) = &r.stack {
-            return s.clone();
-        }
-        let options = r
-            .options
-            .as_ref()
-            .map(|o| option_entries(&o.transport))
-            .unwrap_or_default();
-        Stack {
-            transport: r.transport.clone(),
-            mode: r.mode,
-            framing: Framing::written_by_name(&r.transport, &options),
-            options,
-            path: PathIdentity::from_ends(r.host.as_ref(), r.peer_host.as_ref()),
-            label: None,
-            tool: r.tool().map(str::to_string),
-        }
     }
 
     /// The stack in full, as one short line: `tcp/event, MTU 9000, offload
@@ -419,6 +397,7 @@ fn trim_float(x: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::record::ResultRecord;
 
     #[test]
     fn a_stack_carries_its_framing_and_an_older_one_is_read_by_its_name() {
