@@ -17,7 +17,7 @@ mod rep;
 
 use super::plan::{HostsSource, WorkloadPlan};
 use crate::agent::Agent;
-use crate::control::{control_detail, ControlAddr, ControlConn, ControlError, ControlStream};
+use crate::control::{ControlAddr, ControlConn, ControlError, ControlStream};
 use crate::handshake::{handshake, LinkError};
 use crate::point_loop::SinkError;
 pub(super) use addresses::{fix_unspecified, place, retarget};
@@ -30,7 +30,7 @@ pub(super) use rep::RepResult;
 use std::collections::VecDeque;
 use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 /// A running agent that says nothing for this long (it says it is alive
@@ -85,6 +85,27 @@ pub enum WorkloadError {
         /// Each silent node, `NAME (ADDR: REASON)`.
         nodes: Vec<String>,
     },
+}
+
+/// Why a host's control session ended, in the one line a run reports.
+#[derive(Debug, Clone, thiserror::Error)]
+pub(crate) enum SessionLost {
+    /// The agent closed the control connection.
+    #[error("the agent closed the control connection (did it die?)")]
+    Closed,
+    /// The connection broke otherwise: an I/O error, a frame that does not
+    /// decode. Shared, as the end is kept for the host and also returned.
+    #[error("{0}")]
+    Broken(Arc<ControlError>),
+}
+
+impl From<ControlError> for SessionLost {
+    fn from(e: ControlError) -> SessionLost {
+        match e {
+            ControlError::Closed => SessionLost::Closed,
+            other => SessionLost::Broken(Arc::new(other)),
+        }
+    }
 }
 
 /// One host of the run, resolved.
@@ -252,7 +273,7 @@ pub struct WorkloadCoordinator {
     /// Sessions: the server's first, then the client hosts'.
     pub(super) links: Vec<Link>,
     events: mpsc::Receiver<Event>,
-    lost: Vec<Option<String>>,
+    lost: Vec<Option<SessionLost>>,
     /// Hosts running a workload role, with when each was last heard from.
     running: Vec<Option<Instant>>,
     /// Hosts preparing a workload role (between `group_prepare` and
@@ -439,7 +460,7 @@ impl WorkloadCoordinator {
         while let Ok((j, ev)) = self.events.try_recv() {
             match ev {
                 Ok(r) => self.links[j].pending.push_back(r),
-                Err(e) => self.lost[j] = Some(control_detail(&e)),
+                Err(e) => self.lost[j] = Some(e.into()),
             }
         }
     }
@@ -498,11 +519,14 @@ impl WorkloadCoordinator {
             .recv_timeout(until.saturating_duration_since(Instant::now()))
         {
             if let Err(e) = ev {
-                self.lost[j] = Some(control_detail(&e));
+                self.lost[j] = Some(e.into());
             }
         }
         if let Some(j) = (0..self.lost.len()).find(|&j| self.active[j] && self.lost[j].is_some()) {
-            let d = self.lost[j].clone().unwrap_or_default();
+            let d = self.lost[j]
+                .as_ref()
+                .map(ToString::to_string)
+                .unwrap_or_default();
             return self.host_error(j, d);
         }
         // A stopped host stalls its peers' flows, which then fail too:
@@ -530,7 +554,7 @@ impl WorkloadCoordinator {
             return Ok(r);
         }
         if let Some(e) = self.lost[i].clone() {
-            return Err(self.failure(i, e));
+            return Err(self.failure(i, e.to_string()));
         }
         let mut deadline = Instant::now() + timeout;
         loop {
@@ -604,11 +628,11 @@ impl WorkloadCoordinator {
                 Ok((j, Ok(r))) => self.links[j].pending.push_back(r),
                 // A host this repetition does not use: its session is
                 // opened again when a point needs it.
-                Ok((j, Err(e))) if !self.active[j] => self.lost[j] = Some(control_detail(&e)),
+                Ok((j, Err(e))) if !self.active[j] => self.lost[j] = Some(e.into()),
                 Ok((j, Err(e))) => {
-                    let detail = control_detail(&e);
-                    self.lost[j] = Some(detail.clone());
-                    return Err(self.failure(j, detail));
+                    let lost = SessionLost::from(e);
+                    self.lost[j] = Some(lost.clone());
+                    return Err(self.failure(j, lost.to_string()));
                 }
                 Err(_) => {}
             }
@@ -624,7 +648,7 @@ impl WorkloadCoordinator {
         &mut self,
         hosts: &[usize],
         within: Duration,
-    ) -> Option<(usize, Result<Reply, String>)> {
+    ) -> Option<(usize, Result<Reply, SessionLost>)> {
         for &i in hosts {
             if let Some(r) = self.links.get_mut(i)?.pending.pop_front() {
                 return Some((i, Ok(r)));
@@ -643,10 +667,10 @@ impl WorkloadCoordinator {
                 Ok((j, Ok(r))) if hosts.contains(&j) => return Some((j, Ok(r))),
                 Ok((j, Ok(r))) => self.links[j].pending.push_back(r),
                 Ok((j, Err(e))) => {
-                    let detail = control_detail(&e);
-                    self.lost[j] = Some(detail.clone());
+                    let lost = SessionLost::from(e);
+                    self.lost[j] = Some(lost.clone());
                     if hosts.contains(&j) {
-                        return Some((j, Err(detail)));
+                        return Some((j, Err(lost)));
                     }
                 }
                 Err(_) => return None,
