@@ -115,45 +115,7 @@ impl MpiPlan {
             tests: names.clone(),
             why,
         };
-        if r.target.peer.is_some() {
-            return Err(no_effect(
-                "--peer",
-                "mpirun starts both ranks; give --hosts @testbed to run them on two testbed hosts",
-            ));
-        }
-        if r.method.pin.is_some() {
-            return Err(no_effect("--pin", "mpirun places the ranks"));
-        }
-        if r.method.ci.is_some() {
-            return Err(no_effect("--ci", "give --reps"));
-        }
-        if r.method.verify {
-            return Err(no_effect("--verify", "MPI delivers the bytes it was given"));
-        }
-        if r.method.buffer.align_bytes.is_some() || r.method.buffer.offset_bytes.is_some() {
-            return Err(no_effect(
-                "--align/--offset",
-                "the MPI ranks place their own buffers",
-            ));
-        }
-        if r.interleaving.interleave {
-            return Err(no_effect(
-                "--interleave",
-                "MPI runs in its own job; --conditions measures it under each condition",
-            ));
-        }
-        if alone && !r.transport.options.is_empty() {
-            return Err(no_effect(
-                "transport options",
-                "they set the sockets of netgap's own transports",
-            ));
-        }
-        if alone && r.transport != TransportChoice::default() {
-            return Err(no_effect(
-                "-t/--mode",
-                "they choose the stacks of the socket tests; add e.g. pingpong,stream to the run to measure sockets beside MPI",
-            ));
-        }
+        refuse_socket_flags(r, alone, &no_effect)?;
         if let Some(&s) = r
             .method
             .sizes
@@ -165,40 +127,9 @@ impl MpiPlan {
         }
         // A launcher's nodes: mpirun starts the ranks on the first two, so
         // the run itself has no agents to reach (nor to wait for).
-        let mut nodes = None;
-        let mut own = None;
-        if let Some(h) = &r.target.hosts {
-            match h {
-                HostsArg::File { .. } => {}
-                HostsArg::Slurm { .. } | HostsArg::Hostfile { .. } => {
-                    let source = h.load().map_err(|e| MpiPlanError::Plan(e.into()))?;
-                    let HostsSource::Nodes { nodes: list, .. } = &source else {
-                        return Err(MpiPlanError::Hosts(format!(
-                            "{} names no nodes",
-                            source.label()
-                        )));
-                    };
-                    let [n0, n1, ..] = list.as_slice() else {
-                        return Err(MpiPlanError::Hosts(format!(
-                            "{}: one node, and the MPI tests run rank 0 and rank 1 on two nodes (allocate two or more: sbatch -N 2)",
-                            source.label()
-                        )));
-                    };
-                    nodes = Some((n0.clone(), n1.clone()));
-                    let mut local = r.clone();
-                    local.target.hosts = None;
-                    local.target.wait = None;
-                    own = Some(local);
-                }
-                HostsArg::Addrs(_) => {
-                    return Err(MpiPlanError::Hosts(
-                        "MPI across hosts runs on netgap's testbed (--hosts @testbed) or on a cluster's nodes (--hosts @slurm, @hostfile:FILE), where mpirun starts the ranks; a list of agents names no place for them"
-                            .into(),
-                    ));
-                }
-            }
-        }
-        let r = own.as_ref().unwrap_or(r);
+        let launcher = launcher_nodes(r)?;
+        let nodes = launcher.as_ref().map(|l| l.nodes.clone());
+        let r = launcher.as_ref().map_or(r, |l| &l.request);
         let record_tests = tests.iter().map(|t| t.record_test()).collect::<Vec<_>>();
         // The ranks' stack is MPI's own: the socket transports' flags are
         // the socket tests'.
@@ -210,53 +141,16 @@ impl MpiPlan {
             .clone()
             .unwrap_or_else(|| DEFAULT_SIZES_BYTES.to_vec());
         settings.check_sizes(&sizes)?;
-        let hosts = match &settings.peer {
-            Peer::Embedded { ipv6: false } => None,
-            Peer::Embedded { ipv6: true } => {
-                return Err(no_effect("-6", "the ranks meet over shared memory"))
-            }
-            Peer::Hosts { server, client } => {
-                if server.netns.is_none() {
-                    return Err(MpiPlanError::Hosts(format!(
-                        "host {} has no network namespace; MPI across hosts runs on netgap's testbed, or on a cluster's nodes with --hosts @slurm or @hostfile:FILE",
-                        server.name
-                    )));
-                }
-                Some((server.clone(), client.clone()))
-            }
-            Peer::Remote { .. } => None,
-            Peer::Agents { .. } => {
-                return Err(MpiPlanError::Hosts(
-                    "these hosts have no network namespaces this process can enter; MPI across hosts runs on netgap's testbed as root, or on a cluster's nodes with --hosts @slurm or @hostfile:FILE".into(),
-                ))
-            }
-        };
+        let hosts = testbed_hosts(&settings.peer, &no_effect)?;
         let across = hosts.is_some() || nodes.is_some();
-        let local_btl = match (mpi.btl, across) {
-            (Some(LocalBtl::Vader), true) => {
-                return Err(MpiPlanError::Btl {
-                    btl: LocalBtl::Vader.name(),
-                    why: "shared memory does not cross hosts; across hosts the ranks use TCP over the hosts' network",
-                })
-            }
-            (Some(b), _) => b,
-            (None, _) => LocalBtl::Vader,
-        };
+        let local_btl = local_btl(mpi.btl, across)?;
         let placed = match (&hosts, &nodes) {
             (Some(_), _) => Where::Testbed,
             (None, Some(_)) => Where::Nodes,
             (None, None) => Where::Local(local_btl),
         };
         check_environment(env, &netgap_mca_names(placed)).map_err(MpiPlanError::Environment)?;
-        let mut points = Vec::new();
-        for &test in tests {
-            for &size in &sizes {
-                let spec = settings.point(test.record_test(), "mpi", Mode::Poll, size);
-                spec.validate()
-                    .map_err(|e| MpiPlanError::Plan(PlanError::Spec(e)))?;
-                points.push((test, spec));
-            }
-        }
+        let points = mpi_points(tests, &sizes, &settings)?;
         Ok(MpiPlan {
             settings,
             points,
@@ -287,6 +181,160 @@ impl MpiPlan {
             warmup: self.settings.method.warmup,
         }
     }
+}
+
+/// Refuses the flags of `r` that mean nothing to the MPI ranks, in one
+/// line saying why (`no_effect` names the MPI tests); `alone` says the run
+/// has no socket tests, so their transport flags are refused too.
+fn refuse_socket_flags(
+    r: &RunRequest,
+    alone: bool,
+    no_effect: &dyn Fn(&'static str, &'static str) -> MpiPlanError,
+) -> Result<(), MpiPlanError> {
+    if r.target.peer.is_some() {
+        return Err(no_effect(
+            "--peer",
+            "mpirun starts both ranks; give --hosts @testbed to run them on two testbed hosts",
+        ));
+    }
+    if r.method.pin.is_some() {
+        return Err(no_effect("--pin", "mpirun places the ranks"));
+    }
+    if r.method.ci.is_some() {
+        return Err(no_effect("--ci", "give --reps"));
+    }
+    if r.method.verify {
+        return Err(no_effect("--verify", "MPI delivers the bytes it was given"));
+    }
+    if r.method.buffer.align_bytes.is_some() || r.method.buffer.offset_bytes.is_some() {
+        return Err(no_effect(
+            "--align/--offset",
+            "the MPI ranks place their own buffers",
+        ));
+    }
+    if r.interleaving.interleave {
+        return Err(no_effect(
+            "--interleave",
+            "MPI runs in its own job; --conditions measures it under each condition",
+        ));
+    }
+    if alone && !r.transport.options.is_empty() {
+        return Err(no_effect(
+            "transport options",
+            "they set the sockets of netgap's own transports",
+        ));
+    }
+    if alone && r.transport != TransportChoice::default() {
+        return Err(no_effect(
+            "-t/--mode",
+            "they choose the stacks of the socket tests; add e.g. pingpong,stream to the run to measure sockets beside MPI",
+        ));
+    }
+    Ok(())
+}
+
+/// The ranks' nodes of a cluster launcher, and the request validated in
+/// their place.
+struct LauncherNodes {
+    /// The first two nodes: rank 0's and rank 1's.
+    nodes: (ClusterNode, ClusterNode),
+    /// The request without its hosts: mpirun reaches the nodes itself.
+    request: RunRequest,
+}
+
+/// The first two nodes of a cluster launcher's hosts (`--hosts @slurm`,
+/// `@hostfile`); none for a testbed's hosts file or no hosts; a list of
+/// agents is refused.
+fn launcher_nodes(r: &RunRequest) -> Result<Option<LauncherNodes>, MpiPlanError> {
+    let Some(h) = &r.target.hosts else {
+        return Ok(None);
+    };
+    match h {
+        HostsArg::File { .. } => Ok(None),
+        HostsArg::Slurm { .. } | HostsArg::Hostfile { .. } => {
+            let source = h.load().map_err(|e| MpiPlanError::Plan(e.into()))?;
+            let HostsSource::Nodes { nodes: list, .. } = &source else {
+                return Err(MpiPlanError::Hosts(format!(
+                    "{} names no nodes",
+                    source.label()
+                )));
+            };
+            let [n0, n1, ..] = list.as_slice() else {
+                return Err(MpiPlanError::Hosts(format!(
+                    "{}: one node, and the MPI tests run rank 0 and rank 1 on two nodes (allocate two or more: sbatch -N 2)",
+                    source.label()
+                )));
+            };
+            let mut local = r.clone();
+            local.target.hosts = None;
+            local.target.wait = None;
+            Ok(Some(LauncherNodes {
+                nodes: (n0.clone(), n1.clone()),
+                request: local,
+            }))
+        }
+        HostsArg::Addrs(_) => Err(MpiPlanError::Hosts(
+            "MPI across hosts runs on netgap's testbed (--hosts @testbed) or on a cluster's nodes (--hosts @slurm, @hostfile:FILE), where mpirun starts the ranks; a list of agents names no place for them"
+                .into(),
+        )),
+    }
+}
+
+/// The testbed hosts of rank 0 and rank 1 for `peer`, or `None` for this
+/// machine (or a launcher's nodes); refuses hosts this process cannot
+/// enter the namespaces of.
+fn testbed_hosts(
+    peer: &Peer,
+    no_effect: &dyn Fn(&'static str, &'static str) -> MpiPlanError,
+) -> Result<Option<(HostEntry, HostEntry)>, MpiPlanError> {
+    match peer {
+        Peer::Embedded { ipv6: false } => Ok(None),
+        Peer::Embedded { ipv6: true } => Err(no_effect("-6", "the ranks meet over shared memory")),
+        Peer::Hosts { server, client } => {
+            if server.netns.is_none() {
+                return Err(MpiPlanError::Hosts(format!(
+                    "host {} has no network namespace; MPI across hosts runs on netgap's testbed, or on a cluster's nodes with --hosts @slurm or @hostfile:FILE",
+                    server.name
+                )));
+            }
+            Ok(Some((server.clone(), client.clone())))
+        }
+        Peer::Remote { .. } => Ok(None),
+        Peer::Agents { .. } => Err(MpiPlanError::Hosts(
+            "these hosts have no network namespaces this process can enter; MPI across hosts runs on netgap's testbed as root, or on a cluster's nodes with --hosts @slurm or @hostfile:FILE".into(),
+        )),
+    }
+}
+
+/// The BTL the ranks meet over: `--mpi-btl`, else shared memory; shared
+/// memory is refused when the ranks run on two hosts (`across`).
+fn local_btl(asked: Option<LocalBtl>, across: bool) -> Result<LocalBtl, MpiPlanError> {
+    match (asked, across) {
+        (Some(LocalBtl::Vader), true) => Err(MpiPlanError::Btl {
+            btl: LocalBtl::Vader.name(),
+            why: "shared memory does not cross hosts; across hosts the ranks use TCP over the hosts' network",
+        }),
+        (Some(b), _) => Ok(b),
+        (None, _) => Ok(LocalBtl::Vader),
+    }
+}
+
+/// Every test at every size, in order, each spec checked.
+fn mpi_points(
+    tests: &[MpiTest],
+    sizes: &[u64],
+    settings: &Settings,
+) -> Result<Vec<(MpiTest, PointSpec)>, MpiPlanError> {
+    let mut points = Vec::new();
+    for &test in tests {
+        for &size in sizes {
+            let spec = settings.point(test.record_test(), "mpi", Mode::Poll, size);
+            spec.validate()
+                .map_err(|e| MpiPlanError::Plan(PlanError::Spec(e)))?;
+            points.push((test, spec));
+        }
+    }
+    Ok(points)
 }
 
 #[cfg(test)]
