@@ -7,7 +7,7 @@
 //! `--label` and `--conditions` mean the same for MPI as for sockets.
 
 use crate::kind::MpiTest;
-use crate::launch::{check_environment, netgap_mca_names, LocalBtl, Where};
+use crate::launch::{check_environment, netgap_mca_names, EnvironmentClash, LocalBtl, Where};
 use crate::wire::{RankIterations, RankPlan, RankPoint, MAX_MPI_SIZE_BYTES};
 use netgap_core::spec::{Mode, PointSpec};
 use netgap_measure::cluster::{ClusterNode, HostEntry, HostsArg, HostsSource};
@@ -76,8 +76,8 @@ pub enum MpiPlanError {
         why: &'static str,
     },
     /// The environment sets an Open MPI parameter netgap sets itself.
-    #[error("{0}")]
-    Environment(String),
+    #[error(transparent)]
+    Environment(#[from] EnvironmentClash),
 }
 
 /// Splits a run's test names into MPI tests and the rest, in order.
