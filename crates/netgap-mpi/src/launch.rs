@@ -239,7 +239,7 @@ pub fn netgap_mca_names(at: Where) -> Vec<&'static str> {
 /// `--mca` takes precedence over the environment, so the user's value
 /// would be overridden silently. Every other `OMPI_MCA_*` is left to
 /// Open MPI, and the record names it ([`mca_settings`]).
-pub fn check_environment<I>(vars: I, names: &[&str]) -> Result<(), String>
+pub fn check_environment<I>(vars: I, names: &[&str]) -> Result<(), EnvironmentClash>
 where
     I: IntoIterator<Item = (String, String)>,
 {
@@ -261,10 +261,27 @@ where
         }
         _ => "unset it",
     };
-    Err(format!(
-        "{k}={} is set in the environment, but netgap sets the Open MPI parameter {name} for the ranks itself and would override it: {remedy}",
-        v.chars().take(100).collect::<String>()
-    ))
+    Err(EnvironmentClash {
+        variable: k.clone(),
+        value: v.chars().take(100).collect(),
+        name: name.to_string(),
+        remedy,
+    })
+}
+
+/// An `OMPI_MCA_*` variable of the environment that sets a parameter
+/// netgap sets itself ([`check_environment`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{variable}={value} is set in the environment, but netgap sets the Open MPI parameter {name} for the ranks itself and would override it: {remedy}")]
+pub struct EnvironmentClash {
+    /// The variable, `OMPI_MCA_NAME`.
+    pub variable: String,
+    /// Its value, at most 100 characters of it.
+    pub value: String,
+    /// The parameter it sets.
+    pub name: String,
+    /// What to do.
+    pub remedy: &'static str,
 }
 
 impl RankHost {
@@ -280,11 +297,11 @@ impl RankHost {
 
 /// The interface holding `address` in network namespace `netns`, found
 /// from inside it (a thread enters the namespace and lists addresses).
-pub fn interface_of(netns: &str, address: IpAddr) -> Result<String, String> {
+pub fn interface_of(netns: &str, address: IpAddr) -> Result<String, InterfaceError> {
     let netns = netns.to_string();
-    std::thread::spawn(move || -> Result<String, String> {
-        netgap_transport::netns::enter(&netns).map_err(|e| e.to_string())?;
-        let addrs = nix::ifaddrs::getifaddrs().map_err(|e| format!("listing addresses: {e}"))?;
+    std::thread::spawn(move || -> Result<String, InterfaceError> {
+        netgap_transport::netns::enter(&netns)?;
+        let addrs = nix::ifaddrs::getifaddrs().map_err(InterfaceError::ListAddresses)?;
         for a in addrs {
             let ip = a.address.as_ref().and_then(|s| {
                 s.as_sockaddr_in()
@@ -295,10 +312,33 @@ pub fn interface_of(netns: &str, address: IpAddr) -> Result<String, String> {
                 return Ok(a.interface_name);
             }
         }
-        Err(format!("no interface has address {address} in {netns}"))
+        Err(InterfaceError::NoInterface { address, netns })
     })
     .join()
-    .map_err(|_| "the interface lookup thread panicked".to_string())?
+    .map_err(|_| InterfaceError::Panicked)?
+}
+
+/// Why the interface holding an address in a namespace is not known
+/// ([`interface_of`]).
+#[derive(Debug, thiserror::Error)]
+pub enum InterfaceError {
+    /// The namespace could not be entered.
+    #[error(transparent)]
+    Netns(#[from] netgap_transport::netns::NetnsError),
+    /// The namespace's addresses could not be listed.
+    #[error("listing addresses: {0}")]
+    ListAddresses(nix::Error),
+    /// No interface in the namespace has the address.
+    #[error("no interface has address {address} in {netns}")]
+    NoInterface {
+        /// The address looked for.
+        address: IpAddr,
+        /// The namespace.
+        netns: String,
+    },
+    /// The thread that entered the namespace panicked.
+    #[error("the interface lookup thread panicked")]
+    Panicked,
 }
 
 /// The mpirun command line for `plan` at `placement`, with the
@@ -863,6 +903,7 @@ mod tests {
         let env = |k: &str| vec![(k.to_string(), "x".to_string())];
         assert!(check_environment(env("OMPI_MCA_pml"), &local)
             .expect_err("refused")
+            .to_string()
             .starts_with("OMPI_MCA_pml=x is set"));
         assert_eq!(
             check_environment(env("OMPI_MCA_mpi_yield_when_idle"), &local),

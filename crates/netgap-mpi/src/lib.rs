@@ -25,15 +25,23 @@ pub const BUILT_IN: bool = cfg!(feature = "mpi");
 
 /// Whether MPI tests can run here: built in, and `mpirun` on the PATH;
 /// otherwise why not, as a sentence.
-pub fn availability() -> Result<(), String> {
+pub fn availability() -> Result<(), Unavailable> {
     if !BUILT_IN {
-        return Err(
-            "this netgap was built without MPI; build it with `cargo build --features mpi` (needs libopenmpi-dev, libclang-dev)"
-                .into(),
-        );
+        return Err(Unavailable::NotBuiltIn);
     }
     if launch::mpirun_path().is_none() {
-        return Err("mpirun is not on the PATH (apt-get install openmpi-bin)".into());
+        return Err(Unavailable::NoMpirun);
     }
     Ok(())
+}
+
+/// Why the MPI tests cannot run here ([`availability`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Unavailable {
+    /// This netgap was built without the `mpi` feature.
+    #[error("this netgap was built without MPI; build it with `cargo build --features mpi` (needs libopenmpi-dev, libclang-dev)")]
+    NotBuiltIn,
+    /// No `mpirun` on the PATH.
+    #[error("mpirun is not on the PATH (apt-get install openmpi-bin)")]
+    NoMpirun,
 }

@@ -7,7 +7,7 @@
 //! `--label` and `--conditions` mean the same for MPI as for sockets.
 
 use crate::kind::MpiTest;
-use crate::launch::{check_environment, netgap_mca_names, LocalBtl, Where};
+use crate::launch::{check_environment, netgap_mca_names, EnvironmentClash, LocalBtl, Where};
 use crate::wire::{RankIterations, RankPlan, RankPoint, MAX_MPI_SIZE_BYTES};
 use netgap_core::spec::{Mode, PointSpec};
 use netgap_measure::cluster::{ClusterNode, HostEntry, HostsArg, HostsSource};
@@ -76,8 +76,8 @@ pub enum MpiPlanError {
         why: &'static str,
     },
     /// The environment sets an Open MPI parameter netgap sets itself.
-    #[error("{0}")]
-    Environment(String),
+    #[error(transparent)]
+    Environment(#[from] EnvironmentClash),
 }
 
 /// Splits a run's test names into MPI tests and the rest, in order.
@@ -115,7 +115,7 @@ impl MpiPlan {
             tests: names.clone(),
             why,
         };
-        refuse_socket_flags(r, &no_effect, alone)?;
+        refuse_socket_flags(r, alone, &no_effect)?;
         if let Some(&s) = r
             .method
             .sizes
@@ -127,20 +127,9 @@ impl MpiPlan {
         }
         // A launcher's nodes: mpirun starts the ranks on the first two, so
         // the run itself has no agents to reach (nor to wait for).
-        let nodes = r
-            .target
-            .hosts
-            .as_ref()
-            .map(launcher_nodes)
-            .transpose()?
-            .flatten();
-        let own = nodes.is_some().then(|| {
-            let mut local = r.clone();
-            local.target.hosts = None;
-            local.target.wait = None;
-            local
-        });
-        let r = own.as_ref().unwrap_or(r);
+        let launcher = launcher_nodes(r)?;
+        let nodes = launcher.as_ref().map(|l| l.nodes.clone());
+        let r = launcher.as_ref().map_or(r, |l| &l.request);
         let record_tests = tests.iter().map(|t| t.record_test()).collect::<Vec<_>>();
         // The ranks' stack is MPI's own: the socket transports' flags are
         // the socket tests'.
@@ -152,17 +141,7 @@ impl MpiPlan {
             .clone()
             .unwrap_or_else(|| DEFAULT_SIZES_BYTES.to_vec());
         settings.check_sizes(&sizes)?;
-        let hosts = match &settings.peer {
-            Peer::Embedded { ipv6: false } => None,
-            Peer::Embedded { ipv6: true } => {
-                return Err(no_effect("-6", "the ranks meet over shared memory"))
-            }
-            Peer::Remote { .. } => None,
-            // The socket tests of the run go to the two hosts' agents;
-            // mpirun starts the ranks in their namespaces itself, from the
-            // hosts file's first two entries.
-            Peer::Agents { hosts } => Some(testbed_pair(hosts)?),
-        };
+        let hosts = testbed_hosts(&settings.peer, &no_effect)?;
         let across = hosts.is_some() || nodes.is_some();
         let local_btl = local_btl(mpi.btl, across)?;
         let placed = match (&hosts, &nodes) {
@@ -171,15 +150,7 @@ impl MpiPlan {
             (None, None) => Where::Local(local_btl),
         };
         check_environment(env, &netgap_mca_names(placed)).map_err(MpiPlanError::Environment)?;
-        let mut points = Vec::new();
-        for &test in tests {
-            for &size in &sizes {
-                let spec = settings.point(test.record_test(), "mpi", Mode::Poll, size);
-                spec.validate()
-                    .map_err(|e| MpiPlanError::Plan(PlanError::Spec(e)))?;
-                points.push((test, spec));
-            }
-        }
+        let points = mpi_points(tests, &sizes, &settings)?;
         Ok(MpiPlan {
             settings,
             points,
@@ -212,13 +183,13 @@ impl MpiPlan {
     }
 }
 
-/// Refuses the flags that mean nothing to the MPI ranks (`no_effect`
-/// names the tests in the error); with `alone`, also those only the socket
-/// tests beside them use.
+/// Refuses the flags of `r` that mean nothing to the MPI ranks, in one
+/// line saying why (`no_effect` names the MPI tests); `alone` says the run
+/// has no socket tests, so their transport flags are refused too.
 fn refuse_socket_flags(
     r: &RunRequest,
-    no_effect: &dyn Fn(&'static str, &'static str) -> MpiPlanError,
     alone: bool,
+    no_effect: &dyn Fn(&'static str, &'static str) -> MpiPlanError,
 ) -> Result<(), MpiPlanError> {
     if r.target.peer.is_some() {
         return Err(no_effect(
@@ -262,11 +233,22 @@ fn refuse_socket_flags(
     Ok(())
 }
 
-/// The first two nodes of a launcher's hosts (`@slurm`, `@hostfile`),
-/// where mpirun starts rank 0 and rank 1; `None` for a hosts file, whose
-/// testbed hosts the settings place. A list of agents names no place for
-/// ranks, and is refused.
-fn launcher_nodes(h: &HostsArg) -> Result<Option<(ClusterNode, ClusterNode)>, MpiPlanError> {
+/// The ranks' nodes of a cluster launcher, and the request validated in
+/// their place.
+struct LauncherNodes {
+    /// The first two nodes: rank 0's and rank 1's.
+    nodes: (ClusterNode, ClusterNode),
+    /// The request without its hosts: mpirun reaches the nodes itself.
+    request: RunRequest,
+}
+
+/// The first two nodes of a cluster launcher's hosts (`--hosts @slurm`,
+/// `@hostfile`); none for a testbed's hosts file or no hosts; a list of
+/// agents is refused.
+fn launcher_nodes(r: &RunRequest) -> Result<Option<LauncherNodes>, MpiPlanError> {
+    let Some(h) = &r.target.hosts else {
+        return Ok(None);
+    };
     match h {
         HostsArg::File { .. } => Ok(None),
         HostsArg::Slurm { .. } | HostsArg::Hostfile { .. } => {
@@ -283,7 +265,13 @@ fn launcher_nodes(h: &HostsArg) -> Result<Option<(ClusterNode, ClusterNode)>, Mp
                     source.label()
                 )));
             };
-            Ok(Some((n0.clone(), n1.clone())))
+            let mut local = r.clone();
+            local.target.hosts = None;
+            local.target.wait = None;
+            Ok(Some(LauncherNodes {
+                nodes: (n0.clone(), n1.clone()),
+                request: local,
+            }))
         }
         HostsArg::Addrs(_) => Err(MpiPlanError::Hosts(
             "MPI across hosts runs on netgap's testbed (--hosts @testbed) or on a cluster's nodes (--hosts @slurm, @hostfile:FILE), where mpirun starts the ranks; a list of agents names no place for them"
@@ -292,16 +280,21 @@ fn launcher_nodes(h: &HostsArg) -> Result<Option<(ClusterNode, ClusterNode)>, Mp
     }
 }
 
-/// The BTL the ranks meet over on this machine: `--btl`, shared memory
-/// by default; shared memory asked for across hosts is refused.
-fn local_btl(btl: Option<LocalBtl>, across: bool) -> Result<LocalBtl, MpiPlanError> {
-    match (btl, across) {
-        (Some(LocalBtl::Vader), true) => Err(MpiPlanError::Btl {
-            btl: LocalBtl::Vader.name(),
-            why: "shared memory does not cross hosts; across hosts the ranks use TCP over the hosts' network",
-        }),
-        (Some(b), _) => Ok(b),
-        (None, _) => Ok(LocalBtl::Vader),
+/// The testbed hosts of rank 0 and rank 1 for `peer`, or `None` for this
+/// machine (or a launcher's nodes); refuses hosts this process cannot
+/// enter the namespaces of.
+fn testbed_hosts(
+    peer: &Peer,
+    no_effect: &dyn Fn(&'static str, &'static str) -> MpiPlanError,
+) -> Result<Option<(HostEntry, HostEntry)>, MpiPlanError> {
+    match peer {
+        Peer::Embedded { ipv6: false } => Ok(None),
+        Peer::Embedded { ipv6: true } => Err(no_effect("-6", "the ranks meet over shared memory")),
+        Peer::Remote { .. } => Ok(None),
+        // The socket tests of the run go to the two hosts' agents; mpirun
+        // starts the ranks in their namespaces itself, from the hosts
+        // file's first two entries.
+        Peer::Agents { hosts } => Ok(Some(testbed_pair(hosts)?)),
     }
 }
 
@@ -336,6 +329,37 @@ fn testbed_pair(hosts: &HostsSource) -> Result<(HostEntry, HostEntry), MpiPlanEr
 fn may_enter_netns() -> bool {
     // SAFETY: geteuid has no preconditions and cannot fail.
     unsafe { libc::geteuid() == 0 }
+}
+
+/// The BTL the ranks meet over: `--mpi-btl`, else shared memory; shared
+/// memory is refused when the ranks run on two hosts (`across`).
+fn local_btl(asked: Option<LocalBtl>, across: bool) -> Result<LocalBtl, MpiPlanError> {
+    match (asked, across) {
+        (Some(LocalBtl::Vader), true) => Err(MpiPlanError::Btl {
+            btl: LocalBtl::Vader.name(),
+            why: "shared memory does not cross hosts; across hosts the ranks use TCP over the hosts' network",
+        }),
+        (Some(b), _) => Ok(b),
+        (None, _) => Ok(LocalBtl::Vader),
+    }
+}
+
+/// Every test at every size, in order, each spec checked.
+fn mpi_points(
+    tests: &[MpiTest],
+    sizes: &[u64],
+    settings: &Settings,
+) -> Result<Vec<(MpiTest, PointSpec)>, MpiPlanError> {
+    let mut points = Vec::new();
+    for &test in tests {
+        for &size in sizes {
+            let spec = settings.point(test.record_test(), "mpi", Mode::Poll, size);
+            spec.validate()
+                .map_err(|e| MpiPlanError::Plan(PlanError::Spec(e)))?;
+            points.push((test, spec));
+        }
+    }
+    Ok(points)
 }
 
 #[cfg(test)]

@@ -449,6 +449,62 @@ fn build_record(
         MpiTest::Latency => None,
         _ => ServiceDemand::of(&cpu, moved),
     };
+    let path = ranks_path(plan, placement, facts, conditions);
+    let stack = ranks_stack(plan, spec, path, report, placement);
+    let mut options = plan.settings.record_options(spec);
+    options.peer = mpirun_peer(placement);
+    let mut record = ResultRecord::new(RecordHead {
+        test: spec.test.clone(),
+        transport: spec.transport.clone(),
+        mode: spec.mode,
+        size_bytes: spec.size_bytes,
+        metric: test.metric().key().into(),
+        value: summary.value,
+        time: rfc3339(started),
+    });
+    record.stats = Some(RecordStats::from(&summary));
+    record.percentiles = match test {
+        MpiTest::Latency => hist.percentiles_us(0.5),
+        _ => None,
+    };
+    record.cpu = Some(cpu);
+    record.service_demand_us_per_kib = service_demand_us_per_kib;
+    // A budgeted repetition runs whole chunks until its time is spent, so
+    // counts differ a little; every repetition ran at least this many.
+    record.iterations_per_rep = reps.iter().map(|r| r.0).min();
+    record.warmup_iterations = Some(warmup_iterations);
+    record.bytes = Some(ByteCounts {
+        client_tx: tx,
+        client_rx: rx,
+        server_tx: rx,
+        server_rx: tx,
+    });
+    // The hosts the ranks ran on, as MPI names them (on the testbed, each
+    // rank's UTS namespace carries its host's name).
+    let named = |facts: &HostFacts, rank: usize| {
+        let mut f = facts.clone();
+        if let Some(name) = report.hello.processors.get(rank).filter(|n| !n.is_empty()) {
+            f.hostname.clone_from(name);
+        }
+        f
+    };
+    record.host = Some(named(&facts.rank0, 0));
+    record.peer_host = Some(named(&facts.rank1, 1));
+    record.options = Some(options);
+    let mut record = record.with_stack(stack);
+    diagnose(&mut record);
+    record.warnings.extend(report.warnings.iter().cloned());
+    Ok(record)
+}
+
+/// The path the ranks' bytes took: between the two ranks' hosts, with the
+/// testbed's facts under `conditions`, or shared memory on this machine.
+fn ranks_path(
+    plan: &MpiPlan,
+    placement: &Placement,
+    facts: &Facts,
+    conditions: Option<LinkConditions>,
+) -> PathIdentity {
     let mut path = PathIdentity::from_ends(Some(&facts.rank0), Some(&facts.rank1));
     if let Some(tb) = &plan.settings.testbed {
         let tb = netgap_measure::cluster::TestbedPath {
@@ -464,6 +520,18 @@ fn build_record(
             ..PathIdentity::default()
         };
     }
+    path
+}
+
+/// The stack the ranks ran over: the library and standard, what the
+/// library said it selected, and the Open MPI parameters set.
+fn ranks_stack(
+    plan: &MpiPlan,
+    spec: &PointSpec,
+    path: PathIdentity,
+    report: &JobReport,
+    placement: &Placement,
+) -> Stack {
     let hello = &report.hello;
     let mut stack = Stack::new(
         "mpi",
@@ -502,8 +570,12 @@ fn build_record(
     }
     stack.options.extend(crate::launch::mca_settings());
     stack.options.sort();
-    let mut options = plan.settings.record_options(spec);
-    options.peer = match placement {
+    stack
+}
+
+/// Where mpirun started the ranks, as the record's peer.
+fn mpirun_peer(placement: &Placement) -> String {
+    match placement {
         Placement::Local(_) => "mpirun: localhost (2 ranks)".into(),
         Placement::Testbed { rank0, rank1, .. } => {
             format!("mpirun: {} (rank 0), {} (rank 1)", rank0.name, rank1.name)
@@ -511,49 +583,7 @@ fn build_record(
         Placement::Nodes { rank0, rank1 } => {
             format!("mpirun: {rank0} (rank 0), {rank1} (rank 1)")
         }
-    };
-    let mut record = ResultRecord::new(RecordHead {
-        test: spec.test.clone(),
-        transport: spec.transport.clone(),
-        mode: spec.mode,
-        size_bytes: spec.size_bytes,
-        metric: test.metric().key().into(),
-        value: summary.value,
-        time: rfc3339(started),
-    });
-    record.stats = Some(RecordStats::from(&summary));
-    record.percentiles = match test {
-        MpiTest::Latency => hist.percentiles_us(0.5),
-        _ => None,
-    };
-    record.cpu = Some(cpu);
-    record.service_demand_us_per_kib = service_demand_us_per_kib;
-    // A budgeted repetition runs whole chunks until its time is spent, so
-    // counts differ a little; every repetition ran at least this many.
-    record.iterations_per_rep = reps.iter().map(|r| r.0).min();
-    record.warmup_iterations = Some(warmup_iterations);
-    record.bytes = Some(ByteCounts {
-        client_tx: tx,
-        client_rx: rx,
-        server_tx: rx,
-        server_rx: tx,
-    });
-    // The hosts the ranks ran on, as MPI names them (on the testbed, each
-    // rank's UTS namespace carries its host's name).
-    let named = |facts: &HostFacts, rank: usize| {
-        let mut f = facts.clone();
-        if let Some(name) = hello.processors.get(rank).filter(|n| !n.is_empty()) {
-            f.hostname.clone_from(name);
-        }
-        f
-    };
-    record.host = Some(named(&facts.rank0, 0));
-    record.peer_host = Some(named(&facts.rank1, 1));
-    record.options = Some(options);
-    let mut record = record.with_stack(stack);
-    diagnose(&mut record);
-    record.warnings.extend(report.warnings.iter().cloned());
-    Ok(record)
+    }
 }
 
 /// The cores this process (and so mpirun and the ranks, which inherit its

@@ -12,23 +12,25 @@
 //! (its control connection closes) or goes silent (a deadline passes) and
 //! names it, whichever host it was waiting on.
 
-use super::plan::{HostsSource, WorkloadPlan, WorkloadPoint};
+mod addresses;
+mod rep;
+
+use super::plan::{HostsSource, WorkloadPlan};
 use crate::agent::Agent;
-use crate::control::{control_detail, ControlAddr, ControlConn, ControlError, ControlStream};
+use crate::control::{ControlAddr, ControlConn, ControlError, ControlStream};
 use crate::handshake::{handshake, LinkError};
 use crate::point_loop::SinkError;
+pub(super) use addresses::{fix_unspecified, place, retarget};
 use netgap_core::host::HostFacts;
-use netgap_core::stats::LatencyHistogram;
 use netgap_proto::auth::Key;
 use netgap_proto::codec::{decode_reply, encode};
 use netgap_proto::message::{Reply, Request};
-use netgap_proto::session::{CoordinatorSession, WorkloadProgress};
-use netgap_proto::workload::{FlowReport, WorkloadOutcome, WorkloadRole, WorkloadSpec};
-use netgap_workload::place::{HostView, Placement, Staged, StagedRole};
+use netgap_proto::session::CoordinatorSession;
+pub(super) use rep::RepResult;
 use std::collections::VecDeque;
 use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 /// A running agent that says nothing for this long (it says it is alive
@@ -83,6 +85,27 @@ pub enum WorkloadError {
         /// Each silent node, `NAME (ADDR: REASON)`.
         nodes: Vec<String>,
     },
+}
+
+/// Why a host's control session ended, in the one line a run reports.
+#[derive(Debug, Clone, thiserror::Error)]
+pub(crate) enum SessionLost {
+    /// The agent closed the control connection.
+    #[error("the agent closed the control connection (did it die?)")]
+    Closed,
+    /// The connection broke otherwise: an I/O error, a frame that does not
+    /// decode. Shared, as the end is kept for the host and also returned.
+    #[error("{0}")]
+    Broken(Arc<ControlError>),
+}
+
+impl From<ControlError> for SessionLost {
+    fn from(e: ControlError) -> SessionLost {
+        match e {
+            ControlError::Closed => SessionLost::Closed,
+            other => SessionLost::Broken(Arc::new(other)),
+        }
+    }
 }
 
 /// One host of the run, resolved.
@@ -250,7 +273,7 @@ pub struct WorkloadCoordinator {
     /// Sessions: the server's first, then the client hosts'.
     pub(super) links: Vec<Link>,
     events: mpsc::Receiver<Event>,
-    lost: Vec<Option<String>>,
+    lost: Vec<Option<SessionLost>>,
     /// Hosts running a workload role, with when each was last heard from.
     running: Vec<Option<Instant>>,
     /// Hosts preparing a workload role (between `group_prepare` and
@@ -437,7 +460,7 @@ impl WorkloadCoordinator {
         while let Ok((j, ev)) = self.events.try_recv() {
             match ev {
                 Ok(r) => self.links[j].pending.push_back(r),
-                Err(e) => self.lost[j] = Some(control_detail(&e)),
+                Err(e) => self.lost[j] = Some(e.into()),
             }
         }
     }
@@ -496,11 +519,14 @@ impl WorkloadCoordinator {
             .recv_timeout(until.saturating_duration_since(Instant::now()))
         {
             if let Err(e) = ev {
-                self.lost[j] = Some(control_detail(&e));
+                self.lost[j] = Some(e.into());
             }
         }
         if let Some(j) = (0..self.lost.len()).find(|&j| self.active[j] && self.lost[j].is_some()) {
-            let d = self.lost[j].clone().unwrap_or_default();
+            let d = self.lost[j]
+                .as_ref()
+                .map(ToString::to_string)
+                .unwrap_or_default();
             return self.host_error(j, d);
         }
         // A stopped host stalls its peers' flows, which then fail too:
@@ -528,7 +554,7 @@ impl WorkloadCoordinator {
             return Ok(r);
         }
         if let Some(e) = self.lost[i].clone() {
-            return Err(self.failure(i, e));
+            return Err(self.failure(i, e.to_string()));
         }
         let mut deadline = Instant::now() + timeout;
         loop {
@@ -602,11 +628,11 @@ impl WorkloadCoordinator {
                 Ok((j, Ok(r))) => self.links[j].pending.push_back(r),
                 // A host this repetition does not use: its session is
                 // opened again when a point needs it.
-                Ok((j, Err(e))) if !self.active[j] => self.lost[j] = Some(control_detail(&e)),
+                Ok((j, Err(e))) if !self.active[j] => self.lost[j] = Some(e.into()),
                 Ok((j, Err(e))) => {
-                    let detail = control_detail(&e);
-                    self.lost[j] = Some(detail.clone());
-                    return Err(self.failure(j, detail));
+                    let lost = SessionLost::from(e);
+                    self.lost[j] = Some(lost.clone());
+                    return Err(self.failure(j, lost.to_string()));
                 }
                 Err(_) => {}
             }
@@ -622,7 +648,7 @@ impl WorkloadCoordinator {
         &mut self,
         hosts: &[usize],
         within: Duration,
-    ) -> Option<(usize, Result<Reply, String>)> {
+    ) -> Option<(usize, Result<Reply, SessionLost>)> {
         for &i in hosts {
             if let Some(r) = self.links.get_mut(i)?.pending.pop_front() {
                 return Some((i, Ok(r)));
@@ -641,10 +667,10 @@ impl WorkloadCoordinator {
                 Ok((j, Ok(r))) if hosts.contains(&j) => return Some((j, Ok(r))),
                 Ok((j, Ok(r))) => self.links[j].pending.push_back(r),
                 Ok((j, Err(e))) => {
-                    let detail = control_detail(&e);
-                    self.lost[j] = Some(detail.clone());
+                    let lost = SessionLost::from(e);
+                    self.lost[j] = Some(lost.clone());
                     if hosts.contains(&j) {
-                        return Some((j, Err(detail)));
+                        return Some((j, Err(lost)));
                     }
                 }
                 Err(_) => return None,
@@ -718,451 +744,6 @@ fn read_replies(i: usize, mut conn: ControlConn, tx: mpsc::Sender<Event>) {
                 return;
             }
         }
-    }
-}
-
-/// Places the roles of `point` on the run's hosts, as its workload says.
-pub(super) fn place(point: &WorkloadPoint, links: &[Link]) -> Result<Placement, WorkloadError> {
-    let hosts: Vec<HostView> = links
-        .iter()
-        .map(|l| HostView {
-            name: l.host.name.clone(),
-            address: l.host.address,
-            rails: l.host.rails.clone(),
-        })
-        .collect();
-    let placement = point
-        .workload
-        .place(&point.params, point.clients, &hosts)
-        .and_then(|p| p.validate(hosts.len()).map(|()| p))
-        .and_then(|p| {
-            if point.workload.staged().is_some() && p.roles.iter().any(|r| r.connects_to.is_some()) {
-                return Err(netgap_workload::Refused(format!(
-                    "{}: a staged placement names no server per role; its roles reach each other through the staged addresses",
-                    point.workload.name()
-                )));
-            }
-            Ok(p)
-        })
-        .map_err(|e| WorkloadError::Point(e.to_string()))?;
-    Ok(placement)
-}
-
-/// An IP:PORT an agent announced on an unspecified address, made
-/// reachable with the address its control connection used.
-pub(super) fn fix_unspecified(addr: &str, host: &HostInfo) -> String {
-    match (addr.parse::<SocketAddr>(), host.address) {
-        (Ok(sa), Some(ip)) if sa.ip().is_unspecified() => {
-            SocketAddr::new(ip, sa.port()).to_string()
-        }
-        _ => addr.to_string(),
-    }
-}
-
-/// An IP:PORT a server announced on the unspecified address, made
-/// reachable at `ip` (the server's end of a client host's link).
-pub(super) fn retarget(addr: &str, ip: IpAddr) -> String {
-    match addr.parse::<SocketAddr>() {
-        Ok(sa) if sa.ip().is_unspecified() => SocketAddr::new(ip, sa.port()).to_string(),
-        _ => addr.to_string(),
-    }
-}
-
-/// What one repetition produced.
-pub(super) struct RepResult {
-    /// Reports per role (index into the placement's roles).
-    pub(super) reports: Vec<(usize, Vec<FlowReport>, WorkloadOutcome)>,
-    /// Latency histogram of every timed exchange, ns.
-    pub(super) hist: LatencyHistogram,
-}
-
-/// The announced address a flow targets: a server's only address, or the
-/// one of its addresses that serves this flow.
-fn listener_for(addrs: &[String], server_flows: &[u32], flow: u32) -> Option<String> {
-    if addrs.len() == 1 {
-        return addrs.first().cloned();
-    }
-    let i = server_flows.iter().position(|&f| f == flow)?;
-    addrs.get(i).cloned()
-}
-
-/// The server role flow `flow` of role `client` targets: `default` (the
-/// role it connects to) when that serves the flow, else the first server
-/// role prepared before `client` that lists it.
-fn serving_role(placement: &Placement, client: usize, default: usize, flow: u32) -> usize {
-    let serves = |i: &usize| {
-        let r = &placement.roles[*i];
-        r.side == WorkloadRole::Server
-            && (r.flows.binary_search(&flow).is_ok() || r.flows.contains(&flow))
-    };
-    if serves(&default) {
-        return default;
-    }
-    (0..client).find(serves).unwrap_or(default)
-}
-
-/// A per-flow list with one entry for all when every entry is the same.
-fn compact<T: PartialEq>(mut list: Vec<T>) -> Vec<T> {
-    if list.windows(2).all(|w| w[0] == w[1]) {
-        list.truncate(1);
-    }
-    list
-}
-
-impl WorkloadCoordinator {
-    /// On a mesh, where server role `server` listens for each of its flows
-    /// when its transport cannot listen on every address: on its end of
-    /// the link from the host of the client role that opens the flow (its
-    /// own address when no link is known).
-    fn mesh_listen_ips(&self, placement: &Placement, server: usize) -> Vec<IpAddr> {
-        let host = placement.roles[server].host;
-        let name = &self.links[host].host.name;
-        let own = self.links[host]
-            .host
-            .address
-            .unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
-        placement.roles[server]
-            .flows
-            .iter()
-            .map(|&f| {
-                placement
-                    .roles
-                    .iter()
-                    .enumerate()
-                    .find(|(c, r)| {
-                        r.side == WorkloadRole::Client
-                            && r.flows.contains(&f)
-                            && r.connects_to
-                                .is_some_and(|d| serving_role(placement, *c, d, f) == server)
-                    })
-                    .and_then(|(_, r)| {
-                        let links = &self.links[r.host].host.peer_links;
-                        links.iter().find(|p| &p.0 == name).map(|p| p.2)
-                    })
-                    .unwrap_or(own)
-            })
-            .collect()
-    }
-
-    /// Whether every role of a staged placement reaches every earlier
-    /// role's host at that host's own address, over a link of its own to
-    /// it: where a transport that listens on one interface (xdp) listens.
-    /// True on a switch, with one link or several (each host's own address
-    /// sits on the first); false on a mesh, whose links are per pair.
-    fn staged_hosts_meet(&self, placement: &Placement) -> bool {
-        placement.roles.iter().enumerate().all(|(r, role)| {
-            let here = &self.links[role.host].host;
-            placement.roles[..r].iter().all(|earlier| {
-                let there = &self.links[earlier.host].host;
-                there.address.is_some_and(|a| {
-                    here.peer_links
-                        .iter()
-                        .any(|(peer, _, remote)| *peer == there.name && *remote == a)
-                })
-            })
-        })
-    }
-
-    fn session_hosts(&self) -> Vec<IpAddr> {
-        let mut ips = Vec::new();
-        for l in &self.links {
-            ips.extend(l.host.address);
-            if let ControlAddr::Tcp(sa) = &l.host.control {
-                ips.push(sa.ip());
-            }
-            for (a, b) in &l.host.rails {
-                ips.push(*a);
-                ips.push(*b);
-            }
-            for (_, a, b) in &l.host.peer_links {
-                ips.push(*a);
-                ips.push(*b);
-            }
-        }
-        ips.sort();
-        ips.dedup();
-        ips
-    }
-
-    /// The parameters of staged role `r`: the point's own, with
-    /// [`Staged`] under the key `staged`: the role's index, every role's
-    /// side and flows, and what each earlier role announced, made
-    /// reachable from this role's host (over their own link on a mesh).
-    fn staged_params(
-        &self,
-        params: &serde_json::Value,
-        placement: &Placement,
-        r: usize,
-        announced: &[Vec<String>],
-    ) -> Result<serde_json::Value, WorkloadError> {
-        let h = placement.roles[r].host;
-        let here = &self.links[h].host;
-        let peers = (0..r)
-            .map(|j| {
-                let there = &self.links[placement.roles[j].host].host;
-                let link = here.peer_links.iter().find(|p| p.0 == there.name);
-                announced[j]
-                    .iter()
-                    .map(|a| match link {
-                        Some((_, _, remote)) => retarget(a, *remote),
-                        None => fix_unspecified(a, there),
-                    })
-                    .collect()
-            })
-            .collect();
-        let staged = Staged {
-            role: r,
-            roles: placement
-                .roles
-                .iter()
-                .map(|p| StagedRole {
-                    side: p.side,
-                    flows: p.flows.clone(),
-                })
-                .collect(),
-            peers,
-        };
-        let mut params = params.clone();
-        let value =
-            serde_json::to_value(&staged).map_err(|e| WorkloadError::Point(e.to_string()))?;
-        match params.as_object_mut() {
-            Some(map) => {
-                map.insert("staged".into(), value);
-            }
-            None => {
-                return Err(WorkloadError::Point(
-                    "a workload's parameters are not an object".into(),
-                ))
-            }
-        }
-        Ok(params)
-    }
-
-    /// Runs one repetition of `point`: prepare every role in the
-    /// placement's order (a server announces its addresses before the
-    /// roles that connect to it are prepared), the barrier, gather every
-    /// report.
-    pub(super) fn rep(
-        &mut self,
-        point: &WorkloadPoint,
-        placement: &Placement,
-        plan: &WorkloadPlan,
-    ) -> Result<RepResult, WorkloadError> {
-        let hosts: Vec<usize> = placement.roles.iter().map(|r| r.host).collect();
-        self.use_hosts(&hosts)?;
-        let binds_local = netgap_transport::find(&point.spec.transport)
-            .is_some_and(|t| t.capabilities().binds_local);
-        // A transport with addresses of its own (xdp's) listens on one
-        // interface, never on every address.
-        let own_form = netgap_transport::find(&point.spec.transport)
-            .is_some_and(|t| !t.capabilities().ip_port_addresses);
-        // A repetition that failed may have left hosts marked as preparing.
-        self.setup.iter_mut().for_each(|t| *t = None);
-        self.setup_limit = Duration::from_millis(u64::from(point.spec.io_timeout_ms))
-            .max(2 * netgap_proto::message::WORKLOAD_ALIVE_INTERVAL);
-        let base = WorkloadSpec {
-            point: point.spec.clone(),
-            role: WorkloadRole::Server,
-            params: point.params.clone(),
-            flows: 0,
-            listen_ips: Vec::new(),
-            targets: Vec::new(),
-            bind_ips: Vec::new(),
-            session_hosts: self.session_hosts(),
-            warmup_ms: plan.warmup.as_millis() as u32,
-            duration_ms: plan.duration.as_millis() as u32,
-        };
-        // On a mesh each client host reaches the server over its own link
-        // (its own subnet): the server then listens on every address and
-        // each client host targets the server's end of its first link.
-        // Flows pinned to links by the workload take their own links.
-        let pinned = !placement.links.is_empty();
-        let vias: Vec<Option<(IpAddr, IpAddr)>> = self
-            .links
-            .iter()
-            .map(|l| l.host.via.filter(|_| !pinned))
-            .collect();
-        let meshed = placement
-            .roles
-            .iter()
-            .any(|r| r.connects_to.is_some() && vias[r.host].is_some());
-        let staged = point.workload.staged().is_some();
-        // A staged role reaches an earlier one over their own link on a
-        // mesh: every staged role then listens on every address.
-        let staged_mesh = staged
-            && placement
-                .roles
-                .iter()
-                .any(|r| !self.links[r.host].host.peer_links.is_empty());
-        if staged_mesh && own_form && !self.staged_hosts_meet(placement) {
-            return Err(WorkloadError::Point(format!(
-                "{} over {} needs a switch testbed (--topology switch): on a mesh each stage reaches an earlier one over the link between them, and {} listens on one interface",
-                point.spec.test, point.spec.transport, point.spec.transport
-            )));
-        }
-        let mut announced: Vec<Vec<String>> = vec![Vec::new(); placement.roles.len()];
-        // One secret for the point: every flow between its roles proves it.
-        let token = netgap_transport::preamble::new_token()
-            .map_err(|e| WorkloadError::Point(e.to_string()))?;
-        for (r, role) in placement.roles.iter().enumerate() {
-            let h = role.host;
-            let mut spec = base.clone();
-            spec.role = role.side;
-            spec.flows = role.flows.len() as u32;
-            spec.listen_ips = match &role.listen_ips {
-                Some(ips) => ips.clone(),
-                None if role.side != WorkloadRole::Server => Vec::new(),
-                None if meshed && own_form => compact(self.mesh_listen_ips(placement, r)),
-                None if meshed => vec![IpAddr::V4(Ipv4Addr::UNSPECIFIED)],
-                None => self.links[h].host.address.into_iter().collect(),
-            };
-            if let Some(s) = role.connects_to {
-                let link = vias[h];
-                let mut targets = Vec::with_capacity(role.flows.len());
-                for &f in &role.flows {
-                    // A flow goes to the server role that serves it: the
-                    // one the role connects to, or another server prepared
-                    // before it (a client gathering from every host).
-                    let s = serving_role(placement, r, s, f);
-                    let server = &placement.roles[s];
-                    let addr = listener_for(&announced[s], &server.flows, f).ok_or_else(|| {
-                        self.host_error(server.host, format!("announced no address for flow {f}"))
-                    })?;
-                    targets.push(match link {
-                        Some((_, server_end)) => retarget(&addr, server_end),
-                        None => addr,
-                    });
-                }
-                spec.targets = compact(targets);
-                // Flows leave from the host's own address (its end of the
-                // link on a mesh) when it is known and the transport can
-                // bind one.
-                spec.bind_ips = match &role.bind_ips {
-                    Some(ips) => ips.clone(),
-                    None if !binds_local => Vec::new(),
-                    None => match link {
-                        Some((local, _)) => vec![local],
-                        None => self.links[h].host.address.into_iter().collect(),
-                    },
-                };
-            }
-            if staged {
-                // Every staged role listens (for the roles after it) and
-                // learns the placement and the earlier roles' addresses.
-                spec.role = WorkloadRole::Server;
-                spec.listen_ips = match &role.listen_ips {
-                    Some(ips) => ips.clone(),
-                    None if staged_mesh => vec![IpAddr::V4(Ipv4Addr::UNSPECIFIED)],
-                    None => self.links[h].host.address.into_iter().collect(),
-                };
-                spec.params = self.staged_params(&point.params, placement, r, &announced)?;
-            }
-            let req = self.links[h].session.workload_prepare(spec, token.clone());
-            self.send(h, &req)?;
-            self.setup[h] = Some(Instant::now());
-            if staged {
-                let reply = self.wait(h, REPLY_TIMEOUT)?;
-                announced[r] = self.links[h]
-                    .session
-                    .on_workload_listening(reply)
-                    .map_err(|e| self.host_error(h, e.to_string()))?;
-            } else if role.side == WorkloadRole::Server {
-                let reply = self.wait(h, REPLY_TIMEOUT)?;
-                let addrs = self.links[h]
-                    .session
-                    .on_workload_listening(reply)
-                    .map_err(|e| self.host_error(h, e.to_string()))?;
-                if addrs.len() != 1 && addrs.len() != role.flows.len() {
-                    return Err(self.host_error(
-                        h,
-                        format!(
-                            "announced {} listeners for {} flows",
-                            addrs.len(),
-                            role.flows.len()
-                        ),
-                    ));
-                }
-                announced[r] = if meshed {
-                    addrs
-                } else {
-                    addrs
-                        .iter()
-                        .map(|a| fix_unspecified(a, &self.links[h].host))
-                        .collect()
-                };
-            }
-        }
-        let prepare_timeout = netgap_workload::role::ACCEPT_TIMEOUT + REPLY_TIMEOUT;
-        // Roles that only connect are ready first; a server is ready once
-        // they have all connected. Staged roles both accept and connect:
-        // the last one prepared connects last and is ready first.
-        let mut order: Vec<usize> = (0..placement.roles.len()).collect();
-        if staged {
-            order.reverse();
-        } else {
-            order.sort_by_key(|&r| placement.roles[r].side == WorkloadRole::Server);
-        }
-        for &r in &order {
-            let h = placement.roles[r].host;
-            let reply = self.wait(h, prepare_timeout)?;
-            self.setup[h] = None;
-            self.links[h]
-                .session
-                .on_workload_ready(reply)
-                .map_err(|e| self.host_error(h, e.to_string()))?;
-        }
-        // The barrier: every role is prepared; start them all, servers first.
-        // Staged roles start last role first: the roles downstream of the
-        // first (a pipeline's consumer) start no later than it, so a time
-        // taken from the start (a query's) errs long, never short.
-        if !staged {
-            order.reverse();
-        }
-        for &r in &order {
-            let h = placement.roles[r].host;
-            let go = self.links[h].session.workload_go();
-            self.send(h, &go)?;
-            self.running[h] = Some(Instant::now());
-        }
-        // In-flight exchanges may take an I/O timeout to finish after the
-        // window, and thousands of flows take a while to close and report.
-        let timeout = plan.warmup
-            + plan.duration
-            + 2 * Duration::from_millis(u64::from(point.spec.io_timeout_ms))
-            + RESULT_SLACK
-            + PER_FLOW_REPORT_TIME * placement.flows;
-        let deadline = Instant::now() + timeout;
-        let mut result = RepResult {
-            reports: Vec::new(),
-            hist: LatencyHistogram::new(),
-        };
-        for &r in &order {
-            let h = placement.roles[r].host;
-            let mut reports = Vec::new();
-            loop {
-                let left = deadline.saturating_duration_since(Instant::now());
-                let reply = self.wait(h, left.max(Duration::from_millis(1)))?;
-                let progress = self.links[h]
-                    .session
-                    .on_workload_result(reply)
-                    .map_err(|e| self.host_error(h, e.to_string()))?;
-                match progress {
-                    WorkloadProgress::Alive => {}
-                    WorkloadProgress::Flows(f) => reports.extend(f),
-                    WorkloadProgress::Buckets(b) => {
-                        for [v, n] in b {
-                            result.hist.record_n_ns(v, n);
-                        }
-                    }
-                    WorkloadProgress::Finished(outcome) => {
-                        self.running[h] = None;
-                        result.reports.push((r, reports, *outcome));
-                        break;
-                    }
-                }
-            }
-        }
-        Ok(result)
     }
 }
 

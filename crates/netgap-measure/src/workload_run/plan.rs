@@ -324,62 +324,14 @@ fn refuse_ignored_flags(r: &RunRequest, tests: &[&'static dyn Workload]) -> Resu
 impl WorkloadPlan {
     /// Validates a run of workloads.
     pub fn from_request(r: &RunRequest) -> Result<WorkloadPlan, PlanError> {
-        let mut tests = Vec::new();
-        for name in &r.tests {
-            tests.push(super::find(name).ok_or_else(|| PlanError::UnknownTest {
-                name: name.clone(),
-                available: super::names(),
-            })?);
-        }
+        let tests = find_workloads(&r.tests)?;
         let what = r.tests.join(",");
         crate::plan::refuse_interleaving(r, &what)?;
         refuse_ignored_flags(r, &tests)?;
         refuse_foreign_options(&tests, &r.multi_host.workload_options)?;
         let settings = Settings::new(&r.common(DEFAULT_REP_TIME), &what)?;
-        let hosts = match &settings.hosts {
-            Some(hosts) => {
-                if hosts.hosts() < 2 {
-                    use crate::cluster::Launcher;
-                    let detail = match hosts {
-                        HostsSource::Nodes { launcher: Launcher::Slurm, .. } => "the allocation has one node, and a workload run needs a server and at least one client host (allocate two or more: sbatch -N 2)",
-                        HostsSource::Nodes { .. } => "the hostfile names one host, and a workload run needs a server and at least one client host",
-                        _ => "a workload run needs a server and at least one client host, e.g. 10.0.0.1,10.0.0.2",
-                    };
-                    return Err(invalid("--hosts", hosts.label(), detail));
-                }
-                hosts.clone()
-            }
-            None => {
-                let client_hosts = r.multi_host.client_hosts.unwrap_or(DEFAULT_CLIENT_HOSTS);
-                if client_hosts == 0 || client_hosts > MAX_EMBEDDED_HOSTS {
-                    return Err(invalid(
-                        "--client-hosts",
-                        client_hosts,
-                        format!("must be between 1 and {MAX_EMBEDDED_HOSTS}"),
-                    ));
-                }
-                let links = match &r.multi_host.links {
-                    Some(counts) => {
-                        check_counts("--links", counts, MAX_LOOPBACK_LINKS)?;
-                        counts.iter().copied().max().unwrap_or(DEFAULT_LINKS)
-                    }
-                    None => DEFAULT_LINKS,
-                };
-                HostsSource::Embedded {
-                    client_hosts,
-                    links,
-                }
-            }
-        };
-        let duration = r.multi_host.duration.unwrap_or(DEFAULT_DURATION);
-        let max = Duration::from_millis(u64::from(MAX_WORKLOAD_DURATION_MS));
-        if duration < MIN_DURATION || duration > max {
-            return Err(invalid(
-                "--duration",
-                show(duration),
-                format!("must be between 10ms and {}s", max.as_secs()),
-            ));
-        }
+        let hosts = run_hosts(r, &settings)?;
+        let duration = checked_duration(r)?;
         let warmup = (duration / 5).min(MAX_WARMUP);
         if let Some(sizes) = &r.method.sizes {
             for &size in sizes {
@@ -392,73 +344,9 @@ impl WorkloadPlan {
         if let (Some(counts), HostsSource::File(_)) = (&r.multi_host.links, &hosts) {
             check_counts("--links", counts, MAX_LINK_COUNT)?;
         }
-        let default_clients = vec![hosts.client_hosts()];
-        let default_streams = vec![DEFAULT_STREAMS];
         let mut points = Vec::new();
         for &test in &tests {
-            let limit = test.max_flows();
-            let counts = match test.count() {
-                CountFlag::Clients => {
-                    let c = r.multi_host.clients.as_ref().unwrap_or(&default_clients);
-                    check_counts("--clients", c, limit)?;
-                    c.clone()
-                }
-                CountFlag::Streams => {
-                    let c = r.multi_host.streams.as_ref().unwrap_or(&default_streams);
-                    check_counts("--streams", c, limit)?;
-                    c.clone()
-                }
-                // Without --links the hosts decide: every link.
-                CountFlag::Hosts => r.multi_host.links.clone().unwrap_or_else(|| vec![0]),
-            };
-            let arg_points = workload_args(test, &r.multi_host.workload_options)?;
-            let bidir = r.multi_host.bidir && test.takes_bidir();
-            let mut seen = Vec::new();
-            let sizes_given = r.method.sizes.as_deref();
-            for &t in &settings.stacks.transports {
-                for &mode in &settings.stacks.modes {
-                    // Without --sizes, the workload's own size on this
-                    // transport, checked as a given one would be.
-                    if !t.capabilities().modes.contains(&mode) {
-                        return Err(PlanError::NoMode {
-                            transport: t.name().to_string(),
-                            mode,
-                        });
-                    }
-                    let default_size = [test.default_size_bytes(t)];
-                    for &size in sizes_given.unwrap_or(&default_size) {
-                        let spec = settings.point(test.name(), t.name(), mode, size);
-                        spec.validate()?;
-                        test.check(&spec, t)?;
-                        if sizes_given.is_none() {
-                            settings.stacks.check_size_on(size, "--sizes", [t])?;
-                        }
-                        let key = (spec.transport.clone(), spec.mode, spec.size_bytes);
-                        if seen.contains(&key) {
-                            continue;
-                        }
-                        seen.push(key);
-                        for args in &arg_points {
-                            let mut params = test.params(&spec, args);
-                            if bidir {
-                                if let Some(o) = params.as_object_mut() {
-                                    o.insert("bidir".into(), serde_json::Value::Bool(true));
-                                }
-                            }
-                            for &clients in &counts {
-                                points.push(WorkloadPoint {
-                                    workload: test,
-                                    spec: spec.clone(),
-                                    clients,
-                                    bidir,
-                                    args: args.clone(),
-                                    params: params.clone(),
-                                });
-                            }
-                        }
-                    }
-                }
-            }
+            points.extend(workload_points(test, r, &settings, &hosts)?);
         }
         check_forwarding(&points, &hosts, &settings)?;
         Ok(WorkloadPlan {
@@ -469,6 +357,160 @@ impl WorkloadPlan {
             settings,
         })
     }
+}
+
+/// The workloads `names` name, in order; refuses a name no workload has.
+fn find_workloads(names: &[String]) -> Result<Vec<&'static dyn Workload>, PlanError> {
+    names
+        .iter()
+        .map(|name| {
+            super::find(name).ok_or_else(|| PlanError::UnknownTest {
+                name: name.clone(),
+                available: super::names(),
+            })
+        })
+        .collect()
+}
+
+/// Where the run's roles go: the hosts of `--hosts` (at least two), else
+/// in-process hosts on loopback with `--client-hosts` clients and as many
+/// links as the largest `--links`.
+fn run_hosts(r: &RunRequest, settings: &Settings) -> Result<HostsSource, PlanError> {
+    if let Some(hosts) = &settings.hosts {
+        if hosts.hosts() < 2 {
+            use crate::cluster::Launcher;
+            let detail = match hosts {
+                HostsSource::Nodes { launcher: Launcher::Slurm, .. } => "the allocation has one node, and a workload run needs a server and at least one client host (allocate two or more: sbatch -N 2)",
+                HostsSource::Nodes { .. } => "the hostfile names one host, and a workload run needs a server and at least one client host",
+                _ => "a workload run needs a server and at least one client host, e.g. 10.0.0.1,10.0.0.2",
+            };
+            return Err(invalid("--hosts", hosts.label(), detail));
+        }
+        return Ok(hosts.clone());
+    }
+    let client_hosts = r.multi_host.client_hosts.unwrap_or(DEFAULT_CLIENT_HOSTS);
+    if client_hosts == 0 || client_hosts > MAX_EMBEDDED_HOSTS {
+        return Err(invalid(
+            "--client-hosts",
+            client_hosts,
+            format!("must be between 1 and {MAX_EMBEDDED_HOSTS}"),
+        ));
+    }
+    let links = match &r.multi_host.links {
+        Some(counts) => {
+            check_counts("--links", counts, MAX_LOOPBACK_LINKS)?;
+            counts.iter().copied().max().unwrap_or(DEFAULT_LINKS)
+        }
+        None => DEFAULT_LINKS,
+    };
+    Ok(HostsSource::Embedded {
+        client_hosts,
+        links,
+    })
+}
+
+/// `--duration`, the measured window of each repetition, checked against
+/// its bounds.
+fn checked_duration(r: &RunRequest) -> Result<Duration, PlanError> {
+    let duration = r.multi_host.duration.unwrap_or(DEFAULT_DURATION);
+    let max = Duration::from_millis(u64::from(MAX_WORKLOAD_DURATION_MS));
+    if duration < MIN_DURATION || duration > max {
+        return Err(invalid(
+            "--duration",
+            show(duration),
+            format!("must be between 10ms and {}s", max.as_secs()),
+        ));
+    }
+    Ok(duration)
+}
+
+/// The counts `test` runs with: its `--clients` (one per client host by
+/// default), `--streams`, or `--links` (every link without it), checked
+/// against its largest number of flows.
+fn workload_counts(
+    test: &'static dyn Workload,
+    r: &RunRequest,
+    hosts: &HostsSource,
+) -> Result<Vec<u32>, PlanError> {
+    let limit = test.max_flows();
+    Ok(match test.count() {
+        CountFlag::Clients => {
+            let default_clients = vec![hosts.client_hosts()];
+            let c = r.multi_host.clients.as_ref().unwrap_or(&default_clients);
+            check_counts("--clients", c, limit)?;
+            c.clone()
+        }
+        CountFlag::Streams => {
+            let default_streams = vec![DEFAULT_STREAMS];
+            let c = r.multi_host.streams.as_ref().unwrap_or(&default_streams);
+            check_counts("--streams", c, limit)?;
+            c.clone()
+        }
+        // Without --links the hosts decide: every link.
+        CountFlag::Hosts => r.multi_host.links.clone().unwrap_or_else(|| vec![0]),
+    })
+}
+
+/// The points of `test`: every transport, mode and size (the workload's
+/// own size on each transport without `--sizes`), each with every value
+/// of its own options and every count.
+fn workload_points(
+    test: &'static dyn Workload,
+    r: &RunRequest,
+    settings: &Settings,
+    hosts: &HostsSource,
+) -> Result<Vec<WorkloadPoint>, PlanError> {
+    let counts = workload_counts(test, r, hosts)?;
+    let arg_points = workload_args(test, &r.multi_host.workload_options)?;
+    let bidir = r.multi_host.bidir && test.takes_bidir();
+    let mut seen = Vec::new();
+    let sizes_given = r.method.sizes.as_deref();
+    let mut points = Vec::new();
+    for &t in &settings.stacks.transports {
+        for &mode in &settings.stacks.modes {
+            // Without --sizes, the workload's own size on this
+            // transport, checked as a given one would be.
+            if !t.capabilities().modes.contains(&mode) {
+                return Err(PlanError::NoMode {
+                    transport: t.name().to_string(),
+                    mode,
+                });
+            }
+            let default_size = [test.default_size_bytes(t)];
+            for &size in sizes_given.unwrap_or(&default_size) {
+                let spec = settings.point(test.name(), t.name(), mode, size);
+                spec.validate()?;
+                test.check(&spec, t)?;
+                if sizes_given.is_none() {
+                    settings.stacks.check_size_on(size, "--sizes", [t])?;
+                }
+                let key = (spec.transport.clone(), spec.mode, spec.size_bytes);
+                if seen.contains(&key) {
+                    continue;
+                }
+                seen.push(key);
+                for args in &arg_points {
+                    let mut params = test.params(&spec, args);
+                    if bidir {
+                        if let Some(o) = params.as_object_mut() {
+                            o.insert("bidir".into(), serde_json::Value::Bool(true));
+                        }
+                    }
+                    for &clients in &counts {
+                        points.push(WorkloadPoint {
+                            workload: test,
+                            spec: spec.clone(),
+                            clients,
+                            bidir,
+                            args: args.clone(),
+                            params: params.clone(),
+                        });
+                    }
+                }
+            }
+        }
+    }
+    Ok(points)
 }
 
 #[cfg(test)]

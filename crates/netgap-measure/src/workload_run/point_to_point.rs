@@ -148,7 +148,7 @@ impl WorkloadCoordinator {
                     ),
                 )
             }
-            Some((_, Err(lost))) => self.host_error(other, lost),
+            Some((_, Err(lost))) => self.host_error(other, lost.to_string()),
             Some((_, Ok(_))) => self.host_error(failed, detail),
         }
     }
@@ -203,16 +203,16 @@ impl WorkloadCoordinator {
                         }
                     }
                 }
-                Some((CLIENT, Err(lost))) => return Err(self.host_error(CLIENT, lost)),
+                Some((CLIENT, Err(lost))) => return Err(self.host_error(CLIENT, lost.to_string())),
                 Some((_, Ok(reply))) => server = Some(self.server_rep(reply)?),
-                Some((_, Err(lost))) => return Err(self.host_error(SERVER, lost)),
+                Some((_, Err(lost))) => return Err(self.host_error(SERVER, lost.to_string())),
             }
         };
         let server = match server {
             Some(s) => s,
             None => match self.next_from(&[SERVER], io_timeout + DONE_GRACE) {
                 Some((_, Ok(reply))) => self.server_rep(reply)?,
-                Some((_, Err(lost))) => return Err(self.host_error(SERVER, lost)),
+                Some((_, Err(lost))) => return Err(self.host_error(SERVER, lost.to_string())),
                 None => {
                     return Err(self.host_error(
                         SERVER,

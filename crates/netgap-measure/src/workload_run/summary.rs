@@ -12,8 +12,8 @@ use crate::coordinator::Observer;
 use netgap_core::cpu::CpuUsage;
 use netgap_core::diagnose::diagnose;
 use netgap_core::record::{
-    rfc3339, ByteCounts, DatagramCounts, FlowResult, HostCpu, LinkResult, RecordHead, RecordStats,
-    ResultRecord, WorkloadSection,
+    rfc3339, ByteCounts, DatagramCounts, FlowResult, HostCpu, LinkResult, RecordHead,
+    RecordOptions, RecordStats, ResultRecord, WorkloadSection,
 };
 use netgap_core::stack::{PathIdentity, Stack};
 use netgap_core::stats::{LatencyHistogram, Percentiles, Summary};
@@ -311,18 +311,7 @@ pub(super) fn measure_point(
     let workload = point.workload;
     let placement = place(point, &coord.links)?;
     let n = placement.flows as usize;
-    let flow_hosts = placement.flow_hosts();
-    let mut red = Reduction::new(&placement);
-    for rep in 0..plan.settings.method.reps {
-        let r = coord.rep(point, &placement, plan)?;
-        red.add_rep(workload, &placement, &r).map_err(|e| match e {
-            ReduceError::UnknownFlow { host, flow } => {
-                coord.host_error(host, format!("report of unknown flow {flow}"))
-            }
-            ReduceError::Point(m) => WorkloadError::Point(m),
-        })?;
-        observer.rep_done(rep);
-    }
+    let red = measure_reps(coord, point, &placement, plan, observer)?;
     let Reduction {
         flows,
         rep_values,
@@ -347,80 +336,12 @@ pub(super) fn measure_point(
         .collect();
     let summary =
         Summary::from_reps(&rep_values).map_err(|e| WorkloadError::Point(e.to_string()))?;
-    let flow_results: Vec<FlowResult> = flows
-        .iter()
-        .enumerate()
-        .map(|(i, a)| FlowResult {
-            host: coord.links[flow_hosts[i]].host.name.clone(),
-            index: i as u32,
-            value: netgap_core::stats::mean(&a.values).unwrap_or(0.0),
-            bytes_tx: a.bytes_tx,
-            bytes_rx: a.bytes_rx,
-            percentiles: pooled_percentiles(&a.percentiles),
-        })
-        .collect();
-    let links = placement
-        .links
-        .iter()
-        .zip(&flow_results)
-        .zip(&flows)
-        .map(|(((local, remote), f), a)| LinkResult {
-            local: local.to_string(),
-            remote: remote.to_string(),
-            bytes: a.window_bytes,
-            bandwidth_gbps: f.value,
-        })
-        .collect();
-    let hosts_cpu = cpu
-        .iter()
-        .enumerate()
-        .filter(|(_, c)| !c.is_empty())
-        .map(|(r, c)| HostCpu {
-            host: coord.links[placement.roles[r].host].host.name.clone(),
-            role: placement.roles[r].side.as_str().into(),
-            cpu: CpuUsage::mean(c),
-            peak_rss_kib: rss[r],
-            processes: processes[r],
-            facts: Some(coord.links[placement.roles[r].host].facts.clone()),
-        })
-        .collect();
-    let mut options = plan.settings.record_options(&point.spec);
-    options.peer = plan.hosts.label();
-    options.iterations = None;
-    options.rep_time_ms = Some(plan.duration.as_millis() as u64);
-    options.warmup = None;
-    options.bidir = point.bidir;
-    let client_hosts = {
-        let mut h: Vec<usize> = placement
-            .roles
-            .iter()
-            .filter(|r| r.side == WorkloadRole::Client)
-            .map(|r| r.host)
-            .collect();
-        h.sort_unstable();
-        h.dedup();
-        h.len()
-    };
-    let first_server = placement
-        .roles
-        .iter()
-        .find(|r| r.side == WorkloadRole::Server)
-        .map_or(0, |r| r.host);
-    let first_client = placement
-        .roles
-        .iter()
-        .find(|r| r.side == WorkloadRole::Client)
-        .map_or(first_server, |r| r.host);
-    let mut path = PathIdentity::from_ends(
-        Some(&coord.links[first_client].facts),
-        Some(&coord.links[first_server].facts),
-    );
-    if let Some(tb) = match &plan.hosts {
-        crate::cluster::HostsSource::File(f) => f.path_facts(),
-        _ => None,
-    } {
-        tb.fill(&mut path);
-    }
+    let flow_results = flow_results(coord, &placement, &flows);
+    let links = link_results(&placement, &flow_results, &flows);
+    let hosts_cpu = hosts_cpu(coord, &placement, &cpu, &rss, &processes);
+    let options = record_options(point, plan);
+    let client_hosts = client_host_count(&placement);
+    let (first_server, path) = record_path(coord, &placement, plan);
     let mut record = ResultRecord::new(RecordHead {
         test: workload.name().into(),
         transport: point.spec.transport.clone(),
@@ -466,6 +387,151 @@ pub(super) fn measure_point(
     }
     record.warnings.extend(short_windows);
     Ok(record)
+}
+
+/// Runs every repetition of `point` at `placement` and adds up what each
+/// role reported.
+fn measure_reps(
+    coord: &mut WorkloadCoordinator,
+    point: &WorkloadPoint,
+    placement: &Placement,
+    plan: &WorkloadPlan,
+    observer: &mut dyn Observer,
+) -> Result<Reduction, WorkloadError> {
+    let mut red = Reduction::new(placement);
+    for rep in 0..plan.settings.method.reps {
+        let r = coord.rep(point, placement, plan)?;
+        red.add_rep(point.workload, placement, &r)
+            .map_err(|e| match e {
+                ReduceError::UnknownFlow { host, flow } => {
+                    coord.host_error(host, format!("report of unknown flow {flow}"))
+                }
+                ReduceError::Point(m) => WorkloadError::Point(m),
+            })?;
+        observer.rep_done(rep);
+    }
+    Ok(red)
+}
+
+/// Each flow's result over the repetitions, named by its host.
+fn flow_results(
+    coord: &WorkloadCoordinator,
+    placement: &Placement,
+    flows: &[FlowAcc],
+) -> Vec<FlowResult> {
+    let flow_hosts = placement.flow_hosts();
+    flows
+        .iter()
+        .enumerate()
+        .map(|(i, a)| FlowResult {
+            host: coord.links[flow_hosts[i]].host.name.clone(),
+            index: i as u32,
+            value: netgap_core::stats::mean(&a.values).unwrap_or(0.0),
+            bytes_tx: a.bytes_tx,
+            bytes_rx: a.bytes_rx,
+            percentiles: pooled_percentiles(&a.percentiles),
+        })
+        .collect()
+}
+
+/// The result of each link the workload pinned flows to: its flow's
+/// bytes in the window and bandwidth.
+fn link_results(
+    placement: &Placement,
+    flow_results: &[FlowResult],
+    flows: &[FlowAcc],
+) -> Vec<LinkResult> {
+    placement
+        .links
+        .iter()
+        .zip(flow_results)
+        .zip(flows)
+        .map(|(((local, remote), f), a)| LinkResult {
+            local: local.to_string(),
+            remote: remote.to_string(),
+            bytes: a.window_bytes,
+            bandwidth_gbps: f.value,
+        })
+        .collect()
+}
+
+/// The CPU, peak memory and facts of the host of every role that
+/// reported its CPU.
+fn hosts_cpu(
+    coord: &WorkloadCoordinator,
+    placement: &Placement,
+    cpu: &[Vec<CpuUsage>],
+    rss: &[Option<u64>],
+    processes: &[Option<u32>],
+) -> Vec<HostCpu> {
+    cpu.iter()
+        .enumerate()
+        .filter(|(_, c)| !c.is_empty())
+        .map(|(r, c)| HostCpu {
+            host: coord.links[placement.roles[r].host].host.name.clone(),
+            role: placement.roles[r].side.as_str().into(),
+            cpu: CpuUsage::mean(c),
+            peak_rss_kib: rss[r],
+            processes: processes[r],
+            facts: Some(coord.links[placement.roles[r].host].facts.clone()),
+        })
+        .collect()
+}
+
+/// The options a workload point's record states: the run's, with its
+/// hosts, window and direction.
+fn record_options(point: &WorkloadPoint, plan: &WorkloadPlan) -> RecordOptions {
+    let mut options = plan.settings.record_options(&point.spec);
+    options.peer = plan.hosts.label();
+    options.iterations = None;
+    options.rep_time_ms = Some(plan.duration.as_millis() as u64);
+    options.warmup = None;
+    options.bidir = point.bidir;
+    options
+}
+
+/// How many hosts run a client role.
+fn client_host_count(placement: &Placement) -> usize {
+    let mut h: Vec<usize> = placement
+        .roles
+        .iter()
+        .filter(|r| r.side == WorkloadRole::Client)
+        .map(|r| r.host)
+        .collect();
+    h.sort_unstable();
+    h.dedup();
+    h.len()
+}
+
+/// The host of the first server role, and the record's path: from the
+/// first client role's host to it, with the testbed's facts when the
+/// hosts file has them.
+fn record_path(
+    coord: &WorkloadCoordinator,
+    placement: &Placement,
+    plan: &WorkloadPlan,
+) -> (usize, PathIdentity) {
+    let first_server = placement
+        .roles
+        .iter()
+        .find(|r| r.side == WorkloadRole::Server)
+        .map_or(0, |r| r.host);
+    let first_client = placement
+        .roles
+        .iter()
+        .find(|r| r.side == WorkloadRole::Client)
+        .map_or(first_server, |r| r.host);
+    let mut path = PathIdentity::from_ends(
+        Some(&coord.links[first_client].facts),
+        Some(&coord.links[first_server].facts),
+    );
+    if let Some(tb) = match &plan.hosts {
+        crate::cluster::HostsSource::File(f) => f.path_facts(),
+        _ => None,
+    } {
+        tb.fill(&mut path);
+    }
+    (first_server, path)
 }
 
 /// The warning of a point run under the preload library some of whose
