@@ -132,6 +132,26 @@ enum Kind {
 }
 
 impl Flow {
+    /// Flow `index` before its first exchange, which `now` stands for until
+    /// the run begins it.
+    fn new(index: u32, now: Instant, interest: Option<EpollFlags>, kind: Kind) -> Self {
+        Flow {
+            index,
+            hist: FlowHistogram::new(),
+            round_trips: 0,
+            window_bytes_tx: 0,
+            window_bytes_rx: 0,
+            errors: 0,
+            completed: 0,
+            setup_ns: 0,
+            window_setup_ns: 0,
+            t0: now,
+            last_progress: now,
+            interest,
+            kind,
+        }
+    }
+
     fn busy(&self) -> bool {
         match &self.kind {
             Kind::PingPong { m, .. } => m.busy(),
@@ -178,20 +198,7 @@ pub(super) fn prepare(
     let gauge = Arc::new(BufferGauge::default());
     let mut workers = Vec::with_capacity(workers_n);
     for _ in 0..workers_n {
-        let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)
-            .map_err(|e| sys("creating an epoll instance", e))?;
-        let io = super::io::worker_io(cfg).map_err(|source| EngineError::Sys {
-            what: format!("setting up the {} data path of a worker", cfg.path.name()),
-            source,
-        })?;
-        workers.push(Worker {
-            epoll,
-            io,
-            bufs: super::buffers::for_worker(spec.work, Side::Client, cfg, &gauge)?,
-            flows: Vec::with_capacity(spec.flows / workers_n + 1),
-            retries: RetryQueue::default(),
-            rto: RetryTimeout::new(Hysteresis::None),
-        });
+        workers.push(new_worker(spec, cfg, workers_n, &gauge)?);
     }
     // Connections are opened paced, all before any flow is handed to a
     // worker; they then go to their workers in flow order.
@@ -205,82 +212,8 @@ pub(super) fn prepare(
     for i in 0..spec.flows {
         let index = i as u32;
         let w = &mut workers[i % workers_n];
-        let (kind, interest) = match spec.work {
-            FlowWork::PingPong { size_bytes } if cfg.path.datagrams() => {
-                let socket = datagram::open_flow(
-                    spec.target,
-                    spec.bind_ip,
-                    &cfg.options,
-                    cfg.io_timeout,
-                    cfg.token.as_ref(),
-                )
-                .map_err(|source| EngineError::Connect {
-                    index,
-                    target: spec.target,
-                    source,
-                })?;
-                let token = w.flows.len() as u64;
-                // Replies are all a datagram flow waits for: its interest
-                // never changes.
-                w.epoll
-                    .add(&socket, EpollEvent::new(EpollFlags::EPOLLIN, token))
-                    .map_err(|e| sys("adding a flow to epoll", e))?;
-                (
-                    Kind::Datagram {
-                        socket,
-                        m: DatagramClient::new(size_bytes),
-                        retry_at: None,
-                        backoff: Duration::ZERO,
-                        queued: false,
-                    },
-                    Some(EpollFlags::EPOLLIN),
-                )
-            }
-            FlowWork::PingPong { size_bytes } => {
-                let stream = streams
-                    .next()
-                    .ok_or_else(|| EngineError::Invalid(format!("flow {index} was not opened")))?;
-                let token = w.flows.len() as u64;
-                w.epoll
-                    .add(&stream, EpollEvent::new(EpollFlags::EPOLLIN, token))
-                    .map_err(|e| sys("adding a flow to epoll", e))?;
-                (
-                    Kind::PingPong {
-                        stream,
-                        m: PingPongClient::new(size_bytes),
-                    },
-                    Some(EpollFlags::EPOLLIN),
-                )
-            }
-            FlowWork::Connect {
-                request_bytes,
-                reply_bytes,
-            } => (
-                Kind::Connect {
-                    stream: None,
-                    connecting: false,
-                    proof: None,
-                    timed: false,
-                    m: ConnectClient::new(request_bytes, reply_bytes),
-                },
-                None,
-            ),
-        };
-        w.flows.push(Flow {
-            index,
-            hist: FlowHistogram::new(),
-            round_trips: 0,
-            window_bytes_tx: 0,
-            window_bytes_rx: 0,
-            errors: 0,
-            completed: 0,
-            setup_ns: 0,
-            window_setup_ns: 0,
-            t0: now,
-            last_progress: now,
-            interest,
-            kind,
-        });
+        let (kind, interest) = open_flow(w, index, spec, cfg, &mut streams)?;
+        w.flows.push(Flow::new(index, now, interest, kind));
     }
     Ok(PreparedClients {
         target: spec.target,
@@ -296,6 +229,106 @@ pub(super) fn prepare(
         workers,
         gauge,
     })
+}
+
+/// A worker's epoll instance, data path and message buffers, with room for
+/// its share of the `spec`'s flows.
+fn new_worker(
+    spec: &ClientSpec,
+    cfg: &EngineConfig,
+    workers_n: usize,
+    gauge: &Arc<BufferGauge>,
+) -> Result<Worker, EngineError> {
+    let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)
+        .map_err(|e| sys("creating an epoll instance", e))?;
+    let io = super::io::worker_io(cfg).map_err(|source| EngineError::Sys {
+        what: format!("setting up the {} data path of a worker", cfg.path.name()),
+        source,
+    })?;
+    Ok(Worker {
+        epoll,
+        io,
+        bufs: super::buffers::for_worker(spec.work, Side::Client, cfg, gauge)?,
+        flows: Vec::with_capacity(spec.flows / workers_n + 1),
+        retries: RetryQueue::default(),
+        rto: RetryTimeout::new(Hysteresis::None),
+    })
+}
+
+/// Flow `index`'s state for its worker `w`: a datagram flow's socket, opened
+/// and added to the worker's epoll here; a pingpong flow's connection, the
+/// next of `streams` (opened beforehand, in flow order), added likewise; a
+/// connect-mode flow with no connection yet. With the epoll interest
+/// registered, if any.
+fn open_flow(
+    w: &mut Worker,
+    index: u32,
+    spec: &ClientSpec,
+    cfg: &EngineConfig,
+    streams: &mut impl Iterator<Item = TcpStream>,
+) -> Result<(Kind, Option<EpollFlags>), EngineError> {
+    let opened = match spec.work {
+        FlowWork::PingPong { size_bytes } if cfg.path.datagrams() => {
+            let socket = datagram::open_flow(
+                spec.target,
+                spec.bind_ip,
+                &cfg.options,
+                cfg.io_timeout,
+                cfg.token.as_ref(),
+            )
+            .map_err(|source| EngineError::Connect {
+                index,
+                target: spec.target,
+                source,
+            })?;
+            let token = w.flows.len() as u64;
+            // Replies are all a datagram flow waits for: its interest
+            // never changes.
+            w.epoll
+                .add(&socket, EpollEvent::new(EpollFlags::EPOLLIN, token))
+                .map_err(|e| sys("adding a flow to epoll", e))?;
+            (
+                Kind::Datagram {
+                    socket,
+                    m: DatagramClient::new(size_bytes),
+                    retry_at: None,
+                    backoff: Duration::ZERO,
+                    queued: false,
+                },
+                Some(EpollFlags::EPOLLIN),
+            )
+        }
+        FlowWork::PingPong { size_bytes } => {
+            let stream = streams
+                .next()
+                .ok_or_else(|| EngineError::Invalid(format!("flow {index} was not opened")))?;
+            let token = w.flows.len() as u64;
+            w.epoll
+                .add(&stream, EpollEvent::new(EpollFlags::EPOLLIN, token))
+                .map_err(|e| sys("adding a flow to epoll", e))?;
+            (
+                Kind::PingPong {
+                    stream,
+                    m: PingPongClient::new(size_bytes),
+                },
+                Some(EpollFlags::EPOLLIN),
+            )
+        }
+        FlowWork::Connect {
+            request_bytes,
+            reply_bytes,
+        } => (
+            Kind::Connect {
+                stream: None,
+                connecting: false,
+                proof: None,
+                timed: false,
+                m: ConnectClient::new(request_bytes, reply_bytes),
+            },
+            None,
+        ),
+    };
+    Ok(opened)
 }
 
 fn sys(what: &str, e: Errno) -> EngineError {
@@ -413,42 +446,7 @@ impl PreparedClients {
             rate,
         };
         let abort = stop;
-        let mut handles = Vec::with_capacity(workers.len());
-        let mut starts = Vec::with_capacity(workers.len());
-        for (w, worker) in workers.into_iter().enumerate() {
-            let (tx, rx) = mpsc::channel::<Schedule>();
-            let abort = Arc::clone(&abort);
-            let ctx = ctx.clone();
-            let spawned = std::thread::Builder::new()
-                .name(format!("flow-client-{w}"))
-                .spawn(move || {
-                    // A closed channel means the run was abandoned before it began.
-                    let Ok(schedule) = rx.recv() else {
-                        return Ok(Vec::new());
-                    };
-                    let result = run_worker(worker, schedule, &ctx, &abort);
-                    if result.is_err() {
-                        abort.store(true, Ordering::Relaxed);
-                    }
-                    result
-                });
-            match spawned {
-                Ok(h) => {
-                    handles.push(h);
-                    starts.push(tx);
-                }
-                Err(source) => {
-                    drop(starts);
-                    for h in handles {
-                        let _ = h.join();
-                    }
-                    return Err(EngineError::Sys {
-                        what: "starting a flow client worker".into(),
-                        source,
-                    });
-                }
-            }
-        }
+        let (handles, starts) = spawn_workers(workers, &ctx, &abort)?;
         // Every worker exists before the clock starts, so all flows begin
         // within one wake-up of each other.
         let start = Instant::now();
@@ -460,48 +458,111 @@ impl PreparedClients {
             // A worker that is gone already reports through its handle.
             let _ = tx.send(schedule);
         }
-        let mut outcomes = Vec::with_capacity(flows);
-        let mut first_err: Option<EngineError> = None;
-        for h in handles {
-            match h.join() {
-                Ok(Ok(mut o)) => outcomes.append(&mut o),
-                Ok(Err(EngineError::Invalid(msg))) if msg == ABORTED => {}
-                Ok(Err(e)) => {
-                    first_err.get_or_insert(e);
+        gather(handles, flows, work, target, duration)
+    }
+}
+
+/// A worker's thread: its flows' outcomes, or why it stopped.
+type WorkerHandle = std::thread::JoinHandle<Result<Vec<Finished>, EngineError>>;
+
+/// Starts a thread per worker, each waiting for the run's schedule on its
+/// channel and setting `abort` if it fails. If a thread cannot start, those
+/// started see their channels close and end, and are joined.
+fn spawn_workers(
+    workers: Vec<Worker>,
+    ctx: &Ctx,
+    abort: &Arc<AtomicBool>,
+) -> Result<(Vec<WorkerHandle>, Vec<mpsc::Sender<Schedule>>), EngineError> {
+    let mut handles = Vec::with_capacity(workers.len());
+    let mut starts = Vec::with_capacity(workers.len());
+    for (w, worker) in workers.into_iter().enumerate() {
+        let (tx, rx) = mpsc::channel::<Schedule>();
+        let abort = Arc::clone(abort);
+        let ctx = ctx.clone();
+        let spawned = std::thread::Builder::new()
+            .name(format!("flow-client-{w}"))
+            .spawn(move || {
+                // A closed channel means the run was abandoned before it began.
+                let Ok(schedule) = rx.recv() else {
+                    return Ok(Vec::new());
+                };
+                let result = run_worker(worker, schedule, &ctx, &abort);
+                if result.is_err() {
+                    abort.store(true, Ordering::Relaxed);
                 }
-                Err(_) => {
-                    first_err.get_or_insert(EngineError::WorkerPanicked);
-                }
+                result
+            });
+        match spawned {
+            Ok(h) => {
+                handles.push(h);
+                starts.push(tx);
             }
-        }
-        if let Some(e) = first_err {
-            return Err(e);
-        }
-        outcomes.sort_by_key(|o| o.index);
-        if let FlowWork::Connect { .. } = work {
-            let completed: u64 = outcomes.iter().map(|o| o.completed).sum();
-            if completed == 0 {
-                let errors = outcomes.iter().map(|o| o.outcome.errors).sum();
-                let last = outcomes
-                    .iter()
-                    .rev()
-                    .find_map(|o| o.last_error.clone())
-                    .unwrap_or_else(|| {
-                        "no connection completed before the run ended; lengthen the run".into()
-                    });
-                return Err(EngineError::AllFlowsFailed {
-                    flows,
-                    target,
-                    errors,
-                    last,
+            Err(source) => {
+                drop(starts);
+                for h in handles {
+                    let _ = h.join();
+                }
+                return Err(EngineError::Sys {
+                    what: "starting a flow client worker".into(),
+                    source,
                 });
             }
         }
-        Ok(ClientReport {
-            flows: outcomes.into_iter().map(|o| o.outcome).collect(),
-            elapsed_ns: u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX),
-        })
     }
+    Ok((handles, starts))
+}
+
+/// Joins the workers and puts their flows' outcomes in flow order: the
+/// first worker's error if any failed, and for connect-mode flows an error
+/// if no connection of any flow completed.
+fn gather(
+    handles: Vec<WorkerHandle>,
+    flows: usize,
+    work: FlowWork,
+    target: SocketAddr,
+    duration: Duration,
+) -> Result<ClientReport, EngineError> {
+    let mut outcomes = Vec::with_capacity(flows);
+    let mut first_err: Option<EngineError> = None;
+    for h in handles {
+        match h.join() {
+            Ok(Ok(mut o)) => outcomes.append(&mut o),
+            Ok(Err(EngineError::Invalid(msg))) if msg == ABORTED => {}
+            Ok(Err(e)) => {
+                first_err.get_or_insert(e);
+            }
+            Err(_) => {
+                first_err.get_or_insert(EngineError::WorkerPanicked);
+            }
+        }
+    }
+    if let Some(e) = first_err {
+        return Err(e);
+    }
+    outcomes.sort_by_key(|o| o.index);
+    if let FlowWork::Connect { .. } = work {
+        let completed: u64 = outcomes.iter().map(|o| o.completed).sum();
+        if completed == 0 {
+            let errors = outcomes.iter().map(|o| o.outcome.errors).sum();
+            let last = outcomes
+                .iter()
+                .rev()
+                .find_map(|o| o.last_error.clone())
+                .unwrap_or_else(|| {
+                    "no connection completed before the run ended; lengthen the run".into()
+                });
+            return Err(EngineError::AllFlowsFailed {
+                flows,
+                target,
+                errors,
+                last,
+            });
+        }
+    }
+    Ok(ClientReport {
+        flows: outcomes.into_iter().map(|o| o.outcome).collect(),
+        elapsed_ns: u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX),
+    })
 }
 
 /// The longest run (warm-up and window) the engine accepts, seconds: far

@@ -102,33 +102,54 @@ pub(super) fn run_worker(
         }
         if now >= next_scan {
             next_scan = now + Duration::from_millis(TICK_MS);
-            for slot in 0..w.flows.len() {
-                let f = &mut w.flows[slot];
-                if !f.busy() || now.duration_since(f.last_progress) < ctx.io_timeout {
-                    continue;
-                }
-                match &mut f.kind {
-                    Kind::PingPong { .. } | Kind::Datagram { .. } => {
-                        return Err(EngineError::FlowStalled {
-                            index: f.index,
-                            target: ctx.target,
-                            timeout: ctx.io_timeout,
-                        })
-                    }
-                    Kind::Connect { stream, .. } => {
-                        *stream = None;
-                        f.interest = None;
-                        f.errors += 1;
-                        last_error = Some(format!("no progress for {:?}", ctx.io_timeout));
-                        if now < sched.end {
-                            retries.push_back((now + RETRY_DELAY, slot));
-                        }
-                    }
+            check_stalled(&mut w, now, sched, ctx, &mut retries, &mut last_error)?;
+        }
+    }
+    Ok(finish(w.flows, last_error))
+}
+
+/// Ends or counts the flows that made no progress for the I/O timeout: a
+/// stalled round trip fails the run; a stalled connection is dropped,
+/// counted, and retried after [`RETRY_DELAY`] while the window lasts.
+fn check_stalled(
+    w: &mut Worker,
+    now: Instant,
+    sched: Schedule,
+    ctx: &Ctx,
+    retries: &mut VecDeque<(Instant, usize)>,
+    last_error: &mut Option<String>,
+) -> Result<(), EngineError> {
+    for slot in 0..w.flows.len() {
+        let f = &mut w.flows[slot];
+        if !f.busy() || now.duration_since(f.last_progress) < ctx.io_timeout {
+            continue;
+        }
+        match &mut f.kind {
+            Kind::PingPong { .. } | Kind::Datagram { .. } => {
+                return Err(EngineError::FlowStalled {
+                    index: f.index,
+                    target: ctx.target,
+                    timeout: ctx.io_timeout,
+                })
+            }
+            Kind::Connect { stream, .. } => {
+                *stream = None;
+                f.interest = None;
+                f.errors += 1;
+                *last_error = Some(format!("no progress for {:?}", ctx.io_timeout));
+                if now < sched.end {
+                    retries.push_back((now + RETRY_DELAY, slot));
                 }
             }
         }
     }
-    Ok(w.flows
+    Ok(())
+}
+
+/// The worker's flows' outcomes, in its order; the worker's last connection
+/// failure goes with its first flow.
+fn finish(flows: Vec<Flow>, mut last_error: Option<String>) -> Vec<Finished> {
+    flows
         .into_iter()
         .enumerate()
         .map(|(i, f)| {
@@ -156,7 +177,7 @@ pub(super) fn run_worker(
                 },
             }
         })
-        .collect())
+        .collect()
 }
 
 /// Starts the flow's first exchange: a round trip, or a connection.
@@ -399,16 +420,11 @@ fn connect_ready(
     } = w;
     let f = &mut flows[slot];
     let Kind::Connect {
-        stream,
+        stream: Some(_),
         connecting,
-        proof,
-        timed,
-        m,
-    } = &mut f.kind
+        ..
+    } = f.kind
     else {
-        return Reopen::No;
-    };
-    let Some(s) = stream.as_ref() else {
         return Reopen::No;
     };
     let now = Instant::now();
@@ -419,34 +435,22 @@ fn connect_ready(
             Reopen::No
         }
     };
-    if *connecting {
-        match s.take_error() {
-            Ok(None) => {
-                *connecting = false;
-                f.setup_ns = elapsed_ns(f.t0, now);
-                match &ctx.token {
-                    Some(token) => match ConnectorHandshake::new(token) {
-                        Ok(p) => *proof = Some(Box::new(p)),
-                        Err(e) => {
-                            *stream = None;
-                            f.interest = None;
-                            f.errors += 1;
-                            *last_error = Some(format!("no random bytes for a nonce: {e}"));
-                            return retry(now);
-                        }
-                    },
-                    None => m.begin(),
-                }
-            }
-            Ok(Some(e)) | Err(e) => {
-                *stream = None;
-                f.interest = None;
-                f.errors += 1;
-                *last_error = Some(e.to_string());
-                return retry(now);
-            }
-        }
+    if connecting && !connection_opened(f, now, ctx, last_error) {
+        return retry(now);
     }
+    let Kind::Connect {
+        stream,
+        proof,
+        timed,
+        m,
+        ..
+    } = &mut f.kind
+    else {
+        return Reopen::No;
+    };
+    let Some(s) = stream.as_ref() else {
+        return Reopen::No;
+    };
     f.last_progress = now;
     // No request before the far end proved it belongs to the session.
     let result = match proof.as_mut().map(|p| p.pump(&mut &*s)) {
@@ -516,4 +520,56 @@ fn connect_ready(
         f.interest = Some(want);
     }
     Reopen::No
+}
+
+/// Finishes a connect-mode flow's non-blocking connect, now writable: its
+/// setup time is taken and its session proof (or, without a token, its
+/// request) begins. `false` when the connection failed: it is then dropped
+/// and counted.
+fn connection_opened(
+    f: &mut Flow,
+    now: Instant,
+    ctx: &Ctx,
+    last_error: &mut Option<String>,
+) -> bool {
+    let Kind::Connect {
+        stream,
+        connecting,
+        proof,
+        m,
+        ..
+    } = &mut f.kind
+    else {
+        return true;
+    };
+    let Some(s) = stream.as_ref() else {
+        return true;
+    };
+    match s.take_error() {
+        Ok(None) => {
+            *connecting = false;
+            f.setup_ns = elapsed_ns(f.t0, now);
+            match &ctx.token {
+                Some(token) => match ConnectorHandshake::new(token) {
+                    Ok(p) => *proof = Some(Box::new(p)),
+                    Err(e) => {
+                        *stream = None;
+                        f.interest = None;
+                        f.errors += 1;
+                        *last_error = Some(format!("no random bytes for a nonce: {e}"));
+                        return false;
+                    }
+                },
+                None => m.begin(),
+            }
+            true
+        }
+        Ok(Some(e)) | Err(e) => {
+            *stream = None;
+            f.interest = None;
+            f.errors += 1;
+            *last_error = Some(e.to_string());
+            false
+        }
+    }
 }
