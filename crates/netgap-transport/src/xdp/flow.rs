@@ -156,6 +156,35 @@ pub(crate) struct PortIo {
 }
 
 impl PortIo {
+    /// Takes the transmit buffers the kernel is done with off the
+    /// completion ring (into `slots`) and frees those no frame still needs.
+    #[inline]
+    fn reap_completions(&mut self, slots: &mut Vec<u32>) {
+        self.xsk.completed(u32::MAX, slots);
+        for &slot in slots.iter() {
+            self.tx_outstanding = self.tx_outstanding.saturating_sub(1);
+            if let Some(i) = self.tx_index(slot) {
+                self.tx_pending[i] = self.tx_pending[i].saturating_sub(1);
+                self.release_if_done(slot);
+            }
+        }
+    }
+
+    /// Gives the receive buffers `slots` back to the fill ring once a batch
+    /// of them waits, kicking the kernel if it asked to be.
+    #[inline]
+    fn refill(&mut self, slots: &[u32]) {
+        self.fill_pending.extend_from_slice(slots);
+        if self.fill_pending.len() >= FILL_BATCH {
+            if self.xsk.fill(&self.fill_pending) == self.fill_pending.len() {
+                self.fill_pending.clear();
+            }
+            if self.xsk.fill_needs_wakeup() {
+                let _ = self.xsk.kick();
+            }
+        }
+    }
+
     /// The socket side of a port over `xsk`, whose UMEM has `frames`
     /// frames, half for receiving, on the interface of MAC `local_mac`.
     pub(crate) fn new(mut xsk: Xsk, frames: u32, local_mac: Mac) -> io::Result<PortIo> {
@@ -809,14 +838,7 @@ impl PortState {
             return;
         }
         let mut slots = std::mem::take(&mut io.scratch_slots);
-        io.xsk.completed(u32::MAX, &mut slots);
-        for &slot in &slots {
-            io.tx_outstanding = io.tx_outstanding.saturating_sub(1);
-            if let Some(i) = io.tx_index(slot) {
-                io.tx_pending[i] = io.tx_pending[i].saturating_sub(1);
-                io.release_if_done(slot);
-            }
-        }
+        io.reap_completions(&mut slots);
         // The clock is read when frames wait on the RX ring (their round
         // trips are timed) and every few idle pumps (for the timers), not
         // on every spin of a poll-mode waiter.
@@ -863,19 +885,28 @@ impl PortState {
         });
         // Every receive buffer goes back (what it held was taken or copied
         // out above), a batch at a time.
-        io.fill_pending.extend_from_slice(&slots);
-        if io.fill_pending.len() >= FILL_BATCH {
-            if io.xsk.fill(&io.fill_pending) == io.fill_pending.len() {
-                io.fill_pending.clear();
-            }
-            if io.xsk.fill_needs_wakeup() {
-                let _ = io.xsk.kick();
-            }
-        }
+        io.refill(&slots);
         io.scratch_slots = slots;
         io.strays += strays;
+        self.second_pass(&bytes, &taken, now);
+        self.io.scratch_frames = bytes;
+        self.io.scratch_taken = taken;
+        // Half-open sessions nobody confirmed in time go.
+        if !self.table.expire(now).is_empty() {
+            self.reshare();
+        }
+        self.run_timers(now);
+        self.io.flush();
+    }
+
+    /// The pump's second pass, in order of arrival: the acknowledgment
+    /// fields of the data taken in the first pass, and the frames copied
+    /// out whole (`bytes`, each ending where its [`Pending::Copied`] says),
+    /// routed to their sessions.
+    #[inline]
+    fn second_pass(&mut self, bytes: &[u8], taken: &[Pending], now: u64) {
         let mut start = 0;
-        for pending in &taken {
+        for pending in taken {
             match *pending {
                 Pending::Taken(h) => {
                     if let Some(i) = self.table.index(h.dst_flow) {
@@ -892,12 +923,12 @@ impl PortState {
                 }
             }
         }
-        self.io.scratch_frames = bytes;
-        self.io.scratch_taken = taken;
-        // Half-open sessions nobody confirmed in time go.
-        if !self.table.expire(now).is_empty() {
-            self.reshare();
-        }
+    }
+
+    /// Runs every session's timers and wakes the waiters of those that
+    /// something arrived for.
+    #[inline]
+    fn run_timers(&mut self, now: u64) {
         let io = &mut self.io;
         for slot in self.table.slots_mut() {
             let s = &mut slot.value;
@@ -913,7 +944,6 @@ impl PortState {
                 }
             }
         }
-        self.io.flush();
     }
 
     /// Moves one arrival to its session, or opens one for a SYN to a
