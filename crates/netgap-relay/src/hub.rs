@@ -290,7 +290,7 @@ pub(crate) fn open_listening(
         .listen(&flow_config(hub.timeout), IpAddr::V4(hub.iface.ip))
         .map_err(|e| before(format!("xdp listen: {e}")))?;
     let name = l.addr();
-    let own = parse_addr(&name).map_err(before)?;
+    let own = parse_addr(&name).map_err(|e| before(e.to_string()))?;
     let link_key = LinkId::of_request(req, &own, tcp_local, tcp_peer)
         .map_err(before)?
         .flow_key(&hub.relay_key);

@@ -193,7 +193,7 @@ impl Staged {
             }
             let mut addrs = Vec::with_capacity(list.len());
             for a in list {
-                let la = transport.parse_listen_addr(a)?;
+                let la = transport.parse_listen_addr(a).map_err(|e| e.to_string())?;
                 if !session_hosts.contains(&la.ip()) {
                     return Err(format!("{} is not a host of this session", la.ip()));
                 }
