@@ -43,7 +43,7 @@ pub(crate) enum HelloError {
         /// The name the hello gave.
         name: String,
         /// Why it is no address.
-        why: String,
+        why: netgap_transport::xdp::AddrError,
     },
 }
 

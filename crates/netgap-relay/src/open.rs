@@ -59,7 +59,7 @@ pub(crate) enum OpenError {
     XdpListen(TransportError),
     /// The xdp listen's own address does not parse.
     #[error("{0}")]
-    OwnAddr(String),
+    OwnAddr(netgap_transport::xdp::AddrError),
     /// The request names no link.
     #[error(transparent)]
     LinkId(#[from] LinkIdError),
@@ -84,7 +84,7 @@ pub(crate) enum OpenError {
         /// The target as the library sent it.
         target: String,
         /// Why it is no `IP/MAC/FLOW`.
-        why: String,
+        why: netgap_transport::xdp::AddrError,
     },
     /// A connect's target is the TCP connection's own peer.
     #[error("target {0} is the TCP connection's own peer address: the flow would take that interface's frames")]

@@ -100,7 +100,7 @@ pub(crate) enum LinkIdError {
         /// The target as the library sent it.
         target: String,
         /// Why it is no `IP/MAC/FLOW`.
-        why: String,
+        why: netgap_transport::xdp::AddrError,
     },
     /// A reservation.
     #[error("a reservation names no link")]

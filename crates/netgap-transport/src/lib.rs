@@ -634,10 +634,10 @@ pub trait Transport: Sync {
 
     /// Parses what one of its listeners announced ([`Listener::addr`]):
     /// `IP:PORT`, unless the transport has a form of its own.
-    fn parse_listen_addr(&self, addr: &str) -> Result<ListenAddr, String> {
+    fn parse_listen_addr(&self, addr: &str) -> Result<ListenAddr, ListenAddrError> {
         let sa: std::net::SocketAddr = addr
             .parse()
-            .map_err(|_| format!("{addr:?} is not IP:PORT"))?;
+            .map_err(|_| ListenAddrError::NotIpPort(addr.to_string()))?;
         Ok(ListenAddr::new(sa.ip(), sa.to_string()))
     }
 
@@ -662,6 +662,23 @@ pub trait Transport: Sync {
     fn engine_path(&self) -> Option<&'static dyn flows::DataPath> {
         None
     }
+}
+
+/// Why what a listener announced is no address of its transport
+/// ([`Transport::parse_listen_addr`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ListenAddrError {
+    /// Not `IP:PORT`, the form of every transport without one of its own.
+    #[error("{0:?} is not IP:PORT")]
+    NotIpPort(String),
+    /// Not an xdp address, `IP/MAC/FLOW`.
+    #[error("{addr:?}: {source}")]
+    Xdp {
+        /// The address as announced.
+        addr: String,
+        /// What is wrong with it.
+        source: xdp::AddrError,
+    },
 }
 
 /// Every transport netgap has, in the order `netgap list` shows them.

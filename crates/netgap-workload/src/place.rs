@@ -240,7 +240,9 @@ impl Staged {
             for a in list {
                 let la = transport
                     .parse_listen_addr(a)
-                    .map_err(|reason| StagedError::Address { reason })?;
+                    .map_err(|e| StagedError::Address {
+                        reason: e.to_string(),
+                    })?;
                 if !session_hosts.contains(&la.ip()) {
                     return Err(StagedError::NotInSession { ip: la.ip() });
                 }

@@ -89,37 +89,65 @@ impl std::fmt::Display for XdpAddr {
     }
 }
 
+/// Why a text is no xdp address, `IP/MAC/FLOW`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AddrError {
+    /// Not three parts separated by `/`.
+    #[error("expected IP/MAC/FLOW")]
+    Shape,
+    /// The first part is no IP address.
+    #[error(transparent)]
+    Ip(#[from] std::net::AddrParseError),
+    /// The second part is no MAC address.
+    #[error(transparent)]
+    Mac(#[from] MacError),
+    /// The third part is no flow id.
+    #[error("the flow id must be 1..65535")]
+    FlowId,
+}
+
+/// A text that is no MAC address, `aa:bb:cc:dd:ee:ff`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("bad MAC address {text:?}")]
+pub struct MacError {
+    /// The text as given.
+    pub text: String,
+}
+
 /// Parses `IP/MAC/FLOW`.
-pub fn parse_addr(s: &str) -> Result<XdpAddr, String> {
+pub fn parse_addr(s: &str) -> Result<XdpAddr, AddrError> {
     let mut parts = s.split('/');
     let (Some(ip), Some(mac), Some(flow), None) =
         (parts.next(), parts.next(), parts.next(), parts.next())
     else {
-        return Err("expected IP/MAC/FLOW".into());
+        return Err(AddrError::Shape);
     };
-    let ip: IpAddr = ip.parse().map_err(|e| format!("{e}"))?;
+    let ip: IpAddr = ip.parse()?;
     let mac = parse_mac(mac)?;
     let flow: u16 = flow
         .parse()
         .ok()
         .filter(|&f| f != 0)
-        .ok_or("the flow id must be 1..65535")?;
+        .ok_or(AddrError::FlowId)?;
     Ok(XdpAddr { ip, mac, flow })
 }
 
 /// Parses `aa:bb:cc:dd:ee:ff`.
-pub fn parse_mac(s: &str) -> Result<reliable::Mac, String> {
+pub fn parse_mac(s: &str) -> Result<reliable::Mac, MacError> {
+    let bad = || MacError {
+        text: s.to_string(),
+    };
     let mut mac = [0u8; 6];
     let mut n = 0;
     for (i, part) in s.trim().split(':').enumerate() {
         if i >= 6 || part.len() != 2 {
-            return Err(format!("bad MAC address {s:?}"));
+            return Err(bad());
         }
-        mac[i] = u8::from_str_radix(part, 16).map_err(|_| format!("bad MAC address {s:?}"))?;
+        mac[i] = u8::from_str_radix(part, 16).map_err(|_| bad())?;
         n += 1;
     }
     if n != 6 {
-        return Err(format!("bad MAC address {s:?}"));
+        return Err(bad());
     }
     Ok(mac)
 }
@@ -207,8 +235,11 @@ impl Transport for Xdp {
         ENDPOINT_MEMORY_BYTES
     }
 
-    fn parse_listen_addr(&self, addr: &str) -> Result<crate::ListenAddr, String> {
-        let a = parse_addr(addr).map_err(|e| format!("{addr:?}: {e}"))?;
+    fn parse_listen_addr(&self, addr: &str) -> Result<crate::ListenAddr, crate::ListenAddrError> {
+        let a = parse_addr(addr).map_err(|source| crate::ListenAddrError::Xdp {
+            addr: addr.to_string(),
+            source,
+        })?;
         Ok(crate::ListenAddr::new(a.ip, a.to_string()))
     }
 
@@ -228,7 +259,7 @@ impl Transport for Xdp {
         let a = parse_addr(addr).map_err(|detail| TransportError::BadAddress {
             transport: NAME,
             addr: addr.to_string(),
-            detail,
+            detail: detail.to_string(),
         })?;
         probe().map_err(|why| TransportError::Connect {
             transport: NAME,
@@ -247,7 +278,7 @@ impl Transport for Xdp {
         let a = parse_addr(addr).map_err(|detail| TransportError::BadAddress {
             transport: NAME,
             addr: addr.to_string(),
-            detail,
+            detail: detail.to_string(),
         })?;
         probe().map_err(|why| TransportError::Connect {
             transport: NAME,

@@ -51,6 +51,11 @@ use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
+mod halves;
+mod session;
+
+pub(crate) use halves::{Shared, XdpFlow};
+
 /// Receive frames reaped per pump at most.
 const RX_BATCH: u32 = 64;
 /// Receive buffers given back to the fill ring together. Filling reads the
@@ -156,6 +161,35 @@ pub(crate) struct PortIo {
 }
 
 impl PortIo {
+    /// Takes the transmit buffers the kernel is done with off the
+    /// completion ring (into `slots`) and frees those no frame still needs.
+    #[inline]
+    fn reap_completions(&mut self, slots: &mut Vec<u32>) {
+        self.xsk.completed(u32::MAX, slots);
+        for &slot in slots.iter() {
+            self.tx_outstanding = self.tx_outstanding.saturating_sub(1);
+            if let Some(i) = self.tx_index(slot) {
+                self.tx_pending[i] = self.tx_pending[i].saturating_sub(1);
+                self.release_if_done(slot);
+            }
+        }
+    }
+
+    /// Gives the receive buffers `slots` back to the fill ring once a batch
+    /// of them waits, kicking the kernel if it asked to be.
+    #[inline]
+    fn refill(&mut self, slots: &[u32]) {
+        self.fill_pending.extend_from_slice(slots);
+        if self.fill_pending.len() >= FILL_BATCH {
+            if self.xsk.fill(&self.fill_pending) == self.fill_pending.len() {
+                self.fill_pending.clear();
+            }
+            if self.xsk.fill_needs_wakeup() {
+                let _ = self.xsk.kick();
+            }
+        }
+    }
+
     /// The socket side of a port over `xsk`, whose UMEM has `frames`
     /// frames, half for receiving, on the interface of MAC `local_mac`.
     pub(crate) fn new(mut xsk: Xsk, frames: u32, local_mac: Mac) -> io::Result<PortIo> {
@@ -315,327 +349,6 @@ pub(crate) struct Session {
     max_inflight: u32,
     /// Seals what goes out and checks what comes in, once keyed.
     guard: Guard,
-}
-
-impl Session {
-    fn new(
-        local_flow: u16,
-        mss: usize,
-        window_bytes: usize,
-        isn: u32,
-        (tx_count, credit_cap): (usize, u32),
-    ) -> io::Result<Session> {
-        let max_inflight = send_buffers(tx_count);
-        Ok(Session {
-            local_flow,
-            peer: None,
-            mss,
-            recv_mss: mss,
-            send: SendWindow::new(isn, 0, max_inflight),
-            // Until the peer's opening names its initial sequence number.
-            recv: RecvWindow::capped(0, mss, window_bytes, credit_cap),
-            stats: DatagramStats::default(),
-            arrivals: 0,
-            woken: false,
-            poller: false,
-            cv_waiters: 0,
-            signal: Signal::new()?,
-            syn_to: None,
-            fin_sent: false,
-            isn,
-            peer_isn: 0,
-            side: None,
-            window_bytes,
-            max_inflight,
-            guard: Guard::new(),
-        })
-    }
-
-    /// Writes a frame of `kind` into a free transmit buffer and queues it;
-    /// `None` when no buffer or ring entry is free. `keep` keeps the
-    /// buffer after completion (a data frame, until acknowledged).
-    fn post(
-        &mut self,
-        io: &mut PortIo,
-        kind: Kind,
-        seq: u32,
-        payload: &[u8],
-        keep: bool,
-    ) -> Option<u32> {
-        let peer = self.peer.or(self.syn_to)?;
-        let slot = io.free_tx.pop()?;
-        // An opening carries this end's initial sequence number, the
-        // frames the peer may send (a span: the client does not know the
-        // server's number yet) and the largest payload this end takes; the
-        // answer echoes the client's number.
-        let (seq, ack, credit, sack) = match kind {
-            Kind::Syn | Kind::SynAck => (
-                self.isn,
-                if kind == Kind::SynAck {
-                    self.peer_isn
-                } else {
-                    0
-                },
-                self.recv.credit_frames(),
-                self.recv_mss as u64,
-            ),
-            _ => {
-                let (ack, credit, sack) = self.recv.take_ack();
-                (seq, ack, credit, sack)
-            }
-        };
-        let header = Header {
-            kind,
-            len: u16::try_from(payload.len()).unwrap_or(u16::MAX),
-            dst_flow: peer.flow,
-            src_flow: self.local_flow,
-            seq,
-            ack,
-            credit,
-            sack,
-        };
-        let local = io.local_mac;
-        let frame = io.xsk.frame_mut(slot);
-        let len = reliable::write_headers(frame, &peer.mac, &local, &header);
-        frame[FRAME_OVERHEAD_BYTES..len].copy_from_slice(payload);
-        self.guard.seal(&mut frame[..len]);
-        let i = io.tx_index(slot)?;
-        io.tx_release[i] = !keep;
-        if !io.xsk.queue_tx(slot, len as u32) {
-            io.free_tx.push(slot);
-            return None;
-        }
-        io.tx_pending[i] = io.tx_pending[i].saturating_add(1);
-        io.tx_queued = true;
-        io.tx_outstanding += 1;
-        if matches!(kind, Kind::Data | Kind::Fin) {
-            self.stats.datagrams_sent += 1;
-        }
-        Some(slot)
-    }
-
-    /// Sends a kept data frame's buffer again, as it is (its header's
-    /// acknowledgment fields are refreshed).
-    fn resend(&mut self, io: &mut PortIo, slot: u32) {
-        let Some(i) = io.tx_index(slot) else { return };
-        let (ack, credit, sack) = self.recv.take_ack();
-        let frame = io.xsk.frame_mut(slot);
-        let Ok(parsed) = reliable::parse(frame) else {
-            return;
-        };
-        let mut header = parsed.header;
-        let dst = frame_dst(frame);
-        let src = parsed.src;
-        header.ack = ack;
-        header.credit = credit;
-        header.sack = sack;
-        let len = reliable::write_headers(frame, &dst, &src, &header);
-        // Sealed again: the acknowledgment fields changed, and the flow
-        // may have been keyed since the first send.
-        self.guard.seal(&mut frame[..len]);
-        if io.xsk.queue_tx(slot, len as u32) {
-            io.tx_pending[i] = io.tx_pending[i].saturating_add(1);
-            io.tx_queued = true;
-            io.tx_outstanding += 1;
-            self.stats.datagrams_sent += 1;
-            self.stats.retries += 1;
-        }
-    }
-
-    /// The session's timers at `now`: retransmissions, a probe, a delayed
-    /// acknowledgment.
-    fn on_timers(&mut self, io: &mut PortIo, now: u64) {
-        if self.peer.is_none() {
-            return;
-        }
-        for f in self.send.due(now) {
-            self.resend(io, f.slot);
-        }
-        self.stats.retries = self.send.retransmits;
-        if self.send.probe_due(now) {
-            self.post(io, Kind::Probe, 0, &[], false);
-        }
-        if self.recv.ack_due(now) {
-            self.post(io, Kind::Ack, 0, &[], false);
-        }
-    }
-
-    /// Takes frame `raw`, parsed as `h` from `src` with `payload`, routed
-    /// here.
-    fn on_frame(
-        &mut self,
-        io: &mut PortIo,
-        h: &Header,
-        src: Mac,
-        payload: &[u8],
-        raw: &[u8],
-        now: u64,
-    ) {
-        let Some(peer) = self.peer else {
-            // The answer of the server this end asked, to this end's
-            // opening (its initial sequence number echoed), from the
-            // session it opened for this flow (its own flow id).
-            if h.kind == Kind::SynAck
-                && h.ack == self.isn
-                && h.src_flow != 0
-                && self.syn_to.is_some_and(|p| p.mac == src)
-            {
-                self.opened(h);
-                self.peer = Some(Peer {
-                    mac: src,
-                    flow: h.src_flow,
-                });
-                self.side = Some(Side::Client);
-                self.woken = true;
-                // The third leg: the server's session hears from this end
-                // before anything is sent, so it is not left half-open.
-                self.post(io, Kind::Ack, 0, &[], false);
-            }
-            return;
-        };
-        if h.src_flow != peer.flow || src != peer.mac || !self.guard.admit(raw) {
-            // Not the peer's (or altered on the way): as if never arrived.
-            io.strays += 1;
-            return;
-        }
-        match h.kind {
-            Kind::Syn => {
-                // Our SYN-ACK was lost: say it again (to the same opening
-                // only).
-                if h.seq == self.peer_isn {
-                    self.post(io, Kind::SynAck, 0, &[], false);
-                }
-                return;
-            }
-            Kind::SynAck => return,
-            Kind::Data | Kind::Fin => self.on_data(h, payload, now),
-            Kind::Probe => self.recv.on_probe(),
-            Kind::Ack => {}
-        }
-        self.on_acknowledgment(io, h, now);
-    }
-
-    /// Takes the payload of an authenticated data or closing frame `h`.
-    fn on_data(&mut self, h: &Header, payload: &[u8], now: u64) {
-        self.stats.datagrams_received += 1;
-        let arrival = self.recv.on_frame(h.seq, payload, h.kind == Kind::Fin, now);
-        if arrival == Arrival::Duplicate {
-            self.stats.duplicates += 1;
-        }
-    }
-
-    /// Takes the acknowledgment fields of an authenticated frame `h` from
-    /// the peer: frees what they acknowledge, resends what they show lost,
-    /// and wakes the session's waiters.
-    fn on_acknowledgment(&mut self, io: &mut PortIo, h: &Header, now: u64) {
-        let mut out = std::mem::take(&mut io.scratch_ack);
-        self.send
-            .on_ack_into(h.ack, h.credit, h.sack, now, &mut out);
-        for &slot in &out.freed {
-            if let Some(i) = io.tx_index(slot) {
-                io.tx_release[i] = true;
-                io.release_if_done(slot);
-            }
-        }
-        for f in &out.resend {
-            self.resend(io, f.slot);
-        }
-        io.scratch_ack = out;
-        self.woken = true;
-    }
-
-    /// Takes the peer's opening `h`: its initial sequence number, the
-    /// credit it gives and the payload it takes.
-    fn opened(&mut self, h: &Header) {
-        self.peer_isn = h.seq;
-        self.send = SendWindow::new(self.isn, h.credit, self.max_inflight);
-        // The cap is the port's share for this session (see
-        // `PortState::reshare`), kept across the new window.
-        let cap = self.recv.credit_cap_frames();
-        self.recv = RecvWindow::capped(h.seq, self.recv_mss, self.window_bytes, cap);
-        self.mss = peer_mss(u32::try_from(h.sack).unwrap_or(u32::MAX), self.recv_mss);
-    }
-
-    /// Keys the open flow with the proven connection's `key`: from now on
-    /// every frame is sealed and every arrival must verify.
-    fn bind(&mut self, local_mac: Mac, key: &FlowKey) -> Result<(), FlowError> {
-        let (Some(peer), Some(side)) = (self.peer, self.side) else {
-            return Err(FlowError::Io(io::Error::other(
-                "an xdp flow can be keyed only once it is open",
-            )));
-        };
-        let local = End {
-            mac: local_mac,
-            flow: self.local_flow,
-            isn: self.isn,
-        };
-        let remote = End {
-            mac: peer.mac,
-            flow: peer.flow,
-            isn: self.peer_isn,
-        };
-        let (client, server) = match side {
-            Side::Client => (local, remote),
-            Side::Server => (remote, local),
-        };
-        self.guard
-            .set_keys(FrameKeys::derive(key, side, &client, &server));
-        Ok(())
-    }
-
-    /// Whether the flow is open (the handshake is done).
-    fn connected(&self) -> bool {
-        self.peer.is_some()
-    }
-
-    /// Sends as much of `buf` as credit, buffers and this session's share
-    /// of them allow; returns the bytes taken.
-    fn send_some(&mut self, io: &mut PortIo, buf: &[u8]) -> Result<usize, FlowError> {
-        let mut taken = 0;
-        // One clock read for the frames of one call: they go out together.
-        let now = io.now_ns();
-        while taken < buf.len()
-            && self.send.may_send()
-            && self.send.in_flight() < io.share
-            && io.free_tx.len() > CONTROL_RESERVE_FRAMES
-        {
-            let end = (taken + self.mss).min(buf.len());
-            let seq = self.send.next_seq();
-            let Some(slot) = self.post(io, Kind::Data, seq, &buf[taken..end], true) else {
-                break;
-            };
-            self.send.push(slot, now);
-            taken = end;
-        }
-        if taken > 0 {
-            io.flush();
-        }
-        Ok(taken)
-    }
-
-    /// Sends the end of this end's stream once, when credit allows.
-    fn send_fin(&mut self, io: &mut PortIo) {
-        if self.fin_sent || !self.send.may_send() || io.free_tx.is_empty() {
-            return;
-        }
-        let seq = self.send.next_seq();
-        if let Some(slot) = self.post(io, Kind::Fin, seq, &[], true) {
-            let now = io.now_ns();
-            self.send.push(slot, now);
-            self.fin_sent = true;
-        }
-        io.flush();
-    }
-
-    /// When the next timer (a retransmission, a probe, a delayed
-    /// acknowledgment) falls due, as a duration from `now_ns`.
-    fn next_timer(&self, now_ns: u64) -> Option<Duration> {
-        let at = match (self.send.next_deadline_ns(), self.recv.ack_deadline_ns()) {
-            (Some(a), Some(b)) => a.min(b),
-            (a, b) => a.or(b)?,
-        };
-        Some(Duration::from_nanos(at.saturating_sub(now_ns)))
-    }
 }
 
 /// What the pump's first pass did with a frame received.
@@ -809,14 +522,7 @@ impl PortState {
             return;
         }
         let mut slots = std::mem::take(&mut io.scratch_slots);
-        io.xsk.completed(u32::MAX, &mut slots);
-        for &slot in &slots {
-            io.tx_outstanding = io.tx_outstanding.saturating_sub(1);
-            if let Some(i) = io.tx_index(slot) {
-                io.tx_pending[i] = io.tx_pending[i].saturating_sub(1);
-                io.release_if_done(slot);
-            }
-        }
+        io.reap_completions(&mut slots);
         // The clock is read when frames wait on the RX ring (their round
         // trips are timed) and every few idle pumps (for the timers), not
         // on every spin of a poll-mode waiter.
@@ -863,19 +569,28 @@ impl PortState {
         });
         // Every receive buffer goes back (what it held was taken or copied
         // out above), a batch at a time.
-        io.fill_pending.extend_from_slice(&slots);
-        if io.fill_pending.len() >= FILL_BATCH {
-            if io.xsk.fill(&io.fill_pending) == io.fill_pending.len() {
-                io.fill_pending.clear();
-            }
-            if io.xsk.fill_needs_wakeup() {
-                let _ = io.xsk.kick();
-            }
-        }
+        io.refill(&slots);
         io.scratch_slots = slots;
         io.strays += strays;
+        self.second_pass(&bytes, &taken, now);
+        self.io.scratch_frames = bytes;
+        self.io.scratch_taken = taken;
+        // Half-open sessions nobody confirmed in time go.
+        if !self.table.expire(now).is_empty() {
+            self.reshare();
+        }
+        self.run_timers(now);
+        self.io.flush();
+    }
+
+    /// The pump's second pass, in order of arrival: the acknowledgment
+    /// fields of the data taken in the first pass, and the frames copied
+    /// out whole (`bytes`, each ending where its [`Pending::Copied`] says),
+    /// routed to their sessions.
+    #[inline]
+    fn second_pass(&mut self, bytes: &[u8], taken: &[Pending], now: u64) {
         let mut start = 0;
-        for pending in &taken {
+        for pending in taken {
             match *pending {
                 Pending::Taken(h) => {
                     if let Some(i) = self.table.index(h.dst_flow) {
@@ -892,12 +607,12 @@ impl PortState {
                 }
             }
         }
-        self.io.scratch_frames = bytes;
-        self.io.scratch_taken = taken;
-        // Half-open sessions nobody confirmed in time go.
-        if !self.table.expire(now).is_empty() {
-            self.reshare();
-        }
+    }
+
+    /// Runs every session's timers and wakes the waiters of those that
+    /// something arrived for.
+    #[inline]
+    fn run_timers(&mut self, now: u64) {
         let io = &mut self.io;
         for slot in self.table.slots_mut() {
             let s = &mut slot.value;
@@ -913,7 +628,6 @@ impl PortState {
                 }
             }
         }
-        self.io.flush();
     }
 
     /// Moves one arrival to its session, or opens one for a SYN to a
@@ -1174,384 +888,5 @@ impl Drop for Port {
     fn drop(&mut self) {
         let mut ports = PORTS.lock().unwrap_or_else(|e| e.into_inner());
         ports.retain(|(k, w)| !(*k == self.key && w.strong_count() == 0));
-    }
-}
-
-/// One flow: a session on a port, shared by the flow's two halves and its
-/// monitor.
-pub(crate) struct Shared {
-    port: Arc<Port>,
-    id: u16,
-    signal: Arc<Signal>,
-    mode: Mode,
-    timeout: Duration,
-    /// The session's counters as it closed, for a monitor that outlives
-    /// the flow (a workload role totals its flows' after they closed).
-    closed: Arc<Mutex<Option<DatagramStats>>>,
-}
-
-impl Shared {
-    /// The flow of session `id` on `port`, of `mode`, with inactivity
-    /// timeout `timeout`.
-    pub(crate) fn new(
-        port: Arc<Port>,
-        id: u16,
-        mode: Mode,
-        timeout: Duration,
-    ) -> Result<Arc<Shared>, FlowError> {
-        let signal = {
-            let mut st = port.lock();
-            let (_, s) = st.session(id)?;
-            Arc::clone(&s.signal)
-        };
-        Ok(Arc::new(Shared {
-            port,
-            id,
-            signal,
-            mode,
-            timeout,
-            closed: Arc::new(Mutex::new(None)),
-        }))
-    }
-
-    /// The session's counters now, with the port's drops.
-    fn stats(&self) -> Option<DatagramStats> {
-        let mut st = self.port.lock();
-        let dropped = st.dropped_frames();
-        st.session(self.id)
-            .ok()
-            .map(|(_, s)| DatagramStats { dropped, ..s.stats })
-    }
-
-    /// Runs `attempt` (under the port's lock, after a pump) until it
-    /// returns `Some`, waiting as the mode says; fails after `timeout`
-    /// without progress.
-    pub(crate) fn wait_for<T>(
-        &self,
-        timeout: Duration,
-        mut attempt: impl FnMut(&mut PortIo, &mut Session) -> Result<Option<T>, FlowError>,
-    ) -> Result<T, FlowError> {
-        // The deadline is on the port's clock as its pumps read it (every
-        // few spins), so waiting adds no clock read of its own.
-        let timeout_ns = u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX);
-        let mut deadline_ns: Option<u64> = None;
-        let mut spins = 0u32;
-        let mut first = true;
-        let mut seen_arrivals = 0u64;
-        loop {
-            self.port.kick_error()?;
-            let mut st = self.port.lock();
-            // The first try goes before any pump: a send that has credit,
-            // or a receive whose bytes are here, needs none.
-            if first {
-                first = false;
-                let (io, s) = st.session(self.id)?;
-                seen_arrivals = s.arrivals;
-                if let Some(v) = attempt(io, s)? {
-                    return Ok(v);
-                }
-            }
-            // A fresh clock for every event-mode wake-up; a poll-mode spin
-            // uses a recent pump's (the deadline starts at the first pump
-            // that read it).
-            st.pump(self.mode == Mode::Event);
-            let (io, s) = st.session(self.id)?;
-            if let Some(v) = attempt(io, s)? {
-                return Ok(v);
-            }
-            if s.arrivals != seen_arrivals {
-                seen_arrivals = s.arrivals;
-                deadline_ns = None;
-            }
-            let now_ns = io.now_cache_ns;
-            let dl = match deadline_ns {
-                Some(dl) => dl,
-                None if io.clock_read => *deadline_ns.insert(now_ns.saturating_add(timeout_ns)),
-                // Not started yet: spin on until a pump reads the clock.
-                None => u64::MAX,
-            };
-            if now_ns >= dl {
-                return Err(FlowError::TimedOut {
-                    timeout_ms: timeout.as_millis(),
-                });
-            }
-            match self.mode {
-                // No pause instruction between spins (as the C floor has
-                // none): under KVM a loop of pauses can exit to the
-                // hypervisor (pause-loop exiting), and each pause delays
-                // seeing the frame.
-                Mode::Poll => {
-                    drop(st);
-                    spins += 1;
-                    if spins.is_multiple_of(SPINS_PER_YIELD) {
-                        std::thread::yield_now();
-                    }
-                }
-                // Frames still wait on the TX ring: ring again, not sleep,
-                // but let the other threads of the port run first: with
-                // several flows on one port, waiters that spun straight
-                // back to its lock took the CPU from the ones that had
-                // work (four streams from one host went from 4.2-4.8 to
-                // 5.4-6.1 Gbit/s; one stream and the event-mode ping-pong
-                // unchanged).
-                Mode::Event if io.tx_backlog() => {
-                    drop(st);
-                    std::thread::yield_now();
-                }
-                Mode::Event => {
-                    let sleep = s
-                        .next_timer(now_ns)
-                        .unwrap_or(MAX_SLEEP)
-                        .min(MAX_SLEEP)
-                        .min(Duration::from_nanos(dl - now_ns));
-                    if s.poller {
-                        s.cv_waiters += 1;
-                        let (mut st, _) = self
-                            .signal
-                            .cv
-                            .wait_timeout(st.into_inner(), sleep)
-                            .unwrap_or_else(|e| e.into_inner());
-                        if let Ok((_, s)) = st.session(self.id) {
-                            s.cv_waiters -= 1;
-                        }
-                    } else {
-                        s.poller = true;
-                        drop(st);
-                        self.sleep_in_poll(sleep);
-                        if let Ok((_, s)) = self.port.lock().session(self.id) {
-                            s.poller = false;
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    /// Sleeps until a frame arrives, a pump rings this session, or `max`
-    /// passes.
-    fn sleep_in_poll(&self, max: Duration) {
-        let ms = libc::c_int::try_from(max.as_millis().max(1)).unwrap_or(libc::c_int::MAX);
-        let mut fds = [
-            libc::pollfd {
-                fd: self.port.fd,
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: self.signal.bell.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-        ];
-        // SAFETY: `fds` is a live array of two pollfd structs.
-        let _ = unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
-        if fds[1].revents != 0 {
-            self.signal.drain();
-        }
-    }
-
-    /// Pumps the port and reads this session's `f`.
-    fn with<T>(&self, f: impl FnOnce(&mut PortIo, &mut Session) -> T) -> Result<T, FlowError> {
-        self.port.kick_error()?;
-        let mut st = self.port.lock();
-        st.pump(true);
-        let (io, s) = st.session(self.id)?;
-        Ok(f(io, s))
-    }
-}
-
-impl Drop for Shared {
-    fn drop(&mut self) {
-        // Linger: let what is unacknowledged arrive, then say the stream
-        // ended, so the peer's receive ends instead of timing out. The
-        // port's lock is let go between pumps: its other flows go on.
-        let t0 = Instant::now();
-        while t0.elapsed() < LINGER {
-            let done = self.with(|io, s| {
-                if !s.connected() {
-                    return true;
-                }
-                if !s.fin_sent {
-                    s.send_fin(io);
-                    false
-                } else {
-                    s.send.idle()
-                }
-            });
-            if !matches!(done, Ok(false)) {
-                break;
-            }
-            match self.mode {
-                Mode::Poll => std::hint::spin_loop(),
-                Mode::Event => std::thread::sleep(Duration::from_micros(200)),
-            }
-        }
-        if let Some(last) = self.stats() {
-            *self.closed.lock().unwrap_or_else(|e| e.into_inner()) = Some(last);
-        }
-        self.port.remove(self.id);
-    }
-}
-
-/// One half of an xdp flow.
-pub(crate) struct Half {
-    shared: Arc<Shared>,
-}
-
-impl Sender for Half {
-    fn send_some(&mut self, buf: &[u8]) -> Result<usize, FlowError> {
-        let timeout = self.shared.timeout;
-        self.shared.wait_for(timeout, |io, s| {
-            let n = s.send_some(io, buf)?;
-            Ok((n > 0).then_some(n))
-        })
-    }
-}
-
-impl Receiver for Half {
-    fn recv_some(&mut self, buf: &mut [u8]) -> Result<usize, FlowError> {
-        let timeout = self.shared.timeout;
-        self.shared.wait_for(timeout, |io, s| {
-            if s.recv.ready_bytes() > 0 {
-                let n = s.recv.read(buf);
-                // The time of the latest pump that read the clock (the
-                // one that brought these bytes, or earlier): a delayed
-                // acknowledgment judged a little early waits for the
-                // next pump's timers, so no clock read is needed here.
-                if s.recv.ack_due(io.now_cache_ns) {
-                    // Reading opened room: tell a sender waiting for
-                    // credit.
-                    s.post(io, Kind::Ack, 0, &[], false);
-                    io.flush();
-                }
-                return Ok(Some(n));
-            }
-            if s.recv.finished() {
-                return Err(FlowError::Closed);
-            }
-            Ok(None)
-        })
-    }
-
-    fn ready_bytes(&self) -> Option<u64> {
-        self.shared.with(|_, s| s.recv.ready_bytes() as u64).ok()
-    }
-}
-
-/// An open xdp flow.
-pub(crate) struct XdpFlow {
-    tx: Half,
-    rx: Half,
-    shared: Arc<Shared>,
-}
-
-impl XdpFlow {
-    /// The flow over an open session.
-    pub(crate) fn new(shared: Arc<Shared>) -> XdpFlow {
-        XdpFlow {
-            tx: Half {
-                shared: Arc::clone(&shared),
-            },
-            rx: Half {
-                shared: Arc::clone(&shared),
-            },
-            shared,
-        }
-    }
-}
-
-impl Flow for XdpFlow {
-    fn split(&mut self) -> (&mut dyn Sender, &mut dyn Receiver) {
-        (&mut self.tx, &mut self.rx)
-    }
-
-    fn into_halves(self: Box<Self>) -> (Box<dyn Sender>, Box<dyn Receiver>) {
-        (Box::new(self.tx), Box::new(self.rx))
-    }
-
-    fn monitor(&self) -> Option<Arc<dyn FlowMonitor>> {
-        Some(Arc::new(Monitor {
-            shared: Arc::downgrade(&self.shared),
-            closed: Arc::clone(&self.shared.closed),
-            port: self.shared.port.fd,
-        }))
-    }
-
-    /// Frames lost on the way are sent again: every byte arrives, in
-    /// order, though the flow has datagram counts to report.
-    fn reliable(&self) -> bool {
-        true
-    }
-
-    fn path_choices(&self) -> Vec<String> {
-        // Native and generic XDP are different paths through the kernel:
-        // the generic hook runs after the socket buffer is built.
-        vec![format!("xdp_attach={}", self.shared.port.attach.name())]
-    }
-
-    fn bind_session(&mut self, key: &FlowKey) -> Result<(), FlowError> {
-        let mut st = self.shared.port.lock();
-        let (io, s) = st.session(self.shared.id)?;
-        let mac = io.local_mac;
-        s.bind(mac, key)
-    }
-}
-
-/// The counters and the idle upkeep of an xdp flow: its frames sent,
-/// received and sent again, and acknowledgments and retransmissions while
-/// the test is idle. Holds the flow weakly, so the flow still closes when
-/// the test drops it.
-struct Monitor {
-    shared: Weak<Shared>,
-    /// The counters the session left when it closed.
-    closed: Arc<Mutex<Option<DatagramStats>>>,
-    /// The port's socket: its drops are every flow's on the port.
-    port: RawFd,
-}
-
-impl FlowMonitor for Monitor {
-    fn datagram_stats(&self) -> DatagramStats {
-        self.shared
-            .upgrade()
-            .and_then(|s| s.stats())
-            .or_else(|| *self.closed.lock().unwrap_or_else(|e| e.into_inner()))
-            .unwrap_or_default()
-    }
-
-    fn drops_scope(&self) -> Option<u64> {
-        u64::try_from(self.port).ok()
-    }
-
-    fn serve_idle(&self, wake: BorrowedFd<'_>, max_wait: Duration) -> Result<(), FlowError> {
-        let Some(shared) = self.shared.upgrade() else {
-            return Ok(());
-        };
-        let t0 = Instant::now();
-        loop {
-            shared.port.pump()?;
-            let left = max_wait.saturating_sub(t0.elapsed());
-            if left.is_zero() {
-                return Ok(());
-            }
-            let ms = libc::c_int::try_from(left.min(MAX_SLEEP).as_millis().max(1))
-                .unwrap_or(libc::c_int::MAX);
-            let mut fds = [
-                libc::pollfd {
-                    fd: wake.as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                },
-                libc::pollfd {
-                    fd: shared.port.fd,
-                    events: libc::POLLIN,
-                    revents: 0,
-                },
-            ];
-            // SAFETY: `fds` is a live array of two pollfd structs.
-            let _ = unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
-            if fds[0].revents != 0 {
-                return Ok(());
-            }
-        }
     }
 }
