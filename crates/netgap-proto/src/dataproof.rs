@@ -162,18 +162,23 @@ impl From<DataToken> for String {
     }
 }
 
-impl TryFrom<String> for DataToken {
-    type Error = String;
+/// A data token's text that is not one: it is exactly
+/// `2 * TOKEN_BYTES` hex digits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("a data token is {} hex digits", TOKEN_BYTES * 2)]
+pub struct BadToken;
 
-    fn try_from(s: String) -> Result<DataToken, String> {
-        let bad = || format!("a data token is {} hex digits", TOKEN_BYTES * 2);
+impl TryFrom<String> for DataToken {
+    type Error = BadToken;
+
+    fn try_from(s: String) -> Result<DataToken, BadToken> {
         if s.len() != TOKEN_BYTES * 2 || !s.is_ascii() {
-            return Err(bad());
+            return Err(BadToken);
         }
         let mut out = [0u8; TOKEN_BYTES];
         for (i, byte) in out.iter_mut().enumerate() {
-            let pair = s.get(2 * i..2 * i + 2).ok_or_else(bad)?;
-            *byte = u8::from_str_radix(pair, 16).map_err(|_| bad())?;
+            let pair = s.get(2 * i..2 * i + 2).ok_or(BadToken)?;
+            *byte = u8::from_str_radix(pair, 16).map_err(|_| BadToken)?;
         }
         Ok(DataToken(out))
     }
