@@ -1,6 +1,7 @@
 //! The testbed's typed errors.
 
-use crate::{lock, Holder, ProbeFailure};
+use crate::holder::{holder_text, Holder};
+use crate::ProbeFailure;
 use netgap_core::hosts::HostsFileError;
 use std::io;
 
@@ -43,7 +44,7 @@ pub enum TestbedError {
     #[error("a loss needs the kernel's netem qdisc or nftables (bridge family); this system has neither ({0}); nothing was changed")]
     NoLoss(String),
     /// Another process holds the testbed ([`TestbedLock`](crate::TestbedLock)).
-    #[error("testbed {name} is in use by {}; nothing was changed: wait for it to end, or stop it", lock::holder_text(.holder))]
+    #[error("testbed {name} is in use by {}; nothing was changed: wait for it to end, or stop it", holder_text(.holder))]
     Busy {
         /// The testbed.
         name: String,

@@ -36,6 +36,7 @@
 //! again.
 
 use crate::agents::pid_alive;
+use crate::holder::Holder;
 use crate::request::check_name;
 use crate::state::{STATE_DIR_REMEDY, STATE_ROOT_WHAT};
 use crate::{TestbedError, STATE_ROOT};
@@ -89,31 +90,6 @@ fn names_file(dir: &Dir, file_name: &str, file: &File) -> io::Result<bool> {
         Ok(now) => Ok(now.st_dev == held.st_dev && now.st_ino == held.st_ino),
         Err(nix::errno::Errno::ENOENT) => Ok(false),
         Err(e) => Err(e.into()),
-    }
-}
-
-/// Who holds a testbed's lock, as the holder recorded it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Holder {
-    /// Its process id.
-    pub pid: u32,
-    /// Its command (`netgap study 000`).
-    pub command: String,
-}
-
-impl Holder {
-    /// The record a holder writes in the lock file: `PID COMMAND`, one line.
-    fn record(&self) -> String {
-        format!("{} {}\n", self.pid, self.command.replace('\n', " "))
-    }
-
-    /// The holder a lock file's text records, if it records one.
-    fn parse(text: &str) -> Option<Holder> {
-        let (pid, command) = text.lines().next()?.split_once(' ')?;
-        Some(Holder {
-            pid: pid.parse().ok()?,
-            command: command.to_string(),
-        })
     }
 }
 
@@ -303,17 +279,10 @@ impl Drop for TestbedLock {
     }
 }
 
-/// How a refusal names the holder of a testbed's lock.
-pub(super) fn holder_text(holder: &Option<Holder>) -> String {
-    match holder {
-        Some(h) => format!("`{}` (pid {})", h.command, h.pid),
-        None => "another netgap process".to_string(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::holder::holder_text;
 
     fn base(t: &tempfile::TempDir) -> std::path::PathBuf {
         let p = t.path().join("run");
