@@ -1,7 +1,7 @@
 //! Why a study file is refused: one typed cause per check, each read as one
 //! line that names the study and the figure or claim that failed.
 
-use super::validate::names;
+use super::quantity::QuantityError;
 use super::{Attr, XAxis};
 
 /// Why a study file was refused; one line naming the study and what failed.
@@ -292,16 +292,7 @@ pub enum ClaimCause {
     },
 }
 
-/// A name that is no [`super::Quantity`], with what the study file may
-/// name instead.
-#[derive(Debug, thiserror::Error)]
-#[error(
-    "{name:?} is no quantity: value, dropouts, block_time_us, \
-     cpu.local|remote.process_percent|system_busy_percent, or a metric's key \
-     with its unit ({units})",
-    units = super::quantity::METRIC_UNITS.join(", ")
-)]
-pub struct QuantityError {
-    /// The name given.
-    pub name: String,
+/// The names of `table`, comma separated.
+pub(crate) fn names<T>(table: &[(&str, T)]) -> String {
+    table.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
 }

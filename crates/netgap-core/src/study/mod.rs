@@ -16,11 +16,10 @@ mod validate;
 
 pub use claim::{At, Claim, ClaimTest, Expect, Selector, Size};
 pub use error::{
-    ClaimCause, ClaimError, FigureCause, FigureError, FigureIds, InvalidStudy, QuantityError,
-    StudyError,
+    ClaimCause, ClaimError, FigureCause, FigureError, FigureIds, InvalidStudy, StudyError,
 };
 pub use figure::{Attr, Figure, FigureCommand, XAxis};
-pub use quantity::{CpuEnd, CpuShare, Quantity};
+pub use quantity::{CpuEnd, CpuShare, Quantity, QuantityError};
 
 use raw::RawStudy;
 use serde::Deserialize;

@@ -1,7 +1,6 @@
 //! What a figure reads on y and a claim reads its series in, and how each
 //! is read from a record.
 
-use super::error::QuantityError;
 use crate::record::ResultRecord;
 
 /// What a figure reads on y, or a claim reads its series in, as the study
@@ -153,6 +152,20 @@ impl std::fmt::Display for Quantity {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.name())
     }
+}
+
+/// A name that is no [`Quantity`], with what the study file may
+/// name instead.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{name:?} is no quantity: value, dropouts, block_time_us, \
+     cpu.local|remote.process_percent|system_busy_percent, or a metric's key \
+     with its unit ({units})",
+    units = METRIC_UNITS.join(", ")
+)]
+pub struct QuantityError {
+    /// The name given.
+    pub name: String,
 }
 
 #[cfg(test)]

@@ -168,11 +168,6 @@ pub(crate) fn lookup<T: Copy>(table: &[(&str, T)], name: &str) -> Option<T> {
     table.iter().find(|(n, _)| *n == name).map(|(_, v)| *v)
 }
 
-/// The names of `table`, comma separated.
-pub(crate) fn names<T>(table: &[(&str, T)]) -> String {
-    table.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
-}
-
 impl RawFigure {
     /// The validated figure, or what is wrong with it.
     fn validate(self) -> Result<Figure, FigureError> {
