@@ -15,13 +15,15 @@
 //! cannot authenticate cannot keep the agent from serving. Requests are
 //! checked against the agent's [`AgentLimits`] before any data socket opens.
 
+mod end;
 mod keyless;
 mod open;
 mod session;
 mod watchdog;
 mod workload;
 
-use session::{run_session, SessionEnd};
+use end::SessionEnd;
+use session::run_session;
 
 use crate::admission::{RefusalLog, REFUSAL_LOG_INTERVAL};
 use crate::control::{ControlAddr, ControlStream};

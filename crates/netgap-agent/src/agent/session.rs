@@ -2,6 +2,7 @@
 //! the agent's limits and handed to the session machine, and the actions
 //! the machine asks for carried out on the sockets.
 
+use super::end::{BusyClaim, SessionEnd};
 use super::keyless::{keyless_stays_on_loopback, keyless_targets_loopback};
 use super::open::{open_client, open_point, OpenPoint, PointRole};
 use super::workload::{alive_while, prepare_workload, role_deadline, run_workload};
@@ -23,29 +24,6 @@ use std::os::fd::AsFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// Why a session ended early.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum SessionEnd {
-    #[error("{0}")]
-    Control(#[from] ControlError),
-    #[error("{0}")]
-    Refused(String),
-    /// Ended before the peer proved the key (or, keyless, said hello).
-    #[error("{0}")]
-    Unproven(Box<SessionEnd>),
-}
-
-/// Releases the busy flag when the session that claimed it and every role
-/// thread it started have ended: the next session starts only once nothing
-/// of this one runs.
-pub(crate) struct BusyClaim(Arc<Shared>);
-
-impl Drop for BusyClaim {
-    fn drop(&mut self) {
-        self.0.busy.store(false, Ordering::Release);
-    }
-}
 
 /// Waits for the next request. While a point over an unreliable flow is
 /// open, the peer's retries are answered meanwhile: the server role is idle,

@@ -2,7 +2,7 @@
 //! while the coordinator hears every interval that the agent is alive, and
 //! stopped when the coordinator goes or the role overruns its deadline.
 
-use super::session::{BusyClaim, SessionEnd};
+use super::end::{BusyClaim, SessionEnd};
 use crate::control::{ControlConn, ControlError};
 use netgap_proto::session::AgentSession;
 use netgap_proto::workload::WorkloadRole;
