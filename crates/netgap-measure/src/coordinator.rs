@@ -643,7 +643,7 @@ pub(crate) fn build_record(
         plan.settings.label.clone(),
     )
     .with_choices(&m.path_choices)
-    .with_framing(transport::find(&spec.transport).and_then(|t| t.capabilities().framing));
+    .with_framing(transport::framing(&spec.transport));
     let mut record = record.with_stack(stack);
     diagnose(&mut record);
     Ok(record)

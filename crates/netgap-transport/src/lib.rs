@@ -710,6 +710,13 @@ pub fn programs(name: &str) -> Programs {
     find(name).map_or(Programs::No, |t| t.capabilities().programs)
 }
 
+/// How the transport `name` frames its payload on a link, which a
+/// record's stack carries; `None` for one that crosses no link or an
+/// unknown name.
+pub fn framing(name: &str) -> Option<Framing> {
+    find(name).and_then(|t| t.capabilities().framing)
+}
+
 /// The transports unmodified programs run over, for error messages: "tcp,
 /// shm or xdp".
 pub fn program_transports() -> String {

@@ -373,9 +373,7 @@ pub(super) fn measure_point(
         path,
         plan.settings.label.clone(),
     )
-    .with_framing(
-        netgap_transport::find(&point.spec.transport).and_then(|t| t.capabilities().framing),
-    );
+    .with_framing(netgap_transport::framing(&point.spec.transport));
     let mut record = record.with_stack(stack);
     diagnose(&mut record);
     let failed: f64 = metrics.iter().filter_map(|m| m.get("errors")).sum();
