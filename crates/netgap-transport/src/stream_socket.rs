@@ -50,11 +50,19 @@ pub(crate) struct Half<S> {
 /// (it compacts its full receive queue and reopens the window, or accepts
 /// a probe), and counting each as fresh progress would let such a trickle
 /// restart the inactivity clock again and again.
+///
+/// The room one trickle frees can be caught by more than one send (a
+/// spinning sender sees it appear piece by piece as the peer reads), so a
+/// send that finds room promptly does not end the stall by itself: the
+/// stall ends only after a slice in which no send waited long, or at a
+/// pause of a slice between sends.
 #[derive(Debug, Clone, Copy)]
 struct SendStall {
     /// When the first of these sends began to wait for room.
     since: Instant,
-    /// When the last of them returned.
+    /// When the last send that waited a slice or more returned.
+    last_late: Instant,
+    /// When the last send of the burst, late or prompt, returned.
     last_returned: Instant,
 }
 
@@ -301,11 +309,12 @@ impl<S: StreamSocket> Half<S> {
     /// partial count at its timeout, so a stopped peer would cost one
     /// timeout per partial send before the error.
     ///
-    /// Useful progress is a send that finds room within a slice of asking.
-    /// One that moves bytes only after a longer wait (a stopped peer's
-    /// kernel taking a last few) returns them but does not restart the
-    /// clock: the next send of the same burst counts from the start of the
-    /// first long wait ([`SendStall`]). A burst is sends that follow each
+    /// Useful progress is sends that find room within a slice of asking,
+    /// for a slice. One that moves bytes only after a longer wait (a
+    /// stopped peer's kernel taking a last few) returns them but does not
+    /// restart the clock, nor do the prompt sends that catch the rest of
+    /// the same trickle: the next send of the same burst counts from the
+    /// start of the first long wait ([`SendStall`]). A burst is sends that follow each
     /// other within a slice; a send after a longer pause (the test waiting
     /// for its peer's answer) starts a clock of its own.
     fn send_event(&mut self, buf: &[u8]) -> Result<usize, FlowError> {
@@ -329,7 +338,7 @@ impl<S: StreamSocket> Half<S> {
             }
             let now = Instant::now();
             let waited_from = *waiting_since.get_or_insert(now);
-            let deadline = carried.unwrap_or(waited_from) + self.timeout;
+            let deadline = carried.map_or(waited_from, |c| c.since) + self.timeout;
             if now >= deadline {
                 return Err(FlowError::TimedOut {
                     timeout_ms: self.timeout.as_millis(),
@@ -343,29 +352,37 @@ impl<S: StreamSocket> Half<S> {
 }
 
 impl<S> Half<S> {
-    /// The start of the stall of the burst this send belongs to: the
-    /// previous send returned late, a moment ago. Takes the stall: a send
-    /// that finds room promptly ends it.
+    /// The stall of the burst this send belongs to: the previous send
+    /// returned a moment ago, and some send of the burst waited long less
+    /// than a slice ago. Takes the stall; [`Half::note_send`] puts it back.
     #[inline]
-    fn carried_stall(&mut self) -> Option<Instant> {
+    fn carried_stall(&mut self) -> Option<SendStall> {
         let stall = self.stall.take()?;
-        (stall.last_returned.elapsed() < wait_slice(self.timeout)).then_some(stall.since)
+        let slice = wait_slice(self.timeout);
+        (stall.last_returned.elapsed() < slice && stall.last_late.elapsed() < slice)
+            .then_some(stall)
     }
 
     /// After a send moved bytes: if it first waited for room since
     /// `waiting_since` for a slice or more, the burst's stall goes on (from
-    /// `carried`, the stall it continued, if any).
+    /// `carried`, the stall it continued, if any) or begins; a prompt send
+    /// carries the stall it continued on unchanged but for its return time.
     #[inline]
-    fn note_send(&mut self, waiting_since: Option<Instant>, carried: Option<Instant>) {
-        if let Some(w) = waiting_since {
-            let now = Instant::now();
-            if now.duration_since(w) >= wait_slice(self.timeout) {
-                self.stall = Some(SendStall {
-                    since: carried.unwrap_or(w),
-                    last_returned: now,
-                });
-            }
-        }
+    fn note_send(&mut self, waiting_since: Option<Instant>, carried: Option<SendStall>) {
+        let now = Instant::now();
+        let late = waiting_since.filter(|w| now.duration_since(*w) >= wait_slice(self.timeout));
+        self.stall = match (late, carried) {
+            (Some(w), carried) => Some(SendStall {
+                since: carried.map_or(w, |c| c.since),
+                last_late: now,
+                last_returned: now,
+            }),
+            (None, Some(c)) => Some(SendStall {
+                last_returned: now,
+                ..c
+            }),
+            (None, None) => None,
+        };
     }
 }
 
@@ -397,7 +414,7 @@ impl<S: StreamSocket> Half<S> {
                 self.check_ended()?;
                 let now = Instant::now();
                 let waited_from = *waiting_since.get_or_insert(now);
-                if now >= carried.unwrap_or(waited_from) + self.timeout {
+                if now >= carried.map_or(waited_from, |c| c.since) + self.timeout {
                     return Err(FlowError::TimedOut {
                         timeout_ms: self.timeout.as_millis(),
                     });
@@ -608,18 +625,35 @@ mod tests {
     /// poll() (which waits for three quarters of the buffer to be free), so
     /// a waiting send finds it at its next slice.
     fn trickling_peer(
+        peer: UnixStream,
+        every: Duration,
+        for_how_long: Duration,
+    ) -> std::thread::JoinHandle<()> {
+        trickling_peer_in_pieces(peer, every, for_how_long, 1)
+    }
+
+    /// [`trickling_peer`] taking each 128 KiB in `pieces` reads a few
+    /// milliseconds apart, so the room of one trickle shows to the sender
+    /// more than once.
+    fn trickling_peer_in_pieces(
         mut peer: UnixStream,
         every: Duration,
         for_how_long: Duration,
+        pieces: usize,
     ) -> std::thread::JoinHandle<()> {
         std::thread::spawn(move || {
             peer.set_nonblocking(true).expect("nonblocking");
             let t0 = Instant::now();
-            let mut buf = vec![0u8; 128 << 10];
+            let mut buf = vec![0u8; (128 << 10) / pieces];
             while t0.elapsed() < for_how_long {
                 std::thread::sleep(every);
-                if let Ok(0) = peer.read(&mut buf) {
-                    return;
+                for piece in 0..pieces {
+                    if piece > 0 {
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                    if let Ok(0) = peer.read(&mut buf) {
+                        return;
+                    }
                 }
             }
         })
@@ -632,12 +666,30 @@ mod tests {
         }
     }
 
+    #[test]
+    fn the_prompt_sends_that_catch_the_rest_of_a_trickle_do_not_restart_the_clock() {
+        // Each trickle comes in two reads 5 ms apart: the second send of
+        // each finds room promptly, yet is still the same late trickle.
+        for mode in [Mode::Event, Mode::Poll] {
+            sends_that_find_room_only_late_time_out_with(mode, 2);
+        }
+    }
+
     fn sends_that_find_room_only_late_time_out(mode: Mode) {
+        sends_that_find_room_only_late_time_out_with(mode, 1);
+    }
+
+    fn sends_that_find_room_only_late_time_out_with(mode: Mode, pieces: usize) {
         // Room comes every 400 ms, more than a slice (250 ms) of the 1 s
         // timeout: the burst is named silent about one timeout after its
         // first long wait, not kept alive for as long as the trickle lasts.
         let (ours, peer) = UnixStream::pair().expect("pair");
-        let trickle = trickling_peer(peer, Duration::from_millis(400), Duration::from_secs(6));
+        let trickle = trickling_peer_in_pieces(
+            peer,
+            Duration::from_millis(400),
+            Duration::from_secs(6),
+            pieces,
+        );
         let timeout = Duration::from_secs(1);
         let (mut tx, _rx) = StreamFlow::new(ours, mode, timeout)
             .expect("flow")
@@ -656,9 +708,12 @@ mod tests {
         trickle.join().expect("join");
         assert!(
             matches!(result, FlowError::TimedOut { timeout_ms: 1000 }),
-            "{mode:?}: {result:?}"
+            "{mode:?} in {pieces}: {result:?}"
         );
-        assert!(took < Duration::from_secs(4), "{mode:?}: took {took:?}");
+        assert!(
+            took < Duration::from_secs(4),
+            "{mode:?} in {pieces}: took {took:?}"
+        );
     }
 
     #[test]
