@@ -688,6 +688,47 @@ fn hotspot_over_udp(mode: &str) {
     );
 }
 
+/// The bug: `netgap run hotspot -t udp --clients 2000` failed with
+/// "Connection refused" (400 clients worked). The server role ended a fixed
+/// 700 ms after the window, since it waited for its clients' connections
+/// to close and datagram flows have none; 2,000 clients overflow the
+/// server's sockets, and a flow whose last request was lost waits up to a
+/// second to send it again, by then to a closed port. The server now serves
+/// until its clients have sent nothing for longer than that wait, so every
+/// flow ends its last exchange and the bytes balance at both ends.
+#[test]
+fn a_udp_hotspot_of_2000_clients_ends_every_exchange_with_the_server_still_there() {
+    const CLIENTS: u64 = 2000;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json = dir.path().join("r.jsonl");
+    run_ok(netgap().args([
+        "run",
+        "hotspot",
+        "-t",
+        "udp",
+        "--clients",
+        &CLIENTS.to_string(),
+        "--reps",
+        "1",
+        "--duration",
+        "1s",
+        "--json",
+        json.to_str().expect("utf-8 path"),
+    ]));
+    let records = read_records(&json);
+    assert_eq!(records.len(), 1);
+    let r = &records[0];
+    assert_eq!(r["transport"], "udp", "{r}");
+    let flows = r["flows"].as_array().expect("flows");
+    assert_eq!(flows.len() as u64, CLIENTS);
+    for (i, f) in flows.iter().enumerate() {
+        assert_eq!(f["bytes_tx"], f["bytes_rx"], "flow {i}: {f}");
+    }
+    let b = |k: &str| u(&r["bytes"][k]);
+    assert_eq!(b("client_tx"), b("server_rx"), "{}", r["bytes"]);
+    assert_eq!(b("server_tx"), b("client_rx"), "{}", r["bytes"]);
+}
+
 #[test]
 fn hotspot_runs_over_udp_in_event_mode() {
     hotspot_over_udp("event");

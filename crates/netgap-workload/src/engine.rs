@@ -35,13 +35,18 @@ const MAX_WORKERS: usize = 8;
 /// How long a server role keeps serving after the window at least, so the
 /// clients' last in-flight exchanges finish before it closes their
 /// connections; past it, it serves on until its clients have been quiet
-/// for [`SERVER_QUIET`] (no connection open, none accepted), up to their
-/// I/O timeout more: tens of thousands of flows on a busy host take longer
-/// than this grace to finish their last round trip and close, and client
-/// hosts that got the barrier late are still in their window.
+/// for [`SERVER_QUIET`] (no connection open, none accepted, no datagram
+/// read) and, on a datagram path, the longest a flow waits to send a lost
+/// request again, up to their I/O timeout more: tens of thousands of flows
+/// on a busy host take longer than this grace to finish their last round
+/// trip and close, client hosts that got the barrier late are still in
+/// their window, and a udp flow whose last request was lost is silent
+/// until its re-send.
 const SERVER_GRACE: Duration = Duration::from_millis(500);
-/// How long clients must hold no connection and open none before a server
-/// role past its grace stops.
+/// How long clients must hold no connection, open none and send no
+/// datagram before a server role past its grace stops (on a datagram path,
+/// after the longest re-send wait:
+/// [`FlowServer::longest_client_silence`]).
 const SERVER_QUIET: Duration = Duration::from_millis(200);
 /// Most flows of an engine workload's point.
 pub(crate) const MAX_ENGINE_FLOWS: u32 = MAX_WORKLOAD_FLOWS;
@@ -192,7 +197,9 @@ pub(crate) fn open(
                     }));
                 }
             }
-            let server = FlowServer::bind(SocketAddr::new(ip, 0), work, cfg)?;
+            // Every flow of the point may come to this server.
+            let flows = Some(spec.flows as usize);
+            let server = FlowServer::bind_for(SocketAddr::new(ip, 0), work, cfg, flows)?;
             Ok(Box::new(Engine {
                 warmup,
                 duration,
@@ -325,27 +332,27 @@ struct Ran {
 
 /// Serves past the window until the clients are done: at least
 /// [`SERVER_GRACE`] after the window, then until they have held no
-/// connection and opened none for [`SERVER_QUIET`], at most `io_timeout`
-/// more, or until `stop`. `counts` gives the connections accepted so far
-/// and open now.
+/// connection, opened none and sent nothing for `quiet`, at most
+/// `io_timeout` more, or until `stop`. `counts` gives what the clients
+/// did so far (connections accepted and datagrams read: a count that only
+/// grows) and the connections open now.
 fn serve_out(
-    warmup: Duration,
-    duration: Duration,
-    io_timeout: Duration,
+    (warmup, duration): (Duration, Duration),
+    (quiet, io_timeout): (Duration, Duration),
     stop: &Stop,
     counts: impl Fn() -> (u64, u64),
 ) {
     let grace_end = Instant::now() + warmup + duration + SERVER_GRACE;
     if stop.sleep_until(grace_end) {
         let last = grace_end + io_timeout;
-        let (mut accepted, mut active) = (counts().0, Instant::now());
+        let (mut done, mut active) = (counts().0, Instant::now());
         loop {
             let now = Instant::now();
-            let (a, open) = counts();
-            if a != accepted || open > 0 {
-                (accepted, active) = (a, now);
+            let (d, open) = counts();
+            if d != done || open > 0 {
+                (done, active) = (d, now);
             }
-            if now.duration_since(active) >= SERVER_QUIET || now >= last || stop.is_set() {
+            if now.duration_since(active) >= quiet || now >= last || stop.is_set() {
                 break;
             }
             std::thread::sleep(Duration::from_millis(10));
@@ -357,9 +364,10 @@ fn serve_out(
 fn run(kind: Kind, warmup: Duration, duration: Duration, stop: &Stop) -> Result<Ran, RoleError> {
     match kind {
         Kind::Server(server, io_timeout) => {
-            serve_out(warmup, duration, io_timeout, stop, || {
+            let quiet = SERVER_QUIET + server.longest_client_silence();
+            serve_out((warmup, duration), (quiet, io_timeout), stop, || {
                 (
-                    server.accepted_connections(),
+                    server.accepted_connections() + server.datagrams_received(),
                     server.open_connections() as u64,
                 )
             });
@@ -377,7 +385,8 @@ fn run(kind: Kind, warmup: Duration, duration: Duration, stop: &Stop) -> Result<
             })
         }
         Kind::Shards(shards, io_timeout) => {
-            serve_out(warmup, duration, io_timeout, stop, || {
+            // Shards serve connections only: an open one shows a client.
+            serve_out((warmup, duration), (SERVER_QUIET, io_timeout), stop, || {
                 (shards.accepted_connections(), shards.open_connections())
             });
             let out = shards.stop()?;
@@ -478,4 +487,58 @@ pub(crate) fn connection_times(
         m.insert("setup_share_pct".into(), 100.0 * setup / total);
     }
     m
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The bug: a udp hotspot of 2,000 clients failed with "Connection
+    /// refused". Its server role counted only connections, which datagram
+    /// flows never open, so it stopped a fixed 700 ms after the window,
+    /// while flows whose last request had been lost (the server's sockets
+    /// overflow under 2,000 clients) were still waiting, up to a second,
+    /// to send it again; the re-send met a closed port. A server now serves
+    /// while anything arrives, and until nothing has for `quiet`.
+    #[test]
+    fn a_server_serves_until_its_clients_have_sent_nothing_for_the_quiet_time() {
+        let quiet = Duration::from_millis(300);
+        let t0 = Instant::now();
+        // Datagrams keep coming until 900 ms, well past the grace.
+        let busy_until = t0 + Duration::from_millis(900);
+        let received = std::sync::atomic::AtomicU64::new(0);
+        let counts = || {
+            if Instant::now() < busy_until {
+                received.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            (received.load(std::sync::atomic::Ordering::Relaxed), 0)
+        };
+        let zero = (Duration::ZERO, Duration::ZERO);
+        serve_out(zero, (quiet, Duration::from_secs(10)), &Stop::new(), counts);
+        let took = t0.elapsed();
+        // The last datagram was seen within a 10 ms look of 900 ms.
+        assert!(
+            took >= Duration::from_millis(880) + quiet && took < Duration::from_secs(5),
+            "{took:?}"
+        );
+        // Nothing at all: the grace, then the quiet time.
+        let t0 = Instant::now();
+        serve_out(zero, (quiet, Duration::from_secs(10)), &Stop::new(), || {
+            (0, 0)
+        });
+        let took = t0.elapsed();
+        assert!(
+            took >= SERVER_GRACE + quiet && took < Duration::from_secs(5),
+            "{took:?}"
+        );
+        // Clients that never go quiet have their I/O timeout past the grace.
+        let t0 = Instant::now();
+        let io_timeout = Duration::from_millis(200);
+        serve_out(zero, (quiet, io_timeout), &Stop::new(), || (0, 1));
+        let took = t0.elapsed();
+        assert!(
+            took >= SERVER_GRACE + io_timeout && took < Duration::from_secs(5),
+            "{took:?}"
+        );
+    }
 }

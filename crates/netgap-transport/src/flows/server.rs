@@ -16,6 +16,8 @@ use super::io::{Io, WorkerIo};
 use super::machine::{Progress, ServerMachine};
 use super::proof::ListenerHandshake;
 use super::{limits, EngineConfig, EngineError, FlowWork, ServerTotals};
+#[cfg(doc)]
+use crate::rto::RETRY_MAX;
 use netgap_core::spec::{Mode, TransportOptions};
 use netgap_proto::dataproof::DataToken;
 use nix::errno::Errno;
@@ -54,6 +56,10 @@ pub struct FlowServer {
     open: Arc<AtomicUsize>,
     /// Connections accepted so far, all workers together.
     accepted: Arc<AtomicU64>,
+    /// Datagrams read so far, all workers together (a datagram path's).
+    received: Arc<AtomicU64>,
+    /// The longest its clients may send it nothing while still at work.
+    client_silence: Duration,
     /// What the workers' message buffers hold, and held at most.
     gauge: Arc<BufferGauge>,
     workers: Vec<Worker>,
@@ -97,11 +103,26 @@ impl FlowServer {
         work: FlowWork,
         cfg: EngineConfig,
     ) -> Result<FlowServer, EngineError> {
+        Self::bind_for(addr, work, cfg, None)
+    }
+
+    /// [`FlowServer::bind`] for `flows` flows when known: on a datagram
+    /// path without `--rcvbuf`, each worker's socket gets a receive queue
+    /// that holds a request of each of its flows at once, past
+    /// `net.core.rmem_max` where this process may (the connections of a
+    /// stream path queue in their own sockets, and its listen backlog is
+    /// sized for thousands of connects already).
+    pub fn bind_for(
+        addr: SocketAddr,
+        work: FlowWork,
+        cfg: EngineConfig,
+        flows: Option<usize>,
+    ) -> Result<FlowServer, EngineError> {
         work.validate(cfg.path)?;
         cfg.validate()?;
         raise_fd_limit();
         if cfg.path.datagrams() {
-            return bind_datagrams(addr, work, &cfg);
+            return bind_datagrams(addr, work, &cfg, flows);
         }
         let first = listen(addr, &cfg.options, cfg.path.name())
             .map_err(|source| EngineError::Bind { addr, source })?;
@@ -217,6 +238,9 @@ fn start(
         stop,
         open,
         accepted,
+        received: Arc::new(AtomicU64::new(0)),
+        // An open connection shows a client at work.
+        client_silence: Duration::ZERO,
         gauge,
         workers,
     })
@@ -239,6 +263,23 @@ impl FlowServer {
     /// [`FlowServer::open_connections`], whether clients are still at work.
     pub fn accepted_connections(&self) -> u64 {
         self.accepted.load(Ordering::Relaxed)
+    }
+
+    /// Datagrams its workers have read so far, from anyone (0 on a
+    /// connection path): on a datagram path, which has no connection to
+    /// show it, whether clients are still at work.
+    pub fn datagrams_received(&self) -> u64 {
+        self.received.load(Ordering::Relaxed)
+    }
+
+    /// The longest its clients may send it nothing while still at work:
+    /// zero on a connection path, whose open connections show them; on a
+    /// datagram path the longest retry timeout ([`RETRY_MAX`]), which a
+    /// flow whose request or reply was lost waits before it sends again.
+    /// A server stopped sooner after its last datagram can close its port
+    /// under such a flow, whose re-send then meets a refusal.
+    pub fn longest_client_silence(&self) -> Duration {
+        self.client_silence
     }
 
     /// The most bytes its workers' message buffers took at once so far
@@ -280,6 +321,7 @@ fn bind_datagrams(
     addr: SocketAddr,
     work: FlowWork,
     cfg: &EngineConfig,
+    flows: Option<usize>,
 ) -> Result<FlowServer, EngineError> {
     let FlowWork::PingPong { size_bytes } = work else {
         return Err(EngineError::Invalid(format!(
@@ -287,7 +329,8 @@ fn bind_datagrams(
             cfg.path.name()
         )));
     };
-    let sockets = datagram::bind(addr, cfg.workers, &cfg.options)
+    let queue = flows.map(|n| datagram::queue_bytes(n, cfg.workers, size_bytes));
+    let sockets = datagram::bind(addr, cfg.workers, &cfg.options, queue)
         .map_err(|source| EngineError::Bind { addr, source })?;
     let local_addr = sockets
         .first()
@@ -296,6 +339,7 @@ fn bind_datagrams(
         .map_err(|source| EngineError::Bind { addr, source })?
         .unwrap_or(addr);
     let stop = Arc::new(AtomicBool::new(false));
+    let received = Arc::new(AtomicU64::new(0));
     let gauge = Arc::new(BufferGauge::default());
     let mut workers = Vec::with_capacity(sockets.len());
     for (w, socket) in sockets.into_iter().enumerate() {
@@ -303,6 +347,7 @@ fn bind_datagrams(
             .map_err(|e| sys("creating an epoll instance", e))?;
         datagram::watch(&epoll, &socket)?;
         let stop_flag = Arc::clone(&stop);
+        let received = Arc::clone(&received);
         let (mode, token, rate) = (cfg.mode, cfg.token.clone(), cfg.rate.clone());
         let layout = cfg.buffer_layout()?;
         let gauge = Arc::clone(&gauge);
@@ -313,6 +358,7 @@ fn bind_datagrams(
                 (size_bytes, layout, &gauge),
                 (mode, token, rate.as_deref()),
                 &stop_flag,
+                &received,
             )
         })?;
     }
@@ -321,6 +367,8 @@ fn bind_datagrams(
         stop,
         open: Arc::new(AtomicUsize::new(0)),
         accepted: Arc::new(AtomicU64::new(0)),
+        received,
+        client_silence: crate::rto::RETRY_MAX,
         gauge,
         workers,
     })

@@ -70,7 +70,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::io::{self, ErrorKind, Read, Write};
 use std::net::{IpAddr, SocketAddr, UdpSocket};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -286,16 +286,64 @@ pub(super) fn open_flow(
     Ok(socket)
 }
 
+/// What the kernel charges a socket's receive queue for one datagram
+/// beside its bytes, at most: its `sk_buff` and shared info, rounded up by
+/// the allocator (about 700 bytes on x86-64 Linux).
+const QUEUED_DATAGRAM_OVERHEAD_BYTES: usize = 768;
+
+/// Most bytes one server socket's receive queue is sized to on its own
+/// (`--rcvbuf` aside).
+const MAX_QUEUE_BYTES: usize = 64 * 1024 * 1024;
+
+/// The receive queue, in bytes, one of `workers` server sockets asks for so
+/// that it holds a request of each of its flows at once, `flows` of
+/// `size_bytes` in all: the flows' requests are stop-and-wait, one each in
+/// flight, so a queue that holds them all drops none. Each socket gets
+/// room for twice its even share, since the kernel steers flows by their
+/// addresses, not evenly; the kernel doubles what is asked, which leaves
+/// room for the re-sends of a busy host. At most [`MAX_QUEUE_BYTES`].
+///
+/// Without it, a few hundred flows overflow the kernel's default queue
+/// (`net.core.rmem_default`) whenever the server falls behind: a request
+/// that finds the queue full is lost, and the flows answered just before
+/// fill the room again, so a flow can lose every re-send for seconds.
+pub(super) fn queue_bytes(flows: usize, workers: usize, size_bytes: usize) -> usize {
+    let share = flows.div_ceil(workers.max(1)).saturating_mul(2);
+    share
+        .saturating_mul(HEADER_BYTES + size_bytes + QUEUED_DATAGRAM_OVERHEAD_BYTES)
+        .min(MAX_QUEUE_BYTES)
+}
+
+/// Raises `socket`'s receive queue to `bytes`: past `net.core.rmem_max`
+/// where this process may (CAP_NET_ADMIN), else up to it. Never lowers it.
+fn raise_queue(socket: &socket2::Socket, bytes: usize) -> io::Result<()> {
+    use nix::sys::socket::{setsockopt, sockopt};
+    // The kernel reports the doubled size it keeps.
+    if socket.recv_buffer_size()? >= bytes.saturating_mul(2) {
+        return Ok(());
+    }
+    match setsockopt(socket, sockopt::RcvBufForce, &bytes) {
+        Ok(()) => Ok(()),
+        Err(Errno::EPERM) => socket.set_recv_buffer_size(bytes),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// The server's sockets: `workers` UDP sockets on one port (SO_REUSEPORT),
 /// so the kernel steers each flow, by its addresses, to one worker for its
-/// whole life.
+/// whole life. Without `--rcvbuf` in `options`, each socket's receive
+/// queue is raised to `queue` bytes when given ([`queue_bytes`]).
 pub(super) fn bind(
     addr: SocketAddr,
     workers: usize,
     options: &TransportOptions,
+    queue: Option<usize>,
 ) -> io::Result<Vec<UdpSocket>> {
     let one = |addr: SocketAddr| -> io::Result<UdpSocket> {
         let socket = udp_socket(addr, options)?;
+        if let (None, Some(bytes)) = (options.rcvbuf_bytes, queue) {
+            raise_queue(&socket, bytes)?;
+        }
         socket.set_reuse_address(true)?;
         socket.set_reuse_port(true)?;
         socket.bind(&addr.into())?;
@@ -315,13 +363,16 @@ pub(super) fn bind(
 /// sleeping in `epoll` (event mode) or spinning on the socket (poll mode);
 /// with a `token`, only flows that proved it (see the module docs); with a
 /// `rate` budget, charging every datagram received and sent to it and
-/// leaving the socket's queue be while it is ahead.
+/// leaving the socket's queue be while it is ahead. Every datagram it reads
+/// is added to `received`, which the server's owner watches to see whether
+/// clients are still at work.
 pub(super) fn serve(
     socket: &UdpSocket,
     epoll: &Epoll,
     (size_bytes, layout, gauge): (usize, BufferLayout, &Arc<BufferGauge>),
     (mode, token, rate): (Mode, Option<DataToken>, Option<&crate::rate::RateBudget>),
     stop: &AtomicBool,
+    received: &AtomicU64,
 ) -> Result<ServerTotals, EngineError> {
     // A secret per worker: the kernel steers a flow's hello and its
     // confirmation, from one address, to the same worker.
@@ -355,7 +406,10 @@ pub(super) fn serve(
                 }
             }
         }
-        server.drain(socket, rate);
+        let read = server.drain(socket, rate);
+        if read > 0 {
+            received.fetch_add(read, Ordering::Relaxed);
+        }
     }
     // What the worker's socket turned away (its receive queue full): the
     // first thing to overflow with many clients.
@@ -471,6 +525,39 @@ mod tests {
 
     fn seq_of(d: &[u8]) -> u64 {
         Header::decode(d).unwrap().seq
+    }
+
+    /// The second cause of 2,000 udp clients failing: the server's
+    /// sockets kept the kernel's default receive queue, which holds a few
+    /// hundred requests, so flows starved behind it. Each socket now holds
+    /// twice its share of the flows' requests, `--rcvbuf` aside.
+    #[test]
+    fn a_server_socket_queues_a_request_of_each_of_its_flows() {
+        let per = HEADER_BYTES + 1 + QUEUED_DATAGRAM_OVERHEAD_BYTES;
+        assert_eq!(queue_bytes(2000, 2, 1), 2000 * per);
+        assert_eq!(queue_bytes(3, 2, 1), 4 * per);
+        assert_eq!(queue_bytes(1, 0, 1), 2 * per);
+        assert_eq!(queue_bytes(1 << 20, 1, MAX_MESSAGE_BYTES), MAX_QUEUE_BYTES);
+        let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let options = TransportOptions::default();
+        let asked = queue_bytes(2000, 2, 1);
+        let sockets = bind(addr, 2, &options, Some(asked)).unwrap();
+        for s in &sockets {
+            let got = socket2::SockRef::from(s).recv_buffer_size().unwrap();
+            // All of it as root; else what net.core.rmem_max allows, and
+            // never less than before.
+            assert!(got >= 2 * asked || got >= 2 * 212_992.min(asked), "{got}");
+        }
+        // `--rcvbuf` stands as given.
+        let options = TransportOptions {
+            rcvbuf_bytes: Some(64 * 1024),
+            ..TransportOptions::default()
+        };
+        let sockets = bind(addr, 1, &options, Some(asked)).unwrap();
+        let got = socket2::SockRef::from(&sockets[0])
+            .recv_buffer_size()
+            .unwrap();
+        assert_eq!(got, 2 * 64 * 1024);
     }
 
     #[test]

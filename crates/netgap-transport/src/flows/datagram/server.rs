@@ -30,21 +30,28 @@ impl Server {
     }
 
     /// Answers what is queued on `socket`, at most [`BATCH`] datagrams,
-    /// and fewer once `rate` is ahead (every datagram is charged to it).
-    pub(super) fn drain(&mut self, socket: &UdpSocket, rate: Option<&crate::rate::RateBudget>) {
+    /// and fewer once `rate` is ahead (every datagram is charged to it);
+    /// how many datagrams it read, whoever sent them.
+    pub(super) fn drain(
+        &mut self,
+        socket: &UdpSocket,
+        rate: Option<&crate::rate::RateBudget>,
+    ) -> u64 {
+        let mut read = 0;
         for _ in 0..BATCH {
             if crate::flows::io::ahead(rate) {
-                return;
+                return read;
             }
             let (n, from) = match socket.recv_from(&mut self.buf) {
                 Ok(got) => got,
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                Err(e) if is_transient(&e) => return,
+                Err(e) if is_transient(&e) => return read,
                 Err(_) => {
                     self.totals.errors += 1;
-                    return;
+                    return read;
                 }
             };
+            read += 1;
             if let Some(r) = rate {
                 r.charge(n as u64);
             }
@@ -70,6 +77,7 @@ impl Server {
                 }
             }
         }
+        read
     }
 
     /// Accounts for the `n`-byte datagram in `buf` from `from` and says

@@ -553,6 +553,38 @@ fn a_udp_server_that_goes_silent_fails_the_flow_within_the_io_timeout() {
     );
 }
 
+/// What a server's owner needs to tell clients at work from clients done
+/// when they hold no connection: every datagram read, from anyone, is
+/// counted, and a datagram path says that its clients may be silent for a
+/// whole retry timeout while a lost request waits for its re-send.
+#[test]
+fn a_udp_server_counts_the_datagrams_it_reads_and_says_how_long_clients_may_be_silent() {
+    let work = FlowWork::PingPong { size_bytes: 1 };
+    let server = FlowServer::bind(loopback(), work, udp_cfg(Mode::Event, 2, 1_000)).unwrap();
+    assert_eq!(server.datagrams_received(), 0);
+    assert!(server.longest_client_silence() >= crate::rto::RETRY_MAX);
+    let peer = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    // Not netgap's, and data before any hello: read and counted all the
+    // same, though never answered.
+    for _ in 0..3 {
+        peer.send_to(b"not a netgap datagram", server.local_addr())
+            .unwrap();
+    }
+    let t0 = Instant::now();
+    while server.datagrams_received() < 3 {
+        assert!(t0.elapsed() < Duration::from_secs(5), "datagrams unread");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(server.datagrams_received(), 3);
+    let totals = server.stop().unwrap();
+    assert_eq!(totals.errors, 3);
+    // Connections show their clients at work while open.
+    let tcp = FlowServer::bind(loopback(), work, cfg(1, 1_000)).unwrap();
+    assert_eq!(tcp.longest_client_silence(), Duration::ZERO);
+    assert_eq!(tcp.datagrams_received(), 0);
+    tcp.stop().unwrap();
+}
+
 #[test]
 fn udp_carries_no_connect_mode_and_no_message_over_one_datagram() {
     let c = udp_cfg(Mode::Event, 1, 100);
