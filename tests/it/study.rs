@@ -382,14 +382,7 @@ fn plan_needs_no_root_and_builds_no_testbed() {
     // The study testbed's lock held here: a plan that built the testbed
     // would be refused, and no other process builds it meanwhile.
     let _one = one_testbed_at_a_time();
-    let t0 = Instant::now();
-    let _lock = loop {
-        match netgap::testbed::TestbedLock::acquire("study", "the --plan test") {
-            Ok(l) => break l,
-            Err(e) if t0.elapsed() > Duration::from_secs(300) => panic!("{e}"),
-            Err(_) => std::thread::sleep(Duration::from_secs(1)),
-        }
-    };
+    let lock = hold_the_study_lock("the --plan test");
     assert_study_testbed_gone();
     plan(&mut netgap());
     // As nobody, where the binary is within nobody's reach.
@@ -413,6 +406,85 @@ fn plan_needs_no_root_and_builds_no_testbed() {
         Err(e) => panic!("netgap study --plan as nobody: {e}"),
     }
     assert!(names_in(&out).is_empty(), "--plan wrote nothing in -o");
+    assert_study_testbed_gone();
+    let held = lock_file_id();
+    drop(lock);
+    assert_lock_file_gone(held);
+}
+
+/// The study testbed's lock file.
+const STUDY_LOCK: &str = "/run/netgap/study.lock";
+
+/// The device and inode of the study's lock file, which this process
+/// holds.
+fn lock_file_id() -> (u64, u64) {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::symlink_metadata(STUDY_LOCK).expect("the held lock file");
+    (m.dev(), m.ino())
+}
+
+/// The bug: CI's study steps left an empty `/run/netgap/study.lock`
+/// behind. The lock file `held` (device and inode) that was just let go,
+/// with no study testbed built, is gone: the name is free, or names the
+/// file of a holder that came since.
+fn assert_lock_file_gone(held: (u64, u64)) {
+    use std::os::unix::fs::MetadataExt;
+    match std::fs::symlink_metadata(STUDY_LOCK) {
+        Ok(m) => assert_ne!((m.dev(), m.ino()), held, "{STUDY_LOCK} was left behind"),
+        Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::NotFound, "{e}"),
+    }
+}
+
+/// Waits until this process holds the study testbed's lock, so that no
+/// study runs meanwhile.
+fn hold_the_study_lock(why: &str) -> netgap::testbed::TestbedLock {
+    let t0 = Instant::now();
+    loop {
+        match netgap::testbed::TestbedLock::acquire("study", why) {
+            Ok(l) => return l,
+            Err(e) if t0.elapsed() > Duration::from_secs(300) => panic!("{e}"),
+            Err(_) => std::thread::sleep(Duration::from_secs(1)),
+        }
+    }
+}
+
+/// A study refused after it took its testbed's lock (its results file
+/// exists) leaves no lock file behind: the bug left an empty one.
+#[test]
+fn a_study_refused_after_taking_its_lock_leaves_no_lock_file() {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("not run: a study without --hosts needs root");
+        return;
+    }
+    let _one = one_testbed_at_a_time();
+    // No other study runs: the lock is free, and then its file is gone.
+    let lock = hold_the_study_lock("the refused-study test");
+    assert_study_testbed_gone();
+    let held = lock_file_id();
+    drop(lock);
+    assert_lock_file_gone(held);
+    let t = tempfile::tempdir().expect("tempdir");
+    let out = t.path().join("out");
+    std::fs::create_dir(&out).expect("out");
+    std::fs::write(out.join("netgap-study-004.jsonl"), b"kept\n").expect("old results");
+    common::one_line_error(
+        &netgap()
+            .args(["study", "004", "--quick", "-o"])
+            .arg(&out)
+            .output()
+            .expect("netgap study"),
+        "study 004 into a directory with its results file",
+        "netgap-study-004.jsonl: it exists",
+    );
+    // The file the refused study made and locked was removed before it
+    // let go; a file there now is another holder's, which holds it.
+    if let Ok(file) = std::fs::File::open(STUDY_LOCK) {
+        match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+            Ok(_) => panic!("{STUDY_LOCK} was left behind by the refused study"),
+            Err((_, e)) => assert_eq!(e, nix::errno::Errno::EWOULDBLOCK),
+        }
+    }
     assert_study_testbed_gone();
 }
 

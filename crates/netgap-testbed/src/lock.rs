@@ -19,8 +19,15 @@
 //! directory, not in it, because taking a testbed down removes that
 //! directory.
 //!
-//! `down` removes the lock file too, and so does a study's own testbed
-//! when it goes ([`TestbedLock::remove_file_on_release`]): the file is
+//! A lock file lives no longer than its testbed: when the last holder in a
+//! process lets go and the testbed has no state directory (it was never
+//! built, a refused or failed command left none, `down` or a study's own
+//! testbed removed it, or the holder only kept others out), the file goes
+//! too, so nothing of a testbed is left in `/run/netgap` once it is gone.
+//! The state directory is made and removed only under the lock, so the
+//! holder's look at it stays true until it lets go. `down` and a study's
+//! own testbed ask for the removal whatever they find
+//! ([`TestbedLock::remove_file_on_release`]). Either way the file is
 //! unlinked while the lock is still held, then the lock is let go. A
 //! process that opened the file before it was unlinked and then waits for
 //! its lock would, once it has it, hold the lock of a file that nobody
@@ -91,6 +98,18 @@ fn names_file(dir: &Dir, file_name: &str, file: &File) -> io::Result<bool> {
         Err(nix::errno::Errno::ENOENT) => Ok(false),
         Err(e) => Err(e.into()),
     }
+}
+
+/// Whether testbed `name` has a state directory in the base directory
+/// `dir` (not following a link); true when that cannot be told, so a lock
+/// file is never removed from under a testbed that may exist.
+fn testbed_exists(dir: &Dir, name: &str) -> bool {
+    let found = nix::sys::stat::fstatat(
+        Some(dir.fd().as_raw_fd()),
+        name,
+        AtFlags::AT_SYMLINK_NOFOLLOW,
+    );
+    !matches!(found, Err(nix::errno::Errno::ENOENT))
 }
 
 /// Takes the lock of testbed `name` in the base directory `dir` for this
@@ -196,18 +215,20 @@ struct Held {
     dir: Dir,
     lock: Flock<File>,
     count: usize,
-    /// Whether the lock file goes when the last holder lets go.
+    /// Whether the lock file goes when the last holder lets go, whether or
+    /// not the testbed is there.
     remove: bool,
 }
 
 impl Held {
     /// Lets go of the lock: the record emptied, so the next refusal never
-    /// names a holder that was done, and the file removed first if asked
-    /// (while the lock is still held, and only if the name still names the
-    /// file locked). Dropping the lock then unlocks and closes the file.
+    /// names a holder that was done, and the file removed first if asked or
+    /// if the testbed has no state directory (while the lock is still held,
+    /// and only if the name still names the file locked). Dropping the lock
+    /// then unlocks and closes the file.
     fn release(self) {
         let _ = self.lock.set_len(0);
-        if self.remove {
+        if self.remove || !testbed_exists(&self.dir, &self.key.1) {
             let file_name = lock_file_name(&self.key.1);
             if names_file(&self.dir, &file_name, &self.lock).unwrap_or(false) {
                 let _ = self.dir.remove_file(&file_name);
@@ -337,6 +358,8 @@ mod tests {
         let t = tempfile::tempdir().expect("tempdir");
         let base = base(&t);
         let dir = Dir::open_base(&base, "a test base", "x", 0o700).expect("base");
+        // The testbed is up: its lock file stays when the lock is let go.
+        std::fs::create_dir(base.join("tb3")).expect("state directory");
         let a = TestbedLock::acquire_in(&base, "tb3", "netgap study 000").expect("free");
         let b = TestbedLock::acquire_in(&base, "tb3", "netgap run").expect("re-entrant");
         drop(a);
@@ -418,6 +441,8 @@ mod tests {
         let t = tempfile::tempdir().expect("tempdir");
         let base = base(&t);
         let dir = Dir::open_base(&base, "a test base", "x", 0o700).expect("base");
+        // The testbed is up: only the remover removes the file.
+        std::fs::create_dir(base.join("race")).expect("state directory");
         let holders = AtomicUsize::new(0);
         let most = AtomicUsize::new(0);
         let taken = AtomicUsize::new(0);
@@ -455,6 +480,8 @@ mod tests {
         let t = tempfile::tempdir().expect("tempdir");
         let base = base(&t);
         let path = base.join("tb5.lock");
+        // What `up` makes under the lock.
+        std::fs::create_dir(base.join("tb5")).expect("state directory");
         let a = TestbedLock::acquire_in(&base, "tb5", "netgap testbed up").expect("free");
         drop(a);
         assert!(
@@ -476,6 +503,40 @@ mod tests {
             0o600
         );
         drop(d);
+    }
+
+    /// The bug: CI's study steps left an empty `/run/netgap/study.lock`
+    /// behind, from holders of the study's lock that built no testbed (a
+    /// test holding it to keep studies out, a study refused after taking
+    /// it). A lock file now goes with the last holder whenever the testbed
+    /// has no state directory, and stays while it has one.
+    #[test]
+    fn a_lock_file_outlives_no_testbed() {
+        let t = tempfile::tempdir().expect("tempdir");
+        let base = base(&t);
+        let path = base.join("tb7.lock");
+        // Held where no testbed is: gone with the last holder.
+        let a = TestbedLock::acquire_in(&base, "tb7", "netgap study 000").expect("free");
+        let b = TestbedLock::acquire_in(&base, "tb7", "netgap run").expect("re-entrant");
+        drop(a);
+        assert!(path.exists(), "still held");
+        drop(b);
+        assert!(!path.exists(), "no testbed, no lock file");
+        // A testbed built under the lock keeps it; taken down under the
+        // lock, its file goes too.
+        let up = TestbedLock::acquire_in(&base, "tb7", "netgap testbed up").expect("free");
+        std::fs::create_dir(base.join("tb7")).expect("state directory");
+        drop(up);
+        assert!(path.exists(), "the testbed is up");
+        let down = TestbedLock::acquire_in(&base, "tb7", "netgap study 000").expect("free");
+        std::fs::remove_dir(base.join("tb7")).expect("state directory");
+        drop(down);
+        assert!(!path.exists(), "the testbed went, and its lock file");
+        // Whatever names the testbed's state directory counts: a link is
+        // not followed, and is not taken for nothing.
+        std::os::unix::fs::symlink(t.path(), base.join("tb7")).expect("link");
+        drop(TestbedLock::acquire_in(&base, "tb7", "x").expect("free"));
+        assert!(path.exists(), "kept while something holds the name");
     }
 
     #[test]
