@@ -53,6 +53,11 @@ const MAX_REP_MS: u64 = 2_000;
 /// condition's switch of the testbed's links and fresh sessions.
 const P2P_OVERHEAD_MS: u64 = 2;
 const WORKLOAD_OVERHEAD_MS: u64 = 700;
+/// What a workload repetition over a datagram transport adds: the flow
+/// engine's server serves on until its flows have been quiet for the
+/// longest a datagram flow waits before it sends again (a second) and
+/// 200 ms more, so a late re-send never meets a closed port.
+const DATAGRAM_QUIET_MS: u64 = 1_200;
 const CONDITION_OVERHEAD_MS: u64 = 60;
 
 /// Why `netgap study` refuses to start; one line.
@@ -560,7 +565,7 @@ fn points_of(fig: &Figure, quick: bool, transports: usize) -> u64 {
 /// The cost of one repetition beyond its own time, ms.
 fn overhead_ms(fig: &Figure) -> u64 {
     let base = if is_workload(fig) {
-        WORKLOAD_OVERHEAD_MS
+        WORKLOAD_OVERHEAD_MS + datagram_quiet_ms(fig)
     } else {
         P2P_OVERHEAD_MS
     };
@@ -569,6 +574,19 @@ fn overhead_ms(fig: &Figure) -> u64 {
     } else {
         0
     }
+}
+
+/// The datagram servers' quiet wait over the figure's repetitions on
+/// average: [`DATAGRAM_QUIET_MS`] times the share of its transports that
+/// carry datagrams.
+fn datagram_quiet_ms(fig: &Figure) -> u64 {
+    let all = fig.transports.len() as u64;
+    let datagram = fig
+        .transports
+        .iter()
+        .filter(|t| netgap_transport::framing(t) == Some(netgap_core::framing::Framing::Udp))
+        .count() as u64;
+    (DATAGRAM_QUIET_MS * datagram).checked_div(all).unwrap_or(0)
 }
 
 /// The shortest repetition of the figure, ms.
@@ -1076,6 +1094,22 @@ mod tests {
     /// least its points take (3m 48s, and 5m 34s with the xdp stacks).
     /// The budget `--quick` derives holds every study, whichever of its
     /// figures are chosen, in every build.
+    #[test]
+    fn a_workload_figure_over_udp_costs_its_servers_quiet_wait() {
+        // Study 002's hot spot runs over tcp, uring and udp: one repetition
+        // in three waits for the udp server's clients to go quiet.
+        let s002 = load("002").expect("002");
+        let hotspot = s002.figure("hotspot").expect("hotspot");
+        assert_eq!(datagram_quiet_ms(hotspot), DATAGRAM_QUIET_MS / 3);
+        assert_eq!(
+            overhead_ms(hotspot),
+            WORKLOAD_OVERHEAD_MS + DATAGRAM_QUIET_MS / 3
+        );
+        let mut tcp_only = hotspot.clone();
+        tcp_only.transports = vec!["tcp".into()];
+        assert_eq!(overhead_ms(&tcp_only), WORKLOAD_OVERHEAD_MS);
+    }
+
     #[test]
     fn quick_derives_a_budget_every_study_and_figure_plans_in() {
         let to = testbed_destination();
