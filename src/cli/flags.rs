@@ -317,7 +317,8 @@ impl InterleaveFlags {
 pub(crate) struct MpiFlags {
     /// The BTL two ranks on this machine meet over: vader (shared memory,
     /// the default) or tcp (TCP over loopback, the path the socket tests
-    /// take). Across testbed hosts the ranks always use TCP.
+    /// take; the default under the preload library, `-t shm` with MPI
+    /// tests alone). Across testbed hosts the ranks always use TCP.
     #[arg(long, value_name = "BTL", value_parser = parse_local_btl)]
     pub mpi_btl: Option<netgap::mpi::launch::LocalBtl>,
 }

@@ -44,6 +44,8 @@ mod preload;
 mod preload_apps;
 mod preload_conformance;
 mod preload_hostile;
+#[cfg(feature = "mpi")]
+mod preload_mpi;
 #[cfg(feature = "xdp")]
 mod preload_xdp;
 #[cfg(feature = "xdp")]

@@ -343,12 +343,16 @@ pub enum InterfaceError {
 
 /// The mpirun command line for `plan` at `placement`, with the
 /// environment it needs; `exe` is this netgap, `scratch` the job's own
-/// directory for Open MPI's session files and shared memory.
+/// directory for Open MPI's session files and shared memory, `exports`
+/// what the ranks' environment gets and mpirun's does not (`-x
+/// NAME=VALUE`: the preload library, which mpirun and its daemons must
+/// not run under).
 pub fn mpirun_command(
     exe: &Path,
     plan: &RankPlan,
     placement: &Placement,
     scratch: &Path,
+    exports: &[(String, OsString)],
 ) -> Command {
     let exe_s = exe.display().to_string();
     let mut mpirun: Vec<String> = vec!["mpirun".into(), "-np".into(), "2".into()];
@@ -370,6 +374,9 @@ pub fn mpirun_command(
         Placement::Nodes { rank0, rank1 } => {
             mpirun.extend(["--host".into(), format!("{rank0}:1,{rank1}:1")])
         }
+    }
+    for (name, value) in exports {
+        mpirun.extend(["-x".into(), format!("{name}={}", value.to_string_lossy())]);
     }
     mpirun.push(exe_s.clone());
     mpirun.push("mpi-rank".into());
@@ -504,13 +511,18 @@ pub struct Launch {
 }
 
 impl Launch {
-    /// Starts mpirun for `plan` at `placement`. The job ends with the
+    /// Starts mpirun for `plan` at `placement`, the ranks' environment
+    /// with `exports` ([`mpirun_command`]). The job ends with the
     /// thread that calls this (`PR_SET_PDEATHSIG`), so the thread must
     /// keep the [`Launch`] until the job is done.
-    pub fn start(plan: &RankPlan, placement: &Placement) -> Result<Launch, LaunchError> {
+    pub fn start(
+        plan: &RankPlan,
+        placement: &Placement,
+        exports: &[(String, OsString)],
+    ) -> Result<Launch, LaunchError> {
         let exe = std::env::current_exe().map_err(LaunchError::Exe)?;
         let scratch = scratch_dir()?;
-        let mut cmd = mpirun_command(&exe, plan, placement, &scratch);
+        let mut cmd = mpirun_command(&exe, plan, placement, &scratch, exports);
         let mut child = match cmd.spawn() {
             Ok(c) => c,
             Err(source) => {
@@ -749,7 +761,7 @@ fn sweep_scratch(base: &Path) {
 /// `/dev/shm` (memory, where Open MPI keeps shared memory by default) when
 /// there is one, else in the temporary directory; readable only by this
 /// user.
-fn scratch_dir() -> Result<PathBuf, LaunchError> {
+pub(crate) fn scratch_dir() -> Result<PathBuf, LaunchError> {
     use std::os::unix::fs::DirBuilderExt;
     use std::sync::atomic::{AtomicU64, Ordering};
     static NEXT: AtomicU64 = AtomicU64::new(0);
@@ -928,6 +940,7 @@ mod tests {
             &plan,
             &Placement::Local(LocalBtl::Tcp),
             Path::new("/tmp/x"),
+            &[("LD_PRELOAD".into(), "/lib/p.so".into())],
         );
         let args: Vec<String> = cmd
             .get_args()
@@ -937,5 +950,12 @@ mod tests {
         assert!(joined.contains("--mca btl tcp,self"), "{joined}");
         assert!(joined.contains("--mca btl_tcp_if_include lo"), "{joined}");
         assert!(!joined.contains("vader,"), "{joined}");
+        // The library goes to the ranks only, before the rank's program.
+        let x = joined.find("-x LD_PRELOAD=/lib/p.so").expect("exported");
+        assert!(x < joined.find("mpi-rank").expect("the rank"), "{joined}");
+        assert!(
+            cmd.get_envs().all(|(k, _)| k != "LD_PRELOAD"),
+            "mpirun itself runs plain"
+        );
     }
 }

@@ -9,9 +9,12 @@
 //! mpi-latency,mpi-bw,mpi-bibw` starts `mpirun -np 2 netgap mpi-rank ...`;
 //! rank 0 times the repetitions and writes them to its standard output,
 //! which mpirun forwards here ([`wire`]); [`run`] turns them into records.
+//! With `-t shm|xdp` the ranks run under netgap's preload sockets library
+//! ([`library`]), their tcp BTL's connection moved onto its stack.
 
 pub mod kind;
 pub mod launch;
+pub mod library;
 pub mod plan;
 #[cfg(feature = "mpi")]
 pub mod rank;

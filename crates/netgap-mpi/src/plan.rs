@@ -8,6 +8,7 @@
 
 use crate::kind::MpiTest;
 use crate::launch::{check_environment, netgap_mca_names, EnvironmentClash, LocalBtl, Where};
+use crate::library::Library;
 use crate::wire::{RankIterations, RankPlan, RankPoint, MAX_MPI_SIZE_BYTES};
 use netgap_core::spec::{Mode, PointSpec};
 use netgap_measure::cluster::{ClusterNode, HostEntry, HostsArg, HostsSource};
@@ -33,6 +34,10 @@ pub struct MpiPlan {
     /// The BTL the ranks meet over on this machine (across testbed hosts
     /// they always use TCP).
     pub local_btl: LocalBtl,
+    /// The preload library the ranks run under (`-t shm|xdp` with MPI
+    /// tests alone), its tcp BTL's connections moved by it; `None`: the
+    /// ranks run as they are.
+    pub library: Option<Library>,
 }
 
 /// The MPI tests' own flags, as the command line gives them.
@@ -78,6 +83,14 @@ pub enum MpiPlanError {
     /// The environment sets an Open MPI parameter netgap sets itself.
     #[error(transparent)]
     Environment(#[from] EnvironmentClash),
+    /// The ranks cannot run under the library where they are placed.
+    #[error("-t {stack}: {why}")]
+    Library {
+        /// The library's stack asked for.
+        stack: String,
+        /// Why not, and what to do.
+        why: &'static str,
+    },
 }
 
 /// Splits a run's test names into MPI tests and the rest, in order.
@@ -115,7 +128,8 @@ impl MpiPlan {
             tests: names.clone(),
             why,
         };
-        refuse_socket_flags(r, alone, &no_effect)?;
+        let library = library_choice(r, alone, &no_effect)?;
+        refuse_socket_flags(r, alone && library.is_none(), &no_effect)?;
         if let Some(&s) = r
             .method
             .sizes
@@ -143,7 +157,10 @@ impl MpiPlan {
         settings.check_sizes(&sizes)?;
         let hosts = testbed_hosts(&settings.peer, &no_effect)?;
         let across = hosts.is_some() || nodes.is_some();
-        let local_btl = local_btl(mpi.btl, across)?;
+        let local_btl = local_btl(mpi.btl, across, library.as_ref())?;
+        if let Some(l) = &library {
+            check_library_placement(l, hosts.is_some(), across)?;
+        }
         let placed = match (&hosts, &nodes) {
             (Some(_), _) => Where::Testbed,
             (None, Some(_)) => Where::Nodes,
@@ -157,6 +174,7 @@ impl MpiPlan {
             hosts,
             nodes,
             local_btl,
+            library,
         })
     }
 
@@ -331,17 +349,71 @@ fn may_enter_netns() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
-/// The BTL the ranks meet over: `--mpi-btl`, else shared memory; shared
-/// memory is refused when the ranks run on two hosts (`across`).
-fn local_btl(asked: Option<LocalBtl>, across: bool) -> Result<LocalBtl, MpiPlanError> {
-    match (asked, across) {
-        (Some(LocalBtl::Vader), true) => Err(MpiPlanError::Btl {
+/// The BTL the ranks meet over: `--mpi-btl`, else shared memory (TCP
+/// under the library, whose connections it carries); shared memory is
+/// refused when the ranks run on two hosts (`across`) or under the
+/// library.
+fn local_btl(
+    asked: Option<LocalBtl>,
+    across: bool,
+    library: Option<&Library>,
+) -> Result<LocalBtl, MpiPlanError> {
+    match (asked, across, library) {
+        (Some(LocalBtl::Vader), true, _) => Err(MpiPlanError::Btl {
             btl: LocalBtl::Vader.name(),
             why: "shared memory does not cross hosts; across hosts the ranks use TCP over the hosts' network",
         }),
-        (Some(b), _) => Ok(b),
-        (None, _) => Ok(LocalBtl::Vader),
+        (Some(LocalBtl::Vader), false, Some(_)) => Err(MpiPlanError::Btl {
+            btl: LocalBtl::Vader.name(),
+            why: "under the preload library the ranks use TCP, whose connections the library moves; Open MPI's own shared memory would bypass it",
+        }),
+        (Some(b), _, _) => Ok(b),
+        (None, _, Some(_)) => Ok(LocalBtl::Tcp),
+        (None, _, None) => Ok(LocalBtl::Vader),
     }
+}
+
+/// The preload library the ranks run under: `-t` naming one transport
+/// that unmodified programs run over under the library (`shm`, `xdp`), in
+/// a run of MPI tests alone (beside socket tests, `-t` is theirs). The
+/// library has no completion modes of netgap's, so `--mode` is refused
+/// with it.
+fn library_choice(
+    r: &RunRequest,
+    alone: bool,
+    no_effect: &dyn Fn(&'static str, &'static str) -> MpiPlanError,
+) -> Result<Option<Library>, MpiPlanError> {
+    let library = match r.transport.transports.as_slice() {
+        [one] if alone => Library::for_transport(one),
+        _ => None,
+    };
+    if library.is_some() && r.transport.modes != TransportChoice::default().modes {
+        return Err(no_effect(
+            "--mode",
+            "under the preload library the ranks' connections wait as Open MPI makes them",
+        ));
+    }
+    Ok(library)
+}
+
+/// Refuses a library that cannot carry the ranks where they run: a
+/// relayed one (`xdp`) needs two testbed hosts, whose relays the job
+/// starts (`testbed`); one on one host (`shm`) needs this machine (not
+/// `across` hosts or nodes).
+fn check_library_placement(
+    library: &Library,
+    testbed: bool,
+    across: bool,
+) -> Result<(), MpiPlanError> {
+    let why = match (library.relayed, testbed, across) {
+        (true, false, _) => "the ranks run under the library across two testbed hosts, through relays the job starts in their namespaces; give --hosts @testbed (a testbed made with --links 2)",
+        (false, _, true) => "the library carries the ranks' connections over shared memory on this machine; across testbed hosts give -t xdp",
+        _ => return Ok(()),
+    };
+    Err(MpiPlanError::Library {
+        stack: library.stack.clone(),
+        why,
+    })
 }
 
 /// Every test at every size, in order, each spec checked.
@@ -470,6 +542,43 @@ mod tests {
         let rank = p.rank_plan();
         assert_eq!(rank.points.len(), 4);
         assert_eq!(rank.check(), Ok(()));
+    }
+
+    #[test]
+    fn the_ranks_run_under_the_library_with_t_shm_or_xdp_alone() {
+        let tests = [MpiTest::Latency];
+        let none = MpiOptions::default();
+        let mut r = req(&["mpi-latency"]);
+        r.transport.transports = vec!["shm".into()];
+        let p = MpiPlan::from_request(&r, &tests, &none, no_env(), true).expect("plan");
+        let library = p.library.expect("under the library");
+        assert_eq!((library.stack.as_str(), library.relayed), ("shm", false));
+        // Its connections are TCP's: the tcp BTL, never Open MPI's own
+        // shared memory.
+        assert_eq!(p.local_btl, LocalBtl::Tcp);
+        let vader = MpiOptions {
+            btl: Some(LocalBtl::Vader),
+        };
+        let e = MpiPlan::from_request(&r, &tests, &vader, no_env(), true).expect_err("vader");
+        assert!(e.to_string().contains("bypass"), "{e}");
+        // Beside socket tests, -t is theirs.
+        let p = MpiPlan::from_request(&r, &tests, &none, no_env(), false).expect("plan");
+        assert!(p.library.is_none());
+        // The library has no modes of netgap's.
+        r.transport.modes = vec![Mode::Poll];
+        let e = MpiPlan::from_request(&r, &tests, &none, no_env(), true).expect_err("--mode");
+        assert!(e.to_string().starts_with("--mode has no effect"), "{e}");
+        // xdp goes through relays on two testbed hosts.
+        let mut r = req(&["mpi-latency"]);
+        r.transport.transports = vec!["xdp".into()];
+        if Library::for_transport("xdp").is_some() {
+            let e = MpiPlan::from_request(&r, &tests, &none, no_env(), true).expect_err("one host");
+            let line = e.to_string();
+            assert!(
+                line.starts_with("-t xdp: ") && line.contains("--hosts @testbed"),
+                "{line}"
+            );
+        }
     }
 
     #[test]

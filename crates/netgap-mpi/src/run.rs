@@ -6,6 +6,7 @@
 
 use crate::kind::MpiTest;
 use crate::launch::{interface_of, Launch, LaunchError, LocalBtl, Placement, RankHost, Selection};
+use crate::library::{LibraryError, LibraryJob};
 use crate::plan::MpiPlan;
 use crate::wire::RankLine;
 use netgap_core::cpu::CpuUsage;
@@ -69,6 +70,10 @@ pub enum MpiRunError {
     /// The hosts' facts or interfaces could not be read.
     #[error("{0}")]
     Hosts(String),
+    /// The ranks could not run under the preload library, or it moved
+    /// none of their connections.
+    #[error(transparent)]
+    Library(#[from] LibraryError),
 }
 
 /// What the ranks said about themselves.
@@ -86,6 +91,15 @@ struct JobReport {
     selection: Selection,
     /// Warnings every record of the job carries.
     warnings: Vec<String>,
+    /// Under the preload library: its stack and whether it relayed.
+    library: Option<LibraryReport>,
+}
+
+/// The preload library the ranks ran under, which moved their
+/// connections.
+struct LibraryReport {
+    stack: String,
+    relayed: bool,
 }
 
 /// How long to wait, after rank 0's first line, for Open MPI's reports of
@@ -159,9 +173,28 @@ fn one_job(
 ) -> Result<usize, MpiRunError> {
     let (placement, facts) = placement_of(plan)?;
     let rank_plan = plan.rank_plan();
-    let (mut job, hello, stalled) = start_job(&rank_plan, &placement)?;
+    // The library's relays listen before the ranks connect, and stop after
+    // the job (dropped after it).
+    let library = plan
+        .library
+        .as_ref()
+        .map(|l| LibraryJob::prepare(l, plan.hosts.as_ref()))
+        .transpose()?;
+    let exports = library.as_ref().map_or(&[][..], LibraryJob::exports);
+    let (mut job, hello, stalled) = start_job(&rank_plan, &placement, exports)?;
     let selection = job.selection(SELECTION_WAIT);
     let mut warnings = Vec::new();
+    // The ranks connected before rank 0's hello (rank 1 sent its name).
+    let library = match &library {
+        Some(l) => {
+            warnings.extend(l.connections()?);
+            Some(LibraryReport {
+                stack: l.library().stack.clone(),
+                relayed: l.library().relayed,
+            })
+        }
+        None => None,
+    };
     if let Some(why) = stalled {
         warnings.push(format!(
             "the first mpirun of this job never started the ranks ({why}); a second one ran the points"
@@ -182,6 +215,7 @@ fn one_job(
         hello,
         selection,
         warnings,
+        library,
     };
     let line_timeout = line_timeout(plan);
     let indexed: Vec<(usize, &(MpiTest, PointSpec))> = plan.points.iter().enumerate().collect();
@@ -219,6 +253,7 @@ fn one_job(
 fn start_job(
     rank_plan: &crate::wire::RankPlan,
     placement: &Placement,
+    exports: &[(String, std::ffi::OsString)],
 ) -> Result<(Launch, Hello, Option<String>), MpiRunError> {
     let timeout = match placement {
         Placement::Nodes { .. } => NODES_START_TIMEOUT,
@@ -227,7 +262,7 @@ fn start_job(
     let mut stalled = None;
     let mut attempt = 1;
     loop {
-        let mut job = Launch::start(rank_plan, placement)?;
+        let mut job = Launch::start(rank_plan, placement, exports)?;
         match job.next(timeout) {
             Ok(RankLine::Hello {
                 library,
@@ -449,7 +484,7 @@ fn build_record(
         MpiTest::Latency => None,
         _ => ServiceDemand::of(&cpu, moved),
     };
-    let path = ranks_path(plan, placement, facts, conditions);
+    let path = ranks_path(plan, placement, facts, conditions, report);
     let stack = ranks_stack(plan, spec, path, report, placement);
     let mut options = plan.settings.record_options(spec);
     options.peer = mpirun_peer(placement);
@@ -504,6 +539,7 @@ fn ranks_path(
     placement: &Placement,
     facts: &Facts,
     conditions: Option<LinkConditions>,
+    report: &JobReport,
 ) -> PathIdentity {
     let mut path = PathIdentity::from_ends(Some(&facts.rank0), Some(&facts.rank1));
     if let Some(tb) = &plan.settings.testbed {
@@ -513,7 +549,8 @@ fn ranks_path(
         };
         tb.fill(&mut path);
     }
-    if matches!(placement, Placement::Local(LocalBtl::Vader)) {
+    let library_shm = report.library.as_ref().is_some_and(|l| !l.relayed);
+    if matches!(placement, Placement::Local(LocalBtl::Vader)) || library_shm {
         // Shared memory: the ranks' bytes never reach an interface.
         path = PathIdentity {
             kind: Some("shared-memory".into()),
@@ -554,6 +591,17 @@ fn ranks_stack(
     // one transport (BTL) they reached each other over.
     if btls.len() == 1 && btls.iter().all(|b| b == "tcp") {
         stack.framing = Some(netgap_core::framing::Framing::Tcp);
+    }
+    // Under the library the ranks' TCP is the program's API only: its
+    // bytes take the library's stack (none on a link over shm, the xdp
+    // transport's frames through the relays).
+    if let Some(l) = &report.library {
+        stack.options.push(format!("preload={}", l.stack));
+        stack.framing = if l.relayed {
+            netgap_transport::framing(&l.stack)
+        } else {
+            None
+        };
     }
     if !btls.is_empty() {
         stack.options.push("pml=ob1".into());

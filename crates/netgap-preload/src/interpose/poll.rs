@@ -527,7 +527,7 @@ unsafe fn shm_epoll_wait(
     timeout: c_int,
     wait: impl Fn(c_int) -> c_int,
 ) -> c_int {
-    let (mut shm, pend) = table::epoll_entries(epfd);
+    let (mut shm, mut pend) = table::epoll_entries(epfd);
     if !pend.is_empty() {
         for (fd, _, p) in &pend {
             // Records of the exchange already in are taken now, so a wait
@@ -536,11 +536,31 @@ unsafe fn shm_epoll_wait(
         }
         shm = table::epoll_entries(epfd).0;
     }
-    if (shm.is_empty() && pend.is_empty()) || events.is_null() || max <= 0 {
+    if events.is_null() || max <= 0 {
         return wait(timeout);
     }
-    let wants_in = |i: &Interest| i.events & libc::EPOLLIN as u32 != 0;
     let start = std::time::Instant::now();
+    if shm.is_empty() && pend.is_empty() {
+        let n = wait(timeout);
+        if n <= 0 {
+            return n;
+        }
+        // Another thread may have registered a taken-over connection while
+        // this one slept (a threaded server's worker hands a kept-alive
+        // connection back to the thread that waits): its events are
+        // settled as any other's.
+        (shm, pend) = table::epoll_entries(epfd);
+        if shm.is_empty() && pend.is_empty() {
+            return n;
+        }
+        // SAFETY: `events` holds `max` entries, the first `n` written by
+        // the kernel.
+        let n = unsafe { settle_events(events, n as usize, max as usize, &shm, &pend, &[]) };
+        if n > 0 || left_ms(timeout, start) == 0 {
+            return n as c_int;
+        }
+    }
+    let wants_in = |i: &Interest| i.events & libc::EPOLLIN as u32 != 0;
     let mut spun = timeout == 0;
     loop {
         if !spun && !shm.is_empty() {
@@ -568,6 +588,15 @@ unsafe fn shm_epoll_wait(
         let n = wait(t);
         if n < 0 {
             return n;
+        }
+        if n > 0 {
+            // The registrations as they are now: one another thread made
+            // while this one slept brings events this wait must settle
+            // (its relay socket's and its own, with the same data, are one
+            // event to the program, which acts on each event it is given),
+            // and one it removed is reported no more.
+            (shm, pend) = table::epoll_entries(epfd);
+            ready.retain(|i| shm.iter().any(|(_, r, _)| r.data == i.data));
         }
         // SAFETY: `events` holds `max` entries, the first `n` written by the
         // kernel.

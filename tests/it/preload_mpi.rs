@@ -1,0 +1,343 @@
+//! Open MPI's tcp BTL under the preload library (`--features mpi`):
+//! `netgap run mpi-latency,mpi-bw -t shm` runs both ranks under the
+//! library on this machine, their connection moved onto shared memory;
+//! `-t xdp --hosts @TESTBED` runs them on two testbed hosts, their
+//! connection moved onto xdp through relays the job starts in both hosts'
+//! namespaces and stops after it. The records name the library's stack
+//! (`preload=shm|xdp`) and carry no warning of a connection it kept on the
+//! kernel's TCP. And with every message verified: an mpicc ping-pong
+//! (`preload_mpi_pingpong.c`, which checks every byte of every message)
+//! between two testbed hosts under the library through the relays; the
+//! same program on one host over shm is `preload::an_open_mpi_ping_pong_over_the_tcp_btl_moves_to_shm`.
+//!
+//! Without root or namespaces the tests print why and pass (with
+//! NETGAP_REQUIRE_SYSTEM_TESTS=1 that is a failure); the tests across
+//! hosts need the `xdp` feature too, for the relays.
+
+use crate::common::{self, netgap, read_records, system_ready};
+use serde_json::Value;
+use std::path::Path;
+
+/// The record's stack options.
+fn stack_options(r: &Value) -> Vec<&str> {
+    r["stack"]["options"]
+        .as_array()
+        .expect("stack options")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect()
+}
+
+/// What every record of the ranks under the library over `stack` holds:
+/// MPI's own test over the tcp BTL, the library's stack named, and no
+/// warning that one of the ranks' connections stayed on the kernel's TCP.
+fn check_library_record(r: &Value, stack: &str) {
+    assert_eq!(r["transport"], "mpi", "{r}");
+    assert!(r["value"].as_f64().is_some_and(|v| v > 0.0), "{r}");
+    let opts = stack_options(r);
+    assert!(opts.contains(&"btl=tcp"), "{opts:?}");
+    assert!(
+        opts.contains(&format!("preload={stack}").as_str()),
+        "{opts:?}"
+    );
+    let warnings: Vec<&str> = r["warnings"]
+        .as_array()
+        .map(|w| w.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    assert!(
+        !warnings.iter().any(|w| w.contains("kernel's TCP")),
+        "{warnings:?}"
+    );
+}
+
+/// `netgap run ARGS --json FILE` with the library next to the test's
+/// netgap: its success, output and records.
+fn run(args: &[&str], json: &Path) -> (bool, String, Vec<Value>) {
+    let out = netgap()
+        .arg("run")
+        .args(args)
+        .arg("--json")
+        .arg(json)
+        .env("NETGAP_PRELOAD", common::preload_library())
+        .output()
+        .expect("netgap run");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text, read_records(json))
+}
+
+#[test]
+fn mpi_ranks_under_the_library_over_shm_from_the_command_line() {
+    let test = "mpi_ranks_under_the_library_over_shm_from_the_command_line";
+    if !system_ready(test) {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json = dir.path().join("r.jsonl");
+    let (ok, text, recs) = run(
+        &[
+            "mpi-latency,mpi-bw",
+            "-t",
+            "shm",
+            "-s",
+            "1,64K",
+            "--reps",
+            "2",
+            "--iterations",
+            "50",
+        ],
+        &json,
+    );
+    assert!(ok, "{text}");
+    assert_eq!(recs.len(), 4, "{text}");
+    for r in &recs {
+        check_library_record(r, "shm");
+        // On one host the library's rings: no link in the path.
+        assert_eq!(r["stack"]["path"]["kind"], "shared-memory", "{r}");
+        assert!(r["stack"]["framing"].is_null(), "{r}");
+    }
+    // Open MPI's own shared memory would bypass the library.
+    let out = netgap()
+        .args(["run", "mpi-latency", "-t", "shm", "--mpi-btl", "vader"])
+        .output()
+        .expect("netgap run");
+    common::one_line_error(&out, "-t shm --mpi-btl vader", "bypass");
+}
+
+#[cfg(feature = "xdp")]
+mod across_hosts {
+    use super::*;
+    use crate::common::testbed::Testbed;
+    use std::process::Command;
+
+    /// The relays in the testbed's namespaces.
+    fn relays_in(tb: &Testbed) -> Vec<String> {
+        let mut left = Vec::new();
+        for h in &tb.hosts().hosts {
+            let out = Command::new("ip")
+                .args(["netns", "pids", &tb.ns(&h.name)])
+                .output()
+                .expect("ip netns pids");
+            for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+                let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+                let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+                if cmd.contains(" relay ") {
+                    left.push(format!("{pid} {cmd}"));
+                }
+            }
+        }
+        left
+    }
+
+    #[test]
+    fn mpi_ranks_under_the_library_across_testbed_hosts_through_relays_from_the_command_line() {
+        let test =
+            "mpi_ranks_under_the_library_across_testbed_hosts_through_relays_from_the_command_line";
+        if !system_ready(test) {
+            return;
+        }
+        let (tb, _) = Testbed::up("pxmpicli", &["--hosts", "2", "--links", "2"]);
+        let dir = tempfile::tempdir().expect("tempdir");
+        let json = dir.path().join("r.jsonl");
+        let (ok, text, recs) = run(
+            &[
+                "mpi-latency,mpi-bw",
+                "-t",
+                "xdp",
+                "--hosts",
+                &tb.hosts_arg(),
+                "-s",
+                "1,64K",
+                "--reps",
+                "2",
+                "--iterations",
+                "50",
+            ],
+            &json,
+        );
+        assert!(ok, "{text}");
+        assert_eq!(recs.len(), 4, "{text}");
+        for r in &recs {
+            check_library_record(r, "xdp");
+            // Across hosts the bytes cross the link in the xdp transport's
+            // frames, between the two testbed hosts.
+            assert!(!r["stack"]["framing"].is_null(), "{r}");
+            assert!(
+                r["options"]["peer"]
+                    .as_str()
+                    .is_some_and(|p| p.contains("h1 (rank 0), h2 (rank 1)")),
+                "{r}"
+            );
+        }
+        assert_eq!(relays_in(&tb), Vec::<String>::new(), "relays left");
+        // Without the testbed's hosts, xdp is one line before anything
+        // starts.
+        let out = netgap()
+            .args(["run", "mpi-latency", "-t", "xdp"])
+            .output()
+            .expect("netgap run");
+        common::one_line_error(&out, "-t xdp on one host", "--hosts @testbed");
+        tb.down();
+        tb.assert_gone();
+    }
+
+    /// A child stopped (TERM, then KILL) and reaped on drop.
+    struct Child(std::process::Child);
+
+    impl Drop for Child {
+        fn drop(&mut self) {
+            // SAFETY: a signal to our own child.
+            unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
+            let t0 = std::time::Instant::now();
+            while t0.elapsed() < std::time::Duration::from_secs(5) {
+                if let Ok(Some(_)) = self.0.try_wait() {
+                    return;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    /// The bytes the closed relayed connections in `log` received.
+    fn relayed_received_bytes(log: &str) -> u64 {
+        log.lines()
+            .filter(|l| l.contains("relayed connection closed"))
+            .filter_map(|l| {
+                l.split_whitespace()
+                    .find_map(|w| w.strip_prefix("shm_received_bytes="))
+                    .and_then(|v| v.parse::<u64>().ok())
+            })
+            .sum()
+    }
+
+    #[test]
+    fn a_verified_mpi_ping_pong_across_testbed_hosts_through_the_relays() {
+        let test = "a_verified_mpi_ping_pong_across_testbed_hosts_through_the_relays";
+        if !system_ready(test) {
+            return;
+        }
+        let (tb, _) = Testbed::up("pxmpipp", &["--hosts", "2", "--links", "2"]);
+        let dir = tempfile::tempdir().expect("tempdir");
+        let src = dir.path().join("pingpong.c");
+        std::fs::write(&src, include_str!("preload_mpi_pingpong.c")).expect("source");
+        let exe = dir.path().join("pingpong");
+        let built = Command::new("mpicc")
+            .args(["-O2", "-o"])
+            .arg(&exe)
+            .arg(&src)
+            .output()
+            .expect("mpicc runs");
+        assert!(built.status.success(), "{built:?}");
+        let netgap_path = common::netgap_path();
+        let netgap_s = netgap_path.to_str().expect("a path");
+        let key = common::new_key_file(dir.path(), "relay.key");
+        let hosts = tb.hosts();
+        let (h1, h2) = (&hosts.hosts[0], &hosts.hosts[1]);
+        let mut relays = Vec::new();
+        for h in [h1, h2] {
+            let log = dir.path().join(format!("relay-{}.log", h.name));
+            relays.push((
+                Child(
+                    Command::new("ip")
+                        .args(["netns", "exec", &tb.ns(&h.name), netgap_s])
+                        .args(tb.relay_args(&h.name, &key))
+                        .stdout(std::process::Stdio::null())
+                        .stderr(std::fs::File::create(&log).expect("a log"))
+                        .spawn()
+                        .expect("netgap relay"),
+                ),
+                log,
+            ));
+        }
+        for (_, log) in &relays {
+            let t0 = std::time::Instant::now();
+            while !crate::preload::read(log).contains("listening on") {
+                assert!(
+                    t0.elapsed() < std::time::Duration::from_secs(10),
+                    "{}",
+                    crate::preload::read(log)
+                );
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+        }
+        // mpirun in the first host's namespaces, its daemon on the second
+        // through netgap's launch agent, as `netgap run mpi-*` starts them;
+        // only the ranks run under the library. Staggered: rank 1 opens the
+        // connection alone (two ranks that connect to each other at once
+        // across hosts each wait in connect() for the other's answer until
+        // the library gives up with ECONNRESET).
+        let log = dir.path().join("mpi.log");
+        let iface = &h1.links[0].ifname;
+        let out = Command::new("timeout")
+            .args(["-s", "KILL", "120", netgap_s, "mpi-exec", "--netns"])
+            .arg(tb.ns("h1"))
+            .args(["--hostname", "h1", "--", "mpirun", "--allow-run-as-root"])
+            .args(["-np", "2", "--host"])
+            .arg(format!("{}:1,{}:1", h1.address, h2.address))
+            .args(["--mca", "pml", "ob1", "--mca", "btl", "tcp,self"])
+            .args(["--mca", "btl_tcp_if_include", iface])
+            .args(["--mca", "oob_tcp_if_include", iface])
+            .args(["--mca", "plm_rsh_agent"])
+            .arg(format!("{netgap_s} mpi-agent"))
+            .args(["--mca", "orte_tmpdir_base"])
+            .arg(dir.path())
+            .arg("-x")
+            .arg(format!(
+                "LD_PRELOAD={}",
+                common::preload_library().display()
+            ))
+            .args(["-x", "NETGAP_PRELOAD_STACK=xdp", "-x"])
+            .arg(format!("NETGAP_PRELOAD_LOG={}", log.display()))
+            .arg(&exe)
+            .args(["300", "staggered"])
+            .env(
+                "NETGAP_MPI_HOSTS",
+                format!(
+                    "{}={}=h1;{}={}=h2",
+                    h1.address,
+                    tb.ns("h1"),
+                    h2.address,
+                    tb.ns("h2")
+                ),
+            )
+            .output()
+            .expect("mpirun runs");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let text = crate::preload::read(&log);
+        assert!(
+            out.status.success(),
+            "{stdout}{}\n{text}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // 300 round trips of 1 B and 1 KiB, 31 of 64 KiB and of 1 MiB,
+        // every byte checked by both ranks.
+        assert!(
+            stdout.contains("verified round trips: 662 bad: 0"),
+            "{stdout}"
+        );
+        // The connection between the ranks moved to xdp at both ends.
+        assert!(
+            text.lines()
+                .any(|l| l.contains("connection to port")
+                    && l.ends_with("moved to xdp via the relay")),
+            "{text}"
+        );
+        assert!(
+            text.contains("accepted connection moved to xdp via the relay"),
+            "{text}"
+        );
+        assert!(!text.contains("fails"), "{text}");
+        // Both ranks received 31 MiB and more each through the relays.
+        let relayed = relayed_received_bytes(&text);
+        assert!(relayed > 2 * 31 * (1 << 20), "{relayed} B relayed: {text}");
+        drop(relays);
+        assert_eq!(relays_in(&tb), Vec::<String>::new(), "relays left");
+        tb.down();
+        tb.assert_gone();
+    }
+}
