@@ -57,6 +57,7 @@ pub mod tether;
 mod web;
 
 pub use gather::load_child::run_gather_child;
+pub use pipeline::stages_child::{run_stages_child as run_pipeline_stages_child, StagesError};
 pub use web::load_child::run_load_child as run_web_load_child;
 pub use web::load_child::LoadChildError;
 
