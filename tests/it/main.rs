@@ -44,6 +44,7 @@ mod preload;
 mod preload_apps;
 mod preload_conformance;
 mod preload_hostile;
+mod preload_pipeline;
 #[cfg(feature = "xdp")]
 mod preload_xdp;
 #[cfg(feature = "xdp")]
