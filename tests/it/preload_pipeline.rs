@@ -95,16 +95,18 @@ fn pipeline_stages_under_the_library_over_shm_verify_every_uow() {
     let json = dir.path().join("r.jsonl");
     // Two filter stages of two copies: 8 streams, every copy's stream to
     // every copy of the next stage.
-    let (ok, text, recs) = run(
-        &["-t", "shm,tcp", "--filters", "2", "--copies", "2"],
-        &json,
-    );
+    let (ok, text, recs) = run(&["-t", "shm,tcp", "--filters", "2", "--copies", "2"], &json);
     assert!(ok, "{text}");
     assert_eq!(recs.len(), 2, "{text}");
     let shm = &recs[0];
     assert_eq!(shm["transport"], "shm");
     every_uow_verified(shm);
-    assert_eq!(metric(shm, "preload_shm_connections"), 8.0, "{}", shm["app"]);
+    assert_eq!(
+        metric(shm, "preload_shm_connections"),
+        8.0,
+        "{}",
+        shm["app"]
+    );
     assert_eq!(metric(shm, "preload_kernel_connections"), 0.0);
     assert_eq!(metric(shm, "preload_xdp_connections"), 0.0);
     // Each UOW crosses three streams, counted sent and received.
@@ -126,7 +128,9 @@ fn pipeline_stages_under_the_library_over_shm_verify_every_uow() {
     assert_eq!(tcp["transport"], "tcp");
     every_uow_verified(tcp);
     assert!(
-        tcp["app"]["metrics"].get("preload_shm_connections").is_none(),
+        tcp["app"]["metrics"]
+            .get("preload_shm_connections")
+            .is_none(),
         "{}",
         tcp["app"]
     );

@@ -499,38 +499,19 @@ fn open_stages(
         .into());
     }
     let config = FlowConfig::from_spec(&spec.point);
-    let listening = Inbound::listen(
-        t,
-        &config,
-        ip,
-        links.listens.len(),
-        token,
-        rate,
-    )?;
-    let internal = Inbound::listen(
-        t,
-        &config,
-        ip,
-        links.internal.len(),
-        token,
-        rate,
-    )?;
+    let listening = Inbound::listen(t, &config, ip, links.listens.len(), token, rate)?;
+    let internal = Inbound::listen(t, &config, ip, links.internal.len(), token, rate)?;
     let mut dialed = Vec::with_capacity(links.dials.len() + links.internal.len());
     for (k, &(e, lo, pos)) in links.dials.iter().enumerate() {
-        let addr = view.peers.get(lo).and_then(|a| a.get(pos)).ok_or_else(|| {
-            PipeError(format!("role {lo} announced no address for stream {e}"))
-        })?;
-        dialed.push((
-            e,
-            staged::dial(t, &config, addr.as_str(), token, k, rate)?,
-        ));
+        let addr =
+            view.peers.get(lo).and_then(|a| a.get(pos)).ok_or_else(|| {
+                PipeError(format!("role {lo} announced no address for stream {e}"))
+            })?;
+        dialed.push((e, staged::dial(t, &config, addr.as_str(), token, k, rate)?));
     }
     for (k, (&e, addr)) in links.internal.iter().zip(&internal.addrs).enumerate() {
         let index = links.dials.len() + k;
-        dialed.push((
-            e,
-            staged::dial(t, &config, addr, token, index, rate)?,
-        ));
+        dialed.push((e, staged::dial(t, &config, addr, token, index, rate)?));
     }
     Ok(PipeOpen {
         spec: spec.clone(),
@@ -547,7 +528,6 @@ fn open_stages(
         dialed,
     })
 }
-
 
 /// One role per host that holds a copy, in host order; every role listens
 /// (the placement is staged).
@@ -630,6 +610,25 @@ mod tests {
             p.roles.iter().map(|r| (r.host, r.flows.clone())).collect();
         assert_eq!(got, vec![(0, vec![1, 4]), (1, vec![2, 5]), (2, vec![0, 3])]);
     }
+    #[test]
+    fn stages_in_the_agent_leave_the_parameters_as_they_were() {
+        let before = serde_json::json!({
+            "preset": "vm", "query_bytes": 4096, "filters": 1, "copies": 1,
+            "credits": 4, "compute_us": 0, "colocate": false
+        });
+        let p: PipeParams = serde_json::from_value(before.clone()).unwrap();
+        assert_eq!(p.stages, Stages::Agent);
+        let mut again = serde_json::to_value(&p).unwrap();
+        again.as_object_mut().unwrap().remove("place");
+        again.as_object_mut().unwrap().remove("staged");
+        assert_eq!(again, before, "no key of the choice when it is the agent");
+        let mut program = before;
+        program["stages"] = "program".into();
+        let p: PipeParams = serde_json::from_value(program).unwrap();
+        assert_eq!(p.stages, Stages::Program);
+        assert_eq!(serde_json::to_value(&p).unwrap()["stages"], "program");
+    }
+
     #[test]
     fn stage_rates_follow_the_query_time() {
         let a = BTreeMap::from([("producer_uows".to_string(), 100.0)]);

@@ -470,7 +470,11 @@ impl StagesChild {
             .and_then(|h| h.join().ok())
             .unwrap_or_default();
         let err = String::from_utf8_lossy(&err);
-        let last = err.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("");
+        let last = err
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("");
         let status = status.map_or_else(|| "killed".to_string(), |s| s.to_string());
         refused(format!(
             "the stages' program failed ({status}): {}",
@@ -525,5 +529,110 @@ impl Drop for StagesChild {
         if let Some(w) = self.waiter.take() {
             let _ = w.join();
         }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
+mod tests {
+    use super::*;
+    use netgap_core::spec::{Mode, PointSpec, TransportOptions};
+    use netgap_proto::workload::WorkloadRole;
+
+    fn job() -> StagesJob {
+        StagesJob {
+            spec: WorkloadSpec {
+                point: PointSpec {
+                    test: "pipeline".into(),
+                    transport: "xdp".into(),
+                    mode: Mode::Event,
+                    size_bytes: 16384,
+                    options: TransportOptions::default(),
+                    server_cpu: None,
+                    io_timeout_ms: 3000,
+                    verify: false,
+                },
+                role: WorkloadRole::Server,
+                params: serde_json::json!({}),
+                flows: 2,
+                listen_ips: vec![],
+                targets: vec![],
+                bind_ips: vec![],
+                session_hosts: vec![],
+                warmup_ms: 0,
+                duration_ms: 1000,
+            },
+            token: netgap_transport::preamble::new_token().unwrap(),
+            listen_ip: IpAddr::from([10, 77, 0, 2]),
+            rate_gbps: 40.0,
+        }
+    }
+
+    #[test]
+    fn the_agent_and_its_program_speak_one_json_line_each_way() {
+        let text = serde_json::to_string(&job()).unwrap();
+        assert!(!text.contains('\n'));
+        let back: StagesJob = serde_json::from_str(&text).unwrap();
+        assert_eq!(back.spec, job().spec);
+        assert_eq!(back.listen_ip, job().listen_ip);
+        let report = StagesReport {
+            flows: Vec::new(),
+            buckets: vec![[1000, 2]],
+            outcome: WorkloadOutcome {
+                window_ns: 1,
+                cpu: netgap_core::cpu::CpuUsage::default(),
+                peak_rss_kib: None,
+                processes: None,
+                bytes_rx: 0,
+                bytes_tx: 0,
+                datagrams: None,
+                metrics: std::collections::BTreeMap::new(),
+                services: Vec::new(),
+                last_error: None,
+                data_window_ns: None,
+            },
+        };
+        for said in [
+            Said::Listening(vec!["10.77.0.2:4000".into()]),
+            Said::Ready,
+            Said::Done(Box::new(report)),
+        ] {
+            let line = serde_json::to_string(&said).unwrap();
+            assert!(!line.contains('\n'), "{line}");
+            let back: Said = serde_json::from_str(&line).unwrap();
+            assert_eq!(std::mem::discriminant(&back), std::mem::discriminant(&said));
+        }
+        assert_eq!(serde_json::to_string(&Said::Ready).unwrap(), "\"ready\"");
+        // A line of anything else is refused, never taken for a phase.
+        assert!(serde_json::from_str::<Said>("\"go\"").is_err());
+        assert!(serde_json::from_str::<Said>("{\"listening\":[],\"x\":1}").is_err());
+    }
+
+    #[test]
+    fn the_service_entry_names_the_sockets_and_the_library_only_when_used() {
+        let mut params: PipeParams = serde_json::from_value(serde_json::json!({
+            "preset": "vm", "query_bytes": 4096, "filters": 1, "copies": 1,
+            "credits": 4, "compute_us": 0, "colocate": false,
+            "staged": {"role": 1, "roles": [
+                {"side": "server", "flows": [0, 2]},
+                {"side": "server", "flows": [1]}
+            ], "peers": [[]]},
+            "stages": "program"
+        }))
+        .unwrap();
+        let lib = Path::new("/opt/libnetgap_preload.so");
+        let f = facts("shm", Some(lib), None, &params, &job());
+        assert_eq!(
+            f["sockets"],
+            "kernel TCP sockets under the preload library, stack shm"
+        );
+        assert_eq!(f["library"], "/opt/libnetgap_preload.so");
+        assert_eq!(f["copies"], "1");
+        assert_eq!(f["listen_ip"], "10.77.0.2");
+        assert!(!f.contains_key("relay"));
+        params.staged = None;
+        let f = facts("tcp", None, None, &params, &job());
+        assert_eq!(f["sockets"], "kernel TCP sockets");
+        assert!(!f.contains_key("library") && !f.contains_key("copies"));
     }
 }
