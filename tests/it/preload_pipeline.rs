@@ -143,17 +143,32 @@ fn pipeline_stages_under_the_library_over_shm_verify_every_uow() {
 
 #[test]
 fn pipeline_stages_as_a_program_over_a_transport_programs_cannot_use_is_one_line() {
+    // Refused in the plan, before the tcp point runs.
     let dir = tempfile::tempdir().expect("tempdir");
+    let json = dir.path().join("r.jsonl");
     let out = netgap()
-        .args(["run", "pipeline", "-t", "unix", "--stages", "program"])
+        .args(["run", "pipeline", "-t", "tcp,unix", "--stages", "program"])
         .args(["--query-bytes", "1M", "--reps", "1", "--json"])
-        .arg(dir.path().join("r.jsonl"))
+        .arg(&json)
         .output()
         .expect("netgap run");
     one_line_error(
         &out,
-        "pipeline -t unix --stages program",
-        "use -t tcp, shm or xdp, not unix",
+        "pipeline -t tcp,unix --stages program",
+        "pipeline: --stages program runs the stages on the kernel's TCP sockets, as they are or under the preload library; use -t tcp, shm or xdp, not unix",
+    );
+    assert!(!json.exists() || read_records(&json).is_empty());
+    // Over shm without the library: one line naming the path looked at.
+    let out = netgap()
+        .args(["run", "pipeline", "-t", "shm", "--stages", "program"])
+        .args(["--query-bytes", "1M", "--reps", "1"])
+        .env("NETGAP_PRELOAD", "/nonexistent/libnetgap_preload.so")
+        .output()
+        .expect("netgap run");
+    one_line_error(
+        &out,
+        "pipeline -t shm --stages program without the library",
+        "/nonexistent/libnetgap_preload.so",
     );
 }
 

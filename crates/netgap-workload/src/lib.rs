@@ -167,6 +167,21 @@ pub trait Workload: Sync {
         &[]
     }
 
+    /// Refuses, in one line, a point whose workload options do not go with
+    /// its transport (a pipeline's stages as a sockets program over a
+    /// transport programs cannot use). Runs in the plan, before any host
+    /// is contacted, beside [`Workload::check`], which sees no options;
+    /// any options go with any transport by default.
+    fn check_args(
+        &self,
+        spec: &PointSpec,
+        transport: &dyn Transport,
+        args: &options::WorkloadArgs,
+    ) -> Result<(), Refused> {
+        let _ = (spec, transport, args);
+        Ok(())
+    }
+
     /// The typed parameters every role of the point gets, as the JSON
     /// object its own [`Workload::open`] parses, from the point and the
     /// values of the workload's options for it; none by default.

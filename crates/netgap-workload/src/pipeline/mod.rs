@@ -287,6 +287,35 @@ impl Workload for Pipeline {
         &OPTIONS
     }
 
+    /// The stages as a sockets program need a transport programs run
+    /// over, and for shm and xdp the preload library.
+    fn check_args(
+        &self,
+        spec: &PointSpec,
+        transport: &dyn Transport,
+        args: &WorkloadArgs,
+    ) -> Result<(), Refused> {
+        if args.str("stages") != Some("program") {
+            return Ok(());
+        }
+        let programs = transport.capabilities().programs;
+        if programs == netgap_transport::Programs::No {
+            return Err(Refused(format!(
+                "{NAME}: {}",
+                program::no_programs(&spec.transport)
+            )));
+        }
+        if programs.under_library() {
+            crate::preload::library_path().map_err(|e| {
+                Refused(format!(
+                    "{NAME} -t {} --stages program: {e}",
+                    spec.transport
+                ))
+            })?;
+        }
+        Ok(())
+    }
+
     fn params(&self, spec: &PointSpec, args: &WorkloadArgs) -> serde_json::Value {
         let preset = args.str("preset").unwrap_or("vm").to_string();
         let n = |flag: &str, default: u64| args.u64(flag).unwrap_or(default);

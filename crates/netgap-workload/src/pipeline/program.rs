@@ -98,6 +98,14 @@ fn refused(detail: impl std::fmt::Display) -> RoleError {
     }
 }
 
+/// Why `--stages program` cannot run over `transport`, one line.
+pub(super) fn no_programs(transport: &str) -> String {
+    format!(
+        "--stages program runs the stages on the kernel's TCP sockets, as they are or under the preload library; use -t {}, not {transport}",
+        netgap_transport::program_transports()
+    )
+}
+
 /// Starts the role's stages in their program and waits until it has
 /// dialled the earlier roles and listens.
 pub(super) fn open_program(
@@ -108,10 +116,7 @@ pub(super) fn open_program(
     let stack = ctx.spec.point.transport.clone();
     let programs = netgap_transport::programs(&stack);
     if programs == Programs::No {
-        return Err(refused(format!(
-            "--stages program runs the stages on the kernel's TCP sockets, as they are or under the preload library; use -t {}, not {stack}",
-            netgap_transport::program_transports()
-        )));
+        return Err(refused(no_programs(&stack)));
     }
     let library = if programs.under_library() {
         Some(crate::preload::library_path().map_err(refused)?)
