@@ -80,6 +80,9 @@ fn main() -> ExitCode {
         Some(Command::GatherLoad) => {
             netgap_workload::run_gather_child().map_err(|e| anyhow::anyhow!(e))
         }
+        Some(Command::PipelineStages) => {
+            netgap_workload::run_pipeline_stages_child().map_err(|e| anyhow::anyhow!(e))
+        }
         Some(Command::WebLoad) => {
             netgap_workload::run_web_load_child().map_err(|e| anyhow::anyhow!(e))
         }

@@ -126,6 +126,12 @@ pub(crate) enum Command {
     /// starts it with its job on stdin).
     #[command(name = "gather-load", hide = true)]
     GatherLoad,
+    /// Internal: a `pipeline` role's stages as a program of their own on
+    /// the kernel's TCP sockets, under the preload library over shm or
+    /// xdp (`--stages program`; an agent starts it and steps it over
+    /// stdin and stdout).
+    #[command(name = "pipeline-stages", hide = true)]
+    PipelineStages,
     /// Run PROGRAM under netgap's preload sockets library: its TCP
     /// connections to programs on this host that run under it too move
     /// onto shared memory (-t shm), those to other hosts onto xdp through

@@ -46,6 +46,7 @@ mod preload_conformance;
 mod preload_hostile;
 #[cfg(feature = "mpi")]
 mod preload_mpi;
+mod preload_pipeline;
 #[cfg(feature = "xdp")]
 mod preload_xdp;
 #[cfg(feature = "xdp")]

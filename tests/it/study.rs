@@ -803,8 +803,10 @@ fn study_000_puts_gmond_over_xdp_beside_tcp_in_figure_13u() {
 }
 
 /// Study 000's user-level row of Figures 9a, 11 and 12: netgap's pipeline
-/// (three hosts) and striped I/O (four hosts) over xdp beside the kernel's
-/// stacks, on the study's own testbed; every figure has xdp records, the
+/// (three hosts; its stages an unmodified sockets program, under the
+/// preload library over the relays' xdp) and striped I/O (four hosts)
+/// over xdp beside the kernel's stacks, on the study's own testbed; every
+/// figure has xdp records, the pipeline's with every stream relayed, the
 /// tile-against-contiguous claim is judged for each network, and the
 /// testbed goes.
 #[cfg(feature = "xdp")]
@@ -831,6 +833,16 @@ fn study_000_puts_pipeline_and_pio_over_xdp_beside_tcp_in_figures_9a_11_12() {
             .iter()
             .filter(|r| r["stack"]["label"] == label.as_str())
             .all(|r| r["test"] == test && r["value"].as_f64().is_some_and(|v| v > 0.0)));
+    }
+    let label = netgap::report::study::figure_label("000", "9a");
+    for r in records
+        .iter()
+        .filter(|r| r["stack"]["label"] == label.as_str() && r["transport"] == "xdp")
+    {
+        let m = &r["app"]["metrics"];
+        assert_eq!(r["app"]["options"]["stages"], "program", "{}", r["app"]);
+        assert!(m["preload_xdp_connections"].as_f64() > Some(0.0), "{m}");
+        assert_eq!(m["preload_kernel_connections"].as_f64(), Some(0.0), "{m}");
     }
     let section = figure_section(&html, "12");
     for t in ["transport=tcp: ", "transport=xdp: "] {

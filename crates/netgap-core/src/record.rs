@@ -672,7 +672,8 @@ impl AppResult {
     /// What sets this point apart from others of its workload, as
     /// `name=value` entries: every option as the point ran it (`alpha=0.8`,
     /// `op=read`), and the server programs it ran when no option names
-    /// them (`server=nginx`). The table's notes and the report's series
+    /// them (`server=nginx`; a pipeline's `stages=program` names its
+    /// stages' program). The table's notes and the report's series
     /// both read it, so a new option sets points apart in each alike.
     pub fn variant(&self) -> Vec<String> {
         let mut out: Vec<String> = self
@@ -683,7 +684,7 @@ impl AppResult {
                 other => format!("{name}={other}"),
             })
             .collect();
-        let named = ["server", "responder"]
+        let named = ["server", "responder", "stages"]
             .iter()
             .any(|n| self.options.contains_key(*n));
         let mut services: Vec<&str> = self.services.iter().map(|s| s.name.as_str()).collect();

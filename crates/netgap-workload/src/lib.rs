@@ -57,6 +57,7 @@ pub mod tether;
 mod web;
 
 pub use gather::load_child::run_gather_child;
+pub use pipeline::stages_child::{run_stages_child as run_pipeline_stages_child, StagesError};
 pub use web::load_child::run_load_child as run_web_load_child;
 pub use web::load_child::LoadChildError;
 
@@ -164,6 +165,21 @@ pub trait Workload: Sync {
     /// default.
     fn options(&self) -> &'static [&'static options::WorkloadOption] {
         &[]
+    }
+
+    /// Refuses, in one line, a point whose workload options do not go with
+    /// its transport (a pipeline's stages as a sockets program over a
+    /// transport programs cannot use). Runs in the plan, before any host
+    /// is contacted, beside [`Workload::check`], which sees no options;
+    /// any options go with any transport by default.
+    fn check_args(
+        &self,
+        spec: &PointSpec,
+        transport: &dyn Transport,
+        args: &options::WorkloadArgs,
+    ) -> Result<(), Refused> {
+        let _ = (spec, transport, args);
+        Ok(())
     }
 
     /// The typed parameters every role of the point gets, as the JSON

@@ -24,12 +24,12 @@ pub(crate) struct StagedView {
     pub(crate) peers: Vec<Vec<transport::ListenAddr>>,
 }
 
-/// Checks the staged part of a role's parameters, the earlier roles'
-/// addresses parsed by `t`, the point's transport.
+/// Checks the staged part of `spec`'s parameters, the earlier roles'
+/// addresses parsed by `t`, the transport the role's streams take.
 pub(crate) fn view(
     workload: &'static str,
     staged: Option<Staged>,
-    ctx: &RoleContext<'_>,
+    spec: &netgap_proto::workload::WorkloadSpec,
     t: &dyn transport::Transport,
 ) -> Result<StagedView, RoleError> {
     let staged = staged.ok_or(RoleError::Params {
@@ -37,7 +37,7 @@ pub(crate) fn view(
         detail: "no staged placement in the parameters".into(),
     })?;
     let peers = staged
-        .validate(ctx.spec.flows, &ctx.spec.session_hosts, t)
+        .validate(spec.flows, &spec.session_hosts, t)
         .map_err(|e| RoleError::Params {
             workload,
             detail: e.to_string(),

@@ -490,6 +490,7 @@ fn workload_points(
                 }
                 seen.push(key);
                 for args in &arg_points {
+                    test.check_args(&spec, t, args)?;
                     let mut params = test.params(&spec, args);
                     if bidir {
                         if let Some(o) = params.as_object_mut() {

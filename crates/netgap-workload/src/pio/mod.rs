@@ -362,7 +362,7 @@ impl Workload for Pio {
     fn open(&self, ctx: RoleContext<'_>) -> Result<Box<dyn OpenRole>, RoleError> {
         let params: PioParams = parse_params(NAME, ctx.spec)?;
         let t = find_transport(ctx.spec)?;
-        let view = staged::view(NAME, params.staged.clone(), &ctx, t)?;
+        let view = staged::view(NAME, params.staged.clone(), ctx.spec, t)?;
         let s = &view.staged;
         let clients: u32 = s
             .roles

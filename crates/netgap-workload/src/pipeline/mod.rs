@@ -25,7 +25,9 @@
 
 mod copy;
 pub(crate) mod graph;
+pub(crate) mod program;
 mod role;
+pub(crate) mod stages_child;
 pub(crate) mod work;
 
 use super::options::{OptionKind, WorkloadArgs, WorkloadOption};
@@ -150,9 +152,35 @@ static PLACE: WorkloadOption = WorkloadOption {
     help: "the host (0 is the first of the run) of each copy in turn: producer, every filter stage's copies, consumer; a shorter list repeats (default: copy i on host i % hosts)",
     axis: false,
 };
-static OPTIONS: [&WorkloadOption; 8] = [
-    &PRESET, &QUERY, &FILTERS, &COPIES, &CREDITS, &COMPUTE, &COLOCATE, &PLACE,
+static STAGES: WorkloadOption = WorkloadOption {
+    flag: "stages",
+    kind: OptionKind::Choice(&["agent", "program"]),
+    value_name: "WHERE",
+    help: "pipeline: where the stages run: agent (threads of each host's agent on the transport's own interface; default) or program (a process per host on the kernel's TCP sockets: as it is over tcp, under netgap's preload library over shm on one host or over xdp across hosts through the hosts' relays)",
+    axis: false,
+};
+static OPTIONS: [&WorkloadOption; 9] = [
+    &PRESET, &QUERY, &FILTERS, &COPIES, &CREDITS, &COMPUTE, &COLOCATE, &PLACE, &STAGES,
 ];
+
+/// Where a role's stages run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum Stages {
+    /// Threads of the agent, on the point's transport's own interface.
+    #[default]
+    Agent,
+    /// A process of their own per role (`netgap pipeline-stages`) on the
+    /// kernel's TCP sockets: over tcp as it is, over shm or xdp under the
+    /// preload library, which carries its connections.
+    Program,
+}
+
+impl Stages {
+    fn is_agent(&self) -> bool {
+        *self == Stages::Agent
+    }
+}
 
 /// The parameters every pipeline role gets.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -170,6 +198,10 @@ struct PipeParams {
     place: Vec<usize>,
     #[serde(default)]
     staged: Option<Staged>,
+    /// Where the stages run; a record of stages in the agent, as every
+    /// record before the choice, does not name it.
+    #[serde(default, skip_serializing_if = "Stages::is_agent")]
+    stages: Stages,
 }
 
 impl PipeParams {
@@ -255,6 +287,35 @@ impl Workload for Pipeline {
         &OPTIONS
     }
 
+    /// The stages as a sockets program need a transport programs run
+    /// over, and for shm and xdp the preload library.
+    fn check_args(
+        &self,
+        spec: &PointSpec,
+        transport: &dyn Transport,
+        args: &WorkloadArgs,
+    ) -> Result<(), Refused> {
+        if args.str("stages") != Some("program") {
+            return Ok(());
+        }
+        let programs = transport.capabilities().programs;
+        if programs == netgap_transport::Programs::No {
+            return Err(Refused(format!(
+                "{NAME}: {}",
+                program::no_programs(&spec.transport)
+            )));
+        }
+        if programs.under_library() {
+            crate::preload::library_path().map_err(|e| {
+                Refused(format!(
+                    "{NAME} -t {} --stages program: {e}",
+                    spec.transport
+                ))
+            })?;
+        }
+        Ok(())
+    }
+
     fn params(&self, spec: &PointSpec, args: &WorkloadArgs) -> serde_json::Value {
         let preset = args.str("preset").unwrap_or("vm").to_string();
         let n = |flag: &str, default: u64| args.u64(flag).unwrap_or(default);
@@ -273,6 +334,10 @@ impl Workload for Pipeline {
                 .map(|l| l.split(',').filter_map(|h| h.parse().ok()).collect())
                 .unwrap_or_default(),
             staged: None,
+            stages: match args.str("stages") {
+                Some("program") => Stages::Program,
+                _ => Stages::Agent,
+            },
         };
         serde_json::to_value(p).unwrap_or_default()
     }
@@ -367,85 +432,24 @@ impl Workload for Pipeline {
             ))
             .into());
         }
+        if params.stages == Stages::Program {
+            return program::open_program(&ctx, params, graph);
+        }
         let t = find_transport(ctx.spec)?;
-        let view = staged::view(NAME, params.staged.clone(), &ctx, t)?;
-        let s = &view.staged;
-        // Every copy on exactly one role.
-        let mut role_of = vec![usize::MAX; graph.total() as usize];
-        for (r, role) in s.roles.iter().enumerate() {
-            for &c in &role.flows {
-                match role_of.get_mut(c as usize) {
-                    Some(slot) if *slot == usize::MAX => *slot = r,
-                    _ => {
-                        return Err(
-                            PipeError(format!("copy {c} placed twice or past the group")).into(),
-                        )
-                    }
-                }
-            }
-        }
-        if role_of.contains(&usize::MAX) {
-            return Err(PipeError("a copy of the group is placed on no role".into()).into());
-        }
-        let edges = graph.edges();
-        let links = graph::role_links(&edges, &role_of, s.role);
-        if !links.internal.is_empty() && !t.capabilities().runs_on_loopback {
-            return Err(PipeError(format!(
-                "transport {} cannot connect two copies on one host (its flows need two hosts): give a host per copy ({} hosts), or fewer copies",
-                ctx.spec.point.transport,
-                graph.total()
-            ))
-            .into());
-        }
-        let config = FlowConfig::from_spec(&ctx.spec.point);
         let ip = staged::listen_ip(NAME, &ctx, t)?;
-        let listening = Inbound::listen(
-            t,
-            &config,
-            ip,
-            links.listens.len(),
-            ctx.data_token,
-            ctx.rate,
-        )?;
-        let internal = Inbound::listen(
-            t,
-            &config,
-            ip,
-            links.internal.len(),
-            ctx.data_token,
-            ctx.rate,
-        )?;
-        let mut dialed = Vec::with_capacity(links.dials.len() + links.internal.len());
-        for (k, &(e, lo, pos)) in links.dials.iter().enumerate() {
-            let addr = view.peers.get(lo).and_then(|a| a.get(pos)).ok_or_else(|| {
-                PipeError(format!("role {lo} announced no address for stream {e}"))
-            })?;
-            dialed.push((
-                e,
-                staged::dial(t, &config, addr.as_str(), ctx.data_token, k, ctx.rate)?,
-            ));
-        }
-        for (k, (&e, addr)) in links.internal.iter().zip(&internal.addrs).enumerate() {
-            let index = links.dials.len() + k;
-            dialed.push((
-                e,
-                staged::dial(t, &config, addr, ctx.data_token, index, ctx.rate)?,
-            ));
-        }
-        Ok(Box::new(PipeOpen {
-            spec: ctx.spec.clone(),
-            stop: ctx.stop.clone(),
+        let open = open_stages(
+            ctx.spec,
             params,
             graph,
-            edges,
-            role_of,
-            me: s.role,
-            my_copies: s.roles[s.role].flows.clone(),
-            links,
-            listening,
-            internal,
-            dialed,
-        }))
+            Wire {
+                transport: t,
+                ip,
+                token: ctx.data_token,
+                rate: ctx.rate,
+            },
+            ctx.stop,
+        )?;
+        Ok(Box::new(open))
     }
 
     fn sample(&self, _side: WorkloadRole, report: &FlowReport, window_ns: u64) -> FlowSample {
@@ -462,6 +466,96 @@ impl Workload for Pipeline {
     fn percentiles(&self, hist: &LatencyHistogram) -> Option<Percentiles> {
         hist.percentiles_us(1.0)
     }
+}
+
+/// The transport a role's streams take and what they prove and are
+/// charged to: the point's own transport in the agent, the kernel's TCP
+/// in the stages' program.
+pub(crate) struct Wire<'a> {
+    /// The transport.
+    pub(crate) transport: &'a dyn Transport,
+    /// Where the role listens.
+    pub(crate) ip: std::net::IpAddr,
+    /// The point's data token, proved on every stream.
+    pub(crate) token: &'a netgap_proto::dataproof::DataToken,
+    /// The rate budget every stream's bytes are charged to.
+    pub(crate) rate: &'a std::sync::Arc<netgap_transport::rate::RateBudget>,
+}
+
+/// Opens a role's stream ends: its listeners, and its dials to the
+/// earlier roles' addresses (parsed by the wire's transport) and to its
+/// own listeners for the streams between its own copies.
+fn open_stages(
+    spec: &WorkloadSpec,
+    params: PipeParams,
+    graph: Graph,
+    wire: Wire<'_>,
+    stop: &super::role::Stop,
+) -> Result<PipeOpen, RoleError> {
+    let Wire {
+        transport: t,
+        ip,
+        token,
+        rate,
+    } = wire;
+    let view = staged::view(NAME, params.staged.clone(), spec, t)?;
+    let s = &view.staged;
+    // Every copy on exactly one role.
+    let mut role_of = vec![usize::MAX; graph.total() as usize];
+    for (r, role) in s.roles.iter().enumerate() {
+        for &c in &role.flows {
+            match role_of.get_mut(c as usize) {
+                Some(slot) if *slot == usize::MAX => *slot = r,
+                _ => {
+                    return Err(
+                        PipeError(format!("copy {c} placed twice or past the group")).into(),
+                    )
+                }
+            }
+        }
+    }
+    if role_of.contains(&usize::MAX) {
+        return Err(PipeError("a copy of the group is placed on no role".into()).into());
+    }
+    let edges = graph.edges();
+    let links = graph::role_links(&edges, &role_of, s.role);
+    if !links.internal.is_empty() && !t.capabilities().runs_on_loopback {
+        return Err(PipeError(format!(
+            "transport {} cannot connect two copies on one host (its flows need two hosts): give a host per copy ({} hosts), or fewer copies",
+            spec.point.transport,
+            graph.total()
+        ))
+        .into());
+    }
+    let config = FlowConfig::from_spec(&spec.point);
+    let listening = Inbound::listen(t, &config, ip, links.listens.len(), token, rate)?;
+    let internal = Inbound::listen(t, &config, ip, links.internal.len(), token, rate)?;
+    let mut dialed = Vec::with_capacity(links.dials.len() + links.internal.len());
+    for (k, &(e, lo, pos)) in links.dials.iter().enumerate() {
+        let addr =
+            view.peers.get(lo).and_then(|a| a.get(pos)).ok_or_else(|| {
+                PipeError(format!("role {lo} announced no address for stream {e}"))
+            })?;
+        dialed.push((e, staged::dial(t, &config, addr.as_str(), token, k, rate)?));
+    }
+    for (k, (&e, addr)) in links.internal.iter().zip(&internal.addrs).enumerate() {
+        let index = links.dials.len() + k;
+        dialed.push((e, staged::dial(t, &config, addr, token, index, rate)?));
+    }
+    Ok(PipeOpen {
+        spec: spec.clone(),
+        stop: stop.clone(),
+        params,
+        graph,
+        edges,
+        role_of,
+        me: s.role,
+        my_copies: s.roles[s.role].flows.clone(),
+        links,
+        listening,
+        internal,
+        dialed,
+    })
 }
 
 /// One role per host that holds a copy, in host order; every role listens
@@ -545,6 +639,25 @@ mod tests {
             p.roles.iter().map(|r| (r.host, r.flows.clone())).collect();
         assert_eq!(got, vec![(0, vec![1, 4]), (1, vec![2, 5]), (2, vec![0, 3])]);
     }
+    #[test]
+    fn stages_in_the_agent_leave_the_parameters_as_they_were() {
+        let before = serde_json::json!({
+            "preset": "vm", "query_bytes": 4096, "filters": 1, "copies": 1,
+            "credits": 4, "compute_us": 0, "colocate": false
+        });
+        let p: PipeParams = serde_json::from_value(before.clone()).unwrap();
+        assert_eq!(p.stages, Stages::Agent);
+        let mut again = serde_json::to_value(&p).unwrap();
+        again.as_object_mut().unwrap().remove("place");
+        again.as_object_mut().unwrap().remove("staged");
+        assert_eq!(again, before, "no key of the choice when it is the agent");
+        let mut program = before;
+        program["stages"] = "program".into();
+        let p: PipeParams = serde_json::from_value(program).unwrap();
+        assert_eq!(p.stages, Stages::Program);
+        assert_eq!(serde_json::to_value(&p).unwrap()["stages"], "program");
+    }
+
     #[test]
     fn stage_rates_follow_the_query_time() {
         let a = BTreeMap::from([("producer_uows".to_string(), 100.0)]);
