@@ -367,7 +367,9 @@ fn every_flag_of_a_multi_host_run_changes_its_record_or_is_refused() {
     let dir = tempfile::tempdir().expect("tempdir");
     let tiny: Vec<(&str, &str, &[&str])> = vec![
         ("--reps", "1", &["--paper"]),
-        ("--duration", "20ms", &[]),
+        // Long enough that every client of a loaded machine completes a
+        // round trip (a run where one did not is refused).
+        ("--duration", "100ms", &[]),
         ("--client-hosts", "1", &["--hosts"]),
     ];
     let fanin = Command {
@@ -389,8 +391,8 @@ fn every_flag_of_a_multi_host_run_changes_its_record_or_is_refused() {
         ),
         (&["--client-hosts", "2"], Records("/client_hosts", 2.into())),
         (
-            &["--duration", "30ms"],
-            Records("/options/rep_time_ms", 30.into()),
+            &["--duration", "150ms"],
+            Records("/options/rep_time_ms", 150.into()),
         ),
         (&["--reps", "2"], Records("/options/reps", 2.into())),
         (&["-s", "1K"], Records("/size_bytes", 1024.into())),
