@@ -29,7 +29,7 @@
 # also measures that binary (an earlier build, with the xdp feature) on the
 # testbed rows, in the same rounds, interleaved with the floor and netgap:
 # a change's before and after as ratios to one floor, column "before". Its
-# own testbed (TB_NAME-b, the same link) has its agents, which serve the
+# own testbed (TB_NAME with a b after it, the same link) has its agents, which serve the
 # tests, run that binary too.
 #
 # Figures (every tool pinned alike: servers on CPU 1, clients on CPU 0):
@@ -340,6 +340,7 @@ CMDLOG=$OUT/commands.txt
 . "$REPO/bench/lib/harness.sh"
 
 TB_NAME=${TB_NAME:-floorbench} # another name lets two runs share the machine
+TB_BEFORE=${TB_NAME:0:11}b # NETGAP_BEFORE's testbed (names are at most 12 characters)
 TB_UP=0
 # a binary given in the environment (NETGAP=PATH), else the tree's build
 NETGAP_GIVEN=${NETGAP:-}
@@ -348,7 +349,7 @@ NETGAP=$REPO/target/release/netgap
 testbed_down() {
 	if [ "$TB_UP" = 1 ]; then
 		"$NETGAP" testbed down --name "$TB_NAME" >/dev/null 2>&1 || true
-		[ -z "${NETGAP_BEFORE:-}" ] || "$NETGAP_BEFORE" testbed down --name "$TB_NAME-b" >/dev/null 2>&1 || true
+		[ -z "${NETGAP_BEFORE:-}" ] || "$NETGAP_BEFORE" testbed down --name "$TB_BEFORE" >/dev/null 2>&1 || true
 		TB_UP=0
 	fi
 }
@@ -441,10 +442,10 @@ if [ "$TESTBED" = 1 ]; then
 	TB_UP=1
 	HOSTS=/run/netgap/$TB_NAME/hosts.json
 	if [ -n "$NETGAP_BEFORE" ]; then
-		"$NETGAP_BEFORE" testbed down --name "$TB_NAME-b" >/dev/null 2>&1 || true
-		"$NETGAP_BEFORE" testbed up --name "$TB_NAME-b" --hosts 2 --topology mesh --links 1 >"$OUT/testbed-before.txt" 2>&1 ||
+		"$NETGAP_BEFORE" testbed down --name "$TB_BEFORE" >/dev/null 2>&1 || true
+		"$NETGAP_BEFORE" testbed up --name "$TB_BEFORE" --hosts 2 --topology mesh --links 1 >"$OUT/testbed-before.txt" 2>&1 ||
 			{ cat "$OUT/testbed-before.txt" >&2; exit 1; }
-		HOSTS_BEFORE=/run/netgap/$TB_NAME-b/hosts.json
+		HOSTS_BEFORE=/run/netgap/$TB_BEFORE/hosts.json
 	fi
 	# the first host serves, the client runs in the second (as netgap does)
 	read -r NS_S NS_C < <(python3 -c 'import json,sys; h=json.load(open(sys.argv[1]))["hosts"]; print(h[0]["netns"], h[1]["netns"])' "$HOSTS")
@@ -616,6 +617,16 @@ phase_floor_udp_stream() {
 	stop_server "$pid" 5
 }
 
+# A floor stopped by a signal (its time limit, or stop_server after a failed
+# client) leaves libxdp's program attached to the interface (with no bpffs
+# there is no dispatcher to take it away), and every later netgap phase on
+# the link then fails to attach its own: taken off after each floor phase
+# (between phases no xdp socket is open on the testbed).
+xdp_off() {
+	ip netns exec "$NS_S" ip link set dev "$IF_S" xdp off 2>/dev/null || true
+	ip netns exec "$NS_C" ip link set dev "$IF_C" xdp off 2>/dev/null || true
+}
+
 phase_floor_xdp_pingpong() {
 	local pid
 	start_ready floor_xdp_pingpong_server 300 "${IN_S[@]}" "$FLOOR/xdp_pingpong" -s -i "$IF_S" -d "$MAC_C" -T 300 ||
@@ -624,6 +635,7 @@ phase_floor_xdp_pingpong() {
 	run_limited floor_xdp_pingpong 300 "${IN_C[@]}" "$FLOOR/xdp_pingpong" -i "$IF_C" -d "$MAC_S" -m 1 \
 		-n "$PP_ITERS" -w "$PP_WARMUP" -T 300 || true
 	stop_server "$pid" 5
+	xdp_off
 }
 
 phase_floor_xdp_stream() {
@@ -634,6 +646,7 @@ phase_floor_xdp_stream() {
 	run_limited floor_xdp_stream $((BW_SECS + 30)) "${IN_C[@]}" "$FLOOR/xdp_stream" -i "$IF_C" -d "$MAC_S" \
 		-l "$XDP_PAYLOAD" -t "$BW_SECS" -T 120 || true
 	stop_server "$pid" 5
+	xdp_off
 }
 
 # netgap across the testbed: the first host's agent serves, the client runs
