@@ -317,8 +317,7 @@ impl Session {
         {
             let end = (taken + self.mss).min(buf.len());
             let seq = self.send.next_seq();
-            let Some(slot) =
-                self.post_with(io, Kind::Data, seq, &buf[taken..end], true, acked)
+            let Some(slot) = self.post_with(io, Kind::Data, seq, &buf[taken..end], true, acked)
             else {
                 break;
             };
