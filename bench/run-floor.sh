@@ -25,7 +25,12 @@
 #
 # NETGAP=PATH in the environment measures that netgap binary (built with
 # the xdp feature for the testbed rows) instead of building the tree's:
-# two builds alternated run by run, on the same script.
+# two builds alternated run by run, on the same script. NETGAP_BEFORE=PATH
+# also measures that binary (an earlier build, with the xdp feature) on the
+# testbed rows, in the same rounds, interleaved with the floor and netgap:
+# a change's before and after as ratios to one floor, column "before". Its
+# own testbed (TB_NAME with a b after it, the same link) has its agents, which serve the
+# tests, run that binary too.
 #
 # Figures (every tool pinned alike: servers on CPU 1, clients on CPU 0):
 #   tcp loopback   stream at 64 KiB and 1 MiB writes: floor `stream`,
@@ -250,8 +255,13 @@ for r in rounds:
     m = re.search(r"^xdp_stream .*recv_gbps=([\d.]+)", read(raw, "floor_xdp_stream.txt") or "", re.M)
     got(XDP_BW, "floor", float(m.group(1)) if m else None, "floor_xdp_stream.txt")
     got(XDP_BW, "netgap", netgap(read(raw, "netgap_xdp_stream.jsonl"), "bandwidth_gbps", 32768), "netgap_xdp_stream.jsonl")
+    got(UDP_PP, "before", netgap(read(raw, "before_udp_pingpong.jsonl"), "latency_us", 1), "before_udp_pingpong.jsonl")
+    got(UDP_BW, "before", netgap(read(raw, "before_udp_stream.jsonl"), "bandwidth_gbps", 1024), "before_udp_stream.jsonl")
+    got(XDP_PP, "before", netgap(read(raw, "before_xdp_pingpong.jsonl"), "latency_us", 1), "before_xdp_pingpong.jsonl")
+    got(XDP_BW, "before", netgap(read(raw, "before_xdp_stream.jsonl"), "bandwidth_gbps", 32768), "before_xdp_stream.jsonl")
 
-TOOLS = ["floor", "ring floor", "netgap", "iperf3", "sockperf", "qperf", "NPtcp"]
+TOOLS = ["floor", "ring floor", "netgap", "before", "iperf3", "sockperf", "qperf", "NPtcp"]
+TOOLS = [t for t in TOOLS if t != "before" or any(k[1] == "before" for k in vals)]
 
 def fmt(v):
     return f"{v:.3f}" if v < 10 else f"{v:.1f}" if v < 1000 else f"{v:.0f}"
@@ -330,6 +340,7 @@ CMDLOG=$OUT/commands.txt
 . "$REPO/bench/lib/harness.sh"
 
 TB_NAME=${TB_NAME:-floorbench} # another name lets two runs share the machine
+TB_BEFORE=${TB_NAME:0:11}b # NETGAP_BEFORE's testbed (names are at most 12 characters)
 TB_UP=0
 # a binary given in the environment (NETGAP=PATH), else the tree's build
 NETGAP_GIVEN=${NETGAP:-}
@@ -338,6 +349,7 @@ NETGAP=$REPO/target/release/netgap
 testbed_down() {
 	if [ "$TB_UP" = 1 ]; then
 		"$NETGAP" testbed down --name "$TB_NAME" >/dev/null 2>&1 || true
+		[ -z "${NETGAP_BEFORE:-}" ] || "$NETGAP_BEFORE" testbed down --name "$TB_BEFORE" >/dev/null 2>&1 || true
 		TB_UP=0
 	fi
 }
@@ -392,6 +404,12 @@ fi
 # measure a copy, so that a rebuild during the run cannot change the binary
 cp "$NETGAP" "$OUT/netgap"
 NETGAP=$OUT/netgap
+NETGAP_BEFORE=${NETGAP_BEFORE:-}
+if [ -n "$NETGAP_BEFORE" ]; then
+	[ -x "$NETGAP_BEFORE" ] || { echo "NETGAP_BEFORE=$NETGAP_BEFORE is not an executable file" >&2; exit 2; }
+	cp "$NETGAP_BEFORE" "$OUT/netgap-before"
+	NETGAP_BEFORE=$OUT/netgap-before
+fi
 
 {
 	echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
@@ -410,11 +428,12 @@ NETGAP=$OUT/netgap
 	echo "netpipe-tcp (NPtcp): $(dpkg-query -W -f '${Version}' netpipe-tcp 2>/dev/null || echo unknown)"
 	echo "libxdp: $(dpkg-query -W -f '${Version}' libxdp-dev 2>/dev/null || echo unknown)"
 	echo "netgap: $("$NETGAP" --version 2>/dev/null || echo unknown), binary sha256 $(sha256sum "$NETGAP" | cut -c1-16)"
+	[ -z "$NETGAP_BEFORE" ] || echo "before: binary sha256 $(sha256sum "$NETGAP_BEFORE" | cut -c1-16)"
 } >"$OUT/machine.txt"
 cat "$OUT/machine.txt" >&2
 
 # ---------------------------------------------------------------- testbed
-NS_S="" NS_C="" IF_S="" IF_C="" IP_S="" MAC_S="" MAC_C="" HOSTS=""
+NS_S="" NS_C="" IF_S="" IF_C="" IP_S="" MAC_S="" MAC_C="" HOSTS="" HOSTS_BEFORE=""
 if [ "$TESTBED" = 1 ]; then
 	log "testbed: 2 hosts, one unshaped veth link (netgap testbed up --name $TB_NAME)"
 	"$NETGAP" testbed down --name "$TB_NAME" >/dev/null 2>&1 || true
@@ -422,6 +441,12 @@ if [ "$TESTBED" = 1 ]; then
 		{ cat "$OUT/testbed.txt" >&2; exit 1; }
 	TB_UP=1
 	HOSTS=/run/netgap/$TB_NAME/hosts.json
+	if [ -n "$NETGAP_BEFORE" ]; then
+		"$NETGAP_BEFORE" testbed down --name "$TB_BEFORE" >/dev/null 2>&1 || true
+		"$NETGAP_BEFORE" testbed up --name "$TB_BEFORE" --hosts 2 --topology mesh --links 1 >"$OUT/testbed-before.txt" 2>&1 ||
+			{ cat "$OUT/testbed-before.txt" >&2; exit 1; }
+		HOSTS_BEFORE=/run/netgap/$TB_BEFORE/hosts.json
+	fi
 	# the first host serves, the client runs in the second (as netgap does)
 	read -r NS_S NS_C < <(python3 -c 'import json,sys; h=json.load(open(sys.argv[1]))["hosts"]; print(h[0]["netns"], h[1]["netns"])' "$HOSTS")
 	link() { # NS -> "IFACE IPV4 MAC" of its one testbed interface
@@ -592,6 +617,16 @@ phase_floor_udp_stream() {
 	stop_server "$pid" 5
 }
 
+# A floor stopped by a signal (its time limit, or stop_server after a failed
+# client) leaves libxdp's program attached to the interface (with no bpffs
+# there is no dispatcher to take it away), and every later netgap phase on
+# the link then fails to attach its own: taken off after each floor phase
+# (between phases no xdp socket is open on the testbed).
+xdp_off() {
+	ip netns exec "$NS_S" ip link set dev "$IF_S" xdp off 2>/dev/null || true
+	ip netns exec "$NS_C" ip link set dev "$IF_C" xdp off 2>/dev/null || true
+}
+
 phase_floor_xdp_pingpong() {
 	local pid
 	start_ready floor_xdp_pingpong_server 300 "${IN_S[@]}" "$FLOOR/xdp_pingpong" -s -i "$IF_S" -d "$MAC_C" -T 300 ||
@@ -600,6 +635,7 @@ phase_floor_xdp_pingpong() {
 	run_limited floor_xdp_pingpong 300 "${IN_C[@]}" "$FLOOR/xdp_pingpong" -i "$IF_C" -d "$MAC_S" -m 1 \
 		-n "$PP_ITERS" -w "$PP_WARMUP" -T 300 || true
 	stop_server "$pid" 5
+	xdp_off
 }
 
 phase_floor_xdp_stream() {
@@ -610,25 +646,30 @@ phase_floor_xdp_stream() {
 	run_limited floor_xdp_stream $((BW_SECS + 30)) "${IN_C[@]}" "$FLOOR/xdp_stream" -i "$IF_C" -d "$MAC_S" \
 		-l "$XDP_PAYLOAD" -t "$BW_SECS" -T 120 || true
 	stop_server "$pid" 5
+	xdp_off
 }
 
 # netgap across the testbed: the first host's agent serves, the client runs
 # in the second host's namespace
-phase_netgap_testbed() { # NAME TEST TRANSPORT MODE SIZE
-	local name=$1 test=$2 tr=$3 mode=$4 size=$5 f=$RAW/$1.jsonl extra
+phase_netgap_testbed() { # NAME TEST TRANSPORT MODE SIZE [BINARY HOSTS]
+	local name=$1 test=$2 tr=$3 mode=$4 size=$5 bin=${6:-$NETGAP} hosts=${7:-$HOSTS} f=$RAW/$1.jsonl extra
 	rm -f "$f"; PHASE_FILES+=("$f")
 	if [ "$test" = pingpong ]; then
 		extra=(--iterations "$NG_ITERS" --reps "$NG_REPS")
 	else
 		extra=(--rep-time "$NG_REP_TIME" --reps "$NG_BW_REPS")
 	fi
-	run_limited "$name" 900 "$NETGAP" run "$test" -t "$tr" --mode "$mode" --hosts "@$HOSTS" \
+	run_limited "$name" 900 "$bin" run "$test" -t "$tr" --mode "$mode" --hosts "@$hosts" \
 		--sizes "$size" "${extra[@]}" --pin "$CLIENT_CPU,$SERVER_CPU" --json "$f" || true
 }
 phase_netgap_udp_pingpong() { phase_netgap_testbed netgap_udp_pingpong pingpong udp event 1; }
 phase_netgap_udp_stream() { phase_netgap_testbed netgap_udp_stream stream udp event "$(size_label "$UDP_BW_SIZE")"; }
 phase_netgap_xdp_pingpong() { phase_netgap_testbed netgap_xdp_pingpong pingpong xdp poll 1; }
 phase_netgap_xdp_stream() { phase_netgap_testbed netgap_xdp_stream stream xdp poll "$XDP_BW_MSG"; }
+phase_before_udp_pingpong() { phase_netgap_testbed before_udp_pingpong pingpong udp event 1 "$NETGAP_BEFORE" "$HOSTS_BEFORE"; }
+phase_before_udp_stream() { phase_netgap_testbed before_udp_stream stream udp event "$(size_label "$UDP_BW_SIZE")" "$NETGAP_BEFORE" "$HOSTS_BEFORE"; }
+phase_before_xdp_pingpong() { phase_netgap_testbed before_xdp_pingpong pingpong xdp poll 1 "$NETGAP_BEFORE" "$HOSTS_BEFORE"; }
+phase_before_xdp_stream() { phase_netgap_testbed before_xdp_stream stream xdp poll "$XDP_BW_MSG" "$NETGAP_BEFORE" "$HOSTS_BEFORE"; }
 
 # ---------------------------------------------------------------- rounds
 for ((ROUND = 1; ROUND <= ROUNDS; ROUND++)); do
@@ -666,6 +707,8 @@ for ((ROUND = 1; ROUND <= ROUNDS; ROUND++)); do
 		want udp && pairs+=("floor_udp_pingpong netgap_udp_pingpong" "floor_udp_stream netgap_udp_stream")
 		want xdp && pairs+=("floor_xdp_pingpong netgap_xdp_pingpong" "floor_xdp_stream netgap_xdp_stream")
 		for pair in "${pairs[@]}"; do
+			# the earlier build beside them: floor, netgap, before, rotated
+			[ -z "$NETGAP_BEFORE" ] || pair="$pair before_${pair##* netgap_}"
 			# shellcheck disable=SC2086
 			for tool in $(rotate "$k" $pair); do
 				run_phase "$tool"

@@ -62,7 +62,9 @@ impl Shared {
         // few spins), so waiting adds no clock read of its own.
         let timeout_ns = u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX);
         let mut deadline_ns: Option<u64> = None;
-        let mut spins = 0u32;
+        // Poll mode: when this wait started spinning, or last yielded, on
+        // the port's clock.
+        let mut spin_since_ns: Option<u64> = None;
         let mut first = true;
         let mut seen_arrivals = 0u64;
         loop {
@@ -91,6 +93,7 @@ impl Shared {
                 deadline_ns = None;
             }
             let now_ns = io.now_cache_ns;
+            let clock_read = io.clock_read;
             let dl = match deadline_ns {
                 Some(dl) => dl,
                 None if io.clock_read => *deadline_ns.insert(now_ns.saturating_add(timeout_ns)),
@@ -109,9 +112,12 @@ impl Shared {
                 // seeing the frame.
                 Mode::Poll => {
                     drop(st);
-                    spins += 1;
-                    if spins.is_multiple_of(SPINS_PER_YIELD) {
-                        std::thread::yield_now();
+                    if clock_read {
+                        let since = *spin_since_ns.get_or_insert(now_ns);
+                        if now_ns.saturating_sub(since) >= YIELD_AFTER_NS {
+                            spin_since_ns = None;
+                            std::thread::yield_now();
+                        }
                     }
                 }
                 // Frames still wait on the TX ring: ring again, not sleep,

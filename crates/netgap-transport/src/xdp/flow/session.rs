@@ -49,28 +49,47 @@ impl Session {
         payload: &[u8],
         keep: bool,
     ) -> Option<u32> {
-        let peer = self.peer.or(self.syn_to)?;
-        let slot = io.free_tx.pop()?;
         // An opening carries this end's initial sequence number, the
         // frames the peer may send (a span: the client does not know the
         // server's number yet) and the largest payload this end takes; the
         // answer echoes the client's number.
-        let (seq, ack, credit, sack) = match kind {
+        let (seq, acked) = match kind {
             Kind::Syn | Kind::SynAck => (
                 self.isn,
-                if kind == Kind::SynAck {
-                    self.peer_isn
-                } else {
-                    0
-                },
-                self.recv.credit_frames(),
-                self.recv_mss as u64,
+                (
+                    if kind == Kind::SynAck {
+                        self.peer_isn
+                    } else {
+                        0
+                    },
+                    self.recv.credit_frames(),
+                    self.recv_mss as u64,
+                ),
             ),
             _ => {
-                let (ack, credit, sack) = self.recv.take_ack();
-                (seq, ack, credit, sack)
+                if self.peer.or(self.syn_to).is_none() || io.free_tx.is_empty() {
+                    return None;
+                }
+                (seq, self.recv.take_ack())
             }
         };
+        self.post_with(io, kind, seq, payload, keep, acked)
+    }
+
+    /// [`Session::post`] with the acknowledgment fields given: `(ack,
+    /// credit, sack)`, as [`RecvWindow::take_ack`] made them (or an
+    /// opening's).
+    fn post_with(
+        &mut self,
+        io: &mut PortIo,
+        kind: Kind,
+        seq: u32,
+        payload: &[u8],
+        keep: bool,
+        (ack, credit, sack): (u32, u32, u64),
+    ) -> Option<u32> {
+        let peer = self.peer.or(self.syn_to)?;
+        let slot = io.free_tx.pop()?;
         let header = Header {
             kind,
             len: u16::try_from(payload.len()).unwrap_or(u16::MAX),
@@ -279,8 +298,18 @@ impl Session {
     /// of them allow; returns the bytes taken.
     pub(super) fn send_some(&mut self, io: &mut PortIo, buf: &[u8]) -> Result<usize, FlowError> {
         let mut taken = 0;
+        if !(self.send.may_send()
+            && self.send.in_flight() < io.share
+            && io.free_tx.len() > CONTROL_RESERVE_FRAMES)
+            || buf.is_empty()
+        {
+            return Ok(0);
+        }
         // One clock read for the frames of one call: they go out together.
         let now = io.now_ns();
+        // And one acknowledgment for them: nothing arrives in between, so
+        // every frame would carry the same fields.
+        let acked = self.recv.take_ack();
         while taken < buf.len()
             && self.send.may_send()
             && self.send.in_flight() < io.share
@@ -288,7 +317,8 @@ impl Session {
         {
             let end = (taken + self.mss).min(buf.len());
             let seq = self.send.next_seq();
-            let Some(slot) = self.post(io, Kind::Data, seq, &buf[taken..end], true) else {
+            let Some(slot) = self.post_with(io, Kind::Data, seq, &buf[taken..end], true, acked)
+            else {
                 break;
             };
             self.send.push(slot, now);
