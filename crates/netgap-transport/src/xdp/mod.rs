@@ -57,6 +57,8 @@ mod steer;
 #[cfg(feature = "xdp")]
 mod flow;
 #[cfg(feature = "xdp")]
+mod handover;
+#[cfg(feature = "xdp")]
 mod sys;
 
 use super::{Capabilities, Flow, FlowConfig, Listener, Transport, TransportError, Unavailable};

@@ -17,7 +17,8 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::ptr;
 use std::sync::Mutex;
 
-use super::steer::{self, Insn};
+use super::handover::HandedPort;
+use super::steer::{self, ConnId, Insn};
 
 /// Serialises making and deleting sockets in this process, so the BPF
 /// descriptors that appear while one is made are that socket's.
@@ -131,7 +132,6 @@ extern "C" {
     fn xsk_umem__delete(umem: *mut XskUmem) -> c_int;
     fn xsk_socket__delete(xsk: *mut XskSocket);
     fn xsk_socket__fd(xsk: *const XskSocket) -> c_int;
-    fn xsk_socket__update_xskmap(xsk: *mut XskSocket, map_fd: c_int) -> c_int;
 
     fn bpf_map_create(
         map_type: c_int,
@@ -141,6 +141,15 @@ extern "C" {
         max_entries: u32,
         opts: *const c_void,
     ) -> c_int;
+    fn bpf_map_update_elem(
+        fd: c_int,
+        key: *const c_void,
+        value: *const c_void,
+        flags: u64,
+    ) -> c_int;
+    fn bpf_map_delete_elem(fd: c_int, key: *const c_void) -> c_int;
+    fn bpf_map_lookup_elem(fd: c_int, key: *const c_void, value: *mut c_void) -> c_int;
+    fn libbpf_num_possible_cpus() -> c_int;
     fn bpf_prog_load(
         prog_type: c_int,
         prog_name: *const c_char,
@@ -166,6 +175,10 @@ extern "C" {
 
 /// `BPF_MAP_TYPE_XSKMAP`: a map of AF_XDP sockets, keyed by queue.
 const BPF_MAP_TYPE_XSKMAP: c_int = 17;
+/// `BPF_MAP_TYPE_HASH`.
+const BPF_MAP_TYPE_HASH: c_int = 1;
+/// `BPF_MAP_TYPE_PERCPU_ARRAY`.
+const BPF_MAP_TYPE_PERCPU_ARRAY: c_int = 6;
 /// `BPF_PROG_TYPE_XDP`.
 const BPF_PROG_TYPE_XDP: c_int = 6;
 /// `XSK_LIBXDP_FLAGS__INHIBIT_PROG_LOAD`: libxdp binds the socket and
@@ -221,25 +234,297 @@ pub(crate) struct Shape {
     pub ring_entries: u32,
 }
 
-/// The program that steers netgap's frames to one socket, attached:
-/// dropping it detaches the program (the link is its only holder).
-struct Steering {
+/// netgap's steering program ([`steer::program`]) attached to an
+/// interface, with its maps: the `XSKMAP` of the sockets by queue, the
+/// connection registered for each queue but 0, and the drop counter.
+/// Dropping it detaches the program (the link is its only holder) and
+/// frees the maps once no socket's process holds them.
+pub(crate) struct Steering {
     /// The BPF link that holds the program on the interface.
     link: OwnedFd,
-    /// The loaded program ([`steer::program`]).
+    /// The loaded program.
     prog: OwnedFd,
-    /// The `XSKMAP` the program redirects into, holding the socket.
-    map: OwnedFd,
+    /// The `XSKMAP` the program redirects into.
+    xsks: OwnedFd,
+    /// Queue to [`ConnId`], for every queue but 0.
+    conns: OwnedFd,
+    /// The per-CPU drop counter.
+    drops: OwnedFd,
+    /// Queues the `XSKMAP` has room for (`0..queues`).
+    queues: u32,
     /// Where the link attached it.
     attach: Attach,
 }
 
+/// A `bpf_map_create` of `kind` named `name`, `entries` long.
+fn map_create(
+    kind: c_int,
+    name: &std::ffi::CStr,
+    key_bytes: u32,
+    value_bytes: u32,
+    entries: u32,
+) -> io::Result<OwnedFd> {
+    // SAFETY: a NUL-terminated name alive for the call; no options (a null
+    // pointer is the defaults).
+    let rc = unsafe {
+        bpf_map_create(
+            kind,
+            name.as_ptr(),
+            key_bytes,
+            value_bytes,
+            entries,
+            ptr::null(),
+        )
+    };
+    bpf_fd(rc, &format!("making the map {}", name.to_string_lossy()))
+}
+
+/// `bpf_map_update_elem(map, key, value, BPF_ANY)`.
+fn map_update(map: &OwnedFd, key: &[u8], value: &[u8], what: &str) -> io::Result<()> {
+    // SAFETY: `key` and `value` are live buffers of the sizes the map was
+    // made with (the callers' types fix them); BPF_ANY is 0.
+    let rc = unsafe {
+        bpf_map_update_elem(
+            map.as_raw_fd(),
+            key.as_ptr().cast(),
+            value.as_ptr().cast(),
+            0,
+        )
+    };
+    if rc < 0 {
+        let e = io::Error::from_raw_os_error(rc.saturating_neg());
+        return Err(io::Error::new(e.kind(), format!("{what}: {e}")));
+    }
+    Ok(())
+}
+
 impl Steering {
+    /// Makes the maps for queues `0..queues`, loads the steering program
+    /// over them, and attaches it to interface `ifname` through a BPF
+    /// link: at the driver's hook where the driver has one, else at the
+    /// generic hook.
+    pub(crate) fn attach(ifname: &str, queues: u32) -> io::Result<Steering> {
+        let name = CString::new(ifname)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "interface name"))?;
+        let ifindex = ifindex(&name)?;
+        let u32_bytes = std::mem::size_of::<u32>() as u32;
+        let xsks = map_create(
+            BPF_MAP_TYPE_XSKMAP,
+            c"netgap_xsks",
+            u32_bytes,
+            u32_bytes,
+            queues.max(1),
+        )?;
+        let conns = map_create(
+            BPF_MAP_TYPE_HASH,
+            c"netgap_conns",
+            u32_bytes,
+            std::mem::size_of::<[u8; 8]>() as u32,
+            queues.max(1),
+        )?;
+        let drops = map_create(
+            BPF_MAP_TYPE_PERCPU_ARRAY,
+            c"netgap_drops",
+            u32_bytes,
+            std::mem::size_of::<u64>() as u32,
+            1,
+        )?;
+        let insns = steer::program(steer::Maps {
+            xsks: xsks.as_raw_fd(),
+            conns: conns.as_raw_fd(),
+            drops: drops.as_raw_fd(),
+        });
+        // SAFETY: `insns` is a live slice of `insns.len()` instructions laid
+        // out as `struct bpf_insn`; the names are NUL-terminated constants;
+        // no options.
+        let prog = bpf_fd(
+            unsafe {
+                bpf_prog_load(
+                    BPF_PROG_TYPE_XDP,
+                    c"netgap_steer".as_ptr(),
+                    c"Dual MIT/GPL".as_ptr(),
+                    insns.as_ptr(),
+                    insns.len(),
+                    ptr::null(),
+                )
+            },
+            "loading the XDP program",
+        )?;
+        let mut tried = Vec::new();
+        for attach in [Attach::Native, Attach::Generic] {
+            // SAFETY: plain descriptors and flags; the shim fills in libbpf's
+            // options structure for this libbpf.
+            let rc = unsafe { netgap_xdp_link(prog.as_raw_fd(), ifindex, attach.flags()) };
+            match bpf_fd(rc, attach.name()) {
+                Ok(link) => {
+                    return Ok(Steering {
+                        link,
+                        prog,
+                        xsks,
+                        conns,
+                        drops,
+                        queues: queues.max(1),
+                        attach,
+                    })
+                }
+                Err(e) => tried.push(e),
+            }
+        }
+        let kind = if tried
+            .iter()
+            .any(|e| e.kind() == io::ErrorKind::ResourceBusy)
+        {
+            io::ErrorKind::ResourceBusy
+        } else {
+            io::ErrorKind::Unsupported
+        };
+        let why: Vec<String> = tried.iter().map(ToString::to_string).collect();
+        Err(io::Error::new(
+            kind,
+            format!("attaching the XDP program ({})", why.join("; ")),
+        ))
+    }
+
     fn owns(&self, fd: RawFd) -> bool {
-        [&self.link, &self.prog, &self.map]
+        [&self.link, &self.prog, &self.xsks, &self.conns, &self.drops]
             .iter()
             .any(|o| o.as_raw_fd() == fd)
     }
+
+    fn check_queue(&self, queue: u32) -> io::Result<()> {
+        if queue >= self.queues {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "queue {queue} is past the steering's {} queues",
+                    self.queues
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Puts AF_XDP socket `socket`, bound to `queue` of the interface, at
+    /// `queue` of the `XSKMAP`. The map holds no reference on the socket:
+    /// the entry goes when the socket closes.
+    pub(crate) fn put_socket(&self, queue: u32, socket: RawFd) -> io::Result<()> {
+        self.check_queue(queue)?;
+        map_update(
+            &self.xsks,
+            &queue.to_ne_bytes(),
+            &socket.to_ne_bytes(),
+            "putting the socket in the XSKMAP",
+        )
+    }
+
+    #[cfg_attr(
+        not(test),
+        allow(
+            dead_code,
+            reason = "the relay's direct connections use it (issue 44's next step)"
+        )
+    )]
+    /// Registers connection `conn` for `queue` (not 0): from now on only
+    /// its frames go to the queue's socket.
+    pub(crate) fn register(&self, queue: u32, conn: ConnId) -> io::Result<()> {
+        self.check_queue(queue)?;
+        if queue == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "queue 0 is the port's own and takes every netgap frame",
+            ));
+        }
+        map_update(
+            &self.conns,
+            &queue.to_ne_bytes(),
+            &conn.to_value(),
+            "registering the connection",
+        )
+    }
+
+    #[cfg_attr(
+        not(test),
+        allow(
+            dead_code,
+            reason = "the relay's direct connections use it (issue 44's next step)"
+        )
+    )]
+    /// Forgets the connection of `queue`: its frames are dropped from now
+    /// on. Forgetting a queue with none is no error.
+    pub(crate) fn unregister(&self, queue: u32) -> io::Result<()> {
+        let key = queue.to_ne_bytes();
+        // SAFETY: `key` is a live u32, the map's key size.
+        let rc = unsafe { bpf_map_delete_elem(self.conns.as_raw_fd(), key.as_ptr().cast()) };
+        if rc < 0 && rc != -libc::ENOENT {
+            let e = io::Error::from_raw_os_error(rc.saturating_neg());
+            return Err(io::Error::new(
+                e.kind(),
+                format!("unregistering queue {queue}'s connection: {e}"),
+            ));
+        }
+        Ok(())
+    }
+
+    #[cfg_attr(
+        not(test),
+        allow(
+            dead_code,
+            reason = "the relay's direct connections use it (issue 44's next step)"
+        )
+    )]
+    /// Frames the program dropped since it was loaded (not the registered
+    /// connection's on their queue), summed over the CPUs.
+    pub(crate) fn drops(&self) -> io::Result<u64> {
+        // SAFETY: no arguments; libbpf reads the possible CPUs from sysfs.
+        let cpus = unsafe { libbpf_num_possible_cpus() };
+        let cpus = usize::try_from(cpus)
+            .map_err(|_| io::Error::from_raw_os_error(cpus.saturating_neg()))?;
+        let mut per_cpu = vec![0u64; cpus.max(1)];
+        let key = steer::DROPS_KEY.to_ne_bytes();
+        // SAFETY: a per-CPU map's lookup writes one value per possible CPU,
+        // which `per_cpu` holds; `key` is a live u32.
+        let rc = unsafe {
+            bpf_map_lookup_elem(
+                self.drops.as_raw_fd(),
+                key.as_ptr().cast(),
+                per_cpu.as_mut_ptr().cast(),
+            )
+        };
+        if rc < 0 {
+            let e = io::Error::from_raw_os_error(rc.saturating_neg());
+            return Err(io::Error::new(
+                e.kind(),
+                format!("reading the drop counter: {e}"),
+            ));
+        }
+        Ok(per_cpu.iter().fold(0u64, |a, &n| a.saturating_add(n)))
+    }
+
+    /// Where the link attached the program.
+    pub(crate) fn attach_mode(&self) -> Attach {
+        self.attach
+    }
+
+    /// The loaded program (for a test run).
+    #[cfg(test)]
+    pub(crate) fn prog(&self) -> &OwnedFd {
+        &self.prog
+    }
+}
+
+/// The index of interface `name` in this thread's network namespace.
+fn ifindex(name: &CString) -> io::Result<c_int> {
+    // SAFETY: `name` is NUL-terminated and alive for the call.
+    let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) };
+    c_int::try_from(ifindex)
+        .ok()
+        .filter(|&i| i > 0)
+        .ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("no interface {}", name.to_string_lossy()),
+            )
+        })
 }
 
 /// A descriptor a libbpf call returned, or the error it stands for (libbpf
@@ -252,96 +537,6 @@ fn bpf_fd(rc: c_int, what: &str) -> io::Result<OwnedFd> {
     // SAFETY: a non-negative return of a libbpf call that makes a
     // descriptor is a new descriptor that nothing else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(rc) })
-}
-
-/// Makes the `XSKMAP` for queues `0..=queue` and puts `socket` in it at
-/// `queue`, loads the steering program over it, and attaches that to
-/// interface `ifname` through a BPF link: at the driver's hook where the
-/// driver has one, else at the generic hook.
-///
-/// # Safety
-///
-/// `socket` is a live socket libxdp made and bound to `queue` of `ifname`.
-unsafe fn steer(ifname: &CString, queue: u32, socket: *mut XskSocket) -> io::Result<Steering> {
-    // SAFETY: `ifname` is NUL-terminated and alive for the call.
-    let ifindex = unsafe { libc::if_nametoindex(ifname.as_ptr()) };
-    let ifindex = c_int::try_from(ifindex)
-        .ok()
-        .filter(|&i| i > 0)
-        .ok_or_else(io::Error::last_os_error)?;
-    let key_bytes = std::mem::size_of::<u32>() as u32;
-    // SAFETY: a constant map name; no options (a null pointer is the
-    // defaults).
-    let map = bpf_fd(
-        unsafe {
-            bpf_map_create(
-                BPF_MAP_TYPE_XSKMAP,
-                c"netgap_xsks".as_ptr(),
-                key_bytes,
-                key_bytes,
-                queue.saturating_add(1),
-                ptr::null(),
-            )
-        },
-        "making the XSKMAP",
-    )?;
-    // SAFETY: `socket` is live (the caller's promise), the map is an
-    // XSKMAP with an entry for its queue.
-    let rc = unsafe { xsk_socket__update_xskmap(socket, map.as_raw_fd()) };
-    if rc != 0 {
-        let e = io::Error::from_raw_os_error(rc.saturating_abs());
-        return Err(io::Error::new(
-            e.kind(),
-            format!("putting the socket in its XSKMAP: {e}"),
-        ));
-    }
-    let insns = steer::program(map.as_raw_fd());
-    // SAFETY: `insns` is a live slice of `insns.len()` instructions laid
-    // out as `struct bpf_insn`; the names are NUL-terminated constants; no
-    // options.
-    let prog = bpf_fd(
-        unsafe {
-            bpf_prog_load(
-                BPF_PROG_TYPE_XDP,
-                c"netgap_steer".as_ptr(),
-                c"Dual MIT/GPL".as_ptr(),
-                insns.as_ptr(),
-                insns.len(),
-                ptr::null(),
-            )
-        },
-        "loading the XDP program",
-    )?;
-    let mut tried = Vec::new();
-    for attach in [Attach::Native, Attach::Generic] {
-        // SAFETY: plain descriptors and flags; the shim fills in libbpf's
-        // options structure for this libbpf.
-        let rc = unsafe { netgap_xdp_link(prog.as_raw_fd(), ifindex, attach.flags()) };
-        match bpf_fd(rc, attach.name()) {
-            Ok(link) => {
-                return Ok(Steering {
-                    link,
-                    prog,
-                    map,
-                    attach,
-                })
-            }
-            Err(e) => tried.push(e),
-        }
-    }
-    let kind = if tried
-        .iter()
-        .any(|e| e.kind() == io::ErrorKind::ResourceBusy)
-    {
-        io::ErrorKind::ResourceBusy
-    } else {
-        io::ErrorKind::Unsupported
-    };
-    let why: Vec<String> = tried.iter().map(ToString::to_string).collect();
-    Err(io::Error::new(
-        kind,
-        format!("attaching the XDP program ({})", why.join("; ")),
-    ))
 }
 
 /// One AF_XDP socket bound to one queue of one interface, with its own
@@ -366,6 +561,16 @@ pub(crate) struct Xsk {
     bpf_fds: BTreeSet<RawFd>,
     /// Whether dropping takes [`LIFECYCLE`]: not while `open` holds it.
     lock_on_drop: bool,
+    /// A handed-over socket's own descriptor and the rings this process
+    /// mapped from it (`None` for a socket libxdp made here).
+    handed: Option<HandedMaps>,
+}
+
+/// What a socket handed over by another process holds in this one: the
+/// socket's descriptor and the four ring mappings.
+struct HandedMaps {
+    socket: OwnedFd,
+    rings: Vec<(*mut c_void, usize)>,
 }
 
 // SAFETY: the socket, the UMEM and the rings belong to this value alone and
@@ -443,6 +648,7 @@ impl Xsk {
             steering: None,
             bpf_fds: BTreeSet::new(),
             lock_on_drop: false,
+            handed: None,
         };
         let ucfg = UmemConfig {
             fill_size: shape.ring_entries,
@@ -500,9 +706,147 @@ impl Xsk {
         }
         // SAFETY: the socket was created above and is live.
         x.fd = unsafe { xsk_socket__fd(x.socket) };
-        // SAFETY: the socket was created above, bound to `queue` of `name`.
-        x.steering = Some(unsafe { steer(name, queue, x.socket) }?);
+        let steering = Steering::attach(&name.to_string_lossy(), queue.saturating_add(1))?;
+        steering.put_socket(queue, x.fd)?;
+        x.steering = Some(steering);
         Ok(x)
+    }
+
+    #[cfg_attr(
+        not(test),
+        allow(
+            dead_code,
+            reason = "the relay's direct connections use it (issue 44's next step)"
+        )
+    )]
+    /// The port over a socket and UMEM another process made and handed
+    /// over ([`super::handover`]): maps the UMEM's memfd and the socket's
+    /// four rings here, at the offsets the kernel gives
+    /// (`XDP_MMAP_OFFSETS`). No program is attached: the maker's steering
+    /// holds the socket in its `XSKMAP`.
+    pub(crate) fn from_handed(port: HandedPort) -> io::Result<Xsk> {
+        let g = port.geometry;
+        let area_bytes =
+            usize::try_from(g.umem_bytes()).map_err(|_| io::ErrorKind::InvalidInput)?;
+        let mut st = std::mem::MaybeUninit::<libc::stat>::zeroed();
+        // SAFETY: `st` is a live stat buffer the call fills.
+        if unsafe { libc::fstat(port.umem.as_raw_fd(), st.as_mut_ptr()) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: fstat succeeded and filled it.
+        let size = unsafe { st.assume_init() }.st_size;
+        if u64::try_from(size).unwrap_or(0) < g.umem_bytes() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "the handed UMEM is smaller than its geometry says",
+            ));
+        }
+        // SAFETY: a shared mapping of the memfd, no larger than it (checked
+        // above); the result is checked.
+        let area = unsafe {
+            libc::mmap(
+                ptr::null_mut(),
+                area_bytes,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                port.umem.as_raw_fd(),
+                0,
+            )
+        };
+        if area == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let fd = port.socket.as_raw_fd();
+        let mut x = Xsk {
+            area: area.cast::<u8>(),
+            area_bytes,
+            umem: ptr::null_mut(),
+            socket: ptr::null_mut(),
+            fill: Ring::empty(),
+            comp: Ring::empty(),
+            rx: Ring::empty(),
+            tx: Ring::empty(),
+            fd,
+            frame_bytes: g.frame_bytes,
+            steering: None,
+            bpf_fds: BTreeSet::new(),
+            lock_on_drop: false,
+            handed: Some(HandedMaps {
+                socket: port.socket,
+                rings: Vec::with_capacity(4),
+            }),
+        };
+        let mut off = std::mem::MaybeUninit::<libc::xdp_mmap_offsets>::zeroed();
+        let mut len = std::mem::size_of::<libc::xdp_mmap_offsets>() as libc::socklen_t;
+        // SAFETY: `off` is valid for `len` bytes of writes.
+        let rc = unsafe {
+            libc::getsockopt(
+                fd,
+                libc::SOL_XDP,
+                libc::XDP_MMAP_OFFSETS,
+                off.as_mut_ptr().cast(),
+                &mut len,
+            )
+        };
+        if rc != 0 || len as usize != std::mem::size_of::<libc::xdp_mmap_offsets>() {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "the kernel gives no ring offsets of the flags layout (XDP_MMAP_OFFSETS)",
+            ));
+        }
+        // SAFETY: the kernel filled the whole structure (length checked).
+        let off = unsafe { off.assume_init() };
+        let n = g.ring_entries;
+        let desc_bytes = std::mem::size_of::<libc::xdp_desc>();
+        let addr_bytes = std::mem::size_of::<u64>();
+        let rings: [(&mut Ring, &libc::xdp_ring_offset, u64, usize, bool); 4] = [
+            (
+                &mut *x.rx,
+                &off.rx,
+                libc::XDP_PGOFF_RX_RING as u64,
+                desc_bytes,
+                false,
+            ),
+            (
+                &mut *x.tx,
+                &off.tx,
+                libc::XDP_PGOFF_TX_RING as u64,
+                desc_bytes,
+                true,
+            ),
+            (
+                &mut *x.fill,
+                &off.fr,
+                libc::XDP_UMEM_PGOFF_FILL_RING,
+                addr_bytes,
+                true,
+            ),
+            (
+                &mut *x.comp,
+                &off.cr,
+                libc::XDP_UMEM_PGOFF_COMPLETION_RING,
+                addr_bytes,
+                false,
+            ),
+        ];
+        let mut maps = Vec::with_capacity(4);
+        let mut failed = None;
+        for (ring, o, pgoff, entry_bytes, producer) in rings {
+            match map_ring(fd, ring, o, pgoff, n, entry_bytes, producer) {
+                Ok(m) => maps.push(m),
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            }
+        }
+        if let Some(h) = x.handed.as_mut() {
+            h.rings = maps;
+        }
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(x),
+        }
     }
 
     /// The socket's descriptor, to poll and to kick.
@@ -541,7 +885,9 @@ impl Xsk {
 
     /// Where the program that steers frames to it is attached.
     pub(crate) fn attach(&self) -> Attach {
-        self.steering.as_ref().map_or(Attach::Generic, |s| s.attach)
+        self.steering
+            .as_ref()
+            .map_or(Attach::Generic, Steering::attach_mode)
     }
 
     /// The UMEM bytes of frame `slot` (a whole frame).
@@ -722,6 +1068,14 @@ impl Drop for Xsk {
             if !self.umem.is_null() {
                 xsk_umem__delete(self.umem);
             }
+            if let Some(HandedMaps { socket, rings }) = self.handed.take() {
+                for (at, len) in rings {
+                    libc::munmap(at, len);
+                }
+                // The kernel frees the socket, its UMEM and its XSKMAP
+                // entry once no process holds it.
+                drop(socket);
+            }
             libc::munmap(self.area.cast::<c_void>(), self.area_bytes);
         }
         // Under the lock no other socket of this process opens BPF
@@ -735,6 +1089,68 @@ impl Drop for Xsk {
             }
         }
     }
+}
+
+#[cfg_attr(
+    not(test),
+    allow(
+        dead_code,
+        reason = "the relay's direct connections use it (issue 44's next step)"
+    )
+)]
+/// Maps one ring of AF_XDP socket `fd` (at page offset `pgoff`, `n`
+/// entries of `entry_bytes`) and points `ring` at it, as libxdp's ring
+/// functions expect: a producer ring (fill, TX) starts with all `n`
+/// entries free, a consumer ring (RX, completion) with what the kernel
+/// has produced. Returns the mapping, for unmapping.
+fn map_ring(
+    fd: RawFd,
+    ring: &mut Ring,
+    o: &libc::xdp_ring_offset,
+    pgoff: u64,
+    n: u32,
+    entry_bytes: usize,
+    producer: bool,
+) -> io::Result<(*mut c_void, usize)> {
+    let bytes =
+        usize::try_from(o.desc).map_err(|_| io::ErrorKind::InvalidData)? + n as usize * entry_bytes;
+    let pgoff = libc::off_t::try_from(pgoff).map_err(|_| io::ErrorKind::InvalidInput)?;
+    // SAFETY: a shared mapping of the socket's ring at the kernel's page
+    // offset for it, as long as its entries; checked.
+    let at = unsafe {
+        libc::mmap(
+            ptr::null_mut(),
+            bytes,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_POPULATE,
+            fd,
+            pgoff,
+        )
+    };
+    if at == libc::MAP_FAILED {
+        let e = io::Error::last_os_error();
+        return Err(io::Error::new(
+            e.kind(),
+            format!("mapping a ring of the handed socket: {e}"),
+        ));
+    }
+    let base = at.cast::<u8>();
+    let field = |off: u64| {
+        // SAFETY: the kernel's offsets lie inside the mapping it sized.
+        unsafe { base.add(off as usize) }
+    };
+    ring.producer = field(o.producer).cast();
+    ring.consumer = field(o.consumer).cast();
+    ring.flags = field(o.flags).cast();
+    ring.ring = field(o.desc).cast();
+    ring.mask = n - 1;
+    ring.size = n;
+    // SAFETY: the producer and consumer indices are u32s in the mapping,
+    // which the kernel keeps aligned.
+    let (prod, cons) = unsafe { (ring.producer.read_volatile(), ring.consumer.read_volatile()) };
+    ring.cached_prod = prod;
+    ring.cached_cons = if producer { cons.wrapping_add(n) } else { cons };
+    Ok((at, bytes))
 }
 
 /// The TX doorbell of the AF_XDP socket `fd`: a zero-length `sendto`.
@@ -780,6 +1196,22 @@ mod tests {
         data_out: u64,
         repeat: u32,
         duration: u32,
+        ctx_size_in: u32,
+        ctx_size_out: u32,
+        ctx_in: u64,
+        ctx_out: u64,
+    }
+
+    /// `struct xdp_md`, the context a test run is given.
+    #[repr(C)]
+    #[derive(Default)]
+    struct XdpMd {
+        data: u32,
+        data_end: u32,
+        data_meta: u32,
+        ingress_ifindex: u32,
+        rx_queue_index: u32,
+        egress_ifindex: u32,
     }
 
     /// `BPF_PROG_TEST_RUN`.
@@ -788,7 +1220,19 @@ mod tests {
     /// The verdict of XDP program `prog` on `frame` (the kernel runs it
     /// on a copy and does not send it anywhere).
     fn verdict(prog: &OwnedFd, frame: &[u8]) -> u32 {
+        verdict_on(prog, frame, None)
+    }
+
+    /// The verdict of XDP program `prog` on `frame` arriving on
+    /// `(ifindex, queue)` if given.
+    fn verdict_on(prog: &OwnedFd, frame: &[u8], on: Option<(u32, u32)>) -> u32 {
         let mut out = vec![0u8; frame.len() + 256];
+        let md = on.map(|(ifindex, queue)| XdpMd {
+            data_end: frame.len() as u32,
+            ingress_ifindex: ifindex,
+            rx_queue_index: queue,
+            ..XdpMd::default()
+        });
         let mut attr = TestRunAttr {
             prog_fd: prog.as_raw_fd() as u32,
             data_size_in: frame.len() as u32,
@@ -798,6 +1242,10 @@ mod tests {
             repeat: 1,
             ..TestRunAttr::default()
         };
+        if let Some(md) = &md {
+            attr.ctx_size_in = std::mem::size_of::<XdpMd>() as u32;
+            attr.ctx_in = std::ptr::from_ref(md) as u64;
+        }
         // SAFETY: `attr` is a live `bpf_attr` prefix of its own size; the
         // buffers it points to are alive and as long as it says.
         let rc = unsafe {
@@ -896,5 +1344,223 @@ mod tests {
         })
         .join()
         .unwrap();
+    }
+
+    /// Runs `f` in a network namespace of its own thread holding a veth
+    /// pair `ngxa`/`ngxb` of `queues` queues each way (nothing of the
+    /// machine's is touched; the namespace goes with the thread); skips
+    /// without root or namespaces.
+    fn in_netns_with_veth(queues: u32, f: impl FnOnce() + Send + 'static) {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: AF_XDP sockets and XDP programs need root");
+            return;
+        }
+        std::thread::spawn(move || {
+            // SAFETY: unshare of the calling thread's network namespace.
+            if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+                eprintln!(
+                    "skipped: no network namespace: {}",
+                    io::Error::last_os_error()
+                );
+                return;
+            }
+            let q = queues.to_string();
+            sh(&[
+                "link",
+                "add",
+                "ngxa",
+                "numtxqueues",
+                &q,
+                "numrxqueues",
+                &q,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                "ngxb",
+                "numtxqueues",
+                &q,
+                "numrxqueues",
+                &q,
+            ]);
+            sh(&["link", "set", "ngxa", "up"]);
+            sh(&["link", "set", "ngxb", "up"]);
+            f();
+        })
+        .join()
+        .unwrap();
+    }
+
+    fn index_of(ifname: &str) -> u32 {
+        let name = CString::new(ifname).unwrap();
+        ifindex(&name).unwrap() as u32
+    }
+
+    /// A netgap frame from `src` to flow `dst_flow`.
+    fn ours_from(src: Mac, dst_flow: u16) -> Vec<u8> {
+        let mut f = frame(super::super::reliable::ETHERTYPE, 64);
+        f[6..12].copy_from_slice(&src);
+        f[18..20].copy_from_slice(&dst_flow.to_be_bytes());
+        f
+    }
+
+    type Mac = super::super::reliable::Mac;
+    const PEER: Mac = [0x02, 0, 0, 0, 0, 0x0a];
+    const STRANGER: Mac = [0x02, 0, 0, 0, 0, 0x0b];
+
+    const SMALL: Shape = Shape {
+        frames: 64,
+        frame_bytes: 4096,
+        ring_entries: 32,
+    };
+
+    /// The check this pins: a frame on a connection's queue reaches the
+    /// queue's socket only if it is the registered connection's (its
+    /// source MAC and destination flow); anything else on that queue is
+    /// dropped and counted, so one process never reads another's frames.
+    /// Queue 0 still takes every netgap frame, and other EtherTypes still
+    /// go to the kernel.
+    #[test]
+    fn a_connection_queue_takes_only_its_connections_frames() {
+        in_netns_with_veth(4, || {
+            let steering = Steering::attach("ngxa", 4).unwrap();
+            let ifindex = index_of("ngxa");
+            let port = super::super::handover::make(ifindex, 2, SMALL).unwrap();
+            steering.put_socket(2, port.socket.as_raw_fd()).unwrap();
+            let conn = ConnId {
+                peer_mac: PEER,
+                local_flow: 7,
+            };
+            let prog = steering.prog();
+            let on = |q| Some((ifindex, q));
+            let ours = ours_from(PEER, 7);
+            assert_eq!(
+                verdict_on(prog, &ours, on(2)),
+                steer::XDP_DROP,
+                "no connection registered yet"
+            );
+            steering.register(2, conn).unwrap();
+            assert_eq!(verdict_on(prog, &ours, on(2)), steer::XDP_REDIRECT);
+            let strangers = [
+                ("another source", ours_from(STRANGER, 7)),
+                ("another flow", ours_from(PEER, 8)),
+                ("too short to tell", ours_from(PEER, 7)[..18].to_vec()),
+            ];
+            for (what, f) in &strangers {
+                assert_eq!(verdict_on(prog, f, on(2)), steer::XDP_DROP, "{what}");
+            }
+            assert_eq!(steering.drops().unwrap(), 1 + strangers.len() as u64);
+            assert_eq!(
+                verdict_on(prog, &frame(0x0800, 60), on(2)),
+                steer::XDP_PASS,
+                "IPv4 on a connection's queue"
+            );
+            // Queue 0 has no socket here: its frames take the redirect's
+            // fallback, not the drop.
+            let stranger = ours_from(STRANGER, 9);
+            assert_eq!(verdict_on(prog, &stranger, on(0)), steer::XDP_PASS);
+            steering.unregister(2).unwrap();
+            assert_eq!(verdict_on(prog, &ours, on(2)), steer::XDP_DROP);
+            assert_eq!(steering.drops().unwrap(), 2 + strangers.len() as u64);
+        });
+    }
+
+    /// Sends `payload` in one raw frame from `from` (source MAC `src`) to
+    /// flow `dst_flow`, and waits for it on `to`; returns what arrived.
+    fn carry(from: &mut Xsk, to: &mut Xsk, src: Mac, dst_flow: u16, payload: &[u8]) -> Vec<u8> {
+        let mut f = ours_from(src, dst_flow);
+        f.extend_from_slice(payload);
+        let slot = SMALL.frames - 1;
+        from.frame_mut(slot)[..f.len()].copy_from_slice(&f);
+        assert!(from.queue_tx(slot, f.len() as u32));
+        ring_doorbell(from.fd()).unwrap();
+        let t0 = std::time::Instant::now();
+        let mut slots = Vec::new();
+        loop {
+            let mut got = Vec::new();
+            to.receive(8, &mut slots, |b| got.extend_from_slice(b));
+            to.fill(&slots);
+            if !got.is_empty() {
+                let mut done = Vec::new();
+                from.completed(8, &mut done);
+                return got;
+            }
+            assert!(t0.elapsed().as_secs() < 3, "nothing arrived");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+
+    /// The AF_XDP sockets of this thread's namespace, as the kernel counts
+    /// them (the `XDP` row of /proc/net/protocols; `ss --xdp` needs a
+    /// diagnostics module this kernel may lack).
+    fn xdp_sockets() -> usize {
+        let text = std::fs::read_to_string("/proc/thread-self/net/protocols").unwrap();
+        let row = text.lines().find(|l| l.starts_with("XDP ")).unwrap();
+        row.split_whitespace().nth(2).unwrap().parse().unwrap()
+    }
+
+    /// A handed port: the maker (here another thread, as the relay is
+    /// another process) makes the UMEM and the socket on queue 2 of each
+    /// end of a veth pair and hands them over a Unix socket; the users map
+    /// the rings themselves and carry bytes both ways, each reading only
+    /// its registered connection's frames. Once a user lets go of its
+    /// port, no socket is left and the queue's `XSKMAP` entry is gone.
+    #[test]
+    fn a_handed_port_carries_frames_both_ways_and_leaves_nothing_behind() {
+        in_netns_with_veth(4, || {
+            let a_mac = [0x02, 0, 0, 0, 0, 0xa1];
+            let b_mac = [0x02, 0, 0, 0, 0, 0xb1];
+            let q = 2;
+            let before = xdp_sockets();
+            let mut users = Vec::new();
+            let mut steerings = Vec::new();
+            for (ifname, peer, flow) in [("ngxa", b_mac, 11u16), ("ngxb", a_mac, 22)] {
+                let steering = Steering::attach(ifname, 4).unwrap();
+                let port = super::super::handover::make(index_of(ifname), q, SMALL).unwrap();
+                steering.put_socket(q, port.socket.as_raw_fd()).unwrap();
+                steering
+                    .register(
+                        q,
+                        ConnId {
+                            peer_mac: peer,
+                            local_flow: flow,
+                        },
+                    )
+                    .unwrap();
+                let (maker, user) = std::os::unix::net::UnixStream::pair().unwrap();
+                super::super::handover::send(&maker, port).unwrap();
+                let handed = super::super::handover::receive(&user).unwrap();
+                assert_eq!(handed.geometry.queue, q);
+                let mut x = Xsk::from_handed(handed).unwrap();
+                let rx: Vec<u32> = (0..SMALL.frames / 2).collect();
+                assert_eq!(x.fill(&rx), rx.len());
+                users.push(x);
+                steerings.push(steering);
+            }
+            assert_eq!(xdp_sockets(), before + 2, "one socket per handed port");
+            let (a, b) = users.split_at_mut(1);
+            let (a, b) = (&mut a[0], &mut b[0]);
+            let got = carry(a, b, a_mac, 22, b"to b");
+            assert!(got.ends_with(b"to b"), "{got:?}");
+            let got = carry(b, a, b_mac, 11, b"to a");
+            assert!(got.ends_with(b"to a"), "{got:?}");
+            let to_b = ours_from(a_mac, 22);
+            let prog_b = steerings[1].prog();
+            let on_b = Some((index_of("ngxb"), q));
+            assert_eq!(verdict_on(prog_b, &to_b, on_b), steer::XDP_REDIRECT);
+            drop(users);
+            // The kernel frees a closed socket a little after the close.
+            let t0 = std::time::Instant::now();
+            while xdp_sockets() != before && t0.elapsed().as_secs() < 2 {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            assert_eq!(xdp_sockets(), before, "a socket left after its user");
+            assert_eq!(
+                verdict_on(prog_b, &to_b, on_b),
+                steer::XDP_PASS,
+                "the XSKMAP entry outlived its socket"
+            );
+        });
     }
 }
