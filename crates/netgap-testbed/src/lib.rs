@@ -113,11 +113,13 @@ mod live;
 mod lock;
 mod mptcp;
 mod netns_ops;
+mod queue_path;
 mod request;
 mod shaping;
 mod state;
 mod status;
 mod switch;
+pub use queue_path::HOST_QUEUES;
 mod up;
 
 pub use agents::probe_agent;

@@ -46,6 +46,7 @@
 
 pub mod auth;
 pub mod demux;
+pub mod queue_path;
 pub mod reliable;
 // Plain code, but only the port's setup uses it.
 #[cfg_attr(

@@ -1563,4 +1563,172 @@ mod tests {
             );
         });
     }
+
+    /// Named network namespaces of a test, deleted when it ends however it
+    /// ends.
+    struct Namespaces(Vec<String>);
+
+    impl Namespaces {
+        fn add(names: &[String]) -> Namespaces {
+            let made = Namespaces(names.to_vec());
+            for n in names {
+                sh(&["netns", "add", n]);
+            }
+            made
+        }
+    }
+
+    impl Drop for Namespaces {
+        fn drop(&mut self) {
+            for n in &self.0 {
+                let _ = Command::new("ip").args(["netns", "del", n]).status();
+            }
+        }
+    }
+
+    /// Runs `f` on a thread inside namespace `ns`; its result.
+    fn in_ns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+        let ns = ns.to_string();
+        std::thread::spawn(move || {
+            crate::netns::enter(&ns).unwrap();
+            f()
+        })
+        .join()
+        .unwrap()
+    }
+
+    /// Host namespaces `a` and `b`, each with a four-queue veth (`a0`,
+    /// `b0`) to a port (`pa`, `pb`) of a bridge in namespace `sw`, as the
+    /// testbed's switch has them, the queue-keeping program on the ports.
+    fn switch_of_two(tag: &str) -> (Namespaces, [String; 3]) {
+        let names = [format!("{tag}a"), format!("{tag}s"), format!("{tag}b")];
+        let made = Namespaces::add(&names);
+        let [a, sw, b] = &names;
+        for (ns, dev, port) in [(a, "a0", "pa"), (b, "b0", "pb")] {
+            sh(&[
+                "-n",
+                ns,
+                "link",
+                "add",
+                dev,
+                "numtxqueues",
+                "4",
+                "numrxqueues",
+                "4",
+                "type",
+                "veth",
+                "peer",
+                "name",
+                port,
+                "numtxqueues",
+                "4",
+                "numrxqueues",
+                "4",
+                "netns",
+                sw,
+            ]);
+            sh(&["-n", ns, "link", "set", dev, "up"]);
+        }
+        sh(&["-n", sw, "link", "add", "br0", "type", "bridge"]);
+        sh(&["-n", sw, "link", "set", "br0", "up"]);
+        for port in ["pa", "pb"] {
+            sh(&["-n", sw, "link", "set", port, "master", "br0", "up"]);
+        }
+        in_ns(sw, || {
+            for port in ["pa", "pb"] {
+                super::super::queue_path::keep_queue_here(port).unwrap();
+            }
+        });
+        // A port forwards once the kernel has seen its carrier come up,
+        // which it learns a little later (link events are deferred).
+        let t0 = std::time::Instant::now();
+        for port in ["pa", "pb"] {
+            loop {
+                let out = Command::new("ip")
+                    .args(["-n", sw, "-d", "link", "show", port])
+                    .output()
+                    .unwrap();
+                if String::from_utf8_lossy(&out.stdout).contains("state forwarding") {
+                    break;
+                }
+                assert!(t0.elapsed().as_secs() < 5, "{port} never forwards");
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+        }
+        (made, names)
+    }
+
+    /// A host's side of [`switch_of_two`]: the steering on `dev` and a
+    /// handed port on each of `queues`, the connection from `peer` to flow
+    /// `flow_base + q` registered on each queue but 0.
+    fn host_ports(
+        ns: &str,
+        dev: &'static str,
+        queues: &'static [u32],
+        peer: Mac,
+        flow_base: u16,
+    ) -> (Steering, Vec<Xsk>) {
+        in_ns(ns, move || {
+            let steering = Steering::attach(dev, 4).unwrap();
+            let mut ports = Vec::new();
+            for &q in queues {
+                let port = super::super::handover::make(index_of(dev), q, SMALL).unwrap();
+                steering.put_socket(q, port.socket.as_raw_fd()).unwrap();
+                if q != 0 {
+                    let conn = ConnId {
+                        peer_mac: peer,
+                        local_flow: flow_base + q as u16,
+                    };
+                    steering.register(q, conn).unwrap();
+                }
+                let mut x = Xsk::from_handed(port).unwrap();
+                let rx: Vec<u32> = (0..SMALL.frames / 2).collect();
+                assert_eq!(x.fill(&rx), rx.len());
+                ports.push(x);
+            }
+            (steering, ports)
+        })
+    }
+
+    /// The fact the direct connections stand on: through the testbed's
+    /// switch (a bridge between multi-queue veths, the queue-keeping
+    /// program on its ports), a frame an AF_XDP socket sends on queue q
+    /// arrives on queue q at the other host, both ways, queue 0 included.
+    /// Without the program the bridge sends q on q - 1 and hashes 0, and
+    /// nothing reaches these sockets.
+    #[test]
+    fn a_frame_keeps_its_queue_across_a_switch() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: namespaces and AF_XDP sockets need root");
+            return;
+        }
+        let tag = format!("ngq{}", std::process::id());
+        let (_made, [a, _, b]) = switch_of_two(&tag);
+        let a_mac = [0x02, 0, 0, 0, 0, 0xa1];
+        let b_mac = [0x02, 0, 0, 0, 0, 0xb1];
+        const QUEUES: &[u32] = &[0, 1, 3];
+        let (_sa, mut on_a) = host_ports(&a, "a0", QUEUES, b_mac, 200);
+        let (_sb, mut on_b) = host_ports(&b, "b0", QUEUES, a_mac, 100);
+        for (i, &q) in QUEUES.iter().enumerate() {
+            let to_b = format!("to b on {q}");
+            let got = carry(
+                &mut on_a[i],
+                &mut on_b[i],
+                a_mac,
+                100 + q as u16,
+                to_b.as_bytes(),
+            );
+            assert!(got.ends_with(to_b.as_bytes()), "queue {q}: {got:?}");
+            let to_a = format!("to a on {q}");
+            let got = carry(
+                &mut on_b[i],
+                &mut on_a[i],
+                b_mac,
+                200 + q as u16,
+                to_a.as_bytes(),
+            );
+            assert!(got.ends_with(to_a.as_bytes()), "queue {q}: {got:?}");
+        }
+    }
 }
