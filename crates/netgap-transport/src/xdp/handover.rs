@@ -356,4 +356,130 @@ mod tests {
         }
         assert!(Geometry::from_bytes(&g.to_bytes()[..19]).is_err());
     }
+
+    fn sh(args: &[&str]) {
+        let out = std::process::Command::new("ip")
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "ip {args:?}: {out:?}");
+    }
+
+    fn random_u32() -> io::Result<u32> {
+        let mut b = [0u8; 4];
+        crate::random::fill_random(&mut b)?;
+        Ok(u32::from_ne_bytes(b))
+    }
+
+    /// The claim of the handover: the flow engine (sessions, reliable
+    /// delivery) runs unchanged on a port whose socket and UMEM another
+    /// process made, here the queue-0 port of each end of a veth pair,
+    /// handed over a Unix socket: a flow opens and carries a message each
+    /// way, checked.
+    #[test]
+    fn the_flow_engine_runs_on_handed_ports() {
+        use super::super::flow::{Peer, Port, PortIo, PortKey, Shared, XdpFlow};
+        use super::super::reliable::{ETH_HEADER_BYTES, FRAME_OVERHEAD_BYTES};
+        use super::super::sys::{Steering, Xsk};
+        use crate::Flow;
+        use netgap_core::spec::Mode;
+        use std::time::{Duration, Instant};
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: AF_XDP sockets and XDP programs need root");
+            return;
+        }
+        std::thread::spawn(|| {
+            // SAFETY: unshare of the calling thread's network namespace.
+            if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+                eprintln!("skipped: no network namespace");
+                return;
+            }
+            sh(&[
+                "link", "add", "ngha", "type", "veth", "peer", "name", "nghb",
+            ]);
+            sh(&["link", "set", "ngha", "up"]);
+            sh(&["link", "set", "nghb", "up"]);
+            let shape = Shape {
+                frames: super::super::FRAMES,
+                frame_bytes: super::super::FRAME_BYTES,
+                ring_entries: super::super::RING_ENTRIES,
+            };
+            let mss = 1500 + ETH_HEADER_BYTES - FRAME_OVERHEAD_BYTES;
+            let macs = [[0x02, 0, 0, 0, 0, 0xa1], [0x02, 0, 0, 0, 0, 0xb1]];
+            let mut ports = Vec::new();
+            let mut steerings = Vec::new();
+            for (dev, mac) in ["ngha", "nghb"].into_iter().zip(macs) {
+                let steering = Steering::attach(dev, 1).unwrap();
+                let name = std::ffi::CString::new(dev).unwrap();
+                // SAFETY: a NUL-terminated name alive for the call.
+                let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) };
+                let made = make(ifindex, 0, shape).unwrap();
+                steering.put_socket(0, made.socket.as_raw_fd()).unwrap();
+                let (maker, user) = UnixStream::pair().unwrap();
+                send(&maker, made).unwrap();
+                let handed = receive(&user).unwrap();
+                let key = PortKey::here(dev).unwrap();
+                let port = Port::get(
+                    key,
+                    || {
+                        let xsk = Xsk::from_handed(handed)?;
+                        Ok((
+                            PortIo::new(xsk, shape.frames, mac)?,
+                            mss,
+                            super::super::WINDOW_BYTES,
+                        ))
+                    },
+                    random_u32,
+                )
+                .unwrap();
+                ports.push(port);
+                steerings.push(steering);
+            }
+            let listener = ports[0].listen().unwrap();
+            let client = ports[1]
+                .open_session(Peer {
+                    mac: macs[0],
+                    flow: listener,
+                })
+                .unwrap();
+            let t0 = Instant::now();
+            let mut last_syn = Instant::now();
+            let accepted = loop {
+                ports[0].pump().unwrap();
+                ports[1].pump().unwrap();
+                if let Some(id) = ports[0].accept(listener) {
+                    if ports[1].connected(client) {
+                        break id;
+                    }
+                }
+                assert!(t0.elapsed() < Duration::from_secs(3), "no flow opened");
+                if last_syn.elapsed() >= Duration::from_millis(50) {
+                    ports[1].syn_again(client).unwrap();
+                    last_syn = Instant::now();
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            };
+            let timeout = Duration::from_secs(5);
+            let mut server =
+                XdpFlow::new(Shared::new(ports[0].clone(), accepted, Mode::Poll, timeout).unwrap());
+            let mut client_flow =
+                XdpFlow::new(Shared::new(ports[1].clone(), client, Mode::Poll, timeout).unwrap());
+            let message: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8).collect();
+            let echo = std::thread::spawn(move || {
+                let mut got = vec![0u8; 10_000];
+                server.recv_exact(&mut got).unwrap();
+                server.send_all(&got).unwrap();
+                server
+            });
+            client_flow.send_all(&message).unwrap();
+            let mut back = vec![0u8; message.len()];
+            client_flow.recv_exact(&mut back).unwrap();
+            assert_eq!(back, message, "the message came back whole");
+            let server = echo.join().unwrap();
+            drop((server, client_flow));
+        })
+        .join()
+        .unwrap();
+    }
 }

@@ -1467,28 +1467,41 @@ mod tests {
     }
 
     /// Sends `payload` in one raw frame from `from` (source MAC `src`) to
-    /// flow `dst_flow`, and waits for it on `to`; returns what arrived.
-    fn carry(from: &mut Xsk, to: &mut Xsk, src: Mac, dst_flow: u16, payload: &[u8]) -> Vec<u8> {
+    /// flow `dst_flow`.
+    fn send_frame(from: &mut Xsk, src: Mac, dst_flow: u16, payload: &[u8]) {
+        let mut done = Vec::new();
+        from.completed(8, &mut done);
         let mut f = ours_from(src, dst_flow);
         f.extend_from_slice(payload);
         let slot = SMALL.frames - 1;
         from.frame_mut(slot)[..f.len()].copy_from_slice(&f);
         assert!(from.queue_tx(slot, f.len() as u32));
         ring_doorbell(from.fd()).unwrap();
+    }
+
+    /// The bytes of the frames that arrive on `to` within `wait` (none:
+    /// empty), the receive buffers given back.
+    fn frames_within(to: &mut Xsk, wait: std::time::Duration) -> Vec<u8> {
         let t0 = std::time::Instant::now();
         let mut slots = Vec::new();
         loop {
             let mut got = Vec::new();
             to.receive(8, &mut slots, |b| got.extend_from_slice(b));
             to.fill(&slots);
-            if !got.is_empty() {
-                let mut done = Vec::new();
-                from.completed(8, &mut done);
+            if !got.is_empty() || t0.elapsed() >= wait {
                 return got;
             }
-            assert!(t0.elapsed().as_secs() < 3, "nothing arrived");
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
+    }
+
+    /// Sends `payload` from `from` and waits for it on `to`; returns what
+    /// arrived.
+    fn carry(from: &mut Xsk, to: &mut Xsk, src: Mac, dst_flow: u16, payload: &[u8]) -> Vec<u8> {
+        send_frame(from, src, dst_flow, payload);
+        let got = frames_within(to, std::time::Duration::from_secs(3));
+        assert!(!got.is_empty(), "nothing arrived");
+        got
     }
 
     /// The AF_XDP sockets of this thread's namespace, as the kernel counts
@@ -1729,6 +1742,154 @@ mod tests {
                 to_a.as_bytes(),
             );
             assert!(got.ends_with(to_a.as_bytes()), "queue {q}: {got:?}");
+        }
+    }
+
+    /// The user of a handed port, run as a process of its own by
+    /// [`a_killed_user_of_a_handed_port_leaves_no_socket_and_no_map_entry`]:
+    /// takes the port from the maker's Unix socket, says it is ready, and,
+    /// as the `first`, sends until the other answers, or, as the second,
+    /// answers what arrives; reports the bytes it got to the maker, then
+    /// goes on answering until it is killed.
+    #[test]
+    #[ignore = "run in a child process by the handed-port test"]
+    fn handed_port_user() {
+        use std::io::{Read, Write};
+        let var = |k: &str| std::env::var(k).unwrap();
+        let first = var("NG_HANDED_ROLE") == "first";
+        let src: Mac = [0x02, 0, 0, 0, 0, var("NG_HANDED_SRC").parse().unwrap()];
+        let dst_flow: u16 = var("NG_HANDED_DST_FLOW").parse().unwrap();
+        let mut maker = std::os::unix::net::UnixStream::connect(var("NG_HANDED_PATH")).unwrap();
+        let port = super::super::handover::receive(&maker).unwrap();
+        let mut x = Xsk::from_handed(port).unwrap();
+        let rx: Vec<u32> = (0..SMALL.frames / 2).collect();
+        assert_eq!(x.fill(&rx), rx.len());
+        maker.write_all(b"R").unwrap();
+        let mut go = [0u8; 1];
+        maker.read_exact(&mut go).unwrap();
+        let me = if first { "from first" } else { "from second" };
+        let tick = std::time::Duration::from_millis(50);
+        let got = loop {
+            if first {
+                send_frame(&mut x, src, dst_flow, me.as_bytes());
+            }
+            let got = frames_within(&mut x, tick);
+            if !got.is_empty() {
+                break got;
+            }
+        };
+        if !first {
+            send_frame(&mut x, src, dst_flow, me.as_bytes());
+        }
+        maker.write_all(&got).unwrap();
+        loop {
+            if !frames_within(&mut x, tick).is_empty() && !first {
+                send_frame(&mut x, src, dst_flow, me.as_bytes());
+            }
+        }
+    }
+
+    /// A handed port between two processes on two hosts: the maker (this
+    /// process, in each host's namespace) makes a port on queue 2 of each
+    /// host's link through the switch and hands it to a user process
+    /// there; the two users carry bytes both ways; a killed user leaves no
+    /// AF_XDP socket in its namespace and no entry in its `XSKMAP` (a
+    /// frame of its connection goes to the kernel, not to a socket).
+    #[test]
+    fn a_killed_user_of_a_handed_port_leaves_no_socket_and_no_map_entry() {
+        use std::io::{Read, Write};
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: namespaces and AF_XDP sockets need root");
+            return;
+        }
+        let tag = format!("ngh{}", std::process::id());
+        let (_made, [a, _, b]) = switch_of_two(&tag);
+        let dir = tempfile::tempdir().unwrap();
+        let q = 2;
+        // (namespace, device, own MAC's last byte, own flow, peer's)
+        let hosts = [(&a, "a0", 0xa1u8, 11u16, 22u16), (&b, "b0", 0xb1, 22, 11)];
+        let mut users = Vec::new();
+        for (i, &(ns, dev, mac, flow, peer_flow)) in hosts.iter().enumerate() {
+            let peer_mac = [0x02, 0, 0, 0, 0, hosts[1 - i].2];
+            let path = dir.path().join(format!("maker{i}"));
+            let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+            let child = Command::new(std::env::current_exe().unwrap())
+                .args(["--exact", "xdp::sys::tests::handed_port_user", "--ignored"])
+                .env("NG_HANDED_ROLE", if i == 0 { "first" } else { "second" })
+                .env("NG_HANDED_SRC", mac.to_string())
+                .env("NG_HANDED_DST_FLOW", peer_flow.to_string())
+                .env("NG_HANDED_PATH", &path)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .unwrap();
+            let (stream, _) = listener.accept().unwrap();
+            stream
+                .set_read_timeout(Some(std::time::Duration::from_secs(10)))
+                .unwrap();
+            let ns = ns.to_string();
+            let (steering, sockets_before) = in_ns(&ns, move || {
+                let before = xdp_sockets();
+                let steering = Steering::attach(dev, 4).unwrap();
+                let port = super::super::handover::make(index_of(dev), q, SMALL).unwrap();
+                steering.put_socket(q, port.socket.as_raw_fd()).unwrap();
+                let conn = ConnId {
+                    peer_mac,
+                    local_flow: flow,
+                };
+                steering.register(q, conn).unwrap();
+                super::super::handover::send(&stream, port).unwrap();
+                (steering, (before, stream))
+            });
+            let (before, stream) = sockets_before;
+            users.push((child, stream, steering, before, ns, peer_mac, flow, dev));
+        }
+        for u in &mut users {
+            let mut ready = [0u8; 1];
+            u.1.read_exact(&mut ready).unwrap();
+        }
+        for u in &mut users {
+            u.1.write_all(b"G").unwrap();
+        }
+        for (u, want) in users.iter_mut().zip(["from second", "from first"]) {
+            let mut got = vec![0u8; 4096];
+            let n = u.1.read(&mut got).unwrap();
+            let got = String::from_utf8_lossy(&got[..n]).to_string();
+            assert!(got.ends_with(want), "{got:?}");
+        }
+        for (mut child, _stream, steering, before, ns, peer_mac, flow, dev) in users {
+            // The test run names the queue by the interface's index in
+            // the host's namespace, so it runs there.
+            let prog = steering.prog().try_clone().unwrap();
+            let verdict_there = move || {
+                let prog = prog.try_clone().unwrap();
+                in_ns(&ns, move || {
+                    let on = Some((index_of(dev), q));
+                    (
+                        verdict_on(&prog, &ours_from(peer_mac, flow), on),
+                        xdp_sockets(),
+                    )
+                })
+            };
+            let (v, _) = verdict_there();
+            assert_eq!(v, steer::XDP_REDIRECT, "the user's socket is in the map");
+            child.kill().unwrap();
+            child.wait().unwrap();
+            let t0 = std::time::Instant::now();
+            let (v, left) = loop {
+                let (v, left) = verdict_there();
+                if left == before || t0.elapsed().as_secs() >= 3 {
+                    break (v, left);
+                }
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            };
+            assert_eq!(left, before, "an AF_XDP socket outlived its killed user");
+            assert_eq!(
+                v,
+                steer::XDP_PASS,
+                "the XSKMAP entry outlived the killed user's socket"
+            );
         }
     }
 }
