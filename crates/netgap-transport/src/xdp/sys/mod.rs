@@ -13,12 +13,15 @@
 use std::collections::BTreeSet;
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::RawFd;
 use std::ptr;
 use std::sync::Mutex;
 
-use super::handover::HandedPort;
-use super::steer::{self, ConnId, Insn};
+mod handed;
+mod steering;
+
+use handed::HandedMaps;
+pub(crate) use steering::{Attach, Steering};
 
 /// Serialises making and deleting sockets in this process, so the BPF
 /// descriptors that appear while one is made are that socket's.
@@ -133,33 +136,6 @@ extern "C" {
     fn xsk_socket__delete(xsk: *mut XskSocket);
     fn xsk_socket__fd(xsk: *const XskSocket) -> c_int;
 
-    fn bpf_map_create(
-        map_type: c_int,
-        map_name: *const c_char,
-        key_size: u32,
-        value_size: u32,
-        max_entries: u32,
-        opts: *const c_void,
-    ) -> c_int;
-    fn bpf_map_update_elem(
-        fd: c_int,
-        key: *const c_void,
-        value: *const c_void,
-        flags: u64,
-    ) -> c_int;
-    fn bpf_map_delete_elem(fd: c_int, key: *const c_void) -> c_int;
-    fn bpf_map_lookup_elem(fd: c_int, key: *const c_void, value: *mut c_void) -> c_int;
-    fn libbpf_num_possible_cpus() -> c_int;
-    fn bpf_prog_load(
-        prog_type: c_int,
-        prog_name: *const c_char,
-        license: *const c_char,
-        insns: *const Insn,
-        insn_cnt: usize,
-        opts: *const c_void,
-    ) -> c_int;
-    fn netgap_xdp_link(prog_fd: c_int, ifindex: c_int, xdp_flags: u32) -> c_int;
-
     fn netgap_xsk_prod_reserve(r: *mut Ring, nb: u32, idx: *mut u32) -> u32;
     fn netgap_xsk_prod_submit(r: *mut Ring, nb: u32);
     fn netgap_xsk_fill_addr(r: *mut Ring, idx: u32) -> *mut u64;
@@ -173,55 +149,15 @@ extern "C" {
     fn netgap_xdp_quiet();
 }
 
-/// `BPF_MAP_TYPE_XSKMAP`: a map of AF_XDP sockets, keyed by queue.
-const BPF_MAP_TYPE_XSKMAP: c_int = 17;
-/// `BPF_MAP_TYPE_HASH`.
-const BPF_MAP_TYPE_HASH: c_int = 1;
-/// `BPF_MAP_TYPE_PERCPU_ARRAY`.
-const BPF_MAP_TYPE_PERCPU_ARRAY: c_int = 6;
-/// `BPF_PROG_TYPE_XDP`.
-const BPF_PROG_TYPE_XDP: c_int = 6;
 /// `XSK_LIBXDP_FLAGS__INHIBIT_PROG_LOAD`: libxdp binds the socket and
 /// loads no program; the caller steers frames to it.
 const XSK_LIBXDP_FLAGS_INHIBIT_PROG_LOAD: u32 = 1;
 
-/// `XDP_FLAGS_SKB_MODE`: the generic XDP hook, in the stack after the
-/// driver made an skb; works on every interface.
-const XDP_FLAGS_SKB_MODE: u32 = 1 << 1;
-/// `XDP_FLAGS_DRV_MODE`: the driver's own XDP hook.
-const XDP_FLAGS_DRV_MODE: u32 = 1 << 2;
 /// `XDP_COPY`: frames are copied between the driver's buffers and the UMEM.
 const XDP_COPY: u16 = 1 << 1;
 /// `XDP_USE_NEED_WAKEUP`: the kernel says when a TX kick or a fill-ring
 /// wake-up is needed.
 const XDP_USE_NEED_WAKEUP: u16 = 1 << 3;
-
-/// Where the steering program is attached.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Attach {
-    /// The driver's hook (native XDP).
-    Native,
-    /// The generic hook (SKB mode).
-    Generic,
-}
-
-impl Attach {
-    /// The name a record gives it.
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            Attach::Native => "native",
-            Attach::Generic => "generic",
-        }
-    }
-
-    /// The mode's `XDP_FLAGS_*`.
-    fn flags(self) -> u32 {
-        match self {
-            Attach::Native => XDP_FLAGS_DRV_MODE,
-            Attach::Generic => XDP_FLAGS_SKB_MODE,
-        }
-    }
-}
 
 /// The shape of a port's UMEM and rings.
 #[derive(Debug, Clone, Copy)]
@@ -232,311 +168,6 @@ pub(crate) struct Shape {
     pub frame_bytes: u32,
     /// Entries of each of the four rings (a power of two).
     pub ring_entries: u32,
-}
-
-/// netgap's steering program ([`steer::program`]) attached to an
-/// interface, with its maps: the `XSKMAP` of the sockets by queue, the
-/// connection registered for each queue but 0, and the drop counter.
-/// Dropping it detaches the program (the link is its only holder) and
-/// frees the maps once no socket's process holds them.
-pub(crate) struct Steering {
-    /// The BPF link that holds the program on the interface.
-    link: OwnedFd,
-    /// The loaded program.
-    prog: OwnedFd,
-    /// The `XSKMAP` the program redirects into.
-    xsks: OwnedFd,
-    /// Queue to [`ConnId`], for every queue but 0.
-    conns: OwnedFd,
-    /// The per-CPU drop counter.
-    drops: OwnedFd,
-    /// Queues the `XSKMAP` has room for (`0..queues`).
-    queues: u32,
-    /// Where the link attached it.
-    attach: Attach,
-}
-
-/// A `bpf_map_create` of `kind` named `name`, `entries` long.
-fn map_create(
-    kind: c_int,
-    name: &std::ffi::CStr,
-    key_bytes: u32,
-    value_bytes: u32,
-    entries: u32,
-) -> io::Result<OwnedFd> {
-    // SAFETY: a NUL-terminated name alive for the call; no options (a null
-    // pointer is the defaults).
-    let rc = unsafe {
-        bpf_map_create(
-            kind,
-            name.as_ptr(),
-            key_bytes,
-            value_bytes,
-            entries,
-            ptr::null(),
-        )
-    };
-    bpf_fd(rc, &format!("making the map {}", name.to_string_lossy()))
-}
-
-/// `bpf_map_update_elem(map, key, value, BPF_ANY)`.
-fn map_update(map: &OwnedFd, key: &[u8], value: &[u8], what: &str) -> io::Result<()> {
-    // SAFETY: `key` and `value` are live buffers of the sizes the map was
-    // made with (the callers' types fix them); BPF_ANY is 0.
-    let rc = unsafe {
-        bpf_map_update_elem(
-            map.as_raw_fd(),
-            key.as_ptr().cast(),
-            value.as_ptr().cast(),
-            0,
-        )
-    };
-    if rc < 0 {
-        let e = io::Error::from_raw_os_error(rc.saturating_neg());
-        return Err(io::Error::new(e.kind(), format!("{what}: {e}")));
-    }
-    Ok(())
-}
-
-impl Steering {
-    /// Makes the maps for queues `0..queues`, loads the steering program
-    /// over them, and attaches it to interface `ifname` through a BPF
-    /// link: at the driver's hook where the driver has one, else at the
-    /// generic hook.
-    pub(crate) fn attach(ifname: &str, queues: u32) -> io::Result<Steering> {
-        let name = CString::new(ifname)
-            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "interface name"))?;
-        let ifindex = ifindex(&name)?;
-        let u32_bytes = std::mem::size_of::<u32>() as u32;
-        let xsks = map_create(
-            BPF_MAP_TYPE_XSKMAP,
-            c"netgap_xsks",
-            u32_bytes,
-            u32_bytes,
-            queues.max(1),
-        )?;
-        let conns = map_create(
-            BPF_MAP_TYPE_HASH,
-            c"netgap_conns",
-            u32_bytes,
-            std::mem::size_of::<[u8; 8]>() as u32,
-            queues.max(1),
-        )?;
-        let drops = map_create(
-            BPF_MAP_TYPE_PERCPU_ARRAY,
-            c"netgap_drops",
-            u32_bytes,
-            std::mem::size_of::<u64>() as u32,
-            1,
-        )?;
-        let insns = steer::program(steer::Maps {
-            xsks: xsks.as_raw_fd(),
-            conns: conns.as_raw_fd(),
-            drops: drops.as_raw_fd(),
-        });
-        // SAFETY: `insns` is a live slice of `insns.len()` instructions laid
-        // out as `struct bpf_insn`; the names are NUL-terminated constants;
-        // no options.
-        let prog = bpf_fd(
-            unsafe {
-                bpf_prog_load(
-                    BPF_PROG_TYPE_XDP,
-                    c"netgap_steer".as_ptr(),
-                    c"Dual MIT/GPL".as_ptr(),
-                    insns.as_ptr(),
-                    insns.len(),
-                    ptr::null(),
-                )
-            },
-            "loading the XDP program",
-        )?;
-        let mut tried = Vec::new();
-        for attach in [Attach::Native, Attach::Generic] {
-            // SAFETY: plain descriptors and flags; the shim fills in libbpf's
-            // options structure for this libbpf.
-            let rc = unsafe { netgap_xdp_link(prog.as_raw_fd(), ifindex, attach.flags()) };
-            match bpf_fd(rc, attach.name()) {
-                Ok(link) => {
-                    return Ok(Steering {
-                        link,
-                        prog,
-                        xsks,
-                        conns,
-                        drops,
-                        queues: queues.max(1),
-                        attach,
-                    })
-                }
-                Err(e) => tried.push(e),
-            }
-        }
-        let kind = if tried
-            .iter()
-            .any(|e| e.kind() == io::ErrorKind::ResourceBusy)
-        {
-            io::ErrorKind::ResourceBusy
-        } else {
-            io::ErrorKind::Unsupported
-        };
-        let why: Vec<String> = tried.iter().map(ToString::to_string).collect();
-        Err(io::Error::new(
-            kind,
-            format!("attaching the XDP program ({})", why.join("; ")),
-        ))
-    }
-
-    fn owns(&self, fd: RawFd) -> bool {
-        [&self.link, &self.prog, &self.xsks, &self.conns, &self.drops]
-            .iter()
-            .any(|o| o.as_raw_fd() == fd)
-    }
-
-    fn check_queue(&self, queue: u32) -> io::Result<()> {
-        if queue >= self.queues {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!(
-                    "queue {queue} is past the steering's {} queues",
-                    self.queues
-                ),
-            ));
-        }
-        Ok(())
-    }
-
-    /// Puts AF_XDP socket `socket`, bound to `queue` of the interface, at
-    /// `queue` of the `XSKMAP`. The map holds no reference on the socket:
-    /// the entry goes when the socket closes.
-    pub(crate) fn put_socket(&self, queue: u32, socket: RawFd) -> io::Result<()> {
-        self.check_queue(queue)?;
-        map_update(
-            &self.xsks,
-            &queue.to_ne_bytes(),
-            &socket.to_ne_bytes(),
-            "putting the socket in the XSKMAP",
-        )
-    }
-
-    #[cfg_attr(
-        not(test),
-        allow(
-            dead_code,
-            reason = "the relay's direct connections use it (issue 44's next step)"
-        )
-    )]
-    /// Registers connection `conn` for `queue` (not 0): from now on only
-    /// its frames go to the queue's socket.
-    pub(crate) fn register(&self, queue: u32, conn: ConnId) -> io::Result<()> {
-        self.check_queue(queue)?;
-        if queue == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "queue 0 is the port's own and takes every netgap frame",
-            ));
-        }
-        map_update(
-            &self.conns,
-            &queue.to_ne_bytes(),
-            &conn.to_value(),
-            "registering the connection",
-        )
-    }
-
-    #[cfg_attr(
-        not(test),
-        allow(
-            dead_code,
-            reason = "the relay's direct connections use it (issue 44's next step)"
-        )
-    )]
-    /// Forgets the connection of `queue`: its frames are dropped from now
-    /// on. Forgetting a queue with none is no error.
-    pub(crate) fn unregister(&self, queue: u32) -> io::Result<()> {
-        let key = queue.to_ne_bytes();
-        // SAFETY: `key` is a live u32, the map's key size.
-        let rc = unsafe { bpf_map_delete_elem(self.conns.as_raw_fd(), key.as_ptr().cast()) };
-        if rc < 0 && rc != -libc::ENOENT {
-            let e = io::Error::from_raw_os_error(rc.saturating_neg());
-            return Err(io::Error::new(
-                e.kind(),
-                format!("unregistering queue {queue}'s connection: {e}"),
-            ));
-        }
-        Ok(())
-    }
-
-    #[cfg_attr(
-        not(test),
-        allow(
-            dead_code,
-            reason = "the relay's direct connections use it (issue 44's next step)"
-        )
-    )]
-    /// Frames the program dropped since it was loaded (not the registered
-    /// connection's on their queue), summed over the CPUs.
-    pub(crate) fn drops(&self) -> io::Result<u64> {
-        // SAFETY: no arguments; libbpf reads the possible CPUs from sysfs.
-        let cpus = unsafe { libbpf_num_possible_cpus() };
-        let cpus = usize::try_from(cpus)
-            .map_err(|_| io::Error::from_raw_os_error(cpus.saturating_neg()))?;
-        let mut per_cpu = vec![0u64; cpus.max(1)];
-        let key = steer::DROPS_KEY.to_ne_bytes();
-        // SAFETY: a per-CPU map's lookup writes one value per possible CPU,
-        // which `per_cpu` holds; `key` is a live u32.
-        let rc = unsafe {
-            bpf_map_lookup_elem(
-                self.drops.as_raw_fd(),
-                key.as_ptr().cast(),
-                per_cpu.as_mut_ptr().cast(),
-            )
-        };
-        if rc < 0 {
-            let e = io::Error::from_raw_os_error(rc.saturating_neg());
-            return Err(io::Error::new(
-                e.kind(),
-                format!("reading the drop counter: {e}"),
-            ));
-        }
-        Ok(per_cpu.iter().fold(0u64, |a, &n| a.saturating_add(n)))
-    }
-
-    /// Where the link attached the program.
-    pub(crate) fn attach_mode(&self) -> Attach {
-        self.attach
-    }
-
-    /// The loaded program (for a test run).
-    #[cfg(test)]
-    pub(crate) fn prog(&self) -> &OwnedFd {
-        &self.prog
-    }
-}
-
-/// The index of interface `name` in this thread's network namespace.
-fn ifindex(name: &CString) -> io::Result<c_int> {
-    // SAFETY: `name` is NUL-terminated and alive for the call.
-    let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) };
-    c_int::try_from(ifindex)
-        .ok()
-        .filter(|&i| i > 0)
-        .ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::NotFound,
-                format!("no interface {}", name.to_string_lossy()),
-            )
-        })
-}
-
-/// A descriptor a libbpf call returned, or the error it stands for (libbpf
-/// 1.x returns `-errno`).
-fn bpf_fd(rc: c_int, what: &str) -> io::Result<OwnedFd> {
-    if rc < 0 {
-        let e = io::Error::from_raw_os_error(rc.saturating_neg());
-        return Err(io::Error::new(e.kind(), format!("{what}: {e}")));
-    }
-    // SAFETY: a non-negative return of a libbpf call that makes a
-    // descriptor is a new descriptor that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(rc) })
 }
 
 /// One AF_XDP socket bound to one queue of one interface, with its own
@@ -564,13 +195,6 @@ pub(crate) struct Xsk {
     /// A handed-over socket's own descriptor and the rings this process
     /// mapped from it (`None` for a socket libxdp made here).
     handed: Option<HandedMaps>,
-}
-
-/// What a socket handed over by another process holds in this one: the
-/// socket's descriptor and the four ring mappings.
-struct HandedMaps {
-    socket: OwnedFd,
-    rings: Vec<(*mut c_void, usize)>,
 }
 
 // SAFETY: the socket, the UMEM and the rings belong to this value alone and
@@ -710,143 +334,6 @@ impl Xsk {
         steering.put_socket(queue, x.fd)?;
         x.steering = Some(steering);
         Ok(x)
-    }
-
-    #[cfg_attr(
-        not(test),
-        allow(
-            dead_code,
-            reason = "the relay's direct connections use it (issue 44's next step)"
-        )
-    )]
-    /// The port over a socket and UMEM another process made and handed
-    /// over ([`super::handover`]): maps the UMEM's memfd and the socket's
-    /// four rings here, at the offsets the kernel gives
-    /// (`XDP_MMAP_OFFSETS`). No program is attached: the maker's steering
-    /// holds the socket in its `XSKMAP`.
-    pub(crate) fn from_handed(port: HandedPort) -> io::Result<Xsk> {
-        let g = port.geometry;
-        let area_bytes =
-            usize::try_from(g.umem_bytes()).map_err(|_| io::ErrorKind::InvalidInput)?;
-        let mut st = std::mem::MaybeUninit::<libc::stat>::zeroed();
-        // SAFETY: `st` is a live stat buffer the call fills.
-        if unsafe { libc::fstat(port.umem.as_raw_fd(), st.as_mut_ptr()) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: fstat succeeded and filled it.
-        let size = unsafe { st.assume_init() }.st_size;
-        if u64::try_from(size).unwrap_or(0) < g.umem_bytes() {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "the handed UMEM is smaller than its geometry says",
-            ));
-        }
-        // SAFETY: a shared mapping of the memfd, no larger than it (checked
-        // above); the result is checked.
-        let area = unsafe {
-            libc::mmap(
-                ptr::null_mut(),
-                area_bytes,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                port.umem.as_raw_fd(),
-                0,
-            )
-        };
-        if area == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        let fd = port.socket.as_raw_fd();
-        let mut x = Xsk {
-            area: area.cast::<u8>(),
-            area_bytes,
-            umem: ptr::null_mut(),
-            socket: ptr::null_mut(),
-            fill: Ring::empty(),
-            comp: Ring::empty(),
-            rx: Ring::empty(),
-            tx: Ring::empty(),
-            fd,
-            frame_bytes: g.frame_bytes,
-            steering: None,
-            bpf_fds: BTreeSet::new(),
-            lock_on_drop: false,
-            handed: Some(HandedMaps {
-                socket: port.socket,
-                rings: Vec::with_capacity(4),
-            }),
-        };
-        let mut off = std::mem::MaybeUninit::<libc::xdp_mmap_offsets>::zeroed();
-        let mut len = std::mem::size_of::<libc::xdp_mmap_offsets>() as libc::socklen_t;
-        // SAFETY: `off` is valid for `len` bytes of writes.
-        let rc = unsafe {
-            libc::getsockopt(
-                fd,
-                libc::SOL_XDP,
-                libc::XDP_MMAP_OFFSETS,
-                off.as_mut_ptr().cast(),
-                &mut len,
-            )
-        };
-        if rc != 0 || len as usize != std::mem::size_of::<libc::xdp_mmap_offsets>() {
-            return Err(io::Error::new(
-                io::ErrorKind::Unsupported,
-                "the kernel gives no ring offsets of the flags layout (XDP_MMAP_OFFSETS)",
-            ));
-        }
-        // SAFETY: the kernel filled the whole structure (length checked).
-        let off = unsafe { off.assume_init() };
-        let n = g.ring_entries;
-        let desc_bytes = std::mem::size_of::<libc::xdp_desc>();
-        let addr_bytes = std::mem::size_of::<u64>();
-        let rings: [(&mut Ring, &libc::xdp_ring_offset, u64, usize, bool); 4] = [
-            (
-                &mut *x.rx,
-                &off.rx,
-                libc::XDP_PGOFF_RX_RING as u64,
-                desc_bytes,
-                false,
-            ),
-            (
-                &mut *x.tx,
-                &off.tx,
-                libc::XDP_PGOFF_TX_RING as u64,
-                desc_bytes,
-                true,
-            ),
-            (
-                &mut *x.fill,
-                &off.fr,
-                libc::XDP_UMEM_PGOFF_FILL_RING,
-                addr_bytes,
-                true,
-            ),
-            (
-                &mut *x.comp,
-                &off.cr,
-                libc::XDP_UMEM_PGOFF_COMPLETION_RING,
-                addr_bytes,
-                false,
-            ),
-        ];
-        let mut maps = Vec::with_capacity(4);
-        let mut failed = None;
-        for (ring, o, pgoff, entry_bytes, producer) in rings {
-            match map_ring(fd, ring, o, pgoff, n, entry_bytes, producer) {
-                Ok(m) => maps.push(m),
-                Err(e) => {
-                    failed = Some(e);
-                    break;
-                }
-            }
-        }
-        if let Some(h) = x.handed.as_mut() {
-            h.rings = maps;
-        }
-        match failed {
-            Some(e) => Err(e),
-            None => Ok(x),
-        }
     }
 
     /// The socket's descriptor, to poll and to kick.
@@ -1091,68 +578,6 @@ impl Drop for Xsk {
     }
 }
 
-#[cfg_attr(
-    not(test),
-    allow(
-        dead_code,
-        reason = "the relay's direct connections use it (issue 44's next step)"
-    )
-)]
-/// Maps one ring of AF_XDP socket `fd` (at page offset `pgoff`, `n`
-/// entries of `entry_bytes`) and points `ring` at it, as libxdp's ring
-/// functions expect: a producer ring (fill, TX) starts with all `n`
-/// entries free, a consumer ring (RX, completion) with what the kernel
-/// has produced. Returns the mapping, for unmapping.
-fn map_ring(
-    fd: RawFd,
-    ring: &mut Ring,
-    o: &libc::xdp_ring_offset,
-    pgoff: u64,
-    n: u32,
-    entry_bytes: usize,
-    producer: bool,
-) -> io::Result<(*mut c_void, usize)> {
-    let bytes =
-        usize::try_from(o.desc).map_err(|_| io::ErrorKind::InvalidData)? + n as usize * entry_bytes;
-    let pgoff = libc::off_t::try_from(pgoff).map_err(|_| io::ErrorKind::InvalidInput)?;
-    // SAFETY: a shared mapping of the socket's ring at the kernel's page
-    // offset for it, as long as its entries; checked.
-    let at = unsafe {
-        libc::mmap(
-            ptr::null_mut(),
-            bytes,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED | libc::MAP_POPULATE,
-            fd,
-            pgoff,
-        )
-    };
-    if at == libc::MAP_FAILED {
-        let e = io::Error::last_os_error();
-        return Err(io::Error::new(
-            e.kind(),
-            format!("mapping a ring of the handed socket: {e}"),
-        ));
-    }
-    let base = at.cast::<u8>();
-    let field = |off: u64| {
-        // SAFETY: the kernel's offsets lie inside the mapping it sized.
-        unsafe { base.add(off as usize) }
-    };
-    ring.producer = field(o.producer).cast();
-    ring.consumer = field(o.consumer).cast();
-    ring.flags = field(o.flags).cast();
-    ring.ring = field(o.desc).cast();
-    ring.mask = n - 1;
-    ring.size = n;
-    // SAFETY: the producer and consumer indices are u32s in the mapping,
-    // which the kernel keeps aligned.
-    let (prod, cons) = unsafe { (ring.producer.read_volatile(), ring.consumer.read_volatile()) };
-    ring.cached_prod = prod;
-    ring.cached_cons = if producer { cons.wrapping_add(n) } else { cons };
-    Ok((at, bytes))
-}
-
 /// The TX doorbell of the AF_XDP socket `fd`: a zero-length `sendto`.
 /// Safe to ring without the port's lock (the kernel serializes a socket's
 /// transmits), so a sender that rings it after letting the lock go leaves
@@ -1173,10 +598,13 @@ pub(crate) fn ring_doorbell(fd: RawFd) -> io::Result<()> {
     }
 }
 
-#[cfg(test)]
 #[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
+#[cfg(test)]
 mod tests {
+    use super::super::steer::{self, ConnId};
+    use super::steering::{bpf_fd, ifindex};
     use super::*;
+    use std::os::fd::{AsRawFd, OwnedFd};
     use std::process::Command;
 
     extern "C" {
