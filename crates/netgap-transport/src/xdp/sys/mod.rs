@@ -1217,6 +1217,16 @@ mod tests {
         }
     }
 
+    /// A user process, killed when the test ends however it ends.
+    struct User(std::process::Child);
+
+    impl Drop for User {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
     /// A handed port between two processes on two hosts: the maker (this
     /// process, in each host's namespace) makes a port on queue 2 of each
     /// host's link through the switch and hands it to a user process
@@ -1242,16 +1252,18 @@ mod tests {
             let peer_mac = [0x02, 0, 0, 0, 0, hosts[1 - i].2];
             let path = dir.path().join(format!("maker{i}"));
             let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
-            let child = Command::new(std::env::current_exe().unwrap())
-                .args(["--exact", "xdp::sys::tests::handed_port_user", "--ignored"])
-                .env("NG_HANDED_ROLE", if i == 0 { "first" } else { "second" })
-                .env("NG_HANDED_SRC", mac.to_string())
-                .env("NG_HANDED_DST_FLOW", peer_flow.to_string())
-                .env("NG_HANDED_PATH", &path)
-                .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::null())
-                .spawn()
-                .unwrap();
+            let child = User(
+                Command::new(std::env::current_exe().unwrap())
+                    .args(["--exact", "xdp::sys::tests::handed_port_user", "--ignored"])
+                    .env("NG_HANDED_ROLE", if i == 0 { "first" } else { "second" })
+                    .env("NG_HANDED_SRC", mac.to_string())
+                    .env("NG_HANDED_DST_FLOW", peer_flow.to_string())
+                    .env("NG_HANDED_PATH", &path)
+                    .stdout(std::process::Stdio::null())
+                    .stderr(std::process::Stdio::null())
+                    .spawn()
+                    .unwrap(),
+            );
             let (stream, _) = listener.accept().unwrap();
             stream
                 .set_read_timeout(Some(std::time::Duration::from_secs(10)))
@@ -1302,8 +1314,8 @@ mod tests {
             };
             let (v, _) = verdict_there();
             assert_eq!(v, steer::XDP_REDIRECT, "the user's socket is in the map");
-            child.kill().unwrap();
-            child.wait().unwrap();
+            child.0.kill().unwrap();
+            child.0.wait().unwrap();
             let t0 = std::time::Instant::now();
             let (v, left) = loop {
                 let (v, left) = verdict_there();
