@@ -14,7 +14,7 @@
 //! queue, which the kernel stores plus one, so every bridge loses one, and
 //! 0 (nothing recorded) falls to the hash. With the program every queue
 //! arrives as sent (`tests::a_frame_keeps_its_queue_across_a_switch` in
-//! `sys.rs`). The last hop needs the receiver's program at the driver's
+//! `sys/mod.rs`). The last hop needs the receiver's program at the driver's
 //! hook (native XDP, which veth has): the generic hook reads the recorded
 //! queue, one less. Only netgap's EtherType is touched: every other frame
 //! crosses the switch as before.

@@ -2,7 +2,7 @@
 //! a frame of netgap's own EtherType ([`ETHERTYPE`]) goes to the AF_XDP
 //! socket of the queue it arrived on, every other frame to the kernel's
 //! stack (`XDP_PASS`). Plain code: the instructions are built here and
-//! loaded by `sys.rs`.
+//! loaded by `sys/steering.rs`.
 //!
 //! libxdp's default program redirects *every* frame of the socket's queue
 //! to the socket, so while a port was open the interface's IP traffic
