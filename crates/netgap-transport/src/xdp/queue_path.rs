@@ -24,6 +24,7 @@
 //! the port goes with its namespace.
 
 use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 use super::reliable::ETHERTYPE;
 
@@ -102,6 +103,7 @@ struct AttachAttr {
 
 const BPF_PROG_LOAD: libc::c_long = 5;
 const BPF_PROG_ATTACH: libc::c_long = 8;
+const BPF_PROG_DETACH: libc::c_long = 9;
 const BPF_PROG_TYPE_SCHED_CLS: u32 = 3;
 const BPF_TCX_INGRESS: u32 = 46;
 
@@ -122,10 +124,8 @@ fn bpf<T>(cmd: libc::c_long, attr: &mut T) -> io::Result<libc::c_long> {
     Ok(rc)
 }
 
-/// Attaches the queue-keeping program at the ingress of bridge port
-/// `port` in this thread's namespace; it stays until the port goes. An
-/// error when the kernel has no tcx (before 6.6) or refuses.
-pub fn keep_queue_here(port: &str) -> io::Result<()> {
+/// The queue-keeping program, loaded.
+fn load() -> io::Result<OwnedFd> {
     let insns = program();
     let mut name = [0u8; 16];
     name[..12].copy_from_slice(b"netgap_queue");
@@ -139,23 +139,45 @@ pub fn keep_queue_here(port: &str) -> io::Result<()> {
     };
     let fd = bpf(BPF_PROG_LOAD, &mut load)?;
     // SAFETY: a new descriptor the load returned; nothing else owns it.
-    let prog =
-        unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd as libc::c_int) };
-    let ifname = std::ffi::CString::new(port)
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) })
+}
+
+/// `BPF_PROG_ATTACH` or `BPF_PROG_DETACH` of `prog` at the tcx ingress of
+/// interface `ifname` in this thread's namespace.
+fn at_ingress(cmd: libc::c_long, prog: &OwnedFd, ifname: &str) -> io::Result<()> {
+    let name = std::ffi::CString::new(ifname)
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "interface name"))?;
     // SAFETY: a NUL-terminated name alive for the call.
-    let ifindex = unsafe { libc::if_nametoindex(ifname.as_ptr()) };
+    let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) };
     if ifindex == 0 {
         return Err(io::Error::last_os_error());
     }
-    let mut attach = AttachAttr {
+    let mut attr = AttachAttr {
         target_ifindex: ifindex,
-        attach_bpf_fd: std::os::fd::AsRawFd::as_raw_fd(&prog) as u32,
+        attach_bpf_fd: prog.as_raw_fd() as u32,
         attach_type: BPF_TCX_INGRESS,
         ..AttachAttr::default()
     };
-    bpf(BPF_PROG_ATTACH, &mut attach)?;
+    bpf(cmd, &mut attr)?;
     Ok(())
+}
+
+/// Attaches the queue-keeping program at the ingress of bridge port
+/// `port` in this thread's namespace; it stays until the port goes. An
+/// error when the kernel has no tcx (before 6.6) or refuses.
+pub fn keep_queue_here(port: &str) -> io::Result<()> {
+    at_ingress(BPF_PROG_ATTACH, &load()?, port)
+}
+
+/// Whether this kernel takes the queue-keeping program: attached to the
+/// loopback of this thread's namespace and detached again, so nothing
+/// stays.
+pub fn kernel_keeps_queues_here() -> bool {
+    let Ok(prog) = load() else {
+        return false;
+    };
+    at_ingress(BPF_PROG_ATTACH, &prog, "lo").is_ok()
+        && at_ingress(BPF_PROG_DETACH, &prog, "lo").is_ok()
 }
 
 #[cfg(test)]

@@ -1076,6 +1076,10 @@ mod tests {
             sh(&["-n", sw, "link", "set", port, "master", "br0", "up"]);
         }
         in_ns(sw, || {
+            assert!(
+                super::super::queue_path::kernel_keeps_queues_here(),
+                "no tcx: the switch cannot keep queues"
+            );
             for port in ["pa", "pb"] {
                 super::super::queue_path::keep_queue_here(port).unwrap();
             }
