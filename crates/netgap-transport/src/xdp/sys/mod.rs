@@ -342,8 +342,11 @@ impl Xsk {
     }
 
     /// Frames the kernel dropped on their way to this socket since it
-    /// opened (no buffer on the fill ring, or the receive ring full);
-    /// `None` when the kernel does not say.
+    /// opened (no buffer on the fill ring, or the receive ring full), and
+    /// the netgap frames the steering program this port attached dropped
+    /// on the interface's other queues, where no connection of theirs is
+    /// registered (on a link of several queues a forged or stray frame
+    /// may arrive on any); `None` when the kernel does not say.
     pub(crate) fn kernel_drops(&self) -> Option<u64> {
         // `struct xdp_statistics` of linux/if_xdp.h: rx_dropped,
         // rx_invalid_descs, tx_invalid_descs, rx_ring_full, then two
@@ -367,7 +370,12 @@ impl Xsk {
             return None;
         }
         let ring_full = if len as usize >= 4 * 8 { st[3] } else { 0 };
-        Some(st[0].saturating_add(ring_full))
+        let steered = self
+            .steering
+            .as_ref()
+            .and_then(|s| s.drops().ok())
+            .unwrap_or(0);
+        Some(st[0].saturating_add(ring_full).saturating_add(steered))
     }
 
     /// Where the program that steers frames to it is attached.

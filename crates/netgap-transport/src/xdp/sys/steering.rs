@@ -310,13 +310,6 @@ impl Steering {
         Ok(())
     }
 
-    #[cfg_attr(
-        not(test),
-        allow(
-            dead_code,
-            reason = "the relay's direct connections use it (issue 44's next step)"
-        )
-    )]
     /// Frames the program dropped since it was loaded (not the registered
     /// connection's on their queue), summed over the CPUs.
     pub(crate) fn drops(&self) -> io::Result<u64> {
