@@ -330,7 +330,8 @@ impl Xsk {
         }
         // SAFETY: the socket was created above and is live.
         x.fd = unsafe { xsk_socket__fd(x.socket) };
-        let steering = Steering::attach(&name.to_string_lossy(), queue.saturating_add(1))?;
+        let steering =
+            Steering::attach_serialized(&name.to_string_lossy(), queue.saturating_add(1))?;
         steering.put_socket(queue, x.fd)?;
         x.steering = Some(steering);
         Ok(x)
@@ -1084,6 +1085,9 @@ mod tests {
             sh(&["-n", sw, "link", "set", port, "master", "br0", "up"]);
         }
         in_ns(sw, || {
+            // The probe and the program load BPF descriptors: not while a
+            // socket is being made in another test (see `Steering::attach`).
+            let _serial = LIFECYCLE.lock().unwrap_or_else(|e| e.into_inner());
             assert!(
                 super::super::queue_path::kernel_keeps_queues_here(),
                 "no tcx: the switch cannot keep queues"

@@ -148,7 +148,23 @@ impl Steering {
     /// over them, and attaches it to interface `ifname` through a BPF
     /// link: at the driver's hook where the driver has one, else at the
     /// generic hook.
+    #[cfg_attr(
+        not(test),
+        allow(
+            dead_code,
+            reason = "the relay's direct connections use it (issue 44's next step)"
+        )
+    )]
     pub(crate) fn attach(ifname: &str, queues: u32) -> io::Result<Steering> {
+        // A socket being made meanwhile would take this steering's new
+        // descriptors for libxdp's leftovers, and close them with itself.
+        let _serial = super::LIFECYCLE.lock().unwrap_or_else(|e| e.into_inner());
+        Steering::attach_serialized(ifname, queues)
+    }
+
+    /// [`Steering::attach`], for a caller that holds
+    /// [`super::LIFECYCLE`].
+    pub(super) fn attach_serialized(ifname: &str, queues: u32) -> io::Result<Steering> {
         let name = CString::new(ifname)
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "interface name"))?;
         let ifindex = ifindex(&name)?;
