@@ -52,6 +52,7 @@ const BPF_PROG_TYPE_XDP: c_int = 6;
 const XDP_FLAGS_SKB_MODE: u32 = 1 << 1;
 /// `XDP_FLAGS_DRV_MODE`: the driver's own XDP hook.
 const XDP_FLAGS_DRV_MODE: u32 = 1 << 2;
+
 /// Where the steering program is attached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Attach {
