@@ -15,7 +15,7 @@ use std::ffi::{c_char, c_int, c_void, CString};
 use std::io;
 use std::os::fd::RawFd;
 use std::ptr;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 mod handed;
 mod steering;
@@ -183,8 +183,10 @@ pub(crate) struct Xsk {
     tx: Box<Ring>,
     fd: RawFd,
     frame_bytes: u32,
-    /// The steering program, attached (None only while being made).
-    steering: Option<Steering>,
+    /// The steering program of the interface, attached (None only while
+    /// being made, and for a handed socket): the process's one program
+    /// there, shared with the sockets it makes for others on other queues.
+    steering: Option<Arc<Steering>>,
     /// The BPF descriptors libxdp opened for this socket (not the
     /// steering's own). libxdp 1.3 leaves some open after deleting the
     /// socket; they are closed then, or a long-lived agent would run out
@@ -330,8 +332,7 @@ impl Xsk {
         }
         // SAFETY: the socket was created above and is live.
         x.fd = unsafe { xsk_socket__fd(x.socket) };
-        let steering =
-            Steering::attach_serialized(&name.to_string_lossy(), queue.saturating_add(1))?;
+        let steering = Steering::shared_serialized(&name.to_string_lossy())?;
         steering.put_socket(queue, x.fd)?;
         x.steering = Some(steering);
         Ok(x)
@@ -383,7 +384,7 @@ impl Xsk {
     pub(crate) fn attach(&self) -> Attach {
         self.steering
             .as_ref()
-            .map_or(Attach::Generic, Steering::attach_mode)
+            .map_or(Attach::Generic, |s| s.attach_mode())
     }
 
     /// The UMEM bytes of frame `slot` (a whole frame).
@@ -1347,5 +1348,52 @@ mod tests {
                 "the XSKMAP entry outlived the killed user's socket"
             );
         }
+    }
+
+    /// The relay's case: a process with its own port on an interface (queue
+    /// 0) makes a socket for another process on queue 2 of the same
+    /// interface. One XDP program serves both (an interface holds one):
+    /// the port's steering is the interface's shared one; the connection
+    /// registered for queue 2 stays while its registration lives; and the
+    /// program stays while any holder keeps it, and goes after the last.
+    #[test]
+    fn a_port_and_the_sockets_made_beside_it_share_one_program() {
+        in_netns_with_veth(4, || {
+            let port = Xsk::open("ngxa", 0, SMALL).unwrap();
+            let shared = Steering::shared("ngxa").unwrap();
+            let own = port.steering.as_ref().unwrap();
+            assert!(Arc::ptr_eq(own, &shared), "a second program");
+            let made = super::super::handover::make(index_of("ngxa"), 2, SMALL).unwrap();
+            shared.put_socket(2, made.socket.as_raw_fd()).unwrap();
+            let conn = ConnId {
+                peer_mac: PEER,
+                local_flow: 7,
+            };
+            let registered = shared.register_while(2, conn).unwrap();
+            let prog = attached("ngxa").expect("the port's program");
+            let on = Some((index_of("ngxa"), 2));
+            let ours = ours_from(PEER, 7);
+            assert_eq!(verdict_on(&prog, &ours, on), steer::XDP_REDIRECT);
+            assert_eq!(
+                verdict_on(&prog, &ours_from(STRANGER, 7), on),
+                steer::XDP_DROP
+            );
+            drop(registered);
+            assert_eq!(
+                verdict_on(&prog, &ours, on),
+                steer::XDP_DROP,
+                "the connection outlived its registration"
+            );
+            drop((port, prog));
+            assert!(
+                attached("ngxa").is_some(),
+                "the program went with a holder left"
+            );
+            drop((shared, made));
+            assert!(
+                attached("ngxa").is_none(),
+                "the program outlived its holders"
+            );
+        });
     }
 }

@@ -7,6 +7,7 @@ use std::ffi::{c_char, c_int, c_void, CString};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::ptr;
+use std::sync::{Arc, Mutex, Weak};
 
 use super::super::steer::{self, ConnId, Insn};
 
@@ -364,6 +365,114 @@ impl Steering {
     #[cfg(test)]
     pub(crate) fn prog(&self) -> &OwnedFd {
         &self.prog
+    }
+}
+
+/// Which interface a steering is on: the network namespace's inode and
+/// the interface's index there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Where {
+    netns: u64,
+    ifindex: c_int,
+}
+
+impl Where {
+    fn here(ifname: &str) -> io::Result<Where> {
+        use std::os::unix::fs::MetadataExt;
+        let name = CString::new(ifname)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "interface name"))?;
+        Ok(Where {
+            netns: std::fs::metadata("/proc/thread-self/ns/net")?.ino(),
+            ifindex: ifindex(&name)?,
+        })
+    }
+}
+
+/// The steerings this process attached, by interface: an interface holds
+/// one XDP program, so the process's own port on it and the sockets it
+/// makes for other processes there share it.
+static ATTACHED: Mutex<Vec<(Where, Weak<Steering>)>> = Mutex::new(Vec::new());
+
+/// Queues every shared steering has room for: as many as a direct
+/// connection's setup can name.
+pub(crate) const SHARED_QUEUES: u32 = netgap_proto::direct::MAX_QUEUES as u32;
+
+impl Steering {
+    /// The steering of interface `ifname` in this thread's namespace: the
+    /// one this process attached there if it still stands, else a new one
+    /// for [`SHARED_QUEUES`] queues, attached. The program stays while any
+    /// holder (a port, a registration) keeps it.
+    #[cfg_attr(
+        not(test),
+        allow(
+            dead_code,
+            reason = "the relay's direct connections use it (issue 44's next step)"
+        )
+    )]
+    pub(crate) fn shared(ifname: &str) -> io::Result<Arc<Steering>> {
+        let _serial = super::LIFECYCLE.lock().unwrap_or_else(|e| e.into_inner());
+        Steering::shared_serialized(ifname)
+    }
+
+    /// [`Steering::shared`], for a caller that holds [`super::LIFECYCLE`].
+    pub(super) fn shared_serialized(ifname: &str) -> io::Result<Arc<Steering>> {
+        let at = Where::here(ifname)?;
+        let mut attached = ATTACHED.lock().unwrap_or_else(|e| e.into_inner());
+        attached.retain(|(_, w)| w.strong_count() > 0);
+        if let Some(s) = attached
+            .iter()
+            .find(|(w, _)| *w == at)
+            .and_then(|(_, s)| s.upgrade())
+        {
+            return Ok(s);
+        }
+        let s = Arc::new(Steering::attach_serialized(ifname, SHARED_QUEUES)?);
+        attached.push((at, Arc::downgrade(&s)));
+        Ok(s)
+    }
+
+    /// Registers `conn` for `queue` ([`Steering::register`]) for as long as
+    /// the returned registration lives: dropping it forgets the connection
+    /// (its queue's frames are dropped from then on).
+    #[cfg_attr(
+        not(test),
+        allow(
+            dead_code,
+            reason = "the relay's direct connections use it (issue 44's next step)"
+        )
+    )]
+    pub(crate) fn register_while(
+        self: &Arc<Steering>,
+        queue: u32,
+        conn: ConnId,
+    ) -> io::Result<Registration> {
+        self.register(queue, conn)?;
+        Ok(Registration {
+            steering: Arc::clone(self),
+            queue,
+        })
+    }
+}
+
+/// A connection registered for a queue of a steering, which it keeps
+/// attached; dropping it forgets the connection.
+#[cfg_attr(
+    not(test),
+    allow(
+        dead_code,
+        reason = "the relay's direct connections use it (issue 44's next step)"
+    )
+)]
+pub(crate) struct Registration {
+    steering: Arc<Steering>,
+    queue: u32,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        // Nothing to do about a failure here: the map is gone with the
+        // program once no holder is left.
+        let _ = self.steering.unregister(self.queue);
     }
 }
 
