@@ -20,6 +20,7 @@
 pub mod auth;
 pub mod codec;
 pub mod dataproof;
+pub mod direct;
 pub mod limits;
 pub mod message;
 pub mod preload;

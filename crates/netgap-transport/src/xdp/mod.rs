@@ -36,7 +36,11 @@
 //! Mode: the program is attached in the driver (native XDP) when the
 //! driver allows, else at the generic hook; frames are always copied
 //! (`XDP_COPY`): veth has no zero-copy, and the measurement should be the
-//! same on any interface. The socket binds queue 0. The port changes
+//! same on any interface. The socket binds queue 0, which the steering
+//! program gives every netgap frame; the other queues are for sockets
+//! another process makes and hands over, one connection each, whose
+//! frames the program checks (`steer.rs`, `handover.rs`; how a frame keeps
+//! its queue across a switch is `queue_path`'s). The port changes
 //! nothing else of the interface (queues, offloads, MTU); native XDP on a
 //! veth makes the kernel turn its peer's TCP segmentation offload off while
 //! the program is attached, and back on after.
@@ -46,6 +50,7 @@
 
 pub mod auth;
 pub mod demux;
+pub mod queue_path;
 pub mod reliable;
 // Plain code, but only the port's setup uses it.
 #[cfg_attr(
@@ -56,6 +61,8 @@ mod steer;
 
 #[cfg(feature = "xdp")]
 mod flow;
+#[cfg(feature = "xdp")]
+mod handover;
 #[cfg(feature = "xdp")]
 mod sys;
 
