@@ -110,27 +110,9 @@ fn mpi_ranks_under_the_library_over_shm_from_the_command_line() {
 #[cfg(feature = "xdp")]
 mod across_hosts {
     use super::*;
+    use crate::common::procs::Terminated;
     use crate::common::testbed::Testbed;
     use std::process::Command;
-
-    /// The relays in the testbed's namespaces.
-    fn relays_in(tb: &Testbed) -> Vec<String> {
-        let mut left = Vec::new();
-        for h in &tb.hosts().hosts {
-            let out = Command::new("ip")
-                .args(["netns", "pids", &tb.ns(&h.name)])
-                .output()
-                .expect("ip netns pids");
-            for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
-                let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-                let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-                if cmd.contains(" relay ") {
-                    left.push(format!("{pid} {cmd}"));
-                }
-            }
-        }
-        left
-    }
 
     #[test]
     fn mpi_ranks_under_the_library_across_testbed_hosts_through_relays_from_the_command_line() {
@@ -172,7 +154,11 @@ mod across_hosts {
                 "{r}"
             );
         }
-        assert_eq!(relays_in(&tb), Vec::<String>::new(), "relays left");
+        assert_eq!(
+            tb.processes_in(" relay "),
+            Vec::<String>::new(),
+            "relays left"
+        );
         // Without the testbed's hosts, xdp is one line before anything
         // starts.
         let out = netgap()
@@ -182,25 +168,6 @@ mod across_hosts {
         common::one_line_error(&out, "-t xdp on one host", "--hosts @testbed");
         tb.down();
         tb.assert_gone();
-    }
-
-    /// A child stopped (TERM, then KILL) and reaped on drop.
-    struct Child(std::process::Child);
-
-    impl Drop for Child {
-        fn drop(&mut self) {
-            // SAFETY: a signal to our own child.
-            unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
-            let t0 = std::time::Instant::now();
-            while t0.elapsed() < std::time::Duration::from_secs(5) {
-                if let Ok(Some(_)) = self.0.try_wait() {
-                    return;
-                }
-                std::thread::sleep(std::time::Duration::from_millis(20));
-            }
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
     }
 
     /// The bytes the closed relayed connections in `log` received.
@@ -242,7 +209,7 @@ mod across_hosts {
         for h in [h1, h2] {
             let log = dir.path().join(format!("relay-{}.log", h.name));
             relays.push((
-                Child(
+                Terminated(
                     Command::new("ip")
                         .args(["netns", "exec", &tb.ns(&h.name), netgap_s])
                         .args(tb.relay_args(&h.name, &key))
@@ -336,7 +303,11 @@ mod across_hosts {
         let relayed = relayed_received_bytes(&text);
         assert!(relayed > 2 * 31 * (1 << 20), "{relayed} B relayed: {text}");
         drop(relays);
-        assert_eq!(relays_in(&tb), Vec::<String>::new(), "relays left");
+        assert_eq!(
+            tb.processes_in(" relay "),
+            Vec::<String>::new(),
+            "relays left"
+        );
         tb.down();
         tb.assert_gone();
     }

@@ -172,27 +172,6 @@ fn pipeline_stages_as_a_program_over_a_transport_programs_cannot_use_is_one_line
     );
 }
 
-/// The relays a run started left in the testbed's namespaces (they name
-/// their limits on the command line; a relay started by hand does not).
-#[cfg(feature = "xdp")]
-fn run_relays(tb: &common::testbed::Testbed) -> String {
-    let mut left = String::new();
-    for h in &tb.hosts().hosts {
-        let out = Command::new("ip")
-            .args(["netns", "pids", &tb.ns(&h.name)])
-            .output()
-            .expect("ip netns pids");
-        for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
-            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-            if cmd.contains("relay --max-per-uid") {
-                left.push_str(&format!("{pid} {cmd}\n"));
-            }
-        }
-    }
-    left
-}
-
 #[cfg(feature = "xdp")]
 #[test]
 fn pipeline_stages_across_testbed_hosts_over_xdp_go_through_the_relays() {
@@ -237,7 +216,11 @@ fn pipeline_stages_across_testbed_hosts_over_xdp_go_through_the_relays() {
             "{s}"
         );
     }
-    assert_eq!(run_relays(&tb), "", "relays left after the run");
+    assert_eq!(
+        tb.run_relays(),
+        Vec::<String>::new(),
+        "relays left after the run"
+    );
     assert_eq!(stages_left(), "", "stages' programs left after the run");
     tb.down();
     tb.assert_gone();

@@ -15,33 +15,12 @@
 //! Apache or gmond these tests print why and pass (with NETGAP_REQUIRE_SYSTEM_TESTS=1
 //! that is a failure).
 
+use crate::common::procs::Terminated;
 use crate::common::testbed::Testbed;
 use crate::common::{self, metric, netgap, read_records, system_ready};
 use serde_json::Value;
 use std::path::Path;
 use std::process::Command;
-
-/// The relays left in the testbed's namespaces (a run's relays name their
-/// limits on the command line; a relay started by hand does not), each
-/// as its command line: relays elsewhere on the machine are not this
-/// test's.
-fn run_relays(tb: &Testbed) -> String {
-    let mut left = String::new();
-    for h in &tb.hosts().hosts {
-        let out = Command::new("ip")
-            .args(["netns", "pids", &tb.ns(&h.name)])
-            .output()
-            .expect("ip netns pids");
-        for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
-            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-            if cmd.contains("relay --max-per-uid") {
-                left.push_str(&format!("{pid} {cmd}\n"));
-            }
-        }
-    }
-    left
-}
 
 /// `netgap run ARGS --hosts @TESTBED --json FILE`: its success, its
 /// output and the records.
@@ -120,7 +99,11 @@ fn web_across_hosts(tb: &Testbed, dir: &Path, flags: &[&str]) -> Vec<Value> {
             "{facts}"
         );
     }
-    assert_eq!(run_relays(tb), "", "relays left after the web run");
+    assert_eq!(
+        tb.run_relays(),
+        Vec::<String>::new(),
+        "relays left after the web run"
+    );
     recs
 }
 
@@ -181,7 +164,11 @@ fn nginx_and_gmond_serve_across_testbed_hosts_over_xdp_through_the_relays() {
         "{}",
         r["warnings"]
     );
-    assert_eq!(run_relays(&tb), "", "relays left after the gather run");
+    assert_eq!(
+        tb.run_relays(),
+        Vec::<String>::new(),
+        "relays left after the gather run"
+    );
 
     // netgap's own responder is aimed at IP:PORT: refused over xdp.
     let json = dir.path().join("builtin.jsonl");
@@ -259,28 +246,9 @@ fn apache_event_mpm_serves_across_testbed_hosts_over_xdp_through_the_relays() {
     tb.assert_gone();
 }
 
-/// A child stopped (TERM, then KILL) and reaped on drop.
-struct Child(std::process::Child);
-
-impl Drop for Child {
-    fn drop(&mut self) {
-        // SAFETY: a signal to our own child.
-        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
-        let t0 = std::time::Instant::now();
-        while t0.elapsed() < std::time::Duration::from_secs(5) {
-            if let Ok(Some(_)) = self.0.try_wait() {
-                return;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// `ip netns exec NS ARGS`, started.
-fn in_ns(ns: &str, args: &[&str], stderr: &Path) -> Child {
-    Child(
+fn in_ns(ns: &str, args: &[&str], stderr: &Path) -> Terminated {
+    Terminated(
         Command::new("ip")
             .args(["netns", "exec", ns])
             .args(args)

@@ -67,3 +67,25 @@ impl Drop for Reaped {
         let _ = self.0.wait();
     }
 }
+
+/// A child asked to stop (TERM, then KILL after five seconds) and reaped
+/// when dropped, so a server under test can end as it would.
+#[cfg(feature = "xdp")]
+pub(crate) struct Terminated(pub std::process::Child);
+
+#[cfg(feature = "xdp")]
+impl Drop for Terminated {
+    fn drop(&mut self) {
+        // SAFETY: a signal to our own child, not yet reaped.
+        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
+        let t0 = std::time::Instant::now();
+        while t0.elapsed() < std::time::Duration::from_secs(5) {
+            if let Ok(Some(_)) = self.0.try_wait() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

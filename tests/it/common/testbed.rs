@@ -103,6 +103,36 @@ impl Testbed {
     }
 
     /// `netgap testbed down`; what it printed.
+    /// The processes in the testbed's namespaces whose command line holds
+    /// `needle`, each as `PID COMMAND LINE`: what a run left behind
+    /// (processes elsewhere on the machine are not this test's).
+    #[cfg(feature = "xdp")]
+    pub(crate) fn processes_in(&self, needle: &str) -> Vec<String> {
+        let mut left = Vec::new();
+        for h in &self.hosts().hosts {
+            let out = Command::new("ip")
+                .args(["netns", "pids", &self.ns(&h.name)])
+                .output()
+                .expect("ip netns pids");
+            for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+                let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+                let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+                if cmd.contains(needle) {
+                    left.push(format!("{pid} {cmd}"));
+                }
+            }
+        }
+        left
+    }
+
+    /// The relays a run started left in the testbed's namespaces (they
+    /// name their limits on the command line; a relay started by hand
+    /// does not).
+    #[cfg(feature = "xdp")]
+    pub(crate) fn run_relays(&self) -> Vec<String> {
+        self.processes_in("relay --max-per-uid")
+    }
+
     pub(crate) fn down(&self) -> String {
         ok(netgap()
             .args(["testbed", "down", "--name", &self.name])
