@@ -40,11 +40,6 @@
 //! [`Dir`]: netgap_workload::confined::Dir
 //! [`Dir::replace_file`]: netgap_workload::confined::Dir::replace_file
 //!
-//! Queues: every host link has [`HOST_QUEUES`] queues each way, and the
-//! xdp transport's frames keep their queue across every bridge
-//! (`queue_path`), so a connection with a queue of its own at both hosts
-//! gets its frames there.
-//!
 //! Conditions: every link end (and bridge port) has the same MTU and offloads
 //! (`--offload on|off`: TSO, GSO, GRO, rx and tx checksum, switched with the
 //! `SIOCETHTOOL` ioctl from a thread inside each namespace). Rate limit,
@@ -118,13 +113,11 @@ mod live;
 mod lock;
 mod mptcp;
 mod netns_ops;
-mod queue_path;
 mod request;
 mod shaping;
 mod state;
 mod status;
 mod switch;
-pub use queue_path::HOST_QUEUES;
 mod up;
 
 pub use agents::probe_agent;
