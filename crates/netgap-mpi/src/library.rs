@@ -237,10 +237,10 @@ impl LibraryJob {
                 key.clone().into_os_string(),
             ];
             let relay =
-                RelayProcess::start(&netns, &args, &log).map_err(|detail| LibraryError::Relay {
+                RelayProcess::start(&netns, &args, &log).map_err(|e| LibraryError::Relay {
                     stack: stack.clone(),
                     host: me.name.clone(),
-                    detail,
+                    detail: e.to_string(),
                 })?;
             self.relays.push(relay);
             let t0 = Instant::now();
@@ -291,48 +291,25 @@ impl RelayProcess {
     /// Starts this netgap with `args` in network namespace `netns` (a
     /// thread enters it and spawns the relay, which inherits it), its
     /// standard error to `log`.
-    fn start(netns: &str, args: &[OsString], log: &Path) -> Result<RelayProcess, String> {
-        let exe =
-            std::env::current_exe().map_err(|e| format!("finding netgap's own binary: {e}"))?;
-        let log = std::fs::File::create(log).map_err(|e| format!("its log: {e}"))?;
-        let (netns, args) = (netns.to_string(), args.to_vec());
-        let (tx, rx) = std::sync::mpsc::channel();
-        let waiter = std::thread::Builder::new()
-            .name("mpi-relay".into())
-            .spawn(move || {
-                if let Err(e) = netgap_transport::netns::enter(&netns) {
-                    let _ = tx.send(Err(e.to_string()));
-                    return;
-                }
-                let mut cmd = netgap_workload::tether::command_in_group(&exe, &args, None);
-                cmd.stdin(std::process::Stdio::null())
-                    .stdout(std::process::Stdio::null())
-                    .stderr(log);
-                match cmd.spawn() {
-                    Ok(mut child) => {
-                        let _ = tx.send(Ok(child.id() as i32));
-                        let _ = child.wait();
-                    }
-                    Err(e) => {
-                        let _ = tx.send(Err(format!("starting {} relay: {e}", exe.display())));
-                    }
-                }
-            })
-            .map_err(|e| format!("a thread for the relay: {e}"))?;
-        match rx.recv() {
-            Ok(Ok(pid)) => Ok(RelayProcess {
-                pid,
-                waiter: Some(waiter),
-            }),
-            Ok(Err(e)) => {
-                let _ = waiter.join();
-                Err(e)
-            }
-            Err(_) => {
-                let _ = waiter.join();
-                Err("the relay's thread ended".into())
-            }
-        }
+    fn start(
+        netns: &str,
+        args: &[OsString],
+        log: &Path,
+    ) -> Result<RelayProcess, netgap_workload::preload::RelayError> {
+        use std::os::unix::fs::OpenOptionsExt;
+        // Made fresh in the job's own directory, never through a link.
+        let log = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(log)
+            .map_err(|source| netgap_workload::preload::RelayError::Log { source })?;
+        let (pid, waiter) = netgap_workload::preload::spawn_relay(Some(netns), args.to_vec(), log)?;
+        Ok(RelayProcess {
+            pid,
+            waiter: Some(waiter),
+        })
     }
 
     /// Whether the relay has exited.

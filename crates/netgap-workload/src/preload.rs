@@ -153,6 +153,21 @@ pub enum RelayError {
         /// Why.
         source: std::io::Error,
     },
+    /// The relay's log could not be made.
+    #[error("the relay's log: {source}")]
+    Log {
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The thread that starts the relay could not enter its network
+    /// namespace.
+    #[error("entering network namespace {netns}: {source}")]
+    Namespace {
+        /// The namespace.
+        netns: String,
+        /// Why.
+        source: netgap_transport::netns::NetnsError,
+    },
     /// The thread that starts the relay ended without a word.
     #[error("the relay's thread ended")]
     ThreadEnded,
@@ -276,55 +291,21 @@ pub(crate) fn ensure_relay(
         .write_file("key", &setup.key, 0o600)
         .map_err(|source| RelayError::Key { source })?;
     let key_path = key_dir.path().join("key");
-    let exe = std::env::current_exe().map_err(|source| RelayError::OwnBinary { source })?;
     let cap = connections.clamp(16, 1024).to_string();
-    let interface = setup.interface.clone();
-    let (tx, rx) = std::sync::mpsc::channel();
-    let waiter = std::thread::Builder::new()
-        .name("relay".into())
-        .spawn(move || {
-            let args: [&std::ffi::OsStr; 11] = [
-                "relay".as_ref(),
-                "--max-per-uid".as_ref(),
-                cap.as_ref(),
-                "--max-total".as_ref(),
-                cap.as_ref(),
-                "--interface".as_ref(),
-                interface.as_ref(),
-                "--peers".as_ref(),
-                peers.as_ref(),
-                "--key".as_ref(),
-                key_path.as_os_str(),
-            ];
-            let mut cmd = crate::tether::command_in_group(&exe, &args, None);
-            cmd.stdin(std::process::Stdio::null())
-                .stdout(std::process::Stdio::null())
-                .stderr(log);
-            match cmd.spawn() {
-                Ok(mut child) => {
-                    let _ = tx.send(Ok(child.id() as i32));
-                    let _ = child.wait();
-                }
-                Err(e) => {
-                    let _ = tx.send(Err(RelayError::Spawn {
-                        exe: exe.clone(),
-                        source: e,
-                    }));
-                }
-            }
-        })
-        .map_err(|source| RelayError::Thread { source })?;
-    let pid = match rx.recv() {
-        Ok(Ok(pid)) => pid,
-        Ok(Err(e)) => {
-            let _ = waiter.join();
-            return Err(e);
-        }
-        Err(_) => {
-            let _ = waiter.join();
-            return Err(RelayError::ThreadEnded);
-        }
-    };
+    let args: Vec<OsString> = vec![
+        "relay".into(),
+        "--max-per-uid".into(),
+        cap.clone().into(),
+        "--max-total".into(),
+        cap.into(),
+        "--interface".into(),
+        setup.interface.clone().into(),
+        "--peers".into(),
+        peers.into(),
+        "--key".into(),
+        key_path.into_os_string(),
+    ];
+    let (pid, waiter) = spawn_relay(None, args, log)?;
     let guard = RelayGuard {
         started: Some((pid, waiter)),
     };
@@ -346,6 +327,63 @@ pub(crate) fn ensure_relay(
     // The relay read its key before it listened.
     drop(key_dir);
     Ok(guard)
+}
+
+/// Starts netgap's own binary with `args` (a `relay` command line) in a
+/// process group of its own, its standard error to `log`, from a thread
+/// that waits for it, so the relay dies with that thread
+/// (`PR_SET_PDEATHSIG`); in network namespace `netns` when given (the
+/// thread enters it and the relay inherits it). The relay's process group
+/// and the thread.
+pub fn spawn_relay(
+    netns: Option<&str>,
+    args: Vec<OsString>,
+    log: std::fs::File,
+) -> Result<(i32, std::thread::JoinHandle<()>), RelayError> {
+    let exe = std::env::current_exe().map_err(|source| RelayError::OwnBinary { source })?;
+    let netns = netns.map(str::to_string);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let waiter = std::thread::Builder::new()
+        .name("relay".into())
+        .spawn(move || {
+            if let Some(ns) = &netns {
+                if let Err(source) = netgap_transport::netns::enter(ns) {
+                    let _ = tx.send(Err(RelayError::Namespace {
+                        netns: ns.clone(),
+                        source,
+                    }));
+                    return;
+                }
+            }
+            let mut cmd = crate::tether::command_in_group(&exe, &args, None);
+            cmd.stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .stderr(log);
+            match cmd.spawn() {
+                Ok(mut child) => {
+                    let _ = tx.send(Ok(child.id() as i32));
+                    let _ = child.wait();
+                }
+                Err(e) => {
+                    let _ = tx.send(Err(RelayError::Spawn {
+                        exe: exe.clone(),
+                        source: e,
+                    }));
+                }
+            }
+        })
+        .map_err(|source| RelayError::Thread { source })?;
+    match rx.recv() {
+        Ok(Ok(pid)) => Ok((pid, waiter)),
+        Ok(Err(e)) => {
+            let _ = waiter.join();
+            Err(e)
+        }
+        Err(_) => {
+            let _ = waiter.join();
+            Err(RelayError::ThreadEnded)
+        }
+    }
 }
 
 /// What one process's preload log (`NETGAP_PRELOAD_LOG`) says of the
