@@ -73,7 +73,8 @@ fn agent_pid(tb: &Testbed, host: &str) -> nix::unistd::Pid {
 
 /// Runs many pingpong points against the agents, stops `host`'s agent
 /// once the first point is written, and checks the run ends naming `host`
-/// within `--timeout` and two seconds, keeping the points it measured.
+/// within `--timeout` and two seconds (and a moment to wake), keeping the
+/// points it measured.
 fn stop_one(tb: &Testbed, hosts: &str, key: &Path, dir: &Path, host: &str) {
     use nix::sys::signal::{kill, Signal};
     let json = dir.join(format!("stopped-{host}.jsonl"));
@@ -115,8 +116,12 @@ fn stop_one(tb: &Testbed, hosts: &str, key: &Path, dir: &Path, host: &str) {
         .unwrap_or_else(|| panic!("no error line: {stderr}"));
     eprintln!("{host}'s agent stopped: named {took:?} after the stop: {error}");
     assert!(error.contains(&format!("host {host} (")), "{error}");
+    // The coordinator names a silent agent once nothing has been heard
+    // from it for --timeout and two seconds; the stop may fall just after
+    // its last word, so the run ends up to that long after the stop, plus
+    // the coordinator's wake-up on a loaded machine.
     assert!(
-        took <= Duration::from_secs(3),
+        took <= Duration::from_millis(3_500),
         "named {took:?} after the stop: {error}"
     );
     let kept = read_records(&json);
