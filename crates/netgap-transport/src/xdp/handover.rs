@@ -4,7 +4,7 @@
 //! connection), puts it in the steering program's `XSKMAP`, and hands the
 //! socket and the memfd over a Unix socket (`SCM_RIGHTS`) with the port's
 //! geometry; the user maps the memfd and the socket's four rings itself
-//! ([`super::sys::Xsk::from_handed`]) and runs the flow engine on it as on
+//! (`Xsk::from_handed`, in `sys/handed.rs`) and runs the flow engine on it as on
 //! a port of its own. The maker keeps no copy: once the user has the
 //! descriptors it closes its own, so when the user exits or dies the kernel
 //! frees the socket, its UMEM and its `XSKMAP` entry, and nothing of one
@@ -13,13 +13,6 @@
 //!
 //! The socket is made with raw system calls, not libxdp, which would map
 //! the rings in the maker, where nobody uses them.
-
-// The relay's direct connections (issue 44's next step) make and hand
-// ports; until they do, the tests are the only users.
-#![cfg_attr(
-    not(test),
-    allow(dead_code, reason = "used by the tests until the relay hands ports")
-)]
 
 use std::ffi::c_void;
 use std::io;
@@ -41,7 +34,7 @@ const MAX_UMEM_BYTES: u64 = 1 << 30;
 
 /// The shape of a handed port and the queue its socket is bound to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Geometry {
+pub struct Geometry {
     /// The UMEM's and rings' shape.
     pub frames: u32,
     /// Bytes of each frame.
@@ -56,7 +49,7 @@ pub(crate) struct Geometry {
 
 impl Geometry {
     /// The UMEM's bytes.
-    pub(crate) fn umem_bytes(&self) -> u64 {
+    pub fn umem_bytes(&self) -> u64 {
         u64::from(self.frames) * u64::from(self.frame_bytes)
     }
 
@@ -105,7 +98,7 @@ impl Geometry {
 
 /// A port's socket and UMEM, made by one process for another.
 #[derive(Debug)]
-pub(crate) struct HandedPort {
+pub struct HandedPort {
     /// The AF_XDP socket, bound to `geometry.queue`.
     pub socket: OwnedFd,
     /// The memfd holding the UMEM.
@@ -140,7 +133,7 @@ fn set_xdp_opt<T>(fd: RawFd, opt: libc::c_int, value: &T, what: &str) -> io::Res
 /// Makes a UMEM of `shape` in a memfd and an AF_XDP socket over it (copy
 /// mode, with wake-ups), bound to `queue` of interface `ifindex` in this
 /// thread's namespace. Needs the rights AF_XDP needs (`CAP_NET_RAW`).
-pub(crate) fn make(ifindex: u32, queue: u32, shape: Shape) -> io::Result<HandedPort> {
+pub fn make(ifindex: u32, queue: u32, shape: Shape) -> io::Result<HandedPort> {
     let geometry = Geometry {
         frames: shape.frames,
         frame_bytes: shape.frame_bytes,
@@ -243,7 +236,7 @@ fn register_umem(socket: RawFd, umem: &OwnedFd, g: &Geometry) -> io::Result<()> 
 
 /// Hands `port` over `stream`: its geometry, and its two descriptors as
 /// `SCM_RIGHTS`. The maker's copies close when `port` drops at the end.
-pub(crate) fn send(stream: &UnixStream, port: HandedPort) -> io::Result<()> {
+pub fn send(stream: &UnixStream, port: HandedPort) -> io::Result<()> {
     use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
     let bytes = port.geometry.to_bytes();
     let iov = [io::IoSlice::new(&bytes)];
@@ -273,7 +266,7 @@ pub(crate) fn send(stream: &UnixStream, port: HandedPort) -> io::Result<()> {
 
 /// Takes a port handed over `stream` ([`send`]): its geometry, checked,
 /// and its two descriptors, close-on-exec.
-pub(crate) fn receive(stream: &UnixStream) -> io::Result<HandedPort> {
+pub fn receive(stream: &UnixStream) -> io::Result<HandedPort> {
     use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
     let mut bytes = [0u8; GEOMETRY_BYTES];
     let mut iov = [io::IoSliceMut::new(&mut bytes)];

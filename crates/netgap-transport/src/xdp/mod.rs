@@ -62,9 +62,13 @@ mod steer;
 #[cfg(feature = "xdp")]
 mod flow;
 #[cfg(feature = "xdp")]
-mod handover;
+pub mod handover;
 #[cfg(feature = "xdp")]
 mod sys;
+
+pub use steer::ConnId;
+#[cfg(feature = "xdp")]
+pub use sys::{Registration, Shape, Steering};
 
 use super::{Capabilities, Flow, FlowConfig, Listener, Transport, TransportError, Unavailable};
 use std::net::IpAddr;

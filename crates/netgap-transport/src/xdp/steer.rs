@@ -73,7 +73,7 @@ const DST_FLOW_AT: i16 = ETH_HEADER_BYTES as i16 + 4;
 /// flow). Eight bytes in the connection map, laid out as the frame carries
 /// them, so the program compares them load for load.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct ConnId {
+pub struct ConnId {
     /// The peer's MAC.
     pub peer_mac: Mac,
     /// This end's flow id.

@@ -21,7 +21,8 @@ mod handed;
 mod steering;
 
 use handed::HandedMaps;
-pub(crate) use steering::{Attach, Steering};
+pub(crate) use steering::Attach;
+pub use steering::{Registration, Steering};
 
 /// Serialises making and deleting sockets in this process, so the BPF
 /// descriptors that appear while one is made are that socket's.
@@ -161,7 +162,7 @@ const XDP_USE_NEED_WAKEUP: u16 = 1 << 3;
 
 /// The shape of a port's UMEM and rings.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Shape {
+pub struct Shape {
     /// Frames of the UMEM (a power of two).
     pub frames: u32,
     /// Bytes of each frame (a power of two, 2048 or 4096).

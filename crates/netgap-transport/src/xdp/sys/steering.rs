@@ -81,12 +81,12 @@ impl Attach {
     }
 }
 
-/// netgap's steering program ([`steer::program`]) attached to an
+/// netgap's steering program (`steer::program`) attached to an
 /// interface, with its maps: the `XSKMAP` of the sockets by queue, the
 /// connection registered for each queue but 0, and the drop counter.
 /// Dropping it detaches the program (the link is its only holder) and
 /// frees the maps once no socket's process holds them.
-pub(crate) struct Steering {
+pub struct Steering {
     /// The BPF link that holds the program on the interface.
     link: OwnedFd,
     /// The loaded program.
@@ -270,7 +270,7 @@ impl Steering {
     /// Puts AF_XDP socket `socket`, bound to `queue` of the interface, at
     /// `queue` of the `XSKMAP`. The map holds no reference on the socket:
     /// the entry goes when the socket closes.
-    pub(crate) fn put_socket(&self, queue: u32, socket: RawFd) -> io::Result<()> {
+    pub fn put_socket(&self, queue: u32, socket: RawFd) -> io::Result<()> {
         self.check_queue(queue)?;
         map_update(
             &self.xsks,
@@ -330,7 +330,7 @@ impl Steering {
 
     /// Frames the program dropped since it was loaded (not the registered
     /// connection's on their queue), summed over the CPUs.
-    pub(crate) fn drops(&self) -> io::Result<u64> {
+    pub fn drops(&self) -> io::Result<u64> {
         // SAFETY: no arguments; libbpf reads the possible CPUs from sysfs.
         let cpus = unsafe { libbpf_num_possible_cpus() };
         let cpus = usize::try_from(cpus)
@@ -400,16 +400,9 @@ pub(crate) const SHARED_QUEUES: u32 = netgap_proto::direct::MAX_QUEUES as u32;
 impl Steering {
     /// The steering of interface `ifname` in this thread's namespace: the
     /// one this process attached there if it still stands, else a new one
-    /// for [`SHARED_QUEUES`] queues, attached. The program stays while any
+    /// for `SHARED_QUEUES` (32) queues, attached. The program stays while any
     /// holder (a port, a registration) keeps it.
-    #[cfg_attr(
-        not(test),
-        allow(
-            dead_code,
-            reason = "the relay's direct connections use it (issue 44's next step)"
-        )
-    )]
-    pub(crate) fn shared(ifname: &str) -> io::Result<Arc<Steering>> {
+    pub fn shared(ifname: &str) -> io::Result<Arc<Steering>> {
         let _serial = super::LIFECYCLE.lock().unwrap_or_else(|e| e.into_inner());
         Steering::shared_serialized(ifname)
     }
@@ -431,17 +424,10 @@ impl Steering {
         Ok(s)
     }
 
-    /// Registers `conn` for `queue` ([`Steering::register`]) for as long as
+    /// Registers `conn` for `queue` (`Steering::register`) for as long as
     /// the returned registration lives: dropping it forgets the connection
     /// (its queue's frames are dropped from then on).
-    #[cfg_attr(
-        not(test),
-        allow(
-            dead_code,
-            reason = "the relay's direct connections use it (issue 44's next step)"
-        )
-    )]
-    pub(crate) fn register_while(
+    pub fn register_while(
         self: &Arc<Steering>,
         queue: u32,
         conn: ConnId,
@@ -456,14 +442,7 @@ impl Steering {
 
 /// A connection registered for a queue of a steering, which it keeps
 /// attached; dropping it forgets the connection.
-#[cfg_attr(
-    not(test),
-    allow(
-        dead_code,
-        reason = "the relay's direct connections use it (issue 44's next step)"
-    )
-)]
-pub(crate) struct Registration {
+pub struct Registration {
     steering: Arc<Steering>,
     queue: u32,
 }
