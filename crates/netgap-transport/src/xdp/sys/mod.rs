@@ -1051,8 +1051,11 @@ mod tests {
 
     /// Host namespaces `a` and `b`, each with a four-queue veth (`a0`,
     /// `b0`) to a port (`pa`, `pb`) of a bridge in namespace `sw`, as the
-    /// testbed's switch has them, the queue-keeping program on the ports.
-    fn switch_of_two(tag: &str) -> (Namespaces, [String; 3]) {
+    /// testbed's switch has them, the queue-keeping programs on the ports.
+    /// `shaped`: each port shaped as the testbed's `shaping.rs` shapes a
+    /// rate, a TBF toward the host, and the host's uplink, the port's
+    /// ingress redirected to a one-queue IFB device under a TBF.
+    fn switch_of_two(tag: &str, shaped: bool) -> (Namespaces, [String; 3]) {
         let names = [format!("{tag}a"), format!("{tag}s"), format!("{tag}b")];
         let made = Namespaces::add(&names);
         let [a, sw, b] = &names;
@@ -1086,6 +1089,11 @@ mod tests {
         for port in ["pa", "pb"] {
             sh(&["-n", sw, "link", "set", port, "master", "br0", "up"]);
         }
+        if shaped {
+            for port in ["pa", "pb"] {
+                shape_port(sw, port);
+            }
+        }
         in_ns(sw, || {
             // The probe and the program load BPF descriptors: not while a
             // socket is being made in another test (see `Steering::attach`).
@@ -1115,6 +1123,32 @@ mod tests {
             }
         }
         (made, names)
+    }
+
+    /// Shapes switch port `port` of namespace `sw` as the testbed shapes
+    /// a link held to 1 Gbit/s (`tc` as `shaping.rs` runs it).
+    fn shape_port(sw: &str, port: &str) {
+        let tc = |args: &[&str]| {
+            let st = Command::new("tc")
+                .args(["-n", sw])
+                .args(args)
+                .status()
+                .unwrap();
+            assert!(st.success(), "tc {args:?}");
+        };
+        let tbf = "tbf rate 1000000000bit burst 125000 latency 100ms";
+        let ifb = format!("u{port}");
+        let toward_host = format!("qdisc add dev {port} root handle 1: {tbf}");
+        let uplink = format!("qdisc add dev {ifb} root handle 1: {tbf}");
+        let redirect = format!(
+            "filter add dev {port} parent ffff: protocol all u32 match u32 0 0 action mirred egress redirect dev {ifb}"
+        );
+        tc(&toward_host.split(' ').collect::<Vec<_>>());
+        sh(&["-n", sw, "link", "add", &ifb, "type", "ifb"]);
+        sh(&["-n", sw, "link", "set", "dev", &ifb, "up"]);
+        tc(&uplink.split(' ').collect::<Vec<_>>());
+        tc(&["qdisc", "add", "dev", port, "handle", "ffff:", "ingress"]);
+        tc(&redirect.split(' ').collect::<Vec<_>>());
     }
 
     /// A host's side of [`switch_of_two`]: the steering on `dev` and a
@@ -1153,17 +1187,32 @@ mod tests {
     /// switch (a bridge between multi-queue veths, the queue-keeping
     /// program on its ports), a frame an AF_XDP socket sends on queue q
     /// arrives on queue q at the other host, both ways, queue 0 included.
-    /// Without the program the bridge sends q on q - 1 and hashes 0, and
+    /// Without the programs the bridge sends q on q - 1 and hashes 0, and
     /// nothing reaches these sockets.
     #[test]
     fn a_frame_keeps_its_queue_across_a_switch() {
+        frames_keep_their_queues("ngq", false);
+    }
+
+    /// The same through shaped ports: the uplink's IFB redirect sends
+    /// every frame on with queue 0, which the bridge hashes, so without
+    /// the egress program setting the queue from the frame's mark every
+    /// queue arrives on the flow hash's.
+    #[test]
+    fn a_frame_keeps_its_queue_across_a_shaped_switch() {
+        frames_keep_their_queues("ngs", true);
+    }
+
+    /// Frames on queues 0, 1 and 3 each way through [`switch_of_two`]
+    /// arrive on their queue's sockets.
+    fn frames_keep_their_queues(prefix: &str, shaped: bool) {
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 {
             eprintln!("skipped: namespaces and AF_XDP sockets need root");
             return;
         }
-        let tag = format!("ngq{}", std::process::id());
-        let (_made, [a, _, b]) = switch_of_two(&tag);
+        let tag = format!("{prefix}{}", std::process::id());
+        let (_made, [a, _, b]) = switch_of_two(&tag, shaped);
         let a_mac = [0x02, 0, 0, 0, 0, 0xa1];
         let b_mac = [0x02, 0, 0, 0, 0, 0xb1];
         const QUEUES: &[u32] = &[0, 1, 3];
@@ -1260,7 +1309,7 @@ mod tests {
             return;
         }
         let tag = format!("ngh{}", std::process::id());
-        let (_made, [a, _, b]) = switch_of_two(&tag);
+        let (_made, [a, _, b]) = switch_of_two(&tag, false);
         let dir = tempfile::tempdir().unwrap();
         let q = 2;
         // (namespace, device, own MAC's last byte, own flow, peer's)
