@@ -299,6 +299,13 @@ pub(crate) fn print_status(status: &Status) {
                 s.ports.first().map(String::as_str).unwrap_or_default()
             ));
         }
+        match t.host_link_queues {
+            Some(1) => say("host links: 1 queue each way (this kernel keeps no netgap frame's queue across the switch)"),
+            Some(q) => say(format!(
+                "host links: {q} queues each way; a netgap frame arrives on the queue it was sent on"
+            )),
+            None => {}
+        }
         match &t.live_links {
             Some(LiveLinks::AsRecorded) => {
                 say("live links: as the hosts file says (read from the kernel)")

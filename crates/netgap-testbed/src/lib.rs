@@ -40,6 +40,12 @@
 //! [`Dir`]: netgap_workload::confined::Dir
 //! [`Dir::replace_file`]: netgap_workload::confined::Dir::replace_file
 //!
+//! Queues: every host link has [`HOST_QUEUES`] queues each way, and the
+//! xdp transport's frames keep their queue across every bridge, through a
+//! shaped port too (`queue_path`), so a connection with a queue of its own
+//! at both hosts gets its frames there. `kernel-links.json` records each
+//! link end's queues.
+//!
 //! Conditions: every link end (and bridge port) has the same MTU and offloads
 //! (`--offload on|off`: TSO, GSO, GRO, rx and tx checksum, switched with the
 //! `SIOCETHTOOL` ioctl from a thread inside each namespace). Rate limit,
@@ -113,6 +119,7 @@ mod live;
 mod lock;
 mod mptcp;
 mod netns_ops;
+mod queue_path;
 mod request;
 mod shaping;
 mod state;
@@ -125,6 +132,7 @@ pub use down::{down, Removed};
 pub use error::{AgentProbeError, InterruptError, TestbedError, Unhealthy};
 pub use holder::Holder;
 pub use lock::TestbedLock;
+pub use queue_path::HOST_QUEUES;
 pub use request::{AgentProbe, Params, ProbeFailure, SetRequest, Topology, UpRequest};
 pub use shaping::{scale_rate, set, set_conditions, Scaled};
 pub use status::{status, AgentState, LiveLinks, Shaper, Status, UpStatus};

@@ -1,5 +1,5 @@
 //! The testbed's links as the kernel has them now: each link end's MTU,
-//! offloads and root queueing discipline, read from the kernel rather than
+//! queues, offloads and root queueing discipline, read from the kernel rather than
 //! from the hosts file, so `status` can say where the two differ and a run
 //! can put back exactly what it found.
 //!
@@ -30,6 +30,10 @@ pub(crate) struct EndState {
     pub dev: String,
     /// Its MTU in bytes.
     pub mtu_bytes: u32,
+    /// Its transmit queues (as many receive queues: the testbed makes
+    /// both alike); 0 in a record from before netgap read them.
+    #[serde(default)]
+    pub queues: u32,
     /// Each offload netgap switches, by `ethtool -k`'s name: on or off.
     pub offloads: BTreeMap<String, bool>,
     /// The kind of its root queueing discipline (`noqueue`, `tbf`,
@@ -50,10 +54,12 @@ pub(crate) fn read(ends: &[(String, String)]) -> Result<Vec<EndState>, TestbedEr
     for (ns, devs) in &by_ns {
         let offloads = netns_ops::read_offloads(ns, devs)?;
         for (dev, offloads) in devs.iter().zip(offloads) {
+            let (mtu_bytes, queues) = read_mtu_and_queues(ns, dev)?;
             out.push(EndState {
                 ns: ns.clone(),
                 dev: dev.clone(),
-                mtu_bytes: read_mtu(ns, dev)?,
+                mtu_bytes,
+                queues,
                 offloads,
                 qdisc: read_root_qdisc(ns, dev)?,
             });
@@ -62,19 +68,23 @@ pub(crate) fn read(ends: &[(String, String)]) -> Result<Vec<EndState>, TestbedEr
     Ok(out)
 }
 
-/// The MTU of `dev` in `ns` (`ip -j link show`).
-fn read_mtu(ns: &str, dev: &str) -> Result<u32, TestbedError> {
-    let text = ip(&["-n", ns, "-j", "link", "show", "dev", dev])?;
+/// The MTU and the transmit queues of `dev` in `ns` (`ip -d -j link
+/// show`).
+pub(crate) fn read_mtu_and_queues(ns: &str, dev: &str) -> Result<(u32, u32), TestbedError> {
+    let text = ip(&["-n", ns, "-d", "-j", "link", "show", "dev", dev])?;
     let bad = |detail: String| TestbedError::Command {
-        cmd: format!("ip -n {ns} -j link show dev {dev}"),
+        cmd: format!("ip -n {ns} -d -j link show dev {dev}"),
         detail,
     };
     let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
-    v.get(0)
-        .and_then(|l| l.get("mtu"))
-        .and_then(serde_json::Value::as_u64)
-        .and_then(|m| u32::try_from(m).ok())
-        .ok_or_else(|| bad("no MTU in its answer".into()))
+    let field = |key: &str| {
+        v.get(0)
+            .and_then(|l| l.get(key))
+            .and_then(serde_json::Value::as_u64)
+            .and_then(|n| u32::try_from(n).ok())
+            .ok_or_else(|| bad(format!("no {key} in its answer")))
+    };
+    Ok((field("mtu")?, field("num_tx_queues")?))
 }
 
 /// The kind of the root qdisc of `dev` in `ns` (`tc qdisc show ... root`).
@@ -232,6 +242,7 @@ mod tests {
             ns: "ngtb-h1".into(),
             dev: "eth0".into(),
             mtu_bytes: mtu,
+            queues: 32,
             offloads: [("generic-segmentation-offload".to_string(), gso)].into(),
             qdisc: qdisc.into(),
         }

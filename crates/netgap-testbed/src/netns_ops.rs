@@ -10,7 +10,7 @@ use crate::TestbedError;
 use netgap_transport::host::ethtool::{EthtoolSocket, Offload};
 
 /// Runs `f` on a new thread inside network namespace `ns`; its result.
-fn in_netns<T: Send + 'static>(
+pub(crate) fn in_netns<T: Send + 'static>(
     ns: &str,
     f: impl FnOnce() -> Result<T, TestbedError> + Send + 'static,
 ) -> Result<T, TestbedError> {

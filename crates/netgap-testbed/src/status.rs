@@ -66,6 +66,10 @@ pub fn status(name: &str, probe: &dyn AgentProbe) -> Result<Status, TestbedError
         .or_else(|| params.as_ref().map(Params::conditions));
     let mut shapers = Vec::new();
     let mut live_links = None;
+    let host_link_queues = params.as_ref().and_then(|p| {
+        let (ns, dev) = link_ends(name, p).into_iter().next()?;
+        live::read_mtu_and_queues(&ns, &dev).ok().map(|(_, q)| q)
+    });
     if let (Some(c), Some(p)) = (conditions, &params) {
         for (ns, ports) in group_by_ns(&shaping_points(name, p)) {
             let Some(dev) = ports.first().cloned() else {
@@ -104,6 +108,7 @@ pub fn status(name: &str, probe: &dyn AgentProbe) -> Result<Status, TestbedError
         conditions,
         shapers,
         live_links,
+        host_link_queues,
         agents,
         hosts,
     })))
@@ -147,6 +152,10 @@ pub struct UpStatus {
     /// The live links against the hosts file; `None` without conditions or
     /// parameters.
     pub live_links: Option<LiveLinks>,
+    /// The queues each way of the hosts' links, read from the kernel at
+    /// the first host's first link (the testbed gives every link end
+    /// alike); `None` without parameters or when not read.
+    pub host_link_queues: Option<u32>,
     /// Each host's agent, in the hosts file's order.
     pub agents: Vec<AgentState>,
 }

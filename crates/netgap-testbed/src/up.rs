@@ -8,6 +8,7 @@ use crate::down::teardown;
 use crate::layout::{
     hosts_file, link_ends, mesh_links, neighbour_lines, switch_if, switch_ip, switch_netns,
 };
+use crate::queue_path::{self, HOST_QUEUES};
 use crate::shaping::{check_carried, check_rate, condition_links, resolve};
 use crate::state::{
     check_state, load_state, open_state, read_state, save_hosts, save_params, KEY_FILE,
@@ -25,13 +26,64 @@ use std::io;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
-/// Creates a veth pair `a_if` in `a_ns` and `b_if` in `b_ns`, with `mtu`.
-fn veth(a_ns: &str, a_if: &str, b_ns: &str, b_if: &str, mtu: &str) -> Result<(), TestbedError> {
+/// Creates a veth pair `a_if` in `a_ns` and `b_if` in `b_ns`, with `mtu`
+/// and `queues` queues each way at each end.
+fn veth(
+    a_ns: &str,
+    a_if: &str,
+    b_ns: &str,
+    b_if: &str,
+    mtu: &str,
+    queues: u32,
+) -> Result<(), TestbedError> {
+    let q = queues.to_string();
     ip(&[
-        "-n", a_ns, "link", "add", a_if, "mtu", mtu, "type", "veth", "peer", "name", b_if, "mtu",
-        mtu, "netns", b_ns,
+        "-n",
+        a_ns,
+        "link",
+        "add",
+        a_if,
+        "mtu",
+        mtu,
+        "numtxqueues",
+        &q,
+        "numrxqueues",
+        &q,
+        "type",
+        "veth",
+        "peer",
+        "name",
+        b_if,
+        "mtu",
+        mtu,
+        "numtxqueues",
+        &q,
+        "numrxqueues",
+        &q,
+        "netns",
+        b_ns,
     ])?;
     Ok(())
+}
+
+/// Makes `port` of `bridge_ns` a port of its bridge, up, keeping netgap
+/// frames' queues across it when the links have several.
+fn bridge_port(bridge_ns: &str, port: &str, queues: u32) -> Result<(), TestbedError> {
+    ip(&["-n", bridge_ns, "link", "set", port, "master", "br0", "up"])?;
+    if queues > 1 {
+        queue_path::keep_queue(bridge_ns, port)?;
+    }
+    Ok(())
+}
+
+/// The queues of the hosts' links: [`HOST_QUEUES`] where the kernel keeps
+/// a frame's queue across a bridge port (tried in `bridge_ns`), else one.
+fn link_queues(bridge_ns: &str) -> u32 {
+    if queue_path::kernel_keeps_queues(bridge_ns) {
+        HOST_QUEUES
+    } else {
+        1
+    }
 }
 
 /// Makes a namespace with its loopback up and a bridge `br0` of `mtu`.
@@ -72,15 +124,17 @@ fn build_network(
     }
     match p.topology {
         Topology::Switch => {
+            let mut queues = None;
             for k in 0..p.links {
                 let sw = switch_netns(&prefix, k);
                 let dev = switch_if(k);
                 bridge_netns(&sw, &mtu)?;
+                let queues = *queues.get_or_insert_with(|| link_queues(&sw));
                 for (i, h) in hosts.hosts.iter().enumerate() {
                     let ns = h.netns.as_deref().unwrap_or_default();
                     let port = h.name.clone();
-                    veth(ns, &dev, &sw, &port, &mtu)?;
-                    ip(&["-n", &sw, "link", "set", &port, "master", "br0", "up"])?;
+                    veth(ns, &dev, &sw, &port, &mtu, queues)?;
+                    bridge_port(&sw, &port, queues)?;
                     let addr = format!("{}/24", switch_ip(k, i as u32 + 1));
                     ip(&["-n", ns, "addr", "add", &addr, "dev", &dev])?;
                     ip(&["-n", ns, "link", "set", &dev, "up"])?;
@@ -91,6 +145,7 @@ fn build_network(
             }
         }
         Topology::Mesh => {
+            let mut queues = None;
             for l in mesh_links(p) {
                 let a_ns = format!("{prefix}h{}", l.a);
                 let b_ns = format!("{prefix}h{}", l.b);
@@ -98,12 +153,13 @@ fn build_network(
                 // each host, where the link is shaped.
                 let mid = format!("{prefix}l{}", l.id);
                 bridge_netns(&mid, &mtu)?;
+                let queues = *queues.get_or_insert_with(|| link_queues(&mid));
                 for (ns, dev, addr, host) in
                     [(&a_ns, &l.a_if, l.a_ip, l.a), (&b_ns, &l.b_if, l.b_ip, l.b)]
                 {
                     let port = format!("h{host}");
-                    veth(ns, dev, &mid, &port, &mtu)?;
-                    ip(&["-n", &mid, "link", "set", &port, "master", "br0", "up"])?;
+                    veth(ns, dev, &mid, &port, &mtu, queues)?;
+                    bridge_port(&mid, &port, queues)?;
                     ip(&["-n", ns, "addr", "add", &format!("{addr}/24"), "dev", dev])?;
                     ip(&["-n", ns, "link", "set", dev, "up"])?;
                 }
