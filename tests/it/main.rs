@@ -66,6 +66,7 @@ mod study;
 mod sweep;
 mod testbed;
 mod testbed_multihost;
+mod testbed_queues;
 mod web;
 mod workload_cpu;
 /// Built with the `xdp` feature: `cargo test --features xdp --test it xdp::`.
