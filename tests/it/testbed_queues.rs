@@ -226,7 +226,7 @@ fn send_on_queue(ifname: &str, dst: [u8; 6], queue: u32) {
     // SAFETY: plain socket creation.
     let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, 0) };
     assert!(fd >= 0, "packet socket: {}", io::Error::last_os_error());
-    let socket = owned(fd as libc::c_long);
+    let socket = owned(libc::c_long::from(fd));
     // SAFETY: sockaddr_ll is plain data; all zero is a valid value.
     let mut to: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
     to.sll_family = libc::AF_PACKET as u16;
