@@ -1,7 +1,8 @@
 //! The testbed's host links have many queues, and a netgap frame sent on
 //! queue q of one host arrives on queue q at the other, through the
 //! switch's shaped link (a TBF toward the host, the uplink's IFB redirect
-//! at the port it came in on): what a direct connection, a socket bound to
+//! at the port it came in on) and through a shaped mesh link (a bridge in
+//! the link's own namespace): what a direct connection, a socket bound to
 //! one queue at each host, stands on.
 //!
 //! The frames are plain netgap-EtherType frames from a packet socket; a
@@ -272,12 +273,9 @@ fn mac_of(ns: &str, dev: &str) -> [u8; 6] {
     mac
 }
 
-#[test]
-fn a_frame_sent_on_a_queue_arrives_on_it_through_a_shaped_link() {
-    if !system_ready("a_frame_sent_on_a_queue_arrives_on_it_through_a_shaped_link") {
-        return;
-    }
-    let (tb, _) = Testbed::up("tqueue", &["--hosts", "2", "--rate", "1G"]);
+/// Testbed `tb`'s status and `kernel-links.json` say its host links have
+/// 32 queues each way.
+fn assert_links_have_32_queues(tb: &Testbed) -> String {
     let status = ok(netgap()
         .args(["testbed", "status", "--name", &tb.name])
         .output()
@@ -286,10 +284,6 @@ fn a_frame_sent_on_a_queue_arrives_on_it_through_a_shaped_link() {
         status.contains("host links: 32 queues each way"),
         "{status}"
     );
-    assert!(
-        status.contains("ingress ffff:"),
-        "the uplink's redirect: {status}"
-    );
     let kernel: Value = serde_json::from_str(
         &std::fs::read_to_string(tb.dir().join("kernel-links.json")).expect("kernel-links.json"),
     )
@@ -297,12 +291,19 @@ fn a_frame_sent_on_a_queue_arrives_on_it_through_a_shaped_link() {
     for end in kernel.as_array().expect("link ends") {
         assert_eq!(end["queues"], 32, "{end}");
     }
+    status
+}
+
+/// Frames h1 sends out of `h1_if` on queues 1, 2, 7, 31 and 0, to h2's
+/// `h2_if`, each arrive there on the queue they were sent on, and only
+/// there.
+fn assert_frames_keep_their_queues(tb: &Testbed, h1_if: &'static str, h2_if: &'static str) {
     let (h1, h2) = (tb.ns("h1"), tb.ns("h2"));
-    let dst = mac_of(&h2, "eth0");
-    let (map, _counting) = in_ns(&h2, || count_by_queue("eth0"));
+    let dst = mac_of(&h2, h2_if);
+    let (map, _counting) = in_ns(&h2, move || count_by_queue(h2_if));
     for queue in [1, 2, 7, 31, 0] {
         let before: Vec<u64> = (0..COUNTED_QUEUES).map(|q| counted(&map, q)).collect();
-        in_ns(&h1, move || send_on_queue("eth0", dst, queue));
+        in_ns(&h1, move || send_on_queue(h1_if, dst, queue));
         let t0 = std::time::Instant::now();
         while counted(&map, queue) - before[queue as usize] < FRAMES
             && t0.elapsed() < std::time::Duration::from_secs(5)
@@ -319,4 +320,36 @@ fn a_frame_sent_on_a_queue_arrives_on_it_through_a_shaped_link() {
             "frames sent on queue {queue} arrived on (queue, frames)"
         );
     }
+}
+
+/// Through the switch, shaped: a TBF at the port toward h2, and h1's
+/// uplink (its port's ingress redirected to an IFB device), which sends
+/// every frame on with queue 0.
+#[test]
+fn a_frame_sent_on_a_queue_arrives_on_it_through_a_shaped_link() {
+    if !system_ready("a_frame_sent_on_a_queue_arrives_on_it_through_a_shaped_link") {
+        return;
+    }
+    let (tb, _) = Testbed::up("tqueue", &["--hosts", "2", "--rate", "1G"]);
+    let status = assert_links_have_32_queues(&tb);
+    assert!(
+        status.contains("ingress ffff:"),
+        "the uplink's redirect: {status}"
+    );
+    assert_frames_keep_their_queues(&tb, "eth0", "eth0");
+}
+
+/// Through a mesh link, shaped: its middle namespace's bridge, a TBF at
+/// the port toward each host.
+#[test]
+fn a_frame_sent_on_a_queue_arrives_on_it_through_a_shaped_mesh_link() {
+    if !system_ready("a_frame_sent_on_a_queue_arrives_on_it_through_a_shaped_mesh_link") {
+        return;
+    }
+    let (tb, _) = Testbed::up(
+        "tqueuemesh",
+        &["--hosts", "2", "--topology", "mesh", "--rate", "1G"],
+    );
+    assert_links_have_32_queues(&tb);
+    assert_frames_keep_their_queues(&tb, "p2l0", "p1l0");
 }
