@@ -91,6 +91,30 @@ pub(crate) fn hub_part(config: &RelayConfig, rx_queues: u16) -> DirectHub {
     }
 }
 
+/// Answers `NoQueue` to the other relays' offers parked past their
+/// wait, every few ticks, so that no parked offer holds its link after
+/// its wait even when nothing else comes.
+pub(crate) fn spawn_sweeper(hub: &Arc<Hub>) {
+    if hub.direct.is_none() {
+        return;
+    }
+    let hub = Arc::clone(hub);
+    let spawned = std::thread::Builder::new()
+        .name("relay-direct-sweep".into())
+        .spawn(move || loop {
+            std::thread::sleep(TICK * 4);
+            if let Some(d) = &hub.direct {
+                let expired = d.meet().expired(Instant::now());
+                for p in expired {
+                    p.link.0.answer(p.offer.key, QueueAnswer::NoQueue);
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        log!("no thread for the parked offers' expiry (they expire as others come): {e}");
+    }
+}
+
 /// A flow id for this end's program: random, never 0.
 fn random_flow() -> std::io::Result<u16> {
     loop {
@@ -480,6 +504,9 @@ mod port {
         ring_entries: 2048,
     };
 
+    /// How long a queue a closed socket still holds is waited for.
+    const BUSY_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
     /// A port made and registered: the port goes to the program, the
     /// registration stays with the relay.
     pub(crate) struct Made {
@@ -499,7 +526,18 @@ mod port {
         if ifindex == 0 {
             return Err(io::Error::last_os_error());
         }
-        let port = handover::make(ifindex, u32::from(queue), SHAPE)?;
+        // The kernel frees a closed socket's hold on its queue a little
+        // after the close (deferred work): the socket of the connection
+        // that held this queue last may still hold it.
+        let t0 = std::time::Instant::now();
+        let port = loop {
+            match handover::make(ifindex, u32::from(queue), SHAPE) {
+                Err(e) if e.kind() == io::ErrorKind::ResourceBusy && t0.elapsed() < BUSY_WAIT => {
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+                made => break made?,
+            }
+        };
         steering.put_socket(u32::from(queue), port.socket.as_raw_fd())?;
         let registration = steering.register_while(
             u32::from(queue),

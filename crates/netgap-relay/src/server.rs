@@ -176,6 +176,7 @@ pub(crate) fn run(config: RelayConfig) -> Result<(), RelayError> {
         journal,
         direct,
     });
+    crate::direct::spawn_sweeper(&hub);
     let mut rate = RequestRate::new(config.max_requests_per_uid);
     let refuser = Refuser::spawn();
     loop {
