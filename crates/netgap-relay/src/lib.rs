@@ -118,6 +118,16 @@
 //! connections to that host reset until the other relay's timeout breaks
 //! the old link.
 //!
+//! Direct connections (`direct`; the protocol is `netgap_proto::direct`):
+//! instead of carrying a connection, the relay may make its program an
+//! AF_XDP socket of its own on a queue of the connection's own (agreed
+//! with the other relay over their link: `QUEUE_OFFER`, `QUEUE_ANSWER`),
+//! registered in the interface's steering for that connection's frames
+//! only, and hand it over with a `DirectGrant` on the program's relay
+//! socket; it keeps only the registration, until that socket hangs up.
+//! `--no-direct` refuses them; a uid holds at most
+//! `--max-direct-per-uid` queues, never every queue.
+//!
 //! This crate is the relay and nothing else: the `netgap` binary turns
 //! `netgap relay`'s flags into [`RelayOptions`], reads the key, and calls
 //! [`run`] with the [`RelayConfig`] they make. It sees the layers it
@@ -143,7 +153,11 @@ pub use policy::PeersError;
 // connection's pumps (`conn`) and its flow control (`credit`), the
 // program's ring (`ring`), what is read of the host and of a request's
 // descriptors (`host`) and the request itself (`request`), the log lines
-// (`journal`), and the plain rules (`policy`) and limits (`limits`). All
+// (`journal`), and the plain rules (`policy`) and limits (`limits`).
+// Direct connections (`direct`, beside `open`): the request served, the
+// queue agreed over the link, the port made, registered and handed over,
+// with their plain parts, the meeting of the two halves by key
+// (`rendezvous`) and the interface's queues (`queues`). All
 // of it builds without the xdp feature, so its tests run anywhere; only
 // `run` needs it.
 #[macro_use]
