@@ -629,3 +629,26 @@ fn direct_requests_are_refused_in_one_line_each() {
     );
     drop((r1, r2));
 }
+
+/// A direct queue cap of 0 is no way to turn direct connections off: the
+/// relay refuses to start and names the flag that does.
+#[test]
+fn a_relay_allowing_no_direct_queue_refuses_to_start_in_one_line() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let key = common::new_key_file(dir.path(), "relay.key");
+    let key = key.to_str().expect("utf-8");
+    common::fails_with_one_line(
+        &[
+            "relay",
+            "--interface",
+            "eth1",
+            "--peers",
+            "10.0.0.2",
+            "--key",
+            key,
+            "--max-direct-per-uid",
+            "0",
+        ],
+        "--max-direct-per-uid must be at least 1 (turn direct connections off with --no-direct)",
+    );
+}
