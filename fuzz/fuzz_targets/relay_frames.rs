@@ -7,12 +7,15 @@
 //! connection (`Inflow` for what arrives, `Outflow` for what the other
 //! side grants, each `DATA` standing for 16 times its size) never lets
 //! more than the window be queued or in hand, and a refused arrival
-//! changes nothing; and a `LINK_HELLO`'s name, where it is a valid target
+//! changes nothing; a `LINK_HELLO`'s name, where it is a valid target
 //! that parses as `IP/MAC/FLOW`, parses again to the same address from
-//! its own spelling.
+//! its own spelling; and a `QUEUE_OFFER` or `QUEUE_ANSWER` payload that
+//! decodes as its record (`netgap_proto::direct`) encodes back to the
+//! same bytes, never offering or agreeing on queue 0.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
+use netgap_proto::direct::{KeyedAnswer, QueueAnswer, QueueOffer, MAX_QUEUES};
 use netgap_proto::preload::valid_target;
 use netgap_proto::relay::{
     credit_of, decode, encode, Inflow, Kind, Outflow, CHUNK_BYTES, HEADER_BYTES, KEY_BYTES,
@@ -39,7 +42,10 @@ fuzz_target!(|data: &[u8]| {
             continue;
         };
         assert_eq!(encode(hd.kind, hd.id, hd.len), h);
-        let link = matches!(hd.kind, Kind::Ping | Kind::LinkHello | Kind::LinkClose);
+        let link = matches!(
+            hd.kind,
+            Kind::Ping | Kind::LinkHello | Kind::LinkClose | Kind::QueueOffer | Kind::QueueAnswer
+        );
         assert_eq!(link, hd.id == 0);
         let Some(payload) = rest.get(..hd.len) else {
             return;
@@ -82,6 +88,20 @@ fuzz_target!(|data: &[u8]| {
                 if let Some(name) = std::str::from_utf8(payload).ok().filter(|n| valid_target(n)) {
                     if let Ok(a) = parse_addr(name) {
                         assert_eq!(parse_addr(&a.to_string()), Ok(a));
+                    }
+                }
+            }
+            Kind::QueueOffer => {
+                if let Ok(o) = QueueOffer::decode(payload) {
+                    assert_eq!(o.encode().as_slice(), payload);
+                    assert_eq!(o.free_queues & 1, 0, "queue 0 offered");
+                }
+            }
+            Kind::QueueAnswer => {
+                if let Ok(a) = KeyedAnswer::decode(payload) {
+                    assert_eq!(a.encode().as_slice(), payload);
+                    if let QueueAnswer::Agreed { queue, flow } = a.answer {
+                        assert!(queue > 0 && queue < MAX_QUEUES && flow > 0);
                     }
                 }
             }

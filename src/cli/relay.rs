@@ -48,6 +48,17 @@ pub(crate) struct RelayArgs {
     /// (the relays send a keep-alive every third of it), in milliseconds.
     #[arg(long, default_value_t = 5000)]
     pub timeout_ms: u64,
+    /// Refuse direct connections: every connection stays on the relay's
+    /// path. By default the relay makes a direct connection's program an
+    /// AF_XDP socket of its own, on a queue of the connection's own that
+    /// the steering limits to that connection's frames, and hands it
+    /// over; the relay keeps only its setup.
+    #[arg(long)]
+    pub no_direct: bool,
+    /// Most direct connections' queues one user's programs may hold at
+    /// once (never every queue of the interface).
+    #[arg(long, default_value_t = 4)]
+    pub max_direct_per_uid: u32,
 }
 
 impl RelayArgs {
@@ -61,6 +72,8 @@ impl RelayArgs {
             max_total: self.max_total,
             max_links: self.max_links,
             timeout_ms: self.timeout_ms,
+            direct: !self.no_direct,
+            max_direct_per_uid: self.max_direct_per_uid,
         };
         let Some(key_file) = &self.key else {
             return Err(anyhow!(

@@ -53,6 +53,9 @@ mod preload_xdp;
 mod preload_xdp_hostile;
 #[cfg(feature = "xdp")]
 mod preload_xdp_runs;
+/// Built with the `xdp` feature: the relay serving direct connections.
+#[cfg(feature = "xdp")]
+mod relay_direct;
 mod report;
 mod report_chromium;
 mod results_files;

@@ -15,7 +15,10 @@
 //!    queues, its program's flow id); the other relay, once its own program
 //!    asked with the same key, answers with the lowest queue free at both
 //!    ends ([`agree`]) and its program's flow id, or with none
-//!    ([`QueueAnswer`]).
+//!    ([`QueueAnswer`]). Both go over the relays' link as link frames
+//!    (`relay::Kind::QueueOffer`, `relay::Kind::QueueAnswer`); the answer
+//!    travels with the key it answers ([`KeyedAnswer`]), since several
+//!    offers may wait on one link.
 //! 3. Each relay makes the socket on that queue, registers the connection
 //!    in its steering program (the other host's MAC and its own program's
 //!    flow id: only those frames reach the socket), and hands the socket
@@ -39,6 +42,8 @@ pub const DIRECT_GRANT_BYTES: usize = 32;
 pub const QUEUE_OFFER_BYTES: usize = RELAY_KEY_BYTES + 8;
 /// Bytes of a [`QueueAnswer`].
 pub const QUEUE_ANSWER_BYTES: usize = 4;
+/// Bytes of a [`KeyedAnswer`]: the key, then the answer.
+pub const KEYED_ANSWER_BYTES: usize = RELAY_KEY_BYTES + QUEUE_ANSWER_BYTES;
 /// Most queues a link's mask names (queue 0 included, never offered).
 pub const MAX_QUEUES: u16 = 32;
 /// Bytes of the target field of a request.
@@ -124,6 +129,22 @@ pub enum QueueAnswer {
     },
     /// No queue is free at both ends: the connection stays on the relay.
     NoQueue,
+}
+
+/// A [`QueueAnswer`] with the key of the offer it answers, as it goes
+/// over the relays' link.
+#[derive(Clone, PartialEq, Eq)]
+pub struct KeyedAnswer {
+    /// The key of the connection whose offer this answers.
+    pub key: [u8; RELAY_KEY_BYTES],
+    /// The answer.
+    pub answer: QueueAnswer,
+}
+
+impl std::fmt::Debug for KeyedAnswer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "KeyedAnswer {{ answer: {:?} }}", self.answer)
+    }
 }
 
 fn u16_at(b: &[u8], at: usize) -> u16 {
@@ -319,6 +340,28 @@ impl QueueAnswer {
     }
 }
 
+impl KeyedAnswer {
+    /// The bytes: the key (32 bytes), then the answer's four.
+    pub fn encode(&self) -> [u8; KEYED_ANSWER_BYTES] {
+        let mut b = [0u8; KEYED_ANSWER_BYTES];
+        b[..RELAY_KEY_BYTES].copy_from_slice(&self.key);
+        b[RELAY_KEY_BYTES..].copy_from_slice(&self.answer.encode());
+        b
+    }
+
+    /// Decodes exactly [`KEYED_ANSWER_BYTES`], the answer checked as
+    /// [`QueueAnswer::decode`] checks it.
+    pub fn decode(bytes: &[u8]) -> Result<KeyedAnswer, HelloError> {
+        exact(bytes, KEYED_ANSWER_BYTES)?;
+        let mut key = [0u8; RELAY_KEY_BYTES];
+        key.copy_from_slice(&bytes[..RELAY_KEY_BYTES]);
+        Ok(KeyedAnswer {
+            key,
+            answer: QueueAnswer::decode(&bytes[RELAY_KEY_BYTES..])?,
+        })
+    }
+}
+
 /// The lowest queue free at both ends, given each end's mask of free
 /// queues; never queue 0.
 pub fn agree(ours: u32, theirs: u32) -> Option<u16> {
@@ -477,6 +520,16 @@ mod tests {
         for bad in [[0, 0, 9, 0], [2, 0, 0, 0], [32, 0, 1, 0]] {
             assert!(QueueAnswer::decode(&bad).is_err(), "{bad:?}");
         }
+        let keyed = KeyedAnswer {
+            key: KEY,
+            answer: QueueAnswer::Agreed { queue: 2, flow: 9 },
+        };
+        assert_eq!(KeyedAnswer::decode(&keyed.encode()).unwrap(), keyed);
+        assert!(!format!("{keyed:?}").contains("7, 7"), "the key stays out");
+        let mut bad = keyed.encode();
+        bad[RELAY_KEY_BYTES + 2] = 0;
+        assert!(KeyedAnswer::decode(&bad).is_err(), "a queue without a flow");
+        assert!(KeyedAnswer::decode(&bad[..10]).is_err());
         assert!(agreed_in(&o, &QueueAnswer::Agreed { queue: 2, flow: 9 }));
         assert!(!agreed_in(&o, &QueueAnswer::Agreed { queue: 3, flow: 9 }));
     }

@@ -6,10 +6,14 @@
 //!
 //! A frame is an 8-byte header (kind u8, a zero byte, payload length u16
 //! little-endian, connection id u32 little-endian) and its payload. Link
-//! frames (`PING`, `LINK_HELLO`, `LINK_CLOSE`) carry id 0; every other
-//! frame names a connection (id ≠ 0), whose top bit says which end of the
-//! link opened it, so the two relays never pick the same id.
+//! frames (`PING`, `LINK_HELLO`, `LINK_CLOSE`, and the queue agreement of
+//! a direct connection, `QUEUE_OFFER` and `QUEUE_ANSWER`, whose payloads
+//! are `netgap_proto::direct`'s records and name the connection by its
+//! key) carry id 0; every other frame names a connection (id ≠ 0), whose
+//! top bit says which end of the link opened it, so the two relays never
+//! pick the same id.
 
+use crate::direct::{KEYED_ANSWER_BYTES, QUEUE_OFFER_BYTES};
 use thiserror::Error;
 
 /// Bytes of a frame header.
@@ -54,6 +58,12 @@ pub enum Kind {
     LinkHello,
     /// The sender closes the link (no connection left for a while).
     LinkClose,
+    /// A direct connection's queues free at the sender's end
+    /// (`direct::QueueOffer`, with the connection's key).
+    QueueOffer,
+    /// The answer to a `QUEUE_OFFER` (`direct::KeyedAnswer`: the key and
+    /// the agreed queue, or none).
+    QueueAnswer,
 }
 
 impl Kind {
@@ -70,6 +80,8 @@ impl Kind {
             Kind::Reset => 9,
             Kind::LinkHello => 10,
             Kind::LinkClose => 11,
+            Kind::QueueOffer => 12,
+            Kind::QueueAnswer => 13,
         }
     }
 
@@ -86,6 +98,8 @@ impl Kind {
             9 => Kind::Reset,
             10 => Kind::LinkHello,
             11 => Kind::LinkClose,
+            12 => Kind::QueueOffer,
+            13 => Kind::QueueAnswer,
             _ => return None,
         })
     }
@@ -93,7 +107,10 @@ impl Kind {
     /// Whether frames of this kind concern the link rather than one
     /// connection (id 0).
     fn of_link(self) -> bool {
-        matches!(self, Kind::Ping | Kind::LinkHello | Kind::LinkClose)
+        matches!(
+            self,
+            Kind::Ping | Kind::LinkHello | Kind::LinkClose | Kind::QueueOffer | Kind::QueueAnswer
+        )
     }
 
     /// The payload lengths this kind allows.
@@ -103,6 +120,8 @@ impl Kind {
             Kind::Credit => (4, 4),
             Kind::Open => (KEY_BYTES, KEY_BYTES),
             Kind::LinkHello => (1, MAX_NAME_BYTES),
+            Kind::QueueOffer => (QUEUE_OFFER_BYTES, QUEUE_OFFER_BYTES),
+            Kind::QueueAnswer => (KEYED_ANSWER_BYTES, KEYED_ANSWER_BYTES),
             _ => (0, 0),
         }
     }
@@ -322,7 +341,7 @@ impl Outflow {
 mod tests {
     use super::*;
 
-    const ALL: [Kind; 11] = [
+    const ALL: [Kind; 13] = [
         Kind::Data,
         Kind::Bell,
         Kind::End,
@@ -334,6 +353,8 @@ mod tests {
         Kind::Reset,
         Kind::LinkHello,
         Kind::LinkClose,
+        Kind::QueueOffer,
+        Kind::QueueAnswer,
     ];
 
     #[test]
@@ -367,7 +388,7 @@ mod tests {
 
     #[test]
     fn unknown_kinds_and_a_set_reserved_byte_are_refused() {
-        for code in [0u8, 12, 200, 255] {
+        for code in [0u8, 14, 200, 255] {
             let mut h = encode(Kind::Bell, 1, 0);
             h[0] = code;
             assert_eq!(decode(&h), Err(FrameError::Kind(code)));
@@ -381,6 +402,32 @@ mod tests {
                 byte: 1
             })
         );
+    }
+
+    #[test]
+    fn the_queue_agreement_frames_are_link_frames_of_their_records_length() {
+        use crate::direct::{KeyedAnswer, QueueAnswer, QueueOffer};
+        let offer = QueueOffer {
+            key: [3; KEY_BYTES],
+            free_queues: 0b1110,
+            flow: 9,
+        };
+        let f = frame(Kind::QueueOffer, 0, &offer.encode());
+        let h: [u8; HEADER_BYTES] = f[..HEADER_BYTES].try_into().unwrap();
+        assert_eq!(decode(&h).unwrap().len, QUEUE_OFFER_BYTES);
+        let answer = KeyedAnswer {
+            key: [3; KEY_BYTES],
+            answer: QueueAnswer::Agreed { queue: 2, flow: 4 },
+        };
+        let f = frame(Kind::QueueAnswer, 0, &answer.encode());
+        let h: [u8; HEADER_BYTES] = f[..HEADER_BYTES].try_into().unwrap();
+        assert_eq!(decode(&h).unwrap().len, KEYED_ANSWER_BYTES);
+        assert_eq!(KeyedAnswer::decode(&f[HEADER_BYTES..]).unwrap(), answer);
+        // A connection's id on either is refused, as a short payload is.
+        let h = encode(Kind::QueueOffer, 7, QUEUE_OFFER_BYTES);
+        assert!(matches!(decode(&h), Err(FrameError::Id { .. })));
+        let h = encode(Kind::QueueAnswer, 0, KEYED_ANSWER_BYTES - 1);
+        assert!(matches!(decode(&h), Err(FrameError::Len { .. })));
     }
 
     #[test]

@@ -6,16 +6,20 @@
 
 use crate::conn::{ArriveError, Conn};
 use crate::host::reset_tcp;
-use crate::hub::Hub;
+use crate::hub::{Event, Hub, Parked};
 use crate::link::{ping_every, writer, ConnFault, Link, LinkError};
 use crate::outbox::{Outbox, Via};
+use crate::rendezvous::OfferStep;
+use netgap_proto::direct::{KeyedAnswer, QueueAnswer, QueueOffer};
 use netgap_proto::relay::{self as frame, Kind};
 use netgap_transport::xdp::parse_addr;
 use netgap_transport::{Flow, FlowError, Receiver};
 use std::net::IpAddr;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
+use std::sync::mpsc::TrySendError;
 use std::sync::{mpsc, Arc};
+use std::time::Instant;
 use thiserror::Error;
 
 /// Why a link did not start: the hellos both ways failed or the other
@@ -180,6 +184,72 @@ impl Link {
         Ok(())
     }
 
+    /// Answers the other relay's offer for the connection `key`.
+    pub(crate) fn answer(&self, key: [u8; frame::KEY_BYTES], answer: QueueAnswer) {
+        self.push(Kind::QueueAnswer, 0, &KeyedAnswer { key, answer }.encode());
+    }
+
+    /// The other relay's offer of queues for a direct connection: to the
+    /// `Accept` waiting with its key, or parked for it; answered
+    /// `NoQueue` where direct connections are off or the table is full.
+    pub(crate) fn take_offer(self: &Arc<Self>, hub: &Hub, offer: QueueOffer) {
+        let Some(d) = &hub.direct else {
+            self.answer(offer.key, QueueAnswer::NoQueue);
+            return;
+        };
+        let now = Instant::now();
+        let key = offer.key;
+        let parked = Parked {
+            offer,
+            link: self.hold(),
+        };
+        let (step, expired) = {
+            let mut meet = d.meet();
+            let expired = meet.expired(now);
+            (meet.offer(key, parked, now), expired)
+        };
+        for p in expired {
+            p.link.0.answer(p.offer.key, QueueAnswer::NoQueue);
+        }
+        match step {
+            OfferStep::Parked => {}
+            OfferStep::Matched(mailbox, parked) => {
+                if let Err(TrySendError::Full(Event::Offer(p)))
+                | Err(TrySendError::Disconnected(Event::Offer(p))) =
+                    mailbox.try_send(Event::Offer(parked))
+                {
+                    p.link.0.answer(key, QueueAnswer::NoQueue);
+                }
+            }
+            OfferStep::Refused(p, why) => {
+                hub.journal.link(
+                    self.flow_id,
+                    &format!("link to {}: a queue offer refused: {why}", self.peer_name),
+                );
+                p.link.0.answer(key, QueueAnswer::NoQueue);
+            }
+        }
+    }
+
+    /// The other relay's answer to an offer: to the `Connect` waiting
+    /// with its key; one no request waits for is dropped with a line.
+    pub(crate) fn take_answer(&self, hub: &Hub, a: KeyedAnswer) {
+        let mailbox = hub.direct.as_ref().and_then(|d| d.meet().answer(&a.key));
+        match mailbox {
+            // A mailbox holds one event and gets only this one.
+            Some(m) => {
+                let _ = m.try_send(Event::Answer(a.answer));
+            }
+            None => hub.journal.link(
+                self.flow_id,
+                &format!(
+                    "link to {}: a queue answer no direct request waits for: dropped",
+                    self.peer_name
+                ),
+            ),
+        }
+    }
+
     /// One of the link's two threads ended; the last one (the flow is
     /// released by now) puts the hub down.
     pub(crate) fn thread_done(self: &Arc<Self>, hub: &Hub) {
@@ -282,6 +352,18 @@ pub(crate) fn reader(link: &Arc<Link>, hub: &Hub, rx: &mut dyn Receiver) -> Resu
                 if let Some(c) = link.find(hd.id) {
                     c.reset(false);
                 }
+            }
+            Kind::QueueOffer => {
+                let mut b = [0u8; netgap_proto::direct::QUEUE_OFFER_BYTES];
+                recv(rx, &mut b)?;
+                let offer = QueueOffer::decode(&b).map_err(LinkError::Direct)?;
+                link.take_offer(hub, offer);
+            }
+            Kind::QueueAnswer => {
+                let mut b = [0u8; netgap_proto::direct::KEYED_ANSWER_BYTES];
+                recv(rx, &mut b)?;
+                let a = KeyedAnswer::decode(&b).map_err(LinkError::Direct)?;
+                link.take_answer(hub, a);
             }
             Kind::Ping => {}
             Kind::LinkHello => return Err(LinkError::SecondHello),

@@ -197,10 +197,15 @@ pub(crate) const TCP_ESTABLISHED: u8 = 1;
 /// What the relay's rules look at of a request's descriptors and of
 /// this host ([`policy::check_socket`] decides).
 pub(crate) fn socket_facts(r: &Request) -> Result<SocketFacts, SocketError> {
-    let fd = r.tcp.as_raw_fd();
+    tcp_facts(r.tcp.as_raw_fd(), Some(r.region.as_raw_fd()))
+}
+
+/// What the relay's rules look at of a TCP socket `fd`, a region if the
+/// request moves one, and this host.
+pub(crate) fn tcp_facts(fd: RawFd, region: Option<RawFd>) -> Result<SocketFacts, SocketError> {
     check_tcp(fd)?;
     let socket_uid = owner(fd)?;
-    let region_uid = owner(r.region.as_raw_fd())?;
+    let region_uid = region.map(owner).transpose()?;
     let unspecified = IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED);
     let (established, (local, peer)) = match tcp_addrs(fd) {
         Ok(a) => (established(fd), a),
@@ -230,6 +235,20 @@ pub(crate) fn socket_facts(r: &Request) -> Result<SocketFacts, SocketError> {
         local_interface,
         own_addrs,
     })
+}
+
+/// The receive queues of interface `name` (`/sys/class/net/NAME/queues/rx-*`);
+/// 1 when they cannot be read (no queue for a direct connection then).
+pub(crate) fn rx_queues(name: &str) -> u16 {
+    let dir = format!("/sys/class/net/{name}/queues");
+    let n = std::fs::read_dir(dir)
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .filter(|e| e.file_name().to_string_lossy().starts_with("rx-"))
+                .count()
+        })
+        .unwrap_or(1);
+    u16::try_from(n).unwrap_or(u16::MAX).max(1)
 }
 
 /// Resets the TCP connection on `fd` (shared with the program): both

@@ -5,9 +5,12 @@
 
 use crate::host::reset_tcp;
 use crate::journal::Journal;
-use crate::link::{Link, Pending};
+use crate::link::{Hold, Link, Pending};
 use crate::policy::{self, XdpInterface};
+use crate::queues::Queues;
+use crate::rendezvous::Rendezvous;
 use crate::table::{LinkTable, Step};
+use netgap_proto::direct::{QueueAnswer, QueueOffer};
 use netgap_proto::relay::{self as frame};
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -45,6 +48,45 @@ pub(crate) struct Hub {
     /// The relays' key (`--key`): every link's key derives from it.
     pub(crate) relay_key: netgap_proto::auth::Key,
     pub(crate) journal: Arc<Journal>,
+    /// Direct connections' setup (None: `--no-direct`).
+    pub(crate) direct: Option<DirectHub>,
+}
+
+/// What reaches a direct request waiting for its other half.
+pub(crate) enum Event {
+    /// The other relay's offer, on its link (the accepting side).
+    Offer(Parked),
+    /// The other relay's answer to this side's offer.
+    Answer(QueueAnswer),
+}
+
+/// A waiting direct request's mailbox.
+pub(crate) type Mailbox = std::sync::mpsc::SyncSender<Event>;
+
+/// The other relay's offer with the link it came on, held while it
+/// waits.
+pub(crate) struct Parked {
+    pub(crate) offer: QueueOffer,
+    pub(crate) link: Hold,
+}
+
+/// The direct connections' state: the requests and offers waiting for
+/// their other half, and the interface's queues.
+pub(crate) struct DirectHub {
+    pub(crate) meet: Mutex<Rendezvous<Mailbox, Parked>>,
+    pub(crate) queues: Arc<Mutex<Queues>>,
+    /// Tokens naming the offers in flight in `queues`.
+    pub(crate) next_token: std::sync::atomic::AtomicU64,
+}
+
+impl DirectHub {
+    pub(crate) fn meet(&self) -> MutexGuard<'_, Rendezvous<Mailbox, Parked>> {
+        self.meet.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn queues(&self) -> MutexGuard<'_, Queues> {
+        self.queues.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 impl Hub {

@@ -118,6 +118,16 @@
 //! connections to that host reset until the other relay's timeout breaks
 //! the old link.
 //!
+//! Direct connections (`direct`; the protocol is `netgap_proto::direct`):
+//! instead of carrying a connection, the relay may make its program an
+//! AF_XDP socket of its own on a queue of the connection's own (agreed
+//! with the other relay over their link: `QUEUE_OFFER`, `QUEUE_ANSWER`),
+//! registered in the interface's steering for that connection's frames
+//! only, and hand it over with a `DirectGrant` on the program's relay
+//! socket; it keeps only the registration, until that socket hangs up.
+//! `--no-direct` refuses them; a uid holds at most
+//! `--max-direct-per-uid` queues, never every queue.
+//!
 //! This crate is the relay and nothing else: the `netgap` binary turns
 //! `netgap relay`'s flags into [`RelayOptions`], reads the key, and calls
 //! [`run`] with the [`RelayConfig`] they make. It sees the layers it
@@ -143,7 +153,11 @@ pub use policy::PeersError;
 // connection's pumps (`conn`) and its flow control (`credit`), the
 // program's ring (`ring`), what is read of the host and of a request's
 // descriptors (`host`) and the request itself (`request`), the log lines
-// (`journal`), and the plain rules (`policy`) and limits (`limits`). All
+// (`journal`), and the plain rules (`policy`) and limits (`limits`).
+// Direct connections (`direct`, beside `open`): the request served, the
+// queue agreed over the link, the port made, registered and handed over,
+// with their plain parts, the meeting of the two halves by key
+// (`rendezvous`) and the interface's queues (`queues`). All
 // of it builds without the xdp feature, so its tests run anywhere; only
 // `run` needs it.
 #[macro_use]
@@ -151,6 +165,7 @@ mod journal;
 mod carry;
 mod conn;
 mod credit;
+mod direct;
 mod host;
 mod hub;
 mod limits;
@@ -159,6 +174,8 @@ mod open;
 mod outbox;
 mod policy;
 mod probe;
+mod queues;
+mod rendezvous;
 mod request;
 mod ring;
 mod server;
@@ -191,6 +208,14 @@ pub struct RelayOptions {
     /// A link with no frame from the other relay for this long is broken
     /// (`--timeout-ms`), in milliseconds; 300 to 600 000.
     pub timeout_ms: u64,
+    /// Whether the relay makes and hands over direct connections' AF_XDP
+    /// sockets (`--direct`, the default; `--no-direct` refuses every
+    /// direct request, and those connections stay on the relay's path).
+    pub direct: bool,
+    /// Most direct connections' queues one uid's programs may hold at
+    /// once (`--max-direct-per-uid`); at least 1. Never every queue of an
+    /// interface with two or more usable.
+    pub max_direct_per_uid: u32,
 }
 
 /// What the relay runs with: checked settings and the relays' shared key.
@@ -204,6 +229,8 @@ pub struct RelayConfig {
     max_total: u32,
     max_links: usize,
     timeout: Duration,
+    direct: bool,
+    max_direct_per_uid: u32,
 }
 
 /// The most links a relay holds (`--max-links`): half of the xdp port's
@@ -229,6 +256,9 @@ pub enum ConfigError {
     /// `--max-requests-per-uid` is 0.
     #[error("relay: --max-requests-per-uid must be at least 1")]
     NoRequests,
+    /// `--max-direct-per-uid` is 0.
+    #[error("relay: --max-direct-per-uid must be at least 1 (turn direct connections off with --no-direct)")]
+    NoDirect,
     /// No `--interface`.
     #[error("relay: --interface NAME is required: the interface the relay's xdp flows take, never the one its programs' TCP connections use")]
     NoInterface,
@@ -257,6 +287,9 @@ impl RelayConfig {
         if options.max_requests_per_uid == 0 {
             return Err(ConfigError::NoRequests);
         }
+        if options.max_direct_per_uid == 0 {
+            return Err(ConfigError::NoDirect);
+        }
         let interface = options.interface.ok_or(ConfigError::NoInterface)?;
         if options.peers.is_empty() {
             return Err(ConfigError::NoPeers);
@@ -271,6 +304,8 @@ impl RelayConfig {
             max_total: options.max_total,
             max_links: options.max_links as usize,
             timeout: Duration::from_millis(options.timeout_ms),
+            direct: options.direct,
+            max_direct_per_uid: options.max_direct_per_uid,
         })
     }
 }
@@ -324,6 +359,8 @@ mod tests {
             max_total: 64,
             max_links: 64,
             timeout_ms: 5000,
+            direct: true,
+            max_direct_per_uid: 4,
         }
     }
 
@@ -354,6 +391,7 @@ mod tests {
             ConfigError::NoRequests
         );
         assert_eq!(refused(|o| o.interface = None), ConfigError::NoInterface);
+        assert_eq!(refused(|o| o.max_direct_per_uid = 0), ConfigError::NoDirect);
         assert_eq!(refused(|o| o.peers.clear()), ConfigError::NoPeers);
         let e = refused(|o| o.peers = vec!["127.0.0.1".into()]);
         assert!(e.to_string().contains("never to a loopback"), "{e}");

@@ -45,6 +45,9 @@ pub(crate) enum LinkError {
     /// `LINK_HELLO` after the link's start.
     #[error("a second hello from the other relay")]
     SecondHello,
+    /// A queue offer or answer that is no such record.
+    #[error("a bad queue offer or answer from the other relay: {0}")]
+    Direct(netgap_proto::preload::HelloError),
 }
 
 /// How one frame broke the protocol on its connection.
@@ -79,6 +82,16 @@ pub(crate) const LINGER: Duration = Duration::from_secs(2);
 /// The keep-alive interval for a timeout.
 pub(crate) fn ping_every(timeout: Duration) -> Duration {
     timeout / 3
+}
+
+/// A queue agreement under way on a link ([`Link::hold`]).
+pub(crate) struct Hold(pub(crate) Arc<Link>);
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        self.0.touch();
+        self.0.agreeing.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// The link's connections, and since when it has none.
@@ -116,6 +129,10 @@ pub(crate) struct Link {
     pub(crate) conns_total: AtomicU64,
     pub(crate) frames_in: AtomicU64,
     pub(crate) unknown_id_frames: AtomicU64,
+    /// Direct connections' queue agreements under way on the link (an
+    /// offer sent and not answered, or parked here): the link stays
+    /// while any is.
+    pub(crate) agreeing: AtomicU32,
 }
 
 impl Link {
@@ -150,6 +167,7 @@ impl Link {
             conns_total: AtomicU64::new(0),
             frames_in: AtomicU64::new(0),
             unknown_id_frames: AtomicU64::new(0),
+            agreeing: AtomicU32::new(0),
         }
     }
 
@@ -191,11 +209,21 @@ impl Link {
         let _ = self.out.send(&frame::frame(kind, id, payload), Via::Queue);
     }
 
+    /// A queue agreement begins on the link: it stays (and its linger
+    /// starts again after) until the returned hold drops.
+    pub(crate) fn hold(self: &Arc<Self>) -> Hold {
+        self.agreeing.fetch_add(1, Ordering::SeqCst);
+        Hold(Arc::clone(self))
+    }
+
     /// Whether the link had no connection for the linger: then it
     /// closes (no new connection on it from now).
     pub(crate) fn linger_over(&self) -> bool {
         let c = self.lock();
-        if c.map.is_empty() && c.idle_since.elapsed() >= LINGER {
+        if c.map.is_empty()
+            && self.agreeing.load(Ordering::SeqCst) == 0
+            && c.idle_since.elapsed() >= LINGER
+        {
             self.closing.store(true, Ordering::SeqCst);
             true
         } else {

@@ -227,8 +227,9 @@ impl XdpInterface {
 pub(crate) struct SocketFacts {
     /// The TCP socket's owner (`fstat`: the user whose process made it).
     pub(crate) socket_uid: u32,
-    /// The region's owner.
-    pub(crate) region_uid: u32,
+    /// The region's owner (none for a direct request, which moves no
+    /// region).
+    pub(crate) region_uid: Option<u32>,
     /// Whether the TCP connection is established.
     pub(crate) established: bool,
     /// The connection's local address.
@@ -253,8 +254,8 @@ pub(crate) fn check_socket(
     if s.socket_uid != asker {
         return Err(Refusal::SocketOwner(s.socket_uid));
     }
-    if s.region_uid != asker {
-        return Err(Refusal::RegionOwner(s.region_uid));
+    if let Some(region_uid) = s.region_uid.filter(|&u| u != asker) {
+        return Err(Refusal::RegionOwner(region_uid));
     }
     if !s.established {
         return Err(Refusal::NotConnected);
@@ -346,23 +347,35 @@ impl LinkId {
         tcp_peer: IpAddr,
     ) -> Result<LinkId, LinkIdError> {
         match req {
-            RelayRequest::Listen { .. } => Ok(LinkId {
-                listening_end: own_end.to_string(),
-                listening_host: canonical(tcp_local),
-                connecting_host: canonical(tcp_peer),
-            }),
+            RelayRequest::Listen { .. } => Ok(LinkId::listening(own_end, tcp_local, tcp_peer)),
             RelayRequest::Connect { target, .. } => {
                 let t = parse_addr(target).map_err(|why| LinkIdError::Target {
                     target: target.clone(),
                     why,
                 })?;
-                Ok(LinkId {
-                    listening_end: t.to_string(),
-                    listening_host: canonical(tcp_peer),
-                    connecting_host: canonical(tcp_local),
-                })
+                Ok(LinkId::connecting(&t, tcp_local, tcp_peer))
             }
             RelayRequest::Reserve { .. } => Err(LinkIdError::Reservation),
+        }
+    }
+
+    /// The link this relay listens for at `own_end`, for a program's
+    /// connection from `tcp_local` to `tcp_peer`.
+    pub(crate) fn listening(own_end: &XdpAddr, tcp_local: IpAddr, tcp_peer: IpAddr) -> LinkId {
+        LinkId {
+            listening_end: own_end.to_string(),
+            listening_host: canonical(tcp_local),
+            connecting_host: canonical(tcp_peer),
+        }
+    }
+
+    /// The link to `target`, the other relay's end, for a program's
+    /// connection from `tcp_local` to `tcp_peer`.
+    pub(crate) fn connecting(target: &XdpAddr, tcp_local: IpAddr, tcp_peer: IpAddr) -> LinkId {
+        LinkId {
+            listening_end: target.to_string(),
+            listening_host: canonical(tcp_peer),
+            connecting_host: canonical(tcp_local),
         }
     }
 
@@ -413,7 +426,7 @@ mod tests {
     fn facts() -> SocketFacts {
         SocketFacts {
             socket_uid: 1000,
-            region_uid: 1000,
+            region_uid: Some(1000),
             established: true,
             local: ip("10.77.0.1"),
             peer: ip("10.77.0.2"),
@@ -464,13 +477,20 @@ mod tests {
         assert!(check_socket(0, &root, &s, &iface()).is_err());
         assert!(check_socket(1000, &root, &s, &iface()).is_err());
         let theirs = SocketFacts {
-            region_uid: 0,
+            region_uid: Some(0),
             ..facts()
         };
         assert!(check_socket(1000, &theirs, &s, &iface())
             .unwrap_err()
             .to_string()
             .contains("region"));
+        // A direct request moves no region: its socket alone is checked.
+        let direct = SocketFacts {
+            region_uid: None,
+            ..facts()
+        };
+        assert!(check_socket(1000, &direct, &s, &iface()).is_ok());
+        assert!(check_socket(65534, &direct, &s, &iface()).is_err());
         let unconnected = SocketFacts {
             established: false,
             ..facts()

@@ -2,6 +2,7 @@
 //! fixed-size record with the descriptors beside it, read with a time
 //! limit, and the reply that goes back on the same socket.
 
+use netgap_proto::direct::{DirectRequest, DIRECT_REQUEST_BYTES, DIRECT_REQUEST_MAGIC};
 use netgap_proto::preload::{RelayReply, RelayRequest, RELAY_REQUEST_BYTES};
 use std::io;
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
@@ -27,6 +28,9 @@ pub(crate) enum RequestError {
     /// A listen or connect without exactly the region and the socket.
     #[error("{0} descriptors with the request, want 2")]
     Descriptors(usize),
+    /// A direct request without exactly the TCP socket.
+    #[error("{0} descriptors with the direct request, want 1")]
+    DirectDescriptors(usize),
     /// A reservation followed by anything but its own connect.
     #[error("after a reservation, anything but its connect")]
     NotItsConnect,
@@ -39,6 +43,15 @@ pub(crate) fn reply(fd: RawFd, r: &RelayReply) {
     let b = r.encode();
     // SAFETY: `b` is valid for reads of its length.
     let _ = unsafe { libc::send(fd, b.as_ptr().cast(), b.len(), libc::MSG_NOSIGNAL) };
+}
+
+/// What a client asks: a relayed connection's request, or a direct
+/// connection's (told apart by their magic).
+pub(crate) enum Asked {
+    /// A listen, a reservation or a connect of a relayed connection.
+    Relay(RelayRequest),
+    /// A direct connection's request.
+    Direct(DirectRequest),
 }
 
 /// The request and its two descriptors (the region, the TCP socket).
@@ -54,7 +67,7 @@ pub(crate) struct Request {
 pub(crate) fn read_request(
     fd: RawFd,
     wait: Duration,
-) -> Result<Option<(RelayRequest, Vec<OwnedFd>)>, RequestError> {
+) -> Result<Option<(Asked, Vec<OwnedFd>)>, RequestError> {
     let mut p = libc::pollfd {
         fd,
         events: libc::POLLIN,
@@ -65,7 +78,7 @@ pub(crate) fn read_request(
     if unsafe { libc::poll(&mut p, 1, ms) } <= 0 {
         return Err(RequestError::Late);
     }
-    let mut buf = [0u8; RELAY_REQUEST_BYTES + 1];
+    let mut buf = [0u8; max_request_bytes() + 1];
     let mut iov = libc::iovec {
         iov_base: buf.as_mut_ptr().cast(),
         iov_len: buf.len(),
@@ -109,8 +122,29 @@ pub(crate) fn read_request(
     if msg.msg_flags & (libc::MSG_CTRUNC | libc::MSG_TRUNC) != 0 {
         return Err(RequestError::Cut);
     }
-    let req = RelayRequest::decode(&buf[..n as usize]).map_err(RequestError::Bad)?;
+    let got = &buf[..n as usize];
+    let req = if got.starts_with(&DIRECT_REQUEST_MAGIC) {
+        Asked::Direct(DirectRequest::decode(got).map_err(RequestError::Bad)?)
+    } else {
+        Asked::Relay(RelayRequest::decode(got).map_err(RequestError::Bad)?)
+    };
     Ok(Some((req, fds)))
+}
+
+/// The longer of the two requests' lengths.
+const fn max_request_bytes() -> usize {
+    if DIRECT_REQUEST_BYTES > RELAY_REQUEST_BYTES {
+        DIRECT_REQUEST_BYTES
+    } else {
+        RELAY_REQUEST_BYTES
+    }
+}
+
+/// A direct request must come with the TCP socket alone.
+pub(crate) fn direct_fd(fds: Vec<OwnedFd>) -> Result<OwnedFd, RequestError> {
+    let [tcp] =
+        <[OwnedFd; 1]>::try_from(fds).map_err(|fds| RequestError::DirectDescriptors(fds.len()))?;
+    Ok(tcp)
 }
 
 /// A request that must come with the region and the TCP socket.

@@ -12,7 +12,7 @@ use crate::journal::Journal;
 use crate::limits::RequestRate;
 use crate::link::Link;
 use crate::open::{before, connect, listen, Asker, OpenError};
-use crate::request::{read_request, reply, with_fds, RequestError};
+use crate::request::{direct_fd, read_request, reply, with_fds, Asked, RequestError};
 use crate::table::LinkTable;
 use crate::{RelayConfig, RelayError};
 use netgap_proto::preload::{RelayReply, RelayRequest};
@@ -134,6 +134,17 @@ pub(crate) fn run(config: RelayConfig) -> Result<(), RelayError> {
         why,
     })?;
     let lfd = listen_socket().map_err(RelayError::Listen)?;
+    let rx_queues = crate::host::rx_queues(&config.interface);
+    if config.direct {
+        log!(
+            "direct connections on: {} receive queues on {} (queue 0 is the relay's own), at most {} held per uid",
+            rx_queues,
+            config.interface,
+            config.max_direct_per_uid
+        );
+    } else {
+        log!("direct connections off (--no-direct): every connection stays on the relay's path");
+    }
     if let Err(why) = crate::probe::spawn() {
         log!("{why}");
     }
@@ -151,6 +162,9 @@ pub(crate) fn run(config: RelayConfig) -> Result<(), RelayError> {
     let counts = Counts::new(config.max_per_uid, config.max_total);
     let journal = Journal::new();
     journal.spawn_summaries();
+    let direct = config
+        .direct
+        .then(|| crate::direct::hub_part(&config, rx_queues));
     let hub = Arc::new(Hub {
         links: Mutex::new(LinkTable::new(config.max_links)),
         cv: Condvar::new(),
@@ -160,7 +174,9 @@ pub(crate) fn run(config: RelayConfig) -> Result<(), RelayError> {
         served: config.served,
         relay_key: config.key,
         journal,
+        direct,
     });
+    crate::direct::spawn_sweeper(&hub);
     let mut rate = RequestRate::new(config.max_requests_per_uid);
     let refuser = Refuser::spawn();
     loop {
@@ -323,6 +339,17 @@ pub(crate) fn serve(hub: &Arc<Hub>, client: OwnedFd, cred: Cred, slot: Slot) {
         Ok(None) => return,
         Err(why) => return refuse(&why),
     };
+    let first = match first {
+        (Asked::Direct(d), fds) => {
+            match direct_fd(fds) {
+                Ok(tcp) => crate::direct::serve(hub, d, tcp, &client, &asker),
+                Err(why) => refuse(&why),
+            }
+            drop(slot);
+            return;
+        }
+        (Asked::Relay(r), fds) => (r, fds),
+    };
     let r = match first {
         (RelayRequest::Reserve { key, .. }, fds) if fds.is_empty() => {
             // Every connection shares the link: a reservation only
@@ -331,7 +358,9 @@ pub(crate) fn serve(hub: &Arc<Hub>, client: OwnedFd, cred: Cred, slot: Slot) {
             // The connect follows once the listener answered the
             // hello (which it may take a while to read).
             match read_request(fd, CONNECT_WAIT) {
-                Ok(Some((req @ RelayRequest::Connect { key: k, .. }, fds))) if k == key => {
+                Ok(Some((Asked::Relay(req @ RelayRequest::Connect { key: k, .. }), fds)))
+                    if k == key =>
+                {
                     with_fds(req, fds)
                 }
                 Ok(Some(_)) => Err(RequestError::NotItsConnect),

@@ -103,6 +103,7 @@ fn hub() -> Arc<Hub> {
         served: policy::Served::parse(&["10.0.1.0/24".into()]).unwrap(),
         relay_key: netgap_proto::auth::Key::from_bytes(vec![9; 32]).unwrap(),
         journal: Journal::new(),
+        direct: None,
     })
 }
 

@@ -16,7 +16,7 @@
 
 use std::ffi::c_void;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::ptr;
 
@@ -237,13 +237,22 @@ fn register_umem(socket: RawFd, umem: &OwnedFd, g: &Geometry) -> io::Result<()> 
 /// Hands `port` over `stream`: its geometry, and its two descriptors as
 /// `SCM_RIGHTS`. The maker's copies close when `port` drops at the end.
 pub fn send(stream: &UnixStream, port: HandedPort) -> io::Result<()> {
+    send_after(stream.as_fd(), &[], port)
+}
+
+/// Hands `port` over `socket` in one message: `head` (a record of the
+/// caller's, such as a relay's grant) then the port's geometry, with its
+/// two descriptors as `SCM_RIGHTS`. On a `SOCK_SEQPACKET` socket the
+/// message is one datagram, so the record and the port arrive together or
+/// not at all. The maker's copies close when `port` drops at the end.
+pub fn send_after(socket: BorrowedFd<'_>, head: &[u8], port: HandedPort) -> io::Result<()> {
     use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
     let bytes = port.geometry.to_bytes();
-    let iov = [io::IoSlice::new(&bytes)];
+    let iov = [io::IoSlice::new(head), io::IoSlice::new(&bytes)];
     let fds = [port.socket.as_raw_fd(), port.umem.as_raw_fd()];
     let cmsg = [ControlMessage::ScmRights(&fds)];
     let sent = sendmsg::<()>(
-        stream.as_fd().as_raw_fd(),
+        socket.as_raw_fd(),
         &iov,
         &cmsg,
         MsgFlags::MSG_NOSIGNAL,
@@ -255,7 +264,7 @@ pub fn send(stream: &UnixStream, port: HandedPort) -> io::Result<()> {
             format!("handing the port over: {e}"),
         )
     })?;
-    if sent != bytes.len() {
+    if sent != head.len() + bytes.len() {
         return Err(io::Error::new(
             io::ErrorKind::WriteZero,
             "handing the port over: a short send",
@@ -267,12 +276,21 @@ pub fn send(stream: &UnixStream, port: HandedPort) -> io::Result<()> {
 /// Takes a port handed over `stream` ([`send`]): its geometry, checked,
 /// and its two descriptors, close-on-exec.
 pub fn receive(stream: &UnixStream) -> io::Result<HandedPort> {
+    receive_after(stream.as_fd(), &mut [])
+}
+
+/// Takes what [`send_after`] sent over `socket`: `head.len()` bytes of the
+/// caller's record into `head`, then the port (its geometry, checked, and
+/// its two descriptors, close-on-exec). A message of any other length, or
+/// without both descriptors, is refused (its descriptors closed).
+pub fn receive_after(socket: BorrowedFd<'_>, head: &mut [u8]) -> io::Result<HandedPort> {
     use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
     let mut bytes = [0u8; GEOMETRY_BYTES];
-    let mut iov = [io::IoSliceMut::new(&mut bytes)];
+    let mut iov = [io::IoSliceMut::new(head), io::IoSliceMut::new(&mut bytes)];
+    let head_bytes = iov[0].len();
     let mut space = nix::cmsg_space!([RawFd; 2]);
     let msg = recvmsg::<()>(
-        stream.as_fd().as_raw_fd(),
+        socket.as_raw_fd(),
         &mut iov,
         Some(&mut space),
         MsgFlags::MSG_CMSG_CLOEXEC,
@@ -296,8 +314,17 @@ pub fn receive(stream: &UnixStream) -> io::Result<HandedPort> {
             );
         }
     }
-    let truncated = msg.flags.contains(MsgFlags::MSG_CTRUNC);
-    let geometry = Geometry::from_bytes(&bytes[..got.min(GEOMETRY_BYTES)])?;
+    let truncated = msg
+        .flags
+        .intersects(MsgFlags::MSG_CTRUNC | MsgFlags::MSG_TRUNC);
+    let body = got.saturating_sub(head_bytes).min(GEOMETRY_BYTES);
+    if got < head_bytes {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "a handed port came without its record",
+        ));
+    }
+    let geometry = Geometry::from_bytes(&bytes[..body])?;
     let (Ok([socket, umem]), false) = (<[OwnedFd; 2]>::try_from(fds), truncated) else {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
@@ -348,6 +375,46 @@ mod tests {
             assert!(Geometry::from_bytes(&bad.to_bytes()).is_err(), "{bad:?}");
         }
         assert!(Geometry::from_bytes(&g.to_bytes()[..19]).is_err());
+    }
+
+    #[test]
+    fn a_record_and_a_port_go_in_one_datagram() {
+        use std::os::unix::net::UnixDatagram;
+        let g = Geometry {
+            frames: 64,
+            frame_bytes: 4096,
+            ring_entries: 32,
+            queue: 2,
+            ifindex: 1,
+        };
+        let (a, b) = nix::sys::socket::socketpair(
+            nix::sys::socket::AddressFamily::Unix,
+            nix::sys::socket::SockType::SeqPacket,
+            None,
+            nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+        )
+        .unwrap();
+        let (x, y) = UnixDatagram::pair().unwrap();
+        let port = HandedPort {
+            socket: OwnedFd::from(x),
+            umem: OwnedFd::from(y),
+            geometry: g,
+        };
+        send_after(a.as_fd(), b"grant", port).unwrap();
+        let mut head = [0u8; 5];
+        let got = receive_after(b.as_fd(), &mut head).unwrap();
+        assert_eq!(&head, b"grant");
+        assert_eq!(got.geometry, g);
+        // A record of another length than the receiver expects is
+        // refused, not read as a port.
+        let (x, y) = UnixDatagram::pair().unwrap();
+        let port = HandedPort {
+            socket: OwnedFd::from(x),
+            umem: OwnedFd::from(y),
+            geometry: g,
+        };
+        send_after(a.as_fd(), b"grant!", port).unwrap();
+        assert!(receive_after(b.as_fd(), &mut head).is_err());
     }
 
     fn sh(args: &[&str]) {

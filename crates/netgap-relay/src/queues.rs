@@ -1,0 +1,176 @@
+//! The interface's queues a direct connection may take, as plain code:
+//! queues `1..count` (queue 0 is the relay's own port; `count` is the
+//! interface's receive queues, at most `MAX_QUEUES`), less those held by
+//! a granted connection and those an offer in flight named. An offer
+//! reserves every queue it names until its answer settles it (the agreed
+//! queue held, the others freed), so two offers in flight never get the
+//! same queue. A uid holds at most its cap of queues, and never every
+//! queue of an interface that has two or more.
+
+use netgap_proto::direct::{agree, free_queues, MAX_QUEUES};
+use std::collections::HashMap;
+use thiserror::Error;
+
+/// Why no queue is taken.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub(crate) enum QueueError {
+    /// Every queue is held or offered.
+    #[error("no free queue on {0} (every queue but 0 is taken)")]
+    NoneFree(String),
+    /// None free at both ends.
+    #[error("no queue free at both ends")]
+    NoneShared,
+    /// The uid holds as many queues as it may.
+    #[error("this uid holds {0} direct queues already, the most it may (--max-direct-per-uid)")]
+    UidCap(u32),
+    /// An answer naming a queue the offer did not reserve.
+    #[error("the other relay agreed on queue {0}, which this relay did not offer")]
+    NotOffered(u16),
+}
+
+/// The queues of one interface and who holds or offered them.
+#[derive(Debug)]
+pub(crate) struct Queues {
+    iface: String,
+    count: u16,
+    /// Held queue → the uid whose connection holds it.
+    held: HashMap<u16, u32>,
+    /// Offer's token → (uid, the mask it reserved).
+    offered: HashMap<u64, (u32, u32)>,
+    max_per_uid: u32,
+}
+
+impl Queues {
+    /// `count` receive queues on `iface` (more than `MAX_QUEUES` are
+    /// not named); a uid holds at most `max_per_uid`.
+    pub(crate) fn new(iface: &str, count: u16, max_per_uid: u32) -> Queues {
+        Queues {
+            iface: iface.to_string(),
+            count: count.min(MAX_QUEUES),
+            held: HashMap::new(),
+            offered: HashMap::new(),
+            max_per_uid,
+        }
+    }
+
+    /// What one uid may hold: its cap, and never every usable queue
+    /// when there are two or more.
+    fn uid_cap(&self) -> u32 {
+        let usable = u32::from(self.count.saturating_sub(1));
+        self.max_per_uid.min(usable.saturating_sub(1).max(1))
+    }
+
+    fn check_uid(&self, uid: u32) -> Result<(), QueueError> {
+        let mine = self.held.values().filter(|&&u| u == uid).count() as u32
+            + self.offered.values().filter(|(u, _)| *u == uid).count() as u32;
+        if mine >= self.uid_cap() {
+            return Err(QueueError::UidCap(self.uid_cap()));
+        }
+        Ok(())
+    }
+
+    /// Queues neither held nor offered.
+    pub(crate) fn free(&self) -> u32 {
+        let reserved = self.offered.values().fold(0u32, |m, (_, o)| m | o);
+        free_queues(self.count, self.held.keys().copied()) & !reserved
+    }
+
+    /// An offer of `uid`'s, as `token`: the free queues, reserved until
+    /// [`Queues::settle`].
+    pub(crate) fn offer(&mut self, token: u64, uid: u32) -> Result<u32, QueueError> {
+        self.check_uid(uid)?;
+        let mask = self.free();
+        if mask == 0 {
+            return Err(QueueError::NoneFree(self.iface.clone()));
+        }
+        self.offered.insert(token, (uid, mask));
+        Ok(mask)
+    }
+
+    /// The answer to offer `token`: the agreed queue is held (if the
+    /// offer named it), every other queue it reserved freed.
+    pub(crate) fn settle(&mut self, token: u64, agreed: Option<u16>) -> Result<(), QueueError> {
+        let Some((uid, mask)) = self.offered.remove(&token) else {
+            return Ok(());
+        };
+        match agreed {
+            None => Ok(()),
+            Some(q) if q < MAX_QUEUES && mask & (1u32 << q) != 0 => {
+                self.held.insert(q, uid);
+                Ok(())
+            }
+            Some(q) => Err(QueueError::NotOffered(q)),
+        }
+    }
+
+    /// The accepting side: the lowest queue free here and in the other
+    /// end's offer `theirs`, held for `uid`.
+    pub(crate) fn take(&mut self, uid: u32, theirs: u32) -> Result<u16, QueueError> {
+        self.check_uid(uid)?;
+        let ours = self.free();
+        if ours == 0 {
+            return Err(QueueError::NoneFree(self.iface.clone()));
+        }
+        let q = agree(ours, theirs).ok_or(QueueError::NoneShared)?;
+        self.held.insert(q, uid);
+        Ok(q)
+    }
+
+    /// Queue `q` is free again (its connection's program hung up).
+    pub(crate) fn release(&mut self, q: u16) {
+        self.held.remove(&q);
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queue_zero_is_never_taken_and_a_released_queue_is_free_again() {
+        let mut q = Queues::new("eth1", 4, 8);
+        assert_eq!(q.free(), 0b1110);
+        assert_eq!(q.take(1, !1).unwrap(), 1);
+        assert_eq!(q.take(2, 0b1100).unwrap(), 2);
+        assert_eq!(q.free(), 0b1000);
+        q.release(1);
+        assert_eq!(q.free(), 0b1010);
+        assert_eq!(q.take(3, 0b0010).unwrap(), 1, "the same queue again");
+        assert_eq!(q.take(3, 0b0100), Err(QueueError::NoneShared));
+    }
+
+    #[test]
+    fn an_offer_reserves_its_queues_until_its_answer() {
+        let mut q = Queues::new("eth1", 4, 8);
+        assert_eq!(q.offer(1, 10).unwrap(), 0b1110);
+        assert!(matches!(q.offer(2, 11), Err(QueueError::NoneFree(_))));
+        assert!(matches!(q.take(11, 0b1110), Err(QueueError::NoneFree(_))));
+        q.settle(1, Some(2)).unwrap();
+        assert_eq!(q.free(), 0b1010);
+        assert_eq!(q.offer(2, 11).unwrap(), 0b1010);
+        assert_eq!(q.settle(2, Some(2)), Err(QueueError::NotOffered(2)));
+        assert_eq!(q.free(), 0b1010, "a refused answer frees the offer");
+        assert_eq!(q.offer(3, 11).unwrap(), 0b1010);
+        q.settle(3, None).unwrap();
+        assert_eq!(q.free(), 0b1010);
+    }
+
+    #[test]
+    fn one_uid_never_holds_every_queue_nor_past_its_cap() {
+        let mut q = Queues::new("eth1", 4, 8);
+        q.take(7, 0b1110).unwrap();
+        q.take(7, 0b1110).unwrap();
+        assert_eq!(q.take(7, 0b1110), Err(QueueError::UidCap(2)));
+        assert_eq!(q.take(8, 0b1110).unwrap(), 3, "another uid takes the last");
+        let mut q = Queues::new("eth1", 32, 3);
+        for token in 0..3 {
+            let m = q.offer(token, 7).unwrap();
+            q.settle(token, Some(m.trailing_zeros() as u16)).unwrap();
+        }
+        assert_eq!(q.offer(99, 7), Err(QueueError::UidCap(3)));
+        let one = Queues::new("eth1", 2, 8);
+        assert_eq!(one.uid_cap(), 1, "a single usable queue can be held");
+        assert_eq!(Queues::new("eth1", 1, 8).free(), 0, "one queue: none");
+    }
+}
