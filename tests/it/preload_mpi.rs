@@ -235,9 +235,11 @@ mod across_hosts {
         // mpirun in the first host's namespaces, its daemon on the second
         // through netgap's launch agent, as `netgap run mpi-*` starts them;
         // only the ranks run under the library. Staggered: rank 1 opens the
-        // connection alone (two ranks that connect to each other at once
-        // across hosts each wait in connect() for the other's answer until
-        // the library gives up with ECONNRESET).
+        // connection alone. Two ranks that connect to each other at once
+        // across hosts get past connect() (the library does not wait there
+        // for the listener's answer), but then both relays, with no link
+        // yet, listen for the other's flow and neither opens it, so both
+        // connections fail when the relays' waits end.
         let log = dir.path().join("mpi.log");
         let iface = &h1.links[0].ifname;
         let out = Command::new("timeout")
