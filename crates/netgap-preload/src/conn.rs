@@ -211,16 +211,18 @@ impl Conn {
 
     /// A connector's connection whose hello went out and whose answers
     /// are still to come (see [`Conn::offered`]).
+    /// `port` names the destination in the log; `path` holds what the
+    /// answer's data path needs.
     pub(crate) fn new_offered(
         fd: c_int,
         channel: Channel,
         nonblocking: bool,
-        offer: Offer,
+        (port, path): (u16, OfferPath),
         region_fd: c_int,
     ) -> Conn {
         let c = Conn::new(fd, channel, Role::Connector, nonblocking, region_fd);
         c.offered.store(true, Ordering::SeqCst);
-        *c.offer.lock().unwrap_or_else(|p| p.into_inner()) = Some(offer);
+        *c.offer.lock().unwrap_or_else(|p| p.into_inner()) = Some(Offer { port, path });
         c
     }
 

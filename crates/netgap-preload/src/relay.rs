@@ -37,7 +37,7 @@
 //! No relay, or a refusal: the connection stays on the kernel's TCP, with
 //! one line in the log.
 
-use crate::conn::{Conn, Offer, OfferPath, RelayOffer};
+use crate::conn::{Conn, OfferPath, RelayOffer};
 use crate::errno::{errno, Errno};
 use crate::exchange::{ring_bytes, NotMoved};
 use crate::log::log_line;
@@ -424,10 +424,7 @@ pub(crate) fn connected(
         fd,
         ch,
         nonblocking,
-        Offer {
-            port,
-            path: OfferPath::Relay(offer),
-        },
+        (port, OfferPath::Relay(offer)),
         -1,
     ));
     let hello = Hello::Relay {

@@ -29,7 +29,7 @@
 
 use crate::beacon;
 use crate::channel::Role;
-use crate::conn::{Conn, Offer, OfferPath};
+use crate::conn::{Conn, OfferPath};
 use crate::diag::Ends;
 use crate::errno::Errno;
 use crate::exchange::{
@@ -429,12 +429,12 @@ pub(crate) fn connected(fd: c_int, cand: Candidate, nonblocking: bool) -> Result
         fd,
         ch,
         nonblocking,
-        Offer {
+        (
             port,
-            path: OfferPath::Shm {
+            OfferPath::Shm {
                 mailbox: mailbox.0.take(),
             },
-        },
+        ),
         region_fd,
     ));
     let hello = Hello::Shm {
