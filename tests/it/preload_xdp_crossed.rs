@@ -24,19 +24,15 @@ fn two_programs_that_connect_to_each_other_across_hosts_before_either_accepts_do
         return;
     }
     let dir = tempfile::tempdir().expect("tempdir");
-    let src = dir.path().join("crossed.c");
-    std::fs::write(&src, include_str!("preload_crossed.c")).expect("source");
-    let exe = dir.path().join("crossed");
-    let Ok(built) = Command::new("cc")
-        .args(["-O2", "-o"])
-        .arg(&exe)
-        .arg(&src)
-        .output()
-    else {
-        common::skip(test, "no C compiler (cc)");
+    if !common::installed(test, &[("/usr/bin/cc", "gcc")]) {
         return;
-    };
-    assert!(built.status.success(), "{built:?}");
+    }
+    let exe = common::build_c(
+        dir.path(),
+        "crossed",
+        include_str!("preload_crossed.c"),
+        "cc",
+    );
     let (tb, _) = Testbed::up("pxcross", &["--hosts", "2", "--links", "2"]);
     let key = common::new_key_file(dir.path(), "relay.key");
     let relays = tb.start_relays(&key, dir.path());
@@ -79,25 +75,11 @@ fn two_programs_that_connect_to_each_other_across_hosts_before_either_accepts_do
             String::from_utf8_lossy(&out.stderr)
         );
         // Its own connection and the one it accepted, both relayed.
-        assert!(
-            text.lines()
-                .any(|l| l.contains("connection to port")
-                    && l.ends_with("moved to xdp via the relay")),
-            "{text}"
-        );
-        assert!(
-            text.contains("accepted connection moved to xdp via the relay"),
-            "{text}"
-        );
-        assert!(!text.contains("fails"), "{text}");
+        common::assert_relayed_at_both_ends(&text);
         assert!(!text.contains("kernel's TCP"), "{text}");
     }
     drop(relays);
-    assert_eq!(
-        tb.processes_in(" relay "),
-        Vec::<String>::new(),
-        "relays left"
-    );
+    tb.assert_no_relay();
     tb.down();
     tb.assert_gone();
 }

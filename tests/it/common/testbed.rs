@@ -89,6 +89,17 @@ impl Testbed {
         ]
     }
 
+    /// `ip netns exec NS netgap relay ...` for `host`
+    /// ([`Testbed::relay_args`]), to be given more flags and spawned.
+    #[cfg(feature = "xdp")]
+    pub(crate) fn relay_command(&self, host: &str, key: &Path) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.ns(host)])
+            .arg(super::netgap_path())
+            .args(self.relay_args(host, key));
+        c
+    }
+
     /// A `netgap relay` in each host's namespace ([`Testbed::relay_args`],
     /// the relays' key file `key`), each logging to `DIR/relay-HOST.log`;
     /// returned once every log says it listens, each with its log. The
@@ -102,10 +113,8 @@ impl Testbed {
         let mut relays = Vec::new();
         for h in &self.hosts().hosts {
             let log = dir.join(format!("relay-{}.log", h.name));
-            let child = Command::new("ip")
-                .args(["netns", "exec", &self.ns(&h.name)])
-                .arg(super::netgap_path())
-                .args(self.relay_args(&h.name, key))
+            let child = self
+                .relay_command(&h.name, key)
                 .stdout(std::process::Stdio::null())
                 .stderr(std::fs::File::create(&log).expect("a relay log"))
                 .spawn()
@@ -163,6 +172,17 @@ impl Testbed {
             }
         }
         left
+    }
+
+    /// No relay, of a run or started by hand, is left in the testbed's
+    /// namespaces.
+    #[cfg(feature = "xdp")]
+    pub(crate) fn assert_no_relay(&self) {
+        assert_eq!(
+            self.processes_in(" relay "),
+            Vec::<String>::new(),
+            "relays left"
+        );
     }
 
     /// The relays a run started left in the testbed's namespaces (they
