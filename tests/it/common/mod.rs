@@ -264,6 +264,7 @@ pub(crate) fn build_c(dir: &Path, name: &str, source: &str, compiler: &str) -> P
 /// What a library log across hosts (`text`) must say of a connection
 /// between two wrapped programs: it moved to xdp through the relays at the
 /// connector's end and at the accepting one, and no connection failed.
+#[cfg(feature = "xdp")]
 pub(crate) fn assert_relayed_at_both_ends(text: &str) {
     assert!(
         text.lines()
