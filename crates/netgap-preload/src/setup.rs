@@ -854,3 +854,49 @@ fn finish_pending(fd: c_int, p: &Arc<Pending>, done: Done) -> Resolved {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::conn::RelayOffer;
+    use netgap_proto::preload::Refusal;
+
+    fn relayed() -> OfferPath {
+        OfferPath::Relay(RelayOffer {
+            key: [7; netgap_proto::preload::RELAY_KEY_BYTES],
+            ring_bytes: 1 << 16,
+            sock: -1,
+            region: region::Region(-1),
+        })
+    }
+
+    fn kept(r: Result<c_int, NotMoved>) -> bool {
+        matches!(r, Err(NotMoved::Kept(_)))
+    }
+
+    fn broken(r: Result<c_int, NotMoved>) -> bool {
+        matches!(r, Err(NotMoved::Broken(_)))
+    }
+
+    #[test]
+    fn an_answer_for_the_other_data_path_breaks_the_offer_and_a_refusal_keeps_the_stream() {
+        let shm = || OfferPath::Shm { mailbox: None };
+        assert!(matches!(
+            take_answer(-1, &mut shm(), Answer::Accepted),
+            Ok(-1)
+        ));
+        assert!(broken(take_answer(
+            -1,
+            &mut shm(),
+            Answer::Relay("10.0.0.1/02:00:00:00:00:01/7".into())
+        )));
+        assert!(broken(take_answer(-1, &mut relayed(), Answer::Accepted)));
+        for mut path in [shm(), relayed()] {
+            assert!(kept(take_answer(
+                -1,
+                &mut path,
+                Answer::Refused(Refusal::NoRelay)
+            )));
+        }
+    }
+}
