@@ -88,9 +88,12 @@ pub(crate) fn fail(e: Errno) -> ssize_t {
     -1
 }
 
-/// `connect(2)`: to a local listener with the library, the connection is
-/// made (blocking, even on a non-blocking socket: on one host it takes
-/// microseconds) and offered the channel; otherwise untouched.
+/// `connect(2)`: to a listener with the library, on this host or (under
+/// `-t xdp`) on another one through the relays, the connection is made
+/// (blocking, even on a non-blocking socket: it takes the kernel's
+/// handshake, microseconds on one host, a round trip across hosts) and
+/// offered the channel, and `connect` returns without waiting for the
+/// listener's answer; otherwise untouched.
 ///
 /// # Safety
 ///
