@@ -50,6 +50,8 @@ mod preload_pipeline;
 #[cfg(feature = "xdp")]
 mod preload_xdp;
 #[cfg(feature = "xdp")]
+mod preload_xdp_crossed;
+#[cfg(feature = "xdp")]
 mod preload_xdp_hostile;
 #[cfg(feature = "xdp")]
 mod preload_xdp_runs;

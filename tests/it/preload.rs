@@ -23,15 +23,7 @@ use std::time::{Duration, Instant};
 
 /// Whether nginx is installed; fails when system tests are required.
 pub(crate) fn nginx_ready(test: &str) -> bool {
-    if Path::new("/usr/sbin/nginx").exists() {
-        true
-    } else {
-        common::skip(
-            test,
-            "/usr/sbin/nginx is missing (apt-get install nginx-light)",
-        );
-        false
-    }
+    common::installed(test, &[("/usr/sbin/nginx", "nginx-light")])
 }
 
 /// A free loopback port (bound, then released).
@@ -682,16 +674,12 @@ fn an_open_mpi_ping_pong_over_the_tcp_btl_moves_to_shm() {
         return;
     }
     let dir = tempfile::tempdir().expect("tempdir");
-    let src = dir.path().join("pingpong.c");
-    std::fs::write(&src, include_str!("preload_mpi_pingpong.c")).expect("source");
-    let exe = dir.path().join("pingpong");
-    let built = Command::new("mpicc")
-        .args(["-O2", "-o"])
-        .arg(&exe)
-        .arg(&src)
-        .output()
-        .expect("mpicc runs");
-    assert!(built.status.success(), "{built:?}");
+    let exe = common::build_c(
+        dir.path(),
+        "pingpong",
+        include_str!("preload_mpi_pingpong.c"),
+        "mpicc",
+    );
     let log = dir.path().join("mpi.log");
     // Both ranks under the library; mpirun and its daemon stay plain (their
     // own connections have no listener with the library, so they stay on

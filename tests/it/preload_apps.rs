@@ -9,9 +9,8 @@
 //! NETGAP_REQUIRE_SYSTEM_TESTS=1, where that is a failure.
 
 use crate::common;
-use crate::common::{metric, netgap, one_line_error, read_records};
+use crate::common::{metric, netgap, one_line_error};
 use serde_json::Value;
-use std::path::Path;
 use std::process::Command;
 
 /// Whether `program` is installed; fails when system tests are required.
@@ -23,17 +22,6 @@ fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
     ONE.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn installed(test: &str, program: &str, package: &str) -> bool {
-    if Path::new(program).exists() {
-        return true;
-    }
-    common::skip(
-        test,
-        &format!("{program} is missing (apt-get install {package})"),
-    );
-    false
-}
-
 /// Runs `web -t shm` with `server` on the in-process agents and checks
 /// the record: every response checked and verified, every client's
 /// connection on shm, the kernel sockets under 1% of the bytes, no
@@ -42,28 +30,10 @@ fn web_over_shm(server: &str) {
     let _one = one_at_a_time();
     let dir = tempfile::tempdir().expect("tempdir");
     let json = dir.path().join("r.jsonl");
-    let out = netgap()
-        .args(["run", "web", "-t", "shm", "--server", server])
-        .args([
-            "--clients",
-            "3",
-            "--reps",
-            "1",
-            "--duration",
-            "1s",
-            "--json",
-        ])
-        .arg(&json)
-        .env("NETGAP_PRELOAD", common::preload_library())
-        .output()
-        .expect("netgap run");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "{text}");
-    let recs = read_records(&json);
+    let web = ["web", "-t", "shm", "--server", server, "--clients", "3"];
+    let once = ["--reps", "1", "--duration", "1s"];
+    let (ok, text, recs) = common::run_preloaded(&[&web[..], &once].concat(), &json);
+    assert!(ok, "{text}");
     assert_eq!(recs.len(), 1, "{text}");
     let r = &recs[0];
     assert_eq!(r["transport"], "shm");
@@ -101,7 +71,9 @@ fn web_over_shm(server: &str) {
 #[test]
 fn web_with_nginx_and_the_load_generator_over_shm_verifies_every_body() {
     let test = "web_with_nginx_and_the_load_generator_over_shm_verifies_every_body";
-    if !common::system_ready(test) || !installed(test, "/usr/sbin/nginx", "nginx-light") {
+    if !common::system_ready(test)
+        || !common::installed(test, &[("/usr/sbin/nginx", "nginx-light")])
+    {
         return;
     }
     web_over_shm("nginx");
@@ -110,7 +82,8 @@ fn web_with_nginx_and_the_load_generator_over_shm_verifies_every_body() {
 #[test]
 fn web_with_apache_and_the_load_generator_over_shm_verifies_every_body() {
     let test = "web_with_apache_and_the_load_generator_over_shm_verifies_every_body";
-    if !common::system_ready(test) || !installed(test, "/usr/sbin/apache2", "apache2") {
+    if !common::system_ready(test) || !common::installed(test, &[("/usr/sbin/apache2", "apache2")])
+    {
         return;
     }
     web_over_shm("apache");
@@ -143,25 +116,17 @@ fn web_over_shm_without_the_library_is_one_line() {
 fn gather_with_gmond_and_the_gatherer_over_shm_reads_every_answer() {
     let test = "gather_with_gmond_and_the_gatherer_over_shm_reads_every_answer";
     let _one = one_at_a_time();
-    if !common::system_ready(test) || !installed(test, "/usr/sbin/gmond", "ganglia-monitor") {
+    if !common::system_ready(test)
+        || !common::installed(test, &[("/usr/sbin/gmond", "ganglia-monitor")])
+    {
         return;
     }
     let dir = tempfile::tempdir().expect("tempdir");
     let json = dir.path().join("g.jsonl");
-    let out = netgap()
-        .args(["run", "gather", "-t", "shm", "--responder", "gmond"])
-        .args(["--reps", "1", "--duration", "1s", "--json"])
-        .arg(&json)
-        .env("NETGAP_PRELOAD", common::preload_library())
-        .output()
-        .expect("netgap run");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "{text}");
-    let recs = read_records(&json);
+    let gather = ["gather", "-t", "shm", "--responder", "gmond"];
+    let once = ["--reps", "1", "--duration", "1s"];
+    let (ok, text, recs) = common::run_preloaded(&[&gather[..], &once].concat(), &json);
+    assert!(ok, "{text}");
     assert_eq!(recs.len(), 1, "{text}");
     let r = &recs[0];
     assert_eq!(r["transport"], "shm");
@@ -224,7 +189,9 @@ fn gather_over_shm_with_the_builtin_responder_is_one_line() {
 fn a_killed_agent_takes_its_load_generator_with_it() {
     let test = "a_killed_agent_takes_its_load_generator_with_it";
     let _one = one_at_a_time();
-    if !common::system_ready(test) || !installed(test, "/usr/sbin/nginx", "nginx-light") {
+    if !common::system_ready(test)
+        || !common::installed(test, &[("/usr/sbin/nginx", "nginx-light")])
+    {
         return;
     }
     // Both agents find the library next to their binary.

@@ -14,9 +14,12 @@
 //! NETGAP_REQUIRE_SYSTEM_TESTS=1 that is a failure); the tests across
 //! hosts need the `xdp` feature too, for the relays.
 
-use crate::common::{self, netgap, read_records, system_ready};
+use crate::common::{self, netgap, system_ready};
 use serde_json::Value;
-use std::path::Path;
+
+/// Two sizes, two repetitions of 50 iterations each: enough for every
+/// record, short enough for a test.
+const SHORT_RUN: [&str; 6] = ["-s", "1,64K", "--reps", "2", "--iterations", "50"];
 
 /// The record's stack options.
 fn stack_options(r: &Value) -> Vec<&str> {
@@ -50,25 +53,6 @@ fn check_library_record(r: &Value, stack: &str) {
     );
 }
 
-/// `netgap run ARGS --json FILE` with the library next to the test's
-/// netgap: its success, output and records.
-fn run(args: &[&str], json: &Path) -> (bool, String, Vec<Value>) {
-    let out = netgap()
-        .arg("run")
-        .args(args)
-        .arg("--json")
-        .arg(json)
-        .env("NETGAP_PRELOAD", common::preload_library())
-        .output()
-        .expect("netgap run");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text, read_records(json))
-}
-
 #[test]
 fn mpi_ranks_under_the_library_over_shm_from_the_command_line() {
     let test = "mpi_ranks_under_the_library_over_shm_from_the_command_line";
@@ -77,20 +61,8 @@ fn mpi_ranks_under_the_library_over_shm_from_the_command_line() {
     }
     let dir = tempfile::tempdir().expect("tempdir");
     let json = dir.path().join("r.jsonl");
-    let (ok, text, recs) = run(
-        &[
-            "mpi-latency,mpi-bw",
-            "-t",
-            "shm",
-            "-s",
-            "1,64K",
-            "--reps",
-            "2",
-            "--iterations",
-            "50",
-        ],
-        &json,
-    );
+    let stack = ["mpi-latency,mpi-bw", "-t", "shm"];
+    let (ok, text, recs) = common::run_preloaded(&[&stack[..], &SHORT_RUN].concat(), &json);
     assert!(ok, "{text}");
     assert_eq!(recs.len(), 4, "{text}");
     for r in &recs {
@@ -110,7 +82,6 @@ fn mpi_ranks_under_the_library_over_shm_from_the_command_line() {
 #[cfg(feature = "xdp")]
 mod across_hosts {
     use super::*;
-    use crate::common::procs::Terminated;
     use crate::common::testbed::Testbed;
     use std::process::Command;
 
@@ -124,22 +95,9 @@ mod across_hosts {
         let (tb, _) = Testbed::up("pxmpicli", &["--hosts", "2", "--links", "2"]);
         let dir = tempfile::tempdir().expect("tempdir");
         let json = dir.path().join("r.jsonl");
-        let (ok, text, recs) = run(
-            &[
-                "mpi-latency,mpi-bw",
-                "-t",
-                "xdp",
-                "--hosts",
-                &tb.hosts_arg(),
-                "-s",
-                "1,64K",
-                "--reps",
-                "2",
-                "--iterations",
-                "50",
-            ],
-            &json,
-        );
+        let hosts = tb.hosts_arg();
+        let stack = ["mpi-latency,mpi-bw", "-t", "xdp", "--hosts", &hosts];
+        let (ok, text, recs) = common::run_preloaded(&[&stack[..], &SHORT_RUN].concat(), &json);
         assert!(ok, "{text}");
         assert_eq!(recs.len(), 4, "{text}");
         for r in &recs {
@@ -154,11 +112,7 @@ mod across_hosts {
                 "{r}"
             );
         }
-        assert_eq!(
-            tb.processes_in(" relay "),
-            Vec::<String>::new(),
-            "relays left"
-        );
+        tb.assert_no_relay();
         // Without the testbed's hosts, xdp is one line before anything
         // starts.
         let out = netgap()
@@ -190,54 +144,26 @@ mod across_hosts {
         }
         let (tb, _) = Testbed::up("pxmpipp", &["--hosts", "2", "--links", "2"]);
         let dir = tempfile::tempdir().expect("tempdir");
-        let src = dir.path().join("pingpong.c");
-        std::fs::write(&src, include_str!("preload_mpi_pingpong.c")).expect("source");
-        let exe = dir.path().join("pingpong");
-        let built = Command::new("mpicc")
-            .args(["-O2", "-o"])
-            .arg(&exe)
-            .arg(&src)
-            .output()
-            .expect("mpicc runs");
-        assert!(built.status.success(), "{built:?}");
+        let exe = common::build_c(
+            dir.path(),
+            "pingpong",
+            include_str!("preload_mpi_pingpong.c"),
+            "mpicc",
+        );
         let netgap_path = common::netgap_path();
         let netgap_s = netgap_path.to_str().expect("a path");
         let key = common::new_key_file(dir.path(), "relay.key");
         let hosts = tb.hosts();
         let (h1, h2) = (&hosts.hosts[0], &hosts.hosts[1]);
-        let mut relays = Vec::new();
-        for h in [h1, h2] {
-            let log = dir.path().join(format!("relay-{}.log", h.name));
-            relays.push((
-                Terminated(
-                    Command::new("ip")
-                        .args(["netns", "exec", &tb.ns(&h.name), netgap_s])
-                        .args(tb.relay_args(&h.name, &key))
-                        .stdout(std::process::Stdio::null())
-                        .stderr(std::fs::File::create(&log).expect("a log"))
-                        .spawn()
-                        .expect("netgap relay"),
-                ),
-                log,
-            ));
-        }
-        for (_, log) in &relays {
-            let t0 = std::time::Instant::now();
-            while !crate::preload::read(log).contains("listening on") {
-                assert!(
-                    t0.elapsed() < std::time::Duration::from_secs(10),
-                    "{}",
-                    crate::preload::read(log)
-                );
-                std::thread::sleep(std::time::Duration::from_millis(20));
-            }
-        }
+        let relays = tb.start_relays(&key, dir.path());
         // mpirun in the first host's namespaces, its daemon on the second
         // through netgap's launch agent, as `netgap run mpi-*` starts them;
         // only the ranks run under the library. Staggered: rank 1 opens the
-        // connection alone (two ranks that connect to each other at once
-        // across hosts each wait in connect() for the other's answer until
-        // the library gives up with ECONNRESET).
+        // connection alone. Two ranks that connect to each other at once
+        // across hosts get past connect() (the library does not wait there
+        // for the listener's answer), but then both relays, with no link
+        // yet, listen for the other's flow and neither opens it, so both
+        // connections fail when the relays' waits end.
         let log = dir.path().join("mpi.log");
         let iface = &h1.links[0].ifname;
         let out = Command::new("timeout")
@@ -288,26 +214,12 @@ mod across_hosts {
             "{stdout}"
         );
         // The connection between the ranks moved to xdp at both ends.
-        assert!(
-            text.lines()
-                .any(|l| l.contains("connection to port")
-                    && l.ends_with("moved to xdp via the relay")),
-            "{text}"
-        );
-        assert!(
-            text.contains("accepted connection moved to xdp via the relay"),
-            "{text}"
-        );
-        assert!(!text.contains("fails"), "{text}");
+        common::assert_relayed_at_both_ends(&text);
         // Both ranks received 31 MiB and more each through the relays.
         let relayed = relayed_received_bytes(&text);
         assert!(relayed > 2 * 31 * (1 << 20), "{relayed} B relayed: {text}");
         drop(relays);
-        assert_eq!(
-            tb.processes_in(" relay "),
-            Vec::<String>::new(),
-            "relays left"
-        );
+        tb.assert_no_relay();
         tb.down();
         tb.assert_gone();
     }

@@ -9,9 +9,9 @@
  * then keeps one). Prints "verified round trips: N bad: B" on rank 0 and
  * exits non-zero if any message differed. With a second argument
  * "staggered", rank 1 first sends rank 0 one message, so rank 1 alone
- * opens the connection (across hosts the library's relayed connect waits
- * in connect() for the listener's answer, and two ranks that connect to
- * each other at once each wait for the other).
+ * opens the connection (across hosts, two ranks that connect to each other
+ * at once have both relays, with no link yet, listen for the other's flow,
+ * and neither opens it).
  */
 int main(int argc, char **argv) {
     int rank, n;

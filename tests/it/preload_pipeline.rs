@@ -41,20 +41,10 @@ fn root(test: &str) -> bool {
 /// `netgap run pipeline ARGS --query-bytes 4M --reps 1 --json FILE` with
 /// the library built: its success, its output and the records.
 fn run(args: &[&str], json: &std::path::Path) -> (bool, String, Vec<Value>) {
-    let out = netgap()
-        .args(["run", "pipeline", "--stages", "program"])
-        .args(args)
-        .args(["--query-bytes", "4M", "--reps", "1", "--json"])
-        .arg(json)
-        .env("NETGAP_PRELOAD", common::preload_library())
-        .output()
-        .expect("netgap run");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text, read_records(json))
+    let mut all = vec!["pipeline", "--stages", "program"];
+    all.extend_from_slice(args);
+    all.extend(["--query-bytes", "4M", "--reps", "1"]);
+    common::run_preloaded(&all, json)
 }
 
 /// Every UOW of the query arrived at the consumer and was verified, once.

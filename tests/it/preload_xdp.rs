@@ -29,13 +29,13 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 fn programs_ready(test: &str) -> bool {
-    for p in ["/usr/sbin/nginx", "/usr/bin/curl"] {
-        if !Path::new(p).exists() {
-            common::skip(test, &format!("{p} is missing"));
-            return false;
-        }
-    }
-    true
+    common::installed(
+        test,
+        &[
+            ("/usr/sbin/nginx", "nginx-light"),
+            ("/usr/bin/curl", "curl"),
+        ],
+    )
 }
 
 /// A child process stopped (TERM, then KILL) and reaped on drop.
@@ -72,10 +72,8 @@ fn relay(tb: &Testbed, host: &str, key: &Path, log: &Path) -> Guard {
 
 /// [`relay`] with more flags.
 fn relay_with(tb: &Testbed, host: &str, key: &Path, log: &Path, flags: &[&str]) -> Guard {
-    let child = Command::new("ip")
-        .args(["netns", "exec", &tb.ns(host)])
-        .arg(netgap_path())
-        .args(tb.relay_args(host, key))
+    let child = tb
+        .relay_command(host, key)
         .args(["--timeout-ms", "3000"])
         .args(flags)
         .stdout(Stdio::null())

@@ -17,7 +17,7 @@
 
 use crate::common::procs::Terminated;
 use crate::common::testbed::Testbed;
-use crate::common::{self, metric, netgap, read_records, system_ready};
+use crate::common::{self, metric, system_ready};
 use serde_json::Value;
 use std::path::Path;
 use std::process::Command;
@@ -25,20 +25,10 @@ use std::process::Command;
 /// `netgap run ARGS --hosts @TESTBED --json FILE`: its success, its
 /// output and the records.
 fn run(tb: &Testbed, args: &[&str], json: &Path) -> (bool, String, Vec<Value>) {
-    let out = netgap()
-        .arg("run")
-        .args(args)
-        .args(["--hosts", &tb.hosts_arg(), "--json"])
-        .arg(json)
-        .env("NETGAP_PRELOAD", common::preload_library())
-        .output()
-        .expect("netgap run");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text, read_records(json))
+    let hosts = tb.hosts_arg();
+    let mut all = args.to_vec();
+    all.extend(["--hosts", &hosts]);
+    common::run_preloaded(&all, json)
 }
 
 /// `web -t xdp` with `flags` (for 1 s unless they say `--duration`)
@@ -113,11 +103,14 @@ fn nginx_and_gmond_serve_across_testbed_hosts_over_xdp_through_the_relays() {
     if !system_ready(test) {
         return;
     }
-    for p in ["/usr/sbin/nginx", "/usr/sbin/gmond"] {
-        if !Path::new(p).exists() {
-            common::skip(test, &format!("{p} is missing"));
-            return;
-        }
+    if !common::installed(
+        test,
+        &[
+            ("/usr/sbin/nginx", "nginx-light"),
+            ("/usr/sbin/gmond", "ganglia-monitor"),
+        ],
+    ) {
+        return;
     }
     let (tb, _) = Testbed::up(
         "pxruns",
@@ -197,11 +190,7 @@ fn apache_event_mpm_serves_across_testbed_hosts_over_xdp_through_the_relays() {
     if !system_ready(test) {
         return;
     }
-    if !Path::new("/usr/sbin/apache2").exists() {
-        common::skip(
-            test,
-            "/usr/sbin/apache2 is missing (apt-get install apache2)",
-        );
+    if !common::installed(test, &[("/usr/sbin/apache2", "apache2")]) {
         return;
     }
     let (tb, _) = Testbed::up(
@@ -266,11 +255,11 @@ fn a_wrapped_client_reaches_a_server_without_the_library_on_kernel_tcp_even_with
     if !system_ready(test) {
         return;
     }
-    for p in ["/usr/bin/python3", "/usr/bin/curl"] {
-        if !Path::new(p).exists() {
-            common::skip(test, &format!("{p} is missing"));
-            return;
-        }
+    if !common::installed(
+        test,
+        &[("/usr/bin/python3", "python3"), ("/usr/bin/curl", "curl")],
+    ) {
+        return;
     }
     let (tb, _) = Testbed::up(
         "pxplain",
@@ -281,14 +270,7 @@ fn a_wrapped_client_reaches_a_server_without_the_library_on_kernel_tcp_even_with
     let netgap = netgap.to_str().expect("a path");
     let (h1, h2) = (tb.ns("h1"), tb.ns("h2"));
     let key = common::new_key_file(dir.path(), "relay.key");
-    let relay = |host: &str, log: &str| {
-        let mut args = vec![netgap.to_string()];
-        args.extend(tb.relay_args(host, &key));
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        in_ns(&tb.ns(host), &args, &dir.path().join(log))
-    };
-    let _r1 = relay("h1", "r1.log");
-    let _r2 = relay("h2", "r2.log");
+    let _relays = tb.start_relays(&key, dir.path());
     // A plain HTTP server, not under the library, on the server's host.
     let root = dir.path().join("root");
     std::fs::create_dir(&root).expect("docroot");

@@ -13,10 +13,11 @@
 
 use netgap_core::hosts::HostEntry;
 use netgap_transport::Programs;
-use netgap_workload::preload::{library_path, relay_present, LogSummary, STACK_ENV};
+use netgap_workload::preload::{
+    await_relay, library_path, relay_present_in, LogSummary, RelayError, STACK_ENV,
+};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
 
 /// The stack the ranks' TCP connections take under the library, as `-t`
 /// named it.
@@ -112,9 +113,6 @@ pub enum LibraryError {
         why: String,
     },
 }
-
-/// How long a relay has to listen.
-const RELAY_START_WAIT: Duration = Duration::from_secs(10);
 
 /// One job's use of the library: its directory (the log, the relays'
 /// key), the relays it started, and what mpirun exports to the ranks.
@@ -220,7 +218,7 @@ impl LibraryJob {
                     peer: other.name.clone(),
                 });
             };
-            if present_in(&netns) {
+            if relay_present_in(Some(&netns)) {
                 return Err(LibraryError::RelayRuns {
                     stack,
                     host: me.name.clone(),
@@ -242,21 +240,17 @@ impl LibraryJob {
                     host: me.name.clone(),
                     detail: e.to_string(),
                 })?;
+            let listens = await_relay(Some(&netns), &log, || relay.exited());
             self.relays.push(relay);
-            let t0 = Instant::now();
-            while !present_in(&netns) {
-                let last = self.relays.last();
-                if last.is_some_and(RelayProcess::exited) || t0.elapsed() > RELAY_START_WAIT {
-                    let said = std::fs::read_to_string(&log).unwrap_or_default();
-                    let line = said.lines().last().unwrap_or("no word in its log").trim();
-                    return Err(LibraryError::Relay {
-                        stack,
-                        host: me.name.clone(),
-                        detail: netgap_core::text::escape_control(line).into_owned(),
-                    });
-                }
-                std::thread::sleep(Duration::from_millis(10));
-            }
+            listens.map_err(|e| LibraryError::Relay {
+                stack: stack.clone(),
+                host: me.name.clone(),
+                detail: match e {
+                    // The relay's own word, as it said it.
+                    RelayError::Exited { said } | RelayError::Late { said } => said,
+                    other => other.to_string(),
+                },
+            })?;
         }
         Ok(())
     }
@@ -269,14 +263,6 @@ impl Drop for LibraryJob {
         self.relays.clear();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
-}
-
-/// Whether a relay of root's listens in network namespace `netns`.
-fn present_in(netns: &str) -> bool {
-    let netns = netns.to_string();
-    std::thread::spawn(move || netgap_transport::netns::enter(&netns).is_ok() && relay_present())
-        .join()
-        .unwrap_or(false)
 }
 
 /// A relay this job started in a host's namespace: its process group and

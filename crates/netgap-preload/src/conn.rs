@@ -66,8 +66,9 @@ pub(crate) struct Conn {
     /// process holding it closes it; -1 for shm. A relayed connection has
     /// no region file of its own (`region_fd` is -1): it does not survive
     /// `exec` (the bell is close-on-exec, so the relay sees the program
-    /// gone and ends the connection).
-    pub(crate) bell: c_int,
+    /// gone and ends the connection). A relayed connector's offer sets it
+    /// once the listener answered and the relay took the connection.
+    bell: AtomicI32,
 }
 
 /// Why the bytes a connector wrote before a refused offer did not go out
@@ -166,7 +167,7 @@ impl Conn {
             shared: AtomicBool::new(false),
             corrupt_logged: AtomicBool::new(false),
             region_fd: AtomicI32::new(region_fd),
-            bell: -1,
+            bell: AtomicI32::new(-1),
         }
     }
 
@@ -190,8 +191,8 @@ impl Conn {
 
     /// The connection goes through the host's relay, reached on `bell`
     /// (which it now owns).
-    pub(crate) fn with_bell(mut self, bell: c_int) -> Conn {
-        self.bell = bell;
+    pub(crate) fn with_bell(self, bell: c_int) -> Conn {
+        self.bell.store(bell, Ordering::SeqCst);
         self
     }
 
@@ -210,16 +211,18 @@ impl Conn {
 
     /// A connector's connection whose hello went out and whose answers
     /// are still to come (see [`Conn::offered`]).
+    /// `port` names the destination in the log; `path` holds what the
+    /// answer's data path needs.
     pub(crate) fn new_offered(
         fd: c_int,
         channel: Channel,
         nonblocking: bool,
-        offer: Offer,
+        (port, path): (u16, OfferPath),
         region_fd: c_int,
     ) -> Conn {
         let c = Conn::new(fd, channel, Role::Connector, nonblocking, region_fd);
         c.offered.store(true, Ordering::SeqCst);
-        *c.offer.lock().unwrap_or_else(|p| p.into_inner()) = Some(offer);
+        *c.offer.lock().unwrap_or_else(|p| p.into_inner()) = Some(Offer { port, path });
         c
     }
 
@@ -236,21 +239,59 @@ impl Conn {
         self.offer.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Whether the connection is offered through the relays (its answer
+    /// is awaited before the program's close or shutdown: the relay must
+    /// take the bytes in the ring first).
+    pub(crate) fn offered_via_relay(&self) -> bool {
+        self.offered()
+            && matches!(
+                self.offer_lock().as_ref().map(|o| &o.path),
+                Some(OfferPath::Relay(_))
+            )
+    }
+
+    /// The relay took the connection, reached on `bell` (which the
+    /// connection now owns): set before the offer ends, so the first
+    /// doorbell goes to the relay.
+    pub(crate) fn set_bell(&self, bell: c_int) {
+        self.bell.store(bell, Ordering::SeqCst);
+    }
+
+    /// Sends the offer's `hello` on the kernel socket `fd` (to `port`,
+    /// for the log). Err: it did not go out whole, so the byte stream is
+    /// no longer the program's: the offer is dropped and the socket shut
+    /// down, and `connect` fails with that errno rather than carry
+    /// corrupt data.
+    pub(crate) fn send_hello(&self, fd: c_int, port: u16, hello: &[u8]) -> Result<(), Errno> {
+        let Err(err) = crate::exchange::send_all(fd, hello) else {
+            return Ok(());
+        };
+        log_line!(
+            "fd {fd}: connection to port {port} fails (ECONNRESET): sending the hello: {}",
+            std::io::Error::from_raw_os_error(err)
+        );
+        self.offer_dropped();
+        // SAFETY: a plain shutdown of the program's socket; `shutdown` is
+        // interposed, so the real one is called.
+        unsafe { real::shutdown()(fd, libc::SHUT_RDWR) };
+        Err(libc::ECONNRESET)
+    }
+
     /// The offer broke: the connection is shut down, nothing is sent.
     pub(crate) fn offer_dropped(&self) {
         self.offered.store(false, Ordering::SeqCst);
     }
 
-    /// The listener took the channel: bytes the program wrote meanwhile
-    /// are in the ring, and one doorbell makes sure a listener already
-    /// waiting for them is woken.
+    /// The listener took the channel (or, relayed, the relay took the
+    /// connection): bytes the program wrote meanwhile are in the ring, and
+    /// one doorbell makes sure a reader already waiting for them is woken.
     pub(crate) fn offer_accepted(&self, fd: c_int) {
         self.offered.store(false, Ordering::SeqCst);
         // A writer publishes, then checks `offered` (both SeqCst): either
         // it saw the offer over and rang itself, or its bytes are seen
         // here.
         if self.channel.unsent().map_or(true, |n| n > 0) {
-            self.ring_on(fd);
+            self.ring(fd);
         }
     }
 
@@ -311,6 +352,12 @@ impl Conn {
         self.channel.readable().map_err(|Corrupt| self.corrupt(fd))
     }
 
+    /// Whether the ring toward the peer has no room (a corrupt ring counts
+    /// as room: the write then reports it).
+    pub(crate) fn write_full(&self) -> bool {
+        self.channel.tx_full().unwrap_or(false)
+    }
+
     /// Whether a reader would not block: data, the end of the stream, or
     /// an error to report.
     pub(crate) fn read_ready(&self) -> bool {
@@ -347,7 +394,7 @@ impl Conn {
 
     /// The socket to the relay of a relayed connection (-1 for shm).
     pub(crate) fn bell(&self) -> c_int {
-        self.bell
+        self.bell.load(Ordering::SeqCst)
     }
 
     /// [`Conn::arm_read`] for a wait in an epoll where the relay socket is
@@ -375,7 +422,7 @@ impl Conn {
             // relay socket is this connection's own.
             let r = unsafe {
                 real::recv()(
-                    self.bell,
+                    self.bell(),
                     scratch.as_mut_ptr().cast(),
                     scratch.len(),
                     libc::MSG_DONTWAIT,
@@ -392,7 +439,7 @@ impl Conn {
     /// no (a program told "readable" must find data or the end of the
     /// stream, or it may take the EAGAIN for an error).
     pub(crate) fn settle(&self, fd: c_int) -> bool {
-        if self.bell >= 0 {
+        if self.bell() >= 0 {
             self.drain_bell();
         }
         if self.read_ready() {
@@ -408,7 +455,8 @@ impl Conn {
         if self.offered.load(Ordering::SeqCst) {
             return;
         }
-        self.ring_on(if self.bell >= 0 { self.bell } else { fd });
+        let bell = self.bell();
+        self.ring_on(if bell >= 0 { bell } else { fd });
     }
 
     /// Sends one doorbell byte on `fd`.
@@ -788,7 +836,7 @@ impl Conn {
         if lingers_zero(fd) {
             // The program asked for a reset: its peer reads one.
             self.channel.mark_end(false, !shared);
-        } else if self.bell >= 0 || shared {
+        } else if self.bell() >= 0 || shared {
             self.channel.mark_end(true, false);
         } else if self.channel.readable().is_ok_and(|n| n > 0) {
             abortive(fd);
@@ -850,7 +898,7 @@ impl Conn {
             Role::Connector => "connector",
             Role::Listener => "listener",
         };
-        let kind = if self.bell >= 0 { "relayed" } else { "shm" };
+        let kind = if self.bell() >= 0 { "relayed" } else { "shm" };
         log_line!(
             "fd {fd}: {kind} connection closed ({role}): shm_sent_bytes={} shm_received_bytes={} doorbells_sent={} kernel_tcp_sent_bytes={tcp_out} kernel_tcp_received_bytes={tcp_in}",
             self.sent_bytes.load(Ordering::Relaxed),
@@ -1021,18 +1069,61 @@ fn spin_for(budget_ns: u128, ready: &mut impl FnMut() -> bool) -> bool {
     }
 }
 
-/// A connector's offer: the destination port (for the log) and the
-/// connection's mailbox, which the listener reads the connector's
-/// credentials from (closed with the offer).
+/// A connector's offer: the destination port (for the log) and what its
+/// data path needs once the listener answers.
 pub(crate) struct Offer {
     pub(crate) port: u16,
-    pub(crate) mailbox: Option<std::os::fd::OwnedFd>,
+    pub(crate) path: OfferPath,
+}
+
+/// The data path a connector offered in its hello.
+pub(crate) enum OfferPath {
+    /// A listener on this host: the connection's mailbox, which the
+    /// listener reads the connector's credentials from (closed with the
+    /// offer).
+    Shm {
+        mailbox: Option<std::os::fd::OwnedFd>,
+    },
+    /// A listener on another host, through the relays.
+    Relay(RelayOffer),
+}
+
+/// What a relayed connector's offer holds for its relay's connect
+/// request, made once the listener answers: the host's relay held for
+/// the connection (its socket, closed with the offer unless the
+/// connection takes it as its bell), the flow key the hello carried, and
+/// the region the ring lives in, which the request hands to the relay.
+pub(crate) struct RelayOffer {
+    pub(crate) key: [u8; netgap_proto::preload::RELAY_KEY_BYTES],
+    pub(crate) ring_bytes: u32,
+    /// The socket to the relay; -1 once taken.
+    pub(crate) sock: c_int,
+    pub(crate) region: crate::region::Region,
+}
+
+impl RelayOffer {
+    /// Takes the relay socket out of the offer (it is no longer closed
+    /// with it).
+    pub(crate) fn take_sock(&mut self) -> c_int {
+        std::mem::replace(&mut self.sock, -1)
+    }
+}
+
+impl Drop for RelayOffer {
+    fn drop(&mut self) {
+        if self.sock >= 0 {
+            // SAFETY: the relay socket this offer owns, closed once.
+            unsafe { real::close()(self.sock) };
+        }
+    }
 }
 
 impl Drop for Offer {
     fn drop(&mut self) {
-        if let Some(m) = self.mailbox.take() {
-            crate::unix::close(m);
+        if let OfferPath::Shm { mailbox } = &mut self.path {
+            if let Some(m) = mailbox.take() {
+                crate::unix::close(m);
+            }
         }
     }
 }

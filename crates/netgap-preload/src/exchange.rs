@@ -160,35 +160,3 @@ pub(crate) fn hear_answer(fd: c_int) -> Heard {
         )),
     }
 }
-
-/// Waits for the listener's answer to a relay hello just sent (up to the
-/// answer's time limit): the relay path's connect waits for it, since the
-/// relays' flow must be set up before any data moves. Program data first:
-/// the listener's program committed to the kernel's TCP before it saw the
-/// hello (which it drops); the connection stays there.
-pub(crate) fn read_answer(fd: c_int) -> Result<Answer, NotMoved> {
-    let deadline = Instant::now() + ANSWER_WAIT;
-    loop {
-        match hear_answer(fd) {
-            Heard::Answer(a) => return Ok(a),
-            Heard::NotYet => {
-                if !wait_for(fd, libc::POLLIN, deadline) {
-                    return Err(NotMoved::Broken("no answer from the listener".into()));
-                }
-                // Part of the answer may be in: give the rest a moment.
-                std::thread::sleep(Duration::from_micros(50));
-            }
-            Heard::ProgramData => {
-                return Err(NotMoved::Kept(
-                    "the listener's program wrote before it saw the hello".into(),
-                ))
-            }
-            Heard::Eof => {
-                return Err(NotMoved::Kept(
-                    "the listener closed before answering".into(),
-                ))
-            }
-            Heard::Broken(why) => return Err(NotMoved::Broken(why)),
-        }
-    }
-}

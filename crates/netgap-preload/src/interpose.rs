@@ -49,8 +49,11 @@ pub(crate) fn route_with(fd: c_int, writing: bool, dontwait: bool) -> Route {
         None | Some(Entry::Listener { .. } | Entry::Region(_)) => Route::Kernel,
         Some(Entry::Shm(c)) if c.offered() => {
             // Writes go into the ring before the answer (see
-            // `setup::connected`); a read needs the answer first.
-            let wait = !writing && !dontwait && !c.nonblocking();
+            // `setup::connected`); a read needs the answer first, and so
+            // does a blocking write to a relayed offer whose ring is full:
+            // only the relay, once the answer came, makes room in it.
+            let blocking = !dontwait && !c.nonblocking();
+            let wait = blocking && (!writing || c.write_full() && c.offered_via_relay());
             match setup::finish_offer(fd, &c, wait) {
                 Resolved::Shm(c) => Route::Shm(c),
                 Resolved::Kernel => Route::Kernel,
@@ -85,9 +88,12 @@ pub(crate) fn fail(e: Errno) -> ssize_t {
     -1
 }
 
-/// `connect(2)`: to a local listener with the library, the connection is
-/// made (blocking, even on a non-blocking socket: on one host it takes
-/// microseconds) and offered the channel; otherwise untouched.
+/// `connect(2)`: to a listener with the library, on this host or (under
+/// `-t xdp`) on another one through the relays, the connection is made
+/// (blocking, even on a non-blocking socket: it takes the kernel's
+/// handshake, microseconds on one host, a round trip across hosts) and
+/// offered the channel, and `connect` returns without waiting for the
+/// listener's answer; otherwise untouched.
 ///
 /// # Safety
 ///
@@ -277,6 +283,20 @@ fn forget(fd: c_int) -> Option<Arc<Conn>> {
     last
 }
 
+/// A relayed connection still offered is resolved (its answer waited
+/// for, bounded) before the program closes or shuts it down: the bytes
+/// the program wrote sit in the ring until the relay takes the connection,
+/// and its end must follow them, on the relay or on the kernel's TCP.
+fn settle_relay_offer(fd: c_int) {
+    if let Some(Entry::Shm(c)) = table::get(fd) {
+        if c.offered_via_relay() {
+            let e = errno();
+            let _ = setup::finish_offer(fd, &c, true);
+            set_errno(e);
+        }
+    }
+}
+
 /// `close(2)`: the last descriptor of a taken-over connection in this
 /// process closes it as the kernel would (`Conn::last_close`).
 ///
@@ -285,6 +305,7 @@ fn forget(fd: c_int) -> Option<Arc<Conn>> {
 /// As for the C library's `close`.
 #[no_mangle]
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
+    settle_relay_offer(fd);
     let was = match table::get(fd) {
         Some(Entry::Shm(c)) => Some(c),
         _ => None,
@@ -314,6 +335,7 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
 /// As for the C library's `shutdown`.
 #[no_mangle]
 pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
+    settle_relay_offer(fd);
     // SAFETY: the program's own arguments, passed on.
     let r = unsafe { real::shutdown()(fd, how) };
     if r == 0 {

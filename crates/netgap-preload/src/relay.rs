@@ -13,10 +13,12 @@
 //!   7472) whether a program under the library listens on the port; only
 //!   then, so a server without the library never reads a byte of it, it
 //!   sends a hello saying "xdp via relay" with a random flow key
-//!   once the TCP connection is up, and reads the answer: a listener whose
-//!   host runs a relay answers the target its relay listens at; the
-//!   connector then hands its region and its TCP socket to its own relay,
-//!   which opens the flow to that target with the key.
+//!   once the TCP connection is up, and `connect` returns: the connection
+//!   is offered, as a same-host one is, its writes filling the ring. The
+//!   answer is read later (`setup::finish_offer`): a listener whose host
+//!   runs a relay answers the target its relay listens at; the connector
+//!   then hands its region and its TCP socket to its own relay
+//!   ([`answered`]), which opens the flow to that target with the key.
 //! - A listener with the library takes such a hello by handing its region
 //!   and socket to its relay, which listens and says where.
 //!
@@ -35,16 +37,15 @@
 //! No relay, or a refusal: the connection stays on the kernel's TCP, with
 //! one line in the log.
 
-use crate::channel::Role;
-use crate::conn::Conn;
+use crate::conn::{Conn, OfferPath, RelayOffer};
 use crate::errno::{errno, Errno};
-use crate::exchange::{read_answer, ring_bytes, send_all, NotMoved};
+use crate::exchange::{ring_bytes, NotMoved};
 use crate::log::log_line;
 use crate::real;
 use crate::table::{self, Entry};
 use libc::c_int;
 use netgap_proto::preload::{
-    Answer, Hello, Probe, ProbeAnswer, Refusal, RelayReply, RelayRequest, PROBE_BYTES, PROBE_PORT,
+    Hello, Probe, ProbeAnswer, Refusal, RelayReply, RelayRequest, PROBE_BYTES, PROBE_PORT,
     RELAY_KEY_BYTES, RELAY_REPLY_BYTES,
 };
 use std::os::fd::{AsRawFd, IntoRawFd};
@@ -386,48 +387,95 @@ fn ask(sock: c_int, req: &RelayRequest, fds: Option<[c_int; 2]>) -> Result<Relay
 }
 
 /// The connector's side of a connection to another host, on a freshly
-/// connected blocking socket: the relay hello, the answer, then the
-/// relay. Err: the hello went out and the connection cannot be given back
-/// to the program intact (see `setup::connected`).
+/// connected socket: the region made and the relay hello sent. The answer
+/// is not waited for here (`setup::finish_offer` reads it on the
+/// program's first call that needs it, then [`answered`] hands the
+/// connection to the relay): two programs that connect to each other
+/// before either accepts (Open MPI's ranks) would each wait in `connect`
+/// for the other's answer. The program's writes fill the ring meanwhile.
+/// Ok: the offered connection, or None when it stays on the kernel's TCP
+/// before anything was sent. Err: the hello could not be sent whole, so
+/// the byte stream is no longer the program's (see `setup::connected`).
 pub(crate) fn connected(
     fd: c_int,
     port: u16,
     nonblocking: bool,
     reserved: Reserved,
-) -> Result<(), Errno> {
-    match offer(fd, reserved) {
-        Ok(c) => {
-            table::set(fd, Entry::Shm(Arc::new(c.with_nonblocking(nonblocking))));
-            crate::bell::bell_joins_epolls(fd);
-            log_line!("fd {fd}: connection to port {port} moved to xdp via the relay");
-            Ok(())
-        }
-        Err(NotMoved::Kept(why)) => {
+) -> Result<Option<Arc<Conn>>, Errno> {
+    let Reserved {
+        key,
+        ring,
+        mut sock,
+    } = reserved;
+    let (ch, region) = match crate::region::make(ring) {
+        Ok(made) => made,
+        Err(why) => {
             log_line!("fd {fd}: connection to port {port} stays on the kernel's TCP: {why}");
-            Ok(())
+            return Ok(None);
         }
-        Err(NotMoved::Broken(why)) => {
-            log_line!("fd {fd}: connection to port {port} fails (ECONNRESET): {why}");
-            // SAFETY: a plain shutdown of the program's socket; `shutdown`
-            // is not interposed.
-            unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
-            Err(libc::ECONNRESET)
-        }
+    };
+    let offer = RelayOffer {
+        key,
+        ring_bytes: ring,
+        sock: std::mem::replace(&mut sock.0, -1),
+        region,
+    };
+    let c = Arc::new(Conn::new_offered(
+        fd,
+        ch,
+        nonblocking,
+        (port, OfferPath::Relay(offer)),
+        -1,
+    ));
+    let hello = Hello::Relay {
+        ring_bytes: ring,
+        key,
+    };
+    c.send_hello(fd, port, &hello.encode())?;
+    table::set(fd, Entry::Shm(c.clone()));
+    Ok(Some(c))
+}
+
+/// The listener answered a relayed offer with its relay's `target`: this
+/// host's relay is asked to connect there, with the connection's region
+/// and socket. Ok: the relay socket, the connection's bell from now on.
+/// Err: always broken, since the listener's side waits on its relay now
+/// and the stream cannot be given back.
+pub(crate) fn answered(fd: c_int, offer: &mut RelayOffer, target: &str) -> Result<c_int, NotMoved> {
+    if reservation_ended(offer.sock) {
+        // The relay waits a while only for a reserved connect: ask
+        // afresh (a connect is a request of its own).
+        let fresh = open().map_err(|why| NotMoved::Broken(why.to_string()))?;
+        // SAFETY: the old reservation's socket, owned by the offer,
+        // closed once (replaced below).
+        unsafe { real::close()(offer.sock) };
+        offer.sock = fresh;
+    }
+    let req = RelayRequest::Connect {
+        ring_bytes: offer.ring_bytes,
+        key: offer.key,
+        target: target.to_owned(),
+    };
+    match ask(offer.sock, &req, Some([offer.region.0, fd])) {
+        Ok(RelayReply::Ok(_)) => Ok(offer.take_sock()),
+        Ok(RelayReply::Refused(why)) => Err(NotMoved::Broken(format!(
+            "the relay refused to connect to {target}: {why}"
+        ))),
+        Err(why) => Err(NotMoved::Broken(why.to_string())),
     }
 }
 
-/// A connection built before its blocking mode is known.
-struct Built {
-    fd: c_int,
-    ch: crate::channel::Channel,
-    sock: c_int,
-}
-
-impl Built {
-    fn with_nonblocking(self, nonblocking: bool) -> Conn {
-        let Built { fd, ch, sock } = self;
-        Conn::new(fd, ch, Role::Connector, nonblocking, -1).with_bell(sock)
-    }
+/// Whether the relay let a reservation go (it refused it or closed the
+/// socket when its wait for the connect passed): anything readable on the
+/// socket before the connect request says so.
+fn reservation_ended(sock: c_int) -> bool {
+    let mut p = libc::pollfd {
+        fd: sock,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd; a zero timeout never blocks.
+    unsafe { real::poll()(&mut p, 1, 0) != 0 }
 }
 
 /// The relay socket, closed on drop unless taken by the connection.
@@ -468,52 +516,6 @@ fn reserve() -> Result<Reserved, RelayError> {
     )? {
         RelayReply::Ok(_) => Ok(Reserved { key, ring, sock }),
         RelayReply::Refused(why) => Err(RelayError::Refused(why)),
-    }
-}
-
-fn offer(fd: c_int, reserved: Reserved) -> Result<Built, NotMoved> {
-    let Reserved {
-        key,
-        ring,
-        mut sock,
-    } = reserved;
-    let hello = Hello::Relay {
-        ring_bytes: ring,
-        key,
-    };
-    send_all(fd, &hello.encode()).map_err(|e| {
-        NotMoved::Broken(format!(
-            "sending the hello: {}",
-            std::io::Error::from_raw_os_error(e)
-        ))
-    })?;
-    let target = match read_answer(fd)? {
-        Answer::Relay(t) => t,
-        Answer::Accepted => {
-            return Err(NotMoved::Broken(
-                "the listener answered a relay hello as a shared-memory one".into(),
-            ))
-        }
-        Answer::Refused(r) => return Err(NotMoved::Kept(format!("the listener refused: {r}"))),
-    };
-    // From here the listener's side waits on its relay: a failure cannot
-    // give the stream back.
-    let (ch, region) = crate::region::make(ring).map_err(|e| NotMoved::Broken(e.to_string()))?;
-    let req = RelayRequest::Connect {
-        ring_bytes: ring,
-        key,
-        target: target.clone(),
-    };
-    match ask(sock.0, &req, Some([region.0, fd])) {
-        Ok(RelayReply::Ok(_)) => {
-            let s = sock.0;
-            sock.0 = -1;
-            Ok(Built { fd, ch, sock: s })
-        }
-        Ok(RelayReply::Refused(why)) => Err(NotMoved::Broken(format!(
-            "the relay refused to connect to {target}: {why}"
-        ))),
-        Err(why) => Err(NotMoved::Broken(why.to_string())),
     }
 }
 

@@ -23,12 +23,13 @@
 //!   hello came commits its connection to the kernel's TCP at once (a hello
 //!   that comes after is dropped unanswered; its connector then sees the
 //!   program's data first and stays on TCP too).
-//! - Across hosts (`-t xdp` only), a peer's whole relay hello is taken the
+//! - Across hosts (`-t xdp` only), a connector offers the relays the same
+//!   way (`relay::connected`), and a peer's whole relay hello is taken the
 //!   same way, by the host's relay.
 
 use crate::beacon;
 use crate::channel::Role;
-use crate::conn::{Conn, Offer};
+use crate::conn::{Conn, OfferPath};
 use crate::diag::Ends;
 use crate::errno::Errno;
 use crate::exchange::{
@@ -397,19 +398,20 @@ fn read_deadline(fd: c_int) -> Instant {
 /// no longer the program's: the connection is shut down and `connect`
 /// fails with that errno rather than carry corrupt data.
 ///
-/// A peer on another host goes to `relay::connected`, which does wait in
-/// `connect` for the answer: the relays' flow must be set up before any
-/// byte moves, and a relayed connection has no offered state.
+/// A peer on another host goes to `relay::connected`, which offers the
+/// relays the same way: its answer is read by [`finish_offer`] too.
 pub(crate) fn connected(fd: c_int, cand: Candidate, nonblocking: bool) -> Result<(), Errno> {
     let port = cand.port;
     let Some(e) = ends(fd) else {
         return Ok(());
     };
     if !both_local(&e) {
-        return match cand.relay {
-            Some(r) => crate::relay::connected(fd, port, nonblocking, r),
-            None => Ok(()),
-        };
+        if let Some(r) = cand.relay {
+            if let Some(c) = crate::relay::connected(fd, port, nonblocking, r)? {
+                watch_relay_answer(fd, c);
+            }
+        }
+        return Ok(());
     }
     let Some(Local {
         ch,
@@ -427,32 +429,60 @@ pub(crate) fn connected(fd: c_int, cand: Candidate, nonblocking: bool) -> Result
         fd,
         ch,
         nonblocking,
-        Offer {
+        (
             port,
-            mailbox: mailbox.0.take(),
-        },
+            OfferPath::Shm {
+                mailbox: mailbox.0.take(),
+            },
+        ),
         region_fd,
     ));
     let hello = Hello::Shm {
         ring_bytes: ring,
         region_fd: region_fd.cast_unsigned(),
     };
-    if let Err(err) = send_all(fd, &hello.encode()) {
-        log_line!(
-            "fd {fd}: connection to port {port} fails (ECONNRESET): sending the hello: {}",
-            std::io::Error::from_raw_os_error(err)
-        );
-        c.offer_dropped();
-        // SAFETY: a plain shutdown of the program's socket; `shutdown` is
-        // interposed, so the real one is called.
-        unsafe { real::shutdown()(fd, libc::SHUT_RDWR) };
-        return Err(libc::ECONNRESET);
-    }
+    c.send_hello(fd, port, &hello.encode())?;
     table::set(fd, Entry::Shm(c.clone()));
     table::set_region(&c);
     crate::inherit::sync_cloexec(&c);
     Ok(())
 }
+
+/// Watches a relayed offer's answer from a thread of the library's own,
+/// so the relay takes the connection as soon as the listener answers,
+/// whatever the program does meanwhile: a program that writes on its
+/// connection and then waits on another (for a peer that waits for those
+/// bytes) would otherwise never see its own connection move, where on the
+/// kernel's TCP the bytes simply go. The thread ends with the offer, or
+/// after the answer's time limit (the program's own calls then end it, as
+/// they do without the thread, which is also what happens if no thread can
+/// be started).
+fn watch_relay_answer(fd: c_int, c: Arc<Conn>) {
+    let watch = move || {
+        let deadline = Instant::now() + ANSWER_WAIT;
+        // The program's close or shutdown ends the offer before the
+        // descriptor goes (`interpose::settle_relay_offer`), so `fd` is
+        // still the connection's for as long as it is offered.
+        while c.offered() && wait_for(fd, libc::POLLIN, deadline) {
+            match finish_offer(fd, &c, false) {
+                // Part of the answer: give the rest a moment.
+                Resolved::NotYet => std::thread::sleep(Duration::from_micros(50)),
+                Resolved::Shm(_) | Resolved::Kernel => return,
+            }
+        }
+    };
+    let started = std::thread::Builder::new()
+        .name("netgap-answer".into())
+        .stack_size(WATCH_STACK_BYTES)
+        .spawn(watch);
+    if let Err(why) = started {
+        log_line!("fd {fd}: no thread to watch the relayed connection's answer ({why}); the program's next call on it takes the answer");
+    }
+}
+
+/// The stack of the thread that watches a relayed offer's answer: it asks
+/// the relay and writes a log line, nothing deeper.
+const WATCH_STACK_BYTES: usize = 256 << 10;
 
 /// What a pending or offered connection turned out to be.
 pub(crate) enum Resolved {
@@ -466,14 +496,16 @@ pub(crate) enum Resolved {
 
 /// Ends the offer of the connector's connection `c` on `fd` if the answer
 /// is in (waiting for it up to the answer's time limit when `wait`):
-/// accepted, the connection is on shm; refused, or the listener's program
-/// data first, what the program wrote meanwhile goes over the kernel
-/// socket and the connection stays there; broken (no answer in time, a
-/// bad one), the connection is shut down, so the program sees its end
-/// rather than corrupt bytes.
+/// accepted, the connection is on shm (or, relayed, this host's relay
+/// takes it: `relay::answered`); refused, or the listener's program data
+/// first, what the program wrote meanwhile goes over the kernel socket and
+/// the connection stays there; broken (no answer in time, a bad one, the
+/// relay failing once the listener's side waits on its own), the
+/// connection is shut down, so the program sees its end rather than
+/// corrupt bytes.
 pub(crate) fn finish_offer(fd: c_int, c: &Arc<Conn>, wait: bool) -> Resolved {
     let mut guard = c.offer_lock();
-    let Some(offer) = guard.as_ref() else {
+    let Some(offer) = guard.as_mut() else {
         // Another thread ended it.
         return match table::get(fd) {
             Some(Entry::Shm(d)) if Arc::ptr_eq(c, &d) => Resolved::Shm(d),
@@ -492,15 +524,7 @@ pub(crate) fn finish_offer(fd: c_int, c: &Arc<Conn>, wait: bool) -> Resolved {
                 // Part of the answer may be in: give the rest a moment.
                 std::thread::sleep(Duration::from_micros(50));
             }
-            Heard::Answer(Answer::Accepted) => break Ok(()),
-            Heard::Answer(Answer::Refused(r)) => {
-                break Err(NotMoved::Kept(format!("the listener refused: {r}")))
-            }
-            Heard::Answer(Answer::Relay(_)) => {
-                break Err(NotMoved::Broken(
-                    "the listener answered a shared-memory hello with a relay".into(),
-                ))
-            }
+            Heard::Answer(answer) => break take_answer(fd, &mut offer.path, answer),
             Heard::ProgramData => {
                 break Err(NotMoved::Kept(
                     "the listener's program wrote before it saw the hello".into(),
@@ -514,12 +538,23 @@ pub(crate) fn finish_offer(fd: c_int, c: &Arc<Conn>, wait: bool) -> Resolved {
             Heard::Broken(why) => break Err(NotMoved::Broken(why)),
         }
     };
+    // The relay took its socket if it took the connection: the rest of
+    // the offer (the mailbox, the region's descriptor) closes here.
     *guard = None;
     drop(guard);
     match end {
-        Ok(()) => {
+        Ok(bell) => {
+            let to = if bell >= 0 {
+                c.set_bell(bell);
+                "xdp via the relay"
+            } else {
+                "shm"
+            };
             c.offer_accepted(fd);
-            log_line!("fd {fd}: connection to port {port} moved to shm");
+            if bell >= 0 {
+                crate::bell::bell_joins_epolls(fd);
+            }
+            log_line!("fd {fd}: connection to port {port} moved to {to}");
             Resolved::Shm(c.clone())
         }
         Err(NotMoved::Kept(why)) => {
@@ -545,6 +580,25 @@ pub(crate) fn finish_offer(fd: c_int, c: &Arc<Conn>, wait: bool) -> Resolved {
             unsafe { real::shutdown()(fd, libc::SHUT_RDWR) };
             Resolved::Kernel
         }
+    }
+}
+
+/// The listener's whole answer to the offer on `path`: Ok with -1 for a
+/// same-host channel taken, Ok with the relay socket for a connection
+/// this host's relay took.
+fn take_answer(fd: c_int, path: &mut OfferPath, answer: Answer) -> Result<c_int, NotMoved> {
+    match (path, answer) {
+        (OfferPath::Shm { .. }, Answer::Accepted) => Ok(-1),
+        (OfferPath::Relay(offer), Answer::Relay(target)) => {
+            crate::relay::answered(fd, offer, &target)
+        }
+        (_, Answer::Refused(r)) => Err(NotMoved::Kept(format!("the listener refused: {r}"))),
+        (OfferPath::Shm { .. }, Answer::Relay(_)) => Err(NotMoved::Broken(
+            "the listener answered a shared-memory hello with a relay".into(),
+        )),
+        (OfferPath::Relay(_), Answer::Accepted) => Err(NotMoved::Broken(
+            "the listener answered a relay hello as a shared-memory one".into(),
+        )),
     }
 }
 
@@ -797,6 +851,52 @@ fn finish_pending(fd: c_int, p: &Arc<Pending>, done: Done) -> Resolved {
             }
             table::resolve(p, None);
             Resolved::Kernel
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::conn::RelayOffer;
+    use netgap_proto::preload::Refusal;
+
+    fn relayed() -> OfferPath {
+        OfferPath::Relay(RelayOffer {
+            key: [7; netgap_proto::preload::RELAY_KEY_BYTES],
+            ring_bytes: 1 << 16,
+            sock: -1,
+            region: region::Region(-1),
+        })
+    }
+
+    fn kept(r: Result<c_int, NotMoved>) -> bool {
+        matches!(r, Err(NotMoved::Kept(_)))
+    }
+
+    fn broken(r: Result<c_int, NotMoved>) -> bool {
+        matches!(r, Err(NotMoved::Broken(_)))
+    }
+
+    #[test]
+    fn an_answer_for_the_other_data_path_breaks_the_offer_and_a_refusal_keeps_the_stream() {
+        let shm = || OfferPath::Shm { mailbox: None };
+        assert!(matches!(
+            take_answer(-1, &mut shm(), Answer::Accepted),
+            Ok(-1)
+        ));
+        assert!(broken(take_answer(
+            -1,
+            &mut shm(),
+            Answer::Relay("10.0.0.1/02:00:00:00:00:01/7".into())
+        )));
+        assert!(broken(take_answer(-1, &mut relayed(), Answer::Accepted)));
+        for mut path in [shm(), relayed()] {
+            assert!(kept(take_answer(
+                -1,
+                &mut path,
+                Answer::Refused(Refusal::NoRelay)
+            )));
         }
     }
 }

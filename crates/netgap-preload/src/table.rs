@@ -279,9 +279,10 @@ impl Drop for Conn {
             // (the swap); the mapping goes with the channel.
             unsafe { real::close()(fd) };
         }
-        if self.bell >= 0 {
+        let bell = self.bell();
+        if bell >= 0 {
             // SAFETY: the relay socket this connection owns, closed once.
-            unsafe { real::close()(self.bell) };
+            unsafe { real::close()(bell) };
         }
     }
 }

@@ -309,11 +309,42 @@ pub(crate) fn ensure_relay(
     let guard = RelayGuard {
         started: Some((pid, waiter)),
     };
+    await_relay(None, log_path, || {
+        guard.started.as_ref().is_some_and(|(_, w)| w.is_finished())
+    })?;
+    // The relay read its key before it listened.
+    drop(key_dir);
+    Ok(guard)
+}
+
+/// Whether a relay of root's listens in network namespace `netns` (this
+/// process's own when None): [`relay_present`] asked from a thread that
+/// enters it, so this thread's namespace stays as it is.
+pub fn relay_present_in(netns: Option<&str>) -> bool {
+    let Some(netns) = netns else {
+        return relay_present();
+    };
+    let netns = netns.to_string();
+    std::thread::spawn(move || netgap_transport::netns::enter(&netns).is_ok() && relay_present())
+        .join()
+        .unwrap_or(false)
+}
+
+/// Waits until a relay just started ([`spawn_relay`]) listens in network
+/// namespace `netns` (this process's own when None), for at most
+/// `RELAY_START_WAIT`; `exited` says whether its process ended. When it
+/// exits first, or is late, the last line of its log at `log` is its word
+/// (control characters escaped) in the error.
+pub fn await_relay(
+    netns: Option<&str>,
+    log: &Path,
+    exited: impl Fn() -> bool,
+) -> Result<(), RelayError> {
     let t0 = std::time::Instant::now();
-    while !relay_present() {
-        let gone = guard.started.as_ref().is_some_and(|(_, w)| w.is_finished());
+    while !relay_present_in(netns) {
+        let gone = exited();
         if gone || t0.elapsed() > RELAY_START_WAIT {
-            let said = std::fs::read_to_string(log_path).unwrap_or_default();
+            let said = std::fs::read_to_string(log).unwrap_or_default();
             let line = said.lines().last().unwrap_or("no word in its log").trim();
             let said = netgap_core::text::escape_control(line).into_owned();
             return Err(if gone {
@@ -324,9 +355,7 @@ pub(crate) fn ensure_relay(
         }
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
-    // The relay read its key before it listened.
-    drop(key_dir);
-    Ok(guard)
+    Ok(())
 }
 
 /// Starts netgap's own binary with `args` (a `relay` command line) in a

@@ -209,6 +209,75 @@ pub(crate) fn child_test(module: &str, name: &str) -> Command {
     cmd
 }
 
+/// `netgap run ARGS --json JSON` with the preload library built next to
+/// the test's netgap (`NETGAP_PRELOAD`): its success, its output (standard
+/// output then error) and the records.
+pub(crate) fn run_preloaded(args: &[&str], json: &Path) -> (bool, String, Vec<Value>) {
+    let out = netgap()
+        .arg("run")
+        .args(args)
+        .arg("--json")
+        .arg(json)
+        .env("NETGAP_PRELOAD", preload_library())
+        .output()
+        .expect("netgap run");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text, read_records(json))
+}
+
+/// Whether every program is installed, each given as its path and the
+/// package that has it; if not, skips `test` naming the first missing one
+/// and its package.
+pub(crate) fn installed(test: &str, programs: &[(&str, &str)]) -> bool {
+    for (path, package) in programs {
+        if !Path::new(path).exists() {
+            skip(
+                test,
+                &format!("{path} is missing (apt-get install {package})"),
+            );
+            return false;
+        }
+    }
+    true
+}
+
+/// The test program `source` (C, its text) written to `DIR/NAME.c` and
+/// built with `compiler` (`cc`, `mpicc`) into `DIR/NAME`; its path.
+pub(crate) fn build_c(dir: &Path, name: &str, source: &str, compiler: &str) -> PathBuf {
+    let src = dir.join(format!("{name}.c"));
+    std::fs::write(&src, source).expect("the program's source");
+    let exe = dir.join(name);
+    let built = Command::new(compiler)
+        .args(["-O2", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .output()
+        .expect("the compiler runs");
+    assert!(built.status.success(), "{built:?}");
+    exe
+}
+
+/// What a library log across hosts (`text`) must say of a connection
+/// between two wrapped programs: it moved to xdp through the relays at the
+/// connector's end and at the accepting one, and no connection failed.
+#[cfg(feature = "xdp")]
+pub(crate) fn assert_relayed_at_both_ends(text: &str) {
+    assert!(
+        text.lines()
+            .any(|l| l.contains("connection to port") && l.ends_with("moved to xdp via the relay")),
+        "{text}"
+    );
+    assert!(
+        text.contains("accepted connection moved to xdp via the relay"),
+        "{text}"
+    );
+    assert!(!text.contains("fails"), "{text}");
+}
+
 /// Whether the system can run a testbed (root, network namespaces,
 /// iproute2); if not, says why, and fails when system tests are required
 /// (`NETGAP_REQUIRE_SYSTEM_TESTS=1`, as CI sets it).

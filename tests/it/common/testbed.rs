@@ -89,6 +89,55 @@ impl Testbed {
         ]
     }
 
+    /// `ip netns exec NS netgap relay ...` for `host`
+    /// ([`Testbed::relay_args`]), to be given more flags and spawned.
+    #[cfg(feature = "xdp")]
+    pub(crate) fn relay_command(&self, host: &str, key: &Path) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.ns(host)])
+            .arg(super::netgap_path())
+            .args(self.relay_args(host, key));
+        c
+    }
+
+    /// A `netgap relay` in each host's namespace ([`Testbed::relay_args`],
+    /// the relays' key file `key`), each logging to `DIR/relay-HOST.log`;
+    /// returned once every log says it listens, each with its log. The
+    /// relays stop when the guards go.
+    #[cfg(feature = "xdp")]
+    pub(crate) fn start_relays(
+        &self,
+        key: &Path,
+        dir: &Path,
+    ) -> Vec<(super::procs::Terminated, PathBuf)> {
+        let mut relays = Vec::new();
+        for h in &self.hosts().hosts {
+            let log = dir.join(format!("relay-{}.log", h.name));
+            let child = self
+                .relay_command(&h.name, key)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::fs::File::create(&log).expect("a relay log"))
+                .spawn()
+                .expect("netgap relay");
+            relays.push((super::procs::Terminated(child), log));
+        }
+        for (_, log) in &relays {
+            let t0 = std::time::Instant::now();
+            loop {
+                let text = std::fs::read_to_string(log).unwrap_or_default();
+                if text.contains("listening on") {
+                    break;
+                }
+                assert!(
+                    t0.elapsed() < std::time::Duration::from_secs(10),
+                    "the relay did not come up: {text}"
+                );
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+        }
+        relays
+    }
+
     /// `netgap run TESTS --hosts @FILE FLAGS --json JSON` from the root
     /// namespace; the records.
     pub(crate) fn run(&self, tests: &str, flags: &[&str], json: &Path) -> Vec<Value> {
@@ -123,6 +172,17 @@ impl Testbed {
             }
         }
         left
+    }
+
+    /// No relay, of a run or started by hand, is left in the testbed's
+    /// namespaces.
+    #[cfg(feature = "xdp")]
+    pub(crate) fn assert_no_relay(&self) {
+        assert_eq!(
+            self.processes_in(" relay "),
+            Vec::<String>::new(),
+            "relays left"
+        );
     }
 
     /// The relays a run started left in the testbed's namespaces (they

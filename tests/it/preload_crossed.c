@@ -1,0 +1,124 @@
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+/*
+ * Two programs on two hosts that connect to each other before either
+ * accepts, for the preload library's test. Usage: crossed ME PORT PEER_IP
+ * PEER_PORT DIR, ME 1 or 2. It listens on PORT, says so with the file
+ * DIR/ready-ME and waits for DIR/ready-PEER, connects to the peer, writes
+ * its greeting on that connection, and only then accepts the peer's
+ * connection; it reads the peer's greeting there, answers on it, and reads
+ * the peer's answer on its own connection. Every byte is checked; it
+ * prints "crossed: ok" and exits 0, or says what failed and exits 1. A
+ * connect that waited for the peer's accept would hang both (the alarm
+ * ends it).
+ *
+ * Program 2 accepts only once program 1 has read its greeting (the file
+ * DIR/greeted-1), waiting meanwhile on neither connection: its own
+ * connection must move on without it, as a kernel connection's bytes go
+ * while the program waits elsewhere. It also keeps the two hosts' relays
+ * from both opening their link by listening for the other's at once,
+ * which they do not resolve.
+ */
+#define BYTES 100000
+
+static void fill(unsigned char *b, int seed) {
+    for (long i = 0; i < BYTES; i++) b[i] = (unsigned char)(i * 31 + seed);
+}
+
+static int check(const unsigned char *b, int seed) {
+    for (long i = 0; i < BYTES; i++)
+        if (b[i] != (unsigned char)(i * 31 + seed)) return 0;
+    return 1;
+}
+
+static void fail(const char *what) {
+    printf("crossed: %s failed: %s\n", what, strerror(errno));
+    exit(1);
+}
+
+static void put(int fd, const unsigned char *b, const char *what) {
+    for (long off = 0; off < BYTES;) {
+        ssize_t n = write(fd, b + off, BYTES - off);
+        if (n <= 0) fail(what);
+        off += n;
+    }
+}
+
+static void get(int fd, unsigned char *b, const char *what) {
+    for (long off = 0; off < BYTES;) {
+        ssize_t n = read(fd, b + off, BYTES - off);
+        if (n < 0) fail(what);
+        if (n == 0) {
+            printf("crossed: %s ended early at %ld bytes\n", what, off);
+            exit(1);
+        }
+        off += n;
+    }
+}
+
+int main(int argc, char **argv) {
+    if (argc != 6) {
+        printf("usage: crossed ME PORT PEER_IP PEER_PORT DIR\n");
+        return 2;
+    }
+    alarm(60);
+    int me = atoi(argv[1]), peer = 3 - me;
+    char path[4096];
+    static unsigned char out[BYTES], in[BYTES];
+
+    int l = socket(AF_INET, SOCK_STREAM, 0);
+    int one = 1;
+    setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(atoi(argv[2]))};
+    a.sin_addr.s_addr = htonl(INADDR_ANY);
+    if (bind(l, (struct sockaddr *)&a, sizeof a) || listen(l, 4)) fail("listen");
+    snprintf(path, sizeof path, "%s/ready-%d", argv[5], me);
+    FILE *f = fopen(path, "w");
+    if (!f) fail("the ready file");
+    fclose(f);
+    snprintf(path, sizeof path, "%s/ready-%d", argv[5], peer);
+    struct stat st;
+    while (stat(path, &st) != 0) usleep(10000);
+
+    int c = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in p = {.sin_family = AF_INET, .sin_port = htons(atoi(argv[4]))};
+    if (inet_pton(AF_INET, argv[3], &p.sin_addr) != 1) fail("the peer's address");
+    if (connect(c, (struct sockaddr *)&p, sizeof p)) fail("connect");
+    fill(out, me);
+    put(c, out, "the greeting");
+
+    snprintf(path, sizeof path, "%s/greeted-1", argv[5]);
+    if (me == 2)
+        while (stat(path, &st) != 0) usleep(10000);
+    int s = accept(l, NULL, NULL);
+    if (s < 0) fail("accept");
+    get(s, in, "reading the peer's greeting");
+    if (!check(in, peer)) {
+        printf("crossed: the peer's greeting differs\n");
+        return 1;
+    }
+    if (me == 1) {
+        f = fopen(path, "w");
+        if (!f) fail("the greeted file");
+        fclose(f);
+    }
+    fill(out, me + 100);
+    put(s, out, "the answer");
+    get(c, in, "reading the peer's answer");
+    if (!check(in, peer + 100)) {
+        printf("crossed: the peer's answer differs\n");
+        return 1;
+    }
+    printf("crossed: ok\n");
+    close(s);
+    close(c);
+    close(l);
+    return 0;
+}
