@@ -4,7 +4,6 @@
 //! (`XDP_MMAP_OFFSETS`), and the rings laid out as libxdp's ring
 //! functions expect, so the port works as one made here.
 
-use std::collections::BTreeSet;
 use std::ffi::c_void;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -39,25 +38,11 @@ impl Xsk {
         let fd = port.socket.as_raw_fd();
         // From here on the value's Drop unmaps what was mapped, the UMEM
         // and every ring mapped before a failure.
-        let mut x = Xsk {
-            area,
-            area_bytes,
-            umem: ptr::null_mut(),
-            socket: ptr::null_mut(),
-            fill: Ring::empty(),
-            comp: Ring::empty(),
-            rx: Ring::empty(),
-            tx: Ring::empty(),
-            fd,
-            frame_bytes: g.frame_bytes,
-            steering: None,
-            bpf_fds: BTreeSet::new(),
-            lock_on_drop: false,
-            handed: Some(HandedMaps {
-                socket: port.socket,
-                rings: Vec::with_capacity(4),
-            }),
-        };
+        let mut x = Xsk::unmapped(area, area_bytes, fd, g.frame_bytes);
+        x.handed = Some(HandedMaps {
+            socket: port.socket,
+            rings: Vec::with_capacity(4),
+        });
         let off = mmap_offsets(fd)?;
         let n = g.ring_entries;
         let desc_bytes = std::mem::size_of::<libc::xdp_desc>();

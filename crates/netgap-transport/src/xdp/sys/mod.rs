@@ -238,6 +238,29 @@ impl Xsk {
         }
     }
 
+    /// A port over the UMEM mapped at `area` (`area_bytes` long, frames of
+    /// `frame_bytes`) and socket `fd` (-1: not made yet), its rings not
+    /// mapped yet, no program, nothing libxdp made: its Drop unmaps `area`
+    /// and whatever the maker adds before a failure.
+    fn unmapped(area: *mut u8, area_bytes: usize, fd: RawFd, frame_bytes: u32) -> Xsk {
+        Xsk {
+            area,
+            area_bytes,
+            umem: ptr::null_mut(),
+            socket: ptr::null_mut(),
+            fill: Ring::empty(),
+            comp: Ring::empty(),
+            rx: Ring::empty(),
+            tx: Ring::empty(),
+            fd,
+            frame_bytes,
+            steering: None,
+            bpf_fds: BTreeSet::new(),
+            lock_on_drop: false,
+            handed: None,
+        }
+    }
+
     /// Makes the UMEM, the socket and its steering; the caller holds
     /// [`LIFECYCLE`] (a half-made value dropped on failure does not take it
     /// again).
@@ -261,22 +284,7 @@ impl Xsk {
         if area == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
-        let mut x = Xsk {
-            area: area.cast::<u8>(),
-            area_bytes,
-            umem: ptr::null_mut(),
-            socket: ptr::null_mut(),
-            fill: Ring::empty(),
-            comp: Ring::empty(),
-            rx: Ring::empty(),
-            tx: Ring::empty(),
-            fd: -1,
-            frame_bytes: shape.frame_bytes,
-            steering: None,
-            bpf_fds: BTreeSet::new(),
-            lock_on_drop: false,
-            handed: None,
-        };
+        let mut x = Xsk::unmapped(area.cast::<u8>(), area_bytes, -1, shape.frame_bytes);
         let ucfg = UmemConfig {
             fill_size: shape.ring_entries,
             comp_size: shape.ring_entries,
