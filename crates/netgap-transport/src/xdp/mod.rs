@@ -60,6 +60,8 @@ pub mod reliable;
 mod steer;
 
 #[cfg(feature = "xdp")]
+pub mod direct;
+#[cfg(feature = "xdp")]
 mod flow;
 #[cfg(feature = "xdp")]
 pub mod handover;

@@ -25,13 +25,6 @@ impl Xsk {
     /// socket's four rings here, at the offsets the kernel gives
     /// (`XDP_MMAP_OFFSETS`). No program is attached: the maker's steering
     /// holds the socket in its `XSKMAP`.
-    #[cfg_attr(
-        not(test),
-        allow(
-            dead_code,
-            reason = "the relay's direct connections use it (issue 44's next step)"
-        )
-    )]
     pub(crate) fn from_handed(port: HandedPort) -> io::Result<Xsk> {
         let g = port.geometry;
         let (area, area_bytes) = map_umem(&port)?;
@@ -151,13 +144,6 @@ fn mmap_offsets(fd: RawFd) -> io::Result<libc::xdp_mmap_offsets> {
     Ok(unsafe { off.assume_init() })
 }
 
-#[cfg_attr(
-    not(test),
-    allow(
-        dead_code,
-        reason = "the relay's direct connections use it (issue 44's next step)"
-    )
-)]
 /// Maps one ring of AF_XDP socket `fd` (at page offset `pgoff`, `n`
 /// entries of `entry_bytes`) and points `ring` at it, as libxdp's ring
 /// functions expect: a producer ring (fill, TX) starts with all `n`

@@ -1,0 +1,526 @@
+//! A direct connection: one connection of an unmodified program to a
+//! program on another host, carried by netgap's own reliable xdp
+//! transport on an AF_XDP socket of the program's own (issue 44). The
+//! host's relay (root) makes the socket and its UMEM on a queue of its own
+//! ([`super::handover::make`]), registers the connection (the peer's MAC,
+//! this end's flow id) for that queue in its steering program, so only
+//! this connection's frames reach the socket, and hands the port to the
+//! program ([`super::handover::send`]). The preload library inside the
+//! program opens a [`DirectConn`] on it with the ids and the key the relays
+//! fixed ([`DirectSetup`]) and drives it from the program's own calls.
+//!
+//! The session is the flow engine's (`flow/`: the same windows,
+//! retransmission, credit, authentication and reassembly as every xdp
+//! flow), opened with fixed ids (`flow/fixed.rs`) on a port that carries
+//! this one connection. Nothing here blocks on the peer: every call pumps
+//! the port once and returns; a full window is [`DirectError::WouldBlock`],
+//! and so is an empty receive buffer. A caller that must wait sleeps in
+//! poll or epoll on [`DirectConn::wait_fd`] (readable when frames arrived)
+//! for at most [`DirectConn::next_timer`], then calls again; another
+//! thread's call may have reaped the frames already, so
+//! [`DirectConn::readiness`] is asked before sleeping. A peer that stops
+//! answering while this end waits on it (its opening unanswered, or what
+//! it sent unacknowledged) is given up after [`PEER_SILENCE_LIMIT`], while
+//! the library keeps calling: every call then fails with
+//! [`DirectError::Timeout`]. Frames that are not this connection's (another
+//! MAC or flow id, or failing authentication under the connection's key)
+//! are dropped and counted ([`DirectStats::refused_frames`]), never
+//! delivered.
+//!
+//! Frames are sealed from the opening on: both programs hold the
+//! connection's key before the first frame, and the direction keys are
+//! derived from it under a label of their own
+//! ([`super::auth::FrameKeys::derive_direct`]), bound to both ends' MACs
+//! and flow ids.
+//!
+//! After `fork`: the UMEM and the rings are shared mappings, in both
+//! processes alike, but the engine's state (windows, sequence numbers,
+//! what is in flight) is the opener's alone, copied in the child. Only one
+//! process may use a connection; the library decides which. The value
+//! holds no thread and nothing bound to the opener but its pid: dropped in
+//! another process (a child that never used it), it only unmaps its
+//! mappings and closes its descriptors (all close-on-exec), sending
+//! nothing, and the opener's connection goes on.
+
+use super::auth::{End, FrameKeys, Side};
+use super::flow::{FixedOpening, FixedState, Peer, Port, PortIo};
+use super::handover::HandedPort;
+use super::reliable::{Mac, ETH_HEADER_BYTES, FRAME_OVERHEAD_BYTES};
+use super::sys::{Shape, Xsk};
+use crate::FlowError;
+use std::io;
+use std::os::fd::BorrowedFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long the peer may be silent while this end waits on it (the
+/// answer to its opening, an acknowledgment of what it sent) before the
+/// connection is given up. The peer's library acknowledges only from the
+/// program's own calls, so a peer busy computing for a while must not be
+/// taken for a dead one: this is generous, far above the retransmission
+/// timeout's ceiling ([`super::reliable::MAX_RTO_NS`]).
+pub const PEER_SILENCE_LIMIT: Duration = Duration::from_secs(10);
+/// How long dropping a connection keeps pumping for its closing frame and
+/// what it sent before to be acknowledged, at most (the flow engine's own
+/// linger).
+pub const CLOSE_LINGER: Duration = Duration::from_millis(300);
+/// Bytes this end's receiver holds unread at most.
+const WINDOW_BYTES: usize = 1 << 20;
+
+/// What the relays fixed for one direct connection.
+#[derive(Clone)]
+pub struct DirectSetup {
+    /// The queue the handed socket is bound to (as its geometry says).
+    pub queue: u32,
+    /// This end's flow id (not 0): the steering takes frames to it.
+    pub local_flow: u16,
+    /// The other end's flow id (not 0).
+    pub peer_flow: u16,
+    /// The other end's interface MAC.
+    pub peer_mac: [u8; 6],
+    /// The connection's key, which both programs have from the hello.
+    pub key: [u8; netgap_proto::preload::RELAY_KEY_BYTES],
+    /// This end sends the opening; the other takes only an opening from
+    /// exactly (`peer_mac`, `peer_flow`) to `local_flow`.
+    pub connector: bool,
+}
+
+impl std::fmt::Debug for DirectSetup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DirectSetup")
+            .field("queue", &self.queue)
+            .field("local_flow", &self.local_flow)
+            .field("peer_flow", &self.peer_flow)
+            .field("peer_mac", &self.peer_mac)
+            .field("connector", &self.connector)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why a direct connection failed or cannot go on now; each maps to the
+/// errno a TCP socket's call would give.
+#[derive(Debug, thiserror::Error)]
+pub enum DirectError {
+    /// Nothing can be taken or given now (`EAGAIN`): the window or the
+    /// peer's credit is full, nothing has arrived, or the opening is not
+    /// answered yet.
+    #[error("the direct connection cannot move bytes now")]
+    WouldBlock,
+    /// This end shut its sending down (`EPIPE`).
+    #[error("the direct connection's sending was shut down")]
+    Closed,
+    /// The peer stopped answering while this end waited on it
+    /// (`ETIMEDOUT`).
+    #[error("the peer of the direct connection was silent for {timeout_ms} ms")]
+    Timeout {
+        /// The silence limit that passed, in milliseconds.
+        timeout_ms: u128,
+    },
+    /// A flow id of the setup is 0, which no session may have.
+    #[error("a direct connection's flow ids must not be 0 (local {local}, peer {peer})")]
+    ZeroFlow {
+        /// This end's flow id as given.
+        local: u16,
+        /// The peer's flow id as given.
+        peer: u16,
+    },
+    /// The setup names another queue than the handed socket's.
+    #[error("the setup names queue {setup} but the handed socket is bound to queue {socket}")]
+    QueueMismatch {
+        /// The setup's queue.
+        setup: u32,
+        /// The socket's queue, from its geometry.
+        socket: u32,
+    },
+    /// The handed port's interface is not in this thread's namespace, or
+    /// its MAC or MTU cannot be read.
+    #[error("interface {ifindex} of the handed port: {source}")]
+    Interface {
+        /// The interface's index, from the port's geometry.
+        ifindex: u32,
+        /// Why it cannot be used.
+        source: io::Error,
+    },
+    /// The interface's frames do not fit the handed port's UMEM frames.
+    #[error("interface MTU {mtu_bytes} does not fit the handed port's {frame_bytes}-byte frames")]
+    FrameTooSmall {
+        /// The interface's MTU.
+        mtu_bytes: usize,
+        /// Bytes of a UMEM frame.
+        frame_bytes: u32,
+    },
+    /// A system call on the port failed (mapping it, ringing its
+    /// doorbell).
+    #[error("the direct connection's port: {0}")]
+    Io(#[from] io::Error),
+}
+
+impl From<FlowError> for DirectError {
+    fn from(e: FlowError) -> DirectError {
+        match e {
+            FlowError::TimedOut { timeout_ms } => DirectError::Timeout { timeout_ms },
+            FlowError::Io(e) => DirectError::Io(e),
+            other => DirectError::Io(io::Error::other(other.to_string())),
+        }
+    }
+}
+
+/// A direct connection's readiness, as poll(2) says it of a TCP socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Readiness {
+    /// A read would not block: bytes arrived, the peer ended its stream,
+    /// or the connection failed (`POLLIN`).
+    pub readable: bool,
+    /// A write would not block: open with room in the window, or it would
+    /// fail at once (shut down, failed) (`POLLOUT`).
+    pub writable: bool,
+    /// The peer ended its stream and every byte before the end was read
+    /// (`POLLRDHUP`).
+    pub read_closed: bool,
+    /// Both directions ended, or the connection failed (`POLLHUP`).
+    pub hang_up: bool,
+    /// The connection failed (`POLLERR`).
+    pub error: bool,
+}
+
+/// A direct connection's counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DirectStats {
+    /// Frames that reached the socket and were not this connection's
+    /// (another source MAC or flow id, or failing authentication): dropped.
+    /// The steering program drops most strangers before the socket; its
+    /// count is the relay's ([`super::Steering::drops`]), whose map the
+    /// program does not hold.
+    pub refused_frames: u64,
+    /// Frames the kernel dropped on their way to the socket (no fill
+    /// buffer, the receive ring full).
+    pub kernel_drops: u64,
+    /// Data and closing frames sent, retransmissions included.
+    pub frames_sent: u64,
+    /// Data and closing frames received, duplicates included.
+    pub frames_received: u64,
+    /// Frames sent again (after a timeout, or to fill a hole the peer
+    /// showed).
+    pub retransmissions: u64,
+    /// Bytes the program handed to the connection.
+    pub bytes_sent: u64,
+    /// Bytes the program read from it.
+    pub bytes_received: u64,
+}
+
+/// One direct connection on a handed port. `Send + Sync`: a program's
+/// threads may read and write it at once (each call takes the port's lock
+/// for one pump).
+pub struct DirectConn {
+    port: Arc<Port>,
+    id: u16,
+    /// The process that opened it: only it sends the closing frame.
+    opener_pid: u32,
+    write_shut: AtomicBool,
+    bytes_sent: AtomicU64,
+    bytes_received: AtomicU64,
+}
+
+impl DirectConn {
+    /// The shape the relay gives a direct port: one connection's, smaller
+    /// than a transport port's (4 MiB of UMEM, not 16). Half the frames
+    /// receive: after the pump's reserve, 352 frames of credit (some 500
+    /// KB at a 1500-byte MTU), a full window of a stream in flight; half
+    /// transmit: after the acknowledgments' reserve, up to 256 data
+    /// frames in flight. A 1-byte ping-pong needs two frames. Frames of
+    /// 4096 bytes hold any MTU up to 4082 bytes; each ring holds every
+    /// receive buffer at once (the fill ring takes them all at the start).
+    pub const SHAPE: Shape = Shape {
+        frames: 1024,
+        frame_bytes: 4096,
+        ring_entries: 512,
+    };
+
+    /// Maps the handed port (`Xsk::from_handed`) and opens the one
+    /// session; the connector's opening is sent here and completed by later
+    /// calls (and sent again every 50 ms until answered). Never blocks.
+    /// The calling thread must be in the network namespace of the port's
+    /// interface (its MAC and MTU are read here).
+    pub fn open(port: HandedPort, setup: DirectSetup) -> Result<DirectConn, DirectError> {
+        if setup.local_flow == 0 || setup.peer_flow == 0 {
+            return Err(DirectError::ZeroFlow {
+                local: setup.local_flow,
+                peer: setup.peer_flow,
+            });
+        }
+        let g = port.geometry;
+        if g.queue != setup.queue {
+            return Err(DirectError::QueueMismatch {
+                setup: setup.queue,
+                socket: g.queue,
+            });
+        }
+        let (local_mac, mtu_bytes) =
+            interface(g.ifindex).map_err(|source| DirectError::Interface {
+                ifindex: g.ifindex,
+                source,
+            })?;
+        if mtu_bytes + ETH_HEADER_BYTES > g.frame_bytes as usize {
+            return Err(DirectError::FrameTooSmall {
+                mtu_bytes,
+                frame_bytes: g.frame_bytes,
+            });
+        }
+        let xsk = Xsk::from_handed(port)?;
+        let io = PortIo::new(xsk, g.frames, local_mac)?;
+        let mss = mtu_bytes + ETH_HEADER_BYTES - FRAME_OVERHEAD_BYTES;
+        let port = Port::alone(io, mss, WINDOW_BYTES, random_u32);
+        let keys = keys(&setup, local_mac);
+        let id = port.open_fixed(FixedOpening {
+            local_flow: setup.local_flow,
+            peer: Peer {
+                mac: setup.peer_mac,
+                flow: setup.peer_flow,
+            },
+            connector: setup.connector,
+            keys,
+            silence_limit: PEER_SILENCE_LIMIT,
+        })?;
+        Ok(DirectConn {
+            port,
+            id,
+            opener_pid: std::process::id(),
+            write_shut: AtomicBool::new(false),
+            bytes_sent: AtomicU64::new(0),
+            bytes_received: AtomicU64::new(0),
+        })
+    }
+
+    /// Sends from `buf` after one pump: the bytes taken (0 < n <=
+    /// `buf.len()`; 0 only for an empty `buf`), or
+    /// [`DirectError::WouldBlock`] when the window or the peer's credit is
+    /// full or the opening is not answered yet; [`DirectError::Closed`]
+    /// after [`DirectConn::shutdown_write`], [`DirectError::Timeout`] once
+    /// the peer was given up.
+    pub fn try_send(&self, buf: &[u8]) -> Result<usize, DirectError> {
+        if self.write_shut.load(Ordering::Relaxed) {
+            return Err(DirectError::Closed);
+        }
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        match self.port.fixed_send(self.id, buf)? {
+            0 => Err(DirectError::WouldBlock),
+            n => {
+                self.bytes_sent.fetch_add(n as u64, Ordering::Relaxed);
+                Ok(n)
+            }
+        }
+    }
+
+    /// Reads into `buf` after one pump: the bytes read, `Ok(0)` at the
+    /// peer's orderly end of stream (or for an empty `buf`),
+    /// [`DirectError::WouldBlock`] when nothing has arrived,
+    /// [`DirectError::Timeout`] once the peer was given up.
+    pub fn try_recv(&self, buf: &mut [u8]) -> Result<usize, DirectError> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        match self.port.fixed_recv(self.id, buf)? {
+            Some(n) => {
+                self.bytes_received.fetch_add(n as u64, Ordering::Relaxed);
+                Ok(n)
+            }
+            None => Err(DirectError::WouldBlock),
+        }
+    }
+
+    /// Readiness as poll(2) would say it for a TCP socket, after one pump.
+    pub fn readiness(&self) -> Readiness {
+        let Ok(s) = self.port.fixed_state(self.id, true) else {
+            return Readiness {
+                readable: true,
+                writable: true,
+                read_closed: true,
+                hang_up: true,
+                error: true,
+            };
+        };
+        readiness_of(&s, self.write_shut.load(Ordering::Relaxed))
+    }
+
+    /// One pump: reaps arrivals, acknowledges, resends what timed out,
+    /// sends the opening or the closing frame when due. The library calls
+    /// it from any call, and after every wait.
+    pub fn pump(&self) -> Result<(), DirectError> {
+        let s = self.port.fixed_state(self.id, true)?;
+        if s.silent {
+            return Err(DirectError::Timeout {
+                timeout_ms: PEER_SILENCE_LIMIT.as_millis(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The descriptor a waiter sleeps on (poll, epoll): readable when
+    /// frames arrived for the port (the AF_XDP socket, close-on-exec),
+    /// until a pump reaps them.
+    pub fn wait_fd(&self) -> BorrowedFd<'_> {
+        // SAFETY: the socket belongs to the port, which `self` holds; it
+        // stays open as long as the borrow of `self`.
+        unsafe { BorrowedFd::borrow_raw(self.port.socket_fd()) }
+    }
+
+    /// How long a waiter may sleep before [`DirectConn::pump`] must run
+    /// even without frames (a retransmission, a delayed acknowledgment, a
+    /// probe, the opening again, the silence limit; zero while frames wait
+    /// to be sent); `None` when no timer is armed. Reads the clock, not
+    /// the rings.
+    pub fn next_timer(&self) -> Option<Duration> {
+        self.port
+            .fixed_state(self.id, false)
+            .ok()
+            .and_then(|s| s.next_timer)
+    }
+
+    /// shutdown(SHUT_WR): the closing frame goes after what was sent (now
+    /// if credit allows, else from a later pump); the peer reads its end
+    /// of stream, and this end still receives.
+    pub fn shutdown_write(&self) -> Result<(), DirectError> {
+        self.write_shut.store(true, Ordering::Relaxed);
+        self.port.fixed_shutdown(self.id)?;
+        Ok(())
+    }
+
+    /// Orderly close: as dropping the connection (see its `Drop`).
+    pub fn close(self) {
+        drop(self);
+    }
+
+    /// The connection's counts now.
+    pub fn stats(&self) -> DirectStats {
+        let c = self.port.fixed_counts(self.id).ok();
+        let stats = c.map(|c| c.stats).unwrap_or_default();
+        DirectStats {
+            refused_frames: c.map_or(0, |c| c.refused_frames),
+            kernel_drops: c.map_or(0, |c| c.kernel_drops),
+            frames_sent: stats.datagrams_sent,
+            frames_received: stats.datagrams_received,
+            retransmissions: stats.retries,
+            bytes_sent: self.bytes_sent.load(Ordering::Relaxed),
+            bytes_received: self.bytes_received.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The linger of a close in the opening process: the closing frame,
+    /// then pumps until it and everything before it are acknowledged, the
+    /// peer is given up, or [`CLOSE_LINGER`] passed. Sleeps in poll on the
+    /// socket between pumps, never spins.
+    fn linger(&self) {
+        if !self.write_shut.swap(true, Ordering::Relaxed)
+            && self.port.fixed_shutdown(self.id).is_err()
+        {
+            return;
+        }
+        let t0 = Instant::now();
+        while let Ok(s) = self.port.fixed_state(self.id, true) {
+            let left = CLOSE_LINGER.saturating_sub(t0.elapsed());
+            if !s.open || s.all_acknowledged || s.silent || left.is_zero() {
+                return;
+            }
+            let sleep = s
+                .next_timer
+                .unwrap_or(left)
+                .min(left)
+                .min(Duration::from_millis(1));
+            wait_readable(self.port.socket_fd(), sleep);
+        }
+    }
+}
+
+impl Drop for DirectConn {
+    /// In the opening process: the closing frame, and what was sent
+    /// delivered, for at most [`CLOSE_LINGER`] (only while something is
+    /// unacknowledged and the peer answers; a TCP close returns at once and
+    /// the kernel finishes, which a library without a thread cannot).
+    /// In any other process (a forked child): nothing sent, the mappings
+    /// and descriptors of this process let go.
+    fn drop(&mut self) {
+        if std::process::id() == self.opener_pid {
+            self.linger();
+        }
+    }
+}
+
+/// Readiness from a session's state and whether this end shut its
+/// sending down.
+fn readiness_of(s: &FixedState, write_shut: bool) -> Readiness {
+    if s.silent {
+        return Readiness {
+            readable: true,
+            writable: true,
+            read_closed: true,
+            hang_up: true,
+            error: true,
+        };
+    }
+    Readiness {
+        readable: s.ready_bytes > 0 || s.peer_finished,
+        writable: s.open && (s.room || write_shut),
+        read_closed: s.peer_finished,
+        hang_up: s.peer_finished && write_shut,
+        error: false,
+    }
+}
+
+/// The frame keys of this end of the connection `setup` describes, on an
+/// interface of MAC `local_mac`: the connector is the client.
+fn keys(setup: &DirectSetup, local_mac: Mac) -> FrameKeys {
+    let local = End {
+        mac: local_mac,
+        flow: setup.local_flow,
+        isn: 0,
+    };
+    let peer = End {
+        mac: setup.peer_mac,
+        flow: setup.peer_flow,
+        isn: 0,
+    };
+    let (side, client, server) = if setup.connector {
+        (Side::Client, local, peer)
+    } else {
+        (Side::Server, peer, local)
+    };
+    FrameKeys::derive_direct(&setup.key, side, &client, &server)
+}
+
+/// The MAC and MTU of interface `ifindex` in this thread's namespace.
+fn interface(ifindex: u32) -> io::Result<(Mac, usize)> {
+    let name = nix::net::if_::if_indextoname(ifindex)
+        .map_err(io::Error::from)?
+        .into_string()
+        .map_err(|_| io::Error::other("the interface's name is not UTF-8"))?;
+    let mac = nix::ifaddrs::getifaddrs()
+        .map_err(io::Error::from)?
+        .filter(|a| a.interface_name == name)
+        .find_map(|a| a.address?.as_link_addr()?.addr())
+        .ok_or_else(|| io::Error::other(format!("{name} has no MAC address")))?;
+    let mtu = crate::host::read_mtu_ioctl(&name)
+        .ok_or_else(|| io::Error::other(format!("cannot read the MTU of {name}")))?;
+    Ok((mac, mtu as usize))
+}
+
+/// Four bytes from the kernel's random source (initial sequence numbers).
+fn random_u32() -> io::Result<u32> {
+    let mut b = [0u8; 4];
+    crate::random::fill_random(&mut b)?;
+    Ok(u32::from_ne_bytes(b))
+}
+
+/// Sleeps until `fd` is readable or `max` passes.
+fn wait_readable(fd: std::os::fd::RawFd, max: Duration) {
+    let ms = libc::c_int::try_from(max.as_millis().max(1)).unwrap_or(libc::c_int::MAX);
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one live pollfd.
+    let _ = unsafe { libc::poll(&mut pfd, 1, ms) };
+}
