@@ -524,3 +524,480 @@ fn wait_readable(fd: std::os::fd::RawFd, max: Duration) {
     // SAFETY: one live pollfd.
     let _ = unsafe { libc::poll(&mut pfd, 1, ms) };
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
+mod tests {
+    use super::super::handover;
+    use super::super::reliable::{self, Header, Kind};
+    use super::super::steer::ConnId;
+    use super::super::sys::tests::{in_ns, index_of, sh, switch_of_two, Namespaces};
+    use super::super::sys::{ring_doorbell, Steering};
+    use super::*;
+    use std::os::fd::AsRawFd;
+
+    const A_MAC: Mac = [0x02, 0, 0, 0, 0, 0xa1];
+    const B_MAC: Mac = [0x02, 0, 0, 0, 0, 0xb1];
+    const STRANGER: Mac = [0x02, 0, 0, 0, 0, 0xee];
+    /// The connections' queue on both hosts.
+    const Q: u32 = 2;
+    const A_FLOW: u16 = 0x1a1a;
+    const B_FLOW: u16 = 0x2b2b;
+    const KEY: [u8; 32] = [0x5c; 32];
+    /// Longest any helper waits before it fails the test.
+    const PATIENCE: Duration = Duration::from_secs(30);
+
+    /// A user's setup on one host: host `a` connects to `b`.
+    fn setup_of(on_a: bool) -> DirectSetup {
+        let (local_flow, peer_flow, peer_mac) = if on_a {
+            (A_FLOW, B_FLOW, B_MAC)
+        } else {
+            (B_FLOW, A_FLOW, A_MAC)
+        };
+        DirectSetup {
+            queue: Q,
+            local_flow,
+            peer_flow,
+            peer_mac,
+            key: KEY,
+            connector: on_a,
+        }
+    }
+
+    /// The test's switch and its hosts' steerings (the relays' part),
+    /// gone with the value.
+    struct Bed {
+        steerings: Vec<Steering>,
+        hosts: [String; 2],
+        _made: Namespaces,
+    }
+
+    /// Hosts `a` and `b` behind a switch, MACs `A_MAC` and `B_MAC`, each
+    /// with the steering on its link; skips (None) without root.
+    fn bed(tag: &str) -> Option<Bed> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: namespaces and AF_XDP sockets need root");
+            return None;
+        }
+        let tag = format!("ngd{}{tag}", std::process::id());
+        let (made, [a, _, b]) = switch_of_two(&tag);
+        sh(&[
+            "-n",
+            &a,
+            "link",
+            "set",
+            "a0",
+            "address",
+            "02:00:00:00:00:a1",
+        ]);
+        sh(&[
+            "-n",
+            &b,
+            "link",
+            "set",
+            "b0",
+            "address",
+            "02:00:00:00:00:b1",
+        ]);
+        let mut steerings = Vec::new();
+        for (ns, dev) in [(&a, "a0"), (&b, "b0")] {
+            steerings.push(in_ns(ns, move || Steering::attach(dev, 4).unwrap()));
+        }
+        Some(Bed {
+            steerings,
+            hosts: [a, b],
+            _made: made,
+        })
+    }
+
+    impl Bed {
+        /// A port on queue `Q` of host `a` (`on_a`) or `b`, made and
+        /// registered for the connection from `peer_mac` to `local_flow`
+        /// as the relay does, handed over a Unix socket, and taken by
+        /// `user` in that host's namespace.
+        fn hand<T: Send + 'static>(
+            &self,
+            on_a: bool,
+            user: impl FnOnce(HandedPort) -> T + Send + 'static,
+        ) -> T {
+            let i = usize::from(!on_a);
+            let dev = if on_a { "a0" } else { "b0" };
+            let setup = setup_of(on_a);
+            let conn = ConnId {
+                peer_mac: setup.peer_mac,
+                local_flow: setup.local_flow,
+            };
+            let socket = {
+                let (maker, user_end) = std::os::unix::net::UnixStream::pair().unwrap();
+                let made = in_ns(&self.hosts[i], move || {
+                    handover::make(index_of(dev), Q, DirectConn::SHAPE).unwrap()
+                });
+                self.steerings[i]
+                    .put_socket(Q, made.socket.as_raw_fd())
+                    .unwrap();
+                self.steerings[i].register(Q, conn).unwrap();
+                handover::send(&maker, made).unwrap();
+                user_end
+            };
+            in_ns(&self.hosts[i], move || {
+                user(handover::receive(&socket).unwrap())
+            })
+        }
+
+        /// The connector on `a` and the acceptor on `b`, opened.
+        fn pair(&self) -> (DirectConn, DirectConn) {
+            let b = self.hand(false, |p| DirectConn::open(p, setup_of(false)).unwrap());
+            let a = self.hand(true, |p| DirectConn::open(p, setup_of(true)).unwrap());
+            (a, b)
+        }
+    }
+
+    /// Sleeps on `c`'s descriptor until frames arrive or its next timer
+    /// (at most 5 ms), as the library's waits do.
+    fn wait(c: &DirectConn) {
+        let max = c
+            .next_timer()
+            .unwrap_or(Duration::from_millis(5))
+            .min(Duration::from_millis(5));
+        if !max.is_zero() {
+            wait_readable(c.wait_fd().as_raw_fd(), max);
+        }
+    }
+
+    /// Sends all of `buf`, waiting out full windows.
+    fn send_all(c: &DirectConn, buf: &[u8]) {
+        let t0 = Instant::now();
+        let mut off = 0;
+        while off < buf.len() {
+            match c.try_send(&buf[off..]) {
+                Ok(n) => off += n,
+                Err(DirectError::WouldBlock) => wait(c),
+                Err(e) => panic!("send: {e}"),
+            }
+            assert!(t0.elapsed() < PATIENCE, "sending stalled at {off}");
+        }
+    }
+
+    /// Fills `buf` from `c`; fails at an early end of stream.
+    fn recv_exact(c: &DirectConn, buf: &mut [u8]) {
+        let t0 = Instant::now();
+        let mut off = 0;
+        while off < buf.len() {
+            match c.try_recv(&mut buf[off..]) {
+                Ok(0) => panic!("end of stream after {off} bytes"),
+                Ok(n) => off += n,
+                Err(DirectError::WouldBlock) => wait(c),
+                Err(e) => panic!("recv: {e}"),
+            }
+            assert!(t0.elapsed() < PATIENCE, "receiving stalled at {off}");
+        }
+    }
+
+    /// Waits for `c`'s end of stream; what arrived before it is an error.
+    fn recv_eof(c: &DirectConn) {
+        let t0 = Instant::now();
+        let mut b = [0u8; 64];
+        loop {
+            match c.try_recv(&mut b) {
+                Ok(0) => return,
+                Ok(n) => panic!("{n} bytes before the end of stream"),
+                Err(DirectError::WouldBlock) => wait(c),
+                Err(e) => panic!("recv: {e}"),
+            }
+            assert!(t0.elapsed() < PATIENCE, "no end of stream");
+        }
+    }
+
+    /// `n` bytes of a pattern that differs from offset to offset and
+    /// from `seed` to `seed`.
+    fn pattern(n: usize, seed: u8) -> Vec<u8> {
+        (0..n)
+            .map(|i| (i % 251) as u8 ^ (i >> 12) as u8 ^ seed)
+            .collect()
+    }
+
+    /// Runs `f` while another thread pumps `c` (a program's later calls
+    /// on the sending side: its retransmissions and acknowledgments).
+    fn while_pumping<T>(c: &DirectConn, f: impl FnOnce() -> T) -> T {
+        let done = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                while !done.load(Ordering::Relaxed) {
+                    c.pump().unwrap();
+                    wait(c);
+                }
+            });
+            let out = f();
+            done.store(true, Ordering::Relaxed);
+            out
+        })
+    }
+
+    /// `rounds` round trips of one byte from `a` through `b` and back.
+    fn ping_pong(a: &DirectConn, b: &DirectConn, rounds: u32) {
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let mut x = [0u8; 1];
+                for _ in 0..rounds {
+                    recv_exact(b, &mut x);
+                    send_all(b, &x);
+                }
+            });
+            for i in 0..rounds {
+                let out = [i as u8];
+                send_all(a, &out);
+                let mut back = [0u8; 1];
+                recv_exact(a, &mut back);
+                assert_eq!(back, out, "round {i}");
+            }
+        });
+    }
+
+    #[test]
+    fn a_direct_connection_is_send_and_sync() {
+        fn both<T: Send + Sync>() {}
+        both::<DirectConn>();
+    }
+
+    /// The claim of the module: two programs' connection across a switch
+    /// on queue 2 of each host, each on a port the host's relay made and
+    /// handed over, carries a 1-byte ping-pong, 4 MiB one way with every
+    /// byte checked, both ways at once, and one direction's end of stream
+    /// while the other still carries bytes.
+    #[test]
+    fn a_direct_connection_carries_bytes_each_way_and_ends_each_way() {
+        let Some(bed) = bed("c") else { return };
+        let (a, b) = bed.pair();
+        ping_pong(&a, &b, 1000);
+
+        let stream = pattern(4 << 20, 1);
+        let got = while_pumping(&a, || {
+            std::thread::scope(|s| {
+                s.spawn(|| send_all(&a, &stream));
+                let mut got = vec![0u8; stream.len()];
+                recv_exact(&b, &mut got);
+                got
+            })
+        });
+        assert!(got == stream, "the stream arrived altered");
+
+        let (to_b, to_a) = (pattern(1 << 20, 2), pattern(1 << 20, 3));
+        std::thread::scope(|s| {
+            s.spawn(|| send_all(&a, &to_b));
+            s.spawn(|| send_all(&b, &to_a));
+            let from_b = s.spawn(|| {
+                let mut got = vec![0u8; to_a.len()];
+                recv_exact(&a, &mut got);
+                got
+            });
+            let mut got = vec![0u8; to_b.len()];
+            recv_exact(&b, &mut got);
+            assert!(got == to_b, "a to b arrived altered");
+            assert!(from_b.join().unwrap() == to_a, "b to a arrived altered");
+        });
+
+        a.shutdown_write().unwrap();
+        assert!(matches!(a.try_send(b"x"), Err(DirectError::Closed)));
+        recv_eof(&b);
+        assert!(b.readiness().read_closed);
+        let after = pattern(64 << 10, 4);
+        let got = while_pumping(&b, || {
+            std::thread::scope(|s| {
+                s.spawn(|| send_all(&b, &after));
+                let mut got = vec![0u8; after.len()];
+                recv_exact(&a, &mut got);
+                got
+            })
+        });
+        assert!(got == after, "bytes after the end of the other way");
+        b.shutdown_write().unwrap();
+        recv_eof(&a);
+        let st = b.stats();
+        assert_eq!(st.bytes_received, 1000 + (4 << 20) + (1 << 20));
+        assert_eq!(st.refused_frames, 0, "{st:?}");
+        drop((a, b));
+        drop(bed);
+    }
+
+    /// Neither call waits on the peer: before the opening is answered and
+    /// with nothing sent, a receive would block; with a peer that does not
+    /// read, sends fill the window and then would block, each call
+    /// returning at once; once the peer reads, sending goes on.
+    #[test]
+    fn the_calls_never_block_on_the_peer() {
+        let Some(bed) = bed("w") else { return };
+        let (a, b) = bed.pair();
+        let mut buf = [0u8; 16];
+        assert!(matches!(b.try_recv(&mut buf), Err(DirectError::WouldBlock)));
+        let t0 = Instant::now();
+        while !(a.readiness().writable && b.readiness().writable) {
+            assert!(t0.elapsed() < PATIENCE, "the connection never opened");
+            wait(&a);
+            wait(&b);
+        }
+        assert!(matches!(a.try_recv(&mut buf), Err(DirectError::WouldBlock)));
+        assert!(!a.readiness().readable);
+        let chunk = pattern(64 << 10, 5);
+        let mut sent = 0usize;
+        let blocked = loop {
+            let t = Instant::now();
+            let r = a.try_send(&chunk);
+            assert!(t.elapsed() < Duration::from_millis(500), "a send waited");
+            match r {
+                Ok(n) => sent += n,
+                Err(DirectError::WouldBlock) => break true,
+                Err(e) => panic!("send: {e}"),
+            }
+            // Let the acknowledgments of what b holds unread come back.
+            b.pump().unwrap();
+            assert!(sent < 64 << 20, "the window never filled");
+        };
+        assert!(blocked && sent > 0);
+        assert!(!a.readiness().writable, "a full window is not writable");
+        while_pumping(&a, || {
+            let mut got = vec![0u8; sent];
+            recv_exact(&b, &mut got);
+            send_all(&a, b"more");
+            let mut more = [0u8; 4];
+            recv_exact(&b, &mut more);
+            assert_eq!(&more, b"more");
+        });
+    }
+
+    /// Sends one raw frame from `x` (a port on host a's queue `Q`).
+    fn send_raw(x: &mut Xsk, src: Mac, header: Header) {
+        let mut done = Vec::new();
+        x.completed(8, &mut done);
+        let slot = RAW_SHAPE.frames - 1;
+        let frame = x.frame_mut(slot);
+        let len = reliable::write_headers(frame, &B_MAC, &src, &header);
+        assert!(x.queue_tx(slot, len as u32));
+        ring_doorbell(x.fd()).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    const RAW_SHAPE: Shape = Shape {
+        frames: 64,
+        frame_bytes: 4096,
+        ring_entries: 32,
+    };
+
+    /// Frames that are not the connection's never reach the program: on
+    /// the connection's queue, another source MAC or flow id is dropped
+    /// by the steering (the relay's count); one that reaches the socket
+    /// with another source flow, or without the connection's seal, is
+    /// dropped by the engine and counted; none is delivered, and the
+    /// connection does not open on any of them.
+    #[test]
+    fn frames_of_another_connection_are_dropped_counted_never_delivered() {
+        let Some(bed) = bed("s") else { return };
+        let b = bed.hand(false, |p| DirectConn::open(p, setup_of(false)).unwrap());
+        let mut raw = bed.hand(true, |p| {
+            let mut x = Xsk::from_handed(p).unwrap();
+            let rx: Vec<u32> = (0..RAW_SHAPE.frames / 2).collect();
+            x.fill(&rx);
+            x
+        });
+        let h = |kind, dst_flow, src_flow| Header {
+            kind,
+            len: 0,
+            dst_flow,
+            src_flow,
+            seq: 1,
+            ack: 0,
+            credit: 100,
+            sack: 1400,
+        };
+        let steered_before = bed.steerings[1].drops().unwrap();
+        // Dropped by the steering: another MAC, another flow.
+        send_raw(&mut raw, STRANGER, h(Kind::Syn, B_FLOW, A_FLOW));
+        send_raw(&mut raw, A_MAC, h(Kind::Syn, B_FLOW + 1, A_FLOW));
+        // Reach the socket: another source flow, an unsealed opening, an
+        // unsealed data frame.
+        send_raw(&mut raw, A_MAC, h(Kind::Syn, B_FLOW, A_FLOW + 1));
+        send_raw(&mut raw, A_MAC, h(Kind::Syn, B_FLOW, A_FLOW));
+        send_raw(&mut raw, A_MAC, h(Kind::Data, B_FLOW, A_FLOW));
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_millis(300) {
+            let mut buf = [0u8; 16];
+            assert!(matches!(b.try_recv(&mut buf), Err(DirectError::WouldBlock)));
+            let r = b.readiness();
+            assert!(!r.readable && !r.writable, "{r:?}");
+            wait(&b);
+        }
+        assert_eq!(bed.steerings[1].drops().unwrap() - steered_before, 2);
+        let st = b.stats();
+        assert_eq!(st.refused_frames, 3, "{st:?}");
+        assert_eq!((st.frames_received, st.bytes_received), (0, 0));
+    }
+
+    /// A peer that dies (its socket closed, nothing sent, as when its
+    /// process is killed) is given up within the silence limit while the
+    /// survivor keeps calling, each call returning at once.
+    #[test]
+    fn a_dead_peer_surfaces_as_a_timeout_while_pumping() {
+        let Some(bed) = bed("k") else { return };
+        let (a, mut b) = bed.pair();
+        ping_pong(&a, &b, 1);
+        // As dropped in another process: nothing sent, the port let go.
+        b.opener_pid = 0;
+        drop(b);
+        send_all(&a, b"anyone?");
+        let t0 = Instant::now();
+        let err = loop {
+            let t = Instant::now();
+            let r = a.pump();
+            assert!(t.elapsed() < Duration::from_millis(500), "a pump waited");
+            if let Err(e) = r {
+                break e;
+            }
+            assert!(
+                t0.elapsed() < PEER_SILENCE_LIMIT + Duration::from_secs(3),
+                "the dead peer was never given up"
+            );
+            wait(&a);
+        };
+        assert!(matches!(err, DirectError::Timeout { .. }), "{err}");
+        assert!(t0.elapsed() >= PEER_SILENCE_LIMIT - Duration::from_secs(1));
+        assert!(matches!(a.try_send(b"x"), Err(DirectError::Timeout { .. })));
+        let r = a.readiness();
+        assert!(r.error && r.hang_up && r.readable);
+    }
+
+    /// A forked child that drops the connection it never used sends
+    /// nothing: the peer sees no end of stream and the parent's
+    /// connection goes on.
+    #[test]
+    fn a_forked_child_dropping_the_connection_sends_nothing() {
+        let Some(bed) = bed("f") else { return };
+        let (mut a, b) = bed.pair();
+        ping_pong(&a, &b, 3);
+        // SAFETY: fork; the child only drops its copy of the connection
+        // (unmapping, closing, freeing) and exits at once.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork: {}", io::Error::last_os_error());
+        if pid == 0 {
+            // SAFETY: the child's own copy of `a`, dropped once; the child
+            // exits without returning, so nothing drops it again.
+            unsafe {
+                std::ptr::drop_in_place(&raw mut a);
+                libc::_exit(0)
+            }
+        }
+        let mut status = 0;
+        // SAFETY: waits for the child made above.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_millis(200) {
+            let mut buf = [0u8; 4];
+            assert!(
+                matches!(b.try_recv(&mut buf), Err(DirectError::WouldBlock)),
+                "the peer heard something of the child's drop"
+            );
+            wait(&b);
+        }
+        ping_pong(&a, &b, 100);
+    }
+}

@@ -294,15 +294,45 @@ impl Port {
     }
 
     /// Sends as much of `buf` as the window, credit and buffers allow
-    /// (0: none now, or not open yet), after one pump.
+    /// (0: none now, or not open yet), after one pump; what it queued is
+    /// on the wire when it returns ([`Port::drain_tx`]).
     pub(crate) fn fixed_send(&self, id: u16, buf: &[u8]) -> Result<usize, FlowError> {
-        self.with_fixed(id, |io, s, now| {
+        let n = self.with_fixed(id, |io, s, now| {
             if !s.connected() || buf.is_empty() {
                 return Ok(0);
             }
             s.waits_from(now);
             s.send_some(io, buf)
-        })?
+        })??;
+        if n > 0 {
+            self.drain_tx()?;
+        }
+        Ok(n)
+    }
+
+    /// Pumps until the kernel has taken every frame on the TX ring: in copy
+    /// mode it sends a bounded batch per doorbell (32 frames), and the
+    /// program may make no other call for a long while after a write, so
+    /// the rest must not wait on the ring for the next one. Bounded by the
+    /// ring's batches.
+    fn drain_tx(&self) -> Result<(), FlowError> {
+        const KERNEL_TX_BATCH: u32 = 32;
+        let mut rounds = {
+            let st = self.lock();
+            st.io.tx_outstanding / KERNEL_TX_BATCH + 2
+        };
+        loop {
+            let backlog = {
+                let mut st = self.lock();
+                st.pump(true);
+                st.io.tx_backlog()
+            };
+            self.kick_error()?;
+            rounds = rounds.saturating_sub(1);
+            if !backlog || rounds == 0 {
+                return Ok(());
+            }
+        }
     }
 
     /// Reads into `buf` (not empty) after one pump: `Some(n)` bytes read,

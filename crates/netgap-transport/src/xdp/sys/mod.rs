@@ -619,7 +619,7 @@ pub(crate) fn ring_doorbell(fd: RawFd) -> io::Result<()> {
 
 #[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::super::steer::{self, ConnId};
     use super::steering::{bpf_fd, ifindex};
     use super::*;
@@ -730,7 +730,7 @@ mod tests {
         f
     }
 
-    fn sh(args: &[&str]) {
+    pub(crate) fn sh(args: &[&str]) {
         let out = Command::new("ip").args(args).output().unwrap();
         assert!(out.status.success(), "ip {args:?}: {out:?}");
     }
@@ -839,7 +839,7 @@ mod tests {
         .unwrap();
     }
 
-    fn index_of(ifname: &str) -> u32 {
+    pub(crate) fn index_of(ifname: &str) -> u32 {
         let name = CString::new(ifname).unwrap();
         ifindex(&name).unwrap() as u32
     }
@@ -1026,7 +1026,7 @@ mod tests {
 
     /// Named network namespaces of a test, deleted when it ends however it
     /// ends.
-    struct Namespaces(Vec<String>);
+    pub(crate) struct Namespaces(Vec<String>);
 
     impl Namespaces {
         fn add(names: &[String]) -> Namespaces {
@@ -1047,7 +1047,7 @@ mod tests {
     }
 
     /// Runs `f` on a thread inside namespace `ns`; its result.
-    fn in_ns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    pub(crate) fn in_ns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
         let ns = ns.to_string();
         std::thread::spawn(move || {
             crate::netns::enter(&ns).unwrap();
@@ -1060,7 +1060,7 @@ mod tests {
     /// Host namespaces `a` and `b`, each with a four-queue veth (`a0`,
     /// `b0`) to a port (`pa`, `pb`) of a bridge in namespace `sw`, as the
     /// testbed's switch has them, the queue-keeping program on the ports.
-    fn switch_of_two(tag: &str) -> (Namespaces, [String; 3]) {
+    pub(crate) fn switch_of_two(tag: &str) -> (Namespaces, [String; 3]) {
         let names = [format!("{tag}a"), format!("{tag}s"), format!("{tag}b")];
         let made = Namespaces::add(&names);
         let [a, sw, b] = &names;
