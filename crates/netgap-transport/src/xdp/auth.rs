@@ -337,6 +337,34 @@ mod tests {
         (c, s)
     }
 
+    /// A direct connection's keys: the two ends' seal and open crosswise
+    /// from the first frame, whatever initial sequence numbers the ends
+    /// drew; neither a measured flow's keys from the same bytes nor
+    /// another pair of ends' open them.
+    #[test]
+    fn direct_keys_pair_the_two_ends_and_no_other_flow() {
+        let k = [9u8; 32];
+        let drawn = |e: &End, isn| End { isn, ..*e };
+        let connector = FrameKeys::derive_direct(&k, Side::Client, &CLIENT, &SERVER);
+        let acceptor =
+            FrameKeys::derive_direct(&k, Side::Server, &drawn(&CLIENT, 1), &drawn(&SERVER, 2));
+        let mut f = frame(&CLIENT, &SERVER, Kind::Syn, 5, 0, &[]);
+        connector.seal(&mut f);
+        assert!(acceptor.verify(&f), "the opening verifies at the acceptor");
+        assert!(
+            !connector.verify(&f),
+            "a direction's frame verifies only the other way"
+        );
+        let measured = FrameKeys::derive(&key(9), Side::Server, &CLIENT, &SERVER);
+        assert!(!measured.verify(&f), "a measured flow's keys opened it");
+        let other = End {
+            flow: SERVER.flow + 1,
+            ..SERVER
+        };
+        let elsewhere = FrameKeys::derive_direct(&k, Side::Server, &CLIENT, &other);
+        assert!(!elsewhere.verify(&f), "another connection's ends opened it");
+    }
+
     /// What the server's end does with an arrival, as the data path does
     /// it: the guard first, then the receive window with the frame as
     /// parsed. `None` when the guard dropped it.

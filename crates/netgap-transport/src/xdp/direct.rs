@@ -1000,4 +1000,141 @@ mod tests {
         }
         ping_pong(&a, &b, 100);
     }
+
+    /// Mean round trip of `rounds` 1-byte ping-pongs, µs, both ends
+    /// spinning on their calls (as the transport's poll mode does).
+    fn spun_round_trip_us(a: &DirectConn, b: &DirectConn, rounds: u32) -> f64 {
+        fn spin_byte(c: &DirectConn) -> u8 {
+            let mut x = [0u8; 1];
+            loop {
+                match c.try_recv(&mut x) {
+                    Ok(1) => return x[0],
+                    Err(DirectError::WouldBlock) => {}
+                    other => panic!("recv: {other:?}"),
+                }
+            }
+        }
+        fn spin_send(c: &DirectConn, x: u8) {
+            while matches!(c.try_send(&[x]), Err(DirectError::WouldBlock)) {}
+        }
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for _ in 0..rounds {
+                    let x = spin_byte(b);
+                    spin_send(b, x);
+                }
+            });
+            let t0 = Instant::now();
+            for i in 0..rounds {
+                spin_send(a, i as u8);
+                assert_eq!(spin_byte(a), i as u8);
+            }
+            t0.elapsed().as_secs_f64() * 1e6 / f64::from(rounds)
+        })
+    }
+
+    /// The same ping-pong over the transport's own flow (poll mode) on
+    /// queue 0 of the same hosts, through ports handed over as the relay
+    /// would, each a process's port; the mean round trip, µs.
+    fn transport_round_trip_us(bed: &Bed, rounds: u32) -> f64 {
+        use super::super::flow::{PortKey, Shared, XdpFlow};
+        use crate::Flow;
+        use netgap_core::spec::Mode;
+        let mut ports = Vec::new();
+        for (i, (dev, mac)) in [("a0", A_MAC), ("b0", B_MAC)].into_iter().enumerate() {
+            let made = in_ns(&bed.hosts[i], move || {
+                handover::make(index_of(dev), 0, DirectConn::SHAPE).unwrap()
+            });
+            bed.steerings[i]
+                .put_socket(0, made.socket.as_raw_fd())
+                .unwrap();
+            ports.push(in_ns(&bed.hosts[i], move || {
+                let (mac_now, mtu) = interface(made.geometry.ifindex).unwrap();
+                assert_eq!(mac_now, mac);
+                let key = PortKey::here(dev).unwrap();
+                Port::get(
+                    key,
+                    || {
+                        let io =
+                            PortIo::new(Xsk::from_handed(made)?, DirectConn::SHAPE.frames, mac)?;
+                        Ok((
+                            io,
+                            mtu + ETH_HEADER_BYTES - FRAME_OVERHEAD_BYTES,
+                            WINDOW_BYTES,
+                        ))
+                    },
+                    random_u32,
+                )
+                .unwrap()
+            }));
+        }
+        let listener = ports[1].listen().unwrap();
+        let client = ports[0]
+            .open_session(Peer {
+                mac: B_MAC,
+                flow: listener,
+            })
+            .unwrap();
+        let t0 = Instant::now();
+        let accepted = loop {
+            ports[0].pump().unwrap();
+            ports[1].pump().unwrap();
+            if let Some(id) = ports[1].accept(listener) {
+                break id;
+            }
+            assert!(t0.elapsed() < PATIENCE, "no flow opened");
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        let timeout = Duration::from_secs(10);
+        let mut server =
+            XdpFlow::new(Shared::new(ports[1].clone(), accepted, Mode::Poll, timeout).unwrap());
+        let mut client =
+            XdpFlow::new(Shared::new(ports[0].clone(), client, Mode::Poll, timeout).unwrap());
+        let echo = std::thread::spawn(move || {
+            let mut x = [0u8; 1];
+            for _ in 0..rounds {
+                server.recv_exact(&mut x).unwrap();
+                server.send_all(&x).unwrap();
+            }
+            server
+        });
+        let t0 = Instant::now();
+        for i in 0..rounds {
+            client.send_all(&[i as u8]).unwrap();
+            let mut x = [0u8; 1];
+            client.recv_exact(&mut x).unwrap();
+            assert_eq!(x[0], i as u8);
+        }
+        let us = t0.elapsed().as_secs_f64() * 1e6 / f64::from(rounds);
+        drop((echo.join().unwrap(), client));
+        us
+    }
+
+    /// The cost of a round trip on a direct connection against the
+    /// transport's own flow on the same switch: three runs each,
+    /// alternating, the medians printed. A timing loop, run by hand:
+    /// `cargo test -p netgap-transport --features xdp --lib -- --ignored
+    /// --nocapture direct_round_trip_cost`.
+    #[test]
+    #[ignore = "a timing loop, run by hand"]
+    fn direct_round_trip_cost() {
+        let Some(bed) = bed("m") else { return };
+        let (a, b) = bed.pair();
+        ping_pong(&a, &b, 100);
+        const ROUNDS: u32 = 20_000;
+        let (mut direct, mut flow) = (Vec::new(), Vec::new());
+        for _ in 0..3 {
+            direct.push(spun_round_trip_us(&a, &b, ROUNDS));
+            flow.push(transport_round_trip_us(&bed, ROUNDS));
+        }
+        let median = |v: &mut Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[1]
+        };
+        eprintln!(
+            "1-byte round trip, mean of {ROUNDS}, µs: direct {direct:.2?} median {:.2}; transport flow {flow:.2?} median {:.2}",
+            median(&mut direct.clone()),
+            median(&mut flow.clone())
+        );
+    }
 }

@@ -22,6 +22,10 @@ use super::*;
 /// ns (as the transport's own connect does).
 const SYN_EVERY_NS: u64 = 50_000_000;
 
+/// Frames the kernel sends per doorbell in copy mode (`TX_BATCH_SIZE` of
+/// net/xdp/xsk.c).
+const KERNEL_TX_BATCH: u32 = 32;
+
 /// The opening's rules of a session whose ids were fixed.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Fixed {
@@ -206,6 +210,30 @@ impl Session {
     }
 }
 
+impl PortState {
+    /// One pump of a port of fixed session `id`, unless it would find
+    /// nothing: no frame on the RX or completion ring, none waiting to be
+    /// sent, and no timer of the session due at a fresh clock read. A
+    /// program that spins on its calls then pays a clock read and a few
+    /// loads a call, not a whole pump; one that calls after a wait of any
+    /// length still has its timers served, since the clock is read every
+    /// time.
+    fn pump_fixed(&mut self, id: u16) {
+        let io = &mut self.io;
+        if !io.tx_queued && io.tx_outstanding == 0 && !io.xsk.anything_arrived() {
+            let now = io.now_ns();
+            if let Ok((io, s)) = self.session(id) {
+                if s.fixed_next_timer(io, now).is_none_or(|d| !d.is_zero()) {
+                    io.now_cache_ns = now;
+                    io.clock_read = true;
+                    return;
+                }
+            }
+        }
+        self.pump(true);
+    }
+}
+
 impl Port {
     /// A port of one connection's own over `io` (payload `mss` bytes a
     /// frame, a receive window of `window_bytes`), in no process-wide
@@ -280,7 +308,7 @@ impl Port {
     ) -> Result<T, FlowError> {
         let out = {
             let mut st = self.lock();
-            st.pump(true);
+            st.pump_fixed(id);
             let (io, s) = st.session(id)?;
             if s.fixed.is_some_and(|f| f.silent) {
                 return Err(silent_error(s));
@@ -297,30 +325,28 @@ impl Port {
     /// (0: none now, or not open yet), after one pump; what it queued is
     /// on the wire when it returns ([`Port::drain_tx`]).
     pub(crate) fn fixed_send(&self, id: u16, buf: &[u8]) -> Result<usize, FlowError> {
-        let n = self.with_fixed(id, |io, s, now| {
+        let (n, outstanding) = self.with_fixed(id, |io, s, now| {
             if !s.connected() || buf.is_empty() {
-                return Ok(0);
+                return Ok((0, 0));
             }
             s.waits_from(now);
-            s.send_some(io, buf)
+            let n = s.send_some(io, buf)?;
+            Ok::<_, FlowError>((n, io.tx_outstanding))
         })??;
-        if n > 0 {
-            self.drain_tx()?;
+        // One doorbell (the guard's) sends a batch; more wait for pumps.
+        if outstanding > KERNEL_TX_BATCH {
+            self.drain_tx(outstanding)?;
         }
         Ok(n)
     }
 
-    /// Pumps until the kernel has taken every frame on the TX ring: in copy
-    /// mode it sends a bounded batch per doorbell (32 frames), and the
+    /// Pumps until the kernel has taken the `outstanding` frames on the TX
+    /// ring: in copy mode it sends a bounded batch per doorbell, and the
     /// program may make no other call for a long while after a write, so
     /// the rest must not wait on the ring for the next one. Bounded by the
     /// ring's batches.
-    fn drain_tx(&self) -> Result<(), FlowError> {
-        const KERNEL_TX_BATCH: u32 = 32;
-        let mut rounds = {
-            let st = self.lock();
-            st.io.tx_outstanding / KERNEL_TX_BATCH + 2
-        };
+    fn drain_tx(&self, outstanding: u32) -> Result<(), FlowError> {
+        let mut rounds = outstanding / KERNEL_TX_BATCH + 2;
         loop {
             let backlog = {
                 let mut st = self.lock();
@@ -375,7 +401,7 @@ impl Port {
         let state = {
             let mut st = self.lock();
             if pump {
-                st.pump(true);
+                st.pump_fixed(id);
             }
             let (io, s) = st.session(id)?;
             let now = if pump { io.now_cache_ns } else { io.now_ns() };
