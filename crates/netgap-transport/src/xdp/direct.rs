@@ -525,13 +525,13 @@ fn wait_readable(fd: std::os::fd::RawFd, max: Duration) {
     let _ = unsafe { libc::poll(&mut pfd, 1, ms) };
 }
 
-#[cfg(test)]
 #[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
+#[cfg(test)]
 mod tests {
     use super::super::handover;
     use super::super::reliable::{self, Header, Kind};
     use super::super::steer::ConnId;
-    use super::super::sys::tests::{in_ns, index_of, sh, switch_of_two, Namespaces};
+    use super::super::sys::{in_ns, index_of, sh, switch_of_two, Namespaces};
     use super::super::sys::{ring_doorbell, Steering};
     use super::*;
     use std::os::fd::AsRawFd;
