@@ -617,11 +617,11 @@ pub(crate) fn ring_doorbell(fd: RawFd) -> io::Result<()> {
     }
 }
 
-#[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
 // The switch of the queue tests, for the direct connection's tests.
 #[cfg(test)]
 pub(crate) use tests::{in_ns, index_of, sh, switch_of_two, Namespaces};
 
+#[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
 #[cfg(test)]
 mod tests {
     use super::super::steer::{self, ConnId};
