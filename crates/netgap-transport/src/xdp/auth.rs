@@ -71,6 +71,9 @@ type HmacSha256 = Hmac<Sha256>;
 
 /// Domain separation of the direction keys (v3: SipHash-2-4 tags).
 pub const KEY_CONTEXT: &[u8] = b"netgap xdp v3: frame key";
+/// Domain separation of a direct connection's direction keys: a key of
+/// the preload library's connection never yields a measured flow's.
+pub const DIRECT_KEY_CONTEXT: &[u8] = b"netgap xdp v3: direct frame key";
 /// Direction label of frames the client sends.
 const CLIENT_TO_SERVER: &[u8] = b"client to server";
 /// Direction label of frames the server sends.
@@ -128,9 +131,15 @@ fn keyed(key: &[u8]) -> HmacSha256 {
     }
 }
 
-fn direction_key(key: &FlowKey, direction: &[u8], client: &End, server: &End) -> (u64, u64) {
-    let mut mac = keyed(key.bytes());
-    mac.update(KEY_CONTEXT);
+fn direction_key(
+    key: &[u8],
+    context: &[u8],
+    direction: &[u8],
+    client: &End,
+    server: &End,
+) -> (u64, u64) {
+    let mut mac = keyed(key);
+    mac.update(context);
     mac.update(direction);
     mac.update(&client.bytes());
     mac.update(&server.bytes());
@@ -147,8 +156,30 @@ impl FrameKeys {
     /// The keys of the `side` end of the flow between `client` and
     /// `server`, from the connection's proven `key`.
     pub fn derive(key: &FlowKey, side: Side, client: &End, server: &End) -> FrameKeys {
-        let c2s = direction_key(key, CLIENT_TO_SERVER, client, server);
-        let s2c = direction_key(key, SERVER_TO_CLIENT, client, server);
+        FrameKeys::derive_in(key.bytes(), KEY_CONTEXT, side, client, server)
+    }
+
+    /// The keys of the `side` end of a direct connection (`super::direct`)
+    /// between `client` (the end that sends the opening) and `server`,
+    /// from the connection's `key`, which both programs hold before the
+    /// first frame: every frame is sealed from the opening on. The relays
+    /// fixed both ends' flow ids, so the ends' initial sequence numbers
+    /// are not bound in (each `End`'s `isn` is ignored); a key is one
+    /// connection's, drawn afresh for each.
+    pub fn derive_direct(key: &[u8], side: Side, client: &End, server: &End) -> FrameKeys {
+        let fixed = |e: &End| End { isn: 0, ..*e };
+        FrameKeys::derive_in(
+            key,
+            DIRECT_KEY_CONTEXT,
+            side,
+            &fixed(client),
+            &fixed(server),
+        )
+    }
+
+    fn derive_in(key: &[u8], context: &[u8], side: Side, client: &End, server: &End) -> FrameKeys {
+        let c2s = direction_key(key, context, CLIENT_TO_SERVER, client, server);
+        let s2c = direction_key(key, context, SERVER_TO_CLIENT, client, server);
         match side {
             Side::Client => FrameKeys {
                 seal: c2s,
@@ -304,6 +335,34 @@ mod tests {
         let mut s = Guard::new();
         s.set_keys(FrameKeys::derive(k, Side::Server, &CLIENT, &SERVER));
         (c, s)
+    }
+
+    /// A direct connection's keys: the two ends' seal and open crosswise
+    /// from the first frame, whatever initial sequence numbers the ends
+    /// drew; neither a measured flow's keys from the same bytes nor
+    /// another pair of ends' open them.
+    #[test]
+    fn direct_keys_pair_the_two_ends_and_no_other_flow() {
+        let k = [9u8; 32];
+        let drawn = |e: &End, isn| End { isn, ..*e };
+        let connector = FrameKeys::derive_direct(&k, Side::Client, &CLIENT, &SERVER);
+        let acceptor =
+            FrameKeys::derive_direct(&k, Side::Server, &drawn(&CLIENT, 1), &drawn(&SERVER, 2));
+        let mut f = frame(&CLIENT, &SERVER, Kind::Syn, 5, 0, &[]);
+        connector.seal(&mut f);
+        assert!(acceptor.verify(&f), "the opening verifies at the acceptor");
+        assert!(
+            !connector.verify(&f),
+            "a direction's frame verifies only the other way"
+        );
+        let measured = FrameKeys::derive(&key(9), Side::Server, &CLIENT, &SERVER);
+        assert!(!measured.verify(&f), "a measured flow's keys opened it");
+        let other = End {
+            flow: SERVER.flow + 1,
+            ..SERVER
+        };
+        let elsewhere = FrameKeys::derive_direct(&k, Side::Server, &CLIENT, &other);
+        assert!(!elsewhere.verify(&f), "another connection's ends opened it");
     }
 
     /// What the server's end does with an arrival, as the data path does

@@ -40,7 +40,9 @@
 //! program gives every netgap frame; the other queues are for sockets
 //! another process makes and hands over, one connection each, whose
 //! frames the program checks (`steer.rs`, `handover.rs`; how a frame keeps
-//! its queue across a switch is `queue_path`'s). The port changes
+//! its queue across a switch is `queue_path`'s). On such a handed port,
+//! `direct` carries one program's connection to another host, driven by
+//! the program's own nonblocking calls. The port changes
 //! nothing else of the interface (queues, offloads, MTU); native XDP on a
 //! veth makes the kernel turn its peer's TCP segmentation offload off while
 //! the program is attached, and back on after.
@@ -59,6 +61,8 @@ pub mod reliable;
 )]
 mod steer;
 
+#[cfg(feature = "xdp")]
+pub mod direct;
 #[cfg(feature = "xdp")]
 mod flow;
 #[cfg(feature = "xdp")]

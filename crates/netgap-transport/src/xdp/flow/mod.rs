@@ -51,9 +51,11 @@ use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
+mod fixed;
 mod halves;
 mod session;
 
+pub(crate) use fixed::{FixedOpening, FixedState};
 pub(crate) use halves::{Shared, XdpFlow};
 
 /// Receive frames reaped per pump at most.
@@ -356,6 +358,17 @@ pub(crate) struct Session {
     max_inflight: u32,
     /// Seals what goes out and checks what comes in, once keyed.
     guard: Guard,
+    /// The latest authenticated frame from the peer, or the start of a
+    /// wait for one, on the port's clock (ns): a session whose ids were
+    /// fixed gives up on a peer silent for too long.
+    heard_ns: u64,
+    /// The application shut its sending down: the closing frame goes as
+    /// soon as credit allows.
+    fin_wanted: bool,
+    /// The opening's rules of a session whose ids were fixed before it
+    /// opened (a direct connection); `None` for a flow opened through a
+    /// listener.
+    fixed: Option<fixed::Fixed>,
 }
 
 /// What the pump's first pass did with a frame received.
@@ -701,7 +714,9 @@ pub(crate) struct Port {
     /// for the next waiter to report.
     kick_errno: AtomicI32,
     attach: Attach,
-    key: PortKey,
+    /// Where the process's ports list it; `None` for a port of one
+    /// connection's own ([`Port::alone`]), which no other flow shares.
+    key: Option<PortKey>,
 }
 
 /// The port's lock, held: when it lets the lock go it rings the doorbell
@@ -790,7 +805,7 @@ impl Port {
             fd,
             kick_errno: AtomicI32::new(0),
             attach,
-            key: key.clone(),
+            key: Some(key.clone()),
         });
         ports.push((key, Arc::downgrade(&port)));
         Ok(port)
@@ -898,7 +913,11 @@ impl Port {
 
 impl Drop for Port {
     fn drop(&mut self) {
+        // A port of its own was never listed: its drop takes no lock (it
+        // may run in a forked child, where another thread of the parent
+        // held the list's lock at the fork).
+        let Some(key) = &self.key else { return };
         let mut ports = PORTS.lock().unwrap_or_else(|e| e.into_inner());
-        ports.retain(|(k, w)| !(*k == self.key && w.strong_count() == 0));
+        ports.retain(|(k, w)| !(k == key && w.strong_count() == 0));
     }
 }

@@ -35,6 +35,9 @@ impl Session {
             window_bytes,
             max_inflight,
             guard: Guard::new(),
+            heard_ns: 0,
+            fin_wanted: false,
+            fixed: None,
         })
     }
 
@@ -151,6 +154,9 @@ impl Session {
     /// The session's timers at `now`: retransmissions, a probe, a delayed
     /// acknowledgment.
     pub(super) fn on_timers(&mut self, io: &mut PortIo, now: u64) {
+        if self.fixed.is_some() && !self.fixed_timers(io, now) {
+            return;
+        }
         if self.peer.is_none() {
             return;
         }
@@ -178,6 +184,10 @@ impl Session {
         now: u64,
     ) {
         let Some(peer) = self.peer else {
+            if self.fixed.is_some() {
+                self.on_fixed_opening(io, h, src, raw, now);
+                return;
+            }
             // The answer of the server this end asked, to this end's
             // opening (its initial sequence number echoed), from the
             // session it opened for this flow (its own flow id).
@@ -248,6 +258,7 @@ impl Session {
         }
         io.scratch_ack = out;
         self.woken = true;
+        self.heard_ns = now;
     }
 
     /// Takes the peer's opening `h`: its initial sequence number, the

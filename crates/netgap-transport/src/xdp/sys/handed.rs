@@ -4,7 +4,6 @@
 //! (`XDP_MMAP_OFFSETS`), and the rings laid out as libxdp's ring
 //! functions expect, so the port works as one made here.
 
-use std::collections::BTreeSet;
 use std::ffi::c_void;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -26,38 +25,17 @@ impl Xsk {
     /// socket's four rings here, at the offsets the kernel gives
     /// (`XDP_MMAP_OFFSETS`). No program is attached: the maker's steering
     /// holds the socket in its `XSKMAP`.
-    #[cfg_attr(
-        not(test),
-        allow(
-            dead_code,
-            reason = "the relay's direct connections use it (issue 44's next step)"
-        )
-    )]
     pub(crate) fn from_handed(port: HandedPort) -> io::Result<Xsk> {
         let g = port.geometry;
         let (area, area_bytes) = map_umem(&port)?;
         let fd = port.socket.as_raw_fd();
         // From here on the value's Drop unmaps what was mapped, the UMEM
         // and every ring mapped before a failure.
-        let mut x = Xsk {
-            area,
-            area_bytes,
-            umem: ptr::null_mut(),
-            socket: ptr::null_mut(),
-            fill: Ring::empty(),
-            comp: Ring::empty(),
-            rx: Ring::empty(),
-            tx: Ring::empty(),
-            fd,
-            frame_bytes: g.frame_bytes,
-            steering: None,
-            bpf_fds: BTreeSet::new(),
-            lock_on_drop: false,
-            handed: Some(HandedMaps {
-                socket: port.socket,
-                rings: Vec::with_capacity(4),
-            }),
-        };
+        let mut x = Xsk::unmapped(area, area_bytes, fd, g.frame_bytes);
+        x.handed = Some(HandedMaps {
+            socket: port.socket,
+            rings: Vec::with_capacity(4),
+        });
         let off = mmap_offsets(fd)?;
         let n = g.ring_entries;
         let desc_bytes = std::mem::size_of::<libc::xdp_desc>();
@@ -166,13 +144,6 @@ fn mmap_offsets(fd: RawFd) -> io::Result<libc::xdp_mmap_offsets> {
     Ok(unsafe { off.assume_init() })
 }
 
-#[cfg_attr(
-    not(test),
-    allow(
-        dead_code,
-        reason = "the relay's direct connections use it (issue 44's next step)"
-    )
-)]
 /// Maps one ring of AF_XDP socket `fd` (at page offset `pgoff`, `n`
 /// entries of `entry_bytes`) and points `ring` at it, as libxdp's ring
 /// functions expect: a producer ring (fill, TX) starts with all `n`

@@ -238,6 +238,29 @@ impl Xsk {
         }
     }
 
+    /// A port over the UMEM mapped at `area` (`area_bytes` long, frames of
+    /// `frame_bytes`) and socket `fd` (-1: not made yet), its rings not
+    /// mapped yet, no program, nothing libxdp made: its Drop unmaps `area`
+    /// and whatever the maker adds before a failure.
+    fn unmapped(area: *mut u8, area_bytes: usize, fd: RawFd, frame_bytes: u32) -> Xsk {
+        Xsk {
+            area,
+            area_bytes,
+            umem: ptr::null_mut(),
+            socket: ptr::null_mut(),
+            fill: Ring::empty(),
+            comp: Ring::empty(),
+            rx: Ring::empty(),
+            tx: Ring::empty(),
+            fd,
+            frame_bytes,
+            steering: None,
+            bpf_fds: BTreeSet::new(),
+            lock_on_drop: false,
+            handed: None,
+        }
+    }
+
     /// Makes the UMEM, the socket and its steering; the caller holds
     /// [`LIFECYCLE`] (a half-made value dropped on failure does not take it
     /// again).
@@ -261,22 +284,7 @@ impl Xsk {
         if area == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
-        let mut x = Xsk {
-            area: area.cast::<u8>(),
-            area_bytes,
-            umem: ptr::null_mut(),
-            socket: ptr::null_mut(),
-            fill: Ring::empty(),
-            comp: Ring::empty(),
-            rx: Ring::empty(),
-            tx: Ring::empty(),
-            fd: -1,
-            frame_bytes: shape.frame_bytes,
-            steering: None,
-            bpf_fds: BTreeSet::new(),
-            lock_on_drop: false,
-            handed: None,
-        };
+        let mut x = Xsk::unmapped(area.cast::<u8>(), area_bytes, -1, shape.frame_bytes);
         let ucfg = UmemConfig {
             fill_size: shape.ring_entries,
             comp_size: shape.ring_entries,
@@ -609,6 +617,10 @@ pub(crate) fn ring_doorbell(fd: RawFd) -> io::Result<()> {
     }
 }
 
+// The switch of the queue tests, for the direct connection's tests.
+#[cfg(test)]
+pub(crate) use tests::{in_ns, index_of, sh, switch_of_two, Namespaces};
+
 #[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
 #[cfg(test)]
 mod tests {
@@ -722,7 +734,7 @@ mod tests {
         f
     }
 
-    fn sh(args: &[&str]) {
+    pub(crate) fn sh(args: &[&str]) {
         let out = Command::new("ip").args(args).output().unwrap();
         assert!(out.status.success(), "ip {args:?}: {out:?}");
     }
@@ -831,7 +843,7 @@ mod tests {
         .unwrap();
     }
 
-    fn index_of(ifname: &str) -> u32 {
+    pub(crate) fn index_of(ifname: &str) -> u32 {
         let name = CString::new(ifname).unwrap();
         ifindex(&name).unwrap() as u32
     }
@@ -1018,7 +1030,7 @@ mod tests {
 
     /// Named network namespaces of a test, deleted when it ends however it
     /// ends.
-    struct Namespaces(Vec<String>);
+    pub(crate) struct Namespaces(Vec<String>);
 
     impl Namespaces {
         fn add(names: &[String]) -> Namespaces {
@@ -1039,7 +1051,7 @@ mod tests {
     }
 
     /// Runs `f` on a thread inside namespace `ns`; its result.
-    fn in_ns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    pub(crate) fn in_ns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
         let ns = ns.to_string();
         std::thread::spawn(move || {
             crate::netns::enter(&ns).unwrap();
@@ -1055,7 +1067,7 @@ mod tests {
     /// `shaped`: each port shaped as the testbed's `shaping.rs` shapes a
     /// rate, a TBF toward the host, and the host's uplink, the port's
     /// ingress redirected to a one-queue IFB device under a TBF.
-    fn switch_of_two(tag: &str, shaped: bool) -> (Namespaces, [String; 3]) {
+    pub(crate) fn switch_of_two(tag: &str, shaped: bool) -> (Namespaces, [String; 3]) {
         let names = [format!("{tag}a"), format!("{tag}s"), format!("{tag}b")];
         let made = Namespaces::add(&names);
         let [a, sw, b] = &names;
