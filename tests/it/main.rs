@@ -43,6 +43,9 @@ mod pipeline;
 mod preload;
 mod preload_apps;
 mod preload_conformance;
+/// Built with the `xdp` feature: the library's direct connections.
+#[cfg(feature = "xdp")]
+mod preload_direct;
 mod preload_hostile;
 #[cfg(feature = "mpi")]
 mod preload_mpi;

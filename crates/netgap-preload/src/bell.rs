@@ -31,10 +31,13 @@ pub(crate) fn bell_joins_epolls(fd: c_int) {
 /// registered in that epoll for another descriptor of the connection), a
 /// wait falls back on the doorbell.
 pub(crate) fn register_bell(epfd: c_int, op: c_int, fd: c_int, events: u32, data: u64) -> bool {
-    let Some(Entry::Shm(c)) = table::get(fd) else {
-        return false;
+    let bell = match table::get(fd) {
+        Some(Entry::Shm(c)) => c.bell(),
+        // A direct connection's socket, readable when frames arrived.
+        #[cfg(feature = "xdp")]
+        Some(Entry::Direct(d)) => d.wait_fd(),
+        _ => return false,
     };
-    let bell = c.bell();
     if bell < 0 {
         return false;
     }

@@ -317,6 +317,18 @@ impl Conn {
         })
     }
 
+    /// The relays gave the connection a direct path of its own: the offer
+    /// ends and what the program wrote into the ring meanwhile is taken
+    /// back, to go first on the direct connection.
+    #[cfg(feature = "xdp")]
+    pub(crate) fn offer_went_direct(&self) -> Result<Vec<u8>, GiveBackError> {
+        let _w = self.write_lock.lock().unwrap_or_else(|p| p.into_inner());
+        self.offered.store(false, Ordering::SeqCst);
+        self.channel
+            .take_unsent()
+            .map_err(|Corrupt| GiveBackError::Corrupt)
+    }
+
     /// The program sets a TCP option: `TCP_NODELAY` and `TCP_CORK` are
     /// recorded only (true: handled here).
     pub(crate) fn set_tcp_option(&self, opt: c_int, on: bool) -> bool {

@@ -36,6 +36,9 @@ pub(crate) enum Route {
     Shm(Arc<Conn>),
     /// A pending connection with nothing in yet, read without blocking.
     Again,
+    /// The connection's own AF_XDP socket.
+    #[cfg(feature = "xdp")]
+    Direct(Arc<crate::direct::Direct>),
 }
 
 pub(crate) fn route(fd: c_int, writing: bool) -> Route {
@@ -56,6 +59,8 @@ pub(crate) fn route_with(fd: c_int, writing: bool, dontwait: bool) -> Route {
             let wait = blocking && (!writing || c.write_full() && c.offered_via_relay());
             match setup::finish_offer(fd, &c, wait) {
                 Resolved::Shm(c) => Route::Shm(c),
+                #[cfg(feature = "xdp")]
+                Resolved::Direct(d) => Route::Direct(d),
                 Resolved::Kernel => Route::Kernel,
                 Resolved::NotYet if writing => Route::Shm(c),
                 Resolved::NotYet => Route::Again,
@@ -65,8 +70,12 @@ pub(crate) fn route_with(fd: c_int, writing: bool, dontwait: bool) -> Route {
         // kernel socket, which answers them as the kernel does.
         Some(Entry::Shm(c)) if writing && c.peer_closed_for_writes(fd) => Route::Kernel,
         Some(Entry::Shm(c)) => Route::Shm(c),
+        #[cfg(feature = "xdp")]
+        Some(Entry::Direct(d)) => Route::Direct(d),
         Some(Entry::Pending(p)) => match setup::resolve(fd, &p, writing, dontwait) {
             Resolved::Shm(c) => Route::Shm(c),
+            #[cfg(feature = "xdp")]
+            Resolved::Direct(d) => Route::Direct(d),
             Resolved::Kernel => Route::Kernel,
             Resolved::NotYet => Route::Again,
         },
@@ -306,6 +315,12 @@ fn settle_relay_offer(fd: c_int) {
 #[no_mangle]
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
     settle_relay_offer(fd);
+    #[cfg(feature = "xdp")]
+    if let Some(Entry::Direct(_)) = table::get(fd) {
+        close_direct(fd);
+        // SAFETY: the program's own argument, passed on.
+        return unsafe { real::close()(fd) };
+    }
     let was = match table::get(fd) {
         Some(Entry::Shm(c)) => Some(c),
         _ => None,
@@ -327,6 +342,29 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
     r
 }
 
+/// The program closes a descriptor of a direct connection: the last one
+/// in this process ends it (its closing frame, lingering for its
+/// acknowledgment at most `CLOSE_LINGER`; in a process that did not open
+/// it, nothing is sent), then the relay socket goes and with it the
+/// steering registration.
+#[cfg(feature = "xdp")]
+fn close_direct(fd: c_int) {
+    let e = errno();
+    if let Some(Entry::Direct(d)) = table::take(fd) {
+        for epfd in table::epoll_forget(fd) {
+            let mut ev = epoll_event { events: 0, u64: 0 };
+            // SAFETY: a plain epoll_ctl on the program's epoll and the
+            // connection's own socket, registered beside `fd` there.
+            unsafe { real::epoll_ctl()(epfd, libc::EPOLL_CTL_DEL, d.wait_fd(), &mut ev) };
+        }
+        if !table::direct_shared_elsewhere(&d) {
+            d.log_close(fd);
+        }
+        drop(d);
+    }
+    set_errno(e);
+}
+
 /// `shutdown(2)`: on a taken-over connection the peer's blocking sleepers
 /// are woken to see the FIN.
 ///
@@ -339,10 +377,15 @@ pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
     // SAFETY: the program's own arguments, passed on.
     let r = unsafe { real::shutdown()(fd, how) };
     if r == 0 {
-        if let Some(Entry::Shm(c)) = table::get(fd) {
-            let e = errno();
-            c.shut(how);
-            set_errno(e);
+        match table::get(fd) {
+            Some(Entry::Shm(c)) => {
+                let e = errno();
+                c.shut(how);
+                set_errno(e);
+            }
+            #[cfg(feature = "xdp")]
+            Some(Entry::Direct(d)) => d.shut(how),
+            _ => {}
         }
     }
     r
@@ -430,6 +473,8 @@ fn set_nonblocking(fd: c_int, on: bool) {
     match table::get(fd) {
         Some(Entry::Shm(c)) => c.set_nonblocking(on),
         Some(Entry::Pending(p)) => p.set_nonblocking(on),
+        #[cfg(feature = "xdp")]
+        Some(Entry::Direct(d)) => d.set_nonblocking(on),
         _ => {}
     }
 }
@@ -491,8 +536,14 @@ pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn ioctl(fd: c_int, request: c_ulong, arg: c_ulong) -> c_int {
     if request == libc::FIONREAD {
-        if let Route::Shm(c) = route_with(fd, false, true) {
-            return match c.readable(fd) {
+        let readable = match route_with(fd, false, true) {
+            Route::Shm(c) => Some(c.readable(fd)),
+            #[cfg(feature = "xdp")]
+            Route::Direct(d) => Some(d.readable_bytes(fd)),
+            _ => None,
+        };
+        if let Some(readable) = readable {
+            return match readable {
                 Ok(n) => {
                     let p = arg as *mut c_int;
                     if p.is_null() {
@@ -568,6 +619,21 @@ pub unsafe extern "C" fn getsockopt(
     value: *mut c_void,
     len: *mut socklen_t,
 ) -> c_int {
+    #[cfg(feature = "xdp")]
+    if level == libc::SOL_SOCKET && name == libc::SO_ERROR && !value.is_null() && !len.is_null() {
+        if let Some(Entry::Direct(d)) = table::get(fd) {
+            // SAFETY: `len` is valid (getsockopt's contract).
+            if (unsafe { *len } as usize) < std::mem::size_of::<c_int>() {
+                return fail(libc::EINVAL) as c_int;
+            }
+            // SAFETY: `value` is valid for writes of `*len ≥ int` bytes.
+            unsafe {
+                std::ptr::write_unaligned(value.cast::<c_int>(), d.take_error());
+                *len = std::mem::size_of::<c_int>() as socklen_t;
+            }
+            return 0;
+        }
+    }
     if level == libc::IPPROTO_TCP && !value.is_null() && !len.is_null() {
         if let Some(Entry::Shm(c)) = table::get(fd) {
             if let Some(on) = c.tcp_option(name) {

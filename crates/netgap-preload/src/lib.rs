@@ -35,6 +35,8 @@ mod bell;
 mod channel;
 mod conn;
 mod diag;
+#[cfg(feature = "xdp")]
+mod direct;
 mod errno;
 mod exchange;
 mod inherit;

@@ -134,7 +134,7 @@ const REPLY_WAIT_MS: c_int = 10_000;
 /// `-t xdp`, and only a relay the kernel says is root's (`SO_PEERCRED`):
 /// anyone can bind the name, and a squatter would be handed the
 /// program's connections.
-fn open() -> Result<c_int, RelayError> {
+pub(crate) fn open() -> Result<c_int, RelayError> {
     if crate::settings().stack != crate::Stack::Xdp {
         return Err(RelayError::NotXdp);
     }

@@ -468,6 +468,8 @@ fn watch_relay_answer(fd: c_int, c: Arc<Conn>) {
                 // Part of the answer: give the rest a moment.
                 Resolved::NotYet => std::thread::sleep(Duration::from_micros(50)),
                 Resolved::Shm(_) | Resolved::Kernel => return,
+                #[cfg(feature = "xdp")]
+                Resolved::Direct(_) => return,
             }
         }
     };
@@ -488,6 +490,9 @@ const WATCH_STACK_BYTES: usize = 256 << 10;
 pub(crate) enum Resolved {
     /// Moved to the channel.
     Shm(Arc<Conn>),
+    /// Moved to an AF_XDP socket of its own.
+    #[cfg(feature = "xdp")]
+    Direct(Arc<crate::direct::Direct>),
     /// Left on the kernel's TCP.
     Kernel,
     /// Not yet known (a read on a non-blocking descriptor says EAGAIN).
@@ -509,6 +514,8 @@ pub(crate) fn finish_offer(fd: c_int, c: &Arc<Conn>, wait: bool) -> Resolved {
         // Another thread ended it.
         return match table::get(fd) {
             Some(Entry::Shm(d)) if Arc::ptr_eq(c, &d) => Resolved::Shm(d),
+            #[cfg(feature = "xdp")]
+            Some(Entry::Direct(d)) => Resolved::Direct(d),
             _ => Resolved::Kernel,
         };
     };
@@ -543,7 +550,13 @@ pub(crate) fn finish_offer(fd: c_int, c: &Arc<Conn>, wait: bool) -> Resolved {
     *guard = None;
     drop(guard);
     match end {
-        Ok(bell) => {
+        #[cfg(feature = "xdp")]
+        Ok(Taken::Direct(d)) => went_direct(fd, port, c, d),
+        Ok(taken) => {
+            let bell = match taken {
+                Taken::Relay(bell) => bell,
+                _ => -1,
+            };
             let to = if bell >= 0 {
                 c.set_bell(bell);
                 "xdp via the relay"
@@ -583,14 +596,33 @@ pub(crate) fn finish_offer(fd: c_int, c: &Arc<Conn>, wait: bool) -> Resolved {
     }
 }
 
-/// The listener's whole answer to the offer on `path`: Ok with -1 for a
-/// same-host channel taken, Ok with the relay socket for a connection
-/// this host's relay took.
-fn take_answer(fd: c_int, path: &mut OfferPath, answer: Answer) -> Result<c_int, NotMoved> {
+/// Where an offered connection went once the listener accepted it.
+enum Taken {
+    /// The same-host channel.
+    Shm,
+    /// Through this host's relay, which took the connection (its socket,
+    /// the connection's bell from now on).
+    Relay(c_int),
+    /// Onto an AF_XDP socket of its own.
+    #[cfg(feature = "xdp")]
+    Direct(crate::direct::Direct),
+}
+
+/// The listener's whole answer to the offer on `path`. A relayed answer
+/// is first taken to this host's relay as a direct request (with the
+/// `xdp` feature): the connection goes direct when the relays grant it,
+/// else on the relay's path, whose listen waits at the listener's relay
+/// meanwhile (see `direct`'s notes on how both ends agree).
+fn take_answer(fd: c_int, path: &mut OfferPath, answer: Answer) -> Result<Taken, NotMoved> {
     match (path, answer) {
-        (OfferPath::Shm { .. }, Answer::Accepted) => Ok(-1),
+        (OfferPath::Shm { .. }, Answer::Accepted) => Ok(Taken::Shm),
         (OfferPath::Relay(offer), Answer::Relay(target)) => {
-            crate::relay::answered(fd, offer, &target)
+            #[cfg(feature = "xdp")]
+            match connect_direct(fd, offer.key, &target) {
+                Ok(d) => return Ok(Taken::Direct(d)),
+                Err(why) => log_line!("fd {fd}: relay: {why}"),
+            }
+            crate::relay::answered(fd, offer, &target).map(Taken::Relay)
         }
         (_, Answer::Refused(r)) => Err(NotMoved::Kept(format!("the listener refused: {r}"))),
         (OfferPath::Shm { .. }, Answer::Relay(_)) => Err(NotMoved::Broken(
@@ -600,6 +632,52 @@ fn take_answer(fd: c_int, path: &mut OfferPath, answer: Answer) -> Result<c_int,
             "the listener answered a relay hello as a shared-memory one".into(),
         )),
     }
+}
+
+/// Asks this host's relay for a direct connection to the relay at
+/// `target` (the listener's answer), and opens it on the granted port.
+#[cfg(feature = "xdp")]
+fn connect_direct(
+    fd: c_int,
+    key: [u8; netgap_proto::preload::RELAY_KEY_BYTES],
+    target: &str,
+) -> Result<crate::direct::Direct, String> {
+    let sock = crate::relay::open().map_err(|e| e.to_string())?;
+    let role = netgap_proto::direct::DirectRole::Connect {
+        target: target.to_owned(),
+    };
+    let (asked, _) = crate::direct::ask(sock, fd, key, role).map_err(|e| e.to_string())?;
+    crate::direct::granted(asked).map_err(|e| e.to_string())
+}
+
+/// The connector's offer went direct: what its program wrote into the
+/// ring meanwhile goes first on the direct connection, and every
+/// descriptor of the connection is the direct one from now on.
+#[cfg(feature = "xdp")]
+fn went_direct(fd: c_int, port: u16, c: &Arc<Conn>, d: crate::direct::Direct) -> Resolved {
+    let d = Arc::new(d);
+    d.set_nonblocking(c.nonblocking());
+    let sent = c
+        .offer_went_direct()
+        .map_err(|e| e.to_string())
+        .and_then(|bytes| {
+            d.send_first(&bytes)
+                .map_err(|e| std::io::Error::from_raw_os_error(e).to_string())
+        });
+    table::conn_went_direct(c, &d);
+    crate::bell::bell_joins_epolls(fd);
+    if let Err(why) = sent {
+        log_line!("fd {fd}: connection to port {port} fails (shut down): the bytes written before it went direct: {why}");
+        d.shut(libc::SHUT_RDWR);
+        // SAFETY: a plain shutdown of the program's socket.
+        unsafe { real::shutdown()(fd, libc::SHUT_RDWR) };
+    } else {
+        log_line!(
+            "fd {fd}: connection to port {port} moved to direct on queue {}",
+            d.queue()
+        );
+    }
+    Resolved::Direct(d)
 }
 
 /// The listener accepted `fd` (with `accept4`'s `flags`): a connection
@@ -680,6 +758,8 @@ pub(crate) fn resolve(fd: c_int, p: &Arc<Pending>, writing: bool, dontwait: bool
     match table::get(fd) {
         Some(Entry::Pending(q)) if Arc::ptr_eq(p, &q) => {}
         Some(Entry::Shm(c)) => return Resolved::Shm(c),
+        #[cfg(feature = "xdp")]
+        Some(Entry::Direct(d)) => return Resolved::Direct(d),
         _ => return Resolved::Kernel,
     }
     let waits = !writing && !dontwait && !p.nonblocking();
@@ -768,6 +848,9 @@ pub(crate) fn resolve(fd: c_int, p: &Arc<Pending>, writing: bool, dontwait: bool
 enum Done {
     /// On shm (or through the relay).
     Shm(Arc<Conn>),
+    /// On an AF_XDP socket of its own.
+    #[cfg(feature = "xdp")]
+    Direct(Arc<crate::direct::Direct>),
     /// The kernel's, and why (for the log; None: said already).
     Kernel(Option<&'static str>),
 }
@@ -807,12 +890,30 @@ fn take_region(fd: c_int, e: &Ends, ring: u32, region_fd: u32) -> Done {
 fn take_relay_hello(fd: c_int, hello: &Hello) -> Done {
     match crate::relay::take_hello(fd, hello) {
         Ok((ch, bell, target)) => {
+            #[cfg(feature = "xdp")]
+            let direct = accept_direct(fd, hello);
             if send_all(fd, &Answer::Relay(target).encode()).is_err() {
                 // SAFETY: a plain shutdown of the program's socket.
                 unsafe { real::shutdown()(fd, libc::SHUT_RDWR) };
                 // SAFETY: the relay socket of ours, closed once.
                 unsafe { real::close()(bell) };
                 return Done::Kernel(None);
+            }
+            // The connector asks for the direct connection once it has
+            // the answer; the grant (or the refusal) comes to both ends.
+            #[cfg(feature = "xdp")]
+            if let Some(asked) = direct {
+                match crate::direct::granted(asked) {
+                    Ok(d) => {
+                        // The relayed listen is not needed: its socket
+                        // and region go.
+                        drop(ch);
+                        // SAFETY: the relay socket of ours, closed once.
+                        unsafe { real::close()(bell) };
+                        return Done::Direct(Arc::new(d));
+                    }
+                    Err(why) => log_line!("fd {fd}: relay: {why}"),
+                }
             }
             Done::Shm(Arc::new(
                 Conn::new(fd, ch, Role::Listener, false, -1).with_bell(bell),
@@ -826,9 +927,44 @@ fn take_relay_hello(fd: c_int, hello: &Hello) -> Done {
     }
 }
 
+/// The listener's side asks its relay for a direct connection with the
+/// hello's key (after the relayed listen, which stays ready for the
+/// connector's fallback); None (and one log line) when the relay refuses
+/// at once.
+#[cfg(feature = "xdp")]
+fn accept_direct(fd: c_int, hello: &Hello) -> Option<crate::direct::Asked> {
+    let Hello::Relay { key, .. } = *hello else {
+        return None;
+    };
+    let asked = crate::relay::open()
+        .map_err(|e| e.to_string())
+        .and_then(|sock| {
+            crate::direct::ask(sock, fd, key, netgap_proto::direct::DirectRole::Accept)
+                .map_err(|e| e.to_string())
+        });
+    match asked {
+        Ok((asked, _)) => Some(asked),
+        Err(why) => {
+            log_line!("fd {fd}: relay: {why}");
+            None
+        }
+    }
+}
+
 /// Applies a pending connection's end to the table.
 fn finish_pending(fd: c_int, p: &Arc<Pending>, done: Done) -> Resolved {
     match done {
+        #[cfg(feature = "xdp")]
+        Done::Direct(d) => {
+            d.set_nonblocking(p.nonblocking());
+            table::resolve(p, Some(Entry::Direct(d.clone())));
+            crate::bell::bell_joins_epolls(fd);
+            log_line!(
+                "fd {fd}: accepted connection moved to direct on queue {}",
+                d.queue()
+            );
+            Resolved::Direct(d)
+        }
         Done::Shm(c) => {
             c.set_nonblocking(p.nonblocking());
             table::resolve(p, Some(Entry::Shm(c.clone())));
@@ -870,11 +1006,11 @@ mod tests {
         })
     }
 
-    fn kept(r: Result<c_int, NotMoved>) -> bool {
+    fn kept(r: Result<Taken, NotMoved>) -> bool {
         matches!(r, Err(NotMoved::Kept(_)))
     }
 
-    fn broken(r: Result<c_int, NotMoved>) -> bool {
+    fn broken(r: Result<Taken, NotMoved>) -> bool {
         matches!(r, Err(NotMoved::Broken(_)))
     }
 
@@ -883,7 +1019,7 @@ mod tests {
         let shm = || OfferPath::Shm { mailbox: None };
         assert!(matches!(
             take_answer(-1, &mut shm(), Answer::Accepted),
-            Ok(-1)
+            Ok(Taken::Shm)
         ));
         assert!(broken(take_answer(
             -1,

@@ -30,6 +30,9 @@ pub(crate) enum Entry {
     Pending(Arc<Pending>),
     /// A connection on a shared-memory channel.
     Shm(Arc<Conn>),
+    /// A connection to another host on an AF_XDP socket of its own.
+    #[cfg(feature = "xdp")]
+    Direct(Arc<crate::direct::Direct>),
     /// The region file a connection keeps open (see `Conn::new`): if the
     /// program closes this number, the connection must not close it again.
     Region(Weak<Conn>),
@@ -112,6 +115,27 @@ pub(crate) fn resolve_conn(c: &Arc<Conn>) {
         }
     }
     // The caller's `c` keeps the connection alive past the lock.
+}
+
+/// Every descriptor of the offered connection `c` is the direct
+/// connection `d` from now on.
+#[cfg(feature = "xdp")]
+pub(crate) fn conn_went_direct(c: &Arc<Conn>, d: &Arc<crate::direct::Direct>) {
+    let mut t = TABLE.write().unwrap_or_else(|p| p.into_inner());
+    for slot in t.iter_mut() {
+        if matches!(slot, Some(Entry::Shm(e)) if Arc::ptr_eq(c, e)) {
+            *slot = Some(Entry::Direct(d.clone()));
+        }
+    }
+}
+
+/// Whether a descriptor of this process still holds the direct
+/// connection `d` (asked once the closing one was taken out).
+#[cfg(feature = "xdp")]
+pub(crate) fn direct_shared_elsewhere(d: &Arc<crate::direct::Direct>) -> bool {
+    let t = TABLE.read().unwrap_or_else(|p| p.into_inner());
+    t.iter()
+        .any(|s| matches!(s, Some(Entry::Direct(e)) if Arc::ptr_eq(d, e)))
 }
 
 /// The descriptors that are listeners.
@@ -246,6 +270,28 @@ pub(crate) type EpollEntries = (
     Vec<(c_int, Interest, Arc<Conn>)>,
     Vec<(c_int, Interest, Arc<Pending>)>,
 );
+
+/// The registrations of `epfd` that are direct connections.
+#[cfg(feature = "xdp")]
+pub(crate) fn epoll_direct(epfd: c_int) -> Vec<(c_int, Interest, Arc<crate::direct::Direct>)> {
+    if ENTRIES.load(Ordering::Relaxed) == 0 {
+        return Vec::new();
+    }
+    let regs: Vec<(c_int, Interest)> = {
+        let g = EPOLL.lock().unwrap_or_else(|p| p.into_inner());
+        match g.as_ref().and_then(|m| m.get(&epfd)) {
+            Some(s) => s.iter().map(|(&fd, &i)| (fd, i)).collect(),
+            None => return Vec::new(),
+        }
+    };
+    let t = TABLE.read().unwrap_or_else(|p| p.into_inner());
+    regs.into_iter()
+        .filter_map(|(fd, i)| match t.get(fd as usize) {
+            Some(Some(Entry::Direct(d))) => Some((fd, i, d.clone())),
+            _ => None,
+        })
+        .collect()
+}
 
 pub(crate) fn epoll_entries(epfd: c_int) -> EpollEntries {
     if ENTRIES.load(Ordering::Relaxed) == 0 {

@@ -14,7 +14,7 @@ pub const LIBRARY_ENV: &str = "NETGAP_PRELOAD";
 
 /// The library is not where it should be.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("the preload library {} is missing (build it with `cargo build -p netgap-preload`, or set {LIBRARY_ENV})", .0.display())]
+#[error("the preload library {} is missing (build it with `cargo build -p netgap-preload`, adding `--features xdp` for direct connections to other hosts, or set {LIBRARY_ENV})", .0.display())]
 pub struct LibraryMissing(pub PathBuf);
 
 /// The library: `NETGAP_PRELOAD` if set, else next to the running binary;
@@ -457,15 +457,25 @@ pub struct LogSummary {
     pub xdp_bytes: u64,
     /// Relayed connections whose close was logged.
     pub closed_xdp: u64,
+    /// Connections this process made that moved to a direct AF_XDP
+    /// socket of their own.
+    pub connected_direct: u64,
+    /// Connections this process accepted that moved to a direct AF_XDP
+    /// socket of their own.
+    pub accepted_direct: u64,
+    /// Direct requests refused, so the connection went on the relay's
+    /// path: each reason and how many times it was given.
+    pub direct_refusals: std::collections::BTreeMap<String, u64>,
 }
 
 impl LogSummary {
     /// The counts a record carries in its application metrics: connections
     /// moved to shm and kept on the kernel's TCP (setup failures count as
     /// kept), and the bytes the rings and the kernel sockets carried.
-    pub fn record_metrics(&self) -> [(&'static str, f64); 6] {
+    pub fn record_metrics(&self) -> [(&'static str, f64); 7] {
         [
             ("preload_shm_connections", self.connected_shm as f64),
+            ("preload_direct", self.connected_direct as f64),
             ("preload_xdp_connections", self.connected_xdp as f64),
             ("preload_xdp_bytes", self.xdp_bytes as f64),
             (
@@ -512,6 +522,7 @@ impl LogSummary {
         };
         const KEPT: &str = "stays on the kernel's TCP: ";
         const RELAYED: &str = "moved to xdp via the relay";
+        const DIRECT: &str = "moved to direct on queue ";
         let relayed = what.strip_prefix("relayed connection closed (");
         if let Some(counters) = relayed.or_else(|| what.strip_prefix("shm connection closed (")) {
             // A relayed connection's ring counters are what crossed the
@@ -539,6 +550,13 @@ impl LogSummary {
                 };
                 *slot = slot.saturating_add(v);
             }
+        } else if let Some(why) = what.strip_prefix("relay: ") {
+            *self.direct_refusals.entry(why.to_string()).or_insert(0) += 1;
+        } else if what
+            .strip_prefix("accepted connection ")
+            .is_some_and(|w| w.starts_with(DIRECT))
+        {
+            self.accepted_direct += 1;
         } else if what == format!("accepted connection {RELAYED}") {
             self.accepted_xdp += 1;
         } else if what == "accepted connection moved to shm" {
@@ -559,6 +577,8 @@ impl LogSummary {
                 self.connected_shm += 1;
             } else if rest == RELAYED {
                 self.connected_xdp += 1;
+            } else if rest.starts_with(DIRECT) {
+                self.connected_direct += 1;
             } else if let Some(why) = rest.strip_prefix(KEPT) {
                 self.connected_kernel += 1;
                 *self.fallback_reasons.entry(why.to_string()).or_insert(0) += 1;
@@ -622,6 +642,27 @@ netgap-preload[7]: fd 5: relayed connection closed (connector): shm_sent_bytes=1
         let m: std::collections::BTreeMap<_, _> = s.record_metrics().into_iter().collect();
         assert_eq!(m["preload_xdp_connections"], 1.0);
         assert_eq!(m["preload_shm_connections"], 0.0);
+    }
+
+    #[test]
+    fn direct_connections_and_the_refusals_that_kept_others_relayed_are_counted() {
+        let log = "\
+netgap-preload[7]: fd 5: connection to port 80 moved to direct on queue 3
+netgap-preload[9]: fd 11: accepted connection moved to direct on queue 3
+netgap-preload[7]: fd 6: relay: direct connections are off on this relay (--no-direct)
+netgap-preload[7]: fd 6: connection to port 80 moved to xdp via the relay
+";
+        let s = LogSummary::parse(log);
+        assert_eq!((s.connected_direct, s.accepted_direct), (1, 1));
+        assert_eq!((s.connected_xdp, s.accepted_xdp), (1, 0));
+        assert_eq!(
+            s.direct_refusals
+                .get("direct connections are off on this relay (--no-direct)"),
+            Some(&1)
+        );
+        let m: std::collections::BTreeMap<_, _> = s.record_metrics().into_iter().collect();
+        assert_eq!(m["preload_direct"], 1.0);
+        assert_eq!(m["preload_xdp_connections"], 1.0);
     }
 
     #[test]

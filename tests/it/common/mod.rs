@@ -106,6 +106,12 @@ pub(crate) fn preload_library() -> PathBuf {
             let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
             let mut cmd = std::process::Command::new(cargo);
             cmd.args(["build", "--quiet", "-p", "netgap-preload"]);
+            // A test binary with the xdp transport tests the library's
+            // direct path too, which the library has only with its own
+            // `xdp` feature.
+            if cfg!(feature = "xdp") {
+                cmd.args(["--features", "xdp"]);
+            }
             if dir.ends_with("release") {
                 cmd.arg("--release");
             }

@@ -5,6 +5,8 @@
 
 use super::{done, fail, route, route_with, Route};
 use crate::conn::Conn;
+#[cfg(feature = "xdp")]
+use crate::direct::Direct;
 use crate::log::log_line;
 use crate::real;
 use libc::{c_int, c_void, iovec, msghdr, off_t};
@@ -89,6 +91,16 @@ pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, count: size_t) -> ssi
             // contract).
             unsafe { shm_recv(&c, fd, &iov, 0) }
         }
+        #[cfg(feature = "xdp")]
+        Route::Direct(d) => {
+            let iov = [iovec {
+                iov_base: buf,
+                iov_len: count,
+            }];
+            // SAFETY: `buf` is valid for writes of `count` bytes (read's
+            // contract).
+            unsafe { direct_recv(&d, fd, &iov, 0) }
+        }
     }
 }
 
@@ -108,6 +120,14 @@ pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, count: size_t) -> 
                 iov_len: count,
             }];
             shm_send(&c, fd, &iov, 0)
+        }
+        #[cfg(feature = "xdp")]
+        Route::Direct(d) => {
+            let iov = [iovec {
+                iov_base: buf.cast_mut(),
+                iov_len: count,
+            }];
+            direct_send(&d, fd, &iov, 0)
         }
     }
 }
@@ -132,6 +152,16 @@ pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, iovcnt: c_int) -> s
             // SAFETY: each iovec is valid for writes (readv's contract).
             unsafe { shm_recv(&c, fd, v, 0) }
         }
+        #[cfg(feature = "xdp")]
+        Route::Direct(d) => {
+            if iov.is_null() || iovcnt < 0 {
+                return fail(libc::EINVAL);
+            }
+            // SAFETY: readv's contract: `iov` holds `iovcnt` valid iovecs.
+            let v = unsafe { std::slice::from_raw_parts(iov, iovcnt as usize) };
+            // SAFETY: each iovec is valid for writes (readv's contract).
+            unsafe { direct_recv(&d, fd, v, 0) }
+        }
     }
 }
 
@@ -152,6 +182,15 @@ pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, iovcnt: c_int) -> 
             // SAFETY: writev's contract: `iov` holds `iovcnt` valid iovecs.
             let v = unsafe { std::slice::from_raw_parts(iov, iovcnt as usize) };
             shm_send(&c, fd, v, 0)
+        }
+        #[cfg(feature = "xdp")]
+        Route::Direct(d) => {
+            if iov.is_null() || iovcnt < 0 {
+                return fail(libc::EINVAL);
+            }
+            // SAFETY: writev's contract: `iov` holds `iovcnt` valid iovecs.
+            let v = unsafe { std::slice::from_raw_parts(iov, iovcnt as usize) };
+            direct_send(&d, fd, v, 0)
         }
     }
 }
@@ -175,6 +214,15 @@ pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, len: size_t, flags: c
             // SAFETY: `buf` is valid for writes of `len` bytes.
             unsafe { shm_recv(&c, fd, &iov, flags) }
         }
+        #[cfg(feature = "xdp")]
+        Route::Direct(d) => {
+            let iov = [iovec {
+                iov_base: buf,
+                iov_len: len,
+            }];
+            // SAFETY: `buf` is valid for writes of `len` bytes.
+            unsafe { direct_recv(&d, fd, &iov, flags) }
+        }
     }
 }
 
@@ -194,6 +242,14 @@ pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, len: size_t, flags:
                 iov_len: len,
             }];
             shm_send(&c, fd, &iov, flags)
+        }
+        #[cfg(feature = "xdp")]
+        Route::Direct(d) => {
+            let iov = [iovec {
+                iov_base: buf.cast_mut(),
+                iov_len: len,
+            }];
+            direct_send(&d, fd, &iov, flags)
         }
     }
 }
@@ -228,6 +284,19 @@ pub unsafe extern "C" fn recvfrom(
             // SAFETY: `buf` is valid for writes of `len` bytes.
             unsafe { shm_recv(&c, fd, &iov, flags) }
         }
+        #[cfg(feature = "xdp")]
+        Route::Direct(d) => {
+            if !addrlen.is_null() {
+                // SAFETY: a non-null `addrlen` is valid for writes.
+                unsafe { *addrlen = 0 };
+            }
+            let iov = [iovec {
+                iov_base: buf,
+                iov_len: len,
+            }];
+            // SAFETY: `buf` is valid for writes of `len` bytes.
+            unsafe { direct_recv(&d, fd, &iov, flags) }
+        }
     }
 }
 
@@ -258,6 +327,14 @@ pub unsafe extern "C" fn sendto(
             }];
             shm_send(&c, fd, &iov, flags)
         }
+        #[cfg(feature = "xdp")]
+        Route::Direct(d) => {
+            let iov = [iovec {
+                iov_base: buf.cast_mut(),
+                iov_len: len,
+            }];
+            direct_send(&d, fd, &iov, flags)
+        }
     }
 }
 
@@ -282,6 +359,19 @@ pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> s
                 (*msg).msg_controllen = 0;
                 (*msg).msg_flags = 0;
                 shm_recv(&c, fd, msg_iov(msg), flags)
+            }
+        }
+        #[cfg(feature = "xdp")]
+        Route::Direct(d) => {
+            if msg.is_null() {
+                return fail(libc::EFAULT);
+            }
+            // SAFETY: recvmsg's contract: `msg` and its iovecs are valid.
+            unsafe {
+                (*msg).msg_namelen = 0;
+                (*msg).msg_controllen = 0;
+                (*msg).msg_flags = 0;
+                direct_recv(&d, fd, msg_iov(msg), flags)
             }
         }
     }
@@ -311,6 +401,20 @@ pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) ->
             }
             shm_send(&c, fd, iov, flags)
         }
+        #[cfg(feature = "xdp")]
+        Route::Direct(d) => {
+            if msg.is_null() {
+                return fail(libc::EFAULT);
+            }
+            // SAFETY: sendmsg's contract: `msg` and its iovecs are valid.
+            let (iov, control) = unsafe { (msg_iov(msg), (*msg).msg_controllen) };
+            if control != 0 {
+                log_line!(
+                    "fd {fd}: sendmsg with ancillary data on a direct connection: the data is dropped"
+                );
+            }
+            direct_send(&d, fd, iov, flags)
+        }
     }
 }
 
@@ -332,6 +436,9 @@ pub unsafe extern "C" fn sendfile(
         Route::Kernel | Route::Again => unsafe { real::sendfile()(out, in_fd, offset, count) },
         // SAFETY: sendfile's contract on `offset`.
         Route::Shm(c) => unsafe { shm_sendfile(&c, out, in_fd, offset, count) },
+        #[cfg(feature = "xdp")]
+        // SAFETY: sendfile's contract on `offset`.
+        Route::Direct(d) => unsafe { direct_sendfile(&d, out, in_fd, offset, count) },
     }
 }
 
@@ -352,6 +459,9 @@ pub unsafe extern "C" fn sendfile64(
         Route::Kernel | Route::Again => unsafe { real::sendfile64()(out, in_fd, offset, count) },
         // SAFETY: sendfile's contract on `offset`.
         Route::Shm(c) => unsafe { shm_sendfile(&c, out, in_fd, offset, count) },
+        #[cfg(feature = "xdp")]
+        // SAFETY: sendfile's contract on `offset`.
+        Route::Direct(d) => unsafe { direct_sendfile(&d, out, in_fd, offset, count) },
     }
 }
 
@@ -419,3 +529,93 @@ unsafe fn shm_sendfile(
     let off = unsafe { offset.as_mut() };
     done(c.sendfile(out, in_fd, off, count))
 }
+
+/// Receives on a direct connection; refuses `MSG_OOB`.
+///
+/// # Safety
+///
+/// Every iovec valid for writes of its length.
+#[cfg(feature = "xdp")]
+unsafe fn direct_recv(d: &Direct, fd: c_int, iov: &[iovec], flags: c_int) -> ssize_t {
+    if flags & libc::MSG_OOB != 0 {
+        log_line!("fd {fd}: recv with MSG_OOB on a direct connection is not supported (EINVAL)");
+        return fail(libc::EINVAL);
+    }
+    // SAFETY: the caller's contract.
+    done(unsafe { d.recv(fd, iov, flags) })
+}
+
+/// Sends on a direct connection as the kernel sends; EPIPE raises SIGPIPE
+/// unless the flags say not to.
+#[cfg(feature = "xdp")]
+fn direct_send(d: &Direct, fd: c_int, iov: &[iovec], flags: c_int) -> ssize_t {
+    if flags & libc::MSG_OOB != 0 {
+        log_line!(
+            "fd {fd}: send with MSG_OOB on a direct connection is not supported (EOPNOTSUPP)"
+        );
+        return fail(libc::EOPNOTSUPP);
+    }
+    // SAFETY: the program's iovecs, valid for reads of their lengths (the
+    // interposed call's contract).
+    let r = unsafe { d.send(fd, iov, flags) };
+    if r == Err(libc::EPIPE) && flags & libc::MSG_NOSIGNAL == 0 {
+        // SAFETY: raise has no preconditions; the kernel sends the
+        // writing thread SIGPIPE on a broken connection.
+        unsafe { libc::raise(libc::SIGPIPE) };
+    }
+    done(r)
+}
+
+/// `sendfile` to a direct connection: the file is read into a buffer and
+/// sent from it, as much as a `send` of the same bytes would take.
+///
+/// # Safety
+///
+/// `offset` null or valid for reads and writes.
+#[cfg(feature = "xdp")]
+unsafe fn direct_sendfile(
+    d: &Direct,
+    out: c_int,
+    in_fd: c_int,
+    offset: *mut off_t,
+    count: size_t,
+) -> ssize_t {
+    let mut buf = vec![0u8; count.min(DIRECT_SENDFILE_BYTES)];
+    // SAFETY: a non-null `offset` is valid (sendfile's contract).
+    let off = unsafe { offset.as_mut() };
+    let got = match &off {
+        // SAFETY: `buf` is valid for writes of its length.
+        Some(o) => unsafe { libc::pread(in_fd, buf.as_mut_ptr().cast(), buf.len(), **o) },
+        // SAFETY: as above.
+        None => unsafe { libc::read(in_fd, buf.as_mut_ptr().cast(), buf.len()) },
+    };
+    if got <= 0 {
+        return got;
+    }
+    let iov = [iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: got as usize,
+    }];
+    let sent = direct_send(d, out, &iov, 0);
+    if sent > 0 {
+        match off {
+            Some(o) => *o += sent as off_t,
+            // The file's offset moved by what was read: give back what
+            // was not sent.
+            None if sent < got => {
+                // SAFETY: a plain lseek on the program's file.
+                unsafe { libc::lseek(in_fd, (sent - got) as off_t, libc::SEEK_CUR) };
+            }
+            None => {}
+        }
+    } else if off.is_none() {
+        // SAFETY: as above.
+        unsafe { libc::lseek(in_fd, -(got as off_t), libc::SEEK_CUR) };
+    }
+    sent
+}
+
+/// Bytes one `sendfile` to a direct connection moves at most (what its
+/// window takes in a burst).
+#[cfg(feature = "xdp")]
+const DIRECT_SENDFILE_BYTES: usize = 256 << 10;

@@ -23,8 +23,12 @@ fn settle(fd: c_int, c: &Arc<Conn>) -> bool {
     }
     match setup::finish_offer(fd, c, false) {
         Resolved::Shm(c) => c.settle(fd),
-        // The program's own bytes (or the end) on the kernel socket.
+        // The program's own bytes (or the end) on the kernel socket; or,
+        // moved to a direct connection just now, its first look is the
+        // program's read (at worst an EAGAIN).
         Resolved::Kernel => true,
+        #[cfg(feature = "xdp")]
+        Resolved::Direct(_) => true,
         Resolved::NotYet => false,
     }
 }
@@ -36,6 +40,8 @@ fn settle_pending(fd: c_int, p: &Arc<Pending>) -> bool {
     match setup::resolve(fd, p, false, true) {
         Resolved::Shm(c) => settle(fd, &c),
         Resolved::Kernel => true,
+        #[cfg(feature = "xdp")]
+        Resolved::Direct(_) => true,
         Resolved::NotYet => false,
     }
 }
@@ -215,6 +221,12 @@ pub unsafe extern "C" fn epoll_ctl(
             })
         };
         table::epoll_ctl(epfd, op, fd, interest);
+        // A registration made or changed reports what is ready now, edge
+        // or not, as the kernel's does.
+        #[cfg(feature = "xdp")]
+        if let Some(Entry::Direct(d)) = table::get(fd) {
+            d.forget_seen();
+        }
         set_errno(e);
     }
     r
@@ -283,6 +295,123 @@ unsafe fn shm_poll(
     if fds.is_null() || nfds == 0 {
         return wait(fds, nfds, timeout);
     }
+    #[cfg(feature = "xdp")]
+    {
+        // SAFETY: poll's contract: `fds` holds `nfds` valid entries.
+        let set = unsafe { std::slice::from_raw_parts(fds, nfds as usize) };
+        let direct = direct_watched(set);
+        if !direct.is_empty() {
+            // SAFETY: as above.
+            return unsafe { direct_poll(fds, nfds, timeout, &wait, &direct) };
+        }
+    }
+    // SAFETY: as above.
+    unsafe { rings_poll(fds, nfds, timeout, wait) }
+}
+
+/// The entries of a poll set that are direct connections, with their
+/// places in the set.
+#[cfg(feature = "xdp")]
+fn direct_watched(set: &[pollfd]) -> Watched<crate::direct::Direct> {
+    set.iter()
+        .enumerate()
+        .filter_map(|(i, p)| match table::get(p.fd) {
+            Some(Entry::Direct(d)) => Some((i, d)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A poll whose set holds direct connections: each is ready as its
+/// connection says (after a pump); while none is, the wait watches each
+/// one's `wait_fd` in its place (frames arrived) and lasts at most until
+/// the nearest of their timers, after which they are pumped and the wait
+/// goes on: the program sees no early return.
+///
+/// # Safety
+///
+/// `fds` valid for `nfds` entries.
+#[cfg(feature = "xdp")]
+unsafe fn direct_poll(
+    fds: *mut pollfd,
+    nfds: nfds_t,
+    timeout: c_int,
+    wait: &dyn Fn(*mut pollfd, nfds_t, c_int) -> c_int,
+    direct: &Watched<crate::direct::Direct>,
+) -> c_int {
+    // SAFETY: poll's contract: `fds` holds `nfds` valid entries.
+    let set = unsafe { std::slice::from_raw_parts_mut(fds, nfds as usize) };
+    let asked: Vec<(c_int, i16)> = direct
+        .iter()
+        .map(|(i, _)| (set[*i].fd, set[*i].events))
+        .collect();
+    let ready_now = || -> Vec<(usize, i16)> {
+        direct
+            .iter()
+            .zip(&asked)
+            .map(|((i, d), (_, ev))| (*i, d.poll_events(*ev)))
+            .filter(|(_, r)| *r != 0)
+            .collect()
+    };
+    let start = std::time::Instant::now();
+    loop {
+        let mut ready = ready_now();
+        let left = left_ms(timeout, start);
+        let t = if ready.is_empty() {
+            let timer = direct
+                .iter()
+                .map(|(_, d)| d.next_timer())
+                .min()
+                .map_or(c_int::MAX, |d| {
+                    c_int::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(c_int::MAX)
+                });
+            if left < 0 {
+                timer
+            } else {
+                left.min(timer)
+            }
+        } else {
+            0
+        };
+        for (i, d) in direct {
+            set[*i].fd = d.wait_fd();
+            set[*i].events = libc::POLLIN;
+        }
+        // SAFETY: `fds` as given, the direct entries watching their
+        // sockets for now.
+        let r = unsafe { rings_poll(fds, nfds, t, wait) };
+        for ((i, _), (fd, ev)) in direct.iter().zip(&asked) {
+            set[*i].fd = *fd;
+            set[*i].events = *ev;
+            set[*i].revents = 0;
+        }
+        if r < 0 {
+            return r;
+        }
+        if ready.is_empty() {
+            ready = ready_now();
+        }
+        for (i, r) in ready {
+            set[i].revents = r;
+        }
+        let n = set.iter().filter(|p| p.revents != 0).count() as c_int;
+        if n > 0 || left == 0 {
+            return n;
+        }
+    }
+}
+
+/// [`shm_poll`] for a set with no direct connection.
+///
+/// # Safety
+///
+/// `fds` valid for `nfds` entries.
+unsafe fn rings_poll(
+    fds: *mut pollfd,
+    nfds: nfds_t,
+    timeout: c_int,
+    wait: impl Fn(*mut pollfd, nfds_t, c_int) -> c_int,
+) -> c_int {
     // SAFETY: poll's contract: `fds` holds `nfds` valid entries.
     let set = unsafe { std::slice::from_raw_parts_mut(fds, nfds as usize) };
     let (shm, pend) = read_watched(set);
@@ -405,6 +534,10 @@ fn read_watched(set: &[pollfd]) -> (Watched<Conn>, Watched<Pending>) {
                     Resolved::Shm(c) => shm.push((i, c)),
                     Resolved::NotYet => pend.push((i, q)),
                     Resolved::Kernel => {}
+                    // Watched as a direct connection by the caller's next
+                    // look (`direct_poll`).
+                    #[cfg(feature = "xdp")]
+                    Resolved::Direct(_) => {}
                 }
             }
             _ => {}
@@ -521,6 +654,135 @@ unsafe fn select_with_bells(
 ///
 /// `events` valid for writes of `max` entries.
 unsafe fn shm_epoll_wait(
+    epfd: c_int,
+    events: *mut epoll_event,
+    max: c_int,
+    timeout: c_int,
+    wait: impl Fn(c_int) -> c_int,
+) -> c_int {
+    #[cfg(feature = "xdp")]
+    if !events.is_null() && max > 0 {
+        let direct = table::epoll_direct(epfd);
+        if !direct.is_empty() {
+            // SAFETY: the caller's contract.
+            return unsafe { direct_epoll_wait(epfd, events, max, timeout, &wait, &direct) };
+        }
+    }
+    // SAFETY: the caller's contract.
+    unsafe { rings_epoll_wait(epfd, events, max, timeout, wait) }
+}
+
+/// An epoll wait with direct connections registered: each is reported as
+/// its connection says (after a pump; an edge-triggered one when its
+/// readiness gained an event since it was last looked at), its `wait_fd`
+/// (registered beside it with its data, see `bell::register_bell`) wakes
+/// the wait when frames arrive, and the wait lasts at most until the
+/// nearest of their timers, after which they are pumped and the wait goes
+/// on: the program sees no early return.
+///
+/// # Safety
+///
+/// `events` valid for writes of `max > 0` entries.
+#[cfg(feature = "xdp")]
+unsafe fn direct_epoll_wait(
+    epfd: c_int,
+    events: *mut epoll_event,
+    max: c_int,
+    timeout: c_int,
+    wait: &dyn Fn(c_int) -> c_int,
+    direct: &[(c_int, Interest, Arc<crate::direct::Direct>)],
+) -> c_int {
+    // Entries are packed structs: read and written unaligned, by value.
+    let get = |k: usize| {
+        // SAFETY: callers pass `k < max`, inside the program's array.
+        unsafe { std::ptr::read_unaligned(events.add(k)) }
+    };
+    let put = |k: usize, e: epoll_event| {
+        // SAFETY: as above.
+        unsafe { std::ptr::write_unaligned(events.add(k), e) }
+    };
+    let said = |i: &Interest, d: &crate::direct::Direct| {
+        u32::from(d.poll_events((i.events & 0xffff) as i16).cast_unsigned())
+    };
+    let start = std::time::Instant::now();
+    loop {
+        let mut ready: Vec<epoll_event> = direct
+            .iter()
+            .filter_map(|(_, i, d)| {
+                let ev = said(i, d);
+                let new = d.newly_ready(ev);
+                let edge = i.events & libc::EPOLLET as u32 != 0;
+                let report = if edge { new } else { ev };
+                (report != 0).then_some(epoll_event {
+                    events: ev,
+                    u64: i.data,
+                })
+            })
+            .collect();
+        ready.truncate(max as usize);
+        let left = left_ms(timeout, start);
+        let t = if ready.is_empty() {
+            let timer = direct
+                .iter()
+                .map(|(_, _, d)| d.next_timer())
+                .min()
+                .map_or(c_int::MAX, |d| {
+                    c_int::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(c_int::MAX)
+                });
+            if left < 0 {
+                timer
+            } else {
+                left.min(timer)
+            }
+        } else {
+            0
+        };
+        let room = max as usize - ready.len();
+        let n = if room == 0 {
+            0
+        } else {
+            // SAFETY: `events` holds `max ≥ room` entries.
+            unsafe { rings_epoll_wait(epfd, events, room as c_int, t, wait) }
+        };
+        if n < 0 && ready.is_empty() {
+            return n;
+        }
+        let mut out = 0usize;
+        for k in 0..n.max(0) as usize {
+            let mut e = get(k);
+            let data = e.u64;
+            if let Some((_, i, d)) = direct.iter().find(|(_, i, _)| i.data == data) {
+                // The connection's socket (frames arrived) or its TCP
+                // socket: the connection says what it is.
+                if ready.iter().any(|r| r.u64 == data) {
+                    continue;
+                }
+                let ev = said(i, d);
+                d.newly_ready(ev);
+                if ev == 0 {
+                    continue;
+                }
+                e.events = ev;
+            }
+            put(out, e);
+            out += 1;
+        }
+        for r in ready {
+            put(out, r);
+            out += 1;
+        }
+        if out > 0 || left == 0 {
+            return out as c_int;
+        }
+    }
+}
+
+/// [`shm_epoll_wait`] for an epoll with no direct connection.
+///
+/// # Safety
+///
+/// `events` valid for writes of `max` entries.
+unsafe fn rings_epoll_wait(
     epfd: c_int,
     events: *mut epoll_event,
     max: c_int,

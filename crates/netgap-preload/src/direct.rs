@@ -1,0 +1,712 @@
+//! Connections to other hosts on an AF_XDP socket of the program's own
+//! (the library's `xdp` feature): the host's relay makes the socket and
+//! its UMEM on a queue of the connection's own and hands them over
+//! (`netgap_proto::direct`, `netgap_transport::xdp::handover`); the
+//! library runs netgap's reliable xdp transport on it
+//! (`netgap_transport::xdp::direct::DirectConn`) from the program's own
+//! calls, so a message wakes nobody but the two programs.
+//!
+//! - Both ends ask: the listener's side sends its relay an `Accept` (after
+//!   the relayed listen, so the relayed path stays ready), the connector's
+//!   a `Connect` to the target of the listener's answer. The relays agree
+//!   on a queue; each end gets the grant and the port in one datagram, or
+//!   a refusal. Both ends end up on the same path: the connector falls
+//!   back to the relayed connect only after a refusal, which its relay
+//!   gives before offering (the listener's relay then never sees an offer,
+//!   and refuses its `Accept` when its wait passes) or after the other
+//!   relay said no queue (refusing the listener's `Accept` too); the
+//!   listener's side waits for its own grant or refusal before its program
+//!   reads or writes, so it never guesses.
+//! - The relay socket the grant came on stays open for the connection's
+//!   life: the relay keeps the steering registration until it hangs up.
+//! - A blocking call tries, and when it would block sleeps in poll on the
+//!   connection's `wait_fd` for at most its `next_timer` (and the
+//!   program's timeout), then tries again; a non-blocking one says
+//!   `EAGAIN`. A peer given up (the engine's silence limit) is
+//!   `ETIMEDOUT` once, then an end of stream to reads and `EPIPE` to
+//!   writes, as the kernel says of a TCP peer that stopped answering.
+//! - After `fork` only the process that opened the connection drives it
+//!   (the engine's state is that process's): another process's calls
+//!   fail with `EBADFD` and one log line, and its close sends nothing.
+
+use crate::errno::Errno;
+use crate::log::log_line;
+use crate::real;
+use libc::{c_int, iovec};
+use netgap_proto::direct::{
+    DirectGrant, DirectRequest, DirectRole, DIRECT_GRANT_BYTES, DIRECT_GRANT_MAGIC,
+};
+use netgap_proto::preload::{RelayReply, RELAY_KEY_BYTES, RELAY_REPLY_BYTES};
+use netgap_transport::xdp::direct::{DirectConn, DirectError, DirectSetup};
+use netgap_transport::xdp::handover;
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+use thiserror::Error;
+
+/// How long the library waits for its relay's grant: the relays' own
+/// wait for the other half (3 s) and the moment after it that a late
+/// offer is still taken (1 s), with room for the port's making.
+const GRANT_WAIT: Duration = Duration::from_secs(5);
+/// Bytes a read ahead takes at most (`MSG_PEEK`, `FIONREAD`, a read into
+/// several buffers).
+const AHEAD_BYTES: usize = 64 << 10;
+/// The longest sleep between two pumps with no timer armed: the engine
+/// arms one whenever it waits on the peer, so this only bounds a wait on
+/// the program's own reader.
+const IDLE_SLEEP: Duration = Duration::from_millis(200);
+
+/// Why a connection did not get a direct path (it goes on the relay's).
+#[derive(Debug, Error)]
+pub(crate) enum SetupError {
+    /// The request could not be sent.
+    #[error("sending the direct request to the relay: {0}")]
+    Send(std::io::Error),
+    /// No reply within the wait.
+    #[error("the relay did not grant or refuse within {GRANT_WAIT:?}")]
+    Late,
+    /// The relay closed its socket.
+    #[error("the relay closed without replying")]
+    Closed,
+    /// A reply the library cannot read.
+    #[error("the relay's reply: {0}")]
+    Reply(netgap_proto::preload::HelloError),
+    /// The relay said no, with its reason.
+    #[error("{0}")]
+    Refused(String),
+    /// The relay's first reply to an accept was not its target.
+    #[error("the relay answered an accept with a grant before its target")]
+    NoTarget,
+    /// The grant's datagram could not be taken.
+    #[error("taking the granted port: {0}")]
+    Port(std::io::Error),
+    /// The grant itself is not one.
+    #[error("the relay's grant: {0}")]
+    Grant(netgap_proto::preload::HelloError),
+    /// The transport could not open the connection on the port.
+    #[error("opening the direct connection: {0}")]
+    Open(DirectError),
+}
+
+/// A relay socket with a direct request sent on it; the listener's side
+/// also has the target its relay named.
+pub(crate) struct Asked {
+    sock: OwnedFd,
+    key: [u8; RELAY_KEY_BYTES],
+    connector: bool,
+}
+
+/// Sends the relay on `sock` (the library's socket to it, owned from now
+/// on) the direct request for the connection `tcp` with `key`. The
+/// listener's side (`role` Accept) reads the relay's first reply here: its
+/// target (Ok), the same as the relayed listen's.
+pub(crate) fn ask(
+    sock: c_int,
+    tcp: c_int,
+    key: [u8; RELAY_KEY_BYTES],
+    role: DirectRole,
+) -> Result<(Asked, Option<String>), SetupError> {
+    // SAFETY: the caller hands its relay socket over; it is owned here.
+    let sock = unsafe { OwnedFd::from_raw_fd(sock) };
+    let connector = matches!(role, DirectRole::Connect { .. });
+    let req = DirectRequest { key, role }.encode();
+    send_with_fd(sock.as_raw_fd(), &req, tcp).map_err(SetupError::Send)?;
+    let asked = Asked {
+        sock,
+        key,
+        connector,
+    };
+    if connector {
+        return Ok((asked, None));
+    }
+    let deadline = Instant::now() + GRANT_WAIT;
+    if !readable(asked.sock.as_raw_fd(), deadline) {
+        return Err(SetupError::Late);
+    }
+    if next_is_grant(asked.sock.as_raw_fd())? {
+        return Err(SetupError::NoTarget);
+    }
+    match read_reply(asked.sock.as_raw_fd())? {
+        RelayReply::Ok(target) => Ok((asked, Some(target))),
+        RelayReply::Refused(why) => Err(SetupError::Refused(why)),
+    }
+}
+
+/// Waits for the grant (or the refusal) of a request sent with [`ask`],
+/// and opens the connection on the granted port.
+pub(crate) fn granted(asked: Asked) -> Result<Direct, SetupError> {
+    let s = asked.sock.as_raw_fd();
+    if !readable(s, Instant::now() + GRANT_WAIT) {
+        return Err(SetupError::Late);
+    }
+    if !next_is_grant(s)? {
+        return match read_reply(s)? {
+            RelayReply::Refused(why) => Err(SetupError::Refused(why)),
+            RelayReply::Ok(_) => Err(SetupError::Refused(
+                "the relay replied again where its grant was due".into(),
+            )),
+        };
+    }
+    let mut head = [0u8; DIRECT_GRANT_BYTES];
+    let port = handover::receive_after(asked.sock.as_fd(), &mut head).map_err(SetupError::Port)?;
+    let grant = DirectGrant::decode(&head).map_err(SetupError::Grant)?;
+    let setup = DirectSetup {
+        queue: u32::from(grant.queue),
+        local_flow: grant.local_flow,
+        peer_flow: grant.peer_flow,
+        peer_mac: grant.peer_mac,
+        key: asked.key,
+        connector: asked.connector,
+    };
+    let conn = DirectConn::open(port, setup).map_err(SetupError::Open)?;
+    Ok(Direct {
+        conn,
+        relay: asked.sock,
+        queue: grant.queue,
+        nonblocking: AtomicBool::new(false),
+        opener: std::process::id(),
+        ahead: Mutex::new(Vec::new()),
+        failed_told: AtomicBool::new(false),
+        rd_shut: AtomicBool::new(false),
+        foreign_told: AtomicBool::new(false),
+        last_seen: AtomicU32::new(0),
+    })
+}
+
+/// Sends `bytes` on `sock` with the descriptor `fd` (`SCM_RIGHTS`).
+fn send_with_fd(sock: c_int, bytes: &[u8], fd: c_int) -> std::io::Result<()> {
+    let mut iov = iovec {
+        iov_base: bytes.as_ptr().cast_mut().cast(),
+        iov_len: bytes.len(),
+    };
+    // SAFETY: CMSG_SPACE is a pure size computation.
+    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<c_int>() as u32) } as usize;
+    let mut cbuf = vec![0u8; space];
+    // SAFETY: all-zero bytes are a valid msghdr.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf.as_mut_ptr().cast();
+    msg.msg_controllen = space;
+    // SAFETY: the control buffer is CMSG_SPACE bytes for one descriptor;
+    // the header and data pointers come from the CMSG macros over it.
+    unsafe {
+        let c = libc::CMSG_FIRSTHDR(&msg);
+        (*c).cmsg_level = libc::SOL_SOCKET;
+        (*c).cmsg_type = libc::SCM_RIGHTS;
+        (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<c_int>() as u32) as usize;
+        std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<c_int>(), fd);
+    }
+    // SAFETY: a complete msghdr over live buffers (not interposed).
+    let r = unsafe { libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL) };
+    if r != bytes.len() as isize {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Whether `sock` has something to read before `deadline`.
+fn readable(sock: c_int, deadline: Instant) -> bool {
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let mut p = libc::pollfd {
+            fd: sock,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        let n = unsafe { real::poll()(&mut p, 1, ceil_ms(left)) };
+        if n > 0 {
+            return true;
+        }
+        if n == 0 || crate::errno::errno() != libc::EINTR {
+            return false;
+        }
+    }
+}
+
+/// Whether the next datagram on `sock` is a grant (else a reply).
+fn next_is_grant(sock: c_int) -> Result<bool, SetupError> {
+    let mut magic = [0u8; 8];
+    // SAFETY: `magic` is valid for writes of its length.
+    let n = unsafe {
+        real::recv()(
+            sock,
+            magic.as_mut_ptr().cast(),
+            magic.len(),
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    if n <= 0 {
+        return Err(SetupError::Closed);
+    }
+    Ok(magic == DIRECT_GRANT_MAGIC)
+}
+
+/// Reads one reply datagram.
+fn read_reply(sock: c_int) -> Result<RelayReply, SetupError> {
+    let mut buf = [0u8; RELAY_REPLY_BYTES + 1];
+    // SAFETY: `buf` is valid for writes of its length.
+    let got = unsafe { real::recv()(sock, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+    if got <= 0 {
+        return Err(SetupError::Closed);
+    }
+    RelayReply::decode(&buf[..got as usize]).map_err(SetupError::Reply)
+}
+
+/// Milliseconds of `d` for poll, rounded up (a timer of a few microseconds
+/// must not become a zero-timeout spin).
+fn ceil_ms(d: Duration) -> c_int {
+    let ms = d.as_nanos().div_ceil(1_000_000);
+    c_int::try_from(ms).unwrap_or(c_int::MAX)
+}
+
+/// A connection on its own AF_XDP socket.
+pub(crate) struct Direct {
+    conn: DirectConn,
+    /// The library's socket to its relay: the grant's steering
+    /// registration lives while it is open. Dropped after `conn`, whose
+    /// drop sends the closing frame first.
+    #[allow(dead_code, reason = "held open for the registration, never read")]
+    relay: OwnedFd,
+    queue: u16,
+    /// The program asked for non-blocking I/O on the descriptor.
+    nonblocking: AtomicBool,
+    /// The process that opened the connection: the only one that drives
+    /// it.
+    opener: u32,
+    /// Bytes read from the connection before the program asked for them
+    /// (a peek, FIONREAD, a read into several buffers): read first.
+    ahead: Mutex<Vec<u8>>,
+    /// The peer was given up and a call said `ETIMEDOUT` already.
+    failed_told: AtomicBool,
+    /// The program shut down its receiving side.
+    rd_shut: AtomicBool,
+    /// Another process's use was logged already.
+    foreign_told: AtomicBool,
+    /// The poll events an epoll wait last saw (an edge-triggered
+    /// registration is reported when an event is new).
+    last_seen: AtomicU32,
+}
+
+impl Direct {
+    pub(crate) fn set_nonblocking(&self, on: bool) {
+        self.nonblocking.store(on, Ordering::Relaxed);
+    }
+
+    fn nonblocking(&self) -> bool {
+        self.nonblocking.load(Ordering::Relaxed)
+    }
+
+    /// The queue the connection's socket is bound to.
+    pub(crate) fn queue(&self) -> u16 {
+        self.queue
+    }
+
+    /// Whether this process drives the connection (see the module's
+    /// notes on fork); says why not once.
+    fn mine(&self, fd: c_int) -> Result<(), Errno> {
+        if std::process::id() == self.opener {
+            return Ok(());
+        }
+        if !self.foreign_told.swap(true, Ordering::Relaxed) {
+            log_line!(
+                "fd {fd}: direct connection on queue {} is driven by pid {}, which opened it: this process's calls on it fail (EBADFD)",
+                self.queue,
+                self.opener
+            );
+        }
+        Err(libc::EBADFD)
+    }
+
+    /// The errno of a failed call.
+    fn errno_of(&self, e: &DirectError, reading: bool) -> Result<usize, Errno> {
+        match e {
+            DirectError::WouldBlock => Err(libc::EAGAIN),
+            DirectError::Closed => Err(libc::EPIPE),
+            DirectError::Timeout { .. } => {
+                if !self.failed_told.swap(true, Ordering::Relaxed) {
+                    Err(libc::ETIMEDOUT)
+                } else if reading {
+                    Ok(0)
+                } else {
+                    Err(libc::EPIPE)
+                }
+            }
+            _ => Err(libc::ECONNRESET),
+        }
+    }
+
+    /// When a blocking call on `fd` gives up: its `opt` timeout
+    /// (`SO_RCVTIMEO`, `SO_SNDTIMEO`) from now, or never.
+    fn deadline(fd: c_int, opt: c_int) -> Option<Instant> {
+        let mut tv = libc::timeval {
+            tv_sec: 0,
+            tv_usec: 0,
+        };
+        let mut len = std::mem::size_of::<libc::timeval>() as libc::socklen_t;
+        // SAFETY: `tv` is valid for writes of `len` bytes.
+        let r = unsafe {
+            real::getsockopt()(
+                fd,
+                libc::SOL_SOCKET,
+                opt,
+                std::ptr::from_mut(&mut tv).cast(),
+                &mut len,
+            )
+        };
+        (r == 0 && (tv.tv_sec > 0 || tv.tv_usec > 0)).then(|| {
+            Instant::now()
+                + Duration::new(tv.tv_sec.max(0) as u64, (tv.tv_usec.max(0) as u32) * 1000)
+        })
+    }
+
+    /// Sleeps until the connection may be `reading`-ready (or writable),
+    /// its next timer is due, or `deadline` passed (`EAGAIN`). A short
+    /// spin first, as a read of a shm connection does: a peer's answer
+    /// often comes within it.
+    fn wait(&self, reading: bool, deadline: Option<Instant>) -> Result<(), Errno> {
+        let ready = |r: netgap_transport::xdp::direct::Readiness| {
+            if reading {
+                r.readable
+            } else {
+                r.writable
+            }
+        };
+        let spin_ns = crate::settings().spin_ns;
+        let t0 = Instant::now();
+        loop {
+            if ready(self.conn.readiness()) {
+                return Ok(());
+            }
+            if t0.elapsed().as_nanos() as u64 >= spin_ns {
+                break;
+            }
+            std::hint::spin_loop();
+        }
+        let now = Instant::now();
+        let mut sleep = self.conn.next_timer().unwrap_or(IDLE_SLEEP).min(IDLE_SLEEP);
+        if let Some(d) = deadline {
+            if now >= d {
+                return Err(libc::EAGAIN);
+            }
+            sleep = sleep.min(d - now);
+        }
+        let mut p = libc::pollfd {
+            fd: self.conn.wait_fd().as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        unsafe { real::poll()(&mut p, 1, ceil_ms(sleep)) };
+        Ok(())
+    }
+
+    /// Reads into `iov` as `recv(2)` with `flags` would (`MSG_PEEK`,
+    /// `MSG_DONTWAIT`, `MSG_WAITALL`).
+    ///
+    /// # Safety
+    ///
+    /// `iov`'s buffers are valid for writes of their lengths.
+    pub(crate) unsafe fn recv(
+        &self,
+        fd: c_int,
+        iov: &[iovec],
+        flags: c_int,
+    ) -> Result<usize, Errno> {
+        self.mine(fd)?;
+        let want: usize = iov.iter().map(|v| v.iov_len).sum();
+        if want == 0 || self.rd_shut.load(Ordering::Relaxed) {
+            return Ok(0);
+        }
+        let peek = flags & libc::MSG_PEEK != 0;
+        let dontwait = flags & libc::MSG_DONTWAIT != 0 || self.nonblocking();
+        let waitall = flags & libc::MSG_WAITALL != 0 && !peek && !dontwait;
+        let deadline = Self::deadline(fd, libc::SO_RCVTIMEO);
+        let mut got = 0usize;
+        loop {
+            let r = {
+                let mut ahead = self.ahead.lock().unwrap_or_else(|p| p.into_inner());
+                if ahead.is_empty() && !(peek || iov.len() > 1) && got == 0 {
+                    // The common case: straight into the program's buffer.
+                    let v = iov[0];
+                    // SAFETY: the program's buffer, valid for writes of its
+                    // length (this function's contract).
+                    let buf = unsafe {
+                        std::slice::from_raw_parts_mut(v.iov_base.cast::<u8>(), v.iov_len)
+                    };
+                    self.conn.try_recv(buf)
+                } else {
+                    if ahead.len() < want {
+                        let mut more = vec![0u8; (want - ahead.len()).min(AHEAD_BYTES)];
+                        match self.conn.try_recv(&mut more) {
+                            Ok(n) => ahead.extend_from_slice(&more[..n]),
+                            Err(DirectError::WouldBlock) => {}
+                            Err(e) if ahead.is_empty() => return self.errno_of(&e, true),
+                            Err(_) => {}
+                        }
+                    }
+                    if ahead.is_empty() {
+                        Err(DirectError::WouldBlock)
+                    } else {
+                        // SAFETY: as above, for every buffer of `iov`
+                        // past the `got` bytes already written.
+                        let n = unsafe { scatter(&ahead, iov, got) };
+                        if !peek {
+                            ahead.drain(..n);
+                        }
+                        Ok(n)
+                    }
+                }
+            };
+            match r {
+                Ok(0) => return Ok(got),
+                Ok(n) => {
+                    got += n;
+                    if !waitall || got >= want {
+                        return Ok(got);
+                    }
+                }
+                Err(DirectError::WouldBlock) if dontwait || got > 0 && !waitall => {
+                    return if got > 0 { Ok(got) } else { Err(libc::EAGAIN) };
+                }
+                Err(DirectError::WouldBlock) => {
+                    if let Err(e) = self.wait(true, deadline) {
+                        return if got > 0 { Ok(got) } else { Err(e) };
+                    }
+                }
+                Err(_) if got > 0 => return Ok(got),
+                Err(e) => return self.errno_of(&e, true),
+            }
+        }
+    }
+
+    /// Sends from `iov` as `send(2)` would: a blocking send moves all of
+    /// it, a non-blocking one what the window takes now.
+    ///
+    /// # Safety
+    ///
+    /// `iov`'s buffers are valid for reads of their lengths.
+    pub(crate) unsafe fn send(
+        &self,
+        fd: c_int,
+        iov: &[iovec],
+        flags: c_int,
+    ) -> Result<usize, Errno> {
+        self.mine(fd)?;
+        let dontwait = flags & libc::MSG_DONTWAIT != 0 || self.nonblocking();
+        let deadline = Self::deadline(fd, libc::SO_SNDTIMEO);
+        let mut sent = 0usize;
+        for v in iov {
+            // SAFETY: the program's buffer, valid for reads of its length
+            // (this function's contract).
+            let buf = unsafe { std::slice::from_raw_parts(v.iov_base.cast::<u8>(), v.iov_len) };
+            let mut at = 0usize;
+            while at < buf.len() {
+                match self.conn.try_send(&buf[at..]) {
+                    Ok(n) => {
+                        at += n;
+                        sent += n;
+                    }
+                    Err(DirectError::WouldBlock) if dontwait => {
+                        return if sent > 0 {
+                            Ok(sent)
+                        } else {
+                            Err(libc::EAGAIN)
+                        };
+                    }
+                    Err(DirectError::WouldBlock) => {
+                        if let Err(e) = self.wait(false, deadline) {
+                            return if sent > 0 { Ok(sent) } else { Err(e) };
+                        }
+                    }
+                    Err(_) if sent > 0 => return Ok(sent),
+                    Err(e) => return self.errno_of(&e, false),
+                }
+            }
+        }
+        Ok(sent)
+    }
+
+    /// Sends `bytes` whole, waiting as long as it takes whatever the
+    /// descriptor's mode: the bytes the program wrote before the
+    /// connection went direct, which it counts as sent.
+    pub(crate) fn send_first(&self, bytes: &[u8]) -> Result<(), Errno> {
+        let mut at = 0usize;
+        while at < bytes.len() {
+            match self.conn.try_send(&bytes[at..]) {
+                Ok(n) => at += n,
+                Err(DirectError::WouldBlock) => self.wait(false, None)?,
+                Err(e) => return self.errno_of(&e, false).map(|_| ()),
+            }
+        }
+        Ok(())
+    }
+
+    /// Bytes a read would return now (`FIONREAD`).
+    pub(crate) fn readable_bytes(&self, fd: c_int) -> Result<usize, Errno> {
+        self.mine(fd)?;
+        let mut ahead = self.ahead.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            let mut more = vec![0u8; AHEAD_BYTES];
+            match self.conn.try_recv(&mut more) {
+                Ok(0) | Err(_) => return Ok(ahead.len()),
+                Ok(n) => ahead.extend_from_slice(&more[..n]),
+            }
+            if ahead.len() >= AHEAD_BYTES {
+                return Ok(ahead.len());
+            }
+        }
+    }
+
+    /// The poll(2) events the connection has of `events`, after one pump.
+    pub(crate) fn poll_events(&self, events: i16) -> i16 {
+        if std::process::id() != self.opener {
+            return libc::POLLERR;
+        }
+        let r = self.conn.readiness();
+        let ahead = !self
+            .ahead
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_empty();
+        let mut out = 0i16;
+        if r.readable || ahead || self.rd_shut.load(Ordering::Relaxed) {
+            out |= libc::POLLIN & events;
+        }
+        if r.writable {
+            out |= libc::POLLOUT & events;
+        }
+        if r.read_closed && !ahead {
+            out |= libc::POLLRDHUP & events;
+        }
+        if r.hang_up {
+            out |= libc::POLLHUP;
+        }
+        if r.error {
+            out |= libc::POLLERR;
+        }
+        out
+    }
+
+    /// Records `events` as what an epoll wait saw now; the events that
+    /// were not there the last time (an edge).
+    pub(crate) fn newly_ready(&self, events: u32) -> u32 {
+        events & !self.last_seen.swap(events, Ordering::Relaxed)
+    }
+
+    /// A registration was made or changed: its next wait reports every
+    /// event that is there.
+    pub(crate) fn forget_seen(&self) {
+        self.last_seen.store(0, Ordering::Relaxed);
+    }
+
+    /// The descriptor a waiter sleeps on, readable when frames arrived.
+    pub(crate) fn wait_fd(&self) -> c_int {
+        self.conn.wait_fd().as_raw_fd()
+    }
+
+    /// How long a waiter may sleep before a pump must run.
+    pub(crate) fn next_timer(&self) -> Duration {
+        self.conn.next_timer().unwrap_or(IDLE_SLEEP).min(IDLE_SLEEP)
+    }
+
+    /// `shutdown(2)` of the program's descriptor.
+    pub(crate) fn shut(&self, how: c_int) {
+        if how == libc::SHUT_RD || how == libc::SHUT_RDWR {
+            self.rd_shut.store(true, Ordering::Relaxed);
+        }
+        if (how == libc::SHUT_WR || how == libc::SHUT_RDWR) && std::process::id() == self.opener {
+            let _ = self.conn.shutdown_write();
+        }
+    }
+
+    /// The connection's pending error for `SO_ERROR` (0: none), taken.
+    pub(crate) fn take_error(&self) -> c_int {
+        if self.conn.pump().is_err() && !self.failed_told.swap(true, Ordering::Relaxed) {
+            return libc::ETIMEDOUT;
+        }
+        0
+    }
+
+    /// The log line of the last close.
+    pub(crate) fn log_close(&self, fd: c_int) {
+        let s = self.conn.stats();
+        log_line!(
+            "fd {fd}: direct connection on queue {} closed: {} bytes sent, {} received, {} frames sent, {} received, {} sent again",
+            self.queue,
+            s.bytes_sent,
+            s.bytes_received,
+            s.frames_sent,
+            s.frames_received,
+            s.retransmissions
+        );
+    }
+}
+
+/// Copies the front of `from` into `iov`, past its first `skip` bytes;
+/// the bytes copied.
+///
+/// # Safety
+///
+/// `iov`'s buffers are valid for writes of their lengths.
+unsafe fn scatter(from: &[u8], iov: &[iovec], mut skip: usize) -> usize {
+    let mut n = 0usize;
+    for v in iov {
+        if skip >= v.iov_len {
+            skip -= v.iov_len;
+            continue;
+        }
+        let room = v.iov_len - skip;
+        let k = room.min(from.len() - n);
+        // SAFETY: `k` bytes fit in the buffer past `skip` (the caller's
+        // contract) and are in `from` past `n`.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                from.as_ptr().add(n),
+                v.iov_base.cast::<u8>().add(skip),
+                k,
+            )
+        };
+        skip = 0;
+        n += k;
+        if n == from.len() {
+            break;
+        }
+    }
+    n
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_read_ahead_scatters_across_the_programs_buffers_past_what_was_written() {
+        let mut a = [0u8; 3];
+        let mut b = [0u8; 4];
+        let iov = [
+            iovec {
+                iov_base: a.as_mut_ptr().cast(),
+                iov_len: a.len(),
+            },
+            iovec {
+                iov_base: b.as_mut_ptr().cast(),
+                iov_len: b.len(),
+            },
+        ];
+        // SAFETY: both buffers live and are as long as said.
+        let n = unsafe { scatter(b"xyzuv", &iov, 1) };
+        assert_eq!(n, 5);
+        assert_eq!(&a, b"\0xy");
+        assert_eq!(&b, b"zuv\0");
+    }
+
+    #[test]
+    fn a_timer_of_microseconds_sleeps_a_whole_millisecond_not_zero() {
+        assert_eq!(ceil_ms(Duration::from_micros(3)), 1);
+        assert_eq!(ceil_ms(Duration::ZERO), 0);
+        assert_eq!(ceil_ms(Duration::from_millis(7)), 7);
+    }
+}

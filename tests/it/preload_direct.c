@@ -1,0 +1,162 @@
+/* A 1-byte ping-pong, then a stream each way, over one TCP connection:
+ *   direct server PORT ROUNDS STREAM_BYTES
+ *   direct client IP PORT ROUNDS STREAM_BYTES
+ * Every byte is checked; the client prints the median round trip. */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+static void die(const char *what) {
+    perror(what);
+    exit(1);
+}
+
+static void put_all(int fd, const unsigned char *b, size_t n) {
+    while (n > 0) {
+        ssize_t w = write(fd, b, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            die("write");
+        b += w;
+        n -= (size_t)w;
+    }
+}
+
+static void get_all(int fd, unsigned char *b, size_t n) {
+    while (n > 0) {
+        ssize_t r = read(fd, b, n);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r == 0) {
+            fprintf(stderr, "read: early end of stream\n");
+            exit(1);
+        }
+        if (r < 0)
+            die("read");
+        b += r;
+        n -= (size_t)r;
+    }
+}
+
+static unsigned char pattern(size_t j, int seed) { return (unsigned char)(j * 7 + 3 + seed); }
+
+static void send_stream(int fd, size_t n, int seed) {
+    unsigned char *b = malloc(n);
+    if (!b)
+        die("malloc");
+    for (size_t j = 0; j < n; j++)
+        b[j] = pattern(j, seed);
+    put_all(fd, b, n);
+    free(b);
+}
+
+static void check_stream(int fd, size_t n, int seed) {
+    unsigned char *b = malloc(n);
+    if (!b)
+        die("malloc");
+    get_all(fd, b, n);
+    for (size_t j = 0; j < n; j++)
+        if (b[j] != pattern(j, seed)) {
+            fprintf(stderr, "stream byte %zu is %u, not %u\n", j, b[j], pattern(j, seed));
+            exit(1);
+        }
+    free(b);
+}
+
+static int cmp(const void *a, const void *b) {
+    long x = *(const long *)a, y = *(const long *)b;
+    return (x > y) - (x < y);
+}
+
+static long now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1000000000L + t.tv_nsec;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 5)
+        return 2;
+    int server = strcmp(argv[1], "server") == 0;
+    int at = server ? 2 : 3;
+    int port = atoi(argv[at]);
+    long rounds = atol(argv[at + 1]);
+    size_t stream = (size_t)atol(argv[at + 2]);
+    int one = 1, fd;
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
+    if (server) {
+        int l = socket(AF_INET, SOCK_STREAM, 0);
+        setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        a.sin_addr.s_addr = htonl(INADDR_ANY);
+        if (bind(l, (struct sockaddr *)&a, sizeof a) || listen(l, 4))
+            die("listen");
+        printf("listening\n");
+        fflush(stdout);
+        fd = accept(l, NULL, NULL);
+        if (fd < 0)
+            die("accept");
+        close(l);
+    } else {
+        inet_pton(AF_INET, argv[2], &a.sin_addr);
+        for (int tries = 0;; tries++) {
+            fd = socket(AF_INET, SOCK_STREAM, 0);
+            if (connect(fd, (struct sockaddr *)&a, sizeof a) == 0)
+                break;
+            close(fd);
+            if (tries > 400)
+                die("connect");
+            usleep(50000);
+        }
+    }
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    long *rtt = calloc((size_t)rounds + 1, sizeof *rtt);
+    for (long i = 0; i < rounds; i++) {
+        unsigned char c = (unsigned char)i, d;
+        if (server) {
+            get_all(fd, &d, 1);
+            if (d != c) {
+                fprintf(stderr, "round %ld: got %u\n", i, d);
+                return 1;
+            }
+            d = (unsigned char)(c + 1);
+            put_all(fd, &d, 1);
+        } else {
+            long t0 = now_ns();
+            put_all(fd, &c, 1);
+            get_all(fd, &d, 1);
+            rtt[i] = now_ns() - t0;
+            if (d != (unsigned char)(c + 1)) {
+                fprintf(stderr, "round %ld: got %u\n", i, d);
+                return 1;
+            }
+        }
+    }
+    if (server) {
+        check_stream(fd, stream, 1);
+        send_stream(fd, stream, 2);
+    } else {
+        send_stream(fd, stream, 1);
+        check_stream(fd, stream, 2);
+        qsort(rtt, (size_t)rounds, sizeof *rtt, cmp);
+        printf("median_rtt_ns %ld\n", rounds > 0 ? rtt[rounds / 2] : 0);
+    }
+    /* The end of the stream, as the kernel's: the peer reads 0. */
+    shutdown(fd, SHUT_WR);
+    unsigned char x;
+    if (read(fd, &x, 1) != 0) {
+        fprintf(stderr, "no end of stream from the peer\n");
+        return 1;
+    }
+    close(fd);
+    printf("direct: ok\n");
+    return 0;
+}

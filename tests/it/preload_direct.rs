@@ -1,0 +1,206 @@
+//! Wrapped programs on two testbed hosts whose connection goes direct:
+//! each end's library asks its host's relay, the relays agree on a queue,
+//! and each program drives netgap's xdp transport on an AF_XDP socket of
+//! its own (`netgap-preload`'s `direct`), the relays' rings carrying
+//! nothing. A C program (`preload_direct.c`) plays a 1-byte ping-pong and
+//! then streams some MiB each way, every byte checked at both ends; a
+//! relay started with `--no-direct` keeps the connection on the relays'
+//! path, both ends saying why.
+//!
+//! Built only with the `xdp` feature (the library then has its own);
+//! without root, namespaces or a C compiler the tests print why and pass
+//! (with NETGAP_REQUIRE_SYSTEM_TESTS=1 that is a failure).
+
+use crate::common::procs::Terminated;
+use crate::common::testbed::Testbed;
+use crate::common::{self, system_ready};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+/// Rounds of the ping-pong.
+const ROUNDS: &str = "2000";
+/// Bytes of the stream each way.
+const STREAM_BYTES: &str = "4194304";
+
+/// The relays of `tb`, each logging to `DIR/relay-HOST.log`, the second
+/// host's with `second_flags` too; returned once each listens.
+fn relays(
+    tb: &Testbed,
+    key: &Path,
+    dir: &Path,
+    second_flags: &[&str],
+) -> Vec<(Terminated, PathBuf)> {
+    let hosts = tb.hosts();
+    let mut relays = Vec::new();
+    for (k, h) in hosts.hosts.iter().enumerate() {
+        let log = dir.join(format!("relay-{}.log", h.name));
+        let mut cmd = tb.relay_command(&h.name, key);
+        if k == 1 {
+            cmd.args(second_flags);
+        }
+        let child = cmd
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("a relay log"))
+            .spawn()
+            .expect("netgap relay");
+        relays.push((Terminated(child), log));
+    }
+    for (_, log) in &relays {
+        let t0 = std::time::Instant::now();
+        while !std::fs::read_to_string(log)
+            .unwrap_or_default()
+            .contains("listening on")
+        {
+            assert!(t0.elapsed().as_secs() < 20, "the relay does not listen");
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+    relays
+}
+
+/// The program `exe` with `args` under the library (`-t xdp`) in `host`'s
+/// namespace, its library log at `log`.
+fn wrapped(tb: &Testbed, host: &str, exe: &Path, args: &[&str], log: &Path) -> std::process::Child {
+    Command::new("ip")
+        .args(["netns", "exec", &tb.ns(host)])
+        .arg(common::netgap_path())
+        .args(["wrap", "-t", "xdp", "--", "timeout", "-s", "KILL", "120"])
+        .arg(exe)
+        .args(args)
+        .env("NETGAP_PRELOAD", common::preload_library())
+        .env("NETGAP_PRELOAD_LOG", log)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("netgap wrap")
+}
+
+/// The ping-pong and the streams between the two hosts of `tb`: the
+/// server's and the client's output and library logs.
+fn ping_pong(tb: &Testbed, exe: &Path, dir: &Path, port: &str) -> [(Output, String); 2] {
+    let hosts = tb.hosts();
+    let (h1, h2) = (&hosts.hosts[0], &hosts.hosts[1]);
+    let server_log = dir.join("library-server.log");
+    let client_log = dir.join("library-client.log");
+    let server = wrapped(
+        tb,
+        &h2.name,
+        exe,
+        &["server", port, ROUNDS, STREAM_BYTES],
+        &server_log,
+    );
+    let ip = h2.address.to_string();
+    let client = wrapped(
+        tb,
+        &h1.name,
+        exe,
+        &["client", &ip, port, ROUNDS, STREAM_BYTES],
+        &client_log,
+    );
+    let c = client.wait_with_output().expect("the client ends");
+    let s = server.wait_with_output().expect("the server ends");
+    let read = |p: &Path| std::fs::read_to_string(p).unwrap_or_default();
+    [(s, read(&server_log)), (c, read(&client_log))]
+}
+
+fn all_logs(relays: &[(Terminated, PathBuf)]) -> String {
+    relays
+        .iter()
+        .map(|(_, log)| std::fs::read_to_string(log).unwrap_or_default())
+        .collect()
+}
+
+fn check_ok(ends: &[(Output, String)], relay_logs: &str) {
+    for (out, log) in ends {
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.contains("direct: ok"),
+            "{stdout}{}\nthe library:\n{log}\nthe relays:\n{relay_logs}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+#[test]
+fn a_ping_pong_and_a_stream_across_hosts_go_direct_at_both_ends_with_every_byte_checked() {
+    let test =
+        "a_ping_pong_and_a_stream_across_hosts_go_direct_at_both_ends_with_every_byte_checked";
+    if !system_ready(test) || !common::installed(test, &[("/usr/bin/cc", "gcc")]) {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let exe = common::build_c(dir.path(), "direct", include_str!("preload_direct.c"), "cc");
+    let (tb, _) = Testbed::up("pdirect", &["--hosts", "2", "--links", "2"]);
+    let key = common::new_key_file(dir.path(), "relay.key");
+    let relays = relays(&tb, &key, dir.path(), &[]);
+    let ends = ping_pong(&tb, &exe, dir.path(), "7700");
+    let relay_logs = all_logs(&relays);
+    check_ok(&ends, &relay_logs);
+    let [(_, server), (client_out, client)] = &ends;
+    assert!(
+        client.contains("connection to port 7700 moved to direct on queue"),
+        "{client}"
+    );
+    assert!(
+        server.contains("accepted connection moved to direct on queue"),
+        "{server}"
+    );
+    for log in [server, client] {
+        // Nothing went through a relay's ring.
+        assert!(!log.contains("via the relay"), "{log}");
+        assert!(!log.contains("relayed connection closed"), "{log}");
+        assert!(log.contains("direct connection on queue"), "{log}");
+    }
+    assert_eq!(
+        relay_logs.matches("direct: granted queue").count(),
+        2,
+        "{relay_logs}"
+    );
+    eprintln!(
+        "{test}: {}",
+        String::from_utf8_lossy(&client_out.stdout).trim()
+    );
+    // Each program's exit hung its relay socket up: the queues are free.
+    let t0 = std::time::Instant::now();
+    while all_logs(&relays).matches("is free again").count() < 2 {
+        assert!(
+            t0.elapsed().as_secs() < 10,
+            "the queues stay held:\n{}",
+            all_logs(&relays)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    drop(relays);
+    tb.assert_no_relay();
+    tb.down();
+    tb.assert_gone();
+}
+
+#[test]
+fn a_relay_with_no_direct_keeps_the_connection_on_the_relays_path_at_both_ends() {
+    let test = "a_relay_with_no_direct_keeps_the_connection_on_the_relays_path_at_both_ends";
+    if !system_ready(test) || !common::installed(test, &[("/usr/bin/cc", "gcc")]) {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let exe = common::build_c(dir.path(), "direct", include_str!("preload_direct.c"), "cc");
+    let (tb, _) = Testbed::up("pdirno", &["--hosts", "2", "--links", "2"]);
+    let key = common::new_key_file(dir.path(), "relay.key");
+    // The server's relay refuses direct connections.
+    let relays = relays(&tb, &key, dir.path(), &["--no-direct"]);
+    let ends = ping_pong(&tb, &exe, dir.path(), "7701");
+    let relay_logs = all_logs(&relays);
+    check_ok(&ends, &relay_logs);
+    let [(_, server), (_, client)] = &ends;
+    common::assert_relayed_at_both_ends(&format!("{server}{client}"));
+    for log in [server, client] {
+        assert!(!log.contains("moved to direct"), "{log}");
+        // One line at each end says why.
+        assert_eq!(log.matches(": relay: ").count(), 1, "{log}");
+    }
+    assert!(server.contains("--no-direct"), "{server}");
+    drop(relays);
+    tb.assert_no_relay();
+    tb.down();
+    tb.assert_gone();
+}
