@@ -70,11 +70,12 @@ fn relay(tb: &Testbed, host: &str, key: &Path, log: &Path) -> Guard {
     relay_with(tb, host, key, log, &[])
 }
 
-/// [`relay`] with more flags.
+/// [`relay`] with more flags. These tests are the relayed path's: the
+/// relays refuse direct connections (`preload_direct.rs` has those).
 fn relay_with(tb: &Testbed, host: &str, key: &Path, log: &Path, flags: &[&str]) -> Guard {
     let child = tb
         .relay_command(host, key)
-        .args(["--timeout-ms", "3000"])
+        .args(["--timeout-ms", "3000", "--no-direct"])
         .args(flags)
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(log).expect("relay log"))

@@ -14,7 +14,21 @@ use libc::{c_int, epoll_event};
 /// relay socket joins it in each, as `epoll_ctl` would have done.
 pub(crate) fn bell_joins_epolls(fd: c_int) {
     let e = errno();
+    #[cfg(feature = "xdp")]
+    let direct = matches!(table::get(fd), Some(Entry::Direct(_)));
     for (epfd, i) in table::epoll_regs_without_bell(fd) {
+        #[cfg(feature = "xdp")]
+        if direct {
+            // The kernel socket of a direct connection waits without
+            // events: its connection's socket wakes the wait.
+            let mut quiet = epoll_event {
+                events: i.events & (libc::EPOLLET | libc::EPOLLONESHOT) as u32,
+                u64: i.data,
+            };
+            // SAFETY: a plain epoll_ctl on the program's epoll and its own
+            // descriptor, with an event on the stack.
+            unsafe { real::epoll_ctl()(epfd, libc::EPOLL_CTL_MOD, fd, &mut quiet) };
+        }
         if register_bell(epfd, libc::EPOLL_CTL_ADD, fd, i.events, i.data) {
             table::epoll_set_bell(epfd, fd);
         }
@@ -31,11 +45,12 @@ pub(crate) fn bell_joins_epolls(fd: c_int) {
 /// registered in that epoll for another descriptor of the connection), a
 /// wait falls back on the doorbell.
 pub(crate) fn register_bell(epfd: c_int, op: c_int, fd: c_int, events: u32, data: u64) -> bool {
-    let bell = match table::get(fd) {
-        Some(Entry::Shm(c)) => c.bell(),
-        // A direct connection's socket, readable when frames arrived.
+    let (bell, any_interest) = match table::get(fd) {
+        Some(Entry::Shm(c)) => (c.bell(), false),
+        // A direct connection's socket, readable when frames arrived
+        // (acknowledgments too, which a writer waits for).
         #[cfg(feature = "xdp")]
-        Some(Entry::Direct(d)) => d.wait_fd(),
+        Some(Entry::Direct(d)) => (d.wait_fd(), true),
         _ => return false,
     };
     if bell < 0 {
@@ -47,7 +62,7 @@ pub(crate) fn register_bell(epfd: c_int, op: c_int, fd: c_int, events: u32, data
         u64: data,
     };
     let had = table::epoll_bell(epfd, fd);
-    let wants = op != libc::EPOLL_CTL_DEL && events & libc::EPOLLIN as u32 != 0;
+    let wants = op != libc::EPOLL_CTL_DEL && (any_interest || events & libc::EPOLLIN as u32 != 0);
     // SAFETY: plain epoll_ctl calls on the program's epoll and the
     // connection's own relay socket, with an event on the stack.
     unsafe {

@@ -45,10 +45,11 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use thiserror::Error;
 
-/// How long the library waits for its relay's grant: the relays' own
-/// wait for the other half (3 s) and the moment after it that a late
-/// offer is still taken (1 s), with room for the port's making.
-const GRANT_WAIT: Duration = Duration::from_secs(5);
+/// How long the library waits for its relay's grant: the accepting
+/// relay's wait for its link to come up (4 s), its wait for the other
+/// half (3 s) and the moment after it that a late offer is still taken
+/// (1 s), with room for the port's making.
+const GRANT_WAIT: Duration = Duration::from_secs(9);
 /// Bytes a read ahead takes at most (`MSG_PEEK`, `FIONREAD`, a read into
 /// several buffers).
 const AHEAD_BYTES: usize = 64 << 10;
@@ -75,9 +76,9 @@ pub(crate) enum SetupError {
     /// The relay said no, with its reason.
     #[error("{0}")]
     Refused(String),
-    /// The relay's first reply to an accept was not its target.
-    #[error("the relay answered an accept with a grant before its target")]
-    NoTarget,
+    /// The relay replied to a connect with something else than a grant.
+    #[error("the relay replied to a direct connect without a grant")]
+    NotGrant,
     /// The grant's datagram could not be taken.
     #[error("taking the granted port: {0}")]
     Port(std::io::Error),
@@ -89,8 +90,7 @@ pub(crate) enum SetupError {
     Open(DirectError),
 }
 
-/// A relay socket with a direct request sent on it; the listener's side
-/// also has the target its relay named.
+/// A relay socket with a direct request sent on it.
 pub(crate) struct Asked {
     sock: OwnedFd,
     key: [u8; RELAY_KEY_BYTES],
@@ -98,55 +98,52 @@ pub(crate) struct Asked {
 }
 
 /// Sends the relay on `sock` (the library's socket to it, owned from now
-/// on) the direct request for the connection `tcp` with `key`. The
-/// listener's side (`role` Accept) reads the relay's first reply here: its
-/// target (Ok), the same as the relayed listen's.
+/// on) the direct request for the connection `tcp` with `key`. Nothing is
+/// waited for here: the listener's side answers the hello before its
+/// relay replies, since its relay replies only once the link to the
+/// connector's host is up, which the connector's request brings up when
+/// there is none.
 pub(crate) fn ask(
     sock: c_int,
     tcp: c_int,
     key: [u8; RELAY_KEY_BYTES],
     role: DirectRole,
-) -> Result<(Asked, Option<String>), SetupError> {
+) -> Result<Asked, SetupError> {
     // SAFETY: the caller hands its relay socket over; it is owned here.
     let sock = unsafe { OwnedFd::from_raw_fd(sock) };
+    // The library's Unix sockets refuse descriptors (`unix::seqpacket`);
+    // this one takes the port from the relay, which `relay::open` checked
+    // is root's. Kernels without the switch take them anyway.
+    let _ = crate::unix::pass_rights(sock.as_raw_fd(), true);
     let connector = matches!(role, DirectRole::Connect { .. });
     let req = DirectRequest { key, role }.encode();
     send_with_fd(sock.as_raw_fd(), &req, tcp).map_err(SetupError::Send)?;
-    let asked = Asked {
+    Ok(Asked {
         sock,
         key,
         connector,
-    };
-    if connector {
-        return Ok((asked, None));
-    }
-    let deadline = Instant::now() + GRANT_WAIT;
-    if !readable(asked.sock.as_raw_fd(), deadline) {
-        return Err(SetupError::Late);
-    }
-    if next_is_grant(asked.sock.as_raw_fd())? {
-        return Err(SetupError::NoTarget);
-    }
-    match read_reply(asked.sock.as_raw_fd())? {
-        RelayReply::Ok(target) => Ok((asked, Some(target))),
-        RelayReply::Refused(why) => Err(SetupError::Refused(why)),
-    }
+    })
 }
 
 /// Waits for the grant (or the refusal) of a request sent with [`ask`],
-/// and opens the connection on the granted port.
+/// and opens the connection on the granted port. The accepting side's
+/// relay first replies with its end of the link, which the relayed
+/// listen named already: it is passed over.
 pub(crate) fn granted(asked: Asked) -> Result<Direct, SetupError> {
     let s = asked.sock.as_raw_fd();
-    if !readable(s, Instant::now() + GRANT_WAIT) {
-        return Err(SetupError::Late);
-    }
-    if !next_is_grant(s)? {
-        return match read_reply(s)? {
-            RelayReply::Refused(why) => Err(SetupError::Refused(why)),
-            RelayReply::Ok(_) => Err(SetupError::Refused(
-                "the relay replied again where its grant was due".into(),
-            )),
-        };
+    let deadline = Instant::now() + GRANT_WAIT;
+    loop {
+        if !readable(s, deadline) {
+            return Err(SetupError::Late);
+        }
+        if next_is_grant(s)? {
+            break;
+        }
+        match read_reply(s)? {
+            RelayReply::Refused(why) => return Err(SetupError::Refused(why)),
+            RelayReply::Ok(_) if !asked.connector => {}
+            RelayReply::Ok(_) => return Err(SetupError::NotGrant),
+        }
     }
     let mut head = [0u8; DIRECT_GRANT_BYTES];
     let port = handover::receive_after(asked.sock.as_fd(), &mut head).map_err(SetupError::Port)?;

@@ -374,6 +374,17 @@ fn close_direct(fd: c_int) {
 #[no_mangle]
 pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
     settle_relay_offer(fd);
+    // A direct connection's end goes as its closing frame, after its
+    // bytes; its kernel socket stays quiet until the close, so that the
+    // peer's waits do not wake for a FIN that is not the connection's.
+    #[cfg(feature = "xdp")]
+    if let Some(Entry::Direct(d)) = table::get(fd) {
+        if how != libc::SHUT_RD && how != libc::SHUT_WR && how != libc::SHUT_RDWR {
+            return fail(libc::EINVAL) as c_int;
+        }
+        d.shut(how);
+        return 0;
+    }
     // SAFETY: the program's own arguments, passed on.
     let r = unsafe { real::shutdown()(fd, how) };
     if r == 0 {

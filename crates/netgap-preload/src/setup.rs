@@ -646,7 +646,7 @@ fn connect_direct(
     let role = netgap_proto::direct::DirectRole::Connect {
         target: target.to_owned(),
     };
-    let (asked, _) = crate::direct::ask(sock, fd, key, role).map_err(|e| e.to_string())?;
+    let asked = crate::direct::ask(sock, fd, key, role).map_err(|e| e.to_string())?;
     crate::direct::granted(asked).map_err(|e| e.to_string())
 }
 
@@ -929,8 +929,8 @@ fn take_relay_hello(fd: c_int, hello: &Hello) -> Done {
 
 /// The listener's side asks its relay for a direct connection with the
 /// hello's key (after the relayed listen, which stays ready for the
-/// connector's fallback); None (and one log line) when the relay refuses
-/// at once.
+/// connector's fallback); None (and one log line) when the request cannot
+/// be sent. Its replies are read once the hello is answered.
 #[cfg(feature = "xdp")]
 fn accept_direct(fd: c_int, hello: &Hello) -> Option<crate::direct::Asked> {
     let Hello::Relay { key, .. } = *hello else {
@@ -943,7 +943,7 @@ fn accept_direct(fd: c_int, hello: &Hello) -> Option<crate::direct::Asked> {
                 .map_err(|e| e.to_string())
         });
     match asked {
-        Ok((asked, _)) => Some(asked),
+        Ok(asked) => Some(asked),
         Err(why) => {
             log_line!("fd {fd}: relay: {why}");
             None

@@ -470,13 +470,18 @@ pub struct LogSummary {
 
 impl LogSummary {
     /// The counts a record carries in its application metrics: connections
-    /// moved to shm and kept on the kernel's TCP (setup failures count as
-    /// kept), and the bytes the rings and the kernel sockets carried.
+    /// moved to shm, to xdp across hosts (relayed or direct; the direct
+    /// ones also as `preload_direct`) and kept on the kernel's TCP (setup
+    /// failures count as kept), and the bytes the rings and the kernel
+    /// sockets carried.
     pub fn record_metrics(&self) -> [(&'static str, f64); 7] {
         [
             ("preload_shm_connections", self.connected_shm as f64),
             ("preload_direct", self.connected_direct as f64),
-            ("preload_xdp_connections", self.connected_xdp as f64),
+            (
+                "preload_xdp_connections",
+                (self.connected_xdp + self.connected_direct) as f64,
+            ),
             ("preload_xdp_bytes", self.xdp_bytes as f64),
             (
                 "preload_kernel_connections",
@@ -662,7 +667,8 @@ netgap-preload[7]: fd 6: connection to port 80 moved to xdp via the relay
         );
         let m: std::collections::BTreeMap<_, _> = s.record_metrics().into_iter().collect();
         assert_eq!(m["preload_direct"], 1.0);
-        assert_eq!(m["preload_xdp_connections"], 1.0);
+        // Across hosts on xdp, relayed or direct.
+        assert_eq!(m["preload_xdp_connections"], 2.0);
     }
 
     #[test]

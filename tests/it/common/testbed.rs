@@ -103,7 +103,8 @@ impl Testbed {
     /// A `netgap relay` in each host's namespace ([`Testbed::relay_args`],
     /// the relays' key file `key`), each logging to `DIR/relay-HOST.log`;
     /// returned once every log says it listens, each with its log. The
-    /// relays stop when the guards go.
+    /// relays stop when the guards go. They refuse direct connections
+    /// (`--no-direct`): the tests that start them are the relayed path's.
     #[cfg(feature = "xdp")]
     pub(crate) fn start_relays(
         &self,
@@ -115,6 +116,7 @@ impl Testbed {
             let log = dir.join(format!("relay-{}.log", h.name));
             let child = self
                 .relay_command(&h.name, key)
+                .arg("--no-direct")
                 .stdout(std::process::Stdio::null())
                 .stderr(std::fs::File::create(&log).expect("a relay log"))
                 .spawn()

@@ -200,6 +200,42 @@ pub unsafe extern "C" fn epoll_ctl(
     fd: c_int,
     event: *mut epoll_event,
 ) -> c_int {
+    #[cfg(feature = "xdp")]
+    if op != libc::EPOLL_CTL_DEL && !event.is_null() {
+        if let Some(Entry::Direct(_)) = table::get(fd) {
+            // SAFETY: a non-null event is valid for reads (epoll_ctl's
+            // contract); the struct is packed, so it is copied out whole.
+            let mut quiet = unsafe { std::ptr::read_unaligned(event) };
+            quiet.events &= (libc::EPOLLET | libc::EPOLLONESHOT) as u32;
+            // The kernel socket is registered without events (its
+            // connection's socket beside it wakes the wait), and the
+            // program's interest is recorded as asked.
+            // SAFETY: the program's epoll and descriptor, an event on the
+            // stack.
+            let r = unsafe { real::epoll_ctl()(epfd, op, fd, &mut quiet) };
+            if r == 0 {
+                let e = errno();
+                // SAFETY: as above.
+                let ev = unsafe { std::ptr::read_unaligned(event) };
+                let bell = register_bell(epfd, op, fd, ev.events, ev.u64);
+                table::epoll_ctl(
+                    epfd,
+                    op,
+                    fd,
+                    Some(Interest {
+                        events: ev.events,
+                        data: ev.u64,
+                        bell,
+                    }),
+                );
+                if let Some(Entry::Direct(d)) = table::get(fd) {
+                    d.forget_seen();
+                }
+                set_errno(e);
+            }
+            return r;
+        }
+    }
     // SAFETY: the program's own arguments, passed on.
     let r = unsafe { real::epoll_ctl()(epfd, op, fd, event) };
     if r == 0 {
