@@ -14,8 +14,9 @@
 use crate::common::procs::Terminated;
 use crate::common::testbed::Testbed;
 use crate::common::{self, system_ready};
+use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, ChildStdout, Command, Stdio};
 
 /// Rounds of the ping-pong.
 const ROUNDS: &str = "2000";
@@ -75,20 +76,61 @@ fn wrapped(tb: &Testbed, host: &str, exe: &Path, args: &[&str], log: &Path) -> s
         .expect("netgap wrap")
 }
 
+/// What a program said and how it ended.
+struct Ran {
+    ok: bool,
+    stdout: String,
+    stderr: String,
+}
+
+/// Waits until the server `child` says it listens (its beacon is up
+/// then, so a connector's probe finds it); the rest of its output.
+fn listening(child: &mut Child) -> BufReader<ChildStdout> {
+    let mut out = BufReader::new(child.stdout.take().expect("the server's output"));
+    let mut line = String::new();
+    out.read_line(&mut line).expect("the server's first line");
+    assert_eq!(line.trim(), "listening", "the server did not listen");
+    out
+}
+
+/// Waits for `child`, whose output from `rest` on is read.
+fn ended(mut child: Child, rest: Option<BufReader<ChildStdout>>) -> Ran {
+    let mut stdout = String::new();
+    match rest {
+        Some(mut r) => r.read_to_string(&mut stdout),
+        None => child
+            .stdout
+            .take()
+            .expect("the output")
+            .read_to_string(&mut stdout),
+    }
+    .expect("the program's output");
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .expect("the errors")
+        .read_to_string(&mut stderr)
+        .expect("the program's errors");
+    let ok = child.wait().expect("the program ends").success();
+    Ran { ok, stdout, stderr }
+}
+
 /// The ping-pong and the streams between the two hosts of `tb`: the
 /// server's and the client's output and library logs.
-fn ping_pong(tb: &Testbed, exe: &Path, dir: &Path, port: &str) -> [(Output, String); 2] {
+fn ping_pong(tb: &Testbed, exe: &Path, dir: &Path, port: &str) -> [(Ran, String); 2] {
     let hosts = tb.hosts();
     let (h1, h2) = (&hosts.hosts[0], &hosts.hosts[1]);
     let server_log = dir.join("library-server.log");
     let client_log = dir.join("library-client.log");
-    let server = wrapped(
+    let mut server = wrapped(
         tb,
         &h2.name,
         exe,
         &["server", port, ROUNDS, STREAM_BYTES],
         &server_log,
     );
+    let rest = listening(&mut server);
     let ip = h2.address.to_string();
     let client = wrapped(
         tb,
@@ -97,8 +139,8 @@ fn ping_pong(tb: &Testbed, exe: &Path, dir: &Path, port: &str) -> [(Output, Stri
         &["client", &ip, port, ROUNDS, STREAM_BYTES],
         &client_log,
     );
-    let c = client.wait_with_output().expect("the client ends");
-    let s = server.wait_with_output().expect("the server ends");
+    let c = ended(client, None);
+    let s = ended(server, Some(rest));
     let read = |p: &Path| std::fs::read_to_string(p).unwrap_or_default();
     [(s, read(&server_log)), (c, read(&client_log))]
 }
@@ -110,13 +152,13 @@ fn all_logs(relays: &[(Terminated, PathBuf)]) -> String {
         .collect()
 }
 
-fn check_ok(ends: &[(Output, String)], relay_logs: &str) {
+fn check_ok(ends: &[(Ran, String)], relay_logs: &str) {
     for (out, log) in ends {
-        let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(
-            out.status.success() && stdout.contains("direct: ok"),
-            "{stdout}{}\nthe library:\n{log}\nthe relays:\n{relay_logs}",
-            String::from_utf8_lossy(&out.stderr)
+            out.ok && out.stdout.contains("direct: ok"),
+            "{}{}\nthe library:\n{log}\nthe relays:\n{relay_logs}",
+            out.stdout,
+            out.stderr
         );
     }
 }
@@ -153,10 +195,7 @@ fn a_ping_pong_and_a_stream_across_hosts_go_direct_at_both_ends_with_every_byte_
         2,
         "{relay_logs}"
     );
-    eprintln!(
-        "{test}: {}",
-        String::from_utf8_lossy(&client_out.stdout).trim()
-    );
+    eprintln!("{test}: {}", client_out.stdout.trim());
     // Each program's exit hung its relay socket up: the queues are free.
     let t0 = std::time::Instant::now();
     while all_logs(&relays).matches("is free again").count() < 2 {
@@ -196,6 +235,115 @@ fn a_relay_with_no_direct_keeps_the_connection_on_the_relays_path_at_both_ends()
         assert_eq!(log.matches(": relay: ").count(), 1, "{log}");
     }
     assert!(server.contains("--no-direct"), "{server}");
+    drop(relays);
+    tb.assert_no_relay();
+    tb.down();
+    tb.assert_gone();
+}
+
+#[test]
+fn a_killed_program_frees_its_queue_and_its_peer_sees_the_connection_time_out() {
+    let test = "a_killed_program_frees_its_queue_and_its_peer_sees_the_connection_time_out";
+    if !system_ready(test) || !common::installed(test, &[("/usr/bin/cc", "gcc")]) {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let exe = common::build_c(dir.path(), "direct", include_str!("preload_direct.c"), "cc");
+    let (tb, _) = Testbed::up("pdirkill", &["--hosts", "2", "--links", "2"]);
+    let key = common::new_key_file(dir.path(), "relay.key");
+    let relays = relays(&tb, &key, dir.path(), &[]);
+    let hosts = tb.hosts();
+    let (h1, h2) = (&hosts.hosts[0], &hosts.hosts[1]);
+    let server_log = dir.path().join("library-server.log");
+    let client_log = dir.path().join("library-client.log");
+    // Rounds enough to outlast the test: the client is killed in them.
+    let rounds = "1000000000";
+    let mut server = wrapped(
+        &tb,
+        &h2.name,
+        &exe,
+        &["server", "7702", rounds, "0"],
+        &server_log,
+    );
+    let rest = listening(&mut server);
+    let ip = h2.address.to_string();
+    let mut client = wrapped(
+        &tb,
+        &h1.name,
+        &exe,
+        &["client", &ip, "7702", rounds, "0"],
+        &client_log,
+    );
+    let t0 = std::time::Instant::now();
+    let moved = |p: &Path| {
+        std::fs::read_to_string(p)
+            .unwrap_or_default()
+            .contains("moved to direct on queue")
+    };
+    while !(moved(&server_log) && moved(&client_log)) {
+        assert!(
+            t0.elapsed().as_secs() < 20,
+            "not direct:\n{}\n{}",
+            std::fs::read_to_string(&server_log).unwrap_or_default(),
+            std::fs::read_to_string(&client_log).unwrap_or_default()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    // The program itself, by its executable (a path of this test's own
+    // directory), killed at once.
+    let pids = Command::new("pgrep")
+        .args(["-f", &format!("^{} client", exe.display())])
+        .output()
+        .expect("pgrep");
+    let pids = String::from_utf8_lossy(&pids.stdout).to_string();
+    assert_eq!(pids.lines().count(), 1, "{pids}");
+    let pid: i32 = pids.trim().parse().expect("a pid");
+    // SAFETY: a plain kill of the test's own child program.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    let _ = client.wait();
+    // The server's calls see the peer gone within the silence limit (10
+    // s), as ETIMEDOUT, never a hang.
+    let killed_at = std::time::Instant::now();
+    let s = ended(server, Some(rest));
+    let waited = killed_at.elapsed();
+    let stderr = s.stderr;
+    assert!(!s.ok, "{stderr}");
+    assert!(stderr.contains("Connection timed out"), "{stderr}");
+    assert!(waited.as_secs() < 30, "{waited:?}");
+    // Both programs gone: both relays freed their queues.
+    let t1 = std::time::Instant::now();
+    while all_logs(&relays).matches("is free again").count() < 2 {
+        assert!(
+            t1.elapsed().as_secs() < 10,
+            "the queues stay held:\n{}",
+            all_logs(&relays)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    // No AF_XDP socket is left in either namespace but each relay's own
+    // (queue 0).
+    for h in [h1, h2] {
+        let ss = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &tb.ns(&h.name),
+                "ss",
+                "-f",
+                "xdp",
+                "-a",
+                "-n",
+                "-H",
+            ])
+            .output()
+            .expect("ss");
+        let text = String::from_utf8_lossy(&ss.stdout).to_string();
+        assert!(text.lines().count() <= 1, "{}: {text}", h.name);
+    }
+    eprintln!(
+        "{test}: the server saw the peer gone after {} ms",
+        waited.as_millis()
+    );
     drop(relays);
     tb.assert_no_relay();
     tb.down();
