@@ -1,5 +1,6 @@
 /* A 1-byte ping-pong, then a stream each way, over one TCP connection:
  *   direct server PORT ROUNDS STREAM_BYTES
+ *   direct forkserver PORT ROUNDS STREAM_BYTES   (a child serves)
  *   direct client IP PORT ROUNDS STREAM_BYTES
  * Every byte is checked; the client prints the median round trip. */
 #define _GNU_SOURCE
@@ -11,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -86,7 +88,8 @@ static long now_ns(void) {
 int main(int argc, char **argv) {
     if (argc < 5)
         return 2;
-    int server = strcmp(argv[1], "server") == 0;
+    int forks = strcmp(argv[1], "forkserver") == 0;
+    int server = forks || strcmp(argv[1], "server") == 0;
     int at = server ? 2 : 3;
     int port = atoi(argv[at]);
     long rounds = atol(argv[at + 1]);
@@ -105,6 +108,22 @@ int main(int argc, char **argv) {
         if (fd < 0)
             die("accept");
         close(l);
+        if (forks) {
+            /* The parent hands the connection to a child and closes its
+             * copy, as a forking server does. */
+            pid_t child = fork();
+            if (child < 0)
+                die("fork");
+            if (child > 0) {
+                int status = 0;
+                close(fd);
+                if (waitpid(child, &status, 0) < 0)
+                    die("waitpid");
+                if (WIFEXITED(status) && WEXITSTATUS(status) == 0)
+                    printf("direct: ok\n");
+                return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+            }
+        }
     } else {
         inet_pton(AF_INET, argv[2], &a.sin_addr);
         for (int tries = 0;; tries++) {

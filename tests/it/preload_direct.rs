@@ -119,6 +119,17 @@ fn ended(mut child: Child, rest: Option<BufReader<ChildStdout>>) -> Ran {
 /// The ping-pong and the streams between the two hosts of `tb`: the
 /// server's and the client's output and library logs.
 fn ping_pong(tb: &Testbed, exe: &Path, dir: &Path, port: &str) -> [(Ran, String); 2] {
+    ping_pong_as(tb, exe, dir, port, "server")
+}
+
+/// [`ping_pong`] with the server's `mode` (`server`, `forkserver`).
+fn ping_pong_as(
+    tb: &Testbed,
+    exe: &Path,
+    dir: &Path,
+    port: &str,
+    mode: &str,
+) -> [(Ran, String); 2] {
     let hosts = tb.hosts();
     let (h1, h2) = (&hosts.hosts[0], &hosts.hosts[1]);
     let server_log = dir.join("library-server.log");
@@ -127,7 +138,7 @@ fn ping_pong(tb: &Testbed, exe: &Path, dir: &Path, port: &str) -> [(Ran, String)
         tb,
         &h2.name,
         exe,
-        &["server", port, ROUNDS, STREAM_BYTES],
+        &[mode, port, ROUNDS, STREAM_BYTES],
         &server_log,
     );
     let rest = listening(&mut server);
@@ -344,6 +355,35 @@ fn a_killed_program_frees_its_queue_and_its_peer_sees_the_connection_time_out() 
         "{test}: the server saw the peer gone after {} ms",
         waited.as_millis()
     );
+    drop(relays);
+    tb.assert_no_relay();
+    tb.down();
+    tb.assert_gone();
+}
+
+#[test]
+fn a_server_that_forks_after_accept_serves_the_direct_connection_from_its_child() {
+    let test = "a_server_that_forks_after_accept_serves_the_direct_connection_from_its_child";
+    if !system_ready(test) || !common::installed(test, &[("/usr/bin/cc", "gcc")]) {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let exe = common::build_c(dir.path(), "direct", include_str!("preload_direct.c"), "cc");
+    let (tb, _) = Testbed::up("pdirfork", &["--hosts", "2", "--links", "2"]);
+    let key = common::new_key_file(dir.path(), "relay.key");
+    let relays = relays(&tb, &key, dir.path(), &[]);
+    let ends = ping_pong_as(&tb, &exe, dir.path(), "7703", "forkserver");
+    let relay_logs = all_logs(&relays);
+    check_ok(&ends, &relay_logs);
+    let [(_, server), (_, client)] = &ends;
+    // The child, the first to read the accepted connection, set it up and
+    // drove it; the parent's close of its copy sent nothing.
+    assert!(
+        client.contains("moved to direct on queue")
+            && server.contains("accepted connection moved to direct on queue"),
+        "the client:\n{client}\nthe server:\n{server}\nthe relays:\n{relay_logs}"
+    );
+    assert!(!server.contains("EBADFD"), "{server}");
     drop(relays);
     tb.assert_no_relay();
     tb.down();
