@@ -71,11 +71,21 @@ fn relay(tb: &Testbed, host: &str, key: &Path, log: &Path) -> Guard {
 }
 
 /// [`relay`] with more flags. These tests are the relayed path's: the
-/// relays refuse direct connections (`preload_direct.rs` has those).
+/// relays refuse direct connections (`preload_direct.rs` has those), but
+/// for [`direct_relay`]'s.
 fn relay_with(tb: &Testbed, host: &str, key: &Path, log: &Path, flags: &[&str]) -> Guard {
+    relay_of(tb, host, key, log, &[&["--no-direct"], flags].concat())
+}
+
+/// [`relay`] serving direct connections too.
+fn direct_relay(tb: &Testbed, host: &str, key: &Path, log: &Path) -> Guard {
+    relay_of(tb, host, key, log, &[])
+}
+
+fn relay_of(tb: &Testbed, host: &str, key: &Path, log: &Path, flags: &[&str]) -> Guard {
     let child = tb
         .relay_command(host, key)
-        .args(["--timeout-ms", "3000", "--no-direct"])
+        .args(["--timeout-ms", "3000"])
         .args(flags)
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(log).expect("relay log"))
@@ -290,6 +300,72 @@ fn testbed(name: &str) -> (Testbed, String, String, String) {
     let ip = server.address.to_string();
     let (c, s) = (tb.ns(&client.name), tb.ns(&server.name));
     (tb, c, s, ip)
+}
+
+#[test]
+fn nginx_and_curl_across_hosts_on_direct_connections_with_every_body_verified() {
+    let test = "nginx_and_curl_across_hosts_on_direct_connections_with_every_body_verified";
+    if !system_ready(test) || !programs_ready(test) {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (root, want) = docroot(dir.path());
+    let (tb, cns, sns, ip) = testbed("pxdpdir");
+    let key = common::new_key_file(dir.path(), "relay.key");
+    let (r1_log, r2_log) = (dir.path().join("relay1.log"), dir.path().join("relay2.log"));
+    let (s_log, c_log) = (dir.path().join("server.log"), dir.path().join("client.log"));
+    let r1 = direct_relay(&tb, "h1", &key, &r1_log);
+    let r2 = direct_relay(&tb, "h2", &key, &r2_log);
+    // nginx's workers wait in epoll (edge-triggered) and send with
+    // sendfile; curl waits in poll.
+    let server = nginx(&sns, &ip, dir.path(), &root, &s_log);
+    let body = dir.path().join("body");
+    let want16 = sha256(&root.join("f16m"));
+    for (i, (file, digest)) in [("f1m", &want), ("f16m", &want16), ("f1m", &want)]
+        .into_iter()
+        .enumerate()
+    {
+        let url = format!("http://{ip}:8080/{file}");
+        let (ok, err, took) = curl(&cns, &url, &body, &[], &c_log);
+        let logs = || {
+            format!(
+                "the client:\n{}\nthe server:\n{}\nthe relays:\n{}{}",
+                std::fs::read_to_string(&c_log).unwrap_or_default(),
+                std::fs::read_to_string(&s_log).unwrap_or_default(),
+                std::fs::read_to_string(&r1_log).unwrap_or_default(),
+                std::fs::read_to_string(&r2_log).unwrap_or_default()
+            )
+        };
+        assert!(ok, "fetch {i}: {err}\n{}", logs());
+        assert_eq!(
+            &sha256(&body),
+            digest,
+            "fetch {i}: the body differs\n{}",
+            logs()
+        );
+        eprintln!("{test}: {file} in {} ms", took.as_millis());
+    }
+    let client_log = std::fs::read_to_string(&c_log).unwrap_or_default();
+    let server_log = std::fs::read_to_string(&s_log).unwrap_or_default();
+    assert_eq!(
+        client_log.matches("moved to direct on queue").count(),
+        3,
+        "{client_log}"
+    );
+    assert_eq!(
+        server_log
+            .matches("accepted connection moved to direct on queue")
+            .count(),
+        3,
+        "{server_log}"
+    );
+    assert!(!client_log.contains("via the relay"), "{client_log}");
+    assert!(!server_log.contains("via the relay"), "{server_log}");
+    drop(server);
+    drop((r1, r2));
+    tb.assert_no_relay();
+    tb.down();
+    tb.assert_gone();
 }
 
 #[test]
