@@ -1,6 +1,8 @@
 /* A 1-byte ping-pong, then a stream each way, over one TCP connection:
  *   direct server PORT ROUNDS STREAM_BYTES
  *   direct forkserver PORT ROUNDS STREAM_BYTES   (a child serves)
+ *   direct execserver PORT ROUNDS STREAM_BYTES   (execs after the rounds:
+ *     the new image must see the connection's end, not wait on it)
  *   direct client IP PORT ROUNDS STREAM_BYTES
  * Every byte is checked; the client prints the median round trip. */
 #define _GNU_SOURCE
@@ -12,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -85,11 +88,31 @@ static long now_ns(void) {
     return t.tv_sec * 1000000000L + t.tv_nsec;
 }
 
+/* The image after exec: the inherited connection must have ended. */
+static int after_exec(int fd) {
+    unsigned char b;
+    signal(SIGPIPE, SIG_IGN);
+    ssize_t r = read(fd, &b, 1);
+    int re = errno;
+    ssize_t w = write(fd, "x", 1);
+    int we = errno;
+    printf("afterexec: read %zd (%s), write %zd (%s)\n", r, r < 0 ? strerror(re) : "-", w,
+           w < 0 ? strerror(we) : "-");
+    if (r == 0 && w < 0 && we == EPIPE) {
+        printf("direct: ok\n");
+        return 0;
+    }
+    return 1;
+}
+
 int main(int argc, char **argv) {
+    if (argc == 3 && strcmp(argv[1], "afterexec") == 0)
+        return after_exec(atoi(argv[2]));
     if (argc < 5)
         return 2;
+    int execs = strcmp(argv[1], "execserver") == 0;
     int forks = strcmp(argv[1], "forkserver") == 0;
-    int server = forks || strcmp(argv[1], "server") == 0;
+    int server = forks || execs || strcmp(argv[1], "server") == 0;
     int at = server ? 2 : 3;
     int port = atoi(argv[at]);
     long rounds = atol(argv[at + 1]);
@@ -158,6 +181,13 @@ int main(int argc, char **argv) {
                 return 1;
             }
         }
+    }
+    if (execs) {
+        char fdstr[16];
+        snprintf(fdstr, sizeof fdstr, "%d", fd);
+        fflush(stdout);
+        execl("/proc/self/exe", argv[0], "afterexec", fdstr, (char *)NULL);
+        die("exec");
     }
     if (server) {
         check_stream(fd, stream, 1);

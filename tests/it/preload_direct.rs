@@ -389,3 +389,79 @@ fn a_server_that_forks_after_accept_serves_the_direct_connection_from_its_child(
     tb.down();
     tb.assert_gone();
 }
+
+#[test]
+fn a_direct_connection_kept_across_exec_is_shut_down_in_the_new_image() {
+    let test = "a_direct_connection_kept_across_exec_is_shut_down_in_the_new_image";
+    if !system_ready(test) || !common::installed(test, &[("/usr/bin/cc", "gcc")]) {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let exe = common::build_c(dir.path(), "direct", include_str!("preload_direct.c"), "cc");
+    let (tb, _) = Testbed::up("pdirexec", &["--hosts", "2", "--links", "2"]);
+    let key = common::new_key_file(dir.path(), "relay.key");
+    let relays = relays(&tb, &key, dir.path(), &[]);
+    let hosts = tb.hosts();
+    let (h1, h2) = (&hosts.hosts[0], &hosts.hosts[1]);
+    let server_log = dir.path().join("library-server.log");
+    let client_log = dir.path().join("library-client.log");
+    // One round on the direct connection, then the server execs itself
+    // keeping the descriptor; the client then streams and waits.
+    let mut server = wrapped(
+        &tb,
+        &h2.name,
+        &exe,
+        &["execserver", "7704", "1", "1"],
+        &server_log,
+    );
+    let rest = listening(&mut server);
+    let ip = h2.address.to_string();
+    let client = wrapped(
+        &tb,
+        &h1.name,
+        &exe,
+        &["client", &ip, "7704", "1", "1"],
+        &client_log,
+    );
+    let s = ended(server, Some(rest));
+    let c = ended(client, None);
+    let server_text = std::fs::read_to_string(&server_log).unwrap_or_default();
+    let client_text = std::fs::read_to_string(&client_log).unwrap_or_default();
+    // The new image read the end and its write failed, at once.
+    assert!(
+        s.ok && s.stdout.contains("direct: ok"),
+        "{}{}\n{server_text}",
+        s.stdout,
+        s.stderr
+    );
+    assert!(
+        server_text.contains("accepted connection moved to direct on queue"),
+        "{server_text}"
+    );
+    assert_eq!(
+        server_text.matches("does not survive exec").count(),
+        1,
+        "{server_text}"
+    );
+    // The client's peer went silent: its wait ends in ETIMEDOUT.
+    assert!(!c.ok, "{}", c.stdout);
+    assert!(
+        c.stderr.contains("Connection timed out"),
+        "{}\n{client_text}",
+        c.stderr
+    );
+    // The old image's socket went with exec: both queues are free.
+    let t0 = std::time::Instant::now();
+    while all_logs(&relays).matches("is free again").count() < 2 {
+        assert!(
+            t0.elapsed().as_secs() < 10,
+            "the queues stay held:\n{}",
+            all_logs(&relays)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    drop(relays);
+    tb.assert_no_relay();
+    tb.down();
+    tb.assert_gone();
+}

@@ -27,7 +27,15 @@
 //!   writes, as the kernel says of a TCP peer that stopped answering.
 //! - After `fork` only the process that opened the connection drives it
 //!   (the engine's state is that process's): another process's calls
-//!   fail with `EBADFD` and one log line, and its close sends nothing.
+//!   fail with `EBADFD` and one log line, and its close sends nothing. An
+//!   accepted connection is set up by the first process that reads it, so
+//!   a server that accepts and lets a child serve works.
+//! - Across `exec` the connection ends: its AF_XDP socket is
+//!   close-on-exec and the engine's state stays in the old image; a
+//!   marker file tells the new image's library to shut the inherited
+//!   socket down (`inherit`).
+//! - Not here yet: a progress thread (the peer is acknowledged only from
+//!   the program's calls), and `select` (it watches the kernel socket).
 
 use crate::errno::Errno;
 use crate::log::log_line;
@@ -95,6 +103,8 @@ pub(crate) struct Asked {
     sock: OwnedFd,
     key: [u8; RELAY_KEY_BYTES],
     connector: bool,
+    /// The connection's TCP socket (the program's descriptor).
+    tcp: c_int,
 }
 
 /// Sends the relay on `sock` (the library's socket to it, owned from now
@@ -122,6 +132,7 @@ pub(crate) fn ask(
         sock,
         key,
         connector,
+        tcp,
     })
 }
 
@@ -157,8 +168,10 @@ pub(crate) fn granted(asked: Asked) -> Result<Direct, SetupError> {
         connector: asked.connector,
     };
     let conn = DirectConn::open(port, setup).map_err(SetupError::Open)?;
+    let marker = exec_marker(asked.tcp);
     Ok(Direct {
         conn,
+        marker,
         relay: asked.sock,
         queue: grant.queue,
         nonblocking: AtomicBool::new(false),
@@ -169,6 +182,30 @@ pub(crate) fn granted(asked: Asked) -> Result<Direct, SetupError> {
         foreign_told: AtomicBool::new(false),
         last_seen: AtomicU32::new(0),
     })
+}
+
+/// The marker that tells an image after `exec` which inherited socket was
+/// a direct connection (see `inherit`): a small file holding the socket's
+/// inode. None if it cannot be made (the new image then sees only the
+/// quiet socket).
+fn exec_marker(tcp: c_int) -> Option<OwnedFd> {
+    let ino = crate::conn::socket_ino(tcp);
+    // SAFETY: a plain memfd_create with a valid name.
+    let m = unsafe {
+        libc::memfd_create(
+            crate::inherit::DIRECT_MARKER_NAME.as_ptr(),
+            libc::MFD_CLOEXEC,
+        )
+    };
+    if m < 0 {
+        return None;
+    }
+    // SAFETY: a new descriptor nothing else owns.
+    let m = unsafe { OwnedFd::from_raw_fd(m) };
+    let bytes = ino.to_le_bytes();
+    // SAFETY: `bytes` is valid for reads of its length.
+    let n = unsafe { libc::pwrite(m.as_raw_fd(), bytes.as_ptr().cast(), bytes.len(), 0) };
+    (n == bytes.len() as isize).then_some(m)
 }
 
 /// Sends `bytes` on `sock` with the descriptor `fd` (`SCM_RIGHTS`).
@@ -262,6 +299,9 @@ fn ceil_ms(d: Duration) -> c_int {
 /// A connection on its own AF_XDP socket.
 pub(crate) struct Direct {
     conn: DirectConn,
+    /// The connection's marker for an image after `exec`, close-on-exec
+    /// as its descriptors are ([`Direct::sync_cloexec`]).
+    marker: Option<OwnedFd>,
     /// The library's socket to its relay: the grant's steering
     /// registration lives while it is open. Dropped after `conn`, whose
     /// drop sends the closing frame first.
@@ -574,6 +614,23 @@ impl Direct {
             out |= libc::POLLERR;
         }
         out
+    }
+
+    /// Gives the marker the close-on-exec flag of the connection's
+    /// descriptors `fds`: kept across exec while one of them is, so the
+    /// image after it learns the connection is gone.
+    pub(crate) fn sync_cloexec(&self, fds: &[c_int]) {
+        let Some(m) = &self.marker else {
+            return;
+        };
+        let kept = fds.iter().any(|&fd| {
+            // SAFETY: a plain fcntl on the program's descriptor.
+            let f = unsafe { real::fcntl()(fd, libc::F_GETFD, 0) };
+            f >= 0 && f & libc::FD_CLOEXEC == 0
+        });
+        let flag = if kept { 0 } else { libc::FD_CLOEXEC };
+        // SAFETY: a plain fcntl on the connection's own marker.
+        unsafe { real::fcntl()(m.as_raw_fd(), libc::F_SETFD, flag as libc::c_ulong) };
     }
 
     /// Records `events` as what an epoll wait saw now; the events that

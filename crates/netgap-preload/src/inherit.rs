@@ -13,6 +13,15 @@
 //! old image left off. A region file whose socket did not survive (it was
 //! close-on-exec) is closed.
 //!
+//! A direct connection (the `xdp` feature) cannot be kept: the
+//! transport's state is in the old image's memory and its AF_XDP socket
+//! is close-on-exec. Its marker (a small file named
+//! [`DIRECT_MARKER_NAME`] holding the socket's inode, with the
+//! close-on-exec flag of the connection's descriptors) tells the new
+//! image which inherited socket was one: the library shuts it down, with
+//! one log line, so the program reads its end and its writes fail
+//! (`EPIPE`) instead of waiting on a socket nothing comes to.
+//!
 //! An image that runs without the library (its environment cleared of
 //! `LD_PRELOAD`) cannot use the channel: its reads would see the doorbell
 //! bytes on the kernel socket. That is a limit of a preload library, as
@@ -28,6 +37,11 @@ use std::sync::Arc;
 
 /// The name `/proc/self/fd` shows for a region's file.
 const REGION_LINK_PREFIX: &str = "/memfd:netgap-preload";
+/// The name of a direct connection's marker file.
+#[cfg(feature = "xdp")]
+pub(crate) const DIRECT_MARKER_NAME: &std::ffi::CStr = c"netgap-direct";
+/// The name `/proc/self/fd` shows for a direct connection's marker.
+const DIRECT_LINK_PREFIX: &str = "/memfd:netgap-direct";
 
 /// Finds the connections this image inherited and takes them over again.
 pub(crate) fn adopt() {
@@ -35,6 +49,7 @@ pub(crate) fn adopt() {
         return;
     };
     let mut regions: Vec<c_int> = Vec::new();
+    let mut markers: Vec<c_int> = Vec::new();
     let mut sockets: Vec<(c_int, u64)> = Vec::new();
     for e in dir.flatten() {
         let Some(fd) = e.file_name().to_str().and_then(|n| n.parse::<c_int>().ok()) else {
@@ -46,6 +61,8 @@ pub(crate) fn adopt() {
         let link = link.to_string_lossy();
         if link.starts_with(REGION_LINK_PREFIX) {
             regions.push(fd);
+        } else if link.starts_with(DIRECT_LINK_PREFIX) {
+            markers.push(fd);
         } else if let Some(ino) = link
             .strip_prefix("socket:[")
             .and_then(|r| r.strip_suffix(']'))
@@ -56,6 +73,28 @@ pub(crate) fn adopt() {
     }
     for rfd in regions {
         adopt_region(rfd, &sockets);
+    }
+    for mfd in markers {
+        end_direct(mfd, &sockets);
+    }
+}
+
+/// Shuts down the inherited sockets a direct connection's marker `mfd`
+/// names (see the module's notes), and closes the marker.
+fn end_direct(mfd: c_int, sockets: &[(c_int, u64)]) {
+    let mut ino = [0u8; 8];
+    // SAFETY: `ino` is valid for writes of its length; `mfd` is the
+    // marker this image inherited.
+    let n = unsafe { libc::pread(mfd, ino.as_mut_ptr().cast(), ino.len(), 0) };
+    close(mfd);
+    if n != ino.len() as isize {
+        return;
+    }
+    let ino = u64::from_le_bytes(ino);
+    for &(fd, _) in sockets.iter().filter(|&&(_, i)| ino != 0 && i == ino) {
+        log_line!("fd {fd}: a direct connection does not survive exec (its transport's state stayed in the old image): shut down");
+        // SAFETY: a plain shutdown of the inherited socket.
+        unsafe { real::shutdown()(fd, libc::SHUT_RDWR) };
     }
 }
 

@@ -357,7 +357,9 @@ fn close_direct(fd: c_int) {
             // connection's own socket, registered beside `fd` there.
             unsafe { real::epoll_ctl()(epfd, libc::EPOLL_CTL_DEL, d.wait_fd(), &mut ev) };
         }
-        if !table::direct_shared_elsewhere(&d) {
+        if table::direct_shared_elsewhere(&d) {
+            d.sync_cloexec(&table::direct_descriptors(&d));
+        } else {
             d.log_close(fd);
         }
         drop(d);
@@ -416,10 +418,19 @@ fn copy_entry(from: c_int, to: c_int) {
 /// close-on-exec flag changed: the connection's region follows the
 /// connection's descriptors (see [`sync_cloexec`]).
 fn after_fd_change(fd: c_int) {
-    if let Some(Entry::Shm(c)) = table::get(fd) {
-        let e = errno();
-        sync_cloexec(&c);
-        set_errno(e);
+    match table::get(fd) {
+        Some(Entry::Shm(c)) => {
+            let e = errno();
+            sync_cloexec(&c);
+            set_errno(e);
+        }
+        #[cfg(feature = "xdp")]
+        Some(Entry::Direct(d)) => {
+            let e = errno();
+            d.sync_cloexec(&table::direct_descriptors(&d));
+            set_errno(e);
+        }
+        _ => {}
     }
 }
 

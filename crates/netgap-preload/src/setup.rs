@@ -665,6 +665,7 @@ fn went_direct(fd: c_int, port: u16, c: &Arc<Conn>, d: crate::direct::Direct) ->
                 .map_err(|e| std::io::Error::from_raw_os_error(e).to_string())
         });
     table::conn_went_direct(c, &d);
+    d.sync_cloexec(&table::direct_descriptors(&d));
     crate::bell::bell_joins_epolls(fd);
     if let Err(why) = sent {
         log_line!("fd {fd}: connection to port {port} fails (shut down): the bytes written before it went direct: {why}");
@@ -958,6 +959,7 @@ fn finish_pending(fd: c_int, p: &Arc<Pending>, done: Done) -> Resolved {
         Done::Direct(d) => {
             d.set_nonblocking(p.nonblocking());
             table::resolve(p, Some(Entry::Direct(d.clone())));
+            d.sync_cloexec(&table::direct_descriptors(&d));
             crate::bell::bell_joins_epolls(fd);
             log_line!(
                 "fd {fd}: accepted connection moved to direct on queue {}",

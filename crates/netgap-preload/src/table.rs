@@ -129,6 +129,17 @@ pub(crate) fn conn_went_direct(c: &Arc<Conn>, d: &Arc<crate::direct::Direct>) {
     }
 }
 
+/// The descriptors of the direct connection `d`.
+#[cfg(feature = "xdp")]
+pub(crate) fn direct_descriptors(d: &Arc<crate::direct::Direct>) -> Vec<c_int> {
+    let t = TABLE.read().unwrap_or_else(|p| p.into_inner());
+    t.iter()
+        .enumerate()
+        .filter(|(_, s)| matches!(s, Some(Entry::Direct(e)) if Arc::ptr_eq(d, e)))
+        .map(|(fd, _)| fd as c_int)
+        .collect()
+}
+
 /// Whether a descriptor of this process still holds the direct
 /// connection `d` (asked once the closing one was taken out).
 #[cfg(feature = "xdp")]
