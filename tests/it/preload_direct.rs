@@ -69,6 +69,7 @@ fn wrapped(tb: &Testbed, host: &str, exe: &Path, args: &[&str], log: &Path) -> s
         .arg(exe)
         .args(args)
         .env("NETGAP_PRELOAD", common::preload_library())
+        .env("NETGAP_PRELOAD_DIRECT", "1")
         .env("NETGAP_PRELOAD_LOG", log)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

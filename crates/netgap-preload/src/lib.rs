@@ -76,6 +76,13 @@ pub(crate) struct Settings {
     pub(crate) spin_ns: u64,
     /// `NETGAP_PRELOAD_STACK` (`shm` unless it says `xdp`).
     pub(crate) stack: Stack,
+    /// `NETGAP_PRELOAD_DIRECT=1` (with the `xdp` feature): connections to
+    /// other hosts ask for a direct path first. Off by default for now: a
+    /// listener's side waits in its program's call for its relay's grant
+    /// or refusal, up to the relays' 3 s when the other end was refused
+    /// first (a busy server's event loop waits with it).
+    #[cfg(feature = "xdp")]
+    pub(crate) direct: bool,
 }
 
 /// Microseconds a reader watches the ring before it sleeps, unless
@@ -106,6 +113,8 @@ pub(crate) fn settings() -> &'static Settings {
             Ok("xdp") => Stack::Xdp,
             _ => Stack::Shm,
         },
+        #[cfg(feature = "xdp")]
+        direct: std::env::var("NETGAP_PRELOAD_DIRECT").as_deref() == Ok("1"),
     })
 }
 

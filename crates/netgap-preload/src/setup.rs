@@ -618,9 +618,11 @@ fn take_answer(fd: c_int, path: &mut OfferPath, answer: Answer) -> Result<Taken,
         (OfferPath::Shm { .. }, Answer::Accepted) => Ok(Taken::Shm),
         (OfferPath::Relay(offer), Answer::Relay(target)) => {
             #[cfg(feature = "xdp")]
-            match connect_direct(fd, offer.key, &target) {
-                Ok(d) => return Ok(Taken::Direct(d)),
-                Err(why) => log_line!("fd {fd}: relay: {why}"),
+            if crate::settings().direct {
+                match connect_direct(fd, offer.key, &target) {
+                    Ok(d) => return Ok(Taken::Direct(d)),
+                    Err(why) => log_line!("fd {fd}: relay: {why}"),
+                }
             }
             crate::relay::answered(fd, offer, &target).map(Taken::Relay)
         }
@@ -930,13 +932,17 @@ fn take_relay_hello(fd: c_int, hello: &Hello) -> Done {
 
 /// The listener's side asks its relay for a direct connection with the
 /// hello's key (after the relayed listen, which stays ready for the
-/// connector's fallback); None (and one log line) when the request cannot
-/// be sent. Its replies are read once the hello is answered.
+/// connector's fallback); None when direct connections are off
+/// (`NETGAP_PRELOAD_DIRECT`), or (with one log line) when the request
+/// cannot be sent. Its replies are read once the hello is answered.
 #[cfg(feature = "xdp")]
 fn accept_direct(fd: c_int, hello: &Hello) -> Option<crate::direct::Asked> {
     let Hello::Relay { key, .. } = *hello else {
         return None;
     };
+    if !crate::settings().direct {
+        return None;
+    }
     let asked = crate::relay::open()
         .map_err(|e| e.to_string())
         .and_then(|sock| {
