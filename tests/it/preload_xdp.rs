@@ -126,11 +126,18 @@ fn wrapped(ns: &str, program: &str, args: &[&str], log: &Path) -> Command {
         ])
         .args(args)
         .env("NETGAP_PRELOAD", common::preload_library())
-        // Direct connections asked for: the relays of the relayed path's
-        // tests refuse them (`relay_with`).
-        .env("NETGAP_PRELOAD_DIRECT", "1")
         .env("NETGAP_PRELOAD_LOG", log);
     c
+}
+
+/// [`nginx`] asking for direct connections (`NETGAP_PRELOAD_DIRECT`).
+fn direct_nginx(ns: &str, ip: &str, dir: &Path, root: &Path, log: &Path) -> Guard {
+    nginx_with(ns, ip, dir, root, log, &[("NETGAP_PRELOAD_DIRECT", "1")])
+}
+
+/// [`curl`] asking for direct connections (`NETGAP_PRELOAD_DIRECT`).
+fn direct_curl(ns: &str, url: &str, out: &Path, log: &Path) -> (bool, String, Duration) {
+    curl_with(ns, url, out, &[], log, &[("NETGAP_PRELOAD_DIRECT", "1")])
 }
 
 /// A docroot with `f1m` (1 MiB) and `f16m` (16 MiB) of pseudo-random
@@ -168,6 +175,18 @@ fn sha256(path: &Path) -> String {
 /// Wrapped nginx (two workers, sendfile, running as root like the relay's
 /// clients) on `ip:8080` in `ns`.
 fn nginx(ns: &str, ip: &str, dir: &Path, root: &Path, log: &Path) -> Guard {
+    nginx_with(ns, ip, dir, root, log, &[])
+}
+
+/// [`nginx`] with more environment.
+fn nginx_with(
+    ns: &str,
+    ip: &str,
+    dir: &Path,
+    root: &Path,
+    log: &Path,
+    env: &[(&str, &str)],
+) -> Guard {
     let run = dir.join("nginx");
     std::fs::create_dir_all(&run).expect("run dir");
     let d = run.display();
@@ -197,6 +216,7 @@ fn nginx(ns: &str, ip: &str, dir: &Path, root: &Path, log: &Path) -> Guard {
         ],
         log,
     )
+    .envs(env.iter().copied())
     .stdout(Stdio::null())
     .stderr(Stdio::null())
     .spawn()
@@ -218,6 +238,18 @@ fn nginx(ns: &str, ip: &str, dir: &Path, root: &Path, log: &Path) -> Guard {
 /// Wrapped curl in `ns` fetching `url` into `out`; its exit status and
 /// stderr, and how long it took.
 fn curl(ns: &str, url: &str, out: &Path, extra: &[&str], log: &Path) -> (bool, String, Duration) {
+    curl_with(ns, url, out, extra, log, &[])
+}
+
+/// [`curl`] with more environment.
+fn curl_with(
+    ns: &str,
+    url: &str,
+    out: &Path,
+    extra: &[&str],
+    log: &Path,
+    env: &[(&str, &str)],
+) -> (bool, String, Duration) {
     let t0 = Instant::now();
     let mut args = vec![
         "-sS",
@@ -229,6 +261,7 @@ fn curl(ns: &str, url: &str, out: &Path, extra: &[&str], log: &Path) -> (bool, S
     args.extend_from_slice(extra);
     args.push(url);
     let o = wrapped(ns, "/usr/bin/curl", &args, log)
+        .envs(env.iter().copied())
         .output()
         .expect("curl runs");
     (
@@ -321,7 +354,7 @@ fn nginx_and_curl_across_hosts_on_direct_connections_with_every_body_verified() 
     let r2 = direct_relay(&tb, "h2", &key, &r2_log);
     // nginx's workers wait in epoll (edge-triggered) and send with
     // sendfile; curl waits in poll.
-    let server = nginx(&sns, &ip, dir.path(), &root, &s_log);
+    let server = direct_nginx(&sns, &ip, dir.path(), &root, &s_log);
     let body = dir.path().join("body");
     let want16 = sha256(&root.join("f16m"));
     for (i, (file, digest)) in [("f1m", &want), ("f16m", &want16), ("f1m", &want)]
@@ -329,7 +362,7 @@ fn nginx_and_curl_across_hosts_on_direct_connections_with_every_body_verified() 
         .enumerate()
     {
         let url = format!("http://{ip}:8080/{file}");
-        let (ok, err, took) = curl(&cns, &url, &body, &[], &c_log);
+        let (ok, err, took) = direct_curl(&cns, &url, &body, &c_log);
         let logs = || {
             format!(
                 "the client:\n{}\nthe server:\n{}\nthe relays:\n{}{}",
