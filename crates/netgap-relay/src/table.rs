@@ -498,4 +498,137 @@ mod tests {
             assert!(t.others(host(2), |l| l.flow == 9 || l.flow == 7).is_empty());
         }
     }
+
+    /// Two relays, the lower (0) and the higher (1), in one host pair:
+    /// each gets a listen for the other's program's connection and a
+    /// connect to the end the other's listen named. A flow opened to a
+    /// listening end comes up at both ends at once.
+    struct Pair {
+        tables: [LinkTable<Fake>; 2],
+        /// The end a listen of each relay waits at for a flow.
+        accepting: [Option<u16>; 2],
+        /// The end each relay's listen named.
+        named: [Option<u16>; 2],
+    }
+
+    const OWN_END: [u16; 2] = [10, 20];
+
+    impl Pair {
+        fn listen(&mut self, r: usize) {
+            let name = match self.tables[r]
+                .enter(host(2), Role::Listen, |_| true)
+                .unwrap()
+            {
+                Step::Use(l) => l.flow,
+                Step::Open => {
+                    self.accepting[r] = Some(OWN_END[r]);
+                    OWN_END[r]
+                }
+                Step::Wait => panic!("relay {r}'s listen waits with nothing opening"),
+            };
+            self.named[r] = Some(name);
+        }
+
+        /// Relay `r`'s connect to the other's named end; the flow of the
+        /// link it goes on.
+        fn connect(&mut self, r: usize) -> u16 {
+            let o = 1 - r;
+            let target = self.named[o].unwrap();
+            match self.tables[r]
+                .enter(host(2), Role::Connect, |l| l.flow == target)
+                .unwrap()
+            {
+                Step::Use(l) => {
+                    // The OPEN takes the other's listen on this link: that
+                    // listen waits for no flow any more.
+                    if self.accepting[o].take().is_some() {
+                        self.tables[o].forget(host(2), Role::Listen);
+                    }
+                    l.flow
+                }
+                Step::Open => {
+                    assert_eq!(self.accepting[o], Some(target), "relay {o} listens there");
+                    self.accepting[o] = None;
+                    self.tables[r].up(host(2), link(true, r == 0, target));
+                    self.tables[o].up(host(2), link(false, o == 0, target));
+                    target
+                }
+                Step::Wait => panic!("relay {r}'s connect waits"),
+            }
+        }
+
+        fn links(&self, r: usize) -> Vec<u16> {
+            self.tables[r].hosts[&host(2)]
+                .links
+                .iter()
+                .map(|l| l.flow)
+                .collect()
+        }
+    }
+
+    /// Every order of the four requests (each connect after the listen
+    /// whose end it targets): no request waits, each connection goes on a
+    /// link both relays hold, and both name the same link, the lower
+    /// relay's connector when there are two.
+    #[test]
+    fn every_order_of_two_relays_listens_and_connects_leaves_one_named_link() {
+        // Events: 0 and 1 are the listens, 2 and 3 the connects of relay
+        // 0 and 1.
+        let mut orders = Vec::new();
+        for a in 0..4 {
+            for b in 0..4 {
+                for c in 0..4 {
+                    for d in 0..4 {
+                        let o = [a, b, c, d];
+                        let at = |e: usize| o.iter().position(|&x| x == e).unwrap();
+                        let distinct = (0..4).all(|e| o.contains(&e));
+                        if distinct && at(1) < at(2) && at(0) < at(3) {
+                            orders.push(o);
+                        }
+                    }
+                }
+            }
+        }
+        assert_eq!(orders.len(), 6);
+        for order in orders {
+            let mut p = Pair {
+                tables: [LinkTable::new(1), LinkTable::new(1)],
+                accepting: [None, None],
+                named: [None, None],
+            };
+            let mut carried = Vec::new();
+            for e in order {
+                match e {
+                    0 | 1 => p.listen(e),
+                    _ => carried.push(p.connect(e - 2)),
+                }
+            }
+            let (l0, l1) = (p.links(0), p.links(1));
+            assert_eq!(l0[0], l1[0], "{order:?}: both relays name one link");
+            let mut both = l0.clone();
+            both.sort_unstable();
+            let mut other = l1.clone();
+            other.sort_unstable();
+            assert_eq!(both, other, "{order:?}: the same links at both ends");
+            if l0.len() == 2 {
+                assert_eq!(
+                    l0[0], OWN_END[1],
+                    "{order:?}: the lower relay's connector is named"
+                );
+            }
+            for c in carried {
+                assert!(
+                    both.contains(&c),
+                    "{order:?}: connection on a link both hold"
+                );
+            }
+            for t in &p.tables {
+                let e = &t.hosts[&host(2)];
+                assert!(
+                    !e.listening && !e.connecting,
+                    "{order:?}: no opening is left"
+                );
+            }
+        }
+    }
 }
