@@ -94,7 +94,8 @@ pub(crate) enum OpenError {
     #[error(transparent)]
     TargetRefused(#[from] TargetError),
     /// The other relay listens at a new flow while this host's link to
-    /// it still carries connections.
+    /// it still carries connections (a direct connection's setup, which
+    /// takes the link listens name).
     #[error("the other relay listens at {target}, not on this host's link to it ({link}): retry once that link times out")]
     Stale {
         /// The target of the connect.
