@@ -19,12 +19,9 @@
  * connect that waited for the peer's accept would hang both (the alarm
  * ends it).
  *
- * Program 2 accepts only once program 1 has read its greeting (the file
- * DIR/greeted-1), waiting meanwhile on neither connection: its own
- * connection must move on without it, as a kernel connection's bytes go
- * while the program waits elsewhere. It also keeps the two hosts' relays
- * from both opening their link by listening for the other's at once,
- * which they do not resolve.
+ * Both accept at once: across hosts, each host's relay gets its listen
+ * before either has a link to the other, then a connect to the other's
+ * end, and the two relays open their link from both sides.
  */
 #define BYTES 100000
 
@@ -94,20 +91,12 @@ int main(int argc, char **argv) {
     fill(out, me);
     put(c, out, "the greeting");
 
-    snprintf(path, sizeof path, "%s/greeted-1", argv[5]);
-    if (me == 2)
-        while (stat(path, &st) != 0) usleep(10000);
     int s = accept(l, NULL, NULL);
     if (s < 0) fail("accept");
     get(s, in, "reading the peer's greeting");
     if (!check(in, peer)) {
         printf("crossed: the peer's greeting differs\n");
         return 1;
-    }
-    if (me == 1) {
-        f = fopen(path, "w");
-        if (!f) fail("the greeted file");
-        fclose(f);
     }
     fill(out, me + 100);
     put(s, out, "the answer");

@@ -158,12 +158,9 @@ mod across_hosts {
         let relays = tb.start_relays(&key, dir.path());
         // mpirun in the first host's namespaces, its daemon on the second
         // through netgap's launch agent, as `netgap run mpi-*` starts them;
-        // only the ranks run under the library. Staggered: rank 1 opens the
-        // connection alone. Two ranks that connect to each other at once
-        // across hosts get past connect() (the library does not wait there
-        // for the listener's answer), but then both relays, with no link
-        // yet, listen for the other's flow and neither opens it, so both
-        // connections fail when the relays' waits end.
+        // only the ranks run under the library. The ranks connect to each
+        // other at once: both relays, with no link yet, get a listen and then
+        // a connect to the other's end, and open their link from both sides.
         let log = dir.path().join("mpi.log");
         let iface = &h1.links[0].ifname;
         let out = Command::new("timeout")
@@ -187,7 +184,7 @@ mod across_hosts {
             .args(["-x", "NETGAP_PRELOAD_STACK=xdp", "-x"])
             .arg(format!("NETGAP_PRELOAD_LOG={}", log.display()))
             .arg(&exe)
-            .args(["300", "staggered"])
+            .arg("300")
             .env(
                 "NETGAP_MPI_HOSTS",
                 format!(

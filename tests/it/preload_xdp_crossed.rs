@@ -6,7 +6,9 @@
 //! would wait for the other's accept); each program writes its greeting
 //! before it accepts, then reads the other's on the accepted connection and
 //! answers there, every byte checked at both ends, and all four connections
-//! moved to xdp through the relays.
+//! moved to xdp through the relays. Both accept at once, so each relay gets
+//! a listen before it has a link to the other, then a connect to the
+//! other's end: the two relays open their link from both sides at once.
 //!
 //! Built only with the `xdp` feature; without root, namespaces or a C
 //! compiler the test prints why and passes (with

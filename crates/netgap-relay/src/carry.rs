@@ -89,7 +89,7 @@ impl Link {
             flow_id,
             my_bit,
         ));
-        hub.up(peer_tcp_ip, Arc::clone(&link));
+        let aside = hub.up(peer_tcp_ip, Arc::clone(&link));
         log!(
             "link up: {} {} (this end {})",
             if my_bit == 0 {
@@ -100,6 +100,20 @@ impl Link {
             link.peer_name,
             link.local_name
         );
+        if let Some(a) = aside {
+            // Both relays opened a link at once (or the other relay
+            // opened one anew): one is named from now on, the other
+            // carries what was opened on it until its linger closes it.
+            let named = if Arc::ptr_eq(&a, &link) {
+                "the older one"
+            } else {
+                "this one"
+            };
+            log!(
+                "two links to {peer_tcp_ip}: listens name {named}; the one with this end {} carries only the connections opened on it, until its linger closes it",
+                a.local_name
+            );
+        }
         let ping = ping_every(hub.timeout);
         let (l, h) = (Arc::clone(&link), Arc::clone(hub));
         let w = std::thread::Builder::new()

@@ -30,6 +30,7 @@ use crate::policy::{self, LinkId};
 use crate::queues::{QueueError, Queues};
 use crate::rendezvous::{AcceptStep, PendingError, Rendezvous, DIRECT_WAIT};
 use crate::request::reply;
+use crate::table::Role;
 use crate::{RelayConfig, TICK};
 use netgap_proto::dataproof::FlowKey;
 use netgap_proto::direct::{DirectGrant, DirectRequest, DirectRole, QueueAnswer, QueueOffer};
@@ -324,7 +325,7 @@ fn link_end(
     asker: &Asker,
 ) -> Result<String, OpenError> {
     let deadline = Instant::now() + crate::open::STATE_WAIT;
-    if let Some(link) = hub.enter(tcp_peer, deadline)? {
+    if let Some(link) = hub.enter(tcp_peer, Role::Listen, |_| true, deadline)? {
         link.touch();
         return Ok(link.local_name.clone());
     }
@@ -340,7 +341,7 @@ fn link_end(
     let (mut l, name, own, key) = match opened {
         Ok(o) => o,
         Err(e) => {
-            hub.forget(tcp_peer);
+            hub.forget(tcp_peer, Role::Listen);
             return Err(e);
         }
     };
@@ -361,12 +362,12 @@ fn link_end(
                     Ok(Link::start(&h, flow, local_name, (0, own.flow), tcp_peer)?)
                 });
             if let Err(e) = up {
-                h.forget(tcp_peer);
+                h.forget(tcp_peer, Role::Listen);
                 log!("direct: the link from {tcp_peer} did not open: {e}");
             }
         });
     if spawned.is_err() {
-        hub.forget(tcp_peer);
+        hub.forget(tcp_peer, Role::Listen);
         return Err(OpenError::NoOpen);
     }
     Ok(name)
@@ -385,12 +386,12 @@ fn link_to(
     let link_id = LinkId::connecting(&t, tcp_local, tcp_peer);
     let deadline = Instant::now() + crate::open::STATE_WAIT;
     loop {
-        let link = match hub.enter(tcp_peer, deadline)? {
+        let link = match hub.enter(tcp_peer, Role::Connect, |_| true, deadline)? {
             Some(l) => l,
             None => match crate::open::open_connecting(hub, t, target, &link_id, tcp_peer, asker) {
                 Ok(l) => l,
                 Err(why) => {
-                    hub.forget(tcp_peer);
+                    hub.forget(tcp_peer, Role::Connect);
                     return Err(why);
                 }
             },

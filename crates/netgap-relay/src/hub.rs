@@ -1,7 +1,8 @@
-//! The link table: the relay's link to each other host (none, opening,
-//! up) and the listens waiting for the other relay's `OPEN`; and the two
-//! requests that use it, a listen (the accepting side) and a connect,
-//! each opening the link when there is none.
+//! The link table: the relay's links to each other host and the
+//! openings under way ([`crate::table`]), and the listens waiting for the
+//! other relay's `OPEN`; the two requests that use it, a listen (the
+//! accepting side) and a connect, each opening a link when none serves
+//! it.
 
 use crate::host::reset_tcp;
 use crate::journal::Journal;
@@ -9,7 +10,7 @@ use crate::link::{Hold, Link, Pending};
 use crate::policy::{self, XdpInterface};
 use crate::queues::Queues;
 use crate::rendezvous::Rendezvous;
-use crate::table::{LinkTable, Step};
+use crate::table::{LinkTable, Role, Step};
 use netgap_proto::direct::{QueueAnswer, QueueOffer};
 use netgap_proto::relay::{self as frame};
 use std::collections::HashMap;
@@ -94,17 +95,20 @@ impl Hub {
         self.links.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The link to `peer` to use (Some), or the caller's claim to open
-    /// it (None), waiting until `deadline` while another request opens
-    /// it or it closes.
+    /// The link to `peer` to use for a request of `role` (Some: the first
+    /// live one that `fits` it), or the caller's claim to open one
+    /// (None), waiting until `deadline` while another request opens one
+    /// or the host's links close.
     pub(crate) fn enter(
         &self,
         peer: IpAddr,
+        role: Role,
+        fits: impl Fn(&Link) -> bool,
         deadline: Instant,
     ) -> Result<Option<Arc<Link>>, HubError> {
         let mut t = self.lock();
         loop {
-            match t.enter(peer)? {
+            match t.enter(peer, role, &fits)? {
                 Step::Use(link) => return Ok(Some(link)),
                 Step::Open => return Ok(None),
                 Step::Wait => {
@@ -122,24 +126,44 @@ impl Hub {
         }
     }
 
-    /// The link to `peer`, which the caller claimed, is up.
-    pub(crate) fn up(&self, peer: IpAddr, link: Arc<Link>) {
-        self.lock().up(peer, link);
+    /// A link to `peer` is up; Some: the link of the host's two that
+    /// listens no longer name (or never named), which carries what was
+    /// opened on it until it closes.
+    pub(crate) fn up(&self, peer: IpAddr, link: Arc<Link>) -> Option<Arc<Link>> {
+        let aside = self.lock().up(peer, link);
+        self.cv.notify_all();
+        aside
+    }
+
+    /// The caller's claim of `role` on `peer` is given back: opening its
+    /// link failed, or another link serves it.
+    pub(crate) fn forget(&self, peer: IpAddr, role: Role) {
+        self.lock().forget(peer, role);
         self.cv.notify_all();
     }
 
-    /// The caller's claim on `peer` is given back: opening its link
-    /// failed.
-    pub(crate) fn forget(&self, peer: IpAddr) {
-        self.lock().forget(peer);
-        self.cv.notify_all();
-    }
-
-    /// `link`'s threads ended: its entry goes (unless a newer link to
-    /// `peer` took it).
+    /// `link`'s threads ended: it leaves `peer`'s entry.
     pub(crate) fn gone(&self, peer: IpAddr, link: &Arc<Link>) {
         self.lock().gone(peer, link);
         self.cv.notify_all();
+    }
+
+    /// Closes the links to `peer` that do not `fit` a connect, carry
+    /// nothing and are settled: the other relay listens at a new end, so
+    /// it lost them.
+    pub(crate) fn close_stale(&self, peer: IpAddr, fits: impl Fn(&Link) -> bool) {
+        let others = self.lock().others(peer, fits);
+        for l in others {
+            if l.idle() && crate::table::LinkState::settled(&*l) {
+                l.shut("the other relay listens anew: the link is stale");
+            }
+        }
+    }
+
+    /// Whether a listen's connection still waits for its `OPEN` (false:
+    /// one took it, on whichever link).
+    pub(crate) fn waiting(&self, key: &[u8; frame::KEY_BYTES]) -> bool {
+        self.pending().contains_key(key)
     }
 
     pub(crate) fn pending(&self) -> MutexGuard<'_, HashMap<[u8; frame::KEY_BYTES], Pending>> {

@@ -36,11 +36,17 @@
 //! `OPEN` naming the connection's key; a connect to the link's peer sends
 //! `OPEN` {id, key} and waits for `OPEN_OK` (or `OPEN_REFUSED`: no
 //! connection waits with that key). Ids carry the opening end in their top
-//! bit, so they never collide. A connect to the other host's address with
-//! another flow id means the other relay listens anew (it lost the link):
-//! an idle link is then closed and reopened. A link with no connection for
-//! 2 s closes (`LINK_CLOSE` both ways, its flow released); the next
-//! request opens a new one.
+//! bit, so they never collide. A connect uses the link that ends at its
+//! target, and opens one when none does, even while a listen of this
+//! relay waits for the other's flow (both hosts' programs listened, then
+//! connected to each other): the two relays then open a link each, and
+//! while both are new they name the one whose connecting end is the lower
+//! address, the other carrying what was opened on it until it closes. A
+//! connect to a new end of a host whose link is settled means the other
+//! relay listens anew (it lost the link): an idle link is then closed, a
+//! busy one left to its timeout beside the new one. A link with no
+//! connection for 2 s closes (`LINK_CLOSE` both ways, its flow released);
+//! the next request opens a new one.
 //!
 //! Trust: the relay acts only for what the asker owns, toward the hosts
 //! and over the interface it was started for; each rule is plain code

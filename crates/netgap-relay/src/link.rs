@@ -305,6 +305,21 @@ impl LinkState for Link {
     fn closing(&self) -> bool {
         Link::closing(self)
     }
+
+    fn connected_here(&self) -> bool {
+        self.my_bit != 0
+    }
+
+    fn lower_here(&self) -> bool {
+        // This end's name is the relay's own `IP/MAC/FLOW`: it parses.
+        netgap_transport::xdp::parse_addr(&self.local_name).is_ok_and(|own| own.ip < self.peer_ip)
+    }
+
+    fn settled(&self) -> bool {
+        // Two crossing links both come up while one listen waits for
+        // its flow.
+        self.t0.elapsed() >= crate::open::ACCEPT_WAIT
+    }
 }
 
 /// The link's writing thread: the frames queued for it in order, a

@@ -11,6 +11,7 @@ use crate::policy::{self, LinkId, LinkIdError, Refusal, TargetError, XdpInterfac
 use crate::request::{reply, Request};
 use crate::ring::FarEnd;
 use crate::ring::MapError;
+use crate::table::Role;
 use netgap_core::spec::{Mode, TransportOptions};
 use netgap_proto::dataproof::FlowKey;
 use netgap_proto::preload::{RelayReply, RelayRequest};
@@ -93,7 +94,8 @@ pub(crate) enum OpenError {
     #[error(transparent)]
     TargetRefused(#[from] TargetError),
     /// The other relay listens at a new flow while this host's link to
-    /// it still carries connections.
+    /// it still carries connections (a direct connection's setup, which
+    /// takes the link listens name).
     #[error("the other relay listens at {target}, not on this host's link to it ({link}): retry once that link times out")]
     Stale {
         /// The target of the connect.
@@ -117,6 +119,10 @@ pub(crate) enum OpenError {
 /// How long a listen waits for the other relay's flow, and then for
 /// the other relay's `OPEN` naming its connection.
 pub(crate) const ACCEPT_WAIT: Duration = Duration::from_secs(10);
+
+/// How often a listen waiting for the other relay's flow looks whether
+/// its connection's `OPEN` came on another link.
+const ACCEPT_POLL: Duration = Duration::from_millis(20);
 
 /// How long a request waits for the link while another request opens
 /// or closes it. A connect's reply comes within this, an xdp connect
@@ -222,7 +228,10 @@ pub(crate) fn listen(
     let (give, take) = mpsc::sync_channel(1);
     let pending = Pending { ends, give };
     let deadline = Instant::now() + STATE_WAIT;
-    match hub.enter(tcp_peer, deadline).map_err(before)? {
+    match hub
+        .enter(tcp_peer, Role::Listen, |_| true, deadline)
+        .map_err(before)?
+    {
         Some(link) => {
             let name = link.local_name.clone();
             link.touch();
@@ -232,7 +241,7 @@ pub(crate) fn listen(
         None => {
             let opened = open_listening(hub, &r.req, pending, (tcp_local, tcp_peer), client, asker);
             if let Err(f) = opened {
-                hub.forget(tcp_peer);
+                hub.forget(tcp_peer, Role::Listen);
                 return Err(f);
             }
         }
@@ -250,7 +259,8 @@ pub(crate) fn listen(
 
 /// Opens the link as its accepting side: an xdp listen on the relay's
 /// interface, the reply, the other relay's flow keyed from the relay
-/// key ([`LinkId::flow_key`]).
+/// key ([`LinkId::flow_key`]); or none, when the connection's `OPEN`
+/// comes first on a link a connect of this relay opened meanwhile.
 pub(crate) fn open_listening(
     hub: &Arc<Hub>,
     req: &RelayRequest,
@@ -278,9 +288,28 @@ pub(crate) fn open_listening(
         hub.abandon(&key);
         after(why)
     };
-    let mut flow = l
-        .accept(ACCEPT_WAIT)
-        .map_err(|e| fail(OpenError::XdpAccept(e)))?;
+    let t0 = Instant::now();
+    let mut flow = loop {
+        match l.accept(ACCEPT_POLL) {
+            Ok(flow) => break flow,
+            Err(TransportError::AcceptTimeout { transport, .. }) => {
+                if !hub.waiting(&key) {
+                    // Its OPEN came on a link this relay opened to the
+                    // other meanwhile (both listened, then connected to
+                    // each other): that link serves, no flow comes here.
+                    hub.forget(tcp_peer, Role::Listen);
+                    return Ok(());
+                }
+                if t0.elapsed() >= ACCEPT_WAIT {
+                    return Err(fail(OpenError::XdpAccept(TransportError::AcceptTimeout {
+                        transport,
+                        timeout_ms: ACCEPT_WAIT.as_millis(),
+                    })));
+                }
+            }
+            Err(e) => return Err(fail(OpenError::XdpAccept(e))),
+        }
+    };
     drop(l);
     flow.bind_session(&FlowKey::from_bytes(link_key))
         .map_err(|e| fail(OpenError::Keying(e)))?;
@@ -288,8 +317,8 @@ pub(crate) fn open_listening(
     Ok(())
 }
 
-/// The connecting side: opens the connection on the link to the
-/// target's host (opening the link if it is down), once the target
+/// The connecting side: opens the connection on the link that ends at
+/// the target (opening it if there is none), once the target
 /// passed the relay's rules ([`policy::check_target`]: on the
 /// interface's subnet, at the neighbour table's MAC).
 pub(crate) fn connect(
@@ -318,41 +347,31 @@ pub(crate) fn connect(
     let link_id = LinkId::of_request(&r.req, &own, tcp_local, tcp_peer).map_err(before)?;
     let mut parts = Some(ends);
     let deadline = Instant::now() + STATE_WAIT;
+    // The link that ends at the target; another link to that host (one
+    // crossing it, or one the other relay lost) does not serve.
+    let fits = |l: &Link| l.peer_ip == t.ip && l.flow_id == t.flow;
+    hub.close_stale(tcp_peer, fits);
     loop {
-        let up = hub.enter(tcp_peer, deadline).map_err(before)?;
+        let up = hub
+            .enter(tcp_peer, Role::Connect, fits, deadline)
+            .map_err(before)?;
         let link = match up {
             Some(l) => l,
             None => match open_connecting(hub, t, target, &link_id, tcp_peer, asker) {
                 Ok(l) => l,
                 Err(why) => {
-                    hub.forget(tcp_peer);
+                    hub.forget(tcp_peer, Role::Connect);
                     return Err(before(why));
                 }
             },
         };
-        if link.peer_ip != t.ip || link.flow_id != t.flow {
-            // The other relay listens on a new flow (or another
-            // interface): it lost this
-            // link (restarted, or timed it out). An idle link is
-            // closed at once; one still carrying connections is
-            // left to its timeout rather than broken on one
-            // request's word.
-            if !link.idle() {
-                return Err(before(OpenError::Stale {
-                    target: target.clone(),
-                    link: link.peer_name.clone(),
-                }));
+        match link.open_conn(*key, &mut parts) {
+            Ok(conn) => {
+                reply(client, &RelayReply::Ok("-".into()));
+                return Ok((conn, link));
             }
-            link.shut("the other relay listens anew: the link is stale");
-        } else {
-            match link.open_conn(*key, &mut parts) {
-                Ok(conn) => {
-                    reply(client, &RelayReply::Ok("-".into()));
-                    return Ok((conn, link));
-                }
-                Err(None) => {}
-                Err(Some(why)) => return Err(before(why)),
-            }
+            Err(None) => {}
+            Err(Some(why)) => return Err(before(why)),
         }
         if Instant::now() >= deadline {
             return Err(before(HubError::NotUp));
