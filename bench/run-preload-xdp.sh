@@ -14,9 +14,13 @@
 # Then, when sockperf is installed (LATENCY=0 skips it), a small request
 # and response across the two hosts: sockperf's TCP ping-pong (14-byte
 # messages, 3 s) over the kernel's TCP and under `netgap wrap -t xdp`
-# through a `netgap relay` in each host's namespace, with sockperf
-# waiting in epoll, poll and select (`-F`), beside netgap's own xdp and
-# tcp in event mode (`run pingpong -s 1`); one-way µs, ROUNDS rounds.
+# with a `netgap relay` in each host's namespace, on the library's direct
+# connections (an AF_XDP socket of the program's own,
+# NETGAP_PRELOAD_DIRECT=1) and through the relays
+# (NETGAP_PRELOAD_DIRECT=0), with sockperf waiting in epoll, poll and
+# select (`-F`; select only through the relays), beside netgap's own xdp
+# in event and poll mode and tcp in event mode (`run pingpong -s 1`);
+# one-way µs, ROUNDS rounds.
 #
 # usage: sudo bench/run-preload-xdp.sh [SECONDS] [CONNECTIONS]   (default 3 s, 4)
 #        ROUNDS=3 PROFILE=release LATENCY=1 bench/run-preload-xdp.sh
@@ -122,14 +126,19 @@ for side in "$ns1 $if1 $ip2" "$ns2 $if2 $ip1"; do
 done
 sleep 0.5
 port=$((30000 + RANDOM % 10000))
-# One sockperf ping-pong: STACK (tcp or xdp), MUX (epoll, poll or select)
-# and the server's PORT (a fresh one each time: a closed server's port may
-# still be held); prints its mean one-way µs.
+# One sockperf ping-pong: STACK (tcp, direct: under the library on its
+# direct connections, or relay: under the library through the relays),
+# MUX (epoll, poll or select) and the server's PORT (a fresh one each
+# time: a closed server's port may still be held); prints its mean
+# one-way µs.
 sockperf_pp() {
     local stack=$1 mux=$2 port=$3 wrap=() feed=$dir/feed args srv
     echo "T:$ip2:$port" >"$feed"
     if [ "$mux" = epoll ]; then args=(--tcp -i "$ip2" -p "$port"); else args=(-f "$feed" -F "$mux"); fi
-    [ "$stack" = tcp ] || wrap=("$netgap" wrap -t xdp --)
+    case $stack in
+    direct) wrap=(env NETGAP_PRELOAD_DIRECT=1 "$netgap" wrap -t xdp --) ;;
+    relay) wrap=(env NETGAP_PRELOAD_DIRECT=0 "$netgap" wrap -t xdp --) ;;
+    esac
     ip netns exec "$ns2" ${wrap[@]+"${wrap[@]}"} sockperf server "${args[@]}" >"$dir/sps.log" 2>&1 &
     srv=$!
     sleep 0.7
@@ -138,25 +147,31 @@ sockperf_pp() {
     kill "$srv" 2>/dev/null || true
     wait "$srv" 2>/dev/null || true
 }
-# netgap's own pingpong over STACK in event mode, 1 byte: mean one-way µs.
+# netgap's own pingpong over STACK in MODE (event or poll), 1 byte: mean
+# one-way µs.
 netgap_pp() {
-    local json=$dir/pp-$1.jsonl
+    local json=$dir/pp-$1-$2.jsonl
     rm -f "$json"
-    "$netgap" run pingpong -t "$1" --mode event -s 1 --hosts "$hosts" --reps 3 --rep-time 1s \
+    "$netgap" run pingpong -t "$1" --mode "$2" -s 1 --hosts "$hosts" --reps 3 --rep-time 1s \
         --json "$json" >/dev/null 2>&1 || { echo "-"; return; }
     python3 -c 'import json, sys; r = json.loads(open(sys.argv[1]).readline()); print(round(r["value"], 1))' "$json"
 }
 echo
-echo "a 14-byte request and response across the hosts, one-way µs (sockperf mean; netgap's event mode):"
-printf '%-6s %10s %10s %10s %12s %12s %12s\n' round "tcp" "xdp epoll" "xdp poll" "xdp select" "netgap xdp" "netgap tcp"
+echo "a 14-byte request and response across the hosts, one-way µs (sockperf mean; netgap's event and poll mode):"
+runs=("tcp epoll" "direct epoll" "direct poll" "relay epoll" "relay poll" "relay select")
+printf '%-6s' round
+for run in "${runs[@]}"; do printf ' %13s' "$run"; done
+printf ' %13s %13s %13s\n' "netgap xdp ev" "netgap xdp pl" "netgap tcp ev"
 for r in $(seq "$rounds"); do
     row=()
-    for run in "tcp epoll" "xdp epoll" "xdp poll" "xdp select"; do
+    for run in "${runs[@]}"; do
         port=$((port + 1))
         # shellcheck disable=SC2086 # stack and multiplexer, two words
         row+=("$(sockperf_pp $run "$port")")
     done
-    printf '%-6s %10s %10s %10s %12s %12s %12s\n' "$r" "${row[@]}" "$(netgap_pp xdp)" "$(netgap_pp tcp)"
+    printf '%-6s' "$r"
+    printf ' %13s' "${row[@]}" "$(netgap_pp xdp event)" "$(netgap_pp xdp poll)" "$(netgap_pp tcp event)"
+    printf '\n'
 done
 stop_relays
 echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"
