@@ -69,6 +69,23 @@ pub(crate) struct Conn {
     /// gone and ends the connection). A relayed connector's offer sets it
     /// once the listener answered and the relay took the connection.
     bell: AtomicI32,
+    /// The offer went direct: set under the writers' lock, after the
+    /// bytes in the ring went out on the direct connection, so a writer
+    /// that found this connection in the table before the switch writes
+    /// on the direct connection, after those bytes, never into the ring
+    /// nobody reads any more.
+    #[cfg(feature = "xdp")]
+    direct: std::sync::OnceLock<std::sync::Arc<crate::direct::Direct>>,
+}
+
+/// Where a write on a connection went.
+pub(crate) enum Sent {
+    /// Into the ring: this many bytes.
+    Bytes(usize),
+    /// Nowhere yet: the connection went direct (see [`Conn::went_direct`]);
+    /// the write is the direct connection's.
+    #[cfg(feature = "xdp")]
+    Direct(std::sync::Arc<crate::direct::Direct>),
 }
 
 /// Why the bytes a connector wrote before a refused offer did not go out
@@ -168,6 +185,8 @@ impl Conn {
             corrupt_logged: AtomicBool::new(false),
             region_fd: AtomicI32::new(region_fd),
             bell: AtomicI32::new(-1),
+            #[cfg(feature = "xdp")]
+            direct: std::sync::OnceLock::new(),
         }
     }
 
@@ -317,16 +336,37 @@ impl Conn {
         })
     }
 
-    /// The relays gave the connection a direct path of its own: the offer
-    /// ends and what the program wrote into the ring meanwhile is taken
-    /// back, to go first on the direct connection.
+    /// The relays gave the connection the direct path `d`: the offer
+    /// ends, what the program wrote into the ring meanwhile goes out first
+    /// on `d`, and from then on every write on this connection is `d`'s
+    /// ([`Sent::Direct`]). All of it under the writers' lock, so a writer
+    /// racing the switch either put its bytes in the ring before (they go
+    /// out here) or finds the switch made (it sends after them). Err: the
+    /// ring's bytes did not go out.
     #[cfg(feature = "xdp")]
-    pub(crate) fn offer_went_direct(&self) -> Result<Vec<u8>, GiveBackError> {
+    pub(crate) fn offer_went_direct(
+        &self,
+        d: &std::sync::Arc<crate::direct::Direct>,
+    ) -> Result<(), GiveBackError> {
         let _w = self.write_lock.lock().unwrap_or_else(|p| p.into_inner());
+        // Before the offer ends: a reader that sees it ended finds the
+        // direct connection (`Conn::went_direct`), not the ring.
+        let _ = self.direct.set(d.clone());
         self.offered.store(false, Ordering::SeqCst);
-        self.channel
+        let bytes = self
+            .channel
             .take_unsent()
-            .map_err(|Corrupt| GiveBackError::Corrupt)
+            .map_err(|Corrupt| GiveBackError::Corrupt)?;
+        d.send_first(&bytes).map_err(|e| GiveBackError::Send {
+            bytes: bytes.len(),
+            why: std::io::Error::from_raw_os_error(e),
+        })
+    }
+
+    /// The direct connection this offered connection went to, if it did.
+    #[cfg(feature = "xdp")]
+    pub(crate) fn went_direct(&self) -> Option<std::sync::Arc<crate::direct::Direct>> {
+        self.direct.get().cloned()
     }
 
     /// The program sets a TCP option: `TCP_NODELAY` and `TCP_CORK` are
@@ -690,7 +730,8 @@ impl Conn {
     }
 
     /// `send` of `iov` on the channel: as much as fits, else EAGAIN or a
-    /// wait for space; EPIPE once the peer is gone.
+    /// wait for space; EPIPE once the peer is gone; nothing when the
+    /// connection went direct meanwhile ([`Sent::Direct`]).
     ///
     /// # Safety
     ///
@@ -700,10 +741,10 @@ impl Conn {
         fd: c_int,
         iov: &[libc::iovec],
         flags: c_int,
-    ) -> Result<usize, Errno> {
+    ) -> Result<Sent, Errno> {
         let want: usize = iov.iter().map(|v| v.iov_len).sum();
         if want == 0 {
-            return Ok(0);
+            return Ok(Sent::Bytes(0));
         }
         let dontwait = flags & libc::MSG_DONTWAIT != 0;
         self.send_with(fd, dontwait, |ch| {
@@ -713,16 +754,17 @@ impl Conn {
     }
 
     /// `sendfile` from `in_fd` (at `*offset`, or its file position) of at
-    /// most `count` bytes, read straight into the ring.
+    /// most `count` bytes, read straight into the ring ([`Sent::Direct`]
+    /// when the connection went direct meanwhile: nothing read).
     pub(crate) fn sendfile(
         &self,
         fd: c_int,
         in_fd: c_int,
         offset: Option<&mut libc::off_t>,
         count: usize,
-    ) -> Result<usize, Errno> {
+    ) -> Result<Sent, Errno> {
         if count == 0 {
-            return Ok(0);
+            return Ok(Sent::Bytes(0));
         }
         let mut offset = offset;
         self.send_with(fd, false, |ch| {
@@ -754,7 +796,7 @@ impl Conn {
         fd: c_int,
         dontwait: bool,
         mut put: impl FnMut(&Channel) -> Result<std::io::Result<Moved>, Corrupt>,
-    ) -> Result<usize, Errno> {
+    ) -> Result<Sent, Errno> {
         if self.wr_shut.load(Ordering::Relaxed) {
             return Err(libc::EPIPE);
         }
@@ -763,13 +805,17 @@ impl Conn {
         loop {
             {
                 let g = self.write_lock.lock().unwrap_or_else(|p| p.into_inner());
+                #[cfg(feature = "xdp")]
+                if let Some(d) = self.direct.get() {
+                    return Ok(Sent::Direct(d.clone()));
+                }
                 let m = put(&self.channel)
                     .map_err(|Corrupt| self.corrupt(fd))?
                     .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
                 if m.bytes > 0 {
                     self.sent_bytes.fetch_add(m.bytes as u64, Ordering::Relaxed);
                     self.ring_moved(fd, &m);
-                    return Ok(m.bytes);
+                    return Ok(Sent::Bytes(m.bytes));
                 }
                 if !self.channel.tx_full().map_err(|Corrupt| self.corrupt(fd))? {
                     // Room now: either the input file ended, or the ring
@@ -778,7 +824,7 @@ impl Conn {
                     // `put` sees the room: nothing moved then is the end
                     // of the input file.
                     if had_room {
-                        return Ok(0);
+                        return Ok(Sent::Bytes(0));
                     }
                     had_room = true;
                     continue;
