@@ -4,6 +4,8 @@
  *   direct execserver PORT ROUNDS STREAM_BYTES   (execs after the rounds:
  *     the new image must see the connection's end, not wait on it)
  *   direct client IP PORT ROUNDS STREAM_BYTES
+ *   direct selectclient IP PORT ROUNDS STREAM_BYTES   (waits in select
+ *     for each read: the connection must say it is readable there)
  *   direct threadclient IP PORT 0 STREAM_BYTES   (a second thread writes
  *     the stream in small pieces from the moment connect returns, while
  *     the connection is still being offered and while it goes direct)
@@ -17,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/select.h>
 #include <sys/socket.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -40,8 +43,28 @@ static void put_all(int fd, const unsigned char *b, size_t n) {
     }
 }
 
+/* Set: every read first waits in select (5 s at most) for the descriptor
+ * to be readable. */
+static int select_first;
+
+static void wait_readable(int fd) {
+    fd_set rs;
+    FD_ZERO(&rs);
+    FD_SET(fd, &rs);
+    struct timeval tv = {.tv_sec = 5};
+    int r = select(fd + 1, &rs, NULL, NULL, &tv);
+    if (r < 0)
+        die("select");
+    if (r == 0 || !FD_ISSET(fd, &rs)) {
+        fprintf(stderr, "select: not readable within 5 s\n");
+        exit(1);
+    }
+}
+
 static void get_all(int fd, unsigned char *b, size_t n) {
     while (n > 0) {
+        if (select_first)
+            wait_readable(fd);
         ssize_t r = read(fd, b, n);
         if (r < 0 && errno == EINTR)
             continue;
@@ -139,6 +162,7 @@ int main(int argc, char **argv) {
     int forks = strcmp(argv[1], "forkserver") == 0;
     int server = forks || execs || strcmp(argv[1], "server") == 0;
     int threaded = strcmp(argv[1], "threadclient") == 0;
+    select_first = strcmp(argv[1], "selectclient") == 0;
     int at = server ? 2 : 3;
     int port = atoi(argv[at]);
     long rounds = atol(argv[at + 1]);

@@ -274,6 +274,42 @@ fn bytes_written_by_another_thread_while_the_offer_goes_direct_all_arrive_in_ord
     tb.assert_gone();
 }
 
+/// A regression test: `select` on a direct connection watched its kernel
+/// socket, which never becomes readable, so a client waiting in select
+/// for each read never read.
+#[test]
+fn a_client_that_waits_in_select_for_each_read_sees_its_direct_connection_readable() {
+    let test = "a_client_that_waits_in_select_for_each_read_sees_its_direct_connection_readable";
+    if !system_ready(test) || !common::installed(test, &[("/usr/bin/cc", "gcc")]) {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let exe = common::build_c(dir.path(), "direct", include_str!("preload_direct.c"), "cc");
+    let (tb, _) = Testbed::up("pdirsel", &["--hosts", "2", "--links", "2"]);
+    let key = common::new_key_file(dir.path(), "relay.key");
+    let relays = relays(&tb, &key, dir.path(), &[]);
+    let ends = pair(
+        &tb,
+        &exe,
+        dir.path(),
+        "7706",
+        ["server", "selectclient"],
+        "200",
+    );
+    let relay_logs = all_logs(&relays);
+    check_ok(&ends, &relay_logs);
+    let [(_, server), (_, client)] = &ends;
+    assert!(
+        client.contains("connection to port 7706 moved to direct on queue")
+            && server.contains("accepted connection moved to direct on queue"),
+        "the client:\n{client}\nthe server:\n{server}\nthe relays:\n{relay_logs}"
+    );
+    drop(relays);
+    tb.assert_no_relay();
+    tb.down();
+    tb.assert_gone();
+}
+
 #[test]
 fn a_relay_with_no_direct_keeps_the_connection_on_the_relays_path_at_both_ends() {
     let test = "a_relay_with_no_direct_keeps_the_connection_on_the_relays_path_at_both_ends";
