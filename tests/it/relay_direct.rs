@@ -564,9 +564,10 @@ fn a_connect_past_its_users_cap_refuses_the_accepting_side_at_once() {
     .join()
     .expect("the connecting side");
     let (second, waited) = accepting.join().expect("the accepting side");
-    assert_eq!(
-        connecting,
-        "refused: this uid holds 1 direct queues already, the most it may (--max-direct-per-uid)"
+    // The reply's text is cut to its record's size.
+    assert!(
+        connecting.starts_with("refused: this uid holds 1 direct queues already"),
+        "{connecting}"
     );
     assert_eq!(
         second,
