@@ -4,15 +4,22 @@
  *   direct execserver PORT ROUNDS STREAM_BYTES   (execs after the rounds:
  *     the new image must see the connection's end, not wait on it)
  *   direct client IP PORT ROUNDS STREAM_BYTES
+ *   direct selectclient IP PORT ROUNDS STREAM_BYTES   (waits in select
+ *     for each read: the connection must say it is readable there)
+ *   direct threadclient IP PORT 0 STREAM_BYTES   (a second thread writes
+ *     the stream in small pieces from the moment connect returns, while
+ *     the connection is still being offered and while it goes direct)
  * Every byte is checked; the client prints the median round trip. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/select.h>
 #include <sys/socket.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -36,8 +43,28 @@ static void put_all(int fd, const unsigned char *b, size_t n) {
     }
 }
 
+/* Set: every read first waits in select (5 s at most) for the descriptor
+ * to be readable. */
+static int select_first;
+
+static void wait_readable(int fd) {
+    fd_set rs;
+    FD_ZERO(&rs);
+    FD_SET(fd, &rs);
+    struct timeval tv = {.tv_sec = 5};
+    int r = select(fd + 1, &rs, NULL, NULL, &tv);
+    if (r < 0)
+        die("select");
+    if (r == 0 || !FD_ISSET(fd, &rs)) {
+        fprintf(stderr, "select: not readable within 5 s\n");
+        exit(1);
+    }
+}
+
 static void get_all(int fd, unsigned char *b, size_t n) {
     while (n > 0) {
+        if (select_first)
+            wait_readable(fd);
         ssize_t r = read(fd, b, n);
         if (r < 0 && errno == EINTR)
             continue;
@@ -77,6 +104,27 @@ static void check_stream(int fd, size_t n, int seed) {
     free(b);
 }
 
+struct writer {
+    int fd;
+    size_t n;
+};
+
+/* Writes stream 1 in 1 KiB pieces, so writes keep coming while the
+ * library switches the connection from the offered ring to its direct
+ * path. */
+static void *write_pieces(void *arg) {
+    struct writer *w = arg;
+    unsigned char piece[1024];
+    for (size_t at = 0; at < w->n;) {
+        size_t k = w->n - at < sizeof piece ? w->n - at : sizeof piece;
+        for (size_t j = 0; j < k; j++)
+            piece[j] = pattern(at + j, 1);
+        put_all(w->fd, piece, k);
+        at += k;
+    }
+    return NULL;
+}
+
 static int cmp(const void *a, const void *b) {
     long x = *(const long *)a, y = *(const long *)b;
     return (x > y) - (x < y);
@@ -113,6 +161,8 @@ int main(int argc, char **argv) {
     int execs = strcmp(argv[1], "execserver") == 0;
     int forks = strcmp(argv[1], "forkserver") == 0;
     int server = forks || execs || strcmp(argv[1], "server") == 0;
+    int threaded = strcmp(argv[1], "threadclient") == 0;
+    select_first = strcmp(argv[1], "selectclient") == 0;
     int at = server ? 2 : 3;
     int port = atoi(argv[at]);
     long rounds = atol(argv[at + 1]);
@@ -158,6 +208,23 @@ int main(int argc, char **argv) {
                 die("connect");
             usleep(50000);
         }
+    }
+    if (threaded) {
+        struct writer w = {.fd = fd, .n = stream};
+        pthread_t t;
+        if (pthread_create(&t, NULL, write_pieces, &w))
+            die("pthread_create");
+        check_stream(fd, stream, 2);
+        pthread_join(t, NULL);
+        shutdown(fd, SHUT_WR);
+        unsigned char x;
+        if (read(fd, &x, 1) != 0) {
+            fprintf(stderr, "no end of stream from the peer\n");
+            return 1;
+        }
+        close(fd);
+        printf("direct: ok\n");
+        return 0;
     }
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     long *rtt = calloc((size_t)rounds + 1, sizeof *rtt);

@@ -131,6 +131,20 @@ fn ping_pong_as(
     port: &str,
     mode: &str,
 ) -> [(Ran, String); 2] {
+    pair(tb, exe, dir, port, [mode, "client"], ROUNDS)
+}
+
+/// The server `modes[0]` and the client `modes[1]` of `preload_direct.c`
+/// between the two hosts of `tb`, `rounds` of ping-pong then the streams:
+/// the server's and the client's output and library logs.
+fn pair(
+    tb: &Testbed,
+    exe: &Path,
+    dir: &Path,
+    port: &str,
+    modes: [&str; 2],
+    rounds: &str,
+) -> [(Ran, String); 2] {
     let hosts = tb.hosts();
     let (h1, h2) = (&hosts.hosts[0], &hosts.hosts[1]);
     let server_log = dir.join("library-server.log");
@@ -139,7 +153,7 @@ fn ping_pong_as(
         tb,
         &h2.name,
         exe,
-        &[mode, port, ROUNDS, STREAM_BYTES],
+        &[modes[0], port, rounds, STREAM_BYTES],
         &server_log,
     );
     let rest = listening(&mut server);
@@ -148,7 +162,7 @@ fn ping_pong_as(
         tb,
         &h1.name,
         exe,
-        &["client", &ip, port, ROUNDS, STREAM_BYTES],
+        &[modes[1], &ip, port, rounds, STREAM_BYTES],
         &client_log,
     );
     let c = ended(client, None);
@@ -218,6 +232,78 @@ fn a_ping_pong_and_a_stream_across_hosts_go_direct_at_both_ends_with_every_byte_
         );
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
+    drop(relays);
+    tb.assert_no_relay();
+    tb.down();
+    tb.assert_gone();
+}
+
+/// A regression test: a thread writing while the connector's offer went
+/// direct put its bytes into the ring after the ring's bytes were taken
+/// to go first on the direct connection, and they were lost.
+#[test]
+fn bytes_written_by_another_thread_while_the_offer_goes_direct_all_arrive_in_order() {
+    let test = "bytes_written_by_another_thread_while_the_offer_goes_direct_all_arrive_in_order";
+    if !system_ready(test) || !common::installed(test, &[("/usr/bin/cc", "gcc")]) {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let exe = common::build_c(dir.path(), "direct", include_str!("preload_direct.c"), "cc");
+    let (tb, _) = Testbed::up("pdirrace", &["--hosts", "2", "--links", "2"]);
+    let key = common::new_key_file(dir.path(), "relay.key");
+    let relays = relays(&tb, &key, dir.path(), &[]);
+    let ends = pair(
+        &tb,
+        &exe,
+        dir.path(),
+        "7705",
+        ["server", "threadclient"],
+        "0",
+    );
+    let relay_logs = all_logs(&relays);
+    check_ok(&ends, &relay_logs);
+    let [(_, server), (_, client)] = &ends;
+    assert!(
+        client.contains("connection to port 7705 moved to direct on queue")
+            && server.contains("accepted connection moved to direct on queue"),
+        "the client:\n{client}\nthe server:\n{server}\nthe relays:\n{relay_logs}"
+    );
+    drop(relays);
+    tb.assert_no_relay();
+    tb.down();
+    tb.assert_gone();
+}
+
+/// A regression test: `select` on a direct connection watched its kernel
+/// socket, which never becomes readable, so a client waiting in select
+/// for each read never read.
+#[test]
+fn a_client_that_waits_in_select_for_each_read_sees_its_direct_connection_readable() {
+    let test = "a_client_that_waits_in_select_for_each_read_sees_its_direct_connection_readable";
+    if !system_ready(test) || !common::installed(test, &[("/usr/bin/cc", "gcc")]) {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let exe = common::build_c(dir.path(), "direct", include_str!("preload_direct.c"), "cc");
+    let (tb, _) = Testbed::up("pdirsel", &["--hosts", "2", "--links", "2"]);
+    let key = common::new_key_file(dir.path(), "relay.key");
+    let relays = relays(&tb, &key, dir.path(), &[]);
+    let ends = pair(
+        &tb,
+        &exe,
+        dir.path(),
+        "7706",
+        ["server", "selectclient"],
+        "200",
+    );
+    let relay_logs = all_logs(&relays);
+    check_ok(&ends, &relay_logs);
+    let [(_, server), (_, client)] = &ends;
+    assert!(
+        client.contains("connection to port 7706 moved to direct on queue")
+            && server.contains("accepted connection moved to direct on queue"),
+        "the client:\n{client}\nthe server:\n{server}\nthe relays:\n{relay_logs}"
+    );
     drop(relays);
     tb.assert_no_relay();
     tb.down();

@@ -512,6 +512,72 @@ fn a_direct_connection_gets_one_queue_at_both_ends_freed_when_its_program_hangs_
     drop((r1, r2));
 }
 
+/// A regression test: past the connecting side's cap its relay refused
+/// its program before offering, and the accepting side's relay waited out
+/// its 3 s for an offer that never came, with its program (a server's
+/// event loop) waiting inside its call.
+#[test]
+fn a_connect_past_its_users_cap_refuses_the_accepting_side_at_once() {
+    let test = "a_connect_past_its_users_cap_refuses_the_accepting_side_at_once";
+    if !system_ready(test) {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let bed = Bed::up("ngrdc", 95);
+    let key = common::new_key_file(dir.path(), "relay.key");
+    let r1 = Relay::start(&bed, 1, &key, dir.path(), &["--max-direct-per-uid", "1"]);
+    let r2 = Relay::start(&bed, 2, &key, dir.path(), &[]);
+    // The connecting side's user holds its one queue.
+    let held = both_sides(&bed, [0x51; 32]);
+
+    let (connector, accepted) = tcp_pair(&bed);
+    let (target_tx, target_rx) = mpsc::channel::<String>();
+    let accepting = in_ns(&bed.ns(2), move || {
+        let sock = relay_socket();
+        let req = DirectRequest {
+            key: [0x52; 32],
+            role: DirectRole::Accept,
+        };
+        send_request(&sock, &req, accepted.as_raw_fd());
+        let first = reply(&sock, Duration::from_secs(10));
+        let target = first
+            .strip_prefix("ok: ")
+            .unwrap_or_else(|| panic!("the accept's first reply: {first}"))
+            .to_string();
+        let t0 = Instant::now();
+        target_tx.send(target).expect("the target to the connector");
+        let second = reply(&sock, Duration::from_secs(10));
+        (second, t0.elapsed())
+    });
+    let target = target_rx
+        .recv_timeout(Duration::from_secs(15))
+        .expect("the accepting relay's target");
+    let connecting = in_ns(&bed.ns(1), move || {
+        let sock = relay_socket();
+        let req = DirectRequest {
+            key: [0x52; 32],
+            role: DirectRole::Connect { target },
+        };
+        send_request(&sock, &req, connector.as_raw_fd());
+        reply(&sock, Duration::from_secs(10))
+    })
+    .join()
+    .expect("the connecting side");
+    let (second, waited) = accepting.join().expect("the accepting side");
+    // The reply's text is cut to its record's size.
+    assert!(
+        connecting.starts_with("refused: this uid holds 1 direct queues already"),
+        "{connecting}"
+    );
+    assert_eq!(
+        second,
+        "refused: the other relay has no queue for the connection"
+    );
+    assert!(waited < Duration::from_millis(1500), "{waited:?}");
+    drop(held);
+    drop((r1, r2));
+}
+
 /// The helper run as another user (65534) in namespace 1: makes a TCP
 /// connection to `DIRECT_PEER` while still root, drops root, and asks the
 /// relay for a direct connection with that socket; prints the reply.

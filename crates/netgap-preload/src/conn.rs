@@ -11,7 +11,6 @@ use crate::real;
 use libc::c_int;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::Mutex;
-use thiserror::Error;
 
 /// A taken-over connection.
 pub(crate) struct Conn {
@@ -69,24 +68,27 @@ pub(crate) struct Conn {
     /// gone and ends the connection). A relayed connector's offer sets it
     /// once the listener answered and the relay took the connection.
     bell: AtomicI32,
+    /// The offer went direct: set under the writers' lock, after the
+    /// bytes in the ring went out on the direct connection, so a writer
+    /// that found this connection in the table before the switch writes
+    /// on the direct connection, after those bytes, never into the ring
+    /// nobody reads any more.
+    #[cfg(feature = "xdp")]
+    direct: std::sync::OnceLock<std::sync::Arc<crate::direct::Direct>>,
 }
 
-/// Why the bytes a connector wrote before a refused offer did not go out
-/// on the kernel socket.
-#[derive(Debug, Error)]
-pub(crate) enum GiveBackError {
-    /// The ring they sat in was corrupt.
-    #[error("the ring was corrupt")]
-    Corrupt,
-    /// The kernel socket did not take them.
-    #[error("sending the {bytes} bytes written before the answer: {why}")]
-    Send {
-        /// How many bytes were to go.
-        bytes: usize,
-        /// The socket's error.
-        why: std::io::Error,
-    },
+/// Where a write on a connection went.
+pub(crate) enum Sent {
+    /// Into the ring: this many bytes.
+    Bytes(usize),
+    /// Nowhere yet: the connection went direct (see [`Conn::went_direct`]);
+    /// the write is the direct connection's.
+    #[cfg(feature = "xdp")]
+    Direct(std::sync::Arc<crate::direct::Direct>),
 }
+
+mod offer;
+pub(crate) use offer::{Offer, OfferPath, RelayOffer};
 
 /// How long a closing end waits for doorbells already on their way to it.
 const QUIESCE_LIMIT: std::time::Duration = std::time::Duration::from_millis(20);
@@ -168,6 +170,8 @@ impl Conn {
             corrupt_logged: AtomicBool::new(false),
             region_fd: AtomicI32::new(region_fd),
             bell: AtomicI32::new(-1),
+            #[cfg(feature = "xdp")]
+            direct: std::sync::OnceLock::new(),
         }
     }
 
@@ -207,126 +211,6 @@ impl Conn {
         let _ = self
             .region_fd
             .compare_exchange(fd, -1, Ordering::AcqRel, Ordering::Relaxed);
-    }
-
-    /// A connector's connection whose hello went out and whose answers
-    /// are still to come (see [`Conn::offered`]).
-    /// `port` names the destination in the log; `path` holds what the
-    /// answer's data path needs.
-    pub(crate) fn new_offered(
-        fd: c_int,
-        channel: Channel,
-        nonblocking: bool,
-        (port, path): (u16, OfferPath),
-        region_fd: c_int,
-    ) -> Conn {
-        let c = Conn::new(fd, channel, Role::Connector, nonblocking, region_fd);
-        c.offered.store(true, Ordering::SeqCst);
-        *c.offer.lock().unwrap_or_else(|p| p.into_inner()) = Some(Offer { port, path });
-        c
-    }
-
-    /// Whether the listener's answer is still to be read.
-    pub(crate) fn offered(&self) -> bool {
-        self.offered.load(Ordering::Acquire)
-    }
-
-    /// Holds the offer's lock: `Some` while an answer is still to be
-    /// read; the caller reads it, sets the offer to None once it ends, and
-    /// ends it with [`Conn::offer_accepted`], [`Conn::offer_refused`] or
-    /// [`Conn::offer_dropped`].
-    pub(crate) fn offer_lock(&self) -> std::sync::MutexGuard<'_, Option<Offer>> {
-        self.offer.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Whether the connection is offered through the relays (its answer
-    /// is awaited before the program's close or shutdown: the relay must
-    /// take the bytes in the ring first).
-    pub(crate) fn offered_via_relay(&self) -> bool {
-        self.offered()
-            && matches!(
-                self.offer_lock().as_ref().map(|o| &o.path),
-                Some(OfferPath::Relay(_))
-            )
-    }
-
-    /// The relay took the connection, reached on `bell` (which the
-    /// connection now owns): set before the offer ends, so the first
-    /// doorbell goes to the relay.
-    pub(crate) fn set_bell(&self, bell: c_int) {
-        self.bell.store(bell, Ordering::SeqCst);
-    }
-
-    /// Sends the offer's `hello` on the kernel socket `fd` (to `port`,
-    /// for the log). Err: it did not go out whole, so the byte stream is
-    /// no longer the program's: the offer is dropped and the socket shut
-    /// down, and `connect` fails with that errno rather than carry
-    /// corrupt data.
-    pub(crate) fn send_hello(&self, fd: c_int, port: u16, hello: &[u8]) -> Result<(), Errno> {
-        let Err(err) = crate::exchange::send_all(fd, hello) else {
-            return Ok(());
-        };
-        log_line!(
-            "fd {fd}: connection to port {port} fails (ECONNRESET): sending the hello: {}",
-            std::io::Error::from_raw_os_error(err)
-        );
-        self.offer_dropped();
-        // SAFETY: a plain shutdown of the program's socket; `shutdown` is
-        // interposed, so the real one is called.
-        unsafe { real::shutdown()(fd, libc::SHUT_RDWR) };
-        Err(libc::ECONNRESET)
-    }
-
-    /// The offer broke: the connection is shut down, nothing is sent.
-    pub(crate) fn offer_dropped(&self) {
-        self.offered.store(false, Ordering::SeqCst);
-    }
-
-    /// The listener took the channel (or, relayed, the relay took the
-    /// connection): bytes the program wrote meanwhile are in the ring, and
-    /// one doorbell makes sure a reader already waiting for them is woken.
-    pub(crate) fn offer_accepted(&self, fd: c_int) {
-        self.offered.store(false, Ordering::SeqCst);
-        // A writer publishes, then checks `offered` (both SeqCst): either
-        // it saw the offer over and rang itself, or its bytes are seen
-        // here.
-        if self.channel.unsent().map_or(true, |n| n > 0) {
-            self.ring(fd);
-        }
-    }
-
-    /// The listener refused the channel: what the program wrote into the
-    /// ring meanwhile is sent over the kernel socket (where the listener's
-    /// program will read it), and the kernel socket's TCP options are the
-    /// program's again. Err: the bytes could not be sent.
-    pub(crate) fn offer_refused(&self, fd: c_int) -> Result<(), GiveBackError> {
-        let _w = self.write_lock.lock().unwrap_or_else(|p| p.into_inner());
-        self.offered.store(false, Ordering::SeqCst);
-        set_tcp_flag(fd, libc::TCP_NODELAY, self.nodelay.load(Ordering::Relaxed));
-        set_tcp_flag(fd, libc::TCP_CORK, self.cork.load(Ordering::Relaxed));
-        let bytes = self
-            .channel
-            .take_unsent()
-            .map_err(|Corrupt| GiveBackError::Corrupt)?;
-        if bytes.is_empty() {
-            return Ok(());
-        }
-        crate::exchange::send_all(fd, &bytes).map_err(|e| GiveBackError::Send {
-            bytes: bytes.len(),
-            why: std::io::Error::from_raw_os_error(e),
-        })
-    }
-
-    /// The relays gave the connection a direct path of its own: the offer
-    /// ends and what the program wrote into the ring meanwhile is taken
-    /// back, to go first on the direct connection.
-    #[cfg(feature = "xdp")]
-    pub(crate) fn offer_went_direct(&self) -> Result<Vec<u8>, GiveBackError> {
-        let _w = self.write_lock.lock().unwrap_or_else(|p| p.into_inner());
-        self.offered.store(false, Ordering::SeqCst);
-        self.channel
-            .take_unsent()
-            .map_err(|Corrupt| GiveBackError::Corrupt)
     }
 
     /// The program sets a TCP option: `TCP_NODELAY` and `TCP_CORK` are
@@ -690,7 +574,8 @@ impl Conn {
     }
 
     /// `send` of `iov` on the channel: as much as fits, else EAGAIN or a
-    /// wait for space; EPIPE once the peer is gone.
+    /// wait for space; EPIPE once the peer is gone; nothing when the
+    /// connection went direct meanwhile ([`Sent::Direct`]).
     ///
     /// # Safety
     ///
@@ -700,10 +585,10 @@ impl Conn {
         fd: c_int,
         iov: &[libc::iovec],
         flags: c_int,
-    ) -> Result<usize, Errno> {
+    ) -> Result<Sent, Errno> {
         let want: usize = iov.iter().map(|v| v.iov_len).sum();
         if want == 0 {
-            return Ok(0);
+            return Ok(Sent::Bytes(0));
         }
         let dontwait = flags & libc::MSG_DONTWAIT != 0;
         self.send_with(fd, dontwait, |ch| {
@@ -713,16 +598,17 @@ impl Conn {
     }
 
     /// `sendfile` from `in_fd` (at `*offset`, or its file position) of at
-    /// most `count` bytes, read straight into the ring.
+    /// most `count` bytes, read straight into the ring ([`Sent::Direct`]
+    /// when the connection went direct meanwhile: nothing read).
     pub(crate) fn sendfile(
         &self,
         fd: c_int,
         in_fd: c_int,
         offset: Option<&mut libc::off_t>,
         count: usize,
-    ) -> Result<usize, Errno> {
+    ) -> Result<Sent, Errno> {
         if count == 0 {
-            return Ok(0);
+            return Ok(Sent::Bytes(0));
         }
         let mut offset = offset;
         self.send_with(fd, false, |ch| {
@@ -754,7 +640,7 @@ impl Conn {
         fd: c_int,
         dontwait: bool,
         mut put: impl FnMut(&Channel) -> Result<std::io::Result<Moved>, Corrupt>,
-    ) -> Result<usize, Errno> {
+    ) -> Result<Sent, Errno> {
         if self.wr_shut.load(Ordering::Relaxed) {
             return Err(libc::EPIPE);
         }
@@ -763,13 +649,17 @@ impl Conn {
         loop {
             {
                 let g = self.write_lock.lock().unwrap_or_else(|p| p.into_inner());
+                #[cfg(feature = "xdp")]
+                if let Some(d) = self.direct.get() {
+                    return Ok(Sent::Direct(d.clone()));
+                }
                 let m = put(&self.channel)
                     .map_err(|Corrupt| self.corrupt(fd))?
                     .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
                 if m.bytes > 0 {
                     self.sent_bytes.fetch_add(m.bytes as u64, Ordering::Relaxed);
                     self.ring_moved(fd, &m);
-                    return Ok(m.bytes);
+                    return Ok(Sent::Bytes(m.bytes));
                 }
                 if !self.channel.tx_full().map_err(|Corrupt| self.corrupt(fd))? {
                     // Room now: either the input file ended, or the ring
@@ -778,7 +668,7 @@ impl Conn {
                     // `put` sees the room: nothing moved then is the end
                     // of the input file.
                     if had_room {
-                        return Ok(0);
+                        return Ok(Sent::Bytes(0));
                     }
                     had_room = true;
                     continue;
@@ -1077,65 +967,6 @@ fn spin_for(budget_ns: u128, ready: &mut impl FnMut() -> bool) -> bool {
             next_yield = spent + SPIN_YIELD_NS;
             // SAFETY: sched_yield has no preconditions.
             unsafe { libc::sched_yield() };
-        }
-    }
-}
-
-/// A connector's offer: the destination port (for the log) and what its
-/// data path needs once the listener answers.
-pub(crate) struct Offer {
-    pub(crate) port: u16,
-    pub(crate) path: OfferPath,
-}
-
-/// The data path a connector offered in its hello.
-pub(crate) enum OfferPath {
-    /// A listener on this host: the connection's mailbox, which the
-    /// listener reads the connector's credentials from (closed with the
-    /// offer).
-    Shm {
-        mailbox: Option<std::os::fd::OwnedFd>,
-    },
-    /// A listener on another host, through the relays.
-    Relay(RelayOffer),
-}
-
-/// What a relayed connector's offer holds for its relay's connect
-/// request, made once the listener answers: the host's relay held for
-/// the connection (its socket, closed with the offer unless the
-/// connection takes it as its bell), the flow key the hello carried, and
-/// the region the ring lives in, which the request hands to the relay.
-pub(crate) struct RelayOffer {
-    pub(crate) key: [u8; netgap_proto::preload::RELAY_KEY_BYTES],
-    pub(crate) ring_bytes: u32,
-    /// The socket to the relay; -1 once taken.
-    pub(crate) sock: c_int,
-    pub(crate) region: crate::region::Region,
-}
-
-impl RelayOffer {
-    /// Takes the relay socket out of the offer (it is no longer closed
-    /// with it).
-    pub(crate) fn take_sock(&mut self) -> c_int {
-        std::mem::replace(&mut self.sock, -1)
-    }
-}
-
-impl Drop for RelayOffer {
-    fn drop(&mut self) {
-        if self.sock >= 0 {
-            // SAFETY: the relay socket this offer owns, closed once.
-            unsafe { real::close()(self.sock) };
-        }
-    }
-}
-
-impl Drop for Offer {
-    fn drop(&mut self) {
-        if let OfferPath::Shm { mailbox } = &mut self.path {
-            if let Some(m) = mailbox.take() {
-                crate::unix::close(m);
-            }
         }
     }
 }

@@ -13,8 +13,10 @@
 //!   on a queue; each end gets the grant and the port in one datagram, or
 //!   a refusal. Both ends end up on the same path: the connector falls
 //!   back to the relayed connect only after a refusal, which its relay
-//!   gives before offering (the listener's relay then never sees an offer,
-//!   and refuses its `Accept` when its wait passes) or after the other
+//!   gives before offering (for its caps or a want of queues it then
+//!   offers no queue, on which the listener's relay refuses its `Accept`
+//!   at once; otherwise that relay never sees an offer, and refuses the
+//!   `Accept` when its wait passes) or after the other
 //!   relay said no queue (refusing the listener's `Accept` too); the
 //!   listener's side waits for its own grant or refusal before its program
 //!   reads or writes, so it never guesses.
@@ -35,8 +37,10 @@
 //!   close-on-exec and the engine's state stays in the old image; a
 //!   marker file tells the new image's library to shut the inherited
 //!   socket down (`inherit`).
+//! - `select` on a direct connection is a poll of the same descriptors
+//!   (`interpose::select_direct`), which asks the connection.
 //! - Not here yet: a progress thread (the peer is acknowledged only from
-//!   the program's calls), and `select` (it watches the kernel socket).
+//!   the program's calls).
 
 use crate::errno::Errno;
 use crate::log::log_line;

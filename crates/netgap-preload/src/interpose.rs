@@ -27,6 +27,8 @@ use std::sync::Arc;
 
 pub mod data;
 pub mod poll;
+#[cfg(feature = "xdp")]
+mod select_direct;
 
 /// Where a data call on a descriptor goes.
 pub(crate) enum Route {
@@ -48,7 +50,16 @@ pub(crate) fn route(fd: c_int, writing: bool) -> Route {
 /// As [`route`]; `dontwait`: a read must not wait for a connector's
 /// answer even on a blocking descriptor.
 pub(crate) fn route_with(fd: c_int, writing: bool, dontwait: bool) -> Route {
-    match table::get(fd) {
+    let entry = table::get(fd);
+    // Found before the table's switch to the direct connection.
+    #[cfg(feature = "xdp")]
+    if let Some(d) = entry.as_ref().and_then(|e| match e {
+        Entry::Shm(c) => c.went_direct(),
+        _ => None,
+    }) {
+        return Route::Direct(d);
+    }
+    match entry {
         None | Some(Entry::Listener { .. } | Entry::Region(_)) => Route::Kernel,
         Some(Entry::Shm(c)) if c.offered() => {
             // Writes go into the ring before the answer (see

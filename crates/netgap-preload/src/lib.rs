@@ -79,8 +79,9 @@ pub(crate) struct Settings {
     /// `NETGAP_PRELOAD_DIRECT=1` (with the `xdp` feature): connections to
     /// other hosts ask for a direct path first. Off by default for now: a
     /// listener's side waits in its program's call for its relay's grant
-    /// or refusal, up to the relays' 3 s when the other end was refused
-    /// first (a busy server's event loop waits with it).
+    /// or refusal (a round trip between the relays, up to their 3 s when
+    /// the connector's program never asks), and a busy server's event
+    /// loop waits with it.
     #[cfg(feature = "xdp")]
     pub(crate) direct: bool,
 }

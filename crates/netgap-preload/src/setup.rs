@@ -512,6 +512,10 @@ pub(crate) fn finish_offer(fd: c_int, c: &Arc<Conn>, wait: bool) -> Resolved {
     let mut guard = c.offer_lock();
     let Some(offer) = guard.as_mut() else {
         // Another thread ended it.
+        #[cfg(feature = "xdp")]
+        if let Some(d) = c.went_direct() {
+            return Resolved::Direct(d);
+        }
         return match table::get(fd) {
             Some(Entry::Shm(d)) if Arc::ptr_eq(c, &d) => Resolved::Shm(d),
             #[cfg(feature = "xdp")]
@@ -659,13 +663,7 @@ fn connect_direct(
 fn went_direct(fd: c_int, port: u16, c: &Arc<Conn>, d: crate::direct::Direct) -> Resolved {
     let d = Arc::new(d);
     d.set_nonblocking(c.nonblocking());
-    let sent = c
-        .offer_went_direct()
-        .map_err(|e| e.to_string())
-        .and_then(|bytes| {
-            d.send_first(&bytes)
-                .map_err(|e| std::io::Error::from_raw_os_error(e).to_string())
-        });
+    let sent = c.offer_went_direct(&d).map_err(|e| e.to_string());
     table::conn_went_direct(c, &d);
     d.sync_cloexec(&table::direct_descriptors(&d));
     crate::bell::bell_joins_epolls(fd);

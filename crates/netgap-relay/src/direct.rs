@@ -287,6 +287,11 @@ fn accept(
         },
     };
     let Parked { offer, link } = parked;
+    if offer.free_queues == 0 {
+        // The connecting end refused its own request (no queue free or
+        // its uid's cap) and said so: nobody waits for an answer.
+        return Err(DirectError::NoQueue);
+    }
     let answer_no = |why: DirectError| {
         link.0.answer(offer.key, QueueAnswer::NoQueue);
         why
@@ -435,7 +440,22 @@ fn connect(
     let link = link_to(hub, t, target, (tcp_local, tcp_peer), asker)?;
     let _hold = link.hold();
     let token = d.next_token.fetch_add(1, Ordering::Relaxed);
-    let free_queues = d.queues().offer(token, asker.uid)?;
+    let free_queues = match d.queues().offer(token, asker.uid) {
+        Ok(mask) => mask,
+        Err(e) => {
+            // The listener's side asked its relay too, and its relay
+            // waits for this end's offer: an offer of no queue refuses it
+            // at once, where it would wait out DIRECT_WAIT inside its
+            // program's call (a server's event loop with it).
+            let none = QueueOffer {
+                key: req.key,
+                free_queues: 0,
+                flow: 1,
+            };
+            link.push(Kind::QueueOffer, 0, &none.encode());
+            return Err(e.into());
+        }
+    };
     let settle = |agreed: Option<u16>| d.queues().settle(token, agreed);
     let flow = match random_flow() {
         Ok(f) => f,

@@ -452,8 +452,10 @@ pub struct LogSummary {
     /// Connections this process accepted that moved to xdp through the
     /// host's relay.
     pub accepted_xdp: u64,
-    /// Payload bytes the closed relayed connections moved through their
-    /// rings to and from the relay, both ways.
+    /// Payload bytes the closed connections across hosts moved, both
+    /// ways: the relayed ones through their rings to and from the relay,
+    /// the direct ones on their own AF_XDP sockets (also in
+    /// `direct_bytes`).
     pub xdp_bytes: u64,
     /// Relayed connections whose close was logged.
     pub closed_xdp: u64,
@@ -466,6 +468,10 @@ pub struct LogSummary {
     /// Direct requests refused, so the connection went on the relay's
     /// path: each reason and how many times it was given.
     pub direct_refusals: std::collections::BTreeMap<String, u64>,
+    /// Payload bytes the closed direct connections sent and received.
+    pub direct_bytes: u64,
+    /// Direct connections whose close was logged.
+    pub closed_direct: u64,
 }
 
 impl LogSummary {
@@ -554,6 +560,21 @@ impl LogSummary {
                     _ => continue,
                 };
                 *slot = slot.saturating_add(v);
+            }
+        } else if let Some(rest) = what.strip_prefix("direct connection on queue ") {
+            // "Q closed: S bytes sent, R received, ..."
+            let Some((_, counts)) = rest.split_once(" closed: ") else {
+                return;
+            };
+            self.closed_direct += 1;
+            let mut parts = counts.split(", ");
+            let sent = parts.next().and_then(|p| p.strip_suffix(" bytes sent"));
+            let received = parts.next().and_then(|p| p.strip_suffix(" received"));
+            for n in [sent, received].into_iter().flatten() {
+                if let Ok(v) = n.parse::<u64>() {
+                    self.direct_bytes = self.direct_bytes.saturating_add(v);
+                    self.xdp_bytes = self.xdp_bytes.saturating_add(v);
+                }
             }
         } else if let Some(why) = what.strip_prefix("relay: ") {
             *self.direct_refusals.entry(why.to_string()).or_insert(0) += 1;
@@ -669,6 +690,19 @@ netgap-preload[7]: fd 6: connection to port 80 moved to xdp via the relay
         assert_eq!(m["preload_direct"], 1.0);
         // Across hosts on xdp, relayed or direct.
         assert_eq!(m["preload_xdp_connections"], 2.0);
+    }
+
+    #[test]
+    fn a_closed_direct_connections_bytes_count_as_xdp_bytes() {
+        let log = "\
+netgap-preload[7]: fd 5: connection to port 80 moved to direct on queue 3
+netgap-preload[7]: fd 5: direct connection on queue 3 closed: 1000 bytes sent, 20000 received, 30 frames sent, 40 received, 0 sent again
+netgap-preload[7]: fd 6: relayed connection closed (connector): shm_sent_bytes=100 shm_received_bytes=200 doorbells_sent=3 kernel_tcp_sent_bytes=40 kernel_tcp_received_bytes=8
+";
+        let s = LogSummary::parse(log);
+        assert_eq!((s.closed_direct, s.direct_bytes), (1, 21000));
+        let m: std::collections::BTreeMap<_, _> = s.record_metrics().into_iter().collect();
+        assert_eq!(m["preload_xdp_bytes"], 21300.0);
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! resolving a pending connection.
 
 use super::{done, fail, route, route_with, Route};
-use crate::conn::Conn;
+use crate::conn::{Conn, Sent};
 #[cfg(feature = "xdp")]
 use crate::direct::Direct;
 use crate::log::log_line;
@@ -48,7 +48,20 @@ fn shm_send(c: &Conn, fd: c_int, iov: &[iovec], flags: c_int) -> ssize_t {
         // SAFETY: `now` are the program's iovecs advanced past `sent`
         // bytes, valid for reads of their lengths (the call's contract).
         match unsafe { c.send(fd, now, flags) } {
-            Ok(n) => {
+            // The offer went direct while this write waited for the ring:
+            // the rest is the direct connection's, after the ring's bytes.
+            #[cfg(feature = "xdp")]
+            Ok(Sent::Direct(d)) => {
+                let r = direct_send(&d, fd, now, flags);
+                return if r < 0 && sent > 0 {
+                    sent as ssize_t
+                } else if r < 0 {
+                    r
+                } else {
+                    (sent + r as usize) as ssize_t
+                };
+            }
+            Ok(Sent::Bytes(n)) => {
                 sent += n;
                 if !all || sent >= want || n == 0 {
                     return sent as ssize_t;
@@ -527,7 +540,14 @@ unsafe fn shm_sendfile(
 ) -> ssize_t {
     // SAFETY: a non-null `offset` is valid (sendfile's contract).
     let off = unsafe { offset.as_mut() };
-    done(c.sendfile(out, in_fd, off, count))
+    match c.sendfile(out, in_fd, off, count) {
+        Ok(Sent::Bytes(n)) => n as ssize_t,
+        // The offer went direct while this call waited for the ring.
+        #[cfg(feature = "xdp")]
+        // SAFETY: as above.
+        Ok(Sent::Direct(d)) => unsafe { direct_sendfile(&d, out, in_fd, offset, count) },
+        Err(e) => fail(e),
+    }
 }
 
 /// Receives on a direct connection; refuses `MSG_OOB`.

@@ -124,6 +124,16 @@ pub unsafe extern "C" fn select(
     exceptfds: *mut fd_set,
     timeout: *mut timeval,
 ) -> c_int {
+    #[cfg(feature = "xdp")]
+    if has_direct(
+        nfds.min(libc::FD_SETSIZE as c_int),
+        [readfds, writefds, exceptfds],
+    ) {
+        // SAFETY: the program's own arguments (select's contract).
+        return unsafe {
+            super::select_direct::select_as_poll(nfds, (readfds, writefds, exceptfds), timeout)
+        };
+    }
     if readfds.is_null() || nfds <= 0 {
         // SAFETY: the program's own arguments, passed on.
         return unsafe { real::select()(nfds, readfds, writefds, exceptfds, timeout) };
@@ -176,6 +186,21 @@ pub unsafe extern "C" fn select(
     }
     // SAFETY: valid sets or null.
     unsafe { fds_in(readfds, limit) + fds_in(writefds, limit) + fds_in(exceptfds, limit) }
+}
+
+/// Whether a direct connection is in one of `sets` (null: none) below
+/// `limit`: its kernel socket says nothing of it, so the `select` is
+/// a poll (`select_direct`).
+#[cfg(feature = "xdp")]
+fn has_direct(limit: c_int, sets: [*mut fd_set; 3]) -> bool {
+    (0..limit).any(|fd| {
+        // SAFETY: valid sets or null (select's contract), fd below
+        // FD_SETSIZE.
+        let asked = sets
+            .iter()
+            .any(|s| !s.is_null() && unsafe { libc::FD_ISSET(fd, *s) });
+        asked && matches!(table::get(fd), Some(Entry::Direct(_)))
+    })
 }
 
 /// Whether a relayed connection's socket to its relay can be watched in a

@@ -1,0 +1,232 @@
+//! A connector's offer on its connection: what it holds until the
+//! listener's answer (`Offer`, `OfferPath`), and how the connection
+//! leaves it (accepted, refused with the ring's bytes given back to the
+//! kernel socket, dropped, or gone direct).
+
+use super::{set_tcp_flag, Conn};
+use crate::channel::{Channel, Corrupt, Role};
+use crate::errno::Errno;
+use crate::log::log_line;
+use crate::real;
+use libc::c_int;
+use std::sync::atomic::Ordering;
+use thiserror::Error;
+
+/// Why the bytes a connector wrote before a refused offer did not go out
+/// on the kernel socket.
+#[derive(Debug, Error)]
+pub(crate) enum GiveBackError {
+    /// The ring they sat in was corrupt.
+    #[error("the ring was corrupt")]
+    Corrupt,
+    /// The kernel socket did not take them.
+    #[error("sending the {bytes} bytes written before the answer: {why}")]
+    Send {
+        /// How many bytes were to go.
+        bytes: usize,
+        /// The socket's error.
+        why: std::io::Error,
+    },
+}
+
+impl Conn {
+    /// A connector's connection whose hello went out and whose answers
+    /// are still to come (see [`Conn::offered`]).
+    /// `port` names the destination in the log; `path` holds what the
+    /// answer's data path needs.
+    pub(crate) fn new_offered(
+        fd: c_int,
+        channel: Channel,
+        nonblocking: bool,
+        (port, path): (u16, OfferPath),
+        region_fd: c_int,
+    ) -> Conn {
+        let c = Conn::new(fd, channel, Role::Connector, nonblocking, region_fd);
+        c.offered.store(true, Ordering::SeqCst);
+        *c.offer.lock().unwrap_or_else(|p| p.into_inner()) = Some(Offer { port, path });
+        c
+    }
+
+    /// Whether the listener's answer is still to be read.
+    pub(crate) fn offered(&self) -> bool {
+        self.offered.load(Ordering::Acquire)
+    }
+
+    /// Holds the offer's lock: `Some` while an answer is still to be
+    /// read; the caller reads it, sets the offer to None once it ends, and
+    /// ends it with [`Conn::offer_accepted`], [`Conn::offer_refused`] or
+    /// [`Conn::offer_dropped`].
+    pub(crate) fn offer_lock(&self) -> std::sync::MutexGuard<'_, Option<Offer>> {
+        self.offer.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether the connection is offered through the relays (its answer
+    /// is awaited before the program's close or shutdown: the relay must
+    /// take the bytes in the ring first).
+    pub(crate) fn offered_via_relay(&self) -> bool {
+        self.offered()
+            && matches!(
+                self.offer_lock().as_ref().map(|o| &o.path),
+                Some(OfferPath::Relay(_))
+            )
+    }
+
+    /// The relay took the connection, reached on `bell` (which the
+    /// connection now owns): set before the offer ends, so the first
+    /// doorbell goes to the relay.
+    pub(crate) fn set_bell(&self, bell: c_int) {
+        self.bell.store(bell, Ordering::SeqCst);
+    }
+
+    /// Sends the offer's `hello` on the kernel socket `fd` (to `port`,
+    /// for the log). Err: it did not go out whole, so the byte stream is
+    /// no longer the program's: the offer is dropped and the socket shut
+    /// down, and `connect` fails with that errno rather than carry
+    /// corrupt data.
+    pub(crate) fn send_hello(&self, fd: c_int, port: u16, hello: &[u8]) -> Result<(), Errno> {
+        let Err(err) = crate::exchange::send_all(fd, hello) else {
+            return Ok(());
+        };
+        log_line!(
+            "fd {fd}: connection to port {port} fails (ECONNRESET): sending the hello: {}",
+            std::io::Error::from_raw_os_error(err)
+        );
+        self.offer_dropped();
+        // SAFETY: a plain shutdown of the program's socket; `shutdown` is
+        // interposed, so the real one is called.
+        unsafe { real::shutdown()(fd, libc::SHUT_RDWR) };
+        Err(libc::ECONNRESET)
+    }
+
+    /// The offer broke: the connection is shut down, nothing is sent.
+    pub(crate) fn offer_dropped(&self) {
+        self.offered.store(false, Ordering::SeqCst);
+    }
+
+    /// The listener took the channel (or, relayed, the relay took the
+    /// connection): bytes the program wrote meanwhile are in the ring, and
+    /// one doorbell makes sure a reader already waiting for them is woken.
+    pub(crate) fn offer_accepted(&self, fd: c_int) {
+        self.offered.store(false, Ordering::SeqCst);
+        // A writer publishes, then checks `offered` (both SeqCst): either
+        // it saw the offer over and rang itself, or its bytes are seen
+        // here.
+        if self.channel.unsent().map_or(true, |n| n > 0) {
+            self.ring(fd);
+        }
+    }
+
+    /// The listener refused the channel: what the program wrote into the
+    /// ring meanwhile is sent over the kernel socket (where the listener's
+    /// program will read it), and the kernel socket's TCP options are the
+    /// program's again. Err: the bytes could not be sent.
+    pub(crate) fn offer_refused(&self, fd: c_int) -> Result<(), GiveBackError> {
+        let _w = self.write_lock.lock().unwrap_or_else(|p| p.into_inner());
+        self.offered.store(false, Ordering::SeqCst);
+        set_tcp_flag(fd, libc::TCP_NODELAY, self.nodelay.load(Ordering::Relaxed));
+        set_tcp_flag(fd, libc::TCP_CORK, self.cork.load(Ordering::Relaxed));
+        let bytes = self
+            .channel
+            .take_unsent()
+            .map_err(|Corrupt| GiveBackError::Corrupt)?;
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        crate::exchange::send_all(fd, &bytes).map_err(|e| GiveBackError::Send {
+            bytes: bytes.len(),
+            why: std::io::Error::from_raw_os_error(e),
+        })
+    }
+
+    /// The relays gave the connection the direct path `d`: the offer
+    /// ends, what the program wrote into the ring meanwhile goes out first
+    /// on `d`, and from then on every write on this connection is `d`'s
+    /// ([`Sent::Direct`]). All of it under the writers' lock, so a writer
+    /// racing the switch either put its bytes in the ring before (they go
+    /// out here) or finds the switch made (it sends after them). Err: the
+    /// ring's bytes did not go out.
+    #[cfg(feature = "xdp")]
+    pub(crate) fn offer_went_direct(
+        &self,
+        d: &std::sync::Arc<crate::direct::Direct>,
+    ) -> Result<(), GiveBackError> {
+        let _w = self.write_lock.lock().unwrap_or_else(|p| p.into_inner());
+        // Before the offer ends: a reader that sees it ended finds the
+        // direct connection (`Conn::went_direct`), not the ring.
+        let _ = self.direct.set(d.clone());
+        self.offered.store(false, Ordering::SeqCst);
+        let bytes = self
+            .channel
+            .take_unsent()
+            .map_err(|Corrupt| GiveBackError::Corrupt)?;
+        d.send_first(&bytes).map_err(|e| GiveBackError::Send {
+            bytes: bytes.len(),
+            why: std::io::Error::from_raw_os_error(e),
+        })
+    }
+
+    /// The direct connection this offered connection went to, if it did.
+    #[cfg(feature = "xdp")]
+    pub(crate) fn went_direct(&self) -> Option<std::sync::Arc<crate::direct::Direct>> {
+        self.direct.get().cloned()
+    }
+}
+
+/// A connector's offer: the destination port (for the log) and what its
+/// data path needs once the listener answers.
+pub(crate) struct Offer {
+    pub(crate) port: u16,
+    pub(crate) path: OfferPath,
+}
+
+/// The data path a connector offered in its hello.
+pub(crate) enum OfferPath {
+    /// A listener on this host: the connection's mailbox, which the
+    /// listener reads the connector's credentials from (closed with the
+    /// offer).
+    Shm {
+        mailbox: Option<std::os::fd::OwnedFd>,
+    },
+    /// A listener on another host, through the relays.
+    Relay(RelayOffer),
+}
+
+/// What a relayed connector's offer holds for its relay's connect
+/// request, made once the listener answers: the host's relay held for
+/// the connection (its socket, closed with the offer unless the
+/// connection takes it as its bell), the flow key the hello carried, and
+/// the region the ring lives in, which the request hands to the relay.
+pub(crate) struct RelayOffer {
+    pub(crate) key: [u8; netgap_proto::preload::RELAY_KEY_BYTES],
+    pub(crate) ring_bytes: u32,
+    /// The socket to the relay; -1 once taken.
+    pub(crate) sock: c_int,
+    pub(crate) region: crate::region::Region,
+}
+
+impl RelayOffer {
+    /// Takes the relay socket out of the offer (it is no longer closed
+    /// with it).
+    pub(crate) fn take_sock(&mut self) -> c_int {
+        std::mem::replace(&mut self.sock, -1)
+    }
+}
+
+impl Drop for RelayOffer {
+    fn drop(&mut self) {
+        if self.sock >= 0 {
+            // SAFETY: the relay socket this offer owns, closed once.
+            unsafe { real::close()(self.sock) };
+        }
+    }
+}
+
+impl Drop for Offer {
+    fn drop(&mut self) {
+        if let OfferPath::Shm { mailbox } = &mut self.path {
+            if let Some(m) = mailbox.take() {
+                crate::unix::close(m);
+            }
+        }
+    }
+}
