@@ -976,7 +976,24 @@ fn a_server_relay_holds_links_to_two_hosts_at_once_and_past_its_limit_keeps_kern
     let slow = slow_curl(&ns1, &ip, &body16, &log("c1b.log"));
     wait_moved(&log("c1b.log"));
     let (ok, err, _) = curl(&ns3, &url, &body, &[], &log("c3b.log"));
-    assert!(ok, "{err}");
+    let logs = || {
+        [
+            "c3b.log",
+            "c1b.log",
+            "server.log",
+            "relay2b.log",
+            "relay3.log",
+            "relay1.log",
+        ]
+        .map(|n| {
+            format!(
+                "{n}:\n{}",
+                std::fs::read_to_string(log(n)).unwrap_or_default()
+            )
+        })
+        .join("\n")
+    };
+    assert!(ok, "{err}\n{}", logs());
     assert_eq!(sha256(&body), want);
     let c3 = std::fs::read_to_string(log("c3b.log")).unwrap_or_default();
     assert!(

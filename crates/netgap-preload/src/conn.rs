@@ -37,6 +37,11 @@ pub(crate) struct Conn {
     /// answer yet: its writes fill the ring but ring no doorbell (on a
     /// refusal the kernel stream must hold only the program's bytes).
     offered: AtomicBool,
+    /// The offer was refused or broke: the connection is the kernel's
+    /// again. Set under the writers' lock after the ring's bytes went to
+    /// the kernel socket, so a writer that waited for the lock meanwhile
+    /// sends there too ([`Sent::Kernel`]), after them.
+    given_back: AtomicBool,
     /// While offered: where the exchange stands. The lock serialises the
     /// reading of the answers.
     offer: Mutex<Option<Offer>>,
@@ -81,6 +86,9 @@ pub(crate) struct Conn {
 pub(crate) enum Sent {
     /// Into the ring: this many bytes.
     Bytes(usize),
+    /// Nowhere yet: the offer was refused while this write waited for the
+    /// ring; the write is the kernel socket's.
+    Kernel,
     /// Nowhere yet: the connection went direct (see [`Conn::went_direct`]);
     /// the write is the direct connection's.
     #[cfg(feature = "xdp")]
@@ -162,6 +170,7 @@ impl Conn {
             received_bytes: AtomicU64::new(0),
             doorbells_sent: AtomicU64::new(0),
             offered: AtomicBool::new(false),
+            given_back: AtomicBool::new(false),
             offer: Mutex::new(None),
             wr_shut: AtomicBool::new(false),
             rd_shut: AtomicBool::new(false),
@@ -335,6 +344,12 @@ impl Conn {
     /// no (a program told "readable" must find data or the end of the
     /// stream, or it may take the EAGAIN for an error).
     pub(crate) fn settle(&self, fd: c_int) -> bool {
+        // Given back to the kernel while the caller waited (a relayed
+        // offer refused, seen by the library's thread that watches the
+        // answer): the socket's bytes are the program's, never doorbells.
+        if self.given_back.load(Ordering::SeqCst) {
+            return true;
+        }
         if self.bell() >= 0 {
             self.drain_bell();
         }
@@ -387,6 +402,9 @@ impl Conn {
     /// peer closed or shut down its sending side is the end of the stream:
     /// such a reset comes from a doorbell that raced the peer's close.
     fn drain(&self, fd: c_int) {
+        if self.given_back.load(Ordering::SeqCst) {
+            return;
+        }
         if let Err(e) = self.drain_bytes(fd) {
             if e == libc::ECONNRESET && self.channel.peer_end().fin {
                 self.peer_eof.store(true, Ordering::Relaxed);
@@ -649,6 +667,9 @@ impl Conn {
         loop {
             {
                 let g = self.write_lock.lock().unwrap_or_else(|p| p.into_inner());
+                if self.given_back.load(Ordering::SeqCst) {
+                    return Ok(Sent::Kernel);
+                }
                 #[cfg(feature = "xdp")]
                 if let Some(d) = self.direct.get() {
                     return Ok(Sent::Direct(d.clone()));

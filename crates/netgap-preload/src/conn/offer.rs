@@ -100,7 +100,9 @@ impl Conn {
 
     /// The offer broke: the connection is shut down, nothing is sent.
     pub(crate) fn offer_dropped(&self) {
+        let _w = self.write_lock.lock().unwrap_or_else(|p| p.into_inner());
         self.offered.store(false, Ordering::SeqCst);
+        self.given_back.store(true, Ordering::SeqCst);
     }
 
     /// The listener took the channel (or, relayed, the relay took the
@@ -125,6 +127,9 @@ impl Conn {
         self.offered.store(false, Ordering::SeqCst);
         set_tcp_flag(fd, libc::TCP_NODELAY, self.nodelay.load(Ordering::Relaxed));
         set_tcp_flag(fd, libc::TCP_CORK, self.cork.load(Ordering::Relaxed));
+        // Whatever happens to the ring's bytes, later writes are the
+        // kernel socket's: on a failure it is shut down.
+        self.given_back.store(true, Ordering::SeqCst);
         let bytes = self
             .channel
             .take_unsent()

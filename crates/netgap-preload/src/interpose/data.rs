@@ -30,6 +30,18 @@ fn advance(iov: &mut Vec<iovec>, mut n: usize) {
     iov.drain(..first);
 }
 
+/// Sends `iov` on the kernel socket `fd`, as the program asked.
+fn kernel_send(fd: c_int, iov: &[iovec], flags: c_int) -> ssize_t {
+    // SAFETY: a zeroed msghdr is valid; only its buffers are set, to the
+    // program's iovecs, valid for reads of their lengths (the caller's
+    // contract).
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov.as_ptr().cast_mut();
+    msg.msg_iovlen = iov.len() as _;
+    // SAFETY: `msg` as set above.
+    unsafe { real::sendmsg()(fd, &msg, flags) }
+}
+
 /// Sends on the channel as the kernel sends: a blocking send moves all
 /// of the buffers (the ring's capacity at a time), a non-blocking one as
 /// much as fits; EPIPE raises SIGPIPE unless the flags say not to.
@@ -53,6 +65,18 @@ fn shm_send(c: &Conn, fd: c_int, iov: &[iovec], flags: c_int) -> ssize_t {
             #[cfg(feature = "xdp")]
             Ok(Sent::Direct(d)) => {
                 let r = direct_send(&d, fd, now, flags);
+                return if r < 0 && sent > 0 {
+                    sent as ssize_t
+                } else if r < 0 {
+                    r
+                } else {
+                    (sent + r as usize) as ssize_t
+                };
+            }
+            // The offer was refused while this write waited for the ring:
+            // the rest goes to the kernel socket, after the ring's bytes.
+            Ok(Sent::Kernel) => {
+                let r = kernel_send(fd, now, flags);
                 return if r < 0 && sent > 0 {
                     sent as ssize_t
                 } else if r < 0 {
@@ -542,6 +566,9 @@ unsafe fn shm_sendfile(
     let off = unsafe { offset.as_mut() };
     match c.sendfile(out, in_fd, off, count) {
         Ok(Sent::Bytes(n)) => n as ssize_t,
+        // The offer was refused while this call waited for the ring.
+        // SAFETY: `offset` as the caller gave it (sendfile's contract).
+        Ok(Sent::Kernel) => unsafe { real::sendfile()(out, in_fd, offset, count) },
         // The offer went direct while this call waited for the ring.
         #[cfg(feature = "xdp")]
         // SAFETY: as above.
