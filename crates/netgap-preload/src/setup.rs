@@ -647,13 +647,26 @@ fn connect_direct(
     fd: c_int,
     key: [u8; netgap_proto::preload::RELAY_KEY_BYTES],
     target: &str,
-) -> Result<crate::direct::Direct, String> {
-    let sock = crate::relay::open().map_err(|e| e.to_string())?;
+) -> Result<crate::direct::Direct, ConnectDirectError> {
+    let sock = crate::relay::open()?;
     let role = netgap_proto::direct::DirectRole::Connect {
         target: target.to_owned(),
     };
-    let asked = crate::direct::ask(sock, fd, key, role).map_err(|e| e.to_string())?;
-    crate::direct::granted(asked).map_err(|e| e.to_string())
+    let asked = crate::direct::ask(sock, fd, key, role)?;
+    Ok(crate::direct::granted(asked)?)
+}
+
+/// Why a connector's direct request did not give it a direct connection
+/// (it goes on the relay's path, with this one line).
+#[cfg(feature = "xdp")]
+#[derive(Debug, Error)]
+enum ConnectDirectError {
+    /// No relay socket.
+    #[error(transparent)]
+    Relay(#[from] crate::relay::RelayError),
+    /// The request, the grant or the port.
+    #[error(transparent)]
+    Setup(#[from] crate::direct::SetupError),
 }
 
 /// The connector's offer went direct: what its program wrote into the

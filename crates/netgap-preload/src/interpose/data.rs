@@ -30,6 +30,19 @@ fn advance(iov: &mut Vec<iovec>, mut n: usize) {
     iov.drain(..first);
 }
 
+/// What a send returns that moved `sent` bytes into the ring before the
+/// rest went elsewhere with result `r`: the bytes moved, or `r`'s error
+/// when none were.
+fn after(sent: usize, r: ssize_t) -> ssize_t {
+    if r < 0 && sent > 0 {
+        sent as ssize_t
+    } else if r < 0 {
+        r
+    } else {
+        (sent + r as usize) as ssize_t
+    }
+}
+
 /// Sends `iov` on the kernel socket `fd`, as the program asked.
 fn kernel_send(fd: c_int, iov: &[iovec], flags: c_int) -> ssize_t {
     // SAFETY: a zeroed msghdr is valid; only its buffers are set, to the
@@ -64,26 +77,12 @@ fn shm_send(c: &Conn, fd: c_int, iov: &[iovec], flags: c_int) -> ssize_t {
             // the rest is the direct connection's, after the ring's bytes.
             #[cfg(feature = "xdp")]
             Ok(Sent::Direct(d)) => {
-                let r = direct_send(&d, fd, now, flags);
-                return if r < 0 && sent > 0 {
-                    sent as ssize_t
-                } else if r < 0 {
-                    r
-                } else {
-                    (sent + r as usize) as ssize_t
-                };
+                return after(sent, direct_send(&d, fd, now, flags));
             }
             // The offer was refused while this write waited for the ring:
             // the rest goes to the kernel socket, after the ring's bytes.
             Ok(Sent::Kernel) => {
-                let r = kernel_send(fd, now, flags);
-                return if r < 0 && sent > 0 {
-                    sent as ssize_t
-                } else if r < 0 {
-                    r
-                } else {
-                    (sent + r as usize) as ssize_t
-                };
+                return after(sent, kernel_send(fd, now, flags));
             }
             Ok(Sent::Bytes(n)) => {
                 sent += n;
