@@ -60,7 +60,9 @@ fn web_across_hosts(tb: &Testbed, dir: &Path, flags: &[&str]) -> Vec<Value> {
         assert!(transactions > 0.0, "{}", r["app"]);
         assert_eq!(metric(r, "checked"), transactions, "{}", r["app"]);
         assert_eq!(metric(r, "verified"), transactions, "every body verified");
-        assert_eq!(metric(r, "errors"), 0.0, "{}", r["app"]);
+        // The whole record: its warnings carry the load generator's last
+        // error.
+        assert_eq!(metric(r, "errors"), 0.0, "{r}");
         assert_eq!(metric(r, "verified_share"), 1.0, "{}", r["app"]);
         assert!(metric(r, "preload_xdp_connections") >= 1.0, "{}", r["app"]);
         assert_eq!(metric(r, "preload_kernel_connections"), 0.0, "{}", r["app"]);
