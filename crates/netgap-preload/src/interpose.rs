@@ -51,6 +51,12 @@ pub(crate) fn route(fd: c_int, writing: bool) -> Route {
 /// answer even on a blocking descriptor.
 pub(crate) fn route_with(fd: c_int, writing: bool, dontwait: bool) -> Route {
     let entry = table::get(fd);
+    // Whether a connector's offer is open is read once, before its direct
+    // connection: the switch sets the direct connection first and ends the
+    // offer after, so a reader that finds the offer ended also finds the
+    // switch. (Read the other way round, a reader could find neither, take
+    // the ring, and sleep on it for good.)
+    let offered = matches!(&entry, Some(Entry::Shm(c)) if c.offered());
     // Found before the table's switch to the direct connection.
     #[cfg(feature = "xdp")]
     if let Some(d) = entry.as_ref().and_then(|e| match e {
@@ -61,7 +67,7 @@ pub(crate) fn route_with(fd: c_int, writing: bool, dontwait: bool) -> Route {
     }
     match entry {
         None | Some(Entry::Listener { .. } | Entry::Region(_)) => Route::Kernel,
-        Some(Entry::Shm(c)) if c.offered() => {
+        Some(Entry::Shm(c)) if offered => {
             // Writes go into the ring before the answer (see
             // `setup::connected`); a read needs the answer first, and so
             // does a blocking write to a relayed offer whose ring is full:

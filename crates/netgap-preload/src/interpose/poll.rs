@@ -18,7 +18,15 @@ use std::sync::Arc;
 /// (see `Conn::settle`); a connector's offer is ended first if the answer
 /// is in.
 fn settle(fd: c_int, c: &Arc<Conn>) -> bool {
-    if !c.offered() {
+    // The offer read before the direct connection, as `interpose::route`
+    // reads them.
+    let offered = c.offered();
+    #[cfg(feature = "xdp")]
+    if c.went_direct().is_some() {
+        // Its first look is the program's read (at worst an EAGAIN).
+        return true;
+    }
+    if !offered {
         return c.settle(fd);
     }
     match setup::finish_offer(fd, c, false) {
