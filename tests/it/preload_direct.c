@@ -6,6 +6,9 @@
  *   direct client IP PORT ROUNDS STREAM_BYTES
  *   direct selectclient IP PORT ROUNDS STREAM_BYTES   (waits in select
  *     for each read: the connection must say it is readable there)
+ *   direct pollclient IP PORT ROUNDS STREAM_BYTES   (the same in poll)
+ *   direct epollclient IP PORT ROUNDS STREAM_BYTES   (the same in an
+ *     epoll, the connection registered once, before its first read)
  *   direct threadclient IP PORT 0 STREAM_BYTES   (a second thread writes
  *     the stream in small pieces from the moment connect returns, while
  *     the connection is still being offered and while it goes direct)
@@ -15,10 +18,12 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/select.h>
 #include <sys/socket.h>
 #include <signal.h>
@@ -43,11 +48,33 @@ static void put_all(int fd, const unsigned char *b, size_t n) {
     }
 }
 
-/* Set: every read first waits in select (5 s at most) for the descriptor
- * to be readable. */
-static int select_first;
+/* Set: every read first waits in select, in poll, or in the epoll
+ * `epfd` (5 s at most) for the descriptor to be readable. */
+static int select_first, poll_first, epfd = -1;
 
 static void wait_readable(int fd) {
+    if (epfd >= 0) {
+        struct epoll_event e;
+        int r = epoll_wait(epfd, &e, 1, 5000);
+        if (r < 0)
+            die("epoll_wait");
+        if (r == 0 || !(e.events & EPOLLIN) || e.data.fd != fd) {
+            fprintf(stderr, "epoll: not readable within 5 s\n");
+            exit(1);
+        }
+        return;
+    }
+    if (poll_first) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        int r = poll(&p, 1, 5000);
+        if (r < 0)
+            die("poll");
+        if (r == 0 || !(p.revents & POLLIN)) {
+            fprintf(stderr, "poll: not readable within 5 s\n");
+            exit(1);
+        }
+        return;
+    }
     fd_set rs;
     FD_ZERO(&rs);
     FD_SET(fd, &rs);
@@ -63,7 +90,7 @@ static void wait_readable(int fd) {
 
 static void get_all(int fd, unsigned char *b, size_t n) {
     while (n > 0) {
-        if (select_first)
+        if (select_first || poll_first || epfd >= 0)
             wait_readable(fd);
         ssize_t r = read(fd, b, n);
         if (r < 0 && errno == EINTR)
@@ -163,6 +190,8 @@ int main(int argc, char **argv) {
     int server = forks || execs || strcmp(argv[1], "server") == 0;
     int threaded = strcmp(argv[1], "threadclient") == 0;
     select_first = strcmp(argv[1], "selectclient") == 0;
+    poll_first = strcmp(argv[1], "pollclient") == 0;
+    int epolls = strcmp(argv[1], "epollclient") == 0;
     int at = server ? 2 : 3;
     int port = atoi(argv[at]);
     long rounds = atol(argv[at + 1]);
@@ -208,6 +237,12 @@ int main(int argc, char **argv) {
                 die("connect");
             usleep(50000);
         }
+    }
+    if (epolls) {
+        struct epoll_event e = {.events = EPOLLIN, .data.fd = fd};
+        epfd = epoll_create1(EPOLL_CLOEXEC);
+        if (epfd < 0 || epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &e) < 0)
+            die("epoll");
     }
     if (threaded) {
         struct writer w = {.fd = fd, .n = stream};

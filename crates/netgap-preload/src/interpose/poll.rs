@@ -196,9 +196,11 @@ pub unsafe extern "C" fn select(
     unsafe { fds_in(readfds, limit) + fds_in(writefds, limit) + fds_in(exceptfds, limit) }
 }
 
-/// Whether a direct connection is in one of `sets` (null: none) below
-/// `limit`: its kernel socket says nothing of it, so the `select` is
-/// a poll (`select_direct`).
+/// Whether one of `sets` (null: none) holds, below `limit`, a direct
+/// connection, whose kernel socket says nothing of it, or a relayed offer
+/// still open, which may go direct while the wait sleeps (its answer taken
+/// by the library's thread, see `Conn::offer_end_fd`): the `select` is
+/// then a poll (`select_direct`), which watches both.
 #[cfg(feature = "xdp")]
 fn has_direct(limit: c_int, sets: [*mut fd_set; 3]) -> bool {
     (0..limit).any(|fd| {
@@ -207,7 +209,14 @@ fn has_direct(limit: c_int, sets: [*mut fd_set; 3]) -> bool {
         let asked = sets
             .iter()
             .any(|s| !s.is_null() && unsafe { libc::FD_ISSET(fd, *s) });
-        asked && matches!(table::get(fd), Some(Entry::Direct(_)))
+        asked
+            && match table::get(fd) {
+                Some(Entry::Direct(_)) => true,
+                Some(Entry::Shm(c)) => {
+                    c.went_direct().is_some() || c.offered() && c.offer_end_fd() >= 0
+                }
+                _ => false,
+            }
     })
 }
 
@@ -364,18 +373,39 @@ unsafe fn shm_poll(
     if fds.is_null() || nfds == 0 {
         return wait(fds, nfds, timeout);
     }
-    #[cfg(feature = "xdp")]
-    {
-        // SAFETY: poll's contract: `fds` holds `nfds` valid entries.
-        let set = unsafe { std::slice::from_raw_parts(fds, nfds as usize) };
-        let direct = direct_watched(set);
-        if !direct.is_empty() {
-            // SAFETY: as above.
-            return unsafe { direct_poll(fds, nfds, timeout, &wait, &direct) };
+    let start = std::time::Instant::now();
+    loop {
+        let left = left_ms(timeout, start);
+        #[cfg(feature = "xdp")]
+        {
+            // SAFETY: poll's contract: `fds` holds `nfds` valid entries.
+            let set = unsafe { std::slice::from_raw_parts(fds, nfds as usize) };
+            let direct = direct_watched(set);
+            if !direct.is_empty() {
+                // SAFETY: as above.
+                match unsafe { direct_poll(fds, nfds, left, &wait, &direct) } {
+                    Polled::Done(n) => return n,
+                    Polled::Moved => continue,
+                }
+            }
+        }
+        // SAFETY: as above.
+        match unsafe { rings_poll(fds, nfds, left, &wait) } {
+            Polled::Done(n) => return n,
+            Polled::Moved => {}
         }
     }
-    // SAFETY: as above.
-    unsafe { rings_poll(fds, nfds, timeout, wait) }
+}
+
+/// What one look of [`shm_poll`] found.
+enum Polled {
+    /// The count of ready entries, or the real call's failure (-1).
+    Done(c_int),
+    /// Nothing is ready, and a relayed offer in the set ended while the
+    /// wait slept (`Conn::offer_end_fd`): its connection may be on another
+    /// path now (its own AF_XDP socket), so the set is looked at again
+    /// with what is left of the timeout.
+    Moved,
 }
 
 /// The entries of a poll set that are direct connections, with their
@@ -386,6 +416,8 @@ fn direct_watched(set: &[pollfd]) -> Watched<crate::direct::Direct> {
         .enumerate()
         .filter_map(|(i, p)| match table::get(p.fd) {
             Some(Entry::Direct(d)) => Some((i, d)),
+            // Gone direct, the table not switched yet.
+            Some(Entry::Shm(c)) => c.went_direct().map(|d| (i, d)),
             _ => None,
         })
         .collect()
@@ -407,7 +439,7 @@ unsafe fn direct_poll(
     timeout: c_int,
     wait: &dyn Fn(*mut pollfd, nfds_t, c_int) -> c_int,
     direct: &Watched<crate::direct::Direct>,
-) -> c_int {
+) -> Polled {
     // SAFETY: poll's contract: `fds` holds `nfds` valid entries.
     let set = unsafe { std::slice::from_raw_parts_mut(fds, nfds as usize) };
     let asked: Vec<(c_int, i16)> = direct
@@ -454,9 +486,11 @@ unsafe fn direct_poll(
             set[*i].events = *ev;
             set[*i].revents = 0;
         }
-        if r < 0 {
-            return r;
-        }
+        let r = match r {
+            Polled::Done(r) if r < 0 => return Polled::Done(r),
+            Polled::Done(r) => Some(r),
+            Polled::Moved => None,
+        };
         if ready.is_empty() {
             ready = ready_now();
         }
@@ -465,7 +499,10 @@ unsafe fn direct_poll(
         }
         let n = set.iter().filter(|p| p.revents != 0).count() as c_int;
         if n > 0 || left == 0 {
-            return n;
+            return Polled::Done(n);
+        }
+        if r.is_none() {
+            return Polled::Moved;
         }
     }
 }
@@ -480,12 +517,12 @@ unsafe fn rings_poll(
     nfds: nfds_t,
     timeout: c_int,
     wait: impl Fn(*mut pollfd, nfds_t, c_int) -> c_int,
-) -> c_int {
+) -> Polled {
     // SAFETY: poll's contract: `fds` holds `nfds` valid entries.
     let set = unsafe { std::slice::from_raw_parts_mut(fds, nfds as usize) };
     let (shm, pend) = read_watched(set);
     if shm.is_empty() && pend.is_empty() {
-        return wait(fds, nfds, timeout);
+        return Polled::Done(wait(fds, nfds, timeout));
     }
     // The relay sockets to watch: (the connection's place in `shm`, its
     // socket to the relay).
@@ -494,6 +531,15 @@ unsafe fn rings_poll(
         .enumerate()
         .filter(|(_, (_, c))| c.bell() >= 0)
         .map(|(k, (_, c))| (k, c.bell()))
+        .collect();
+    // The relayed offers still open, watched by their ends' eventfds
+    // after the relay sockets: the library's thread may take an answer off
+    // the kernel socket before this wait sees it.
+    let offers: Vec<c_int> = shm
+        .iter()
+        .filter(|(_, c)| c.offered())
+        .map(|(_, c)| c.offer_end_fd())
+        .filter(|&e| e >= 0)
         .collect();
     let mut with_bells: Vec<pollfd> = Vec::new();
     let start = std::time::Instant::now();
@@ -521,26 +567,32 @@ unsafe fn rings_poll(
         } else {
             0
         };
-        let r = if bells.is_empty() {
+        let r = if bells.is_empty() && offers.is_empty() {
             wait(fds, nfds, t)
         } else {
             // SAFETY: as above.
             let set = unsafe { std::slice::from_raw_parts(fds, nfds as usize) };
             with_bells.clear();
             with_bells.extend_from_slice(set);
-            with_bells.extend(bells.iter().map(|&(_, bell)| pollfd {
-                fd: bell,
-                events: libc::POLLIN,
-                revents: 0,
-            }));
+            with_bells.extend(
+                bells
+                    .iter()
+                    .map(|&(_, bell)| bell)
+                    .chain(offers.iter().copied())
+                    .map(|fd| pollfd {
+                        fd,
+                        events: libc::POLLIN,
+                        revents: 0,
+                    }),
+            );
             wait(with_bells.as_mut_ptr(), with_bells.len() as nfds_t, t)
         };
         if r < 0 {
-            return r;
+            return Polled::Done(r);
         }
         // SAFETY: as above; the real poll wrote only `revents`.
         let set = unsafe { std::slice::from_raw_parts_mut(fds, nfds as usize) };
-        if !bells.is_empty() {
+        if !bells.is_empty() || !offers.is_empty() {
             for (p, w) in set.iter_mut().zip(&with_bells) {
                 p.revents = w.revents;
             }
@@ -575,7 +627,13 @@ unsafe fn rings_poll(
         }
         let n = set.iter().filter(|p| p.revents != 0).count() as c_int;
         if n > 0 || t == 0 {
-            return n;
+            return Polled::Done(n);
+        }
+        let ended = with_bells
+            .get(set.len() + bells.len()..)
+            .is_some_and(|e| e.iter().any(|p| p.revents != 0));
+        if ended {
+            return Polled::Moved;
         }
     }
 }

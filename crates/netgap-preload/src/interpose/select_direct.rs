@@ -3,6 +3,9 @@
 //! sets are turned into a poll set and waited on with the library's own
 //! `poll`, which asks each connection (`direct_poll`), and the results are
 //! turned back into the sets as the kernel's `select` reports a poll's.
+//! So is a `select` over a connector's relayed offer still open: it may go
+//! direct while the wait sleeps, and the poll watches the offer's end
+//! (`Conn::offer_end_fd`) beside its socket.
 
 use super::poll::poll;
 use libc::{c_int, fd_set, nfds_t, pollfd, timeval};
