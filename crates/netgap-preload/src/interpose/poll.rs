@@ -133,7 +133,7 @@ pub unsafe extern "C" fn select(
     timeout: *mut timeval,
 ) -> c_int {
     #[cfg(feature = "xdp")]
-    if has_direct(
+    if super::select_direct::has_direct(
         nfds.min(libc::FD_SETSIZE as c_int),
         [readfds, writefds, exceptfds],
     ) {
@@ -194,30 +194,6 @@ pub unsafe extern "C" fn select(
     }
     // SAFETY: valid sets or null.
     unsafe { fds_in(readfds, limit) + fds_in(writefds, limit) + fds_in(exceptfds, limit) }
-}
-
-/// Whether one of `sets` (null: none) holds, below `limit`, a direct
-/// connection, whose kernel socket says nothing of it, or a relayed offer
-/// still open, which may go direct while the wait sleeps (its answer taken
-/// by the library's thread, see `Conn::offer_end_fd`): the `select` is
-/// then a poll (`select_direct`), which watches both.
-#[cfg(feature = "xdp")]
-fn has_direct(limit: c_int, sets: [*mut fd_set; 3]) -> bool {
-    (0..limit).any(|fd| {
-        // SAFETY: valid sets or null (select's contract), fd below
-        // FD_SETSIZE.
-        let asked = sets
-            .iter()
-            .any(|s| !s.is_null() && unsafe { libc::FD_ISSET(fd, *s) });
-        asked
-            && match table::get(fd) {
-                Some(Entry::Direct(_)) => true,
-                Some(Entry::Shm(c)) => {
-                    c.went_direct().is_some() || c.offered() && c.offer_end_fd() >= 0
-                }
-                _ => false,
-            }
-    })
 }
 
 /// Whether a relayed connection's socket to its relay can be watched in a
