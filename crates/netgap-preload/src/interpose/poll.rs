@@ -55,7 +55,7 @@ fn settle_pending(fd: c_int, p: &Arc<Pending>) -> bool {
 }
 
 /// Milliseconds left of a poll-style timeout (negative: forever).
-fn left_ms(timeout: c_int, start: std::time::Instant) -> c_int {
+pub(super) fn left_ms(timeout: c_int, start: std::time::Instant) -> c_int {
     if timeout < 0 {
         return timeout;
     }
@@ -356,10 +356,10 @@ unsafe fn shm_poll(
         {
             // SAFETY: poll's contract: `fds` holds `nfds` valid entries.
             let set = unsafe { std::slice::from_raw_parts(fds, nfds as usize) };
-            let direct = direct_watched(set);
+            let direct = super::poll_direct::direct_watched(set);
             if !direct.is_empty() {
                 // SAFETY: as above.
-                match unsafe { direct_poll(fds, nfds, left, &wait, &direct) } {
+                match unsafe { super::poll_direct::direct_poll(fds, nfds, left, &wait, &direct) } {
                     Polled::Done(n) => return n,
                     Polled::Moved => continue,
                 }
@@ -374,7 +374,7 @@ unsafe fn shm_poll(
 }
 
 /// What one look of [`shm_poll`] found.
-enum Polled {
+pub(super) enum Polled {
     /// The count of ready entries, or the real call's failure (-1).
     Done(c_int),
     /// Nothing is ready, and a relayed offer in the set ended while the
@@ -384,111 +384,12 @@ enum Polled {
     Moved,
 }
 
-/// The entries of a poll set that are direct connections, with their
-/// places in the set.
-#[cfg(feature = "xdp")]
-fn direct_watched(set: &[pollfd]) -> Watched<crate::direct::Direct> {
-    set.iter()
-        .enumerate()
-        .filter_map(|(i, p)| match table::get(p.fd) {
-            Some(Entry::Direct(d)) => Some((i, d)),
-            // Gone direct, the table not switched yet.
-            Some(Entry::Shm(c)) => c.went_direct().map(|d| (i, d)),
-            _ => None,
-        })
-        .collect()
-}
-
-/// A poll whose set holds direct connections: each is ready as its
-/// connection says (after a pump); while none is, the wait watches each
-/// one's `wait_fd` in its place (frames arrived) and lasts at most until
-/// the nearest of their timers, after which they are pumped and the wait
-/// goes on: the program sees no early return.
-///
-/// # Safety
-///
-/// `fds` valid for `nfds` entries.
-#[cfg(feature = "xdp")]
-unsafe fn direct_poll(
-    fds: *mut pollfd,
-    nfds: nfds_t,
-    timeout: c_int,
-    wait: &dyn Fn(*mut pollfd, nfds_t, c_int) -> c_int,
-    direct: &Watched<crate::direct::Direct>,
-) -> Polled {
-    // SAFETY: poll's contract: `fds` holds `nfds` valid entries.
-    let set = unsafe { std::slice::from_raw_parts_mut(fds, nfds as usize) };
-    let asked: Vec<(c_int, i16)> = direct
-        .iter()
-        .map(|(i, _)| (set[*i].fd, set[*i].events))
-        .collect();
-    let ready_now = || -> Vec<(usize, i16)> {
-        direct
-            .iter()
-            .zip(&asked)
-            .map(|((i, d), (_, ev))| (*i, d.poll_events(*ev)))
-            .filter(|(_, r)| *r != 0)
-            .collect()
-    };
-    let start = std::time::Instant::now();
-    loop {
-        let mut ready = ready_now();
-        let left = left_ms(timeout, start);
-        let t = if ready.is_empty() {
-            let timer = direct
-                .iter()
-                .map(|(_, d)| d.next_timer())
-                .min()
-                .map_or(c_int::MAX, |d| {
-                    c_int::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(c_int::MAX)
-                });
-            if left < 0 {
-                timer
-            } else {
-                left.min(timer)
-            }
-        } else {
-            0
-        };
-        for (i, d) in direct {
-            set[*i].fd = d.wait_fd();
-            set[*i].events = libc::POLLIN;
-        }
-        // SAFETY: `fds` as given, the direct entries watching their
-        // sockets for now.
-        let r = unsafe { rings_poll(fds, nfds, t, wait) };
-        for ((i, _), (fd, ev)) in direct.iter().zip(&asked) {
-            set[*i].fd = *fd;
-            set[*i].events = *ev;
-            set[*i].revents = 0;
-        }
-        let r = match r {
-            Polled::Done(r) if r < 0 => return Polled::Done(r),
-            Polled::Done(r) => Some(r),
-            Polled::Moved => None,
-        };
-        if ready.is_empty() {
-            ready = ready_now();
-        }
-        for (i, r) in ready {
-            set[i].revents = r;
-        }
-        let n = set.iter().filter(|p| p.revents != 0).count() as c_int;
-        if n > 0 || left == 0 {
-            return Polled::Done(n);
-        }
-        if r.is_none() {
-            return Polled::Moved;
-        }
-    }
-}
-
 /// [`shm_poll`] for a set with no direct connection.
 ///
 /// # Safety
 ///
 /// `fds` valid for `nfds` entries.
-unsafe fn rings_poll(
+pub(super) unsafe fn rings_poll(
     fds: *mut pollfd,
     nfds: nfds_t,
     timeout: c_int,
@@ -615,7 +516,7 @@ unsafe fn rings_poll(
 }
 
 /// What entries of a poll set watch, with their places in the set.
-type Watched<T> = Vec<(usize, Arc<T>)>;
+pub(super) type Watched<T> = Vec<(usize, Arc<T>)>;
 
 /// The entries of a poll set that watch a taken-over connection for
 /// reading (with their places in the set), and those that watch a
@@ -768,116 +669,13 @@ unsafe fn shm_epoll_wait(
         let direct = table::epoll_direct(epfd);
         if !direct.is_empty() {
             // SAFETY: the caller's contract.
-            return unsafe { direct_epoll_wait(epfd, events, max, timeout, &wait, &direct) };
+            return unsafe {
+                super::poll_direct::direct_epoll_wait(epfd, events, max, timeout, &wait, &direct)
+            };
         }
     }
     // SAFETY: the caller's contract.
     unsafe { rings_epoll_wait(epfd, events, max, timeout, wait) }
-}
-
-/// An epoll wait with direct connections registered: each is reported as
-/// its connection says (after a pump; an edge-triggered one when its
-/// readiness gained an event since it was last looked at), its `wait_fd`
-/// (registered beside it with its data, see `bell::register_bell`) wakes
-/// the wait when frames arrive, and the wait lasts at most until the
-/// nearest of their timers, after which they are pumped and the wait goes
-/// on: the program sees no early return.
-///
-/// # Safety
-///
-/// `events` valid for writes of `max > 0` entries.
-#[cfg(feature = "xdp")]
-unsafe fn direct_epoll_wait(
-    epfd: c_int,
-    events: *mut epoll_event,
-    max: c_int,
-    timeout: c_int,
-    wait: &dyn Fn(c_int) -> c_int,
-    direct: &[(c_int, Interest, Arc<crate::direct::Direct>)],
-) -> c_int {
-    // Entries are packed structs: read and written unaligned, by value.
-    let get = |k: usize| {
-        // SAFETY: callers pass `k < max`, inside the program's array.
-        unsafe { std::ptr::read_unaligned(events.add(k)) }
-    };
-    let put = |k: usize, e: epoll_event| {
-        // SAFETY: as above.
-        unsafe { std::ptr::write_unaligned(events.add(k), e) }
-    };
-    let said = |i: &Interest, d: &crate::direct::Direct| {
-        u32::from(d.poll_events((i.events & 0xffff) as i16).cast_unsigned())
-    };
-    let start = std::time::Instant::now();
-    loop {
-        let mut ready: Vec<epoll_event> = direct
-            .iter()
-            .filter_map(|(_, i, d)| {
-                let ev = said(i, d);
-                let new = d.newly_ready(ev);
-                let edge = i.events & libc::EPOLLET as u32 != 0;
-                let report = if edge { new } else { ev };
-                (report != 0).then_some(epoll_event {
-                    events: ev,
-                    u64: i.data,
-                })
-            })
-            .collect();
-        ready.truncate(max as usize);
-        let left = left_ms(timeout, start);
-        let t = if ready.is_empty() {
-            let timer = direct
-                .iter()
-                .map(|(_, _, d)| d.next_timer())
-                .min()
-                .map_or(c_int::MAX, |d| {
-                    c_int::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(c_int::MAX)
-                });
-            if left < 0 {
-                timer
-            } else {
-                left.min(timer)
-            }
-        } else {
-            0
-        };
-        let room = max as usize - ready.len();
-        let n = if room == 0 {
-            0
-        } else {
-            // SAFETY: `events` holds `max ≥ room` entries.
-            unsafe { rings_epoll_wait(epfd, events, room as c_int, t, wait) }
-        };
-        if n < 0 && ready.is_empty() {
-            return n;
-        }
-        let mut out = 0usize;
-        for k in 0..n.max(0) as usize {
-            let mut e = get(k);
-            let data = e.u64;
-            if let Some((_, i, d)) = direct.iter().find(|(_, i, _)| i.data == data) {
-                // The connection's socket (frames arrived) or its TCP
-                // socket: the connection says what it is.
-                if ready.iter().any(|r| r.u64 == data) {
-                    continue;
-                }
-                let ev = said(i, d);
-                d.newly_ready(ev);
-                if ev == 0 {
-                    continue;
-                }
-                e.events = ev;
-            }
-            put(out, e);
-            out += 1;
-        }
-        for r in ready {
-            put(out, r);
-            out += 1;
-        }
-        if out > 0 || left == 0 {
-            return out as c_int;
-        }
-    }
 }
 
 /// [`shm_epoll_wait`] for an epoll with no direct connection.
@@ -885,7 +683,7 @@ unsafe fn direct_epoll_wait(
 /// # Safety
 ///
 /// `events` valid for writes of `max` entries.
-unsafe fn rings_epoll_wait(
+pub(super) unsafe fn rings_epoll_wait(
     epfd: c_int,
     events: *mut epoll_event,
     max: c_int,
