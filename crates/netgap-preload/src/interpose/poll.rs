@@ -470,21 +470,7 @@ pub(super) unsafe fn rings_poll(
         // SAFETY: as above; the real poll wrote only `revents`.
         let set = unsafe { std::slice::from_raw_parts_mut(fds, nfds as usize) };
         if !bells.is_empty() || !offers.is_empty() {
-            for (p, w) in set.iter_mut().zip(&with_bells) {
-                p.revents = w.revents;
-            }
-            for (k, &(shm_at, _)) in bells.iter().enumerate() {
-                let rung = with_bells[set.len() + k].revents;
-                let i = shm[shm_at].0;
-                if rung & libc::POLLIN != 0 {
-                    // A byte from the relay: `settle` below drains it and
-                    // says whether the ring has something.
-                    set[i].revents |= libc::POLLIN;
-                } else if rung != 0 {
-                    // The relay is gone, and the connection with it.
-                    set[i].revents |= libc::POLLHUP;
-                }
-            }
+            copy_rung(set, &with_bells, &bells, &shm);
         }
         for (i, c) in &shm {
             if set[*i].revents & libc::POLLIN != 0 && !settle(set[*i].fd, c) {
@@ -511,6 +497,31 @@ pub(super) unsafe fn rings_poll(
             .is_some_and(|e| e.iter().any(|p| p.revents != 0));
         if ended {
             return Polled::Moved;
+        }
+    }
+}
+
+/// Copies a wait on the program's `set` with the relay sockets `bells`
+/// (each with its connection's place in `shm`) after it (`with_bells`)
+/// back into `set`: a byte on a relay socket marks its connection
+/// readable, for `settle` to drain and judge; a hang-up, the relay gone,
+/// hangs the connection up with it.
+fn copy_rung(
+    set: &mut [pollfd],
+    with_bells: &[pollfd],
+    bells: &[(usize, c_int)],
+    shm: &Watched<Conn>,
+) {
+    for (p, w) in set.iter_mut().zip(with_bells) {
+        p.revents = w.revents;
+    }
+    for (k, &(shm_at, _)) in bells.iter().enumerate() {
+        let rung = with_bells[set.len() + k].revents;
+        let i = shm[shm_at].0;
+        if rung & libc::POLLIN != 0 {
+            set[i].revents |= libc::POLLIN;
+        } else if rung != 0 {
+            set[i].revents |= libc::POLLHUP;
         }
     }
 }
