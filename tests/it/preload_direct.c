@@ -9,6 +9,9 @@
  *   direct pollclient IP PORT ROUNDS STREAM_BYTES   (the same in poll)
  *   direct epollclient IP PORT ROUNDS STREAM_BYTES   (the same in an
  *     epoll, the connection registered once, before its first read)
+ *   direct epollserver PORT ROUNDS STREAM_BYTES   (the accepted connection
+ *     non-blocking and waited on in an epoll; its first look, a peek,
+ *     must return at once: it prints "first_peek_ms N (what it said)")
  *   direct threadclient IP PORT 0 STREAM_BYTES   (a second thread writes
  *     the stream in small pieces from the moment connect returns, while
  *     the connection is still being offered and while it goes direct)
@@ -16,6 +19,7 @@
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -41,6 +45,11 @@ static void put_all(int fd, const unsigned char *b, size_t n) {
         ssize_t w = write(fd, b, n);
         if (w < 0 && errno == EINTR)
             continue;
+        if (w < 0 && errno == EAGAIN) {
+            struct pollfd p = {.fd = fd, .events = POLLOUT};
+            poll(&p, 1, 1000);
+            continue;
+        }
         if (w <= 0)
             die("write");
         b += w;
@@ -93,7 +102,7 @@ static void get_all(int fd, unsigned char *b, size_t n) {
         if (select_first || poll_first || epfd >= 0)
             wait_readable(fd);
         ssize_t r = read(fd, b, n);
-        if (r < 0 && errno == EINTR)
+        if (r < 0 && (errno == EINTR || (errno == EAGAIN && epfd >= 0)))
             continue;
         if (r == 0) {
             fprintf(stderr, "read: early end of stream\n");
@@ -103,6 +112,18 @@ static void get_all(int fd, unsigned char *b, size_t n) {
             die("read");
         b += r;
         n -= (size_t)r;
+    }
+}
+
+/* One read of a byte, waiting first as get_all does: 1, or 0 at the end. */
+static ssize_t read_one(int fd, unsigned char *x) {
+    for (;;) {
+        if (select_first || poll_first || epfd >= 0)
+            wait_readable(fd);
+        ssize_t r = read(fd, x, 1);
+        if (r < 0 && (errno == EINTR || (errno == EAGAIN && epfd >= 0)))
+            continue;
+        return r;
     }
 }
 
@@ -187,7 +208,8 @@ int main(int argc, char **argv) {
         return 2;
     int execs = strcmp(argv[1], "execserver") == 0;
     int forks = strcmp(argv[1], "forkserver") == 0;
-    int server = forks || execs || strcmp(argv[1], "server") == 0;
+    int epoll_server = strcmp(argv[1], "epollserver") == 0;
+    int server = forks || execs || epoll_server || strcmp(argv[1], "server") == 0;
     int threaded = strcmp(argv[1], "threadclient") == 0;
     select_first = strcmp(argv[1], "selectclient") == 0;
     poll_first = strcmp(argv[1], "pollclient") == 0;
@@ -238,7 +260,20 @@ int main(int argc, char **argv) {
             usleep(50000);
         }
     }
-    if (epolls) {
+    if (epoll_server) {
+        /* Its first look at once, whatever the library still waits for. */
+        if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK) < 0)
+            die("fcntl");
+        unsigned char b;
+        long t0 = now_ns();
+        ssize_t r = recv(fd, &b, 1, MSG_PEEK);
+        int e = errno;
+        printf("first_peek_ms %ld (%s)\n", (now_ns() - t0) / 1000000,
+               r > 0 ? "data" : r == 0 ? "end" : strerror(e));
+        if (r < 0 && e != EAGAIN)
+            die("recv");
+    }
+    if (epolls || epoll_server) {
         struct epoll_event e = {.events = EPOLLIN, .data.fd = fd};
         epfd = epoll_create1(EPOLL_CLOEXEC);
         if (epfd < 0 || epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &e) < 0)
@@ -311,7 +346,7 @@ int main(int argc, char **argv) {
      * path, see GUIDE.md), which this test is not about. */
     unsigned char x = 'd';
     if (server) {
-        if (read(fd, &x, 1) != 1 || x != 'd') {
+        if (read_one(fd, &x) != 1 || x != 'd') {
             fprintf(stderr, "no word from the client that it read everything\n");
             return 1;
         }
@@ -319,7 +354,7 @@ int main(int argc, char **argv) {
     } else {
         put_all(fd, &x, 1);
     }
-    if (read(fd, &x, 1) != 0) {
+    if (read_one(fd, &x) != 0) {
         fprintf(stderr, "no end of stream from the peer\n");
         return 1;
     }

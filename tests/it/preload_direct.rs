@@ -145,8 +145,22 @@ fn pair(
     modes: [&str; 2],
     rounds: &str,
 ) -> [(Ran, String); 2] {
+    pair_on(tb, exe, dir, port, modes, rounds, [1, 0])
+}
+
+/// [`pair`] with the server on host `on[0]` of `tb` and the client on
+/// host `on[1]`.
+fn pair_on(
+    tb: &Testbed,
+    exe: &Path,
+    dir: &Path,
+    port: &str,
+    modes: [&str; 2],
+    rounds: &str,
+    on: [usize; 2],
+) -> [(Ran, String); 2] {
     let hosts = tb.hosts();
-    let (h1, h2) = (&hosts.hosts[0], &hosts.hosts[1]);
+    let (h1, h2) = (&hosts.hosts[on[1]], &hosts.hosts[on[0]]);
     let server_log = dir.join("library-server.log");
     let client_log = dir.join("library-client.log");
     let mut server = wrapped(
@@ -355,6 +369,42 @@ fn a_relay_with_no_direct_keeps_the_connection_on_the_relays_path_at_both_ends()
         assert_eq!(log.matches(": relay: ").count(), 1, "{log}");
     }
     assert!(server.contains("--no-direct"), "{server}");
+    // The other way round the client's relay refuses, and the server's
+    // refuses the server's side only when its wait for the other half
+    // passes (3 s): a non-blocking server waiting in an epoll never waits
+    // for it in its calls, and is woken when the refusal comes.
+    let back = dir.path().join("back");
+    std::fs::create_dir(&back).expect("a log directory");
+    let ends = pair_on(
+        &tb,
+        &exe,
+        &back,
+        "7709",
+        ["epollserver", "client"],
+        ROUNDS,
+        [0, 1],
+    );
+    let relay_logs = all_logs(&relays);
+    check_ok(&ends, &relay_logs);
+    let [(server_out, server), (_, client)] = &ends;
+    common::assert_relayed_at_both_ends(&format!("{server}{client}"));
+    for log in [server, client] {
+        assert!(!log.contains("moved to direct"), "{log}");
+        assert_eq!(log.matches(": relay: ").count(), 1, "{log}");
+    }
+    let first_peek_ms: u64 = server_out
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("first_peek_ms "))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no first peek in {}", server_out.stdout));
+    assert!(
+        first_peek_ms < 1000,
+        "the first peek waited {first_peek_ms} ms:\n{}\n{server}",
+        server_out.stdout
+    );
+    eprintln!("{test}: the server's first peek took {first_peek_ms} ms");
     drop(relays);
     tb.assert_no_relay();
     tb.down();

@@ -401,13 +401,13 @@ pub(super) unsafe fn rings_poll(
     if shm.is_empty() && pend.is_empty() {
         return Polled::Done(wait(fds, nfds, timeout));
     }
-    // The relay sockets to watch: (the connection's place in `shm`, its
+    // The relay sockets to watch: (the connection's place in the set, its
     // socket to the relay).
     let bells: Vec<(usize, c_int)> = shm
         .iter()
-        .enumerate()
-        .filter(|(_, (_, c))| c.bell() >= 0)
-        .map(|(k, (_, c))| (k, c.bell()))
+        .filter(|(_, c)| c.bell() >= 0)
+        .map(|(i, c)| (*i, c.bell()))
+        .chain(granting(&pend))
         .collect();
     // The relayed offers still open, watched by their ends' eventfds
     // after the relay sockets: the library's thread may take an answer off
@@ -470,7 +470,7 @@ pub(super) unsafe fn rings_poll(
         // SAFETY: as above; the real poll wrote only `revents`.
         let set = unsafe { std::slice::from_raw_parts_mut(fds, nfds as usize) };
         if !bells.is_empty() || !offers.is_empty() {
-            copy_rung(set, &with_bells, &bells, &shm);
+            copy_rung(set, &with_bells, &bells);
         }
         for (i, c) in &shm {
             if set[*i].revents & libc::POLLIN != 0 && !settle(set[*i].fd, c) {
@@ -502,28 +502,35 @@ pub(super) unsafe fn rings_poll(
 }
 
 /// Copies a wait on the program's `set` with the relay sockets `bells`
-/// (each with its connection's place in `shm`) after it (`with_bells`)
+/// (each with its connection's place in `set`) after it (`with_bells`)
 /// back into `set`: a byte on a relay socket marks its connection
-/// readable, for `settle` to drain and judge; a hang-up, the relay gone,
-/// hangs the connection up with it.
-fn copy_rung(
-    set: &mut [pollfd],
-    with_bells: &[pollfd],
-    bells: &[(usize, c_int)],
-    shm: &Watched<Conn>,
-) {
+/// readable, for `settle` to drain and judge (or, for a pending
+/// connection's direct request, to read the grant); a hang-up, the relay
+/// gone, hangs the connection up with it.
+fn copy_rung(set: &mut [pollfd], with_bells: &[pollfd], bells: &[(usize, c_int)]) {
     for (p, w) in set.iter_mut().zip(with_bells) {
         p.revents = w.revents;
     }
-    for (k, &(shm_at, _)) in bells.iter().enumerate() {
+    for (k, &(i, _)) in bells.iter().enumerate() {
         let rung = with_bells[set.len() + k].revents;
-        let i = shm[shm_at].0;
         if rung & libc::POLLIN != 0 {
             set[i].revents |= libc::POLLIN;
         } else if rung != 0 {
             set[i].revents |= libc::POLLHUP;
         }
     }
+}
+
+/// The pending connections of a poll set whose direct request's grant is
+/// awaited, with their places in the set and the request's socket, which
+/// the wait watches beside them (their kernel sockets carry nothing until
+/// the grant or the refusal).
+fn granting(pend: &Watched<Pending>) -> impl Iterator<Item = (usize, c_int)> + '_ {
+    #[cfg(feature = "xdp")]
+    let watched = pend.iter().map(|(i, p)| (*i, p.granting_fd()));
+    #[cfg(not(feature = "xdp"))]
+    let watched = pend.iter().map(|(i, _)| (*i, -1));
+    watched.filter(|&(_, fd)| fd >= 0)
 }
 
 /// What entries of a poll set watch, with their places in the set.

@@ -20,8 +20,9 @@ const WRITE_ANSWER: i16 = libc::POLLOUT | libc::POLLWRNORM | libc::POLLERR;
 /// Whether one of `sets` (null: none) holds, below `limit`, a direct
 /// connection, whose kernel socket says nothing of it, or a relayed offer
 /// still open, which may go direct while the wait sleeps (its answer taken
-/// by the library's thread, see `Conn::offer_end_fd`): the `select` is
-/// then a poll (`select_direct`), which watches both.
+/// by the library's thread, see `Conn::offer_end_fd`), or an accepted
+/// connection whose direct request's grant is awaited: the `select` is
+/// then a poll (`select_direct`), which watches them all.
 pub(crate) fn has_direct(limit: c_int, sets: [*mut fd_set; 3]) -> bool {
     (0..limit).any(|fd| {
         // SAFETY: valid sets or null (select's contract), fd below
@@ -35,6 +36,7 @@ pub(crate) fn has_direct(limit: c_int, sets: [*mut fd_set; 3]) -> bool {
                 Some(Entry::Shm(c)) => {
                     c.went_direct().is_some() || c.offered() && c.offer_end_fd() >= 0
                 }
+                Some(Entry::Pending(p)) => p.granting_fd() >= 0,
                 _ => false,
             }
     })
