@@ -309,7 +309,9 @@ fn bytes_written_by_another_thread_while_the_offer_goes_direct_all_arrive_in_ord
 /// read timed out after the transport's 10 s. `poll` had the same fault;
 /// a second client waits in poll, a third in an epoll (which did not: the
 /// move registers the connection's AF_XDP socket in the program's epolls,
-/// and a registration wakes a wait already asleep).
+/// and a registration wakes a wait already asleep), against a server
+/// that is non-blocking in an epoll too, whose accepted connection goes
+/// direct while it waits there.
 #[test]
 fn a_client_that_waits_in_select_poll_or_epoll_for_each_read_sees_its_direct_connection_readable() {
     let test =
@@ -322,14 +324,15 @@ fn a_client_that_waits_in_select_poll_or_epoll_for_each_read_sees_its_direct_con
     let (tb, _) = Testbed::up("pdirsel", &["--hosts", "2", "--links", "2"]);
     let key = common::new_key_file(dir.path(), "relay.key");
     let relays = relays(&tb, &key, dir.path(), &[]);
-    for (client, port) in [
-        ("selectclient", "7706"),
-        ("pollclient", "7707"),
-        ("epollclient", "7708"),
+    // The epoll client's server is non-blocking in an epoll too.
+    for (server, client, port) in [
+        ("server", "selectclient", "7706"),
+        ("server", "pollclient", "7707"),
+        ("epollserver", "epollclient", "7708"),
     ] {
         let logs = dir.path().join(client);
         std::fs::create_dir(&logs).expect("a log directory");
-        let ends = pair(&tb, &exe, &logs, port, ["server", client], "200");
+        let ends = pair(&tb, &exe, &logs, port, [server, client], "200");
         let relay_logs = all_logs(&relays);
         check_ok(&ends, &relay_logs);
         let [(_, server), (_, client)] = &ends;
