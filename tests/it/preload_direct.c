@@ -6,6 +6,12 @@
  *   direct client IP PORT ROUNDS STREAM_BYTES
  *   direct selectclient IP PORT ROUNDS STREAM_BYTES   (waits in select
  *     for each read: the connection must say it is readable there)
+ *   direct pollclient IP PORT ROUNDS STREAM_BYTES   (the same in poll)
+ *   direct epollclient IP PORT ROUNDS STREAM_BYTES   (the same in an
+ *     epoll, the connection registered once, before its first read)
+ *   direct epollserver PORT ROUNDS STREAM_BYTES   (the accepted connection
+ *     non-blocking and waited on in an epoll; its first look, a peek,
+ *     must return at once: it prints "first_peek_ms N (what it said)")
  *   direct threadclient IP PORT 0 STREAM_BYTES   (a second thread writes
  *     the stream in small pieces from the moment connect returns, while
  *     the connection is still being offered and while it goes direct)
@@ -13,12 +19,15 @@
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/select.h>
 #include <sys/socket.h>
 #include <signal.h>
@@ -36,6 +45,11 @@ static void put_all(int fd, const unsigned char *b, size_t n) {
         ssize_t w = write(fd, b, n);
         if (w < 0 && errno == EINTR)
             continue;
+        if (w < 0 && errno == EAGAIN) {
+            struct pollfd p = {.fd = fd, .events = POLLOUT};
+            poll(&p, 1, 1000);
+            continue;
+        }
         if (w <= 0)
             die("write");
         b += w;
@@ -43,11 +57,33 @@ static void put_all(int fd, const unsigned char *b, size_t n) {
     }
 }
 
-/* Set: every read first waits in select (5 s at most) for the descriptor
- * to be readable. */
-static int select_first;
+/* Set: every read first waits in select, in poll, or in the epoll
+ * `epfd` (5 s at most) for the descriptor to be readable. */
+static int select_first, poll_first, epfd = -1;
 
 static void wait_readable(int fd) {
+    if (epfd >= 0) {
+        struct epoll_event e;
+        int r = epoll_wait(epfd, &e, 1, 5000);
+        if (r < 0)
+            die("epoll_wait");
+        if (r == 0 || !(e.events & EPOLLIN) || e.data.fd != fd) {
+            fprintf(stderr, "epoll: not readable within 5 s\n");
+            exit(1);
+        }
+        return;
+    }
+    if (poll_first) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        int r = poll(&p, 1, 5000);
+        if (r < 0)
+            die("poll");
+        if (r == 0 || !(p.revents & POLLIN)) {
+            fprintf(stderr, "poll: not readable within 5 s\n");
+            exit(1);
+        }
+        return;
+    }
     fd_set rs;
     FD_ZERO(&rs);
     FD_SET(fd, &rs);
@@ -63,10 +99,10 @@ static void wait_readable(int fd) {
 
 static void get_all(int fd, unsigned char *b, size_t n) {
     while (n > 0) {
-        if (select_first)
+        if (select_first || poll_first || epfd >= 0)
             wait_readable(fd);
         ssize_t r = read(fd, b, n);
-        if (r < 0 && errno == EINTR)
+        if (r < 0 && (errno == EINTR || (errno == EAGAIN && epfd >= 0)))
             continue;
         if (r == 0) {
             fprintf(stderr, "read: early end of stream\n");
@@ -76,6 +112,18 @@ static void get_all(int fd, unsigned char *b, size_t n) {
             die("read");
         b += r;
         n -= (size_t)r;
+    }
+}
+
+/* One read of a byte, waiting first as get_all does: 1, or 0 at the end. */
+static ssize_t read_one(int fd, unsigned char *x) {
+    for (;;) {
+        if (select_first || poll_first || epfd >= 0)
+            wait_readable(fd);
+        ssize_t r = read(fd, x, 1);
+        if (r < 0 && (errno == EINTR || (errno == EAGAIN && epfd >= 0)))
+            continue;
+        return r;
     }
 }
 
@@ -160,9 +208,12 @@ int main(int argc, char **argv) {
         return 2;
     int execs = strcmp(argv[1], "execserver") == 0;
     int forks = strcmp(argv[1], "forkserver") == 0;
-    int server = forks || execs || strcmp(argv[1], "server") == 0;
+    int epoll_server = strcmp(argv[1], "epollserver") == 0;
+    int server = forks || execs || epoll_server || strcmp(argv[1], "server") == 0;
     int threaded = strcmp(argv[1], "threadclient") == 0;
     select_first = strcmp(argv[1], "selectclient") == 0;
+    poll_first = strcmp(argv[1], "pollclient") == 0;
+    int epolls = strcmp(argv[1], "epollclient") == 0;
     int at = server ? 2 : 3;
     int port = atoi(argv[at]);
     long rounds = atol(argv[at + 1]);
@@ -208,6 +259,25 @@ int main(int argc, char **argv) {
                 die("connect");
             usleep(50000);
         }
+    }
+    if (epoll_server) {
+        /* Its first look at once, whatever the library still waits for. */
+        if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK) < 0)
+            die("fcntl");
+        unsigned char b;
+        long t0 = now_ns();
+        ssize_t r = recv(fd, &b, 1, MSG_PEEK);
+        int e = errno;
+        printf("first_peek_ms %ld (%s)\n", (now_ns() - t0) / 1000000,
+               r > 0 ? "data" : r == 0 ? "end" : strerror(e));
+        if (r < 0 && e != EAGAIN)
+            die("recv");
+    }
+    if (epolls || epoll_server) {
+        struct epoll_event e = {.events = EPOLLIN, .data.fd = fd};
+        epfd = epoll_create1(EPOLL_CLOEXEC);
+        if (epfd < 0 || epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &e) < 0)
+            die("epoll");
     }
     if (threaded) {
         struct writer w = {.fd = fd, .n = stream};
@@ -276,7 +346,7 @@ int main(int argc, char **argv) {
      * path, see GUIDE.md), which this test is not about. */
     unsigned char x = 'd';
     if (server) {
-        if (read(fd, &x, 1) != 1 || x != 'd') {
+        if (read_one(fd, &x) != 1 || x != 'd') {
             fprintf(stderr, "no word from the client that it read everything\n");
             return 1;
         }
@@ -284,7 +354,7 @@ int main(int argc, char **argv) {
     } else {
         put_all(fd, &x, 1);
     }
-    if (read(fd, &x, 1) != 0) {
+    if (read_one(fd, &x) != 0) {
         fprintf(stderr, "no end of stream from the peer\n");
         return 1;
     }

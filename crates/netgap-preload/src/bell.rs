@@ -47,6 +47,17 @@ pub(crate) fn bell_joins_epolls(fd: c_int) {
 pub(crate) fn register_bell(epfd: c_int, op: c_int, fd: c_int, events: u32, data: u64) -> bool {
     let (bell, any_interest) = match table::get(fd) {
         Some(Entry::Shm(c)) => (c.bell(), false),
+        // A direct request's socket, in the connection's place until its
+        // grant: registered beside it, never noted as its bell (the
+        // connection's own joins when the grant comes).
+        #[cfg(feature = "xdp")]
+        Some(Entry::Pending(p)) => {
+            let relay = p.granting_fd();
+            if relay >= 0 {
+                granting_in_epoll(epfd, op, relay, events, data);
+            }
+            return false;
+        }
         // A direct connection's socket, readable when frames arrived
         // (acknowledgments too, which a writer waits for).
         #[cfg(feature = "xdp")]
@@ -79,4 +90,43 @@ pub(crate) fn register_bell(epfd: c_int, op: c_int, fd: c_int, events: u32, data
         // with its own data; this one falls back on the doorbell.
         real::epoll_ctl()(epfd, libc::EPOLL_CTL_ADD, bell, &mut ev) == 0
     }
+}
+
+/// An accepted connection whose direct request's grant is awaited
+/// (`Pend::Granting`): the request's socket `relay` joins `fd` in each
+/// epoll it is registered in, with the program's data and read interest,
+/// so the grant or the refusal wakes a wait there.
+#[cfg(feature = "xdp")]
+pub(crate) fn granting_joins_epolls(fd: c_int, relay: c_int) {
+    let e = errno();
+    for (epfd, i) in table::epoll_regs_without_bell(fd) {
+        granting_in_epoll(epfd, libc::EPOLL_CTL_ADD, relay, i.events, i.data);
+    }
+    set_errno(e);
+}
+
+/// The grant or the refusal came: the request's socket `relay` leaves the
+/// epolls `fd` is registered in.
+#[cfg(feature = "xdp")]
+pub(crate) fn granting_leaves_epolls(fd: c_int, relay: c_int) {
+    let e = errno();
+    for (epfd, i) in table::epoll_regs_without_bell(fd) {
+        granting_in_epoll(epfd, libc::EPOLL_CTL_DEL, relay, i.events, i.data);
+    }
+    set_errno(e);
+}
+
+/// Registers (`op`) a direct request's socket `relay` in `epfd` as the
+/// program registered its connection: read interest, its data, its
+/// edge-triggered and one-shot flags.
+#[cfg(feature = "xdp")]
+pub(crate) fn granting_in_epoll(epfd: c_int, op: c_int, relay: c_int, events: u32, data: u64) {
+    let flags = (libc::EPOLLET | libc::EPOLLONESHOT) as u32;
+    let mut ev = epoll_event {
+        events: libc::EPOLLIN as u32 | (events & flags),
+        u64: data,
+    };
+    // SAFETY: a plain epoll_ctl on the program's epoll and the library's
+    // own request socket, with an event on the stack.
+    unsafe { real::epoll_ctl()(epfd, op, relay, &mut ev) };
 }

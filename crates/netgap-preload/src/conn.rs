@@ -80,6 +80,14 @@ pub(crate) struct Conn {
     /// nobody reads any more.
     #[cfg(feature = "xdp")]
     direct: std::sync::OnceLock<std::sync::Arc<crate::direct::Direct>>,
+    /// A relayed offer's end, told to a program asleep in poll or select:
+    /// an eventfd made readable for good when the offer ends. The
+    /// library's thread that watches the answer (`setup`) may take the
+    /// answer off the kernel socket before the program's wait sees it, and
+    /// then only this wakes the wait to look at the connection's new path.
+    /// None for a shm offer (no thread takes its answer) or when no
+    /// eventfd could be made (the wait then sees the answer only).
+    offer_end: Option<std::os::fd::OwnedFd>,
 }
 
 /// Where a write on a connection went.
@@ -181,6 +189,7 @@ impl Conn {
             bell: AtomicI32::new(-1),
             #[cfg(feature = "xdp")]
             direct: std::sync::OnceLock::new(),
+            offer_end: None,
         }
     }
 

@@ -18,8 +18,13 @@
 //!   at once; otherwise that relay never sees an offer, and refuses the
 //!   `Accept` when its wait passes) or after the other
 //!   relay said no queue (refusing the listener's `Accept` too); the
-//!   listener's side waits for its own grant or refusal before its program
-//!   reads or writes, so it never guesses.
+//!   listener's side takes no path before its own grant or refusal, so it
+//!   never guesses, and never waits for it longer than its program's call
+//!   would wait for data: its connection stays pending meanwhile (a
+//!   non-blocking read or write says `EAGAIN`, a blocking one waits up to
+//!   its socket's timeout), the request's socket in its place in the
+//!   program's poll, select and epoll, so the grant wakes them
+//!   ([`try_granted`], `setup`'s `Pend::Granting`).
 //! - The relay socket the grant came on stays open for the connection's
 //!   life: the relay keeps the steering registration until it hangs up.
 //! - A blocking call tries, and when it would block sleeps in poll on the
@@ -110,6 +115,29 @@ pub(crate) struct Asked {
     connector: bool,
     /// The connection's TCP socket (the program's descriptor).
     tcp: c_int,
+    /// When the grant is given up on: [`GRANT_WAIT`] after the request.
+    deadline: Instant,
+}
+
+impl Asked {
+    /// The socket the relay's grant or refusal comes on: readable when
+    /// it came (a waiter watches it).
+    pub(crate) fn relay_fd(&self) -> c_int {
+        self.sock.as_raw_fd()
+    }
+
+    /// When the grant is given up on.
+    pub(crate) fn deadline(&self) -> Instant {
+        self.deadline
+    }
+}
+
+/// What the relay said so far to a direct request.
+pub(crate) enum Heard {
+    /// The grant came: the connection is open on its port.
+    Granted(Direct),
+    /// Nothing decisive yet: the request, to look at again.
+    Waiting(Asked),
 }
 
 /// Sends the relay on `sock` (the library's socket to it, owned from now
@@ -138,22 +166,40 @@ pub(crate) fn ask(
         key,
         connector,
         tcp,
+        deadline: Instant::now() + GRANT_WAIT,
     })
 }
 
 /// Waits for the grant (or the refusal) of a request sent with [`ask`],
-/// and opens the connection on the granted port. The accepting side's
-/// relay first replies with its end of the link, which the relayed
-/// listen named already: it is passed over.
-pub(crate) fn granted(asked: Asked) -> Result<Direct, SetupError> {
-    let s = asked.sock.as_raw_fd();
-    let deadline = Instant::now() + GRANT_WAIT;
+/// and opens the connection on the granted port.
+pub(crate) fn granted(mut asked: Asked) -> Result<Direct, SetupError> {
     loop {
-        if !readable(s, deadline) {
+        if !readable(asked.sock.as_raw_fd(), asked.deadline) {
             return Err(SetupError::Late);
         }
+        match try_granted(asked)? {
+            Heard::Granted(d) => return Ok(d),
+            Heard::Waiting(a) => asked = a,
+        }
+    }
+}
+
+/// Reads the relay's replies to `asked` that are in, without waiting,
+/// and opens the connection on the granted port once the grant is in.
+/// The accepting side's relay first replies with its end of the link,
+/// which the relayed listen named already: it is passed over. Err: a
+/// refusal, a reply the library cannot read, or the grant's wait over.
+pub(crate) fn try_granted(asked: Asked) -> Result<Heard, SetupError> {
+    let s = asked.sock.as_raw_fd();
+    loop {
+        if !readable(s, Instant::now()) {
+            if Instant::now() >= asked.deadline {
+                return Err(SetupError::Late);
+            }
+            return Ok(Heard::Waiting(asked));
+        }
         if next_is_grant(s)? {
-            break;
+            return open_granted(asked).map(Heard::Granted);
         }
         match read_reply(s)? {
             RelayReply::Refused(why) => return Err(SetupError::Refused(why)),
@@ -161,6 +207,11 @@ pub(crate) fn granted(asked: Asked) -> Result<Direct, SetupError> {
             RelayReply::Ok(_) => return Err(SetupError::NotGrant),
         }
     }
+}
+
+/// Takes the grant and its port, next on `asked`'s socket, and opens the
+/// connection on the port.
+fn open_granted(asked: Asked) -> Result<Direct, SetupError> {
     let mut head = [0u8; DIRECT_GRANT_BYTES];
     let port = handover::receive_after(asked.sock.as_fd(), &mut head).map_err(SetupError::Port)?;
     let grant = DirectGrant::decode(&head).map_err(SetupError::Grant)?;
@@ -749,6 +800,60 @@ mod tests {
         assert_eq!(n, 5);
         assert_eq!(&a, b"\0xy");
         assert_eq!(&b, b"zuv\0");
+    }
+
+    /// A request sent on one end of a socket pair (the other plays the
+    /// relay), as the listener's side sends it.
+    fn asked_of_a_fake_relay() -> (Asked, OwnedFd) {
+        let mut sv = [0 as c_int; 2];
+        // SAFETY: `sv` is valid for writes of two descriptors.
+        let r =
+            unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_SEQPACKET, 0, sv.as_mut_ptr()) };
+        assert_eq!(r, 0);
+        // SAFETY: a new descriptor nothing else owns.
+        let relay = unsafe { OwnedFd::from_raw_fd(sv[1]) };
+        let asked = ask(
+            sv[0],
+            relay.as_raw_fd(),
+            [3; RELAY_KEY_BYTES],
+            DirectRole::Accept,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        (asked, relay)
+    }
+
+    fn reply(relay: &OwnedFd, r: &RelayReply) {
+        let b = r.encode();
+        // SAFETY: `b` is valid for reads of its length.
+        let n = unsafe { libc::send(relay.as_raw_fd(), b.as_ptr().cast(), b.len(), 0) };
+        assert_eq!(n, b.len() as isize);
+    }
+
+    #[test]
+    fn a_look_at_a_grant_not_come_waits_for_nothing_and_a_refusal_after_the_link_reply_ends_it() {
+        let (asked, relay) = asked_of_a_fake_relay();
+        let t0 = Instant::now();
+        let Ok(Heard::Waiting(asked)) = try_granted(asked) else {
+            panic!("a request with no reply is still awaited");
+        };
+        assert!(t0.elapsed() < Duration::from_millis(100));
+        // The listener's relay first names its end of the link: passed over.
+        reply(
+            &relay,
+            &RelayReply::Ok("10.0.0.1/02:00:00:00:00:01/7".into()),
+        );
+        let Ok(Heard::Waiting(asked)) = try_granted(asked) else {
+            panic!("the link's reply is no answer to the request");
+        };
+        reply(&relay, &RelayReply::Refused("no queue".into()));
+        assert!(matches!(try_granted(asked), Err(SetupError::Refused(w)) if w == "no queue"));
+    }
+
+    #[test]
+    fn a_grant_not_come_within_its_wait_is_late() {
+        let (mut asked, _relay) = asked_of_a_fake_relay();
+        asked.deadline = Instant::now();
+        assert!(matches!(try_granted(asked), Err(SetupError::Late)));
     }
 
     #[test]

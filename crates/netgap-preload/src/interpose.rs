@@ -28,6 +28,8 @@ use std::sync::Arc;
 pub mod data;
 pub mod poll;
 #[cfg(feature = "xdp")]
+mod poll_direct;
+#[cfg(feature = "xdp")]
 mod select_direct;
 
 /// Where a data call on a descriptor goes.

@@ -1,7 +1,8 @@
 //! An accepted connection whose first bytes have not been seen yet: where
 //! it stands (a hello from this host or another, or left to the kernel),
-//! its ends and its blocking mode. `setup` resolves it; the descriptor
-//! table holds it meanwhile.
+//! its ends and its blocking mode, and (with the `xdp` feature) its direct
+//! request while the grant is awaited. `setup` resolves it; the
+//! descriptor table holds it meanwhile.
 
 use crate::diag::Ends;
 use std::sync::Mutex;
@@ -22,6 +23,23 @@ pub(crate) enum Pend {
         /// same-host one).
         remote: bool,
     },
+    /// The relay hello answered and a direct connection asked of this
+    /// host's relay: its grant or refusal comes on the request's socket
+    /// ([`Pending::granting`]), which the program's waits watch in the
+    /// connection's place.
+    #[cfg(feature = "xdp")]
+    Granting,
+}
+
+/// An accepted connection's direct request while its grant is awaited.
+#[cfg(feature = "xdp")]
+pub(crate) struct Granting {
+    /// The request, on its socket to the relay.
+    pub(crate) asked: crate::direct::Asked,
+    /// The relayed listen, the connection's path if the relay refuses:
+    /// its ring and its socket to the relay.
+    pub(crate) ch: crate::channel::Channel,
+    pub(crate) bell: std::os::fd::OwnedFd,
 }
 
 /// An accepted connection not yet resolved.
@@ -31,6 +49,9 @@ pub(crate) struct Pending {
     pub(crate) stage: Mutex<Pend>,
     /// The connection's two ends (this one first).
     pub(crate) ends: Ends,
+    /// In the stage [`Pend::Granting`]: the direct request.
+    #[cfg(feature = "xdp")]
+    pub(crate) granting: Mutex<Option<Granting>>,
 }
 
 impl Pending {
@@ -41,5 +62,16 @@ impl Pending {
 
     pub(crate) fn nonblocking(&self) -> bool {
         self.nonblocking.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The socket a direct request's grant comes on while it is awaited
+    /// (the connection's place in the program's waits), else -1.
+    #[cfg(feature = "xdp")]
+    pub(crate) fn granting_fd(&self) -> libc::c_int {
+        self.granting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map_or(-1, |g| g.asked.relay_fd())
     }
 }

@@ -36,6 +36,8 @@ use crate::exchange::{
     consume, hear_answer, peek, ring_bytes, send_all, wait_for, Heard, NotMoved, ANSWER_WAIT,
 };
 use crate::log::log_line;
+#[cfg(feature = "xdp")]
+use crate::pending::Granting;
 use crate::pending::{Pend, Pending};
 use crate::real;
 use crate::region;
@@ -50,6 +52,9 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use thiserror::Error;
+
+#[cfg(feature = "xdp")]
+mod grant;
 
 /// How long a listener whose program writes first waits for the hello of
 /// a connector the kernel says is there (its mailbox is bound): the
@@ -717,6 +722,8 @@ pub(crate) fn accepted(lfd: c_int, fd: c_int, flags: c_int) {
             nonblocking: std::sync::atomic::AtomicBool::new(flags & libc::SOCK_NONBLOCK != 0),
             stage: Mutex::new(stage),
             ends: e,
+            #[cfg(feature = "xdp")]
+            granting: Mutex::new(None),
         })),
     );
 }
@@ -781,6 +788,10 @@ pub(crate) fn resolve(fd: c_int, p: &Arc<Pending>, writing: bool, dontwait: bool
     let mut buf = [0u8; HELLO_BYTES];
     let mut waited = false;
     loop {
+        #[cfg(feature = "xdp")]
+        if *st == Pend::Granting {
+            return grant::in_call(fd, p, st, !dontwait && !p.nonblocking(), until);
+        }
         let first = first_bytes(fd, &mut buf);
         let done = match (*st, first) {
             (Pend::Watch { .. }, First::NotHello(_)) => Done::Kernel(None),
@@ -817,6 +828,9 @@ pub(crate) fn resolve(fd: c_int, p: &Arc<Pending>, writing: bool, dontwait: bool
                 }
                 _ => Done::Kernel(Some("the peer's first bytes are no relay hello")),
             },
+            // Looked at at the top of the loop, never here.
+            #[cfg(feature = "xdp")]
+            (Pend::Granting, First::Hello(_)) => continue,
             (Pend::Watch { .. }, First::Nothing) if writing => return Resolved::Kernel,
             (Pend::Local, First::Nothing) if writing && !waited && mailbox_is_ours(&p.ends) => {
                 // The program writes before the hello came, but the
@@ -853,18 +867,29 @@ pub(crate) fn resolve(fd: c_int, p: &Arc<Pending>, writing: bool, dontwait: bool
                 return Resolved::NotYet;
             }
         };
+        #[cfg(feature = "xdp")]
+        let done = match done {
+            Done::Granting(g) => {
+                grant::keep(fd, p, &mut st, g);
+                continue;
+            }
+            done => done,
+        };
         drop(st);
         return finish_pending(fd, p, done);
     }
 }
 
 /// How a pending connection ended.
-enum Done {
+pub(super) enum Done {
     /// On shm (or through the relay).
     Shm(Arc<Conn>),
     /// On an AF_XDP socket of its own.
     #[cfg(feature = "xdp")]
     Direct(Arc<crate::direct::Direct>),
+    /// Not yet: the hello answered, the direct request's grant awaited.
+    #[cfg(feature = "xdp")]
+    Granting(Granting),
     /// The kernel's, and why (for the log; None: said already).
     Kernel(Option<&'static str>),
 }
@@ -914,20 +939,15 @@ fn take_relay_hello(fd: c_int, hello: &Hello) -> Done {
                 return Done::Kernel(None);
             }
             // The connector asks for the direct connection once it has
-            // the answer; the grant (or the refusal) comes to both ends.
+            // the answer; the grant (or the refusal) comes to both ends,
+            // and is awaited as the program's calls and waits allow
+            // (`Pend::Granting`), never longer.
             #[cfg(feature = "xdp")]
             if let Some(asked) = direct {
-                match crate::direct::granted(asked) {
-                    Ok(d) => {
-                        // The relayed listen is not needed: its socket
-                        // and region go.
-                        drop(ch);
-                        // SAFETY: the relay socket of ours, closed once.
-                        unsafe { real::close()(bell) };
-                        return Done::Direct(Arc::new(d));
-                    }
-                    Err(why) => log_line!("fd {fd}: relay: {why}"),
-                }
+                // SAFETY: the relayed listen's socket to the relay, ours,
+                // owned from here.
+                let bell = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(bell) };
+                return Done::Granting(Granting { asked, ch, bell });
             }
             Done::Shm(Arc::new(
                 Conn::new(fd, ch, Role::Listener, false, -1).with_bell(bell),
@@ -970,8 +990,18 @@ fn accept_direct(fd: c_int, hello: &Hello) -> Option<crate::direct::Asked> {
 }
 
 /// Applies a pending connection's end to the table.
-fn finish_pending(fd: c_int, p: &Arc<Pending>, done: Done) -> Resolved {
+pub(super) fn finish_pending(fd: c_int, p: &Arc<Pending>, done: Done) -> Resolved {
     match done {
+        #[cfg(feature = "xdp")]
+        Done::Granting(g) => {
+            grant::keep(
+                fd,
+                p,
+                &mut p.stage.lock().unwrap_or_else(|e| e.into_inner()),
+                g,
+            );
+            Resolved::NotYet
+        }
         #[cfg(feature = "xdp")]
         Done::Direct(d) => {
             d.set_nonblocking(p.nonblocking());

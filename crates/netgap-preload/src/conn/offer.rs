@@ -9,6 +9,7 @@ use crate::errno::Errno;
 use crate::log::log_line;
 use crate::real;
 use libc::c_int;
+use std::os::fd::{AsRawFd, FromRawFd};
 use std::sync::atomic::Ordering;
 use thiserror::Error;
 
@@ -41,10 +42,33 @@ impl Conn {
         (port, path): (u16, OfferPath),
         region_fd: c_int,
     ) -> Conn {
-        let c = Conn::new(fd, channel, Role::Connector, nonblocking, region_fd);
+        let mut c = Conn::new(fd, channel, Role::Connector, nonblocking, region_fd);
+        if matches!(path, OfferPath::Relay(_)) {
+            c.offer_end = new_eventfd();
+        }
         c.offered.store(true, Ordering::SeqCst);
         *c.offer.lock().unwrap_or_else(|p| p.into_inner()) = Some(Offer { port, path });
         c
+    }
+
+    /// The descriptor a wait in poll or select watches beside a relayed
+    /// offer's kernel socket: readable once the offer ended, whichever
+    /// thread ended it (-1: none, see `Conn::offer_end`).
+    pub(crate) fn offer_end_fd(&self) -> c_int {
+        self.offer_end.as_ref().map_or(-1, |f| f.as_raw_fd())
+    }
+
+    /// Marks the offer ended and wakes a wait watching
+    /// [`Conn::offer_end_fd`].
+    fn end_offer(&self) {
+        self.offered.store(false, Ordering::SeqCst);
+        if let Some(f) = &self.offer_end {
+            let one = 1u64.to_ne_bytes();
+            // SAFETY: an 8-byte buffer on the stack written to the
+            // connection's own eventfd; its counter only grows, so the
+            // descriptor stays readable for any later wait too.
+            unsafe { libc::write(f.as_raw_fd(), one.as_ptr().cast(), one.len()) };
+        }
     }
 
     /// Whether the listener's answer is still to be read.
@@ -101,7 +125,7 @@ impl Conn {
     /// The offer broke: the connection is shut down, nothing is sent.
     pub(crate) fn offer_dropped(&self) {
         let _w = self.write_lock.lock().unwrap_or_else(|p| p.into_inner());
-        self.offered.store(false, Ordering::SeqCst);
+        self.end_offer();
         self.given_back.store(true, Ordering::SeqCst);
     }
 
@@ -109,7 +133,7 @@ impl Conn {
     /// connection): bytes the program wrote meanwhile are in the ring, and
     /// one doorbell makes sure a reader already waiting for them is woken.
     pub(crate) fn offer_accepted(&self, fd: c_int) {
-        self.offered.store(false, Ordering::SeqCst);
+        self.end_offer();
         // A writer publishes, then checks `offered` (both SeqCst): either
         // it saw the offer over and rang itself, or its bytes are seen
         // here.
@@ -124,7 +148,7 @@ impl Conn {
     /// program's again. Err: the bytes could not be sent.
     pub(crate) fn offer_refused(&self, fd: c_int) -> Result<(), GiveBackError> {
         let _w = self.write_lock.lock().unwrap_or_else(|p| p.into_inner());
-        self.offered.store(false, Ordering::SeqCst);
+        self.end_offer();
         set_tcp_flag(fd, libc::TCP_NODELAY, self.nodelay.load(Ordering::Relaxed));
         set_tcp_flag(fd, libc::TCP_CORK, self.cork.load(Ordering::Relaxed));
         // Whatever happens to the ring's bytes, later writes are the
@@ -159,7 +183,7 @@ impl Conn {
         // Before the offer ends: a reader that sees it ended finds the
         // direct connection (`Conn::went_direct`), not the ring.
         let _ = self.direct.set(d.clone());
-        self.offered.store(false, Ordering::SeqCst);
+        self.end_offer();
         let bytes = self
             .channel
             .take_unsent()
@@ -233,5 +257,62 @@ impl Drop for Offer {
                 crate::unix::close(m);
             }
         }
+    }
+}
+
+/// A non-blocking, close-on-exec eventfd; None if the kernel gives none.
+fn new_eventfd() -> Option<std::os::fd::OwnedFd> {
+    // SAFETY: a plain eventfd call with valid flags.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    // SAFETY: a new descriptor nothing else owns.
+    (fd >= 0).then(|| unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+}
+
+#[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Whether `fd` is readable now.
+    fn readable(fd: c_int) -> bool {
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        unsafe { libc::poll(&mut p, 1, 0) == 1 }
+    }
+
+    fn offered(path: OfferPath) -> Conn {
+        let (ch, region) = crate::region::make(4096).unwrap();
+        let path = match path {
+            OfferPath::Relay(mut r) => {
+                r.region = region;
+                OfferPath::Relay(r)
+            }
+            shm => shm,
+        };
+        Conn::new_offered(-1, ch, false, (7, path), -1)
+    }
+
+    #[test]
+    fn a_relayed_offers_end_wakes_a_wait_on_its_eventfd_and_a_shm_offer_has_none() {
+        let c = offered(OfferPath::Relay(RelayOffer {
+            key: [1; netgap_proto::preload::RELAY_KEY_BYTES],
+            ring_bytes: 4096,
+            sock: -1,
+            region: crate::region::Region(-1),
+        }));
+        let end = c.offer_end_fd();
+        assert!(end >= 0);
+        assert!(!readable(end));
+        c.offer_dropped();
+        assert!(!c.offered());
+        assert!(readable(end));
+        // It stays readable: a wait that begins later sees it too.
+        assert!(readable(end));
+        let shm = offered(OfferPath::Shm { mailbox: None });
+        assert_eq!(shm.offer_end_fd(), -1);
     }
 }

@@ -148,8 +148,10 @@ pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, count: size_t) -> ssi
 #[no_mangle]
 pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, count: size_t) -> ssize_t {
     match route(fd, true) {
+        // Not moved yet: the bytes must not go on the kernel's TCP.
+        Route::Again => fail(libc::EAGAIN),
         // SAFETY: the program's own arguments, passed on.
-        Route::Kernel | Route::Again => unsafe { real::write()(fd, buf, count) },
+        Route::Kernel => unsafe { real::write()(fd, buf, count) },
         Route::Shm(c) => {
             let iov = [iovec {
                 iov_base: buf.cast_mut(),
@@ -209,8 +211,10 @@ pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, iovcnt: c_int) -> s
 #[no_mangle]
 pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, iovcnt: c_int) -> ssize_t {
     match route(fd, true) {
+        // Not moved yet: the bytes must not go on the kernel's TCP.
+        Route::Again => fail(libc::EAGAIN),
         // SAFETY: the program's own arguments, passed on.
-        Route::Kernel | Route::Again => unsafe { real::writev()(fd, iov, iovcnt) },
+        Route::Kernel => unsafe { real::writev()(fd, iov, iovcnt) },
         Route::Shm(c) => {
             if iov.is_null() || iovcnt < 0 {
                 return fail(libc::EINVAL);
@@ -270,8 +274,10 @@ pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, len: size_t, flags: c
 #[no_mangle]
 pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, len: size_t, flags: c_int) -> ssize_t {
     match route(fd, true) {
+        // Not moved yet: the bytes must not go on the kernel's TCP.
+        Route::Again => fail(libc::EAGAIN),
         // SAFETY: the program's own arguments, passed on.
-        Route::Kernel | Route::Again => unsafe { real::send()(fd, buf, len, flags) },
+        Route::Kernel => unsafe { real::send()(fd, buf, len, flags) },
         Route::Shm(c) => {
             let iov = [iovec {
                 iov_base: buf.cast_mut(),
@@ -352,10 +358,10 @@ pub unsafe extern "C" fn sendto(
     addrlen: socklen_t,
 ) -> ssize_t {
     match route(fd, true) {
+        // Not moved yet: the bytes must not go on the kernel's TCP.
+        Route::Again => fail(libc::EAGAIN),
         // SAFETY: the program's own arguments, passed on.
-        Route::Kernel | Route::Again => unsafe {
-            real::sendto()(fd, buf, len, flags, addr, addrlen)
-        },
+        Route::Kernel => unsafe { real::sendto()(fd, buf, len, flags, addr, addrlen) },
         Route::Shm(c) => {
             let iov = [iovec {
                 iov_base: buf.cast_mut(),
@@ -422,8 +428,10 @@ pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> s
 #[no_mangle]
 pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
     match route(fd, true) {
+        // Not moved yet: the bytes must not go on the kernel's TCP.
+        Route::Again => fail(libc::EAGAIN),
         // SAFETY: the program's own arguments, passed on.
-        Route::Kernel | Route::Again => unsafe { real::sendmsg()(fd, msg, flags) },
+        Route::Kernel => unsafe { real::sendmsg()(fd, msg, flags) },
         Route::Shm(c) => {
             if msg.is_null() {
                 return fail(libc::EFAULT);
@@ -468,8 +476,10 @@ pub unsafe extern "C" fn sendfile(
     count: size_t,
 ) -> ssize_t {
     match route(out, true) {
+        // Not moved yet: the bytes must not go on the kernel's TCP.
+        Route::Again => fail(libc::EAGAIN),
         // SAFETY: the program's own arguments, passed on.
-        Route::Kernel | Route::Again => unsafe { real::sendfile()(out, in_fd, offset, count) },
+        Route::Kernel => unsafe { real::sendfile()(out, in_fd, offset, count) },
         // SAFETY: sendfile's contract on `offset`.
         Route::Shm(c) => unsafe { shm_sendfile(&c, out, in_fd, offset, count) },
         #[cfg(feature = "xdp")]
@@ -491,8 +501,10 @@ pub unsafe extern "C" fn sendfile64(
     count: size_t,
 ) -> ssize_t {
     match route(out, true) {
+        // Not moved yet: the bytes must not go on the kernel's TCP.
+        Route::Again => fail(libc::EAGAIN),
         // SAFETY: the program's own arguments, passed on.
-        Route::Kernel | Route::Again => unsafe { real::sendfile64()(out, in_fd, offset, count) },
+        Route::Kernel => unsafe { real::sendfile64()(out, in_fd, offset, count) },
         // SAFETY: sendfile's contract on `offset`.
         Route::Shm(c) => unsafe { shm_sendfile(&c, out, in_fd, offset, count) },
         #[cfg(feature = "xdp")]

@@ -55,7 +55,7 @@ fn settle_pending(fd: c_int, p: &Arc<Pending>) -> bool {
 }
 
 /// Milliseconds left of a poll-style timeout (negative: forever).
-fn left_ms(timeout: c_int, start: std::time::Instant) -> c_int {
+pub(super) fn left_ms(timeout: c_int, start: std::time::Instant) -> c_int {
     if timeout < 0 {
         return timeout;
     }
@@ -133,7 +133,7 @@ pub unsafe extern "C" fn select(
     timeout: *mut timeval,
 ) -> c_int {
     #[cfg(feature = "xdp")]
-    if has_direct(
+    if super::select_direct::has_direct(
         nfds.min(libc::FD_SETSIZE as c_int),
         [readfds, writefds, exceptfds],
     ) {
@@ -194,21 +194,6 @@ pub unsafe extern "C" fn select(
     }
     // SAFETY: valid sets or null.
     unsafe { fds_in(readfds, limit) + fds_in(writefds, limit) + fds_in(exceptfds, limit) }
-}
-
-/// Whether a direct connection is in one of `sets` (null: none) below
-/// `limit`: its kernel socket says nothing of it, so the `select` is
-/// a poll (`select_direct`).
-#[cfg(feature = "xdp")]
-fn has_direct(limit: c_int, sets: [*mut fd_set; 3]) -> bool {
-    (0..limit).any(|fd| {
-        // SAFETY: valid sets or null (select's contract), fd below
-        // FD_SETSIZE.
-        let asked = sets
-            .iter()
-            .any(|s| !s.is_null() && unsafe { libc::FD_ISSET(fd, *s) });
-        asked && matches!(table::get(fd), Some(Entry::Direct(_)))
-    })
 }
 
 /// Whether a relayed connection's socket to its relay can be watched in a
@@ -364,110 +349,39 @@ unsafe fn shm_poll(
     if fds.is_null() || nfds == 0 {
         return wait(fds, nfds, timeout);
     }
-    #[cfg(feature = "xdp")]
-    {
-        // SAFETY: poll's contract: `fds` holds `nfds` valid entries.
-        let set = unsafe { std::slice::from_raw_parts(fds, nfds as usize) };
-        let direct = direct_watched(set);
-        if !direct.is_empty() {
-            // SAFETY: as above.
-            return unsafe { direct_poll(fds, nfds, timeout, &wait, &direct) };
-        }
-    }
-    // SAFETY: as above.
-    unsafe { rings_poll(fds, nfds, timeout, wait) }
-}
-
-/// The entries of a poll set that are direct connections, with their
-/// places in the set.
-#[cfg(feature = "xdp")]
-fn direct_watched(set: &[pollfd]) -> Watched<crate::direct::Direct> {
-    set.iter()
-        .enumerate()
-        .filter_map(|(i, p)| match table::get(p.fd) {
-            Some(Entry::Direct(d)) => Some((i, d)),
-            _ => None,
-        })
-        .collect()
-}
-
-/// A poll whose set holds direct connections: each is ready as its
-/// connection says (after a pump); while none is, the wait watches each
-/// one's `wait_fd` in its place (frames arrived) and lasts at most until
-/// the nearest of their timers, after which they are pumped and the wait
-/// goes on: the program sees no early return.
-///
-/// # Safety
-///
-/// `fds` valid for `nfds` entries.
-#[cfg(feature = "xdp")]
-unsafe fn direct_poll(
-    fds: *mut pollfd,
-    nfds: nfds_t,
-    timeout: c_int,
-    wait: &dyn Fn(*mut pollfd, nfds_t, c_int) -> c_int,
-    direct: &Watched<crate::direct::Direct>,
-) -> c_int {
-    // SAFETY: poll's contract: `fds` holds `nfds` valid entries.
-    let set = unsafe { std::slice::from_raw_parts_mut(fds, nfds as usize) };
-    let asked: Vec<(c_int, i16)> = direct
-        .iter()
-        .map(|(i, _)| (set[*i].fd, set[*i].events))
-        .collect();
-    let ready_now = || -> Vec<(usize, i16)> {
-        direct
-            .iter()
-            .zip(&asked)
-            .map(|((i, d), (_, ev))| (*i, d.poll_events(*ev)))
-            .filter(|(_, r)| *r != 0)
-            .collect()
-    };
     let start = std::time::Instant::now();
     loop {
-        let mut ready = ready_now();
         let left = left_ms(timeout, start);
-        let t = if ready.is_empty() {
-            let timer = direct
-                .iter()
-                .map(|(_, d)| d.next_timer())
-                .min()
-                .map_or(c_int::MAX, |d| {
-                    c_int::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(c_int::MAX)
-                });
-            if left < 0 {
-                timer
-            } else {
-                left.min(timer)
+        #[cfg(feature = "xdp")]
+        {
+            // SAFETY: poll's contract: `fds` holds `nfds` valid entries.
+            let set = unsafe { std::slice::from_raw_parts(fds, nfds as usize) };
+            let direct = super::poll_direct::direct_watched(set);
+            if !direct.is_empty() {
+                // SAFETY: as above.
+                match unsafe { super::poll_direct::direct_poll(fds, nfds, left, &wait, &direct) } {
+                    Polled::Done(n) => return n,
+                    Polled::Moved => continue,
+                }
             }
-        } else {
-            0
-        };
-        for (i, d) in direct {
-            set[*i].fd = d.wait_fd();
-            set[*i].events = libc::POLLIN;
         }
-        // SAFETY: `fds` as given, the direct entries watching their
-        // sockets for now.
-        let r = unsafe { rings_poll(fds, nfds, t, wait) };
-        for ((i, _), (fd, ev)) in direct.iter().zip(&asked) {
-            set[*i].fd = *fd;
-            set[*i].events = *ev;
-            set[*i].revents = 0;
-        }
-        if r < 0 {
-            return r;
-        }
-        if ready.is_empty() {
-            ready = ready_now();
-        }
-        for (i, r) in ready {
-            set[i].revents = r;
-        }
-        let n = set.iter().filter(|p| p.revents != 0).count() as c_int;
-        if n > 0 || left == 0 {
-            return n;
+        // SAFETY: as above.
+        match unsafe { rings_poll(fds, nfds, left, &wait) } {
+            Polled::Done(n) => return n,
+            Polled::Moved => {}
         }
     }
+}
+
+/// What one look of [`shm_poll`] found.
+pub(super) enum Polled {
+    /// The count of ready entries, or the real call's failure (-1).
+    Done(c_int),
+    /// Nothing is ready, and a relayed offer in the set ended while the
+    /// wait slept (`Conn::offer_end_fd`): its connection may be on another
+    /// path now (its own AF_XDP socket), so the set is looked at again
+    /// with what is left of the timeout.
+    Moved,
 }
 
 /// [`shm_poll`] for a set with no direct connection.
@@ -475,25 +389,34 @@ unsafe fn direct_poll(
 /// # Safety
 ///
 /// `fds` valid for `nfds` entries.
-unsafe fn rings_poll(
+pub(super) unsafe fn rings_poll(
     fds: *mut pollfd,
     nfds: nfds_t,
     timeout: c_int,
     wait: impl Fn(*mut pollfd, nfds_t, c_int) -> c_int,
-) -> c_int {
+) -> Polled {
     // SAFETY: poll's contract: `fds` holds `nfds` valid entries.
     let set = unsafe { std::slice::from_raw_parts_mut(fds, nfds as usize) };
     let (shm, pend) = read_watched(set);
     if shm.is_empty() && pend.is_empty() {
-        return wait(fds, nfds, timeout);
+        return Polled::Done(wait(fds, nfds, timeout));
     }
-    // The relay sockets to watch: (the connection's place in `shm`, its
+    // The relay sockets to watch: (the connection's place in the set, its
     // socket to the relay).
     let bells: Vec<(usize, c_int)> = shm
         .iter()
-        .enumerate()
-        .filter(|(_, (_, c))| c.bell() >= 0)
-        .map(|(k, (_, c))| (k, c.bell()))
+        .filter(|(_, c)| c.bell() >= 0)
+        .map(|(i, c)| (*i, c.bell()))
+        .chain(granting(&pend))
+        .collect();
+    // The relayed offers still open, watched by their ends' eventfds
+    // after the relay sockets: the library's thread may take an answer off
+    // the kernel socket before this wait sees it.
+    let offers: Vec<c_int> = shm
+        .iter()
+        .filter(|(_, c)| c.offered())
+        .map(|(_, c)| c.offer_end_fd())
+        .filter(|&e| e >= 0)
         .collect();
     let mut with_bells: Vec<pollfd> = Vec::new();
     let start = std::time::Instant::now();
@@ -521,41 +444,33 @@ unsafe fn rings_poll(
         } else {
             0
         };
-        let r = if bells.is_empty() {
+        let r = if bells.is_empty() && offers.is_empty() {
             wait(fds, nfds, t)
         } else {
             // SAFETY: as above.
             let set = unsafe { std::slice::from_raw_parts(fds, nfds as usize) };
             with_bells.clear();
             with_bells.extend_from_slice(set);
-            with_bells.extend(bells.iter().map(|&(_, bell)| pollfd {
-                fd: bell,
-                events: libc::POLLIN,
-                revents: 0,
-            }));
+            with_bells.extend(
+                bells
+                    .iter()
+                    .map(|&(_, bell)| bell)
+                    .chain(offers.iter().copied())
+                    .map(|fd| pollfd {
+                        fd,
+                        events: libc::POLLIN,
+                        revents: 0,
+                    }),
+            );
             wait(with_bells.as_mut_ptr(), with_bells.len() as nfds_t, t)
         };
         if r < 0 {
-            return r;
+            return Polled::Done(r);
         }
         // SAFETY: as above; the real poll wrote only `revents`.
         let set = unsafe { std::slice::from_raw_parts_mut(fds, nfds as usize) };
-        if !bells.is_empty() {
-            for (p, w) in set.iter_mut().zip(&with_bells) {
-                p.revents = w.revents;
-            }
-            for (k, &(shm_at, _)) in bells.iter().enumerate() {
-                let rung = with_bells[set.len() + k].revents;
-                let i = shm[shm_at].0;
-                if rung & libc::POLLIN != 0 {
-                    // A byte from the relay: `settle` below drains it and
-                    // says whether the ring has something.
-                    set[i].revents |= libc::POLLIN;
-                } else if rung != 0 {
-                    // The relay is gone, and the connection with it.
-                    set[i].revents |= libc::POLLHUP;
-                }
-            }
+        if !bells.is_empty() || !offers.is_empty() {
+            copy_rung(set, &with_bells, &bells);
         }
         for (i, c) in &shm {
             if set[*i].revents & libc::POLLIN != 0 && !settle(set[*i].fd, c) {
@@ -575,13 +490,51 @@ unsafe fn rings_poll(
         }
         let n = set.iter().filter(|p| p.revents != 0).count() as c_int;
         if n > 0 || t == 0 {
-            return n;
+            return Polled::Done(n);
+        }
+        let ended = with_bells
+            .get(set.len() + bells.len()..)
+            .is_some_and(|e| e.iter().any(|p| p.revents != 0));
+        if ended {
+            return Polled::Moved;
         }
     }
 }
 
+/// Copies a wait on the program's `set` with the relay sockets `bells`
+/// (each with its connection's place in `set`) after it (`with_bells`)
+/// back into `set`: a byte on a relay socket marks its connection
+/// readable, for `settle` to drain and judge (or, for a pending
+/// connection's direct request, to read the grant); a hang-up, the relay
+/// gone, hangs the connection up with it.
+fn copy_rung(set: &mut [pollfd], with_bells: &[pollfd], bells: &[(usize, c_int)]) {
+    for (p, w) in set.iter_mut().zip(with_bells) {
+        p.revents = w.revents;
+    }
+    for (k, &(i, _)) in bells.iter().enumerate() {
+        let rung = with_bells[set.len() + k].revents;
+        if rung & libc::POLLIN != 0 {
+            set[i].revents |= libc::POLLIN;
+        } else if rung != 0 {
+            set[i].revents |= libc::POLLHUP;
+        }
+    }
+}
+
+/// The pending connections of a poll set whose direct request's grant is
+/// awaited, with their places in the set and the request's socket, which
+/// the wait watches beside them (their kernel sockets carry nothing until
+/// the grant or the refusal).
+fn granting(pend: &Watched<Pending>) -> impl Iterator<Item = (usize, c_int)> + '_ {
+    #[cfg(feature = "xdp")]
+    let watched = pend.iter().map(|(i, p)| (*i, p.granting_fd()));
+    #[cfg(not(feature = "xdp"))]
+    let watched = pend.iter().map(|(i, _)| (*i, -1));
+    watched.filter(|&(_, fd)| fd >= 0)
+}
+
 /// What entries of a poll set watch, with their places in the set.
-type Watched<T> = Vec<(usize, Arc<T>)>;
+pub(super) type Watched<T> = Vec<(usize, Arc<T>)>;
 
 /// The entries of a poll set that watch a taken-over connection for
 /// reading (with their places in the set), and those that watch a
@@ -734,116 +687,13 @@ unsafe fn shm_epoll_wait(
         let direct = table::epoll_direct(epfd);
         if !direct.is_empty() {
             // SAFETY: the caller's contract.
-            return unsafe { direct_epoll_wait(epfd, events, max, timeout, &wait, &direct) };
+            return unsafe {
+                super::poll_direct::direct_epoll_wait(epfd, events, max, timeout, &wait, &direct)
+            };
         }
     }
     // SAFETY: the caller's contract.
     unsafe { rings_epoll_wait(epfd, events, max, timeout, wait) }
-}
-
-/// An epoll wait with direct connections registered: each is reported as
-/// its connection says (after a pump; an edge-triggered one when its
-/// readiness gained an event since it was last looked at), its `wait_fd`
-/// (registered beside it with its data, see `bell::register_bell`) wakes
-/// the wait when frames arrive, and the wait lasts at most until the
-/// nearest of their timers, after which they are pumped and the wait goes
-/// on: the program sees no early return.
-///
-/// # Safety
-///
-/// `events` valid for writes of `max > 0` entries.
-#[cfg(feature = "xdp")]
-unsafe fn direct_epoll_wait(
-    epfd: c_int,
-    events: *mut epoll_event,
-    max: c_int,
-    timeout: c_int,
-    wait: &dyn Fn(c_int) -> c_int,
-    direct: &[(c_int, Interest, Arc<crate::direct::Direct>)],
-) -> c_int {
-    // Entries are packed structs: read and written unaligned, by value.
-    let get = |k: usize| {
-        // SAFETY: callers pass `k < max`, inside the program's array.
-        unsafe { std::ptr::read_unaligned(events.add(k)) }
-    };
-    let put = |k: usize, e: epoll_event| {
-        // SAFETY: as above.
-        unsafe { std::ptr::write_unaligned(events.add(k), e) }
-    };
-    let said = |i: &Interest, d: &crate::direct::Direct| {
-        u32::from(d.poll_events((i.events & 0xffff) as i16).cast_unsigned())
-    };
-    let start = std::time::Instant::now();
-    loop {
-        let mut ready: Vec<epoll_event> = direct
-            .iter()
-            .filter_map(|(_, i, d)| {
-                let ev = said(i, d);
-                let new = d.newly_ready(ev);
-                let edge = i.events & libc::EPOLLET as u32 != 0;
-                let report = if edge { new } else { ev };
-                (report != 0).then_some(epoll_event {
-                    events: ev,
-                    u64: i.data,
-                })
-            })
-            .collect();
-        ready.truncate(max as usize);
-        let left = left_ms(timeout, start);
-        let t = if ready.is_empty() {
-            let timer = direct
-                .iter()
-                .map(|(_, _, d)| d.next_timer())
-                .min()
-                .map_or(c_int::MAX, |d| {
-                    c_int::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(c_int::MAX)
-                });
-            if left < 0 {
-                timer
-            } else {
-                left.min(timer)
-            }
-        } else {
-            0
-        };
-        let room = max as usize - ready.len();
-        let n = if room == 0 {
-            0
-        } else {
-            // SAFETY: `events` holds `max ≥ room` entries.
-            unsafe { rings_epoll_wait(epfd, events, room as c_int, t, wait) }
-        };
-        if n < 0 && ready.is_empty() {
-            return n;
-        }
-        let mut out = 0usize;
-        for k in 0..n.max(0) as usize {
-            let mut e = get(k);
-            let data = e.u64;
-            if let Some((_, i, d)) = direct.iter().find(|(_, i, _)| i.data == data) {
-                // The connection's socket (frames arrived) or its TCP
-                // socket: the connection says what it is.
-                if ready.iter().any(|r| r.u64 == data) {
-                    continue;
-                }
-                let ev = said(i, d);
-                d.newly_ready(ev);
-                if ev == 0 {
-                    continue;
-                }
-                e.events = ev;
-            }
-            put(out, e);
-            out += 1;
-        }
-        for r in ready {
-            put(out, r);
-            out += 1;
-        }
-        if out > 0 || left == 0 {
-            return out as c_int;
-        }
-    }
 }
 
 /// [`shm_epoll_wait`] for an epoll with no direct connection.
@@ -851,7 +701,7 @@ unsafe fn direct_epoll_wait(
 /// # Safety
 ///
 /// `events` valid for writes of `max` entries.
-unsafe fn rings_epoll_wait(
+pub(super) unsafe fn rings_epoll_wait(
     epfd: c_int,
     events: *mut epoll_event,
     max: c_int,

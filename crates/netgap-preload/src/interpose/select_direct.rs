@@ -3,8 +3,12 @@
 //! sets are turned into a poll set and waited on with the library's own
 //! `poll`, which asks each connection (`direct_poll`), and the results are
 //! turned back into the sets as the kernel's `select` reports a poll's.
+//! So is a `select` over a connector's relayed offer still open: it may go
+//! direct while the wait sleeps, and the poll watches the offer's end
+//! (`Conn::offer_end_fd`) beside its socket.
 
 use super::poll::poll;
+use crate::table::{self, Entry};
 use libc::{c_int, fd_set, nfds_t, pollfd, timeval};
 
 /// The events a `select` set stands for, as the kernel maps them: read
@@ -12,6 +16,31 @@ use libc::{c_int, fd_set, nfds_t, pollfd, timeval};
 /// out and error) and exceptions (`POLLPRI`).
 const READ_ANSWER: i16 = libc::POLLIN | libc::POLLRDNORM | libc::POLLHUP | libc::POLLERR;
 const WRITE_ANSWER: i16 = libc::POLLOUT | libc::POLLWRNORM | libc::POLLERR;
+
+/// Whether one of `sets` (null: none) holds, below `limit`, a direct
+/// connection, whose kernel socket says nothing of it, or a relayed offer
+/// still open, which may go direct while the wait sleeps (its answer taken
+/// by the library's thread, see `Conn::offer_end_fd`), or an accepted
+/// connection whose direct request's grant is awaited: the `select` is
+/// then a poll (`select_direct`), which watches them all.
+pub(crate) fn has_direct(limit: c_int, sets: [*mut fd_set; 3]) -> bool {
+    (0..limit).any(|fd| {
+        // SAFETY: valid sets or null (select's contract), fd below
+        // FD_SETSIZE.
+        let asked = sets
+            .iter()
+            .any(|s| !s.is_null() && unsafe { libc::FD_ISSET(fd, *s) });
+        asked
+            && match table::get(fd) {
+                Some(Entry::Direct(_)) => true,
+                Some(Entry::Shm(c)) => {
+                    c.went_direct().is_some() || c.offered() && c.offer_end_fd() >= 0
+                }
+                Some(Entry::Pending(p)) => p.granting_fd() >= 0,
+                _ => false,
+            }
+    })
+}
 
 /// Whether descriptor `fd` (below `FD_SETSIZE`) is in `s` (null: none).
 ///
