@@ -21,8 +21,26 @@ mod handed;
 mod steering;
 
 use handed::HandedMaps;
-pub(crate) use steering::Attach;
 pub use steering::{Registration, Steering};
+
+/// Where the steering program is attached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Attach {
+    /// The driver's hook (native XDP).
+    Native,
+    /// The generic hook (SKB mode).
+    Generic,
+}
+
+impl Attach {
+    /// The name a record gives it.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Attach::Native => "native",
+            Attach::Generic => "generic",
+        }
+    }
+}
 
 /// Serialises making and deleting sockets in this process, so the BPF
 /// descriptors that appear while one is made are that socket's.
