@@ -525,8 +525,9 @@ fn wait_readable(fd: std::os::fd::RawFd, max: Duration) {
     let _ = unsafe { libc::poll(&mut pfd, 1, ms) };
 }
 
+// The tests make each host's steering, the maker's part, through libbpf.
 #[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
-#[cfg(test)]
+#[cfg(all(test, feature = "xdp"))]
 mod tests {
     use super::super::handover;
     use super::super::reliable::{self, Header, Kind};
