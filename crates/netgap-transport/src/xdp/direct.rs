@@ -526,8 +526,9 @@ fn wait_readable(fd: std::os::fd::RawFd, max: Duration) {
 }
 
 // The tests make each host's steering, the maker's part, through libbpf.
+#[cfg(feature = "xdp")]
 #[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
-#[cfg(all(test, feature = "xdp"))]
+#[cfg(test)]
 mod tests {
     use super::super::handover;
     use super::super::reliable::{self, Header, Kind};

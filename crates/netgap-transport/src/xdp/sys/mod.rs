@@ -723,8 +723,9 @@ pub(crate) fn ring_doorbell(fd: RawFd) -> io::Result<()> {
 pub(crate) use tests::{in_ns, index_of, sh, switch_of_two, Namespaces};
 
 // The tests make their sockets and steering here, through libxdp.
+#[cfg(feature = "xdp")]
 #[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
-#[cfg(all(test, feature = "xdp"))]
+#[cfg(test)]
 mod tests {
     use super::super::steer::{self, ConnId};
     use super::steering::{bpf_fd, ifindex};
