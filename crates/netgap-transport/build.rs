@@ -1,7 +1,9 @@
-//! With the `xdp` feature: compiles the small C file that gives libxdp's
-//! inline ring operations symbols, and links libxdp and libbpf (Debian:
-//! libxdp-dev, libbpf-dev). Without it: nothing, so the default build
-//! needs only Rust.
+//! With the `xdp` feature: compiles the small C file of what Rust cannot
+//! call in libbpf and libxdp directly (a BPF link's versioned options,
+//! the libraries' printing turned off), and links libxdp and libbpf
+//! (Debian: libxdp-dev, libbpf-dev). Without it (the `xdp-user` feature
+//! included): nothing, so those builds need only Rust and link no C
+//! library.
 
 fn main() {
     println!("cargo:rerun-if-changed=src/xdp/shim.c");

@@ -233,6 +233,34 @@ impl Drop for Relay {
     }
 }
 
+/// What a test on namespaces of its own starts from: the bed, and a
+/// directory with the relays' key and their logs. The bed goes before
+/// the directory.
+struct Setup {
+    bed: Bed,
+    key: PathBuf,
+    dir: tempfile::TempDir,
+}
+
+impl Setup {
+    /// The bed `prefix`, `net` (see [`Bed`]) and the key; `None` when the
+    /// system cannot run `test` (it said why).
+    fn up(test: &str, prefix: &'static str, net: u8) -> Option<Setup> {
+        if !system_ready(test) {
+            return None;
+        }
+        let dir = tempfile::tempdir().expect("tempdir");
+        let bed = Bed::up(prefix, net);
+        let key = common::new_key_file(dir.path(), "relay.key");
+        Some(Setup { bed, key, dir })
+    }
+
+    /// A relay in namespace `i` with the key and `extra` flags.
+    fn relay(&self, i: u8, extra: &[&str]) -> Relay {
+        Relay::start(&self.bed, i, &self.key, self.dir.path(), extra)
+    }
+}
+
 /// Runs `f` on a thread in namespace `ns`.
 fn in_ns<T: Send + 'static>(
     ns: &str,
@@ -334,6 +362,14 @@ fn next_len(sock: &OwnedFd, within: Duration) -> Option<usize> {
     usize::try_from(n).ok()
 }
 
+/// Asks the relay of this thread's namespace for a direct connection:
+/// `role` with `key`, over the TCP socket `tcp`; the socket to the relay.
+fn ask(key: [u8; 32], role: DirectRole, tcp: RawFd) -> OwnedFd {
+    let sock = relay_socket();
+    send_request(&sock, &DirectRequest { key, role }, tcp);
+    sock
+}
+
 /// The relay's reply (not a grant), as text.
 fn reply(sock: &OwnedFd, within: Duration) -> String {
     match next_len(sock, within) {
@@ -364,45 +400,62 @@ fn grant(sock: &OwnedFd) -> Result<(DirectGrant, HandedPort), String> {
     Ok((g, port))
 }
 
-/// Both sides of one TCP connection ask for a direct connection with
-/// `key`; each side's relay socket, grant and port.
-type Side = (OwnedFd, DirectGrant, HandedPort);
-
-fn both_sides(bed: &Bed, key: [u8; 32]) -> (Side, Side) {
+/// Both sides of a new TCP connection ask for a direct connection with
+/// `key`, as a program's would: the accepting side (namespace 2) first,
+/// the connecting side (namespace 1) once the accepting relay named its
+/// target. Then each side's socket to its relay goes to its own
+/// function: `connecting`'s result and `accepting`'s.
+fn crossed<C, A>(
+    bed: &Bed,
+    key: [u8; 32],
+    connecting: impl FnOnce(OwnedFd) -> C + Send + 'static,
+    accepting: impl FnOnce(OwnedFd) -> A + Send + 'static,
+) -> (C, A)
+where
+    C: Send + 'static,
+    A: Send + 'static,
+{
     let (connector, accepted) = tcp_pair(bed);
     let (target_tx, target_rx) = mpsc::channel::<String>();
     let accepting = in_ns(&bed.ns(2), move || {
-        let sock = relay_socket();
-        let req = DirectRequest {
-            key,
-            role: DirectRole::Accept,
-        };
-        send_request(&sock, &req, accepted.as_raw_fd());
+        let sock = ask(key, DirectRole::Accept, accepted.as_raw_fd());
         let first = reply(&sock, Duration::from_secs(10));
         let target = first
             .strip_prefix("ok: ")
             .unwrap_or_else(|| panic!("the accept's first reply: {first}"))
             .to_string();
         target_tx.send(target).expect("the target to the connector");
-        let (g, port) = grant(&sock).unwrap_or_else(|e| panic!("the accepting side: {e}"));
-        (sock, g, port)
+        accepting(sock)
     });
     let target = target_rx
         .recv_timeout(Duration::from_secs(15))
         .expect("the accepting relay's target");
     let connecting = in_ns(&bed.ns(1), move || {
-        let sock = relay_socket();
-        let req = DirectRequest {
-            key,
-            role: DirectRole::Connect { target },
-        };
-        send_request(&sock, &req, connector.as_raw_fd());
-        let (g, port) = grant(&sock).unwrap_or_else(|e| panic!("the connecting side: {e}"));
-        (sock, g, port)
+        let sock = ask(key, DirectRole::Connect { target }, connector.as_raw_fd());
+        connecting(sock)
     });
     let c = connecting.join().expect("the connecting side");
     let a = accepting.join().expect("the accepting side");
     (c, a)
+}
+
+/// Both sides of one TCP connection ask for a direct connection with
+/// `key`; each side's relay socket, grant and port.
+type Side = (OwnedFd, DirectGrant, HandedPort);
+
+fn both_sides(bed: &Bed, key: [u8; 32]) -> (Side, Side) {
+    crossed(
+        bed,
+        key,
+        |sock| {
+            let (g, port) = grant(&sock).unwrap_or_else(|e| panic!("the connecting side: {e}"));
+            (sock, g, port)
+        },
+        |sock| {
+            let (g, port) = grant(&sock).unwrap_or_else(|e| panic!("the accepting side: {e}"));
+            (sock, g, port)
+        },
+    )
 }
 
 /// Whether queue `queue` of interface `ifindex` in namespace `ns` is
@@ -479,22 +532,20 @@ fn checked_side(bed: &Bed, i: u8, side: &Side) {
 #[test]
 fn a_direct_connection_gets_one_queue_at_both_ends_freed_when_its_program_hangs_up() {
     let test = "a_direct_connection_gets_one_queue_at_both_ends_freed_when_its_program_hangs_up";
-    if !system_ready(test) {
+    let Some(setup) = Setup::up(test, "ngrda", 93) else {
         return;
-    }
-    let dir = tempfile::tempdir().expect("tempdir");
-    let bed = Bed::up("ngrda", 93);
-    let key = common::new_key_file(dir.path(), "relay.key");
-    let r1 = Relay::start(&bed, 1, &key, dir.path(), &[]);
-    let r2 = Relay::start(&bed, 2, &key, dir.path(), &[]);
+    };
+    let bed = &setup.bed;
+    let r1 = setup.relay(1, &[]);
+    let r2 = setup.relay(2, &[]);
 
-    let (c, a) = both_sides(&bed, [0x31; 32]);
+    let (c, a) = both_sides(bed, [0x31; 32]);
     let (cg, ag) = (c.1, a.1);
     assert_eq!(cg.queue, ag.queue, "the queues agree");
     assert_eq!(cg.local_flow, ag.peer_flow, "the flows are crossed");
     assert_eq!(ag.local_flow, cg.peer_flow, "the flows are crossed");
-    checked_side(&bed, 1, &c);
-    checked_side(&bed, 2, &a);
+    checked_side(bed, 1, &c);
+    checked_side(bed, 2, &a);
     let q = cg.queue;
 
     // The accepting program goes: its relay frees the queue.
@@ -506,7 +557,7 @@ fn a_direct_connection_gets_one_queue_at_both_ends_freed_when_its_program_hangs_
     r1.wait_log(&freed, Duration::from_secs(5));
 
     // A new connection gets the same (lowest) queue again at both ends.
-    let (c, a) = both_sides(&bed, [0x32; 32]);
+    let (c, a) = both_sides(bed, [0x32; 32]);
     assert_eq!((c.1.queue, a.1.queue), (q, q), "{:?} {:?}", c.1, a.1);
     drop((c, a));
     drop((r1, r2));
@@ -519,51 +570,27 @@ fn a_direct_connection_gets_one_queue_at_both_ends_freed_when_its_program_hangs_
 #[test]
 fn a_connect_past_its_users_cap_refuses_the_accepting_side_at_once() {
     let test = "a_connect_past_its_users_cap_refuses_the_accepting_side_at_once";
-    if !system_ready(test) {
+    let Some(setup) = Setup::up(test, "ngrdc", 95) else {
         return;
-    }
-    let dir = tempfile::tempdir().expect("tempdir");
-    let bed = Bed::up("ngrdc", 95);
-    let key = common::new_key_file(dir.path(), "relay.key");
-    let r1 = Relay::start(&bed, 1, &key, dir.path(), &["--max-direct-per-uid", "1"]);
-    let r2 = Relay::start(&bed, 2, &key, dir.path(), &[]);
+    };
+    let bed = &setup.bed;
+    let r1 = setup.relay(1, &["--max-direct-per-uid", "1"]);
+    let r2 = setup.relay(2, &[]);
     // The connecting side's user holds its one queue.
-    let held = both_sides(&bed, [0x51; 32]);
+    let held = both_sides(bed, [0x51; 32]);
 
-    let (connector, accepted) = tcp_pair(&bed);
-    let (target_tx, target_rx) = mpsc::channel::<String>();
-    let accepting = in_ns(&bed.ns(2), move || {
-        let sock = relay_socket();
-        let req = DirectRequest {
-            key: [0x52; 32],
-            role: DirectRole::Accept,
-        };
-        send_request(&sock, &req, accepted.as_raw_fd());
-        let first = reply(&sock, Duration::from_secs(10));
-        let target = first
-            .strip_prefix("ok: ")
-            .unwrap_or_else(|| panic!("the accept's first reply: {first}"))
-            .to_string();
-        let t0 = Instant::now();
-        target_tx.send(target).expect("the target to the connector");
-        let second = reply(&sock, Duration::from_secs(10));
-        (second, t0.elapsed())
-    });
-    let target = target_rx
-        .recv_timeout(Duration::from_secs(15))
-        .expect("the accepting relay's target");
-    let connecting = in_ns(&bed.ns(1), move || {
-        let sock = relay_socket();
-        let req = DirectRequest {
-            key: [0x52; 32],
-            role: DirectRole::Connect { target },
-        };
-        send_request(&sock, &req, connector.as_raw_fd());
-        reply(&sock, Duration::from_secs(10))
-    })
-    .join()
-    .expect("the connecting side");
-    let (second, waited) = accepting.join().expect("the accepting side");
+    // The accepting side's wait is timed from when its relay named the
+    // target, which the connecting side then asks for.
+    let (connecting, (second, waited)) = crossed(
+        bed,
+        [0x52; 32],
+        |sock| reply(&sock, Duration::from_secs(10)),
+        |sock| {
+            let t0 = Instant::now();
+            let second = reply(&sock, Duration::from_secs(10));
+            (second, t0.elapsed())
+        },
+    );
     // The reply's text is cut to its record's size.
     assert!(
         connecting.starts_with("refused: this uid holds 1 direct queues already"),
@@ -592,12 +619,7 @@ fn foreign_asker() {
         assert_eq!(libc::setresgid(65534, 65534, 65534), 0, "setresgid");
         assert_eq!(libc::setresuid(65534, 65534, 65534), 0, "setresuid");
     }
-    let sock = relay_socket();
-    let req = DirectRequest {
-        key: [0x41; 32],
-        role: DirectRole::Accept,
-    };
-    send_request(&sock, &req, tcp.as_raw_fd());
+    let sock = ask([0x41; 32], DirectRole::Accept, tcp.as_raw_fd());
     println!();
     println!("REPLY {}", reply(&sock, Duration::from_secs(10)));
 }
@@ -605,13 +627,11 @@ fn foreign_asker() {
 #[test]
 fn direct_requests_are_refused_in_one_line_each() {
     let test = "direct_requests_are_refused_in_one_line_each";
-    if !system_ready(test) {
+    let Some(setup) = Setup::up(test, "ngrdb", 94) else {
         return;
-    }
-    let dir = tempfile::tempdir().expect("tempdir");
-    let bed = Bed::up("ngrdb", 94);
-    let key = common::new_key_file(dir.path(), "relay.key");
-    let r1 = Relay::start(&bed, 1, &key, dir.path(), &[]);
+    };
+    let bed = &setup.bed;
+    let r1 = setup.relay(1, &[]);
 
     // A socket the asker does not own: root's, asked by uid 65534.
     let ip = bed.tcp_ip(2);
@@ -641,16 +661,11 @@ fn direct_requests_are_refused_in_one_line_each() {
 
     // An accept that no connect follows: its target, then the refusal
     // within the bound (3 s).
-    let r2 = Relay::start(&bed, 2, &key, dir.path(), &[]);
-    let (_connector, accepted) = tcp_pair(&bed);
+    let r2 = setup.relay(2, &[]);
+    let (_connector, accepted) = tcp_pair(bed);
     let t0 = Instant::now();
     let (first, second) = in_ns(&bed.ns(2), move || {
-        let sock = relay_socket();
-        let req = DirectRequest {
-            key: [0x43; 32],
-            role: DirectRole::Accept,
-        };
-        send_request(&sock, &req, accepted.as_raw_fd());
+        let sock = ask([0x43; 32], DirectRole::Accept, accepted.as_raw_fd());
         let first = reply(&sock, Duration::from_secs(10));
         let second = reply(&sock, Duration::from_secs(10));
         (first, second)
@@ -671,16 +686,11 @@ fn direct_requests_are_refused_in_one_line_each() {
     drop(r2);
 
     // A relay with direct connections off.
-    let r2 = Relay::start(&bed, 2, &key, dir.path(), &["--no-direct"]);
+    let r2 = setup.relay(2, &["--no-direct"]);
     assert!(r2.log().contains("direct connections off (--no-direct)"));
-    let (_connector, accepted) = tcp_pair(&bed);
+    let (_connector, accepted) = tcp_pair(bed);
     let said = in_ns(&bed.ns(2), move || {
-        let sock = relay_socket();
-        let req = DirectRequest {
-            key: [0x44; 32],
-            role: DirectRole::Accept,
-        };
-        send_request(&sock, &req, accepted.as_raw_fd());
+        let sock = ask([0x44; 32], DirectRole::Accept, accepted.as_raw_fd());
         reply(&sock, Duration::from_secs(10))
     })
     .join()

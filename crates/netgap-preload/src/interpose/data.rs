@@ -7,6 +7,7 @@ use super::{done, fail, route, route_with, Route};
 use crate::conn::{Conn, Sent};
 #[cfg(feature = "xdp")]
 use crate::direct::Direct;
+use crate::errno::Errno;
 use crate::log::log_line;
 use crate::real;
 use libc::{c_int, c_void, iovec, msghdr, off_t};
@@ -432,34 +433,44 @@ pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) ->
         Route::Again => fail(libc::EAGAIN),
         // SAFETY: the program's own arguments, passed on.
         Route::Kernel => unsafe { real::sendmsg()(fd, msg, flags) },
-        Route::Shm(c) => {
-            if msg.is_null() {
-                return fail(libc::EFAULT);
-            }
-            // SAFETY: sendmsg's contract: `msg` and its iovecs are valid.
-            let (iov, control) = unsafe { (msg_iov(msg), (*msg).msg_controllen) };
-            if control != 0 {
-                log_line!(
-                    "fd {fd}: sendmsg with ancillary data on a shm connection: the data is dropped"
-                );
-            }
-            shm_send(&c, fd, iov, flags)
-        }
+        // SAFETY: sendmsg's contract: `msg` null or valid, with its iovecs.
+        Route::Shm(c) => match unsafe { sendmsg_data(fd, msg, "shm") } {
+            Ok(iov) => shm_send(&c, fd, iov, flags),
+            Err(e) => fail(e),
+        },
         #[cfg(feature = "xdp")]
-        Route::Direct(d) => {
-            if msg.is_null() {
-                return fail(libc::EFAULT);
-            }
-            // SAFETY: sendmsg's contract: `msg` and its iovecs are valid.
-            let (iov, control) = unsafe { (msg_iov(msg), (*msg).msg_controllen) };
-            if control != 0 {
-                log_line!(
-                    "fd {fd}: sendmsg with ancillary data on a direct connection: the data is dropped"
-                );
-            }
-            direct_send(&d, fd, iov, flags)
-        }
+        // SAFETY: sendmsg's contract: `msg` null or valid, with its iovecs.
+        Route::Direct(d) => match unsafe { sendmsg_data(fd, msg, "direct") } {
+            Ok(iov) => direct_send(&d, fd, iov, flags),
+            Err(e) => fail(e),
+        },
     }
+}
+
+/// The data of a `sendmsg` on a connection of the library's `path`
+/// ("shm", "direct"): its iovecs, or `EFAULT` for a null message. Neither
+/// path carries ancillary data, so any is dropped, with a log line saying
+/// so.
+///
+/// # Safety
+///
+/// `msg` null, or valid with its iovecs (sendmsg's contract).
+unsafe fn sendmsg_data<'a>(
+    fd: c_int,
+    msg: *const msghdr,
+    path: &str,
+) -> Result<&'a [iovec], Errno> {
+    if msg.is_null() {
+        return Err(libc::EFAULT);
+    }
+    // SAFETY: the caller's contract, and `msg` is not null.
+    let (iov, control) = unsafe { (msg_iov(msg), (*msg).msg_controllen) };
+    if control != 0 {
+        log_line!(
+            "fd {fd}: sendmsg with ancillary data on a {path} connection: the data is dropped"
+        );
+    }
+    Ok(iov)
 }
 
 /// `sendfile(2)`: on a taken-over connection, the file is read straight

@@ -417,6 +417,7 @@ mod tests {
         assert!(receive_after(b.as_fd(), &mut head).is_err());
     }
 
+    #[cfg(feature = "xdp")]
     fn sh(args: &[&str]) {
         let out = std::process::Command::new("ip")
             .args(args)
@@ -425,6 +426,7 @@ mod tests {
         assert!(out.status.success(), "ip {args:?}: {out:?}");
     }
 
+    #[cfg(feature = "xdp")]
     fn random_u32() -> io::Result<u32> {
         let mut b = [0u8; 4];
         crate::random::fill_random(&mut b)?;
@@ -436,6 +438,8 @@ mod tests {
     /// process made, here the queue-0 port of each end of a veth pair,
     /// handed over a Unix socket: a flow opens and carries a message each
     /// way, checked.
+    // The maker's steering is libbpf's.
+    #[cfg(feature = "xdp")]
     #[test]
     fn the_flow_engine_runs_on_handed_ports() {
         use super::super::flow::{Peer, Port, PortIo, PortKey, Shared, XdpFlow};

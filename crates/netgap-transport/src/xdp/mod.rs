@@ -48,7 +48,10 @@
 //! the program is attached, and back on after.
 //!
 //! Built only with the `xdp` cargo feature (libxdp and libbpf); without it
-//! the transport is listed, unavailable, with the reason.
+//! the transport is listed, unavailable, with the reason. The `xdp-user`
+//! feature alone builds the user side of a handed port (`handover`,
+//! `direct`, the flow engine and the rings), with no C library: what the
+//! preload library needs.
 
 pub mod auth;
 pub mod demux;
@@ -61,18 +64,28 @@ pub mod reliable;
 )]
 mod steer;
 
-#[cfg(feature = "xdp")]
+#[cfg(feature = "xdp-user")]
 pub mod direct;
-#[cfg(feature = "xdp")]
+#[cfg(feature = "xdp-user")]
+#[cfg_attr(
+    not(feature = "xdp"),
+    allow(
+        dead_code,
+        unused_imports,
+        reason = "the transport's own ports, shared by many flows, are the xdp feature's; the user side runs one connection's"
+    )
+)]
 mod flow;
-#[cfg(feature = "xdp")]
+#[cfg(feature = "xdp-user")]
 pub mod handover;
-#[cfg(feature = "xdp")]
+#[cfg(feature = "xdp-user")]
 mod sys;
 
 pub use steer::ConnId;
+#[cfg(feature = "xdp-user")]
+pub use sys::Shape;
 #[cfg(feature = "xdp")]
-pub use sys::{Registration, Shape, Steering};
+pub use sys::{Registration, Steering};
 
 use super::{Capabilities, Flow, FlowConfig, Listener, Transport, TransportError, Unavailable};
 use std::net::IpAddr;

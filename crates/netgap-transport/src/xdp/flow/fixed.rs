@@ -244,21 +244,7 @@ impl Port {
         window_bytes: usize,
         random: fn() -> io::Result<u32>,
     ) -> Arc<Port> {
-        let fd = io.xsk.fd();
-        let attach = io.xsk.attach();
-        Arc::new(Port {
-            st: Mutex::new(PortState {
-                io,
-                table: Table::with_default_caps(),
-                mss,
-                window_bytes,
-                random,
-            }),
-            fd,
-            kick_errno: AtomicI32::new(0),
-            attach,
-            key: None,
-        })
+        Port::new(io, mss, window_bytes, random, None)
     }
 
     /// The port's socket: readable when frames wait on its RX ring.

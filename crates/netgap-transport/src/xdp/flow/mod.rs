@@ -792,9 +792,24 @@ impl Port {
             return Ok(p);
         }
         let (io, mss, window_bytes) = open()?;
+        let port = Port::new(io, mss, window_bytes, random, Some(key.clone()));
+        ports.push((key, Arc::downgrade(&port)));
+        Ok(port)
+    }
+
+    /// A port over `io` (payload `mss` bytes a frame, a receive window of
+    /// `window_bytes`) with no sessions yet; `key` says where the
+    /// process's ports list it, `None` for a port of one connection's own.
+    fn new(
+        io: PortIo,
+        mss: usize,
+        window_bytes: usize,
+        random: fn() -> io::Result<u32>,
+        key: Option<PortKey>,
+    ) -> Arc<Port> {
         let fd = io.xsk.fd();
         let attach = io.xsk.attach();
-        let port = Arc::new(Port {
+        Arc::new(Port {
             st: Mutex::new(PortState {
                 io,
                 table: Table::with_default_caps(),
@@ -805,10 +820,8 @@ impl Port {
             fd,
             kick_errno: AtomicI32::new(0),
             attach,
-            key: Some(key.clone()),
-        });
-        ports.push((key, Arc::downgrade(&port)));
-        Ok(port)
+            key,
+        })
     }
 
     fn lock(&self) -> PortGuard<'_> {

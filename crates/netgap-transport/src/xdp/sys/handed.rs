@@ -1,8 +1,9 @@
 //! A port whose socket and UMEM another process made and handed over
 //! ([`super::super::handover`]): the UMEM's memfd and the socket's four
 //! rings mapped in this process, at the offsets the kernel gives
-//! (`XDP_MMAP_OFFSETS`), and the rings laid out as libxdp's ring
-//! functions expect, so the port works as one made here.
+//! (`XDP_MMAP_OFFSETS`), and the rings laid out as the ring operations
+//! (`ring.rs`, on libxdp's layout) expect, so the port works as one made
+//! here.
 
 use std::ffi::c_void;
 use std::io;
@@ -145,8 +146,8 @@ fn mmap_offsets(fd: RawFd) -> io::Result<libc::xdp_mmap_offsets> {
 }
 
 /// Maps one ring of AF_XDP socket `fd` (at page offset `pgoff`, `n`
-/// entries of `entry_bytes`) and points `ring` at it, as libxdp's ring
-/// functions expect: a producer ring (fill, TX) starts with all `n`
+/// entries of `entry_bytes`) and points `ring` at it, as the ring
+/// operations expect: a producer ring (fill, TX) starts with all `n`
 /// entries free, a consumer ring (RX, completion) with what the kernel
 /// has produced. Returns the mapping, for unmapping.
 fn map_ring(

@@ -1,34 +1,67 @@
-//! One AF_XDP socket with its own UMEM, through libxdp and libbpf: the
-//! registered memory (an anonymous mapping cut into frames), its fill and
-//! completion rings, the socket's RX and TX rings, and the XDP program that
-//! steers netgap's frames to it ([`super::steer`]). libxdp makes the UMEM
-//! and the socket but is told not to load its default program, which would
-//! redirect every frame of the socket's queue, the host's IP traffic
-//! included; the socket goes into an `XSKMAP` of its own, and netgap's
-//! program, loaded with that map, is attached to the interface through a
-//! BPF link, so it goes when the socket does, or when the process dies.
-//! The ring operations are libxdp's own inline functions, given symbols by
-//! `shim.c`.
+//! One AF_XDP socket with its own UMEM: the registered memory (an
+//! anonymous mapping cut into frames), its fill and completion rings, the
+//! socket's RX and TX rings, and the XDP program that steers netgap's
+//! frames to it ([`super::steer`]). With the `xdp` feature, through libxdp
+//! and libbpf: libxdp makes the UMEM and the socket but is told not to
+//! load its default program, which would redirect every frame of the
+//! socket's queue, the host's IP traffic included; the socket goes into an
+//! `XSKMAP` of its own, and netgap's program, loaded with that map, is
+//! attached to the interface through a BPF link, so it goes when the
+//! socket does, or when the process dies. A socket another process made
+//! and handed over (`handed.rs`) needs neither library, so the user side
+//! alone (the `xdp-user` feature) links none: the ring operations are
+//! Rust's (`ring.rs`), on the layout libxdp uses.
 
+#[cfg(feature = "xdp")]
 use std::collections::BTreeSet;
-use std::ffi::{c_char, c_int, c_void, CString};
+use std::ffi::c_void;
+#[cfg(feature = "xdp")]
+use std::ffi::{c_char, c_int, CString};
 use std::io;
 use std::os::fd::RawFd;
 use std::ptr;
+#[cfg(feature = "xdp")]
 use std::sync::{Arc, Mutex};
 
 mod handed;
+mod ring;
+#[cfg(feature = "xdp")]
 mod steering;
 
 use handed::HandedMaps;
-pub(crate) use steering::Attach;
+#[cfg(feature = "xdp")]
 pub use steering::{Registration, Steering};
+
+/// Where the steering program is attached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Attach {
+    /// The driver's hook (native XDP).
+    #[cfg_attr(
+        not(feature = "xdp"),
+        allow(dead_code, reason = "only a program this process attaches is native")
+    )]
+    Native,
+    /// The generic hook (SKB mode).
+    Generic,
+}
+
+impl Attach {
+    /// The name a record gives it.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Attach::Native => "native",
+            Attach::Generic => "generic",
+        }
+    }
+}
 
 /// Serialises making and deleting sockets in this process, so the BPF
 /// descriptors that appear while one is made are that socket's.
+#[cfg(feature = "xdp")]
 static LIFECYCLE: Mutex<()> = Mutex::new(());
 
 /// The process's open descriptors of BPF programs and maps.
+#[cfg(feature = "xdp")]
 fn bpf_fds() -> BTreeSet<RawFd> {
     let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
         return BTreeSet::new();
@@ -41,6 +74,7 @@ fn bpf_fds() -> BTreeSet<RawFd> {
         .collect()
 }
 
+#[cfg(feature = "xdp")]
 fn is_bpf_fd(fd: RawFd) -> bool {
     std::fs::read_link(format!("/proc/self/fd/{fd}"))
         .is_ok_and(|t| t.to_string_lossy().starts_with("anon_inode:bpf"))
@@ -76,6 +110,7 @@ impl Ring {
 }
 
 /// `struct xsk_umem_config`.
+#[cfg(feature = "xdp")]
 #[repr(C)]
 struct UmemConfig {
     fill_size: u32,
@@ -86,6 +121,7 @@ struct UmemConfig {
 }
 
 /// `struct xsk_socket_config`.
+#[cfg(feature = "xdp")]
 #[repr(C)]
 struct SocketConfig {
     rx_size: u32,
@@ -104,17 +140,20 @@ struct XdpDesc {
 }
 
 /// `struct xsk_umem`, opaque.
+#[cfg(feature = "xdp")]
 #[repr(C)]
 struct XskUmem {
     _private: [u8; 0],
 }
 
 /// `struct xsk_socket`, opaque.
+#[cfg(feature = "xdp")]
 #[repr(C)]
 struct XskSocket {
     _private: [u8; 0],
 }
 
+#[cfg(feature = "xdp")]
 extern "C" {
     fn xsk_umem__create(
         umem: *mut *mut XskUmem,
@@ -136,28 +175,20 @@ extern "C" {
     fn xsk_umem__delete(umem: *mut XskUmem) -> c_int;
     fn xsk_socket__delete(xsk: *mut XskSocket);
     fn xsk_socket__fd(xsk: *const XskSocket) -> c_int;
-
-    fn netgap_xsk_prod_reserve(r: *mut Ring, nb: u32, idx: *mut u32) -> u32;
-    fn netgap_xsk_prod_submit(r: *mut Ring, nb: u32);
-    fn netgap_xsk_fill_addr(r: *mut Ring, idx: u32) -> *mut u64;
-    fn netgap_xsk_tx_desc(r: *mut Ring, idx: u32) -> *mut XdpDesc;
-    fn netgap_xsk_needs_wakeup(r: *const Ring) -> c_int;
-    fn netgap_xsk_cons_peek(r: *mut Ring, nb: u32, idx: *mut u32) -> u32;
-    fn netgap_xsk_cons_release(r: *mut Ring, nb: u32);
-    fn netgap_xsk_cons_ready(r: *mut Ring) -> c_int;
-    fn netgap_xsk_comp_addr(r: *const Ring, idx: u32) -> *const u64;
-    fn netgap_xsk_rx_desc(r: *const Ring, idx: u32) -> *const XdpDesc;
     fn netgap_xdp_quiet();
 }
 
 /// `XSK_LIBXDP_FLAGS__INHIBIT_PROG_LOAD`: libxdp binds the socket and
 /// loads no program; the caller steers frames to it.
+#[cfg(feature = "xdp")]
 const XSK_LIBXDP_FLAGS_INHIBIT_PROG_LOAD: u32 = 1;
 
 /// `XDP_COPY`: frames are copied between the driver's buffers and the UMEM.
+#[cfg(feature = "xdp")]
 const XDP_COPY: u16 = 1 << 1;
 /// `XDP_USE_NEED_WAKEUP`: the kernel says when a TX kick or a fill-ring
 /// wake-up is needed.
+#[cfg(feature = "xdp")]
 const XDP_USE_NEED_WAKEUP: u16 = 1 << 3;
 
 /// The shape of a port's UMEM and rings.
@@ -176,24 +207,28 @@ pub struct Shape {
 pub(crate) struct Xsk {
     area: *mut u8,
     area_bytes: usize,
-    umem: *mut XskUmem,
-    socket: *mut XskSocket,
     fill: Box<Ring>,
     comp: Box<Ring>,
     rx: Box<Ring>,
     tx: Box<Ring>,
     fd: RawFd,
     frame_bytes: u32,
-    /// The steering program of the interface, attached (None only while
-    /// being made, and for a handed socket): the process's one program
-    /// there, shared with the sockets it makes for others on other queues.
-    steering: Option<Arc<Steering>>,
+    /// What libxdp and the steering made for a socket made in this
+    /// process (`None` for a handed one, and while being made), deleted
+    /// with it before the rings and the UMEM go. Behind a trait object, so
+    /// that a port over a handed socket reaches none of libxdp's and
+    /// libbpf's code: a program that only maps handed sockets (the preload
+    /// library) links neither, even from a build whose features unified
+    /// `xdp` into this crate.
+    made: Option<Box<dyn MadeHere>>,
     /// The BPF descriptors libxdp opened for this socket (not the
     /// steering's own). libxdp 1.3 leaves some open after deleting the
     /// socket; they are closed then, or a long-lived agent would run out
     /// of descriptors after some hundreds of flows.
+    #[cfg(feature = "xdp")]
     bpf_fds: BTreeSet<RawFd>,
     /// Whether dropping takes [`LIFECYCLE`]: not while `open` holds it.
+    #[cfg(feature = "xdp")]
     lock_on_drop: bool,
     /// A handed-over socket's own descriptor and the rings this process
     /// mapped from it (`None` for a socket libxdp made here).
@@ -205,10 +240,80 @@ pub(crate) struct Xsk {
 // a mutex); nothing in them is tied to the thread that made them.
 unsafe impl Send for Xsk {}
 
+/// What a socket made in this process holds of libxdp's and of the
+/// steering's; dropping it deletes libxdp's socket and UMEM, the
+/// steering's hold on the interface first.
+trait MadeHere {
+    /// The netgap frames the steering dropped on the interface's other
+    /// queues (0 when it does not say).
+    fn steered_drops(&self) -> u64;
+
+    /// Where the steering program is attached.
+    fn attach(&self) -> Attach;
+
+    /// Whether BPF descriptor `fd` is the steering's own.
+    #[cfg(feature = "xdp")]
+    fn owns(&self, fd: RawFd) -> bool;
+}
+
+/// libxdp's socket and UMEM made here, and the steering holding the
+/// program that takes their frames.
+#[cfg(feature = "xdp")]
+struct Made {
+    umem: *mut XskUmem,
+    socket: *mut XskSocket,
+    /// The steering program of the interface, attached (None only while
+    /// being made): the process's one program there, shared with the
+    /// sockets it makes for others on other queues.
+    steering: Option<Arc<Steering>>,
+}
+
+#[cfg(feature = "xdp")]
+impl MadeHere for Made {
+    fn steered_drops(&self) -> u64 {
+        self.steering
+            .as_ref()
+            .and_then(|s| s.drops().ok())
+            .unwrap_or(0)
+    }
+
+    fn attach(&self) -> Attach {
+        self.steering
+            .as_ref()
+            .map_or(Attach::Generic, |s| s.attach_mode())
+    }
+
+    fn owns(&self, fd: RawFd) -> bool {
+        self.steering.as_ref().is_some_and(|s| s.owns(fd))
+    }
+}
+
+#[cfg(feature = "xdp")]
+impl Drop for Made {
+    fn drop(&mut self) {
+        // The program goes first, so no frame is steered to a socket on
+        // its way out.
+        drop(self.steering.take());
+        // SAFETY: each pointer is either null (not created) or was created
+        // by libxdp in `Xsk::create` and is deleted once, socket before
+        // UMEM, while the rings and the memory they use still stand (the
+        // `Xsk` drops this first).
+        unsafe {
+            if !self.socket.is_null() {
+                xsk_socket__delete(self.socket);
+            }
+            if !self.umem.is_null() {
+                xsk_umem__delete(self.umem);
+            }
+        }
+    }
+}
+
 impl Xsk {
     /// Opens a socket on queue `queue` of `ifname` with a UMEM of `shape`,
     /// in copy mode, and attaches the program that steers netgap's frames
     /// to it (native XDP where the driver has it, else generic).
+    #[cfg(feature = "xdp")]
     pub(crate) fn open(ifname: &str, queue: u32, shape: Shape) -> io::Result<Xsk> {
         let name = CString::new(ifname)
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "interface name"))?;
@@ -216,11 +321,11 @@ impl Xsk {
         let before = bpf_fds();
         match Xsk::create(&name, queue, shape) {
             Ok(mut x) => {
-                let steering = x.steering.as_ref();
+                let made = x.made.as_ref();
                 x.bpf_fds = bpf_fds()
                     .difference(&before)
                     .copied()
-                    .filter(|&fd| !steering.is_some_and(|s| s.owns(fd)))
+                    .filter(|&fd| !made.is_some_and(|m| m.owns(fd)))
                     .collect();
                 x.lock_on_drop = true;
                 Ok(x)
@@ -246,16 +351,16 @@ impl Xsk {
         Xsk {
             area,
             area_bytes,
-            umem: ptr::null_mut(),
-            socket: ptr::null_mut(),
             fill: Ring::empty(),
             comp: Ring::empty(),
             rx: Ring::empty(),
             tx: Ring::empty(),
             fd,
             frame_bytes,
-            steering: None,
+            made: None,
+            #[cfg(feature = "xdp")]
             bpf_fds: BTreeSet::new(),
+            #[cfg(feature = "xdp")]
             lock_on_drop: false,
             handed: None,
         }
@@ -264,6 +369,7 @@ impl Xsk {
     /// Makes the UMEM, the socket and its steering; the caller holds
     /// [`LIFECYCLE`] (a half-made value dropped on failure does not take it
     /// again).
+    #[cfg(feature = "xdp")]
     fn create(name: &CString, queue: u32, shape: Shape) -> io::Result<Xsk> {
         let area_bytes = shape.frames as usize * shape.frame_bytes as usize;
         // SAFETY: quietens libxdp's and libbpf's printing; the calls only
@@ -285,6 +391,13 @@ impl Xsk {
             return Err(io::Error::last_os_error());
         }
         let mut x = Xsk::unmapped(area.cast::<u8>(), area_bytes, -1, shape.frame_bytes);
+        // Dropped before `x` on a failure: what libxdp made goes before
+        // the rings and the memory it uses.
+        let mut made = Made {
+            umem: ptr::null_mut(),
+            socket: ptr::null_mut(),
+            steering: None,
+        };
         let ucfg = UmemConfig {
             fill_size: shape.ring_entries,
             comp_size: shape.ring_entries,
@@ -297,7 +410,7 @@ impl Xsk {
         // boxed, so the addresses libxdp keeps stay valid as long as `x`.
         let rc = unsafe {
             xsk_umem__create(
-                &mut x.umem,
+                &mut made.umem,
                 area,
                 area_bytes as u64,
                 &mut *x.fill,
@@ -323,10 +436,10 @@ impl Xsk {
         // `x`, which deletes the socket before anything else.
         let rc = unsafe {
             xsk_socket__create(
-                &mut x.socket,
+                &mut made.socket,
                 name.as_ptr(),
                 queue,
-                x.umem,
+                made.umem,
                 &mut *x.rx,
                 &mut *x.tx,
                 &scfg,
@@ -340,10 +453,11 @@ impl Xsk {
             ));
         }
         // SAFETY: the socket was created above and is live.
-        x.fd = unsafe { xsk_socket__fd(x.socket) };
+        x.fd = unsafe { xsk_socket__fd(made.socket) };
         let steering = Steering::shared_serialized(&name.to_string_lossy())?;
         steering.put_socket(queue, x.fd)?;
-        x.steering = Some(steering);
+        made.steering = Some(steering);
+        x.made = Some(Box::new(made));
         Ok(x)
     }
 
@@ -381,19 +495,14 @@ impl Xsk {
             return None;
         }
         let ring_full = if len as usize >= 4 * 8 { st[3] } else { 0 };
-        let steered = self
-            .steering
-            .as_ref()
-            .and_then(|s| s.drops().ok())
-            .unwrap_or(0);
+        // A handed socket has no steering here: its maker's counts.
+        let steered = self.made.as_ref().map_or(0, |m| m.steered_drops());
         Some(st[0].saturating_add(ring_full).saturating_add(steered))
     }
 
     /// Where the program that steers frames to it is attached.
     pub(crate) fn attach(&self) -> Attach {
-        self.steering
-            .as_ref()
-            .map_or(Attach::Generic, |s| s.attach_mode())
+        self.made.as_ref().map_or(Attach::Generic, |m| m.attach())
     }
 
     /// The UMEM bytes of frame `slot` (a whole frame).
@@ -435,17 +544,17 @@ impl Xsk {
         let mut idx = 0u32;
         // SAFETY: the fill ring is live (created with the UMEM); `idx` is a
         // live local.
-        if unsafe { netgap_xsk_prod_reserve(&mut *self.fill, n, &mut idx) } != n {
+        if unsafe { self.fill.reserve(n, &mut idx) } != n {
             return 0;
         }
         for (i, &slot) in slots.iter().enumerate() {
             let addr = u64::from(slot) * u64::from(self.frame_bytes);
             // SAFETY: `idx + i` is one of the entries reserved above; the
             // returned pointer is into the ring's mapping.
-            unsafe { *netgap_xsk_fill_addr(&mut *self.fill, idx.wrapping_add(i as u32)) = addr };
+            unsafe { *self.fill.fill_addr(idx.wrapping_add(i as u32)) = addr };
         }
         // SAFETY: submits exactly the entries reserved and written above.
-        unsafe { netgap_xsk_prod_submit(&mut *self.fill, n) };
+        unsafe { self.fill.submit(n) };
         slots.len()
     }
 
@@ -458,10 +567,10 @@ impl Xsk {
         slots.clear();
         let mut idx = 0u32;
         // SAFETY: the RX ring is live; `idx` is a live local.
-        let n = unsafe { netgap_xsk_cons_peek(&mut *self.rx, max, &mut idx) };
+        let n = unsafe { self.rx.peek(max, &mut idx) };
         for i in 0..n {
             // SAFETY: `idx + i` is one of the `n` entries peeked above.
-            let d = unsafe { &*netgap_xsk_rx_desc(&*self.rx, idx.wrapping_add(i)) };
+            let d = unsafe { &*self.rx.rx_desc(idx.wrapping_add(i)) };
             // In copy mode an address is a frame's start plus headroom.
             let slot = d.addr / u64::from(self.frame_bytes);
             if let Some(bytes) = self.received(d.addr, d.len) {
@@ -473,7 +582,7 @@ impl Xsk {
         }
         if n > 0 {
             // SAFETY: releases exactly the entries peeked above.
-            unsafe { netgap_xsk_cons_release(&mut *self.rx, n) };
+            unsafe { self.rx.release(n) };
         }
     }
 
@@ -481,16 +590,14 @@ impl Xsk {
     /// call.
     pub(crate) fn rx_waiting(&mut self) -> bool {
         // SAFETY: the RX ring is live for `self`'s life.
-        unsafe { netgap_xsk_cons_ready(&mut *self.rx) != 0 }
+        unsafe { self.rx.ready() }
     }
 
     /// Whether a received frame or a completed transmission waits on its
     /// ring: two loads, no system call.
     pub(crate) fn anything_arrived(&mut self) -> bool {
         // SAFETY: the RX and completion rings are live for `self`'s life.
-        unsafe {
-            netgap_xsk_cons_ready(&mut *self.rx) != 0 || netgap_xsk_cons_ready(&mut *self.comp) != 0
-        }
+        unsafe { self.rx.ready() || self.comp.ready() }
     }
 
     /// Takes up to `max` completed transmissions into `slots` (cleared
@@ -500,17 +607,17 @@ impl Xsk {
         slots.clear();
         let mut idx = 0u32;
         // SAFETY: the completion ring is live; `idx` is a live local.
-        let n = unsafe { netgap_xsk_cons_peek(&mut *self.comp, max, &mut idx) };
+        let n = unsafe { self.comp.peek(max, &mut idx) };
         for i in 0..n {
             // SAFETY: `idx + i` is one of the `n` entries peeked above.
-            let addr = unsafe { *netgap_xsk_comp_addr(&*self.comp, idx.wrapping_add(i)) };
+            let addr = unsafe { *self.comp.comp_addr(idx.wrapping_add(i)) };
             if let Ok(slot) = u32::try_from(addr / u64::from(self.frame_bytes)) {
                 slots.push(slot);
             }
         }
         if n > 0 {
             // SAFETY: releases exactly the entries peeked above.
-            unsafe { netgap_xsk_cons_release(&mut *self.comp, n) };
+            unsafe { self.comp.release(n) };
         }
     }
 
@@ -519,17 +626,17 @@ impl Xsk {
     pub(crate) fn queue_tx(&mut self, slot: u32, len: u32) -> bool {
         let mut idx = 0u32;
         // SAFETY: the TX ring is live; `idx` is a live local.
-        if unsafe { netgap_xsk_prod_reserve(&mut *self.tx, 1, &mut idx) } != 1 {
+        if unsafe { self.tx.reserve(1, &mut idx) } != 1 {
             return false;
         }
         // SAFETY: `idx` is the entry reserved above; the pointer is into
         // the ring's mapping.
         unsafe {
-            let d = &mut *netgap_xsk_tx_desc(&mut *self.tx, idx);
+            let d = &mut *self.tx.tx_desc(idx);
             d.addr = u64::from(slot) * u64::from(self.frame_bytes);
             d.len = len;
             d.options = 0;
-            netgap_xsk_prod_submit(&mut *self.tx, 1);
+            self.tx.submit(1);
         }
         true
     }
@@ -546,34 +653,27 @@ impl Xsk {
     /// Whether the kernel wants the doorbell to take the TX ring's frames.
     pub(crate) fn tx_needs_wakeup(&self) -> bool {
         // SAFETY: the TX ring is live.
-        unsafe { netgap_xsk_needs_wakeup(&*self.tx) != 0 }
+        unsafe { self.tx.needs_wakeup() }
     }
 
     /// Whether the kernel wants a wake-up to take the fill ring's frames.
     pub(crate) fn fill_needs_wakeup(&self) -> bool {
         // SAFETY: the fill ring is live.
-        unsafe { netgap_xsk_needs_wakeup(&*self.fill) != 0 }
+        unsafe { self.fill.needs_wakeup() }
     }
 }
 
 impl Drop for Xsk {
     fn drop(&mut self) {
+        #[cfg(feature = "xdp")]
         let _serial = self
             .lock_on_drop
             .then(|| LIFECYCLE.lock().unwrap_or_else(|e| e.into_inner()));
-        // The program goes first, so no frame is steered to a socket on
-        // its way out.
-        drop(self.steering.take());
-        // SAFETY: each pointer is either null (not created) or was created
-        // by libxdp above and is deleted once, socket before UMEM before the
-        // memory they use.
+        // libxdp's socket and UMEM go before the memory they use.
+        drop(self.made.take());
+        // SAFETY: the handed socket's ring mappings and the UMEM's are this
+        // value's own, unmapped once, after the socket they serve is gone.
         unsafe {
-            if !self.socket.is_null() {
-                xsk_socket__delete(self.socket);
-            }
-            if !self.umem.is_null() {
-                xsk_umem__delete(self.umem);
-            }
             if let Some(HandedMaps { socket, rings }) = self.handed.take() {
                 for (at, len) in rings {
                     libc::munmap(at, len);
@@ -587,6 +687,7 @@ impl Drop for Xsk {
         // Under the lock no other socket of this process opens BPF
         // descriptors, so one of this socket's numbers that still names a
         // BPF object is the one libxdp left open.
+        #[cfg(feature = "xdp")]
         for &fd in &self.bpf_fds {
             if is_bpf_fd(fd) {
                 // SAFETY: `fd` is a BPF descriptor libxdp opened for this
@@ -618,9 +719,11 @@ pub(crate) fn ring_doorbell(fd: RawFd) -> io::Result<()> {
 }
 
 // The switch of the queue tests, for the direct connection's tests.
-#[cfg(test)]
+#[cfg(all(test, feature = "xdp"))]
 pub(crate) use tests::{in_ns, index_of, sh, switch_of_two, Namespaces};
 
+// The tests make their sockets and steering here, through libxdp.
+#[cfg(feature = "xdp")]
 #[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
 #[cfg(test)]
 mod tests {
@@ -1423,8 +1526,8 @@ mod tests {
         in_netns_with_veth(4, || {
             let port = Xsk::open("ngxa", 0, SMALL).unwrap();
             let shared = Steering::shared("ngxa").unwrap();
-            let own = port.steering.as_ref().unwrap();
-            assert!(Arc::ptr_eq(own, &shared), "a second program");
+            let own = port.made.as_ref().unwrap();
+            assert!(own.owns(shared.prog().as_raw_fd()), "a second program");
             let made = super::super::handover::make(index_of("ngxa"), 2, SMALL).unwrap();
             shared.put_socket(2, made.socket.as_raw_fd()).unwrap();
             let conn = ConnId {

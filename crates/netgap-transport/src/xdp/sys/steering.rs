@@ -10,6 +10,7 @@ use std::ptr;
 use std::sync::{Arc, Mutex, Weak};
 
 use super::super::steer::{self, ConnId, Insn};
+use super::Attach;
 
 extern "C" {
     fn bpf_map_create(
@@ -54,24 +55,7 @@ const XDP_FLAGS_SKB_MODE: u32 = 1 << 1;
 /// `XDP_FLAGS_DRV_MODE`: the driver's own XDP hook.
 const XDP_FLAGS_DRV_MODE: u32 = 1 << 2;
 
-/// Where the steering program is attached.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Attach {
-    /// The driver's hook (native XDP).
-    Native,
-    /// The generic hook (SKB mode).
-    Generic,
-}
-
 impl Attach {
-    /// The name a record gives it.
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            Attach::Native => "native",
-            Attach::Generic => "generic",
-        }
-    }
-
     /// The mode's `XDP_FLAGS_*`.
     fn flags(self) -> u32 {
         match self {
