@@ -6,6 +6,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 /*
  * Two programs on two hosts that connect to each other before either
@@ -22,8 +23,16 @@
  * Both accept at once: across hosts, each host's relay gets its listen
  * before either has a link to the other, then a connect to the other's
  * end, and the two relays open their link from both sides.
+ *
+ * Then a close before the accept: program 1 connects to program 2 once
+ * more, writes its greeting and closes at once; its close must return
+ * within CLOSE_LIMIT_US (the kernel's does not wait for the peer's
+ * accept), and it says so with DIR/closed-1. Program 2 accepts only then,
+ * LATE_ACCEPT_US later, and reads every byte, then the end.
  */
 #define BYTES 100000
+#define CLOSE_LIMIT_US 100000
+#define LATE_ACCEPT_US 300000
 
 static void fill(unsigned char *b, int seed) {
     for (long i = 0; i < BYTES; i++) b[i] = (unsigned char)(i * 31 + seed);
@@ -46,6 +55,12 @@ static void put(int fd, const unsigned char *b, const char *what) {
         if (n <= 0) fail(what);
         off += n;
     }
+}
+
+static long now_us(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1000000L + t.tv_nsec / 1000;
 }
 
 static void get(int fd, unsigned char *b, const char *what) {
@@ -105,9 +120,45 @@ int main(int argc, char **argv) {
         printf("crossed: the peer's answer differs\n");
         return 1;
     }
-    printf("crossed: ok\n");
     close(s);
     close(c);
+
+    snprintf(path, sizeof path, "%s/closed-1", argv[5]);
+    if (me == 1) {
+        int late = socket(AF_INET, SOCK_STREAM, 0);
+        if (connect(late, (struct sockaddr *)&p, sizeof p)) fail("the second connect");
+        fill(out, 7);
+        put(late, out, "the greeting before the close");
+        long t0 = now_us();
+        if (close(late)) fail("the close before the accept");
+        long took = now_us() - t0;
+        if (took > CLOSE_LIMIT_US) {
+            printf("crossed: the close before the accept took %ld us\n", took);
+            return 1;
+        }
+        f = fopen(path, "w");
+        if (!f) fail("the closed file");
+        fclose(f);
+    } else {
+        while (stat(path, &st) != 0) usleep(10000);
+        usleep(LATE_ACCEPT_US);
+        int late = accept(l, NULL, NULL);
+        if (late < 0) fail("the late accept");
+        get(late, in, "reading the greeting of a closed connection");
+        if (!check(in, 7)) {
+            printf("crossed: the closed connection's greeting differs\n");
+            return 1;
+        }
+        unsigned char more;
+        ssize_t n = read(late, &more, 1);
+        if (n != 0) {
+            printf("crossed: after the closed connection's greeting, read gave %zd (%s), not its end\n",
+                   n, n < 0 ? strerror(errno) : "a byte");
+            return 1;
+        }
+        close(late);
+    }
+    printf("crossed: ok\n");
     close(l);
     return 0;
 }

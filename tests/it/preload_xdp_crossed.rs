@@ -9,6 +9,11 @@
 //! moved to xdp through the relays. Both accept at once, so each relay gets
 //! a listen before it has a link to the other, then a connect to the
 //! other's end: the two relays open their link from both sides at once.
+//! Then the first program connects once more, writes and closes before
+//! the second accepts: its close returns within 100 ms (it waited for the
+//! answer, which comes only once the other program accepts and reads, up
+//! to 10 s), and the second program, accepting 300 ms later, reads every
+//! byte, then the end.
 //!
 //! Built only with the `xdp` feature; without root, namespaces or a C
 //! compiler the test prints why and passes (with

@@ -104,7 +104,7 @@ pub(crate) enum Sent {
 }
 
 mod offer;
-pub(crate) use offer::{Offer, OfferPath, RelayOffer};
+pub(crate) use offer::{Offer, OfferOnClose, OfferPath, RelayOffer};
 
 /// How long a closing end waits for doorbells already on their way to it.
 const QUIESCE_LIMIT: std::time::Duration = std::time::Duration::from_millis(20);

@@ -311,18 +311,45 @@ fn forget(fd: c_int) -> Option<Arc<Conn>> {
     last
 }
 
-/// A relayed connection still offered is resolved (its answer waited
-/// for, bounded) before the program closes or shuts it down: the bytes
-/// the program wrote sit in the ring until the relay takes the connection,
-/// and its end must follow them, on the relay or on the kernel's TCP.
-fn settle_relay_offer(fd: c_int) {
-    if let Some(Entry::Shm(c)) = table::get(fd) {
-        if c.offered_via_relay() {
-            let e = errno();
-            let _ = setup::finish_offer(fd, &c, true);
-            set_errno(e);
+/// The relayed connection still offered that `fd` holds, if it does.
+fn offered_via_relay(fd: c_int) -> Option<Arc<Conn>> {
+    match table::get(fd) {
+        Some(Entry::Shm(c)) if c.offered_via_relay() => Some(c),
+        _ => None,
+    }
+}
+
+/// The program closes `fd`, a descriptor of a relayed connection still
+/// offered: the descriptor goes at once, as the kernel's close would, and
+/// the offer's end goes on in the background (`setup::close_offered`).
+/// None: the offer had ended, and the close goes the usual way.
+fn close_offered(fd: c_int) -> Option<c_int> {
+    let c = offered_via_relay(fd)?;
+    let e = errno();
+    let last = table::descriptors_of(&c).iter().all(|d| *d == fd);
+    if !setup::close_offered(fd, &c) {
+        set_errno(e);
+        return None;
+    }
+    let _ = table::take(fd);
+    for epfd in table::epoll_forget(fd) {
+        if last {
+            // The library's duplicate keeps the socket's file open, and
+            // with it the program's registrations of `fd` (the kernel
+            // drops them with the file's last descriptor): they go now, as
+            // the kernel's close of the last descriptor would take them.
+            let mut ev = epoll_event { events: 0, u64: 0 };
+            // SAFETY: a plain epoll_ctl on the program's epoll and its
+            // still open descriptor.
+            unsafe { real::epoll_ctl()(epfd, libc::EPOLL_CTL_DEL, fd, &mut ev) };
         }
     }
+    if !last {
+        sync_cloexec(&c);
+    }
+    set_errno(e);
+    // SAFETY: the program's own argument, passed on.
+    Some(unsafe { real::close()(fd) })
 }
 
 /// `close(2)`: the last descriptor of a taken-over connection in this
@@ -333,7 +360,9 @@ fn settle_relay_offer(fd: c_int) {
 /// As for the C library's `close`.
 #[no_mangle]
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
-    settle_relay_offer(fd);
+    if let Some(r) = close_offered(fd) {
+        return r;
+    }
     #[cfg(feature = "xdp")]
     if let Some(Entry::Direct(_)) = table::get(fd) {
         close_direct(fd);
@@ -394,7 +423,19 @@ fn close_direct(fd: c_int) {
 /// As for the C library's `shutdown`.
 #[no_mangle]
 pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
-    settle_relay_offer(fd);
+    if let Some(c) = offered_via_relay(fd) {
+        if how != libc::SHUT_RD && how != libc::SHUT_WR && how != libc::SHUT_RDWR {
+            return fail(libc::EINVAL) as c_int;
+        }
+        // The kernel socket's shutdown waits for the offer's end, after
+        // the ring's bytes (`setup::shut_offered`).
+        let e = errno();
+        let deferred = setup::shut_offered(fd, &c, how);
+        set_errno(e);
+        if deferred {
+            return 0;
+        }
+    }
     // A direct connection's end goes as its closing frame, after its
     // bytes; its kernel socket stays quiet until the close, so that the
     // peer's waits do not wake for a FIN that is not the connection's.

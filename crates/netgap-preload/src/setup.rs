@@ -53,8 +53,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use thiserror::Error;
 
+mod closing;
 #[cfg(feature = "xdp")]
 mod grant;
+use closing::watch_answer;
+pub(crate) use closing::{close_offered, shut_offered};
 
 /// How long a listener whose program writes first waits for the hello of
 /// a connector the kernel says is there (its mailbox is bound): the
@@ -464,19 +467,7 @@ pub(crate) fn connected(fd: c_int, cand: Candidate, nonblocking: bool) -> Result
 /// be started).
 fn watch_relay_answer(fd: c_int, c: Arc<Conn>) {
     let watch = move || {
-        let deadline = Instant::now() + ANSWER_WAIT;
-        // The program's close or shutdown ends the offer before the
-        // descriptor goes (`interpose::settle_relay_offer`), so `fd` is
-        // still the connection's for as long as it is offered.
-        while c.offered() && wait_for(fd, libc::POLLIN, deadline) {
-            match finish_offer(fd, &c, false) {
-                // Part of the answer: give the rest a moment.
-                Resolved::NotYet => std::thread::sleep(Duration::from_micros(50)),
-                Resolved::Shm(_) | Resolved::Kernel => return,
-                #[cfg(feature = "xdp")]
-                Resolved::Direct(_) => return,
-            }
-        }
+        watch_answer(&c, Instant::now() + ANSWER_WAIT);
     };
     let started = std::thread::Builder::new()
         .name("netgap-answer".into())
@@ -487,9 +478,9 @@ fn watch_relay_answer(fd: c_int, c: Arc<Conn>) {
     }
 }
 
-/// The stack of the thread that watches a relayed offer's answer: it asks
-/// the relay and writes a log line, nothing deeper.
-const WATCH_STACK_BYTES: usize = 256 << 10;
+/// The stack of a thread that ends a relayed offer: it asks the relay,
+/// writes a log line and closes, nothing deeper.
+pub(crate) const WATCH_STACK_BYTES: usize = 256 << 10;
 
 /// What a pending or offered connection turned out to be.
 pub(crate) enum Resolved {
@@ -514,6 +505,13 @@ pub(crate) enum Resolved {
 /// connection is shut down, so the program sees its end rather than
 /// corrupt bytes.
 pub(crate) fn finish_offer(fd: c_int, c: &Arc<Conn>, wait: bool) -> Resolved {
+    finish_offer_by(fd, c, wait.then(|| Instant::now() + ANSWER_WAIT))
+}
+
+/// As [`finish_offer`], waiting for the answer until `deadline` if given.
+/// The answer is read on the offer's own descriptor ([`Offer::fd`]); `fd`
+/// is the caller's, looked up once another thread ended the offer.
+pub(super) fn finish_offer_by(fd: c_int, c: &Arc<Conn>, deadline: Option<Instant>) -> Resolved {
     let mut guard = c.offer_lock();
     let Some(offer) = guard.as_mut() else {
         // Another thread ended it.
@@ -529,11 +527,13 @@ pub(crate) fn finish_offer(fd: c_int, c: &Arc<Conn>, wait: bool) -> Resolved {
         };
     };
     let port = offer.port;
-    let deadline = Instant::now() + ANSWER_WAIT;
+    let fd = offer.fd;
     let end = loop {
         match hear_answer(fd) {
-            Heard::NotYet if !wait => return Resolved::NotYet,
             Heard::NotYet => {
+                let Some(deadline) = deadline else {
+                    return Resolved::NotYet;
+                };
                 if !wait_for(fd, libc::POLLIN, deadline) {
                     break Err(NotMoved::Broken("no answer from the listener".into()));
                 }
@@ -556,8 +556,16 @@ pub(crate) fn finish_offer(fd: c_int, c: &Arc<Conn>, wait: bool) -> Resolved {
     };
     // The relay took its socket if it took the connection: the rest of
     // the offer (the mailbox, the region's descriptor) closes here.
-    *guard = None;
+    let shut = guard.take().and_then(|o| o.shut);
     drop(guard);
+    let resolved = end_offer(fd, port, c, end);
+    c.apply_deferred_shutdown(fd, shut);
+    resolved
+}
+
+/// The offer of `c` on `fd` (to `port`) ended as `end` says: the
+/// connection goes where the answer took it.
+fn end_offer(fd: c_int, port: u16, c: &Arc<Conn>, end: Result<Taken, NotMoved>) -> Resolved {
     match end {
         #[cfg(feature = "xdp")]
         Ok(Taken::Direct(d)) => went_direct(fd, port, c, d),

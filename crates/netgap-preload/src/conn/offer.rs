@@ -9,7 +9,7 @@ use crate::errno::Errno;
 use crate::log::log_line;
 use crate::real;
 use libc::c_int;
-use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::Ordering;
 use thiserror::Error;
 
@@ -47,7 +47,12 @@ impl Conn {
             c.offer_end = new_eventfd();
         }
         c.offered.store(true, Ordering::SeqCst);
-        *c.offer.lock().unwrap_or_else(|p| p.into_inner()) = Some(Offer { port, path });
+        *c.offer.lock().unwrap_or_else(|p| p.into_inner()) = Some(Offer {
+            port,
+            path,
+            fd,
+            shut: None,
+        });
         c
     }
 
@@ -84,15 +89,104 @@ impl Conn {
         self.offer.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Whether the connection is offered through the relays (its answer
-    /// is awaited before the program's close or shutdown: the relay must
-    /// take the bytes in the ring first).
+    /// Whether the connection is offered through the relays (the relay
+    /// must take the bytes in the ring before the connection's end, so a
+    /// close or shutdown leaves the offer's end to a thread of the
+    /// library's: `setup::close_offered`, `setup::shut_offered`).
     pub(crate) fn offered_via_relay(&self) -> bool {
         self.offered()
             && matches!(
                 self.offer_lock().as_ref().map(|o| &o.path),
                 Some(OfferPath::Relay(_))
             )
+    }
+
+    /// The descriptor the offer's answer is read on (see [`Offer::fd`]),
+    /// or None once the offer ended.
+    pub(crate) fn offer_fd(&self) -> Option<c_int> {
+        self.offer_lock().as_ref().map(|o| o.fd)
+    }
+
+    /// The program closes its descriptor `fd` of this offered connection
+    /// (`other`: another descriptor of the program that stays open): the
+    /// offer is read on that one from now on, or, at the program's last
+    /// descriptor, on a duplicate of the socket of the library's own, so
+    /// that the program's descriptor number is free at once.
+    pub(crate) fn offer_outlives(&self, fd: c_int, other: Option<c_int>) -> OfferOnClose {
+        let mut guard = self.offer_lock();
+        let Some(offer) = guard.as_mut() else {
+            return OfferOnClose::Ended;
+        };
+        if let Some(other) = other {
+            if offer.fd == fd {
+                offer.fd = other;
+            }
+            return OfferOnClose::Kept;
+        }
+        // SAFETY: a plain fcntl on the program's open descriptor (its
+        // close waits for this call).
+        let keep = unsafe { real::fcntl()(offer.fd, libc::F_DUPFD_CLOEXEC, 0) };
+        if keep < 0 {
+            return OfferOnClose::NoDuplicate;
+        }
+        offer.fd = keep;
+        // SAFETY: the duplicate just made, owned from here on.
+        OfferOnClose::Orphaned(unsafe { OwnedFd::from_raw_fd(keep) })
+    }
+
+    /// The program shut down this offered connection (`how`): the
+    /// library's side of it at once ([`Conn::shut`]), the kernel socket's
+    /// once the offer ends ([`Conn::apply_deferred_shutdown`]), after the
+    /// bytes in the ring went to the relay or the kernel socket. False:
+    /// the offer had ended (the shutdown goes the usual way).
+    pub(crate) fn defer_shutdown(&self, how: c_int) -> bool {
+        let mut guard = self.offer_lock();
+        let Some(offer) = guard.as_mut() else {
+            return false;
+        };
+        offer.shut = Some(match (offer.shut, how) {
+            (None, h) => h,
+            (Some(a), b) if a == b => a,
+            _ => libc::SHUT_RDWR,
+        });
+        drop(guard);
+        self.shut(how);
+        true
+    }
+
+    /// The shutdown a program made while the connection was offered,
+    /// applied to the kernel socket `fd` (or the direct connection) now
+    /// that the offer ended with `shut` taken from it.
+    pub(crate) fn apply_deferred_shutdown(&self, fd: c_int, shut: Option<c_int>) {
+        let Some(how) = shut else {
+            return;
+        };
+        #[cfg(feature = "xdp")]
+        if let Some(d) = self.went_direct() {
+            d.shut(how);
+            return;
+        }
+        // SAFETY: a plain shutdown of the connection's socket.
+        unsafe { real::shutdown()(fd, how) };
+    }
+
+    /// Ends this connection, whose program closed its last descriptor
+    /// while it was offered, now that the offer ended: on `fd`, the
+    /// library's own descriptor of its socket (which the caller then
+    /// closes), as the program's close would have ended it had the answer
+    /// been in. A connection given back to the kernel's TCP needs nothing
+    /// more; a direct one logs its close and ends with this connection.
+    pub(crate) fn close_orphan(&self, fd: c_int) {
+        #[cfg(feature = "xdp")]
+        if let Some(d) = self.went_direct() {
+            d.log_close(fd);
+            return;
+        }
+        if self.given_back.load(Ordering::SeqCst) {
+            return;
+        }
+        self.log_close(fd);
+        self.last_close(fd);
     }
 
     /// The relay took the connection, reached on `bell` (which the
@@ -206,6 +300,29 @@ impl Conn {
 pub(crate) struct Offer {
     pub(crate) port: u16,
     pub(crate) path: OfferPath,
+    /// The descriptor the answer is read on: the program's, or once the
+    /// program closed the one it connected, another of its descriptors
+    /// of the connection or a duplicate the library owns
+    /// ([`Conn::offer_outlives`]).
+    pub(crate) fd: c_int,
+    /// A shutdown the program made while offered, for the kernel socket
+    /// once the offer ends ([`Conn::defer_shutdown`]).
+    pub(crate) shut: Option<c_int>,
+}
+
+/// What the program's close of a descriptor leaves of an offer.
+pub(crate) enum OfferOnClose {
+    /// It had ended: the close goes the usual way.
+    Ended,
+    /// Another of the program's descriptors holds the connection, and the
+    /// offer is read there.
+    Kept,
+    /// That was the program's last descriptor: the offer is read on this
+    /// duplicate of the socket (close-on-exec), which the caller ends and
+    /// closes.
+    Orphaned(OwnedFd),
+    /// No duplicate could be made (the descriptor table is full).
+    NoDuplicate,
 }
 
 /// The data path a connector offered in its hello.
