@@ -171,6 +171,15 @@ impl Channel {
         }
     }
 
+    /// How this end ended its side, as any of its processes marked it.
+    pub(crate) fn own_end(&self) -> PeerEnd {
+        let v = self.header().ends[self.role.index()].load(Ordering::Acquire);
+        PeerEnd {
+            fin: v & lay::END_FIN != 0,
+            closed: v & lay::END_CLOSED != 0,
+        }
+    }
+
     /// The connector's socket inode, as its header says.
     pub(crate) fn connector_ino(&self) -> u64 {
         self.header().connector_ino.load(Ordering::Acquire)
@@ -502,6 +511,16 @@ mod tests {
         b.want_data_futex();
         // SAFETY: valid for reads.
         assert!(unsafe { a.write(&iov(&mut x)) }.unwrap().wake_peer);
+    }
+
+    #[test]
+    fn an_ends_mark_is_its_own_end_and_its_peers_peer_end() {
+        let (a, b) = pair();
+        a.mark_end(true, false);
+        assert!(a.own_end().fin && !a.own_end().closed);
+        assert_eq!(b.peer_end(), a.own_end());
+        assert_eq!(b.own_end(), PeerEnd::default());
+        assert_eq!(a.peer_end(), PeerEnd::default());
     }
 
     #[test]

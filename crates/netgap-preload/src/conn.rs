@@ -675,7 +675,7 @@ impl Conn {
         dontwait: bool,
         mut put: impl FnMut(&Channel) -> Result<std::io::Result<Moved>, Corrupt>,
     ) -> Result<Sent, Errno> {
-        if self.wr_shut.load(Ordering::Relaxed) {
+        if self.wr_shut.load(Ordering::Relaxed) || self.shut_down_elsewhere() {
             return Err(libc::EPIPE);
         }
         let mut round = 0;
@@ -735,6 +735,14 @@ impl Conn {
                 return Err(libc::EAGAIN);
             }
         }
+    }
+
+    /// Whether another process that holds this relayed connection shut
+    /// down its sending side (its mark in the ring): a write then fails
+    /// as the kernel's would, rather than go into a ring whose end the
+    /// relay has sent.
+    fn shut_down_elsewhere(&self) -> bool {
+        self.bell() >= 0 && self.channel.own_end().fin
     }
 
     /// Whether the peer's socket is closed for good (a reset or a full

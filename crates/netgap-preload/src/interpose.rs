@@ -9,8 +9,8 @@
 //! real socket. `shutdown` acts on it too (a FIN seen by the peer after
 //! the bytes already in the ring) and wakes the peer if it sleeps in a
 //! blocking read; on a relayed connection its sending side ends through
-//! the relays instead, behind the bytes they still carry. Socket options go to the
-//! kernel socket too, except `TCP_NODELAY` and `TCP_CORK`, which are
+//! the relays instead, behind the bytes they still carry. Socket options
+//! go to the kernel socket too, except `TCP_NODELAY` and `TCP_CORK`, which are
 //! recorded and not applied: the kernel socket then carries only
 //! doorbells, which must never wait for Nagle or a cork. `fork` needs nothing either:
 //! the channels are shared mappings the child inherits, and the rings keep

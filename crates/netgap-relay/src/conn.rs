@@ -435,7 +435,8 @@ fn send_ring(c: &Conn, client: RawFd) -> Result<Sending, PumpError> {
 /// After the program's shutdown: its doorbells drained until it closes
 /// its last descriptor of the connection (or dies), so what still
 /// arrives for it after that is dropped; nothing of its ring goes out
-/// any more (its library refuses writes after a shutdown).
+/// any more (its library refuses writes after a shutdown, in every
+/// process that holds the connection).
 fn wait_close(c: &Conn, client: RawFd) -> Result<(), PumpError> {
     loop {
         if c.broken() {
