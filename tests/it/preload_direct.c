@@ -337,13 +337,11 @@ int main(int argc, char **argv) {
         qsort(rtt, (size_t)rounds, sizeof *rtt, cmp);
         printf("median_rtt_ns %ld\n", rounds > 0 ? rtt[rounds / 2] : 0);
     }
-    /* The end of the stream, as the kernel's: the peer reads 0. Each end
-     * shuts down only once nothing of its own is on its way: the client
-     * says it has read everything, the server then shuts down, and the
-     * client shuts down once it read the server's end. Through the relays
-     * a FIN after a shutdown goes over the kernel's TCP and can overtake
-     * the last bytes still in the relays (a known fault of the relayed
-     * path, see GUIDE.md), which this test is not about. */
+    /* The end of the stream, as the kernel's: the peer reads 0. The ends
+     * come in one known order on every path: the client says it has read
+     * everything, the server then shuts down, and the client shuts down
+     * once it read the server's end. (A shutdown with bytes still on
+     * their way is `preload_xdp.rs`'s half-closed connection.) */
     unsigned char x = 'd';
     if (server) {
         if (read_one(fd, &x) != 1 || x != 'd') {

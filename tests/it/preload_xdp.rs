@@ -5,8 +5,10 @@
 //! every 1 MiB body's sha256 verified, the library's logs saying each
 //! connection moved to xdp through the relay with the kernel TCP socket
 //! carrying under 1% of the payload, and the relays' counters showing the
-//! body crossed them; with no relay on the server's host the connection
-//! stays on the kernel's TCP and still works; a relay killed mid-transfer
+//! body crossed them; a connection half-closed with megabytes still in the
+//! relays delivers every byte both ways, its end behind them; with no
+//! relay on the server's host the connection stays on the kernel's TCP
+//! and still works; a relay killed mid-transfer
 //! gives curl an error within the timeout, and once a relay runs again the
 //! next transfer goes through it (nothing was left holding the queue);
 //! wrk with eight connections and eight curls at once all move to the
@@ -326,6 +328,111 @@ fn counters_of(log: &Path, marker: &str, name: &str, n: usize) -> Vec<u64> {
 
 /// The testbed, its two hosts' namespaces and the server's first-link
 /// address (the one the TCP connection takes).
+/// Bytes the half-closing client writes before its shutdown, and the
+/// server's reply: megabytes, so that some are still in the relays when
+/// the client shuts down.
+const HALF_CLOSE_BYTES: usize = 4 << 20;
+
+/// The pattern both ends of [`half_close`] write and check (Python).
+const HALF_CLOSE_PATTERN: &str = "def data(n, seed):\n\
+     \x20   block = bytes((i * 7 + seed) % 256 for i in range(251))\n\
+     \x20   return (block * (n // 251 + 1))[:n]\n\
+     def read_to_end(s):\n\
+     \x20   got = bytearray()\n\
+     \x20   while True:\n\
+     \x20       b = s.recv(1 << 20)\n\
+     \x20       if not b:\n\
+     \x20           return bytes(got)\n\
+     \x20       got += b\n\
+     def check(got, want, who):\n\
+     \x20   if got != want:\n\
+     \x20       at = next((i for i, (x, y) in enumerate(zip(got, want)) if x != y), min(len(got), len(want)))\n\
+     \x20       raise SystemExit(f'{who} read {len(got)} bytes of {len(want)}, the first wrong at {at}')\n";
+
+/// A relayed connection half-closed under load: a wrapped Python client
+/// on `cns` writes [`HALF_CLOSE_BYTES`] to a wrapped Python server on
+/// `sns` (`ip`, port 8090), shuts down its sending side at once and reads
+/// the reply; the server reads every byte and then the end of the stream,
+/// replies as much, and closes. Every byte is checked at both ends; the
+/// libraries' logs (in `dir`) must say the connection went through the
+/// relay at both ends.
+fn half_close(cns: &str, sns: &str, ip: &str, dir: &Path) {
+    use std::io::{BufRead, BufReader, Read};
+    let n = HALF_CLOSE_BYTES;
+    let server_script = format!(
+        "{HALF_CLOSE_PATTERN}\
+         import socket\n\
+         l = socket.socket()\n\
+         l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
+         l.bind(('0.0.0.0', 8090))\n\
+         l.listen(1)\n\
+         print('listening', flush=True)\n\
+         c, _ = l.accept()\n\
+         check(read_to_end(c), data({n}, 1), 'the server')\n\
+         c.sendall(data({n}, 2))\n\
+         c.close()\n\
+         print('server: ok', flush=True)\n"
+    );
+    let client_script = format!(
+        "{HALF_CLOSE_PATTERN}\
+         import socket\n\
+         s = socket.create_connection(('{ip}', 8090))\n\
+         s.sendall(data({n}, 1))\n\
+         s.shutdown(socket.SHUT_WR)\n\
+         check(read_to_end(s), data({n}, 2), 'the client')\n\
+         s.close()\n\
+         print('client: ok')\n"
+    );
+    let (s_log, c_log) = (dir.join("half-server.log"), dir.join("half-client.log"));
+    let mut server = Guard(
+        wrapped(sns, "/usr/bin/python3", &["-c", &server_script], &s_log)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("python3 runs"),
+    );
+    let mut lines = BufReader::new(server.0.stdout.take().expect("the server's output"));
+    let mut first = String::new();
+    lines
+        .read_line(&mut first)
+        .expect("the server's first line");
+    assert_eq!(
+        first.trim(),
+        "listening",
+        "the half-close server did not listen"
+    );
+    let out = wrapped(cns, "/usr/bin/python3", &["-c", &client_script], &c_log)
+        .output()
+        .expect("python3 runs");
+    let mut rest = String::new();
+    lines
+        .read_to_string(&mut rest)
+        .expect("the server's output");
+    let mut errors = String::new();
+    if let Some(mut e) = server.0.stderr.take() {
+        e.read_to_string(&mut errors).expect("the server's errors");
+    }
+    let logs = || {
+        format!(
+            "the client's library:\n{}\nthe server's library:\n{}",
+            std::fs::read_to_string(&c_log).unwrap_or_default(),
+            std::fs::read_to_string(&s_log).unwrap_or_default()
+        )
+    };
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).contains("client: ok"),
+        "{}{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        logs()
+    );
+    assert!(rest.contains("server: ok"), "{rest}{errors}\n{}", logs());
+    for log in [&c_log, &s_log] {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        assert!(text.contains("moved to xdp via the relay"), "{}", logs());
+    }
+}
+
 fn testbed(name: &str) -> (Testbed, String, String, String) {
     let (tb, _) = Testbed::up(
         name,
@@ -511,6 +618,11 @@ fn nginx_and_curl_across_hosts_through_the_relays_then_without_a_relay_on_kernel
         "the select waiter's relay woke it on its own host: {here:?}\n{}",
         std::fs::read_to_string(&r1_log).unwrap_or_default()
     );
+
+    // A half-closed connection: the client's shutdown travels through
+    // the relays behind its last bytes, and the server's reply and close
+    // reach the client whole.
+    half_close(&cns, &sns, &ip, dir.path());
 
     // wrk (epoll, keep-alive), wrapped too, over one connection.
     if Path::new("/usr/bin/wrk").exists() {

@@ -151,15 +151,29 @@ impl Channel {
     /// This end ended its side: `fin`, it shut down its sending side or
     /// closed the connection in an orderly way (a reset that follows is a
     /// doorbell's, read as the end of the stream); `closed`, it closed the
-    /// connection in the one process that held it (orderly or not).
+    /// connection in the one process that held it (orderly or not). On a
+    /// relayed connection only a shutdown marks `fin`: the relay sends
+    /// the end of the stream once the ring's bytes before it went out,
+    /// and takes a close from its socket's hang-up.
     pub(crate) fn mark_end(&self, fin: bool, closed: bool) {
         let v = if fin { lay::END_FIN } else { 0 } | if closed { lay::END_CLOSED } else { 0 };
         self.header().ends[self.role.index()].fetch_or(v, Ordering::SeqCst);
     }
 
-    /// How the other end ended its side.
+    /// How the other end ended its side. A relayed connection's other end
+    /// is its relay, which marks `fin` once every byte the other program
+    /// sent before its end is in the ring.
     pub(crate) fn peer_end(&self) -> PeerEnd {
         let v = self.header().ends[self.role.peer().index()].load(Ordering::Acquire);
+        PeerEnd {
+            fin: v & lay::END_FIN != 0,
+            closed: v & lay::END_CLOSED != 0,
+        }
+    }
+
+    /// How this end ended its side, as any of its processes marked it.
+    pub(crate) fn own_end(&self) -> PeerEnd {
+        let v = self.header().ends[self.role.index()].load(Ordering::Acquire);
         PeerEnd {
             fin: v & lay::END_FIN != 0,
             closed: v & lay::END_CLOSED != 0,
@@ -497,6 +511,16 @@ mod tests {
         b.want_data_futex();
         // SAFETY: valid for reads.
         assert!(unsafe { a.write(&iov(&mut x)) }.unwrap().wake_peer);
+    }
+
+    #[test]
+    fn an_ends_mark_is_its_own_end_and_its_peers_peer_end() {
+        let (a, b) = pair();
+        a.mark_end(true, false);
+        assert!(a.own_end().fin && !a.own_end().closed);
+        assert_eq!(b.peer_end(), a.own_end());
+        assert_eq!(b.own_end(), PeerEnd::default());
+        assert_eq!(a.peer_end(), PeerEnd::default());
     }
 
     #[test]

@@ -2,7 +2,9 @@
 //! writes on its descriptor, with the kernel TCP socket under that
 //! descriptor kept for wake-ups (doorbell bytes) and for the end of the
 //! connection (its FIN or reset, which the kernel sends when the last
-//! process holding the socket closes it or dies).
+//! process holding the socket closes it or dies). A relayed connection's
+//! end of the stream is its relay's mark in the ring's header instead,
+//! behind the bytes the relays carry; its reset is still the kernel's.
 
 use crate::channel::{Channel, Corrupt, Moved, Role};
 use crate::errno::{errno, Errno};
@@ -446,7 +448,9 @@ impl Conn {
                 continue;
             }
             if r == 0 {
-                self.peer_eof.store(true, Ordering::Relaxed);
+                if self.kernel_end_counts() {
+                    self.peer_eof.store(true, Ordering::Relaxed);
+                }
                 return Ok(());
             }
             let e = errno();
@@ -455,6 +459,18 @@ impl Conn {
                 _ => Err(e),
             };
         }
+    }
+
+    /// Whether the kernel socket's end of file is the end of the stream.
+    /// A relayed connection's bytes cross the relays while its FIN
+    /// crosses the kernel's TCP, which can be first: its end is the
+    /// relay's mark, made once every byte before it is in the ring (the
+    /// relay shuts down the socket's receiving side then, to wake a
+    /// poller). With its relay gone no mark can come, and the socket's
+    /// end stands.
+    fn kernel_end_counts(&self) -> bool {
+        let bell = self.bell();
+        bell < 0 || self.channel.peer_end().fin || hung_up(bell)
     }
 
     /// `recv` on the channel into `iov`: data if any, 0 at the end of the
@@ -668,7 +684,7 @@ impl Conn {
         dontwait: bool,
         mut put: impl FnMut(&Channel) -> Result<std::io::Result<Moved>, Corrupt>,
     ) -> Result<Sent, Errno> {
-        if self.wr_shut.load(Ordering::Relaxed) {
+        if self.wr_shut.load(Ordering::Relaxed) || self.shut_down_elsewhere() {
             return Err(libc::EPIPE);
         }
         let mut round = 0;
@@ -730,6 +746,14 @@ impl Conn {
         }
     }
 
+    /// Whether another process that holds this relayed connection shut
+    /// down its sending side (its mark in the ring): a write then fails
+    /// as the kernel's would, rather than go into a ring whose end the
+    /// relay has sent.
+    fn shut_down_elsewhere(&self) -> bool {
+        self.bell() >= 0 && self.channel.own_end().fin
+    }
+
     /// Whether the peer's socket is closed for good (a reset or a full
     /// hang-up), seen without reading anything. Asked only when the ring is
     /// full: a peer that sent its FIN gets a doorbell as a probe, which a
@@ -761,14 +785,21 @@ impl Conn {
     /// is left unread on the socket (which makes the kernel send a reset
     /// where the program's close sends a FIN). Where another process may
     /// hold the connection (after a fork) it is its last close that counts:
-    /// this one only marks the side as ended for the peer. The peer's
-    /// blocking sleepers are woken to look at the kernel socket.
+    /// this one only marks the side as ended for the peer. A relayed
+    /// connection's close is its relay's to carry, when the relay socket
+    /// hangs up at the last close in any process: nothing is marked. The
+    /// peer's blocking sleepers are woken to look at the kernel socket.
     pub(crate) fn last_close(&self, fd: c_int) {
         let shared = self.shared.load(Ordering::Relaxed);
         if lingers_zero(fd) {
             // The program asked for a reset: its peer reads one.
             self.channel.mark_end(false, !shared);
-        } else if self.bell() >= 0 || shared {
+        } else if self.bell() >= 0 {
+            // A relayed connection's end is its relay socket's hang-up,
+            // at the last close in any process; a mark would end it for
+            // a process that still holds it (the relay takes the mark
+            // as a shutdown).
+        } else if shared {
             self.channel.mark_end(true, false);
         } else if self.channel.readable().is_ok_and(|n| n > 0) {
             abortive(fd);
@@ -797,6 +828,12 @@ impl Conn {
             self.wr_shut.store(true, Ordering::Relaxed);
             self.channel.mark_end(true, false);
             self.channel.wake_peer_sleepers();
+            let bell = self.bell();
+            if bell >= 0 {
+                // The relay looks at the mark when woken: the end
+                // follows the ring's last bytes at once.
+                self.ring_on(bell);
+            }
         }
     }
 
@@ -838,6 +875,18 @@ impl Conn {
             self.doorbells_sent.load(Ordering::Relaxed),
         );
     }
+}
+
+/// Whether the other end of the socket `fd` (a relay socket) hung up.
+fn hung_up(fd: c_int) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLRDHUP,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd; a zero timeout never blocks.
+    let r = unsafe { real::poll()(&mut p, 1, 0) };
+    r > 0 && p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
 }
 
 /// Whether the program set a zero linger on the socket `fd` (its close

@@ -8,8 +8,9 @@
 //! on the kernel socket under the descriptor, which is the connection's
 //! real socket. `shutdown` acts on it too (a FIN seen by the peer after
 //! the bytes already in the ring) and wakes the peer if it sleeps in a
-//! blocking read. Socket options go to the
-//! kernel socket too, except `TCP_NODELAY` and `TCP_CORK`, which are
+//! blocking read; on a relayed connection its sending side ends through
+//! the relays instead, behind the bytes they still carry. Socket options
+//! go to the kernel socket too, except `TCP_NODELAY` and `TCP_CORK`, which are
 //! recorded and not applied: the kernel socket then carries only
 //! doorbells, which must never wait for Nagle or a cork. `fork` needs nothing either:
 //! the channels are shared mappings the child inherits, and the rings keep
@@ -416,7 +417,8 @@ fn close_direct(fd: c_int) {
 }
 
 /// `shutdown(2)`: on a taken-over connection the peer's blocking sleepers
-/// are woken to see the FIN.
+/// are woken to see the FIN; a relayed connection's end goes through the
+/// relays instead (`shutdown_relayed`).
 ///
 /// # Safety
 ///
@@ -447,6 +449,11 @@ pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
         d.shut(how);
         return 0;
     }
+    if let Some(Entry::Shm(c)) = table::get(fd) {
+        if c.bell() >= 0 {
+            return shutdown_relayed(fd, how, &c);
+        }
+    }
     // SAFETY: the program's own arguments, passed on.
     let r = unsafe { real::shutdown()(fd, how) };
     if r == 0 {
@@ -462,6 +469,29 @@ pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
         }
     }
     r
+}
+
+/// `shutdown` of a relayed connection: its end goes through the relays,
+/// after its last bytes (`Conn::shut` marks the ring, and the relay
+/// carries the end once it sent what the ring held). The kernel's FIN
+/// would go at once and overtake those bytes: the kernel socket's sending
+/// side stays open until the relay, the last to hold it, closes it.
+/// Its receiving side is shut down as asked.
+fn shutdown_relayed(fd: c_int, how: c_int, c: &Conn) -> c_int {
+    if how != libc::SHUT_RD && how != libc::SHUT_WR && how != libc::SHUT_RDWR {
+        return fail(libc::EINVAL) as c_int;
+    }
+    if how != libc::SHUT_WR {
+        // SAFETY: the program's own descriptor.
+        let r = unsafe { real::shutdown()(fd, libc::SHUT_RD) };
+        if r != 0 {
+            return r;
+        }
+    }
+    let e = errno();
+    c.shut(how);
+    set_errno(e);
+    0
 }
 
 fn copy_entry(from: c_int, to: c_int) {

@@ -40,7 +40,9 @@ pub enum Kind {
     Data,
     /// Wake the program: send one byte on its TCP connection.
     Bell,
-    /// The sender's program closed the connection: nothing follows.
+    /// The sender's program is done sending (it shut down its sending
+    /// side, or closed the connection): no `DATA` of it follows. The
+    /// other way stays open until the receiver's own `END`.
     End,
     /// Link keep-alive.
     Ping,

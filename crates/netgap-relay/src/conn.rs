@@ -254,6 +254,31 @@ impl Conn {
         }
     }
 
+    /// Reads what waits on the TCP connection once the program closed
+    /// it and both ways ended: doorbells the program left unread. This
+    /// relay's duplicate is the socket's last, and a close with unread
+    /// bytes would make the kernel reset the connection where it sends
+    /// a FIN; the other program, half-closed and still reading what the
+    /// other relay holds for it, would take the reset for an error.
+    pub(crate) fn drain_tcp(&self) {
+        let mut scratch = [0u8; 256];
+        loop {
+            // SAFETY: `scratch` is valid for writes of its length; the
+            // socket is this connection's own duplicate.
+            let n = unsafe {
+                libc::recv(
+                    self.tcp.as_raw_fd(),
+                    scratch.as_mut_ptr().cast(),
+                    scratch.len(),
+                    libc::MSG_DONTWAIT,
+                )
+            };
+            if n <= 0 {
+                return;
+            }
+        }
+    }
+
     /// Resets the TCP connection (both programs see an error), once;
     /// `tell_peer`: the break is this side's, so the other relay
     /// resets its side too.
@@ -322,9 +347,30 @@ pub(crate) fn wait_client(fd: RawFd, ms: libc::c_int) -> Result<(), ()> {
 }
 
 /// The program's ring to the link, within the connection's credit,
-/// until the program is done with the connection (then what is left
-/// and `END`) or the connection breaks.
+/// until the program is done sending (then what is left and `END`),
+/// then until it closes its last descriptor of the connection (or
+/// dies), or the connection breaks. Done sending: it shut down its
+/// sending side (its mark in the ring's header), or closed.
 pub(crate) fn ring_to_flow(c: &Conn, client: RawFd) -> Result<(), PumpError> {
+    if send_ring(c, client)? == Sending::ShutDown {
+        wait_close(c, client)?;
+    }
+    Ok(())
+}
+
+/// How a program's sending ended.
+#[derive(Debug, PartialEq, Eq)]
+enum Sending {
+    /// It shut down its sending side; it still holds the connection.
+    ShutDown,
+    /// It closed its last descriptor of the connection, or died.
+    Closed,
+}
+
+/// The program's ring to the link until the program is done sending:
+/// every byte it published before its shutdown or its close, then
+/// `END`.
+fn send_ring(c: &Conn, client: RawFd) -> Result<Sending, PumpError> {
     // A DATA frame is built in place: the ring is read behind room for
     // its header.
     let mut buf = vec![0u8; frame::HEADER_BYTES + frame::CHUNK_BYTES];
@@ -357,6 +403,10 @@ pub(crate) fn ring_to_flow(c: &Conn, client: RawFd) -> Result<(), PumpError> {
             }
         }
         c.ring.want_data();
+        // The shutdown's mark is read before the ring's index: the
+        // library marks after publishing its last bytes, so an empty
+        // ring after the mark is the whole stream.
+        let shut_down = !closing && c.ring.program_shut_down();
         if c.ring.readable().map_err(corrupt)? > 0 {
             if credit == 0 {
                 // The other program reads slower: its relay's queue
@@ -365,11 +415,15 @@ pub(crate) fn ring_to_flow(c: &Conn, client: RawFd) -> Result<(), PumpError> {
             }
             continue;
         }
-        if closing {
+        if closing || shut_down {
             // Every byte the program wrote was published before its
-            // close, and is sent.
+            // close or its shutdown, and is sent.
             c.push(Kind::End, &[], Via::Now)?;
-            return Ok(());
+            return Ok(if closing {
+                Sending::Closed
+            } else {
+                Sending::ShutDown
+            });
         }
         if wait_client(client, TICK.as_millis() as libc::c_int).is_err() {
             closing = true;
@@ -378,9 +432,27 @@ pub(crate) fn ring_to_flow(c: &Conn, client: RawFd) -> Result<(), PumpError> {
     }
 }
 
+/// After the program's shutdown: its doorbells drained until it closes
+/// its last descriptor of the connection (or dies), so what still
+/// arrives for it after that is dropped; nothing of its ring goes out
+/// any more (its library refuses writes after a shutdown, in every
+/// process that holds the connection).
+fn wait_close(c: &Conn, client: RawFd) -> Result<(), PumpError> {
+    loop {
+        if c.broken() {
+            return Err(PumpError::Broken);
+        }
+        if wait_client(client, TICK.as_millis() as libc::c_int).is_err() {
+            c.program_gone.store(true, Ordering::SeqCst);
+            return Ok(());
+        }
+    }
+}
+
 /// The connection's queue to the program's ring, returning credit as
-/// bytes leave it, until the other relay's `END` (then the program
-/// reads the end of the stream) or the connection breaks.
+/// bytes leave it, until the other relay's `END` (the other program
+/// shut down its sending side or closed: the ring's end is marked, and
+/// the program reads the end of the stream) or the connection breaks.
 pub(crate) fn queue_to_ring(c: &Conn) -> Result<(), PumpError> {
     loop {
         let chunk = {
@@ -403,7 +475,12 @@ pub(crate) fn queue_to_ring(c: &Conn) -> Result<(), PumpError> {
         };
         let Some(v) = chunk else {
             // The end: everything is in the ring; the program reads
-            // the end of the stream once it has read it.
+            // the end of the stream once it has read it. The library
+            // takes the end from the ring's mark (a FIN on the TCP
+            // connection can come before the bytes, which cross the
+            // relays); the shutdown of the socket's receiving side
+            // wakes a program that waits in poll or epoll to see it.
+            c.ring.mark_end();
             // SAFETY: a plain shutdown of our duplicate of the
             // connection's socket.
             unsafe { libc::shutdown(c.tcp.as_raw_fd(), libc::SHUT_RD) };

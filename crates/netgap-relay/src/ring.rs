@@ -2,9 +2,11 @@
 //! reads the program's output from, the one it writes the program's input
 //! to, and how the program waiting for those bytes is woken.
 
+use netgap_shm::layout::END_FIN;
 use netgap_shm::wait as shm_wait;
 use netgap_shm::{Consumer, Expect, Producer, Region, Role, Waits};
 use std::os::fd::RawFd;
+use std::sync::atomic::Ordering;
 use thiserror::Error;
 
 /// Why a request's region is not mapped.
@@ -34,11 +36,13 @@ pub(crate) struct Moved {
 
 /// The relay's end of a library's region (`netgap_shm`'s layout and
 /// ring): as the region's listener, the relay consumes ring 0 (the
-/// program's output) and produces ring 1 (its input). The ends keep
-/// the mapping.
+/// program's output) and produces ring 1 (its input). The region's
+/// header holds how each end ended its sending side: the program's
+/// shutdown, and this end's mark once the other program's end came.
 pub(crate) struct FarEnd {
     pub(crate) rx: Consumer,
     pub(crate) tx: Producer,
+    region: Region,
 }
 
 /// Bytes moved and the waiters `taken` after the move: a waiter in
@@ -82,7 +86,23 @@ impl FarEnd {
         };
         let region = Region::open(fd, &expect, false)?;
         let (tx, rx) = region.ends(Role::Listener);
-        Ok(FarEnd { rx, tx })
+        Ok(FarEnd { rx, tx, region })
+    }
+
+    /// Whether the program shut down its sending side (the library's
+    /// mark, made after it published its last bytes: a read of the
+    /// ring after this says true sees them all). Only a shutdown marks
+    /// it on a relayed connection; its close is its socket's hang-up.
+    pub(crate) fn program_shut_down(&self) -> bool {
+        self.region.header().ends[Role::Connector.index()].load(Ordering::SeqCst) & END_FIN != 0
+    }
+
+    /// The other program's sending side ended: marked for the library
+    /// once every byte before the end is in the program's ring, so a
+    /// reader that sees the mark and then an empty ring is at the end
+    /// of the stream.
+    pub(crate) fn mark_end(&self) {
+        self.region.header().ends[Role::Listener.index()].fetch_or(END_FIN, Ordering::SeqCst);
     }
 
     pub(crate) fn readable(&self) -> Result<usize, Corrupt> {

@@ -423,6 +423,9 @@ pub(crate) fn pump(conn: &Arc<Conn>, link: &Link, client: &OwnedFd, who: &str) {
         log!("{who}: receiving: {e}");
         conn.reset(true);
     }
+    if out.is_ok() && inn.is_ok() {
+        conn.drain_tcp();
+    }
     link.unregister(conn.id);
     log!(
         "{who}: connection {} after {} ms: relayed_out_bytes={} relayed_in_bytes={} discarded_bytes={} bells_asked={} bells_rung={} bells_here={}",

@@ -166,6 +166,21 @@ impl Conn {
             d.shut(how);
             return;
         }
+        let bell = self.bell();
+        if bell >= 0 && !self.given_back.load(Ordering::SeqCst) {
+            // Taken by the relay: the end is the ring's mark, which the
+            // program's shutdown set (`Conn::shut`) and the relay carries
+            // after the ring's bytes; the kernel's FIN would overtake
+            // them. Only a receiving side shut down goes to the kernel.
+            if how != libc::SHUT_WR {
+                // SAFETY: a plain shutdown of the connection's socket.
+                unsafe { real::shutdown()(fd, libc::SHUT_RD) };
+            }
+            if how != libc::SHUT_RD {
+                self.ring_on(bell);
+            }
+            return;
+        }
         // SAFETY: a plain shutdown of the connection's socket.
         unsafe { real::shutdown()(fd, how) };
     }

@@ -34,6 +34,11 @@ const RING_BYTES: usize = 4096;
 /// A region as the library makes it: a sealed memfd with the
 /// header, mapped as the relay maps it.
 fn region() -> FarEnd {
+    region_pair().0
+}
+
+/// [`region`], and the same region as the program maps it.
+fn region_pair() -> (FarEnd, netgap_shm::Region) {
     // SAFETY: a NUL-terminated name and plain flags.
     let fd =
         unsafe { libc::memfd_create(c"t".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
@@ -70,7 +75,12 @@ fn region() -> FarEnd {
             0
         );
     }
-    FarEnd::map(fd.as_raw_fd(), RING_BYTES).unwrap()
+    let expect = netgap_shm::Expect {
+        capacity: Some(RING_BYTES),
+        waits: Waits::Sleep,
+    };
+    let program = netgap_shm::Region::open(fd.as_raw_fd(), &expect, false).unwrap();
+    (FarEnd::map(fd.as_raw_fd(), RING_BYTES).unwrap(), program)
 }
 
 /// Some descriptor standing for the TCP socket (a reset or a bell
@@ -318,4 +328,126 @@ fn a_broken_link_resets_every_connection_and_says_close() {
     // A second shut is a no-op.
     link.shut("again");
     assert_eq!(link.why.lock().unwrap().as_deref(), Some("test"));
+}
+
+/// The frames on `wire`: (kind, id, payload).
+fn frames_on(wire: &Mutex<Vec<u8>>) -> Vec<(Kind, u32, Vec<u8>)> {
+    let bytes = wire.lock().unwrap().clone();
+    let mut at = 0;
+    let mut out = Vec::new();
+    while at < bytes.len() {
+        let h = frame::decode(&bytes[at..at + frame::HEADER_BYTES].try_into().unwrap()).unwrap();
+        at += frame::HEADER_BYTES;
+        out.push((h.kind, h.id, bytes[at..at + h.len].to_vec()));
+        at += h.len;
+    }
+    out
+}
+
+/// What [`wired_conn`] gives: the connection, the program's view of its
+/// region, what the wire carries, and the writing thread's queue.
+type Wired = (
+    Arc<Conn>,
+    netgap_shm::Region,
+    Arc<Mutex<Vec<u8>>>,
+    mpsc::Receiver<Out>,
+);
+
+/// A connection `id` whose frames go out on a [`Wire`].
+fn wired_conn(id: u32) -> Wired {
+    let wire = Arc::new(Mutex::new(Vec::new()));
+    let (q, queue) = mpsc::channel();
+    let out = Arc::new(Outbox::new(q, Some(Box::new(Wire(Arc::clone(&wire))))));
+    let (ring, program) = region_pair();
+    let ends = Ends {
+        ring,
+        tcp: not_a_socket(),
+        client: not_a_socket(),
+    };
+    (
+        Arc::new(Conn::new(id, ends, out, true)),
+        program,
+        wire,
+        queue,
+    )
+}
+
+fn has_end(wire: &Mutex<Vec<u8>>) -> bool {
+    frames_on(wire).iter().any(|(k, _, _)| *k == Kind::End)
+}
+
+/// A program's shutdown (its library's mark after its last bytes) goes
+/// out as `END` behind those bytes while the program still holds the
+/// connection; its close later sends no second `END`.
+#[test]
+fn a_programs_shutdown_goes_out_as_end_behind_its_last_bytes_and_its_close_adds_none() {
+    let (c, program, wire, _queue) = wired_conn(0x8000_0001);
+    let (tx, _rx) = program.ends(netgap_shm::Role::Connector);
+    assert_eq!(tx.try_write(b"last bytes", usize::MAX).unwrap(), 10);
+    program.header().ends[netgap_shm::Role::Connector.index()]
+        .fetch_or(netgap_shm::layout::END_FIN, Ordering::SeqCst);
+    let mut pair = [0; 2];
+    // SAFETY: `pair` is valid for two descriptors.
+    let r = unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_STREAM, 0, pair.as_mut_ptr()) };
+    assert_eq!(r, 0);
+    // SAFETY: the new descriptors are ours, each owned once.
+    let (relay_side, program_side) =
+        unsafe { (OwnedFd::from_raw_fd(pair[0]), OwnedFd::from_raw_fd(pair[1])) };
+    let c2 = Arc::clone(&c);
+    let pump = std::thread::spawn(move || {
+        crate::conn::ring_to_flow(&c2, relay_side.as_raw_fd()).map_err(|e| e.to_string())
+    });
+    let t0 = std::time::Instant::now();
+    while !has_end(&wire) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "no END after the shutdown"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(
+        frames_on(&wire),
+        [
+            (Kind::Data, 0x8000_0001, b"last bytes".to_vec()),
+            (Kind::End, 0x8000_0001, Vec::new())
+        ]
+    );
+    // The program still holds the connection: the pump waits for its
+    // close, which it sees as its socket's hang-up.
+    std::thread::sleep(Duration::from_millis(120));
+    assert!(!pump.is_finished());
+    assert!(!c.program_gone.load(Ordering::SeqCst));
+    drop(program_side);
+    pump.join().unwrap().unwrap();
+    assert!(c.program_gone.load(Ordering::SeqCst));
+    assert_eq!(frames_on(&wire).len(), 2);
+}
+
+/// The other relay's `END` marks the program's ring only once every
+/// byte before it is in the ring, the queued ones too.
+#[test]
+fn the_other_relays_end_marks_the_ring_behind_every_byte() {
+    let (c, program, _wire, _queue) = wired_conn(0x8000_0001);
+    let marked = || {
+        program.header().ends[netgap_shm::Role::Listener.index()].load(Ordering::SeqCst)
+            & netgap_shm::layout::END_FIN
+            != 0
+    };
+    let a: Vec<u8> = (0..RING_BYTES + 100).map(|k| k as u8).collect();
+    assert!(c.arrive(&a).is_ok());
+    c.end();
+    let c2 = Arc::clone(&c);
+    let pump = std::thread::spawn(move || crate::conn::queue_to_ring(&c2).is_ok());
+    // The ring is full and 100 bytes wait behind it: no end yet.
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(!marked());
+    let (_tx, rx) = program.ends(netgap_shm::Role::Connector);
+    let mut got = vec![0u8; RING_BYTES];
+    assert_eq!(rx.try_read(&mut got, usize::MAX).unwrap(), RING_BYTES);
+    assert!(pump.join().unwrap());
+    assert!(marked());
+    let mut rest = vec![0u8; 200];
+    assert_eq!(rx.try_read(&mut rest, usize::MAX).unwrap(), 100);
+    got.extend_from_slice(&rest[..100]);
+    assert_eq!(got, a);
 }
