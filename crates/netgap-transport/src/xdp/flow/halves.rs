@@ -67,11 +67,6 @@ impl Shared {
         let mut spin_since_ns: Option<u64> = None;
         let mut first = true;
         let mut seen_arrivals = 0u64;
-        // Poll mode: the port's rings, looked at between pumps without the
-        // lock, and whether the latest such spin saw nothing move (its
-        // pump then reads the clock, for the timers and the deadline).
-        let mut watch = None;
-        let mut spun_idle = false;
         loop {
             self.port.kick_error()?;
             let mut st = self.port.lock();
@@ -84,13 +79,11 @@ impl Shared {
                 if let Some(v) = attempt(io, s)? {
                     return Ok(v);
                 }
-                watch = Some(io.xsk.watch());
             }
-            // A fresh clock for every event-mode wake-up and after an idle
-            // spin; a poll-mode pump for a ring that moved reads it only
-            // if frames arrived (the deadline starts at the first pump that
-            // read it).
-            st.pump(self.mode == Mode::Event || std::mem::take(&mut spun_idle));
+            // A fresh clock for every event-mode wake-up; a poll-mode spin
+            // uses a recent pump's (the deadline starts at the first pump
+            // that read it).
+            st.pump(self.mode == Mode::Event);
             let (io, s) = st.session(self.id)?;
             if let Some(v) = attempt(io, s)? {
                 return Ok(v);
@@ -118,9 +111,6 @@ impl Shared {
                 // hypervisor (pause-loop exiting), and each pause delays
                 // seeing the frame.
                 Mode::Poll => {
-                    // Frames waiting for the doorbell are the pump's to
-                    // send: no spin without the lock then.
-                    let quiet = !io.tx_queued && io.tx_outstanding == 0;
                     drop(st);
                     if clock_read {
                         let since = *spin_since_ns.get_or_insert(now_ns);
@@ -128,15 +118,6 @@ impl Shared {
                             spin_since_ns = None;
                             std::thread::yield_now();
                         }
-                    }
-                    if let (true, Some(w)) = (quiet, watch.as_ref()) {
-                        let moved = (0..SPINS_PER_PUMP).any(|_| {
-                            // SAFETY: `self.port` is alive, and its state
-                            // owns the socket the watch came from for its
-                            // whole life.
-                            unsafe { w.anything_waits() }
-                        });
-                        spun_idle = !moved;
                     }
                 }
                 // Frames still wait on the TX ring: ring again, not sleep,

@@ -80,13 +80,6 @@ const YIELD_AFTER_NS: u64 = 100_000;
 /// (retransmission, probe, delayed acknowledgment) are milliseconds and
 /// hundreds of microseconds long, a pump a fraction of a microsecond.
 const PUMPS_PER_CLOCK_READ: u32 = 64;
-/// Looks a poll-mode waiter takes at the port's rings without its lock
-/// before it pumps anyway (reading the clock: the timers and its
-/// deadline): a look is a few loads, far shorter than a pump, so a frame
-/// that arrives is seen at the next look instead of after a lock, a pump
-/// and an unlock, while the timers, hundreds of microseconds long, are
-/// still looked at many times over.
-const SPINS_PER_PUMP: u32 = 256;
 /// Longest sleep of an event-mode waiter before it pumps again.
 const MAX_SLEEP: Duration = Duration::from_millis(5);
 /// How long a closing flow keeps sending what is unacknowledged.

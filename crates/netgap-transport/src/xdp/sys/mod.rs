@@ -15,7 +15,6 @@ use std::ffi::{c_char, c_int, c_void, CString};
 use std::io;
 use std::os::fd::RawFd;
 use std::ptr;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 mod handed;
@@ -485,15 +484,6 @@ impl Xsk {
         unsafe { netgap_xsk_cons_ready(&mut *self.rx) != 0 }
     }
 
-    /// The indexes of the RX and completion rings, to look at without
-    /// the port's lock ([`RingWatch`]).
-    pub(crate) fn watch(&self) -> RingWatch {
-        RingWatch {
-            rx: (self.rx.producer, self.rx.consumer),
-            comp: (self.comp.producer, self.comp.consumer),
-        }
-    }
-
     /// Whether a received frame or a completed transmission waits on its
     /// ring: two loads, no system call.
     pub(crate) fn anything_arrived(&mut self) -> bool {
@@ -604,47 +594,6 @@ impl Drop for Xsk {
                 unsafe { libc::close(fd) };
             }
         }
-    }
-}
-
-/// Where a socket's RX and completion rings keep their producer and
-/// consumer indexes (in the rings' mappings), so that a poll-mode waiter
-/// can see a frame arrive or a send complete with a few loads, without the
-/// port's lock: the floor's spin is one load of the RX ring's producer
-/// index, and a spin that takes the lock and pumps for every look is
-/// longer by a lock, an unlock and a pump, time a frame waits unseen.
-#[derive(Clone, Copy)]
-pub(crate) struct RingWatch {
-    rx: (*mut u32, *mut u32),
-    comp: (*mut u32, *mut u32),
-}
-
-impl RingWatch {
-    /// Whether the RX or the completion ring holds an entry not yet
-    /// released by its consumer: four loads.
-    ///
-    /// # Safety
-    ///
-    /// The [`Xsk`] this watch came from is alive (its rings stay mapped).
-    pub(crate) unsafe fn anything_waits(&self) -> bool {
-        // SAFETY: the caller keeps the socket, so its rings' mappings,
-        // alive; the indexes are 4-byte aligned words the kernel and the
-        // consumer under the port's lock write with atomic stores.
-        unsafe { ring_holds(self.rx) || ring_holds(self.comp) }
-    }
-}
-
-/// Whether a ring of indexes `(producer, consumer)` holds an entry.
-///
-/// # Safety
-///
-/// Both point to live, aligned ring indexes only ever written atomically.
-unsafe fn ring_holds((producer, consumer): (*mut u32, *mut u32)) -> bool {
-    // SAFETY: as the caller promises; `Acquire` on the producer, as
-    // libxdp's own peek loads it, orders the entries after the index.
-    unsafe {
-        AtomicU32::from_ptr(producer).load(Ordering::Acquire)
-            != AtomicU32::from_ptr(consumer).load(Ordering::Relaxed)
     }
 }
 
