@@ -257,7 +257,7 @@ fn exec_marker(tcp: c_int) -> Option<OwnedFd> {
         return None;
     }
     // SAFETY: a new descriptor nothing else owns.
-    let m = unsafe { OwnedFd::from_raw_fd(m) };
+    let m = crate::unix::lift(unsafe { OwnedFd::from_raw_fd(m) });
     let bytes = ino.to_le_bytes();
     // SAFETY: `bytes` is valid for reads of its length.
     let n = unsafe { libc::pwrite(m.as_raw_fd(), bytes.as_ptr().cast(), bytes.len(), 0) };

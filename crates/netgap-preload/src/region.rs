@@ -9,7 +9,7 @@ use crate::real;
 use libc::c_int;
 use netgap_proto::preload::Refusal;
 use netgap_shm::region_bytes;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
 use thiserror::Error;
 
 /// The memfd name every region carries (`/proc/self/fd` shows it as
@@ -77,6 +77,8 @@ pub(crate) fn make(ring: u32) -> Result<(Channel, Region), RegionError> {
     if mfd < 0 {
         return Err(RegionError::Memfd(std::io::Error::last_os_error()));
     }
+    // SAFETY: a new descriptor nothing else owns.
+    let mfd = crate::unix::lift(unsafe { OwnedFd::from_raw_fd(mfd) }).into_raw_fd();
     let region = Region(mfd);
     // SAFETY: plain calls on our own memfd.
     let sized = unsafe {

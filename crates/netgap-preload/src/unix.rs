@@ -18,6 +18,60 @@ use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
 /// `SO_PASSRIGHTS` (Linux 6.16): whether a socket accepts descriptors.
 const SO_PASSRIGHTS: c_int = 83;
 
+/// The lowest number the library moves its own descriptors to
+/// ([`lift`]). The kernel numbers a process's descriptors from the
+/// lowest free one, and programs size their tables by that numbering
+/// (wrk's event loop holds descriptors below 10 plus three per
+/// connection): the library's sockets, memfds and eventfds kept beside a
+/// connection would otherwise push the program's own above where it
+/// sized for. Below 1024 all the same, where `select` reaches: a relayed
+/// connection's socket to its relay is watched in the program's `select`
+/// beside the connection.
+fn lift_floor() -> c_int {
+    static FLOOR: std::sync::OnceLock<c_int> = std::sync::OnceLock::new();
+    *FLOOR.get_or_init(|| {
+        // SAFETY: all-zero bytes are a valid rlimit, filled by the call.
+        let mut r: libc::rlimit = unsafe { std::mem::zeroed() };
+        // SAFETY: a valid rlimit to write.
+        let soft = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } == 0 {
+            r.rlim_cur
+        } else {
+            1024
+        };
+        c_int::try_from(soft / 2).unwrap_or(512).clamp(3, 512)
+    })
+}
+
+/// Moves `fd`, a descriptor of the library's own, to the lowest free
+/// number at or above the floor (see [`lift_floor`]), keeping its
+/// close-on-exec flag; `fd` stays as it is when no number there is free.
+/// The caller's errno is kept.
+pub(crate) fn lift(fd: OwnedFd) -> OwnedFd {
+    let raw = fd.as_raw_fd();
+    let floor = lift_floor();
+    if raw >= floor {
+        return fd;
+    }
+    let e = errno();
+    // SAFETY: plain fcntl calls on our own descriptor; `fcntl` is
+    // interposed, so the real one is called.
+    let cloexec = unsafe { real::fcntl()(raw, libc::F_GETFD, 0) } & libc::FD_CLOEXEC != 0;
+    let cmd = if cloexec {
+        libc::F_DUPFD_CLOEXEC
+    } else {
+        libc::F_DUPFD
+    };
+    // SAFETY: as above.
+    let high = unsafe { real::fcntl()(raw, cmd, floor as libc::c_ulong) };
+    crate::errno::set_errno(e);
+    if high < 0 {
+        return fd;
+    }
+    close(fd);
+    // SAFETY: a new descriptor nothing else owns.
+    unsafe { OwnedFd::from_raw_fd(high) }
+}
+
 /// The calling process's effective user.
 pub(crate) fn euid() -> u32 {
     // SAFETY: geteuid cannot fail.
@@ -55,7 +109,7 @@ pub(crate) fn seqpacket() -> Result<OwnedFd, Errno> {
         return Err(errno());
     }
     // SAFETY: a new descriptor nothing else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let fd = lift(unsafe { OwnedFd::from_raw_fd(fd) });
     // Refused by kernels before 6.16: then the peer is checked before
     // anything is read, and whatever comes unasked is disposed of.
     let _ = pass_rights(fd.as_raw_fd(), false);
@@ -211,7 +265,7 @@ pub(crate) fn recv_record(fd: RawFd, buf: &mut [u8]) -> Result<(usize, Vec<Owned
                 let bytes = (*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
                 for i in 0..bytes / std::mem::size_of::<c_int>() {
                     let fd = std::ptr::read_unaligned(data.cast::<c_int>().add(i));
-                    fds.push(OwnedFd::from_raw_fd(fd));
+                    fds.push(lift(OwnedFd::from_raw_fd(fd)));
                 }
             }
             c = libc::CMSG_NXTHDR(&msg, c);
@@ -277,4 +331,31 @@ pub(crate) fn random<const N: usize>() -> Result<[u8; N], Errno> {
         off += r as usize;
     }
     Ok(k)
+}
+
+#[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cloexec(fd: &OwnedFd) -> bool {
+        // SAFETY: a plain fcntl on an open descriptor.
+        unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFD) & libc::FD_CLOEXEC != 0 }
+    }
+
+    #[test]
+    fn a_lifted_descriptor_moves_above_the_programs_numbers_and_keeps_its_close_on_exec() {
+        for flags in [libc::EFD_CLOEXEC, 0] {
+            // SAFETY: a plain eventfd call.
+            let raw = unsafe { libc::eventfd(0, flags) };
+            assert!(raw >= 0);
+            // SAFETY: a new descriptor nothing else owns.
+            let low = unsafe { OwnedFd::from_raw_fd(raw) };
+            let was = cloexec(&low);
+            let high = lift(low);
+            assert!(high.as_raw_fd() >= lift_floor(), "{}", high.as_raw_fd());
+            assert!(lift_floor() <= 512);
+            assert_eq!(cloexec(&high), was);
+        }
+    }
 }

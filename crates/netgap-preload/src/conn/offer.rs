@@ -129,9 +129,10 @@ impl Conn {
         if keep < 0 {
             return OfferOnClose::NoDuplicate;
         }
-        offer.fd = keep;
         // SAFETY: the duplicate just made, owned from here on.
-        OfferOnClose::Orphaned(unsafe { OwnedFd::from_raw_fd(keep) })
+        let keep = crate::unix::lift(unsafe { OwnedFd::from_raw_fd(keep) });
+        offer.fd = keep.as_raw_fd();
+        OfferOnClose::Orphaned(keep)
     }
 
     /// The program shut down this offered connection (`how`): the
@@ -397,7 +398,7 @@ fn new_eventfd() -> Option<std::os::fd::OwnedFd> {
     // SAFETY: a plain eventfd call with valid flags.
     let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
     // SAFETY: a new descriptor nothing else owns.
-    (fd >= 0).then(|| unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+    (fd >= 0).then(|| crate::unix::lift(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }))
 }
 
 #[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
