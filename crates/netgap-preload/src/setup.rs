@@ -557,8 +557,12 @@ pub(super) fn finish_offer_by(fd: c_int, c: &Arc<Conn>, deadline: Option<Instant
     // The relay took its socket if it took the connection: the rest of
     // the offer (the mailbox, the region's descriptor) closes here.
     let shut = guard.take().and_then(|o| o.shut);
-    drop(guard);
+    // The offer's lock is held until the connection is where the answer
+    // took it: a thread that waited for the lock finds the offer gone and
+    // must then find the connection there (gone direct, given back), not
+    // on the ring it had, where a reader would sleep for good.
     let resolved = end_offer(fd, port, c, end);
+    drop(guard);
     c.apply_deferred_shutdown(fd, shut);
     resolved
 }
