@@ -496,10 +496,14 @@ impl Direct {
                 Ok(n) => {
                     got += n;
                     if !waitall || got >= want {
+                        if got < want && !peek {
+                            self.drained(libc::EPOLLIN as u32);
+                        }
                         return Ok(got);
                     }
                 }
                 Err(DirectError::WouldBlock) if dontwait || got > 0 && !waitall => {
+                    self.drained(libc::EPOLLIN as u32);
                     return if got > 0 { Ok(got) } else { Err(libc::EAGAIN) };
                 }
                 Err(DirectError::WouldBlock) => {
@@ -541,6 +545,7 @@ impl Direct {
                         sent += n;
                     }
                     Err(DirectError::WouldBlock) if dontwait => {
+                        self.drained(libc::EPOLLOUT as u32);
                         return if sent > 0 {
                             Ok(sent)
                         } else {
@@ -642,6 +647,19 @@ impl Direct {
     /// were not there the last time (an edge).
     pub(crate) fn newly_ready(&self, events: u32) -> u32 {
         events & !self.last_seen.swap(events, Ordering::Relaxed)
+    }
+
+    /// A read or a write found the connection without `events` (it took
+    /// every byte there was, or the window is full): the next wait that
+    /// finds them reports them again, to an edge-triggered registration
+    /// too. The kernel's edge is an arrival, not a change of readiness
+    /// between two waits: a server that reads a request, answers, and is
+    /// back in its wait only after the next request arrived must see that
+    /// request, though its wait saw the connection readable both times
+    /// (nginx, kept alive, slept on such a request until its client gave
+    /// up).
+    fn drained(&self, events: u32) {
+        self.last_seen.fetch_and(!events, Ordering::Relaxed);
     }
 
     /// A registration was made or changed: its next wait reports every
