@@ -9,6 +9,12 @@
  *   direct threadclient IP PORT 0 STREAM_BYTES   (a second thread writes
  *     the stream in small pieces from the moment connect returns, while
  *     the connection is still being offered and while it goes direct)
+ *   direct quietserver PORT 0 STREAM_BYTES   (writes its stream, then
+ *     makes no socket call for longer than the transport's silence limit
+ *     while the client's stream arrives and the client waits for its
+ *     answer, then reads; it is quiet again while the client closes)
+ *   direct quietclient IP PORT 0 STREAM_BYTES   (its peer of the above;
+ *     prints how long its close took)
  * Every byte is checked; the client prints the median round trip. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -136,6 +142,62 @@ static long now_ns(void) {
     return t.tv_sec * 1000000000L + t.tv_nsec;
 }
 
+/* Sleeps `ms` milliseconds without a socket call. */
+static void quiet_for(long ms) {
+    struct timespec t = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L};
+    while (nanosleep(&t, &t) < 0 && errno == EINTR)
+        ;
+}
+
+/* Longer than the transport's silence limit (10 s): a peer that only its
+ * program's calls answered would be given up meanwhile. */
+#define QUIET_MS 10500L
+/* Longer than the transport's close linger (300 ms). */
+#define QUIET_AT_CLOSE_MS 500L
+
+/* The quiet end: its stream, the long quiet, the client's stream, its
+ * answer, a short quiet while the client closes, the client's end. */
+static int quiet_server(int fd, size_t n) {
+    unsigned char x;
+    get_all(fd, &x, 1);
+    send_stream(fd, n, 2);
+    quiet_for(QUIET_MS);
+    check_stream(fd, n, 1);
+    x = 'k';
+    put_all(fd, &x, 1);
+    quiet_for(QUIET_AT_CLOSE_MS);
+    get_all(fd, &x, 1);
+    if (x != 'e' || read(fd, &x, 1) != 0) {
+        fprintf(stderr, "no end from the client\n");
+        return 1;
+    }
+    close(fd);
+    printf("direct: ok\n");
+    return 0;
+}
+
+/* The client of `quiet_server`: its stream goes while the server is
+ * quiet, and it waits for the answer meanwhile; its close comes while the
+ * server is quiet again, and must return at once all the same. */
+static int quiet_client(int fd, size_t n) {
+    unsigned char x = 'g';
+    put_all(fd, &x, 1);
+    check_stream(fd, n, 2);
+    send_stream(fd, n, 1);
+    get_all(fd, &x, 1);
+    if (x != 'k') {
+        fprintf(stderr, "the answer is %u\n", x);
+        return 1;
+    }
+    x = 'e';
+    put_all(fd, &x, 1);
+    long t0 = now_ns();
+    close(fd);
+    printf("close_ns %ld\n", now_ns() - t0);
+    printf("direct: ok\n");
+    return 0;
+}
+
 /* The image after exec: the inherited connection must have ended. */
 static int after_exec(int fd) {
     unsigned char b;
@@ -160,7 +222,8 @@ int main(int argc, char **argv) {
         return 2;
     int execs = strcmp(argv[1], "execserver") == 0;
     int forks = strcmp(argv[1], "forkserver") == 0;
-    int server = forks || execs || strcmp(argv[1], "server") == 0;
+    int quiet_end = strcmp(argv[1], "quietserver") == 0;
+    int server = forks || execs || quiet_end || strcmp(argv[1], "server") == 0;
     int threaded = strcmp(argv[1], "threadclient") == 0;
     select_first = strcmp(argv[1], "selectclient") == 0;
     int at = server ? 2 : 3;
@@ -209,6 +272,10 @@ int main(int argc, char **argv) {
             usleep(50000);
         }
     }
+    if (quiet_end)
+        return quiet_server(fd, stream);
+    if (strcmp(argv[1], "quietclient") == 0)
+        return quiet_client(fd, stream);
     if (threaded) {
         struct writer w = {.fd = fd, .n = stream};
         pthread_t t;
