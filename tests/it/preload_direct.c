@@ -9,6 +9,9 @@
  *   direct threadclient IP PORT 0 STREAM_BYTES   (a second thread writes
  *     the stream in small pieces from the moment connect returns, while
  *     the connection is still being offered and while it goes direct)
+ *   direct epollserver PORT ROUNDS STREAM_BYTES   (waits for each round's
+ *     request in epoll, edge-triggered, only once the request is there,
+ *     and reads it short, as nginx serves a kept-alive client)
  *   direct quietserver PORT 0 STREAM_BYTES   (writes its stream, then
  *     makes no socket call for longer than the transport's silence limit
  *     while the client's stream arrives and the client waits for its
@@ -25,6 +28,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/epoll.h>
 #include <sys/select.h>
 #include <sys/socket.h>
 #include <signal.h>
@@ -142,6 +147,37 @@ static long now_ns(void) {
     return t.tv_sec * 1000000000L + t.tv_nsec;
 }
 
+/* Set (epollserver): the epoll each round's request is awaited in. */
+static int round_epoll = -1;
+
+/* One round's request of the epoll server: awaited in its edge-triggered
+ * epoll once it has surely arrived (the client sends it as soon as it
+ * reads the answer before), then read into a larger buffer, which an
+ * edge-triggered program takes as having read everything there was. */
+static unsigned char epoll_request(int fd) {
+    usleep(2000);
+    for (;;) {
+        struct epoll_event ev;
+        int n = epoll_wait(round_epoll, &ev, 1, 5000);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            fprintf(stderr, "epoll: the request is not reported within 5 s\n");
+            exit(1);
+        }
+        unsigned char buf[64];
+        ssize_t r = read(fd, buf, sizeof buf);
+        if (r == 1)
+            return buf[0];
+        /* An event before the request (the connection's setup): wait
+         * again, as an edge-triggered server does after EAGAIN. */
+        if (r < 0 && (errno == EAGAIN || errno == EINTR))
+            continue;
+        fprintf(stderr, "epoll: read %zd bytes, not the 1-byte request\n", r);
+        exit(1);
+    }
+}
+
 /* Sleeps `ms` milliseconds without a socket call. */
 static void quiet_for(long ms) {
     struct timespec t = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L};
@@ -223,7 +259,8 @@ int main(int argc, char **argv) {
     int execs = strcmp(argv[1], "execserver") == 0;
     int forks = strcmp(argv[1], "forkserver") == 0;
     int quiet_end = strcmp(argv[1], "quietserver") == 0;
-    int server = forks || execs || quiet_end || strcmp(argv[1], "server") == 0;
+    int epolls = strcmp(argv[1], "epollserver") == 0;
+    int server = forks || execs || quiet_end || epolls || strcmp(argv[1], "server") == 0;
     int threaded = strcmp(argv[1], "threadclient") == 0;
     select_first = strcmp(argv[1], "selectclient") == 0;
     int at = server ? 2 : 3;
@@ -296,11 +333,22 @@ int main(int argc, char **argv) {
         return 0;
     }
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    int blocking = fcntl(fd, F_GETFL);
+    if (epolls) {
+        struct epoll_event ev = {.events = EPOLLIN | EPOLLET};
+        round_epoll = epoll_create1(0);
+        if (round_epoll < 0 || fcntl(fd, F_SETFL, blocking | O_NONBLOCK) < 0 ||
+            epoll_ctl(round_epoll, EPOLL_CTL_ADD, fd, &ev) < 0)
+            die("epoll");
+    }
     long *rtt = calloc((size_t)rounds + 1, sizeof *rtt);
     for (long i = 0; i < rounds; i++) {
         unsigned char c = (unsigned char)i, d;
         if (server) {
-            get_all(fd, &d, 1);
+            if (epolls)
+                d = epoll_request(fd);
+            else
+                get_all(fd, &d, 1);
             if (d != c) {
                 fprintf(stderr, "round %ld: got %u\n", i, d);
                 return 1;
@@ -318,6 +366,8 @@ int main(int argc, char **argv) {
             }
         }
     }
+    if (epolls && fcntl(fd, F_SETFL, blocking) < 0)
+        die("fcntl");
     if (execs) {
         char fdstr[16];
         snprintf(fdstr, sizeof fdstr, "%d", fd);

@@ -486,6 +486,46 @@ fn a_server_that_forks_after_accept_serves_the_direct_connection_from_its_child(
     tb.assert_gone();
 }
 
+/// A regression test: an edge-triggered epoll registration of a direct
+/// connection was reported only when the connection's readiness gained
+/// an event since the last wait looked, so a server that read a request
+/// short, answered, and was back in its wait only after the next request
+/// arrived slept on that request (nginx kept a client waiting until it
+/// gave up). Each round's request is there before the server's wait.
+#[test]
+fn an_edge_triggered_server_sees_a_request_that_arrived_before_its_wait() {
+    let test = "an_edge_triggered_server_sees_a_request_that_arrived_before_its_wait";
+    if !system_ready(test) || !common::installed(test, &[("/usr/bin/cc", "gcc")]) {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let exe = common::build_c(dir.path(), "direct", include_str!("preload_direct.c"), "cc");
+    let (tb, _) = Testbed::up("pdiredge", &["--hosts", "2", "--links", "2"]);
+    let key = common::new_key_file(dir.path(), "relay.key");
+    let relays = relays(&tb, &key, dir.path(), &[]);
+    let ends = pair(
+        &tb,
+        &exe,
+        dir.path(),
+        "7708",
+        ["epollserver", "client"],
+        "100",
+        "65536",
+    );
+    let relay_logs = all_logs(&relays);
+    check_ok(&ends, &relay_logs);
+    let [(_, server), (_, client)] = &ends;
+    assert!(
+        client.contains("connection to port 7708 moved to direct on queue")
+            && server.contains("accepted connection moved to direct on queue"),
+        "the client:\n{client}\nthe server:\n{server}\nthe relays:\n{relay_logs}"
+    );
+    drop(relays);
+    tb.assert_no_relay();
+    tb.down();
+    tb.assert_gone();
+}
+
 /// The progress thread: a server that makes no socket call for longer
 /// than the transport's silence limit (10 s) while its client's stream
 /// arrives and the client waits for the answer is still answered for (the
