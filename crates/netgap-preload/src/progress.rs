@@ -367,6 +367,26 @@ struct Closing {
     armed: bool,
 }
 
+impl Closing {
+    /// Whether the close's linger is over: the closing frame and what went
+    /// before it acknowledged (or the peer given up), and the peer's own
+    /// end arrived and acknowledged too, or the peer failed. The peer's
+    /// end is waited for as well because the peer closes after this end
+    /// as a rule (it reads the end, then closes): were this end gone by
+    /// then, nothing would acknowledge the peer's closing frame, and the
+    /// peer's close would linger its whole time, holding its queue (a
+    /// gatherer that opens a connection per answer then ran out of the
+    /// queues its relay grants a uid, and went through the relays).
+    fn settled(&self) -> bool {
+        let conn = &self.link.conn;
+        if !conn.close_settled() {
+            return false;
+        }
+        let r = conn.readiness();
+        r.error || r.read_closed && conn.next_timer().is_none()
+    }
+}
+
 /// The thread's own state.
 struct Thread {
     p: &'static Progress,
@@ -520,8 +540,7 @@ impl Thread {
         let mut done = Vec::new();
         let mut arm = Vec::new();
         for (&id, c) in &mut self.closing {
-            let settled = c.link.conn.close_settled();
-            if settled || now >= c.deadline {
+            if c.settled() || now >= c.deadline {
                 done.push(id);
                 continue;
             }
