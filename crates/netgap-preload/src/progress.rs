@@ -29,12 +29,13 @@
 //!
 //! A close returns at once, as the kernel's does: the closing frame goes
 //! in the program's call, and the thread lingers for its acknowledgment
-//! (and that of everything sent before it) for at most the transport's
+//! (and that of everything sent before it) and for the peer's own closing
+//! frame, which it acknowledges, for at most the transport's
 //! `CLOSE_LINGER`, then drops the connection, which lets its relay socket
 //! go and the relay free its queue. A process that exits while closes
-//! linger waits for them (at most `CLOSE_LINGER`) in an `atexit` handler,
-//! so a program that writes, closes and exits still delivers its last
-//! bytes.
+//! linger waits for them (at most twice `CLOSE_LINGER`) in an `atexit`
+//! handler, so a program that writes, closes and exits still delivers its
+//! last bytes.
 
 use crate::log::log_line;
 use crate::real;
