@@ -15,6 +15,15 @@
  *   direct threadclient IP PORT 0 STREAM_BYTES   (a second thread writes
  *     the stream in small pieces from the moment connect returns, while
  *     the connection is still being offered and while it goes direct)
+ *   direct edgeserver PORT ROUNDS STREAM_BYTES   (waits for each round's
+ *     request in epoll, edge-triggered, only once the request is there,
+ *     and reads it short, as nginx serves a kept-alive client)
+ *   direct quietserver PORT 0 STREAM_BYTES   (writes its stream, then
+ *     makes no socket call for longer than the transport's silence limit
+ *     while the client's stream arrives and the client waits for its
+ *     answer, then reads; it is quiet again while the client closes)
+ *   direct quietclient IP PORT 0 STREAM_BYTES   (its peer of the above;
+ *     prints how long its close took)
  * Every byte is checked; the client prints the median round trip. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -184,6 +193,93 @@ static long now_ns(void) {
     return t.tv_sec * 1000000000L + t.tv_nsec;
 }
 
+/* Set (edgeserver): the epoll each round's request is awaited in. */
+static int round_epoll = -1;
+
+/* One round's request of the edge server: awaited in its edge-triggered
+ * epoll once it has surely arrived (the client sends it as soon as it
+ * reads the answer before), then read into a larger buffer, which an
+ * edge-triggered program takes as having read everything there was. */
+static unsigned char epoll_request(int fd) {
+    usleep(2000);
+    for (;;) {
+        struct epoll_event ev;
+        int n = epoll_wait(round_epoll, &ev, 1, 5000);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            fprintf(stderr, "epoll: the request is not reported within 5 s\n");
+            exit(1);
+        }
+        unsigned char buf[64];
+        ssize_t r = read(fd, buf, sizeof buf);
+        if (r == 1)
+            return buf[0];
+        /* An event before the request (the connection's setup): wait
+         * again, as an edge-triggered server does after EAGAIN. */
+        if (r < 0 && (errno == EAGAIN || errno == EINTR))
+            continue;
+        fprintf(stderr, "epoll: read %zd bytes, not the 1-byte request\n", r);
+        exit(1);
+    }
+}
+
+/* Sleeps `ms` milliseconds without a socket call. */
+static void quiet_for(long ms) {
+    struct timespec t = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L};
+    while (nanosleep(&t, &t) < 0 && errno == EINTR)
+        ;
+}
+
+/* Longer than the transport's silence limit (10 s): a peer that only its
+ * program's calls answered would be given up meanwhile. */
+#define QUIET_MS 10500L
+/* Longer than the transport's close linger (300 ms). */
+#define QUIET_AT_CLOSE_MS 500L
+
+/* The quiet end: its stream, the long quiet, the client's stream, its
+ * answer, a short quiet while the client closes, the client's end. */
+static int quiet_server(int fd, size_t n) {
+    unsigned char x;
+    get_all(fd, &x, 1);
+    send_stream(fd, n, 2);
+    quiet_for(QUIET_MS);
+    check_stream(fd, n, 1);
+    x = 'k';
+    put_all(fd, &x, 1);
+    quiet_for(QUIET_AT_CLOSE_MS);
+    get_all(fd, &x, 1);
+    if (x != 'e' || read(fd, &x, 1) != 0) {
+        fprintf(stderr, "no end from the client\n");
+        return 1;
+    }
+    close(fd);
+    printf("direct: ok\n");
+    return 0;
+}
+
+/* The client of `quiet_server`: its stream goes while the server is
+ * quiet, and it waits for the answer meanwhile; its close comes while the
+ * server is quiet again, and must return at once all the same. */
+static int quiet_client(int fd, size_t n) {
+    unsigned char x = 'g';
+    put_all(fd, &x, 1);
+    check_stream(fd, n, 2);
+    send_stream(fd, n, 1);
+    get_all(fd, &x, 1);
+    if (x != 'k') {
+        fprintf(stderr, "the answer is %u\n", x);
+        return 1;
+    }
+    x = 'e';
+    put_all(fd, &x, 1);
+    long t0 = now_ns();
+    close(fd);
+    printf("close_ns %ld\n", now_ns() - t0);
+    printf("direct: ok\n");
+    return 0;
+}
+
 /* The image after exec: the inherited connection must have ended. */
 static int after_exec(int fd) {
     unsigned char b;
@@ -209,7 +305,10 @@ int main(int argc, char **argv) {
     int execs = strcmp(argv[1], "execserver") == 0;
     int forks = strcmp(argv[1], "forkserver") == 0;
     int epoll_server = strcmp(argv[1], "epollserver") == 0;
-    int server = forks || execs || epoll_server || strcmp(argv[1], "server") == 0;
+    int quiet_end = strcmp(argv[1], "quietserver") == 0;
+    int edges = strcmp(argv[1], "edgeserver") == 0;
+    int server = forks || execs || epoll_server || quiet_end || edges ||
+                 strcmp(argv[1], "server") == 0;
     int threaded = strcmp(argv[1], "threadclient") == 0;
     select_first = strcmp(argv[1], "selectclient") == 0;
     poll_first = strcmp(argv[1], "pollclient") == 0;
@@ -279,6 +378,10 @@ int main(int argc, char **argv) {
         if (epfd < 0 || epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &e) < 0)
             die("epoll");
     }
+    if (quiet_end)
+        return quiet_server(fd, stream);
+    if (strcmp(argv[1], "quietclient") == 0)
+        return quiet_client(fd, stream);
     if (threaded) {
         struct writer w = {.fd = fd, .n = stream};
         pthread_t t;
@@ -299,11 +402,22 @@ int main(int argc, char **argv) {
         return 0;
     }
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    int blocking = fcntl(fd, F_GETFL);
+    if (edges) {
+        struct epoll_event ev = {.events = EPOLLIN | EPOLLET};
+        round_epoll = epoll_create1(0);
+        if (round_epoll < 0 || fcntl(fd, F_SETFL, blocking | O_NONBLOCK) < 0 ||
+            epoll_ctl(round_epoll, EPOLL_CTL_ADD, fd, &ev) < 0)
+            die("epoll");
+    }
     long *rtt = calloc((size_t)rounds + 1, sizeof *rtt);
     for (long i = 0; i < rounds; i++) {
         unsigned char c = (unsigned char)i, d;
         if (server) {
-            get_all(fd, &d, 1);
+            if (edges)
+                d = epoll_request(fd);
+            else
+                get_all(fd, &d, 1);
             if (d != c) {
                 fprintf(stderr, "round %ld: got %u\n", i, d);
                 return 1;
@@ -321,6 +435,8 @@ int main(int argc, char **argv) {
             }
         }
     }
+    if (edges && fcntl(fd, F_SETFL, blocking) < 0)
+        die("fcntl");
     if (execs) {
         char fdstr[16];
         snprintf(fdstr, sizeof fdstr, "%d", fd);

@@ -131,12 +131,13 @@ fn ping_pong_as(
     port: &str,
     mode: &str,
 ) -> [(Ran, String); 2] {
-    pair(tb, exe, dir, port, [mode, "client"], ROUNDS)
+    pair(tb, exe, dir, port, [mode, "client"], ROUNDS, STREAM_BYTES)
 }
 
 /// The server `modes[0]` and the client `modes[1]` of `preload_direct.c`
-/// between the two hosts of `tb`, `rounds` of ping-pong then the streams:
-/// the server's and the client's output and library logs.
+/// between the two hosts of `tb`, `rounds` of ping-pong then the streams
+/// of `stream` bytes: the server's and the client's output and library
+/// logs.
 fn pair(
     tb: &Testbed,
     exe: &Path,
@@ -144,8 +145,9 @@ fn pair(
     port: &str,
     modes: [&str; 2],
     rounds: &str,
+    stream: &str,
 ) -> [(Ran, String); 2] {
-    pair_on(tb, exe, dir, port, modes, rounds, [1, 0])
+    pair_on(tb, exe, dir, port, modes, (rounds, stream), [1, 0])
 }
 
 /// [`pair`] with the server on host `on[0]` of `tb` and the client on
@@ -156,7 +158,7 @@ fn pair_on(
     dir: &Path,
     port: &str,
     modes: [&str; 2],
-    rounds: &str,
+    (rounds, stream): (&str, &str),
     on: [usize; 2],
 ) -> [(Ran, String); 2] {
     let hosts = tb.hosts();
@@ -167,7 +169,7 @@ fn pair_on(
         tb,
         &h2.name,
         exe,
-        &[modes[0], port, rounds, STREAM_BYTES],
+        &[modes[0], port, rounds, stream],
         &server_log,
     );
     let rest = listening(&mut server);
@@ -176,7 +178,7 @@ fn pair_on(
         tb,
         &h1.name,
         exe,
-        &[modes[1], &ip, port, rounds, STREAM_BYTES],
+        &[modes[1], &ip, port, rounds, stream],
         &client_log,
     );
     let c = ended(client, None);
@@ -283,6 +285,7 @@ fn bytes_written_by_another_thread_while_the_offer_goes_direct_all_arrive_in_ord
         "7705",
         ["server", "threadclient"],
         "0",
+        STREAM_BYTES,
     );
     let relay_logs = all_logs(&relays);
     check_ok(&ends, &relay_logs);
@@ -332,7 +335,15 @@ fn a_client_that_waits_in_select_poll_or_epoll_for_each_read_sees_its_direct_con
     ] {
         let logs = dir.path().join(client);
         std::fs::create_dir(&logs).expect("a log directory");
-        let ends = pair(&tb, &exe, &logs, port, [server, client], "200");
+        let ends = pair(
+            &tb,
+            &exe,
+            &logs,
+            port,
+            [server, client],
+            "200",
+            STREAM_BYTES,
+        );
         let relay_logs = all_logs(&relays);
         check_ok(&ends, &relay_logs);
         let [(_, server), (_, client)] = &ends;
@@ -384,7 +395,7 @@ fn a_relay_with_no_direct_keeps_the_connection_on_the_relays_path_at_both_ends()
         &back,
         "7709",
         ["epollserver", "client"],
-        ROUNDS,
+        (ROUNDS, STREAM_BYTES),
         [0, 1],
     );
     let relay_logs = all_logs(&relays);
@@ -546,6 +557,99 @@ fn a_server_that_forks_after_accept_serves_the_direct_connection_from_its_child(
         "the client:\n{client}\nthe server:\n{server}\nthe relays:\n{relay_logs}"
     );
     assert!(!server.contains("EBADFD"), "{server}");
+    drop(relays);
+    tb.assert_no_relay();
+    tb.down();
+    tb.assert_gone();
+}
+
+/// A regression test: an edge-triggered epoll registration of a direct
+/// connection was reported only when the connection's readiness gained
+/// an event since the last wait looked, so a server that read a request
+/// short, answered, and was back in its wait only after the next request
+/// arrived slept on that request (nginx kept a client waiting until it
+/// gave up). Each round's request is there before the server's wait.
+#[test]
+fn an_edge_triggered_server_sees_a_request_that_arrived_before_its_wait() {
+    let test = "an_edge_triggered_server_sees_a_request_that_arrived_before_its_wait";
+    if !system_ready(test) || !common::installed(test, &[("/usr/bin/cc", "gcc")]) {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let exe = common::build_c(dir.path(), "direct", include_str!("preload_direct.c"), "cc");
+    let (tb, _) = Testbed::up("pdiredge", &["--hosts", "2", "--links", "2"]);
+    let key = common::new_key_file(dir.path(), "relay.key");
+    let relays = relays(&tb, &key, dir.path(), &[]);
+    let ends = pair(
+        &tb,
+        &exe,
+        dir.path(),
+        "7708",
+        ["edgeserver", "client"],
+        "100",
+        "65536",
+    );
+    let relay_logs = all_logs(&relays);
+    check_ok(&ends, &relay_logs);
+    let [(_, server), (_, client)] = &ends;
+    assert!(
+        client.contains("connection to port 7708 moved to direct on queue")
+            && server.contains("accepted connection moved to direct on queue"),
+        "the client:\n{client}\nthe server:\n{server}\nthe relays:\n{relay_logs}"
+    );
+    drop(relays);
+    tb.assert_no_relay();
+    tb.down();
+    tb.assert_gone();
+}
+
+/// The progress thread: a server that makes no socket call for longer
+/// than the transport's silence limit (10 s) while its client's stream
+/// arrives and the client waits for the answer is still answered for (the
+/// client does not time out, and every byte arrives), and the client's
+/// close returns at once while the server is quiet again, its linger
+/// finished in the background.
+#[test]
+fn a_program_quiet_past_the_silence_limit_keeps_its_peer_and_a_close_returns_at_once() {
+    let test = "a_program_quiet_past_the_silence_limit_keeps_its_peer_and_a_close_returns_at_once";
+    if !system_ready(test) || !common::installed(test, &[("/usr/bin/cc", "gcc")]) {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let exe = common::build_c(dir.path(), "direct", include_str!("preload_direct.c"), "cc");
+    let (tb, _) = Testbed::up("pdirquiet", &["--hosts", "2", "--links", "2"]);
+    let key = common::new_key_file(dir.path(), "relay.key");
+    let relays = relays(&tb, &key, dir.path(), &[]);
+    let ends = pair(
+        &tb,
+        &exe,
+        dir.path(),
+        "7707",
+        ["quietserver", "quietclient"],
+        "0",
+        "65536",
+    );
+    let relay_logs = all_logs(&relays);
+    check_ok(&ends, &relay_logs);
+    let [(_, server), (client_out, client)] = &ends;
+    assert!(
+        client.contains("connection to port 7707 moved to direct on queue")
+            && server.contains("accepted connection moved to direct on queue"),
+        "the client:\n{client}\nthe server:\n{server}\nthe relays:\n{relay_logs}"
+    );
+    // The close did not wait for the quiet server's acknowledgment, which
+    // the transport's linger (300 ms) would have.
+    let close_ns: u64 = client_out
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("close_ns "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no close time: {}", client_out.stdout));
+    let linger_ns = netgap_transport::xdp::direct::CLOSE_LINGER.as_nanos() as u64;
+    assert!(
+        close_ns < linger_ns / 2,
+        "the close took {close_ns} ns, the linger's time\n{client}"
+    );
     drop(relays);
     tb.assert_no_relay();
     tb.down();

@@ -44,11 +44,15 @@
 //!   socket down (`inherit`).
 //! - `select` on a direct connection is a poll of the same descriptors
 //!   (`interpose::select_direct`), which asks the connection.
-//! - Not here yet: a progress thread (the peer is acknowledged only from
-//!   the program's calls).
+//! - The process's progress thread (`progress`) pumps every connection
+//!   no program call pumped lately, so a program that computes or sleeps
+//!   elsewhere still acknowledges its peer and sends lost frames again,
+//!   and it finishes a close in the background: the program's `close`
+//!   returns at once.
 
 use crate::errno::Errno;
 use crate::log::log_line;
+use crate::progress::Link;
 use crate::real;
 use libc::{c_int, iovec};
 use netgap_proto::direct::{
@@ -59,7 +63,7 @@ use netgap_transport::xdp::direct::{DirectConn, DirectError, DirectSetup};
 use netgap_transport::xdp::handover;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use thiserror::Error;
 
@@ -106,6 +110,10 @@ pub(crate) enum SetupError {
     /// The transport could not open the connection on the port.
     #[error("opening the direct connection: {0}")]
     Open(DirectError),
+    /// The connection's wait descriptor (an epoll of its socket and its
+    /// progress thread's eventfd) could not be made.
+    #[error("making the direct connection's wait descriptor: {0}")]
+    Wait(std::io::Error),
 }
 
 /// A relay socket with a direct request sent on it.
@@ -224,11 +232,12 @@ fn open_granted(asked: Asked) -> Result<Direct, SetupError> {
         connector: asked.connector,
     };
     let conn = DirectConn::open(port, setup).map_err(SetupError::Open)?;
+    let link = Arc::new(Link::new(conn, asked.sock).map_err(SetupError::Wait)?);
+    crate::progress::watch(&link);
     let marker = exec_marker(asked.tcp);
     Ok(Direct {
-        conn,
+        link,
         marker,
-        relay: asked.sock,
         queue: grant.queue,
         nonblocking: AtomicBool::new(false),
         opener: std::process::id(),
@@ -354,15 +363,12 @@ fn ceil_ms(d: Duration) -> c_int {
 
 /// A connection on its own AF_XDP socket.
 pub(crate) struct Direct {
-    conn: DirectConn,
+    /// The engine, its relay socket and its wait descriptor, which the
+    /// progress thread drives too and keeps through a close's linger.
+    link: Arc<Link>,
     /// The connection's marker for an image after `exec`, close-on-exec
     /// as its descriptors are ([`Direct::sync_cloexec`]).
     marker: Option<OwnedFd>,
-    /// The library's socket to its relay: the grant's steering
-    /// registration lives while it is open. Dropped after `conn`, whose
-    /// drop sends the closing frame first.
-    #[allow(dead_code, reason = "held open for the registration, never read")]
-    relay: OwnedFd,
     queue: u16,
     /// The program asked for non-blocking I/O on the descriptor.
     nonblocking: AtomicBool,
@@ -462,13 +468,19 @@ impl Direct {
     /// ping-pong across two testbed hosts took 92 µs a round trip with a
     /// 30 µs spin against 28 µs sleeping at once.
     fn wait(&self, reading: bool, deadline: Option<Instant>) -> Result<(), Errno> {
-        let r = self.conn.readiness();
+        self.link.take_signal();
+        let r = self.link.conn.readiness();
         let ready = if reading { r.readable } else { r.writable };
         if ready {
             return Ok(());
         }
         let now = Instant::now();
-        let mut sleep = self.conn.next_timer().unwrap_or(IDLE_SLEEP).min(IDLE_SLEEP);
+        let mut sleep = self
+            .link
+            .conn
+            .next_timer()
+            .unwrap_or(IDLE_SLEEP)
+            .min(IDLE_SLEEP);
         if let Some(d) = deadline {
             if now >= d {
                 return Err(libc::EAGAIN);
@@ -476,12 +488,14 @@ impl Direct {
             sleep = sleep.min(d - now);
         }
         let mut p = libc::pollfd {
-            fd: self.conn.wait_fd().as_raw_fd(),
+            fd: self.link.wait_fd(),
             events: libc::POLLIN,
             revents: 0,
         };
+        self.link.waiting(true);
         // SAFETY: one valid pollfd.
         unsafe { real::poll()(&mut p, 1, ceil_ms(sleep)) };
+        self.link.waiting(false);
         Ok(())
     }
 
@@ -498,6 +512,7 @@ impl Direct {
         flags: c_int,
     ) -> Result<usize, Errno> {
         self.mine(fd)?;
+        self.link.called();
         let want: usize = iov.iter().map(|v| v.iov_len).sum();
         if want == 0 || self.rd_shut.load(Ordering::Relaxed) {
             return Ok(0);
@@ -518,11 +533,11 @@ impl Direct {
                     let buf = unsafe {
                         std::slice::from_raw_parts_mut(v.iov_base.cast::<u8>(), v.iov_len)
                     };
-                    self.conn.try_recv(buf)
+                    self.link.conn.try_recv(buf)
                 } else {
                     if ahead.len() < want {
                         let mut more = vec![0u8; (want - ahead.len()).min(AHEAD_BYTES)];
-                        match self.conn.try_recv(&mut more) {
+                        match self.link.conn.try_recv(&mut more) {
                             Ok(n) => ahead.extend_from_slice(&more[..n]),
                             Err(DirectError::WouldBlock) => {}
                             Err(e) if ahead.is_empty() => return self.errno_of(&e, true),
@@ -547,10 +562,14 @@ impl Direct {
                 Ok(n) => {
                     got += n;
                     if !waitall || got >= want {
+                        if got < want && !peek {
+                            self.drained(libc::EPOLLIN as u32);
+                        }
                         return Ok(got);
                     }
                 }
                 Err(DirectError::WouldBlock) if dontwait || got > 0 && !waitall => {
+                    self.drained(libc::EPOLLIN as u32);
                     return if got > 0 { Ok(got) } else { Err(libc::EAGAIN) };
                 }
                 Err(DirectError::WouldBlock) => {
@@ -577,6 +596,7 @@ impl Direct {
         flags: c_int,
     ) -> Result<usize, Errno> {
         self.mine(fd)?;
+        self.link.called();
         let dontwait = flags & libc::MSG_DONTWAIT != 0 || self.nonblocking();
         let deadline = Self::deadline(fd, libc::SO_SNDTIMEO);
         let mut sent = 0usize;
@@ -586,12 +606,13 @@ impl Direct {
             let buf = unsafe { std::slice::from_raw_parts(v.iov_base.cast::<u8>(), v.iov_len) };
             let mut at = 0usize;
             while at < buf.len() {
-                match self.conn.try_send(&buf[at..]) {
+                match self.link.conn.try_send(&buf[at..]) {
                     Ok(n) => {
                         at += n;
                         sent += n;
                     }
                     Err(DirectError::WouldBlock) if dontwait => {
+                        self.drained(libc::EPOLLOUT as u32);
                         return if sent > 0 {
                             Ok(sent)
                         } else {
@@ -615,9 +636,10 @@ impl Direct {
     /// descriptor's mode: the bytes the program wrote before the
     /// connection went direct, which it counts as sent.
     pub(crate) fn send_first(&self, bytes: &[u8]) -> Result<(), Errno> {
+        self.link.called();
         let mut at = 0usize;
         while at < bytes.len() {
-            match self.conn.try_send(&bytes[at..]) {
+            match self.link.conn.try_send(&bytes[at..]) {
                 Ok(n) => at += n,
                 Err(DirectError::WouldBlock) => self.wait(false, None)?,
                 Err(e) => return self.errno_of(&e, false).map(|_| ()),
@@ -629,10 +651,11 @@ impl Direct {
     /// Bytes a read would return now (`FIONREAD`).
     pub(crate) fn readable_bytes(&self, fd: c_int) -> Result<usize, Errno> {
         self.mine(fd)?;
+        self.link.called();
         let mut ahead = self.ahead.lock().unwrap_or_else(|p| p.into_inner());
         loop {
             let mut more = vec![0u8; AHEAD_BYTES];
-            match self.conn.try_recv(&mut more) {
+            match self.link.conn.try_recv(&mut more) {
                 Ok(0) | Err(_) => return Ok(ahead.len()),
                 Ok(n) => ahead.extend_from_slice(&more[..n]),
             }
@@ -647,7 +670,9 @@ impl Direct {
         if std::process::id() != self.opener {
             return libc::POLLERR;
         }
-        let r = self.conn.readiness();
+        self.link.called();
+        self.link.take_signal();
+        let r = self.link.conn.readiness();
         let ahead = !self
             .ahead
             .lock()
@@ -695,20 +720,38 @@ impl Direct {
         events & !self.last_seen.swap(events, Ordering::Relaxed)
     }
 
+    /// A read or a write found the connection without `events` (it took
+    /// every byte there was, or the window is full): the next wait that
+    /// finds them reports them again, to an edge-triggered registration
+    /// too. The kernel's edge is an arrival, not a change of readiness
+    /// between two waits: a server that reads a request, answers, and is
+    /// back in its wait only after the next request arrived must see that
+    /// request, though its wait saw the connection readable both times
+    /// (nginx, kept alive, slept on such a request until its client gave
+    /// up).
+    fn drained(&self, events: u32) {
+        self.last_seen.fetch_and(!events, Ordering::Relaxed);
+    }
+
     /// A registration was made or changed: its next wait reports every
     /// event that is there.
     pub(crate) fn forget_seen(&self) {
         self.last_seen.store(0, Ordering::Relaxed);
     }
 
-    /// The descriptor a waiter sleeps on, readable when frames arrived.
+    /// The descriptor a waiter sleeps on, readable when frames arrived or
+    /// the progress thread moved the connection.
     pub(crate) fn wait_fd(&self) -> c_int {
-        self.conn.wait_fd().as_raw_fd()
+        self.link.wait_fd()
     }
 
     /// How long a waiter may sleep before a pump must run.
     pub(crate) fn next_timer(&self) -> Duration {
-        self.conn.next_timer().unwrap_or(IDLE_SLEEP).min(IDLE_SLEEP)
+        self.link
+            .conn
+            .next_timer()
+            .unwrap_or(IDLE_SLEEP)
+            .min(IDLE_SLEEP)
     }
 
     /// `shutdown(2)` of the program's descriptor.
@@ -717,21 +760,31 @@ impl Direct {
             self.rd_shut.store(true, Ordering::Relaxed);
         }
         if (how == libc::SHUT_WR || how == libc::SHUT_RDWR) && std::process::id() == self.opener {
-            let _ = self.conn.shutdown_write();
+            let _ = self.link.conn.shutdown_write();
         }
     }
 
     /// The connection's pending error for `SO_ERROR` (0: none), taken.
     pub(crate) fn take_error(&self) -> c_int {
-        if self.conn.pump().is_err() && !self.failed_told.swap(true, Ordering::Relaxed) {
+        self.link.called();
+        if self.link.conn.pump().is_err() && !self.failed_told.swap(true, Ordering::Relaxed) {
             return libc::ETIMEDOUT;
         }
         0
     }
 
-    /// The log line of the last close.
+    /// The log line of the last close. In a process that does not drive
+    /// the connection the counts are not read: its engine's lock may have
+    /// been held by the opener's progress thread at the fork.
     pub(crate) fn log_close(&self, fd: c_int) {
-        let s = self.conn.stats();
+        if std::process::id() != self.opener {
+            log_line!(
+                "fd {fd}: direct connection on queue {} closed in a process that does not drive it",
+                self.queue
+            );
+            return;
+        }
+        let s = self.link.conn.stats();
         log_line!(
             "fd {fd}: direct connection on queue {} closed: {} bytes sent, {} received, {} frames sent, {} received, {} sent again",
             self.queue,
@@ -741,6 +794,17 @@ impl Direct {
             s.frames_received,
             s.retransmissions
         );
+    }
+}
+
+impl Drop for Direct {
+    /// The program's last descriptor of the connection closed: in the
+    /// process that drives it, its close goes on in the progress thread;
+    /// in any other, nothing is sent.
+    fn drop(&mut self) {
+        if std::process::id() == self.opener {
+            crate::progress::close(self.link.clone());
+        }
     }
 }
 

@@ -392,10 +392,10 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
 }
 
 /// The program closes a descriptor of a direct connection: the last one
-/// in this process ends it (its closing frame, lingering for its
-/// acknowledgment at most `CLOSE_LINGER`; in a process that did not open
-/// it, nothing is sent), then the relay socket goes and with it the
-/// steering registration.
+/// in this process ends it (its closing frame now, and the progress
+/// thread's linger for its acknowledgment, at most `CLOSE_LINGER`, after
+/// which the relay socket goes and with it the steering registration; in
+/// a process that did not open it, nothing is sent). Returns at once.
 #[cfg(feature = "xdp")]
 fn close_direct(fd: c_int) {
     let e = errno();

@@ -43,6 +43,8 @@ mod inherit;
 pub mod interpose;
 mod log;
 mod pending;
+#[cfg(feature = "xdp")]
+mod progress;
 mod real;
 mod region;
 mod relay;

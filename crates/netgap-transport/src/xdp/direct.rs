@@ -218,6 +218,9 @@ pub struct DirectConn {
     /// The process that opened it: only it sends the closing frame.
     opener_pid: u32,
     write_shut: AtomicBool,
+    /// The close's linger was run by the caller ([`DirectConn::end_linger`]):
+    /// dropping the connection waits for nothing.
+    linger_ended: AtomicBool,
     bytes_sent: AtomicU64,
     bytes_received: AtomicU64,
 }
@@ -287,6 +290,7 @@ impl DirectConn {
             id,
             opener_pid: std::process::id(),
             write_shut: AtomicBool::new(false),
+            linger_ended: AtomicBool::new(false),
             bytes_sent: AtomicU64::new(0),
             bytes_received: AtomicU64::new(0),
         })
@@ -393,6 +397,35 @@ impl DirectConn {
         drop(self);
     }
 
+    /// Starts an orderly close and returns at once: the closing frame
+    /// goes after what was sent (now if credit allows, else from a later
+    /// pump). A caller that runs the linger itself (a progress thread)
+    /// pumps with [`DirectConn::close_settled`] until it is over, then
+    /// calls [`DirectConn::end_linger`] before dropping the connection.
+    pub fn start_close(&self) -> Result<(), DirectError> {
+        if self.write_shut.swap(true, Ordering::Relaxed) {
+            return Ok(());
+        }
+        self.port.fixed_shutdown(self.id)?;
+        Ok(())
+    }
+
+    /// One pump of a started close: whether its linger is over (the
+    /// closing frame and everything before it acknowledged, the peer given
+    /// up, or the session gone). Never blocks.
+    pub fn close_settled(&self) -> bool {
+        match self.port.fixed_state(self.id, true) {
+            Ok(s) => !s.open || s.all_acknowledged || s.silent,
+            Err(_) => true,
+        }
+    }
+
+    /// The close's linger is over (run by the caller, or given up):
+    /// dropping the connection sends and waits for nothing more.
+    pub fn end_linger(&self) {
+        self.linger_ended.store(true, Ordering::Relaxed);
+    }
+
     /// The connection's counts now.
     pub fn stats(&self) -> DirectStats {
         let c = self.port.fixed_counts(self.id).ok();
@@ -437,12 +470,15 @@ impl DirectConn {
 impl Drop for DirectConn {
     /// In the opening process: the closing frame, and what was sent
     /// delivered, for at most [`CLOSE_LINGER`] (only while something is
-    /// unacknowledged and the peer answers; a TCP close returns at once and
-    /// the kernel finishes, which a library without a thread cannot).
-    /// In any other process (a forked child): nothing sent, the mappings
-    /// and descriptors of this process let go.
+    /// unacknowledged and the peer answers; a caller with a thread of its
+    /// own runs this linger there instead, with
+    /// [`DirectConn::start_close`], so that its close returns at once as
+    /// a TCP close does).
+    /// In any other process (a forked child), or after
+    /// [`DirectConn::end_linger`]: nothing sent, the mappings and
+    /// descriptors of this process let go.
     fn drop(&mut self) {
-        if std::process::id() == self.opener_pid {
+        if std::process::id() == self.opener_pid && !self.linger_ended.load(Ordering::Relaxed) {
             self.linger();
         }
     }
@@ -754,6 +790,35 @@ mod tests {
                 assert_eq!(back, out, "round {i}");
             }
         });
+    }
+
+    /// A close run by its caller (a progress thread): started without
+    /// waiting, it settles once the closing frame and what went before it
+    /// are acknowledged, and the peer reads every byte, then the end.
+    #[test]
+    fn a_close_started_without_waiting_settles_once_the_peer_acknowledged_it() {
+        let Some(bed) = bed("cs") else { return };
+        let (a, b) = bed.pair();
+        ping_pong(&a, &b, 1);
+        let data = pattern(200_000, 7);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let mut got = vec![0u8; data.len()];
+                recv_exact(&b, &mut got);
+                assert!(got == data, "the bytes before the close differ");
+                recv_eof(&b);
+            });
+            send_all(&a, &data);
+            a.start_close().unwrap();
+            let t0 = Instant::now();
+            while !a.close_settled() {
+                assert!(t0.elapsed() < PATIENCE, "the close never settled");
+                wait(&a);
+            }
+        });
+        assert!(matches!(a.try_send(b"x"), Err(DirectError::Closed)));
+        a.end_linger();
+        drop(a);
     }
 
     #[test]
