@@ -842,17 +842,7 @@ impl Conn {
     /// writes then go to the kernel socket, which answers them as the
     /// kernel answers writes to a closed peer (a reset, then EPIPE).
     pub(crate) fn peer_closed_for_writes(&self, fd: c_int) -> bool {
-        if !self.channel.peer_end().closed {
-            return false;
-        }
-        let mut p = libc::pollfd {
-            fd,
-            events: libc::POLLRDHUP,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd; a zero timeout never blocks.
-        let r = unsafe { real::poll()(&mut p, 1, 0) };
-        r > 0 && p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
+        self.channel.peer_end().closed && hung_up(fd)
     }
 
     /// One line with the connection's counters and what the kernel socket
@@ -877,7 +867,8 @@ impl Conn {
     }
 }
 
-/// Whether the other end of the socket `fd` (a relay socket) hung up.
+/// Whether the other end of the socket `fd` (a relay socket, or the
+/// connection's own) hung up.
 fn hung_up(fd: c_int) -> bool {
     let mut p = libc::pollfd {
         fd,
