@@ -2,14 +2,23 @@
 //! queues `1..count` (queue 0 is the relay's own port; `count` is the
 //! interface's receive queues, at most `MAX_QUEUES`), less those held by
 //! a granted connection and those an offer in flight named. An offer
-//! reserves every queue it names until its answer settles it (the agreed
-//! queue held, the others freed), so two offers in flight never get the
-//! same queue. A uid holds at most its cap of queues, and never every
-//! queue of an interface that has two or more.
+//! names at most [`OFFER_QUEUES`] of the free queues, the lowest, and
+//! reserves them until its answer settles it (the agreed queue held, the
+//! others freed), so two offers in flight never get the same queue and
+//! offers made at the same moment each find queues while any are free. A
+//! uid holds at most its cap of queues, and never every queue of an
+//! interface that has two or more.
 
 use netgap_proto::direct::{agree, free_queues, MAX_QUEUES};
 use std::collections::HashMap;
 use thiserror::Error;
+
+/// Most queues one offer names and reserves: enough for the other relay
+/// to find one free at its end too (both ends' busy queues are mostly the
+/// same ones, those of the connections between the same two hosts), few
+/// enough that a busy client's offers made at once (a web client's, one
+/// per worker) each get their own while any queue is free.
+pub(crate) const OFFER_QUEUES: u32 = 4;
 
 /// Why no queue is taken.
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -75,11 +84,11 @@ impl Queues {
         free_queues(self.count, self.held.keys().copied()) & !reserved
     }
 
-    /// An offer of `uid`'s, as `token`: the free queues, reserved until
-    /// [`Queues::settle`].
+    /// An offer of `uid`'s, as `token`: the lowest [`OFFER_QUEUES`] free
+    /// queues (or as many as are free), reserved until [`Queues::settle`].
     pub(crate) fn offer(&mut self, token: u64, uid: u32) -> Result<u32, QueueError> {
         self.check_uid(uid)?;
-        let mask = self.free();
+        let mask = lowest(self.free(), OFFER_QUEUES);
         if mask == 0 {
             return Err(QueueError::NoneFree(self.iface.clone()));
         }
@@ -122,6 +131,20 @@ impl Queues {
     }
 }
 
+/// The lowest `n` bits set in `mask`.
+fn lowest(mut mask: u32, n: u32) -> u32 {
+    let mut kept = 0;
+    for _ in 0..n {
+        if mask == 0 {
+            break;
+        }
+        let bit = mask & mask.wrapping_neg();
+        kept |= bit;
+        mask &= !bit;
+    }
+    kept
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
 mod tests {
@@ -142,6 +165,10 @@ mod tests {
 
     #[test]
     fn an_offer_reserves_its_queues_until_its_answer() {
+        let mut q = Queues::new("eth1", 5, 8);
+        assert_eq!(q.offer(1, 10).unwrap(), 0b1_1110, "four queues at most");
+        assert!(matches!(q.offer(2, 11), Err(QueueError::NoneFree(_))));
+        q.settle(1, None).unwrap();
         let mut q = Queues::new("eth1", 4, 8);
         assert_eq!(q.offer(1, 10).unwrap(), 0b1110);
         assert!(matches!(q.offer(2, 11), Err(QueueError::NoneFree(_))));
@@ -154,6 +181,30 @@ mod tests {
         assert_eq!(q.offer(3, 11).unwrap(), 0b1010);
         q.settle(3, None).unwrap();
         assert_eq!(q.free(), 0b1010);
+    }
+
+    #[test]
+    fn offers_made_at_once_each_get_their_own_queues_while_any_are_free() {
+        let mut q = Queues::new("eth1", 32, 30);
+        let mut masks: Vec<u32> = (0..7).map(|t| q.offer(t, 7).unwrap()).collect();
+        for (i, m) in masks.iter().enumerate() {
+            assert_eq!(m.count_ones(), 4, "offer {i}: {m:#b}");
+        }
+        masks.push(q.offer(7, 7).unwrap());
+        assert_eq!(masks[7], 0b111 << 29, "the last three");
+        assert!(matches!(q.offer(8, 7), Err(QueueError::NoneFree(_))));
+        for (i, m) in masks.iter().enumerate() {
+            for other in &masks[i + 1..] {
+                assert_eq!(m & other, 0, "no queue in two offers");
+            }
+        }
+        // Each answer holds one queue and frees the others for the next.
+        for (t, m) in masks.iter().enumerate() {
+            q.settle(t as u64, Some(m.trailing_zeros() as u16)).unwrap();
+        }
+        assert_eq!(q.offer(9, 7).unwrap().count_ones(), 4);
+        assert_eq!(lowest(0b1011_0100, 2), 0b0001_0100);
+        assert_eq!(lowest(0b100, 4), 0b100);
     }
 
     #[test]
