@@ -18,8 +18,8 @@
 //! `SCM_RIGHTS` (`handover::send_after`); or a `RelayReply::Refused` with
 //! the reason, on which the library keeps the connection on the relay's
 //! path. The queue is agreed over the link: the connecting side's relay
-//! sends `QUEUE_OFFER` (at most `queues::OFFER_QUEUES` of its free
-//! queues, reserved meanwhile, and its program's flow id), the accepting side's answers `QUEUE_ANSWER` once
+//! sends `QUEUE_OFFER` (a quarter of its free queues, at most
+//! `queues::OFFER_QUEUES`, reserved meanwhile, and its program's flow id), the accepting side's answers `QUEUE_ANSWER` once
 //! its program asked (`rendezvous`), after it made its own port.
 
 use crate::host::{neighbour, tcp_facts};

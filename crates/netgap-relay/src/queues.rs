@@ -2,8 +2,8 @@
 //! queues `1..count` (queue 0 is the relay's own port; `count` is the
 //! interface's receive queues, at most `MAX_QUEUES`), less those held by
 //! a granted connection and those an offer in flight named. An offer
-//! names at most [`OFFER_QUEUES`] of the free queues, the lowest, and
-//! reserves them until its answer settles it (the agreed queue held, the
+//! names a quarter of the free queues (at least one, at most
+//! [`OFFER_QUEUES`]), the lowest, and reserves them until its answer settles it (the agreed queue held, the
 //! others freed), so two offers in flight never get the same queue and
 //! offers made at the same moment each find queues while any are free. A
 //! uid holds at most its cap of queues, and never every queue of an
@@ -17,7 +17,9 @@ use thiserror::Error;
 /// to find one free at its end too (both ends' busy queues are mostly the
 /// same ones, those of the connections between the same two hosts), few
 /// enough that a busy client's offers made at once (a web client's, one
-/// per worker) each get their own while any queue is free.
+/// per worker) each get their own. An offer takes a quarter of the free
+/// queues, at most this many and at least one, so the fewer are free the
+/// more offers at once still find one.
 pub(crate) const OFFER_QUEUES: u32 = 4;
 
 /// Why no queue is taken.
@@ -84,11 +86,13 @@ impl Queues {
         free_queues(self.count, self.held.keys().copied()) & !reserved
     }
 
-    /// An offer of `uid`'s, as `token`: the lowest [`OFFER_QUEUES`] free
-    /// queues (or as many as are free), reserved until [`Queues::settle`].
+    /// An offer of `uid`'s, as `token`: the lowest free queues, a
+    /// quarter of them (at least one, at most [`OFFER_QUEUES`]), reserved
+    /// until [`Queues::settle`].
     pub(crate) fn offer(&mut self, token: u64, uid: u32) -> Result<u32, QueueError> {
         self.check_uid(uid)?;
-        let mask = lowest(self.free(), OFFER_QUEUES);
+        let free = self.free();
+        let mask = lowest(free, (free.count_ones() / 4).clamp(1, OFFER_QUEUES));
         if mask == 0 {
             return Err(QueueError::NoneFree(self.iface.clone()));
         }
@@ -165,34 +169,36 @@ mod tests {
 
     #[test]
     fn an_offer_reserves_its_queues_until_its_answer() {
-        let mut q = Queues::new("eth1", 5, 8);
+        let mut q = Queues::new("eth1", 32, 30);
         assert_eq!(q.offer(1, 10).unwrap(), 0b1_1110, "four queues at most");
-        assert!(matches!(q.offer(2, 11), Err(QueueError::NoneFree(_))));
-        q.settle(1, None).unwrap();
-        let mut q = Queues::new("eth1", 4, 8);
-        assert_eq!(q.offer(1, 10).unwrap(), 0b1110);
-        assert!(matches!(q.offer(2, 11), Err(QueueError::NoneFree(_))));
-        assert!(matches!(q.take(11, 0b1110), Err(QueueError::NoneFree(_))));
+        assert_eq!(q.take(11, 0b1_1110), Err(QueueError::NoneShared));
         q.settle(1, Some(2)).unwrap();
-        assert_eq!(q.free(), 0b1010);
-        assert_eq!(q.offer(2, 11).unwrap(), 0b1010);
+        assert_eq!(q.free() & 0b11_1111, 0b11_1010);
+        assert_eq!(q.offer(2, 11).unwrap(), 0b11_1010);
         assert_eq!(q.settle(2, Some(2)), Err(QueueError::NotOffered(2)));
-        assert_eq!(q.free(), 0b1010, "a refused answer frees the offer");
-        assert_eq!(q.offer(3, 11).unwrap(), 0b1010);
+        assert_eq!(q.free() & 0b11_1111, 0b11_1010, "a refused answer frees it");
+        assert_eq!(q.offer(3, 11).unwrap(), 0b11_1010);
         q.settle(3, None).unwrap();
-        assert_eq!(q.free(), 0b1010);
+        assert_eq!(q.free() & 0b11_1111, 0b11_1010);
     }
 
     #[test]
     fn offers_made_at_once_each_get_their_own_queues_while_any_are_free() {
+        let mut q = Queues::new("eth1", 4, 8);
+        assert_eq!(q.offer(1, 10).unwrap(), 0b0010, "a quarter, at least one");
+        assert_eq!(q.offer(2, 11).unwrap(), 0b0100);
+        assert_eq!(q.offer(3, 12).unwrap(), 0b1000);
+        assert!(matches!(q.offer(4, 13), Err(QueueError::NoneFree(_))));
+        q.settle(2, Some(2)).unwrap();
+        q.settle(1, None).unwrap();
+        q.settle(3, None).unwrap();
+        assert_eq!(q.free(), 0b1010);
+
         let mut q = Queues::new("eth1", 32, 30);
-        let mut masks: Vec<u32> = (0..7).map(|t| q.offer(t, 7).unwrap()).collect();
-        for (i, m) in masks.iter().enumerate() {
-            assert_eq!(m.count_ones(), 4, "offer {i}: {m:#b}");
-        }
-        masks.push(q.offer(7, 7).unwrap());
-        assert_eq!(masks[7], 0b111 << 29, "the last three");
-        assert!(matches!(q.offer(8, 7), Err(QueueError::NoneFree(_))));
+        let masks: Vec<u32> = (0..14).map(|t| q.offer(t, 7).unwrap()).collect();
+        let sizes: Vec<u32> = masks.iter().map(|m| m.count_ones()).collect();
+        assert_eq!(sizes, [4, 4, 4, 4, 3, 3, 2, 1, 1, 1, 1, 1, 1, 1]);
+        assert!(matches!(q.offer(14, 7), Err(QueueError::NoneFree(_))));
         for (i, m) in masks.iter().enumerate() {
             for other in &masks[i + 1..] {
                 assert_eq!(m & other, 0, "no queue in two offers");
@@ -202,7 +208,7 @@ mod tests {
         for (t, m) in masks.iter().enumerate() {
             q.settle(t as u64, Some(m.trailing_zeros() as u16)).unwrap();
         }
-        assert_eq!(q.offer(9, 7).unwrap().count_ones(), 4);
+        assert_eq!(q.offer(14, 8).unwrap().count_ones(), 4);
         assert_eq!(lowest(0b1011_0100, 2), 0b0001_0100);
         assert_eq!(lowest(0b100, 4), 0b100);
     }
