@@ -56,8 +56,10 @@ pub(crate) struct RelayArgs {
     #[arg(long)]
     pub no_direct: bool,
     /// Most direct connections' queues one user's programs may hold at
-    /// once (never every queue of the interface).
-    #[arg(long, default_value_t = 4)]
+    /// once (never every queue of the interface): half of a 32-queue
+    /// link's by default, so a web client's workers all go direct and
+    /// another user still finds queues.
+    #[arg(long, default_value_t = 16)]
     pub max_direct_per_uid: u32,
 }
 

@@ -31,8 +31,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-/// Queues of the xdp veth.
-const QUEUES: u32 = 4;
+/// Queues of the xdp veth: seven a direct connection may take, six of
+/// them one uid's.
+const QUEUES: u32 = 8;
 
 fn sh(args: &[&str]) -> bool {
     Command::new(args[0])
@@ -560,6 +561,29 @@ fn a_direct_connection_gets_one_queue_at_both_ends_freed_when_its_program_hangs_
     let (c, a) = both_sides(bed, [0x32; 32]);
     assert_eq!((c.1.queue, a.1.queue), (q, q), "{:?} {:?}", c.1, a.1);
     drop((c, a));
+
+    // Connections offered at the same moment each get a queue of their
+    // own (an offer reserved every free queue, and those offered
+    // meanwhile found none).
+    let four: Vec<(Side, Side)> = std::thread::scope(|s| {
+        let each: Vec<_> = (0..4u8)
+            .map(|i| s.spawn(move || both_sides(bed, [0x40 + i; 32])))
+            .collect();
+        each.into_iter()
+            .map(|h| h.join().expect("a connection offered at once"))
+            .collect()
+    });
+    let mut queues: Vec<u16> = four
+        .iter()
+        .map(|(c, a)| {
+            assert_eq!(c.1.queue, a.1.queue, "the queues agree");
+            c.1.queue
+        })
+        .collect();
+    queues.sort_unstable();
+    queues.dedup();
+    assert_eq!(queues.len(), 4, "a queue each: {queues:?}");
+    drop(four);
     drop((r1, r2));
 }
 
@@ -602,6 +626,61 @@ fn a_connect_past_its_users_cap_refuses_the_accepting_side_at_once() {
     );
     assert!(waited < Duration::from_millis(1500), "{waited:?}");
     drop(held);
+    drop((r1, r2));
+}
+
+/// A regression test: an accept its relay refused (here at the door, past
+/// `--max-per-uid`) left the connecting side's offer parked for its 3 s,
+/// and a granted direct connection held its slot in the connections per
+/// uid until its program hung up, so closes that linger refused the next
+/// connection (`relay: connection limit`, gmond's answers).
+#[test]
+fn a_refused_accept_refuses_the_connect_at_once_and_granted_ones_leave_the_connection_limit() {
+    let test =
+        "a_refused_accept_refuses_the_connect_at_once_and_granted_ones_leave_the_connection_limit";
+    let Some(setup) = Setup::up(test, "ngrdl", 97) else {
+        return;
+    };
+    let bed = &setup.bed;
+    let r1 = setup.relay(1, &[]);
+    let r2 = setup.relay(2, &["--max-per-uid", "1"]);
+    let first = both_sides(bed, [0x61; 32]);
+    let second = both_sides(bed, [0x62; 32]);
+    assert_ne!(first.0 .1.queue, second.0 .1.queue);
+    let log = r2.log();
+    let at = "listening for the other relay's flow at ";
+    let target = log
+        .lines()
+        .find_map(|l| l.split_once(at).map(|(_, t)| t.trim().to_string()))
+        .unwrap_or_else(|| panic!("the accepting relay's target:\n{log}"));
+
+    // A client that sends nothing holds the accepting user's one slot.
+    let hog = in_ns(&bed.ns(2), relay_socket).join().expect("the hog");
+    let (connector, accepted) = tcp_pair(bed);
+    let refused = in_ns(&bed.ns(2), move || {
+        let sock = ask([0x63; 32], DirectRole::Accept, accepted.as_raw_fd());
+        reply(&sock, Duration::from_secs(5))
+    })
+    .join()
+    .expect("the accepting side");
+    assert_eq!(refused, "refused: connection limit");
+    let (answer, waited) = in_ns(&bed.ns(1), move || {
+        let t0 = Instant::now();
+        let sock = ask(
+            [0x63; 32],
+            DirectRole::Connect { target },
+            connector.as_raw_fd(),
+        );
+        (reply(&sock, Duration::from_secs(10)), t0.elapsed())
+    })
+    .join()
+    .expect("the connecting side");
+    assert_eq!(
+        answer,
+        "refused: the other relay has no queue for the connection"
+    );
+    assert!(waited < Duration::from_millis(1500), "{waited:?}");
+    drop((hog, first, second));
     drop((r1, r2));
 }
 

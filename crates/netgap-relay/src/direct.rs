@@ -18,8 +18,8 @@
 //! `SCM_RIGHTS` (`handover::send_after`); or a `RelayReply::Refused` with
 //! the reason, on which the library keeps the connection on the relay's
 //! path. The queue is agreed over the link: the connecting side's relay
-//! sends `QUEUE_OFFER` (its free queues, reserved meanwhile, and its
-//! program's flow id), the accepting side's answers `QUEUE_ANSWER` once
+//! sends `QUEUE_OFFER` (a quarter of its free queues, at most
+//! `queues::OFFER_QUEUES`, reserved meanwhile, and its program's flow id), the accepting side's answers `QUEUE_ANSWER` once
 //! its program asked (`rendezvous`), after it made its own port.
 
 use crate::host::{neighbour, tcp_facts};
@@ -28,8 +28,9 @@ use crate::link::Link;
 use crate::open::{flow_config, Asker, OpenError};
 use crate::policy::{self, LinkId};
 use crate::queues::{QueueError, Queues};
-use crate::rendezvous::{AcceptStep, PendingError, Rendezvous, DIRECT_WAIT};
+use crate::rendezvous::{AcceptStep, Key, PendingError, Rendezvous, DIRECT_WAIT};
 use crate::request::reply;
+use crate::server::Slot;
 use crate::table::Role;
 use crate::{RelayConfig, TICK};
 use netgap_proto::dataproof::FlowKey;
@@ -150,18 +151,32 @@ impl Drop for HeldQueue {
 
 /// Serves one direct request, then holds its grant until the client
 /// hangs up.
+///
+/// `slot` is the client's place in the relay's connections per uid: it
+/// is given back once the grant is handed over, since from then on the
+/// relay keeps only a registration and a waiting thread, which the
+/// queues per uid bound; a program that closes its connection does not
+/// count it against its next one while the close lingers (the kernel's
+/// own closed sockets in `FIN_WAIT` or `TIME_WAIT` count against none of
+/// the program's limits either). The queue itself stays held until the
+/// program hangs up, since frames of the close may still come to it.
 pub(crate) fn serve(
     hub: &Arc<Hub>,
     req: DirectRequest,
     tcp: OwnedFd,
     client: &OwnedFd,
     asker: &Asker,
+    slot: Slot,
 ) {
     let fd = client.as_raw_fd();
     let granted = match &hub.direct {
         None => Err(DirectError::Off),
         Some(d) => match &req.role {
-            DirectRole::Accept => accept(hub, d, &req, &tcp, fd, asker),
+            DirectRole::Accept => accept(hub, d, &req, &tcp, fd, asker).inspect_err(|_| {
+                // The connecting side's offer, come or coming, is
+                // answered at once.
+                refuse_offer(d, req.key);
+            }),
             DirectRole::Connect { target } => connect(hub, d, &req, target, &tcp, asker),
         },
     };
@@ -179,6 +194,7 @@ pub(crate) fn serve(
         asker.say(hub, &format!("direct: refused: {}", DirectError::Hand(e)));
         return;
     }
+    drop(slot);
     asker.say(
         hub,
         &format!(
@@ -197,6 +213,16 @@ pub(crate) fn serve(
         asker.who,
         t0.elapsed().as_millis()
     );
+}
+
+/// The accepting program's request of `key` is refused here: an offer
+/// parked for it is answered `NoQueue` now, one still coming when it
+/// comes.
+pub(crate) fn refuse_offer(d: &DirectHub, key: Key) {
+    let parked = d.meet().refuse(key, Instant::now());
+    if let Some(p) = parked {
+        p.link.0.answer(p.offer.key, QueueAnswer::NoQueue);
+    }
 }
 
 /// Waits until the client hangs up; anything it sends meanwhile is read
@@ -439,35 +465,36 @@ fn connect(
         .map_err(OpenError::from)?;
     let link = link_to(hub, t, target, (tcp_local, tcp_peer), asker)?;
     let _hold = link.hold();
-    let token = d.next_token.fetch_add(1, Ordering::Relaxed);
-    let free_queues = match d.queues().offer(token, asker.uid) {
-        Ok(mask) => mask,
-        Err(e) => {
-            // The listener's side asked its relay too, and its relay
-            // waits for this end's offer: an offer of no queue refuses it
-            // at once, where it would wait out DIRECT_WAIT inside its
-            // program's call (a server's event loop with it).
-            let none = QueueOffer {
-                key: req.key,
-                free_queues: 0,
-                flow: 1,
-            };
-            link.push(Kind::QueueOffer, 0, &none.encode());
-            return Err(e.into());
-        }
+    // The listener's side asked its relay too, and its relay waits for
+    // this end's offer: on a refusal here, an offer of no queue refuses
+    // it at once, where it would wait out DIRECT_WAIT inside its
+    // program's call (a server's event loop with it).
+    let refused = |why: DirectError| {
+        let none = QueueOffer {
+            key: req.key,
+            free_queues: 0,
+            flow: 1,
+        };
+        link.push(Kind::QueueOffer, 0, &none.encode());
+        why
     };
+    let token = d.next_token.fetch_add(1, Ordering::Relaxed);
+    let free_queues = d
+        .queues()
+        .offer(token, asker.uid)
+        .map_err(|e| refused(e.into()))?;
     let settle = |agreed: Option<u16>| d.queues().settle(token, agreed);
     let flow = match random_flow() {
         Ok(f) => f,
         Err(e) => {
             let _ = settle(None);
-            return Err(DirectError::Random(e));
+            return Err(refused(DirectError::Random(e)));
         }
     };
     let (give, take) = mpsc::sync_channel(1);
     if let Err(e) = d.meet().ask(req.key, asker.uid, give, Instant::now()) {
         let _ = settle(None);
-        return Err(e.into());
+        return Err(refused(e.into()));
     }
     let offer = QueueOffer {
         key: req.key,

@@ -172,8 +172,11 @@ pub(crate) fn owner(fd: RawFd) -> Result<u32, SocketError> {
     Ok(st.st_uid)
 }
 
-/// Whether the TCP socket `fd` is an established connection (the
-/// first byte of `TCP_INFO` is the state).
+/// Whether the TCP socket `fd` is an established connection, or one
+/// whose peer closed its side only (`CLOSE_WAIT`: what the peer sent is
+/// still there to read, as a connector whose listener answered and closed
+/// before its direct request was refused still has the answer to fetch
+/// over the relays). The first byte of `TCP_INFO` is the state.
 pub(crate) fn established(fd: RawFd) -> bool {
     let mut info = [0u8; 8];
     let mut len = info.len() as libc::socklen_t;
@@ -188,11 +191,13 @@ pub(crate) fn established(fd: RawFd) -> bool {
             &mut len,
         )
     };
-    r == 0 && len >= 1 && info[0] == TCP_ESTABLISHED
+    r == 0 && len >= 1 && (info[0] == TCP_ESTABLISHED || info[0] == TCP_CLOSE_WAIT)
 }
 
 /// `TCP_ESTABLISHED` of the kernel's TCP states (`include/net/tcp_states.h`).
 pub(crate) const TCP_ESTABLISHED: u8 = 1;
+/// `TCP_CLOSE_WAIT` of the same.
+pub(crate) const TCP_CLOSE_WAIT: u8 = 8;
 
 /// What the relay's rules look at of a request's descriptors and of
 /// this host ([`policy::check_socket`] decides).

@@ -2,14 +2,25 @@
 //! queues `1..count` (queue 0 is the relay's own port; `count` is the
 //! interface's receive queues, at most `MAX_QUEUES`), less those held by
 //! a granted connection and those an offer in flight named. An offer
-//! reserves every queue it names until its answer settles it (the agreed
-//! queue held, the others freed), so two offers in flight never get the
-//! same queue. A uid holds at most its cap of queues, and never every
-//! queue of an interface that has two or more.
+//! names a quarter of the free queues (at least one, at most
+//! [`OFFER_QUEUES`]), the lowest, and reserves them until its answer settles it (the agreed queue held, the
+//! others freed), so two offers in flight never get the same queue and
+//! offers made at the same moment each find queues while any are free. A
+//! uid holds at most its cap of queues, and never every queue of an
+//! interface that has two or more.
 
 use netgap_proto::direct::{agree, free_queues, MAX_QUEUES};
 use std::collections::HashMap;
 use thiserror::Error;
+
+/// Most queues one offer names and reserves: enough for the other relay
+/// to find one free at its end too (both ends' busy queues are mostly the
+/// same ones, those of the connections between the same two hosts), few
+/// enough that a busy client's offers made at once (a web client's, one
+/// per worker) each get their own. An offer takes a quarter of the free
+/// queues, at most this many and at least one, so the fewer are free the
+/// more offers at once still find one.
+pub(crate) const OFFER_QUEUES: u32 = 4;
 
 /// Why no queue is taken.
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -75,11 +86,13 @@ impl Queues {
         free_queues(self.count, self.held.keys().copied()) & !reserved
     }
 
-    /// An offer of `uid`'s, as `token`: the free queues, reserved until
-    /// [`Queues::settle`].
+    /// An offer of `uid`'s, as `token`: the lowest free queues, a
+    /// quarter of them (at least one, at most [`OFFER_QUEUES`]), reserved
+    /// until [`Queues::settle`].
     pub(crate) fn offer(&mut self, token: u64, uid: u32) -> Result<u32, QueueError> {
         self.check_uid(uid)?;
-        let mask = self.free();
+        let free = self.free();
+        let mask = lowest(free, (free.count_ones() / 4).clamp(1, OFFER_QUEUES));
         if mask == 0 {
             return Err(QueueError::NoneFree(self.iface.clone()));
         }
@@ -122,6 +135,20 @@ impl Queues {
     }
 }
 
+/// The lowest `n` bits set in `mask`.
+fn lowest(mut mask: u32, n: u32) -> u32 {
+    let mut kept = 0;
+    for _ in 0..n {
+        if mask == 0 {
+            break;
+        }
+        let bit = mask & mask.wrapping_neg();
+        kept |= bit;
+        mask &= !bit;
+    }
+    kept
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
 mod tests {
@@ -142,18 +169,48 @@ mod tests {
 
     #[test]
     fn an_offer_reserves_its_queues_until_its_answer() {
-        let mut q = Queues::new("eth1", 4, 8);
-        assert_eq!(q.offer(1, 10).unwrap(), 0b1110);
-        assert!(matches!(q.offer(2, 11), Err(QueueError::NoneFree(_))));
-        assert!(matches!(q.take(11, 0b1110), Err(QueueError::NoneFree(_))));
+        let mut q = Queues::new("eth1", 32, 30);
+        assert_eq!(q.offer(1, 10).unwrap(), 0b1_1110, "four queues at most");
+        assert_eq!(q.take(11, 0b1_1110), Err(QueueError::NoneShared));
         q.settle(1, Some(2)).unwrap();
-        assert_eq!(q.free(), 0b1010);
-        assert_eq!(q.offer(2, 11).unwrap(), 0b1010);
+        assert_eq!(q.free() & 0b11_1111, 0b11_1010);
+        assert_eq!(q.offer(2, 11).unwrap(), 0b11_1010);
         assert_eq!(q.settle(2, Some(2)), Err(QueueError::NotOffered(2)));
-        assert_eq!(q.free(), 0b1010, "a refused answer frees the offer");
-        assert_eq!(q.offer(3, 11).unwrap(), 0b1010);
+        assert_eq!(q.free() & 0b11_1111, 0b11_1010, "a refused answer frees it");
+        assert_eq!(q.offer(3, 11).unwrap(), 0b11_1010);
+        q.settle(3, None).unwrap();
+        assert_eq!(q.free() & 0b11_1111, 0b11_1010);
+    }
+
+    #[test]
+    fn offers_made_at_once_each_get_their_own_queues_while_any_are_free() {
+        let mut q = Queues::new("eth1", 4, 8);
+        assert_eq!(q.offer(1, 10).unwrap(), 0b0010, "a quarter, at least one");
+        assert_eq!(q.offer(2, 11).unwrap(), 0b0100);
+        assert_eq!(q.offer(3, 12).unwrap(), 0b1000);
+        assert!(matches!(q.offer(4, 13), Err(QueueError::NoneFree(_))));
+        q.settle(2, Some(2)).unwrap();
+        q.settle(1, None).unwrap();
         q.settle(3, None).unwrap();
         assert_eq!(q.free(), 0b1010);
+
+        let mut q = Queues::new("eth1", 32, 30);
+        let masks: Vec<u32> = (0..14).map(|t| q.offer(t, 7).unwrap()).collect();
+        let sizes: Vec<u32> = masks.iter().map(|m| m.count_ones()).collect();
+        assert_eq!(sizes, [4, 4, 4, 4, 3, 3, 2, 1, 1, 1, 1, 1, 1, 1]);
+        assert!(matches!(q.offer(14, 7), Err(QueueError::NoneFree(_))));
+        for (i, m) in masks.iter().enumerate() {
+            for other in &masks[i + 1..] {
+                assert_eq!(m & other, 0, "no queue in two offers");
+            }
+        }
+        // Each answer holds one queue and frees the others for the next.
+        for (t, m) in masks.iter().enumerate() {
+            q.settle(t as u64, Some(m.trailing_zeros() as u16)).unwrap();
+        }
+        assert_eq!(q.offer(14, 8).unwrap().count_ones(), 4);
+        assert_eq!(lowest(0b1011_0100, 2), 0b0001_0100);
+        assert_eq!(lowest(0b100, 4), 0b100);
     }
 
     #[test]

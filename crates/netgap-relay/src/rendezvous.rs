@@ -8,9 +8,14 @@
 //! thread gives up after [`DIRECT_WAIT`] ([`Rendezvous::withdraw`]) and
 //! refuses its program; a parked offer (no thread waits for it) past
 //! [`DIRECT_WAIT`] is handed back by [`Rendezvous::expired`] for a
-//! `NoQueue` answer. Requests are capped per uid and in all, parked offers
-//! in all ([`MAX_PARKED_OFFERS`]), so neither a program nor the other
-//! relay can grow the table.
+//! `NoQueue` answer. An `Accept` this relay refused (its caps, its
+//! socket, its wait ran out) leaves its key behind for [`DIRECT_WAIT`]
+//! ([`Rendezvous::refuse`]), so that the offer coming after it is
+//! answered `NoQueue` at once and the connecting side falls back to the
+//! relays while its connection is still there, not after its own wait.
+//! Requests are capped per uid and in all, parked offers in all
+//! ([`MAX_PARKED_OFFERS`]), refused keys in all ([`MAX_REFUSED_KEYS`]),
+//! so neither a program nor the other relay can grow the table.
 
 use netgap_proto::preload::RELAY_KEY_BYTES;
 use std::collections::HashMap;
@@ -23,6 +28,10 @@ pub(crate) const DIRECT_WAIT: Duration = Duration::from_secs(3);
 /// Most offers of the other relays parked at once, waiting for their
 /// program's `Accept`.
 pub(crate) const MAX_PARKED_OFFERS: usize = 64;
+
+/// Most keys of refused `Accept`s remembered at once; past it the oldest
+/// is forgotten (its offer then waits out [`DIRECT_WAIT`] as before).
+pub(crate) const MAX_REFUSED_KEYS: usize = 256;
 
 /// A connection's key.
 pub(crate) type Key = [u8; RELAY_KEY_BYTES];
@@ -42,6 +51,9 @@ pub(crate) enum PendingError {
     /// Something waits with the same key on the same side.
     #[error("a direct request with the same key waits already")]
     KeyTaken,
+    /// This relay refused the connection's `Accept` already.
+    #[error("this relay refused the connection's own direct request")]
+    RefusedHere,
 }
 
 /// What waits under a key.
@@ -86,6 +98,8 @@ pub(crate) enum OfferStep<W, O> {
 /// parked offer.
 pub(crate) struct Rendezvous<W, O> {
     waiting: HashMap<Key, Entry<W, O>>,
+    /// Keys of `Accept`s refused, oldest first, with when.
+    refused: std::collections::VecDeque<(Key, Instant)>,
     per_uid: HashMap<u32, u32>,
     requests: u32,
     offers: usize,
@@ -99,6 +113,7 @@ impl<W, O> Rendezvous<W, O> {
     pub(crate) fn new(max_per_uid: u32, max_total: u32) -> Rendezvous<W, O> {
         Rendezvous {
             waiting: HashMap::new(),
+            refused: std::collections::VecDeque::new(),
             per_uid: HashMap::new(),
             requests: 0,
             offers: 0,
@@ -208,6 +223,11 @@ impl<W, O> Rendezvous<W, O> {
         if self.waiting.contains_key(&key) {
             return OfferStep::Refused(offer, PendingError::KeyTaken);
         }
+        self.forget_refused(now);
+        if let Some(i) = self.refused.iter().position(|(k, _)| *k == key) {
+            self.refused.remove(i);
+            return OfferStep::Refused(offer, PendingError::RefusedHere);
+        }
         if self.offers >= MAX_PARKED_OFFERS {
             return OfferStep::Refused(offer, PendingError::Offers);
         }
@@ -237,6 +257,39 @@ impl<W, O> Rendezvous<W, O> {
         waits && self.remove(key).is_some()
     }
 
+    /// This relay refused the `Accept` of `key` (after
+    /// [`Rendezvous::withdraw`] if it waited): an offer for it coming
+    /// within [`DIRECT_WAIT`] is refused at once. An offer parked under
+    /// the key is taken out and handed back, to be answered `NoQueue`.
+    pub(crate) fn refuse(&mut self, key: Key, now: Instant) -> Option<O> {
+        if matches!(self.waiting.get(&key), Some(e) if matches!(e.what, What::Offer(_))) {
+            if let Some(Entry {
+                what: What::Offer(o),
+                ..
+            }) = self.remove(&key)
+            {
+                return Some(o);
+            }
+        }
+        if self.waiting.contains_key(&key) {
+            // Another request of the same key waits: its offer is its own.
+            return None;
+        }
+        self.forget_refused(now);
+        if self.refused.len() >= MAX_REFUSED_KEYS {
+            self.refused.pop_front();
+        }
+        self.refused.push_back((key, now));
+        None
+    }
+
+    fn forget_refused(&mut self, now: Instant) {
+        while matches!(self.refused.front(), Some((_, t)) if now.saturating_duration_since(*t) >= DIRECT_WAIT)
+        {
+            self.refused.pop_front();
+        }
+    }
+
     /// The parked offers older than [`DIRECT_WAIT`], taken out, to be
     /// answered `NoQueue`.
     pub(crate) fn expired(&mut self, now: Instant) -> Vec<O> {
@@ -255,6 +308,12 @@ impl<W, O> Rendezvous<W, O> {
                 _ => None,
             })
             .collect()
+    }
+
+    /// Keys of refused `Accept`s remembered.
+    #[cfg(test)]
+    pub(crate) fn refused_keys(&self) -> usize {
+        self.refused.len()
     }
 
     /// Requests waiting, offers parked.
@@ -328,6 +387,35 @@ mod tests {
         ));
         assert_eq!(t.expired(later), vec![2]);
         assert_eq!(t.accept(B, 7, "late", later), Ok(AcceptStep::Parked));
+    }
+
+    #[test]
+    fn an_offer_for_a_refused_accept_is_refused_at_once_within_the_wait() {
+        let t0 = Instant::now();
+        let mut t = table();
+        assert_eq!(t.refuse(A, t0), None);
+        assert_eq!(
+            t.offer(A, 1, t0 + DIRECT_WAIT / 2),
+            OfferStep::Refused(1, PendingError::RefusedHere)
+        );
+        assert_eq!(t.offer(A, 2, t0), OfferStep::Parked, "refused once only");
+        assert_eq!(t.refuse(A, t0), Some(2), "a parked offer comes back");
+        assert_eq!(t.counts(), (0, 0));
+        t.refuse(B, t0);
+        assert_eq!(
+            t.offer(B, 3, t0 + DIRECT_WAIT),
+            OfferStep::Parked,
+            "forgotten"
+        );
+        for i in 0..MAX_REFUSED_KEYS + 5 {
+            let mut k = [0xb0; RELAY_KEY_BYTES];
+            k[..8].copy_from_slice(&(i as u64).to_le_bytes());
+            t.refuse(k, t0);
+        }
+        assert_eq!(t.refused_keys(), MAX_REFUSED_KEYS);
+        t.accept(A, 7, "waits", t0).unwrap();
+        assert_eq!(t.refuse(A, t0), None, "another accept's key is kept");
+        assert_eq!(t.offer(A, 4, t0), OfferStep::Matched("waits", 4));
     }
 
     #[test]

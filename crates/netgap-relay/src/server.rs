@@ -15,6 +15,7 @@ use crate::open::{before, connect, listen, Asker, OpenError};
 use crate::request::{direct_fd, read_request, reply, with_fds, Asked, RequestError};
 use crate::table::LinkTable;
 use crate::{RelayConfig, RelayError};
+use netgap_proto::direct::DirectRole;
 use netgap_proto::preload::{RelayReply, RelayRequest};
 use std::collections::HashMap;
 use std::io;
@@ -178,7 +179,7 @@ pub(crate) fn run(config: RelayConfig) -> Result<(), RelayError> {
     });
     crate::direct::spawn_sweeper(&hub);
     let mut rate = RequestRate::new(config.max_requests_per_uid);
-    let refuser = Refuser::spawn();
+    let refuser = Refuser::spawn(Arc::clone(&hub));
     loop {
         // SAFETY: accept on our listening socket; the result is checked
         // and owned at once.
@@ -262,15 +263,23 @@ pub(crate) struct Refuser {
 }
 
 impl Refuser {
-    pub(crate) fn spawn() -> Refuser {
+    /// The refusing thread; an accepting program's direct request it
+    /// refuses is refused on `hub`'s rendezvous too, so that the
+    /// connecting side's offer is answered at once.
+    pub(crate) fn spawn(hub: Arc<Hub>) -> Refuser {
         let (tx, rx) = mpsc::sync_channel::<(OwnedFd, String)>(REFUSALS_QUEUED);
         let spawned = std::thread::Builder::new()
             .name("relay-refuse".into())
             .spawn(move || {
                 for (client, why) in rx {
                     // Whatever came (or nothing in time), the reply
-                    // follows; the request is not looked at.
-                    let _ = read_request(client.as_raw_fd(), REFUSE_WAIT);
+                    // follows; only a direct accept's key is looked at.
+                    let asked = read_request(client.as_raw_fd(), REFUSE_WAIT);
+                    if let (Ok(Some((Asked::Direct(req), _))), Some(d)) = (&asked, &hub.direct) {
+                        if req.role == DirectRole::Accept {
+                            crate::direct::refuse_offer(d, req.key);
+                        }
+                    }
                     reply(client.as_raw_fd(), &RelayReply::Refused(why));
                 }
             });
@@ -342,10 +351,9 @@ pub(crate) fn serve(hub: &Arc<Hub>, client: OwnedFd, cred: Cred, slot: Slot) {
     let first = match first {
         (Asked::Direct(d), fds) => {
             match direct_fd(fds) {
-                Ok(tcp) => crate::direct::serve(hub, d, tcp, &client, &asker),
+                Ok(tcp) => crate::direct::serve(hub, d, tcp, &client, &asker, slot),
                 Err(why) => refuse(&why),
             }
-            drop(slot);
             return;
         }
         (Asked::Relay(r), fds) => (r, fds),
