@@ -611,8 +611,6 @@ fn an_edge_triggered_server_sees_a_request_that_arrived_before_its_wait() {
 /// finished in the background.
 #[test]
 fn a_program_quiet_past_the_silence_limit_keeps_its_peer_and_a_close_returns_at_once() {
-    // Also: a connection past its user's cap of queues falls back to the
-    // relays at once at both ends while the quiet one holds the queue.
     let test = "a_program_quiet_past_the_silence_limit_keeps_its_peer_and_a_close_returns_at_once";
     if !system_ready(test) || !common::installed(test, &[("/usr/bin/cc", "gcc")]) {
         return;
@@ -621,67 +619,17 @@ fn a_program_quiet_past_the_silence_limit_keeps_its_peer_and_a_close_returns_at_
     let exe = common::build_c(dir.path(), "direct", include_str!("preload_direct.c"), "cc");
     let (tb, _) = Testbed::up("pdirquiet", &["--hosts", "2", "--links", "2"]);
     let key = common::new_key_file(dir.path(), "relay.key");
-    // The server's user may hold one queue: the quiet connection's.
-    let relays = relays(&tb, &key, dir.path(), &["--max-direct-per-uid", "1"]);
-    let past = dir.path().join("past");
-    std::fs::create_dir(&past).expect("a log directory");
-    let (ends, past_ends) = std::thread::scope(|s| {
-        let quiet = s.spawn(|| {
-            pair(
-                &tb,
-                &exe,
-                dir.path(),
-                "7707",
-                ["quietserver", "quietclient"],
-                "0",
-                "65536",
-            )
-        });
-        let server_log = dir.path().join("library-server.log");
-        let t0 = std::time::Instant::now();
-        while !std::fs::read_to_string(&server_log)
-            .unwrap_or_default()
-            .contains("moved to direct")
-        {
-            assert!(
-                t0.elapsed().as_secs() < 10,
-                "the quiet connection is not direct"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
-        // While the quiet connection holds the server's queue, a second
-        // connection is past its user's cap: both ends fall back to the
-        // relays at once, every byte checked.
-        let past_ends = pair_on(
-            &tb,
-            &exe,
-            &past,
-            "7711",
-            ["epollserver", "client"],
-            ("200", "65536"),
-            [1, 0],
-        );
-        (quiet.join().expect("the quiet pair"), past_ends)
-    });
-    let relay_logs = all_logs(&relays);
-    check_ok(&past_ends, &relay_logs);
-    let [(past_out, past_server), (_, past_client)] = &past_ends;
-    common::assert_relayed_at_both_ends(&format!("{past_server}{past_client}"));
-    for log in [past_server, past_client] {
-        assert!(!log.contains("moved to direct"), "{log}");
-        assert_eq!(log.matches(": relay: ").count(), 1, "{log}");
-    }
-    let first_peek_ms: u64 = past_out
-        .stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("first_peek_ms "))
-        .and_then(|l| l.split_whitespace().next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no first peek in {}", past_out.stdout));
-    assert!(
-        first_peek_ms < 1000,
-        "the first peek waited {first_peek_ms} ms"
+    let relays = relays(&tb, &key, dir.path(), &[]);
+    let ends = pair(
+        &tb,
+        &exe,
+        dir.path(),
+        "7707",
+        ["quietserver", "quietclient"],
+        "0",
+        "65536",
     );
+    let relay_logs = all_logs(&relays);
     check_ok(&ends, &relay_logs);
     let [(_, server), (client_out, client)] = &ends;
     assert!(
