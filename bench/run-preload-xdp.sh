@@ -26,6 +26,7 @@
 #        ROUNDS=3 PROFILE=release LATENCY=1 bench/run-preload-xdp.sh
 #        WEB=0 RUNS="tcp epoll,direct epoll" PINGPONGS="xdp event" bench/run-preload-xdp.sh
 #        (the latency rows alone, of sockperf's runs and netgap's only those named)
+#        NETGAP_PRELOAD=/path/libnetgap_preload.so ...   (another build of the library)
 # Needs root, nginx, libxdp-dev and libbpf-dev (the xdp feature).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -38,7 +39,7 @@ if [ "$profile" = release ]; then
 else
     nice cargo build --quiet --features xdp -p netgap-preload -p netgap
 fi
-export NETGAP_PRELOAD=$PWD/target/$profile/libnetgap_preload.so
+export NETGAP_PRELOAD=${NETGAP_PRELOAD:-$PWD/target/$profile/libnetgap_preload.so}
 netgap=$PWD/target/$profile/netgap
 tb=pxbench
 dir=$(mktemp -d)
