@@ -494,14 +494,16 @@ impl Direct {
             }
             sleep = sleep.min(d - now);
         }
-        let mut p = libc::pollfd {
-            fd: self.link.wait_fd(),
+        // The socket and the thread's eventfd themselves, not their epoll
+        // (`wait_fd`): an arrival wakes this poll directly.
+        let mut p = self.link.wait_fds().map(|fd| libc::pollfd {
+            fd,
             events: libc::POLLIN,
             revents: 0,
-        };
+        });
         self.link.waiting(true);
-        // SAFETY: one valid pollfd.
-        unsafe { real::poll()(&mut p, 1, ceil_ms(sleep)) };
+        // SAFETY: two valid pollfds.
+        unsafe { real::poll()(p.as_mut_ptr(), 2, ceil_ms(sleep)) };
         self.link.waiting(false);
         Ok(())
     }
