@@ -24,6 +24,9 @@
 #
 # usage: sudo bench/run-preload-xdp.sh [SECONDS] [CONNECTIONS]   (default 3 s, 4)
 #        ROUNDS=3 PROFILE=release LATENCY=1 bench/run-preload-xdp.sh
+#        WEB=0 RUNS="tcp epoll,direct epoll" PINGPONGS="xdp event" bench/run-preload-xdp.sh
+#        (the latency rows alone, of sockperf's runs and netgap's only those named)
+#        NETGAP_PRELOAD=/path/libnetgap_preload.so ...   (another build of the library)
 # Needs root, nginx, libxdp-dev and libbpf-dev (the xdp feature).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,7 +39,7 @@ if [ "$profile" = release ]; then
 else
     nice cargo build --quiet --features xdp -p netgap-preload -p netgap
 fi
-export NETGAP_PRELOAD=$PWD/target/$profile/libnetgap_preload.so
+export NETGAP_PRELOAD=${NETGAP_PRELOAD:-$PWD/target/$profile/libnetgap_preload.so}
 netgap=$PWD/target/$profile/netgap
 tb=pxbench
 dir=$(mktemp -d)
@@ -59,6 +62,7 @@ print(f'{r["value"]:.0f} {cpu.get("server", 0) / n / 1e3:.2f} {cpu.get("client",
 PY
 }
 
+web() {
 printf '%-6s %-5s %-5s %12s %16s %16s %8s %6s\n' round file stack "trans/s" "server us/trans" "client us/trans" relayed errors
 : >"$dir/all.txt"
 for r in $(seq "$rounds"); do
@@ -94,6 +98,8 @@ awk '{ t[$1, $2] = $3; s[$1, $2] = $4; c[$1, $2] = $5 }
                printf "%s: xdp / tcp transactions %.2fx, server CPU per transaction %.2fx, client %.2fx\n",
                    f, t[f, "xdp"] / t[f, "tcp"], s[f, "xdp"] / s[f, "tcp"], c[f, "xdp"] / c[f, "tcp"] } }' "$dir/med.txt"
 echo "load average: $(cut -d' ' -f1-3 /proc/loadavg); machine: $(nproc) CPUs, $(uname -r)"
+}
+[ "${WEB:-1}" = 1 ] && web
 
 [ "${LATENCY:-1}" = 1 ] || exit 0
 if ! command -v sockperf >/dev/null; then
@@ -159,9 +165,14 @@ netgap_pp() {
 echo
 echo "a 14-byte request and response across the hosts, one-way µs (sockperf mean; netgap's event and poll mode):"
 runs=("tcp epoll" "direct epoll" "direct poll" "relay epoll" "relay poll" "relay select")
+if [ -n "${RUNS:-}" ]; then IFS=, read -r -a runs <<<"$RUNS"; fi
 printf '%-6s' round
 for run in "${runs[@]}"; do printf ' %13s' "$run"; done
-printf ' %13s %13s %13s\n' "netgap xdp ev" "netgap xdp pl" "netgap tcp ev"
+# netgap's own runs, each "STACK MODE"; PINGPONGS overrides them.
+pps=("xdp event" "xdp poll" "tcp event")
+if [ -n "${PINGPONGS:-}" ]; then IFS=, read -r -a pps <<<"$PINGPONGS"; fi
+for pp in "${pps[@]}"; do printf ' %13s' "netgap $pp"; done
+printf '\n'
 for r in $(seq "$rounds"); do
     row=()
     for run in "${runs[@]}"; do
@@ -170,7 +181,11 @@ for r in $(seq "$rounds"); do
         row+=("$(sockperf_pp $run "$port")")
     done
     printf '%-6s' "$r"
-    printf ' %13s' "${row[@]}" "$(netgap_pp xdp event)" "$(netgap_pp xdp poll)" "$(netgap_pp tcp event)"
+    for pp in "${pps[@]}"; do
+        # shellcheck disable=SC2086 # stack and mode, two words
+        row+=("$(netgap_pp $pp)")
+    done
+    printf ' %13s' "${row[@]}"
     printf '\n'
 done
 stop_relays

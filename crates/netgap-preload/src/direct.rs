@@ -80,6 +80,36 @@ const AHEAD_BYTES: usize = 64 << 10;
 /// the program's own reader.
 const IDLE_SLEEP: Duration = Duration::from_millis(200);
 
+/// This process's id, kept: every call on a direct connection asks
+/// whether this process drives it, and `getpid` is a system call (glibc
+/// keeps no copy), several per round trip. 0 until first asked; a child
+/// after `fork` sets its own in the fork handler [`pid`] registers (the
+/// library's connections already count on `fork`'s handlers running, see
+/// `before_fork`).
+static PID: AtomicU32 = AtomicU32::new(0);
+
+/// This process's id ([`PID`]).
+fn pid() -> u32 {
+    let p = PID.load(Ordering::Relaxed);
+    if p != 0 {
+        return p;
+    }
+    static FORK_HANDLER: std::sync::Once = std::sync::Once::new();
+    FORK_HANDLER.call_once(|| {
+        // SAFETY: registers a plain extern "C" function that only stores
+        // the child's id.
+        unsafe { libc::pthread_atfork(None, None, Some(forked)) };
+    });
+    let p = std::process::id();
+    PID.store(p, Ordering::Relaxed);
+    p
+}
+
+/// In a child after `fork`: its own id, before any of its calls.
+extern "C" fn forked() {
+    PID.store(std::process::id(), Ordering::Relaxed);
+}
+
 /// Why a connection did not get a direct path (it goes on the relay's).
 #[derive(Debug, Error)]
 pub(crate) enum SetupError {
@@ -240,7 +270,7 @@ fn open_granted(asked: Asked) -> Result<Direct, SetupError> {
         marker,
         queue: grant.queue,
         nonblocking: AtomicBool::new(false),
-        opener: std::process::id(),
+        opener: pid(),
         ahead: Mutex::new(Vec::new()),
         failed_told: AtomicBool::new(false),
         rd_shut: AtomicBool::new(false),
@@ -406,7 +436,7 @@ impl Direct {
     /// Whether this process drives the connection (see the module's
     /// notes on fork); says why not once.
     fn mine(&self, fd: c_int) -> Result<(), Errno> {
-        if std::process::id() == self.opener {
+        if pid() == self.opener {
             return Ok(());
         }
         if !self.foreign_told.swap(true, Ordering::Relaxed) {
@@ -437,37 +467,14 @@ impl Direct {
         }
     }
 
-    /// When a blocking call on `fd` gives up: its `opt` timeout
-    /// (`SO_RCVTIMEO`, `SO_SNDTIMEO`) from now, or never.
-    fn deadline(fd: c_int, opt: c_int) -> Option<Instant> {
-        let mut tv = libc::timeval {
-            tv_sec: 0,
-            tv_usec: 0,
-        };
-        let mut len = std::mem::size_of::<libc::timeval>() as libc::socklen_t;
-        // SAFETY: `tv` is valid for writes of `len` bytes.
-        let r = unsafe {
-            real::getsockopt()(
-                fd,
-                libc::SOL_SOCKET,
-                opt,
-                std::ptr::from_mut(&mut tv).cast(),
-                &mut len,
-            )
-        };
-        (r == 0 && (tv.tv_sec > 0 || tv.tv_usec > 0)).then(|| {
-            Instant::now()
-                + Duration::new(tv.tv_sec.max(0) as u64, (tv.tv_usec.max(0) as u32) * 1000)
-        })
-    }
-
     /// Sleeps until the connection may be `reading`-ready (or writable),
-    /// its next timer is due, or `deadline` passed (`EAGAIN`). No spin
+    /// its next timer is due, or `deadline` passed (`EAGAIN`); the
+    /// deadline is read only when there is a sleep to bound. No spin
     /// first, unlike a shm connection's read: a look at a direct
     /// connection is a pump, system calls on its socket, and a 1-byte
     /// ping-pong across two testbed hosts took 92 µs a round trip with a
     /// 30 µs spin against 28 µs sleeping at once.
-    fn wait(&self, reading: bool, deadline: Option<Instant>) -> Result<(), Errno> {
+    fn wait(&self, reading: bool, deadline: &mut Deadline) -> Result<(), Errno> {
         self.link.take_signal();
         let r = self.link.conn.readiness();
         let ready = if reading { r.readable } else { r.writable };
@@ -481,20 +488,22 @@ impl Direct {
             .next_timer()
             .unwrap_or(IDLE_SLEEP)
             .min(IDLE_SLEEP);
-        if let Some(d) = deadline {
+        if let Some(d) = deadline.at() {
             if now >= d {
                 return Err(libc::EAGAIN);
             }
             sleep = sleep.min(d - now);
         }
-        let mut p = libc::pollfd {
-            fd: self.link.wait_fd(),
+        // The socket and the thread's eventfd themselves, not their epoll
+        // (`wait_fd`): an arrival wakes this poll directly.
+        let mut p = self.link.wait_fds().map(|fd| libc::pollfd {
+            fd,
             events: libc::POLLIN,
             revents: 0,
-        };
+        });
         self.link.waiting(true);
-        // SAFETY: one valid pollfd.
-        unsafe { real::poll()(&mut p, 1, ceil_ms(sleep)) };
+        // SAFETY: two valid pollfds.
+        unsafe { real::poll()(p.as_mut_ptr(), 2, ceil_ms(sleep)) };
         self.link.waiting(false);
         Ok(())
     }
@@ -520,7 +529,7 @@ impl Direct {
         let peek = flags & libc::MSG_PEEK != 0;
         let dontwait = flags & libc::MSG_DONTWAIT != 0 || self.nonblocking();
         let waitall = flags & libc::MSG_WAITALL != 0 && !peek && !dontwait;
-        let deadline = Self::deadline(fd, libc::SO_RCVTIMEO);
+        let mut deadline = Deadline::of(fd, libc::SO_RCVTIMEO);
         let mut got = 0usize;
         loop {
             let r = {
@@ -573,7 +582,7 @@ impl Direct {
                     return if got > 0 { Ok(got) } else { Err(libc::EAGAIN) };
                 }
                 Err(DirectError::WouldBlock) => {
-                    if let Err(e) = self.wait(true, deadline) {
+                    if let Err(e) = self.wait(true, &mut deadline) {
                         return if got > 0 { Ok(got) } else { Err(e) };
                     }
                 }
@@ -598,7 +607,7 @@ impl Direct {
         self.mine(fd)?;
         self.link.called();
         let dontwait = flags & libc::MSG_DONTWAIT != 0 || self.nonblocking();
-        let deadline = Self::deadline(fd, libc::SO_SNDTIMEO);
+        let mut deadline = Deadline::of(fd, libc::SO_SNDTIMEO);
         let mut sent = 0usize;
         for v in iov {
             // SAFETY: the program's buffer, valid for reads of its length
@@ -620,7 +629,7 @@ impl Direct {
                         };
                     }
                     Err(DirectError::WouldBlock) => {
-                        if let Err(e) = self.wait(false, deadline) {
+                        if let Err(e) = self.wait(false, &mut deadline) {
                             return if sent > 0 { Ok(sent) } else { Err(e) };
                         }
                     }
@@ -641,7 +650,7 @@ impl Direct {
         while at < bytes.len() {
             match self.link.conn.try_send(&bytes[at..]) {
                 Ok(n) => at += n,
-                Err(DirectError::WouldBlock) => self.wait(false, None)?,
+                Err(DirectError::WouldBlock) => self.wait(false, &mut Deadline::never())?,
                 Err(e) => return self.errno_of(&e, false).map(|_| ()),
             }
         }
@@ -667,7 +676,7 @@ impl Direct {
 
     /// The poll(2) events the connection has of `events`, after one pump.
     pub(crate) fn poll_events(&self, events: i16) -> i16 {
-        if std::process::id() != self.opener {
+        if pid() != self.opener {
             return libc::POLLERR;
         }
         self.link.called();
@@ -759,7 +768,7 @@ impl Direct {
         if how == libc::SHUT_RD || how == libc::SHUT_RDWR {
             self.rd_shut.store(true, Ordering::Relaxed);
         }
-        if (how == libc::SHUT_WR || how == libc::SHUT_RDWR) && std::process::id() == self.opener {
+        if (how == libc::SHUT_WR || how == libc::SHUT_RDWR) && pid() == self.opener {
             let _ = self.link.conn.shutdown_write();
         }
     }
@@ -777,7 +786,7 @@ impl Direct {
     /// the connection the counts are not read: its engine's lock may have
     /// been held by the opener's progress thread at the fork.
     pub(crate) fn log_close(&self, fd: c_int) {
-        if std::process::id() != self.opener {
+        if pid() != self.opener {
             log_line!(
                 "fd {fd}: direct connection on queue {} closed in a process that does not drive it",
                 self.queue
@@ -797,12 +806,65 @@ impl Direct {
     }
 }
 
+/// When a blocking call gives up: its descriptor's `SO_RCVTIMEO` or
+/// `SO_SNDTIMEO` from its first sleep, or never. Read at that sleep, not
+/// per call: `getsockopt` is a system call, and a call that finds its
+/// bytes (a ping-pong's every read and write) never sleeps.
+struct Deadline {
+    fd: c_int,
+    opt: c_int,
+    /// `None` until read; then the deadline, or `Some(None)`: never.
+    at: Option<Option<Instant>>,
+}
+
+impl Deadline {
+    /// A call that waits as long as it takes.
+    fn never() -> Deadline {
+        Deadline {
+            fd: -1,
+            opt: 0,
+            at: Some(None),
+        }
+    }
+
+    /// The deadline of a call on `fd` bounded by its option `opt`.
+    fn of(fd: c_int, opt: c_int) -> Deadline {
+        Deadline { fd, opt, at: None }
+    }
+
+    /// The deadline, read now if not yet.
+    fn at(&mut self) -> Option<Instant> {
+        let (fd, opt) = (self.fd, self.opt);
+        *self.at.get_or_insert_with(|| {
+            let mut tv = libc::timeval {
+                tv_sec: 0,
+                tv_usec: 0,
+            };
+            let mut len = std::mem::size_of::<libc::timeval>() as libc::socklen_t;
+            // SAFETY: `tv` is valid for writes of `len` bytes.
+            let r = unsafe {
+                real::getsockopt()(
+                    fd,
+                    libc::SOL_SOCKET,
+                    opt,
+                    std::ptr::from_mut(&mut tv).cast(),
+                    &mut len,
+                )
+            };
+            (r == 0 && (tv.tv_sec > 0 || tv.tv_usec > 0)).then(|| {
+                Instant::now()
+                    + Duration::new(tv.tv_sec.max(0) as u64, (tv.tv_usec.max(0) as u32) * 1000)
+            })
+        })
+    }
+}
+
 impl Drop for Direct {
     /// The program's last descriptor of the connection closed: in the
     /// process that drives it, its close goes on in the progress thread;
     /// in any other, nothing is sent.
     fn drop(&mut self) {
-        if std::process::id() == self.opener {
+        if pid() == self.opener {
             crate::progress::close(self.link.clone());
         }
     }

@@ -129,6 +129,13 @@ impl Link {
         self.waitset.as_raw_fd()
     }
 
+    /// What [`Link::wait_fd`] gathers, for a wait that watches them
+    /// itself: the connection's socket and the thread's eventfd. A poll
+    /// of both wakes a level sooner than a poll of the epoll of both.
+    pub(crate) fn wait_fds(&self) -> [c_int; 2] {
+        [self.conn.wait_fd().as_raw_fd(), self.wake.as_raw_fd()]
+    }
+
     /// A program call is about to pump the connection: the thread leaves
     /// it alone for [`QUIET`].
     pub(crate) fn called(&self) {
