@@ -836,25 +836,7 @@ impl Deadline {
     fn at(&mut self) -> Option<Instant> {
         let (fd, opt) = (self.fd, self.opt);
         *self.at.get_or_insert_with(|| {
-            let mut tv = libc::timeval {
-                tv_sec: 0,
-                tv_usec: 0,
-            };
-            let mut len = std::mem::size_of::<libc::timeval>() as libc::socklen_t;
-            // SAFETY: `tv` is valid for writes of `len` bytes.
-            let r = unsafe {
-                real::getsockopt()(
-                    fd,
-                    libc::SOL_SOCKET,
-                    opt,
-                    std::ptr::from_mut(&mut tv).cast(),
-                    &mut len,
-                )
-            };
-            (r == 0 && (tv.tv_sec > 0 || tv.tv_usec > 0)).then(|| {
-                Instant::now()
-                    + Duration::new(tv.tv_sec.max(0) as u64, (tv.tv_usec.max(0) as u32) * 1000)
-            })
+            crate::exchange::socket_timeout(fd, opt).map(|t| Instant::now() + t)
         })
     }
 }

@@ -50,6 +50,28 @@ pub(crate) fn send_all(fd: c_int, buf: &[u8]) -> Result<(), Errno> {
     Ok(())
 }
 
+/// The socket `fd`'s timeout option `opt` (`SO_RCVTIMEO` or
+/// `SO_SNDTIMEO`), None when it has none (or cannot say).
+pub(crate) fn socket_timeout(fd: c_int, opt: c_int) -> Option<Duration> {
+    let mut tv = libc::timeval {
+        tv_sec: 0,
+        tv_usec: 0,
+    };
+    let mut len = std::mem::size_of::<libc::timeval>() as libc::socklen_t;
+    // SAFETY: `tv` is valid for writes of `len` bytes.
+    let r = unsafe {
+        real::getsockopt()(
+            fd,
+            libc::SOL_SOCKET,
+            opt,
+            std::ptr::from_mut(&mut tv).cast(),
+            &mut len,
+        )
+    };
+    (r == 0 && (tv.tv_sec > 0 || tv.tv_usec > 0))
+        .then(|| Duration::new(tv.tv_sec.max(0) as u64, (tv.tv_usec.max(0) as u32) * 1000))
+}
+
 /// Waits until `fd` shows `events` or `deadline` passes; false on timeout.
 pub(crate) fn wait_for(fd: c_int, events: i16, deadline: Instant) -> bool {
     loop {

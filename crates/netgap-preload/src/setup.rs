@@ -373,28 +373,8 @@ fn is_local_ip(ip: IpAddr) -> bool {
 /// When a blocking read of `fd` gives up: its receive timeout
 /// (`SO_RCVTIMEO`) from now, or far in the future without one.
 fn read_deadline(fd: c_int) -> Instant {
-    let mut tv = libc::timeval {
-        tv_sec: 0,
-        tv_usec: 0,
-    };
-    let mut len = std::mem::size_of::<libc::timeval>() as libc::socklen_t;
-    // SAFETY: `tv` is valid for writes of `len` bytes.
-    let r = unsafe {
-        real::getsockopt()(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_RCVTIMEO,
-            std::ptr::from_mut(&mut tv).cast(),
-            &mut len,
-        )
-    };
     let far = Duration::from_secs(365 * 24 * 3600);
-    let t = if r == 0 && (tv.tv_sec > 0 || tv.tv_usec > 0) {
-        Duration::new(tv.tv_sec.max(0) as u64, (tv.tv_usec.max(0) as u32) * 1000)
-    } else {
-        far
-    };
-    Instant::now() + t
+    Instant::now() + crate::exchange::socket_timeout(fd, libc::SO_RCVTIMEO).unwrap_or(far)
 }
 
 /// The connector's side, on a freshly connected socket whose destination
