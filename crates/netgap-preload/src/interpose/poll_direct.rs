@@ -57,18 +57,7 @@ pub(super) unsafe fn direct_poll(
         let mut ready = ready_now();
         let left = left_ms(timeout, start);
         let t = if ready.is_empty() {
-            let timer = direct
-                .iter()
-                .map(|(_, d)| d.next_timer())
-                .min()
-                .map_or(c_int::MAX, |d| {
-                    c_int::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(c_int::MAX)
-                });
-            if left < 0 {
-                timer
-            } else {
-                left.min(timer)
-            }
+            wait_ms(left, direct.iter().map(|(_, d)| d.next_timer()))
         } else {
             0
         };
@@ -154,18 +143,7 @@ pub(super) unsafe fn direct_epoll_wait(
         ready.truncate(max as usize);
         let left = left_ms(timeout, start);
         let t = if ready.is_empty() {
-            let timer = direct
-                .iter()
-                .map(|(_, _, d)| d.next_timer())
-                .min()
-                .map_or(c_int::MAX, |d| {
-                    c_int::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(c_int::MAX)
-                });
-            if left < 0 {
-                timer
-            } else {
-                left.min(timer)
-            }
+            wait_ms(left, direct.iter().map(|(_, _, d)| d.next_timer()))
         } else {
             0
         };
@@ -206,5 +184,19 @@ pub(super) unsafe fn direct_epoll_wait(
         if out > 0 || left == 0 {
             return out as c_int;
         }
+    }
+}
+
+/// How long a wait over direct connections sleeps: what is left of the
+/// program's timeout (`left_ms`, negative: forever), cut to the earliest
+/// of the connections' next timers, which must run even if nothing comes.
+fn wait_ms(left_ms: c_int, timers: impl Iterator<Item = std::time::Duration>) -> c_int {
+    let timer = timers.min().map_or(c_int::MAX, |d| {
+        c_int::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(c_int::MAX)
+    });
+    if left_ms < 0 {
+        timer
+    } else {
+        left_ms.min(timer)
     }
 }
