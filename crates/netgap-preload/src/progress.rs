@@ -42,7 +42,7 @@ use crate::real;
 use libc::{c_int, epoll_event};
 use netgap_transport::xdp::direct::{DirectConn, CLOSE_LINGER};
 use std::collections::HashMap;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
@@ -86,20 +86,9 @@ pub(crate) struct Link {
 impl Link {
     /// The link of `conn`, whose grant came on `relay`.
     pub(crate) fn new(conn: DirectConn, relay: OwnedFd) -> std::io::Result<Link> {
-        // SAFETY: plain eventfd and epoll_create1 calls.
-        let wake = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        if wake < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: a new descriptor nothing else owns.
-        let wake = unsafe { OwnedFd::from_raw_fd(wake) };
-        // SAFETY: as above.
-        let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-        if ep < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: a new descriptor nothing else owns.
-        let waitset = unsafe { OwnedFd::from_raw_fd(ep) };
+        let wake = crate::unix::eventfd()?;
+        let waitset = crate::unix::epoll()?;
+        let ep = waitset.as_raw_fd();
         for fd in [conn.wait_fd().as_raw_fd(), wake.as_raw_fd()] {
             let mut ev = epoll_event {
                 events: libc::EPOLLIN as u32,
@@ -267,20 +256,8 @@ fn progress() -> Option<&'static Progress> {
 /// The thread's state of process `pid` and its epoll, made (the thread
 /// not started).
 fn made(pid: u32) -> std::io::Result<(Progress, OwnedFd)> {
-    // SAFETY: plain eventfd and epoll_create1 calls.
-    let kick = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-    if kick < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: a new descriptor nothing else owns.
-    let kick = unsafe { OwnedFd::from_raw_fd(kick) };
-    // SAFETY: as above.
-    let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-    if ep < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: a new descriptor nothing else owns.
-    let ep = unsafe { OwnedFd::from_raw_fd(ep) };
+    let kick = crate::unix::eventfd()?;
+    let ep = crate::unix::epoll()?;
     let mut ev = epoll_event {
         events: libc::EPOLLIN as u32,
         u64: KICK_DATA,

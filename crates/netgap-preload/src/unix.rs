@@ -72,6 +72,31 @@ pub(crate) fn lift(fd: OwnedFd) -> OwnedFd {
     unsafe { OwnedFd::from_raw_fd(high) }
 }
 
+/// A fresh non-blocking, close-on-exec eventfd of the library's own,
+/// above the program's numbers ([`lift`]).
+pub(crate) fn eventfd() -> std::io::Result<OwnedFd> {
+    // SAFETY: a plain eventfd call with valid flags.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a new descriptor nothing else owns.
+    Ok(lift(unsafe { OwnedFd::from_raw_fd(fd) }))
+}
+
+/// A fresh close-on-exec epoll of the library's own, above the program's
+/// numbers ([`lift`]).
+#[cfg(feature = "xdp")]
+pub(crate) fn epoll() -> std::io::Result<OwnedFd> {
+    // SAFETY: a plain epoll_create1 call with a valid flag.
+    let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a new descriptor nothing else owns.
+    Ok(lift(unsafe { OwnedFd::from_raw_fd(fd) }))
+}
+
 /// The calling process's effective user.
 pub(crate) fn euid() -> u32 {
     // SAFETY: geteuid cannot fail.

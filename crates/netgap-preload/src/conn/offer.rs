@@ -44,7 +44,7 @@ impl Conn {
     ) -> Conn {
         let mut c = Conn::new(fd, channel, Role::Connector, nonblocking, region_fd);
         if matches!(path, OfferPath::Relay(_)) {
-            c.offer_end = new_eventfd();
+            c.offer_end = crate::unix::eventfd().ok();
         }
         c.offered.store(true, Ordering::SeqCst);
         *c.offer.lock().unwrap_or_else(|p| p.into_inner()) = Some(Offer {
@@ -391,14 +391,6 @@ impl Drop for Offer {
             }
         }
     }
-}
-
-/// A non-blocking, close-on-exec eventfd; None if the kernel gives none.
-fn new_eventfd() -> Option<std::os::fd::OwnedFd> {
-    // SAFETY: a plain eventfd call with valid flags.
-    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-    // SAFETY: a new descriptor nothing else owns.
-    (fd >= 0).then(|| crate::unix::lift(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }))
 }
 
 #[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
